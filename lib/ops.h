@@ -1,0 +1,220 @@
+/*
+ * ops.h — the backend contract: every operation the models, the trainer and
+ * the generation engine need, as one table of function pointers.  lib/ops_cpu.c
+ * is the plain C11 + OpenMP reference (the oracle for everything); the CUDA
+ * backend (lib/ops_cuda.c over kernels/launch.h) implements the same table.
+ *
+ * Leaves out: model structure (model.h), algorithms (loss aggregation is the
+ * caller's, through per-token weights), communication (comm.h).
+ *
+ * Conventions
+ * - Pointers are backend memory (host for "cpu", device for "cuda") obtained
+ *   from ops->alloc, except where a parameter says "host".
+ * - "act" tensors hold the backend's activation dtype, ops->act_dtype: RL_F32 on
+ *   the CPU, RL_BF16 on CUDA.  Compute weights ("w") are act dtype too (on the
+ *   CPU they are the fp32 master weights themselves; on CUDA a bf16 copy that
+ *   adamw refreshes).  Everything marked f32 is float on every backend:
+ *   master weights, weight gradients, optimizer state, statistics (rstd, lse),
+ *   log-probs, losses.  i32 is int32_t.
+ * - Shapes are in comments, row-major, last index fastest.  N = B*T token rows.
+ * - Outputs come first, then inputs, then sizes, then parameters (llm.c).
+ * - Backward ops: activation gradients ("dx") are OVERWRITTEN; weight gradients
+ *   ("dw", "db", f32) are ACCUMULATED (+=) so micro-batches add up.
+ * - Ops do not return errors: a backend records the first failure and
+ *   ops->status() returns it (and clears it); sync() returns it too.
+ * - Thread-safety: one rl_ops is used by one thread at a time.
+ *
+ * Attention layout: the fused QKV projection's output is one act buffer
+ * qkv (N, (NH + 2*NKV) * HD): per token, NH query heads, then NKV key heads, then
+ * NKV value heads, each HD wide.  Causality and packing: with seg (B, T) i32,
+ * query t of row b attends key s <= t iff seg[b,s] == seg[b,t]; seg < 0 marks
+ * padding (output 0, no gradient).  seg == NULL means one sequence per row.
+ * RoPE follows Hugging Face's rotate-half convention:
+ *   inv_freq[i] = theta^(-2i/HD) (fp32), angle = pos * inv_freq[i],
+ *   out[i]      = x[i] * cos - x[i + HD/2] * sin,
+ *   out[i+HD/2] = x[i + HD/2] * cos + x[i] * sin,   i < HD/2.
+ *
+ * KV cache (generation) is paged: per layer two act tensors
+ * kc, vc (NBLK, BS, NKV, HD); a sequence owns a block table of block ids, so a
+ * group's samples share their prompt's blocks.  slot = block * BS + offset.
+ */
+#ifndef RL_OPS_H
+#define RL_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core.h"
+
+typedef struct rl_ops rl_ops;
+
+/* Parameters of the fused policy-gradient loss (per token). */
+typedef struct rl_pg_params {
+	float clip_low;     /* ratio lower clip: 1 - clip_low (PPO eps, e.g. 0.2) */
+	float clip_high;    /* ratio upper clip: 1 + clip_high (DAPO clip-higher, e.g. 0.28) */
+	float dual_clip;    /* dual-clip constant c > 1 for negative advantages; 0 = off */
+	float tis_cap;      /* truncated importance sampling cap on exp(old - behave); 0 = off */
+	float kl_coef;      /* coefficient of the KL penalty in the loss; 0 = off */
+	int kl_type;        /* 1: k1 = lp - ref, 2: k2 = (lp - ref)^2 / 2, 3: k3 = exp(ref-lp) - (ref-lp) - 1 */
+	float ent_coef;     /* entropy bonus coefficient (loss -= ent_coef * entropy); 0 = off */
+} rl_pg_params;
+
+/* Per-token statistics written by pg_loss (f32 (N, RL_PG_NSTAT)). */
+enum { RL_PG_LOSS = 0, RL_PG_CLIPPED, RL_PG_RATIO, RL_PG_KL, RL_PG_NSTAT };
+
+/* Sampling parameters (generation). temperature 0 means greedy. */
+typedef struct rl_sample_params {
+	float temperature;
+	int top_k;          /* 0 = off */
+	float top_p;        /* 1 = off */
+} rl_sample_params;
+
+struct rl_ops {
+	const char *name;   /* "cpu", "cuda" */
+	int act_dtype;      /* RL_F32 or RL_BF16 */
+	int device;         /* device ordinal, -1 for the CPU */
+	void *ctx;          /* backend state; opaque */
+
+	/* ---- memory and control ---------------------------------------------- */
+	int (*alloc)(rl_ops *o, void **p, size_t bytes);          /* RL_ENOMEM with the size logged */
+	void (*free)(rl_ops *o, void *p);                          /* NULL ok */
+	void (*upload)(rl_ops *o, void *dst, const void *host_src, size_t bytes);
+	void (*download)(rl_ops *o, void *host_dst, const void *src, size_t bytes); /* synchronous */
+	void (*copy)(rl_ops *o, void *dst, const void *src, size_t bytes);
+	void (*zero)(rl_ops *o, void *p, size_t bytes);
+	/* out[i] = (out_dt) in[i], dtypes among RL_F32, RL_BF16 */
+	void (*cast)(rl_ops *o, void *out, int out_dt, const void *in, int in_dt, size_t n);
+	int (*sync)(rl_ops *o);                                    /* waits; returns status() */
+	int (*status)(rl_ops *o);                                  /* first error since last call */
+
+	/* ---- embedding --------------------------------------------------------- */
+	/* out (N,C) act = wte[tok[n]] (+ wpe[pos[n]] when wpe != NULL).  tok, pos i32 (N). */
+	void (*embed_fwd)(rl_ops *o, void *out, const int32_t *tok, const int32_t *pos,
+	    const void *wte, const void *wpe, int N, int C);
+	/* dwte (V,C) f32 += scatter of dout (N,C) act; dwpe likewise when non-NULL. */
+	void (*embed_bwd)(rl_ops *o, float *dwte, float *dwpe, const void *dout,
+	    const int32_t *tok, const int32_t *pos, int N, int C);
+
+	/* ---- normalisation ----------------------------------------------------- */
+	/* out (N,C) = x / sqrt(mean(x^2) + eps) * w;  rstd (N) f32 saved for bwd. */
+	void (*rmsnorm_fwd)(rl_ops *o, void *out, float *rstd, const void *x, const void *w,
+	    int N, int C, float eps);
+	void (*rmsnorm_bwd)(rl_ops *o, void *dx, float *dw, const void *dout, const void *x,
+	    const void *w, const float *rstd, int N, int C);
+	/* out = (x - mean) * rstd * w + b;  mean, rstd (N) f32. */
+	void (*layernorm_fwd)(rl_ops *o, void *out, float *mean, float *rstd, const void *x,
+	    const void *w, const void *b, int N, int C, float eps);
+	void (*layernorm_bwd)(rl_ops *o, void *dx, float *dw, float *db, const void *dout,
+	    const void *x, const void *w, const float *mean, const float *rstd, int N, int C);
+	/* Qwen3 q/k-norm: RMSNorm over HD of each q head (weight wq (HD)) and k head
+	 * (weight wk (HD)) of qkv_in (N, (NH+2NKV)*HD) into qkv_out (same shape, v copied);
+	 * rstd (N, NH+NKV) f32. */
+	void (*qknorm_fwd)(rl_ops *o, void *qkv_out, float *rstd, const void *qkv_in,
+	    const void *wq, const void *wk, int N, int NH, int NKV, int HD, float eps);
+	void (*qknorm_bwd)(rl_ops *o, void *dqkv_in, float *dwq, float *dwk, const void *dqkv_out,
+	    const void *qkv_in, const void *wq, const void *wk, const float *rstd,
+	    int N, int NH, int NKV, int HD);
+
+	/* ---- linear layers ----------------------------------------------------- */
+	/* out (N,OC) = inp (N,C) @ w(OC,C)^T + bias (OC, NULL for none). */
+	void (*matmul_fwd)(rl_ops *o, void *out, const void *inp, const void *w, const void *bias,
+	    int N, int C, int OC);
+	/* dinp (N,C) = dout @ w (skipped when NULL); dw (OC,C) f32 += dout^T @ inp;
+	 * dbias (OC) f32 += column sums of dout (skipped when NULL). */
+	void (*matmul_bwd)(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout,
+	    const void *inp, const void *w, int N, int C, int OC);
+
+	/* ---- position, attention --------------------------------------------- */
+	/* RoPE in place on the q and k heads of qkv (N, (NH+2NKV)*HD); pos (N) i32. */
+	void (*rope_fwd)(rl_ops *o, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD,
+	    float theta);
+	/* The transpose: rotates dqkv in place by -angle. */
+	void (*rope_bwd)(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NKV, int HD,
+	    float theta);
+	/* Causal attention with GQA (query head h uses kv head h / (NH/NKV)), scale 1/sqrt(HD).
+	 * out (B,T,NH*HD) act; lse (B,NH,T) f32 log-sum-exp of the scaled scores, for bwd. */
+	void (*attn_fwd)(rl_ops *o, void *out, float *lse, const void *qkv, const int32_t *seg,
+	    int B, int T, int NH, int NKV, int HD);
+	/* dqkv (B,T,(NH+2NKV)*HD) overwritten. */
+	void (*attn_bwd)(rl_ops *o, void *dqkv, const void *dout, const void *out, const float *lse,
+	    const void *qkv, const int32_t *seg, int B, int T, int NH, int NKV, int HD);
+
+	/* ---- activations, residual --------------------------------------------- */
+	/* out (N,H) = silu(gu[:, :H]) * gu[:, H:], gu (N,2H) (gate rows then up rows of one GEMM). */
+	void (*swiglu_fwd)(rl_ops *o, void *out, const void *gu, int N, int H);
+	void (*swiglu_bwd)(rl_ops *o, void *dgu, const void *dout, const void *gu, int N, int H);
+	/* GPT-2's tanh-approximated GELU, elementwise over n. */
+	void (*gelu_fwd)(rl_ops *o, void *out, const void *x, size_t n);
+	void (*gelu_bwd)(rl_ops *o, void *dx, const void *dout, const void *x, size_t n);
+	/* out = a + b, elementwise act; out may alias a or b. */
+	void (*add)(rl_ops *o, void *out, const void *a, const void *b, size_t n);
+
+	/* ---- output layer -------------------------------------------------------- */
+	/* Fused log-softmax + gather + entropy over logits (N,V) act at temperature 1/inv_temp:
+	 * z = logits * inv_temp; lse[n] = logsumexp(z[n]); lp[n] = z[n,tgt[n]] - lse[n];
+	 * ent[n] = -sum p log p (skipped when ent == NULL).  tgt[n] < 0: lp = ent = 0.
+	 * All of it accumulated in f32; callers chunk N so that (N,V) stays small. */
+	void (*logprob_fwd)(rl_ops *o, float *lp, float *ent, float *lse, const void *logits,
+	    const int32_t *tgt, int N, int V, float inv_temp);
+	/* dlogits (N,V) act (may alias logits) = d/dlogits of sum(dlp*lp + dent*ent);
+	 * dent may be NULL.  Rows with tgt < 0 get 0. */
+	void (*logprob_bwd)(rl_ops *o, void *dlogits, const void *logits, const int32_t *tgt,
+	    const float *lse, const float *dlp, const float *dent, int N, int V, float inv_temp);
+
+	/* ---- losses ------------------------------------------------------------------ */
+	/* Fused PPO/GRPO token loss.  For token n with weight w[n] (mask x aggregation
+	 * factor; 0 = ignored):  r = exp(lp - old),  pg = max(-A r, -A clip(r, 1-cl, 1+ch))
+	 * (and min(pg, -A c) when A < 0 and dual_clip c > 0), times tis = min(exp(old - beh), cap)
+	 * when beh != NULL and tis_cap > 0; plus kl_coef * KL(lp, ref) when ref != NULL; minus
+	 * ent_coef * ent when ent != NULL.  loss = sum_n w[n] * that.
+	 * dlp (N) f32 = w * d/dlp;  dent (N) f32 (when non-NULL) = -w * ent_coef;
+	 * stats (N, RL_PG_NSTAT) f32 per token; the summed loss is stats[., RL_PG_LOSS] . w. */
+	void (*pg_loss)(rl_ops *o, float *dlp, float *dent, float *stats, const float *lp,
+	    const float *old, const float *beh, const float *ref, const float *ent, const float *adv,
+	    const float *w, int N, const rl_pg_params *p);
+
+	/* ---- optimizer ---------------------------------------------------------------- */
+	/* sum of squares of x (n) f32, returned to the host (synchronous). */
+	double (*sumsq)(rl_ops *o, const float *x, size_t n);
+	/* AdamW step on one tensor: g = grad * grad_scale;  m = b1 m + (1-b1) g;
+	 * v = b2 v + (1-b2) g^2;  p -= lr * (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd * p);
+	 * wcopy (act, n) = p when non-NULL.  step t >= 1. */
+	void (*adamw)(rl_ops *o, float *param, void *wcopy, const float *grad, float *m, float *v,
+	    size_t n, float lr, float b1, float b2, float eps, float wd, int t, float grad_scale);
+
+	/* ---- generation ------------------------------------------------------------------ */
+	/* Write the k and v heads of qkv (N, (NH+2NKV)*HD) into kc, vc (NBLK,BS,NKV,HD) at slot[n]
+	 * (i32 (N); < 0 skips the token). */
+	void (*kv_write)(rl_ops *o, void *kc, void *vc, const void *qkv, const int32_t *slot,
+	    int N, int NH, int NKV, int HD);
+	/* One query token per sequence against its cached context (including itself):
+	 * out (B, NH*HD) act; q from qkv (B, (NH+2NKV)*HD); block_table (B, MAXBLK) i32;
+	 * ctx_len (B) i32 tokens in the cache for that sequence (>= 1). */
+	void (*attn_decode)(rl_ops *o, void *out, const void *qkv, const void *kc, const void *vc,
+	    const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
+	    int BS, int MAXBLK);
+	/* Sample one token per row of logits (B,V) act.  Randomness: u = rl_rng_uniform(seed[b],
+	 * counter[b]) (rng.h), the same function on every backend.  tok (B) i32; logp (B) f32
+	 * is log_softmax(logits/temperature)[tok] over the full vocabulary (greedy: temperature 1),
+	 * which is what the trainer recomputes. */
+	void (*sample)(rl_ops *o, int32_t *tok, float *logp, const void *logits,
+	    const uint64_t *seed, const uint64_t *counter, int B, int V, const rl_sample_params *p);
+
+	/* ---- teardown ---------------------------------------------------------------------- */
+	void (*close)(rl_ops *o);
+};
+
+/* rl_ops_open opens a backend by name: "cpu", "cuda", "cuda:N" or "auto"
+ * (CUDA when a GPU is present, else the CPU).  "cuda" in a build without CUDA
+ * returns RL_ENOTSUP; on a machine without a GPU RL_ENODEV.  With "auto" and no
+ * GPU, a CUDA build says so in one line on stderr.  *out is owned by the caller,
+ * closed with rl_ops_close (NULL ok). */
+int rl_ops_open(rl_ops **out, const char *device);
+void rl_ops_close(rl_ops *o);
+
+/* The CPU backend (always present). */
+int rl_ops_cpu_open(rl_ops **out);
+/* The CUDA backend (HAVE_CUDA builds only; RL_ENOTSUP otherwise). */
+int rl_ops_cuda_open(rl_ops **out, int device);
+
+#endif

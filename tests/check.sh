@@ -1,0 +1,41 @@
+#!/bin/sh
+# tests/check.sh [--gpu] — run every C unit test binary and every Bats file,
+# then print one summary line "check: N passed, N failed, N skipped".
+# C tests: exit 0 pass, 77 skip, else fail.  Bats: through prove, per test case.
+# --gpu: only the tests whose name contains "gpu" or "cuda"; a skip is a failure.
+B=${RL_BUILD:-build}
+root=$(cd "$(dirname "$0")/.." && pwd)
+PATH="$root/$B/bin:$PATH"; export PATH RL_BUILD=$B
+gpu=0; [ "${1:-}" = --gpu ] && gpu=1
+pass=0; fail=0; skip=0; failed=""
+log=$(mktemp -d)
+trap 'rm -rf "$log"' EXIT
+
+for t in "$root/$B"/tests/test_*; do
+	[ -x "$t" ] || continue
+	n=${t##*/}
+	case $n in *gpu*|*cuda*) is_gpu=1 ;; *) is_gpu=0 ;; esac
+	[ $gpu = 1 ] && [ $is_gpu = 0 ] && continue
+	( cd "$root" && "$t" ) >"$log/$n" 2>&1; rc=$?
+	if [ $rc = 0 ]; then pass=$((pass + 1)); echo "ok     $n"
+	elif [ $rc = 77 ] && [ $gpu = 0 ]; then skip=$((skip + 1)); echo "skip   $n: $(tail -n 1 "$log/$n")"
+	else fail=$((fail + 1)); failed="$failed $n"; echo "FAIL   $n (exit $rc)"; sed 's/^/    /' "$log/$n" | tail -n 40
+	fi
+done
+
+if [ $gpu = 0 ] && ls "$root"/tests/cli/*.bats >/dev/null 2>&1; then
+	( cd "$root" && prove -v --exec 'bats --tap' tests/cli/*.bats ) >"$log/bats" 2>&1
+	b_ok=$(grep -c '^ok ' "$log/bats"); b_skip=$(grep -c '^ok .* # skip' "$log/bats")
+	b_fail=$(grep -c '^not ok ' "$log/bats")
+	pass=$((pass + b_ok - b_skip)); skip=$((skip + b_skip)); fail=$((fail + b_fail))
+	if [ "$b_fail" != 0 ] || ! grep -q '^Result: PASS' "$log/bats"; then
+		[ "$b_fail" = 0 ] && fail=$((fail + 1))
+		failed="$failed bats"; cat "$log/bats"
+	else
+		grep -E '^(ok|not ok)' "$log/bats" | sed 's/^/bats   /'
+	fi
+fi
+
+[ -n "$failed" ] && echo "failed:$failed"
+echo "check: $pass passed, $fail failed, $skip skipped"
+[ $fail = 0 ]

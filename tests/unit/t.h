@@ -1,0 +1,49 @@
+/*
+ * t.h — the C unit tests' few macros.  Each test binary prints one line per
+ * failure ("FAIL file:line: ...") and a one-line verdict, and exits 0 when
+ * everything passed, 1 on any failure, 77 when it skipped itself (T_SKIP).
+ */
+#ifndef RL_T_H
+#define RL_T_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int t_fail, t_pass;
+static const char *t_name = "test";
+
+#define T_BEGIN(name) (t_name = (name))
+#define T_OK(cond, ...)                                                          \
+	do {                                                                     \
+		if (cond) {                                                      \
+			t_pass++;                                                \
+		} else {                                                         \
+			t_fail++;                                                \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+			fprintf(stderr, "" __VA_ARGS__);                         \
+			fputc('\n', stderr);                                     \
+		}                                                                \
+	} while (0)
+#define T_EQ_INT(a, b) T_OK((long long)(a) == (long long)(b), "%lld != %lld", (long long)(a), (long long)(b))
+#define T_EQ_STR(a, b) T_OK(strcmp((a), (b)) == 0, "\"%s\" != \"%s\"", (a), (b))
+/* |a-b| <= atol + rtol*|b| (b is the reference) */
+#define T_CLOSE(a, b, atol, rtol)                                                \
+	T_OK(fabs((double)(a) - (double)(b)) <= (atol) + (rtol) * fabs((double)(b)) && \
+	     !isnan((double)(a)), "%.9g vs ref %.9g", (double)(a), (double)(b))
+#define T_SKIP(...)                                                              \
+	do {                                                                     \
+		printf("%s: skipped: ", t_name);                                 \
+		printf(__VA_ARGS__);                                             \
+		printf("\n");                                                    \
+		exit(77);                                                        \
+	} while (0)
+#define T_END()                                                                  \
+	do {                                                                     \
+		printf("%s: %s (%d checks, %d failed)\n", t_name,                \
+		       t_fail ? "FAIL" : "ok", t_pass + t_fail, t_fail);         \
+		return t_fail ? 1 : 0;                                           \
+	} while (0)
+
+#endif
