@@ -180,3 +180,13 @@ J
 	assert_success
 	[ -z "$output" ]
 }
+
+@test "the EXAMPLES of rl-trajectory(5) run" {
+	cp "$D/a.jsonl" "$D/samples.jsonl"
+	man="$BATS_TEST_DIRNAME/../../man/rl-trajectory.5"
+	sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' "$man" | sed -n 's/^\$ //p' > "$D/examples.sh"
+	[ "$(wc -l < "$D/examples.sh")" -ge 3 ]
+	run --separate-stderr sh -ec "cd '$D' && . ./examples.sh"
+	assert_success
+	assert_output --partial '"id":1,'
+}
