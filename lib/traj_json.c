@@ -71,35 +71,38 @@ put_nonfinite(rl_buf *o, double d)
 	return d > 0 ? rl_buf_append(o, "\"inf\"", 5) : rl_buf_append(o, "\"-inf\"", 6);
 }
 
-/* Shortest %.Ng that reads back (through strtod, as cJSON reads) to the same float. */
+/* Floats: %.6g when that reads back (through strtod, as cJSON reads) to the
+ * same float, which keeps values people type short ("0.7", not
+ * "0.699999988"); else %.9g, which always does for a float (9 significant
+ * digits land well inside the float's rounding interval, so the double
+ * rounding of strtod then (float) cannot move it).  Doubles: %.15g or %.17g.
+ * Deterministic, so JSONL -> binary -> JSONL is byte-identical. */
 static int
 put_f32(rl_buf *o, float f)
 {
 	char b[40];
+	int n;
 
 	if (!isfinite(f))
 		return put_nonfinite(o, f);
-	for (int prec = 6; prec <= 17; prec++) {
-		int n = snprintf(b, sizeof b, "%.*g", prec, (double)f);
-		if ((float)strtod(b, NULL) == f)
-			return rl_buf_append(o, b, (size_t)n);
-	}
-	return rl_buf_printf(o, "%.17g", (double)f);
+	n = snprintf(b, sizeof b, "%.6g", (double)f);
+	if ((float)strtod(b, NULL) != f)
+		n = snprintf(b, sizeof b, "%.9g", (double)f);
+	return rl_buf_append(o, b, (size_t)n);
 }
 
 static int
 put_f64(rl_buf *o, double d)
 {
 	char b[40];
+	int n;
 
 	if (!isfinite(d))
 		return put_nonfinite(o, d);
-	for (int prec = 15; prec <= 17; prec++) {
-		int n = snprintf(b, sizeof b, "%.*g", prec, d);
-		if (strtod(b, NULL) == d)
-			return rl_buf_append(o, b, (size_t)n);
-	}
-	return rl_buf_printf(o, "%.17g", d);
+	n = snprintf(b, sizeof b, "%.15g", d);
+	if (strtod(b, NULL) != d)
+		n = snprintf(b, sizeof b, "%.17g", d);
+	return rl_buf_append(o, b, (size_t)n);
 }
 
 /* Element i of a numeric field. */

@@ -10,7 +10,7 @@ setup() {
 	D=$BATS_TEST_TMPDIR
 	cat > "$D/a.jsonl" <<'J'
 {"id":1,"group":7,"index":0,"group_size":2,"version":[3,3],"prompt":[1,2,3],"response":[4,5],"logprobs":[-0.5,-1.25],"reward":1,"finish":"eos","meta":{"answer":"42","n":[1,2.5]},"prompt_text":"Q: 6*7?\n\"quoted\" café"}
-{"id":"18446744073709551615","group":7,"index":1,"t40000":{"dtype":"F64","data":[1e+300,"-inf"]},"t50000":{"dtype":99,"hex":"00ff"},"logprobs":[0.1,-3.4028235e+38],"ts_created":1763800000.25}
+{"id":"18446744073709551615","group":7,"index":1,"t40000":{"dtype":"F64","data":[1e+300,"-inf"]},"t50000":{"dtype":99,"hex":"00ff"},"logprobs":[0.1,-3.40282347e+38],"ts_created":1763800000.25}
 J
 }
 
