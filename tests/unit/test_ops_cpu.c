@@ -904,6 +904,7 @@ test_logprob(void)
 			snprintf(what, sizeof what, "logprob bwd V=%d it=%g", V, it);
 			CMP(what, d, g, (size_t)N * V, 2e-6, 1e-4, 1e-10);
 			/* without the entropy term */
+			double *dent_d = c.dent;
 			c.dent = NULL;
 			free(g);
 			g = fd_grad(L_lp, &c, c.z, (size_t)N * V, 1e-6);
@@ -917,7 +918,7 @@ test_logprob(void)
 			free(d);
 			free(c.z);
 			free(c.dlp);
-			free(c.dent);
+			free(dent_d);
 			free(z);
 		}
 	}
