@@ -183,6 +183,26 @@ test_memory(void)
 #endif
 }
 
+/* rl_cpu_expf (the vectorisable exp of the softmax loops): within 2 ulp of exp */
+static void
+test_expf(void)
+{
+	double worst = 0, wx = 0;
+	for (double x = -103.8; x < 88.72; x += 0.000731) {
+		float xf = (float)x, y = rl_cpu_expf(xf);
+		double r = exp((double)xf);
+		double ulp = r < 1.1754944e-38 ? 1.401298464e-45 : ldexp(1.0, ilogb(r) - 23);
+		double e = fabs(y - r) / ulp;
+		if (!(e <= worst)) {
+			worst = e;
+			wx = xf;
+		}
+	}
+	T_OK(worst <= 2.0, "rl_cpu_expf: %.2f ulp at %g", worst, wx);
+	T_OK(rl_cpu_expf(-INFINITY) == 0 && rl_cpu_expf(-200) == 0 && rl_cpu_expf(0) == 1, "expf edges");
+	T_OK(isinf(rl_cpu_expf(89)) && isinf(rl_cpu_expf(INFINITY)) && isnan(rl_cpu_expf(NAN)), "expf edges");
+}
+
 /* ==== embedding ================================================================ */
 
 static void
@@ -1418,6 +1438,7 @@ main(int argc, char **argv)
 	T_BEGIN("test_ops_cpu");
 	test_matmul("/proc/self/exe");
 	test_memory();
+	test_expf();
 	test_embed();
 	test_norms();
 	test_qknorm();
