@@ -22,7 +22,9 @@
  * AdamW normalises each gradient element (update ~ lr * m/sqrt(v), about
  * +-lr whatever |g|), so an element whose gradient is a near-cancelling sum
  * moves by a slightly different amount: measured max 6e-5 (tied bf16
- * embedding); bound atol 3e-4, 1% of the largest possible movement 3 * lr.
+ * embedding); bound atol 3e-4, 1% of the largest possible movement 3 * lr;
+ * NMSE 1e-7 (Qwen2's k_proj.bias, whose gradient is nearly cancelled, reaches
+ * 1e-9 in some builds; a real error is 1e-4 or more).
  * Decoder vs training log-probs: same fp32 math in a different order, 2e-5.
  */
 #include <math.h>
@@ -239,7 +241,7 @@ test_fixture(rl_ops *o, const char *name)
 			memcpy(got + m->cfg.hidden_size, ref + m->cfg.hidden_size,
 			    (size_t)m->cfg.hidden_size * sizeof(float));
 		snprintf(what, sizeof what, "%s step3 %s", name, t->name);
-		cmp(what, got, ref, t->n, 3e-4, 1e-4, 1e-9);
+		cmp(what, got, ref, t->n, 3e-4, 1e-4, 1e-7);
 		free(got);
 		free(ref);
 	}
