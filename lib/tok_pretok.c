@@ -68,10 +68,11 @@ cp_class(uint32_t cp)
 	return c;
 }
 
-/* NFC can change a text only around a character that has a canonical
- * decomposition, a non-zero combining class, or that can be the second half of
- * a composition (any later character of a canonical decomposition, Hangul
- * jamo).  Mark those; text without them is NFC already. */
+/* NFC can change a text only around a character with a non-zero combining
+ * class, one that NFC itself changes (singletons, composition exclusions), or
+ * one that can be the second half of a composition (any later character of a
+ * canonical decomposition, Hangul jamo).  Mark those: text without them is in
+ * NFC already (the quick check of UAX #15, made conservative). */
 static void
 build_tables(void)
 {
@@ -86,9 +87,14 @@ build_tables(void)
 			int bc = 0;
 			utf8proc_ssize_t k = utf8proc_decompose_char((utf8proc_int32_t)cp, d, 32,
 								     UTF8PROC_DECOMPOSE, &bc);
-			mark_unsafe(cp);
 			for (utf8proc_ssize_t i = 1; i < k && i < 32; i++)
 				mark_unsafe((uint32_t)d[i]);
+			uint8_t in[4], *out = NULL;
+			utf8proc_ssize_t n = utf8proc_encode_char((utf8proc_int32_t)cp, in);
+			utf8proc_ssize_t m = utf8proc_map(in, n, &out, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+			if (m != n || !out || memcmp(in, out, (size_t)n) != 0)
+				mark_unsafe(cp);
+			free(out);
 		}
 	}
 	for (uint32_t cp = 0x1100; cp < 0x1200; cp++)

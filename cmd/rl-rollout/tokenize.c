@@ -37,8 +37,9 @@ static const char usage_text[] =
 	"  -d, --decode             each line is [ids...] or {\"ids\":[...]}; print the text\n"
 	"  -S, --no-special         do not match special-token strings in the text\n"
 	"      --skip-special       with --decode: leave special tokens out\n"
-	"  -0, --null               records end with NUL instead of newline (input, and\n"
-	"                           the output of --decode)\n"
+	"  -0, --null               text records end with NUL instead of newline (the\n"
+	"                           input of encoding, the output of --decode); JSON\n"
+	"                           lines always end with newline\n"
 	"  -q, --quiet              errors only\n"
 	"  -v, --verbose            more messages\n"
 	"  -h, --help               this help\n";
@@ -265,11 +266,12 @@ rl_cmd_tokenize(int argc, char **argv)
 		goto out;
 	}
 	for (;;) {
-		ssize_t n = getdelim(&line, &cap, c.nul ? 0 : '\n', in);
+		int delim = c.nul && !c.decode ? 0 : '\n';
+		ssize_t n = getdelim(&line, &cap, delim, in);
 		if (n < 0)
 			break;
 		lineno++;
-		if (n > 0 && line[n - 1] == (c.nul ? 0 : '\n'))
+		if (n > 0 && line[n - 1] == delim)
 			line[--n] = 0;
 		if (c.decode)
 			rv = decode_line(stdout, tok, &c, line, lineno);
