@@ -40,7 +40,8 @@ WORDS = ("the of and to in is you that it he was for on are as with his they I a
          "has look two more write go see number no way could people my than first water been call who oil "
          "its now find long down day did get come made may part reinforcement learning policy gradient "
          "reward advantage tokenizer merges vocabulary Hello World OpenAI Qwen GPT transformer").split()
-CONTRACTIONS = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'T", "'RE", "'Ve", "'LL", "'D", "'x", "'"]
+CONTRACTIONS = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'T", "'RE", "'Ve", "'LL", "'D", "'x", "'",
+                "'Sup", "'TIS", "'llama", "'dUNNO", "'very", "'Mm", "'rEally", "'2", "''s"]
 PUNCT = list(".,;:!?-()[]{}\"'/\\@#$%^&*_+=<>|~`") + ["...", "--", "—", "–", "«", "»", "“", "”", "‘", "’", "¿", "¡"]
 CODE = [
     "def f(x):\n    return x * 2\n", "for (int i = 0; i < n; i++) {\n\tsum += a[i];\n}\n",
@@ -102,7 +103,7 @@ def numbers(r):
         elif k == 4:
             parts.append("+1 (%03d) %03d-%04d" % (r.below(1000), r.below(1000), r.below(10000)))
         elif k == 5:
-            parts.append("".join(r.pick("0123456789") for _ in range(20 + r.below(200))))
+            parts.append("".join(r.pick("0123456789") for _ in range(20 + r.below(60))))
         else:
             parts.append("%de-%d %s%d%%" % (r.below(10), r.below(30), r.pick(["$", "€", "¥", "£", "-", "x"]), r.below(1000)))
     return r.pick([" ", ", ", "; ", "\t", "\n", ""]).join(parts)
@@ -140,7 +141,7 @@ def mixed(r):
 
 def long_word(r):
     k = r.below(4)
-    n = 200 + r.below(500)
+    n = 100 + r.below(400)
     if k == 0:
         return "a" * n
     if k == 1:
