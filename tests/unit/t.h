@@ -22,7 +22,7 @@ static const char *t_name = "test";
 		} else {                                                         \
 			t_fail++;                                                \
 			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-			fprintf(stderr, "" __VA_ARGS__);                         \
+			fprintf(stderr, " " __VA_ARGS__);                        \
 			fputc('\n', stderr);                                     \
 		}                                                                \
 	} while (0)
