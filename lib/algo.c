@@ -286,3 +286,17 @@ rl_stat_f32(const float *x, size_t n)
 		st.min = st.max = NAN;
 	return st;
 }
+
+double
+rl_lr_at(int t, double lr, int warmup, int total, int kind, double min_ratio)
+{
+	if (warmup > 0 && t <= warmup)
+		return lr * t / warmup;
+	if (kind == RL_SCHED_COSINE && total > warmup) {
+		double p = (double)(t - warmup) / (total - warmup);
+		if (p > 1)
+			p = 1;
+		return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(M_PI * p)));
+	}
+	return lr;
+}

@@ -97,4 +97,11 @@ int rl_groups_with_signal(int *keep, const float *reward, const int *goff, int G
 typedef struct rl_stat3 { double mean, min, max; size_t n; } rl_stat3;
 rl_stat3 rl_stat_f32(const float *x, size_t n);
 
+
+
+/* ---- learning-rate schedule -------------------------------------------------------
+ * lr at optimizer step t (1-based): linear warmup from 0 over `warmup` steps, then
+ * constant, or cosine from lr down to lr*min_ratio at step `total`. */
+enum { RL_SCHED_CONSTANT = 0, RL_SCHED_COSINE = 1 };
+double rl_lr_at(int t, double lr, int warmup, int total, int kind, double min_ratio);
 #endif

@@ -134,5 +134,12 @@ main(void)
 		T_CLOSE(st.mean, 2, 0, 0);
 		T_EQ_INT(st.n, 2);
 	}
+	/* schedule: warmup 10 steps to 1e-3, cosine to 0.1x at step 110 */
+	T_CLOSE(rl_lr_at(5, 1e-3, 10, 110, RL_SCHED_COSINE, 0.1), 5e-4, 1e-12, 1e-9);
+	T_CLOSE(rl_lr_at(10, 1e-3, 10, 110, RL_SCHED_COSINE, 0.1), 1e-3, 1e-12, 1e-9);
+	T_CLOSE(rl_lr_at(60, 1e-3, 10, 110, RL_SCHED_COSINE, 0.1), 0.55e-3, 1e-12, 1e-9);
+	T_CLOSE(rl_lr_at(110, 1e-3, 10, 110, RL_SCHED_COSINE, 0.1), 1e-4, 1e-12, 1e-9);
+	T_CLOSE(rl_lr_at(500, 1e-3, 10, 110, RL_SCHED_COSINE, 0.1), 1e-4, 1e-12, 1e-9);
+	T_CLOSE(rl_lr_at(500, 1e-3, 0, 0, RL_SCHED_CONSTANT, 0), 1e-3, 0, 0);
 	T_END();
 }
