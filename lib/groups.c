@@ -382,13 +382,14 @@ rl_grouper_add(rl_grouper *g, const rl_traj *t, const char *where)
 	if (!why && slot->g.s[s.index].response)
 		why = "two samples with the same group and index but different ids";
 	if (why) {
+		int idx = s.index;
 		rl_sample_fini(&s);
 		if ((rv = bad(g, where, id, why)) != RL_OK)
 			return rv;
 		slot->bad = 1;
 		/* the group still completes (counted) so its other samples are dropped too */
-		if (s.index >= 0 && s.index < slot->g.size && !slot->g.s[s.index].response) {
-			slot->g.s[s.index].response = rl_xmalloc(1);
+		if (idx >= 0 && idx < slot->g.size && !slot->g.s[idx].response) {
+			slot->g.s[idx].response = rl_xmalloc(1);
 			slot->g.n++;
 		}
 	} else {
