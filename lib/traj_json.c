@@ -422,8 +422,9 @@ set_typed(rl_traj *t, unsigned tag, const cJSON *v, rl_buf *tmp, const char *key
 	if (cJSON_IsNumber(dt) && hex) {
 		const char *s = cJSON_IsString(hex) ? hex->valuestring : NULL;
 		size_t n;
-		d = (int)dt->valuedouble;
-		if (dt->valuedouble != d || d < 0 || d > 255 || rl_traj_dtype_name(d) != NULL)
+		double x = dt->valuedouble;
+		d = x >= 0 && x <= 255 ? (int)x : -1;
+		if (x != d || rl_traj_dtype_name(d) != NULL)
 			JFAIL("field '%s': \"hex\" is for dtypes this build does not know (0..255)", key);
 		if (s == NULL || strlen(s) % 2)
 			JFAIL("field '%s': \"hex\" must be a string of hex digit pairs", key);
