@@ -1,0 +1,118 @@
+/*
+ * bench/tokenizer.c — encode and decode speed of one tokenizer on one core.
+ *
+ *   build/bench/tokenizer -m MODEL_DIR [-n NAME] [-r REPEAT] CORPUS
+ *
+ * CORPUS holds NUL-terminated records (tests/tokenizer/gen_corpus.py).  Prints
+ * JSON lines: load time; encode of every record with an empty word cache
+ * ("cold": the first pass), then REPEAT more passes ("warm"); decode of all
+ * ids.  MB/s counts input bytes (decode: output bytes) per second, 1 MB = 1e6.
+ * bench/tokenizer.sh runs it beside the JavaScript encoder.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "tokenizer.h"
+
+static void
+line(const char *name, const char *op, size_t bytes, size_t records, size_t tokens, double s)
+{
+	printf("{\"bench\":\"tokenizer\",\"impl\":\"c\",\"tokenizer\":\"%s\",\"op\":\"%s\",\"bytes\":%zu,"
+	       "\"records\":%zu,\"tokens\":%zu,\"seconds\":%.4f,\"mb_per_s\":%.2f}\n",
+	       name, op, bytes, records, tokens, s, s > 0 ? bytes / s / 1e6 : 0.0);
+	fflush(stdout);
+}
+
+int
+main(int argc, char **argv)
+{
+	const char *model = NULL, *name = "model";
+	int repeat = 3, o;
+	rl_log_init("tokenizer-bench", RL_LOG_NORMAL);
+	while ((o = getopt(argc, argv, "m:n:r:")) != -1) {
+		switch (o) {
+		case 'm': model = optarg; break;
+		case 'n': name = optarg; break;
+		case 'r': repeat = atoi(optarg); break;
+		default: goto usage;
+		}
+	}
+	if (!model || optind + 1 != argc) {
+	usage:
+		fprintf(stderr, "usage: tokenizer -m MODEL_DIR [-n NAME] [-r REPEAT] CORPUS\n");
+		return 2;
+	}
+	FILE *f = fopen(argv[optind], "rb");
+	if (!f) {
+		rl_error("cannot open '%s'", argv[optind]);
+		return 1;
+	}
+	fseek(f, 0, SEEK_END);
+	size_t len = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *text = rl_xmalloc(len + 1);
+	if (fread(text, 1, len, f) != len) {
+		rl_error("cannot read '%s'", argv[optind]);
+		return 1;
+	}
+	fclose(f);
+	text[len] = 0;
+
+	size_t nrec = 0;
+	for (size_t i = 0; i < len; i++)
+		nrec += text[i] == 0;
+	size_t *off = rl_xcalloc(nrec + 1, sizeof(*off)), k = 0;
+	for (size_t i = 0; i < len; i++)
+		if (text[i] == 0)
+			off[++k] = i + 1;
+
+	rl_tokenizer *tok;
+	double t0 = rl_now();
+	if (rl_tokenizer_open(&tok, model) != 0)
+		return 1;
+	line(name, "load", 0, 0, (size_t)rl_tokenizer_vocab_size(tok), rl_now() - t0);
+
+	rl_tokens *ids = rl_xcalloc(nrec, sizeof(*ids));
+	size_t bytes = len - nrec, ntok = 0;
+	t0 = rl_now();
+	for (size_t r = 0; r < nrec; r++)
+		if (rl_tokenizer_encode(&ids[r], tok, text + off[r], off[r + 1] - off[r] - 1, RL_TOK_SPECIAL) != 0)
+			return 1;
+	double cold = rl_now() - t0;
+	for (size_t r = 0; r < nrec; r++)
+		ntok += ids[r].n;
+	line(name, "encode_cold", bytes, nrec, ntok, cold);
+	if (repeat > 0) {
+		t0 = rl_now();
+		for (int p = 0; p < repeat; p++)
+			for (size_t r = 0; r < nrec; r++) {
+				ids[r].n = 0;
+				rl_tokenizer_encode(&ids[r], tok, text + off[r], off[r + 1] - off[r] - 1, RL_TOK_SPECIAL);
+			}
+		line(name, "encode_warm", bytes * (size_t)repeat, nrec * (size_t)repeat, ntok * (size_t)repeat,
+		     rl_now() - t0);
+	}
+	size_t out = 0;
+	int passes = repeat > 0 ? repeat : 1;
+	t0 = rl_now();
+	for (int p = 0; p < passes; p++)
+		for (size_t r = 0; r < nrec; r++) {
+			char *d;
+			size_t dl;
+			if (rl_tokenizer_decode(&d, &dl, tok, ids[r].ids, ids[r].n, 0) != 0)
+				return 1;
+			out += dl;
+			free(d);
+		}
+	line(name, "decode", out, nrec * (size_t)passes, ntok * (size_t)passes, rl_now() - t0);
+	for (size_t r = 0; r < nrec; r++)
+		rl_tokens_fini(&ids[r]);
+	free(ids);
+	free(off);
+	free(text);
+	rl_tokenizer_close(tok);
+	return 0;
+}
