@@ -120,7 +120,8 @@ DEB_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev zstd 
 	libutf8proc-dev bats bats-assert bats-support mandoc gnuplot-nox python3 python3-torch \
 	python3-numpy npm
 deps:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || \
+		{ [ $$p = npm ] && command -v npm >/dev/null; } || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all Debian packages present"; exit 0; fi; \
 	echo "deps: missing:" $$missing; \
 	if [ "$$(id -u)" = 0 ]; then \
