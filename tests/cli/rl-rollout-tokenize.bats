@@ -110,6 +110,18 @@ need_qwen() {
 	[[ $stderr == *"cannot open '$T/missing.txt'"* ]]
 }
 
+@test "the EXAMPLES of rl-rollout(1) run" {
+	mkdir "$T/ex"
+	cp -r "$T/bytes" "$T/ex/tiny"
+	printf 'line one\n\377 two\n' >"$T/ex/notes.txt"
+	man="$BATS_TEST_DIRNAME/../../man/rl-rollout.1"
+	sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' "$man" | sed -n 's/^\$ //p' >"$T/ex/examples.sh"
+	[ "$(wc -l <"$T/ex/examples.sh")" -ge 3 ]
+	run -0 --separate-stderr sh -ec "cd '$T/ex' && . ./examples.sh"
+	assert_line --index 0 '{"ids":[87,104,97,116,32,105,115,32,50,43,50,63]}'
+	assert_line --index 1 --partial '"text":"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"'
+}
+
 @test "qwen3: ids match the JavaScript encoder, chat ids match encoding the rendered text" {
 	need_qwen
 	run -0 --separate-stderr sh -c "printf 'Hello world\n' | rl-rollout tokenize -m '$QWEN'"
