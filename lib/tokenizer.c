@@ -895,6 +895,10 @@ rl_tokenizer_encode(rl_tokens *out, rl_tokenizer *t, const char *text, size_t le
 	const uint8_t *s = (const uint8_t *)text;
 	size_t start = 0, i = 0;
 	int rv, mask = flags & RL_TOK_SPECIAL ? 3 : 1;
+	if (len > (size_t)INT32_MAX / 2) {
+		rl_error("cannot encode %zu bytes at once (limit %d)", len, INT32_MAX / 2);
+		return RL_ETOOBIG;
+	}
 	while (i < len) {
 		const added_tok *a;
 		if (!(t->first[s[i]] & mask) || !(a = match_added(t, s + i, len - i, flags))) {
