@@ -547,6 +547,15 @@ test_bad(void)
 	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "missing.json")), RL_ENOENT);
 	mkd("empty");
 	T_EQ_INT(rl_tokenizer_open(&t, tpath("empty", "")), RL_ENOENT);
+	const char *bytes_def = "{\"model\":{\"type\":\"rlpipe-bytes\"}}";
+	write_file(tpath("bad", "bytesdef.json"), bytes_def, strlen(bytes_def));
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "bytesdef.json")), 0);
+	if (t) {
+		T_EQ_INT(rl_tokenizer_vocab_size(t), 261); /* the default specials */
+		T_EQ_INT(rl_tokenizer_eos_id(t), 257);
+		rl_tokenizer_close(t);
+		t = NULL;
+	}
 	const char *bytes_bad = "{\"model\":{\"type\":\"rlpipe-bytes\"},\"added_tokens\":[{\"id\":3,\"content\":\"<x>\"}]}";
 	write_file(tpath("bad", "bytes.json"), bytes_bad, strlen(bytes_bad));
 	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "bytes.json")), RL_EFORMAT);
