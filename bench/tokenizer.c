@@ -8,6 +8,8 @@
  * ("cold": the first pass), then REPEAT more passes ("warm"); decode of all
  * ids.  MB/s counts input bytes (decode: output bytes) per second, 1 MB = 1e6,
  * per wall-clock second and per CPU second of this process.
+ * Then the pre-tokenizer alone on the same text: the hand-written Qwen2 and
+ * GPT-2 matchers against PCRE2 (JIT) running the same patterns.
  * bench/tokenizer.sh runs it beside the JavaScript encoder.
  */
 #include <getopt.h>
@@ -17,6 +19,7 @@
 #include <time.h>
 
 #include "core.h"
+#include "tok_impl.h"
 #include "tokenizer.h"
 
 static double
@@ -129,6 +132,28 @@ main(int argc, char **argv)
 			free(d);
 		}
 	line(name, "decode", out, nrec * (size_t)passes, ntok * (size_t)passes);
+	const char *pats[2] = { rli_tok_qwen2_pattern, rli_tok_gpt2_pattern };
+	const char *pnames[2] = { "split_qwen2", "split_gpt2" };
+	for (int p = 0; p < 2; p++)
+		for (int force = 0; force < 2; force++) {
+			rli_splitter sp;
+			uint32_t *ends = NULL;
+			size_t ne = 0, cap = 0, pieces = 0;
+			char op[64];
+			if (rli_splitter_init(&sp, pats[p], force) != 0)
+				return 1;
+			start();
+			for (int k = 0; k < passes; k++)
+				for (size_t r = 0; r < nrec; r++) {
+					ne = 0;
+					rli_split(&sp, (const uint8_t *)text + off[r], off[r + 1] - off[r] - 1, &ends, &ne, &cap);
+					pieces += ne;
+				}
+			snprintf(op, sizeof(op), "%s_%s", pnames[p], force ? "pcre2" : "hand");
+			line(name, op, bytes * (size_t)passes, nrec * (size_t)passes, pieces);
+			free(ends);
+			rli_splitter_fini(&sp);
+		}
 	for (size_t r = 0; r < nrec; r++)
 		rl_tokens_fini(&ids[r]);
 	free(ids);
