@@ -178,7 +178,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			size_t n1 = 0, n2 = 0;
 			if (rli_split(&hand[p], s, n, &e1, &n1, &c1) != 0 || rli_split(&re[p], s, n, &e2, &n2, &c2) != 0)
 				abort();
-			if (n1 != n2 || memcmp(e1, e2, n1 * sizeof(*e1)) != 0)
+			if (n1 != n2 || (n1 && memcmp(e1, e2, n1 * sizeof(*e1)) != 0))
 				abort();
 		}
 		break;
