@@ -484,13 +484,23 @@ rli_byte_to_cp(uint8_t b)
 	return 256 + k;
 }
 
+static int16_t cp_byte[256 + 68];
+static pthread_once_t cp_byte_once = PTHREAD_ONCE_INIT;
+
+static void
+build_cp_byte(void)
+{
+	for (int b = 0; b < 256; b++)
+		cp_byte[rli_byte_to_cp((uint8_t)b)] = (int16_t)b;
+}
+
 int
 rli_cp_to_byte(uint32_t cp)
 {
-	if (cp < 256)
-		return printable(cp) ? (int)cp : -1;
-	for (uint32_t b = 0, k = 0; b < 256; b++)
-		if (!printable(b) && 256 + k++ == cp)
-			return (int)b;
-	return -1;
+	if (cp >= 256 + 68)
+		return -1;
+	if (cp < 256 && !printable(cp))
+		return -1;
+	pthread_once(&cp_byte_once, build_cp_byte);
+	return cp_byte[cp];
 }

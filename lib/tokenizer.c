@@ -514,23 +514,23 @@ load_hf(rl_tokenizer *t, const char *path, cJSON *root)
 	}
 	const char *ty = jtype(model);
 	if (strcmp(ty, "rlpipe-bytes") == 0) {
+		/* without "added_tokens", the default specials */
+		cJSON *def = added ? NULL : cJSON_Parse(rl_tokenizer_bytes_json());
+		const cJSON *use = added ? added : cJSON_GetObjectItemCaseSensitive(def, "added_tokens");
+		int32_t m = max_id(NULL, use);
 		t->kind = KIND_BYTES;
-		int32_t m = max_id(NULL, added);
 		if ((rv = table_alloc(t, m < 255 ? 256 : m + 1)) != 0)
-			return rv;
+			goto bytes_out;
 		for (int b = 0; b < 256; b++) {
 			uint8_t c = (uint8_t)b;
 			if ((rv = table_set(t, b, &c, 1, 0)) != 0)
-				return rv;
+				goto bytes_out;
 		}
-		if (!added) {
-			cJSON *def = cJSON_Parse(rl_tokenizer_bytes_json());
-			rv = load_added(t, path, cJSON_GetObjectItemCaseSensitive(def, "added_tokens"), 256);
-			cJSON_Delete(def);
-		} else {
-			rv = load_added(t, path, added, 256);
-		}
-		return rv ? rv : table_index(t);
+		if ((rv = load_added(t, path, use, 256)) == 0)
+			rv = table_index(t);
+bytes_out:
+		cJSON_Delete(def);
+		return rv;
 	}
 	if (ty[0] && strcmp(ty, "BPE") != 0) {
 		rl_error("'%s': model type '%s' is not supported", path, ty);
@@ -895,6 +895,10 @@ rl_tokenizer_encode(rl_tokens *out, rl_tokenizer *t, const char *text, size_t le
 	const uint8_t *s = (const uint8_t *)text;
 	size_t start = 0, i = 0;
 	int rv, mask = flags & RL_TOK_SPECIAL ? 3 : 1;
+	if (len > (size_t)INT32_MAX / 2) {
+		rl_error("cannot encode %zu bytes at once (limit %d)", len, INT32_MAX / 2);
+		return RL_ETOOBIG;
+	}
 	while (i < len) {
 		const added_tok *a;
 		if (!(t->first[s[i]] & mask) || !(a = match_added(t, s + i, len - i, flags))) {

