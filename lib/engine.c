@@ -335,7 +335,8 @@ append(rl_engine *e, seq *q, int32_t t, float lp)
 		return stop_tok;
 	if (e->o.nstop > 0) {
 		size_t bl = 0;
-		const char *b = rl_tokenizer_token(e->tok, t, &bl);
+		/* stop strings are looked for in the text, where special tokens do not show */
+		const char *b = rl_tokenizer_is_special(e->tok, t) ? NULL : rl_tokenizer_token(e->tok, t, &bl);
 		if (b && bl) {
 			if (q->tlen + bl + 1 > q->tcap) {
 				size_t nc = RL_MAX(q->tcap * 2, q->tlen + bl + 64);

@@ -480,7 +480,7 @@ run_generate(gen *g)
 	char *line = NULL;
 	size_t cap = 0;
 	ssize_t len;
-	int rv, eof = 0, fail = RL_OK;
+	int rv, eof = 0, fail = RL_OK, have_line = 0;
 	double last_prog = 0;
 
 	if ((rv = rl_io_fopen(&in, g->input, "r")) != 0)
@@ -490,7 +490,21 @@ run_generate(gen *g)
 		/* keep enough requests waiting to refill every free slot */
 		while (!eof && rl_engine_waiting(g->e) * RL_MAX(g->n, 1) < g->go.slots) {
 			prompt *p;
+			if (!have_line) {
+				errno = 0;
+				if ((len = getline(&line, &cap, in)) < 0) {
+					if (ferror(in)) {
+						rl_error("cannot read '%s': %s", g->input, strerror(errno));
+						rv = RL_EIO;
+						goto out;
+					}
+					eof = 1;
+					break;
+				}
+				have_line = 1;
+			}
 			if (g->weights_from && g->max_staleness >= 0) {
+				/* the staleness gate: group k belongs to trainer batch k / train_batch */
 				int need = (int)(g->groups / (uint64_t)g->train_batch) - g->max_staleness;
 				if (g->version < need) {
 					if (rl_engine_active(g->e) > 0 || rl_engine_waiting(g->e) > 0)
@@ -499,16 +513,7 @@ run_generate(gen *g)
 						goto out;
 				}
 			}
-			errno = 0;
-			if ((len = getline(&line, &cap, in)) < 0) {
-				if (ferror(in)) {
-					rl_error("cannot read '%s': %s", g->input, strerror(errno));
-					rv = RL_EIO;
-					goto out;
-				}
-				eof = 1;
-				break;
-			}
+			have_line = 0;
 			g->lines++;
 			while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
 				line[--len] = 0;
