@@ -262,14 +262,20 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, int *rvp)
 
 	*rvp = RL_OK;
 	memset(s, 0, sizeof *s);
-	if (rl_traj_get_u64(t, RL_TAG_GROUP, &s->group) != RL_OK)
-		return "no 'group' field";
-	if (rl_traj_get_i32(t, RL_TAG_INDEX, &i32) != RL_OK)
-		return "no 'index' field";
-	s->index = i32;
-	if (rl_traj_get_i32(t, RL_TAG_GROUP_SIZE, &i32) != RL_OK)
-		return "no 'group_size' field";
-	s->group_size = i32;
+	if (o->sft && !rl_traj_has(t, RL_TAG_GROUP)) {
+		rl_traj_get_u64(t, RL_TAG_ID, &s->group);
+		s->index = 0;
+		s->group_size = 1;
+	} else {
+		if (rl_traj_get_u64(t, RL_TAG_GROUP, &s->group) != RL_OK)
+			return "no 'group' field";
+		if (rl_traj_get_i32(t, RL_TAG_INDEX, &i32) != RL_OK)
+			return "no 'index' field";
+		s->index = i32;
+		if (rl_traj_get_i32(t, RL_TAG_GROUP_SIZE, &i32) != RL_OK)
+			return "no 'group_size' field";
+		s->group_size = i32;
+	}
 	if (s->group_size < 1 || s->group_size > 65536)
 		return "'group_size' out of range 1..65536";
 	if (s->index < 0 || s->index >= s->group_size)
@@ -279,6 +285,8 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, int *rvp)
 	if (rl_traj_get_i32s(t, RL_TAG_RESPONSE, &r, &nr) != RL_OK)
 		return "no 'response' token ids (i32 array)";
 	rv = rl_traj_get_f32(t, RL_TAG_REWARD, &s->reward);
+	if (rv == RL_ENOENT && o->sft)
+		rv = RL_OK, s->reward = 0;
 	if (rv != RL_OK)
 		return rv == RL_ENOENT ? "no 'reward' (was it scored by rl-reward?)" : "'reward' is not a number";
 	if (!isfinite(s->reward))

@@ -55,6 +55,8 @@ typedef struct rl_grouper_opts {
 	int need_logprobs;    /* records must carry behaviour logprobs */
 	int need_ref;         /* records must carry ref_logprobs */
 	int max_open_groups;  /* incomplete groups held at once (default 65536) */
+	int sft;              /* supervised data: reward optional (0), and a record without
+	                         group/index/group_size is a group of one (group = id) */
 } rl_grouper_opts;
 
 typedef struct rl_grouper_stats {
