@@ -6,6 +6,8 @@
 B=${RL_BUILD:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
 PATH="$root/$B/bin:$PATH"; export PATH RL_BUILD=$B
+# tiny test models: idle OpenMP threads must not spin on a loaded 2-core machine
+OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}; export OMP_WAIT_POLICY
 gpu=0; [ "${1:-}" = --gpu ] && gpu=1
 pass=0; fail=0; skip=0; failed=""
 log=$(mktemp -d)
