@@ -36,11 +36,10 @@ need_qwen() {
 	command -v node >/dev/null || skip "node not found"
 }
 
-@test "no command: usage listing tokenize, exit 2" {
+@test "no arguments: generation needs a model, usage error exit 2" {
 	run -2 --separate-stderr rl-rollout
 	assert_output ''
-	[[ $stderr == *"usage: rl-rollout COMMAND"* ]]
-	[[ $stderr == *"tokenize"* ]]
+	[[ $stderr == *"no model: -m MODEL_DIR"* ]]
 }
 
 @test "--help goes to stdout, exit 0" {
@@ -51,8 +50,9 @@ need_qwen() {
 }
 
 @test "unknown command and bad options: exit 2" {
+	# a word that is not a subcommand is an input file of generation
 	run -2 --separate-stderr rl-rollout frobnicate
-	[[ $stderr == *"rl-rollout: unknown command 'frobnicate'"* ]]
+	[[ $stderr == *"no model"* ]]
 	run -2 --separate-stderr rl-rollout tokenize
 	[[ $stderr == *"-m MODEL_DIR is required"* ]]
 	run -2 --separate-stderr rl-rollout tokenize -m "$T/bytes" --template jinja
