@@ -50,6 +50,16 @@ scratch(rl_ops *o, size_t n, const char *what)
 	return p;
 }
 
+static float
+dotf(const float *a, const float *b, int n)
+{
+	float s = 0;
+#pragma omp simd reduction(+:s)
+	for (int i = 0; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
 /* Fixed chunking of reductions over rows: the same split for any thread count. */
 #define RCHUNK 64
 
@@ -440,7 +450,7 @@ rl_cpu_qknorm_bwd(rl_ops *o, void *dqkv_in_, float *dwq, float *dwk, const void 
 #include "ops_cpu_gemm.h"
 
 typedef void gemm_tile_fn(float *c, long ldc, const float *a, long lda, long ak,
-    const float *b, long ldb, int m, int n, int k, int accum, float *bbuf);
+    const float *b, long ldb, int btrans, int m, int n, int k, int accum, float *bbuf);
 typedef struct gemm_impl { gemm_tile_fn *tile; int mr, nr; } gemm_impl;
 
 static const gemm_impl *
@@ -470,7 +480,8 @@ enum { GEMM_KC = 256, GEMM_NB = 256 };
 
 /*
  * c (M, N) (+)= A (M, K) @ B (K, N) with A[i][k] = a[i*lda + k*ak] and
- * B[k][j] = b[k*ldb + j] (btrans 0) or b[j*ldb + k] (btrans 1, packed per block).
+ * B[k][j] = b[k*ldb + j] (btrans 0) or b[j*ldb + k] (btrans 1); the tile packs
+ * each B panel (see ops_cpu_gemm.h).
  * Threads own (column block, row group) tiles and K is never split, so the sum
  * order for each output is fixed.  Returns 0 or RL_ENOMEM.
  */
@@ -493,8 +504,7 @@ gemm(float *c, long ldc, const float *a, long lda, long ak, const float *b, long
 #pragma omp parallel reduction(|:bad)
 	{
 		float *bbuf = malloc((size_t)GEMM_KC * 32 * sizeof(float));
-		float *pbuf = btrans ? malloc((size_t)GEMM_KC * GEMM_NB * sizeof(float)) : NULL;
-		if (bbuf == NULL || (btrans && pbuf == NULL))
+		if (bbuf == NULL)
 			bad = 1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
 		for (int tn = 0; tn < ntn; tn++) {
@@ -505,27 +515,13 @@ gemm(float *c, long ldc, const float *a, long lda, long ak, const float *b, long
 				int m0 = tg * MG, mg = RL_MIN(MG, M - m0);
 				for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
 					int kc = RL_MIN(GEMM_KC, K - k0);
-					const float *bp;
-					long ldbp;
-					if (btrans) {
-						for (int j = 0; j < nb; j++) {
-							const float *src = b + (long)(n0 + j) * ldb + k0;
-							for (int kk = 0; kk < kc; kk++)
-								pbuf[(long)kk * nb + j] = src[kk];
-						}
-						bp = pbuf;
-						ldbp = nb;
-					} else {
-						bp = b + (long)k0 * ldb + n0;
-						ldbp = ldb;
-					}
+					const float *bp = btrans ? b + (long)n0 * ldb + k0 : b + (long)k0 * ldb + n0;
 					g->tile(c + (long)m0 * ldc + n0, ldc, a + (long)m0 * lda + (long)k0 * ak, lda,
-					    ak, bp, ldbp, mg, nb, kc, accum || k0 > 0, bbuf);
+					    ak, bp, ldb, btrans, mg, nb, kc, accum || k0 > 0, bbuf);
 				}
 			}
 		}
 		free(bbuf);
-		free(pbuf);
 	}
 	if (bad) {
 		rl_error("gemm: out of memory for per-thread buffers");
@@ -542,12 +538,26 @@ rl_cpu_matmul_fwd(rl_ops *o, void *out_, const void *inp_, const void *w_, const
 {
 	float *out = out_;
 	const float *inp = inp_, *w = w_, *bias = bias_;
+	if (N <= 4) {
+		/* decode-sized: a GEMV bound by reading w once; packing w^T would cost
+		 * as much as the product */
+#pragma omp parallel for schedule(static) if ((size_t)OC * C > 32768)
+		for (int oc = 0; oc < OC; oc++) {
+			const float *wr = w + (size_t)oc * C;
+			for (int n = 0; n < N; n++) {
+				float s = dotf(inp + (size_t)n * C, wr, C);
+				out[(size_t)n * OC + oc] = s + (bias ? bias[oc] : 0.0f);
+			}
+		}
+		return;
+	}
 	if (bias != NULL) {
 #pragma omp parallel for schedule(static)
 		for (int n = 0; n < N; n++)
 			memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
 	}
-	if (gemm(out, OC, inp, C, 1, w, C, 1, N, OC, C, bias != NULL) != 0)
+	int rv = gemm(out, OC, inp, C, 1, w, C, 1, N, OC, C, bias != NULL);
+	if (rv != 0)
 		fail(o, RL_ENOMEM);
 }
 
@@ -632,16 +642,6 @@ rl_cpu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NK
 		return;
 	}
 	rope_apply(dqkv, pos, N, NH, NKV, HD, theta, -1.0f);
-}
-
-static float
-dotf(const float *a, const float *b, int n)
-{
-	float s = 0;
-#pragma omp simd reduction(+:s)
-	for (int i = 0; i < n; i++)
-		s += a[i] * b[i];
-	return s;
 }
 
 /* key s is visible to query t (s <= t) of a row with segment ids sg (NULL = one sequence) */
