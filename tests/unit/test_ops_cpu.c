@@ -1021,25 +1021,26 @@ test_pg_loss(void)
 	/* PPO clip (0.2, 0.28) with dual clip 3; lp - old per token below */
 	{
 		rl_pg_params p = { 0.2f, 0.28f, 3.0f, 0, 0, 1, 0 };
-		float old[7] = { 0, 0, 0, 0, 0, 0, 0 };
-		float lp[7] = { 0.5f, -0.5f, -0.5f, 0.5f, 1.5f, (float)log(1.1), NAN };
-		float adv[7] = { 1, 1, -1, -1, -1, 2, 1 }, w[7] = { 1, 1, 1, 1, 1, 0.5f, 0 };
+		float old[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+		float lp[8] = { 0.5f, -0.5f, -0.5f, 0.5f, 1.5f, (float)log(1.1), NAN, 1.0f };
+		float adv[8] = { 1, 1, -1, -1, -1, 2, 1, -1 }, w[8] = { 1, 1, 1, 1, 1, 0.5f, 0, 1 };
 		/* 1: r = e^.5 = 1.6487 > 1.28, A > 0: clipped at -1.28, no gradient
 		 * 2: r = e^-.5 = 0.6065 < 0.8, A > 0: max(-0.6065, -0.8) = unclipped
 		 * 3: r = 0.6065, A < 0: max(0.6065, 0.8) = 0.8 clipped
 		 * 4: r = 1.6487, A < 0: max(1.6487, 1.28) unclipped; below dual 3
 		 * 5: r = e^1.5 = 4.4817, A < 0: dual clip caps at 3, no gradient
 		 * 6: r = 1.1 in range, A = 2, w = .5: loss -2.2, dlp = .5 * -2.2
-		 * 7: w = 0 with a NaN log-prob: all zero */
-		const double loss[7] = { -1.28, -0.6065306597, 0.8, 1.6487212707, 3.0, -2.2, 0 };
-		const double dlp[7] = { 0, -0.6065306597, 0, 1.6487212707, 0, -1.1, 0 };
-		const double cl[7] = { 1, 0, 1, 0, 1, 0, 0 };
-		check_pg("pg clip + dual clip", &p, 7, lp, old, NULL, NULL, NULL, adv, w, loss, dlp, cl, z);
+		 * 7: w = 0 with a NaN log-prob: all zero
+		 * 8: r = e = 2.718, A < 0: just below the dual clip 3, unclipped */
+		const double loss[8] = { -1.28, -0.6065306597, 0.8, 1.6487212707, 3.0, -2.2, 0, 2.7182818285 };
+		const double dlp[8] = { 0, -0.6065306597, 0, 1.6487212707, 0, -1.1, 0, 2.7182818285 };
+		const double cl[8] = { 1, 0, 1, 0, 1, 0, 0, 0 };
+		check_pg("pg clip + dual clip", &p, 8, lp, old, NULL, NULL, NULL, adv, w, loss, dlp, cl, z);
 		p.dual_clip = 0;
-		const double loss2[7] = { -1.28, -0.6065306597, 0.8, 1.6487212707, 4.4816890703, -2.2, 0 };
-		const double dlp2[7] = { 0, -0.6065306597, 0, 1.6487212707, 4.4816890703, -1.1, 0 };
-		const double cl2[7] = { 1, 0, 1, 0, 0, 0, 0 };
-		check_pg("pg clip, no dual clip", &p, 7, lp, old, NULL, NULL, NULL, adv, w, loss2, dlp2, cl2, z);
+		const double loss2[8] = { -1.28, -0.6065306597, 0.8, 1.6487212707, 4.4816890703, -2.2, 0, 2.7182818285 };
+		const double dlp2[8] = { 0, -0.6065306597, 0, 1.6487212707, 4.4816890703, -1.1, 0, 2.7182818285 };
+		const double cl2[8] = { 1, 0, 1, 0, 0, 0, 0, 0 };
+		check_pg("pg clip, no dual clip", &p, 8, lp, old, NULL, NULL, NULL, adv, w, loss2, dlp2, cl2, z);
 	}
 	/* truncated importance sampling: tis = min(exp(old - beh), 2) scales the pg term */
 	{
