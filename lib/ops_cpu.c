@@ -16,7 +16,9 @@
  * "very cheap" vectoriser cost model refuses the softmax loops (selects, simd
  * reductions); the dynamic model vectorises them, and without trapping math the
  * selects of rl_cpu_expf if-convert.  Nothing here reads FP exception flags. */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=fast", "vect-cost-model=dynamic", "no-trapping-math")
+#endif
 
 #include <float.h>
 #include <math.h>
