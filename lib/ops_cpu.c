@@ -650,13 +650,6 @@ rl_cpu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NK
 	rope_apply(dqkv, pos, N, NH, NKV, HD, theta, -1.0f);
 }
 
-/* key s is visible to query t (s <= t) of a row with segment ids sg (NULL = one sequence) */
-static inline int
-visible(const int32_t *sg, int s, int t)
-{
-	return sg == NULL || sg[s] == sg[t];
-}
-
 /*
  * Attention runs per (row, head) task over blocks of ATT_QB queries, with the
  * GEMM tiles doing the products (serially: the tasks are the parallel loop):
