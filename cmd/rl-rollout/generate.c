@@ -110,6 +110,7 @@ typedef struct prompt {
 	char *meta;      /* JSON of everything but "prompt" */
 	int32_t *ids;
 	int nids;
+	int max_new;     /* the line's "max_tokens", 0: --max-tokens */
 	int remaining;
 } prompt;
 
@@ -315,7 +316,7 @@ on_done(void *ctx, const rl_gen_sample *s)
 	rl_traj_set_f32(t, RL_TAG_TEMPERATURE, s->greedy ? 0.0f : g->go.sp.temperature);
 	rl_traj_set_f32(t, RL_TAG_TOP_P, g->go.sp.top_p);
 	rl_traj_set_i32(t, RL_TAG_TOP_K, g->go.sp.top_k);
-	rl_traj_set_i32(t, RL_TAG_MAX_TOKENS, g->go.max_new);
+	rl_traj_set_i32(t, RL_TAG_MAX_TOKENS, p->max_new ? p->max_new : g->go.max_new);
 	rl_traj_set_u64(t, RL_TAG_SEED, s->seed);
 	rl_traj_set_f64(t, RL_TAG_TS_GEN_START, s->t_start);
 	rl_traj_set_f64(t, RL_TAG_TS_GEN_END, s->t_end);
@@ -418,6 +419,11 @@ parse_prompt(gen *g, const char *line, size_t len, prompt **out)
 	}
 	cJSON_DeleteItemFromObjectCaseSensitive(j, "prompt");
 	prompt *p = rl_xcalloc(1, sizeof *p);
+	{
+		cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
+		if (mt && cJSON_IsNumber(mt) && mt->valuedouble >= 1)
+			p->max_new = (int)RL_MIN(mt->valuedouble, 1e7);
+	}
 	p->line = ln;
 	p->text = text;
 	text = NULL;
@@ -532,7 +538,7 @@ run_generate(gen *g)
 			}
 			p->group = g->nonce | (g->groups & 0xffffffffULL);
 			p->remaining = g->n + (g->greedy ? 1 : 0);
-			rv = rl_engine_submit(g->e, p->ids, p->nids, g->n, g->greedy,
+			rv = rl_engine_submit(g->e, p->ids, p->nids, g->n, g->greedy, p->max_new,
 			    rl_rng_u64(g->seed, p->line), p);
 			if (rv != RL_OK) {
 				rl_error("'%s': line %llu: cannot generate for this prompt", g->input,
