@@ -99,6 +99,8 @@ typedef struct trainer {
 	uint64_t records, groups_used, skip_records;
 	uint64_t dropped_nosignal, dropped_stale;
 	double t_wait;
+	double t_model;  /* seconds in model forward/backward/AdamW this step */
+	double t_pub;    /* seconds publishing the step's checkpoint */
 } trainer;
 
 /* ---- metrics ------------------------------------------------------------------ */
@@ -509,8 +511,11 @@ recompute_old(trainer *tr)
 	int rv;
 	for (int a = 0; a < tr->nseq;) {
 		int e = micro_end(tr, a, tr->nseq), B = e - a, T = fill_rows(tr, a, e);
-		if ((rv = rl_model_forward(tr->m, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T,
-		    tr->seq[a].s->temperature)) != 0)
+		double t0 = rl_now();
+		rv = rl_model_forward(tr->m, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T,
+		    tr->seq[a].s->temperature);
+		tr->t_model += rl_now() - t0;
+		if (rv != 0)
 			return rv;
 		for (int r = 0; r < B; r++) {
 			rl_sample *s = tr->seq[a + r].s;
@@ -533,7 +538,10 @@ micro(trainer *tr, int a, int e, int recomputed, mstat *ms)
 	const float *ref = NULL, *beh = NULL, *old;
 	int want_ent = o->ent_coef != 0;
 
-	if ((rv = rl_model_forward(tr->m, NULL, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, temp)) != 0)
+	double t0 = rl_now();
+	rv = rl_model_forward(tr->m, NULL, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, temp);
+	tr->t_model += rl_now() - t0;
+	if (rv != 0)
 		return rv;
 	size_t nb = (size_t)N * sizeof(float);
 	ops->upload(ops, tr->d_adv, tr->h_adv, nb);
@@ -582,7 +590,12 @@ micro(trainer *tr, int a, int e, int recomputed, mstat *ms)
 	p.ent_coef = o->ent_coef;
 	ops->pg_loss(ops, tr->d_dlp, want_ent ? tr->d_dent : NULL, tr->d_stats, tr->m->lp, old, beh, ref,
 	    want_ent ? tr->m->ent : NULL, tr->d_adv, tr->d_w, N, &p);
-	if ((rv = rl_model_backward(tr->m, tr->d_dlp, want_ent ? tr->d_dent : NULL)) != 0)
+	t0 = rl_now();
+	rv = rl_model_backward(tr->m, tr->d_dlp, want_ent ? tr->d_dent : NULL);
+	if (rv == 0)
+		rv = ops->sync(ops);
+	tr->t_model += rl_now() - t0;
+	if (rv != 0)
 		return rv;
 	/* statistics for the metrics line */
 	ops->download(ops, tr->h_stats, tr->d_stats, nb * RL_PG_NSTAT);
@@ -847,6 +860,11 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 	metric(j, tr, step, "response_length/clip_ratio", S ? clipped / S : NAN);
 	metric(j, tr, step, "timing_s/gen", t_wait);
 	metric(j, tr, step, "timing_s/update_actor", t_upd);
+	metric(j, tr, step, "timing_s/model", tr->t_model);
+	metric(j, tr, step, "timing_s/publish", tr->t_pub);
+	/* the share of the step (update + publish) spent outside the model's compute */
+	metric(j, tr, step, "perf/overhead_frac",
+	    t_upd + tr->t_pub > 0 ? (t_upd + tr->t_pub - tr->t_model) / (t_upd + tr->t_pub) : NAN);
 	metric(j, tr, step, "timing_s/step", t_step);
 	metric(j, tr, step, "perf/total_num_tokens", (double)ntok);
 	metric(j, tr, step, "perf/throughput", t_upd > 0 ? ntok / t_upd : NAN);
@@ -874,6 +892,7 @@ train_step(trainer *tr)
 	double t0 = rl_now(), lr = 0, t_wait = tr->t_wait;
 
 	tr->t_wait = 0;
+	tr->t_model = 0;
 	if ((rv = prepare(tr)) != 0)
 		return rv;
 	if (tr->nseq == 0)
@@ -904,7 +923,10 @@ train_step(trainer *tr)
 			ad.eps = o->adam_eps;
 			ad.weight_decay = o->weight_decay;
 			ad.max_grad_norm = o->grad_clip;
-			if ((rv = rl_model_step(tr->m, &ad, &gnorm)) != 0)
+			double t1 = rl_now();
+			rv = rl_model_step(tr->m, &ad, &gnorm);
+			tr->t_model += rl_now() - t1;
+			if (rv != 0)
 				return rv;
 			nupd++;
 		}
@@ -918,8 +940,10 @@ train_step(trainer *tr)
 	double t_upd = rl_now() - t0;
 	int full = (o->save_every > 0 && tr->m->step % o->save_every == 0) ||
 	    (o->max_steps > 0 && tr->m->step >= o->max_steps);
+	double t_pub = rl_now();
 	if ((rv = publish(tr, full)) != 0)
 		return rv;
+	tr->t_pub = rl_now() - t_pub;
 	return write_metrics(tr, &ms, gnorm, lr, rl_now() - t0 + t_wait, t_upd, t_wait, nupd);
 }
 
