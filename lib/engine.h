@@ -13,8 +13,10 @@
  * running sequence never runs out of blocks.
  *
  * Randomness: sample i of a request draws from rl_rng(seed_i, t) with
- * seed_i = mix(request seed, i) and t its token index, so a seed gives the
- * same output whatever else is in the batch (on one backend).
+ * seed_i = mix(request seed, i) and t its token index: the same seed and
+ * settings give the same output on one backend, and the draws do not depend
+ * on what else is in the batch (the logits may, in their last bits, when a
+ * kernel sums in another order for another batch size).
  *
  * Leaves out: I/O, tokenizing prompts, weight updates (the caller swaps
  * weights between steps with rl_model_set), preemption.  Not thread-safe.
