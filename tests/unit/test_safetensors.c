@@ -82,21 +82,29 @@ fill(void *ctx, int i, void *buf, size_t nbytes)
 static void
 test_round_trip(void)
 {
-	rl_st_entry e[3] = {
+	rl_st_entry e[4] = {
 		{ .name = "a.weight", .dtype = RL_F32, .ndim = 2, .shape = { 2, 3 } },
 		{ .name = "b", .dtype = RL_BF16, .ndim = 1, .shape = { 5 } },
 		{ .name = "c", .dtype = RL_I32, .ndim = 0 },
+		{ .name = "h", .dtype = RL_F16, .ndim = 1, .shape = { 4 } },
 	};
 	const char *meta[] = { "format", "pt" };
 	rl_st_file *f = NULL;
 	const rl_st_tensor *t;
 	float x[6];
 
-	T_EQ_INT(rl_st_write(tpath("ok.safetensors"), e, 3, meta, 1, fill, NULL), 0);
+	T_EQ_INT(rl_st_write(tpath("ok.safetensors"), e, 4, meta, 1, fill, NULL), 0);
 	T_EQ_INT(rl_st_open(&f, tpath("ok.safetensors")), 0);
 	if (f == NULL)
 		return;
-	T_EQ_INT(f->n, 3);
+	T_EQ_INT(f->n, 4);
+	t = rl_st_find(f, "h");
+	T_OK(t != NULL && t->dtype == RL_F16 && rl_st_to_f32(x, t, 0, 4) == 0, "f16 tensor");
+	if (t != NULL) {
+		uint16_t h;
+		memcpy(&h, (const char *)t->data + 6, 2);
+		T_OK(x[3] == rl_f16_to_f32(h), "f16 conversion");
+	}
 	T_OK((t = rl_st_find(f, "a.weight")) != NULL && t->ndim == 2 && t->shape[1] == 3 && t->nbytes == 24, "check");
 	T_OK((t = rl_st_find(f, "b")) != NULL && t->dtype == RL_BF16 && t->nelem == 5, "check");
 	T_OK((t = rl_st_find(f, "c")) != NULL && t->ndim == 0 && t->nelem == 1 && t->nbytes == 4, "check");
