@@ -12,8 +12,11 @@
  * Leaves out: the CUDA backend (ops_cuda.c), backend selection (ops.c).
  */
 /* Let the compiler fuse a*b+c into FMA where the target has it (the AVX2 and
- * AVX-512 GEMM clones); ISO C mode turns contraction off by default. */
-#pragma GCC optimize("fp-contract=fast")
+ * AVX-512 GEMM clones); ISO C mode turns contraction off by default.  -O2's
+ * "very cheap" vectoriser cost model refuses the softmax loops (selects, simd
+ * reductions); the dynamic model vectorises them, and without trapping math the
+ * selects of rl_cpu_expf if-convert.  Nothing here reads FP exception flags. */
+#pragma GCC optimize("fp-contract=fast", "vect-cost-model=dynamic", "no-trapping-math")
 
 #include <float.h>
 #include <math.h>
@@ -707,7 +710,7 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 					for (int s = 0; s <= t; s++) {
 						if (sc[s] == -INFINITY)
 							continue;
-						float p = expf(sc[s] - mx);
+						float p = rl_cpu_expf(sc[s] - mx);
 						sum += p;
 						const float *v = vb + (size_t)s * HD;
 #pragma omp simd
@@ -783,7 +786,7 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 							if (!visible(sg, s, t))
 								continue;
 							const float *k = kb + (size_t)s * HD, *v = vb + (size_t)s * HD;
-							float p = expf(dotf(q, k, HD) * scale - L);
+							float p = rl_cpu_expf(dotf(q, k, HD) * scale - L);
 							float ds = p * (dotf(go, v, HD) - D) * scale;
 							float *dks = dk + (size_t)s * HD, *dvs = dv + (size_t)s * HD;
 #pragma omp simd
@@ -824,7 +827,7 @@ rl_cpu_swiglu_fwd(rl_ops *o, void *out_, const void *gu_, int N, int H)
 		const float *g = gu + (size_t)n * 2 * H, *u = g + H;
 		float *y = out + (size_t)n * H;
 		for (int i = 0; i < H; i++)
-			y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+			y[i] = g[i] / (1.0f + rl_cpu_expf(-g[i])) * u[i];
 	}
 }
 
@@ -839,7 +842,7 @@ rl_cpu_swiglu_bwd(rl_ops *o, void *dgu_, const void *dout_, const void *gu_, int
 		float *dg = dgu + (size_t)n * 2 * H, *du = dg + H;
 		for (int i = 0; i < H; i++) {
 			float gi = g[i], ui = u[i], d = dy[i];
-			float sig = 1.0f / (1.0f + expf(-gi));
+			float sig = 1.0f / (1.0f + rl_cpu_expf(-gi));
 			/* read everything first: dgu may alias gu */
 			dg[i] = d * ui * sig * (1.0f + gi * (1.0f - sig));
 			du[i] = d * gi * sig;
@@ -888,6 +891,58 @@ rl_cpu_add(rl_ops *o, void *out_, const void *a_, const void *b_, size_t n)
 
 /* ==== output layer ================================================================== */
 
+/* Row kernels of the vocabulary loops, cloned per instruction set (an ifunc
+ * picks one at load time): they are memory- and exp-bound and vectorise. */
+#define RL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/* max of z = x * it over a row, then S = sum e^(z-m), E = sum e^(z-m) (z-m) */
+RL_CLONES static float
+lse_row(const float *x, int V, float it, double *S_, double *E_)
+{
+	float m = -INFINITY;
+#pragma omp simd reduction(max:m)
+	for (int j = 0; j < V; j++) {
+		float z = x[j] * it;
+		m = z > m ? z : m;  /* NaNs skip the max and poison S below */
+	}
+	double S = 0, E = 0;
+#pragma omp simd reduction(+:S, E)
+	for (int j = 0; j < V; j++) {
+		float d = x[j] * it - m;
+		float e = rl_cpu_expf(d);
+		S += e;
+		E += (double)e * d;
+	}
+	*S_ = S;
+	*E_ = E;
+	return m;
+}
+
+/* entropy -sum p log p of a row with log p = x * it - L */
+RL_CLONES static double
+ent_row(const float *x, int V, float it, float L)
+{
+	double h = 0;
+#pragma omp simd reduction(+:h)
+	for (int j = 0; j < V; j++) {
+		float lpj = x[j] * it - L;
+		h -= (double)rl_cpu_expf(lpj) * lpj;
+	}
+	return h;
+}
+
+/* d[j] = (-gl p_j - ge p_j (log p_j + H)) * it.  d may be x itself: each j reads
+ * x[j] before writing d[j], so simd is safe. */
+RL_CLONES static void
+dlogit_row(float *d, const float *x, int V, float it, float L, float gl, float ge, float H)
+{
+#pragma omp simd
+	for (int j = 0; j < V; j++) {
+		float lpj = x[j] * it - L, p = rl_cpu_expf(lpj);
+		d[j] = (-gl * p - ge * p * (lpj + H)) * it;
+	}
+}
+
 void
 rl_cpu_logprob_fwd(rl_ops *o, float *lp, float *ent, float *lse, const void *logits_,
     const int32_t *tgt, int N, int V, float inv_temp)
@@ -903,17 +958,9 @@ rl_cpu_logprob_fwd(rl_ops *o, float *lp, float *ent, float *lse, const void *log
 			lse[n] = 0;
 			continue;
 		}
-		float m = -INFINITY;
-		for (int j = 0; j < V; j++)
-			m = fmaxf(m, x[j] * inv_temp);
 		/* S = sum e^(z-m); E = sum e^(z-m) (z-m): entropy = log S - E/S without cancellation */
-		double S = 0, E = 0;
-		for (int j = 0; j < V; j++) {
-			float d = x[j] * inv_temp - m;
-			float e = expf(d);
-			S += e;
-			E += (double)e * d;
-		}
+		double S, E;
+		float m = lse_row(x, V, inv_temp, &S, &E);
 		double logS = log(S);
 		lse[n] = (float)(m + logS);
 		lp[n] = (float)((double)(x[tgt[n]] * inv_temp - m) - logS);
@@ -937,26 +984,11 @@ rl_cpu_logprob_bwd(rl_ops *o, void *dlogits_, const void *logits_, const int32_t
 			continue;
 		}
 		float L = lse[n], gl = dlp[n], ge = dent ? dent[n] : 0.0f, H = 0;
-		if (ge != 0) {
-			/* the entropy is not saved by the forward: recompute it */
-			double h = 0;
-			for (int j = 0; j < V; j++) {
-				float lpj = x[j] * inv_temp - L;
-				h -= (double)expf(lpj) * lpj;
-			}
-			H = (float)h;
-		}
-		int t = tgt[n];
+		if (ge != 0)    /* the entropy is not saved by the forward: recompute it */
+			H = (float)ent_row(x, V, inv_temp, L);
 		/* d lp / dz_j = [j==t] - p_j;  d ent / dz_j = -p_j (log p_j + ent) */
-		for (int j = 0; j < V; j++) {
-			float lpj = x[j] * inv_temp - L, p = expf(lpj);
-			float g = -gl * p;
-			if (ge != 0)
-				g -= ge * p * (lpj + H);
-			if (j == t)
-				g += gl;
-			d[j] = g * inv_temp;
-		}
+		dlogit_row(d, x, V, inv_temp, L, gl, ge, H);
+		d[tgt[n]] += gl * inv_temp;
 	}
 }
 
@@ -1162,7 +1194,7 @@ rl_cpu_attn_decode(rl_ops *o, void *out_, const void *qkv_, const void *kc_, con
 				for (int s = 0; s < L; s++) {
 					size_t slot = (size_t)bt[s / BS] * BS + s % BS;
 					const float *v = vc + slot * KW + (size_t)kvh * HD;
-					float p = expf(sc[s] - mx);
+					float p = rl_cpu_expf(sc[s] - mx);
 					sum += p;
 #pragma omp simd
 					for (int i = 0; i < HD; i++)
@@ -1233,7 +1265,7 @@ sample_row(int32_t *tok, float *logp, const float *x, int V, const rl_sample_par
 				best = j;
 		double S = 0;
 		for (int j = 0; j < V; j++)
-			S += expf(x[j] - x[best]);
+			S += rl_cpu_expf(x[j] - x[best]);
 		*tok = best;
 		*logp = (float)(-log(S));
 		return;
@@ -1243,7 +1275,7 @@ sample_row(int32_t *tok, float *logp, const float *x, int V, const rl_sample_par
 		m = fmaxf(m, x[j] / T);
 	double S = 0;
 	for (int j = 0; j < V; j++) {
-		e[j] = expf(x[j] / T - m);
+		e[j] = rl_cpu_expf(x[j] / T - m);
 		S += e[j];
 	}
 	int k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
