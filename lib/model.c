@@ -670,7 +670,8 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	const size_t s = asz(m), NC = (size_t)N * C, sN = (size_t)a->maxN;
 	int rv;
 
-	if (a == NULL || B <= 0 || T <= 0 || (size_t)B * T > (size_t)a->maxN || !(temperature > 0)) {
+	if (a == NULL || tok == NULL || tgt == NULL || B <= 0 || T <= 0 || (size_t)B * T > (size_t)a->maxN ||
+	    !(temperature > 0)) {
 		rl_error("model forward: %d x %d tokens, temperature %g (reserved for %d tokens)", B, T,
 		    temperature, a ? a->maxN : 0);
 		return RL_EINVAL;
@@ -819,8 +820,10 @@ rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm)
 	double norm;
 	float scale = 1.0f;
 
-	if (m->grads == NULL)
+	if (m->grads == NULL || p == NULL) {
+		rl_error("optimizer step: call rl_model_train_reserve first");
 		return RL_EINVAL;
+	}
 	/* padding between tensors is zero in grads, so one sum covers them all */
 	norm = sqrt(o->sumsq(o, m->grads, m->tt.total));
 	if (grad_norm != NULL)

@@ -135,7 +135,9 @@ int rl_model_prefill(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs,
     const int32_t *const *tokens, const int *ntok, int nseq, float *logits);
 /* One decode step: appends tok[b] (host) to seqs[b] at position seqs[b]->len
  * for b < B, and returns the next-token logits in m->logits (B, V) and, when
- * non-NULL, host logits (B, V) f32.  Sequences of any lengths. */
+ * non-NULL, host logits (B, V) f32.  Sequences of any lengths.  RL_EBUSY when
+ * the cache is out of blocks: no token is appended (some sequences may hold a
+ * block reserved for their next token), RL_ETOOBIG past the model's positions. */
 int rl_model_decode(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok, int B,
     float *logits);
 
