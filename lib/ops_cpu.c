@@ -50,6 +50,16 @@ scratch(rl_ops *o, size_t n, const char *what)
 	return p;
 }
 
+static float
+dotf(const float *a, const float *b, int n)
+{
+	float s = 0;
+#pragma omp simd reduction(+:s)
+	for (int i = 0; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
 /* Fixed chunking of reductions over rows: the same split for any thread count. */
 #define RCHUNK 64
 
@@ -440,7 +450,7 @@ rl_cpu_qknorm_bwd(rl_ops *o, void *dqkv_in_, float *dwq, float *dwk, const void 
 #include "ops_cpu_gemm.h"
 
 typedef void gemm_tile_fn(float *c, long ldc, const float *a, long lda, long ak,
-    const float *b, long ldb, int m, int n, int k, int accum, float *bbuf);
+    const float *b, long ldb, int btrans, int m, int n, int k, int accum, float *bbuf);
 typedef struct gemm_impl { gemm_tile_fn *tile; int mr, nr; } gemm_impl;
 
 static const gemm_impl *
@@ -470,7 +480,8 @@ enum { GEMM_KC = 256, GEMM_NB = 256 };
 
 /*
  * c (M, N) (+)= A (M, K) @ B (K, N) with A[i][k] = a[i*lda + k*ak] and
- * B[k][j] = b[k*ldb + j] (btrans 0) or b[j*ldb + k] (btrans 1, packed per block).
+ * B[k][j] = b[k*ldb + j] (btrans 0) or b[j*ldb + k] (btrans 1); the tile packs
+ * each B panel (see ops_cpu_gemm.h).
  * Threads own (column block, row group) tiles and K is never split, so the sum
  * order for each output is fixed.  Returns 0 or RL_ENOMEM.
  */
@@ -493,8 +504,7 @@ gemm(float *c, long ldc, const float *a, long lda, long ak, const float *b, long
 #pragma omp parallel reduction(|:bad)
 	{
 		float *bbuf = malloc((size_t)GEMM_KC * 32 * sizeof(float));
-		float *pbuf = btrans ? malloc((size_t)GEMM_KC * GEMM_NB * sizeof(float)) : NULL;
-		if (bbuf == NULL || (btrans && pbuf == NULL))
+		if (bbuf == NULL)
 			bad = 1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
 		for (int tn = 0; tn < ntn; tn++) {
@@ -505,27 +515,13 @@ gemm(float *c, long ldc, const float *a, long lda, long ak, const float *b, long
 				int m0 = tg * MG, mg = RL_MIN(MG, M - m0);
 				for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
 					int kc = RL_MIN(GEMM_KC, K - k0);
-					const float *bp;
-					long ldbp;
-					if (btrans) {
-						for (int j = 0; j < nb; j++) {
-							const float *src = b + (long)(n0 + j) * ldb + k0;
-							for (int kk = 0; kk < kc; kk++)
-								pbuf[(long)kk * nb + j] = src[kk];
-						}
-						bp = pbuf;
-						ldbp = nb;
-					} else {
-						bp = b + (long)k0 * ldb + n0;
-						ldbp = ldb;
-					}
+					const float *bp = btrans ? b + (long)n0 * ldb + k0 : b + (long)k0 * ldb + n0;
 					g->tile(c + (long)m0 * ldc + n0, ldc, a + (long)m0 * lda + (long)k0 * ak, lda,
-					    ak, bp, ldbp, mg, nb, kc, accum || k0 > 0, bbuf);
+					    ak, bp, ldb, btrans, mg, nb, kc, accum || k0 > 0, bbuf);
 				}
 			}
 		}
 		free(bbuf);
-		free(pbuf);
 	}
 	if (bad) {
 		rl_error("gemm: out of memory for per-thread buffers");
@@ -542,12 +538,26 @@ rl_cpu_matmul_fwd(rl_ops *o, void *out_, const void *inp_, const void *w_, const
 {
 	float *out = out_;
 	const float *inp = inp_, *w = w_, *bias = bias_;
+	if (N <= 4) {
+		/* decode-sized: a GEMV bound by reading w once; packing w^T would cost
+		 * as much as the product */
+#pragma omp parallel for schedule(static) if ((size_t)OC * C > 32768)
+		for (int oc = 0; oc < OC; oc++) {
+			const float *wr = w + (size_t)oc * C;
+			for (int n = 0; n < N; n++) {
+				float s = dotf(inp + (size_t)n * C, wr, C);
+				out[(size_t)n * OC + oc] = s + (bias ? bias[oc] : 0.0f);
+			}
+		}
+		return;
+	}
 	if (bias != NULL) {
 #pragma omp parallel for schedule(static)
 		for (int n = 0; n < N; n++)
 			memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
 	}
-	if (gemm(out, OC, inp, C, 1, w, C, 1, N, OC, C, bias != NULL) != 0)
+	int rv = gemm(out, OC, inp, C, 1, w, C, 1, N, OC, C, bias != NULL);
+	if (rv != 0)
 		fail(o, RL_ENOMEM);
 }
 
@@ -634,21 +644,70 @@ rl_cpu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NK
 	rope_apply(dqkv, pos, N, NH, NKV, HD, theta, -1.0f);
 }
 
-static float
-dotf(const float *a, const float *b, int n)
-{
-	float s = 0;
-#pragma omp simd reduction(+:s)
-	for (int i = 0; i < n; i++)
-		s += a[i] * b[i];
-	return s;
-}
-
 /* key s is visible to query t (s <= t) of a row with segment ids sg (NULL = one sequence) */
 static inline int
 visible(const int32_t *sg, int s, int t)
 {
 	return sg == NULL || sg[s] == sg[t];
+}
+
+/*
+ * Attention runs per (row, head) task over blocks of ATT_QB queries, with the
+ * GEMM tiles doing the products (serially: the tasks are the parallel loop):
+ *   S = Q K^T (qb, kmax), softmax over the visible keys, O = P V.
+ * kmax = the block's last query + 1 (causality); invisible keys get p = 0.
+ */
+enum { ATT_QB = 64 };
+
+/* c (M,N) (+)= A B in one thread, K cut into GEMM_KC slices (see gemm()) */
+static void
+gemm_serial(const gemm_impl *g, float *c, long ldc, const float *a, long lda, long ak,
+    const float *b, long ldb, int btrans, int M, int N, int K, int accum, float *bbuf)
+{
+	if (K <= 0) {
+		if (!accum)
+			for (int i = 0; i < M; i++)
+				memset(c + (long)i * ldc, 0, (size_t)N * sizeof(float));
+		return;
+	}
+	for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+		int kc = RL_MIN(GEMM_KC, K - k0);
+		const float *bp = btrans ? b + k0 : b + (long)k0 * ldb;
+		g->tile(c, ldc, a + (long)k0 * ak, lda, ak, bp, ldb, btrans, M, N, kc, accum || k0 > 0, bbuf);
+	}
+}
+
+/* P (qb, kmax) <- softmax rows of scale * S for queries t0.., in place;
+ * returns per row the lse (0 for padding).  sg: the row's segment ids or NULL. */
+static void
+softmax_block(float *P, long ldp, float *lse_out, const int32_t *sg, int t0, int qb, float scale)
+{
+	for (int i = 0; i < qb; i++) {
+		int t = t0 + i, kmax = t + 1;
+		float *p = P + (long)i * ldp;
+		if (sg != NULL && sg[t] < 0) {
+			memset(p, 0, (size_t)kmax * sizeof(float));
+			lse_out[i] = 0;
+			continue;
+		}
+		float mx = -INFINITY;
+		for (int s = 0; s < kmax; s++) {
+			float v = visible(sg, s, t) ? p[s] * scale : -INFINITY;
+			p[s] = v;
+			mx = v > mx ? v : mx;
+		}
+		double sum = 0;
+#pragma omp simd reduction(+:sum)
+		for (int s = 0; s < kmax; s++) {
+			float e = rl_cpu_expf(p[s] - mx);
+			p[s] = e;
+			sum += e;
+		}
+		float inv = (float)(1.0 / sum);
+		for (int s = 0; s < kmax; s++)
+			p[s] *= inv;
+		lse_out[i] = mx + (float)log(sum);
+	}
 }
 
 void
@@ -657,7 +716,7 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 {
 	float *out = out_;
 	const float *qkv = qkv_;
-	int W = (NH + 2 * NKV) * HD, G = NH / NKV;
+	int W = (NH + 2 * NKV) * HD;
 	float scale = 1.0f / sqrtf((float)HD);
 	int bad = 0;
 	if (NKV <= 0 || NH % NKV != 0) {
@@ -665,66 +724,40 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 		fail(o, RL_EINVAL);
 		return;
 	}
+	int G = NH / NKV;
+	const gemm_impl *g = gemm_pick();
 #pragma omp parallel reduction(|:bad)
 	{
-		/* K, V of one (row, kv head) gathered contiguous, plus one row of scores */
-		float *kb = malloc(((size_t)2 * T * HD + T + HD) * sizeof(float));
-		if (kb == NULL)
+		/* P block (QB, T), the block's lse, GEMM panel buffer */
+		float *P = malloc(((size_t)ATT_QB * T + ATT_QB + (size_t)GEMM_KC * 32) * sizeof(float));
+		if (P == NULL)
 			bad = 1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
 		for (int b = 0; b < B; b++) {
 			for (int h = 0; h < NH; h++) {
-				if (kb == NULL)
+				if (P == NULL)
 					continue;
-				float *vb = kb + (size_t)T * HD, *sc = vb + (size_t)T * HD, *acc = sc + T;
-				int kvh = h / G;
+				float *lb = P + (size_t)ATT_QB * T, *bbuf = lb + ATT_QB;
 				const float *base = qkv + (size_t)b * T * W;
+				const float *K = base + (size_t)(NH + h / G) * HD, *Vv = base + (size_t)(NH + NKV + h / G) * HD;
 				const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
-				for (int s = 0; s < T; s++) {
-					memcpy(kb + (size_t)s * HD, base + (size_t)s * W + (size_t)(NH + kvh) * HD,
-					    (size_t)HD * sizeof(float));
-					memcpy(vb + (size_t)s * HD, base + (size_t)s * W + (size_t)(NH + NKV + kvh) * HD,
-					    (size_t)HD * sizeof(float));
-				}
-				for (int t = 0; t < T; t++) {
-					float *y = out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-					float *l = lse + ((size_t)b * NH + h) * T + t;
-					if (sg != NULL && sg[t] < 0) {
-						memset(y, 0, (size_t)HD * sizeof(float));
-						*l = 0;
-						continue;
-					}
-					const float *q = base + (size_t)t * W + (size_t)h * HD;
-					float mx = -INFINITY;
-					for (int s = 0; s <= t; s++) {
-						if (!visible(sg, s, t)) {
-							sc[s] = -INFINITY;
-							continue;
-						}
-						sc[s] = dotf(q, kb + (size_t)s * HD, HD) * scale;
-						if (sc[s] > mx)
-							mx = sc[s];
-					}
-					memset(acc, 0, (size_t)HD * sizeof(float));
-					double sum = 0;
-					for (int s = 0; s <= t; s++) {
-						if (sc[s] == -INFINITY)
-							continue;
-						float p = rl_cpu_expf(sc[s] - mx);
-						sum += p;
-						const float *v = vb + (size_t)s * HD;
-#pragma omp simd
-						for (int i = 0; i < HD; i++)
-							acc[i] += p * v[i];
-					}
-					float inv = (float)(1.0 / sum);
-					for (int i = 0; i < HD; i++)
-						y[i] = acc[i] * inv;
-					*l = mx + (float)log(sum);
+				for (int t0 = 0; t0 < T; t0 += ATT_QB) {
+					int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb;
+					const float *Q = base + (size_t)t0 * W + (size_t)h * HD;
+					/* S = Q K^T over keys 0..kmax-1 (the part right of the diagonal is ignored) */
+					gemm_serial(g, P, T, Q, W, 1, K, W, 1, qb, kmax, HD, 0, bbuf);
+					softmax_block(P, T, lb, sg, t0, qb, scale);
+					/* zero the masked upper triangle so O = P V can run over kmax keys */
+					for (int i = 0; i < qb; i++)
+						memset(P + (size_t)i * T + t0 + i + 1, 0, (size_t)(qb - i - 1) * sizeof(float));
+					float *O = out + ((size_t)b * T + t0) * NH * HD + (size_t)h * HD;
+					gemm_serial(g, O, (long)NH * HD, P, T, 1, Vv, W, 0, qb, HD, kmax, 0, bbuf);
+					for (int i = 0; i < qb; i++)
+						lse[((size_t)b * NH + h) * T + t0 + i] = lb[i];
 				}
 			}
 		}
-		free(kb);
+		free(P);
 	}
 	if (bad) {
 		rl_error("attention: out of memory for scratch of %d tokens", T);
@@ -738,7 +771,7 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 {
 	float *dqkv = dqkv_;
 	const float *dout = dout_, *out = out_, *qkv = qkv_;
-	int W = (NH + 2 * NKV) * HD, G = NH / NKV;
+	int W = (NH + 2 * NKV) * HD, OW = NH * HD;
 	float scale = 1.0f / sqrtf((float)HD);
 	int bad = 0;
 	if (NKV <= 0 || NH % NKV != 0) {
@@ -746,68 +779,66 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 		fail(o, RL_EINVAL);
 		return;
 	}
+	int G = NH / NKV;
+	const gemm_impl *g = gemm_pick();
 	/* One task per (row, kv head): it owns dk, dv of that head and dq of its G query heads. */
 #pragma omp parallel reduction(|:bad)
 	{
-		float *kb = malloc(((size_t)4 * T * HD + HD) * sizeof(float));
-		if (kb == NULL)
+		size_t fl = (size_t)2 * ATT_QB * T + (size_t)2 * T * HD + ATT_QB + (size_t)GEMM_KC * 32;
+		float *P = malloc(fl * sizeof(float));
+		if (P == NULL)
 			bad = 1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
 		for (int b = 0; b < B; b++) {
 			for (int kvh = 0; kvh < NKV; kvh++) {
-				if (kb == NULL)
+				if (P == NULL)
 					continue;
-				float *vb = kb + (size_t)T * HD, *dk = vb + (size_t)T * HD, *dv = dk + (size_t)T * HD;
-				float *dq = dv + (size_t)T * HD;
+				float *dP = P + (size_t)ATT_QB * T, *dK = dP + (size_t)ATT_QB * T, *dV = dK + (size_t)T * HD;
+				float *Dr = dV + (size_t)T * HD, *bbuf = Dr + ATT_QB;
 				const float *base = qkv + (size_t)b * T * W;
+				const float *K = base + (size_t)(NH + kvh) * HD, *Vv = base + (size_t)(NH + NKV + kvh) * HD;
 				float *dbase = dqkv + (size_t)b * T * W;
 				const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
-				for (int s = 0; s < T; s++) {
-					memcpy(kb + (size_t)s * HD, base + (size_t)s * W + (size_t)(NH + kvh) * HD,
-					    (size_t)HD * sizeof(float));
-					memcpy(vb + (size_t)s * HD, base + (size_t)s * W + (size_t)(NH + NKV + kvh) * HD,
-					    (size_t)HD * sizeof(float));
-				}
-				memset(dk, 0, (size_t)2 * T * HD * sizeof(float));
+				memset(dK, 0, (size_t)2 * T * HD * sizeof(float));
 				for (int h = kvh * G; h < (kvh + 1) * G; h++) {
-					for (int t = 0; t < T; t++) {
-						float *dqo = dbase + (size_t)t * W + (size_t)h * HD;
-						if (sg != NULL && sg[t] < 0) {
-							memset(dqo, 0, (size_t)HD * sizeof(float));
-							continue;
-						}
-						const float *q = base + (size_t)t * W + (size_t)h * HD;
-						const float *go = dout + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-						const float *yo = out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-						float L = lse[((size_t)b * NH + h) * T + t];
-						float D = dotf(go, yo, HD);
-						memset(dq, 0, (size_t)HD * sizeof(float));
-						for (int s = 0; s <= t; s++) {
-							if (!visible(sg, s, t))
-								continue;
-							const float *k = kb + (size_t)s * HD, *v = vb + (size_t)s * HD;
-							float p = rl_cpu_expf(dotf(q, k, HD) * scale - L);
-							float ds = p * (dotf(go, v, HD) - D) * scale;
-							float *dks = dk + (size_t)s * HD, *dvs = dv + (size_t)s * HD;
-#pragma omp simd
-							for (int i = 0; i < HD; i++) {
-								dvs[i] += p * go[i];
-								dq[i] += ds * k[i];
-								dks[i] += ds * q[i];
+					for (int t0 = 0; t0 < T; t0 += ATT_QB) {
+						int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb;
+						const float *Q = base + (size_t)t0 * W + (size_t)h * HD;
+						const float *dO = dout + ((size_t)b * T + t0) * OW + (size_t)h * HD;
+						const float *Ob = out + ((size_t)b * T + t0) * OW + (size_t)h * HD;
+						const float *L = lse + ((size_t)b * NH + h) * T + t0;
+						gemm_serial(g, P, T, Q, W, 1, K, W, 1, qb, kmax, HD, 0, bbuf);
+						gemm_serial(g, dP, T, dO, OW, 1, Vv, W, 1, qb, kmax, HD, 0, bbuf);
+						/* P = exp(scale S - lse) on visible keys, 0 elsewhere;
+						 * dS = P (dP - D) scale with D = dO . O, written over dP */
+						for (int i = 0; i < qb; i++) {
+							int t = t0 + i;
+							float *p = P + (size_t)i * T, *dp = dP + (size_t)i * T;
+							int valid = sg == NULL || sg[t] >= 0;
+							float D = valid ? dotf(dO + (size_t)i * OW, Ob + (size_t)i * OW, HD) : 0;
+							for (int s = 0; s < kmax; s++) {
+								float pv = (valid && s <= t && visible(sg, s, t)) ?
+								    rl_cpu_expf(p[s] * scale - L[i]) : 0.0f;
+								p[s] = pv;
+								dp[s] = pv * (dp[s] - D) * scale;
 							}
 						}
-						memcpy(dqo, dq, (size_t)HD * sizeof(float));
+						/* dQ = dS K; dK += dS^T Q; dV += P^T dO */
+						gemm_serial(g, dbase + (size_t)t0 * W + (size_t)h * HD, W, dP, T, 1, K, W, 0,
+						    qb, HD, kmax, 0, bbuf);
+						gemm_serial(g, dK, HD, dP, 1, T, Q, W, 0, kmax, HD, qb, 1, bbuf);
+						gemm_serial(g, dV, HD, P, 1, T, dO, OW, 0, kmax, HD, qb, 1, bbuf);
 					}
 				}
 				for (int s = 0; s < T; s++) {
-					memcpy(dbase + (size_t)s * W + (size_t)(NH + kvh) * HD, dk + (size_t)s * HD,
+					memcpy(dbase + (size_t)s * W + (size_t)(NH + kvh) * HD, dK + (size_t)s * HD,
 					    (size_t)HD * sizeof(float));
-					memcpy(dbase + (size_t)s * W + (size_t)(NH + NKV + kvh) * HD, dv + (size_t)s * HD,
+					memcpy(dbase + (size_t)s * W + (size_t)(NH + NKV + kvh) * HD, dV + (size_t)s * HD,
 					    (size_t)HD * sizeof(float));
 				}
 			}
 		}
-		free(kb);
+		free(P);
 	}
 	if (bad) {
 		rl_error("attention: out of memory for scratch of %d tokens", T);
