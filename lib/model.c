@@ -550,22 +550,38 @@ int
 rl_model_train_reserve(rl_model *m, int max_tokens)
 {
 	rl_ops *o = m->ops;
-	rl_model_act *a;
-	carve ca = { 0 }, cf = { 0 }, ci = { 0 };
 	size_t bytes = m->tt.total * sizeof(float);
 	int rv;
 
 	if (max_tokens <= 0)
 		return RL_EINVAL;
 	if (m->grads == NULL) {
-		if ((rv = o->alloc(o, (void **)&m->grads, bytes)) != 0 ||
-		    (rv = o->alloc(o, (void **)&m->m, bytes)) != 0 ||
-		    (rv = o->alloc(o, (void **)&m->v, bytes)) != 0)
+		if ((rv = o->alloc(o, (void **)&m->grads, bytes)) != 0)
 			return rv;
+		if ((rv = o->alloc(o, (void **)&m->m, bytes)) != 0 ||
+		    (rv = o->alloc(o, (void **)&m->v, bytes)) != 0) {
+			o->free(o, m->grads);
+			o->free(o, m->m);
+			m->grads = m->m = NULL;
+			return rv;
+		}
 		o->zero(o, m->grads, bytes);
 		o->zero(o, m->m, bytes);
 		o->zero(o, m->v, bytes);
 	}
+	return rl_model_eval_reserve(m, max_tokens);
+}
+
+int
+rl_model_eval_reserve(rl_model *m, int max_tokens)
+{
+	rl_ops *o = m->ops;
+	rl_model_act *a;
+	carve ca = { 0 }, cf = { 0 }, ci = { 0 };
+	int rv;
+
+	if (max_tokens <= 0)
+		return RL_EINVAL;
 	if (m->act != NULL && m->act->maxN >= max_tokens)
 		return RL_OK;
 	free_act(m);
@@ -748,8 +764,9 @@ rl_model_backward(rl_model *m, const float *dlp, const float *dent)
 	const rl_config *c = &m->cfg;
 	int rv;
 
-	if (a == NULL || !a->ready || dlp == NULL) {
-		rl_error("model backward: no forward to differentiate");
+	if (a == NULL || !a->ready || dlp == NULL || m->grads == NULL) {
+		rl_error("model backward: %s", m->grads == NULL ? "no gradients (rl_model_train_reserve)" :
+		    "no forward to differentiate");
 		return RL_EINVAL;
 	}
 	const int B = a->B, T = a->T, N = B * T, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;

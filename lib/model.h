@@ -90,6 +90,9 @@ size_t rl_model_nparams(const rl_model *m);
 /* Allocates gradients (zeroed), AdamW state and activations for up to
  * max_tokens = B*T rows.  Call once; again to grow. */
 int rl_model_train_reserve(rl_model *m, int max_tokens);
+/* Activations only, for forward-only use (reference / old-policy log-probs):
+ * no gradients or optimizer state; rl_model_backward then fails. */
+int rl_model_eval_reserve(rl_model *m, int max_tokens);
 /* Training forward over B rows of T tokens.  Host inputs, i32:
  *   tok (B,T) token ids in [0, V) (padding too: use any valid id, e.g. 0);
  *   tgt (B,T) target id per position (the next token), < 0 = no log-prob (padding, last);

@@ -27,6 +27,7 @@
  * 1e-9 in some builds; a real error is 1e-4 or more).
  * Decoder vs training log-probs: same fp32 math in a different order, 2e-5.
  */
+#include <fcntl.h>
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
@@ -40,6 +41,19 @@
 #define ENT_COEF 0.05f
 
 static rl_st_file *ex;
+
+/* stmt with stderr sent to /dev/null (an expected error message) */
+#define CAPTURE_QUIET(stmt)                                                      \
+	do {                                                                     \
+		fflush(stderr);                                                  \
+		int s_ = dup(2), n_ = open("/dev/null", O_WRONLY);               \
+		dup2(n_, 2);                                                     \
+		stmt;                                                            \
+		fflush(stderr);                                                  \
+		dup2(s_, 2);                                                     \
+		close(s_);                                                       \
+		close(n_);                                                       \
+	} while (0)
 
 static float *
 get_f32(const char *name, size_t *n)
@@ -128,6 +142,19 @@ test_fixture(rl_ops *o, const char *name)
 		dent[i] = tgt[i] >= 0 ? -ENT_COEF / nvalid : 0;
 	}
 	T_CLOSE(loss, rloss[0], 1e-5, 1e-5);
+	{
+		/* a forward-only model (reference policy): the same log-probs, bit for bit */
+		rl_model *r = NULL;
+		float lp2[64], ent2[64];
+		T_EQ_INT(rl_model_open(&r, dir, o), 0);
+		T_EQ_INT(rl_model_eval_reserve(r, N), 0);
+		T_EQ_INT(rl_model_forward(r, lp2, ent2, tok, tgt, seg, pos, B, T, TEMP), 0);
+		T_OK(memcmp(lp, lp2, sizeof(float) * N) == 0 && memcmp(ent, ent2, sizeof(float) * N) == 0,
+		    "eval model differs");
+		T_OK(r->grads == NULL, "eval reserve allocated gradients");
+		CAPTURE_QUIET(T_EQ_INT(rl_model_backward(r, dlp, dent), RL_EINVAL));
+		rl_model_close(r);
+	}
 
 	/* ---- decode vs training forward (before the weights move) ---- */
 	{
