@@ -66,7 +66,8 @@ struct rl_model_inf {
 	int32_t *tok, *pos, *seg, *slot, *ctx;  /* (I) */
 	int32_t *bt;            /* (maxB, btcols) backend block tables */
 	int btcols;
-	int32_t *htok, *hpos, *hseg, *hslot, *hbt;  /* host staging */
+	int32_t *htok, *hpos, *hseg, *hslot, *hbt;  /* host staging (I) */
+	int *hstart, *horder, *hfill;               /* host prefill layout (maxB) */
 	void *hlogits;          /* host (maxB, V) act */
 };
 
@@ -924,10 +925,13 @@ rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch)
 	ci.base = (char *)f->imem;
 	ca.off = cf.off = ci.off = 0;
 	carve_inf(m, f, &ca, &cf, &ci);
-	f->htok = rl_xcalloc((size_t)4 * max_tokens, sizeof *f->htok);
+	f->htok = rl_xcalloc((size_t)4 * max_tokens + 3 * (size_t)max_batch, sizeof *f->htok);
 	f->hpos = f->htok + max_tokens;
 	f->hseg = f->hpos + max_tokens;
 	f->hslot = f->hseg + max_tokens;
+	f->hstart = f->hslot + max_tokens;
+	f->horder = f->hstart + max_batch;
+	f->hfill = f->horder + max_batch;
 	if ((f->hlogits = rl_try_malloc((size_t)max_batch * m->cfg.vocab_size * asz(m), "logits")) == NULL) {
 		m->inf = f;
 		free_inf(m);
@@ -939,8 +943,8 @@ rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch)
 }
 
 /* The transformer blocks over N inference tokens in f->x; attention either
- * packed-causal over the tokens themselves (prefill, seg) or against the
- * cache (decode). */
+ * causal over B rows of N/B tokens with segments (prefill) or, for B
+ * sequences of one token each, against the cache (decode). */
 static void
 infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
 {
@@ -969,7 +973,7 @@ infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
 			o->attn_decode(o, f->att, qkv, kv->kc[l], kv->vc[l], f->bt, f->ctx, B, NH, NKV, HD,
 			    kv->BS, f->btcols);
 		else
-			o->attn_fwd(o, f->att, f->lse, qkv, f->seg, 1, N, NH, NKV, HD);
+			o->attn_fwd(o, f->att, f->lse, qkv, f->seg, B, N / B, NH, NKV, HD);
 		o->matmul_fwd(o, f->t, f->att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
 		o->add(o, f->x, f->x, f->t, NC);
 		norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln2_w, y->ln2_b, N);
@@ -1003,6 +1007,45 @@ infer_head(rl_model *m, int B, float *logits, const char *what)
 	return check_ops(m, what);
 }
 
+/* Lays nseq prompts out in rows of T = the longest prompt, first-fit by
+ * decreasing length, so attention costs rows x T^2 rather than (sum of
+ * lengths)^2 for one packed row; the rest of a row is padding (seg -1,
+ * slot -1).  Falls back to one packed row when the padded layout would not
+ * fit the reserve.  start[i]: index of prompt i's first token.  Returns rows,
+ * *T the row length. */
+static int
+prefill_layout(rl_model_inf *f, const int *ntok, int nseq, int N, int *T, int *start)
+{
+	int *order = f->horder, *fill = f->hfill, rows = 0, t = 0;
+
+	for (int i = 0; i < nseq; i++) {
+		int j = i;
+		t = RL_MAX(t, ntok[i]);
+		while (j > 0 && ntok[order[j - 1]] < ntok[i]) {
+			order[j] = order[j - 1];
+			j--;
+		}
+		order[j] = i;
+	}
+	for (int k = 0; k < nseq; k++) {
+		int i = order[k], r = 0;
+		while (r < rows && fill[r] + ntok[i] > t)
+			r++;
+		if (r == rows)
+			fill[rows++] = 0;
+		start[i] = r * t + fill[r];
+		fill[r] += ntok[i];
+	}
+	if ((size_t)rows * t > (size_t)f->maxI) {
+		for (int i = 0, k = 0; i < nseq; k += ntok[i], i++)
+			start[i] = k;
+		rows = 1;
+		t = N;
+	}
+	*T = t;
+	return rows;
+}
+
 int
 rl_model_prefill(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *const *tokens,
     const int *ntok, int nseq, float *logits)
@@ -1011,7 +1054,7 @@ rl_model_prefill(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32
 	rl_model_inf *f = m->inf;
 	const int C = m->cfg.hidden_size;
 	const size_t s = asz(m);
-	int N = 0, rv, done = 0;
+	int N = 0, rv, done = 0, rows, T, n, *start;
 
 	if (f == NULL || nseq <= 0 || nseq > f->maxB) {
 		rl_error("model prefill: %d sequences (reserved for %d)", nseq, f ? f->maxB : 0);
@@ -1023,30 +1066,40 @@ rl_model_prefill(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32
 			    "for %d tokens)", i, ntok[i], N, seqs[i]->len, f->maxI);
 			return RL_EINVAL;
 		}
-		for (int j = 0; j < ntok[i]; j++) {
-			f->htok[N + j] = tokens[i][j];
-			f->hpos[N + j] = j;
-			f->hseg[N + j] = i;
-		}
 		N += ntok[i];
 	}
-	if ((rv = check_inputs(m, f->htok, NULL, f->hpos, N, "model prefill")) != 0)
+	start = f->hstart;
+	rows = prefill_layout(f, ntok, nseq, N, &T, start);
+	n = rows * T;
+	for (int k = 0; k < n; k++) {
+		f->htok[k] = 0;
+		f->hpos[k] = 0;
+		f->hseg[k] = -1;
+		f->hslot[k] = -1;
+	}
+	for (int i = 0; i < nseq; i++)
+		for (int j = 0; j < ntok[i]; j++) {
+			f->htok[start[i] + j] = tokens[i][j];
+			f->hpos[start[i] + j] = j;
+			f->hseg[start[i] + j] = i;
+		}
+	if ((rv = check_inputs(m, f->htok, NULL, f->hpos, n, "model prefill")) != 0)
 		return rv;
 	for (done = 0; done < nseq; done++)
 		if ((rv = rl_kvcache_reserve(kv, seqs[done], ntok[done])) != 0)
 			goto undo;
-	for (int i = 0, k = 0; i < nseq; i++)
+	for (int i = 0; i < nseq; i++)
 		for (int j = 0; j < ntok[i]; j++)
-			f->hslot[k++] = rl_kvcache_slot(kv, seqs[i], j);
-	o->upload(o, f->tok, f->htok, (size_t)N * 4);
-	o->upload(o, f->pos, f->hpos, (size_t)N * 4);
-	o->upload(o, f->seg, f->hseg, (size_t)N * 4);
-	o->upload(o, f->slot, f->hslot, (size_t)N * 4);
-	o->embed_fwd(o, f->x, f->tok, f->pos, W(m, m->wte), W(m, m->wpe), N, C);
-	infer_blocks(m, kv, N, 0, 0);
-	for (int i = 0, k = 0; i < nseq; i++) {
-		k += ntok[i];
-		o->copy(o, at(f->last, (size_t)i * C, s), at(f->x, (size_t)(k - 1) * C, s), C * s);
+			f->hslot[start[i] + j] = rl_kvcache_slot(kv, seqs[i], j);
+	o->upload(o, f->tok, f->htok, (size_t)n * 4);
+	o->upload(o, f->pos, f->hpos, (size_t)n * 4);
+	o->upload(o, f->seg, f->hseg, (size_t)n * 4);
+	o->upload(o, f->slot, f->hslot, (size_t)n * 4);
+	o->embed_fwd(o, f->x, f->tok, f->pos, W(m, m->wte), W(m, m->wpe), n, C);
+	infer_blocks(m, kv, n, 0, rows);
+	for (int i = 0; i < nseq; i++) {
+		o->copy(o, at(f->last, (size_t)i * C, s), at(f->x, (size_t)(start[i] + ntok[i] - 1) * C, s),
+		    C * s);
 		seqs[i]->len = ntok[i];
 	}
 	return infer_head(m, nseq, logits, "model prefill");

@@ -159,7 +159,8 @@ test_fixture(rl_ops *o, const char *name)
 	/* ---- decode vs training forward (before the weights move) ---- */
 	{
 		/* the three sequences of the batch: (row, first column, length, prompt length) */
-		const int sq[3][4] = { { 0, 0, 4, 2 }, { 0, 4, 5, 1 }, { 1, 0, 7, 3 } };
+		/* prompts of 2, 2, 3 tokens: prefill lays them out in rows of 3 with padding */
+		const int sq[3][4] = { { 0, 0, 4, 2 }, { 0, 4, 5, 2 }, { 1, 0, 7, 3 } };
 		rl_kvseq s[4], *sp[4] = { &s[0], &s[1], &s[2], &s[3] };
 		const int32_t *pr[3];
 		int np[3];
@@ -223,6 +224,31 @@ test_fixture(rl_ops *o, const char *name)
 		for (int i = 0; i < 4; i++)
 			rl_kvcache_release(kv, &s[i]);
 		T_EQ_INT(kv->nfree, kv->nblk);
+	}
+
+	{
+		/* prompts of 2, 3, 2 tokens with room for exactly 7: the padded layout
+		 * (3 rows of 3) does not fit, prefill falls back to one packed row */
+		rl_model *r = NULL;
+		rl_kvcache *kv2 = NULL;
+		rl_kvseq s[3], *sp[3] = { &s[0], &s[1], &s[2] };
+		const int32_t *pr[3] = { tok, tok + 4, tok + T };
+		const int np[3] = { 2, 3, 2 }, col[3] = { 1, 6, T + 1 };
+		float lg[3 * 96], maxd = 0;
+		T_EQ_INT(rl_model_open(&r, dir, o), 0);
+		T_EQ_INT(rl_model_infer_reserve(r, 7, 3), 0);
+		T_EQ_INT(rl_kvcache_open(&kv2, o, &r->cfg, 64 * 1024, 4), 0);
+		for (int i = 0; i < 3; i++)
+			rl_kvseq_init(&s[i], kv2);
+		T_EQ_INT(rl_model_prefill(r, kv2, sp, pr, np, 3, lg), 0);
+		for (int i = 0; i < 3; i++)
+			for (int v = 0; v < V; v++)
+				maxd = fmaxf(maxd, fabsf(lg[i * V + v] - rlogits[(size_t)col[i] * V + v]));
+		T_OK(maxd <= 1e-4, "%s: packed prefill logits differ by %g", name, maxd);
+		for (int i = 0; i < 3; i++)
+			rl_kvcache_release(kv2, &s[i]);
+		rl_kvcache_close(kv2);
+		rl_model_close(r);
 	}
 
 	/* ---- backward: every gradient ---- */
