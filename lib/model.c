@@ -322,6 +322,14 @@ rl_model_set(rl_model *m, int i, const float *in)
 	return check_ops(m, "upload");
 }
 
+int
+rl_model_params_changed(rl_model *m)
+{
+	if (m->w != m->params)
+		m->ops->cast(m->ops, m->w, m->ops->act_dtype, m->params, RL_F32, m->tt.total);
+	return check_ops(m, "weights refresh");
+}
+
 /* ---- random init ------------------------------------------------------------------- */
 
 int

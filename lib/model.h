@@ -152,6 +152,11 @@ int rl_model_get(rl_model *m, int i, int kind, float *out);
 /* Set tensor i's parameters from host f32 in (file layout). */
 int rl_model_set(rl_model *m, int i, const float *in);
 
+/* After m->params was overwritten in place as one buffer (weight sync, NCCL
+ * broadcast of the tensor table's layout): refreshes the compute copy m->w
+ * (a no-op on an f32 backend).  Returns the backend's status. */
+int rl_model_params_changed(rl_model *m);
+
 /* Save DIR as a Hugging Face checkpoint (config.json, model.safetensors in
  * cfg.dtype, plus tokenizer files copied from the source directory), atomic:
  * written to DIR.tmp.PID, fsync'd, renamed.  RL_EEXIST when DIR exists. */

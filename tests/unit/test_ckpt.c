@@ -110,6 +110,15 @@ test_random_and_optimizer(rl_ops *o)
 	if (a == NULL || b == NULL || c2 == NULL)
 		return;
 	T_OK(same_params(a, b, RL_MODEL_PARAM), "same seed, different weights");
+	/* weight sync: one flat copy of the table's buffer makes c2 equal to a */
+	o->copy(o, c2->params, a->params, a->tt.total * sizeof(float));
+	T_EQ_INT(rl_model_params_changed(c2), 0);
+	T_OK(same_params(a, c2, RL_MODEL_PARAM), "flat copy differs");
+	rl_model_close(c2);
+	c2 = NULL;
+	T_EQ_INT(rl_model_init_random(&c2, &c, o, 43), 0);
+	if (c2 == NULL)
+		return;
 	{
 		int i = rl_ttable_find(&a->tt, "model.layers.0.mlp.up_proj.weight");
 		size_t n = a->tt.t[i].n;
