@@ -184,6 +184,8 @@ test_random_and_optimizer(rl_ops *o)
 		dlp[i] = tgt[i] >= 0 ? -1.0f / 14 : 0;
 	}
 	snprintf(root, sizeof root, "%s/run", tmpd);
+	/* a bf16 checkpoint: model.safetensors rounds, optimizer.safetensors keeps the f32 masters */
+	a->cfg.dtype = RL_BF16;
 	T_EQ_INT(rl_ckpt_latest(root, latest, sizeof latest), RL_ENOENT);
 	T_EQ_INT(rl_model_train_reserve(a, 16), 0);
 	for (int s = 1; s <= 2; s++) {
@@ -201,6 +203,8 @@ test_random_and_optimizer(rl_ops *o)
 	b = NULL;
 	T_EQ_INT(rl_model_open(&b, latest, o), 0);
 	if (b != NULL) {
+		T_EQ_INT(b->cfg.dtype, RL_BF16);
+		T_OK(!same_params(a, b, RL_MODEL_PARAM), "bf16 checkpoint kept f32 weights?");
 		T_EQ_INT(rl_model_train_reserve(b, 16), 0);
 		T_EQ_INT(rl_ckpt_load_optimizer(b, latest), 0);
 		T_EQ_INT(b->step, 2);
