@@ -193,7 +193,8 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 		goto out;
 	}
 	cfg->dtype = RL_F32;
-	if ((s = get_str(&c, "torch_dtype")) != NULL) {
+	/* transformers >= 4.56 writes "dtype", older versions "torch_dtype" */
+	if ((s = get_str(&c, "torch_dtype")) != NULL || (s = get_str(&c, "dtype")) != NULL) {
 		if (strcmp(s, "bfloat16") == 0)
 			cfg->dtype = RL_BF16;
 		else if (strcmp(s, "float16") == 0)
@@ -281,6 +282,10 @@ rl_config_to_json(const rl_config *c)
 	if (c->raw != NULL && (root = cJSON_Parse(c->raw)) != NULL) {
 		cJSON_DeleteItemFromObjectCaseSensitive(root, "torch_dtype");
 		cJSON_AddStringToObject(root, "torch_dtype", dtype_torch(c->dtype));
+		if (cJSON_GetObjectItemCaseSensitive(root, "dtype") != NULL) {
+			cJSON_DeleteItemFromObjectCaseSensitive(root, "dtype");
+			cJSON_AddStringToObject(root, "dtype", dtype_torch(c->dtype));
+		}
 		s = cJSON_Print(root);
 		cJSON_Delete(root);
 		return s;

@@ -270,7 +270,21 @@ test_config(void)
 	T_EQ_INT(c.tie_embeddings, 0);
 	T_CLOSE(c.rope_theta, 10000, 0, 0);
 	T_EQ_INT(c.max_pos, 32768);
+	T_EQ_INT(c.dtype, RL_F32);
 	rl_config_fini(&c);
+	{
+		/* newer transformers write "dtype"; saving keeps both keys right */
+		char q2[600];
+		snprintf(q2, sizeof q2, "%.*s,\"dtype\":\"bfloat16\"}", (int)strlen(q) - 1, q);
+		T_EQ_INT(rl_config_parse(&c, q2, strlen(q2), "'q2.json'"), 0);
+		T_EQ_INT(c.dtype, RL_BF16);
+		c.dtype = RL_F16;
+		char *js = rl_config_to_json(&c);
+		T_OK(strstr(js, "\"dtype\":\t\"float16\"") != NULL && strstr(js, "\"torch_dtype\":\t\"float16\"") != NULL,
+		    "%s", js);
+		free(js);
+		rl_config_fini(&c);
+	}
 
 	const char *miss = "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,"
 	    "\"num_attention_heads\":2,\"intermediate_size\":16}";
