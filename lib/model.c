@@ -597,7 +597,8 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 	a = rl_xcalloc(1, sizeof *a);
 	a->maxN = max_tokens;
 	a->chunk = (int)RL_MAX((size_t)1, RL_MIN((size_t)max_tokens,
-	    LOGIT_CHUNK_BYTES / ((size_t)m->cfg.vocab_size * asz(m))));
+	    (m->logit_chunk_bytes ? m->logit_chunk_bytes : LOGIT_CHUNK_BYTES) /
+	    ((size_t)m->cfg.vocab_size * asz(m))));
 	carve_act(m, a, &ca, &cf, &ci);
 	if ((rv = o->alloc(o, &a->amem, ca.off)) != 0 || (rv = o->alloc(o, (void **)&a->fmem, cf.off)) != 0 ||
 	    (rv = o->alloc(o, (void **)&a->imem, ci.off)) != 0) {

@@ -64,6 +64,8 @@ struct rl_model {
 	/* Logits of the last prefill/decode, backend memory, (B, V) act. */
 	void *logits;
 	char *src_dir;          /* directory it was loaded from (NULL for random init) */
+	size_t logit_chunk_bytes; /* bound on the (rows, V) logits chunk; 0 = 32 MiB; set before
+	                           * rl_model_train_reserve (a GPU trainer may want more) */
 	rl_model_act *act;
 	rl_model_inf *inf;
 };
