@@ -46,6 +46,7 @@ struct rl_model_act {
 	int32_t *tok, *tgt, *seg, *pos;                         /* (N) */
 	int32_t *hpos;          /* host (N) scratch */
 	int B, T, has_seg, ready;
+	int logits_kept;        /* logits holds all N rows of the last forward (one chunk) */
 	float inv_temp;
 };
 
@@ -703,6 +704,7 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 		return RL_EINVAL;
 	}
 	a->ready = 0;
+	a->logits_kept = 0;
 	for (int n = 0; n < N; n++)
 		a->hpos[n] = pos != NULL ? pos[n] : n % T;
 	if ((rv = check_inputs(m, tok, tgt, a->hpos, N, "model forward")) != 0)
@@ -756,6 +758,7 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 		o->logprob_fwd(o, a->lp + r0, a->ent + r0, a->lse_out + r0, a->logits, a->tgt + r0, n, V,
 		    a->inv_temp);
 	}
+	a->logits_kept = N <= a->chunk;
 	if (lp != NULL)
 		o->download(o, lp, a->lp, (size_t)N * 4);
 	if (ent != NULL)
@@ -789,7 +792,10 @@ rl_model_backward(rl_model *m, const float *dlp, const float *dent)
 	for (int r0 = 0; r0 < N; r0 += a->chunk) {
 		int n = RL_MIN(a->chunk, N - r0);
 		void *x = at(a->lnf, (size_t)r0 * C, s);
-		o->matmul_fwd(o, a->logits, x, W(m, m->lm_w), NULL, n, C, V);
+		/* one chunk held every row in forward: its logits are still there */
+		if (!a->logits_kept)
+			o->matmul_fwd(o, a->logits, x, W(m, m->lm_w), NULL, n, C, V);
+		a->logits_kept = 0; /* logprob_bwd overwrites them with their gradient */
 		o->logprob_bwd(o, a->logits, a->logits, a->tgt + r0, a->lse_out + r0, dlp + r0,
 		    dent ? dent + r0 : NULL, n, V, a->inv_temp);
 		o->matmul_bwd(o, at(a->dx, (size_t)r0 * C, s), G(m, m->lm_w), NULL, a->logits, x,

@@ -101,8 +101,10 @@ cmp(const char *what, const float *got, const float *ref, size_t n, double atol,
 		printf("  %-50s max err %.3g nmse %.3g\n", what, maxe, sr ? se / sr : se);
 }
 
+/* chunk_rows: rows of logits per lm_head chunk; 0 = the default (one chunk
+ * here, whose logits backward reuses instead of recomputing). */
 static void
-test_fixture(rl_ops *o, const char *name)
+test_fixture(rl_ops *o, const char *name, int chunk_rows)
 {
 	char dir[256], path[300];
 	rl_model *m = NULL;
@@ -128,9 +130,9 @@ test_fixture(rl_ops *o, const char *name)
 	char what[200];
 
 	/* ---- forward ---- */
-	/* logits in chunks of 5 rows (18 = 5 + 5 + 5 + 3): forward and backward
-	 * cross chunk boundaries */
-	m->logit_chunk_bytes = 5 * (size_t)V * sizeof(float);
+	/* e.g. chunks of 5 rows (18 = 5 + 5 + 5 + 3): forward and backward cross
+	 * chunk boundaries and recompute the logits */
+	m->logit_chunk_bytes = (size_t)chunk_rows * V * sizeof(float);
 	T_EQ_INT(rl_model_train_reserve(m, N), 0);
 	T_EQ_INT(rl_model_forward(m, lp, ent, tok, tgt, seg, pos, B, T, TEMP), 0);
 	snprintf(what, sizeof what, "%s lp", name);
@@ -328,10 +330,12 @@ main(void)
 	if (access("tests/fixtures/qwen2/config.json", R_OK) != 0)
 		T_SKIP("run from the repository root (tests/fixtures missing)");
 	T_EQ_INT(rl_ops_cpu_open(&o), 0);
-	test_fixture(o, "qwen2");
-	test_fixture(o, "qwen2_tied");
-	test_fixture(o, "qwen3");
-	test_fixture(o, "gpt2");
+	test_fixture(o, "qwen2", 5);
+	test_fixture(o, "qwen2", 0);
+	test_fixture(o, "qwen2_tied", 5);
+	test_fixture(o, "qwen3", 5);
+	test_fixture(o, "gpt2", 5);
+	test_fixture(o, "gpt2", 0);
 	rl_ops_close(o);
 	T_END();
 }
