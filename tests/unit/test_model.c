@@ -15,17 +15,23 @@
  * is float64, so the difference is the C model's fp32 rounding only.  Its
  * size: each value passes through ~30 dependent fp32 ops (2 layers of norm,
  * GEMMs of length <= 48, softmax) with relative error ~1e-7 each, values
- * O(1..10): about 1e-6 absolute; measured max 3e-6 (logits), so 1e-4 is a
- * margin of ~30x that still catches any real mistake (a wrong sign, a missing
+ * O(1..10): about 1e-6 absolute; measured max 4e-6 (logits), so 1e-4 is a
+ * margin of ~25x that still catches any real mistake (a wrong sign, a missing
  * bias, a swapped head moves values by 1e-2 or more).  Gradients are smaller
- * (O(1e-3..1)) and sums of more terms: atol 2e-5, rtol 2e-3, NMSE 1e-8.
+ * (O(1e-3..1)) and sums of more terms: measured max 1e-6; atol 2e-5, rtol
+ * 2e-3, NMSE 1e-8.
  * AdamW normalises each gradient element (update ~ lr * m/sqrt(v), about
- * +-lr whatever |g|), so an element whose gradient is a near-cancelling sum
- * moves by a slightly different amount: measured max 6e-5 (tied bf16
- * embedding); bound atol 3e-4, 1% of the largest possible movement 3 * lr;
- * NMSE 1e-7 (Qwen2's k_proj.bias, whose gradient is nearly cancelled, reaches
- * 1e-9 in some builds; a real error is 1e-4 or more).
- * Decoder vs training log-probs: same fp32 math in a different order, 2e-5.
+ * +-lr whatever |g|): elements whose step-1 gradient is at noise level are
+ * left out (see below); for the rest the parameters after three steps
+ * (movement up to 3 lr = 3e-2) measured max error 1.5e-5 and NMSE 1.2e-9
+ * (Qwen2's k_proj.bias, whose gradient is a near-cancelling sum); atol 1e-4,
+ * NMSE 1e-8.  A wrong update is larger: decay on a tensor that has none moves
+ * it by lr * wd * |p| ~ 2e-4 per step; a missed clip scales every update.
+ * Decoder vs training log-probs: same fp32 math in a different order,
+ * measured 1.2e-6, bound 2e-5.
+ * Each fixture runs with the logits in chunks of 5 rows (forward and backward
+ * cross chunk boundaries); Qwen2 and GPT-2 also with one chunk (backward reuses
+ * the forward's logits).
  */
 #include <fcntl.h>
 #include <math.h>
@@ -260,17 +266,17 @@ test_fixture(rl_ops *o, const char *name, int chunk_rows)
 
 	/* ---- backward: every gradient ---- */
 	T_EQ_INT(rl_model_backward(m, dlp, dent), 0);
+	float **g1c = rl_xcalloc((size_t)m->tt.n, sizeof *g1c);   /* ours, kept for the AdamW check */
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
 		char key[RL_TT_NAME + 8];
-		float *got = rl_xmalloc(t->n * sizeof(float)), *ref;
+		float *got = g1c[i] = rl_xmalloc(t->n * sizeof(float)), *ref;
 		snprintf(key, sizeof key, "grad.%s", t->name);
 		ref = get_f32(key, &n);
 		T_EQ_INT(n, t->n);
 		T_EQ_INT(rl_model_get(m, i, RL_MODEL_GRAD, got), 0);
 		snprintf(what, sizeof what, "%s grad %s", name, t->name);
 		cmp(what, got, ref, t->n, 2e-5, 2e-3, 1e-8);
-		free(got);
 		free(ref);
 	}
 
@@ -293,18 +299,32 @@ test_fixture(rl_ops *o, const char *name, int chunk_rows)
 		snprintf(key, sizeof key, "step3.%s", t->name);
 		ref = get_f32(key, &n);
 		T_EQ_INT(rl_model_get(m, i, RL_MODEL_PARAM, got), 0);
-		/* GPT-2's key bias adds q.b to every score of a query alike (no RoPE to
-		 * vary it by position), so softmax cancels it: its gradient is exactly 0
-		 * (checked above, |g| <= 2e-5), i.e. rounding noise in both programs, which
-		 * Adam scales up to +-lr.  Its update is noise; leave it out. */
-		if (m->cfg.arch == RL_ARCH_GPT2 && strstr(t->name, "c_attn.bias") != NULL)
-			memcpy(got + m->cfg.hidden_size, ref + m->cfg.hidden_size,
-			    (size_t)m->cfg.hidden_size * sizeof(float));
+		/* Adam's first step moves every element by about lr * sign(g): where the
+		 * step-1 gradient is at rounding-noise level (|g| < 1e-6, e.g. GPT-2's key
+		 * bias, exactly 0 in exact arithmetic because softmax cancels it, or a rare
+		 * token's embedding row) the sign is noise in both programs and the
+		 * element may move +-lr either way.  Those are left out (their gradients
+		 * were checked above); the verbose run prints how many.  Gradients that
+		 * are exactly 0 in both stay in: those elements must not move (rows of
+		 * unseen tokens, unused positions: no decay on embeddings). */
+		snprintf(key, sizeof key, "grad.%s", t->name);
+		float *g1 = get_f32(key, NULL);
+		size_t noisy = 0;
+		for (size_t j = 0; j < t->n; j++)
+			if (fabsf(g1[j]) < 1e-6f && !(g1[j] == 0 && g1c[i][j] == 0)) {
+				got[j] = ref[j];
+				noisy++;
+			}
+		free(g1);
+		free(g1c[i]);
+		if (noisy && getenv("RL_TEST_VERBOSE"))
+			printf("  %s step3 %s: %zu noise-level elements left out\n", name, t->name, noisy);
 		snprintf(what, sizeof what, "%s step3 %s", name, t->name);
-		cmp(what, got, ref, t->n, 3e-4, 1e-4, 1e-7);
+		cmp(what, got, ref, t->n, 1e-4, 1e-4, 1e-8);
 		free(got);
 		free(ref);
 	}
+	free(g1c);
 	free((void *)tok);
 	free((void *)tgt);
 	free((void *)seg);
