@@ -178,6 +178,13 @@ test_bad_files(void)
 	CAPTURE(T_EQ_INT(rl_st_open(&f, p), RL_EFORMAT));
 	T_ERR_HAS("tensor 'a' appears twice");
 
+	/* found by tests/fuzz/fuzz_safetensors.c: a bad __metadata__ after a good tensor */
+	p = tpath("meta.safetensors");
+	craft(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"__metadata__\":[0]}", 4);
+	CAPTURE(T_EQ_INT(rl_st_open(&f, p), RL_EFORMAT));
+	T_ERR_HAS("__metadata__ is not an object");
+	T_OK(f == NULL, "file returned on error");
+
 	p = tpath("dtype.safetensors");
 	craft(p, "{\"a\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
 	CAPTURE(T_EQ_INT(rl_st_open(&f, p), RL_EFORMAT));
