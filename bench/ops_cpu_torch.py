@@ -26,23 +26,27 @@ for C, OC in [(384, 1152), (384, 384), (384, 1536), (1536, 384), (384, 8192)]:
     report("matmul_fwd", shape, best(lambda: x @ w.t()), 2.0 * N * C * OC)
     report("matmul_bwd", shape, best(lambda: (dy @ w, dy.t() @ x)), 4.0 * N * C * OC)
 
-B, T, NH, HD = 8, 256, 6, 64
-q = torch.randn(B, NH, T, HD, requires_grad=True); k = torch.randn(B, NH, T, HD, requires_grad=True)
-v = torch.randn(B, NH, T, HD, requires_grad=True)
-fl = 4.0 * B * NH * (T * (T + 1) / 2.0) * HD
-mask = torch.full((T, T), float("-inf")).triu(1)
-def sdpa(q, k, v):  # torch 1.13 has no F.scaled_dot_product_attention: the usual composition
-    return torch.softmax(q @ k.transpose(-1, -2) / HD ** 0.5 + mask, -1) @ v
-shape = f"B={B} T={T} NH={NH} HD={HD}"
-with torch.no_grad():
-    report("attn_fwd", shape, best(lambda: sdpa(q, k, v)), fl)
-def fb():
-    o = sdpa(q, k, v)
-    o.backward(torch.ones_like(o))
-t_fb = best(fb)
-with torch.no_grad():
-    t_f = best(lambda: sdpa(q, k, v))
-report("attn_bwd", shape, max(t_fb - t_f, 1e-9), 2.5 * fl)
+x = torch.randn(1, 384); w = torch.randn(8192, 384)
+report("matmul_fwd", "N=1 C=384 OC=8192", best(lambda: x @ w.t()), 2.0 * 384 * 8192)
+
+for T in (256, 1024):
+    B, NH, HD = 8, 6, 64
+    q = torch.randn(B, NH, T, HD, requires_grad=True); k = torch.randn(B, NH, T, HD, requires_grad=True)
+    v = torch.randn(B, NH, T, HD, requires_grad=True)
+    fl = 4.0 * B * NH * (T * (T + 1) / 2.0) * HD
+    mask = torch.full((T, T), float("-inf")).triu(1)
+    def sdpa(q, k, v):  # torch 1.13 has no F.scaled_dot_product_attention: the usual composition
+        return torch.softmax(q @ k.transpose(-1, -2) / HD ** 0.5 + mask, -1) @ v
+    shape = f"B={B} T={T} NH={NH} HD={HD}"
+    with torch.no_grad():
+        report("attn_fwd", shape, best(lambda: sdpa(q, k, v)), fl)
+    def fb():
+        o = sdpa(q, k, v)
+        o.backward(torch.ones_like(o))
+    t_fb = best(fb)
+    with torch.no_grad():
+        t_f = best(lambda: sdpa(q, k, v))
+    report("attn_bwd", shape, max(t_fb - t_f, 1e-9), 2.5 * fl)
 
 V = 8192
 lg = torch.randn(N, V, requires_grad=True); tgt = torch.randint(0, V, (N,))

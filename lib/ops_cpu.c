@@ -16,7 +16,9 @@
  * "very cheap" vectoriser cost model refuses the softmax loops (selects, simd
  * reductions); the dynamic model vectorises them, and without trapping math the
  * selects of rl_cpu_expf if-convert.  Nothing here reads FP exception flags. */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=fast", "vect-cost-model=dynamic", "no-trapping-math")
+#endif
 
 #include <float.h>
 #include <math.h>
@@ -59,6 +61,10 @@ dotf(const float *a, const float *b, int n)
 		s += a[i] * b[i];
 	return s;
 }
+
+/* Row kernels that vectorise are cloned per instruction set; an ifunc picks one
+ * at load time. */
+#define RL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 /* Fixed chunking of reductions over rows: the same split for any thread count. */
 #define RCHUNK 64
@@ -644,13 +650,6 @@ rl_cpu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NK
 	rope_apply(dqkv, pos, N, NH, NKV, HD, theta, -1.0f);
 }
 
-/* key s is visible to query t (s <= t) of a row with segment ids sg (NULL = one sequence) */
-static inline int
-visible(const int32_t *sg, int s, int t)
-{
-	return sg == NULL || sg[s] == sg[t];
-}
-
 /*
  * Attention runs per (row, head) task over blocks of ATT_QB queries, with the
  * GEMM tiles doing the products (serially: the tasks are the parallel loop):
@@ -677,36 +676,77 @@ gemm_serial(const gemm_impl *g, float *c, long ldc, const float *a, long lda, lo
 	}
 }
 
+/* p[0..n) <- softmax of scale * p over the keys with sg[s] == st (all when sg
+ * is NULL), 0 for the others; returns the log-sum-exp. */
+RL_CLONES static float
+softmax_row(float *p, int n, const int32_t *sg, int32_t st, float scale)
+{
+	float mx = -INFINITY;
+	if (sg == NULL) {
+#pragma omp simd reduction(max:mx)
+		for (int s = 0; s < n; s++) {
+			float v = p[s] * scale;
+			p[s] = v;
+			mx = v > mx ? v : mx;
+		}
+	} else {
+#pragma omp simd reduction(max:mx)
+		for (int s = 0; s < n; s++) {
+			float v = sg[s] == st ? p[s] * scale : -INFINITY;
+			p[s] = v;
+			mx = v > mx ? v : mx;
+		}
+	}
+	double sum = 0;
+#pragma omp simd reduction(+:sum)
+	for (int s = 0; s < n; s++) {
+		float e = rl_cpu_expf(p[s] - mx);
+		p[s] = e;
+		sum += e;
+	}
+	float inv = (float)(1.0 / sum);
+#pragma omp simd
+	for (int s = 0; s < n; s++)
+		p[s] *= inv;
+	return mx + (float)log(sum);
+}
+
 /* P (qb, kmax) <- softmax rows of scale * S for queries t0.., in place;
  * returns per row the lse (0 for padding).  sg: the row's segment ids or NULL. */
 static void
 softmax_block(float *P, long ldp, float *lse_out, const int32_t *sg, int t0, int qb, float scale)
 {
 	for (int i = 0; i < qb; i++) {
-		int t = t0 + i, kmax = t + 1;
+		int t = t0 + i;
 		float *p = P + (long)i * ldp;
 		if (sg != NULL && sg[t] < 0) {
-			memset(p, 0, (size_t)kmax * sizeof(float));
+			memset(p, 0, (size_t)(t + 1) * sizeof(float));
 			lse_out[i] = 0;
 			continue;
 		}
-		float mx = -INFINITY;
-		for (int s = 0; s < kmax; s++) {
-			float v = visible(sg, s, t) ? p[s] * scale : -INFINITY;
-			p[s] = v;
-			mx = v > mx ? v : mx;
+		lse_out[i] = softmax_row(p, t + 1, sg, sg ? sg[t] : 0, scale);
+	}
+}
+
+/* One query row of the backward, keys 0..t: p <- exp(scale p - L) on visible
+ * keys (0 elsewhere); dp <- p (dp - D) scale. */
+RL_CLONES static void
+dsoftmax_row(float *p, float *dp, int n, const int32_t *sg, int32_t st, float scale, float L, float D)
+{
+	if (sg == NULL) {
+#pragma omp simd
+		for (int s = 0; s < n; s++) {
+			float pv = rl_cpu_expf(p[s] * scale - L);
+			p[s] = pv;
+			dp[s] = pv * (dp[s] - D) * scale;
 		}
-		double sum = 0;
-#pragma omp simd reduction(+:sum)
-		for (int s = 0; s < kmax; s++) {
-			float e = rl_cpu_expf(p[s] - mx);
-			p[s] = e;
-			sum += e;
+	} else {
+#pragma omp simd
+		for (int s = 0; s < n; s++) {
+			float pv = sg[s] == st ? rl_cpu_expf(p[s] * scale - L) : 0.0f;
+			p[s] = pv;
+			dp[s] = pv * (dp[s] - D) * scale;
 		}
-		float inv = (float)(1.0 / sum);
-		for (int s = 0; s < kmax; s++)
-			p[s] *= inv;
-		lse_out[i] = mx + (float)log(sum);
 	}
 }
 
@@ -812,16 +852,17 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 						/* P = exp(scale S - lse) on visible keys, 0 elsewhere;
 						 * dS = P (dP - D) scale with D = dO . O, written over dP */
 						for (int i = 0; i < qb; i++) {
-							int t = t0 + i;
+							int t = t0 + i, n = t + 1;
 							float *p = P + (size_t)i * T, *dp = dP + (size_t)i * T;
-							int valid = sg == NULL || sg[t] >= 0;
-							float D = valid ? dotf(dO + (size_t)i * OW, Ob + (size_t)i * OW, HD) : 0;
-							for (int s = 0; s < kmax; s++) {
-								float pv = (valid && s <= t && visible(sg, s, t)) ?
-								    rl_cpu_expf(p[s] * scale - L[i]) : 0.0f;
-								p[s] = pv;
-								dp[s] = pv * (dp[s] - D) * scale;
+							if (sg != NULL && sg[t] < 0) {
+								n = 0;  /* padding query: no gradient */
+							} else {
+								float D = dotf(dO + (size_t)i * OW, Ob + (size_t)i * OW, HD);
+								dsoftmax_row(p, dp, n, sg, sg ? sg[t] : 0, scale, L[i], D);
 							}
+							/* keys after the query (and all of a padding row) */
+							memset(p + n, 0, (size_t)(kmax - n) * sizeof(float));
+							memset(dp + n, 0, (size_t)(kmax - n) * sizeof(float));
 						}
 						/* dQ = dS K; dK += dS^T Q; dV += P^T dO */
 						gemm_serial(g, dbase + (size_t)t0 * W + (size_t)h * HD, W, dP, T, 1, K, W, 0,
@@ -922,9 +963,8 @@ rl_cpu_add(rl_ops *o, void *out_, const void *a_, const void *b_, size_t n)
 
 /* ==== output layer ================================================================== */
 
-/* Row kernels of the vocabulary loops, cloned per instruction set (an ifunc
- * picks one at load time): they are memory- and exp-bound and vectorise. */
-#define RL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+/* Row kernels of the vocabulary loops, cloned per instruction set (RL_CLONES):
+ * they are memory- and exp-bound and vectorise. */
 
 /* max of z = x * it over a row, then S = sum e^(z-m), E = sum e^(z-m) (z-m) */
 RL_CLONES static float
