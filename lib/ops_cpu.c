@@ -15,7 +15,8 @@
  * AVX-512 GEMM clones); ISO C mode turns contraction off by default.  -O2's
  * "very cheap" vectoriser cost model refuses the softmax loops (selects, simd
  * reductions); the dynamic model vectorises them, and without trapping math the
- * selects of rl_cpu_expf if-convert.  Nothing here reads FP exception flags. */
+ * selects of rl_cpu_expf if-convert.
+ * Nothing here reads FP exception flags. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=fast", "vect-cost-model=dynamic", "no-trapping-math")
 #endif
@@ -1178,6 +1179,27 @@ rl_cpu_sumsq(rl_ops *o, const float *x, size_t n)
 	return s;
 }
 
+#define ADAM_CHUNK 16384
+
+/* The update on a contiguous piece; the arrays are distinct (omp simd says so). */
+RL_CLONES static void
+adamw_chunk(float *param, float *wc, const float *grad, float *m, float *v, size_t n, float lr,
+    float b1, float b2, float eps, float wd, float bc1, float bc2, float gs)
+{
+#pragma omp simd
+	for (size_t i = 0; i < n; i++) {
+		float g = grad[i] * gs;
+		float mi = b1 * m[i] + (1.0f - b1) * g;
+		float vi = b2 * v[i] + (1.0f - b2) * g * g;
+		m[i] = mi;
+		v[i] = vi;
+		float pi = param[i];
+		param[i] = pi - lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * pi);
+	}
+	if (wc != NULL)
+		memcpy(wc, param, n * sizeof(float));
+}
+
 void
 rl_cpu_adamw(rl_ops *o, float *param, void *wcopy, const float *grad, float *m, float *v,
     size_t n, float lr, float b1, float b2, float eps, float wd, int t, float grad_scale)
@@ -1190,18 +1212,12 @@ rl_cpu_adamw(rl_ops *o, float *param, void *wcopy, const float *grad, float *m, 
 	/* bias corrections in double: b2^t for t in the thousands loses bits in float */
 	float bc1 = (float)(1.0 - pow((double)b1, t)), bc2 = (float)(1.0 - pow((double)b2, t));
 	float *wc = wcopy;
-#pragma omp parallel for schedule(static) if (n > 65536)
-	for (size_t i = 0; i < n; i++) {
-		float g = grad[i] * grad_scale;
-		float mi = b1 * m[i] + (1.0f - b1) * g;
-		float vi = b2 * v[i] + (1.0f - b2) * g * g;
-		m[i] = mi;
-		v[i] = vi;
-		float pi = param[i];
-		pi -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * pi);
-		param[i] = pi;
-		if (wc != NULL)
-			wc[i] = pi;
+	size_t nchunk = (n + ADAM_CHUNK - 1) / ADAM_CHUNK;
+#pragma omp parallel for schedule(static) if (nchunk > 1)
+	for (size_t k = 0; k < nchunk; k++) {
+		size_t i0 = k * ADAM_CHUNK, len = RL_MIN(n - i0, (size_t)ADAM_CHUNK);
+		adamw_chunk(param + i0, wc ? wc + i0 : NULL, grad + i0, m + i0, v + i0, len, lr, b1, b2,
+		    eps, wd, bc1, bc2, grad_scale);
 	}
 }
 
