@@ -15,7 +15,8 @@
  * AVX-512 GEMM clones); ISO C mode turns contraction off by default.  -O2's
  * "very cheap" vectoriser cost model refuses the softmax loops (selects, simd
  * reductions); the dynamic model vectorises them, and without trapping math the
- * selects of rl_cpu_expf if-convert.  Nothing here reads FP exception flags. */
+ * selects of rl_cpu_expf if-convert.
+ * Nothing here reads FP exception flags. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=fast", "vect-cost-model=dynamic", "no-trapping-math")
 #endif
@@ -65,6 +66,11 @@ dotf(const float *a, const float *b, int n)
 /* Row kernels that vectorise are cloned per instruction set; an ifunc picks one
  * at load time. */
 #define RL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/* Below this many elements an op runs on the calling thread: a parallel region
+ * costs microseconds (much more on a loaded machine, where idle OpenMP threads
+ * spin), which decode-sized calls cannot repay.  Results do not depend on it. */
+#define RL_PAR_MIN 32768
 
 /* Fixed chunking of reductions over rows: the same split for any thread count. */
 #define RCHUNK 64
@@ -170,7 +176,7 @@ rl_cpu_embed_fwd(rl_ops *o, void *out_, const int32_t *tok, const int32_t *pos,
 {
 	float *out = out_;
 	const float *wte = wte_, *wpe = wpe_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		float *y = out + (size_t)n * C;
 		const float *e = wte + (size_t)tok[n] * C;
@@ -191,7 +197,7 @@ rl_cpu_embed_bwd(rl_ops *o, float *dwte, float *dwpe, const void *dout_,
 	const float *dout = dout_;
 	/* Threads own column ranges, rows are added in order: no races, deterministic. */
 	int nb = (C + 63) / 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)C * N > RL_PAR_MIN)
 	for (int cb = 0; cb < nb; cb++) {
 		int c0 = cb * 64, c1 = RL_MIN(C, c0 + 64);
 		for (int n = 0; n < N; n++) {
@@ -216,7 +222,7 @@ rl_cpu_rmsnorm_fwd(rl_ops *o, void *out_, float *rstd, const void *x_, const voi
 {
 	float *out = out_;
 	const float *x = x_, *w = w_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *xr = x + (size_t)n * C;
 		float *yr = out + (size_t)n * C;
@@ -253,7 +259,7 @@ rl_cpu_rmsnorm_bwd(rl_ops *o, void *dx_, float *dw, const void *dout_, const voi
 	float *part = dw ? scratch(o, (size_t)nchunk * C * sizeof(float), "rmsnorm_bwd scratch") : NULL;
 	if (dw != NULL && part == NULL)
 		return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
 	for (int k = 0; k < nchunk; k++) {
 		float *pw = part ? part + (size_t)k * C : NULL;
 		if (pw)
@@ -285,7 +291,7 @@ rl_cpu_layernorm_fwd(rl_ops *o, void *out_, float *mean, float *rstd, const void
 {
 	float *out = out_;
 	const float *x = x_, *w = w_, *b = b_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *xr = x + (size_t)n * C;
 		float *yr = out + (size_t)n * C;
@@ -314,7 +320,7 @@ rl_cpu_layernorm_bwd(rl_ops *o, void *dx_, float *dw, float *db, const void *dou
 	float *part = scratch(o, (size_t)nchunk * 2 * C * sizeof(float), "layernorm_bwd scratch");
 	if (part == NULL)
 		return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
 	for (int k = 0; k < nchunk; k++) {
 		float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
 		memset(pw, 0, 2 * (size_t)C * sizeof(float));
@@ -360,7 +366,7 @@ rl_cpu_qknorm_fwd(rl_ops *o, void *qkv_out_, float *rstd, const void *qkv_in_,
 	float *y = qkv_out_;
 	const float *x = qkv_in_, *wq = wq_, *wk = wk_;
 	int W = (NH + 2 * NKV) * HD, NQK = NH + NKV;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * W > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *xr = x + (size_t)n * W;
 		float *yr = y + (size_t)n * W;
@@ -392,7 +398,7 @@ rl_cpu_qknorm_bwd(rl_ops *o, void *dqkv_in_, float *dwq, float *dwk, const void 
 	float *part = scratch(o, (size_t)nchunk * 2 * HD * sizeof(float), "qknorm_bwd scratch");
 	if (part == NULL)
 		return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * W > RL_PAR_MIN)
 	for (int k = 0; k < nchunk; k++) {
 		float *pq = part + (size_t)k * 2 * HD, *pk = pq + HD;
 		memset(pq, 0, 2 * (size_t)HD * sizeof(float));
@@ -507,7 +513,7 @@ gemm(float *c, long ldc, const float *a, long lda, long ak, const float *b, long
 	}
 	int MG = g->mr * 32;
 	int ntn = (N + GEMM_NB - 1) / GEMM_NB, ntg = (M + MG - 1) / MG;
-#pragma omp parallel reduction(|:bad)
+#pragma omp parallel reduction(|:bad) if ((double)M * N * K > 2e6)
 	{
 		float *bbuf = malloc((size_t)GEMM_KC * 32 * sizeof(float));
 		if (bbuf == NULL)
@@ -558,7 +564,7 @@ rl_cpu_matmul_fwd(rl_ops *o, void *out_, const void *inp_, const void *w_, const
 		return;
 	}
 	if (bias != NULL) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * OC > RL_PAR_MIN)
 		for (int n = 0; n < N; n++)
 			memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
 	}
@@ -580,7 +586,7 @@ rl_cpu_matmul_bwd(rl_ops *o, void *dinp_, float *dw, float *dbias, const void *d
 		rv |= gemm(dw, C, dout, 1, OC, inp, C, 0, OC, C, N, 1);
 	if (dbias != NULL) {
 		int nb = (OC + 63) / 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * OC > RL_PAR_MIN)
 		for (int ob = 0; ob < nb; ob++) {
 			int o0 = ob * 64, o1 = RL_MIN(OC, o0 + 64);
 			float acc[64] = { 0 };
@@ -605,7 +611,7 @@ static void
 rope_apply(float *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta, float sign)
 {
 	int W = (NH + 2 * NKV) * HD, half = HD / 2, NQK = NH + NKV;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * W > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		float cs[512], sn[512];  /* half <= 512: HD <= 1024 */
 		for (int i = 0; i < half; i++) {
@@ -766,7 +772,7 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 	}
 	int G = NH / NKV;
 	const gemm_impl *g = gemm_pick();
-#pragma omp parallel reduction(|:bad)
+#pragma omp parallel reduction(|:bad) if ((double)B * NH * T * T * HD > 1e6)
 	{
 		/* P block (QB, T), the block's lse, GEMM panel buffer */
 		float *P = malloc(((size_t)ATT_QB * T + ATT_QB + (size_t)GEMM_KC * 32) * sizeof(float));
@@ -822,7 +828,7 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 	int G = NH / NKV;
 	const gemm_impl *g = gemm_pick();
 	/* One task per (row, kv head): it owns dk, dv of that head and dq of its G query heads. */
-#pragma omp parallel reduction(|:bad)
+#pragma omp parallel reduction(|:bad) if ((double)B * NH * T * T * HD > 1e6)
 	{
 		size_t fl = (size_t)2 * ATT_QB * T + (size_t)2 * T * HD + ATT_QB + (size_t)GEMM_KC * 32;
 		float *P = malloc(fl * sizeof(float));
@@ -894,7 +900,7 @@ rl_cpu_swiglu_fwd(rl_ops *o, void *out_, const void *gu_, int N, int H)
 {
 	float *out = out_;
 	const float *gu = gu_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * H > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *g = gu + (size_t)n * 2 * H, *u = g + H;
 		float *y = out + (size_t)n * H;
@@ -908,7 +914,7 @@ rl_cpu_swiglu_bwd(rl_ops *o, void *dgu_, const void *dout_, const void *gu_, int
 {
 	float *dgu = dgu_;
 	const float *dout = dout_, *gu = gu_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * H > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *g = gu + (size_t)n * 2 * H, *u = g + H, *dy = dout + (size_t)n * H;
 		float *dg = dgu + (size_t)n * 2 * H, *du = dg + H;
@@ -1019,7 +1025,7 @@ rl_cpu_logprob_fwd(rl_ops *o, float *lp, float *ent, float *lse, const void *log
     const int32_t *tgt, int N, int V, float inv_temp)
 {
 	const float *logits = logits_;
-#pragma omp parallel for schedule(dynamic, 4)
+#pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * V > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *x = logits + (size_t)n * V;
 		if (tgt[n] < 0) {
@@ -1046,7 +1052,7 @@ rl_cpu_logprob_bwd(rl_ops *o, void *dlogits_, const void *logits_, const int32_t
 {
 	float *dl = dlogits_;
 	const float *logits = logits_;
-#pragma omp parallel for schedule(dynamic, 4)
+#pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * V > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *x = logits + (size_t)n * V;
 		float *d = dl + (size_t)n * V;
@@ -1173,6 +1179,27 @@ rl_cpu_sumsq(rl_ops *o, const float *x, size_t n)
 	return s;
 }
 
+#define ADAM_CHUNK 16384
+
+/* The update on a contiguous piece; the arrays are distinct (omp simd says so). */
+RL_CLONES static void
+adamw_chunk(float *param, float *wc, const float *grad, float *m, float *v, size_t n, float lr,
+    float b1, float b2, float eps, float wd, float bc1, float bc2, float gs)
+{
+#pragma omp simd
+	for (size_t i = 0; i < n; i++) {
+		float g = grad[i] * gs;
+		float mi = b1 * m[i] + (1.0f - b1) * g;
+		float vi = b2 * v[i] + (1.0f - b2) * g * g;
+		m[i] = mi;
+		v[i] = vi;
+		float pi = param[i];
+		param[i] = pi - lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * pi);
+	}
+	if (wc != NULL)
+		memcpy(wc, param, n * sizeof(float));
+}
+
 void
 rl_cpu_adamw(rl_ops *o, float *param, void *wcopy, const float *grad, float *m, float *v,
     size_t n, float lr, float b1, float b2, float eps, float wd, int t, float grad_scale)
@@ -1185,18 +1212,12 @@ rl_cpu_adamw(rl_ops *o, float *param, void *wcopy, const float *grad, float *m, 
 	/* bias corrections in double: b2^t for t in the thousands loses bits in float */
 	float bc1 = (float)(1.0 - pow((double)b1, t)), bc2 = (float)(1.0 - pow((double)b2, t));
 	float *wc = wcopy;
-#pragma omp parallel for schedule(static) if (n > 65536)
-	for (size_t i = 0; i < n; i++) {
-		float g = grad[i] * grad_scale;
-		float mi = b1 * m[i] + (1.0f - b1) * g;
-		float vi = b2 * v[i] + (1.0f - b2) * g * g;
-		m[i] = mi;
-		v[i] = vi;
-		float pi = param[i];
-		pi -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * pi);
-		param[i] = pi;
-		if (wc != NULL)
-			wc[i] = pi;
+	size_t nchunk = (n + ADAM_CHUNK - 1) / ADAM_CHUNK;
+#pragma omp parallel for schedule(static) if (nchunk > 1)
+	for (size_t k = 0; k < nchunk; k++) {
+		size_t i0 = k * ADAM_CHUNK, len = RL_MIN(n - i0, (size_t)ADAM_CHUNK);
+		adamw_chunk(param + i0, wc ? wc + i0 : NULL, grad + i0, m + i0, v + i0, len, lr, b1, b2,
+		    eps, wd, bc1, bc2, grad_scale);
 	}
 }
 
@@ -1234,13 +1255,16 @@ rl_cpu_attn_decode(rl_ops *o, void *out_, const void *qkv_, const void *kc_, con
 		fail(o, RL_EINVAL);
 		return;
 	}
-	for (int b = 0; b < B; b++)
+	size_t work = 0;
+	for (int b = 0; b < B; b++) {
+		work += (size_t)ctx_len[b] * NH * HD;
 		if (ctx_len[b] < 1 || ctx_len[b] > cap) {
 			rl_error("attn_decode: sequence %d has %d cached tokens, outside 1..%d", b, ctx_len[b], cap);
 			fail(o, RL_EINVAL);
 			return;
 		}
-#pragma omp parallel reduction(|:bad)
+	}
+#pragma omp parallel reduction(|:bad) if (work > RL_PAR_MIN)
 	{
 		float *sc = malloc(((size_t)cap + HD) * sizeof(float));
 		if (sc == NULL)
@@ -1436,7 +1460,7 @@ rl_cpu_sample(rl_ops *o, int32_t *tok, float *logp, const void *logits_,
 {
 	const float *logits = logits_;
 	int bad = 0;
-#pragma omp parallel reduction(|:bad) if (B > 1)
+#pragma omp parallel reduction(|:bad) if (B > 1 && (size_t)B * V > RL_PAR_MIN)
 	{
 		float *e = malloc((size_t)V * sizeof(float));
 		cand *c = malloc((size_t)V * sizeof(cand));
