@@ -995,7 +995,7 @@ apply_ack(rl_queue *q, uint64_t lid, int kind, uint64_t deadline, const uint64_t
 		n = l->n;
 		ids = all;
 	}
-	for (uint32_t i = 0; i < n; i++) {
+	for (uint32_t i = n; i-- > 0;) {   /* reverse: released records go back to the head in order */
 		uint32_t ei = map_get(&q->byid, ids[i]);
 		qent *e;
 
@@ -1039,7 +1039,7 @@ apply_expire(rl_queue *q, uint64_t lid)
 	n = l->n;
 	l->ids = NULL;   /* keep the array while the lease is freed under us */
 	l->nlive++;      /* hold the lease until the loop ends */
-	for (uint32_t i = 0; i < n; i++) {
+	for (uint32_t i = n; i-- > 0;) {   /* reverse: they go back to the head in order */
 		uint32_t ei = map_get(&q->byid, ids[i]);
 		if (ei != NIL && q->ent[ei].lease == lid) {
 			return_to_pool(q, ei);
@@ -1826,10 +1826,9 @@ journal_open(rl_queue *q)
 
 	if ((rv = rl_io_mkdir_p(q->dir, 0755)) != 0)
 		return rv;
-	rv = rl_io_read_file(q->jpath, 0, &data, &len);
-	if (rv == RL_ENOENT) {
+	if (access(q->jpath, F_OK) != 0) {
 		len = 0;
-	} else if (rv != 0) {
+	} else if ((rv = rl_io_read_file(q->jpath, 0, &data, &len)) != 0) {
 		return rv;
 	} else {
 		q->replaying = 1;
