@@ -278,8 +278,14 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 			}
 			break;
 		}
-		if (nrv == NNG_ETIMEDOUT && retry && rl_now() < t_end) {
-			rl_verbose("%s request timed out; retrying", rl_qop_name(op));
+		if (retry && nrv != NNG_ECLOSED && nrv != NNG_ENOMEM && rl_now() < t_end) {
+			/* timed out, connection reset or refused: the broker may be
+			 * restarting; requests are idempotent, so send it again */
+			rl_verbose("%s request: %s; retrying", rl_qop_name(op), nng_strerror(nrv));
+			if (nrv != NNG_ETIMEDOUT) {
+				nng_msleep((nng_duration)(backoff + rnd(&st) % (backoff + 1)));
+				backoff = backoff < 128 ? backoff * 2 : 250;
+			}
 			continue;
 		}
 		if (nrv == NNG_ETIMEDOUT) {
