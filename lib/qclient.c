@@ -482,6 +482,12 @@ rl_qclient_lease(rl_qclient *c, const rl_qlease_req *req, rl_qlease *l)
 	size_t n;
 	int rv;
 
+	if (req->ack_lease && req->ack_lease == l->id && c->o.dedup && l->batch) {
+		uint64_t id;
+		for (size_t i = 0; i < rl_traj_batch_count(l->batch); i++)
+			if (record_id(c, l->batch, i, &id) == 0)
+				seen_add(&c->seen, id);
+	}
 	l->id = 0;
 	l->dropped = 0;
 	l->stage = (int)req->stage;
@@ -529,6 +535,15 @@ out:
 	if (r)
 		nng_msg_free(r);
 	return rv;
+}
+
+int
+rl_qclient_ack_lease(rl_qclient *c, rl_qlease *l, const rl_qlease_req *req)
+{
+	rl_qlease_req r = *req;
+
+	r.ack_lease = l->id;
+	return rl_qclient_lease(c, &r, l);
 }
 
 int

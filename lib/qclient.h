@@ -86,6 +86,10 @@ int rl_qclient_lease(rl_qclient *c, const rl_qlease_req *req, rl_qlease *l);
 int rl_qclient_lease_prompts(rl_qclient *c, uint32_t max, uint32_t group_size, uint32_t wait_ms, rl_qlease *l);
 int rl_qclient_lease_generated(rl_qclient *c, uint32_t max, uint32_t wait_ms, rl_qlease *l);
 int rl_qclient_lease_scored(rl_qclient *c, uint32_t max, uint32_t min, uint32_t wait_ms, rl_qlease *l);
+/* rl_qclient_ack_lease: acknowledge every record of l (when it holds a
+ * lease) and lease the next records into l, in one round trip (a trainer's
+ * loop: lease, train, ack_lease, train, ...). */
+int rl_qclient_ack_lease(rl_qclient *c, rl_qlease *l, const rl_qlease_req *req);
 
 /* ---- acks ------------------------------------------------------------------------------
  * rl_qclient_ack: every record of l is done (training samples finished,

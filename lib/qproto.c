@@ -54,6 +54,7 @@ rl_qlease_req_encode(uint8_t out[RL_QLEASE_REQ_LEN], const rl_qlease_req *r)
 	rl_le32_put(out + 12, r->lease_ms);
 	rl_le32_put(out + 16, r->group_hint);
 	rl_le32_put(out + 20, r->min_records);
+	rl_le64_put(out + 24, r->ack_lease);
 }
 
 void
@@ -65,6 +66,7 @@ rl_qlease_req_decode(rl_qlease_req *r, const uint8_t in[RL_QLEASE_REQ_LEN])
 	r->lease_ms = rl_le32_get(in + 12);
 	r->group_hint = rl_le32_get(in + 16);
 	r->min_records = rl_le32_get(in + 20);
+	r->ack_lease = rl_le64_get(in + 24);
 }
 
 void

@@ -17,7 +17,7 @@
  *   PING     -            / -
  *   PUT      arg = stage; body = record batch (a stream frame's content)
  *                         / fixed rl_qput_result (16 bytes)
- *   LEASE    fixed rl_qlease_req (24 bytes) / fixed lease part (32 bytes) + batch
+ *   LEASE    fixed rl_qlease_req (32 bytes) / fixed lease part (32 bytes) + batch
  *   ACK      fixed (16 bytes) + u64 ids[n] / fixed (16 bytes)
  *   VERSION  arg = trainer version / arg = version now in force
  *   STAT     -            / body = JSON object
@@ -78,8 +78,9 @@ typedef struct rl_qlease_req {
 	uint32_t lease_ms;     /* 0: the broker's --lease-timeout */
 	uint32_t group_hint;   /* rollout: samples it will generate per prompt (0: the prompt's group_size) */
 	uint32_t min_records;  /* wait (up to wait_ms) until this many are available; 0: 1 */
+	uint64_t ack_lease;    /* if not 0: first acknowledge (DONE) every record of this lease */
 } rl_qlease_req;
-#define RL_QLEASE_REQ_LEN 24
+#define RL_QLEASE_REQ_LEN 32
 
 typedef struct rl_qlease_info {
 	uint64_t lease_id;     /* 0 when nothing was leased */

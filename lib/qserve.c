@@ -32,7 +32,7 @@ typedef struct qctx {
 	/* reply being built */
 	uint16_t status;
 	uint64_t arg;
-	rl_buf fixed, body, in;
+	rl_buf fixed, body, in, z;
 	uint64_t seq;
 } qctx;
 
@@ -338,10 +338,21 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 		}
 		{
 			rl_qput_result r;
+			const void *frame = (c->h.flags & RL_QF_ZSTD) ? body : NULL;
+			size_t flen = blen;
+			if (frame == NULL && s->has_journal) {
+				/* the journal wants a zstd frame: make it before taking the lock */
+				t0 = ns_now();
+				c->z.len = 0;
+				if (rl_qzstd_compress(&c->z, c->in.p, c->in.len, s->cfg.queue.journal_level) == 0) {
+					frame = c->z.p;
+					flen = c->z.len;
+				}
+				ADD_NS(t_comp, t0);
+			}
 			lock(s);
 			t0 = ns_now();
-			rv = rl_queue_put(s->q, (int)c->h.arg, c->in.p, c->in.len,
-			    (c->h.flags & RL_QF_ZSTD) ? body : NULL, blen, wall_ms(), &r);
+			rv = rl_queue_put(s->q, (int)c->h.arg, c->in.p, c->in.len, frame, flen, wall_ms(), &r);
 			if (rv == 0 && s->nwait)
 				waiters_scan(s, 0, 0, &ready);
 			c->seq = rl_queue_journal_seq(s->q);
@@ -373,6 +384,15 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 			c->lr.wait_ms = 600000;
 		lock(s);
 		t0 = ns_now();
+		if (c->lr.ack_lease) {
+			/* piggybacked ack of the previous lease: one round trip per batch */
+			rl_qack_req ar = { .lease_id = c->lr.ack_lease, .kind = RL_QACK_DONE };
+			rl_qack_result res;
+			rl_queue_ack(s->q, &ar, NULL, wall_ms(), &res);
+			c->lr.ack_lease = 0;
+			if (s->nwait)
+				waiters_scan(s, 0, 0, &ready);
+		}
 		c->wait_until = mono_ms() + c->lr.wait_ms;
 		if (!try_lease(s, c, c->lr.wait_ms == 0)) {
 			/* keep a few contexts free for puts and acks */
@@ -600,6 +620,7 @@ rl_qserve_close(rl_qserve *s)
 			rl_buf_fini(&s->ctx[i].fixed);
 			rl_buf_fini(&s->ctx[i].body);
 			rl_buf_fini(&s->ctx[i].in);
+			rl_buf_fini(&s->ctx[i].z);
 		}
 		free(s->ctx);
 	} else if (nng_socket_id(s->sock) > 0) {
