@@ -625,7 +625,7 @@ scenario_kill_broker(void)
 	{
 		int st = 0;
 		if (waitpid(tr, &st, WNOHANG) == tr)
-			T_OK(0, "trainer died early: %s %d", WIFEXITED(st) ? "exit" : "signal",
+			T_OK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "trainer failed: %s %d", WIFEXITED(st) ? "exit" : "signal",
 			    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
 	}
 	stop(tr, SIGTERM);
