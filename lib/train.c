@@ -16,6 +16,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -29,6 +30,7 @@
 #include "io.h"
 #include "json.h"
 #include "model.h"
+#include "qclient.h"
 #include "tfevents.h"
 #include "tokenizer.h"
 #include "traj.h"
@@ -101,7 +103,24 @@ typedef struct trainer {
 	double t_wait;
 	double t_model;  /* seconds in model forward/backward/AdamW this step */
 	double t_pub;    /* seconds publishing the step's checkpoint */
+	/* queue mode */
+	rl_qclient *qc;
+	rl_qlease lease;
+	rl_traj *qt;
+	struct { uint64_t id, lease; } *held;   /* leased records not yet acknowledged */
+	size_t nheld, capheld;
+	uint64_t q_late;
+	int last_gsize;          /* group size seen last (lease sizing) */
 } trainer;
+
+static volatile sig_atomic_t train_stop;
+
+static void
+on_train_signal(int sig)
+{
+	(void)sig;
+	train_stop = 1;
+}
 
 /* ---- metrics ------------------------------------------------------------------ */
 
@@ -170,6 +189,97 @@ out:
 	return rv;
 }
 
+/* Queue mode: lease scored groups into the grouper.  RL_OK when records came
+ * (or none yet), RL_ENOENT when idle past --idle-exit or stopped by a signal. */
+static int
+lease_more(trainer *tr)
+{
+	const rl_train_opts *o = tr->o;
+	static double idle_since;
+	rl_qlease_req req = { 0 };
+	char where[128];
+	int rv;
+
+	if (idle_since == 0)
+		idle_since = rl_now();
+	if (train_stop)
+		return RL_ENOENT;
+	req.stage = RL_QSTAGE_SCORED;
+	/* lease only what this step still needs, so the broker's staleness gate
+	 * decides on every group at the version that will train it */
+	{
+		int need = o->batch - tr->ngroups;
+		req.max_records = (uint32_t)RL_MAX(need, 1) * (uint32_t)RL_MAX(tr->last_gsize, 1);
+	}
+	req.min_records = 1;
+	req.wait_ms = 500;
+	rv = rl_qclient_lease(tr->qc, &req, &tr->lease);
+	if (rv == RL_ETIMEDOUT || rv == RL_EBUSY)
+		rv = RL_OK;
+	if (rv != RL_OK)
+		return rv;
+	size_t n = rl_qlease_count(&tr->lease);
+	if (n == 0) {
+		if (o->idle_exit > 0 && rl_now() - idle_since > o->idle_exit)
+			return RL_ENOENT;
+		return RL_OK;
+	}
+	idle_since = rl_now();
+	for (size_t i = 0; i < n; i++) {
+		uint64_t id = 0;
+		if ((rv = rl_traj_batch_get(tr->lease.batch, i, tr->qt)) != 0)
+			return rv;
+		rl_traj_get_u64(tr->qt, RL_TAG_ID, &id);
+		if (tr->nheld == tr->capheld) {
+			size_t nc = tr->capheld ? 2 * tr->capheld : 256;
+			void *np = realloc(tr->held, nc * sizeof *tr->held);
+			if (!np)
+				return RL_ENOMEM;
+			tr->held = np;
+			tr->capheld = nc;
+		}
+		{
+			int32_t gs;
+			if (rl_traj_get_i32(tr->qt, RL_TAG_GROUP_SIZE, &gs) == RL_OK && gs > 0)
+				tr->last_gsize = gs;
+		}
+		tr->held[tr->nheld].id = id;
+		tr->held[tr->nheld].lease = tr->lease.id;
+		tr->nheld++;
+		tr->records++;
+		snprintf(where, sizeof where, "'%s': lease %llu record %zu", o->queue_url,
+		    (unsigned long long)tr->lease.id, i);
+		if ((rv = rl_grouper_add(tr->gr, tr->qt, where)) != RL_OK)
+			return rv;
+	}
+	return RL_OK;
+}
+
+/* Queue mode, after a step: acknowledge the trained samples (by lease), and
+ * records the grouper dropped (duplicates, bad groups) that are held. */
+static void
+ack_trained(trainer *tr)
+{
+	size_t keep = 0;
+
+	for (size_t i = 0; i < tr->nheld; i++) {
+		int trained = 0;
+		/* a held record is done unless it belongs to a group still being assembled */
+		for (int gi = 0; gi < tr->ngroups && !trained; gi++)
+			for (int k = 0; k < tr->groups[gi].size; k++)
+				if (tr->groups[gi].s[k].id == tr->held[i].id)
+					trained = 1;
+		if (trained) {
+			rl_qack_result res = { 0 };
+			if (rl_qclient_ack_ids(tr->qc, tr->held[i].lease, RL_QACK_DONE, &tr->held[i].id, 1, &res) == RL_OK)
+				tr->q_late += res.late;
+		} else {
+			tr->held[keep++] = tr->held[i];
+		}
+	}
+	tr->nheld = keep;
+}
+
 /* Reads records until a complete group pops out: RL_OK, RL_ENOENT at the end. */
 static int
 next_group(trainer *tr, rl_group *g)
@@ -183,6 +293,11 @@ next_group(trainer *tr, rl_group *g)
 		if (rl_grouper_pop(tr->gr, g) == RL_OK) {
 			tr->t_wait += rl_now() - t0;
 			return RL_OK;
+		}
+		if (tr->qc) {
+			if ((rv = lease_more(tr)) != RL_OK)
+				return rv;
+			continue;
 		}
 		if ((rv = rl_traj_reader_next(tr->rd, &t)) != RL_OK)
 			return rv;
@@ -944,6 +1059,10 @@ train_step(trainer *tr)
 	if ((rv = publish(tr, full)) != 0)
 		return rv;
 	tr->t_pub = rl_now() - t_pub;
+	if (tr->qc) {
+		ack_trained(tr);
+		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->step, NULL);
+	}
 	return write_metrics(tr, &ms, gnorm, lr, rl_now() - t0 + t_wait, t_upd, t_wait, nupd);
 }
 
@@ -1003,10 +1122,23 @@ rl_train_run(const rl_train_opts *o)
 	go.need_logprobs = o->old_from_behaviour || o->tis_cap > 0;
 	if ((rv = rl_grouper_create(&tr.gr, &go)) != 0)
 		goto out;
-	if ((rv = rl_io_fopen(&tr.in, o->input, "rb")) != 0)
-		goto out;
-	if ((rv = rl_traj_reader_open_file(&tr.rd, tr.in, o->input, NULL)) != 0)
-		goto out;
+	rl_qlease_init(&tr.lease);
+	if (o->queue_url) {
+		struct sigaction sa;
+		memset(&sa, 0, sizeof sa);
+		sa.sa_handler = on_train_signal;
+		sigaction(SIGINT, &sa, NULL);
+		sigaction(SIGTERM, &sa, NULL);
+		if ((rv = rl_qclient_open(&tr.qc, o->queue_url, NULL)) != 0 || (rv = rl_traj_create(&tr.qt)) != 0)
+			goto out;
+		/* the broker's staleness gate starts from our version */
+		rl_qclient_set_version(tr.qc, (uint64_t)tr.m->step, NULL);
+	} else {
+		if ((rv = rl_io_fopen(&tr.in, o->input, "rb")) != 0)
+			goto out;
+		if ((rv = rl_traj_reader_open_file(&tr.rd, tr.in, o->input, NULL)) != 0)
+			goto out;
+	}
 	if (o->metrics_path && strcmp(o->metrics_path, "-") != 0) {
 		if (!(tr.metrics = fopen(o->metrics_path, o->resume ? "a" : "w"))) {
 			rl_error("cannot open '%s': %s", o->metrics_path, strerror(errno));
@@ -1033,6 +1165,17 @@ rl_train_run(const rl_train_opts *o)
 		}
 		if (rv != RL_OK)
 			goto out;
+		if (tr.qc) {
+			/* a step can outlast a lease: renew every lease still held */
+			for (size_t i = 0; i < tr.nheld; i++) {
+				int seen = 0;
+				for (size_t k = 0; k < i && !seen; k++)
+					seen = tr.held[k].lease == tr.held[i].lease;
+				rl_qack_result res;
+				if (!seen)
+					rl_qclient_ack_ids(tr.qc, tr.held[i].lease, RL_QACK_EXTEND, NULL, 0, &res);
+			}
+		}
 		if ((rv = train_step(&tr)) != 0)
 			goto out;
 		free_groups(&tr);
@@ -1071,6 +1214,17 @@ out:
 	if (tr.ops && tr.d_mem)
 		tr.ops->free(tr.ops, tr.d_mem);
 	rl_traj_reader_close(tr.rd);
+	if (tr.qc && tr.nheld) {
+		/* records leased but not trained go back to the broker at once */
+		rl_qack_result res;
+		for (size_t i = 0; i < tr.nheld; i++)
+			rl_qclient_ack_ids(tr.qc, tr.held[i].lease, RL_QACK_RELEASE, &tr.held[i].id, 1, &res);
+		rl_verbose("%zu leased records not trained handed back", tr.nheld);
+	}
+	rl_qlease_fini(&tr.lease);
+	rl_traj_destroy(tr.qt);
+	free(tr.held);
+	rl_qclient_close(tr.qc);
 	if (tr.in && tr.in != stdin)
 		fclose(tr.in);
 	if (tr.metrics && tr.metrics != stdout && tr.metrics != stderr)
