@@ -99,9 +99,9 @@ k_logprob_fwd(float *lp, float *ent, float *lse, const bf16 *logits, const int32
 	if (threadIdx.x != 0)
 		return;
 	float l = a.m + logf(a.s);
-	if (lse)
-		lse[n] = l;
 	int t = tgt[n];
+	if (lse)
+		lse[n] = (t < 0 || t >= V) ? 0.0f : l;
 	if (t < 0 || t >= V) {
 		lp[n] = 0.0f;
 		if (ent)
@@ -178,6 +178,16 @@ __global__ void k_pg_loss(float *dlp, float *dent, float *stats, const float *lp
 	if (n >= N)
 		return;
 	float x = lp[n], A = adv[n], wn = w[n];
+	float *st = stats + (size_t)n * RL_PG_NSTAT;
+	if (wn == 0.0f) {
+		/* ignored tokens may hold garbage (padding) */
+		dlp[n] = 0.0f;
+		if (dent)
+			dent[n] = 0.0f;
+		for (int k = 0; k < RL_PG_NSTAT; k++)
+			st[k] = 0.0f;
+		return;
+	}
 	float r = expf(x - old[n]);
 	float rc = fminf(fmaxf(r, 1.0f - p.clip_low), 1.0f + p.clip_high);
 	float u = -A * r, c = -A * rc;
@@ -213,8 +223,7 @@ __global__ void k_pg_loss(float *dlp, float *dent, float *stats, const float *lp
 		loss -= p.ent_coef * ent[n];
 	dlp[n] = wn * d;
 	if (dent)
-		dent[n] = -wn * p.ent_coef;
-	float *st = stats + (size_t)n * RL_PG_NSTAT;
+		dent[n] = ent ? -wn * p.ent_coef : 0.0f;
 	st[RL_PG_LOSS] = loss;
 	st[RL_PG_CLIPPED] = clipped;
 	st[RL_PG_RATIO] = r;
@@ -449,6 +458,8 @@ k_sample(int32_t *tok, float *logp, const bf16 *logits, const uint64_t *seed, co
 	}
 	if (p.top_p < 1.0f) {
 		double lim = (double)p.top_p * total;
+		if (!(lim > 0.0))
+			lim = 1e-300;  /* the first token is always kept */
 		unsigned pv = smp_select(r, 1, lim, &above, hist);
 		/* ties of value pv kept in id order while the mass before them is < lim:
 		 * the c-th tie is kept iff above + (c-1) pv < lim */

@@ -443,6 +443,12 @@ cu_pg_loss(rl_ops *o, float *dlp, float *dent, float *stats, const float *lp, co
     const float *beh, const float *ref, const float *ent, const float *adv, const float *w, int N,
     const rl_pg_params *p)
 {
+	if (ref && (p->kl_type < 1 || p->kl_type > 3)) {
+		rl_error("pg_loss: unknown kl_type %d (1, 2 or 3)", p->kl_type);
+		if (CTX(o)->status == RL_OK)
+			CTX(o)->status = RL_EINVAL;
+		return;
+	}
 	ck(o, "pg_loss", rlk_pg_loss(S(o), dlp, dent, stats, lp, old, beh, ref, ent, adv, w, N, *p));
 }
 
@@ -461,6 +467,12 @@ static void
 cu_adamw(rl_ops *o, float *param, void *wcopy, const float *grad, float *m, float *v, size_t n,
     float lr, float b1, float b2, float eps, float wd, int t, float grad_scale)
 {
+	if (t < 1) {
+		rl_error("adamw: step %d must be >= 1", t);
+		if (CTX(o)->status == RL_OK)
+			CTX(o)->status = RL_EINVAL;
+		return;
+	}
 	float bc1 = (float)(1.0 - pow((double)b1, (double)t));
 	float bc2 = (float)(1.0 - pow((double)b2, (double)t));
 	ck(o, "adamw", rlk_adamw(S(o), param, wcopy, grad, m, v, n, lr, b1, b2, eps, wd, bc1, bc2,

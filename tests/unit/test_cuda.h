@@ -21,7 +21,7 @@
 
 static rl_rng tc_rng;
 
-static void
+static inline void
 tc_seed(void)
 {
 	const char *s = getenv("RL_SEED");
@@ -30,11 +30,11 @@ tc_seed(void)
 	printf("seed %llu (RL_SEED=N to repeat)\n", (unsigned long long)tc_rng.seed);
 }
 
-static double tc_unif(void) { return rl_rng_next_uniform(&tc_rng); }
+static inline double tc_unif(void) { return rl_rng_next_uniform(&tc_rng); }
 
 /* n floats uniform in [lo, hi), rounded to bf16 when round is set (act inputs, so
  * that both backends see the same numbers). */
-static float *
+static inline float *
 tc_rand(size_t n, float lo, float hi, int round)
 {
 	float *x = rl_xmalloc((n ? n : 1) * sizeof(float));
@@ -46,10 +46,10 @@ tc_rand(size_t n, float lo, float hi, int round)
 	return x;
 }
 
-static int tc_irand(int n) { return (int)(tc_unif() * n) % (n > 0 ? n : 1); }
+static inline int tc_irand(int n) { return (int)(tc_unif() * n) % (n > 0 ? n : 1); }
 
 /* Device copy of host floats in dtype dt (RL_F32 or RL_BF16). */
-static void *
+static inline void *
 tc_up(rl_ops *g, const float *x, size_t n, int dt)
 {
 	void *d = NULL;
@@ -70,7 +70,7 @@ tc_up(rl_ops *g, const float *x, size_t n, int dt)
 	return d;
 }
 
-static void *
+static inline void *
 tc_upi(rl_ops *g, const void *x, size_t bytes)
 {
 	void *d = NULL;
@@ -82,7 +82,7 @@ tc_upi(rl_ops *g, const void *x, size_t bytes)
 
 /* Device buffer of n elements of dt filled with a poison pattern (NaN in both dtypes),
  * so that an element the kernel forgets to write fails the comparison. */
-static void *
+static inline void *
 tc_poison(rl_ops *g, size_t n, int dt)
 {
 	size_t es = dt == RL_BF16 ? 2 : 4;
@@ -97,7 +97,7 @@ tc_poison(rl_ops *g, size_t n, int dt)
 }
 
 /* Host floats of a device tensor of dtype dt. */
-static float *
+static inline float *
 tc_down(rl_ops *g, const void *d, size_t n, int dt)
 {
 	float *x = rl_xmalloc((n ? n : 1) * sizeof(float));
@@ -114,7 +114,7 @@ tc_down(rl_ops *g, const void *d, size_t n, int dt)
 }
 
 /* Compare got against ref; prints one line; returns 0 when within bounds. */
-static int
+static inline int
 tc_cmp(const char *what, const float *got, const float *ref, size_t n, double atol, double rtol,
     double nmse_max)
 {
@@ -149,7 +149,7 @@ tc_cmp(const char *what, const float *got, const float *ref, size_t n, double at
 }
 
 /* Compare a device tensor (dtype dt) with a host reference; frees nothing of the caller's. */
-static int
+static inline int
 tc_cmpd(rl_ops *g, const char *what, const void *d, int dt, const float *ref, size_t n, double atol,
     double rtol, double nmse_max)
 {
@@ -159,7 +159,7 @@ tc_cmpd(rl_ops *g, const char *what, const void *d, int dt, const float *ref, si
 	return rc;
 }
 
-static void
+static inline void
 tc_check_status(rl_ops *g, const char *what)
 {
 	int rv = g->sync(g);

@@ -547,7 +547,7 @@ main(void)
 		return 1;
 	}
 	tc_seed();
-	T_OK(g->act_dtype == RL_BF16);
+	T_OK(g->act_dtype == RL_BF16, "act dtype %d", g->act_dtype);
 
 	size_t ns[] = { 1, 7, 1023, 100003 };
 	for (size_t i = 0; i < RL_ARRAY_LEN(ns); i++)

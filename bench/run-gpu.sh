@@ -1,0 +1,28 @@
+#!/bin/sh
+# bench/run-gpu.sh — the GPU benchmarks (make bench-gpu), JSON lines on stdout:
+# single-op timings (gpu_kernels), the training step of GPT-2 124M and
+# Qwen2.5-0.5B shapes (gpu_train), then the PyTorch reference
+# torch_baseline.py train in the same call for the side-by-side ratio.
+# Env: RL_BUILD (build dir, default build), TORCH_BASELINE (path of
+# torch_baseline.py; default ../shared/bench/ or .gpu/ref/), PYTHON (python3),
+# RL_BENCH_NO_TORCH=1 skips the reference.
+set -u
+B=${RL_BUILD:-build}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 1
+rc=0
+"$B/bench/gpu_kernels" || rc=1
+"$B/bench/gpu_train" all "${RL_BENCH_STEPS:-10}" || rc=1
+if [ "${RL_BENCH_NO_TORCH:-0}" != 1 ]; then
+	ref=${TORCH_BASELINE:-}
+	for c in ../shared/bench/torch_baseline.py .gpu/ref/torch_baseline.py ref/torch_baseline.py; do
+		[ -z "$ref" ] && [ -f "$c" ] && ref=$c
+	done
+	if [ -n "$ref" ]; then
+		PYTHONUNBUFFERED=1 "${PYTHON:-python3}" "$ref" train || rc=1
+	else
+		echo "run-gpu.sh: torch_baseline.py not found (set TORCH_BASELINE)" >&2
+		rc=1
+	fi
+fi
+exit $rc
