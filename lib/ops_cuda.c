@@ -49,6 +49,11 @@ typedef struct cuda_ctx {
 	void *attn_ws;
 	size_t attn_ws_bytes;
 	double *dsum;          /* device scalar for sumsq */
+	void *pad;             /* GEMM operand/result with a padded leading dimension */
+	size_t pad_bytes;
+	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
+	struct { const char *name; double s; long n; } pt[64];
+	int npt;
 	int status;
 	algo_ent algos[ALGO_CACHE];
 	int nalgo;
@@ -81,8 +86,79 @@ ck(rl_ops *o, const char *what, int e)
 }
 
 #define S(o) ((void *)CTX(o)->stream)
+static cudaError_t cu_alloc_raw(void **p, size_t bytes);
+
+/* ---- optional per-op profile (RL_CUDA_PROFILE=1): synchronises around every op
+ * and prints a table of total ms per op at close. */
+static double
+prof_t0(rl_ops *o)
+{
+	if (!CTX(o)->prof)
+		return 0;
+	cudaStreamSynchronize(CTX(o)->stream);
+	return rl_now();
+}
+
+static void
+prof_add(rl_ops *o, const char *name, double t0)
+{
+	cuda_ctx *c = CTX(o);
+	if (!c->prof)
+		return;
+	cudaStreamSynchronize(c->stream);
+	double dt = rl_now() - t0;
+	int i;
+	for (i = 0; i < c->npt; i++)
+		if (c->pt[i].name == name)
+			break;
+	if (i == c->npt) {
+		if (c->npt == (int)RL_ARRAY_LEN(c->pt))
+			return;
+		c->npt++;
+		c->pt[i].name = name;
+	}
+	c->pt[i].s += dt;
+	c->pt[i].n++;
+}
+
+/* ck with timing: every op wrapper goes through it */
+#define CKP(o, name, expr) do { double t_ = prof_t0(o); ck((o), (name), (expr)); prof_add((o), (name), t_); } while (0)
+
+/* The padded scratch for GEMMs whose row length is not a multiple of 8 elements
+ * (16 bytes): cuBLASLt's fast kernels need aligned leading dimensions. */
+static void *
+pad_buf(rl_ops *o, size_t bytes)
+{
+	cuda_ctx *c = CTX(o);
+	if (c->pad_bytes >= bytes)
+		return c->pad;
+	if (c->pad) {
+		cudaStreamSynchronize(c->stream);
+		cudaFree(c->pad);
+		c->pad = NULL;
+		c->pad_bytes = 0;
+	}
+	if (cu_alloc_raw(&c->pad, bytes) != cudaSuccess) {
+		rl_error("cuda: cannot allocate %zu bytes of GEMM scratch", bytes);
+		if (c->status == RL_OK)
+			c->status = RL_ENOMEM;
+		c->pad = NULL;
+		return NULL;
+	}
+	c->pad_bytes = bytes;
+	return c->pad;
+}
 
 /* ---- memory and control ------------------------------------------------------------ */
+static cudaError_t
+cu_alloc_raw(void **p, size_t bytes)
+{
+	cudaError_t e = cudaMalloc(p, bytes);
+	if (e != cudaSuccess)
+		cudaGetLastError();
+	return e;
+}
+
 static int
 cu_alloc(rl_ops *o, void **p, size_t bytes)
 {
@@ -150,7 +226,7 @@ cu_cast(rl_ops *o, void *out, int out_dt, const void *in, int in_dt, size_t n)
 		}
 		return;
 	}
-	ck(o, "cast", rlk_cast(S(o), out, out_dt, in, in_dt, n));
+	CKP(o, "cast", rlk_cast(S(o), out, out_dt, in, in_dt, n));
 }
 
 static int
@@ -244,33 +320,78 @@ out:
 	return rv;
 }
 
-/* out (N,OC) = inp (N,C) @ w(OC,C)^T + bias.  Column-major: out^T = w^T' ... see below. */
+/* Row length padded to a multiple of 8 elements when it is not one and the tensor is
+ * big enough for the copy to pay (the LM head: V = 50257, 151936 is fine). */
+static int
+padded(int n, size_t rows)
+{
+	if (n % 8 == 0 || (size_t)n * rows < ((size_t)1 << 20))
+		return n;
+	return (n + 7) & ~7;
+}
+
+/* out (N,OC) = inp (N,C) @ w(OC,C)^T + bias.  Column-major view:
+ * out^T (OC x N) = op_T(w as C x OC) (OC x C) * inp^T (C x N). */
 static void
-cu_matmul_fwd(rl_ops *o, void *out, const void *inp, const void *w, const void *bias, int N, int C,
+matmul_fwd_(rl_ops *o, void *out, const void *inp, const void *w, const void *bias, int N, int C,
     int OC)
 {
 	if (N <= 0 || OC <= 0)
 		return;
-	/* column-major view: out^T (OC x N) = op_T(w as C x OC) (OC x C) * inp^T (C x N) */
-	ck(o, "matmul_fwd", lt_gemm(o, 1, 0, OC, N, C, w, C, inp, C, out, OC, CUDA_R_16BF, 0.0f, bias));
+	int ldo = padded(OC, (size_t)N);
+	void *dst = out;
+	if (ldo != OC && !(dst = pad_buf(o, (size_t)N * ldo * 2)))
+		return;
+	ck(o, "matmul_fwd", lt_gemm(o, 1, 0, OC, N, C, w, C, inp, C, dst, ldo, CUDA_R_16BF, 0.0f, bias));
+	if (dst != out)
+		ck(o, "matmul_fwd unpad", (int)cudaMemcpy2DAsync(out, (size_t)OC * 2, dst, (size_t)ldo * 2,
+		    (size_t)OC * 2, N, cudaMemcpyDeviceToDevice, CTX(o)->stream));
+}
+
+static void
+matmul_bwd_(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
+    const void *w, int N, int C, int OC)
+{
+	if (N <= 0)
+		return;
+	int ldo = padded(OC, (size_t)N);
+	const void *g = dout;
+	if (ldo != OC && (dinp || dw)) {
+		void *pb = pad_buf(o, (size_t)N * ldo * 2);
+		if (!pb)
+			return;
+		ck(o, "matmul_bwd pad", (int)cudaMemcpy2DAsync(pb, (size_t)ldo * 2, dout, (size_t)OC * 2,
+		    (size_t)OC * 2, N, cudaMemcpyDeviceToDevice, CTX(o)->stream));
+		g = pb;
+	}
+	/* dinp^T (C x N) = w^T (C x OC) * dout^T (OC x N) */
+	if (dinp)
+		ck(o, "matmul_bwd dinp", lt_gemm(o, 0, 0, C, N, OC, w, C, g, ldo, dinp, C, CUDA_R_16BF,
+		    0.0f, NULL));
+	/* dw^T (C x OC) += inp^T (C x N) * dout (N x OC) */
+	if (dw)
+		ck(o, "matmul_bwd dw", lt_gemm(o, 0, 1, C, OC, N, inp, C, g, ldo, dw, C, CUDA_R_32F, 1.0f,
+		    NULL));
+	if (dbias)
+		ck(o, "matmul_bwd dbias", rlk_colsum(S(o), dbias, dout, N, OC));
+}
+
+static void
+cu_matmul_fwd(rl_ops *o, void *out, const void *inp, const void *w, const void *bias, int N, int C,
+    int OC)
+{
+	double t = prof_t0(o);
+	matmul_fwd_(o, out, inp, w, bias, N, C, OC);
+	prof_add(o, "matmul_fwd", t);
 }
 
 static void
 cu_matmul_bwd(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
     const void *w, int N, int C, int OC)
 {
-	if (N <= 0)
-		return;
-	/* dinp^T (C x N) = w^T (C x OC) * dout^T (OC x N) */
-	if (dinp)
-		ck(o, "matmul_bwd dinp", lt_gemm(o, 0, 0, C, N, OC, w, C, dout, OC, dinp, C, CUDA_R_16BF,
-		    0.0f, NULL));
-	/* dw^T (C x OC) += inp^T (C x N) * dout (N x OC) */
-	if (dw)
-		ck(o, "matmul_bwd dw", lt_gemm(o, 0, 1, C, OC, N, inp, C, dout, OC, dw, C, CUDA_R_32F, 1.0f,
-		    NULL));
-	if (dbias)
-		ck(o, "matmul_bwd dbias", rlk_colsum(S(o), dbias, dout, N, OC));
+	double t = prof_t0(o);
+	matmul_bwd_(o, dinp, dw, dbias, dout, inp, w, N, C, OC);
+	prof_add(o, "matmul_bwd", t);
 }
 
 /* ---- the rest of the table: thin wrappers over the launchers ---------------------------- */
@@ -278,48 +399,48 @@ static void
 cu_embed_fwd(rl_ops *o, void *out, const int32_t *tok, const int32_t *pos, const void *wte,
     const void *wpe, int N, int C)
 {
-	ck(o, "embed_fwd", rlk_embed_fwd(S(o), out, tok, pos, wte, wpe, N, C));
+	CKP(o, "embed_fwd", rlk_embed_fwd(S(o), out, tok, pos, wte, wpe, N, C));
 }
 
 static void
 cu_embed_bwd(rl_ops *o, float *dwte, float *dwpe, const void *dout, const int32_t *tok,
     const int32_t *pos, int N, int C)
 {
-	ck(o, "embed_bwd", rlk_embed_bwd(S(o), dwte, dwpe, dout, tok, pos, N, C));
+	CKP(o, "embed_bwd", rlk_embed_bwd(S(o), dwte, dwpe, dout, tok, pos, N, C));
 }
 
 static void
 cu_rmsnorm_fwd(rl_ops *o, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps)
 {
-	ck(o, "rmsnorm_fwd", rlk_rmsnorm_fwd(S(o), out, rstd, x, w, N, C, eps));
+	CKP(o, "rmsnorm_fwd", rlk_rmsnorm_fwd(S(o), out, rstd, x, w, N, C, eps));
 }
 
 static void
 cu_rmsnorm_bwd(rl_ops *o, void *dx, float *dw, const void *dout, const void *x, const void *w,
     const float *rstd, int N, int C)
 {
-	ck(o, "rmsnorm_bwd", rlk_rmsnorm_bwd(S(o), dx, dw, dout, x, w, rstd, N, C));
+	CKP(o, "rmsnorm_bwd", rlk_rmsnorm_bwd(S(o), dx, dw, dout, x, w, rstd, N, C));
 }
 
 static void
 cu_layernorm_fwd(rl_ops *o, void *out, float *mean, float *rstd, const void *x, const void *w,
     const void *b, int N, int C, float eps)
 {
-	ck(o, "layernorm_fwd", rlk_layernorm_fwd(S(o), out, mean, rstd, x, w, b, N, C, eps));
+	CKP(o, "layernorm_fwd", rlk_layernorm_fwd(S(o), out, mean, rstd, x, w, b, N, C, eps));
 }
 
 static void
 cu_layernorm_bwd(rl_ops *o, void *dx, float *dw, float *db, const void *dout, const void *x,
     const void *w, const float *mean, const float *rstd, int N, int C)
 {
-	ck(o, "layernorm_bwd", rlk_layernorm_bwd(S(o), dx, dw, db, dout, x, w, mean, rstd, N, C));
+	CKP(o, "layernorm_bwd", rlk_layernorm_bwd(S(o), dx, dw, db, dout, x, w, mean, rstd, N, C));
 }
 
 static void
 cu_qknorm_fwd(rl_ops *o, void *qkv_out, float *rstd, const void *qkv_in, const void *wq,
     const void *wk, int N, int NH, int NKV, int HD, float eps)
 {
-	ck(o, "qknorm_fwd", rlk_qknorm_fwd(S(o), qkv_out, rstd, qkv_in, wq, wk, N, NH, NKV, HD, eps));
+	CKP(o, "qknorm_fwd", rlk_qknorm_fwd(S(o), qkv_out, rstd, qkv_in, wq, wk, N, NH, NKV, HD, eps));
 }
 
 static void
@@ -327,20 +448,20 @@ cu_qknorm_bwd(rl_ops *o, void *dqkv_in, float *dwq, float *dwk, const void *dqkv
     const void *qkv_in, const void *wq, const void *wk, const float *rstd, int N, int NH, int NKV,
     int HD)
 {
-	ck(o, "qknorm_bwd", rlk_qknorm_bwd(S(o), dqkv_in, dwq, dwk, dqkv_out, qkv_in, wq, wk, rstd, N, NH,
+	CKP(o, "qknorm_bwd", rlk_qknorm_bwd(S(o), dqkv_in, dwq, dwk, dqkv_out, qkv_in, wq, wk, rstd, N, NH,
 	    NKV, HD));
 }
 
 static void
 cu_rope_fwd(rl_ops *o, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta)
 {
-	ck(o, "rope_fwd", rlk_rope(S(o), qkv, pos, N, NH, NKV, HD, theta, 1));
+	CKP(o, "rope_fwd", rlk_rope(S(o), qkv, pos, N, NH, NKV, HD, theta, 1));
 }
 
 static void
 cu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta)
 {
-	ck(o, "rope_bwd", rlk_rope(S(o), dqkv, pos, N, NH, NKV, HD, theta, -1));
+	CKP(o, "rope_bwd", rlk_rope(S(o), dqkv, pos, N, NH, NKV, HD, theta, -1));
 }
 
 /* Grow the attention scratch to what `rows` batch rows need (at most ATTN_WS_CAP
@@ -379,7 +500,7 @@ cu_attn_fwd(rl_ops *o, void *out, float *lse, const void *qkv, const int32_t *se
 	if (attn_ws(o, B, T, NH, NKV, HD, 0))
 		return;
 	cuda_ctx *c = CTX(o);
-	ck(o, "attn_fwd", rlk_attn_fwd(S(o), c->blas, c->attn_ws, c->attn_ws_bytes, out, lse, qkv, seg, B,
+	CKP(o, "attn_fwd", rlk_attn_fwd(S(o), c->blas, c->attn_ws, c->attn_ws_bytes, out, lse, qkv, seg, B,
 	    T, NH, NKV, HD));
 }
 
@@ -390,52 +511,52 @@ cu_attn_bwd(rl_ops *o, void *dqkv, const void *dout, const void *out, const floa
 	if (attn_ws(o, B, T, NH, NKV, HD, 1))
 		return;
 	cuda_ctx *c = CTX(o);
-	ck(o, "attn_bwd", rlk_attn_bwd(S(o), c->blas, c->attn_ws, c->attn_ws_bytes, dqkv, dout, out, lse,
+	CKP(o, "attn_bwd", rlk_attn_bwd(S(o), c->blas, c->attn_ws, c->attn_ws_bytes, dqkv, dout, out, lse,
 	    qkv, seg, B, T, NH, NKV, HD));
 }
 
 static void
 cu_swiglu_fwd(rl_ops *o, void *out, const void *gu, int N, int H)
 {
-	ck(o, "swiglu_fwd", rlk_swiglu_fwd(S(o), out, gu, N, H));
+	CKP(o, "swiglu_fwd", rlk_swiglu_fwd(S(o), out, gu, N, H));
 }
 
 static void
 cu_swiglu_bwd(rl_ops *o, void *dgu, const void *dout, const void *gu, int N, int H)
 {
-	ck(o, "swiglu_bwd", rlk_swiglu_bwd(S(o), dgu, dout, gu, N, H));
+	CKP(o, "swiglu_bwd", rlk_swiglu_bwd(S(o), dgu, dout, gu, N, H));
 }
 
 static void
 cu_gelu_fwd(rl_ops *o, void *out, const void *x, size_t n)
 {
-	ck(o, "gelu_fwd", rlk_gelu_fwd(S(o), out, x, n));
+	CKP(o, "gelu_fwd", rlk_gelu_fwd(S(o), out, x, n));
 }
 
 static void
 cu_gelu_bwd(rl_ops *o, void *dx, const void *dout, const void *x, size_t n)
 {
-	ck(o, "gelu_bwd", rlk_gelu_bwd(S(o), dx, dout, x, n));
+	CKP(o, "gelu_bwd", rlk_gelu_bwd(S(o), dx, dout, x, n));
 }
 
 static void
 cu_add(rl_ops *o, void *out, const void *a, const void *b, size_t n)
 {
-	ck(o, "add", rlk_add(S(o), out, a, b, n));
+	CKP(o, "add", rlk_add(S(o), out, a, b, n));
 }
 
 static void
 cu_logprob_fwd(rl_ops *o, float *lp, float *ent, float *lse, const void *logits, const int32_t *tgt,
     int N, int V, float inv_temp)
 {
-	ck(o, "logprob_fwd", rlk_logprob_fwd(S(o), lp, ent, lse, logits, tgt, N, V, inv_temp));
+	CKP(o, "logprob_fwd", rlk_logprob_fwd(S(o), lp, ent, lse, logits, tgt, N, V, inv_temp));
 }
 
 static void
 cu_logprob_bwd(rl_ops *o, void *dlogits, const void *logits, const int32_t *tgt, const float *lse,
     const float *dlp, const float *dent, int N, int V, float inv_temp)
 {
-	ck(o, "logprob_bwd", rlk_logprob_bwd(S(o), dlogits, logits, tgt, lse, dlp, dent, N, V, inv_temp));
+	CKP(o, "logprob_bwd", rlk_logprob_bwd(S(o), dlogits, logits, tgt, lse, dlp, dent, N, V, inv_temp));
 }
 
 static void
@@ -449,7 +570,7 @@ cu_pg_loss(rl_ops *o, float *dlp, float *dent, float *stats, const float *lp, co
 			CTX(o)->status = RL_EINVAL;
 		return;
 	}
-	ck(o, "pg_loss", rlk_pg_loss(S(o), dlp, dent, stats, lp, old, beh, ref, ent, adv, w, N, *p));
+	CKP(o, "pg_loss", rlk_pg_loss(S(o), dlp, dent, stats, lp, old, beh, ref, ent, adv, w, N, *p));
 }
 
 static double
@@ -458,7 +579,7 @@ cu_sumsq(rl_ops *o, const float *x, size_t n)
 	cuda_ctx *c = CTX(o);
 	double r = 0.0;
 	ck(o, "sumsq", (int)cudaMemsetAsync(c->dsum, 0, sizeof(double), c->stream));
-	ck(o, "sumsq", rlk_sumsq(S(o), c->dsum, x, n));
+	CKP(o, "sumsq", rlk_sumsq(S(o), c->dsum, x, n));
 	cu_download(o, &r, c->dsum, sizeof r);
 	return r;
 }
@@ -475,7 +596,7 @@ cu_adamw(rl_ops *o, float *param, void *wcopy, const float *grad, float *m, floa
 	}
 	float bc1 = (float)(1.0 - pow((double)b1, (double)t));
 	float bc2 = (float)(1.0 - pow((double)b2, (double)t));
-	ck(o, "adamw", rlk_adamw(S(o), param, wcopy, grad, m, v, n, lr, b1, b2, eps, wd, bc1, bc2,
+	CKP(o, "adamw", rlk_adamw(S(o), param, wcopy, grad, m, v, n, lr, b1, b2, eps, wd, bc1, bc2,
 	    grad_scale));
 }
 
@@ -483,7 +604,7 @@ static void
 cu_kv_write(rl_ops *o, void *kc, void *vc, const void *qkv, const int32_t *slot, int N, int NH,
     int NKV, int HD)
 {
-	ck(o, "kv_write", rlk_kv_write(S(o), kc, vc, qkv, slot, N, NH, NKV, HD));
+	CKP(o, "kv_write", rlk_kv_write(S(o), kc, vc, qkv, slot, N, NH, NKV, HD));
 }
 
 static void
@@ -491,7 +612,7 @@ cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD, int BS,
     int MAXBLK)
 {
-	ck(o, "attn_decode", rlk_attn_decode(S(o), out, qkv, kc, vc, block_table, ctx_len, B, NH, NKV, HD,
+	CKP(o, "attn_decode", rlk_attn_decode(S(o), out, qkv, kc, vc, block_table, ctx_len, B, NH, NKV, HD,
 	    BS, MAXBLK));
 }
 
@@ -499,7 +620,7 @@ static void
 cu_sample(rl_ops *o, int32_t *tok, float *logp, const void *logits, const uint64_t *seed,
     const uint64_t *counter, int B, int V, const rl_sample_params *p)
 {
-	ck(o, "sample", rlk_sample(S(o), tok, logp, logits, seed, counter, B, V, *p));
+	CKP(o, "sample", rlk_sample(S(o), tok, logp, logits, seed, counter, B, V, *p));
 }
 
 static void
@@ -511,6 +632,11 @@ cu_close(rl_ops *o)
 	if (c) {
 		if (c->stream)
 			cudaStreamSynchronize(c->stream);
+		if (c->prof)
+			for (int i = 0; i < c->npt; i++)
+				fprintf(stderr, "cuda profile: %-16s %8ld calls %10.2f ms total %8.3f ms/call\n",
+				    c->pt[i].name, c->pt[i].n, c->pt[i].s * 1e3, c->pt[i].s * 1e3 / c->pt[i].n);
+		cudaFree(c->pad);
 		cudaFree(c->attn_ws);
 		cudaFree(c->lt_ws);
 		cudaFree(c->dsum);
@@ -556,6 +682,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 		return RL_ENOMEM;
 	}
 	o->ctx = c;
+	c->prof = getenv("RL_CUDA_PROFILE") != NULL && atoi(getenv("RL_CUDA_PROFILE")) > 0;
 	o->name = "cuda";
 	o->act_dtype = RL_BF16;
 	o->device = device;

@@ -17,8 +17,10 @@
  * to ~6): atol 5e-2 + rtol 2e-2, NMSE 1e-3.  Gradients: per tensor atol 5e-2 *
  * max|ref| + rtol 5e-2, NMSE 3e-3 (a wrong index or sign gives NMSE ~1).  AdamW
  * normalises each element, so an element whose gradient is near zero moves by up
- * to lr either way: the updates (p3 - p0) are compared by NMSE <= 5e-2 with every
- * element within 6 lr (the largest possible disagreement over 3 steps).
+ * to lr either way: the updates (p3 - p0), lr 1e-3, are compared by NMSE <= 5e-2
+ * with every element within 6 lr (the largest possible disagreement over 3 steps),
+ * leaving out the elements whose step-1 gradient is under the gradient tolerance
+ * (their sign is noise; the count is printed).  Grad norms: rtol 3e-2.
  * Exit 77 without a GPU.
  */
 #include <math.h>
@@ -174,6 +176,7 @@ run(rl_ops *cpu, rl_ops *gpu, const char *name)
 	/* ---- backward ---- */
 	{
 		void *ddlp = tc_up(gpu, dlp, N, RL_F32), *ddent = tc_up(gpu, dent, N, RL_F32);
+		float **g1 = rl_xcalloc(mc->tt.n, sizeof(float *));  /* step-1 CPU gradients */
 		T_EQ_INT(rl_model_backward(mc, dlp, dent), 0);
 		T_EQ_INT(rl_model_backward(mg, ddlp, ddent), 0);
 		for (int i = 0; i < mc->tt.n; i++) {
@@ -187,11 +190,11 @@ run(rl_ops *cpu, rl_ops *gpu, const char *name)
 				memset(gg + mc->cfg.hidden_size, 0, mc->cfg.hidden_size * 4),
 				memset(gc + mc->cfg.hidden_size, 0, mc->cfg.hidden_size * 4);
 			tc_cmp(what, gg, gc, t->n, 5e-2 * maxabs(gc, t->n), 5e-2, 3e-3);
-			free(gc);
+			g1[i] = gc;
 			free(gg);
 		}
 		/* steps 2 and 3 recompute forward + backward on each side */
-		rl_adamw hp = { .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+		rl_adamw hp = { .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
 			.max_grad_norm = 1.0f };
 		float **p0 = rl_xcalloc(mc->tt.n, sizeof(float *));
 		for (int i = 0; i < mc->tt.n; i++) {
@@ -220,15 +223,26 @@ run(rl_ops *cpu, rl_ops *gpu, const char *name)
 				pc[j] -= p0[i][j];
 				pg[j] -= p0[i][j];
 			}
-			if (mc->cfg.arch == RL_ARCH_GPT2 && strstr(t->name, "c_attn.bias"))
-				memcpy(pg + mc->cfg.hidden_size, pc + mc->cfg.hidden_size, mc->cfg.hidden_size * 4);
-			snprintf(what, sizeof what, "%s 3 steps update %s", name, t->name);
+			/* Adam's first update is lr * sign(g): an element whose gradient is below
+			 * the gradient check's tolerance (5e-2 max|g|) has no reproducible sign
+			 * (e.g. GPT-2's key bias, exactly 0; the k bias dims of slow RoPE
+			 * frequencies, nearly so): its update is rounding noise on both sides */
+			float gm = maxabs(g1[i], t->n);
+			size_t masked = 0;
+			for (size_t j = 0; j < t->n; j++)
+				if (fabsf(g1[i][j]) < 5e-2f * gm) {
+					pg[j] = pc[j];
+					masked++;
+				}
+			snprintf(what, sizeof what, "%s 3 steps update %s (%zu noise)", name, t->name, masked);
 			tc_cmp(what, pg, pc, t->n, 6 * hp.lr, 0, 5e-2);
 			free(pc);
 			free(pg);
 			free(p0[i]);
+			free(g1[i]);
 		}
 		free(p0);
+		free(g1);
 		gpu->free(gpu, ddlp);
 		gpu->free(gpu, ddent);
 	}

@@ -567,11 +567,13 @@ main(void)
 	test_matmul(77, 130, 33, 1);
 	test_matmul(512, 768, 2304, 1);
 	test_matmul(300, 896, 4864, 0);
+	test_matmul(300, 64, 5001, 1);  /* odd OC, big enough for the padded path */
 	test_attn(1, 1, 2, 1, 8, 0);
 	test_attn(2, 37, 4, 2, 16, 1);
 	test_attn(3, 130, 6, 2, 64, 2);
 	test_attn(2, 257, 12, 12, 64, 0);
 	test_attn(1, 100, 14, 2, 64, 2);
+	test_attn(2, 600, 8, 2, 64, 2);  /* three query blocks */
 	test_logprob(1, 5, 1.0f, 1);
 	test_logprob(19, 1001, 1.0f, 1);
 	test_logprob(8, 50257, 1.0f / 0.7f, 1);
