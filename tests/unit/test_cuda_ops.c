@@ -567,7 +567,8 @@ main(void)
 	test_matmul(77, 130, 33, 1);
 	test_matmul(512, 768, 2304, 1);
 	test_matmul(300, 896, 4864, 0);
-	test_matmul(300, 64, 5001, 1);  /* odd OC, big enough for the padded path */
+	test_matmul(300, 64, 5001, 1);  /* odd OC: padded rows and a split at 4992 */
+	test_matmul(50, 96, 1100, 1);   /* split at 1088, unpadded */
 	test_attn(1, 1, 2, 1, 8, 0);
 	test_attn(2, 37, 4, 2, 16, 1);
 	test_attn(3, 130, 6, 2, 64, 2);
