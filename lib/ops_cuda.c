@@ -33,6 +33,7 @@
 
 typedef struct algo_key {
 	int ta, tb, m, n, k, lda, ldb, ldd, dt, epi;
+	int al_a, al_b, al_d;  /* pointer alignments: an algorithm assumes those it was chosen for */
 } algo_key;
 
 typedef struct algo_ent {
@@ -249,6 +250,17 @@ cu_sync(rl_ops *o)
 }
 
 /* ---- cuBLASLt GEMM (column-major) -------------------------------------------------- */
+/* Largest power of two (at most 256) dividing the address. */
+static uint32_t
+ptr_align(const void *p)
+{
+	uintptr_t a = (uintptr_t)p;
+	uint32_t al = 256;
+	while (al > 1 && (a & (al - 1)))
+		al >>= 1;
+	return al;
+}
+
 /* D (m x n, ldd, dtype dt) = op(A) (m x k) op(B) (k x n) + beta * D (+ bias (m) bf16). */
 static int
 lt_gemm(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
@@ -278,7 +290,11 @@ lt_gemm(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, 
 	LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
 	LT(cublasLtMatrixLayoutCreate(&ld, dt, m, n, ldd));
 
-	algo_key key = { ta, tb, m, n, k, lda, ldb, ldd, (int)dt, (int)epi };
+	/* The heuristic assumes 256-byte aligned pointers unless told otherwise, and an
+	 * algorithm chosen for them can compute garbage on less aligned ones (offsets into
+	 * a larger buffer, split GEMMs): pass the real alignments and key the cache on them. */
+	uint32_t al_a = ptr_align(A), al_b = ptr_align(B), al_d = ptr_align(D);
+	algo_key key = { ta, tb, m, n, k, lda, ldb, ldd, (int)dt, (int)epi, (int)al_a, (int)al_b, (int)al_d };
 	algo_ent *ent = NULL;
 	for (int i = 0; i < c->nalgo; i++)
 		if (memcmp(&c->algos[i].key, &key, sizeof key) == 0) {
@@ -292,6 +308,14 @@ lt_gemm(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, 
 		LT(cublasLtMatmulPreferenceCreate(&pref));
 		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
 		    sizeof wsb));
+		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+		    sizeof al_a));
+		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+		    sizeof al_b));
+		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
+		    sizeof al_d));
+		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+		    sizeof al_d));
 		LT(cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, ld, ld, pref, 1, &res, &nres));
 		if (nres < 1) {
 			rv = -(int)CUBLAS_STATUS_NOT_SUPPORTED;
