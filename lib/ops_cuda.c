@@ -52,6 +52,8 @@ typedef struct cuda_ctx {
 	double *dsum;          /* device scalar for sumsq */
 	void *pad;             /* GEMM operand/result with a padded leading dimension */
 	size_t pad_bytes;
+	void *acc;             /* f32 partial sums of a split GEMM */
+	size_t acc_bytes;
 	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
 	struct { const char *name; double s; long n; } pt[64];
 	int npt;
@@ -128,26 +130,32 @@ prof_add(rl_ops *o, const char *name, double t0)
 /* The padded scratch for GEMMs whose row length is not a multiple of 8 elements
  * (16 bytes): cuBLASLt's fast kernels need aligned leading dimensions. */
 static void *
-pad_buf(rl_ops *o, size_t bytes)
+grow_buf(rl_ops *o, void **buf, size_t *have, size_t bytes)
 {
 	cuda_ctx *c = CTX(o);
-	if (c->pad_bytes >= bytes)
-		return c->pad;
-	if (c->pad) {
+	if (*have >= bytes)
+		return *buf;
+	if (*buf) {
 		cudaStreamSynchronize(c->stream);
-		cudaFree(c->pad);
-		c->pad = NULL;
-		c->pad_bytes = 0;
+		cudaFree(*buf);
+		*buf = NULL;
+		*have = 0;
 	}
-	if (cu_alloc_raw(&c->pad, bytes) != cudaSuccess) {
+	if (cu_alloc_raw(buf, bytes) != cudaSuccess) {
 		rl_error("cuda: cannot allocate %zu bytes of GEMM scratch", bytes);
 		if (c->status == RL_OK)
 			c->status = RL_ENOMEM;
-		c->pad = NULL;
+		*buf = NULL;
 		return NULL;
 	}
-	c->pad_bytes = bytes;
-	return c->pad;
+	*have = bytes;
+	return *buf;
+}
+
+static void *
+pad_buf(rl_ops *o, size_t bytes)
+{
+	return grow_buf(o, &CTX(o)->pad, &CTX(o)->pad_bytes, bytes);
 }
 
 /* ---- memory and control ------------------------------------------------------------ */
@@ -403,12 +411,18 @@ matmul_bwd_(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, co
 		g = pb;
 	}
 	/* dinp^T (C x N) = w^T (C x OC) * dout^T (OC x N), the OC sum split at M */
-	if (dinp) {
-		ck(o, "matmul_bwd dinp", lt_gemm(o, 0, 0, C, N, M, w, C, g, ldo, dinp, C, CUDA_R_16BF,
+	if (dinp && M == OC) {
+		ck(o, "matmul_bwd dinp", lt_gemm(o, 0, 0, C, N, OC, w, C, g, ldo, dinp, C, CUDA_R_16BF,
 		    0.0f, NULL));
-		if (M < OC)
-			ck(o, "matmul_bwd dinp tail", lt_gemm(o, 0, 0, C, N, OC - M, wt, C, g + (size_t)M * 2, ldo,
-			    dinp, C, CUDA_R_16BF, 1.0f, NULL));
+	} else if (dinp) {
+		/* both parts summed in f32, rounded to bf16 once */
+		float *f = grow_buf(o, &CTX(o)->acc, &CTX(o)->acc_bytes, (size_t)N * C * 4);
+		if (!f)
+			return;
+		ck(o, "matmul_bwd dinp", lt_gemm(o, 0, 0, C, N, M, w, C, g, ldo, f, C, CUDA_R_32F, 0.0f, NULL));
+		ck(o, "matmul_bwd dinp tail", lt_gemm(o, 0, 0, C, N, OC - M, wt, C, g + (size_t)M * 2, ldo, f, C,
+		    CUDA_R_32F, 1.0f, NULL));
+		ck(o, "matmul_bwd dinp cast", rlk_cast(S(o), dinp, RL_BF16, f, RL_F32, (size_t)N * C));
 	}
 	/* dw^T (C x OC) += inp^T (C x N) * dout (N x OC), columns split at M */
 	if (dw) {
@@ -683,6 +697,7 @@ cu_close(rl_ops *o)
 				fprintf(stderr, "cuda profile: %-16s %8ld calls %10.2f ms total %8.3f ms/call\n",
 				    c->pt[i].name, c->pt[i].n, c->pt[i].s * 1e3, c->pt[i].s * 1e3 / c->pt[i].n);
 		cudaFree(c->pad);
+		cudaFree(c->acc);
 		cudaFree(c->attn_ws);
 		cudaFree(c->lt_ws);
 		cudaFree(c->dsum);
