@@ -85,6 +85,11 @@ int rlk_attn_fwd(void *stream, void *cublas, void *ws, size_t ws_bytes, void *ou
 int rlk_attn_bwd(void *stream, void *cublas, void *ws, size_t ws_bytes, void *dqkv,
     const void *dout, const void *out, const float *lse, const void *qkv, const int32_t *seg,
     int B, int T, int NH, int NKV, int HD);
+/* Flash-style forward (kernels/flash.cu): same results as rlk_attn_fwd, no workspace.
+ * rlk_flash_fwd_ok: whether it handles HD and the qkv pointer (HD 64 or 128, 16-byte aligned). */
+int rlk_flash_fwd_ok(int HD, const void *qkv);
+int rlk_flash_fwd(void *stream, void *out, float *lse, const void *qkv, const int32_t *seg, int B, int T,
+    int NH, int NKV, int HD);
 int rlk_attn_decode(void *stream, void *out, const void *qkv, const void *kc, const void *vc,
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
     int BS, int MAXBLK);

@@ -55,6 +55,7 @@ typedef struct cuda_ctx {
 	void *acc;             /* f32 partial sums of a split GEMM */
 	size_t acc_bytes;
 	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
+	int flash;             /* flash attention forward (RL_CUDA_ATTN=cublas turns it off) */
 	struct { const char *name; double s; long n; } pt[64];
 	int npt;
 	int status;
@@ -557,9 +558,13 @@ static void
 cu_attn_fwd(rl_ops *o, void *out, float *lse, const void *qkv, const int32_t *seg, int B, int T,
     int NH, int NKV, int HD)
 {
+	cuda_ctx *c = CTX(o);
+	if (c->flash && rlk_flash_fwd_ok(HD, qkv)) {
+		CKP(o, "attn_fwd", rlk_flash_fwd(S(o), out, lse, qkv, seg, B, T, NH, NKV, HD));
+		return;
+	}
 	if (attn_ws(o, B, T, NH, NKV, HD, 0))
 		return;
-	cuda_ctx *c = CTX(o);
 	CKP(o, "attn_fwd", rlk_attn_fwd(S(o), c->blas, c->attn_ws, c->attn_ws_bytes, out, lse, qkv, seg, B,
 	    T, NH, NKV, HD));
 }
@@ -744,6 +749,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	}
 	o->ctx = c;
 	c->prof = getenv("RL_CUDA_PROFILE") != NULL && atoi(getenv("RL_CUDA_PROFILE")) > 0;
+	c->flash = !(getenv("RL_CUDA_ATTN") != NULL && strcmp(getenv("RL_CUDA_ATTN"), "cublas") == 0);
 	o->name = "cuda";
 	o->act_dtype = RL_BF16;
 	o->device = device;

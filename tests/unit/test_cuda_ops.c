@@ -581,6 +581,7 @@ main(void)
 	test_attn(2, 257, 12, 12, 64, 0);
 	test_attn(1, 100, 14, 2, 64, 2);
 	test_attn(2, 600, 8, 2, 64, 2);  /* three query blocks */
+	test_attn(2, 77, 4, 1, 128, 1);
 	test_logprob(1, 5, 1.0f, 1);
 	test_logprob(19, 1001, 1.0f, 1);
 	test_logprob(8, 50257, 1.0f / 0.7f, 1);
