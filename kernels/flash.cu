@@ -105,30 +105,23 @@ k_flash_fwd(bf16 *out, float *lse, const bf16 *qkv, const int32_t *seg, int T, i
 		}
 		__syncwarp();
 
-		/* online softmax: 2 lanes per row, 32 columns each */
-		{
-			int rr = lane >> 1, r = warp * 16 + rr, t = q0 + r, half = (lane & 1) * 32;
-			int sq = sh.segq[r];
+		/* online softmax, one row at a time per warp: lane j holds columns j and j+32
+		 * (consecutive lanes, consecutive words: no bank conflicts) */
+		for (int rr = 0; rr < 16; rr++) {
+			int r = warp * 16 + rr, t = q0 + r, sq = sh.segq[r];
 			float *srow = &sh.s[r * FA_BC];
-			float mx = -INFINITY;
-			for (int c = half; c < half + 32; c++) {
-				int s = k0 + c;
-				bool ok = sq >= 0 && s <= t && sh.segk[c] == sq;
-				float z = ok ? srow[c] * scale : -INFINITY;
-				srow[c] = z;
-				mx = fmaxf(mx, z);
-			}
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+			int c0 = lane, c1 = lane + 32;
+			bool ok0 = sq >= 0 && k0 + c0 <= t && sh.segk[c0] == sq;
+			bool ok1 = sq >= 0 && k0 + c1 <= t && sh.segk[c1] == sq;
+			float z0 = ok0 ? srow[c0] * scale : -INFINITY, z1 = ok1 ? srow[c1] * scale : -INFINITY;
+			float mx = warp_max(fmaxf(z0, z1));
 			float mold = sh.m[r], mnew = fmaxf(mold, mx);
-			float sum = 0.0f;
-			for (int c = half; c < half + 32; c++) {
-				float p = mnew == -INFINITY ? 0.0f : __expf(srow[c] - mnew);
-				sh.p[r * FA_BC + c] = tobf(p);
-				sum += p;
-			}
-			sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-			__syncwarp();
-			if ((lane & 1) == 0) {
+			float p0 = mnew == -INFINITY ? 0.0f : __expf(z0 - mnew);
+			float p1 = mnew == -INFINITY ? 0.0f : __expf(z1 - mnew);
+			sh.p[r * FA_BC + c0] = tobf(p0);
+			sh.p[r * FA_BC + c1] = tobf(p1);
+			float sum = warp_sum(p0 + p1);
+			if (lane == 0) {
 				float a = mold == -INFINITY ? 0.0f : __expf(mold - mnew);
 				sh.alpha[r] = a;
 				sh.l[r] = sh.l[r] * a + sum;

@@ -55,7 +55,7 @@ typedef struct cuda_ctx {
 	void *acc;             /* f32 partial sums of a split GEMM */
 	size_t acc_bytes;
 	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
-	int flash;             /* flash attention forward (RL_CUDA_ATTN=cublas turns it off) */
+	int flash;             /* flash attention forward: RL_CUDA_ATTN=flash (see docs/cuda.md) */
 	struct { const char *name; double s; long n; } pt[64];
 	int npt;
 	int status;
@@ -749,7 +749,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	}
 	o->ctx = c;
 	c->prof = getenv("RL_CUDA_PROFILE") != NULL && atoi(getenv("RL_CUDA_PROFILE")) > 0;
-	c->flash = !(getenv("RL_CUDA_ATTN") != NULL && strcmp(getenv("RL_CUDA_ATTN"), "cublas") == 0);
+	c->flash = getenv("RL_CUDA_ATTN") != NULL && strcmp(getenv("RL_CUDA_ATTN"), "flash") == 0;
 	o->name = "cuda";
 	o->act_dtype = RL_BF16;
 	o->device = device;

@@ -604,5 +604,20 @@ main(void)
 	test_sample(16, 151936, 1.0f, 20, 0.8f);
 	test_sample(7, 13, 1.5f, 3, 0.5f);
 	rl_ops_close(g);
+
+	/* the flash-style forward (opt-in, RL_CUDA_ATTN=flash) on the same cases */
+	setenv("RL_CUDA_ATTN", "flash", 1);
+	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
+		printf("-- RL_CUDA_ATTN=flash\n");
+		test_attn(1, 1, 2, 1, 64, 0);
+		test_attn(3, 130, 6, 2, 64, 2);
+		test_attn(2, 257, 12, 12, 64, 0);
+		test_attn(1, 100, 14, 2, 64, 2);
+		test_attn(2, 600, 8, 2, 64, 2);
+		test_attn(2, 77, 4, 1, 128, 1);
+		rl_ops_close(g);
+	} else {
+		T_OK(0, "cannot reopen the CUDA backend");
+	}
 	T_END();
 }
