@@ -12,8 +12,13 @@
  * Leaves out: the CUDA backend (ops_cuda.c), backend selection (ops.c).
  */
 /* Let the compiler fuse a*b+c into FMA where the target has it (the AVX2 and
- * AVX-512 GEMM clones); ISO C mode turns contraction off by default. */
-#pragma GCC optimize("fp-contract=fast")
+ * AVX-512 GEMM clones); ISO C mode turns contraction off by default.  -O2's
+ * "very cheap" vectoriser cost model refuses the softmax loops (selects, simd
+ * reductions); the dynamic model vectorises them, and without trapping math the
+ * selects of rl_cpu_expf if-convert.  Nothing here reads FP exception flags. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=fast", "vect-cost-model=dynamic", "no-trapping-math")
+#endif
 
 #include <float.h>
 #include <math.h>
@@ -46,6 +51,20 @@ scratch(rl_ops *o, size_t n, const char *what)
 		fail(o, RL_ENOMEM);
 	return p;
 }
+
+static float
+dotf(const float *a, const float *b, int n)
+{
+	float s = 0;
+#pragma omp simd reduction(+:s)
+	for (int i = 0; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
+/* Row kernels that vectorise are cloned per instruction set; an ifunc picks one
+ * at load time. */
+#define RL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 /* Fixed chunking of reductions over rows: the same split for any thread count. */
 #define RCHUNK 64
@@ -437,7 +456,7 @@ rl_cpu_qknorm_bwd(rl_ops *o, void *dqkv_in_, float *dwq, float *dwk, const void 
 #include "ops_cpu_gemm.h"
 
 typedef void gemm_tile_fn(float *c, long ldc, const float *a, long lda, long ak,
-    const float *b, long ldb, int m, int n, int k, int accum, float *bbuf);
+    const float *b, long ldb, int btrans, int m, int n, int k, int accum, float *bbuf);
 typedef struct gemm_impl { gemm_tile_fn *tile; int mr, nr; } gemm_impl;
 
 static const gemm_impl *
@@ -467,7 +486,8 @@ enum { GEMM_KC = 256, GEMM_NB = 256 };
 
 /*
  * c (M, N) (+)= A (M, K) @ B (K, N) with A[i][k] = a[i*lda + k*ak] and
- * B[k][j] = b[k*ldb + j] (btrans 0) or b[j*ldb + k] (btrans 1, packed per block).
+ * B[k][j] = b[k*ldb + j] (btrans 0) or b[j*ldb + k] (btrans 1); the tile packs
+ * each B panel (see ops_cpu_gemm.h).
  * Threads own (column block, row group) tiles and K is never split, so the sum
  * order for each output is fixed.  Returns 0 or RL_ENOMEM.
  */
@@ -490,8 +510,7 @@ gemm(float *c, long ldc, const float *a, long lda, long ak, const float *b, long
 #pragma omp parallel reduction(|:bad)
 	{
 		float *bbuf = malloc((size_t)GEMM_KC * 32 * sizeof(float));
-		float *pbuf = btrans ? malloc((size_t)GEMM_KC * GEMM_NB * sizeof(float)) : NULL;
-		if (bbuf == NULL || (btrans && pbuf == NULL))
+		if (bbuf == NULL)
 			bad = 1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
 		for (int tn = 0; tn < ntn; tn++) {
@@ -502,27 +521,13 @@ gemm(float *c, long ldc, const float *a, long lda, long ak, const float *b, long
 				int m0 = tg * MG, mg = RL_MIN(MG, M - m0);
 				for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
 					int kc = RL_MIN(GEMM_KC, K - k0);
-					const float *bp;
-					long ldbp;
-					if (btrans) {
-						for (int j = 0; j < nb; j++) {
-							const float *src = b + (long)(n0 + j) * ldb + k0;
-							for (int kk = 0; kk < kc; kk++)
-								pbuf[(long)kk * nb + j] = src[kk];
-						}
-						bp = pbuf;
-						ldbp = nb;
-					} else {
-						bp = b + (long)k0 * ldb + n0;
-						ldbp = ldb;
-					}
+					const float *bp = btrans ? b + (long)n0 * ldb + k0 : b + (long)k0 * ldb + n0;
 					g->tile(c + (long)m0 * ldc + n0, ldc, a + (long)m0 * lda + (long)k0 * ak, lda,
-					    ak, bp, ldbp, mg, nb, kc, accum || k0 > 0, bbuf);
+					    ak, bp, ldb, btrans, mg, nb, kc, accum || k0 > 0, bbuf);
 				}
 			}
 		}
 		free(bbuf);
-		free(pbuf);
 	}
 	if (bad) {
 		rl_error("gemm: out of memory for per-thread buffers");
@@ -539,12 +544,26 @@ rl_cpu_matmul_fwd(rl_ops *o, void *out_, const void *inp_, const void *w_, const
 {
 	float *out = out_;
 	const float *inp = inp_, *w = w_, *bias = bias_;
+	if (N <= 4) {
+		/* decode-sized: a GEMV bound by reading w once; packing w^T would cost
+		 * as much as the product */
+#pragma omp parallel for schedule(static) if ((size_t)OC * C > 32768)
+		for (int oc = 0; oc < OC; oc++) {
+			const float *wr = w + (size_t)oc * C;
+			for (int n = 0; n < N; n++) {
+				float s = dotf(inp + (size_t)n * C, wr, C);
+				out[(size_t)n * OC + oc] = s + (bias ? bias[oc] : 0.0f);
+			}
+		}
+		return;
+	}
 	if (bias != NULL) {
 #pragma omp parallel for schedule(static)
 		for (int n = 0; n < N; n++)
 			memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
 	}
-	if (gemm(out, OC, inp, C, 1, w, C, 1, N, OC, C, bias != NULL) != 0)
+	int rv = gemm(out, OC, inp, C, 1, w, C, 1, N, OC, C, bias != NULL);
+	if (rv != 0)
 		fail(o, RL_ENOMEM);
 }
 
@@ -631,21 +650,104 @@ rl_cpu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NK
 	rope_apply(dqkv, pos, N, NH, NKV, HD, theta, -1.0f);
 }
 
-static float
-dotf(const float *a, const float *b, int n)
+/*
+ * Attention runs per (row, head) task over blocks of ATT_QB queries, with the
+ * GEMM tiles doing the products (serially: the tasks are the parallel loop):
+ *   S = Q K^T (qb, kmax), softmax over the visible keys, O = P V.
+ * kmax = the block's last query + 1 (causality); invisible keys get p = 0.
+ */
+enum { ATT_QB = 64 };
+
+/* c (M,N) (+)= A B in one thread, K cut into GEMM_KC slices (see gemm()) */
+static void
+gemm_serial(const gemm_impl *g, float *c, long ldc, const float *a, long lda, long ak,
+    const float *b, long ldb, int btrans, int M, int N, int K, int accum, float *bbuf)
 {
-	float s = 0;
-#pragma omp simd reduction(+:s)
-	for (int i = 0; i < n; i++)
-		s += a[i] * b[i];
-	return s;
+	if (K <= 0) {
+		if (!accum)
+			for (int i = 0; i < M; i++)
+				memset(c + (long)i * ldc, 0, (size_t)N * sizeof(float));
+		return;
+	}
+	for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+		int kc = RL_MIN(GEMM_KC, K - k0);
+		const float *bp = btrans ? b + k0 : b + (long)k0 * ldb;
+		g->tile(c, ldc, a + (long)k0 * ak, lda, ak, bp, ldb, btrans, M, N, kc, accum || k0 > 0, bbuf);
+	}
 }
 
-/* key s is visible to query t (s <= t) of a row with segment ids sg (NULL = one sequence) */
-static inline int
-visible(const int32_t *sg, int s, int t)
+/* p[0..n) <- softmax of scale * p over the keys with sg[s] == st (all when sg
+ * is NULL), 0 for the others; returns the log-sum-exp. */
+RL_CLONES static float
+softmax_row(float *p, int n, const int32_t *sg, int32_t st, float scale)
 {
-	return sg == NULL || sg[s] == sg[t];
+	float mx = -INFINITY;
+	if (sg == NULL) {
+#pragma omp simd reduction(max:mx)
+		for (int s = 0; s < n; s++) {
+			float v = p[s] * scale;
+			p[s] = v;
+			mx = v > mx ? v : mx;
+		}
+	} else {
+#pragma omp simd reduction(max:mx)
+		for (int s = 0; s < n; s++) {
+			float v = sg[s] == st ? p[s] * scale : -INFINITY;
+			p[s] = v;
+			mx = v > mx ? v : mx;
+		}
+	}
+	double sum = 0;
+#pragma omp simd reduction(+:sum)
+	for (int s = 0; s < n; s++) {
+		float e = rl_cpu_expf(p[s] - mx);
+		p[s] = e;
+		sum += e;
+	}
+	float inv = (float)(1.0 / sum);
+#pragma omp simd
+	for (int s = 0; s < n; s++)
+		p[s] *= inv;
+	return mx + (float)log(sum);
+}
+
+/* P (qb, kmax) <- softmax rows of scale * S for queries t0.., in place;
+ * returns per row the lse (0 for padding).  sg: the row's segment ids or NULL. */
+static void
+softmax_block(float *P, long ldp, float *lse_out, const int32_t *sg, int t0, int qb, float scale)
+{
+	for (int i = 0; i < qb; i++) {
+		int t = t0 + i;
+		float *p = P + (long)i * ldp;
+		if (sg != NULL && sg[t] < 0) {
+			memset(p, 0, (size_t)(t + 1) * sizeof(float));
+			lse_out[i] = 0;
+			continue;
+		}
+		lse_out[i] = softmax_row(p, t + 1, sg, sg ? sg[t] : 0, scale);
+	}
+}
+
+/* One query row of the backward, keys 0..t: p <- exp(scale p - L) on visible
+ * keys (0 elsewhere); dp <- p (dp - D) scale. */
+RL_CLONES static void
+dsoftmax_row(float *p, float *dp, int n, const int32_t *sg, int32_t st, float scale, float L, float D)
+{
+	if (sg == NULL) {
+#pragma omp simd
+		for (int s = 0; s < n; s++) {
+			float pv = rl_cpu_expf(p[s] * scale - L);
+			p[s] = pv;
+			dp[s] = pv * (dp[s] - D) * scale;
+		}
+	} else {
+#pragma omp simd
+		for (int s = 0; s < n; s++) {
+			float pv = sg[s] == st ? rl_cpu_expf(p[s] * scale - L) : 0.0f;
+			p[s] = pv;
+			dp[s] = pv * (dp[s] - D) * scale;
+		}
+	}
 }
 
 void
@@ -654,7 +756,7 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 {
 	float *out = out_;
 	const float *qkv = qkv_;
-	int W = (NH + 2 * NKV) * HD, G = NH / NKV;
+	int W = (NH + 2 * NKV) * HD;
 	float scale = 1.0f / sqrtf((float)HD);
 	int bad = 0;
 	if (NKV <= 0 || NH % NKV != 0) {
@@ -662,66 +764,40 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 		fail(o, RL_EINVAL);
 		return;
 	}
+	int G = NH / NKV;
+	const gemm_impl *g = gemm_pick();
 #pragma omp parallel reduction(|:bad)
 	{
-		/* K, V of one (row, kv head) gathered contiguous, plus one row of scores */
-		float *kb = malloc(((size_t)2 * T * HD + T + HD) * sizeof(float));
-		if (kb == NULL)
+		/* P block (QB, T), the block's lse, GEMM panel buffer */
+		float *P = malloc(((size_t)ATT_QB * T + ATT_QB + (size_t)GEMM_KC * 32) * sizeof(float));
+		if (P == NULL)
 			bad = 1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
 		for (int b = 0; b < B; b++) {
 			for (int h = 0; h < NH; h++) {
-				if (kb == NULL)
+				if (P == NULL)
 					continue;
-				float *vb = kb + (size_t)T * HD, *sc = vb + (size_t)T * HD, *acc = sc + T;
-				int kvh = h / G;
+				float *lb = P + (size_t)ATT_QB * T, *bbuf = lb + ATT_QB;
 				const float *base = qkv + (size_t)b * T * W;
+				const float *K = base + (size_t)(NH + h / G) * HD, *Vv = base + (size_t)(NH + NKV + h / G) * HD;
 				const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
-				for (int s = 0; s < T; s++) {
-					memcpy(kb + (size_t)s * HD, base + (size_t)s * W + (size_t)(NH + kvh) * HD,
-					    (size_t)HD * sizeof(float));
-					memcpy(vb + (size_t)s * HD, base + (size_t)s * W + (size_t)(NH + NKV + kvh) * HD,
-					    (size_t)HD * sizeof(float));
-				}
-				for (int t = 0; t < T; t++) {
-					float *y = out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-					float *l = lse + ((size_t)b * NH + h) * T + t;
-					if (sg != NULL && sg[t] < 0) {
-						memset(y, 0, (size_t)HD * sizeof(float));
-						*l = 0;
-						continue;
-					}
-					const float *q = base + (size_t)t * W + (size_t)h * HD;
-					float mx = -INFINITY;
-					for (int s = 0; s <= t; s++) {
-						if (!visible(sg, s, t)) {
-							sc[s] = -INFINITY;
-							continue;
-						}
-						sc[s] = dotf(q, kb + (size_t)s * HD, HD) * scale;
-						if (sc[s] > mx)
-							mx = sc[s];
-					}
-					memset(acc, 0, (size_t)HD * sizeof(float));
-					double sum = 0;
-					for (int s = 0; s <= t; s++) {
-						if (sc[s] == -INFINITY)
-							continue;
-						float p = expf(sc[s] - mx);
-						sum += p;
-						const float *v = vb + (size_t)s * HD;
-#pragma omp simd
-						for (int i = 0; i < HD; i++)
-							acc[i] += p * v[i];
-					}
-					float inv = (float)(1.0 / sum);
-					for (int i = 0; i < HD; i++)
-						y[i] = acc[i] * inv;
-					*l = mx + (float)log(sum);
+				for (int t0 = 0; t0 < T; t0 += ATT_QB) {
+					int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb;
+					const float *Q = base + (size_t)t0 * W + (size_t)h * HD;
+					/* S = Q K^T over keys 0..kmax-1 (the part right of the diagonal is ignored) */
+					gemm_serial(g, P, T, Q, W, 1, K, W, 1, qb, kmax, HD, 0, bbuf);
+					softmax_block(P, T, lb, sg, t0, qb, scale);
+					/* zero the masked upper triangle so O = P V can run over kmax keys */
+					for (int i = 0; i < qb; i++)
+						memset(P + (size_t)i * T + t0 + i + 1, 0, (size_t)(qb - i - 1) * sizeof(float));
+					float *O = out + ((size_t)b * T + t0) * NH * HD + (size_t)h * HD;
+					gemm_serial(g, O, (long)NH * HD, P, T, 1, Vv, W, 0, qb, HD, kmax, 0, bbuf);
+					for (int i = 0; i < qb; i++)
+						lse[((size_t)b * NH + h) * T + t0 + i] = lb[i];
 				}
 			}
 		}
-		free(kb);
+		free(P);
 	}
 	if (bad) {
 		rl_error("attention: out of memory for scratch of %d tokens", T);
@@ -735,7 +811,7 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 {
 	float *dqkv = dqkv_;
 	const float *dout = dout_, *out = out_, *qkv = qkv_;
-	int W = (NH + 2 * NKV) * HD, G = NH / NKV;
+	int W = (NH + 2 * NKV) * HD, OW = NH * HD;
 	float scale = 1.0f / sqrtf((float)HD);
 	int bad = 0;
 	if (NKV <= 0 || NH % NKV != 0) {
@@ -743,68 +819,67 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 		fail(o, RL_EINVAL);
 		return;
 	}
+	int G = NH / NKV;
+	const gemm_impl *g = gemm_pick();
 	/* One task per (row, kv head): it owns dk, dv of that head and dq of its G query heads. */
 #pragma omp parallel reduction(|:bad)
 	{
-		float *kb = malloc(((size_t)4 * T * HD + HD) * sizeof(float));
-		if (kb == NULL)
+		size_t fl = (size_t)2 * ATT_QB * T + (size_t)2 * T * HD + ATT_QB + (size_t)GEMM_KC * 32;
+		float *P = malloc(fl * sizeof(float));
+		if (P == NULL)
 			bad = 1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
 		for (int b = 0; b < B; b++) {
 			for (int kvh = 0; kvh < NKV; kvh++) {
-				if (kb == NULL)
+				if (P == NULL)
 					continue;
-				float *vb = kb + (size_t)T * HD, *dk = vb + (size_t)T * HD, *dv = dk + (size_t)T * HD;
-				float *dq = dv + (size_t)T * HD;
+				float *dP = P + (size_t)ATT_QB * T, *dK = dP + (size_t)ATT_QB * T, *dV = dK + (size_t)T * HD;
+				float *Dr = dV + (size_t)T * HD, *bbuf = Dr + ATT_QB;
 				const float *base = qkv + (size_t)b * T * W;
+				const float *K = base + (size_t)(NH + kvh) * HD, *Vv = base + (size_t)(NH + NKV + kvh) * HD;
 				float *dbase = dqkv + (size_t)b * T * W;
 				const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
-				for (int s = 0; s < T; s++) {
-					memcpy(kb + (size_t)s * HD, base + (size_t)s * W + (size_t)(NH + kvh) * HD,
-					    (size_t)HD * sizeof(float));
-					memcpy(vb + (size_t)s * HD, base + (size_t)s * W + (size_t)(NH + NKV + kvh) * HD,
-					    (size_t)HD * sizeof(float));
-				}
-				memset(dk, 0, (size_t)2 * T * HD * sizeof(float));
+				memset(dK, 0, (size_t)2 * T * HD * sizeof(float));
 				for (int h = kvh * G; h < (kvh + 1) * G; h++) {
-					for (int t = 0; t < T; t++) {
-						float *dqo = dbase + (size_t)t * W + (size_t)h * HD;
-						if (sg != NULL && sg[t] < 0) {
-							memset(dqo, 0, (size_t)HD * sizeof(float));
-							continue;
-						}
-						const float *q = base + (size_t)t * W + (size_t)h * HD;
-						const float *go = dout + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-						const float *yo = out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-						float L = lse[((size_t)b * NH + h) * T + t];
-						float D = dotf(go, yo, HD);
-						memset(dq, 0, (size_t)HD * sizeof(float));
-						for (int s = 0; s <= t; s++) {
-							if (!visible(sg, s, t))
-								continue;
-							const float *k = kb + (size_t)s * HD, *v = vb + (size_t)s * HD;
-							float p = expf(dotf(q, k, HD) * scale - L);
-							float ds = p * (dotf(go, v, HD) - D) * scale;
-							float *dks = dk + (size_t)s * HD, *dvs = dv + (size_t)s * HD;
-#pragma omp simd
-							for (int i = 0; i < HD; i++) {
-								dvs[i] += p * go[i];
-								dq[i] += ds * k[i];
-								dks[i] += ds * q[i];
+					for (int t0 = 0; t0 < T; t0 += ATT_QB) {
+						int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb;
+						const float *Q = base + (size_t)t0 * W + (size_t)h * HD;
+						const float *dO = dout + ((size_t)b * T + t0) * OW + (size_t)h * HD;
+						const float *Ob = out + ((size_t)b * T + t0) * OW + (size_t)h * HD;
+						const float *L = lse + ((size_t)b * NH + h) * T + t0;
+						gemm_serial(g, P, T, Q, W, 1, K, W, 1, qb, kmax, HD, 0, bbuf);
+						gemm_serial(g, dP, T, dO, OW, 1, Vv, W, 1, qb, kmax, HD, 0, bbuf);
+						/* P = exp(scale S - lse) on visible keys, 0 elsewhere;
+						 * dS = P (dP - D) scale with D = dO . O, written over dP */
+						for (int i = 0; i < qb; i++) {
+							int t = t0 + i, n = t + 1;
+							float *p = P + (size_t)i * T, *dp = dP + (size_t)i * T;
+							if (sg != NULL && sg[t] < 0) {
+								n = 0;  /* padding query: no gradient */
+							} else {
+								float D = dotf(dO + (size_t)i * OW, Ob + (size_t)i * OW, HD);
+								dsoftmax_row(p, dp, n, sg, sg ? sg[t] : 0, scale, L[i], D);
 							}
+							/* keys after the query (and all of a padding row) */
+							memset(p + n, 0, (size_t)(kmax - n) * sizeof(float));
+							memset(dp + n, 0, (size_t)(kmax - n) * sizeof(float));
 						}
-						memcpy(dqo, dq, (size_t)HD * sizeof(float));
+						/* dQ = dS K; dK += dS^T Q; dV += P^T dO */
+						gemm_serial(g, dbase + (size_t)t0 * W + (size_t)h * HD, W, dP, T, 1, K, W, 0,
+						    qb, HD, kmax, 0, bbuf);
+						gemm_serial(g, dK, HD, dP, 1, T, Q, W, 0, kmax, HD, qb, 1, bbuf);
+						gemm_serial(g, dV, HD, P, 1, T, dO, OW, 0, kmax, HD, qb, 1, bbuf);
 					}
 				}
 				for (int s = 0; s < T; s++) {
-					memcpy(dbase + (size_t)s * W + (size_t)(NH + kvh) * HD, dk + (size_t)s * HD,
+					memcpy(dbase + (size_t)s * W + (size_t)(NH + kvh) * HD, dK + (size_t)s * HD,
 					    (size_t)HD * sizeof(float));
-					memcpy(dbase + (size_t)s * W + (size_t)(NH + NKV + kvh) * HD, dv + (size_t)s * HD,
+					memcpy(dbase + (size_t)s * W + (size_t)(NH + NKV + kvh) * HD, dV + (size_t)s * HD,
 					    (size_t)HD * sizeof(float));
 				}
 			}
 		}
-		free(kb);
+		free(P);
 	}
 	if (bad) {
 		rl_error("attention: out of memory for scratch of %d tokens", T);
@@ -824,7 +899,7 @@ rl_cpu_swiglu_fwd(rl_ops *o, void *out_, const void *gu_, int N, int H)
 		const float *g = gu + (size_t)n * 2 * H, *u = g + H;
 		float *y = out + (size_t)n * H;
 		for (int i = 0; i < H; i++)
-			y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+			y[i] = g[i] / (1.0f + rl_cpu_expf(-g[i])) * u[i];
 	}
 }
 
@@ -839,7 +914,7 @@ rl_cpu_swiglu_bwd(rl_ops *o, void *dgu_, const void *dout_, const void *gu_, int
 		float *dg = dgu + (size_t)n * 2 * H, *du = dg + H;
 		for (int i = 0; i < H; i++) {
 			float gi = g[i], ui = u[i], d = dy[i];
-			float sig = 1.0f / (1.0f + expf(-gi));
+			float sig = 1.0f / (1.0f + rl_cpu_expf(-gi));
 			/* read everything first: dgu may alias gu */
 			dg[i] = d * ui * sig * (1.0f + gi * (1.0f - sig));
 			du[i] = d * gi * sig;
@@ -888,6 +963,57 @@ rl_cpu_add(rl_ops *o, void *out_, const void *a_, const void *b_, size_t n)
 
 /* ==== output layer ================================================================== */
 
+/* Row kernels of the vocabulary loops, cloned per instruction set (RL_CLONES):
+ * they are memory- and exp-bound and vectorise. */
+
+/* max of z = x * it over a row, then S = sum e^(z-m), E = sum e^(z-m) (z-m) */
+RL_CLONES static float
+lse_row(const float *x, int V, float it, double *S_, double *E_)
+{
+	float m = -INFINITY;
+#pragma omp simd reduction(max:m)
+	for (int j = 0; j < V; j++) {
+		float z = x[j] * it;
+		m = z > m ? z : m;  /* NaNs skip the max and poison S below */
+	}
+	double S = 0, E = 0;
+#pragma omp simd reduction(+:S, E)
+	for (int j = 0; j < V; j++) {
+		float d = x[j] * it - m;
+		float e = rl_cpu_expf(d);
+		S += e;
+		E += (double)e * d;
+	}
+	*S_ = S;
+	*E_ = E;
+	return m;
+}
+
+/* entropy -sum p log p of a row with log p = x * it - L */
+RL_CLONES static double
+ent_row(const float *x, int V, float it, float L)
+{
+	double h = 0;
+#pragma omp simd reduction(+:h)
+	for (int j = 0; j < V; j++) {
+		float lpj = x[j] * it - L;
+		h -= (double)rl_cpu_expf(lpj) * lpj;
+	}
+	return h;
+}
+
+/* d[j] = (-gl p_j - ge p_j (log p_j + H)) * it.  d may be x itself: each j reads
+ * x[j] before writing d[j], so simd is safe. */
+RL_CLONES static void
+dlogit_row(float *d, const float *x, int V, float it, float L, float gl, float ge, float H)
+{
+#pragma omp simd
+	for (int j = 0; j < V; j++) {
+		float lpj = x[j] * it - L, p = rl_cpu_expf(lpj);
+		d[j] = (-gl * p - ge * p * (lpj + H)) * it;
+	}
+}
+
 void
 rl_cpu_logprob_fwd(rl_ops *o, float *lp, float *ent, float *lse, const void *logits_,
     const int32_t *tgt, int N, int V, float inv_temp)
@@ -903,17 +1029,9 @@ rl_cpu_logprob_fwd(rl_ops *o, float *lp, float *ent, float *lse, const void *log
 			lse[n] = 0;
 			continue;
 		}
-		float m = -INFINITY;
-		for (int j = 0; j < V; j++)
-			m = fmaxf(m, x[j] * inv_temp);
 		/* S = sum e^(z-m); E = sum e^(z-m) (z-m): entropy = log S - E/S without cancellation */
-		double S = 0, E = 0;
-		for (int j = 0; j < V; j++) {
-			float d = x[j] * inv_temp - m;
-			float e = expf(d);
-			S += e;
-			E += (double)e * d;
-		}
+		double S, E;
+		float m = lse_row(x, V, inv_temp, &S, &E);
 		double logS = log(S);
 		lse[n] = (float)(m + logS);
 		lp[n] = (float)((double)(x[tgt[n]] * inv_temp - m) - logS);
@@ -937,26 +1055,11 @@ rl_cpu_logprob_bwd(rl_ops *o, void *dlogits_, const void *logits_, const int32_t
 			continue;
 		}
 		float L = lse[n], gl = dlp[n], ge = dent ? dent[n] : 0.0f, H = 0;
-		if (ge != 0) {
-			/* the entropy is not saved by the forward: recompute it */
-			double h = 0;
-			for (int j = 0; j < V; j++) {
-				float lpj = x[j] * inv_temp - L;
-				h -= (double)expf(lpj) * lpj;
-			}
-			H = (float)h;
-		}
-		int t = tgt[n];
+		if (ge != 0)    /* the entropy is not saved by the forward: recompute it */
+			H = (float)ent_row(x, V, inv_temp, L);
 		/* d lp / dz_j = [j==t] - p_j;  d ent / dz_j = -p_j (log p_j + ent) */
-		for (int j = 0; j < V; j++) {
-			float lpj = x[j] * inv_temp - L, p = expf(lpj);
-			float g = -gl * p;
-			if (ge != 0)
-				g -= ge * p * (lpj + H);
-			if (j == t)
-				g += gl;
-			d[j] = g * inv_temp;
-		}
+		dlogit_row(d, x, V, inv_temp, L, gl, ge, H);
+		d[tgt[n]] += gl * inv_temp;
 	}
 }
 
@@ -1162,7 +1265,7 @@ rl_cpu_attn_decode(rl_ops *o, void *out_, const void *qkv_, const void *kc_, con
 				for (int s = 0; s < L; s++) {
 					size_t slot = (size_t)bt[s / BS] * BS + s % BS;
 					const float *v = vc + slot * KW + (size_t)kvh * HD;
-					float p = expf(sc[s] - mx);
+					float p = rl_cpu_expf(sc[s] - mx);
 					sum += p;
 #pragma omp simd
 					for (int i = 0; i < HD; i++)
@@ -1233,7 +1336,7 @@ sample_row(int32_t *tok, float *logp, const float *x, int V, const rl_sample_par
 				best = j;
 		double S = 0;
 		for (int j = 0; j < V; j++)
-			S += expf(x[j] - x[best]);
+			S += rl_cpu_expf(x[j] - x[best]);
 		*tok = best;
 		*logp = (float)(-log(S));
 		return;
@@ -1243,7 +1346,7 @@ sample_row(int32_t *tok, float *logp, const float *x, int V, const rl_sample_par
 		m = fmaxf(m, x[j] / T);
 	double S = 0;
 	for (int j = 0; j < V; j++) {
-		e[j] = expf(x[j] / T - m);
+		e[j] = rl_cpu_expf(x[j] / T - m);
 		S += e[j];
 	}
 	int k = p->top_k > 0 && p->top_k < V ? p->top_k : V;

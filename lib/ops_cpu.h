@@ -16,7 +16,43 @@
 #ifndef RL_OPS_CPU_H
 #define RL_OPS_CPU_H
 
+#include <math.h>
+#include <stdint.h>
+
 #include "ops.h"
+
+/*
+ * rl_cpu_expf: exp for float that compilers can vectorise (no libm call), used
+ * by the softmax-heavy ops.  Cody-Waite reduction to r in [-ln2/2, ln2/2], a
+ * degree-6 polynomial for e^r (Cephes' minimax coefficients), then 2^n applied
+ * as two exact power-of-two factors so the whole range works.  Within 2 ulp of
+ * exp over [-103.9, 88.7] (test_ops_cpu checks it); exp(-inf) = 0, large x
+ * gives +inf, NaN stays NaN, results below ~1e-45 flush to 0.
+ */
+static inline float
+rl_cpu_expf(float x)
+{
+	/* ternaries, not fminf/fmaxf: they if-convert, so loops calling this vectorise;
+	 * a NaN x becomes -103.9 here and is put back at the end */
+	float xc = x > -103.9f ? x : -103.9f;
+	xc = xc < 88.7228f ? xc : 88.7228f;
+	float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
+	float r = xc - n * 0.693359375f;
+	r = r + n * 2.12194440e-4f;
+	float p = 1.9875691500e-4f;
+	p = p * r + 1.3981999507e-3f;
+	p = p * r + 8.3334519073e-3f;
+	p = p * r + 4.1665795894e-2f;
+	p = p * r + 1.6666665459e-1f;
+	p = p * r + 5.0000001201e-1f;
+	p = p * r * r + r + 1.0f;
+	int32_t ni = (int32_t)n, h = ni >> 1;
+	union { int32_t i; float f; } s1 = { (h + 127) << 23 }, s2 = { (ni - h + 127) << 23 };
+	float y = p * s1.f * s2.f;
+	y = x < -103.9f ? 0.0f : y;
+	y = x > 88.7228f ? INFINITY : y;
+	return x != x ? x : y;
+}
 
 /* memory and control */
 int rl_cpu_alloc(rl_ops *o, void **p, size_t bytes);
