@@ -539,6 +539,35 @@ test_sample(int B, int V, float temp, int top_k, float top_p)
 	free(lg); free(seed); free(ctr); free(tok); free(lp); free(gt); free(glp);
 }
 
+/* Bad arguments are reported through status(), once, and the backend stays usable. */
+static void
+test_errors(void)
+{
+	void *p = NULL, *q = NULL;
+	float one = 1.0f;
+	T_EQ_INT(g->alloc(g, &p, (size_t)1 << 60), RL_ENOMEM);
+	T_OK(p == NULL, "failed alloc left a pointer");
+	T_EQ_INT(g->status(g), RL_OK);
+	p = tc_up(g, &one, 1, F32);
+	q = tc_poison(g, 4, F32);
+	g->cast(g, q, RL_I32, p, RL_F32, 1);
+	T_EQ_INT(g->status(g), RL_ENOTSUP);
+	T_EQ_INT(g->status(g), RL_OK);  /* cleared */
+	g->adamw(g, p, NULL, p, p, p, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0, 0, 1);
+	T_EQ_INT(g->sync(g), RL_EINVAL);
+	rl_pg_params pp = { 0.2f, 0.2f, 0, 0, 0.1f, 7, 0 };
+	g->pg_loss(g, q, NULL, q, p, p, NULL, p, NULL, p, p, 1, &pp);
+	T_EQ_INT(g->sync(g), RL_EINVAL);
+	/* still usable */
+	g->cast(g, q, F32, p, F32, 1);
+	float back = 0;
+	g->download(g, &back, q, 4);
+	T_OK(back == 1.0f && g->sync(g) == RL_OK, "backend unusable after errors");
+	printf("ok   error paths (alloc 2^60, cast to i32, adamw t=0, kl_type 7)\n");
+	g->free(g, p);
+	g->free(g, q);
+}
+
 int
 main(void)
 {
@@ -603,6 +632,7 @@ main(void)
 	test_sample(16, 50257, 1.0f, 0, 0.9f);
 	test_sample(16, 151936, 1.0f, 20, 0.8f);
 	test_sample(7, 13, 1.5f, 3, 0.5f);
+	test_errors();
 	rl_ops_close(g);
 
 	/* the flash-style forward (opt-in, RL_CUDA_ATTN=flash) on the same cases */
