@@ -661,6 +661,10 @@ rl_qclient_ack_ids(rl_qclient *c, uint64_t lease_id, int kind, const uint64_t *i
 	for (uint32_t i = 0; i < n; i++)
 		rl_le64_put(body + 8 * i, ids[i]);
 	rv = call(c, RL_QOP_ACK, 0, 0, fb, sizeof fb, body, (size_t)n * 8, (uint32_t)n * 8, 0, 1, &rh, &r);
+	/* acknowledged done here: a redelivery of these ids is dropped */
+	if (kind == RL_QACK_DONE && c->o.dedup && (rv == 0 || rv == RL_ENOENT))
+		for (uint32_t i = 0; i < n; i++)
+			seen_add(&c->seen, ids[i]);
 	if (r && nng_msg_len(r) - rh.hdr_len >= RL_QACK_RESULT_LEN)
 		rl_qack_result_decode(res, (const uint8_t *)nng_msg_body(r) + rh.hdr_len);
 	if (r)
