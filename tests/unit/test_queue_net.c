@@ -370,6 +370,24 @@ scenario_bad_requests(void)
 	T_EQ_INT(rl_qclient_lease_scored(c, 8, 1, 200, &l), 0);
 	T_EQ_INT(l.id, 0);
 	T_OK(rl_now() - t0 >= 0.15);
+	/* consumer-side dedup: a lease expires after its records were trained
+	 * (the late ack is refused); the redelivery is dropped by the client
+	 * and acknowledged, never handed to the caller again */
+	{
+		rl_qlease_req req = { .stage = RL_QSTAGE_SCORED, .max_records = 8, .lease_ms = 200 };
+		rl_qack_result ar;
+		double done0 = stat_num(c, "total", "done");
+		T_EQ_INT(put_groups(c, RL_QSTAGE_SCORED, 910, 1, 2, 0), 0);
+		T_EQ_INT(rl_qclient_lease(c, &req, &l), 0);
+		T_EQ_INT(rl_qlease_count(&l), 2);
+		usleep(400000);
+		T_EQ_INT(rl_qclient_ack(c, &l, &ar), RL_ENOENT);
+		req.wait_ms = 2000;
+		T_EQ_INT(rl_qclient_lease(c, &req, &l), 0);
+		T_EQ_INT(rl_qlease_count(&l), 0);
+		T_EQ_INT(l.dropped, 2);
+		T_EQ_INT(stat_num(c, "total", "done"), done0 + 2);
+	}
 	rl_qlease_fini(&l);
 	rl_qclient_close(c);
 	stop(b, SIGTERM);
