@@ -255,29 +255,46 @@ lease_more(trainer *tr)
 	return RL_OK;
 }
 
-/* Queue mode, after a step: acknowledge the trained samples (by lease), and
- * records the grouper dropped (duplicates, bad groups) that are held. */
+/* Queue mode, after a step: acknowledge the trained samples, one request per
+ * lease.  Records the grouper dropped (duplicates, bad groups) stay held and
+ * are handed back at the end. */
 static void
 ack_trained(trainer *tr)
 {
-	size_t keep = 0;
+	size_t keep = 0, n = 0;
+	uint64_t *ids = malloc(sizeof(uint64_t) * (tr->nheld + 1));
+	uint8_t *done = calloc(tr->nheld + 1, 1);
 
-	for (size_t i = 0; i < tr->nheld; i++) {
-		int trained = 0;
-		/* a held record is done unless it belongs to a group still being assembled */
-		for (int gi = 0; gi < tr->ngroups && !trained; gi++)
+	if (!ids || !done) {
+		free(ids);
+		free(done);
+		return; /* the leases expire and the broker redelivers: at-least-once */
+	}
+	for (size_t i = 0; i < tr->nheld; i++)
+		for (int gi = 0; gi < tr->ngroups && !done[i]; gi++)
 			for (int k = 0; k < tr->groups[gi].size; k++)
 				if (tr->groups[gi].s[k].id == tr->held[i].id)
-					trained = 1;
-		if (trained) {
-			rl_qack_result res = { 0 };
-			if (rl_qclient_ack_ids(tr->qc, tr->held[i].lease, RL_QACK_DONE, &tr->held[i].id, 1, &res) == RL_OK)
-				tr->q_late += res.late;
-		} else {
-			tr->held[keep++] = tr->held[i];
-		}
+					done[i] = 1;
+	/* one acknowledgement per lease */
+	for (size_t i = 0; i < tr->nheld; i++) {
+		if (done[i] != 1)
+			continue;
+		n = 0;
+		for (size_t k = i; k < tr->nheld; k++)
+			if (done[k] == 1 && tr->held[k].lease == tr->held[i].lease) {
+				ids[n++] = tr->held[k].id;
+				done[k] = 2;
+			}
+		rl_qack_result res = { 0 };
+		if (rl_qclient_ack_ids(tr->qc, tr->held[i].lease, RL_QACK_DONE, ids, (uint32_t)n, &res) == RL_OK)
+			tr->q_late += res.late;
 	}
+	for (size_t i = 0; i < tr->nheld; i++)
+		if (!done[i])
+			tr->held[keep++] = tr->held[i];
 	tr->nheld = keep;
+	free(ids);
+	free(done);
 }
 
 /* Reads records until a complete group pops out: RL_OK, RL_ENOENT at the end. */
@@ -1060,8 +1077,9 @@ train_step(trainer *tr)
 		return rv;
 	tr->t_pub = rl_now() - t_pub;
 	if (tr->qc) {
-		ack_trained(tr);
+		/* the new version first, so the broker's gate judges later groups by it */
 		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->step, NULL);
+		ack_trained(tr);
 	}
 	return write_metrics(tr, &ms, gnorm, lr, rl_now() - t0 + t_wait, t_upd, t_wait, nupd);
 }
