@@ -214,7 +214,8 @@ int rl_traj_from_json(rl_traj *t, const char *line, size_t n,
 /* ---- batches ---------------------------------------------------------------------------
  * Records in serialised form plus an index.  A batch decoded from a frame keeps
  * that frame, so passing it on unchanged needs no recompression
- * (rl_traj_batch_frame). */
+ * (rl_traj_batch_frame).  A batch caches its zstd contexts, so reuse one batch
+ * object rather than creating one per frame. */
 typedef struct rl_traj_batch rl_traj_batch;
 
 int rl_traj_batch_create(rl_traj_batch **out);
@@ -236,7 +237,7 @@ int rl_traj_batch_raw(const rl_traj_batch *b, size_t i, const void **rec, size_t
 /* Encode: appends one zstd frame (content checksum and size set) holding the
  * batch to out.  level: zstd level (0: default 3; negative: fast).  An empty
  * batch gives a valid frame with zero records. */
-int rl_traj_batch_encode(rl_buf *out, const rl_traj_batch *b, int level);
+int rl_traj_batch_encode(rl_buf *out, rl_traj_batch *b, int level);
 /* Decode the zstd frame at the start of buf (n bytes); *used gets the frame's
  * compressed size (trailing bytes are left alone).  Replaces b's contents,
  * checks every record, keeps a copy of the frame for rl_traj_batch_frame.
