@@ -6,9 +6,11 @@
  * Each verifier is a pure function of (response text, ground truth): no I/O,
  * no global state, thread-safe.  Scores are 0 or 1 except `length`, which is a
  * penalty in [-1, 0].  The exact rules are in docs/reward.md and rl-reward(1).
+ * The scorer at the end applies them (and an --exec pool) to trajectory
+ * records and streams.
  *
- * Leaves out: reading and writing trajectory streams (traj.h), user reward
- * programs run as coprocesses (reward_exec.h), learned reward models.
+ * Leaves out: the stream format itself (traj.h), the coprocess protocol
+ * (reward_exec.h), learned reward models.
  */
 #ifndef RL_REWARD_H
 #define RL_REWARD_H
@@ -17,6 +19,9 @@
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
+
+#include "reward_exec.h"
+#include "traj.h"
 
 /* ---- verifiers on plain strings -------------------------------------------------
  * `resp` is the response text (UTF-8, need not be NUL-terminated: `n` bytes);
@@ -140,5 +145,51 @@ const char *rl_reward_truth(const cJSON *meta, char *buf, size_t cap);
 int rl_reward_task_score(double *score, const char **why, const rl_reward_task *t,
 			 const rl_reward_opts *o, const char *resp, size_t n,
 			 const cJSON *meta, long ntokens);
+
+/* ---- scoring records -------------------------------------------------------------
+ * A scorer combines the tasks (and optionally an --exec worker pool) into one
+ * reward per trajectory record:
+ *   reward = sum of weight * score over the components, or NaN when any
+ *            component failed (no ground truth, no response_text, an --exec
+ *            failure); meta.scores.NAME gets each component's score (null when
+ *            it failed), meta.reward_error says what failed ("exec: timeout: ...")
+ *            and is removed from records that score cleanly; ts_scored is set.
+ * A record whose meta is not a JSON object keeps its meta and gets NaN.
+ * Not thread-safe; the scorer borrows tasks and exec. */
+#define RL_REWARD_MAX_TASKS 32
+
+typedef struct rl_reward_stats {
+	size_t records;         /* records scored (written) */
+	size_t failed;          /* records with reward NaN */
+	size_t no_truth;        /* ... of which: a task found no ground truth / bad meta */
+	size_t exec_failed[RL_EXEC_STATUS_COUNT]; /* --exec results by status */
+	double reward_sum;      /* over records that did not fail */
+	double comp_sum[RL_REWARD_MAX_TASKS + 1]; /* per task, then exec */
+	size_t comp_n[RL_REWARD_MAX_TASKS + 1];
+} rl_reward_stats;
+
+typedef struct rl_reward_scorer {
+	const rl_reward_task *tasks;
+	size_t ntasks;            /* <= RL_REWARD_MAX_TASKS */
+	rl_reward_opts opts;
+	rl_reward_exec *exec;     /* NULL: no --exec component */
+	double exec_weight;
+	rl_reward_stats st;
+} rl_reward_scorer;
+
+/* Scores recs[0..n) in place (see above), sending each record's JSONL form to
+ * the exec pool when there is one.  Returns 0, or RL_ENOMEM / RL_EIO for a
+ * failure of this process (not of a record). */
+int rl_reward_score_records(rl_reward_scorer *s, rl_traj *const *recs, size_t n);
+
+/* Reads every record of r, scores them in rounds of `batch` records (1 is
+ * fine without exec; with exec, batch >= workers keeps them busy) and writes
+ * them to w in input order.  On a read error the records read before it are
+ * still scored and written; the reader's error is returned. */
+int rl_reward_stream(rl_reward_scorer *s, rl_traj_reader *r, rl_traj_writer *w, size_t batch);
+
+/* Prints the summary (records, failures by kind, mean reward and mean per
+ * component) to stderr as "PROG: ..." lines (rl_info: quiet hides it). */
+void rl_reward_stats_print(const rl_reward_scorer *s, double seconds);
 
 #endif
