@@ -115,12 +115,15 @@ $(B)/bench/%: $(B)/bench/%.o $(LIB)
 	$(CC) $(CFLAGS) $(RL_CFLAGS) -o $@ $< $(LIB) $(RL_LIBS)
 
 # ---- set-up -------------------------------------------------------------------
-# Debian packages needed to build and test; installed when missing.
+# Debian packages needed to build and test; installed when missing.  A package
+# whose command is on PATH from elsewhere (npm bundled with nodesource's nodejs)
+# counts as present.
 DEB_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev zstd libpcre2-dev \
 	libutf8proc-dev bats bats-assert bats-support mandoc gnuplot-nox python3 python3-torch \
 	python3-numpy npm
 deps:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || \
+		command -v $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all Debian packages present"; exit 0; fi; \
 	echo "deps: missing:" $$missing; \
 	if [ "$$(id -u)" = 0 ]; then \

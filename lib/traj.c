@@ -999,7 +999,7 @@ rl_traj_batch_encode(rl_buf *out, rl_traj_batch *b, int level)
 		return RL_ENOMEM;
 	}
 	ZSTD_CCtx_reset(b->cctx, ZSTD_reset_session_and_parameters);
-	ZSTD_CCtx_setParameter(b->cctx, ZSTD_c_compressionLevel, level ? level : 3);
+	ZSTD_CCtx_setParameter(b->cctx, ZSTD_c_compressionLevel, level ? level : 1);
 	ZSTD_CCtx_setParameter(b->cctx, ZSTD_c_checksumFlag, 1);
 	ZSTD_CCtx_setParameter(b->cctx, ZSTD_c_contentSizeFlag, 1);
 	bound = ZSTD_compressBound(n);

@@ -235,7 +235,8 @@ int rl_traj_batch_get(const rl_traj_batch *b, size_t i, rl_traj *t);
 int rl_traj_batch_raw(const rl_traj_batch *b, size_t i, const void **rec, size_t *n);
 
 /* Encode: appends one zstd frame (content checksum and size set) holding the
- * batch to out.  level: zstd level (0: default 3; negative: fast).  An empty
+ * batch to out.  level: zstd level (0: default 1; negative: faster; levels
+ * above 1 gain little on token ids and log-probs, see bench/RESULTS.md).  An empty
  * batch gives a valid frame with zero records. */
 int rl_traj_batch_encode(rl_buf *out, rl_traj_batch *b, int level);
 /* Decode the zstd frame at the start of buf (n bytes); *used gets the frame's
@@ -285,7 +286,7 @@ uint64_t rl_traj_reader_offset(const rl_traj_reader *r);
  * fd at once (pipes see whole batches).  JSONL writers write a line per record. */
 typedef struct rl_traj_writer_opts {
 	int format;            /* RL_TRAJ_BINARY (default) or RL_TRAJ_JSONL */
-	int level;             /* zstd level; 0: 3 */
+	int level;             /* zstd level; 0: 1 */
 	size_t batch_records;  /* 0: 256 */
 	size_t batch_bytes;    /* 0: 8 MiB */
 } rl_traj_writer_opts;

@@ -71,35 +71,38 @@ put_nonfinite(rl_buf *o, double d)
 	return d > 0 ? rl_buf_append(o, "\"inf\"", 5) : rl_buf_append(o, "\"-inf\"", 6);
 }
 
-/* Shortest %.Ng that reads back (through strtod, as cJSON reads) to the same float. */
+/* Floats: %.6g when that reads back (through strtod, as cJSON reads) to the
+ * same float, which keeps values people type short ("0.7", not
+ * "0.699999988"); else %.9g, which always does for a float (9 significant
+ * digits land well inside the float's rounding interval, so the double
+ * rounding of strtod then (float) cannot move it).  Doubles: %.15g or %.17g.
+ * Deterministic, so JSONL -> binary -> JSONL is byte-identical. */
 static int
 put_f32(rl_buf *o, float f)
 {
 	char b[40];
+	int n;
 
 	if (!isfinite(f))
 		return put_nonfinite(o, f);
-	for (int prec = 6; prec <= 17; prec++) {
-		int n = snprintf(b, sizeof b, "%.*g", prec, (double)f);
-		if ((float)strtod(b, NULL) == f)
-			return rl_buf_append(o, b, (size_t)n);
-	}
-	return rl_buf_printf(o, "%.17g", (double)f);
+	n = snprintf(b, sizeof b, "%.6g", (double)f);
+	if ((float)strtod(b, NULL) != f)
+		n = snprintf(b, sizeof b, "%.9g", (double)f);
+	return rl_buf_append(o, b, (size_t)n);
 }
 
 static int
 put_f64(rl_buf *o, double d)
 {
 	char b[40];
+	int n;
 
 	if (!isfinite(d))
 		return put_nonfinite(o, d);
-	for (int prec = 15; prec <= 17; prec++) {
-		int n = snprintf(b, sizeof b, "%.*g", prec, d);
-		if (strtod(b, NULL) == d)
-			return rl_buf_append(o, b, (size_t)n);
-	}
-	return rl_buf_printf(o, "%.17g", d);
+	n = snprintf(b, sizeof b, "%.15g", d);
+	if (strtod(b, NULL) != d)
+		n = snprintf(b, sizeof b, "%.17g", d);
+	return rl_buf_append(o, b, (size_t)n);
 }
 
 /* Element i of a numeric field. */
@@ -419,8 +422,9 @@ set_typed(rl_traj *t, unsigned tag, const cJSON *v, rl_buf *tmp, const char *key
 	if (cJSON_IsNumber(dt) && hex) {
 		const char *s = cJSON_IsString(hex) ? hex->valuestring : NULL;
 		size_t n;
-		d = (int)dt->valuedouble;
-		if (dt->valuedouble != d || d < 0 || d > 255 || rl_traj_dtype_name(d) != NULL)
+		double x = dt->valuedouble;
+		d = x >= 0 && x <= 255 ? (int)x : -1;
+		if (x != d || rl_traj_dtype_name(d) != NULL)
 			JFAIL("field '%s': \"hex\" is for dtypes this build does not know (0..255)", key);
 		if (s == NULL || strlen(s) % 2)
 			JFAIL("field '%s': \"hex\" must be a string of hex digit pairs", key);

@@ -265,6 +265,10 @@ frame_len(rl_traj_reader *r, size_t *total, size_t *need)
 			         (unsigned long long)off, sz, r->lim.max_frame);
 			return RL_ETOOBIG;
 		}
+		if (avail < 8 + (size_t)sz) {
+			*need = 8 + (size_t)sz;
+			return RL_OK;
+		}
 		*total = 8 + (size_t)sz;
 		return RL_OK;
 	}

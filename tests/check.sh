@@ -23,6 +23,17 @@ for t in "$root/$B"/tests/test_*; do
 	fi
 done
 
+# man pages: mdoc lint, one result per page
+if [ $gpu = 0 ] && ls "$root"/man/*.[1-9] >/dev/null 2>&1; then
+	for m in "$root"/man/*.[1-9]; do
+		n=man/${m##*/}
+		if ! command -v mandoc >/dev/null 2>&1; then skip=$((skip + 1)); echo "skip   $n: mandoc not installed"
+		elif mandoc -Tlint -W warning "$m" >"$log/lint" 2>&1; then pass=$((pass + 1)); echo "ok     $n"
+		else fail=$((fail + 1)); failed="$failed $n"; echo "FAIL   $n (mandoc -Tlint)"; sed 's/^/    /' "$log/lint"
+		fi
+	done
+fi
+
 if [ $gpu = 0 ] && ls "$root"/tests/cli/*.bats >/dev/null 2>&1; then
 	( cd "$root" && prove -v --exec 'bats --tap' tests/cli/*.bats ) >"$log/bats" 2>&1
 	b_ok=$(grep -c '^ok ' "$log/bats"); b_skip=$(grep -c '^ok .* # skip' "$log/bats")

@@ -24,7 +24,7 @@ static const char usage_text[] =
 	"  -j, --jsonl          write JSONL (the default)\n"
 	"  -o, --output FILE    write to FILE (replaced only on success)\n"
 	"  -b, --batch N        records per frame with --stream (default 256)\n"
-	"  -l, --level N        zstd level with --stream (default 3)\n"
+	"  -l, --level N        zstd level with --stream (default 1)\n"
 	"      --max-frame SIZE refuse frames that decompress to more than SIZE\n"
 	"                       bytes (k/M/G suffixes; default 256M)\n"
 	"      --max-record SIZE refuse records larger than SIZE (default 64M)\n"
