@@ -13,6 +13,7 @@
 #include "reward.h"
 
 #include "core.h"
+#include "qclient.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -1344,6 +1345,63 @@ out:
 		rl_traj_destroy(pend[i]);
 	free(pend);
 	return rv ? rv : rerr;
+}
+
+int
+rl_reward_queue(rl_reward_scorer *s, rl_qclient *c, const rl_reward_queue_opts *o, volatile sig_atomic_t *stop)
+{
+	uint32_t batch = o && o->batch ? o->batch : 256, wait_ms = o && o->wait_ms ? o->wait_ms : 500;
+	double idle_exit = o ? o->idle_exit_s : 0, last = rl_now();
+	rl_traj **recs = NULL;
+	rl_traj_batch *out = NULL;
+	rl_qlease l;
+	rl_qput_result pr;
+	int rv = 0;
+
+	rl_qlease_init(&l);
+	recs = rl_try_calloc(batch, sizeof *recs, "record batch");
+	if (!recs || (rv = rl_traj_batch_create(&out)) != 0) {
+		rv = rv ? rv : RL_ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < batch; i++)
+		if ((rv = rl_traj_create(&recs[i])) != 0)
+			goto out;
+	while (!*stop) {
+		size_t n;
+		if ((rv = rl_qclient_lease_generated(c, batch, wait_ms, &l)) != 0)
+			goto out;
+		n = rl_qlease_count(&l);
+		if (l.id == 0 || n == 0) {
+			if (idle_exit > 0 && rl_now() - last >= idle_exit)
+				break;
+			continue;
+		}
+		/* the records borrow from the lease's batch; setters copy what changes */
+		for (size_t i = 0; i < n; i++)
+			if ((rv = rl_traj_batch_get(l.batch, i, recs[i])) != 0)
+				goto out;
+		if ((rv = rl_reward_score_records(s, recs, n)) != 0)
+			goto out;
+		rl_traj_batch_clear(out);
+		for (size_t i = 0; i < n; i++)
+			if ((rv = rl_traj_batch_add(out, recs[i])) != 0)
+				goto out;
+		if ((rv = rl_qclient_put_scored(c, out, &pr)) != 0) {
+			rl_error("queue: could not put %zu scored records: %s", n, rl_strerror(rv));
+			goto out;
+		}
+		rl_verbose("queue: lease %llu: %zu records scored", (unsigned long long)l.id, n);
+		last = rl_now();
+	}
+out:
+	if (recs)
+		for (uint32_t i = 0; i < batch; i++)
+			rl_traj_destroy(recs[i]);
+	free(recs);
+	rl_traj_batch_destroy(out);
+	rl_qlease_fini(&l);
+	return rv;
 }
 
 void

@@ -15,6 +15,7 @@
 #ifndef RL_REWARD_H
 #define RL_REWARD_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -187,6 +188,21 @@ int rl_reward_score_records(rl_reward_scorer *s, rl_traj *const *recs, size_t n)
  * them to w in input order.  On a read error the records read before it are
  * still scored and written; the reader's error is returned. */
 int rl_reward_stream(rl_reward_scorer *s, rl_traj_reader *r, rl_traj_writer *w, size_t batch);
+
+/* Queue mode: leases generated records from the broker (qclient.h) in
+ * batches of up to `batch`, scores them and puts them back as scored, until
+ * *stop becomes non-zero (checked between batches and every wait_ms while
+ * idle) or nothing could be leased for idle_exit_s seconds (<= 0: never).
+ * A record is scored at least once: a batch whose put fails is not retried
+ * here; its lease expires and the broker hands it out again.  Returns 0, or
+ * the client's error (RL_ENET, RL_ETIMEDOUT, ...; logged). */
+typedef struct rl_qclient rl_qclient;
+typedef struct rl_reward_queue_opts {
+	uint32_t batch;        /* records per lease; default 256 */
+	uint32_t wait_ms;      /* long-poll wait per lease request; default 500 */
+	double idle_exit_s;    /* <= 0: run until *stop */
+} rl_reward_queue_opts;
+int rl_reward_queue(rl_reward_scorer *s, rl_qclient *c, const rl_reward_queue_opts *o, volatile sig_atomic_t *stop);
 
 /* Prints the summary (records, failures by kind, mean reward and mean per
  * component) to stderr as "PROG: ..." lines (rl_info: quiet hides it). */

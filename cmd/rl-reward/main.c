@@ -9,6 +9,7 @@
  */
 #include "core.h"
 #include "io.h"
+#include "qclient.h"
 #include "reward.h"
 #include "reward_exec.h"
 #include "synth.h"
@@ -18,6 +19,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +28,7 @@
 static const char usage_text[] =
 	"usage: rl-reward [options] --task NAME[:WEIGHT] ... [FILE|-]...\n"
 	"       rl-reward [options] --exec 'CMD ARGS' [FILE|-]...\n"
+	"       rl-reward [options] --queue URL (--task ... | --exec ...)\n"
 	"       rl-reward gen-arith [--n N] [--seed S] [--digits D] [--ops OPS] [--split all|train|test]\n"
 	"                           [--reverse] [-o FILE]\n"
 	"Scores trajectory records (binary stream or JSONL, detected) and writes them with\n"
@@ -41,6 +44,10 @@ static const char usage_text[] =
 	"  -j, --jobs N             --exec workers (default 1)\n"
 	"      --timeout SEC        per-record --exec timeout (default 30)\n"
 	"      --batch N            records per scoring round with --exec (default 64 x jobs)\n"
+	"                           or per lease with --queue (default 256)\n"
+	"      --queue URL          lease generated records from rl-queue at URL, put them back\n"
+	"                           scored; runs until SIGINT/SIGTERM\n"
+	"      --idle-exit SEC      with --queue: exit after SEC seconds with nothing to score\n"
 	"      --gsm8k-mode MODE    strict (number after the last ####, default) or flexible (last number)\n"
 	"      --max-length N       length task: budget in tokens (or characters)\n"
 	"      --length-unit UNIT   tokens (default; characters when a record has no tokens) or chars\n"
@@ -159,10 +166,20 @@ gen_arith(int argc, char **argv)
 
 /* ---- scoring ---------------------------------------------------------------------- */
 
+static volatile sig_atomic_t stop_flag;
+
+static void
+on_signal(int sig)
+{
+	(void)sig;
+	stop_flag = 1;
+}
+
 int
 main(int argc, char **argv)
 {
-	enum { O_EXEC_WEIGHT = 256, O_TIMEOUT, O_BATCH, O_GSM8K_MODE, O_MAX_LENGTH, O_LENGTH_UNIT, O_JSONL };
+	enum { O_EXEC_WEIGHT = 256, O_TIMEOUT, O_BATCH, O_GSM8K_MODE, O_MAX_LENGTH, O_LENGTH_UNIT, O_JSONL,
+	       O_QUEUE, O_IDLE_EXIT };
 	static const struct option lo[] = {
 		{ "task", required_argument, 0, 't' },
 		{ "exec", required_argument, 0, 'e' },
@@ -175,6 +192,8 @@ main(int argc, char **argv)
 		{ "length-unit", required_argument, 0, O_LENGTH_UNIT },
 		{ "output", required_argument, 0, 'o' },
 		{ "jsonl", no_argument, 0, O_JSONL },
+		{ "queue", required_argument, 0, O_QUEUE },
+		{ "idle-exit", required_argument, 0, O_IDLE_EXIT },
 		{ "quiet", no_argument, 0, 'q' },
 		{ "verbose", no_argument, 0, 'v' },
 		{ "help", no_argument, 0, 'h' },
@@ -185,7 +204,8 @@ main(int argc, char **argv)
 	rl_reward_exec_opts xo;
 	rl_traj_writer_opts wo = { 0 };
 	rl_traj_writer *w = NULL;
-	const char *exec_cmd = NULL, *out = NULL;
+	const char *exec_cmd = NULL, *out = NULL, *queue_url = NULL;
+	double idle_exit = 0;
 	FILE *of = NULL;
 	size_t ntasks = 0;
 	long batch = 0;
@@ -241,6 +261,8 @@ main(int argc, char **argv)
 			break;
 		case 'o': out = optarg; break;
 		case O_JSONL: wo.format = RL_TRAJ_JSONL; break;
+		case O_QUEUE: queue_url = optarg; break;
+		case O_IDLE_EXIT: idle_exit = parse_double("--idle-exit", optarg, 0); break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity = RL_LOG_VERBOSE; break;
 		case 'h': fputs(usage_text, stdout); return 0;
@@ -252,9 +274,11 @@ main(int argc, char **argv)
 		usage_error("nothing to score with: give --task NAME or --exec 'CMD'%s", "");
 	if (has_length && sc.opts.max_length <= 0)
 		usage_error("the length task needs --max-length N%s", "");
+	if (queue_url && (optind < argc || out || wo.format == RL_TRAJ_JSONL))
+		usage_error("--queue reads from and writes to the broker: no FILE, -o or --jsonl%s", "");
 	if (out && strcmp(out, "-") == 0)
 		out = NULL;
-	if (!out && wo.format == RL_TRAJ_BINARY && isatty(STDOUT_FILENO)) {
+	if (!queue_url && !out && wo.format == RL_TRAJ_BINARY && isatty(STDOUT_FILENO)) {
 		rl_error("refusing to write a binary stream to a terminal");
 		rl_hint("add --jsonl, -o FILE, or pipe into rl-train / rl-queue cat");
 		return 2;
@@ -269,8 +293,30 @@ main(int argc, char **argv)
 		}
 		if (batch == 0)
 			batch = 64L * xo.workers;
-	} else {
+	} else if (!queue_url) {
 		batch = 1;
+	}
+	if (queue_url) {
+		rl_qclient *qc = NULL;
+		rl_reward_queue_opts qo = { .batch = (uint32_t)batch, .wait_ms = 500, .idle_exit_s = idle_exit };
+		struct sigaction sa;
+
+		memset(&sa, 0, sizeof sa);
+		sa.sa_handler = on_signal;
+		sigemptyset(&sa.sa_mask);
+		sigaction(SIGINT, &sa, NULL);
+		sigaction(SIGTERM, &sa, NULL);
+		if ((rv = rl_qclient_open(&qc, queue_url, NULL)) != 0) {
+			status = 1;
+			goto out;
+		}
+		t0 = rl_now();
+		rv = rl_reward_queue(&sc, qc, &qo, &stop_flag);
+		rl_qclient_close(qc);
+		if (rv != 0)
+			status = 1;
+		rl_reward_stats_print(&sc, rl_now() - t0);
+		goto out;
 	}
 	if (out) {
 		if (rl_io_fopen(&of, out, "wb") != 0) {
@@ -314,7 +360,7 @@ out:
 	rl_reward_exec_destroy(sc.exec);
 	if (of && rl_io_fclose(of, out) != 0)
 		status = 1;
-	if (!of && rl_io_close_stdout() != 0)
+	if (!of && !queue_url && rl_io_close_stdout() != 0)
 		status = 1;
 	for (size_t i = 0; i < ntasks; i++)
 		rl_reward_task_fini(&tasks[i]);

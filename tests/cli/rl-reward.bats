@@ -232,3 +232,46 @@ for i, l in enumerate(open(sys.argv[1])):
 	[ "$(field out.jsonl 1 'r["reward"]')" = "1" ]
 	[ "$(field out.jsonl 4 'r["reward"]')" = "0" ]
 }
+
+# a free loopback port (bound and released; the broker takes it right after)
+free_port() {
+	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+@test "--queue: leases generated records, puts them back scored; SIGTERM stops it cleanly" {
+	port=$(free_port)
+	url="tcp://127.0.0.1:$port"
+	rl-queue serve --listen "$url" -q 3>&- &
+	SERVE_PID=$!
+	python3 -c '
+import json
+for i in range(12):
+    print(json.dumps({"id": 100 + i, "group": i // 4, "index": i % 4, "group_size": 4,
+                      "response_text": "#### %d" % (i % 3), "meta": {"answer": "1"}}))' > "$TMP/gen.jsonl"
+	run --separate-stderr rl-queue put -q --stage generated -t 10 "$url" "$TMP/gen.jsonl"
+	assert_success
+	run --separate-stderr timeout 30 rl-reward --queue "$url" -t gsm8k --exec "$W" --idle-exit 1
+	assert_success
+	[[ "$stderr" == *"12 records"*"0 failed"* ]]
+	[[ "$stderr" == *"reward mean 1.3333 over 12 records"* ]]
+	rl-queue get -q --stage train -n 12 -w 5 "$url" > "$TMP/scored.jsonl"
+	[ "$(wc -l < "$TMP/scored.jsonl")" -eq 12 ]
+	[ "$(field "$TMP/scored.jsonl" 101 'r["reward"], r["meta"]["scores"]["gsm8k"]')" = "2 1" ]
+	# a worker without --idle-exit runs until SIGTERM, then prints its summary and exits 0
+	rl-reward --queue "$url" -t gsm8k 3>&- 2> "$TMP/err" &
+	pid=$!
+	sleep 1
+	kill -TERM $pid
+	wait $pid
+	grep -q "0 records" "$TMP/err"
+	# no FILE in queue mode
+	run --separate-stderr rl-reward --queue "$url" -t gsm8k "$TMP/gen.jsonl"
+	[ "$status" -eq 2 ]
+}
+
+teardown() {
+	if [ -n "${SERVE_PID:-}" ]; then
+		kill "$SERVE_PID" 2>/dev/null || true
+		wait "$SERVE_PID" 2>/dev/null || true
+	fi
+}
