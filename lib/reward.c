@@ -1418,7 +1418,7 @@ rl_reward_stats_print(const rl_reward_scorer *s, double seconds)
 		k = 0;
 		line[0] = 0;
 		if (st->no_truth)
-			k += (size_t)snprintf(line + k, sizeof line - k, " %zu no ground truth or response,", st->no_truth);
+			k += (size_t)snprintf(line + k, sizeof line - k, " %zu without usable ground truth, response_text or meta,", st->no_truth);
 		for (int e = 1; e < RL_EXEC_STATUS_COUNT; e++)
 			if (st->exec_failed[e] && k < sizeof line)
 				k += (size_t)snprintf(line + k, sizeof line - k, " %zu %s,", st->exec_failed[e],

@@ -7,6 +7,7 @@
 #include "core.h"
 #include "reward.h"
 #include "synth.h"
+#include "traj.h"
 #include "t.h"
 
 #include <stdint.h>
@@ -312,10 +313,72 @@ arith(void)
 	rl_log_set_level(RL_LOG_NORMAL);
 }
 
+/* The record scorer: meta edits, NaN on failure, stale reward_error removed,
+ * other stages' scores kept, weights summed. */
+static void
+scorer(void)
+{
+	rl_reward_task tk[2];
+	rl_reward_scorer sc;
+	rl_traj *t[4];
+	const char *m;
+	float r;
+
+	T_EQ_INT(rl_reward_task_parse(&tk[0], "gsm8k:2", NULL, 0), 0);
+	T_EQ_INT(rl_reward_task_parse(&tk[1], "format:0.5:^####", tk, 1), 0);
+	memset(&sc, 0, sizeof sc);
+	sc.tasks = tk;
+	sc.ntasks = 2;
+	for (int i = 0; i < 4; i++)
+		T_EQ_INT(rl_traj_create(&t[i]), 0);
+	rl_traj_set_str(t[0], RL_TAG_RESPONSE_TEXT, "#### 5");
+	rl_traj_set_json(t[0], RL_TAG_META, "{\"answer\":\"5\",\"scores\":{\"old\":0.5},\"reward_error\":\"stale\"}");
+	rl_traj_set_str(t[1], RL_TAG_RESPONSE_TEXT, "#### 5");
+	rl_traj_set_json(t[1], RL_TAG_META, "[1,2]");
+	rl_traj_set_json(t[2], RL_TAG_META, "{\"answer\":\"5\"}");
+	rl_traj_set_str(t[3], RL_TAG_RESPONSE_TEXT, "so 5");
+	T_EQ_INT(rl_reward_score_records(&sc, t, 4), 0);
+
+	T_EQ_INT(rl_traj_get_f32(t[0], RL_TAG_REWARD, &r), 0);
+	T_CLOSE(r, 2.5, 1e-6, 0);
+	T_EQ_INT(rl_traj_get_str(t[0], RL_TAG_META, &m, NULL), 0);
+	T_EQ_STR(m, "{\"answer\":\"5\",\"scores\":{\"old\":0.5,\"gsm8k\":1,\"format\":1}}");
+	T_OK(rl_traj_has(t[0], RL_TAG_TS_SCORED));
+	/* meta that is not an object: left alone, NaN */
+	T_EQ_INT(rl_traj_get_f32(t[1], RL_TAG_REWARD, &r), 0);
+	T_OK(isnan(r));
+	T_EQ_INT(rl_traj_get_str(t[1], RL_TAG_META, &m, NULL), 0);
+	T_EQ_STR(m, "[1,2]");
+	/* no response_text: NaN, both components null, the reason names them */
+	T_EQ_INT(rl_traj_get_f32(t[2], RL_TAG_REWARD, &r), 0);
+	T_OK(isnan(r));
+	rl_traj_get_str(t[2], RL_TAG_META, &m, NULL);
+	T_OK(strstr(m, "\"gsm8k\":null") && strstr(m, "\"format\":null") &&
+	     strstr(m, "\"reward_error\":\"gsm8k: record has no response_text; format: record has no response_text\""),
+	     "%s", m);
+	/* no meta at all: one is made; gsm8k finds no ground truth */
+	T_EQ_INT(rl_traj_get_f32(t[3], RL_TAG_REWARD, &r), 0);
+	T_OK(isnan(r));
+	rl_traj_get_str(t[3], RL_TAG_META, &m, NULL);
+	T_OK(strstr(m, "\"format\":0") && strstr(m, "no ground truth"), "%s", m);
+	T_EQ_INT(sc.st.records, 4);
+	T_EQ_INT(sc.st.failed, 3);
+	T_CLOSE(sc.st.reward_sum, 2.5, 1e-9, 0);
+	/* scoring again replaces our keys, still keeps "old", and drops reward_error when clean */
+	T_EQ_INT(rl_reward_score_records(&sc, t, 1), 0);
+	rl_traj_get_str(t[0], RL_TAG_META, &m, NULL);
+	T_EQ_STR(m, "{\"answer\":\"5\",\"scores\":{\"old\":0.5,\"gsm8k\":1,\"format\":1}}");
+	for (int i = 0; i < 4; i++)
+		rl_traj_destroy(t[i]);
+	rl_reward_task_fini(&tk[0]);
+	rl_reward_task_fini(&tk[1]);
+}
+
 int
 main(void)
 {
 	T_BEGIN("test_reward");
+	scorer();
 	fixture_cases();
 	countdown_eval();
 	math_pieces();
