@@ -161,8 +161,10 @@ rlq_cat_main(int argc, char **argv)
 done:
 	rl_io_atomic_abort(&out);
 	if (output == NULL || strcmp(output, "-") == 0) {
-		if (rl_io_close_stdout() != 0 && rv == 0)
-			rv = RL_EIO;
+		if (rv != 0)
+			fclose(stdout);   /* the failure is reported already */
+		else
+			rv = rl_io_close_stdout();
 	}
 	return rv == 0 ? 0 : 1;
 }
