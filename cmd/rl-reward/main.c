@@ -360,8 +360,12 @@ out:
 	rl_reward_exec_destroy(sc.exec);
 	if (of && rl_io_fclose(of, out) != 0)
 		status = 1;
-	if (!of && !queue_url && rl_io_close_stdout() != 0)
-		status = 1;
+	if (!of && !queue_url) {
+		if (status != 0)
+			fclose(stdout); /* a failed write is reported already */
+		else if (rl_io_close_stdout() != 0)
+			status = 1;
+	}
 	for (size_t i = 0; i < ntasks; i++)
 		rl_reward_task_fini(&tasks[i]);
 	return status;

@@ -185,6 +185,16 @@ print(ok)' "$TMP/out.jsonl")" = "True" ]
 	[[ "$stderr" == *"cannot open '$TMP/missing.rlt'"* ]]
 }
 
+@test "write failures: exit 1 with one message" {
+	run --separate-stderr rl-reward -q -t gsm8k -o "$TMP/no/such/dir/out.rlt" "$FIX/gsm8k.jsonl"
+	[ "$status" -eq 1 ]
+	[[ "$stderr" == *"cannot open '$TMP/no/such/dir/out.rlt'"* ]]
+	[ -w /dev/full ] || skip "no /dev/full"
+	run --separate-stderr sh -c "rl-reward -q -t gsm8k --jsonl '$FIX/gsm8k.jsonl' > /dev/full"
+	[ "$status" -eq 1 ]
+	[ "$(printf '%s\n' "$stderr" | grep -c 'cannot write')" -eq 1 ]
+}
+
 @test "gen-arith: reproducible, disjoint splits, answers score 1 with the arith task" {
 	rl-reward gen-arith --n 50 --seed 3 > "$TMP/a.jsonl"
 	rl-reward gen-arith --n 50 --seed 3 > "$TMP/b.jsonl"
