@@ -113,14 +113,14 @@ import json
 words = ["", "NUMBER", "CRASH", "", "HANG", "", "JUNK", "", "SILENT", "EXIT3", ""]
 for i, w in enumerate(words):
     print(json.dumps({"id": i, "response_text": w, "meta": {"answer": "x"}}))' > "$TMP/in.jsonl"
-	run --separate-stderr timeout 60 rl-reward --exec "$W" --timeout 0.5 --jsonl "$TMP/in.jsonl"
+	run --separate-stderr timeout 60 rl-reward --exec "$W" --timeout 1.5 --jsonl "$TMP/in.jsonl"
 	assert_success
 	echo "$output" > "$TMP/out.jsonl"
 	[ "$(python3 -c 'import json,sys; print(*[json.loads(l)["id"] for l in open(sys.argv[1])])' "$TMP/out.jsonl")" = "0 1 2 3 4 5 6 7 8 9 10" ]
 	[ "$(field "$TMP/out.jsonl" 0 'r["reward"]')" = "1" ]
 	[ "$(field "$TMP/out.jsonl" 1 'r["reward"]')" = "0.5" ]
 	[[ "$(field "$TMP/out.jsonl" 2 'r["reward"], r["meta"]["reward_error"]')" == "nan exec: crash: worker killed by signal 11"* ]]
-	[[ "$(field "$TMP/out.jsonl" 4 'r["meta"]["reward_error"]')" == "exec: timeout: no reply within 0.5 s"* ]]
+	[[ "$(field "$TMP/out.jsonl" 4 'r["meta"]["reward_error"]')" == "exec: timeout: no reply within 1.5 s"* ]]
 	[[ "$(field "$TMP/out.jsonl" 6 'r["meta"]["reward_error"]')" == "exec: junk: reply is not a number"*"Traceback"* ]]
 	[[ "$(field "$TMP/out.jsonl" 8 'r["meta"]["reward_error"]')" == "exec: timeout:"* ]]
 	[[ "$(field "$TMP/out.jsonl" 9 'r["meta"]["reward_error"]')" == "exec: crash: worker exited with status 3"* ]]
@@ -270,7 +270,7 @@ for i in range(12):
 	# a worker without --idle-exit runs until SIGTERM, then prints its summary and exits 0
 	rl-reward --queue "$url" -t gsm8k 3>&- 2> "$TMP/err" &
 	pid=$!
-	sleep 1
+	sleep 2
 	kill -TERM $pid
 	wait $pid
 	grep -q "0 records" "$TMP/err"
