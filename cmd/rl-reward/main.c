@@ -36,6 +36,7 @@ static const char usage_text[] =
 	"\n"
 	"  -t, --task SPEC          add a reward component (repeatable):\n"
 	"                             gsm8k, math, countdown, exact, arith, length  NAME[:WEIGHT]\n"
+	"                             auto: gsm8k/math/countdown/arith by meta.task or data_source\n"
 	"                             regex[:WEIGHT]:PATTERN   first group of PATTERN equals meta.answer\n"
 	"                             format[:WEIGHT]:PATTERN  1 when PATTERN matches the response\n"
 	"  -e, --exec 'CMD ARGS'    user reward program (coprocess, argv without a shell): one JSONL\n"

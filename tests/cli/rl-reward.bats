@@ -94,6 +94,20 @@ for l in open(sys.argv[1]):
 	[ "$(field "$TMP/again.jsonl" 1 'sorted(r["meta"]["scores"])')" = "['exact', 'format', 'gsm8k', 'regex']" ]
 }
 
+@test "auto picks the verifier per record from meta.task or meta.data_source" {
+	printf '%s\n' \
+		'{"id":1,"response_text":"#### 72","meta":{"answer":"72","data_source":"openai/gsm8k"}}' \
+		'{"id":2,"response_text":"so \\boxed{\\frac{1}{2}}","meta":{"answer":"0.5","data_source":"lighteval/MATH"}}' \
+		'{"id":3,"response_text":"<answer>2*3</answer>","meta":{"task":"countdown","numbers":[3,2],"target":6}}' \
+		'{"id":4,"response_text":"12","meta":{"task":"arith","answer":"12"}}' \
+		'{"id":5,"response_text":"12","meta":{"data_source":"somewhere","answer":"12"}}' > "$TMP/mixed.jsonl"
+	run --separate-stderr rl-reward -t auto --jsonl "$TMP/mixed.jsonl"
+	assert_success
+	echo "$output" > "$TMP/out.jsonl"
+	[ "$(python3 -c 'import json,sys; print(*[json.loads(l)["reward"] for l in open(sys.argv[1])])' "$TMP/out.jsonl")" = "1 1 1 1 nan" ]
+	[[ "$(field "$TMP/out.jsonl" 5 'r["meta"]["reward_error"]')" == "auto: no gsm8k, math, countdown or arith"* ]]
+}
+
 @test "length penalty counts tokens when a record has them" {
 	printf '%s\n' '{"id":1,"response":[1,2,3,4,5,6],"response_text":"ab"}' \
 		'{"id":2,"response_text":"abcdef"}' > "$TMP/in.jsonl"

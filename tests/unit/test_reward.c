@@ -388,8 +388,9 @@ random_responses(void)
 		"\\right", "\\text{", "^\\circ", "^{\\circ}", "\\%", "%", "<answer>", "</answer>", "=", "\xff", "\xc3",
 	};
 	rl_reward_task tasks[RL_TASK_KIND_COUNT];
-	const char *specs[] = { "gsm8k", "math", "countdown", "exact", "regex:(\\d+)", "format:^#", "length", "arith" };
-	cJSON *meta = cJSON_Parse("{\"answer\":\"42\",\"numbers\":[7,42,1],\"target\":49}");
+	const char *specs[RL_TASK_KIND_COUNT] = { "gsm8k", "math", "countdown", "exact", "regex:(\\d+)",
+						  "format:^#", "length", "arith", "auto" };
+	cJSON *meta = cJSON_Parse("{\"answer\":\"42\",\"numbers\":[7,42,1],\"target\":49,\"task\":\"gsm8k\"}");
 	rl_reward_opts o = { .max_length = 10 };
 	rl_rng r = { 99, 0 };
 	int bad = 0, hits[RL_TASK_KIND_COUNT] = { 0 };
