@@ -157,7 +157,7 @@ rl_qclient_open(rl_qclient **out, const char *url, const rl_qclient_opts *o)
 	if (c->o.level == 0)
 		c->o.level = 1;
 	c->compress = c->o.compress < 0 ? !is_local(url) : c->o.compress;
-	c->seen.cap = c->o.dedup ? (size_t)1 << 20 : 0;
+	c->seen.cap = c->o.dedup ? (size_t)1 << 18 : 0;   /* ids acked here: ~6 MB once used */
 	c->next_req = ((uint64_t)rl_wall() << 20) ^ (uint64_t)(uintptr_t)c;
 	rl_buf_init(&c->buf);
 	if ((rv = rl_traj_create(&c->tmp)) != 0) {

@@ -180,8 +180,13 @@ send_reply(qctx *c)
 		return;
 	}
 	rl_buf_fini(&z);
-	if (c->body.cap > ((size_t)8 << 20))
-		rl_buf_fini(&c->body);   /* do not keep a huge buffer per context */
+	/* do not keep big buffers per context: 64 of them add up */
+	if (c->body.cap > ((size_t)2 << 20))
+		rl_buf_fini(&c->body);
+	if (c->in.cap > ((size_t)2 << 20))
+		rl_buf_fini(&c->in);
+	if (c->z.cap > ((size_t)2 << 20))
+		rl_buf_fini(&c->z);
 	c->state = C_SEND;
 	nng_aio_set_msg(c->aio, m);
 	nng_ctx_send(c->ctx, c->aio);
@@ -309,8 +314,8 @@ static int
 handle(rl_qserve *s, qctx *c, nng_msg *m)
 {
 	const uint8_t *p = nng_msg_body(m);
-	size_t len = nng_msg_len(m), blen;
-	const uint8_t *body;
+	size_t len = nng_msg_len(m), blen, batch_len = 0;
+	const uint8_t *body, *batch = NULL;
 	qctx *ready = NULL;
 	uint8_t fb[32];
 	char why[160];
@@ -332,9 +337,18 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 	case RL_QOP_PING:
 		break;
 	case RL_QOP_PUT:
-		t0 = ns_now();
-		rv = rl_qbody_get(&c->in, &c->h, body, blen, s->cfg.max_msg);
-		ADD_NS(t_decomp, t0);
+		/* a plain body is used in place (no copy); a zstd one is inflated */
+		if (c->h.flags & RL_QF_ZSTD) {
+			t0 = ns_now();
+			rv = rl_qbody_get(&c->in, &c->h, body, blen, s->cfg.max_msg);
+			ADD_NS(t_decomp, t0);
+			batch = c->in.p;
+			batch_len = c->in.len;
+		} else {
+			rv = blen > s->cfg.max_msg ? RL_ETOOBIG : RL_OK;
+			batch = body;
+			batch_len = blen;
+		}
 		if (rv != 0) {
 			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
 			reply_error(c, rv, rv == RL_ETOOBIG ? "request body over the size limit" : "bad request body");
@@ -348,7 +362,7 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 				/* the journal wants a zstd frame: make it before taking the lock */
 				t0 = ns_now();
 				c->z.len = 0;
-				if (rl_qzstd_compress(&c->z, c->in.p, c->in.len, s->cfg.queue.journal_level) == 0) {
+				if (rl_qzstd_compress(&c->z, batch, batch_len, s->cfg.queue.journal_level) == 0) {
 					frame = c->z.p;
 					flen = c->z.len;
 				}
@@ -356,7 +370,7 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 			}
 			lock(s);
 			t0 = ns_now();
-			rv = rl_queue_put(s->q, (int)c->h.arg, c->in.p, c->in.len, frame, flen, wall_ms(), &r);
+			rv = rl_queue_put(s->q, (int)c->h.arg, batch, batch_len, frame, flen, wall_ms(), &r);
 			if (rv == 0 && s->nwait)
 				waiters_scan(s, 0, 0, &ready);
 			c->seq = rl_queue_journal_seq(s->q);

@@ -232,6 +232,22 @@ assert sorted(ids)==[11,12,21,22], ids'
 	assert_success
 }
 
+@test "the EXAMPLES of rl-queue(1) run" {
+	man="$BATS_TEST_DIRNAME/../../man/rl-queue.1"
+	port=$((20000 + RANDOM % 40000))
+	sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' "$man" | sed -n '/^\.Bd/,/^\.Ed/p' | grep -v '^\.' |
+		sed -e 's/\\e$/\\/' -e "s|ipc:///tmp/q.sock|tcp://127.0.0.1:$port|g" > "$D/examples.sh"
+	[ "$(grep -c rl-queue "$D/examples.sh")" -ge 6 ]
+	echo 'kill $!' >> "$D/examples.sh"
+	cp "$D/scored.jsonl" "$D/prompts.jsonl" "$D/" 2>/dev/null || true
+	run --separate-stderr bash -ec "cd '$D' && . ./examples.sh 3>&-"
+	assert_success
+	assert_output --partial "depth: prompt 3"
+	assert_output --partial '"prompt_text":"what is 1+1"'
+	assert_output --partial '"id":22'
+	[ -s "$D/q/journal" ]
+}
+
 @test "the man page is lint-clean" {
 	command -v mandoc >/dev/null || skip "no mandoc"
 	run mandoc -Tlint -W warning man/rl-queue.1
