@@ -1420,8 +1420,25 @@ rl_reward_queue(rl_reward_scorer *s, rl_qclient *c, const rl_reward_queue_opts *
 		for (size_t i = 0; i < n; i++)
 			if ((rv = rl_traj_batch_get(l.batch, i, recs[i])) != 0)
 				goto out;
-		if ((rv = rl_reward_score_records(s, recs, n)) != 0)
-			goto out;
+		uint64_t deadline = l.deadline_ms, now_ms = (uint64_t)(rl_wall() * 1000.0);
+		uint64_t span = deadline > now_ms ? deadline - now_ms : 0;
+		size_t chunk = o && o->chunk ? o->chunk : n;
+		for (size_t i = 0; i < n; i += chunk) {
+			if ((rv = rl_reward_score_records(s, recs + i, RL_MIN(chunk, n - i))) != 0)
+				goto out;
+			now_ms = (uint64_t)(rl_wall() * 1000.0);
+			if (i + chunk < n && deadline && deadline - RL_MIN(deadline, now_ms) < span / 2) {
+				rl_qack_result ar = { 0 };
+				if (rl_qclient_extend(c, &l, &ar) == 0 && ar.deadline_ms > now_ms) {
+					deadline = ar.deadline_ms;
+					span = deadline - now_ms;
+					rl_verbose("queue: lease %llu extended", (unsigned long long)l.id);
+				} else {
+					rl_warn("queue: could not extend lease %llu; its records may be scored twice",
+						(unsigned long long)l.id);
+				}
+			}
+		}
 		rl_traj_batch_clear(out);
 		for (size_t i = 0; i < n; i++)
 			if ((rv = rl_traj_batch_add(out, recs[i])) != 0)

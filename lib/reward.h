@@ -205,6 +205,9 @@ int rl_reward_stream(rl_reward_scorer *s, rl_traj_reader *r, rl_traj_writer *w, 
 typedef struct rl_qclient rl_qclient;
 typedef struct rl_reward_queue_opts {
 	uint32_t batch;        /* records per lease; default 256 */
+	uint32_t chunk;        /* records per scoring round within a lease; 0: the whole lease.
+	                        * Between rounds the lease is extended once less than half
+	                        * of it is left (slow --exec programs). */
 	uint32_t wait_ms;      /* long-poll wait per lease request; default 500 */
 	double idle_exit_s;    /* <= 0: run until *stop */
 } rl_reward_queue_opts;

@@ -299,7 +299,10 @@ main(int argc, char **argv)
 	}
 	if (queue_url) {
 		rl_qclient *qc = NULL;
-		rl_reward_queue_opts qo = { .batch = (uint32_t)batch, .wait_ms = 500, .idle_exit_s = idle_exit };
+		/* with --exec, rounds of 4 records per worker, so a long lease can be
+		 * extended between them */
+		rl_reward_queue_opts qo = { .batch = (uint32_t)batch, .wait_ms = 500, .idle_exit_s = idle_exit,
+					    .chunk = exec_cmd ? 4u * (uint32_t)xo.workers : 0 };
 		struct sigaction sa;
 
 		memset(&sa, 0, sizeof sa);

@@ -293,6 +293,28 @@ for i in range(12):
 	[ "$status" -eq 2 ]
 }
 
+@test "--queue: a batch slower than the lease is extended, not redelivered" {
+	port=$(free_port)
+	url="tcp://127.0.0.1:$port"
+	rl-queue serve --listen "$url" -q --lease-timeout 2 3>&- &
+	SERVE_PID=$!
+	python3 -c '
+import json
+for i in range(32):
+    print(json.dumps({"id": 100 + i, "group": i // 4, "index": i % 4, "group_size": 4,
+                      "response_text": "#### 1", "meta": {"answer": "1"}}))' > "$TMP/gen.jsonl"
+	rl-queue put -q --stage generated -t 10 "$url" "$TMP/gen.jsonl"
+	# 32 records at 0.1 s each: 3.2 s in one lease of 2 s
+	run --separate-stderr timeout 60 rl-reward -v --queue "$url" --idle-exit 1 \
+		--exec "sh -c 'while read -r l; do sleep 0.1; echo 1; done'"
+	assert_success
+	[[ "$stderr" == *"extended"* ]]
+	[[ "$stderr" == *"32 records"*"0 failed"* ]]
+	run rl-queue stat "$url"
+	assert_output --partial "lease expiries 0 (0 records)"
+	assert_output --partial "scored 32"
+}
+
 teardown() {
 	if [ -n "${SERVE_PID:-}" ]; then
 		kill "$SERVE_PID" 2>/dev/null || true
