@@ -1346,6 +1346,23 @@ rl_reward_stream(rl_reward_scorer *s, rl_traj_reader *r, rl_traj_writer *w, size
 		return RL_ENOMEM;
 	for (;;) {
 		rl_traj *t = NULL;
+		if (rl_traj_reader_drained(r)) {
+			/* about to wait on the input: what is pending goes downstream first
+			 * (in a pipe the next stage may be waiting for exactly these) */
+			if (np > 0) {
+				if ((rv = rl_reward_score_records(s, pend, np)) != 0)
+					goto out;
+				for (size_t i = 0; i < np; i++) {
+					if ((rv = rl_traj_writer_put(w, pend[i])) != 0)
+						goto out;
+					rl_traj_destroy(pend[i]);
+					pend[i] = NULL;
+				}
+				np = 0;
+			}
+			if ((rv = rl_traj_writer_flush(w)) != 0)
+				goto out;
+		}
 		if ((rerr = rl_traj_reader_next(r, &t)) != 0 || !t)
 			break;
 		if (batch == 1) {

@@ -57,6 +57,7 @@ static const char usage_text[] =
     "      --max-staleness K   wait for version >= batches emitted - K (with --weights-from)\n"
     "      --train-batch G     groups per trainer step, for --max-staleness (default 8)\n"
     "      --partial           new weights apply to sequences already running\n"
+    "      --weights-timeout S give up waiting for a weights version after S seconds (default 600; 0 never)\n"
     "      --skip-bad          skip bad prompt lines (counted) instead of stopping\n"
     "      --score FIELD       score mode: write per-token log-probs into FIELD\n"
     "      --queue URL         lease prompts from rl-queue and put the trajectories back\n"
@@ -66,7 +67,7 @@ static const char usage_text[] =
 enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
-	O_QUEUE, O_IDLE
+	O_QUEUE, O_IDLE, O_WTIMEOUT
 };
 
 static const struct option longopts[] = {
@@ -83,6 +84,7 @@ static const struct option longopts[] = {
 	{ "partial", no_argument, 0, O_PARTIAL }, { "skip-bad", no_argument, 0, O_SKIPBAD },
 	{ "score", required_argument, 0, O_SCORE }, { "queue", required_argument, 0, O_QUEUE },
 	{ "idle-exit", required_argument, 0, O_IDLE },
+	{ "weights-timeout", required_argument, 0, O_WTIMEOUT },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -90,7 +92,7 @@ static const struct option longopts[] = {
 typedef struct gen {
 	/* options */
 	const char *model_dir, *out_path, *device, *weights_from, *input, *score_field, *queue_url;
-	double idle_exit;
+	double idle_exit, weights_timeout;
 	rl_qclient *qc;
 	uint64_t q_bad, q_put;
 	int n, jsonl, chat, tmpl, greedy, max_staleness, train_batch, partial, skip_bad, quiet;
@@ -504,7 +506,7 @@ parse_prompt(gen *g, const char *line, size_t len, prompt **out)
 	return parse_prompt_obj(g, j, where, NULL, 0, out);
 }
 
-/* Waits (polling --weights-from) until version >= need. */
+/* Waits (polling --weights-from) until version >= need, at most --weights-timeout. */
 static int
 wait_version(gen *g, int need)
 {
@@ -516,6 +518,13 @@ wait_version(gen *g, int need)
 			return rv;
 		if (g->version >= need)
 			break;
+		if (g->weights_timeout > 0 && rl_now() - t0 > g->weights_timeout) {
+			rl_error("no weights version %d in '%s' after %.0f s (have %d)", need, g->weights_from,
+			    g->weights_timeout, g->version);
+			rl_hint("is the trainer running and publishing there?  a trainer that drops groups "
+			    "(dapo) may need more samples than --max-staleness lets through");
+			return RL_ETIMEDOUT;
+		}
 		if (rl_now() - last > 10) {
 			rl_verbose("waiting for weights version %d in '%s' (have %d)", need, g->weights_from, g->version);
 			last = rl_now();
@@ -892,6 +901,7 @@ rl_cmd_generate(int argc, char **argv)
 	g.max_staleness = -1;
 	g.train_batch = 8;
 	g.pending_version = -1;
+	g.weights_timeout = 600;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:n:o:qvh", longopts, NULL)) != -1) {
 		const char *a = optarg;
@@ -938,6 +948,7 @@ rl_cmd_generate(int argc, char **argv)
 		case O_SCORE: g.score_field = a; break;
 		case O_QUEUE: g.queue_url = a; break;
 		case O_IDLE: NUM(0, 1e9); g.idle_exit = v; break;
+		case O_WTIMEOUT: NUM(0, 1e9); g.weights_timeout = v; break;
 		case 'q': verbosity = RL_LOG_QUIET; g.quiet = 1; break;
 		case 'v': verbosity++; break;
 		case 'h':
