@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zstd.h>
 
 /* ---- checksum: XXH64 -------------------------------------------------------- */
@@ -206,19 +207,22 @@ blob_hash_from_pieces(const rl_wblob *b)
 	return h;
 }
 
-/* version hash: over the number, then each blob's name, size and hash */
+/* version hash: over the number and each blob's name, size and hash; blob
+ * order does not matter (a directory read back lists files sorted) */
 static uint64_t
 version_hash(const rl_wver *v)
 {
-	uint64_t h = rl_wsync_hash64(&v->version, sizeof v->version, 0x524c5359);
+	uint64_t acc = 0, fin[3];
 
 	for (int i = 0; i < v->nblobs; i++) {
 		const rl_wblob *b = &v->blobs[i];
 		uint64_t rec[2] = { b->size, b->hash };
-		h = rl_wsync_hash64(b->name, strlen(b->name), h);
-		h = rl_wsync_hash64(rec, sizeof rec, h);
+		acc += rl_wsync_hash64(rec, sizeof rec, rl_wsync_hash64(b->name, strlen(b->name), 0x524c5359));
 	}
-	return h;
+	fin[0] = v->version;
+	fin[1] = acc;
+	fin[2] = (uint64_t)v->nblobs;
+	return rl_wsync_hash64(fin, sizeof fin, 0x524c5359);
 }
 
 static void
@@ -723,7 +727,7 @@ chunk_verify(const rl_wblob *b, uint64_t off, size_t len)
 /* chunk body: u32 flags, u32 elem, u64 raw length, then the payload */
 #define CB_HDR 16
 
-static atomic_int test_corrupt;
+static atomic_int test_corrupt, test_slow_ms;
 void rl_wsync_test_corrupt(int n) { atomic_store(&test_corrupt, n); }
 
 /* ---- server ---------------------------------------------------------------------- */
@@ -1036,6 +1040,8 @@ do_chunk(rl_wsync_server *s, const whdr *h)
 		rl_warn("test hook: corrupted chunk %llu of version %llu", (unsigned long long)h->a,
 			(unsigned long long)h->version);
 	}
+	if (atomic_load(&test_slow_ms) > 0)
+		usleep((useconds_t)atomic_load(&test_slow_ms) * 1000);
 	pthread_mutex_lock(&s->mu);
 	s->n_chunks++;
 	s->bytes_out += e.n + CB_HDR;
@@ -1575,6 +1581,8 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 	s->sock = (nng_socket)NNG_SOCKET_INITIALIZER;
 	if (getenv("RL_WSYNC_TEST_CORRUPT"))
 		rl_wsync_test_corrupt(atoi(getenv("RL_WSYNC_TEST_CORRUPT")));
+	if (getenv("RL_WSYNC_TEST_SLOW_MS"))
+		atomic_store(&test_slow_ms, atoi(getenv("RL_WSYNC_TEST_SLOW_MS")));
 	if (o->data_dir) {
 		s->data_dir = rl_xstrdup(o->data_dir);
 		if ((rv = server_load(s)) != 0)
