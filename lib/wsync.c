@@ -1288,7 +1288,7 @@ ctx_recv(sctx *c)
 
 /* handle one request; NULL reply with c parked for a long-poll */
 static nng_msg *
-handle(rl_wsync_server *s, sctx *c, nng_msg *req)
+handle(rl_wsync_server *s, sctx *c, nng_msg *req, int *parked)
 {
 	whdr h;
 	const char *why;
@@ -1318,6 +1318,7 @@ handle(rl_wsync_server *s, sctx *c, nng_msg *req)
 		c->state = SC_PARKED;
 		c->next = s->parked;
 		s->parked = c;
+		*parked = 1; /* from here on the timer thread owns c */
 		pthread_cond_broadcast(&s->tcv);
 		pthread_mutex_unlock(&s->mu);
 		return NULL;
@@ -1380,7 +1381,8 @@ worker_main(void *arg)
 
 	for (;;) {
 		sctx *c;
-		nng_msg *rep;
+		nng_msg *rep, *req;
+		int parked;
 
 		pthread_mutex_lock(&s->mu);
 		while (s->qhead == NULL && !s->closing)
@@ -1393,12 +1395,14 @@ worker_main(void *arg)
 		if ((s->qhead = c->next) == NULL)
 			s->qtail = NULL;
 		pthread_mutex_unlock(&s->mu);
-		rep = handle(s, c, c->req);
-		nng_msg_free(c->req);
+		req = c->req;
 		c->req = NULL;
+		parked = 0;
+		rep = handle(s, c, req, &parked);
+		nng_msg_free(req);
 		if (rep)
 			ctx_send(c, rep);
-		else if (c->state != SC_PARKED)
+		else if (!parked)
 			ctx_recv(c); /* no memory for a reply: the client times out and retries */
 	}
 }
@@ -1831,7 +1835,8 @@ rl_wsync_poll(rl_wsync_client *c, uint64_t have, int timeout_ms, uint64_t *lates
 		int ask = left > WS_WAIT_MAX_MS / 1e3 ? WS_WAIT_MAX_MS : left > 0 ? (int)(left * 1e3) : 0;
 		nng_msg *m;
 		whdr h;
-		int rv = rpc(c, c->ctx, c->aio, OP_WAIT, 0, have, (uint64_t)ask, NULL, 0, NULL, 0, ask + c->o.timeout_ms,
+		int rv = rpc(c, c->ctx, c->aio, OP_WAIT, 0, have, (uint64_t)ask, NULL, 0, NULL, 0,
+			     ask + RL_MIN(c->o.timeout_ms, 2000),
 			     &m, &h);
 
 		if (m)

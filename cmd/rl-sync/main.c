@@ -265,7 +265,7 @@ cmd_pull(const cfg *c)
 		double t0 = rl_now();
 
 		if (want == 0) {
-			int wait = c->wait || (c->follow && last > 0);
+			int wait = c->wait || c->follow;
 			rv = RL_ETIMEDOUT;
 			while (!stop) {
 				rv = rl_wsync_poll(cl, last, wait ? 1000 : 0, &latest);
