@@ -18,6 +18,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -280,144 +281,245 @@ rl_wver_verify(const rl_wver *v)
 }
 
 /* ---- codec ------------------------------------------------------------------------ */
-/* dst = planes of (src [^ base]): byte k of every element together.  The
- * n % elem tail bytes stay at the end unshuffled. */
+/* An encoded chunk is a list of segments: the `elem` byte planes of the
+ * (XOR'd) chunk, then the n % elem tail bytes (elem 1: one segment, the
+ * chunk).  Each segment is u32 encoded length, u8 kind (0 stored, 1 zstd),
+ * 3 zero bytes, then its bytes.  Planes are compressed one by one so the
+ * near-random low mantissa plane of bf16 weights is stored and only the
+ * exponent plane pays for zstd, both ways. */
+#define SEG_HDR 8
+
+/* per-thread zstd contexts and scratch, freed at thread exit */
+typedef struct tls_codec {
+	ZSTD_CCtx *cc;
+	ZSTD_DCtx *dc;
+	uint8_t *buf;
+	size_t cap;
+} tls_codec;
+static pthread_key_t codec_key;
+static pthread_once_t codec_once = PTHREAD_ONCE_INIT;
+
+static void
+codec_free(void *p)
+{
+	tls_codec *t = p;
+
+	if (t == NULL)
+		return;
+	ZSTD_freeCCtx(t->cc);
+	ZSTD_freeDCtx(t->dc);
+	free(t->buf);
+	free(t);
+}
+
+static void codec_key_make(void) { pthread_key_create(&codec_key, codec_free); }
+
+static tls_codec *
+codec_tls(size_t need)
+{
+	tls_codec *t;
+
+	pthread_once(&codec_once, codec_key_make);
+	if ((t = pthread_getspecific(codec_key)) == NULL) {
+		if ((t = calloc(1, sizeof *t)) == NULL)
+			return NULL;
+		t->cc = ZSTD_createCCtx();
+		t->dc = ZSTD_createDCtx();
+		if (t->cc == NULL || t->dc == NULL || pthread_setspecific(codec_key, t) != 0) {
+			codec_free(t);
+			return NULL;
+		}
+	}
+	if (need > t->cap) {
+		uint8_t *nb = realloc(t->buf, need);
+		if (nb == NULL)
+			return NULL;
+		t->buf = nb;
+		t->cap = need;
+	}
+	return t;
+}
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+/* planes of (src [^ base]): byte k of every element together at dst + k*ne;
+ * the n % elem tail bytes after the planes */
 static void
 shuffle_xor(uint8_t *restrict dst, const uint8_t *restrict src, const uint8_t *restrict base, size_t n, int elem)
 {
-	size_t ne = n / (size_t)elem;
+	size_t ne = n / (size_t)elem, i = 0;
 
 	if (elem == 2) {
 		uint8_t *d0 = dst, *d1 = dst + ne;
-		if (base)
-			for (size_t i = 0; i < ne; i++) {
-				d0[i] = src[2 * i] ^ base[2 * i];
-				d1[i] = src[2 * i + 1] ^ base[2 * i + 1];
+#if defined(__SSE2__)
+		const __m128i m = _mm_set1_epi16(0x00ff);
+		for (; i + 16 <= ne; i += 16) {
+			__m128i a = _mm_loadu_si128((const __m128i *)(src + 2 * i));
+			__m128i b = _mm_loadu_si128((const __m128i *)(src + 2 * i + 16));
+			if (base) {
+				a = _mm_xor_si128(a, _mm_loadu_si128((const __m128i *)(base + 2 * i)));
+				b = _mm_xor_si128(b, _mm_loadu_si128((const __m128i *)(base + 2 * i + 16)));
 			}
-		else
-			for (size_t i = 0; i < ne; i++) {
-				d0[i] = src[2 * i];
-				d1[i] = src[2 * i + 1];
-			}
-	} else {
+			_mm_storeu_si128((__m128i *)(d0 + i), _mm_packus_epi16(_mm_and_si128(a, m), _mm_and_si128(b, m)));
+			_mm_storeu_si128((__m128i *)(d1 + i), _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8)));
+		}
+#endif
+		for (; i < ne; i++) {
+			d0[i] = src[2 * i] ^ (base ? base[2 * i] : 0);
+			d1[i] = src[2 * i + 1] ^ (base ? base[2 * i + 1] : 0);
+		}
+	} else if (elem > 1) {
 		for (int k = 0; k < elem; k++) {
 			uint8_t *d = dst + (size_t)k * ne;
 			if (base)
-				for (size_t i = 0; i < ne; i++)
+				for (i = 0; i < ne; i++)
 					d[i] = src[i * elem + k] ^ base[i * elem + k];
 			else
-				for (size_t i = 0; i < ne; i++)
+				for (i = 0; i < ne; i++)
 					d[i] = src[i * elem + k];
 		}
+	} else {
+		for (i = 0; i < n; i++)
+			dst[i] = src[i] ^ base[i];
+		return;
 	}
-	for (size_t i = ne * elem; i < n; i++)
+	for (i = ne * elem; i < n; i++)
 		dst[i] = base ? src[i] ^ base[i] : src[i];
 }
 
+/* the inverse: plane k at pl[k] (ne bytes each), tail at pl[elem] */
 static void
-unshuffle_xor(uint8_t *restrict dst, const uint8_t *restrict src, const uint8_t *restrict base, size_t n, int elem)
+unshuffle_xor(uint8_t *restrict dst, const uint8_t *const *pl, const uint8_t *restrict base, size_t n, int elem)
 {
-	size_t ne = n / (size_t)elem;
+	size_t ne = n / (size_t)elem, i = 0;
 
 	if (elem == 2) {
-		const uint8_t *s0 = src, *s1 = src + ne;
-		if (base)
-			for (size_t i = 0; i < ne; i++) {
-				dst[2 * i] = s0[i] ^ base[2 * i];
-				dst[2 * i + 1] = s1[i] ^ base[2 * i + 1];
+		const uint8_t *s0 = pl[0], *s1 = pl[1];
+#if defined(__SSE2__)
+		for (; i + 16 <= ne; i += 16) {
+			__m128i lo = _mm_loadu_si128((const __m128i *)(s0 + i));
+			__m128i hi = _mm_loadu_si128((const __m128i *)(s1 + i));
+			__m128i a = _mm_unpacklo_epi8(lo, hi), b = _mm_unpackhi_epi8(lo, hi);
+			if (base) {
+				a = _mm_xor_si128(a, _mm_loadu_si128((const __m128i *)(base + 2 * i)));
+				b = _mm_xor_si128(b, _mm_loadu_si128((const __m128i *)(base + 2 * i + 16)));
 			}
-		else
-			for (size_t i = 0; i < ne; i++) {
-				dst[2 * i] = s0[i];
-				dst[2 * i + 1] = s1[i];
-			}
+			_mm_storeu_si128((__m128i *)(dst + 2 * i), a);
+			_mm_storeu_si128((__m128i *)(dst + 2 * i + 16), b);
+		}
+#endif
+		for (; i < ne; i++) {
+			dst[2 * i] = s0[i] ^ (base ? base[2 * i] : 0);
+			dst[2 * i + 1] = s1[i] ^ (base ? base[2 * i + 1] : 0);
+		}
 	} else {
 		for (int k = 0; k < elem; k++) {
-			const uint8_t *s = src + (size_t)k * ne;
+			const uint8_t *s = pl[k];
 			if (base)
-				for (size_t i = 0; i < ne; i++)
+				for (i = 0; i < ne; i++)
 					dst[i * elem + k] = s[i] ^ base[i * elem + k];
 			else
-				for (size_t i = 0; i < ne; i++)
+				for (i = 0; i < ne; i++)
 					dst[i * elem + k] = s[i];
 		}
 	}
-	for (size_t i = ne * elem; i < n; i++)
-		dst[i] = base ? src[i] ^ base[i] : src[i];
+	for (i = ne * elem; i < n; i++)
+		dst[i] = pl[elem][i - ne * elem] ^ (base ? base[i] : 0);
+}
+
+/* a sampled byte histogram with entropy near 8 bits: zstd would store it
+ * anyway (the low mantissa plane of weights), so do not spend time trying */
+static int
+looks_random(const uint8_t *p, size_t n)
+{
+	uint32_t h[256] = { 0 };
+	size_t step = n >= 65536 ? 16 : 1, cnt = 0;
+	double e = 0;
+
+	if (n < 16384)
+		return 0;
+	for (size_t i = 0; i < n; i += step, cnt++)
+		h[p[i]]++;
+	for (int k = 0; k < 256; k++)
+		if (h[k]) {
+			double q = (double)h[k] / (double)cnt;
+			e -= q * log2(q);
+		}
+	return e > 7.8;
 }
 
 int
 rl_wsync_encode(uint8_t **out, size_t *outn, uint32_t *flags, const uint8_t *raw, const uint8_t *base, size_t n,
 		int elem, int level)
 {
-	uint8_t *tmp = NULL, *z = NULL;
+	tls_codec *t;
 	const uint8_t *src = raw;
-	size_t bound, zn;
+	uint8_t *o;
+	size_t ne, cap, off = 0, seg[5];
+	int nseg;
 	uint32_t f = 0;
-	int rv = RL_OK;
 
 	*out = NULL;
 	*outn = 0;
 	if (elem != 1 && elem != 2 && elem != 4)
 		elem = 1;
+	if ((t = codec_tls(n ? n : 1)) == NULL)
+		return RL_ENOMEM;
 	if (base || elem > 1) {
-		if ((tmp = rl_try_malloc(n ? n : 1, "chunk")) == NULL)
-			return RL_ENOMEM;
-		if (elem > 1) {
-			shuffle_xor(tmp, raw, base, n, elem);
-			f |= RL_WENC_SHUF;
-		} else {
-			for (size_t i = 0; i < n; i++)
-				tmp[i] = raw[i] ^ base[i];
-		}
-		if (base)
-			f |= RL_WENC_DELTA;
-		src = tmp;
+		shuffle_xor(t->buf, raw, base, n, elem);
+		src = t->buf;
+		f |= (elem > 1 ? RL_WENC_SHUF : 0) | (base ? RL_WENC_DELTA : 0);
 	}
-	bound = ZSTD_compressBound(n);
-	if ((z = rl_try_malloc(bound, "compressed chunk")) == NULL) {
-		rv = RL_ENOMEM;
-		goto out;
-	}
-	zn = ZSTD_compress(z, bound, src, n, level ? level : 1);
-	if (ZSTD_isError(zn)) {
-		rl_error("zstd: %s", ZSTD_getErrorName(zn));
-		rv = RL_EIO;
-		goto out;
-	}
-	if (zn + zn / 32 < n) {
-		*out = z;
-		*outn = zn;
-		f |= RL_WENC_ZSTD;
-		z = NULL;
-	} else {
-		/* stored: keep the (xor'd, shuffled) bytes as they are */
-		if (tmp) {
-			*out = tmp;
-			tmp = NULL;
-		} else {
-			if ((*out = rl_try_malloc(n ? n : 1, "chunk")) == NULL) {
-				rv = RL_ENOMEM;
-				goto out;
+	ne = n / (size_t)elem;
+	nseg = elem > 1 ? elem + 1 : 1;
+	for (int k = 0; k < nseg; k++)
+		seg[k] = elem > 1 ? (k < elem ? ne : n - ne * (size_t)elem) : n;
+	cap = ZSTD_compressBound(n) + (size_t)nseg * (SEG_HDR + 64);
+	if ((o = rl_try_malloc(cap, "encoded chunk")) == NULL)
+		return RL_ENOMEM;
+	for (int k = 0; k < nseg; k++) {
+		size_t zn = 0;
+		uint8_t *h = o + off;
+		memset(h, 0, SEG_HDR);
+		off += SEG_HDR;
+		if (seg[k] >= 64 && !looks_random(src, seg[k])) {
+			zn = ZSTD_compressCCtx(t->cc, o + off, cap - off, src, seg[k], level ? level : 1);
+			if (ZSTD_isError(zn)) {
+				rl_error("zstd: %s", ZSTD_getErrorName(zn));
+				free(o);
+				return RL_EIO;
 			}
-			memcpy(*out, raw, n);
 		}
-		*outn = n;
+		if (zn > 0 && zn + zn / 32 < seg[k]) {
+			h[4] = 1;
+			f |= RL_WENC_ZSTD;
+		} else {
+			memcpy(o + off, src, seg[k]);
+			zn = seg[k];
+		}
+		h[0] = (uint8_t)zn;
+		h[1] = (uint8_t)(zn >> 8);
+		h[2] = (uint8_t)(zn >> 16);
+		h[3] = (uint8_t)(zn >> 24);
+		off += zn;
+		src += seg[k];
 	}
+	*out = o;
+	*outn = off;
 	*flags = f;
-out:
-	free(tmp);
-	free(z);
-	return rv;
+	return RL_OK;
 }
 
 int
 rl_wsync_decode(uint8_t *dst, size_t n, const uint8_t *enc, size_t encn, uint32_t flags, const uint8_t *base,
 		int elem)
 {
-	uint8_t *tmp = NULL;
-	const uint8_t *src = enc;
-	int rv = RL_OK;
+	const uint8_t *pl[5];
+	tls_codec *t = NULL;
+	size_t ne, off = 0, seg[5], scratch = 0;
+	int nseg, plain;
 
 	if (flags & ~(uint32_t)(RL_WENC_ZSTD | RL_WENC_DELTA | RL_WENC_SHUF))
 		return RL_EFORMAT;
@@ -425,39 +527,55 @@ rl_wsync_decode(uint8_t *dst, size_t n, const uint8_t *enc, size_t encn, uint32_
 		return RL_EINVAL;
 	if (elem != 1 && elem != 2 && elem != 4)
 		return RL_EFORMAT;
-	if (flags & RL_WENC_ZSTD) {
-		unsigned long long cs = ZSTD_getFrameContentSize(enc, encn);
-		size_t zr;
-		if (cs != ZSTD_CONTENTSIZE_UNKNOWN && cs != n)
+	if (!(flags & RL_WENC_SHUF))
+		elem = 1;
+	ne = n / (size_t)elem;
+	nseg = elem > 1 ? elem + 1 : 1;
+	plain = !(flags & (RL_WENC_SHUF | RL_WENC_DELTA));
+	for (int k = 0; k < nseg; k++)
+		seg[k] = elem > 1 ? (k < elem ? ne : n - ne * (size_t)elem) : n;
+	for (int k = 0; k < nseg; k++) {
+		size_t zn;
+		int kind;
+		if (encn - off < SEG_HDR)
 			return RL_EFORMAT;
-		if (flags & (RL_WENC_SHUF | RL_WENC_DELTA)) {
-			if ((tmp = rl_try_malloc(n ? n : 1, "chunk")) == NULL)
+		zn = (size_t)enc[off] | (size_t)enc[off + 1] << 8 | (size_t)enc[off + 2] << 16 | (size_t)enc[off + 3] << 24;
+		kind = enc[off + 4];
+		off += SEG_HDR;
+		if (zn > encn - off || kind > 1 || (kind == 0 && zn != seg[k]))
+			return RL_EFORMAT;
+		if (kind == 1) {
+			uint8_t *d;
+			size_t r;
+			if (plain) {
+				d = dst;
+			} else {
+				if (t == NULL && (t = codec_tls(n ? n : 1)) == NULL)
+					return RL_ENOMEM;
+				d = t->buf + scratch;
+				scratch += seg[k];
+			}
+			if (t == NULL && (t = codec_tls(1)) == NULL)
 				return RL_ENOMEM;
-			zr = ZSTD_decompress(tmp, n, enc, encn);
-			src = tmp;
+			r = ZSTD_decompressDCtx(t->dc, d, seg[k], enc + off, zn);
+			if (ZSTD_isError(r) || r != seg[k])
+				return RL_EFORMAT;
+			pl[k] = d;
 		} else {
-			zr = ZSTD_decompress(dst, n, enc, encn);
+			pl[k] = enc + off;
 		}
-		if (ZSTD_isError(zr) || zr != n) {
-			rv = RL_EFORMAT;
-			goto out;
-		}
-		if (!(flags & (RL_WENC_SHUF | RL_WENC_DELTA)))
-			goto out;
-	} else if (encn != n) {
+		off += zn;
+	}
+	if (off != encn)
 		return RL_EFORMAT;
-	}
-	if (flags & RL_WENC_SHUF) {
-		unshuffle_xor(dst, src, (flags & RL_WENC_DELTA) ? base : NULL, n, elem);
-	} else if (flags & RL_WENC_DELTA) {
+	if (elem > 1)
+		unshuffle_xor(dst, pl, (flags & RL_WENC_DELTA) ? base : NULL, n, elem);
+	else if (flags & RL_WENC_DELTA)
 		for (size_t i = 0; i < n; i++)
-			dst[i] = src[i] ^ base[i];
-	} else if (src != dst) {
-		memcpy(dst, src, n);
-	}
-out:
-	free(tmp);
-	return rv;
+			dst[i] = pl[0][i] ^ base[i];
+	else if (pl[0] != dst)
+		memcpy(dst, pl[0], n);
+	return RL_OK;
 }
 
 /* ---- wire helpers -------------------------------------------------------------- */
@@ -606,7 +724,8 @@ manifest_encode(uint8_t **out, size_t *outn, const rl_wver *v, uint32_t chunk, u
 /* manifest_decode: a hostile manifest into a version with allocated (zeroed
  * if zero=1), unverified blobs and the expected hashes. */
 static int
-manifest_decode(rl_wver **out, uint32_t *chunk, uint64_t *delta_base, const uint8_t *p, size_t n, const char **why)
+manifest_decode(rl_wver **out, uint32_t *chunk, uint64_t *delta_base, const uint8_t *p, size_t n, const char **why,
+		int alloc)
 {
 	rl_wver *v = NULL;
 	size_t off = 40;
@@ -673,7 +792,8 @@ manifest_decode(rl_wver **out, uint32_t *chunk, uint64_t *delta_base, const uint
 			*why = "truncated manifest";
 			goto fail;
 		}
-		if ((data = rl_try_malloc(size ? (size_t)size : 1, name)) == NULL) {
+		data = NULL;
+		if (alloc && (data = rl_try_malloc(size ? (size_t)size : 1, name)) == NULL) {
 			*why = "out of memory for a blob";
 			rv = RL_ENOMEM;
 			goto fail;
@@ -684,7 +804,7 @@ manifest_decode(rl_wver **out, uint32_t *chunk, uint64_t *delta_base, const uint
 			*why = "bad blob in manifest";
 			goto fail;
 		}
-		v->borrowed = 0; /* the version owns what it allocated */
+		v->borrowed = !alloc; /* the version owns what it allocated */
 		b = &v->blobs[v->nblobs - 1];
 		b->hash = get64(p + off + 10);
 		off += 18;
@@ -724,7 +844,10 @@ chunk_verify(const rl_wblob *b, uint64_t off, size_t len)
 	return RL_OK;
 }
 
-/* chunk body: u32 flags, u32 elem, u64 raw length, then the payload */
+/* chunk body: u32 flags, u32 elem, u64 raw length, then the payload.  A
+ * CHUNK request's b is the delta base the client holds (0 none); bit 63
+ * asks for whole chunks stored, not compressed (fast links). */
+#define CHUNK_STORED ((uint64_t)1 << 63)
 #define CB_HDR 16
 
 static atomic_int test_corrupt, test_slow_ms;
@@ -999,7 +1122,8 @@ do_chunk(rl_wsync_server *s, const whdr *h)
 	sver *x = sver_get(s, h->version);
 	nng_msg *m = NULL;
 	uint8_t cb[CB_HDR];
-	int delta = 0, rv;
+	int delta = 0, rv, stored = (int)(h->b >> 63);
+	uint64_t want_base = h->b & ~CHUNK_STORED;
 	enc e;
 
 	if (x == NULL || h->version == 0)
@@ -1011,9 +1135,28 @@ do_chunk(rl_wsync_server *s, const whdr *h)
 	if (m)
 		goto out;
 	pthread_mutex_lock(&s->mu);
-	if (h->b != 0 && (h->b == x->delta_base || (x->base && h->b == x->base->v->version)))
+	if (want_base != 0 && (want_base == x->delta_base || (x->base && want_base == x->base->v->version)))
 		delta = 1;
 	pthread_mutex_unlock(&s->mu);
+	if (stored && !delta) {
+		/* the raw bytes as one stored segment: no codec work either side */
+		const cref *c = &x->ch[h->a];
+		uint8_t sh[SEG_HDR] = { 0 };
+		put32(cb, 0);
+		put32(cb + 4, 1);
+		put64(cb + 8, c->len);
+		put32(sh, (uint32_t)c->len);
+		if ((m = reply_new(OP_CHUNK, RL_OK, h->version, h->a, 0, cb, CB_HDR)) == NULL ||
+		    nng_msg_append(m, sh, SEG_HDR) != 0 ||
+		    nng_msg_append(m, x->v->blobs[c->blob].data + c->off, c->len) != 0) {
+			if (m)
+				nng_msg_free(m);
+			m = NULL;
+			goto out;
+		}
+		e.n = c->len + SEG_HDR;
+		goto sent;
+	}
 	rv = chunk_enc(s, x, (size_t)h->a, delta, &e);
 	if (rv == RL_ENOENT && delta) {
 		delta = 0;
@@ -1027,13 +1170,14 @@ do_chunk(rl_wsync_server *s, const whdr *h)
 	put32(cb, e.flags);
 	put32(cb + 4, (uint32_t)x->v->blobs[x->ch[h->a].blob].elem);
 	put64(cb + 8, x->ch[h->a].len);
-	if ((m = reply_new(OP_CHUNK, RL_OK, h->version, h->a, delta ? h->b : 0, cb, CB_HDR)) == NULL ||
+	if ((m = reply_new(OP_CHUNK, RL_OK, h->version, h->a, delta ? want_base : 0, cb, CB_HDR)) == NULL ||
 	    nng_msg_append(m, e.p, e.n) != 0) {
 		if (m)
 			nng_msg_free(m);
 		m = NULL;
 		goto out;
 	}
+sent:
 	if (atomic_load(&test_corrupt) > 0 && atomic_fetch_sub(&test_corrupt, 1) > 0 && e.n > 0) {
 		uint8_t *body = (uint8_t *)nng_msg_body(m) + WS_HDR + CB_HDR;
 		body[e.n / 2] ^= 0x5a;
@@ -1062,7 +1206,7 @@ do_push_begin(rl_wsync_server *s, const whdr *h)
 	sver *x = NULL, *old = NULL;
 	int rv;
 
-	if ((rv = manifest_decode(&v, &chunk, &base, h->body, h->bodyn, &why)) != 0)
+	if ((rv = manifest_decode(&v, &chunk, &base, h->body, h->bodyn, &why, 1)) != 0)
 		return reply_err(OP_PUSH_BEGIN, rv, h->version, "%s", why);
 	if (v->version == 0 || v->version != h->version) {
 		rl_wver_destroy(v);
@@ -1890,7 +2034,8 @@ fetch_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i)
 
 		if (attempt > 0)
 			c->retries++;
-		rv = rpc(c, ctx, aio, OP_CHUNK, x->v->version, i, x->base ? x->base->version : 0, NULL, 0, NULL, 0,
+		rv = rpc(c, ctx, aio, OP_CHUNK, x->v->version, i,
+			 (x->base ? x->base->version : 0) | (c->o.stored ? CHUNK_STORED : 0), NULL, 0, NULL, 0,
 			 c->o.timeout_ms, &m, &h);
 		if (rv == RL_ETIMEDOUT) {
 			if (m)
@@ -2036,8 +2181,9 @@ xfer_run(xfer *x)
 	return atomic_load(&x->err);
 }
 
-int
-rl_wsync_fetch(rl_wsync_client *c, rl_wver **out, uint64_t version, const rl_wver *base)
+/* fetch into dst (NULL: allocate) */
+static int
+fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const rl_wver *base)
 {
 	nng_msg *m = NULL;
 	whdr h;
@@ -2049,7 +2195,7 @@ rl_wsync_fetch(rl_wsync_client *c, rl_wver **out, uint64_t version, const rl_wve
 	xfer x;
 	int rv;
 
-	*out = NULL;
+	memset(&x, 0, sizeof x);
 	for (int attempt = 0;; attempt++) {
 		rv = rpc(c, c->ctx, c->aio, OP_MANIFEST, version, 0, 0, NULL, 0, NULL, 0, c->o.timeout_ms, &m, &h);
 		if (rv != RL_ETIMEDOUT || attempt >= c->o.retries)
@@ -2065,13 +2211,23 @@ rl_wsync_fetch(rl_wsync_client *c, rl_wver **out, uint64_t version, const rl_wve
 		}
 		return net_fail(c, rv, "fetch");
 	}
-	rv = manifest_decode(&v, &chunk, &db, h.body, h.bodyn, &why);
+	rv = manifest_decode(&v, &chunk, &db, h.body, h.bodyn, &why, dst == NULL);
 	nng_msg_free(m);
 	if (rv != 0) {
 		rl_error("fetch: '%s': %s", c->url, why);
 		return rv;
 	}
-	memset(&x, 0, sizeof x);
+	if (dst) {
+		if (!same_layout(dst, v)) {
+			rl_error("fetch: version %llu has another layout (blob names or sizes) than the buffer given",
+				 (unsigned long long)v->version);
+			rv = RL_ESHAPE;
+			goto out;
+		}
+		for (int i = 0; i < v->nblobs; i++)
+			v->blobs[i].data = dst->blobs[i].data;
+		dst->version = 0; /* not a valid version until this succeeds */
+	}
 	x.c = c;
 	x.v = v;
 	if (base && db != 0 && base->version == db && same_layout(base, v))
@@ -2082,12 +2238,41 @@ rl_wsync_fetch(rl_wsync_client *c, rl_wver **out, uint64_t version, const rl_wve
 		   x.base ? " as a delta" : "");
 	if ((rv = xfer_run(&x)) != 0)
 		goto out;
-	*out = v;
-	v = NULL;
+	if (dst) {
+		dst->version = v->version;
+		dst->hash = v->hash;
+		for (int i = 0; i < v->nblobs; i++) {
+			free(dst->blobs[i].pieces);
+			dst->blobs[i].pieces = v->blobs[i].pieces;
+			v->blobs[i].pieces = NULL;
+			dst->blobs[i].hash = v->blobs[i].hash;
+			dst->blobs[i].elem = v->blobs[i].elem;
+		}
+	} else {
+		*out = v;
+		v = NULL;
+	}
 out:
 	free(x.ch);
 	rl_wver_destroy(v);
 	return rv;
+}
+
+int
+rl_wsync_fetch(rl_wsync_client *c, rl_wver **out, uint64_t version, const rl_wver *base)
+{
+	*out = NULL;
+	return fetch(c, out, NULL, version, base);
+}
+
+int
+rl_wsync_fetch_into(rl_wsync_client *c, rl_wver *dst, uint64_t version, const rl_wver *base)
+{
+	if (dst == base) {
+		rl_error("fetch: the buffer and the delta base must differ");
+		return RL_EINVAL;
+	}
+	return fetch(c, NULL, dst, version, base);
 }
 
 int

@@ -143,6 +143,8 @@ typedef struct rl_wsync_client_opts {
 	int level;            /* zstd level for push; 0 -> 1 */
 	size_t chunk;         /* push chunk size; 0 -> RL_WSYNC_CHUNK_DEFAULT */
 	int retries;          /* re-sends of a chunk with a bad checksum; 0 -> 3 */
+	int stored;           /* fetch: ask for whole chunks uncompressed (deltas stay
+	                       * compressed); faster on loopback and fast LANs */
 	size_t max_msg;       /* NNG_OPT_RECVMAXSZ; 0 -> RL_WSYNC_CHUNK_MAX + 64 KiB */
 } rl_wsync_client_opts;
 
@@ -163,6 +165,13 @@ int rl_wsync_poll(rl_wsync_client *c, uint64_t have, int timeout_ms, uint64_t *l
  * `retries` times (then RL_ECHECKSUM).  RL_ENOENT: the server has no such
  * version (it moved on; fetch the latest).  *out is owned by the caller. */
 int rl_wsync_fetch(rl_wsync_client *c, rl_wver **out, uint64_t version, const rl_wver *base);
+/* rl_wsync_fetch_into fetches into dst, a version of the same layout
+ * (blob names, order and sizes; RL_ESHAPE otherwise) whose buffers are
+ * overwritten: a worker's double buffer, so no memory is allocated per
+ * version.  base (the other buffer) must not be dst.  On success dst holds
+ * the version (number, hashes); on failure dst->version is 0 and its bytes
+ * are undefined. */
+int rl_wsync_fetch_into(rl_wsync_client *c, rl_wver *dst, uint64_t version, const rl_wver *base);
 /* rl_wsync_push sends v to the server.  base non-NULL: send v XOR base (the
  * server must still hold base as its latest; otherwise this falls back to a
  * full push).  Hashes v if not yet hashed.  v is borrowed. */

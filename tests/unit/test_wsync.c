@@ -485,6 +485,30 @@ test_service(void)
 	v = make_ver(NVER, BIG);
 	T_OK(got && same_content(got, v));
 	rl_wver_destroy(got);
+	/* uncompressed chunks on request, also checked */
+	{
+		rl_wsync_client *c2;
+		rl_wsync_client_opts o2 = { .timeout_ms = 5000, .stored = 1 };
+		T_EQ_INT(rl_wsync_client_open(&c2, url, &o2), RL_OK);
+		rl_wsync_test_corrupt(1);
+		T_EQ_INT(rl_wsync_fetch(c2, &got, 0, NULL), RL_OK);
+		rl_wsync_client_stats(c2, &st, 1);
+		T_OK(got && same_content(got, v));
+		T_OK(st.bytes_recv > rl_wver_total(v) && st.retries == 1, "%llu bytes, %llu retries",
+		     (unsigned long long)st.bytes_recv, (unsigned long long)st.retries);
+		rl_wver_destroy(got);
+		/* into a buffer of the same layout (double buffering) */
+		{
+			rl_wver *buf = make_ver(1, BIG), *small = make_ver(1, 1000);
+			T_EQ_INT(rl_wsync_fetch_into(c2, buf, 0, NULL), RL_OK);
+			T_OK(same_content(buf, v) && rl_wver_verify(buf) == RL_OK);
+			T_EQ_INT(rl_wsync_fetch_into(c2, small, 0, NULL), RL_ESHAPE);
+			T_EQ_INT(rl_wsync_fetch_into(c2, buf, 0, buf), RL_EINVAL);
+			rl_wver_destroy(buf);
+			rl_wver_destroy(small);
+		}
+		rl_wsync_client_close(c2);
+	}
 	/* ... and a server that keeps sending bad ones is an error, not bad data */
 	rl_wsync_test_corrupt(1000);
 	T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_ECHECKSUM);
