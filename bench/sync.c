@@ -6,7 +6,8 @@
  * bytes to the same number of receivers through plain loopback TCP sockets.
  *
  * Prints one JSON object per case on stdout.
- *   build/bench/sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N] [--stored]
+ *   build/bench/sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N] [--stored] [--reps N]
+ * Each figure is the median of --reps (3) interleaved runs.
  * --stored: subscribers ask for whole chunks uncompressed (deltas stay
  * compressed), as a worker on loopback or a fast LAN would.
  * --mb scales the model down (tensor shapes are kept, layers dropped) for a
@@ -205,6 +206,18 @@ raw_tcp(const uint8_t *src, size_t n, int k)
 /* ---- rl-sync subscribers -------------------------------------------------------------- */
 static int stored;
 
+static double
+median(double *x, int n)
+{
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && x[j] < x[j - 1]; j--) {
+			double t = x[j];
+			x[j] = x[j - 1];
+			x[j - 1] = t;
+		}
+	return n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+}
+
 typedef struct subjob {
 	const char *url;
 	int parallel;
@@ -270,7 +283,7 @@ int
 main(int argc, char **argv)
 {
 	double mb = 0, lr = 1e-6;
-	int level = 1, parallel = 4, subs[4] = { 1, 4 }, nsubs = 2, nlayer = 12, nt;
+	int reps = 3, level = 1, parallel = 4, subs[4] = { 1, 4 }, nsubs = 2, nlayer = 12, nt;
 	tinfo t[2 + 12 * 24 + 2];
 	size_t nparam = 0, fsize;
 	float *master;
@@ -293,6 +306,10 @@ main(int argc, char **argv)
 			lr = atof(argv[++i]);
 		else if (strcmp(argv[i], "--level") == 0 && i + 1 < argc)
 			level = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+			reps = atoi(argv[++i]);
+			reps = RL_MAX(1, RL_MIN(16, reps));
+		}
 		else if (strcmp(argv[i], "--stored") == 0)
 			stored = 1;
 		else if (strcmp(argv[i], "--parallel") == 0 && i + 1 < argc)
@@ -303,7 +320,7 @@ main(int argc, char **argv)
 			for (char *tok = strtok(s, ","); tok && nsubs < 4; tok = strtok(NULL, ","))
 				subs[nsubs++] = RL_MAX(1, RL_MIN(8, atoi(tok)));
 		} else {
-			fprintf(stderr, "usage: sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N] [--stored]\n");
+			fprintf(stderr, "usage: sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N] [--stored] [--reps N]\n");
 			return 2;
 		}
 	}
@@ -384,22 +401,29 @@ main(int argc, char **argv)
 				rl_wver_add_blob(dsts[i], "model.safetensors", b, fsize, 2, 0);
 				rl_wver_add_blob(dsts[i], "config.json", rl_xcalloc(1, 21), 21, 1, 0);
 			}
-			td = deliver(url, k, parallel, v->version, bases, dsts, v, &wire);
+			double rd[16], ra[16], rt[16];
+			/* interleaved repetitions, medians: the machine may be shared */
+			for (int r = 0; r < reps; r++) {
+				rd[r] = deliver(url, k, parallel, v->version, bases, dsts, v, &wire);
+				/* a fresh process: fetch allocates (page faults included) */
+				ra[r] = deliver(url, k, parallel, v->version, bases, NULL, v, &wa);
+				rt[r] = raw_tcp(f1, (size_t)fsize, k);
+			}
+			td = median(rd, reps);
+			ta = median(ra, reps);
+			tcp = median(rt, reps);
 			for (int i = 0; i < k; i++) {
 				free(dsts[i]->blobs[0].data);
 				free(dsts[i]->blobs[1].data);
 				rl_wver_destroy(dsts[i]);
 			}
-			/* a fresh process: fetch allocates (page faults included) */
-			ta = deliver(url, k, parallel, v->version, bases, NULL, v, &wa);
-			tcp = raw_tcp(f1, (size_t)fsize, k);
 			printf("{\"bench\":\"sync\",\"case\":\"%s\",\"subscribers\":%d,\"params\":%zu,\"bytes\":%llu,"
-			       "\"changed_frac\":%.5f,\"lr\":%g,\"level\":%d,\"parallel\":%d,\"stored\":%d,"
+			       "\"changed_frac\":%.5f,\"lr\":%g,\"level\":%d,\"parallel\":%d,\"stored\":%d,\"reps\":%d,"
 			       "\"seconds\":%.3f,\"wire_bytes_per_sub\":%llu,\"wire_ratio\":%.4f,"
 			       "\"push_seconds\":%.3f,\"push_wire_bytes\":%llu,"
 			       "\"raw_tcp_seconds\":%.3f,\"vs_raw_tcp\":%.2f,\"seconds_fresh_alloc\":%.3f}\n",
 			       kind, k, nparam, (unsigned long long)rl_wver_total(v), (double)changed / (double)nparam, lr,
-			       level, parallel, stored, td, (unsigned long long)(wire / (uint64_t)k),
+			       level, parallel, stored, reps, td, (unsigned long long)(wire / (uint64_t)k),
 			       (double)(wire / (uint64_t)k) / (double)rl_wver_total(v), tp, (unsigned long long)pwire, tcp,
 			       td / tcp, ta);
 			fflush(stdout);
