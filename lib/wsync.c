@@ -512,9 +512,12 @@ rl_wsync_encode(uint8_t **out, size_t *outn, uint32_t *flags, const uint8_t *raw
 	return RL_OK;
 }
 
-int
-rl_wsync_decode(uint8_t *dst, size_t n, const uint8_t *enc, size_t encn, uint32_t flags, const uint8_t *base,
-		int elem)
+/* decode_chunk: rl_wsync_decode, and with pieces non-NULL also checks each
+ * RL_WSYNC_PIECE of the output against pieces[] (the chunk starts on a piece
+ * boundary): RL_ECHECKSUM on a mismatch */
+static int
+decode_chunk(uint8_t *dst, size_t n, const uint8_t *enc, size_t encn, uint32_t flags, const uint8_t *base, int elem,
+	     const uint64_t *pieces)
 {
 	const uint8_t *pl[5];
 	tls_codec *t = NULL;
@@ -568,14 +571,41 @@ rl_wsync_decode(uint8_t *dst, size_t n, const uint8_t *enc, size_t encn, uint32_
 	}
 	if (off != encn)
 		return RL_EFORMAT;
-	if (elem > 1)
-		unshuffle_xor(dst, pl, (flags & RL_WENC_DELTA) ? base : NULL, n, elem);
-	else if (flags & RL_WENC_DELTA)
-		for (size_t i = 0; i < n; i++)
-			dst[i] = pl[0][i] ^ base[i];
-	else if (pl[0] != dst)
-		memcpy(dst, pl[0], n);
+	/* piece by piece, so each piece is hashed while it is still in cache */
+	for (size_t o = 0; o < n; o += RL_WSYNC_PIECE) {
+		size_t len = RL_MIN(RL_WSYNC_PIECE, n - o);
+		const uint8_t *bp = (flags & RL_WENC_DELTA) ? base + o : NULL;
+		if (elem > 1) {
+			const uint8_t *sp[5];
+			for (int k = 0; k < elem; k++)
+				sp[k] = pl[k] + o / (size_t)elem;
+			sp[elem] = pl[elem]; /* the tail: only the last piece has one */
+			unshuffle_xor(dst + o, sp, bp, len, elem);
+		} else if (bp) {
+			size_t i = 0;
+			for (; i + 8 <= len; i += 8) {
+				uint64_t a, b;
+				memcpy(&a, pl[0] + o + i, 8);
+				memcpy(&b, bp + i, 8);
+				a ^= b;
+				memcpy(dst + o + i, &a, 8);
+			}
+			for (; i < len; i++)
+				dst[o + i] = pl[0][o + i] ^ bp[i];
+		} else if (pl[0] != dst) {
+			memcpy(dst + o, pl[0] + o, len);
+		}
+		if (pieces && rl_wsync_hash64(dst + o, len, 0) != pieces[o / RL_WSYNC_PIECE])
+			return RL_ECHECKSUM;
+	}
 	return RL_OK;
+}
+
+int
+rl_wsync_decode(uint8_t *dst, size_t n, const uint8_t *enc, size_t encn, uint32_t flags, const uint8_t *base,
+		int elem)
+{
+	return decode_chunk(dst, n, enc, encn, flags, base, elem, NULL);
 }
 
 /* ---- wire helpers -------------------------------------------------------------- */
@@ -830,18 +860,6 @@ manifest_decode(rl_wver **out, uint32_t *chunk, uint64_t *delta_base, const uint
 fail:
 	rl_wver_destroy(v);
 	return rv;
-}
-
-/* verify the pieces a decoded chunk covers */
-static int
-chunk_verify(const rl_wblob *b, uint64_t off, size_t len)
-{
-	for (size_t o = 0; o < len; o += RL_WSYNC_PIECE) {
-		size_t n = RL_MIN(RL_WSYNC_PIECE, len - o);
-		if (rl_wsync_hash64(b->data + off + o, n, 0) != b->pieces[(off + o) / RL_WSYNC_PIECE])
-			return RL_ECHECKSUM;
-	}
-	return RL_OK;
 }
 
 /* chunk body: u32 flags, u32 elem, u64 raw length, then the payload.  A
@@ -1291,9 +1309,8 @@ do_push_chunk(rl_wsync_server *s, const whdr *h)
 	}
 	if (flags & RL_WENC_DELTA)
 		base = bx->v->blobs[c->blob].data + c->off;
-	rv = rl_wsync_decode(b->data + c->off, c->len, h->body + CB_HDR, h->bodyn - CB_HDR, flags, base, b->elem);
-	if (rv == 0)
-		rv = chunk_verify(b, c->off, c->len);
+	rv = decode_chunk(b->data + c->off, c->len, h->body + CB_HDR, h->bodyn - CB_HDR, flags, base, b->elem,
+			  b->pieces + c->off / RL_WSYNC_PIECE);
 	if (rv != 0) {
 		pthread_mutex_lock(&s->mu);
 		s->n_bad_push++;
@@ -2044,8 +2061,13 @@ fetch_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i)
 		}
 		if (rv != RL_OK) {
 			if (m) {
-				rl_error("chunk %zu of version %llu: server says: %s", i, (unsigned long long)x->v->version,
-					 rep_text(&h, buf, sizeof buf));
+				/* ENOENT: the server moved on to a newer version; the caller fetches that */
+				if (rv == RL_ENOENT)
+					rl_verbose("chunk %zu of version %llu: server says: %s", i,
+						   (unsigned long long)x->v->version, rep_text(&h, buf, sizeof buf));
+				else
+					rl_error("chunk %zu of version %llu: server says: %s", i,
+						 (unsigned long long)x->v->version, rep_text(&h, buf, sizeof buf));
 				nng_msg_free(m);
 			} else {
 				net_fail(c, rv, "fetch");
@@ -2062,10 +2084,8 @@ fetch_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i)
 					flags = ~0u; /* a delta we did not ask for: refused below */
 			}
 			if (flags != ~0u)
-				rv = rl_wsync_decode(b->data + cr->off, cr->len, h.body + CB_HDR, h.bodyn - CB_HDR, flags,
-						     base, (int)get32(h.body + 4));
-			if (rv == RL_OK)
-				rv = chunk_verify(b, cr->off, cr->len);
+				rv = decode_chunk(b->data + cr->off, cr->len, h.body + CB_HDR, h.bodyn - CB_HDR, flags, base,
+						  (int)get32(h.body + 4), b->pieces + cr->off / RL_WSYNC_PIECE);
 		}
 		c->bytes_recv += 0;
 		nng_msg_free(m);
