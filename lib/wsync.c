@@ -2129,7 +2129,20 @@ push_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i)
 
 		if (attempt > 0)
 			c->retries++;
+		if (en > 0 && atomic_load(&test_corrupt) > 0 && atomic_fetch_sub(&test_corrupt, 1) > 0) {
+			/* test hook: this attempt carries one flipped byte */
+			uint8_t *bad = malloc(en);
+			if (bad) {
+				memcpy(bad, e, en);
+				bad[en / 2] ^= 0x5a;
+				rv = rpc(c, ctx, aio, OP_PUSH_CHUNK, x->v->version, i, 0, cb, CB_HDR, bad, en, c->o.timeout_ms,
+					 &m, &h);
+				free(bad);
+				goto sent;
+			}
+		}
 		rv = rpc(c, ctx, aio, OP_PUSH_CHUNK, x->v->version, i, 0, cb, CB_HDR, e, en, c->o.timeout_ms, &m, &h);
+sent:
 		if (rv == RL_OK) {
 			c->chunks++;
 			c->raw_bytes += cr->len;

@@ -179,8 +179,9 @@ int rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base);
 /* Counters since open (or the last reset). */
 void rl_wsync_client_stats(rl_wsync_client *c, rl_wsync_stats *st, int reset);
 
-/* Test hooks: the next n chunk replies this process's servers send are
- * corrupted after checksumming (one byte flipped).  Also read from the
+/* Test hooks: the next n chunk replies this process's servers send, or
+ * chunks its clients push, are corrupted after checksumming (one byte
+ * flipped).  Also read from the
  * environment when a server opens: RL_WSYNC_TEST_CORRUPT=n, and
  * RL_WSYNC_TEST_SLOW_MS=ms (sleep before each chunk reply, to kill a client
  * mid-transfer in tests). */

@@ -532,6 +532,19 @@ test_service(void)
 	T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_OK);
 	T_OK(got && same_content(got, v));
 	rl_wver_destroy(got);
+	/* a chunk damaged on the way to the server is refused and sent again */
+	{
+		rl_wver *w = make_ver(NVER + 1, BIG);
+		rl_wsync_client_stats(c, &st, 1);
+		rl_wsync_test_corrupt(1);
+		T_EQ_INT(rl_wsync_push(c, w, NULL), RL_OK);
+		rl_wsync_client_stats(c, &st, 1);
+		T_EQ_INT(st.retries, 1);
+		T_EQ_INT(rl_wsync_status(c, &js), RL_OK);
+		T_OK(js && strstr(js, "\"push_chunks_rejected\":1") != NULL, "%s", js ? js : "");
+		free(js);
+		rl_wver_destroy(w);
+	}
 	rl_wsync_client_close(c);
 	rl_wsync_server_close(srv);
 	rl_wver_destroy(v);
