@@ -276,8 +276,10 @@ cmd_pull(const cfg *c)
 				if (rv != RL_ETIMEDOUT || !wait)
 					break;
 			}
-			if (stop)
+			if (stop) {
+				rv = RL_OK; /* SIGINT/SIGTERM: a clean stop */
 				break;
+			}
 			if (rv == RL_ETIMEDOUT) {
 				if (latest == 0) {
 					rl_error("'%s' has no version yet", c->url);

@@ -119,7 +119,8 @@ bump() {
 @test "pull --follow receives every version in order, as deltas" {
 	serve
 	rl-sync pull "$URL" --out "$T/f" --follow --keep 3 -v 3>&- 2>"$T/follow.err" &
-	PIDS="$PIDS $!"
+	FP=$!
+	PIDS="$PIDS $FP"
 	rl-sync push "$URL" "$T/ck" --version 1
 	for v in 2 3 4; do
 		for _ in $(seq 50); do [ -e "$T/f/v00000$((v - 1))" ] && break; sleep 0.1; done
@@ -133,6 +134,8 @@ bump() {
 	grep -q 'pulled version 1' "$T/follow.err"
 	grep -q 'pulled version 4' "$T/follow.err"
 	grep -q 'as a delta' "$T/follow.err"
+	kill "$FP"
+	wait "$FP"   # SIGTERM is a clean stop: exit 0
 }
 
 @test "a restarted server keeps serving the last version from --data-dir" {
