@@ -253,6 +253,13 @@ out:
 	return rv;
 }
 
+/* trainer state beside the weights in an rl-train checkpoint: not weights */
+static int
+is_trainer_state(const char *name)
+{
+	return strncmp(name, "optimizer", 9) == 0 || strcmp(name, "trainer_state.json") == 0;
+}
+
 int
 rl_wver_read_dir(rl_wver **out, const char *dir, uint64_t version)
 {
@@ -273,7 +280,7 @@ rl_wver_read_dir(rl_wver **out, const char *dir, uint64_t version)
 	}
 	while ((e = readdir(d)) != NULL) {
 		struct stat st;
-		if (e->d_name[0] == '.')
+		if (e->d_name[0] == '.' || is_trainer_state(e->d_name))
 			continue;
 		if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path)
 			continue;
@@ -481,6 +488,39 @@ list_versions(const char *dir, uint64_t **out, int *n)
 	return RL_OK;
 }
 
+/* a directory without rl-sync versions: follow `latest` to any directory
+ * whose name ends in its number (rl-train's ROOT/latest -> step-00000100) */
+static int
+latest_link(const char *dir, uint64_t *version, char *path, size_t pathsz)
+{
+	char link[4200], tgt[256], full[4500];
+	const char *base, *d;
+	struct stat st;
+	ssize_t k;
+	uint64_t v = 0;
+
+	snprintf(link, sizeof link, "%s/latest", dir);
+	if ((k = readlink(link, tgt, sizeof tgt - 1)) <= 0)
+		return RL_ENOENT;
+	tgt[k] = 0;
+	base = strrchr(tgt, '/') ? strrchr(tgt, '/') + 1 : tgt;
+	for (d = base + strlen(base); d > base && d[-1] >= '0' && d[-1] <= '9'; d--)
+		;
+	if (*d == 0 || strlen(d) > 18)
+		return RL_ENOENT;
+	v = strtoull(d, NULL, 10);
+	if (tgt[0] == '/')
+		snprintf(full, sizeof full, "%s", tgt);
+	else
+		snprintf(full, sizeof full, "%s/%s", dir, tgt);
+	if (v == 0 || stat(full, &st) != 0 || !S_ISDIR(st.st_mode))
+		return RL_ENOENT;
+	*version = v;
+	if (path && (size_t)snprintf(path, pathsz, "%s", full) >= pathsz)
+		return RL_ETOOBIG;
+	return RL_OK;
+}
+
 int
 rl_wdir_latest(const char *dir, uint64_t *version, char *path, size_t pathsz)
 {
@@ -494,7 +534,7 @@ rl_wdir_latest(const char *dir, uint64_t *version, char *path, size_t pathsz)
 		return rv;
 	if (n == 0) {
 		free(vs);
-		return RL_ENOENT;
+		return latest_link(dir, version, path, pathsz);
 	}
 	*version = vs[0];
 	free(vs);

@@ -34,9 +34,12 @@ int rl_wdir_publish(const char *dir, const char *src_dir, uint64_t version, int 
 int rl_wdir_publish_ver(const char *dir, const rl_wver *v, int keep);
 
 /* rl_wdir_latest: the newest complete version in dir: *version and its
- * directory path in path (size pathsz).  Follows `latest`; if that is
- * missing or dangling, takes the highest vNNNNNN holding rlsync.json.
- * RL_ENOENT if there is none. */
+ * directory path in path (size pathsz): the highest vNNNNNN holding
+ * rlsync.json (complete by construction, even if `latest` was not switched
+ * yet).  A directory with no such versions but a `latest` link to a
+ * directory whose name ends in digits — rl-train's ROOT/latest ->
+ * step-00000100 — gives that directory and number, so rl-rollout
+ * --weights-from can watch rl-train --out directly.  RL_ENOENT if none. */
 int rl_wdir_latest(const char *dir, uint64_t *version, char *path, size_t pathsz);
 
 /* rl_wdir_prune removes all but the newest `keep` (>= 1) version directories

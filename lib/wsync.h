@@ -83,7 +83,9 @@ uint64_t rl_wver_total(const rl_wver *v);
 const rl_wblob *rl_wver_find(const rl_wver *v, const char *name);
 
 /* rl_wver_read_dir loads every regular, non-hidden file of a checkpoint
- * directory (not recursive; rlsync.json is the manifest, not a blob) as a
+ * directory (not recursive; rlsync.json is the manifest, not a blob; the
+ * trainer's state, optimizer*.safetensors and trainer_state.json, is not
+ * weights and is skipped) as a
  * version numbered `version`.  If the directory holds rlsync.json (a version
  * directory written by rl_wver_write_dir / rl_wdir_publish), version 0 means
  * "take its number", and every blob is checked against it (RL_ECHECKSUM on a

@@ -248,6 +248,29 @@ test_version_dirs(void)
 	T_EQ_INT(l, 7);
 	snprintf(p, sizeof p, "%s/missing", tmpd);
 	T_EQ_INT(rl_wdir_publish(d, p, 8, 2), RL_ENOENT);
+	/* rl-train's layout: ROOT/latest -> step-00000100, trainer state skipped */
+	{
+		const char *names[] = { "config.json", "optimizer.safetensors", "trainer_state.json" };
+		snprintf(p, sizeof p, "%s/root/step-00000100", tmpd);
+		snprintf(d, sizeof d, "%s/root", tmpd);
+		mkdir(d, 0755);
+		mkdir(p, 0755);
+		for (int i = 0; i < 3; i++) {
+			char fp[700];
+			snprintf(fp, sizeof fp, "%s/%s", p, names[i]);
+			f = fopen(fp, "w");
+			fputs("{}", f);
+			fclose(f);
+		}
+		snprintf(p, sizeof p, "%s/root/latest", tmpd);
+		T_EQ_INT(symlink("step-00000100", p), 0);
+		T_EQ_INT(rl_wdir_latest(d, &l, p, sizeof p), RL_OK);
+		T_EQ_INT(l, 100);
+		T_OK(strstr(p, "/root/step-00000100") != NULL, "%s", p);
+		T_EQ_INT(rl_wver_read_dir(&r, p, 0), RL_OK);
+		T_OK(r && r->nblobs == 1 && rl_wver_find(r, "config.json"), "trainer state is not weights");
+		rl_wver_destroy(r);
+	}
 	rl_wver_destroy(v);
 }
 
