@@ -202,6 +202,27 @@ bump() {
 	[[ $stderr == *'size or checksum differs from rlsync.json'* ]]
 }
 
+@test "the man page's EXAMPLES run" {
+	cd "$T"
+	mkdir -p ckpt
+	cp -r ck ckpt/step-100
+	bump ck2 abc
+	cp -r ck2 ckpt/step-200
+	# each literal block of EXAMPLES, on this test's port, as a script
+	awk '/^\.Sh EXAMPLES/{ex=1} /^\.Sh SEE ALSO/{ex=0} ex&&/^\.Ed/{b=0; print "#END"} ex&&b{print} ex&&/^\.Bd -literal/{b=1}' \
+		"$BATS_TEST_DIRNAME/../../man/rl-sync.1" | sed "s/\\\\e\$/\\\\/; s/7401/$PORT/g" >examples
+	[ "$(grep -c '^#END' examples)" = 2 ]
+	printf 'set -e\ntrap '"'"'kill $(jobs -p) 2>/dev/null; wait'"'"' EXIT\n' >run.sh
+	sed 's/^#END$/sleep 0.5/' examples >>run.sh
+	run --separate-stderr timeout 60 bash run.sh 3>&-
+	assert_success
+	[ "$(echo "$output" | sed -n '1p' | jq .latest)" = 2 ]
+	cmp ck2/model.safetensors weights/latest/model.safetensors
+	cmp ck2/model.safetensors sync/v000002/model.safetensors
+	cmp ck2/model.safetensors shared/latest/model.safetensors
+	assert_line 'rlsync.json'
+}
+
 @test "man page is lint-clean" {
 	run mandoc -Tlint -W warning man/rl-sync.1
 	assert_success
