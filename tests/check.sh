@@ -6,6 +6,8 @@
 B=${RL_BUILD:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
 PATH="$root/$B/bin:$PATH"; export PATH RL_BUILD=$B
+# tiny test models: idle OpenMP threads must not spin on a loaded 2-core machine
+OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}; export OMP_WAIT_POLICY
 gpu=0; [ "${1:-}" = --gpu ] && gpu=1
 pass=0; fail=0; skip=0; failed=""
 log=$(mktemp -d)
@@ -22,6 +24,17 @@ for t in "$root/$B"/tests/test_*; do
 	else fail=$((fail + 1)); failed="$failed $n"; echo "FAIL   $n (exit $rc)"; sed 's/^/    /' "$log/$n" | tail -n 40
 	fi
 done
+
+# man pages: mdoc lint, one result per page
+if [ $gpu = 0 ] && ls "$root"/man/*.[1-9] >/dev/null 2>&1; then
+	for m in "$root"/man/*.[1-9]; do
+		n=man/${m##*/}
+		if ! command -v mandoc >/dev/null 2>&1; then skip=$((skip + 1)); echo "skip   $n: mandoc not installed"
+		elif mandoc -Tlint -W warning "$m" >"$log/lint" 2>&1; then pass=$((pass + 1)); echo "ok     $n"
+		else fail=$((fail + 1)); failed="$failed $n"; echo "FAIL   $n (mandoc -Tlint)"; sed 's/^/    /' "$log/lint"
+		fi
+	done
+fi
 
 if [ $gpu = 0 ] && ls "$root"/tests/cli/*.bats >/dev/null 2>&1; then
 	( cd "$root" && prove -v --exec 'bats --tap' tests/cli/*.bats ) >"$log/bats" 2>&1

@@ -22,16 +22,27 @@ static const char *t_name = "test";
 		} else {                                                         \
 			t_fail++;                                                \
 			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-			fprintf(stderr, "" __VA_ARGS__);                         \
+			fprintf(stderr, " " __VA_ARGS__);                        \
 			fputc('\n', stderr);                                     \
 		}                                                                \
 	} while (0)
-#define T_EQ_INT(a, b) T_OK((long long)(a) == (long long)(b), "%lld != %lld", (long long)(a), (long long)(b))
-#define T_EQ_STR(a, b) T_OK(strcmp((a), (b)) == 0, "\"%s\" != \"%s\"", (a), (b))
+#define T_EQ_INT(a, b)                                                           \
+	do {                                                                     \
+		long long t_a_ = (long long)(a), t_b_ = (long long)(b);          \
+		T_OK(t_a_ == t_b_, "%lld, expected %lld", t_a_, t_b_);           \
+	} while (0)
+#define T_EQ_STR(a, b)                                                           \
+	do {                                                                     \
+		const char *t_a_ = (a), *t_b_ = (b);                             \
+		T_OK(strcmp(t_a_, t_b_) == 0, "\"%s\", expected \"%s\"", t_a_, t_b_); \
+	} while (0)
 /* |a-b| <= atol + rtol*|b| (b is the reference) */
 #define T_CLOSE(a, b, atol, rtol)                                                \
-	T_OK(fabs((double)(a) - (double)(b)) <= (atol) + (rtol) * fabs((double)(b)) && \
-	     !isnan((double)(a)), "%.9g vs ref %.9g", (double)(a), (double)(b))
+	do {                                                                     \
+		double t_a_ = (double)(a), t_b_ = (double)(b);                   \
+		T_OK(fabs(t_a_ - t_b_) <= (atol) + (rtol) * fabs(t_b_) && !isnan(t_a_), \
+		    "%.9g vs ref %.9g", t_a_, t_b_);                             \
+	} while (0)
 #define T_SKIP(...)                                                              \
 	do {                                                                     \
 		printf("%s: skipped: ", t_name);                                 \

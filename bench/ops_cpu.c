@@ -1,0 +1,102 @@
+/*
+ * ops_cpu.c — timings of the CPU backend's heavy ops on the shapes of a
+ * ~10M-parameter model (C = 384, MLP 4x, HD = 64, B*T = 2048 tokens), one JSON
+ * line per op: {"bench":"ops_cpu","op":...,"shape":...,"ms":...,"gflops":...}.
+ * bench/ops_cpu_torch.py times the same ops with PyTorch for comparison.
+ *
+ * Usage: ops_cpu [REPEATS]   (default 5; the best run is reported)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ops_cpu.h"
+#include "rng.h"
+
+static float *
+rnd(size_t n, rl_rng *r)
+{
+	float *x = rl_xmalloc(n * sizeof(float));
+	for (size_t i = 0; i < n; i++)
+		x[i] = (float)(rl_rng_next_uniform(r) * 2 - 1);
+	return x;
+}
+
+static void
+report(const char *op, const char *shape, double sec, double flops)
+{
+	printf("{\"bench\":\"ops_cpu\",\"op\":\"%s\",\"shape\":\"%s\",\"ms\":%.3f,\"gflops\":%.1f}\n",
+	    op, shape, sec * 1e3, flops / sec / 1e9);
+	fflush(stdout);
+}
+
+#define TIME(reps, best, stmt) do { \
+	best = 1e30; \
+	for (int r_ = 0; r_ < (reps); r_++) { \
+		double t0_ = rl_now(); \
+		stmt; \
+		double t_ = rl_now() - t0_; \
+		if (t_ < best) \
+			best = t_; \
+	} \
+} while (0)
+
+int
+main(int argc, char **argv)
+{
+	int reps = argc > 1 ? atoi(argv[1]) : 5;
+	rl_rng r = { 1, 0 };
+	int N = 2048;
+	static const int mm[][2] = { { 384, 1152 }, { 384, 384 }, { 384, 1536 }, { 1536, 384 }, { 384, 8192 } };
+	char shape[64];
+	double best;
+	for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
+		int C = mm[i][0], OC = mm[i][1];
+		float *x = rnd((size_t)N * C, &r), *w = rnd((size_t)OC * C, &r), *y = rnd((size_t)N * OC, &r);
+		float *dx = rnd((size_t)N * C, &r), *dw = rnd((size_t)OC * C, &r);
+		snprintf(shape, sizeof shape, "N=%d C=%d OC=%d", N, C, OC);
+		TIME(reps, best, rl_cpu_matmul_fwd(NULL, y, x, w, NULL, N, C, OC));
+		report("matmul_fwd", shape, best, 2.0 * N * C * OC);
+		TIME(reps, best, rl_cpu_matmul_bwd(NULL, dx, dw, NULL, y, x, w, N, C, OC));
+		report("matmul_bwd", shape, best, 4.0 * N * C * OC);
+		free(x);
+		free(w);
+		free(y);
+		free(dx);
+		free(dw);
+	}
+	{
+		int B = 8, T = 256, NH = 6, NKV = 6, HD = 64, W = (NH + 2 * NKV) * HD;
+		float *qkv = rnd((size_t)B * T * W, &r), *out = rnd((size_t)B * T * NH * HD, &r);
+		float *lse = rnd((size_t)B * NH * T, &r), *dout = rnd((size_t)B * T * NH * HD, &r);
+		float *dqkv = rnd((size_t)B * T * W, &r);
+		double fl = 4.0 * B * NH * (T * (T + 1) / 2.0) * HD;  /* QK^T and PV, causal half */
+		snprintf(shape, sizeof shape, "B=%d T=%d NH=%d HD=%d", B, T, NH, HD);
+		TIME(reps, best, rl_cpu_attn_fwd(NULL, out, lse, qkv, NULL, B, T, NH, NKV, HD));
+		report("attn_fwd", shape, best, fl);
+		TIME(reps, best, rl_cpu_attn_bwd(NULL, dqkv, dout, out, lse, qkv, NULL, B, T, NH, NKV, HD));
+		report("attn_bwd", shape, best, 2.5 * fl);
+		free(qkv);
+		free(out);
+		free(lse);
+		free(dout);
+		free(dqkv);
+	}
+	{
+		int V = 8192;
+		float *lg = rnd((size_t)N * V, &r), *lp = rnd(N, &r), *ent = rnd(N, &r), *lse = rnd(N, &r);
+		int32_t *tgt = rl_xmalloc((size_t)N * sizeof(int32_t));
+		for (int n = 0; n < N; n++)
+			tgt[n] = (int32_t)(rl_rng_next(&r) % (uint64_t)V);
+		snprintf(shape, sizeof shape, "N=%d V=%d", N, V);
+		TIME(reps, best, rl_cpu_logprob_fwd(NULL, lp, ent, lse, lg, tgt, N, V, 1.0f));
+		report("logprob_fwd", shape, best, 0);
+		TIME(reps, best, rl_cpu_logprob_bwd(NULL, lg, lg, tgt, lse, lp, ent, N, V, 1.0f));
+		report("logprob_bwd", shape, best, 0);
+		free(lg);
+		free(lp);
+		free(ent);
+		free(lse);
+		free(tgt);
+	}
+	return 0;
+}

@@ -1,0 +1,170 @@
+/*
+ * cat.c — `rl-queue cat [FILE|-]...`: read trajectory streams (binary or
+ * JSONL, detected per file) and write their records as JSONL, or with
+ * --stream as binary zstd frames.  Binary frames pass through to --stream
+ * output without recompression.  With -o the output file appears only when
+ * everything succeeded (temp file + rename).
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "io.h"
+#include "rlq.h"
+#include "traj.h"
+
+static const char usage_text[] =
+	"usage: rl-queue cat [OPTION]... [FILE|-]...\n"
+	"Print the records of trajectory streams (binary or JSONL) as JSONL, or\n"
+	"convert them to the binary form.  No FILE, or -, reads standard input.\n"
+	"\n"
+	"  -s, --stream         write binary zstd frames instead of JSONL\n"
+	"  -j, --jsonl          write JSONL (the default)\n"
+	"  -o, --output FILE    write to FILE (replaced only on success)\n"
+	"  -b, --batch N        records per frame with --stream (default 256)\n"
+	"  -l, --level N        zstd level with --stream (default 1)\n"
+	"      --max-frame SIZE refuse frames that decompress to more than SIZE\n"
+	"                       bytes (k/M/G suffixes; default 256M)\n"
+	"      --max-record SIZE refuse records larger than SIZE (default 64M)\n"
+	"  -q, --quiet          print errors only\n"
+	"  -v, --verbose        print more\n"
+	"  -h, --help           print this help and exit\n"
+	"\n"
+	"Exit status: 0 success, 1 bad input or I/O error, 2 usage error.\n"
+	"See rl-trajectory(5).\n";
+
+enum { OPT_MAX_FRAME = 256, OPT_MAX_RECORD };
+
+static int
+cat_one(rl_traj_writer *w, const char *path, const rl_traj_limits *lim, unsigned long long *nrec)
+{
+	rl_traj_reader *r = NULL;
+	FILE *f = NULL;
+	int rv;
+
+	if ((rv = rl_io_fopen(&f, path, "rb")) != 0)
+		return rv;
+	if ((rv = rl_traj_reader_open_file(&r, f, path, lim)) != 0)
+		goto out;
+	for (;;) {
+		rl_traj_batch *b;
+		if ((rv = rl_traj_reader_next_batch(r, &b)) != 0 || b == NULL)
+			break;
+		*nrec += rl_traj_batch_count(b);
+		if ((rv = rl_traj_writer_put_batch(w, b)) != 0)
+			break;
+	}
+out:
+	rl_traj_reader_close(r);
+	if (f != stdin)
+		fclose(f);
+	return rv;
+}
+
+int
+rlq_cat_main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "stream", no_argument, NULL, 's' },
+		{ "jsonl", no_argument, NULL, 'j' },
+		{ "output", required_argument, NULL, 'o' },
+		{ "batch", required_argument, NULL, 'b' },
+		{ "level", required_argument, NULL, 'l' },
+		{ "max-frame", required_argument, NULL, OPT_MAX_FRAME },
+		{ "max-record", required_argument, NULL, OPT_MAX_RECORD },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	rl_traj_writer_opts wo = { .format = RL_TRAJ_JSONL };
+	rl_traj_limits lim;
+	rl_traj_writer *w = NULL;
+	rl_io_atomic out = { 0 };
+	const char *output = NULL;
+	unsigned long long nrec = 0;
+	int c, rv = RL_OK, verbosity = RL_LOG_NORMAL, status;
+	long long v;
+	char *end;
+
+	rl_traj_limits_default(&lim);
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":sjo:b:l:qvh", opts, NULL)) != -1) {
+		switch (c) {
+		case 's': wo.format = RL_TRAJ_BINARY; break;
+		case 'j': wo.format = RL_TRAJ_JSONL; break;
+		case 'o': output = optarg; break;
+		case 'b':
+			v = strtoll(optarg, &end, 10);
+			if (*optarg == 0 || *end || v < 1 || v > 1000000) {
+				rl_error("cat: --batch wants a number of records from 1 to 1000000, not '%s'", optarg);
+				return 2;
+			}
+			wo.batch_records = (size_t)v;
+			break;
+		case 'l':
+			v = strtoll(optarg, &end, 10);
+			if (*optarg == 0 || *end || v < -7 || v > 22) {
+				rl_error("cat: --level wants a zstd level from -7 to 22, not '%s'", optarg);
+				return 2;
+			}
+			wo.level = (int)v;
+			break;
+		case OPT_MAX_FRAME:
+		case OPT_MAX_RECORD:
+			if ((v = rlq_parse_size(optarg)) < 16) {
+				rl_error("cat: --%s wants a size of at least 16 bytes (k/M/G suffixes), not '%s'",
+				         c == OPT_MAX_FRAME ? "max-frame" : "max-record", optarg);
+				return 2;
+			}
+			if (c == OPT_MAX_FRAME)
+				lim.max_frame = (size_t)v;
+			else
+				lim.max_record = (size_t)v;
+			break;
+		case 'q': verbosity = RL_LOG_QUIET; break;
+		case 'v': verbosity++; break;
+		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
+		case ':':
+			rl_error("cat: option '%s' needs an argument", argv[optind - 1]);
+			fputs(usage_text, stderr);
+			return 2;
+		default:
+			rl_error("cat: unknown option '%s'", argv[optind - 1]);
+			fputs(usage_text, stderr);
+			return 2;
+		}
+	}
+	rl_log_set_level(verbosity);
+
+	if (output != NULL && strcmp(output, "-") != 0) {
+		if ((rv = rl_io_atomic_open(&out, output, 0644)) != 0)
+			return 1;
+		rv = rl_traj_writer_open_file(&w, out.f, output, &wo);
+	} else {
+		rv = rl_traj_writer_open_file(&w, stdout, "<stdout>", &wo);
+	}
+	if (rv != 0)
+		goto done;
+	if (optind == argc)
+		rv = cat_one(w, "-", &lim, &nrec);
+	for (int i = optind; i < argc && rv == 0; i++)
+		rv = cat_one(w, argv[i], &lim, &nrec);
+	status = rl_traj_writer_close(w);
+	if (rv == 0)
+		rv = status;
+	if (rv == 0 && out.f)
+		rv = rl_io_atomic_commit(&out);
+	rl_verbose("cat: %llu records", nrec);
+done:
+	rl_io_atomic_abort(&out);
+	if (output == NULL || strcmp(output, "-") == 0) {
+		if (rv != 0)
+			fclose(stdout);   /* the failure is reported already */
+		else
+			rv = rl_io_close_stdout();
+	}
+	return rv == 0 ? 0 : 1;
+}

@@ -1,0 +1,85 @@
+/*
+ * rl-queue — the data plane of rlpipe.  main.c only dispatches to the
+ * subcommands listed in rlq.h; each parses its own options.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "rlq.h"
+
+/* The subcommands: one X(NAME, summary) line each; NAME.c defines
+ * int rlq_NAME_main(int argc, char **argv). */
+#define RLQ_SUBCOMMANDS(X) \
+	X(cat, "print trajectory streams as JSONL, or convert them to the binary form")
+
+#define RLQ_DECLARE(name, summary) int rlq_##name##_main(int argc, char **argv);
+RLQ_SUBCOMMANDS(RLQ_DECLARE)
+#undef RLQ_DECLARE
+
+static const struct {
+	const char *name;
+	int (*main)(int, char **);
+	const char *summary;
+} cmds[] = {
+#define RLQ_ENTRY(name, summary) { #name, rlq_##name##_main, summary },
+	RLQ_SUBCOMMANDS(RLQ_ENTRY)
+#undef RLQ_ENTRY
+};
+
+static void
+usage(FILE *f)
+{
+	fprintf(f, "usage: rl-queue COMMAND [OPTION]... [ARG]...\n"
+	           "       rl-queue COMMAND --help\n\ncommands:\n");
+	for (size_t i = 0; i < RL_ARRAY_LEN(cmds); i++)
+		fprintf(f, "  %-8s %s\n", cmds[i].name, cmds[i].summary);
+	fprintf(f, "\nSee rl-trajectory(5) for the stream format.\n");
+}
+
+long long
+rlq_parse_size(const char *s)
+{
+	char *end;
+	long long v;
+
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (end == s || v < 0 || errno)
+		return -1;
+	switch (*end) {
+	case 0: return v;
+	case 'k': case 'K': v <<= 10; end++; break;
+	case 'm': case 'M': v <<= 20; end++; break;
+	case 'g': case 'G': v <<= 30; end++; break;
+	default: return -1;
+	}
+	if (*end == 'i' && end[1] == 'B')
+		end += 2;
+	else if (*end == 'B')
+		end++;
+	return *end ? -1 : v;
+}
+
+int
+main(int argc, char **argv)
+{
+	rl_log_init("rl-queue", RL_LOG_NORMAL);
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+		usage(stdout);
+		return 0;
+	}
+	for (size_t i = 0; i < RL_ARRAY_LEN(cmds); i++)
+		if (strcmp(argv[1], cmds[i].name) == 0)
+			return cmds[i].main(argc - 1, argv + 1);
+	rl_error("unknown command '%s'", argv[1]);
+	rl_hint("'rl-queue --help' lists the commands");
+	return 2;
+}

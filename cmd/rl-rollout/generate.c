@@ -1,0 +1,815 @@
+/*
+ * generate.c — `rl-rollout -m MODEL [-n G] [PROMPTS|-]`: prompts in,
+ * trajectory records out, through the engine (lib/engine.c); and
+ * `rl-rollout --score FIELD`, which writes each response token's log-prob
+ * under MODEL into FIELD.  Weight versions come from --weights-from DIR
+ * (the checkpoint root rl-train writes).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cmd.h"
+#include "core.h"
+#include "engine.h"
+#include "io.h"
+#include "model.h"
+#include "rng.h"
+#include "tokenizer.h"
+#include "traj.h"
+
+static const char usage_text[] =
+    "usage: rl-rollout -m MODEL_DIR [-n G] [options] [PROMPTS.jsonl|-]\n"
+    "       rl-rollout --score FIELD -m MODEL_DIR [options] [TRAJECTORIES|-]\n"
+    "       rl-rollout tokenize -m MODEL_DIR [--chat] [--decode] [FILE|-]\n"
+    "\n"
+    "Generates G samples per prompt line and writes trajectory records (binary\n"
+    "stream, or JSONL with --jsonl).  A prompt line is {\"prompt\": TEXT or\n"
+    "[{\"role\": .., \"content\": ..}], ...}; every other key goes to the record's meta.\n"
+    "\n"
+    "  -m, --model DIR         the policy (Hugging Face directory)\n"
+    "  -n, --samples G         samples per prompt (default 1)\n"
+    "  -o, --output FILE       write here instead of stdout\n"
+    "      --jsonl             write JSONL instead of the binary stream\n"
+    "      --temperature T     sampling temperature (default 1; 0 = greedy)\n"
+    "      --top-p P           nucleus sampling (default 1 = off)\n"
+    "      --top-k K           top-k sampling (default 0 = off)\n"
+    "      --max-tokens N      response tokens at most (default 256)\n"
+    "      --stop STR          stop string (repeatable)\n"
+    "      --stop-id ID        stop token id (repeatable)\n"
+    "      --seed S            sampling seed (default 0): same seed, same output\n"
+    "      --chat              wrap text prompts as a user message in the chat template\n"
+    "      --chat-template T   chatml, plain or auto (default auto)\n"
+    "      --greedy-baseline   one more greedy sample per prompt, marked meta.baseline (ReMax)\n"
+    "      --slots N           sequences decoded together (default 64)\n"
+    "      --kv-mem BYTES      KV cache budget, suffixes K M G (default 256M)\n"
+    "      --device D          cpu, cuda, cuda:N or auto (default cpu)\n"
+    "      --weights-from DIR  load new weight versions from DIR/latest as they appear\n"
+    "      --max-staleness K   wait for version >= batches emitted - K (with --weights-from)\n"
+    "      --train-batch G     groups per trainer step, for --max-staleness (default 8)\n"
+    "      --partial           new weights apply to sequences already running\n"
+    "      --skip-bad          skip bad prompt lines (counted) instead of stopping\n"
+    "      --score FIELD       score mode: write per-token log-probs into FIELD\n"
+    "  -q, --quiet, -v, --verbose, -h, --help\n";
+
+enum {
+	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
+	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE
+};
+
+static const struct option longopts[] = {
+	{ "model", required_argument, 0, 'm' }, { "samples", required_argument, 0, 'n' },
+	{ "output", required_argument, 0, 'o' }, { "jsonl", no_argument, 0, O_JSONL },
+	{ "temperature", required_argument, 0, O_TEMP }, { "top-p", required_argument, 0, O_TOPP },
+	{ "top-k", required_argument, 0, O_TOPK }, { "max-tokens", required_argument, 0, O_MAXTOK },
+	{ "stop", required_argument, 0, O_STOP }, { "stop-id", required_argument, 0, O_STOPID },
+	{ "seed", required_argument, 0, O_SEED }, { "chat", no_argument, 0, O_CHAT },
+	{ "chat-template", required_argument, 0, O_TMPL }, { "greedy-baseline", no_argument, 0, O_GREEDY },
+	{ "slots", required_argument, 0, O_SLOTS }, { "kv-mem", required_argument, 0, O_KVMEM },
+	{ "device", required_argument, 0, O_DEVICE }, { "weights-from", required_argument, 0, O_WFROM },
+	{ "max-staleness", required_argument, 0, O_STALE }, { "train-batch", required_argument, 0, O_TBATCH },
+	{ "partial", no_argument, 0, O_PARTIAL }, { "skip-bad", no_argument, 0, O_SKIPBAD },
+	{ "score", required_argument, 0, O_SCORE },
+	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
+	{ 0, 0, 0, 0 }
+};
+
+typedef struct gen {
+	/* options */
+	const char *model_dir, *out_path, *device, *weights_from, *input, *score_field;
+	int n, jsonl, chat, tmpl, greedy, max_staleness, train_batch, partial, skip_bad, quiet;
+	uint64_t seed;
+	rl_gen_opts go;
+	const char *stops[64];
+	int32_t stop_ids[64];
+	/* state */
+	rl_ops *ops;
+	rl_model *m;
+	rl_tokenizer *tok;
+	rl_engine *e;
+	rl_traj_writer *w;
+	FILE *out;
+	int version, pending_version;
+	char pending_path[4096];
+	uint64_t nonce, groups, lines, bad, samples, tokens;
+	double t0;
+} gen;
+
+/* One prompt in flight: what its records need besides the tokens. */
+typedef struct prompt {
+	uint64_t group;
+	uint64_t line;
+	char *text;      /* prompt text as given to the tokenizer (rendered chat) */
+	char *meta;      /* JSON of everything but "prompt" */
+	int32_t *ids;
+	int nids;
+	int remaining;
+} prompt;
+
+static int
+usage_error(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "rl-rollout: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\nrl-rollout: hint: rl-rollout --help lists the options\n");
+	return 2;
+}
+
+static int
+parse_num(const char *s, double lo, double hi, double *out)
+{
+	char *end;
+	double v = strtod(s, &end);
+	if (end == s || *end || !(v >= lo && v <= hi))
+		return -1;
+	*out = v;
+	return 0;
+}
+
+static int
+parse_bytes(const char *s, size_t *out)
+{
+	char *end;
+	double v = strtod(s, &end), mul = 1;
+	if (end == s || v < 0)
+		return -1;
+	switch (*end) {
+	case 0: break;
+	case 'k': case 'K': mul = 1024.0; end++; break;
+	case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+	case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+	default: return -1;
+	}
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end)
+		return -1;
+	*out = (size_t)(v * mul);
+	return 0;
+}
+
+/* ---- weight versions ----------------------------------------------------------------- */
+
+/* The newest version in DIR: DIR/latest -> step-NNNNNNNN (rl-train's layout).
+ * Returns RL_OK with *ver and path, RL_ENOENT when there is none yet. */
+static int
+latest_version(const char *dir, int *ver, char *path, size_t len)
+{
+	char lnk[4200], target[512];
+	ssize_t n;
+	int v;
+	char c;
+
+	snprintf(lnk, sizeof lnk, "%s/latest", dir);
+	if ((n = readlink(lnk, target, sizeof target - 1)) < 0)
+		return RL_ENOENT;
+	target[n] = 0;
+	const char *base = strrchr(target, '/') ? strrchr(target, '/') + 1 : target;
+	if (sscanf(base, "step-%d%c", &v, &c) != 1 && sscanf(base, "v%d%c", &v, &c) != 1)
+		return RL_ENOENT;
+	*ver = v;
+	if (target[0] == '/')
+		snprintf(path, len, "%s", target);
+	else
+		snprintf(path, len, "%s/%s", dir, target);
+	return RL_OK;
+}
+
+/* Replaces the model's weights in place with those in dir (same shapes). */
+static int
+load_weights(gen *g, const char *dir, int ver)
+{
+	rl_ops *cpu = NULL;
+	rl_model *nm = NULL;
+	float *buf = NULL;
+	size_t maxn = 0;
+	int rv;
+
+	if ((rv = rl_ops_cpu_open(&cpu)) != 0)
+		return rv;
+	if ((rv = rl_model_open(&nm, dir, cpu)) != 0)
+		goto out;
+	if (nm->tt.n != g->m->tt.n) {
+		rl_error("'%s' has %d tensors, the running model %d: not the same architecture", dir, nm->tt.n,
+		    g->m->tt.n);
+		rv = RL_ESHAPE;
+		goto out;
+	}
+	for (int i = 0; i < nm->tt.n; i++) {
+		if (nm->tt.t[i].n != g->m->tt.t[i].n) {
+			rl_error("'%s': tensor '%s' has %zu elements, the running model's %zu", dir,
+			    nm->tt.t[i].name, nm->tt.t[i].n, g->m->tt.t[i].n);
+			rv = RL_ESHAPE;
+			goto out;
+		}
+		maxn = RL_MAX(maxn, nm->tt.t[i].n);
+	}
+	if (!(buf = rl_try_malloc(maxn * sizeof(float), "weights")))
+		goto out;
+	for (int i = 0; i < nm->tt.n; i++) {
+		if ((rv = rl_model_get(nm, i, RL_MODEL_PARAM, buf)) != 0 ||
+		    (rv = rl_model_set(g->m, i, buf)) != 0)
+			goto out;
+	}
+	g->version = ver;
+	rl_engine_set_version(g->e, ver);
+	rl_verbose("weights version %d loaded from '%s'", ver, dir);
+out:
+	free(buf);
+	rl_model_close(nm);
+	rl_ops_close(cpu);
+	return rv;
+}
+
+/* Looks for a newer version; loads it now if allowed (no sequence running,
+ * or --partial), else remembers it and holds admissions until the engine drains. */
+static int
+poll_weights(gen *g)
+{
+	int v, rv;
+	char path[4096];
+
+	if (!g->weights_from)
+		return RL_OK;
+	if (latest_version(g->weights_from, &v, path, sizeof path) == RL_OK && v > g->version &&
+	    v > g->pending_version) {
+		g->pending_version = v;
+		snprintf(g->pending_path, sizeof g->pending_path, "%s", path);
+	}
+	if (g->pending_version > g->version) {
+		if (g->partial || rl_engine_active(g->e) == 0) {
+			if ((rv = load_weights(g, g->pending_path, g->pending_version)) != 0)
+				return rv;
+			rl_engine_hold(g->e, 0);
+		} else {
+			rl_engine_hold(g->e, 1); /* drain, then swap */
+		}
+	}
+	return RL_OK;
+}
+
+/* ---- records -------------------------------------------------------------------------- */
+
+static int
+on_done(void *ctx, const rl_gen_sample *s)
+{
+	gen *g = ctx;
+	prompt *p = s->user;
+	rl_traj *t = NULL;
+	char *text = NULL, *meta = NULL;
+	size_t tlen = 0;
+	int rv, gsize = g->n + (g->greedy ? 1 : 0);
+
+	if ((rv = rl_traj_create(&t)) != 0)
+		return rv;
+	rl_traj_set_u64(t, RL_TAG_ID, rl_rng_mix(p->group * 0x100000001b3ULL + (uint64_t)s->index + 1));
+	rl_traj_set_u64(t, RL_TAG_GROUP, p->group);
+	rl_traj_set_i32(t, RL_TAG_INDEX, s->index);
+	rl_traj_set_i32(t, RL_TAG_GROUP_SIZE, gsize);
+	rl_traj_set_version(t, s->ver_first, s->ver_last);
+	rl_traj_set_i32s(t, RL_TAG_PROMPT, p->ids, (size_t)p->nids);
+	rl_traj_set_i32s(t, RL_TAG_RESPONSE, s->tok, (size_t)s->n);
+	rl_traj_set_f32s(t, RL_TAG_LOGPROBS, s->logp, (size_t)s->n);
+	rl_traj_set_str(t, RL_TAG_PROMPT_TEXT, p->text);
+	{
+		/* a model's vocabulary is often larger than its tokenizer's (padding rows):
+		 * such ids have no text */
+		int32_t *ids = rl_xmalloc(sizeof(int32_t) * (size_t)(s->n + 1));
+		int k = 0, V = rl_tokenizer_vocab_size(g->tok);
+		for (int i = 0; i < s->n; i++)
+			if (s->tok[i] >= 0 && s->tok[i] < V)
+				ids[k++] = s->tok[i];
+		rv = rl_tokenizer_decode(&text, &tlen, g->tok, ids, (size_t)k, RL_TOK_SKIP_SPECIAL);
+		free(ids);
+		if (rv != 0)
+			goto out;
+	}
+	/* the record's text field holds UTF-8 without NUL: anything else is replaced */
+	for (size_t i = 0; i < tlen; i++)
+		if (text[i] == 0)
+			text[i] = '?';
+	if (rl_traj_set_strn(t, RL_TAG_RESPONSE_TEXT, text, tlen) != RL_OK) {
+		for (size_t i = 0; i < tlen; i++)
+			if ((unsigned char)text[i] >= 0x80)
+				text[i] = '?';
+		rl_traj_set_strn(t, RL_TAG_RESPONSE_TEXT, text, tlen);
+	}
+	rl_traj_set_str(t, RL_TAG_FINISH, rl_finish_name(s->finish));
+	if (s->greedy) {
+		cJSON *j = cJSON_Parse(p->meta);
+		if (!j)
+			j = cJSON_CreateObject();
+		cJSON_AddBoolToObject(j, "baseline", 1);
+		meta = cJSON_PrintUnformatted(j);
+		cJSON_Delete(j);
+	}
+	if ((rv = rl_traj_set_json(t, RL_TAG_META, meta ? meta : p->meta)) != 0)
+		goto out;
+	rl_traj_set_f32(t, RL_TAG_TEMPERATURE, s->greedy ? 0.0f : g->go.sp.temperature);
+	rl_traj_set_f32(t, RL_TAG_TOP_P, g->go.sp.top_p);
+	rl_traj_set_i32(t, RL_TAG_TOP_K, g->go.sp.top_k);
+	rl_traj_set_i32(t, RL_TAG_MAX_TOKENS, g->go.max_new);
+	rl_traj_set_u64(t, RL_TAG_SEED, s->seed);
+	rl_traj_set_f64(t, RL_TAG_TS_GEN_START, s->t_start);
+	rl_traj_set_f64(t, RL_TAG_TS_GEN_END, s->t_end);
+	if ((rv = rl_traj_writer_put(g->w, t)) != 0)
+		goto out;
+	g->samples++;
+	g->tokens += (uint64_t)s->n;
+	if (--p->remaining == 0) {
+		/* a complete group goes downstream at once (pipes: the trainer waits for it) */
+		rv = rl_traj_writer_flush(g->w);
+		free(p->text);
+		free(p->meta);
+		free(p->ids);
+		free(p);
+	}
+out:
+	free(text);
+	free(meta);
+	rl_traj_destroy(t);
+	return rv;
+}
+
+/* Parses one prompt line into tokens, text and meta.  RL_EFORMAT (logged, naming
+ * the line) for a bad line. */
+static int
+parse_prompt(gen *g, const char *line, size_t len, prompt **out)
+{
+	cJSON *j = NULL, *pr;
+	rl_tokens ids = { 0 };
+	rl_chat_msg msgs[64];
+	char *text = NULL;
+	size_t tlen = 0;
+	int rv = RL_EFORMAT, nm = 0;
+	uint64_t ln = g->lines;
+
+	*out = NULL;
+	j = cJSON_ParseWithLength(line, len);
+	if (!j || !cJSON_IsObject(j)) {
+		rl_error("'%s': line %llu: not a JSON object", g->input, (unsigned long long)ln);
+		goto out;
+	}
+	pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+	if (!pr) {
+		rl_error("'%s': line %llu: no \"prompt\" key", g->input, (unsigned long long)ln);
+		goto out;
+	}
+	if (cJSON_IsString(pr) && !g->chat) {
+		text = rl_xstrdup(pr->valuestring);
+		tlen = strlen(text);
+		if ((rv = rl_tokenizer_encode(&ids, g->tok, text, tlen, 0)) != 0)
+			goto out;
+	} else {
+		if (cJSON_IsString(pr)) {
+			msgs[nm++] = (rl_chat_msg){ "user", pr->valuestring };
+		} else if (cJSON_IsArray(pr)) {
+			cJSON *m;
+			cJSON_ArrayForEach(m, pr) {
+				cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+				cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+				if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
+					rl_error("'%s': line %llu: prompt[%d] needs string \"role\" and \"content\"",
+					    g->input, (unsigned long long)ln, nm);
+					rv = RL_EFORMAT;
+					goto out;
+				}
+				if (nm == 64) {
+					rl_error("'%s': line %llu: more than 64 messages", g->input, (unsigned long long)ln);
+					rv = RL_EFORMAT;
+					goto out;
+				}
+				msgs[nm++] = (rl_chat_msg){ role->valuestring, content->valuestring };
+			}
+			if (nm == 0) {
+				rl_error("'%s': line %llu: \"prompt\" is an empty list", g->input, (unsigned long long)ln);
+				rv = RL_EFORMAT;
+				goto out;
+			}
+		} else {
+			rl_error("'%s': line %llu: \"prompt\" must be a string or a list of messages", g->input,
+			    (unsigned long long)ln);
+			rv = RL_EFORMAT;
+			goto out;
+		}
+		if ((rv = rl_tokenizer_apply_chat(&ids, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0 ||
+		    (rv = rl_tokenizer_render_chat(&text, &tlen, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0) {
+			rl_error("'%s': line %llu: cannot apply the chat template", g->input, (unsigned long long)ln);
+			goto out;
+		}
+	}
+	if (ids.n == 0) {
+		rl_error("'%s': line %llu: the prompt is empty", g->input, (unsigned long long)ln);
+		rv = RL_EFORMAT;
+		goto out;
+	}
+	if ((int)ids.n >= g->m->cfg.max_pos) {
+		rl_error("'%s': line %llu: the prompt has %zu tokens, the model's context is %d", g->input,
+		    (unsigned long long)ln, ids.n, g->m->cfg.max_pos);
+		rv = RL_ETOOBIG;
+		goto out;
+	}
+	cJSON_DeleteItemFromObjectCaseSensitive(j, "prompt");
+	prompt *p = rl_xcalloc(1, sizeof *p);
+	p->line = ln;
+	p->text = text;
+	text = NULL;
+	p->meta = cJSON_PrintUnformatted(j);
+	p->ids = ids.ids;
+	p->nids = (int)ids.n;
+	ids.ids = NULL;
+	*out = p;
+	rv = RL_OK;
+out:
+	free(text);
+	rl_tokens_fini(&ids);
+	cJSON_Delete(j);
+	return rv;
+}
+
+/* Waits (polling --weights-from) until version >= need. */
+static int
+wait_version(gen *g, int need)
+{
+	int rv;
+	double t0 = rl_now(), last = t0;
+
+	while (g->version < need) {
+		if ((rv = poll_weights(g)) != 0)
+			return rv;
+		if (g->version >= need)
+			break;
+		if (rl_now() - last > 10) {
+			rl_verbose("waiting for weights version %d in '%s' (have %d)", need, g->weights_from, g->version);
+			last = rl_now();
+		}
+		usleep(20000);
+	}
+	return RL_OK;
+}
+
+static void
+progress(gen *g, int end)
+{
+	double dt = rl_now() - g->t0;
+	if (end) {
+		if (!g->quiet)
+			rl_info("%llu prompts, %llu samples, %llu tokens in %.1f s (%.0f tokens/s)%s",
+			    (unsigned long long)g->groups, (unsigned long long)g->samples,
+			    (unsigned long long)g->tokens, dt, dt > 0 ? g->tokens / dt : 0.0,
+			    g->bad ? "; bad lines skipped" : "");
+		if (g->bad && !g->quiet)
+			rl_info("%llu bad prompt lines skipped", (unsigned long long)g->bad);
+	} else if (isatty(2) && !g->quiet) {
+		fprintf(stderr, "\rrl-rollout: %llu prompts, %llu samples, %.0f tokens/s   ",
+		    (unsigned long long)g->groups, (unsigned long long)g->samples, dt > 0 ? g->tokens / dt : 0.0);
+	}
+}
+
+static int
+run_generate(gen *g)
+{
+	FILE *in = NULL;
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t len;
+	int rv, eof = 0, fail = RL_OK, have_line = 0;
+	double last_prog = 0;
+
+	if ((rv = rl_io_fopen(&in, g->input, "r")) != 0)
+		return rv;
+	g->t0 = rl_now();
+	for (;;) {
+		/* keep enough requests waiting to refill every free slot */
+		while (!eof && rl_engine_waiting(g->e) * RL_MAX(g->n, 1) < g->go.slots) {
+			prompt *p;
+			if (!have_line) {
+				errno = 0;
+				if ((len = getline(&line, &cap, in)) < 0) {
+					if (ferror(in)) {
+						rl_error("cannot read '%s': %s", g->input, strerror(errno));
+						rv = RL_EIO;
+						goto out;
+					}
+					eof = 1;
+					break;
+				}
+				have_line = 1;
+			}
+			if (g->weights_from && g->max_staleness >= 0) {
+				/* the staleness gate: group k belongs to trainer batch k / train_batch */
+				int need = (int)(g->groups / (uint64_t)g->train_batch) - g->max_staleness;
+				if (g->version < need) {
+					if (rl_engine_active(g->e) > 0 || rl_engine_waiting(g->e) > 0)
+						break; /* generate what we have, check again next step */
+					if ((rv = rl_traj_writer_flush(g->w)) != 0 || (rv = wait_version(g, need)) != 0)
+						goto out;
+				}
+			}
+			have_line = 0;
+			g->lines++;
+			while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+				line[--len] = 0;
+			if (len == 0 || strspn(line, " \t") == (size_t)len)
+				continue;
+			if ((rv = parse_prompt(g, line, (size_t)len, &p)) != 0) {
+				if (g->skip_bad && (rv == RL_EFORMAT || rv == RL_ETOOBIG)) {
+					g->bad++;
+					continue;
+				}
+				/* finish and write what is already running, then fail */
+				rl_hint("--skip-bad skips such lines; the prompts before it are still written");
+				fail = rv;
+				eof = 1;
+				break;
+			}
+			p->group = g->nonce | (g->groups & 0xffffffffULL);
+			p->remaining = g->n + (g->greedy ? 1 : 0);
+			rv = rl_engine_submit(g->e, p->ids, p->nids, g->n, g->greedy,
+			    rl_rng_u64(g->seed, p->line), p);
+			if (rv != RL_OK) {
+				rl_error("'%s': line %llu: cannot generate for this prompt", g->input,
+				    (unsigned long long)p->line);
+				free(p->text);
+				free(p->meta);
+				free(p->ids);
+				free(p);
+				if (g->skip_bad) {
+					g->bad++;
+					continue;
+				}
+				fail = rv;
+				eof = 1;
+				break;
+			}
+			g->groups++;
+		}
+		if ((rv = poll_weights(g)) != 0)
+			goto out;
+		if (rl_engine_active(g->e) == 0 && rl_engine_waiting(g->e) == 0) {
+			if (eof)
+				break;
+			continue;
+		}
+		if ((rv = rl_engine_step(g->e, on_done, g)) != 0)
+			goto out;
+		if (rl_now() - last_prog > 0.5) {
+			progress(g, 0);
+			last_prog = rl_now();
+		}
+	}
+	rv = rl_traj_writer_flush(g->w);
+	if (rv == RL_OK)
+		rv = fail;
+out:
+	if (isatty(2) && !g->quiet)
+		fputc('\n', stderr);
+	progress(g, 1);
+	free(line);
+	if (in && in != stdin)
+		fclose(in);
+	return rv;
+}
+
+/* ---- score mode ------------------------------------------------------------------------ */
+
+static int
+run_score(gen *g)
+{
+	FILE *in = NULL;
+	rl_traj_reader *rd = NULL;
+	rl_traj *t;
+	int rv, tag, T = g->m->cfg.max_pos;
+	int32_t *tok = NULL, *tgt = NULL;
+	float *lp = NULL, *vals = NULL;
+	uint64_t n = 0;
+
+	tag = rl_traj_tag_parse(g->score_field);
+	if (tag < 0) {
+		unsigned u;
+		char c;
+		if (sscanf(g->score_field, "t%u%c", &u, &c) != 1 || u == 0 || u > RL_TAG_MAX) {
+			rl_error("unknown field '%s' for --score", g->score_field);
+			rl_hint("use logprobs, ref_logprobs or t<tag number>");
+			return RL_EINVAL;
+		}
+		tag = (int)u;
+	}
+	if ((rv = rl_model_train_reserve(g->m, T)) != 0)
+		return rv;
+	tok = rl_xcalloc((size_t)T, 4);
+	tgt = rl_xcalloc((size_t)T, 4);
+	lp = rl_xcalloc((size_t)T, 4);
+	vals = rl_xcalloc((size_t)T, 4);
+	if ((rv = rl_io_fopen(&in, g->input, "rb")) != 0 ||
+	    (rv = rl_traj_reader_open_file(&rd, in, g->input, NULL)) != 0)
+		goto out;
+	for (;;) {
+		const int32_t *p, *r;
+		size_t np, nr;
+		float temp = 1.0f;
+		if ((rv = rl_traj_reader_next(rd, &t)) != 0)
+			goto out;
+		if (!t)
+			break;
+		n++;
+		if (rl_traj_get_i32s(t, RL_TAG_PROMPT, &p, &np) != RL_OK ||
+		    rl_traj_get_i32s(t, RL_TAG_RESPONSE, &r, &nr) != RL_OK || np == 0) {
+			rl_error("'%s': record %llu: no prompt and response token ids to score", g->input,
+			    (unsigned long long)n);
+			rv = RL_EFORMAT;
+			goto out;
+		}
+		if ((int)(np + nr) > T) {
+			rl_error("'%s': record %llu: %zu tokens exceed the model's context of %d", g->input,
+			    (unsigned long long)n, np + nr, T);
+			rv = RL_ETOOBIG;
+			goto out;
+		}
+		if (rl_traj_get_f32(t, RL_TAG_TEMPERATURE, &temp) != RL_OK || !(temp > 0))
+			temp = 1.0f;
+		int L = (int)(np + nr) - 1;
+		for (int i = 0; i < L; i++) {
+			tok[i] = i < (int)np ? p[i] : r[i - np];
+			int j = i - ((int)np - 1);
+			tgt[i] = j >= 0 && j < (int)nr ? r[j] : -1;
+		}
+		if (nr > 0) {
+			if ((rv = rl_model_forward(g->m, lp, NULL, tok, tgt, NULL, NULL, 1, L, temp)) != 0)
+				goto out;
+			for (size_t j = 0; j < nr; j++)
+				vals[j] = lp[np - 1 + j];
+		}
+		rl_traj *c = NULL;
+		if ((rv = rl_traj_dup(&c, t)) != 0)
+			goto out;
+		rl_traj_set_f32s(c, (unsigned)tag, vals, nr);
+		rv = rl_traj_writer_put(g->w, c);
+		rl_traj_destroy(c);
+		if (rv)
+			goto out;
+	}
+	rv = rl_traj_writer_flush(g->w);
+	if (!g->quiet)
+		rl_info("%llu records scored into '%s'", (unsigned long long)n, g->score_field);
+out:
+	rl_traj_reader_close(rd);
+	if (in && in != stdin)
+		fclose(in);
+	free(tok);
+	free(tgt);
+	free(lp);
+	free(vals);
+	return rv;
+}
+
+int
+rl_cmd_generate(int argc, char **argv)
+{
+	gen g = { 0 };
+	int c, nstop = 0, nstopid = 0, rv, verbosity = RL_LOG_NORMAL;
+	double v;
+	size_t kv;
+
+	rl_gen_opts_default(&g.go);
+	g.n = 1;
+	g.device = "cpu";
+	g.input = "-";
+	g.tmpl = RL_CHAT_AUTO;
+	g.max_staleness = -1;
+	g.train_batch = 8;
+	g.pending_version = -1;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "m:n:o:qvh", longopts, NULL)) != -1) {
+		const char *a = optarg;
+#define NUM(lo, hi) do { if (parse_num(a, lo, hi, &v)) return usage_error("bad value '%s'", a); } while (0)
+		switch (c) {
+		case 'm': g.model_dir = a; break;
+		case 'n': NUM(1, 65536); g.n = (int)v; break;
+		case 'o': g.out_path = a; break;
+		case O_JSONL: g.jsonl = 1; break;
+		case O_TEMP: NUM(0, 100); g.go.sp.temperature = (float)v; break;
+		case O_TOPP: NUM(0, 1); g.go.sp.top_p = (float)v; break;
+		case O_TOPK: NUM(0, 1e9); g.go.sp.top_k = (int)v; break;
+		case O_MAXTOK: NUM(1, 1e7); g.go.max_new = (int)v; break;
+		case O_STOP:
+			if (nstop == 64 || !*a)
+				return usage_error("too many or empty --stop '%s'", a);
+			g.stops[nstop++] = a;
+			break;
+		case O_STOPID:
+			NUM(0, 2e9);
+			if (nstopid == 64)
+				return usage_error("too many --stop-id ('%s')", a);
+			g.stop_ids[nstopid++] = (int32_t)v;
+			break;
+		case O_SEED: NUM(0, 1.8e19); g.seed = (uint64_t)v; break;
+		case O_CHAT: g.chat = 1; break;
+		case O_TMPL:
+			if ((g.tmpl = rl_chat_template_parse(a)) < 0)
+				return usage_error("unknown chat template '%s'", a);
+			break;
+		case O_GREEDY: g.greedy = 1; break;
+		case O_SLOTS: NUM(1, 65536); g.go.slots = (int)v; break;
+		case O_KVMEM:
+			if (parse_bytes(a, &kv))
+				return usage_error("bad size '%s'", a);
+			g.go.kv_mem = kv;
+			break;
+		case O_DEVICE: g.device = a; break;
+		case O_WFROM: g.weights_from = a; break;
+		case O_STALE: NUM(0, 1e9); g.max_staleness = (int)v; break;
+		case O_TBATCH: NUM(1, 1e9); g.train_batch = (int)v; break;
+		case O_PARTIAL: g.partial = 1; break;
+		case O_SKIPBAD: g.skip_bad = 1; break;
+		case O_SCORE: g.score_field = a; break;
+		case 'q': verbosity = RL_LOG_QUIET; g.quiet = 1; break;
+		case 'v': verbosity++; break;
+		case 'h':
+			fputs(usage_text, stdout);
+			return rl_io_close_stdout() ? 1 : 0;
+		default:
+			fprintf(stderr, "rl-rollout: hint: rl-rollout --help lists the options\n");
+			return 2;
+		}
+#undef NUM
+	}
+	rl_log_set_level(verbosity);
+	if (!g.model_dir)
+		return usage_error("%s", "no model: -m MODEL_DIR");
+	if (optind + 1 < argc)
+		return usage_error("more than one input ('%s')", argv[optind + 1]);
+	if (optind < argc)
+		g.input = argv[optind];
+	if (g.max_staleness >= 0 && !g.weights_from)
+		return usage_error("%s", "--max-staleness needs --weights-from DIR");
+	if (g.go.slots < g.n + g.greedy)
+		g.go.slots = g.n + g.greedy;
+	g.go.stop = g.stops;
+	g.go.nstop = nstop;
+	g.go.stop_ids = g.stop_ids;
+	g.go.nstop_ids = nstopid;
+	g.nonce = (rl_rng_mix((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) & 0xffffffff00000000ULL);
+
+	rv = RL_OK;
+	if ((rv = rl_ops_open(&g.ops, g.device)) != 0)
+		goto out;
+	if ((rv = rl_model_open(&g.m, g.model_dir, g.ops)) != 0)
+		goto out;
+	if ((rv = rl_tokenizer_open(&g.tok, g.model_dir)) != 0)
+		goto out;
+	g.go.eos_id = g.m->cfg.eos_id >= 0 ? g.m->cfg.eos_id : rl_tokenizer_eos_id(g.tok);
+	if (g.out_path && strcmp(g.out_path, "-") != 0) {
+		if (!(g.out = fopen(g.out_path, "wb"))) {
+			rl_error("cannot open '%s': %s", g.out_path, strerror(errno));
+			rv = RL_EIO;
+			goto out;
+		}
+	} else {
+		g.out = stdout;
+	}
+	{
+		rl_traj_writer_opts wo = { 0 };
+		wo.format = g.jsonl ? RL_TRAJ_JSONL : RL_TRAJ_BINARY;
+		if ((rv = rl_traj_writer_open_file(&g.w, g.out, g.out_path ? g.out_path : "-", &wo)) != 0)
+			goto out;
+	}
+	if (g.score_field) {
+		rv = run_score(&g);
+		goto out;
+	}
+	if ((rv = rl_engine_create(&g.e, g.m, g.tok, &g.go)) != 0)
+		goto out;
+	if (g.weights_from) {
+		int ver;
+		char path[4096];
+		if (latest_version(g.weights_from, &ver, path, sizeof path) == RL_OK &&
+		    (rv = load_weights(&g, path, ver)) != 0)
+			goto out;
+	}
+	rv = run_generate(&g);
+out:
+	if (g.w) {
+		int r2 = rl_traj_writer_close(g.w);
+		if (!rv)
+			rv = r2;
+	}
+	if (g.out && g.out != stdout && fclose(g.out) != 0 && !rv) {
+		rl_error("cannot write '%s': %s", g.out_path, strerror(errno));
+		rv = RL_EIO;
+	}
+	rl_engine_destroy(g.e);
+	rl_tokenizer_close(g.tok);
+	rl_model_close(g.m);
+	rl_ops_close(g.ops);
+	if (rv)
+		return 1;
+	return rl_io_close_stdout() ? 1 : 0;
+}

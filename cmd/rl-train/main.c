@@ -1,0 +1,237 @@
+/*
+ * rl-train — the learner: scored trajectories in, checkpoints and metrics out.
+ * Parses options into rl_train_opts and calls lib/train.c.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo.h"
+#include "core.h"
+#include "groups.h"
+#include "io.h"
+#include "train.h"
+
+static const char usage_text[] =
+    "usage: rl-train -m MODEL_DIR --out CKPT_DIR [--algo A] [options] [FILE|-]\n"
+    "       rl-train --init CONFIG.json --tokenizer bytes|TOKENIZER.json --out DIR [--seed S]\n"
+    "\n"
+    "Reads scored trajectories (binary stream or JSONL) and trains the policy;\n"
+    "after every step a checkpoint CKPT_DIR/step-N appears and CKPT_DIR/latest\n"
+    "points at it.\n"
+    "\n"
+    "model and data:\n"
+    "  -m, --model DIR           initial policy (Hugging Face directory)\n"
+    "  -o, --out DIR             checkpoint root (step-NNNNNNNN/, latest)\n"
+    "      --init CONFIG.json    write a randomly initialised model to --out and exit\n"
+    "      --tokenizer T         with --init: 'bytes' or a tokenizer.json\n"
+    "      --seed S              random seed (default 0)\n"
+    "      --device D            cpu, cuda, cuda:N or auto (default cpu)\n"
+    "algorithm:\n"
+    "      --algo A              grpo, dr-grpo, dapo, rloo, reinforce++, remax, sft (default grpo)\n"
+    "      --batch G             groups per step (default 8)\n"
+    "      --loss-agg MODE       token-mean, seq-mean-token-sum, seq-mean-token-mean,\n"
+    "                            seq-mean-token-sum-norm (default: the algorithm's)\n"
+    "      --norm-len N          constant of seq-mean-token-sum-norm (default: longest response)\n"
+    "      --no-std              GRPO: do not divide advantages by the group's std\n"
+    "      --clip-low E          ratio clip 1-E (default 0.2)\n"
+    "      --clip-high E         ratio clip 1+E (default 0.2; dapo 0.28)\n"
+    "      --dual-clip C         dual-clip constant for negative advantages (off)\n"
+    "      --tis-cap C           truncated importance sampling cap vs behaviour log-probs (off)\n"
+    "      --old-from-behaviour  ratio against the records' log-probs (off-policy records)\n"
+    "      --kl k1|k2|k3         KL estimator to the reference policy (off)\n"
+    "      --kl-coef B           KL coefficient (default 0.001 when --kl is given)\n"
+    "      --kl-in-reward        KL as a token-level reward penalty instead of a loss term\n"
+    "      --ref DIR             frozen reference model (else the records' ref_logprobs)\n"
+    "      --ent-coef C          entropy bonus (off)\n"
+    "      --gamma G             discount for reinforce++ (default 1)\n"
+    "      --ppo-epochs E        passes over each step's data (default 1)\n"
+    "      --mini-batches M      optimizer updates per pass (default 1)\n"
+    "      --max-tokens-per-micro N  token budget of a micro-batch (default 8192)\n"
+    "optimizer:\n"
+    "      --lr LR               learning rate (default 1e-6)\n"
+    "      --warmup N            linear warmup steps (default 0)\n"
+    "      --schedule S          constant or cosine (default constant)\n"
+    "      --total-steps N       cosine length\n"
+    "      --min-lr-ratio R      cosine floor as a fraction of --lr (default 0)\n"
+    "      --weight-decay W      decoupled weight decay (default 0)\n"
+    "      --beta1 B, --beta2 B, --adam-eps E   AdamW (0.9, 0.999, 1e-8)\n"
+    "      --grad-clip N         global-norm clipping (default 1; 0 off)\n"
+    "run:\n"
+    "      --max-steps N         stop after N steps in total\n"
+    "      --save-every N        full checkpoint (with optimizer) every N steps (default: last)\n"
+    "      --keep K              keep the newest K step directories (default 3; 0 all)\n"
+    "      --resume              continue from the newest full checkpoint in --out\n"
+    "      --on-bad error|skip   a bad record fails the run, or drops its group (default error)\n"
+    "      --metrics FILE        one JSON object per step ('-' stdout; default stderr)\n"
+    "      --tfevents DIR        also write TensorBoard event files\n"
+    "  -q, --quiet, -v, --verbose\n"
+    "  -h, --help\n";
+
+enum {
+	O_INIT = 256, O_TOKENIZER, O_SEED, O_DEVICE, O_ALGO, O_BATCH, O_AGG, O_NORMLEN, O_NOSTD,
+	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
+	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
+	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV
+};
+
+static const struct option longopts[] = {
+	{ "model", required_argument, 0, 'm' }, { "out", required_argument, 0, 'o' },
+	{ "init", required_argument, 0, O_INIT }, { "tokenizer", required_argument, 0, O_TOKENIZER },
+	{ "seed", required_argument, 0, O_SEED }, { "device", required_argument, 0, O_DEVICE },
+	{ "algo", required_argument, 0, O_ALGO }, { "batch", required_argument, 0, O_BATCH },
+	{ "loss-agg", required_argument, 0, O_AGG }, { "norm-len", required_argument, 0, O_NORMLEN },
+	{ "no-std", no_argument, 0, O_NOSTD }, { "clip-low", required_argument, 0, O_CLIPLO },
+	{ "clip-high", required_argument, 0, O_CLIPHI }, { "dual-clip", required_argument, 0, O_DUAL },
+	{ "tis-cap", required_argument, 0, O_TIS }, { "old-from-behaviour", no_argument, 0, O_OLDBEH },
+	{ "kl", required_argument, 0, O_KL }, { "kl-coef", required_argument, 0, O_KLCOEF },
+	{ "kl-in-reward", no_argument, 0, O_KLREW }, { "ref", required_argument, 0, O_REF },
+	{ "ent-coef", required_argument, 0, O_ENT }, { "gamma", required_argument, 0, O_GAMMA },
+	{ "ppo-epochs", required_argument, 0, O_EPOCHS }, { "mini-batches", required_argument, 0, O_MINI },
+	{ "max-tokens-per-micro", required_argument, 0, O_MICRO }, { "lr", required_argument, 0, O_LR },
+	{ "warmup", required_argument, 0, O_WARMUP }, { "schedule", required_argument, 0, O_SCHED },
+	{ "total-steps", required_argument, 0, O_TOTAL }, { "min-lr-ratio", required_argument, 0, O_MINLR },
+	{ "weight-decay", required_argument, 0, O_WD }, { "beta1", required_argument, 0, O_B1 },
+	{ "beta2", required_argument, 0, O_B2 }, { "adam-eps", required_argument, 0, O_AEPS },
+	{ "grad-clip", required_argument, 0, O_CLIP }, { "max-steps", required_argument, 0, O_MAXSTEPS },
+	{ "save-every", required_argument, 0, O_SAVE }, { "keep", required_argument, 0, O_KEEP },
+	{ "resume", no_argument, 0, O_RESUME }, { "on-bad", required_argument, 0, O_ONBAD },
+	{ "metrics", required_argument, 0, O_METRICS }, { "tfevents", required_argument, 0, O_TFEV },
+	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
+	{ 0, 0, 0, 0 }
+};
+
+static int
+usage_error(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "rl-train: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\nrl-train: hint: rl-train --help lists the options\n");
+	return 2;
+}
+
+static int
+num(const char *s, double lo, double hi, double *out)
+{
+	char *end;
+	double v = strtod(s, &end);
+	if (end == s || *end || !(v >= lo && v <= hi))
+		return -1;
+	*out = v;
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	rl_train_opts o;
+	const char *init = NULL, *tokenizer = NULL;
+	int c, verbosity = RL_LOG_NORMAL, clip_high_set = 0, kl_coef_set = 0;
+	double v;
+
+	rl_log_init("rl-train", RL_LOG_NORMAL);
+	rl_train_opts_default(&o);
+	while ((c = getopt_long(argc, argv, "m:o:qvh", longopts, NULL)) != -1) {
+		const char *a = optarg;
+#define NUM(lo, hi) do { if (num(a, lo, hi, &v)) return usage_error("bad value '%s'", a); } while (0)
+		switch (c) {
+		case 'm': o.model_dir = a; break;
+		case 'o': o.out_dir = a; break;
+		case O_INIT: init = a; break;
+		case O_TOKENIZER: tokenizer = a; break;
+		case O_SEED: NUM(0, 1.8e19); o.seed = (uint64_t)v; break;
+		case O_DEVICE: o.device = a; break;
+		case O_ALGO:
+			if ((o.algo = rl_algo_parse(a)) < 0)
+				return usage_error("unknown algorithm '%s'", a);
+			break;
+		case O_BATCH: NUM(1, 1e7); o.batch = (int)v; break;
+		case O_AGG:
+			if ((o.agg = rl_agg_parse(a)) < 0)
+				return usage_error("unknown loss aggregation '%s'", a);
+			break;
+		case O_NORMLEN: NUM(1, 1e9); o.norm_len = (int)v; break;
+		case O_NOSTD: o.norm_std = 0; break;
+		case O_CLIPLO: NUM(0, 1); o.clip_low = (float)v; break;
+		case O_CLIPHI: NUM(0, 100); o.clip_high = (float)v; clip_high_set = 1; break;
+		case O_DUAL: NUM(0, 1e9); o.dual_clip = (float)v; break;
+		case O_TIS: NUM(0, 1e9); o.tis_cap = (float)v; break;
+		case O_OLDBEH: o.old_from_behaviour = 1; break;
+		case O_KL:
+			if (strcmp(a, "k1") == 0) o.kl_type = 1;
+			else if (strcmp(a, "k2") == 0) o.kl_type = 2;
+			else if (strcmp(a, "k3") == 0 || strcmp(a, "low_var_kl") == 0) o.kl_type = 3;
+			else return usage_error("unknown KL estimator '%s' (k1, k2, k3)", a);
+			break;
+		case O_KLCOEF: NUM(0, 1e9); o.kl_coef = (float)v; kl_coef_set = 1; break;
+		case O_KLREW: o.kl_in_reward = 1; break;
+		case O_REF: o.ref_dir = a; break;
+		case O_ENT: NUM(-1e9, 1e9); o.ent_coef = (float)v; break;
+		case O_GAMMA: NUM(0, 1); o.gamma = (float)v; break;
+		case O_EPOCHS: NUM(1, 1000); o.ppo_epochs = (int)v; break;
+		case O_MINI: NUM(1, 1e6); o.mini_batches = (int)v; break;
+		case O_MICRO: NUM(1, 1e9); o.max_tokens_micro = (int)v; break;
+		case O_LR: NUM(0, 10); o.lr = (float)v; break;
+		case O_WARMUP: NUM(0, 1e9); o.warmup = (int)v; break;
+		case O_SCHED:
+			if (strcmp(a, "constant") == 0) o.sched = RL_SCHED_CONSTANT;
+			else if (strcmp(a, "cosine") == 0) o.sched = RL_SCHED_COSINE;
+			else return usage_error("unknown schedule '%s' (constant, cosine)", a);
+			break;
+		case O_TOTAL: NUM(0, 1e9); o.total_steps = (int)v; break;
+		case O_MINLR: NUM(0, 1); o.min_lr_ratio = (float)v; break;
+		case O_WD: NUM(0, 10); o.weight_decay = (float)v; break;
+		case O_B1: NUM(0, 1); o.beta1 = (float)v; break;
+		case O_B2: NUM(0, 1); o.beta2 = (float)v; break;
+		case O_AEPS: NUM(0, 1); o.adam_eps = (float)v; break;
+		case O_CLIP: NUM(0, 1e9); o.grad_clip = (float)v; break;
+		case O_MAXSTEPS: NUM(0, 1e9); o.max_steps = (int)v; break;
+		case O_SAVE: NUM(0, 1e9); o.save_every = (int)v; break;
+		case O_KEEP: NUM(0, 1e9); o.keep = (int)v; break;
+		case O_RESUME: o.resume = 1; break;
+		case O_ONBAD:
+			if (strcmp(a, "error") == 0) o.on_bad = RL_BAD_ERROR;
+			else if (strcmp(a, "skip") == 0) o.on_bad = RL_BAD_SKIP;
+			else return usage_error("--on-bad takes error or skip, not '%s'", a);
+			break;
+		case O_METRICS: o.metrics_path = a; break;
+		case O_TFEV: o.tfevents_dir = a; break;
+		case 'q': verbosity = RL_LOG_QUIET; o.quiet = 1; break;
+		case 'v': verbosity++; break;
+		case 'h':
+			fputs(usage_text, stdout);
+			return rl_io_close_stdout() ? 1 : 0;
+		default:
+			fprintf(stderr, "rl-train: hint: rl-train --help lists the options\n");
+			return 2;
+		}
+#undef NUM
+	}
+	rl_log_set_level(verbosity);
+	if (init) {
+		if (!o.out_dir)
+			return usage_error("%s", "--init needs --out DIR");
+		if (optind < argc)
+			return usage_error("unexpected argument '%s' with --init", argv[optind]);
+		int rv = rl_train_init_model(init, tokenizer ? tokenizer : "bytes", o.out_dir, o.seed);
+		if (rv)
+			return 1;
+		return 0;
+	}
+	if (optind + 1 < argc)
+		return usage_error("more than one input ('%s'): concatenate them", argv[optind + 1]);
+	if (optind < argc)
+		o.input = argv[optind];
+	if (!o.out_dir)
+		return usage_error("%s", "no output directory: --out DIR");
+	if (!o.model_dir && !o.resume)
+		return usage_error("%s", "no model: -m MODEL_DIR (or --resume)");
+	if (o.algo == RL_ALGO_DAPO && !clip_high_set)
+		o.clip_high = 0.28f;
+	if (o.kl_type && !kl_coef_set)
+		o.kl_coef = 0.001f;
+	if (rl_train_run(&o) != RL_OK)
+		return 1;
+	return rl_io_close_stdout() ? 1 : 0;
+}

@@ -1,0 +1,302 @@
+/*
+ * algo.c — advantage estimators and loss-aggregation weights (see algo.h for
+ * the formulas).  Sums are accumulated in double: batches are small, and the
+ * advantages feed every gradient of the step.
+ */
+#include "algo.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core.h"
+
+static const char *const algo_names[RL_ALGO_COUNT] = {
+	[RL_ALGO_GRPO] = "grpo", [RL_ALGO_DRGRPO] = "dr-grpo", [RL_ALGO_DAPO] = "dapo",
+	[RL_ALGO_RLOO] = "rloo", [RL_ALGO_REINFORCEPP] = "reinforce++", [RL_ALGO_REMAX] = "remax",
+	[RL_ALGO_PPO] = "ppo", [RL_ALGO_SFT] = "sft",
+};
+
+static const char *const agg_names[RL_AGG_COUNT] = {
+	[RL_AGG_TOKEN_MEAN] = "token-mean",
+	[RL_AGG_SEQ_MEAN_TOKEN_SUM] = "seq-mean-token-sum",
+	[RL_AGG_SEQ_MEAN_TOKEN_MEAN] = "seq-mean-token-mean",
+	[RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM] = "seq-mean-token-sum-norm",
+};
+
+const char *rl_algo_name(int a) { return a >= 0 && a < RL_ALGO_COUNT ? algo_names[a] : "?"; }
+const char *rl_agg_name(int a) { return a >= 0 && a < RL_AGG_COUNT ? agg_names[a] : "?"; }
+
+int
+rl_algo_parse(const char *s)
+{
+	for (int i = 0; i < RL_ALGO_COUNT; i++)
+		if (strcmp(s, algo_names[i]) == 0)
+			return i;
+	if (strcmp(s, "drgrpo") == 0)
+		return RL_ALGO_DRGRPO;
+	if (strcmp(s, "reinforce_plus_plus") == 0 || strcmp(s, "reinforcepp") == 0)
+		return RL_ALGO_REINFORCEPP;
+	return -1;
+}
+
+int
+rl_agg_parse(const char *s)
+{
+	for (int i = 0; i < RL_AGG_COUNT; i++)
+		if (strcmp(s, agg_names[i]) == 0)
+			return i;
+	return -1;
+}
+
+int
+rl_algo_default_agg(int algo)
+{
+	switch (algo) {
+	case RL_ALGO_DRGRPO:
+		return RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM;
+	case RL_ALGO_GRPO:
+		/* verl's GRPO default is token-mean as well; the original GRPO paper's
+		 * seq-mean-token-mean is one option away. */
+	default:
+		return RL_AGG_TOKEN_MEAN;
+	}
+}
+
+void
+rl_adv_cfg_default(rl_adv_cfg *c, int algo)
+{
+	memset(c, 0, sizeof *c);
+	c->algo = algo;
+	c->norm_std = algo != RL_ALGO_DRGRPO;
+	c->eps = 1e-6f;
+	c->gamma = 1.0f;
+	c->lambda = 1.0f;
+}
+
+int
+rl_adv_outcome(float *adv, const float *reward, const int *goff, int G, const rl_adv_cfg *c)
+{
+	int norm = c->norm_std;
+
+	switch (c->algo) {
+	case RL_ALGO_GRPO:
+	case RL_ALGO_DAPO:
+		break;
+	case RL_ALGO_DRGRPO:
+		norm = 0;
+		break;
+	case RL_ALGO_RLOO:
+		norm = 0;
+		break;
+	default:
+		return RL_EINVAL;
+	}
+	if (G < 0 || goff[0] != 0)
+		return RL_EINVAL;
+	for (int g = 0; g < G; g++) {
+		int a = goff[g], b = goff[g + 1], n = b - a;
+		double sum = 0, sq = 0, mean, sd;
+
+		if (n < 0)
+			return RL_EINVAL;
+		if (n == 1) {
+			adv[a] = 0;
+			continue;
+		}
+		for (int i = a; i < b; i++)
+			sum += reward[i];
+		mean = sum / n;
+		for (int i = a; i < b; i++)
+			sq += (reward[i] - mean) * (reward[i] - mean);
+		sd = sqrt(sq / (n - 1));
+		for (int i = a; i < b; i++) {
+			double d = reward[i] - mean;
+			if (c->algo == RL_ALGO_RLOO)
+				/* r_i - mean of the others = n/(n-1) (r_i - mean) */
+				adv[i] = (float)(d * n / (n - 1));
+			else if (norm)
+				adv[i] = (float)(d / (sd + c->eps));
+			else
+				adv[i] = (float)d;
+		}
+	}
+	return RL_OK;
+}
+
+int
+rl_adv_remax(float *adv, const float *reward, const float *baseline, int S)
+{
+	for (int s = 0; s < S; s++)
+		adv[s] = reward[s] - baseline[s];
+	return RL_OK;
+}
+
+void
+rl_adv_broadcast(float *adv_tok, const float *adv_seq, const int *toff, int S)
+{
+	for (int s = 0; s < S; s++)
+		for (int t = toff[s]; t < toff[s + 1]; t++)
+			adv_tok[t] = adv_seq[s];
+}
+
+/* Whitens x (n) in place: mean 0, unbiased std 1. */
+static void
+whiten(float *x, int n)
+{
+	double sum = 0, sq = 0, mean, sd;
+
+	if (n == 0)
+		return;
+	for (int i = 0; i < n; i++)
+		sum += x[i];
+	mean = sum / n;
+	for (int i = 0; i < n; i++)
+		sq += (x[i] - mean) * (x[i] - mean);
+	sd = n > 1 ? sqrt(sq / (n - 1)) : 0;
+	for (int i = 0; i < n; i++)
+		x[i] = (float)((x[i] - mean) / (sd + 1e-8));
+}
+
+/* Token rewards: -kl_coef*kl, plus the outcome at the last token. */
+static float
+tok_reward(const float *reward, const float *kl, float kl_coef, const int *toff, int s, int t)
+{
+	float r = kl ? -kl_coef * kl[t] : 0.0f;
+	if (t == toff[s + 1] - 1)
+		r += reward[s];
+	return r;
+}
+
+int
+rl_adv_reinforcepp(float *adv_tok, const float *reward, const float *kl, float kl_coef,
+    const int *toff, int S, float gamma)
+{
+	if (S < 0 || toff[0] != 0)
+		return RL_EINVAL;
+	for (int s = 0; s < S; s++) {
+		double ret = 0;
+		if (toff[s + 1] < toff[s])
+			return RL_EINVAL;
+		for (int t = toff[s + 1] - 1; t >= toff[s]; t--) {
+			ret = tok_reward(reward, kl, kl_coef, toff, s, t) + gamma * ret;
+			adv_tok[t] = (float)ret;
+		}
+	}
+	whiten(adv_tok, toff[S]);
+	return RL_OK;
+}
+
+int
+rl_adv_gae(float *adv_tok, float *ret_tok, const float *reward, const float *kl,
+    float kl_coef, const float *values, const int *toff, int S, float gamma, float lambda)
+{
+	if (S < 0 || toff[0] != 0)
+		return RL_EINVAL;
+	for (int s = 0; s < S; s++) {
+		double a = 0, vnext = 0;
+		if (toff[s + 1] < toff[s])
+			return RL_EINVAL;
+		for (int t = toff[s + 1] - 1; t >= toff[s]; t--) {
+			double delta = tok_reward(reward, kl, kl_coef, toff, s, t) + gamma * vnext - values[t];
+			a = delta + gamma * lambda * a;
+			adv_tok[t] = (float)a;
+			ret_tok[t] = (float)(a + values[t]);
+			vnext = values[t];
+		}
+	}
+	whiten(adv_tok, toff[S]);
+	return RL_OK;
+}
+
+int
+rl_loss_weights(float *w, const int *toff, int S, int agg, int norm_len)
+{
+	int nseq = 0;
+	long ntok = 0;
+
+	if (S < 0 || toff[0] != 0)
+		return RL_EINVAL;
+	for (int s = 0; s < S; s++) {
+		int n = toff[s + 1] - toff[s];
+		if (n < 0)
+			return RL_EINVAL;
+		nseq += n > 0;
+		ntok += n;
+	}
+	if (agg == RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM && norm_len <= 0)
+		return RL_EINVAL;
+	for (int s = 0; s < S; s++) {
+		int n = toff[s + 1] - toff[s];
+		double v;
+
+		switch (agg) {
+		case RL_AGG_TOKEN_MEAN:
+			v = 1.0 / (double)ntok;
+			break;
+		case RL_AGG_SEQ_MEAN_TOKEN_SUM:
+			v = 1.0 / nseq;
+			break;
+		case RL_AGG_SEQ_MEAN_TOKEN_MEAN:
+			v = n ? 1.0 / ((double)n * nseq) : 0;
+			break;
+		case RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM:
+			v = 1.0 / ((double)nseq * norm_len);
+			break;
+		default:
+			return RL_EINVAL;
+		}
+		for (int t = toff[s]; t < toff[s + 1]; t++)
+			w[t] = (float)v;
+	}
+	return RL_OK;
+}
+
+int
+rl_groups_with_signal(int *keep, const float *reward, const int *goff, int G)
+{
+	int kept = 0;
+
+	for (int g = 0; g < G; g++) {
+		int k = 0;
+		for (int i = goff[g] + 1; i < goff[g + 1]; i++)
+			if (reward[i] != reward[goff[g]])
+				k = 1;
+		keep[g] = k;
+		kept += k;
+	}
+	return kept;
+}
+
+rl_stat3
+rl_stat_f32(const float *x, size_t n)
+{
+	rl_stat3 st = { 0, INFINITY, -INFINITY, 0 };
+	double sum = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		if (isnan(x[i]))
+			continue;
+		sum += x[i];
+		st.min = x[i] < st.min ? x[i] : st.min;
+		st.max = x[i] > st.max ? x[i] : st.max;
+		st.n++;
+	}
+	st.mean = st.n ? sum / st.n : NAN;
+	if (!st.n)
+		st.min = st.max = NAN;
+	return st;
+}
+
+double
+rl_lr_at(int t, double lr, int warmup, int total, int kind, double min_ratio)
+{
+	if (warmup > 0 && t <= warmup)
+		return lr * t / warmup;
+	if (kind == RL_SCHED_COSINE && total > warmup) {
+		double p = (double)(t - warmup) / (total - warmup);
+		if (p > 1)
+			p = 1;
+		return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(M_PI * p)));
+	}
+	return lr;
+}

@@ -1,0 +1,107 @@
+/*
+ * algo.h — the RL algorithms' arithmetic that is not a kernel: advantage
+ * estimators (GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++, ReMax, PPO's GAE) and
+ * the per-token loss weights that implement the loss aggregation modes.
+ *
+ * The per-token policy loss itself (ratio, clipping, KL, entropy) is the
+ * backend op pg_loss (ops.h); rl-train feeds it adv and w computed here.
+ * Leaves out: value-head training (model.h), batching (train.h).
+ *
+ * Layout: a batch holds S sequences ordered by group; group g owns sequences
+ * [goff[g], goff[g+1]).  Per-token arrays are the sequences' response tokens
+ * concatenated: sequence s owns [toff[s], toff[s+1]).
+ * All functions are pure and thread-safe; they allocate nothing.
+ */
+#ifndef RL_ALGO_H
+#define RL_ALGO_H
+
+#include <stddef.h>
+
+typedef enum rl_algo {
+	RL_ALGO_GRPO = 0,   /* (r - mean_g) / (std_g + eps), std optional */
+	RL_ALGO_DRGRPO,     /* r - mean_g, seq-mean-token-sum-norm */
+	RL_ALGO_DAPO,       /* GRPO advantage, clip-higher, zero-variance groups dropped, token-mean */
+	RL_ALGO_RLOO,       /* r - mean of the other samples of the group */
+	RL_ALGO_REINFORCEPP,/* token returns (KL in reward), whitened over the batch */
+	RL_ALGO_REMAX,      /* r - r(greedy sample of the same prompt) */
+	RL_ALGO_PPO,        /* GAE over a value head */
+	RL_ALGO_SFT,        /* cross-entropy on given completions */
+	RL_ALGO_COUNT
+} rl_algo;
+
+typedef enum rl_agg {
+	RL_AGG_TOKEN_MEAN = 0,          /* sum_t l / (valid tokens in the batch) */
+	RL_AGG_SEQ_MEAN_TOKEN_SUM,      /* mean over sequences of sum_t l */
+	RL_AGG_SEQ_MEAN_TOKEN_MEAN,     /* mean over sequences of mean_t l */
+	RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM, /* sum_s sum_t l / (S * norm_len)  (Dr. GRPO) */
+	RL_AGG_COUNT
+} rl_agg;
+
+/* Names as on the command line ("grpo", "dr-grpo", "token-mean", ...);
+ * parse returns -1 for an unknown name. */
+const char *rl_algo_name(int a);
+int rl_algo_parse(const char *s);
+const char *rl_agg_name(int a);
+int rl_agg_parse(const char *s);
+/* The aggregation an algorithm uses unless the user overrides it. */
+int rl_algo_default_agg(int algo);
+
+typedef struct rl_adv_cfg {
+	int algo;
+	int norm_std;   /* GRPO/DAPO: divide by the group's std (default 1) */
+	float eps;      /* added to std (1e-6) */
+	float gamma;    /* discount for REINFORCE++ and GAE (1.0) */
+	float lambda;   /* GAE lambda (1.0) */
+} rl_adv_cfg;
+
+void rl_adv_cfg_default(rl_adv_cfg *c, int algo);
+
+/* Outcome advantage per sequence for GRPO, Dr. GRPO, DAPO, RLOO.
+ * adv (S) out; reward (S); goff (G+1).  A group of one sample gets advantage 0
+ * (there is nothing to compare it with).  std is the unbiased sample std (as
+ * torch.std), so a group of identical rewards has advantage 0.
+ * Returns RL_OK or RL_EINVAL (bad offsets, algo not outcome-based). */
+int rl_adv_outcome(float *adv, const float *reward, const int *goff, int G, const rl_adv_cfg *c);
+
+/* ReMax: adv[s] = reward[s] - baseline[s], baseline[s] the reward of the greedy
+ * sample of the same prompt. */
+int rl_adv_remax(float *adv, const float *reward, const float *baseline, int S);
+
+/* Broadcast a per-sequence advantage to its tokens: adv_tok (toff[S]). */
+void rl_adv_broadcast(float *adv_tok, const float *adv_seq, const int *toff, int S);
+
+/* REINFORCE++: token reward = -kl_coef * kl[t] (kl may be NULL) plus reward[s] at the
+ * sequence's last token; returns R_t = r_t + gamma R_{t+1}; then whitened over all
+ * tokens of the batch (mean 0, unbiased std 1; std + 1e-8).  adv_tok (toff[S]). */
+int rl_adv_reinforcepp(float *adv_tok, const float *reward, const float *kl, float kl_coef,
+    const int *toff, int S, float gamma);
+
+/* GAE for PPO: token rewards as REINFORCE++ (reward at the last token, minus
+ * kl_coef*kl), values (toff[S]) from the value head; V after the last token is 0.
+ * delta_t = r_t + gamma V_{t+1} - V_t;  A_t = delta_t + gamma lambda A_{t+1};
+ * ret_t = A_t + V_t;  then adv is whitened over the batch (ret is not). */
+int rl_adv_gae(float *adv_tok, float *ret_tok, const float *reward, const float *kl,
+    float kl_coef, const float *values, const int *toff, int S, float gamma, float lambda);
+
+/* Per-token loss weights w (toff[S]) for aggregation mode agg, over the S sequences of
+ * one optimizer step (all its micro-batches): loss = sum_t w[t] * l[t].
+ * norm_len is the constant of seq-mean-token-sum-norm (the maximum response length).
+ * Sequences with no tokens get no weight and do not count in S.  Returns RL_OK or RL_EINVAL. */
+int rl_loss_weights(float *w, const int *toff, int S, int agg, int norm_len);
+
+/* DAPO's dynamic sampling: keep[g] = 0 for groups whose rewards are all equal
+ * (no learning signal), 1 otherwise; returns the number kept. */
+int rl_groups_with_signal(int *keep, const float *reward, const int *goff, int G);
+
+/* Scalar statistics of a float array (mean, min, max), ignoring NaN; n > 0. */
+typedef struct rl_stat3 { double mean, min, max; size_t n; } rl_stat3;
+rl_stat3 rl_stat_f32(const float *x, size_t n);
+
+
+
+/* ---- learning-rate schedule -------------------------------------------------------
+ * lr at optimizer step t (1-based): linear warmup from 0 over `warmup` steps, then
+ * constant, or cosine from lr down to lr*min_ratio at step `total`. */
+enum { RL_SCHED_CONSTANT = 0, RL_SCHED_COSINE = 1 };
+double rl_lr_at(int t, double lr, int warmup, int total, int kind, double min_ratio);
+#endif

@@ -1,0 +1,399 @@
+/*
+ * ckpt.c — atomic Hugging Face checkpoint directories, optimizer state and
+ * the `latest` link (see ckpt.h for the layout).
+ */
+#include "ckpt.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "safetensors.h"
+
+typedef struct fill_ctx {
+	rl_model *m;
+	float *buf;             /* host f32 (largest tensor) */
+	int dtype;              /* file dtype */
+	int opt;                /* optimizer file: entry 2i = m, 2i+1 = v of tensor i */
+} fill_ctx;
+
+static int
+fill(void *vctx, int e, void *out, size_t nbytes)
+{
+	fill_ctx *c = vctx;
+	int i = c->opt ? e / 2 : e, rv;
+	int kind = c->opt ? (e % 2 ? RL_MODEL_ADAM_V : RL_MODEL_ADAM_M) : RL_MODEL_PARAM;
+	size_t n = c->m->tt.t[i].n;
+
+	if ((rv = rl_model_get(c->m, i, kind, c->buf)) != 0)
+		return rv;
+	if (nbytes != n * rl_dtype_size(c->dtype))
+		return RL_ESHAPE;
+	if (c->dtype == RL_F32) {
+		memcpy(out, c->buf, nbytes);
+	} else {
+		uint16_t *h = out;
+		for (size_t j = 0; j < n; j++)
+			h[j] = c->dtype == RL_BF16 ? rl_f32_to_bf16(c->buf[j]) : rl_f32_to_f16(c->buf[j]);
+	}
+	return RL_OK;
+}
+
+static char *
+join(const char *a, const char *b)
+{
+	size_t n = strlen(a) + strlen(b) + 2;
+	char *p = rl_xmalloc(n);
+	snprintf(p, n, "%s/%s", a, b);
+	return p;
+}
+
+static int
+fsync_path(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC), rv = 0;
+	if (fd < 0)
+		return -1;
+	rv = fsync(fd);
+	close(fd);
+	return rv;
+}
+
+static int
+write_text(const char *path, const char *text)
+{
+	FILE *fp = fopen(path, "w");
+	size_t n = strlen(text);
+	int ok;
+
+	if (fp == NULL) {
+		rl_error("cannot create '%s': %s", path, strerror(errno));
+		return RL_EIO;
+	}
+	ok = fwrite(text, 1, n, fp) == n && fputc('\n', fp) != EOF && fflush(fp) == 0 &&
+	    fsync(fileno(fp)) == 0;
+	if (fclose(fp) != 0)
+		ok = 0;
+	if (!ok) {
+		rl_error("cannot write '%s': %s", path, strerror(errno));
+		return RL_EIO;
+	}
+	return RL_OK;
+}
+
+static int
+copy_file(const char *src, const char *dst)
+{
+	char *buf = NULL;
+	size_t len;
+	FILE *fp;
+	int rv, ok;
+
+	if ((rv = rli_read_file(src, &buf, &len, (size_t)256 << 20)) != 0)
+		return rv;
+	if ((fp = fopen(dst, "wb")) == NULL) {
+		rl_error("cannot create '%s': %s", dst, strerror(errno));
+		free(buf);
+		return RL_EIO;
+	}
+	ok = fwrite(buf, 1, len, fp) == len && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
+	if (fclose(fp) != 0)
+		ok = 0;
+	free(buf);
+	if (!ok) {
+		rl_error("cannot write '%s': %s", dst, strerror(errno));
+		return RL_EIO;
+	}
+	return RL_OK;
+}
+
+static void
+remove_tree(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+
+	if (d != NULL) {
+		while ((e = readdir(d)) != NULL) {
+			if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+				continue;
+			char *p = join(dir, e->d_name);
+			unlink(p);
+			free(p);
+		}
+		closedir(d);
+	}
+	rmdir(dir);
+}
+
+int
+rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
+{
+	static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json",
+		"special_tokens_map.json", "generation_config.json", "vocab.json", "merges.txt" };
+	rl_st_entry *e = NULL;
+	fill_ctx fc = { .m = m, .dtype = m->cfg.dtype };
+	char *p = NULL, *js = NULL, stepbuf[32];
+	size_t maxn = 0;
+	int rv, n = m->tt.n;
+
+	if (fc.dtype != RL_F32 && fc.dtype != RL_BF16 && fc.dtype != RL_F16)
+		fc.dtype = RL_F32;
+	for (int i = 0; i < n; i++)
+		maxn = RL_MAX(maxn, m->tt.t[i].n);
+	if ((fc.buf = rl_try_malloc(maxn * sizeof(float), "checkpoint buffer")) == NULL)
+		return RL_ENOMEM;
+	e = rl_xcalloc(2 * (size_t)n, sizeof *e);
+	js = rl_config_to_json(&m->cfg);
+	p = join(tmp, "config.json");
+	if ((rv = write_text(p, js)) != 0)
+		goto out;
+	for (int i = 0; i < n; i++) {
+		e[i].name = m->tt.t[i].name;
+		e[i].dtype = fc.dtype;
+		e[i].ndim = rl_tensor_file_shape(&m->tt.t[i], e[i].shape);
+	}
+	free(p);
+	p = join(tmp, "model.safetensors");
+	{
+		const char *meta[] = { "format", "pt" };
+		if ((rv = rl_st_write(p, e, n, meta, 1, fill, &fc)) != 0)
+			goto out;
+	}
+	if (with_optimizer && m->m != NULL) {
+		char (*names)[RL_TT_NAME + 16] = rl_xcalloc(2 * (size_t)n, sizeof *names);
+		const char *meta[] = { "format", "pt", "step", stepbuf };
+		for (int i = 0; i < 2 * n; i++) {
+			const rl_tensor *t = &m->tt.t[i / 2];
+			snprintf(names[i], sizeof names[i], "%s.%s", t->name, i % 2 ? "exp_avg_sq" : "exp_avg");
+			e[i].name = names[i];
+			e[i].dtype = RL_F32;
+			e[i].ndim = rl_tensor_file_shape(t, e[i].shape);
+		}
+		snprintf(stepbuf, sizeof stepbuf, "%d", m->step);
+		fc.opt = 1;
+		fc.dtype = RL_F32;
+		free(p);
+		p = join(tmp, "optimizer.safetensors");
+		rv = rl_st_write(p, e, 2 * n, meta, 2, fill, &fc);
+		free(names);
+		if (rv != 0)
+			goto out;
+		free(p);
+		p = join(tmp, "trainer_state.json");
+		char st[64];
+		snprintf(st, sizeof st, "{\"global_step\": %d}", m->step);
+		if ((rv = write_text(p, st)) != 0)
+			goto out;
+	}
+	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
+		char *src = join(m->src_dir, tok_files[k]);
+		if (access(src, R_OK) == 0) {
+			free(p);
+			p = join(tmp, tok_files[k]);
+			rv = copy_file(src, p);
+		}
+		free(src);
+		if (rv != 0)
+			goto out;
+	}
+	if (fsync_path(tmp) != 0) {
+		rl_error("cannot sync '%s': %s", tmp, strerror(errno));
+		rv = RL_EIO;
+	}
+out:
+	cJSON_free(js);
+	free(p);
+	free(e);
+	free(fc.buf);
+	return rv;
+}
+
+/* Writes dir atomically through tmp (a sibling), then syncs the parent. */
+static int
+save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer)
+{
+	struct stat st;
+	char *parent;
+	int rv;
+
+	if (stat(dir, &st) == 0) {
+		rl_error("cannot save to '%s': it exists", dir);
+		return RL_EEXIST;
+	}
+	remove_tree(tmp); /* a leftover of a crashed run with the same pid */
+	if (mkdir(tmp, 0755) != 0) {
+		rl_error("cannot create '%s': %s", tmp, strerror(errno));
+		return RL_EIO;
+	}
+	if ((rv = rli_ckpt_write_dir(m, tmp, with_optimizer)) != 0)
+		goto fail;
+	if (rename(tmp, dir) != 0) {
+		rl_error("cannot rename '%s' to '%s': %s", tmp, dir, strerror(errno));
+		rv = errno == EEXIST || errno == ENOTEMPTY ? RL_EEXIST : RL_EIO;
+		goto fail;
+	}
+	parent = rl_xstrdup(dir);
+	fsync_path(dirname(parent));
+	free(parent);
+	return RL_OK;
+fail:
+	remove_tree(tmp);
+	return rv;
+}
+
+int
+rl_model_save(rl_model *m, const char *dir)
+{
+	size_t n = strlen(dir) + 32;
+	char *tmp = rl_xmalloc(n), *d = rl_xstrdup(dir);
+	int rv;
+
+	/* no trailing slash: DIR/ would make DIR/.tmp a child */
+	while (strlen(d) > 1 && d[strlen(d) - 1] == '/')
+		d[strlen(d) - 1] = 0;
+	snprintf(tmp, n, "%s.tmp.%ld", d, (long)getpid());
+	rv = save_atomic(m, d, tmp, 0);
+	free(tmp);
+	free(d);
+	return rv;
+}
+
+int
+rl_ckpt_save(rl_model *m, const char *root, int with_optimizer, char *path, size_t len)
+{
+	char name[32], *dir, *tmp, *lnk, *ltmp;
+	size_t n = strlen(root) + 64;
+	int rv;
+
+	if (mkdir(root, 0755) != 0 && errno != EEXIST) {
+		rl_error("cannot create '%s': %s", root, strerror(errno));
+		return RL_EIO;
+	}
+	snprintf(name, sizeof name, "step-%08d", m->step);
+	dir = join(root, name);
+	tmp = rl_xmalloc(n);
+	snprintf(tmp, n, "%s/.%s.tmp.%ld", root, name, (long)getpid());
+	lnk = join(root, "latest");
+	ltmp = rl_xmalloc(n);
+	snprintf(ltmp, n, "%s/.latest.tmp.%ld", root, (long)getpid());
+	if ((rv = save_atomic(m, dir, tmp, with_optimizer)) != 0)
+		goto out;
+	unlink(ltmp);
+	if (symlink(name, ltmp) != 0 || rename(ltmp, lnk) != 0) {
+		rl_error("cannot point '%s' at '%s': %s", lnk, name, strerror(errno));
+		unlink(ltmp);
+		rv = RL_EIO;
+		goto out;
+	}
+	fsync_path(root);
+	if (path != NULL)
+		snprintf(path, len, "%s", dir);
+out:
+	free(dir);
+	free(tmp);
+	free(lnk);
+	free(ltmp);
+	return rv;
+}
+
+int
+rl_ckpt_latest(const char *root, char *path, size_t len)
+{
+	char *lnk = join(root, "latest"), target[512], *cfg;
+	ssize_t n = readlink(lnk, target, sizeof target - 1);
+	int rv = RL_OK;
+
+	free(lnk);
+	if (n < 0)
+		return RL_ENOENT;
+	target[n] = 0;
+	if (target[0] == '/')
+		snprintf(path, len, "%s", target);
+	else
+		snprintf(path, len, "%s/%s", root, target);
+	cfg = join(path, "config.json");
+	if (access(cfg, R_OK) != 0) {
+		rl_error("'%s/latest' points at '%s', which has no config.json", root, target);
+		rv = RL_ENOENT;
+	}
+	free(cfg);
+	return rv;
+}
+
+int
+rl_ckpt_load_optimizer(rl_model *m, const char *dir)
+{
+	char *p = join(dir, "optimizer.safetensors"), key[RL_TT_NAME + 16];
+	rl_st_file *f = NULL;
+	float *buf = NULL;
+	size_t maxn = 0;
+	int rv, step = -1;
+
+	if (m->m == NULL) {
+		rl_error("load optimizer: call rl_model_train_reserve first");
+		free(p);
+		return RL_EINVAL;
+	}
+	if ((rv = rl_st_open(&f, p)) != 0)
+		goto out;
+	for (int i = 0; i < m->tt.n; i++)
+		maxn = RL_MAX(maxn, m->tt.t[i].n);
+	buf = rl_xmalloc(maxn * sizeof(float));
+	/* the step is in the header metadata: re-read it */
+	{
+		const uint8_t *hp = f->map;
+		uint64_t hl = 0;
+		for (int i = 7; i >= 0; i--)
+			hl = hl << 8 | hp[i];
+		cJSON *root = cJSON_ParseWithLength((const char *)hp + 8, (size_t)hl);
+		cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
+		cJSON *s = cJSON_GetObjectItemCaseSensitive(md, "step");
+		if (cJSON_IsString(s))
+			step = atoi(s->valuestring);
+		cJSON_Delete(root);
+	}
+	if (step < 0) {
+		rl_error("'%s': no \"step\" in __metadata__", p);
+		rv = RL_EFORMAT;
+		goto out;
+	}
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		for (int k = 0; k < 2; k++) {
+			snprintf(key, sizeof key, "%s.%s", t->name, k ? "exp_avg_sq" : "exp_avg");
+			const rl_st_tensor *st = rl_st_find(f, key);
+			if (st == NULL || st->nelem != t->n || st->dtype != RL_F32) {
+				rl_error("'%s': tensor '%s' %s", p, key, st == NULL ? "is missing" :
+				    "has the wrong shape or dtype");
+				rv = st == NULL ? RL_ENOENT : RL_ESHAPE;
+				goto out;
+			}
+			rl_st_to_f32(buf, st, 0, t->n);
+			if (t->flags & RL_T_TRANSPOSE) { /* file layout (in, out) -> ours */
+				float *tr = rl_xmalloc(t->n * sizeof(float));
+				size_t R = (size_t)t->shape[0], C = (size_t)t->shape[1];
+				for (size_t r = 0; r < R; r++)
+					for (size_t c = 0; c < C; c++)
+						tr[r * C + c] = buf[c * R + r];
+				memcpy(buf, tr, t->n * sizeof(float));
+				free(tr);
+			}
+			m->ops->upload(m->ops, (k ? m->v : m->m) + t->off, buf, t->n * sizeof(float));
+		}
+	}
+	m->step = step;
+	rv = m->ops->status(m->ops);
+out:
+	free(buf);
+	free(p);
+	rl_st_close(f);
+	return rv;
+}

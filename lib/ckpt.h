@@ -1,0 +1,43 @@
+/*
+ * ckpt.h — checkpoints: Hugging Face model directories written atomically
+ * (rl_model_save in model.h is the single-directory form), training
+ * checkpoints with optimizer state, and the `latest` pointer.
+ *
+ * Layout of a training run's output directory ROOT:
+ *   ROOT/step-00000100/   config.json, model.safetensors (HF names, cfg.dtype),
+ *                         tokenizer files copied from the source model,
+ *                         optimizer.safetensors (AdamW m, v in f32 as
+ *                         "<name>.exp_avg", "<name>.exp_avg_sq"; metadata "step"),
+ *                         trainer_state.json {"global_step": N}
+ *   ROOT/latest           symbolic link "step-00000100" to the newest complete one
+ * A directory is complete once it has its name: it is written as
+ * ROOT/.step-00000100.tmp.PID, fsync'd, then renamed; `latest` is replaced by
+ * rename of a new link, so a crash at any point leaves the previous
+ * checkpoint and a valid `latest`.
+ *
+ * Leaves out: retention (deleting old checkpoints), sharded writing.
+ */
+#ifndef RL_CKPT_H
+#define RL_CKPT_H
+
+#include <stddef.h>
+
+#include "model.h"
+
+/* Writes ROOT/step-%08d (ROOT created if missing) with the model and, when
+ * with_optimizer and m has AdamW state, the optimizer; then points ROOT/latest
+ * at it.  The step number is m->step.  path (optional, size len) receives the
+ * directory written.  RL_EEXIST when that step was already saved. */
+int rl_ckpt_save(rl_model *m, const char *root, int with_optimizer, char *path, size_t len);
+/* Resolves ROOT/latest to the directory path (size len); RL_ENOENT when there
+ * is none. */
+int rl_ckpt_latest(const char *root, char *path, size_t len);
+/* Loads optimizer.safetensors from DIR into m (m->m, m->v, m->step), after
+ * rl_model_train_reserve.  RL_ENOENT when DIR has none. */
+int rl_ckpt_load_optimizer(rl_model *m, const char *dir);
+
+/* lib-private: write the model (and optionally optimizer) files into an
+ * existing directory tmp. */
+int rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer);
+
+#endif

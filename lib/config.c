@@ -1,0 +1,317 @@
+/*
+ * config.c — config.json <-> rl_config for Llama/Qwen2/Qwen3 and GPT-2.
+ * Defaults are transformers' (LlamaConfig, Qwen2Config, Qwen3Config, GPT2Config).
+ */
+#include "config.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "safetensors.h"
+
+typedef struct pctx {
+	const cJSON *root;
+	const char *what;
+	int rv;
+} pctx;
+
+/* Integer key: required (missing is an error) or def when absent/null. */
+static int
+get_int(pctx *c, const char *key, int required, int def)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, key);
+
+	if (j == NULL || cJSON_IsNull(j)) {
+		if (required && c->rv == 0) {
+			rl_error("%s: missing key \"%s\"", c->what, key);
+			c->rv = RL_EFORMAT;
+		}
+		return def;
+	}
+	if (cJSON_IsArray(j)) /* eos_token_id may be a list: the first one */
+		j = cJSON_GetArrayItem(j, 0);
+	if (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble) ||
+	    fabs(j->valuedouble) > 2147483647.0) {
+		if (c->rv == 0) {
+			rl_error("%s: key \"%s\" is not an integer", c->what, key);
+			c->rv = RL_EFORMAT;
+		}
+		return def;
+	}
+	return (int)j->valuedouble;
+}
+
+static double
+get_num(pctx *c, const char *key, double def)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, key);
+
+	if (j == NULL || cJSON_IsNull(j))
+		return def;
+	if (!cJSON_IsNumber(j)) {
+		if (c->rv == 0) {
+			rl_error("%s: key \"%s\" is not a number", c->what, key);
+			c->rv = RL_EFORMAT;
+		}
+		return def;
+	}
+	return j->valuedouble;
+}
+
+static int
+get_bool(pctx *c, const char *key, int def)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, key);
+
+	if (j == NULL || cJSON_IsNull(j))
+		return def;
+	if (!cJSON_IsBool(j)) {
+		if (c->rv == 0) {
+			rl_error("%s: key \"%s\" is not true or false", c->what, key);
+			c->rv = RL_EFORMAT;
+		}
+		return def;
+	}
+	return cJSON_IsTrue(j);
+}
+
+static const char *
+get_str(pctx *c, const char *key)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, key);
+	return cJSON_IsString(j) ? j->valuestring : NULL;
+}
+
+static int
+unsupported(pctx *c, const char *what)
+{
+	if (c->rv == 0) {
+		rl_error("%s: %s is not supported", c->what, what);
+		c->rv = RL_ENOTSUP;
+	}
+	return c->rv;
+}
+
+void
+rl_config_fini(rl_config *cfg)
+{
+	if (cfg == NULL)
+		return;
+	free(cfg->raw);
+	cfg->raw = NULL;
+}
+
+void
+rl_config_copy(rl_config *dst, const rl_config *src)
+{
+	*dst = *src;
+	dst->raw = src->raw ? rl_xstrdup(src->raw) : NULL;
+}
+
+int
+rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
+{
+	pctx c = { 0 };
+	cJSON *root;
+	const char *mt, *s;
+
+	memset(cfg, 0, sizeof *cfg);
+	root = cJSON_ParseWithLength(text, len);
+	c.root = root;
+	c.what = what;
+	if (!cJSON_IsObject(root)) {
+		rl_error("%s: not a JSON object", what);
+		cJSON_Delete(root);
+		return RL_EFORMAT;
+	}
+	if ((mt = get_str(&c, "model_type")) == NULL) {
+		rl_error("%s: missing key \"model_type\"", what);
+		c.rv = RL_EFORMAT;
+		goto out;
+	}
+	if (strcmp(mt, "gpt2") == 0) {
+		cfg->arch = RL_ARCH_GPT2;
+		cfg->vocab_size = get_int(&c, "vocab_size", 1, 0);
+		cfg->hidden_size = get_int(&c, "n_embd", 1, 0);
+		cfg->n_layer = get_int(&c, "n_layer", 1, 0);
+		cfg->n_head = get_int(&c, "n_head", 1, 0);
+		cfg->max_pos = get_int(&c, "n_positions", 1, 0);
+		cfg->n_kv_head = cfg->n_head;
+		cfg->head_dim = cfg->n_head > 0 ? cfg->hidden_size / cfg->n_head : 0;
+		cfg->intermediate_size = get_int(&c, "n_inner", 0, 4 * cfg->hidden_size);
+		cfg->norm_eps = (float)get_num(&c, "layer_norm_epsilon", 1e-5);
+		cfg->qkv_bias = cfg->o_bias = 1;
+		cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", 1);
+		cfg->bos_id = get_int(&c, "bos_token_id", 0, -1);
+		cfg->eos_id = get_int(&c, "eos_token_id", 0, -1);
+		s = get_str(&c, "activation_function");
+		if (s != NULL && strcmp(s, "gelu_new") != 0 && strcmp(s, "gelu_pytorch_tanh") != 0)
+			unsupported(&c, "activation_function other than gelu_new");
+		if (get_bool(&c, "scale_attn_by_inverse_layer_idx", 0) ||
+		    !get_bool(&c, "scale_attn_weights", 1))
+			unsupported(&c, "GPT-2 attention scaling other than 1/sqrt(head_dim)");
+	} else if (strcmp(mt, "llama") == 0 || strcmp(mt, "qwen2") == 0 || strcmp(mt, "qwen3") == 0) {
+		int qwen2 = strcmp(mt, "qwen2") == 0, qwen3 = strcmp(mt, "qwen3") == 0;
+		cfg->arch = RL_ARCH_LLAMA;
+		cfg->vocab_size = get_int(&c, "vocab_size", 1, 0);
+		cfg->hidden_size = get_int(&c, "hidden_size", 1, 0);
+		cfg->n_layer = get_int(&c, "num_hidden_layers", 1, 0);
+		cfg->n_head = get_int(&c, "num_attention_heads", 1, 0);
+		cfg->intermediate_size = get_int(&c, "intermediate_size", 1, 0);
+		cfg->n_kv_head = get_int(&c, "num_key_value_heads", 0, cfg->n_head);
+		cfg->head_dim = get_int(&c, "head_dim", 0,
+		    cfg->n_head > 0 ? cfg->hidden_size / cfg->n_head : 0);
+		cfg->max_pos = get_int(&c, "max_position_embeddings", 0, qwen2 || qwen3 ? 32768 : 2048);
+		cfg->rope_theta = (float)get_num(&c, "rope_theta", 10000.0);
+		cfg->norm_eps = (float)get_num(&c, "rms_norm_eps", 1e-6);
+		cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", 0);
+		cfg->bos_id = get_int(&c, "bos_token_id", 0, -1);
+		cfg->eos_id = get_int(&c, "eos_token_id", 0, -1);
+		if (qwen2) {
+			cfg->qkv_bias = 1;
+		} else {
+			cfg->qkv_bias = cfg->o_bias = get_bool(&c, "attention_bias", 0);
+		}
+		cfg->qk_norm = qwen3;
+		if (get_bool(&c, "mlp_bias", 0))
+			unsupported(&c, "mlp_bias");
+		s = get_str(&c, "hidden_act");
+		if (s != NULL && strcmp(s, "silu") != 0)
+			unsupported(&c, "hidden_act other than silu");
+		const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+		if (rs != NULL && !cJSON_IsNull(rs))
+			unsupported(&c, "rope_scaling");
+		if (get_bool(&c, "use_sliding_window", 0))
+			unsupported(&c, "use_sliding_window");
+	} else {
+		rl_error("%s: model_type '%s' is not supported", what, mt);
+		rl_hint("supported: llama, qwen2, qwen3, gpt2");
+		c.rv = RL_ENOTSUP;
+		goto out;
+	}
+	cfg->dtype = RL_F32;
+	if ((s = get_str(&c, "torch_dtype")) != NULL) {
+		if (strcmp(s, "bfloat16") == 0)
+			cfg->dtype = RL_BF16;
+		else if (strcmp(s, "float16") == 0)
+			cfg->dtype = RL_F16;
+	}
+	snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt);
+	if (c.rv == 0)
+		c.rv = rl_config_check(cfg, what);
+out:
+	if (c.rv == 0) {
+		cfg->raw = rl_xmalloc(len + 1);
+		memcpy(cfg->raw, text, len);
+		cfg->raw[len] = 0;
+	}
+	cJSON_Delete(root);
+	return c.rv;
+}
+
+int
+rl_config_load(rl_config *cfg, const char *path)
+{
+	char *buf = NULL, what[4200];
+	size_t len = 0;
+	int rv;
+
+	memset(cfg, 0, sizeof *cfg);
+	if ((rv = rli_read_file(path, &buf, &len, (size_t)16 << 20)) != 0)
+		return rv;
+	snprintf(what, sizeof what, "'%s'", path);
+	rv = rl_config_parse(cfg, buf, len, what);
+	free(buf);
+	return rv;
+}
+
+int
+rl_config_check(const rl_config *c, const char *what)
+{
+	const char *bad = NULL;
+
+	if (c->vocab_size <= 0) bad = "vocab_size must be positive";
+	else if (c->hidden_size <= 0) bad = "hidden size must be positive";
+	else if (c->n_layer <= 0) bad = "number of layers must be positive";
+	else if (c->n_head <= 0 || c->n_kv_head <= 0) bad = "head counts must be positive";
+	else if (c->n_head % c->n_kv_head != 0) bad = "attention heads must be a multiple of key/value heads";
+	else if (c->head_dim <= 0 || c->head_dim % 2 != 0) bad = "head_dim must be positive and even";
+	else if (c->intermediate_size <= 0) bad = "intermediate size must be positive";
+	else if (c->max_pos <= 0) bad = "max positions must be positive";
+	else if (!(c->norm_eps > 0)) bad = "norm epsilon must be positive";
+	else if (c->arch == RL_ARCH_LLAMA && !(c->rope_theta > 0)) bad = "rope_theta must be positive";
+	else if (c->arch == RL_ARCH_GPT2 && c->n_head * c->head_dim != c->hidden_size)
+		bad = "n_embd must be a multiple of n_head";
+	else if ((size_t)c->vocab_size * c->hidden_size > ((size_t)1 << 40)) bad = "model too large";
+	if (bad != NULL) {
+		rl_error("%s: %s", what ? what : "config", bad);
+		return RL_EFORMAT;
+	}
+	return RL_OK;
+}
+
+static const char *
+dtype_torch(int dt)
+{
+	return dt == RL_BF16 ? "bfloat16" : dt == RL_F16 ? "float16" : "float32";
+}
+
+char *
+rl_config_to_json(const rl_config *c)
+{
+	cJSON *root = NULL, *a;
+	char *s;
+
+	if (c->raw != NULL && (root = cJSON_Parse(c->raw)) != NULL) {
+		cJSON_DeleteItemFromObjectCaseSensitive(root, "torch_dtype");
+		cJSON_AddStringToObject(root, "torch_dtype", dtype_torch(c->dtype));
+		s = cJSON_Print(root);
+		cJSON_Delete(root);
+		return s;
+	}
+	root = cJSON_CreateObject();
+	a = cJSON_AddArrayToObject(root, "architectures");
+	if (c->arch == RL_ARCH_GPT2) {
+		cJSON_AddItemToArray(a, cJSON_CreateString("GPT2LMHeadModel"));
+		cJSON_AddStringToObject(root, "model_type", "gpt2");
+		cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
+		cJSON_AddNumberToObject(root, "n_embd", c->hidden_size);
+		cJSON_AddNumberToObject(root, "n_layer", c->n_layer);
+		cJSON_AddNumberToObject(root, "n_head", c->n_head);
+		cJSON_AddNumberToObject(root, "n_positions", c->max_pos);
+		cJSON_AddNumberToObject(root, "n_ctx", c->max_pos);
+		cJSON_AddNumberToObject(root, "n_inner", c->intermediate_size);
+		cJSON_AddNumberToObject(root, "layer_norm_epsilon", c->norm_eps);
+		cJSON_AddStringToObject(root, "activation_function", "gelu_new");
+	} else {
+		const char *arch = strcmp(c->model_type, "qwen2") == 0 ? "Qwen2ForCausalLM" :
+		    strcmp(c->model_type, "qwen3") == 0 ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+		cJSON_AddItemToArray(a, cJSON_CreateString(arch));
+		cJSON_AddStringToObject(root, "model_type", c->model_type[0] ? c->model_type : "llama");
+		cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
+		cJSON_AddNumberToObject(root, "hidden_size", c->hidden_size);
+		cJSON_AddNumberToObject(root, "num_hidden_layers", c->n_layer);
+		cJSON_AddNumberToObject(root, "num_attention_heads", c->n_head);
+		cJSON_AddNumberToObject(root, "num_key_value_heads", c->n_kv_head);
+		cJSON_AddNumberToObject(root, "head_dim", c->head_dim);
+		cJSON_AddNumberToObject(root, "intermediate_size", c->intermediate_size);
+		cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_pos);
+		cJSON_AddNumberToObject(root, "rope_theta", c->rope_theta);
+		cJSON_AddNumberToObject(root, "rms_norm_eps", c->norm_eps);
+		cJSON_AddStringToObject(root, "hidden_act", "silu");
+		if (strcmp(c->model_type, "qwen2") != 0)
+			cJSON_AddBoolToObject(root, "attention_bias", c->qkv_bias);
+	}
+	cJSON_AddBoolToObject(root, "tie_word_embeddings", c->tie_embeddings);
+	if (c->bos_id >= 0)
+		cJSON_AddNumberToObject(root, "bos_token_id", c->bos_id);
+	if (c->eos_id >= 0)
+		cJSON_AddNumberToObject(root, "eos_token_id", c->eos_id);
+	cJSON_AddStringToObject(root, "torch_dtype", dtype_torch(c->dtype));
+	s = cJSON_Print(root);
+	cJSON_Delete(root);
+	return s;
+}

@@ -1,0 +1,84 @@
+/*
+ * groups.h — turning a stream of scored trajectory records into complete,
+ * validated groups for the learner.
+ *
+ * A group is the n samples of one prompt (same "group" id, "group_size" n).
+ * Records arrive in any order and may be redelivered (at-least-once queues):
+ * a record whose id was already taken is dropped and counted.  A group is
+ * released when all n samples are in.  Each record is validated before it is
+ * accepted; what is wrong with it is named (record id, group, field), and by
+ * policy either fails the run or drops the whole group, counted.
+ *
+ * Leaves out: batching groups into optimizer steps (rl-train), tokens.
+ * Not thread-safe.
+ */
+#ifndef RL_GROUPS_H
+#define RL_GROUPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "traj.h"
+
+/* One validated sample, owning its arrays. */
+typedef struct rl_sample {
+	uint64_t id, group;
+	int index, group_size;
+	int32_t *prompt;      /* (plen) */
+	int32_t *response;    /* (rlen) */
+	float *logprobs;      /* (rlen) behaviour log-probs, NULL if the record had none */
+	float *ref_logprobs;  /* (rlen) or NULL */
+	float *values;        /* (rlen) or NULL */
+	int plen, rlen;
+	float reward;
+	float temperature;    /* 1 when absent */
+	int32_t ver_first, ver_last; /* -1 when absent */
+	int is_baseline;      /* ReMax greedy baseline sample (meta.baseline true) */
+	char finish[8];       /* "eos", "stop", "length", "abort" or "" */
+} rl_sample;
+
+void rl_sample_fini(rl_sample *s);
+
+typedef struct rl_group {
+	uint64_t group;
+	int n;                /* samples present */
+	int size;             /* group_size */
+	rl_sample *s;         /* (size) ordered by index */
+} rl_group;
+
+void rl_group_fini(rl_group *g);
+
+enum { RL_BAD_ERROR = 0, RL_BAD_SKIP = 1 };
+
+typedef struct rl_grouper_opts {
+	int on_bad;           /* RL_BAD_ERROR (default) or RL_BAD_SKIP */
+	int need_logprobs;    /* records must carry behaviour logprobs */
+	int need_ref;         /* records must carry ref_logprobs */
+	int max_open_groups;  /* incomplete groups held at once (default 65536) */
+	int sft;              /* supervised data: reward optional (0), and a record without
+	                         group/index/group_size is a group of one (group = id) */
+} rl_grouper_opts;
+
+typedef struct rl_grouper_stats {
+	uint64_t records, duplicates, bad_records, bad_groups, groups_out, incomplete;
+} rl_grouper_stats;
+
+typedef struct rl_grouper rl_grouper;
+
+int rl_grouper_create(rl_grouper **out, const rl_grouper_opts *o);
+void rl_grouper_destroy(rl_grouper *g);   /* NULL ok */
+
+/* Offers one record (borrowed; copied when accepted).  `where` names it in
+ * messages (e.g. "'-': record 12").  Returns RL_OK (taken, dropped as a
+ * duplicate, or skipped as bad under RL_BAD_SKIP) or RL_EFORMAT (bad, under
+ * RL_BAD_ERROR; logged). */
+int rl_grouper_add(rl_grouper *g, const rl_traj *t, const char *where);
+/* Pops one complete group into *out (caller owns it: rl_group_fini):
+ * RL_OK, or RL_ENOENT when none is complete. */
+int rl_grouper_pop(rl_grouper *g, rl_group *out);
+/* At the end of the input: the number of incomplete groups still held; each is
+ * logged (group id, samples present / expected) and dropped. */
+int rl_grouper_finish(rl_grouper *g);
+const rl_grouper_stats *rl_grouper_stats_get(const rl_grouper *g);
+
+#endif

@@ -1,0 +1,1090 @@
+/*
+ * model.c — Llama-family and GPT-2 decoders over ops.h: tensor table,
+ * loading, random init, training forward/backward (activations kept per layer,
+ * llm.c style; lm_head + log-prob chunked over rows and recomputed in
+ * backward), AdamW with global-norm clipping, and prefill/decode over the
+ * paged KV cache.
+ *
+ * Leaves out: saving (ckpt.c), the block allocator (kvcache.c).
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng.h"
+#include "safetensors.h"
+
+/* Rows of logits materialised at once: bounded by bytes, so (N, V) never is. */
+#define LOGIT_CHUNK_BYTES ((size_t)32 << 20)
+
+struct rl_model_act {
+	int maxN, chunk;
+	void *amem;             /* one act-dtype allocation for everything below */
+	float *fmem;            /* one f32 allocation */
+	int32_t *imem;          /* one i32 allocation */
+	void *res;              /* (L+1, N, C) residual stream: res[0] embeddings, res[l+1] block l out */
+	void *ln1, *res_mid, *ln2;      /* (L, N, C) */
+	void *qkv_raw;          /* (L, N, QKV) before q/k-norm (Qwen3 only) */
+	void *qkv;              /* (L, N, QKV) after q/k-norm and RoPE: what attention saw */
+	void *att;              /* (L, N, NH*HD) */
+	void *fc;               /* (L, N, FC) gate|up (2H) or GPT-2 pre-GELU (H) */
+	void *h;                /* (L, N, H) SwiGLU / GELU output */
+	void *lnf;              /* (N, C) */
+	void *logits;           /* (chunk, V) */
+	void *dres, *dx, *dx2;  /* (N, C) */
+	void *dqkv, *dqkv2;     /* (N, QKV) */
+	void *datt;             /* (N, NH*HD) */
+	void *dfc;              /* (N, FC) */
+	void *dh;               /* (N, H) */
+	float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;      /* (L, N) */
+	float *qk_rstd;         /* (L, N, NH+NKV) */
+	float *lse;             /* (L, N*NH) attention lse, (B,NH,T) per layer */
+	float *lnf_mean, *lnf_rstd, *lp, *ent, *lse_out;       /* (N) */
+	int32_t *tok, *tgt, *seg, *pos;                         /* (N) */
+	int32_t *hpos;          /* host (N) scratch */
+	int B, T, has_seg, ready;
+	float inv_temp;
+};
+
+struct rl_model_inf {
+	int maxI, maxB;
+	void *amem;
+	float *fmem;
+	int32_t *imem;
+	void *x, *xn, *t;       /* (I, C) */
+	void *qkv, *qkv2;       /* (I, QKV) */
+	void *att;              /* (I, NH*HD) */
+	void *fc, *h;           /* (I, FC), (I, H) */
+	void *last, *lastn;     /* (maxB, C) */
+	void *logits;           /* (maxB, V) */
+	float *mean, *rstd;     /* (I) */
+	float *lse;             /* (I*NH) */
+	float *qk_rstd;         /* (I*(NH+NKV)) */
+	int32_t *tok, *pos, *seg, *slot, *ctx;  /* (I) */
+	int32_t *bt;            /* (maxB, btcols) backend block tables */
+	int btcols;
+	int32_t *htok, *hpos, *hseg, *hslot, *hbt;  /* host staging */
+	void *hlogits;          /* host (maxB, V) act */
+};
+
+/* ---- small helpers -------------------------------------------------------- */
+
+static size_t asz(const rl_model *m) { return rl_dtype_size(m->ops->act_dtype); }
+static int qkv_dim(const rl_config *c) { return (c->n_head + 2 * c->n_kv_head) * c->head_dim; }
+static int fc_dim(const rl_config *c)
+{
+	return c->arch == RL_ARCH_GPT2 ? c->intermediate_size : 2 * c->intermediate_size;
+}
+
+static void *
+W(const rl_model *m, int i)
+{
+	return i < 0 ? NULL : (char *)m->w + m->tt.t[i].off * asz(m);
+}
+static float *G(const rl_model *m, int i) { return i < 0 ? NULL : m->grads + m->tt.t[i].off; }
+static void *at(void *base, size_t idx, size_t sz) { return (char *)base + idx * sz; }
+
+/* Bump allocation over one buffer: measure with base NULL, then assign. */
+typedef struct carve { char *base; size_t off; } carve;
+static void *
+take(carve *c, size_t n, size_t esz)
+{
+	void *p = c->base ? c->base + c->off : NULL;
+	c->off += (n * esz + 63) & ~(size_t)63;
+	return p;
+}
+
+static int
+check_ops(rl_model *m, const char *what)
+{
+	int rv = m->ops->status(m->ops);
+	if (rv != 0)
+		rl_error("%s: backend '%s' failed: %s", what, m->ops->name, rl_strerror(rv));
+	return rv;
+}
+
+/* ---- the tensor table ------------------------------------------------------- */
+
+static void
+build_table(rl_model *m)
+{
+	const rl_config *c = &m->cfg;
+	rl_ttable *tt = &m->tt;
+	int C = c->hidden_size, V = c->vocab_size, H = c->intermediate_size;
+	int QD = c->n_head * c->head_dim, KD = c->n_kv_head * c->head_dim, HD = c->head_dim;
+	char n[RL_TT_NAME];
+	const unsigned D = RL_T_DECAY, DT = RL_T_DECAY | RL_T_TRANSPOSE;
+
+	m->layer = rl_xcalloc((size_t)c->n_layer, sizeof *m->layer);
+	m->wpe = m->lnf_b = -1;
+#define ADD(flags, d0, d1, ...) (snprintf(n, sizeof n, __VA_ARGS__), rl_ttable_add(tt, n, flags, d0, d1))
+	if (c->arch == RL_ARCH_GPT2) {
+		m->wte = ADD(0, V, C, "transformer.wte.weight");
+		m->wpe = ADD(0, c->max_pos, C, "transformer.wpe.weight");
+		for (int l = 0; l < c->n_layer; l++) {
+			rl_layer_idx *y = &m->layer[l];
+			const char *p = "transformer.h";
+			y->ln1_w = ADD(0, C, 0, "%s.%d.ln_1.weight", p, l);
+			y->ln1_b = ADD(0, C, 0, "%s.%d.ln_1.bias", p, l);
+			y->qkv_w = ADD(DT, 3 * C, C, "%s.%d.attn.c_attn.weight", p, l);
+			y->qkv_b = ADD(0, 3 * C, 0, "%s.%d.attn.c_attn.bias", p, l);
+			y->qn_w = y->kn_w = -1;
+			y->o_w = ADD(DT, C, C, "%s.%d.attn.c_proj.weight", p, l);
+			y->o_b = ADD(0, C, 0, "%s.%d.attn.c_proj.bias", p, l);
+			y->ln2_w = ADD(0, C, 0, "%s.%d.ln_2.weight", p, l);
+			y->ln2_b = ADD(0, C, 0, "%s.%d.ln_2.bias", p, l);
+			y->fc_w = ADD(DT, H, C, "%s.%d.mlp.c_fc.weight", p, l);
+			y->fc_b = ADD(0, H, 0, "%s.%d.mlp.c_fc.bias", p, l);
+			y->proj_w = ADD(DT, C, H, "%s.%d.mlp.c_proj.weight", p, l);
+			y->proj_b = ADD(0, C, 0, "%s.%d.mlp.c_proj.bias", p, l);
+		}
+		m->lnf_w = ADD(0, C, 0, "transformer.ln_f.weight");
+		m->lnf_b = ADD(0, C, 0, "transformer.ln_f.bias");
+	} else {
+		m->wte = ADD(0, V, C, "model.embed_tokens.weight");
+		for (int l = 0; l < c->n_layer; l++) {
+			rl_layer_idx *y = &m->layer[l];
+			const char *p = "model.layers";
+			y->ln1_w = ADD(0, C, 0, "%s.%d.input_layernorm.weight", p, l);
+			y->ln1_b = -1;
+			y->qkv_w = ADD(D, QD, C, "%s.%d.self_attn.q_proj.weight", p, l);
+			ADD(D | RL_T_FOLLOWS, KD, C, "%s.%d.self_attn.k_proj.weight", p, l);
+			ADD(D | RL_T_FOLLOWS, KD, C, "%s.%d.self_attn.v_proj.weight", p, l);
+			y->qkv_b = -1;
+			if (c->qkv_bias) {
+				y->qkv_b = ADD(0, QD, 0, "%s.%d.self_attn.q_proj.bias", p, l);
+				ADD(RL_T_FOLLOWS, KD, 0, "%s.%d.self_attn.k_proj.bias", p, l);
+				ADD(RL_T_FOLLOWS, KD, 0, "%s.%d.self_attn.v_proj.bias", p, l);
+			}
+			y->qn_w = y->kn_w = -1;
+			if (c->qk_norm) {
+				y->qn_w = ADD(0, HD, 0, "%s.%d.self_attn.q_norm.weight", p, l);
+				y->kn_w = ADD(0, HD, 0, "%s.%d.self_attn.k_norm.weight", p, l);
+			}
+			y->o_w = ADD(D, C, QD, "%s.%d.self_attn.o_proj.weight", p, l);
+			y->o_b = c->o_bias ? ADD(0, C, 0, "%s.%d.self_attn.o_proj.bias", p, l) : -1;
+			y->ln2_w = ADD(0, C, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+			y->ln2_b = -1;
+			y->fc_w = ADD(D, H, C, "%s.%d.mlp.gate_proj.weight", p, l);
+			ADD(D | RL_T_FOLLOWS, H, C, "%s.%d.mlp.up_proj.weight", p, l);
+			y->fc_b = -1;
+			y->proj_w = ADD(D, C, H, "%s.%d.mlp.down_proj.weight", p, l);
+			y->proj_b = -1;
+		}
+		m->lnf_w = ADD(0, C, 0, "model.norm.weight");
+	}
+	m->lm_w = c->tie_embeddings ? m->wte : ADD(D, V, C, "lm_head.weight");
+#undef ADD
+}
+
+size_t
+rl_model_nparams(const rl_model *m)
+{
+	size_t n = 0;
+	for (int i = 0; i < m->tt.n; i++)
+		n += m->tt.t[i].n;
+	return n;
+}
+
+static int
+model_new(rl_model **out, const rl_config *cfg, rl_ops *ops)
+{
+	rl_model *m = rl_xcalloc(1, sizeof *m);
+	size_t bytes;
+	int rv;
+
+	*out = NULL;
+	rl_config_copy(&m->cfg, cfg);
+	m->ops = ops;
+	build_table(m);
+	if ((rv = rl_mul_size(&bytes, m->tt.total, sizeof(float))) != 0 ||
+	    (rv = ops->alloc(ops, (void **)&m->params, bytes)) != 0)
+		goto fail;
+	ops->zero(ops, m->params, bytes);
+	if (ops->act_dtype == RL_F32) {
+		m->w = m->params;
+	} else {
+		if ((rv = ops->alloc(ops, &m->w, m->tt.total * asz(m))) != 0)
+			goto fail;
+		ops->zero(ops, m->w, m->tt.total * asz(m));
+	}
+	*out = m;
+	return RL_OK;
+fail:
+	rl_model_close(m);
+	return rv;
+}
+
+static void
+free_act(rl_model *m)
+{
+	rl_model_act *a = m->act;
+	if (a == NULL)
+		return;
+	m->ops->free(m->ops, a->amem);
+	m->ops->free(m->ops, a->fmem);
+	m->ops->free(m->ops, a->imem);
+	free(a->hpos);
+	free(a);
+	m->act = NULL;
+	m->lp = m->ent = NULL;
+}
+
+static void
+free_inf(rl_model *m)
+{
+	rl_model_inf *f = m->inf;
+	if (f == NULL)
+		return;
+	m->ops->free(m->ops, f->amem);
+	m->ops->free(m->ops, f->fmem);
+	m->ops->free(m->ops, f->imem);
+	m->ops->free(m->ops, f->bt);
+	free(f->htok);
+	free(f->hbt);
+	free(f->hlogits);
+	free(f);
+	m->inf = NULL;
+	m->logits = NULL;
+}
+
+void
+rl_model_close(rl_model *m)
+{
+	if (m == NULL)
+		return;
+	free_act(m);
+	free_inf(m);
+	if (m->w != m->params)
+		m->ops->free(m->ops, m->w);
+	m->ops->free(m->ops, m->params);
+	m->ops->free(m->ops, m->grads);
+	m->ops->free(m->ops, m->m);
+	m->ops->free(m->ops, m->v);
+	rl_ttable_fini(&m->tt);
+	free(m->layer);
+	free(m->src_dir);
+	rl_config_fini(&m->cfg);
+	free(m);
+}
+
+/* ---- host access ---------------------------------------------------------------- */
+
+int
+rl_model_get(rl_model *m, int i, int kind, float *out)
+{
+	const rl_tensor *t = &m->tt.t[i];
+	const float *src = kind == RL_MODEL_PARAM ? m->params : kind == RL_MODEL_GRAD ? m->grads :
+	    kind == RL_MODEL_ADAM_M ? m->m : m->v;
+	float *tmp;
+
+	if (src == NULL)
+		return RL_EINVAL;
+	if (!(t->flags & RL_T_TRANSPOSE)) {
+		m->ops->download(m->ops, out, src + t->off, t->n * sizeof(float));
+		return check_ops(m, "download");
+	}
+	if ((tmp = rl_try_malloc(t->n * sizeof(float), t->name)) == NULL)
+		return RL_ENOMEM;
+	m->ops->download(m->ops, tmp, src + t->off, t->n * sizeof(float));
+	size_t R = (size_t)t->shape[0], Cc = (size_t)t->shape[1];
+	for (size_t r = 0; r < R; r++)
+		for (size_t c = 0; c < Cc; c++)
+			out[c * R + r] = tmp[r * Cc + c];
+	free(tmp);
+	return check_ops(m, "download");
+}
+
+int
+rl_model_set(rl_model *m, int i, const float *in)
+{
+	const rl_tensor *t = &m->tt.t[i];
+	float *tmp = NULL;
+	const float *src = in;
+
+	if (t->flags & RL_T_TRANSPOSE) {
+		size_t R = (size_t)t->shape[0], Cc = (size_t)t->shape[1];
+		if ((tmp = rl_try_malloc(t->n * sizeof(float), t->name)) == NULL)
+			return RL_ENOMEM;
+		for (size_t r = 0; r < R; r++)
+			for (size_t c = 0; c < Cc; c++)
+				tmp[r * Cc + c] = in[c * R + r];
+		src = tmp;
+	}
+	m->ops->upload(m->ops, m->params + t->off, src, t->n * sizeof(float));
+	if (m->w != m->params)
+		m->ops->cast(m->ops, W(m, i), m->ops->act_dtype, m->params + t->off, RL_F32, t->n);
+	free(tmp);
+	return check_ops(m, "upload");
+}
+
+/* ---- random init ------------------------------------------------------------------- */
+
+int
+rl_model_init_random(rl_model **out, const rl_config *cfg, rl_ops *ops, uint64_t seed)
+{
+	rl_model *m = NULL;
+	float *buf = NULL;
+	size_t maxn = 0;
+	int rv;
+
+	*out = NULL;
+	if ((rv = rl_config_check(cfg, "config")) != 0 || (rv = model_new(&m, cfg, ops)) != 0)
+		return rv;
+	for (int i = 0; i < m->tt.n; i++)
+		maxn = RL_MAX(maxn, m->tt.t[i].n);
+	if ((buf = rl_try_malloc(maxn * sizeof(float), "init buffer")) == NULL) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		size_t len = strlen(t->name);
+		int is_bias = len > 5 && strcmp(t->name + len - 5, ".bias") == 0;
+		double std = 0.02;
+		if (cfg->arch == RL_ARCH_GPT2 && strstr(t->name, "c_proj.weight") != NULL)
+			std = 0.02 / sqrt(2.0 * cfg->n_layer);
+		for (size_t j = 0; j < t->n; j++) {
+			if (t->ndim == 1) {
+				buf[j] = is_bias ? 0.0f : 1.0f;
+			} else {
+				/* Box-Muller on counters keyed by the element's offset: the same
+				 * values for a given seed whatever the backend. */
+				uint64_t k = 2 * (uint64_t)(t->off + j);
+				double u1 = rl_rng_uniform(seed, k), u2 = rl_rng_uniform(seed, k + 1);
+				buf[j] = (float)(std * sqrt(-2.0 * log1p(-u1)) * cos(2.0 * M_PI * u2));
+			}
+		}
+		if ((rv = rl_model_set(m, i, buf)) != 0)
+			goto out;
+	}
+	*out = m;
+	m = NULL;
+out:
+	free(buf);
+	rl_model_close(m);
+	return rv;
+}
+
+/* ---- loading ------------------------------------------------------------------------- */
+
+static int
+known_extra(const char *name)
+{
+	/* buffers some exporters include: GPT-2's causal mask, old Llama rotary tables */
+	size_t n = strlen(name);
+	return (n >= 10 && strcmp(name + n - 10, ".attn.bias") == 0) ||
+	    (n >= 17 && strcmp(name + n - 17, ".attn.masked_bias") == 0) ||
+	    strstr(name, "rotary_emb.inv_freq") != NULL;
+}
+
+/* lm_head.weight present in a tied model: it must be the embedding. */
+static int
+check_tied_head(rl_model *m, const rl_st_set *set, const float *wte, float *buf)
+{
+	const char *file;
+	const rl_st_tensor *st = rl_st_set_find(set, "lm_head.weight", &file);
+	const rl_tensor *t = &m->tt.t[m->wte];
+	int rv;
+
+	if (st == NULL)
+		return RL_OK;
+	if (st->nelem != t->n || (rv = rl_st_to_f32(buf, st, 0, t->n)) != 0 ||
+	    memcmp(buf, wte, t->n * sizeof(float)) != 0) {
+		rl_error("'%s': tensor 'lm_head.weight' differs from the embedding but "
+		    "tie_word_embeddings is true", file);
+		rl_hint("set \"tie_word_embeddings\": false in config.json to load a separate head");
+		return RL_EFORMAT;
+	}
+	return RL_OK;
+}
+
+int
+rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
+{
+	rl_config cfg = { 0 };
+	rl_model *m = NULL;
+	rl_st_set *set = NULL;
+	float *buf = NULL, *wte = NULL;
+	char *path = NULL;
+	size_t maxn = 0, plen = strlen(dir) + 32;
+	int rv, used = 0, total = 0;
+	const char *unknown = NULL;
+
+	*out = NULL;
+	path = rl_xmalloc(plen);
+	snprintf(path, plen, "%s/config.json", dir);
+	if ((rv = rl_config_load(&cfg, path)) != 0)
+		goto out;
+	if ((rv = rl_st_set_open(&set, dir)) != 0)
+		goto out;
+	if ((rv = model_new(&m, &cfg, ops)) != 0)
+		goto out;
+	m->src_dir = rl_xstrdup(dir);
+	for (int i = 0; i < m->tt.n; i++)
+		maxn = RL_MAX(maxn, m->tt.t[i].n);
+	if ((buf = rl_try_malloc(maxn * sizeof(float), "load buffer")) == NULL ||
+	    (wte = rl_try_malloc(m->tt.t[m->wte].n * sizeof(float), "load buffer")) == NULL) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		const char *file = NULL, *name = t->name;
+		const rl_st_tensor *st = rl_st_set_find(set, name, &file);
+		int64_t shp[2];
+		int nd = rl_tensor_file_shape(t, shp);
+
+		if (st == NULL && strncmp(name, "transformer.", 12) == 0)
+			st = rl_st_set_find(set, name + 12, &file);
+		if (st == NULL) {
+			rl_error("'%s': no tensor '%s' in %s", dir, name,
+			    set->nfiles > 1 ? "its shards" : "model.safetensors");
+			rv = RL_ENOENT;
+			goto out;
+		}
+		if (st->ndim != nd || st->shape[0] != shp[0] || (nd == 2 && st->shape[1] != shp[1])) {
+			char got[64] = "", want[64];
+			for (int d = 0; d < st->ndim && strlen(got) < 40; d++)
+				snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
+				    (long long)st->shape[d]);
+			if (nd == 2)
+				snprintf(want, sizeof want, "%lld, %lld", (long long)shp[0], (long long)shp[1]);
+			else
+				snprintf(want, sizeof want, "%lld", (long long)shp[0]);
+			rl_error("'%s': tensor '%s' has shape [%s], config.json implies [%s]", file, st->name,
+			    got, want);
+			rv = RL_ESHAPE;
+			goto out;
+		}
+		if ((rv = rl_st_to_f32(buf, st, 0, st->nelem)) != 0) {
+			rl_error("'%s': tensor '%s' has dtype %s, not a float type", file, st->name,
+			    rl_dtype_name(st->dtype));
+			goto out;
+		}
+		if (i == m->wte)
+			memcpy(wte, buf, t->n * sizeof(float));
+		if ((rv = rl_model_set(m, i, buf)) != 0)
+			goto out;
+		used++;
+	}
+	if (m->cfg.tie_embeddings && (rv = check_tied_head(m, set, wte, buf)) != 0)
+		goto out;
+	for (int f = 0; f < set->nfiles; f++)
+		for (int j = 0; j < set->files[f]->n; j++) {
+			const char *nm = set->files[f]->t[j].name;
+			char full[RL_TT_NAME + 16];
+			total++;
+			snprintf(full, sizeof full, "transformer.%s", nm);
+			if (rl_ttable_find(&m->tt, nm) < 0 && rl_ttable_find(&m->tt, full) < 0 &&
+			    !known_extra(nm) && strcmp(nm, "lm_head.weight") != 0 && unknown == NULL)
+				unknown = nm;
+		}
+	if (unknown != NULL)
+		rl_warn("'%s': tensor '%s' (and maybe others) is not part of a %s model; ignored", dir,
+		    unknown, m->cfg.model_type);
+	rl_verbose("loaded '%s': %s, %zu parameters from %d tensors", dir, m->cfg.model_type,
+	    rl_model_nparams(m), used);
+	*out = m;
+	m = NULL;
+out:
+	free(buf);
+	free(wte);
+	free(path);
+	rl_st_set_close(set);
+	rl_config_fini(&cfg);
+	rl_model_close(m);
+	return rv;
+}
+
+/* ---- training ------------------------------------------------------------------------ */
+
+static void
+carve_act(rl_model *m, rl_model_act *a, carve *ca, carve *cf, carve *ci)
+{
+	const rl_config *c = &m->cfg;
+	size_t N = (size_t)a->maxN, L = (size_t)c->n_layer, C = (size_t)c->hidden_size;
+	size_t QKV = (size_t)qkv_dim(c), AD = (size_t)c->n_head * c->head_dim, FC = (size_t)fc_dim(c);
+	size_t H = (size_t)c->intermediate_size, s = asz(m);
+
+	a->res = take(ca, (L + 1) * N * C, s);
+	a->ln1 = take(ca, L * N * C, s);
+	a->res_mid = take(ca, L * N * C, s);
+	a->ln2 = take(ca, L * N * C, s);
+	a->qkv_raw = c->qk_norm ? take(ca, L * N * QKV, s) : NULL;
+	a->qkv = take(ca, L * N * QKV, s);
+	a->att = take(ca, L * N * AD, s);
+	a->fc = take(ca, L * N * FC, s);
+	a->h = take(ca, L * N * H, s);
+	a->lnf = take(ca, N * C, s);
+	a->logits = take(ca, (size_t)a->chunk * c->vocab_size, s);
+	a->dres = take(ca, N * C, s);
+	a->dx = take(ca, N * C, s);
+	a->dx2 = take(ca, N * C, s);
+	a->dqkv = take(ca, N * QKV, s);
+	a->dqkv2 = take(ca, N * QKV, s);
+	a->datt = take(ca, N * AD, s);
+	a->dfc = take(ca, N * FC, s);
+	a->dh = take(ca, N * H, s);
+	a->ln1_mean = take(cf, L * N, 4);
+	a->ln1_rstd = take(cf, L * N, 4);
+	a->ln2_mean = take(cf, L * N, 4);
+	a->ln2_rstd = take(cf, L * N, 4);
+	a->qk_rstd = take(cf, L * N * (size_t)(c->n_head + c->n_kv_head), 4);
+	a->lse = take(cf, L * N * (size_t)c->n_head, 4);
+	a->lnf_mean = take(cf, N, 4);
+	a->lnf_rstd = take(cf, N, 4);
+	a->lp = take(cf, N, 4);
+	a->ent = take(cf, N, 4);
+	a->lse_out = take(cf, N, 4);
+	a->tok = take(ci, N, 4);
+	a->tgt = take(ci, N, 4);
+	a->seg = take(ci, N, 4);
+	a->pos = take(ci, N, 4);
+}
+
+int
+rl_model_train_reserve(rl_model *m, int max_tokens)
+{
+	rl_ops *o = m->ops;
+	rl_model_act *a;
+	carve ca = { 0 }, cf = { 0 }, ci = { 0 };
+	size_t bytes = m->tt.total * sizeof(float);
+	int rv;
+
+	if (max_tokens <= 0)
+		return RL_EINVAL;
+	if (m->grads == NULL) {
+		if ((rv = o->alloc(o, (void **)&m->grads, bytes)) != 0 ||
+		    (rv = o->alloc(o, (void **)&m->m, bytes)) != 0 ||
+		    (rv = o->alloc(o, (void **)&m->v, bytes)) != 0)
+			return rv;
+		o->zero(o, m->grads, bytes);
+		o->zero(o, m->m, bytes);
+		o->zero(o, m->v, bytes);
+	}
+	if (m->act != NULL && m->act->maxN >= max_tokens)
+		return RL_OK;
+	free_act(m);
+	a = rl_xcalloc(1, sizeof *a);
+	a->maxN = max_tokens;
+	a->chunk = (int)RL_MAX((size_t)1, RL_MIN((size_t)max_tokens,
+	    LOGIT_CHUNK_BYTES / ((size_t)m->cfg.vocab_size * asz(m))));
+	carve_act(m, a, &ca, &cf, &ci);
+	if ((rv = o->alloc(o, &a->amem, ca.off)) != 0 || (rv = o->alloc(o, (void **)&a->fmem, cf.off)) != 0 ||
+	    (rv = o->alloc(o, (void **)&a->imem, ci.off)) != 0) {
+		o->free(o, a->amem);
+		o->free(o, a->fmem);
+		free(a);
+		return rv;
+	}
+	ca.base = a->amem;
+	cf.base = (char *)a->fmem;
+	ci.base = (char *)a->imem;
+	ca.off = cf.off = ci.off = 0;
+	carve_act(m, a, &ca, &cf, &ci);
+	a->hpos = rl_xcalloc((size_t)max_tokens, sizeof *a->hpos);
+	m->act = a;
+	m->lp = a->lp;
+	m->ent = a->ent;
+	return check_ops(m, "train reserve");
+}
+
+void
+rl_model_zero_grad(rl_model *m)
+{
+	if (m->grads != NULL)
+		m->ops->zero(m->ops, m->grads, m->tt.total * sizeof(float));
+}
+
+/* norm forward for either architecture: RMSNorm (Llama) or LayerNorm (GPT-2). */
+static void
+norm_fwd(rl_model *m, void *out, float *mean, float *rstd, const void *x, int wi, int bi, int N)
+{
+	rl_ops *o = m->ops;
+	if (m->cfg.arch == RL_ARCH_GPT2)
+		o->layernorm_fwd(o, out, mean, rstd, x, W(m, wi), W(m, bi), N, m->cfg.hidden_size,
+		    m->cfg.norm_eps);
+	else
+		o->rmsnorm_fwd(o, out, rstd, x, W(m, wi), N, m->cfg.hidden_size, m->cfg.norm_eps);
+}
+
+static void
+norm_bwd(rl_model *m, void *dx, const void *dout, const void *x, const float *mean,
+    const float *rstd, int wi, int bi, int N)
+{
+	rl_ops *o = m->ops;
+	if (m->cfg.arch == RL_ARCH_GPT2)
+		o->layernorm_bwd(o, dx, G(m, wi), G(m, bi), dout, x, W(m, wi), mean, rstd, N,
+		    m->cfg.hidden_size);
+	else
+		o->rmsnorm_bwd(o, dx, G(m, wi), dout, x, W(m, wi), rstd, N, m->cfg.hidden_size);
+}
+
+/* The MLP's activation: SwiGLU over gate|up, or GPT-2's GELU. */
+static void
+mlp_act_fwd(rl_model *m, void *h, const void *fc, int N)
+{
+	if (m->cfg.arch == RL_ARCH_GPT2)
+		m->ops->gelu_fwd(m->ops, h, fc, (size_t)N * m->cfg.intermediate_size);
+	else
+		m->ops->swiglu_fwd(m->ops, h, fc, N, m->cfg.intermediate_size);
+}
+
+static int
+check_inputs(const rl_model *m, const int32_t *tok, const int32_t *tgt, const int32_t *pos, int N,
+    const char *what)
+{
+	const rl_config *c = &m->cfg;
+	for (int n = 0; n < N; n++) {
+		if (tok[n] < 0 || tok[n] >= c->vocab_size) {
+			rl_error("%s: token %d at index %d is outside the vocabulary [0, %d)", what, tok[n], n,
+			    c->vocab_size);
+			return RL_EINVAL;
+		}
+		if (tgt != NULL && tgt[n] >= c->vocab_size) {
+			rl_error("%s: target %d at index %d is outside the vocabulary [0, %d)", what, tgt[n],
+			    n, c->vocab_size);
+			return RL_EINVAL;
+		}
+		if (pos[n] < 0 || (c->arch == RL_ARCH_GPT2 && pos[n] >= c->max_pos)) {
+			rl_error("%s: position %d at index %d is outside [0, %d)", what, pos[n], n, c->max_pos);
+			return RL_EINVAL;
+		}
+	}
+	return RL_OK;
+}
+
+int
+rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const int32_t *tgt,
+    const int32_t *seg, const int32_t *pos, int B, int T, float temperature)
+{
+	rl_ops *o = m->ops;
+	rl_model_act *a = m->act;
+	const rl_config *c = &m->cfg;
+	const int N = B * T, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim;
+	const int QKV = qkv_dim(c), AD = NH * HD, FC = fc_dim(c), H = c->intermediate_size, V = c->vocab_size;
+	const size_t s = asz(m), NC = (size_t)N * C, sN = (size_t)a->maxN;
+	int rv;
+
+	if (a == NULL || B <= 0 || T <= 0 || (size_t)B * T > (size_t)a->maxN || !(temperature > 0)) {
+		rl_error("model forward: %d x %d tokens, temperature %g (reserved for %d tokens)", B, T,
+		    temperature, a ? a->maxN : 0);
+		return RL_EINVAL;
+	}
+	a->ready = 0;
+	for (int n = 0; n < N; n++)
+		a->hpos[n] = pos != NULL ? pos[n] : n % T;
+	if ((rv = check_inputs(m, tok, tgt, a->hpos, N, "model forward")) != 0)
+		return rv;
+	o->upload(o, a->tok, tok, (size_t)N * 4);
+	o->upload(o, a->tgt, tgt, (size_t)N * 4);
+	o->upload(o, a->pos, a->hpos, (size_t)N * 4);
+	if (seg != NULL)
+		o->upload(o, a->seg, seg, (size_t)N * 4);
+	a->B = B;
+	a->T = T;
+	a->has_seg = seg != NULL;
+	a->inv_temp = 1.0f / temperature;
+	const int32_t *dseg = seg != NULL ? a->seg : NULL;
+
+	o->embed_fwd(o, a->res, a->tok, a->pos, W(m, m->wte), W(m, m->wpe), N, C);
+	for (int l = 0; l < c->n_layer; l++) {
+		const rl_layer_idx *y = &m->layer[l];
+		void *res = at(a->res, l * sN * C, s), *res_out = at(a->res, (l + 1) * sN * C, s);
+		void *ln1 = at(a->ln1, l * sN * C, s), *ln2 = at(a->ln2, l * sN * C, s);
+		void *mid = at(a->res_mid, l * sN * C, s), *qkv = at(a->qkv, l * sN * QKV, s);
+		void *att = at(a->att, l * sN * AD, s), *fc = at(a->fc, l * sN * FC, s);
+		void *h = at(a->h, l * sN * H, s);
+		float *lse = a->lse + l * sN * NH;
+
+		norm_fwd(m, ln1, a->ln1_mean + l * sN, a->ln1_rstd + l * sN, res, y->ln1_w, y->ln1_b, N);
+		if (c->qk_norm) {
+			void *raw = at(a->qkv_raw, l * sN * QKV, s);
+			o->matmul_fwd(o, raw, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
+			o->qknorm_fwd(o, qkv, a->qk_rstd + l * sN * (NH + NKV), raw, W(m, y->qn_w),
+			    W(m, y->kn_w), N, NH, NKV, HD, c->norm_eps);
+		} else {
+			o->matmul_fwd(o, qkv, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
+		}
+		if (c->arch == RL_ARCH_LLAMA)
+			o->rope_fwd(o, qkv, a->pos, N, NH, NKV, HD, c->rope_theta);
+		o->attn_fwd(o, att, lse, qkv, dseg, B, T, NH, NKV, HD);
+		o->matmul_fwd(o, mid, att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
+		o->add(o, mid, mid, res, NC);
+		norm_fwd(m, ln2, a->ln2_mean + l * sN, a->ln2_rstd + l * sN, mid, y->ln2_w, y->ln2_b, N);
+		o->matmul_fwd(o, fc, ln2, W(m, y->fc_w), W(m, y->fc_b), N, C, FC);
+		mlp_act_fwd(m, h, fc, N);
+		o->matmul_fwd(o, res_out, h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
+		o->add(o, res_out, res_out, mid, NC);
+	}
+	norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, at(a->res, (size_t)c->n_layer * sN * C, s),
+	    m->lnf_w, m->lnf_b, N);
+	for (int r0 = 0; r0 < N; r0 += a->chunk) {
+		int n = RL_MIN(a->chunk, N - r0);
+		o->matmul_fwd(o, a->logits, at(a->lnf, (size_t)r0 * C, s), W(m, m->lm_w), NULL, n, C, V);
+		o->logprob_fwd(o, a->lp + r0, a->ent + r0, a->lse_out + r0, a->logits, a->tgt + r0, n, V,
+		    a->inv_temp);
+	}
+	if (lp != NULL)
+		o->download(o, lp, a->lp, (size_t)N * 4);
+	if (ent != NULL)
+		o->download(o, ent, a->ent, (size_t)N * 4);
+	if ((rv = check_ops(m, "model forward")) != 0)
+		return rv;
+	a->ready = 1;
+	return RL_OK;
+}
+
+int
+rl_model_backward(rl_model *m, const float *dlp, const float *dent)
+{
+	rl_ops *o = m->ops;
+	rl_model_act *a = m->act;
+	const rl_config *c = &m->cfg;
+	int rv;
+
+	if (a == NULL || !a->ready || dlp == NULL) {
+		rl_error("model backward: no forward to differentiate");
+		return RL_EINVAL;
+	}
+	const int B = a->B, T = a->T, N = B * T, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
+	const int HD = c->head_dim, QKV = qkv_dim(c), AD = NH * HD, FC = fc_dim(c), H = c->intermediate_size;
+	const int V = c->vocab_size;
+	const size_t s = asz(m), NC = (size_t)N * C, sN = (size_t)a->maxN;
+	const int32_t *dseg = a->has_seg ? a->seg : NULL;
+
+	/* lm_head + log-prob, recomputed chunk by chunk: dlnf (in dx) and dW_lm */
+	for (int r0 = 0; r0 < N; r0 += a->chunk) {
+		int n = RL_MIN(a->chunk, N - r0);
+		void *x = at(a->lnf, (size_t)r0 * C, s);
+		o->matmul_fwd(o, a->logits, x, W(m, m->lm_w), NULL, n, C, V);
+		o->logprob_bwd(o, a->logits, a->logits, a->tgt + r0, a->lse_out + r0, dlp + r0,
+		    dent ? dent + r0 : NULL, n, V, a->inv_temp);
+		o->matmul_bwd(o, at(a->dx, (size_t)r0 * C, s), G(m, m->lm_w), NULL, a->logits, x,
+		    W(m, m->lm_w), n, C, V);
+	}
+	norm_bwd(m, a->dres, a->dx, at(a->res, (size_t)c->n_layer * sN * C, s), a->lnf_mean,
+	    a->lnf_rstd, m->lnf_w, m->lnf_b, N);
+	for (int l = c->n_layer - 1; l >= 0; l--) {
+		const rl_layer_idx *y = &m->layer[l];
+		void *res = at(a->res, l * sN * C, s);
+		void *ln1 = at(a->ln1, l * sN * C, s), *ln2 = at(a->ln2, l * sN * C, s);
+		void *mid = at(a->res_mid, l * sN * C, s), *qkv = at(a->qkv, l * sN * QKV, s);
+		void *att = at(a->att, l * sN * AD, s), *fc = at(a->fc, l * sN * FC, s);
+		void *h = at(a->h, l * sN * H, s);
+		const float *lse = a->lse + l * sN * NH;
+		void *dq;
+
+		/* res_out = mid + proj(act(fc(norm2(mid)))) */
+		o->matmul_bwd(o, a->dh, G(m, y->proj_w), G(m, y->proj_b), a->dres, h, W(m, y->proj_w), N, H, C);
+		if (c->arch == RL_ARCH_GPT2)
+			o->gelu_bwd(o, a->dfc, a->dh, fc, (size_t)N * H);
+		else
+			o->swiglu_bwd(o, a->dfc, a->dh, fc, N, H);
+		o->matmul_bwd(o, a->dx, G(m, y->fc_w), G(m, y->fc_b), a->dfc, ln2, W(m, y->fc_w), N, C, FC);
+		norm_bwd(m, a->dx2, a->dx, mid, a->ln2_mean + l * sN, a->ln2_rstd + l * sN, y->ln2_w,
+		    y->ln2_b, N);
+		o->add(o, a->dres, a->dres, a->dx2, NC);
+		/* mid = res + o(attn(rope(qknorm(qkv(norm1(res)))))) */
+		o->matmul_bwd(o, a->datt, G(m, y->o_w), G(m, y->o_b), a->dres, att, W(m, y->o_w), N, AD, C);
+		o->attn_bwd(o, a->dqkv, a->datt, att, lse, qkv, dseg, B, T, NH, NKV, HD);
+		if (c->arch == RL_ARCH_LLAMA)
+			o->rope_bwd(o, a->dqkv, a->pos, N, NH, NKV, HD, c->rope_theta);
+		dq = a->dqkv;
+		if (c->qk_norm) {
+			o->qknorm_bwd(o, a->dqkv2, G(m, y->qn_w), G(m, y->kn_w), a->dqkv,
+			    at(a->qkv_raw, l * sN * QKV, s), W(m, y->qn_w), W(m, y->kn_w),
+			    a->qk_rstd + l * sN * (NH + NKV), N, NH, NKV, HD);
+			dq = a->dqkv2;
+		}
+		o->matmul_bwd(o, a->dx, G(m, y->qkv_w), G(m, y->qkv_b), dq, ln1, W(m, y->qkv_w), N, C, QKV);
+		norm_bwd(m, a->dx2, a->dx, res, a->ln1_mean + l * sN, a->ln1_rstd + l * sN, y->ln1_w,
+		    y->ln1_b, N);
+		o->add(o, a->dres, a->dres, a->dx2, NC);
+	}
+	o->embed_bwd(o, G(m, m->wte), G(m, m->wpe), a->dres, a->tok, a->pos, N, C);
+	if ((rv = check_ops(m, "model backward")) != 0)
+		return rv;
+	return RL_OK;
+}
+
+int
+rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm)
+{
+	rl_ops *o = m->ops;
+	double norm;
+	float scale = 1.0f;
+
+	if (m->grads == NULL)
+		return RL_EINVAL;
+	/* padding between tensors is zero in grads, so one sum covers them all */
+	norm = sqrt(o->sumsq(o, m->grads, m->tt.total));
+	if (grad_norm != NULL)
+		*grad_norm = (float)norm;
+	if (!isfinite(norm)) {
+		rl_warn("gradient norm is %g; step skipped", norm);
+		rl_model_zero_grad(m);
+		return check_ops(m, "optimizer step");
+	}
+	if (p->max_grad_norm > 0)
+		scale = (float)RL_MIN(1.0, p->max_grad_norm / (norm + 1e-6));
+	m->step++;
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		o->adamw(o, m->params + t->off, m->w != m->params ? W(m, i) : NULL, m->grads + t->off,
+		    m->m + t->off, m->v + t->off, t->n, p->lr, p->beta1, p->beta2, p->eps,
+		    (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
+	}
+	rl_model_zero_grad(m);
+	return check_ops(m, "optimizer step");
+}
+
+/* ---- inference ----------------------------------------------------------------------- */
+
+static void
+carve_inf(rl_model *m, rl_model_inf *f, carve *ca, carve *cf, carve *ci)
+{
+	const rl_config *c = &m->cfg;
+	size_t I = (size_t)f->maxI, Bm = (size_t)f->maxB, C = (size_t)c->hidden_size, s = asz(m);
+	size_t QKV = (size_t)qkv_dim(c);
+
+	f->x = take(ca, I * C, s);
+	f->xn = take(ca, I * C, s);
+	f->t = take(ca, I * C, s);
+	f->qkv = take(ca, I * QKV, s);
+	f->qkv2 = take(ca, I * QKV, s);
+	f->att = take(ca, I * c->n_head * c->head_dim, s);
+	f->fc = take(ca, I * fc_dim(c), s);
+	f->h = take(ca, I * c->intermediate_size, s);
+	f->last = take(ca, Bm * C, s);
+	f->lastn = take(ca, Bm * C, s);
+	f->logits = take(ca, Bm * c->vocab_size, s);
+	f->mean = take(cf, I, 4);
+	f->rstd = take(cf, I, 4);
+	f->lse = take(cf, I * c->n_head, 4);
+	f->qk_rstd = take(cf, I * (c->n_head + c->n_kv_head), 4);
+	f->tok = take(ci, I, 4);
+	f->pos = take(ci, I, 4);
+	f->seg = take(ci, I, 4);
+	f->slot = take(ci, I, 4);
+	f->ctx = take(ci, I, 4);
+}
+
+int
+rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f;
+	carve ca = { 0 }, cf = { 0 }, ci = { 0 };
+	int rv;
+
+	if (max_tokens <= 0 || max_batch <= 0)
+		return RL_EINVAL;
+	max_tokens = RL_MAX(max_tokens, max_batch);
+	if (m->inf != NULL && m->inf->maxI >= max_tokens && m->inf->maxB >= max_batch)
+		return RL_OK;
+	free_inf(m);
+	f = rl_xcalloc(1, sizeof *f);
+	f->maxI = max_tokens;
+	f->maxB = max_batch;
+	carve_inf(m, f, &ca, &cf, &ci);
+	if ((rv = o->alloc(o, &f->amem, ca.off)) != 0 || (rv = o->alloc(o, (void **)&f->fmem, cf.off)) != 0 ||
+	    (rv = o->alloc(o, (void **)&f->imem, ci.off)) != 0) {
+		o->free(o, f->amem);
+		o->free(o, f->fmem);
+		free(f);
+		return rv;
+	}
+	ca.base = f->amem;
+	cf.base = (char *)f->fmem;
+	ci.base = (char *)f->imem;
+	ca.off = cf.off = ci.off = 0;
+	carve_inf(m, f, &ca, &cf, &ci);
+	f->htok = rl_xcalloc((size_t)4 * max_tokens, sizeof *f->htok);
+	f->hpos = f->htok + max_tokens;
+	f->hseg = f->hpos + max_tokens;
+	f->hslot = f->hseg + max_tokens;
+	if ((f->hlogits = rl_try_malloc((size_t)max_batch * m->cfg.vocab_size * asz(m), "logits")) == NULL) {
+		m->inf = f;
+		free_inf(m);
+		return RL_ENOMEM;
+	}
+	m->inf = f;
+	m->logits = f->logits;
+	return check_ops(m, "infer reserve");
+}
+
+/* The transformer blocks over N inference tokens in f->x; attention either
+ * packed-causal over the tokens themselves (prefill, seg) or against the
+ * cache (decode). */
+static void
+infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	const rl_config *c = &m->cfg;
+	const int C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim;
+	const int QKV = qkv_dim(c), AD = NH * HD, FC = fc_dim(c), H = c->intermediate_size;
+	const size_t NC = (size_t)N * C;
+
+	for (int l = 0; l < c->n_layer; l++) {
+		const rl_layer_idx *y = &m->layer[l];
+		void *qkv = f->qkv;
+
+		norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln1_w, y->ln1_b, N);
+		o->matmul_fwd(o, qkv, f->xn, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
+		if (c->qk_norm) {
+			o->qknorm_fwd(o, f->qkv2, f->qk_rstd, qkv, W(m, y->qn_w), W(m, y->kn_w), N, NH, NKV,
+			    HD, c->norm_eps);
+			qkv = f->qkv2;
+		}
+		if (c->arch == RL_ARCH_LLAMA)
+			o->rope_fwd(o, qkv, f->pos, N, NH, NKV, HD, c->rope_theta);
+		o->kv_write(o, kv->kc[l], kv->vc[l], qkv, f->slot, N, NH, NKV, HD);
+		if (decode)
+			o->attn_decode(o, f->att, qkv, kv->kc[l], kv->vc[l], f->bt, f->ctx, B, NH, NKV, HD,
+			    kv->BS, f->btcols);
+		else
+			o->attn_fwd(o, f->att, f->lse, qkv, f->seg, 1, N, NH, NKV, HD);
+		o->matmul_fwd(o, f->t, f->att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
+		o->add(o, f->x, f->x, f->t, NC);
+		norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln2_w, y->ln2_b, N);
+		o->matmul_fwd(o, f->fc, f->xn, W(m, y->fc_w), W(m, y->fc_b), N, C, FC);
+		mlp_act_fwd(m, f->h, f->fc, N);
+		o->matmul_fwd(o, f->t, f->h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
+		o->add(o, f->x, f->x, f->t, NC);
+	}
+}
+
+/* Final norm and lm_head over B rows in f->last; logits to m->logits and host. */
+static int
+infer_head(rl_model *m, int B, float *logits, const char *what)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	const int V = m->cfg.vocab_size;
+	size_t n = (size_t)B * V;
+
+	norm_fwd(m, f->lastn, f->mean, f->rstd, f->last, m->lnf_w, m->lnf_b, B);
+	o->matmul_fwd(o, f->logits, f->lastn, W(m, m->lm_w), NULL, B, m->cfg.hidden_size, V);
+	if (logits != NULL) {
+		if (o->act_dtype == RL_F32) {
+			o->download(o, logits, f->logits, n * 4);
+		} else {
+			o->download(o, f->hlogits, f->logits, n * asz(m));
+			for (size_t i = 0; i < n; i++)
+				logits[i] = rl_bf16_to_f32(((uint16_t *)f->hlogits)[i]);
+		}
+	}
+	return check_ops(m, what);
+}
+
+int
+rl_model_prefill(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *const *tokens,
+    const int *ntok, int nseq, float *logits)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	const int C = m->cfg.hidden_size;
+	const size_t s = asz(m);
+	int N = 0, rv, done = 0;
+
+	if (f == NULL || nseq <= 0 || nseq > f->maxB) {
+		rl_error("model prefill: %d sequences (reserved for %d)", nseq, f ? f->maxB : 0);
+		return RL_EINVAL;
+	}
+	for (int i = 0; i < nseq; i++) {
+		if (ntok[i] <= 0 || seqs[i]->len != 0 || ntok[i] > f->maxI - N) {
+			rl_error("model prefill: sequence %d: %d tokens after %d (cache length %d, reserved "
+			    "for %d tokens)", i, ntok[i], N, seqs[i]->len, f->maxI);
+			return RL_EINVAL;
+		}
+		for (int j = 0; j < ntok[i]; j++) {
+			f->htok[N + j] = tokens[i][j];
+			f->hpos[N + j] = j;
+			f->hseg[N + j] = i;
+		}
+		N += ntok[i];
+	}
+	if ((rv = check_inputs(m, f->htok, NULL, f->hpos, N, "model prefill")) != 0)
+		return rv;
+	for (done = 0; done < nseq; done++)
+		if ((rv = rl_kvcache_reserve(kv, seqs[done], ntok[done])) != 0)
+			goto undo;
+	for (int i = 0, k = 0; i < nseq; i++)
+		for (int j = 0; j < ntok[i]; j++)
+			f->hslot[k++] = rl_kvcache_slot(kv, seqs[i], j);
+	o->upload(o, f->tok, f->htok, (size_t)N * 4);
+	o->upload(o, f->pos, f->hpos, (size_t)N * 4);
+	o->upload(o, f->seg, f->hseg, (size_t)N * 4);
+	o->upload(o, f->slot, f->hslot, (size_t)N * 4);
+	o->embed_fwd(o, f->x, f->tok, f->pos, W(m, m->wte), W(m, m->wpe), N, C);
+	infer_blocks(m, kv, N, 0, 0);
+	for (int i = 0, k = 0; i < nseq; i++) {
+		k += ntok[i];
+		o->copy(o, at(f->last, (size_t)i * C, s), at(f->x, (size_t)(k - 1) * C, s), C * s);
+		seqs[i]->len = ntok[i];
+	}
+	return infer_head(m, nseq, logits, "model prefill");
+undo:
+	/* give back what was reserved: the sequences were empty */
+	for (int i = 0; i < done; i++)
+		rl_kvcache_truncate(kv, seqs[i], 0);
+	return rv;
+}
+
+int
+rl_model_decode(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok, int B,
+    float *logits)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	const int C = m->cfg.hidden_size;
+	int rv;
+
+	if (f == NULL || B <= 0 || B > f->maxB) {
+		rl_error("model decode: batch of %d (reserved for %d)", B, f ? f->maxB : 0);
+		return RL_EINVAL;
+	}
+	if (f->btcols != kv->maxblk) {
+		/* block tables as wide as this cache's: allocated when a new cache shape is seen */
+		o->free(o, f->bt);
+		free(f->hbt);
+		f->bt = NULL;
+		f->hbt = NULL;
+		f->btcols = 0;
+		if ((rv = o->alloc(o, (void **)&f->bt, (size_t)f->maxB * kv->maxblk * 4)) != 0)
+			return rv;
+		f->hbt = rl_xcalloc((size_t)f->maxB * kv->maxblk, sizeof *f->hbt);
+		f->btcols = kv->maxblk;
+	}
+	for (int b = 0; b < B; b++) {
+		f->htok[b] = tok[b];
+		f->hpos[b] = seqs[b]->len;
+	}
+	if ((rv = check_inputs(m, f->htok, NULL, f->hpos, B, "model decode")) != 0)
+		return rv;
+	for (int b = 0; b < B; b++)
+		if ((rv = rl_kvcache_reserve(kv, seqs[b], 1)) != 0)
+			return rv;
+	for (int b = 0; b < B; b++) {
+		f->hslot[b] = rl_kvcache_slot(kv, seqs[b], seqs[b]->len);
+		f->hseg[b] = seqs[b]->len + 1; /* context length including the new token */
+		memcpy(f->hbt + (size_t)b * f->btcols, seqs[b]->blocks, (size_t)seqs[b]->nblk * 4);
+	}
+	o->upload(o, f->tok, f->htok, (size_t)B * 4);
+	o->upload(o, f->pos, f->hpos, (size_t)B * 4);
+	o->upload(o, f->ctx, f->hseg, (size_t)B * 4);
+	o->upload(o, f->slot, f->hslot, (size_t)B * 4);
+	o->upload(o, f->bt, f->hbt, (size_t)B * f->btcols * 4);
+	o->embed_fwd(o, f->x, f->tok, f->pos, W(m, m->wte), W(m, m->wpe), B, C);
+	infer_blocks(m, kv, B, 1, B);
+	o->copy(o, f->last, f->x, (size_t)B * C * asz(m));
+	for (int b = 0; b < B; b++)
+		seqs[b]->len++;
+	return infer_head(m, B, logits, "model decode");
+}

@@ -1,0 +1,155 @@
+/*
+ * model.h — decoder-only transformers (Llama/Qwen2/Qwen3 and GPT-2) over the
+ * backend contract ops.h: loading a Hugging Face directory, random init,
+ * training forward (per-token log-probs and entropy), full backward, AdamW
+ * with global-norm clipping, saving, and incremental decoding over a paged
+ * KV cache (kvcache.h).
+ *
+ * Leaves out: losses (the trainer's: it turns lp/ent into dlp/dent, e.g. with
+ * ops->pg_loss), sampling and scheduling (the generation engine's), data
+ * parallelism (comm.h).
+ *
+ * Memory (STYLE.md): parameters, gradients and the AdamW moments each live in
+ * one backend allocation laid out by m->tt (tensor.h).  Training activations
+ * are allocated once by rl_model_train_reserve for at most max_tokens = B*T
+ * rows; rl_model_forward/backward/step allocate nothing.  Inference buffers
+ * likewise come from rl_model_infer_reserve.
+ *
+ * Numerics: fp32 master weights; on backends whose act dtype is not f32 a
+ * compute copy m->w in act dtype, refreshed by ops->adamw.  The lm_head and
+ * log-prob are done in chunks of rows so (N, V) logits never exist at once.
+ *
+ * Thread-safety: a model is used by one thread at a time (its rl_ops is too).
+ */
+#ifndef RL_MODEL_H
+#define RL_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "kvcache.h"
+#include "ops.h"
+#include "tensor.h"
+
+/* Indices into m->tt of one layer's tensors; -1 when absent. */
+typedef struct rl_layer_idx {
+	int ln1_w, ln1_b;       /* input_layernorm / ln_1 */
+	int qkv_w, qkv_b;       /* q_proj (then k, v adjacent) / c_attn: ((NH+2NKV)*HD, C) */
+	int qn_w, kn_w;         /* Qwen3 q_norm, k_norm (HD) */
+	int o_w, o_b;           /* o_proj / attn.c_proj (C, NH*HD) */
+	int ln2_w, ln2_b;       /* post_attention_layernorm / ln_2 */
+	int fc_w, fc_b;         /* gate_proj (then up_proj adjacent): (2H, C) / c_fc (H, C) */
+	int proj_w, proj_b;     /* down_proj / mlp.c_proj (C, H) */
+} rl_layer_idx;
+
+typedef struct rl_model rl_model;
+
+typedef struct rl_model_act rl_model_act;   /* training activations (model.c) */
+typedef struct rl_model_inf rl_model_inf;   /* inference buffers (model.c) */
+
+struct rl_model {
+	rl_config cfg;
+	rl_ops *ops;            /* borrowed; outlives the model */
+	rl_ttable tt;           /* the tensor table */
+	rl_layer_idx *layer;    /* (L) */
+	int wte, wpe, lnf_w, lnf_b, lm_w;   /* lm_w == wte when tied */
+	float *params;          /* (tt.total) f32 master weights, backend memory */
+	void *w;                /* compute weights in act dtype: == params on an f32 backend */
+	float *grads;           /* (tt.total) f32, accumulated by backward; NULL until train_reserve */
+	float *m, *v;           /* (tt.total) f32 AdamW moments; NULL until train_reserve */
+	int step;               /* AdamW steps taken */
+	/* Results of the last rl_model_forward, backend memory, (N) f32 each. */
+	float *lp, *ent;
+	/* Logits of the last prefill/decode, backend memory, (B, V) act. */
+	void *logits;
+	char *src_dir;          /* directory it was loaded from (NULL for random init) */
+	rl_model_act *act;
+	rl_model_inf *inf;
+};
+
+/* ---- life cycle ------------------------------------------------------------ */
+
+/* rl_model_open loads DIR (config.json + model.safetensors or an index with
+ * shards, any of F32/BF16/F16/F64) into fp32 master weights on ops.  Errors
+ * name the file and the tensor: RL_ENOENT (missing file or tensor),
+ * RL_ESHAPE (wrong shape), RL_EFORMAT (bad file), RL_ENOTSUP (config).
+ * *out is the caller's (rl_model_close). */
+int rl_model_open(rl_model **out, const char *dir, rl_ops *ops);
+/* rl_model_init_random builds a model from cfg with Hugging Face's init:
+ * normal(0, 0.02) for embeddings and projections, GPT-2's residual
+ * projections (attn.c_proj, mlp.c_proj) normal(0, 0.02/sqrt(2L)), norm
+ * weights 1, biases 0.  Deterministic in seed (counter-based, rng.h). */
+int rl_model_init_random(rl_model **out, const rl_config *cfg, rl_ops *ops, uint64_t seed);
+void rl_model_close(rl_model *m);
+/* Number of parameters (without padding). */
+size_t rl_model_nparams(const rl_model *m);
+
+/* ---- training ------------------------------------------------------------------ */
+
+/* Allocates gradients (zeroed), AdamW state and activations for up to
+ * max_tokens = B*T rows.  Call once; again to grow. */
+int rl_model_train_reserve(rl_model *m, int max_tokens);
+/* Training forward over B rows of T tokens.  Host inputs, i32:
+ *   tok (B,T) token ids in [0, V) (padding too: use any valid id, e.g. 0);
+ *   tgt (B,T) target id per position (the next token), < 0 = no log-prob (padding, last);
+ *   seg (B,T) segment ids for packing: token t attends s <= t of the same seg in its row,
+ *       < 0 = padding; NULL = one sequence per row;
+ *   pos (B,T) position ids (restart at 0 for each packed sequence); NULL = 0..T-1.
+ * temperature > 0: log-probs of logits / temperature.  Results in m->lp, m->ent
+ * (backend) and, when non-NULL, copied to host lp, ent (B*T) f32.  RL_EINVAL
+ * on ids or positions out of range or B*T above the reserve (nothing computed). */
+int rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const int32_t *tgt,
+    const int32_t *seg, const int32_t *pos, int B, int T, float temperature);
+/* Backward of the last forward: dlp, dent (B*T) f32 in BACKEND memory (on the
+ * CPU plain host arrays; on CUDA e.g. ops->pg_loss's outputs); dent may be
+ * NULL.  Gradients are ACCUMULATED into m->grads (micro-batches add up). */
+int rl_model_backward(rl_model *m, const float *dlp, const float *dent);
+/* Zero m->grads. */
+void rl_model_zero_grad(rl_model *m);
+
+typedef struct rl_adamw {
+	float lr;
+	float beta1, beta2, eps;
+	float weight_decay;     /* decoupled; applied to RL_T_DECAY tensors only (see docs/model.md) */
+	float max_grad_norm;    /* global-norm clipping threshold; <= 0 = off */
+} rl_adamw;
+/* One AdamW step over every parameter with the accumulated gradients, after
+ * global-norm clipping as torch.nn.utils.clip_grad_norm_ does (scale =
+ * min(1, max / (norm + 1e-6))), then zeroes the gradients.  *grad_norm
+ * (optional) gets the norm before clipping.  A non-finite norm skips the update
+ * (warning, gradients zeroed, step not counted) and returns RL_OK. */
+int rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm);
+
+/* ---- inference ----------------------------------------------------------------- */
+
+/* Allocates inference buffers for prefills of up to max_tokens packed prompt
+ * tokens and decode batches of up to max_batch sequences. */
+int rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch);
+/* Prefill nseq empty sequences (len 0) with their prompts: tokens[i] (ntok[i]
+ * >= 1, host).  Packs them into one row, writes their K/V into kv (reserving
+ * blocks), sets seqs[i]->len = ntok[i].  The logits of each prompt's last
+ * token go to m->logits (nseq, V) and, when non-NULL, to host logits (nseq, V)
+ * f32.  RL_EBUSY if the cache is out of blocks (no sequence changed).  */
+int rl_model_prefill(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs,
+    const int32_t *const *tokens, const int *ntok, int nseq, float *logits);
+/* One decode step: appends tok[b] (host) to seqs[b] at position seqs[b]->len
+ * for b < B, and returns the next-token logits in m->logits (B, V) and, when
+ * non-NULL, host logits (B, V) f32.  Sequences of any lengths. */
+int rl_model_decode(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok, int B,
+    float *logits);
+
+/* ---- host access to tensors (checkpoints, tests, weight sync) ----------------- */
+enum { RL_MODEL_PARAM = 0, RL_MODEL_GRAD, RL_MODEL_ADAM_M, RL_MODEL_ADAM_V };
+/* Copy tensor i of the given kind to host f32 out (t->n) in the FILE layout
+ * (GPT-2 Conv1D transposed back to (in, out)). */
+int rl_model_get(rl_model *m, int i, int kind, float *out);
+/* Set tensor i's parameters from host f32 in (file layout). */
+int rl_model_set(rl_model *m, int i, const float *in);
+
+/* Save DIR as a Hugging Face checkpoint (config.json, model.safetensors in
+ * cfg.dtype, plus tokenizer files copied from the source directory), atomic:
+ * written to DIR.tmp.PID, fsync'd, renamed.  RL_EEXIST when DIR exists. */
+int rl_model_save(rl_model *m, const char *dir);
+
+#endif

@@ -1,0 +1,74 @@
+/*
+ * ops.c — backend selection: rl_ops_open parses "cpu", "cuda", "cuda:N" and
+ * "auto" and opens the matching table; rl_ops_close closes any.
+ *
+ * Leaves out: the backends themselves (ops_cpu.c, ops_cuda.c).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+
+/*
+ * Builds without CUDA (and CUDA builds of a tree that does not have
+ * lib/ops_cuda.c yet) get a rl_ops_cuda_open that says "not supported".  The
+ * file test matters: a weak stub here would satisfy the linker before it ever
+ * pulled ops_cuda.o out of librlpipe.a, silently hiding the real backend.
+ */
+#if !HAVE_CUDA || !__has_include("ops_cuda.c")
+int
+rl_ops_cuda_open(rl_ops **out, int device)
+{
+	*out = NULL;
+	return RL_ENOTSUP;
+}
+#endif
+
+int
+rl_ops_open(rl_ops **out, const char *device)
+{
+	int rv;
+	*out = NULL;
+	if (device == NULL || strcmp(device, "cpu") == 0)
+		return rl_ops_cpu_open(out);
+	if (strcmp(device, "auto") == 0) {
+		rv = rl_ops_cuda_open(out, 0);
+		if (rv == RL_ENODEV || (rv == RL_ENOTSUP && HAVE_CUDA)) {
+			rl_info("no usable CUDA device (%s), using the cpu", rl_strerror(rv));
+			return rl_ops_cpu_open(out);
+		}
+		if (rv == RL_ENOTSUP)   /* a build without CUDA: the CPU is the only choice */
+			return rl_ops_cpu_open(out);
+		return rv;
+	}
+	if (strncmp(device, "cuda", 4) == 0 && (device[4] == '\0' || device[4] == ':')) {
+		long n = 0;
+		if (device[4] == ':') {
+			char *end;
+			errno = 0;
+			n = strtol(device + 5, &end, 10);
+			if (device[5] < '0' || device[5] > '9' || *end != '\0' || errno != 0 || n > 1024) {
+				rl_error("invalid device '%s'", device);
+				rl_hint("use cpu, cuda, cuda:N (N a device number) or auto");
+				return RL_EINVAL;
+			}
+		}
+		rv = rl_ops_cuda_open(out, (int)n);
+		if (rv == RL_ENOTSUP) {
+			rl_error("device '%s': this build has no CUDA support", device);
+			rl_hint("rebuild with nvcc on PATH (see make features), or use --device cpu");
+		}
+		return rv;
+	}
+	rl_error("unknown device '%s'", device);
+	rl_hint("use cpu, cuda, cuda:N or auto");
+	return RL_EINVAL;
+}
+
+void
+rl_ops_close(rl_ops *o)
+{
+	if (o != NULL && o->close != NULL)
+		o->close(o);
+}

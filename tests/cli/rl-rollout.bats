@@ -1,0 +1,157 @@
+#!/usr/bin/env bats
+# rl-rollout: generation from prompt files, records, determinism, finish reasons,
+# weights that change under it, the staleness gate, bad prompt lines, --score.
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup_file() {
+	export TD="$BATS_FILE_TMPDIR"
+	cat > "$TD/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":261,"hidden_size":32,"num_hidden_layers":2,"num_attention_heads":4,
+ "num_key_value_heads":2,"intermediate_size":64,"max_position_embeddings":64,"rope_theta":10000,
+ "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32","eos_token_id":257}
+JSON
+	rl-train --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m0" --seed 1
+	rl-train --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m1" --seed 2
+	printf '%s\n' '{"prompt":"12+34=","answer":"46"}' \
+	    '{"prompt":[{"role":"user","content":"hi"}],"reward_model":{"ground_truth":"x"},"data_source":"t"}' \
+	    '{"prompt":"7*6=","answer":"42"}' > "$TD/p.jsonl"
+}
+
+# field values of a JSONL stream, one line per record: fields KEY...
+fields() { python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    print(" ".join(json.dumps(r.get(k)) for k in sys.argv[1:]))' "$@"; }
+
+@test "--help prints usage; no model is a usage error" {
+	run -0 rl-rollout --help
+	assert_output --partial "usage: rl-rollout -m MODEL_DIR"
+	run -2 --separate-stderr rl-rollout "$TD/p.jsonl"
+	[[ "$stderr" == *"no model"* ]]
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --temperature hot
+}
+
+@test "G samples per prompt, with the core fields, meta, texts and finish reasons" {
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 3 --max-tokens 6 --jsonl --seed 5 "$TD/p.jsonl"
+	[ "${#lines[@]}" -eq 9 ]
+	printf '%s\n' "${lines[@]}" | fields group_size version finish max_tokens > "$TD/f"
+	! grep -v '^3 \[0, 0\] "\(length\|eos\)" 6$' "$TD/f"
+	printf '%s\n' "${lines[@]}" | grep -q '"meta":{"answer":"46"}'
+	printf '%s\n' "${lines[@]}" | grep -q '"meta":{"reward_model":{"ground_truth":"x"},"data_source":"t"}'
+	printf '%s\n' "${lines[@]}" | grep -q '"prompt_text":"<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n"'
+	# each record's logprobs has one entry per response token
+	printf '%s\n' "${lines[@]}" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    assert len(r["logprobs"]) == len(r["response"]) > 0, r
+    assert all(x <= 0 for x in r["logprobs"])'
+	[[ "$stderr" == *"3 prompts, 9 samples"* ]]
+}
+
+@test "same seed, same output; another seed, other output; samples of a group differ" {
+	rl-rollout -m "$TD/m0" -n 4 --max-tokens 8 --jsonl --seed 5 "$TD/p.jsonl" | fields index response logprobs | sort > "$TD/a"
+	rl-rollout -m "$TD/m0" -n 4 --max-tokens 8 --jsonl --seed 5 --slots 5 "$TD/p.jsonl" | fields index response logprobs | sort > "$TD/b"
+	rl-rollout -m "$TD/m0" -n 4 --max-tokens 8 --jsonl --seed 6 "$TD/p.jsonl" | fields index response logprobs | sort > "$TD/c"
+	cmp "$TD/a" "$TD/b"
+	! cmp -s "$TD/a" "$TD/c"
+	[ "$(cut -d' ' -f2- "$TD/a" | sort -u | wc -l)" -ge 10 ]
+}
+
+@test "the binary stream is the default and rl-queue cat reads it" {
+	rl-rollout -q -m "$TD/m0" -n 2 --max-tokens 4 "$TD/p.jsonl" > "$TD/out.rlt"
+	head -c 4 "$TD/out.rlt" | od -An -tx1 | grep -q '28 b5 2f fd'
+	[ "$(rl-queue cat "$TD/out.rlt" | wc -l)" -eq 6 ]
+}
+
+@test "greedy: temperature 0 gives one answer per prompt; --greedy-baseline adds a marked sample" {
+	rl-rollout -m "$TD/m0" -n 3 --temperature 0 --max-tokens 8 --jsonl "$TD/p.jsonl" | fields group response | sort -u > "$TD/g"
+	[ "$(wc -l < "$TD/g")" -eq 3 ]
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 2 --greedy-baseline --max-tokens 4 --jsonl "$TD/p.jsonl"
+	[ "${#lines[@]}" -eq 9 ]
+	[ "$(printf '%s\n' "${lines[@]}" | grep -c '"baseline":true')" -eq 3 ]
+	[ "$(printf '%s\n' "${lines[@]}" | grep -c '"group_size":3')" -eq 9 ]
+}
+
+@test "stop strings and stop ids end a sequence with finish stop" {
+	# with a stop id for every byte the first token always stops
+	ids=(); for i in $(seq 0 256); do ids+=(--stop-id "$i"); done
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 2 --max-tokens 8 --jsonl "${ids[@]:0:128}" "$TD/p.jsonl"
+	printf '%s\n' "${lines[@]}" | fields finish | sort | uniq -c > "$TD/fin"
+	grep -q stop "$TD/fin"
+	# a stop string found in the text
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 4 --max-tokens 30 --jsonl --stop e --stop a --stop o --stop i "$TD/p.jsonl"
+	printf '%s\n' "${lines[@]}" | python3 -c '
+import json, sys
+n = 0
+for l in sys.stdin:
+    r = json.loads(l)
+    if r["finish"] == "stop":
+        n += 1
+        assert any(c in r["response_text"] for c in "eaoi"), r["response_text"]
+assert n > 0'
+}
+
+@test "bad prompt lines: an error naming the line, earlier prompts still written; --skip-bad counts" {
+	printf '%s\n' '{"prompt":"ab"}' 'not json' '{"prompt":"cd"}' > "$TD/bad.jsonl"
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" -n 2 --max-tokens 3 --jsonl "$TD/bad.jsonl"
+	[[ "$stderr" == *"line 2: not a JSON object"* ]]
+	[ "${#lines[@]}" -eq 2 ]
+	printf '%s\n' '{"prompt":"ab"}' '{"nope":1}' '{"prompt":5}' '{"prompt":[{"role":"user"}]}' '{"prompt":"cd"}' > "$TD/bad2.jsonl"
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 1 --max-tokens 3 --jsonl --skip-bad "$TD/bad2.jsonl"
+	[ "${#lines[@]}" -eq 2 ]
+	[[ "$stderr" == *"3 bad prompt lines skipped"* ]]
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --jsonl "$TD/bad2.jsonl"
+	[[ "$stderr" == *"line 2: no \"prompt\" key"* ]]
+}
+
+@test "a prompt longer than the context is an error naming the line" {
+	python3 -c 'import json; print(json.dumps({"prompt": "x" * 100}))' > "$TD/long.jsonl"
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --jsonl "$TD/long.jsonl"
+	[[ "$stderr" == *"line 1: the prompt has 100 tokens, the model's context is 64"* ]]
+}
+
+@test "a missing model or input file is an error naming it" {
+	run -1 --separate-stderr rl-rollout -m "$TD/nope" "$TD/p.jsonl"
+	[[ "$stderr" == *"nope"* ]]
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" "$TD/missing.jsonl"
+	[[ "$stderr" == *"missing.jsonl"* ]]
+}
+
+@test "weights replaced mid-run: with --max-staleness 0 each batch waits for its version" {
+	mkdir -p "$TD/ck"
+	for i in 1 2 3 4; do echo "{\"prompt\":\"p$i\"}"; done > "$TD/p4.jsonl"
+	rl-rollout -m "$TD/m0" -n 2 --max-tokens 4 --jsonl --weights-from "$TD/ck" --max-staleness 0 \
+	    --train-batch 2 -o "$TD/stale.jsonl" "$TD/p4.jsonl" 3>&- &
+	pid=$!
+	# the first batch (2 prompts) comes at version 0, then it waits
+	for i in $(seq 100); do [ "$(wc -l < "$TD/stale.jsonl" 2>/dev/null)" -ge 4 ] && break; sleep 0.1; done
+	sleep 0.3
+	[ "$(wc -l < "$TD/stale.jsonl")" -eq 4 ]
+	kill -0 $pid
+	cp -r "$TD/m1" "$TD/ck/step-00000001"
+	ln -s step-00000001 "$TD/ck/latest.tmp" && mv -T "$TD/ck/latest.tmp" "$TD/ck/latest"
+	wait $pid
+	fields version < "$TD/stale.jsonl" | sort | uniq -c > "$TD/v"
+	grep -q '4 \[0, 0\]' "$TD/v"
+	grep -q '4 \[1, 1\]' "$TD/v"
+}
+
+@test "--score writes each response token's log-prob under a model into a field" {
+	rl-rollout -q -m "$TD/m0" -n 2 --max-tokens 5 --temperature 1 --jsonl "$TD/p.jsonl" > "$TD/gen.jsonl"
+	run -0 --separate-stderr rl-rollout --score ref_logprobs -m "$TD/m0" --jsonl "$TD/gen.jsonl"
+	# scoring with the same model at the same temperature gives back the behaviour log-probs
+	printf '%s\n' "${lines[@]}" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    assert len(r["ref_logprobs"]) == len(r["logprobs"])
+    for a, b in zip(r["ref_logprobs"], r["logprobs"]):
+        assert abs(a - b) < 2e-5, (a, b)'
+	run -1 --separate-stderr rl-rollout --score ref_logprobs -m "$TD/m0" "$TD/p.jsonl"
+	[[ "$stderr" == *"line 1"* ]]
+}

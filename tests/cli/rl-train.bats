@@ -1,0 +1,146 @@
+#!/usr/bin/env bats
+# rl-train: the learner's command line, checkpoints, resume, metrics and bad input.
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup_file() {
+	export TD="$BATS_FILE_TMPDIR"
+	cat > "$TD/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":264,"hidden_size":32,"num_hidden_layers":2,"num_attention_heads":4,
+ "num_key_value_heads":2,"intermediate_size":64,"max_position_embeddings":64,"rope_theta":10000,
+ "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
+JSON
+	rl-train --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m0" --seed 1
+	python3 tests/fixtures/train/mkscored.py 8 4 0 > "$TD/scored.jsonl"
+}
+
+mk() { python3 tests/fixtures/train/mkscored.py "$@"; }
+
+@test "--help prints usage to stdout and exits 0" {
+	run -0 rl-train --help
+	assert_output --partial "usage: rl-train"
+}
+
+@test "an unknown option or value is a usage error (exit 2)" {
+	run -2 --separate-stderr rl-train --bogus
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --algo nope
+	[[ "$stderr" == *"unknown algorithm 'nope'"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lr abc
+	run -2 --separate-stderr rl-train -m "$TD/m0"
+	[[ "$stderr" == *"--out"* ]]
+}
+
+@test "--init writes a loadable model directory with a bytes tokenizer" {
+	[ -f "$TD/m0/config.json" ] && [ -f "$TD/m0/model.safetensors" ] && [ -f "$TD/m0/tokenizer.json" ]
+	run -0 rl-rollout tokenize -m "$TD/m0" <<< "hi"
+}
+
+@test "one metrics line and one published version per step; latest points at the newest" {
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/ck" --batch 2 --lr 1e-3 --metrics "$TD/m.jsonl" "$TD/scored.jsonl"
+	[ "$(wc -l < "$TD/m.jsonl")" -eq 4 ]
+	for k in actor/pg_loss actor/pg_clipfrac actor/ppo_kl actor/entropy actor/grad_norm actor/lr \
+	    critic/score/mean response_length/mean timing_s/update_actor perf/throughput staleness/mean; do
+		grep -q "\"$k\":" "$TD/m.jsonl" || { echo "missing $k"; return 1; }
+	done
+	[ "$(readlink "$TD/ck/latest")" = step-00000004 ]
+	[ -f "$TD/ck/step-00000004/optimizer.safetensors" ]
+	[[ "$stderr" == *"4 steps; 32 records"* ]]
+}
+
+@test "--keep prunes old versions" {
+	run -0 rl-train -q -m "$TD/m0" --out "$TD/keep" --batch 1 --keep 2 --metrics /dev/null "$TD/scored.jsonl"
+	[ "$(ls "$TD/keep" | grep -c '^step-')" -eq 2 ]
+}
+
+@test "resume: 2 steps + --resume + 2 steps is bitwise identical to 4 steps" {
+	rl-train -q -m "$TD/m0" --out "$TD/a" --batch 2 --lr 1e-3 --max-steps 4 --metrics /dev/null "$TD/scored.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/b" --batch 2 --lr 1e-3 --max-steps 2 --metrics /dev/null "$TD/scored.jsonl"
+	rl-train -q --out "$TD/b" --batch 2 --lr 1e-3 --max-steps 4 --resume --metrics /dev/null "$TD/scored.jsonl"
+	cmp "$TD/a/step-00000004/model.safetensors" "$TD/b/step-00000004/model.safetensors"
+	cmp "$TD/a/step-00000004/optimizer.safetensors" "$TD/b/step-00000004/optimizer.safetensors"
+	# and the weights did change
+	! cmp -s "$TD/m0/model.safetensors" "$TD/a/step-00000004/model.safetensors"
+}
+
+@test "--resume with no checkpoint is an error" {
+	run -1 --separate-stderr rl-train --out "$TD/none" --resume "$TD/scored.jsonl"
+	[[ "$stderr" == *"cannot resume"* ]]
+}
+
+@test "every algorithm trains on the same data" {
+	for a in grpo dr-grpo dapo rloo reinforce++; do
+		run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/alg-$a" --algo "$a" --batch 4 --lr 1e-3 --metrics - "$TD/scored.jsonl"
+		[ "${#lines[@]}" -ge 1 ] || { echo "$a: no metrics"; return 1; }
+	done
+	mk 4 3 1 --bad baseline > "$TD/remax.jsonl"
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/alg-remax" --algo remax --batch 2 --metrics - "$TD/remax.jsonl"
+	[ "${#lines[@]}" -eq 2 ]
+	# remax without a baseline sample is an error that says how to make one
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/alg-remax2" --algo remax --batch 2 "$TD/scored.jsonl"
+	[[ "$stderr" == *"greedy-baseline"* ]]
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/alg-ppo" --algo ppo "$TD/scored.jsonl"
+	[[ "$stderr" == *"value head"* ]]
+}
+
+@test "PPO epochs and mini-batches, clipping, KL and entropy terms run" {
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/ppo2" --batch 4 --ppo-epochs 2 --mini-batches 2 \
+	    --lr 1e-2 --clip-low 0.1 --clip-high 0.1 --dual-clip 3 --ent-coef 0.01 --tis-cap 2 --metrics - "$TD/scored.jsonl"
+	[ "${#lines[@]}" -eq 2 ]
+	# the second pass sees a changed policy: ppo_kl is no longer exactly 0
+	! grep -q '"actor/ppo_kl":0,' <<< "${lines[0]}"
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/klref" --batch 4 --kl k3 --kl-coef 0.1 --ref "$TD/m0" --metrics - "$TD/scored.jsonl"
+	[[ "${lines[0]}" == *'"actor/kl_loss":0,'* ]]  # policy == reference at step 1
+	[[ "${lines[1]}" == *'"actor/kl_loss":'* ]]
+}
+
+@test "a record without reward is an error naming it; --on-bad skip drops its group" {
+	mk 4 2 0 --bad noreward > "$TD/bad.jsonl"
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/bad1" --batch 1 "$TD/bad.jsonl"
+	[[ "$stderr" == *"record 4"* && "$stderr" == *"no 'reward'"* ]]
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/bad2" --batch 1 --on-bad skip --metrics /dev/null "$TD/bad.jsonl"
+	[[ "$stderr" == *"3 steps"* && "$stderr" == *"1 groups dropped (bad)"* ]]
+}
+
+@test "NaN rewards and mismatched log-prob lengths are errors" {
+	mk 4 2 0 --bad nan > "$TD/nan.jsonl"
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/nan" --batch 1 "$TD/nan.jsonl"
+	[[ "$stderr" == *"NaN"* ]]
+	mk 4 2 0 --bad lplen > "$TD/lp.jsonl"
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/lp" --batch 1 "$TD/lp.jsonl"
+	[[ "$stderr" == *"'logprobs' length differs"* ]]
+}
+
+@test "a group missing samples is reported and not trained on" {
+	mk 4 2 0 --bad missing > "$TD/miss.jsonl"
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/miss" --batch 1 --metrics /dev/null "$TD/miss.jsonl"
+	[[ "$stderr" == *"group 1 is incomplete"*"1 of 2"* ]]
+	[[ "$stderr" == *"3 steps"* ]]
+}
+
+@test "malformed input is an error naming the line; a missing file is an error naming it" {
+	{ head -n 3 "$TD/scored.jsonl"; echo '{"id": 9, "group": '; } > "$TD/trunc.jsonl"
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/trunc" --batch 1 "$TD/trunc.jsonl"
+	[[ "$stderr" == *"line 4"* ]]
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/nofile" "$TD/does-not-exist.jsonl"
+	[[ "$stderr" == *"does-not-exist.jsonl"* ]]
+	run -1 --separate-stderr rl-train -m "$TD/no-model" --out "$TD/nofile" "$TD/scored.jsonl"
+	[[ "$stderr" == *"no-model"* ]]
+}
+
+@test "SFT from text-only records (tokenized with the model's tokenizer) lowers the loss" {
+	mk 48 1 0 --bad text > "$TD/sft.jsonl"
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/sft" --algo sft --batch 4 --lr 1e-2 --metrics - "$TD/sft.jsonl"
+	[ "${#lines[@]}" -eq 12 ]
+	first=$(sed -n 's/.*"actor\/sft_loss":\([0-9.e-]*\).*/\1/p' <<< "${lines[0]}")
+	last=$(sed -n 's/.*"actor\/sft_loss":\([0-9.e-]*\).*/\1/p' <<< "${lines[11]}")
+	echo "sft loss $first -> $last"
+	awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < 0.7 * a) }'
+}
+
+@test "--tfevents writes a TensorBoard event file" {
+	run -0 rl-train -q -m "$TD/m0" --out "$TD/tfe" --batch 4 --tfevents "$TD/tb" --metrics /dev/null "$TD/scored.jsonl"
+	ls "$TD"/tb/events.out.tfevents.*
+	grep -q "actor/pg_loss" "$TD"/tb/events.out.tfevents.*
+}

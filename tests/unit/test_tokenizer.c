@@ -1,0 +1,590 @@
+/* test_tokenizer.c — the tokenizer without network: the bytes tokenizer,
+ * small byte-level BPE files written here (both merge encodings, GPT-2's file
+ * pair), merge order against a naive reference BPE on random words, the
+ * hand-written split patterns against PCRE2 on random text, NFC, added and
+ * special tokens, chat templates, decoding of invalid UTF-8, and bad input
+ * (missing model, unknown merge token, oversize file, ...).  The real
+ * vocabularies are checked against their JavaScript encoders in
+ * test_tokenizer_oracle.c. */
+#include <cjson/cJSON.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core.h"
+#include "tok_impl.h"
+#include "tokenizer.h"
+#include "t.h"
+
+static char tmpdir[] = "/tmp/rl-tok-test.XXXXXX";
+
+static uint64_t rng_s = 0x1234567;
+static uint32_t
+rnd(uint32_t n)
+{
+	rng_s = rng_s * 6364136223846793005ull + 1442695040888963407ull;
+	return (uint32_t)(rng_s >> 33) % n;
+}
+
+static char *
+tpath(const char *sub, const char *name)
+{
+	static char buf[4][512];
+	static int k;
+	char *p = buf[k++ & 3];
+	snprintf(p, 512, "%s/%s%s%s", tmpdir, sub, *sub ? "/" : "", name);
+	return p;
+}
+
+static void
+write_file(const char *path, const char *s, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f || fwrite(s, 1, n, f) != n || fclose(f) != 0) {
+		perror(path);
+		exit(1);
+	}
+}
+
+static void
+mkd(const char *sub)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "mkdir -p '%s'", tpath(sub, ""));
+	if (system(cmd) != 0)
+		exit(1);
+}
+
+/* Byte-level spelling of raw bytes. */
+static char *
+bl(const char *raw, size_t n)
+{
+	char *o = rl_xmalloc(n * 2 + 1), *p = o;
+	for (size_t i = 0; i < n; i++) {
+		uint32_t cp = rli_byte_to_cp((uint8_t)raw[i]);
+		if (cp < 0x80) {
+			*p++ = (char)cp;
+		} else {
+			*p++ = (char)(0xc0 | (cp >> 6));
+			*p++ = (char)(0x80 | (cp & 0x3f));
+		}
+	}
+	*p = 0;
+	return o;
+}
+
+/* A byte-level BPE tokenizer.json: the 256 bytes as ids 0..255, then one
+ * token per merge (raw strings, in rank order).  PAIRS: 1 = ["a","b"] merges,
+ * 0 = "a b" strings.  EXTRA is spliced into the top-level object. */
+static void
+write_bpe(const char *file, const char *const *ml, const char *const *mr, int nm, int pairs, const char *extra,
+	  int nfc)
+{
+	cJSON *root = cJSON_CreateObject(), *model = cJSON_CreateObject(), *vocab = cJSON_CreateObject();
+	cJSON *merges = cJSON_CreateArray();
+	int id = 0;
+	for (int b = 0; b < 256; b++) {
+		char c = (char)b, *s = bl(&c, 1);
+		cJSON_AddNumberToObject(vocab, s, id++);
+		free(s);
+	}
+	for (int i = 0; i < nm; i++) {
+		char *a = bl(ml[i], strlen(ml[i])), *b = bl(mr[i], strlen(mr[i]));
+		char *ab = rl_xmalloc(strlen(a) + strlen(b) + 2);
+		sprintf(ab, "%s%s", a, b);
+		if (!cJSON_GetObjectItemCaseSensitive(vocab, ab))
+			cJSON_AddNumberToObject(vocab, ab, id++);
+		if (pairs) {
+			cJSON *p = cJSON_CreateArray();
+			cJSON_AddItemToArray(p, cJSON_CreateString(a));
+			cJSON_AddItemToArray(p, cJSON_CreateString(b));
+			cJSON_AddItemToArray(merges, p);
+		} else {
+			sprintf(ab, "%s %s", a, b);
+			cJSON_AddItemToArray(merges, cJSON_CreateString(ab));
+		}
+		free(a);
+		free(b);
+		free(ab);
+	}
+	cJSON_AddStringToObject(model, "type", "BPE");
+	cJSON_AddItemToObject(model, "vocab", vocab);
+	cJSON_AddItemToObject(model, "merges", merges);
+	cJSON_AddItemToObject(root, "model", model);
+	if (nfc)
+		cJSON_AddItemToObject(root, "normalizer", cJSON_Parse("{\"type\":\"NFC\"}"));
+	cJSON_AddItemToObject(root, "pre_tokenizer",
+			      cJSON_Parse("{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}"));
+	cJSON_AddItemToObject(root, "decoder", cJSON_Parse("{\"type\":\"ByteLevel\"}"));
+	if (extra) {
+		cJSON *x = cJSON_Parse(extra);
+		for (cJSON *c = x->child; c;) {
+			cJSON *nx = c->next;
+			cJSON_AddItemToObject(root, c->string, cJSON_DetachItemViaPointer(x, c));
+			c = nx;
+		}
+		cJSON_Delete(x);
+	}
+	char *s = cJSON_Print(root);
+	write_file(file, s, strlen(s));
+	free(s);
+	cJSON_Delete(root);
+}
+
+static int
+enc(rl_tokenizer *t, const char *s, int flags, int32_t *out, int max)
+{
+	rl_tokens v = { 0 };
+	int rv = rl_tokenizer_encode(&v, t, s, strlen(s), flags);
+	int n = rv ? -1 : (int)v.n;
+	for (int i = 0; i < n && i < max; i++)
+		out[i] = v.ids[i];
+	rl_tokens_fini(&v);
+	return n;
+}
+
+static int
+roundtrip(rl_tokenizer *t, const char *s, size_t n, int flags)
+{
+	rl_tokens v = { 0 };
+	char *d = NULL;
+	size_t dl = 0;
+	int ok = rl_tokenizer_encode(&v, t, s, n, flags) == 0 &&
+		 rl_tokenizer_decode(&d, &dl, t, v.ids, v.n, 0) == 0 && dl == n && memcmp(d, s, n) == 0;
+	free(d);
+	rl_tokens_fini(&v);
+	return ok;
+}
+
+static void
+test_bytes(void)
+{
+	rl_tokenizer *t = NULL;
+	int32_t ids[64];
+	mkd("bytes");
+	write_file(tpath("bytes", "tokenizer.json"), rl_tokenizer_bytes_json(), strlen(rl_tokenizer_bytes_json()));
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("bytes", "")), 0);
+	if (!t)
+		return;
+	T_EQ_STR(rl_tokenizer_kind(t), "bytes");
+	T_EQ_INT(rl_tokenizer_vocab_size(t), 261);
+	T_EQ_INT(rl_tokenizer_bos_id(t), 256);
+	T_EQ_INT(rl_tokenizer_eos_id(t), 257);
+	T_EQ_INT(rl_tokenizer_pad_id(t), 258);
+	T_EQ_INT(rl_tokenizer_chat_template(t), RL_CHAT_CHATML);
+	T_EQ_INT(enc(t, "hi<|eos|>", RL_TOK_SPECIAL, ids, 64), 3);
+	T_EQ_INT(ids[0], 'h');
+	T_EQ_INT(ids[2], 257);
+	T_EQ_INT(enc(t, "hi<|eos|>", 0, ids, 64), 9);
+	T_EQ_INT(ids[2], '<');
+	T_OK(rl_tokenizer_is_special(t, 259) && !rl_tokenizer_is_special(t, 'a'), "%s", "check");
+	T_OK(roundtrip(t, "\xff\x00\xc3(\xe2\x82 ok <|im_end|>", 21, RL_TOK_SPECIAL), "%s", "check");
+
+	rl_chat_msg m[2] = { { "system", "be brief" }, { "user", "hi <|im_end|>" } };
+	rl_tokens v = { 0 };
+	char *text = NULL;
+	size_t len;
+	T_EQ_INT(rl_tokenizer_render_chat(&text, &len, t, m, 2, RL_CHAT_AUTO, RL_TOK_GEN_PROMPT), 0);
+	T_EQ_STR(text, "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi <|im_end|><|im_end|>\n"
+		       "<|im_start|>assistant\n");
+	free(text);
+	T_EQ_INT(rl_tokenizer_apply_chat(&v, t, m, 2, RL_CHAT_AUTO, RL_TOK_GEN_PROMPT), 0);
+	/* 259 "system\nbe brief" 260 "\n" 259 "user\nhi <|im_end|>" 260 "\n" 259 "assistant\n" */
+	T_EQ_INT(v.n, 1 + 15 + 1 + 1 + 1 + 18 + 1 + 1 + 1 + 10);
+	int specials = 0;
+	for (size_t i = 0; i < v.n; i++)
+		specials += v.ids[i] >= 256;
+	T_EQ_INT(specials, 5); /* the user's "<|im_end|>" stays text */
+	T_EQ_INT(v.ids[0], 259);
+	T_EQ_INT(v.ids[v.n - 11], 259);
+	v.n = 0;
+	T_EQ_INT(rl_tokenizer_apply_chat(&v, t, m + 1, 1, RL_CHAT_AUTO, RL_TOK_SPECIAL), 0);
+	T_EQ_INT(v.n, 1 + 8 + 1 + 1 + 1); /* content's <|im_end|> is a token when allowed */
+	v.n = 0;
+	T_EQ_INT(rl_tokenizer_apply_chat(&v, t, m + 1, 1, RL_CHAT_PLAIN, RL_TOK_GEN_PROMPT), 0);
+	T_EQ_INT(v.ids[0], 256);
+	T_EQ_INT(v.n, 1 + strlen("user: hi <|im_end|>\nassistant:"));
+	T_EQ_INT(rl_tokenizer_render_chat(&text, &len, t, m + 1, 1, RL_CHAT_PLAIN, RL_TOK_GEN_PROMPT), 0);
+	T_EQ_STR(text, "<|bos|>user: hi <|im_end|>\nassistant:");
+	free(text);
+	rl_tokens_fini(&v);
+
+	char *d;
+	int32_t bad[2] = { 65, 261 };
+	T_EQ_INT(rl_tokenizer_decode(&d, &len, t, bad, 2, 0), RL_EINVAL);
+	int32_t sk[3] = { 256, 65, 257 };
+	T_EQ_INT(rl_tokenizer_decode(&d, &len, t, sk, 3, RL_TOK_SKIP_SPECIAL), 0);
+	T_EQ_STR(d, "A");
+	free(d);
+	rl_tokenizer_close(t);
+}
+
+static void
+test_small_bpe(void)
+{
+	static const char *ml[] = { "h", "l", "he", "l", "hel", "a", "b" };
+	static const char *mr[] = { "e", "l", "l", "o", "lo", "b", "c" };
+	rl_tokenizer *t = NULL, *t2 = NULL;
+	int32_t a[64], b[64];
+	mkd("bpe");
+	mkd("bpe2");
+	write_bpe(tpath("bpe", "tokenizer.json"), ml, mr, 7, 0,
+		  "{\"added_tokens\":[{\"id\":300,\"content\":\"<|x|>\",\"special\":true},"
+		  "{\"id\":301,\"content\":\"<y>\",\"special\":false},"
+		  "{\"id\":302,\"content\":\"<|x|>>\",\"special\":true},"
+		  "{\"id\":303,\"content\":\"<s>\",\"special\":true,\"lstrip\":true,\"rstrip\":true}]}",
+		  1);
+	write_bpe(tpath("bpe2", "tokenizer.json"), ml, mr, 7, 1, NULL, 1);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("bpe", "tokenizer.json")), 0);
+	T_EQ_INT(rl_tokenizer_open(&t2, tpath("bpe2", "")), 0);
+	if (!t || !t2)
+		return;
+	T_EQ_INT(rl_tokenizer_vocab_size(t), 304);
+	/* lstrip/rstrip: the white space beside <s> goes */
+	T_EQ_INT(enc(t, "a \t<s>\n b", RL_TOK_SPECIAL, a, 64), 3);
+	T_EQ_INT(a[1], 303);
+	/* hello: "h e"(0) -> he, then "l l"(1) beats "he l"(2) and "l o"(3): he ll o */
+	T_EQ_INT(enc(t, "hello", 0, a, 64), 3);
+	T_EQ_INT(a[0], rl_tokenizer_lookup(t, "he", 2));
+	T_EQ_INT(a[1], rl_tokenizer_lookup(t, "ll", 2));
+	T_EQ_INT(a[2], 'o');
+	/* helo: he, then "he l"(2) beats "l o"(3): hel o; "hel lo" never gets its chance */
+	T_EQ_INT(enc(t, "helo", 0, a, 64), 2);
+	T_EQ_INT(enc(t2, "helo", 0, b, 64), 2); /* the ["a","b"] merge encoding: same ids */
+	T_OK(a[0] == b[0] && a[1] == b[1], "%s", "check");
+	T_EQ_INT(a[0], rl_tokenizer_lookup(t, "hel", 3));
+	T_EQ_INT(enc(t, "hlo", 0, a, 64), 2); /* h lo */
+	T_EQ_INT(a[1], rl_tokenizer_lookup(t, "lo", 2));
+	T_EQ_INT(enc(t, "abc", 0, a, 64), 2); /* "a b" ranks before "b c" */
+	T_EQ_INT(a[0], rl_tokenizer_lookup(t, "ab", 2));
+	/* added tokens: longest match; special only when allowed; non-special always */
+	T_EQ_INT(enc(t, "x<|x|>>y<y>", RL_TOK_SPECIAL, a, 64), 4);
+	T_EQ_INT(a[1], 302);
+	T_EQ_INT(a[3], 301);
+	T_EQ_INT(enc(t, "x<|x|>y", 0, a, 64), 7); /* pieces x <| x |> y, no merges */
+	T_OK(!rl_tokenizer_is_special(t, 301) && rl_tokenizer_is_special(t, 300), "%s", "check");
+	/* NFC: e + U+0301 encodes as é */
+	T_EQ_INT(enc(t, "e\xcc\x81", 0, a, 64), enc(t, "\xc3\xa9", 0, b, 64));
+	T_OK(a[0] == b[0] && a[1] == b[1], "%s", "check");
+	T_EQ_INT(enc(t2, "caf\xc3\xa9 \xff\xfe", 0, a, 64), 8);
+	const char *rt = "he said \xe2\x82 \xc3\xa9\xff\xfe\xfd 'll 're hello<|x|> <y>";
+	T_OK(roundtrip(t, rt, strlen(rt), 0), "%s", "check");
+	T_OK(roundtrip(t, rt, strlen(rt), RL_TOK_SPECIAL), "%s", "check");
+	rl_tokenizer_close(t);
+	rl_tokenizer_close(t2);
+}
+
+static void
+write_encoder(const char *sub)
+{
+	cJSON *v = cJSON_CreateObject();
+	for (int b = 0; b < 256; b++) {
+		char c = (char)b, *s = bl(&c, 1);
+		cJSON_AddNumberToObject(v, s, b);
+		free(s);
+	}
+	cJSON_AddNumberToObject(v, "\xc4\xa0t", 256); /* "Ġt" */
+	cJSON_AddNumberToObject(v, "\xc4\xa0th", 257);
+	cJSON_AddNumberToObject(v, "<|endoftext|>", 258);
+	char *s = cJSON_Print(v);
+	write_file(tpath(sub, "encoder.json"), s, strlen(s));
+	free(s);
+	cJSON_Delete(v);
+}
+
+/* GPT-2's own file pair: encoder.json + vocab.bpe. */
+static void
+test_gpt2_files(void)
+{
+	rl_tokenizer *t = NULL;
+	int32_t a[64];
+	mkd("gpt2");
+	write_encoder("gpt2");
+	const char *bpe = "#version: 0.2\n\xc4\xa0 t\n\xc4\xa0t h\n";
+	write_file(tpath("gpt2", "vocab.bpe"), bpe, strlen(bpe));
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("gpt2", "")), 0);
+	if (!t)
+		return;
+	T_EQ_INT(enc(t, "a th", 0, a, 64), 2);
+	T_EQ_INT(a[1], 257);
+	T_EQ_INT(enc(t, "<|endoftext|>", RL_TOK_SPECIAL, a, 64), 1);
+	T_EQ_INT(a[0], 258);
+	T_EQ_INT(rl_tokenizer_eos_id(t), 258);
+	T_OK(enc(t, "<|endoftext|>", 0, a, 64) > 1, "%s", "check");
+	rl_tokenizer_close(t);
+	rl_tokenizer *t2 = NULL;
+	T_EQ_INT(rl_tokenizer_open(&t2, tpath("gpt2", "encoder.json")), 0);
+	rl_tokenizer_close(t2);
+}
+
+/* Reference BPE: repeatedly merge the lowest-ranked adjacent pair (leftmost
+ * on ties), one occurrence at a time.  O(n^2); checks the heap version. */
+static int
+naive_bpe(char **sym, int n, char *const *ml, char *const *mr, int nm)
+{
+	for (;;) {
+		int best = -1, at = -1;
+		for (int i = 0; i + 1 < n; i++)
+			for (int r = 0; r < nm && (best < 0 || r < best); r++)
+				if (strcmp(sym[i], ml[r]) == 0 && strcmp(sym[i + 1], mr[r]) == 0) {
+					best = r;
+					at = i;
+				}
+		if (best < 0)
+			return n;
+		char *m = rl_xmalloc(strlen(sym[at]) + strlen(sym[at + 1]) + 1);
+		sprintf(m, "%s%s", sym[at], sym[at + 1]);
+		free(sym[at]);
+		free(sym[at + 1]);
+		sym[at] = m;
+		memmove(sym + at + 1, sym + at + 2, (size_t)(n - at - 2) * sizeof(*sym));
+		n--;
+	}
+}
+
+static void
+test_merge_order(void)
+{
+	enum { NM = 60 };
+	char *ml[NM], *mr[NM], *toks[NM + 3] = { "a", "b", "c" };
+	int nt = 3, nm = 0;
+	while (nm < NM) {
+		char *x = toks[rnd((uint32_t)nt)], *y = toks[rnd((uint32_t)nt)];
+		char xy[64];
+		if (strlen(x) + strlen(y) > 10)
+			continue;
+		snprintf(xy, sizeof(xy), "%s%s", x, y);
+		int dup = 0;
+		for (int i = 0; i < nt; i++)
+			dup |= strcmp(toks[i], xy) == 0;
+		if (dup)
+			continue;
+		ml[nm] = x;
+		mr[nm] = y;
+		toks[nt++] = rl_xstrdup(xy);
+		nm++;
+	}
+	mkd("merge");
+	write_bpe(tpath("merge", "tokenizer.json"), (const char *const *)ml, (const char *const *)mr, nm, 1, NULL, 0);
+	rl_tokenizer *t = NULL;
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("merge", "")), 0);
+	if (!t)
+		return;
+	int bad = 0;
+	for (int w = 0; w < 400; w++) {
+		int n = w == 0 ? 2500 : 1 + (int)rnd(w < 200 ? 12 : 300);
+		char *word = rl_xmalloc((size_t)n + 1);
+		char **sym = rl_xmalloc((size_t)n * sizeof(*sym));
+		for (int i = 0; i < n; i++) {
+			word[i] = "abc"[rnd(w % 2 ? 3 : 2)];
+			sym[i] = rl_xmalloc(2);
+			sym[i][0] = word[i];
+			sym[i][1] = 0;
+		}
+		word[n] = 0;
+		int k = naive_bpe(sym, n, ml, mr, nm);
+		rl_tokens v = { 0 };
+		T_EQ_INT(rl_tokenizer_encode(&v, t, word, (size_t)n, 0), 0);
+		int same = (int)v.n == k;
+		for (int i = 0; same && i < k; i++)
+			same = v.ids[i] == rl_tokenizer_lookup(t, sym[i], strlen(sym[i]));
+		if (!same && bad++ < 3)
+			fprintf(stderr, "FAIL merge order: word %d '%.60s' (%d bytes): %zu ids, reference %d\n", w, word,
+				n, v.n, k);
+		for (int i = 0; i < k; i++)
+			free(sym[i]);
+		free(sym);
+		free(word);
+		rl_tokens_fini(&v);
+	}
+	T_EQ_INT(bad, 0);
+	for (int i = 3; i < nt; i++)
+		free(toks[i]);
+	rl_tokenizer_close(t);
+}
+
+/* The hand-written GPT-2 and Qwen2 matchers against PCRE2 running the same
+ * patterns.  The alphabet leaves out U+0085, U+180E and U+FEFF, the three
+ * code points where PCRE2's \s and ECMAScript's \s (ours) disagree, and
+ * invalid UTF-8, which PCRE2 cannot match. */
+static void
+test_split(void)
+{
+	static const char *alpha[] = {
+		"a", "Z", "s", "t", "re", "ve", "ll", "d", "m", "S", "LL", "'", "'", "1", "9", "\xd9\xa3" /* ٣ */,
+		"\xe2\x85\xab" /* Ⅻ */, " ", " ", " ", "  ", "\t", "\n", "\r", "\r\n", "\xc2\xa0", "\xe3\x80\x80",
+		"\xe2\x80\xa8", "\x0b", ".", ",", "!", "(", ")", "-", "_", "\xe2\x80\x94", "\xc3\xa9", "\xd0\x96",
+		"\xe4\xbd\xa0", "\xe5\xa5\xbd", "\xea\xb0\x80", "\xf0\x9f\x98\x80", "\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd",
+		"\xcc\x81" /* combining acute: Mn, neither L nor N */, "\xe0\xa4\xbe" /* Mc */, "\xc2\xb2" /* No */,
+		"\xf0\xa0\x80\x80" /* CJK ext B */, "$", "<", "|", ">", "\x01",
+	};
+	const char *pats[2] = { rli_tok_gpt2_pattern, rli_tok_qwen2_pattern };
+	for (int p = 0; p < 2; p++) {
+		rli_splitter hand, re;
+		T_EQ_INT(rli_splitter_init(&hand, pats[p], 0), 0);
+		T_EQ_INT(rli_splitter_init(&re, pats[p], 1), 0);
+		T_EQ_INT(hand.kind, p ? RLI_SPLIT_QWEN2 : RLI_SPLIT_GPT2);
+		T_EQ_INT(re.kind, RLI_SPLIT_PCRE2);
+		uint32_t *e1 = NULL, *e2 = NULL;
+		size_t n1, n2, c1 = 0, c2 = 0;
+		int bad = 0;
+		char buf[1024];
+		for (int k = 0; k < 20000; k++) {
+			size_t len = 0;
+			int parts = 1 + (int)rnd(k < 10000 ? 8 : 40);
+			for (int i = 0; i < parts; i++) {
+				const char *x = alpha[rnd(RL_ARRAY_LEN(alpha))];
+				int rep = rnd(6) == 0 ? 1 + (int)rnd(20) : 1;
+				for (int r = 0; r < rep && len + strlen(x) < sizeof(buf); r++) {
+					memcpy(buf + len, x, strlen(x));
+					len += strlen(x);
+				}
+			}
+			n1 = n2 = 0;
+			T_EQ_INT(rli_split(&hand, (const uint8_t *)buf, len, &e1, &n1, &c1), 0);
+			T_EQ_INT(rli_split(&re, (const uint8_t *)buf, len, &e2, &n2, &c2), 0);
+			if ((n1 != n2 || memcmp(e1, e2, n1 * sizeof(*e1)) != 0) && bad++ < 3)
+				fprintf(stderr, "FAIL split (%s): '%.*s': %zu pieces, PCRE2 %zu\n", p ? "qwen2" : "gpt2",
+					(int)len, buf, n1, n2);
+		}
+		T_EQ_INT(bad, 0);
+		/* Known splits. */
+		const char *s = p ? "I'M  going\n\n  to 123 (x)" : "I'M  going\n\n  to 123 (x)";
+		n1 = 0;
+		rli_split(&hand, (const uint8_t *)s, strlen(s), &e1, &n1, &c1);
+		/* gpt2: I ' M ␠ ␠going \n\n␠ ␠to ␠123 ␠( x ) ; qwen2: I 'M ␠ ␠going \n\n ␠ ␠to ␠ 1 2 3 ␠( x ) */
+		T_EQ_INT(n1, p ? 14 : 11);
+		T_EQ_INT(e1[p ? 4 : 5], p ? 12 : 13); /* qwen2 keeps "\n\n", gpt2 takes "\n\n " */
+		free(e1);
+		free(e2);
+		rli_splitter_fini(&hand);
+		rli_splitter_fini(&re);
+	}
+	rli_splitter bad;
+	T_EQ_INT(rli_splitter_init(&bad, "(unclosed", 0), RL_EFORMAT);
+}
+
+static void
+test_nfc(void)
+{
+	uint8_t *o = NULL;
+	size_t n;
+	T_EQ_INT(rli_nfc((const uint8_t *)"plain ascii", 11, &o, &n), 0);
+	T_EQ_INT(rli_nfc((const uint8_t *)"\xe4\xbd\xa0\xe5\xa5\xbd \xc3\xa9", 9, &o, &n), 0);
+	T_EQ_INT(rli_nfc((const uint8_t *)"e\xcc\x81\xff", 4, &o, &n), 1);
+	T_OK(n == 3 && memcmp(o, "\xc3\xa9\xff", 3) == 0, "%s", "check");
+	free(o);
+	/* Hangul jamo compose; an invalid byte in the middle stays put */
+	T_EQ_INT(rli_nfc((const uint8_t *)"\xe1\x84\x80\xe1\x85\xa1\x80x", 8, &o, &n), 1);
+	T_OK(n == 5 && memcmp(o, "\xea\xb0\x80\x80x", 5) == 0, "%s", "check");
+	free(o);
+}
+
+/* Bad input: each is refused with the right code (the messages go to stderr). */
+static void
+test_bad(void)
+{
+	rl_tokenizer *t = NULL;
+	static const char *ml[] = { "a" }, *mr[] = { "b" };
+	mkd("bad");
+	const char *nomodel = "{\"version\":\"1.0\",\"added_tokens\":[]}";
+	write_file(tpath("bad", "nomodel.json"), nomodel, strlen(nomodel));
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "nomodel.json")), RL_EFORMAT);
+	T_OK(t == NULL, "%s", "check");
+
+	/* a merge naming a token that is not in the vocabulary */
+	write_bpe(tpath("bad", "unk.json"), ml, mr, 1, 0, "{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}", 0);
+	write_bpe(tpath("bad", "good.json"), ml, mr, 1, 0, NULL, 0);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "good.json")), 0);
+	rl_tokenizer_close(t);
+	{
+		cJSON *r = cJSON_Parse("{}");
+		FILE *f = fopen(tpath("bad", "good.json"), "rb");
+		char buf[65536];
+		size_t k = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[k] = 0;
+		cJSON_Delete(r);
+		r = cJSON_Parse(buf);
+		cJSON *m = cJSON_GetObjectItem(cJSON_GetObjectItem(r, "model"), "merges");
+		cJSON_ReplaceItemInArray(m, 0, cJSON_CreateString("a zz"));
+		char *s = cJSON_Print(r);
+		write_file(tpath("bad", "unk.json"), s, strlen(s));
+		free(s);
+		T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "unk.json")), RL_EFORMAT);
+		cJSON_ReplaceItemInArray(m, 0, cJSON_CreateString("ab"));
+		s = cJSON_Print(r);
+		write_file(tpath("bad", "onetoken.json"), s, strlen(s));
+		free(s);
+		T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "onetoken.json")), RL_EFORMAT);
+		cJSON_ReplaceItemInArray(m, 0, cJSON_Parse("[\"a\",\"b\",\"c\"]"));
+		s = cJSON_Print(r);
+		write_file(tpath("bad", "triple.json"), s, strlen(s));
+		free(s);
+		T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "triple.json")), RL_EFORMAT);
+		cJSON_ReplaceItemInArray(m, 0, cJSON_Parse("[\"a\",\"b\"]"));
+		cJSON_DeleteItemFromObject(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "model"), "vocab"), "A");
+		s = cJSON_Print(r);
+		write_file(tpath("bad", "nobyte.json"), s, strlen(s));
+		free(s);
+		T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "nobyte.json")), RL_EFORMAT);
+		cJSON_ReplaceItemInObject(cJSON_GetObjectItem(r, "model"), "type", cJSON_CreateString("WordPiece"));
+		s = cJSON_Print(r);
+		write_file(tpath("bad", "wp.json"), s, strlen(s));
+		free(s);
+		T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "wp.json")), RL_ENOTSUP);
+		cJSON_Delete(r);
+	}
+	write_file(tpath("bad", "trunc.json"), "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0", 40);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "trunc.json")), RL_EFORMAT);
+	/* over the size limit: a sparse file, refused before it is read */
+	FILE *f = fopen(tpath("bad", "huge.json"), "wb");
+	T_OK(f && ftruncate(fileno(f), (off_t)RL_TOKENIZER_MAX_FILE + 1) == 0, "%s", "check");
+	fclose(f);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "huge.json")), RL_ETOOBIG);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "missing.json")), RL_ENOENT);
+	mkd("empty");
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("empty", "")), RL_ENOENT);
+	const char *bytes_def = "{\"model\":{\"type\":\"rlpipe-bytes\"}}";
+	write_file(tpath("bad", "bytesdef.json"), bytes_def, strlen(bytes_def));
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "bytesdef.json")), 0);
+	if (t) {
+		T_EQ_INT(rl_tokenizer_vocab_size(t), 261); /* the default specials */
+		T_EQ_INT(rl_tokenizer_eos_id(t), 257);
+		rl_tokenizer_close(t);
+		t = NULL;
+	}
+	const char *bytes_bad = "{\"model\":{\"type\":\"rlpipe-bytes\"},\"added_tokens\":[{\"id\":3,\"content\":\"<x>\"}]}";
+	write_file(tpath("bad", "bytes.json"), bytes_bad, strlen(bytes_bad));
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("bad", "bytes.json")), RL_EFORMAT);
+	mkd("badgpt2");
+	write_encoder("badgpt2");
+	write_file(tpath("badgpt2", "vocab.bpe"), "#version: 0.2\n\xc4\xa0 t\nab\n", 22);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("badgpt2", "")), RL_EFORMAT);
+	rl_tokenizer_close(NULL);
+}
+
+int
+main(void)
+{
+	T_BEGIN("test_tokenizer");
+	rl_log_init("test_tokenizer", RL_LOG_QUIET);
+	if (!mkdtemp(tmpdir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	test_bytes();
+	test_small_bpe();
+	test_gpt2_files();
+	test_merge_order();
+	test_split();
+	test_nfc();
+	test_bad();
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "cannot remove %s\n", tmpdir);
+	T_END();
+}
