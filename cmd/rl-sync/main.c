@@ -26,7 +26,7 @@
 static const char usage_text[] =
 	"usage: rl-sync serve --listen URL [--data-dir DIR] [--keep-previous] [--threads N]\n"
 	"       rl-sync push URL CKPT_DIR [--version N] [--delta BASE_DIR] [--level L] [--chunk MIB]\n"
-	"       rl-sync pull URL --out DIR [--wait] [--follow] [--keep K] [--version N]\n"
+	"       rl-sync pull URL --out DIR [--wait] [--follow] [--keep K] [--version N] [--stored]\n"
 	"       rl-sync status URL [--json]\n"
 	"       rl-sync publish DIR CKPT_DIR --version N [--keep K]\n"
 	"common: [--timeout MS] [--parallel N] [-q] [-v] [--help]\n";
@@ -54,6 +54,7 @@ static const char help_text[] =
 	"  -w, --wait             pull: wait for a version if the server has none yet\n"
 	"  -f, --follow           pull: keep pulling each new version (as a delta when possible)\n"
 	"  -k, --keep K           pull/publish: versions kept in DIR (default 2)\n"
+	"  -S, --stored           pull: whole chunks uncompressed (fast links; deltas stay compressed)\n"
 	"  -j, --json             status: print JSON\n"
 	"  -T, --timeout MS       per-request timeout (default 10000)\n"
 	"  -P, --parallel N       chunks in flight (default 4)\n"
@@ -75,6 +76,7 @@ static const struct option longopts[] = {
 	{ "follow", no_argument, NULL, 'f' },
 	{ "keep", required_argument, NULL, 'k' },
 	{ "json", no_argument, NULL, 'j' },
+	{ "stored", no_argument, NULL, 'S' },
 	{ "timeout", required_argument, NULL, 'T' },
 	{ "parallel", required_argument, NULL, 'P' },
 	{ "quiet", no_argument, NULL, 'q' },
@@ -85,7 +87,7 @@ static const struct option longopts[] = {
 
 typedef struct cfg {
 	const char *cmd, *url, *dir, *ckpt, *listen, *data_dir, *out, *delta;
-	int keep_previous, threads, level, wait, follow, keep, json, timeout, parallel, verbosity;
+	int keep_previous, threads, level, wait, follow, keep, json, stored, timeout, parallel, verbosity;
 	unsigned long long version;
 	size_t chunk;
 } cfg;
@@ -167,6 +169,7 @@ client_opts(const cfg *c)
 	o.parallel = c->parallel;
 	o.level = c->level;
 	o.chunk = c->chunk;
+	o.stored = c->stored;
 	return o;
 }
 
@@ -382,7 +385,7 @@ main(int argc, char **argv)
 
 	c.verbosity = RL_LOG_NORMAL;
 	rl_log_init("rl-sync", RL_LOG_NORMAL);
-	while ((opt = getopt_long(argc, argv, "l:d:pt:n:D:L:c:o:wfk:jT:P:qvh", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "l:d:pt:n:D:L:c:o:wfk:jST:P:qvh", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'l': c.listen = optarg; break;
 		case 'd': c.data_dir = optarg; break;
@@ -417,6 +420,7 @@ main(int argc, char **argv)
 			c.keep = (int)v;
 			break;
 		case 'j': c.json = 1; break;
+		case 'S': c.stored = 1; break;
 		case 'T':
 			if (num(optarg, 1, 86400000, &v))
 				return usage("--timeout: want milliseconds >= 1, not '%s'", optarg);

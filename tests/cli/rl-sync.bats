@@ -185,6 +185,8 @@ bump() {
 	cmp "$T/ck/model.safetensors" "$T/out/latest/model.safetensors"
 	run rl-sync status "$URL" --json
 	[ "$(echo "$output" | jq .latest)" = 1 ]
+	rl-sync pull "$URL" --out "$T/out2" --stored
+	cmp "$T/ck/model.safetensors" "$T/out2/latest/model.safetensors"
 }
 
 @test "publish: the file transport makes versions appear atomically and prunes" {
