@@ -755,9 +755,10 @@ manifest_encode(uint8_t **out, size_t *outn, const rl_wver *v, uint32_t chunk, u
  * if zero=1), unverified blobs and the expected hashes. */
 static int
 manifest_decode(rl_wver **out, uint32_t *chunk, uint64_t *delta_base, const uint8_t *p, size_t n, const char **why,
-		int alloc)
+		int alloc, uint64_t limit)
 {
 	rl_wver *v = NULL;
+	uint64_t total = 0;
 	size_t off = 40;
 	uint32_t nb;
 	int rv;
@@ -812,8 +813,8 @@ manifest_decode(rl_wver **out, uint32_t *chunk, uint64_t *delta_base, const uint
 		}
 		off += 2 + nl;
 		size = get64(p + off + 2);
-		if (size > ((uint64_t)1 << 46)) {
-			*why = "blob size over 64 TiB in manifest";
+		if (size > limit || (total += size) > limit) {
+			*why = "version larger than this side's limit (max_bytes)";
 			rv = RL_ETOOBIG;
 			goto fail;
 		}
@@ -1224,7 +1225,7 @@ do_push_begin(rl_wsync_server *s, const whdr *h)
 	sver *x = NULL, *old = NULL;
 	int rv;
 
-	if ((rv = manifest_decode(&v, &chunk, &base, h->body, h->bodyn, &why, 1)) != 0)
+	if ((rv = manifest_decode(&v, &chunk, &base, h->body, h->bodyn, &why, 1, s->o.max_bytes)) != 0)
 		return reply_err(OP_PUSH_BEGIN, rv, h->version, "%s", why);
 	if (v->version == 0 || v->version != h->version) {
 		rl_wver_destroy(v);
@@ -1716,6 +1717,15 @@ rl_wsync_server_close(rl_wsync_server *s)
 	free(s);
 }
 
+/* half the machine's memory: what one version may claim in a manifest */
+static uint64_t
+default_max_bytes(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+
+	return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 2 : (uint64_t)1 << 34;
+}
+
 static int
 nng_err(int r, const char *what, const char *url)
 {
@@ -1740,6 +1750,7 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 	s->o.threads = o->threads > 0 ? o->threads : 4;
 	s->o.max_msg = o->max_msg ? o->max_msg : RL_WSYNC_CHUNK_MAX + 65536;
 	s->o.level = o->level ? o->level : 1;
+	s->o.max_bytes = o->max_bytes ? o->max_bytes : default_max_bytes();
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->cv, NULL);
 	pthread_cond_init(&s->tcv, NULL);
@@ -1829,6 +1840,8 @@ rl_wsync_client_open(rl_wsync_client **out, const char *url, const rl_wsync_clie
 		c->o.retries = 3;
 	if (c->o.max_msg == 0)
 		c->o.max_msg = RL_WSYNC_CHUNK_MAX + 65536;
+	if (c->o.max_bytes == 0)
+		c->o.max_bytes = default_max_bytes();
 	c->url = rl_xstrdup(url);
 	c->sock = (nng_socket)NNG_SOCKET_INITIALIZER;
 	if (c->o.chunk < RL_WSYNC_PIECE || c->o.chunk > RL_WSYNC_CHUNK_MAX || c->o.chunk % RL_WSYNC_PIECE) {
@@ -2244,7 +2257,7 @@ fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const r
 		}
 		return net_fail(c, rv, "fetch");
 	}
-	rv = manifest_decode(&v, &chunk, &db, h.body, h.bodyn, &why, dst == NULL);
+	rv = manifest_decode(&v, &chunk, &db, h.body, h.bodyn, &why, dst == NULL, c->o.max_bytes);
 	nng_msg_free(m);
 	if (rv != 0) {
 		rl_error("fetch: '%s': %s", c->url, why);

@@ -119,6 +119,7 @@ typedef struct rl_wsync_server_opts {
 	int threads;           /* worker threads; 0 -> 4 */
 	size_t max_msg;        /* NNG_OPT_RECVMAXSZ; 0 -> RL_WSYNC_CHUNK_MAX + 64 KiB */
 	int level;             /* zstd level for encodings the server makes; 0 -> 1 */
+	uint64_t max_bytes;    /* largest version accepted; 0 -> half the physical memory */
 } rl_wsync_server_opts;
 
 /* rl_wsync_server_open starts serving in background threads.  With data_dir
@@ -148,6 +149,7 @@ typedef struct rl_wsync_client_opts {
 	int stored;           /* fetch: ask for whole chunks uncompressed (deltas stay
 	                       * compressed); faster on loopback and fast LANs */
 	size_t max_msg;       /* NNG_OPT_RECVMAXSZ; 0 -> RL_WSYNC_CHUNK_MAX + 64 KiB */
+	uint64_t max_bytes;   /* largest version fetched; 0 -> half the physical memory */
 } rl_wsync_client_opts;
 
 /* rl_wsync_client_open dials url (non-blocking dial: a server that starts

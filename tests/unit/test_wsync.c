@@ -398,6 +398,25 @@ test_hostile(void)
 	rn = sizeof rep;
 	T_EQ_INT(raw_req(sk, req, 64, rep, &rn), 0);
 	T_EQ_INT(rep_status(rep), RL_EFORMAT);
+	/* a manifest that claims more than the server's max_bytes */
+	{
+		uint8_t man[40 + 2 + 1 + 18 + 80 * 8 + 40];
+		memset(man, 0, sizeof man);
+		memcpy(man, req, 40);
+		memcpy(man + 40, "RLWM", 4);
+		man[44] = 1;
+		man[48] = 50;          /* version */
+		man[40 + 34] = 0x40;   /* chunk size 4 MiB (u32 at 32) */
+		man[40 + 36] = 1;      /* one blob */
+		man[80] = 1;           /* name length */
+		man[82] = 'x';
+		man[83] = 1;           /* elem */
+		man[85 + 3] = 0x05;    /* size 80 MiB (u64 at 85) */
+		rn = sizeof rep;
+		T_EQ_INT(raw_req(sk, man, sizeof man, rep, &rn), 0);
+		T_EQ_INT(rep_status(rep), RL_ETOOBIG);
+		T_OK(rn > 40 && memmem(rep + 40, rn - 40, "max_bytes", 9) != NULL);
+	}
 	/* a chunk for a push that is not in progress */
 	req[6] = 6;
 	rn = sizeof rep;
@@ -432,6 +451,7 @@ test_service(void)
 	so.data_dir = dd;
 	so.keep_previous = 1;
 	so.max_msg = ((size_t)2 << 20) + 65536 + 4096; /* small, to test oversized messages */
+	so.max_bytes = (uint64_t)64 << 20;               /* and versions over the limit */
 	for (int tries = 0; tries < 5; tries++, port = 20000 + (port - 20000 + 7919) % 40000) {
 		snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port); /* the port may be taken: try others */
 		if (rl_wsync_server_open(&srv, &so) == RL_OK)
