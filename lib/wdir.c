@@ -152,6 +152,8 @@ manifest_json(const rl_wver *v)
 	cJSON_AddNumberToObject(j, "version", (double)v->version);
 	snprintf(hx, sizeof hx, "%016llx", (unsigned long long)v->hash);
 	cJSON_AddStringToObject(j, "hash", hx);
+	if (v->chunk)
+		cJSON_AddNumberToObject(j, "chunk", v->chunk);
 	arr = cJSON_AddArrayToObject(j, "blobs");
 	for (int i = 0; i < v->nblobs; i++) {
 		cJSON *o = cJSON_CreateObject();
@@ -213,6 +215,11 @@ check_manifest(rl_wver *v, const char *dir, const char *txt, size_t n, uint64_t 
 		goto out;
 	}
 	v->version = (uint64_t)it->valuedouble;
+	{
+		const cJSON *ck = cJSON_GetObjectItemCaseSensitive(j, "chunk");
+		if (cJSON_IsNumber(ck) && ck->valuedouble >= 0 && ck->valuedouble <= RL_WSYNC_CHUNK_MAX)
+			v->chunk = (uint32_t)ck->valuedouble;
+	}
 	cJSON_ArrayForEach(it, arr) {
 		const cJSON *nm = cJSON_GetObjectItemCaseSensitive(it, "name");
 		const cJSON *sz = cJSON_GetObjectItemCaseSensitive(it, "size");

@@ -965,6 +965,7 @@ sver_make(sver **out, rl_wver *v, uint32_t chunk)
 	    (x->delta = rl_try_calloc(x->nchunks + 1, sizeof(enc), "chunk table")) == NULL)
 		goto fail;
 	x->v = v;
+	v->chunk = chunk; /* persisted with the version: a restart keeps the chunk indices */
 	x->refs = 1;
 	*out = x;
 	return RL_OK;
@@ -1671,7 +1672,10 @@ server_load(rl_wsync_server *s)
 	}
 	{
 		sver *x;
-		if ((rv = sver_make(&x, v, RL_WSYNC_CHUNK_DEFAULT)) != 0) {
+		uint32_t ck = v->chunk;
+		if (ck < RL_WSYNC_PIECE || ck > RL_WSYNC_CHUNK_MAX || ck % RL_WSYNC_PIECE)
+			ck = RL_WSYNC_CHUNK_DEFAULT;
+		if ((rv = sver_make(&x, v, ck)) != 0) {
 			rl_wver_destroy(v);
 			return rv;
 		}
@@ -2073,6 +2077,13 @@ fetch_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i)
 			continue;
 		}
 		if (rv != RL_OK) {
+			if (m && rv == RL_EINVAL) {
+				/* chunk out of range: the server's chunking changed (a restart) */
+				rl_verbose("chunk %zu of version %llu: server says: %s", i,
+					   (unsigned long long)x->v->version, rep_text(&h, buf, sizeof buf));
+				nng_msg_free(m);
+				return RL_ESTALE;
+			}
 			if (m) {
 				/* ENOENT: the server moved on to a newer version; the caller fetches that */
 				if (rv == RL_ENOENT)
@@ -2088,7 +2099,13 @@ fetch_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i)
 			return rv;
 		}
 		rv = RL_EFORMAT;
-		if (h.bodyn >= CB_HDR && h.a == i && get64(h.body + 8) == cr->len) {
+		if (h.bodyn >= CB_HDR && h.a == i && get64(h.body + 8) != cr->len) {
+			rl_verbose("chunk %zu of version %llu: the server's chunking changed", i,
+				   (unsigned long long)x->v->version);
+			nng_msg_free(m);
+			return RL_ESTALE;
+		}
+		if (h.bodyn >= CB_HDR && h.a == i) {
 			flags = get32(h.body);
 			if (flags & RL_WENC_DELTA) {
 				if (x->base && h.b == x->base->version)
@@ -2307,18 +2324,27 @@ out:
 int
 rl_wsync_fetch(rl_wsync_client *c, rl_wver **out, uint64_t version, const rl_wver *base)
 {
+	int rv;
+
 	*out = NULL;
-	return fetch(c, out, NULL, version, base);
+	/* RL_ESTALE: the server restarted with other chunk indices; start over once */
+	if ((rv = fetch(c, out, NULL, version, base)) == RL_ESTALE)
+		rv = fetch(c, out, NULL, version, base);
+	return rv;
 }
 
 int
 rl_wsync_fetch_into(rl_wsync_client *c, rl_wver *dst, uint64_t version, const rl_wver *base)
 {
+	int rv;
+
 	if (dst == base) {
 		rl_error("fetch: the buffer and the delta base must differ");
 		return RL_EINVAL;
 	}
-	return fetch(c, NULL, dst, version, base);
+	if ((rv = fetch(c, NULL, dst, version, base)) == RL_ESTALE)
+		rv = fetch(c, NULL, dst, version, base);
+	return rv;
 }
 
 int

@@ -59,6 +59,8 @@ typedef struct rl_wver {
 	int nblobs;
 	rl_wblob *blobs;     /* owned array */
 	int borrowed;        /* 1: blob data belongs to the caller (rl_wver_add_blob copy=0) */
+	uint32_t chunk;      /* transfer chunk size a server serves it with (0: default);
+	                      * kept in rlsync.json so a restarted server keeps its chunking */
 } rl_wver;
 
 /* rl_wver_create: an empty version numbered `version`.  *out is owned by the

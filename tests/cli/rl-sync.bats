@@ -189,6 +189,22 @@ bump() {
 	cmp "$T/ck/model.safetensors" "$T/out2/latest/model.safetensors"
 }
 
+@test "a server killed mid-transfer and restarted: the puller carries on" {
+	head -c 9000000 /dev/urandom >"$T/ck/model.safetensors"
+	RL_WSYNC_TEST_SLOW_MS=150 serve --data-dir "$T/data"
+	rl-sync push "$URL" "$T/ck" --chunk 1
+	rl-sync pull "$URL" --out "$T/out" --parallel 1 3>&- 2>"$T/pull.err" &
+	P=$!
+	PIDS="$PIDS $P"
+	sleep 0.6
+	kill -9 "$SPID"
+	wait "$SPID" || true
+	[ ! -e "$T/out/latest" ]
+	RL_WSYNC_TEST_SLOW_MS=150 serve --data-dir "$T/data"
+	wait "$P"
+	cmp "$T/ck/model.safetensors" "$T/out/latest/model.safetensors"
+}
+
 @test "publish: the file transport makes versions appear atomically and prunes" {
 	for v in 1 2 3; do rl-sync publish "$T/w" "$T/ck" --version "$v" --keep 2; done
 	[ "$(readlink "$T/w/latest")" = v000003 ]
