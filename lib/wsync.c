@@ -1232,6 +1232,12 @@ do_push_begin(rl_wsync_server *s, const whdr *h)
 		rl_wver_destroy(v);
 		return reply_err(OP_PUSH_BEGIN, RL_EINVAL, h->version, "bad version number in push");
 	}
+	if ((size_t)chunk + 65536 > s->o.max_msg) {
+		rl_wver_destroy(v);
+		return reply_err(OP_PUSH_BEGIN, RL_ETOOBIG, h->version,
+				 "chunks of %u bytes do not fit this server's message limit of %zu bytes (use smaller chunks)",
+				 chunk, s->o.max_msg);
+	}
 	if ((rv = sver_make(&x, v, chunk)) != 0) {
 		rl_wver_destroy(v);
 		return reply_err(OP_PUSH_BEGIN, rv, h->version, "cannot stage version: %s", rl_strerror(rv));

@@ -62,6 +62,13 @@ bump() {
 	run --separate-stderr -2 rl-sync status "$URL" --timeout abc
 }
 
+@test "serve on an address in use fails with a hint" {
+	serve
+	run --separate-stderr -1 rl-sync serve --listen "$URL"
+	[[ $stderr == *"cannot listen on '$URL'"* ]]
+	[[ $stderr == *'hint:'* ]]
+}
+
 @test "push of a missing directory fails with a clear error" {
 	run --separate-stderr -1 rl-sync push "$URL" "$T/nope"
 	[[ $stderr == *"cannot open '$T/nope': No such file or directory"* ]]

@@ -466,6 +466,10 @@ test_service(void)
 	T_EQ_INT(rl_wsync_poll(c, 0, 100, &l), RL_ETIMEDOUT);
 	T_EQ_INT(l, 0);
 
+	/* 4 MiB chunks do not fit this server's small message limit: refused up front */
+	v = make_ver(1, 1000);
+	T_EQ_INT(rl_wsync_push(c, v, NULL), RL_ETOOBIG);
+	rl_wver_destroy(v);
 	/* chunks of 2 MiB stay under the small message limit */
 	rl_wsync_client_close(c);
 	co.chunk = (size_t)2 << 20;
@@ -591,6 +595,33 @@ test_service(void)
 		T_OK(js && strstr(js, "\"push_chunks_rejected\":1") != NULL, "%s", js ? js : "");
 		free(js);
 		rl_wver_destroy(w);
+	}
+	rl_wsync_client_close(c);
+	rl_wsync_server_close(srv);
+	/* the transport-neutral handle over nng (default options, so a server
+	 * with the default message limit): the trainer publishes with deltas */
+	{
+		rl_wsync *h;
+		rl_wver *a = make_ver(NVER + 2, BIG), *b = make_ver(NVER + 3, BIG);
+		rl_wsync_server_opts so2 = { .listen = url };
+		srv = NULL;
+		T_EQ_INT(rl_wsync_server_open(&srv, &so2), RL_OK);
+		T_EQ_INT(rl_wsync_client_open(&c, url, &co), RL_OK);
+		T_EQ_INT(rl_wsync_open(&h, url, 0), RL_OK);
+		T_EQ_STR(rl_wsync_transport_name(h), "nng");
+		T_EQ_INT(rl_wsync_publish(h, a, 1), RL_OK);
+		T_EQ_INT(rl_wsync_publish(h, b, 1), RL_OK);
+		T_EQ_INT(rl_wsync_status(c, &js), RL_OK);
+		T_OK(js && strstr(js, "\"delta_base\":8") != NULL, "%s", js ? js : "");
+		free(js);
+		T_EQ_INT(rl_wsync_poll_version(h, NVER + 2, 1000, &l), RL_OK);
+		T_EQ_INT(l, NVER + 3);
+		T_EQ_INT(rl_wsync_fetch_version(h, &got, 0, a), RL_OK);
+		T_OK(got && same_content(got, b));
+		rl_wver_destroy(got);
+		rl_wsync_close(h);
+		rl_wver_destroy(a);
+		rl_wver_destroy(b);
 	}
 	rl_wsync_client_close(c);
 	rl_wsync_server_close(srv);
