@@ -22,14 +22,24 @@ teardown() {
 	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
 }
 
-# serve [ARGS...]: start a server on $URL in the background, wait until it answers
+# serve [ARGS...]: start a server on $URL in the background, wait until it
+# answers; if the port is taken by someone else, move to another one
 serve() {
-	rl-sync serve --listen "$URL" "$@" 3>&- 2>"$T/serve.err" &
-	SPID=$!
-	PIDS="$PIDS $SPID"
-	for _ in $(seq 50); do
-		rl-sync status "$URL" --timeout 200 >/dev/null 2>&1 && return 0
-		sleep 0.1
+	for _ in 1 2 3; do
+		rl-sync serve --listen "$URL" "$@" 3>&- 2>"$T/serve.err" &
+		SPID=$!
+		PIDS="$PIDS $SPID"
+		for _ in $(seq 50); do
+			if ! kill -0 "$SPID" 2>/dev/null; then break; fi
+			if grep -q 'listening on' "$T/serve.err" &&
+				rl-sync status "$URL" --timeout 200 >/dev/null 2>&1; then
+				return 0
+			fi
+			sleep 0.1
+		done
+		kill "$SPID" 2>/dev/null || true
+		PORT=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+		URL=tcp://127.0.0.1:$PORT
 	done
 	cat "$T/serve.err" >&2
 	return 1
