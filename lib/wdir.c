@@ -625,6 +625,11 @@ rl_wdir_publish(const char *dir, const char *src_dir, uint64_t version, int keep
 	}
 	if ((rv = rl_wver_read_dir(&v, src_dir, 0)) != 0)
 		return rv;
+	if (v->nblobs == 0) {
+		rl_error("'%s' has no files to publish", src_dir);
+		rl_wver_destroy(v);
+		return RL_ENOENT;
+	}
 	if (v->version != version) { /* a source with its own manifest is renumbered */
 		v->version = version;
 		rl_wver_hash(v);

@@ -209,6 +209,12 @@ cmd_push(const cfg *c)
 
 	if ((rv = rl_wver_read_dir(&v, c->ckpt, 0)) != 0)
 		goto out;
+	if (v->nblobs == 0) {
+		rl_error("'%s' has no files to push", c->ckpt);
+		rl_hint("for a versioned directory give its version: '%s/latest'", c->ckpt);
+		rv = RL_ENOENT;
+		goto out;
+	}
 	if (c->delta && (rv = rl_wver_read_dir(&base, c->delta, 0)) != 0)
 		goto out;
 	if (base && base->version == 0) {

@@ -79,9 +79,14 @@ bump() {
 	[[ $stderr == *'hint:'* ]]
 }
 
-@test "push of a missing directory fails with a clear error" {
+@test "push of a missing or empty directory fails with a clear error" {
 	run --separate-stderr -1 rl-sync push "$URL" "$T/nope"
 	[[ $stderr == *"cannot open '$T/nope': No such file or directory"* ]]
+	mkdir "$T/empty"
+	run --separate-stderr -1 rl-sync push "$URL" "$T/empty"
+	[[ $stderr == *"'$T/empty' has no files to push"* ]]
+	run --separate-stderr -1 rl-sync publish "$T/w" "$T/empty" --version 1
+	[[ $stderr == *"'$T/empty' has no files to publish"* ]]
 }
 
 @test "status of a server that is not there fails within the timeout" {
