@@ -21,6 +21,7 @@
 #include "wsync.h"
 
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -299,6 +300,8 @@ main(int argc, char **argv)
 	uint64_t changed = 0;
 
 	rl_log_init("sync", RL_LOG_QUIET);
+	mallopt(M_MMAP_THRESHOLD, 128 << 20); /* as rl-sync(1) does */
+	mallopt(M_TRIM_THRESHOLD, 512 << 20);
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--mb") == 0 && i + 1 < argc)
 			mb = atof(argv[++i]);

@@ -17,6 +17,7 @@
 
 #include <cjson/cJSON.h>
 #include <getopt.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -391,6 +392,10 @@ main(int argc, char **argv)
 
 	c.verbosity = RL_LOG_NORMAL;
 	rl_log_init("rl-sync", RL_LOG_NORMAL);
+	/* chunk-sized messages (4-64 MiB) come and go all the time: keep them in
+	 * the heap instead of fresh, page-faulted mappings each time */
+	mallopt(M_MMAP_THRESHOLD, 128 << 20);
+	mallopt(M_TRIM_THRESHOLD, 512 << 20);
 	while ((opt = getopt_long(argc, argv, "l:d:pt:n:D:L:c:o:wfk:jST:P:qvh", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'l': c.listen = optarg; break;
