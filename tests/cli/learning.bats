@@ -50,3 +50,21 @@ for l in open(sys.argv[1]):
 	    --max-tokens 1 --weights-timeout 1 '$TD/p.jsonl' > /dev/null"
 	[[ "$stderr" == *"no weights version 1"* ]]
 }
+
+@test "the same loop with weights through rl-sync instead of a directory" {
+	port=$((20000 + RANDOM % 20000))
+	rl-sync serve -q --listen "tcp://127.0.0.1:$port" 3>&- &
+	spid=$!
+	rm -rf "$TD/ck-sync"
+	rl-rollout -q -m "$TD/m0" --sync "tcp://127.0.0.1:$port" --max-staleness 0 --train-batch 4 -n 8 \
+	    --max-tokens 1 --seed 1 --weights-timeout 60 "$TD/p.jsonl" \
+	  | rl-reward -q --task 'format:^[a-z]' \
+	  | rl-train -q -m "$TD/m0" --out "$TD/ck-sync" --sync "tcp://127.0.0.1:$port" --batch 4 --lr 3e-2 --metrics "$TD/m-sync.jsonl"
+	run -0 rl-sync status "tcp://127.0.0.1:$port"
+	kill $spid; wait $spid || true
+	assert_output --partial "latest: 20"
+	python3 -c '
+import json, sys
+r = [json.loads(l)["critic/score/mean"] for l in open(sys.argv[1])]
+assert len(r) == 20 and min(r[-3:]) >= 0.9, r' "$TD/m-sync.jsonl"
+}
