@@ -798,7 +798,6 @@ rdv_join(rl_comm *c, const char *url, int port, int backend, rdv_entry *tab, rdv
 	nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
 	nng_socket_set_ms(s, NNG_OPT_RECONNMINT, 50);
 	nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, 500);
-	nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, SLICE_MS);
 	nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, sizeof *th + (size_t)c->world * sizeof *tab + 64);
 	if ((e = nng_dial(s, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
 		rl_error("cannot dial rank 0 at %s: %s", url, nng_strerror(e));
@@ -816,19 +815,20 @@ rdv_join(rl_comm *c, const char *url, int port, int backend, rdv_entry *tab, rdv
 		rl_error("cannot send to rank 0 at %s: %s", url, nng_strerror(e));
 		return RL_ENET;
 	}
-	for (;;) {
-		if ((e = nng_recvmsg(s, &m, 0)) == 0)
-			break;
-		if (e != NNG_ETIMEDOUT) {
-			rl_error("rendezvous with rank 0 at %s: %s", url, nng_strerror(e));
-			return RL_ENET;
-		}
-		if (rl_now() - t0 > c->timeout) {
+	/* one wait for the answer: a req socket's receive timeout cancels the request */
+	{
+		double left = c->timeout - (rl_now() - t0);
+		nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, (nng_duration)(RL_MAX(left, 0.1) * 1000));
+	}
+	if ((e = nng_recvmsg(s, &m, 0)) != 0) {
+		if (e == NNG_ETIMEDOUT) {
 			rl_error("no answer from rank 0 at %s within %g s", url, c->timeout);
 			rl_hint("is rank 0 running, and are MASTER_ADDR/MASTER_PORT and WORLD_SIZE the same "
 			    "everywhere? (RL_COMM_TIMEOUT sets the wait)");
 			return RL_ETIMEDOUT;
 		}
+		rl_error("rendezvous with rank 0 at %s: %s", url, nng_strerror(e));
+		return RL_ENET;
 	}
 	if (nng_msg_len(m) != sizeof *th + (size_t)c->world * sizeof *tab) {
 		rl_error("rendezvous: rank 0's answer has %zu bytes, expected %zu", nng_msg_len(m),
