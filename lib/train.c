@@ -1317,24 +1317,27 @@ rl_train_run(const rl_train_opts *o)
 	if (tr.world > 1) {
 		/* one starting point: rank 0's weights (and optimizer state on --resume) */
 		size_t nb = tr.m->tt.total * sizeof(float);
-		int steps[64], st = tr.m->step;
+		int st = tr.m->step, *steps;
 		if ((rv = rl_comm_broadcast(tr.comm, tr.m->params, nb, 0)) != 0 ||
 		    (o->resume && ((rv = rl_comm_broadcast(tr.comm, tr.m->m, nb, 0)) != 0 ||
 		    (rv = rl_comm_broadcast(tr.comm, tr.m->v, nb, 0)) != 0)))
 			goto out;
 		if ((rv = rl_model_params_changed(tr.m)) != 0)
 			goto out;
-		if (tr.world <= 64) {
-			if ((rv = rl_comm_host_allgather(tr.comm, steps, &st, sizeof st)) != 0)
-				goto out;
-			for (int r = 1; r < tr.world; r++)
-				if (steps[r] != steps[0]) {
-					rl_error("rank %d starts at step %d, rank 0 at step %d", r, steps[r], steps[0]);
-					rl_hint("every rank must --resume from the same checkpoint directory");
-					rv = RL_EINVAL;
-					goto out;
-				}
+		if (!(steps = malloc(sizeof *steps * (size_t)tr.world))) {
+			rv = RL_ENOMEM;
+			goto out;
 		}
+		rv = rl_comm_host_allgather(tr.comm, steps, &st, sizeof st);
+		for (int r = 1; rv == 0 && r < tr.world; r++)
+			if (steps[r] != steps[0]) {
+				rl_error("rank %d starts at step %d, rank 0 at step %d", r, steps[r], steps[0]);
+				rl_hint("every rank must --resume from the same checkpoint directory");
+				rv = RL_EINVAL;
+			}
+		free(steps);
+		if (rv != 0)
+			goto out;
 	}
 	start_step = tr.m->step;
 	go.on_bad = o->on_bad;

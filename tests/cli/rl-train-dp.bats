@@ -109,6 +109,17 @@ PY
 	run -0 close "$TD/tr3/latest/model.safetensors" "$TD/one2/latest/model.safetensors"
 }
 
+@test "resume with 2 ranks: 2 steps, then --resume to step 3, = 3 steps of 1 rank" {
+	args=(--batch 4 --lr 1e-2 --dp-check-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/r1" --metrics /dev/null --max-steps 3 "${args[@]}" "$TD/s.jsonl"
+	train_world 2 "$TD/r2" --max-steps 2 "${args[@]}"
+	[ "$(readlink "$TD/r2/latest")" = step-00000002 ]
+	PORT=$((PORT + 1))
+	train_world 2 "$TD/r2" --max-steps 3 --resume "${args[@]}"
+	[ "$(readlink "$TD/r2/latest")" = step-00000003 ]
+	run -0 close "$TD/r2/latest/model.safetensors" "$TD/r1/latest/model.safetensors"
+}
+
 @test "a killed rank: the survivors exit non-zero at once, naming it" {
 	# ranks 0 and 2 read everything and wait at the first step for rank 1,
 	# which gets 8 records (2 groups) and then a stream that stays open
