@@ -394,6 +394,23 @@ sample_rows(rl_engine *e, const void *logits, int B, int g)
 	return o->status(o);
 }
 
+/* Appends the sampled token of each batch row to its sequence; reports the
+ * ones that finished. */
+static int
+take_tokens(rl_engine *e, int B, rl_gen_done_fn done, void *ctx)
+{
+	int rv;
+
+	for (int b = 0; b < B; b++) {
+		seq *q = &e->s[e->bidx[b]];
+		int why = append(e, q, e->h_tok[b], e->h_logp[b]);
+		e->st.gen_tokens++;
+		if (why && (rv = finish(e, q, why, done, ctx)) != 0)
+			return rv;
+	}
+	return RL_OK;
+}
+
 static uint64_t
 sample_seed(uint64_t rseed, int index)
 {
@@ -491,14 +508,7 @@ admit(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	}
 	if ((rv = sample_rows(e, e->d_rows, B, g)) != 0)
 		return rv;
-	for (int b = 0; b < B; b++) {
-		seq *q = &e->s[e->bidx[b]];
-		int why = append(e, q, e->h_tok[b], e->h_logp[b]);
-		e->st.gen_tokens++;
-		if (why && (rv = finish(e, q, why, done, ctx)) != 0)
-			return rv;
-	}
-	return RL_OK;
+	return take_tokens(e, B, done, ctx);
 }
 
 int
@@ -536,12 +546,5 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	e->st.steps++;
 	if ((rv = sample_rows(e, e->m->logits, B, g)) != 0)
 		return rv;
-	for (int b = 0; b < B; b++) {
-		seq *q = &e->s[e->bidx[b]];
-		int why = append(e, q, e->h_tok[b], e->h_logp[b]);
-		e->st.gen_tokens++;
-		if (why && (rv = finish(e, q, why, done, ctx)) != 0)
-			return rv;
-	}
-	return RL_OK;
+	return take_tokens(e, B, done, ctx);
 }

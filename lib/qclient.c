@@ -157,7 +157,7 @@ rl_qclient_open(rl_qclient **out, const char *url, const rl_qclient_opts *o)
 	if (c->o.level == 0)
 		c->o.level = 1;
 	c->compress = c->o.compress < 0 ? !is_local(url) : c->o.compress;
-	c->seen.cap = c->o.dedup ? (size_t)1 << 20 : 0;
+	c->seen.cap = c->o.dedup ? (size_t)1 << 18 : 0;   /* ids acked here: ~6 MB once used */
 	c->next_req = ((uint64_t)rl_wall() << 20) ^ (uint64_t)(uintptr_t)c;
 	rl_buf_init(&c->buf);
 	if ((rv = rl_traj_create(&c->tmp)) != 0) {
@@ -661,6 +661,10 @@ rl_qclient_ack_ids(rl_qclient *c, uint64_t lease_id, int kind, const uint64_t *i
 	for (uint32_t i = 0; i < n; i++)
 		rl_le64_put(body + 8 * i, ids[i]);
 	rv = call(c, RL_QOP_ACK, 0, 0, fb, sizeof fb, body, (size_t)n * 8, (uint32_t)n * 8, 0, 1, &rh, &r);
+	/* acknowledged done here: a redelivery of these ids is dropped */
+	if (kind == RL_QACK_DONE && c->o.dedup && (rv == 0 || rv == RL_ENOENT))
+		for (uint32_t i = 0; i < n; i++)
+			seen_add(&c->seen, ids[i]);
 	if (r && nng_msg_len(r) - rh.hdr_len >= RL_QACK_RESULT_LEN)
 		rl_qack_result_decode(res, (const uint8_t *)nng_msg_body(r) + rh.hdr_len);
 	if (r)

@@ -180,8 +180,13 @@ send_reply(qctx *c)
 		return;
 	}
 	rl_buf_fini(&z);
-	if (c->body.cap > ((size_t)8 << 20))
-		rl_buf_fini(&c->body);   /* do not keep a huge buffer per context */
+	/* do not keep big buffers per context: 64 of them add up */
+	if (c->body.cap > ((size_t)2 << 20))
+		rl_buf_fini(&c->body);
+	if (c->in.cap > ((size_t)2 << 20))
+		rl_buf_fini(&c->in);
+	if (c->z.cap > ((size_t)2 << 20))
+		rl_buf_fini(&c->z);
 	c->state = C_SEND;
 	nng_aio_set_msg(c->aio, m);
 	nng_ctx_send(c->ctx, c->aio);

@@ -36,6 +36,7 @@
 #include "json.h"
 #include "model.h"
 #include "qclient.h"
+#include "wsync.h"
 #include "tfevents.h"
 #include "tokenizer.h"
 #include "traj.h"
@@ -110,6 +111,7 @@ typedef struct trainer {
 	double t_wait;
 	double t_model;  /* seconds in model forward/backward/AdamW this step */
 	double t_pub;    /* seconds publishing the step's checkpoint */
+	rl_wsync *ws;    /* --sync */
 	/* queue mode */
 	rl_qclient *qc;
 	rl_qlease lease;
@@ -266,29 +268,46 @@ lease_more(trainer *tr)
 	return RL_OK;
 }
 
-/* Queue mode, after a step: acknowledge the trained samples (by lease), and
- * records the grouper dropped (duplicates, bad groups) that are held. */
+/* Queue mode, after a step: acknowledge the trained samples, one request per
+ * lease.  Records the grouper dropped (duplicates, bad groups) stay held and
+ * are handed back at the end. */
 static void
 ack_trained(trainer *tr)
 {
-	size_t keep = 0;
+	size_t keep = 0, n = 0;
+	uint64_t *ids = malloc(sizeof(uint64_t) * (tr->nheld + 1));
+	uint8_t *done = calloc(tr->nheld + 1, 1);
 
-	for (size_t i = 0; i < tr->nheld; i++) {
-		int trained = 0;
-		/* a held record is done unless it belongs to a group still being assembled */
-		for (int gi = 0; gi < tr->ngroups && !trained; gi++)
+	if (!ids || !done) {
+		free(ids);
+		free(done);
+		return; /* the leases expire and the broker redelivers: at-least-once */
+	}
+	for (size_t i = 0; i < tr->nheld; i++)
+		for (int gi = 0; gi < tr->ngroups && !done[i]; gi++)
 			for (int k = 0; k < tr->groups[gi].size; k++)
 				if (tr->groups[gi].s[k].id == tr->held[i].id)
-					trained = 1;
-		if (trained) {
-			rl_qack_result res = { 0 };
-			if (rl_qclient_ack_ids(tr->qc, tr->held[i].lease, RL_QACK_DONE, &tr->held[i].id, 1, &res) == RL_OK)
-				tr->q_late += res.late;
-		} else {
-			tr->held[keep++] = tr->held[i];
-		}
+					done[i] = 1;
+	/* one acknowledgement per lease */
+	for (size_t i = 0; i < tr->nheld; i++) {
+		if (done[i] != 1)
+			continue;
+		n = 0;
+		for (size_t k = i; k < tr->nheld; k++)
+			if (done[k] == 1 && tr->held[k].lease == tr->held[i].lease) {
+				ids[n++] = tr->held[k].id;
+				done[k] = 2;
+			}
+		rl_qack_result res = { 0 };
+		if (rl_qclient_ack_ids(tr->qc, tr->held[i].lease, RL_QACK_DONE, ids, (uint32_t)n, &res) == RL_OK)
+			tr->q_late += res.late;
 	}
+	for (size_t i = 0; i < tr->nheld; i++)
+		if (!done[i])
+			tr->held[keep++] = tr->held[i];
 	tr->nheld = keep;
+	free(ids);
+	free(done);
 }
 
 /* Reads records until a complete group pops out: RL_OK, RL_ENOENT at the end. */
@@ -829,8 +848,10 @@ prune(trainer *tr)
 	}
 }
 
+/* Writes the step's checkpoint; push: also send it to --sync (not when the
+ * same version is only rewritten with its optimizer state). */
 static int
-publish(trainer *tr, int full)
+publish(trainer *tr, int full, int push)
 {
 	char dir[4096];
 	int rv;
@@ -839,6 +860,11 @@ publish(trainer *tr, int full)
 		return rv;
 	if (full && (rv = write_state(tr, dir)) != 0)
 		return rv;
+	/* rl-sync: the new version goes out as a delta against the last one */
+	if (push && tr->ws && (rv = rl_wsync_publish_dir(tr->ws, dir, (uint64_t)tr->m->step, 1)) != 0) {
+		rl_error("cannot publish version %d to '%s'", tr->m->step, tr->o->sync_url);
+		return rv;
+	}
 	prune(tr);
 	rl_verbose("published version %d in '%s'%s", tr->m->step, dir, full ? " (with optimizer)" : "");
 	return RL_OK;
@@ -1228,15 +1254,16 @@ train_step(trainer *tr)
 	int full = (o->save_every > 0 && tr->m->step % o->save_every == 0) ||
 	    (o->max_steps > 0 && tr->m->step >= o->max_steps);
 	double t_pub = rl_now();
-	if (tr->rank == 0 && (rv = publish(tr, full)) != 0)
+	if (tr->rank == 0 && (rv = publish(tr, full, 1)) != 0)
 		return rv;
 	tr->t_pub = rl_now() - t_pub;
 	if (tr->world > 1 && o->dp_check_every > 0 && tr->m->step % o->dp_check_every == 0 &&
 	    (rv = check_same_weights(tr)) != 0)
 		return rv;
 	if (tr->qc) {
-		ack_trained(tr);
+		/* the new version first, so the broker's gate judges later groups by it */
 		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->step, NULL);
+		ack_trained(tr);
 	}
 	if (tr->rank != 0)
 		return RL_OK;
@@ -1375,6 +1402,8 @@ rl_train_run(const rl_train_opts *o)
 	}
 	if (tr.rank == 0 && o->tfevents_dir && (rv = rl_tfevents_open(&tr.tf, o->tfevents_dir)) != 0)
 		goto out;
+	if (tr.rank == 0 && o->sync_url && (rv = rl_wsync_open(&tr.ws, o->sync_url, 0)) != 0)
+		goto out;
 	rl_verbose("training %s (%zu parameters) with %s on %s, %d groups per step",
 	    tr.m->cfg.model_type, rl_model_nparams(tr.m), rl_algo_name(o->algo), tr.ops->name, o->batch);
 	for (;;) {
@@ -1415,7 +1444,7 @@ rl_train_run(const rl_train_opts *o)
 		if (access(opt, R_OK) != 0) {
 			snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr.m->step);
 			remove_dir(dir);
-			if ((rv = publish(&tr, 1)) != 0)
+			if ((rv = publish(&tr, 1, 0)) != 0)
 				goto out;
 		}
 	}
@@ -1462,6 +1491,7 @@ out:
 	if (tr.metrics && tr.metrics != stdout && tr.metrics != stderr)
 		fclose(tr.metrics);
 	rl_tfevents_close(tr.tf);
+	rl_wsync_close(tr.ws);
 	rl_grouper_destroy(tr.gr);
 	rl_tokenizer_close(tr.tok);
 	rl_model_close(tr.ref);

@@ -86,3 +86,20 @@ assert s["version"] == 1, s["version"]
 @test "--queue and an input file together is a usage error" {
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --queue "$URL" "$TD/prompts.jsonl"
 }
+
+@test "rl-queue put takes rl-rollout's prompt lines (text or messages) as prompt records" {
+	printf '%s\n' '{"prompt":"3+4=","answer":"7"}' '{"prompt":[{"role":"user","content":"hi"}],"data_source":"x"}' > "$TD/pl.jsonl"
+	run -0 --separate-stderr rl-queue put "$URL" "$TD/pl.jsonl"
+	[[ "$stderr" == *"2 records: 2 accepted"* ]]
+	run -0 --separate-stderr sh -c "cat '$TD/pl.jsonl' | rl-queue put '$URL'"
+	[[ "$stderr" == *"2 duplicates"* ]]
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 2 --max-tokens 3 --queue "$URL" --idle-exit 1
+	[[ "$stderr" == *"2 prompts, 4 samples"* ]]
+	rl-queue get "$URL" -s reward -n 10 > "$TD/pg.jsonl"
+	grep -q '"prompt_text":"3+4="' "$TD/pg.jsonl"
+	grep -q '"prompt_text":"<|im_start|>user' "$TD/pg.jsonl"
+	grep -q '"data_source":"x"' "$TD/pg.jsonl"
+	printf '%s\n' '{"prompt":"ok"}' '{"prompt":7}' > "$TD/pbad.jsonl"
+	run -1 --separate-stderr rl-queue put "$URL" "$TD/pbad.jsonl"
+	[[ "$stderr" == *"line 2"* ]]
+}

@@ -186,14 +186,17 @@ print(d)' "$@"
 }
 
 @test "kill -9 of the broker with --data-dir loses nothing acknowledged" {
-	start_broker --data-dir "$D/data"
+	# a tiny --compact-bytes: the journal is compacted after nearly every change
+	start_broker --data-dir "$D/data" --compact-bytes 1k
 	rl-queue put "$URL" "$D/prompts.jsonl"
 	rl-queue put --stage scored "$URL" "$D/scored.jsonl"
 	rl-queue get --stage train -n 2 --ack "$URL" > "$D/trained1.jsonl"
+	for i in $(seq 30); do rl-queue get --stage rollout -n 3 --release "$URL" > /dev/null; done
 	rl-queue get --stage rollout -n 1 "$URL" > /dev/null
+	[ "$(rl-queue stat --json "$URL" | jget journal compactions)" -gt 0 ]
 	kill -9 "$BROKER"
 	wait "$BROKER" 2>/dev/null || true
-	FIXED=1 start_broker --data-dir "$D/data"
+	FIXED=1 start_broker --data-dir "$D/data" --compact-bytes 1k
 	json=$(rl-queue stat --json "$URL")
 	[ "$(echo "$json" | jget depth prompt)" = 2 ]
 	[ "$(echo "$json" | jget depth leased)" = 1 ]
