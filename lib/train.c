@@ -10,6 +10,10 @@
  * Host arrays hold per-token values in the micro-batch's (B, T) layout; the
  * backend copies live in one allocation reserved once, so a step allocates
  * nothing on the backend.
+ *
+ * Data parallel (train.h, docs/parallel.md): the same steps on every rank,
+ * each rank's micro-batches over its share of every mini-batch, the weights
+ * of the whole mini-batch, a bucketed gradient all-reduce before AdamW.
  */
 #include "train.h"
 
@@ -25,6 +29,7 @@
 #include <cjson/cJSON.h>
 
 #include "ckpt.h"
+#include "comm.h"
 #include "core.h"
 #include "groups.h"
 #include "io.h"
@@ -64,6 +69,8 @@ rl_train_opts_default(rl_train_opts *o)
 	o->sched = RL_SCHED_CONSTANT;
 	o->keep = 3;
 	o->on_bad = RL_BAD_ERROR;
+	o->dp_check_every = 10;
+	o->dp_bucket_mb = 25;
 }
 
 /* One sequence of the step: a sample and where its values go. */
@@ -113,6 +120,10 @@ typedef struct trainer {
 	size_t nheld, capheld;
 	uint64_t q_late;
 	int last_gsize;          /* group size seen last (lease sizing) */
+	/* data parallelism */
+	rl_comm *comm;           /* NULL: one process */
+	int rank, world;
+	double t_comm;           /* seconds in the gradient all-reduce this step */
 } trainer;
 
 static volatile sig_atomic_t train_stop;
@@ -638,13 +649,13 @@ micro_end(trainer *tr, int a, int b)
 	return e;
 }
 
-/* Recompute the old log-probs of every sequence with the current weights. */
+/* Recompute the old log-probs of sequences [a0, b0) with the current weights. */
 static int
-recompute_old(trainer *tr)
+recompute_old(trainer *tr, int a0, int b0)
 {
 	int rv;
-	for (int a = 0; a < tr->nseq;) {
-		int e = micro_end(tr, a, tr->nseq), B = e - a, T = fill_rows(tr, a, e);
+	for (int a = a0; a < b0;) {
+		int e = micro_end(tr, a, b0), B = e - a, T = fill_rows(tr, a, e);
 		double t0 = rl_now();
 		rv = rl_model_forward(tr->m, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T,
 		    tr->seq[a].s->temperature);
@@ -1003,6 +1014,10 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 	metric(j, tr, step, "timing_s/update_actor", t_upd);
 	metric(j, tr, step, "timing_s/model", tr->t_model);
 	metric(j, tr, step, "timing_s/publish", tr->t_pub);
+	if (tr->world > 1) {
+		metric(j, tr, step, "timing_s/allreduce", tr->t_comm);
+		metric(j, tr, step, "dp/world_size", tr->world);
+	}
 	/* the share of the step (update + publish) spent outside the model's compute */
 	metric(j, tr, step, "perf/overhead_frac",
 	    t_upd + tr->t_pub > 0 ? (t_upd + tr->t_pub - tr->t_model) / (t_upd + tr->t_pub) : NAN);
@@ -1023,6 +1038,137 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 	return ferror(tr->metrics) ? RL_EIO : RL_OK;
 }
 
+/* ---- data parallelism ------------------------------------------------------------------ */
+
+/* Sums the gradients of every rank, in buckets of byte ranges of m->grads. */
+static int
+allreduce_grads(trainer *tr)
+{
+	size_t total = tr->m->tt.total;
+	size_t bucket = (size_t)(tr->o->dp_bucket_mb * (1 << 20)) / sizeof(float);
+	double t0 = rl_now();
+	int rv;
+
+	if (bucket == 0)
+		bucket = total;
+	if ((rv = tr->ops->sync(tr->ops)) != 0)
+		return rv;
+	for (size_t off = 0; off < total; off += bucket)
+		if ((rv = rl_comm_allreduce(tr->comm, tr->m->grads + off, RL_MIN(bucket, total - off))) != 0)
+			return rv;
+	tr->t_comm += rl_now() - t0;
+	return RL_OK;
+}
+
+static uint64_t
+fnv(uint64_t x, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	for (size_t i = 0; i < n; i++)
+		x = (x ^ b[i]) * 1099511628211ull;
+	return x;
+}
+
+/* FNV-1a over the bytes of the master weights (downloaded in pieces). */
+static int
+weights_hash(trainer *tr, uint64_t *out)
+{
+	size_t total = tr->m->tt.total * sizeof(float), piece = (size_t)4 << 20;
+	uint8_t *h = rl_try_malloc(RL_MIN(piece, total) + 1, "checksum buffer");
+	uint64_t x = 1469598103934665603ull;
+	int rv = RL_OK;
+
+	if (!h)
+		return RL_ENOMEM;
+	for (size_t off = 0; off < total; off += piece) {
+		size_t k = RL_MIN(piece, total - off);
+		tr->ops->download(tr->ops, h, (const uint8_t *)tr->m->params + off, k);
+		if ((rv = tr->ops->status(tr->ops)) != 0)
+			break;
+		x = fnv(x, h, k);
+	}
+	free(h);
+	*out = x;
+	return rv;
+}
+
+/* Every rank's weights must be bitwise rank 0's: the optimizer steps are
+ * identical only if the gradients, options and starting points are. */
+static int
+check_same_weights(trainer *tr)
+{
+	uint64_t mine, *all;
+	int rv;
+
+	if ((rv = weights_hash(tr, &mine)) != 0)
+		return rv;
+	if (!(all = malloc(sizeof *all * (size_t)tr->world)))
+		return RL_ENOMEM;
+	rv = rl_comm_host_allgather(tr->comm, all, &mine, sizeof mine);
+	for (int r = 1; rv == 0 && r < tr->world; r++)
+		if (all[r] != all[0]) {
+			rl_error("after step %d the weights of rank %d differ from rank 0's (the ranks diverged)",
+			    tr->m->step, r);
+			rl_hint("every rank must run with the same options and input");
+			rv = RL_ECHECKSUM;
+		}
+	free(all);
+	if (rv == 0)
+		rl_verbose("step %d: weights identical on all %d ranks (checksum %016llx)", tr->m->step, tr->world,
+		    (unsigned long long)mine);
+	return rv;
+}
+
+/* Every rank must be about to train the same step, or all stop: exchanges
+ * (have a step, hash of the step's sample ids).  *go = 0: the input ended. */
+static int
+agree_step(trainer *tr, int have, int *go)
+{
+	uint64_t mine[2] = { (uint64_t)have, 1469598103934665603ull }, *all;
+	int rv, ends = 0;
+
+	*go = have;
+	if (tr->world == 1)
+		return RL_OK;
+	for (int g = 0; have && g < tr->ngroups; g++)
+		for (int i = 0; i < tr->groups[g].size; i++) {
+			const rl_sample *q = &tr->groups[g].s[i];
+			mine[1] = fnv(mine[1], &q->id, sizeof q->id);
+			mine[1] = fnv(mine[1], &q->reward, sizeof q->reward);
+			mine[1] = fnv(mine[1], q->prompt, sizeof(int32_t) * (size_t)q->plen);
+			mine[1] = fnv(mine[1], q->response, sizeof(int32_t) * (size_t)q->rlen);
+		}
+	if (!(all = malloc(sizeof mine * (size_t)tr->world)))
+		return RL_ENOMEM;
+	if ((rv = rl_comm_host_allgather(tr->comm, all, mine, sizeof mine)) != 0)
+		goto out;
+	for (int r = 0; r < tr->world; r++)
+		ends += all[2 * r] == 0;
+	if (ends == tr->world) {
+		*go = 0;
+	} else if (ends > 0) {
+		for (int r = 0; r < tr->world; r++)
+			if (all[2 * r] == 0) {
+				rl_error("rank %d ran out of input before step %d while rank %d has a full step", r,
+				    tr->m->step + 1, all[0] ? 0 : (r + 1) % tr->world);
+				break;
+			}
+		rl_hint("with several ranks every rank reads the whole input (the same file or stream)");
+		rv = RL_EINVAL;
+	} else {
+		for (int r = 1; r < tr->world; r++)
+			if (all[2 * r + 1] != all[1]) {
+				rl_error("step %d: rank %d has other groups than rank 0", tr->m->step + 1, r);
+				rl_hint("with several ranks every rank reads the whole input (the same file or stream)");
+				rv = RL_EINVAL;
+				break;
+			}
+	}
+out:
+	free(all);
+	return rv;
+}
+
 static int
 train_step(trainer *tr)
 {
@@ -1041,21 +1187,39 @@ train_step(trainer *tr)
 	if (M > tr->nseq)
 		M = tr->nseq;
 	if ((E > 1 || M > 1) && !o->old_from_behaviour) {
-		if ((rv = recompute_old(tr)) != 0)
-			return rv;
+		if (tr->world == 1) {
+			if ((rv = recompute_old(tr, 0, tr->nseq)) != 0)
+				return rv;
+		} else {
+			/* each rank needs pi_old of its own shares only */
+			for (int mb = 0; mb < M; mb++) {
+				int a = (int)((long)tr->nseq * mb / M), b = (int)((long)tr->nseq * (mb + 1) / M);
+				int ra = a + (int)((long)(b - a) * tr->rank / tr->world);
+				int rb = a + (int)((long)(b - a) * (tr->rank + 1) / tr->world);
+				if ((rv = recompute_old(tr, ra, rb)) != 0)
+					return rv;
+			}
+		}
 		recomputed = 1;
 	}
+	tr->t_comm = 0;
 	for (int ep = 0; ep < E; ep++) {
 		for (int mb = 0; mb < M; mb++) {
 			int a = (int)((long)tr->nseq * mb / M), b = (int)((long)tr->nseq * (mb + 1) / M);
+			/* the weights of the whole mini-batch (global counts), on every rank */
 			if ((rv = mini_weights(tr, a, b)) != 0)
 				return rv;
-			for (int s = a; s < b;) {
-				int e = micro_end(tr, s, b);
+			/* this rank's contiguous share of the mini-batch */
+			int ra = a + (int)((long)(b - a) * tr->rank / tr->world);
+			int rb = a + (int)((long)(b - a) * (tr->rank + 1) / tr->world);
+			for (int s = ra; s < rb;) {
+				int e = micro_end(tr, s, rb);
 				if ((rv = micro(tr, s, e, recomputed, &ms)) != 0)
 					return rv;
 				s = e;
 			}
+			if (tr->world > 1 && (rv = allreduce_grads(tr)) != 0)
+				return rv;
 			rl_adamw ad = { 0 };
 			lr = rl_lr_at(tr->m->step + 1, o->lr, o->warmup, o->total_steps, o->sched, o->min_lr_ratio);
 			ad.lr = (float)lr;
@@ -1072,6 +1236,14 @@ train_step(trainer *tr)
 			nupd++;
 		}
 	}
+	if (tr->world > 1) {
+		/* the metrics of the whole step: every rank's token statistics summed */
+		double v[7] = { ms.loss, ms.clip, ms.kl, ms.ratio_logsum, ms.ent, ms.ce, ms.ntok };
+		if ((rv = rl_comm_host_allreduce_f64(tr->comm, v, 7)) != 0)
+			return rv;
+		ms.loss = v[0], ms.clip = v[1], ms.kl = v[2], ms.ratio_logsum = v[3], ms.ent = v[4], ms.ce = v[5];
+		ms.ntok = v[6];
+	}
 	ms.ntok /= E; /* statistics averaged over the passes */
 	ms.clip /= E;
 	ms.ratio_logsum /= E;
@@ -1082,14 +1254,19 @@ train_step(trainer *tr)
 	int full = (o->save_every > 0 && tr->m->step % o->save_every == 0) ||
 	    (o->max_steps > 0 && tr->m->step >= o->max_steps);
 	double t_pub = rl_now();
-	if ((rv = publish(tr, full, 1)) != 0)
+	if (tr->rank == 0 && (rv = publish(tr, full, 1)) != 0)
 		return rv;
 	tr->t_pub = rl_now() - t_pub;
+	if (tr->world > 1 && o->dp_check_every > 0 && tr->m->step % o->dp_check_every == 0 &&
+	    (rv = check_same_weights(tr)) != 0)
+		return rv;
 	if (tr->qc) {
 		/* the new version first, so the broker's gate judges later groups by it */
 		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->step, NULL);
 		ack_trained(tr);
 	}
+	if (tr->rank != 0)
+		return RL_OK;
 	return write_metrics(tr, &ms, gnorm, lr, rl_now() - t0 + t_wait, t_upd, t_wait, nupd);
 }
 
@@ -1114,8 +1291,29 @@ rl_train_run(const rl_train_opts *o)
 		rl_error("no output directory (--out DIR)");
 		return RL_EINVAL;
 	}
-	if ((rv = rl_ops_open(&tr.ops, o->device)) != 0)
-		return rv;
+	tr.world = o->comm && o->comm->world > 1 ? o->comm->world : 1;
+	tr.rank = tr.world > 1 ? o->comm->rank : 0;
+	if (tr.world > 1 && o->queue_url) {
+		rl_error("--queue with %d ranks: not supported yet", tr.world);
+		rl_hint("run data-parallel ranks on a file or stream (every rank reads all of it), or one rank per queue");
+		return RL_ENOTSUP;
+	}
+	{
+		/* several ranks on "cuda": each on the GPU of its LOCAL_RANK */
+		char dev[32];
+		const char *d = o->device;
+		if (tr.world > 1 && strcmp(d, "cuda") == 0) {
+			snprintf(dev, sizeof dev, "cuda:%d", o->comm->local_rank);
+			d = dev;
+		}
+		if ((rv = rl_ops_open(&tr.ops, d)) != 0)
+			return rv;
+	}
+	if (tr.world > 1) {
+		if ((rv = rl_comm_open(&tr.comm, o->comm, tr.ops)) != 0)
+			goto out;
+		rl_verbose("data parallel: rank %d of %d, %s backend", tr.rank, tr.world, rl_comm_backend(tr.comm));
+	}
 	if (o->resume) {
 		if ((rv = find_resume(o->out_dir, dir, sizeof dir, &state)) != 0)
 			goto out;
@@ -1143,6 +1341,31 @@ rl_train_run(const rl_train_opts *o)
 		rl_info("resuming from '%s' at step %d (skipping %llu records already consumed)", dir,
 		    tr.m->step, (unsigned long long)tr.skip_records);
 	}
+	if (tr.world > 1) {
+		/* one starting point: rank 0's weights (and optimizer state on --resume) */
+		size_t nb = tr.m->tt.total * sizeof(float);
+		int st = tr.m->step, *steps;
+		if ((rv = rl_comm_broadcast(tr.comm, tr.m->params, nb, 0)) != 0 ||
+		    (o->resume && ((rv = rl_comm_broadcast(tr.comm, tr.m->m, nb, 0)) != 0 ||
+		    (rv = rl_comm_broadcast(tr.comm, tr.m->v, nb, 0)) != 0)))
+			goto out;
+		if ((rv = rl_model_params_changed(tr.m)) != 0)
+			goto out;
+		if (!(steps = malloc(sizeof *steps * (size_t)tr.world))) {
+			rv = RL_ENOMEM;
+			goto out;
+		}
+		rv = rl_comm_host_allgather(tr.comm, steps, &st, sizeof st);
+		for (int r = 1; rv == 0 && r < tr.world; r++)
+			if (steps[r] != steps[0]) {
+				rl_error("rank %d starts at step %d, rank 0 at step %d", r, steps[r], steps[0]);
+				rl_hint("every rank must --resume from the same checkpoint directory");
+				rv = RL_EINVAL;
+			}
+		free(steps);
+		if (rv != 0)
+			goto out;
+	}
 	start_step = tr.m->step;
 	go.on_bad = o->on_bad;
 	go.sft = o->algo == RL_ALGO_SFT;
@@ -1166,7 +1389,9 @@ rl_train_run(const rl_train_opts *o)
 		if ((rv = rl_traj_reader_open_file(&tr.rd, tr.in, o->input, NULL)) != 0)
 			goto out;
 	}
-	if (o->metrics_path && strcmp(o->metrics_path, "-") != 0) {
+	if (tr.rank != 0) {
+		tr.metrics = NULL; /* rank 0 writes the metrics of the whole step */
+	} else if (o->metrics_path && strcmp(o->metrics_path, "-") != 0) {
 		if (!(tr.metrics = fopen(o->metrics_path, o->resume ? "a" : "w"))) {
 			rl_error("cannot open '%s': %s", o->metrics_path, strerror(errno));
 			rv = RL_EIO;
@@ -1175,25 +1400,28 @@ rl_train_run(const rl_train_opts *o)
 	} else {
 		tr.metrics = o->metrics_path ? stdout : stderr;
 	}
-	if (o->tfevents_dir && (rv = rl_tfevents_open(&tr.tf, o->tfevents_dir)) != 0)
+	if (tr.rank == 0 && o->tfevents_dir && (rv = rl_tfevents_open(&tr.tf, o->tfevents_dir)) != 0)
 		goto out;
-	if (o->sync_url && (rv = rl_wsync_open(&tr.ws, o->sync_url, 0)) != 0)
+	if (tr.rank == 0 && o->sync_url && (rv = rl_wsync_open(&tr.ws, o->sync_url, 0)) != 0)
 		goto out;
 	rl_verbose("training %s (%zu parameters) with %s on %s, %d groups per step",
 	    tr.m->cfg.model_type, rl_model_nparams(tr.m), rl_algo_name(o->algo), tr.ops->name, o->batch);
 	for (;;) {
 		if (o->max_steps > 0 && tr.m->step >= o->max_steps)
 			break;
+		int have;
 		rv = collect(&tr);
-		if (rv == RL_ENOENT) {
-			if (tr.ngroups > 0)
+		if (rv != RL_OK && rv != RL_ENOENT)
+			goto out;
+		if ((rv = agree_step(&tr, rv == RL_OK, &have)) != RL_OK)
+			goto out;
+		if (!have) {
+			if (tr.ngroups > 0 && tr.rank == 0)
 				rl_info("end of input: %d groups left over (less than --batch %d), not trained",
 				    tr.ngroups, o->batch);
 			rv = RL_OK;
 			break;
 		}
-		if (rv != RL_OK)
-			goto out;
 		if (tr.qc) {
 			/* a step can outlast a lease: renew every lease still held */
 			for (size_t i = 0; i < tr.nheld; i++) {
@@ -1210,7 +1438,7 @@ rl_train_run(const rl_train_opts *o)
 		free_groups(&tr);
 	}
 	/* a last full checkpoint, so that the run can be resumed */
-	if (tr.m->step > start_step) {
+	if (tr.m->step > start_step && tr.rank == 0) {
 		char opt[4096];
 		snprintf(opt, sizeof opt, "%s/step-%08d/optimizer.safetensors", o->out_dir, tr.m->step);
 		if (access(opt, R_OK) != 0) {
@@ -1220,9 +1448,13 @@ rl_train_run(const rl_train_opts *o)
 				goto out;
 		}
 	}
+	if (tr.world > 1) {
+		if ((rv = check_same_weights(&tr)) != 0 || (rv = rl_comm_finish(tr.comm)) != 0)
+			goto out;
+	}
 	{
 		const rl_grouper_stats *st = rl_grouper_stats_get(tr.gr);
-		if (!o->quiet)
+		if (!o->quiet && tr.rank == 0)
 			rl_info("%d steps; %llu records, %llu duplicates dropped, %llu bad records, %llu groups "
 			    "dropped (bad), %llu (no signal), %llu incomplete", tr.m->step - start_step,
 			    (unsigned long long)st->records, (unsigned long long)st->duplicates,
@@ -1264,6 +1496,7 @@ out:
 	rl_tokenizer_close(tr.tok);
 	rl_model_close(tr.ref);
 	rl_model_close(tr.m);
+	rl_comm_close(tr.comm);
 	rl_ops_close(tr.ops);
 	cJSON_Delete(state);
 	return rv;

@@ -10,8 +10,18 @@
  * version is reported to the broker (its staleness gate).  Leases held across
  * a step are extended first.
  *
- * Leaves out: the value head of PPO (not yet: --algo ppo is refused), data
- * parallelism, rl-sync publishing.
+ * Data parallelism (comm != NULL with world > 1, docs/parallel.md): every
+ * rank reads the whole input and forms the same steps; each mini-batch's
+ * sequences are split by rank in contiguous shares; the loss weights are
+ * computed over the whole mini-batch (global counts), so the all-reduced
+ * (summed) gradient is the one a single process computes.  Gradients are
+ * all-reduced in buckets after the backward passes; AdamW then runs on every
+ * rank on identical gradients; a parameter checksum is compared every
+ * dp_check_every steps; rank 0 alone writes checkpoints and metrics.  Queue
+ * mode with several ranks is refused.
+ *
+ * Leaves out: the value head of PPO (not yet: --algo ppo is refused),
+ * rl-sync publishing, overlap of the all-reduce with the backward pass.
  *
  * One step (optimizer update) takes `batch` groups.  With ppo_epochs E and
  * mini_batches M, the step's sequences are split into M mini-batches and
@@ -30,6 +40,7 @@
 #include <stdio.h>
 
 #include "algo.h"
+#include "comm.h"
 #include "ops.h"
 
 typedef struct rl_train_opts {
@@ -70,6 +81,10 @@ typedef struct rl_train_opts {
 	int on_bad;                /* RL_BAD_ERROR or RL_BAD_SKIP */
 	uint64_t seed;
 	int quiet;
+	/* data parallelism */
+	const rl_comm_opts *comm;  /* NULL or world 1: one process */
+	int dp_check_every;        /* compare a parameter checksum across ranks every N steps (0: at the end only) */
+	double dp_bucket_mb;       /* gradient all-reduce bucket (MiB; default 25) */
 } rl_train_opts;
 
 void rl_train_opts_default(rl_train_opts *o);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "algo.h"
+#include "comm.h"
 #include "core.h"
 #include "groups.h"
 #include "io.h"
@@ -69,6 +70,14 @@ static const char usage_text[] =
     "      --sync URL            also push each version to rl-sync (tcp://, ipc://) or a directory\n"
     "      --queue URL           lease scored groups from rl-queue (acknowledged after each step)\n"
     "      --idle-exit S         queue mode: stop after S seconds without records\n"
+    "data parallel (docs/parallel.md; every rank reads the whole input):\n"
+    "      --rank R, --world N   this process's rank and the number of ranks (else RANK/WORLD_SIZE\n"
+    "                            as torchrun sets them, or SLURM_PROCID/SLURM_NTASKS)\n"
+    "      --rendezvous HOST:PORT  rank 0's address (else MASTER_ADDR:MASTER_PORT)\n"
+    "      --comm-backend B      auto, cpu or nccl (default auto: nccl on CUDA when built with it)\n"
+    "      --comm-timeout S      seconds a rank may wait for another (default 600; RL_COMM_TIMEOUT)\n"
+    "      --dp-check-every N    compare a weight checksum across ranks every N steps (default 10)\n"
+    "      --dp-bucket-mb M      gradient all-reduce bucket size in MiB (default 25)\n"
     "  -q, --quiet, -v, --verbose\n"
     "  -h, --help\n";
 
@@ -76,7 +85,8 @@ enum {
 	O_INIT = 256, O_TOKENIZER, O_SEED, O_DEVICE, O_ALGO, O_BATCH, O_AGG, O_NORMLEN, O_NOSTD,
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
-	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC
+	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC,
+	O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET
 };
 
 static const struct option longopts[] = {
@@ -103,6 +113,10 @@ static const struct option longopts[] = {
 	{ "metrics", required_argument, 0, O_METRICS }, { "tfevents", required_argument, 0, O_TFEV },
 	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
 	{ "sync", required_argument, 0, O_SYNC },
+	{ "rank", required_argument, 0, O_RANK }, { "world", required_argument, 0, O_WORLD },
+	{ "rendezvous", required_argument, 0, O_RDV }, { "comm-backend", required_argument, 0, O_CBACK },
+	{ "comm-timeout", required_argument, 0, O_CTIME }, { "dp-check-every", required_argument, 0, O_DPCHECK },
+	{ "dp-bucket-mb", required_argument, 0, O_DPBUCKET },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -131,12 +145,15 @@ int
 main(int argc, char **argv)
 {
 	rl_train_opts o;
+	rl_comm_opts co;
+	static char prog[64];
 	const char *init = NULL, *tokenizer = NULL;
 	int c, verbosity = RL_LOG_NORMAL, clip_high_set = 0, kl_coef_set = 0;
 	double v;
 
 	rl_log_init("rl-train", RL_LOG_NORMAL);
 	rl_train_opts_default(&o);
+	rl_comm_opts_default(&co);
 	while ((c = getopt_long(argc, argv, "m:o:qvh", longopts, NULL)) != -1) {
 		const char *a = optarg;
 #define NUM(lo, hi) do { if (num(a, lo, hi, &v)) return usage_error("bad value '%s'", a); } while (0)
@@ -205,6 +222,23 @@ main(int argc, char **argv)
 		case O_QUEUE: o.queue_url = a; break;
 		case O_SYNC: o.sync_url = a; break;
 		case O_IDLE: NUM(0, 1e9); o.idle_exit = v; break;
+		case O_RANK: NUM(0, 1e6); co.rank = (int)v; break;
+		case O_WORLD:
+			if (num(a, -1e6, 1e6, &v) || v != (int)v)
+				return usage_error("bad value '%s'", a);
+			if (v < 1)
+				return usage_error("--world %s: the world size must be at least 1", a);
+			co.world = (int)v;
+			break;
+		case O_RDV: co.master = a; break;
+		case O_CBACK:
+			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl"))
+				return usage_error("--comm-backend takes auto, cpu or nccl, not '%s'", a);
+			co.backend = a;
+			break;
+		case O_CTIME: NUM(0.001, 1e6); co.timeout = v; break;
+		case O_DPCHECK: NUM(0, 1e9); o.dp_check_every = (int)v; break;
+		case O_DPBUCKET: NUM(0.001, 1e6); o.dp_bucket_mb = v; break;
 		case 'q': verbosity = RL_LOG_QUIET; o.quiet = 1; break;
 		case 'v': verbosity++; break;
 		case 'h':
@@ -241,6 +275,18 @@ main(int argc, char **argv)
 		o.clip_high = 0.28f;
 	if (o.kl_type && !kl_coef_set)
 		o.kl_coef = 0.001f;
+	/* launch configuration: the command line, else torchrun's or SLURM's variables */
+	if (co.rank >= 0 && co.world < 0 && !getenv("WORLD_SIZE") && !getenv("SLURM_NTASKS"))
+		return usage_error("%s", "--rank without --world (or WORLD_SIZE)");
+	if (rl_comm_opts_from_env(&co) != RL_OK) {
+		fprintf(stderr, "rl-train: hint: see 'data parallel' in rl-train --help\n");
+		return 2;
+	}
+	if (co.world > 1) {
+		snprintf(prog, sizeof prog, "rl-train: rank %d", co.rank);
+		rl_log_init(prog, verbosity);
+		o.comm = &co;
+	}
 	if (rl_train_run(&o) != RL_OK)
 		return 1;
 	return rl_io_close_stdout() ? 1 : 0;

@@ -1,0 +1,204 @@
+#!/usr/bin/env bats
+# rl-train data parallel on the CPU backend: several processes on 127.0.0.1.
+# - 2 and 3 ranks train the same weights as 1 rank with the same global batch
+#   (fp32 reduction-order tolerance), for token-mean and seq-mean-token-mean
+#   with mini-batches, epochs and gradient accumulation;
+# - a killed rank, a hung rank, ranks on different inputs or options: the
+#   others exit non-zero fast with a message naming the rank;
+# - bad launch configuration (WORLD_SIZE=0, RANK >= WORLD_SIZE, no or an
+#   unreachable MASTER_ADDR) is a clear error.
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup_file() {
+	export TD="$BATS_FILE_TMPDIR"
+	cat > "$TD/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":264,"hidden_size":32,"num_hidden_layers":2,"num_attention_heads":4,
+ "num_key_value_heads":2,"intermediate_size":64,"max_position_embeddings":64,"rope_theta":10000,
+ "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
+JSON
+	rl-train --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m0" --seed 1
+	# 12 groups of 4, responses of 1 to 10 tokens: 3 steps of 4 groups
+	python3 tests/fixtures/train/mkscored.py 12 4 0 > "$TD/s.jsonl"
+	python3 tests/fixtures/train/mkscored.py 12 4 7 > "$TD/other.jsonl"
+}
+
+setup() {
+	export RL_COMM_TIMEOUT=60
+	PIDS=""
+	# a port below the ephemeral range (the ring listeners take ephemeral ones)
+	PORT=$((20000 + (RANDOM * 7 + BATS_TEST_NUMBER * 101) % 10000))
+}
+
+teardown() {
+	for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
+}
+
+# Tolerance: reduction order changes fp32 sums by ~1e-7 relative, and AdamW
+# turns the gradients that are rounding noise (e.g. k_proj.bias, exactly 0 in
+# exact arithmetic) into lr-sized steps: measured max |diff| ~5e-6 at lr 1e-2
+# over 3-6 updates.  Per-rank loss normalisation (the bug this guards
+# against) is off by 2e-4 (token-mean) to 2e-3 (seq-mean-token-mean).
+close() { python3 tests/fixtures/parallel/st_close.py "$1" "$2" "${3:-2e-5}" "${4:-1e-4}"; }
+
+# slow_input FIFO: 8 records (2 groups) into FIFO, then it stays open (60 s)
+slow_input() {
+	rm -f "$1"
+	mkfifo "$1"
+	( head -n 8 "$TD/s.jsonl"; exec sleep 60 ) > "$1" 3>&- &
+	PIDS="$PIDS $!"
+}
+
+# train_world N OUT ARGS...: N ranks (flags), waits for all; fails if any fails
+train_world() {
+	local n=$1 out=$2; shift 2
+	local pids="" r rc=0
+	for r in $(seq 1 $((n - 1))); do
+		rl-train -q -m "$TD/m0" --out "$out" --rank "$r" --world "$n" --rendezvous "127.0.0.1:$PORT" \
+		    --metrics "$out.metrics.$r" "$@" "$TD/s.jsonl" 3>&- 2>"$out.err.$r" &
+		pids="$pids $!"
+	done
+	PIDS="$PIDS $pids"
+	rl-train -q -m "$TD/m0" --out "$out" --rank 0 --world "$n" --rendezvous "127.0.0.1:$PORT" \
+	    --metrics "$out.metrics.0" "$@" "$TD/s.jsonl" 2>"$out.err.0" || rc=1
+	for p in $pids; do wait "$p" || rc=1; done
+	[ $rc = 0 ] || { cat "$out".err.*; return 1; }
+}
+
+@test "2 and 3 ranks give the weights of 1 rank (token-mean)" {
+	args=(--batch 4 --lr 1e-2 --loss-agg token-mean --dp-check-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/one" --metrics "$TD/one.metrics" "${args[@]}" "$TD/s.jsonl"
+	train_world 2 "$TD/two" "${args[@]}"
+	PORT=$((PORT + 1))
+	train_world 3 "$TD/three" "${args[@]}"
+	[ "$(readlink "$TD/two/latest")" = step-00000003 ]
+	run -0 close "$TD/two/latest/model.safetensors" "$TD/one/latest/model.safetensors"
+	run -0 close "$TD/three/latest/model.safetensors" "$TD/one/latest/model.safetensors"
+	# the optimizer state too
+	run -0 close "$TD/three/latest/optimizer.safetensors" "$TD/one/latest/optimizer.safetensors" 1e-7 1e-2
+	# the comparison is not blind: one step fewer is far off
+	run -1 close "$TD/two/step-00000002/model.safetensors" "$TD/one/latest/model.safetensors"
+	# rank 0 writes the metrics of the whole step; the others none
+	[ "$(wc -l < "$TD/three.metrics.0")" -eq 3 ]
+	[ ! -s "$TD/three.metrics.1" ] && [ ! -s "$TD/three.metrics.2" ]
+	python3 - "$TD/one.metrics" "$TD/three.metrics.0" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+for x, y in zip(a, b):
+    for k in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "train/sequences"):
+        assert abs(x[k] - y[k]) <= 1e-5 + 1e-4 * abs(x[k]), (k, x[k], y[k])
+    assert y["dp/world_size"] == 3
+PY
+}
+
+@test "3 ranks = 1 rank with seq-mean-token-mean, mini-batches, epochs and accumulation (torchrun variables)" {
+	args=(--batch 4 --lr 1e-2 --loss-agg seq-mean-token-mean --mini-batches 2 --ppo-epochs 2
+	    --max-tokens-per-micro 40 --dp-check-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/one2" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	for r in 1 2; do
+		RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT \
+		    rl-train -q -m "$TD/m0" --out "$TD/tr3" --metrics /dev/null "${args[@]}" "$TD/s.jsonl" 3>&- &
+		PIDS="$PIDS $!"
+	done
+	RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT \
+	    rl-train -q -m "$TD/m0" --out "$TD/tr3" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	for p in $PIDS; do wait "$p"; done
+	run -0 close "$TD/tr3/latest/model.safetensors" "$TD/one2/latest/model.safetensors"
+}
+
+@test "resume with 2 ranks: 2 steps, then --resume to step 3, = 3 steps of 1 rank" {
+	args=(--batch 4 --lr 1e-2 --dp-check-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/r1" --metrics /dev/null --max-steps 3 "${args[@]}" "$TD/s.jsonl"
+	train_world 2 "$TD/r2" --max-steps 2 "${args[@]}"
+	[ "$(readlink "$TD/r2/latest")" = step-00000002 ]
+	PORT=$((PORT + 1))
+	train_world 2 "$TD/r2" --max-steps 3 --resume "${args[@]}"
+	[ "$(readlink "$TD/r2/latest")" = step-00000003 ]
+	run -0 close "$TD/r2/latest/model.safetensors" "$TD/r1/latest/model.safetensors"
+}
+
+@test "a killed rank: the survivors exit non-zero at once, naming it" {
+	# ranks 0 and 2 read everything and wait at the first step for rank 1,
+	# which gets 8 records (2 groups) and then a stream that stays open
+	slow_input "$TD/k.fifo"
+	rl-train -q -m "$TD/m0" --out "$TD/k" --rank 1 --world 3 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    < "$TD/k.fifo" 3>&- 2>/dev/null &
+	victim=$!
+	PIDS="$PIDS $victim"
+	for r in 0 2; do
+		rl-train -q -m "$TD/m0" --out "$TD/k" --rank $r --world 3 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+		    "$TD/s.jsonl" 3>&- 2>"$TD/k.err.$r" &
+		eval "r$r=\$!"
+		PIDS="$PIDS $!"
+	done
+	sleep 2   # the ring is up, ranks 0 and 2 wait for rank 1 at step 1
+	kill -9 "$victim"
+	start=$SECONDS
+	rc0=0; wait "$r0" || rc0=$?
+	rc2=0; wait "$r2" || rc2=$?
+	[ $rc0 = 1 ] && [ $rc2 = 1 ]
+	[ $((SECONDS - start)) -lt 15 ]   # RL_COMM_TIMEOUT is 60 s: this is the dropped connection
+	cat "$TD/k.err.0" "$TD/k.err.2"
+	grep -q "^rl-train: rank 0: .*rank 1" "$TD/k.err.0"
+	grep -q "^rl-train: rank 2: lost the connection to rank 1" "$TD/k.err.2"
+}
+
+@test "a hung rank: the others give up after --comm-timeout with a message" {
+	slow_input "$TD/h.fifo"
+	rl-train -q -m "$TD/m0" --out "$TD/h" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    < "$TD/h.fifo" 3>&- 2>/dev/null &
+	PIDS="$PIDS $!"
+	start=$SECONDS
+	run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/h" --rank 0 --world 2 \
+	    --rendezvous "127.0.0.1:$PORT" --batch 4 --comm-timeout 2 "$TD/s.jsonl"
+	[[ "$stderr" == *"no data from rank 1 for 2 s"*"timeout"* ]]
+	[ $((SECONDS - start)) -lt 20 ]
+}
+
+@test "ranks on different inputs, or with different options, are refused" {
+	rl-train -q -m "$TD/m0" --out "$TD/d" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    "$TD/other.jsonl" 3>&- 2>/dev/null &
+	PIDS="$PIDS $!"
+	run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/d" --rank 0 --world 2 \
+	    --rendezvous "127.0.0.1:$PORT" --batch 4 "$TD/s.jsonl"
+	[[ "$stderr" == *"step 1: rank 1 has other groups than rank 0"* ]]
+	PORT=$((PORT + 1))
+	rl-train -q -m "$TD/m0" --out "$TD/d2" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    --lr 1e-3 --dp-check-every 1 "$TD/s.jsonl" 3>&- 2>/dev/null &
+	PIDS="$PIDS $!"
+	run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/d2" --rank 0 --world 2 \
+	    --rendezvous "127.0.0.1:$PORT" --batch 4 --lr 1e-2 --dp-check-every 1 "$TD/s.jsonl"
+	[[ "$stderr" == *"after step 1 the weights of rank 1 differ from rank 0's"* ]]
+}
+
+@test "bad launch configuration: clear errors" {
+	run -2 --separate-stderr env WORLD_SIZE=0 RANK=0 rl-train -m "$TD/m0" --out "$TD/e" "$TD/s.jsonl"
+	[[ "$stderr" == *"WORLD_SIZE=0: the world size must be at least 1"* ]]
+	run -2 --separate-stderr env WORLD_SIZE=2 RANK=2 MASTER_ADDR=127.0.0.1 rl-train -m "$TD/m0" --out "$TD/e" "$TD/s.jsonl"
+	[[ "$stderr" == *"RANK=2 is not below WORLD_SIZE=2"* ]]
+	run -2 --separate-stderr env WORLD_SIZE=2 RANK=one rl-train -m "$TD/m0" --out "$TD/e" "$TD/s.jsonl"
+	[[ "$stderr" == *"RANK='one' is not a whole number"* ]]
+	run -2 --separate-stderr env -u MASTER_ADDR WORLD_SIZE=2 RANK=1 rl-train -m "$TD/m0" --out "$TD/e" "$TD/s.jsonl"
+	[[ "$stderr" == *"no rendezvous address"* ]]
+	[[ "$stderr" == *"hint: set MASTER_ADDR"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/e" --world 0 "$TD/s.jsonl"
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/e" --rank 3 --world 2 --rendezvous 127.0.0.1:1 "$TD/s.jsonl"
+	[[ "$stderr" == *"--rank=3 is not below --world=2"* ]]
+	# nobody at MASTER_ADDR:MASTER_PORT: gives up after the timeout
+	run -1 --separate-stderr env WORLD_SIZE=2 RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT RL_COMM_TIMEOUT=1 \
+	    rl-train -m "$TD/m0" --out "$TD/e" "$TD/s.jsonl"
+	[[ "$stderr" == *"rl-train: rank 1: cannot reach rank 0 at tcp://127.0.0.1:$PORT within 1 s"* ]]
+	run -1 --separate-stderr env WORLD_SIZE=2 RANK=1 MASTER_ADDR=no-such-host.invalid rl-train -m "$TD/m0" \
+	    --out "$TD/e" "$TD/s.jsonl"
+	[[ "$stderr" == *"cannot resolve the rendezvous host 'no-such-host.invalid'"* ]]
+	# rank 0 alone: the others never come
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/e" --rank 0 --world 3 --rendezvous "127.0.0.1:$PORT" \
+	    --comm-timeout 1 "$TD/s.jsonl"
+	[[ "$stderr" == *"rank(s) 1, 2 did not join within 1 s"* ]]
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/e" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" \
+	    --queue tcp://127.0.0.1:1 --comm-timeout 1
+	[[ "$stderr" == *"--queue with 2 ranks: not supported yet"* ]]
+}

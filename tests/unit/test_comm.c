@@ -1,0 +1,390 @@
+/* test_comm.c — the communicator's CPU ring backend with real processes on
+ * 127.0.0.1 (forked before any nng use, each under an alarm):
+ *  - 2 and 3 ranks: all-reduce of awkward sizes (0, 1, fewer elements than
+ *    ranks, not a multiple of the world, several segments) equals the sum
+ *    computed locally, bitwise the same on every rank; broadcast from each
+ *    root; host all-gather and f64 sum; barrier; orderly finish;
+ *  - a rank killed with SIGKILL, and a rank that leaves without finishing:
+ *    the survivors fail with RL_ECLOSED within seconds, far below the timeout;
+ *  - a hung rank: the others fail with RL_ETIMEDOUT after the timeout;
+ *  - launch configuration: WORLD_SIZE=0, RANK >= WORLD_SIZE, a non-number,
+ *    no MASTER_ADDR, SLURM variables, an unreachable and an unresolvable master. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "core.h"
+#include "t.h"
+
+/* A free port below the ephemeral range, where the ring listeners' ports
+ * (bound to port 0) cannot take it first. */
+static int
+free_port(void)
+{
+	static unsigned seed;
+	if (!seed)
+		seed = (unsigned)getpid() * 2654435761u;
+	for (;;) {
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		int fd = socket(AF_INET, SOCK_STREAM, 0), port, ok;
+		seed = seed * 1103515245u + 12345u;
+		port = 20000 + (int)((seed >> 8) % 10000);
+		a.sin_port = htons((uint16_t)port);
+		ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+		close(fd);
+		if (ok)
+			return port;
+	}
+}
+
+/* the value rank r contributes at index i: exact in f32, so sums are exact */
+static float
+val(int r, size_t i)
+{
+	return (float)((int)((i * 7 + (size_t)r * 13) % 101) - 50) * 0.25f;
+}
+
+static char master[64];
+
+static int
+join(rl_comm **c, int rank, int world, double timeout)
+{
+	rl_comm_opts o;
+	rl_comm_opts_default(&o);
+	o.rank = rank;
+	o.world = world;
+	o.master = master;
+	o.backend = "cpu";
+	o.timeout = timeout;
+	o.seg_bytes = 4096; /* several segments per chunk below */
+	return rl_comm_open(c, &o, NULL);
+}
+
+/* ---- the collectives ------------------------------------------------------------- */
+
+static int
+worker_ok(int rank, int world)
+{
+	rl_comm *c;
+	int bad = 0;
+	size_t sizes[] = { 0, 1, 2, 5, 1000, 4099, 100003 };
+
+	alarm(60);
+	if (join(&c, rank, world, 20) != 0)
+		return 10;
+	if (rl_comm_rank(c) != rank || rl_comm_world(c) != world || strcmp(rl_comm_backend(c), "cpu"))
+		bad |= 1;
+	for (size_t k = 0; k < RL_ARRAY_LEN(sizes); k++) {
+		size_t n = sizes[k];
+		float *b = malloc((n + 1) * sizeof *b), *all;
+		for (size_t i = 0; i < n; i++)
+			b[i] = val(rank, i);
+		if (rl_comm_allreduce(c, b, n) != 0) {
+			free(b);
+			return 11;
+		}
+		for (size_t i = 0; i < n; i++) {
+			float s = 0;
+			for (int r = 0; r < world; r++)
+				s += val(r, i);
+			if (b[i] != s)
+				bad |= 2;
+		}
+		/* bitwise the same everywhere: gather every rank's result */
+		all = malloc((size_t)world * (n + 1) * sizeof *all);
+		if (rl_comm_host_allgather(c, all, b, n * sizeof *b) != 0)
+			return 12;
+		for (int r = 0; r < world; r++)
+			if (memcmp(all + (size_t)r * n, b, n * sizeof *b))
+				bad |= 4;
+		free(all);
+		free(b);
+	}
+	/* non-exact values: still bitwise identical on every rank */
+	{
+		size_t n = 30011;
+		float *b = malloc(n * sizeof *b), *all = malloc((size_t)world * n * sizeof *b);
+		for (size_t i = 0; i < n; i++)
+			b[i] = 1.0f / (float)(i + 1 + (size_t)rank * 3) + 1e-3f * (float)rank;
+		if (rl_comm_allreduce(c, b, n) || rl_comm_host_allgather(c, all, b, n * sizeof *b))
+			return 13;
+		for (int r = 0; r < world; r++)
+			if (memcmp(all + (size_t)r * n, b, n * sizeof *b))
+				bad |= 8;
+		free(b);
+		free(all);
+	}
+	for (int root = 0; root < world; root++) {
+		size_t n = 10007;
+		uint8_t *b = malloc(n);
+		for (size_t i = 0; i < n; i++)
+			b[i] = rank == root ? (uint8_t)(i * 31 + (size_t)root) : 0xee;
+		if (rl_comm_broadcast(c, b, n, root) != 0)
+			return 14;
+		for (size_t i = 0; i < n; i++)
+			if (b[i] != (uint8_t)(i * 31 + (size_t)root))
+				bad |= 16;
+		free(b);
+	}
+	{
+		double d[3] = { rank, 1, 0.5 * rank };
+		if (rl_comm_host_allreduce_f64(c, d, 3) != 0)
+			return 15;
+		if (d[0] != world * (world - 1) / 2.0 || d[1] != world || d[2] != world * (world - 1) / 4.0)
+			bad |= 32;
+	}
+	if (rl_comm_barrier(c) != 0 || rl_comm_finish(c) != 0)
+		return 16;
+	rl_comm_close(c);
+	return bad ? 20 + bad : 0;
+}
+
+typedef int (*worker_fn)(int rank, int world);
+
+/* Runs world processes; returns how many exited 0; codes[] their exit codes. */
+static int
+run_world(int world, worker_fn fn, int *codes, double *secs)
+{
+	pid_t pid[8];
+	int ok = 0;
+	double t0 = rl_now();
+
+	snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+	for (int r = 0; r < world; r++) {
+		if ((pid[r] = fork()) == 0)
+			_exit(fn(r, world));
+	}
+	for (int r = 0; r < world; r++) {
+		int st;
+		waitpid(pid[r], &st, 0);
+		codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		ok += codes[r] == 0;
+	}
+	if (secs)
+		*secs = rl_now() - t0;
+	return ok;
+}
+
+/* ---- faults -------------------------------------------------------------------------- */
+
+static int fault_mode; /* 1: rank 1 SIGKILLs itself; 2: rank 1 leaves without finish; 3: hangs */
+
+static int
+worker_fault(int rank, int world)
+{
+	rl_comm *c;
+	float b[1000];
+	int rv;
+
+	alarm(60);
+	if (join(&c, rank, world, fault_mode == 3 ? 1.5 : 30) != 0)
+		return 10;
+	for (int i = 0; i < 1000; i++)
+		b[i] = (float)i;
+	/* rank 1's last segments of this one may die with it (mode 1): then the
+	 * survivors fail here already, which is as good */
+	if ((rv = rl_comm_allreduce(c, b, 1000)) != 0)
+		return fault_mode == 1 && rank != 1 && rv == RL_ECLOSED ? 4 : 11;
+	if (rank == 1) {
+		if (fault_mode == 1)
+			raise(SIGKILL);
+		if (fault_mode == 2) {
+			rl_comm_close(c);
+			return 3;
+		}
+		sleep(6);
+		return 3;
+	}
+	/* the survivors: two collectives, the second one can never complete */
+	rv = rl_comm_allreduce(c, b, 1000);
+	if (rv == 0)
+		rv = rl_comm_allreduce(c, b, 1000);
+	rl_comm_close(c);
+	if (fault_mode == 3)
+		return rv == RL_ETIMEDOUT || rv == RL_ECLOSED ? 4 : 5;
+	return rv == RL_ECLOSED ? 4 : 5;
+}
+
+/* ---- launch configuration -------------------------------------------------------------- */
+
+static const char *envs[] = { "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
+	"SLURM_NTASKS", "SLURM_LOCALID", "RL_COMM_TIMEOUT" };
+
+static void
+clear_env(void)
+{
+	for (size_t i = 0; i < RL_ARRAY_LEN(envs); i++)
+		unsetenv(envs[i]);
+}
+
+static int
+from_env(rl_comm_opts *o)
+{
+	rl_comm_opts_default(o);
+	return rl_comm_opts_from_env(o);
+}
+
+static void
+test_env(void)
+{
+	rl_comm_opts o;
+
+	clear_env();
+	T_EQ_INT(from_env(&o), RL_OK);
+	T_EQ_INT(o.rank, 0);
+	T_EQ_INT(o.world, 1);
+	T_OK(o.timeout == 600);
+
+	setenv("WORLD_SIZE", "0", 1);
+	setenv("RANK", "0", 1);
+	T_EQ_INT(from_env(&o), RL_EINVAL);
+	setenv("WORLD_SIZE", "2", 1);
+	setenv("RANK", "2", 1);
+	T_EQ_INT(from_env(&o), RL_EINVAL);
+	setenv("RANK", "x1", 1);
+	T_EQ_INT(from_env(&o), RL_EINVAL);
+	setenv("RANK", "1", 1);
+	T_EQ_INT(from_env(&o), RL_EINVAL); /* no MASTER_ADDR */
+	setenv("MASTER_ADDR", "127.0.0.1", 1);
+	setenv("LOCAL_RANK", "1", 1);
+	setenv("RL_COMM_TIMEOUT", "7.5", 1);
+	T_EQ_INT(from_env(&o), RL_OK);
+	T_EQ_INT(o.rank, 1);
+	T_EQ_INT(o.world, 2);
+	T_EQ_INT(o.local_rank, 1);
+	T_OK(o.timeout == 7.5);
+	T_EQ_STR(o.master, "127.0.0.1:29500");
+	setenv("RL_COMM_TIMEOUT", "soon", 1);
+	T_EQ_INT(from_env(&o), RL_EINVAL);
+	unsetenv("RL_COMM_TIMEOUT");
+
+	/* the command line wins over the environment */
+	rl_comm_opts_default(&o);
+	o.rank = 0;
+	o.world = 3;
+	o.master = "localhost:1234";
+	T_EQ_INT(rl_comm_opts_from_env(&o), RL_OK);
+	T_EQ_INT(o.world, 3);
+	T_EQ_STR(o.master, "localhost:1234");
+	rl_comm_opts_default(&o);
+	o.world = 3;
+	o.rank = 3;
+	T_EQ_INT(rl_comm_opts_from_env(&o), RL_EINVAL);
+
+	/* SLURM */
+	clear_env();
+	setenv("SLURM_PROCID", "3", 1);
+	setenv("SLURM_NTASKS", "4", 1);
+	setenv("SLURM_LOCALID", "1", 1);
+	setenv("MASTER_ADDR", "node0", 1);
+	setenv("MASTER_PORT", "29511", 1);
+	T_EQ_INT(from_env(&o), RL_OK);
+	T_EQ_INT(o.rank, 3);
+	T_EQ_INT(o.world, 4);
+	T_EQ_INT(o.local_rank, 1);
+	T_EQ_STR(o.master, "node0:29511");
+	setenv("SLURM_NTASKS", "3", 1);
+	T_EQ_INT(from_env(&o), RL_EINVAL);
+	clear_env();
+
+	/* bad master addresses: refused fast, with the reason */
+	{
+		rl_comm *c = NULL;
+		double t0;
+		rl_comm_opts_default(&o);
+		o.rank = 1;
+		o.world = 2;
+		o.timeout = 1;
+		o.backend = "cpu";
+		o.master = "no-such-host.invalid:29500";
+		t0 = rl_now();
+		T_EQ_INT(rl_comm_open(&c, &o, NULL), RL_ENET);
+		T_OK(rl_now() - t0 < 20, "%.1f s", rl_now() - t0);
+		o.master = "127.0.0.1";
+		T_EQ_INT(rl_comm_open(&c, &o, NULL), RL_EINVAL);
+		o.master = "127.0.0.1:70000";
+		T_EQ_INT(rl_comm_open(&c, &o, NULL), RL_EINVAL);
+		o.backend = "gloo";
+		o.master = "127.0.0.1:1";
+		T_EQ_INT(rl_comm_open(&c, &o, NULL), RL_EINVAL);
+		T_OK(c == NULL);
+	}
+}
+
+/* A master nobody serves: rank 1 gives up after the timeout. */
+static int
+worker_unreachable(int rank, int world)
+{
+	rl_comm *c;
+	double t0 = rl_now();
+	alarm(30);
+	int rv = join(&c, 1, 2, 1.0);
+	double dt = rl_now() - t0;
+	return rv == RL_ETIMEDOUT && dt >= 0.9 && dt < 5 ? 0 : 1;
+}
+
+/* Rank 0 alone: the others never come. */
+static int
+worker_alone(int rank, int world)
+{
+	rl_comm *c;
+	alarm(30);
+	return join(&c, 0, 3, 1.0) == RL_ETIMEDOUT ? 0 : 1;
+}
+
+/* Two processes both claim rank 1. */
+static int
+worker_dup(int rank, int world)
+{
+	rl_comm *c;
+	alarm(30);
+	int rv = join(&c, rank == 2 ? 1 : rank, 3, 3.0);
+	if (rv == 0) {
+		rl_comm_close(c);
+		return 2;
+	}
+	return 0;
+}
+
+int
+main(void)
+{
+	int codes[8], ok;
+	double secs;
+
+	T_BEGIN("test_comm");
+	rl_log_init("test_comm", getenv("T_VERBOSE") ? RL_LOG_VERBOSE : RL_LOG_QUIET);
+	test_env();
+
+	for (int world = 2; world <= 3; world++) {
+		ok = run_world(world, worker_ok, codes, &secs);
+		T_OK(ok == world, "world %d: exit codes %d %d %d", world, codes[0], codes[1], world > 2 ? codes[2] : 0);
+	}
+
+	/* killed rank, departed rank: survivors out with RL_ECLOSED fast (timeout 30 s) */
+	for (fault_mode = 1; fault_mode <= 2; fault_mode++) {
+		run_world(3, worker_fault, codes, &secs);
+		T_EQ_INT(codes[0], 4);
+		T_EQ_INT(codes[2], 4);
+		T_OK(secs < 10, "mode %d: %.1f s", fault_mode, secs);
+	}
+	/* hung rank: the timeout (1.5 s) ends it; rank 1 sleeps 6 s */
+	fault_mode = 3;
+	run_world(3, worker_fault, codes, &secs);
+	T_EQ_INT(codes[0], 4);
+	T_EQ_INT(codes[2], 4);
+
+	/* rendezvous failures */
+	ok = run_world(1, worker_unreachable, codes, NULL);
+	T_EQ_INT(ok, 1);
+	ok = run_world(1, worker_alone, codes, NULL);
+	T_EQ_INT(ok, 1);
+	ok = run_world(3, worker_dup, codes, NULL);
+	T_EQ_INT(ok, 3);
+	T_END();
+}

@@ -1,0 +1,150 @@
+/* test_comm_cuda.c — the communicator on device buffers (make gpucheck):
+ *  - one GPU: 2 processes on cuda:0 with the cpu backend (device buffers
+ *    staged through the host): all-reduce and broadcast results exact;
+ *  - two GPUs or more, NCCL builds: 2 processes on cuda:0 and cuda:1 with the
+ *    nccl backend: the same checks (skipped, and said so, with one GPU).
+ * Processes are forked before any CUDA use (a CUDA context does not survive
+ * fork).  Skips (77) without a CUDA device.
+ * NOTE: written on a machine without a GPU; it has never run. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "core.h"
+#include "ops.h"
+#include "t.h"
+
+static int
+free_port(void)
+{
+	unsigned seed = (unsigned)getpid() * 2654435761u;
+	for (;;) {
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		int fd = socket(AF_INET, SOCK_STREAM, 0), port, ok;
+		seed = seed * 1103515245u + 12345u;
+		port = 20000 + (int)((seed >> 8) % 10000);
+		a.sin_port = htons((uint16_t)port);
+		ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+		close(fd);
+		if (ok)
+			return port;
+	}
+}
+
+static float
+val(int r, size_t i)
+{
+	return (float)((int)((i * 7 + (size_t)r * 13) % 101) - 50) * 0.25f;
+}
+
+/* exit 0 when device DEV opens, 77 when not */
+static int
+probe(const char *dev)
+{
+	pid_t p = fork();
+	int st;
+	if (p == 0) {
+		rl_ops *o;
+		_exit(rl_ops_open(&o, dev) == 0 ? 0 : 77);
+	}
+	waitpid(p, &st, 0);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+
+static int
+worker(int rank, const char *dev, const char *backend, const char *master)
+{
+	rl_ops *ops;
+	rl_comm *c;
+	rl_comm_opts o;
+	size_t n = 1000003;
+	float *h, *d = NULL;
+	int bad = 0;
+
+	alarm(120);
+	if (rl_ops_open(&ops, dev) != 0)
+		return 10;
+	rl_comm_opts_default(&o);
+	o.rank = rank;
+	o.world = 2;
+	o.master = master;
+	o.backend = backend;
+	o.timeout = 60;
+	if (rl_comm_open(&c, &o, ops) != 0)
+		return 11;
+	if (strcmp(rl_comm_backend(c), backend) != 0)
+		bad |= 1;
+	h = malloc(n * sizeof *h);
+	if (ops->alloc(ops, (void **)&d, n * sizeof *h) != 0)
+		return 12;
+	for (size_t i = 0; i < n; i++)
+		h[i] = val(rank, i);
+	ops->upload(ops, d, h, n * sizeof *h);
+	if (rl_comm_allreduce(c, d, n) != 0)
+		return 13;
+	ops->download(ops, h, d, n * sizeof *h);
+	for (size_t i = 0; i < n; i++)
+		if (h[i] != val(0, i) + val(1, i))
+			bad |= 2;
+	for (size_t i = 0; i < n; i++)
+		h[i] = rank == 1 ? (float)i : -1.0f;
+	ops->upload(ops, d, h, n * sizeof *h);
+	if (rl_comm_broadcast(c, d, n * sizeof *h, 1) != 0)
+		return 14;
+	ops->download(ops, h, d, n * sizeof *h);
+	for (size_t i = 0; i < n; i++)
+		if (h[i] != (float)i)
+			bad |= 4;
+	if (ops->status(ops) != 0)
+		bad |= 8;
+	if (rl_comm_finish(c) != 0)
+		return 15;
+	rl_comm_close(c);
+	ops->free(ops, d);
+	rl_ops_close(ops);
+	free(h);
+	return bad ? 20 + bad : 0;
+}
+
+static int
+pair(const char *dev0, const char *dev1, const char *backend)
+{
+	char master[64];
+	pid_t p[2];
+	int ok = 1;
+
+	snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+	for (int r = 0; r < 2; r++)
+		if ((p[r] = fork()) == 0)
+			_exit(worker(r, r ? dev1 : dev0, backend, master));
+	for (int r = 0; r < 2; r++) {
+		int st;
+		waitpid(p[r], &st, 0);
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+			fprintf(stderr, "%s backend, rank %d on %s: exit %d\n", backend, r, r ? dev1 : dev0,
+			    WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+			ok = 0;
+		}
+	}
+	return ok;
+}
+
+int
+main(void)
+{
+	T_BEGIN("test_comm_cuda");
+	rl_log_init("test_comm_cuda", RL_LOG_NORMAL);
+	if (probe("cuda:0") != 0)
+		T_SKIP("no CUDA device");
+	T_OK(pair("cuda:0", "cuda:0", "cpu"), "cpu backend, staged through the host");
+	if (!HAVE_NCCL)
+		printf("test_comm_cuda: no NCCL in this build: nccl backend not tested\n");
+	else if (probe("cuda:1") != 0)
+		printf("test_comm_cuda: one GPU: nccl backend not tested (NCCL needs one GPU per rank)\n");
+	else
+		T_OK(pair("cuda:0", "cuda:1", "nccl"), "nccl backend");
+	T_END();
+}
