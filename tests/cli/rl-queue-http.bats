@@ -255,3 +255,42 @@ EOF
 	run rl-queue stat --json "$URL"
 	assert_success
 }
+
+@test "rl-queue stat --watch refreshes the numbers until --count or a signal" {
+	start_broker
+	rl-queue put -q "$URL" "$D/prompts.jsonl"
+	run --separate-stderr timeout 20 rl-queue stat "$URL" --watch 0.1 --count 3
+	assert_success
+	[ "$(grep -c '^depth: prompt 3' <<< "$output")" = 3 ]
+	# JSON: one object per refresh; a change shows in the next one
+	( sleep 0.5; rl-queue get -q --stage rollout -n 1 "$URL" > /dev/null ) &
+	run --separate-stderr timeout 20 rl-queue stat --json --watch=0.2 --count 8 "$URL"
+	assert_success
+	[ "${#lines[@]}" = 8 ]
+	run python3 -c 'import json, sys
+d = [json.loads(l)["depth"]["leased"] for l in sys.stdin]
+assert d[0] == 0 and d[-1] == 1, d
+print("ok")' <<< "$output"
+	assert_output "ok"
+	# interrupted: exit 0
+	rl-queue stat --watch 0.1 "$URL" > "$D/watch.txt" 3>&- &
+	W=$!
+	PIDS="$PIDS $W"
+	sleep 0.4
+	kill -INT "$W"
+	wait "$W"
+	grep -q '^depth: prompt 2' "$D/watch.txt"
+	# usage
+	run -2 --separate-stderr rl-queue stat --count 2 "$URL"
+	run -2 --separate-stderr rl-queue stat --watch=never "$URL"
+	run -2 --separate-stderr rl-queue stat "$URL" --watch soon
+}
+
+@test "rl-queue stat --watch reports a dead broker and keeps trying" {
+	start_broker
+	kill -9 "$BROKER"
+	wait "$BROKER" 2>/dev/null || true
+	run --separate-stderr timeout 20 rl-queue stat --timeout 0.2 --watch 0.1 --count 2 "$URL"
+	assert_failure 1
+	[ "$(grep -c 'no stats from the broker' <<< "$stderr")" = 2 ]
+}
