@@ -246,6 +246,8 @@ replies = [
     send(b"GET /api/stats HTTP/1.1\r\nHost", read=False),   # half a request, then gone
 ]
 assert all(r == b"" or r.startswith(b"HTTP/1.") for r in replies[:-1]), replies
+assert replies[2].startswith(b"HTTP/1.1 505"), replies[2][:40]
+assert replies[5].startswith(b"HTTP/1.1 405"), replies[5][:40]
 print("sent")
 EOF
 	assert_success
