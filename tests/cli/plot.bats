@@ -33,7 +33,8 @@ PY
 }
 
 @test "make turns a metrics file into a table and PNG curves" {
-	run --separate-stderr make -s -C "$P" METRICS="$D/m.jsonl" OUT="$D/plots" \
+	cd "$D"   # -f: paths relative to where make runs
+	run --separate-stderr make -s -f "$P/Makefile" METRICS=m.jsonl OUT=plots \
 		KEYS="critic/score/mean actor/pg_loss actor/entropy response_length/mean actor/ppo_kl absent/key"
 	assert_success
 	[[ "$stderr" == *"no values of 'absent/key'; left out"* ]]
@@ -63,7 +64,7 @@ PY
 	assert_output "ok"
 	# a curve is drawn: a rising score and a flat line give different images
 	printf '{"step":1,"critic/score/mean":0.5}\n{"step":2,"critic/score/mean":0.5}\n' > "$D/flat.jsonl"
-	make -s -C "$P" METRICS="$D/flat.jsonl" OUT="$D/flat" KEYS=critic/score/mean 2>/dev/null
+	make -s -f "$P/Makefile" METRICS=flat.jsonl OUT=flat KEYS=critic/score/mean 2>/dev/null
 	! cmp -s "$D/flat/critic_score_mean.png" "$D/plots/critic_score_mean.png"
 }
 
