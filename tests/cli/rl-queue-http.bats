@@ -296,3 +296,75 @@ print("ok")' <<< "$output"
 	assert_failure 1
 	[ "$(grep -c 'no stats from the broker' <<< "$stderr")" = 2 ]
 }
+
+@test "the page's script draws the broker's data (node with a stub DOM; no browser here)" {
+	command -v node >/dev/null || skip "node is not installed"
+	start_broker
+	flow
+	fetch / | tail -n +2 > "$D/page.html"
+	cat > "$D/run.js" <<'JS'
+"use strict";
+const fs = require("fs"), vm = require("vm");
+const html = fs.readFileSync(process.argv[2], "utf8"), base = process.argv[3];
+const m = html.match(/<script>([\s\S]*?)<\/script>/);
+if (!m) throw new Error("no inline script");
+const calls = {}, els = {}, urls = [];
+function ctx(id) {
+	const rec = (calls[id] = { lineTo: 0, fillRect: [], clearRect: 0 });
+	return new Proxy({}, {
+		get(_, k) {
+			if (k === "lineTo") return () => rec.lineTo++;
+			if (k === "fillRect") return (x, y, w, h) => rec.fillRect.push(h);
+			if (k === "clearRect") return () => rec.clearRect++;
+			return () => {};
+		},
+		set() { return true; },
+	});
+}
+function el(id) {
+	if (els[id]) return els[id];
+	const e = { id, width: 420, height: 180, childNodes: [], style: {}, textContent: "", className: "",
+		getContext: () => e.ctx || (e.ctx = ctx(id)),
+		appendChild(c) { this.childNodes.push(c); return c; },
+		removeChild(c) { this.childNodes.splice(this.childNodes.indexOf(c), 1); },
+		get firstChild() { return this.childNodes[0]; } };
+	return (els[id] = e);
+}
+const document = {
+	getElementById: el,
+	createElement: (t) => el(t + Math.random()),
+	createTextNode: (t) => ({ textContent: t }),
+};
+let polls = 0;
+const sandbox = {
+	document, Math, Date, Error, String, isFinite,
+	fetch: (u, o) => { urls.push(u); return fetch(new URL(u, base), o); },
+	setTimeout: (f) => { if (++polls < 3) setTimeout(f, 50); else setTimeout(done, 10); },
+};
+function text(e) { return e.textContent + e.childNodes.map(text).join(" "); }
+function done() {
+	const out = {
+		urls,
+		status: el("status").textContent,
+		rateLines: calls.c_rate && calls.c_rate.lineTo,
+		depthLines: calls.c_depth && calls.c_depth.lineTo,
+		staleBars: calls.c_stale && calls.c_stale.fillRect,
+		totals: text(el("totals")),
+	};
+	console.log(JSON.stringify(out));
+}
+vm.runInNewContext(m[1], sandbox);
+JS
+	run node "$D/run.js" "$D/page.html" "http://$HTTP/"
+	assert_success
+	run python3 -c 'import json, sys
+o = json.loads(sys.stdin.read())
+assert o["urls"] and all(u == "api/stats" for u in o["urls"]), o["urls"]
+assert o["status"].startswith("updated"), o["status"]
+assert o["rateLines"] > 0 and o["depthLines"] > 0, o
+b = o["staleBars"][-9:]   # the last redraw: buckets 0..7, 8+
+assert len(o["staleBars"]) % 9 == 0 and b[0] > 0 and sum(b[1:]) == 0, o["staleBars"]
+assert "done" in o["totals"] and "4" in o["totals"], o["totals"]
+print("ok")' <<< "$output"
+	assert_output "ok"
+}
