@@ -271,39 +271,50 @@ send_list(qctx *c)
 	}
 }
 
-static void
-stat_reply(rl_qserve *s, qctx *c)
+int
+rl_qserve_stats_json(rl_qserve *s, char **out)
 {
 	rl_buf t;
 	cJSON *o, *sv;
-	char *txt;
+	int rv, nwait;
 
+	*out = NULL;
 	rl_buf_init(&t);
-	if (rl_queue_stats_json(s->q, wall_ms(), &t) != 0 || rl_buf_putc(&t, 0) != 0 ||
-	    (o = cJSON_Parse((const char *)t.p)) == NULL) {
+	lock(s);
+	rv = rl_queue_stats_json(s->q, wall_ms(), &t);
+	nwait = s->nwait;
+	unlock(s);
+	if (rv != 0 || rl_buf_putc(&t, 0) != 0 || (o = cJSON_Parse((const char *)t.p)) == NULL) {
 		rl_buf_fini(&t);
-		reply_error(c, RL_ENOMEM, "cannot build stats");
-		return;
+		return RL_ENOMEM;
 	}
 	rl_buf_fini(&t);
 	if ((sv = cJSON_AddObjectToObject(o, "server")) != NULL) {
-		cJSON_AddNumberToObject(sv, "requests", (double)s->nreq);
-		cJSON_AddNumberToObject(sv, "bad_requests", (double)s->nbad);
-		cJSON_AddNumberToObject(sv, "waiting", s->nwait);
+		cJSON_AddNumberToObject(sv, "requests", (double)__atomic_load_n(&s->nreq, __ATOMIC_RELAXED));
+		cJSON_AddNumberToObject(sv, "bad_requests", (double)__atomic_load_n(&s->nbad, __ATOMIC_RELAXED));
+		cJSON_AddNumberToObject(sv, "waiting", nwait);
 		cJSON_AddNumberToObject(sv, "contexts", s->nctx);
-		cJSON_AddNumberToObject(sv, "decompress_s", s->t_decomp / 1e9);
-		cJSON_AddNumberToObject(sv, "compress_s", s->t_comp / 1e9);
-		cJSON_AddNumberToObject(sv, "state_s", s->t_state / 1e9);
-		cJSON_AddNumberToObject(sv, "journal_s", s->t_journal / 1e9);
-		cJSON_AddNumberToObject(sv, "lock_wait_s", s->t_lockwait / 1e9);
+		cJSON_AddNumberToObject(sv, "decompress_s", __atomic_load_n(&s->t_decomp, __ATOMIC_RELAXED) / 1e9);
+		cJSON_AddNumberToObject(sv, "compress_s", __atomic_load_n(&s->t_comp, __ATOMIC_RELAXED) / 1e9);
+		cJSON_AddNumberToObject(sv, "state_s", __atomic_load_n(&s->t_state, __ATOMIC_RELAXED) / 1e9);
+		cJSON_AddNumberToObject(sv, "journal_s", __atomic_load_n(&s->t_journal, __ATOMIC_RELAXED) / 1e9);
+		cJSON_AddNumberToObject(sv, "lock_wait_s", __atomic_load_n(&s->t_lockwait, __ATOMIC_RELAXED) / 1e9);
 	}
-	txt = cJSON_PrintUnformatted(o);
+	*out = cJSON_PrintUnformatted(o);
 	cJSON_Delete(o);
-	reply_reset(c);
-	if (txt == NULL) {
+	return *out ? RL_OK : RL_ENOMEM;
+}
+
+static void
+stat_reply(rl_qserve *s, qctx *c)
+{
+	char *txt;
+
+	if (rl_qserve_stats_json(s, &txt) != 0) {
 		reply_error(c, RL_ENOMEM, "cannot build stats");
 		return;
 	}
+	reply_reset(c);
 	rl_buf_append(&c->body, txt, strlen(txt));
 	free(txt);
 }
@@ -492,9 +503,7 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 		break;
 	}
 	case RL_QOP_STAT:
-		lock(s);
 		stat_reply(s, c);
-		unlock(s);
 		break;
 	default:
 		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);

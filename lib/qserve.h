@@ -5,8 +5,8 @@
  * commit of the journal (one write + fdatasync covers every request that
  * arrived meanwhile; no reply leaves before its changes are durable).
  *
- * Leaves out: the HTTP listener (/metrics, dashboard): --http is parsed by
- * rl-queue serve and reported as not available yet.
+ * The HTTP listener (/metrics, /api/stats, the dashboard) is lib/qhttp.c;
+ * rl-queue serve feeds it rl_qserve_stats_json.
  */
 #ifndef RL_QSERVE_H
 #define RL_QSERVE_H
@@ -33,6 +33,11 @@ int rl_qserve_open(rl_qserve **out, const rl_qserve_config *cfg);
 /* rl_qserve_run: serves until *stop becomes non-zero (a signal handler sets
  * it) or the journal fails (RL_EIO).  Call from one thread. */
 int rl_qserve_run(rl_qserve *s, volatile sig_atomic_t *stop);
+/* rl_qserve_stats_json: the broker's stats (what `rl-queue stat --json`
+ * prints) as a NUL-terminated JSON object in *out (malloc'd; caller frees).
+ * Takes the queue lock; safe from any thread while the server is open.
+ * Errors: RL_ENOMEM. */
+int rl_qserve_stats_json(rl_qserve *s, char **out);
 /* Stops serving, writes pending journal ops, frees.  Accepts NULL. */
 void rl_qserve_close(rl_qserve *s);
 

@@ -923,6 +923,7 @@ hist_add(rl_queue *q, const qent *e)
 	}
 	uint64_t d = q->version > (uint64_t)e->version ? q->version - (uint64_t)e->version : 0;
 	q->st.staleness[d > 8 ? 8 : d]++;
+	q->st.staleness_sum += d;
 }
 
 static int
@@ -1389,6 +1390,7 @@ rl_queue_stats_json(rl_queue *q, uint64_t now_ms, rl_buf *out)
 	h = cJSON_AddArrayToObject(o, "staleness");
 	for (int i = 0; i < 9 && h; i++)
 		cJSON_AddItemToArray(h, cJSON_CreateNumber((double)s.staleness[i]));
+	cJSON_AddNumberToObject(o, "staleness_sum", (double)s.staleness_sum);
 	if (q->jfd >= 0) {
 		cJSON *j = cJSON_AddObjectToObject(o, "journal");
 		if (j) {

@@ -1,6 +1,7 @@
 /*
  * serve.c — `rl-queue serve`: parse options into rl_qserve_config and run
- * the broker (lib/qserve.c) until SIGINT or SIGTERM.
+ * the broker (lib/qserve.c) until SIGINT or SIGTERM, with the HTTP listener
+ * (lib/qhttp.c) beside it when --http is given.
  */
 #include <getopt.h>
 #include <signal.h>
@@ -10,6 +11,7 @@
 
 #include "core.h"
 #include "io.h"
+#include "qhttp.h"
 #include "qserve.h"
 #include "rlq.h"
 
@@ -31,13 +33,16 @@ static const char usage_text[] =
 	"      --max-msg SIZE       largest request accepted (default 64M)\n"
 	"      --compact-bytes SIZE compact the journal past this size (default 256M)\n"
 	"      --contexts N         requests served at once (default 64)\n"
-	"      --http ADDR          HTTP listener for /metrics (not in this build)\n"
+	"      --http ADDR          serve /metrics (Prometheus), /api/stats (JSON) and\n"
+	"                           a live dashboard at / on ADDR (HOST:PORT, :PORT)\n"
+	"      --http-public        allow --http on a non-loopback address\n"
 	"  -q, --quiet              print errors only\n"
 	"  -v, --verbose            print more\n"
 	"  -h, --help               print this help and exit\n"
 	"\n"
-	"Exit status: 0 stopped by a signal, 1 runtime failure, 2 usage error,\n"
-	"3 cannot listen on URL.\n";
+	"Exit status: 0 stopped by a signal, 1 runtime failure, 2 usage error\n"
+	"(a public --http address without --http-public too), 3 cannot listen on\n"
+	"URL or on the --http address.\n";
 
 static volatile sig_atomic_t stop_flag;
 
@@ -48,7 +53,13 @@ on_signal(int sig)
 	stop_flag = 1;
 }
 
-enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP };
+static int
+stats_cb(void *arg, char **json)
+{
+	return rl_qserve_stats_json(arg, json);
+}
+
+enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC };
 
 static int
 parse_num(const char *opt, const char *s, double lo, double hi, double *out)
@@ -79,6 +90,7 @@ rlq_serve_main(int argc, char **argv)
 		{ "compact-bytes", required_argument, NULL, OPT_COMPACT },
 		{ "contexts", required_argument, NULL, OPT_CONTEXTS },
 		{ "http", required_argument, NULL, OPT_HTTP },
+		{ "http-public", no_argument, NULL, OPT_HTTP_PUBLIC },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
@@ -88,7 +100,8 @@ rlq_serve_main(int argc, char **argv)
 	const char *http = NULL;
 	struct sigaction sa;
 	rl_qserve *s = NULL;
-	int c, rv, verbosity = RL_LOG_NORMAL;
+	rl_qhttp *hs = NULL;
+	int c, rv, http_public = 0, verbosity = RL_LOG_NORMAL;
 	long long sz;
 	double d;
 
@@ -144,6 +157,7 @@ rlq_serve_main(int argc, char **argv)
 			cfg.nctx = (int)d;
 			break;
 		case OPT_HTTP: http = optarg; break;
+		case OPT_HTTP_PUBLIC: http_public = 1; break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity++; break;
 		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
@@ -163,8 +177,19 @@ rlq_serve_main(int argc, char **argv)
 		return 2;
 	}
 	rl_log_set_level(verbosity);
-	if (http)
-		rl_warn("serve: --http %s: the HTTP listener is not in this build yet; use 'rl-queue stat'", http);
+	if (http) {   /* refuse a bad or public address before anything listens */
+		char url[300];
+		int loop;
+		if (rl_qhttp_parse_addr(url, sizeof url, &loop, http) != 0) {
+			rl_error("serve: --http wants HOST:PORT, [IPV6]:PORT or :PORT, not '%s'", http);
+			return 2;
+		}
+		if (!loop && !http_public) {
+			rl_error("serve: refusing --http on '%s': not a loopback address", http);
+			rl_hint("the listener has no authentication; add --http-public to serve beyond this machine");
+			return 2;
+		}
+	}
 
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = on_signal;
@@ -174,9 +199,21 @@ rlq_serve_main(int argc, char **argv)
 
 	if ((rv = rl_qserve_open(&s, &cfg)) != 0)
 		return rv == RL_ENET ? 3 : 1;
+	if (http) {
+		rl_qhttp_config hc = {
+			.addr = http, .allow_public = http_public,
+			.stats = stats_cb, .arg = s,
+		};
+		if ((rv = rl_qhttp_open(&hs, &hc)) != 0) {
+			rl_qserve_close(s);
+			return rv == RL_ENET ? 3 : 1;
+		}
+		rl_info("http on %s (/metrics, /api/stats, /)", rl_qhttp_url(hs));
+	}
 	rl_info("serving on %s%s%s", cfg.listen, cfg.queue.data_dir ? ", journal in " : "",
 	    cfg.queue.data_dir ? cfg.queue.data_dir : "");
 	rv = rl_qserve_run(s, &stop_flag);
+	rl_qhttp_close(hs);   /* before the broker its handlers read */
 	rl_qserve_close(s);
 	if (rv != 0) {
 		rl_error("serve: stopped: %s", rl_strerror(rv));

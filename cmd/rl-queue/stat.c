@@ -1,13 +1,17 @@
 /*
- * stat.c — `rl-queue stat URL [--json]`: the broker's state: depth per
- * state, throughput per stage, staleness histogram, lease expiries, drops,
- * and where the broker's time goes.
+ * stat.c — `rl-queue stat URL [--json] [--watch [SECONDS]]`: the broker's
+ * state: depth per state, throughput per stage, staleness histogram, lease
+ * expiries, drops, and where the broker's time goes; with --watch, again
+ * every SECONDS (the screen redrawn on a terminal, one block or JSON line
+ * per refresh otherwise) until interrupted or --count refreshes.
  */
 #include <cjson/cJSON.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core.h"
 #include "io.h"
@@ -16,9 +20,13 @@
 
 static const char usage_text[] =
 	"usage: rl-queue stat [OPTION]... URL\n"
+	"       rl-queue stat [OPTION]... URL --watch [SECONDS]\n"
 	"Print the state of the broker at URL.\n"
 	"\n"
 	"  -j, --json           print one JSON object (as the broker sends it)\n"
+	"  -w, --watch[=S]      print it again every S seconds (default 1) until\n"
+	"                       interrupted; a terminal is redrawn in place\n"
+	"  -c, --count N        with --watch: stop after N refreshes\n"
 	"  -t, --timeout S      wait S seconds for the broker (default 5)\n"
 	"  -q, --quiet          print errors only\n"
 	"  -v, --verbose        print more\n"
@@ -98,11 +106,72 @@ print_text(const cJSON *o)
 	    num(o, "server.compress_s"), num(o, "server.journal_s"), num(o, "server.lock_wait_s"));
 }
 
+static volatile sig_atomic_t stop_flag;
+
+static void
+on_signal(int sig)
+{
+	(void)sig;
+	stop_flag = 1;
+}
+
+static int
+parse_secs(const char *opt, const char *s, double lo, double hi, double *out)
+{
+	char *end;
+	double d = strtod(s, &end);
+
+	if (*s == 0 || *end || !(d >= lo && d <= hi)) {
+		rl_error("stat: %s wants seconds from %g to %g, not '%s'", opt, lo, hi, s);
+		return -1;
+	}
+	*out = d;
+	return 0;
+}
+
+/* Prints one refresh; returns 0 or an rl_err. */
+static int
+show(rl_qclient *cl, int js, int tty, int watch)
+{
+	char *json = NULL;
+	cJSON *doc;
+	int rv;
+
+	rv = rl_qclient_stats(cl, &json);
+	if (watch && tty)
+		printf("\033[H\033[2J");
+	if (rv != 0) {
+		if (watch) {
+			if (tty)
+				printf("broker unreachable: %s (retrying)\n", rl_strerror(rv));
+			rl_error("stat: no stats from the broker: %s", rl_strerror(rv));
+			fflush(stdout);
+		}
+		return rv;
+	}
+	if (js) {
+		printf("%s\n", json);
+	} else if ((doc = cJSON_Parse(json)) != NULL) {
+		print_text(doc);
+		cJSON_Delete(doc);
+		if (watch && !tty)
+			printf("\n");
+	} else {
+		rl_error("stat: the broker sent stats that are not JSON");
+		rv = RL_EFORMAT;
+	}
+	free(json);
+	fflush(stdout);
+	return rv;
+}
+
 int
 rlq_stat_main(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "json", no_argument, NULL, 'j' },
+		{ "watch", optional_argument, NULL, 'w' },
+		{ "count", required_argument, NULL, 'c' },
 		{ "timeout", required_argument, NULL, 't' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -111,23 +180,29 @@ rlq_stat_main(int argc, char **argv)
 	};
 	rl_qclient_opts o;
 	rl_qclient *cl = NULL;
-	char *json = NULL, *end;
-	cJSON *doc;
-	int c, js = 0, rv, verbosity = RL_LOG_NORMAL;
-	double d;
+	struct sigaction sa;
+	int c, js = 0, rv, verbosity = RL_LOG_NORMAL, watch = 0, tty;
+	double d, every = 1, count = 0;
+	long done = 0;
 
 	rl_qclient_opts_default(&o);
 	o.timeout_ms = 5000;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":jt:qvh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":jw::c:t:qvh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j': js = 1; break;
-		case 't':
-			d = strtod(optarg, &end);
-			if (*optarg == 0 || *end || !(d > 0 && d <= 86400)) {
-				rl_error("stat: --timeout wants seconds from 0 to 86400, not '%s'", optarg);
+		case 'w':
+			watch = 1;
+			if (optarg && parse_secs("--watch", optarg, 0.05, 86400, &every) != 0)
 				return 2;
-			}
+			break;
+		case 'c':
+			if (parse_secs("--count", optarg, 1, 1e9, &count) != 0)
+				return 2;
+			break;
+		case 't':
+			if (parse_secs("--timeout", optarg, 0.001, 86400, &d) != 0)
+				return 2;
 			o.timeout_ms = (int)(d * 1000);
 			break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
@@ -143,29 +218,54 @@ rlq_stat_main(int argc, char **argv)
 			return 2;
 		}
 	}
+	/* `--watch 2`: getopt leaves the 2 among the operands; a URL is never a
+	 * bare number, so a numeric operand beside the URL is the interval */
+	if (watch && argc - optind == 2) {
+		int k = strspn(argv[optind], "0123456789.") == strlen(argv[optind]) ? optind : optind + 1;
+		if (parse_secs("--watch", argv[k], 0.05, 86400, &every) != 0)
+			return 2;
+		if (k == optind)
+			argv[optind] = argv[optind + 1];
+		argc--;
+	}
 	if (optind != argc - 1) {
 		rl_error(optind >= argc ? "stat: missing the broker URL" : "stat: too many arguments");
 		fputs(usage_text, stderr);
+		return 2;
+	}
+	if (count > 0 && !watch) {
+		rl_error("stat: --count goes with --watch");
 		return 2;
 	}
 	rl_log_set_level(verbosity);
 	o.retry_ms = o.timeout_ms;   /* a lost connection is retried within the timeout */
 	if ((rv = rl_qclient_open(&cl, argv[optind], &o)) != 0)
 		return 1;
-	rv = rl_qclient_stats(cl, &json);
-	rl_qclient_close(cl);
-	if (rv != 0)
-		return rv == RL_ETIMEDOUT ? 3 : 1;
-	if (js) {
-		printf("%s\n", json);
-	} else if ((doc = cJSON_Parse(json)) != NULL) {
-		print_text(doc);
-		cJSON_Delete(doc);
-	} else {
-		rl_error("stat: the broker sent stats that are not JSON");
-		rv = RL_EFORMAT;
+	if (!watch) {
+		rv = show(cl, js, 0, 0);
+		rl_qclient_close(cl);
+		if (rl_io_close_stdout() != 0 && rv == 0)
+			rv = RL_EIO;
+		return rv == 0 ? 0 : rv == RL_ETIMEDOUT ? 3 : 1;
 	}
-	free(json);
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_signal;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	tty = isatty(STDOUT_FILENO);
+	while (!stop_flag) {
+		double next = rl_now() + every;
+		rv = show(cl, js, tty, 1);
+		if (rv == RL_EFORMAT || ferror(stdout))
+			break;
+		if (count > 0 && ++done >= (long)count)
+			break;
+		while (!stop_flag && rl_now() < next) {
+			double left = next - rl_now();
+			usleep((useconds_t)(RL_MIN(left, 0.1) * 1e6) + 1);
+		}
+	}
+	rl_qclient_close(cl);
 	if (rl_io_close_stdout() != 0 && rv == 0)
 		rv = RL_EIO;
 	return rv == 0 ? 0 : 1;

@@ -1,0 +1,370 @@
+#!/usr/bin/env bats
+# rl-queue serve --http: /metrics checked by a strict Prometheus text-format
+# parser after records flowed through the broker, its numbers against
+# `rl-queue stat --json`; /api/stats; the dashboard page; loopback-only
+# binds; malformed requests; `rl-queue stat --watch`.  Everything on
+# 127.0.0.1; brokers are killed by pid in teardown.
+
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup() {
+	bats_require_minimum_version 1.5.0
+	D=$(mktemp -d /tmp/rlq-http-bats.XXXXXX)
+	PIDS=""
+	for i in 1 2 3; do
+		printf '{"prompt_text":"what is %d+%d","meta":{"answer":"%d"},"group_size":2}\n' $i $i $((i + i))
+	done > "$D/prompts.jsonl"
+	for g in 1 2; do
+		for i in 0 1; do
+			printf '{"id":%d,"group":%d,"index":%d,"group_size":2,"version":[0,0],"response":[1,2,3],"reward":%d}\n' \
+				$((g * 10 + i + 1)) $g $i $i
+		done
+	done > "$D/scored.jsonl"
+}
+
+teardown() {
+	for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
+	rm -rf "$D"
+}
+
+# fetch PATH: prints the body of http://$HTTP/PATH (fails on a non-2xx status)
+fetch() {
+	python3 - "http://$HTTP$1" <<'EOF'
+import sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=5) as r:
+    sys.stdout.write(r.headers.get("Content-Type", "") + "\n")
+    sys.stdout.write(r.read().decode("utf-8"))
+EOF
+}
+
+# start_broker ARGS...: a broker on random free ports with --http, waits
+# until both the broker and the HTTP listener answer
+start_broker() {
+	for _ in $(seq 10); do
+		URL="tcp://127.0.0.1:$((20000 + RANDOM % 40000))"
+		HTTP="127.0.0.1:$((20000 + RANDOM % 40000))"
+		rl-queue serve --listen "$URL" --http "$HTTP" -q "$@" 3>&- &
+		BROKER=$!
+		PIDS="$PIDS $BROKER"
+		for _ in $(seq 100); do
+			kill -0 "$BROKER" 2>/dev/null || break    # a port taken: try others
+			if rl-queue stat --timeout 0.2 "$URL" >/dev/null 2>&1 && fetch /api/stats >/dev/null 2>&1; then
+				return 0
+			fi
+			sleep 0.05
+		done
+	done
+	echo "broker did not start" >&2
+	return 1
+}
+
+# flow: records through every stage, one lease left to expire
+flow() {
+	rl-queue put -q "$URL" "$D/prompts.jsonl"
+	rl-queue get -q --stage rollout -n 2 "$URL" > /dev/null
+	rl-queue get -q --stage rollout -n 1 --lease-timeout 0.2 "$URL" > /dev/null
+	rl-queue put -q --stage scored "$URL" "$D/scored.jsonl"
+	rl-queue get -q --stage train -n 4 --ack "$URL" > /dev/null
+	sleep 0.5   # the 0.2 s lease expires
+}
+
+@test "/metrics is strict Prometheus text and agrees with rl-queue stat --json" {
+	start_broker --max-staleness 2 --train-batch 4
+	flow
+	fetch /metrics > "$D/metrics.txt"
+	rl-queue stat --json "$URL" > "$D/stat.json"
+	run python3 - "$D/metrics.txt" "$D/stat.json" <<'EOF'
+import json, re, sys
+lines = open(sys.argv[1]).read().split("\n")
+st = json.load(open(sys.argv[2]))
+ctype = lines.pop(0)
+assert ctype.startswith("text/plain; version=0.0.4"), ctype
+assert lines[-1] == "", "the exposition ends with a newline"
+lines.pop()
+NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
+SAMPLE = re.compile(r"^(%s)(\{(?:%s)(?:,%s)*\})? (\S+)$" % (NAME, LABEL, LABEL))
+typed, helped, samples, seen_family = {}, set(), {}, []
+for ln in lines:
+    if ln.startswith("# HELP "):
+        name = ln.split(" ")[2]
+        assert re.fullmatch(NAME, name), ln
+        assert name not in helped, "HELP twice: " + ln
+        helped.add(name)
+        continue
+    if ln.startswith("# TYPE "):
+        parts = ln.split(" ")
+        assert len(parts) == 4 and re.fullmatch(NAME, parts[2]), ln
+        assert parts[3] in ("counter", "gauge", "histogram", "summary", "untyped"), ln
+        assert parts[2] not in typed, "TYPE twice: " + ln
+        typed[parts[2]] = parts[3]
+        seen_family.append(parts[2])
+        continue
+    assert not ln.startswith("#"), "stray comment: " + ln
+    m = SAMPLE.match(ln)
+    assert m, "not a sample line: %r" % ln
+    name, labels, value = m.group(1), m.group(2) or "", m.group(3)
+    v = float(value)     # raises on a bad value; +Inf/NaN parse too
+    fam = name
+    for suf in ("_bucket", "_sum", "_count"):
+        if name.endswith(suf) and name[: -len(suf)] in typed and typed[name[: -len(suf)]] == "histogram":
+            fam = name[: -len(suf)]
+    assert fam in typed, "sample before its TYPE line: " + ln
+    assert fam == seen_family[-1], "samples of %s not grouped together" % fam
+    if typed[fam] == "counter":
+        assert name.endswith("_total") and v >= 0, ln
+    key = name + labels
+    assert key not in samples, "duplicate sample: " + ln
+    samples[key] = v
+
+def agree(key, want):
+    got = samples.get(key)
+    assert got is not None, "missing " + key
+    assert got == want, "%s: metrics %r, stat %r" % (key, got, want)
+
+agree("rlqueue_trainer_version", st["version"])
+agree("rlqueue_inflight_samples", st["inflight"])
+agree("rlqueue_inflight_cap_samples", st["inflight_cap"])
+agree("rlqueue_memory_bytes", st["bytes"])
+agree("rlqueue_groups", st["groups"])
+agree("rlqueue_leases", st["leases"])
+for s, n in st["depth"].items():
+    agree('rlqueue_depth{state="%s"}' % s, n)
+for k in ("prompt", "generated", "scored"):
+    agree('rlqueue_put_records_total{kind="%s"}' % k, st["total"]["put_" + k])
+for k in ("rollout", "reward", "train"):
+    agree('rlqueue_leased_records_total{stage="%s"}' % k, st["total"]["leased_" + k])
+    assert 'rlqueue_leased_records_per_second{stage="%s"}' % k in samples
+agree("rlqueue_done_records_total", st["total"]["done"])
+agree("rlqueue_lease_expiries_total", st["total"]["expired_leases"])
+agree("rlqueue_stale_dropped_total", st["total"]["stale_dropped"])
+cum = 0
+for i, n in enumerate(st["staleness"][:-1]):
+    cum += n
+    agree('rlqueue_staleness_bucket{le="%d"}' % i, cum)
+agree('rlqueue_staleness_bucket{le="+Inf"}', sum(st["staleness"]))
+agree("rlqueue_staleness_count", sum(st["staleness"]))
+agree("rlqueue_staleness_sum", st["staleness_sum"])
+assert typed["rlqueue_staleness"] == "histogram"
+# the records really flowed
+assert st["total"]["done"] == 4 and st["total"]["expired_leases"] >= 1, st["total"]
+assert st["staleness"][0] == 4, st["staleness"]
+print("ok", len(samples), "samples")
+EOF
+	assert_success
+	assert_output --partial "ok "
+}
+
+@test "/api/stats is the JSON of rl-queue stat --json" {
+	start_broker
+	flow
+	fetch /api/stats > "$D/api.txt"
+	rl-queue stat --json "$URL" > "$D/stat.json"
+	run python3 - "$D/api.txt" "$D/stat.json" <<'EOF'
+import json, sys
+ctype, body = open(sys.argv[1]).read().split("\n", 1)
+assert ctype == "application/json", ctype
+a, s = json.loads(body), json.load(open(sys.argv[2]))
+assert set(a) == set(s), (sorted(a), sorted(s))
+for k in ("depth", "total", "staleness", "version", "groups"):
+    assert a[k] == s[k], (k, a[k], s[k])
+print("ok")
+EOF
+	assert_success
+	assert_output "ok"
+}
+
+@test "the dashboard page is self-contained HTML that polls /api/stats" {
+	start_broker
+	fetch / > "$D/page.txt"
+	run python3 - "$D/page.txt" <<'EOF'
+import re, sys
+ctype, body = open(sys.argv[1]).read().split("\n", 1)
+assert ctype.startswith("text/html"), ctype
+assert body.lstrip().lower().startswith("<!doctype html>")
+assert "<canvas" in body and "api/stats" in body and "<script>" in body
+ext = re.findall(r"(?:https?:)?//[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}|<script[^>]*\ssrc=|<link[^>]*\shref=", body)
+assert not ext, "external references: %r" % ext
+assert "@import" not in body and "url(" not in body
+print("ok")
+EOF
+	assert_success
+	assert_output "ok"
+	run python3 -c 'import sys, urllib.request, urllib.error
+try:
+    urllib.request.urlopen("http://'"$HTTP"'/no-such-page", timeout=5)
+except urllib.error.HTTPError as e:
+    print(e.code)'
+	assert_output "404"
+}
+
+@test "--http refuses non-loopback binds unless --http-public, and bad addresses" {
+	for a in 0.0.0.0:9 192.0.2.1:9 '[::]:9' example.org:9; do
+		run --separate-stderr rl-queue serve --listen tcp://127.0.0.1:1 --http "$a"
+		assert_failure 2
+		[[ "$stderr" == *"not a loopback address"* ]]
+		[[ "$stderr" == *"--http-public"* ]]
+	done
+	for a in nonsense 127.0.0.1 127.0.0.1:99999 https://127.0.0.1:9 127.0.0.1:9/x ::1:9; do
+		run --separate-stderr rl-queue serve --listen tcp://127.0.0.1:1 --http "$a"
+		assert_failure 2
+		[[ "$stderr" == *"--http wants HOST:PORT"* ]]
+	done
+	# an HTTP port already taken: exit 3, naming the address
+	start_broker
+	run --separate-stderr timeout 10 rl-queue serve --listen "tcp://127.0.0.1:$((20000 + RANDOM % 40000))" --http "$HTTP" 3>&-
+	assert_failure 3
+	[[ "$stderr" == *"cannot listen on 'http://$HTTP'"* ]]
+}
+
+@test "malformed HTTP requests leave the listener and the broker serving" {
+	start_broker
+	run python3 - "$HTTP" <<'EOF'
+import socket, sys, os
+host, port = sys.argv[1].rsplit(":", 1)
+def send(data, read=True):
+    # the server may close on us mid-way: that is an answer too
+    s = socket.create_connection((host, int(port)), timeout=3)
+    try:
+        s.sendall(data)
+        if not read:
+            return b""
+        s.shutdown(socket.SHUT_WR)
+        return s.recv(4096)
+    except OSError:
+        return b""
+    finally:
+        s.close()
+replies = [
+    send(os.urandom(2048)),
+    send(b"\x00\xff\xfe GET / HTTP/1.1\r\n\r\n"),
+    send(b"GET /metrics HTTP/9.9\r\n\r\n"),
+    send(b"GET " + b"/a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
+    send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-Long: " + b"y" * 100000 + b"\r\n\r\n"),
+    send(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\nabc"),
+    send(b"GET /api/stats HTTP/1.1\r\nHost", read=False),   # half a request, then gone
+]
+assert all(r == b"" or r.startswith(b"HTTP/1.") for r in replies[:-1]), replies
+assert replies[2].startswith(b"HTTP/1.1 505"), replies[2][:40]
+assert replies[5].startswith(b"HTTP/1.1 405"), replies[5][:40]
+print("sent")
+EOF
+	assert_success
+	run fetch /metrics
+	assert_success
+	assert_output --partial "rlqueue_trainer_version"
+	run rl-queue stat --json "$URL"
+	assert_success
+}
+
+@test "rl-queue stat --watch refreshes the numbers until --count or a signal" {
+	start_broker
+	rl-queue put -q "$URL" "$D/prompts.jsonl"
+	run --separate-stderr timeout 20 rl-queue stat "$URL" --watch 0.1 --count 3
+	assert_success
+	[ "$(grep -c '^depth: prompt 3' <<< "$output")" = 3 ]
+	# JSON: one object per refresh; a change shows in the next one
+	( sleep 0.5; rl-queue get -q --stage rollout -n 1 "$URL" > /dev/null ) &
+	run --separate-stderr timeout 20 rl-queue stat --json --watch=0.2 --count 8 "$URL"
+	assert_success
+	[ "${#lines[@]}" = 8 ]
+	run python3 -c 'import json, sys
+d = [json.loads(l)["depth"]["leased"] for l in sys.stdin]
+assert d[0] == 0 and d[-1] == 1, d
+print("ok")' <<< "$output"
+	assert_output "ok"
+	# interrupted: exit 0
+	rl-queue stat --watch 0.1 "$URL" > "$D/watch.txt" 3>&- &
+	W=$!
+	PIDS="$PIDS $W"
+	sleep 0.4
+	kill -INT "$W"
+	wait "$W"
+	grep -q '^depth: prompt 2' "$D/watch.txt"
+	# usage
+	run -2 --separate-stderr rl-queue stat --count 2 "$URL"
+	run -2 --separate-stderr rl-queue stat --watch=never "$URL"
+	run -2 --separate-stderr rl-queue stat "$URL" --watch soon
+}
+
+@test "rl-queue stat --watch reports a dead broker and keeps trying" {
+	start_broker
+	kill -9 "$BROKER"
+	wait "$BROKER" 2>/dev/null || true
+	run --separate-stderr timeout 20 rl-queue stat --timeout 0.2 --watch 0.1 --count 2 "$URL"
+	assert_failure 1
+	[ "$(grep -c 'no stats from the broker' <<< "$stderr")" = 2 ]
+}
+
+@test "the page's script draws the broker's data (node with a stub DOM; no browser here)" {
+	command -v node >/dev/null || skip "node is not installed"
+	start_broker
+	flow
+	fetch / | tail -n +2 > "$D/page.html"
+	cat > "$D/run.js" <<'JS'
+"use strict";
+const fs = require("fs"), vm = require("vm");
+const html = fs.readFileSync(process.argv[2], "utf8"), base = process.argv[3];
+const m = html.match(/<script>([\s\S]*?)<\/script>/);
+if (!m) throw new Error("no inline script");
+const calls = {}, els = {}, urls = [];
+function ctx(id) {
+	const rec = (calls[id] = { lineTo: 0, fillRect: [], clearRect: 0 });
+	return new Proxy({}, {
+		get(_, k) {
+			if (k === "lineTo") return () => rec.lineTo++;
+			if (k === "fillRect") return (x, y, w, h) => rec.fillRect.push(h);
+			if (k === "clearRect") return () => rec.clearRect++;
+			return () => {};
+		},
+		set() { return true; },
+	});
+}
+function el(id) {
+	if (els[id]) return els[id];
+	const e = { id, width: 420, height: 180, childNodes: [], style: {}, textContent: "", className: "",
+		getContext: () => e.ctx || (e.ctx = ctx(id)),
+		appendChild(c) { this.childNodes.push(c); return c; },
+		removeChild(c) { this.childNodes.splice(this.childNodes.indexOf(c), 1); },
+		get firstChild() { return this.childNodes[0]; } };
+	return (els[id] = e);
+}
+const document = {
+	getElementById: el,
+	createElement: (t) => el(t + Math.random()),
+	createTextNode: (t) => ({ textContent: t }),
+};
+let polls = 0;
+const sandbox = {
+	document, Math, Date, Error, String, isFinite,
+	fetch: (u, o) => { urls.push(u); return fetch(new URL(u, base), o); },
+	setTimeout: (f) => { if (++polls < 3) setTimeout(f, 50); else setTimeout(done, 10); },
+};
+function text(e) { return e.textContent + e.childNodes.map(text).join(" "); }
+function done() {
+	const out = {
+		urls,
+		status: el("status").textContent,
+		rateLines: calls.c_rate && calls.c_rate.lineTo,
+		depthLines: calls.c_depth && calls.c_depth.lineTo,
+		staleBars: calls.c_stale && calls.c_stale.fillRect,
+		totals: text(el("totals")),
+	};
+	console.log(JSON.stringify(out));
+}
+vm.runInNewContext(m[1], sandbox);
+JS
+	run node "$D/run.js" "$D/page.html" "http://$HTTP/"
+	assert_success
+	run python3 -c 'import json, sys
+o = json.loads(sys.stdin.read())
+assert o["urls"] and all(u == "api/stats" for u in o["urls"]), o["urls"]
+assert o["status"].startswith("updated"), o["status"]
+assert o["rateLines"] > 0 and o["depthLines"] > 0, o
+b = o["staleBars"][-9:]   # the last redraw: buckets 0..7, 8+
+assert len(o["staleBars"]) % 9 == 0 and b[0] > 0 and sum(b[1:]) == 0, o["staleBars"]
+assert "done" in o["totals"] and "4" in o["totals"], o["totals"]
+print("ok")' <<< "$output"
+	assert_output "ok"
+}
