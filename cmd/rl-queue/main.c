@@ -14,7 +14,11 @@
 /* The subcommands: one X(NAME, summary) line each; NAME.c defines
  * int rlq_NAME_main(int argc, char **argv). */
 #define RLQ_SUBCOMMANDS(X) \
-	X(cat, "print trajectory streams as JSONL, or convert them to the binary form")
+	X(cat, "print trajectory streams as JSONL, or convert them to the binary form") \
+	X(serve, "run the broker") \
+	X(put, "send prompts or trajectories to a broker") \
+	X(get, "lease records from a broker and print them") \
+	X(stat, "print a broker's state and throughput")
 
 #define RLQ_DECLARE(name, summary) int rlq_##name##_main(int argc, char **argv);
 RLQ_SUBCOMMANDS(RLQ_DECLARE)

@@ -1,0 +1,171 @@
+/*
+ * get.c — `rl-queue get URL --stage S -n N`: lease up to N records of a
+ * stage and print them (JSONL, or binary frames as the broker sent them).
+ * The lease is kept (the records return to the pool when it expires) unless
+ * --ack or --release says otherwise.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "io.h"
+#include "qclient.h"
+#include "rlq.h"
+#include "traj.h"
+
+static const char usage_text[] =
+	"usage: rl-queue get [OPTION]... URL\n"
+	"Lease records from the broker at URL and print them.\n"
+	"\n"
+	"  -s, --stage STAGE      rollout (prompts), reward (generated) or\n"
+	"                         train (scored, whole groups); required\n"
+	"  -n, --count N          lease up to N records (default 1)\n"
+	"  -m, --min N            train: wait for at least N samples (default 1)\n"
+	"  -w, --wait S           wait up to S seconds for work (default 0)\n"
+	"  -t, --lease-timeout S  lease for S seconds (default: the broker's)\n"
+	"  -g, --group-size N     rollout: samples that will be made per prompt\n"
+	"      --ack              mark the records done after printing them\n"
+	"      --release          hand the records back after printing them\n"
+	"  -S, --stream           print binary zstd frames instead of JSONL\n"
+	"  -q, --quiet            print errors only\n"
+	"  -v, --verbose          print more (lease ids)\n"
+	"  -h, --help             print this help and exit\n"
+	"\n"
+	"Exit status: 0 success (also when nothing was leased), 1 failure,\n"
+	"2 usage error, 3 broker unreachable.\n";
+
+enum { OPT_ACK = 256, OPT_RELEASE };
+
+static int
+secs(const char *opt, const char *s, uint32_t *ms)
+{
+	char *end;
+	double d = strtod(s, &end);
+
+	if (*s == 0 || *end || !(d >= 0 && d <= 86400)) {
+		rl_error("get: %s wants seconds from 0 to 86400, not '%s'", opt, s);
+		return -1;
+	}
+	*ms = (uint32_t)(d * 1000 + 0.5);
+	return 0;
+}
+
+static int
+count(const char *opt, const char *s, uint32_t *n)
+{
+	char *end;
+	long long v = strtoll(s, &end, 10);
+
+	if (*s == 0 || *end || v < 1 || v > 10000000) {
+		rl_error("get: %s wants a count from 1 to 10000000, not '%s'", opt, s);
+		return -1;
+	}
+	*n = (uint32_t)v;
+	return 0;
+}
+
+int
+rlq_get_main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "stage", required_argument, NULL, 's' },
+		{ "count", required_argument, NULL, 'n' },
+		{ "min", required_argument, NULL, 'm' },
+		{ "wait", required_argument, NULL, 'w' },
+		{ "lease-timeout", required_argument, NULL, 't' },
+		{ "group-size", required_argument, NULL, 'g' },
+		{ "ack", no_argument, NULL, OPT_ACK },
+		{ "release", no_argument, NULL, OPT_RELEASE },
+		{ "stream", no_argument, NULL, 'S' },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	rl_qlease_req req = { .max_records = 1 };
+	rl_traj_writer_opts wo = { .format = RL_TRAJ_JSONL };
+	rl_traj_writer *w = NULL;
+	rl_qclient_opts o;
+	rl_qclient *cl = NULL;
+	rl_qlease l;
+	uint32_t want = 1, got = 0;
+	int c, stage = -1, after = -1, rv = RL_OK, verbosity = RL_LOG_NORMAL;
+
+	rl_qclient_opts_default(&o);
+	rl_qlease_init(&l);
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":s:n:m:w:t:g:SqvhH", opts, NULL)) != -1) {
+		switch (c) {
+		case 's':
+			if ((stage = rl_qstage_parse(optarg)) < 0) {
+				rl_error("get: --stage wants rollout, reward or train, not '%s'", optarg);
+				return 2;
+			}
+			break;
+		case 'n': if (count("--count", optarg, &want)) return 2; break;
+		case 'm': if (count("--min", optarg, &req.min_records)) return 2; break;
+		case 'w': if (secs("--wait", optarg, &req.wait_ms)) return 2; break;
+		case 't': if (secs("--lease-timeout", optarg, &req.lease_ms)) return 2; break;
+		case 'g': if (count("--group-size", optarg, &req.group_hint)) return 2; break;
+		case OPT_ACK: after = RL_QACK_DONE; break;
+		case OPT_RELEASE: after = RL_QACK_RELEASE; break;
+		case 'S': wo.format = RL_TRAJ_BINARY; break;
+		case 'q': verbosity = RL_LOG_QUIET; break;
+		case 'v': verbosity++; break;
+		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
+		case ':':
+			rl_error("get: option '%s' needs an argument", argv[optind - 1]);
+			fputs(usage_text, stderr);
+			return 2;
+		default:
+			rl_error("get: unknown option '%s'", argv[optind - 1]);
+			fputs(usage_text, stderr);
+			return 2;
+		}
+	}
+	if (optind != argc - 1 || stage < 0) {
+		rl_error(optind >= argc ? "get: missing the broker URL" : stage < 0 ? "get: --stage is required" :
+		    "get: too many arguments");
+		fputs(usage_text, stderr);
+		return 2;
+	}
+	rl_log_set_level(verbosity);
+	req.stage = (uint32_t)stage;
+	o.retry_ms = 0;
+	o.timeout_ms = 5000;
+	o.dedup = 0;
+	if ((rv = rl_qclient_open(&cl, argv[optind], &o)) != 0)
+		return 1;
+	if ((rv = rl_traj_writer_open_file(&w, stdout, "<stdout>", &wo)) != 0)
+		goto out;
+	while (got < want) {
+		rl_qack_result ar;
+		req.max_records = want - got;
+		if ((rv = rl_qclient_lease(cl, &req, &l)) != 0 || l.id == 0)
+			break;
+		got += (uint32_t)rl_qlease_count(&l);
+		rl_verbose("get: lease %llu: %zu records, deadline %llu", (unsigned long long)l.id, rl_qlease_count(&l),
+		    (unsigned long long)l.deadline_ms);
+		if ((rv = rl_traj_writer_put_batch(w, l.batch)) != 0 || (rv = rl_traj_writer_flush(w)) != 0)
+			break;
+		if (after == RL_QACK_DONE)
+			rv = rl_qclient_ack(cl, &l, &ar);
+		else if (after == RL_QACK_RELEASE)
+			rv = rl_qclient_release(cl, &l, &ar);
+		if (rv != 0)
+			break;
+	}
+	rl_verbose("get: %u records", got);
+out:
+	if (rl_traj_writer_close(w) != 0 && rv == 0)
+		rv = RL_EIO;
+	rl_qlease_fini(&l);
+	rl_qclient_close(cl);
+	if (rl_io_close_stdout() != 0 && rv == 0)
+		rv = RL_EIO;
+	if (rv == RL_ETIMEDOUT)
+		return 3;
+	return rv == 0 ? 0 : 1;
+}

@@ -1,0 +1,201 @@
+/*
+ * put.c — `rl-queue put URL FILE...`: send prompts (or trajectories) from
+ * JSONL files or binary streams to the broker, batch by batch.  Binary frames
+ * go out as they are (no recompression) unless records need an id.  A record
+ * without an id gets one from a hash of its bytes, so putting the same file
+ * twice is idempotent; a prompt without a group gets its id as group.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "io.h"
+#include "qclient.h"
+#include "rlq.h"
+#include "traj.h"
+
+static const char usage_text[] =
+	"usage: rl-queue put [OPTION]... URL [FILE|-]...\n"
+	"Send records (JSONL or binary streams, detected per file) to the broker\n"
+	"at URL.  No FILE, or -, reads standard input.\n"
+	"\n"
+	"  -s, --stage STAGE    prompt (default), generated or scored\n"
+	"  -t, --timeout S      give up when the broker is busy or unreachable\n"
+	"                       for S seconds (default 60)\n"
+	"  -z, --compress MODE  auto (default: off on loopback), on or off\n"
+	"  -q, --quiet          print errors only\n"
+	"  -v, --verbose        print more\n"
+	"  -h, --help           print this help and exit\n"
+	"\n"
+	"Exit status: 0 success, 1 bad input or refused, 2 usage error,\n"
+	"3 broker busy or unreachable until the timeout.\n";
+
+static uint64_t
+fnv1a(const void *p, size_t n)
+{
+	const uint8_t *s = p;
+	uint64_t h = 0xcbf29ce484222325ULL;
+
+	while (n--)
+		h = (h ^ *s++) * 0x100000001b3ULL;
+	return h;
+}
+
+/* The batch with ids (and prompt groups) filled in; *out is b itself when
+ * nothing was missing, else fixed (a new batch). */
+static int
+fill_ids(rl_traj_batch *b, int stage, rl_traj_batch *fixed, rl_traj *t, rl_traj_batch **out)
+{
+	size_t n = rl_traj_batch_count(b), missing = 0;
+	int rv;
+
+	*out = b;
+	for (size_t i = 0; i < n; i++) {
+		if ((rv = rl_traj_batch_get(b, i, t)) != 0)
+			return rv;
+		if (!rl_traj_has(t, RL_TAG_ID) || (stage == RL_QSTAGE_PROMPT && !rl_traj_has(t, RL_TAG_GROUP)))
+			missing++;
+	}
+	if (missing == 0)
+		return RL_OK;
+	rl_traj_batch_clear(fixed);
+	for (size_t i = 0; i < n; i++) {
+		const void *rec;
+		size_t len;
+		uint64_t id;
+		if ((rv = rl_traj_batch_raw(b, i, &rec, &len)) != 0 || (rv = rl_traj_batch_get(b, i, t)) != 0)
+			return rv;
+		if (rl_traj_get_u64(t, RL_TAG_ID, &id) != 0) {
+			id = fnv1a(rec, len) & 0x7fffffffffffffffULL;
+			if ((rv = rl_traj_set_u64(t, RL_TAG_ID, id)) != 0)
+				return rv;
+		}
+		if (stage == RL_QSTAGE_PROMPT && !rl_traj_has(t, RL_TAG_GROUP) &&
+		    (rv = rl_traj_set_u64(t, RL_TAG_GROUP, id)) != 0)
+			return rv;
+		if ((rv = rl_traj_batch_add(fixed, t)) != 0)
+			return rv;
+	}
+	*out = fixed;
+	return RL_OK;
+}
+
+int
+rlq_put_main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "stage", required_argument, NULL, 's' },
+		{ "timeout", required_argument, NULL, 't' },
+		{ "compress", required_argument, NULL, 'z' },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	rl_qclient_opts o;
+	rl_qclient *cl = NULL;
+	rl_traj_batch *fixed = NULL;
+	rl_traj *t = NULL;
+	unsigned long long nrec = 0, acc = 0, dup = 0, rej = 0;
+	int c, stage = RL_QSTAGE_PROMPT, rv = RL_OK, verbosity = RL_LOG_NORMAL;
+	const char *url;
+	char *end;
+	double d;
+
+	rl_qclient_opts_default(&o);
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":s:t:z:qvh", opts, NULL)) != -1) {
+		switch (c) {
+		case 's':
+			if ((stage = rl_qstage_parse(optarg)) < 0) {
+				rl_error("put: --stage wants prompt, generated or scored, not '%s'", optarg);
+				return 2;
+			}
+			break;
+		case 't':
+			d = strtod(optarg, &end);
+			if (*optarg == 0 || *end || !(d >= 0 && d <= 86400)) {
+				rl_error("put: --timeout wants seconds from 0 to 86400, not '%s'", optarg);
+				return 2;
+			}
+			o.retry_ms = (int)(d * 1000);
+			o.timeout_ms = RL_MAX(1000, RL_MIN(o.timeout_ms, o.retry_ms));
+			break;
+		case 'z':
+			if (strcmp(optarg, "auto") == 0) o.compress = -1;
+			else if (strcmp(optarg, "on") == 0) o.compress = 1;
+			else if (strcmp(optarg, "off") == 0) o.compress = 0;
+			else {
+				rl_error("put: --compress wants auto, on or off, not '%s'", optarg);
+				return 2;
+			}
+			break;
+		case 'q': verbosity = RL_LOG_QUIET; break;
+		case 'v': verbosity++; break;
+		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
+		case ':':
+			rl_error("put: option '%s' needs an argument", argv[optind - 1]);
+			fputs(usage_text, stderr);
+			return 2;
+		default:
+			rl_error("put: unknown option '%s'", argv[optind - 1]);
+			fputs(usage_text, stderr);
+			return 2;
+		}
+	}
+	if (optind >= argc) {
+		rl_error("put: missing the broker URL");
+		fputs(usage_text, stderr);
+		return 2;
+	}
+	rl_log_set_level(verbosity);
+	url = argv[optind++];
+	if ((rv = rl_qclient_open(&cl, url, &o)) != 0)
+		return 1;
+	if ((rv = rl_traj_batch_create(&fixed)) != 0 || (rv = rl_traj_create(&t)) != 0)
+		goto out;
+	for (int i = optind; i < argc || (i == optind && optind == argc); i++) {
+		const char *path = i < argc ? argv[i] : "-";
+		rl_traj_reader *r = NULL;
+		FILE *f = NULL;
+
+		if ((rv = rl_io_fopen(&f, path, "rb")) != 0)
+			break;
+		if ((rv = rl_traj_reader_open_file(&r, f, path, NULL)) == 0) {
+			for (;;) {
+				rl_traj_batch *b, *send;
+				rl_qput_result res;
+				if ((rv = rl_traj_reader_next_batch(r, &b)) != 0 || b == NULL)
+					break;
+				if (rl_traj_batch_count(b) == 0)
+					continue;
+				if ((rv = fill_ids(b, stage, fixed, t, &send)) != 0)
+					break;
+				if ((rv = rl_qclient_put(cl, stage, send, &res)) != 0) {
+					rl_error("put: '%s': the broker did not take a batch of %zu records: %s", path,
+					    rl_traj_batch_count(send), rl_strerror(rv));
+					break;
+				}
+				nrec += rl_traj_batch_count(send);
+				acc += res.accepted + res.replaced;
+				dup += res.duplicates;
+				rej += res.rejected;
+			}
+		}
+		rl_traj_reader_close(r);
+		if (f != stdin)
+			fclose(f);
+		if (rv != 0)
+			break;
+	}
+	rl_info("put: %llu records: %llu accepted, %llu duplicates, %llu rejected", nrec, acc, dup, rej);
+out:
+	rl_traj_destroy(t);
+	rl_traj_batch_destroy(fixed);
+	rl_qclient_close(cl);
+	if (rv == RL_EBUSY || rv == RL_ETIMEDOUT)
+		return 3;
+	return rv == 0 ? 0 : 1;
+}

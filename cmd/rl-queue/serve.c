@@ -1,0 +1,187 @@
+/*
+ * serve.c — `rl-queue serve`: parse options into rl_qserve_config and run
+ * the broker (lib/qserve.c) until SIGINT or SIGTERM.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "io.h"
+#include "qserve.h"
+#include "rlq.h"
+
+static const char usage_text[] =
+	"usage: rl-queue serve [OPTION]...\n"
+	"Run the broker: it keeps the state of every sample, leases work to the\n"
+	"stages, bounds staleness and memory, and journals changes.\n"
+	"\n"
+	"  -l, --listen URL         nng URL to listen on (default tcp://127.0.0.1:7400)\n"
+	"  -d, --data-dir DIR       journal every change to DIR/journal and replay it\n"
+	"                           at start (default: in memory only)\n"
+	"  -k, --max-staleness K    trainer never gets samples older than version v-K;\n"
+	"                           prompts leased while in flight <= (K+1) x batch (0)\n"
+	"  -b, --train-batch B      samples per trainer step, for the gate (0: no gate)\n"
+	"      --stale drop|regen   what happens to a stale group (default drop)\n"
+	"  -t, --lease-timeout S    seconds a lease lasts unless renewed (default 60)\n"
+	"  -m, --max-bytes SIZE     memory bound on stored records; producers are\n"
+	"                           told busy above it (k/M/G suffixes; default 1G)\n"
+	"      --max-msg SIZE       largest request accepted (default 64M)\n"
+	"      --compact-bytes SIZE compact the journal past this size (default 256M)\n"
+	"      --contexts N         requests served at once (default 64)\n"
+	"      --http ADDR          HTTP listener for /metrics (not in this build)\n"
+	"  -q, --quiet              print errors only\n"
+	"  -v, --verbose            print more\n"
+	"  -h, --help               print this help and exit\n"
+	"\n"
+	"Exit status: 0 stopped by a signal, 1 runtime failure, 2 usage error,\n"
+	"3 cannot listen on URL.\n";
+
+static volatile sig_atomic_t stop_flag;
+
+static void
+on_signal(int sig)
+{
+	(void)sig;
+	stop_flag = 1;
+}
+
+enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP };
+
+static int
+parse_num(const char *opt, const char *s, double lo, double hi, double *out)
+{
+	char *end;
+	double v = strtod(s, &end);
+
+	if (*s == 0 || *end || !(v >= lo && v <= hi)) {
+		rl_error("serve: %s wants a number from %g to %g, not '%s'", opt, lo, hi, s);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+int
+rlq_serve_main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "listen", required_argument, NULL, 'l' },
+		{ "data-dir", required_argument, NULL, 'd' },
+		{ "max-staleness", required_argument, NULL, 'k' },
+		{ "train-batch", required_argument, NULL, 'b' },
+		{ "stale", required_argument, NULL, OPT_STALE },
+		{ "lease-timeout", required_argument, NULL, 't' },
+		{ "max-bytes", required_argument, NULL, 'm' },
+		{ "max-msg", required_argument, NULL, OPT_MAX_MSG },
+		{ "compact-bytes", required_argument, NULL, OPT_COMPACT },
+		{ "contexts", required_argument, NULL, OPT_CONTEXTS },
+		{ "http", required_argument, NULL, OPT_HTTP },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	rl_qserve_config cfg = { .listen = "tcp://127.0.0.1:7400" };
+	const char *http = NULL;
+	struct sigaction sa;
+	rl_qserve *s = NULL;
+	int c, rv, verbosity = RL_LOG_NORMAL;
+	long long sz;
+	double d;
+
+	rl_queue_config_default(&cfg.queue);
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":l:d:k:b:t:m:qvh", opts, NULL)) != -1) {
+		switch (c) {
+		case 'l': cfg.listen = optarg; break;
+		case 'd': cfg.queue.data_dir = optarg; break;
+		case 'k':
+			if (parse_num("--max-staleness", optarg, 0, 1e6, &d) != 0)
+				return 2;
+			cfg.queue.max_staleness = (uint32_t)d;
+			break;
+		case 'b':
+			if (parse_num("--train-batch", optarg, 0, 1e8, &d) != 0)
+				return 2;
+			cfg.queue.train_batch = (uint32_t)d;
+			break;
+		case OPT_STALE:
+			if (strcmp(optarg, "drop") == 0) {
+				cfg.queue.stale = RL_QSTALE_DROP;
+			} else if (strcmp(optarg, "regen") == 0) {
+				cfg.queue.stale = RL_QSTALE_REGEN;
+			} else {
+				rl_error("serve: --stale wants 'drop' or 'regen', not '%s'", optarg);
+				return 2;
+			}
+			break;
+		case 't':
+			if (parse_num("--lease-timeout", optarg, 0.001, 86400 * 7, &d) != 0)
+				return 2;
+			cfg.queue.lease_ms = (uint32_t)(d * 1000 + 0.5);
+			break;
+		case 'm':
+		case OPT_MAX_MSG:
+		case OPT_COMPACT:
+			if ((sz = rlq_parse_size(optarg)) < 1024) {
+				rl_error("serve: %s wants a size of at least 1k (k/M/G suffixes), not '%s'",
+				    argv[optind - 1], optarg);
+				return 2;
+			}
+			if (c == 'm')
+				cfg.queue.max_bytes = (uint64_t)sz;
+			else if (c == OPT_MAX_MSG)
+				cfg.max_msg = (size_t)RL_MIN(sz, (long long)UINT32_MAX);
+			else
+				cfg.queue.compact_bytes = (uint64_t)sz;
+			break;
+		case OPT_CONTEXTS:
+			if (parse_num("--contexts", optarg, 8, 4096, &d) != 0)
+				return 2;
+			cfg.nctx = (int)d;
+			break;
+		case OPT_HTTP: http = optarg; break;
+		case 'q': verbosity = RL_LOG_QUIET; break;
+		case 'v': verbosity++; break;
+		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
+		case ':':
+			rl_error("serve: option '%s' needs an argument", argv[optind - 1]);
+			fputs(usage_text, stderr);
+			return 2;
+		default:
+			rl_error("serve: unknown option '%s'", argv[optind - 1]);
+			fputs(usage_text, stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		rl_error("serve: unexpected argument '%s'", argv[optind]);
+		fputs(usage_text, stderr);
+		return 2;
+	}
+	rl_log_set_level(verbosity);
+	if (http)
+		rl_warn("serve: --http %s: the HTTP listener is not in this build yet; use 'rl-queue stat'", http);
+
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_signal;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	if ((rv = rl_qserve_open(&s, &cfg)) != 0)
+		return rv == RL_ENET ? 3 : 1;
+	rl_info("serving on %s%s%s", cfg.listen, cfg.queue.data_dir ? ", journal in " : "",
+	    cfg.queue.data_dir ? cfg.queue.data_dir : "");
+	rv = rl_qserve_run(s, &stop_flag);
+	rl_qserve_close(s);
+	if (rv != 0) {
+		rl_error("serve: stopped: %s", rl_strerror(rv));
+		return 1;
+	}
+	rl_verbose("serve: stopped");
+	return 0;
+}

@@ -1,0 +1,368 @@
+/*
+ * rl-reward — scores trajectories: reads records (binary stream or JSONL),
+ * sets `reward` and meta.scores from the built-in verifiers and/or user
+ * reward programs (--exec), writes the records in input order.
+ * `rl-reward gen-arith` writes prompts for the synthetic arith task.
+ *
+ * This file parses options and maps errors to exit codes; the work is in
+ * lib/reward.c, lib/reward_exec.c and lib/synth.c.
+ */
+#include "core.h"
+#include "io.h"
+#include "qclient.h"
+#include "reward.h"
+#include "reward_exec.h"
+#include "synth.h"
+#include "traj.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char usage_text[] =
+	"usage: rl-reward [options] --task NAME[:WEIGHT] ... [FILE|-]...\n"
+	"       rl-reward [options] --exec 'CMD ARGS' [FILE|-]...\n"
+	"       rl-reward [options] --queue URL (--task ... | --exec ...)\n"
+	"       rl-reward gen-arith [--n N] [--seed S] [--digits D] [--ops OPS] [--split all|train|test]\n"
+	"                           [--reverse] [-o FILE]\n"
+	"Scores trajectory records (binary stream or JSONL, detected) and writes them with\n"
+	"`reward` and meta.scores set.\n"
+	"\n"
+	"  -t, --task SPEC          add a reward component (repeatable):\n"
+	"                             gsm8k, math, countdown, exact, arith, length  NAME[:WEIGHT]\n"
+	"                             regex[:WEIGHT]:PATTERN   first group of PATTERN equals meta.answer\n"
+	"                             format[:WEIGHT]:PATTERN  1 when PATTERN matches the response\n"
+	"  -e, --exec 'CMD ARGS'    user reward program (coprocess, argv without a shell): one JSONL\n"
+	"                           record in per line, one reply out: a number or {\"reward\": x}\n"
+	"      --exec-weight W      weight of the --exec component (default 1)\n"
+	"  -j, --jobs N             --exec workers (default 1)\n"
+	"      --timeout SEC        per-record --exec timeout (default 30)\n"
+	"      --batch N            records per scoring round with --exec (default 64 x jobs)\n"
+	"                           or per lease with --queue (default 256)\n"
+	"      --queue URL          lease generated records from rl-queue at URL, put them back\n"
+	"                           scored; runs until SIGINT/SIGTERM\n"
+	"      --idle-exit SEC      with --queue: exit after SEC seconds with nothing to score\n"
+	"      --gsm8k-mode MODE    strict (number after the last ####, default) or flexible (last number)\n"
+	"      --max-length N       length task: budget in tokens (or characters)\n"
+	"      --length-unit UNIT   tokens (default; characters when a record has no tokens) or chars\n"
+	"  -o, --output FILE        write here instead of stdout\n"
+	"      --jsonl              write JSONL instead of the binary stream\n"
+	"  -q, --quiet              no summary\n"
+	"  -v, --verbose            say why each failed record failed\n"
+	"  -h, --help               this text\n"
+	"See rl-reward(1) for the exact rule of each task.\n";
+
+static void
+usage_error(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "rl-reward: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\nrl-reward: hint: rl-reward --help\n");
+	exit(2);
+}
+
+static long
+parse_long(const char *opt, const char *s, long lo, long hi)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi) {
+		fprintf(stderr, "rl-reward: %s: '%s' is not a whole number from %ld to %ld\n", opt, s, lo, hi);
+		exit(2);
+	}
+	return v;
+}
+
+static double
+parse_double(const char *opt, const char *s, double lo)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(v) || v < lo) {
+		fprintf(stderr, "rl-reward: %s: '%s' is not a number >= %g\n", opt, s, lo);
+		exit(2);
+	}
+	return v;
+}
+
+/* ---- gen-arith -------------------------------------------------------------------- */
+
+static int
+gen_arith(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{ "n", required_argument, 0, 'n' },      { "seed", required_argument, 0, 's' },
+		{ "digits", required_argument, 0, 'd' }, { "ops", required_argument, 0, 'p' },
+		{ "split", required_argument, 0, 'S' },  { "reverse", no_argument, 0, 'r' },
+		{ "output", required_argument, 0, 'o' }, { "help", no_argument, 0, 'h' },
+		{ 0, 0, 0, 0 },
+	};
+	rl_synth_arith o;
+	long long n = 1000;
+	const char *out = "-";
+	FILE *f = stdout;
+	int c, rv;
+
+	rl_synth_arith_init(&o);
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "n:s:d:p:S:ro:h", lo, NULL)) != -1) {
+		switch (c) {
+		case 'n': n = parse_long("--n", optarg, 0, LONG_MAX); break;
+		case 's': {
+			char *end;
+			errno = 0;
+			o.seed = strtoull(optarg, &end, 10);
+			if (errno || end == optarg || *end || optarg[0] == '-')
+				usage_error("--seed: '%s' is not a whole number >= 0", optarg);
+			break;
+		}
+		case 'd': o.digits = (int)parse_long("--digits", optarg, 1, 9); break;
+		case 'p':
+			if (strlen(optarg) == 0 || strlen(optarg) >= sizeof o.ops || strspn(optarg, "+-*") != strlen(optarg))
+				usage_error("--ops: '%s' is not some of the operators + - *", optarg);
+			strcpy(o.ops, optarg);
+			break;
+		case 'S':
+			if (strcmp(optarg, "all") == 0)
+				o.split = RL_SPLIT_ALL;
+			else if (strcmp(optarg, "train") == 0)
+				o.split = RL_SPLIT_TRAIN;
+			else if (strcmp(optarg, "test") == 0)
+				o.split = RL_SPLIT_TEST;
+			else
+				usage_error("--split: '%s' is not all, train or test", optarg);
+			break;
+		case 'r': o.reverse = 1; break;
+		case 'o': out = optarg; break;
+		case 'h': fputs(usage_text, stdout); return 0;
+		default: fprintf(stderr, "rl-reward: hint: rl-reward --help\n"); return 2;
+		}
+	}
+	if (optind < argc)
+		usage_error("gen-arith: unexpected argument '%s'", argv[optind]);
+	if (strcmp(out, "-") != 0 && rl_io_fopen(&f, out, "w") != 0)
+		return 1;
+	rv = rl_synth_arith_write(f, &o, (uint64_t)n);
+	if (f != stdout) {
+		if (rl_io_fclose(f, out) != 0)
+			rv = RL_EIO;
+	} else if (rl_io_close_stdout() != 0) {
+		rv = RL_EIO;
+	}
+	return rv ? 1 : 0;
+}
+
+/* ---- scoring ---------------------------------------------------------------------- */
+
+static volatile sig_atomic_t stop_flag;
+
+static void
+on_signal(int sig)
+{
+	(void)sig;
+	stop_flag = 1;
+}
+
+int
+main(int argc, char **argv)
+{
+	enum { O_EXEC_WEIGHT = 256, O_TIMEOUT, O_BATCH, O_GSM8K_MODE, O_MAX_LENGTH, O_LENGTH_UNIT, O_JSONL,
+	       O_QUEUE, O_IDLE_EXIT };
+	static const struct option lo[] = {
+		{ "task", required_argument, 0, 't' },
+		{ "exec", required_argument, 0, 'e' },
+		{ "exec-weight", required_argument, 0, O_EXEC_WEIGHT },
+		{ "jobs", required_argument, 0, 'j' },
+		{ "timeout", required_argument, 0, O_TIMEOUT },
+		{ "batch", required_argument, 0, O_BATCH },
+		{ "gsm8k-mode", required_argument, 0, O_GSM8K_MODE },
+		{ "max-length", required_argument, 0, O_MAX_LENGTH },
+		{ "length-unit", required_argument, 0, O_LENGTH_UNIT },
+		{ "output", required_argument, 0, 'o' },
+		{ "jsonl", no_argument, 0, O_JSONL },
+		{ "queue", required_argument, 0, O_QUEUE },
+		{ "idle-exit", required_argument, 0, O_IDLE_EXIT },
+		{ "quiet", no_argument, 0, 'q' },
+		{ "verbose", no_argument, 0, 'v' },
+		{ "help", no_argument, 0, 'h' },
+		{ 0, 0, 0, 0 },
+	};
+	rl_reward_task tasks[RL_REWARD_MAX_TASKS];
+	rl_reward_scorer sc;
+	rl_reward_exec_opts xo;
+	rl_traj_writer_opts wo = { 0 };
+	rl_traj_writer *w = NULL;
+	const char *exec_cmd = NULL, *out = NULL, *queue_url = NULL;
+	double idle_exit = 0;
+	FILE *of = NULL;
+	size_t ntasks = 0;
+	long batch = 0;
+	int c, rv = 0, verbosity = RL_LOG_NORMAL, status = 0, has_length = 0;
+	double t0;
+
+	rl_log_init("rl-reward", RL_LOG_NORMAL);
+	if (argc > 1 && strcmp(argv[1], "gen-arith") == 0)
+		return gen_arith(argc - 1, argv + 1);
+
+	memset(&sc, 0, sizeof sc);
+	sc.exec_weight = 1.0;
+	sc.opts.gsm8k_mode = RL_GSM8K_STRICT;
+	rl_reward_exec_opts_default(&xo);
+	wo.format = RL_TRAJ_BINARY;
+	while ((c = getopt_long(argc, argv, "t:e:j:o:qvh", lo, NULL)) != -1) {
+		switch (c) {
+		case 't':
+			if (ntasks == RL_REWARD_MAX_TASKS)
+				usage_error("at most %s tasks", "32");
+			if (rl_reward_task_parse(&tasks[ntasks], optarg, tasks, ntasks) != 0) {
+				fprintf(stderr, "rl-reward: hint: rl-reward --help\n");
+				return 2;
+			}
+			has_length |= tasks[ntasks].kind == RL_TASK_LENGTH;
+			ntasks++;
+			break;
+		case 'e': exec_cmd = optarg; break;
+		case O_EXEC_WEIGHT: sc.exec_weight = parse_double("--exec-weight", optarg, -1e300); break;
+		case 'j': xo.workers = (int)parse_long("--jobs", optarg, 1, 1024); break;
+		case O_TIMEOUT:
+			xo.timeout_s = parse_double("--timeout", optarg, 0);
+			if (xo.timeout_s <= 0)
+				usage_error("--timeout: '%s' must be above 0", optarg);
+			break;
+		case O_BATCH: batch = parse_long("--batch", optarg, 1, 1 << 20); break;
+		case O_GSM8K_MODE:
+			if (strcmp(optarg, "strict") == 0)
+				sc.opts.gsm8k_mode = RL_GSM8K_STRICT;
+			else if (strcmp(optarg, "flexible") == 0)
+				sc.opts.gsm8k_mode = RL_GSM8K_FLEXIBLE;
+			else
+				usage_error("--gsm8k-mode: '%s' is not strict or flexible", optarg);
+			break;
+		case O_MAX_LENGTH: sc.opts.max_length = parse_long("--max-length", optarg, 1, LONG_MAX); break;
+		case O_LENGTH_UNIT:
+			if (strcmp(optarg, "tokens") == 0)
+				sc.opts.length_chars = 0;
+			else if (strcmp(optarg, "chars") == 0)
+				sc.opts.length_chars = 1;
+			else
+				usage_error("--length-unit: '%s' is not tokens or chars", optarg);
+			break;
+		case 'o': out = optarg; break;
+		case O_JSONL: wo.format = RL_TRAJ_JSONL; break;
+		case O_QUEUE: queue_url = optarg; break;
+		case O_IDLE_EXIT: idle_exit = parse_double("--idle-exit", optarg, 0); break;
+		case 'q': verbosity = RL_LOG_QUIET; break;
+		case 'v': verbosity = RL_LOG_VERBOSE; break;
+		case 'h': fputs(usage_text, stdout); return 0;
+		default: fprintf(stderr, "rl-reward: hint: rl-reward --help\n"); return 2;
+		}
+	}
+	rl_log_set_level(verbosity);
+	if (ntasks == 0 && !exec_cmd)
+		usage_error("nothing to score with: give --task NAME or --exec 'CMD'%s", "");
+	if (has_length && sc.opts.max_length <= 0)
+		usage_error("the length task needs --max-length N%s", "");
+	if (queue_url && (optind < argc || out || wo.format == RL_TRAJ_JSONL))
+		usage_error("--queue reads from and writes to the broker: no FILE, -o or --jsonl%s", "");
+	if (out && strcmp(out, "-") == 0)
+		out = NULL;
+	if (!queue_url && !out && wo.format == RL_TRAJ_BINARY && isatty(STDOUT_FILENO)) {
+		rl_error("refusing to write a binary stream to a terminal");
+		rl_hint("add --jsonl, -o FILE, or pipe into rl-train / rl-queue cat");
+		return 2;
+	}
+	sc.tasks = tasks;
+	sc.ntasks = ntasks;
+
+	if (exec_cmd) {
+		if ((rv = rl_reward_exec_create(&sc.exec, exec_cmd, &xo)) != 0) {
+			status = 1;
+			goto out;
+		}
+		if (batch == 0)
+			batch = 64L * xo.workers;
+	} else if (!queue_url) {
+		batch = 1;
+	}
+	if (queue_url) {
+		rl_qclient *qc = NULL;
+		rl_reward_queue_opts qo = { .batch = (uint32_t)batch, .wait_ms = 500, .idle_exit_s = idle_exit };
+		struct sigaction sa;
+
+		memset(&sa, 0, sizeof sa);
+		sa.sa_handler = on_signal;
+		sigemptyset(&sa.sa_mask);
+		sigaction(SIGINT, &sa, NULL);
+		sigaction(SIGTERM, &sa, NULL);
+		if ((rv = rl_qclient_open(&qc, queue_url, NULL)) != 0) {
+			status = 1;
+			goto out;
+		}
+		t0 = rl_now();
+		rv = rl_reward_queue(&sc, qc, &qo, &stop_flag);
+		rl_qclient_close(qc);
+		if (rv != 0)
+			status = 1;
+		rl_reward_stats_print(&sc, rl_now() - t0);
+		goto out;
+	}
+	if (out) {
+		if (rl_io_fopen(&of, out, "wb") != 0) {
+			status = 1;
+			goto out;
+		}
+	}
+	if ((rv = rl_traj_writer_open_file(&w, of ? of : stdout, out ? out : "<stdout>", &wo)) != 0) {
+		status = 1;
+		goto out;
+	}
+
+	t0 = rl_now();
+	for (int i = optind; i == optind || i < argc; i++) {
+		const char *path = i < argc ? argv[i] : "-";
+		FILE *f = stdin;
+		rl_traj_reader *r = NULL;
+
+		if (strcmp(path, "-") != 0 && rl_io_fopen(&f, path, "rb") != 0) {
+			status = 1;
+			break;
+		}
+		rv = rl_traj_reader_open_file(&r, f, path, NULL);
+		if (rv == 0)
+			rv = rl_reward_stream(&sc, r, w, (size_t)batch);
+		rl_traj_reader_close(r);
+		if (f != stdin)
+			fclose(f);
+		if (rv != 0) {
+			/* the reader or writer logged where; what was scored is written */
+			status = 1;
+			break;
+		}
+	}
+	if (rl_traj_writer_close(w) != 0)
+		status = 1;
+	w = NULL;
+	rl_reward_stats_print(&sc, rl_now() - t0);
+out:
+	rl_traj_writer_close(w);
+	rl_reward_exec_destroy(sc.exec);
+	if (of && rl_io_fclose(of, out) != 0)
+		status = 1;
+	if (!of && !queue_url && rl_io_close_stdout() != 0)
+		status = 1;
+	for (size_t i = 0; i < ntasks; i++)
+		rl_reward_task_fini(&tasks[i]);
+	return status;
+}

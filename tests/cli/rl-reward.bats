@@ -1,0 +1,277 @@
+#!/usr/bin/env bats
+# rl-reward: options, scoring through the CLI (JSONL and binary), weights,
+# --exec with misbehaving workers, bad input, gen-arith, the man page.
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup() {
+	FIX="$BATS_TEST_DIRNAME/../fixtures/reward"
+	TMP="$BATS_TEST_TMPDIR"
+	W="sh $FIX/worker.sh"
+}
+
+# field FILE ID EXPR: evaluates a Python expression on record ID of a JSONL file (r = the record)
+field() {
+	python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r.get("id") == int(sys.argv[2]):
+        v = eval(sys.argv[3])
+        print(*v) if isinstance(v, tuple) else print(v)' "$@"
+}
+
+@test "--help prints usage to stdout and exits 0" {
+	run --separate-stderr rl-reward --help
+	assert_success
+	assert_output --partial "usage: rl-reward"
+	assert_output --partial "--exec"
+}
+
+@test "usage errors exit 2 with a hint" {
+	run --separate-stderr rl-reward "$FIX/gsm8k.jsonl"
+	[ "$status" -eq 2 ]
+	[[ "$stderr" == *"nothing to score with"* ]]
+	run --separate-stderr rl-reward --task bogus "$FIX/gsm8k.jsonl"
+	[ "$status" -eq 2 ]
+	[[ "$stderr" == *"unknown task 'bogus'"* ]]
+	run --separate-stderr rl-reward --task 'regex:(' "$FIX/gsm8k.jsonl"
+	[ "$status" -eq 2 ]
+	[[ "$stderr" == *"bad pattern"* ]]
+	run --separate-stderr rl-reward --task length "$FIX/gsm8k.jsonl"
+	[ "$status" -eq 2 ]
+	[[ "$stderr" == *"--max-length"* ]]
+	run --separate-stderr rl-reward --task gsm8k --gsm8k-mode lenient "$FIX/gsm8k.jsonl"
+	[ "$status" -eq 2 ]
+	run --separate-stderr rl-reward --exec "$W" --jobs 0 "$FIX/gsm8k.jsonl"
+	[ "$status" -eq 2 ]
+	run --separate-stderr rl-reward --task gsm8k --no-such-option
+	[ "$status" -eq 2 ]
+}
+
+@test "gsm8k strict: scores, verl ground truth, failures labelled, summary" {
+	run --separate-stderr rl-reward --task gsm8k --jsonl "$FIX/gsm8k.jsonl"
+	assert_success
+	echo "$output" > "$TMP/out.jsonl"
+	[ "$(wc -l < "$TMP/out.jsonl")" -eq 5 ]
+	[ "$(field "$TMP/out.jsonl" 1 'r["reward"], r["meta"]["scores"]["gsm8k"]')" = "1 1" ]
+	[ "$(field "$TMP/out.jsonl" 2 'r["reward"]')" = "0" ]
+	[ "$(field "$TMP/out.jsonl" 3 'r["reward"]')" = "1" ]
+	[ "$(field "$TMP/out.jsonl" 4 'r["reward"]')" = "0" ]
+	[ "$(field "$TMP/out.jsonl" 5 'r["reward"], r["meta"]["scores"]["gsm8k"]')" = "nan None" ]
+	[[ "$(field "$TMP/out.jsonl" 5 'r["meta"]["reward_error"]')" == "gsm8k: no ground truth"* ]]
+	[ "$(field "$TMP/out.jsonl" 1 '"reward_error" in r["meta"]')" = "False" ]
+	# input order kept
+	[ "$(python3 -c 'import json,sys; print(*[json.loads(l)["id"] for l in open(sys.argv[1])])' "$TMP/out.jsonl")" = "1 2 3 4 5" ]
+	[[ "$stderr" == *"5 records"*"1 failed"* ]]
+	[[ "$stderr" == *"reward mean 0.5000 over 4 records"* ]]
+	[[ "$stderr" == *"gsm8k 0.5000 (4)"* ]]
+}
+
+@test "gsm8k flexible takes the last number" {
+	run --separate-stderr rl-reward --task gsm8k --gsm8k-mode flexible --jsonl "$FIX/gsm8k.jsonl"
+	assert_success
+	echo "$output" > "$TMP/out.jsonl"
+	[ "$(field "$TMP/out.jsonl" 2 'r["reward"]')" = "1" ]
+}
+
+@test "weighted components add up; binary output reads back with rl-queue cat" {
+	rl-reward -q -t gsm8k:0.5 -t 'format:0.25:^Natalia' -t 'regex:2:(\d+) clips\.' \
+		-o "$TMP/out.rlt" "$FIX/gsm8k.jsonl"
+	[ "$(head -c 4 "$TMP/out.rlt" | od -An -tx1 | tr -d ' ')" = "28b52ffd" ]
+	rl-queue cat "$TMP/out.rlt" > "$TMP/out.jsonl"
+	# record 1: 0.5*1 + 0.25*1 + 2*("72 clips." is the first "N clips.") = 2.75
+	[ "$(field "$TMP/out.jsonl" 1 'r["reward"], r["meta"]["scores"]')" = "2.75 {'gsm8k': 1, 'format': 1, 'regex': 1}" ]
+	# record 2: the first "N clips" is not followed by a full stop: no match
+	[ "$(field "$TMP/out.jsonl" 2 'r["reward"], r["meta"]["scores"]')" = "0 {'gsm8k': 0, 'format': 0, 'regex': 0}" ]
+	# record 4: nothing right
+	[ "$(field "$TMP/out.jsonl" 4 'r["reward"]')" = "0" ]
+	# binary in, JSONL out, and stdin as "-"
+	rl-reward -q -t exact --jsonl - < "$TMP/out.rlt" > "$TMP/again.jsonl"
+	[ "$(wc -l < "$TMP/again.jsonl")" -eq 5 ]
+	[ "$(field "$TMP/again.jsonl" 1 'sorted(r["meta"]["scores"])')" = "['exact', 'format', 'gsm8k', 'regex']" ]
+}
+
+@test "length penalty counts tokens when a record has them" {
+	printf '%s\n' '{"id":1,"response":[1,2,3,4,5,6],"response_text":"ab"}' \
+		'{"id":2,"response_text":"abcdef"}' > "$TMP/in.jsonl"
+	run --separate-stderr rl-reward -t length --max-length 4 --jsonl "$TMP/in.jsonl"
+	assert_success
+	echo "$output" > "$TMP/out.jsonl"
+	[ "$(field "$TMP/out.jsonl" 1 'r["reward"]')" = "-0.5" ]
+	[ "$(field "$TMP/out.jsonl" 2 'r["reward"]')" = "-0.5" ]
+	run --separate-stderr rl-reward -t length --max-length 4 --length-unit chars --jsonl "$TMP/in.jsonl"
+	echo "$output" > "$TMP/out.jsonl"
+	[ "$(field "$TMP/out.jsonl" 1 'r["reward"]')" = "0" ]
+}
+
+@test "--exec: crash, hang, junk, silence and exit are counted and labelled; the run goes on in order" {
+	python3 -c '
+import json
+words = ["", "NUMBER", "CRASH", "", "HANG", "", "JUNK", "", "SILENT", "EXIT3", ""]
+for i, w in enumerate(words):
+    print(json.dumps({"id": i, "response_text": w, "meta": {"answer": "x"}}))' > "$TMP/in.jsonl"
+	run --separate-stderr timeout 60 rl-reward --exec "$W" --timeout 0.5 --jsonl "$TMP/in.jsonl"
+	assert_success
+	echo "$output" > "$TMP/out.jsonl"
+	[ "$(python3 -c 'import json,sys; print(*[json.loads(l)["id"] for l in open(sys.argv[1])])' "$TMP/out.jsonl")" = "0 1 2 3 4 5 6 7 8 9 10" ]
+	[ "$(field "$TMP/out.jsonl" 0 'r["reward"]')" = "1" ]
+	[ "$(field "$TMP/out.jsonl" 1 'r["reward"]')" = "0.5" ]
+	[[ "$(field "$TMP/out.jsonl" 2 'r["reward"], r["meta"]["reward_error"]')" == "nan exec: crash: worker killed by signal 11"* ]]
+	[[ "$(field "$TMP/out.jsonl" 4 'r["meta"]["reward_error"]')" == "exec: timeout: no reply within 0.5 s"* ]]
+	[[ "$(field "$TMP/out.jsonl" 6 'r["meta"]["reward_error"]')" == "exec: junk: reply is not a number"*"Traceback"* ]]
+	[[ "$(field "$TMP/out.jsonl" 8 'r["meta"]["reward_error"]')" == "exec: timeout:"* ]]
+	[[ "$(field "$TMP/out.jsonl" 9 'r["meta"]["reward_error"]')" == "exec: crash: worker exited with status 3"* ]]
+	[ "$(field "$TMP/out.jsonl" 10 'r["reward"], r["meta"]["scores"]["exec"]')" = "1 1" ]
+	[[ "$stderr" == *"11 records"*"5 failed"* ]]
+	[[ "$stderr" == *"failures: 2 timeout, 2 crash, 1 junk"* ]]
+	[[ "$stderr" == *"exec: 2 timeouts, 2 crashes, 1 junk replies, 5 worker restarts"* ]]
+}
+
+@test "--exec -j 3 with --task: order kept, components combined" {
+	python3 -c '
+import json
+for i in range(200):
+    print(json.dumps({"id": i, "response_text": "#### %d" % (i % 7), "meta": {"answer": "3"}}))' > "$TMP/in.jsonl"
+	rl-reward -q -t gsm8k --exec "$W" -j 3 --batch 17 --jsonl "$TMP/in.jsonl" > "$TMP/out.jsonl"
+	[ "$(python3 -c '
+import json, sys
+rs = [json.loads(l) for l in open(sys.argv[1])]
+ok = [r["id"] for r in rs] == list(range(200))
+ok = ok and all(r["reward"] == (2 if r["id"] % 7 == 3 else 1) for r in rs)
+print(ok)' "$TMP/out.jsonl")" = "True" ]
+}
+
+@test "--exec without a shell: a program that does not exist is an error with a hint" {
+	run --separate-stderr rl-reward --exec '/nonexistent/score --x' "$FIX/gsm8k.jsonl"
+	[ "$status" -eq 1 ]
+	[[ "$stderr" == *"cannot run '/nonexistent/score'"* ]]
+	[[ "$stderr" == *"hint:"*"sh -c"* ]]
+	# a shell only when asked for
+	run --separate-stderr rl-reward -q --exec "sh -c 'while read -r l; do echo 0.25; done'" --jsonl "$FIX/gsm8k.jsonl"
+	assert_success
+	[ "$(echo "$output" | head -n 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["reward"])')" = "0.25" ]
+}
+
+@test "malformed JSONL: error names the line, exit 1, records before it written" {
+	{ head -n 2 "$FIX/gsm8k.jsonl"; echo '{"id": 3, "response_text": '; tail -n 1 "$FIX/gsm8k.jsonl"; } > "$TMP/bad.jsonl"
+	run --separate-stderr rl-reward -t gsm8k --jsonl "$TMP/bad.jsonl"
+	[ "$status" -eq 1 ]
+	[[ "$stderr" == *"'$TMP/bad.jsonl': line 3"* ]]
+	[ "$(echo "$output" | wc -l)" -eq 2 ]
+	# the same with --exec batching
+	run --separate-stderr rl-reward -t gsm8k --exec "$W" --jsonl "$TMP/bad.jsonl"
+	[ "$status" -eq 1 ]
+	[ "$(echo "$output" | wc -l)" -eq 2 ]
+	# a field of the wrong type
+	echo '{"id": "x", "response_text": "#### 1"}' > "$TMP/bad2.jsonl"
+	run --separate-stderr rl-reward -t gsm8k --jsonl "$TMP/bad2.jsonl"
+	[ "$status" -eq 1 ]
+	[[ "$stderr" == *"line 1"* ]]
+}
+
+@test "truncated binary stream: error names the byte offset, exit 1, whole frames before it written" {
+	rl-queue cat --stream "$FIX/gsm8k.jsonl" > "$TMP/a.rlt"
+	n=$(stat -c %s "$TMP/a.rlt")
+	{ cat "$TMP/a.rlt"; head -c $((n - 7)) "$TMP/a.rlt"; } > "$TMP/t.rlt"
+	run --separate-stderr rl-reward -t gsm8k --jsonl "$TMP/t.rlt"
+	[ "$status" -eq 1 ]
+	[[ "$stderr" == *"'$TMP/t.rlt': byte $n"* ]]
+	[ "$(echo "$output" | wc -l)" -eq 5 ]
+	run --separate-stderr rl-reward -t gsm8k "$TMP/missing.rlt"
+	[ "$status" -eq 1 ]
+	[[ "$stderr" == *"cannot open '$TMP/missing.rlt'"* ]]
+}
+
+@test "gen-arith: reproducible, disjoint splits, answers score 1 with the arith task" {
+	rl-reward gen-arith --n 50 --seed 3 > "$TMP/a.jsonl"
+	rl-reward gen-arith --n 50 --seed 3 > "$TMP/b.jsonl"
+	cmp "$TMP/a.jsonl" "$TMP/b.jsonl"
+	head -n 1 "$TMP/a.jsonl" | grep -Eq '^\{"prompt":"[0-9]+\+[0-9]+=","answer":"[0-9]+","task":"arith"\}$'
+	rl-reward gen-arith --n 2000 --seed 1 --split train -o "$TMP/train.jsonl"
+	rl-reward gen-arith --n 300 --seed 2 --split test -o "$TMP/test.jsonl"
+	[ "$(cut -d, -f1 "$TMP/train.jsonl" | sort -u > "$TMP/p1"; cut -d, -f1 "$TMP/test.jsonl" | sort -u > "$TMP/p2"; comm -12 "$TMP/p1" "$TMP/p2" | wc -l)" -eq 0 ]
+	# the right answer as response scores 1, a wrong one 0
+	python3 -c '
+import json, sys
+for i, l in enumerate(open(sys.argv[1])):
+    p = json.loads(l)
+    resp = p["answer"] + "\n" if i % 2 == 0 else str(int(p["answer"]) + 1)
+    print(json.dumps({"id": i, "prompt_text": p["prompt"], "response_text": resp, "meta": {"answer": p["answer"]}}))' "$TMP/a.jsonl" > "$TMP/t.jsonl"
+	run --separate-stderr rl-reward -t arith --jsonl "$TMP/t.jsonl"
+	assert_success
+	[[ "$stderr" == *"arith 0.5000 (50)"* ]]
+	run --separate-stderr rl-reward gen-arith --digits 12
+	[ "$status" -eq 2 ]
+	run --separate-stderr rl-reward gen-arith --ops '/'
+	[ "$status" -eq 2 ]
+}
+
+@test "man page: lints clean and its examples run" {
+	command -v mandoc >/dev/null || skip "no mandoc"
+	run mandoc -Tlint -W warning "$BATS_TEST_DIRNAME/../../man/rl-reward.1"
+	assert_success
+	cd "$TMP"
+	# the first example, taken from the page as rendered
+	mandoc -Tutf8 "$BATS_TEST_DIRNAME/../../man/rl-reward.1" | col -b | grep -A1 "printf '%s" | sed 's/^[[:space:]]*//' > ex1.sh
+	[ "$(wc -l < ex1.sh)" -eq 2 ]
+	run --separate-stderr sh ex1.sh
+	assert_success
+	[[ "$output" == *'"reward":1'* ]]
+	rl-reward gen-arith --n 20000 --seed 1 --split train > train.jsonl
+	rl-reward gen-arith --n 500 --seed 2 --split test > test.jsonl
+	[ "$(wc -l < train.jsonl)" -eq 20000 ]
+	# the example reward program from REWARD PROGRAMS
+	sed -n '/^#!\/usr\/bin\/env python3/,/^\.Ed/p' "$BATS_TEST_DIRNAME/../../man/rl-reward.1" | sed '$d' > score.py
+	[ "$(wc -l < score.py)" -eq 8 ]
+	run --separate-stderr rl-reward -q --exec 'python3 -u score.py' -j 2 --timeout 20 --jsonl "$FIX/gsm8k.jsonl"
+	assert_success
+	echo "$output" > out.jsonl
+	[ "$(field out.jsonl 1 'r["reward"]')" = "1" ]
+	[ "$(field out.jsonl 4 'r["reward"]')" = "0" ]
+}
+
+# a free loopback port (bound and released; the broker takes it right after)
+free_port() {
+	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+@test "--queue: leases generated records, puts them back scored; SIGTERM stops it cleanly" {
+	port=$(free_port)
+	url="tcp://127.0.0.1:$port"
+	rl-queue serve --listen "$url" -q 3>&- &
+	SERVE_PID=$!
+	python3 -c '
+import json
+for i in range(12):
+    print(json.dumps({"id": 100 + i, "group": i // 4, "index": i % 4, "group_size": 4,
+                      "response_text": "#### %d" % (i % 3), "meta": {"answer": "1"}}))' > "$TMP/gen.jsonl"
+	run --separate-stderr rl-queue put -q --stage generated -t 10 "$url" "$TMP/gen.jsonl"
+	assert_success
+	run --separate-stderr timeout 30 rl-reward --queue "$url" -t gsm8k --exec "$W" --idle-exit 1
+	assert_success
+	[[ "$stderr" == *"12 records"*"0 failed"* ]]
+	[[ "$stderr" == *"reward mean 1.3333 over 12 records"* ]]
+	rl-queue get -q --stage train -n 12 -w 5 "$url" > "$TMP/scored.jsonl"
+	[ "$(wc -l < "$TMP/scored.jsonl")" -eq 12 ]
+	[ "$(field "$TMP/scored.jsonl" 101 'r["reward"], r["meta"]["scores"]["gsm8k"]')" = "2 1" ]
+	# a worker without --idle-exit runs until SIGTERM, then prints its summary and exits 0
+	rl-reward --queue "$url" -t gsm8k 3>&- 2> "$TMP/err" &
+	pid=$!
+	sleep 1
+	kill -TERM $pid
+	wait $pid
+	grep -q "0 records" "$TMP/err"
+	# no FILE in queue mode
+	run --separate-stderr rl-reward --queue "$url" -t gsm8k "$TMP/gen.jsonl"
+	[ "$status" -eq 2 ]
+}
+
+teardown() {
+	if [ -n "${SERVE_PID:-}" ]; then
+		kill "$SERVE_PID" 2>/dev/null || true
+		wait "$SERVE_PID" 2>/dev/null || true
+	fi
+}
