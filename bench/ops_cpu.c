@@ -1,13 +1,17 @@
 /*
  * ops_cpu.c — timings of the CPU backend's heavy ops on the shapes of a
  * ~10M-parameter model (C = 384, MLP 4x, HD = 64, B*T = 2048 tokens), one JSON
- * line per op: {"bench":"ops_cpu","op":...,"shape":...,"ms":...,"gflops":...}.
- * bench/ops_cpu_torch.py times the same ops with PyTorch for comparison.
+ * line per op: {"bench":"ops_cpu","op":...,"shape":...,"ms":...,"gflops":...,
+ * "cpu_ms":...,"gflops_per_cpu_s":...}: wall time, and process CPU time, which
+ * says more than wall time on a shared machine (run with OMP_NUM_THREADS=1 for
+ * the per-core efficiency).  bench/ops_cpu_torch.py times the same ops with
+ * PyTorch for comparison.
  *
  * Usage: ops_cpu [REPEATS]   (default 5; the best run is reported)
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "ops_cpu.h"
 #include "rng.h"
@@ -21,22 +25,36 @@ rnd(size_t n, rl_rng *r)
 	return x;
 }
 
+static double best_cpu;  /* CPU seconds of the run with the best CPU time */
+
+static double
+cpu_now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+	return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
 static void
 report(const char *op, const char *shape, double sec, double flops)
 {
-	printf("{\"bench\":\"ops_cpu\",\"op\":\"%s\",\"shape\":\"%s\",\"ms\":%.3f,\"gflops\":%.1f}\n",
-	    op, shape, sec * 1e3, flops / sec / 1e9);
+	printf("{\"bench\":\"ops_cpu\",\"op\":\"%s\",\"shape\":\"%s\",\"ms\":%.3f,\"gflops\":%.1f,"
+	    "\"cpu_ms\":%.3f,\"gflops_per_cpu_s\":%.1f}\n",
+	    op, shape, sec * 1e3, flops / sec / 1e9, best_cpu * 1e3, flops / best_cpu / 1e9);
 	fflush(stdout);
 }
 
 #define TIME(reps, best, stmt) do { \
 	best = 1e30; \
+	best_cpu = 1e30; \
 	for (int r_ = 0; r_ < (reps); r_++) { \
-		double t0_ = rl_now(); \
+		double t0_ = rl_now(), c0_ = cpu_now(); \
 		stmt; \
-		double t_ = rl_now() - t0_; \
+		double t_ = rl_now() - t0_, c_ = cpu_now() - c0_; \
 		if (t_ < best) \
 			best = t_; \
+		if (c_ < best_cpu) \
+			best_cpu = c_; \
 	} \
 } while (0)
 
@@ -65,7 +83,19 @@ main(int argc, char **argv)
 		free(dw);
 	}
 	{
-		int B = 8, T = 256, NH = 6, NKV = 6, HD = 64, W = (NH + 2 * NKV) * HD;
+		/* decode-sized: one token against the LM head */
+		int C = 384, OC = 8192;
+		float *x = rnd(C, &r), *w = rnd((size_t)OC * C, &r), *y = rnd(OC, &r);
+		snprintf(shape, sizeof shape, "N=1 C=%d OC=%d", C, OC);
+		TIME(reps * 4, best, rl_cpu_matmul_fwd(NULL, y, x, w, NULL, 1, C, OC));
+		report("matmul_fwd", shape, best, 2.0 * C * OC);
+		free(x);
+		free(w);
+		free(y);
+	}
+	static const int Ts[] = { 256, 1024 };
+	for (int ti = 0; ti < 2; ti++) {
+		int B = 8, T = Ts[ti], NH = 6, NKV = 6, HD = 64, W = (NH + 2 * NKV) * HD;
 		float *qkv = rnd((size_t)B * T * W, &r), *out = rnd((size_t)B * T * NH * HD, &r);
 		float *lse = rnd((size_t)B * NH * T, &r), *dout = rnd((size_t)B * T * NH * HD, &r);
 		float *dqkv = rnd((size_t)B * T * W, &r);

@@ -31,6 +31,7 @@ static double duration = 4;
 static volatile int running;
 static uint64_t next_group[2];
 static size_t rec_bytes;
+static int compress;   /* -1 auto (off on loopback) or 1 */
 
 typedef struct {
 	int k;
@@ -77,7 +78,10 @@ producer(void *arg)
 	int32_t prompt[PROMPT], resp[RESPONSE];
 	float lp[RESPONSE];
 
-	if (rl_qclient_open(&c, url, NULL) != 0) {
+	rl_qclient_opts o;
+	rl_qclient_opts_default(&o);
+	o.compress = compress;
+	if (rl_qclient_open(&c, url, &o) != 0) {
 		w->failed = 1;
 		return NULL;
 	}
@@ -140,7 +144,8 @@ consumer(void *arg)
 	rl_qack_result ar;
 
 	rl_qclient_opts_default(&o);
-	o.dedup = 0;   /* the trainer's dedup is measured separately (none here) */
+	o.dedup = 0;   /* ids are unique here; dedup costs a hash lookup per record */
+	o.compress = compress;
 	if (rl_qclient_open(&c, url, &o) != 0) {
 		w->failed = 1;
 		return NULL;
@@ -225,7 +230,7 @@ run(const char *bin, const char *dir)
 	rl_qclient *c;
 	char *json = NULL;
 
-	snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port + (dir ? 1 : 0));
+	snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port + (dir ? 1 : 0) + (compress > 0 ? 2 : 0));
 	if ((pid = fork()) == 0) {
 		if (dir)
 			execl(bin, bin, "serve", "-q", "--listen", url, "--data-dir", dir, "--max-bytes", "2G", (char *)NULL);
@@ -271,13 +276,13 @@ run(const char *bin, const char *dir)
 		for (size_t k = 0; k < w[i].nlat; k++)
 			all[nall++] = w[i].lat[k];
 	qsort(all, nall, sizeof *all, cmp);
-	printf("{\"bench\":\"queue\",\"data_dir\":%s,\"seconds\":%.2f,\"record_bytes\":%d,\"batch\":%d,"
+	printf("{\"bench\":\"queue\",\"data_dir\":%s,\"wire_zstd\":%s,\"seconds\":%.2f,\"record_bytes\":%d,\"batch\":%d,"
 	    "\"put_records\":%llu,\"trained_records\":%llu,\"records_per_s\":%.0f,\"mb_per_s\":%.1f,"
 	    "\"lease_p50_ms\":%.3f,\"lease_p99_ms\":%.3f,\"leases\":%zu,"
 	    "\"broker_cpu_cores\":%.2f,\"broker_cpu_share\":%.2f,\"clients_cpu_cores\":%.2f,"
 	    "\"broker_time_s\":{\"state\":%.3f,\"decompress\":%.3f,\"compress\":%.3f,\"journal\":%.3f,\"lock_wait\":%.3f},"
 	    "\"journal_syncs\":%.0f}\n",
-	    dir ? "true" : "false", t1 - t0, (int)rec_bytes, BATCH, (unsigned long long)put, (unsigned long long)got,
+	    dir ? "true" : "false", compress > 0 ? "true" : "false", t1 - t0, (int)rec_bytes, BATCH, (unsigned long long)put, (unsigned long long)got,
 	    (double)got / (t1 - t0), (double)got * (double)rec_bytes / 1e6 / (t1 - t0),
 	    nall ? all[nall / 2] * 1e3 : 0, nall ? all[(size_t)(nall * 0.99)] * 1e3 : 0, nall,
 	    (c1 - c0) / (t1 - t0), (c1 - c0) / ((c1 - c0) + (s1 - s0) + 1e-9), (s1 - s0) / (t1 - t0),
@@ -307,10 +312,13 @@ main(int argc, char **argv)
 		fprintf(stderr, "queue bench: no %s\n", bin);
 		return 1;
 	}
+	compress = -1;
 	rv = run(bin, NULL);
 	if (mkdtemp(dir) == NULL)
 		return 1;
 	rv |= run(bin, dir);
+	compress = 1;   /* what a remote link costs: zstd on the wire both ways */
+	rv |= run(bin, NULL);
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
 	if (system(cmd) != 0)
 		rv = 1;

@@ -21,15 +21,16 @@ typedef struct fill_ctx {
 	rl_model *m;
 	float *buf;             /* host f32 (largest tensor) */
 	int dtype;              /* file dtype */
-	int opt;                /* optimizer file: entry 2i = m, 2i+1 = v of tensor i */
+	int opt;                /* optimizer file: opt entries per tensor: m, v (, f32 master) */
 } fill_ctx;
 
 static int
 fill(void *vctx, int e, void *out, size_t nbytes)
 {
 	fill_ctx *c = vctx;
-	int i = c->opt ? e / 2 : e, rv;
-	int kind = c->opt ? (e % 2 ? RL_MODEL_ADAM_V : RL_MODEL_ADAM_M) : RL_MODEL_PARAM;
+	static const int kinds[3] = { RL_MODEL_ADAM_M, RL_MODEL_ADAM_V, RL_MODEL_PARAM };
+	int i = c->opt ? e / c->opt : e, rv;
+	int kind = c->opt ? kinds[e % c->opt] : RL_MODEL_PARAM;
 	size_t n = c->m->tt.t[i].n;
 
 	if ((rv = rl_model_get(c->m, i, kind, c->buf)) != 0)
@@ -150,7 +151,7 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 		maxn = RL_MAX(maxn, m->tt.t[i].n);
 	if ((fc.buf = rl_try_malloc(maxn * sizeof(float), "checkpoint buffer")) == NULL)
 		return RL_ENOMEM;
-	e = rl_xcalloc(2 * (size_t)n, sizeof *e);
+	e = rl_xcalloc(3 * (size_t)n, sizeof *e);
 	js = rl_config_to_json(&m->cfg);
 	p = join(tmp, "config.json");
 	if ((rv = write_text(p, js)) != 0)
@@ -168,21 +169,25 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 			goto out;
 	}
 	if (with_optimizer && m->m != NULL) {
-		char (*names)[RL_TT_NAME + 16] = rl_xcalloc(2 * (size_t)n, sizeof *names);
+		/* the f32 master weights too when model.safetensors rounds them (bf16/f16),
+		 * so a resumed run continues from the same weights */
+		static const char *const sfx[3] = { "exp_avg", "exp_avg_sq", "master" };
+		int per = fc.dtype == RL_F32 ? 2 : 3;
+		char (*names)[RL_TT_NAME + 16] = rl_xcalloc(3 * (size_t)n, sizeof *names);
 		const char *meta[] = { "format", "pt", "step", stepbuf };
-		for (int i = 0; i < 2 * n; i++) {
-			const rl_tensor *t = &m->tt.t[i / 2];
-			snprintf(names[i], sizeof names[i], "%s.%s", t->name, i % 2 ? "exp_avg_sq" : "exp_avg");
+		for (int i = 0; i < per * n; i++) {
+			const rl_tensor *t = &m->tt.t[i / per];
+			snprintf(names[i], sizeof names[i], "%s.%s", t->name, sfx[i % per]);
 			e[i].name = names[i];
 			e[i].dtype = RL_F32;
 			e[i].ndim = rl_tensor_file_shape(t, e[i].shape);
 		}
 		snprintf(stepbuf, sizeof stepbuf, "%d", m->step);
-		fc.opt = 1;
+		fc.opt = per;
 		fc.dtype = RL_F32;
 		free(p);
 		p = join(tmp, "optimizer.safetensors");
-		rv = rl_st_write(p, e, 2 * n, meta, 2, fill, &fc);
+		rv = rl_st_write(p, e, per * n, meta, 2, fill, &fc);
 		free(names);
 		if (rv != 0)
 			goto out;
@@ -367,9 +372,12 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 	}
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
-		for (int k = 0; k < 2; k++) {
-			snprintf(key, sizeof key, "%s.%s", t->name, k ? "exp_avg_sq" : "exp_avg");
+		for (int k = 0; k < 3; k++) {
+			static const char *const sfx[3] = { "exp_avg", "exp_avg_sq", "master" };
+			snprintf(key, sizeof key, "%s.%s", t->name, sfx[k]);
 			const rl_st_tensor *st = rl_st_find(f, key);
+			if (k == 2 && st == NULL)
+				break; /* f32 checkpoints carry no separate master copy */
 			if (st == NULL || st->nelem != t->n || st->dtype != RL_F32) {
 				rl_error("'%s': tensor '%s' %s", p, key, st == NULL ? "is missing" :
 				    "has the wrong shape or dtype");
@@ -386,7 +394,11 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 				memcpy(buf, tr, t->n * sizeof(float));
 				free(tr);
 			}
-			m->ops->upload(m->ops, (k ? m->v : m->m) + t->off, buf, t->n * sizeof(float));
+			m->ops->upload(m->ops, (k == 0 ? m->m : k == 1 ? m->v : m->params) + t->off, buf,
+			    t->n * sizeof(float));
+			if (k == 2 && m->w != m->params)
+				m->ops->cast(m->ops, (char *)m->w + t->off * rl_dtype_size(m->ops->act_dtype),
+				    m->ops->act_dtype, m->params + t->off, RL_F32, t->n);
 		}
 	}
 	m->step = step;

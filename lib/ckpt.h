@@ -7,7 +7,9 @@
  *   ROOT/step-00000100/   config.json, model.safetensors (HF names, cfg.dtype),
  *                         tokenizer files copied from the source model,
  *                         optimizer.safetensors (AdamW m, v in f32 as
- *                         "<name>.exp_avg", "<name>.exp_avg_sq"; metadata "step"),
+ *                         "<name>.exp_avg", "<name>.exp_avg_sq", and the f32
+ *                         master weights "<name>.master" when model.safetensors
+ *                         is bf16/f16; metadata "step"),
  *                         trainer_state.json {"global_step": N}
  *   ROOT/latest           symbolic link "step-00000100" to the newest complete one
  * A directory is complete once it has its name: it is written as
@@ -32,8 +34,9 @@ int rl_ckpt_save(rl_model *m, const char *root, int with_optimizer, char *path, 
 /* Resolves ROOT/latest to the directory path (size len); RL_ENOENT when there
  * is none. */
 int rl_ckpt_latest(const char *root, char *path, size_t len);
-/* Loads optimizer.safetensors from DIR into m (m->m, m->v, m->step), after
- * rl_model_train_reserve.  RL_ENOENT when DIR has none. */
+/* Loads optimizer.safetensors from DIR into m (m->m, m->v, m->step and the
+ * f32 master weights when present), after rl_model_train_reserve.  RL_ENOENT
+ * when DIR has none. */
 int rl_ckpt_load_optimizer(rl_model *m, const char *dir);
 
 /* lib-private: write the model (and optionally optimizer) files into an

@@ -193,7 +193,8 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 		goto out;
 	}
 	cfg->dtype = RL_F32;
-	if ((s = get_str(&c, "torch_dtype")) != NULL) {
+	/* transformers >= 4.56 writes "dtype", older versions "torch_dtype" */
+	if ((s = get_str(&c, "torch_dtype")) != NULL || (s = get_str(&c, "dtype")) != NULL) {
 		if (strcmp(s, "bfloat16") == 0)
 			cfg->dtype = RL_BF16;
 		else if (strcmp(s, "float16") == 0)
@@ -246,6 +247,19 @@ rl_config_check(const rl_config *c, const char *what)
 	else if (c->arch == RL_ARCH_GPT2 && c->n_head * c->head_dim != c->hidden_size)
 		bad = "n_embd must be a multiple of n_head";
 	else if ((size_t)c->vocab_size * c->hidden_size > ((size_t)1 << 40)) bad = "model too large";
+	/* what we save must be what transformers builds from the config we write */
+	else if (c->arch == RL_ARCH_GPT2 && (!c->qkv_bias || !c->o_bias || c->qk_norm || c->n_kv_head != c->n_head))
+		bad = "GPT-2 has q/k/v and output biases, no q/k norm and n_head key/value heads";
+	else if (c->arch == RL_ARCH_LLAMA && strcmp(c->model_type, "qwen2") == 0 && (!c->qkv_bias || c->o_bias || c->qk_norm))
+		bad = "Qwen2 has q/k/v biases, no o_proj bias and no q/k norm";
+	else if (c->arch == RL_ARCH_LLAMA && strcmp(c->model_type, "qwen3") == 0 && (!c->qk_norm || c->qkv_bias != c->o_bias))
+		bad = "Qwen3 has q/k norm and attention_bias on q/k/v/o alike";
+	else if (c->arch == RL_ARCH_LLAMA && (strcmp(c->model_type, "llama") == 0 || c->model_type[0] == 0) &&
+	    (c->qk_norm || c->qkv_bias != c->o_bias))
+		bad = "Llama has no q/k norm and attention_bias on q/k/v/o alike";
+	else if (c->arch == RL_ARCH_LLAMA && c->model_type[0] != 0 && strcmp(c->model_type, "llama") != 0 &&
+	    strcmp(c->model_type, "qwen2") != 0 && strcmp(c->model_type, "qwen3") != 0)
+		bad = "model_type must be llama, qwen2 or qwen3";
 	if (bad != NULL) {
 		rl_error("%s: %s", what ? what : "config", bad);
 		return RL_EFORMAT;
@@ -268,6 +282,10 @@ rl_config_to_json(const rl_config *c)
 	if (c->raw != NULL && (root = cJSON_Parse(c->raw)) != NULL) {
 		cJSON_DeleteItemFromObjectCaseSensitive(root, "torch_dtype");
 		cJSON_AddStringToObject(root, "torch_dtype", dtype_torch(c->dtype));
+		if (cJSON_GetObjectItemCaseSensitive(root, "dtype") != NULL) {
+			cJSON_DeleteItemFromObjectCaseSensitive(root, "dtype");
+			cJSON_AddStringToObject(root, "dtype", dtype_torch(c->dtype));
+		}
 		s = cJSON_Print(root);
 		cJSON_Delete(root);
 		return s;

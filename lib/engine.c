@@ -13,7 +13,7 @@
 
 typedef struct req {
 	int32_t *prompt;
-	int plen, n, greedy, running, reserve;
+	int plen, n, greedy, running, reserve, max_new;
 	uint64_t seed;
 	void *user;
 	struct req *next;
@@ -194,18 +194,21 @@ blocks_for(const rl_engine *e, int ntok)
 /* Worst-case cache blocks of a group: its prompt, and for each sample its
  * own blocks up to the longest response plus one copied on write. */
 static int
-group_reserve(const rl_engine *e, int plen, int nseq)
+group_reserve(const rl_engine *e, int plen, int nseq, int max_new)
 {
-	int maxnew = RL_MIN(e->o.max_new, e->m->cfg.max_pos - plen);
+	int maxnew = RL_MIN(max_new, e->m->cfg.max_pos - plen);
 	return blocks_for(e, plen) + nseq * (blocks_for(e, maxnew) + 1);
 }
 
 int
-rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greedy_extra, uint64_t seed,
-    void *user)
+rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greedy_extra, int max_new,
+    uint64_t seed, void *user)
 {
 	req *r;
 	int nseq = n + (greedy_extra ? 1 : 0);
+
+	if (max_new <= 0 || max_new > e->o.max_new)
+		max_new = e->o.max_new;
 
 	if (plen < 1 || n < 0 || nseq < 1) {
 		rl_error("generation request: empty prompt or no samples");
@@ -225,7 +228,7 @@ rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greed
 		rl_hint("raise --slots to at least the group size");
 		return RL_ETOOBIG;
 	}
-	if (group_reserve(e, plen, nseq) > e->kv->nblk) {
+	if (group_reserve(e, plen, nseq, max_new) > e->kv->nblk) {
 		rl_error("the KV cache (%d blocks of %d tokens) cannot hold a group of %d samples of a "
 		    "%d-token prompt", e->kv->nblk, e->kv->BS, nseq, plen);
 		rl_hint("raise --kv-mem or lower --max-tokens");
@@ -243,7 +246,8 @@ rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greed
 	r->greedy = greedy_extra != 0;
 	r->seed = seed;
 	r->user = user;
-	r->reserve = group_reserve(e, plen, nseq);
+	r->max_new = max_new;
+	r->reserve = group_reserve(e, plen, nseq, max_new);
 	if (e->tail)
 		e->tail->next = r;
 	else
@@ -390,6 +394,23 @@ sample_rows(rl_engine *e, const void *logits, int B, int g)
 	return o->status(o);
 }
 
+/* Appends the sampled token of each batch row to its sequence; reports the
+ * ones that finished. */
+static int
+take_tokens(rl_engine *e, int B, rl_gen_done_fn done, void *ctx)
+{
+	int rv;
+
+	for (int b = 0; b < B; b++) {
+		seq *q = &e->s[e->bidx[b]];
+		int why = append(e, q, e->h_tok[b], e->h_logp[b]);
+		e->st.gen_tokens++;
+		if (why && (rv = finish(e, q, why, done, ctx)) != 0)
+			return rv;
+	}
+	return RL_OK;
+}
+
 static uint64_t
 sample_seed(uint64_t rseed, int index)
 {
@@ -472,7 +493,7 @@ admit(rl_engine *e, rl_gen_done_fn done, void *ctx)
 				q->greedy = pass == 1;
 				q->n = 0;
 				q->tlen = 0;
-				q->max_n = RL_MAX(1, RL_MIN(e->o.max_new, e->m->cfg.max_pos - r->plen));
+				q->max_n = RL_MAX(1, RL_MIN(r->max_new, e->m->cfg.max_pos - r->plen));
 				q->seed = sample_seed(r->seed, j);
 				q->ver_first = q->ver_last = e->version;
 				q->t_start = rl_wall();
@@ -487,14 +508,7 @@ admit(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	}
 	if ((rv = sample_rows(e, e->d_rows, B, g)) != 0)
 		return rv;
-	for (int b = 0; b < B; b++) {
-		seq *q = &e->s[e->bidx[b]];
-		int why = append(e, q, e->h_tok[b], e->h_logp[b]);
-		e->st.gen_tokens++;
-		if (why && (rv = finish(e, q, why, done, ctx)) != 0)
-			return rv;
-	}
-	return RL_OK;
+	return take_tokens(e, B, done, ctx);
 }
 
 int
@@ -532,12 +546,5 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	e->st.steps++;
 	if ((rv = sample_rows(e, e->m->logits, B, g)) != 0)
 		return rv;
-	for (int b = 0; b < B; b++) {
-		seq *q = &e->s[e->bidx[b]];
-		int why = append(e, q, e->h_tok[b], e->h_logp[b]);
-		e->st.gen_tokens++;
-		if (why && (rv = finish(e, q, why, done, ctx)) != 0)
-			return rv;
-	}
-	return RL_OK;
+	return take_tokens(e, B, done, ctx);
 }

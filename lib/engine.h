@@ -13,8 +13,10 @@
  * running sequence never runs out of blocks.
  *
  * Randomness: sample i of a request draws from rl_rng(seed_i, t) with
- * seed_i = mix(request seed, i) and t its token index, so a seed gives the
- * same output whatever else is in the batch (on one backend).
+ * seed_i = mix(request seed, i) and t its token index: the same seed and
+ * settings give the same output on one backend, and the draws do not depend
+ * on what else is in the batch (the logits may, in their last bits, when a
+ * kernel sums in another order for another batch size).
  *
  * Leaves out: I/O, tokenizing prompts, weight updates (the caller swaps
  * weights between steps with rl_model_set), preemption.  Not thread-safe.
@@ -74,11 +76,12 @@ int rl_engine_create(rl_engine **out, rl_model *m, rl_tokenizer *tok, const rl_g
 void rl_engine_destroy(rl_engine *e);
 
 /* Queues a request: prompt (plen tokens, copied), n samples (+1 greedy when
- * greedy_extra), the request's seed, a user pointer handed back with each
- * sample.  RL_ETOOBIG when the prompt leaves no room in the model's context
- * or the cache could never hold the group; nothing queued then. */
+ * greedy_extra), its own response limit max_new (0: the engine's), the
+ * request's seed, a user pointer handed back with each sample.  RL_ETOOBIG
+ * when the prompt leaves no room in the model's context or the cache could
+ * never hold the group; nothing queued then. */
 int rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greedy_extra,
-    uint64_t seed, void *user);
+    int max_new, uint64_t seed, void *user);
 
 /* One iteration: admits waiting requests while slots and cache allow, then
  * decodes one token for every active sequence; calls done for each sample

@@ -46,6 +46,7 @@ struct rl_model_act {
 	int32_t *tok, *tgt, *seg, *pos;                         /* (N) */
 	int32_t *hpos;          /* host (N) scratch */
 	int B, T, has_seg, ready;
+	int logits_kept;        /* logits holds all N rows of the last forward (one chunk) */
 	float inv_temp;
 };
 
@@ -66,7 +67,8 @@ struct rl_model_inf {
 	int32_t *tok, *pos, *seg, *slot, *ctx;  /* (I) */
 	int32_t *bt;            /* (maxB, btcols) backend block tables */
 	int btcols;
-	int32_t *htok, *hpos, *hseg, *hslot, *hbt;  /* host staging */
+	int32_t *htok, *hpos, *hseg, *hslot, *hbt;  /* host staging (I) */
+	int *hstart, *horder, *hfill;               /* host prefill layout (maxB) */
 	void *hlogits;          /* host (maxB, V) act */
 };
 
@@ -321,6 +323,14 @@ rl_model_set(rl_model *m, int i, const float *in)
 	return check_ops(m, "upload");
 }
 
+int
+rl_model_params_changed(rl_model *m)
+{
+	if (m->w != m->params)
+		m->ops->cast(m->ops, m->w, m->ops->act_dtype, m->params, RL_F32, m->tt.total);
+	return check_ops(m, "weights refresh");
+}
+
 /* ---- random init ------------------------------------------------------------------- */
 
 int
@@ -550,29 +560,46 @@ int
 rl_model_train_reserve(rl_model *m, int max_tokens)
 {
 	rl_ops *o = m->ops;
-	rl_model_act *a;
-	carve ca = { 0 }, cf = { 0 }, ci = { 0 };
 	size_t bytes = m->tt.total * sizeof(float);
 	int rv;
 
 	if (max_tokens <= 0)
 		return RL_EINVAL;
 	if (m->grads == NULL) {
-		if ((rv = o->alloc(o, (void **)&m->grads, bytes)) != 0 ||
-		    (rv = o->alloc(o, (void **)&m->m, bytes)) != 0 ||
-		    (rv = o->alloc(o, (void **)&m->v, bytes)) != 0)
+		if ((rv = o->alloc(o, (void **)&m->grads, bytes)) != 0)
 			return rv;
+		if ((rv = o->alloc(o, (void **)&m->m, bytes)) != 0 ||
+		    (rv = o->alloc(o, (void **)&m->v, bytes)) != 0) {
+			o->free(o, m->grads);
+			o->free(o, m->m);
+			m->grads = m->m = NULL;
+			return rv;
+		}
 		o->zero(o, m->grads, bytes);
 		o->zero(o, m->m, bytes);
 		o->zero(o, m->v, bytes);
 	}
+	return rl_model_eval_reserve(m, max_tokens);
+}
+
+int
+rl_model_eval_reserve(rl_model *m, int max_tokens)
+{
+	rl_ops *o = m->ops;
+	rl_model_act *a;
+	carve ca = { 0 }, cf = { 0 }, ci = { 0 };
+	int rv;
+
+	if (max_tokens <= 0)
+		return RL_EINVAL;
 	if (m->act != NULL && m->act->maxN >= max_tokens)
 		return RL_OK;
 	free_act(m);
 	a = rl_xcalloc(1, sizeof *a);
 	a->maxN = max_tokens;
 	a->chunk = (int)RL_MAX((size_t)1, RL_MIN((size_t)max_tokens,
-	    LOGIT_CHUNK_BYTES / ((size_t)m->cfg.vocab_size * asz(m))));
+	    (m->logit_chunk_bytes ? m->logit_chunk_bytes : LOGIT_CHUNK_BYTES) /
+	    ((size_t)m->cfg.vocab_size * asz(m))));
 	carve_act(m, a, &ca, &cf, &ci);
 	if ((rv = o->alloc(o, &a->amem, ca.off)) != 0 || (rv = o->alloc(o, (void **)&a->fmem, cf.off)) != 0 ||
 	    (rv = o->alloc(o, (void **)&a->imem, ci.off)) != 0) {
@@ -670,12 +697,14 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	const size_t s = asz(m), NC = (size_t)N * C, sN = (size_t)a->maxN;
 	int rv;
 
-	if (a == NULL || B <= 0 || T <= 0 || (size_t)B * T > (size_t)a->maxN || !(temperature > 0)) {
+	if (a == NULL || tok == NULL || tgt == NULL || B <= 0 || T <= 0 || (size_t)B * T > (size_t)a->maxN ||
+	    !(temperature > 0)) {
 		rl_error("model forward: %d x %d tokens, temperature %g (reserved for %d tokens)", B, T,
 		    temperature, a ? a->maxN : 0);
 		return RL_EINVAL;
 	}
 	a->ready = 0;
+	a->logits_kept = 0;
 	for (int n = 0; n < N; n++)
 		a->hpos[n] = pos != NULL ? pos[n] : n % T;
 	if ((rv = check_inputs(m, tok, tgt, a->hpos, N, "model forward")) != 0)
@@ -729,6 +758,7 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 		o->logprob_fwd(o, a->lp + r0, a->ent + r0, a->lse_out + r0, a->logits, a->tgt + r0, n, V,
 		    a->inv_temp);
 	}
+	a->logits_kept = N <= a->chunk;
 	if (lp != NULL)
 		o->download(o, lp, a->lp, (size_t)N * 4);
 	if (ent != NULL)
@@ -747,8 +777,9 @@ rl_model_backward(rl_model *m, const float *dlp, const float *dent)
 	const rl_config *c = &m->cfg;
 	int rv;
 
-	if (a == NULL || !a->ready || dlp == NULL) {
-		rl_error("model backward: no forward to differentiate");
+	if (a == NULL || !a->ready || dlp == NULL || m->grads == NULL) {
+		rl_error("model backward: %s", m->grads == NULL ? "no gradients (rl_model_train_reserve)" :
+		    "no forward to differentiate");
 		return RL_EINVAL;
 	}
 	const int B = a->B, T = a->T, N = B * T, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
@@ -761,7 +792,10 @@ rl_model_backward(rl_model *m, const float *dlp, const float *dent)
 	for (int r0 = 0; r0 < N; r0 += a->chunk) {
 		int n = RL_MIN(a->chunk, N - r0);
 		void *x = at(a->lnf, (size_t)r0 * C, s);
-		o->matmul_fwd(o, a->logits, x, W(m, m->lm_w), NULL, n, C, V);
+		/* one chunk held every row in forward: its logits are still there */
+		if (!a->logits_kept)
+			o->matmul_fwd(o, a->logits, x, W(m, m->lm_w), NULL, n, C, V);
+		a->logits_kept = 0; /* logprob_bwd overwrites them with their gradient */
 		o->logprob_bwd(o, a->logits, a->logits, a->tgt + r0, a->lse_out + r0, dlp + r0,
 		    dent ? dent + r0 : NULL, n, V, a->inv_temp);
 		o->matmul_bwd(o, at(a->dx, (size_t)r0 * C, s), G(m, m->lm_w), NULL, a->logits, x,
@@ -819,8 +853,10 @@ rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm)
 	double norm;
 	float scale = 1.0f;
 
-	if (m->grads == NULL)
+	if (m->grads == NULL || p == NULL) {
+		rl_error("optimizer step: call rl_model_train_reserve first");
 		return RL_EINVAL;
+	}
 	/* padding between tensors is zero in grads, so one sum covers them all */
 	norm = sqrt(o->sumsq(o, m->grads, m->tt.total));
 	if (grad_norm != NULL)
@@ -904,10 +940,13 @@ rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch)
 	ci.base = (char *)f->imem;
 	ca.off = cf.off = ci.off = 0;
 	carve_inf(m, f, &ca, &cf, &ci);
-	f->htok = rl_xcalloc((size_t)4 * max_tokens, sizeof *f->htok);
+	f->htok = rl_xcalloc((size_t)4 * max_tokens + 3 * (size_t)max_batch, sizeof *f->htok);
 	f->hpos = f->htok + max_tokens;
 	f->hseg = f->hpos + max_tokens;
 	f->hslot = f->hseg + max_tokens;
+	f->hstart = f->hslot + max_tokens;
+	f->horder = f->hstart + max_batch;
+	f->hfill = f->horder + max_batch;
 	if ((f->hlogits = rl_try_malloc((size_t)max_batch * m->cfg.vocab_size * asz(m), "logits")) == NULL) {
 		m->inf = f;
 		free_inf(m);
@@ -919,8 +958,8 @@ rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch)
 }
 
 /* The transformer blocks over N inference tokens in f->x; attention either
- * packed-causal over the tokens themselves (prefill, seg) or against the
- * cache (decode). */
+ * causal over B rows of N/B tokens with segments (prefill) or, for B
+ * sequences of one token each, against the cache (decode). */
 static void
 infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
 {
@@ -949,7 +988,7 @@ infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
 			o->attn_decode(o, f->att, qkv, kv->kc[l], kv->vc[l], f->bt, f->ctx, B, NH, NKV, HD,
 			    kv->BS, f->btcols);
 		else
-			o->attn_fwd(o, f->att, f->lse, qkv, f->seg, 1, N, NH, NKV, HD);
+			o->attn_fwd(o, f->att, f->lse, qkv, f->seg, B, N / B, NH, NKV, HD);
 		o->matmul_fwd(o, f->t, f->att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
 		o->add(o, f->x, f->x, f->t, NC);
 		norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln2_w, y->ln2_b, N);
@@ -983,6 +1022,45 @@ infer_head(rl_model *m, int B, float *logits, const char *what)
 	return check_ops(m, what);
 }
 
+/* Lays nseq prompts out in rows of T = the longest prompt, first-fit by
+ * decreasing length, so attention costs rows x T^2 rather than (sum of
+ * lengths)^2 for one packed row; the rest of a row is padding (seg -1,
+ * slot -1).  Falls back to one packed row when the padded layout would not
+ * fit the reserve.  start[i]: index of prompt i's first token.  Returns rows,
+ * *T the row length. */
+static int
+prefill_layout(rl_model_inf *f, const int *ntok, int nseq, int N, int *T, int *start)
+{
+	int *order = f->horder, *fill = f->hfill, rows = 0, t = 0;
+
+	for (int i = 0; i < nseq; i++) {
+		int j = i;
+		t = RL_MAX(t, ntok[i]);
+		while (j > 0 && ntok[order[j - 1]] < ntok[i]) {
+			order[j] = order[j - 1];
+			j--;
+		}
+		order[j] = i;
+	}
+	for (int k = 0; k < nseq; k++) {
+		int i = order[k], r = 0;
+		while (r < rows && fill[r] + ntok[i] > t)
+			r++;
+		if (r == rows)
+			fill[rows++] = 0;
+		start[i] = r * t + fill[r];
+		fill[r] += ntok[i];
+	}
+	if ((size_t)rows * t > (size_t)f->maxI) {
+		for (int i = 0, k = 0; i < nseq; k += ntok[i], i++)
+			start[i] = k;
+		rows = 1;
+		t = N;
+	}
+	*T = t;
+	return rows;
+}
+
 int
 rl_model_prefill(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *const *tokens,
     const int *ntok, int nseq, float *logits)
@@ -991,7 +1069,7 @@ rl_model_prefill(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32
 	rl_model_inf *f = m->inf;
 	const int C = m->cfg.hidden_size;
 	const size_t s = asz(m);
-	int N = 0, rv, done = 0;
+	int N = 0, rv, done = 0, rows, T, n, *start;
 
 	if (f == NULL || nseq <= 0 || nseq > f->maxB) {
 		rl_error("model prefill: %d sequences (reserved for %d)", nseq, f ? f->maxB : 0);
@@ -1003,30 +1081,40 @@ rl_model_prefill(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32
 			    "for %d tokens)", i, ntok[i], N, seqs[i]->len, f->maxI);
 			return RL_EINVAL;
 		}
-		for (int j = 0; j < ntok[i]; j++) {
-			f->htok[N + j] = tokens[i][j];
-			f->hpos[N + j] = j;
-			f->hseg[N + j] = i;
-		}
 		N += ntok[i];
 	}
-	if ((rv = check_inputs(m, f->htok, NULL, f->hpos, N, "model prefill")) != 0)
+	start = f->hstart;
+	rows = prefill_layout(f, ntok, nseq, N, &T, start);
+	n = rows * T;
+	for (int k = 0; k < n; k++) {
+		f->htok[k] = 0;
+		f->hpos[k] = 0;
+		f->hseg[k] = -1;
+		f->hslot[k] = -1;
+	}
+	for (int i = 0; i < nseq; i++)
+		for (int j = 0; j < ntok[i]; j++) {
+			f->htok[start[i] + j] = tokens[i][j];
+			f->hpos[start[i] + j] = j;
+			f->hseg[start[i] + j] = i;
+		}
+	if ((rv = check_inputs(m, f->htok, NULL, f->hpos, n, "model prefill")) != 0)
 		return rv;
 	for (done = 0; done < nseq; done++)
 		if ((rv = rl_kvcache_reserve(kv, seqs[done], ntok[done])) != 0)
 			goto undo;
-	for (int i = 0, k = 0; i < nseq; i++)
+	for (int i = 0; i < nseq; i++)
 		for (int j = 0; j < ntok[i]; j++)
-			f->hslot[k++] = rl_kvcache_slot(kv, seqs[i], j);
-	o->upload(o, f->tok, f->htok, (size_t)N * 4);
-	o->upload(o, f->pos, f->hpos, (size_t)N * 4);
-	o->upload(o, f->seg, f->hseg, (size_t)N * 4);
-	o->upload(o, f->slot, f->hslot, (size_t)N * 4);
-	o->embed_fwd(o, f->x, f->tok, f->pos, W(m, m->wte), W(m, m->wpe), N, C);
-	infer_blocks(m, kv, N, 0, 0);
-	for (int i = 0, k = 0; i < nseq; i++) {
-		k += ntok[i];
-		o->copy(o, at(f->last, (size_t)i * C, s), at(f->x, (size_t)(k - 1) * C, s), C * s);
+			f->hslot[start[i] + j] = rl_kvcache_slot(kv, seqs[i], j);
+	o->upload(o, f->tok, f->htok, (size_t)n * 4);
+	o->upload(o, f->pos, f->hpos, (size_t)n * 4);
+	o->upload(o, f->seg, f->hseg, (size_t)n * 4);
+	o->upload(o, f->slot, f->hslot, (size_t)n * 4);
+	o->embed_fwd(o, f->x, f->tok, f->pos, W(m, m->wte), W(m, m->wpe), n, C);
+	infer_blocks(m, kv, n, 0, rows);
+	for (int i = 0; i < nseq; i++) {
+		o->copy(o, at(f->last, (size_t)i * C, s), at(f->x, (size_t)(start[i] + ntok[i] - 1) * C, s),
+		    C * s);
 		seqs[i]->len = ntok[i];
 	}
 	return infer_head(m, nseq, logits, "model prefill");

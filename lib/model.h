@@ -64,6 +64,8 @@ struct rl_model {
 	/* Logits of the last prefill/decode, backend memory, (B, V) act. */
 	void *logits;
 	char *src_dir;          /* directory it was loaded from (NULL for random init) */
+	size_t logit_chunk_bytes; /* bound on the (rows, V) logits chunk; 0 = 32 MiB; set before
+	                           * rl_model_train_reserve (a GPU trainer may want more) */
 	rl_model_act *act;
 	rl_model_inf *inf;
 };
@@ -90,6 +92,9 @@ size_t rl_model_nparams(const rl_model *m);
 /* Allocates gradients (zeroed), AdamW state and activations for up to
  * max_tokens = B*T rows.  Call once; again to grow. */
 int rl_model_train_reserve(rl_model *m, int max_tokens);
+/* Activations only, for forward-only use (reference / old-policy log-probs):
+ * no gradients or optimizer state; rl_model_backward then fails. */
+int rl_model_eval_reserve(rl_model *m, int max_tokens);
 /* Training forward over B rows of T tokens.  Host inputs, i32:
  *   tok (B,T) token ids in [0, V) (padding too: use any valid id, e.g. 0);
  *   tgt (B,T) target id per position (the next token), < 0 = no log-prob (padding, last);
@@ -135,7 +140,9 @@ int rl_model_prefill(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs,
     const int32_t *const *tokens, const int *ntok, int nseq, float *logits);
 /* One decode step: appends tok[b] (host) to seqs[b] at position seqs[b]->len
  * for b < B, and returns the next-token logits in m->logits (B, V) and, when
- * non-NULL, host logits (B, V) f32.  Sequences of any lengths. */
+ * non-NULL, host logits (B, V) f32.  Sequences of any lengths.  RL_EBUSY when
+ * the cache is out of blocks: no token is appended (some sequences may hold a
+ * block reserved for their next token), RL_ETOOBIG past the model's positions. */
 int rl_model_decode(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok, int B,
     float *logits);
 
@@ -146,6 +153,11 @@ enum { RL_MODEL_PARAM = 0, RL_MODEL_GRAD, RL_MODEL_ADAM_M, RL_MODEL_ADAM_V };
 int rl_model_get(rl_model *m, int i, int kind, float *out);
 /* Set tensor i's parameters from host f32 in (file layout). */
 int rl_model_set(rl_model *m, int i, const float *in);
+
+/* After m->params was overwritten in place as one buffer (weight sync, NCCL
+ * broadcast of the tensor table's layout): refreshes the compute copy m->w
+ * (a no-op on an f32 backend).  Returns the backend's status. */
+int rl_model_params_changed(rl_model *m);
 
 /* Save DIR as a Hugging Face checkpoint (config.json, model.safetensors in
  * cfg.dtype, plus tokenizer files copied from the source directory), atomic:

@@ -58,6 +58,11 @@ rl_ops_open(rl_ops **out, const char *device)
 		if (rv == RL_ENOTSUP) {
 			rl_error("device '%s': this build has no CUDA support", device);
 			rl_hint("rebuild with nvcc on PATH (see make features), or use --device cpu");
+		} else if (rv == RL_ENODEV) {
+			rl_error("device '%s': no such CUDA device on this machine", device);
+			rl_hint("--device auto uses the CPU when there is no GPU");
+		} else if (rv != RL_OK) {
+			rl_error("device '%s': cannot open the CUDA backend: %s", device, rl_strerror(rv));
 		}
 		return rv;
 	}

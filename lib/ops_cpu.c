@@ -15,8 +15,11 @@
  * AVX-512 GEMM clones); ISO C mode turns contraction off by default.  -O2's
  * "very cheap" vectoriser cost model refuses the softmax loops (selects, simd
  * reductions); the dynamic model vectorises them, and without trapping math the
- * selects of rl_cpu_expf if-convert.  Nothing here reads FP exception flags. */
+ * selects of rl_cpu_expf if-convert.
+ * Nothing here reads FP exception flags. */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=fast", "vect-cost-model=dynamic", "no-trapping-math")
+#endif
 
 #include <float.h>
 #include <math.h>
@@ -49,6 +52,25 @@ scratch(rl_ops *o, size_t n, const char *what)
 		fail(o, RL_ENOMEM);
 	return p;
 }
+
+static float
+dotf(const float *a, const float *b, int n)
+{
+	float s = 0;
+#pragma omp simd reduction(+:s)
+	for (int i = 0; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
+/* Row kernels that vectorise are cloned per instruction set; an ifunc picks one
+ * at load time. */
+#define RL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/* Below this many elements an op runs on the calling thread: a parallel region
+ * costs microseconds (much more on a loaded machine, where idle OpenMP threads
+ * spin), which decode-sized calls cannot repay.  Results do not depend on it. */
+#define RL_PAR_MIN 32768
 
 /* Fixed chunking of reductions over rows: the same split for any thread count. */
 #define RCHUNK 64
@@ -154,7 +176,7 @@ rl_cpu_embed_fwd(rl_ops *o, void *out_, const int32_t *tok, const int32_t *pos,
 {
 	float *out = out_;
 	const float *wte = wte_, *wpe = wpe_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		float *y = out + (size_t)n * C;
 		const float *e = wte + (size_t)tok[n] * C;
@@ -175,7 +197,7 @@ rl_cpu_embed_bwd(rl_ops *o, float *dwte, float *dwpe, const void *dout_,
 	const float *dout = dout_;
 	/* Threads own column ranges, rows are added in order: no races, deterministic. */
 	int nb = (C + 63) / 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)C * N > RL_PAR_MIN)
 	for (int cb = 0; cb < nb; cb++) {
 		int c0 = cb * 64, c1 = RL_MIN(C, c0 + 64);
 		for (int n = 0; n < N; n++) {
@@ -200,7 +222,7 @@ rl_cpu_rmsnorm_fwd(rl_ops *o, void *out_, float *rstd, const void *x_, const voi
 {
 	float *out = out_;
 	const float *x = x_, *w = w_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *xr = x + (size_t)n * C;
 		float *yr = out + (size_t)n * C;
@@ -237,7 +259,7 @@ rl_cpu_rmsnorm_bwd(rl_ops *o, void *dx_, float *dw, const void *dout_, const voi
 	float *part = dw ? scratch(o, (size_t)nchunk * C * sizeof(float), "rmsnorm_bwd scratch") : NULL;
 	if (dw != NULL && part == NULL)
 		return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
 	for (int k = 0; k < nchunk; k++) {
 		float *pw = part ? part + (size_t)k * C : NULL;
 		if (pw)
@@ -269,7 +291,7 @@ rl_cpu_layernorm_fwd(rl_ops *o, void *out_, float *mean, float *rstd, const void
 {
 	float *out = out_;
 	const float *x = x_, *w = w_, *b = b_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *xr = x + (size_t)n * C;
 		float *yr = out + (size_t)n * C;
@@ -298,7 +320,7 @@ rl_cpu_layernorm_bwd(rl_ops *o, void *dx_, float *dw, float *db, const void *dou
 	float *part = scratch(o, (size_t)nchunk * 2 * C * sizeof(float), "layernorm_bwd scratch");
 	if (part == NULL)
 		return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
 	for (int k = 0; k < nchunk; k++) {
 		float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
 		memset(pw, 0, 2 * (size_t)C * sizeof(float));
@@ -344,7 +366,7 @@ rl_cpu_qknorm_fwd(rl_ops *o, void *qkv_out_, float *rstd, const void *qkv_in_,
 	float *y = qkv_out_;
 	const float *x = qkv_in_, *wq = wq_, *wk = wk_;
 	int W = (NH + 2 * NKV) * HD, NQK = NH + NKV;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * W > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *xr = x + (size_t)n * W;
 		float *yr = y + (size_t)n * W;
@@ -376,7 +398,7 @@ rl_cpu_qknorm_bwd(rl_ops *o, void *dqkv_in_, float *dwq, float *dwk, const void 
 	float *part = scratch(o, (size_t)nchunk * 2 * HD * sizeof(float), "qknorm_bwd scratch");
 	if (part == NULL)
 		return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * W > RL_PAR_MIN)
 	for (int k = 0; k < nchunk; k++) {
 		float *pq = part + (size_t)k * 2 * HD, *pk = pq + HD;
 		memset(pq, 0, 2 * (size_t)HD * sizeof(float));
@@ -440,7 +462,7 @@ rl_cpu_qknorm_bwd(rl_ops *o, void *dqkv_in_, float *dwq, float *dwk, const void 
 #include "ops_cpu_gemm.h"
 
 typedef void gemm_tile_fn(float *c, long ldc, const float *a, long lda, long ak,
-    const float *b, long ldb, int m, int n, int k, int accum, float *bbuf);
+    const float *b, long ldb, int btrans, int m, int n, int k, int accum, float *bbuf);
 typedef struct gemm_impl { gemm_tile_fn *tile; int mr, nr; } gemm_impl;
 
 static const gemm_impl *
@@ -470,7 +492,8 @@ enum { GEMM_KC = 256, GEMM_NB = 256 };
 
 /*
  * c (M, N) (+)= A (M, K) @ B (K, N) with A[i][k] = a[i*lda + k*ak] and
- * B[k][j] = b[k*ldb + j] (btrans 0) or b[j*ldb + k] (btrans 1, packed per block).
+ * B[k][j] = b[k*ldb + j] (btrans 0) or b[j*ldb + k] (btrans 1); the tile packs
+ * each B panel (see ops_cpu_gemm.h).
  * Threads own (column block, row group) tiles and K is never split, so the sum
  * order for each output is fixed.  Returns 0 or RL_ENOMEM.
  */
@@ -490,11 +513,10 @@ gemm(float *c, long ldc, const float *a, long lda, long ak, const float *b, long
 	}
 	int MG = g->mr * 32;
 	int ntn = (N + GEMM_NB - 1) / GEMM_NB, ntg = (M + MG - 1) / MG;
-#pragma omp parallel reduction(|:bad)
+#pragma omp parallel reduction(|:bad) if ((double)M * N * K > 2e6)
 	{
 		float *bbuf = malloc((size_t)GEMM_KC * 32 * sizeof(float));
-		float *pbuf = btrans ? malloc((size_t)GEMM_KC * GEMM_NB * sizeof(float)) : NULL;
-		if (bbuf == NULL || (btrans && pbuf == NULL))
+		if (bbuf == NULL)
 			bad = 1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
 		for (int tn = 0; tn < ntn; tn++) {
@@ -505,27 +527,13 @@ gemm(float *c, long ldc, const float *a, long lda, long ak, const float *b, long
 				int m0 = tg * MG, mg = RL_MIN(MG, M - m0);
 				for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
 					int kc = RL_MIN(GEMM_KC, K - k0);
-					const float *bp;
-					long ldbp;
-					if (btrans) {
-						for (int j = 0; j < nb; j++) {
-							const float *src = b + (long)(n0 + j) * ldb + k0;
-							for (int kk = 0; kk < kc; kk++)
-								pbuf[(long)kk * nb + j] = src[kk];
-						}
-						bp = pbuf;
-						ldbp = nb;
-					} else {
-						bp = b + (long)k0 * ldb + n0;
-						ldbp = ldb;
-					}
+					const float *bp = btrans ? b + (long)n0 * ldb + k0 : b + (long)k0 * ldb + n0;
 					g->tile(c + (long)m0 * ldc + n0, ldc, a + (long)m0 * lda + (long)k0 * ak, lda,
-					    ak, bp, ldbp, mg, nb, kc, accum || k0 > 0, bbuf);
+					    ak, bp, ldb, btrans, mg, nb, kc, accum || k0 > 0, bbuf);
 				}
 			}
 		}
 		free(bbuf);
-		free(pbuf);
 	}
 	if (bad) {
 		rl_error("gemm: out of memory for per-thread buffers");
@@ -542,12 +550,26 @@ rl_cpu_matmul_fwd(rl_ops *o, void *out_, const void *inp_, const void *w_, const
 {
 	float *out = out_;
 	const float *inp = inp_, *w = w_, *bias = bias_;
+	if (N <= 4) {
+		/* decode-sized: a GEMV bound by reading w once; packing w^T would cost
+		 * as much as the product */
+#pragma omp parallel for schedule(static) if ((size_t)OC * C > 32768)
+		for (int oc = 0; oc < OC; oc++) {
+			const float *wr = w + (size_t)oc * C;
+			for (int n = 0; n < N; n++) {
+				float s = dotf(inp + (size_t)n * C, wr, C);
+				out[(size_t)n * OC + oc] = s + (bias ? bias[oc] : 0.0f);
+			}
+		}
+		return;
+	}
 	if (bias != NULL) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * OC > RL_PAR_MIN)
 		for (int n = 0; n < N; n++)
 			memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
 	}
-	if (gemm(out, OC, inp, C, 1, w, C, 1, N, OC, C, bias != NULL) != 0)
+	int rv = gemm(out, OC, inp, C, 1, w, C, 1, N, OC, C, bias != NULL);
+	if (rv != 0)
 		fail(o, RL_ENOMEM);
 }
 
@@ -564,7 +586,7 @@ rl_cpu_matmul_bwd(rl_ops *o, void *dinp_, float *dw, float *dbias, const void *d
 		rv |= gemm(dw, C, dout, 1, OC, inp, C, 0, OC, C, N, 1);
 	if (dbias != NULL) {
 		int nb = (OC + 63) / 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * OC > RL_PAR_MIN)
 		for (int ob = 0; ob < nb; ob++) {
 			int o0 = ob * 64, o1 = RL_MIN(OC, o0 + 64);
 			float acc[64] = { 0 };
@@ -589,7 +611,7 @@ static void
 rope_apply(float *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta, float sign)
 {
 	int W = (NH + 2 * NKV) * HD, half = HD / 2, NQK = NH + NKV;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * W > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		float cs[512], sn[512];  /* half <= 512: HD <= 1024 */
 		for (int i = 0; i < half; i++) {
@@ -634,21 +656,104 @@ rl_cpu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NK
 	rope_apply(dqkv, pos, N, NH, NKV, HD, theta, -1.0f);
 }
 
-static float
-dotf(const float *a, const float *b, int n)
+/*
+ * Attention runs per (row, head) task over blocks of ATT_QB queries, with the
+ * GEMM tiles doing the products (serially: the tasks are the parallel loop):
+ *   S = Q K^T (qb, kmax), softmax over the visible keys, O = P V.
+ * kmax = the block's last query + 1 (causality); invisible keys get p = 0.
+ */
+enum { ATT_QB = 64 };
+
+/* c (M,N) (+)= A B in one thread, K cut into GEMM_KC slices (see gemm()) */
+static void
+gemm_serial(const gemm_impl *g, float *c, long ldc, const float *a, long lda, long ak,
+    const float *b, long ldb, int btrans, int M, int N, int K, int accum, float *bbuf)
 {
-	float s = 0;
-#pragma omp simd reduction(+:s)
-	for (int i = 0; i < n; i++)
-		s += a[i] * b[i];
-	return s;
+	if (K <= 0) {
+		if (!accum)
+			for (int i = 0; i < M; i++)
+				memset(c + (long)i * ldc, 0, (size_t)N * sizeof(float));
+		return;
+	}
+	for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+		int kc = RL_MIN(GEMM_KC, K - k0);
+		const float *bp = btrans ? b + k0 : b + (long)k0 * ldb;
+		g->tile(c, ldc, a + (long)k0 * ak, lda, ak, bp, ldb, btrans, M, N, kc, accum || k0 > 0, bbuf);
+	}
 }
 
-/* key s is visible to query t (s <= t) of a row with segment ids sg (NULL = one sequence) */
-static inline int
-visible(const int32_t *sg, int s, int t)
+/* p[0..n) <- softmax of scale * p over the keys with sg[s] == st (all when sg
+ * is NULL), 0 for the others; returns the log-sum-exp. */
+RL_CLONES static float
+softmax_row(float *p, int n, const int32_t *sg, int32_t st, float scale)
 {
-	return sg == NULL || sg[s] == sg[t];
+	float mx = -INFINITY;
+	if (sg == NULL) {
+#pragma omp simd reduction(max:mx)
+		for (int s = 0; s < n; s++) {
+			float v = p[s] * scale;
+			p[s] = v;
+			mx = v > mx ? v : mx;
+		}
+	} else {
+#pragma omp simd reduction(max:mx)
+		for (int s = 0; s < n; s++) {
+			float v = sg[s] == st ? p[s] * scale : -INFINITY;
+			p[s] = v;
+			mx = v > mx ? v : mx;
+		}
+	}
+	double sum = 0;
+#pragma omp simd reduction(+:sum)
+	for (int s = 0; s < n; s++) {
+		float e = rl_cpu_expf(p[s] - mx);
+		p[s] = e;
+		sum += e;
+	}
+	float inv = (float)(1.0 / sum);
+#pragma omp simd
+	for (int s = 0; s < n; s++)
+		p[s] *= inv;
+	return mx + (float)log(sum);
+}
+
+/* P (qb, kmax) <- softmax rows of scale * S for queries t0.., in place;
+ * returns per row the lse (0 for padding).  sg: the row's segment ids or NULL. */
+static void
+softmax_block(float *P, long ldp, float *lse_out, const int32_t *sg, int t0, int qb, float scale)
+{
+	for (int i = 0; i < qb; i++) {
+		int t = t0 + i;
+		float *p = P + (long)i * ldp;
+		if (sg != NULL && sg[t] < 0) {
+			memset(p, 0, (size_t)(t + 1) * sizeof(float));
+			lse_out[i] = 0;
+			continue;
+		}
+		lse_out[i] = softmax_row(p, t + 1, sg, sg ? sg[t] : 0, scale);
+	}
+}
+
+/* One query row of the backward, keys 0..t: p <- exp(scale p - L) on visible
+ * keys (0 elsewhere); dp <- p (dp - D) scale. */
+RL_CLONES static void
+dsoftmax_row(float *p, float *dp, int n, const int32_t *sg, int32_t st, float scale, float L, float D)
+{
+	if (sg == NULL) {
+#pragma omp simd
+		for (int s = 0; s < n; s++) {
+			float pv = rl_cpu_expf(p[s] * scale - L);
+			p[s] = pv;
+			dp[s] = pv * (dp[s] - D) * scale;
+		}
+	} else {
+#pragma omp simd
+		for (int s = 0; s < n; s++) {
+			float pv = sg[s] == st ? rl_cpu_expf(p[s] * scale - L) : 0.0f;
+			p[s] = pv;
+			dp[s] = pv * (dp[s] - D) * scale;
+		}
+	}
 }
 
 void
@@ -657,7 +762,7 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 {
 	float *out = out_;
 	const float *qkv = qkv_;
-	int W = (NH + 2 * NKV) * HD, G = NH / NKV;
+	int W = (NH + 2 * NKV) * HD;
 	float scale = 1.0f / sqrtf((float)HD);
 	int bad = 0;
 	if (NKV <= 0 || NH % NKV != 0) {
@@ -665,66 +770,40 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 		fail(o, RL_EINVAL);
 		return;
 	}
-#pragma omp parallel reduction(|:bad)
+	int G = NH / NKV;
+	const gemm_impl *g = gemm_pick();
+#pragma omp parallel reduction(|:bad) if ((double)B * NH * T * T * HD > 1e6)
 	{
-		/* K, V of one (row, kv head) gathered contiguous, plus one row of scores */
-		float *kb = malloc(((size_t)2 * T * HD + T + HD) * sizeof(float));
-		if (kb == NULL)
+		/* P block (QB, T), the block's lse, GEMM panel buffer */
+		float *P = malloc(((size_t)ATT_QB * T + ATT_QB + (size_t)GEMM_KC * 32) * sizeof(float));
+		if (P == NULL)
 			bad = 1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
 		for (int b = 0; b < B; b++) {
 			for (int h = 0; h < NH; h++) {
-				if (kb == NULL)
+				if (P == NULL)
 					continue;
-				float *vb = kb + (size_t)T * HD, *sc = vb + (size_t)T * HD, *acc = sc + T;
-				int kvh = h / G;
+				float *lb = P + (size_t)ATT_QB * T, *bbuf = lb + ATT_QB;
 				const float *base = qkv + (size_t)b * T * W;
+				const float *K = base + (size_t)(NH + h / G) * HD, *Vv = base + (size_t)(NH + NKV + h / G) * HD;
 				const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
-				for (int s = 0; s < T; s++) {
-					memcpy(kb + (size_t)s * HD, base + (size_t)s * W + (size_t)(NH + kvh) * HD,
-					    (size_t)HD * sizeof(float));
-					memcpy(vb + (size_t)s * HD, base + (size_t)s * W + (size_t)(NH + NKV + kvh) * HD,
-					    (size_t)HD * sizeof(float));
-				}
-				for (int t = 0; t < T; t++) {
-					float *y = out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-					float *l = lse + ((size_t)b * NH + h) * T + t;
-					if (sg != NULL && sg[t] < 0) {
-						memset(y, 0, (size_t)HD * sizeof(float));
-						*l = 0;
-						continue;
-					}
-					const float *q = base + (size_t)t * W + (size_t)h * HD;
-					float mx = -INFINITY;
-					for (int s = 0; s <= t; s++) {
-						if (!visible(sg, s, t)) {
-							sc[s] = -INFINITY;
-							continue;
-						}
-						sc[s] = dotf(q, kb + (size_t)s * HD, HD) * scale;
-						if (sc[s] > mx)
-							mx = sc[s];
-					}
-					memset(acc, 0, (size_t)HD * sizeof(float));
-					double sum = 0;
-					for (int s = 0; s <= t; s++) {
-						if (sc[s] == -INFINITY)
-							continue;
-						float p = rl_cpu_expf(sc[s] - mx);
-						sum += p;
-						const float *v = vb + (size_t)s * HD;
-#pragma omp simd
-						for (int i = 0; i < HD; i++)
-							acc[i] += p * v[i];
-					}
-					float inv = (float)(1.0 / sum);
-					for (int i = 0; i < HD; i++)
-						y[i] = acc[i] * inv;
-					*l = mx + (float)log(sum);
+				for (int t0 = 0; t0 < T; t0 += ATT_QB) {
+					int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb;
+					const float *Q = base + (size_t)t0 * W + (size_t)h * HD;
+					/* S = Q K^T over keys 0..kmax-1 (the part right of the diagonal is ignored) */
+					gemm_serial(g, P, T, Q, W, 1, K, W, 1, qb, kmax, HD, 0, bbuf);
+					softmax_block(P, T, lb, sg, t0, qb, scale);
+					/* zero the masked upper triangle so O = P V can run over kmax keys */
+					for (int i = 0; i < qb; i++)
+						memset(P + (size_t)i * T + t0 + i + 1, 0, (size_t)(qb - i - 1) * sizeof(float));
+					float *O = out + ((size_t)b * T + t0) * NH * HD + (size_t)h * HD;
+					gemm_serial(g, O, (long)NH * HD, P, T, 1, Vv, W, 0, qb, HD, kmax, 0, bbuf);
+					for (int i = 0; i < qb; i++)
+						lse[((size_t)b * NH + h) * T + t0 + i] = lb[i];
 				}
 			}
 		}
-		free(kb);
+		free(P);
 	}
 	if (bad) {
 		rl_error("attention: out of memory for scratch of %d tokens", T);
@@ -738,7 +817,7 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 {
 	float *dqkv = dqkv_;
 	const float *dout = dout_, *out = out_, *qkv = qkv_;
-	int W = (NH + 2 * NKV) * HD, G = NH / NKV;
+	int W = (NH + 2 * NKV) * HD, OW = NH * HD;
 	float scale = 1.0f / sqrtf((float)HD);
 	int bad = 0;
 	if (NKV <= 0 || NH % NKV != 0) {
@@ -746,68 +825,67 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 		fail(o, RL_EINVAL);
 		return;
 	}
+	int G = NH / NKV;
+	const gemm_impl *g = gemm_pick();
 	/* One task per (row, kv head): it owns dk, dv of that head and dq of its G query heads. */
-#pragma omp parallel reduction(|:bad)
+#pragma omp parallel reduction(|:bad) if ((double)B * NH * T * T * HD > 1e6)
 	{
-		float *kb = malloc(((size_t)4 * T * HD + HD) * sizeof(float));
-		if (kb == NULL)
+		size_t fl = (size_t)2 * ATT_QB * T + (size_t)2 * T * HD + ATT_QB + (size_t)GEMM_KC * 32;
+		float *P = malloc(fl * sizeof(float));
+		if (P == NULL)
 			bad = 1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
 		for (int b = 0; b < B; b++) {
 			for (int kvh = 0; kvh < NKV; kvh++) {
-				if (kb == NULL)
+				if (P == NULL)
 					continue;
-				float *vb = kb + (size_t)T * HD, *dk = vb + (size_t)T * HD, *dv = dk + (size_t)T * HD;
-				float *dq = dv + (size_t)T * HD;
+				float *dP = P + (size_t)ATT_QB * T, *dK = dP + (size_t)ATT_QB * T, *dV = dK + (size_t)T * HD;
+				float *Dr = dV + (size_t)T * HD, *bbuf = Dr + ATT_QB;
 				const float *base = qkv + (size_t)b * T * W;
+				const float *K = base + (size_t)(NH + kvh) * HD, *Vv = base + (size_t)(NH + NKV + kvh) * HD;
 				float *dbase = dqkv + (size_t)b * T * W;
 				const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
-				for (int s = 0; s < T; s++) {
-					memcpy(kb + (size_t)s * HD, base + (size_t)s * W + (size_t)(NH + kvh) * HD,
-					    (size_t)HD * sizeof(float));
-					memcpy(vb + (size_t)s * HD, base + (size_t)s * W + (size_t)(NH + NKV + kvh) * HD,
-					    (size_t)HD * sizeof(float));
-				}
-				memset(dk, 0, (size_t)2 * T * HD * sizeof(float));
+				memset(dK, 0, (size_t)2 * T * HD * sizeof(float));
 				for (int h = kvh * G; h < (kvh + 1) * G; h++) {
-					for (int t = 0; t < T; t++) {
-						float *dqo = dbase + (size_t)t * W + (size_t)h * HD;
-						if (sg != NULL && sg[t] < 0) {
-							memset(dqo, 0, (size_t)HD * sizeof(float));
-							continue;
-						}
-						const float *q = base + (size_t)t * W + (size_t)h * HD;
-						const float *go = dout + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-						const float *yo = out + ((size_t)b * T + t) * NH * HD + (size_t)h * HD;
-						float L = lse[((size_t)b * NH + h) * T + t];
-						float D = dotf(go, yo, HD);
-						memset(dq, 0, (size_t)HD * sizeof(float));
-						for (int s = 0; s <= t; s++) {
-							if (!visible(sg, s, t))
-								continue;
-							const float *k = kb + (size_t)s * HD, *v = vb + (size_t)s * HD;
-							float p = rl_cpu_expf(dotf(q, k, HD) * scale - L);
-							float ds = p * (dotf(go, v, HD) - D) * scale;
-							float *dks = dk + (size_t)s * HD, *dvs = dv + (size_t)s * HD;
-#pragma omp simd
-							for (int i = 0; i < HD; i++) {
-								dvs[i] += p * go[i];
-								dq[i] += ds * k[i];
-								dks[i] += ds * q[i];
+					for (int t0 = 0; t0 < T; t0 += ATT_QB) {
+						int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb;
+						const float *Q = base + (size_t)t0 * W + (size_t)h * HD;
+						const float *dO = dout + ((size_t)b * T + t0) * OW + (size_t)h * HD;
+						const float *Ob = out + ((size_t)b * T + t0) * OW + (size_t)h * HD;
+						const float *L = lse + ((size_t)b * NH + h) * T + t0;
+						gemm_serial(g, P, T, Q, W, 1, K, W, 1, qb, kmax, HD, 0, bbuf);
+						gemm_serial(g, dP, T, dO, OW, 1, Vv, W, 1, qb, kmax, HD, 0, bbuf);
+						/* P = exp(scale S - lse) on visible keys, 0 elsewhere;
+						 * dS = P (dP - D) scale with D = dO . O, written over dP */
+						for (int i = 0; i < qb; i++) {
+							int t = t0 + i, n = t + 1;
+							float *p = P + (size_t)i * T, *dp = dP + (size_t)i * T;
+							if (sg != NULL && sg[t] < 0) {
+								n = 0;  /* padding query: no gradient */
+							} else {
+								float D = dotf(dO + (size_t)i * OW, Ob + (size_t)i * OW, HD);
+								dsoftmax_row(p, dp, n, sg, sg ? sg[t] : 0, scale, L[i], D);
 							}
+							/* keys after the query (and all of a padding row) */
+							memset(p + n, 0, (size_t)(kmax - n) * sizeof(float));
+							memset(dp + n, 0, (size_t)(kmax - n) * sizeof(float));
 						}
-						memcpy(dqo, dq, (size_t)HD * sizeof(float));
+						/* dQ = dS K; dK += dS^T Q; dV += P^T dO */
+						gemm_serial(g, dbase + (size_t)t0 * W + (size_t)h * HD, W, dP, T, 1, K, W, 0,
+						    qb, HD, kmax, 0, bbuf);
+						gemm_serial(g, dK, HD, dP, 1, T, Q, W, 0, kmax, HD, qb, 1, bbuf);
+						gemm_serial(g, dV, HD, P, 1, T, dO, OW, 0, kmax, HD, qb, 1, bbuf);
 					}
 				}
 				for (int s = 0; s < T; s++) {
-					memcpy(dbase + (size_t)s * W + (size_t)(NH + kvh) * HD, dk + (size_t)s * HD,
+					memcpy(dbase + (size_t)s * W + (size_t)(NH + kvh) * HD, dK + (size_t)s * HD,
 					    (size_t)HD * sizeof(float));
-					memcpy(dbase + (size_t)s * W + (size_t)(NH + NKV + kvh) * HD, dv + (size_t)s * HD,
+					memcpy(dbase + (size_t)s * W + (size_t)(NH + NKV + kvh) * HD, dV + (size_t)s * HD,
 					    (size_t)HD * sizeof(float));
 				}
 			}
 		}
-		free(kb);
+		free(P);
 	}
 	if (bad) {
 		rl_error("attention: out of memory for scratch of %d tokens", T);
@@ -822,7 +900,7 @@ rl_cpu_swiglu_fwd(rl_ops *o, void *out_, const void *gu_, int N, int H)
 {
 	float *out = out_;
 	const float *gu = gu_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * H > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *g = gu + (size_t)n * 2 * H, *u = g + H;
 		float *y = out + (size_t)n * H;
@@ -836,7 +914,7 @@ rl_cpu_swiglu_bwd(rl_ops *o, void *dgu_, const void *dout_, const void *gu_, int
 {
 	float *dgu = dgu_;
 	const float *dout = dout_, *gu = gu_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * H > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *g = gu + (size_t)n * 2 * H, *u = g + H, *dy = dout + (size_t)n * H;
 		float *dg = dgu + (size_t)n * 2 * H, *du = dg + H;
@@ -891,9 +969,8 @@ rl_cpu_add(rl_ops *o, void *out_, const void *a_, const void *b_, size_t n)
 
 /* ==== output layer ================================================================== */
 
-/* Row kernels of the vocabulary loops, cloned per instruction set (an ifunc
- * picks one at load time): they are memory- and exp-bound and vectorise. */
-#define RL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+/* Row kernels of the vocabulary loops, cloned per instruction set (RL_CLONES):
+ * they are memory- and exp-bound and vectorise. */
 
 /* max of z = x * it over a row, then S = sum e^(z-m), E = sum e^(z-m) (z-m) */
 RL_CLONES static float
@@ -948,7 +1025,7 @@ rl_cpu_logprob_fwd(rl_ops *o, float *lp, float *ent, float *lse, const void *log
     const int32_t *tgt, int N, int V, float inv_temp)
 {
 	const float *logits = logits_;
-#pragma omp parallel for schedule(dynamic, 4)
+#pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * V > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *x = logits + (size_t)n * V;
 		if (tgt[n] < 0) {
@@ -975,7 +1052,7 @@ rl_cpu_logprob_bwd(rl_ops *o, void *dlogits_, const void *logits_, const int32_t
 {
 	float *dl = dlogits_;
 	const float *logits = logits_;
-#pragma omp parallel for schedule(dynamic, 4)
+#pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * V > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
 		const float *x = logits + (size_t)n * V;
 		float *d = dl + (size_t)n * V;
@@ -1102,6 +1179,27 @@ rl_cpu_sumsq(rl_ops *o, const float *x, size_t n)
 	return s;
 }
 
+#define ADAM_CHUNK 16384
+
+/* The update on a contiguous piece; the arrays are distinct (omp simd says so). */
+RL_CLONES static void
+adamw_chunk(float *param, float *wc, const float *grad, float *m, float *v, size_t n, float lr,
+    float b1, float b2, float eps, float wd, float bc1, float bc2, float gs)
+{
+#pragma omp simd
+	for (size_t i = 0; i < n; i++) {
+		float g = grad[i] * gs;
+		float mi = b1 * m[i] + (1.0f - b1) * g;
+		float vi = b2 * v[i] + (1.0f - b2) * g * g;
+		m[i] = mi;
+		v[i] = vi;
+		float pi = param[i];
+		param[i] = pi - lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * pi);
+	}
+	if (wc != NULL)
+		memcpy(wc, param, n * sizeof(float));
+}
+
 void
 rl_cpu_adamw(rl_ops *o, float *param, void *wcopy, const float *grad, float *m, float *v,
     size_t n, float lr, float b1, float b2, float eps, float wd, int t, float grad_scale)
@@ -1114,18 +1212,12 @@ rl_cpu_adamw(rl_ops *o, float *param, void *wcopy, const float *grad, float *m, 
 	/* bias corrections in double: b2^t for t in the thousands loses bits in float */
 	float bc1 = (float)(1.0 - pow((double)b1, t)), bc2 = (float)(1.0 - pow((double)b2, t));
 	float *wc = wcopy;
-#pragma omp parallel for schedule(static) if (n > 65536)
-	for (size_t i = 0; i < n; i++) {
-		float g = grad[i] * grad_scale;
-		float mi = b1 * m[i] + (1.0f - b1) * g;
-		float vi = b2 * v[i] + (1.0f - b2) * g * g;
-		m[i] = mi;
-		v[i] = vi;
-		float pi = param[i];
-		pi -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * pi);
-		param[i] = pi;
-		if (wc != NULL)
-			wc[i] = pi;
+	size_t nchunk = (n + ADAM_CHUNK - 1) / ADAM_CHUNK;
+#pragma omp parallel for schedule(static) if (nchunk > 1)
+	for (size_t k = 0; k < nchunk; k++) {
+		size_t i0 = k * ADAM_CHUNK, len = RL_MIN(n - i0, (size_t)ADAM_CHUNK);
+		adamw_chunk(param + i0, wc ? wc + i0 : NULL, grad + i0, m + i0, v + i0, len, lr, b1, b2,
+		    eps, wd, bc1, bc2, grad_scale);
 	}
 }
 
@@ -1163,13 +1255,16 @@ rl_cpu_attn_decode(rl_ops *o, void *out_, const void *qkv_, const void *kc_, con
 		fail(o, RL_EINVAL);
 		return;
 	}
-	for (int b = 0; b < B; b++)
+	size_t work = 0;
+	for (int b = 0; b < B; b++) {
+		work += (size_t)ctx_len[b] * NH * HD;
 		if (ctx_len[b] < 1 || ctx_len[b] > cap) {
 			rl_error("attn_decode: sequence %d has %d cached tokens, outside 1..%d", b, ctx_len[b], cap);
 			fail(o, RL_EINVAL);
 			return;
 		}
-#pragma omp parallel reduction(|:bad)
+	}
+#pragma omp parallel reduction(|:bad) if (work > RL_PAR_MIN)
 	{
 		float *sc = malloc(((size_t)cap + HD) * sizeof(float));
 		if (sc == NULL)
@@ -1365,7 +1460,7 @@ rl_cpu_sample(rl_ops *o, int32_t *tok, float *logp, const void *logits_,
 {
 	const float *logits = logits_;
 	int bad = 0;
-#pragma omp parallel reduction(|:bad) if (B > 1)
+#pragma omp parallel reduction(|:bad) if (B > 1 && (size_t)B * V > RL_PAR_MIN)
 	{
 		float *e = malloc((size_t)V * sizeof(float));
 		cand *c = malloc((size_t)V * sizeof(cand));

@@ -5,12 +5,15 @@
  * Before including, define GEMM_SFX (name suffix), GEMM_VL (floats per
  * vector), GEMM_MR (rows per micro-tile) and GEMM_TARGET (a target attribute
  * or nothing).  Defines gemm_tile_<SFX>, which computes on an (m, n) tile
- *   c[i*ldc + j] (+)= sum_k a[i*lda + k*ak] * b[k*ldb + j]
+ *   c[i*ldc + j] (+)= sum_k a[i*lda + k*ak] * B[k][j],
+ *   B[k][j] = b[k*ldb + j] (btrans 0) or b[j*ldb + k] (btrans 1),
  * with micro-tiles of GEMM_MR rows by NR = 2*GEMM_VL columns held in vector
- * registers (b broadcast-free: one row of b is two vectors, a is broadcast).
- * accum = 0 overwrites c.  bbuf holds k*NR floats for the ragged last panel.
+ * registers (one row of the B panel is two vectors, a is broadcast).  Each
+ * panel of NR columns is first copied, zero-padded, into bbuf (k*NR floats) so
+ * the micro-kernel streams it contiguously: a long stride through B would map
+ * every row to the same few L1 sets.  accum = 0 overwrites c.
  *
- * Leaves out: blocking, packing and threading (the driver in ops_cpu.c).
+ * Leaves out: blocking over m, n, k and threading (the driver in ops_cpu.c).
  */
 #define GEMM_NR (2 * GEMM_VL)
 #define GEMM_CAT_(a, b) a##b
@@ -18,21 +21,31 @@
 
 GEMM_TARGET static void
 GEMM_CAT(gemm_tile_, GEMM_SFX)(float *c, long ldc, const float *a, long lda, long ak,
-    const float *b, long ldb, int m, int n, int k, int accum, float *bbuf)
+    const float *b, long ldb, int btrans, int m, int n, int k, int accum, float *bbuf)
 {
 	typedef float vt __attribute__((vector_size(GEMM_VL * 4), aligned(4), may_alias));
 
 	for (int j0 = 0; j0 < n; j0 += GEMM_NR) {
 		int nr = n - j0 < GEMM_NR ? n - j0 : GEMM_NR;
-		const float *bp = b + j0;
-		long ldbp = ldb;
-		if (nr < GEMM_NR) {
-			/* ragged panel: copy it zero-padded so the kernel reads full vectors */
+		const float *bp = bbuf;
+		const long ldbp = GEMM_NR;
+		if (btrans) {
+			for (int j = 0; j < GEMM_NR; j++) {
+				const float *src = b + (long)(j0 + j) * ldb;
+				if (j < nr)
+					for (int kk = 0; kk < k; kk++)
+						bbuf[(long)kk * GEMM_NR + j] = src[kk];
+				else
+					for (int kk = 0; kk < k; kk++)
+						bbuf[(long)kk * GEMM_NR + j] = 0.0f;
+			}
+		} else if (nr == GEMM_NR) {
+			for (int kk = 0; kk < k; kk++)
+				memcpy(bbuf + (long)kk * GEMM_NR, b + (long)kk * ldb + j0, GEMM_NR * sizeof(float));
+		} else {
 			for (int kk = 0; kk < k; kk++)
 				for (int j = 0; j < GEMM_NR; j++)
 					bbuf[(long)kk * GEMM_NR + j] = j < nr ? b[(long)kk * ldb + j0 + j] : 0.0f;
-			bp = bbuf;
-			ldbp = GEMM_NR;
 		}
 		for (int i0 = 0; i0 < m; i0 += GEMM_MR) {
 			int mr = m - i0 < GEMM_MR ? m - i0 : GEMM_MR;

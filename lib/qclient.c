@@ -7,8 +7,10 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/util/platform.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zstd.h>
 
 /* ids acknowledged by this client: a ring plus an open-addressing set */
@@ -155,7 +157,7 @@ rl_qclient_open(rl_qclient **out, const char *url, const rl_qclient_opts *o)
 	if (c->o.level == 0)
 		c->o.level = 1;
 	c->compress = c->o.compress < 0 ? !is_local(url) : c->o.compress;
-	c->seen.cap = c->o.dedup ? (size_t)1 << 20 : 0;
+	c->seen.cap = c->o.dedup ? (size_t)1 << 18 : 0;   /* ids acked here: ~6 MB once used */
 	c->next_req = ((uint64_t)rl_wall() << 20) ^ (uint64_t)(uintptr_t)c;
 	rl_buf_init(&c->buf);
 	if ((rv = rl_traj_create(&c->tmp)) != 0) {
@@ -184,12 +186,85 @@ rl_qclient_open(rl_qclient **out, const char *url, const rl_qclient_opts *o)
 	return RL_OK;
 }
 
+/* nng 1.5.2 can hang in nng_close (nng issue #1543, a close racing a
+ * request that just timed out).  The socket is closed on a helper thread;
+ * if that takes more than a second the client stops waiting: the thread and
+ * the socket are leaked, which beats a program that never exits. */
+struct closer {
+	nng_socket sock;
+	pthread_mutex_t mtx;
+	pthread_cond_t cv;
+	int done, refs;
+};
+
+static void
+closer_unref(struct closer *k)
+{
+	int last;
+
+	pthread_mutex_lock(&k->mtx);
+	last = --k->refs == 0;
+	pthread_mutex_unlock(&k->mtx);
+	if (last) {
+		pthread_mutex_destroy(&k->mtx);
+		pthread_cond_destroy(&k->cv);
+		free(k);
+	}
+}
+
+static void *
+closer_main(void *arg)
+{
+	struct closer *k = arg;
+
+	nng_close(k->sock);
+	pthread_mutex_lock(&k->mtx);
+	k->done = 1;
+	pthread_cond_signal(&k->cv);
+	pthread_mutex_unlock(&k->mtx);
+	closer_unref(k);
+	return NULL;
+}
+
+static void
+close_socket(nng_socket sock)
+{
+	struct closer *k = calloc(1, sizeof *k);
+	struct timespec ts;
+	pthread_t th;
+
+	if (k == NULL) {
+		nng_close(sock);
+		return;
+	}
+	k->sock = sock;
+	k->refs = 2;
+	pthread_mutex_init(&k->mtx, NULL);
+	pthread_cond_init(&k->cv, NULL);
+	if (pthread_create(&th, NULL, closer_main, k) != 0) {
+		nng_close(sock);
+		k->refs = 1;
+		closer_unref(k);
+		return;
+	}
+	pthread_detach(th);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 1;
+	pthread_mutex_lock(&k->mtx);
+	while (!k->done && pthread_cond_timedwait(&k->cv, &k->mtx, &ts) == 0)
+		;
+	if (!k->done)
+		rl_verbose("closing the broker connection hangs (nng bug #1543); leaving it");
+	pthread_mutex_unlock(&k->mtx);
+	closer_unref(k);
+}
+
 void
 rl_qclient_close(rl_qclient *c)
 {
 	if (c == NULL)
 		return;
-	nng_close(c->sock);
+	close_socket(c->sock);
 	rl_traj_destroy(c->tmp);
 	rl_buf_fini(&c->buf);
 	free(c->seen.ring);
@@ -586,6 +661,10 @@ rl_qclient_ack_ids(rl_qclient *c, uint64_t lease_id, int kind, const uint64_t *i
 	for (uint32_t i = 0; i < n; i++)
 		rl_le64_put(body + 8 * i, ids[i]);
 	rv = call(c, RL_QOP_ACK, 0, 0, fb, sizeof fb, body, (size_t)n * 8, (uint32_t)n * 8, 0, 1, &rh, &r);
+	/* acknowledged done here: a redelivery of these ids is dropped */
+	if (kind == RL_QACK_DONE && c->o.dedup && (rv == 0 || rv == RL_ENOENT))
+		for (uint32_t i = 0; i < n; i++)
+			seen_add(&c->seen, ids[i]);
 	if (r && nng_msg_len(r) - rh.hdr_len >= RL_QACK_RESULT_LEN)
 		rl_qack_result_decode(res, (const uint8_t *)nng_msg_body(r) + rh.hdr_len);
 	if (r)

@@ -41,7 +41,8 @@ typedef struct rl_qclient_opts {
 	int compress;       /* -1 auto (default), 0 off, 1 on */
 	int level;          /* zstd level for bodies this client compresses; default 1 */
 	size_t max_msg;     /* bound on a reply (and decompressed body); default RL_QP_MAX_MSG */
-	int dedup;          /* drop redelivered records already acknowledged here; default 1 */
+	int dedup;          /* drop redelivered records already acknowledged here (the last
+	                     * 256K ids, ~6 MB once the first ack is made); default 1 */
 } rl_qclient_opts;
 void rl_qclient_opts_default(rl_qclient_opts *o);
 

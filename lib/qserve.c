@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/util/platform.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -43,9 +44,12 @@ struct rl_qserve {
 	rl_queue *q;
 	pthread_mutex_t mtx, jmtx;
 	qctx *ctx;
-	int nctx, nwait, failed, has_journal;
+	int nctx, nwait, failed, has_journal, closing;
 	qctx *whead, *wtail;
 	uint64_t durable;      /* journal seq known durable (atomic) */
+	nng_socket probe;      /* ipc:// only: pings the broker itself (see probe_listener) */
+	int probing, probe_fail;
+	double probe_next;
 	/* where the time goes (ns, atomic) */
 	uint64_t t_decomp, t_comp, t_state, t_journal, t_lockwait, nreq, nbad;
 };
@@ -176,8 +180,13 @@ send_reply(qctx *c)
 		return;
 	}
 	rl_buf_fini(&z);
-	if (c->body.cap > ((size_t)8 << 20))
-		rl_buf_fini(&c->body);   /* do not keep a huge buffer per context */
+	/* do not keep big buffers per context: 64 of them add up */
+	if (c->body.cap > ((size_t)2 << 20))
+		rl_buf_fini(&c->body);
+	if (c->in.cap > ((size_t)2 << 20))
+		rl_buf_fini(&c->in);
+	if (c->z.cap > ((size_t)2 << 20))
+		rl_buf_fini(&c->z);
 	c->state = C_SEND;
 	nng_aio_set_msg(c->aio, m);
 	nng_ctx_send(c->ctx, c->aio);
@@ -305,8 +314,8 @@ static int
 handle(rl_qserve *s, qctx *c, nng_msg *m)
 {
 	const uint8_t *p = nng_msg_body(m);
-	size_t len = nng_msg_len(m), blen;
-	const uint8_t *body;
+	size_t len = nng_msg_len(m), blen, batch_len = 0;
+	const uint8_t *body, *batch = NULL;
 	qctx *ready = NULL;
 	uint8_t fb[32];
 	char why[160];
@@ -328,9 +337,18 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 	case RL_QOP_PING:
 		break;
 	case RL_QOP_PUT:
-		t0 = ns_now();
-		rv = rl_qbody_get(&c->in, &c->h, body, blen, s->cfg.max_msg);
-		ADD_NS(t_decomp, t0);
+		/* a plain body is used in place (no copy); a zstd one is inflated */
+		if (c->h.flags & RL_QF_ZSTD) {
+			t0 = ns_now();
+			rv = rl_qbody_get(&c->in, &c->h, body, blen, s->cfg.max_msg);
+			ADD_NS(t_decomp, t0);
+			batch = c->in.p;
+			batch_len = c->in.len;
+		} else {
+			rv = blen > s->cfg.max_msg ? RL_ETOOBIG : RL_OK;
+			batch = body;
+			batch_len = blen;
+		}
 		if (rv != 0) {
 			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
 			reply_error(c, rv, rv == RL_ETOOBIG ? "request body over the size limit" : "bad request body");
@@ -344,7 +362,7 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 				/* the journal wants a zstd frame: make it before taking the lock */
 				t0 = ns_now();
 				c->z.len = 0;
-				if (rl_qzstd_compress(&c->z, c->in.p, c->in.len, s->cfg.queue.journal_level) == 0) {
+				if (rl_qzstd_compress(&c->z, batch, batch_len, s->cfg.queue.journal_level) == 0) {
 					frame = c->z.p;
 					flen = c->z.len;
 				}
@@ -352,7 +370,7 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 			}
 			lock(s);
 			t0 = ns_now();
-			rv = rl_queue_put(s->q, (int)c->h.arg, c->in.p, c->in.len, frame, flen, wall_ms(), &r);
+			rv = rl_queue_put(s->q, (int)c->h.arg, batch, batch_len, frame, flen, wall_ms(), &r);
 			if (rv == 0 && s->nwait)
 				waiters_scan(s, 0, 0, &ready);
 			c->seq = rl_queue_journal_seq(s->q);
@@ -500,7 +518,9 @@ ctx_cb(void *arg)
 	switch (c->state) {
 	case C_RECV:
 		if (rv != 0) {
-			if (rv == NNG_ECLOSED)
+			/* only our own shutdown ends a context: a peer that went
+			 * away must not take a context with it */
+			if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
 				return;
 			nng_ctx_recv(c->ctx, c->aio);
 			return;
@@ -510,10 +530,11 @@ ctx_cb(void *arg)
 		return;
 	case C_SEND:
 		if (rv != 0) {
+			/* the reply was not sent (its client left): drop it */
 			nng_msg *m = nng_aio_get_msg(c->aio);
 			if (m)
 				nng_msg_free(m);
-			if (rv == NNG_ECLOSED)
+			if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
 				return;
 		}
 		c->state = C_RECV;
@@ -582,6 +603,58 @@ fail:
 	return rv;
 }
 
+/* nng 1.5.2 (Debian's) has a bug (nng issue #1518): an ipc:// listener stops
+ * accepting connections after a peer disconnects during the handshake.
+ * Every 2 s the broker pings itself over its own URL; after two failed
+ * pings it closes the listener and listens again. */
+static void
+probe_listener(rl_qserve *s)
+{
+	uint8_t hb[RL_QP_HDR_LEN];
+	rl_qhdr h = { .op = RL_QOP_PING };
+	nng_msg *m = NULL;
+	nng_dialer d;
+	int rv;
+
+	if (rl_now() < s->probe_next)
+		return;
+	s->probe_next = rl_now() + 2.0;
+	if (!s->probing) {
+		if (nng_req0_open(&s->probe) != 0)
+			return;
+		nng_socket_set_ms(s->probe, NNG_OPT_RECVTIMEO, 1000);
+		nng_socket_set_ms(s->probe, NNG_OPT_SENDTIMEO, 1000);
+		nng_socket_set_ms(s->probe, NNG_OPT_RECONNMINT, 50);
+		nng_socket_set_ms(s->probe, NNG_OPT_RECONNMAXT, 200);
+		nng_socket_set_ms(s->probe, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+		s->probing = 1;
+	}
+	/* a new connection each time: an old one keeps working when the
+	 * listener is stuck */
+	if ((rv = nng_dial(s->probe, s->cfg.listen, &d, NNG_FLAG_NONBLOCK)) != 0)
+		return;
+	rl_qhdr_encode(hb, &h);
+	rv = nng_send(s->probe, hb, sizeof hb, 0);
+	if (rv == 0)
+		rv = nng_recvmsg(s->probe, &m, 0);
+	if (m)
+		nng_msg_free(m);
+	nng_dialer_close(d);
+	if (rv == 0) {
+		s->probe_fail = 0;
+		return;
+	}
+	if (++s->probe_fail < 2)
+		return;
+	rl_warn("'%s' stopped accepting connections (nng bug #1518); listening again", s->cfg.listen);
+	nng_listener_close(s->lst);
+	if ((rv = nng_listen(s->sock, s->cfg.listen, &s->lst, 0)) != 0) {
+		rl_error("cannot listen again on '%s': %s", s->cfg.listen, nng_strerror(rv));
+		s->failed = 1;
+	}
+	s->probe_fail = 0;
+}
+
 int
 rl_qserve_run(rl_qserve *s, volatile sig_atomic_t *stop)
 {
@@ -601,7 +674,11 @@ rl_qserve_run(rl_qserve *s, volatile sig_atomic_t *stop)
 			rl_verbose("%u leases expired", expired);
 		commit(s, seq);
 		send_list(ready);
+		if (strncmp(s->cfg.listen, "ipc://", 6) == 0)
+			probe_listener(s);
 	}
+	if (s->probing)
+		nng_close(s->probe);
 	return s->failed ? RL_EIO : RL_OK;
 }
 
@@ -610,6 +687,7 @@ rl_qserve_close(rl_qserve *s)
 {
 	if (s == NULL)
 		return;
+	__atomic_store_n(&s->closing, 1, __ATOMIC_RELEASE);
 	if (s->ctx) {
 		nng_close(s->sock);
 		for (int i = 0; i < s->nctx; i++) {

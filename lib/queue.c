@@ -755,7 +755,9 @@ sample_arrived(rl_queue *q, uint32_t gi)
 		g->expect--;
 		q->inflight--;
 	}
-	if (g->prompt != NIL && g->nsamples >= q->ent[g->prompt].hint)
+	/* complete: as many samples as the prompt asked for, or as the
+	 * samples themselves say their group holds */
+	if (g->prompt != NIL && (g->nsamples >= q->ent[g->prompt].hint || (g->gsize && g->nsamples >= g->gsize)))
 		prompt_expand(q, gi);
 }
 

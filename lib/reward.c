@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define SET_WHY(w, s) do { if (w) *(w) = (s); } while (0)
 
@@ -843,7 +844,7 @@ rl_reward_utf8_len(const char *s, size_t n)
 static const char *const kind_names[RL_TASK_KIND_COUNT] = {
 	[RL_TASK_GSM8K] = "gsm8k",   [RL_TASK_MATH] = "math",     [RL_TASK_COUNTDOWN] = "countdown",
 	[RL_TASK_EXACT] = "exact",   [RL_TASK_REGEX] = "regex",   [RL_TASK_FORMAT] = "format",
-	[RL_TASK_LENGTH] = "length", [RL_TASK_ARITH] = "arith",
+	[RL_TASK_LENGTH] = "length", [RL_TASK_ARITH] = "arith",     [RL_TASK_AUTO] = "auto",
 };
 
 static int
@@ -883,7 +884,7 @@ rl_reward_task_parse(rl_reward_task *t, const char *spec, const rl_reward_task *
 			kind = k;
 	if (kind < 0) {
 		rl_error("unknown task '%.*s'", (int)nl, spec);
-		rl_hint("tasks: gsm8k math countdown exact regex:PATTERN format:PATTERN length arith");
+		rl_hint("tasks: gsm8k math countdown exact regex:PATTERN format:PATTERN length arith auto");
 		return RL_EINVAL;
 	}
 	t->kind = kind;
@@ -1023,24 +1024,62 @@ countdown_truth(int64_t *nums, size_t cap, size_t *count, int64_t *target, const
 	return RL_ENOENT;
 }
 
+/* Case-insensitive substring search. */
+static int
+has_word(const char *s, const char *w)
+{
+	size_t n = strlen(w);
+
+	for (; *s; s++)
+		if (strncasecmp(s, w, n) == 0)
+			return 1;
+	return 0;
+}
+
+int
+rl_reward_auto_kind(const cJSON *meta)
+{
+	static const struct { const char *word; int kind; } map[] = {
+		{ "gsm8k", RL_TASK_GSM8K }, { "countdown", RL_TASK_COUNTDOWN },
+		{ "arith", RL_TASK_ARITH }, { "math", RL_TASK_MATH },
+	};
+	static const char *const keys[] = { "task", "data_source" };
+
+	if (!cJSON_IsObject(meta))
+		return -1;
+	for (size_t k = 0; k < RL_ARRAY_LEN(keys); k++) {
+		const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, keys[k]);
+		if (!cJSON_IsString(v))
+			continue;
+		for (size_t i = 0; i < RL_ARRAY_LEN(map); i++)
+			if (has_word(v->valuestring, map[i].word))
+				return map[i].kind;
+	}
+	return -1;
+}
+
 int
 rl_reward_task_score(double *score, const char **why, const rl_reward_task *t, const rl_reward_opts *o,
 		     const char *resp, size_t n, const cJSON *meta, long ntokens)
 {
 	char buf[64];
 	const char *truth = NULL, *w = NULL;
-	int rv = 0;
+	int rv = 0, kind = t->kind;
 
 	*score = 0;
 	*why = NULL;
-	if (t->kind != RL_TASK_COUNTDOWN && t->kind != RL_TASK_FORMAT && t->kind != RL_TASK_LENGTH) {
+	if (kind == RL_TASK_AUTO && (kind = rl_reward_auto_kind(meta)) < 0) {
+		*why = "no gsm8k, math, countdown or arith in meta.task or meta.data_source";
+		return RL_ENOENT;
+	}
+	if (kind != RL_TASK_COUNTDOWN && kind != RL_TASK_FORMAT && kind != RL_TASK_LENGTH) {
 		truth = rl_reward_truth(meta, buf, sizeof buf);
 		if (!truth) {
 			*why = "no ground truth (meta.answer or meta.reward_model.ground_truth)";
 			return RL_ENOENT;
 		}
 	}
-	switch (t->kind) {
+	switch (kind) {
 	case RL_TASK_GSM8K:
 		rv = gsm8k_score(score, &w, resp, n, truth, o ? o->gsm8k_mode : RL_GSM8K_STRICT);
 		if (rv)
@@ -1381,8 +1420,25 @@ rl_reward_queue(rl_reward_scorer *s, rl_qclient *c, const rl_reward_queue_opts *
 		for (size_t i = 0; i < n; i++)
 			if ((rv = rl_traj_batch_get(l.batch, i, recs[i])) != 0)
 				goto out;
-		if ((rv = rl_reward_score_records(s, recs, n)) != 0)
-			goto out;
+		uint64_t deadline = l.deadline_ms, now_ms = (uint64_t)(rl_wall() * 1000.0);
+		uint64_t span = deadline > now_ms ? deadline - now_ms : 0;
+		size_t chunk = o && o->chunk ? o->chunk : n;
+		for (size_t i = 0; i < n; i += chunk) {
+			if ((rv = rl_reward_score_records(s, recs + i, RL_MIN(chunk, n - i))) != 0)
+				goto out;
+			now_ms = (uint64_t)(rl_wall() * 1000.0);
+			if (i + chunk < n && deadline && deadline - RL_MIN(deadline, now_ms) < span / 2) {
+				rl_qack_result ar = { 0 };
+				if (rl_qclient_extend(c, &l, &ar) == 0 && ar.deadline_ms > now_ms) {
+					deadline = ar.deadline_ms;
+					span = deadline - now_ms;
+					rl_verbose("queue: lease %llu extended", (unsigned long long)l.id);
+				} else {
+					rl_warn("queue: could not extend lease %llu; its records may be scored twice",
+						(unsigned long long)l.id);
+				}
+			}
+		}
 		rl_traj_batch_clear(out);
 		for (size_t i = 0; i < n; i++)
 			if ((rv = rl_traj_batch_add(out, recs[i])) != 0)

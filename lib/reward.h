@@ -102,6 +102,7 @@ typedef enum rl_reward_kind {
 	RL_TASK_FORMAT,
 	RL_TASK_LENGTH,
 	RL_TASK_ARITH,
+	RL_TASK_AUTO,      /* gsm8k, math, countdown or arith, chosen per record from meta */
 	RL_TASK_KIND_COUNT
 } rl_reward_kind;
 
@@ -122,7 +123,7 @@ typedef struct rl_reward_opts {
 } rl_reward_opts;
 
 /* Parses a --task argument into t: "NAME[:WEIGHT]" for gsm8k, math,
- * countdown, exact, length, arith; "regex[:WEIGHT]:PATTERN" and
+ * countdown, exact, length, arith, auto; "regex[:WEIGHT]:PATTERN" and
  * "format[:WEIGHT]:PATTERN" for the pattern tasks (a WEIGHT is taken only
  * when the text before the next ':' is a number).  Compiles patterns (UTF,
  * DOTALL, invalid UTF-8 in subjects tolerated).  `taken` (may be NULL) lists
@@ -136,6 +137,11 @@ void rl_reward_task_fini(rl_reward_task *t);
  * (verl).  A string is returned as is; a number is printed into buf (%.17g,
  * trailing zeros trimmed).  Returns NULL when neither is present or usable. */
 const char *rl_reward_truth(const cJSON *meta, char *buf, size_t cap);
+
+/* The task `auto` stands for in this record: meta.task, else
+ * meta.data_source, searched (ignoring case) for "gsm8k", "countdown",
+ * "arith" and "math", in that order.  -1 when none is found. */
+int rl_reward_auto_kind(const cJSON *meta);
 
 /* Scores one component.  resp/n: the response text; meta: the record's meta
  * object (may be NULL); ntokens: response token count (-1 when unknown).
@@ -199,6 +205,9 @@ int rl_reward_stream(rl_reward_scorer *s, rl_traj_reader *r, rl_traj_writer *w, 
 typedef struct rl_qclient rl_qclient;
 typedef struct rl_reward_queue_opts {
 	uint32_t batch;        /* records per lease; default 256 */
+	uint32_t chunk;        /* records per scoring round within a lease; 0: the whole lease.
+	                        * Between rounds the lease is extended once less than half
+	                        * of it is left (slow --exec programs). */
 	uint32_t wait_ms;      /* long-poll wait per lease request; default 500 */
 	double idle_exit_s;    /* <= 0: run until *stop */
 } rl_reward_queue_opts;

@@ -159,6 +159,7 @@ rl_st_open(rl_st_file **out, const char *path)
 		if (strcmp(j->string, "__metadata__") == 0) {
 			if (!cJSON_IsObject(j)) {
 				rl_error("'%s': __metadata__ is not an object", path);
+				rv = RL_EFORMAT;
 				goto out;
 			}
 			continue;

@@ -16,6 +16,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -29,6 +30,7 @@
 #include "io.h"
 #include "json.h"
 #include "model.h"
+#include "qclient.h"
 #include "tfevents.h"
 #include "tokenizer.h"
 #include "traj.h"
@@ -99,7 +101,26 @@ typedef struct trainer {
 	uint64_t records, groups_used, skip_records;
 	uint64_t dropped_nosignal, dropped_stale;
 	double t_wait;
+	double t_model;  /* seconds in model forward/backward/AdamW this step */
+	double t_pub;    /* seconds publishing the step's checkpoint */
+	/* queue mode */
+	rl_qclient *qc;
+	rl_qlease lease;
+	rl_traj *qt;
+	struct { uint64_t id, lease; } *held;   /* leased records not yet acknowledged */
+	size_t nheld, capheld;
+	uint64_t q_late;
+	int last_gsize;          /* group size seen last (lease sizing) */
 } trainer;
+
+static volatile sig_atomic_t train_stop;
+
+static void
+on_train_signal(int sig)
+{
+	(void)sig;
+	train_stop = 1;
+}
 
 /* ---- metrics ------------------------------------------------------------------ */
 
@@ -168,6 +189,114 @@ out:
 	return rv;
 }
 
+/* Queue mode: lease scored groups into the grouper.  RL_OK when records came
+ * (or none yet), RL_ENOENT when idle past --idle-exit or stopped by a signal. */
+static int
+lease_more(trainer *tr)
+{
+	const rl_train_opts *o = tr->o;
+	static double idle_since;
+	rl_qlease_req req = { 0 };
+	char where[128];
+	int rv;
+
+	if (idle_since == 0)
+		idle_since = rl_now();
+	if (train_stop)
+		return RL_ENOENT;
+	req.stage = RL_QSTAGE_SCORED;
+	/* lease only what this step still needs, so the broker's staleness gate
+	 * decides on every group at the version that will train it */
+	{
+		int need = o->batch - tr->ngroups;
+		req.max_records = (uint32_t)RL_MAX(need, 1) * (uint32_t)RL_MAX(tr->last_gsize, 1);
+	}
+	req.min_records = 1;
+	req.wait_ms = 500;
+	rv = rl_qclient_lease(tr->qc, &req, &tr->lease);
+	if (rv == RL_ETIMEDOUT || rv == RL_EBUSY)
+		rv = RL_OK;
+	if (rv != RL_OK)
+		return rv;
+	size_t n = rl_qlease_count(&tr->lease);
+	if (n == 0) {
+		if (o->idle_exit > 0 && rl_now() - idle_since > o->idle_exit)
+			return RL_ENOENT;
+		return RL_OK;
+	}
+	idle_since = rl_now();
+	for (size_t i = 0; i < n; i++) {
+		uint64_t id = 0;
+		if ((rv = rl_traj_batch_get(tr->lease.batch, i, tr->qt)) != 0)
+			return rv;
+		rl_traj_get_u64(tr->qt, RL_TAG_ID, &id);
+		if (tr->nheld == tr->capheld) {
+			size_t nc = tr->capheld ? 2 * tr->capheld : 256;
+			void *np = realloc(tr->held, nc * sizeof *tr->held);
+			if (!np)
+				return RL_ENOMEM;
+			tr->held = np;
+			tr->capheld = nc;
+		}
+		{
+			int32_t gs;
+			if (rl_traj_get_i32(tr->qt, RL_TAG_GROUP_SIZE, &gs) == RL_OK && gs > 0)
+				tr->last_gsize = gs;
+		}
+		tr->held[tr->nheld].id = id;
+		tr->held[tr->nheld].lease = tr->lease.id;
+		tr->nheld++;
+		tr->records++;
+		snprintf(where, sizeof where, "'%s': lease %llu record %zu", o->queue_url,
+		    (unsigned long long)tr->lease.id, i);
+		if ((rv = rl_grouper_add(tr->gr, tr->qt, where)) != RL_OK)
+			return rv;
+	}
+	return RL_OK;
+}
+
+/* Queue mode, after a step: acknowledge the trained samples, one request per
+ * lease.  Records the grouper dropped (duplicates, bad groups) stay held and
+ * are handed back at the end. */
+static void
+ack_trained(trainer *tr)
+{
+	size_t keep = 0, n = 0;
+	uint64_t *ids = malloc(sizeof(uint64_t) * (tr->nheld + 1));
+	uint8_t *done = calloc(tr->nheld + 1, 1);
+
+	if (!ids || !done) {
+		free(ids);
+		free(done);
+		return; /* the leases expire and the broker redelivers: at-least-once */
+	}
+	for (size_t i = 0; i < tr->nheld; i++)
+		for (int gi = 0; gi < tr->ngroups && !done[i]; gi++)
+			for (int k = 0; k < tr->groups[gi].size; k++)
+				if (tr->groups[gi].s[k].id == tr->held[i].id)
+					done[i] = 1;
+	/* one acknowledgement per lease */
+	for (size_t i = 0; i < tr->nheld; i++) {
+		if (done[i] != 1)
+			continue;
+		n = 0;
+		for (size_t k = i; k < tr->nheld; k++)
+			if (done[k] == 1 && tr->held[k].lease == tr->held[i].lease) {
+				ids[n++] = tr->held[k].id;
+				done[k] = 2;
+			}
+		rl_qack_result res = { 0 };
+		if (rl_qclient_ack_ids(tr->qc, tr->held[i].lease, RL_QACK_DONE, ids, (uint32_t)n, &res) == RL_OK)
+			tr->q_late += res.late;
+	}
+	for (size_t i = 0; i < tr->nheld; i++)
+		if (!done[i])
+			tr->held[keep++] = tr->held[i];
+	tr->nheld = keep;
+	free(ids);
+	free(done);
+}
+
 /* Reads records until a complete group pops out: RL_OK, RL_ENOENT at the end. */
 static int
 next_group(trainer *tr, rl_group *g)
@@ -181,6 +310,11 @@ next_group(trainer *tr, rl_group *g)
 		if (rl_grouper_pop(tr->gr, g) == RL_OK) {
 			tr->t_wait += rl_now() - t0;
 			return RL_OK;
+		}
+		if (tr->qc) {
+			if ((rv = lease_more(tr)) != RL_OK)
+				return rv;
+			continue;
 		}
 		if ((rv = rl_traj_reader_next(tr->rd, &t)) != RL_OK)
 			return rv;
@@ -509,8 +643,11 @@ recompute_old(trainer *tr)
 	int rv;
 	for (int a = 0; a < tr->nseq;) {
 		int e = micro_end(tr, a, tr->nseq), B = e - a, T = fill_rows(tr, a, e);
-		if ((rv = rl_model_forward(tr->m, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T,
-		    tr->seq[a].s->temperature)) != 0)
+		double t0 = rl_now();
+		rv = rl_model_forward(tr->m, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T,
+		    tr->seq[a].s->temperature);
+		tr->t_model += rl_now() - t0;
+		if (rv != 0)
 			return rv;
 		for (int r = 0; r < B; r++) {
 			rl_sample *s = tr->seq[a + r].s;
@@ -533,7 +670,10 @@ micro(trainer *tr, int a, int e, int recomputed, mstat *ms)
 	const float *ref = NULL, *beh = NULL, *old;
 	int want_ent = o->ent_coef != 0;
 
-	if ((rv = rl_model_forward(tr->m, NULL, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, temp)) != 0)
+	double t0 = rl_now();
+	rv = rl_model_forward(tr->m, NULL, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, temp);
+	tr->t_model += rl_now() - t0;
+	if (rv != 0)
 		return rv;
 	size_t nb = (size_t)N * sizeof(float);
 	ops->upload(ops, tr->d_adv, tr->h_adv, nb);
@@ -582,7 +722,12 @@ micro(trainer *tr, int a, int e, int recomputed, mstat *ms)
 	p.ent_coef = o->ent_coef;
 	ops->pg_loss(ops, tr->d_dlp, want_ent ? tr->d_dent : NULL, tr->d_stats, tr->m->lp, old, beh, ref,
 	    want_ent ? tr->m->ent : NULL, tr->d_adv, tr->d_w, N, &p);
-	if ((rv = rl_model_backward(tr->m, tr->d_dlp, want_ent ? tr->d_dent : NULL)) != 0)
+	t0 = rl_now();
+	rv = rl_model_backward(tr->m, tr->d_dlp, want_ent ? tr->d_dent : NULL);
+	if (rv == 0)
+		rv = ops->sync(ops);
+	tr->t_model += rl_now() - t0;
+	if (rv != 0)
 		return rv;
 	/* statistics for the metrics line */
 	ops->download(ops, tr->h_stats, tr->d_stats, nb * RL_PG_NSTAT);
@@ -847,6 +992,11 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 	metric(j, tr, step, "response_length/clip_ratio", S ? clipped / S : NAN);
 	metric(j, tr, step, "timing_s/gen", t_wait);
 	metric(j, tr, step, "timing_s/update_actor", t_upd);
+	metric(j, tr, step, "timing_s/model", tr->t_model);
+	metric(j, tr, step, "timing_s/publish", tr->t_pub);
+	/* the share of the step (update + publish) spent outside the model's compute */
+	metric(j, tr, step, "perf/overhead_frac",
+	    t_upd + tr->t_pub > 0 ? (t_upd + tr->t_pub - tr->t_model) / (t_upd + tr->t_pub) : NAN);
 	metric(j, tr, step, "timing_s/step", t_step);
 	metric(j, tr, step, "perf/total_num_tokens", (double)ntok);
 	metric(j, tr, step, "perf/throughput", t_upd > 0 ? ntok / t_upd : NAN);
@@ -874,6 +1024,7 @@ train_step(trainer *tr)
 	double t0 = rl_now(), lr = 0, t_wait = tr->t_wait;
 
 	tr->t_wait = 0;
+	tr->t_model = 0;
 	if ((rv = prepare(tr)) != 0)
 		return rv;
 	if (tr->nseq == 0)
@@ -904,7 +1055,10 @@ train_step(trainer *tr)
 			ad.eps = o->adam_eps;
 			ad.weight_decay = o->weight_decay;
 			ad.max_grad_norm = o->grad_clip;
-			if ((rv = rl_model_step(tr->m, &ad, &gnorm)) != 0)
+			double t1 = rl_now();
+			rv = rl_model_step(tr->m, &ad, &gnorm);
+			tr->t_model += rl_now() - t1;
+			if (rv != 0)
 				return rv;
 			nupd++;
 		}
@@ -918,8 +1072,15 @@ train_step(trainer *tr)
 	double t_upd = rl_now() - t0;
 	int full = (o->save_every > 0 && tr->m->step % o->save_every == 0) ||
 	    (o->max_steps > 0 && tr->m->step >= o->max_steps);
+	double t_pub = rl_now();
 	if ((rv = publish(tr, full)) != 0)
 		return rv;
+	tr->t_pub = rl_now() - t_pub;
+	if (tr->qc) {
+		/* the new version first, so the broker's gate judges later groups by it */
+		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->step, NULL);
+		ack_trained(tr);
+	}
 	return write_metrics(tr, &ms, gnorm, lr, rl_now() - t0 + t_wait, t_upd, t_wait, nupd);
 }
 
@@ -979,10 +1140,23 @@ rl_train_run(const rl_train_opts *o)
 	go.need_logprobs = o->old_from_behaviour || o->tis_cap > 0;
 	if ((rv = rl_grouper_create(&tr.gr, &go)) != 0)
 		goto out;
-	if ((rv = rl_io_fopen(&tr.in, o->input, "rb")) != 0)
-		goto out;
-	if ((rv = rl_traj_reader_open_file(&tr.rd, tr.in, o->input, NULL)) != 0)
-		goto out;
+	rl_qlease_init(&tr.lease);
+	if (o->queue_url) {
+		struct sigaction sa;
+		memset(&sa, 0, sizeof sa);
+		sa.sa_handler = on_train_signal;
+		sigaction(SIGINT, &sa, NULL);
+		sigaction(SIGTERM, &sa, NULL);
+		if ((rv = rl_qclient_open(&tr.qc, o->queue_url, NULL)) != 0 || (rv = rl_traj_create(&tr.qt)) != 0)
+			goto out;
+		/* the broker's staleness gate starts from our version */
+		rl_qclient_set_version(tr.qc, (uint64_t)tr.m->step, NULL);
+	} else {
+		if ((rv = rl_io_fopen(&tr.in, o->input, "rb")) != 0)
+			goto out;
+		if ((rv = rl_traj_reader_open_file(&tr.rd, tr.in, o->input, NULL)) != 0)
+			goto out;
+	}
 	if (o->metrics_path && strcmp(o->metrics_path, "-") != 0) {
 		if (!(tr.metrics = fopen(o->metrics_path, o->resume ? "a" : "w"))) {
 			rl_error("cannot open '%s': %s", o->metrics_path, strerror(errno));
@@ -1009,6 +1183,17 @@ rl_train_run(const rl_train_opts *o)
 		}
 		if (rv != RL_OK)
 			goto out;
+		if (tr.qc) {
+			/* a step can outlast a lease: renew every lease still held */
+			for (size_t i = 0; i < tr.nheld; i++) {
+				int seen = 0;
+				for (size_t k = 0; k < i && !seen; k++)
+					seen = tr.held[k].lease == tr.held[i].lease;
+				rl_qack_result res;
+				if (!seen)
+					rl_qclient_ack_ids(tr.qc, tr.held[i].lease, RL_QACK_EXTEND, NULL, 0, &res);
+			}
+		}
 		if ((rv = train_step(&tr)) != 0)
 			goto out;
 		free_groups(&tr);
@@ -1047,6 +1232,17 @@ out:
 	if (tr.ops && tr.d_mem)
 		tr.ops->free(tr.ops, tr.d_mem);
 	rl_traj_reader_close(tr.rd);
+	if (tr.qc && tr.nheld) {
+		/* records leased but not trained go back to the broker at once */
+		rl_qack_result res;
+		for (size_t i = 0; i < tr.nheld; i++)
+			rl_qclient_ack_ids(tr.qc, tr.held[i].lease, RL_QACK_RELEASE, &tr.held[i].id, 1, &res);
+		rl_verbose("%zu leased records not trained handed back", tr.nheld);
+	}
+	rl_qlease_fini(&tr.lease);
+	rl_traj_destroy(tr.qt);
+	free(tr.held);
+	rl_qclient_close(tr.qc);
 	if (tr.in && tr.in != stdin)
 		fclose(tr.in);
 	if (tr.metrics && tr.metrics != stdout && tr.metrics != stderr)

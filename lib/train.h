@@ -5,8 +5,13 @@
  * backward pass and AdamW, and after each step publishes the new weights as
  * a checkpoint directory (ckpt.h) that rl-rollout --weights-from reads.
  *
+ * Queue mode (queue_url): records are leased from rl-queue (whole scored
+ * groups); after a step is applied its samples are acknowledged and the new
+ * version is reported to the broker (its staleness gate).  Leases held across
+ * a step are extended first.
+ *
  * Leaves out: the value head of PPO (not yet: --algo ppo is refused), data
- * parallelism, queue mode (rl-queue client) and rl-sync publishing.
+ * parallelism, rl-sync publishing.
  *
  * One step (optimizer update) takes `batch` groups.  With ppo_epochs E and
  * mini_batches M, the step's sequences are split into M mini-batches and
@@ -36,6 +41,8 @@ typedef struct rl_train_opts {
 	const char *input;         /* FILE or "-" */
 	const char *metrics_path;  /* --metrics FILE ("-" stdout); NULL: stderr */
 	const char *tfevents_dir;  /* --tfevents DIR or NULL */
+	const char *queue_url;     /* --queue URL: lease scored groups from rl-queue instead of input */
+	double idle_exit;          /* queue mode: stop after this many seconds without records (0: never) */
 	/* algorithm */
 	int algo;                  /* rl_algo */
 	int agg;                   /* rl_agg; -1: the algorithm's default */

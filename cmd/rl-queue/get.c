@@ -23,7 +23,7 @@ static const char usage_text[] =
 	"                         train (scored, whole groups); required\n"
 	"  -n, --count N          lease up to N records (default 1)\n"
 	"  -m, --min N            train: wait for at least N samples (default 1)\n"
-	"  -w, --wait S           wait up to S seconds for work (default 0)\n"
+	"  -w, --wait S           wait up to S seconds in all for work (default 0)\n"
 	"  -t, --lease-timeout S  lease for S seconds (default: the broker's)\n"
 	"  -g, --group-size N     rollout: samples that will be made per prompt\n"
 	"      --ack              mark the records done after printing them\n"
@@ -91,6 +91,7 @@ rlq_get_main(int argc, char **argv)
 	rl_qclient *cl = NULL;
 	rl_qlease l;
 	uint32_t want = 1, got = 0;
+	double t_end;
 	int c, stage = -1, after = -1, rv = RL_OK, verbosity = RL_LOG_NORMAL;
 
 	rl_qclient_opts_default(&o);
@@ -140,9 +141,12 @@ rlq_get_main(int argc, char **argv)
 		return 1;
 	if ((rv = rl_traj_writer_open_file(&w, stdout, "<stdout>", &wo)) != 0)
 		goto out;
+	t_end = rl_now() + req.wait_ms / 1000.0;
 	while (got < want) {
 		rl_qack_result ar;
+		double left = t_end - rl_now();
 		req.max_records = want - got;
+		req.wait_ms = left > 0 ? (uint32_t)(left * 1000) : 0;   /* --wait bounds the whole get */
 		if ((rv = rl_qclient_lease(cl, &req, &l)) != 0 || l.id == 0)
 			break;
 		got += (uint32_t)rl_qlease_count(&l);

@@ -12,6 +12,7 @@
 
 #include "core.h"
 #include "io.h"
+#include "prompt.h"
 #include "qclient.h"
 #include "rlq.h"
 #include "traj.h"
@@ -80,6 +81,63 @@ fill_ids(rl_traj_batch *b, int stage, rl_traj_batch *fixed, rl_traj *t, rl_traj_
 	}
 	*out = fixed;
 	return RL_OK;
+}
+
+/* Prompt lines from f (the first already read into first/n), in batches of 256. */
+static int
+put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, size_t n, rl_traj_batch *b,
+    rl_traj *t, unsigned long long *nrec, unsigned long long *acc, unsigned long long *dup,
+    unsigned long long *rej)
+{
+	char *line = NULL, what[512];
+	size_t cap = 0;
+	ssize_t len = (ssize_t)n;
+	unsigned long long ln = 1;
+	const char *cur = first;
+	int rv = RL_OK;
+
+	rl_traj_batch_clear(b);
+	for (;;) {
+		if (cur) {
+			while (len > 0 && (cur[len - 1] == '\n' || cur[len - 1] == '\r'))
+				len--;
+			if (len > 0) {
+				snprintf(what, sizeof what, "put: '%s': line %llu", path, ln);
+				if ((rv = rl_prompt_line_to_traj(t, cur, (size_t)len, what)) != 0)
+					break;
+				if ((rv = rl_traj_batch_add(b, t)) != 0)
+					break;
+			}
+		}
+		if (rl_traj_batch_count(b) == 256 || (!cur && rl_traj_batch_count(b) > 0)) {
+			rl_traj_batch *send;
+			rl_qput_result res;
+			rl_traj_batch *fixed = NULL;
+			if ((rv = rl_traj_batch_create(&fixed)) != 0)
+				break;
+			if ((rv = fill_ids(b, RL_QSTAGE_PROMPT, fixed, t, &send)) == 0 &&
+			    (rv = rl_qclient_put(cl, RL_QSTAGE_PROMPT, send, &res)) == 0) {
+				*nrec += rl_traj_batch_count(send);
+				*acc += res.accepted + res.replaced;
+				*dup += res.duplicates;
+				*rej += res.rejected;
+			} else if (rv != 0) {
+				rl_error("put: '%s': the broker did not take a batch of %zu prompts: %s", path,
+				    rl_traj_batch_count(b), rl_strerror(rv));
+			}
+			rl_traj_batch_destroy(fixed);
+			rl_traj_batch_clear(b);
+			if (rv != 0)
+				break;
+		}
+		if (!cur)
+			break;
+		len = getline(&line, &cap, f);
+		ln++;
+		cur = len >= 0 ? line : NULL;
+	}
+	free(line);
+	return rv;
 }
 
 int
@@ -163,6 +221,35 @@ rlq_put_main(int argc, char **argv)
 
 		if ((rv = rl_io_fopen(&f, path, "rb")) != 0)
 			break;
+		if (stage == RL_QSTAGE_PROMPT) {
+			/* rl-rollout's prompt lines ({"prompt": text or messages, ...}) become prompt records */
+			int c0;
+			while ((c0 = getc(f)) == ' ' || c0 == '\t' || c0 == '\n' || c0 == '\r')
+				;
+			if (c0 != EOF)
+				ungetc(c0, f);
+			if (c0 == '{') {
+				char *line = NULL;
+				size_t cap = 0;
+				ssize_t len = getline(&line, &cap, f);
+				if (len > 0 && rl_prompt_line_is(line, (size_t)len)) {
+					rv = put_prompt_lines(cl, f, path, line, (size_t)len, fixed, t, &nrec, &acc, &dup, &rej);
+					free(line);
+					if (f != stdin)
+						fclose(f);
+					if (rv != 0)
+						break;
+					continue;
+				}
+				/* records after all: read them from the start */
+				free(line);
+				if (f == stdin || fseek(f, 0, SEEK_SET) != 0) {
+					rl_error("put: '%s': cannot read records from a pipe after peeking; give a file", path);
+					rv = RL_EIO;
+					break;
+				}
+			}
+		}
 		if ((rv = rl_traj_reader_open_file(&r, f, path, NULL)) == 0) {
 			for (;;) {
 				rl_traj_batch *b, *send;

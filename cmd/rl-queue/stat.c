@@ -149,7 +149,7 @@ rlq_stat_main(int argc, char **argv)
 		return 2;
 	}
 	rl_log_set_level(verbosity);
-	o.retry_ms = 0;
+	o.retry_ms = o.timeout_ms;   /* a lost connection is retried within the timeout */
 	if ((rv = rl_qclient_open(&cl, argv[optind], &o)) != 0)
 		return 1;
 	rv = rl_qclient_stats(cl, &json);

@@ -36,6 +36,7 @@ static const char usage_text[] =
 	"\n"
 	"  -t, --task SPEC          add a reward component (repeatable):\n"
 	"                             gsm8k, math, countdown, exact, arith, length  NAME[:WEIGHT]\n"
+	"                             auto: gsm8k/math/countdown/arith by meta.task or data_source\n"
 	"                             regex[:WEIGHT]:PATTERN   first group of PATTERN equals meta.answer\n"
 	"                             format[:WEIGHT]:PATTERN  1 when PATTERN matches the response\n"
 	"  -e, --exec 'CMD ARGS'    user reward program (coprocess, argv without a shell): one JSONL\n"
@@ -298,7 +299,10 @@ main(int argc, char **argv)
 	}
 	if (queue_url) {
 		rl_qclient *qc = NULL;
-		rl_reward_queue_opts qo = { .batch = (uint32_t)batch, .wait_ms = 500, .idle_exit_s = idle_exit };
+		/* with --exec, rounds of 4 records per worker, so a long lease can be
+		 * extended between them */
+		rl_reward_queue_opts qo = { .batch = (uint32_t)batch, .wait_ms = 500, .idle_exit_s = idle_exit,
+					    .chunk = exec_cmd ? 4u * (uint32_t)xo.workers : 0 };
 		struct sigaction sa;
 
 		memset(&sa, 0, sizeof sa);
@@ -360,8 +364,12 @@ out:
 	rl_reward_exec_destroy(sc.exec);
 	if (of && rl_io_fclose(of, out) != 0)
 		status = 1;
-	if (!of && !queue_url && rl_io_close_stdout() != 0)
-		status = 1;
+	if (!of && !queue_url) {
+		if (status != 0)
+			fclose(stdout); /* a failed write is reported already */
+		else if (rl_io_close_stdout() != 0)
+			status = 1;
+	}
 	for (size_t i = 0; i < ntasks; i++)
 		rl_reward_task_fini(&tasks[i]);
 	return status;

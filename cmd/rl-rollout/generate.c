@@ -6,6 +6,7 @@
  * (the checkpoint root rl-train writes).
  */
 #include <errno.h>
+#include <signal.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@
 #include "engine.h"
 #include "io.h"
 #include "model.h"
+#include "qclient.h"
 #include "rng.h"
 #include "tokenizer.h"
 #include "traj.h"
@@ -57,11 +59,14 @@ static const char usage_text[] =
     "      --partial           new weights apply to sequences already running\n"
     "      --skip-bad          skip bad prompt lines (counted) instead of stopping\n"
     "      --score FIELD       score mode: write per-token log-probs into FIELD\n"
+    "      --queue URL         lease prompts from rl-queue and put the trajectories back\n"
+    "      --idle-exit S       queue mode: exit after S seconds without work (default: run until signalled)\n"
     "  -q, --quiet, -v, --verbose, -h, --help\n";
 
 enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
-	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE
+	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
+	O_QUEUE, O_IDLE
 };
 
 static const struct option longopts[] = {
@@ -76,14 +81,18 @@ static const struct option longopts[] = {
 	{ "device", required_argument, 0, O_DEVICE }, { "weights-from", required_argument, 0, O_WFROM },
 	{ "max-staleness", required_argument, 0, O_STALE }, { "train-batch", required_argument, 0, O_TBATCH },
 	{ "partial", no_argument, 0, O_PARTIAL }, { "skip-bad", no_argument, 0, O_SKIPBAD },
-	{ "score", required_argument, 0, O_SCORE },
+	{ "score", required_argument, 0, O_SCORE }, { "queue", required_argument, 0, O_QUEUE },
+	{ "idle-exit", required_argument, 0, O_IDLE },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
 
 typedef struct gen {
 	/* options */
-	const char *model_dir, *out_path, *device, *weights_from, *input, *score_field;
+	const char *model_dir, *out_path, *device, *weights_from, *input, *score_field, *queue_url;
+	double idle_exit;
+	rl_qclient *qc;
+	uint64_t q_bad, q_put;
 	int n, jsonl, chat, tmpl, greedy, max_staleness, train_batch, partial, skip_bad, quiet;
 	uint64_t seed;
 	rl_gen_opts go;
@@ -110,7 +119,10 @@ typedef struct prompt {
 	char *meta;      /* JSON of everything but "prompt" */
 	int32_t *ids;
 	int nids;
+	int max_new;     /* the line's "max_tokens", 0: --max-tokens */
 	int remaining;
+	int gsize;       /* samples in its group */
+	rl_traj_batch *out; /* queue mode: the group's records, put when complete */
 } prompt;
 
 static int
@@ -265,7 +277,7 @@ on_done(void *ctx, const rl_gen_sample *s)
 	rl_traj *t = NULL;
 	char *text = NULL, *meta = NULL;
 	size_t tlen = 0;
-	int rv, gsize = g->n + (g->greedy ? 1 : 0);
+	int rv, gsize = p->gsize;
 
 	if ((rv = rl_traj_create(&t)) != 0)
 		return rv;
@@ -315,17 +327,33 @@ on_done(void *ctx, const rl_gen_sample *s)
 	rl_traj_set_f32(t, RL_TAG_TEMPERATURE, s->greedy ? 0.0f : g->go.sp.temperature);
 	rl_traj_set_f32(t, RL_TAG_TOP_P, g->go.sp.top_p);
 	rl_traj_set_i32(t, RL_TAG_TOP_K, g->go.sp.top_k);
-	rl_traj_set_i32(t, RL_TAG_MAX_TOKENS, g->go.max_new);
+	rl_traj_set_i32(t, RL_TAG_MAX_TOKENS, p->max_new ? p->max_new : g->go.max_new);
 	rl_traj_set_u64(t, RL_TAG_SEED, s->seed);
 	rl_traj_set_f64(t, RL_TAG_TS_GEN_START, s->t_start);
 	rl_traj_set_f64(t, RL_TAG_TS_GEN_END, s->t_end);
-	if ((rv = rl_traj_writer_put(g->w, t)) != 0)
+	if (g->qc) {
+		if ((rv = rl_traj_batch_add(p->out, t)) != 0)
+			goto out;
+	} else if ((rv = rl_traj_writer_put(g->w, t)) != 0) {
 		goto out;
+	}
 	g->samples++;
 	g->tokens += (uint64_t)s->n;
 	if (--p->remaining == 0) {
 		/* a complete group goes downstream at once (pipes: the trainer waits for it) */
-		rv = rl_traj_writer_flush(g->w);
+		if (g->qc) {
+			rl_qput_result res;
+			/* the put completes the prompt's lease; retried while the broker is busy */
+			rv = rl_qclient_put_generated(g->qc, p->out, &res);
+			if (rv == RL_OK)
+				g->q_put += res.accepted;
+			else
+				rl_error("cannot put the samples of group %llu: %s", (unsigned long long)p->group,
+				    rl_strerror(rv));
+			rl_traj_batch_destroy(p->out);
+		} else {
+			rv = rl_traj_writer_flush(g->w);
+		}
 		free(p->text);
 		free(p->meta);
 		free(p->ids);
@@ -338,31 +366,52 @@ out:
 	return rv;
 }
 
-/* Parses one prompt line into tokens, text and meta.  RL_EFORMAT (logged, naming
- * the line) for a bad line. */
 static int
-parse_prompt(gen *g, const char *line, size_t len, prompt **out)
+tokens_push(rl_tokens *t, int32_t id)
 {
-	cJSON *j = NULL, *pr;
+	if (t->n == t->cap) {
+		size_t nc = t->cap ? 2 * t->cap : 64;
+		int32_t *ni = realloc(t->ids, nc * sizeof *ni);
+		if (!ni)
+			return RL_ENOMEM;
+		t->ids = ni;
+		t->cap = nc;
+	}
+	t->ids[t->n++] = id;
+	return RL_OK;
+}
+
+/* Parses a prompt object ({"prompt": text or messages, other keys...}; j is
+ * consumed) into tokens, text and meta.  RL_EFORMAT (logged, naming `where`,
+ * e.g. "'p.jsonl': line 3") for a bad one.  ids, when not NULL, are the prompt's
+ * token ids already (queue records): then "prompt" may be absent. */
+static int
+parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, size_t npre, prompt **out)
+{
+	cJSON *pr;
 	rl_tokens ids = { 0 };
 	rl_chat_msg msgs[64];
 	char *text = NULL;
 	size_t tlen = 0;
 	int rv = RL_EFORMAT, nm = 0;
-	uint64_t ln = g->lines;
 
 	*out = NULL;
-	j = cJSON_ParseWithLength(line, len);
-	if (!j || !cJSON_IsObject(j)) {
-		rl_error("'%s': line %llu: not a JSON object", g->input, (unsigned long long)ln);
-		goto out;
-	}
 	pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-	if (!pr) {
-		rl_error("'%s': line %llu: no \"prompt\" key", g->input, (unsigned long long)ln);
+	if (pre_ids) {
+		for (size_t i = 0; i < npre; i++)
+			if ((rv = tokens_push(&ids, pre_ids[i])) != 0)
+				goto out;
+		if (cJSON_IsString(pr))
+			text = rl_xstrdup(pr->valuestring);
+		else if ((rv = rl_tokenizer_decode(&text, &tlen, g->tok, pre_ids, npre, 0)) != 0)
+			goto out;
+		for (size_t i = 0; i < strlen(text); i++)
+			if ((unsigned char)text[i] >= 0x80)
+				text[i] = '?';
+	} else if (!pr) {
+		rl_error("%s: no \"prompt\" key", where);
 		goto out;
-	}
-	if (cJSON_IsString(pr) && !g->chat) {
+	} else if (cJSON_IsString(pr) && !g->chat) {
 		text = rl_xstrdup(pr->valuestring);
 		tlen = strlen(text);
 		if ((rv = rl_tokenizer_encode(&ids, g->tok, text, tlen, 0)) != 0)
@@ -376,49 +425,53 @@ parse_prompt(gen *g, const char *line, size_t len, prompt **out)
 				cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
 				cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
 				if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
-					rl_error("'%s': line %llu: prompt[%d] needs string \"role\" and \"content\"",
-					    g->input, (unsigned long long)ln, nm);
+					rl_error("%s: prompt[%d] needs string \"role\" and \"content\"",
+					    where, nm);
 					rv = RL_EFORMAT;
 					goto out;
 				}
 				if (nm == 64) {
-					rl_error("'%s': line %llu: more than 64 messages", g->input, (unsigned long long)ln);
+					rl_error("%s: more than 64 messages", where);
 					rv = RL_EFORMAT;
 					goto out;
 				}
 				msgs[nm++] = (rl_chat_msg){ role->valuestring, content->valuestring };
 			}
 			if (nm == 0) {
-				rl_error("'%s': line %llu: \"prompt\" is an empty list", g->input, (unsigned long long)ln);
+				rl_error("%s: \"prompt\" is an empty list", where);
 				rv = RL_EFORMAT;
 				goto out;
 			}
 		} else {
-			rl_error("'%s': line %llu: \"prompt\" must be a string or a list of messages", g->input,
-			    (unsigned long long)ln);
+			rl_error("%s: \"prompt\" must be a string or a list of messages", where);
 			rv = RL_EFORMAT;
 			goto out;
 		}
 		if ((rv = rl_tokenizer_apply_chat(&ids, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0 ||
 		    (rv = rl_tokenizer_render_chat(&text, &tlen, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0) {
-			rl_error("'%s': line %llu: cannot apply the chat template", g->input, (unsigned long long)ln);
+			rl_error("%s: cannot apply the chat template", where);
 			goto out;
 		}
 	}
 	if (ids.n == 0) {
-		rl_error("'%s': line %llu: the prompt is empty", g->input, (unsigned long long)ln);
+		rl_error("%s: the prompt is empty", where);
 		rv = RL_EFORMAT;
 		goto out;
 	}
 	if ((int)ids.n >= g->m->cfg.max_pos) {
-		rl_error("'%s': line %llu: the prompt has %zu tokens, the model's context is %d", g->input,
-		    (unsigned long long)ln, ids.n, g->m->cfg.max_pos);
+		rl_error("%s: the prompt has %zu tokens, the model's context is %d", where,
+		    ids.n, g->m->cfg.max_pos);
 		rv = RL_ETOOBIG;
 		goto out;
 	}
 	cJSON_DeleteItemFromObjectCaseSensitive(j, "prompt");
 	prompt *p = rl_xcalloc(1, sizeof *p);
-	p->line = ln;
+	{
+		cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
+		if (mt && cJSON_IsNumber(mt) && mt->valuedouble >= 1)
+			p->max_new = (int)RL_MIN(mt->valuedouble, 1e7);
+	}
+	p->line = g->lines;
 	p->text = text;
 	text = NULL;
 	p->meta = cJSON_PrintUnformatted(j);
@@ -432,6 +485,23 @@ out:
 	rl_tokens_fini(&ids);
 	cJSON_Delete(j);
 	return rv;
+}
+
+/* One prompt line of a file. */
+static int
+parse_prompt(gen *g, const char *line, size_t len, prompt **out)
+{
+	char where[512];
+	cJSON *j = cJSON_ParseWithLength(line, len);
+
+	*out = NULL;
+	snprintf(where, sizeof where, "'%s': line %llu", g->input, (unsigned long long)g->lines);
+	if (!j || !cJSON_IsObject(j)) {
+		rl_error("%s: not a JSON object", where);
+		cJSON_Delete(j);
+		return RL_EFORMAT;
+	}
+	return parse_prompt_obj(g, j, where, NULL, 0, out);
 }
 
 /* Waits (polling --weights-from) until version >= need. */
@@ -531,8 +601,8 @@ run_generate(gen *g)
 				break;
 			}
 			p->group = g->nonce | (g->groups & 0xffffffffULL);
-			p->remaining = g->n + (g->greedy ? 1 : 0);
-			rv = rl_engine_submit(g->e, p->ids, p->nids, g->n, g->greedy,
+			p->remaining = p->gsize = g->n + (g->greedy ? 1 : 0);
+			rv = rl_engine_submit(g->e, p->ids, p->nids, g->n, g->greedy, p->max_new,
 			    rl_rng_u64(g->seed, p->line), p);
 			if (rv != RL_OK) {
 				rl_error("'%s': line %llu: cannot generate for this prompt", g->input,
@@ -670,6 +740,142 @@ out:
 	return rv;
 }
 
+/* ---- queue mode ------------------------------------------------------------------------ */
+
+static volatile sig_atomic_t stop_requested;
+
+static void
+on_signal(int sig)
+{
+	(void)sig;
+	stop_requested = 1;
+}
+
+/* A leased prompt record into a prompt: its token ids, or its prompt_text, or
+ * meta.prompt (text or messages); the rest of meta is kept. */
+static int
+prompt_from_record(gen *g, const rl_traj *t, uint64_t lease_id, prompt **out)
+{
+	const char *metas, *ptext;
+	const int32_t *ids = NULL;
+	size_t nids = 0;
+	cJSON *j = NULL;
+	uint64_t id = 0, group = 0;
+	char where[128];
+	int rv;
+
+	rl_traj_get_u64(t, RL_TAG_ID, &id);
+	snprintf(where, sizeof where, "queue prompt %llu", (unsigned long long)id);
+	if (rl_traj_get_u64(t, RL_TAG_GROUP, &group) != RL_OK)
+		group = id;
+	if (rl_traj_get_str(t, RL_TAG_META, &metas, NULL) == RL_OK)
+		j = cJSON_Parse(metas);
+	if (!j || !cJSON_IsObject(j)) {
+		cJSON_Delete(j);
+		j = cJSON_CreateObject();
+	}
+	if (rl_traj_get_str(t, RL_TAG_PROMPT_TEXT, &ptext, NULL) == RL_OK) {
+		cJSON_DeleteItemFromObjectCaseSensitive(j, "prompt");
+		cJSON_AddStringToObject(j, "prompt", ptext);
+	}
+	if (rl_traj_get_i32s(t, RL_TAG_PROMPT, &ids, &nids) != RL_OK || nids == 0)
+		ids = NULL;
+	(void)lease_id;
+	if ((rv = parse_prompt_obj(g, j, where, ids, nids, out)) != 0)
+		return rv;
+	(*out)->group = group;
+	return RL_OK;
+}
+
+static int
+run_queue(gen *g)
+{
+	rl_qlease lease;
+	rl_traj *t = NULL;
+	int rv = RL_OK, G = g->n + (g->greedy ? 1 : 0);
+	double idle_since = rl_now(), last_prog = 0;
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_signal;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	rl_qlease_init(&lease);
+	if ((rv = rl_qclient_open(&g->qc, g->queue_url, NULL)) != 0)
+		return rv;
+	if ((rv = rl_traj_create(&t)) != 0)
+		goto out;
+	g->t0 = rl_now();
+	for (;;) {
+		int room = g->go.slots - rl_engine_active(g->e) - rl_engine_waiting(g->e) * G;
+		if ((rv = poll_weights(g)) != 0)
+			goto out;
+		if (!stop_requested && room >= G) {
+			int busy = rl_engine_active(g->e) > 0;
+			rv = rl_qclient_lease_prompts(g->qc, (uint32_t)(room / G), (uint32_t)G, busy ? 0 : 200, &lease);
+			if (rv != RL_OK && rv != RL_ETIMEDOUT && rv != RL_EBUSY)
+				goto out;
+			rv = RL_OK;
+			for (size_t i = 0; i < rl_qlease_count(&lease); i++) {
+				prompt *p;
+				rl_qack_result ares;
+				if ((rv = rl_traj_batch_get(lease.batch, i, t)) != 0)
+					goto out;
+				if (prompt_from_record(g, t, lease.id, &p) != RL_OK) {
+					/* an unusable prompt is given up (acknowledged), not retried forever */
+					uint64_t id = 0;
+					rl_traj_get_u64(t, RL_TAG_ID, &id);
+					rl_qclient_ack_ids(g->qc, lease.id, RL_QACK_DONE, &id, 1, &ares);
+					g->q_bad++;
+					continue;
+				}
+				p->remaining = p->gsize = G;
+				rl_traj_batch_create(&p->out);
+				if (rl_engine_submit(g->e, p->ids, p->nids, g->n, g->greedy, p->max_new,
+				    rl_rng_u64(g->seed, p->group), p) != RL_OK) {
+					uint64_t id = 0;
+					rl_traj_get_u64(t, RL_TAG_ID, &id);
+					rl_qclient_ack_ids(g->qc, lease.id, RL_QACK_DONE, &id, 1, &ares);
+					rl_traj_batch_destroy(p->out);
+					free(p->text);
+					free(p->meta);
+					free(p->ids);
+					free(p);
+					g->q_bad++;
+					continue;
+				}
+				g->groups++;
+			}
+		}
+		if (rl_engine_active(g->e) == 0 && rl_engine_waiting(g->e) == 0) {
+			if (stop_requested)
+				break;
+			if (g->idle_exit > 0 && rl_now() - idle_since > g->idle_exit)
+				break;
+			continue;
+		}
+		idle_since = rl_now();
+		if ((rv = rl_engine_step(g->e, on_done, g)) != 0)
+			goto out;
+		if (rl_now() - last_prog > 0.5) {
+			progress(g, 0);
+			last_prog = rl_now();
+		}
+	}
+out:
+	if (isatty(2) && !g->quiet)
+		fputc('\n', stderr);
+	progress(g, 1);
+	if (g->q_bad)
+		rl_warn("%llu leased prompts could not be used (acknowledged and dropped)",
+		    (unsigned long long)g->q_bad);
+	rl_traj_destroy(t);
+	rl_qlease_fini(&lease);
+	rl_qclient_close(g->qc);
+	g->qc = NULL;
+	return rv;
+}
+
 int
 rl_cmd_generate(int argc, char **argv)
 {
@@ -730,6 +936,8 @@ rl_cmd_generate(int argc, char **argv)
 		case O_PARTIAL: g.partial = 1; break;
 		case O_SKIPBAD: g.skip_bad = 1; break;
 		case O_SCORE: g.score_field = a; break;
+		case O_QUEUE: g.queue_url = a; break;
+		case O_IDLE: NUM(0, 1e9); g.idle_exit = v; break;
 		case 'q': verbosity = RL_LOG_QUIET; g.quiet = 1; break;
 		case 'v': verbosity++; break;
 		case 'h':
@@ -794,7 +1002,7 @@ rl_cmd_generate(int argc, char **argv)
 		    (rv = load_weights(&g, path, ver)) != 0)
 			goto out;
 	}
-	rv = run_generate(&g);
+	rv = g.queue_url ? run_queue(&g) : run_generate(&g);
 out:
 	if (g.w) {
 		int r2 = rl_traj_writer_close(g.w);

@@ -66,6 +66,8 @@ static const char usage_text[] =
     "      --on-bad error|skip   a bad record fails the run, or drops its group (default error)\n"
     "      --metrics FILE        one JSON object per step ('-' stdout; default stderr)\n"
     "      --tfevents DIR        also write TensorBoard event files\n"
+    "      --queue URL           lease scored groups from rl-queue (acknowledged after each step)\n"
+    "      --idle-exit S         queue mode: stop after S seconds without records\n"
     "  -q, --quiet, -v, --verbose\n"
     "  -h, --help\n";
 
@@ -73,7 +75,7 @@ enum {
 	O_INIT = 256, O_TOKENIZER, O_SEED, O_DEVICE, O_ALGO, O_BATCH, O_AGG, O_NORMLEN, O_NOSTD,
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
-	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV
+	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE
 };
 
 static const struct option longopts[] = {
@@ -98,6 +100,7 @@ static const struct option longopts[] = {
 	{ "save-every", required_argument, 0, O_SAVE }, { "keep", required_argument, 0, O_KEEP },
 	{ "resume", no_argument, 0, O_RESUME }, { "on-bad", required_argument, 0, O_ONBAD },
 	{ "metrics", required_argument, 0, O_METRICS }, { "tfevents", required_argument, 0, O_TFEV },
+	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -197,6 +200,8 @@ main(int argc, char **argv)
 			break;
 		case O_METRICS: o.metrics_path = a; break;
 		case O_TFEV: o.tfevents_dir = a; break;
+		case O_QUEUE: o.queue_url = a; break;
+		case O_IDLE: NUM(0, 1e9); o.idle_exit = v; break;
 		case 'q': verbosity = RL_LOG_QUIET; o.quiet = 1; break;
 		case 'v': verbosity++; break;
 		case 'h':
@@ -223,6 +228,8 @@ main(int argc, char **argv)
 		return usage_error("more than one input ('%s'): concatenate them", argv[optind + 1]);
 	if (optind < argc)
 		o.input = argv[optind];
+	if (o.queue_url && optind < argc)
+		return usage_error("with --queue the records come from the broker, not '%s'", argv[optind]);
 	if (!o.out_dir)
 		return usage_error("%s", "no output directory: --out DIR");
 	if (!o.model_dir && !o.resume)

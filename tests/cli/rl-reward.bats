@@ -94,6 +94,20 @@ for l in open(sys.argv[1]):
 	[ "$(field "$TMP/again.jsonl" 1 'sorted(r["meta"]["scores"])')" = "['exact', 'format', 'gsm8k', 'regex']" ]
 }
 
+@test "auto picks the verifier per record from meta.task or meta.data_source" {
+	printf '%s\n' \
+		'{"id":1,"response_text":"#### 72","meta":{"answer":"72","data_source":"openai/gsm8k"}}' \
+		'{"id":2,"response_text":"so \\boxed{\\frac{1}{2}}","meta":{"answer":"0.5","data_source":"lighteval/MATH"}}' \
+		'{"id":3,"response_text":"<answer>2*3</answer>","meta":{"task":"countdown","numbers":[3,2],"target":6}}' \
+		'{"id":4,"response_text":"12","meta":{"task":"arith","answer":"12"}}' \
+		'{"id":5,"response_text":"12","meta":{"data_source":"somewhere","answer":"12"}}' > "$TMP/mixed.jsonl"
+	run --separate-stderr rl-reward -t auto --jsonl "$TMP/mixed.jsonl"
+	assert_success
+	echo "$output" > "$TMP/out.jsonl"
+	[ "$(python3 -c 'import json,sys; print(*[json.loads(l)["reward"] for l in open(sys.argv[1])])' "$TMP/out.jsonl")" = "1 1 1 1 nan" ]
+	[[ "$(field "$TMP/out.jsonl" 5 'r["meta"]["reward_error"]')" == "auto: no gsm8k, math, countdown or arith"* ]]
+}
+
 @test "length penalty counts tokens when a record has them" {
 	printf '%s\n' '{"id":1,"response":[1,2,3,4,5,6],"response_text":"ab"}' \
 		'{"id":2,"response_text":"abcdef"}' > "$TMP/in.jsonl"
@@ -113,14 +127,14 @@ import json
 words = ["", "NUMBER", "CRASH", "", "HANG", "", "JUNK", "", "SILENT", "EXIT3", ""]
 for i, w in enumerate(words):
     print(json.dumps({"id": i, "response_text": w, "meta": {"answer": "x"}}))' > "$TMP/in.jsonl"
-	run --separate-stderr timeout 60 rl-reward --exec "$W" --timeout 0.5 --jsonl "$TMP/in.jsonl"
+	run --separate-stderr timeout 60 rl-reward --exec "$W" --timeout 1.5 --jsonl "$TMP/in.jsonl"
 	assert_success
 	echo "$output" > "$TMP/out.jsonl"
 	[ "$(python3 -c 'import json,sys; print(*[json.loads(l)["id"] for l in open(sys.argv[1])])' "$TMP/out.jsonl")" = "0 1 2 3 4 5 6 7 8 9 10" ]
 	[ "$(field "$TMP/out.jsonl" 0 'r["reward"]')" = "1" ]
 	[ "$(field "$TMP/out.jsonl" 1 'r["reward"]')" = "0.5" ]
 	[[ "$(field "$TMP/out.jsonl" 2 'r["reward"], r["meta"]["reward_error"]')" == "nan exec: crash: worker killed by signal 11"* ]]
-	[[ "$(field "$TMP/out.jsonl" 4 'r["meta"]["reward_error"]')" == "exec: timeout: no reply within 0.5 s"* ]]
+	[[ "$(field "$TMP/out.jsonl" 4 'r["meta"]["reward_error"]')" == "exec: timeout: no reply within 1.5 s"* ]]
 	[[ "$(field "$TMP/out.jsonl" 6 'r["meta"]["reward_error"]')" == "exec: junk: reply is not a number"*"Traceback"* ]]
 	[[ "$(field "$TMP/out.jsonl" 8 'r["meta"]["reward_error"]')" == "exec: timeout:"* ]]
 	[[ "$(field "$TMP/out.jsonl" 9 'r["meta"]["reward_error"]')" == "exec: crash: worker exited with status 3"* ]]
@@ -183,6 +197,16 @@ print(ok)' "$TMP/out.jsonl")" = "True" ]
 	run --separate-stderr rl-reward -t gsm8k "$TMP/missing.rlt"
 	[ "$status" -eq 1 ]
 	[[ "$stderr" == *"cannot open '$TMP/missing.rlt'"* ]]
+}
+
+@test "write failures: exit 1 with one message" {
+	run --separate-stderr rl-reward -q -t gsm8k -o "$TMP/no/such/dir/out.rlt" "$FIX/gsm8k.jsonl"
+	[ "$status" -eq 1 ]
+	[[ "$stderr" == *"cannot open '$TMP/no/such/dir/out.rlt'"* ]]
+	[ -w /dev/full ] || skip "no /dev/full"
+	run --separate-stderr sh -c "rl-reward -q -t gsm8k --jsonl '$FIX/gsm8k.jsonl' > /dev/full"
+	[ "$status" -eq 1 ]
+	[ "$(printf '%s\n' "$stderr" | grep -c 'cannot write')" -eq 1 ]
 }
 
 @test "gen-arith: reproducible, disjoint splits, answers score 1 with the arith task" {
@@ -260,13 +284,35 @@ for i in range(12):
 	# a worker without --idle-exit runs until SIGTERM, then prints its summary and exits 0
 	rl-reward --queue "$url" -t gsm8k 3>&- 2> "$TMP/err" &
 	pid=$!
-	sleep 1
+	sleep 2
 	kill -TERM $pid
 	wait $pid
 	grep -q "0 records" "$TMP/err"
 	# no FILE in queue mode
 	run --separate-stderr rl-reward --queue "$url" -t gsm8k "$TMP/gen.jsonl"
 	[ "$status" -eq 2 ]
+}
+
+@test "--queue: a batch slower than the lease is extended, not redelivered" {
+	port=$(free_port)
+	url="tcp://127.0.0.1:$port"
+	rl-queue serve --listen "$url" -q --lease-timeout 2 3>&- &
+	SERVE_PID=$!
+	python3 -c '
+import json
+for i in range(32):
+    print(json.dumps({"id": 100 + i, "group": i // 4, "index": i % 4, "group_size": 4,
+                      "response_text": "#### 1", "meta": {"answer": "1"}}))' > "$TMP/gen.jsonl"
+	rl-queue put -q --stage generated -t 10 "$url" "$TMP/gen.jsonl"
+	# 32 records at 0.1 s each: 3.2 s in one lease of 2 s
+	run --separate-stderr timeout 60 rl-reward -v --queue "$url" --idle-exit 1 \
+		--exec "sh -c 'while read -r l; do sleep 0.1; echo 1; done'"
+	assert_success
+	[[ "$stderr" == *"extended"* ]]
+	[[ "$stderr" == *"32 records"*"0 failed"* ]]
+	run rl-queue stat "$url"
+	assert_output --partial "lease expiries 0 (0 records)"
+	assert_output --partial "scored 32"
 }
 
 teardown() {

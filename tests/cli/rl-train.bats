@@ -144,3 +144,13 @@ mk() { python3 tests/fixtures/train/mkscored.py "$@"; }
 	ls "$TD"/tb/events.out.tfevents.*
 	grep -q "actor/pg_loss" "$TD"/tb/events.out.tfevents.*
 }
+
+@test "--device cuda without a GPU is an error with a hint; --device auto falls back to the cpu in one line" {
+	if nvidia-smi -L >/dev/null 2>&1; then skip "this machine has a GPU"; fi
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/dev1" --device cuda "$TD/scored.jsonl"
+	[[ "$stderr" == *"device 'cuda'"* ]]
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/dev2" --device auto --max-steps 1 --metrics /dev/null "$TD/scored.jsonl"
+	[ "$(grep -c 'using the cpu' <<< "$stderr")" -le 1 ]
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/dev3" --device tpu "$TD/scored.jsonl"
+	[[ "$stderr" == *"unknown device 'tpu'"* ]]
+}

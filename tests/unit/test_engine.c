@@ -106,8 +106,8 @@ main(void)
 	go.max_new = 12;
 	go.sp.temperature = 0;
 	T_EQ_INT(rl_engine_create(&e, m, NULL, &go), RL_OK);
-	T_EQ_INT(rl_engine_submit(e, pa, 5, 1, 0, 1, (void *)1), RL_OK);
-	T_EQ_INT(rl_engine_submit(e, pb, 3, 2, 0, 2, (void *)2), RL_OK);
+	T_EQ_INT(rl_engine_submit(e, pa, 5, 1, 0, 0, 1, (void *)1), RL_OK);
+	T_EQ_INT(rl_engine_submit(e, pb, 3, 2, 0, 0, 2, (void *)2), RL_OK);
 	run(e, &o1);
 	T_EQ_INT(o1.count, 3);
 	rl_engine_destroy(e);
@@ -150,7 +150,7 @@ main(void)
 	go.max_new = 20;
 	T_EQ_INT(rl_engine_create(&e, m, NULL, &go), RL_OK);
 	memset(&o2, 0, sizeof o2);
-	T_EQ_INT(rl_engine_submit(e, pa, 5, 4, 0, 11, (void *)1), RL_OK);
+	T_EQ_INT(rl_engine_submit(e, pa, 5, 4, 0, 0, 11, (void *)1), RL_OK);
 	run(e, &o2);
 	rl_engine_destroy(e);
 	T_EQ_INT(o2.count, 4);
@@ -180,8 +180,8 @@ main(void)
 	{
 		static out o3;
 		T_EQ_INT(rl_engine_create(&e, m, NULL, &go), RL_OK);
-		T_EQ_INT(rl_engine_submit(e, pb, 3, 3, 0, 99, (void *)5), RL_OK);
-		T_EQ_INT(rl_engine_submit(e, pa, 5, 4, 0, 11, (void *)1), RL_OK);
+		T_EQ_INT(rl_engine_submit(e, pb, 3, 3, 0, 0, 99, (void *)5), RL_OK);
+		T_EQ_INT(rl_engine_submit(e, pa, 5, 4, 0, 0, 11, (void *)1), RL_OK);
 		run(e, &o3);
 		rl_engine_destroy(e);
 		for (int i = 0; i < 4; i++) {
@@ -199,7 +199,7 @@ main(void)
 		go.max_new = 64;
 		go.eos_id = stop;
 		T_EQ_INT(rl_engine_create(&e, m, NULL, &go), RL_OK);
-		T_EQ_INT(rl_engine_submit(e, pa, 5, 1, 0, 1, (void *)1), RL_OK);
+		T_EQ_INT(rl_engine_submit(e, pa, 5, 1, 0, 0, 1, (void *)1), RL_OK);
 		run(e, &o4);
 		T_EQ_INT(o4.count, 1);
 		T_EQ_INT(o4.finish[0], RL_FINISH_EOS);
@@ -209,18 +209,18 @@ main(void)
 		T_EQ_INT(o4.n[0], first + 1); /* the EOS is part of the response */
 		/* a prompt filling the context is refused; one that nearly does ends by length */
 		int32_t longp[40] = { 0 };
-		T_EQ_INT(rl_engine_submit(e, longp, 40, 1, 0, 1, NULL), RL_ETOOBIG);
+		T_EQ_INT(rl_engine_submit(e, longp, 40, 1, 0, 0, 1, NULL), RL_ETOOBIG);
 		go.eos_id = -1;
 		rl_engine_destroy(e);
 		static out o5;
 		T_EQ_INT(rl_engine_create(&e, m, NULL, &go), RL_OK);
-		T_EQ_INT(rl_engine_submit(e, longp, 35, 1, 0, 1, (void *)3), RL_OK);
+		T_EQ_INT(rl_engine_submit(e, longp, 35, 1, 0, 0, 1, (void *)3), RL_OK);
 		run(e, &o5);
 		T_EQ_INT(o5.count, 1);
 		T_EQ_INT(o5.finish[0], RL_FINISH_LENGTH);
 		T_EQ_INT(o5.n[0], 5);
 		/* a group larger than the slots is refused with a hint */
-		T_EQ_INT(rl_engine_submit(e, pa, 5, 9, 0, 1, NULL), RL_ETOOBIG);
+		T_EQ_INT(rl_engine_submit(e, pa, 5, 9, 0, 0, 1, NULL), RL_ETOOBIG);
 		rl_engine_destroy(e);
 	}
 	rl_model_close(m);

@@ -670,7 +670,7 @@ naive_attn(double *out, double *lse, const at_ctx *c)
 				if (sg && sg[t] < 0)
 					continue;
 				const double *q = c->qkv + ((size_t)b * c->T + t) * W + (size_t)h * c->HD;
-				double sc[64], mx = -INFINITY, sum = 0;
+				double sc[320], mx = -INFINITY, sum = 0;
 				for (int s = 0; s <= t; s++) {
 					sc[s] = -INFINITY;
 					if (sg && sg[s] != sg[t])
@@ -727,11 +727,30 @@ attn_case(int B, int T, int NH, int NKV, int HD, const int32_t *seg)
 	for (size_t i = 0; i < nq; i++)
 		dqkv[i] = NAN;  /* every element must be overwritten */
 	rl_cpu_attn_bwd(NULL, dqkv, R, out, lse, qkv, seg, B, T, NH, NKV, HD);
-	double *g = fd_grad(L_attn, &c, c.qkv, nq, 1e-6);
 	/* vs central differences of the double forward; fp32 scores, exps and
-	 * products of |.| <= 1.5 over <= T keys */
+	 * products of |.| <= 1.5 over <= T keys.  Long rows: a strided subset of
+	 * the elements (every one would take too long), q, k and v all hit. */
+	size_t stride = nq > 2000 ? 37 : 1, nsub = (nq + stride - 1) / stride;
+	double *g = malloc(nsub * sizeof(double));
+	float *sub = malloc(nsub * sizeof(float));
+	for (size_t j = 0; j < nsub; j++) {
+		size_t i = j * stride;
+		double x0 = c.qkv[i];
+		c.qkv[i] = x0 + 1e-6;
+		double lp = L_attn(&c);
+		c.qkv[i] = x0 - 1e-6;
+		double lm = L_attn(&c);
+		c.qkv[i] = x0;
+		g[j] = (lp - lm) / 2e-6;
+		sub[j] = dqkv[i];
+	}
 	snprintf(what, sizeof what, "attn bwd B=%d T=%d NH=%d NKV=%d HD=%d seg=%d", B, T, NH, NKV, HD, seg != NULL);
-	CMP(what, dqkv, g, nq, 1e-5, 1e-4, 1e-10);
+	CMP(what, sub, g, nsub, 1e-5, 1e-4, 1e-10);
+	int allset = 1;
+	for (size_t i = 0; i < nq; i++)
+		allset &= !isnan(dqkv[i]);
+	T_OK(allset, "attn bwd writes every element of dqkv");
+	free(sub);
 	free(g);
 	free(yr);
 	free(lr);
@@ -755,6 +774,14 @@ test_attn(void)
 	 * with padding, then one sequence, then a third id reused non-contiguously */
 	static const int32_t seg[2 * 7] = { 0, 0, 0, 1, 1, -1, -1, -1, 5, 5, 5, 6, 5, 6 };
 	attn_case(2, 7, 4, 2, 6, seg);
+	/* several 64-query blocks, and more than 256 keys (the GEMM's K slices) */
+	static int32_t seg2[2 * 150];
+	for (int t = 0; t < 150; t++) {
+		seg2[t] = t < 61 ? 1 : t < 140 ? 2 : -1;       /* a boundary inside a block, padded tail */
+		seg2[150 + t] = t < 3 ? -1 : (t / 50) % 2;      /* padded head, ids alternating per 50 */
+	}
+	attn_case(2, 150, 2, 1, 4, seg2);
+	attn_case(1, 300, 2, 2, 3, NULL);
 	/* a padded query's output is exactly 0, and its gradient too */
 	int W = (4 + 4) * 6;
 	float *qkv = frand((size_t)2 * 7 * W, 1), out[2 * 7 * 24], lse[2 * 4 * 7];
@@ -994,25 +1021,26 @@ test_pg_loss(void)
 	/* PPO clip (0.2, 0.28) with dual clip 3; lp - old per token below */
 	{
 		rl_pg_params p = { 0.2f, 0.28f, 3.0f, 0, 0, 1, 0 };
-		float old[7] = { 0, 0, 0, 0, 0, 0, 0 };
-		float lp[7] = { 0.5f, -0.5f, -0.5f, 0.5f, 1.5f, (float)log(1.1), NAN };
-		float adv[7] = { 1, 1, -1, -1, -1, 2, 1 }, w[7] = { 1, 1, 1, 1, 1, 0.5f, 0 };
+		float old[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+		float lp[8] = { 0.5f, -0.5f, -0.5f, 0.5f, 1.5f, (float)log(1.1), NAN, 1.0f };
+		float adv[8] = { 1, 1, -1, -1, -1, 2, 1, -1 }, w[8] = { 1, 1, 1, 1, 1, 0.5f, 0, 1 };
 		/* 1: r = e^.5 = 1.6487 > 1.28, A > 0: clipped at -1.28, no gradient
 		 * 2: r = e^-.5 = 0.6065 < 0.8, A > 0: max(-0.6065, -0.8) = unclipped
 		 * 3: r = 0.6065, A < 0: max(0.6065, 0.8) = 0.8 clipped
 		 * 4: r = 1.6487, A < 0: max(1.6487, 1.28) unclipped; below dual 3
 		 * 5: r = e^1.5 = 4.4817, A < 0: dual clip caps at 3, no gradient
 		 * 6: r = 1.1 in range, A = 2, w = .5: loss -2.2, dlp = .5 * -2.2
-		 * 7: w = 0 with a NaN log-prob: all zero */
-		const double loss[7] = { -1.28, -0.6065306597, 0.8, 1.6487212707, 3.0, -2.2, 0 };
-		const double dlp[7] = { 0, -0.6065306597, 0, 1.6487212707, 0, -1.1, 0 };
-		const double cl[7] = { 1, 0, 1, 0, 1, 0, 0 };
-		check_pg("pg clip + dual clip", &p, 7, lp, old, NULL, NULL, NULL, adv, w, loss, dlp, cl, z);
+		 * 7: w = 0 with a NaN log-prob: all zero
+		 * 8: r = e = 2.718, A < 0: just below the dual clip 3, unclipped */
+		const double loss[8] = { -1.28, -0.6065306597, 0.8, 1.6487212707, 3.0, -2.2, 0, 2.7182818285 };
+		const double dlp[8] = { 0, -0.6065306597, 0, 1.6487212707, 0, -1.1, 0, 2.7182818285 };
+		const double cl[8] = { 1, 0, 1, 0, 1, 0, 0, 0 };
+		check_pg("pg clip + dual clip", &p, 8, lp, old, NULL, NULL, NULL, adv, w, loss, dlp, cl, z);
 		p.dual_clip = 0;
-		const double loss2[7] = { -1.28, -0.6065306597, 0.8, 1.6487212707, 4.4816890703, -2.2, 0 };
-		const double dlp2[7] = { 0, -0.6065306597, 0, 1.6487212707, 4.4816890703, -1.1, 0 };
-		const double cl2[7] = { 1, 0, 1, 0, 0, 0, 0 };
-		check_pg("pg clip, no dual clip", &p, 7, lp, old, NULL, NULL, NULL, adv, w, loss2, dlp2, cl2, z);
+		const double loss2[8] = { -1.28, -0.6065306597, 0.8, 1.6487212707, 4.4816890703, -2.2, 0, 2.7182818285 };
+		const double dlp2[8] = { 0, -0.6065306597, 0, 1.6487212707, 4.4816890703, -1.1, 0, 2.7182818285 };
+		const double cl2[8] = { 1, 0, 1, 0, 0, 0, 0, 0 };
+		check_pg("pg clip, no dual clip", &p, 8, lp, old, NULL, NULL, NULL, adv, w, loss2, dlp2, cl2, z);
 	}
 	/* truncated importance sampling: tis = min(exp(old - beh), 2) scales the pg term */
 	{
@@ -1396,35 +1424,50 @@ test_sample(void)
 static void
 test_determinism(void)
 {
-	int N = 150, C = 70, OC = 90;
+	/* 1 thread against 3 (an uneven split on any machine): every reduction must
+	 * be cut the same way, so the bits agree */
+	int N = 150, C = 70, OC = 90, B = 2, T = 70, NH = 4, NKV = 2, HD = 8, W = (NH + 2 * NKV) * HD;
+	size_t nbig = 300007, nq = (size_t)B * T * W, no = (size_t)B * T * NH * HD;
 	float *x = frand((size_t)N * C, 1), *w = frand((size_t)OC * C, 1), *dy = frand((size_t)N * OC, 1);
-	float *dx[2], *dw[2], *dxn[2], *dwn[2], rstd[150];
+	float *big = frand(nbig, 1), *qkv = frand(nq, 1), *go = frand(no, 1);
+	float *dx[2], *dw[2], *dxn[2], *dwn[2], *dq[2], rstd[150];
 	double ss[2];
 	for (int k = 0; k < 2; k++) {
-		omp_set_num_threads(k + 1);
+		omp_set_num_threads(k ? 3 : 1);
 		dx[k] = malloc((size_t)N * C * sizeof(float));
 		dw[k] = calloc((size_t)OC * C, sizeof(float));
 		dxn[k] = malloc((size_t)N * C * sizeof(float));
 		dwn[k] = calloc((size_t)C, sizeof(float));
+		dq[k] = malloc(nq * sizeof(float));
 		rl_cpu_matmul_bwd(NULL, dx[k], dw[k], NULL, dy, x, w, N, C, OC);
 		rl_cpu_rmsnorm_fwd(NULL, dxn[k], rstd, x, w, N, C, 1e-5f);
 		rl_cpu_rmsnorm_bwd(NULL, dxn[k], dwn[k], x, x, w, rstd, N, C);
-		ss[k] = rl_cpu_sumsq(NULL, dy, (size_t)N * OC);
+		ss[k] = rl_cpu_sumsq(NULL, big, nbig);
+		float *out = malloc(no * sizeof(float)), *lse = malloc((size_t)B * NH * T * sizeof(float));
+		rl_cpu_attn_fwd(NULL, out, lse, qkv, NULL, B, T, NH, NKV, HD);
+		rl_cpu_attn_bwd(NULL, dq[k], go, out, lse, qkv, NULL, B, T, NH, NKV, HD);
+		free(out);
+		free(lse);
 	}
 	omp_set_num_threads(omp_get_num_procs());
-	T_OK(memcmp(dx[0], dx[1], (size_t)N * C * sizeof(float)) == 0, "matmul dinp: 1 thread == 2 threads");
-	T_OK(memcmp(dw[0], dw[1], (size_t)OC * C * sizeof(float)) == 0, "matmul dw: 1 thread == 2 threads");
-	T_OK(memcmp(dwn[0], dwn[1], (size_t)C * sizeof(float)) == 0, "rmsnorm dw: 1 thread == 2 threads");
-	T_OK(ss[0] == ss[1], "sumsq: 1 thread == 2 threads");
+	T_OK(memcmp(dx[0], dx[1], (size_t)N * C * sizeof(float)) == 0, "matmul dinp: 1 thread == 3 threads");
+	T_OK(memcmp(dw[0], dw[1], (size_t)OC * C * sizeof(float)) == 0, "matmul dw: 1 thread == 3 threads");
+	T_OK(memcmp(dwn[0], dwn[1], (size_t)C * sizeof(float)) == 0, "rmsnorm dw: 1 thread == 3 threads");
+	T_OK(memcmp(dq[0], dq[1], nq * sizeof(float)) == 0, "attn bwd: 1 thread == 3 threads");
+	T_OK(ss[0] == ss[1], "sumsq: 1 thread == 3 threads");
 	for (int k = 0; k < 2; k++) {
 		free(dx[k]);
 		free(dw[k]);
 		free(dxn[k]);
 		free(dwn[k]);
+		free(dq[k]);
 	}
 	free(x);
 	free(w);
 	free(dy);
+	free(big);
+	free(qkv);
+	free(go);
 }
 
 int

@@ -179,8 +179,14 @@ test_lifecycle(void)
 	T_EQ_INT(r.duplicates, 1);
 	/* acking a finished lease again: unknown lease */
 	T_EQ_INT(ack(q, lid, RL_QACK_DONE, &ar), RL_ENOENT);
-	/* the rollout gives group 200 up: ack the prompt lease */
 	T_EQ_INT(lease(q, RL_QSTAGE_PROMPT, 10, 0, &lid, ids), 0);
+	/* a prompt asking 8 samples whose samples say their group holds 2:
+	 * complete after 2 */
+	T_EQ_INT(put(q, RL_QSTAGE_PROMPT, mk(300, 1, 300, 0, 8, -1, 0), &r), 0);
+	T_EQ_INT(lease(q, RL_QSTAGE_PROMPT, 10, 0, &lid, ids), 1);
+	T_EQ_INT(put(q, RL_QSTAGE_GENERATED, mk(3000, 2, 300, 0, 2, 0, 8), &r), 0);
+	T_EQ_INT(st(q).depth[RL_QS_EXPANDED], 1);
+	T_EQ_INT(st(q).leases, 1);   /* group 200's prompt lease only */
 	rl_queue_close(q);
 }
 

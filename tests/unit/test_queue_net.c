@@ -370,6 +370,61 @@ scenario_bad_requests(void)
 	T_EQ_INT(rl_qclient_lease_scored(c, 8, 1, 200, &l), 0);
 	T_EQ_INT(l.id, 0);
 	T_OK(rl_now() - t0 >= 0.15);
+	/* consumer-side dedup: a lease expires after its records were trained
+	 * (the late ack is refused); the redelivery is dropped by the client
+	 * and acknowledged, never handed to the caller again */
+	{
+		rl_qlease_req req = { .stage = RL_QSTAGE_SCORED, .max_records = 8, .lease_ms = 200 };
+		rl_qack_result ar;
+		double done0 = stat_num(c, "total", "done");
+		T_EQ_INT(put_groups(c, RL_QSTAGE_SCORED, 910, 1, 2, 0), 0);
+		T_EQ_INT(rl_qclient_lease(c, &req, &l), 0);
+		T_EQ_INT(rl_qlease_count(&l), 2);
+		usleep(400000);
+		T_EQ_INT(rl_qclient_ack(c, &l, &ar), RL_ENOENT);
+		req.wait_ms = 2000;
+		T_EQ_INT(rl_qclient_lease(c, &req, &l), 0);
+		T_EQ_INT(rl_qlease_count(&l), 0);
+		T_EQ_INT(l.dropped, 2);
+		T_EQ_INT(stat_num(c, "total", "done"), done0 + 2);
+	}
+	/* random requests with a valid header: every one gets a reply */
+	{
+		nng_socket r;
+		uint8_t buf[RL_QP_HDR_LEN + 2048];
+		int replies = 0, n = 300;
+		T_EQ_INT(nng_req0_open(&r), 0);
+		nng_socket_set_ms(r, NNG_OPT_RECVTIMEO, 3000);
+		nng_socket_set_ms(r, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+		T_EQ_INT(nng_dial(r, g_url, NULL, 0), 0);
+		for (int i = 0; i < n; i++) {
+			rl_qhdr rq = { 0 };
+			size_t len = RL_QP_HDR_LEN + (size_t)(random() % 2048);
+			for (size_t k = RL_QP_HDR_LEN; k < len; k++)
+				buf[k] = (uint8_t)random();
+			if (i % 3 == 0 && len >= RL_QP_HDR_LEN + 16) {
+				/* a plausible batch header: the records' decoder gets the garbage */
+				memcpy(buf + RL_QP_HDR_LEN, RL_TRAJ_MAGIC, 4);
+				rl_le16_put(buf + RL_QP_HDR_LEN + 4, RL_TRAJ_VERSION);
+				rl_le16_put(buf + RL_QP_HDR_LEN + 6, RL_TRAJ_HEADER_LEN);
+				rl_le32_put(buf + RL_QP_HDR_LEN + 8, (uint32_t)(random() % 4));
+			}
+			rq.op = (uint8_t)(1 + random() % 6);
+			rq.flags = (uint16_t)(random() % 4);
+			rq.raw_len = (uint32_t)(random() % 4096);
+			rq.arg = (uint64_t)(random() % 4);
+			rl_qhdr_encode(buf, &rq);
+			if (nng_send(r, buf, len, 0) == 0 && nng_recvmsg(r, &m, 0) == 0) {
+				rl_qhdr rh2;
+				if (rl_qhdr_decode(&rh2, nng_msg_body(m), nng_msg_len(m)) == 0 && (rh2.op & RL_QOP_REPLY))
+					replies++;
+				nng_msg_free(m);
+			}
+		}
+		nng_close(r);
+		T_EQ_INT(replies, n);
+		T_EQ_INT(rl_qclient_ping(c), 0);
+	}
 	rl_qlease_fini(&l);
 	rl_qclient_close(c);
 	stop(b, SIGTERM);

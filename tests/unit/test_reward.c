@@ -6,6 +6,7 @@
  * splits, answers that the verifier accepts). */
 #include "core.h"
 #include "reward.h"
+#include "rng.h"
 #include "synth.h"
 #include "traj.h"
 #include "t.h"
@@ -374,10 +375,65 @@ scorer(void)
 	rl_reward_task_fini(&tk[1]);
 }
 
+/* Hostile responses: random strings over the characters the parsers care
+ * about go through every verifier (the sanitizer build catches any read out
+ * of bounds); the scores stay in range.  The buffers are exactly n bytes,
+ * not NUL-terminated, so a scan past the end is caught too. */
+static void
+random_responses(void)
+{
+	static const char *const atoms[] = {
+		"0", "7", "42", "1,000", ",", ".", "-", "+", "*", "/", "(", ")", "#", "####", "$", " ", "\n",
+		"\\boxed{", "\\boxed", "\\fbox{", "{", "}", "\\{", "\\}", "\\frac", "\\dfrac{1}{2}", "\\left(",
+		"\\right", "\\text{", "^\\circ", "^{\\circ}", "\\%", "%", "<answer>", "</answer>", "=", "\xff", "\xc3",
+	};
+	rl_reward_task tasks[RL_TASK_KIND_COUNT];
+	const char *specs[RL_TASK_KIND_COUNT] = { "gsm8k", "math", "countdown", "exact", "regex:(\\d+)",
+						  "format:^#", "length", "arith", "auto" };
+	cJSON *meta = cJSON_Parse("{\"answer\":\"42\",\"numbers\":[7,42,1],\"target\":49,\"task\":\"gsm8k\"}");
+	rl_reward_opts o = { .max_length = 10 };
+	rl_rng r = { 99, 0 };
+	int bad = 0, hits[RL_TASK_KIND_COUNT] = { 0 };
+
+	for (int k = 0; k < RL_TASK_KIND_COUNT; k++)
+		T_EQ_INT(rl_reward_task_parse(&tasks[k], specs[k], tasks, (size_t)k), 0);
+	for (int it = 0; it < 20000; it++) {
+		char tmp[512];
+		size_t n = 0, natoms = rl_rng_next(&r) % 24;
+		for (size_t a = 0; a < natoms; a++) {
+			const char *x = atoms[rl_rng_next(&r) % RL_ARRAY_LEN(atoms)];
+			size_t l = strlen(x);
+			memcpy(tmp + n, x, l);
+			n += l;
+		}
+		char *resp = malloc(n ? n : 1);
+		memcpy(resp, tmp, n);
+		for (int k = 0; k < RL_TASK_KIND_COUNT; k++) {
+			double sc = -5;
+			const char *why;
+			int rv = rl_reward_task_score(&sc, &why, &tasks[k], &o, resp, n, meta, -1);
+			if (rv != 0 || !(sc >= -1 && sc <= 1))
+				bad++;
+			hits[k] += sc != 0;
+		}
+		free(resp);
+	}
+	T_EQ_INT(bad, 0);
+	/* the generator reaches every verifier's non-zero branch (gsm8k, math and
+	 * the format/length/regex tasks; countdown and exact rarely by chance) */
+	T_OK(hits[RL_TASK_GSM8K] > 0 && hits[RL_TASK_MATH] > 0 && hits[RL_TASK_FORMAT] > 0 &&
+	     hits[RL_TASK_LENGTH] > 0 && hits[RL_TASK_REGEX] > 0 && hits[RL_TASK_ARITH] > 0,
+	     "hits: %d %d %d %d %d %d", hits[0], hits[1], hits[4], hits[5], hits[6], hits[7]);
+	for (int k = 0; k < RL_TASK_KIND_COUNT; k++)
+		rl_reward_task_fini(&tasks[k]);
+	cJSON_Delete(meta);
+}
+
 int
 main(void)
 {
 	T_BEGIN("test_reward");
+	random_responses();
 	scorer();
 	fixture_cases();
 	countdown_eval();

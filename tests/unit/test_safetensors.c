@@ -82,21 +82,29 @@ fill(void *ctx, int i, void *buf, size_t nbytes)
 static void
 test_round_trip(void)
 {
-	rl_st_entry e[3] = {
+	rl_st_entry e[4] = {
 		{ .name = "a.weight", .dtype = RL_F32, .ndim = 2, .shape = { 2, 3 } },
 		{ .name = "b", .dtype = RL_BF16, .ndim = 1, .shape = { 5 } },
 		{ .name = "c", .dtype = RL_I32, .ndim = 0 },
+		{ .name = "h", .dtype = RL_F16, .ndim = 1, .shape = { 4 } },
 	};
 	const char *meta[] = { "format", "pt" };
 	rl_st_file *f = NULL;
 	const rl_st_tensor *t;
 	float x[6];
 
-	T_EQ_INT(rl_st_write(tpath("ok.safetensors"), e, 3, meta, 1, fill, NULL), 0);
+	T_EQ_INT(rl_st_write(tpath("ok.safetensors"), e, 4, meta, 1, fill, NULL), 0);
 	T_EQ_INT(rl_st_open(&f, tpath("ok.safetensors")), 0);
 	if (f == NULL)
 		return;
-	T_EQ_INT(f->n, 3);
+	T_EQ_INT(f->n, 4);
+	t = rl_st_find(f, "h");
+	T_OK(t != NULL && t->dtype == RL_F16 && rl_st_to_f32(x, t, 0, 4) == 0, "f16 tensor");
+	if (t != NULL) {
+		uint16_t h;
+		memcpy(&h, (const char *)t->data + 6, 2);
+		T_OK(x[3] == rl_f16_to_f32(h), "f16 conversion");
+	}
 	T_OK((t = rl_st_find(f, "a.weight")) != NULL && t->ndim == 2 && t->shape[1] == 3 && t->nbytes == 24, "check");
 	T_OK((t = rl_st_find(f, "b")) != NULL && t->dtype == RL_BF16 && t->nelem == 5, "check");
 	T_OK((t = rl_st_find(f, "c")) != NULL && t->ndim == 0 && t->nelem == 1 && t->nbytes == 4, "check");
@@ -169,6 +177,13 @@ test_bad_files(void)
 	    "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8);
 	CAPTURE(T_EQ_INT(rl_st_open(&f, p), RL_EFORMAT));
 	T_ERR_HAS("tensor 'a' appears twice");
+
+	/* found by tests/fuzz/fuzz_safetensors.c: a bad __metadata__ after a good tensor */
+	p = tpath("meta.safetensors");
+	craft(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"__metadata__\":[0]}", 4);
+	CAPTURE(T_EQ_INT(rl_st_open(&f, p), RL_EFORMAT));
+	T_ERR_HAS("__metadata__ is not an object");
+	T_OK(f == NULL, "file returned on error");
 
 	p = tpath("dtype.safetensors");
 	craft(p, "{\"a\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
@@ -262,7 +277,21 @@ test_config(void)
 	T_EQ_INT(c.tie_embeddings, 0);
 	T_CLOSE(c.rope_theta, 10000, 0, 0);
 	T_EQ_INT(c.max_pos, 32768);
+	T_EQ_INT(c.dtype, RL_F32);
 	rl_config_fini(&c);
+	{
+		/* newer transformers write "dtype"; saving keeps both keys right */
+		char q2[600];
+		snprintf(q2, sizeof q2, "%.*s,\"dtype\":\"bfloat16\"}", (int)strlen(q) - 1, q);
+		T_EQ_INT(rl_config_parse(&c, q2, strlen(q2), "'q2.json'"), 0);
+		T_EQ_INT(c.dtype, RL_BF16);
+		c.dtype = RL_F16;
+		char *js = rl_config_to_json(&c);
+		T_OK(strstr(js, "\"dtype\":\t\"float16\"") != NULL && strstr(js, "\"torch_dtype\":\t\"float16\"") != NULL,
+		    "%s", js);
+		free(js);
+		rl_config_fini(&c);
+	}
 
 	const char *miss = "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,"
 	    "\"num_attention_heads\":2,\"intermediate_size\":16}";

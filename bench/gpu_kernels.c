@@ -1,0 +1,102 @@
+/*
+ * gpu_kernels.c — single-op timings of the CUDA backend at the GPT-2 124M
+ * training shape (N = 16 x 1024 tokens): cuBLASLt GEMMs (TFLOP/s), attention
+ * forward and backward, fused log-prob forward + backward over V = 50257, and
+ * decode attention.  One JSON line per op; each the mean of `iters` runs after
+ * a warm-up, timed around ops->sync.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "ops.h"
+
+static rl_ops *o;
+
+static void *
+dev(size_t bytes, int fill)
+{
+	void *p = NULL;
+	if (o->alloc(o, &p, bytes)) {
+		fprintf(stderr, "gpu_kernels: out of device memory\n");
+		exit(1);
+	}
+	if (fill) {
+		/* small random bf16 values (never zeros: they can time faster) */
+		uint16_t *h = rl_xmalloc(bytes);
+		uint64_t s = 88172645463325252ULL;
+		for (size_t i = 0; i < bytes / 2; i++) {
+			s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+			h[i] = rl_f32_to_bf16(((float)(s % 2000) - 1000.0f) / 1000.0f);
+		}
+		o->upload(o, p, h, bytes);
+		free(h);
+	} else {
+		o->zero(o, p, bytes);
+	}
+	return p;
+}
+
+#define TIME(label, iters, flops, body) do { \
+	body; if (o->sync(o)) { fprintf(stderr, "gpu_kernels: %s failed\n", label); exit(1); } \
+	double t0_ = rl_now(); \
+	for (int it_ = 0; it_ < (iters); it_++) { body; } \
+	if (o->sync(o)) { fprintf(stderr, "gpu_kernels: %s failed\n", label); exit(1); } \
+	double ms_ = (rl_now() - t0_) / (iters) * 1e3; \
+	printf("{\"what\":\"kernel\",\"op\":\"%s\",\"ms\":%.3f,\"tflops\":%.1f}\n", label, ms_, \
+	    (flops) > 0 ? (flops) / ms_ / 1e9 : 0.0); \
+	fflush(stdout); } while (0)
+
+int
+main(void)
+{
+	rl_log_init("gpu_kernels", 1);
+	if (rl_ops_open(&o, "cuda") != RL_OK) {
+		fprintf(stderr, "gpu_kernels: no CUDA backend\n");
+		return 1;
+	}
+	const int B = 16, T = 1024, N = B * T, C = 768, NH = 12, HD = 64, V = 50257;
+	void *x = dev((size_t)N * 4 * C * 2, 1), *w = dev((size_t)4 * C * C * 2, 1);
+	void *y = dev((size_t)N * 4 * C * 2, 0), *bias = dev((size_t)4 * C * 2, 1);
+	void *dx = dev((size_t)N * 4 * C * 2, 0);
+	float *dw = dev((size_t)4 * C * C * 4, 0);
+	char lab[96];
+	int shapes[][2] = { { C, 3 * C }, { C, C }, { C, 4 * C }, { 4 * C, C } };
+	for (int i = 0; i < 4; i++) {
+		int K = shapes[i][0], M = shapes[i][1];
+		double f = 2.0 * N * K * M;
+		snprintf(lab, sizeof lab, "matmul_fwd %dx%dx%d +bias", N, K, M);
+		TIME(lab, 20, f, o->matmul_fwd(o, y, x, w, bias, N, K, M));
+		snprintf(lab, sizeof lab, "matmul_bwd %dx%dx%d (dinp+dw)", N, K, M);
+		TIME(lab, 20, 2 * f, o->matmul_bwd(o, dx, dw, NULL, y, x, w, N, K, M));
+	}
+	/* attention */
+	{
+		int W = 3 * NH * HD;
+		void *qkv = dev((size_t)N * W * 2, 1), *out = dev((size_t)N * NH * HD * 2, 0);
+		void *dqkv = dev((size_t)N * W * 2, 0), *dout = dev((size_t)N * NH * HD * 2, 1);
+		float *lse = dev((size_t)B * NH * T * 4, 0);
+		double f = 4.0 * B * NH * (double)T * T * HD;  /* full square, as computed */
+		TIME("attn_fwd 16x1024 NH12 HD64", 10, f, o->attn_fwd(o, out, lse, qkv, NULL, B, T, NH, NH, HD));
+		TIME("attn_bwd 16x1024 NH12 HD64", 10, 2.5 * f,
+		    o->attn_bwd(o, dqkv, dout, out, lse, qkv, NULL, B, T, NH, NH, HD));
+		o->free(o, qkv); o->free(o, out); o->free(o, dqkv); o->free(o, dout); o->free(o, lse);
+	}
+	/* log-prob over a chunk of 2048 rows */
+	{
+		int R = 2048;
+		void *lg = dev((size_t)R * V * 2, 1);
+		float *lp = dev(R * 4, 0), *ent = dev(R * 4, 0), *lse = dev(R * 4, 0), *dlp = dev(R * 4, 0);
+		int32_t *tgt = dev(R * 4, 0);
+		TIME("logprob_fwd 2048x50257 +ent", 10, 0, o->logprob_fwd(o, lp, ent, lse, lg, tgt, R, V, 1.0f));
+		TIME("logprob_bwd 2048x50257", 10, 0, o->logprob_bwd(o, lg, lg, tgt, lse, dlp, NULL, R, V, 1.0f));
+		double f = 2.0 * R * C * V;
+		void *h = dev((size_t)R * C * 2, 1), *wte = dev((size_t)V * C * 2, 1);
+		TIME("lm_head matmul_fwd 2048x768x50257", 10, f, o->matmul_fwd(o, lg, h, wte, NULL, R, C, V));
+		o->free(o, lg); o->free(o, lp); o->free(o, ent); o->free(o, lse); o->free(o, dlp); o->free(o, tgt);
+		o->free(o, h); o->free(o, wte);
+	}
+	rl_ops_close(o);
+	return 0;
+}

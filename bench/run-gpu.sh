@@ -1,0 +1,36 @@
+#!/bin/sh
+# bench/run-gpu.sh — the GPU benchmarks (make bench-gpu), JSON lines on stdout:
+# single-op timings (gpu_kernels), the training step of GPT-2 124M and
+# Qwen2.5-0.5B shapes (gpu_train), generation at 1/64/256 slots (gpu_gen), then
+# the PyTorch references in the same call for the side-by-side ratios:
+# torch_baseline.py train and torch_graph_decode.py (and torch_baseline.py gen,
+# Hugging Face generate, host-bound and slow, only with RL_BENCH_HF_GEN=1).
+# Env: RL_BUILD (build dir, default build), TORCH_BASELINE (path of
+# torch_baseline.py, torch_graph_decode.py beside it; default ../shared/bench/
+# or .gpu/ref/), PYTHON (python3),
+# RL_BENCH_NO_TORCH=1 skips the reference.
+set -u
+B=${RL_BUILD:-build}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 1
+rc=0
+"$B/bench/gpu_kernels" || rc=1
+"$B/bench/gpu_train" all "${RL_BENCH_STEPS:-10}" || rc=1
+"$B/bench/gpu_gen" all 256 || rc=1
+if [ "${RL_BENCH_NO_TORCH:-0}" != 1 ]; then
+	ref=${TORCH_BASELINE:-}
+	for c in ../shared/bench/torch_baseline.py .gpu/ref/torch_baseline.py ref/torch_baseline.py; do
+		[ -z "$ref" ] && [ -f "$c" ] && ref=$c
+	done
+	if [ -n "$ref" ]; then
+		PYTHONUNBUFFERED=1 "${PYTHON:-python3}" "$ref" train || rc=1
+		PYTHONUNBUFFERED=1 "${PYTHON:-python3}" "$(dirname "$ref")/torch_graph_decode.py" || rc=1
+		if [ "${RL_BENCH_HF_GEN:-0}" = 1 ]; then
+			PYTHONUNBUFFERED=1 "${PYTHON:-python3}" "$ref" gen || rc=1
+		fi
+	else
+		echo "run-gpu.sh: torch_baseline.py not found (set TORCH_BASELINE)" >&2
+		rc=1
+	fi
+fi
+exit $rc

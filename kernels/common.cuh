@@ -1,0 +1,76 @@
+/*
+ * common.cuh — helpers shared by the CUDA kernels: bf16 conversion, warp and
+ * block reductions, launch-size helpers.  Device code only; included by
+ * the .cu files of kernels/, never by lib/.
+ */
+#ifndef RL_KERNELS_COMMON_CUH
+#define RL_KERNELS_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+
+#define RLK_STREAM(s) ((cudaStream_t)(s))
+/* Launchers return 0 or the cudaError_t of the launch. */
+#define RLK_RET() return (int)cudaGetLastError()
+
+static __device__ __forceinline__ float ld(const bf16 *p) { return __bfloat162float(*p); }
+static __device__ __forceinline__ float bf(bf16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ bf16 tobf(float x) { return __float2bfloat16(x); }
+
+static __device__ __forceinline__ float
+warp_sum(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+static __device__ __forceinline__ float
+warp_max(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+/* Sum over the block; every thread gets the result.  sh: >= 32 floats of
+ * shared memory.  blockDim.x a multiple of 32, at most 1024. */
+static __device__ __forceinline__ float
+block_sum(float v, float *sh)
+{
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = warp_sum(v);
+	__syncthreads();
+	if (lane == 0)
+		sh[w] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : 0.0f;
+	return warp_sum(v);
+}
+
+static __device__ __forceinline__ float
+block_max(float v, float *sh)
+{
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	v = warp_max(v);
+	__syncthreads();
+	if (lane == 0)
+		sh[w] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : -INFINITY;
+	return warp_max(v);
+}
+
+static inline unsigned
+rlk_blocks(size_t n, unsigned threads)
+{
+	size_t b = (n + threads - 1) / threads;
+	if (b > 65535u * 32u)
+		b = 65535u * 32u;  /* grid-stride loops cover the rest */
+	return b ? (unsigned)b : 1u;
+}
+
+#endif

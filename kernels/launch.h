@@ -1,0 +1,101 @@
+/*
+ * launch.h — the extern "C" launchers of the CUDA kernels (the .cu files of kernels/), the
+ * only kernel header lib/ includes (lib/ops_cuda.c).  Each launcher queues
+ * work on `stream` (a cudaStream_t passed as void *) and returns 0 or the
+ * cudaError_t of the launch; it never synchronises unless it says so.
+ * Shapes, dtypes and semantics are those of the matching op in lib/ops.h;
+ * "act" here is always bf16.
+ *
+ * Leaves out: cuBLASLt GEMMs (lib/ops_cuda.c calls cuBLASLt itself), memory
+ * management.
+ */
+#ifndef RL_KERNELS_LAUNCH_H
+#define RL_KERNELS_LAUNCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lib/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- elementwise (kernels/elementwise.cu) -------------------------------- */
+/* out (n) out_dt = in (n) in_dt; dtypes RL_F32 or RL_BF16 (same dtype: a copy). */
+int rlk_cast(void *stream, void *out, int out_dt, const void *in, int in_dt, size_t n);
+int rlk_add(void *stream, void *out, const void *a, const void *b, size_t n);
+int rlk_gelu_fwd(void *stream, void *out, const void *x, size_t n);
+int rlk_gelu_bwd(void *stream, void *dx, const void *dout, const void *x, size_t n);
+int rlk_swiglu_fwd(void *stream, void *out, const void *gu, int N, int H);
+int rlk_swiglu_bwd(void *stream, void *dgu, const void *dout, const void *gu, int N, int H);
+int rlk_embed_fwd(void *stream, void *out, const int32_t *tok, const int32_t *pos,
+    const void *wte, const void *wpe, int N, int C);
+int rlk_embed_bwd(void *stream, float *dwte, float *dwpe, const void *dout,
+    const int32_t *tok, const int32_t *pos, int N, int C);
+/* sign +1: rope_fwd; -1: rope_bwd (rotation by -angle). */
+int rlk_rope(void *stream, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD,
+    float theta, int sign);
+/* dbias (OC) f32 += column sums of dout (N, OC) bf16. */
+int rlk_colsum(void *stream, float *dbias, const void *dout, int N, int OC);
+/* *acc (device double) += sum of x^2; acc is not cleared. */
+int rlk_sumsq(void *stream, double *acc, const float *x, size_t n);
+/* bc1 = 1 - b1^t, bc2 = 1 - b2^t computed by the caller. */
+int rlk_adamw(void *stream, float *param, void *wcopy, const float *grad, float *m, float *v,
+    size_t n, float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
+    float grad_scale);
+int rlk_kv_write(void *stream, void *kc, void *vc, const void *qkv, const int32_t *slot,
+    int N, int NH, int NKV, int HD);
+
+/* ---- normalisation (kernels/norm.cu) -------------------------------------- */
+int rlk_rmsnorm_fwd(void *stream, void *out, float *rstd, const void *x, const void *w,
+    int N, int C, float eps);
+int rlk_rmsnorm_bwd(void *stream, void *dx, float *dw, const void *dout, const void *x,
+    const void *w, const float *rstd, int N, int C);
+int rlk_layernorm_fwd(void *stream, void *out, float *mean, float *rstd, const void *x,
+    const void *w, const void *b, int N, int C, float eps);
+int rlk_layernorm_bwd(void *stream, void *dx, float *dw, float *db, const void *dout,
+    const void *x, const void *w, const float *mean, const float *rstd, int N, int C);
+int rlk_qknorm_fwd(void *stream, void *qkv_out, float *rstd, const void *qkv_in,
+    const void *wq, const void *wk, int N, int NH, int NKV, int HD, float eps);
+int rlk_qknorm_bwd(void *stream, void *dqkv_in, float *dwq, float *dwk, const void *dqkv_out,
+    const void *qkv_in, const void *wq, const void *wk, const float *rstd,
+    int N, int NH, int NKV, int HD);
+
+/* ---- output layer, losses, sampling (kernels/logprob.cu) ------------------ */
+int rlk_logprob_fwd(void *stream, float *lp, float *ent, float *lse, const void *logits,
+    const int32_t *tgt, int N, int V, float inv_temp);
+int rlk_logprob_bwd(void *stream, void *dlogits, const void *logits, const int32_t *tgt,
+    const float *lse, const float *dlp, const float *dent, int N, int V, float inv_temp);
+int rlk_pg_loss(void *stream, float *dlp, float *dent, float *stats, const float *lp,
+    const float *old, const float *beh, const float *ref, const float *ent, const float *adv,
+    const float *w, int N, rl_pg_params p);
+int rlk_sample(void *stream, int32_t *tok, float *logp, const void *logits,
+    const uint64_t *seed, const uint64_t *counter, int B, int V, rl_sample_params p);
+
+/* ---- attention (kernels/attn.cu) ----------------------------------------------
+ * Prefill/training attention through cuBLAS batched GEMMs over a scratch
+ * workspace (scores materialised per chunk of batch rows, recomputed in bwd).
+ * rlk_attn_ws_bytes: workspace bytes needed to process `rows` batch rows at once. */
+size_t rlk_attn_ws_bytes(int rows, int T, int NH, int NKV, int HD, int bwd);
+/* cublas: a cublasHandle_t already bound to stream.  ws, ws_bytes: device scratch,
+ * at least rlk_attn_ws_bytes(1, ...).  Returns 0, a cudaError_t, or -(cublasStatus). */
+int rlk_attn_fwd(void *stream, void *cublas, void *ws, size_t ws_bytes, void *out, float *lse,
+    const void *qkv, const int32_t *seg, int B, int T, int NH, int NKV, int HD);
+int rlk_attn_bwd(void *stream, void *cublas, void *ws, size_t ws_bytes, void *dqkv,
+    const void *dout, const void *out, const float *lse, const void *qkv, const int32_t *seg,
+    int B, int T, int NH, int NKV, int HD);
+/* Flash-style forward (kernels/flash.cu): same results as rlk_attn_fwd, no workspace.
+ * rlk_flash_fwd_ok: whether it handles HD and the qkv pointer (HD 64 or 128, 16-byte aligned). */
+int rlk_flash_fwd_ok(int HD, const void *qkv);
+int rlk_flash_fwd(void *stream, void *out, float *lse, const void *qkv, const int32_t *seg, int B, int T,
+    int NH, int NKV, int HD);
+int rlk_attn_decode(void *stream, void *out, const void *qkv, const void *kc, const void *vc,
+    const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
+    int BS, int MAXBLK);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,513 @@
+/*
+ * logprob.cu — the output layer on the GPU: fused log-softmax + target gather
+ * + entropy over the vocabulary (one block per row, online max/sum in fp32,
+ * logits read in bf16, never an (N,V) fp32 tensor), its backward, the fused
+ * PPO/GRPO token loss and token sampling.  Semantics: lib/ops.h.
+ *
+ * Leaves out: the LM-head GEMM (cuBLASLt, lib/ops_cuda.c); chunking over N
+ * (the caller's).
+ */
+#include "kernels/common.cuh"
+#include "kernels/launch.h"
+#include "lib/rng.h"
+
+#define LP_THREADS 512
+
+/* Online (max, sum e^(z-m), sum e^(z-m) z) merge. */
+struct msz { float m, s, t; };
+
+static __device__ __forceinline__ msz
+msz_merge(msz a, msz b)
+{
+	if (b.m == -INFINITY)
+		return a;
+	if (a.m == -INFINITY)
+		return b;
+	float m = fmaxf(a.m, b.m);
+	float ea = __expf(a.m - m), eb = __expf(b.m - m);
+	msz r = { m, a.s * ea + b.s * eb, a.t * ea + b.t * eb };
+	return r;
+}
+
+static __device__ __forceinline__ msz
+msz_block(msz v)
+{
+	__shared__ float sm[32], ss[32], st[32];
+	for (int o = 16; o > 0; o >>= 1) {
+		msz u = { __shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o),
+		    __shfl_xor_sync(0xffffffffu, v.t, o) };
+		v = msz_merge(v, u);
+	}
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	__syncthreads();
+	if (lane == 0) {
+		sm[w] = v.m;
+		ss[w] = v.s;
+		st[w] = v.t;
+	}
+	__syncthreads();
+	if (lane < nw) {
+		v.m = sm[lane];
+		v.s = ss[lane];
+		v.t = st[lane];
+	} else {
+		v.m = -INFINITY;
+		v.s = v.t = 0.0f;
+	}
+	for (int o = 16; o > 0; o >>= 1) {
+		msz u = { __shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o),
+		    __shfl_xor_sync(0xffffffffu, v.t, o) };
+		v = msz_merge(v, u);
+	}
+	return v;
+}
+
+/* Row statistics of z = logits * inv_temp: max, sum exp, sum exp * z.  Reads
+ * pairs of bf16 when the row is 4-byte aligned. */
+static __device__ __forceinline__ msz
+row_stats(const bf16 *row, int V, float it)
+{
+	msz a = { -INFINITY, 0.0f, 0.0f };
+	bool pair = (((uintptr_t)row & 3) == 0);
+	int V2 = pair ? V / 2 : 0;
+	const __nv_bfloat162 *r2 = (const __nv_bfloat162 *)row;
+	for (int j = threadIdx.x; j < V2; j += blockDim.x) {
+		float2 f = __bfloat1622float2(r2[j]);
+		float z0 = f.x * it, z1 = f.y * it, m = fmaxf(a.m, fmaxf(z0, z1));
+		float sc = __expf(a.m - m), e0 = __expf(z0 - m), e1 = __expf(z1 - m);
+		a.s = a.s * sc + e0 + e1;
+		a.t = a.t * sc + e0 * z0 + e1 * z1;
+		a.m = m;
+	}
+	for (int j = 2 * V2 + threadIdx.x; j < V; j += blockDim.x) {
+		float z = bf(row[j]) * it, m = fmaxf(a.m, z);
+		float sc = __expf(a.m - m), e = __expf(z - m);
+		a.s = a.s * sc + e;
+		a.t = a.t * sc + e * z;
+		a.m = m;
+	}
+	return msz_block(a);
+}
+
+__global__ void __launch_bounds__(LP_THREADS)
+k_logprob_fwd(float *lp, float *ent, float *lse, const bf16 *logits, const int32_t *tgt, int V,
+    float it)
+{
+	long n = blockIdx.x;
+	const bf16 *row = logits + (size_t)n * V;
+	msz a = row_stats(row, V, it);
+	if (threadIdx.x != 0)
+		return;
+	float l = a.m + logf(a.s);
+	int t = tgt[n];
+	if (lse)
+		lse[n] = (t < 0 || t >= V) ? 0.0f : l;
+	if (t < 0 || t >= V) {
+		lp[n] = 0.0f;
+		if (ent)
+			ent[n] = 0.0f;
+		return;
+	}
+	lp[n] = bf(row[t]) * it - l;
+	if (ent)
+		ent[n] = l - a.t / a.s;
+}
+
+/* dz_j = dlp (onehot_j - p_j) + dent * (-p_j (log p_j + H));  dlogits = inv_temp * dz. */
+__global__ void __launch_bounds__(LP_THREADS)
+k_logprob_bwd(bf16 *dlogits, const bf16 *logits, const int32_t *tgt, const float *lse,
+    const float *dlp, const float *dent, int V, float it)
+{
+	__shared__ float red[32];
+	long n = blockIdx.x;
+	const bf16 *row = logits + (size_t)n * V;
+	bf16 *drow = dlogits + (size_t)n * V;
+	int t = tgt[n];
+	if (t < 0 || t >= V) {
+		for (int j = threadIdx.x; j < V; j += blockDim.x)
+			drow[j] = tobf(0.0f);
+		return;
+	}
+	float l = lse[n], g = dlp[n], ge = dent ? dent[n] : 0.0f, H = 0.0f;
+	if (ge != 0.0f) {
+		float pz = 0.0f;  /* sum p z */
+		for (int j = threadIdx.x; j < V; j += blockDim.x) {
+			float z = bf(row[j]) * it;
+			pz += __expf(z - l) * z;
+		}
+		H = l - block_sum(pz, red);
+	}
+	__syncthreads();
+	for (int j = threadIdx.x; j < V; j += blockDim.x) {
+		float z = bf(row[j]) * it, lpj = z - l, p = __expf(lpj);
+		float d = g * ((j == t ? 1.0f : 0.0f) - p);
+		if (ge != 0.0f)
+			d -= ge * p * (lpj + H);
+		drow[j] = tobf(d * it);
+	}
+}
+
+extern "C" int
+rlk_logprob_fwd(void *s, float *lp, float *ent, float *lse, const void *logits, const int32_t *tgt,
+    int N, int V, float inv_temp)
+{
+	if (N <= 0)
+		return 0;
+	k_logprob_fwd<<<N, LP_THREADS, 0, RLK_STREAM(s)>>>(lp, ent, lse, (const bf16 *)logits, tgt, V,
+	    inv_temp);
+	RLK_RET();
+}
+
+extern "C" int
+rlk_logprob_bwd(void *s, void *dlogits, const void *logits, const int32_t *tgt, const float *lse,
+    const float *dlp, const float *dent, int N, int V, float inv_temp)
+{
+	if (N <= 0)
+		return 0;
+	k_logprob_bwd<<<N, LP_THREADS, 0, RLK_STREAM(s)>>>((bf16 *)dlogits, (const bf16 *)logits, tgt,
+	    lse, dlp, dent, V, inv_temp);
+	RLK_RET();
+}
+
+/* ---- fused PPO/GRPO token loss ------------------------------------------------------ */
+__global__ void k_pg_loss(float *dlp, float *dent, float *stats, const float *lp, const float *old,
+    const float *beh, const float *ref, const float *ent, const float *adv, const float *w, int N,
+    rl_pg_params p)
+{
+	int n = blockIdx.x * blockDim.x + threadIdx.x;
+	if (n >= N)
+		return;
+	float x = lp[n], A = adv[n], wn = w[n];
+	float *st = stats + (size_t)n * RL_PG_NSTAT;
+	if (wn == 0.0f) {
+		/* ignored tokens may hold garbage (padding) */
+		dlp[n] = 0.0f;
+		if (dent)
+			dent[n] = 0.0f;
+		for (int k = 0; k < RL_PG_NSTAT; k++)
+			st[k] = 0.0f;
+		return;
+	}
+	float r = expf(x - old[n]);
+	float rc = fminf(fmaxf(r, 1.0f - p.clip_low), 1.0f + p.clip_high);
+	float u = -A * r, c = -A * rc;
+	float pg = fmaxf(u, c), dpg = c > u ? 0.0f : -A * r;
+	float clipped = c > u ? 1.0f : 0.0f;
+	if (A < 0.0f && p.dual_clip > 0.0f && pg > -A * p.dual_clip) {
+		pg = -A * p.dual_clip;
+		dpg = 0.0f;
+		clipped = 1.0f;
+	}
+	if (beh && p.tis_cap > 0.0f) {
+		float tis = fminf(expf(old[n] - beh[n]), p.tis_cap);
+		pg *= tis;
+		dpg *= tis;
+	}
+	float loss = pg, d = dpg, kl = 0.0f;
+	if (ref) {
+		float dl = x - ref[n], dk;
+		if (p.kl_type == 2) {
+			kl = 0.5f * dl * dl;
+			dk = dl;
+		} else if (p.kl_type == 3) {
+			kl = expf(-dl) + dl - 1.0f;
+			dk = 1.0f - expf(-dl);
+		} else {
+			kl = dl;
+			dk = 1.0f;
+		}
+		loss += p.kl_coef * kl;
+		d += p.kl_coef * dk;
+	}
+	if (ent)
+		loss -= p.ent_coef * ent[n];
+	dlp[n] = wn * d;
+	if (dent)
+		dent[n] = ent ? -wn * p.ent_coef : 0.0f;
+	st[RL_PG_LOSS] = loss;
+	st[RL_PG_CLIPPED] = clipped;
+	st[RL_PG_RATIO] = r;
+	st[RL_PG_KL] = kl;
+}
+
+extern "C" int
+rlk_pg_loss(void *s, float *dlp, float *dent, float *stats, const float *lp, const float *old,
+    const float *beh, const float *ref, const float *ent, const float *adv, const float *w, int N,
+    rl_pg_params p)
+{
+	if (N <= 0)
+		return 0;
+	k_pg_loss<<<(N + 255) / 256, 256, 0, RLK_STREAM(s)>>>(dlp, dent, stats, lp, old, beh, ref, ent,
+	    adv, w, N, p);
+	RLK_RET();
+}
+
+/* ---- sampling ------------------------------------------------------------------------------
+ * One block per row, the CPU reference's exact rule (lib/ops_cpu.c): e_j = exp(x_j/T - max),
+ * top-k keeps the k largest e (ties: lower token id first), top-p then keeps the shortest
+ * prefix of that set in (e desc, id asc) order whose mass reaches top_p of the set's mass,
+ * and the token is drawn by inverse CDF in token-id order over the kept set with
+ * u = rl_rng_uniform(seed, counter).  Thresholds are found by radix selection over the
+ * bit patterns of e (non-negative floats order as unsigned integers), by count (top-k) and
+ * by mass (top-p), so nothing is sorted.  Sums are in double. */
+#define SMP_THREADS 1024
+
+struct smp_row {
+	const bf16 *x;
+	int V;
+	float T, m;
+	/* top-k set: e > kv, or e == kv and id <= kid */
+	int use_k;
+	unsigned kv;
+	int kid;
+	/* top-p set (within top-k): e > pv, or e == pv and id <= pid */
+	int use_p;
+	unsigned pv;
+	int pid;
+};
+
+static __device__ __forceinline__ float
+smp_e(const smp_row &r, int j)
+{
+	return expf(bf(r.x[j]) / r.T - r.m);
+}
+
+static __device__ __forceinline__ bool
+smp_in(const smp_row &r, int j, unsigned b)
+{
+	if (r.use_k && !(b > r.kv || (b == r.kv && j <= r.kid)))
+		return false;
+	if (r.use_p && !(b > r.pv || (b == r.pv && j <= r.pid)))
+		return false;
+	return true;
+}
+
+static __device__ double
+block_sum_d(double v, double *sh)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	__syncthreads();
+	if (lane == 0)
+		sh[w] = v;
+	__syncthreads();
+	v = lane < nw ? sh[lane] : 0.0;
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+/* Find the first j in token-id order where the inclusive prefix sum of f(j) exceeds
+ * target; -1 when none does.  mode 0: f = e over the kept set; 1: f = 1 over the ties
+ * of value `tv` within the top-k set (mode 1 for kid, 2 for pid). */
+static __device__ int
+smp_scan(const smp_row &r, int mode, unsigned tv, double target, double *scan)
+{
+	__shared__ int found;
+	int per = (r.V + blockDim.x - 1) / blockDim.x;
+	int j0 = threadIdx.x * per, j1 = min(r.V, j0 + per);
+	double loc = 0.0;
+	for (int j = j0; j < j1; j++) {
+		float e = smp_e(r, j);
+		unsigned b = __float_as_uint(e);
+		if (mode == 0 ? smp_in(r, j, b) : mode == 1 ? b == tv : (b == tv && (!r.use_k || b > r.kv || (b == r.kv && j <= r.kid))))
+			loc += mode == 0 ? (double)e : 1.0;
+	}
+	__syncthreads();
+	scan[threadIdx.x] = loc;
+	if (threadIdx.x == 0)
+		found = -1;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		double c = 0.0;
+		for (int i = 0; i < (int)blockDim.x; i++) {
+			double t = scan[i];
+			scan[i] = c;
+			c += t;
+		}
+	}
+	__syncthreads();
+	double c = scan[threadIdx.x];
+	if (c <= target && c + loc > target) {
+		for (int j = j0; j < j1; j++) {
+			float e = smp_e(r, j);
+			unsigned b = __float_as_uint(e);
+			if (mode == 0 ? smp_in(r, j, b) : mode == 1 ? b == tv : (b == tv && (!r.use_k || b > r.kv || (b == r.kv && j <= r.kid)))) {
+				c += mode == 0 ? (double)e : 1.0;
+				if (c > target) {
+					found = j;  /* only one thread's range crosses target */
+					break;
+				}
+			}
+		}
+	}
+	__syncthreads();
+	int f = found;
+	__syncthreads();
+	return f;
+}
+
+/* Radix select over e's bits among the top-k set (when use_k is set in r): the value v
+ * with  w(e > v) < lim <= w(e >= v), w = count (by_mass 0) or mass (1).  *above = w(e > v). */
+static __device__ unsigned
+smp_select(const smp_row &r, int by_mass, double lim, double *above_out, double *hist)
+{
+	__shared__ unsigned prefix_s;
+	__shared__ double above_s;
+	unsigned prefix = 0, mask = 0;
+	double above = 0.0;
+	for (int shift = 24; shift >= 0; shift -= 8) {
+		for (int i = threadIdx.x; i < 256; i += blockDim.x)
+			hist[i] = 0.0;
+		__syncthreads();
+		for (int j = threadIdx.x; j < r.V; j += blockDim.x) {
+			float e = smp_e(r, j);
+			unsigned b = __float_as_uint(e);
+			if (r.use_k && !(b > r.kv || (b == r.kv && j <= r.kid)))
+				continue;
+			if ((b & mask) != prefix)
+				continue;
+			atomicAdd(&hist[(b >> shift) & 255u], by_mass ? (double)e : 1.0);
+		}
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			double a = above;
+			int d = 255;
+			for (; d > 0; d--) {
+				if (a + hist[d] >= lim)
+					break;
+				a += hist[d];
+			}
+			prefix_s = prefix | ((unsigned)d << shift);
+			above_s = a;
+		}
+		__syncthreads();
+		prefix = prefix_s;
+		above = above_s;
+		mask |= 255u << shift;
+		__syncthreads();
+	}
+	*above_out = above;
+	return prefix;
+}
+
+__global__ void __launch_bounds__(SMP_THREADS)
+k_sample(int32_t *tok, float *logp, const bf16 *logits, const uint64_t *seed, const uint64_t *counter,
+    int V, rl_sample_params p)
+{
+	__shared__ double hist[256];
+	__shared__ double red[32];
+	__shared__ double scan[SMP_THREADS];
+	__shared__ float redf[32];
+	int b = blockIdx.x;
+	smp_row r;
+	r.x = logits + (size_t)b * V;
+	r.V = V;
+	r.use_k = r.use_p = 0;
+	r.kv = r.pv = 0;
+	r.kid = r.pid = V;
+	if (!(p.temperature > 0.0f)) {
+		/* greedy: first maximum, logp at temperature 1 */
+		float m = -INFINITY;
+		for (int j = threadIdx.x; j < V; j += blockDim.x)
+			m = fmaxf(m, bf(r.x[j]));
+		m = block_max(m, redf);
+		__shared__ int best;
+		if (threadIdx.x == 0)
+			best = V;
+		__syncthreads();
+		for (int j = threadIdx.x; j < V; j += blockDim.x)
+			if (bf(r.x[j]) == m)
+				atomicMin(&best, j);
+		double S = 0.0;
+		for (int j = threadIdx.x; j < V; j += blockDim.x)
+			S += (double)expf(bf(r.x[j]) - m);
+		S = block_sum_d(S, red);
+		if (threadIdx.x == 0) {
+			tok[b] = best;
+			logp[b] = (float)(-log(S));
+		}
+		return;
+	}
+	r.T = p.temperature;
+	float m = -INFINITY;
+	for (int j = threadIdx.x; j < V; j += blockDim.x)
+		m = fmaxf(m, bf(r.x[j]) / r.T);
+	r.m = block_max(m, redf);
+	double S = 0.0;
+	for (int j = threadIdx.x; j < V; j += blockDim.x)
+		S += (double)smp_e(r, j);
+	S = block_sum_d(S, red);
+	double total = S, above;
+	int k = p.top_k > 0 && p.top_k < V ? p.top_k : V;
+	if (k < V) {
+		unsigned kv = smp_select(r, 0, (double)k, &above, hist);
+		double need = (double)k - above;  /* ties of value kv to keep, lowest ids first */
+		int kid = smp_scan(r, 1, kv, need - 0.5, scan);
+		r.kv = kv;
+		r.kid = kid < 0 ? V : kid;
+		r.use_k = 1;
+		double t = 0.0;
+		for (int j = threadIdx.x; j < V; j += blockDim.x) {
+			float e = smp_e(r, j);
+			if (smp_in(r, j, __float_as_uint(e)))
+				t += e;
+		}
+		total = block_sum_d(t, red);
+	}
+	if (p.top_p < 1.0f) {
+		double lim = (double)p.top_p * total;
+		if (!(lim > 0.0))
+			lim = 1e-300;  /* the first token is always kept */
+		unsigned pv = smp_select(r, 1, lim, &above, hist);
+		/* ties of value pv kept in id order while the mass before them is < lim:
+		 * the c-th tie is kept iff above + (c-1) pv < lim */
+		double ve = (double)__uint_as_float(pv);
+		double c = ve > 0.0 ? ceil((lim - above) / ve) : 1.0;
+		if (c < 1.0)
+			c = 1.0;
+		int pid = smp_scan(r, 2, pv, c - 0.5, scan);
+		r.pv = pv;
+		r.pid = pid < 0 ? V : pid;
+		r.use_p = 1;
+	}
+	double kt = S;
+	if (r.use_k || r.use_p) {
+		double t = 0.0;
+		for (int j = threadIdx.x; j < V; j += blockDim.x) {
+			float e = smp_e(r, j);
+			if (smp_in(r, j, __float_as_uint(e)))
+				t += e;
+		}
+		kt = block_sum_d(t, red);
+	}
+	double u = rl_rng_uniform(seed[b], counter[b]);
+	int t = smp_scan(r, 0, 0, u * kt, scan);
+	if (t < 0) {
+		/* rounding left the target past the end: the last kept token */
+		__shared__ int last;
+		if (threadIdx.x == 0)
+			last = -1;
+		__syncthreads();
+		for (int j = threadIdx.x; j < V; j += blockDim.x)
+			if (smp_in(r, j, __float_as_uint(smp_e(r, j))))
+				atomicMax(&last, j);
+		__syncthreads();
+		t = last < 0 ? V - 1 : last;
+	}
+	if (threadIdx.x == 0) {
+		tok[b] = t;
+		logp[b] = (float)((double)(bf(r.x[t]) / r.T - r.m) - log(S));
+	}
+}
+
+extern "C" int
+rlk_sample(void *s, int32_t *tok, float *logp, const void *logits, const uint64_t *seed,
+    const uint64_t *counter, int B, int V, rl_sample_params p)
+{
+	if (B <= 0)
+		return 0;
+	k_sample<<<B, SMP_THREADS, 0, RLK_STREAM(s)>>>(tok, logp, (const bf16 *)logits, seed, counter, V, p);
+	RLK_RET();
+}

@@ -1,0 +1,298 @@
+/*
+ * norm.cu — RMSNorm, LayerNorm and Qwen3 q/k-norm, forward and backward.  One
+ * warp per row; statistics and weight gradients in fp32.  Backward kernels
+ * accumulate the weight gradient of their rows in shared memory and add it to
+ * the global f32 gradient once per block (atomicAdd), so dw/db are += as
+ * lib/ops.h asks.
+ *
+ * Leaves out: fusion with the residual add (the contract has separate ops).
+ */
+#include "kernels/common.cuh"
+#include "kernels/launch.h"
+
+#define NORM_WARPS 8
+
+static unsigned
+norm_grid(long rows)
+{
+	long b = (rows + NORM_WARPS - 1) / NORM_WARPS;
+	/* backward kernels flush shared partial sums once per block: cap the grid */
+	return (unsigned)(b < 1 ? 1 : b);
+}
+
+static unsigned
+norm_grid_bwd(long rows)
+{
+	long b = (rows + NORM_WARPS - 1) / NORM_WARPS;
+	if (b > 528)
+		b = 528;
+	return (unsigned)(b < 1 ? 1 : b);
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------------- */
+__global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int N, int C,
+    float eps)
+{
+	int lane = threadIdx.x & 31;
+	long r = (long)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
+	if (r >= N)
+		return;
+	const bf16 *xr = x + (size_t)r * C;
+	float ss = 0.0f;
+	for (int c = lane; c < C; c += 32) {
+		float v = bf(xr[c]);
+		ss += v * v;
+	}
+	ss = warp_sum(ss);
+	float rs = rsqrtf(ss / C + eps);
+	for (int c = lane; c < C; c += 32)
+		out[(size_t)r * C + c] = tobf(bf(xr[c]) * rs * bf(w[c]));
+	if (lane == 0 && rstd)
+		rstd[r] = rs;
+}
+
+__global__ void k_rmsnorm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w,
+    const float *rstd, int N, int C)
+{
+	extern __shared__ float shdw[];
+	int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+	for (int c = threadIdx.x; c < C; c += blockDim.x)
+		shdw[c] = 0.0f;
+	__syncthreads();
+	for (long r = (long)blockIdx.x * NORM_WARPS + wp; r < N; r += (long)gridDim.x * NORM_WARPS) {
+		const bf16 *xr = x + (size_t)r * C, *gr = dout + (size_t)r * C;
+		float rs = rstd[r], dot = 0.0f;
+		for (int c = lane; c < C; c += 32) {
+			float xv = bf(xr[c]), g = bf(gr[c]);
+			dot += g * bf(w[c]) * xv;
+			atomicAdd(&shdw[c], g * xv * rs);
+		}
+		dot = warp_sum(dot);
+		float k = dot * rs * rs * rs / C;
+		for (int c = lane; c < C; c += 32)
+			dx[(size_t)r * C + c] = tobf(rs * bf(w[c]) * bf(gr[c]) - k * bf(xr[c]));
+	}
+	__syncthreads();
+	for (int c = threadIdx.x; c < C; c += blockDim.x)
+		atomicAdd(&dw[c], shdw[c]);
+}
+
+extern "C" int
+rlk_rmsnorm_fwd(void *s, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps)
+{
+	if (N <= 0)
+		return 0;
+	k_rmsnorm_fwd<<<norm_grid(N), NORM_WARPS * 32, 0, RLK_STREAM(s)>>>((bf16 *)out, rstd,
+	    (const bf16 *)x, (const bf16 *)w, N, C, eps);
+	RLK_RET();
+}
+
+static int
+set_smem(const void *fn, size_t bytes)
+{
+	if (bytes <= 48 * 1024)
+		return 0;
+	return (int)cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+extern "C" int
+rlk_rmsnorm_bwd(void *s, void *dx, float *dw, const void *dout, const void *x, const void *w,
+    const float *rstd, int N, int C)
+{
+	if (N <= 0)
+		return 0;
+	size_t sm = (size_t)C * sizeof(float);
+	int e = set_smem((const void *)k_rmsnorm_bwd, sm);
+	if (e)
+		return e;
+	k_rmsnorm_bwd<<<norm_grid_bwd(N), NORM_WARPS * 32, sm, RLK_STREAM(s)>>>((bf16 *)dx, dw,
+	    (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, rstd, N, C);
+	RLK_RET();
+}
+
+/* ---- LayerNorm ------------------------------------------------------------------------ */
+__global__ void k_layernorm_fwd(bf16 *out, float *mean, float *rstd, const bf16 *x, const bf16 *w,
+    const bf16 *b, int N, int C, float eps)
+{
+	int lane = threadIdx.x & 31;
+	long r = (long)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
+	if (r >= N)
+		return;
+	const bf16 *xr = x + (size_t)r * C;
+	float sum = 0.0f;
+	for (int c = lane; c < C; c += 32)
+		sum += bf(xr[c]);
+	float mu = warp_sum(sum) / C;
+	float var = 0.0f;
+	for (int c = lane; c < C; c += 32) {
+		float d = bf(xr[c]) - mu;
+		var += d * d;
+	}
+	float rs = rsqrtf(warp_sum(var) / C + eps);
+	for (int c = lane; c < C; c += 32) {
+		float v = (bf(xr[c]) - mu) * rs * bf(w[c]);
+		if (b)
+			v += bf(b[c]);
+		out[(size_t)r * C + c] = tobf(v);
+	}
+	if (lane == 0) {
+		if (mean)
+			mean[r] = mu;
+		if (rstd)
+			rstd[r] = rs;
+	}
+}
+
+__global__ void k_layernorm_bwd(bf16 *dx, float *dw, float *db, const bf16 *dout, const bf16 *x,
+    const bf16 *w, const float *mean, const float *rstd, int N, int C)
+{
+	extern __shared__ float sh[];
+	float *shw = sh, *shb = sh + C;
+	int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+	for (int c = threadIdx.x; c < 2 * C; c += blockDim.x)
+		sh[c] = 0.0f;
+	__syncthreads();
+	for (long r = (long)blockIdx.x * NORM_WARPS + wp; r < N; r += (long)gridDim.x * NORM_WARPS) {
+		const bf16 *xr = x + (size_t)r * C, *gr = dout + (size_t)r * C;
+		float mu = mean[r], rs = rstd[r], s1 = 0.0f, s2 = 0.0f;
+		for (int c = lane; c < C; c += 32) {
+			float xh = (bf(xr[c]) - mu) * rs, g = bf(gr[c]), wg = g * bf(w[c]);
+			s1 += wg;
+			s2 += wg * xh;
+			atomicAdd(&shw[c], g * xh);
+			atomicAdd(&shb[c], g);
+		}
+		s1 = warp_sum(s1) / C;
+		s2 = warp_sum(s2) / C;
+		for (int c = lane; c < C; c += 32) {
+			float xh = (bf(xr[c]) - mu) * rs, wg = bf(gr[c]) * bf(w[c]);
+			dx[(size_t)r * C + c] = tobf(rs * (wg - s1 - xh * s2));
+		}
+	}
+	__syncthreads();
+	for (int c = threadIdx.x; c < C; c += blockDim.x) {
+		atomicAdd(&dw[c], shw[c]);
+		if (db)
+			atomicAdd(&db[c], shb[c]);
+	}
+}
+
+extern "C" int
+rlk_layernorm_fwd(void *s, void *out, float *mean, float *rstd, const void *x, const void *w,
+    const void *b, int N, int C, float eps)
+{
+	if (N <= 0)
+		return 0;
+	k_layernorm_fwd<<<norm_grid(N), NORM_WARPS * 32, 0, RLK_STREAM(s)>>>((bf16 *)out, mean, rstd,
+	    (const bf16 *)x, (const bf16 *)w, (const bf16 *)b, N, C, eps);
+	RLK_RET();
+}
+
+extern "C" int
+rlk_layernorm_bwd(void *s, void *dx, float *dw, float *db, const void *dout, const void *x,
+    const void *w, const float *mean, const float *rstd, int N, int C)
+{
+	if (N <= 0)
+		return 0;
+	size_t sm = (size_t)2 * C * sizeof(float);
+	int e = set_smem((const void *)k_layernorm_bwd, sm);
+	if (e)
+		return e;
+	k_layernorm_bwd<<<norm_grid_bwd(N), NORM_WARPS * 32, sm, RLK_STREAM(s)>>>((bf16 *)dx, dw, db,
+	    (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, mean, rstd, N, C);
+	RLK_RET();
+}
+
+/* ---- q/k-norm: RMSNorm over HD of each q and k head; v copied -------------------------- */
+__global__ void k_qknorm_fwd(bf16 *out, float *rstd, const bf16 *in, const bf16 *wq, const bf16 *wk,
+    int N, int NH, int NKV, int HD, float eps)
+{
+	int lane = threadIdx.x & 31, heads = NH + 2 * NKV;
+	long u = (long)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
+	if (u >= (long)N * heads)
+		return;
+	long r = u / heads;
+	int h = (int)(u % heads);
+	size_t off = (size_t)r * heads * HD + (size_t)h * HD;
+	if (h >= NH + NKV) {
+		for (int d = lane; d < HD; d += 32)
+			out[off + d] = in[off + d];
+		return;
+	}
+	const bf16 *w = h < NH ? wq : wk;
+	float ss = 0.0f;
+	for (int d = lane; d < HD; d += 32) {
+		float v = bf(in[off + d]);
+		ss += v * v;
+	}
+	float rs = rsqrtf(warp_sum(ss) / HD + eps);
+	for (int d = lane; d < HD; d += 32)
+		out[off + d] = tobf(bf(in[off + d]) * rs * bf(w[d]));
+	if (lane == 0)
+		rstd[r * (NH + NKV) + h] = rs;
+}
+
+__global__ void k_qknorm_bwd(bf16 *din, float *dwq, float *dwk, const bf16 *dout, const bf16 *in,
+    const bf16 *wq, const bf16 *wk, const float *rstd, int N, int NH, int NKV, int HD)
+{
+	extern __shared__ float sh[];  /* dwq (HD), dwk (HD) */
+	int lane = threadIdx.x & 31, heads = NH + 2 * NKV;
+	for (int c = threadIdx.x; c < 2 * HD; c += blockDim.x)
+		sh[c] = 0.0f;
+	__syncthreads();
+	long total = (long)N * heads;
+	for (long u = (long)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5); u < total;
+	     u += (long)gridDim.x * NORM_WARPS) {
+		long r = u / heads;
+		int h = (int)(u % heads);
+		size_t off = (size_t)r * heads * HD + (size_t)h * HD;
+		if (h >= NH + NKV) {
+			for (int d = lane; d < HD; d += 32)
+				din[off + d] = dout[off + d];
+			continue;
+		}
+		const bf16 *w = h < NH ? wq : wk;
+		float *shw = h < NH ? sh : sh + HD;
+		float rs = rstd[r * (NH + NKV) + h], dot = 0.0f;
+		for (int d = lane; d < HD; d += 32) {
+			float xv = bf(in[off + d]), g = bf(dout[off + d]);
+			dot += g * bf(w[d]) * xv;
+			atomicAdd(&shw[d], g * xv * rs);
+		}
+		float k = warp_sum(dot) * rs * rs * rs / HD;
+		for (int d = lane; d < HD; d += 32)
+			din[off + d] = tobf(rs * bf(w[d]) * bf(dout[off + d]) - k * bf(in[off + d]));
+	}
+	__syncthreads();
+	for (int c = threadIdx.x; c < HD; c += blockDim.x) {
+		atomicAdd(&dwq[c], sh[c]);
+		atomicAdd(&dwk[c], sh[HD + c]);
+	}
+}
+
+extern "C" int
+rlk_qknorm_fwd(void *s, void *qkv_out, float *rstd, const void *qkv_in, const void *wq,
+    const void *wk, int N, int NH, int NKV, int HD, float eps)
+{
+	long rows = (long)N * (NH + 2 * NKV);
+	if (rows <= 0)
+		return 0;
+	k_qknorm_fwd<<<norm_grid(rows), NORM_WARPS * 32, 0, RLK_STREAM(s)>>>((bf16 *)qkv_out, rstd,
+	    (const bf16 *)qkv_in, (const bf16 *)wq, (const bf16 *)wk, N, NH, NKV, HD, eps);
+	RLK_RET();
+}
+
+extern "C" int
+rlk_qknorm_bwd(void *s, void *dqkv_in, float *dwq, float *dwk, const void *dqkv_out,
+    const void *qkv_in, const void *wq, const void *wk, const float *rstd, int N, int NH, int NKV,
+    int HD)
+{
+	long rows = (long)N * (NH + 2 * NKV);
+	if (rows <= 0)
+		return 0;
+	size_t sm = (size_t)2 * HD * sizeof(float);
+	k_qknorm_bwd<<<norm_grid_bwd(rows), NORM_WARPS * 32, sm, RLK_STREAM(s)>>>((bf16 *)dqkv_in, dwq,
+	    dwk, (const bf16 *)dqkv_out, (const bf16 *)qkv_in, (const bf16 *)wq, (const bf16 *)wk, rstd,
+	    N, NH, NKV, HD);
+	RLK_RET();
+}

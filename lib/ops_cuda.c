@@ -1,0 +1,814 @@
+/*
+ * ops_cuda.c — the CUDA backend: the rl_ops table over kernels/launch.h and
+ * cuBLASLt.  Activations and compute weights are bf16 (act_dtype RL_BF16);
+ * master weights, gradients, optimizer state and statistics f32.  All work is
+ * queued on one stream owned by the backend; the first failure is recorded
+ * (sticky) and returned by status()/sync().
+ *
+ * GEMMs: cuBLASLt, bf16 operands, fp32 accumulation; the forward adds the bias
+ * in the GEMM epilogue; weight gradients are accumulated straight into the
+ * f32 gradient buffer (beta = 1).  Heuristic results are cached per shape.
+ * Attention scratch (see kernels/attn.cu) grows to the largest size asked for
+ * and is then reused, so a training step allocates nothing after the first.
+ *
+ * Leaves out: multi-GPU (comm.h), CUDA graphs (the generation engine's).
+ */
+#if HAVE_CUDA
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include "core.h"
+#include "ops.h"
+#include "kernels/launch.h"
+
+#define LT_WS_BYTES ((size_t)32 << 20)
+#define ATTN_WS_CAP ((size_t)3 << 30)  /* largest attention scratch before chunking rows */
+#define ALGO_CACHE 128
+
+typedef struct algo_key {
+	int ta, tb, m, n, k, lda, ldb, ldd, dt, epi;
+	int al_a, al_b, al_d;  /* pointer alignments: an algorithm assumes those it was chosen for */
+} algo_key;
+
+typedef struct algo_ent {
+	algo_key key;
+	cublasLtMatmulAlgo_t algo;
+	int used;
+} algo_ent;
+
+typedef struct cuda_ctx {
+	cudaStream_t stream;
+	cublasLtHandle_t lt;
+	cublasHandle_t blas;
+	void *lt_ws;
+	void *attn_ws;
+	size_t attn_ws_bytes;
+	double *dsum;          /* device scalar for sumsq */
+	void *pad;             /* GEMM operand/result with a padded leading dimension */
+	size_t pad_bytes;
+	void *acc;             /* f32 partial sums of a split GEMM */
+	size_t acc_bytes;
+	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
+	int flash;             /* flash attention forward: RL_CUDA_ATTN=flash (see docs/cuda.md) */
+	struct { const char *name; double s; long n; } pt[64];
+	int npt;
+	int status;
+	algo_ent algos[ALGO_CACHE];
+	int nalgo;
+} cuda_ctx;
+
+#define CTX(o) ((cuda_ctx *)(o)->ctx)
+
+static void
+fail(rl_ops *o, const char *what, const char *detail)
+{
+	cuda_ctx *c = CTX(o);
+	if (c->status == RL_OK) {
+		rl_error("cuda: %s failed: %s", what, detail);
+		c->status = RL_EDEVICE;
+	}
+}
+
+static void
+ck(rl_ops *o, const char *what, int e)
+{
+	if (e == 0)
+		return;
+	if (e < 0) {
+		char b[64];
+		snprintf(b, sizeof b, "cublas status %d", -e);
+		fail(o, what, b);
+	} else {
+		fail(o, what, cudaGetErrorString((cudaError_t)e));
+	}
+}
+
+#define S(o) ((void *)CTX(o)->stream)
+static cudaError_t cu_alloc_raw(void **p, size_t bytes);
+
+/* ---- optional per-op profile (RL_CUDA_PROFILE=1): synchronises around every op
+ * and prints a table of total ms per op at close. */
+static double
+prof_t0(rl_ops *o)
+{
+	if (!CTX(o)->prof)
+		return 0;
+	cudaStreamSynchronize(CTX(o)->stream);
+	return rl_now();
+}
+
+static void
+prof_add(rl_ops *o, const char *name, double t0)
+{
+	cuda_ctx *c = CTX(o);
+	if (!c->prof)
+		return;
+	cudaStreamSynchronize(c->stream);
+	double dt = rl_now() - t0;
+	int i;
+	for (i = 0; i < c->npt; i++)
+		if (c->pt[i].name == name)
+			break;
+	if (i == c->npt) {
+		if (c->npt == (int)RL_ARRAY_LEN(c->pt))
+			return;
+		c->npt++;
+		c->pt[i].name = name;
+	}
+	c->pt[i].s += dt;
+	c->pt[i].n++;
+}
+
+/* ck with timing: every op wrapper goes through it */
+#define CKP(o, name, expr) do { double t_ = prof_t0(o); ck((o), (name), (expr)); prof_add((o), (name), t_); } while (0)
+
+/* The padded scratch for GEMMs whose row length is not a multiple of 8 elements
+ * (16 bytes): cuBLASLt's fast kernels need aligned leading dimensions. */
+static void *
+grow_buf(rl_ops *o, void **buf, size_t *have, size_t bytes)
+{
+	cuda_ctx *c = CTX(o);
+	if (*have >= bytes)
+		return *buf;
+	if (*buf) {
+		cudaStreamSynchronize(c->stream);
+		cudaFree(*buf);
+		*buf = NULL;
+		*have = 0;
+	}
+	if (cu_alloc_raw(buf, bytes) != cudaSuccess) {
+		rl_error("cuda: cannot allocate %zu bytes of GEMM scratch", bytes);
+		if (c->status == RL_OK)
+			c->status = RL_ENOMEM;
+		*buf = NULL;
+		return NULL;
+	}
+	*have = bytes;
+	return *buf;
+}
+
+static void *
+pad_buf(rl_ops *o, size_t bytes)
+{
+	return grow_buf(o, &CTX(o)->pad, &CTX(o)->pad_bytes, bytes);
+}
+
+/* ---- memory and control ------------------------------------------------------------ */
+static cudaError_t
+cu_alloc_raw(void **p, size_t bytes)
+{
+	cudaError_t e = cudaMalloc(p, bytes);
+	if (e != cudaSuccess)
+		cudaGetLastError();
+	return e;
+}
+
+static int
+cu_alloc(rl_ops *o, void **p, size_t bytes)
+{
+	*p = NULL;
+	if (bytes == 0)
+		bytes = 1;
+	cudaError_t e = cudaMalloc(p, bytes);
+	if (e != cudaSuccess) {
+		rl_error("cuda: cannot allocate %zu bytes on device %d: %s", bytes, o->device,
+		    cudaGetErrorString(e));
+		cudaGetLastError();
+		*p = NULL;
+		return RL_ENOMEM;
+	}
+	return RL_OK;
+}
+
+static void
+cu_free(rl_ops *o, void *p)
+{
+	if (p)
+		ck(o, "cudaFree", (int)cudaFree(p));
+}
+
+static void
+cu_upload(rl_ops *o, void *dst, const void *src, size_t bytes)
+{
+	if (!bytes)
+		return;
+	ck(o, "upload", (int)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, CTX(o)->stream));
+	ck(o, "upload", (int)cudaStreamSynchronize(CTX(o)->stream));
+}
+
+static void
+cu_download(rl_ops *o, void *dst, const void *src, size_t bytes)
+{
+	if (!bytes)
+		return;
+	ck(o, "download", (int)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, CTX(o)->stream));
+	ck(o, "download", (int)cudaStreamSynchronize(CTX(o)->stream));
+}
+
+static void
+cu_copy(rl_ops *o, void *dst, const void *src, size_t bytes)
+{
+	if (bytes && dst != src)
+		ck(o, "copy", (int)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, CTX(o)->stream));
+}
+
+static void
+cu_zero(rl_ops *o, void *p, size_t bytes)
+{
+	if (bytes)
+		ck(o, "zero", (int)cudaMemsetAsync(p, 0, bytes, CTX(o)->stream));
+}
+
+static void
+cu_cast(rl_ops *o, void *out, int out_dt, const void *in, int in_dt, size_t n)
+{
+	if ((out_dt != RL_F32 && out_dt != RL_BF16) || (in_dt != RL_F32 && in_dt != RL_BF16)) {
+		if (CTX(o)->status == RL_OK) {
+			rl_error("cuda: cast from %s to %s is not supported", rl_dtype_name(in_dt),
+			    rl_dtype_name(out_dt));
+			CTX(o)->status = RL_ENOTSUP;
+		}
+		return;
+	}
+	CKP(o, "cast", rlk_cast(S(o), out, out_dt, in, in_dt, n));
+}
+
+static int
+cu_status(rl_ops *o)
+{
+	cuda_ctx *c = CTX(o);
+	int e = (int)cudaGetLastError();
+	if (e)
+		ck(o, "asynchronous kernel", e);
+	int s = c->status;
+	c->status = RL_OK;
+	return s;
+}
+
+static int
+cu_sync(rl_ops *o)
+{
+	ck(o, "cudaStreamSynchronize", (int)cudaStreamSynchronize(CTX(o)->stream));
+	return cu_status(o);
+}
+
+/* ---- cuBLASLt GEMM (column-major) -------------------------------------------------- */
+/* Largest power of two (at most 256) dividing the address. */
+static uint32_t
+ptr_align(const void *p)
+{
+	uintptr_t a = (uintptr_t)p;
+	uint32_t al = 256;
+	while (al > 1 && (a & (al - 1)))
+		al >>= 1;
+	return al;
+}
+
+/* D (m x n, ldd, dtype dt) = op(A) (m x k) op(B) (k x n) + beta * D (+ bias (m) bf16). */
+static int
+lt_gemm(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
+    int ldb, void *D, int ldd, cudaDataType_t dt, float beta, const void *bias)
+{
+	cuda_ctx *c = CTX(o);
+	cublasLtMatmulDesc_t desc = NULL;
+	cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+	cublasLtMatmulPreference_t pref = NULL;
+	cublasStatus_t st;
+	int rv = 0;
+	float alpha = 1.0f;
+	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+	cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+
+#define LT(x) do { st = (x); if (st != CUBLAS_STATUS_SUCCESS) { rv = -(int)st; goto out; } } while (0)
+	LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+	LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+	LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+	if (bias) {
+		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+		cudaDataType_t bt = CUDA_R_16BF;
+		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+	}
+	LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
+	LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
+	LT(cublasLtMatrixLayoutCreate(&ld, dt, m, n, ldd));
+
+	/* The heuristic assumes 256-byte aligned pointers unless told otherwise, and an
+	 * algorithm chosen for them can compute garbage on less aligned ones (offsets into
+	 * a larger buffer, split GEMMs): pass the real alignments and key the cache on them. */
+	uint32_t al_a = ptr_align(A), al_b = ptr_align(B), al_d = ptr_align(D);
+	algo_key key = { ta, tb, m, n, k, lda, ldb, ldd, (int)dt, (int)epi, (int)al_a, (int)al_b, (int)al_d };
+	algo_ent *ent = NULL;
+	for (int i = 0; i < c->nalgo; i++)
+		if (memcmp(&c->algos[i].key, &key, sizeof key) == 0) {
+			ent = &c->algos[i];
+			break;
+		}
+	if (!ent) {
+		cublasLtMatmulHeuristicResult_t res;
+		int nres = 0;
+		size_t wsb = LT_WS_BYTES;
+		LT(cublasLtMatmulPreferenceCreate(&pref));
+		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+		    sizeof wsb));
+		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+		    sizeof al_a));
+		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+		    sizeof al_b));
+		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
+		    sizeof al_d));
+		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+		    sizeof al_d));
+		LT(cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, ld, ld, pref, 1, &res, &nres));
+		if (nres < 1) {
+			rv = -(int)CUBLAS_STATUS_NOT_SUPPORTED;
+			goto out;
+		}
+		int slot = c->nalgo < ALGO_CACHE ? c->nalgo++ : (int)(((unsigned)m * 31u + (unsigned)n) % ALGO_CACHE);
+		ent = &c->algos[slot];
+		ent->key = key;
+		ent->algo = res.algo;
+		ent->used = 1;
+	}
+	LT(cublasLtMatmul(c->lt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ent->algo, c->lt_ws,
+	    LT_WS_BYTES, c->stream));
+out:
+#undef LT
+	if (pref)
+		cublasLtMatmulPreferenceDestroy(pref);
+	if (la)
+		cublasLtMatrixLayoutDestroy(la);
+	if (lb)
+		cublasLtMatrixLayoutDestroy(lb);
+	if (ld)
+		cublasLtMatrixLayoutDestroy(ld);
+	if (desc)
+		cublasLtMatmulDescDestroy(desc);
+	return rv;
+}
+
+/* Row length padded to a multiple of 8 elements when it is not one and the tensor is
+ * big enough for the copy to pay (the LM head: V = 50257, 151936 is fine). */
+static int
+padded(int n, size_t rows)
+{
+	if (n % 8 == 0 || (size_t)n * rows < ((size_t)1 << 20))
+		return n;
+	return (n + 7) & ~7;
+}
+
+/* Output features split at a multiple of 64: cuBLASLt's kernels for an odd m (the
+ * LM head, V = 50257) run at a fraction of the rate (measured 85 TFLOP/s against
+ * 600+ on this H100), so the bulk goes through an aligned GEMM and the few
+ * remaining rows through a second, small one. */
+static int
+split_oc(int OC)
+{
+	return (OC >= 1024 && OC % 64) ? OC & ~63 : OC;
+}
+
+/* out (N,OC) = inp (N,C) @ w(OC,C)^T + bias.  Column-major view:
+ * out^T (OC x N) = op_T(w as C x OC) (OC x C) * inp^T (C x N). */
+static void
+matmul_fwd_(rl_ops *o, void *out, const void *inp, const void *w, const void *bias, int N, int C,
+    int OC)
+{
+	if (N <= 0 || OC <= 0)
+		return;
+	int ldo = padded(OC, (size_t)N), M = split_oc(OC);
+	char *dst = out;
+	if (ldo != OC && !(dst = pad_buf(o, (size_t)N * ldo * 2)))
+		return;
+	ck(o, "matmul_fwd", lt_gemm(o, 1, 0, M, N, C, w, C, inp, C, dst, ldo, CUDA_R_16BF, 0.0f, bias));
+	if (M < OC)
+		ck(o, "matmul_fwd tail", lt_gemm(o, 1, 0, OC - M, N, C, (const char *)w + (size_t)M * C * 2, C,
+		    inp, C, dst + (size_t)M * 2, ldo, CUDA_R_16BF, 0.0f,
+		    bias ? (const char *)bias + (size_t)M * 2 : NULL));
+	if ((void *)dst != out)
+		ck(o, "matmul_fwd unpad", (int)cudaMemcpy2DAsync(out, (size_t)OC * 2, dst, (size_t)ldo * 2,
+		    (size_t)OC * 2, N, cudaMemcpyDeviceToDevice, CTX(o)->stream));
+}
+
+static void
+matmul_bwd_(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
+    const void *w, int N, int C, int OC)
+{
+	if (N <= 0)
+		return;
+	int ldo = padded(OC, (size_t)N), M = split_oc(OC);
+	const char *g = dout, *wt = (const char *)w + (size_t)M * C * 2;
+	if (ldo != OC && (dinp || dw)) {
+		void *pb = pad_buf(o, (size_t)N * ldo * 2);
+		if (!pb)
+			return;
+		ck(o, "matmul_bwd pad", (int)cudaMemcpy2DAsync(pb, (size_t)ldo * 2, dout, (size_t)OC * 2,
+		    (size_t)OC * 2, N, cudaMemcpyDeviceToDevice, CTX(o)->stream));
+		g = pb;
+	}
+	/* dinp^T (C x N) = w^T (C x OC) * dout^T (OC x N), the OC sum split at M */
+	if (dinp && M == OC) {
+		ck(o, "matmul_bwd dinp", lt_gemm(o, 0, 0, C, N, OC, w, C, g, ldo, dinp, C, CUDA_R_16BF,
+		    0.0f, NULL));
+	} else if (dinp) {
+		/* both parts summed in f32, rounded to bf16 once */
+		float *f = grow_buf(o, &CTX(o)->acc, &CTX(o)->acc_bytes, (size_t)N * C * 4);
+		if (!f)
+			return;
+		ck(o, "matmul_bwd dinp", lt_gemm(o, 0, 0, C, N, M, w, C, g, ldo, f, C, CUDA_R_32F, 0.0f, NULL));
+		ck(o, "matmul_bwd dinp tail", lt_gemm(o, 0, 0, C, N, OC - M, wt, C, g + (size_t)M * 2, ldo, f, C,
+		    CUDA_R_32F, 1.0f, NULL));
+		ck(o, "matmul_bwd dinp cast", rlk_cast(S(o), dinp, RL_BF16, f, RL_F32, (size_t)N * C));
+	}
+	/* dw^T (C x OC) += inp^T (C x N) * dout (N x OC), columns split at M */
+	if (dw) {
+		ck(o, "matmul_bwd dw", lt_gemm(o, 0, 1, C, M, N, inp, C, g, ldo, dw, C, CUDA_R_32F, 1.0f,
+		    NULL));
+		if (M < OC)
+			ck(o, "matmul_bwd dw tail", lt_gemm(o, 0, 1, C, OC - M, N, inp, C, g + (size_t)M * 2, ldo,
+			    dw + (size_t)M * C, C, CUDA_R_32F, 1.0f, NULL));
+	}
+	if (dbias)
+		ck(o, "matmul_bwd dbias", rlk_colsum(S(o), dbias, dout, N, OC));
+}
+
+static void
+cu_matmul_fwd(rl_ops *o, void *out, const void *inp, const void *w, const void *bias, int N, int C,
+    int OC)
+{
+	double t = prof_t0(o);
+	matmul_fwd_(o, out, inp, w, bias, N, C, OC);
+	prof_add(o, "matmul_fwd", t);
+}
+
+static void
+cu_matmul_bwd(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
+    const void *w, int N, int C, int OC)
+{
+	double t = prof_t0(o);
+	matmul_bwd_(o, dinp, dw, dbias, dout, inp, w, N, C, OC);
+	prof_add(o, "matmul_bwd", t);
+}
+
+/* ---- the rest of the table: thin wrappers over the launchers ---------------------------- */
+static void
+cu_embed_fwd(rl_ops *o, void *out, const int32_t *tok, const int32_t *pos, const void *wte,
+    const void *wpe, int N, int C)
+{
+	CKP(o, "embed_fwd", rlk_embed_fwd(S(o), out, tok, pos, wte, wpe, N, C));
+}
+
+static void
+cu_embed_bwd(rl_ops *o, float *dwte, float *dwpe, const void *dout, const int32_t *tok,
+    const int32_t *pos, int N, int C)
+{
+	CKP(o, "embed_bwd", rlk_embed_bwd(S(o), dwte, dwpe, dout, tok, pos, N, C));
+}
+
+static void
+cu_rmsnorm_fwd(rl_ops *o, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps)
+{
+	CKP(o, "rmsnorm_fwd", rlk_rmsnorm_fwd(S(o), out, rstd, x, w, N, C, eps));
+}
+
+static void
+cu_rmsnorm_bwd(rl_ops *o, void *dx, float *dw, const void *dout, const void *x, const void *w,
+    const float *rstd, int N, int C)
+{
+	CKP(o, "rmsnorm_bwd", rlk_rmsnorm_bwd(S(o), dx, dw, dout, x, w, rstd, N, C));
+}
+
+static void
+cu_layernorm_fwd(rl_ops *o, void *out, float *mean, float *rstd, const void *x, const void *w,
+    const void *b, int N, int C, float eps)
+{
+	CKP(o, "layernorm_fwd", rlk_layernorm_fwd(S(o), out, mean, rstd, x, w, b, N, C, eps));
+}
+
+static void
+cu_layernorm_bwd(rl_ops *o, void *dx, float *dw, float *db, const void *dout, const void *x,
+    const void *w, const float *mean, const float *rstd, int N, int C)
+{
+	CKP(o, "layernorm_bwd", rlk_layernorm_bwd(S(o), dx, dw, db, dout, x, w, mean, rstd, N, C));
+}
+
+static void
+cu_qknorm_fwd(rl_ops *o, void *qkv_out, float *rstd, const void *qkv_in, const void *wq,
+    const void *wk, int N, int NH, int NKV, int HD, float eps)
+{
+	CKP(o, "qknorm_fwd", rlk_qknorm_fwd(S(o), qkv_out, rstd, qkv_in, wq, wk, N, NH, NKV, HD, eps));
+}
+
+static void
+cu_qknorm_bwd(rl_ops *o, void *dqkv_in, float *dwq, float *dwk, const void *dqkv_out,
+    const void *qkv_in, const void *wq, const void *wk, const float *rstd, int N, int NH, int NKV,
+    int HD)
+{
+	CKP(o, "qknorm_bwd", rlk_qknorm_bwd(S(o), dqkv_in, dwq, dwk, dqkv_out, qkv_in, wq, wk, rstd, N, NH,
+	    NKV, HD));
+}
+
+static void
+cu_rope_fwd(rl_ops *o, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta)
+{
+	CKP(o, "rope_fwd", rlk_rope(S(o), qkv, pos, N, NH, NKV, HD, theta, 1));
+}
+
+static void
+cu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta)
+{
+	CKP(o, "rope_bwd", rlk_rope(S(o), dqkv, pos, N, NH, NKV, HD, theta, -1));
+}
+
+/* Grow the attention scratch to what `rows` batch rows need (at most ATTN_WS_CAP
+ * unless a single row needs more). */
+static int
+attn_ws(rl_ops *o, int B, int T, int NH, int NKV, int HD, int bwd)
+{
+	cuda_ctx *c = CTX(o);
+	size_t need = rlk_attn_ws_bytes(B, T, NH, NKV, HD, bwd);
+	if (need > ATTN_WS_CAP) {
+		size_t one = rlk_attn_ws_bytes(1, T, NH, NKV, HD, bwd);
+		need = one > ATTN_WS_CAP ? one : ATTN_WS_CAP;
+		/* whole rows only: round down to a multiple of one row's need */
+	}
+	if (c->attn_ws_bytes >= need)
+		return RL_OK;
+	if (c->attn_ws) {
+		cudaStreamSynchronize(c->stream);
+		cudaFree(c->attn_ws);
+		c->attn_ws = NULL;
+		c->attn_ws_bytes = 0;
+	}
+	if (cu_alloc(o, &c->attn_ws, need) != RL_OK) {
+		if (c->status == RL_OK)
+			c->status = RL_ENOMEM;
+		return RL_ENOMEM;
+	}
+	c->attn_ws_bytes = need;
+	return RL_OK;
+}
+
+static void
+cu_attn_fwd(rl_ops *o, void *out, float *lse, const void *qkv, const int32_t *seg, int B, int T,
+    int NH, int NKV, int HD)
+{
+	cuda_ctx *c = CTX(o);
+	if (c->flash && rlk_flash_fwd_ok(HD, qkv)) {
+		CKP(o, "attn_fwd", rlk_flash_fwd(S(o), out, lse, qkv, seg, B, T, NH, NKV, HD));
+		return;
+	}
+	if (attn_ws(o, B, T, NH, NKV, HD, 0))
+		return;
+	CKP(o, "attn_fwd", rlk_attn_fwd(S(o), c->blas, c->attn_ws, c->attn_ws_bytes, out, lse, qkv, seg, B,
+	    T, NH, NKV, HD));
+}
+
+static void
+cu_attn_bwd(rl_ops *o, void *dqkv, const void *dout, const void *out, const float *lse,
+    const void *qkv, const int32_t *seg, int B, int T, int NH, int NKV, int HD)
+{
+	if (attn_ws(o, B, T, NH, NKV, HD, 1))
+		return;
+	cuda_ctx *c = CTX(o);
+	CKP(o, "attn_bwd", rlk_attn_bwd(S(o), c->blas, c->attn_ws, c->attn_ws_bytes, dqkv, dout, out, lse,
+	    qkv, seg, B, T, NH, NKV, HD));
+}
+
+static void
+cu_swiglu_fwd(rl_ops *o, void *out, const void *gu, int N, int H)
+{
+	CKP(o, "swiglu_fwd", rlk_swiglu_fwd(S(o), out, gu, N, H));
+}
+
+static void
+cu_swiglu_bwd(rl_ops *o, void *dgu, const void *dout, const void *gu, int N, int H)
+{
+	CKP(o, "swiglu_bwd", rlk_swiglu_bwd(S(o), dgu, dout, gu, N, H));
+}
+
+static void
+cu_gelu_fwd(rl_ops *o, void *out, const void *x, size_t n)
+{
+	CKP(o, "gelu_fwd", rlk_gelu_fwd(S(o), out, x, n));
+}
+
+static void
+cu_gelu_bwd(rl_ops *o, void *dx, const void *dout, const void *x, size_t n)
+{
+	CKP(o, "gelu_bwd", rlk_gelu_bwd(S(o), dx, dout, x, n));
+}
+
+static void
+cu_add(rl_ops *o, void *out, const void *a, const void *b, size_t n)
+{
+	CKP(o, "add", rlk_add(S(o), out, a, b, n));
+}
+
+static void
+cu_logprob_fwd(rl_ops *o, float *lp, float *ent, float *lse, const void *logits, const int32_t *tgt,
+    int N, int V, float inv_temp)
+{
+	CKP(o, "logprob_fwd", rlk_logprob_fwd(S(o), lp, ent, lse, logits, tgt, N, V, inv_temp));
+}
+
+static void
+cu_logprob_bwd(rl_ops *o, void *dlogits, const void *logits, const int32_t *tgt, const float *lse,
+    const float *dlp, const float *dent, int N, int V, float inv_temp)
+{
+	CKP(o, "logprob_bwd", rlk_logprob_bwd(S(o), dlogits, logits, tgt, lse, dlp, dent, N, V, inv_temp));
+}
+
+static void
+cu_pg_loss(rl_ops *o, float *dlp, float *dent, float *stats, const float *lp, const float *old,
+    const float *beh, const float *ref, const float *ent, const float *adv, const float *w, int N,
+    const rl_pg_params *p)
+{
+	if (ref && (p->kl_type < 1 || p->kl_type > 3)) {
+		rl_error("pg_loss: unknown kl_type %d (1, 2 or 3)", p->kl_type);
+		if (CTX(o)->status == RL_OK)
+			CTX(o)->status = RL_EINVAL;
+		return;
+	}
+	CKP(o, "pg_loss", rlk_pg_loss(S(o), dlp, dent, stats, lp, old, beh, ref, ent, adv, w, N, *p));
+}
+
+static double
+cu_sumsq(rl_ops *o, const float *x, size_t n)
+{
+	cuda_ctx *c = CTX(o);
+	double r = 0.0;
+	ck(o, "sumsq", (int)cudaMemsetAsync(c->dsum, 0, sizeof(double), c->stream));
+	CKP(o, "sumsq", rlk_sumsq(S(o), c->dsum, x, n));
+	cu_download(o, &r, c->dsum, sizeof r);
+	return r;
+}
+
+static void
+cu_adamw(rl_ops *o, float *param, void *wcopy, const float *grad, float *m, float *v, size_t n,
+    float lr, float b1, float b2, float eps, float wd, int t, float grad_scale)
+{
+	if (t < 1) {
+		rl_error("adamw: step %d must be >= 1", t);
+		if (CTX(o)->status == RL_OK)
+			CTX(o)->status = RL_EINVAL;
+		return;
+	}
+	float bc1 = (float)(1.0 - pow((double)b1, (double)t));
+	float bc2 = (float)(1.0 - pow((double)b2, (double)t));
+	CKP(o, "adamw", rlk_adamw(S(o), param, wcopy, grad, m, v, n, lr, b1, b2, eps, wd, bc1, bc2,
+	    grad_scale));
+}
+
+static void
+cu_kv_write(rl_ops *o, void *kc, void *vc, const void *qkv, const int32_t *slot, int N, int NH,
+    int NKV, int HD)
+{
+	CKP(o, "kv_write", rlk_kv_write(S(o), kc, vc, qkv, slot, N, NH, NKV, HD));
+}
+
+static void
+cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void *vc,
+    const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD, int BS,
+    int MAXBLK)
+{
+	CKP(o, "attn_decode", rlk_attn_decode(S(o), out, qkv, kc, vc, block_table, ctx_len, B, NH, NKV, HD,
+	    BS, MAXBLK));
+}
+
+static void
+cu_sample(rl_ops *o, int32_t *tok, float *logp, const void *logits, const uint64_t *seed,
+    const uint64_t *counter, int B, int V, const rl_sample_params *p)
+{
+	CKP(o, "sample", rlk_sample(S(o), tok, logp, logits, seed, counter, B, V, *p));
+}
+
+static void
+cu_close(rl_ops *o)
+{
+	if (!o)
+		return;
+	cuda_ctx *c = CTX(o);
+	if (c) {
+		if (c->stream)
+			cudaStreamSynchronize(c->stream);
+		if (c->prof)
+			for (int i = 0; i < c->npt; i++)
+				fprintf(stderr, "cuda profile: %-16s %8ld calls %10.2f ms total %8.3f ms/call\n",
+				    c->pt[i].name, c->pt[i].n, c->pt[i].s * 1e3, c->pt[i].s * 1e3 / c->pt[i].n);
+		cudaFree(c->pad);
+		cudaFree(c->acc);
+		cudaFree(c->attn_ws);
+		cudaFree(c->lt_ws);
+		cudaFree(c->dsum);
+		if (c->blas)
+			cublasDestroy(c->blas);
+		if (c->lt)
+			cublasLtDestroy(c->lt);
+		if (c->stream)
+			cudaStreamDestroy(c->stream);
+		free(c);
+	}
+	free(o);
+}
+
+int
+rl_ops_cuda_open(rl_ops **out, int device)
+{
+	int n = 0, rv = RL_OK;
+	rl_ops *o = NULL;
+	cuda_ctx *c = NULL;
+	cudaError_t e;
+
+	*out = NULL;
+	e = cudaGetDeviceCount(&n);
+	if (e != cudaSuccess || n == 0) {
+		cudaGetLastError();
+		rl_verbose("cuda: no usable GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+		return RL_ENODEV;
+	}
+	if (device < 0 || device >= n) {
+		rl_error("cuda: no device %d (%d present)", device, n);
+		return RL_ENODEV;
+	}
+	if ((e = cudaSetDevice(device)) != cudaSuccess) {
+		rl_error("cuda: cannot use device %d: %s", device, cudaGetErrorString(e));
+		return RL_EDEVICE;
+	}
+	o = rl_try_calloc(1, sizeof *o, "cuda backend");
+	c = rl_try_calloc(1, sizeof *c, "cuda backend");
+	if (!o || !c) {
+		free(o);
+		free(c);
+		return RL_ENOMEM;
+	}
+	o->ctx = c;
+	c->prof = getenv("RL_CUDA_PROFILE") != NULL && atoi(getenv("RL_CUDA_PROFILE")) > 0;
+	c->flash = getenv("RL_CUDA_ATTN") != NULL && strcmp(getenv("RL_CUDA_ATTN"), "flash") == 0;
+	o->name = "cuda";
+	o->act_dtype = RL_BF16;
+	o->device = device;
+	if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+		rl_error("cuda: cannot create a stream: %s", cudaGetErrorString(e));
+		rv = RL_EDEVICE;
+		goto out;
+	}
+	if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS || cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS ||
+	    cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS) {
+		rl_error("cuda: cannot initialise cuBLAS on device %d", device);
+		rv = RL_EDEVICE;
+		goto out;
+	}
+	if ((rv = cu_alloc(o, &c->lt_ws, LT_WS_BYTES)) || (rv = cu_alloc(o, (void **)&c->dsum, sizeof(double))))
+		goto out;
+
+	o->alloc = cu_alloc;
+	o->free = cu_free;
+	o->upload = cu_upload;
+	o->download = cu_download;
+	o->copy = cu_copy;
+	o->zero = cu_zero;
+	o->cast = cu_cast;
+	o->sync = cu_sync;
+	o->status = cu_status;
+	o->embed_fwd = cu_embed_fwd;
+	o->embed_bwd = cu_embed_bwd;
+	o->rmsnorm_fwd = cu_rmsnorm_fwd;
+	o->rmsnorm_bwd = cu_rmsnorm_bwd;
+	o->layernorm_fwd = cu_layernorm_fwd;
+	o->layernorm_bwd = cu_layernorm_bwd;
+	o->qknorm_fwd = cu_qknorm_fwd;
+	o->qknorm_bwd = cu_qknorm_bwd;
+	o->matmul_fwd = cu_matmul_fwd;
+	o->matmul_bwd = cu_matmul_bwd;
+	o->rope_fwd = cu_rope_fwd;
+	o->rope_bwd = cu_rope_bwd;
+	o->attn_fwd = cu_attn_fwd;
+	o->attn_bwd = cu_attn_bwd;
+	o->swiglu_fwd = cu_swiglu_fwd;
+	o->swiglu_bwd = cu_swiglu_bwd;
+	o->gelu_fwd = cu_gelu_fwd;
+	o->gelu_bwd = cu_gelu_bwd;
+	o->add = cu_add;
+	o->logprob_fwd = cu_logprob_fwd;
+	o->logprob_bwd = cu_logprob_bwd;
+	o->pg_loss = cu_pg_loss;
+	o->sumsq = cu_sumsq;
+	o->adamw = cu_adamw;
+	o->kv_write = cu_kv_write;
+	o->attn_decode = cu_attn_decode;
+	o->sample = cu_sample;
+	o->close = cu_close;
+	*out = o;
+	return RL_OK;
+out:
+	cu_close(o);
+	return rv;
+}
+
+#endif /* HAVE_CUDA */

@@ -1,0 +1,71 @@
+/*
+ * prompt.c — prompt lines to prompt records (see prompt.h).
+ */
+#include "prompt.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "core.h"
+
+int
+rl_prompt_line_is(const char *line, size_t n)
+{
+	cJSON *j = cJSON_ParseWithLength(line, n), *p;
+	int ok = j && cJSON_IsObject(j) && (p = cJSON_GetObjectItemCaseSensitive(j, "prompt")) &&
+	    (cJSON_IsString(p) || cJSON_IsArray(p));
+	cJSON_Delete(j);
+	return ok;
+}
+
+static int
+take_u64(cJSON *j, const char *key, uint64_t *out)
+{
+	cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+	if (!v || !cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9007199254740992.0 ||
+	    v->valuedouble != floor(v->valuedouble))
+		return 0;
+	*out = (uint64_t)v->valuedouble;
+	cJSON_DeleteItemFromObjectCaseSensitive(j, key);
+	return 1;
+}
+
+int
+rl_prompt_line_to_traj(rl_traj *t, const char *line, size_t n, const char *what)
+{
+	cJSON *j = cJSON_ParseWithLength(line, n), *p;
+	char *meta = NULL;
+	uint64_t u;
+	int rv = RL_EFORMAT;
+
+	rl_traj_clear(t);
+	if (!j || !cJSON_IsObject(j)) {
+		rl_error("%s: not a JSON object", what);
+		goto out;
+	}
+	p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+	if (!p || !(cJSON_IsString(p) || cJSON_IsArray(p))) {
+		rl_error("%s: \"prompt\" must be a string or a list of messages", what);
+		goto out;
+	}
+	if (cJSON_IsString(p)) {
+		if ((rv = rl_traj_set_str(t, RL_TAG_PROMPT_TEXT, p->valuestring)) != 0) {
+			rl_error("%s: the prompt is not valid UTF-8 text", what);
+			goto out;
+		}
+		cJSON_DeleteItemFromObjectCaseSensitive(j, "prompt");
+	}
+	if (take_u64(j, "id", &u))
+		rl_traj_set_u64(t, RL_TAG_ID, u);
+	if (take_u64(j, "group", &u))
+		rl_traj_set_u64(t, RL_TAG_GROUP, u);
+	meta = cJSON_PrintUnformatted(j);
+	rv = rl_traj_set_json(t, RL_TAG_META, meta);
+out:
+	free(meta);
+	cJSON_Delete(j);
+	return rv;
+}

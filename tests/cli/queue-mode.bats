@@ -1,0 +1,105 @@
+#!/usr/bin/env bats
+# rl-rollout --queue and rl-train --queue against rl-queue serve on loopback.
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup_file() {
+	export TD="$BATS_FILE_TMPDIR"
+	cat > "$TD/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":261,"hidden_size":32,"num_hidden_layers":1,"num_attention_heads":2,
+ "num_key_value_heads":1,"intermediate_size":64,"max_position_embeddings":64,"torch_dtype":"float32"}
+JSON
+	rl-train --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m0"
+	for i in 1 2 3 4 5 6; do echo "{\"prompt_text\":\"$i+$i=\",\"meta\":{\"answer\":\"$((i + i))\"}}"; done > "$TD/prompts.jsonl"
+}
+
+setup() {
+	port=$((20000 + RANDOM % 20000))
+	URL="tcp://127.0.0.1:$port"
+	rl-queue serve -q -l "$URL" -t 30 3>&- &
+	QPID=$!
+	for i in $(seq 50); do rl-queue stat "$URL" >/dev/null 2>&1 && break; sleep 0.1; done
+}
+
+teardown() {
+	kill "$QPID" 2>/dev/null || true
+	wait "$QPID" 2>/dev/null || true
+}
+
+# scores leased generated records (reward = parity of the first response token) and puts them back
+score() {
+	rl-queue get "$URL" -s reward -n 1000 --ack > "$TD/gen.jsonl"
+	python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    r["reward"] = float(r["response"][0] % 2)
+    print(json.dumps(r))' "$TD/gen.jsonl" > "$TD/scored.jsonl"
+	rl-queue put -q -s scored "$URL" "$TD/scored.jsonl"
+}
+
+@test "rollout leases prompts and puts back whole groups carrying the prompt's group and meta" {
+	rl-queue put -q "$URL" "$TD/prompts.jsonl"
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 3 --max-tokens 4 --queue "$URL" --idle-exit 1
+	[[ "$stderr" == *"6 prompts, 18 samples"* ]]
+	rl-queue get "$URL" -s reward -n 100 > "$TD/g.jsonl"
+	[ "$(wc -l < "$TD/g.jsonl")" -eq 18 ]
+	python3 -c '
+import json, sys, collections
+c = collections.Counter()
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    assert r["group_size"] == 3 and r["version"] == [0, 0]
+    assert r["meta"]["answer"] == str(2 * int(r["prompt_text"].split("+")[0]))
+    c[r["group"]] += 1
+assert sorted(c.values()) == [3] * 6, c' "$TD/g.jsonl"
+}
+
+@test "trainer leases scored groups, acknowledges them after each step and reports its version" {
+	rl-queue put -q "$URL" "$TD/prompts.jsonl"
+	rl-rollout -q -m "$TD/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1
+	score
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/ck" --batch 3 --queue "$URL" --idle-exit 1 --metrics "$TD/m.jsonl"
+	[ "$(wc -l < "$TD/m.jsonl")" -eq 1 ]  # the second step's groups are stale at version 1 (K = 0)
+	rl-queue stat --json "$URL" > "$TD/stat.json"
+	python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+text = json.dumps(s)
+assert s["version"] == 1, s["version"]
+' "$TD/stat.json"
+	[ "$(readlink "$TD/ck/latest")" = step-00000001 ]
+}
+
+@test "a trainer that stops early hands its untrained leased records back" {
+	rl-queue put -q "$URL" "$TD/prompts.jsonl"
+	rl-rollout -q -m "$TD/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1
+	score
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/ck2" --batch 2 --max-steps 1 --queue "$URL" --metrics /dev/null
+	# 2 groups trained; the other 4 are back in "scored" (or dropped as stale), none held
+	rl-queue stat "$URL" > "$TD/st"
+	grep -q ' training 0 ' "$TD/st"
+}
+
+@test "--queue and an input file together is a usage error" {
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --queue "$URL" "$TD/prompts.jsonl"
+}
+
+@test "rl-queue put takes rl-rollout's prompt lines (text or messages) as prompt records" {
+	printf '%s\n' '{"prompt":"3+4=","answer":"7"}' '{"prompt":[{"role":"user","content":"hi"}],"data_source":"x"}' > "$TD/pl.jsonl"
+	run -0 --separate-stderr rl-queue put "$URL" "$TD/pl.jsonl"
+	[[ "$stderr" == *"2 records: 2 accepted"* ]]
+	run -0 --separate-stderr sh -c "cat '$TD/pl.jsonl' | rl-queue put '$URL'"
+	[[ "$stderr" == *"2 duplicates"* ]]
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 2 --max-tokens 3 --queue "$URL" --idle-exit 1
+	[[ "$stderr" == *"2 prompts, 4 samples"* ]]
+	rl-queue get "$URL" -s reward -n 10 > "$TD/pg.jsonl"
+	grep -q '"prompt_text":"3+4="' "$TD/pg.jsonl"
+	grep -q '"prompt_text":"<|im_start|>user' "$TD/pg.jsonl"
+	grep -q '"data_source":"x"' "$TD/pg.jsonl"
+	printf '%s\n' '{"prompt":"ok"}' '{"prompt":7}' > "$TD/pbad.jsonl"
+	run -1 --separate-stderr rl-queue put "$URL" "$TD/pbad.jsonl"
+	[[ "$stderr" == *"line 2"* ]]
+}

@@ -1,0 +1,259 @@
+#!/usr/bin/env bats
+# rl-queue serve / put / get / stat: usage, a whole pass of records through
+# the stages, idempotent puts, bad input, an unreachable or busy broker,
+# lease expiry, and a kill -9 of the broker with --data-dir.  Brokers listen
+# on ipc:// sockets in a temp dir or on 127.0.0.1 and are killed by pid.
+
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup() {
+	bats_require_minimum_version 1.5.0
+	D=$(mktemp -d /tmp/rlq-bats.XXXXXX)
+	URL="ipc://$D/q.sock"   # start_broker picks a tcp:// URL
+	PIDS=""
+	for i in 1 2 3; do
+		printf '{"prompt_text":"what is %d+%d","meta":{"answer":"%d"},"group_size":2}\n' $i $i $((i + i))
+	done > "$D/prompts.jsonl"
+	# two complete groups of scored samples (ids 11,12 / 21,22), version 0
+	for g in 1 2; do
+		for i in 0 1; do
+			printf '{"id":%d,"group":%d,"index":%d,"group_size":2,"version":[0,0],"response":[1,2,3],"reward":%d}\n' \
+				$((g * 10 + i + 1)) $g $i $i
+		done
+	done > "$D/scored.jsonl"
+}
+
+teardown() {
+	for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
+	rm -rf "$D"
+}
+
+# start_broker ARGS...: serve on $URL (tcp://127.0.0.1 on a random free
+# port unless $FIXED is set) in the background, wait until it answers
+start_broker() {
+	for _ in $(seq 10); do
+		[ -n "${FIXED:-}" ] || URL="tcp://127.0.0.1:$((20000 + RANDOM % 40000))"
+		rl-queue serve --listen "$URL" -q "$@" 3>&- &
+		BROKER=$!
+		PIDS="$PIDS $BROKER"
+		for _ in $(seq 100); do
+			kill -0 "$BROKER" 2>/dev/null || break    # port taken: try another
+			rl-queue stat --timeout 0.2 "$URL" >/dev/null 2>&1 && return 0
+			sleep 0.05
+		done
+	done
+	echo "broker did not start" >&2
+	return 1
+}
+
+jget() { # jget KEY... < json: prints the number at that path
+	python3 -c 'import json,sys; d=json.load(sys.stdin)
+for k in sys.argv[1:]: d=d[k]
+print(d)' "$@"
+}
+
+@test "help goes to stdout with exit 0 for every subcommand" {
+	for c in serve put get stat; do
+		run --separate-stderr rl-queue $c --help
+		assert_success
+		assert_output --partial "usage: rl-queue $c"
+		[ -z "$stderr" ]
+	done
+	run --separate-stderr rl-queue --help
+	assert_output --partial "serve"
+	assert_output --partial "stat"
+}
+
+@test "usage errors exit 2" {
+	run -2 --separate-stderr rl-queue put
+	[[ "$stderr" == *"missing the broker URL"* ]]
+	run -2 --separate-stderr rl-queue put --stage nowhere "$URL"
+	[[ "$stderr" == *"--stage"* ]]
+	run -2 --separate-stderr rl-queue get "$URL"
+	[[ "$stderr" == *"--stage is required"* ]]
+	run -2 --separate-stderr rl-queue get --stage train -n 0 "$URL"
+	run -2 --separate-stderr rl-queue stat
+	run -2 --separate-stderr rl-queue serve --max-staleness -1
+	run -2 --separate-stderr rl-queue serve --stale sometimes
+	run -2 --separate-stderr rl-queue serve --max-bytes 12
+	run -2 --separate-stderr rl-queue serve extra-argument
+}
+
+@test "records pass through every stage; puts are idempotent" {
+	start_broker --max-staleness 1 --train-batch 4
+	run --separate-stderr rl-queue put "$URL" "$D/prompts.jsonl"
+	assert_success
+	[[ "$stderr" == *"3 accepted, 0 duplicates"* ]]
+	run --separate-stderr rl-queue put "$URL" "$D/prompts.jsonl"
+	assert_success
+	[[ "$stderr" == *"0 accepted, 3 duplicates"* ]]
+	[ "$(rl-queue stat --json "$URL" | jget depth prompt)" = 3 ]
+	# the gate: (K+1) x B = 8 samples, 2 per prompt: all 3 prompts fit
+	run --separate-stderr rl-queue get --stage rollout -n 5 "$URL"
+	assert_success
+	[ "${#lines[@]}" = 3 ]
+	assert_output --partial '"prompt_text":"what is 1+1"'
+	[ "$(rl-queue stat --json "$URL" | jget depth leased)" = 3 ]
+	# scored samples (from a rollout + reward elsewhere), then train
+	rl-queue put --stage scored "$URL" "$D/scored.jsonl"
+	[ "$(rl-queue stat --json "$URL" | jget ready_groups)" = 2 ]
+	run --separate-stderr rl-queue get --stage train -n 3 --ack "$URL"
+	assert_success
+	[ "${#lines[@]}" = 4 ]          # whole groups: 2 + 2
+	assert_output --partial '"id":22'
+	json=$(rl-queue stat --json "$URL")
+	[ "$(echo "$json" | jget total done)" = 4 ]
+	[ "$(echo "$json" | jget groups)" = 3 ]   # the 3 prompts' groups
+	# redelivered after done: dropped
+	run --separate-stderr rl-queue put --stage scored "$URL" "$D/scored.jsonl"
+	[[ "$stderr" == *"0 accepted, 4 duplicates"* ]]
+	run --separate-stderr rl-queue stat "$URL"
+	assert_success
+	assert_output --partial "depth: prompt 0 leased 3"
+	assert_output --partial "staleness"
+}
+
+@test "binary streams go in and come out" {
+	start_broker
+	rl-queue cat --stream "$D/scored.jsonl" > "$D/scored.rlt"
+	run --separate-stderr rl-queue put --stage generated "$URL" "$D/scored.rlt"
+	assert_success
+	[[ "$stderr" == *"4 accepted"* ]]
+	rl-queue get --stage reward -n 4 --stream "$URL" > "$D/out.rlt"
+	run --separate-stderr rl-queue cat "$D/out.rlt"
+	assert_success
+	[ "${#lines[@]}" = 4 ]
+	assert_output --partial '"reward":1'
+}
+
+@test "a bad input file names file and line; the broker keeps serving" {
+	start_broker
+	printf '{"prompt_text":"ok"}\n{"prompt_text": oops}\n' > "$D/bad.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/bad.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"bad.jsonl"*"line 2"* ]]
+	run --separate-stderr rl-queue put "$URL" "$D/missing.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"missing.jsonl"* ]]
+	# a sample without id or group: put gives it an id from its bytes
+	printf '{"response":[1]}\n' > "$D/noid.jsonl"
+	run --separate-stderr rl-queue put -v --stage scored "$URL" "$D/noid.jsonl"
+	echo "$stderr"
+	assert_success
+	run rl-queue stat --json "$URL"
+	assert_success
+}
+
+@test "an unreachable broker: exit 3 after the timeout" {
+	run --separate-stderr rl-queue stat --timeout 0.3 "ipc://$D/nobody.sock"
+	assert_failure 3
+	[[ "$stderr" == *"no reply from the broker"* ]]
+	run --separate-stderr rl-queue put --timeout 0.5 "ipc://$D/nobody.sock" "$D/prompts.jsonl"
+	assert_failure 3
+	run --separate-stderr rl-queue get --stage train "ipc://$D/nobody.sock"
+	assert_failure 3
+}
+
+@test "backpressure: a full broker says busy; put gives up after its timeout" {
+	start_broker --max-bytes 1500
+	run --separate-stderr rl-queue put --stage scored "$URL" "$D/scored.jsonl"
+	assert_success
+	run --separate-stderr rl-queue put --timeout 0.5 "$URL" "$D/prompts.jsonl"
+	assert_failure 3
+	[[ "$stderr" == *"busy"* ]]
+	[ "$(rl-queue stat --json "$URL" | jget total busy)" -gt 0 ]
+	# a batch that can never fit is refused at once
+	for i in $(seq 40); do printf '{"prompt_text":"%0200d"}\n' $i; done > "$D/big.jsonl"
+	run --separate-stderr rl-queue put --timeout 5 "$URL" "$D/big.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"size over limit"* ]]
+}
+
+@test "an expired lease returns its records; --release hands them back at once" {
+	start_broker
+	rl-queue put --stage generated "$URL" "$D/scored.jsonl"
+	run --separate-stderr rl-queue get --stage reward -n 4 --lease-timeout 0.2 "$URL"
+	[ "${#lines[@]}" = 4 ]
+	run --separate-stderr rl-queue get --stage reward -n 4 "$URL"
+	[ "${#lines[@]}" = 0 ]
+	sleep 0.5
+	run --separate-stderr rl-queue get --stage reward -n 4 --release "$URL"
+	[ "${#lines[@]}" = 4 ]
+	[ "$(rl-queue stat --json "$URL" | jget total expired_records)" = 4 ]
+	run --separate-stderr rl-queue get --stage reward -n 4 "$URL"
+	[ "${#lines[@]}" = 4 ]
+}
+
+@test "kill -9 of the broker with --data-dir loses nothing acknowledged" {
+	# a tiny --compact-bytes: the journal is compacted after nearly every change
+	start_broker --data-dir "$D/data" --compact-bytes 1k
+	rl-queue put "$URL" "$D/prompts.jsonl"
+	rl-queue put --stage scored "$URL" "$D/scored.jsonl"
+	rl-queue get --stage train -n 2 --ack "$URL" > "$D/trained1.jsonl"
+	for i in $(seq 30); do rl-queue get --stage rollout -n 3 --release "$URL" > /dev/null; done
+	rl-queue get --stage rollout -n 1 "$URL" > /dev/null
+	[ "$(rl-queue stat --json "$URL" | jget journal compactions)" -gt 0 ]
+	kill -9 "$BROKER"
+	wait "$BROKER" 2>/dev/null || true
+	FIXED=1 start_broker --data-dir "$D/data" --compact-bytes 1k
+	json=$(rl-queue stat --json "$URL")
+	[ "$(echo "$json" | jget depth prompt)" = 2 ]
+	[ "$(echo "$json" | jget depth leased)" = 1 ]
+	[ "$(echo "$json" | jget depth scored)" = 2 ]
+	rl-queue get --stage train -n 8 --ack "$URL" > "$D/trained2.jsonl"
+	# each sample trained once across the restart
+	cat "$D/trained1.jsonl" "$D/trained2.jsonl" | python3 -c '
+import json,sys
+ids=[int(json.loads(l)["id"]) for l in sys.stdin]
+assert sorted(ids)==[11,12,21,22], ids'
+	# the journal is made of zstd frames
+	run zstd -t -q "$D/data/journal"
+	assert_success
+}
+
+@test "serve: a port in use exits 3; --http is accepted with a warning" {
+	start_broker
+	run --separate-stderr rl-queue serve --listen "$URL" 3>&-
+	assert_failure 3
+	[[ "$stderr" == *"cannot listen on '$URL'"* ]]
+	URL="ipc://$D/h.sock"
+	run --separate-stderr timeout --preserve-status -s INT 0.5 rl-queue serve --listen "$URL" --http 127.0.0.1:7480 3>&-
+	assert_success
+	[[ "$stderr" == *"HTTP listener is not in this build"* ]]
+}
+
+@test "an ipc:// broker survives a client that leaves during the handshake" {
+	# nng 1.5.2 bug #1518: such a client stops an ipc listener; the broker
+	# notices with its own pings and listens again within a few seconds
+	URL="ipc://$D/q.sock"
+	FIXED=1 start_broker
+	for i in 1 2 3; do
+		rl-queue put "$URL" "$D/missing.jsonl" 2>/dev/null || true
+	done
+	run --separate-stderr rl-queue stat --timeout 8 "$URL"
+	assert_success
+}
+
+@test "the EXAMPLES of rl-queue(1) run" {
+	man="$BATS_TEST_DIRNAME/../../man/rl-queue.1"
+	port=$((20000 + RANDOM % 40000))
+	sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' "$man" | sed -n '/^\.Bd/,/^\.Ed/p' | grep -v '^\.' |
+		sed -e 's/\\e$/\\/' -e "s|ipc:///tmp/q.sock|tcp://127.0.0.1:$port|g" > "$D/examples.sh"
+	[ "$(grep -c rl-queue "$D/examples.sh")" -ge 6 ]
+	echo 'kill $!' >> "$D/examples.sh"
+	cp "$D/scored.jsonl" "$D/prompts.jsonl" "$D/" 2>/dev/null || true
+	run --separate-stderr bash -ec "cd '$D' && . ./examples.sh 3>&-"
+	assert_success
+	assert_output --partial "depth: prompt 3"
+	assert_output --partial '"prompt_text":"what is 1+1"'
+	assert_output --partial '"id":22'
+	[ -s "$D/q/journal" ]
+}
+
+@test "the man page is lint-clean" {
+	command -v mandoc >/dev/null || skip "no mandoc"
+	run mandoc -Tlint -W warning man/rl-queue.1
+	assert_success
+	[ -z "$output" ]
+}
