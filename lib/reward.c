@@ -1352,12 +1352,16 @@ rl_reward_stream(rl_reward_scorer *s, rl_traj_reader *r, rl_traj_writer *w, size
 			/* no copy: the reader's record is scored and written in place */
 			if ((rv = rl_reward_score_records(s, &t, 1)) != 0 || (rv = rl_traj_writer_put(w, t)) != 0)
 				goto out;
+			/* the next read may block: what is scored goes out first, else a
+			 * pipeline whose producer waits for the trainer would stall */
+			if (rl_traj_reader_would_read(r) && (rv = rl_traj_writer_flush(w)) != 0)
+				goto out;
 			continue;
 		}
 		if ((rv = rl_traj_dup(&pend[np], t)) != 0)
 			goto out;
 		np++;
-		if (np == batch) {
+		if (np == batch || rl_traj_reader_would_read(r)) {
 			if ((rv = rl_reward_score_records(s, pend, np)) != 0)
 				goto out;
 			for (size_t i = 0; i < np; i++) {
@@ -1369,6 +1373,8 @@ rl_reward_stream(rl_reward_scorer *s, rl_traj_reader *r, rl_traj_writer *w, size
 				pend[i] = NULL;
 			}
 			np = 0;
+			if (rl_traj_reader_would_read(r) && (rv = rl_traj_writer_flush(w)) != 0)
+				goto out;
 		}
 	}
 	/* what was read before the end or an error is still scored and written */

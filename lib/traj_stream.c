@@ -482,6 +482,16 @@ rl_traj_reader_next(rl_traj_reader *r, rl_traj **t)
 }
 
 int
+rl_traj_reader_would_read(const rl_traj_reader *r)
+{
+	if (r->err || r->fmt == 0)
+		return 1;
+	if (r->fmt == RL_TRAJ_JSONL)
+		return r->pos >= r->len || memchr(r->p + r->pos, '\n', r->len - r->pos) == NULL;
+	return r->next >= rl_traj_batch_count(r->batch);
+}
+
+int
 rl_traj_reader_next_batch(rl_traj_reader *r, rl_traj_batch **b)
 {
 	int rv;
