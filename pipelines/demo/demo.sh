@@ -28,11 +28,11 @@ SEED=${SEED:-1}
 RUN=${RUN:-runs/$WIRING}
 MODEL=${MODEL:-$here/model-cpu.json}
 # SFT warm start
-SFT_STEPS=${SFT_STEPS:-450}
+SFT_STEPS=${SFT_STEPS:-500}
 SFT_BATCH=${SFT_BATCH:-64}
 SFT_LR=${SFT_LR:-1e-3}
 # GRPO
-RL_STEPS=${RL_STEPS:-600}
+RL_STEPS=${RL_STEPS:-1000}
 PROMPTS=${PROMPTS:-32}          # prompts per step
 SAMPLES=${SAMPLES:-8}         # samples per prompt (the group)
 RL_LR=${RL_LR:-2e-4}
@@ -46,6 +46,10 @@ GOAL_ACC=${GOAL_ACC:-0.6}
 GOAL_FACTOR=${GOAL_FACTOR:-2}
 PLOT=${PLOT:-1}
 QUIET=${QUIET:-0}
+# optional CPU pinning (bench/e2e.sh): generation and scoring on GEN_CPUS,
+# training and the broker on TRAIN_CPUS (taskset lists, e.g. 0 and 1)
+GEN_CPUS=${GEN_CPUS:-}
+TRAIN_CPUS=${TRAIN_CPUS:-}
 # idle OpenMP threads spin; on a small shared machine that starves the other stages
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
@@ -55,6 +59,10 @@ case $WIRING in sync|async) ;; *) echo "demo: WIRING must be sync or async, not 
 for p in rl-train rl-rollout rl-reward rl-queue; do
 	command -v $p >/dev/null 2>&1 || { echo "demo: $p not found on PATH" >&2; echo "demo: hint: run 'make' at the top, or 'make install'" >&2; exit 1; }
 done
+
+PIN_GEN=""; PIN_TRAIN=""
+[ -z "$GEN_CPUS" ] || PIN_GEN="taskset -c $GEN_CPUS"
+[ -z "$TRAIN_CPUS" ] || PIN_TRAIN="taskset -c $TRAIN_CPUS"
 
 say() { [ "$QUIET" = 1 ] || printf '%s\n' "$*"; }
 now() { date +%s.%N; }
@@ -123,12 +131,12 @@ GEN_ARGS="--device $DEVICE --seed $SEED -n $SAMPLES --temperature $TEMP --max-to
 
 start_sync() {
 	mkfifo "$RUN/gen.fifo" "$RUN/scored.fifo"
-	rl-rollout -v -m "$BASE" $GEN_ARGS --max-staleness 0 --train-batch "$PROMPTS" \
+	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS --max-staleness 0 --train-batch "$PROMPTS" \
 		-o "$RUN/gen.fifo" "$RUN/data/prompts.jsonl" 2>"$L/rollout.log" &
 	GEN=$!; PIDS="$PIDS $GEN"
-	rl-reward --task arith -o "$RUN/scored.fifo" "$RUN/gen.fifo" 2>"$L/reward.log" &
+	$PIN_GEN rl-reward --task arith -o "$RUN/scored.fifo" "$RUN/gen.fifo" 2>"$L/reward.log" &
 	REW=$!; PIDS="$PIDS $REW"
-	rl-train -m "$BASE" --out "$CK" $TRAIN_ARGS "$RUN/scored.fifo" 2>"$L/train.log" &
+	$PIN_TRAIN rl-train -m "$BASE" --out "$CK" $TRAIN_ARGS "$RUN/scored.fifo" 2>"$L/train.log" &
 	TRN=$!; PIDS="$PIDS $TRN"
 }
 
@@ -138,7 +146,7 @@ start_queue() {
 	while [ $i -lt 20 ]; do
 		port=$(awk -v s="$$$i" 'BEGIN { srand(s); printf "%d", 20000 + int(rand() * 40000) }')
 		URL=tcp://127.0.0.1:$port
-		rl-queue serve --listen "$URL" --max-staleness "$STALENESS" \
+		$PIN_TRAIN rl-queue serve --listen "$URL" --max-staleness "$STALENESS" \
 			--train-batch $((PROMPTS * SAMPLES)) --stale regen 2>"$L/queue.log" &
 		Q=$!
 		j=0
@@ -158,11 +166,11 @@ start_async() {
 	start_queue
 	echo "$URL" > "$RUN/queue.url"
 	rl-queue put -q "$URL" "$RUN/data/prompts.jsonl" 2>"$L/put.log"
-	rl-rollout -v -m "$BASE" $GEN_ARGS --queue "$URL" 2>"$L/rollout.log" &
+	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS --queue "$URL" 2>"$L/rollout.log" &
 	GEN=$!; PIDS="$PIDS $GEN"
-	rl-reward --task arith --queue "$URL" 2>"$L/reward.log" &
+	$PIN_GEN rl-reward --task arith --queue "$URL" 2>"$L/reward.log" &
 	REW=$!; PIDS="$PIDS $REW"
-	rl-train -m "$BASE" --out "$CK" $TRAIN_ARGS --queue "$URL" --max-steps "$RL_STEPS" 2>"$L/train.log" &
+	$PIN_TRAIN rl-train -m "$BASE" --out "$CK" $TRAIN_ARGS --queue "$URL" --max-steps "$RL_STEPS" 2>"$L/train.log" &
 	TRN=$!; PIDS="$PIDS $TRN"
 }
 

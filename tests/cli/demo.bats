@@ -65,3 +65,13 @@ check_run() {
 	run -2 --separate-stderr env WIRING=bogus RUN="$TD/bad" sh pipelines/demo/demo.sh
 	[[ "$stderr" == *"WIRING must be sync or async"* ]]
 }
+
+@test "the EXAMPLES of rlpipe(7) run (the loop in miniature)" {
+	d="$BATS_TEST_TMPDIR/ex"; mkdir -p "$d"
+	sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' man/rlpipe.7 | sed -n 's/^\$ //p' > "$d/ex.sh"
+	[ "$(wc -l < "$d/ex.sh")" -ge 6 ]
+	run -0 --separate-stderr timeout 60 sh -ec "cd '$d' && . ./ex.sh"
+	assert_output step-00000002
+	[ "$(wc -l < "$d/metrics.jsonl")" -eq 2 ]
+	[[ "$stderr" == *"rl-reward: 20 records"* ]]
+}

@@ -1,0 +1,66 @@
+#!/bin/sh
+# bench/e2e.sh — the whole loop, sync vs async, in the same run: samples/s and
+# the share of the GRPO wall time each stage is busy (its CPU seconds over the
+# wall seconds), with the same resources in both wirings: generation and
+# scoring pinned to one core, training and the broker to another (taskset).
+#
+# Both runs use the demo (pipelines/demo/demo.sh) with the same seed, model,
+# SFT warm start and GRPO settings; only the wiring differs.  Busy shares come
+# from /proc/PID/stat (utime + stime) sampled every 0.2 s while the stages run.
+# Prints one JSON line per wiring and one with the ratio.
+#
+# Usage: sh bench/e2e.sh [RL_STEPS] [GEN_CPU] [TRAIN_CPU]   (defaults 200 0 1)
+# Environment: any demo.sh setting (PROMPTS, SAMPLES, STALENESS, DEVICE, ...).
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+B=${RL_BUILD:-build}
+PATH="$root/$B/bin:$PATH"; export PATH
+steps=${1:-200}
+gcpu=${2:-0}
+tcpu=${3:-1}
+out=$(mktemp -d /tmp/rl-e2e.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+hz=$(getconf CLK_TCK)
+
+# cpu seconds of the rl-* stages whose command line names run directory $1,
+# sampled until demo.sh (pid $2) exits; prints "stage seconds" lines
+sample() {
+	while kill -0 "$2" 2>/dev/null; do
+		for d in /proc/[0-9]*; do
+			a=$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null) || continue
+			case $a in *"$1"*) ;; *) continue ;; esac
+			case $a in rl-rollout*|rl-reward*|rl-train*|rl-queue*) ;; *) continue ;; esac
+			# fields 14, 15 of stat (the name in field 2 has no spaces here)
+			t=$(awk '{ print $14 + $15 }' "$d/stat" 2>/dev/null) || continue
+			echo "${d#/proc/} ${a%% *} $t"
+		done
+		sleep 0.2
+	done
+}
+
+for w in sync async; do
+	run=$out/$w
+	env WIRING=$w RUN="$run" RL_STEPS="$steps" GEN_CPUS="$gcpu" TRAIN_CPUS="$tcpu" \
+		SFT_STEPS="${SFT_STEPS:-500}" EVAL_EVERY=1000000 GOAL=0 PLOT=0 QUIET=1 \
+		sh "$root/pipelines/demo/demo.sh" > "$out/$w.out" 2>&1 &
+	pid=$!
+	sample "$run/" "$pid" > "$out/$w.cpu"
+	wait "$pid" || { echo "e2e: the $w run failed:" >&2; tail -n 20 "$out/$w.out" >&2; exit 1; }
+	# the last sample of each pid is its total (less at most 0.2 s); eval runs excluded
+	# by taking, per stage, only the pids that lived longest (the GRPO workers)
+	awk -v hz="$hz" -v w="$w" -v f="$run/summary.json" '
+		{ last[$1] = $3; name[$1] = $2 }
+		END {
+			while ((getline line < f) > 0) s = line
+			n = split(s, kv, /[{},]/)
+			for (i = 1; i <= n; i++) { split(kv[i], p, ":"); gsub(/"/, "", p[1]); v[p[1]] = p[2] }
+			for (p in last) if (last[p] / hz > best[name[p]]) best[name[p]] = last[p] / hz
+			wall = v["rl_seconds"]
+			printf "{\"bench\":\"e2e\",\"wiring\":\"%s\",\"rl_steps\":%s,\"rl_seconds\":%s,\"samples_per_s\":%s,", w, v["rl_steps"], wall, v["samples_per_s"]
+			printf "\"acc_sft\":%s,\"acc_rl\":%s,", v["acc_sft"], v["acc_rl"]
+			printf "\"busy_gen\":%.3f,\"busy_reward\":%.3f,\"busy_train\":%.3f,\"busy_queue\":%.3f}\n",
+				best["rl-rollout"] / wall, best["rl-reward"] / wall, best["rl-train"] / wall, best["rl-queue"] / wall
+		}' "$out/$w.cpu" | tee "$out/$w.json"
+done
+awk -F'"samples_per_s":' 'FNR == 1 { split($2, a, ","); r[NR] = a[1] } END {
+	printf "{\"bench\":\"e2e\",\"async_over_sync\":%.3f}\n", r[2] / r[1] }' "$out/sync.json" "$out/async.json"
