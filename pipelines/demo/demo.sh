@@ -165,7 +165,10 @@ start_queue() {
 start_async() {
 	start_queue
 	echo "$URL" > "$RUN/queue.url"
-	rl-queue put -q "$URL" "$RUN/data/prompts.jsonl" 2>"$L/put.log"
+	# the broker drops a record whose id it has seen; without an "id" it derives
+	# one from the content, and the same problem drawn twice would count once
+	awk '{ sub(/^\{/, "{\"id\":" NR ","); print }' "$RUN/data/prompts.jsonl" > "$RUN/data/prompts-q.jsonl"
+	rl-queue put -q "$URL" "$RUN/data/prompts-q.jsonl" 2>"$L/put.log"
 	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS --queue "$URL" 2>"$L/rollout.log" &
 	GEN=$!; PIDS="$PIDS $GEN"
 	$PIN_GEN rl-reward --task arith --queue "$URL" 2>"$L/reward.log" &
@@ -199,6 +202,20 @@ tail -n +1 -s 0.2 -f --pid="$TRN" "$M" | while IFS= read -r line; do
 	fi
 done &
 MON=$!; PIDS="$PIDS $MON"
+# a worker or the broker that dies before the trainer is done stops the run
+# (the trainer would wait for records forever)
+while kill -0 "$MON" 2>/dev/null; do
+	for p in ${GEN:-} ${REW:-} ${Q:-}; do
+		[ "$WIRING" = async ] || break
+		if ! kill -0 "$p" 2>/dev/null; then
+			wait "$p" && st=0 || st=$?
+			echo "demo: a stage (pid $p) exited early with status $st; logs in $L" >&2
+			tail -n 3 "$L"/rollout.log "$L"/reward.log "$L"/queue.log >&2 || true
+			exit 1
+		fi
+	done
+	sleep 0.5
+done
 wait "$MON" || true
 
 rc=0
