@@ -22,18 +22,16 @@ out=$(mktemp -d /tmp/rl-e2e.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 hz=$(getconf CLK_TCK)
 
-# cpu seconds of the rl-* stages whose command line names run directory $1,
-# sampled until demo.sh (pid $2) exits; prints "stage seconds" lines
+# cpu seconds (utime + stime, fields 14 and 15 of /proc/PID/stat) of the
+# stages listed in run directory $1's pids file, sampled every 0.2 s until
+# demo.sh (pid $2) exits; prints "pid name ticks" lines
 sample() {
 	while kill -0 "$2" 2>/dev/null; do
-		for d in /proc/[0-9]*; do
-			a=$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null) || continue
-			case $a in *"$1"*) ;; *) continue ;; esac
-			case $a in rl-rollout*|rl-reward*|rl-train*|rl-queue*) ;; *) continue ;; esac
-			# fields 14, 15 of stat (the name in field 2 has no spaces here)
-			t=$(awk '{ print $14 + $15 }' "$d/stat" 2>/dev/null) || continue
-			echo "${d#/proc/} ${a%% *} $t"
-		done
+		if [ -s "$1/pids" ]; then
+			while read -r name p; do
+				t=$(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null) && echo "$p $name $t"
+			done < "$1/pids"
+		fi
 		sleep 0.2
 	done
 }
@@ -44,10 +42,9 @@ for w in sync async; do
 		SFT_STEPS="${SFT_STEPS:-500}" EVAL_EVERY=1000000 GOAL=0 PLOT=0 QUIET=1 \
 		sh "$root/pipelines/demo/demo.sh" > "$out/$w.out" 2>&1 &
 	pid=$!
-	sample "$run/" "$pid" > "$out/$w.cpu"
+	sample "$run" "$pid" > "$out/$w.cpu"
 	wait "$pid" || { echo "e2e: the $w run failed:" >&2; tail -n 20 "$out/$w.out" >&2; exit 1; }
-	# the last sample of each pid is its total (less at most 0.2 s); eval runs excluded
-	# by taking, per stage, only the pids that lived longest (the GRPO workers)
+	# the last sample of each pid is its total (less at most 0.2 s)
 	awk -v hz="$hz" -v w="$w" -v f="$run/summary.json" '
 		{ last[$1] = $3; name[$1] = $2 }
 		END {

@@ -133,11 +133,11 @@ start_sync() {
 	mkfifo "$RUN/gen.fifo" "$RUN/scored.fifo"
 	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS --max-staleness 0 --train-batch "$PROMPTS" \
 		-o "$RUN/gen.fifo" "$RUN/data/prompts.jsonl" 2>"$L/rollout.log" &
-	GEN=$!; PIDS="$PIDS $GEN"
+	GEN=$!; PIDS="$PIDS $GEN"; echo "rl-rollout $GEN" >> "$RUN/pids"
 	$PIN_GEN rl-reward --task arith -o "$RUN/scored.fifo" "$RUN/gen.fifo" 2>"$L/reward.log" &
-	REW=$!; PIDS="$PIDS $REW"
+	REW=$!; PIDS="$PIDS $REW"; echo "rl-reward $REW" >> "$RUN/pids"
 	$PIN_TRAIN rl-train -m "$BASE" --out "$CK" $TRAIN_ARGS "$RUN/scored.fifo" 2>"$L/train.log" &
-	TRN=$!; PIDS="$PIDS $TRN"
+	TRN=$!; PIDS="$PIDS $TRN"; echo "rl-train $TRN" >> "$RUN/pids"
 }
 
 # A free port: the broker exits 3 when it cannot listen; try another.
@@ -152,7 +152,7 @@ start_queue() {
 		j=0
 		while [ $j -lt 50 ]; do
 			if ! kill -0 "$Q" 2>/dev/null; then break; fi
-			if rl-queue stat "$URL" >/dev/null 2>&1; then PIDS="$PIDS $Q"; return 0; fi
+			if rl-queue stat "$URL" >/dev/null 2>&1; then PIDS="$PIDS $Q"; echo "rl-queue $Q" >> "$RUN/pids"; return 0; fi
 			sleep 0.1; j=$((j + 1))
 		done
 		kill "$Q" 2>/dev/null || true; wait "$Q" 2>/dev/null || true
@@ -170,11 +170,11 @@ start_async() {
 	awk '{ sub(/^\{/, "{\"id\":" NR ","); print }' "$RUN/data/prompts.jsonl" > "$RUN/data/prompts-q.jsonl"
 	rl-queue put -q "$URL" "$RUN/data/prompts-q.jsonl" 2>"$L/put.log"
 	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS --queue "$URL" 2>"$L/rollout.log" &
-	GEN=$!; PIDS="$PIDS $GEN"
+	GEN=$!; PIDS="$PIDS $GEN"; echo "rl-rollout $GEN" >> "$RUN/pids"
 	$PIN_GEN rl-reward --task arith --queue "$URL" 2>"$L/reward.log" &
-	REW=$!; PIDS="$PIDS $REW"
+	REW=$!; PIDS="$PIDS $REW"; echo "rl-reward $REW" >> "$RUN/pids"
 	$PIN_TRAIN rl-train -m "$BASE" --out "$CK" $TRAIN_ARGS --queue "$URL" --max-steps "$RL_STEPS" 2>"$L/train.log" &
-	TRN=$!; PIDS="$PIDS $TRN"
+	TRN=$!; PIDS="$PIDS $TRN"; echo "rl-train $TRN" >> "$RUN/pids"
 }
 
 say "demo: GRPO: $RL_STEPS steps x $PROMPTS prompts x $SAMPLES samples (lr $RL_LR, temperature $TEMP)"

@@ -56,7 +56,7 @@ if [ "$done_steps" -ge "$STEPS" ]; then
 	exit 0
 fi
 
-L=$OUT/logs/$(date -u +%Y%m%dT%H%M%SZ)
+L=$OUT/logs/$(date -u +%Y%m%dT%H%M%SZ)-$$
 mkdir -p "$L"
 PIDS=""
 cleanup() {

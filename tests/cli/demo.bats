@@ -13,11 +13,16 @@ setup_file() {
 	export SFT_STEPS=20 RL_STEPS=4 PROMPTS=4 SAMPLES=4 TEST_N=20 EVAL_EVERY=2 GOAL=0 PLOT=0 SEED=3
 }
 
-# no process may still run with the run directory on its command line
+# no process the demo started (RUN/pids) and none with the run directory on
+# its command line may still run
 no_leftovers() {
-	local left
+	local left name pid
 	left=$(ps -eo pid=,args= | grep -F -- "$1" | grep -v grep || true)
 	[ -z "$left" ] || { echo "left running: $left"; return 1; }
+	[ -s "$1/pids" ] || return 0
+	while read -r name pid; do
+		! kill -0 "$pid" 2>/dev/null || { echo "$name (pid $pid) still runs"; return 1; }
+	done < "$1/pids"
 }
 
 check_run() {
@@ -52,6 +57,7 @@ check_run() {
 	assert_line --regexp '^step +4  reward [0-9.]+'
 	check_run "$TD/async"
 	grep -q 'serving on tcp://127.0.0.1:' "$TD/async/logs/queue.log"
+	[ "$(cut -d' ' -f1 "$TD/async/pids" | sort | tr '\n' ' ')" = "rl-queue rl-reward rl-rollout rl-train " ]
 	! grep -q '"staleness/max":[2-9]' "$TD/async/metrics.jsonl"
 }
 
