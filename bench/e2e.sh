@@ -51,7 +51,7 @@ for w in sync async; do
 			while ((getline line < f) > 0) s = line
 			n = split(s, kv, /[{},]/)
 			for (i = 1; i <= n; i++) { split(kv[i], p, ":"); gsub(/"/, "", p[1]); v[p[1]] = p[2] }
-			for (p in last) if (last[p] / hz > best[name[p]]) best[name[p]] = last[p] / hz
+			for (q in last) if (last[q] / hz > best[name[q]]) best[name[q]] = last[q] / hz
 			wall = v["rl_seconds"]
 			printf "{\"bench\":\"e2e\",\"wiring\":\"%s\",\"rl_steps\":%s,\"rl_seconds\":%s,\"samples_per_s\":%s,", w, v["rl_steps"], wall, v["samples_per_s"]
 			printf "\"acc_sft\":%s,\"acc_rl\":%s,", v["acc_sft"], v["acc_rl"]

@@ -38,6 +38,10 @@ SAMPLES=${SAMPLES:-8}         # samples per prompt (the group)
 RL_LR=${RL_LR:-2e-4}
 TEMP=${TEMP:-0.7}
 STALENESS=${STALENESS:-1}     # async only; sync is always 0
+# more rl-train options for the GRPO stage; async: the PPO ratio against the
+# behaviour log-probs the generator recorded (clipped), which stale samples
+# need (docs/demo.md: without it staleness 1 learnt half as fast)
+if [ "$WIRING" = async ]; then TRAIN_EXTRA=${TRAIN_EXTRA---old-from-behaviour}; else TRAIN_EXTRA=${TRAIN_EXTRA:-}; fi
 # evaluation and the promise
 TEST_N=${TEST_N:-500}
 EVAL_EVERY=${EVAL_EVERY:-50}
@@ -126,7 +130,7 @@ M=$RUN/metrics.jsonl
 : > "$M"
 : > "$RUN/heldout.tsv"
 printf '0\t%s\n' "$acc_before" >> "$RUN/heldout.tsv"
-TRAIN_ARGS="--algo grpo --device $DEVICE --seed $SEED --batch $PROMPTS --lr $RL_LR --keep 3 --metrics $M"
+TRAIN_ARGS="--algo grpo --device $DEVICE --seed $SEED --batch $PROMPTS --lr $RL_LR --keep 3 --metrics $M $TRAIN_EXTRA"
 GEN_ARGS="--device $DEVICE --seed $SEED -n $SAMPLES --temperature $TEMP --max-tokens 6 --weights-from $CK"
 
 start_sync() {
