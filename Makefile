@@ -61,6 +61,12 @@ endif
 NVFLAGS := -O3 -std=c++17 -lineinfo -Ilib -I. --expt-relaxed-constexpr \
 	$(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(a),code=sm_$(a)) -Xcompiler -fPIC
 
+# Objects are rebuilt when the flags change (NO_CUDA, SANITIZE, CFLAGS, ...):
+# the flags are kept in a stamp file that every object depends on.
+FLAGS_STAMP := $(B)/.flags
+FLAGS_NOW := $(CC) $(CFLAGS) $(RL_CFLAGS) | $(NVCC) $(NVFLAGS) | $(HAVE_CUDA) $(HAVE_NCCL)
+$(shell mkdir -p $(B) && (printf '%s\n' '$(FLAGS_NOW)' | cmp -s - $(FLAGS_STAMP) || printf '%s\n' '$(FLAGS_NOW)' > $(FLAGS_STAMP)))
+
 # ---- sources ----------------------------------------------------------------
 LIB_SRC  := $(wildcard lib/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(B)/%.o)
@@ -87,11 +93,11 @@ features:
 	@[ "$(HAVE_NCCL)" = 1 ] && echo "  ✓ NCCL (HAVE_NCCL)" || echo "  ✗ NCCL (HAVE_NCCL)"
 	@[ -n "$(SANITIZE)" ] && echo "  ✓ sanitizers: $(SANITIZE)" || true
 
-$(B)/%.o: %.c
+$(B)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(RL_CFLAGS) -MMD -MP -c -o $@ $<
 
-$(B)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) lib/ops.h
+$(B)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) lib/ops.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 

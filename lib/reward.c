@@ -1346,22 +1346,35 @@ rl_reward_stream(rl_reward_scorer *s, rl_traj_reader *r, rl_traj_writer *w, size
 		return RL_ENOMEM;
 	for (;;) {
 		rl_traj *t = NULL;
+		if (rl_traj_reader_drained(r)) {
+			/* about to wait on the input: what is pending goes downstream first
+			 * (in a pipe the next stage may be waiting for exactly these) */
+			if (np > 0) {
+				if ((rv = rl_reward_score_records(s, pend, np)) != 0)
+					goto out;
+				for (size_t i = 0; i < np; i++) {
+					if ((rv = rl_traj_writer_put(w, pend[i])) != 0)
+						goto out;
+					rl_traj_destroy(pend[i]);
+					pend[i] = NULL;
+				}
+				np = 0;
+			}
+			if ((rv = rl_traj_writer_flush(w)) != 0)
+				goto out;
+		}
 		if ((rerr = rl_traj_reader_next(r, &t)) != 0 || !t)
 			break;
 		if (batch == 1) {
 			/* no copy: the reader's record is scored and written in place */
 			if ((rv = rl_reward_score_records(s, &t, 1)) != 0 || (rv = rl_traj_writer_put(w, t)) != 0)
 				goto out;
-			/* the next read may block: what is scored goes out first, else a
-			 * pipeline whose producer waits for the trainer would stall */
-			if (rl_traj_reader_would_read(r) && (rv = rl_traj_writer_flush(w)) != 0)
-				goto out;
 			continue;
 		}
 		if ((rv = rl_traj_dup(&pend[np], t)) != 0)
 			goto out;
 		np++;
-		if (np == batch || rl_traj_reader_would_read(r)) {
+		if (np == batch) {
 			if ((rv = rl_reward_score_records(s, pend, np)) != 0)
 				goto out;
 			for (size_t i = 0; i < np; i++) {
@@ -1373,8 +1386,6 @@ rl_reward_stream(rl_reward_scorer *s, rl_traj_reader *r, rl_traj_writer *w, size
 				pend[i] = NULL;
 			}
 			np = 0;
-			if (rl_traj_reader_would_read(r) && (rv = rl_traj_writer_flush(w)) != 0)
-				goto out;
 		}
 	}
 	/* what was read before the end or an error is still scored and written */

@@ -31,6 +31,7 @@
 #include "json.h"
 #include "model.h"
 #include "qclient.h"
+#include "wsync.h"
 #include "tfevents.h"
 #include "tokenizer.h"
 #include "traj.h"
@@ -103,6 +104,7 @@ typedef struct trainer {
 	double t_wait;
 	double t_model;  /* seconds in model forward/backward/AdamW this step */
 	double t_pub;    /* seconds publishing the step's checkpoint */
+	rl_wsync *ws;    /* --sync */
 	/* queue mode */
 	rl_qclient *qc;
 	rl_qlease lease;
@@ -835,8 +837,10 @@ prune(trainer *tr)
 	}
 }
 
+/* Writes the step's checkpoint; push: also send it to --sync (not when the
+ * same version is only rewritten with its optimizer state). */
 static int
-publish(trainer *tr, int full)
+publish(trainer *tr, int full, int push)
 {
 	char dir[4096];
 	int rv;
@@ -845,6 +849,11 @@ publish(trainer *tr, int full)
 		return rv;
 	if (full && (rv = write_state(tr, dir)) != 0)
 		return rv;
+	/* rl-sync: the new version goes out as a delta against the last one */
+	if (push && tr->ws && (rv = rl_wsync_publish_dir(tr->ws, dir, (uint64_t)tr->m->step, 1)) != 0) {
+		rl_error("cannot publish version %d to '%s'", tr->m->step, tr->o->sync_url);
+		return rv;
+	}
 	prune(tr);
 	rl_verbose("published version %d in '%s'%s", tr->m->step, dir, full ? " (with optimizer)" : "");
 	return RL_OK;
@@ -1073,7 +1082,7 @@ train_step(trainer *tr)
 	int full = (o->save_every > 0 && tr->m->step % o->save_every == 0) ||
 	    (o->max_steps > 0 && tr->m->step >= o->max_steps);
 	double t_pub = rl_now();
-	if ((rv = publish(tr, full)) != 0)
+	if ((rv = publish(tr, full, 1)) != 0)
 		return rv;
 	tr->t_pub = rl_now() - t_pub;
 	if (tr->qc) {
@@ -1168,6 +1177,8 @@ rl_train_run(const rl_train_opts *o)
 	}
 	if (o->tfevents_dir && (rv = rl_tfevents_open(&tr.tf, o->tfevents_dir)) != 0)
 		goto out;
+	if (o->sync_url && (rv = rl_wsync_open(&tr.ws, o->sync_url, 0)) != 0)
+		goto out;
 	rl_verbose("training %s (%zu parameters) with %s on %s, %d groups per step",
 	    tr.m->cfg.model_type, rl_model_nparams(tr.m), rl_algo_name(o->algo), tr.ops->name, o->batch);
 	for (;;) {
@@ -1205,7 +1216,7 @@ rl_train_run(const rl_train_opts *o)
 		if (access(opt, R_OK) != 0) {
 			snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr.m->step);
 			remove_dir(dir);
-			if ((rv = publish(&tr, 1)) != 0)
+			if ((rv = publish(&tr, 1, 0)) != 0)
 				goto out;
 		}
 	}
@@ -1248,6 +1259,7 @@ out:
 	if (tr.metrics && tr.metrics != stdout && tr.metrics != stderr)
 		fclose(tr.metrics);
 	rl_tfevents_close(tr.tf);
+	rl_wsync_close(tr.ws);
 	rl_grouper_destroy(tr.gr);
 	rl_tokenizer_close(tr.tok);
 	rl_model_close(tr.ref);

@@ -41,6 +41,7 @@ typedef struct rl_train_opts {
 	const char *input;         /* FILE or "-" */
 	const char *metrics_path;  /* --metrics FILE ("-" stdout); NULL: stderr */
 	const char *tfevents_dir;  /* --tfevents DIR or NULL */
+	const char *sync_url;      /* --sync URL: also push each version to rl-sync (or a directory) */
 	const char *queue_url;     /* --queue URL: lease scored groups from rl-queue instead of input */
 	double idle_exit;          /* queue mode: stop after this many seconds without records (0: never) */
 	/* algorithm */

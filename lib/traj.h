@@ -278,10 +278,11 @@ int rl_traj_reader_next_batch(rl_traj_reader *r, rl_traj_batch **b);
 int rl_traj_reader_format(const rl_traj_reader *r);
 /* Byte offset of the input consumed so far. */
 uint64_t rl_traj_reader_offset(const rl_traj_reader *r);
-/* 1 when the next _next must read from the source (the current frame is used
- * up, or no complete JSONL line is buffered), so it may block on a pipe: a
- * filter flushes its writer then, or a pipeline waiting for that output stalls. */
-int rl_traj_reader_would_read(const rl_traj_reader *r);
+/* 1 when the next rl_traj_reader_next has to read more input (the current
+ * frame's records, or the complete JSONL lines already read, are used up):
+ * a filter in a pipe flushes its output then, or it may wait on its input
+ * while holding records its reader downstream waits for. */
+int rl_traj_reader_drained(const rl_traj_reader *r);
 
 /* Writer to a FILE (borrowed; flushed, not closed), a file descriptor
  * (borrowed) or a growable buffer (borrowed).  Binary writers collect records

@@ -118,6 +118,16 @@ rl_traj_reader_close(rl_traj_reader *r)
 int rl_traj_reader_format(const rl_traj_reader *r) { return r->fmt; }
 uint64_t rl_traj_reader_offset(const rl_traj_reader *r) { return r->base + r->pos; }
 
+int
+rl_traj_reader_drained(const rl_traj_reader *r)
+{
+	if (r->fmt == RL_TRAJ_BINARY)
+		return !r->batch || r->next >= rl_traj_batch_count(r->batch);
+	if (r->fmt == RL_TRAJ_JSONL)
+		return r->pos >= r->len || memchr(r->p + r->pos, '\n', r->len - r->pos) == NULL;
+	return 1;
+}
+
 /* Read from the source into the window until `want` unconsumed bytes are
  * there or the input ends.  FILE sources read exactly what is missing (stdio
  * would block for more); descriptors take what one read() gives, up to
@@ -479,16 +489,6 @@ rl_traj_reader_next(rl_traj_reader *r, rl_traj **t)
 		return r->err = rv;
 	*t = r->cur;
 	return RL_OK;
-}
-
-int
-rl_traj_reader_would_read(const rl_traj_reader *r)
-{
-	if (r->err || r->fmt == 0)
-		return 1;
-	if (r->fmt == RL_TRAJ_JSONL)
-		return r->pos >= r->len || memchr(r->p + r->pos, '\n', r->len - r->pos) == NULL;
-	return r->next >= rl_traj_batch_count(r->batch);
 }
 
 int

@@ -5,6 +5,7 @@
  * under MODEL into FIELD.  Weight versions come from --weights-from DIR
  * (the checkpoint root rl-train writes).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <getopt.h>
@@ -23,6 +24,7 @@
 #include "io.h"
 #include "model.h"
 #include "qclient.h"
+#include "wsync.h"
 #include "rng.h"
 #include "tokenizer.h"
 #include "traj.h"
@@ -57,6 +59,8 @@ static const char usage_text[] =
     "      --max-staleness K   wait for version >= batches emitted - K (with --weights-from)\n"
     "      --train-batch G     groups per trainer step, for --max-staleness (default 8)\n"
     "      --partial           new weights apply to sequences already running\n"
+    "      --sync URL          new weight versions from rl-sync (tcp://, ipc://) or a directory\n"
+    "      --weights-timeout S give up waiting for a weights version after S seconds (default 600; 0 never)\n"
     "      --skip-bad          skip bad prompt lines (counted) instead of stopping\n"
     "      --score FIELD       score mode: write per-token log-probs into FIELD\n"
     "      --queue URL         lease prompts from rl-queue and put the trajectories back\n"
@@ -66,7 +70,7 @@ static const char usage_text[] =
 enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
-	O_QUEUE, O_IDLE
+	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC
 };
 
 static const struct option longopts[] = {
@@ -83,6 +87,7 @@ static const struct option longopts[] = {
 	{ "partial", no_argument, 0, O_PARTIAL }, { "skip-bad", no_argument, 0, O_SKIPBAD },
 	{ "score", required_argument, 0, O_SCORE }, { "queue", required_argument, 0, O_QUEUE },
 	{ "idle-exit", required_argument, 0, O_IDLE },
+	{ "weights-timeout", required_argument, 0, O_WTIMEOUT }, { "sync", required_argument, 0, O_SYNC },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -90,7 +95,11 @@ static const struct option longopts[] = {
 typedef struct gen {
 	/* options */
 	const char *model_dir, *out_path, *device, *weights_from, *input, *score_field, *queue_url;
-	double idle_exit;
+	double idle_exit, weights_timeout;
+	const char *sync_url;
+	rl_wsync *ws;
+	rl_wver *wbase;        /* the last version fetched: the base of the next delta */
+	char sync_dir[3800];   /* where fetched versions are written to be loaded */
 	rl_qclient *qc;
 	uint64_t q_bad, q_put;
 	int n, jsonl, chat, tmpl, greedy, max_staleness, train_batch, partial, skip_bad, quiet;
@@ -240,6 +249,26 @@ out:
 	return rv;
 }
 
+/* Removes a directory of plain files (a fetched version once loaded). */
+static void
+remove_tree(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char p[4400];
+
+	if (!d)
+		return;
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+		unlink(p);
+	}
+	closedir(d);
+	rmdir(dir);
+}
+
 /* Looks for a newer version; loads it now if allowed (no sequence running,
  * or --partial), else remembers it and holds admissions until the engine drains. */
 static int
@@ -248,9 +277,29 @@ poll_weights(gen *g)
 	int v, rv;
 	char path[4096];
 
-	if (!g->weights_from)
+	if (g->ws) {
+		uint64_t latest = 0;
+		rl_wver *nv = NULL;
+		if (rl_wsync_poll_version(g->ws, g->version > 0 ? (uint64_t)g->version : 0, 0, &latest) == RL_OK &&
+		    (int)latest > g->version && (int)latest > g->pending_version) {
+			/* fetch (a delta against the last one when the server can), then load from disk */
+			if ((rv = rl_wsync_fetch_version(g->ws, &nv, latest, g->wbase)) != 0)
+				return rv;
+			snprintf(path, sizeof path, "%s/v%llu", g->sync_dir, (unsigned long long)latest);
+			if ((rv = rl_wver_write_dir(nv, path)) != 0) {
+				rl_wver_destroy(nv);
+				return rv;
+			}
+			rl_wver_destroy(g->wbase);
+			g->wbase = nv;
+			if (g->pending_version > g->version && strcmp(g->pending_path, path) != 0)
+				remove_tree(g->pending_path);
+			g->pending_version = (int)latest;
+			snprintf(g->pending_path, sizeof g->pending_path, "%s", path);
+		}
+	} else if (!g->weights_from) {
 		return RL_OK;
-	if (latest_version(g->weights_from, &v, path, sizeof path) == RL_OK && v > g->version &&
+	} else if (latest_version(g->weights_from, &v, path, sizeof path) == RL_OK && v > g->version &&
 	    v > g->pending_version) {
 		g->pending_version = v;
 		snprintf(g->pending_path, sizeof g->pending_path, "%s", path);
@@ -259,6 +308,8 @@ poll_weights(gen *g)
 		if (g->partial || rl_engine_active(g->e) == 0) {
 			if ((rv = load_weights(g, g->pending_path, g->pending_version)) != 0)
 				return rv;
+			if (g->ws)
+				remove_tree(g->pending_path);
 			rl_engine_hold(g->e, 0);
 		} else {
 			rl_engine_hold(g->e, 1); /* drain, then swap */
@@ -504,7 +555,7 @@ parse_prompt(gen *g, const char *line, size_t len, prompt **out)
 	return parse_prompt_obj(g, j, where, NULL, 0, out);
 }
 
-/* Waits (polling --weights-from) until version >= need. */
+/* Waits (polling --weights-from) until version >= need, at most --weights-timeout. */
 static int
 wait_version(gen *g, int need)
 {
@@ -516,6 +567,13 @@ wait_version(gen *g, int need)
 			return rv;
 		if (g->version >= need)
 			break;
+		if (g->weights_timeout > 0 && rl_now() - t0 > g->weights_timeout) {
+			rl_error("no weights version %d in '%s' after %.0f s (have %d)", need, g->weights_from,
+			    g->weights_timeout, g->version);
+			rl_hint("is the trainer running and publishing there?  a trainer that drops groups "
+			    "(dapo) may need more samples than --max-staleness lets through");
+			return RL_ETIMEDOUT;
+		}
 		if (rl_now() - last > 10) {
 			rl_verbose("waiting for weights version %d in '%s' (have %d)", need, g->weights_from, g->version);
 			last = rl_now();
@@ -573,7 +631,7 @@ run_generate(gen *g)
 				}
 				have_line = 1;
 			}
-			if (g->weights_from && g->max_staleness >= 0) {
+			if ((g->weights_from || g->ws) && g->max_staleness >= 0) {
 				/* the staleness gate: group k belongs to trainer batch k / train_batch */
 				int need = (int)(g->groups / (uint64_t)g->train_batch) - g->max_staleness;
 				if (g->version < need) {
@@ -892,6 +950,7 @@ rl_cmd_generate(int argc, char **argv)
 	g.max_staleness = -1;
 	g.train_batch = 8;
 	g.pending_version = -1;
+	g.weights_timeout = 600;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:n:o:qvh", longopts, NULL)) != -1) {
 		const char *a = optarg;
@@ -938,6 +997,8 @@ rl_cmd_generate(int argc, char **argv)
 		case O_SCORE: g.score_field = a; break;
 		case O_QUEUE: g.queue_url = a; break;
 		case O_IDLE: NUM(0, 1e9); g.idle_exit = v; break;
+		case O_WTIMEOUT: NUM(0, 1e9); g.weights_timeout = v; break;
+		case O_SYNC: g.sync_url = a; break;
 		case 'q': verbosity = RL_LOG_QUIET; g.quiet = 1; break;
 		case 'v': verbosity++; break;
 		case 'h':
@@ -956,8 +1017,10 @@ rl_cmd_generate(int argc, char **argv)
 		return usage_error("more than one input ('%s')", argv[optind + 1]);
 	if (optind < argc)
 		g.input = argv[optind];
-	if (g.max_staleness >= 0 && !g.weights_from)
-		return usage_error("%s", "--max-staleness needs --weights-from DIR");
+	if (g.max_staleness >= 0 && !g.weights_from && !g.sync_url)
+		return usage_error("%s", "--max-staleness needs --weights-from DIR or --sync URL");
+	if (g.weights_from && g.sync_url)
+		return usage_error("%s", "--weights-from and --sync are two ways to get weights: choose one");
 	if (g.go.slots < g.n + g.greedy)
 		g.go.slots = g.n + g.greedy;
 	g.go.stop = g.stops;
@@ -995,6 +1058,14 @@ rl_cmd_generate(int argc, char **argv)
 	}
 	if ((rv = rl_engine_create(&g.e, g.m, g.tok, &g.go)) != 0)
 		goto out;
+	if (g.sync_url) {
+		snprintf(g.sync_dir, sizeof g.sync_dir, "%s/rl-rollout-sync.%ld", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+		    (long)getpid());
+		if ((rv = rl_io_mkdir_p(g.sync_dir, 0700)) != 0 || (rv = rl_wsync_open(&g.ws, g.sync_url, 0)) != 0)
+			goto out;
+		if ((rv = poll_weights(&g)) != 0)
+			goto out;
+	}
 	if (g.weights_from) {
 		int ver;
 		char path[4096];
@@ -1014,6 +1085,13 @@ out:
 		rv = RL_EIO;
 	}
 	rl_engine_destroy(g.e);
+	if (g.ws) {
+		if (g.pending_version > g.version)
+			remove_tree(g.pending_path);
+		rmdir(g.sync_dir);
+	}
+	rl_wver_destroy(g.wbase);
+	rl_wsync_close(g.ws);
 	rl_tokenizer_close(g.tok);
 	rl_model_close(g.m);
 	rl_ops_close(g.ops);

@@ -66,6 +66,7 @@ static const char usage_text[] =
     "      --on-bad error|skip   a bad record fails the run, or drops its group (default error)\n"
     "      --metrics FILE        one JSON object per step ('-' stdout; default stderr)\n"
     "      --tfevents DIR        also write TensorBoard event files\n"
+    "      --sync URL            also push each version to rl-sync (tcp://, ipc://) or a directory\n"
     "      --queue URL           lease scored groups from rl-queue (acknowledged after each step)\n"
     "      --idle-exit S         queue mode: stop after S seconds without records\n"
     "  -q, --quiet, -v, --verbose\n"
@@ -75,7 +76,7 @@ enum {
 	O_INIT = 256, O_TOKENIZER, O_SEED, O_DEVICE, O_ALGO, O_BATCH, O_AGG, O_NORMLEN, O_NOSTD,
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
-	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE
+	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC
 };
 
 static const struct option longopts[] = {
@@ -101,6 +102,7 @@ static const struct option longopts[] = {
 	{ "resume", no_argument, 0, O_RESUME }, { "on-bad", required_argument, 0, O_ONBAD },
 	{ "metrics", required_argument, 0, O_METRICS }, { "tfevents", required_argument, 0, O_TFEV },
 	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
+	{ "sync", required_argument, 0, O_SYNC },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -201,6 +203,7 @@ main(int argc, char **argv)
 		case O_METRICS: o.metrics_path = a; break;
 		case O_TFEV: o.tfevents_dir = a; break;
 		case O_QUEUE: o.queue_url = a; break;
+		case O_SYNC: o.sync_url = a; break;
 		case O_IDLE: NUM(0, 1e9); o.idle_exit = v; break;
 		case 'q': verbosity = RL_LOG_QUIET; o.quiet = 1; break;
 		case 'v': verbosity++; break;

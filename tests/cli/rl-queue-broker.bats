@@ -173,11 +173,12 @@ print(d)' "$@"
 @test "an expired lease returns its records; --release hands them back at once" {
 	start_broker
 	rl-queue put --stage generated "$URL" "$D/scored.jsonl"
-	run --separate-stderr rl-queue get --stage reward -n 4 --lease-timeout 0.2 "$URL"
+	# long enough that a slow (sanitizer) build still asks again before it expires
+	run --separate-stderr rl-queue get --stage reward -n 4 --lease-timeout 2 "$URL"
 	[ "${#lines[@]}" = 4 ]
 	run --separate-stderr rl-queue get --stage reward -n 4 "$URL"
 	[ "${#lines[@]}" = 0 ]
-	sleep 0.5
+	sleep 2.5
 	run --separate-stderr rl-queue get --stage reward -n 4 --release "$URL"
 	[ "${#lines[@]}" = 4 ]
 	[ "$(rl-queue stat --json "$URL" | jget total expired_records)" = 4 ]

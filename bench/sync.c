@@ -1,0 +1,442 @@
+/*
+ * bench/sync.c — seconds to deliver a GPT-2-124M-sized bf16 weight set
+ * (~250 MB, written as a safetensors file) from an rl-sync server to 1 and 4
+ * subscribers on loopback, whole and as a delta after a typical RL update,
+ * with bytes on the wire; and, in the same run, the seconds to copy the same
+ * bytes to the same number of receivers through plain loopback TCP sockets.
+ *
+ * Prints one JSON object per case on stdout.
+ *   build/bench/sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N] [--stored] [--reps N]
+ * Each figure is the median of --reps (3) interleaved runs.
+ * --stored: subscribers ask for whole chunks uncompressed (deltas stay
+ * compressed), as a worker on loopback or a fast LAN would.
+ * --mb scales the model down (tensor shapes are kept, layers dropped) for a
+ * quick run; the default is the full 124M parameters.
+ *
+ * The delta case: fp32 master weights w ~ N(0, 0.02) (layer-norm gains ~ 1),
+ * one Adam-like step w -= lr * g with |g| ~ 1 (Adam normalises the update),
+ * both versions rounded to bf16.
+ */
+#include "core.h"
+#include "wsync.h"
+
+#include <arpa/inet.h>
+#include <malloc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static uint64_t
+xs(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+/* approximately N(0, 1): sum of 4 uniforms, scaled */
+static float
+gauss(uint64_t *s)
+{
+	float u = 0;
+
+	for (int k = 0; k < 4; k++)
+		u += (float)(xs(s) >> 40) / (float)(1 << 24) - 0.5f;
+	return u * 1.7320508f;
+}
+
+typedef struct tinfo {
+	char name[64];
+	size_t rows, cols;
+	int norm; /* layer-norm gain: ~1 */
+} tinfo;
+
+/* GPT-2 124M's tensors; nlayer layers */
+static int
+gpt2_tensors(tinfo *t, int nlayer)
+{
+	int n = 0;
+	const char *per[] = { "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+			      "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+			      "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias" };
+	size_t shp[][2] = { { 768, 1 }, { 768, 1 }, { 768, 2304 }, { 2304, 1 }, { 768, 768 }, { 768, 1 },
+			    { 768, 1 }, { 768, 1 }, { 768, 3072 }, { 3072, 1 }, { 3072, 768 }, { 768, 1 } };
+
+	t[n++] = (tinfo){ "wte.weight", 50257, 768, 0 };
+	t[n++] = (tinfo){ "wpe.weight", 1024, 768, 0 };
+	for (int l = 0; l < nlayer; l++)
+		for (int k = 0; k < 12; k++) {
+			snprintf(t[n].name, sizeof t[n].name, "h.%d.%s", l, per[k]);
+			t[n].rows = shp[k][0];
+			t[n].cols = shp[k][1];
+			t[n].norm = strstr(per[k], "ln_") && strstr(per[k], "weight");
+			n++;
+		}
+	t[n++] = (tinfo){ "ln_f.weight", 768, 1, 1 };
+	t[n++] = (tinfo){ "ln_f.bias", 768, 1, 0 };
+	return n;
+}
+
+/* safetensors bytes for bf16 values w (nparam) laid out as t */
+static uint8_t *
+safetensors(size_t *outn, const tinfo *t, int nt, const uint16_t *w, size_t nparam)
+{
+	size_t cap = 64 + (size_t)nt * 160, hl = 0, off = 0, total;
+	char *h = malloc(cap);
+	uint8_t *p;
+
+	hl += (size_t)snprintf(h + hl, cap - hl, "{");
+	for (int i = 0; i < nt; i++) {
+		size_t n = t[i].rows * t[i].cols * 2;
+		if (t[i].cols == 1)
+			hl += (size_t)snprintf(h + hl, cap - hl, "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[%zu],"
+					       "\"data_offsets\":[%zu,%zu]}", i ? "," : "", t[i].name, t[i].rows, off, off + n);
+		else
+			hl += (size_t)snprintf(h + hl, cap - hl, "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[%zu,%zu],"
+					       "\"data_offsets\":[%zu,%zu]}", i ? "," : "", t[i].name, t[i].rows, t[i].cols,
+					       off, off + n);
+		off += n;
+	}
+	hl += (size_t)snprintf(h + hl, cap - hl, "}");
+	while (hl % 8)
+		h[hl++] = ' ';
+	total = 8 + hl + nparam * 2;
+	p = rl_xmalloc(total);
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+	memcpy(p + 8, h, hl);
+	memcpy(p + 8 + hl, w, nparam * 2);
+	free(h);
+	*outn = total;
+	return p;
+}
+
+/* ---- raw TCP baseline ----------------------------------------------------------- */
+typedef struct tcpjob {
+	int fd;
+	const uint8_t *src;
+	uint8_t *dst;
+	size_t n;
+} tcpjob;
+
+static void *
+tcp_send(void *arg)
+{
+	tcpjob *j = arg;
+	size_t done = 0;
+
+	while (done < j->n) {
+		ssize_t w = send(j->fd, j->src + done, RL_MIN((size_t)1 << 20, j->n - done), 0);
+		if (w <= 0)
+			break;
+		done += (size_t)w;
+	}
+	shutdown(j->fd, SHUT_WR);
+	return NULL;
+}
+
+static void *
+tcp_recv(void *arg)
+{
+	tcpjob *j = arg;
+	size_t done = 0;
+
+	while (done < j->n) {
+		ssize_t r = recv(j->fd, j->dst + done, j->n - done, 0);
+		if (r <= 0)
+			break;
+		done += (size_t)r;
+	}
+	return NULL;
+}
+
+/* seconds to copy n bytes to k receivers over loopback TCP (connections set up before the clock) */
+static double
+raw_tcp(const uint8_t *src, size_t n, int k)
+{
+	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t al = sizeof a;
+	tcpjob snd[8], rcv[8];
+	pthread_t ts[8], tr[8];
+	double t0, t;
+
+	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	bind(ls, (struct sockaddr *)&a, sizeof a);
+	getsockname(ls, (struct sockaddr *)&a, &al);
+	listen(ls, 16);
+	for (int i = 0; i < k; i++) {
+		rcv[i].fd = socket(AF_INET, SOCK_STREAM, 0);
+		if (connect(rcv[i].fd, (struct sockaddr *)&a, sizeof a) != 0) {
+			perror("connect");
+			exit(1);
+		}
+		snd[i].fd = accept(ls, NULL, NULL);
+		snd[i].src = src;
+		snd[i].n = rcv[i].n = n;
+		rcv[i].dst = rl_xmalloc(n);
+		memset(rcv[i].dst, 0, n); /* fault the pages in before the clock, as rl-sync's are not */
+	}
+	t0 = rl_now();
+	for (int i = 0; i < k; i++) {
+		pthread_create(&tr[i], NULL, tcp_recv, &rcv[i]);
+		pthread_create(&ts[i], NULL, tcp_send, &snd[i]);
+	}
+	for (int i = 0; i < k; i++) {
+		pthread_join(ts[i], NULL);
+		pthread_join(tr[i], NULL);
+	}
+	t = rl_now() - t0;
+	for (int i = 0; i < k; i++) {
+		if (memcmp(rcv[i].dst, src, n) != 0)
+			fprintf(stderr, "sync: raw tcp copy differs\n");
+		close(snd[i].fd);
+		close(rcv[i].fd);
+		free(rcv[i].dst);
+	}
+	close(ls);
+	return t;
+}
+
+/* ---- rl-sync subscribers -------------------------------------------------------------- */
+static int stored;
+
+static double
+median(double *x, int n)
+{
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && x[j] < x[j - 1]; j--) {
+			double t = x[j];
+			x[j] = x[j - 1];
+			x[j - 1] = t;
+		}
+	return n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+}
+
+typedef struct subjob {
+	const char *url;
+	int parallel;
+	uint64_t version;
+	const rl_wver *base;
+	rl_wver *dst; /* preallocated buffer, or NULL: fetch allocates */
+	rl_wver *got;
+	rl_wsync_stats st;
+	int rv;
+} subjob;
+
+static void *
+sub_fetch(void *arg)
+{
+	subjob *j = arg;
+	rl_wsync_client *c;
+	rl_wsync_client_opts o = { .timeout_ms = 60000, .parallel = j->parallel, .stored = stored };
+
+	if ((j->rv = rl_wsync_client_open(&c, j->url, &o)) != 0)
+		return NULL;
+	if (j->dst) {
+		j->rv = rl_wsync_fetch_into(c, j->dst, j->version, j->base);
+		j->got = j->dst;
+	} else {
+		j->rv = rl_wsync_fetch(c, &j->got, j->version, j->base);
+	}
+	rl_wsync_client_stats(c, &j->st, 0);
+	rl_wsync_client_close(c);
+	return NULL;
+}
+
+static double
+deliver(const char *url, int k, int parallel, uint64_t version, rl_wver **bases, rl_wver **dsts, const rl_wver *want,
+	uint64_t *wire)
+{
+	subjob j[8];
+	pthread_t th[8];
+	double t0 = rl_now(), t;
+
+	*wire = 0;
+	for (int i = 0; i < k; i++) {
+		j[i] = (subjob){ .url = url, .parallel = parallel, .version = version, .base = bases ? bases[i] : NULL,
+				 .dst = dsts ? dsts[i] : NULL };
+		pthread_create(&th[i], NULL, sub_fetch, &j[i]);
+	}
+	for (int i = 0; i < k; i++)
+		pthread_join(th[i], NULL);
+	t = rl_now() - t0;
+	for (int i = 0; i < k; i++) {
+		if (j[i].rv != 0 || j[i].got == NULL || j[i].got->hash != want->hash ||
+		    memcmp(j[i].got->blobs[0].data, want->blobs[0].data, (size_t)want->blobs[0].size) != 0) {
+			fprintf(stderr, "sync: subscriber %d got a wrong version (%s)\n", i, rl_strerror(j[i].rv));
+			exit(1);
+		}
+		*wire += j[i].st.bytes_recv;
+		if (j[i].dst == NULL)
+			rl_wver_destroy(j[i].got);
+	}
+	return t;
+}
+
+int
+main(int argc, char **argv)
+{
+	double mb = 0, lr = 1e-6;
+	int reps = 3, level = 1, parallel = 4, subs[4] = { 1, 4 }, nsubs = 2, nlayer = 12, nt;
+	tinfo t[2 + 12 * 24 + 2];
+	size_t nparam = 0, fsize;
+	float *master;
+	uint16_t *w1, *w2;
+	uint8_t *f1, *f2;
+	rl_wver *v1, *v2;
+	rl_wsync_server *srv;
+	rl_wsync_server_opts so = { 0 };
+	rl_wsync_client *pc;
+	rl_wsync_client_opts po = { .timeout_ms = 60000 };
+	rl_wsync_stats st;
+	char url[64];
+	uint64_t changed = 0;
+
+	rl_log_init("sync", RL_LOG_QUIET);
+	mallopt(M_MMAP_THRESHOLD, 128 << 20); /* as rl-sync(1) does */
+	mallopt(M_TRIM_THRESHOLD, 512 << 20);
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--mb") == 0 && i + 1 < argc)
+			mb = atof(argv[++i]);
+		else if (strcmp(argv[i], "--lr") == 0 && i + 1 < argc)
+			lr = atof(argv[++i]);
+		else if (strcmp(argv[i], "--level") == 0 && i + 1 < argc)
+			level = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+			reps = atoi(argv[++i]);
+			reps = RL_MAX(1, RL_MIN(16, reps));
+		}
+		else if (strcmp(argv[i], "--stored") == 0)
+			stored = 1;
+		else if (strcmp(argv[i], "--parallel") == 0 && i + 1 < argc)
+			parallel = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--subs") == 0 && i + 1 < argc) {
+			char *s = argv[++i];
+			nsubs = 0;
+			for (char *tok = strtok(s, ","); tok && nsubs < 4; tok = strtok(NULL, ","))
+				subs[nsubs++] = RL_MAX(1, RL_MIN(8, atoi(tok)));
+		} else {
+			fprintf(stderr, "usage: sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N] [--stored] [--reps N]\n");
+			return 2;
+		}
+	}
+	if (mb > 0) /* drop layers to approach the size asked for (embeddings stay) */
+		nlayer = RL_MAX(0, RL_MIN(12, (int)((mb * 1e6 / 2 - 39.4e6) / 7.09e6)));
+	nt = gpt2_tensors(t, nlayer);
+	for (int i = 0; i < nt; i++)
+		nparam += t[i].rows * t[i].cols;
+
+	/* version 1 and an Adam-like step for version 2 */
+	master = rl_xmalloc(nparam * 4);
+	w1 = rl_xmalloc(nparam * 2);
+	w2 = rl_xmalloc(nparam * 2);
+	{
+		size_t o = 0;
+		uint64_t s = 0x853c49e6748fea9bULL;
+		for (int i = 0; i < nt; i++) {
+			size_t n = t[i].rows * t[i].cols;
+			for (size_t k = 0; k < n; k++, o++) {
+				master[o] = t[i].norm ? 1.0f + 0.05f * gauss(&s) : 0.02f * gauss(&s);
+				w1[o] = rl_f32_to_bf16(master[o]);
+				master[o] -= (float)lr * gauss(&s);
+				w2[o] = rl_f32_to_bf16(master[o]);
+				changed += w1[o] != w2[o];
+			}
+		}
+	}
+	free(master);
+	f1 = safetensors(&fsize, t, nt, w1, nparam);
+	f2 = safetensors(&fsize, t, nt, w2, nparam);
+	free(w1);
+	free(w2);
+	rl_wver_create(&v1, 1);
+	rl_wver_add_blob(v1, "model.safetensors", f1, fsize, 2, 0);
+	rl_wver_add_blob(v1, "config.json", "{\"model_type\":\"gpt2\"}", 21, 1, 0);
+	rl_wver_create(&v2, 2);
+	rl_wver_add_blob(v2, "model.safetensors", f2, fsize, 2, 0);
+	rl_wver_add_blob(v2, "config.json", "{\"model_type\":\"gpt2\"}", 21, 1, 0);
+	rl_wver_hash(v1);
+	rl_wver_hash(v2);
+
+	snprintf(url, sizeof url, "tcp://127.0.0.1:%d", 40000 + (int)(getpid() % 20000));
+	so.listen = url;
+	po.level = level;
+	if (rl_wsync_server_open(&srv, &so) != 0 || rl_wsync_client_open(&pc, url, &po) != 0) {
+		fprintf(stderr, "sync: cannot start a server on %s\n", url);
+		return 1;
+	}
+	for (int pass = 0; pass < 2; pass++) {
+		const char *kind = pass ? "delta" : "full";
+		rl_wver *v = pass ? v2 : v1;
+		double tp, tcp, td;
+		uint64_t pwire, wire;
+
+		rl_wsync_client_stats(pc, &st, 1);
+		tp = rl_now();
+		if (rl_wsync_push(pc, v, pass ? v1 : NULL) != 0) {
+			fprintf(stderr, "sync: push failed\n");
+			return 1;
+		}
+		tp = rl_now() - tp;
+		rl_wsync_client_stats(pc, &st, 1);
+		pwire = st.bytes_sent;
+		for (int si = 0; si < nsubs; si++) {
+			int k = subs[si];
+			rl_wver *bases[8];
+			for (int i = 0; i < k; i++)
+				bases[i] = pass ? v1 : NULL;
+			/* warm-up fetch of the same version is not done: every run is cold on the client */
+			/* a worker's steady state: fetch into its other (already touched) buffer */
+			rl_wver *dsts[8];
+			double ta;
+			uint64_t wa;
+			for (int i = 0; i < k; i++) {
+				uint8_t *b = rl_xmalloc((size_t)fsize);
+				memset(b, 0, (size_t)fsize);
+				rl_wver_create(&dsts[i], 0);
+				rl_wver_add_blob(dsts[i], "model.safetensors", b, fsize, 2, 0);
+				rl_wver_add_blob(dsts[i], "config.json", rl_xcalloc(1, 21), 21, 1, 0);
+			}
+			double rd[16], ra[16], rt[16];
+			/* interleaved repetitions, medians: the machine may be shared */
+			for (int r = 0; r < reps; r++) {
+				rd[r] = deliver(url, k, parallel, v->version, bases, dsts, v, &wire);
+				/* a fresh process: fetch allocates (page faults included) */
+				ra[r] = deliver(url, k, parallel, v->version, bases, NULL, v, &wa);
+				rt[r] = raw_tcp(f1, (size_t)fsize, k);
+			}
+			td = median(rd, reps);
+			ta = median(ra, reps);
+			tcp = median(rt, reps);
+			for (int i = 0; i < k; i++) {
+				free(dsts[i]->blobs[0].data);
+				free(dsts[i]->blobs[1].data);
+				rl_wver_destroy(dsts[i]);
+			}
+			printf("{\"bench\":\"sync\",\"case\":\"%s\",\"subscribers\":%d,\"params\":%zu,\"bytes\":%llu,"
+			       "\"changed_frac\":%.5f,\"lr\":%g,\"level\":%d,\"parallel\":%d,\"stored\":%d,\"reps\":%d,"
+			       "\"seconds\":%.3f,\"wire_bytes_per_sub\":%llu,\"wire_ratio\":%.4f,"
+			       "\"push_seconds\":%.3f,\"push_wire_bytes\":%llu,"
+			       "\"raw_tcp_seconds\":%.3f,\"vs_raw_tcp\":%.2f,\"seconds_fresh_alloc\":%.3f}\n",
+			       kind, k, nparam, (unsigned long long)rl_wver_total(v), (double)changed / (double)nparam, lr,
+			       level, parallel, stored, reps, td, (unsigned long long)(wire / (uint64_t)k),
+			       (double)(wire / (uint64_t)k) / (double)rl_wver_total(v), tp, (unsigned long long)pwire, tcp,
+			       td / tcp, ta);
+			fflush(stdout);
+		}
+	}
+	rl_wsync_client_close(pc);
+	rl_wsync_server_close(srv);
+	rl_wver_destroy(v1);
+	rl_wver_destroy(v2);
+	free(f1);
+	free(f2);
+	return 0;
+}

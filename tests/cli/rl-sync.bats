@@ -1,0 +1,270 @@
+#!/usr/bin/env bats
+# rl-sync: usage and exit codes, serve/push/pull/status on loopback, deltas,
+# --follow, restart from --data-dir, corrupted chunks, a puller killed
+# mid-transfer, the file transport, the man page.
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup() {
+	T=$BATS_TEST_TMPDIR
+	PORT=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+	URL=tcp://127.0.0.1:$PORT
+	mkdir -p "$T/ck"
+	head -c 3000000 /dev/urandom >"$T/ck/model.safetensors"
+	echo '{"model_type":"gpt2"}' >"$T/ck/config.json"
+	echo '{}' >"$T/ck/tokenizer.json"
+	PIDS=""
+}
+
+teardown() {
+	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
+	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+}
+
+# serve [ARGS...]: start a server on $URL in the background, wait until it
+# answers; if the port is taken by someone else, move to another one
+serve() {
+	for _ in 1 2 3; do
+		rl-sync serve --listen "$URL" "$@" 3>&- 2>"$T/serve.err" &
+		SPID=$!
+		PIDS="$PIDS $SPID"
+		for _ in $(seq 50); do
+			if ! kill -0 "$SPID" 2>/dev/null; then break; fi
+			if grep -q 'listening on' "$T/serve.err" &&
+				rl-sync status "$URL" --timeout 200 >/dev/null 2>&1; then
+				return 0
+			fi
+			sleep 0.1
+		done
+		kill "$SPID" 2>/dev/null || true
+		PORT=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+		URL=tcp://127.0.0.1:$PORT
+	done
+	cat "$T/serve.err" >&2
+	return 1
+}
+
+# a copy of ck with a few bytes changed: a small "update"
+bump() {
+	rm -rf "$T/$1"
+	cp -r "$T/ck" "$T/$1"
+	printf '%s' "$2" | dd of="$T/$1/model.safetensors" bs=1 seek=1000 conv=notrunc 2>/dev/null
+}
+
+@test "rl-sync --help prints usage to stdout and exits 0" {
+	run --separate-stderr rl-sync --help
+	assert_success
+	assert_output --partial 'usage: rl-sync serve'
+	assert_output --partial '--keep-previous'
+}
+
+@test "rl-sync usage errors exit 2" {
+	run --separate-stderr -2 rl-sync
+	[[ $stderr == *'missing command'* ]]
+	run --separate-stderr -2 rl-sync frobnicate
+	[[ $stderr == *"unknown command 'frobnicate'"* ]]
+	run --separate-stderr -2 rl-sync pull "$URL"
+	[[ $stderr == *'--out DIR is required'* ]]
+	run --separate-stderr -2 rl-sync push "$URL"
+	run --separate-stderr -2 rl-sync push "$URL" "$T/ck" --chunk 65
+	[[ $stderr == *'--chunk'* ]]
+	run --separate-stderr -2 rl-sync status "$URL" --timeout abc
+}
+
+@test "serve on an address in use fails with a hint" {
+	serve
+	run --separate-stderr -1 rl-sync serve --listen "$URL"
+	[[ $stderr == *"cannot listen on '$URL'"* ]]
+	[[ $stderr == *'hint:'* ]]
+}
+
+@test "push of a missing or empty directory fails with a clear error" {
+	run --separate-stderr -1 rl-sync push "$URL" "$T/nope"
+	[[ $stderr == *"cannot open '$T/nope': No such file or directory"* ]]
+	mkdir "$T/empty"
+	run --separate-stderr -1 rl-sync push "$URL" "$T/empty"
+	[[ $stderr == *"'$T/empty' has no files to push"* ]]
+	run --separate-stderr -1 rl-sync publish "$T/w" "$T/empty" --version 1
+	[[ $stderr == *"'$T/empty' has no files to publish"* ]]
+}
+
+@test "status of a server that is not there fails within the timeout" {
+	run --separate-stderr -1 rl-sync status "$URL" --timeout 300
+	[[ $stderr == *"no answer from '$URL'"* ]]
+	[[ $stderr == *'hint:'* ]]
+}
+
+@test "serve, push, pull, status: the pulled checkpoint is byte-identical" {
+	serve
+	run --separate-stderr -3 rl-sync pull "$URL" --out "$T/out"
+	[[ $stderr == *'has no version yet'* ]]
+	run --separate-stderr rl-sync push "$URL" "$T/ck"
+	echo "$stderr"
+	assert_success
+	[[ $stderr == *'pushed version 1'* ]]
+	run --separate-stderr rl-sync pull "$URL" --out "$T/out"
+	echo "$stderr"
+	assert_success
+	for f in model.safetensors config.json tokenizer.json; do cmp "$T/ck/$f" "$T/out/latest/$f"; done
+	[ "$(readlink "$T/out/latest")" = v000001 ]
+	run --separate-stderr rl-sync status "$URL"
+	assert_success
+	assert_line 'latest: 1'
+	assert_line --partial 'version 1: 3000025 bytes in 3 blobs'
+	run --separate-stderr rl-sync status "$URL" --json
+	assert_success
+	[ "$(echo "$output" | jq .latest)" = 1 ]
+	[ "$(echo "$output" | jq '.versions[0].blobs')" = 3 ]
+}
+
+@test "a stale version is refused; --delta sends a fraction of the bytes" {
+	serve --keep-previous
+	rl-sync push "$URL" "$T/ck" --version 5
+	run --separate-stderr -1 rl-sync push "$URL" "$T/ck" --version 4
+	[[ $stderr == *'version 4 is not newer than the latest, 5'* ]]
+	rl-sync pull "$URL" --out "$T/out"
+	bump ck2 XYZ
+	run --separate-stderr rl-sync push "$URL" "$T/ck2" --delta "$T/out/latest"
+	assert_success
+	[[ $stderr == *'pushed version 6'* ]]
+	wire=$(echo "$stderr" | sed -n 's/.* as \([0-9]*\) on the wire.*/\1/p')
+	[ "$wire" -lt 100000 ]
+	rl-sync pull "$URL" --out "$T/out"
+	cmp "$T/ck2/model.safetensors" "$T/out/latest/model.safetensors"
+	run rl-sync status "$URL"
+	assert_line --partial 'version 6: 3000025 bytes in 3 blobs, hash'
+	assert_line --partial 'delta from 5'
+	assert_line --partial 'version 5:'
+}
+
+@test "pull --follow receives every version in order, as deltas" {
+	serve
+	rl-sync pull "$URL" --out "$T/f" --follow --keep 3 -v 3>&- 2>"$T/follow.err" &
+	FP=$!
+	PIDS="$PIDS $FP"
+	rl-sync push "$URL" "$T/ck" --version 1
+	for v in 2 3 4; do
+		for _ in $(seq 50); do [ -e "$T/f/v00000$((v - 1))" ] && break; sleep 0.1; done
+		bump "c$v" "v$v"
+		rl-sync push "$URL" "$T/c$v" --version "$v" --delta "$T/f/latest"
+	done
+	for _ in $(seq 50); do [ "$(readlink "$T/f/latest")" = v000004 ] && break; sleep 0.1; done
+	[ "$(readlink "$T/f/latest")" = v000004 ]
+	cmp "$T/c4/model.safetensors" "$T/f/latest/model.safetensors"
+	[ ! -e "$T/f/v000001" ]   # pruned to 3
+	grep -q 'pulled version 1' "$T/follow.err"
+	grep -q 'pulled version 4' "$T/follow.err"
+	grep -q 'as a delta' "$T/follow.err"
+	kill "$FP"
+	wait "$FP"   # SIGTERM is a clean stop: exit 0
+}
+
+@test "a restarted server keeps serving the last version from --data-dir" {
+	serve --data-dir "$T/data"
+	rl-sync push "$URL" "$T/ck" --version 7
+	kill "$SPID"; wait "$SPID" || true
+	serve --data-dir "$T/data"
+	grep -q 'serving version 7' "$T/serve.err"
+	run --separate-stderr rl-sync pull "$URL" --out "$T/out"
+	echo "$stderr"
+	assert_success
+	cmp "$T/ck/model.safetensors" "$T/out/v000007/model.safetensors"
+}
+
+@test "a corrupted chunk is detected and fetched again" {
+	RL_WSYNC_TEST_CORRUPT=1 serve
+	rl-sync push "$URL" "$T/ck"
+	run --separate-stderr rl-sync pull "$URL" --out "$T/out"
+	echo "$stderr"
+	assert_success
+	[[ $stderr == *'failed its checksum; asking again'* ]]
+	[[ $stderr == *'with re-sent chunks'* ]]
+	cmp "$T/ck/model.safetensors" "$T/out/latest/model.safetensors"
+}
+
+@test "a server that keeps corrupting chunks gives exit 4 and writes nothing" {
+	RL_WSYNC_TEST_CORRUPT=1000 serve
+	rl-sync push "$URL" "$T/ck"
+	run --separate-stderr -4 rl-sync pull "$URL" --out "$T/out"
+	[[ $stderr == *'still bad after 4 tries'* ]]
+	[ ! -e "$T/out/latest" ]
+}
+
+@test "a puller killed mid-transfer leaves no version behind and a new one recovers" {
+	head -c 9000000 /dev/urandom >"$T/ck/model.safetensors"
+	RL_WSYNC_TEST_SLOW_MS=150 serve
+	rl-sync push "$URL" "$T/ck" --chunk 1
+	rl-sync pull "$URL" --out "$T/out" --parallel 1 3>&- 2>/dev/null &
+	P=$!
+	PIDS="$PIDS $P"
+	sleep 0.5
+	kill -9 "$P"
+	wait "$P" || true
+	[ ! -e "$T/out/latest" ]
+	run --separate-stderr rl-sync pull "$URL" --out "$T/out" --parallel 8
+	assert_success
+	cmp "$T/ck/model.safetensors" "$T/out/latest/model.safetensors"
+	run rl-sync status "$URL" --json
+	[ "$(echo "$output" | jq .latest)" = 1 ]
+	rl-sync pull "$URL" --out "$T/out2" --stored
+	cmp "$T/ck/model.safetensors" "$T/out2/latest/model.safetensors"
+}
+
+@test "a server killed mid-transfer and restarted: the puller carries on" {
+	head -c 9000000 /dev/urandom >"$T/ck/model.safetensors"
+	RL_WSYNC_TEST_SLOW_MS=150 serve --data-dir "$T/data"
+	rl-sync push "$URL" "$T/ck" --chunk 1
+	rl-sync pull "$URL" --out "$T/out" --parallel 1 3>&- 2>"$T/pull.err" &
+	P=$!
+	PIDS="$PIDS $P"
+	sleep 0.6
+	kill -9 "$SPID"
+	wait "$SPID" || true
+	[ ! -e "$T/out/latest" ]
+	RL_WSYNC_TEST_SLOW_MS=150 serve --data-dir "$T/data"
+	wait "$P"
+	cmp "$T/ck/model.safetensors" "$T/out/latest/model.safetensors"
+}
+
+@test "publish: the file transport makes versions appear atomically and prunes" {
+	for v in 1 2 3; do rl-sync publish "$T/w" "$T/ck" --version "$v" --keep 2; done
+	[ "$(readlink "$T/w/latest")" = v000003 ]
+	[ -e "$T/w/v000002/rlsync.json" ]
+	[ ! -e "$T/w/v000001" ]
+	run --separate-stderr -1 rl-sync publish "$T/w" "$T/ck" --version 2
+	[[ $stderr == *'version 2 is not newer than the latest, 3'* ]]
+	run --separate-stderr -2 rl-sync publish "$T/w" "$T/ck"
+	# a damaged version directory is refused when pushed
+	echo x >>"$T/w/v000003/config.json"
+	serve
+	run --separate-stderr -4 rl-sync push "$URL" "$T/w/v000003"
+	[[ $stderr == *'size or checksum differs from rlsync.json'* ]]
+}
+
+@test "the man page's EXAMPLES run" {
+	cd "$T"
+	mkdir -p ckpt
+	cp -r ck ckpt/step-100
+	bump ck2 abc
+	cp -r ck2 ckpt/step-200
+	# each literal block of EXAMPLES, on this test's port, as a script
+	awk '/^\.Sh EXAMPLES/{ex=1} /^\.Sh SEE ALSO/{ex=0} ex&&/^\.Ed/{b=0; print "#END"} ex&&b{print} ex&&/^\.Bd -literal/{b=1}' \
+		"$BATS_TEST_DIRNAME/../../man/rl-sync.1" | sed "s/\\\\e\$/\\\\/; s/7401/$PORT/g" >examples
+	[ "$(grep -c '^#END' examples)" = 2 ]
+	printf 'set -e\ntrap '"'"'kill $(jobs -p) 2>/dev/null; wait'"'"' EXIT\n' >run.sh
+	sed 's/^#END$/sleep 0.5/' examples >>run.sh
+	run --separate-stderr timeout 60 bash run.sh 3>&-
+	assert_success
+	[ "$(echo "$output" | sed -n '1p' | jq .latest)" = 2 ]
+	cmp ck2/model.safetensors weights/latest/model.safetensors
+	cmp ck2/model.safetensors sync/v000002/model.safetensors
+	cmp ck2/model.safetensors shared/latest/model.safetensors
+	assert_line 'rlsync.json'
+}
+
+@test "man page is lint-clean" {
+	run mandoc -Tlint -W warning man/rl-sync.1
+	assert_success
+	assert_output ''
+}

@@ -1,0 +1,677 @@
+/* test_wsync.c — rl-sync's library: the hash against libzstd's frame
+ * checksum, the chunk codec, versions, the directory format and the file
+ * transport, and the nng service on loopback: several subscribers see every
+ * version whole and in order (or skip ahead), deltas, corrupted chunks
+ * re-sent, hostile requests refused, restart from the data directory. */
+#include "core.h"
+#include "t.h"
+#include "wdir.h"
+#include "wsync.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+static uint64_t rs = 88172645463325252ULL;
+static uint64_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return rs; }
+static void fill(uint8_t *p, size_t n) { for (size_t i = 0; i < n; i++) p[i] = (uint8_t)rnd(); }
+
+/* libzstd's frame checksum is the low 32 bits of XXH64(content, seed 0) */
+static uint32_t
+zstd_xxh32(const uint8_t *p, size_t n)
+{
+	ZSTD_CCtx *c = ZSTD_createCCtx();
+	size_t bound = ZSTD_compressBound(n), z;
+	uint8_t *buf = malloc(bound);
+	uint32_t v;
+
+	ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 1);
+	z = ZSTD_compress2(c, buf, bound, p, n);
+	memcpy(&v, buf + z - 4, 4);
+	free(buf);
+	ZSTD_freeCCtx(c);
+	return v;
+}
+
+static void
+test_hash(void)
+{
+	static uint8_t b[3000];
+	int bad = 0;
+
+	T_OK(rl_wsync_hash64("", 0, 0) == 0xEF46DB3751D8E999ULL);
+	fill(b, sizeof b);
+	for (size_t n = 0; n <= 200; n++)
+		bad += (uint32_t)rl_wsync_hash64(b, n, 0) != zstd_xxh32(b, n);
+	bad += (uint32_t)rl_wsync_hash64(b, sizeof b, 0) != zstd_xxh32(b, sizeof b);
+	T_EQ_INT(bad, 0);
+	T_OK(rl_wsync_hash64(b, 100, 1) != rl_wsync_hash64(b, 100, 0));
+}
+
+/* bf16-like weights: N(0, 0.02) rounded */
+static void
+fill_bf16(uint16_t *w, size_t n, float scale)
+{
+	for (size_t i = 0; i < n; i++) {
+		float u = 0;
+		for (int k = 0; k < 4; k++)
+			u += (float)(rnd() >> 40) / (float)(1 << 24) - 0.5f;
+		w[i] = rl_f32_to_bf16(u * scale);
+	}
+}
+
+static void
+test_codec(void)
+{
+	size_t n = 100003; /* odd: a tail byte outside the planes */
+	uint8_t *raw = malloc(n), *base = malloc(n), *out = malloc(n), *e;
+	size_t en;
+	uint32_t f;
+	int elems[] = { 1, 2, 4 };
+
+	fill_bf16((uint16_t *)raw, n / 2, 0.04f);
+	raw[n - 1] = 7;
+	memcpy(base, raw, n);
+	for (size_t i = 0; i < n; i += 97)
+		base[i] ^= 1;
+	for (int k = 0; k < 3; k++) {
+		for (int d = 0; d < 2; d++) {
+			T_EQ_INT(rl_wsync_encode(&e, &en, &f, raw, d ? base : NULL, n, elems[k], 1), RL_OK);
+			memset(out, 0, n);
+			T_EQ_INT(rl_wsync_decode(out, n, e, en, f, d ? base : NULL, elems[k]), RL_OK);
+			T_OK(memcmp(out, raw, n) == 0, "elem %d delta %d", elems[k], d);
+			if (d)
+				T_OK(en < n / 10, "delta of a sparse change: %zu bytes", en);
+			/* a corrupted payload never decodes to the original */
+			if (en > 10) {
+				e[en / 3] ^= 0x40;
+				int rv = rl_wsync_decode(out, n, e, en, f, d ? base : NULL, elems[k]);
+				T_OK(rv != RL_OK || memcmp(out, raw, n) != 0);
+				T_EQ_INT(rl_wsync_decode(out, n, e, en - 1, f, d ? base : NULL, elems[k]) != RL_OK ||
+					 !(f & RL_WENC_ZSTD), 1);
+			}
+			free(e);
+		}
+	}
+	/* shuffling helps bf16 weights */
+	{
+		size_t e1, e2;
+		uint8_t *p1, *p2;
+		rl_wsync_encode(&p1, &e1, &f, raw, NULL, n, 1, 1);
+		rl_wsync_encode(&p2, &e2, &f, raw, NULL, n, 2, 1);
+		T_OK(e2 < e1, "shuffled %zu vs plain %zu", e2, e1);
+		free(p1);
+		free(p2);
+	}
+	T_EQ_INT(rl_wsync_decode(out, n, raw, n, 0x80, NULL, 1), RL_EFORMAT);
+	T_EQ_INT(rl_wsync_decode(out, n, raw, n - 1, 0, NULL, 1), RL_EFORMAT);
+	T_EQ_INT(rl_wsync_decode(out, n, raw, n, RL_WENC_DELTA, NULL, 1), RL_EINVAL);
+	T_EQ_INT(rl_wsync_decode(out, n, raw, n, RL_WENC_ZSTD, NULL, 1), RL_EFORMAT);
+	free(raw);
+	free(base);
+	free(out);
+}
+
+/* a version whose content is a function of its number (so a reader can
+ * tell a torn or mixed version from a whole one) */
+static rl_wver *
+make_ver(uint64_t ver, size_t big)
+{
+	rl_wver *v;
+	uint8_t *p = malloc(big);
+	char cfg[64];
+
+	uint64_t x = 0x9E3779B97F4A7C15ULL;
+
+	/* incompressible bytes, the same for every version, then a sparse
+	 * "update": versions differ from each other in one byte in 997 */
+	for (size_t i = 0; i < big; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		p[i] = (uint8_t)x;
+	}
+	for (size_t i = 0; i < big; i += 997)
+		p[i] += (uint8_t)ver;
+	snprintf(cfg, sizeof cfg, "{\"version\": %llu}", (unsigned long long)ver);
+	rl_wver_create(&v, ver);
+	rl_wver_add_blob(v, "config.json", cfg, strlen(cfg), 0, 1);
+	rl_wver_add_blob(v, "model.safetensors", p, big, 0, 1);
+	rl_wver_add_blob(v, "empty", "", 0, 0, 1);
+	rl_wver_hash(v);
+	free(p);
+	return v;
+}
+
+static int
+same_content(const rl_wver *a, const rl_wver *b)
+{
+	if (a->nblobs != b->nblobs || a->hash != b->hash || a->version != b->version)
+		return 0;
+	for (int i = 0; i < a->nblobs; i++) {
+		const rl_wblob *x = rl_wver_find(b, a->blobs[i].name);
+		if (!x || x->size != a->blobs[i].size || memcmp(x->data, a->blobs[i].data, x->size) != 0)
+			return 0;
+	}
+	return 1;
+}
+
+static char tmpd[256];
+
+static void
+test_version_dirs(void)
+{
+	rl_wver *v = make_ver(3, 3 << 20), *r = NULL;
+	char d[512], p[600];
+	uint64_t l;
+	FILE *f;
+
+	T_EQ_INT(rl_wver_verify(v), RL_OK);
+	T_EQ_INT(rl_wver_add_blob(v, "config.json", "x", 1, 0, 1), RL_EEXIST);
+	T_EQ_INT(rl_wver_add_blob(v, "", "x", 1, 0, 1), RL_EINVAL);
+	T_EQ_INT(rl_wver_add_blob(v, "z", "x", 1, 3, 1), RL_EINVAL);
+	T_EQ_INT(rl_wver_find(v, "model.safetensors")->elem, 2);
+	v->blobs[1].data[12345] ^= 1;
+	T_EQ_INT(rl_wver_verify(v), RL_ECHECKSUM);
+	v->blobs[1].data[12345] ^= 1;
+
+	snprintf(d, sizeof d, "%s/ck", tmpd);
+	T_EQ_INT(rl_wver_write_dir(v, d), RL_OK);
+	T_EQ_INT(rl_wver_write_dir(v, d), RL_EEXIST);
+	T_EQ_INT(rl_wver_read_dir(&r, d, 0), RL_OK);
+	T_OK(r && same_content(v, r));
+	rl_wver_destroy(r);
+	T_EQ_INT(rl_wver_read_dir(&r, d, 4), RL_EINVAL); /* holds version 3 */
+	/* a changed file is caught by the manifest */
+	snprintf(p, sizeof p, "%s/config.json", d);
+	f = fopen(p, "w");
+	fputs("{\"version\": 9}", f);
+	fclose(f);
+	T_EQ_INT(rl_wver_read_dir(&r, d, 0), RL_ECHECKSUM);
+	unlink(p);
+	T_EQ_INT(rl_wver_read_dir(&r, d, 0), RL_ENOENT);
+	snprintf(p, sizeof p, "%s/nope", tmpd);
+	T_EQ_INT(rl_wver_read_dir(&r, p, 0), RL_ENOENT);
+
+	/* the versioned directory: publish, latest, prune, watch */
+	snprintf(d, sizeof d, "%s/w", tmpd);
+	T_EQ_INT(rl_wdir_latest(d, &l, NULL, 0), RL_ENOENT);
+	for (uint64_t k = 1; k <= 4; k++) {
+		rl_wver *x = make_ver(k, 1000);
+		T_EQ_INT(rl_wdir_publish_ver(d, x, 2), RL_OK);
+		rl_wver_destroy(x);
+	}
+	T_EQ_INT(rl_wdir_latest(d, &l, p, sizeof p), RL_OK);
+	T_EQ_INT(l, 4);
+	T_OK(strstr(p, "/v000004") != NULL);
+	snprintf(p, sizeof p, "%s/w/v000002", tmpd);
+	T_OK(access(p, F_OK) != 0, "v2 pruned");
+	snprintf(p, sizeof p, "%s/w/v000003", tmpd);
+	T_OK(access(p, F_OK) == 0, "v3 kept");
+	snprintf(p, sizeof p, "%s/w/latest/config.json", tmpd);
+	T_OK(access(p, F_OK) == 0, "latest link");
+	T_EQ_INT(rl_wdir_publish_ver(d, v, 2), RL_ESTALE);
+	/* a temporary left by a dead writer is pruned; one by a live writer kept */
+	snprintf(p, sizeof p, "%s/w/.tmp-v000009-999999999-1", tmpd);
+	mkdir(p, 0755);
+	snprintf(p, sizeof p, "%s/w/.tmp-v000009-%d-1", tmpd, (int)getpid());
+	mkdir(p, 0755);
+	T_EQ_INT(rl_wdir_prune(d, 2), RL_OK);
+	T_OK(access(p, F_OK) == 0);
+	rmdir(p);
+	snprintf(p, sizeof p, "%s/w/.tmp-v000009-999999999-1", tmpd);
+	T_OK(access(p, F_OK) != 0);
+	{
+		rl_wdir_watch *w;
+		double t0 = rl_now();
+		rl_wdir_watch_open(&w, d, 0, 10);
+		T_EQ_INT(rl_wdir_watch_next(w, &l, p, sizeof p, 0), RL_OK);
+		T_EQ_INT(l, 4);
+		T_EQ_INT(rl_wdir_watch_next(w, &l, p, sizeof p, 50), RL_ETIMEDOUT);
+		T_OK(rl_now() - t0 < 2);
+		rl_wdir_watch_close(w);
+	}
+	/* publish from a plain checkpoint directory */
+	snprintf(p, sizeof p, "%s/ck2", tmpd);
+	mkdir(p, 0755);
+	snprintf(p, sizeof p, "%s/ck2/config.json", tmpd);
+	f = fopen(p, "w");
+	fputs("{}", f);
+	fclose(f);
+	snprintf(p, sizeof p, "%s/ck2", tmpd);
+	T_EQ_INT(rl_wdir_publish(d, p, 7, 2), RL_OK);
+	T_EQ_INT(rl_wdir_latest(d, &l, NULL, 0), RL_OK);
+	T_EQ_INT(l, 7);
+	snprintf(p, sizeof p, "%s/missing", tmpd);
+	T_EQ_INT(rl_wdir_publish(d, p, 8, 2), RL_ENOENT);
+	/* rl-train's layout: ROOT/latest -> step-00000100, trainer state skipped */
+	{
+		const char *names[] = { "config.json", "optimizer.safetensors", "trainer_state.json" };
+		snprintf(p, sizeof p, "%s/root/step-00000100", tmpd);
+		snprintf(d, sizeof d, "%s/root", tmpd);
+		mkdir(d, 0755);
+		mkdir(p, 0755);
+		for (int i = 0; i < 3; i++) {
+			char fp[700];
+			snprintf(fp, sizeof fp, "%s/%s", p, names[i]);
+			f = fopen(fp, "w");
+			fputs("{}", f);
+			fclose(f);
+		}
+		snprintf(p, sizeof p, "%s/root/latest", tmpd);
+		T_EQ_INT(symlink("step-00000100", p), 0);
+		T_EQ_INT(rl_wdir_latest(d, &l, p, sizeof p), RL_OK);
+		T_EQ_INT(l, 100);
+		T_OK(strstr(p, "/root/step-00000100") != NULL, "%s", p);
+		T_EQ_INT(rl_wver_read_dir(&r, p, 0), RL_OK);
+		T_OK(r && r->nblobs == 1 && rl_wver_find(r, "config.json"), "trainer state is not weights");
+		rl_wver_destroy(r);
+	}
+	rl_wver_destroy(v);
+}
+
+/* ---- the service ---------------------------------------------------------------- */
+static char url[128];
+#define NVER 6
+#define NSUB 3
+#define BIG ((size_t)9 << 20) /* 3 chunks of 4 MiB per version */
+
+typedef struct sub {
+	int id;
+	uint64_t seen[64];
+	int nseen, torn, fails;
+	uint64_t delta_bytes;
+} sub;
+
+static void *
+sub_main(void *arg)
+{
+	sub *s = arg;
+	rl_wsync_client *c;
+	rl_wver *have = NULL;
+	uint64_t last = 0;
+	rl_wsync_client_opts o = { .timeout_ms = 5000, .parallel = 1 + s->id % 3 };
+
+	if (rl_wsync_client_open(&c, url, &o) != RL_OK) {
+		s->fails++;
+		return NULL;
+	}
+	while (last < NVER) {
+		uint64_t l;
+		rl_wver *v = NULL, *want;
+		int rv = rl_wsync_poll(c, last, 5000, &l);
+		if (rv != RL_OK) {
+			s->fails++;
+			break;
+		}
+		rv = rl_wsync_fetch(c, &v, l, have);
+		if (rv == RL_ENOENT) /* the server moved past l while we asked */
+			continue;
+		if (rv != RL_OK) {
+			s->fails++;
+			break;
+		}
+		want = make_ver(v->version, BIG);
+		if (!same_content(v, want) || rl_wver_verify(v) != RL_OK || v->version <= last)
+			s->torn++;
+		rl_wver_destroy(want);
+		s->seen[s->nseen++] = v->version;
+		last = v->version;
+		rl_wver_destroy(have);
+		have = v;
+		/* a slow subscriber skips versions */
+		if (s->id == 0)
+			usleep(150000);
+	}
+	rl_wver_destroy(have);
+	rl_wsync_client_close(c);
+	return NULL;
+}
+
+/* a hand-made request on a raw REQ socket */
+static int
+raw_req(nng_socket sk, const void *msg, size_t n, uint8_t *rep, size_t *repn)
+{
+	nng_msg *m;
+	int r;
+
+	if ((r = nng_send(sk, (void *)msg, n, 0)) != 0)
+		return -r;
+	if ((r = nng_recvmsg(sk, &m, 0)) != 0)
+		return -r;
+	*repn = RL_MIN(nng_msg_len(m), *repn);
+	memcpy(rep, nng_msg_body(m), *repn);
+	nng_msg_free(m);
+	return 0;
+}
+
+static int32_t rep_status(const uint8_t *r) { int32_t s; memcpy(&s, r + 12, 4); return s; }
+
+static void
+test_hostile(void)
+{
+	nng_socket sk;
+	uint8_t req[64], rep[600];
+	size_t rn;
+	uint8_t *big;
+
+	T_EQ_INT(nng_req0_open(&sk), 0);
+	nng_socket_set_ms(sk, NNG_OPT_RECVTIMEO, 2000);
+	nng_socket_set_ms(sk, NNG_OPT_REQ_RESENDTIME, 60000);
+	T_EQ_INT(nng_dial(sk, url, NULL, 0), 0);
+	/* wrong magic */
+	memset(req, 0, sizeof req);
+	memcpy(req, "HTTP/1.1 GET /", 14);
+	rn = sizeof rep;
+	T_EQ_INT(raw_req(sk, req, 40, rep, &rn), 0);
+	T_EQ_INT(rep_status(rep), RL_EFORMAT);
+	T_OK(rn > 40 && memmem(rep + 40, rn - 40, "bad magic", 9) != NULL);
+	/* wrong protocol version */
+	memset(req, 0, sizeof req);
+	memcpy(req, "RLSY", 4);
+	req[4] = 9;
+	req[8] = 40;
+	rn = sizeof rep;
+	T_EQ_INT(raw_req(sk, req, 40, rep, &rn), 0);
+	T_EQ_INT(rep_status(rep), RL_EVERSION);
+	/* short message, bad header length, unknown op */
+	rn = sizeof rep;
+	T_EQ_INT(raw_req(sk, req, 5, rep, &rn), 0);
+	T_EQ_INT(rep_status(rep), RL_EFORMAT);
+	req[4] = 1;
+	req[8] = 200;
+	rn = sizeof rep;
+	T_EQ_INT(raw_req(sk, req, 40, rep, &rn), 0);
+	T_EQ_INT(rep_status(rep), RL_EFORMAT);
+	req[8] = 40;
+	req[6] = 99;
+	rn = sizeof rep;
+	T_EQ_INT(raw_req(sk, req, 40, rep, &rn), 0);
+	T_EQ_INT(rep_status(rep), RL_EINVAL);
+	/* a push whose manifest is garbage */
+	req[6] = 5; /* PUSH_BEGIN */
+	req[16] = 50;
+	rn = sizeof rep;
+	T_EQ_INT(raw_req(sk, req, 64, rep, &rn), 0);
+	T_EQ_INT(rep_status(rep), RL_EFORMAT);
+	/* a manifest that claims more than the server's max_bytes */
+	{
+		uint8_t man[40 + 2 + 1 + 18 + 80 * 8 + 40];
+		memset(man, 0, sizeof man);
+		memcpy(man, req, 40);
+		memcpy(man + 40, "RLWM", 4);
+		man[44] = 1;
+		man[48] = 50;          /* version */
+		man[40 + 34] = 0x40;   /* chunk size 4 MiB (u32 at 32) */
+		man[40 + 36] = 1;      /* one blob */
+		man[80] = 1;           /* name length */
+		man[82] = 'x';
+		man[83] = 1;           /* elem */
+		man[85 + 3] = 0x05;    /* size 80 MiB (u64 at 85) */
+		rn = sizeof rep;
+		T_EQ_INT(raw_req(sk, man, sizeof man, rep, &rn), 0);
+		T_EQ_INT(rep_status(rep), RL_ETOOBIG);
+		T_OK(rn > 40 && memmem(rep + 40, rn - 40, "max_bytes", 9) != NULL);
+	}
+	/* a chunk for a push that is not in progress */
+	req[6] = 6;
+	rn = sizeof rep;
+	T_EQ_INT(raw_req(sk, req, 64, rep, &rn), 0);
+	T_EQ_INT(rep_status(rep), RL_ENOENT);
+	/* oversized: over the server's NNG_OPT_RECVMAXSZ, dropped without a reply */
+	big = calloc(1, (size_t)3 << 20);
+	memcpy(big, req, 40);
+	rn = sizeof rep;
+	T_OK(raw_req(sk, big, (size_t)3 << 20, rep, &rn) != 0, "oversized message answered");
+	free(big);
+	nng_close(sk);
+}
+
+static void
+test_service(void)
+{
+	rl_wsync_server *srv = NULL;
+	rl_wsync_server_opts so = { 0 };
+	rl_wsync_client *c = NULL;
+	rl_wsync_client_opts co = { .timeout_ms = 5000 };
+	pthread_t th[NSUB];
+	sub subs[NSUB];
+	rl_wver *prev = NULL, *v, *got;
+	rl_wsync_stats st;
+	char dd[400], *js;
+	uint64_t l;
+	int port = 20000 + (int)(getpid() % 20000);
+
+	snprintf(dd, sizeof dd, "%s/data", tmpd);
+	so.listen = url;
+	so.data_dir = dd;
+	so.keep_previous = 1;
+	so.max_msg = ((size_t)2 << 20) + 65536 + 4096; /* small, to test oversized messages */
+	so.max_bytes = (uint64_t)64 << 20;               /* and versions over the limit */
+	for (int tries = 0; tries < 5; tries++, port = 20000 + (port - 20000 + 7919) % 40000) {
+		snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port); /* the port may be taken: try others */
+		if (rl_wsync_server_open(&srv, &so) == RL_OK)
+			break;
+	}
+	if (srv == NULL) {
+		T_OK(0, "cannot open server on %s", url);
+		return;
+	}
+	T_EQ_INT(rl_wsync_client_open(&c, url, &co), RL_OK);
+	T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_ENOENT);
+	T_EQ_INT(rl_wsync_poll(c, 0, 100, &l), RL_ETIMEDOUT);
+	T_EQ_INT(l, 0);
+
+	/* 4 MiB chunks do not fit this server's small message limit: refused up front */
+	v = make_ver(1, 1000);
+	T_EQ_INT(rl_wsync_push(c, v, NULL), RL_ETOOBIG);
+	rl_wver_destroy(v);
+	/* chunks of 2 MiB stay under the small message limit */
+	rl_wsync_client_close(c);
+	co.chunk = (size_t)2 << 20;
+	T_EQ_INT(rl_wsync_client_open(&c, url, &co), RL_OK);
+
+	memset(subs, 0, sizeof subs);
+	for (int i = 0; i < NSUB; i++) {
+		subs[i].id = i;
+		pthread_create(&th[i], NULL, sub_main, &subs[i]);
+	}
+	usleep(100000);
+	for (uint64_t k = 1; k <= NVER; k++) {
+		v = make_ver(k, BIG);
+		/* odd versions whole, even ones as deltas */
+		T_EQ_INT(rl_wsync_push(c, v, (k % 2 == 0) ? prev : NULL), RL_OK);
+		rl_wver_destroy(prev);
+		prev = v;
+		usleep(50000);
+	}
+	for (int i = 0; i < NSUB; i++) {
+		pthread_join(th[i], NULL);
+		T_EQ_INT(subs[i].fails, 0);
+		T_EQ_INT(subs[i].torn, 0);
+		T_OK(subs[i].nseen >= 1 && subs[i].seen[subs[i].nseen - 1] == NVER, "sub %d ended at %llu", i,
+		     subs[i].nseen ? (unsigned long long)subs[i].seen[subs[i].nseen - 1] : 0ULL);
+		for (int k = 1; k < subs[i].nseen; k++)
+			T_OK(subs[i].seen[k] > subs[i].seen[k - 1]);
+	}
+	T_EQ_INT(rl_wsync_server_latest(srv), NVER);
+	/* stale and hostile pushes */
+	v = make_ver(3, 1000);
+	T_EQ_INT(rl_wsync_push(c, v, NULL), RL_ESTALE);
+	rl_wver_destroy(v);
+
+	/* delta moves far fewer bytes than the whole version */
+	{
+		rl_wver *b = make_ver(NVER - 1, BIG), *w = make_ver(NVER, BIG);
+		uint64_t full, delta;
+		rl_wsync_client_stats(c, &st, 1);
+		T_EQ_INT(rl_wsync_fetch(c, &got, NVER, NULL), RL_OK);
+		rl_wsync_client_stats(c, &st, 1);
+		full = st.bytes_recv;
+		T_OK(got && same_content(got, w));
+		rl_wver_destroy(got);
+		T_EQ_INT(rl_wsync_fetch(c, &got, NVER, b), RL_OK);
+		rl_wsync_client_stats(c, &st, 1);
+		delta = st.bytes_recv;
+		T_OK(got && same_content(got, w));
+		T_OK(delta * 2 < full, "delta %llu vs full %llu", (unsigned long long)delta, (unsigned long long)full);
+		rl_wver_destroy(got);
+		/* the previous version is held too (--keep-previous) */
+		T_EQ_INT(rl_wsync_fetch(c, &got, NVER - 1, NULL), RL_OK);
+		T_OK(got && same_content(got, b));
+		rl_wver_destroy(got);
+		T_EQ_INT(rl_wsync_fetch(c, &got, 1, NULL), RL_ENOENT);
+		rl_wver_destroy(b);
+		rl_wver_destroy(w);
+	}
+	/* corrupted chunks are detected and asked for again ... */
+	rl_wsync_test_corrupt(2);
+	T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_OK);
+	rl_wsync_client_stats(c, &st, 1);
+	T_OK(st.retries >= 2, "retries %llu", (unsigned long long)st.retries);
+	v = make_ver(NVER, BIG);
+	T_OK(got && same_content(got, v));
+	rl_wver_destroy(got);
+	/* uncompressed chunks on request, also checked */
+	{
+		rl_wsync_client *c2;
+		rl_wsync_client_opts o2 = { .timeout_ms = 5000, .stored = 1 };
+		T_EQ_INT(rl_wsync_client_open(&c2, url, &o2), RL_OK);
+		rl_wsync_test_corrupt(1);
+		T_EQ_INT(rl_wsync_fetch(c2, &got, 0, NULL), RL_OK);
+		rl_wsync_client_stats(c2, &st, 1);
+		T_OK(got && same_content(got, v));
+		T_OK(st.bytes_recv > rl_wver_total(v) && st.retries == 1, "%llu bytes, %llu retries",
+		     (unsigned long long)st.bytes_recv, (unsigned long long)st.retries);
+		rl_wver_destroy(got);
+		/* into a buffer of the same layout (double buffering) */
+		{
+			rl_wver *buf = make_ver(1, BIG), *small = make_ver(1, 1000);
+			T_EQ_INT(rl_wsync_fetch_into(c2, buf, 0, NULL), RL_OK);
+			T_OK(same_content(buf, v) && rl_wver_verify(buf) == RL_OK);
+			T_EQ_INT(rl_wsync_fetch_into(c2, small, 0, NULL), RL_ESHAPE);
+			T_EQ_INT(rl_wsync_fetch_into(c2, buf, 0, buf), RL_EINVAL);
+			rl_wver_destroy(buf);
+			rl_wver_destroy(small);
+		}
+		rl_wsync_client_close(c2);
+	}
+	/* ... and a server that keeps sending bad ones is an error, not bad data */
+	rl_wsync_test_corrupt(1000);
+	T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_ECHECKSUM);
+	T_OK(got == NULL);
+	rl_wsync_test_corrupt(0);
+
+	T_EQ_INT(rl_wsync_status(c, &js), RL_OK);
+	T_OK(js && strstr(js, "\"latest\":6") != NULL, "%s", js ? js : "");
+	free(js);
+	test_hostile();
+	T_EQ_INT(rl_wsync_status(c, &js), RL_OK); /* still serving after the hostile client */
+	free(js);
+	rl_wsync_client_close(c);
+	rl_wsync_server_close(srv);
+
+	/* restarted: serves the last version from the data directory */
+	srv = NULL;
+	T_EQ_INT(rl_wsync_server_open(&srv, &so), RL_OK);
+	T_EQ_INT(srv ? rl_wsync_server_latest(srv) : 0, NVER);
+	T_EQ_INT(rl_wsync_client_open(&c, url, &co), RL_OK);
+	T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_OK);
+	T_OK(got && same_content(got, v));
+	rl_wver_destroy(got);
+	/* a chunk damaged on the way to the server is refused and sent again */
+	{
+		rl_wver *w = make_ver(NVER + 1, BIG);
+		rl_wsync_client_stats(c, &st, 1);
+		rl_wsync_test_corrupt(1);
+		T_EQ_INT(rl_wsync_push(c, w, NULL), RL_OK);
+		rl_wsync_client_stats(c, &st, 1);
+		T_EQ_INT(st.retries, 1);
+		T_EQ_INT(rl_wsync_status(c, &js), RL_OK);
+		T_OK(js && strstr(js, "\"push_chunks_rejected\":1") != NULL, "%s", js ? js : "");
+		free(js);
+		rl_wver_destroy(w);
+	}
+	rl_wsync_client_close(c);
+	rl_wsync_server_close(srv);
+	/* the transport-neutral handle over nng (default options, so a server
+	 * with the default message limit): the trainer publishes with deltas */
+	{
+		rl_wsync *h;
+		rl_wver *a = make_ver(NVER + 2, BIG), *b = make_ver(NVER + 3, BIG);
+		rl_wsync_server_opts so2 = { .listen = url };
+		srv = NULL;
+		T_EQ_INT(rl_wsync_server_open(&srv, &so2), RL_OK);
+		T_EQ_INT(rl_wsync_client_open(&c, url, &co), RL_OK);
+		T_EQ_INT(rl_wsync_open(&h, url, 0), RL_OK);
+		T_EQ_STR(rl_wsync_transport_name(h), "nng");
+		T_EQ_INT(rl_wsync_publish(h, a, 1), RL_OK);
+		T_EQ_INT(rl_wsync_publish(h, b, 1), RL_OK);
+		T_EQ_INT(rl_wsync_status(c, &js), RL_OK);
+		T_OK(js && strstr(js, "\"delta_base\":8") != NULL, "%s", js ? js : "");
+		free(js);
+		T_EQ_INT(rl_wsync_poll_version(h, NVER + 2, 1000, &l), RL_OK);
+		T_EQ_INT(l, NVER + 3);
+		T_EQ_INT(rl_wsync_fetch_version(h, &got, 0, a), RL_OK);
+		T_OK(got && same_content(got, b));
+		rl_wver_destroy(got);
+		rl_wsync_close(h);
+		rl_wver_destroy(a);
+		rl_wver_destroy(b);
+	}
+	rl_wsync_client_close(c);
+	rl_wsync_server_close(srv);
+	rl_wver_destroy(v);
+	rl_wver_destroy(prev);
+}
+
+/* the transport-neutral handle over the file transport */
+static void
+test_handle(void)
+{
+	rl_wsync *s;
+	rl_wver *v = make_ver(1, 5000), *got;
+	char d[400];
+	uint64_t l;
+
+	snprintf(d, sizeof d, "file://%s/h", tmpd);
+	T_EQ_INT(rl_wsync_open(&s, d, 2), RL_OK);
+	T_EQ_STR(rl_wsync_transport_name(s), "file");
+	T_EQ_INT(rl_wsync_poll_version(s, 0, 0, &l), RL_ETIMEDOUT);
+	T_EQ_INT(rl_wsync_publish(s, v, 1), RL_OK);
+	T_EQ_INT(rl_wsync_poll_version(s, 0, 1000, &l), RL_OK);
+	T_EQ_INT(l, 1);
+	T_EQ_INT(rl_wsync_fetch_version(s, &got, 0, NULL), RL_OK);
+	T_OK(got && same_content(got, v));
+	rl_wver_destroy(got);
+	rl_wsync_close(s);
+	T_EQ_INT(rl_wsync_open(&s, "nccl://x", 0), RL_ENOTSUP);
+	T_EQ_INT(rl_wsync_open(&s, "http://x", 0), RL_EINVAL);
+	rl_wver_destroy(v);
+}
+
+int
+main(void)
+{
+	T_BEGIN("test_wsync");
+	rl_log_init("test_wsync", RL_LOG_QUIET);
+	snprintf(tmpd, sizeof tmpd, "/tmp/test_wsync.XXXXXX");
+	if (mkdtemp(tmpd) == NULL)
+		T_SKIP("no temporary directory");
+	test_hash();
+	test_codec();
+	test_version_dirs();
+	test_handle();
+	test_service();
+	{
+		char cmd[400];
+		snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpd);
+		if (system(cmd) != 0)
+			fprintf(stderr, "cannot remove %s\n", tmpd);
+	}
+	T_END();
+}
