@@ -38,6 +38,7 @@ SAMPLES=${SAMPLES:-8}         # samples per prompt (the group)
 RL_LR=${RL_LR:-2e-4}
 TEMP=${TEMP:-0.7}
 STALENESS=${STALENESS:-1}     # async only; sync is always 0
+WEIGHTS=${WEIGHTS:-sync}      # async: rl-sync (sync) or the checkpoint directory (file)
 # more rl-train options for the GRPO stage; async: the PPO ratio against the
 # behaviour log-probs the generator recorded (clipped), which stale samples
 # need (docs/demo.md: without it staleness 1 learnt half as fast)
@@ -131,11 +132,11 @@ M=$RUN/metrics.jsonl
 : > "$RUN/heldout.tsv"
 printf '0\t%s\n' "$acc_before" >> "$RUN/heldout.tsv"
 TRAIN_ARGS="--algo grpo --device $DEVICE --seed $SEED --batch $PROMPTS --lr $RL_LR --keep 3 --metrics $M $TRAIN_EXTRA"
-GEN_ARGS="--device $DEVICE --seed $SEED -n $SAMPLES --temperature $TEMP --max-tokens 6 --weights-from $CK"
+GEN_ARGS="--device $DEVICE --seed $SEED -n $SAMPLES --temperature $TEMP --max-tokens 6"
 
 start_sync() {
 	mkfifo "$RUN/gen.fifo" "$RUN/scored.fifo"
-	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS --max-staleness 0 --train-batch "$PROMPTS" \
+	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS --weights-from "$CK" --max-staleness 0 --train-batch "$PROMPTS" \
 		-o "$RUN/gen.fifo" "$RUN/data/prompts.jsonl" 2>"$L/rollout.log" &
 	GEN=$!; PIDS="$PIDS $GEN"; echo "rl-rollout $GEN" >> "$RUN/pids"
 	$PIN_GEN rl-reward --task arith -o "$RUN/scored.fifo" "$RUN/gen.fifo" 2>"$L/reward.log" &
@@ -144,40 +145,55 @@ start_sync() {
 	TRN=$!; PIDS="$PIDS $TRN"; echo "rl-train $TRN" >> "$RUN/pids"
 }
 
-# A free port: the broker exits 3 when it cannot listen; try another.
-start_queue() {
+# A daemon on a free loopback port: $1 names it (queue or sync), the rest is
+# its command without --listen; a port that is taken makes it exit, and the
+# next one is tried.  Sets URL and the daemon's pid in D.
+start_daemon() {
+	kind=$1; shift
 	i=0
 	while [ $i -lt 20 ]; do
-		port=$(awk -v s="$$$i" 'BEGIN { srand(s); printf "%d", 20000 + int(rand() * 40000) }')
+		k=0; [ "$kind" = queue ] || k=20011
+		port=$(( ($$ * 7919 + i * 104729 + k) % 40000 + 20000 ))
 		URL=tcp://127.0.0.1:$port
-		$PIN_TRAIN rl-queue serve --listen "$URL" --max-staleness "$STALENESS" \
-			--train-batch $((PROMPTS * SAMPLES)) --stale regen 2>"$L/queue.log" &
-		Q=$!
+		$PIN_TRAIN "$@" --listen "$URL" 2>>"$L/$kind.log" &
+		D=$!
 		j=0
 		while [ $j -lt 50 ]; do
-			if ! kill -0 "$Q" 2>/dev/null; then break; fi
-			if rl-queue stat "$URL" >/dev/null 2>&1; then PIDS="$PIDS $Q"; echo "rl-queue $Q" >> "$RUN/pids"; return 0; fi
+			if ! kill -0 "$D" 2>/dev/null; then break; fi
+			if rl-$kind "$(case $kind in queue) echo stat ;; *) echo status ;; esac)" "$URL" >/dev/null 2>&1; then
+				PIDS="$PIDS $D"; echo "rl-$kind $D" >> "$RUN/pids"; return 0
+			fi
 			sleep 0.1; j=$((j + 1))
 		done
-		kill "$Q" 2>/dev/null || true; wait "$Q" 2>/dev/null || true
+		kill "$D" 2>/dev/null || true; wait "$D" 2>/dev/null || true
 		i=$((i + 1))
 	done
-	echo "demo: could not start rl-queue serve (see $L/queue.log)" >&2
+	echo "demo: could not start rl-$kind serve (see $L/$kind.log)" >&2
 	return 1
 }
 
 start_async() {
-	start_queue
-	echo "$URL" > "$RUN/queue.url"
+	start_daemon queue rl-queue serve --max-staleness "$STALENESS" \
+		--train-batch $((PROMPTS * SAMPLES)) --stale regen
+	Q=$D; QURL=$URL
+	echo "$QURL" > "$RUN/queue.url"
+	W_GEN="--weights-from $CK"; W_TRAIN=""; S=""
+	if [ "$WEIGHTS" = sync ]; then
+		start_daemon sync rl-sync serve
+		S=$D
+		echo "$URL" > "$RUN/sync.url"
+		W_GEN="--sync $URL"; W_TRAIN="--sync $URL"
+	fi
+	URL=$QURL
 	# the broker drops a record whose id it has seen; without an "id" it derives
 	# one from the content, and the same problem drawn twice would count once
 	awk '{ sub(/^\{/, "{\"id\":" NR ","); print }' "$RUN/data/prompts.jsonl" > "$RUN/data/prompts-q.jsonl"
 	rl-queue put -q "$URL" "$RUN/data/prompts-q.jsonl" 2>"$L/put.log"
-	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS --queue "$URL" 2>"$L/rollout.log" &
+	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS $W_GEN --queue "$URL" 2>"$L/rollout.log" &
 	GEN=$!; PIDS="$PIDS $GEN"; echo "rl-rollout $GEN" >> "$RUN/pids"
 	$PIN_GEN rl-reward --task arith --queue "$URL" 2>"$L/reward.log" &
 	REW=$!; PIDS="$PIDS $REW"; echo "rl-reward $REW" >> "$RUN/pids"
-	$PIN_TRAIN rl-train -m "$BASE" --out "$CK" $TRAIN_ARGS --queue "$URL" --max-steps "$RL_STEPS" 2>"$L/train.log" &
+	$PIN_TRAIN rl-train -m "$BASE" --out "$CK" $TRAIN_ARGS $W_TRAIN --queue "$URL" --max-steps "$RL_STEPS" 2>"$L/train.log" &
 	TRN=$!; PIDS="$PIDS $TRN"; echo "rl-train $TRN" >> "$RUN/pids"
 }
 
@@ -209,7 +225,7 @@ MON=$!; PIDS="$PIDS $MON"
 # a worker or the broker that dies before the trainer is done stops the run
 # (the trainer would wait for records forever)
 while kill -0 "$MON" 2>/dev/null; do
-	for p in ${GEN:-} ${REW:-} ${Q:-}; do
+	for p in ${GEN:-} ${REW:-} ${Q:-} ${S:-}; do
 		[ "$WIRING" = async ] || break
 		if ! kill -0 "$p" 2>/dev/null; then
 			wait "$p" && st=0 || st=$?
@@ -230,7 +246,7 @@ if [ "$WIRING" = sync ]; then
 	wait "$REW" || { echo "demo: rl-reward failed; see $L/reward.log" >&2; exit 1; }
 else
 	# the trainer stopped at RL_STEPS; the workers and the broker stop on SIGTERM (exit 0)
-	for p in $GEN $REW $Q; do
+	for p in $GEN $REW $S $Q; do
 		kill "$p" 2>/dev/null || true
 		wait "$p" || { echo "demo: a stage exited with status $? (logs in $L)" >&2; exit 1; }
 	done

@@ -52,13 +52,21 @@ check_run() {
 	! grep -q '"staleness/max":[1-9]' "$TD/sync/metrics.jsonl"
 }
 
-@test "demo, async wiring: rl-queue and three workers, staleness <= 1" {
+@test "demo, async wiring: rl-queue, rl-sync and three workers, staleness <= 1" {
 	run -0 timeout 60 env WIRING=async RUN="$TD/async" STALENESS=1 sh pipelines/demo/demo.sh
 	assert_line --regexp '^step +4  reward [0-9.]+'
 	check_run "$TD/async"
 	grep -q 'serving on tcp://127.0.0.1:' "$TD/async/logs/queue.log"
-	[ "$(cut -d' ' -f1 "$TD/async/pids" | sort | tr '\n' ' ')" = "rl-queue rl-reward rl-rollout rl-train " ]
+	[ "$(cut -d' ' -f1 "$TD/async/pids" | sort | tr '\n' ' ')" = "rl-queue rl-reward rl-rollout rl-sync rl-train " ]
+	# weights went trainer -> rl-sync -> generator
+	grep -q 'published version 3' "$TD/async/logs/sync.log"
 	! grep -q '"staleness/max":[2-9]' "$TD/async/metrics.jsonl"
+}
+
+@test "demo, async wiring with weights through the checkpoint directory" {
+	run -0 timeout 60 env WIRING=async WEIGHTS=file RUN="$TD/afile" sh pipelines/demo/demo.sh
+	check_run "$TD/afile"
+	[ ! -e "$TD/afile/logs/sync.log" ]
 }
 
 @test "demo: the promise is checked (an unreachable goal exits 1)" {
