@@ -10,7 +10,8 @@
 # Prints one JSON line per wiring and one with the ratio.
 #
 # Usage: sh bench/e2e.sh [RL_STEPS] [GEN_CPU] [TRAIN_CPU]   (defaults 200 0 1)
-# Environment: any demo.sh setting (PROMPTS, SAMPLES, STALENESS, DEVICE, ...).
+# Environment: any demo.sh setting (PROMPTS, SAMPLES, STALENESS, WEIGHTS=file
+# for the checkpoint directory instead of rl-sync, DEVICE, ...).
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 B=${RL_BUILD:-build}
@@ -55,8 +56,8 @@ for w in sync async; do
 			wall = v["rl_seconds"]
 			printf "{\"bench\":\"e2e\",\"wiring\":\"%s\",\"rl_steps\":%s,\"rl_seconds\":%s,\"samples_per_s\":%s,", w, v["rl_steps"], wall, v["samples_per_s"]
 			printf "\"acc_sft\":%s,\"acc_rl\":%s,", v["acc_sft"], v["acc_rl"]
-			printf "\"busy_gen\":%.3f,\"busy_reward\":%.3f,\"busy_train\":%.3f,\"busy_queue\":%.3f}\n",
-				best["rl-rollout"] / wall, best["rl-reward"] / wall, best["rl-train"] / wall, best["rl-queue"] / wall
+			printf "\"busy_gen\":%.3f,\"busy_reward\":%.3f,\"busy_train\":%.3f,\"busy_queue\":%.3f,\"busy_sync\":%.3f}\n",
+				best["rl-rollout"] / wall, best["rl-reward"] / wall, best["rl-train"] / wall, best["rl-queue"] / wall, best["rl-sync"] / wall
 		}' "$out/$w.cpu" | tee "$out/$w.json"
 done
 awk -F'"samples_per_s":' 'FNR == 1 { split($2, a, ","); r[NR] = a[1] } END {
