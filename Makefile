@@ -166,7 +166,7 @@ fuzz:
 
 demo: deps
 	@$(MAKE) --no-print-directory all
-	@$(MAKE) --no-print-directory -C pipelines/demo
+	@$(MAKE) --no-print-directory -C pipelines/demo BUILD=$(abspath $(B)) $(if $(DEVICE),DEVICE=$(DEVICE))
 
 # ---- install ---------------------------------------------------------------------
 install: all

@@ -1,0 +1,120 @@
+#!/bin/sh
+# pipelines/lib/grpo-queue.sh — one GRPO run of a recipe (pipelines/gsm8k,
+# pipelines/countdown) in the queue wiring, resumable and safe from cron.
+#
+#   - one run at a time per OUT: flock on OUT/.lock; a second start while one
+#     runs says so and exits 0 (cron);
+#   - idempotent: a run whose checkpoint has reached STEPS does nothing;
+#   - resumable: the broker journals to OUT/queue (--data-dir), so a restarted
+#     run replays what was put, generated and scored; rl-train --resume goes on
+#     from the newest full checkpoint (optimizer included, --save-every);
+#     prompts are put once (ids are the line numbers, so a second put of the
+#     same file is dropped by the broker as duplicates anyway);
+#   - logs under OUT/logs/<start time>/, metrics appended to OUT/metrics.jsonl;
+#   - every process it starts is stopped by pid on exit, newest first.
+#
+# Environment (the recipe Makefiles set these): MODEL (Hugging Face directory),
+# PROMPTS (JSONL prompt lines), OUT, TASK (rl-reward --task spec), STEPS,
+# BATCH (prompts per step), SAMPLES, LR, TEMP, MAX_TOKENS, DEVICE,
+# GEN_DEVICE, STALENESS, SAVE_EVERY, CHAT (1: chat template), EXTRA_TRAIN,
+# EXTRA_GEN.  Calls only rl-* programs, sh, awk and flock.
+set -eu
+: "${MODEL:?set MODEL to a Hugging Face model directory}"
+: "${PROMPTS:?set PROMPTS to a JSONL file of prompt lines}"
+: "${OUT:?set OUT to the run directory}"
+: "${TASK:?set TASK to an rl-reward task}"
+STEPS=${STEPS:-200}
+BATCH=${BATCH:-32}
+SAMPLES=${SAMPLES:-8}
+LR=${LR:-1e-6}
+TEMP=${TEMP:-1}
+MAX_TOKENS=${MAX_TOKENS:-512}
+DEVICE=${DEVICE:-cuda}
+GEN_DEVICE=${GEN_DEVICE:-$DEVICE}
+STALENESS=${STALENESS:-1}
+SAVE_EVERY=${SAVE_EVERY:-10}
+CHAT=${CHAT:-1}
+EXTRA_TRAIN=${EXTRA_TRAIN:-}
+EXTRA_GEN=${EXTRA_GEN:-}
+
+[ -d "$MODEL" ] || { echo "recipe: MODEL '$MODEL' is not a directory" >&2; exit 2; }
+[ -f "$PROMPTS" ] || { echo "recipe: PROMPTS '$PROMPTS' not found" >&2; exit 2; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+exec 9>"$OUT/.lock"
+if ! flock -n 9; then
+	echo "recipe: another run holds $OUT/.lock; nothing to do"
+	exit 0
+fi
+
+CK=$OUT/ckpt
+done_steps=0
+[ -L "$CK/latest" ] && done_steps=$(readlink "$CK/latest" | sed 's/^step-0*//; s/^$/0/')
+if [ "$done_steps" -ge "$STEPS" ]; then
+	echo "recipe: $OUT is at step $done_steps of $STEPS; nothing to do"
+	exit 0
+fi
+
+L=$OUT/logs/$(date -u +%Y%m%dT%H%M%SZ)-$$
+mkdir -p "$L"
+PIDS=""
+cleanup() {
+	r=""
+	for p in $PIDS; do r="$p $r"; done
+	for p in $r; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+	PIDS=""
+}
+trap 'cleanup' EXIT
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+
+# the broker, on a free loopback port; its journal makes the run resumable
+i=0; URL=""
+while [ $i -lt 20 ]; do
+	port=$(awk -v s="$$$i" 'BEGIN { srand(s); printf "%d", 20000 + int(rand() * 40000) }')
+	rl-queue serve --listen "tcp://127.0.0.1:$port" --data-dir "$OUT/queue" \
+		--max-staleness "$STALENESS" --train-batch $((BATCH * SAMPLES)) --stale regen \
+		2>>"$L/queue.log" &
+	Q=$!
+	j=0
+	while [ $j -lt 100 ] && kill -0 "$Q" 2>/dev/null; do
+		if rl-queue stat "tcp://127.0.0.1:$port" >/dev/null 2>&1; then URL=tcp://127.0.0.1:$port; break; fi
+		sleep 0.1; j=$((j + 1))
+	done
+	[ -n "$URL" ] && break
+	kill "$Q" 2>/dev/null || true; wait "$Q" 2>/dev/null || true
+	i=$((i + 1))
+done
+[ -n "$URL" ] || { echo "recipe: could not start rl-queue serve (see $L/queue.log)" >&2; exit 1; }
+PIDS="$PIDS $Q"
+echo "$URL" > "$OUT/queue.url"
+
+if [ ! -f "$OUT/.prompts-put" ]; then
+	awk '{ sub(/^\{/, "{\"id\":" NR ","); print }' "$PROMPTS" > "$OUT/prompts-ids.jsonl"
+	rl-queue put -q "$URL" "$OUT/prompts-ids.jsonl" 2>>"$L/put.log"
+	: > "$OUT/.prompts-put"
+fi
+
+resume=""
+[ "$done_steps" -gt 0 ] && resume=--resume
+chat=""
+[ "$CHAT" = 1 ] && chat=--chat
+# the generator starts from the newest weights there are
+gen_model=$MODEL
+[ -L "$CK/latest" ] && gen_model=$CK/$(readlink "$CK/latest")
+
+rl-rollout -m "$gen_model" --queue "$URL" --weights-from "$CK" --device "$GEN_DEVICE" \
+	-n "$SAMPLES" --temperature "$TEMP" --max-tokens "$MAX_TOKENS" $chat $EXTRA_GEN 2>>"$L/rollout.log" &
+PIDS="$PIDS $!"; GEN=$!
+rl-reward --queue "$URL" --task "$TASK" 2>>"$L/reward.log" &
+PIDS="$PIDS $!"; REW=$!
+echo "recipe: $(date -u +%FT%TZ) run in $OUT from step $done_steps to $STEPS; logs in $L"
+rc=0
+rl-train -m "$MODEL" --out "$CK" --queue "$URL" $resume --algo grpo --device "$DEVICE" \
+	--batch "$BATCH" --lr "$LR" --max-steps "$STEPS" --save-every "$SAVE_EVERY" \
+	--metrics "$L/metrics.jsonl" $EXTRA_TRAIN 2>>"$L/train.log" || rc=$?
+cat "$L/metrics.jsonl" >> "$OUT/metrics.jsonl" 2>/dev/null || true
+for p in $GEN $REW; do kill -0 "$p" 2>/dev/null || { echo "recipe: a worker exited early; see $L" >&2; rc=1; }; done
+[ $rc = 0 ] || { echo "recipe: rl-train failed (exit $rc); see $L/train.log" >&2; exit 1; }
+echo "recipe: $(date -u +%FT%TZ) done: $CK/$(readlink "$CK/latest")"
