@@ -105,6 +105,14 @@ put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, s
 				snprintf(what, sizeof what, "put: '%s': line %llu", path, ln);
 				if ((rv = rl_prompt_line_to_traj(t, cur, (size_t)len, what)) != 0)
 					break;
+				/* the same text on two lines is two prompts; the same file put twice is
+				 * still idempotent: the id hashes the line and its number */
+				if (!rl_traj_has(t, RL_TAG_ID)) {
+					uint64_t id = (fnv1a((const uint8_t *)cur, (size_t)len) ^
+					    (ln * 0x9e3779b97f4a7c15ULL)) & 0x7fffffffffffffffULL;
+					if ((rv = rl_traj_set_u64(t, RL_TAG_ID, id)) != 0)
+						break;
+				}
 				if ((rv = rl_traj_batch_add(b, t)) != 0)
 					break;
 			}

@@ -103,3 +103,11 @@ assert s["version"] == 1, s["version"]
 	run -1 --separate-stderr rl-queue put "$URL" "$TD/pbad.jsonl"
 	[[ "$stderr" == *"line 2"* ]]
 }
+
+@test "the same prompt text on two lines is two prompts; putting the file again adds nothing" {
+	printf '%s\n' '{"prompt":"1+1="}' '{"prompt":"1+1="}' '{"prompt":"2+2="}' > "$TD/rep.jsonl"
+	run -0 --separate-stderr rl-queue put "$URL" "$TD/rep.jsonl"
+	[[ "$stderr" == *"3 records: 3 accepted"* ]]
+	run -0 --separate-stderr rl-queue put "$URL" "$TD/rep.jsonl"
+	[[ "$stderr" == *"0 accepted, 3 duplicates"* ]]
+}
