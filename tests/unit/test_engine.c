@@ -17,7 +17,7 @@
 
 #define MAXS 64
 typedef struct out {
-	int n[MAXS], finish[MAXS], index[MAXS];
+	int n[MAXS], finish[MAXS], index[MAXS], vf[MAXS], vl[MAXS];
 	int32_t tok[MAXS][64];
 	float lp[MAXS][64];
 	void *user[MAXS];
@@ -33,6 +33,8 @@ collect(void *ctx, const rl_gen_sample *s)
 	o->finish[k] = s->finish;
 	o->index[k] = s->index;
 	o->user[k] = s->user;
+	o->vf[k] = s->ver_first;
+	o->vl[k] = s->ver_last;
 	memcpy(o->tok[k], s->tok, sizeof(int32_t) * (size_t)s->n);
 	memcpy(o->lp[k], s->logp, sizeof(float) * (size_t)s->n);
 	return 0;
@@ -222,6 +224,26 @@ main(void)
 		/* a group larger than the slots is refused with a hint */
 		T_EQ_INT(rl_engine_submit(e, pa, 5, 9, 0, 0, 1, NULL), RL_ETOOBIG);
 		rl_engine_destroy(e);
+	}
+	/* ---- weights changing mid-generation (--partial): first and last versions ---- */
+	{
+		static out o6;
+		go.eos_id = -1;
+		go.max_new = 10;
+		go.sp.temperature = 1.0f;
+		T_EQ_INT(rl_engine_create(&e, m, NULL, &go), RL_OK);
+		rl_engine_set_version(e, 3);
+		T_EQ_INT(rl_engine_submit(e, pa, 5, 2, 0, 0, 1, (void *)1), RL_OK);
+		for (int i = 0; i < 4; i++)
+			T_EQ_INT(rl_engine_step(e, collect, &o6), RL_OK);
+		rl_engine_set_version(e, 4);
+		run(e, &o6);
+		rl_engine_destroy(e);
+		T_EQ_INT(o6.count, 2);
+		T_EQ_INT(o6.vf[0], 3);
+		T_EQ_INT(o6.vl[0], 4);
+		T_EQ_INT(o6.vf[1], 3);
+		T_EQ_INT(o6.vl[1], 4);
 	}
 	rl_model_close(m);
 	rl_ops_close(ops);
