@@ -120,6 +120,7 @@ typedef struct trainer {
 	size_t nheld, capheld;
 	uint64_t q_late;
 	int last_gsize;          /* group size seen last (lease sizing) */
+	double idle_since;       /* when the last records came (--idle-exit) */
 	/* data parallelism */
 	rl_comm *comm;           /* NULL: one process */
 	int rank, world;
@@ -208,13 +209,12 @@ static int
 lease_more(trainer *tr)
 {
 	const rl_train_opts *o = tr->o;
-	static double idle_since;
 	rl_qlease_req req = { 0 };
 	char where[128];
 	int rv;
 
-	if (idle_since == 0)
-		idle_since = rl_now();
+	if (tr->idle_since == 0)
+		tr->idle_since = rl_now();
 	if (train_stop)
 		return RL_ENOENT;
 	req.stage = RL_QSTAGE_SCORED;
@@ -233,11 +233,11 @@ lease_more(trainer *tr)
 		return rv;
 	size_t n = rl_qlease_count(&tr->lease);
 	if (n == 0) {
-		if (o->idle_exit > 0 && rl_now() - idle_since > o->idle_exit)
+		if (o->idle_exit > 0 && rl_now() - tr->idle_since > o->idle_exit)
 			return RL_ENOENT;
 		return RL_OK;
 	}
-	idle_since = rl_now();
+	tr->idle_since = rl_now();
 	for (size_t i = 0; i < n; i++) {
 		uint64_t id = 0;
 		if ((rv = rl_traj_batch_get(tr->lease.batch, i, tr->qt)) != 0)
