@@ -34,6 +34,7 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #include "core.h"
+#include "nngx.h"
 
 #if HAVE_NCCL
 #include <cuda_runtime.h>
@@ -236,73 +237,6 @@ resolve(const char *master, char ip[64], int *port)
 }
 
 /* ---- sockets -------------------------------------------------------------------------- */
-
-/* nng 1.5.2 can hang in nng_close (issue #1543); close on a helper thread and
- * stop waiting after a second (the socket is then left to the exit). */
-struct closer {
-	nng_socket s;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	int done, refs;
-};
-
-static void
-closer_unref(struct closer *k)
-{
-	int last;
-	pthread_mutex_lock(&k->mu);
-	last = --k->refs == 0;
-	pthread_mutex_unlock(&k->mu);
-	if (last) {
-		pthread_mutex_destroy(&k->mu);
-		pthread_cond_destroy(&k->cv);
-		free(k);
-	}
-}
-
-static void *
-closer_main(void *arg)
-{
-	struct closer *k = arg;
-	nng_close(k->s);
-	pthread_mutex_lock(&k->mu);
-	k->done = 1;
-	pthread_cond_signal(&k->cv);
-	pthread_mutex_unlock(&k->mu);
-	closer_unref(k);
-	return NULL;
-}
-
-static void
-close_socket(nng_socket s)
-{
-	struct closer *k = calloc(1, sizeof *k);
-	struct timespec ts;
-	pthread_t th;
-
-	if (!k) {
-		nng_close(s);
-		return;
-	}
-	k->s = s;
-	k->refs = 2;
-	pthread_mutex_init(&k->mu, NULL);
-	pthread_cond_init(&k->cv, NULL);
-	if (pthread_create(&th, NULL, closer_main, k) != 0) {
-		nng_close(s);
-		k->refs = 1;
-		closer_unref(k);
-		return;
-	}
-	pthread_detach(th);
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += 1;
-	pthread_mutex_lock(&k->mu);
-	while (!k->done && pthread_cond_timedwait(&k->cv, &k->mu, &ts) == 0)
-		;
-	pthread_mutex_unlock(&k->mu);
-	closer_unref(k);
-}
 
 static void
 on_prev_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
@@ -1113,7 +1047,7 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 	    c->backend == B_NCCL ? "nccl" : "cpu", tab[c->rank].addr, tab[next_of(c)].addr);
 out:
 	if (nng_socket_id(rdv) > 0)
-		close_socket(rdv);
+		rli_nng_close_timed(rdv, "rendezvous socket");
 	free(tab);
 	if (rv != 0) {
 		if (!c->failed)
@@ -1146,7 +1080,7 @@ rl_comm_finish(rl_comm *c)
 		return rv;
 	nng_msg_free(m);
 	c->finished = 1;
-	close_socket(c->prev);
+	rli_nng_close_timed(c->prev, "ring socket");
 	c->have_prev = 0;
 	for (double t0 = rl_now(); !atomic_load(&c->next_lost) && rl_now() - t0 < c->timeout;)
 		usleep(2000);
@@ -1172,9 +1106,9 @@ rl_comm_close(rl_comm *c)
 		cudaStreamDestroy(c->stream);
 #endif
 	if (c->have_next)
-		close_socket(c->next);
+		rli_nng_close_timed(c->next, "ring socket");
 	if (c->have_prev)
-		close_socket(c->prev);
+		rli_nng_close_timed(c->prev, "ring socket");
 	free(c->stage);
 	free(c);
 }

@@ -3,6 +3,7 @@
  * socket, retries with backoff, lease decoding, consumer-side dedup.
  */
 #include "qclient.h"
+#include "nngx.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -186,85 +187,12 @@ rl_qclient_open(rl_qclient **out, const char *url, const rl_qclient_opts *o)
 	return RL_OK;
 }
 
-/* nng 1.5.2 can hang in nng_close (nng issue #1543, a close racing a
- * request that just timed out).  The socket is closed on a helper thread;
- * if that takes more than a second the client stops waiting: the thread and
- * the socket are leaked, which beats a program that never exits. */
-struct closer {
-	nng_socket sock;
-	pthread_mutex_t mtx;
-	pthread_cond_t cv;
-	int done, refs;
-};
-
-static void
-closer_unref(struct closer *k)
-{
-	int last;
-
-	pthread_mutex_lock(&k->mtx);
-	last = --k->refs == 0;
-	pthread_mutex_unlock(&k->mtx);
-	if (last) {
-		pthread_mutex_destroy(&k->mtx);
-		pthread_cond_destroy(&k->cv);
-		free(k);
-	}
-}
-
-static void *
-closer_main(void *arg)
-{
-	struct closer *k = arg;
-
-	nng_close(k->sock);
-	pthread_mutex_lock(&k->mtx);
-	k->done = 1;
-	pthread_cond_signal(&k->cv);
-	pthread_mutex_unlock(&k->mtx);
-	closer_unref(k);
-	return NULL;
-}
-
-static void
-close_socket(nng_socket sock)
-{
-	struct closer *k = calloc(1, sizeof *k);
-	struct timespec ts;
-	pthread_t th;
-
-	if (k == NULL) {
-		nng_close(sock);
-		return;
-	}
-	k->sock = sock;
-	k->refs = 2;
-	pthread_mutex_init(&k->mtx, NULL);
-	pthread_cond_init(&k->cv, NULL);
-	if (pthread_create(&th, NULL, closer_main, k) != 0) {
-		nng_close(sock);
-		k->refs = 1;
-		closer_unref(k);
-		return;
-	}
-	pthread_detach(th);
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += 1;
-	pthread_mutex_lock(&k->mtx);
-	while (!k->done && pthread_cond_timedwait(&k->cv, &k->mtx, &ts) == 0)
-		;
-	if (!k->done)
-		rl_verbose("closing the broker connection hangs (nng bug #1543); leaving it");
-	pthread_mutex_unlock(&k->mtx);
-	closer_unref(k);
-}
-
 void
 rl_qclient_close(rl_qclient *c)
 {
 	if (c == NULL)
 		return;
-	close_socket(c->sock);
+	rli_nng_close_timed(c->sock, "broker connection");
 	rl_traj_destroy(c->tmp);
 	rl_buf_fini(&c->buf);
 	free(c->seen.ring);

@@ -1,0 +1,79 @@
+/*
+ * nngx.c — nng helpers (see nngx.h).
+ */
+#include "nngx.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "core.h"
+
+struct closer {
+	nng_socket sock;
+	pthread_mutex_t mtx;
+	pthread_cond_t cv;
+	int done, refs;
+};
+
+static void
+closer_unref(struct closer *k)
+{
+	int last;
+
+	pthread_mutex_lock(&k->mtx);
+	last = --k->refs == 0;
+	pthread_mutex_unlock(&k->mtx);
+	if (last) {
+		pthread_mutex_destroy(&k->mtx);
+		pthread_cond_destroy(&k->cv);
+		free(k);
+	}
+}
+
+static void *
+closer_main(void *arg)
+{
+	struct closer *k = arg;
+
+	nng_close(k->sock);
+	pthread_mutex_lock(&k->mtx);
+	k->done = 1;
+	pthread_cond_signal(&k->cv);
+	pthread_mutex_unlock(&k->mtx);
+	closer_unref(k);
+	return NULL;
+}
+
+void
+rli_nng_close_timed(nng_socket sock, const char *what)
+{
+	struct closer *k = calloc(1, sizeof *k);
+	struct timespec ts;
+	pthread_t th;
+
+	if (k == NULL) {
+		nng_close(sock);
+		return;
+	}
+	k->sock = sock;
+	k->refs = 2;
+	pthread_mutex_init(&k->mtx, NULL);
+	pthread_cond_init(&k->cv, NULL);
+	if (pthread_create(&th, NULL, closer_main, k) != 0) {
+		nng_close(sock);
+		k->refs = 1;
+		closer_unref(k);
+		return;
+	}
+	pthread_detach(th);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 1;
+	pthread_mutex_lock(&k->mtx);
+	while (!k->done && pthread_cond_timedwait(&k->cv, &k->mtx, &ts) == 0)
+		;
+	if (!k->done)
+		rl_verbose("closing the %s hangs (nng bug #1543); leaving it", what);
+	pthread_mutex_unlock(&k->mtx);
+	closer_unref(k);
+}

@@ -1,0 +1,16 @@
+/*
+ * nngx.h — small helpers around nng shared by the clients in lib/.
+ */
+#ifndef RL_NNGX_H
+#define RL_NNGX_H
+
+#include <nng/nng.h>
+
+/* rli_nng_close_timed closes sock on a helper thread and waits for it at most
+ * a second: nng 1.5's nng_close can hang (nng bug #1543, e.g. on a REQ socket
+ * with a request that just timed out).  When it does, the thread and the
+ * socket are leaked (logged at verbose level, naming `what`), which beats a
+ * program that never exits.  Thread-safe. */
+void rli_nng_close_timed(nng_socket sock, const char *what);
+
+#endif
