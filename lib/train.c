@@ -183,14 +183,14 @@ tokenize_if_needed(trainer *tr, const rl_traj *in, rl_traj **out)
 	if (tr->o->algo == RL_ALGO_SFT && rl_tokenizer_eos_id(tr->tok) >= 0) {
 		int32_t eos = rl_tokenizer_eos_id(tr->tok);
 		if (r.n == 0 || r.ids[r.n - 1] != eos) {
-			rl_tokens e = { &eos, 1, 1 };
-			if (r.n + 1 > r.cap) {
-				int32_t *ni = realloc(r.ids, (r.n + 1) * sizeof *ni);
-				if (!ni) { rv = RL_ENOMEM; goto out; }
-				r.ids = ni;
-				r.cap = r.n + 1;
+			int32_t *ni = realloc(r.ids, (r.n + 1) * sizeof *ni);
+			if (!ni) {
+				rv = RL_ENOMEM;
+				goto out;
 			}
-			r.ids[r.n++] = e.ids[0];
+			r.ids = ni;
+			r.cap = r.n + 1;
+			r.ids[r.n++] = eos;
 		}
 	}
 	if ((rv = rl_traj_dup(out, in)) != 0)
@@ -470,7 +470,6 @@ prepare(trainer *tr)
 			tr->nseq++;
 			ntok += s->rlen;
 		}
-		(void)baseline;
 		G++;
 	}
 	if (ntok + 1 > tr->cap_tok) {

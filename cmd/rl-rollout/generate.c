@@ -812,7 +812,7 @@ on_signal(int sig)
 /* A leased prompt record into a prompt: its token ids, or its prompt_text, or
  * meta.prompt (text or messages); the rest of meta is kept. */
 static int
-prompt_from_record(gen *g, const rl_traj *t, uint64_t lease_id, prompt **out)
+prompt_from_record(gen *g, const rl_traj *t, prompt **out)
 {
 	const char *metas, *ptext;
 	const int32_t *ids = NULL;
@@ -838,7 +838,6 @@ prompt_from_record(gen *g, const rl_traj *t, uint64_t lease_id, prompt **out)
 	}
 	if (rl_traj_get_i32s(t, RL_TAG_PROMPT, &ids, &nids) != RL_OK || nids == 0)
 		ids = NULL;
-	(void)lease_id;
 	if ((rv = parse_prompt_obj(g, j, where, ids, nids, out)) != 0)
 		return rv;
 	(*out)->group = group;
@@ -879,7 +878,7 @@ run_queue(gen *g)
 				rl_qack_result ares;
 				if ((rv = rl_traj_batch_get(lease.batch, i, t)) != 0)
 					goto out;
-				if (prompt_from_record(g, t, lease.id, &p) != RL_OK) {
+				if (prompt_from_record(g, t, &p) != RL_OK) {
 					/* an unusable prompt is given up (acknowledged), not retried forever */
 					uint64_t id = 0;
 					rl_traj_get_u64(t, RL_TAG_ID, &id);
