@@ -123,3 +123,29 @@ open(sys.argv[1], "wb").write(struct.pack("<Q", len(j)) + j + bytes(68))' "$TD/b
 	run -0 --separate-stderr rl-train -v -m "$TD/m0" --out "$TD/c3" --algo ppo --batch 2 --max-steps 1 --metrics /dev/null "$TD/scored.jsonl"
 	[[ "$stderr" == *"value head initialised"* ]]
 }
+
+@test "ppo data parallel: 2 ranks train the weights and value head of 1 rank" {
+	export RL_COMM_TIMEOUT=60
+	port=$((20000 + (RANDOM * 7 + 4242) % 10000))
+	args=(--algo ppo --batch 4 --lr 1e-2 --mini-batches 2 --dp-check-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/dp1" --metrics "$TD/dp1.m" "${args[@]}" "$TD/scored.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/dp2" --rank 1 --world 2 --rendezvous "127.0.0.1:$port" \
+	    --metrics /dev/null "${args[@]}" "$TD/scored.jsonl" 3>&- &
+	pid=$!
+	rl-train -q -m "$TD/m0" --out "$TD/dp2" --rank 0 --world 2 --rendezvous "127.0.0.1:$port" \
+	    --metrics "$TD/dp2.m" "${args[@]}" "$TD/scored.jsonl" || { kill $pid; return 1; }
+	wait $pid
+	# fp32 reduction order only (as rl-train-dp.bats)
+	for f in model value_head; do
+		python3 tests/fixtures/parallel/st_close.py "$TD/dp2/latest/$f.safetensors" "$TD/dp1/latest/$f.safetensors" 2e-5 1e-4
+	done
+	python3 - "$TD/dp1.m" "$TD/dp2.m" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 2
+for x, y in zip(a, b):
+    for k in ("critic/vf_loss", "critic/vpred_mean", "critic/values/mean", "critic/returns/mean", "actor/pg_loss"):
+        assert abs(x[k] - y[k]) <= 1e-5 + 1e-4 * abs(x[k]), (k, x[k], y[k])
+PY
+}
