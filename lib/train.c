@@ -1421,6 +1421,17 @@ rl_train_run(const rl_train_opts *o)
 		if ((rv = rl_model_open(&tr.m, o->model_dir, tr.ops)) != 0)
 			goto out;
 	}
+	if (o->resume && o->algo == RL_ALGO_PPO) {
+		/* the optimizer state of a value head is only in a ppo run's checkpoint */
+		cJSON *alg = cJSON_GetObjectItem(state, "algo");
+		if (cJSON_IsString(alg) && strcmp(alg->valuestring, "ppo") != 0) {
+			rl_error("cannot resume '%s' with --algo ppo: it was trained with --algo %s", dir,
+			    alg->valuestring);
+			rl_hint("start a ppo run from it with -m '%s' (a new --out) instead", dir);
+			rv = RL_EINVAL;
+			goto out;
+		}
+	}
 	/* PPO's value head: from the directory the policy came from, else new */
 	if (o->algo == RL_ALGO_PPO &&
 	    (rv = rl_model_add_value_head(tr.m, o->resume ? dir : o->model_dir, o->seed)) != 0)
