@@ -1011,8 +1011,7 @@ rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm)
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
 		o->adamw(o, m->params + t->off, m->w != m->params ? W(m, i) : NULL, m->grads + t->off,
-		    m->m + t->off, m->v + t->off, t->n,
-		    (t->flags & RL_T_AUX) && p->aux_lr > 0 ? p->aux_lr : p->lr, p->beta1, p->beta2, p->eps,
+		    m->m + t->off, m->v + t->off, t->n, rl_adamw_lr(p, t), p->beta1, p->beta2, p->eps,
 		    (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
 	}
 	rl_model_zero_grad(m);

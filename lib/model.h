@@ -129,6 +129,12 @@ typedef struct rl_adamw {
 	float max_grad_norm;    /* global-norm clipping threshold; <= 0 = off */
 	float aux_lr;           /* lr of RL_T_AUX tensors (the value head); 0 = lr */
 } rl_adamw;
+/* The learning rate AdamW uses for tensor t (aux_lr for the value head). */
+static inline float
+rl_adamw_lr(const rl_adamw *p, const rl_tensor *t)
+{
+	return (t->flags & RL_T_AUX) && p->aux_lr > 0 ? p->aux_lr : p->lr;
+}
 /* One AdamW step over every parameter with the accumulated gradients, after
  * global-norm clipping as torch.nn.utils.clip_grad_norm_ does (scale =
  * min(1, max / (norm + 1e-6))), then zeroes the gradients.  *grad_norm
