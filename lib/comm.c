@@ -1246,6 +1246,22 @@ rl_comm_host_allgather(rl_comm *c, void *out, const void *in, size_t bytes)
 }
 
 int
+rl_comm_host_broadcast(rl_comm *c, void *buf, size_t bytes, int root)
+{
+	int rv;
+
+	if (root < 0 || root >= c->world) {
+		rl_error("broadcast from rank %d in a world of %d", root, c->world);
+		return RL_EINVAL;
+	}
+	if (c->world == 1)
+		return RL_OK;
+	if ((rv = ring_check(c)) != 0)
+		return rv;
+	return ring_broadcast(c, buf, bytes, root);
+}
+
+int
 rl_comm_barrier(rl_comm *c)
 {
 	uint8_t one = 1, *all;

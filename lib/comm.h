@@ -89,6 +89,9 @@ int rl_comm_barrier(rl_comm *c);
 /* Host memory, control plane (always the nng ring): out (world * bytes) gets
  * every rank's in (bytes) in rank order. */
 int rl_comm_host_allgather(rl_comm *c, void *out, const void *in, size_t bytes);
+/* Host memory, control plane (always the nng ring): bytes of buf go from
+ * root to every rank (small messages: step data, flags). */
+int rl_comm_host_broadcast(rl_comm *c, void *buf, size_t bytes, int root);
 /* Host f64 sum, added in rank order on every rank (identical results);
  * meant for small n (counts, statistics). */
 int rl_comm_host_allreduce_f64(rl_comm *c, double *buf, size_t n);

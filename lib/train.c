@@ -124,10 +124,15 @@ typedef struct trainer {
 	/* data parallelism */
 	rl_comm *comm;           /* NULL: one process */
 	int rank, world;
+	int qfollow;             /* queue mode, rank > 0: records come from rank 0's leases */
 	double t_comm;           /* seconds in the gradient all-reduce this step */
 } trainer;
 
 static volatile sig_atomic_t train_stop;
+
+static int dp_send_lease(trainer *tr, int end);
+static int dp_end_lease(trainer *tr);
+static int dp_follow_lease(trainer *tr);
 
 static void
 on_train_signal(int sig)
@@ -216,7 +221,7 @@ lease_more(trainer *tr)
 	if (tr->idle_since == 0)
 		tr->idle_since = rl_now();
 	if (train_stop)
-		return RL_ENOENT;
+		return dp_end_lease(tr);
 	req.stage = RL_QSTAGE_SCORED;
 	/* lease only what this step still needs, so the broker's staleness gate
 	 * decides on every group at the version that will train it */
@@ -234,9 +239,11 @@ lease_more(trainer *tr)
 	size_t n = rl_qlease_count(&tr->lease);
 	if (n == 0) {
 		if (o->idle_exit > 0 && rl_now() - tr->idle_since > o->idle_exit)
-			return RL_ENOENT;
-		return RL_OK;
+			return dp_end_lease(tr);
+		return dp_send_lease(tr, 0);
 	}
+	if ((rv = dp_send_lease(tr, 0)) != RL_OK)
+		return rv;
 	tr->idle_since = rl_now();
 	for (size_t i = 0; i < n; i++) {
 		uint64_t id = 0;
@@ -324,8 +331,8 @@ next_group(trainer *tr, rl_group *g)
 			tr->t_wait += rl_now() - t0;
 			return RL_OK;
 		}
-		if (tr->qc) {
-			if ((rv = lease_more(tr)) != RL_OK)
+		if (tr->qc || tr->qfollow) {
+			if ((rv = tr->qc ? lease_more(tr) : dp_follow_lease(tr)) != RL_OK)
 				return rv;
 			continue;
 		}
@@ -1059,6 +1066,90 @@ allreduce_grads(trainer *tr)
 	return RL_OK;
 }
 
+/* Queue mode with several ranks: rank 0 alone leases from the broker and
+ * passes each lease's records to the others (the compressed frame, as the
+ * broker sent it), so every rank's grouper sees the same records in the same
+ * order and forms the same steps; acknowledgements stay with rank 0.  A
+ * message: u64 end flag, u64 frame bytes, then the frame.  end: no more
+ * records (idle exit, signal).  Rank 0 sends one after every poll of the
+ * broker, records or not, so the others never wait longer than a poll. */
+static int
+dp_send_lease(trainer *tr, int end)
+{
+	const void *frame = NULL;
+	uint64_t hdr[2] = { (uint64_t)end, 0 };
+	rl_buf b;
+	int rv;
+
+	if (tr->world == 1)
+		return RL_OK;
+	rl_buf_init(&b);
+	if (!end && rl_qlease_count(&tr->lease) > 0) {
+		size_t fn = 0;
+		if (rl_traj_batch_frame(tr->lease.batch, &frame, &fn) != RL_OK) {
+			if ((rv = rl_traj_batch_encode(&b, tr->lease.batch, 0)) != 0)
+				goto out;
+			frame = b.p;
+			fn = b.len;
+		}
+		hdr[1] = fn;
+	}
+	if ((rv = rl_comm_host_broadcast(tr->comm, hdr, sizeof hdr, 0)) == 0 && hdr[1])
+		rv = rl_comm_host_broadcast(tr->comm, (void *)frame, (size_t)hdr[1], 0);
+out:
+	rl_buf_fini(&b);
+	return rv;
+}
+
+/* Rank 0: no more records; RL_ENOENT once the others know. */
+static int
+dp_end_lease(trainer *tr)
+{
+	int rv = dp_send_lease(tr, 1);
+	return rv ? rv : RL_ENOENT;
+}
+
+/* Ranks > 0 in queue mode: the next message of dp_send_lease into the
+ * grouper.  RL_OK (records or none yet), RL_ENOENT when rank 0 ends. */
+static int
+dp_follow_lease(trainer *tr)
+{
+	uint64_t hdr[2];
+	uint8_t *buf;
+	rl_traj_limits lim;
+	size_t used;
+	char where[128];
+	int rv;
+
+	if ((rv = rl_comm_host_broadcast(tr->comm, hdr, sizeof hdr, 0)) != 0)
+		return rv;
+	if (hdr[0])
+		return RL_ENOENT;
+	if (hdr[1] == 0)
+		return RL_OK;
+	if (hdr[1] > ((uint64_t)1 << 32)) {
+		rl_error("rank 0 sent a lease of %llu bytes (corrupt message)", (unsigned long long)hdr[1]);
+		return RL_EFORMAT;
+	}
+	if (!(buf = rl_try_malloc((size_t)hdr[1], "lease from rank 0")))
+		return RL_ENOMEM;
+	rl_traj_limits_default(&lim);
+	if ((rv = rl_comm_host_broadcast(tr->comm, buf, (size_t)hdr[1], 0)) == 0)
+		rv = rl_traj_batch_decode(tr->lease.batch, &used, buf, (size_t)hdr[1], &lim, "lease from rank 0");
+	free(buf);
+	for (size_t i = 0, n = rl_traj_batch_count(tr->lease.batch); rv == 0 && i < n; i++) {
+		int32_t gs;
+		if ((rv = rl_traj_batch_get(tr->lease.batch, i, tr->qt)) != 0)
+			break;
+		if (rl_traj_get_i32(tr->qt, RL_TAG_GROUP_SIZE, &gs) == RL_OK && gs > 0)
+			tr->last_gsize = gs;
+		tr->records++;
+		snprintf(where, sizeof where, "'%s' (through rank 0): record %zu", tr->o->queue_url, i);
+		rv = rl_grouper_add(tr->gr, tr->qt, where);
+	}
+	return rv;
+}
+
 static uint64_t
 fnv(uint64_t x, const void *p, size_t n)
 {
@@ -1292,11 +1383,6 @@ rl_train_run(const rl_train_opts *o)
 	}
 	tr.world = o->comm && o->comm->world > 1 ? o->comm->world : 1;
 	tr.rank = tr.world > 1 ? o->comm->rank : 0;
-	if (tr.world > 1 && o->queue_url) {
-		rl_error("--queue with %d ranks: not supported yet", tr.world);
-		rl_hint("run data-parallel ranks on a file or stream (every rank reads all of it), or one rank per queue");
-		return RL_ENOTSUP;
-	}
 	{
 		/* several ranks on "cuda": each on the GPU of its LOCAL_RANK */
 		char dev[32];
@@ -1372,7 +1458,18 @@ rl_train_run(const rl_train_opts *o)
 	if ((rv = rl_grouper_create(&tr.gr, &go)) != 0)
 		goto out;
 	rl_qlease_init(&tr.lease);
-	if (o->queue_url) {
+	if (o->queue_url && tr.rank > 0) {
+		/* data parallel: rank 0 leases and hands every lease to the others
+		 * (docs/parallel.md); a signal here is left to rank 0 to act on */
+		struct sigaction sa;
+		memset(&sa, 0, sizeof sa);
+		sa.sa_handler = on_train_signal;
+		sigaction(SIGINT, &sa, NULL);
+		sigaction(SIGTERM, &sa, NULL);
+		tr.qfollow = 1;
+		if ((rv = rl_traj_batch_create(&tr.lease.batch)) != 0 || (rv = rl_traj_create(&tr.qt)) != 0)
+			goto out;
+	} else if (o->queue_url) {
 		struct sigaction sa;
 		memset(&sa, 0, sizeof sa);
 		sa.sa_handler = on_train_signal;

@@ -18,7 +18,8 @@
  * all-reduced in buckets after the backward passes; AdamW then runs on every
  * rank on identical gradients; a parameter checksum is compared every
  * dp_check_every steps; rank 0 alone writes checkpoints and metrics.  Queue
- * mode with several ranks is refused.
+ * mode with several ranks: rank 0 alone leases and acknowledges, and passes
+ * every lease's records to the other ranks over the communicator.
  *
  * Leaves out: the value head of PPO (not yet: --algo ppo is refused),
  * rl-sync publishing, overlap of the all-reduce with the backward pass.

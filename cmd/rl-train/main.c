@@ -70,7 +70,7 @@ static const char usage_text[] =
     "      --sync URL            also push each version to rl-sync (tcp://, ipc://) or a directory\n"
     "      --queue URL           lease scored groups from rl-queue (acknowledged after each step)\n"
     "      --idle-exit S         queue mode: stop after S seconds without records\n"
-    "data parallel (docs/parallel.md; every rank reads the whole input):\n"
+    "data parallel (docs/parallel.md; every rank reads the whole input; with --queue rank 0 leases):\n"
     "      --rank R, --world N   this process's rank and the number of ranks (else RANK/WORLD_SIZE\n"
     "                            as torchrun sets them, or SLURM_PROCID/SLURM_NTASKS)\n"
     "      --rendezvous HOST:PORT  rank 0's address (else MASTER_ADDR:MASTER_PORT)\n"

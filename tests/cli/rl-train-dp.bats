@@ -198,7 +198,84 @@ PY
 	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/e" --rank 0 --world 3 --rendezvous "127.0.0.1:$PORT" \
 	    --comm-timeout 1 "$TD/s.jsonl"
 	[[ "$stderr" == *"rank(s) 1, 2 did not join within 1 s"* ]]
-	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/e" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" \
-	    --queue tcp://127.0.0.1:1 --comm-timeout 1
-	[[ "$stderr" == *"--queue with 2 ranks: not supported yet"* ]]
+}
+
+# queue mode: a broker on loopback; QURL, QPID
+start_broker() {
+	QURL="tcp://127.0.0.1:$((PORT + 5000))"
+	rl-queue serve -q -l "$QURL" -k 100 "$@" 3>&- &
+	QPID=$!
+	PIDS="$PIDS $QPID"
+	for i in $(seq 50); do rl-queue stat "$QURL" >/dev/null 2>&1 && break; sleep 0.1; done
+}
+
+# depth NAME: the broker's count of records in state NAME
+depth() { rl-queue stat "$QURL" | sed -n "s/.* $1 \([0-9]*\) .*/\1/p"; }
+
+@test "--queue with 2 ranks: rank 0 leases, both train the steps of 1 rank, acknowledged after each step" {
+	start_broker
+	rl-queue put -q -s scored "$QURL" "$TD/s.jsonl"
+	args=(--batch 4 --lr 1e-2 --loss-agg token-mean --dp-check-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/q1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/q2" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" \
+	    --queue "$QURL" "${args[@]}" 3>&- 2>"$TD/q2.err.1" &
+	r1=$!
+	PIDS="$PIDS $r1"
+	run -0 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/q2" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" \
+	    --queue "$QURL" --idle-exit 1 --metrics "$TD/q2.metrics" "${args[@]}"
+	wait "$r1"
+	[ "$(wc -l < "$TD/q2.metrics")" -eq 3 ]
+	[ "$(readlink "$TD/q2/latest")" = step-00000003 ]
+	# the broker handed the groups out in the order they were put: the same steps as the file
+	run -0 close "$TD/q2/latest/model.safetensors" "$TD/q1/latest/model.safetensors"
+	rl-queue stat "$QURL" > "$TD/q2.stat"
+	grep -q '^version 3 ' "$TD/q2.stat"
+	grep -q '^done 48 ' "$TD/q2.stat"
+	[ "$(depth training)" = 0 ] && [ "$(depth scored)" = 0 ]
+}
+
+@test "--queue with 2 ranks: a killed rank 1 stops rank 0 at once, which hands its leases back" {
+	start_broker
+	head -n 8 "$TD/s.jsonl" | rl-queue put -q -s scored "$QURL"
+	rl-train -q -m "$TD/m0" --out "$TD/qk" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    --queue "$QURL" 3>&- 2>/dev/null &
+	victim=$!
+	PIDS="$PIDS $victim"
+	rl-train -q -m "$TD/m0" --out "$TD/qk" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    --queue "$QURL" 3>&- 2>"$TD/qk.err" &
+	r0=$!
+	PIDS="$PIDS $r0"
+	# rank 0 holds the 2 groups there are and waits for 2 more
+	for i in $(seq 100); do [ "$(depth training)" = 8 ] && break; sleep 0.1; done
+	[ "$(depth training)" = 8 ]
+	kill -9 "$victim"
+	start=$SECONDS
+	rc=0; wait "$r0" || rc=$?
+	[ $rc = 1 ]
+	[ $((SECONDS - start)) -lt 15 ]
+	grep -q "rank 1" "$TD/qk.err"
+	[ "$(depth training)" = 0 ] && [ "$(depth scored)" = 8 ]
+}
+
+@test "--queue with 2 ranks: a killed rank 0 stops rank 1; its leases expire at the broker" {
+	start_broker -t 2
+	head -n 8 "$TD/s.jsonl" | rl-queue put -q -s scored "$QURL"
+	rl-train -q -m "$TD/m0" --out "$TD/qz" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    --queue "$QURL" 3>&- 2>"$TD/qz.err" &
+	r1=$!
+	PIDS="$PIDS $r1"
+	rl-train -q -m "$TD/m0" --out "$TD/qz" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    --queue "$QURL" 3>&- 2>/dev/null &
+	victim=$!
+	PIDS="$PIDS $victim"
+	for i in $(seq 100); do [ "$(depth training)" = 8 ] && break; sleep 0.1; done
+	[ "$(depth training)" = 8 ]
+	kill -9 "$victim"
+	start=$SECONDS
+	rc=0; wait "$r1" || rc=$?
+	[ $rc = 1 ]
+	[ $((SECONDS - start)) -lt 15 ]
+	grep -q "rank 0" "$TD/qz.err"
+	for i in $(seq 60); do [ "$(depth scored)" = 8 ] && break; sleep 0.1; done
+	[ "$(depth training)" = 0 ] && [ "$(depth scored)" = 8 ]
 }
