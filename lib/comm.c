@@ -1297,3 +1297,239 @@ rl_comm_host_allreduce_f64(rl_comm *c, double *buf, size_t n)
 	free(all);
 	return rv;
 }
+
+/* ---- bucketed all-reduce overlapped with compute ------------------------------------------ */
+
+enum { R_SYNC = 0, R_THREAD, R_STREAM };
+
+struct rl_comm_reducer {
+	rl_comm *c;
+	float *buf;
+	size_t n, bucket;
+	int mode;
+	int nb;                 /* buckets */
+	int queued;             /* buckets declared final this round (a prefix, in bucket order) */
+	int done;               /* buckets reduced this round */
+	int err;                /* first error of the round */
+	int pre;                /* buckets declared final while part of buf was not (from > 0) */
+	int early;              /* pre of the last round */
+	int quit, have_thread;
+	pthread_t th;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+};
+
+/* Bucket k: [n - (k+1) B, n - k B), clipped at 0. */
+static void
+bucket_range(const rl_comm_reducer *r, int k, size_t *lo, size_t *hi)
+{
+	size_t top = (size_t)k * r->bucket;
+	*hi = r->n - top;
+	*lo = r->n - top > r->bucket ? r->n - top - r->bucket : 0;
+}
+
+static void *
+reducer_main(void *arg)
+{
+	rl_comm_reducer *r = arg;
+
+	pthread_mutex_lock(&r->mu);
+	for (;;) {
+		while (!r->quit && r->done == r->queued)
+			pthread_cond_wait(&r->cv, &r->mu);
+		if (r->done == r->queued)
+			break; /* quit, nothing pending */
+		int k = r->done, rv = r->err;
+		pthread_mutex_unlock(&r->mu);
+		if (rv == 0) {
+			size_t lo, hi;
+			bucket_range(r, k, &lo, &hi);
+			rv = r->c->failed ? ring_check(r->c) : ring_allreduce(r->c, r->buf + lo, hi - lo);
+		}
+		pthread_mutex_lock(&r->mu);
+		if (rv && !r->err)
+			r->err = rv;
+		r->done++;
+		pthread_cond_broadcast(&r->cv);
+	}
+	pthread_mutex_unlock(&r->mu);
+	return NULL;
+}
+
+int
+rl_comm_reducer_create(rl_comm_reducer **out, rl_comm *c, float *buf, size_t n, size_t bucket, int overlap)
+{
+	rl_comm_reducer *r;
+
+	*out = NULL;
+	if (!(r = calloc(1, sizeof *r)))
+		return RL_ENOMEM;
+	r->c = c;
+	r->buf = buf;
+	r->n = n;
+	r->bucket = bucket ? bucket : (n ? n : 1);
+	r->nb = n ? (int)RL_MIN((n + r->bucket - 1) / r->bucket, (size_t)INT32_MAX) : 0;
+	if (n && (size_t)r->nb * r->bucket < n)
+		r->bucket = (n + (size_t)r->nb - 1) / (size_t)r->nb;
+	r->mode = R_SYNC;
+	if (overlap && c->world > 1) {
+#if HAVE_NCCL
+		if (c->backend == B_NCCL)
+			r->mode = R_STREAM;
+		else
+#endif
+		if (!on_device(c))
+			r->mode = R_THREAD;
+	}
+	pthread_mutex_init(&r->mu, NULL);
+	pthread_cond_init(&r->cv, NULL);
+	if (r->mode == R_THREAD) {
+		if (pthread_create(&r->th, NULL, reducer_main, r) != 0) {
+			rl_warn("cannot start the communication thread: the all-reduce will not overlap");
+			r->mode = R_SYNC;
+		} else {
+			r->have_thread = 1;
+		}
+	}
+	*out = r;
+	return RL_OK;
+}
+
+int
+rl_comm_reducer_early(const rl_comm_reducer *r, int *total)
+{
+	if (total)
+		*total = r ? r->nb : 0;
+	return r && r->mode != R_SYNC ? r->early : 0;
+}
+
+int
+rl_comm_reducer_overlaps(const rl_comm_reducer *r)
+{
+	return r && r->mode != R_SYNC;
+}
+
+#if HAVE_NCCL
+/* Queues buckets [r->done, upto) on the NCCL stream, after the compute queued so far. */
+static int
+reducer_stream_queue(rl_comm_reducer *r, int upto)
+{
+	rl_comm *c = r->c;
+	int rv;
+
+	if (r->done >= upto)
+		return RL_OK;
+	if ((rv = c->ops->sync(c->ops)) != 0)
+		return fail(c, rv, -1);
+	for (; r->done < upto; r->done++) {
+		size_t lo, hi;
+		ncclResult_t nr;
+		bucket_range(r, r->done, &lo, &hi);
+		c->seq++;
+		nr = ncclAllReduce(r->buf + lo, r->buf + lo, hi - lo, ncclFloat32, ncclSum, c->nc, c->stream);
+		if (nr != ncclSuccess && nr != ncclInProgress) {
+			rl_error("nccl: all-reduce: %s", ncclGetErrorString(nr));
+			return fail(c, RL_EDEVICE, -1);
+		}
+		/* a non-blocking communicator may still be enqueuing: wait for that, not the stream */
+		if ((rv = nccl_wait(c, "all-reduce", 0)) != 0)
+			return rv;
+	}
+	return RL_OK;
+}
+#endif
+
+int
+rl_comm_reducer_ready(rl_comm_reducer *r, size_t from)
+{
+	int upto = 0, rv;
+
+	/* buckets [0, upto) lie in [from, n) */
+	while (upto < r->nb) {
+		size_t lo, hi;
+		bucket_range(r, upto, &lo, &hi);
+		if (lo < from)
+			break;
+		upto++;
+	}
+	if (from > 0)
+		r->pre = RL_MAX(r->pre, upto);
+	if (r->mode == R_THREAD) {
+		pthread_mutex_lock(&r->mu);
+		if (upto > r->queued) {
+			r->queued = upto;
+			pthread_cond_broadcast(&r->cv);
+		}
+		rv = r->err;
+		pthread_mutex_unlock(&r->mu);
+		return rv;
+	}
+#if HAVE_NCCL
+	if (r->mode == R_STREAM) {
+		if (!r->err && (rv = reducer_stream_queue(r, upto)) != 0)
+			r->err = rv;
+		return r->err;
+	}
+#endif
+	if (upto > r->queued)
+		r->queued = upto;
+	return r->err;
+}
+
+int
+rl_comm_reducer_wait(rl_comm_reducer *r)
+{
+	int rv;
+
+	r->early = r->pre;
+	r->pre = 0;
+	if (r->mode == R_THREAD) {
+		pthread_mutex_lock(&r->mu);
+		r->queued = r->nb;
+		pthread_cond_broadcast(&r->cv);
+		while (r->done < r->nb)
+			pthread_cond_wait(&r->cv, &r->mu);
+		rv = r->err;
+		r->queued = r->done = r->err = 0;
+		pthread_mutex_unlock(&r->mu);
+		return rv;
+	}
+#if HAVE_NCCL
+	if (r->mode == R_STREAM) {
+		if (!r->err && (rv = reducer_stream_queue(r, r->nb)) != 0)
+			r->err = rv;
+		if (!r->err && (rv = nccl_wait(r->c, "all-reduce", 1)) != 0)
+			r->err = rv;
+		rv = r->err;
+		r->queued = r->done = r->err = 0;
+		return rv;
+	}
+#endif
+	rv = r->err;
+	for (int k = 0; rv == 0 && k < r->nb; k++) {
+		size_t lo, hi;
+		bucket_range(r, k, &lo, &hi);
+		rv = rl_comm_allreduce(r->c, r->buf + lo, hi - lo);
+	}
+	r->queued = r->done = r->err = 0;
+	return rv;
+}
+
+void
+rl_comm_reducer_destroy(rl_comm_reducer *r)
+{
+	if (!r)
+		return;
+	if (r->have_thread) {
+		pthread_mutex_lock(&r->mu);
+		r->quit = 1;
+		if (!r->err)
+			r->err = RL_EINTR; /* buckets not started are dropped */
+		pthread_cond_broadcast(&r->cv);
+		pthread_mutex_unlock(&r->mu);
+		pthread_join(r->th, NULL);
+	}
+	pthread_mutex_destroy(&r->mu);
+	pthread_cond_destroy(&r->cv);
+	free(r);
+}

@@ -769,6 +769,13 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	return RL_OK;
 }
 
+/* m->grad_ready: the gradients from tensor i (-1: all) to the end are final. */
+static int
+grads_final(rl_model *m, int i)
+{
+	return m->grad_ready ? m->grad_ready(m->grad_ready_ctx, i < 0 ? 0 : m->tt.t[i].off) : RL_OK;
+}
+
 int
 rl_model_backward(rl_model *m, const float *dlp, const float *dent)
 {
@@ -803,6 +810,8 @@ rl_model_backward(rl_model *m, const float *dlp, const float *dent)
 	}
 	norm_bwd(m, a->dres, a->dx, at(a->res, (size_t)c->n_layer * sN * C, s), a->lnf_mean,
 	    a->lnf_rstd, m->lnf_w, m->lnf_b, N);
+	if ((rv = grads_final(m, m->lnf_w)) != 0)
+		return rv;
 	for (int l = c->n_layer - 1; l >= 0; l--) {
 		const rl_layer_idx *y = &m->layer[l];
 		void *res = at(a->res, l * sN * C, s);
@@ -839,9 +848,11 @@ rl_model_backward(rl_model *m, const float *dlp, const float *dent)
 		norm_bwd(m, a->dx2, a->dx, res, a->ln1_mean + l * sN, a->ln1_rstd + l * sN, y->ln1_w,
 		    y->ln1_b, N);
 		o->add(o, a->dres, a->dres, a->dx2, NC);
+		if ((rv = grads_final(m, y->ln1_w)) != 0)
+			return rv;
 	}
 	o->embed_bwd(o, G(m, m->wte), G(m, m->wpe), a->dres, a->tok, a->pos, N, C);
-	if ((rv = check_ops(m, "model backward")) != 0)
+	if ((rv = check_ops(m, "model backward")) != 0 || (rv = grads_final(m, -1)) != 0)
 		return rv;
 	return RL_OK;
 }

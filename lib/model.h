@@ -68,6 +68,13 @@ struct rl_model {
 	                           * rl_model_train_reserve (a GPU trainer may want more) */
 	rl_model_act *act;
 	rl_model_inf *inf;
+	/* Optional (data parallel: overlap of the gradient all-reduce): called by
+	 * rl_model_backward each time the gradients at element offsets
+	 * [from, tt.total) are final for this pass (after the lm_head and final
+	 * norm, after each layer, with 0 at the end), from decreasing.  The work is
+	 * queued on the backend, not necessarily done.  Non-zero fails the pass. */
+	int (*grad_ready)(void *ctx, size_t from);
+	void *grad_ready_ctx;
 };
 
 /* ---- life cycle ------------------------------------------------------------ */

@@ -71,6 +71,7 @@ rl_train_opts_default(rl_train_opts *o)
 	o->on_bad = RL_BAD_ERROR;
 	o->dp_check_every = 10;
 	o->dp_bucket_mb = 25;
+	o->dp_overlap = 1;
 }
 
 /* One sequence of the step: a sample and where its values go. */
@@ -125,6 +126,7 @@ typedef struct trainer {
 	rl_comm *comm;           /* NULL: one process */
 	int rank, world;
 	int qfollow;             /* queue mode, rank > 0: records come from rank 0's leases */
+	rl_comm_reducer *red;    /* the bucketed gradient all-reduce */
 	double t_comm;           /* seconds in the gradient all-reduce this step */
 } trainer;
 
@@ -133,6 +135,7 @@ static volatile sig_atomic_t train_stop;
 static int dp_send_lease(trainer *tr, int end);
 static int dp_end_lease(trainer *tr);
 static int dp_follow_lease(trainer *tr);
+static int dp_grad_ready(void *ctx, size_t from);
 
 static void
 on_train_signal(int sig)
@@ -1021,8 +1024,11 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 	metric(j, tr, step, "timing_s/model", tr->t_model);
 	metric(j, tr, step, "timing_s/publish", tr->t_pub);
 	if (tr->world > 1) {
+		int nb, early = rl_comm_reducer_early(tr->red, &nb);
 		metric(j, tr, step, "timing_s/allreduce", tr->t_comm);
 		metric(j, tr, step, "dp/world_size", tr->world);
+		/* the share of the last update's gradient buckets sent during its backward pass */
+		metric(j, tr, step, "dp/buckets_overlapped_frac", nb ? (double)early / nb : NAN);
 	}
 	/* the share of the step (update + publish) spent outside the model's compute */
 	metric(j, tr, step, "perf/overhead_frac",
@@ -1046,23 +1052,42 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 
 /* ---- data parallelism ------------------------------------------------------------------ */
 
-/* Sums the gradients of every rank, in buckets of byte ranges of m->grads. */
+/* Sums the gradients of every rank, in buckets of byte ranges of m->grads
+ * (rl_comm_reducer): those the last backward handed over already are in
+ * flight or done; the rest go now.  t_comm counts the wait, i.e. the part of
+ * the all-reduce not hidden behind the backward pass. */
 static int
 allreduce_grads(trainer *tr)
 {
-	size_t total = tr->m->tt.total;
-	size_t bucket = (size_t)(tr->o->dp_bucket_mb * (1 << 20)) / sizeof(float);
 	double t0 = rl_now();
 	int rv;
 
-	if (bucket == 0)
-		bucket = total;
 	if ((rv = tr->ops->sync(tr->ops)) != 0)
 		return rv;
-	for (size_t off = 0; off < total; off += bucket)
-		if ((rv = rl_comm_allreduce(tr->comm, tr->m->grads + off, RL_MIN(bucket, total - off))) != 0)
-			return rv;
+	rv = rl_comm_reducer_wait(tr->red);
 	tr->t_comm += rl_now() - t0;
+	return rv;
+}
+
+static int
+dp_grad_ready(void *ctx, size_t from)
+{
+	return rl_comm_reducer_ready(ctx, from);
+}
+
+static int
+dp_reducer_open(trainer *tr)
+{
+	size_t total = tr->m->tt.total;
+	size_t bucket = (size_t)(tr->o->dp_bucket_mb * (1 << 20)) / sizeof(float);
+	int rv;
+
+	if ((rv = rl_comm_reducer_create(&tr->red, tr->comm, tr->m->grads, total, bucket ? bucket : total,
+	    tr->o->dp_overlap)) != 0)
+		return rv;
+	rl_verbose("gradient all-reduce: %zu buckets of %g MiB, %s", (total + bucket - 1) / (bucket ? bucket : total),
+	    tr->o->dp_bucket_mb, rl_comm_reducer_overlaps(tr->red) ? "overlapped with the backward pass" :
+	    "after the backward pass");
 	return RL_OK;
 }
 
@@ -1304,7 +1329,14 @@ train_step(trainer *tr)
 			int rb = a + (int)((long)(b - a) * (tr->rank + 1) / tr->world);
 			for (int s = ra; s < rb;) {
 				int e = micro_end(tr, s, rb);
-				if ((rv = micro(tr, s, e, recomputed, &ms)) != 0)
+				/* the last backward completes the gradients: buckets go out as layers finish */
+				if (tr->red && e == rb) {
+					tr->m->grad_ready = dp_grad_ready;
+					tr->m->grad_ready_ctx = tr->red;
+				}
+				rv = micro(tr, s, e, recomputed, &ms);
+				tr->m->grad_ready = NULL;
+				if (rv != 0)
 					return rv;
 				s = e;
 			}
@@ -1416,6 +1448,8 @@ rl_train_run(const rl_train_opts *o)
 	if (o->ref_dir && (rv = rl_model_open(&tr.ref, o->ref_dir, tr.ops)) != 0)
 		goto out;
 	if ((rv = reserve(&tr)) != 0)
+		goto out;
+	if (tr.world > 1 && (rv = dp_reducer_open(&tr)) != 0)
 		goto out;
 	if (o->resume) {
 		if ((rv = rl_ckpt_load_optimizer(tr.m, dir)) != 0)
@@ -1591,6 +1625,7 @@ out:
 	rl_grouper_destroy(tr.gr);
 	rl_tokenizer_close(tr.tok);
 	rl_model_close(tr.ref);
+	rl_comm_reducer_destroy(tr.red);
 	rl_model_close(tr.m);
 	rl_comm_close(tr.comm);
 	rl_ops_close(tr.ops);

@@ -109,6 +109,29 @@ PY
 	run -0 close "$TD/tr3/latest/model.safetensors" "$TD/one2/latest/model.safetensors"
 }
 
+@test "gradient buckets overlapped with the backward pass: bitwise the weights of --no-dp-overlap, = 1 rank" {
+	# 10 KiB buckets: a dozen for this model, most handed over before the backward pass ends
+	args=(--batch 4 --lr 1e-2 --loss-agg seq-mean-token-mean --max-tokens-per-micro 40 --dp-check-every 1
+	    --bucket-mb 0.01)
+	rl-train -q -m "$TD/m0" --out "$TD/ov1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	train_world 3 "$TD/ov3" "${args[@]}" -v -v
+	grep -q "buckets of 0.01 MiB, overlapped with the backward pass" "$TD/ov3.err.0"
+	PORT=$((PORT + 1))
+	train_world 3 "$TD/sq3" "${args[@]}" --no-dp-overlap -v -v
+	grep -q "after the backward pass" "$TD/sq3.err.0"
+	cmp "$TD/ov3/latest/model.safetensors" "$TD/sq3/latest/model.safetensors"
+	cmp "$TD/ov3/latest/optimizer.safetensors" "$TD/sq3/latest/optimizer.safetensors"
+	run -0 close "$TD/ov3/latest/model.safetensors" "$TD/ov1/latest/model.safetensors"
+	# most buckets went out during the backward pass (all but the embeddings'), none without overlap
+	python3 - "$TD/ov3.metrics.0" "$TD/sq3.metrics.0" <<'PY'
+import json, sys
+ov = [json.loads(l)["dp/buckets_overlapped_frac"] for l in open(sys.argv[1])]
+sq = [json.loads(l)["dp/buckets_overlapped_frac"] for l in open(sys.argv[2])]
+assert all(0.5 < f < 1 for f in ov), ov
+assert all(f == 0 for f in sq), sq
+PY
+}
+
 @test "resume with 2 ranks: 2 steps, then --resume to step 3, = 3 steps of 1 rank" {
 	args=(--batch 4 --lr 1e-2 --dp-check-every 1)
 	rl-train -q -m "$TD/m0" --out "$TD/r1" --metrics /dev/null --max-steps 3 "${args[@]}" "$TD/s.jsonl"
