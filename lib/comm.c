@@ -503,6 +503,43 @@ ring_allreduce(rl_comm *c, float *buf, size_t n)
 	return RL_OK;
 }
 
+/* Reduce-scatter whose last step lands on the own chunk: rank r ends with
+ * the full sum of chunk r (ring_allreduce's first half, shifted by one). */
+static int
+ring_reduce_scatter(rl_comm *c, float *buf, size_t n)
+{
+	int N = c->world, r = c->rank, rv;
+
+	c->seq++;
+	for (int s = 0; s < N - 1; s++) {
+		int sc = ((r - s - 1) % N + N) % N, rc = ((r - s - 2) % N + N) % N;
+		size_t slo = chunk_lo(n, sc, N), shi = chunk_lo(n, sc + 1, N);
+		size_t rlo = chunk_lo(n, rc, N), rhi = chunk_lo(n, rc + 1, N);
+		if ((rv = ring_step(c, OP_ALLREDUCE, (const uint8_t *)(buf + slo), (shi - slo) * sizeof(float),
+		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), 1)) != 0)
+			return rv;
+	}
+	return RL_OK;
+}
+
+/* All-gather of chunks: rank r starts with chunk r. */
+static int
+ring_allgather_chunks(rl_comm *c, float *buf, size_t n)
+{
+	int N = c->world, r = c->rank, rv;
+
+	c->seq++;
+	for (int s = 0; s < N - 1; s++) {
+		int sc = ((r - s) % N + N) % N, rc = ((r - s - 1) % N + N) % N;
+		size_t slo = chunk_lo(n, sc, N), shi = chunk_lo(n, sc + 1, N);
+		size_t rlo = chunk_lo(n, rc, N), rhi = chunk_lo(n, rc + 1, N);
+		if ((rv = ring_step(c, OP_ALLGATHER, (const uint8_t *)(buf + slo), (shi - slo) * sizeof(float),
+		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), 0)) != 0)
+			return rv;
+	}
+	return RL_OK;
+}
+
 static int
 ring_allgather(rl_comm *c, uint8_t *out, const void *in, size_t bytes)
 {
@@ -1229,6 +1266,68 @@ rl_comm_broadcast(rl_comm *c, void *buf, size_t bytes, int root)
 			break;
 	}
 	return RL_OK;
+}
+
+void
+rl_comm_shard(const rl_comm *c, size_t n, int rank, size_t *lo, size_t *hi)
+{
+	int N = c ? c->world : 1;
+	*lo = chunk_lo(n, rank, N);
+	*hi = chunk_lo(n, rank + 1, N);
+}
+
+/* kind 0: reduce-scatter, 1: all-gather of shards */
+static int
+shard_collective(rl_comm *c, float *buf, size_t n, int kind)
+{
+	int rv;
+
+	if (c->world == 1)
+		return RL_OK;
+	if ((rv = ring_check(c)) != 0)
+		return rv;
+#if HAVE_NCCL
+	if (c->backend == B_NCCL) {
+		size_t k = n / (size_t)c->world;
+		if (k * (size_t)c->world != n) {
+			rl_error("nccl: %zu elements do not split evenly over %d ranks", n, c->world);
+			return RL_ENOTSUP;
+		}
+		c->seq++;
+		if ((rv = c->ops->sync(c->ops)) != 0)
+			return fail(c, rv, -1);
+		if (kind == 0)
+			return nccl_call(c, ncclReduceScatter(buf, buf + k * (size_t)c->rank, k, ncclFloat32, ncclSum,
+			    c->nc, c->stream), "reduce-scatter");
+		return nccl_call(c, ncclAllGather(buf + k * (size_t)c->rank, buf, k, ncclFloat32, c->nc, c->stream),
+		    "all-gather");
+	}
+#endif
+	if (!on_device(c))
+		return kind == 0 ? ring_reduce_scatter(c, buf, n) : ring_allgather_chunks(c, buf, n);
+	/* device memory: the whole buffer through the host */
+	if ((rv = stage_reserve(c, n ? n : 1)) != 0)
+		return rv;
+	c->ops->download(c->ops, c->stage, buf, n * sizeof(float));
+	if ((rv = c->ops->status(c->ops)) != 0)
+		return rv;
+	rv = kind == 0 ? ring_reduce_scatter(c, c->stage, n) : ring_allgather_chunks(c, c->stage, n);
+	if (rv != 0)
+		return rv;
+	c->ops->upload(c->ops, buf, c->stage, n * sizeof(float));
+	return c->ops->status(c->ops);
+}
+
+int
+rl_comm_reduce_scatter(rl_comm *c, float *buf, size_t n)
+{
+	return shard_collective(c, buf, n, 0);
+}
+
+int
+rl_comm_allgather_shards(rl_comm *c, float *buf, size_t n)
+{
+	return shard_collective(c, buf, n, 1);
 }
 
 int

@@ -83,6 +83,17 @@ const char *rl_comm_backend(const rl_comm *c);   /* "cpu", "nccl", or "single" f
 /* Sum all-reduce in place: buf (n) f32 in the memory of the rl_ops given to
  * rl_comm_open.  Every rank gets bitwise the same result. */
 int rl_comm_allreduce(rl_comm *c, float *buf, size_t n);
+/* ZeRO-1 sharding of a buffer of n elements: rank r's shard is
+ * [n r / N, n (r+1) / N) (N the world size). */
+void rl_comm_shard(const rl_comm *c, size_t n, int rank, size_t *lo, size_t *hi);
+/* Sum reduce-scatter in place on buf (n) f32 in rl_ops memory: afterwards
+ * this rank's shard holds the sum over the ranks (computed by this rank; the
+ * rest of buf holds partial sums).  NCCL needs n divisible by the world size
+ * (RL_ENOTSUP otherwise). */
+int rl_comm_reduce_scatter(rl_comm *c, float *buf, size_t n);
+/* All-gather in place: every rank's shard of buf (n) f32 goes to all ranks. */
+int rl_comm_allgather_shards(rl_comm *c, float *buf, size_t n);
+
 /* Bucketed all-reduce of one buffer whose parts become final one after the
  * other, from its end towards its start (gradients during a backward pass:
  * the last layers' first).  buf (n) f32 in rl_ops memory is cut into buckets

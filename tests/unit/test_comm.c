@@ -11,6 +11,7 @@
  *    fed part by part from the end as a backward pass does, over two rounds:
  *    exact sums, bitwise equal on every rank and to the same buckets reduced
  *    without overlap; host broadcast; a rank killed while the thread reduces;
+ *  - ZeRO's reduce-scatter to the own shard and all-gather of the shards;
  *  - launch configuration: WORLD_SIZE=0, RANK >= WORLD_SIZE, a non-number,
  *    no MASTER_ADDR, SLURM variables, an unreachable and an unresolvable master. */
 #include <arpa/inet.h>
@@ -204,7 +205,7 @@ worker_reducer(int rank, int world)
 		{
 			int tot, e = rl_comm_reducer_early(ov, &tot);
 			if (tot != 25 || e < 20 || e >= tot || rl_comm_reducer_early(sq, NULL) != 0)
-				bad |= 64;
+				bad |= 128;
 		}
 		if (rl_comm_host_allgather(c, all, b, n * sizeof *b) != 0)
 			return 13;
@@ -229,6 +230,34 @@ worker_reducer(int rank, int world)
 	}
 	rl_comm_reducer_destroy(ov);
 	rl_comm_reducer_destroy(sq);
+	/* ZeRO: reduce-scatter to the own shard, all-gather of the shards */
+	{
+		size_t zs[] = { 1, 2, 5, 4099, 100003 };
+		for (size_t q = 0; q < RL_ARRAY_LEN(zs); q++) {
+			size_t k = zs[q], lo, hi;
+			rl_comm_shard(c, k, rank, &lo, &hi);
+			if (hi < lo || hi > k || (k >= (size_t)world && hi == lo))
+				bad |= 64;
+			for (size_t i = 0; i < k; i++)
+				b[i] = val(rank, i);
+			if (rl_comm_reduce_scatter(c, b, k) != 0)
+				return 17;
+			for (size_t i = 0; i < k; i++) {
+				float sum = 0;
+				for (int r = 0; r < world; r++)
+					sum += val(r, i);
+				if (i >= lo && i < hi && b[i] != sum)
+					bad |= 64;
+				if (i < lo || i >= hi)
+					b[i] = NAN;
+				ref[i] = sum;
+			}
+			if (rl_comm_allgather_shards(c, b, k) != 0)
+				return 18;
+			if (memcmp(b, ref, k * sizeof *b))
+				bad |= 64;
+		}
+	}
 	snprintf(msg, sizeof msg, "%s", rank == 1 ? "from rank 1" : "xxxxxxxxxxx");
 	if (rl_comm_host_broadcast(c, msg, 12, 1) != 0)
 		return 15;
