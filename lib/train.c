@@ -23,6 +23,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -127,6 +128,9 @@ typedef struct trainer {
 	int rank, world;
 	int qfollow;             /* queue mode, rank > 0: records come from rank 0's leases */
 	rl_comm_reducer *red;    /* the bucketed gradient all-reduce */
+	int zero;                /* ZeRO-1: this rank keeps the AdamW state of [zlo, zhi) only */
+	size_t zlo, zhi;
+	float *zm, *zv;          /* (zhi - zlo) AdamW moments of the shard, backend memory */
 	double t_comm;           /* seconds in the gradient all-reduce this step */
 } trainer;
 
@@ -136,6 +140,10 @@ static int dp_send_lease(trainer *tr, int end);
 static int dp_end_lease(trainer *tr);
 static int dp_follow_lease(trainer *tr);
 static int dp_grad_ready(void *ctx, size_t from);
+static int zero_open(trainer *tr);
+static int zero_step(trainer *tr, const rl_adamw *p, float *grad_norm);
+static int zero_gather_opt(trainer *tr);
+static void zero_release_opt(trainer *tr);
 
 static void
 on_train_signal(int sig)
@@ -1029,6 +1037,15 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 		metric(j, tr, step, "dp/world_size", tr->world);
 		/* the share of the last update's gradient buckets sent during its backward pass */
 		metric(j, tr, step, "dp/buckets_overlapped_frac", nb ? (double)early / nb : NAN);
+		metric(j, tr, step, "dp/zero_stage", tr->zero);
+	}
+	{
+		/* this rank's AdamW state and its peak resident memory */
+		struct rusage ru;
+		size_t nopt = tr->zero ? tr->zhi - tr->zlo : tr->m->tt.total;
+		metric(j, tr, step, "memory/optimizer_state_mb", 2.0 * (double)nopt * sizeof(float) / (1 << 20));
+		if (getrusage(RUSAGE_SELF, &ru) == 0)
+			metric(j, tr, step, "memory/max_rss_mb", ru.ru_maxrss / 1024.0);
 	}
 	/* the share of the step (update + publish) spent outside the model's compute */
 	metric(j, tr, step, "perf/overhead_frac",
@@ -1173,6 +1190,142 @@ dp_follow_lease(trainer *tr)
 		rv = rl_grouper_add(tr->gr, tr->qt, where);
 	}
 	return rv;
+}
+
+/* ---- ZeRO-1 ----------------------------------------------------------------------------- */
+
+/* Every rank keeps the AdamW moments of its shard [zlo, zhi) of the flat
+ * parameter space (rl_comm_shard) and drops the full ones: the loaded state
+ * on --resume (the same file on every rank, whatever world size wrote it),
+ * zeros otherwise. */
+static int
+zero_open(trainer *tr)
+{
+	rl_ops *o = tr->ops;
+	rl_model *m = tr->m;
+	size_t n, bytes;
+	int rv;
+
+	rl_comm_shard(tr->comm, m->tt.total, tr->rank, &tr->zlo, &tr->zhi);
+	n = tr->zhi - tr->zlo;
+	bytes = (n ? n : 1) * sizeof(float);
+	if ((rv = o->alloc(o, (void **)&tr->zm, bytes)) != 0 || (rv = o->alloc(o, (void **)&tr->zv, bytes)) != 0)
+		return rv;
+	o->copy(o, tr->zm, m->m + tr->zlo, n * sizeof(float));
+	o->copy(o, tr->zv, m->v + tr->zlo, n * sizeof(float));
+	if ((rv = o->sync(o)) != 0)
+		return rv;
+	o->free(o, m->m);
+	o->free(o, m->v);
+	m->m = m->v = NULL;
+	tr->zero = 1;
+	rl_verbose("ZeRO-1: AdamW state of elements [%zu, %zu) of %zu here (%.1f MiB instead of %.1f)", tr->zlo,
+	    tr->zhi, m->tt.total, 2.0 * n * sizeof(float) / (1 << 20), 2.0 * m->tt.total * sizeof(float) / (1 << 20));
+	return RL_OK;
+}
+
+/* One AdamW update, ZeRO-1: reduce-scatter the gradients, the global norm
+ * from every shard's sum of squares, AdamW on the own shard (tensor by
+ * tensor, for the weight-decay flags), all-gather the parameters.  The same
+ * arithmetic as rl_model_step on the same sums. */
+static int
+zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
+{
+	rl_ops *o = tr->ops;
+	rl_model *m = tr->m;
+	size_t total = m->tt.total, lo = tr->zlo, hi = tr->zhi;
+	double t0 = rl_now(), ss;
+	float scale = 1.0f;
+	int rv;
+
+	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_reduce_scatter(tr->comm, m->grads, total)) != 0)
+		return rv;
+	tr->t_comm += rl_now() - t0;
+	ss = hi > lo ? o->sumsq(o, m->grads + lo, hi - lo) : 0.0;
+	if ((rv = rl_comm_host_allreduce_f64(tr->comm, &ss, 1)) != 0)
+		return rv;
+	double norm = sqrt(ss);
+	*grad_norm = (float)norm;
+	if (!isfinite(norm)) {
+		rl_warn("gradient norm is %g; step skipped", norm);
+		rl_model_zero_grad(m);
+		return o->status(o);
+	}
+	if (p->max_grad_norm > 0)
+		scale = (float)RL_MIN(1.0, p->max_grad_norm / (norm + 1e-6));
+	m->step++;
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		size_t a = RL_MAX(t->off, lo), b = RL_MIN(t->off + t->n, hi);
+		if (a >= b)
+			continue;
+		o->adamw(o, m->params + a, NULL, m->grads + a, tr->zm + (a - lo), tr->zv + (a - lo), b - a, p->lr,
+		    p->beta1, p->beta2, p->eps, (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
+	}
+	rl_model_zero_grad(m);
+	t0 = rl_now();
+	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_allgather_shards(tr->comm, m->params, total)) != 0)
+		return rv;
+	tr->t_comm += rl_now() - t0;
+	return rl_model_params_changed(m);
+}
+
+/* Before a full checkpoint (every rank): rank 0 collects the shards of the
+ * AdamW state into full m->m, m->v (the layout rl_ckpt_save writes), in
+ * pieces of 4 MiB broadcast from each shard's owner. */
+static int
+zero_gather_opt(trainer *tr)
+{
+	rl_ops *o = tr->ops;
+	rl_model *m = tr->m;
+	size_t total = m->tt.total, piece = (size_t)1 << 20, bytes = total * sizeof(float);
+	float *h = rl_try_malloc(piece * sizeof(float), "optimizer state piece");
+	int rv = RL_OK;
+
+	if (!h)
+		return RL_ENOMEM;
+	if (tr->rank == 0 && !m->m) {
+		if ((rv = o->alloc(o, (void **)&m->m, bytes)) != 0 || (rv = o->alloc(o, (void **)&m->v, bytes)) != 0)
+			goto out;
+		o->zero(o, m->m, bytes); /* padding between tensors */
+		o->zero(o, m->v, bytes);
+	}
+	for (int k = 0; k < 2 && rv == 0; k++) {
+		const float *mine = k ? tr->zv : tr->zm;
+		float *full = k ? m->v : m->m;
+		for (int r = 0; r < tr->world && rv == 0; r++) {
+			size_t lo, hi;
+			rl_comm_shard(tr->comm, total, r, &lo, &hi);
+			for (size_t off = lo; off < hi && rv == 0; off += piece) {
+				size_t len = RL_MIN(piece, hi - off);
+				if (tr->rank == r) {
+					o->download(o, h, mine + (off - lo), len * sizeof(float));
+					if ((rv = o->status(o)) != 0)
+						break;
+				}
+				if (r != 0 && (rv = rl_comm_host_broadcast(tr->comm, h, len * sizeof(float), r)) != 0)
+					break;
+				if (tr->rank == 0) {
+					o->upload(o, full + off, h, len * sizeof(float));
+					rv = o->status(o);
+				}
+			}
+		}
+	}
+out:
+	free(h);
+	return rv;
+}
+
+/* After the checkpoint: rank 0 drops the full state again. */
+static void
+zero_release_opt(trainer *tr)
+{
+	if (!tr->zero)
+		return;
+	tr->ops->free(tr->ops, tr->m->m);
+	tr->ops->free(tr->ops, tr->m->v);
+	tr->m->m = tr->m->v = NULL;
 }
 
 static uint64_t
@@ -1340,7 +1493,7 @@ train_step(trainer *tr)
 					return rv;
 				s = e;
 			}
-			if (tr->world > 1 && (rv = allreduce_grads(tr)) != 0)
+			if (tr->world > 1 && !tr->zero && (rv = allreduce_grads(tr)) != 0)
 				return rv;
 			rl_adamw ad = { 0 };
 			lr = rl_lr_at(tr->m->step + 1, o->lr, o->warmup, o->total_steps, o->sched, o->min_lr_ratio);
@@ -1351,7 +1504,7 @@ train_step(trainer *tr)
 			ad.weight_decay = o->weight_decay;
 			ad.max_grad_norm = o->grad_clip;
 			double t1 = rl_now();
-			rv = rl_model_step(tr->m, &ad, &gnorm);
+			rv = tr->zero ? zero_step(tr, &ad, &gnorm) : rl_model_step(tr->m, &ad, &gnorm);
 			tr->t_model += rl_now() - t1;
 			if (rv != 0)
 				return rv;
@@ -1376,8 +1529,11 @@ train_step(trainer *tr)
 	int full = (o->save_every > 0 && tr->m->step % o->save_every == 0) ||
 	    (o->max_steps > 0 && tr->m->step >= o->max_steps);
 	double t_pub = rl_now();
+	if (tr->zero && full && (rv = zero_gather_opt(tr)) != 0)
+		return rv;
 	if (tr->rank == 0 && (rv = publish(tr, full, 1)) != 0)
 		return rv;
+	zero_release_opt(tr);
 	tr->t_pub = rl_now() - t_pub;
 	if (tr->world > 1 && o->dp_check_every > 0 && tr->m->step % o->dp_check_every == 0 &&
 	    (rv = check_same_weights(tr)) != 0)
@@ -1449,7 +1605,7 @@ rl_train_run(const rl_train_opts *o)
 		goto out;
 	if ((rv = reserve(&tr)) != 0)
 		goto out;
-	if (tr.world > 1 && (rv = dp_reducer_open(&tr)) != 0)
+	if (tr.world > 1 && !o->zero && (rv = dp_reducer_open(&tr)) != 0)
 		goto out;
 	if (o->resume) {
 		if ((rv = rl_ckpt_load_optimizer(tr.m, dir)) != 0)
@@ -1483,6 +1639,8 @@ rl_train_run(const rl_train_opts *o)
 			}
 		free(steps);
 		if (rv != 0)
+			goto out;
+		if (o->zero && (rv = zero_open(&tr)) != 0)
 			goto out;
 	}
 	start_step = tr.m->step;
@@ -1568,15 +1726,24 @@ rl_train_run(const rl_train_opts *o)
 		free_groups(&tr);
 	}
 	/* a last full checkpoint, so that the run can be resumed */
-	if (tr.m->step > start_step && tr.rank == 0) {
+	{
+		int need = 0;
 		char opt[4096];
-		snprintf(opt, sizeof opt, "%s/step-%08d/optimizer.safetensors", o->out_dir, tr.m->step);
-		if (access(opt, R_OK) != 0) {
+		if (tr.m->step > start_step && tr.rank == 0) {
+			snprintf(opt, sizeof opt, "%s/step-%08d/optimizer.safetensors", o->out_dir, tr.m->step);
+			need = access(opt, R_OK) != 0;
+		}
+		/* ZeRO: every rank sends its share of the optimizer state */
+		if (tr.zero && ((rv = rl_comm_host_broadcast(tr.comm, &need, sizeof need, 0)) != 0 ||
+		    (need && (rv = zero_gather_opt(&tr)) != 0)))
+			goto out;
+		if (need && tr.rank == 0) {
 			snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr.m->step);
 			remove_dir(dir);
 			if ((rv = publish(&tr, 1, 0)) != 0)
 				goto out;
 		}
+		zero_release_opt(&tr);
 	}
 	if (tr.world > 1) {
 		if ((rv = check_same_weights(&tr)) != 0 || (rv = rl_comm_finish(tr.comm)) != 0)
@@ -1604,6 +1771,10 @@ out:
 	free(tr.h_old);
 	if (tr.ops && tr.d_mem)
 		tr.ops->free(tr.ops, tr.d_mem);
+	if (tr.ops) {
+		tr.ops->free(tr.ops, tr.zm);
+		tr.ops->free(tr.ops, tr.zv);
+	}
 	rl_traj_reader_close(tr.rd);
 	if (tr.qc && tr.nheld) {
 		/* records leased but not trained go back to the broker at once */

@@ -79,6 +79,7 @@ static const char usage_text[] =
     "      --dp-check-every N    compare a weight checksum across ranks every N steps (default 10)\n"
     "      --dp-bucket-mb M      gradient all-reduce bucket size in MiB (default 25; also --bucket-mb)\n"
     "      --no-dp-overlap       all-reduce after the backward pass instead of during it\n"
+    "      --zero 0|1            1: ZeRO-1, each rank keeps 1/N of the AdamW state (default 0)\n"
     "  -q, --quiet, -v, --verbose\n"
     "  -h, --help\n";
 
@@ -87,7 +88,7 @@ enum {
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC,
-	O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL
+	O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO
 };
 
 static const struct option longopts[] = {
@@ -118,7 +119,7 @@ static const struct option longopts[] = {
 	{ "rendezvous", required_argument, 0, O_RDV }, { "comm-backend", required_argument, 0, O_CBACK },
 	{ "comm-timeout", required_argument, 0, O_CTIME }, { "dp-check-every", required_argument, 0, O_DPCHECK },
 	{ "dp-bucket-mb", required_argument, 0, O_DPBUCKET }, { "bucket-mb", required_argument, 0, O_DPBUCKET },
-	{ "no-dp-overlap", no_argument, 0, O_DPNOOVL },
+	{ "no-dp-overlap", no_argument, 0, O_DPNOOVL }, { "zero", required_argument, 0, O_ZERO },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -242,6 +243,11 @@ main(int argc, char **argv)
 		case O_DPCHECK: NUM(0, 1e9); o.dp_check_every = (int)v; break;
 		case O_DPBUCKET: NUM(0.001, 1e6); o.dp_bucket_mb = v; break;
 		case O_DPNOOVL: o.dp_overlap = 0; break;
+		case O_ZERO:
+			if (strcmp(a, "0") && strcmp(a, "1"))
+				return usage_error("--zero takes 0 or 1 (ZeRO-1: optimizer state sharded), not '%s'", a);
+			o.zero = a[0] == '1';
+			break;
 		case 'q': verbosity = RL_LOG_QUIET; o.quiet = 1; break;
 		case 'v': verbosity++; break;
 		case 'h':

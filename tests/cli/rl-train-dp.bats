@@ -132,6 +132,43 @@ assert all(f == 0 for f in sq), sq
 PY
 }
 
+@test "ZeRO-1: 2 ranks --zero 1 = 2 ranks without; resume across the switch and another world size" {
+	args=(--batch 4 --lr 1e-2 --dp-check-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/z1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	train_world 2 "$TD/zp" "${args[@]}"
+	PORT=$((PORT + 1))
+	train_world 2 "$TD/zz" --zero 1 "${args[@]}"
+	run -0 close "$TD/zz/latest/model.safetensors" "$TD/zp/latest/model.safetensors"
+	# rank 0 gathered the shards into the usual optimizer.safetensors
+	run -0 close "$TD/zz/latest/optimizer.safetensors" "$TD/zp/latest/optimizer.safetensors" 1e-7 1e-2
+	# each rank holds half the AdamW state
+	python3 - "$TD/zp.metrics.0" "$TD/zz.metrics.0" <<'PY'
+import json, sys
+p = [json.loads(l) for l in open(sys.argv[1])]
+z = [json.loads(l) for l in open(sys.argv[2])]
+assert len(p) == len(z) == 3
+for a, b in zip(p, z):
+    assert b["dp/zero_stage"] == 1 and a["dp/zero_stage"] == 0
+    r = b["memory/optimizer_state_mb"] / a["memory/optimizer_state_mb"]
+    assert 0.49 < r < 0.51, r
+    assert b["memory/max_rss_mb"] > 0
+PY
+	# 2 steps with --zero 1 on 2 ranks, then step 3 on 1 rank without it
+	PORT=$((PORT + 1))
+	train_world 2 "$TD/za" --zero 1 --max-steps 2 "${args[@]}"
+	rl-train -q --out "$TD/za" --resume --max-steps 3 --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	[ "$(readlink "$TD/za/latest")" = step-00000003 ]
+	run -0 close "$TD/za/latest/model.safetensors" "$TD/z1/latest/model.safetensors"
+	# 2 steps on 2 ranks without it, then step 3 on 3 ranks with it
+	PORT=$((PORT + 1))
+	train_world 2 "$TD/zb" --max-steps 2 "${args[@]}"
+	PORT=$((PORT + 1))
+	train_world 3 "$TD/zb" --zero 1 --max-steps 3 --resume "${args[@]}"
+	[ "$(readlink "$TD/zb/latest")" = step-00000003 ]
+	run -0 close "$TD/zb/latest/model.safetensors" "$TD/z1/latest/model.safetensors"
+	run -0 close "$TD/zb/latest/optimizer.safetensors" "$TD/z1/latest/optimizer.safetensors" 1e-7 1e-2
+}
+
 @test "resume with 2 ranks: 2 steps, then --resume to step 3, = 3 steps of 1 rank" {
 	args=(--batch 4 --lr 1e-2 --dp-check-every 1)
 	rl-train -q -m "$TD/m0" --out "$TD/r1" --metrics /dev/null --max-steps 3 "${args[@]}" "$TD/s.jsonl"
