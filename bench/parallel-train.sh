@@ -1,7 +1,9 @@
 #!/bin/sh
 # bench/parallel-train.sh [STEPS] [WORLD] — data-parallel rl-train on the CPU:
 # step time with the gradient all-reduce overlapped with the backward pass
-# (default) and without (--no-dp-overlap), for 25 MiB and 4 MiB buckets.
+# (default) and without (--no-dp-overlap), for 25 MiB and 4 MiB buckets;
+# then ZeRO-1 (--zero 1) against plain data parallelism: step time, AdamW
+# state per rank and rank 0's peak resident memory.
 # Model: the ~11M-parameter Qwen2 shape of bench/train.sh (44 MB of f32
 # gradients); a step is 1 group of 4 sequences of 16 + 48 tokens, so each of
 # 2 ranks computes little and the all-reduce is a large share of the step, as
@@ -9,7 +11,8 @@
 # left out.  JSON lines:
 #   {"bench":"dp_train","world":W,"overlap":0|1,"bucket_mb":M,"steps":S,
 #    "step_s":mean timing_s/update_actor,"allreduce_wait_s":mean timing_s/allreduce,
-#    "model_s":mean timing_s/model,"overlapped_frac":dp/buckets_overlapped_frac}
+#    "model_s":mean timing_s/model,"overlapped_frac":dp/buckets_overlapped_frac,
+#    "zero":0|1,"optimizer_state_mb":this rank's AdamW state,"max_rss_mb":rank 0's peak}
 set -eu
 steps=${1:-6}
 world=${2:-2}
@@ -40,9 +43,10 @@ with open(out, "w") as f:
                 "response": r, "logprobs": [-8.3] * 48, "reward": float(i % 2)}) + "\n")
 PY
 port=$((21000 + $$ % 5000))
-run() {   # run OVERLAP BUCKET_MB
+run() {   # run OVERLAP BUCKET_MB [ZERO]
 	ov=""
 	[ "$1" = 1 ] || ov=--no-dp-overlap
+	[ "${3:-0}" = 1 ] && ov="$ov --zero 1"
 	port=$((port + 1))
 	rm -rf "$d/ck"
 	for r in $(seq 1 $((world - 1))); do
@@ -54,17 +58,22 @@ run() {   # run OVERLAP BUCKET_MB
 	    --rendezvous "127.0.0.1:$port" --batch 1 --lr 1e-4 --keep 1 --bucket-mb "$2" $ov \
 	    --metrics "$d/m.jsonl" "$d/scored.jsonl"
 	wait
-	python3 - "$d/m.jsonl" "$world" "$1" "$2" <<'PY'
+	python3 - "$d/m.jsonl" "$world" "$1" "$2" "${3:-0}" <<'PY'
 import json, sys
 ms = [json.loads(l) for l in open(sys.argv[1])][1:]
-mean = lambda k: round(sum(m[k] for m in ms) / len(ms), 4)
+def mean(k):
+    v = [m[k] for m in ms if m.get(k) is not None]
+    return round(sum(v) / len(v), 4) if v else None
 print(json.dumps({"bench": "dp_train", "world": int(sys.argv[2]), "overlap": int(sys.argv[3]),
     "bucket_mb": float(sys.argv[4]), "steps": len(ms), "step_s": mean("timing_s/update_actor"),
     "allreduce_wait_s": mean("timing_s/allreduce"), "model_s": mean("timing_s/model"),
-    "overlapped_frac": mean("dp/buckets_overlapped_frac")}))
+    "overlapped_frac": mean("dp/buckets_overlapped_frac"), "zero": int(sys.argv[5]),
+    "optimizer_state_mb": round(ms[-1]["memory/optimizer_state_mb"], 2),
+    "max_rss_mb": round(ms[-1]["memory/max_rss_mb"], 1)}))
 PY
 }
 for mb in 25 4; do
 	run 0 "$mb"
 	run 1 "$mb"
 done
+run 0 25 1

@@ -1,6 +1,7 @@
 /*
  * comm.c — the communicator (see comm.h): launch configuration, nng
- * rendezvous, the CPU ring backend and the NCCL backend.
+ * rendezvous, the CPU ring backend and the NCCL backend, ZeRO-1's
+ * reduce-scatter and all-gather, the bucketed overlapped all-reduce.
  *
  * Ring wire format: every message starts with a 16-byte header
  *   u32 magic "RLC1", u8 kind, u8 op, u16 from-rank, u32 collective number,
@@ -13,7 +14,10 @@
  * "send segment k, receive segment k", so the cycle never deadlocks and
  * memory stays at a few segments per connection.
  *
- * Leaves out: overlapping communication with compute, IPv6.
+ * Overlap: rl_comm_reducer runs the all-reduce of gradient buckets on its
+ * own thread (ring) or on the NCCL stream while the caller computes.
+ *
+ * Leaves out: IPv6.
  */
 #include "comm.h"
 
