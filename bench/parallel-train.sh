@@ -12,7 +12,7 @@
 #   {"bench":"dp_train","world":W,"overlap":0|1,"bucket_mb":M,"steps":S,
 #    "step_s":mean timing_s/update_actor,"allreduce_wait_s":mean timing_s/allreduce,
 #    "model_s":mean timing_s/model,"overlapped_frac":dp/buckets_overlapped_frac,
-#    "zero":0|1,"optimizer_state_mb":this rank's AdamW state,"max_rss_mb":rank 0's peak}
+#    "zero":0|1,"optimizer_state_mb":this rank's AdamW state,"rss_mb","max_rss_mb": rank 0's resident memory after the last step and at its peak}
 set -eu
 steps=${1:-6}
 world=${2:-2}
@@ -69,7 +69,7 @@ print(json.dumps({"bench": "dp_train", "world": int(sys.argv[2]), "overlap": int
     "allreduce_wait_s": mean("timing_s/allreduce"), "model_s": mean("timing_s/model"),
     "overlapped_frac": mean("dp/buckets_overlapped_frac"), "zero": int(sys.argv[5]),
     "optimizer_state_mb": round(ms[-1]["memory/optimizer_state_mb"], 2),
-    "max_rss_mb": round(ms[-1]["memory/max_rss_mb"], 1)}))
+    "rss_mb": round(ms[-1]["memory/rss_mb"], 1), "max_rss_mb": round(ms[-1]["memory/max_rss_mb"], 1)}))
 PY
 }
 for mb in 25 4; do

@@ -568,16 +568,18 @@ rl_model_train_reserve(rl_model *m, int max_tokens)
 	if (m->grads == NULL) {
 		if ((rv = o->alloc(o, (void **)&m->grads, bytes)) != 0)
 			return rv;
-		if ((rv = o->alloc(o, (void **)&m->m, bytes)) != 0 ||
-		    (rv = o->alloc(o, (void **)&m->v, bytes)) != 0) {
+		if (!m->no_adam_state && ((rv = o->alloc(o, (void **)&m->m, bytes)) != 0 ||
+		    (rv = o->alloc(o, (void **)&m->v, bytes)) != 0)) {
 			o->free(o, m->grads);
 			o->free(o, m->m);
 			m->grads = m->m = NULL;
 			return rv;
 		}
 		o->zero(o, m->grads, bytes);
-		o->zero(o, m->m, bytes);
-		o->zero(o, m->v, bytes);
+		if (m->m != NULL) {
+			o->zero(o, m->m, bytes);
+			o->zero(o, m->v, bytes);
+		}
 	}
 	return rl_model_eval_reserve(m, max_tokens);
 }
@@ -864,7 +866,7 @@ rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm)
 	double norm;
 	float scale = 1.0f;
 
-	if (m->grads == NULL || p == NULL) {
+	if (m->grads == NULL || m->m == NULL || p == NULL) {
 		rl_error("optimizer step: call rl_model_train_reserve first");
 		return RL_EINVAL;
 	}

@@ -141,6 +141,7 @@ static int dp_end_lease(trainer *tr);
 static int dp_follow_lease(trainer *tr);
 static int dp_grad_ready(void *ctx, size_t from);
 static int zero_open(trainer *tr);
+static int zero_full_alloc(trainer *tr);
 static int zero_step(trainer *tr, const rl_adamw *p, float *grad_norm);
 static int zero_gather_opt(trainer *tr);
 static void zero_release_opt(trainer *tr);
@@ -1040,10 +1041,16 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 		metric(j, tr, step, "dp/zero_stage", tr->zero);
 	}
 	{
-		/* this rank's AdamW state and its peak resident memory */
+		/* this rank's AdamW state, resident memory now and at its peak */
 		struct rusage ru;
 		size_t nopt = tr->zero ? tr->zhi - tr->zlo : tr->m->tt.total;
 		metric(j, tr, step, "memory/optimizer_state_mb", 2.0 * (double)nopt * sizeof(float) / (1 << 20));
+		long pages = 0;
+		FILE *f = fopen("/proc/self/statm", "r");
+		if (f && fscanf(f, "%*s %ld", &pages) == 1)
+			metric(j, tr, step, "memory/rss_mb", (double)pages * (double)sysconf(_SC_PAGESIZE) / (1 << 20));
+		if (f)
+			fclose(f);
 		if (getrusage(RUSAGE_SELF, &ru) == 0)
 			metric(j, tr, step, "memory/max_rss_mb", ru.ru_maxrss / 1024.0);
 	}
@@ -1194,10 +1201,29 @@ dp_follow_lease(trainer *tr)
 
 /* ---- ZeRO-1 ----------------------------------------------------------------------------- */
 
+/* Full AdamW moments in m->m, m->v (zeroed), for a while: loading them on
+ * --resume, writing them in a checkpoint (rank 0). */
+static int
+zero_full_alloc(trainer *tr)
+{
+	rl_ops *o = tr->ops;
+	rl_model *m = tr->m;
+	size_t bytes = m->tt.total * sizeof(float);
+	int rv;
+
+	if (m->m)
+		return RL_OK;
+	if ((rv = o->alloc(o, (void **)&m->m, bytes)) != 0 || (rv = o->alloc(o, (void **)&m->v, bytes)) != 0)
+		return rv;
+	o->zero(o, m->m, bytes); /* the padding between tensors too */
+	o->zero(o, m->v, bytes);
+	return o->status(o);
+}
+
 /* Every rank keeps the AdamW moments of its shard [zlo, zhi) of the flat
- * parameter space (rl_comm_shard) and drops the full ones: the loaded state
- * on --resume (the same file on every rank, whatever world size wrote it),
- * zeros otherwise. */
+ * parameter space (rl_comm_shard), never the full ones (m->no_adam_state):
+ * the shard of the state loaded on --resume (the same file on every rank,
+ * whatever world size wrote it; then dropped), zeros otherwise. */
 static int
 zero_open(trainer *tr)
 {
@@ -1211,8 +1237,13 @@ zero_open(trainer *tr)
 	bytes = (n ? n : 1) * sizeof(float);
 	if ((rv = o->alloc(o, (void **)&tr->zm, bytes)) != 0 || (rv = o->alloc(o, (void **)&tr->zv, bytes)) != 0)
 		return rv;
-	o->copy(o, tr->zm, m->m + tr->zlo, n * sizeof(float));
-	o->copy(o, tr->zv, m->v + tr->zlo, n * sizeof(float));
+	if (m->m) {
+		o->copy(o, tr->zm, m->m + tr->zlo, n * sizeof(float));
+		o->copy(o, tr->zv, m->v + tr->zlo, n * sizeof(float));
+	} else {
+		o->zero(o, tr->zm, n * sizeof(float));
+		o->zero(o, tr->zv, n * sizeof(float));
+	}
 	if ((rv = o->sync(o)) != 0)
 		return rv;
 	o->free(o, m->m);
@@ -1234,13 +1265,14 @@ zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 	rl_ops *o = tr->ops;
 	rl_model *m = tr->m;
 	size_t total = m->tt.total, lo = tr->zlo, hi = tr->zhi;
-	double t0 = rl_now(), ss;
+	double t0 = rl_now(), ss, tc;
 	float scale = 1.0f;
 	int rv;
 
+	/* the caller counts this call as model time: the communication is t_comm's */
 	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_reduce_scatter(tr->comm, m->grads, total)) != 0)
 		return rv;
-	tr->t_comm += rl_now() - t0;
+	tc = rl_now() - t0;
 	ss = hi > lo ? o->sumsq(o, m->grads + lo, hi - lo) : 0.0;
 	if ((rv = rl_comm_host_allreduce_f64(tr->comm, &ss, 1)) != 0)
 		return rv;
@@ -1266,7 +1298,9 @@ zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 	t0 = rl_now();
 	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_allgather_shards(tr->comm, m->params, total)) != 0)
 		return rv;
-	tr->t_comm += rl_now() - t0;
+	tc += rl_now() - t0;
+	tr->t_comm += tc;
+	tr->t_model -= tc;
 	return rl_model_params_changed(m);
 }
 
@@ -1278,18 +1312,14 @@ zero_gather_opt(trainer *tr)
 {
 	rl_ops *o = tr->ops;
 	rl_model *m = tr->m;
-	size_t total = m->tt.total, piece = (size_t)1 << 20, bytes = total * sizeof(float);
+	size_t total = m->tt.total, piece = (size_t)1 << 20;
 	float *h = rl_try_malloc(piece * sizeof(float), "optimizer state piece");
 	int rv = RL_OK;
 
 	if (!h)
 		return RL_ENOMEM;
-	if (tr->rank == 0 && !m->m) {
-		if ((rv = o->alloc(o, (void **)&m->m, bytes)) != 0 || (rv = o->alloc(o, (void **)&m->v, bytes)) != 0)
-			goto out;
-		o->zero(o, m->m, bytes); /* padding between tensors */
-		o->zero(o, m->v, bytes);
-	}
+	if (tr->rank == 0 && (rv = zero_full_alloc(tr)) != 0)
+		goto out;
 	for (int k = 0; k < 2 && rv == 0; k++) {
 		const float *mine = k ? tr->zv : tr->zm;
 		float *full = k ? m->v : m->m;
@@ -1603,11 +1633,14 @@ rl_train_run(const rl_train_opts *o)
 	}
 	if (o->ref_dir && (rv = rl_model_open(&tr.ref, o->ref_dir, tr.ops)) != 0)
 		goto out;
+	tr.m->no_adam_state = tr.world > 1 && o->zero; /* ZeRO: only a shard, from zero_open */
 	if ((rv = reserve(&tr)) != 0)
 		goto out;
 	if (tr.world > 1 && !o->zero && (rv = dp_reducer_open(&tr)) != 0)
 		goto out;
 	if (o->resume) {
+		if (tr.m->no_adam_state && (rv = zero_full_alloc(&tr)) != 0)
+			goto out;
 		if ((rv = rl_ckpt_load_optimizer(tr.m, dir)) != 0)
 			goto out;
 		tr.skip_records = (uint64_t)cJSON_GetObjectItem(state, "records_consumed")->valuedouble;
