@@ -1,6 +1,7 @@
 /*
  * comm.c — the communicator (see comm.h): launch configuration, nng
- * rendezvous, the CPU ring backend and the NCCL backend.
+ * rendezvous, the CPU ring backend and the NCCL backend, ZeRO-1's
+ * reduce-scatter and all-gather, the bucketed overlapped all-reduce.
  *
  * Ring wire format: every message starts with a 16-byte header
  *   u32 magic "RLC1", u8 kind, u8 op, u16 from-rank, u32 collective number,
@@ -13,7 +14,10 @@
  * "send segment k, receive segment k", so the cycle never deadlocks and
  * memory stays at a few segments per connection.
  *
- * Leaves out: overlapping communication with compute, IPv6.
+ * Overlap: rl_comm_reducer runs the all-reduce of gradient buckets on its
+ * own thread (ring) or on the NCCL stream while the caller computes.
+ *
+ * Leaves out: IPv6.
  */
 #include "comm.h"
 
@@ -497,6 +501,43 @@ ring_allreduce(rl_comm *c, float *buf, size_t n)
 		size_t slo = chunk_lo(n, sc, N), shi = chunk_lo(n, sc + 1, N);
 		size_t rlo = chunk_lo(n, rc, N), rhi = chunk_lo(n, rc + 1, N);
 		if ((rv = ring_step(c, OP_ALLREDUCE, (const uint8_t *)(buf + slo), (shi - slo) * sizeof(float),
+		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), 0)) != 0)
+			return rv;
+	}
+	return RL_OK;
+}
+
+/* Reduce-scatter whose last step lands on the own chunk: rank r ends with
+ * the full sum of chunk r (ring_allreduce's first half, shifted by one). */
+static int
+ring_reduce_scatter(rl_comm *c, float *buf, size_t n)
+{
+	int N = c->world, r = c->rank, rv;
+
+	c->seq++;
+	for (int s = 0; s < N - 1; s++) {
+		int sc = ((r - s - 1) % N + N) % N, rc = ((r - s - 2) % N + N) % N;
+		size_t slo = chunk_lo(n, sc, N), shi = chunk_lo(n, sc + 1, N);
+		size_t rlo = chunk_lo(n, rc, N), rhi = chunk_lo(n, rc + 1, N);
+		if ((rv = ring_step(c, OP_ALLREDUCE, (const uint8_t *)(buf + slo), (shi - slo) * sizeof(float),
+		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), 1)) != 0)
+			return rv;
+	}
+	return RL_OK;
+}
+
+/* All-gather of chunks: rank r starts with chunk r. */
+static int
+ring_allgather_chunks(rl_comm *c, float *buf, size_t n)
+{
+	int N = c->world, r = c->rank, rv;
+
+	c->seq++;
+	for (int s = 0; s < N - 1; s++) {
+		int sc = ((r - s) % N + N) % N, rc = ((r - s - 1) % N + N) % N;
+		size_t slo = chunk_lo(n, sc, N), shi = chunk_lo(n, sc + 1, N);
+		size_t rlo = chunk_lo(n, rc, N), rhi = chunk_lo(n, rc + 1, N);
+		if ((rv = ring_step(c, OP_ALLGATHER, (const uint8_t *)(buf + slo), (shi - slo) * sizeof(float),
 		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), 0)) != 0)
 			return rv;
 	}
@@ -1231,6 +1272,68 @@ rl_comm_broadcast(rl_comm *c, void *buf, size_t bytes, int root)
 	return RL_OK;
 }
 
+void
+rl_comm_shard(const rl_comm *c, size_t n, int rank, size_t *lo, size_t *hi)
+{
+	int N = c ? c->world : 1;
+	*lo = chunk_lo(n, rank, N);
+	*hi = chunk_lo(n, rank + 1, N);
+}
+
+/* kind 0: reduce-scatter, 1: all-gather of shards */
+static int
+shard_collective(rl_comm *c, float *buf, size_t n, int kind)
+{
+	int rv;
+
+	if (c->world == 1)
+		return RL_OK;
+	if ((rv = ring_check(c)) != 0)
+		return rv;
+#if HAVE_NCCL
+	if (c->backend == B_NCCL) {
+		size_t k = n / (size_t)c->world;
+		if (k * (size_t)c->world != n) {
+			rl_error("nccl: %zu elements do not split evenly over %d ranks", n, c->world);
+			return RL_ENOTSUP;
+		}
+		c->seq++;
+		if ((rv = c->ops->sync(c->ops)) != 0)
+			return fail(c, rv, -1);
+		if (kind == 0)
+			return nccl_call(c, ncclReduceScatter(buf, buf + k * (size_t)c->rank, k, ncclFloat32, ncclSum,
+			    c->nc, c->stream), "reduce-scatter");
+		return nccl_call(c, ncclAllGather(buf + k * (size_t)c->rank, buf, k, ncclFloat32, c->nc, c->stream),
+		    "all-gather");
+	}
+#endif
+	if (!on_device(c))
+		return kind == 0 ? ring_reduce_scatter(c, buf, n) : ring_allgather_chunks(c, buf, n);
+	/* device memory: the whole buffer through the host */
+	if ((rv = stage_reserve(c, n ? n : 1)) != 0)
+		return rv;
+	c->ops->download(c->ops, c->stage, buf, n * sizeof(float));
+	if ((rv = c->ops->status(c->ops)) != 0)
+		return rv;
+	rv = kind == 0 ? ring_reduce_scatter(c, c->stage, n) : ring_allgather_chunks(c, c->stage, n);
+	if (rv != 0)
+		return rv;
+	c->ops->upload(c->ops, buf, c->stage, n * sizeof(float));
+	return c->ops->status(c->ops);
+}
+
+int
+rl_comm_reduce_scatter(rl_comm *c, float *buf, size_t n)
+{
+	return shard_collective(c, buf, n, 0);
+}
+
+int
+rl_comm_allgather_shards(rl_comm *c, float *buf, size_t n)
+{
+	return shard_collective(c, buf, n, 1);
+}
+
 int
 rl_comm_host_allgather(rl_comm *c, void *out, const void *in, size_t bytes)
 {
@@ -1243,6 +1346,22 @@ rl_comm_host_allgather(rl_comm *c, void *out, const void *in, size_t bytes)
 	if ((rv = ring_check(c)) != 0)
 		return rv;
 	return ring_allgather(c, out, in, bytes);
+}
+
+int
+rl_comm_host_broadcast(rl_comm *c, void *buf, size_t bytes, int root)
+{
+	int rv;
+
+	if (root < 0 || root >= c->world) {
+		rl_error("broadcast from rank %d in a world of %d", root, c->world);
+		return RL_EINVAL;
+	}
+	if (c->world == 1)
+		return RL_OK;
+	if ((rv = ring_check(c)) != 0)
+		return rv;
+	return ring_broadcast(c, buf, bytes, root);
 }
 
 int
@@ -1280,4 +1399,240 @@ rl_comm_host_allreduce_f64(rl_comm *c, double *buf, size_t n)
 	}
 	free(all);
 	return rv;
+}
+
+/* ---- bucketed all-reduce overlapped with compute ------------------------------------------ */
+
+enum { R_SYNC = 0, R_THREAD, R_STREAM };
+
+struct rl_comm_reducer {
+	rl_comm *c;
+	float *buf;
+	size_t n, bucket;
+	int mode;
+	int nb;                 /* buckets */
+	int queued;             /* buckets declared final this round (a prefix, in bucket order) */
+	int done;               /* buckets reduced this round */
+	int err;                /* first error of the round */
+	int pre;                /* buckets declared final while part of buf was not (from > 0) */
+	int early;              /* pre of the last round */
+	int quit, have_thread;
+	pthread_t th;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+};
+
+/* Bucket k: [n - (k+1) B, n - k B), clipped at 0. */
+static void
+bucket_range(const rl_comm_reducer *r, int k, size_t *lo, size_t *hi)
+{
+	size_t top = (size_t)k * r->bucket;
+	*hi = r->n - top;
+	*lo = r->n - top > r->bucket ? r->n - top - r->bucket : 0;
+}
+
+static void *
+reducer_main(void *arg)
+{
+	rl_comm_reducer *r = arg;
+
+	pthread_mutex_lock(&r->mu);
+	for (;;) {
+		while (!r->quit && r->done == r->queued)
+			pthread_cond_wait(&r->cv, &r->mu);
+		if (r->done == r->queued)
+			break; /* quit, nothing pending */
+		int k = r->done, rv = r->err;
+		pthread_mutex_unlock(&r->mu);
+		if (rv == 0) {
+			size_t lo, hi;
+			bucket_range(r, k, &lo, &hi);
+			rv = r->c->failed ? ring_check(r->c) : ring_allreduce(r->c, r->buf + lo, hi - lo);
+		}
+		pthread_mutex_lock(&r->mu);
+		if (rv && !r->err)
+			r->err = rv;
+		r->done++;
+		pthread_cond_broadcast(&r->cv);
+	}
+	pthread_mutex_unlock(&r->mu);
+	return NULL;
+}
+
+int
+rl_comm_reducer_create(rl_comm_reducer **out, rl_comm *c, float *buf, size_t n, size_t bucket, int overlap)
+{
+	rl_comm_reducer *r;
+
+	*out = NULL;
+	if (!(r = calloc(1, sizeof *r)))
+		return RL_ENOMEM;
+	r->c = c;
+	r->buf = buf;
+	r->n = n;
+	r->bucket = bucket ? bucket : (n ? n : 1);
+	r->nb = n ? (int)RL_MIN((n + r->bucket - 1) / r->bucket, (size_t)INT32_MAX) : 0;
+	if (n && (size_t)r->nb * r->bucket < n)
+		r->bucket = (n + (size_t)r->nb - 1) / (size_t)r->nb;
+	r->mode = R_SYNC;
+	if (overlap && c->world > 1) {
+#if HAVE_NCCL
+		if (c->backend == B_NCCL)
+			r->mode = R_STREAM;
+		else
+#endif
+		if (!on_device(c))
+			r->mode = R_THREAD;
+	}
+	pthread_mutex_init(&r->mu, NULL);
+	pthread_cond_init(&r->cv, NULL);
+	if (r->mode == R_THREAD) {
+		if (pthread_create(&r->th, NULL, reducer_main, r) != 0) {
+			rl_warn("cannot start the communication thread: the all-reduce will not overlap");
+			r->mode = R_SYNC;
+		} else {
+			r->have_thread = 1;
+		}
+	}
+	*out = r;
+	return RL_OK;
+}
+
+int
+rl_comm_reducer_early(const rl_comm_reducer *r, int *total)
+{
+	if (total)
+		*total = r ? r->nb : 0;
+	return r && r->mode != R_SYNC ? r->early : 0;
+}
+
+int
+rl_comm_reducer_overlaps(const rl_comm_reducer *r)
+{
+	return r && r->mode != R_SYNC;
+}
+
+#if HAVE_NCCL
+/* Queues buckets [r->done, upto) on the NCCL stream, after the compute queued so far. */
+static int
+reducer_stream_queue(rl_comm_reducer *r, int upto)
+{
+	rl_comm *c = r->c;
+	int rv;
+
+	if (r->done >= upto)
+		return RL_OK;
+	if ((rv = c->ops->sync(c->ops)) != 0)
+		return fail(c, rv, -1);
+	for (; r->done < upto; r->done++) {
+		size_t lo, hi;
+		ncclResult_t nr;
+		bucket_range(r, r->done, &lo, &hi);
+		c->seq++;
+		nr = ncclAllReduce(r->buf + lo, r->buf + lo, hi - lo, ncclFloat32, ncclSum, c->nc, c->stream);
+		if (nr != ncclSuccess && nr != ncclInProgress) {
+			rl_error("nccl: all-reduce: %s", ncclGetErrorString(nr));
+			return fail(c, RL_EDEVICE, -1);
+		}
+		/* a non-blocking communicator may still be enqueuing: wait for that, not the stream */
+		if ((rv = nccl_wait(c, "all-reduce", 0)) != 0)
+			return rv;
+	}
+	return RL_OK;
+}
+#endif
+
+int
+rl_comm_reducer_ready(rl_comm_reducer *r, size_t from)
+{
+	int upto = 0, rv;
+
+	/* buckets [0, upto) lie in [from, n) */
+	while (upto < r->nb) {
+		size_t lo, hi;
+		bucket_range(r, upto, &lo, &hi);
+		if (lo < from)
+			break;
+		upto++;
+	}
+	if (from > 0)
+		r->pre = RL_MAX(r->pre, upto);
+	if (r->mode == R_THREAD) {
+		pthread_mutex_lock(&r->mu);
+		if (upto > r->queued) {
+			r->queued = upto;
+			pthread_cond_broadcast(&r->cv);
+		}
+		rv = r->err;
+		pthread_mutex_unlock(&r->mu);
+		return rv;
+	}
+#if HAVE_NCCL
+	if (r->mode == R_STREAM) {
+		if (!r->err && (rv = reducer_stream_queue(r, upto)) != 0)
+			r->err = rv;
+		return r->err;
+	}
+#endif
+	if (upto > r->queued)
+		r->queued = upto;
+	return r->err;
+}
+
+int
+rl_comm_reducer_wait(rl_comm_reducer *r)
+{
+	int rv;
+
+	r->early = r->pre;
+	r->pre = 0;
+	if (r->mode == R_THREAD) {
+		pthread_mutex_lock(&r->mu);
+		r->queued = r->nb;
+		pthread_cond_broadcast(&r->cv);
+		while (r->done < r->nb)
+			pthread_cond_wait(&r->cv, &r->mu);
+		rv = r->err;
+		r->queued = r->done = r->err = 0;
+		pthread_mutex_unlock(&r->mu);
+		return rv;
+	}
+#if HAVE_NCCL
+	if (r->mode == R_STREAM) {
+		if (!r->err && (rv = reducer_stream_queue(r, r->nb)) != 0)
+			r->err = rv;
+		if (!r->err && (rv = nccl_wait(r->c, "all-reduce", 1)) != 0)
+			r->err = rv;
+		rv = r->err;
+		r->queued = r->done = r->err = 0;
+		return rv;
+	}
+#endif
+	rv = r->err;
+	for (int k = 0; rv == 0 && k < r->nb; k++) {
+		size_t lo, hi;
+		bucket_range(r, k, &lo, &hi);
+		rv = rl_comm_allreduce(r->c, r->buf + lo, hi - lo);
+	}
+	r->queued = r->done = r->err = 0;
+	return rv;
+}
+
+void
+rl_comm_reducer_destroy(rl_comm_reducer *r)
+{
+	if (!r)
+		return;
+	if (r->have_thread) {
+		pthread_mutex_lock(&r->mu);
+		r->quit = 1;
+		if (!r->err)
+			r->err = RL_EINTR; /* buckets not started are dropped */
+		pthread_cond_broadcast(&r->cv);
+		pthread_mutex_unlock(&r->mu);
+		pthread_join(r->th, NULL);
+	}
+	pthread_mutex_destroy(&r->mu);
+	pthread_cond_destroy(&r->cv);
+	free(r);
 }

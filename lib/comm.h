@@ -23,10 +23,11 @@
  * failing rank tells the next one, so every survivor fails with a message
  * naming the rank that went away.  A communicator that failed stays failed.
  *
- * Leaves out: IPv6 rendezvous, ranks joining late, overlap with compute
- * (every call is synchronous), reductions other than sum.
+ * Leaves out: IPv6 rendezvous, ranks joining late, reductions other than
+ * sum.  Overlap with compute: only the bucketed all-reduce (rl_comm_reducer).
  *
- * Thread-safety: one thread uses a communicator at a time.
+ * Thread-safety: one thread uses a communicator at a time (a reducer's
+ * thread counts as using it from its first ready to its wait).
  */
 #ifndef RL_COMM_H
 #define RL_COMM_H
@@ -82,6 +83,50 @@ const char *rl_comm_backend(const rl_comm *c);   /* "cpu", "nccl", or "single" f
 /* Sum all-reduce in place: buf (n) f32 in the memory of the rl_ops given to
  * rl_comm_open.  Every rank gets bitwise the same result. */
 int rl_comm_allreduce(rl_comm *c, float *buf, size_t n);
+/* ZeRO-1 sharding of a buffer of n elements: rank r's shard is
+ * [n r / N, n (r+1) / N) (N the world size). */
+void rl_comm_shard(const rl_comm *c, size_t n, int rank, size_t *lo, size_t *hi);
+/* Sum reduce-scatter in place on buf (n) f32 in rl_ops memory: afterwards
+ * this rank's shard holds the sum over the ranks (computed by this rank; the
+ * rest of buf holds partial sums).  NCCL needs n divisible by the world size
+ * (RL_ENOTSUP otherwise). */
+int rl_comm_reduce_scatter(rl_comm *c, float *buf, size_t n);
+/* All-gather in place: every rank's shard of buf (n) f32 goes to all ranks. */
+int rl_comm_allgather_shards(rl_comm *c, float *buf, size_t n);
+
+/* Bucketed all-reduce of one buffer whose parts become final one after the
+ * other, from its end towards its start (gradients during a backward pass:
+ * the last layers' first).  buf (n) f32 in rl_ops memory is cut into buckets
+ * of `bucket` elements laid from the end (bucket k = [n-(k+1)B, n-kB),
+ * clipped at 0), each reduced with rl_comm_allreduce's sum.
+ * - overlap, host memory (cpu backend, host rl_ops): a communication thread
+ *   reduces each bucket as soon as rl_comm_reducer_ready says it is final,
+ *   while the caller goes on computing the rest of buf;
+ * - overlap, nccl: each final bucket is queued on the communicator's stream
+ *   (after the compute queued so far), and runs while later compute does;
+ * - otherwise (overlap 0, or a device rl_ops staged through the host): every
+ *   bucket is reduced in rl_comm_reducer_wait, in the same order.
+ * Every rank must see the same buckets (same n and bucket); results are
+ * bitwise identical across ranks.  While a round is in flight (from the first
+ * ready to wait) the caller must not use c, and must not write to the part of
+ * buf it declared final.  *out is the caller's (rl_comm_reducer_destroy,
+ * before rl_comm_close). */
+typedef struct rl_comm_reducer rl_comm_reducer;
+int rl_comm_reducer_create(rl_comm_reducer **out, rl_comm *c, float *buf, size_t n, size_t bucket, int overlap);
+/* Elements [from, n) of buf are final for this round: buckets inside go out.
+ * Returns the first error of the round so far (the round must still be
+ * ended with rl_comm_reducer_wait). */
+int rl_comm_reducer_ready(rl_comm_reducer *r, size_t from);
+/* Ends the round: reduces what is left, waits for every bucket; buf then
+ * holds the sums.  The first error of the round, else RL_OK. */
+int rl_comm_reducer_wait(rl_comm_reducer *r);
+/* Buckets of the last round declared final while some of buf was not yet
+ * (a ready with from > 0): those that could overlap (*total: all of them). */
+int rl_comm_reducer_early(const rl_comm_reducer *r, int *total);
+/* 1 when buckets really overlap with the caller's work (thread or stream). */
+int rl_comm_reducer_overlaps(const rl_comm_reducer *r);
+void rl_comm_reducer_destroy(rl_comm_reducer *r);   /* NULL ok; ends a round in flight first */
+
 /* Broadcast bytes of buf (rl_ops memory) from root to every rank. */
 int rl_comm_broadcast(rl_comm *c, void *buf, size_t bytes, int root);
 int rl_comm_barrier(rl_comm *c);
@@ -89,6 +134,9 @@ int rl_comm_barrier(rl_comm *c);
 /* Host memory, control plane (always the nng ring): out (world * bytes) gets
  * every rank's in (bytes) in rank order. */
 int rl_comm_host_allgather(rl_comm *c, void *out, const void *in, size_t bytes);
+/* Host memory, control plane (always the nng ring): bytes of buf go from
+ * root to every rank (small messages: step data, flags). */
+int rl_comm_host_broadcast(rl_comm *c, void *buf, size_t bytes, int root);
 /* Host f64 sum, added in rank order on every rank (identical results);
  * meant for small n (counts, statistics). */
 int rl_comm_host_allreduce_f64(rl_comm *c, double *buf, size_t n);

@@ -689,16 +689,18 @@ rl_model_train_reserve(rl_model *m, int max_tokens)
 	if (m->grads == NULL) {
 		if ((rv = o->alloc(o, (void **)&m->grads, bytes)) != 0)
 			return rv;
-		if ((rv = o->alloc(o, (void **)&m->m, bytes)) != 0 ||
-		    (rv = o->alloc(o, (void **)&m->v, bytes)) != 0) {
+		if (!m->no_adam_state && ((rv = o->alloc(o, (void **)&m->m, bytes)) != 0 ||
+		    (rv = o->alloc(o, (void **)&m->v, bytes)) != 0)) {
 			o->free(o, m->grads);
 			o->free(o, m->m);
 			m->grads = m->m = NULL;
 			return rv;
 		}
 		o->zero(o, m->grads, bytes);
-		o->zero(o, m->m, bytes);
-		o->zero(o, m->v, bytes);
+		if (m->m != NULL) {
+			o->zero(o, m->m, bytes);
+			o->zero(o, m->v, bytes);
+		}
 	}
 	return rl_model_eval_reserve(m, max_tokens);
 }
@@ -895,6 +897,13 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	return RL_OK;
 }
 
+/* m->grad_ready: the gradients from tensor i (-1: all) to the end are final. */
+static int
+grads_final(rl_model *m, int i)
+{
+	return m->grad_ready ? m->grad_ready(m->grad_ready_ctx, i < 0 ? 0 : m->tt.t[i].off) : RL_OK;
+}
+
 int
 rl_model_backward(rl_model *m, const float *dlp, const float *dent)
 {
@@ -942,6 +951,8 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 	}
 	norm_bwd(m, a->dres, a->dx, at(a->res, (size_t)c->n_layer * sN * C, s), a->lnf_mean,
 	    a->lnf_rstd, m->lnf_w, m->lnf_b, N);
+	if ((rv = grads_final(m, m->lnf_w)) != 0)
+		return rv;
 	for (int l = c->n_layer - 1; l >= 0; l--) {
 		const rl_layer_idx *y = &m->layer[l];
 		void *res = at(a->res, l * sN * C, s);
@@ -978,9 +989,11 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		norm_bwd(m, a->dx2, a->dx, res, a->ln1_mean + l * sN, a->ln1_rstd + l * sN, y->ln1_w,
 		    y->ln1_b, N);
 		o->add(o, a->dres, a->dres, a->dx2, NC);
+		if ((rv = grads_final(m, y->ln1_w)) != 0)
+			return rv;
 	}
 	o->embed_bwd(o, G(m, m->wte), G(m, m->wpe), a->dres, a->tok, a->pos, N, C);
-	if ((rv = check_ops(m, "model backward")) != 0)
+	if ((rv = check_ops(m, "model backward")) != 0 || (rv = grads_final(m, -1)) != 0)
 		return rv;
 	return RL_OK;
 }
@@ -992,7 +1005,7 @@ rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm)
 	double norm;
 	float scale = 1.0f;
 
-	if (m->grads == NULL || p == NULL) {
+	if (m->grads == NULL || m->m == NULL || p == NULL) {
 		rl_error("optimizer step: call rl_model_train_reserve first");
 		return RL_EINVAL;
 	}

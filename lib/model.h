@@ -72,6 +72,16 @@ struct rl_model {
 	                           * rl_model_train_reserve (a GPU trainer may want more) */
 	rl_model_act *act;
 	rl_model_inf *inf;
+	/* Optional (data parallel: overlap of the gradient all-reduce): called by
+	 * rl_model_backward each time the gradients at element offsets
+	 * [from, tt.total) are final for this pass (after the lm_head and final
+	 * norm, after each layer, with 0 at the end), from decreasing.  The work is
+	 * queued on the backend, not necessarily done.  Non-zero fails the pass. */
+	int (*grad_ready)(void *ctx, size_t from);
+	void *grad_ready_ctx;
+	/* Set before rl_model_train_reserve: m->m, m->v are not allocated (a
+	 * ZeRO trainer keeps its shard of them; rl_model_step then fails). */
+	int no_adam_state;
 };
 
 /* ---- life cycle ------------------------------------------------------------ */
@@ -93,8 +103,8 @@ size_t rl_model_nparams(const rl_model *m);
 
 /* ---- training ------------------------------------------------------------------ */
 
-/* Allocates gradients (zeroed), AdamW state and activations for up to
- * max_tokens = B*T rows.  Call once; again to grow. */
+/* Allocates gradients (zeroed), AdamW state (unless m->no_adam_state) and
+ * activations for up to max_tokens = B*T rows.  Call once; again to grow. */
 int rl_model_train_reserve(rl_model *m, int max_tokens);
 /* Activations only, for forward-only use (reference / old-policy log-probs):
  * no gradients or optimizer state; rl_model_backward then fails. */

@@ -23,6 +23,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -74,6 +75,7 @@ rl_train_opts_default(rl_train_opts *o)
 	o->on_bad = RL_BAD_ERROR;
 	o->dp_check_every = 10;
 	o->dp_bucket_mb = 25;
+	o->dp_overlap = 1;
 }
 
 /* One sequence of the step: a sample and where its values go. */
@@ -130,10 +132,25 @@ typedef struct trainer {
 	/* data parallelism */
 	rl_comm *comm;           /* NULL: one process */
 	int rank, world;
+	int qfollow;             /* queue mode, rank > 0: records come from rank 0's leases */
+	rl_comm_reducer *red;    /* the bucketed gradient all-reduce */
+	int zero;                /* ZeRO-1: this rank keeps the AdamW state of [zlo, zhi) only */
+	size_t zlo, zhi;
+	float *zm, *zv;          /* (zhi - zlo) AdamW moments of the shard, backend memory */
 	double t_comm;           /* seconds in the gradient all-reduce this step */
 } trainer;
 
 static volatile sig_atomic_t train_stop;
+
+static int dp_send_lease(trainer *tr, int end);
+static int dp_end_lease(trainer *tr);
+static int dp_follow_lease(trainer *tr);
+static int dp_grad_ready(void *ctx, size_t from);
+static int zero_open(trainer *tr);
+static int zero_full_alloc(trainer *tr);
+static int zero_step(trainer *tr, const rl_adamw *p, float *grad_norm);
+static int zero_gather_opt(trainer *tr);
+static void zero_release_opt(trainer *tr);
 
 static void
 on_train_signal(int sig)
@@ -223,7 +240,7 @@ lease_more(trainer *tr)
 	if (tr->idle_since == 0)
 		tr->idle_since = rl_now();
 	if (train_stop)
-		return RL_ENOENT;
+		return dp_end_lease(tr);
 	req.stage = RL_QSTAGE_SCORED;
 	/* lease only what this step still needs, so the broker's staleness gate
 	 * decides on every group at the version that will train it */
@@ -241,9 +258,11 @@ lease_more(trainer *tr)
 	size_t n = rl_qlease_count(&tr->lease);
 	if (n == 0) {
 		if (o->idle_exit > 0 && rl_now() - tr->idle_since > o->idle_exit)
-			return RL_ENOENT;
-		return RL_OK;
+			return dp_end_lease(tr);
+		return dp_send_lease(tr, 0);
 	}
+	if ((rv = dp_send_lease(tr, 0)) != RL_OK)
+		return rv;
 	tr->idle_since = rl_now();
 	for (size_t i = 0; i < n; i++) {
 		uint64_t id = 0;
@@ -331,8 +350,8 @@ next_group(trainer *tr, rl_group *g)
 			tr->t_wait += rl_now() - t0;
 			return RL_OK;
 		}
-		if (tr->qc) {
-			if ((rv = lease_more(tr)) != RL_OK)
+		if (tr->qc || tr->qfollow) {
+			if ((rv = tr->qc ? lease_more(tr) : dp_follow_lease(tr)) != RL_OK)
 				return rv;
 			continue;
 		}
@@ -1100,8 +1119,26 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 	metric(j, tr, step, "timing_s/model", tr->t_model);
 	metric(j, tr, step, "timing_s/publish", tr->t_pub);
 	if (tr->world > 1) {
+		int nb, early = rl_comm_reducer_early(tr->red, &nb);
 		metric(j, tr, step, "timing_s/allreduce", tr->t_comm);
 		metric(j, tr, step, "dp/world_size", tr->world);
+		/* the share of the last update's gradient buckets sent during its backward pass */
+		metric(j, tr, step, "dp/buckets_overlapped_frac", nb ? (double)early / nb : NAN);
+		metric(j, tr, step, "dp/zero_stage", tr->zero);
+	}
+	{
+		/* this rank's AdamW state, resident memory now and at its peak */
+		struct rusage ru;
+		size_t nopt = tr->zero ? tr->zhi - tr->zlo : tr->m->tt.total;
+		metric(j, tr, step, "memory/optimizer_state_mb", 2.0 * (double)nopt * sizeof(float) / (1 << 20));
+		long pages = 0;
+		FILE *f = fopen("/proc/self/statm", "r");
+		if (f && fscanf(f, "%*s %ld", &pages) == 1)
+			metric(j, tr, step, "memory/rss_mb", (double)pages * (double)sysconf(_SC_PAGESIZE) / (1 << 20));
+		if (f)
+			fclose(f);
+		if (getrusage(RUSAGE_SELF, &ru) == 0)
+			metric(j, tr, step, "memory/max_rss_mb", ru.ru_maxrss / 1024.0);
 	}
 	/* the share of the step (update + publish) spent outside the model's compute */
 	metric(j, tr, step, "perf/overhead_frac",
@@ -1125,24 +1162,286 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 
 /* ---- data parallelism ------------------------------------------------------------------ */
 
-/* Sums the gradients of every rank, in buckets of byte ranges of m->grads. */
+/* Sums the gradients of every rank, in buckets of byte ranges of m->grads
+ * (rl_comm_reducer): those the last backward handed over already are in
+ * flight or done; the rest go now.  t_comm counts the wait, i.e. the part of
+ * the all-reduce not hidden behind the backward pass. */
 static int
 allreduce_grads(trainer *tr)
 {
-	size_t total = tr->m->tt.total;
-	size_t bucket = (size_t)(tr->o->dp_bucket_mb * (1 << 20)) / sizeof(float);
 	double t0 = rl_now();
 	int rv;
 
-	if (bucket == 0)
-		bucket = total;
 	if ((rv = tr->ops->sync(tr->ops)) != 0)
 		return rv;
-	for (size_t off = 0; off < total; off += bucket)
-		if ((rv = rl_comm_allreduce(tr->comm, tr->m->grads + off, RL_MIN(bucket, total - off))) != 0)
-			return rv;
+	rv = rl_comm_reducer_wait(tr->red);
 	tr->t_comm += rl_now() - t0;
+	return rv;
+}
+
+static int
+dp_grad_ready(void *ctx, size_t from)
+{
+	return rl_comm_reducer_ready(ctx, from);
+}
+
+static int
+dp_reducer_open(trainer *tr)
+{
+	size_t total = tr->m->tt.total;
+	size_t bucket = (size_t)(tr->o->dp_bucket_mb * (1 << 20)) / sizeof(float);
+	int rv;
+
+	if ((rv = rl_comm_reducer_create(&tr->red, tr->comm, tr->m->grads, total, bucket ? bucket : total,
+	    tr->o->dp_overlap)) != 0)
+		return rv;
+	rl_verbose("gradient all-reduce: %zu buckets of %g MiB, %s", (total + bucket - 1) / (bucket ? bucket : total),
+	    tr->o->dp_bucket_mb, rl_comm_reducer_overlaps(tr->red) ? "overlapped with the backward pass" :
+	    "after the backward pass");
 	return RL_OK;
+}
+
+/* Queue mode with several ranks: rank 0 alone leases from the broker and
+ * passes each lease's records to the others (the compressed frame, as the
+ * broker sent it), so every rank's grouper sees the same records in the same
+ * order and forms the same steps; acknowledgements stay with rank 0.  A
+ * message: u64 end flag, u64 frame bytes, then the frame.  end: no more
+ * records (idle exit, signal).  Rank 0 sends one after every poll of the
+ * broker, records or not, so the others never wait longer than a poll. */
+static int
+dp_send_lease(trainer *tr, int end)
+{
+	const void *frame = NULL;
+	uint64_t hdr[2] = { (uint64_t)end, 0 };
+	rl_buf b;
+	int rv;
+
+	if (tr->world == 1)
+		return RL_OK;
+	rl_buf_init(&b);
+	if (!end && rl_qlease_count(&tr->lease) > 0) {
+		size_t fn = 0;
+		if (rl_traj_batch_frame(tr->lease.batch, &frame, &fn) != RL_OK) {
+			if ((rv = rl_traj_batch_encode(&b, tr->lease.batch, 0)) != 0)
+				goto out;
+			frame = b.p;
+			fn = b.len;
+		}
+		hdr[1] = fn;
+	}
+	if ((rv = rl_comm_host_broadcast(tr->comm, hdr, sizeof hdr, 0)) == 0 && hdr[1])
+		rv = rl_comm_host_broadcast(tr->comm, (void *)frame, (size_t)hdr[1], 0);
+out:
+	rl_buf_fini(&b);
+	return rv;
+}
+
+/* Rank 0: no more records; RL_ENOENT once the others know. */
+static int
+dp_end_lease(trainer *tr)
+{
+	int rv = dp_send_lease(tr, 1);
+	return rv ? rv : RL_ENOENT;
+}
+
+/* Ranks > 0 in queue mode: the next message of dp_send_lease into the
+ * grouper.  RL_OK (records or none yet), RL_ENOENT when rank 0 ends. */
+static int
+dp_follow_lease(trainer *tr)
+{
+	uint64_t hdr[2];
+	uint8_t *buf;
+	rl_traj_limits lim;
+	size_t used;
+	char where[128];
+	int rv;
+
+	if ((rv = rl_comm_host_broadcast(tr->comm, hdr, sizeof hdr, 0)) != 0)
+		return rv;
+	if (hdr[0])
+		return RL_ENOENT;
+	if (hdr[1] == 0)
+		return RL_OK;
+	if (hdr[1] > ((uint64_t)1 << 32)) {
+		rl_error("rank 0 sent a lease of %llu bytes (corrupt message)", (unsigned long long)hdr[1]);
+		return RL_EFORMAT;
+	}
+	if (!(buf = rl_try_malloc((size_t)hdr[1], "lease from rank 0")))
+		return RL_ENOMEM;
+	rl_traj_limits_default(&lim);
+	if ((rv = rl_comm_host_broadcast(tr->comm, buf, (size_t)hdr[1], 0)) == 0)
+		rv = rl_traj_batch_decode(tr->lease.batch, &used, buf, (size_t)hdr[1], &lim, "lease from rank 0");
+	free(buf);
+	for (size_t i = 0, n = rl_traj_batch_count(tr->lease.batch); rv == 0 && i < n; i++) {
+		int32_t gs;
+		if ((rv = rl_traj_batch_get(tr->lease.batch, i, tr->qt)) != 0)
+			break;
+		if (rl_traj_get_i32(tr->qt, RL_TAG_GROUP_SIZE, &gs) == RL_OK && gs > 0)
+			tr->last_gsize = gs;
+		tr->records++;
+		snprintf(where, sizeof where, "'%s' (through rank 0): record %zu", tr->o->queue_url, i);
+		rv = rl_grouper_add(tr->gr, tr->qt, where);
+	}
+	return rv;
+}
+
+/* ---- ZeRO-1 ----------------------------------------------------------------------------- */
+
+/* Full AdamW moments in m->m, m->v (zeroed), for a while: loading them on
+ * --resume, writing them in a checkpoint (rank 0). */
+static int
+zero_full_alloc(trainer *tr)
+{
+	rl_ops *o = tr->ops;
+	rl_model *m = tr->m;
+	size_t bytes = m->tt.total * sizeof(float);
+	int rv;
+
+	if (m->m)
+		return RL_OK;
+	if ((rv = o->alloc(o, (void **)&m->m, bytes)) != 0 || (rv = o->alloc(o, (void **)&m->v, bytes)) != 0)
+		return rv;
+	o->zero(o, m->m, bytes); /* the padding between tensors too */
+	o->zero(o, m->v, bytes);
+	return o->status(o);
+}
+
+/* Every rank keeps the AdamW moments of its shard [zlo, zhi) of the flat
+ * parameter space (rl_comm_shard), never the full ones (m->no_adam_state):
+ * the shard of the state loaded on --resume (the same file on every rank,
+ * whatever world size wrote it; then dropped), zeros otherwise. */
+static int
+zero_open(trainer *tr)
+{
+	rl_ops *o = tr->ops;
+	rl_model *m = tr->m;
+	size_t n, bytes;
+	int rv;
+
+	rl_comm_shard(tr->comm, m->tt.total, tr->rank, &tr->zlo, &tr->zhi);
+	n = tr->zhi - tr->zlo;
+	bytes = (n ? n : 1) * sizeof(float);
+	if ((rv = o->alloc(o, (void **)&tr->zm, bytes)) != 0 || (rv = o->alloc(o, (void **)&tr->zv, bytes)) != 0)
+		return rv;
+	if (m->m) {
+		o->copy(o, tr->zm, m->m + tr->zlo, n * sizeof(float));
+		o->copy(o, tr->zv, m->v + tr->zlo, n * sizeof(float));
+	} else {
+		o->zero(o, tr->zm, n * sizeof(float));
+		o->zero(o, tr->zv, n * sizeof(float));
+	}
+	if ((rv = o->sync(o)) != 0)
+		return rv;
+	o->free(o, m->m);
+	o->free(o, m->v);
+	m->m = m->v = NULL;
+	tr->zero = 1;
+	rl_verbose("ZeRO-1: AdamW state of elements [%zu, %zu) of %zu here (%.1f MiB instead of %.1f)", tr->zlo,
+	    tr->zhi, m->tt.total, 2.0 * n * sizeof(float) / (1 << 20), 2.0 * m->tt.total * sizeof(float) / (1 << 20));
+	return RL_OK;
+}
+
+/* One AdamW update, ZeRO-1: reduce-scatter the gradients, the global norm
+ * from every shard's sum of squares, AdamW on the own shard (tensor by
+ * tensor, for the weight-decay flags), all-gather the parameters.  The same
+ * arithmetic as rl_model_step on the same sums. */
+static int
+zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
+{
+	rl_ops *o = tr->ops;
+	rl_model *m = tr->m;
+	size_t total = m->tt.total, lo = tr->zlo, hi = tr->zhi;
+	double t0 = rl_now(), ss, tc;
+	float scale = 1.0f;
+	int rv;
+
+	/* the caller counts this call as model time: the communication is t_comm's */
+	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_reduce_scatter(tr->comm, m->grads, total)) != 0)
+		return rv;
+	tc = rl_now() - t0;
+	ss = hi > lo ? o->sumsq(o, m->grads + lo, hi - lo) : 0.0;
+	if ((rv = rl_comm_host_allreduce_f64(tr->comm, &ss, 1)) != 0)
+		return rv;
+	double norm = sqrt(ss);
+	*grad_norm = (float)norm;
+	if (!isfinite(norm)) {
+		rl_warn("gradient norm is %g; step skipped", norm);
+		rl_model_zero_grad(m);
+		return o->status(o);
+	}
+	if (p->max_grad_norm > 0)
+		scale = (float)RL_MIN(1.0, p->max_grad_norm / (norm + 1e-6));
+	m->step++;
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		size_t a = RL_MAX(t->off, lo), b = RL_MIN(t->off + t->n, hi);
+		if (a >= b)
+			continue;
+		o->adamw(o, m->params + a, NULL, m->grads + a, tr->zm + (a - lo), tr->zv + (a - lo), b - a, rl_adamw_lr(p, t),
+		    p->beta1, p->beta2, p->eps, (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
+	}
+	rl_model_zero_grad(m);
+	t0 = rl_now();
+	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_allgather_shards(tr->comm, m->params, total)) != 0)
+		return rv;
+	tc += rl_now() - t0;
+	tr->t_comm += tc;
+	tr->t_model -= tc;
+	return rl_model_params_changed(m);
+}
+
+/* Before a full checkpoint (every rank): rank 0 collects the shards of the
+ * AdamW state into full m->m, m->v (the layout rl_ckpt_save writes), in
+ * pieces of 4 MiB broadcast from each shard's owner. */
+static int
+zero_gather_opt(trainer *tr)
+{
+	rl_ops *o = tr->ops;
+	rl_model *m = tr->m;
+	size_t total = m->tt.total, piece = (size_t)1 << 20;
+	float *h = rl_try_malloc(piece * sizeof(float), "optimizer state piece");
+	int rv = RL_OK;
+
+	if (!h)
+		return RL_ENOMEM;
+	if (tr->rank == 0 && (rv = zero_full_alloc(tr)) != 0)
+		goto out;
+	for (int k = 0; k < 2 && rv == 0; k++) {
+		const float *mine = k ? tr->zv : tr->zm;
+		float *full = k ? m->v : m->m;
+		for (int r = 0; r < tr->world && rv == 0; r++) {
+			size_t lo, hi;
+			rl_comm_shard(tr->comm, total, r, &lo, &hi);
+			for (size_t off = lo; off < hi && rv == 0; off += piece) {
+				size_t len = RL_MIN(piece, hi - off);
+				if (tr->rank == r) {
+					o->download(o, h, mine + (off - lo), len * sizeof(float));
+					if ((rv = o->status(o)) != 0)
+						break;
+				}
+				if (r != 0 && (rv = rl_comm_host_broadcast(tr->comm, h, len * sizeof(float), r)) != 0)
+					break;
+				if (tr->rank == 0) {
+					o->upload(o, full + off, h, len * sizeof(float));
+					rv = o->status(o);
+				}
+			}
+		}
+	}
+out:
+	free(h);
+	return rv;
+}
+
+/* After the checkpoint: rank 0 drops the full state again. */
+static void
+zero_release_opt(trainer *tr)
+{
+	if (!tr->zero)
+		return;
+	tr->ops->free(tr->ops, tr->m->m);
+	tr->ops->free(tr->ops, tr->m->v);
+	tr->m->m = tr->m->v = NULL;
 }
 
 static uint64_t
@@ -1301,11 +1600,18 @@ train_step(trainer *tr)
 			int rb = a + (int)((long)(b - a) * (tr->rank + 1) / tr->world);
 			for (int s = ra; s < rb;) {
 				int e = micro_end(tr, s, rb);
-				if ((rv = micro(tr, s, e, recomputed, &ms)) != 0)
+				/* the last backward completes the gradients: buckets go out as layers finish */
+				if (tr->red && e == rb) {
+					tr->m->grad_ready = dp_grad_ready;
+					tr->m->grad_ready_ctx = tr->red;
+				}
+				rv = micro(tr, s, e, recomputed, &ms);
+				tr->m->grad_ready = NULL;
+				if (rv != 0)
 					return rv;
 				s = e;
 			}
-			if (tr->world > 1 && (rv = allreduce_grads(tr)) != 0)
+			if (tr->world > 1 && !tr->zero && (rv = allreduce_grads(tr)) != 0)
 				return rv;
 			rl_adamw ad = { 0 };
 			lr = rl_lr_at(tr->m->step + 1, o->lr, o->warmup, o->total_steps, o->sched, o->min_lr_ratio);
@@ -1319,7 +1625,7 @@ train_step(trainer *tr)
 				ad.aux_lr = (float)rl_lr_at(tr->m->step + 1, o->critic_lr, o->warmup, o->total_steps,
 				    o->sched, o->min_lr_ratio);
 			double t1 = rl_now();
-			rv = rl_model_step(tr->m, &ad, &gnorm);
+			rv = tr->zero ? zero_step(tr, &ad, &gnorm) : rl_model_step(tr->m, &ad, &gnorm);
 			tr->t_model += rl_now() - t1;
 			if (rv != 0)
 				return rv;
@@ -1352,8 +1658,11 @@ train_step(trainer *tr)
 	int full = (o->save_every > 0 && tr->m->step % o->save_every == 0) ||
 	    (o->max_steps > 0 && tr->m->step >= o->max_steps);
 	double t_pub = rl_now();
+	if (tr->zero && full && (rv = zero_gather_opt(tr)) != 0)
+		return rv;
 	if (tr->rank == 0 && (rv = publish(tr, full, 1)) != 0)
 		return rv;
+	zero_release_opt(tr);
 	tr->t_pub = rl_now() - t_pub;
 	if (tr->world > 1 && o->dp_check_every > 0 && tr->m->step % o->dp_check_every == 0 &&
 	    (rv = check_same_weights(tr)) != 0)
@@ -1386,11 +1695,6 @@ rl_train_run(const rl_train_opts *o)
 	}
 	tr.world = o->comm && o->comm->world > 1 ? o->comm->world : 1;
 	tr.rank = tr.world > 1 ? o->comm->rank : 0;
-	if (tr.world > 1 && o->queue_url) {
-		rl_error("--queue with %d ranks: not supported yet", tr.world);
-		rl_hint("run data-parallel ranks on a file or stream (every rank reads all of it), or one rank per queue");
-		return RL_ENOTSUP;
-	}
 	{
 		/* several ranks on "cuda": each on the GPU of its LOCAL_RANK */
 		char dev[32];
@@ -1438,9 +1742,14 @@ rl_train_run(const rl_train_opts *o)
 		goto out;
 	if (o->ref_dir && (rv = rl_model_open(&tr.ref, o->ref_dir, tr.ops)) != 0)
 		goto out;
+	tr.m->no_adam_state = tr.world > 1 && o->zero; /* ZeRO: only a shard, from zero_open */
 	if ((rv = reserve(&tr)) != 0)
 		goto out;
+	if (tr.world > 1 && !o->zero && (rv = dp_reducer_open(&tr)) != 0)
+		goto out;
 	if (o->resume) {
+		if (tr.m->no_adam_state && (rv = zero_full_alloc(&tr)) != 0)
+			goto out;
 		if ((rv = rl_ckpt_load_optimizer(tr.m, dir)) != 0)
 			goto out;
 		tr.skip_records = (uint64_t)cJSON_GetObjectItem(state, "records_consumed")->valuedouble;
@@ -1473,6 +1782,8 @@ rl_train_run(const rl_train_opts *o)
 		free(steps);
 		if (rv != 0)
 			goto out;
+		if (o->zero && (rv = zero_open(&tr)) != 0)
+			goto out;
 	}
 	start_step = tr.m->step;
 	go.on_bad = o->on_bad;
@@ -1481,7 +1792,18 @@ rl_train_run(const rl_train_opts *o)
 	if ((rv = rl_grouper_create(&tr.gr, &go)) != 0)
 		goto out;
 	rl_qlease_init(&tr.lease);
-	if (o->queue_url) {
+	if (o->queue_url && tr.rank > 0) {
+		/* data parallel: rank 0 leases and hands every lease to the others
+		 * (docs/parallel.md); a signal here is left to rank 0 to act on */
+		struct sigaction sa;
+		memset(&sa, 0, sizeof sa);
+		sa.sa_handler = on_train_signal;
+		sigaction(SIGINT, &sa, NULL);
+		sigaction(SIGTERM, &sa, NULL);
+		tr.qfollow = 1;
+		if ((rv = rl_traj_batch_create(&tr.lease.batch)) != 0 || (rv = rl_traj_create(&tr.qt)) != 0)
+			goto out;
+	} else if (o->queue_url) {
 		struct sigaction sa;
 		memset(&sa, 0, sizeof sa);
 		sa.sa_handler = on_train_signal;
@@ -1546,15 +1868,24 @@ rl_train_run(const rl_train_opts *o)
 		free_groups(&tr);
 	}
 	/* a last full checkpoint, so that the run can be resumed */
-	if (tr.m->step > start_step && tr.rank == 0) {
+	{
+		int need = 0;
 		char opt[4096];
-		snprintf(opt, sizeof opt, "%s/step-%08d/optimizer.safetensors", o->out_dir, tr.m->step);
-		if (access(opt, R_OK) != 0) {
+		if (tr.m->step > start_step && tr.rank == 0) {
+			snprintf(opt, sizeof opt, "%s/step-%08d/optimizer.safetensors", o->out_dir, tr.m->step);
+			need = access(opt, R_OK) != 0;
+		}
+		/* ZeRO: every rank sends its share of the optimizer state */
+		if (tr.zero && ((rv = rl_comm_host_broadcast(tr.comm, &need, sizeof need, 0)) != 0 ||
+		    (need && (rv = zero_gather_opt(&tr)) != 0)))
+			goto out;
+		if (need && tr.rank == 0) {
 			snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr.m->step);
 			remove_dir(dir);
 			if ((rv = publish(&tr, 1, 0)) != 0)
 				goto out;
 		}
+		zero_release_opt(&tr);
 	}
 	if (tr.world > 1) {
 		if ((rv = check_same_weights(&tr)) != 0 || (rv = rl_comm_finish(tr.comm)) != 0)
@@ -1587,6 +1918,10 @@ out:
 	free(tr.h_old);
 	if (tr.ops && tr.d_mem)
 		tr.ops->free(tr.ops, tr.d_mem);
+	if (tr.ops) {
+		tr.ops->free(tr.ops, tr.zm);
+		tr.ops->free(tr.ops, tr.zv);
+	}
 	rl_traj_reader_close(tr.rd);
 	if (tr.qc && tr.nheld) {
 		/* records leased but not trained go back to the broker at once */
@@ -1608,6 +1943,7 @@ out:
 	rl_grouper_destroy(tr.gr);
 	rl_tokenizer_close(tr.tok);
 	rl_model_close(tr.ref);
+	rl_comm_reducer_destroy(tr.red);
 	rl_model_close(tr.m);
 	rl_comm_close(tr.comm);
 	rl_ops_close(tr.ops);

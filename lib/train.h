@@ -15,10 +15,13 @@
  * sequences are split by rank in contiguous shares; the loss weights are
  * computed over the whole mini-batch (global counts), so the all-reduced
  * (summed) gradient is the one a single process computes.  Gradients are
- * all-reduced in buckets after the backward passes; AdamW then runs on every
+ * all-reduced in buckets, handed to a communication thread (or the NCCL
+ * stream) as the last backward pass of a mini-batch finishes each layer, so
+ * the all-reduce overlaps with the rest of that pass; AdamW then runs on every
  * rank on identical gradients; a parameter checksum is compared every
  * dp_check_every steps; rank 0 alone writes checkpoints and metrics.  Queue
- * mode with several ranks is refused.
+ * mode with several ranks: rank 0 alone leases and acknowledges, and passes
+ * every lease's records to the other ranks over the communicator.
  *
  * PPO (docs/train.md): the policy gets a value head on its shared trunk
  * (model.h, rl_model_add_value_head; loaded from the model or checkpoint
@@ -28,8 +31,7 @@
  * returns; every micro-batch's loss is the policy loss plus vf_coef times
  * the clipped value loss, whose gradient flows into the head and the trunk.
  *
- * Leaves out: a separate critic model, overlap of the all-reduce with the
- * backward pass.
+ * Leaves out: a separate critic model, rl-sync publishing (cmd/rl-train).
  *
  * One step (optimizer update) takes `batch` groups.  With ppo_epochs E and
  * mini_batches M, the step's sequences are split into M mini-batches and
@@ -98,6 +100,8 @@ typedef struct rl_train_opts {
 	const rl_comm_opts *comm;  /* NULL or world 1: one process */
 	int dp_check_every;        /* compare a parameter checksum across ranks every N steps (0: at the end only) */
 	double dp_bucket_mb;       /* gradient all-reduce bucket (MiB; default 25) */
+	int dp_overlap;            /* all-reduce buckets while the backward pass goes on (1) */
+	int zero;                  /* 1: ZeRO-1, AdamW state sharded across the ranks (0 off) */
 } rl_train_opts;
 
 void rl_train_opts_default(rl_train_opts *o);

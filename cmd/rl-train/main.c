@@ -75,14 +75,16 @@ static const char usage_text[] =
     "      --sync URL            also push each version to rl-sync (tcp://, ipc://) or a directory\n"
     "      --queue URL           lease scored groups from rl-queue (acknowledged after each step)\n"
     "      --idle-exit S         queue mode: stop after S seconds without records\n"
-    "data parallel (docs/parallel.md; every rank reads the whole input):\n"
+    "data parallel (docs/parallel.md; every rank reads the whole input; with --queue rank 0 leases):\n"
     "      --rank R, --world N   this process's rank and the number of ranks (else RANK/WORLD_SIZE\n"
     "                            as torchrun sets them, or SLURM_PROCID/SLURM_NTASKS)\n"
     "      --rendezvous HOST:PORT  rank 0's address (else MASTER_ADDR:MASTER_PORT)\n"
     "      --comm-backend B      auto, cpu or nccl (default auto: nccl on CUDA when built with it)\n"
     "      --comm-timeout S      seconds a rank may wait for another (default 600; RL_COMM_TIMEOUT)\n"
     "      --dp-check-every N    compare a weight checksum across ranks every N steps (default 10)\n"
-    "      --dp-bucket-mb M      gradient all-reduce bucket size in MiB (default 25)\n"
+    "      --dp-bucket-mb M      gradient all-reduce bucket size in MiB (default 25; also --bucket-mb)\n"
+    "      --no-dp-overlap       all-reduce after the backward pass instead of during it\n"
+    "      --zero 0|1            1: ZeRO-1, each rank keeps 1/N of the AdamW state (default 0)\n"
     "  -q, --quiet, -v, --verbose\n"
     "  -h, --help\n";
 
@@ -91,7 +93,7 @@ enum {
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC,
-	O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET,
+	O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
 	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN
 };
 
@@ -122,7 +124,8 @@ static const struct option longopts[] = {
 	{ "rank", required_argument, 0, O_RANK }, { "world", required_argument, 0, O_WORLD },
 	{ "rendezvous", required_argument, 0, O_RDV }, { "comm-backend", required_argument, 0, O_CBACK },
 	{ "comm-timeout", required_argument, 0, O_CTIME }, { "dp-check-every", required_argument, 0, O_DPCHECK },
-	{ "dp-bucket-mb", required_argument, 0, O_DPBUCKET },
+	{ "dp-bucket-mb", required_argument, 0, O_DPBUCKET }, { "bucket-mb", required_argument, 0, O_DPBUCKET },
+	{ "no-dp-overlap", no_argument, 0, O_DPNOOVL }, { "zero", required_argument, 0, O_ZERO },
 	{ "lambda", required_argument, 0, O_LAMBDA }, { "vf-coef", required_argument, 0, O_VFCOEF },
 	{ "value-clip", required_argument, 0, O_VCLIP }, { "critic-lr", required_argument, 0, O_CRITLR },
 	{ "no-whiten-adv", no_argument, 0, O_NOWHITEN },
@@ -253,6 +256,12 @@ main(int argc, char **argv)
 		case O_CTIME: NUM(0.001, 1e6); co.timeout = v; break;
 		case O_DPCHECK: NUM(0, 1e9); o.dp_check_every = (int)v; break;
 		case O_DPBUCKET: NUM(0.001, 1e6); o.dp_bucket_mb = v; break;
+		case O_DPNOOVL: o.dp_overlap = 0; break;
+		case O_ZERO:
+			if (strcmp(a, "0") && strcmp(a, "1"))
+				return usage_error("--zero takes 0 or 1 (ZeRO-1: optimizer state sharded), not '%s'", a);
+			o.zero = a[0] == '1';
+			break;
 		case 'q': verbosity = RL_LOG_QUIET; o.quiet = 1; break;
 		case 'v': verbosity++; break;
 		case 'h':

@@ -6,7 +6,8 @@
 # SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID with MASTER_ADDR/MASTER_PORT).
 # `tail -F` feeds it through a FIFO and stops when rl-train exits (--pid), so
 # the rank ends when rl-train does (give rl-train --max-steps).  Exit status:
-# rl-train's.
+# rl-train's.  For records from a broker, rl-train --queue with several ranks
+# needs no file (run.sh); this is for a file that some other program writes.
 set -eu
 scored=$1
 shift

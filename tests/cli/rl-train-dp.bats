@@ -109,6 +109,66 @@ PY
 	run -0 close "$TD/tr3/latest/model.safetensors" "$TD/one2/latest/model.safetensors"
 }
 
+@test "gradient buckets overlapped with the backward pass: bitwise the weights of --no-dp-overlap, = 1 rank" {
+	# 10 KiB buckets: a dozen for this model, most handed over before the backward pass ends
+	args=(--batch 4 --lr 1e-2 --loss-agg seq-mean-token-mean --max-tokens-per-micro 40 --dp-check-every 1
+	    --bucket-mb 0.01)
+	rl-train -q -m "$TD/m0" --out "$TD/ov1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	train_world 3 "$TD/ov3" "${args[@]}" -v -v
+	grep -q "buckets of 0.01 MiB, overlapped with the backward pass" "$TD/ov3.err.0"
+	PORT=$((PORT + 1))
+	train_world 3 "$TD/sq3" "${args[@]}" --no-dp-overlap -v -v
+	grep -q "after the backward pass" "$TD/sq3.err.0"
+	cmp "$TD/ov3/latest/model.safetensors" "$TD/sq3/latest/model.safetensors"
+	cmp "$TD/ov3/latest/optimizer.safetensors" "$TD/sq3/latest/optimizer.safetensors"
+	run -0 close "$TD/ov3/latest/model.safetensors" "$TD/ov1/latest/model.safetensors"
+	# most buckets went out during the backward pass (all but the embeddings'), none without overlap
+	python3 - "$TD/ov3.metrics.0" "$TD/sq3.metrics.0" <<'PY'
+import json, sys
+ov = [json.loads(l)["dp/buckets_overlapped_frac"] for l in open(sys.argv[1])]
+sq = [json.loads(l)["dp/buckets_overlapped_frac"] for l in open(sys.argv[2])]
+assert all(0.5 < f < 1 for f in ov), ov
+assert all(f == 0 for f in sq), sq
+PY
+}
+
+@test "ZeRO-1: 2 ranks --zero 1 = 2 ranks without; resume across the switch and another world size" {
+	args=(--batch 4 --lr 1e-2 --dp-check-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/z1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	train_world 2 "$TD/zp" "${args[@]}"
+	PORT=$((PORT + 1))
+	train_world 2 "$TD/zz" --zero 1 "${args[@]}"
+	run -0 close "$TD/zz/latest/model.safetensors" "$TD/zp/latest/model.safetensors"
+	# rank 0 gathered the shards into the usual optimizer.safetensors
+	run -0 close "$TD/zz/latest/optimizer.safetensors" "$TD/zp/latest/optimizer.safetensors" 1e-7 1e-2
+	# each rank holds half the AdamW state
+	python3 - "$TD/zp.metrics.0" "$TD/zz.metrics.0" <<'PY'
+import json, sys
+p = [json.loads(l) for l in open(sys.argv[1])]
+z = [json.loads(l) for l in open(sys.argv[2])]
+assert len(p) == len(z) == 3
+for a, b in zip(p, z):
+    assert b["dp/zero_stage"] == 1 and a["dp/zero_stage"] == 0
+    r = b["memory/optimizer_state_mb"] / a["memory/optimizer_state_mb"]
+    assert 0.49 < r < 0.51, r
+    assert b["memory/max_rss_mb"] > 0
+PY
+	# 2 steps with --zero 1 on 2 ranks, then step 3 on 1 rank without it
+	PORT=$((PORT + 1))
+	train_world 2 "$TD/za" --zero 1 --max-steps 2 "${args[@]}"
+	rl-train -q --out "$TD/za" --resume --max-steps 3 --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	[ "$(readlink "$TD/za/latest")" = step-00000003 ]
+	run -0 close "$TD/za/latest/model.safetensors" "$TD/z1/latest/model.safetensors"
+	# 2 steps on 2 ranks without it, then step 3 on 3 ranks with it
+	PORT=$((PORT + 1))
+	train_world 2 "$TD/zb" --max-steps 2 "${args[@]}"
+	PORT=$((PORT + 1))
+	train_world 3 "$TD/zb" --zero 1 --max-steps 3 --resume "${args[@]}"
+	[ "$(readlink "$TD/zb/latest")" = step-00000003 ]
+	run -0 close "$TD/zb/latest/model.safetensors" "$TD/z1/latest/model.safetensors"
+	run -0 close "$TD/zb/latest/optimizer.safetensors" "$TD/z1/latest/optimizer.safetensors" 1e-7 1e-2
+}
+
 @test "resume with 2 ranks: 2 steps, then --resume to step 3, = 3 steps of 1 rank" {
 	args=(--batch 4 --lr 1e-2 --dp-check-every 1)
 	rl-train -q -m "$TD/m0" --out "$TD/r1" --metrics /dev/null --max-steps 3 "${args[@]}" "$TD/s.jsonl"
@@ -198,7 +258,84 @@ PY
 	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/e" --rank 0 --world 3 --rendezvous "127.0.0.1:$PORT" \
 	    --comm-timeout 1 "$TD/s.jsonl"
 	[[ "$stderr" == *"rank(s) 1, 2 did not join within 1 s"* ]]
-	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/e" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" \
-	    --queue tcp://127.0.0.1:1 --comm-timeout 1
-	[[ "$stderr" == *"--queue with 2 ranks: not supported yet"* ]]
+}
+
+# queue mode: a broker on loopback; QURL, QPID
+start_broker() {
+	QURL="tcp://127.0.0.1:$((PORT + 5000))"
+	rl-queue serve -q -l "$QURL" -k 100 "$@" 3>&- &
+	QPID=$!
+	PIDS="$PIDS $QPID"
+	for i in $(seq 50); do rl-queue stat "$QURL" >/dev/null 2>&1 && break; sleep 0.1; done
+}
+
+# depth NAME: the broker's count of records in state NAME
+depth() { rl-queue stat "$QURL" | sed -n "s/.* $1 \([0-9]*\) .*/\1/p"; }
+
+@test "--queue with 2 ranks: rank 0 leases, both train the steps of 1 rank, acknowledged after each step" {
+	start_broker
+	rl-queue put -q -s scored "$QURL" "$TD/s.jsonl"
+	args=(--batch 4 --lr 1e-2 --loss-agg token-mean --dp-check-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/q1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/q2" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" \
+	    --queue "$QURL" "${args[@]}" 3>&- 2>"$TD/q2.err.1" &
+	r1=$!
+	PIDS="$PIDS $r1"
+	run -0 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/q2" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" \
+	    --queue "$QURL" --idle-exit 1 --metrics "$TD/q2.metrics" "${args[@]}"
+	wait "$r1"
+	[ "$(wc -l < "$TD/q2.metrics")" -eq 3 ]
+	[ "$(readlink "$TD/q2/latest")" = step-00000003 ]
+	# the broker handed the groups out in the order they were put: the same steps as the file
+	run -0 close "$TD/q2/latest/model.safetensors" "$TD/q1/latest/model.safetensors"
+	rl-queue stat "$QURL" > "$TD/q2.stat"
+	grep -q '^version 3 ' "$TD/q2.stat"
+	grep -q '^done 48 ' "$TD/q2.stat"
+	[ "$(depth training)" = 0 ] && [ "$(depth scored)" = 0 ]
+}
+
+@test "--queue with 2 ranks: a killed rank 1 stops rank 0 at once, which hands its leases back" {
+	start_broker
+	head -n 8 "$TD/s.jsonl" | rl-queue put -q -s scored "$QURL"
+	rl-train -q -m "$TD/m0" --out "$TD/qk" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    --queue "$QURL" 3>&- 2>/dev/null &
+	victim=$!
+	PIDS="$PIDS $victim"
+	rl-train -q -m "$TD/m0" --out "$TD/qk" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    --queue "$QURL" 3>&- 2>"$TD/qk.err" &
+	r0=$!
+	PIDS="$PIDS $r0"
+	# rank 0 holds the 2 groups there are and waits for 2 more
+	for i in $(seq 100); do [ "$(depth training)" = 8 ] && break; sleep 0.1; done
+	[ "$(depth training)" = 8 ]
+	kill -9 "$victim"
+	start=$SECONDS
+	rc=0; wait "$r0" || rc=$?
+	[ $rc = 1 ]
+	[ $((SECONDS - start)) -lt 15 ]
+	grep -q "rank 1" "$TD/qk.err"
+	[ "$(depth training)" = 0 ] && [ "$(depth scored)" = 8 ]
+}
+
+@test "--queue with 2 ranks: a killed rank 0 stops rank 1; its leases expire at the broker" {
+	start_broker -t 2
+	head -n 8 "$TD/s.jsonl" | rl-queue put -q -s scored "$QURL"
+	rl-train -q -m "$TD/m0" --out "$TD/qz" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    --queue "$QURL" 3>&- 2>"$TD/qz.err" &
+	r1=$!
+	PIDS="$PIDS $r1"
+	rl-train -q -m "$TD/m0" --out "$TD/qz" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    --queue "$QURL" 3>&- 2>/dev/null &
+	victim=$!
+	PIDS="$PIDS $victim"
+	for i in $(seq 100); do [ "$(depth training)" = 8 ] && break; sleep 0.1; done
+	[ "$(depth training)" = 8 ]
+	kill -9 "$victim"
+	start=$SECONDS
+	rc=0; wait "$r1" || rc=$?
+	[ $rc = 1 ]
+	[ $((SECONDS - start)) -lt 15 ]
+	grep -q "rank 0" "$TD/qz.err"
+	for i in $(seq 60); do [ "$(depth scored)" = 8 ] && break; sleep 0.1; done
+	[ "$(depth training)" = 0 ] && [ "$(depth scored)" = 8 ]
 }

@@ -7,9 +7,15 @@
  *  - a rank killed with SIGKILL, and a rank that leaves without finishing:
  *    the survivors fail with RL_ECLOSED within seconds, far below the timeout;
  *  - a hung rank: the others fail with RL_ETIMEDOUT after the timeout;
+ *  - the bucketed all-reduce (rl_comm_reducer) with its communication thread,
+ *    fed part by part from the end as a backward pass does, over two rounds:
+ *    exact sums, bitwise equal on every rank and to the same buckets reduced
+ *    without overlap; host broadcast; a rank killed while the thread reduces;
+ *  - ZeRO's reduce-scatter to the own shard and all-gather of the shards;
  *  - launch configuration: WORLD_SIZE=0, RANK >= WORLD_SIZE, a non-number,
  *    no MASTER_ADDR, SLURM variables, an unreachable and an unresolvable master. */
 #include <arpa/inet.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdint.h>
@@ -142,6 +148,151 @@ worker_ok(int rank, int world)
 		return 16;
 	rl_comm_close(c);
 	return bad ? 20 + bad : 0;
+}
+
+/* ---- the bucketed all-reduce ------------------------------------------------------------ */
+
+/* One round as rl-train runs it: the buffer is written from the end in
+ * pieces of `step` elements (NaN before, so a bucket reduced too early shows),
+ * each piece declared final; then wait. */
+static int
+reducer_round(rl_comm_reducer *rd, float *b, size_t n, size_t step, int rank, int round)
+{
+	for (size_t i = 0; i < n; i++)
+		b[i] = NAN;
+	for (size_t from = n; from > 0;) {
+		size_t lo = from > step ? from - step : 0;
+		for (size_t i = lo; i < from; i++)
+			b[i] = val(rank + round, i);
+		from = lo;
+		if (rl_comm_reducer_ready(rd, from) != 0)
+			return -1;
+		usleep(200); /* "compute": the thread gets going meanwhile */
+	}
+	return rl_comm_reducer_wait(rd);
+}
+
+static int
+worker_reducer(int rank, int world)
+{
+	rl_comm *c;
+	rl_comm_reducer *ov, *sq;
+	size_t n = 100003, bucket = 4099;
+	float *b = malloc(n * sizeof *b), *ref = malloc(n * sizeof *ref), *all = malloc((size_t)world * n * sizeof *b);
+	int bad = 0;
+	char msg[32];
+
+	alarm(60);
+	if (join(&c, rank, world, 20) != 0)
+		return 10;
+	if (rl_comm_reducer_create(&ov, c, b, n, bucket, 1) || rl_comm_reducer_create(&sq, c, ref, n, bucket, 0))
+		return 11;
+	if (!rl_comm_reducer_overlaps(ov) || rl_comm_reducer_overlaps(sq))
+		bad |= 1;
+	for (int round = 0; round < 2; round++) {
+		if (reducer_round(ov, b, n, 1000 + 3000 * (size_t)round, rank, round) != 0 ||
+		    reducer_round(sq, ref, n, 7777, rank, round) != 0)
+			return 12;
+		for (size_t i = 0; i < n; i++) {
+			float s = 0;
+			for (int r = 0; r < world; r++)
+				s += val(r + round, i);
+			if (b[i] != s)
+				bad |= 2;
+		}
+		if (memcmp(b, ref, n * sizeof *b))
+			bad |= 4;
+		{
+			int tot, e = rl_comm_reducer_early(ov, &tot);
+			if (tot != 25 || e < 20 || e >= tot || rl_comm_reducer_early(sq, NULL) != 0)
+				bad |= 128;
+		}
+		if (rl_comm_host_allgather(c, all, b, n * sizeof *b) != 0)
+			return 13;
+		for (int r = 0; r < world; r++)
+			if (memcmp(all + (size_t)r * n, b, n * sizeof *b))
+				bad |= 8;
+	}
+	/* a buffer smaller than a bucket, and one of fewer elements than ranks */
+	for (size_t m = 1; m <= 2; m++) {
+		rl_comm_reducer *t;
+		size_t k = m == 1 ? 1 : 3000;
+		if (rl_comm_reducer_create(&t, c, b, k, bucket, 1) || reducer_round(t, b, k, 700, rank, 0) != 0)
+			return 14;
+		for (size_t i = 0; i < k; i++) {
+			float s = 0;
+			for (int r = 0; r < world; r++)
+				s += val(r, i);
+			if (b[i] != s)
+				bad |= 16;
+		}
+		rl_comm_reducer_destroy(t);
+	}
+	rl_comm_reducer_destroy(ov);
+	rl_comm_reducer_destroy(sq);
+	/* ZeRO: reduce-scatter to the own shard, all-gather of the shards */
+	{
+		size_t zs[] = { 1, 2, 5, 4099, 100003 };
+		for (size_t q = 0; q < RL_ARRAY_LEN(zs); q++) {
+			size_t k = zs[q], lo, hi;
+			rl_comm_shard(c, k, rank, &lo, &hi);
+			if (hi < lo || hi > k || (k >= (size_t)world && hi == lo))
+				bad |= 64;
+			for (size_t i = 0; i < k; i++)
+				b[i] = val(rank, i);
+			if (rl_comm_reduce_scatter(c, b, k) != 0)
+				return 17;
+			for (size_t i = 0; i < k; i++) {
+				float sum = 0;
+				for (int r = 0; r < world; r++)
+					sum += val(r, i);
+				if (i >= lo && i < hi && b[i] != sum)
+					bad |= 64;
+				if (i < lo || i >= hi)
+					b[i] = NAN;
+				ref[i] = sum;
+			}
+			if (rl_comm_allgather_shards(c, b, k) != 0)
+				return 18;
+			if (memcmp(b, ref, k * sizeof *b))
+				bad |= 64;
+		}
+	}
+	snprintf(msg, sizeof msg, "%s", rank == 1 ? "from rank 1" : "xxxxxxxxxxx");
+	if (rl_comm_host_broadcast(c, msg, 12, 1) != 0)
+		return 15;
+	if (strcmp(msg, "from rank 1"))
+		bad |= 32;
+	if (rl_comm_finish(c) != 0)
+		return 16;
+	rl_comm_close(c);
+	free(b);
+	free(ref);
+	free(all);
+	return bad ? 20 + bad : 0;
+}
+
+/* Rank 1 is killed while the others' threads reduce: their wait fails fast. */
+static int
+worker_reducer_fault(int rank, int world)
+{
+	rl_comm *c;
+	rl_comm_reducer *rd;
+	size_t n = 200000;
+	float *b = calloc(n, sizeof *b);
+	int rv;
+
+	alarm(60);
+	if (join(&c, rank, world, 30) != 0 || rl_comm_reducer_create(&rd, c, b, n, 5000, 1) != 0)
+		return 10;
+	if (rank == 1) {
+		usleep(300000);
+		raise(SIGKILL);
+	}
+	rv = reducer_round(rd, b, n, 5000, rank, 0);
+	rl_comm_reducer_destroy(rd);
+	rl_comm_close(c);
+	return rv == RL_ECLOSED ? 4 : 5;
 }
 
 typedef int (*worker_fn)(int rank, int world);
@@ -365,6 +516,16 @@ main(void)
 		ok = run_world(world, worker_ok, codes, &secs);
 		T_OK(ok == world, "world %d: exit codes %d %d %d", world, codes[0], codes[1], world > 2 ? codes[2] : 0);
 	}
+
+	for (int world = 2; world <= 3; world++) {
+		ok = run_world(world, worker_reducer, codes, &secs);
+		T_OK(ok == world, "reducer, world %d: exit codes %d %d %d", world, codes[0], codes[1],
+		    world > 2 ? codes[2] : 0);
+	}
+	run_world(3, worker_reducer_fault, codes, &secs);
+	T_EQ_INT(codes[0], 4);
+	T_EQ_INT(codes[2], 4);
+	T_OK(secs < 10, "reducer with a killed rank: %.1f s", secs);
 
 	/* killed rank, departed rank: survivors out with RL_ECLOSED fast (timeout 30 s) */
 	for (fault_mode = 1; fault_mode <= 2; fault_mode++) {
