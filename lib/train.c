@@ -1378,7 +1378,8 @@ zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 		if (a >= b)
 			continue;
 		o->adamw(o, m->params + a, NULL, m->grads + a, tr->zm + (a - lo), tr->zv + (a - lo), b - a,
-		    rl_adamw_lr(p, t), p->beta1, p->beta2, p->eps, (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
+		    rl_adamw_lr(p, t), p->beta1, p->beta2, p->eps,
+		    (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
 	}
 	rl_model_zero_grad(m);
 	t0 = rl_now();
