@@ -36,6 +36,8 @@
 #include "json.h"
 #include "model.h"
 #include "qclient.h"
+#include "progress.h"
+#include "wstat.h"
 #include "wsync.h"
 #include "tfevents.h"
 #include "tokenizer.h"
@@ -121,6 +123,8 @@ typedef struct trainer {
 	uint64_t q_late;
 	int last_gsize;          /* group size seen last (lease sizing) */
 	double idle_since;       /* when the last records came (--idle-exit) */
+	rl_wstat *wst;           /* stats reported to the broker (wstat.h) */
+	rl_progress prog;        /* steps, on a terminal */
 	/* data parallelism */
 	rl_comm *comm;           /* NULL: one process */
 	int rank, world;
@@ -226,7 +230,9 @@ lease_more(trainer *tr)
 	}
 	req.min_records = 1;
 	req.wait_ms = 500;
+	rl_wstat_phase(tr->wst, RL_WSTAT_IDLE);
 	rv = rl_qclient_lease(tr->qc, &req, &tr->lease);
+	rl_wstat_phase(tr->wst, RL_WSTAT_BUSY);
 	if (rv == RL_ETIMEDOUT || rv == RL_EBUSY)
 		rv = RL_OK;
 	if (rv != RL_OK)
@@ -1029,6 +1035,10 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 	metric(j, tr, step, "train/groups_dropped_no_signal", (double)tr->dropped_nosignal);
 	txt = cJSON_PrintUnformatted(j);
 	cJSON_Delete(j);
+	rl_wstat_train_metrics(tr->wst, txt);
+	rl_wstat_add(tr->wst, (uint64_t)S, (uint64_t)ntok);
+	if (tr->metrics == stderr)
+		rl_progress_clear(&tr->prog);
 	fprintf(tr->metrics, "%s\n", txt);
 	fflush(tr->metrics);
 	free(txt);
@@ -1366,6 +1376,7 @@ rl_train_run(const rl_train_opts *o)
 			goto out;
 	}
 	start_step = tr.m->step;
+	rl_progress_init(&tr.prog, o->quiet);
 	go.on_bad = o->on_bad;
 	go.sft = o->algo == RL_ALGO_SFT;
 	go.need_logprobs = o->old_from_behaviour || o->tis_cap > 0;
@@ -1382,6 +1393,8 @@ rl_train_run(const rl_train_opts *o)
 			goto out;
 		/* the broker's staleness gate starts from our version */
 		rl_qclient_set_version(tr.qc, (uint64_t)tr.m->step, NULL);
+		if (rl_wstat_open(&tr.wst, o->queue_url, "train", strcmp(tr.ops->name, "cpu") == 0 ? "cpu" : o->device) != 0)
+			rl_warn("no stats reports to the broker");
 	} else {
 		if ((rv = rl_io_fopen(&tr.in, o->input, "rb")) != 0)
 			goto out;
@@ -1435,7 +1448,15 @@ rl_train_run(const rl_train_opts *o)
 		if ((rv = train_step(&tr)) != 0)
 			goto out;
 		free_groups(&tr);
+		if (tr.rank == 0) {
+			int done = tr.m->step - start_step, todo = o->max_steps - start_step;
+			double dt = rl_progress_elapsed(&tr.prog);
+			rl_progress_draw(&tr.prog, o->max_steps > 0 ? (double)done / RL_MAX(todo, 1) : -1,
+			    o->max_steps > 0 ? "%d/%d steps, %.2f steps/s" : "%d steps%.0d, %.2f steps/s", done,
+			    o->max_steps > 0 ? todo : 0, dt > 0 ? done / dt : 0.0);
+		}
 	}
+	rl_progress_done(&tr.prog);
 	/* a last full checkpoint, so that the run can be resumed */
 	if (tr.m->step > start_step && tr.rank == 0) {
 		char opt[4096];
@@ -1481,6 +1502,8 @@ out:
 			rl_qclient_ack_ids(tr.qc, tr.held[i].lease, RL_QACK_RELEASE, &tr.held[i].id, 1, &res);
 		rl_verbose("%zu leased records not trained handed back", tr.nheld);
 	}
+	rl_progress_done(&tr.prog);
+	rl_wstat_close(tr.wst);
 	rl_qlease_fini(&tr.lease);
 	rl_traj_destroy(tr.qt);
 	free(tr.held);
