@@ -49,6 +49,10 @@ struct rli_workers {
 	double last_version;
 	char last_trainer[128];
 	double reports;
+	/* records/s per stage (live workers), sampled at most once a second as reports come */
+	double shist[RLI_WORKERS_HISTORY][NROLES + 1];   /* [0]: wall time, s */
+	int shead, sn;
+	double slast;
 };
 
 int
@@ -222,6 +226,26 @@ out:
 
 /* ---- the table ---------------------------------------------------------------------------------------- */
 
+/* Under mtx: sums over live workers per role. */
+static void
+stage_sums(rli_workers *ws, double now, double *rsum, double *tsum, double *bsum, int *live, int *all)
+{
+	for (int r = 0; r < NROLES; r++)
+		rsum[r] = tsum[r] = bsum[r] = 0, live[r] = all[r] = 0;
+	for (int i = 0; i < RLI_WORKERS_MAX; i++) {
+		const wrk *w = &ws->w[i];
+		if (!w->used)
+			continue;
+		all[w->role]++;
+		if (w->final || now - w->last > RLI_WORKERS_SILENT)
+			continue;
+		live[w->role]++;
+		rsum[w->role] += w->rec_rate;
+		tsum[w->role] += w->tok_rate;
+		bsum[w->role] += w->busy_frac;
+	}
+}
+
 static void
 expire(rli_workers *ws, double now)
 {
@@ -343,6 +367,24 @@ rli_workers_report(rli_workers *ws, const char *json, size_t n, double now, char
 			ws->hhead = (ws->hhead + 1) % RLI_WORKERS_HISTORY;
 	}
 	ws->reports++;
+	if (now - ws->slast >= 1.0 || ws->sn == 0) {
+		double rsum[NROLES], tsum[NROLES], bsum[NROLES], *e;
+		int live[NROLES], all[NROLES];
+		/* a final report ends the worker's rate: record what it had */
+		if (w->final)
+			w->final = 0;
+		stage_sums(ws, now, rsum, tsum, bsum, live, all);
+		w->final = p->w.final;
+		e = ws->shist[(ws->shead + ws->sn) % RLI_WORKERS_HISTORY];
+		if (ws->sn < RLI_WORKERS_HISTORY)
+			ws->sn++;
+		else
+			ws->shead = (ws->shead + 1) % RLI_WORKERS_HISTORY;
+		e[0] = rl_wall();
+		for (int r = 0; r < NROLES; r++)
+			e[r + 1] = rsum[r];
+		ws->slast = now;
+	}
 	pthread_mutex_unlock(&ws->mtx);
 	free(p);
 	return RL_OK;
@@ -362,8 +404,8 @@ rli_workers_json(rli_workers *ws, void *obj, double now)
 {
 	cJSON *o = obj, *arr, *stages, *st[NROLES];
 	wrk *list[RLI_WORKERS_MAX];
-	double rsum[NROLES] = { 0 }, tsum[NROLES] = { 0 }, bsum[NROLES] = { 0 };
-	int n = 0, live[NROLES] = { 0 }, all[NROLES] = { 0 };
+	double rsum[NROLES], tsum[NROLES], bsum[NROLES];
+	int n = 0, live[NROLES], all[NROLES];
 
 	pthread_mutex_lock(&ws->mtx);
 	expire(ws, now);
@@ -407,14 +449,8 @@ rli_workers_json(rli_workers *ws, void *obj, double now)
 				cJSON_AddNumberToObject(g, "mem_total", w->gpu_mem_total);
 			}
 		}
-		all[w->role]++;
-		if (is_live) {
-			live[w->role]++;
-			rsum[w->role] += w->rec_rate;
-			tsum[w->role] += w->tok_rate;
-			bsum[w->role] += w->busy_frac;
-		}
 	}
+	stage_sums(ws, now, rsum, tsum, bsum, live, all);
 	if ((stages = cJSON_AddObjectToObject(o, "stages")) == NULL)
 		goto nomem;
 	for (int r = 0; r < NROLES; r++) {
@@ -426,6 +462,17 @@ rli_workers_json(rli_workers *ws, void *obj, double now)
 		cJSON_AddNumberToObject(st[r], "tokens_per_s", tsum[r]);
 		if (live[r])
 			cJSON_AddNumberToObject(st[r], "busy_frac", bsum[r] / live[r]);
+	}
+	if (ws->sn > 0) {
+		cJSON *h = cJSON_AddObjectToObject(o, "stage_history"), *a;
+		if (h == NULL)
+			goto nomem;
+		for (int r = -1; r < NROLES; r++) {
+			if ((a = cJSON_AddArrayToObject(h, r < 0 ? "t" : roles[r])) == NULL)
+				goto nomem;
+			for (int i = 0; i < ws->sn; i++)
+				cJSON_AddItemToArray(a, cJSON_CreateNumber(ws->shist[(ws->shead + i) % RLI_WORKERS_HISTORY][r + 1]));
+		}
 	}
 	if (ws->hn > 0) {
 		cJSON *t = cJSON_AddObjectToObject(o, "train"), *h = cJSON_AddObjectToObject(o, "train_history");
