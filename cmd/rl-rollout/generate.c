@@ -873,12 +873,12 @@ run_queue(gen *g)
 	for (;;) {
 		int room = g->go.slots - rl_engine_active(g->e) - rl_engine_waiting(g->e) * G;
 		uint64_t s0 = g->samples, k0 = g->tokens;
+		/* new weights are fetched and loaded while nothing is generated: idle */
+		rl_wstat_phase(g->wst, RL_WSTAT_IDLE);
 		if ((rv = poll_weights(g)) != 0)
 			goto out;
 		if (!stop_requested && room >= G) {
 			int busy = rl_engine_active(g->e) > 0;
-			if (!busy)
-				rl_wstat_phase(g->wst, RL_WSTAT_IDLE);   /* a long poll for prompts */
 			rv = rl_qclient_lease_prompts(g->qc, (uint32_t)(room / G), (uint32_t)G, busy ? 0 : 200, &lease);
 			if (rv != RL_OK && rv != RL_ETIMEDOUT && rv != RL_EBUSY)
 				goto out;
