@@ -43,6 +43,7 @@ struct rl_wstat {
 	pthread_cond_t cv;
 	pthread_t th;
 	int started, stop, refused;
+	int last_rv;           /* the last report's result */
 	char role[16], worker[128], device[64];
 	rl_qclient *qc;
 	rl_nvml *nv;
@@ -332,6 +333,7 @@ send_report(rl_wstat *w, int final)
 	if (build(w, final, w->nv && rl_nvml_sample(w->nv, &g) == 0 ? &g : NULL, &txt, &n) != 0)
 		return;
 	rv = rl_qclient_report(w->qc, txt, strlen(txt));
+	w->last_rv = rv;
 	free(txt);
 	if (rv == RL_OK) {
 		pthread_mutex_lock(&w->mtx);
@@ -469,9 +471,12 @@ rl_wstat_close(rl_wstat *w)
 		pthread_join(w->th, NULL);
 	}
 	rl_wstat_phase(w, w->phase);   /* close the open interval */
-	for (int i = 0; i < 2 && w->nsteps > STEPS_PER_REPORT && !w->refused; i++)
-		send_report(w, 0);
-	send_report(w, 1);
+	/* a broker that did not answer the last report is not waited for again */
+	if (w->last_rv != RL_ETIMEDOUT && w->last_rv != RL_ENET && w->last_rv != RL_ECLOSED) {
+		for (int i = 0; i < 2 && w->nsteps > STEPS_PER_REPORT && !w->refused; i++)
+			send_report(w, 0);
+		send_report(w, 1);
+	}
 	if (w->steps_dropped)
 		rl_verbose("stats: %llu train steps never reached the broker", (unsigned long long)w->steps_dropped);
 	rl_qclient_close(w->qc);

@@ -44,8 +44,10 @@ typedef struct rl_wstat rl_wstat;
  * stage: RL_OK with *out == NULL when RL_STATS_INTERVAL is 0; RL_EINVAL for
  * a bad role or interval (logged); RL_ENOMEM, RL_ENET (logged). */
 int rl_wstat_open(rl_wstat **out, const char *url, const char *role, const char *device);
-/* Sends the final report (waiting at most ~1 s for the broker), stops the
- * reporter and frees.  Accepts NULL. */
+/* Stops the reporter and sends the final report, unless the last report
+ * found no broker (a broker that stops answering delays this by at most a
+ * few seconds: 1.5 s to send, 1.5 s for the reply, per report), and frees.
+ * Accepts NULL. */
 void rl_wstat_close(rl_wstat *w);
 
 /* The worker is now busy (computing) or idle (waiting on the queue or
