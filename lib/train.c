@@ -1428,6 +1428,7 @@ rl_train_run(const rl_train_opts *o)
 		if ((rv = agree_step(&tr, rv == RL_OK, &have)) != RL_OK)
 			goto out;
 		if (!have) {
+			rl_progress_done(&tr.prog);
 			if (tr.ngroups > 0 && tr.rank == 0)
 				rl_info("end of input: %d groups left over (less than --batch %d), not trained",
 				    tr.ngroups, o->batch);
@@ -1450,10 +1451,12 @@ rl_train_run(const rl_train_opts *o)
 		free_groups(&tr);
 		if (tr.rank == 0) {
 			int done = tr.m->step - start_step, todo = o->max_steps - start_step;
-			double dt = rl_progress_elapsed(&tr.prog);
-			rl_progress_draw(&tr.prog, o->max_steps > 0 ? (double)done / RL_MAX(todo, 1) : -1,
-			    o->max_steps > 0 ? "%d/%d steps, %.2f steps/s" : "%d steps%.0d, %.2f steps/s", done,
-			    o->max_steps > 0 ? todo : 0, dt > 0 ? done / dt : 0.0);
+			double dt = rl_progress_elapsed(&tr.prog), rate = dt > 0 ? done / dt : 0.0;
+			if (o->max_steps > 0)
+				rl_progress_draw(&tr.prog, (double)done / RL_MAX(todo, 1), "%d/%d steps, %.2f steps/s", done,
+				    todo, rate);
+			else
+				rl_progress_draw(&tr.prog, -1, "%d steps, %.2f steps/s", done, rate);
 		}
 	}
 	rl_progress_done(&tr.prog);
