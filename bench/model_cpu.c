@@ -90,7 +90,7 @@ main(int argc, char **argv)
 		int N = B * T;
 		int32_t *tok = rl_xmalloc((size_t)N * 4), *tgt = rl_xmalloc((size_t)N * 4);
 		float *dlp = rl_xmalloc((size_t)N * 4), *dent = rl_xmalloc((size_t)N * 4);
-		rl_adamw hp = { 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f };
+		rl_adamw hp = { 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 0.0f };
 		double tfb = 0, tst = 0, t0;
 		for (int i = 0; i < N; i++) {
 			tok[i] = (int32_t)((i * 7919u) % (unsigned)V);

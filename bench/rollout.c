@@ -69,22 +69,12 @@ main(int argc, char **argv)
 	uint64_t tok;
 
 	rl_log_init("bench/rollout", RL_LOG_NORMAL);
-	cfg.arch = RL_ARCH_LLAMA;
+	cfg = (rl_config){
+		.arch = RL_ARCH_LLAMA, .vocab_size = 4096, .hidden_size = 384, .n_layer = 6, .n_head = 6,
+		.n_kv_head = 2, .head_dim = 64, .intermediate_size = 1024, .max_pos = 256, .rope_theta = 10000,
+		.norm_eps = 1e-6f, .qkv_bias = 1, .tie_embeddings = 1, .bos_id = -1, .eos_id = -1,
+		.dtype = RL_F32 };
 	snprintf(cfg.model_type, sizeof cfg.model_type, "qwen2");
-	cfg.vocab_size = 4096;
-	cfg.hidden_size = 384;
-	cfg.n_layer = 6;
-	cfg.n_head = 6;
-	cfg.n_kv_head = 2;
-	cfg.head_dim = 64;
-	cfg.intermediate_size = 1024;
-	cfg.max_pos = 256;
-	cfg.rope_theta = 10000;
-	cfg.norm_eps = 1e-6f;
-	cfg.qkv_bias = 1;
-	cfg.tie_embeddings = 1;
-	cfg.bos_id = cfg.eos_id = -1;
-	cfg.dtype = RL_F32;
 	if (rl_ops_cpu_open(&ops) || rl_model_init_random(&m, &cfg, ops, 1))
 		return 1;
 	printf("{\"bench\":\"rollout\",\"model\":\"qwen2-shape\",\"params\":%zu,\"device\":\"cpu\"}\n",

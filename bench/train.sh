@@ -1,10 +1,12 @@
 #!/bin/sh
-# bench/train.sh [STEPS] — rl-train on the CPU with a ~10M-parameter Qwen2-shaped
+# bench/train.sh [STEPS [ALGO]] — rl-train on the CPU with a ~10M-parameter Qwen2-shaped
 # model: tokens/s per step and the share of the step spent outside the model's
 # forward/backward/AdamW (checkpoint publishing included).  Scored records are
-# synthetic (random tokens, 64 prompt + 192 response, groups of 8).  JSON lines.
+# synthetic (random tokens, 64 prompt + 192 response, groups of 8).  ALGO is
+# rl-train's --algo (default grpo; ppo adds its value pass).  JSON lines.
 set -eu
 steps=${1:-3}
+algo=${2:-grpo}
 root=$(cd "$(dirname "$0")/.." && pwd)
 B=${RL_BUILD:-build}
 PATH="$root/$B/bin:$PATH"
@@ -30,13 +32,13 @@ with open(out, "w") as f:
             f.write(json.dumps({"id": rid, "group": g, "index": i, "group_size": 8, "prompt": p,
                 "response": r, "logprobs": [-8.3] * 192, "reward": float(i % 2)}) + "\n")
 PY
-rl-train -q -m "$d/m0" --out "$d/ck" --batch 2 --lr 1e-4 --max-tokens-per-micro 4096 \
+rl-train -q -m "$d/m0" --out "$d/ck" --algo "$algo" --batch 2 --lr 1e-4 --max-tokens-per-micro 4096 \
     --metrics "$d/m.jsonl" "$d/scored.jsonl"
-python3 - "$d/m.jsonl" <<'PY'
+python3 - "$d/m.jsonl" "$algo" <<'PY'
 import json, sys
 for l in open(sys.argv[1]):
     m = json.loads(l)
-    print(json.dumps({"bench": "train", "device": "cpu", "params": "11.0M", "step": m["step"],
+    print(json.dumps({"bench": "train", "algo": sys.argv[2], "device": "cpu", "params": "11.0M", "step": m["step"],
         "tokens": m["perf/total_num_tokens"], "tok_s": round(m["perf/throughput"], 1),
         "step_s": round(m["timing_s/update_actor"] + m["timing_s/publish"], 3),
         "model_s": round(m["timing_s/model"], 3), "publish_s": round(m["timing_s/publish"], 3),

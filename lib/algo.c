@@ -141,7 +141,7 @@ rl_adv_broadcast(float *adv_tok, const float *adv_seq, const int *toff, int S)
 
 /* Whitens x (n) in place: mean 0, unbiased std 1. */
 static void
-whiten(float *x, int n)
+whiten_f32(float *x, int n)
 {
 	double sum = 0, sq = 0, mean, sd;
 
@@ -182,13 +182,14 @@ rl_adv_reinforcepp(float *adv_tok, const float *reward, const float *kl, float k
 			adv_tok[t] = (float)ret;
 		}
 	}
-	whiten(adv_tok, toff[S]);
+	whiten_f32(adv_tok, toff[S]);
 	return RL_OK;
 }
 
 int
 rl_adv_gae(float *adv_tok, float *ret_tok, const float *reward, const float *kl,
-    float kl_coef, const float *values, const int *toff, int S, float gamma, float lambda)
+    float kl_coef, const float *values, const int *toff, int S, float gamma, float lambda,
+    int whiten)
 {
 	if (S < 0 || toff[0] != 0)
 		return RL_EINVAL;
@@ -204,8 +205,61 @@ rl_adv_gae(float *adv_tok, float *ret_tok, const float *reward, const float *kl,
 			vnext = values[t];
 		}
 	}
-	whiten(adv_tok, toff[S]);
+	if (whiten)
+		whiten_f32(adv_tok, toff[S]);
 	return RL_OK;
+}
+
+double
+rl_value_loss(float *dv, const float *v, const float *old, const float *ret, const float *w,
+    int N, float clip, int *nclipped)
+{
+	double loss = 0;
+	int nc = 0;
+
+	for (int n = 0; n < N; n++) {
+		double e1, e2, vc = v[n];
+		dv[n] = 0;
+		if (w[n] == 0)
+			continue;
+		if (clip > 0) {
+			double lo = (double)old[n] - clip, hi = (double)old[n] + clip;
+			vc = vc < lo ? lo : vc > hi ? hi : vc;
+		}
+		e1 = (double)v[n] - ret[n];
+		e2 = vc - ret[n];
+		if (e1 * e1 >= e2 * e2) {
+			loss += w[n] * 0.5 * e1 * e1;
+			dv[n] = (float)(w[n] * e1);
+		} else {
+			loss += w[n] * 0.5 * e2 * e2;
+			nc++;
+		}
+	}
+	if (nclipped != NULL)
+		*nclipped = nc;
+	return loss;
+}
+
+double
+rl_explained_var(const float *v, const float *ret, int n)
+{
+	double sr = 0, sd = 0, qr = 0, qd = 0;
+
+	if (n <= 0)
+		return NAN;
+	for (int i = 0; i < n; i++) {
+		sr += ret[i];
+		sd += (double)ret[i] - v[i];
+	}
+	sr /= n;
+	sd /= n;
+	for (int i = 0; i < n; i++) {
+		double d = (double)ret[i] - v[i] - sd;
+		qr += (ret[i] - sr) * (ret[i] - sr);
+		qd += d * d;
+	}
+	return qr > 0 ? 1.0 - qd / qr : NAN;
 }
 
 int

@@ -5,7 +5,8 @@
  *
  * The per-token policy loss itself (ratio, clipping, KL, entropy) is the
  * backend op pg_loss (ops.h); rl-train feeds it adv and w computed here.
- * Leaves out: value-head training (model.h), batching (train.h).
+ * The value loss of PPO is here too (it is tiny: one number per token).
+ * Leaves out: the value head's forward/backward (model.h), batching (train.h).
  *
  * Layout: a batch holds S sequences ordered by group; group g owns sequences
  * [goff[g], goff[g+1]).  Per-token arrays are the sequences' response tokens
@@ -79,9 +80,28 @@ int rl_adv_reinforcepp(float *adv_tok, const float *reward, const float *kl, flo
 /* GAE for PPO: token rewards as REINFORCE++ (reward at the last token, minus
  * kl_coef*kl), values (toff[S]) from the value head; V after the last token is 0.
  * delta_t = r_t + gamma V_{t+1} - V_t;  A_t = delta_t + gamma lambda A_{t+1};
- * ret_t = A_t + V_t;  then adv is whitened over the batch (ret is not). */
+ * ret_t = A_t + V_t;  then, when whiten, adv is whitened over the batch
+ * (mean 0, unbiased std 1, as REINFORCE++; ret never is). */
 int rl_adv_gae(float *adv_tok, float *ret_tok, const float *reward, const float *kl,
-    float kl_coef, const float *values, const int *toff, int S, float gamma, float lambda);
+    float kl_coef, const float *values, const int *toff, int S, float gamma, float lambda,
+    int whiten);
+
+/* PPO's clipped value loss (verl's compute_value_loss), per token n < N with
+ * weight w[n] (aggregation x mask; 0 = ignored):
+ *   vc = old + clamp(v - old, -clip, clip)   (clip <= 0: no clipping, vc = v)
+ *   l  = 0.5 * max((v - ret)^2, (vc - ret)^2)
+ * Returns sum_n w[n] l[n]; dv[n] = w[n] dl/dv[n]: w (v - ret) when the
+ * unclipped term is the larger (ties included), else 0 (then v is outside the
+ * clip range and vc does not depend on it).  *nclipped (optional) gets the
+ * number of tokens with w != 0 where the clipped term is strictly larger
+ * (critic/vf_clipfrac).  Pure; dv may not alias the inputs. */
+double rl_value_loss(float *dv, const float *v, const float *old, const float *ret, const float *w,
+    int N, float clip, int *nclipped);
+
+/* Explained variance of values as a predictor of returns (verl's
+ * critic/vf_explained_var): 1 - var(ret - v) / var(ret), over n tokens;
+ * NaN when var(ret) is 0. */
+double rl_explained_var(const float *v, const float *ret, int n);
 
 /* Per-token loss weights w (toff[S]) for aggregation mode agg, over the S sequences of
  * one optimizer step (all its micro-batches): loss = sum_t w[t] * l[t].

@@ -22,6 +22,7 @@ typedef struct fill_ctx {
 	float *buf;             /* host f32 (largest tensor) */
 	int dtype;              /* file dtype */
 	int opt;                /* optimizer file: opt entries per tensor: m, v (, f32 master) */
+	int base;               /* tensor index of entry 0 (the value head file) */
 } fill_ctx;
 
 static int
@@ -29,7 +30,7 @@ fill(void *vctx, int e, void *out, size_t nbytes)
 {
 	fill_ctx *c = vctx;
 	static const int kinds[3] = { RL_MODEL_ADAM_M, RL_MODEL_ADAM_V, RL_MODEL_PARAM };
-	int i = c->opt ? e / c->opt : e, rv;
+	int i = c->base + (c->opt ? e / c->opt : e), rv;
 	int kind = c->opt ? kinds[e % c->opt] : RL_MODEL_PARAM;
 	size_t n = c->m->tt.t[i].n;
 
@@ -143,7 +144,7 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 	fill_ctx fc = { .m = m, .dtype = m->cfg.dtype };
 	char *p = NULL, *js = NULL, stepbuf[32];
 	size_t maxn = 0;
-	int rv, n = m->tt.n;
+	int rv, n = m->tt.n, nhf = 0;
 
 	if (fc.dtype != RL_F32 && fc.dtype != RL_BF16 && fc.dtype != RL_F16)
 		fc.dtype = RL_F32;
@@ -156,6 +157,9 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 	p = join(tmp, "config.json");
 	if ((rv = write_text(p, js)) != 0)
 		goto out;
+	/* the Hugging Face tensors; RL_T_AUX ones (the value head) follow them */
+	while (nhf < n && !(m->tt.t[nhf].flags & RL_T_AUX))
+		nhf++;
 	for (int i = 0; i < n; i++) {
 		e[i].name = m->tt.t[i].name;
 		e[i].dtype = fc.dtype;
@@ -165,7 +169,18 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 	p = join(tmp, "model.safetensors");
 	{
 		const char *meta[] = { "format", "pt" };
-		if ((rv = rl_st_write(p, e, n, meta, 1, fill, &fc)) != 0)
+		if ((rv = rl_st_write(p, e, nhf, meta, 1, fill, &fc)) != 0)
+			goto out;
+	}
+	if (nhf < n) {
+		/* in f32 whatever cfg.dtype: tiny, and exact for --resume */
+		const char *meta[] = { "format", "pt" };
+		fill_ctx vc = { .m = m, .buf = fc.buf, .dtype = RL_F32, .base = nhf };
+		for (int i = nhf; i < n; i++)
+			e[i].dtype = RL_F32;
+		free(p);
+		p = join(tmp, RL_VALUE_HEAD_FILE);
+		if ((rv = rl_st_write(p, e + nhf, n - nhf, meta, 1, fill, &vc)) != 0)
 			goto out;
 	}
 	if (with_optimizer && m->m != NULL) {

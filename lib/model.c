@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rng.h"
 #include "safetensors.h"
@@ -33,6 +34,7 @@ struct rl_model_act {
 	void *fc;               /* (L, N, FC) gate|up (2H) or GPT-2 pre-GELU (H) */
 	void *h;                /* (L, N, H) SwiGLU / GELU output */
 	void *lnf;              /* (N, C) */
+	void *vout, *dvout;     /* (N) value head output and its gradient (value head only) */
 	void *logits;           /* (chunk, V) */
 	void *dres, *dx, *dx2;  /* (N, C) */
 	void *dqkv, *dqkv2;     /* (N, QKV) */
@@ -43,6 +45,7 @@ struct rl_model_act {
 	float *qk_rstd;         /* (L, N, NH+NKV) */
 	float *lse;             /* (L, N*NH) attention lse, (B,NH,T) per layer */
 	float *lnf_mean, *lnf_rstd, *lp, *ent, *lse_out;       /* (N) */
+	float *val;             /* (N) f32 values (value head only) */
 	int32_t *tok, *tgt, *seg, *pos;                         /* (N) */
 	int32_t *hpos;          /* host (N) scratch */
 	int B, T, has_seg, ready;
@@ -122,6 +125,7 @@ build_table(rl_model *m)
 
 	m->layer = rl_xcalloc((size_t)c->n_layer, sizeof *m->layer);
 	m->wpe = m->lnf_b = -1;
+	m->vh_w = m->vh_b = -1;
 #define ADD(flags, d0, d1, ...) (snprintf(n, sizeof n, __VA_ARGS__), rl_ttable_add(tt, n, flags, d0, d1))
 	if (c->arch == RL_ARCH_GPT2) {
 		m->wte = ADD(0, V, C, "transformer.wte.weight");
@@ -232,7 +236,7 @@ free_act(rl_model *m)
 	free(a->hpos);
 	free(a);
 	m->act = NULL;
-	m->lp = m->ent = NULL;
+	m->lp = m->ent = m->val = NULL;
 }
 
 static void
@@ -376,6 +380,120 @@ rl_model_init_random(rl_model **out, const rl_config *cfg, rl_ops *ops, uint64_t
 out:
 	free(buf);
 	rl_model_close(m);
+	return rv;
+}
+
+/* ---- value head ---------------------------------------------------------------------- */
+
+/* Moves buffer *p of old_n elements of esz bytes into a new zeroed one of new_n. */
+static int
+grow_buf(rl_model *m, void **p, size_t old_n, size_t new_n, size_t esz)
+{
+	rl_ops *o = m->ops;
+	void *np = NULL;
+	int rv;
+
+	if ((rv = o->alloc(o, &np, new_n * esz)) != 0)
+		return rv;
+	o->zero(o, np, new_n * esz);
+	o->copy(o, np, *p, old_n * esz);
+	o->free(o, *p);
+	*p = np;
+	return check_ops(m, "value head");
+}
+
+/* Reads the head from path into buf (C + 1): weight then bias. */
+static int
+load_value_head(rl_model *m, const char *path, float *buf)
+{
+	const int64_t C = m->cfg.hidden_size;
+	rl_st_file *f = NULL;
+	int rv;
+
+	if ((rv = rl_st_open(&f, path)) != 0)
+		return rv;
+	for (int k = 0; k < 2; k++) {
+		const char *name = k == 0 ? "value_head.weight" : "value_head.bias";
+		const rl_st_tensor *t = rl_st_find(f, name);
+		int ok;
+		if (t == NULL) {
+			rl_error("'%s': no tensor '%s'", path, name);
+			rv = RL_ENOENT;
+			goto out;
+		}
+		ok = k == 0 ? t->ndim == 2 && t->shape[0] == 1 && t->shape[1] == C :
+		    t->ndim == 1 && t->shape[0] == 1;
+		if (!ok) {
+			char got[64] = "";
+			for (int d = 0; d < t->ndim && strlen(got) < 40; d++)
+				snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
+				    (long long)t->shape[d]);
+			rl_error("'%s': tensor '%s' has shape [%s], the model's hidden_size implies [%s%lld]",
+			    path, name, got, k == 0 ? "1, " : "", k == 0 ? (long long)C : 1LL);
+			rl_hint("the value head belongs to another model; remove '%s' to start a new one", path);
+			rv = RL_ESHAPE;
+			goto out;
+		}
+		if ((rv = rl_st_to_f32(buf + (k ? C : 0), t, 0, t->nelem)) != 0) {
+			rl_error("'%s': tensor '%s' has dtype %s, not a float type", path, name,
+			    rl_dtype_name(t->dtype));
+			goto out;
+		}
+	}
+out:
+	rl_st_close(f);
+	return rv;
+}
+
+int
+rl_model_add_value_head(rl_model *m, const char *dir, uint64_t seed)
+{
+	const int C = m->cfg.hidden_size;
+	size_t old = m->tt.total;
+	char *path = NULL;
+	float *buf = NULL;
+	int rv;
+
+	if (m->vh_w >= 0)
+		return RL_OK;
+	if (m->grads != NULL || m->act != NULL) {
+		rl_error("value head: add it before reserving training buffers");
+		return RL_EINVAL;
+	}
+	m->vh_w = rl_ttable_add(&m->tt, "value_head.weight", RL_T_AUX, 1, C);
+	m->vh_b = rl_ttable_add(&m->tt, "value_head.bias", RL_T_AUX, 1, 0);
+	if (m->w != m->params && (rv = grow_buf(m, &m->w, old, m->tt.total, asz(m))) != 0)
+		return rv;
+	if ((rv = grow_buf(m, (void **)&m->params, old, m->tt.total, sizeof(float))) != 0)
+		return rv;
+	if (m->ops->act_dtype == RL_F32)
+		m->w = m->params;
+	buf = rl_xcalloc((size_t)C + 1, sizeof *buf);
+	if (dir != NULL) {
+		size_t n = strlen(dir) + sizeof RL_VALUE_HEAD_FILE + 2;
+		path = rl_xmalloc(n);
+		snprintf(path, n, "%s/%s", dir, RL_VALUE_HEAD_FILE);
+	}
+	if (path != NULL && access(path, F_OK) == 0) {
+		if ((rv = load_value_head(m, path, buf)) != 0)
+			goto out;
+		rl_verbose("value head loaded from '%s'", path);
+	} else {
+		/* small, so the first values are near 0 whatever the hidden state's scale;
+		 * Box-Muller on counters keyed by the element (as rl_model_init_random) */
+		double std = 1.0 / (C + 1);
+		for (int j = 0; j < C; j++) {
+			uint64_t k = 2 * (uint64_t)(m->tt.t[m->vh_w].off + (size_t)j);
+			double u1 = rl_rng_uniform(seed, k), u2 = rl_rng_uniform(seed, k + 1);
+			buf[j] = (float)(std * sqrt(-2.0 * log1p(-u1)) * cos(2.0 * M_PI * u2));
+		}
+		rl_verbose("value head initialised (seed %llu)", (unsigned long long)seed);
+	}
+	if ((rv = rl_model_set(m, m->vh_w, buf)) != 0 || (rv = rl_model_set(m, m->vh_b, buf + C)) != 0)
+		goto out;
+out:
+	free(path);
+	free(buf);
 	return rv;
 }
 
@@ -530,6 +648,8 @@ carve_act(rl_model *m, rl_model_act *a, carve *ca, carve *cf, carve *ci)
 	a->fc = take(ca, L * N * FC, s);
 	a->h = take(ca, L * N * H, s);
 	a->lnf = take(ca, N * C, s);
+	a->vout = m->vh_w >= 0 ? take(ca, N, s) : NULL;
+	a->dvout = m->vh_w >= 0 ? take(ca, N, s) : NULL;
 	a->logits = take(ca, (size_t)a->chunk * c->vocab_size, s);
 	a->dres = take(ca, N * C, s);
 	a->dx = take(ca, N * C, s);
@@ -550,6 +670,7 @@ carve_act(rl_model *m, rl_model_act *a, carve *ca, carve *cf, carve *ci)
 	a->lp = take(cf, N, 4);
 	a->ent = take(cf, N, 4);
 	a->lse_out = take(cf, N, 4);
+	a->val = m->vh_w >= 0 ? take(cf, N, 4) : NULL;
 	a->tok = take(ci, N, 4);
 	a->tgt = take(ci, N, 4);
 	a->seg = take(ci, N, 4);
@@ -617,6 +738,7 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 	m->act = a;
 	m->lp = a->lp;
 	m->ent = a->ent;
+	m->val = a->val;
 	return check_ops(m, "train reserve");
 }
 
@@ -759,6 +881,10 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 		    a->inv_temp);
 	}
 	a->logits_kept = N <= a->chunk;
+	if (m->vh_w >= 0) {
+		o->matmul_fwd(o, a->vout, a->lnf, W(m, m->vh_w), W(m, m->vh_b), N, C, 1);
+		o->cast(o, a->val, RL_F32, a->vout, o->act_dtype, (size_t)N);
+	}
 	if (lp != NULL)
 		o->download(o, lp, a->lp, (size_t)N * 4);
 	if (ent != NULL)
@@ -772,13 +898,20 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 int
 rl_model_backward(rl_model *m, const float *dlp, const float *dent)
 {
+	return rl_model_backward_value(m, dlp, dent, NULL);
+}
+
+int
+rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const float *dval)
+{
 	rl_ops *o = m->ops;
 	rl_model_act *a = m->act;
 	const rl_config *c = &m->cfg;
 	int rv;
 
-	if (a == NULL || !a->ready || dlp == NULL || m->grads == NULL) {
+	if (a == NULL || !a->ready || dlp == NULL || m->grads == NULL || (dval != NULL && m->vh_w < 0)) {
 		rl_error("model backward: %s", m->grads == NULL ? "no gradients (rl_model_train_reserve)" :
+		    dval != NULL && m->vh_w < 0 ? "value gradient without a value head" :
 		    "no forward to differentiate");
 		return RL_EINVAL;
 	}
@@ -800,6 +933,12 @@ rl_model_backward(rl_model *m, const float *dlp, const float *dent)
 		    dent ? dent + r0 : NULL, n, V, a->inv_temp);
 		o->matmul_bwd(o, at(a->dx, (size_t)r0 * C, s), G(m, m->lm_w), NULL, a->logits, x,
 		    W(m, m->lm_w), n, C, V);
+	}
+	if (dval != NULL) {
+		/* value = lnf . w_v + b_v: its gradient joins the lm_head's in dlnf */
+		o->cast(o, a->dvout, o->act_dtype, dval, RL_F32, (size_t)N);
+		o->matmul_bwd(o, a->dx2, G(m, m->vh_w), G(m, m->vh_b), a->dvout, a->lnf, W(m, m->vh_w), N, C, 1);
+		o->add(o, a->dx, a->dx, a->dx2, NC);
 	}
 	norm_bwd(m, a->dres, a->dx, at(a->res, (size_t)c->n_layer * sN * C, s), a->lnf_mean,
 	    a->lnf_rstd, m->lnf_w, m->lnf_b, N);
@@ -872,7 +1011,7 @@ rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm)
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
 		o->adamw(o, m->params + t->off, m->w != m->params ? W(m, i) : NULL, m->grads + t->off,
-		    m->m + t->off, m->v + t->off, t->n, p->lr, p->beta1, p->beta2, p->eps,
+		    m->m + t->off, m->v + t->off, t->n, rl_adamw_lr(p, t), p->beta1, p->beta2, p->eps,
 		    (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
 	}
 	rl_model_zero_grad(m);

@@ -54,6 +54,7 @@ struct rl_model {
 	rl_ttable tt;           /* the tensor table */
 	rl_layer_idx *layer;    /* (L) */
 	int wte, wpe, lnf_w, lnf_b, lm_w;   /* lm_w == wte when tied */
+	int vh_w, vh_b;         /* value head (1, C), (1): RL_T_AUX, -1 when absent */
 	float *params;          /* (tt.total) f32 master weights, backend memory */
 	void *w;                /* compute weights in act dtype: == params on an f32 backend */
 	float *grads;           /* (tt.total) f32, accumulated by backward; NULL until train_reserve */
@@ -61,6 +62,9 @@ struct rl_model {
 	int step;               /* AdamW steps taken */
 	/* Results of the last rl_model_forward, backend memory, (N) f32 each. */
 	float *lp, *ent;
+	/* Values of the last rl_model_forward when the model has a value head, backend
+	 * memory, (N) f32; NULL otherwise. */
+	float *val;
 	/* Logits of the last prefill/decode, backend memory, (B, V) act. */
 	void *logits;
 	char *src_dir;          /* directory it was loaded from (NULL for random init) */
@@ -110,6 +114,11 @@ int rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, con
  * CPU plain host arrays; on CUDA e.g. ops->pg_loss's outputs); dent may be
  * NULL.  Gradients are ACCUMULATED into m->grads (micro-batches add up). */
 int rl_model_backward(rl_model *m, const float *dlp, const float *dent);
+/* rl_model_backward with the gradient of the loss with respect to the value
+ * head's outputs too: dval (B*T) f32 in backend memory, NULL = none (then it
+ * is rl_model_backward).  The value gradient reaches the head and, through
+ * the final norm, the whole trunk (shared trunk). */
+int rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const float *dval);
 /* Zero m->grads. */
 void rl_model_zero_grad(rl_model *m);
 
@@ -118,13 +127,36 @@ typedef struct rl_adamw {
 	float beta1, beta2, eps;
 	float weight_decay;     /* decoupled; applied to RL_T_DECAY tensors only (see docs/model.md) */
 	float max_grad_norm;    /* global-norm clipping threshold; <= 0 = off */
+	float aux_lr;           /* lr of RL_T_AUX tensors (the value head); 0 = lr */
 } rl_adamw;
+/* The learning rate AdamW uses for tensor t (aux_lr for the value head). */
+static inline float
+rl_adamw_lr(const rl_adamw *p, const rl_tensor *t)
+{
+	return (t->flags & RL_T_AUX) && p->aux_lr > 0 ? p->aux_lr : p->lr;
+}
 /* One AdamW step over every parameter with the accumulated gradients, after
  * global-norm clipping as torch.nn.utils.clip_grad_norm_ does (scale =
  * min(1, max / (norm + 1e-6))), then zeroes the gradients.  *grad_norm
  * (optional) gets the norm before clipping.  A non-finite norm skips the update
  * (warning, gradients zeroed, step not counted) and returns RL_OK. */
 int rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm);
+
+/* ---- value head (PPO's critic on the shared trunk, docs/train.md) ------------
+ * A linear head on the final hidden state (after the final norm):
+ *   value[n] = value_head.weight (1, C) . h[n] + value_head.bias (1).
+ * rl_model_add_value_head appends its two tensors to the tensor table (flag
+ * RL_T_AUX: AdamW, gradients, weight sync buffers and the optimizer file cover
+ * them; model.safetensors does not, they go to DIR/RL_VALUE_HEAD_FILE so the
+ * policy stays loadable by Hugging Face loaders).  With dir != NULL and
+ * DIR/value_head.safetensors present the head is loaded from it (f32, bf16 or
+ * f16; shapes checked: RL_ESHAPE / RL_ENOENT / RL_EFORMAT with the file named);
+ * otherwise it is initialised, weight normal(0, 1/(C+1)) deterministic in seed,
+ * bias 0.  Call before rl_model_train_reserve / rl_model_eval_reserve
+ * (RL_EINVAL after).  A no-op when the model has one already.  On failure the
+ * model must be closed.  From then on rl_model_forward also writes m->val. */
+#define RL_VALUE_HEAD_FILE "value_head.safetensors"
+int rl_model_add_value_head(rl_model *m, const char *dir, uint64_t seed);
 
 /* ---- inference ----------------------------------------------------------------- */
 

@@ -26,6 +26,8 @@ enum {
 	RL_T_FOLLOWS = 1 << 0,  /* starts where the previous tensor ends (fused views) */
 	RL_T_TRANSPOSE = 1 << 1,/* stored (out, in) here, (in, out) in the file (GPT-2 Conv1D) */
 	RL_T_DECAY = 1 << 2,    /* AdamW weight decay applies (2-D projections, untied lm_head) */
+	RL_T_AUX = 1 << 3,      /* not part of the HF model: the PPO value head, kept at the end of the
+	                         * table and saved to its own file (ckpt.h) */
 };
 
 typedef struct rl_tensor {

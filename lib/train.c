@@ -61,6 +61,9 @@ rl_train_opts_default(rl_train_opts *o)
 	o->kl_coef = 0.0f;
 	o->gamma = 1.0f;
 	o->lambda = 1.0f;
+	o->vf_coef = 0.1f;
+	o->value_clip = 0.5f;
+	o->whiten_adv = 1;
 	o->lr = 1e-6f;
 	o->weight_decay = 0.0f;
 	o->beta1 = 0.9f;
@@ -99,11 +102,14 @@ typedef struct trainer {
 	seqref *seq;
 	int nseq, cap_seq;
 	float *adv_tok, *w_tok, *old_tok, *kl_tok; /* (step tokens) */
+	float *val_tok, *ret_tok; /* (step tokens) PPO: V_old and GAE returns */
 	int cap_tok;
 	/* micro-batch host buffers (max_tokens) */
 	int maxtok;
 	int32_t *h_tok, *h_tgt;
 	float *h_old, *h_beh, *h_ref, *h_adv, *h_w, *h_stats, *h_lp, *h_ent;
+	float *h_vold, *h_ret, *h_v, *h_dv;   /* PPO (max_tokens each, one allocation) */
+	float *d_dval;                         /* PPO: value gradient (max_tokens), backend */
 	/* backend buffers: one allocation */
 	void *d_mem;
 	float *d_old, *d_beh, *d_ref, *d_adv, *d_w, *d_dlp, *d_dent, *d_stats;
@@ -145,6 +151,7 @@ on_train_signal(int sig)
 typedef struct mstat {
 	double loss, clip, kl, ratio_logsum, ent, ce;
 	double ntok;
+	double vf_loss, vf_clip, vpred;  /* PPO */
 } mstat;
 
 static void
@@ -430,6 +437,8 @@ kl_est(int type, float lp, float ref)
 	}
 }
 
+static int recompute_old(trainer *tr, int a0, int b0);
+
 /* Lays out the step's sequences and computes advantages and the KL-in-reward
  * penalty.  ReMax baselines are taken out of the training set. */
 static int
@@ -480,7 +489,7 @@ prepare(trainer *tr)
 	}
 	if (ntok + 1 > tr->cap_tok) {
 		int ncap = RL_MAX(ntok + 1, 2 * tr->cap_tok);
-		float **arrs[] = { &tr->adv_tok, &tr->w_tok, &tr->old_tok, &tr->kl_tok };
+		float **arrs[] = { &tr->adv_tok, &tr->w_tok, &tr->old_tok, &tr->kl_tok, &tr->val_tok, &tr->ret_tok };
 		for (size_t i = 0; i < RL_ARRAY_LEN(arrs); i++) {
 			float *np = realloc(*arrs[i], (size_t)ncap * sizeof(float));
 			if (!np)
@@ -564,6 +573,19 @@ prepare(trainer *tr)
 			rew[i] = tr->seq[i].s->reward;
 		if ((rv = rl_adv_reinforcepp(tr->adv_tok, rew, o->kl_in_reward && o->kl_type ? tr->kl_tok : NULL,
 		    o->kl_coef, toff, S, o->gamma)) != 0)
+			goto out;
+		break;
+	case RL_ALGO_PPO:
+		/* V_old and π_old of every sequence of the step (every rank: GAE and the
+		 * whitening need the whole step), then GAE on token rewards */
+		memset(tr->adv_tok, 0, sizeof(float) * (size_t)ntok);
+		memset(tr->w_tok, 0, sizeof(float) * (size_t)ntok);
+		if ((rv = recompute_old(tr, 0, S)) != 0)
+			goto out;
+		for (int i = 0; i < S; i++)
+			rew[i] = tr->seq[i].s->reward;
+		if ((rv = rl_adv_gae(tr->adv_tok, tr->ret_tok, rew, o->kl_in_reward && o->kl_type ? tr->kl_tok : NULL,
+		    o->kl_coef, tr->val_tok, toff, S, o->gamma, o->lambda, o->whiten_adv)) != 0)
 			goto out;
 		break;
 	case RL_ALGO_SFT:
@@ -654,7 +676,8 @@ micro_end(trainer *tr, int a, int b)
 	return e;
 }
 
-/* Recompute the old log-probs of sequences [a0, b0) with the current weights. */
+/* Recompute the old log-probs of sequences [a0, b0) with the current weights
+ * (and with a value head, their values V_old). */
 static int
 recompute_old(trainer *tr, int a0, int b0)
 {
@@ -667,14 +690,51 @@ recompute_old(trainer *tr, int a0, int b0)
 		tr->t_model += rl_now() - t0;
 		if (rv != 0)
 			return rv;
+		if (tr->m->val) {
+			tr->ops->download(tr->ops, tr->h_v, tr->m->val, sizeof(float) * (size_t)B * T);
+			if ((rv = tr->ops->status(tr->ops)) != 0)
+				return rv;
+		}
 		for (int r = 0; r < B; r++) {
 			rl_sample *s = tr->seq[a + r].s;
-			for (int j = 0; j < s->rlen; j++)
+			for (int j = 0; j < s->rlen; j++) {
 				tr->old_tok[tr->seq[a + r].toff + j] = tr->h_lp[r * T + s->plen - 1 + j];
+				if (tr->m->val)
+					tr->val_tok[tr->seq[a + r].toff + j] = tr->h_v[r * T + s->plen - 1 + j];
+			}
 		}
 		a = e;
 	}
 	return RL_OK;
+}
+
+/* PPO: the clipped value loss of the micro-batch [a, e) laid out in rows of T
+ * by fill_rows, after its forward; its gradient (times vf_coef) to d_dval. */
+static int
+value_loss(trainer *tr, int a, int e, int T, mstat *ms)
+{
+	const rl_train_opts *o = tr->o;
+	int N = (e - a) * T, nclip = 0;
+
+	tr->ops->download(tr->ops, tr->h_v, tr->m->val, sizeof(float) * (size_t)N);
+	memset(tr->h_vold, 0, sizeof(float) * (size_t)N);
+	memset(tr->h_ret, 0, sizeof(float) * (size_t)N);
+	for (int r = 0; r < e - a; r++) {
+		const seqref *q = &tr->seq[a + r];
+		for (int j = 0; j < q->s->rlen; j++) {
+			int n = r * T + q->s->plen - 1 + j;
+			tr->h_vold[n] = tr->val_tok[q->toff + j];
+			tr->h_ret[n] = tr->ret_tok[q->toff + j];
+			ms->vpred += tr->h_v[n];
+		}
+	}
+	/* h_w is 0 on padding: those tokens get no loss and no gradient */
+	ms->vf_loss += rl_value_loss(tr->h_dv, tr->h_v, tr->h_vold, tr->h_ret, tr->h_w, N, o->value_clip, &nclip);
+	ms->vf_clip += nclip;
+	for (int n = 0; n < N; n++)
+		tr->h_dv[n] *= o->vf_coef;
+	tr->ops->upload(tr->ops, tr->d_dval, tr->h_dv, sizeof(float) * (size_t)N);
+	return tr->ops->status(tr->ops);
 }
 
 static int
@@ -740,8 +800,11 @@ micro(trainer *tr, int a, int e, int recomputed, mstat *ms)
 	p.ent_coef = o->ent_coef;
 	ops->pg_loss(ops, tr->d_dlp, want_ent ? tr->d_dent : NULL, tr->d_stats, tr->m->lp, old, beh, ref,
 	    want_ent ? tr->m->ent : NULL, tr->d_adv, tr->d_w, N, &p);
+	if (o->algo == RL_ALGO_PPO && (rv = value_loss(tr, a, e, T, ms)) != 0)
+		return rv;
 	t0 = rl_now();
-	rv = rl_model_backward(tr->m, tr->d_dlp, want_ent ? tr->d_dent : NULL);
+	rv = rl_model_backward_value(tr->m, tr->d_dlp, want_ent ? tr->d_dent : NULL,
+	    o->algo == RL_ALGO_PPO ? tr->d_dval : NULL);
 	if (rv == 0)
 		rv = ops->sync(ops);
 	tr->t_model += rl_now() - t0;
@@ -952,6 +1015,15 @@ reserve(trainer *tr)
 	tr->d_dlp = tr->d_w + n;
 	tr->d_dent = tr->d_dlp + n;
 	tr->d_stats = tr->d_dent + n;
+	if (tr->m->vh_w >= 0) {
+		if (!(tr->h_vold = rl_try_calloc(4 * n, sizeof(float), "value buffers")))
+			return RL_ENOMEM;
+		tr->h_ret = tr->h_vold + n;
+		tr->h_v = tr->h_ret + n;
+		tr->h_dv = tr->h_v + n;
+		if ((rv = ops->alloc(ops, (void **)&tr->d_dval, n * sizeof(float))) != 0)
+			return rv;
+	}
 	return RL_OK;
 }
 
@@ -1011,6 +1083,20 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 		metric(j, tr, step, "critic/advantages/mean", S ? asum / S : NAN);
 		metric(j, tr, step, "critic/advantages/max", amax);
 		metric(j, tr, step, "critic/advantages/min", amin);
+	}
+	if (o->algo == RL_ALGO_PPO) {
+		int ntk = S ? tr->seq[S - 1].toff + tr->seq[S - 1].s->rlen : 0;
+		rl_stat3 vs = rl_stat_f32(tr->val_tok, (size_t)ntk), rs = rl_stat_f32(tr->ret_tok, (size_t)ntk);
+		metric(j, tr, step, "critic/vf_loss", ms->vf_loss / nupdates);
+		metric(j, tr, step, "critic/vf_clipfrac", ms->vf_clip / nt);
+		metric(j, tr, step, "critic/vpred_mean", ms->vpred / nt);
+		metric(j, tr, step, "critic/vf_explained_var", rl_explained_var(tr->val_tok, tr->ret_tok, ntk));
+		metric(j, tr, step, "critic/values/mean", vs.mean);
+		metric(j, tr, step, "critic/values/max", vs.max);
+		metric(j, tr, step, "critic/values/min", vs.min);
+		metric(j, tr, step, "critic/returns/mean", rs.mean);
+		metric(j, tr, step, "critic/returns/max", rs.max);
+		metric(j, tr, step, "critic/returns/min", rs.min);
 	}
 	metric(j, tr, step, "response_length/mean", S ? lsum / S : NAN);
 	metric(j, tr, step, "response_length/max", lmax);
@@ -1195,7 +1281,9 @@ train_step(trainer *tr)
 		return RL_OK;
 	if (M > tr->nseq)
 		M = tr->nseq;
-	if ((E > 1 || M > 1) && !o->old_from_behaviour) {
+	if (o->algo == RL_ALGO_PPO && !o->old_from_behaviour)
+		recomputed = 1; /* prepare's pass over the step for V_old gave π_old too */
+	if ((E > 1 || M > 1) && !o->old_from_behaviour && !recomputed) {
 		if (tr->world == 1) {
 			if ((rv = recompute_old(tr, 0, tr->nseq)) != 0)
 				return rv;
@@ -1237,6 +1325,9 @@ train_step(trainer *tr)
 			ad.eps = o->adam_eps;
 			ad.weight_decay = o->weight_decay;
 			ad.max_grad_norm = o->grad_clip;
+			if (o->critic_lr > 0)
+				ad.aux_lr = (float)rl_lr_at(tr->m->step + 1, o->critic_lr, o->warmup, o->total_steps,
+				    o->sched, o->min_lr_ratio);
 			double t1 = rl_now();
 			rv = rl_model_step(tr->m, &ad, &gnorm);
 			tr->t_model += rl_now() - t1;
@@ -1253,6 +1344,14 @@ train_step(trainer *tr)
 		ms.loss = v[0], ms.clip = v[1], ms.kl = v[2], ms.ratio_logsum = v[3], ms.ent = v[4], ms.ce = v[5];
 		ms.ntok = v[6];
 	}
+	if (tr->world > 1 && o->algo == RL_ALGO_PPO) {
+		double v[3] = { ms.vf_loss, ms.vf_clip, ms.vpred };
+		if ((rv = rl_comm_host_allreduce_f64(tr->comm, v, 3)) != 0)
+			return rv;
+		ms.vf_loss = v[0], ms.vf_clip = v[1], ms.vpred = v[2];
+	}
+	ms.vf_clip /= E;
+	ms.vpred /= E;
 	ms.ntok /= E; /* statistics averaged over the passes */
 	ms.clip /= E;
 	ms.ratio_logsum /= E;
@@ -1291,11 +1390,6 @@ rl_train_run(const rl_train_opts *o)
 	tr.o = o;
 	tr.agg = o->agg >= 0 ? o->agg : rl_algo_default_agg(o->algo);
 	tr.maxtok = o->max_tokens_micro;
-	if (o->algo == RL_ALGO_PPO) {
-		rl_error("--algo ppo needs a value head, which this build does not have yet");
-		rl_hint("use grpo, dr-grpo, dapo, rloo, reinforce++ or remax");
-		return RL_ENOTSUP;
-	}
 	if (!o->out_dir) {
 		rl_error("no output directory (--out DIR)");
 		return RL_EINVAL;
@@ -1337,6 +1431,21 @@ rl_train_run(const rl_train_opts *o)
 		if ((rv = rl_model_open(&tr.m, o->model_dir, tr.ops)) != 0)
 			goto out;
 	}
+	if (o->resume && o->algo == RL_ALGO_PPO) {
+		/* the optimizer state of a value head is only in a ppo run's checkpoint */
+		cJSON *alg = cJSON_GetObjectItem(state, "algo");
+		if (cJSON_IsString(alg) && strcmp(alg->valuestring, "ppo") != 0) {
+			rl_error("cannot resume '%s' with --algo ppo: it was trained with --algo %s", dir,
+			    alg->valuestring);
+			rl_hint("start a ppo run from it with -m '%s' (a new --out) instead", dir);
+			rv = RL_EINVAL;
+			goto out;
+		}
+	}
+	/* PPO's value head: from the directory the policy came from, else new */
+	if (o->algo == RL_ALGO_PPO &&
+	    (rv = rl_model_add_value_head(tr.m, o->resume ? dir : o->model_dir, o->seed)) != 0)
+		goto out;
 	if (o->ref_dir && (rv = rl_model_open(&tr.ref, o->ref_dir, tr.ops)) != 0)
 		goto out;
 	if ((rv = reserve(&tr)) != 0)
@@ -1492,6 +1601,11 @@ out:
 	free(tr.w_tok);
 	free(tr.old_tok);
 	free(tr.kl_tok);
+	free(tr.val_tok);
+	free(tr.ret_tok);
+	free(tr.h_vold);
+	if (tr.ops && tr.d_dval)
+		tr.ops->free(tr.ops, tr.d_dval);
 	free(tr.h_tok);
 	free(tr.h_tgt);
 	free(tr.h_old);

@@ -20,8 +20,16 @@
  * dp_check_every steps; rank 0 alone writes checkpoints and metrics.  Queue
  * mode with several ranks is refused.
  *
- * Leaves out: the value head of PPO (not yet: --algo ppo is refused),
- * rl-sync publishing, overlap of the all-reduce with the backward pass.
+ * PPO (docs/train.md): the policy gets a value head on its shared trunk
+ * (model.h, rl_model_add_value_head; loaded from the model or checkpoint
+ * directory's value_head.safetensors, else initialised from seed).  Each
+ * step starts with a forward pass over all its sequences (π_old log-probs and
+ * the values V_old, on every rank), then GAE (algo.h) gives advantages and
+ * returns; every micro-batch's loss is the policy loss plus vf_coef times
+ * the clipped value loss, whose gradient flows into the head and the trunk.
+ *
+ * Leaves out: a separate critic model, overlap of the all-reduce with the
+ * backward pass.
  *
  * One step (optimizer update) takes `batch` groups.  With ppo_epochs E and
  * mini_batches M, the step's sequences are split into M mini-batches and
@@ -69,6 +77,11 @@ typedef struct rl_train_opts {
 	int kl_in_reward;          /* KL as a token-level reward penalty instead of a loss term */
 	float ent_coef;
 	float gamma, lambda;
+	/* PPO */
+	float vf_coef;             /* weight of the value loss in the total loss (0.1) */
+	float value_clip;          /* value clip range around V_old (0.5; <= 0 off) */
+	float critic_lr;           /* lr of the value head (0: --lr), same schedule */
+	int whiten_adv;            /* whiten GAE advantages over the step (1) */
 	int old_from_behaviour;    /* ratio against the records' log-probs instead of recomputing */
 	/* optimizer */
 	float lr, weight_decay, beta1, beta2, adam_eps, grad_clip, min_lr_ratio;

@@ -30,7 +30,7 @@ static const char usage_text[] =
     "      --seed S              random seed (default 0)\n"
     "      --device D            cpu, cuda, cuda:N or auto (default cpu)\n"
     "algorithm:\n"
-    "      --algo A              grpo, dr-grpo, dapo, rloo, reinforce++, remax, sft (default grpo)\n"
+    "      --algo A              grpo, dr-grpo, dapo, rloo, reinforce++, remax, ppo, sft (default grpo)\n"
     "      --batch G             groups per step (default 8)\n"
     "      --loss-agg MODE       token-mean, seq-mean-token-sum, seq-mean-token-mean,\n"
     "                            seq-mean-token-sum-norm (default: the algorithm's)\n"
@@ -46,7 +46,12 @@ static const char usage_text[] =
     "      --kl-in-reward        KL as a token-level reward penalty instead of a loss term\n"
     "      --ref DIR             frozen reference model (else the records' ref_logprobs)\n"
     "      --ent-coef C          entropy bonus (off)\n"
-    "      --gamma G             discount for reinforce++ (default 1)\n"
+    "      --gamma G             discount for reinforce++ and ppo's GAE (default 1)\n"
+    "      --lambda L            ppo: GAE lambda (default 1)\n"
+    "      --vf-coef C           ppo: weight of the value loss (default 0.1)\n"
+    "      --value-clip E        ppo: clip values to V_old +- E in the value loss (default 0.5; 0 off)\n"
+    "      --critic-lr LR        ppo: learning rate of the value head (default: --lr)\n"
+    "      --no-whiten-adv       ppo: do not whiten the GAE advantages over the step\n"
     "      --ppo-epochs E        passes over each step's data (default 1)\n"
     "      --mini-batches M      optimizer updates per pass (default 1)\n"
     "      --max-tokens-per-micro N  token budget of a micro-batch (default 8192)\n"
@@ -86,7 +91,8 @@ enum {
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC,
-	O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET
+	O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET,
+	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN
 };
 
 static const struct option longopts[] = {
@@ -117,6 +123,9 @@ static const struct option longopts[] = {
 	{ "rendezvous", required_argument, 0, O_RDV }, { "comm-backend", required_argument, 0, O_CBACK },
 	{ "comm-timeout", required_argument, 0, O_CTIME }, { "dp-check-every", required_argument, 0, O_DPCHECK },
 	{ "dp-bucket-mb", required_argument, 0, O_DPBUCKET },
+	{ "lambda", required_argument, 0, O_LAMBDA }, { "vf-coef", required_argument, 0, O_VFCOEF },
+	{ "value-clip", required_argument, 0, O_VCLIP }, { "critic-lr", required_argument, 0, O_CRITLR },
+	{ "no-whiten-adv", no_argument, 0, O_NOWHITEN },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -191,6 +200,11 @@ main(int argc, char **argv)
 		case O_REF: o.ref_dir = a; break;
 		case O_ENT: NUM(-1e9, 1e9); o.ent_coef = (float)v; break;
 		case O_GAMMA: NUM(0, 1); o.gamma = (float)v; break;
+		case O_LAMBDA: NUM(0, 1); o.lambda = (float)v; break;
+		case O_VFCOEF: NUM(0, 1e6); o.vf_coef = (float)v; break;
+		case O_VCLIP: NUM(0, 1e9); o.value_clip = (float)v; break;
+		case O_CRITLR: NUM(0, 10); o.critic_lr = (float)v; break;
+		case O_NOWHITEN: o.whiten_adv = 0; break;
 		case O_EPOCHS: NUM(1, 1000); o.ppo_epochs = (int)v; break;
 		case O_MINI: NUM(1, 1e6); o.mini_batches = (int)v; break;
 		case O_MICRO: NUM(1, 1e9); o.max_tokens_micro = (int)v; break;

@@ -100,11 +100,65 @@ main(void)
 	{
 		float r[] = { 1 }, v[] = { 0.5f, 0.25f };
 		int toff[] = { 0, 2 };
-		T_EQ_INT(rl_adv_gae(adv, ret, r, NULL, 0, v, toff, 1, 0.9f, 0.5f), RL_OK);
+		T_EQ_INT(rl_adv_gae(adv, ret, r, NULL, 0, v, toff, 1, 0.9f, 0.5f, 1), RL_OK);
 		T_CLOSE(ret[0], 0.5625, TOL, 0);
 		T_CLOSE(ret[1], 1.0, TOL, 0);
 		T_CLOSE(adv[0], -0.7071068, TOL, 0);
 		T_CLOSE(adv[1], 0.7071068, TOL, 0);
+		/* the same without whitening: the raw GAE values */
+		T_EQ_INT(rl_adv_gae(adv, ret, r, NULL, 0, v, toff, 1, 0.9f, 0.5f, 0), RL_OK);
+		T_CLOSE(adv[0], 0.0625, TOL, 0);
+		T_CLOSE(adv[1], 0.75, TOL, 0);
+		T_CLOSE(ret[0], 0.5625, TOL, 0);
+	}
+	/* GAE over two sequences (toff [0,1,3]) with the KL in the reward, gamma =
+	 * lambda = 1: rewards [1, 0], values [.5 | .2, .4], kl [.1 | .2, .3], coef .5.
+	 * seq 0 (one token): r = 1 - .05 = .95, A = .95 - .5 = .45, ret = .95.
+	 * seq 1: t2 (last): r = -.15, A2 = -.15 - .4 = -.55, ret2 = -.15;
+	 *        t1: r = -.1, delta = -.1 + .4 - .2 = .1, A1 = .1 - .55 = -.45,
+	 *        ret1 = -.25 (= r1 + r2: lambda 1 makes returns Monte Carlo). */
+	{
+		float r[] = { 1, 0 }, v[] = { 0.5f, 0.2f, 0.4f }, kl[] = { 0.1f, 0.2f, 0.3f };
+		int toff[] = { 0, 1, 3 };
+		T_EQ_INT(rl_adv_gae(adv, ret, r, kl, 0.5f, v, toff, 2, 1.0f, 1.0f, 0), RL_OK);
+		T_CLOSE(adv[0], 0.45, TOL, 0);
+		T_CLOSE(adv[1], -0.45, TOL, 0);
+		T_CLOSE(adv[2], -0.55, TOL, 0);
+		T_CLOSE(ret[0], 0.95, TOL, 0);
+		T_CLOSE(ret[1], -0.25, TOL, 0);
+		T_CLOSE(ret[2], -0.15, TOL, 0);
+		/* lambda 0: one-step TD, A1 = delta1 = .1 */
+		T_EQ_INT(rl_adv_gae(adv, ret, r, kl, 0.5f, v, toff, 2, 1.0f, 0.0f, 0), RL_OK);
+		T_CLOSE(adv[1], 0.1, TOL, 0);
+		T_CLOSE(ret[1], 0.3, TOL, 0);
+		int bad[] = { 0, 2, 1 };
+		T_EQ_INT(rl_adv_gae(adv, ret, r, kl, 0.5f, v, bad, 2, 1.0f, 1.0f, 0), RL_EINVAL);
+	}
+	/* Clipped value loss, clip .5, weights [.5, .5, 1, 1, 0]:
+	 *  n0 v 1, old .8, ret 0: vc = 1 (in range), tie -> unclipped: l = .5, dv = .5*1 = .5
+	 *  n1 v 0, old .6, ret 1: vc = .1; (v-ret)^2 = 1 > .81: l = .5, dv = .5*(-1) = -.5
+	 *  n2 v 2, old 1, ret 0: vc = 1.5; 4 > 2.25: l = 2, dv = 2
+	 *  n3 v 2, old 1, ret 2.5: vc = 1.5; .25 < 1: clipped, l = .5, dv = 0 (counted)
+	 *  n4 w 0: ignored (garbage inputs)
+	 * loss = .25 + .25 + 2 + .5 = 3; without clipping n3 is .5*.25 = .125, dv -.5 */
+	{
+		float v[] = { 1, 0, 2, 2, 9 }, old[] = { 0.8f, 0.6f, 1, 1, NAN }, rt[] = { 0, 1, 0, 2.5f, 0 };
+		float ww[] = { 0.5f, 0.5f, 1, 1, 0 }, dv[5];
+		int nc = -1;
+		T_CLOSE(rl_value_loss(dv, v, old, rt, ww, 5, 0.5f, &nc), 3.0, TOL, 0);
+		T_EQ_INT(nc, 1);
+		T_CLOSE(dv[0], 0.5, TOL, 0);
+		T_CLOSE(dv[1], -0.5, TOL, 0);
+		T_CLOSE(dv[2], 2.0, TOL, 0);
+		T_CLOSE(dv[3], 0.0, 0, 0);
+		T_CLOSE(dv[4], 0.0, 0, 0);
+		T_CLOSE(rl_value_loss(dv, v, old, rt, ww, 5, 0, &nc), 2.625, TOL, 0);
+		T_EQ_INT(nc, 0);
+		T_CLOSE(dv[3], -0.5, TOL, 0);
+		/* explained variance: ret [0, 2], v [0, 1]: 1 - var([0,1]) / var([0,2]) = .75 */
+		float ev_v[] = { 0, 1 }, ev_r[] = { 0, 2 }, flat[] = { 1, 1 };
+		T_CLOSE(rl_explained_var(ev_v, ev_r, 2), 0.75, TOL, 0);
+		T_OK(isnan(rl_explained_var(ev_v, flat, 2)), "constant returns: NaN");
 	}
 	/* Loss weights, toff [0,2,5,5]: 2 non-empty sequences of 2 and 3 tokens. */
 	{

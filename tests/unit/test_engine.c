@@ -72,22 +72,12 @@ main(void)
 
 	T_BEGIN("test_engine");
 	rl_log_init("test_engine", RL_LOG_QUIET);
-	cfg.arch = RL_ARCH_LLAMA;
-	strcpy(cfg.model_type, "qwen2");
-	cfg.vocab_size = 300;
-	cfg.hidden_size = 48;
-	cfg.n_layer = 2;
-	cfg.n_head = 4;
-	cfg.n_kv_head = 2;
-	cfg.head_dim = 12;
-	cfg.intermediate_size = 96;
-	cfg.max_pos = 40;
-	cfg.rope_theta = 10000;
-	cfg.norm_eps = 1e-6f;
-	cfg.qkv_bias = 1;
-	cfg.tie_embeddings = 1;
-	cfg.bos_id = cfg.eos_id = -1;
-	cfg.dtype = RL_F32;
+	cfg = (rl_config){
+		.arch = RL_ARCH_LLAMA, .vocab_size = 300, .hidden_size = 48, .n_layer = 2, .n_head = 4,
+		.n_kv_head = 2, .head_dim = 12, .intermediate_size = 96, .max_pos = 40, .rope_theta = 10000,
+		.norm_eps = 1e-6f, .qkv_bias = 1, .tie_embeddings = 1, .bos_id = -1, .eos_id = -1,
+		.dtype = RL_F32 };
+	snprintf(cfg.model_type, sizeof cfg.model_type, "qwen2");
 	T_EQ_INT(rl_ops_cpu_open(&ops), RL_OK);
 	/* larger init so the distribution is not flat and greedy ties are unlikely */
 	T_EQ_INT(rl_model_init_random(&m, &cfg, ops, 7), RL_OK);
