@@ -29,6 +29,7 @@ struct rl_qclient {
 	rl_traj *tmp;
 	rl_buf buf;
 	seen seen;
+	int quiet;             /* rl_qclient_report: failures logged at verbose level only */
 };
 
 void
@@ -271,7 +272,7 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 				size_t n = nng_msg_len(r) - rh0.hdr_len;
 				rv = rh0.status < RL_ERR_COUNT ? rh0.status : RL_EIO;
 				if (rv != RL_EBUSY && rv != RL_ENOENT)
-					rl_error("broker: %.*s", (int)RL_MIN(n, (size_t)300),
+					(c->quiet ? rl_verbose : rl_error)("broker: %.*s", (int)RL_MIN(n, (size_t)300),
 					    (const char *)nng_msg_body(r) + rh0.hdr_len);
 				if (rv == RL_ENOENT)
 					break;   /* keep the reply: an ack's counts */
@@ -292,11 +293,12 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 			continue;
 		}
 		if (nrv == NNG_ETIMEDOUT) {
-			rl_error("no reply from the broker to a %s request", rl_qop_name(op));
-			rl_hint("is 'rl-queue serve' running at that address?");
+			(c->quiet ? rl_verbose : rl_error)("no reply from the broker to a %s request", rl_qop_name(op));
+			if (!c->quiet)
+				rl_hint("is 'rl-queue serve' running at that address?");
 			rv = RL_ETIMEDOUT;
 		} else {
-			rl_error("%s request failed: %s", rl_qop_name(op), nng_strerror(nrv));
+			(c->quiet ? rl_verbose : rl_error)("%s request failed: %s", rl_qop_name(op), nng_strerror(nrv));
 			rv = nrv == NNG_ECLOSED ? RL_ECLOSED : RL_ENET;
 		}
 		break;
@@ -670,6 +672,23 @@ rl_qclient_ping(rl_qclient *c)
 	nng_msg *r = NULL;
 	int rv = call(c, RL_QOP_PING, 0, 0, NULL, 0, NULL, 0, 0, 0, 1, &rh, &r);
 
+	if (r)
+		nng_msg_free(r);
+	return rv;
+}
+
+int
+rl_qclient_report(rl_qclient *c, const char *json, size_t n)
+{
+	rl_qhdr rh;
+	nng_msg *r = NULL;
+	int rv, q = c->quiet;
+
+	if (n > RL_QP_MAX_REPORT)
+		return RL_ETOOBIG;
+	c->quiet = 1;
+	rv = call(c, RL_QOP_REPORT, 0, 0, NULL, 0, json, n, (uint32_t)n, 0, 0, &rh, &r);
+	c->quiet = q;
 	if (r)
 		nng_msg_free(r);
 	return rv;

@@ -8,7 +8,8 @@
  *   rl-reward:   rl_qclient_lease_generated -> score -> rl_qclient_put_scored
  *   rl-train:    rl_qclient_lease_scored (whole groups) -> train ->
  *                rl_qclient_ack, then rl_qclient_set_version after the step
- *   everyone:    rl_qclient_stats, rl_qclient_ping
+ *   everyone:    rl_qclient_stats, rl_qclient_ping; rl_qclient_report (stage
+ *                stats, sent by lib/wstat.c's reporter thread)
  *
  * Every call is one request/reply over an nng REQ socket.  Puts are
  * idempotent (by record id), so the client retries them on timeouts, lost
@@ -110,5 +111,10 @@ int rl_qclient_set_version(rl_qclient *c, uint64_t v, uint64_t *now);
 /* rl_qclient_stats: the broker's stats as JSON text (*json malloc'd, caller frees). */
 int rl_qclient_stats(rl_qclient *c, char **json);
 int rl_qclient_ping(rl_qclient *c);
+/* rl_qclient_report: send a stage's stats report (JSON text, n bytes, at
+ * most RL_QP_MAX_REPORT) once, without retries; failures are logged at the
+ * verbose level only (a lost report is replaced by the next).  RL_EINVAL:
+ * the broker does not know reports (older) or refused this one. */
+int rl_qclient_report(rl_qclient *c, const char *json, size_t n);
 
 #endif

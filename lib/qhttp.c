@@ -157,6 +157,54 @@ static const metric metrics[] = {
 	{ "server.state_s", "rlqueue_server_seconds_total", M_COUNTER, NULL, "part=\"state\"" },
 	{ "server.journal_s", "rlqueue_server_seconds_total", M_COUNTER, NULL, "part=\"journal\"" },
 	{ "server.lock_wait_s", "rlqueue_server_seconds_total", M_COUNTER, NULL, "part=\"lock_wait\"" },
+	{ "server.reports", "rlqueue_reports_total", M_COUNTER, "Stats reports taken from stage workers.", NULL },
+	{ "stages.rollout.live", "rlqueue_stage_workers", M_GAUGE, "Workers reporting, by stage.", "stage=\"rollout\"" },
+	{ "stages.reward.live", "rlqueue_stage_workers", M_GAUGE, NULL, "stage=\"reward\"" },
+	{ "stages.train.live", "rlqueue_stage_workers", M_GAUGE, NULL, "stage=\"train\"" },
+	{ "stages.rollout.records_per_s", "rlqueue_stage_records_per_second", M_GAUGE,
+	  "Records per second the stage's workers reported (sum over live workers).", "stage=\"rollout\"" },
+	{ "stages.reward.records_per_s", "rlqueue_stage_records_per_second", M_GAUGE, NULL, "stage=\"reward\"" },
+	{ "stages.train.records_per_s", "rlqueue_stage_records_per_second", M_GAUGE, NULL, "stage=\"train\"" },
+	{ "stages.rollout.tokens_per_s", "rlqueue_stage_tokens_per_second", M_GAUGE,
+	  "Tokens per second the stage's workers reported (sum over live workers).", "stage=\"rollout\"" },
+	{ "stages.reward.tokens_per_s", "rlqueue_stage_tokens_per_second", M_GAUGE, NULL, "stage=\"reward\"" },
+	{ "stages.train.tokens_per_s", "rlqueue_stage_tokens_per_second", M_GAUGE, NULL, "stage=\"train\"" },
+	{ "stages.rollout.busy_frac", "rlqueue_stage_busy_fraction", M_GAUGE,
+	  "Mean busy fraction of the stage's live workers.", "stage=\"rollout\"" },
+	{ "stages.reward.busy_frac", "rlqueue_stage_busy_fraction", M_GAUGE, NULL, "stage=\"reward\"" },
+	{ "stages.train.busy_frac", "rlqueue_stage_busy_fraction", M_GAUGE, NULL, "stage=\"train\"" },
+	{ "train.version", "rlqueue_train_step_version", M_GAUGE, "Policy version after the trainer's last reported step.", NULL },
+	{ "train.reward_mean", "rlqueue_train_reward_mean", M_GAUGE, "Mean reward of the last step's samples (critic/score/mean).", NULL },
+	{ "train.response_length", "rlqueue_train_response_length_mean", M_GAUGE, "Mean response length of the last step (tokens).", NULL },
+	{ "train.ppo_kl", "rlqueue_train_ppo_kl", M_GAUGE, "KL between the old and the updated policy in the last step (actor/ppo_kl).", NULL },
+	{ "train.kl_ref", "rlqueue_train_kl_ref", M_GAUGE, "KL to the reference policy in the last step (actor/kl_loss).", NULL },
+	{ "train.entropy", "rlqueue_train_entropy", M_GAUGE, "Mean token entropy of the last step.", NULL },
+	{ "train.step_s", "rlqueue_train_step_seconds", M_GAUGE, "Length of the last step (timing_s/step).", NULL },
+};
+
+/* Per-worker families: one sample per worker in the stats' "workers" array. */
+typedef struct wmetric {
+	const char *key;       /* in the worker object ("gpu." prefix: in its gpu object) */
+	const char *name;
+	int type;
+	const char *help;
+} wmetric;
+
+static const wmetric wmetrics[] = {
+	{ "busy_frac", "rlqueue_worker_busy_fraction", M_GAUGE,
+	  "Share of the worker's last report interval spent computing rather than waiting on the queue or weights." },
+	{ "busy_s", "rlqueue_worker_busy_seconds_total", M_COUNTER, "Seconds the worker spent computing." },
+	{ "idle_s", "rlqueue_worker_idle_seconds_total", M_COUNTER, "Seconds the worker spent waiting on the queue or weights." },
+	{ "records", "rlqueue_worker_records_total", M_COUNTER, "Records the worker generated, scored or trained." },
+	{ "tokens", "rlqueue_worker_tokens_total", M_COUNTER, "Tokens the worker generated or trained." },
+	{ "records_per_s", "rlqueue_worker_records_per_second", M_GAUGE, "Records per second over the worker's last report interval." },
+	{ "tokens_per_s", "rlqueue_worker_tokens_per_second", M_GAUGE, "Tokens per second over the worker's last report interval." },
+	{ "up", "rlqueue_worker_up", M_GAUGE, "1 while the worker reports, 0 once it exited or fell silent." },
+	{ "age_s", "rlqueue_worker_report_age_seconds", M_GAUGE, "Seconds since the worker's last report." },
+	{ "gpu.util", "rlqueue_worker_gpu_utilization_ratio", M_GAUGE, "GPU utilisation NVML reported (0..1)." },
+	{ "gpu.mem_util", "rlqueue_worker_gpu_memory_utilization_ratio", M_GAUGE, "GPU memory bandwidth utilisation NVML reported (0..1)." },
+	{ "gpu.mem_used", "rlqueue_worker_gpu_memory_used_bytes", M_GAUGE, "GPU memory in use (NVML)." },
+	{ "gpu.mem_total", "rlqueue_worker_gpu_memory_total_bytes", M_GAUGE, "GPU memory in total (NVML)." },
 };
 
 static const cJSON *
@@ -186,6 +234,23 @@ put_num(rl_buf *out, double v)
 	if (v > 1e308 || v < -1e308)
 		return rl_buf_printf(out, v > 0 ? "+Inf\n" : "-Inf\n");
 	return rl_buf_printf(out, "%.17g\n", v);
+}
+
+/* A label value in quotes, with \\, \" and newlines escaped. */
+static int
+put_label(rl_buf *out, const char *v)
+{
+	int rv = rl_buf_putc(out, '"');
+
+	for (; rv == 0 && *v; v++) {
+		if (*v == '\\' || *v == '"')
+			rv = rl_buf_printf(out, "\\%c", *v);
+		else if (*v == '\n')
+			rv = rl_buf_printf(out, "\\n");
+		else
+			rv = rl_buf_putc(out, *v);
+	}
+	return rv ? rv : rl_buf_putc(out, '"');
 }
 
 static int
@@ -249,6 +314,49 @@ rl_qhttp_prometheus(rl_buf *out, const char *json)
 			rv = rl_buf_printf(out, "rlqueue_staleness_sum %.17g\n", c->valuedouble);
 		if (rv == 0)
 			rv = rl_buf_printf(out, "rlqueue_staleness_count %.17g\n", cum);
+	}
+	/* per worker: role and worker labels (the broker admits only [A-Za-z0-9._:@/+-] in ids,
+	 * escaped anyway) */
+	h = cJSON_GetObjectItemCaseSensitive(o, "workers");
+	for (size_t k = 0; rv == 0 && cJSON_IsArray(h) && k < RL_ARRAY_LEN(wmetrics); k++) {
+		const wmetric *m = &wmetrics[k];
+		int gpu = strncmp(m->key, "gpu.", 4) == 0;
+		cJSON_ArrayForEach(e, h) {
+			const cJSON *src = gpu ? cJSON_GetObjectItemCaseSensitive(e, "gpu") : e, *v, *role, *id, *gi;
+			double val;
+			if (rv != 0 || src == NULL)
+				continue;
+			role = cJSON_GetObjectItemCaseSensitive(e, "role");
+			id = cJSON_GetObjectItemCaseSensitive(e, "worker");
+			if (!cJSON_IsString(role) || !cJSON_IsString(id))
+				continue;
+			if (strcmp(m->key, "up") == 0) {
+				v = cJSON_GetObjectItemCaseSensitive(e, "state");
+				if (!cJSON_IsString(v))
+					continue;
+				val = strcmp(v->valuestring, "live") == 0;
+			} else {
+				v = cJSON_GetObjectItemCaseSensitive(src, gpu ? m->key + 4 : m->key);
+				if (!cJSON_IsNumber(v))
+					continue;
+				val = v->valuedouble;
+			}
+			rv = header(out, m->name, m->type == M_COUNTER ? "counter" : "gauge", m->help, &last);
+			if (rv == 0)
+				rv = rl_buf_printf(out, "%s{role=", m->name);
+			if (rv == 0)
+				rv = put_label(out, role->valuestring);
+			if (rv == 0)
+				rv = rl_buf_printf(out, ",worker=");
+			if (rv == 0)
+				rv = put_label(out, id->valuestring);
+			if (rv == 0 && gpu && cJSON_IsNumber(gi = cJSON_GetObjectItemCaseSensitive(src, "index")))
+				rv = rl_buf_printf(out, ",gpu=\"%d\"", (int)gi->valuedouble);
+			if (rv == 0)
+				rv = rl_buf_printf(out, "} ");
+			if (rv == 0)
+				rv = put_num(out, val);
+		}
 	}
 	cJSON_Delete(o);
 	return rv;

@@ -241,6 +241,7 @@ rl_qop_name(int op)
 	case RL_QOP_ACK: return "ack";
 	case RL_QOP_VERSION: return "version";
 	case RL_QOP_STAT: return "stat";
+	case RL_QOP_REPORT: return "report";
 	default: return "?";
 	}
 }

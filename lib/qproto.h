@@ -21,6 +21,10 @@
  *   ACK      fixed (16 bytes) + u64 ids[n] / fixed (16 bytes)
  *   VERSION  arg = trainer version / arg = version now in force
  *   STAT     -            / body = JSON object
+ *   REPORT   body = JSON object (a stage's stats, see wstat.h; at most
+ *            RL_QP_MAX_REPORT bytes decompressed) / -
+ *            Brokers older than REPORT answer "unknown op" (RL_EINVAL): a
+ *            client then stops reporting; nothing else changes.
  * An error reply has status != 0 and a UTF-8 message as body.
  *
  * Leaves out: sockets (qclient.c, qserve.c) and what records mean (queue.c).
@@ -40,6 +44,8 @@
 #define RL_QP_HDR_LEN 32
 /* Default bound on one message and on one decompressed body. */
 #define RL_QP_MAX_MSG ((size_t)64 << 20)
+/* Bound on a REPORT body (decompressed): larger ones are refused. */
+#define RL_QP_MAX_REPORT ((size_t)64 << 10)
 
 enum rl_qop {
 	RL_QOP_PING = 1,
@@ -48,6 +54,7 @@ enum rl_qop {
 	RL_QOP_ACK = 4,
 	RL_QOP_VERSION = 5,
 	RL_QOP_STAT = 6,
+	RL_QOP_REPORT = 7,
 	RL_QOP_REPLY = 0x80
 };
 

@@ -7,6 +7,7 @@
  * writes.  Lock order: jmtx before mtx.  (De)compression happens outside both.
  */
 #include "qserve.h"
+#include "qserve_workers.h"
 
 #include <cjson/cJSON.h>
 #include <nng/nng.h>
@@ -51,7 +52,8 @@ struct rl_qserve {
 	int probing, probe_fail;
 	double probe_next;
 	/* where the time goes (ns, atomic) */
-	uint64_t t_decomp, t_comp, t_state, t_journal, t_lockwait, nreq, nbad;
+	uint64_t t_decomp, t_comp, t_state, t_journal, t_lockwait, nreq, nbad, nreports;
+	rli_workers *wk;       /* stage workers' reports (own lock) */
 };
 
 static uint64_t
@@ -299,6 +301,11 @@ rl_qserve_stats_json(rl_qserve *s, char **out)
 		cJSON_AddNumberToObject(sv, "state_s", __atomic_load_n(&s->t_state, __ATOMIC_RELAXED) / 1e9);
 		cJSON_AddNumberToObject(sv, "journal_s", __atomic_load_n(&s->t_journal, __ATOMIC_RELAXED) / 1e9);
 		cJSON_AddNumberToObject(sv, "lock_wait_s", __atomic_load_n(&s->t_lockwait, __ATOMIC_RELAXED) / 1e9);
+		cJSON_AddNumberToObject(sv, "reports", (double)__atomic_load_n(&s->nreports, __ATOMIC_RELAXED));
+	}
+	if (rli_workers_json(s->wk, o, rl_now()) != 0) {
+		cJSON_Delete(o);
+		return RL_ENOMEM;
 	}
 	*out = cJSON_PrintUnformatted(o);
 	cJSON_Delete(o);
@@ -505,6 +512,24 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 	case RL_QOP_STAT:
 		stat_reply(s, c);
 		break;
+	case RL_QOP_REPORT:
+		/* a stage's stats: small JSON, checked whole before it is stored */
+		if ((c->h.flags & RL_QF_ZSTD) == 0 && blen > RL_QP_MAX_REPORT)
+			rv = RL_ETOOBIG;
+		else
+			rv = rl_qbody_get(&c->in, &c->h, body, blen, RL_QP_MAX_REPORT);
+		if (rv == 0)
+			rv = rli_workers_report(s->wk, (const char *)c->in.p, c->in.len, rl_now(), why, sizeof why);
+		else
+			snprintf(why, sizeof why, rv == RL_ETOOBIG ? "stats report over %zu bytes" : "bad stats report body",
+			    (size_t)RL_QP_MAX_REPORT);
+		if (rv != 0) {
+			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+			reply_error(c, rv, why);
+			break;
+		}
+		__atomic_add_fetch(&s->nreports, 1, __ATOMIC_RELAXED);
+		break;
 	default:
 		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
 		snprintf(why, sizeof why, "unknown op %u", c->h.op);
@@ -571,6 +596,8 @@ rl_qserve_open(rl_qserve **out, const rl_qserve_config *cfg)
 	s->nctx = cfg->nctx > 0 ? cfg->nctx : 64;
 	pthread_mutex_init(&s->mtx, NULL);
 	pthread_mutex_init(&s->jmtx, NULL);
+	if ((rv = rli_workers_create(&s->wk)) != 0)
+		goto fail;
 	if ((rv = rl_queue_open(&s->q, &cfg->queue, wall_ms())) != 0)
 		goto fail;
 	s->has_journal = cfg->queue.data_dir != NULL;
@@ -717,6 +744,7 @@ rl_qserve_close(rl_qserve *s)
 		rl_queue_journal_sync(s->q);
 		rl_queue_close(s->q);
 	}
+	rli_workers_destroy(s->wk);
 	pthread_mutex_destroy(&s->mtx);
 	pthread_mutex_destroy(&s->jmtx);
 	free(s);

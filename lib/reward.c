@@ -14,6 +14,7 @@
 
 #include "core.h"
 #include "qclient.h"
+#include "wstat.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -1408,6 +1409,7 @@ rl_reward_queue(rl_reward_scorer *s, rl_qclient *c, const rl_reward_queue_opts *
 {
 	uint32_t batch = o && o->batch ? o->batch : 256, wait_ms = o && o->wait_ms ? o->wait_ms : 500;
 	double idle_exit = o ? o->idle_exit_s : 0, last = rl_now();
+	rl_wstat *ws = o ? o->stats : NULL;
 	rl_traj **recs = NULL;
 	rl_traj_batch *out = NULL;
 	rl_qlease l;
@@ -1425,9 +1427,12 @@ rl_reward_queue(rl_reward_scorer *s, rl_qclient *c, const rl_reward_queue_opts *
 			goto out;
 	while (!*stop) {
 		size_t n;
+		rl_wstat_phase(ws, RL_WSTAT_IDLE);
 		if ((rv = rl_qclient_lease_generated(c, batch, wait_ms, &l)) != 0)
 			goto out;
 		n = rl_qlease_count(&l);
+		if (n > 0)
+			rl_wstat_phase(ws, RL_WSTAT_BUSY);
 		if (l.id == 0 || n == 0) {
 			if (idle_exit > 0 && rl_now() - last >= idle_exit)
 				break;
@@ -1464,6 +1469,7 @@ rl_reward_queue(rl_reward_scorer *s, rl_qclient *c, const rl_reward_queue_opts *
 			rl_error("queue: could not put %zu scored records: %s", n, rl_strerror(rv));
 			goto out;
 		}
+		rl_wstat_add(ws, n, 0);
 		rl_verbose("queue: lease %llu: %zu records scored", (unsigned long long)l.id, n);
 		last = rl_now();
 	}

@@ -210,6 +210,7 @@ typedef struct rl_reward_queue_opts {
 	                        * of it is left (slow --exec programs). */
 	uint32_t wait_ms;      /* long-poll wait per lease request; default 500 */
 	double idle_exit_s;    /* <= 0: run until *stop */
+	struct rl_wstat *stats; /* borrowed, may be NULL: busy/idle time and records scored (wstat.h) */
 } rl_reward_queue_opts;
 int rl_reward_queue(rl_reward_scorer *s, rl_qclient *c, const rl_reward_queue_opts *o, volatile sig_atomic_t *stop);
 

@@ -37,6 +37,8 @@
 #include "json.h"
 #include "model.h"
 #include "qclient.h"
+#include "progress.h"
+#include "wstat.h"
 #include "wsync.h"
 #include "tfevents.h"
 #include "tokenizer.h"
@@ -129,6 +131,8 @@ typedef struct trainer {
 	uint64_t q_late;
 	int last_gsize;          /* group size seen last (lease sizing) */
 	double idle_since;       /* when the last records came (--idle-exit) */
+	rl_wstat *wst;           /* stats reported to the broker (wstat.h) */
+	rl_progress prog;        /* steps, on a terminal */
 	/* data parallelism */
 	rl_comm *comm;           /* NULL: one process */
 	int rank, world;
@@ -250,7 +254,9 @@ lease_more(trainer *tr)
 	}
 	req.min_records = 1;
 	req.wait_ms = 500;
+	rl_wstat_phase(tr->wst, RL_WSTAT_IDLE);
 	rv = rl_qclient_lease(tr->qc, &req, &tr->lease);
+	rl_wstat_phase(tr->wst, RL_WSTAT_BUSY);
 	if (rv == RL_ETIMEDOUT || rv == RL_EBUSY)
 		rv = RL_OK;
 	if (rv != RL_OK)
@@ -1152,6 +1158,10 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 	metric(j, tr, step, "train/groups_dropped_no_signal", (double)tr->dropped_nosignal);
 	txt = cJSON_PrintUnformatted(j);
 	cJSON_Delete(j);
+	rl_wstat_train_metrics(tr->wst, txt);
+	rl_wstat_add(tr->wst, (uint64_t)S, (uint64_t)ntok);
+	if (tr->metrics == stderr)
+		rl_progress_clear(&tr->prog);
 	fprintf(tr->metrics, "%s\n", txt);
 	fflush(tr->metrics);
 	free(txt);
@@ -1787,6 +1797,7 @@ rl_train_run(const rl_train_opts *o)
 			goto out;
 	}
 	start_step = tr.m->step;
+	rl_progress_init(&tr.prog, o->quiet);
 	go.on_bad = o->on_bad;
 	go.sft = o->algo == RL_ALGO_SFT;
 	go.need_logprobs = o->old_from_behaviour || o->tis_cap > 0;
@@ -1814,6 +1825,8 @@ rl_train_run(const rl_train_opts *o)
 			goto out;
 		/* the broker's staleness gate starts from our version */
 		rl_qclient_set_version(tr.qc, (uint64_t)tr.m->step, NULL);
+		if (rl_wstat_open(&tr.wst, o->queue_url, "train", strcmp(tr.ops->name, "cpu") == 0 ? "cpu" : o->device) != 0)
+			rl_warn("no stats reports to the broker");
 	} else {
 		if ((rv = rl_io_fopen(&tr.in, o->input, "rb")) != 0)
 			goto out;
@@ -1847,6 +1860,7 @@ rl_train_run(const rl_train_opts *o)
 		if ((rv = agree_step(&tr, rv == RL_OK, &have)) != RL_OK)
 			goto out;
 		if (!have) {
+			rl_progress_done(&tr.prog);
 			if (tr.ngroups > 0 && tr.rank == 0)
 				rl_info("end of input: %d groups left over (less than --batch %d), not trained",
 				    tr.ngroups, o->batch);
@@ -1867,7 +1881,17 @@ rl_train_run(const rl_train_opts *o)
 		if ((rv = train_step(&tr)) != 0)
 			goto out;
 		free_groups(&tr);
+		if (tr.rank == 0) {
+			int done = tr.m->step - start_step, todo = o->max_steps - start_step;
+			double dt = rl_progress_elapsed(&tr.prog), rate = dt > 0 ? done / dt : 0.0;
+			if (o->max_steps > 0)
+				rl_progress_draw(&tr.prog, (double)done / RL_MAX(todo, 1), "%d/%d steps, %.2f steps/s", done,
+				    todo, rate);
+			else
+				rl_progress_draw(&tr.prog, -1, "%d steps, %.2f steps/s", done, rate);
+		}
 	}
+	rl_progress_done(&tr.prog);
 	/* a last full checkpoint, so that the run can be resumed */
 	{
 		int need = 0;
@@ -1931,6 +1955,8 @@ out:
 			rl_qclient_ack_ids(tr.qc, tr.held[i].lease, RL_QACK_RELEASE, &tr.held[i].id, 1, &res);
 		rl_verbose("%zu leased records not trained handed back", tr.nheld);
 	}
+	rl_progress_done(&tr.prog);
+	rl_wstat_close(tr.wst);
 	rl_qlease_fini(&tr.lease);
 	rl_traj_destroy(tr.qt);
 	free(tr.held);

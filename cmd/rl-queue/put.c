@@ -9,9 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core.h"
 #include "io.h"
+#include "progress.h"
 #include "prompt.h"
 #include "qclient.h"
 #include "rlq.h"
@@ -32,6 +34,23 @@ static const char usage_text[] =
 	"\n"
 	"Exit status: 0 success, 1 bad input or refused, 2 usage error,\n"
 	"3 broker busy or unreachable until the timeout.\n";
+
+/* The progress line: records sent, and the share of the input's bytes read
+ * when every input is a regular file (else no bar, only counts). */
+static rl_progress prog;
+static double total_bytes, bytes_before;   /* total_bytes 0: unknown */
+static FILE *cur_file;
+
+static void
+show(unsigned long long nrec)
+{
+	double dt = rl_progress_elapsed(&prog), frac = -1;
+	long pos;
+
+	if (total_bytes > 0 && cur_file && (pos = ftell(cur_file)) >= 0)
+		frac = RL_MIN((bytes_before + (double)pos) / total_bytes, 0.999);
+	rl_progress_draw(&prog, frac, "%llu records, %.0f records/s", nrec, dt > 0 ? nrec / dt : 0.0);
+}
 
 static uint64_t
 fnv1a(const void *p, size_t n)
@@ -129,7 +148,9 @@ put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, s
 				*acc += res.accepted + res.replaced;
 				*dup += res.duplicates;
 				*rej += res.rejected;
+				show(*nrec);
 			} else if (rv != 0) {
+				rl_progress_done(&prog);
 				rl_error("put: '%s': the broker did not take a batch of %zu prompts: %s", path,
 				    rl_traj_batch_count(b), rl_strerror(rv));
 			}
@@ -222,13 +243,29 @@ rlq_put_main(int argc, char **argv)
 		return 1;
 	if ((rv = rl_traj_batch_create(&fixed)) != 0 || (rv = rl_traj_create(&t)) != 0)
 		goto out;
+	rl_progress_init(&prog, verbosity == RL_LOG_QUIET);
+	for (int i = optind; i < argc; i++) {
+		struct stat st;
+		if (strcmp(argv[i], "-") == 0 || stat(argv[i], &st) != 0 || !S_ISREG(st.st_mode)) {
+			total_bytes = 0;
+			break;
+		}
+		total_bytes += (double)st.st_size;
+	}
 	for (int i = optind; i < argc || (i == optind && optind == argc); i++) {
 		const char *path = i < argc ? argv[i] : "-";
 		rl_traj_reader *r = NULL;
 		FILE *f = NULL;
 
+		if (cur_file) {
+			struct stat st;
+			if (i > optind && stat(argv[i - 1], &st) == 0)
+				bytes_before += (double)st.st_size;
+			cur_file = NULL;
+		}
 		if ((rv = rl_io_fopen(&f, path, "rb")) != 0)
 			break;
+		cur_file = f;
 		if (stage == RL_QSTAGE_PROMPT) {
 			/* rl-rollout's prompt lines ({"prompt": text or messages, ...}) become prompt records */
 			int c0;
@@ -269,6 +306,7 @@ rlq_put_main(int argc, char **argv)
 				if ((rv = fill_ids(b, stage, fixed, t, &send)) != 0)
 					break;
 				if ((rv = rl_qclient_put(cl, stage, send, &res)) != 0) {
+					rl_progress_done(&prog);
 					rl_error("put: '%s': the broker did not take a batch of %zu records: %s", path,
 					    rl_traj_batch_count(send), rl_strerror(rv));
 					break;
@@ -277,6 +315,7 @@ rlq_put_main(int argc, char **argv)
 				acc += res.accepted + res.replaced;
 				dup += res.duplicates;
 				rej += res.rejected;
+				show(nrec);
 			}
 		}
 		rl_traj_reader_close(r);
@@ -285,6 +324,10 @@ rlq_put_main(int argc, char **argv)
 		if (rv != 0)
 			break;
 	}
+	if (rv == 0)
+		rl_progress_draw(&prog, total_bytes > 0 ? 1 : -1, "%llu records, %.0f records/s", nrec,
+		    rl_progress_elapsed(&prog) > 0 ? nrec / rl_progress_elapsed(&prog) : 0.0);
+	rl_progress_done(&prog);
 	rl_info("put: %llu records: %llu accepted, %llu duplicates, %llu rejected", nrec, acc, dup, rej);
 out:
 	rl_traj_destroy(t);

@@ -53,6 +53,51 @@ num(const cJSON *o, const char *path)
 	return cJSON_IsNumber(o) ? o->valuedouble : 0;
 }
 
+static const char *
+str(const cJSON *o, const char *key)
+{
+	const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, key);
+	return cJSON_IsString(e) ? e->valuestring : "?";
+}
+
+/* Stage workers' reports: one line per worker, the stage sums, the trainer's last step. */
+static void
+print_workers(const cJSON *o)
+{
+	static const char *const stages[] = { "rollout", "reward", "train" };
+	const cJSON *ws = cJSON_GetObjectItemCaseSensitive(o, "workers"), *w, *t;
+	char k[64];
+
+	if (cJSON_GetArraySize(ws) == 0) {
+		printf("workers: none reporting\n");
+		return;
+	}
+	printf("%-8s %-28s %-7s %6s %10s %10s %10s %6s  %s\n", "role", "worker", "state", "busy", "records/s",
+	    "tokens/s", "records", "age", "gpu");
+	cJSON_ArrayForEach(w, ws) {
+		const cJSON *g = cJSON_GetObjectItemCaseSensitive(w, "gpu");
+		char gpu[96] = "-";
+		if (g)
+			snprintf(gpu, sizeof gpu, "%.0f%% %.1f/%.1f GiB", 100 * num(g, "util"), num(g, "mem_used") / 1073741824.0,
+			    num(g, "mem_total") / 1073741824.0);
+		printf("%-8s %-28s %-7s %5.0f%% %10.1f %10.1f %10.0f %5.0fs  %s\n", str(w, "role"), str(w, "worker"),
+		    str(w, "state"), 100 * num(w, "busy_frac"), num(w, "records_per_s"), num(w, "tokens_per_s"),
+		    num(w, "records"), num(w, "age_s"), gpu);
+	}
+	printf("stages:");
+	for (size_t i = 0; i < RL_ARRAY_LEN(stages); i++) {
+		snprintf(k, sizeof k, "stages.%s.live", stages[i]);
+		printf(" %s %.0f live", stages[i], num(o, k));
+		snprintf(k, sizeof k, "stages.%s.records_per_s", stages[i]);
+		printf(" %.1f records/s;", num(o, k));
+	}
+	printf("\n");
+	if ((t = cJSON_GetObjectItemCaseSensitive(o, "train")) != NULL)
+		printf("train: version %.0f  reward %.4g  length %.4g  ppo_kl %.4g  entropy %.4g  step %.2fs\n",
+		    num(t, "version"), num(t, "reward_mean"), num(t, "response_length"), num(t, "ppo_kl"),
+		    num(t, "entropy"), num(t, "step_s"));
+}
+
 static void
 print_text(const cJSON *o)
 {
@@ -104,6 +149,7 @@ print_text(const cJSON *o)
 	    "compress %.3fs, journal %.3fs, lock wait %.3fs\n", num(o, "server.requests"), num(o, "server.bad_requests"),
 	    num(o, "server.waiting"), num(o, "server.state_s"), num(o, "server.decompress_s"),
 	    num(o, "server.compress_s"), num(o, "server.journal_s"), num(o, "server.lock_wait_s"));
+	print_workers(o);
 }
 
 static volatile sig_atomic_t stop_flag;

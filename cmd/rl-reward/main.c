@@ -10,6 +10,7 @@
 #include "core.h"
 #include "io.h"
 #include "qclient.h"
+#include "wstat.h"
 #include "reward.h"
 #include "reward_exec.h"
 #include "synth.h"
@@ -315,7 +316,10 @@ main(int argc, char **argv)
 			goto out;
 		}
 		t0 = rl_now();
+		if (rl_wstat_open(&qo.stats, queue_url, "reward", "cpu") != 0)
+			rl_warn("no stats reports to the broker");
 		rv = rl_reward_queue(&sc, qc, &qo, &stop_flag);
+		rl_wstat_close(qo.stats);
 		rl_qclient_close(qc);
 		if (rv != 0)
 			status = 1;

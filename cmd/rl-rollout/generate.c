@@ -23,11 +23,13 @@
 #include "engine.h"
 #include "io.h"
 #include "model.h"
+#include "progress.h"
 #include "qclient.h"
 #include "wsync.h"
 #include "rng.h"
 #include "tokenizer.h"
 #include "traj.h"
+#include "wstat.h"
 
 static const char usage_text[] =
     "usage: rl-rollout -m MODEL_DIR [-n G] [options] [PROMPTS.jsonl|-]\n"
@@ -101,6 +103,8 @@ typedef struct gen {
 	rl_wver *wbase;        /* the last version fetched: the base of the next delta */
 	char sync_dir[3800];   /* where fetched versions are written to be loaded */
 	rl_qclient *qc;
+	rl_wstat *wst;         /* queue mode: stats reported to the broker */
+	rl_progress prog;
 	uint64_t q_bad, q_put;
 	int n, jsonl, chat, tmpl, greedy, max_staleness, train_batch, partial, skip_bad, quiet;
 	uint64_t seed;
@@ -588,6 +592,7 @@ progress(gen *g, int end)
 {
 	double dt = rl_now() - g->t0;
 	if (end) {
+		rl_progress_done(&g->prog);
 		if (!g->quiet)
 			rl_info("%llu prompts, %llu samples, %llu tokens in %.1f s (%.0f tokens/s)%s",
 			    (unsigned long long)g->groups, (unsigned long long)g->samples,
@@ -595,8 +600,8 @@ progress(gen *g, int end)
 			    g->bad ? "; bad lines skipped" : "");
 		if (g->bad && !g->quiet)
 			rl_info("%llu bad prompt lines skipped", (unsigned long long)g->bad);
-	} else if (isatty(2) && !g->quiet) {
-		fprintf(stderr, "\rrl-rollout: %llu prompts, %llu samples, %.0f tokens/s   ",
+	} else {
+		rl_progress_draw(&g->prog, -1, "%llu prompts, %llu samples, %.0f tokens/s",
 		    (unsigned long long)g->groups, (unsigned long long)g->samples, dt > 0 ? g->tokens / dt : 0.0);
 	}
 }
@@ -614,6 +619,7 @@ run_generate(gen *g)
 	if ((rv = rl_io_fopen(&in, g->input, "r")) != 0)
 		return rv;
 	g->t0 = rl_now();
+	rl_progress_init(&g->prog, g->quiet);
 	for (;;) {
 		/* keep enough requests waiting to refill every free slot */
 		while (!eof && rl_engine_waiting(g->e) * RL_MAX(g->n, 1) < g->go.slots) {
@@ -697,8 +703,6 @@ run_generate(gen *g)
 	if (rv == RL_OK)
 		rv = fail;
 out:
-	if (isatty(2) && !g->quiet)
-		fputc('\n', stderr);
 	progress(g, 1);
 	free(line);
 	if (in && in != stdin)
@@ -862,9 +866,15 @@ run_queue(gen *g)
 		return rv;
 	if ((rv = rl_traj_create(&t)) != 0)
 		goto out;
+	if (rl_wstat_open(&g->wst, g->queue_url, "rollout", strcmp(g->ops->name, "cpu") == 0 ? "cpu" : g->device) != 0)
+		rl_warn("no stats reports to the broker");
 	g->t0 = rl_now();
+	rl_progress_init(&g->prog, g->quiet);
 	for (;;) {
 		int room = g->go.slots - rl_engine_active(g->e) - rl_engine_waiting(g->e) * G;
+		uint64_t s0 = g->samples, k0 = g->tokens;
+		/* new weights are fetched and loaded while nothing is generated: idle */
+		rl_wstat_phase(g->wst, RL_WSTAT_IDLE);
 		if ((rv = poll_weights(g)) != 0)
 			goto out;
 		if (!stop_requested && room >= G) {
@@ -912,22 +922,24 @@ run_queue(gen *g)
 			continue;
 		}
 		idle_since = rl_now();
+		rl_wstat_phase(g->wst, RL_WSTAT_BUSY);
 		if ((rv = rl_engine_step(g->e, on_done, g)) != 0)
 			goto out;
+		rl_wstat_add(g->wst, g->samples - s0, g->tokens - k0);
 		if (rl_now() - last_prog > 0.5) {
 			progress(g, 0);
 			last_prog = rl_now();
 		}
 	}
 out:
-	if (isatty(2) && !g->quiet)
-		fputc('\n', stderr);
 	progress(g, 1);
 	if (g->q_bad)
 		rl_warn("%llu leased prompts could not be used (acknowledged and dropped)",
 		    (unsigned long long)g->q_bad);
 	rl_traj_destroy(t);
 	rl_qlease_fini(&lease);
+	rl_wstat_close(g->wst);
+	g->wst = NULL;
 	rl_qclient_close(g->qc);
 	g->qc = NULL;
 	return rv;

@@ -325,6 +325,7 @@ function el(id) {
 	if (els[id]) return els[id];
 	const e = { id, width: 420, height: 180, childNodes: [], style: {}, textContent: "", className: "",
 		getContext: () => e.ctx || (e.ctx = ctx(id)),
+		setAttribute(k, v) { this["attr_" + k] = v; },
 		appendChild(c) { this.childNodes.push(c); return c; },
 		removeChild(c) { this.childNodes.splice(this.childNodes.indexOf(c), 1); },
 		get firstChild() { return this.childNodes[0]; } };
