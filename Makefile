@@ -82,7 +82,7 @@ TESTS    := $(TEST_SRC:tests/unit/%.c=$(B)/tests/%)
 BENCH_SRC := $(wildcard bench/*.c)
 BENCHES  := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 MANS     := $(wildcard man/*.[1-9])
-DEPS     := $(LIB_OBJ:.o=.d) $(wildcard $(B)/cmd/*/*.d $(B)/tests/*.d $(B)/bench/*.d)
+DEPS     := $(LIB_OBJ:.o=.d) $(wildcard $(B)/cmd/*/*.d $(B)/tests/unit/*.d $(B)/bench/*.d)
 
 .PHONY: all features deps vocab check unit cli mancheck gpucheck bench bench-gpu fuzz demo install uninstall clean
 all: features $(LIB) $(BINS)
