@@ -544,6 +544,9 @@ decode_chunk(uint8_t *dst, size_t n, const uint8_t *enc, size_t encn, uint32_t f
 			return RL_EFORMAT;
 		zn = (size_t)enc[off] | (size_t)enc[off + 1] << 8 | (size_t)enc[off + 2] << 16 | (size_t)enc[off + 3] << 24;
 		kind = enc[off + 4];
+		/* every byte of a chunk is checked: the reserved ones must be zero */
+		if (enc[off + 5] | enc[off + 6] | enc[off + 7])
+			return RL_EFORMAT;
 		off += SEG_HDR;
 		if (zn > encn - off || kind > 1 || (kind == 0 && zn != seg[k]))
 			return RL_EFORMAT;
@@ -614,7 +617,17 @@ rl_wsync_decode(uint8_t *dst, size_t n, const uint8_t *enc, size_t encn, uint32_
 #define WS_HDR 40
 #define WM_MAGIC 0x4d574c52u /* "RLWM": manifest */
 #define WS_WAIT_MAX_MS 30000 /* a parked long-poll is answered at least this often */
-enum { OP_STATUS = 1, OP_WAIT, OP_MANIFEST, OP_CHUNK, OP_PUSH_BEGIN, OP_PUSH_CHUNK, OP_PUSH_COMMIT, OP_REPLY = 0x8000 };
+enum { OP_STATUS = 1, OP_WAIT, OP_MANIFEST, OP_CHUNK, OP_PUSH_BEGIN, OP_PUSH_CHUNK, OP_PUSH_COMMIT, OP_DATA,
+       OP_REPLY = 0x8000 };
+
+/* bulk stream (a second listener; docs/sync.md): the client asks for a range
+ * of whole chunks with one 48-byte request, the server answers each chunk with
+ * a 48-byte header and the raw bytes, written straight from the version */
+#define WB_MAGIC 0x42534c52u /* "RLSB" */
+#define WB_PROTO 1
+#define WB_HDR 48
+#define WB_GET 1
+#define WB_MAX_CONNS 256
 
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
@@ -919,7 +932,13 @@ struct rl_wsync_server {
 	pthread_t *workers, timer;
 	int nworkers, timer_started;
 	int closing;
-	uint64_t n_req, n_chunks, bytes_out, n_bad_push, n_bad_req;
+	uint64_t n_req, n_chunks, bytes_out, n_bad_push, n_bad_req, n_bulk_chunks;
+	/* bulk stream (NULL bl: none): whole raw chunks written from the held version */
+	nng_stream_listener *bl;
+	nng_aio *baio;
+	char bulk_url[320];
+	struct bconn *bconns;     /* every connection, dead ones until reaped */
+	int nbconn;
 };
 
 static void
@@ -1198,9 +1217,11 @@ do_chunk(rl_wsync_server *s, const whdr *h)
 		goto out;
 	}
 sent:
-	if (atomic_load(&test_corrupt) > 0 && atomic_fetch_sub(&test_corrupt, 1) > 0 && e.n > 0) {
+	if (atomic_load(&test_corrupt) > 0 && atomic_fetch_sub(&test_corrupt, 1) > 0 && e.n > SEG_HDR) {
+		/* a byte of the first segment's payload (the data, when stored) */
 		uint8_t *body = (uint8_t *)nng_msg_body(m) + WS_HDR + CB_HDR;
-		body[e.n / 2] ^= 0x5a;
+		size_t zn = get32(body);
+		body[SEG_HDR + (zn ? zn / 2 : 0)] ^= 0x5a;
 		rl_warn("test hook: corrupted chunk %llu of version %llu", (unsigned long long)h->a,
 			(unsigned long long)h->version);
 	}
@@ -1440,6 +1461,374 @@ do_push_commit(rl_wsync_server *s, const whdr *h)
 	return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, 0, 0, NULL, 0);
 }
 
+/* ---- server: bulk stream ------------------------------------------------------------
+ * One state machine per connection, driven by its aio's callback (no thread
+ * per connection): read a request, then for each chunk of its range send the
+ * header and the chunk's bytes from the held version (nng writes them with
+ * writev: no copy in user space), then read the next request.  The version
+ * is referenced while its range is being sent.  A malformed request gets an
+ * error header and the connection is closed. */
+enum { BC_REQ, BC_SLEEP, BC_SEND, BC_DEAD };
+typedef struct bconn {
+	rl_wsync_server *s;
+	nng_stream *st;
+	nng_aio *aio;
+	int state, close_after;
+	uint8_t req[WB_HDR], hdr[WB_HDR];
+	size_t got;               /* request bytes read */
+	sver *x;                  /* held while its range is sent */
+	uint64_t next, end;       /* chunks [next, end) still to send */
+	const uint8_t *pay;       /* current reply: hdr, then payn bytes at pay */
+	size_t payn, sent;
+	uint8_t *bad;             /* test hook: a corrupted copy of the payload */
+	char msg[256];            /* error reply text */
+	struct bconn *link;
+} bconn;
+
+#define WB_IO_MS 60000 /* a stalled peer loses its connection after this long */
+
+static void
+bulk_hdr(uint8_t *p, int32_t status, uint64_t version, uint64_t index, uint64_t len)
+{
+	put32(p, WB_MAGIC);
+	put16(p + 4, WB_PROTO);
+	put16(p + 6, WB_GET | OP_REPLY);
+	put32(p + 8, WB_HDR);
+	put32(p + 12, (uint32_t)status);
+	put64(p + 16, version);
+	put64(p + 24, index);
+	put64(p + 32, len);
+	put64(p + 40, 0);
+}
+
+static void
+bconn_recv(bconn *b)
+{
+	nng_iov iov = { b->req + b->got, WB_HDR - b->got };
+
+	b->state = BC_REQ;
+	nng_aio_set_iov(b->aio, 1, &iov);
+	nng_aio_set_timeout(b->aio, NNG_DURATION_INFINITE); /* an idle client may keep its connection */
+	nng_stream_recv(b->st, b->aio);
+}
+
+/* send what is left of the current reply (header, then payload) */
+static void
+bconn_send(bconn *b)
+{
+	nng_iov iov[2];
+	unsigned n = 0;
+
+	b->state = BC_SEND;
+	if (b->sent < WB_HDR) {
+		iov[n++] = (nng_iov){ b->hdr + b->sent, WB_HDR - b->sent };
+		if (b->payn)
+			iov[n++] = (nng_iov){ (void *)b->pay, b->payn };
+	} else {
+		iov[n++] = (nng_iov){ (void *)(b->pay + (b->sent - WB_HDR)), b->payn - (b->sent - WB_HDR) };
+	}
+	nng_aio_set_iov(b->aio, n, iov);
+	nng_aio_set_timeout(b->aio, WB_IO_MS);
+	nng_stream_send(b->st, b->aio);
+}
+
+/* an error reply; the connection closes after it */
+static void
+bconn_error(bconn *b, int status, uint64_t version, const char *fmt, ...) RL_PRINTF(4, 5);
+static void
+bconn_error(bconn *b, int status, uint64_t version, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(b->msg, sizeof b->msg, fmt, ap);
+	va_end(ap);
+	rl_verbose("bulk request refused: %s", b->msg);
+	b->pay = (const uint8_t *)b->msg;
+	b->payn = strlen(b->msg);
+	b->sent = 0;
+	b->close_after = 1;
+	bulk_hdr(b->hdr, status, version, 0, b->payn);
+	bconn_send(b);
+}
+
+/* start sending chunk b->next of b->x */
+static void
+bconn_chunk(bconn *b)
+{
+	rl_wsync_server *s = b->s;
+	const cref *c = &b->x->ch[b->next];
+	int ms;
+
+	b->pay = b->x->v->blobs[c->blob].data + c->off;
+	b->payn = c->len;
+	b->sent = 0;
+	bulk_hdr(b->hdr, RL_OK, b->x->v->version, b->next, c->len);
+	if (c->len > 0 && atomic_load(&test_corrupt) > 0 && atomic_fetch_sub(&test_corrupt, 1) > 0 &&
+	    (b->bad = malloc(c->len)) != NULL) {
+		memcpy(b->bad, b->pay, c->len);
+		b->bad[c->len / 2] ^= 0x5a;
+		b->pay = b->bad;
+		rl_warn("test hook: corrupted chunk %llu of version %llu", (unsigned long long)b->next,
+			(unsigned long long)b->x->v->version);
+	}
+	pthread_mutex_lock(&s->mu);
+	s->n_chunks++;
+	s->n_bulk_chunks++;
+	s->bytes_out += c->len + WB_HDR;
+	pthread_mutex_unlock(&s->mu);
+	if ((ms = atomic_load(&test_slow_ms)) > 0) {
+		b->state = BC_SLEEP;
+		nng_sleep_aio(ms, b->aio);
+		return;
+	}
+	bconn_send(b);
+}
+
+/* a whole request has arrived: check it (it is hostile) and start its range */
+static void
+bconn_request(bconn *b)
+{
+	rl_wsync_server *s = b->s;
+	const uint8_t *r = b->req;
+	uint64_t version = get64(r + 16), first = get64(r + 24), count = get64(r + 32);
+	sver *x;
+
+	b->got = 0;
+	if (get32(r) != WB_MAGIC) {
+		bconn_error(b, RL_EFORMAT, 0, "bad magic (not an rl-sync bulk request)");
+		return;
+	}
+	if (get16(r + 4) != WB_PROTO) {
+		bconn_error(b, RL_EVERSION, 0, "unsupported rl-sync bulk protocol version");
+		return;
+	}
+	if (get16(r + 6) != WB_GET || get32(r + 8) != WB_HDR) {
+		bconn_error(b, RL_EFORMAT, 0, "bad bulk request (operation or header length)");
+		return;
+	}
+	if (version == 0 || (x = sver_get(s, version)) == NULL) {
+		bconn_error(b, RL_ENOENT, version, "version %llu is not held (latest is %llu)",
+			    (unsigned long long)version, (unsigned long long)rl_wsync_server_latest(s));
+		return;
+	}
+	if (count == 0 || first >= x->nchunks || count > x->nchunks - first) {
+		size_t n = x->nchunks;
+		sver_unref(s, x);
+		bconn_error(b, RL_EINVAL, version, "chunks %llu+%llu out of range (version has %zu)",
+			    (unsigned long long)first, (unsigned long long)count, n);
+		return;
+	}
+	b->x = x;
+	b->next = first;
+	b->end = first + count;
+	bconn_chunk(b);
+}
+
+static void
+bconn_cb(void *arg)
+{
+	bconn *b = arg;
+	rl_wsync_server *s = b->s;
+	int r = nng_aio_result(b->aio);
+
+	if (r != 0)
+		goto dead;
+	switch (b->state) {
+	case BC_REQ:
+		if (nng_aio_count(b->aio) == 0)
+			goto dead;
+		b->got += nng_aio_count(b->aio);
+		if (b->got < WB_HDR)
+			bconn_recv(b);
+		else
+			bconn_request(b);
+		return;
+	case BC_SLEEP:
+		bconn_send(b);
+		return;
+	case BC_SEND:
+		if (nng_aio_count(b->aio) == 0)
+			goto dead;
+		b->sent += nng_aio_count(b->aio);
+		if (b->sent < WB_HDR + b->payn) {
+			bconn_send(b);
+			return;
+		}
+		free(b->bad);
+		b->bad = NULL;
+		if (b->close_after)
+			goto dead;
+		if (++b->next < b->end) {
+			bconn_chunk(b);
+			return;
+		}
+		sver_unref(s, b->x);
+		b->x = NULL;
+		bconn_recv(b);
+		return;
+	default:
+		return;
+	}
+dead:
+	/* the stream is closed here and freed by the reaper (bulk_reap) */
+	nng_stream_close(b->st);
+	free(b->bad);
+	b->bad = NULL;
+	pthread_mutex_lock(&s->mu);
+	sver_unref_locked(b->x);
+	b->x = NULL;
+	b->state = BC_DEAD;
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* free dead connections (all of them when closing: their I/O is stopped first) */
+static void
+bulk_reap(rl_wsync_server *s, int all)
+{
+	bconn *dead = NULL, **pp;
+
+	pthread_mutex_lock(&s->mu);
+	for (pp = &s->bconns; *pp;) {
+		bconn *b = *pp;
+		if (all || b->state == BC_DEAD) {
+			*pp = b->link;
+			b->link = dead;
+			dead = b;
+			s->nbconn--;
+		} else {
+			pp = &b->link;
+		}
+	}
+	pthread_mutex_unlock(&s->mu);
+	while (dead) {
+		bconn *b = dead;
+		dead = b->link;
+		nng_stream_close(b->st);
+		nng_aio_free(b->aio); /* waits for a running callback */
+		nng_stream_free(b->st);
+		pthread_mutex_lock(&s->mu);
+		sver_unref_locked(b->x);
+		pthread_mutex_unlock(&s->mu);
+		free(b->bad);
+		free(b);
+	}
+}
+
+static void
+bulk_accept_cb(void *arg)
+{
+	rl_wsync_server *s = arg;
+	int r = nng_aio_result(s->baio), closing;
+	nng_stream *st;
+	bconn *b = NULL;
+
+	if (r == NNG_ECLOSED || r == NNG_ECANCELED)
+		return;
+	bulk_reap(s, 0);
+	if (r == 0) {
+		st = nng_aio_get_output(s->baio, 0);
+		pthread_mutex_lock(&s->mu);
+		closing = s->closing;
+		if (!closing && s->nbconn < WB_MAX_CONNS && (b = calloc(1, sizeof *b)) != NULL) {
+			b->s = s;
+			b->st = st;
+			if (nng_aio_alloc(&b->aio, bconn_cb, b) != 0) {
+				free(b);
+				b = NULL;
+			} else {
+				b->link = s->bconns;
+				s->bconns = b;
+				s->nbconn++;
+			}
+		}
+		pthread_mutex_unlock(&s->mu);
+		if (b == NULL) {
+			rl_verbose("bulk connection refused (%d open)", s->nbconn);
+			nng_stream_free(st); /* the client falls back to REQ/REP */
+		} else {
+			bconn_recv(b);
+		}
+		if (closing)
+			return;
+	}
+	nng_stream_listener_accept(s->bl, s->baio);
+}
+
+/* the bulk listener's URL for a REQ/REP URL: tcp -> same host, port 0
+ * (ephemeral, told to clients); ipc -> the path + ".bulk"; else none */
+static int
+bulk_url_for(char *out, size_t n, const char *url)
+{
+	nng_url *u;
+	int ok = 0;
+
+	if (strncmp(url, "ipc://", 6) == 0)
+		return snprintf(out, n, "%s.bulk", url) < (int)n;
+	if (nng_url_parse(&u, url) != 0)
+		return 0;
+	if (strcmp(u->u_scheme, "tcp") == 0 || strcmp(u->u_scheme, "tcp4") == 0 || strcmp(u->u_scheme, "tcp6") == 0) {
+		const char *h = u->u_hostname;
+		ok = snprintf(out, n, strchr(h, ':') ? "%s://[%s]:0" : "%s://%s:0", u->u_scheme, h) < (int)n;
+	}
+	nng_url_free(u);
+	return ok;
+}
+
+/* start the bulk listener; failing to is not fatal (clients use REQ/REP) */
+static void
+bulk_open(rl_wsync_server *s, const char *url)
+{
+	char bu[320];
+	int r, port = 0;
+
+	if (s->o.bulk < 0 || !bulk_url_for(bu, sizeof bu, url))
+		return;
+	if ((r = nng_stream_listener_alloc(&s->bl, bu)) != 0 || (r = nng_stream_listener_listen(s->bl)) != 0 ||
+	    (r = nng_aio_alloc(&s->baio, bulk_accept_cb, s)) != 0) {
+		rl_warn("no bulk stream on '%s': %s (whole chunks go over REQ/REP)", bu, nng_strerror(r));
+		nng_stream_listener_free(s->bl);
+		s->bl = NULL;
+		return;
+	}
+	if (strncmp(bu, "ipc://", 6) != 0) {
+		nng_stream_listener_get_int(s->bl, NNG_OPT_TCP_BOUND_PORT, &port);
+		snprintf(s->bulk_url, sizeof s->bulk_url, "%.*s%d", (int)(strlen(bu) - 1), bu, port);
+	} else {
+		snprintf(s->bulk_url, sizeof s->bulk_url, "%s", bu);
+	}
+	rl_verbose("bulk stream on %s", s->bulk_url);
+	nng_stream_listener_accept(s->bl, s->baio);
+}
+
+static void
+bulk_close(rl_wsync_server *s)
+{
+	if (s->bl == NULL)
+		return;
+	nng_stream_listener_close(s->bl);
+	nng_aio_stop(s->baio);
+	bulk_reap(s, 1);
+	nng_aio_free(s->baio);
+	nng_stream_listener_free(s->bl);
+	s->bl = NULL;
+}
+
+/* OP_DATA: where the bulk stream is; a = its tcp port (0: none or ipc),
+ * body = the listener's URL */
+static nng_msg *
+do_data(rl_wsync_server *s)
+{
+	const char *p;
+	int port = 0;
+
+	if (s->bl == NULL)
+		return reply_err(OP_DATA, RL_ENOTSUP, 0, "this server has no bulk stream");
+	if ((p = strrchr(s->bulk_url, ':')) != NULL && strncmp(s->bulk_url, "ipc://", 6) != 0)
+		port = atoi(p + 1);
+	return reply_new(OP_DATA, RL_OK, 0, (uint64_t)port, 0, s->bulk_url, strlen(s->bulk_url));
+}
+
 static void
 ctx_send(sctx *c, nng_msg *m)
 {
@@ -1501,6 +1890,8 @@ handle(rl_wsync_server *s, sctx *c, nng_msg *req, int *parked)
 		return do_push_chunk(s, &h);
 	case OP_PUSH_COMMIT:
 		return do_push_commit(s, &h);
+	case OP_DATA:
+		return do_data(s);
 	default:
 		pthread_mutex_lock(&s->mu);
 		s->n_bad_req++;
@@ -1706,6 +2097,7 @@ rl_wsync_server_close(rl_wsync_server *s)
 		pthread_join(s->workers[i], NULL);
 	if (s->timer_started)
 		pthread_join(s->timer, NULL);
+	bulk_close(s);
 	nng_close(s->sock);
 	for (int i = 0; i < s->nctx; i++) {
 		if (s->ctxs[i].aio) {
@@ -1808,6 +2200,7 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 		goto fail;
 	}
 	s->timer_started = 1;
+	bulk_open(s, url);
 	for (int i = 0; i < s->nctx; i++)
 		ctx_recv(&s->ctxs[i]);
 	*out = s;
@@ -1824,8 +2217,26 @@ struct rl_wsync_client {
 	char *url;
 	nng_ctx ctx;
 	nng_aio *aio;
-	_Atomic uint64_t bytes_sent, bytes_recv, chunks, retries, raw_bytes;
+	int local;                /* the server is on this host (loopback, ipc, inproc) */
+	_Atomic uint64_t bytes_sent, bytes_recv, chunks, retries, raw_bytes, bulk_chunks;
 };
+
+/* is url a server on this host?  Compression only costs CPU there. */
+static int
+url_is_local(const char *url)
+{
+	nng_url *u;
+	int local = 0;
+
+	if (strncmp(url, "ipc://", 6) == 0 || strncmp(url, "inproc://", 9) == 0 || strncmp(url, "abstract://", 11) == 0)
+		return 1;
+	if (nng_url_parse(&u, url) != 0)
+		return 0;
+	local = strncmp(u->u_hostname, "127.", 4) == 0 || strcmp(u->u_hostname, "localhost") == 0 ||
+		strcmp(u->u_hostname, "::1") == 0;
+	nng_url_free(u);
+	return local;
+}
 
 int
 rl_wsync_client_open(rl_wsync_client **out, const char *url, const rl_wsync_client_opts *o)
@@ -1853,6 +2264,7 @@ rl_wsync_client_open(rl_wsync_client **out, const char *url, const rl_wsync_clie
 	if (c->o.max_bytes == 0)
 		c->o.max_bytes = default_max_bytes();
 	c->url = rl_xstrdup(url);
+	c->local = url_is_local(url);
 	c->sock = (nng_socket)NNG_SOCKET_INITIALIZER;
 	if (c->o.chunk < RL_WSYNC_PIECE || c->o.chunk > RL_WSYNC_CHUNK_MAX || c->o.chunk % RL_WSYNC_PIECE) {
 		rl_error("chunk size %zu: must be a multiple of 1 MiB, at most %zu MiB", c->o.chunk,
@@ -1904,8 +2316,9 @@ rl_wsync_client_stats(rl_wsync_client *c, rl_wsync_stats *st, int reset)
 	st->chunks = c->chunks;
 	st->retries = c->retries;
 	st->raw_bytes = c->raw_bytes;
+	st->bulk_chunks = c->bulk_chunks;
 	if (reset)
-		c->bytes_sent = c->bytes_recv = c->chunks = c->retries = c->raw_bytes = 0;
+		c->bytes_sent = c->bytes_recv = c->chunks = c->retries = c->raw_bytes = c->bulk_chunks = 0;
 }
 
 /* one request and its reply on (ctx, aio).  *rep holds the reply message
@@ -2045,6 +2458,101 @@ rl_wsync_poll(rl_wsync_client *c, uint64_t have, int timeout_ms, uint64_t *lates
 	}
 }
 
+/* ---- client: bulk stream ------------------------------------------------------------ */
+typedef struct bstream {
+	nng_stream_dialer *d;
+	nng_stream *st;
+	nng_aio *aio;
+} bstream;
+
+static void
+bstream_close(bstream *b)
+{
+	if (b->st)
+		nng_stream_free(b->st);
+	if (b->d)
+		nng_stream_dialer_free(b->d);
+	if (b->aio)
+		nng_aio_free(b->aio);
+	memset(b, 0, sizeof *b);
+}
+
+static int
+bstream_open(bstream *b, const char *url, int ms)
+{
+	memset(b, 0, sizeof *b);
+	if (nng_aio_alloc(&b->aio, NULL, NULL) != 0 || nng_stream_dialer_alloc(&b->d, url) != 0)
+		goto fail;
+	nng_aio_set_timeout(b->aio, ms);
+	nng_stream_dialer_dial(b->d, b->aio);
+	nng_aio_wait(b->aio);
+	if (nng_aio_result(b->aio) != 0)
+		goto fail;
+	b->st = nng_aio_get_output(b->aio, 0);
+	return RL_OK;
+fail:
+	bstream_close(b);
+	return RL_ENET;
+}
+
+/* all n bytes at p, sent or received (a stream moves what it can per call) */
+static int
+bstream_io(bstream *b, int send, void *p, size_t n, int ms)
+{
+	size_t done = 0;
+
+	while (done < n) {
+		nng_iov iov = { (uint8_t *)p + done, n - done };
+		int r;
+		nng_aio_set_iov(b->aio, 1, &iov);
+		nng_aio_set_timeout(b->aio, ms);
+		if (send)
+			nng_stream_send(b->st, b->aio);
+		else
+			nng_stream_recv(b->st, b->aio);
+		nng_aio_wait(b->aio);
+		if ((r = nng_aio_result(b->aio)) != 0)
+			return r == NNG_ETIMEDOUT ? RL_ETIMEDOUT : RL_ENET;
+		if (nng_aio_count(b->aio) == 0)
+			return RL_ENET;
+		done += nng_aio_count(b->aio);
+	}
+	return RL_OK;
+}
+
+/* where the server's bulk stream is, as this client reaches it */
+static int
+bulk_where(rl_wsync_client *c, char *out, size_t n)
+{
+	nng_msg *m;
+	whdr h;
+	nng_url *u;
+	int rv, ok = 0;
+
+	if ((rv = rpc(c, c->ctx, c->aio, OP_DATA, 0, 0, 0, NULL, 0, NULL, 0, c->o.timeout_ms, &m, &h)) != 0) {
+		if (m)
+			nng_msg_free(m);
+		return rv == RL_OK ? RL_ENOTSUP : rv;
+	}
+	if (strncmp(c->url, "ipc://", 6) == 0) {
+		/* the server's own URL for it */
+		if (h.a == 0 && h.bodyn > 6 && h.bodyn < n && memcmp(h.body, "ipc://", 6) == 0 &&
+		    memchr(h.body, 0, h.bodyn) == NULL) {
+			memcpy(out, h.body, h.bodyn);
+			out[h.bodyn] = 0;
+			ok = 1;
+		}
+	} else if (h.a > 0 && h.a < 65536 && nng_url_parse(&u, c->url) == 0) {
+		/* the host this client dialled, the port the server was given */
+		const char *hn = u->u_hostname;
+		ok = snprintf(out, n, strchr(hn, ':') ? "%s://[%s]:%u" : "%s://%s:%u", u->u_scheme, hn,
+			      (unsigned)h.a) < (int)n;
+		nng_url_free(u);
+	}
+	nng_msg_free(m);
+	return ok ? RL_OK : RL_ENOTSUP;
+}
+
 /* ---- parallel chunk transfer (fetch and push) ----------------------------------- */
 typedef struct xfer {
 	rl_wsync_client *c;
@@ -2055,17 +2563,21 @@ typedef struct xfer {
 	atomic_size_t next;
 	atomic_int err;
 	int push;
+	int stored;               /* fetch: whole chunks uncompressed */
+	const char *bulk;         /* fetch: the bulk stream's URL, or NULL */
+	size_t batch;             /* chunks per bulk request */
 } xfer;
 
+/* chunk i over REQ/REP; `tried` tries were spent on it already (bulk) */
 static int
-fetch_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i)
+fetch_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i, int tried)
 {
 	rl_wsync_client *c = x->c;
 	const cref *cr = &x->ch[i];
 	rl_wblob *b = &x->v->blobs[cr->blob];
 	int rv = RL_OK;
 
-	for (int attempt = 0; attempt <= c->o.retries; attempt++) {
+	for (int attempt = tried; attempt <= c->o.retries; attempt++) {
 		nng_msg *m;
 		whdr h;
 		uint32_t flags;
@@ -2075,7 +2587,7 @@ fetch_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i)
 		if (attempt > 0)
 			c->retries++;
 		rv = rpc(c, ctx, aio, OP_CHUNK, x->v->version, i,
-			 (x->base ? x->base->version : 0) | (c->o.stored ? CHUNK_STORED : 0), NULL, 0, NULL, 0,
+			 (x->base ? x->base->version : 0) | (x->stored ? CHUNK_STORED : 0), NULL, 0, NULL, 0,
 			 c->o.timeout_ms, &m, &h);
 		if (rv == RL_ETIMEDOUT) {
 			if (m)
@@ -2130,14 +2642,147 @@ fetch_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i)
 			c->raw_bytes += cr->len;
 			return RL_OK;
 		}
-		rl_warn("chunk %zu of version %llu ('%s' at byte %llu) failed its checksum; asking again", i,
-			(unsigned long long)x->v->version, b->name, (unsigned long long)cr->off);
+		if (rv == RL_ECHECKSUM)
+			rl_warn("chunk %zu of version %llu ('%s' at byte %llu) failed its checksum; asking again", i,
+				(unsigned long long)x->v->version, b->name, (unsigned long long)cr->off);
+		else
+			rl_warn("chunk %zu of version %llu ('%s' at byte %llu) is malformed (%s); asking again", i,
+				(unsigned long long)x->v->version, b->name, (unsigned long long)cr->off, rl_strerror(rv));
 		rv = RL_ECHECKSUM;
 	}
 	if (rv == RL_ETIMEDOUT)
 		return net_fail(c, rv, "fetch");
 	rl_error("chunk %zu of version %llu still bad after %d tries", i, (unsigned long long)x->v->version,
 		 c->o.retries + 1);
+	return rv;
+}
+
+static void
+xfer_fail(xfer *x, int rv)
+{
+	int zero = 0;
+
+	atomic_compare_exchange_strong(&x->err, &zero, rv);
+}
+
+/* the next up to `want` chunks for this thread: their count, first at *first */
+static size_t
+xfer_claim(xfer *x, size_t want, size_t *first)
+{
+	size_t i = atomic_fetch_add(&x->next, want);
+
+	if (i >= x->nchunks || atomic_load(&x->err) != 0)
+		return 0;
+	*first = i;
+	return RL_MIN(want, x->nchunks - i);
+}
+
+static int
+bulk_ask(xfer *x, bstream *b, size_t first, size_t count)
+{
+	uint8_t r[WB_HDR] = { 0 };
+
+	put32(r, WB_MAGIC);
+	put16(r + 4, WB_PROTO);
+	put16(r + 6, WB_GET);
+	put32(r + 8, WB_HDR);
+	put64(r + 16, x->v->version);
+	put64(r + 24, first);
+	put64(r + 32, count);
+	x->c->bytes_sent += WB_HDR;
+	return bstream_io(b, 1, r, WB_HDR, x->c->o.timeout_ms);
+}
+
+/* chunk i, the next one the stream sends, straight into its place: RL_OK;
+ * RL_ECHECKSUM (the bytes came but are bad; the stream is still in step); or
+ * another error (the stream is out of step, gone, or refused the range) */
+static int
+bulk_recv_one(xfer *x, bstream *b, size_t i)
+{
+	rl_wsync_client *c = x->c;
+	const cref *cr = &x->ch[i];
+	rl_wblob *bl = &x->v->blobs[cr->blob];
+	uint8_t h[WB_HDR];
+	uint64_t len;
+	int rv, bad = 0;
+
+	if ((rv = bstream_io(b, 0, h, WB_HDR, c->o.timeout_ms)) != 0)
+		return rv;
+	len = get64(h + 32);
+	if (get32(h) != WB_MAGIC || get16(h + 4) != WB_PROTO || get16(h + 6) != (WB_GET | OP_REPLY) ||
+	    get32(h + 8) != WB_HDR)
+		return RL_EFORMAT;
+	if (get32(h + 12) != RL_OK) {
+		char msg[256];
+		size_t k = (size_t)RL_MIN(len, (uint64_t)sizeof msg - 1);
+		if (bstream_io(b, 0, msg, k, c->o.timeout_ms) == RL_OK) {
+			msg[k] = 0;
+			rl_verbose("bulk: server says: %s", msg);
+		}
+		return RL_ENOENT;
+	}
+	if (get64(h + 16) != x->v->version || get64(h + 24) != i || len != cr->len)
+		return RL_EFORMAT;
+	c->bytes_recv += WB_HDR + len;
+	/* piece by piece, each hashed while it is still in cache */
+	for (size_t o = 0; o < cr->len; o += RL_WSYNC_PIECE) {
+		size_t n = RL_MIN(RL_WSYNC_PIECE, cr->len - o);
+		uint8_t *d = bl->data + cr->off + o;
+		if ((rv = bstream_io(b, 0, d, n, c->o.timeout_ms)) != 0)
+			return rv;
+		bad |= rl_wsync_hash64(d, n, 0) != bl->pieces[(cr->off + o) / RL_WSYNC_PIECE];
+	}
+	if (bad) {
+		rl_warn("chunk %zu of version %llu ('%s' at byte %llu) failed its checksum; asking again", i,
+			(unsigned long long)x->v->version, bl->name, (unsigned long long)cr->off);
+		return RL_ECHECKSUM;
+	}
+	c->chunks++;
+	c->bulk_chunks++;
+	c->raw_bytes += cr->len;
+	return RL_OK;
+}
+
+/* whole raw chunks over the bulk stream: ranges of x->batch chunks, the
+ * next range asked for before the current one is read (no round trip
+ * between ranges).  A bad chunk is asked for again over REQ/REP (its first
+ * try spent); if the stream fails, the rest goes over REQ/REP.  Returns an
+ * error only for a chunk REQ/REP could not fetch either. */
+static int
+xfer_bulk(xfer *x, nng_ctx ctx, nng_aio *aio)
+{
+	bstream b;
+	size_t a0 = 0, an, b0 = 0, bn;
+	int rv = RL_OK, up;
+
+	if (bstream_open(&b, x->bulk, x->c->o.timeout_ms) != RL_OK) {
+		rl_verbose("cannot reach the bulk stream at '%s'; using REQ/REP", x->bulk);
+		return RL_OK;
+	}
+	up = 1;
+	an = xfer_claim(x, x->batch, &a0);
+	if (an > 0 && bulk_ask(x, &b, a0, an) != RL_OK)
+		up = 0;
+	while (an > 0) {
+		bn = xfer_claim(x, x->batch, &b0);
+		if (bn > 0 && up && bulk_ask(x, &b, b0, bn) != RL_OK)
+			up = 0;
+		for (size_t i = a0; i < a0 + an && rv == RL_OK; i++) {
+			int r = up ? bulk_recv_one(x, &b, i) : RL_ENET;
+			if (r == RL_OK)
+				continue;
+			if (r != RL_ECHECKSUM && up) {
+				rl_verbose("bulk stream: %s; going on over REQ/REP", rl_strerror(r));
+				up = 0;
+			}
+			rv = fetch_one(x, ctx, aio, i, r == RL_ECHECKSUM);
+		}
+		if (rv != RL_OK)
+			break;
+		a0 = b0;
+		an = bn;
+	}
+	bstream_close(&b);
 	return rv;
 }
 
@@ -2214,15 +2859,16 @@ xfer_main(void *arg)
 		atomic_store(&x->err, RL_ENET);
 		return NULL;
 	}
+	if (x->bulk && (r = xfer_bulk(x, ctx, aio)) != RL_OK)
+		xfer_fail(x, r);
 	for (;;) {
 		size_t i = atomic_fetch_add(&x->next, 1);
 		int rv;
 		if (i >= x->nchunks || atomic_load(&x->err) != 0)
 			break;
-		rv = x->push ? push_one(x, ctx, aio, i) : fetch_one(x, ctx, aio, i);
+		rv = x->push ? push_one(x, ctx, aio, i) : fetch_one(x, ctx, aio, i, 0);
 		if (rv != 0) {
-			int zero = 0;
-			atomic_compare_exchange_strong(&x->err, &zero, rv);
+			xfer_fail(x, rv);
 			break;
 		}
 	}
@@ -2260,7 +2906,7 @@ fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const r
 	uint32_t chunk;
 	uint64_t db;
 	const char *why;
-	char buf[256];
+	char buf[256], burl[320];
 	xfer x;
 	int rv;
 
@@ -2303,8 +2949,12 @@ fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const r
 		x.base = base;
 	if ((rv = chunk_table(&x.ch, &x.nchunks, v, chunk)) != 0)
 		goto out;
-	rl_verbose("fetching version %llu: %zu chunks%s", (unsigned long long)v->version, x.nchunks,
-		   x.base ? " as a delta" : "");
+	x.stored = c->o.stored > 0 || (c->o.stored == 0 && c->local);
+	x.batch = RL_MAX((size_t)1, ((size_t)16 << 20) / chunk);
+	if (x.stored && x.base == NULL && c->o.bulk >= 0 && bulk_where(c, burl, sizeof burl) == RL_OK)
+		x.bulk = burl;
+	rl_verbose("fetching version %llu: %zu chunks%s%s", (unsigned long long)v->version, x.nchunks,
+		   x.base ? " as a delta" : x.stored ? ", uncompressed" : "", x.bulk ? " over the bulk stream" : "");
 	if ((rv = xfer_run(&x)) != 0)
 		goto out;
 	if (dst) {
