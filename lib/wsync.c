@@ -31,6 +31,14 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
 /* ---- checksum: XXH64 -------------------------------------------------------- */
 #define P1 0x9E3779B185EBCA87ULL
 #define P2 0xC2B2AE3D27D4EB4FULL
@@ -933,11 +941,11 @@ struct rl_wsync_server {
 	int nworkers, timer_started;
 	int closing;
 	uint64_t n_req, n_chunks, bytes_out, n_bad_push, n_bad_req, n_bulk_chunks;
-	/* bulk stream (NULL bl: none): whole raw chunks written from the held version */
-	nng_stream_listener *bl;
-	nng_aio *baio;
+	/* bulk stream (bfd < 0: none): whole raw chunks written from the held version */
+	int bfd;
+	pthread_t bth;
 	char bulk_url[320];
-	struct bconn *bconns;     /* every connection, dead ones until reaped */
+	struct bconn *bconns;     /* connections, finished ones until reaped */
 	int nbconn;
 };
 
@@ -1462,30 +1470,23 @@ do_push_commit(rl_wsync_server *s, const whdr *h)
 }
 
 /* ---- server: bulk stream ------------------------------------------------------------
- * One state machine per connection, driven by its aio's callback (no thread
- * per connection): read a request, then for each chunk of its range send the
- * header and the chunk's bytes from the held version (nng writes them with
- * writev: no copy in user space), then read the next request.  The version
- * is referenced while its range is being sent.  A malformed request gets an
- * error header and the connection is closed. */
-enum { BC_REQ, BC_SLEEP, BC_SEND, BC_DEAD };
+ * A plain socket listener (TCP or a Unix socket) and one thread per
+ * connection, capped: read a request, write each chunk of its range as a
+ * header plus the chunk's bytes straight from the held version with one
+ * blocking sendmsg (no copy in user space, and the kernel does the waiting:
+ * nng's message layer copies every reply, and its non-blocking streams cost
+ * a poller wake-up and a task hand-off per socket buffer), then read the
+ * next request.  The version is referenced while its range is sent.  A
+ * malformed request gets an error header and the connection is closed. */
+#define WB_IO_MS 60000 /* a stalled peer loses its connection after this long */
+
 typedef struct bconn {
 	rl_wsync_server *s;
-	nng_stream *st;
-	nng_aio *aio;
-	int state, close_after;
-	uint8_t req[WB_HDR], hdr[WB_HDR];
-	size_t got;               /* request bytes read */
-	sver *x;                  /* held while its range is sent */
-	uint64_t next, end;       /* chunks [next, end) still to send */
-	const uint8_t *pay;       /* current reply: hdr, then payn bytes at pay */
-	size_t payn, sent;
-	uint8_t *bad;             /* test hook: a corrupted copy of the payload */
-	char msg[256];            /* error reply text */
+	int fd;
+	pthread_t th;
+	atomic_int done;
 	struct bconn *link;
 } bconn;
-
-#define WB_IO_MS 60000 /* a stalled peer loses its connection after this long */
 
 static void
 bulk_hdr(uint8_t *p, int32_t status, uint64_t version, uint64_t index, uint64_t len)
@@ -1501,188 +1502,161 @@ bulk_hdr(uint8_t *p, int32_t status, uint64_t version, uint64_t index, uint64_t 
 	put64(p + 40, 0);
 }
 
-static void
-bconn_recv(bconn *b)
+/* all of (a, an) then (b, bn) on a blocking socket; 0 or -1 */
+static int
+sock_send2(int fd, const void *a, size_t an, const void *b, size_t bn)
 {
-	nng_iov iov = { b->req + b->got, WB_HDR - b->got };
+	struct iovec iov[2] = { { (void *)a, an }, { (void *)b, bn } };
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = bn ? 2 : 1 };
 
-	b->state = BC_REQ;
-	nng_aio_set_iov(b->aio, 1, &iov);
-	nng_aio_set_timeout(b->aio, NNG_DURATION_INFINITE); /* an idle client may keep its connection */
-	nng_stream_recv(b->st, b->aio);
-}
-
-/* send what is left of the current reply (header, then payload) */
-static void
-bconn_send(bconn *b)
-{
-	nng_iov iov[2];
-	unsigned n = 0;
-
-	b->state = BC_SEND;
-	if (b->sent < WB_HDR) {
-		iov[n++] = (nng_iov){ b->hdr + b->sent, WB_HDR - b->sent };
-		if (b->payn)
-			iov[n++] = (nng_iov){ (void *)b->pay, b->payn };
-	} else {
-		iov[n++] = (nng_iov){ (void *)(b->pay + (b->sent - WB_HDR)), b->payn - (b->sent - WB_HDR) };
+	while (iov[0].iov_len + iov[1].iov_len > 0) {
+		ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		for (int k = 0; k < 2; k++) {
+			size_t t = RL_MIN((size_t)w, iov[k].iov_len);
+			iov[k].iov_base = (uint8_t *)iov[k].iov_base + t;
+			iov[k].iov_len -= t;
+			w -= (ssize_t)t;
+		}
+		if (iov[0].iov_len == 0) {
+			mh.msg_iov = &iov[1];
+			mh.msg_iovlen = 1;
+		}
 	}
-	nng_aio_set_iov(b->aio, n, iov);
-	nng_aio_set_timeout(b->aio, WB_IO_MS);
-	nng_stream_send(b->st, b->aio);
+	return 0;
 }
 
-/* an error reply; the connection closes after it */
-static void
-bconn_error(bconn *b, int status, uint64_t version, const char *fmt, ...) RL_PRINTF(4, 5);
-static void
-bconn_error(bconn *b, int status, uint64_t version, const char *fmt, ...)
+/* exactly n bytes; 0, or -1 (error, timeout or the peer closed) */
+static int
+sock_recv(int fd, void *p, size_t n)
 {
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r = recv(fd, (uint8_t *)p + got, n - got, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+static void
+sock_timeouts(int fd, int ms)
+{
+	struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+	int one = 1;
+
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails harmlessly on Unix sockets */
+}
+
+/* an error reply: header and text; the caller then closes */
+static void
+bulk_refuse(int fd, int status, uint64_t version, const char *fmt, ...) RL_PRINTF(4, 5);
+static void
+bulk_refuse(int fd, int status, uint64_t version, const char *fmt, ...)
+{
+	char msg[256];
+	uint8_t h[WB_HDR];
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(b->msg, sizeof b->msg, fmt, ap);
+	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	rl_verbose("bulk request refused: %s", b->msg);
-	b->pay = (const uint8_t *)b->msg;
-	b->payn = strlen(b->msg);
-	b->sent = 0;
-	b->close_after = 1;
-	bulk_hdr(b->hdr, status, version, 0, b->payn);
-	bconn_send(b);
+	rl_verbose("bulk request refused: %s", msg);
+	bulk_hdr(h, status, version, 0, strlen(msg));
+	sock_send2(fd, h, WB_HDR, msg, strlen(msg));
 }
 
-/* start sending chunk b->next of b->x */
-static void
-bconn_chunk(bconn *b)
+/* one request (it is hostile): 0 to read the next, -1 to close */
+static int
+bulk_serve_one(rl_wsync_server *s, int fd, const uint8_t *r)
 {
-	rl_wsync_server *s = b->s;
-	const cref *c = &b->x->ch[b->next];
-	int ms;
-
-	b->pay = b->x->v->blobs[c->blob].data + c->off;
-	b->payn = c->len;
-	b->sent = 0;
-	bulk_hdr(b->hdr, RL_OK, b->x->v->version, b->next, c->len);
-	if (c->len > 0 && atomic_load(&test_corrupt) > 0 && atomic_fetch_sub(&test_corrupt, 1) > 0 &&
-	    (b->bad = malloc(c->len)) != NULL) {
-		memcpy(b->bad, b->pay, c->len);
-		b->bad[c->len / 2] ^= 0x5a;
-		b->pay = b->bad;
-		rl_warn("test hook: corrupted chunk %llu of version %llu", (unsigned long long)b->next,
-			(unsigned long long)b->x->v->version);
-	}
-	pthread_mutex_lock(&s->mu);
-	s->n_chunks++;
-	s->n_bulk_chunks++;
-	s->bytes_out += c->len + WB_HDR;
-	pthread_mutex_unlock(&s->mu);
-	if ((ms = atomic_load(&test_slow_ms)) > 0) {
-		b->state = BC_SLEEP;
-		nng_sleep_aio(ms, b->aio);
-		return;
-	}
-	bconn_send(b);
-}
-
-/* a whole request has arrived: check it (it is hostile) and start its range */
-static void
-bconn_request(bconn *b)
-{
-	rl_wsync_server *s = b->s;
-	const uint8_t *r = b->req;
 	uint64_t version = get64(r + 16), first = get64(r + 24), count = get64(r + 32);
 	sver *x;
+	int rv = 0;
 
-	b->got = 0;
 	if (get32(r) != WB_MAGIC) {
-		bconn_error(b, RL_EFORMAT, 0, "bad magic (not an rl-sync bulk request)");
-		return;
+		bulk_refuse(fd, RL_EFORMAT, 0, "bad magic (not an rl-sync bulk request)");
+		return -1;
 	}
 	if (get16(r + 4) != WB_PROTO) {
-		bconn_error(b, RL_EVERSION, 0, "unsupported rl-sync bulk protocol version");
-		return;
+		bulk_refuse(fd, RL_EVERSION, 0, "unsupported rl-sync bulk protocol version");
+		return -1;
 	}
 	if (get16(r + 6) != WB_GET || get32(r + 8) != WB_HDR) {
-		bconn_error(b, RL_EFORMAT, 0, "bad bulk request (operation or header length)");
-		return;
+		bulk_refuse(fd, RL_EFORMAT, 0, "bad bulk request (operation or header length)");
+		return -1;
 	}
 	if (version == 0 || (x = sver_get(s, version)) == NULL) {
-		bconn_error(b, RL_ENOENT, version, "version %llu is not held (latest is %llu)",
+		bulk_refuse(fd, RL_ENOENT, version, "version %llu is not held (latest is %llu)",
 			    (unsigned long long)version, (unsigned long long)rl_wsync_server_latest(s));
-		return;
+		return -1;
 	}
 	if (count == 0 || first >= x->nchunks || count > x->nchunks - first) {
-		size_t n = x->nchunks;
+		bulk_refuse(fd, RL_EINVAL, version, "chunks %llu+%llu out of range (version has %zu)",
+			    (unsigned long long)first, (unsigned long long)count, x->nchunks);
 		sver_unref(s, x);
-		bconn_error(b, RL_EINVAL, version, "chunks %llu+%llu out of range (version has %zu)",
-			    (unsigned long long)first, (unsigned long long)count, n);
-		return;
+		return -1;
 	}
-	b->x = x;
-	b->next = first;
-	b->end = first + count;
-	bconn_chunk(b);
+	for (uint64_t i = first; i < first + count && rv == 0; i++) {
+		const cref *c = &x->ch[i];
+		const uint8_t *p = x->v->blobs[c->blob].data + c->off;
+		uint8_t h[WB_HDR], *bad = NULL;
+		int ms;
+		bulk_hdr(h, RL_OK, version, i, c->len);
+		if (c->len > 0 && atomic_load(&test_corrupt) > 0 && atomic_fetch_sub(&test_corrupt, 1) > 0 &&
+		    (bad = malloc(c->len)) != NULL) {
+			memcpy(bad, p, c->len);
+			bad[c->len / 2] ^= 0x5a;
+			p = bad;
+			rl_warn("test hook: corrupted chunk %llu of version %llu", (unsigned long long)i,
+				(unsigned long long)version);
+		}
+		if ((ms = atomic_load(&test_slow_ms)) > 0)
+			usleep((useconds_t)ms * 1000);
+		rv = sock_send2(fd, h, WB_HDR, p, c->len);
+		free(bad);
+		pthread_mutex_lock(&s->mu);
+		s->n_chunks++;
+		s->n_bulk_chunks++;
+		s->bytes_out += c->len + WB_HDR;
+		pthread_mutex_unlock(&s->mu);
+	}
+	sver_unref(s, x);
+	return rv;
 }
 
-static void
-bconn_cb(void *arg)
+static void *
+bconn_main(void *arg)
 {
 	bconn *b = arg;
-	rl_wsync_server *s = b->s;
-	int r = nng_aio_result(b->aio);
+	uint8_t req[WB_HDR];
 
-	if (r != 0)
-		goto dead;
-	switch (b->state) {
-	case BC_REQ:
-		if (nng_aio_count(b->aio) == 0)
-			goto dead;
-		b->got += nng_aio_count(b->aio);
-		if (b->got < WB_HDR)
-			bconn_recv(b);
-		else
-			bconn_request(b);
-		return;
-	case BC_SLEEP:
-		bconn_send(b);
-		return;
-	case BC_SEND:
-		if (nng_aio_count(b->aio) == 0)
-			goto dead;
-		b->sent += nng_aio_count(b->aio);
-		if (b->sent < WB_HDR + b->payn) {
-			bconn_send(b);
-			return;
-		}
-		free(b->bad);
-		b->bad = NULL;
-		if (b->close_after)
-			goto dead;
-		if (++b->next < b->end) {
-			bconn_chunk(b);
-			return;
-		}
-		sver_unref(s, b->x);
-		b->x = NULL;
-		bconn_recv(b);
-		return;
-	default:
-		return;
+	/* requests may be far apart (an idle worker keeps its connection);
+	 * a reply that cannot be written for WB_IO_MS ends the connection */
+	{
+		struct timeval tv = { .tv_sec = WB_IO_MS / 1000 };
+		int one = 1;
+		setsockopt(b->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+		setsockopt(b->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 	}
-dead:
-	/* the stream is closed here and freed by the reaper (bulk_reap) */
-	nng_stream_close(b->st);
-	free(b->bad);
-	b->bad = NULL;
-	pthread_mutex_lock(&s->mu);
-	sver_unref_locked(b->x);
-	b->x = NULL;
-	b->state = BC_DEAD;
-	pthread_mutex_unlock(&s->mu);
+	while (sock_recv(b->fd, req, WB_HDR) == 0 && bulk_serve_one(b->s, b->fd, req) == 0)
+		;
+	shutdown(b->fd, SHUT_RDWR);
+	atomic_store(&b->done, 1);
+	return NULL;
 }
 
-/* free dead connections (all of them when closing: their I/O is stopped first) */
+/* join and free finished connections (all of them when closing, after
+ * shutting their sockets down) */
 static void
 bulk_reap(rl_wsync_server *s, int all)
 {
@@ -1691,7 +1665,7 @@ bulk_reap(rl_wsync_server *s, int all)
 	pthread_mutex_lock(&s->mu);
 	for (pp = &s->bconns; *pp;) {
 		bconn *b = *pp;
-		if (all || b->state == BC_DEAD) {
+		if (all || atomic_load(&b->done)) {
 			*pp = b->link;
 			b->link = dead;
 			dead = b;
@@ -1704,36 +1678,39 @@ bulk_reap(rl_wsync_server *s, int all)
 	while (dead) {
 		bconn *b = dead;
 		dead = b->link;
-		nng_stream_close(b->st);
-		nng_aio_free(b->aio); /* waits for a running callback */
-		nng_stream_free(b->st);
-		pthread_mutex_lock(&s->mu);
-		sver_unref_locked(b->x);
-		pthread_mutex_unlock(&s->mu);
-		free(b->bad);
+		shutdown(b->fd, SHUT_RDWR);
+		pthread_join(b->th, NULL);
+		close(b->fd);
 		free(b);
 	}
 }
 
-static void
-bulk_accept_cb(void *arg)
+static void *
+bulk_accept_main(void *arg)
 {
 	rl_wsync_server *s = arg;
-	int r = nng_aio_result(s->baio), closing;
-	nng_stream *st;
-	bconn *b = NULL;
 
-	if (r == NNG_ECLOSED || r == NNG_ECANCELED)
-		return;
-	bulk_reap(s, 0);
-	if (r == 0) {
-		st = nng_aio_get_output(s->baio, 0);
+	for (;;) {
+		int fd = accept(s->bfd, NULL, NULL), closing;
+		bconn *b = NULL;
+		if (fd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			pthread_mutex_lock(&s->mu);
+			closing = s->closing;
+			pthread_mutex_unlock(&s->mu);
+			if (closing)
+				break;
+			usleep(10000); /* EMFILE and the like: do not spin */
+			continue;
+		}
+		bulk_reap(s, 0);
 		pthread_mutex_lock(&s->mu);
 		closing = s->closing;
 		if (!closing && s->nbconn < WB_MAX_CONNS && (b = calloc(1, sizeof *b)) != NULL) {
 			b->s = s;
-			b->st = st;
-			if (nng_aio_alloc(&b->aio, bconn_cb, b) != 0) {
+			b->fd = fd;
+			if (pthread_create(&b->th, NULL, bconn_main, b) != 0) {
 				free(b);
 				b = NULL;
 			} else {
@@ -1743,88 +1720,112 @@ bulk_accept_cb(void *arg)
 			}
 		}
 		pthread_mutex_unlock(&s->mu);
-		if (b == NULL) {
-			rl_verbose("bulk connection refused (%d open)", s->nbconn);
-			nng_stream_free(st); /* the client falls back to REQ/REP */
-		} else {
-			bconn_recv(b);
-		}
+		if (b == NULL)
+			close(fd); /* the client falls back to REQ/REP */
 		if (closing)
-			return;
+			break;
 	}
-	nng_stream_listener_accept(s->bl, s->baio);
+	return NULL;
 }
 
-/* the bulk listener's URL for a REQ/REP URL: tcp -> same host, port 0
- * (ephemeral, told to clients); ipc -> the path + ".bulk"; else none */
+/* a listening socket for the bulk stream next to a REQ/REP URL: tcp -> the
+ * same host, an ephemeral port (clients are told it); ipc -> the path plus
+ * ".bulk"; anything else -> none.  *url gets what clients are told. */
 static int
-bulk_url_for(char *out, size_t n, const char *url)
+bulk_listen(char *url, size_t n, const char *rep_url)
 {
-	nng_url *u;
-	int ok = 0;
+	nng_url *u = NULL;
+	int fd = -1;
 
-	if (strncmp(url, "ipc://", 6) == 0)
-		return snprintf(out, n, "%s.bulk", url) < (int)n;
-	if (nng_url_parse(&u, url) != 0)
-		return 0;
-	if (strcmp(u->u_scheme, "tcp") == 0 || strcmp(u->u_scheme, "tcp4") == 0 || strcmp(u->u_scheme, "tcp6") == 0) {
-		const char *h = u->u_hostname;
-		ok = snprintf(out, n, strchr(h, ':') ? "%s://[%s]:0" : "%s://%s:0", u->u_scheme, h) < (int)n;
+	if (strncmp(rep_url, "ipc://", 6) == 0) {
+		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s.bulk", rep_url + 6) >= (int)sizeof sa.sun_path ||
+		    snprintf(url, n, "ipc://%s", sa.sun_path) >= (int)n)
+			return -1;
+		unlink(sa.sun_path); /* a stale one: the REP listener on the path itself succeeded */
+		if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 || bind(fd, (void *)&sa, sizeof sa) != 0 ||
+		    listen(fd, 64) != 0)
+			goto fail;
+		return fd;
 	}
+	if (nng_url_parse(&u, rep_url) != 0)
+		return -1;
+	if (strcmp(u->u_scheme, "tcp") == 0 || strcmp(u->u_scheme, "tcp4") == 0 || strcmp(u->u_scheme, "tcp6") == 0) {
+		struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE }, *ai = NULL;
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof ss;
+		int one = 1, port;
+		hints.ai_family = strcmp(u->u_scheme, "tcp4") == 0 ? AF_INET : strcmp(u->u_scheme, "tcp6") == 0 ? AF_INET6
+														: AF_UNSPEC;
+		if (getaddrinfo(u->u_hostname[0] ? u->u_hostname : NULL, "0", &hints, &ai) != 0)
+			goto fail;
+		if ((fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+		    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+		    bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 64) != 0 ||
+		    getsockname(fd, (void *)&ss, &sl) != 0) {
+			freeaddrinfo(ai);
+			goto fail;
+		}
+		freeaddrinfo(ai);
+		port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+						      : ((struct sockaddr_in *)&ss)->sin_port);
+		snprintf(url, n, strchr(u->u_hostname, ':') ? "%s://[%s]:%d" : "%s://%s:%d", u->u_scheme,
+			 u->u_hostname, port);
+		nng_url_free(u);
+		return fd;
+	}
+fail:
+	if (fd >= 0)
+		close(fd);
 	nng_url_free(u);
-	return ok;
+	return -1;
 }
 
-/* start the bulk listener; failing to is not fatal (clients use REQ/REP) */
+/* start the bulk stream; failing to is not fatal (clients use REQ/REP) */
 static void
 bulk_open(rl_wsync_server *s, const char *url)
 {
-	char bu[320];
-	int r, port = 0;
-
-	if (s->o.bulk < 0 || !bulk_url_for(bu, sizeof bu, url))
+	s->bfd = -1;
+	if (s->o.bulk < 0)
 		return;
-	if ((r = nng_stream_listener_alloc(&s->bl, bu)) != 0 || (r = nng_stream_listener_listen(s->bl)) != 0 ||
-	    (r = nng_aio_alloc(&s->baio, bulk_accept_cb, s)) != 0) {
-		rl_warn("no bulk stream on '%s': %s (whole chunks go over REQ/REP)", bu, nng_strerror(r));
-		nng_stream_listener_free(s->bl);
-		s->bl = NULL;
+	if ((s->bfd = bulk_listen(s->bulk_url, sizeof s->bulk_url, url)) < 0) {
+		if (strncmp(url, "tcp", 3) == 0 || strncmp(url, "ipc://", 6) == 0)
+			rl_warn("no bulk stream next to '%s': %s (whole chunks go over REQ/REP)", url, strerror(errno));
 		return;
 	}
-	if (strncmp(bu, "ipc://", 6) != 0) {
-		nng_stream_listener_get_int(s->bl, NNG_OPT_TCP_BOUND_PORT, &port);
-		snprintf(s->bulk_url, sizeof s->bulk_url, "%.*s%d", (int)(strlen(bu) - 1), bu, port);
-	} else {
-		snprintf(s->bulk_url, sizeof s->bulk_url, "%s", bu);
+	if (pthread_create(&s->bth, NULL, bulk_accept_main, s) != 0) {
+		close(s->bfd);
+		s->bfd = -1;
+		return;
 	}
 	rl_verbose("bulk stream on %s", s->bulk_url);
-	nng_stream_listener_accept(s->bl, s->baio);
 }
 
 static void
 bulk_close(rl_wsync_server *s)
 {
-	if (s->bl == NULL)
+	if (s->bfd < 0)
 		return;
-	nng_stream_listener_close(s->bl);
-	nng_aio_stop(s->baio);
+	shutdown(s->bfd, SHUT_RDWR); /* wakes the accept */
+	pthread_join(s->bth, NULL);
+	close(s->bfd);
+	s->bfd = -1;
 	bulk_reap(s, 1);
-	nng_aio_free(s->baio);
-	nng_stream_listener_free(s->bl);
-	s->bl = NULL;
+	if (strncmp(s->bulk_url, "ipc://", 6) == 0)
+		unlink(s->bulk_url + 6);
 }
 
-/* OP_DATA: where the bulk stream is; a = its tcp port (0: none or ipc),
- * body = the listener's URL */
+/* OP_DATA: where the bulk stream is; a = its tcp port (0 for ipc),
+ * body = its URL as the server sees it */
 static nng_msg *
 do_data(rl_wsync_server *s)
 {
 	const char *p;
 	int port = 0;
 
-	if (s->bl == NULL)
+	if (s->bfd < 0)
 		return reply_err(OP_DATA, RL_ENOTSUP, 0, "this server has no bulk stream");
-	if ((p = strrchr(s->bulk_url, ':')) != NULL && strncmp(s->bulk_url, "ipc://", 6) != 0)
+	if (strncmp(s->bulk_url, "ipc://", 6) != 0 && (p = strrchr(s->bulk_url, ':')) != NULL)
 		port = atoi(p + 1);
 	return reply_new(OP_DATA, RL_OK, 0, (uint64_t)port, 0, s->bulk_url, strlen(s->bulk_url));
 }
@@ -2157,6 +2158,7 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 	pthread_cond_init(&s->cv, NULL);
 	pthread_cond_init(&s->tcv, NULL);
 	s->sock = (nng_socket)NNG_SOCKET_INITIALIZER;
+	s->bfd = -1;
 	if (getenv("RL_WSYNC_TEST_CORRUPT"))
 		rl_wsync_test_corrupt(atoi(getenv("RL_WSYNC_TEST_CORRUPT")));
 	if (getenv("RL_WSYNC_TEST_SLOW_MS"))
@@ -2460,64 +2462,75 @@ rl_wsync_poll(rl_wsync_client *c, uint64_t have, int timeout_ms, uint64_t *lates
 
 /* ---- client: bulk stream ------------------------------------------------------------ */
 typedef struct bstream {
-	nng_stream_dialer *d;
-	nng_stream *st;
-	nng_aio *aio;
+	int fd;
+	int ms;                   /* timeout of each send or receive */
 } bstream;
 
 static void
 bstream_close(bstream *b)
 {
-	if (b->st)
-		nng_stream_free(b->st);
-	if (b->d)
-		nng_stream_dialer_free(b->d);
-	if (b->aio)
-		nng_aio_free(b->aio);
-	memset(b, 0, sizeof *b);
+	if (b->fd >= 0)
+		close(b->fd);
+	b->fd = -1;
 }
 
+/* connect to a bulk URL (tcp://host:port or ipc://path) within ms */
 static int
 bstream_open(bstream *b, const char *url, int ms)
 {
-	memset(b, 0, sizeof *b);
-	if (nng_aio_alloc(&b->aio, NULL, NULL) != 0 || nng_stream_dialer_alloc(&b->d, url) != 0)
-		goto fail;
-	nng_aio_set_timeout(b->aio, ms);
-	nng_stream_dialer_dial(b->d, b->aio);
-	nng_aio_wait(b->aio);
-	if (nng_aio_result(b->aio) != 0)
-		goto fail;
-	b->st = nng_aio_get_output(b->aio, 0);
-	return RL_OK;
-fail:
-	bstream_close(b);
-	return RL_ENET;
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *ai = NULL, *a;
+	nng_url *u = NULL;
+	int rv = RL_ENET;
+
+	b->fd = -1;
+	b->ms = ms;
+	if (strncmp(url, "ipc://", 6) == 0) {
+		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s", url + 6) >= (int)sizeof sa.sun_path ||
+		    (b->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 || connect(b->fd, (void *)&sa, sizeof sa) != 0)
+			goto out;
+		sock_timeouts(b->fd, ms);
+		rv = RL_OK;
+		goto out;
+	}
+	if (nng_url_parse(&u, url) != 0 || getaddrinfo(u->u_hostname, u->u_port, &hints, &ai) != 0)
+		goto out;
+	for (a = ai; a && rv != RL_OK; a = a->ai_next) {
+		struct pollfd pf;
+		int err = 0;
+		socklen_t el = sizeof err;
+		/* a non-blocking connect, so an unreachable host costs ms, not minutes */
+		if ((b->fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) < 0)
+			continue;
+		if (connect(b->fd, a->ai_addr, a->ai_addrlen) != 0) {
+			pf = (struct pollfd){ .fd = b->fd, .events = POLLOUT };
+			if (errno != EINPROGRESS || poll(&pf, 1, ms) != 1 ||
+			    getsockopt(b->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0) {
+				bstream_close(b);
+				continue;
+			}
+		}
+		fcntl(b->fd, F_SETFL, fcntl(b->fd, F_GETFL) & ~O_NONBLOCK);
+		sock_timeouts(b->fd, ms);
+		rv = RL_OK;
+	}
+out:
+	if (rv != RL_OK)
+		bstream_close(b);
+	if (ai)
+		freeaddrinfo(ai);
+	nng_url_free(u);
+	return rv;
 }
 
-/* all n bytes at p, sent or received (a stream moves what it can per call) */
+/* all n bytes at p, sent or received */
 static int
-bstream_io(bstream *b, int send, void *p, size_t n, int ms)
+bstream_io(bstream *b, int send, void *p, size_t n)
 {
-	size_t done = 0;
-
-	while (done < n) {
-		nng_iov iov = { (uint8_t *)p + done, n - done };
-		int r;
-		nng_aio_set_iov(b->aio, 1, &iov);
-		nng_aio_set_timeout(b->aio, ms);
-		if (send)
-			nng_stream_send(b->st, b->aio);
-		else
-			nng_stream_recv(b->st, b->aio);
-		nng_aio_wait(b->aio);
-		if ((r = nng_aio_result(b->aio)) != 0)
-			return r == NNG_ETIMEDOUT ? RL_ETIMEDOUT : RL_ENET;
-		if (nng_aio_count(b->aio) == 0)
-			return RL_ENET;
-		done += nng_aio_count(b->aio);
-	}
-	return RL_OK;
+	errno = 0;
+	if ((send ? sock_send2(b->fd, p, n, NULL, 0) : sock_recv(b->fd, p, n)) == 0)
+		return RL_OK;
+	return errno == EAGAIN || errno == EWOULDBLOCK ? RL_ETIMEDOUT : RL_ENET;
 }
 
 /* where the server's bulk stream is, as this client reaches it */
@@ -2690,7 +2703,7 @@ bulk_ask(xfer *x, bstream *b, size_t first, size_t count)
 	put64(r + 24, first);
 	put64(r + 32, count);
 	x->c->bytes_sent += WB_HDR;
-	return bstream_io(b, 1, r, WB_HDR, x->c->o.timeout_ms);
+	return bstream_io(b, 1, r, WB_HDR);
 }
 
 /* chunk i, the next one the stream sends, straight into its place: RL_OK;
@@ -2706,7 +2719,7 @@ bulk_recv_one(xfer *x, bstream *b, size_t i)
 	uint64_t len;
 	int rv, bad = 0;
 
-	if ((rv = bstream_io(b, 0, h, WB_HDR, c->o.timeout_ms)) != 0)
+	if ((rv = bstream_io(b, 0, h, WB_HDR)) != 0)
 		return rv;
 	len = get64(h + 32);
 	if (get32(h) != WB_MAGIC || get16(h + 4) != WB_PROTO || get16(h + 6) != (WB_GET | OP_REPLY) ||
@@ -2715,7 +2728,7 @@ bulk_recv_one(xfer *x, bstream *b, size_t i)
 	if (get32(h + 12) != RL_OK) {
 		char msg[256];
 		size_t k = (size_t)RL_MIN(len, (uint64_t)sizeof msg - 1);
-		if (bstream_io(b, 0, msg, k, c->o.timeout_ms) == RL_OK) {
+		if (bstream_io(b, 0, msg, k) == RL_OK) {
 			msg[k] = 0;
 			rl_verbose("bulk: server says: %s", msg);
 		}
@@ -2728,7 +2741,7 @@ bulk_recv_one(xfer *x, bstream *b, size_t i)
 	for (size_t o = 0; o < cr->len; o += RL_WSYNC_PIECE) {
 		size_t n = RL_MIN(RL_WSYNC_PIECE, cr->len - o);
 		uint8_t *d = bl->data + cr->off + o;
-		if ((rv = bstream_io(b, 0, d, n, c->o.timeout_ms)) != 0)
+		if ((rv = bstream_io(b, 0, d, n)) != 0)
 			return rv;
 		bad |= rl_wsync_hash64(d, n, 0) != bl->pieces[(cr->off + o) / RL_WSYNC_PIECE];
 	}
