@@ -1691,7 +1691,7 @@ bulk_accept_main(void *arg)
 	rl_wsync_server *s = arg;
 
 	for (;;) {
-		int fd = accept(s->bfd, NULL, NULL), closing;
+		int fd = accept4(s->bfd, NULL, NULL, SOCK_CLOEXEC), closing;
 		bconn *b = NULL;
 		if (fd < 0) {
 			if (errno == EINTR || errno == ECONNABORTED)
@@ -1757,7 +1757,8 @@ bulk_listen(char *url, size_t n, const char *rep_url)
 		int one = 1, port;
 		hints.ai_family = strcmp(u->u_scheme, "tcp4") == 0 ? AF_INET : strcmp(u->u_scheme, "tcp6") == 0 ? AF_INET6
 														: AF_UNSPEC;
-		if (getaddrinfo(u->u_hostname[0] ? u->u_hostname : NULL, "0", &hints, &ai) != 0)
+		const char *host = u->u_hostname[0] && strcmp(u->u_hostname, "*") != 0 ? u->u_hostname : NULL;
+		if (getaddrinfo(host, "0", &hints, &ai) != 0)
 			goto fail;
 		if ((fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
 		    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
