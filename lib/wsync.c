@@ -52,31 +52,57 @@ static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); re
 static inline uint64_t xround(uint64_t acc, uint64_t in) { return rotl64(acc + in * P2, 31) * P1; }
 static inline uint64_t xmerge(uint64_t h, uint64_t v) { return (h ^ xround(0, v)) * P1 + P4; }
 
-uint64_t
-rl_wsync_hash64(const void *vp, size_t n, uint64_t seed)
+/* XXH64 as a stream: whole 32-byte stripes as they come (xh_stripes, so a
+ * receiver hashes each part while it is still in cache), then the tail */
+typedef struct xh {
+	uint64_t v[4], seed, len;
+} xh;
+
+static void
+xh_init(xh *s, uint64_t seed)
 {
-	const uint8_t *p = vp, *end = p + n;
+	s->v[0] = seed + P1 + P2;
+	s->v[1] = seed + P2;
+	s->v[2] = seed;
+	s->v[3] = seed - P1;
+	s->seed = seed;
+	s->len = 0;
+}
+
+/* n a multiple of 32 */
+static void
+xh_stripes(xh *s, const uint8_t *p, size_t n)
+{
+	uint64_t v1 = s->v[0], v2 = s->v[1], v3 = s->v[2], v4 = s->v[3];
+
+	for (const uint8_t *end = p + n; p < end; p += 32) {
+		v1 = xround(v1, rd64(p));
+		v2 = xround(v2, rd64(p + 8));
+		v3 = xround(v3, rd64(p + 16));
+		v4 = xround(v4, rd64(p + 24));
+	}
+	s->v[0] = v1;
+	s->v[1] = v2;
+	s->v[2] = v3;
+	s->v[3] = v4;
+	s->len += n;
+}
+
+/* the hash of everything given plus the last n < 32 bytes at p */
+static uint64_t
+xh_final(const xh *s, const uint8_t *p, size_t n)
+{
+	const uint8_t *end = p + n;
 	uint64_t h;
 
-	if (n >= 32) {
-		uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
-		const uint8_t *lim = end - 32;
-		do {
-			v1 = xround(v1, rd64(p));
-			v2 = xround(v2, rd64(p + 8));
-			v3 = xround(v3, rd64(p + 16));
-			v4 = xround(v4, rd64(p + 24));
-			p += 32;
-		} while (p <= lim);
-		h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
-		h = xmerge(h, v1);
-		h = xmerge(h, v2);
-		h = xmerge(h, v3);
-		h = xmerge(h, v4);
+	if (s->len >= 32) {
+		h = rotl64(s->v[0], 1) + rotl64(s->v[1], 7) + rotl64(s->v[2], 12) + rotl64(s->v[3], 18);
+		for (int k = 0; k < 4; k++)
+			h = xmerge(h, s->v[k]);
 	} else {
-		h = seed + P5;
+		h = s->seed + P5;
 	}
-	h += (uint64_t)n;
+	h += s->len + (uint64_t)n;
 	for (; p + 8 <= end; p += 8)
 		h = rotl64(h ^ xround(0, rd64(p)), 27) * P1 + P4;
 	if (p + 4 <= end) {
@@ -91,6 +117,18 @@ rl_wsync_hash64(const void *vp, size_t n, uint64_t seed)
 	h *= P3;
 	h ^= h >> 32;
 	return h;
+}
+
+uint64_t
+rl_wsync_hash64(const void *vp, size_t n, uint64_t seed)
+{
+	const uint8_t *p = vp;
+	size_t whole = n & ~(size_t)31;
+	xh s;
+
+	xh_init(&s, seed);
+	xh_stripes(&s, p, whole);
+	return xh_final(&s, p + whole, n - whole);
 }
 
 /* ---- versions ----------------------------------------------------------------- */
@@ -2524,6 +2562,32 @@ out:
 	return rv;
 }
 
+/* n bytes into d, XXH64-hashed (seed 0) as they arrive: each part is hashed
+ * right after the kernel copied it, while it is still in cache */
+#define BSTREAM_PART ((size_t)256 << 10)
+static int
+bstream_recv_hash(bstream *b, uint8_t *d, size_t n, uint64_t *hash)
+{
+	size_t got = 0, done = 0;
+	xh s;
+
+	xh_init(&s, 0);
+	while (got < n) {
+		ssize_t r = recv(b->fd, d + got, RL_MIN(n - got, BSTREAM_PART), 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? RL_ETIMEDOUT : RL_ENET;
+		got += (size_t)r;
+		if ((got & ~(size_t)31) > done) {
+			xh_stripes(&s, d + done, (got & ~(size_t)31) - done);
+			done = got & ~(size_t)31;
+		}
+	}
+	*hash = xh_final(&s, d + done, n - done);
+	return RL_OK;
+}
+
 /* all n bytes at p, sent or received */
 static int
 bstream_io(bstream *b, int send, void *p, size_t n)
@@ -2742,9 +2806,10 @@ bulk_recv_one(xfer *x, bstream *b, size_t i)
 	for (size_t o = 0; o < cr->len; o += RL_WSYNC_PIECE) {
 		size_t n = RL_MIN(RL_WSYNC_PIECE, cr->len - o);
 		uint8_t *d = bl->data + cr->off + o;
-		if ((rv = bstream_io(b, 0, d, n)) != 0)
+		uint64_t hv;
+		if ((rv = bstream_recv_hash(b, d, n, &hv)) != 0)
 			return rv;
-		bad |= rl_wsync_hash64(d, n, 0) != bl->pieces[(cr->off + o) / RL_WSYNC_PIECE];
+		bad |= hv != bl->pieces[(cr->off + o) / RL_WSYNC_PIECE];
 	}
 	if (bad) {
 		rl_warn("chunk %zu of version %llu ('%s' at byte %llu) failed its checksum; asking again", i,
