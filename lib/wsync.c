@@ -1394,10 +1394,11 @@ do_push_chunk(rl_wsync_server *s, const whdr *h)
 			      (unsigned long long)h->a, (unsigned long long)h->version);
 		goto out;
 	}
-	/* keep what came as the served encoding of this chunk */
+	/* keep what came as the served encoding of this chunk; whole chunks
+	 * pushed uncompressed are served from the data (compressed on demand) */
 	e.n = h->bodyn - CB_HDR;
 	e.flags = flags;
-	if ((e.p = malloc(e.n ? e.n : 1)) != NULL)
+	if (flags != 0 && (e.p = malloc(e.n ? e.n : 1)) != NULL)
 		memcpy(e.p, h->body + CB_HDR, e.n);
 	pthread_mutex_lock(&s->mu);
 	if (e.p) {
@@ -2871,14 +2872,26 @@ push_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i)
 	rl_wsync_client *c = x->c;
 	const cref *cr = &x->ch[i];
 	const rl_wblob *b = &x->v->blobs[cr->blob];
-	uint8_t cb[CB_HDR], *e = NULL;
-	size_t en;
-	uint32_t flags;
+	uint8_t cb[CB_HDR + SEG_HDR], *e = NULL;
+	const uint8_t *pay;
+	size_t en, hn = CB_HDR;
+	uint32_t flags = 0;
 	int rv;
 
-	if ((rv = rl_wsync_encode(&e, &en, &flags, b->data + cr->off,
-				  x->base ? x->base->blobs[cr->blob].data + cr->off : NULL, cr->len, b->elem, c->o.level)) != 0)
-		return rv;
+	if (x->stored && x->base == NULL) {
+		/* one stored segment: the raw bytes go into the message as they are */
+		memset(cb + CB_HDR, 0, SEG_HDR);
+		put32(cb + CB_HDR, (uint32_t)cr->len);
+		hn += SEG_HDR;
+		pay = b->data + cr->off;
+		en = cr->len;
+	} else {
+		if ((rv = rl_wsync_encode(&e, &en, &flags, b->data + cr->off,
+					  x->base ? x->base->blobs[cr->blob].data + cr->off : NULL, cr->len, b->elem,
+					  c->o.level)) != 0)
+			return rv;
+		pay = e;
+	}
 	put32(cb, flags);
 	put32(cb + 4, (uint32_t)b->elem);
 	put64(cb + 8, cr->len);
@@ -2893,15 +2906,15 @@ push_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i)
 			/* test hook: this attempt carries one flipped byte */
 			uint8_t *bad = malloc(en);
 			if (bad) {
-				memcpy(bad, e, en);
+				memcpy(bad, pay, en);
 				bad[en / 2] ^= 0x5a;
-				rv = rpc(c, ctx, aio, OP_PUSH_CHUNK, x->v->version, i, 0, cb, CB_HDR, bad, en, c->o.timeout_ms,
+				rv = rpc(c, ctx, aio, OP_PUSH_CHUNK, x->v->version, i, 0, cb, hn, bad, en, c->o.timeout_ms,
 					 &m, &h);
 				free(bad);
 				goto sent;
 			}
 		}
-		rv = rpc(c, ctx, aio, OP_PUSH_CHUNK, x->v->version, i, 0, cb, CB_HDR, e, en, c->o.timeout_ms, &m, &h);
+		rv = rpc(c, ctx, aio, OP_PUSH_CHUNK, x->v->version, i, 0, cb, hn, pay, en, c->o.timeout_ms, &m, &h);
 sent:
 		if (rv == RL_OK) {
 			c->chunks++;
@@ -3140,6 +3153,7 @@ rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base)
 	x.v = v;
 	x.base = base;
 	x.push = 1;
+	x.stored = c->o.stored > 0 || (c->o.stored == 0 && c->local);
 	if ((rv = chunk_table(&x.ch, &x.nchunks, v, c->o.chunk)) != 0)
 		goto out;
 	if ((rv = xfer_run(&x)) != 0)
