@@ -1,5 +1,6 @@
 #!/usr/bin/env bats
-# rl-sync: usage and exit codes, serve/push/pull/status on loopback, deltas,
+# rl-sync: usage and exit codes, serve/push/pull/status on loopback, the bulk
+# stream and --compress, ipc://, deltas,
 # --follow, restart from --data-dir, corrupted chunks, a puller killed
 # mid-transfer, the file transport, the man page.
 bats_require_minimum_version 1.5.0
@@ -116,6 +117,31 @@ bump() {
 	assert_success
 	[ "$(echo "$output" | jq .latest)" = 1 ]
 	[ "$(echo "$output" | jq '.versions[0].blobs')" = 3 ]
+}
+
+@test "on this host whole chunks come uncompressed over the bulk stream; --compress and ipc:// work too" {
+	serve -v
+	grep -q 'bulk stream on tcp://127.0.0.1:' "$T/serve.err"
+	run --separate-stderr rl-sync push "$URL" "$T/ck" -v
+	assert_success
+	run --separate-stderr rl-sync pull "$URL" --out "$T/a" -v
+	assert_success
+	[[ $stderr == *'uncompressed over the bulk stream'* ]]
+	cmp "$T/ck/model.safetensors" "$T/a/latest/model.safetensors"
+	run --separate-stderr rl-sync pull "$URL" --out "$T/b" --compress -v
+	assert_success
+	[[ $stderr != *'bulk stream'* ]]
+	cmp "$T/ck/model.safetensors" "$T/b/latest/model.safetensors"
+	kill "$SPID"; wait "$SPID" || true
+	URL="ipc://$T/sync.sock"
+	serve
+	rl-sync push "$URL" "$T/ck" --compress
+	run --separate-stderr rl-sync pull "$URL" --out "$T/c" -v
+	assert_success
+	[[ $stderr == *'uncompressed over the bulk stream'* ]]
+	cmp "$T/ck/model.safetensors" "$T/c/latest/model.safetensors"
+	kill "$SPID"; wait "$SPID" || true
+	[ ! -e "$T/sync.sock.bulk" ]
 }
 
 @test "a stale version is refused; --delta sends a fraction of the bytes" {
