@@ -11,6 +11,8 @@
  *     i32 status (rl_err, replies), u64 version, u64 a, u64 b
  *   a reply has op | 0x8000.  Chunk bodies start with u32 flags, u32 elem,
  *   u64 raw length, then the encoded bytes.
+ *   bulk stream (a second, plain socket): 48-byte request "RLSB" for a range
+ *   of chunks, each answered by a 48-byte header and the raw chunk bytes.
  */
 #include "wsync.h"
 #include "wdir.h"
@@ -37,6 +39,7 @@
 #include <poll.h>
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 
 /* ---- checksum: XXH64 -------------------------------------------------------- */
@@ -1781,7 +1784,11 @@ bulk_listen(char *url, size_t n, const char *rep_url)
 		if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s.bulk", rep_url + 6) >= (int)sizeof sa.sun_path ||
 		    snprintf(url, n, "ipc://%s", sa.sun_path) >= (int)n)
 			return -1;
-		unlink(sa.sun_path); /* a stale one: the REP listener on the path itself succeeded */
+		struct stat st;
+		/* a stale socket of ours (the REP listener on the path itself
+		 * succeeded, so no live server uses it); never anything else */
+		if (lstat(sa.sun_path, &st) == 0 && S_ISSOCK(st.st_mode))
+			unlink(sa.sun_path);
 		if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 || bind(fd, (void *)&sa, sizeof sa) != 0 ||
 		    listen(fd, 64) != 0)
 			goto fail;

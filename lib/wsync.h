@@ -15,7 +15,10 @@
  *   3. The nng service (rl_wsync_server_*) and its client (rl_wsync_client_*):
  *      REQ/REP with contexts, chunked, zstd-compressed, byte-plane shuffled,
  *      optionally XOR-delta against the previous version; long-poll for new
- *      versions.  The wire format is in docs/sync.md.
+ *      versions.  Beside it a bulk stream (plain TCP or Unix socket) that
+ *      writes whole uncompressed chunks straight from memory into the
+ *      client's buffer, used by default with a server on the same host.
+ *      The wire format is in docs/sync.md.
  *   4. rl_wsync — one handle over transports chosen by URL (tcp://, ipc://,
  *      inproc:// -> nng; file:// or a path -> wdir), the calls rl-train
  *      (publish) and rl-rollout (poll, fetch) use.  The transport vtable is
