@@ -2267,6 +2267,7 @@ struct rl_wsync_client {
 	nng_ctx ctx;
 	nng_aio *aio;
 	int local;                /* the server is on this host (loopback, ipc, inproc) */
+	_Atomic uint64_t bulk_off_until_ms; /* the bulk stream was unreachable: REQ/REP until then */
 	_Atomic uint64_t bytes_sent, bytes_recv, chunks, retries, raw_bytes, bulk_chunks;
 };
 
@@ -2508,9 +2509,10 @@ rl_wsync_poll(rl_wsync_client *c, uint64_t have, int timeout_ms, uint64_t *lates
 }
 
 /* ---- client: bulk stream ------------------------------------------------------------ */
+#define BULK_CONNECT_MS 2000   /* connecting to the bulk stream; REQ/REP works without it */
+#define BULK_BACKOFF_MS 60000  /* after a failed connect, REQ/REP only for this long */
 typedef struct bstream {
 	int fd;
-	int ms;                   /* timeout of each send or receive */
 } bstream;
 
 static void
@@ -2521,22 +2523,22 @@ bstream_close(bstream *b)
 	b->fd = -1;
 }
 
-/* connect to a bulk URL (tcp://host:port or ipc://path) within ms */
+/* connect to a bulk URL (tcp://host:port or ipc://path) within ms; each
+ * send or receive then times out after io_ms */
 static int
-bstream_open(bstream *b, const char *url, int ms)
+bstream_open(bstream *b, const char *url, int ms, int io_ms)
 {
 	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *ai = NULL, *a;
 	nng_url *u = NULL;
 	int rv = RL_ENET;
 
 	b->fd = -1;
-	b->ms = ms;
 	if (strncmp(url, "ipc://", 6) == 0) {
 		struct sockaddr_un sa = { .sun_family = AF_UNIX };
 		if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s", url + 6) >= (int)sizeof sa.sun_path ||
 		    (b->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 || connect(b->fd, (void *)&sa, sizeof sa) != 0)
 			goto out;
-		sock_timeouts(b->fd, ms);
+		sock_timeouts(b->fd, io_ms);
 		rv = RL_OK;
 		goto out;
 	}
@@ -2558,7 +2560,7 @@ bstream_open(bstream *b, const char *url, int ms)
 			}
 		}
 		fcntl(b->fd, F_SETFL, fcntl(b->fd, F_GETFL) & ~O_NONBLOCK);
-		sock_timeouts(b->fd, ms);
+		sock_timeouts(b->fd, io_ms);
 		rv = RL_OK;
 	}
 out:
@@ -2621,13 +2623,9 @@ bulk_where(rl_wsync_client *c, char *out, size_t n)
 		return rv == RL_OK ? RL_ENOTSUP : rv;
 	}
 	if (strncmp(c->url, "ipc://", 6) == 0) {
-		/* the server's own URL for it */
-		if (h.a == 0 && h.bodyn > 6 && h.bodyn < n && memcmp(h.body, "ipc://", 6) == 0 &&
-		    memchr(h.body, 0, h.bodyn) == NULL) {
-			memcpy(out, h.body, h.bodyn);
-			out[h.bodyn] = 0;
-			ok = 1;
-		}
+		/* next to the path this client dialled, nowhere else */
+		ok = snprintf(out, n, "%s.bulk", c->url) < (int)n && h.bodyn == strlen(out) &&
+		     memcmp(h.body, out, h.bodyn) == 0;
 	} else if (h.a > 0 && h.a < 65536 && nng_url_parse(&u, c->url) == 0) {
 		/* the host this client dialled, the port the server was given */
 		const char *hn = u->u_hostname;
@@ -2842,8 +2840,10 @@ xfer_bulk(xfer *x, nng_ctx ctx, nng_aio *aio)
 	size_t a0 = 0, an, b0 = 0, bn;
 	int rv = RL_OK, up;
 
-	if (bstream_open(&b, x->bulk, x->c->o.timeout_ms) != RL_OK) {
+	if (bstream_open(&b, x->bulk, RL_MIN(x->c->o.timeout_ms, BULK_CONNECT_MS), x->c->o.timeout_ms) != RL_OK) {
+		/* a firewall, say: do not try again for a while */
 		rl_verbose("cannot reach the bulk stream at '%s'; using REQ/REP", x->bulk);
+		atomic_store(&x->c->bulk_off_until_ms, (uint64_t)(rl_now() * 1e3) + BULK_BACKOFF_MS);
 		return RL_OK;
 	}
 	up = 1;
@@ -3050,7 +3050,8 @@ fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const r
 		goto out;
 	x.stored = c->o.stored > 0 || (c->o.stored == 0 && c->local);
 	x.batch = RL_MAX((size_t)1, ((size_t)16 << 20) / chunk);
-	if (x.stored && x.base == NULL && c->o.bulk >= 0 && bulk_where(c, burl, sizeof burl) == RL_OK)
+	if (x.stored && x.base == NULL && c->o.bulk >= 0 && (uint64_t)(rl_now() * 1e3) >= c->bulk_off_until_ms &&
+	    bulk_where(c, burl, sizeof burl) == RL_OK)
 		x.bulk = burl;
 	rl_verbose("fetching version %llu: %zu chunks%s%s", (unsigned long long)v->version, x.nchunks,
 		   x.base ? " as a delta" : x.stored ? ", uncompressed" : "", x.bulk ? " over the bulk stream" : "");
