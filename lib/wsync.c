@@ -342,8 +342,8 @@ rl_wver_verify(const rl_wver *v)
 typedef struct tls_codec {
 	ZSTD_CCtx *cc;
 	ZSTD_DCtx *dc;
-	uint8_t *buf;
-	size_t cap;
+	uint8_t *buf, *buf2;      /* planes; the gaps of a sparse segment */
+	size_t cap, cap2;
 } tls_codec;
 static pthread_key_t codec_key;
 static pthread_once_t codec_once = PTHREAD_ONCE_INIT;
@@ -358,6 +358,7 @@ codec_free(void *p)
 	ZSTD_freeCCtx(t->cc);
 	ZSTD_freeDCtx(t->dc);
 	free(t->buf);
+	free(t->buf2);
 	free(t);
 }
 
@@ -387,6 +388,19 @@ codec_tls(size_t need)
 		t->cap = need;
 	}
 	return t;
+}
+
+static uint8_t *
+tls_scratch2(tls_codec *t, size_t need)
+{
+	if (need > t->cap2) {
+		uint8_t *nb = realloc(t->buf2, need);
+		if (nb == NULL)
+			return NULL;
+		t->buf2 = nb;
+		t->cap2 = need;
+	}
+	return t->buf2;
 }
 
 #if defined(__SSE2__)
@@ -499,6 +513,128 @@ looks_random(const uint8_t *p, size_t n)
 	return e > 7.8;
 }
 
+/* ---- sparse segments (kind 2) ----------------------------------------------------------
+ * The XOR planes of a delta are mostly zero bytes, and zstd decodes those at
+ * about 1.6 GB/s whatever the level (0.15 s per 250 MB here: more than the
+ * rest of a delta fetch).  A plane with at most 1/16 non-zero bytes is coded
+ * as: u32 count K of non-zero bytes, u32 length G of the next field, G bytes
+ * of zstd-compressed gaps (K LEB128 numbers: the zero bytes before each
+ * non-zero one), then the K non-zero bytes.  Decoding is a memset and a
+ * scatter. */
+#define SPARSE_MIN 4096   /* smaller planes are not worth it */
+static void put32(uint8_t *p, uint32_t v);
+static uint32_t get32(const uint8_t *p);
+#define SPARSE_DIV 16     /* at most 1/16 non-zero bytes */
+
+static size_t
+count_nonzero(const uint8_t *p, size_t n)
+{
+	size_t i = 0, nz = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		uint64_t w;
+		memcpy(&w, p + i, 8);
+		if (w == 0)
+			continue;
+		for (int k = 0; k < 8; k++)
+			nz += p[i + k] != 0;
+	}
+	for (; i < n; i++)
+		nz += p[i] != 0;
+	return nz;
+}
+
+/* the sparse coding of p (n bytes, nz of them non-zero) into out (cap
+ * bytes): its length, or 0 if it does not fit or zstd fails */
+static size_t
+sparse_encode(uint8_t *out, size_t cap, const uint8_t *p, size_t n, size_t nz, tls_codec *t, int level)
+{
+	size_t glen = 0, last = 0, gz, off;
+	uint8_t *g;
+
+	if (nz > UINT32_MAX || (g = tls_scratch2(t, 5 * nz + 16)) == NULL)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		size_t gap;
+		uint64_t w;
+		if (i + 8 <= n && (memcpy(&w, p + i, 8), w == 0)) {
+			i += 7;
+			continue;
+		}
+		if (p[i] == 0)
+			continue;
+		for (gap = i - last; gap >= 0x80; gap >>= 7)
+			g[glen++] = (uint8_t)(gap | 0x80);
+		g[glen++] = (uint8_t)gap;
+		last = i + 1;
+	}
+	if (cap < 8 + ZSTD_compressBound(glen) + nz)
+		return 0;
+	gz = ZSTD_compressCCtx(t->cc, out + 8, cap - 8, g, glen, level);
+	if (ZSTD_isError(gz) || gz > UINT32_MAX)
+		return 0;
+	put32(out, (uint32_t)nz);
+	put32(out + 4, (uint32_t)gz);
+	off = 8 + gz;
+	for (size_t i = 0; i < n; i++) {
+		uint64_t w;
+		if (i + 8 <= n && (memcpy(&w, p + i, 8), w == 0))
+			i += 7;
+		else if (p[i] != 0)
+			out[off++] = p[i];
+	}
+	return off;
+}
+
+/* decode a sparse segment of zn bytes at e into d (n bytes); it is hostile */
+static int
+sparse_decode(uint8_t *d, size_t n, const uint8_t *e, size_t zn, tls_codec *t)
+{
+	size_t nz, gz, cur = 0, gp = 0, glen;
+	unsigned long long want;
+	const uint8_t *v;
+	uint8_t *g;
+
+	if (zn < 8)
+		return RL_EFORMAT;
+	nz = get32(e);
+	gz = get32(e + 4);
+	if (nz > n || gz > zn - 8 || zn - 8 - gz != nz)
+		return RL_EFORMAT;
+	want = ZSTD_getFrameContentSize(e + 8, gz);
+	if (want == ZSTD_CONTENTSIZE_UNKNOWN || want == ZSTD_CONTENTSIZE_ERROR || want < nz || want > 5 * (unsigned long long)nz)
+		return RL_EFORMAT;
+	if ((g = tls_scratch2(t, (size_t)want ? (size_t)want : 1)) == NULL)
+		return RL_ENOMEM;
+	glen = ZSTD_decompressDCtx(t->dc, g, (size_t)want, e + 8, gz);
+	if (ZSTD_isError(glen) || glen != want)
+		return RL_EFORMAT;
+	v = e + 8 + gz;
+	for (size_t j = 0; j < nz; j++) {
+		size_t gap = 0;
+		int sh = 0;
+		for (;;) {
+			uint8_t b;
+			if (gp >= glen || sh > 35)
+				return RL_EFORMAT;
+			b = g[gp++];
+			gap |= (size_t)(b & 0x7f) << sh;
+			if (!(b & 0x80))
+				break;
+			sh += 7;
+		}
+		if (gap >= n - cur)
+			return RL_EFORMAT;
+		memset(d + cur, 0, gap);
+		cur += gap;
+		d[cur++] = v[j];
+	}
+	if (gp != glen)
+		return RL_EFORMAT;
+	memset(d + cur, 0, n - cur);
+	return RL_OK;
+}
+
 int
 rl_wsync_encode(uint8_t **out, size_t *outn, uint32_t *flags, const uint8_t *raw, const uint8_t *base, size_t n,
 		int elem, int level)
@@ -533,6 +669,14 @@ rl_wsync_encode(uint8_t **out, size_t *outn, uint32_t *flags, const uint8_t *raw
 		uint8_t *h = o + off;
 		memset(h, 0, SEG_HDR);
 		off += SEG_HDR;
+		size_t nz = base && seg[k] >= SPARSE_MIN ? count_nonzero(src, seg[k]) : SIZE_MAX;
+		if (nz <= seg[k] / SPARSE_DIV && (zn = sparse_encode(o + off, cap - off, src, seg[k], nz, t, level ? level : 1)) > 0 &&
+		    zn + zn / 32 < seg[k]) {
+			h[4] = 2;
+			f |= RL_WENC_ZSTD;
+			goto seg_done;
+		}
+		zn = 0;
 		if (seg[k] >= 64 && !looks_random(src, seg[k])) {
 			zn = ZSTD_compressCCtx(t->cc, o + off, cap - off, src, seg[k], level ? level : 1);
 			if (ZSTD_isError(zn)) {
@@ -548,6 +692,7 @@ rl_wsync_encode(uint8_t **out, size_t *outn, uint32_t *flags, const uint8_t *raw
 			memcpy(o + off, src, seg[k]);
 			zn = seg[k];
 		}
+seg_done:
 		h[0] = (uint8_t)zn;
 		h[1] = (uint8_t)(zn >> 8);
 		h[2] = (uint8_t)(zn >> 16);
@@ -597,9 +742,23 @@ decode_chunk(uint8_t *dst, size_t n, const uint8_t *enc, size_t encn, uint32_t f
 		if (enc[off + 5] | enc[off + 6] | enc[off + 7])
 			return RL_EFORMAT;
 		off += SEG_HDR;
-		if (zn > encn - off || kind > 1 || (kind == 0 && zn != seg[k]))
+		if (zn > encn - off || kind > 2 || (kind == 0 && zn != seg[k]))
 			return RL_EFORMAT;
-		if (kind == 1) {
+		if (kind == 2) {
+			uint8_t *d;
+			int rv;
+			if (t == NULL && (t = codec_tls(n ? n : 1)) == NULL)
+				return RL_ENOMEM;
+			if (plain) {
+				d = dst;
+			} else {
+				d = t->buf + scratch;
+				scratch += seg[k];
+			}
+			if ((rv = sparse_decode(d, seg[k], enc + off, zn, t)) != 0)
+				return rv;
+			pl[k] = d;
+		} else if (kind == 1) {
 			uint8_t *d;
 			size_t r;
 			if (plain) {

@@ -125,6 +125,52 @@ test_codec(void)
 		T_EQ_INT(rl_wsync_decode(got, 3, e, en, f, NULL, 1), RL_OK);
 		free(e);
 	}
+	/* sparse segments (kind 2): the XOR of a small update, elem 1, so the
+	 * encoding is one segment; every flipped byte is refused or changes the
+	 * output; hand-made hostile ones are refused */
+	{
+		size_t m = 8192;
+		uint8_t *a = malloc(m), *b = malloc(m), *got = malloc(m), *bad = malloc(m + 64);
+		fill(a, m);
+		memcpy(b, a, m);
+		for (size_t i = 5; i < m; i += 300)
+			b[i] ^= (uint8_t)(1 + i % 200);
+		b[m - 1] ^= 1; /* a non-zero byte at the very end */
+		T_EQ_INT(rl_wsync_encode(&e, &en, &f, b, a, m, 1, 1), RL_OK);
+		T_EQ_INT(e[4], 2);
+		T_OK(en < m / 8, "sparse delta of %zu bytes: %zu", m, en);
+		T_EQ_INT(rl_wsync_decode(got, m, e, en, f, a, 1), RL_OK);
+		T_OK(memcmp(got, b, m) == 0);
+		for (size_t i = 0; i < en; i++) {
+			int rv;
+			e[i] ^= 0x21;
+			rv = rl_wsync_decode(got, m, e, en, f, a, 1);
+			T_OK(rv != RL_OK || memcmp(got, b, m) != 0, "byte %zu of %zu flipped", i, en);
+			e[i] ^= 0x21;
+		}
+		/* more non-zero bytes than the segment has; a count that does
+		 * not add up; cut short */
+		memcpy(bad, e, en);
+		bad[8] = 0xff, bad[9] = 0xff, bad[10] = 0xff, bad[11] = 0x7f; /* K */
+		T_EQ_INT(rl_wsync_decode(got, m, bad, en, f, a, 1), RL_EFORMAT);
+		memcpy(bad, e, en);
+		bad[8] ^= 1;
+		T_EQ_INT(rl_wsync_decode(got, m, bad, en, f, a, 1), RL_EFORMAT);
+		T_EQ_INT(rl_wsync_decode(got, m, e, en - 1, f, a, 1), RL_EFORMAT);
+		free(e);
+		/* a plane that is not sparse is not coded as one */
+		for (size_t i = 0; i < m; i += 7)
+			b[i] ^= 0x55;
+		T_EQ_INT(rl_wsync_encode(&e, &en, &f, b, a, m, 1, 1), RL_OK);
+		T_OK(e[4] != 2);
+		T_EQ_INT(rl_wsync_decode(got, m, e, en, f, a, 1), RL_OK);
+		T_OK(memcmp(got, b, m) == 0);
+		free(e);
+		free(a);
+		free(b);
+		free(got);
+		free(bad);
+	}
 	T_EQ_INT(rl_wsync_decode(out, n, raw, n, 0x80, NULL, 1), RL_EFORMAT);
 	T_EQ_INT(rl_wsync_decode(out, n, raw, n - 1, 0, NULL, 1), RL_EFORMAT);
 	T_EQ_INT(rl_wsync_decode(out, n, raw, n, RL_WENC_DELTA, NULL, 1), RL_EINVAL);
