@@ -332,8 +332,8 @@ rl_wver_verify(const rl_wver *v)
 /* ---- codec ------------------------------------------------------------------------ */
 /* An encoded chunk is a list of segments: the `elem` byte planes of the
  * (XOR'd) chunk, then the n % elem tail bytes (elem 1: one segment, the
- * chunk).  Each segment is u32 encoded length, u8 kind (0 stored, 1 zstd),
- * 3 zero bytes, then its bytes.  Planes are compressed one by one so the
+ * chunk).  Each segment is u32 encoded length, u8 kind (0 stored, 1 zstd,
+ * 2 sparse: below), 3 zero bytes, then its bytes.  Planes are compressed one by one so the
  * near-random low mantissa plane of bf16 weights is stored and only the
  * exponent plane pays for zstd, both ways. */
 #define SEG_HDR 8

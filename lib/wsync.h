@@ -104,7 +104,8 @@ int rl_wver_write_dir(const rl_wver *v, const char *dir);
 /* ---- codec (used by the service; public for tests and benchmarks) ----------
  * A chunk is encoded as: optional XOR with the same bytes of a base version,
  * byte-plane shuffle by elem, zstd at `level` — or stored raw when zstd does
- * not save at least 3%.  flags report what was applied. */
+ * not save at least 3%, or (planes of a delta with at most 1/16 non-zero
+ * bytes) sparse: zstd'd zero-run lengths plus the non-zero bytes.  flags report what was applied. */
 enum { RL_WENC_ZSTD = 1, RL_WENC_DELTA = 2, RL_WENC_SHUF = 4 };
 /* rl_wsync_encode: *out is malloc'd (caller frees), *outn its size. */
 int rl_wsync_encode(uint8_t **out, size_t *outn, uint32_t *flags, const uint8_t *raw, const uint8_t *base,
