@@ -333,9 +333,9 @@ rl_wver_verify(const rl_wver *v)
 /* An encoded chunk is a list of segments: the `elem` byte planes of the
  * (XOR'd) chunk, then the n % elem tail bytes (elem 1: one segment, the
  * chunk).  Each segment is u32 encoded length, u8 kind (0 stored, 1 zstd,
- * 2 sparse: below), 3 zero bytes, then its bytes.  Planes are compressed one by one so the
- * near-random low mantissa plane of bf16 weights is stored and only the
- * exponent plane pays for zstd, both ways. */
+ * 2 sparse: below), 3 zero bytes, then its bytes.  Planes are compressed one
+ * by one so the near-random low mantissa plane of bf16 weights is stored and
+ * only the exponent plane pays for zstd, both ways. */
 #define SEG_HDR 8
 
 /* per-thread zstd contexts and scratch, freed at thread exit */
@@ -522,9 +522,10 @@ looks_random(const uint8_t *p, size_t n)
  * non-zero one), then the K non-zero bytes.  Decoding is a memset and a
  * scatter. */
 #define SPARSE_MIN 4096   /* smaller planes are not worth it */
+#define SPARSE_DIV 16     /* at most 1/16 non-zero bytes */
+
 static void put32(uint8_t *p, uint32_t v);
 static uint32_t get32(const uint8_t *p);
-#define SPARSE_DIV 16     /* at most 1/16 non-zero bytes */
 
 static size_t
 count_nonzero(const uint8_t *p, size_t n)
@@ -670,7 +671,8 @@ rl_wsync_encode(uint8_t **out, size_t *outn, uint32_t *flags, const uint8_t *raw
 		memset(h, 0, SEG_HDR);
 		off += SEG_HDR;
 		size_t nz = base && seg[k] >= SPARSE_MIN ? count_nonzero(src, seg[k]) : SIZE_MAX;
-		if (nz <= seg[k] / SPARSE_DIV && (zn = sparse_encode(o + off, cap - off, src, seg[k], nz, t, level ? level : 1)) > 0 &&
+		if (nz <= seg[k] / SPARSE_DIV &&
+		    (zn = sparse_encode(o + off, cap - off, src, seg[k], nz, t, level ? level : 1)) > 0 &&
 		    zn + zn / 32 < seg[k]) {
 			h[4] = 2;
 			f |= RL_WENC_ZSTD;

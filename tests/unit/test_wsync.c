@@ -158,6 +158,13 @@ test_codec(void)
 		T_EQ_INT(rl_wsync_decode(got, m, bad, en, f, a, 1), RL_EFORMAT);
 		T_EQ_INT(rl_wsync_decode(got, m, e, en - 1, f, a, 1), RL_EFORMAT);
 		free(e);
+		/* no change at all: an empty gap list */
+		T_EQ_INT(rl_wsync_encode(&e, &en, &f, a, a, m, 2, 1), RL_OK);
+		T_OK(e[4] == 2 && en < 100, "unchanged: %zu bytes", en);
+		memset(got, 1, m);
+		T_EQ_INT(rl_wsync_decode(got, m, e, en, f, a, 2), RL_OK);
+		T_OK(memcmp(got, a, m) == 0);
+		free(e);
 		/* a plane that is not sparse is not coded as one */
 		for (size_t i = 0; i < m; i += 7)
 			b[i] ^= 0x55;
