@@ -1274,6 +1274,8 @@ do_status(rl_wsync_server *s)
 	cJSON_AddStringToObject(j, "data_dir", s->data_dir ? s->data_dir : "");
 	cJSON_AddNumberToObject(j, "requests", (double)s->n_req);
 	cJSON_AddNumberToObject(j, "chunks_served", (double)s->n_chunks);
+	cJSON_AddNumberToObject(j, "bulk_chunks_served", (double)s->n_bulk_chunks);
+	cJSON_AddStringToObject(j, "bulk", s->bfd >= 0 ? s->bulk_url : "");
 	cJSON_AddNumberToObject(j, "bytes_served", (double)s->bytes_out);
 	cJSON_AddNumberToObject(j, "push_chunks_rejected", (double)s->n_bad_push);
 	cJSON_AddNumberToObject(j, "bad_requests", (double)s->n_bad_req);

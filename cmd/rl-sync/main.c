@@ -375,6 +375,9 @@ cmd_status(const cfg *c)
 	it = cJSON_GetObjectItemCaseSensitive(j, "pushing");
 	if (cJSON_IsNumber(it))
 		printf("receiving: %.0f\n", it->valuedouble);
+	it = cJSON_GetObjectItemCaseSensitive(j, "bulk");
+	if (cJSON_IsString(it) && it->valuestring[0])
+		printf("bulk stream: %s\n", it->valuestring);
 out:
 	cJSON_Delete(j);
 	free(js);

@@ -122,6 +122,8 @@ bump() {
 @test "on this host whole chunks come uncompressed over the bulk stream; --compress and ipc:// work too" {
 	serve -v
 	grep -q 'bulk stream on tcp://127.0.0.1:' "$T/serve.err"
+	run --separate-stderr rl-sync status "$URL"
+	assert_line --partial 'bulk stream: tcp://127.0.0.1:'
 	run --separate-stderr rl-sync push "$URL" "$T/ck" -v
 	assert_success
 	run --separate-stderr rl-sync pull "$URL" --out "$T/a" -v

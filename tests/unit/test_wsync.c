@@ -802,6 +802,8 @@ test_service(void)
 
 	T_EQ_INT(rl_wsync_status(c, &js), RL_OK);
 	T_OK(js && strstr(js, "\"latest\":6") != NULL, "%s", js ? js : "");
+	T_OK(js && strstr(js, "\"bulk\":\"tcp://127.0.0.1:") != NULL && strstr(js, "\"bulk_chunks_served\":0") == NULL,
+	     "%s", js ? js : "");
 	free(js);
 	test_hostile();
 	test_bulk_hostile(&idle);
