@@ -24,7 +24,8 @@ teardown() {
 }
 
 # serve [ARGS...]: start a server on $URL in the background, wait until it
-# answers; if the port is taken by someone else, move to another one
+# answers; if the port is taken by someone else, move to another one (not
+# with KEEP_URL=1: a restart that clients must find again)
 serve() {
 	for _ in 1 2 3; do
 		rl-sync serve --listen "$URL" "$@" 3>&- 2>"$T/serve.err" &
@@ -39,8 +40,10 @@ serve() {
 			sleep 0.1
 		done
 		kill "$SPID" 2>/dev/null || true
-		PORT=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
-		URL=tcp://127.0.0.1:$PORT
+		if [ -z "$KEEP_URL" ]; then
+			PORT=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+			URL=tcp://127.0.0.1:$PORT
+		fi
 	done
 	cat "$T/serve.err" >&2
 	return 1
@@ -265,8 +268,8 @@ bump() {
 	kill -9 "$SPID"
 	wait "$SPID" || true
 	[ ! -e "$T/out/latest" ]
-	RL_WSYNC_TEST_SLOW_MS=150 serve --data-dir "$T/data"
-	wait "$P"
+	KEEP_URL=1 RL_WSYNC_TEST_SLOW_MS=150 serve --data-dir "$T/data"
+	wait "$P" || { echo "puller failed:"; cat "$T/pull.err"; echo "server:"; cat "$T/serve.err"; false; }
 	cmp "$T/ck/model.safetensors" "$T/out/latest/model.safetensors"
 }
 
