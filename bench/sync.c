@@ -6,10 +6,17 @@
  * bytes to the same number of receivers through plain loopback TCP sockets.
  *
  * Prints one JSON object per case on stdout.
- *   build/bench/sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N] [--stored] [--reps N]
- * Each figure is the median of --reps (3) interleaved runs.
- * --stored: subscribers ask for whole chunks uncompressed (deltas stay
- * compressed), as a worker on loopback or a fast LAN would.
+ *   build/bench/sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N]
+ *                    [--stored|--compress] [--reps N]
+ * Each figure is the median of --reps (5) interleaved runs; "cpu" figures are
+ * the process's user + system seconds over the same interval (less sensitive
+ * to other load on a shared machine than wall-clock seconds), and
+ * vs_raw_tcp_paired is the median of the per-repetition ratios (each pair
+ * taken back to back).  The load average is printed with each case.
+ * Whole chunks: by default (as the library does for a server on this host)
+ * uncompressed, over the server's bulk stream; --compress asks for them
+ * zstd-compressed over REQ/REP; --stored forces uncompressed.  Deltas are
+ * always compressed.
  * --mb scales the model down (tensor shapes are kept, layers dropped) for a
  * quick run; the default is the full 124M parameters.
  *
@@ -29,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 static uint64_t
@@ -117,6 +125,16 @@ safetensors(size_t *outn, const tinfo *t, int nt, const uint16_t *w, size_t npar
 	return p;
 }
 
+/* user + system seconds of this process */
+static double
+cpu_now(void)
+{
+	struct rusage r;
+
+	getrusage(RUSAGE_SELF, &r);
+	return (double)(r.ru_utime.tv_sec + r.ru_stime.tv_sec) + (r.ru_utime.tv_usec + r.ru_stime.tv_usec) * 1e-6;
+}
+
 /* ---- raw TCP baseline ----------------------------------------------------------- */
 typedef struct tcpjob {
 	int fd;
@@ -158,7 +176,7 @@ tcp_recv(void *arg)
 
 /* seconds to copy n bytes to k receivers over loopback TCP (connections set up before the clock) */
 static double
-raw_tcp(const uint8_t *src, size_t n, int k)
+raw_tcp(const uint8_t *src, size_t n, int k, double *cpu)
 {
 	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
@@ -183,6 +201,7 @@ raw_tcp(const uint8_t *src, size_t n, int k)
 		rcv[i].dst = rl_xmalloc(n);
 		memset(rcv[i].dst, 0, n); /* fault the pages in before the clock, as rl-sync's are not */
 	}
+	*cpu = cpu_now();
 	t0 = rl_now();
 	for (int i = 0; i < k; i++) {
 		pthread_create(&tr[i], NULL, tcp_recv, &rcv[i]);
@@ -193,6 +212,7 @@ raw_tcp(const uint8_t *src, size_t n, int k)
 		pthread_join(tr[i], NULL);
 	}
 	t = rl_now() - t0;
+	*cpu = cpu_now() - *cpu;
 	for (int i = 0; i < k; i++) {
 		if (memcmp(rcv[i].dst, src, n) != 0)
 			fprintf(stderr, "sync: raw tcp copy differs\n");
@@ -206,6 +226,7 @@ raw_tcp(const uint8_t *src, size_t n, int k)
 
 /* ---- rl-sync subscribers -------------------------------------------------------------- */
 static int stored;
+static uint64_t bulk_chunks, all_chunks; /* of the last deliver() */
 
 static double
 median(double *x, int n)
@@ -252,13 +273,14 @@ sub_fetch(void *arg)
 
 static double
 deliver(const char *url, int k, int parallel, uint64_t version, rl_wver **bases, rl_wver **dsts, const rl_wver *want,
-	uint64_t *wire)
+	uint64_t *wire, double *cpu)
 {
 	subjob j[8];
 	pthread_t th[8];
-	double t0 = rl_now(), t;
+	double c0 = cpu_now(), t0 = rl_now(), t;
 
 	*wire = 0;
+	bulk_chunks = all_chunks = 0;
 	for (int i = 0; i < k; i++) {
 		j[i] = (subjob){ .url = url, .parallel = parallel, .version = version, .base = bases ? bases[i] : NULL,
 				 .dst = dsts ? dsts[i] : NULL };
@@ -267,6 +289,7 @@ deliver(const char *url, int k, int parallel, uint64_t version, rl_wver **bases,
 	for (int i = 0; i < k; i++)
 		pthread_join(th[i], NULL);
 	t = rl_now() - t0;
+	*cpu = cpu_now() - c0;
 	for (int i = 0; i < k; i++) {
 		if (j[i].rv != 0 || j[i].got == NULL || j[i].got->hash != want->hash ||
 		    memcmp(j[i].got->blobs[0].data, want->blobs[0].data, (size_t)want->blobs[0].size) != 0) {
@@ -274,6 +297,8 @@ deliver(const char *url, int k, int parallel, uint64_t version, rl_wver **bases,
 			exit(1);
 		}
 		*wire += j[i].st.bytes_recv;
+		bulk_chunks += j[i].st.bulk_chunks;
+		all_chunks += j[i].st.chunks;
 		if (j[i].dst == NULL)
 			rl_wver_destroy(j[i].got);
 	}
@@ -284,7 +309,7 @@ int
 main(int argc, char **argv)
 {
 	double mb = 0, lr = 1e-6;
-	int reps = 3, level = 1, parallel = 4, subs[4] = { 1, 4 }, nsubs = 2, nlayer = 12, nt;
+	int reps = 5, level = 1, parallel = 4, subs[4] = { 1, 4 }, nsubs = 2, nlayer = 12, nt;
 	tinfo t[2 + 12 * 24 + 2];
 	size_t nparam = 0, fsize;
 	float *master;
@@ -315,6 +340,8 @@ main(int argc, char **argv)
 		}
 		else if (strcmp(argv[i], "--stored") == 0)
 			stored = 1;
+		else if (strcmp(argv[i], "--compress") == 0)
+			stored = -1;
 		else if (strcmp(argv[i], "--parallel") == 0 && i + 1 < argc)
 			parallel = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--subs") == 0 && i + 1 < argc) {
@@ -323,7 +350,8 @@ main(int argc, char **argv)
 			for (char *tok = strtok(s, ","); tok && nsubs < 4; tok = strtok(NULL, ","))
 				subs[nsubs++] = RL_MAX(1, RL_MIN(8, atoi(tok)));
 		} else {
-			fprintf(stderr, "usage: sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N] [--stored] [--reps N]\n");
+			fprintf(stderr, "usage: sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N] "
+				"[--stored|--compress] [--reps N]\n");
 			return 2;
 		}
 	}
@@ -404,14 +432,17 @@ main(int argc, char **argv)
 				rl_wver_add_blob(dsts[i], "model.safetensors", b, fsize, 2, 0);
 				rl_wver_add_blob(dsts[i], "config.json", rl_xcalloc(1, 21), 21, 1, 0);
 			}
-			double rd[16], ra[16], rt[16];
+			double rd[16], ra[16], rt[16], cd[16], ct[16], pr[16], cpu_a, la[2][3];
 			/* interleaved repetitions, medians: the machine may be shared */
+			getloadavg(la[0], 3);
 			for (int r = 0; r < reps; r++) {
-				rd[r] = deliver(url, k, parallel, v->version, bases, dsts, v, &wire);
+				rd[r] = deliver(url, k, parallel, v->version, bases, dsts, v, &wire, &cd[r]);
+				rt[r] = raw_tcp(f1, (size_t)fsize, k, &ct[r]);
+				pr[r] = rd[r] / rt[r];
 				/* a fresh process: fetch allocates (page faults included) */
-				ra[r] = deliver(url, k, parallel, v->version, bases, NULL, v, &wa);
-				rt[r] = raw_tcp(f1, (size_t)fsize, k);
+				ra[r] = deliver(url, k, parallel, v->version, bases, NULL, v, &wa, &cpu_a);
 			}
+			getloadavg(la[1], 3);
 			td = median(rd, reps);
 			ta = median(ra, reps);
 			tcp = median(rt, reps);
@@ -421,14 +452,18 @@ main(int argc, char **argv)
 				rl_wver_destroy(dsts[i]);
 			}
 			printf("{\"bench\":\"sync\",\"case\":\"%s\",\"subscribers\":%d,\"params\":%zu,\"bytes\":%llu,"
-			       "\"changed_frac\":%.5f,\"lr\":%g,\"level\":%d,\"parallel\":%d,\"stored\":%d,\"reps\":%d,"
+			       "\"changed_frac\":%.5f,\"lr\":%g,\"level\":%d,\"parallel\":%d,\"whole_chunks\":\"%s\","
+			       "\"bulk_chunk_frac\":%.2f,\"reps\":%d,"
 			       "\"seconds\":%.3f,\"wire_bytes_per_sub\":%llu,\"wire_ratio\":%.4f,"
 			       "\"push_seconds\":%.3f,\"push_wire_bytes\":%llu,"
-			       "\"raw_tcp_seconds\":%.3f,\"vs_raw_tcp\":%.2f,\"seconds_fresh_alloc\":%.3f}\n",
+			       "\"raw_tcp_seconds\":%.3f,\"vs_raw_tcp\":%.2f,\"vs_raw_tcp_paired\":%.2f,"
+			       "\"cpu_seconds\":%.3f,\"raw_tcp_cpu_seconds\":%.3f,\"seconds_fresh_alloc\":%.3f,"
+			       "\"load_avg\":[%.2f,%.2f]}\n",
 			       kind, k, nparam, (unsigned long long)rl_wver_total(v), (double)changed / (double)nparam, lr,
-			       level, parallel, stored, reps, td, (unsigned long long)(wire / (uint64_t)k),
+			       level, parallel, stored > 0 ? "stored" : stored < 0 ? "zstd" : "auto",
+			       all_chunks ? (double)bulk_chunks / (double)all_chunks : 0.0, reps, td, (unsigned long long)(wire / (uint64_t)k),
 			       (double)(wire / (uint64_t)k) / (double)rl_wver_total(v), tp, (unsigned long long)pwire, tcp,
-			       td / tcp, ta);
+			       td / tcp, median(pr, reps), median(cd, reps), median(ct, reps), ta, la[0][0], la[1][0]);
 			fflush(stdout);
 		}
 	}

@@ -15,7 +15,10 @@
  *   3. The nng service (rl_wsync_server_*) and its client (rl_wsync_client_*):
  *      REQ/REP with contexts, chunked, zstd-compressed, byte-plane shuffled,
  *      optionally XOR-delta against the previous version; long-poll for new
- *      versions.  The wire format is in docs/sync.md.
+ *      versions.  Beside it a bulk stream (plain TCP or Unix socket) that
+ *      writes whole uncompressed chunks straight from memory into the
+ *      client's buffer, used by default with a server on the same host.
+ *      The wire format is in docs/sync.md.
  *   4. rl_wsync — one handle over transports chosen by URL (tcp://, ipc://,
  *      inproc:// -> nng; file:// or a path -> wdir), the calls rl-train
  *      (publish) and rl-rollout (poll, fetch) use.  The transport vtable is
@@ -101,7 +104,8 @@ int rl_wver_write_dir(const rl_wver *v, const char *dir);
 /* ---- codec (used by the service; public for tests and benchmarks) ----------
  * A chunk is encoded as: optional XOR with the same bytes of a base version,
  * byte-plane shuffle by elem, zstd at `level` — or stored raw when zstd does
- * not save at least 3%.  flags report what was applied. */
+ * not save at least 3%, or (planes of a delta with at most 1/16 non-zero
+ * bytes) sparse: zstd'd zero-run lengths plus the non-zero bytes.  flags report what was applied. */
 enum { RL_WENC_ZSTD = 1, RL_WENC_DELTA = 2, RL_WENC_SHUF = 4 };
 /* rl_wsync_encode: *out is malloc'd (caller frees), *outn its size. */
 int rl_wsync_encode(uint8_t **out, size_t *outn, uint32_t *flags, const uint8_t *raw, const uint8_t *base,
@@ -122,6 +126,9 @@ typedef struct rl_wsync_server_opts {
 	size_t max_msg;        /* NNG_OPT_RECVMAXSZ; 0 -> RL_WSYNC_CHUNK_MAX + 64 KiB */
 	int level;             /* zstd level for encodings the server makes; 0 -> 1 */
 	uint64_t max_bytes;    /* largest version accepted; 0 -> half the physical memory */
+	int bulk;              /* -1: no bulk stream; else (tcp:// and ipc:// URLs) a second
+	                        * listener streams whole raw chunks straight from memory
+	                        * (tcp: same host, an ephemeral port the clients are told) */
 } rl_wsync_server_opts;
 
 /* rl_wsync_server_open starts serving in background threads.  With data_dir
@@ -139,6 +146,7 @@ typedef struct rl_wsync_stats {
 	uint64_t bytes_sent, bytes_recv;  /* message bodies on the wire (client side) */
 	uint64_t chunks, retries;         /* chunks moved, chunks re-requested after a bad checksum */
 	uint64_t raw_bytes;               /* decoded bytes */
+	uint64_t bulk_chunks;             /* of chunks, those that came over the bulk stream */
 } rl_wsync_stats;
 
 typedef struct rl_wsync_client rl_wsync_client;
@@ -148,8 +156,12 @@ typedef struct rl_wsync_client_opts {
 	int level;            /* zstd level for push; 0 -> 1 */
 	size_t chunk;         /* push chunk size; 0 -> RL_WSYNC_CHUNK_DEFAULT */
 	int retries;          /* re-sends of a chunk with a bad checksum; 0 -> 3 */
-	int stored;           /* fetch: ask for whole chunks uncompressed (deltas stay
-	                       * compressed); faster on loopback and fast LANs */
+	int stored;           /* fetch of whole chunks: 1 uncompressed, -1 zstd-compressed,
+	                       * 0 auto: uncompressed when the server is on this host
+	                       * (loopback, ipc://, inproc://), where compression only
+	                       * costs CPU.  Deltas are always compressed. */
+	int bulk;             /* -1: never use the server's bulk stream for uncompressed
+	                       * whole chunks (REQ/REP only) */
 	size_t max_msg;       /* NNG_OPT_RECVMAXSZ; 0 -> RL_WSYNC_CHUNK_MAX + 64 KiB */
 	uint64_t max_bytes;   /* largest version fetched; 0 -> half the physical memory */
 } rl_wsync_client_opts;
@@ -185,9 +197,9 @@ int rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base);
 /* Counters since open (or the last reset). */
 void rl_wsync_client_stats(rl_wsync_client *c, rl_wsync_stats *st, int reset);
 
-/* Test hooks: the next n chunk replies this process's servers send, or
- * chunks its clients push, are corrupted after checksumming (one byte
- * flipped).  Also read from the
+/* Test hooks: the next n chunk replies this process's servers send (REQ/REP
+ * or bulk), or chunks its clients push, are corrupted after checksumming (one
+ * payload byte flipped).  Also read from the
  * environment when a server opens: RL_WSYNC_TEST_CORRUPT=n, and
  * RL_WSYNC_TEST_SLOW_MS=ms (sleep before each chunk reply, to kill a client
  * mid-transfer in tests). */

@@ -27,7 +27,8 @@
 static const char usage_text[] =
 	"usage: rl-sync serve --listen URL [--data-dir DIR] [--keep-previous] [--threads N]\n"
 	"       rl-sync push URL CKPT_DIR [--version N] [--delta BASE_DIR] [--level L] [--chunk MIB]\n"
-	"       rl-sync pull URL --out DIR [--wait] [--follow] [--keep K] [--version N] [--stored]\n"
+	"                    [--stored|--compress]\n"
+	"       rl-sync pull URL --out DIR [--wait] [--follow] [--keep K] [--version N] [--stored|--compress]\n"
 	"       rl-sync status URL [--json]\n"
 	"       rl-sync publish DIR CKPT_DIR --version N [--keep K]\n"
 	"common: [--timeout MS] [--parallel N] [-q] [-v] [--help]\n";
@@ -55,7 +56,10 @@ static const char help_text[] =
 	"  -w, --wait             pull: wait for a version if the server has none yet\n"
 	"  -f, --follow           pull: keep pulling each new version (as a delta when possible)\n"
 	"  -k, --keep K           pull/publish: versions kept in DIR (default 2)\n"
-	"  -S, --stored           pull: whole chunks uncompressed (fast links; deltas stay compressed)\n"
+	"  -S, --stored           push/pull: whole chunks uncompressed (the default with a server\n"
+	"                         on this host; deltas are always compressed)\n"
+	"  -Z, --compress         push/pull: whole chunks zstd-compressed (the default with a\n"
+	"                         server on another host)\n"
 	"  -j, --json             status: print JSON\n"
 	"  -T, --timeout MS       per-request timeout (default 10000)\n"
 	"  -P, --parallel N       chunks in flight (default 4)\n"
@@ -78,6 +82,7 @@ static const struct option longopts[] = {
 	{ "keep", required_argument, NULL, 'k' },
 	{ "json", no_argument, NULL, 'j' },
 	{ "stored", no_argument, NULL, 'S' },
+	{ "compress", no_argument, NULL, 'Z' },
 	{ "timeout", required_argument, NULL, 'T' },
 	{ "parallel", required_argument, NULL, 'P' },
 	{ "quiet", no_argument, NULL, 'q' },
@@ -370,6 +375,9 @@ cmd_status(const cfg *c)
 	it = cJSON_GetObjectItemCaseSensitive(j, "pushing");
 	if (cJSON_IsNumber(it))
 		printf("receiving: %.0f\n", it->valuedouble);
+	it = cJSON_GetObjectItemCaseSensitive(j, "bulk");
+	if (cJSON_IsString(it) && it->valuestring[0])
+		printf("bulk stream: %s\n", it->valuestring);
 out:
 	cJSON_Delete(j);
 	free(js);
@@ -396,7 +404,7 @@ main(int argc, char **argv)
 	 * the heap instead of fresh, page-faulted mappings each time */
 	mallopt(M_MMAP_THRESHOLD, 128 << 20);
 	mallopt(M_TRIM_THRESHOLD, 512 << 20);
-	while ((opt = getopt_long(argc, argv, "l:d:pt:n:D:L:c:o:wfk:jST:P:qvh", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "l:d:pt:n:D:L:c:o:wfk:jSZT:P:qvh", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'l': c.listen = optarg; break;
 		case 'd': c.data_dir = optarg; break;
@@ -432,6 +440,7 @@ main(int argc, char **argv)
 			break;
 		case 'j': c.json = 1; break;
 		case 'S': c.stored = 1; break;
+		case 'Z': c.stored = -1; break;
 		case 'T':
 			if (num(optarg, 1, 86400000, &v))
 				return usage("--timeout: want milliseconds >= 1, not '%s'", optarg);

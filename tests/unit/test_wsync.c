@@ -107,6 +107,77 @@ test_codec(void)
 		free(p1);
 		free(p2);
 	}
+	/* every byte of an encoding is checked, the reserved ones of a segment
+	 * header too: a 3-byte stored chunk whose only bytes outside the data
+	 * are the header (the cause of a flaky CLI test) */
+	{
+		const uint8_t small[3] = { '{', '}', '\n' };
+		uint8_t got[3];
+		T_EQ_INT(rl_wsync_encode(&e, &en, &f, small, NULL, 3, 1, 1), RL_OK);
+		T_EQ_INT(en, 8 + 3);
+		for (size_t i = 0; i < en; i++) {
+			int rv;
+			e[i] ^= 0x5a;
+			rv = rl_wsync_decode(got, 3, e, en, f, NULL, 1);
+			T_OK(rv != RL_OK || memcmp(got, small, 3) != 0, "byte %zu flipped", i);
+			e[i] ^= 0x5a;
+		}
+		T_EQ_INT(rl_wsync_decode(got, 3, e, en, f, NULL, 1), RL_OK);
+		free(e);
+	}
+	/* sparse segments (kind 2): the XOR of a small update, elem 1, so the
+	 * encoding is one segment; every flipped byte is refused or changes the
+	 * output; hand-made hostile ones are refused */
+	{
+		size_t m = 8192;
+		uint8_t *a = malloc(m), *b = malloc(m), *got = malloc(m), *bad = malloc(m + 64);
+		fill(a, m);
+		memcpy(b, a, m);
+		for (size_t i = 5; i < m; i += 300)
+			b[i] ^= (uint8_t)(1 + i % 200);
+		b[m - 1] ^= 1; /* a non-zero byte at the very end */
+		T_EQ_INT(rl_wsync_encode(&e, &en, &f, b, a, m, 1, 1), RL_OK);
+		T_EQ_INT(e[4], 2);
+		T_OK(en < m / 8, "sparse delta of %zu bytes: %zu", m, en);
+		T_EQ_INT(rl_wsync_decode(got, m, e, en, f, a, 1), RL_OK);
+		T_OK(memcmp(got, b, m) == 0);
+		for (size_t i = 0; i < en; i++) {
+			int rv;
+			e[i] ^= 0x21;
+			rv = rl_wsync_decode(got, m, e, en, f, a, 1);
+			T_OK(rv != RL_OK || memcmp(got, b, m) != 0, "byte %zu of %zu flipped", i, en);
+			e[i] ^= 0x21;
+		}
+		/* more non-zero bytes than the segment has; a count that does
+		 * not add up; cut short */
+		memcpy(bad, e, en);
+		bad[8] = 0xff, bad[9] = 0xff, bad[10] = 0xff, bad[11] = 0x7f; /* K */
+		T_EQ_INT(rl_wsync_decode(got, m, bad, en, f, a, 1), RL_EFORMAT);
+		memcpy(bad, e, en);
+		bad[8] ^= 1;
+		T_EQ_INT(rl_wsync_decode(got, m, bad, en, f, a, 1), RL_EFORMAT);
+		T_EQ_INT(rl_wsync_decode(got, m, e, en - 1, f, a, 1), RL_EFORMAT);
+		free(e);
+		/* no change at all: an empty gap list */
+		T_EQ_INT(rl_wsync_encode(&e, &en, &f, a, a, m, 2, 1), RL_OK);
+		T_OK(e[4] == 2 && en < 100, "unchanged: %zu bytes", en);
+		memset(got, 1, m);
+		T_EQ_INT(rl_wsync_decode(got, m, e, en, f, a, 2), RL_OK);
+		T_OK(memcmp(got, a, m) == 0);
+		free(e);
+		/* a plane that is not sparse is not coded as one */
+		for (size_t i = 0; i < m; i += 7)
+			b[i] ^= 0x55;
+		T_EQ_INT(rl_wsync_encode(&e, &en, &f, b, a, m, 1, 1), RL_OK);
+		T_OK(e[4] != 2);
+		T_EQ_INT(rl_wsync_decode(got, m, e, en, f, a, 1), RL_OK);
+		T_OK(memcmp(got, b, m) == 0);
+		free(e);
+		free(a);
+		free(b);
+		free(got);
+		free(bad);
+	}
 	T_EQ_INT(rl_wsync_decode(out, n, raw, n, 0x80, NULL, 1), RL_EFORMAT);
 	T_EQ_INT(rl_wsync_decode(out, n, raw, n - 1, 0, NULL, 1), RL_EFORMAT);
 	T_EQ_INT(rl_wsync_decode(out, n, raw, n, RL_WENC_DELTA, NULL, 1), RL_EINVAL);
@@ -431,6 +502,153 @@ test_hostile(void)
 	nng_close(sk);
 }
 
+/* one sync stream operation of exactly n bytes; 0 or an nng error */
+static int
+sio(nng_stream *st, int send, void *p, size_t n)
+{
+	nng_aio *aio;
+	size_t done = 0;
+	int r = 0;
+
+	nng_aio_alloc(&aio, NULL, NULL);
+	while (done < n && r == 0) {
+		nng_iov iov = { (uint8_t *)p + done, n - done };
+		nng_aio_set_iov(aio, 1, &iov);
+		nng_aio_set_timeout(aio, 3000);
+		if (send)
+			nng_stream_send(st, aio);
+		else
+			nng_stream_recv(st, aio);
+		nng_aio_wait(aio);
+		if ((r = nng_aio_result(aio)) == 0)
+			done += nng_aio_count(aio);
+	}
+	nng_aio_free(aio);
+	return r;
+}
+
+static nng_stream *
+bulk_dial(const char *bu)
+{
+	nng_stream_dialer *d;
+	nng_aio *aio;
+	nng_stream *st = NULL;
+
+	if (nng_stream_dialer_alloc(&d, bu) != 0)
+		return NULL;
+	nng_aio_alloc(&aio, NULL, NULL);
+	nng_aio_set_timeout(aio, 3000);
+	nng_stream_dialer_dial(d, aio);
+	nng_aio_wait(aio);
+	if (nng_aio_result(aio) == 0)
+		st = nng_aio_get_output(aio, 0);
+	nng_aio_free(aio);
+	nng_stream_dialer_free(d); /* the stream outlives its dialer */
+	return st;
+}
+
+/* a bulk request: 48 bytes */
+static void
+bulk_req(uint8_t *r, const char *magic, uint16_t op, uint64_t version, uint64_t first, uint64_t count)
+{
+	memset(r, 0, 48);
+	memcpy(r, magic, 4);
+	r[4] = 1;
+	r[6] = (uint8_t)op;
+	r[8] = 48;
+	memcpy(r + 16, &version, 8);
+	memcpy(r + 24, &first, 8);
+	memcpy(r + 32, &count, 8);
+}
+
+/* the status of the reply to a bulk request on a new connection; an error
+ * reply ends with the connection closed by the server */
+static int32_t
+bulk_status(const char *bu, const uint8_t *req, size_t n, uint64_t *len, nng_stream **keep)
+{
+	nng_stream *st = bulk_dial(bu);
+	uint8_t h[48], b;
+	int32_t s = 12345;
+
+	if (st == NULL)
+		return -1;
+	if (sio(st, 1, (void *)req, n) == 0 && sio(st, 0, h, 48) == 0) {
+		memcpy(&s, h + 12, 4);
+		memcpy(len, h + 32, 8);
+		if (s != 0) { /* the message, then the server hangs up */
+			uint8_t msg[256];
+			if (*len > sizeof msg || sio(st, 0, msg, (size_t)*len) != 0 || sio(st, 0, &b, 1) == 0)
+				s = 12345;
+		}
+	}
+	if (keep && s == 0)
+		*keep = st;
+	else
+		nng_stream_free(st);
+	return s;
+}
+
+/* the bulk stream refuses hostile requests and goes on serving; *keep is
+ * left open (idle) for the server's close to deal with */
+static void
+test_bulk_hostile(nng_stream **keep)
+{
+	nng_socket sk;
+	uint8_t req[64], rep[600];
+	size_t rn = sizeof rep;
+	char bu[160];
+	uint64_t port = 0, len = 0;
+	uint8_t *buf;
+
+	*keep = NULL;
+	T_EQ_INT(nng_req0_open(&sk), 0);
+	nng_socket_set_ms(sk, NNG_OPT_RECVTIMEO, 2000);
+	T_EQ_INT(nng_dial(sk, url, NULL, 0), 0);
+	memset(req, 0, sizeof req);
+	memcpy(req, "RLSY", 4);
+	req[4] = 1;
+	req[6] = 8; /* DATA: where is the bulk stream? */
+	req[8] = 40;
+	T_EQ_INT(raw_req(sk, req, 40, rep, &rn), 0);
+	nng_close(sk);
+	T_EQ_INT(rep_status(rep), 0);
+	memcpy(&port, rep + 24, 8);
+	T_OK(port > 0 && port < 65536, "bulk port %llu", (unsigned long long)port);
+	snprintf(bu, sizeof bu, "tcp://127.0.0.1:%llu", (unsigned long long)port);
+
+	bulk_req(req, "GET ", 1, NVER, 0, 1);
+	T_EQ_INT(bulk_status(bu, req, 48, &len, NULL), RL_EFORMAT);
+	bulk_req(req, "RLSB", 7, NVER, 0, 1);
+	T_EQ_INT(bulk_status(bu, req, 48, &len, NULL), RL_EFORMAT);
+	bulk_req(req, "RLSB", 1, 999, 0, 1);
+	T_EQ_INT(bulk_status(bu, req, 48, &len, NULL), RL_ENOENT);
+	bulk_req(req, "RLSB", 1, NVER, 6, 1); /* config.json + BIG in 2 MiB chunks: 6 */
+	T_EQ_INT(bulk_status(bu, req, 48, &len, NULL), RL_EINVAL);
+	bulk_req(req, "RLSB", 1, NVER, 1, UINT64_MAX);
+	T_EQ_INT(bulk_status(bu, req, 48, &len, NULL), RL_EINVAL);
+	/* a request cut short, then the client goes away */
+	{
+		nng_stream *st = bulk_dial(bu);
+		T_OK(st != NULL);
+		if (st) {
+			T_EQ_INT(sio(st, 1, req, 20), 0);
+			nng_stream_free(st);
+		}
+	}
+	/* a good one: the raw bytes of chunk 5 (the last MiB of BIG) */
+	bulk_req(req, "RLSB", 1, NVER, 5, 1);
+	T_EQ_INT(bulk_status(bu, req, 48, &len, keep), 0);
+	T_EQ_INT(len, BIG - ((size_t)8 << 20));
+	if (*keep && len == BIG - ((size_t)8 << 20)) {
+		rl_wver *w = make_ver(NVER, BIG);
+		buf = malloc(len);
+		T_EQ_INT(sio(*keep, 0, buf, len), 0);
+		T_OK(memcmp(buf, w->blobs[1].data + ((size_t)8 << 20), len) == 0);
+		free(buf);
+		rl_wver_destroy(w);
+	}
+}
+
 static void
 test_service(void)
 {
@@ -445,6 +663,7 @@ test_service(void)
 	char dd[400], *js;
 	uint64_t l;
 	int port = 20000 + (int)(getpid() % 20000);
+	nng_stream *idle = NULL;
 
 	snprintf(dd, sizeof dd, "%s/data", tmpd);
 	so.listen = url;
@@ -547,7 +766,22 @@ test_service(void)
 		T_OK(got && same_content(got, v));
 		T_OK(st.bytes_recv > rl_wver_total(v) && st.retries == 1, "%llu bytes, %llu retries",
 		     (unsigned long long)st.bytes_recv, (unsigned long long)st.retries);
+		/* on loopback they came over the bulk stream, the re-sent one over REQ/REP */
+		T_OK(st.bulk_chunks > 0 && st.bulk_chunks == st.chunks - 1, "bulk %llu of %llu chunks",
+		     (unsigned long long)st.bulk_chunks, (unsigned long long)st.chunks);
 		rl_wver_destroy(got);
+		/* without the bulk stream: REQ/REP only, the same bytes */
+		{
+			rl_wsync_client *c3;
+			rl_wsync_client_opts o3 = { .timeout_ms = 5000, .stored = 1, .bulk = -1 };
+			T_EQ_INT(rl_wsync_client_open(&c3, url, &o3), RL_OK);
+			T_EQ_INT(rl_wsync_fetch(c3, &got, 0, NULL), RL_OK);
+			rl_wsync_client_stats(c3, &st, 1);
+			T_OK(got && same_content(got, v));
+			T_OK(st.bulk_chunks == 0 && st.chunks > 0);
+			rl_wver_destroy(got);
+			rl_wsync_client_close(c3);
+		}
 		/* into a buffer of the same layout (double buffering) */
 		{
 			rl_wver *buf = make_ver(1, BIG), *small = make_ver(1, 1000);
@@ -568,12 +802,17 @@ test_service(void)
 
 	T_EQ_INT(rl_wsync_status(c, &js), RL_OK);
 	T_OK(js && strstr(js, "\"latest\":6") != NULL, "%s", js ? js : "");
+	T_OK(js && strstr(js, "\"bulk\":\"tcp://127.0.0.1:") != NULL && strstr(js, "\"bulk_chunks_served\":0") == NULL,
+	     "%s", js ? js : "");
 	free(js);
 	test_hostile();
-	T_EQ_INT(rl_wsync_status(c, &js), RL_OK); /* still serving after the hostile client */
+	test_bulk_hostile(&idle);
+	T_EQ_INT(rl_wsync_status(c, &js), RL_OK); /* still serving after the hostile clients */
 	free(js);
 	rl_wsync_client_close(c);
-	rl_wsync_server_close(srv);
+	rl_wsync_server_close(srv); /* with a bulk connection open */
+	if (idle)
+		nng_stream_free(idle);
 
 	/* restarted: serves the last version from the data directory */
 	srv = NULL;
