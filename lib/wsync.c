@@ -16,6 +16,7 @@
  */
 #include "wsync.h"
 #include "wdir.h"
+#include "wshm.h"
 #include "core.h"
 
 #include <cjson/cJSON.h>
@@ -41,6 +42,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/mman.h>
 
 /* ---- checksum: XXH64 -------------------------------------------------------- */
 #define P1 0x9E3779B185EBCA87ULL
@@ -223,6 +225,8 @@ rl_wver_destroy(rl_wver *v)
 		if (v->borrowed != 1)
 			free(v->blobs[i].data);
 	}
+	if (v->map)
+		munmap(v->map, v->mapn);
 	free(v->blobs);
 	free(v);
 }
@@ -828,7 +832,7 @@ rl_wsync_decode(uint8_t *dst, size_t n, const uint8_t *enc, size_t encn, uint32_
 #define WM_MAGIC 0x4d574c52u /* "RLWM": manifest */
 #define WS_WAIT_MAX_MS 30000 /* a parked long-poll is answered at least this often */
 enum { OP_STATUS = 1, OP_WAIT, OP_MANIFEST, OP_CHUNK, OP_PUSH_BEGIN, OP_PUSH_CHUNK, OP_PUSH_COMMIT, OP_DATA,
-       OP_REPLY = 0x8000 };
+       OP_SHM, OP_REPLY = 0x8000 };
 
 /* bulk stream (a second listener; docs/sync.md): the client asks for a range
  * of whole chunks with one 48-byte request, the server answers each chunk with
@@ -1092,7 +1096,7 @@ fail:
 #define CHUNK_STORED ((uint64_t)1 << 63)
 #define CB_HDR 16
 
-static atomic_int test_corrupt, test_slow_ms;
+static atomic_int test_corrupt, test_slow_ms, test_corrupt_shm;
 void rl_wsync_test_corrupt(int n) { atomic_store(&test_corrupt, n); }
 
 /* ---- server ---------------------------------------------------------------------- */
@@ -1114,6 +1118,7 @@ typedef struct sver {
 	uint8_t *got;             /* staging: chunk received */
 	size_t ngot;
 	int refs;
+	int shm_fd;               /* sealed memfd holding the version (wshm.h), -1 none */
 } sver;
 
 enum { SC_RECV, SC_WORK, SC_SEND, SC_PARKED };
@@ -1149,6 +1154,8 @@ struct rl_wsync_server {
 	char bulk_url[320];
 	struct bconn *bconns;     /* connections, finished ones until reaped */
 	int nbconn;
+	rl_wshm_srv *shm;         /* hands out the versions' memfds on this host; NULL none */
+	char hostid[24];
 };
 
 static void
@@ -1164,6 +1171,8 @@ sver_unref_locked(sver *x)
 	free(x->delta);
 	free(x->ch);
 	free(x->got);
+	if (x->shm_fd >= 0)
+		close(x->shm_fd);
 	sver_unref_locked(x->base);
 	rl_wver_destroy(x->v);
 	free(x);
@@ -1196,6 +1205,7 @@ sver_make(sver **out, rl_wver *v, uint32_t chunk)
 	x->v = v;
 	v->chunk = chunk; /* persisted with the version: a restart keeps the chunk indices */
 	x->refs = 1;
+	x->shm_fd = -1;
 	*out = x;
 	return RL_OK;
 fail:
@@ -1276,6 +1286,8 @@ do_status(rl_wsync_server *s)
 	cJSON_AddNumberToObject(j, "chunks_served", (double)s->n_chunks);
 	cJSON_AddNumberToObject(j, "bulk_chunks_served", (double)s->n_bulk_chunks);
 	cJSON_AddStringToObject(j, "bulk", s->bfd >= 0 ? s->bulk_url : "");
+	cJSON_AddStringToObject(j, "shm", s->shm ? rl_wshm_srv_name(s->shm) : "");
+	cJSON_AddNumberToObject(j, "shm_served", s->shm ? (double)rl_wshm_srv_served(s->shm) : 0);
 	cJSON_AddNumberToObject(j, "bytes_served", (double)s->bytes_out);
 	cJSON_AddNumberToObject(j, "push_chunks_rejected", (double)s->n_bad_push);
 	cJSON_AddNumberToObject(j, "bad_requests", (double)s->n_bad_req);
@@ -1595,6 +1607,16 @@ install(rl_wsync_server *s, sver *x)
 {
 	sver *drop = NULL;
 
+	/* x is not visible yet: move its bytes into a sealed memfd that workers
+	 * on this host map (the heap copy is freed, the bytes exist once) */
+	if (s->o.shm >= 0 && x->shm_fd < 0) {
+		int bad = atomic_load(&test_corrupt_shm) > 0;
+		if (rl_wshm_make(&x->shm_fd, x->v, 1, bad) != 0)
+			rl_warn("version %llu: no shared memory copy; workers on this host use the stream",
+				(unsigned long long)x->v->version);
+		else if (bad)
+			atomic_fetch_sub(&test_corrupt_shm, 1);
+	}
 	pthread_mutex_lock(&s->mu);
 	if (s->o.keep_previous) {
 		drop = s->prev;
@@ -2025,6 +2047,46 @@ bulk_close(rl_wsync_server *s)
 		unlink(s->bulk_url + 6);
 }
 
+/* the shm service's lookup: a dup of the held version's memfd */
+static int
+shm_lookup(void *arg, uint64_t version, int *fd, uint64_t *got, uint64_t *size)
+{
+	rl_wsync_server *s = arg;
+	sver *x = NULL;
+	int rv = RL_ENOENT;
+
+	pthread_mutex_lock(&s->mu);
+	if (version == 0 || (s->latest && s->latest->v->version == version))
+		x = s->latest;
+	else if (s->prev && s->prev->v->version == version)
+		x = s->prev;
+	if (x && x->shm_fd < 0)
+		rv = RL_ENOTSUP;
+	else if (x && (*fd = fcntl(x->shm_fd, F_DUPFD_CLOEXEC, 0)) < 0)
+		rv = RL_EIO;
+	else if (x) {
+		*got = x->v->version;
+		*size = x->v->mapn;
+		rv = RL_OK;
+	}
+	pthread_mutex_unlock(&s->mu);
+	return rv;
+}
+
+/* OP_SHM: this host's id and the abstract socket that hands out memfds,
+ * as "HOSTID NAME" */
+static nng_msg *
+do_shm(rl_wsync_server *s)
+{
+	char b[160];
+	int n;
+
+	if (s->shm == NULL)
+		return reply_err(OP_SHM, RL_ENOTSUP, 0, "this server has no shared memory service");
+	n = snprintf(b, sizeof b, "%s %s", s->hostid, rl_wshm_srv_name(s->shm));
+	return reply_new(OP_SHM, RL_OK, 0, 0, 0, b, (size_t)n);
+}
+
 /* OP_DATA: where the bulk stream is; a = its tcp port (0 for ipc),
  * body = its URL as the server sees it */
 static nng_msg *
@@ -2103,6 +2165,8 @@ handle(rl_wsync_server *s, sctx *c, nng_msg *req, int *parked)
 		return do_push_commit(s, &h);
 	case OP_DATA:
 		return do_data(s);
+	case OP_SHM:
+		return do_shm(s);
 	default:
 		pthread_mutex_lock(&s->mu);
 		s->n_bad_req++;
@@ -2308,6 +2372,8 @@ rl_wsync_server_close(rl_wsync_server *s)
 		pthread_join(s->workers[i], NULL);
 	if (s->timer_started)
 		pthread_join(s->timer, NULL);
+	rl_wshm_srv_close(s->shm);
+	s->shm = NULL;
 	bulk_close(s);
 	nng_close(s->sock);
 	for (int i = 0; i < s->nctx; i++) {
@@ -2371,6 +2437,8 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 	s->bfd = -1;
 	if (getenv("RL_WSYNC_TEST_CORRUPT"))
 		rl_wsync_test_corrupt(atoi(getenv("RL_WSYNC_TEST_CORRUPT")));
+	if (getenv("RL_WSYNC_TEST_CORRUPT_SHM"))
+		atomic_store(&test_corrupt_shm, atoi(getenv("RL_WSYNC_TEST_CORRUPT_SHM")));
 	if (getenv("RL_WSYNC_TEST_SLOW_MS"))
 		atomic_store(&test_slow_ms, atoi(getenv("RL_WSYNC_TEST_SLOW_MS")));
 	if (o->data_dir) {
@@ -2413,6 +2481,10 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 	}
 	s->timer_started = 1;
 	bulk_open(s, url);
+	if (s->o.shm >= 0 && strncmp(url, "inproc://", 9) != 0) {
+		if (rl_wshm_hostid(s->hostid, sizeof s->hostid) != 0 || rl_wshm_srv_open(&s->shm, shm_lookup, s) != 0)
+			rl_warn("no shared memory service: workers on this host use the stream");
+	}
 	for (int i = 0; i < s->nctx; i++)
 		ctx_recv(&s->ctxs[i]);
 	*out = s;
@@ -2431,7 +2503,8 @@ struct rl_wsync_client {
 	nng_aio *aio;
 	int local;                /* the server is on this host (loopback, ipc, inproc) */
 	_Atomic uint64_t bulk_off_until_ms; /* the bulk stream was unreachable: REQ/REP until then */
-	_Atomic uint64_t bytes_sent, bytes_recv, chunks, retries, raw_bytes, bulk_chunks;
+	_Atomic uint64_t bytes_sent, bytes_recv, chunks, retries, raw_bytes, bulk_chunks, shm_versions;
+	char hostid[24];          /* ours, "" if unknown */
 };
 
 /* is url a server on this host?  Compression only costs CPU there. */
@@ -2478,6 +2551,15 @@ rl_wsync_client_open(rl_wsync_client **out, const char *url, const rl_wsync_clie
 		c->o.max_bytes = default_max_bytes();
 	c->url = rl_xstrdup(url);
 	c->local = url_is_local(url);
+	if (c->o.transport < RL_WSYNC_T_AUTO || c->o.transport > RL_WSYNC_T_NNG) {
+		rl_error("'%s': this client fetches with auto, shm, stream or nng", url);
+		rv = RL_EINVAL;
+		goto fail;
+	}
+	if (c->o.transport == RL_WSYNC_T_NNG)
+		c->o.bulk = -1;
+	if (rl_wshm_hostid(c->hostid, sizeof c->hostid) != 0)
+		c->hostid[0] = 0;
 	c->sock = (nng_socket)NNG_SOCKET_INITIALIZER;
 	if (c->o.chunk < RL_WSYNC_PIECE || c->o.chunk > RL_WSYNC_CHUNK_MAX || c->o.chunk % RL_WSYNC_PIECE) {
 		rl_error("chunk size %zu: must be a multiple of 1 MiB, at most %zu MiB", c->o.chunk,
@@ -2530,8 +2612,9 @@ rl_wsync_client_stats(rl_wsync_client *c, rl_wsync_stats *st, int reset)
 	st->retries = c->retries;
 	st->raw_bytes = c->raw_bytes;
 	st->bulk_chunks = c->bulk_chunks;
+	st->shm_versions = c->shm_versions;
 	if (reset)
-		c->bytes_sent = c->bytes_recv = c->chunks = c->retries = c->raw_bytes = c->bulk_chunks = 0;
+		c->bytes_sent = c->bytes_recv = c->chunks = c->retries = c->raw_bytes = c->bulk_chunks = c->shm_versions = 0;
 }
 
 /* one request and its reply on (ctx, aio).  *rep holds the reply message
@@ -3158,6 +3241,106 @@ xfer_run(xfer *x)
 	return atomic_load(&x->err);
 }
 
+/* the server's shared memory service if it runs on this host (its host id
+ * is ours): its socket name.  RL_ENOTSUP when not. */
+static int
+shm_where(rl_wsync_client *c, char *name, size_t n)
+{
+	nng_msg *m;
+	whdr h;
+	const char *sp;
+	size_t hl, nl;
+	int rv;
+
+	if (c->hostid[0] == 0)
+		return RL_ENOTSUP;
+	if ((rv = rpc(c, c->ctx, c->aio, OP_SHM, 0, 0, 0, NULL, 0, NULL, 0, c->o.timeout_ms, &m, &h)) != 0) {
+		if (m)
+			nng_msg_free(m);
+		/* an older server answers "unknown operation" */
+		return rv == RL_EINVAL ? RL_ENOTSUP : rv;
+	}
+	sp = memchr(h.body, ' ', h.bodyn);
+	hl = sp ? (size_t)(sp - (const char *)h.body) : 0;
+	nl = sp ? h.bodyn - hl - 1 : 0;
+	rv = RL_ENOTSUP;
+	if (sp == NULL || hl != strlen(c->hostid) || memcmp(h.body, c->hostid, hl) != 0) {
+		rl_verbose("'%s' runs on another host (or boot): no shared memory", c->url);
+	} else if (nl == 0 || nl >= n) {
+		rv = RL_EFORMAT;
+	} else {
+		memcpy(name, sp + 1, nl);
+		name[nl] = 0;
+		rv = RL_OK;
+	}
+	nng_msg_free(m);
+	return rv;
+}
+
+/* v (a decoded manifest) from the server's memfd: mapped read-only and
+ * verified once; with dst the bytes are then copied into dst's buffers
+ * (which v points to) and the mapping dropped.  On failure v is as it was. */
+static int
+fetch_shm(rl_wsync_client *c, rl_wver *v, rl_wver *dst)
+{
+	char name[128];
+	uint64_t got = 0, size = 0;
+	uint8_t **old = NULL;
+	int fd = -1, oldb = v->borrowed, rv;
+
+	if ((rv = shm_where(c, name, sizeof name)) != 0)
+		return rv;
+	if ((rv = rl_wshm_recv(&fd, &got, &size, name, v->version, c->o.timeout_ms)) != 0)
+		return rv;
+	if (got != v->version || size != rl_wshm_size(v)) {
+		close(fd);
+		return RL_EFORMAT;
+	}
+	if ((old = rl_try_calloc((size_t)v->nblobs + 1, sizeof *old, "blob table")) == NULL) {
+		close(fd);
+		return RL_ENOMEM;
+	}
+	for (int i = 0; i < v->nblobs; i++)
+		old[i] = v->blobs[i].data;
+	rv = rl_wshm_map(v, fd);
+	close(fd); /* the mapping keeps the object alive */
+	if (rv == RL_OK && (rv = rl_wver_verify(v)) != 0)
+		rl_warn("version %llu: the shared memory object does not match its checksums",
+			(unsigned long long)v->version);
+	if (rv != RL_OK) {
+		if (v->map)
+			munmap(v->map, v->mapn);
+		v->map = NULL;
+		v->mapn = 0;
+		for (int i = 0; i < v->nblobs; i++)
+			v->blobs[i].data = old[i];
+		v->borrowed = oldb;
+		free(old);
+		return rv;
+	}
+	for (int i = 0; i < v->nblobs; i++) {
+		if (dst) {
+			if (v->blobs[i].size)
+				memcpy(old[i], v->blobs[i].data, (size_t)v->blobs[i].size);
+			v->blobs[i].data = old[i];
+		} else if (oldb != 1) {
+			free(old[i]);
+		}
+	}
+	if (dst) {
+		munmap(v->map, v->mapn);
+		v->map = NULL;
+		v->mapn = 0;
+		v->borrowed = oldb;
+	}
+	free(old);
+	c->shm_versions++;
+	c->raw_bytes += rl_wver_total(v);
+	rl_verbose("version %llu: mapped from shared memory '@%s'%s", (unsigned long long)v->version, name,
+		   dst ? ", copied into the buffer" : "");
+	return RL_OK;
+}
+
 /* fetch into dst (NULL: allocate) */
 static int
 fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const rl_wver *base)
@@ -3205,6 +3388,20 @@ fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const r
 			v->blobs[i].data = dst->blobs[i].data;
 		dst->version = 0; /* not a valid version until this succeeds */
 	}
+	if (c->o.transport == RL_WSYNC_T_AUTO || c->o.transport == RL_WSYNC_T_SHM) {
+		if ((rv = fetch_shm(c, v, dst)) == RL_OK)
+			goto done;
+		if (c->o.transport == RL_WSYNC_T_SHM) {
+			rl_error("fetch: version %llu over shared memory from '%s': %s", (unsigned long long)v->version,
+				 c->url, rl_strerror(rv));
+			if (rv == RL_ENOTSUP)
+				rl_hint("the server must run on this host (and its shared memory service be on); "
+					"use --transport auto or stream");
+			goto out;
+		}
+		rl_verbose("version %llu: not over shared memory (%s); fetching over the %s", (unsigned long long)v->version,
+			   rl_strerror(rv), c->o.bulk >= 0 ? "stream" : "REQ/REP socket");
+	}
 	x.c = c;
 	x.v = v;
 	if (base && db != 0 && base->version == db && same_layout(base, v))
@@ -3220,6 +3417,7 @@ fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const r
 		   x.base ? " as a delta" : x.stored ? ", uncompressed" : "", x.bulk ? " over the bulk stream" : "");
 	if ((rv = xfer_run(&x)) != 0)
 		goto out;
+done:
 	if (dst) {
 		dst->version = v->version;
 		dst->hash = v->hash;
@@ -3459,17 +3657,41 @@ rl_wsync_open_transport(rl_wsync **out, const rl_wsync_transport *t, void *self)
 }
 
 int
+rl_wsync_transport_parse(const char *name, int *out)
+{
+	static const char *const names[] = { "auto", "shm", "stream", "nng", "file" };
+
+	for (int i = 0; i < 5; i++)
+		if (strcmp(name, names[i]) == 0) {
+			*out = i;
+			return RL_OK;
+		}
+	return RL_EINVAL;
+}
+
+int
 rl_wsync_open(rl_wsync **out, const char *url, int keep)
+{
+	return rl_wsync_open_with(out, url, keep, RL_WSYNC_T_AUTO);
+}
+
+int
+rl_wsync_open_with(rl_wsync **out, const char *url, int keep, int transport)
 {
 	int rv;
 
 	*out = NULL;
 	if (strncmp(url, "tcp://", 6) == 0 || strncmp(url, "ipc://", 6) == 0 || strncmp(url, "inproc://", 9) == 0 ||
 	    strncmp(url, "tls+tcp://", 10) == 0) {
-		tnng *t = rl_try_calloc(1, sizeof *t, "sync handle");
-		if (t == NULL)
+		rl_wsync_client_opts o = { .transport = transport };
+		tnng *t;
+		if (transport == RL_WSYNC_T_FILE) {
+			rl_error("'%s': the file transport needs a directory, not a server URL", url);
+			return RL_EINVAL;
+		}
+		if ((t = rl_try_calloc(1, sizeof *t, "sync handle")) == NULL)
 			return RL_ENOMEM;
-		if ((rv = rl_wsync_client_open(&t->c, url, NULL)) != 0 ||
+		if ((rv = rl_wsync_client_open(&t->c, url, &o)) != 0 ||
 		    (rv = rl_wsync_open_transport(out, &tnng_vt, t)) != 0) {
 			tnng_close(t);
 			return rv;
@@ -3484,6 +3706,11 @@ rl_wsync_open(rl_wsync **out, const char *url, int keep)
 	if (strstr(url, "://") != NULL && strncmp(url, "file://", 7) != 0) {
 		rl_error("'%s': unknown weight transport", url);
 		rl_hint("use tcp://HOST:PORT, ipc://PATH, file://DIR or a directory");
+		return RL_EINVAL;
+	}
+	if (transport != RL_WSYNC_T_AUTO && transport != RL_WSYNC_T_FILE) {
+		rl_error("'%s': a directory is read with the file transport", url);
+		rl_hint("shm, stream and nng need an rl-sync server URL (tcp://, ipc://)");
 		return RL_EINVAL;
 	}
 	{

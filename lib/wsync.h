@@ -64,6 +64,9 @@ typedef struct rl_wver {
 	int borrowed;        /* 1: blob data belongs to the caller (rl_wver_add_blob copy=0) */
 	uint32_t chunk;      /* transfer chunk size a server serves it with (0: default);
 	                      * kept in rlsync.json so a restarted server keeps its chunking */
+	void *map;           /* NULL, or a read-only shared mapping the blobs point into
+	                      * (shared memory transport, wshm.h); unmapped by destroy */
+	size_t mapn;
 } rl_wver;
 
 /* rl_wver_create: an empty version numbered `version`.  *out is owned by the
@@ -129,6 +132,8 @@ typedef struct rl_wsync_server_opts {
 	int bulk;              /* -1: no bulk stream; else (tcp:// and ipc:// URLs) a second
 	                        * listener streams whole raw chunks straight from memory
 	                        * (tcp: same host, an ephemeral port the clients are told) */
+	int shm;               /* -1: no shared memory service; else every version is kept
+	                        * in a sealed memfd that clients on this host map (wshm.h) */
 } rl_wsync_server_opts;
 
 /* rl_wsync_server_open starts serving in background threads.  With data_dir
@@ -147,7 +152,20 @@ typedef struct rl_wsync_stats {
 	uint64_t chunks, retries;         /* chunks moved, chunks re-requested after a bad checksum */
 	uint64_t raw_bytes;               /* decoded bytes */
 	uint64_t bulk_chunks;             /* of chunks, those that came over the bulk stream */
+	uint64_t shm_versions;            /* versions mapped from the server's shared memory */
 } rl_wsync_stats;
+
+/* How a client fetches (rl_wsync_client_opts.transport, --transport):
+ *   AUTO   shared memory when the server runs on this host (it advertises a
+ *          host+boot id that matches ours), else the bulk stream / REQ/REP as
+ *          `stored` and `bulk` say; a failing shm fetch falls back (verbose note);
+ *   SHM    shared memory only (RL_ENOTSUP if the server is elsewhere);
+ *   STREAM never shared memory: bulk stream where possible, else REQ/REP;
+ *   NNG    REQ/REP messages only (no shm, no bulk stream). */
+enum { RL_WSYNC_T_AUTO = 0, RL_WSYNC_T_SHM, RL_WSYNC_T_STREAM, RL_WSYNC_T_NNG, RL_WSYNC_T_FILE };
+/* rl_wsync_transport_parse: "auto", "shm", "stream", "nng", "file" -> RL_WSYNC_T_*;
+ * RL_EINVAL (not logged) for anything else. */
+int rl_wsync_transport_parse(const char *name, int *out);
 
 typedef struct rl_wsync_client rl_wsync_client;
 typedef struct rl_wsync_client_opts {
@@ -164,6 +182,8 @@ typedef struct rl_wsync_client_opts {
 	                       * whole chunks (REQ/REP only) */
 	size_t max_msg;       /* NNG_OPT_RECVMAXSZ; 0 -> RL_WSYNC_CHUNK_MAX + 64 KiB */
 	uint64_t max_bytes;   /* largest version fetched; 0 -> half the physical memory */
+	int transport;        /* RL_WSYNC_T_AUTO (0), _SHM, _STREAM or _NNG; a version fetched
+	                       * over shm (rl_wsync_fetch) is a read-only mapping (v->map) */
 } rl_wsync_client_opts;
 
 /* rl_wsync_client_open dials url (non-blocking dial: a server that starts
@@ -231,6 +251,9 @@ typedef struct rl_wsync rl_wsync;
  * server), file://DIR or a plain path (the wdir file transport; keep = old
  * versions kept by publish, 0 -> 2), nccl:// or cuda-ipc:// (RL_ENOTSUP). */
 int rl_wsync_open(rl_wsync **out, const char *url, int keep);
+/* rl_wsync_open_with: the same with a client transport (RL_WSYNC_T_*): FILE
+ * needs a directory URL, the others an nng URL (RL_EINVAL otherwise). */
+int rl_wsync_open_with(rl_wsync **out, const char *url, int keep, int transport);
 /* rl_wsync_open_transport wraps a caller-made transport (takes self). */
 int rl_wsync_open_transport(rl_wsync **out, const rl_wsync_transport *t, void *self);
 void rl_wsync_close(rl_wsync *s);

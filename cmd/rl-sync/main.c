@@ -25,10 +25,11 @@
 #include <unistd.h>
 
 static const char usage_text[] =
-	"usage: rl-sync serve --listen URL [--data-dir DIR] [--keep-previous] [--threads N]\n"
+	"usage: rl-sync serve --listen URL [--data-dir DIR] [--keep-previous] [--threads N] [--no-shm]\n"
 	"       rl-sync push URL CKPT_DIR [--version N] [--delta BASE_DIR] [--level L] [--chunk MIB]\n"
 	"                    [--stored|--compress]\n"
 	"       rl-sync pull URL --out DIR [--wait] [--follow] [--keep K] [--version N] [--stored|--compress]\n"
+	"                    [--transport auto|shm|stream|nng]\n"
 	"       rl-sync status URL [--json]\n"
 	"       rl-sync publish DIR CKPT_DIR --version N [--keep K]\n"
 	"common: [--timeout MS] [--parallel N] [-q] [-v] [--help]\n";
@@ -47,6 +48,7 @@ static const char help_text[] =
 	"  -d, --data-dir DIR     serve: keep versions in DIR; a restarted server serves the last one\n"
 	"  -p, --keep-previous    serve: also hold and serve the previous version\n"
 	"  -t, --threads N        serve: worker threads (default 4)\n"
+	"  -M, --no-shm           serve: no shared memory for workers on this host\n"
 	"  -n, --version N        push/publish: version number (push default: server's latest + 1);\n"
 	"                         pull: fetch version N instead of the latest\n"
 	"  -D, --delta BASE_DIR   push: send only the XOR against BASE_DIR, the server's latest version\n"
@@ -60,6 +62,8 @@ static const char help_text[] =
 	"                         on this host; deltas are always compressed)\n"
 	"  -Z, --compress         push/pull: whole chunks zstd-compressed (the default with a\n"
 	"                         server on another host)\n"
+	"  -x, --transport T      pull: auto (shared memory when the server is on this host, else\n"
+	"                         the stream), shm, stream (bulk stream or REQ/REP) or nng (REQ/REP)\n"
 	"  -j, --json             status: print JSON\n"
 	"  -T, --timeout MS       per-request timeout (default 10000)\n"
 	"  -P, --parallel N       chunks in flight (default 4)\n"
@@ -81,6 +85,8 @@ static const struct option longopts[] = {
 	{ "follow", no_argument, NULL, 'f' },
 	{ "keep", required_argument, NULL, 'k' },
 	{ "json", no_argument, NULL, 'j' },
+	{ "transport", required_argument, NULL, 'x' },
+	{ "no-shm", no_argument, NULL, 'M' },
 	{ "stored", no_argument, NULL, 'S' },
 	{ "compress", no_argument, NULL, 'Z' },
 	{ "timeout", required_argument, NULL, 'T' },
@@ -94,6 +100,7 @@ static const struct option longopts[] = {
 typedef struct cfg {
 	const char *cmd, *url, *dir, *ckpt, *listen, *data_dir, *out, *delta;
 	int keep_previous, threads, level, wait, follow, keep, json, stored, timeout, parallel, verbosity;
+	int transport, no_shm;
 	unsigned long long version;
 	size_t chunk;
 } cfg;
@@ -154,6 +161,7 @@ cmd_serve(const cfg *c)
 	o.data_dir = c->data_dir;
 	o.keep_previous = c->keep_previous;
 	o.threads = c->threads;
+	o.shm = c->no_shm ? -1 : 0;
 	install_signals();
 	if ((rv = rl_wsync_server_open(&s, &o)) != 0)
 		return exit_code(rv);
@@ -176,6 +184,7 @@ client_opts(const cfg *c)
 	o.level = c->level;
 	o.chunk = c->chunk;
 	o.stored = c->stored;
+	o.transport = c->transport;
 	return o;
 }
 
@@ -320,9 +329,13 @@ cmd_pull(const cfg *c)
 			rl_wver_destroy(v);
 			goto out;
 		}
-		rl_info("pulled version %llu: %llu bytes (%llu on the wire%s) in %.2f s", (unsigned long long)v->version,
-			(unsigned long long)rl_wver_total(v), (unsigned long long)st.bytes_recv,
-			st.retries ? ", with re-sent chunks" : "", rl_now() - t0);
+		if (st.shm_versions)
+			rl_info("pulled version %llu: %llu bytes over shared memory in %.2f s", (unsigned long long)v->version,
+				(unsigned long long)rl_wver_total(v), rl_now() - t0);
+		else
+			rl_info("pulled version %llu: %llu bytes (%llu on the wire%s) in %.2f s",
+				(unsigned long long)v->version, (unsigned long long)rl_wver_total(v),
+				(unsigned long long)st.bytes_recv, st.retries ? ", with re-sent chunks" : "", rl_now() - t0);
 		last = v->version;
 		rl_wver_destroy(have);
 		have = v;
@@ -378,6 +391,12 @@ cmd_status(const cfg *c)
 	it = cJSON_GetObjectItemCaseSensitive(j, "bulk");
 	if (cJSON_IsString(it) && it->valuestring[0])
 		printf("bulk stream: %s\n", it->valuestring);
+	it = cJSON_GetObjectItemCaseSensitive(j, "shm");
+	if (cJSON_IsString(it) && it->valuestring[0]) {
+		const cJSON *n = cJSON_GetObjectItemCaseSensitive(j, "shm_served");
+		printf("shared memory: @%s (%.0f versions handed out)\n", it->valuestring,
+		       cJSON_IsNumber(n) ? n->valuedouble : 0);
+	}
 out:
 	cJSON_Delete(j);
 	free(js);
@@ -404,7 +423,7 @@ main(int argc, char **argv)
 	 * the heap instead of fresh, page-faulted mappings each time */
 	mallopt(M_MMAP_THRESHOLD, 128 << 20);
 	mallopt(M_TRIM_THRESHOLD, 512 << 20);
-	while ((opt = getopt_long(argc, argv, "l:d:pt:n:D:L:c:o:wfk:jSZT:P:qvh", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "l:d:pt:n:D:L:c:o:wfk:jSZT:P:qvhx:M", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'l': c.listen = optarg; break;
 		case 'd': c.data_dir = optarg; break;
@@ -439,6 +458,11 @@ main(int argc, char **argv)
 			c.keep = (int)v;
 			break;
 		case 'j': c.json = 1; break;
+		case 'x':
+			if (rl_wsync_transport_parse(optarg, &c.transport) != 0 || c.transport == RL_WSYNC_T_FILE)
+				return usage("--transport: want auto, shm, stream or nng, not '%s'", optarg);
+			break;
+		case 'M': c.no_shm = 1; break;
 		case 'S': c.stored = 1; break;
 		case 'Z': c.stored = -1; break;
 		case 'T':

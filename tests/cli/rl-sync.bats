@@ -129,11 +129,11 @@ bump() {
 	assert_line --partial 'bulk stream: tcp://127.0.0.1:'
 	run --separate-stderr rl-sync push "$URL" "$T/ck" -v
 	assert_success
-	run --separate-stderr rl-sync pull "$URL" --out "$T/a" -v
+	run --separate-stderr rl-sync pull "$URL" --transport stream --out "$T/a" -v
 	assert_success
 	[[ $stderr == *'uncompressed over the bulk stream'* ]]
 	cmp "$T/ck/model.safetensors" "$T/a/latest/model.safetensors"
-	run --separate-stderr rl-sync pull "$URL" --out "$T/b" --compress -v
+	run --separate-stderr rl-sync pull "$URL" --transport stream --out "$T/b" --compress -v
 	assert_success
 	[[ $stderr != *'bulk stream'* ]]
 	cmp "$T/ck/model.safetensors" "$T/b/latest/model.safetensors"
@@ -141,7 +141,7 @@ bump() {
 	URL="ipc://$T/sync.sock"
 	serve
 	rl-sync push "$URL" "$T/ck" --compress
-	run --separate-stderr rl-sync pull "$URL" --out "$T/c" -v
+	run --separate-stderr rl-sync pull "$URL" --transport stream --out "$T/c" -v
 	assert_success
 	[[ $stderr == *'uncompressed over the bulk stream'* ]]
 	cmp "$T/ck/model.safetensors" "$T/c/latest/model.safetensors"
@@ -171,7 +171,7 @@ bump() {
 
 @test "pull --follow receives every version in order, as deltas" {
 	serve
-	rl-sync pull "$URL" --out "$T/f" --follow --keep 3 -v 3>&- 2>"$T/follow.err" &
+	rl-sync pull "$URL" --transport stream --out "$T/f" --follow --keep 3 -v 3>&- 2>"$T/follow.err" &
 	FP=$!
 	PIDS="$PIDS $FP"
 	rl-sync push "$URL" "$T/ck" --version 1
@@ -206,7 +206,7 @@ bump() {
 @test "a corrupted chunk is detected and fetched again" {
 	RL_WSYNC_TEST_CORRUPT=1 serve
 	rl-sync push "$URL" "$T/ck"
-	run --separate-stderr rl-sync pull "$URL" --out "$T/out"
+	run --separate-stderr rl-sync pull "$URL" --transport stream --out "$T/out"
 	echo "$stderr"
 	assert_success
 	[[ $stderr == *'failed its checksum; asking again'* ]]
@@ -221,7 +221,7 @@ bump() {
 	for how in --compress --stored; do
 		RL_WSYNC_TEST_CORRUPT=1 serve
 		rl-sync push "$URL" "$T/tiny"
-		run --separate-stderr rl-sync pull "$URL" --out "$T/tiny$how" "$how"
+		run --separate-stderr rl-sync pull "$URL" --transport stream --out "$T/tiny$how" "$how"
 		assert_success
 		[[ $stderr == *"'tokenizer.json' at byte 0) failed its checksum; asking again"* ]]
 		cmp "$T/tiny/tokenizer.json" "$T/tiny$how/latest/tokenizer.json"
@@ -232,7 +232,7 @@ bump() {
 @test "a server that keeps corrupting chunks gives exit 4 and writes nothing" {
 	RL_WSYNC_TEST_CORRUPT=1000 serve
 	rl-sync push "$URL" "$T/ck"
-	run --separate-stderr -4 rl-sync pull "$URL" --out "$T/out"
+	run --separate-stderr -4 rl-sync pull "$URL" --transport stream --out "$T/out"
 	[[ $stderr == *'still bad after 4 tries'* ]]
 	[ ! -e "$T/out/latest" ]
 }
@@ -241,7 +241,7 @@ bump() {
 	head -c 9000000 /dev/urandom >"$T/ck/model.safetensors"
 	RL_WSYNC_TEST_SLOW_MS=150 serve
 	rl-sync push "$URL" "$T/ck" --chunk 1
-	rl-sync pull "$URL" --out "$T/out" --parallel 1 3>&- 2>/dev/null &
+	rl-sync pull "$URL" --transport stream --out "$T/out" --parallel 1 3>&- 2>/dev/null &
 	P=$!
 	PIDS="$PIDS $P"
 	sleep 0.5
@@ -261,7 +261,7 @@ bump() {
 	head -c 9000000 /dev/urandom >"$T/ck/model.safetensors"
 	RL_WSYNC_TEST_SLOW_MS=150 serve --data-dir "$T/data"
 	rl-sync push "$URL" "$T/ck" --chunk 1
-	rl-sync pull "$URL" --out "$T/out" --parallel 1 3>&- 2>"$T/pull.err" &
+	rl-sync pull "$URL" --transport stream --out "$T/out" --parallel 1 3>&- 2>"$T/pull.err" &
 	P=$!
 	PIDS="$PIDS $P"
 	sleep 0.6

@@ -365,7 +365,8 @@ sub_main(void *arg)
 	rl_wsync_client *c;
 	rl_wver *have = NULL;
 	uint64_t last = 0;
-	rl_wsync_client_opts o = { .timeout_ms = 5000, .parallel = 1 + s->id % 3 };
+	rl_wsync_client_opts o = { .timeout_ms = 5000, .parallel = 1 + s->id % 3,
+				    .transport = s->id % 2 ? RL_WSYNC_T_STREAM : RL_WSYNC_T_AUTO };
 
 	if (rl_wsync_client_open(&c, url, &o) != RL_OK) {
 		s->fails++;
@@ -655,7 +656,7 @@ test_service(void)
 	rl_wsync_server *srv = NULL;
 	rl_wsync_server_opts so = { 0 };
 	rl_wsync_client *c = NULL;
-	rl_wsync_client_opts co = { .timeout_ms = 5000 };
+	rl_wsync_client_opts co = { .timeout_ms = 5000, .transport = RL_WSYNC_T_STREAM };
 	pthread_t th[NSUB];
 	sub subs[NSUB];
 	rl_wver *prev = NULL, *v, *got;
@@ -758,7 +759,7 @@ test_service(void)
 	/* uncompressed chunks on request, also checked */
 	{
 		rl_wsync_client *c2;
-		rl_wsync_client_opts o2 = { .timeout_ms = 5000, .stored = 1 };
+		rl_wsync_client_opts o2 = { .timeout_ms = 5000, .stored = 1, .transport = RL_WSYNC_T_STREAM };
 		T_EQ_INT(rl_wsync_client_open(&c2, url, &o2), RL_OK);
 		rl_wsync_test_corrupt(1);
 		T_EQ_INT(rl_wsync_fetch(c2, &got, 0, NULL), RL_OK);
@@ -773,7 +774,7 @@ test_service(void)
 		/* without the bulk stream: REQ/REP only, the same bytes */
 		{
 			rl_wsync_client *c3;
-			rl_wsync_client_opts o3 = { .timeout_ms = 5000, .stored = 1, .bulk = -1 };
+			rl_wsync_client_opts o3 = { .timeout_ms = 5000, .stored = 1, .bulk = -1, .transport = RL_WSYNC_T_STREAM };
 			T_EQ_INT(rl_wsync_client_open(&c3, url, &o3), RL_OK);
 			T_EQ_INT(rl_wsync_fetch(c3, &got, 0, NULL), RL_OK);
 			rl_wsync_client_stats(c3, &st, 1);
