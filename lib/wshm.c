@@ -112,7 +112,7 @@ rl_wshm_make(int *fd, rl_wver *v, int repoint_v, int corrupt)
 	*fd = -1;
 	if ((uint64_t)(size_t)size != size)
 		return RL_ETOOBIG;
-	snprintf(name, sizeof name, "rlsync-v%llu", (unsigned long long)v->version);
+	snprintf(name, sizeof name, "rlsync-%ld-v%llu", (long)getpid(), (unsigned long long)v->version);
 	if ((f = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING)) < 0) {
 		rl_error("cannot create shared memory for version %llu: %s", (unsigned long long)v->version,
 			 strerror(errno));

@@ -2066,7 +2066,7 @@ shm_lookup(void *arg, uint64_t version, int *fd, uint64_t *got, uint64_t *size)
 		rv = RL_EIO;
 	else if (x) {
 		*got = x->v->version;
-		*size = x->v->mapn;
+		*size = rl_wshm_size(x->v);
 		rv = RL_OK;
 	}
 	pthread_mutex_unlock(&s->mu);

@@ -1,0 +1,335 @@
+/*
+ * test_wsync_shm.c — the same-host shared memory transport of rl-sync
+ * (lib/wshm.c and its use in lib/wsync.c): host id, sealed objects that
+ * cannot be written, refusal of unsealed or wrongly sized objects, a server
+ * handing versions to a client that maps them (bytes equal, no chunks moved),
+ * fetch_into over shm, a corrupted object (forced shm: RL_ECHECKSUM; auto:
+ * falls back to the stream and gets the right bytes), a server without shm
+ * (forced: RL_ENOTSUP; auto: the stream), a version dropped by the server
+ * while a client still maps it (unchanged; the server's descriptor is gone),
+ * and the --transport names.  The two-process and kill cases are in
+ * tests/cli/rl-sync-shm.bats.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "core.h"
+#include "t.h"
+#include "wshm.h"
+#include "wsync.h"
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* a version: three blobs of awkward sizes (one empty), random bytes */
+static rl_wver *
+make_ver(uint64_t num, uint32_t seed)
+{
+	static const uint64_t sizes[] = { 3 * 1048576 + 17, 0, 4097 };
+	static const char *names[] = { "model.safetensors", "empty", "config.json" };
+	rl_wver *v;
+	uint32_t x = seed * 2654435761u + 1;
+
+	if (rl_wver_create(&v, num) != RL_OK)
+		return NULL;
+	for (int i = 0; i < 3; i++) {
+		uint8_t *b = malloc(sizes[i] + 1);
+		for (uint64_t k = 0; k < sizes[i]; k++) {
+			x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+			b[k] = (uint8_t)x;
+		}
+		if (rl_wver_add_blob(v, names[i], b, sizes[i], 0, 1) != RL_OK) {
+			free(b);
+			rl_wver_destroy(v);
+			return NULL;
+		}
+		free(b);
+	}
+	if (rl_wver_hash(v) != RL_OK) {
+		rl_wver_destroy(v);
+		return NULL;
+	}
+	return v;
+}
+
+static int
+same_bytes(const rl_wver *a, const rl_wver *b)
+{
+	if (a->nblobs != b->nblobs || a->hash != b->hash)
+		return 0;
+	for (int i = 0; i < a->nblobs; i++)
+		if (a->blobs[i].size != b->blobs[i].size ||
+		    (a->blobs[i].size && memcmp(a->blobs[i].data, b->blobs[i].data, a->blobs[i].size) != 0))
+			return 0;
+	return 1;
+}
+
+/* descriptors of this process whose target contains s */
+static int
+count_fds(const char *s)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	char p[300], t[300];
+	int n = 0;
+
+	if (d == NULL)
+		return -1;
+	while ((e = readdir(d)) != NULL) {
+		ssize_t k;
+		snprintf(p, sizeof p, "/proc/self/fd/%s", e->d_name);
+		if ((k = readlink(p, t, sizeof t - 1)) > 0) {
+			t[k] = 0;
+			n += strstr(t, s) != NULL;
+		}
+	}
+	closedir(d);
+	return n;
+}
+
+/* count_fds once it reaches want (the service closes its duplicate just
+ * after the reply, maybe after the client went on), at most 2 s */
+static int
+settle_fds(const char *s, int want)
+{
+	int n = count_fds(s);
+
+	for (int i = 0; i < 200 && n != want; i++) {
+		usleep(10000);
+		n = count_fds(s);
+	}
+	return n;
+}
+
+/* mappings of this process whose name contains s */
+static int
+count_maps(const char *s)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	int n = 0;
+
+	if (f == NULL)
+		return -1;
+	while (fgets(line, sizeof line, f))
+		n += strstr(line, s) != NULL;
+	fclose(f);
+	return n;
+}
+
+static void
+test_objects(void)
+{
+	char a[32], b[32];
+	rl_wver *v = make_ver(7, 1), *m = NULL;
+	int fd = -1, fd2;
+	uint8_t one = 1;
+
+	T_EQ_INT(rl_wshm_hostid(a, sizeof a), RL_OK);
+	T_EQ_INT(rl_wshm_hostid(b, sizeof b), RL_OK);
+	T_OK(strlen(a) == 16 && strcmp(a, b) == 0, "host id '%s' '%s'", a, b);
+	T_EQ_INT(rl_wshm_hostid(a, 8), RL_EIO);
+	T_OK(v != NULL);
+	if (v == NULL)
+		return;
+	/* blobs page-aligned: 3 MiB + 17 -> 769 pages, empty, 4097 -> 2 pages */
+	T_EQ_INT(rl_wshm_size(v), (uint64_t)(769 + 2) * 4096);
+	T_EQ_INT(rl_wshm_make(&fd, v, 0, 0), RL_OK);
+	T_OK(fd >= 0);
+	/* sealed: no writes, no resizing, no unsealing */
+	T_OK(pwrite(fd, &one, 1, 0) < 0, "a sealed object took a write");
+	T_OK(ftruncate(fd, 4096) != 0, "a sealed object shrank");
+	T_OK(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED);
+	T_OK(fcntl(fd, F_ADD_SEALS, 0) != 0 || (fcntl(fd, F_GET_SEALS) & F_SEAL_SEAL));
+	/* a manifest-only copy maps it and verifies */
+	T_EQ_INT(rl_wver_create(&m, 7), RL_OK);
+	for (int i = 0; i < v->nblobs; i++)
+		T_EQ_INT(rl_wver_add_blob(m, v->blobs[i].name, v->blobs[i].data, v->blobs[i].size, 0, 0), RL_OK);
+	T_EQ_INT(rl_wver_hash(m), RL_OK);
+	T_EQ_INT(rl_wshm_map(m, fd), RL_OK);
+	T_OK(m->map != NULL && m->blobs[0].data != v->blobs[0].data);
+	T_OK(same_bytes(m, v));
+	T_EQ_INT(rl_wver_verify(m), RL_OK);
+	rl_wver_destroy(m);
+	close(fd);
+
+	/* an unsealed object, and one of the wrong size, are refused */
+	fd2 = memfd_create("rlsync-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	T_OK(fd2 >= 0 && ftruncate(fd2, (off_t)rl_wshm_size(v)) == 0);
+	T_EQ_INT(rl_wshm_map(v, fd2), RL_EFORMAT);
+	T_OK(ftruncate(fd2, 4096) == 0 && fcntl(fd2, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK) == 0);
+	T_EQ_INT(rl_wshm_map(v, fd2), RL_EFORMAT);
+	T_OK(v->map == NULL);
+	close(fd2);
+
+	/* repoint: the version's bytes now live in the object only */
+	T_EQ_INT(rl_wshm_make(&fd, v, 1, 0), RL_OK);
+	T_OK(v->map != NULL && v->borrowed == 1);
+	T_EQ_INT(rl_wver_verify(v), RL_OK);
+	close(fd);
+	rl_wver_destroy(v);
+}
+
+static rl_wsync_server *
+serve(const char *url, int shm)
+{
+	rl_wsync_server_opts so = { .listen = url, .shm = shm };
+	rl_wsync_server *s = NULL;
+
+	T_EQ_INT(rl_wsync_server_open(&s, &so), RL_OK);
+	return s;
+}
+
+static void
+test_service(const char *dir)
+{
+	char url[512], tag[64];
+	rl_wsync_server *s;
+	rl_wsync_client *c = NULL, *ca = NULL;
+	rl_wsync_client_opts shm = { .timeout_ms = 5000, .transport = RL_WSYNC_T_SHM };
+	rl_wsync_client_opts aut = { .timeout_ms = 5000 };
+	rl_wver *ref = make_ver(1, 3), *ref2 = make_ver(2, 4), *got = NULL, *dst = NULL;
+	rl_wsync_stats st;
+
+	snprintf(url, sizeof url, "ipc://%s/s.sock", dir);
+	if ((s = serve(url, 0)) == NULL || ref == NULL || ref2 == NULL)
+		return;
+	{
+		rl_wver *p = make_ver(1, 3);
+		T_EQ_INT(rl_wsync_server_publish(s, p), RL_OK);
+	}
+	snprintf(tag, sizeof tag, "memfd:rlsync-%ld-v1", (long)getpid());
+	T_EQ_INT(count_fds(tag), 1); /* the server's */
+	T_EQ_INT(rl_wsync_client_open(&c, url, &shm), RL_OK);
+	T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_OK);
+	rl_wsync_client_stats(c, &st, 1);
+	T_OK(got && got->map != NULL && same_bytes(got, ref), "fetched over shm");
+	T_OK(st.shm_versions == 1 && st.chunks == 0 && st.bulk_chunks == 0, "shm %llu chunks %llu",
+	     (unsigned long long)st.shm_versions, (unsigned long long)st.chunks);
+	T_EQ_INT(settle_fds(tag, 1), 1); /* the client keeps a mapping, not a descriptor */
+
+	/* fetch_into: into the caller's buffer, no mapping kept */
+	T_EQ_INT(rl_wver_create(&dst, 0), RL_OK);
+	for (int i = 0; i < ref->nblobs; i++) {
+		uint8_t *z = calloc(1, ref->blobs[i].size + 1);
+		T_EQ_INT(rl_wver_add_blob(dst, ref->blobs[i].name, z, ref->blobs[i].size, 0, 1), RL_OK);
+		free(z);
+	}
+	T_EQ_INT(rl_wsync_fetch_into(c, dst, 0, NULL), RL_OK);
+	T_OK(dst->map == NULL && dst->version == 1 && same_bytes(dst, ref));
+
+	/* the server drops v1: its descriptor goes, the client's mapping stays
+	 * valid and unchanged (no tearing) */
+	T_EQ_INT(rl_wsync_server_publish(s, ref2), RL_OK);
+	ref2 = NULL;
+	T_EQ_INT(settle_fds(tag, 0), 0);
+	T_OK(count_maps(tag) >= 1, "the client still maps v1");
+	T_OK(got && same_bytes(got, ref) && rl_wver_verify(got) == RL_OK);
+	rl_wver_destroy(got);
+	got = NULL;
+	T_EQ_INT(count_maps(tag), 0);
+	/* v2 into the same-layout buffer, then a specific old version is gone */
+	T_EQ_INT(rl_wsync_fetch_into(c, dst, 0, NULL), RL_OK);
+	T_EQ_INT(dst->version, 2);
+	T_EQ_INT(rl_wsync_fetch(c, &got, 1, NULL), RL_ENOENT);
+	rl_wsync_client_close(c);
+	c = NULL;
+	rl_wsync_server_close(s);
+	rl_wver_destroy(dst);
+
+	/* a corrupted object: forced shm fails the checksum, auto falls back */
+	snprintf(url, sizeof url, "ipc://%s/c.sock", dir);
+	setenv("RL_WSYNC_TEST_CORRUPT_SHM", "1", 1);
+	s = serve(url, 0);
+	unsetenv("RL_WSYNC_TEST_CORRUPT_SHM");
+	if (s == NULL)
+		goto out;
+	T_EQ_INT(rl_wsync_server_publish(s, make_ver(1, 3)), RL_OK);
+	T_EQ_INT(rl_wsync_client_open(&c, url, &shm), RL_OK);
+	T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_ECHECKSUM);
+	T_OK(got == NULL);
+	T_EQ_INT(rl_wsync_client_open(&ca, url, &aut), RL_OK);
+	T_EQ_INT(rl_wsync_fetch(ca, &got, 0, NULL), RL_OK);
+	rl_wsync_client_stats(ca, &st, 1);
+	T_OK(got && got->map == NULL && same_bytes(got, ref), "auto fell back to the stream");
+	T_OK(st.shm_versions == 0 && st.bulk_chunks > 0, "shm %llu bulk %llu", (unsigned long long)st.shm_versions,
+	     (unsigned long long)st.bulk_chunks);
+	rl_wver_destroy(got);
+	got = NULL;
+	rl_wsync_client_close(c);
+	rl_wsync_client_close(ca);
+	c = ca = NULL;
+	rl_wsync_server_close(s);
+
+	/* a server without shm */
+	snprintf(url, sizeof url, "ipc://%s/n.sock", dir);
+	if ((s = serve(url, -1)) == NULL)
+		goto out;
+	T_EQ_INT(rl_wsync_server_publish(s, make_ver(1, 3)), RL_OK);
+	T_EQ_INT(rl_wsync_client_open(&c, url, &shm), RL_OK);
+	T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_ENOTSUP);
+	T_EQ_INT(rl_wsync_client_open(&ca, url, &aut), RL_OK);
+	T_EQ_INT(rl_wsync_fetch(ca, &got, 0, NULL), RL_OK);
+	T_OK(got && got->map == NULL && same_bytes(got, ref));
+	rl_wver_destroy(got);
+	rl_wsync_client_close(c);
+	rl_wsync_client_close(ca);
+	rl_wsync_server_close(s);
+out:
+	rl_wver_destroy(ref);
+	rl_wver_destroy(ref2);
+}
+
+static void
+test_names(const char *dir)
+{
+	int t = -1;
+	rl_wsync *w = NULL;
+	rl_wsync_client *c = NULL;
+	rl_wsync_client_opts bad = { .transport = RL_WSYNC_T_FILE };
+
+	T_EQ_INT(rl_wsync_transport_parse("auto", &t), RL_OK);
+	T_EQ_INT(t, RL_WSYNC_T_AUTO);
+	T_EQ_INT(rl_wsync_transport_parse("shm", &t), RL_OK);
+	T_EQ_INT(t, RL_WSYNC_T_SHM);
+	T_EQ_INT(rl_wsync_transport_parse("stream", &t), RL_OK);
+	T_EQ_INT(t, RL_WSYNC_T_STREAM);
+	T_EQ_INT(rl_wsync_transport_parse("nng", &t), RL_OK);
+	T_EQ_INT(t, RL_WSYNC_T_NNG);
+	T_EQ_INT(rl_wsync_transport_parse("file", &t), RL_OK);
+	T_EQ_INT(t, RL_WSYNC_T_FILE);
+	T_EQ_INT(rl_wsync_transport_parse("SHM", &t), RL_EINVAL);
+	T_EQ_INT(rl_wsync_transport_parse("", &t), RL_EINVAL);
+	T_EQ_INT(rl_wsync_open_with(&w, "tcp://127.0.0.1:1", 0, RL_WSYNC_T_FILE), RL_EINVAL);
+	T_EQ_INT(rl_wsync_open_with(&w, dir, 0, RL_WSYNC_T_SHM), RL_EINVAL);
+	T_EQ_INT(rl_wsync_open_with(&w, dir, 0, RL_WSYNC_T_FILE), RL_OK);
+	T_EQ_STR(rl_wsync_transport_name(w), "file");
+	rl_wsync_close(w);
+	T_EQ_INT(rl_wsync_client_open(&c, "tcp://127.0.0.1:1", &bad), RL_EINVAL);
+}
+
+int
+main(void)
+{
+	char dir[] = "/tmp/test_wsync_shm.XXXXXX";
+
+	T_BEGIN("test_wsync_shm");
+	rl_log_init("test_wsync_shm", RL_LOG_QUIET);
+	if (mkdtemp(dir) == NULL)
+		T_SKIP("no temporary directory");
+	test_objects();
+	test_service(dir);
+	test_names(dir);
+	{
+		char cmd[600];
+		snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "cannot remove %s\n", dir);
+	}
+	T_END();
+}
