@@ -1,0 +1,152 @@
+#!/usr/bin/env bats
+# rl-sync's same-host shared memory transport: a puller in another process
+# maps the server's sealed memfd (bitwise equal files, nothing on the wire),
+# --transport overrides and their errors, --no-shm and the fallback, a
+# corrupted object, and processes killed with -9 leave no object behind
+# (nothing in /dev/shm, no descriptor or mapping of the server's objects in
+# any process).
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup() {
+	T=$BATS_TEST_TMPDIR
+	PORT=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+	URL=tcp://127.0.0.1:$PORT
+	mkdir -p "$T/ck"
+	head -c 3000000 /dev/urandom >"$T/ck/model.safetensors"
+	echo '{"model_type":"gpt2"}' >"$T/ck/config.json"
+	PIDS=""
+}
+
+teardown() {
+	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
+	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+}
+
+# serve [ARGS...]: a server on $URL in the background (another port if taken)
+serve() {
+	for _ in 1 2 3; do
+		rl-sync serve --listen "$URL" "$@" 3>&- 2>"$T/serve.err" &
+		SPID=$!
+		PIDS="$PIDS $SPID"
+		for _ in $(seq 50); do
+			if ! kill -0 "$SPID" 2>/dev/null; then break; fi
+			if grep -q 'listening on' "$T/serve.err" &&
+				rl-sync status "$URL" --timeout 200 >/dev/null 2>&1; then
+				return 0
+			fi
+			sleep 0.1
+		done
+		kill "$SPID" 2>/dev/null || true
+		PORT=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+		URL=tcp://127.0.0.1:$PORT
+	done
+	cat "$T/serve.err" >&2
+	return 1
+}
+
+# processes holding a descriptor or a mapping of server $1's objects
+holders() {
+	grep -l "memfd:rlsync-$1-v" /proc/[0-9]*/maps 2>/dev/null || true
+	for f in /proc/[0-9]*/fd/*; do
+		case $(readlink "$f" 2>/dev/null) in *"memfd:rlsync-$1-v"*) echo "$f" ;; esac
+	done
+}
+
+@test "pull over shared memory: bitwise equal, nothing on the wire, the server holds a sealed memfd" {
+	serve
+	rl-sync push "$URL" "$T/ck" 2>/dev/null
+	run --separate-stderr rl-sync pull "$URL" --out "$T/out" --transport shm -v
+	assert_success
+	[[ $stderr == *'mapped from shared memory'* ]]
+	[[ $stderr == *'over shared memory in'* ]]
+	cmp "$T/ck/model.safetensors" "$T/out/latest/model.safetensors"
+	cmp "$T/ck/config.json" "$T/out/latest/config.json"
+	# auto picks it too on this host
+	run --separate-stderr rl-sync pull "$URL" --out "$T/out2" -v
+	assert_success
+	[[ $stderr == *'over shared memory in'* ]]
+	cmp "$T/ck/model.safetensors" "$T/out2/latest/model.safetensors"
+	run --separate-stderr rl-sync status "$URL"
+	assert_line --regexp '^shared memory: @rlsync-.* \(2 versions handed out\)$'
+	run ls -l "/proc/$SPID/fd"
+	assert_output --partial "memfd:rlsync-$SPID-v1"
+}
+
+@test "--transport stream and nng do not use shared memory; a bad name is a usage error" {
+	serve
+	rl-sync push "$URL" "$T/ck" 2>/dev/null
+	run --separate-stderr rl-sync pull "$URL" --out "$T/a" --transport stream -v
+	assert_success
+	[[ $stderr == *'over the bulk stream'* && $stderr != *'shared memory'* ]]
+	run --separate-stderr rl-sync pull "$URL" --out "$T/b" --transport nng -v
+	assert_success
+	[[ $stderr != *'bulk stream'* && $stderr != *'shared memory'* ]]
+	cmp "$T/ck/model.safetensors" "$T/b/latest/model.safetensors"
+	run --separate-stderr -2 rl-sync pull "$URL" --out "$T/c" --transport carrier-pigeon
+	[[ $stderr == *"--transport: want auto, shm, stream or nng, not 'carrier-pigeon'"* ]]
+	run --separate-stderr -2 rl-sync pull "$URL" --out "$T/c" --transport file
+	[ ! -e "$T/c" ]
+}
+
+@test "a server with --no-shm: forced shm fails with a hint, auto falls back with a verbose note" {
+	serve --no-shm
+	rl-sync push "$URL" "$T/ck" 2>/dev/null
+	run --separate-stderr -1 rl-sync pull "$URL" --out "$T/a" --transport shm
+	[[ $stderr == *'over shared memory'*'not supported'* ]]
+	[[ $stderr == *'hint: '* ]]
+	[ ! -e "$T/a/latest" ]
+	run --separate-stderr rl-sync pull "$URL" --out "$T/b"
+	assert_success
+	[[ $stderr != *'shared memory'* ]]
+	run --separate-stderr rl-sync pull "$URL" --out "$T/c" -v
+	assert_success
+	[[ $stderr == *'not over shared memory (not supported); fetching over the stream'* ]]
+	cmp "$T/ck/model.safetensors" "$T/c/latest/model.safetensors"
+}
+
+@test "a corrupted shared memory object is detected: exit 4 with shm, the stream with auto" {
+	RL_WSYNC_TEST_CORRUPT_SHM=1 serve
+	rl-sync push "$URL" "$T/ck" 2>/dev/null
+	run --separate-stderr -4 rl-sync pull "$URL" --out "$T/a" --transport shm
+	[[ $stderr == *'checksum mismatch'* ]]
+	[ ! -e "$T/a/latest" ]
+	run --separate-stderr rl-sync pull "$URL" --out "$T/b" -v
+	assert_success
+	[[ $stderr == *'does not match its checksums'* ]]
+	[[ $stderr == *'fetching over the stream'* ]]
+	cmp "$T/ck/model.safetensors" "$T/b/latest/model.safetensors"
+}
+
+@test "killed with -9, server and puller leave no shared memory behind" {
+	ls /dev/shm >"$T/shm.before"
+	serve
+	rl-sync push "$URL" "$T/ck" 2>/dev/null
+	# a following puller keeps the version it holds mapped
+	rl-sync pull "$URL" --out "$T/f" --follow -v 3>&- 2>"$T/pull.err" &
+	PP=$!
+	PIDS="$PIDS $PP"
+	for _ in $(seq 50); do
+		[ -e "$T/f/latest" ] && break
+		sleep 0.1
+	done
+	[ -e "$T/f/latest" ]
+	grep -q "memfd:rlsync-$SPID-v1" "/proc/$PP/maps"
+	kill -9 "$SPID"
+	wait "$SPID" 2>/dev/null || true
+	# the puller still maps it: the object lives while someone uses it
+	grep -q "memfd:rlsync-$SPID-v1" "/proc/$PP/maps"
+	kill -9 "$PP"
+	wait "$PP" 2>/dev/null || true
+	run holders "$SPID"
+	assert_output ''
+	ls /dev/shm >"$T/shm.after"
+	cmp "$T/shm.before" "$T/shm.after"
+	# a restarted server on the same URL serves new objects; the old ones are gone
+	serve
+	rl-sync push "$URL" "$T/ck" 2>/dev/null
+	run --separate-stderr rl-sync pull "$URL" --out "$T/g" --transport shm
+	assert_success
+	cmp "$T/ck/model.safetensors" "$T/g/latest/model.safetensors"
+}
