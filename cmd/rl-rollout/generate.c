@@ -62,6 +62,7 @@ static const char usage_text[] =
     "      --train-batch G     groups per trainer step, for --max-staleness (default 8)\n"
     "      --partial           new weights apply to sequences already running\n"
     "      --sync URL          new weight versions from rl-sync (tcp://, ipc://) or a directory\n"
+    "      --sync-transport T  auto (shared memory with a server on this host), shm, stream, nng or file\n"
     "      --weights-timeout S give up waiting for a weights version after S seconds (default 600; 0 never)\n"
     "      --skip-bad          skip bad prompt lines (counted) instead of stopping\n"
     "      --score FIELD       score mode: write per-token log-probs into FIELD\n"
@@ -72,7 +73,7 @@ static const char usage_text[] =
 enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
-	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC
+	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS
 };
 
 static const struct option longopts[] = {
@@ -90,6 +91,7 @@ static const struct option longopts[] = {
 	{ "score", required_argument, 0, O_SCORE }, { "queue", required_argument, 0, O_QUEUE },
 	{ "idle-exit", required_argument, 0, O_IDLE },
 	{ "weights-timeout", required_argument, 0, O_WTIMEOUT }, { "sync", required_argument, 0, O_SYNC },
+	{ "sync-transport", required_argument, 0, O_STRANS },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -99,6 +101,7 @@ typedef struct gen {
 	const char *model_dir, *out_path, *device, *weights_from, *input, *score_field, *queue_url;
 	double idle_exit, weights_timeout;
 	const char *sync_url;
+	int sync_transport;    /* RL_WSYNC_T_* (--sync-transport) */
 	rl_wsync *ws;
 	rl_wver *wbase;        /* the last version fetched: the base of the next delta */
 	char sync_dir[3800];   /* where fetched versions are written to be loaded */
@@ -1010,6 +1013,10 @@ rl_cmd_generate(int argc, char **argv)
 		case O_IDLE: NUM(0, 1e9); g.idle_exit = v; break;
 		case O_WTIMEOUT: NUM(0, 1e9); g.weights_timeout = v; break;
 		case O_SYNC: g.sync_url = a; break;
+		case O_STRANS:
+			if (rl_wsync_transport_parse(a, &g.sync_transport) != 0)
+				return usage_error("--sync-transport: want auto, shm, stream, nng or file, not '%s'", a);
+			break;
 		case 'q': verbosity = RL_LOG_QUIET; g.quiet = 1; break;
 		case 'v': verbosity++; break;
 		case 'h':
@@ -1030,6 +1037,8 @@ rl_cmd_generate(int argc, char **argv)
 		g.input = argv[optind];
 	if (g.max_staleness >= 0 && !g.weights_from && !g.sync_url)
 		return usage_error("%s", "--max-staleness needs --weights-from DIR or --sync URL");
+	if (g.sync_transport && !g.sync_url)
+		return usage_error("%s", "--sync-transport needs --sync URL");
 	if (g.weights_from && g.sync_url)
 		return usage_error("%s", "--weights-from and --sync are two ways to get weights: choose one");
 	if (g.go.slots < g.n + g.greedy)
@@ -1072,7 +1081,7 @@ rl_cmd_generate(int argc, char **argv)
 	if (g.sync_url) {
 		snprintf(g.sync_dir, sizeof g.sync_dir, "%s/rl-rollout-sync.%ld", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
 		    (long)getpid());
-		if ((rv = rl_io_mkdir_p(g.sync_dir, 0700)) != 0 || (rv = rl_wsync_open(&g.ws, g.sync_url, 0)) != 0)
+		if ((rv = rl_io_mkdir_p(g.sync_dir, 0700)) != 0 || (rv = rl_wsync_open_with(&g.ws, g.sync_url, 0, g.sync_transport)) != 0)
 			goto out;
 		if ((rv = poll_weights(&g)) != 0)
 			goto out;
