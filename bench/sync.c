@@ -7,7 +7,7 @@
  *
  * Prints one JSON object per case on stdout.
  *   build/bench/sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N]
- *                    [--stored|--compress] [--reps N]
+ *                    [--stored|--compress] [--reps N] [--transport auto|shm|stream|nng]
  * Each figure is the median of --reps (5) interleaved runs; "cpu" figures are
  * the process's user + system seconds over the same interval (less sensitive
  * to other load on a shared machine than wall-clock seconds), and
@@ -17,6 +17,12 @@
  * uncompressed, over the server's bulk stream; --compress asks for them
  * zstd-compressed over REQ/REP; --stored forces uncompressed.  Deltas are
  * always compressed.
+ * --transport (default stream, the rows before shared memory existed): shm
+ * maps the server's sealed memfd (docs/sync.md) — "seconds" is then
+ * fetch_into (one copy out of the mapping into the worker's buffer, plus
+ * the checksum pass), "seconds_fresh_alloc" is fetch (map + checksum pass,
+ * no copy).  The server always keeps its versions in a memfd, so
+ * push_seconds include that one copy.
  * --mb scales the model down (tensor shapes are kept, layers dropped) for a
  * quick run; the default is the full 124M parameters.
  *
@@ -225,8 +231,8 @@ raw_tcp(const uint8_t *src, size_t n, int k, double *cpu)
 }
 
 /* ---- rl-sync subscribers -------------------------------------------------------------- */
-static int stored;
-static uint64_t bulk_chunks, all_chunks; /* of the last deliver() */
+static int stored, transport = RL_WSYNC_T_STREAM;
+static uint64_t bulk_chunks, all_chunks, shm_versions; /* of the last deliver() */
 
 static double
 median(double *x, int n)
@@ -256,7 +262,8 @@ sub_fetch(void *arg)
 {
 	subjob *j = arg;
 	rl_wsync_client *c;
-	rl_wsync_client_opts o = { .timeout_ms = 60000, .parallel = j->parallel, .stored = stored };
+	rl_wsync_client_opts o = { .timeout_ms = 60000, .parallel = j->parallel, .stored = stored,
+				   .transport = transport };
 
 	if ((j->rv = rl_wsync_client_open(&c, j->url, &o)) != 0)
 		return NULL;
@@ -280,7 +287,7 @@ deliver(const char *url, int k, int parallel, uint64_t version, rl_wver **bases,
 	double c0 = cpu_now(), t0 = rl_now(), t;
 
 	*wire = 0;
-	bulk_chunks = all_chunks = 0;
+	bulk_chunks = all_chunks = shm_versions = 0;
 	for (int i = 0; i < k; i++) {
 		j[i] = (subjob){ .url = url, .parallel = parallel, .version = version, .base = bases ? bases[i] : NULL,
 				 .dst = dsts ? dsts[i] : NULL };
@@ -299,6 +306,7 @@ deliver(const char *url, int k, int parallel, uint64_t version, rl_wver **bases,
 		*wire += j[i].st.bytes_recv;
 		bulk_chunks += j[i].st.bulk_chunks;
 		all_chunks += j[i].st.chunks;
+		shm_versions += j[i].st.shm_versions;
 		if (j[i].dst == NULL)
 			rl_wver_destroy(j[i].got);
 	}
@@ -342,7 +350,12 @@ main(int argc, char **argv)
 			stored = 1;
 		else if (strcmp(argv[i], "--compress") == 0)
 			stored = -1;
-		else if (strcmp(argv[i], "--parallel") == 0 && i + 1 < argc)
+		else if (strcmp(argv[i], "--transport") == 0 && i + 1 < argc) {
+			if (rl_wsync_transport_parse(argv[++i], &transport) != 0 || transport == RL_WSYNC_T_FILE) {
+				fprintf(stderr, "sync: --transport: auto, shm, stream or nng\n");
+				return 2;
+			}
+		} else if (strcmp(argv[i], "--parallel") == 0 && i + 1 < argc)
 			parallel = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--subs") == 0 && i + 1 < argc) {
 			char *s = argv[++i];
@@ -351,7 +364,7 @@ main(int argc, char **argv)
 				subs[nsubs++] = RL_MAX(1, RL_MIN(8, atoi(tok)));
 		} else {
 			fprintf(stderr, "usage: sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N] "
-				"[--stored|--compress] [--reps N]\n");
+				"[--stored|--compress] [--reps N] [--transport T]\n");
 			return 2;
 		}
 	}
@@ -453,6 +466,7 @@ main(int argc, char **argv)
 			}
 			printf("{\"bench\":\"sync\",\"case\":\"%s\",\"subscribers\":%d,\"params\":%zu,\"bytes\":%llu,"
 			       "\"changed_frac\":%.5f,\"lr\":%g,\"level\":%d,\"parallel\":%d,\"whole_chunks\":\"%s\","
+			       "\"transport\":\"%s\",\"shm_versions\":%llu,"
 			       "\"bulk_chunk_frac\":%.2f,\"reps\":%d,"
 			       "\"seconds\":%.3f,\"wire_bytes_per_sub\":%llu,\"wire_ratio\":%.4f,"
 			       "\"push_seconds\":%.3f,\"push_wire_bytes\":%llu,"
@@ -461,6 +475,7 @@ main(int argc, char **argv)
 			       "\"load_avg\":[%.2f,%.2f]}\n",
 			       kind, k, nparam, (unsigned long long)rl_wver_total(v), (double)changed / (double)nparam, lr,
 			       level, parallel, stored > 0 ? "stored" : stored < 0 ? "zstd" : "auto",
+			       (const char *[]){ "auto", "shm", "stream", "nng" }[transport], (unsigned long long)shm_versions,
 			       all_chunks ? (double)bulk_chunks / (double)all_chunks : 0.0, reps, td, (unsigned long long)(wire / (uint64_t)k),
 			       (double)(wire / (uint64_t)k) / (double)rl_wver_total(v), tp, (unsigned long long)pwire, tcp,
 			       td / tcp, median(pr, reps), median(cd, reps), median(ct, reps), ta, la[0][0], la[1][0]);
