@@ -14,7 +14,7 @@
  *
  * Leaves out: the descriptor cannot cross network namespaces (containers on
  * one host without a shared netns fall back to the stream), and device
- * memory (that is CUDA IPC, wcuda.h).
+ * memory (CUDA IPC: wcuda.h).
  */
 #ifndef RL_WSHM_H
 #define RL_WSHM_H
