@@ -7,7 +7,8 @@
  * falls back to the stream and gets the right bytes), a server without shm
  * (forced: RL_ENOTSUP; auto: the stream), a version dropped by the server
  * while a client still maps it (unchanged; the server's descriptor is gone),
- * and the --transport names.  The two-process and kill cases are in
+ * the descriptor service (wrong version, garbage, a silent client, nobody
+ * listening), and the --transport names.  The two-process and kill cases are in
  * tests/cli/rl-sync-shm.bats.
  */
 #ifndef _GNU_SOURCE
@@ -24,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 /* a version: three blobs of awkward sizes (one empty), random bytes */
@@ -175,6 +178,67 @@ test_objects(void)
 	rl_wver_destroy(v);
 }
 
+/* a lookup that holds one object, version 5 */
+static int fake_fd = -1;
+static int
+fake_lookup(void *arg, uint64_t version, int *fd, uint64_t *got, uint64_t *size)
+{
+	(void)arg;
+	if (version != 0 && version != 5)
+		return RL_ENOENT;
+	*fd = dup(fake_fd);
+	*got = 5;
+	*size = 4096;
+	return RL_OK;
+}
+
+/* the service: right and wrong requests, garbage, a silent client */
+static void
+test_srv(void)
+{
+	rl_wshm_srv *s = NULL;
+	int fd = -1, c;
+	uint64_t got = 0, size = 0;
+	struct sockaddr_un a;
+	socklen_t al;
+	uint8_t junk[24], rep[32];
+	ssize_t k;
+
+	fake_fd = memfd_create("rlsync-fake", MFD_CLOEXEC);
+	T_OK(fake_fd >= 0 && ftruncate(fake_fd, 4096) == 0);
+	T_EQ_INT(rl_wshm_srv_open(&s, fake_lookup, NULL), RL_OK);
+	if (s == NULL)
+		return;
+	T_EQ_INT(rl_wshm_recv(&fd, &got, &size, rl_wshm_srv_name(s), 0, 2000), RL_OK);
+	T_OK(fd >= 0 && got == 5 && size == 4096);
+	if (fd >= 0)
+		close(fd);
+	T_EQ_INT(rl_wshm_recv(&fd, &got, &size, rl_wshm_srv_name(s), 9, 2000), RL_ENOENT);
+	T_OK(fd == -1);
+	T_EQ_INT(rl_wshm_recv(&fd, &got, &size, "rlsync-nobody-here", 0, 2000), RL_ENET);
+	/* a silent client costs the service its 1 s timeout, then it serves on */
+	memset(&a, 0, sizeof a);
+	a.sun_family = AF_UNIX;
+	memcpy(a.sun_path + 1, rl_wshm_srv_name(s), strlen(rl_wshm_srv_name(s)));
+	al = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(rl_wshm_srv_name(s)));
+	c = socket(AF_UNIX, SOCK_STREAM, 0);
+	T_OK(c >= 0 && connect(c, (struct sockaddr *)&a, al) == 0);
+	close(c);
+	/* garbage: an error reply, no descriptor */
+	c = socket(AF_UNIX, SOCK_STREAM, 0);
+	memset(junk, 'x', sizeof junk);
+	T_OK(c >= 0 && connect(c, (struct sockaddr *)&a, al) == 0 && write(c, junk, sizeof junk) == (ssize_t)sizeof junk);
+	k = recv(c, rep, sizeof rep, MSG_WAITALL);
+	T_OK(k == 32 && rep[12] == RL_EFORMAT, "reply %zd bytes, status %d", k, k >= 13 ? rep[12] : -1);
+	close(c);
+	T_EQ_INT(rl_wshm_recv(&fd, &got, &size, rl_wshm_srv_name(s), 5, 3000), RL_OK);
+	if (fd >= 0)
+		close(fd);
+	T_EQ_INT(rl_wshm_srv_served(s), 2);
+	rl_wshm_srv_close(s);
+	close(fake_fd);
+}
+
 static rl_wsync_server *
 serve(const char *url, int shm)
 {
@@ -323,6 +387,7 @@ main(void)
 	if (mkdtemp(dir) == NULL)
 		T_SKIP("no temporary directory");
 	test_objects();
+	test_srv();
 	test_service(dir);
 	test_names(dir);
 	{
