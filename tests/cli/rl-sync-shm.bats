@@ -150,3 +150,10 @@ holders() {
 	assert_success
 	cmp "$T/ck/model.safetensors" "$T/g/latest/model.safetensors"
 }
+
+@test "rl-rollout --sync-transport: a bad name and a missing --sync are usage errors" {
+	run --separate-stderr -2 rl-rollout -m "$T/nomodel" --sync-transport bogus
+	[[ $stderr == *"--sync-transport: want auto, shm, stream, nng or file, not 'bogus'"* ]]
+	run --separate-stderr -2 rl-rollout -m "$T/nomodel" --sync-transport shm
+	[[ $stderr == *'--sync-transport needs --sync URL'* ]]
+}
