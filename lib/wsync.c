@@ -14,6 +14,7 @@
  *   bulk stream (a second, plain socket): 48-byte request "RLSB" for a range
  *   of chunks, each answered by a 48-byte header and the raw chunk bytes.
  */
+#include "nngx.h"
 #include "wsync.h"
 #include "wdir.h"
 #include "wshm.h"
@@ -2596,7 +2597,7 @@ rl_wsync_client_close(rl_wsync_client *c)
 {
 	if (c == NULL)
 		return;
-	nng_close(c->sock);
+	rli_nng_close_timed(c->sock, "rl-sync client");
 	if (c->aio)
 		nng_aio_free(c->aio);
 	free(c->url);

@@ -4,6 +4,7 @@
  * version whole and in order (or skip ahead), deltas, corrupted chunks
  * re-sent, hostile requests refused, restart from the data directory. */
 #include "core.h"
+#include "nngx.h"
 #include "t.h"
 #include "wdir.h"
 #include "wsync.h"
@@ -500,7 +501,7 @@ test_hostile(void)
 	rn = sizeof rep;
 	T_OK(raw_req(sk, big, (size_t)3 << 20, rep, &rn) != 0, "oversized message answered");
 	free(big);
-	nng_close(sk);
+	rli_nng_close_timed(sk, "test socket");
 }
 
 /* one sync stream operation of exactly n bytes; 0 or an nng error */
@@ -611,7 +612,7 @@ test_bulk_hostile(nng_stream **keep)
 	req[6] = 8; /* DATA: where is the bulk stream? */
 	req[8] = 40;
 	T_EQ_INT(raw_req(sk, req, 40, rep, &rn), 0);
-	nng_close(sk);
+	rli_nng_close_timed(sk, "test socket");
 	T_EQ_INT(rep_status(rep), 0);
 	memcpy(&port, rep + 24, 8);
 	T_OK(port > 0 && port < 65536, "bulk port %llu", (unsigned long long)port);
