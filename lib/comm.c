@@ -936,6 +936,33 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 	c->ops = ops;
 	if (c->world == 1) {
 		c->backend = B_SINGLE;
+#if HAVE_NCCL
+		/* one rank asked for nccl by name: a one-rank NCCL communicator
+		 * (no rendezvous, no ring), so one GPU can exercise the NCCL path
+		 * (test_comm_cuda); "auto" stays single */
+		if (o->backend && strcmp(o->backend, "nccl") == 0) {
+			rdv_table_hdr th;
+			ncclUniqueId id;
+			ncclResult_t r;
+			if (!ops || ops->device < 0) {
+				rl_error("the nccl backend needs a CUDA device (--device cuda)");
+				free(c);
+				return RL_EINVAL;
+			}
+			if ((r = ncclGetUniqueId(&id)) != ncclSuccess) {
+				rl_error("nccl: cannot create a unique id: %s", ncclGetErrorString(r));
+				free(c);
+				return RL_EDEVICE;
+			}
+			memset(&th, 0, sizeof th);
+			memcpy(th.nccl_id, &id, sizeof id);
+			c->backend = B_NCCL;
+			if ((rv = nccl_open(c, &th)) != 0) {
+				rl_comm_close(c);
+				return rv;
+			}
+		}
+#endif
 		*out = c;
 		return RL_OK;
 	}
@@ -1194,7 +1221,7 @@ rl_comm_allreduce(rl_comm *c, float *buf, size_t n)
 {
 	int rv;
 
-	if (c->world == 1)
+	if (c->backend == B_SINGLE)
 		return RL_OK;
 	if ((rv = ring_check(c)) != 0)
 		return rv;
@@ -1235,7 +1262,7 @@ rl_comm_broadcast(rl_comm *c, void *buf, size_t bytes, int root)
 		rl_error("broadcast from rank %d in a world of %d", root, c->world);
 		return RL_EINVAL;
 	}
-	if (c->world == 1)
+	if (c->backend == B_SINGLE)
 		return RL_OK;
 	if ((rv = ring_check(c)) != 0)
 		return rv;
@@ -1286,7 +1313,7 @@ shard_collective(rl_comm *c, float *buf, size_t n, int kind)
 {
 	int rv;
 
-	if (c->world == 1)
+	if (c->backend == B_SINGLE)
 		return RL_OK;
 	if ((rv = ring_check(c)) != 0)
 		return rv;
