@@ -103,42 +103,28 @@ rl_st_close(rl_st_file *f)
 	for (int i = 0; i < f->n; i++)
 		free(f->t[i].name);
 	free(f->t);
-	if (f->map != NULL && f->map != MAP_FAILED)
+	if (f->map != NULL && f->map != MAP_FAILED && !f->borrowed)
 		munmap(f->map, f->size);
 	free(f->path);
 	free(f);
 }
 
-int
-rl_st_open(rl_st_file **out, const char *path)
+/* Validates the header and the tensors of f->map (f->size bytes); f->path
+ * names it in messages.  Fills f->t, f->n. */
+static int
+st_parse(rl_st_file *f)
 {
-	rl_st_file *f = rl_xcalloc(1, sizeof *f);
 	rl_st_tensor **byoff = NULL;
 	cJSON *root = NULL, *j;
-	struct stat st;
+	const char *path = f->path;
+	const uint8_t *p = f->map;
 	uint64_t hlen = 0;
-	const uint8_t *p;
-	int fd = -1, rv = RL_EFORMAT, k;
+	int rv = RL_EFORMAT, k;
 
-	*out = NULL;
-	f->path = rl_xstrdup(path);
-	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fd, &st) != 0) {
-		rv = errno == ENOENT ? RL_ENOENT : RL_EIO;
-		rl_error("cannot open '%s': %s", path, strerror(errno));
-		goto out;
-	}
-	f->size = (size_t)st.st_size;
 	if (f->size < 8) {
 		rl_error("'%s': %zu bytes, too short for a safetensors file", path, f->size);
 		goto out;
 	}
-	f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-	if (f->map == MAP_FAILED) {
-		rv = RL_EIO;
-		rl_error("cannot map '%s': %s", path, strerror(errno));
-		goto out;
-	}
-	p = f->map;
 	for (int i = 7; i >= 0; i--)
 		hlen = hlen << 8 | p[i];
 	if (hlen > RL_ST_MAX_HEADER || hlen > f->size - 8 || hlen < 2) {
@@ -188,15 +174,65 @@ rl_st_open(rl_st_file **out, const char *path)
 		}
 	}
 	rv = RL_OK;
-	*out = f;
-	f = NULL;
 out:
 	free(byoff);
 	cJSON_Delete(root);
+	return rv;
+}
+
+int
+rl_st_open(rl_st_file **out, const char *path)
+{
+	rl_st_file *f = rl_xcalloc(1, sizeof *f);
+	struct stat st;
+	int fd = -1, rv = RL_EFORMAT;
+
+	*out = NULL;
+	f->path = rl_xstrdup(path);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fd, &st) != 0) {
+		rv = errno == ENOENT ? RL_ENOENT : RL_EIO;
+		rl_error("cannot open '%s': %s", path, strerror(errno));
+		goto out;
+	}
+	f->size = (size_t)st.st_size;
+	if (f->size < 8) {
+		rl_error("'%s': %zu bytes, too short for a safetensors file", path, f->size);
+		goto out;
+	}
+	f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+	if (f->map == MAP_FAILED) {
+		rv = RL_EIO;
+		rl_error("cannot map '%s': %s", path, strerror(errno));
+		goto out;
+	}
+	if ((rv = st_parse(f)) != 0)
+		goto out;
+	*out = f;
+	f = NULL;
+out:
 	if (fd >= 0)
 		close(fd);
 	rl_st_close(f);
 	return rv;
+}
+
+int
+rl_st_open_mem(rl_st_file **out, const char *name, const void *data, size_t size)
+{
+	rl_st_file *f = rl_xcalloc(1, sizeof *f);
+	int rv;
+
+	*out = NULL;
+	f->path = rl_xstrdup(name);
+	f->map = (void *)data;
+	f->size = size;
+	f->borrowed = 1;
+	if ((rv = st_parse(f)) != 0) {
+		rl_st_close(f);
+		return rv;
+	}
+	*out = f;
+	return RL_OK;
 }
 
 const rl_st_tensor *

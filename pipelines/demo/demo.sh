@@ -245,6 +245,8 @@ if [ "$WIRING" = sync ]; then
 	wait "$GEN" || { echo "demo: rl-rollout failed; see $L/rollout.log" >&2; exit 1; }
 	wait "$REW" || { echo "demo: rl-reward failed; see $L/reward.log" >&2; exit 1; }
 else
+	# the broker's counters (staleness, regenerated groups, gate) for bench/e2e.sh
+	rl-queue stat --json "$QURL" > "$RUN/queue-stat.json" 2>>"$L/put.log" || true
 	# the trainer stopped at RL_STEPS; the workers and the broker stop on SIGTERM (exit 0)
 	for p in $GEN $REW $S $Q; do
 		kill "$p" 2>/dev/null || true
