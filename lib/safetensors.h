@@ -91,6 +91,12 @@ typedef int (*rl_st_fill_fn)(void *ctx, int i, void *buf, size_t nbytes);
 int rl_st_write(const char *path, const rl_st_entry *e, int n, const char *const *meta, int nmeta,
     rl_st_fill_fn fill, void *ctx);
 
+/* rl_st_write_mem: the same file built in memory (*out malloc'd, the
+ * caller's; *outn bytes), no fsync: for a version that goes to rl-sync
+ * without a checkpoint directory.  RL_ENOMEM, RL_EINVAL, or fill's error. */
+int rl_st_write_mem(uint8_t **out, size_t *outn, const rl_st_entry *e, int n, const char *const *meta, int nmeta,
+    rl_st_fill_fn fill, void *ctx);
+
 /* lib-private: read a whole small file (at most limit bytes), NUL-terminated;
  * *buf is the caller's (free). Errors are logged naming the path. */
 int rli_read_file(const char *path, char **buf, size_t *len, size_t limit);

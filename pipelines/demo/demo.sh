@@ -182,7 +182,9 @@ start_async() {
 		start_daemon sync rl-sync serve
 		S=$D
 		echo "$URL" > "$RUN/sync.url"
-		W_GEN="--sync $URL"; W_TRAIN="--sync $URL"
+		# rl-sync carries every version; a checkpoint directory only where the
+		# held-out split is evaluated (and the last step)
+		W_GEN="--sync $URL"; W_TRAIN="--sync $URL --ckpt-every ${CKPT_EVERY:-$EVAL_EVERY}"
 	fi
 	URL=$QURL
 	# the broker drops a record whose id it has seen; without an "id" it derives
