@@ -135,7 +135,7 @@ while [ $r -le "$REPS" ]; do
 				for (i = 1; i <= n; i++) { split(kv[i], p, ":"); gsub(/"/, "", p[1]); v[p[1]] = p[2] }
 				for (q in last) if (last[q] / hz > best[name[q]]) best[name[q]] = last[q] / hz
 				wall = v["rl_seconds"]
-				split(times, x, " ")
+				if (split(times, x, " ") < 6) for (i = 1; i <= 6; i++) x[i] = "null"
 				printf "{\"bench\":\"e2e\",\"task\":\"%s\",\"wiring\":\"%s\",\"rep\":%d,\"rl_steps\":%s,\"rl_seconds\":%s,\"samples_per_s\":%s,", task, w, r, v["rl_steps"], wall, v["samples_per_s"]
 				printf "\"acc_warm\":%s,\"acc_rl\":%s,\"reward_last20\":%s,", v["acc_sft"], v["acc_rl"], rew
 				printf "\"busy_gen\":%.3f,\"busy_reward\":%.3f,\"busy_train\":%.3f,\"busy_queue\":%.3f,\"busy_sync\":%.3f,",
@@ -158,8 +158,12 @@ a=$(med async samples_per_s)
 # scoring (and the weight load), updates for U and publishes for P; perfect
 # overlap would take max(W, U + P) per step
 W=$(med sync train_wait_ms) U=$(med sync train_update_ms) P=$(med sync train_publish_ms)
-printf '{"bench":"e2e","task":"%s","reps":%d,"sync_samples_per_s":%s,"async_samples_per_s":%s,"async_over_sync":%.3f,"sync_step_ms":%s,"async_step_ms":%s,"step_ratio":%.3f,"sync_wait_ms":%s,"sync_update_ms":%s,"sync_publish_ms":%s,"bound_in_run":%.3f,"bound_isolated":%s,"acc_warm":%s,"acc_rl_sync":%s,"acc_rl_async":%s,"reward_last20_sync":%s,"reward_last20_async":%s,"load_before":%s,"load_after":%s}\n' \
-	"$TASK" "$REPS" "$s" "$a" "$(awk -v a="$a" -v s="$s" 'BEGIN { print a / s }')" \
+# each rep's async/sync (the two runs of a rep ran back to back, so they saw
+# about the same load): their median
+pairs=$(awk -F'"samples_per_s":' '{ split($2, a, ","); if ($0 ~ /"wiring":"sync"/) s = a[1]; else printf "%.3f\n", a[1] / s }' "$out/runs.json")
+pm=$(echo "$pairs" | median)
+printf '{"bench":"e2e","task":"%s","reps":%d,"async_over_sync_per_rep":[%s],"async_over_sync_per_rep_median":%s,"sync_samples_per_s":%s,"async_samples_per_s":%s,"async_over_sync":%.3f,"sync_step_ms":%s,"async_step_ms":%s,"step_ratio":%.3f,"sync_wait_ms":%s,"sync_update_ms":%s,"sync_publish_ms":%s,"bound_in_run":%.3f,"bound_isolated":%s,"acc_warm":%s,"acc_rl_sync":%s,"acc_rl_async":%s,"reward_last20_sync":%s,"reward_last20_async":%s,"load_before":%s,"load_after":%s}\n' \
+	"$TASK" "$REPS" "$(echo $pairs | tr ' ' ',')" "$pm" "$s" "$a" "$(awk -v a="$a" -v s="$s" 'BEGIN { print a / s }')" \
 	"$(med sync train_step_ms)" "$(med async train_step_ms)" \
 	"$(awk -v a="$(med async train_step_ms)" -v s="$(med sync train_step_ms)" 'BEGIN { print s / a }')" \
 	"$W" "$U" "$P" "$(awk -v w="$W" -v u="$U" -v p="$P" 'BEGIN { m = w > u + p ? w : u + p; print (w + u + p) / m }')" \

@@ -221,8 +221,10 @@ start_async() {
 		S=$D
 		echo "$URL" > "$RUN/sync.url"
 		# rl-sync carries every version; a checkpoint directory only where the
-		# held-out split is evaluated (and the last step)
-		W_GEN="--sync $URL"; W_TRAIN="--sync $URL --ckpt-every ${CKPT_EVERY:-$EVAL_EVERY}"
+		# held-out split is evaluated (and the last step); CKPT_EVERY=0: every step
+		W_GEN="--sync $URL"; W_TRAIN="--sync $URL"
+		ce=${CKPT_EVERY:-$EVAL_EVERY}
+		[ "$ce" = 0 ] || W_TRAIN="$W_TRAIN --ckpt-every $ce"
 	fi
 	URL=$QURL
 	# the broker drops a record whose id it has seen; without an "id" it derives
