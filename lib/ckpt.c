@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "safetensors.h"
+#include "wsync.h"
 
 typedef struct fill_ctx {
 	rl_model *m;
@@ -135,11 +136,12 @@ remove_tree(const char *dir)
 	rmdir(dir);
 }
 
+static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json",
+	"special_tokens_map.json", "generation_config.json", "vocab.json", "merges.txt" };
+
 int
 rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 {
-	static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json",
-		"special_tokens_map.json", "generation_config.json", "vocab.json", "merges.txt" };
 	rl_st_entry *e = NULL;
 	fill_ctx fc = { .m = m, .dtype = m->cfg.dtype };
 	char *p = NULL, *js = NULL, stepbuf[32];
@@ -422,5 +424,74 @@ out:
 	free(buf);
 	free(p);
 	rl_st_close(f);
+	return rv;
+}
+
+int
+rl_ckpt_to_wver(rl_model *m, uint64_t version, rl_wver **out)
+{
+	rl_st_entry *e = NULL;
+	fill_ctx fc = { .m = m, .dtype = m->cfg.dtype };
+	char *js = NULL, *tok = NULL;
+	uint8_t *img = NULL;
+	size_t maxn = 0, nimg = 0, ntok = 0;
+	rl_wver *v = NULL;
+	int rv, n = m->tt.n;
+	const char *meta[] = { "format", "pt" };
+
+	*out = NULL;
+	if (fc.dtype != RL_F32 && fc.dtype != RL_BF16 && fc.dtype != RL_F16)
+		fc.dtype = RL_F32;
+	for (int i = 0; i < n; i++)
+		maxn = RL_MAX(maxn, m->tt.t[i].n);
+	if ((fc.buf = rl_try_malloc(maxn * sizeof(float), "checkpoint buffer")) == NULL)
+		return RL_ENOMEM;
+	e = rl_xcalloc((size_t)n + 1, sizeof *e);
+	for (int i = 0; i < n; i++) {
+		e[i].name = m->tt.t[i].name;
+		e[i].dtype = fc.dtype;
+		e[i].ndim = rl_tensor_file_shape(&m->tt.t[i], e[i].shape);
+	}
+	/* the files of a weights-only checkpoint directory, in the same bytes
+	 * (config.json ends with a newline there) */
+	js = rl_config_to_json(&m->cfg);
+	size_t njs = strlen(js);
+	char *cfg = rl_xmalloc(njs + 2);
+	memcpy(cfg, js, njs);
+	cfg[njs] = '\n';
+	/* the Hugging Face tensors only, as in model.safetensors of a directory:
+	 * RL_T_AUX ones (the value head) stay with the trainer */
+	int nhf = 0;
+	while (nhf < n && !(m->tt.t[nhf].flags & RL_T_AUX))
+		nhf++;
+	rv = rl_st_write_mem(&img, &nimg, e, nhf, meta, 1, fill, &fc);
+	if (rv != 0 || (rv = rl_wver_create(&v, version)) != 0 ||
+	    (rv = rl_wver_add_blob(v, "config.json", cfg, njs + 1, 1, 1)) != 0 ||
+	    (rv = rl_wver_add_blob(v, "model.safetensors", img, nimg, 0, 1)) != 0)
+		goto out;
+	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
+		char *src = join(m->src_dir, tok_files[k]);
+		if (access(src, R_OK) == 0) {
+			rv = rli_read_file(src, &tok, &ntok, (size_t)256 << 20);
+			if (rv == RL_OK)
+				rv = rl_wver_add_blob(v, tok_files[k], tok, ntok, 1, 1);
+			free(tok);
+			tok = NULL;
+		}
+		free(src);
+		if (rv != 0)
+			goto out;
+	}
+	if ((rv = rl_wver_hash(v)) != 0)
+		goto out;
+	*out = v;
+	v = NULL;
+out:
+	rl_wver_destroy(v);
+	cJSON_free(js);
+	free(cfg);
+	free(img);
+	free(e);
+	free(fc.buf);
 	return rv;
 }

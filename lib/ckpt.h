@@ -25,8 +25,11 @@
 #define RL_CKPT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "model.h"
+
+typedef struct rl_wver rl_wver;
 
 /* Writes ROOT/step-%08d (ROOT created if missing) with the model and, when
  * with_optimizer and m has AdamW state, the optimizer; then points ROOT/latest
@@ -40,6 +43,12 @@ int rl_ckpt_latest(const char *root, char *path, size_t len);
  * f32 master weights when present), after rl_model_train_reserve.  RL_ENOENT
  * when DIR has none. */
 int rl_ckpt_load_optimizer(rl_model *m, const char *dir);
+
+/* rl_ckpt_to_wver: the files a weights-only ROOT/step-N directory would
+ * hold (config.json, model.safetensors, the tokenizer files of the source
+ * model), built in memory as version `version` for rl-sync, hashed; nothing
+ * is written to disk.  *out is the caller's (rl_wver_destroy). */
+int rl_ckpt_to_wver(rl_model *m, uint64_t version, rl_wver **out);
 
 /* lib-private: write the model (and optionally optimizer) files into an
  * existing directory tmp. */

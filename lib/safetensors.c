@@ -103,42 +103,28 @@ rl_st_close(rl_st_file *f)
 	for (int i = 0; i < f->n; i++)
 		free(f->t[i].name);
 	free(f->t);
-	if (f->map != NULL && f->map != MAP_FAILED)
+	if (f->map != NULL && f->map != MAP_FAILED && !f->borrowed)
 		munmap(f->map, f->size);
 	free(f->path);
 	free(f);
 }
 
-int
-rl_st_open(rl_st_file **out, const char *path)
+/* Validates the header and the tensors of f->map (f->size bytes); f->path
+ * names it in messages.  Fills f->t, f->n. */
+static int
+st_parse(rl_st_file *f)
 {
-	rl_st_file *f = rl_xcalloc(1, sizeof *f);
 	rl_st_tensor **byoff = NULL;
 	cJSON *root = NULL, *j;
-	struct stat st;
+	const char *path = f->path;
+	const uint8_t *p = f->map;
 	uint64_t hlen = 0;
-	const uint8_t *p;
-	int fd = -1, rv = RL_EFORMAT, k;
+	int rv = RL_EFORMAT, k;
 
-	*out = NULL;
-	f->path = rl_xstrdup(path);
-	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fd, &st) != 0) {
-		rv = errno == ENOENT ? RL_ENOENT : RL_EIO;
-		rl_error("cannot open '%s': %s", path, strerror(errno));
-		goto out;
-	}
-	f->size = (size_t)st.st_size;
 	if (f->size < 8) {
 		rl_error("'%s': %zu bytes, too short for a safetensors file", path, f->size);
 		goto out;
 	}
-	f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-	if (f->map == MAP_FAILED) {
-		rv = RL_EIO;
-		rl_error("cannot map '%s': %s", path, strerror(errno));
-		goto out;
-	}
-	p = f->map;
 	for (int i = 7; i >= 0; i--)
 		hlen = hlen << 8 | p[i];
 	if (hlen > RL_ST_MAX_HEADER || hlen > f->size - 8 || hlen < 2) {
@@ -188,15 +174,65 @@ rl_st_open(rl_st_file **out, const char *path)
 		}
 	}
 	rv = RL_OK;
-	*out = f;
-	f = NULL;
 out:
 	free(byoff);
 	cJSON_Delete(root);
+	return rv;
+}
+
+int
+rl_st_open(rl_st_file **out, const char *path)
+{
+	rl_st_file *f = rl_xcalloc(1, sizeof *f);
+	struct stat st;
+	int fd = -1, rv = RL_EFORMAT;
+
+	*out = NULL;
+	f->path = rl_xstrdup(path);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fd, &st) != 0) {
+		rv = errno == ENOENT ? RL_ENOENT : RL_EIO;
+		rl_error("cannot open '%s': %s", path, strerror(errno));
+		goto out;
+	}
+	f->size = (size_t)st.st_size;
+	if (f->size < 8) {
+		rl_error("'%s': %zu bytes, too short for a safetensors file", path, f->size);
+		goto out;
+	}
+	f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+	if (f->map == MAP_FAILED) {
+		rv = RL_EIO;
+		rl_error("cannot map '%s': %s", path, strerror(errno));
+		goto out;
+	}
+	if ((rv = st_parse(f)) != 0)
+		goto out;
+	*out = f;
+	f = NULL;
+out:
 	if (fd >= 0)
 		close(fd);
 	rl_st_close(f);
 	return rv;
+}
+
+int
+rl_st_open_mem(rl_st_file **out, const char *name, const void *data, size_t size)
+{
+	rl_st_file *f = rl_xcalloc(1, sizeof *f);
+	int rv;
+
+	*out = NULL;
+	f->path = rl_xstrdup(name);
+	f->map = (void *)data;
+	f->size = size;
+	f->borrowed = 1;
+	if ((rv = st_parse(f)) != 0) {
+		rl_st_close(f);
+		return rv;
+	}
+	*out = f;
+	return RL_OK;
 }
 
 const rl_st_tensor *
@@ -404,25 +440,27 @@ rl_st_to_f32(float *out, const rl_st_tensor *t, size_t first, size_t n)
 
 /* ---- writer --------------------------------------------------------------- */
 
-int
-rl_st_write(const char *path, const rl_st_entry *e, int n, const char *const *meta, int nmeta,
-    rl_st_fill_fn fill, void *ctx)
+/* The header of a file holding the n entries: *hdr (cJSON_free), its
+ * length *hlen and padded length *padded, each entry's bytes in nb[i] and
+ * the largest in *maxb, the data bytes in *total.  where names the file in
+ * messages.  RL_EINVAL for duplicate names. */
+static int
+st_header(char **hdr, size_t *hlen, size_t *padded, size_t *nb, size_t *maxb, size_t *total, const char *where,
+    const rl_st_entry *e, int n, const char *const *meta, int nmeta)
 {
 	cJSON *root = cJSON_CreateObject(), *md;
-	char *hdr = NULL, *buf = NULL;
-	const char **sorted = NULL;
-	size_t off = 0, hlen, maxb = 0, *nb = rl_xcalloc((size_t)n + 1, sizeof *nb);
-	uint8_t len8[8];
-	FILE *fp = NULL;
+	const char **sorted = rl_xcalloc((size_t)n + 1, sizeof *sorted);
+	size_t off = 0;
 	int rv = RL_EINVAL;
 
-	sorted = rl_xcalloc((size_t)n + 1, sizeof *sorted);
+	*hdr = NULL;
+	*maxb = 0;
 	for (int i = 0; i < n; i++)
 		sorted[i] = e[i].name;
 	qsort(sorted, (size_t)n, sizeof *sorted, cmp_str);
 	for (int i = 1; i < n; i++)
 		if (strcmp(sorted[i], sorted[i - 1]) == 0) {
-			rl_error("'%s': tensor '%s' written twice", path, sorted[i]);
+			rl_error("'%s': tensor '%s' written twice", where, sorted[i]);
 			goto out;
 		}
 	if (nmeta > 0) {
@@ -444,11 +482,31 @@ rl_st_write(const char *path, const rl_st_entry *e, int n, const char *const *me
 		cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
 		cJSON_AddItemToArray(o, cJSON_CreateNumber((double)(off + nb[i])));
 		off += nb[i];
-		maxb = RL_MAX(maxb, nb[i]);
+		*maxb = RL_MAX(*maxb, nb[i]);
 	}
-	hdr = cJSON_PrintUnformatted(root);
-	hlen = strlen(hdr);
-	size_t padded = (hlen + 7) & ~(size_t)7;
+	*hdr = cJSON_PrintUnformatted(root);
+	*hlen = strlen(*hdr);
+	*padded = (*hlen + 7) & ~(size_t)7;
+	*total = off;
+	rv = RL_OK;
+out:
+	free(sorted);
+	cJSON_Delete(root);
+	return rv;
+}
+
+int
+rl_st_write(const char *path, const rl_st_entry *e, int n, const char *const *meta, int nmeta,
+    rl_st_fill_fn fill, void *ctx)
+{
+	char *hdr = NULL, *buf = NULL;
+	size_t hlen, padded, maxb, total, *nb = rl_xcalloc((size_t)n + 1, sizeof *nb);
+	uint8_t len8[8];
+	FILE *fp = NULL;
+	int rv;
+
+	if ((rv = st_header(&hdr, &hlen, &padded, nb, &maxb, &total, path, e, n, meta, nmeta)) != 0)
+		goto out;
 	for (int i = 0; i < 8; i++)
 		len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
 	if ((buf = rl_try_malloc(RL_MAX(maxb, 8), "safetensors write buffer")) == NULL) {
@@ -485,8 +543,43 @@ out:
 		fclose(fp);
 	free(buf);
 	free(nb);
-	free(sorted);
 	cJSON_free(hdr);
-	cJSON_Delete(root);
+	return rv;
+}
+
+int
+rl_st_write_mem(uint8_t **out, size_t *outn, const rl_st_entry *e, int n, const char *const *meta, int nmeta,
+    rl_st_fill_fn fill, void *ctx)
+{
+	char *hdr = NULL;
+	uint8_t *b = NULL;
+	size_t hlen, padded, maxb, total, off, *nb = rl_xcalloc((size_t)n + 1, sizeof *nb);
+	int rv;
+
+	*out = NULL;
+	*outn = 0;
+	if ((rv = st_header(&hdr, &hlen, &padded, nb, &maxb, &total, "(memory)", e, n, meta, nmeta)) != 0)
+		goto out;
+	if ((b = rl_try_malloc(8 + padded + total, "safetensors image")) == NULL) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
+	for (int i = 0; i < 8; i++)
+		b[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+	memcpy(b + 8, hdr, hlen);
+	memset(b + 8 + hlen, ' ', padded - hlen);
+	off = 8 + padded;
+	for (int i = 0; i < n; i++) {
+		if ((rv = fill(ctx, i, b + off, nb[i])) != 0)
+			goto out;
+		off += nb[i];
+	}
+	*out = b;
+	*outn = off;
+	b = NULL;
+out:
+	free(b);
+	free(nb);
+	cJSON_free(hdr);
 	return rv;
 }

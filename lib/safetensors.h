@@ -44,12 +44,17 @@ typedef struct rl_st_file {
 	size_t size;
 	rl_st_tensor *t;              /* sorted by name */
 	int n;
+	int borrowed;                 /* 1: map is the caller's memory (rl_st_open_mem) */
 } rl_st_file;
 
 /* rl_st_open maps and validates path.  *out is the caller's, closed with
  * rl_st_close (NULL ok).  Not thread-safe while opening; reading views is. */
 int rl_st_open(rl_st_file **out, const char *path);
 void rl_st_close(rl_st_file *f);
+/* rl_st_open_mem validates size bytes at data (borrowed: the caller keeps
+ * them alive and unchanged until rl_st_close) as a safetensors file; name
+ * stands for the path in messages.  Same checks and errors as rl_st_open. */
+int rl_st_open_mem(rl_st_file **out, const char *name, const void *data, size_t size);
 /* Lookup by exact name; NULL when absent. */
 const rl_st_tensor *rl_st_find(const rl_st_file *f, const char *name);
 
@@ -84,6 +89,12 @@ typedef int (*rl_st_fill_fn)(void *ctx, int i, void *buf, size_t nbytes);
  * header padded to 8 bytes, metadata pairs meta[2k] = key, meta[2k+1] = value
  * (nmeta pairs, may be 0), then fsyncs it.  Duplicate names: RL_EINVAL. */
 int rl_st_write(const char *path, const rl_st_entry *e, int n, const char *const *meta, int nmeta,
+    rl_st_fill_fn fill, void *ctx);
+
+/* rl_st_write_mem: the same file built in memory (*out malloc'd, the
+ * caller's; *outn bytes), no fsync: for a version that goes to rl-sync
+ * without a checkpoint directory.  RL_ENOMEM, RL_EINVAL, or fill's error. */
+int rl_st_write_mem(uint8_t **out, size_t *outn, const rl_st_entry *e, int n, const char *const *meta, int nmeta,
     rl_st_fill_fn fill, void *ctx);
 
 /* lib-private: read a whole small file (at most limit bytes), NUL-terminated;

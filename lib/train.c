@@ -941,8 +941,18 @@ static int
 publish(trainer *tr, int full, int push)
 {
 	char dir[4096];
-	int rv;
+	int rv, every = tr->o->ckpt_every;
 
+	if (push && tr->ws && every > 1 && !full && tr->m->step % every != 0) {
+		/* --ckpt-every: rl-sync carries this version; no directory, no fsync */
+		rl_wver *v = NULL;
+		if ((rv = rl_ckpt_to_wver(tr->m, (uint64_t)tr->m->step, &v)) == 0)
+			rv = rl_wsync_publish(tr->ws, v, 1);
+		rl_wver_destroy(v);
+		if (rv != 0)
+			rl_error("cannot publish version %d to '%s'", tr->m->step, tr->o->sync_url);
+		return rv;
+	}
 	if ((rv = rl_ckpt_save(tr->m, tr->o->out_dir, full, dir, sizeof dir)) != 0)
 		return rv;
 	if (full && (rv = write_state(tr, dir)) != 0)

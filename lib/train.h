@@ -92,6 +92,8 @@ typedef struct rl_train_opts {
 	int max_steps;             /* stop after this many steps in total (0: end of input) */
 	int save_every;            /* full checkpoint (with optimizer) every N steps; 0: last only */
 	int keep;                  /* keep the newest K step directories (0: all) */
+	int ckpt_every;            /* with sync_url: a step directory every N steps (0, 1: every step);
+	                            * the versions between go to sync_url from memory only */
 	int resume;                /* continue from out_dir/latest */
 	int on_bad;                /* RL_BAD_ERROR or RL_BAD_SKIP */
 	uint64_t seed;

@@ -25,6 +25,7 @@
 #include "model.h"
 #include "progress.h"
 #include "qclient.h"
+#include "safetensors.h"
 #include "wsync.h"
 #include "rng.h"
 #include "tokenizer.h"
@@ -125,6 +126,13 @@ typedef struct gen {
 	char pending_path[4096];
 	uint64_t nonce, groups, lines, bad, samples, tokens;
 	double t0;
+	/* where the wall time went (seconds; reported at exit with -v): decoding
+	 * (engine steps less the puts made from them), new weights (poll, fetch,
+	 * load), waiting for a weights version (the staleness gate, pipe mode),
+	 * the broker (leases and puts), writing the output */
+	double t_engine, t_weights, t_wait, t_lease, t_put, t_write;
+	double last_poll;      /* when rl-sync was last asked for a new version */
+	int nloads;
 } gen;
 
 /* One prompt in flight: what its records need besides the tokens. */
@@ -210,49 +218,91 @@ latest_version(const char *dir, int *ver, char *path, size_t len)
 	return RL_OK;
 }
 
+/* Replaces the model's weights in place with the tensors of set (the same
+ * architecture: every tensor by name, with the shape the running model has);
+ * where names the source in messages.  The tensors are converted straight
+ * from the file's bytes (an mmap'd checkpoint or a fetched version in
+ * memory): no second model is built. */
+static int
+load_set(gen *g, const rl_st_set *set, const char *where, int ver)
+{
+	rl_model *m = g->m;
+	float *buf = NULL;
+	size_t maxn = 0;
+	int rv = RL_OK;
+
+	for (int i = 0; i < m->tt.n; i++)
+		maxn = RL_MAX(maxn, m->tt.t[i].n);
+	if (!(buf = rl_try_malloc(maxn * sizeof(float), "weights")))
+		return RL_ENOMEM;
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		const rl_st_tensor *st = rl_st_set_find(set, t->name, NULL);
+		int64_t shp[2];
+		int nd = rl_tensor_file_shape(t, shp);
+		if (!st && strncmp(t->name, "transformer.", 12) == 0)
+			st = rl_st_set_find(set, t->name + 12, NULL);
+		if (!st) {
+			rl_error("'%s': no tensor '%s': not the running model's architecture", where, t->name);
+			rv = RL_ESHAPE;
+			goto out;
+		}
+		if (st->ndim != nd || st->shape[0] != shp[0] || (nd == 2 && st->shape[1] != shp[1])) {
+			rl_error("'%s': tensor '%s' has %zu elements in %d dimensions, the running model's %zu in %d",
+			    where, t->name, st->nelem, st->ndim, t->n, nd);
+			rv = RL_ESHAPE;
+			goto out;
+		}
+		if ((rv = rl_st_to_f32(buf, st, 0, st->nelem)) != 0) {
+			rl_error("'%s': tensor '%s' has dtype %s, not a float type", where, t->name,
+			    rl_dtype_name(st->dtype));
+			goto out;
+		}
+		if ((rv = rl_model_set(m, i, buf)) != 0)
+			goto out;
+	}
+	g->version = ver;
+	g->nloads++;
+	rl_engine_set_version(g->e, ver);
+	rl_verbose("weights version %d loaded from '%s'", ver, where);
+out:
+	free(buf);
+	return rv;
+}
+
 /* Replaces the model's weights in place with those in dir (same shapes). */
 static int
 load_weights(gen *g, const char *dir, int ver)
 {
-	rl_ops *cpu = NULL;
-	rl_model *nm = NULL;
-	float *buf = NULL;
-	size_t maxn = 0;
+	rl_st_set *set = NULL;
 	int rv;
 
-	if ((rv = rl_ops_cpu_open(&cpu)) != 0)
+	if ((rv = rl_st_set_open(&set, dir)) != 0)
 		return rv;
-	if ((rv = rl_model_open(&nm, dir, cpu)) != 0)
-		goto out;
-	if (nm->tt.n != g->m->tt.n) {
-		rl_error("'%s' has %d tensors, the running model %d: not the same architecture", dir, nm->tt.n,
-		    g->m->tt.n);
-		rv = RL_ESHAPE;
-		goto out;
-	}
-	for (int i = 0; i < nm->tt.n; i++) {
-		if (nm->tt.t[i].n != g->m->tt.t[i].n) {
-			rl_error("'%s': tensor '%s' has %zu elements, the running model's %zu", dir,
-			    nm->tt.t[i].name, nm->tt.t[i].n, g->m->tt.t[i].n);
-			rv = RL_ESHAPE;
-			goto out;
-		}
-		maxn = RL_MAX(maxn, nm->tt.t[i].n);
-	}
-	if (!(buf = rl_try_malloc(maxn * sizeof(float), "weights")))
-		goto out;
-	for (int i = 0; i < nm->tt.n; i++) {
-		if ((rv = rl_model_get(nm, i, RL_MODEL_PARAM, buf)) != 0 ||
-		    (rv = rl_model_set(g->m, i, buf)) != 0)
-			goto out;
-	}
-	g->version = ver;
-	rl_engine_set_version(g->e, ver);
-	rl_verbose("weights version %d loaded from '%s'", ver, dir);
-out:
-	free(buf);
-	rl_model_close(nm);
-	rl_ops_close(cpu);
+	rv = load_set(g, set, dir, ver);
+	rl_st_set_close(set);
+	return rv;
+}
+
+/* The same from a version fetched from rl-sync, in memory: its
+ * model.safetensors blob.  RL_ENOENT when it has none (a sharded
+ * checkpoint: the caller goes through a directory). */
+static int
+load_weights_ver(gen *g, const rl_wver *v, const char *where)
+{
+	const rl_wblob *b = rl_wver_find(v, "model.safetensors");
+	rl_st_file *f = NULL;
+	rl_st_set set;
+	int rv;
+
+	if (!b)
+		return RL_ENOENT;
+	if ((rv = rl_st_open_mem(&f, where, b->data, (size_t)b->size)) != 0)
+		return rv;
+	set.files = &f;
+	set.nfiles = 1;
+	rv = load_set(g, &set, where, (int)v->version);
+	rl_st_close(f);
 	return rv;
 }
 
@@ -277,52 +327,64 @@ remove_tree(const char *dir)
 }
 
 /* Looks for a newer version; loads it now if allowed (no sequence running,
- * or --partial), else remembers it and holds admissions until the engine drains. */
+ * or --partial), else remembers it and holds admissions until the engine
+ * drains.  rl-sync is asked at most every 20 ms unless force (the caller
+ * knows a newer version exists: the broker said so, or it waits for one);
+ * a directory is looked at every time (one readlink). */
 static int
-poll_weights(gen *g)
+poll_weights_(gen *g, int force)
 {
 	int v, rv;
 	char path[4096];
 
-	if (g->ws) {
+	if (g->ws && (force || rl_now() - g->last_poll >= 0.02)) {
 		uint64_t latest = 0;
 		rl_wver *nv = NULL;
+		g->last_poll = rl_now();
 		if (rl_wsync_poll_version(g->ws, g->version > 0 ? (uint64_t)g->version : 0, 0, &latest) == RL_OK &&
 		    (int)latest > g->version && (int)latest > g->pending_version) {
-			/* fetch (a delta against the last one when the server can), then load from disk */
+			/* fetch (a delta against the last one when the server can); loaded from memory */
 			if ((rv = rl_wsync_fetch_version(g->ws, &nv, latest, g->wbase)) != 0)
 				return rv;
-			snprintf(path, sizeof path, "%s/v%llu", g->sync_dir, (unsigned long long)latest);
-			if ((rv = rl_wver_write_dir(nv, path)) != 0) {
-				rl_wver_destroy(nv);
-				return rv;
-			}
 			rl_wver_destroy(g->wbase);
 			g->wbase = nv;
-			if (g->pending_version > g->version && strcmp(g->pending_path, path) != 0)
-				remove_tree(g->pending_path);
 			g->pending_version = (int)latest;
-			snprintf(g->pending_path, sizeof g->pending_path, "%s", path);
+			snprintf(g->pending_path, sizeof g->pending_path, "%s/v%llu", g->sync_url,
+			    (unsigned long long)latest);
 		}
-	} else if (!g->weights_from) {
-		return RL_OK;
-	} else if (latest_version(g->weights_from, &v, path, sizeof path) == RL_OK && v > g->version &&
-	    v > g->pending_version) {
+	} else if (g->weights_from && latest_version(g->weights_from, &v, path, sizeof path) == RL_OK &&
+	    v > g->version && v > g->pending_version) {
 		g->pending_version = v;
 		snprintf(g->pending_path, sizeof g->pending_path, "%s", path);
 	}
 	if (g->pending_version > g->version) {
 		if (g->partial || rl_engine_active(g->e) == 0) {
-			if ((rv = load_weights(g, g->pending_path, g->pending_version)) != 0)
+			if (!g->ws) {
+				rv = load_weights(g, g->pending_path, g->pending_version);
+			} else if ((rv = load_weights_ver(g, g->wbase, g->pending_path)) == RL_ENOENT) {
+				/* no single model.safetensors (shards): through a directory */
+				snprintf(path, sizeof path, "%s/v%d", g->sync_dir, g->pending_version);
+				if ((rv = rl_wver_write_dir(g->wbase, path)) == RL_OK)
+					rv = load_weights(g, path, g->pending_version);
+				remove_tree(path);
+			}
+			if (rv != 0)
 				return rv;
-			if (g->ws)
-				remove_tree(g->pending_path);
 			rl_engine_hold(g->e, 0);
 		} else {
 			rl_engine_hold(g->e, 1); /* drain, then swap */
 		}
 	}
 	return RL_OK;
+}
+
+static int
+poll_weights(gen *g, int force)
+{
+	double t = rl_now();
+	int rv = poll_weights_(g, force);
+	g->t_weights += rl_now() - t;
+	return rv;
 }
 
 /* ---- records -------------------------------------------------------------------------- */
@@ -401,8 +463,10 @@ on_done(void *ctx, const rl_gen_sample *s)
 		/* a complete group goes downstream at once (pipes: the trainer waits for it) */
 		if (g->qc) {
 			rl_qput_result res;
+			double tp = rl_now();
 			/* the put completes the prompt's lease; retried while the broker is busy */
 			rv = rl_qclient_put_generated(g->qc, p->out, &res);
+			g->t_put += rl_now() - tp;
 			if (rv == RL_OK)
 				g->q_put += res.accepted;
 			else
@@ -410,7 +474,9 @@ on_done(void *ctx, const rl_gen_sample *s)
 				    rl_strerror(rv));
 			rl_traj_batch_destroy(p->out);
 		} else {
+			double tw = rl_now();
 			rv = rl_traj_writer_flush(g->w);
+			g->t_write += rl_now() - tw;
 		}
 		free(p->text);
 		free(p->meta);
@@ -562,32 +628,53 @@ parse_prompt(gen *g, const char *line, size_t len, prompt **out)
 	return parse_prompt_obj(g, j, where, NULL, 0, out);
 }
 
-/* Waits (polling --weights-from) until version >= need, at most --weights-timeout. */
+/* Waits (polling --weights-from or --sync) until version >= need, at most
+ * --weights-timeout. */
 static int
 wait_version(gen *g, int need)
 {
-	int rv;
-	double t0 = rl_now(), last = t0;
+	int rv = RL_OK;
+	double t0 = rl_now(), last = t0, w0 = g->t_weights;
+	const char *src = g->weights_from ? g->weights_from : g->sync_url;
 
 	while (g->version < need) {
-		if ((rv = poll_weights(g)) != 0)
-			return rv;
+		if ((rv = poll_weights(g, 1)) != 0)
+			break;
 		if (g->version >= need)
 			break;
 		if (g->weights_timeout > 0 && rl_now() - t0 > g->weights_timeout) {
-			rl_error("no weights version %d in '%s' after %.0f s (have %d)", need, g->weights_from,
+			rl_error("no weights version %d in '%s' after %.0f s (have %d)", need, src,
 			    g->weights_timeout, g->version);
 			rl_hint("is the trainer running and publishing there?  a trainer that drops groups "
 			    "(dapo) may need more samples than --max-staleness lets through");
-			return RL_ETIMEDOUT;
+			rv = RL_ETIMEDOUT;
+			break;
 		}
 		if (rl_now() - last > 10) {
-			rl_verbose("waiting for weights version %d in '%s' (have %d)", need, g->weights_from, g->version);
+			rl_verbose("waiting for weights version %d in '%s' (have %d)", need, src, g->version);
 			last = rl_now();
 		}
-		usleep(20000);
+		if (g->ws) {
+			/* rl-sync answers as soon as a newer version is there */
+			uint64_t l;
+			rl_wsync_poll_version(g->ws, (uint64_t)RL_MAX(g->version, 0), 50, &l);
+		} else {
+			usleep(2000); /* one readlink per look: cheap, and the latency is the step's */
+		}
 	}
-	return RL_OK;
+	g->t_wait += rl_now() - t0 - (g->t_weights - w0);
+	return rv;
+}
+
+/* One engine step; its time, less the puts and writes of the groups it
+ * completed, is decoding time. */
+static int
+engine_step(gen *g)
+{
+	double t = rl_now(), io = g->t_put + g->t_write;
+	int rv = rl_engine_step(g->e, on_done, g);
+	g->t_engine += rl_now() - t - (g->t_put + g->t_write - io);
+	return rv;
 }
 
 static void
@@ -603,6 +690,10 @@ progress(gen *g, int end)
 			    g->bad ? "; bad lines skipped" : "");
 		if (g->bad && !g->quiet)
 			rl_info("%llu bad prompt lines skipped", (unsigned long long)g->bad);
+		rl_verbose("time: decoding %.2f s, new weights %.2f s (%d loaded), waiting for weights %.2f s, "
+		    "leases %.2f s, puts %.2f s, output %.2f s, other %.2f s", g->t_engine, g->t_weights, g->nloads,
+		    g->t_wait, g->t_lease, g->t_put, g->t_write,
+		    dt - g->t_engine - g->t_weights - g->t_wait - g->t_lease - g->t_put - g->t_write);
 	} else {
 		rl_progress_draw(&g->prog, -1, "%llu prompts, %llu samples, %.0f tokens/s",
 		    (unsigned long long)g->groups, (unsigned long long)g->samples, dt > 0 ? g->tokens / dt : 0.0);
@@ -688,14 +779,14 @@ run_generate(gen *g)
 			}
 			g->groups++;
 		}
-		if ((rv = poll_weights(g)) != 0)
+		if ((rv = poll_weights(g, 0)) != 0)
 			goto out;
 		if (rl_engine_active(g->e) == 0 && rl_engine_waiting(g->e) == 0) {
 			if (eof)
 				break;
 			continue;
 		}
-		if ((rv = rl_engine_step(g->e, on_done, g)) != 0)
+		if ((rv = engine_step(g)) != 0)
 			goto out;
 		if (rl_now() - last_prog > 0.5) {
 			progress(g, 0);
@@ -857,7 +948,7 @@ run_queue(gen *g)
 	rl_qlease lease;
 	rl_traj *t = NULL;
 	int rv = RL_OK, G = g->n + (g->greedy ? 1 : 0);
-	double idle_since = rl_now(), last_prog = 0;
+	double idle_since = rl_now(), last_prog = 0, empty_since = 0;
 	struct sigaction sa;
 
 	memset(&sa, 0, sizeof sa);
@@ -876,16 +967,26 @@ run_queue(gen *g)
 	for (;;) {
 		int room = g->go.slots - rl_engine_active(g->e) - rl_engine_waiting(g->e) * G;
 		uint64_t s0 = g->samples, k0 = g->tokens;
+		int busy = rl_engine_active(g->e) > 0;
 		/* new weights are fetched and loaded while nothing is generated: idle */
 		rl_wstat_phase(g->wst, RL_WSTAT_IDLE);
-		if ((rv = poll_weights(g)) != 0)
+		if ((rv = poll_weights(g, 0)) != 0)
 			goto out;
-		if (!stop_requested && room >= G) {
-			int busy = rl_engine_active(g->e) > 0;
+		/* while decoding, a lease that found nothing is not retried for 10 ms
+		 * (a round trip per decoding step would cost as much as the step) */
+		if (!stop_requested && room >= G && (!busy || rl_now() - empty_since >= 0.01)) {
+			double tl = rl_now();
 			rv = rl_qclient_lease_prompts(g->qc, (uint32_t)(room / G), (uint32_t)G, busy ? 0 : 200, &lease);
+			g->t_lease += rl_now() - tl;
 			if (rv != RL_OK && rv != RL_ETIMEDOUT && rv != RL_EBUSY)
 				goto out;
 			rv = RL_OK;
+			empty_since = rl_qlease_count(&lease) ? 0 : rl_now();
+			/* the trainer moved on: its version is on the weights source (it
+			 * publishes before it tells the broker), so new prompts start on it */
+			if (rl_qlease_count(&lease) && (int)lease.version > g->version && (g->ws || g->weights_from) &&
+			    (rv = poll_weights(g, 1)) != 0)
+				goto out;
 			for (size_t i = 0; i < rl_qlease_count(&lease); i++) {
 				prompt *p;
 				rl_qack_result ares;
@@ -926,7 +1027,7 @@ run_queue(gen *g)
 		}
 		idle_since = rl_now();
 		rl_wstat_phase(g->wst, RL_WSTAT_BUSY);
-		if ((rv = rl_engine_step(g->e, on_done, g)) != 0)
+		if ((rv = engine_step(g)) != 0)
 			goto out;
 		rl_wstat_add(g->wst, g->samples - s0, g->tokens - k0);
 		if (rl_now() - last_prog > 0.5) {
@@ -1083,7 +1184,7 @@ rl_cmd_generate(int argc, char **argv)
 		    (long)getpid());
 		if ((rv = rl_io_mkdir_p(g.sync_dir, 0700)) != 0 || (rv = rl_wsync_open_with(&g.ws, g.sync_url, 0, g.sync_transport)) != 0)
 			goto out;
-		if ((rv = poll_weights(&g)) != 0)
+		if ((rv = poll_weights(&g, 1)) != 0)
 			goto out;
 	}
 	if (g.weights_from) {
@@ -1105,11 +1206,8 @@ out:
 		rv = RL_EIO;
 	}
 	rl_engine_destroy(g.e);
-	if (g.ws) {
-		if (g.pending_version > g.version)
-			remove_tree(g.pending_path);
+	if (g.ws)
 		rmdir(g.sync_dir);
-	}
 	rl_wver_destroy(g.wbase);
 	rl_wsync_close(g.ws);
 	rl_tokenizer_close(g.tok);

@@ -68,6 +68,8 @@ static const char usage_text[] =
     "      --max-steps N         stop after N steps in total\n"
     "      --save-every N        full checkpoint (with optimizer) every N steps (default: last)\n"
     "      --keep K              keep the newest K step directories (default 3; 0 all)\n"
+    "      --ckpt-every N        with --sync: a step directory every N steps (default 1); the\n"
+    "                            versions between reach --sync from memory only\n"
     "      --resume              continue from the newest full checkpoint in --out\n"
     "      --on-bad error|skip   a bad record fails the run, or drops its group (default error)\n"
     "      --metrics FILE        one JSON object per step ('-' stdout; default stderr)\n"
@@ -93,7 +95,7 @@ enum {
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC,
-	O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
+	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
 	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN
 };
 
@@ -120,7 +122,7 @@ static const struct option longopts[] = {
 	{ "resume", no_argument, 0, O_RESUME }, { "on-bad", required_argument, 0, O_ONBAD },
 	{ "metrics", required_argument, 0, O_METRICS }, { "tfevents", required_argument, 0, O_TFEV },
 	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
-	{ "sync", required_argument, 0, O_SYNC },
+	{ "sync", required_argument, 0, O_SYNC }, { "ckpt-every", required_argument, 0, O_CKEVERY },
 	{ "rank", required_argument, 0, O_RANK }, { "world", required_argument, 0, O_WORLD },
 	{ "rendezvous", required_argument, 0, O_RDV }, { "comm-backend", required_argument, 0, O_CBACK },
 	{ "comm-timeout", required_argument, 0, O_CTIME }, { "dp-check-every", required_argument, 0, O_DPCHECK },
@@ -228,6 +230,7 @@ main(int argc, char **argv)
 		case O_MAXSTEPS: NUM(0, 1e9); o.max_steps = (int)v; break;
 		case O_SAVE: NUM(0, 1e9); o.save_every = (int)v; break;
 		case O_KEEP: NUM(0, 1e9); o.keep = (int)v; break;
+		case O_CKEVERY: NUM(1, 1e9); o.ckpt_every = (int)v; break;
 		case O_RESUME: o.resume = 1; break;
 		case O_ONBAD:
 			if (strcmp(a, "error") == 0) o.on_bad = RL_BAD_ERROR;
@@ -294,6 +297,8 @@ main(int argc, char **argv)
 		return usage_error("%s", "no output directory: --out DIR");
 	if (!o.model_dir && !o.resume)
 		return usage_error("%s", "no model: -m MODEL_DIR (or --resume)");
+	if (o.ckpt_every > 1 && !o.sync_url)
+		return usage_error("%s", "--ckpt-every needs --sync URL (where the versions between go)");
 	if (o.algo == RL_ALGO_DAPO && !clip_high_set)
 		o.clip_high = 0.28f;
 	if (o.kl_type && !kl_coef_set)

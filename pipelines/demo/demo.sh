@@ -51,10 +51,25 @@ GOAL_ACC=${GOAL_ACC:-0.6}
 GOAL_FACTOR=${GOAL_FACTOR:-2}
 PLOT=${PLOT:-1}
 QUIET=${QUIET:-0}
+# the task: arith (the answer alone, "46", at most 6 tokens) or arith-cot
+# (the same problems answered with a worked column sum, "2+4=6 1+3+0=4 #### 46",
+# about 22 tokens, scored by the gsm8k verifier: bench/e2e.sh's long-response
+# workload, docs/demo.md)
+TASK=${TASK:-arith}
+case $TASK in
+arith) RTASK=arith; MAX_TOKENS=${MAX_TOKENS:-6} ;;
+arith-cot) RTASK=gsm8k; MAX_TOKENS=${MAX_TOKENS:-24} ;;
+*) echo "demo: TASK must be arith or arith-cot, not '$TASK'" >&2; exit 2 ;;
+esac
+# WARM=DIR: start GRPO from this model directory (no init, no SFT): bench/e2e.sh
+# runs both wirings from one warm start
+WARM=${WARM:-}
 # optional CPU pinning (bench/e2e.sh): generation and scoring on GEN_CPUS,
-# training and the broker on TRAIN_CPUS (taskset lists, e.g. 0 and 1)
+# training on TRAIN_CPUS (taskset lists, e.g. 0 and 1), the daemons (rl-queue,
+# rl-sync) on DAEMON_CPUS (default: TRAIN_CPUS)
 GEN_CPUS=${GEN_CPUS:-}
 TRAIN_CPUS=${TRAIN_CPUS:-}
+DAEMON_CPUS=${DAEMON_CPUS:-$TRAIN_CPUS}
 # idle OpenMP threads spin; on a small shared machine that starves the other stages
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
@@ -65,9 +80,10 @@ for p in rl-train rl-rollout rl-reward rl-queue; do
 	command -v $p >/dev/null 2>&1 || { echo "demo: $p not found on PATH" >&2; echo "demo: hint: run 'make' at the top, or 'make install'" >&2; exit 1; }
 done
 
-PIN_GEN=""; PIN_TRAIN=""
+PIN_GEN=""; PIN_TRAIN=""; PIN_DAEMON=""
 [ -z "$GEN_CPUS" ] || PIN_GEN="taskset -c $GEN_CPUS"
 [ -z "$TRAIN_CPUS" ] || PIN_TRAIN="taskset -c $TRAIN_CPUS"
+[ -z "$DAEMON_CPUS" ] || PIN_DAEMON="taskset -c $DAEMON_CPUS"
 
 say() { [ "$QUIET" = 1 ] || printf '%s\n' "$*"; }
 now() { date +%s.%N; }
@@ -98,7 +114,22 @@ T0=$(now)
 # hash of the problem decides the split, so no test problem is ever trained on).
 n_sft=$((SFT_STEPS * SFT_BATCH))
 n_rl=$((RL_STEPS * PROMPTS))
-rl-reward gen-arith --n "$n_sft" --seed "$SEED" --split train |
+# arith-cot: the answer written as a column sum, units then tens with the carry
+# ("57+38=" -> "7+8=15 5+3+1=9 #### 95"); the gsm8k verifier reads the number
+# after "####"
+cot() {
+	if [ "$TASK" = arith-cot ]; then
+		awk '{
+			p = $0; sub(/.*"prompt":"/, "", p); sub(/=.*/, "", p); split(p, ab, "+")
+			a = ab[1] + 0; b = ab[2] + 0; u = a % 10 + b % 10; c = int(u / 10)
+			w = sprintf("%d+%d=%d %d+%d+%d=%d #### %d", a % 10, b % 10, u, int(a / 10), int(b / 10), c,
+			    int(a / 10) + int(b / 10) + c, a + b)
+			sub(/"answer":"[0-9]*"/, "\"answer\":\"" w "\""); print }'
+	else
+		cat
+	fi
+}
+rl-reward gen-arith --n "$n_sft" --seed "$SEED" --split train | cot |
 	awk '{ sub(/"prompt":/, "\"prompt_text\":"); sub(/"answer":/, "\"response_text\":");
 	       sub(/^\{/, "{\"id\":" NR ","); print }' > "$RUN/data/sft.jsonl"
 rl-reward gen-arith --n "$n_rl" --seed $((SEED + 1000)) --split train -o "$RUN/data/prompts.jsonl"
@@ -106,24 +137,31 @@ rl-reward gen-arith --n "$TEST_N" --seed $((SEED + 2000)) --split test -o "$RUN/
 
 # held-out greedy accuracy of model directory $1 (reward = accuracy for arith)
 evaluate() {
-	rl-rollout -q -m "$1" --device "$DEVICE" --temperature 0 --max-tokens 6 "$RUN/data/test.jsonl" 2>>"$L/eval.log" |
-		rl-reward -q --task arith --jsonl 2>>"$L/eval.log" |
+	rl-rollout -q -m "$1" --device "$DEVICE" --temperature 0 --max-tokens "$MAX_TOKENS" "$RUN/data/test.jsonl" 2>>"$L/eval.log" |
+		rl-reward -q --task "$RTASK" --jsonl 2>>"$L/eval.log" |
 		awk '/"reward":1[,}]/ { ok++ } { n++ } END { if (n == 0) exit 1; printf "%.3f\n", ok / n }'
 }
 
 # ---- model and SFT warm start -------------------------------------------------------
-rl-train -q --init "$MODEL" --tokenizer bytes --out "$RUN/init" --seed "$SEED" 2>"$L/init.log"
-acc_init=$(evaluate "$RUN/init")
-say "demo: $WIRING wiring, seed $SEED, device $DEVICE; run directory $RUN"
-say "demo: SFT warm start: $SFT_STEPS steps x $SFT_BATCH examples (lr $SFT_LR)"
-t=$(now)
-rl-train -q -m "$RUN/init" --out "$RUN/sft" --algo sft --device "$DEVICE" --seed "$SEED" \
-	--batch "$SFT_BATCH" --lr "$SFT_LR" --keep 1 --metrics "$RUN/sft-metrics.jsonl" \
-	"$RUN/data/sft.jsonl" 2>"$L/sft.log"
-BASE=$RUN/sft/$(readlink "$RUN/sft/latest")
-T_SFT=$(secs "$t" "$(now)")
-acc_before=$(evaluate "$BASE")
-say "demo: SFT done in ${T_SFT} s; held-out accuracy $acc_before (random init: $acc_init)"
+say "demo: $WIRING wiring, task $TASK, seed $SEED, device $DEVICE; run directory $RUN"
+if [ -n "$WARM" ]; then
+	BASE=$(cd "$WARM" && pwd)
+	acc_init=null T_SFT=0
+	acc_before=$(evaluate "$BASE")
+	say "demo: warm start $BASE (no SFT); held-out accuracy $acc_before"
+else
+	rl-train -q --init "$MODEL" --tokenizer bytes --out "$RUN/init" --seed "$SEED" 2>"$L/init.log"
+	acc_init=$(evaluate "$RUN/init")
+	say "demo: SFT warm start: $SFT_STEPS steps x $SFT_BATCH examples (lr $SFT_LR)"
+	t=$(now)
+	rl-train -q -m "$RUN/init" --out "$RUN/sft" --algo sft --device "$DEVICE" --seed "$SEED" \
+		--batch "$SFT_BATCH" --lr "$SFT_LR" --keep 1 --metrics "$RUN/sft-metrics.jsonl" \
+		"$RUN/data/sft.jsonl" 2>"$L/sft.log"
+	BASE=$RUN/sft/$(readlink "$RUN/sft/latest")
+	T_SFT=$(secs "$t" "$(now)")
+	acc_before=$(evaluate "$BASE")
+	say "demo: SFT done in ${T_SFT} s; held-out accuracy $acc_before (random init: $acc_init)"
+fi
 
 # ---- GRPO --------------------------------------------------------------------------
 CK=$RUN/ckpt
@@ -132,14 +170,14 @@ M=$RUN/metrics.jsonl
 : > "$RUN/heldout.tsv"
 printf '0\t%s\n' "$acc_before" >> "$RUN/heldout.tsv"
 TRAIN_ARGS="--algo grpo --device $DEVICE --seed $SEED --batch $PROMPTS --lr $RL_LR --keep 3 --metrics $M $TRAIN_EXTRA"
-GEN_ARGS="--device $DEVICE --seed $SEED -n $SAMPLES --temperature $TEMP --max-tokens 6"
+GEN_ARGS="--device $DEVICE --seed $SEED -n $SAMPLES --temperature $TEMP --max-tokens $MAX_TOKENS"
 
 start_sync() {
 	mkfifo "$RUN/gen.fifo" "$RUN/scored.fifo"
 	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS --weights-from "$CK" --max-staleness 0 --train-batch "$PROMPTS" \
 		-o "$RUN/gen.fifo" "$RUN/data/prompts.jsonl" 2>"$L/rollout.log" &
 	GEN=$!; PIDS="$PIDS $GEN"; echo "rl-rollout $GEN" >> "$RUN/pids"
-	$PIN_GEN rl-reward --task arith -o "$RUN/scored.fifo" "$RUN/gen.fifo" 2>"$L/reward.log" &
+	$PIN_GEN rl-reward --task "$RTASK" -o "$RUN/scored.fifo" "$RUN/gen.fifo" 2>"$L/reward.log" &
 	REW=$!; PIDS="$PIDS $REW"; echo "rl-reward $REW" >> "$RUN/pids"
 	$PIN_TRAIN rl-train -m "$BASE" --out "$CK" $TRAIN_ARGS "$RUN/scored.fifo" 2>"$L/train.log" &
 	TRN=$!; PIDS="$PIDS $TRN"; echo "rl-train $TRN" >> "$RUN/pids"
@@ -155,7 +193,7 @@ start_daemon() {
 		k=0; [ "$kind" = queue ] || k=20011
 		port=$(( ($$ * 7919 + i * 104729 + k) % 40000 + 20000 ))
 		URL=tcp://127.0.0.1:$port
-		$PIN_TRAIN "$@" --listen "$URL" 2>>"$L/$kind.log" &
+		$PIN_DAEMON "$@" --listen "$URL" 2>>"$L/$kind.log" &
 		D=$!
 		j=0
 		while [ $j -lt 50 ]; do
@@ -182,7 +220,11 @@ start_async() {
 		start_daemon sync rl-sync serve
 		S=$D
 		echo "$URL" > "$RUN/sync.url"
+		# rl-sync carries every version; a checkpoint directory only where the
+		# held-out split is evaluated (and the last step); CKPT_EVERY=0: every step
 		W_GEN="--sync $URL"; W_TRAIN="--sync $URL"
+		ce=${CKPT_EVERY:-$EVAL_EVERY}
+		[ "$ce" = 0 ] || W_TRAIN="$W_TRAIN --ckpt-every $ce"
 	fi
 	URL=$QURL
 	# the broker drops a record whose id it has seen; without an "id" it derives
@@ -191,7 +233,7 @@ start_async() {
 	rl-queue put -q "$URL" "$RUN/data/prompts-q.jsonl" 2>"$L/put.log"
 	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS $W_GEN --queue "$URL" 2>"$L/rollout.log" &
 	GEN=$!; PIDS="$PIDS $GEN"; echo "rl-rollout $GEN" >> "$RUN/pids"
-	$PIN_GEN rl-reward --task arith --queue "$URL" 2>"$L/reward.log" &
+	$PIN_GEN rl-reward --task "$RTASK" --queue "$URL" 2>"$L/reward.log" &
 	REW=$!; PIDS="$PIDS $REW"; echo "rl-reward $REW" >> "$RUN/pids"
 	$PIN_TRAIN rl-train -m "$BASE" --out "$CK" $TRAIN_ARGS $W_TRAIN --queue "$URL" --max-steps "$RL_STEPS" 2>"$L/train.log" &
 	TRN=$!; PIDS="$PIDS $TRN"; echo "rl-train $TRN" >> "$RUN/pids"
@@ -245,6 +287,8 @@ if [ "$WIRING" = sync ]; then
 	wait "$GEN" || { echo "demo: rl-rollout failed; see $L/rollout.log" >&2; exit 1; }
 	wait "$REW" || { echo "demo: rl-reward failed; see $L/reward.log" >&2; exit 1; }
 else
+	# the broker's counters (staleness, regenerated groups, gate) for bench/e2e.sh
+	rl-queue stat --json "$QURL" > "$RUN/queue-stat.json" 2>>"$L/put.log" || true
 	# the trainer stopped at RL_STEPS; the workers and the broker stop on SIGTERM (exit 0)
 	for p in $GEN $REW $S $Q; do
 		kill "$p" 2>/dev/null || true
@@ -265,7 +309,7 @@ T_ALL=$(secs "$T0" "$(now)")
 
 # ---- results -------------------------------------------------------------------------
 cat > "$RUN/summary.json" <<EOF
-{"wiring":"$WIRING","seed":$SEED,"device":"$DEVICE","acc_init":$acc_init,"acc_sft":$acc_before,"acc_rl":$acc_after,"rl_steps":$steps,"rl_seconds":$T_RL,"steps_per_s":$sps,"samples_per_s":$samples_s,"sft_seconds":$T_SFT,"total_seconds":$T_ALL}
+{"wiring":"$WIRING","task":"$TASK","seed":$SEED,"device":"$DEVICE","acc_init":$acc_init,"acc_sft":$acc_before,"acc_rl":$acc_after,"rl_steps":$steps,"rl_seconds":$T_RL,"steps_per_s":$sps,"samples_per_s":$samples_s,"sft_seconds":$T_SFT,"total_seconds":$T_ALL}
 EOF
 say ""
 say "                 held-out accuracy ($TEST_N problems, greedy)"

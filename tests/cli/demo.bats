@@ -89,3 +89,21 @@ check_run() {
 	[ "$(wc -l < "$d/metrics.jsonl")" -eq 2 ]
 	[[ "$stderr" == *"rl-reward: 20 records"* ]]
 }
+
+@test "demo: TASK=arith-cot (worked answers, gsm8k verifier) and WARM (GRPO from a given model)" {
+	run -0 timeout 60 env WIRING=sync TASK=arith-cot RUN="$TD/cot" QUIET=1 sh pipelines/demo/demo.sh
+	grep -Eq '"response_text":"[0-9]\+[0-9]=[0-9]+ [0-9]\+[0-9]\+[01]=[0-9]+ #### [0-9]+"' "$TD/cot/data/sft.jsonl"
+	grep -q 'gsm8k' "$TD/cot/logs/reward.log"
+	grep -q '"task":"arith-cot"' "$TD/cot/summary.json"
+	# the worked sum is checked: 57+38 -> "7+8=15 5+3+1=9 #### 95"
+	printf '{"prompt":"57+38=","answer":"95","task":"arith"}\n' > "$BATS_TEST_TMPDIR/one.jsonl"
+	w=$(sed -n '/^cot() {/,/^}/p' pipelines/demo/demo.sh)
+	run -0 sh -c "TASK=arith-cot; $w; cot < '$BATS_TEST_TMPDIR/one.jsonl'"
+	assert_output --partial '"answer":"7+8=15 5+3+1=9 #### 95"'
+	# WARM: GRPO starts from the given model, no init and no SFT of its own
+	base="$TD/cot/sft/$(readlink "$TD/cot/sft/latest")"
+	run -0 timeout 60 env WIRING=async TASK=arith-cot WARM="$base" RUN="$TD/warm" QUIET=1 sh pipelines/demo/demo.sh
+	[ ! -e "$TD/warm/sft" ] && [ ! -e "$TD/warm/init" ]
+	check_run "$TD/warm"
+	grep -q '"acc_init":null' "$TD/warm/summary.json"
+}

@@ -16,6 +16,7 @@
 #include "model.h"
 #include "safetensors.h"
 #include "t.h"
+#include "wsync.h"
 
 static char tmpd[] = "/tmp/rl-test-ckpt.XXXXXX";
 
@@ -199,6 +200,26 @@ test_random_and_optimizer(rl_ops *o)
 	}
 	T_EQ_INT(rl_ckpt_save(a, root, 1, NULL, 0), RL_EEXIST);
 	T_OK(strstr(latest, "step-00000002") != NULL, "latest is %s", latest);
+	/* the same version built in memory (rl-train --ckpt-every): the very bytes
+	 * of the directory's weight files, and no trainer state */
+	{
+		rl_wver *v = NULL, *d = NULL;
+		T_EQ_INT(rl_ckpt_to_wver(a, 2, &v), 0);
+		T_EQ_INT(rl_wver_read_dir(&d, latest, 2), 0);
+		if (v != NULL && d != NULL) {
+			T_EQ_INT(v->nblobs, d->nblobs);
+			T_OK(rl_wver_find(v, "model.safetensors") != NULL && rl_wver_find(v, "config.json") != NULL,
+			    "weights and config in memory");
+			for (int i = 0; i < d->nblobs; i++) {
+				const rl_wblob *x = &d->blobs[i], *y = rl_wver_find(v, x->name);
+				T_OK(y != NULL && y->size == x->size && memcmp(y->data, x->data, x->size) == 0,
+				    "blob '%s' differs from the file", x->name);
+			}
+			T_OK(v->hash == d->hash, "version hashes differ");
+		}
+		rl_wver_destroy(v);
+		rl_wver_destroy(d);
+	}
 	rl_model_close(b);
 	b = NULL;
 	T_EQ_INT(rl_model_open(&b, latest, o), 0);

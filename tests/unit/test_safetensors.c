@@ -127,6 +127,26 @@ test_round_trip(void)
 		if (fp)
 			fclose(fp);
 	}
+	/* the same bytes from memory (rl-rollout's weights fetched from rl-sync) */
+	{
+		char *b = NULL;
+		size_t n = 0;
+		T_EQ_INT(rli_read_file(tpath("ok.safetensors"), &b, &n, 1 << 20), 0);
+		if (b != NULL) {
+			T_EQ_INT(rl_st_open_mem(&f, "fetched v3", b, n), 0);
+			T_OK(f != NULL && f->n == 4 && (t = rl_st_find(f, "b")) != NULL && t->nelem == 5 &&
+			    (const char *)t->data > b && (const char *)t->data < b + n, "tensors viewed in the buffer");
+			rl_st_close(f);
+			f = NULL;
+			/* cut short: refused, named, and the caller's buffer is left alone */
+			CAPTURE(T_EQ_INT(rl_st_open_mem(&f, "fetched v3", b, n - 1), RL_EFORMAT));
+			T_ERR_HAS("'fetched v3'");
+			T_OK(f == NULL, "nothing returned on error");
+			CAPTURE(T_EQ_INT(rl_st_open_mem(&f, "fetched v3", b, 7), RL_EFORMAT));
+			T_ERR_HAS("too short");
+			free(b);
+		}
+	}
 	e[2].name = "a.weight";
 	CAPTURE(T_EQ_INT(rl_st_write(tpath("dup.safetensors"), e, 3, NULL, 0, fill, NULL), RL_EINVAL));
 	T_ERR_HAS("'a.weight' written twice");

@@ -34,6 +34,7 @@
 #include "rng.h"
 #include "safetensors.h"
 #include "t.h"
+#include "wsync.h"
 
 #define B 2
 #define T 7
@@ -301,6 +302,20 @@ main(void)
 		}
 		rl_st_close(f);
 		f = NULL;
+		/* the same version built in memory (rl-train --ckpt-every, for
+		 * rl-sync): the directory's model.safetensors to the byte, no head */
+		{
+			rl_wver *v = NULL, *d = NULL;
+			T_EQ_INT(rl_ckpt_to_wver(m, 1, &v), 0);
+			T_EQ_INT(rl_wver_read_dir(&d, dir, 0), 0);
+			const rl_wblob *x = d ? rl_wver_find(d, "model.safetensors") : NULL;
+			const rl_wblob *y = v ? rl_wver_find(v, "model.safetensors") : NULL;
+			T_OK(x && y && x->size == y->size && memcmp(x->data, y->data, x->size) == 0,
+			    "in-memory model.safetensors differs from the directory's");
+			T_OK(v && rl_wver_find(v, RL_VALUE_HEAD_FILE) == NULL, "the value head went to the generator");
+			rl_wver_destroy(v);
+			rl_wver_destroy(d);
+		}
 		snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
 		T_EQ_INT(rl_st_open(&f, path), 0);
 		T_OK(f && rl_st_find(f, "value_head.weight.exp_avg") != NULL, "optimizer state of the head");

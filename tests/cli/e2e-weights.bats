@@ -1,0 +1,97 @@
+#!/usr/bin/env bats
+# Weights between the trainer and the generator, the fast paths of the
+# asynchronous wiring (bench/e2e.sh): rl-train --ckpt-every N pushes the
+# versions between step directories to rl-sync from memory, and rl-rollout
+# loads a fetched version from memory; a version of another architecture is
+# refused with the tensor named.
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup_file() {
+	export TD="$BATS_FILE_TMPDIR"
+	cat > "$TD/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":261,"hidden_size":32,"num_hidden_layers":1,"num_attention_heads":2,
+ "num_key_value_heads":1,"intermediate_size":64,"max_position_embeddings":32,"torch_dtype":"float32"}
+JSON
+	sed 's/"intermediate_size":64/"intermediate_size":96/' "$TD/cfg.json" > "$TD/cfg-other.json"
+	rl-train --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m0" --seed 3
+	rl-train --init "$TD/cfg-other.json" --tokenizer bytes --out "$TD/other" --seed 3
+	for i in $(seq 80); do echo '{"prompt":"x"}'; done > "$TD/p.jsonl"
+}
+
+setup() {
+	SPID=""
+}
+
+teardown() {
+	[ -z "$SPID" ] || { kill "$SPID" 2>/dev/null || true; wait "$SPID" 2>/dev/null || true; }
+}
+
+# serve: rl-sync on a free loopback port; sets URL and SPID
+serve() {
+	local i port
+	for i in 1 2 3 4 5 6 7 8 9 10; do
+		port=$((20000 + RANDOM % 20000))
+		URL=tcp://127.0.0.1:$port
+		rl-sync serve -q --listen "$URL" 3>&- &
+		SPID=$!
+		for _ in $(seq 50); do
+			rl-sync status "$URL" --timeout 200 >/dev/null 2>&1 && return 0
+			kill -0 "$SPID" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill "$SPID" 2>/dev/null || true; wait "$SPID" 2>/dev/null || true
+	done
+	return 1
+}
+
+@test "rl-train --ckpt-every without --sync is a usage error" {
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/ck-x" --ckpt-every 5 "$TD/p.jsonl"
+	[[ "$stderr" == *"--ckpt-every needs --sync"* ]]
+	[ ! -e "$TD/ck-x" ]
+}
+
+@test "on-policy loop through rl-sync with --ckpt-every 5: every version reaches the generator, directories every 5 steps" {
+	serve
+	rl-rollout -v -m "$TD/m0" --sync "$URL" --max-staleness 0 --train-batch 4 -n 8 \
+	    --max-tokens 1 --seed 1 --weights-timeout 60 "$TD/p.jsonl" 2>"$TD/rollout.log" \
+	  | rl-reward -q --task 'format:^[a-z]' \
+	  | rl-train -q -m "$TD/m0" --out "$TD/ck" --sync "$URL" --ckpt-every 5 --keep 0 --batch 4 --lr 3e-2 \
+	    --metrics "$TD/m.jsonl"
+	run -0 rl-sync status "$URL"
+	assert_output --partial "latest: 20"
+	# on-policy needs every version: 1..19 came from rl-sync (loaded from memory)
+	for v in 1 2 3 4 6 7 19; do grep -q "weights version $v loaded from '$URL/v$v'" "$TD/rollout.log"; done
+	grep -q 'time: decoding' "$TD/rollout.log"
+	# step directories only every 5 steps; the last one is a full checkpoint
+	[ "$(ls "$TD/ck" | tr '\n' ' ')" = "latest step-00000005 step-00000010 step-00000015 step-00000020 " ]
+	[ -f "$TD/ck/step-00000020/optimizer.safetensors" ]
+	python3 -c '
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+assert len(r) == 20, len(r)
+assert all(x["staleness/max"] == 0 for x in r)
+assert min(x["critic/score/mean"] for x in r[-3:]) >= 0.9, [x["critic/score/mean"] for x in r]' "$TD/m.jsonl"
+}
+
+@test "a version of another architecture from rl-sync is refused, naming the tensor" {
+	serve
+	run -0 rl-sync push -q "$URL" "$TD/other" --version 1
+	run -1 --separate-stderr sh -c "rl-rollout -m '$TD/m0' --sync '$URL' --max-tokens 1 '$TD/p.jsonl' > /dev/null"
+	[[ "$stderr" == *"$URL/v1"*"mlp"*"the running model"* ]]
+}
+
+@test "ppo with --ckpt-every: the generator loads the versions from memory; the value head stays in the step directories" {
+	serve
+	rl-rollout -v -m "$TD/m0" --sync "$URL" --max-staleness 0 --train-batch 4 -n 8 \
+	    --max-tokens 1 --seed 1 --weights-timeout 60 "$TD/p.jsonl" 2>"$TD/rollout-ppo.log" \
+	  | rl-reward -q --task 'format:^[a-z]' \
+	  | rl-train -q -m "$TD/m0" --out "$TD/ck-ppo" --algo ppo --sync "$URL" --ckpt-every 5 --max-steps 6 \
+	    --batch 4 --lr 3e-2 --metrics "$TD/m-ppo.jsonl" || true
+	[ "$(wc -l < "$TD/m-ppo.jsonl")" -eq 6 ]
+	grep -q "weights version 3 loaded from '$URL/v3'" "$TD/rollout-ppo.log"
+	! grep -qi "value_head" "$TD/rollout-ppo.log"
+	[ -f "$TD/ck-ppo/step-00000005/value_head.safetensors" ]
+}
