@@ -3,19 +3,23 @@
 # shape (issue 11's figure): 64 prompts x 8 samples, 64-token prompts, up to
 # 256 new tokens, through `rl-rollout | rl-reward | rl-train`, all on cuda,
 # on-policy (--max-staleness 0: the generator waits for each new version).
-# A step is generation + scoring + log-probs + update + publishing the
-# weights (a checkpoint directory the generator loads).  Random weights and
+# A step is generation + scoring + log-probs + update + weight sync: by
+# default through rl-sync on this host (WEIGHTS=sync: versions pushed from
+# memory with --ckpt-every, fetched over shared memory), or WEIGHTS=dir: a
+# checkpoint directory written every step that the generator loads.  Random weights and
 # the byte tokenizer (no weights can be downloaded): the sampled text is
 # noise, which changes nothing in the cost (lengths are recorded).
 # JSON lines on stdout: one per trainer step and a summary over the steps
 # after the first (warm-up).  Env: STEPS (default 4), PROMPTS (64), N (8),
 # PLEN (64), GEN (256), MICRO (token budget per micro-batch, 16384),
-# DEVICE (cuda), KEEP=1 keeps the work directory.
+# DEVICE (cuda), WEIGHTS (sync), KEEP=1 keeps the work directory.
 set -eu
 STEPS=${STEPS:-4} PROMPTS=${PROMPTS:-64} N=${N:-8} PLEN=${PLEN:-64} GEN=${GEN:-256}
-MICRO=${MICRO:-16384} DEVICE=${DEVICE:-cuda}
+MICRO=${MICRO:-16384} DEVICE=${DEVICE:-cuda} WEIGHTS=${WEIGHTS:-sync}
 D=$(mktemp -d "${TMPDIR:-/tmp}/grpo-step.XXXXXX")
-[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$D"' EXIT
+SPID=
+cleanup() { [ -z "$SPID" ] || kill "$SPID" 2>/dev/null; [ "${KEEP:-0}" = 1 ] || rm -rf "$D"; }
+trap cleanup EXIT
 cat > "$D/cfg.json" <<JSON
 {"model_type":"gpt2","vocab_size":50257,"n_embd":768,"n_layer":12,"n_head":12,"n_positions":1024,
  "torch_dtype":"bfloat16"}
@@ -24,17 +28,26 @@ rl-train -q --init "$D/cfg.json" --tokenizer bytes --out "$D/m0" --seed 1
 awk -v n=$((PROMPTS * (STEPS + 1))) -v l="$PLEN" 'BEGIN { srand(1); for (i = 0; i < n; i++) {
 	s = ""; for (j = 0; j < l; j++) s = s sprintf("%c", 97 + int(rand() * 26)); printf "{\"prompt\":\"%s\"}\n", s } }' \
 	> "$D/p.jsonl"
+if [ "$WEIGHTS" = sync ]; then
+	URL="ipc://$D/sync"
+	rl-sync serve -q --listen "$URL" 2> "$D/sync.err" &
+	SPID=$!
+	for _ in $(seq 100); do rl-sync status "$URL" --timeout 200 > /dev/null 2>&1 && break; sleep 0.1; done
+	GEN_W="--sync $URL" TRAIN_W="--sync $URL --ckpt-every 1000000"
+else
+	GEN_W="--weights-from $D/ck" TRAIN_W=
+fi
 t0=$(date +%s.%N)
-rl-rollout -q -m "$D/m0" --device "$DEVICE" --weights-from "$D/ck" --max-staleness 0 --train-batch "$PROMPTS" \
+rl-rollout -q -m "$D/m0" --device "$DEVICE" $GEN_W --max-staleness 0 --train-batch "$PROMPTS" \
 	-n "$N" --slots $((PROMPTS * N)) --kv-mem 16G --max-tokens "$GEN" --seed 1 --weights-timeout 300 "$D/p.jsonl" \
 	2> "$D/gen.err" |
 	rl-reward -q --task 'format:^[a-z]' 2> "$D/reward.err" |
-	rl-train -q -m "$D/m0" --out "$D/ck" --algo grpo --device "$DEVICE" --batch "$PROMPTS" --max-steps "$STEPS" \
+	rl-train -q -m "$D/m0" --out "$D/ck" --algo grpo --device "$DEVICE" --batch "$PROMPTS" --max-steps "$STEPS" $TRAIN_W \
 	    --max-tokens-per-micro "$MICRO" --keep 2 --metrics "$D/m.jsonl" 2> "$D/train.err" || true
 t1=$(date +%s.%N)
 for f in gen reward train; do [ -s "$D/$f.err" ] && sed "s/^/$f: /" "$D/$f.err" | tail -5 >&2; done
 [ -s "$D/m.jsonl" ] || { echo "grpo-step: no metrics (see the messages above)" >&2; exit 1; }
-awk -v t0="$t0" -v t1="$t1" -v p="$PROMPTS" -v n="$N" -v plen="$PLEN" -v gen="$GEN" '
+awk -v w="$WEIGHTS" -v t0="$t0" -v t1="$t1" -v p="$PROMPTS" -v n="$N" -v plen="$PLEN" -v gen="$GEN" '
 function num(k,   r) { if (match($0, "\"" k "\":[-0-9.e+]+")) { r = substr($0, RSTART + length(k) + 3, RLENGTH - length(k) - 3); return r + 0 } return -1 }
 {
 	step = num("step"); ts = num("timing_s/step"); tg = num("timing_s/gen"); tu = num("timing_s/update_actor")
@@ -43,5 +56,7 @@ function num(k,   r) { if (match($0, "\"" k "\":[-0-9.e+]+")) { r = substr($0, R
 	if (NR > 1) { sum += tot; k++ }
 }
 END {
-	if (k) printf "{\"bench\":\"grpo_step_gpu\",\"model\":\"gpt2-124M\",\"prompts\":%d,\"samples\":%d,\"prompt_tokens\":%d,\"max_new\":%d,\"steps_timed\":%d,\"mean_step_s\":%.3f,\"samples_per_s\":%.1f,\"wall_s\":%.1f}\n", p, n, plen, gen, k, sum / k, p * n * k / sum, t1 - t0
+	if (!k) exit
+	printf "{\"bench\":\"grpo_step_gpu\",\"model\":\"gpt2-124M\",\"weights\":\"%s\",", w
+	printf "\"prompts\":%d,\"samples\":%d,\"prompt_tokens\":%d,\"max_new\":%d,\"steps_timed\":%d,\"mean_step_s\":%.3f,\"samples_per_s\":%.1f,\"wall_s\":%.1f}\n", p, n, plen, gen, k, sum / k, p * n * k / sum, t1 - t0
 }' "$D/m.jsonl"
