@@ -43,8 +43,16 @@ fill(void *vctx, int e, void *out, size_t nbytes)
 		memcpy(out, c->buf, nbytes);
 	} else {
 		uint16_t *h = out;
-		for (size_t j = 0; j < n; j++)
-			h[j] = c->dtype == RL_BF16 ? rl_f32_to_bf16(c->buf[j]) : rl_f32_to_f16(c->buf[j]);
+		const float *x = c->buf;
+		if (c->dtype == RL_BF16) {
+#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 18))
+			for (size_t j = 0; j < n; j++)
+				h[j] = rl_f32_to_bf16(x[j]);
+		} else {
+#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 18))
+			for (size_t j = 0; j < n; j++)
+				h[j] = rl_f32_to_f16(x[j]);
+		}
 	}
 	return RL_OK;
 }
@@ -466,8 +474,12 @@ rl_ckpt_to_wver(rl_model *m, uint64_t version, rl_wver **out)
 		nhf++;
 	rv = rl_st_write_mem(&img, &nimg, e, nhf, meta, 1, fill, &fc);
 	if (rv != 0 || (rv = rl_wver_create(&v, version)) != 0 ||
-	    (rv = rl_wver_add_blob(v, "config.json", cfg, njs + 1, 1, 1)) != 0 ||
-	    (rv = rl_wver_add_blob(v, "model.safetensors", img, nimg, 0, 1)) != 0)
+	    (rv = rl_wver_add_blob(v, "config.json", cfg, njs + 1, 1, 1)) != 0)
+		goto out;
+	/* the image (250 MB for GPT-2) becomes the blob, not copied again */
+	rv = rl_wver_add_blob_owned(v, "model.safetensors", img, nimg, 0);
+	img = NULL; /* the version's now, or freed on failure */
+	if (rv != 0)
 		goto out;
 	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
 		char *src = join(m->src_dir, tok_files[k]);

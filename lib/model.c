@@ -279,6 +279,23 @@ rl_model_close(rl_model *m)
 
 /* ---- host access ---------------------------------------------------------------- */
 
+/* dst[c][r] = src[r][c] for src [R, C] (row-major), in 32 x 32 tiles so
+ * both sides stay in cache (a plain double loop writes with stride R: ~5x
+ * slower on GPT-2's [768, 2304] weights). */
+static void
+transpose(float *dst, const float *src, size_t R, size_t C)
+{
+	enum { TB = 32 };
+#pragma omp parallel for schedule(static) if (R * C > ((size_t)1 << 18))
+	for (size_t r0 = 0; r0 < R; r0 += TB)
+		for (size_t c0 = 0; c0 < C; c0 += TB) {
+			size_t r1 = RL_MIN(r0 + TB, R), c1 = RL_MIN(c0 + TB, C);
+			for (size_t r = r0; r < r1; r++)
+				for (size_t c = c0; c < c1; c++)
+					dst[c * R + r] = src[r * C + c];
+		}
+}
+
 int
 rl_model_get(rl_model *m, int i, int kind, float *out)
 {
@@ -296,10 +313,7 @@ rl_model_get(rl_model *m, int i, int kind, float *out)
 	if ((tmp = rl_try_malloc(t->n * sizeof(float), t->name)) == NULL)
 		return RL_ENOMEM;
 	m->ops->download(m->ops, tmp, src + t->off, t->n * sizeof(float));
-	size_t R = (size_t)t->shape[0], Cc = (size_t)t->shape[1];
-	for (size_t r = 0; r < R; r++)
-		for (size_t c = 0; c < Cc; c++)
-			out[c * R + r] = tmp[r * Cc + c];
+	transpose(out, tmp, (size_t)t->shape[0], (size_t)t->shape[1]);
 	free(tmp);
 	return check_ops(m, "download");
 }
@@ -312,12 +326,9 @@ rl_model_set(rl_model *m, int i, const float *in)
 	const float *src = in;
 
 	if (t->flags & RL_T_TRANSPOSE) {
-		size_t R = (size_t)t->shape[0], Cc = (size_t)t->shape[1];
 		if ((tmp = rl_try_malloc(t->n * sizeof(float), t->name)) == NULL)
 			return RL_ENOMEM;
-		for (size_t r = 0; r < R; r++)
-			for (size_t c = 0; c < Cc; c++)
-				tmp[r * Cc + c] = in[c * R + r];
+		transpose(tmp, in, (size_t)t->shape[1], (size_t)t->shape[0]);
 		src = tmp;
 	}
 	m->ops->upload(m->ops, m->params + t->off, src, t->n * sizeof(float));

@@ -163,6 +163,15 @@ default_elem(const char *name)
 }
 
 int
+rl_wver_add_blob_owned(rl_wver *v, const char *name, void *data, uint64_t size, int elem)
+{
+	int rv = rl_wver_add_blob(v, name, data, size, elem, RLI_WVER_TAKE);
+	if (rv != 0)
+		free(data);
+	return rv;
+}
+
+int
 rl_wver_add_blob(rl_wver *v, const char *name, const void *data, uint64_t size, int elem, int copy)
 {
 	rl_wblob *nb, *b;
@@ -200,7 +209,9 @@ rl_wver_add_blob(rl_wver *v, const char *name, const void *data, uint64_t size, 
 	b->elem = elem ? elem : default_elem(name);
 	if ((b->name = strdup(name)) == NULL)
 		return RL_ENOMEM;
-	if (copy) {
+	if (copy == RLI_WVER_TAKE) {
+		b->data = (uint8_t *)data;   /* the caller's malloc'd buffer, now ours */
+	} else if (copy) {
 		if ((b->data = rl_try_malloc(size ? (size_t)size : 1, name)) == NULL) {
 			free(b->name);
 			return RL_ENOMEM;

@@ -77,6 +77,10 @@ typedef struct rl_wver {
  * and *.bin, else 1).  Not thread-safe on one rl_wver. */
 int rl_wver_create(rl_wver **out, uint64_t version);
 int rl_wver_add_blob(rl_wver *v, const char *name, const void *data, uint64_t size, int elem, int copy);
+/* rl_wver_add_blob_owned: like copy=1, but takes data (malloc'd) instead of
+ * copying it: freed by rl_wver_destroy, also when this fails. */
+int rl_wver_add_blob_owned(rl_wver *v, const char *name, void *data, uint64_t size, int elem);
+#define RLI_WVER_TAKE 2 /* rl_wver_add_blob's copy mode behind _owned */
 void rl_wver_destroy(rl_wver *v);
 
 /* rl_wver_hash computes every piece hash, blob hash and the version hash.
