@@ -51,7 +51,7 @@ awk -v w="$WEIGHTS" -v t0="$t0" -v t1="$t1" -v p="$PROMPTS" -v n="$N" -v plen="$
 function num(k,   r) { if (match($0, "\"" k "\":[-0-9.e+]+")) { r = substr($0, RSTART + length(k) + 3, RLENGTH - length(k) - 3); return r + 0 } return -1 }
 {
 	step = num("step"); ts = num("timing_s/step"); tg = num("timing_s/gen"); tu = num("timing_s/update_actor")
-	tp = num("timing_s/publish"); len = num("response_length/mean"); tot = ts + tg
+	tp = num("timing_s/publish"); len = num("response_length/mean"); tot = ts  # timing_s/step includes the wait
 	printf "{\"bench\":\"grpo_step_gpu\",\"step\":%d,\"gen_wait_s\":%.3f,\"update_s\":%.3f,\"publish_s\":%.3f,\"step_s\":%.3f,\"response_length\":%.1f,\"samples_per_s\":%.1f}\n", step, tg, tu, tp, tot, len, p * n / tot
 	if (NR > 1) { sum += tot; k++ }
 }
