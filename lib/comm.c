@@ -480,31 +480,36 @@ chunk_lo(size_t n, int i, int N)
 	return (size_t)((unsigned __int128)n * (unsigned)i / (unsigned)N);
 }
 
+/* N-1 ring steps over the N chunks of buf: at step s rank r sends chunk
+ * r - s + shift and receives chunk r - s + shift - 1 (mod N), added to its
+ * own (reduce) or copied over it.  The building block of the three below. */
 static int
-ring_allreduce(rl_comm *c, float *buf, size_t n)
+ring_pass(rl_comm *c, float *buf, size_t n, int op, int shift, int reduce)
 {
 	int N = c->world, r = c->rank, rv;
 
-	c->seq++;
-	/* reduce-scatter: after N-1 steps rank r holds the full sum of chunk r+1 */
 	for (int s = 0; s < N - 1; s++) {
-		int sc = ((r - s) % N + N) % N, rc = ((r - s - 1) % N + N) % N;
+		int sc = ((r - s + shift) % N + N) % N, rc = (sc + N - 1) % N;
 		size_t slo = chunk_lo(n, sc, N), shi = chunk_lo(n, sc + 1, N);
 		size_t rlo = chunk_lo(n, rc, N), rhi = chunk_lo(n, rc + 1, N);
-		if ((rv = ring_step(c, OP_ALLREDUCE, (const uint8_t *)(buf + slo), (shi - slo) * sizeof(float),
-		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), 1)) != 0)
-			return rv;
-	}
-	/* all-gather of the reduced chunks */
-	for (int s = 0; s < N - 1; s++) {
-		int sc = ((r + 1 - s) % N + N) % N, rc = ((r - s) % N + N) % N;
-		size_t slo = chunk_lo(n, sc, N), shi = chunk_lo(n, sc + 1, N);
-		size_t rlo = chunk_lo(n, rc, N), rhi = chunk_lo(n, rc + 1, N);
-		if ((rv = ring_step(c, OP_ALLREDUCE, (const uint8_t *)(buf + slo), (shi - slo) * sizeof(float),
-		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), 0)) != 0)
+		if ((rv = ring_step(c, op, (const uint8_t *)(buf + slo), (shi - slo) * sizeof(float),
+		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), reduce)) != 0)
 			return rv;
 	}
 	return RL_OK;
+}
+
+static int
+ring_allreduce(rl_comm *c, float *buf, size_t n)
+{
+	int rv;
+
+	c->seq++;
+	/* reduce-scatter: after N-1 steps rank r holds the full sum of chunk r+1;
+	 * then the all-gather of the reduced chunks */
+	if ((rv = ring_pass(c, buf, n, OP_ALLREDUCE, 0, 1)) != 0)
+		return rv;
+	return ring_pass(c, buf, n, OP_ALLGATHER, 1, 0);
 }
 
 /* Reduce-scatter whose last step lands on the own chunk: rank r ends with
@@ -512,36 +517,16 @@ ring_allreduce(rl_comm *c, float *buf, size_t n)
 static int
 ring_reduce_scatter(rl_comm *c, float *buf, size_t n)
 {
-	int N = c->world, r = c->rank, rv;
-
 	c->seq++;
-	for (int s = 0; s < N - 1; s++) {
-		int sc = ((r - s - 1) % N + N) % N, rc = ((r - s - 2) % N + N) % N;
-		size_t slo = chunk_lo(n, sc, N), shi = chunk_lo(n, sc + 1, N);
-		size_t rlo = chunk_lo(n, rc, N), rhi = chunk_lo(n, rc + 1, N);
-		if ((rv = ring_step(c, OP_ALLREDUCE, (const uint8_t *)(buf + slo), (shi - slo) * sizeof(float),
-		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), 1)) != 0)
-			return rv;
-	}
-	return RL_OK;
+	return ring_pass(c, buf, n, OP_ALLREDUCE, -1, 1);
 }
 
 /* All-gather of chunks: rank r starts with chunk r. */
 static int
 ring_allgather_chunks(rl_comm *c, float *buf, size_t n)
 {
-	int N = c->world, r = c->rank, rv;
-
 	c->seq++;
-	for (int s = 0; s < N - 1; s++) {
-		int sc = ((r - s) % N + N) % N, rc = ((r - s - 1) % N + N) % N;
-		size_t slo = chunk_lo(n, sc, N), shi = chunk_lo(n, sc + 1, N);
-		size_t rlo = chunk_lo(n, rc, N), rhi = chunk_lo(n, rc + 1, N);
-		if ((rv = ring_step(c, OP_ALLGATHER, (const uint8_t *)(buf + slo), (shi - slo) * sizeof(float),
-		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), 0)) != 0)
-			return rv;
-	}
-	return RL_OK;
+	return ring_pass(c, buf, n, OP_ALLGATHER, 0, 0);
 }
 
 static int
