@@ -18,7 +18,10 @@ for t in "$root/$B"/tests/test_*; do
 	n=${t##*/}
 	case $n in *gpu*|*cuda*) is_gpu=1 ;; *) is_gpu=0 ;; esac
 	[ $gpu = 1 ] && [ $is_gpu = 0 ] && continue
-	( cd "$root" && "$t" ) >"$log/$n" 2>&1; rc=$?
+	# a unit test that hangs fails after RL_TEST_TIMEOUT seconds (default 600)
+	# instead of holding up the whole run
+	( cd "$root" && exec timeout -k 10 "${RL_TEST_TIMEOUT:-600}" "$t" ) >"$log/$n" 2>&1; rc=$?
+	[ $rc = 124 ] && echo "(timed out after ${RL_TEST_TIMEOUT:-600} s)" >>"$log/$n"
 	if [ $rc = 0 ]; then pass=$((pass + 1)); echo "ok     $n"
 	elif [ $rc = 77 ] && [ $gpu = 0 ]; then skip=$((skip + 1)); echo "skip   $n: $(tail -n 1 "$log/$n")"
 	else fail=$((fail + 1)); failed="$failed $n"; echo "FAIL   $n (exit $rc)"; sed 's/^/    /' "$log/$n" | tail -n 40

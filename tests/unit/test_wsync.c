@@ -501,7 +501,10 @@ test_hostile(void)
 	rn = sizeof rep;
 	T_OK(raw_req(sk, big, (size_t)3 << 20, rep, &rn) != 0, "oversized message answered");
 	free(big);
-	rli_nng_close_timed(sk, "test socket");
+	/* not closed: nng 1.5 can hang closing a REQ socket whose request got
+	 * no reply (nng #1543), and a hung close there wedged the server's close
+	 * later in this test; the process ends soon and takes the socket with it */
+	(void)sk;
 }
 
 /* one sync stream operation of exactly n bytes; 0 or an nng error */
