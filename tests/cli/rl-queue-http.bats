@@ -74,49 +74,15 @@ flow() {
 	flow
 	fetch /metrics > "$D/metrics.txt"
 	rl-queue stat --json "$URL" > "$D/stat.json"
-	run python3 - "$D/metrics.txt" "$D/stat.json" <<'EOF'
-import json, re, sys
-lines = open(sys.argv[1]).read().split("\n")
+	run python3 - "$D/metrics.txt" "$D/stat.json" "$BATS_TEST_DIRNAME" <<'EOF'
+import json, sys
+sys.path.insert(0, sys.argv[3])
+from promparse import parse   # the strict text-format parser the tests share
+text = open(sys.argv[1]).read()
 st = json.load(open(sys.argv[2]))
-ctype = lines.pop(0)
+ctype, _, body = text.partition("\n")
 assert ctype.startswith("text/plain; version=0.0.4"), ctype
-assert lines[-1] == "", "the exposition ends with a newline"
-lines.pop()
-NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
-SAMPLE = re.compile(r"^(%s)(\{(?:%s)(?:,%s)*\})? (\S+)$" % (NAME, LABEL, LABEL))
-typed, helped, samples, seen_family = {}, set(), {}, []
-for ln in lines:
-    if ln.startswith("# HELP "):
-        name = ln.split(" ")[2]
-        assert re.fullmatch(NAME, name), ln
-        assert name not in helped, "HELP twice: " + ln
-        helped.add(name)
-        continue
-    if ln.startswith("# TYPE "):
-        parts = ln.split(" ")
-        assert len(parts) == 4 and re.fullmatch(NAME, parts[2]), ln
-        assert parts[3] in ("counter", "gauge", "histogram", "summary", "untyped"), ln
-        assert parts[2] not in typed, "TYPE twice: " + ln
-        typed[parts[2]] = parts[3]
-        seen_family.append(parts[2])
-        continue
-    assert not ln.startswith("#"), "stray comment: " + ln
-    m = SAMPLE.match(ln)
-    assert m, "not a sample line: %r" % ln
-    name, labels, value = m.group(1), m.group(2) or "", m.group(3)
-    v = float(value)     # raises on a bad value; +Inf/NaN parse too
-    fam = name
-    for suf in ("_bucket", "_sum", "_count"):
-        if name.endswith(suf) and name[: -len(suf)] in typed and typed[name[: -len(suf)]] == "histogram":
-            fam = name[: -len(suf)]
-    assert fam in typed, "sample before its TYPE line: " + ln
-    assert fam == seen_family[-1], "samples of %s not grouped together" % fam
-    if typed[fam] == "counter":
-        assert name.endswith("_total") and v >= 0, ln
-    key = name + labels
-    assert key not in samples, "duplicate sample: " + ln
-    samples[key] = v
+typed, samples = parse(body)
 
 def agree(key, want):
     got = samples.get(key)
