@@ -8,6 +8,7 @@
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
+load 'sync_helper'
 
 setup() {
 	T=$BATS_TEST_TMPDIR
@@ -22,28 +23,6 @@ setup() {
 teardown() {
 	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
 	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
-}
-
-# serve [ARGS...]: a server on $URL in the background (another port if taken)
-serve() {
-	for _ in 1 2 3; do
-		rl-sync serve --listen "$URL" "$@" 3>&- 2>"$T/serve.err" &
-		SPID=$!
-		PIDS="$PIDS $SPID"
-		for _ in $(seq 50); do
-			if ! kill -0 "$SPID" 2>/dev/null; then break; fi
-			if grep -q 'listening on' "$T/serve.err" &&
-				rl-sync status "$URL" --timeout 200 >/dev/null 2>&1; then
-				return 0
-			fi
-			sleep 0.1
-		done
-		kill "$SPID" 2>/dev/null || true
-		PORT=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
-		URL=tcp://127.0.0.1:$PORT
-	done
-	cat "$T/serve.err" >&2
-	return 1
 }
 
 # processes holding a descriptor or a mapping of server $1's objects
