@@ -78,6 +78,19 @@ rl_train_opts_default(rl_train_opts *o)
 	o->dp_check_every = 10;
 	o->dp_bucket_mb = 25;
 	o->dp_overlap = 1;
+	o->skip_zero_adv = -1;
+}
+
+const char *
+rl_train_skip_inexact(const rl_train_opts *o)
+{
+	if (o->algo == RL_ALGO_PPO)
+		return "ppo's value loss has a gradient on every token";
+	if (o->kl_type && !o->kl_in_reward)
+		return "the KL loss term (--kl without --kl-in-reward) has a gradient on every token";
+	if (o->ent_coef != 0)
+		return "the entropy bonus (--ent-coef) has a gradient on every token";
+	return NULL;
 }
 
 /* One sequence of the step: a sample and where its values go. */
@@ -85,6 +98,7 @@ typedef struct seqref {
 	rl_sample *s;
 	int toff;       /* offset of its response tokens in the step's token arrays */
 	float reward;   /* effective reward (KL-in-reward applied) */
+	int skip;       /* --skip-zero-adv: every advantage 0, no forward/backward */
 } seqref;
 
 typedef struct trainer {
@@ -103,6 +117,13 @@ typedef struct trainer {
 	int ngroups, cap_groups;
 	seqref *seq;
 	int nseq, cap_seq;
+	/* --skip-zero-adv (docs/train.md): sequences whose advantages are all 0
+	 * give an exactly zero gradient when the loss has no other term */
+	int skip_zero;           /* on for this run */
+	seqref *kseq;            /* the trained sequences of a range, compacted */
+	int cap_kseq;
+	int nskip;               /* sequences of the step skipped */
+	long tok_skip, tok_all;  /* their response tokens, and the step's */
 	float *adv_tok, *w_tok, *old_tok, *kl_tok; /* (step tokens) */
 	float *val_tok, *ret_tok; /* (step tokens) PPO: V_old and GAE returns */
 	int cap_tok;
@@ -456,7 +477,7 @@ kl_est(int type, float lp, float ref)
 	}
 }
 
-static int recompute_old(trainer *tr, int a0, int b0);
+static int recompute_old(trainer *tr, const seqref *sq, int a0, int b0);
 
 /* Lays out the step's sequences and computes advantages and the KL-in-reward
  * penalty.  ReMax baselines are taken out of the training set. */
@@ -500,7 +521,7 @@ prepare(trainer *tr)
 				    s->plen, s->rlen, tr->m->cfg.max_pos, tr->maxtok);
 				return RL_ETOOBIG;
 			}
-			tr->seq[tr->nseq] = (seqref){ s, ntok, s->reward };
+			tr->seq[tr->nseq] = (seqref){ s, ntok, s->reward, 0 };
 			tr->nseq++;
 			ntok += s->rlen;
 		}
@@ -599,7 +620,7 @@ prepare(trainer *tr)
 		 * whitening need the whole step), then GAE on token rewards */
 		memset(tr->adv_tok, 0, sizeof(float) * (size_t)ntok);
 		memset(tr->w_tok, 0, sizeof(float) * (size_t)ntok);
-		if ((rv = recompute_old(tr, 0, S)) != 0)
+		if ((rv = recompute_old(tr, tr->seq, 0, S)) != 0)
 			goto out;
 		for (int i = 0; i < S; i++)
 			rew[i] = tr->seq[i].s->reward;
@@ -614,6 +635,22 @@ prepare(trainer *tr)
 	default:
 		rv = RL_ENOTSUP;
 		goto out;
+	}
+	/* --skip-zero-adv: a sequence whose every advantage is exactly 0 (a group
+	 * whose samples all got the same reward) adds -0 * ratio to the loss and
+	 * an exactly zero gradient; its tokens still count in the loss weights,
+	 * which mini_weights computes over all of the mini-batch */
+	tr->nskip = 0;
+	tr->tok_skip = 0;
+	tr->tok_all = ntok;
+	for (int i = 0; tr->skip_zero && i < S; i++) {
+		seqref *q = &tr->seq[i];
+		int z = 1;
+		for (int t = 0; t < q->s->rlen && z; t++)
+			z = tr->adv_tok[q->toff + t] == 0.0f;
+		q->skip = z;
+		tr->nskip += z;
+		tr->tok_skip += z ? q->s->rlen : 0;
 	}
 	rv = RL_OK;
 out:
@@ -646,16 +683,16 @@ mini_weights(trainer *tr, int a, int b)
 	return rv;
 }
 
-/* Fills the host (B, T) buffers for sequences [a, b); returns T. */
+/* Fills the host (B, T) buffers for the B sequences sq; returns T. */
 static int
-fill_rows(trainer *tr, int a, int b)
+fill_rows(trainer *tr, const seqref *sq, int B)
 {
-	int B = b - a, T = 0;
+	int T = 0;
 
-	for (int i = a; i < b; i++)
-		T = RL_MAX(T, tr->seq[i].s->plen + tr->seq[i].s->rlen - 1);
+	for (int i = 0; i < B; i++)
+		T = RL_MAX(T, sq[i].s->plen + sq[i].s->rlen - 1);
 	for (int r = 0; r < B; r++) {
-		seqref *q = &tr->seq[a + r];
+		const seqref *q = &sq[r];
 		rl_sample *s = q->s;
 		int L = s->plen + s->rlen;
 		for (int t = 0; t < T; t++) {
@@ -677,15 +714,38 @@ fill_rows(trainer *tr, int a, int b)
 	return T;
 }
 
-/* Micro-batch boundaries within [a, b): *end gets the first sequence not taken. */
+/* The sequences of [a, b) of the step that are trained: *sq is tr->seq + a
+ * and *n = b - a, or without those --skip-zero-adv skips, compacted into
+ * tr->kseq (valid until the next call). */
 static int
-micro_end(trainer *tr, int a, int b)
+trained_seqs(trainer *tr, int a, int b, seqref **sq, int *n)
+{
+	int k = 0, rv;
+
+	if (!tr->skip_zero || tr->nskip == 0) {
+		*sq = tr->seq + a;
+		*n = b - a;
+		return RL_OK;
+	}
+	if ((rv = grow((void **)&tr->kseq, &tr->cap_kseq, RL_MAX(b - a, 1), sizeof(seqref))) != 0)
+		return rv;
+	for (int i = a; i < b; i++)
+		if (!tr->seq[i].skip)
+			tr->kseq[k++] = tr->seq[i];
+	*sq = tr->kseq;
+	*n = k;
+	return RL_OK;
+}
+
+/* Micro-batch boundaries within sq[a, b): returns the first sequence not taken. */
+static int
+micro_end(trainer *tr, const seqref *sq, int a, int b)
 {
 	int T = 0, e = a;
-	float temp = tr->seq[a].s->temperature;
+	float temp = sq[a].s->temperature;
 
 	while (e < b) {
-		rl_sample *s = tr->seq[e].s;
+		rl_sample *s = sq[e].s;
 		int nT = RL_MAX(T, s->plen + s->rlen - 1);
 		if (e > a && ((e - a + 1) * nT > tr->maxtok || s->temperature != temp))
 			break;
@@ -695,17 +755,17 @@ micro_end(trainer *tr, int a, int b)
 	return e;
 }
 
-/* Recompute the old log-probs of sequences [a0, b0) with the current weights
- * (and with a value head, their values V_old). */
+/* Recompute the old log-probs of sequences sq[a0, b0) with the current
+ * weights (and with a value head, their values V_old). */
 static int
-recompute_old(trainer *tr, int a0, int b0)
+recompute_old(trainer *tr, const seqref *sq, int a0, int b0)
 {
 	int rv;
 	for (int a = a0; a < b0;) {
-		int e = micro_end(tr, a, b0), B = e - a, T = fill_rows(tr, a, e);
+		int e = micro_end(tr, sq, a, b0), B = e - a, T = fill_rows(tr, sq + a, B);
 		double t0 = rl_now();
 		rv = rl_model_forward(tr->m, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T,
-		    tr->seq[a].s->temperature);
+		    sq[a].s->temperature);
 		tr->t_model += rl_now() - t0;
 		if (rv != 0)
 			return rv;
@@ -715,11 +775,11 @@ recompute_old(trainer *tr, int a0, int b0)
 				return rv;
 		}
 		for (int r = 0; r < B; r++) {
-			rl_sample *s = tr->seq[a + r].s;
+			rl_sample *s = sq[a + r].s;
 			for (int j = 0; j < s->rlen; j++) {
-				tr->old_tok[tr->seq[a + r].toff + j] = tr->h_lp[r * T + s->plen - 1 + j];
+				tr->old_tok[sq[a + r].toff + j] = tr->h_lp[r * T + s->plen - 1 + j];
 				if (tr->m->val)
-					tr->val_tok[tr->seq[a + r].toff + j] = tr->h_v[r * T + s->plen - 1 + j];
+					tr->val_tok[sq[a + r].toff + j] = tr->h_v[r * T + s->plen - 1 + j];
 			}
 		}
 		a = e;
@@ -727,19 +787,19 @@ recompute_old(trainer *tr, int a0, int b0)
 	return RL_OK;
 }
 
-/* PPO: the clipped value loss of the micro-batch [a, e) laid out in rows of T
- * by fill_rows, after its forward; its gradient (times vf_coef) to d_dval. */
+/* PPO: the clipped value loss of the micro-batch sq[0, B) laid out in rows
+ * of T by fill_rows, after its forward; its gradient (times vf_coef) to d_dval. */
 static int
-value_loss(trainer *tr, int a, int e, int T, mstat *ms)
+value_loss(trainer *tr, const seqref *sq, int B, int T, mstat *ms)
 {
 	const rl_train_opts *o = tr->o;
-	int N = (e - a) * T, nclip = 0;
+	int N = B * T, nclip = 0;
 
 	tr->ops->download(tr->ops, tr->h_v, tr->m->val, sizeof(float) * (size_t)N);
 	memset(tr->h_vold, 0, sizeof(float) * (size_t)N);
 	memset(tr->h_ret, 0, sizeof(float) * (size_t)N);
-	for (int r = 0; r < e - a; r++) {
-		const seqref *q = &tr->seq[a + r];
+	for (int r = 0; r < B; r++) {
+		const seqref *q = &sq[r];
 		for (int j = 0; j < q->s->rlen; j++) {
 			int n = r * T + q->s->plen - 1 + j;
 			tr->h_vold[n] = tr->val_tok[q->toff + j];
@@ -756,13 +816,15 @@ value_loss(trainer *tr, int a, int e, int T, mstat *ms)
 	return tr->ops->status(tr->ops);
 }
 
+/* One micro-batch, the B sequences sq: forward, loss, backward (gradients
+ * accumulated), statistics into ms. */
 static int
-micro(trainer *tr, int a, int e, int recomputed, mstat *ms)
+micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 {
 	const rl_train_opts *o = tr->o;
 	rl_ops *ops = tr->ops;
-	int B = e - a, T = fill_rows(tr, a, e), N = B * T, rv;
-	float temp = tr->seq[a].s->temperature;
+	int T = fill_rows(tr, sq, B), N = B * T, rv;
+	float temp = sq[0].s->temperature;
 	rl_pg_params p = { 0 };
 	const float *ref = NULL, *beh = NULL, *old;
 	int want_ent = o->ent_coef != 0;
@@ -785,10 +847,10 @@ micro(trainer *tr, int a, int e, int recomputed, mstat *ms)
 		old = tr->m->lp; /* one pass: pi_old is the current policy */
 	}
 	if (o->tis_cap > 0 && !o->old_from_behaviour) {
-		for (int i = a; i < e; i++)
-			if (!tr->seq[i].s->logprobs) {
+		for (int i = 0; i < B; i++)
+			if (!sq[i].s->logprobs) {
 				rl_error("record %llu: --tis-cap needs behaviour 'logprobs' in the records",
-				    (unsigned long long)tr->seq[i].s->id);
+				    (unsigned long long)sq[i].s->id);
 				return RL_EFORMAT;
 			}
 		ops->upload(ops, tr->d_beh, tr->h_beh, nb);
@@ -800,10 +862,10 @@ micro(trainer *tr, int a, int e, int recomputed, mstat *ms)
 				return rv;
 			ref = tr->ref->lp;
 		} else {
-			for (int i = a; i < e; i++)
-				if (!tr->seq[i].s->ref_logprobs) {
+			for (int i = 0; i < B; i++)
+				if (!sq[i].s->ref_logprobs) {
 					rl_error("record %llu: the KL term needs 'ref_logprobs' in the records or --ref MODEL_DIR",
-					    (unsigned long long)tr->seq[i].s->id);
+					    (unsigned long long)sq[i].s->id);
 					return RL_EFORMAT;
 				}
 			ops->upload(ops, tr->d_ref, tr->h_ref, nb);
@@ -819,7 +881,7 @@ micro(trainer *tr, int a, int e, int recomputed, mstat *ms)
 	p.ent_coef = o->ent_coef;
 	ops->pg_loss(ops, tr->d_dlp, want_ent ? tr->d_dent : NULL, tr->d_stats, tr->m->lp, old, beh, ref,
 	    want_ent ? tr->m->ent : NULL, tr->d_adv, tr->d_w, N, &p);
-	if (o->algo == RL_ALGO_PPO && (rv = value_loss(tr, a, e, T, ms)) != 0)
+	if (o->algo == RL_ALGO_PPO && (rv = value_loss(tr, sq, B, T, ms)) != 0)
 		return rv;
 	t0 = rl_now();
 	rv = rl_model_backward_value(tr->m, tr->d_dlp, want_ent ? tr->d_dent : NULL,
@@ -1089,7 +1151,8 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 			stalmax = fmax(stalmax, d);
 		}
 	}
-	double nt = ms->ntok > 0 ? ms->ntok : 1;
+	/* the token statistics cover the trained tokens (not the skipped ones) */
+	double nt = ms->ntok > 0 ? ms->ntok : NAN;
 	cJSON_AddNumberToObject(j, "step", step);
 	metric(j, tr, step, "training/global_step", step);
 	if (o->algo == RL_ALGO_SFT) {
@@ -1112,6 +1175,9 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 		metric(j, tr, step, "critic/advantages/mean", S ? asum / S : NAN);
 		metric(j, tr, step, "critic/advantages/max", amax);
 		metric(j, tr, step, "critic/advantages/min", amin);
+		/* --skip-zero-adv: the share of the step not run through the model */
+		metric(j, tr, step, "actor/skipped_seq_frac", S ? (double)tr->nskip / S : NAN);
+		metric(j, tr, step, "actor/skipped_token_frac", tr->tok_all ? (double)tr->tok_skip / tr->tok_all : NAN);
 	}
 	if (o->algo == RL_ALGO_PPO) {
 		int ntk = S ? tr->seq[S - 1].toff + tr->seq[S - 1].s->rlen : 0;
@@ -1578,7 +1644,8 @@ static int
 train_step(trainer *tr)
 {
 	const rl_train_opts *o = tr->o;
-	int rv, E = RL_MAX(o->ppo_epochs, 1), M = RL_MAX(o->mini_batches, 1), recomputed = 0, nupd = 0;
+	int rv, E = RL_MAX(o->ppo_epochs, 1), M = RL_MAX(o->mini_batches, 1), recomputed = 0, nupd = 0, n;
+	seqref *sq;
 	mstat ms = { 0 };
 	float gnorm = 0;
 	double t0 = rl_now(), lr = 0, t_wait = tr->t_wait;
@@ -1594,18 +1661,13 @@ train_step(trainer *tr)
 	if (o->algo == RL_ALGO_PPO && !o->old_from_behaviour)
 		recomputed = 1; /* prepare's pass over the step for V_old gave π_old too */
 	if ((E > 1 || M > 1) && !o->old_from_behaviour && !recomputed) {
-		if (tr->world == 1) {
-			if ((rv = recompute_old(tr, 0, tr->nseq)) != 0)
+		/* each rank needs pi_old of the sequences it trains only */
+		for (int mb = 0; mb < M; mb++) {
+			int a = (int)((long)tr->nseq * mb / M), b = (int)((long)tr->nseq * (mb + 1) / M);
+			int ra = a + (int)((long)(b - a) * tr->rank / tr->world);
+			int rb = a + (int)((long)(b - a) * (tr->rank + 1) / tr->world);
+			if ((rv = trained_seqs(tr, ra, rb, &sq, &n)) != 0 || (rv = recompute_old(tr, sq, 0, n)) != 0)
 				return rv;
-		} else {
-			/* each rank needs pi_old of its own shares only */
-			for (int mb = 0; mb < M; mb++) {
-				int a = (int)((long)tr->nseq * mb / M), b = (int)((long)tr->nseq * (mb + 1) / M);
-				int ra = a + (int)((long)(b - a) * tr->rank / tr->world);
-				int rb = a + (int)((long)(b - a) * (tr->rank + 1) / tr->world);
-				if ((rv = recompute_old(tr, ra, rb)) != 0)
-					return rv;
-			}
 		}
 		recomputed = 1;
 	}
@@ -1616,17 +1678,20 @@ train_step(trainer *tr)
 			/* the weights of the whole mini-batch (global counts), on every rank */
 			if ((rv = mini_weights(tr, a, b)) != 0)
 				return rv;
-			/* this rank's contiguous share of the mini-batch */
+			/* this rank's contiguous share of the mini-batch, less what is skipped;
+			 * a rank left with nothing still takes part in the all-reduce */
 			int ra = a + (int)((long)(b - a) * tr->rank / tr->world);
 			int rb = a + (int)((long)(b - a) * (tr->rank + 1) / tr->world);
-			for (int s = ra; s < rb;) {
-				int e = micro_end(tr, s, rb);
+			if ((rv = trained_seqs(tr, ra, rb, &sq, &n)) != 0)
+				return rv;
+			for (int s = 0; s < n;) {
+				int e = micro_end(tr, sq, s, n);
 				/* the last backward completes the gradients: buckets go out as layers finish */
-				if (tr->red && e == rb) {
+				if (tr->red && e == n) {
 					tr->m->grad_ready = dp_grad_ready;
 					tr->m->grad_ready_ctx = tr->red;
 				}
-				rv = micro(tr, s, e, recomputed, &ms);
+				rv = micro(tr, sq + s, e - s, recomputed, &ms);
 				tr->m->grad_ready = NULL;
 				if (rv != 0)
 					return rv;
@@ -1709,6 +1774,15 @@ rl_train_run(const rl_train_opts *o)
 
 	tr.o = o;
 	tr.agg = o->agg >= 0 ? o->agg : rl_algo_default_agg(o->algo);
+	{
+		const char *why = rl_train_skip_inexact(o);
+		if (o->skip_zero_adv > 0 && why) {
+			rl_error("--skip-zero-adv would change the update: %s", why);
+			rl_hint("leave it out: it is on by default wherever it is exact (--no-skip-zero-adv turns it off)");
+			return RL_EINVAL;
+		}
+		tr.skip_zero = o->skip_zero_adv != 0 && !why && o->algo != RL_ALGO_SFT;
+	}
 	tr.maxtok = o->max_tokens_micro;
 	if (!o->out_dir) {
 		rl_error("no output directory (--out DIR)");
@@ -1939,6 +2013,7 @@ out:
 	free_groups(&tr);
 	free(tr.groups);
 	free(tr.seq);
+	free(tr.kseq);
 	free(tr.adv_tok);
 	free(tr.w_tok);
 	free(tr.old_tok);

@@ -85,6 +85,8 @@ typedef struct rl_train_opts {
 	float critic_lr;           /* lr of the value head (0: --lr), same schedule */
 	int whiten_adv;            /* whiten GAE advantages over the step (1) */
 	int old_from_behaviour;    /* ratio against the records' log-probs instead of recomputing */
+	int skip_zero_adv;         /* no forward/backward for sequences whose advantages are all 0:
+	                            * -1 where exact (default), 0 off, 1 on (RL_EINVAL where not exact) */
 	/* optimizer */
 	float lr, weight_decay, beta1, beta2, adam_eps, grad_clip, min_lr_ratio;
 	int warmup, total_steps, sched;
@@ -107,6 +109,14 @@ typedef struct rl_train_opts {
 } rl_train_opts;
 
 void rl_train_opts_default(rl_train_opts *o);
+
+/* Why skipping zero-advantage sequences would change the update with these
+ * options (a loss term with a gradient on every token: ppo's value loss, a
+ * KL loss term, an entropy bonus), or NULL where it is exact: such a
+ * sequence's policy-gradient term is -0 * ratio, so its gradient is exactly
+ * zero, and the loss weights are computed before it is dropped.  Static
+ * string. */
+const char *rl_train_skip_inexact(const rl_train_opts *o);
 
 /* Runs the learner until the input ends or max_steps; returns RL_OK or the
  * first error (logged).  Writes one JSON metrics object per step. */

@@ -41,6 +41,10 @@ static const char usage_text[] =
     "      --dual-clip C         dual-clip constant for negative advantages (off)\n"
     "      --tis-cap C           truncated importance sampling cap vs behaviour log-probs (off)\n"
     "      --old-from-behaviour  ratio against the records' log-probs (off-policy records)\n"
+    "      --skip-zero-adv       no forward/backward for sequences whose advantages are all 0\n"
+    "                            (default: on wherever the update stays the same; an error\n"
+    "                            with ppo, a KL loss term or --ent-coef)\n"
+    "      --no-skip-zero-adv    train every sequence (metrics over every token)\n"
     "      --kl k1|k2|k3         KL estimator to the reference policy (off)\n"
     "      --kl-coef B           KL coefficient (default 0.001 when --kl is given)\n"
     "      --kl-in-reward        KL as a token-level reward penalty instead of a loss term\n"
@@ -96,7 +100,7 @@ enum {
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
-	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN
+	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_SKIPZ, O_NOSKIPZ
 };
 
 static const struct option longopts[] = {
@@ -131,6 +135,7 @@ static const struct option longopts[] = {
 	{ "lambda", required_argument, 0, O_LAMBDA }, { "vf-coef", required_argument, 0, O_VFCOEF },
 	{ "value-clip", required_argument, 0, O_VCLIP }, { "critic-lr", required_argument, 0, O_CRITLR },
 	{ "no-whiten-adv", no_argument, 0, O_NOWHITEN },
+	{ "skip-zero-adv", no_argument, 0, O_SKIPZ }, { "no-skip-zero-adv", no_argument, 0, O_NOSKIPZ },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -210,6 +215,8 @@ main(int argc, char **argv)
 		case O_VCLIP: NUM(0, 1e9); o.value_clip = (float)v; break;
 		case O_CRITLR: NUM(0, 10); o.critic_lr = (float)v; break;
 		case O_NOWHITEN: o.whiten_adv = 0; break;
+		case O_SKIPZ: o.skip_zero_adv = 1; break;
+		case O_NOSKIPZ: o.skip_zero_adv = 0; break;
 		case O_EPOCHS: NUM(1, 1000); o.ppo_epochs = (int)v; break;
 		case O_MINI: NUM(1, 1e6); o.mini_batches = (int)v; break;
 		case O_MICRO: NUM(1, 1e9); o.max_tokens_micro = (int)v; break;
@@ -303,6 +310,8 @@ main(int argc, char **argv)
 		o.clip_high = 0.28f;
 	if (o.kl_type && !kl_coef_set)
 		o.kl_coef = 0.001f;
+	if (o.skip_zero_adv > 0 && rl_train_skip_inexact(&o))
+		return usage_error("--skip-zero-adv would change the update: %s", rl_train_skip_inexact(&o));
 	/* launch configuration: the command line, else torchrun's or SLURM's variables */
 	if (co.rank >= 0 && co.world < 0 && !getenv("WORLD_SIZE") && !getenv("SLURM_NTASKS"))
 		return usage_error("%s", "--rank without --world (or WORLD_SIZE)");
