@@ -31,6 +31,13 @@
  * returns; every micro-batch's loss is the policy loss plus vf_coef times
  * the clipped value loss, whose gradient flows into the head and the trunk.
  *
+ * Zero advantages (skip_zero_adv, docs/train.md): a sequence whose token
+ * advantages are all 0 adds an exactly zero gradient when the loss has no
+ * other term (rl_train_skip_inexact); its forward and backward are skipped
+ * after the loss weights, mini-batches and rank shares are computed over the
+ * whole step, so the update is the same up to fp32 summation order.  A step
+ * with nothing left to train still makes its AdamW updates.
+ *
  * Leaves out: a separate critic model, rl-sync publishing (cmd/rl-train).
  *
  * One step (optimizer update) takes `batch` groups.  With ppo_epochs E and
