@@ -32,6 +32,10 @@
 #
 # Usage: sh bench/e2e.sh [RL_STEPS] [GEN_CPU] [TRAIN_CPU]   (defaults 100 0 1)
 # Environment: TASK, REPS (3), SFT_STEPS (400 for arith-cot, 500 for arith),
+# SKIP_ZERO_ADV (1: rl-train --skip-zero-adv in the isolated trainer and in
+# both wirings, the same update with less work, docs/train.md; 0: off),
+# MICRO (the trainer's --max-tokens-per-micro, demo.sh's default 256 on the
+# CPU, also in the isolated trainer),
 # DAEMON_CPUS, WEIGHTS=file (async weights through the checkpoint directory
 # instead of rl-sync), KEEP=1 (keep the run directories, printed), and any
 # demo.sh setting (PROMPTS, SAMPLES, STALENESS, ...).
@@ -48,7 +52,10 @@ PROMPTS=${PROMPTS:-32}
 SAMPLES=${SAMPLES:-8}
 DAEMON_CPUS=${DAEMON_CPUS:-$gcpu}
 if [ "$TASK" = arith-cot ]; then SFT_STEPS=${SFT_STEPS:-400}; else SFT_STEPS=${SFT_STEPS:-500}; fi
-export TASK PROMPTS SAMPLES DAEMON_CPUS SFT_STEPS
+SKIP_ZERO_ADV=${SKIP_ZERO_ADV:-1}
+if [ "$SKIP_ZERO_ADV" = 1 ]; then SKIPZ=--skip-zero-adv; else SKIPZ=--no-skip-zero-adv; fi
+MICRO=${MICRO:-256}
+export TASK PROMPTS SAMPLES DAEMON_CPUS SFT_STEPS SKIP_ZERO_ADV MICRO
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 export OMP_NUM_THREADS OMP_WAIT_POLICY
 out=$(mktemp -d /tmp/rl-e2e.XXXXXX)
@@ -81,14 +88,17 @@ taskset -c "$gcpu" rl-rollout -q -m "$WARM" --seed 1 -n "$SAMPLES" --temperature
 	"$iso/prompts.jsonl" | taskset -c "$gcpu" rl-reward -q --task "$RTASK" -o "$iso/scored.bin"
 t1=$(date +%s.%N)
 taskset -c "$tcpu" rl-train -q -m "$WARM" --out "$iso/ck" --algo grpo --seed 1 --batch "$PROMPTS" --lr 2e-4 \
-	--keep 3 --metrics "$iso/m.jsonl" "$iso/scored.bin"
+	--keep 3 $SKIPZ --max-tokens-per-micro "$MICRO" --metrics "$iso/m.jsonl" "$iso/scored.bin"
 g=$(awk -v a="$t0" -v b="$t1" -v n="$isteps" 'BEGIN { printf "%.4f", (b - a) / n }')
 t=$(column 'timing_s\/update_actor' < "$iso/m.jsonl" | median)
 tc=$(column 'timing_s\/publish' < "$iso/m.jsonl" | median)
 resp=$(column 'response_length\/mean' < "$iso/m.jsonl" | median)
+# the share of the response tokens rl-train skipped (all-zero advantages), mean over the steps
+mean() { awk '{ s += $1; n++ } END { if (n) printf "%.4f", s / n; else print "null" }'; }
+iskip=$(column 'actor\/skipped_token_frac' < "$iso/m.jsonl" | mean)
 bound=$(awk -v g="$g" -v t="$t" 'BEGIN { m = g > t ? g : t; printf "%.3f", (g + t) / m }')
-printf '{"bench":"e2e","task":"%s","isolated":true,"steps":%d,"gen_s_per_step":%s,"train_s_per_step":%.4f,"ckpt_s_per_step":%.4f,"g_over_t":%.3f,"response_tokens":%.1f,"bound_async_over_sync":%s}\n' \
-	"$TASK" "$isteps" "$g" "$t" "$tc" "$(awk -v g="$g" -v t="$t" 'BEGIN { print g / t }')" "$resp" "$bound"
+printf '{"bench":"e2e","task":"%s","isolated":true,"steps":%d,"gen_s_per_step":%s,"train_s_per_step":%.4f,"ckpt_s_per_step":%.4f,"g_over_t":%.3f,"response_tokens":%.1f,"skipped_token_frac":%s,"bound_async_over_sync":%s}\n' \
+	"$TASK" "$isteps" "$g" "$t" "$tc" "$(awk -v g="$g" -v t="$t" 'BEGIN { print g / t }')" "$resp" "$iskip" "$bound"
 
 # ---- 2. the runs ---------------------------------------------------------------------------
 # cpu seconds (utime + stime, fields 14 and 15 of /proc/PID/stat) of the
@@ -122,12 +132,13 @@ while [ $r -le "$REPS" ]; do
 		pub_ms=$(column 'timing_s\/publish' < "$M" | median)
 		step_ms=$(column 'timing_s\/step' < "$M" | median)
 		rew=$(column 'critic\/score\/mean' < "$M" | tail -n 20 | awk '{ s += $1 } END { printf "%.3f", s / NR }')
+		skf=$(column 'actor\/skipped_token_frac' < "$M" | mean)
 		# rl-rollout -v: "time: decoding X s, new weights Y s (N loaded), waiting for weights Z s, leases L s, puts P s, ..."
 		split=$(sed -n 's/.*time: decoding \([0-9.]*\) s, new weights \([0-9.]*\) s ([0-9]* loaded), waiting for weights \([0-9.]*\) s, leases \([0-9.]*\) s, puts \([0-9.]*\) s, output \([0-9.]*\) s.*/\1 \2 \3 \4 \5 \6/p' "$run/logs/rollout.log")
 		regen=0
 		[ ! -f "$run/queue-stat.json" ] || regen=$(tr -d ' \n' < "$run/queue-stat.json" | sed -n 's/.*"stale_regenerated":\([0-9]*\).*/\1/p')
 		awk -v hz="$hz" -v w="$w" -v r="$r" -v f="$run/summary.json" -v task="$TASK" -v times="$split" \
-		    -v wait_s="$wait_ms" -v upd="$upd_ms" -v pub="$pub_ms" -v stp="$step_ms" -v rew="$rew" -v regen="${regen:-0}" '
+		    -v wait_s="$wait_ms" -v upd="$upd_ms" -v pub="$pub_ms" -v stp="$step_ms" -v rew="$rew" -v skf="$skf" -v regen="${regen:-0}" '
 			{ last[$1] = $3; name[$1] = $2 }
 			END {
 				while ((getline line < f) > 0) s = line
@@ -137,7 +148,7 @@ while [ $r -le "$REPS" ]; do
 				wall = v["rl_seconds"]
 				if (split(times, x, " ") < 6) for (i = 1; i <= 6; i++) x[i] = "null"
 				printf "{\"bench\":\"e2e\",\"task\":\"%s\",\"wiring\":\"%s\",\"rep\":%d,\"rl_steps\":%s,\"rl_seconds\":%s,\"samples_per_s\":%s,", task, w, r, v["rl_steps"], wall, v["samples_per_s"]
-				printf "\"acc_warm\":%s,\"acc_rl\":%s,\"reward_last20\":%s,", v["acc_sft"], v["acc_rl"], rew
+				printf "\"acc_warm\":%s,\"acc_rl\":%s,\"reward_last20\":%s,\"skipped_token_frac\":%s,", v["acc_sft"], v["acc_rl"], rew, skf
 				printf "\"busy_gen\":%.3f,\"busy_reward\":%.3f,\"busy_train\":%.3f,\"busy_queue\":%.3f,\"busy_sync\":%.3f,",
 					best["rl-rollout"] / wall, best["rl-reward"] / wall, best["rl-train"] / wall, best["rl-queue"] / wall, best["rl-sync"] / wall
 				printf "\"train_step_ms\":%.1f,\"train_wait_ms\":%.1f,\"train_update_ms\":%.1f,\"train_publish_ms\":%.1f,",
@@ -162,10 +173,10 @@ W=$(med sync train_wait_ms) U=$(med sync train_update_ms) P=$(med sync train_pub
 # about the same load): their median
 pairs=$(awk -F'"samples_per_s":' '{ split($2, a, ","); if ($0 ~ /"wiring":"sync"/) s = a[1]; else printf "%.3f\n", a[1] / s }' "$out/runs.json")
 pm=$(echo "$pairs" | median)
-printf '{"bench":"e2e","task":"%s","reps":%d,"async_over_sync_per_rep":[%s],"async_over_sync_per_rep_median":%s,"sync_samples_per_s":%s,"async_samples_per_s":%s,"async_over_sync":%.3f,"sync_step_ms":%s,"async_step_ms":%s,"step_ratio":%.3f,"sync_wait_ms":%s,"sync_update_ms":%s,"sync_publish_ms":%s,"bound_in_run":%.3f,"bound_isolated":%s,"acc_warm":%s,"acc_rl_sync":%s,"acc_rl_async":%s,"reward_last20_sync":%s,"reward_last20_async":%s,"load_before":%s,"load_after":%s}\n' \
+printf '{"bench":"e2e","task":"%s","reps":%d,"async_over_sync_per_rep":[%s],"async_over_sync_per_rep_median":%s,"sync_samples_per_s":%s,"async_samples_per_s":%s,"async_over_sync":%.3f,"sync_step_ms":%s,"async_step_ms":%s,"step_ratio":%.3f,"sync_wait_ms":%s,"sync_update_ms":%s,"sync_publish_ms":%s,"bound_in_run":%.3f,"bound_isolated":%s,"acc_warm":%s,"acc_rl_sync":%s,"acc_rl_async":%s,"reward_last20_sync":%s,"reward_last20_async":%s,"skipped_token_frac_sync":%s,"skipped_token_frac_async":%s,"load_before":%s,"load_after":%s}\n' \
 	"$TASK" "$REPS" "$(echo $pairs | tr ' ' ',')" "$pm" "$s" "$a" "$(awk -v a="$a" -v s="$s" 'BEGIN { print a / s }')" \
 	"$(med sync train_step_ms)" "$(med async train_step_ms)" \
 	"$(awk -v a="$(med async train_step_ms)" -v s="$(med sync train_step_ms)" 'BEGIN { print s / a }')" \
 	"$W" "$U" "$P" "$(awk -v w="$W" -v u="$U" -v p="$P" 'BEGIN { m = w > u + p ? w : u + p; print (w + u + p) / m }')" \
 	"$bound" "$(med sync acc_warm)" "$(med sync acc_rl)" "$(med async acc_rl)" \
-	"$(med sync reward_last20)" "$(med async reward_last20)" "$load0" "$(cut -d' ' -f1 /proc/loadavg)"
+	"$(med sync reward_last20)" "$(med async reward_last20)" "$(med sync skipped_token_frac)" "$(med async skipped_token_frac)" "$load0" "$(cut -d' ' -f1 /proc/loadavg)"
