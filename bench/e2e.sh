@@ -20,8 +20,11 @@
 #      Sync ideally takes g + t per step, perfect overlap max(g, t): the bound
 #      on async/sync is (g + t) / max(g, t).
 #   2. REPS interleaved pairs of runs (sync, async) from the same warm start:
-#      one JSON line each with samples/s, busy shares (utime + stime from
-#      /proc every 0.2 s over the GRPO wall time), the trainer's per-step
+#      one JSON line each with samples/s (over rl_seconds: from the workers'
+#      start to the trainer's last step, the same span in both wirings;
+#      rl_wall_seconds adds the async daemons' start-up and every process's
+#      shutdown), busy shares (utime + stime from /proc every 0.2 s over
+#      rl_wall_seconds), the trainer's per-step
 #      medians (waiting for data, update, publish), the generator's time split
 #      (rl-rollout -v), the broker's counters (stale groups regenerated), the
 #      mean sampled reward of the last 20 steps and the held-out greedy
@@ -33,7 +36,8 @@
 # Usage: sh bench/e2e.sh [RL_STEPS] [GEN_CPU] [TRAIN_CPU]   (defaults 100 0 1)
 # Environment: TASK, REPS (3), SFT_STEPS (400 for arith-cot, 500 for arith),
 # SKIP_ZERO_ADV (1: rl-train --skip-zero-adv in the isolated trainer and in
-# both wirings, the same update with less work, docs/train.md; 0: off),
+# both wirings, the same update with less work, docs/train.md; 0: off; empty:
+# neither option, for an rl-train that has none, e.g. RL_BUILD of an older tree),
 # MICRO (the trainer's --max-tokens-per-micro, demo.sh's default 256 on the
 # CPU, also in the isolated trainer),
 # DAEMON_CPUS, WEIGHTS=file (async weights through the checkpoint directory
@@ -52,8 +56,8 @@ PROMPTS=${PROMPTS:-32}
 SAMPLES=${SAMPLES:-8}
 DAEMON_CPUS=${DAEMON_CPUS:-$gcpu}
 if [ "$TASK" = arith-cot ]; then SFT_STEPS=${SFT_STEPS:-400}; else SFT_STEPS=${SFT_STEPS:-500}; fi
-SKIP_ZERO_ADV=${SKIP_ZERO_ADV:-1}
-if [ "$SKIP_ZERO_ADV" = 1 ]; then SKIPZ=--skip-zero-adv; else SKIPZ=--no-skip-zero-adv; fi
+SKIP_ZERO_ADV=${SKIP_ZERO_ADV-1}
+case $SKIP_ZERO_ADV in 1) SKIPZ=--skip-zero-adv ;; "") SKIPZ="" ;; *) SKIPZ=--no-skip-zero-adv ;; esac
 MICRO=${MICRO:-256}
 export TASK PROMPTS SAMPLES DAEMON_CPUS SFT_STEPS SKIP_ZERO_ADV MICRO
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
@@ -145,9 +149,10 @@ while [ $r -le "$REPS" ]; do
 				n = split(s, kv, /[{},]/)
 				for (i = 1; i <= n; i++) { split(kv[i], p, ":"); gsub(/"/, "", p[1]); v[p[1]] = p[2] }
 				for (q in last) if (last[q] / hz > best[name[q]]) best[name[q]] = last[q] / hz
-				wall = v["rl_seconds"]
+				# busy shares over all of the GRPO wall time (start-up included, as in the CPU time)
+				wall = v["rl_wall_seconds"] != "" ? v["rl_wall_seconds"] : v["rl_seconds"]
 				if (split(times, x, " ") < 6) for (i = 1; i <= 6; i++) x[i] = "null"
-				printf "{\"bench\":\"e2e\",\"task\":\"%s\",\"wiring\":\"%s\",\"rep\":%d,\"rl_steps\":%s,\"rl_seconds\":%s,\"samples_per_s\":%s,", task, w, r, v["rl_steps"], wall, v["samples_per_s"]
+				printf "{\"bench\":\"e2e\",\"task\":\"%s\",\"wiring\":\"%s\",\"rep\":%d,\"rl_steps\":%s,\"rl_seconds\":%s,\"rl_wall_seconds\":%s,\"samples_per_s\":%s,", task, w, r, v["rl_steps"], v["rl_seconds"], wall, v["samples_per_s"]
 				printf "\"acc_warm\":%s,\"acc_rl\":%s,\"reward_last20\":%s,\"skipped_token_frac\":%s,", v["acc_sft"], v["acc_rl"], rew, skf
 				printf "\"busy_gen\":%.3f,\"busy_reward\":%.3f,\"busy_train\":%.3f,\"busy_queue\":%.3f,\"busy_sync\":%.3f,",
 					best["rl-rollout"] / wall, best["rl-reward"] / wall, best["rl-train"] / wall, best["rl-queue"] / wall, best["rl-sync"] / wall

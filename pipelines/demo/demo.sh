@@ -40,8 +40,9 @@ TEMP=${TEMP:-0.7}
 STALENESS=${STALENESS:-1}     # async only; sync is always 0
 # groups whose samples all got the same reward have advantage 0 on every
 # token and add exactly nothing to the GRPO loss: rl-train skips their
-# forward/backward (the update is the same; docs/train.md).  0: train them.
-SKIP_ZERO_ADV=${SKIP_ZERO_ADV:-1}
+# forward/backward (the update is the same; docs/train.md).  0: train them;
+# empty: pass neither option (rl-train's default; an rl-train without it)
+SKIP_ZERO_ADV=${SKIP_ZERO_ADV-1}
 # GRPO trainer's micro-batch (tokens, rows x longest row): on the CPU one that
 # stays in the core's cache (256: ~25 % less update time than rl-train's 8192
 # for this model, docs/demo.md); the gradients of the micro-batches are summed,
@@ -178,12 +179,13 @@ M=$RUN/metrics.jsonl
 : > "$M"
 : > "$RUN/heldout.tsv"
 printf '0\t%s\n' "$acc_before" >> "$RUN/heldout.tsv"
-if [ "$SKIP_ZERO_ADV" = 1 ]; then SKIPZ=--skip-zero-adv; else SKIPZ=--no-skip-zero-adv; fi
+case $SKIP_ZERO_ADV in 1) SKIPZ=--skip-zero-adv ;; "") SKIPZ="" ;; *) SKIPZ=--no-skip-zero-adv ;; esac
 TRAIN_ARGS="--algo grpo --device $DEVICE --seed $SEED --batch $PROMPTS --lr $RL_LR --keep 3 $SKIPZ --max-tokens-per-micro $MICRO --metrics $M $TRAIN_EXTRA"
 GEN_ARGS="--device $DEVICE --seed $SEED -n $SAMPLES --temperature $TEMP --max-tokens $MAX_TOKENS"
 
 start_sync() {
 	mkfifo "$RUN/gen.fifo" "$RUN/scored.fifo"
+	T_W=$(now)
 	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS --weights-from "$CK" --max-staleness 0 --train-batch "$PROMPTS" \
 		-o "$RUN/gen.fifo" "$RUN/data/prompts.jsonl" 2>"$L/rollout.log" &
 	GEN=$!; PIDS="$PIDS $GEN"; echo "rl-rollout $GEN" >> "$RUN/pids"
@@ -241,6 +243,7 @@ start_async() {
 	# one from the content, and the same problem drawn twice would count once
 	awk '{ sub(/^\{/, "{\"id\":" NR ","); print }' "$RUN/data/prompts.jsonl" > "$RUN/data/prompts-q.jsonl"
 	rl-queue put -q "$URL" "$RUN/data/prompts-q.jsonl" 2>"$L/put.log"
+	T_W=$(now)
 	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS $W_GEN --queue "$URL" 2>"$L/rollout.log" &
 	GEN=$!; PIDS="$PIDS $GEN"; echo "rl-rollout $GEN" >> "$RUN/pids"
 	$PIN_GEN rl-reward --task "$RTASK" --queue "$URL" 2>"$L/reward.log" &
@@ -306,7 +309,12 @@ else
 	done
 fi
 PIDS=""
-T_RL=$(secs "$t" "$(now)")
+# GRPO time: from the workers' start to the trainer's last metrics line (the
+# file's mtime), the same span in both wirings; the async wiring's daemon
+# start-up, prompt upload and the shutdown of five processes are outside it
+# (rl_wall_seconds counts everything)
+T_RL_WALL=$(secs "$t" "$(now)")
+T_RL=$(secs "$T_W" "$(date -r "$M" +%s.%N)")
 steps=$(wc -l < "$M")
 FINAL=$CK/$(readlink "$CK/latest")
 acc_after=$(evaluate "$FINAL")
@@ -319,13 +327,13 @@ T_ALL=$(secs "$T0" "$(now)")
 
 # ---- results -------------------------------------------------------------------------
 cat > "$RUN/summary.json" <<EOF
-{"wiring":"$WIRING","task":"$TASK","seed":$SEED,"device":"$DEVICE","acc_init":$acc_init,"acc_sft":$acc_before,"acc_rl":$acc_after,"rl_steps":$steps,"rl_seconds":$T_RL,"steps_per_s":$sps,"samples_per_s":$samples_s,"sft_seconds":$T_SFT,"total_seconds":$T_ALL}
+{"wiring":"$WIRING","task":"$TASK","seed":$SEED,"device":"$DEVICE","acc_init":$acc_init,"acc_sft":$acc_before,"acc_rl":$acc_after,"rl_steps":$steps,"rl_seconds":$T_RL,"rl_wall_seconds":$T_RL_WALL,"steps_per_s":$sps,"samples_per_s":$samples_s,"sft_seconds":$T_SFT,"total_seconds":$T_ALL}
 EOF
 say ""
 say "                 held-out accuracy ($TEST_N problems, greedy)"
 say "  random init    $acc_init"
 say "  after SFT      $acc_before   ($SFT_STEPS steps, ${T_SFT} s)"
-say "  after GRPO     $acc_after   ($steps steps, ${T_RL} s, $sps steps/s, $samples_s samples/s, $WIRING)"
+say "  after GRPO     $acc_after   ($steps steps, ${T_RL} s, $sps steps/s, $samples_s samples/s, $WIRING; ${T_RL_WALL} s with start-up and shutdown)"
 say "  total time     ${T_ALL} s"
 
 if [ "$PLOT" = 1 ]; then
