@@ -167,7 +167,7 @@ done
 
 # ---- 3. summary ----------------------------------------------------------------------------
 # medians over the reps of key KEY for wiring W
-med() { grep "\"wiring\":\"$1\"" "$out/runs.json" | sed -n "s/.*\"$2\":\([-0-9.]*\).*/\1/p" | median; }
+med() { grep "\"wiring\":\"$1\"" "$out/runs.json" | sed -n "s/.*\"$2\":\([-0-9.][-0-9.eE+]*\).*/\1/p" | median; }
 s=$(med sync samples_per_s)
 a=$(med async samples_per_s)
 # in-run balance, from the sync runs' trainer: it waits W for generation and
