@@ -1151,8 +1151,9 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 			stalmax = fmax(stalmax, d);
 		}
 	}
-	/* the token statistics cover the trained tokens (not the skipped ones) */
-	double nt = ms->ntok > 0 ? ms->ntok : NAN;
+	/* the token statistics cover the trained tokens (not the skipped ones);
+	 * none trained: 0, as before (the broker's charts and /metrics want numbers) */
+	double nt = ms->ntok > 0 ? ms->ntok : 1;
 	cJSON_AddNumberToObject(j, "step", step);
 	metric(j, tr, step, "training/global_step", step);
 	if (o->algo == RL_ALGO_SFT) {
