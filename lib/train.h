@@ -63,6 +63,9 @@ typedef struct rl_train_opts {
 	const char *metrics_path;  /* --metrics FILE ("-" stdout); NULL: stderr */
 	const char *tfevents_dir;  /* --tfevents DIR or NULL */
 	const char *sync_url;      /* --sync URL: also push each version to rl-sync (or a directory) */
+	const char *wgroup_addr;   /* --weights-group HOST:PORT: broadcast each version (wgroup.h) */
+	int wgroup_size;           /* its size: this trainer + the rollout workers */
+	const char *wgroup_backend; /* auto, cpu, nccl */
 	const char *queue_url;     /* --queue URL: lease scored groups from rl-queue instead of input */
 	double idle_exit;          /* queue mode: stop after this many seconds without records (0: never) */
 	/* algorithm */

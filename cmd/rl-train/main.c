@@ -76,6 +76,9 @@ static const char usage_text[] =
     "      --metrics FILE        one JSON object per step ('-' stdout; default stderr)\n"
     "      --tfevents DIR        also write TensorBoard event files\n"
     "      --sync URL            also push each version to rl-sync (tcp://, ipc://) or a directory\n"
+    "      --weights-group HOST:PORT  broadcast each version to rollout workers joined there\n"
+    "      --weights-group-size N     this trainer and the N-1 workers of the group\n"
+    "      --weights-group-backend B  auto, cpu or nccl (default auto: nccl on CUDA with NCCL)\n"
     "      --queue URL           lease scored groups from rl-queue (acknowledged after each step)\n"
     "      --idle-exit S         queue mode: stop after S seconds without records\n"
     "data parallel (docs/parallel.md; every rank reads the whole input; with --queue rank 0 leases):\n"
@@ -97,7 +100,7 @@ enum {
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
-	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP
+	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP, O_WGROUP, O_WGSIZE, O_WGBACK
 };
 
 static const struct option longopts[] = {
@@ -132,6 +135,8 @@ static const struct option longopts[] = {
 	{ "lambda", required_argument, 0, O_LAMBDA }, { "vf-coef", required_argument, 0, O_VFCOEF },
 	{ "value-clip", required_argument, 0, O_VCLIP }, { "critic-lr", required_argument, 0, O_CRITLR },
 	{ "no-whiten-adv", no_argument, 0, O_NOWHITEN }, { "recompute", no_argument, 0, O_RECOMP },
+	{ "weights-group", required_argument, 0, O_WGROUP }, { "weights-group-size", required_argument, 0, O_WGSIZE },
+	{ "weights-group-backend", required_argument, 0, O_WGBACK },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -243,6 +248,13 @@ main(int argc, char **argv)
 		case O_TFEV: o.tfevents_dir = a; break;
 		case O_QUEUE: o.queue_url = a; break;
 		case O_SYNC: o.sync_url = a; break;
+		case O_WGROUP: o.wgroup_addr = a; break;
+		case O_WGSIZE: NUM(2, 65536); o.wgroup_size = (int)v; break;
+		case O_WGBACK:
+			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl"))
+				return usage_error("--weights-group-backend takes auto, cpu or nccl, not '%s'", a);
+			o.wgroup_backend = a;
+			break;
 		case O_IDLE: NUM(0, 1e9); o.idle_exit = v; break;
 		case O_RANK: NUM(0, 1e6); co.rank = (int)v; break;
 		case O_WORLD:
@@ -299,8 +311,10 @@ main(int argc, char **argv)
 		return usage_error("%s", "no output directory: --out DIR");
 	if (!o.model_dir && !o.resume)
 		return usage_error("%s", "no model: -m MODEL_DIR (or --resume)");
-	if (o.ckpt_every > 1 && !o.sync_url)
-		return usage_error("%s", "--ckpt-every needs --sync URL (where the versions between go)");
+	if (o.ckpt_every > 1 && !o.sync_url && !o.wgroup_addr)
+		return usage_error("%s", "--ckpt-every needs --sync URL or --weights-group (where the versions between go)");
+	if (!o.wgroup_addr != !o.wgroup_size)
+		return usage_error("%s", "--weights-group and --weights-group-size go together");
 	if (o.algo == RL_ALGO_DAPO && !clip_high_set)
 		o.clip_high = 0.28f;
 	if (o.kl_type && !kl_coef_set)
