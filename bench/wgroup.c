@@ -4,12 +4,14 @@
  * member processes over the CPU ring (127.0.0.1), each member taking every
  * version into its model (rl_wgroup_take: copy + compute copy refresh).
  * One JSON line per (model, world):
- *   {"bench":"wgroup","model":M,"backend":"cpu","world":W,"bytes":B,
+ *   {"bench":"wgroup","model":M,"device":D,"backend":K,"world":W,"bytes":B,
  *    "versions":V,"send_s":trainer's seconds per version (median),
  *    "GBps":B/send_s,"take_s":a member's seconds to take one (median)}
  *
- * usage: wgroup [--model gpt2|qwen|small] [--worlds 2,3] [--versions 5]
- * Leaves out: NCCL (GPUs; the same code with --weights-group-backend nccl).
+ * usage: wgroup [--model gpt2|qwen|small|all] [--worlds 2,3] [--versions 5]
+ *               [--device cpu|cuda] [--backend cpu|nccl|ipc]
+ * On one GPU: --device cuda --backend ipc (every rank on the same device;
+ * NCCL needs a GPU per rank).
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -59,6 +61,8 @@ cmpd(const void *a, const void *b)
 }
 
 /* rank's part; rank 0 prints the line.  Returns 0 on success. */
+static const char *device = "cpu", *backend = "cpu";
+
 static int
 run(const char *name, const char *cfgtxt, int rank, int world, const char *addr, int versions, int fd)
 {
@@ -66,17 +70,16 @@ run(const char *name, const char *cfgtxt, int rank, int world, const char *addr,
 	rl_ops *o = NULL;
 	rl_model *m = NULL;
 	rl_wgroup *g = NULL;
-	rl_wgroup_opts wo = { addr, rank, world, "cpu", 120 };
+	rl_wgroup_opts wo = { addr, rank, world, backend, 120 };
 	double t[64];
 	int rv, v;
 
-	if ((rv = rl_config_parse(&cfg, cfgtxt, strlen(cfgtxt), name)) != 0 || (rv = rl_ops_open(&o, "cpu")) != 0 ||
+	if ((rv = rl_config_parse(&cfg, cfgtxt, strlen(cfgtxt), name)) != 0 || (rv = rl_ops_open(&o, device)) != 0 ||
 	    (rv = rl_model_init_random(&m, &cfg, o, 1)) != 0 || (rv = rl_wgroup_open(&g, &wo, m)) != 0)
 		goto out;
 	for (int k = 0; k < versions; k++) {
 		double t0 = rl_now();
 		if (rank == 0) {
-			m->params[0] = (float)k; /* a new version */
 			rv = rl_wgroup_send(g, k);
 		} else {
 			if ((rv = rl_wgroup_wait(g, 120, &v)) == 0) {
@@ -95,8 +98,8 @@ run(const char *name, const char *cfgtxt, int rank, int world, const char *addr,
 		double take = 0;
 		if (read(fd, &take, sizeof take) != sizeof take)
 			take = -1;
-		printf("{\"bench\":\"wgroup\",\"model\":\"%s\",\"backend\":\"cpu\",\"world\":%d,\"bytes\":%zu,"
-		    "\"versions\":%d,\"send_s\":%.4f,\"GBps\":%.3f,\"take_s\":%.4f}\n", name, world,
+		printf("{\"bench\":\"wgroup\",\"model\":\"%s\",\"device\":\"%s\",\"backend\":\"%s\",\"world\":%d,"
+		    "\"bytes\":%zu,\"versions\":%d,\"send_s\":%.4f,\"GBps\":%.3f,\"take_s\":%.4f}\n", name, device, backend, world,
 		    rl_wgroup_bytes(g), versions, t[versions / 2], rl_wgroup_bytes(g) / t[versions / 2] / 1e9, take);
 		fflush(stdout);
 	}
@@ -120,6 +123,10 @@ main(int argc, char **argv)
 			model = argv[i + 1];
 		else if (strcmp(argv[i], "--worlds") == 0)
 			worlds = argv[i + 1];
+		else if (strcmp(argv[i], "--device") == 0)
+			device = argv[i + 1];
+		else if (strcmp(argv[i], "--backend") == 0)
+			backend = argv[i + 1];
 		else if (strcmp(argv[i], "--versions") == 0)
 			versions = RL_MAX(1, RL_MIN(64, atoi(argv[i + 1])));
 	}

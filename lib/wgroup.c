@@ -13,6 +13,7 @@
 
 #include "comm.h"
 #include "core.h"
+#include "wcuda.h"
 
 #define WG_MAGIC 0x31574c52u /* "RLW1" little-endian */
 #define WG_END (-1)
@@ -25,10 +26,12 @@ typedef struct {
 	uint64_t table;      /* hash of the tensor table */
 } wg_hdr;
 
+enum { WG_RING, WG_NCCL, WG_IPC };
+
 struct rl_wgroup {
 	rl_model *m;
 	rl_comm *c;
-	int rank, world, on_device;
+	int rank, world, on_device, mode;
 	size_t n;             /* m->tt.total */
 	uint64_t table;
 	/* members */
@@ -57,6 +60,13 @@ table_hash(const rl_model *m)
 			h = (h ^ ((const uint8_t *)v)[k]) * 0x100000001b3ULL;
 	}
 	return h ^ (uint64_t)m->tt.total;
+}
+
+/* 1 when HOST:PORT names this host's loopback (every rank is on this host) */
+static int
+loopback(const char *addr)
+{
+	return strncmp(addr, "127.", 4) == 0 || strncmp(addr, "localhost:", 10) == 0 || strncmp(addr, "[::1]", 5) == 0;
 }
 
 static void *
@@ -109,8 +119,17 @@ recv_thread(void *arg)
 			pthread_cond_wait(&g->cv, &g->mu);
 		}
 		pthread_mutex_unlock(&g->mu);
-		if ((rv = rl_comm_broadcast(g->c, g->buf[k], g->n * sizeof(float), 0)) != 0)
+		if (g->mode == WG_IPC) {
+			/* the trainer's parameters, exported: copied device to device, then
+			 * the barrier tells the trainer it may change them again */
+			rl_wcuda_handle wh;
+			if ((rv = rl_comm_host_broadcast(g->c, &wh, sizeof wh, 0)) != 0 ||
+			    (rv = rl_wcuda_import_copy(g->buf[k], g->n * sizeof(float), &wh, g->m->ops->device)) != 0 ||
+			    (rv = rl_comm_barrier(g->c)) != 0)
+				break;
+		} else if ((rv = rl_comm_broadcast(g->c, g->buf[k], g->n * sizeof(float), 0)) != 0) {
 			break;
+		}
 		pthread_mutex_lock(&g->mu);
 		g->ready = k;
 		g->ready_ver = (int)h.version;
@@ -162,9 +181,26 @@ rl_wgroup_open(rl_wgroup **out, const rl_wgroup_opts *o, rl_model *m)
 	 * device) only between models on GPUs; the ring otherwise, where members
 	 * stage in host memory (a comm without ops) and the root's device
 	 * parameters, if any, go through the host in the comm */
-	g->on_device = strcmp(be, "nccl") == 0 ||
-	    (strcmp(be, "auto") == 0 && m->ops->device >= 0 && HAVE_NCCL);
-	if ((rv = rl_comm_open(&g->c, &co, g->rank == 0 || g->on_device ? m->ops : NULL)) != 0)
+	if (strcmp(be, "ipc") == 0 || (strcmp(be, "auto") == 0 && m->ops->device >= 0 && loopback(o->addr)))
+		g->mode = WG_IPC;
+	else if (strcmp(be, "nccl") == 0 || (strcmp(be, "auto") == 0 && m->ops->device >= 0 && HAVE_NCCL))
+		g->mode = WG_NCCL;
+	else if (strcmp(be, "cpu") == 0 || strcmp(be, "auto") == 0)
+		g->mode = WG_RING;
+	else {
+		rl_error("weights group: unknown backend '%s' (auto, cpu, nccl, ipc)", be);
+		rv = RL_EINVAL;
+		goto fail;
+	}
+	if (g->mode == WG_IPC && (!HAVE_CUDA || m->ops->device < 0)) {
+		rl_error("weights group: the ipc backend needs the model on a GPU (--device cuda)");
+		rv = RL_EINVAL;
+		goto fail;
+	}
+	g->on_device = g->mode != WG_RING;
+	co.backend = g->mode == WG_NCCL ? "nccl" : "cpu"; /* ipc: the ring carries handles only */
+	if ((rv = rl_comm_open(&g->c, &co, g->mode == WG_NCCL || (g->rank == 0 && g->mode == WG_RING) ? m->ops :
+	    NULL)) != 0)
 		goto fail;
 	if (g->rank > 0) {
 		size_t bytes = g->n * sizeof(float);
@@ -186,7 +222,7 @@ rl_wgroup_open(rl_wgroup **out, const rl_wgroup_opts *o, rl_model *m)
 		g->started = 1;
 	}
 	rl_verbose("weights group: rank %d of %d on %s, %s backend, %.1f MiB a version", g->rank, g->world,
-	    o->addr, rl_comm_backend(g->c), (double)(g->n * sizeof(float)) / 1048576.0);
+	    o->addr, g->mode == WG_IPC ? "ipc" : rl_comm_backend(g->c), (double)(g->n * sizeof(float)) / 1048576.0);
 	*out = g;
 	return RL_OK;
 fail:
@@ -204,8 +240,20 @@ rl_wgroup_send(rl_wgroup *g, int version)
 		return RL_EINVAL;
 	if ((rv = g->m->ops->sync(g->m->ops)) != 0)
 		return rv;
-	if ((rv = rl_comm_host_broadcast(g->c, &h, sizeof h, 0)) != 0 ||
-	    (rv = rl_comm_broadcast(g->c, g->m->params, g->n * sizeof(float), 0)) != 0) {
+	if (g->mode == WG_IPC) {
+		/* the parameters themselves, exported; unchanged until every member
+		 * has copied them (the barrier) */
+		rl_wcuda_src *src = NULL;
+		rl_wcuda_handle wh;
+		if ((rv = rl_wcuda_export(&src, &wh, g->m->params, g->n * sizeof(float), (uint64_t)version,
+		    g->m->ops->device)) == 0 && (rv = rl_comm_host_broadcast(g->c, &h, sizeof h, 0)) == 0 &&
+		    (rv = rl_comm_host_broadcast(g->c, &wh, sizeof wh, 0)) == 0)
+			rv = rl_comm_barrier(g->c);
+		rl_wcuda_src_close(src);
+	} else if ((rv = rl_comm_host_broadcast(g->c, &h, sizeof h, 0)) == 0) {
+		rv = rl_comm_broadcast(g->c, g->m->params, g->n * sizeof(float), 0);
+	}
+	if (rv != 0) {
 		rl_error("weights group: version %d did not reach every member", version);
 		return rv;
 	}

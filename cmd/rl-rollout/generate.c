@@ -69,7 +69,8 @@ static const char usage_text[] =
     "      --weights-group HOST:PORT  new versions broadcast by the trainer of that group\n"
     "      --weights-group-rank R     this worker's rank in it (1 .. size-1; the trainer is 0)\n"
     "      --weights-group-size N     the trainer and its N-1 workers\n"
-    "      --weights-group-backend B  auto, cpu or nccl (default auto: nccl on CUDA with NCCL)\n"
+    "      --weights-group-backend B  auto, cpu, nccl or ipc (default auto: on a loopback address with\n"
+    "                                 CUDA: ipc; else nccl on CUDA with NCCL; else cpu)\n"
     "      --skip-bad          skip bad prompt lines (counted) instead of stopping\n"
     "      --score FIELD       score mode: write per-token log-probs into FIELD\n"
     "      --queue URL         lease prompts from rl-queue and put the trajectories back\n"
@@ -1148,8 +1149,8 @@ rl_cmd_generate(int argc, char **argv)
 		case O_WGRANK: NUM(1, 65535); g.wgo.rank = (int)v; break;
 		case O_WGSIZE: NUM(2, 65536); g.wgo.world = (int)v; break;
 		case O_WGBACK:
-			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl"))
-				return usage_error("--weights-group-backend takes auto, cpu or nccl, not '%s'", a);
+			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl") && strcmp(a, "ipc"))
+				return usage_error("--weights-group-backend takes auto, cpu, nccl or ipc, not '%s'", a);
 			g.wgo.backend = a;
 			break;
 		case O_STRANS:

@@ -78,7 +78,8 @@ static const char usage_text[] =
     "      --sync URL            also push each version to rl-sync (tcp://, ipc://) or a directory\n"
     "      --weights-group HOST:PORT  broadcast each version to rollout workers joined there\n"
     "      --weights-group-size N     this trainer and the N-1 workers of the group\n"
-    "      --weights-group-backend B  auto, cpu or nccl (default auto: nccl on CUDA with NCCL)\n"
+    "      --weights-group-backend B  auto, cpu, nccl or ipc (default auto: on a loopback address with\n"
+    "                                 CUDA: ipc; else nccl on CUDA with NCCL; else cpu)\n"
     "      --queue URL           lease scored groups from rl-queue (acknowledged after each step)\n"
     "      --idle-exit S         queue mode: stop after S seconds without records\n"
     "data parallel (docs/parallel.md; every rank reads the whole input; with --queue rank 0 leases):\n"
@@ -252,7 +253,7 @@ main(int argc, char **argv)
 		case O_WGSIZE: NUM(2, 65536); o.wgroup_size = (int)v; break;
 		case O_WGBACK:
 			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl"))
-				return usage_error("--weights-group-backend takes auto, cpu or nccl, not '%s'", a);
+				return usage_error("--weights-group-backend takes auto, cpu, nccl or ipc, not '%s'", a);
 			o.wgroup_backend = a;
 			break;
 		case O_IDLE: NUM(0, 1e9); o.idle_exit = v; break;
@@ -266,7 +267,7 @@ main(int argc, char **argv)
 			break;
 		case O_RDV: co.master = a; break;
 		case O_CBACK:
-			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl"))
+			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl") && strcmp(a, "ipc"))
 				return usage_error("--comm-backend takes auto, cpu or nccl, not '%s'", a);
 			co.backend = a;
 			break;

@@ -122,3 +122,9 @@ assert [json.loads(l)["staleness/max"] for l in open(sys.argv[1])] == [0] * 6' "
 	[[ "$stderr" == *"go together"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --weights-group "$ADDR" --weights-group-size 1
 }
+
+@test "the ipc backend needs the model on a GPU" {
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --weights-group "$ADDR" --weights-group-rank 1 \
+	    --weights-group-size 2 --weights-group-backend ipc "$TD/p.jsonl"
+	[[ "$stderr" == *"ipc backend needs the model on a GPU"* ]]
+}
