@@ -20,7 +20,7 @@
 
 /* the header of one version, by host broadcast */
 typedef struct {
-	uint32_t magic, pad;
+	uint32_t magic, mode;  /* WG_* of the trainer */
 	int64_t version;
 	uint64_t n;          /* f32 elements */
 	uint64_t table;      /* hash of the tensor table */
@@ -95,6 +95,14 @@ recv_thread(void *arg)
 			pthread_cond_broadcast(&g->cv);
 			pthread_mutex_unlock(&g->mu);
 			return NULL;
+		}
+		if (h.mode != (uint32_t)g->mode) {
+			static const char *names[] = { "cpu", "nccl", "ipc" };
+			rl_error("weights group: the trainer uses the %s backend, this worker %s",
+			    h.mode < 3 ? names[h.mode] : "?", names[g->mode]);
+			rl_hint("give every rank the same --weights-group-backend");
+			rv = RL_EINVAL;
+			break;
 		}
 		if (h.n != g->n || h.table != g->table) {
 			rl_error("weights group: the trainer's model has %llu parameters (tensor table %016llx), "
@@ -233,7 +241,7 @@ fail:
 int
 rl_wgroup_send(rl_wgroup *g, int version)
 {
-	wg_hdr h = { WG_MAGIC, 0, version, g->n, g->table };
+	wg_hdr h = { WG_MAGIC, (uint32_t)g->mode, version, g->n, g->table };
 	int rv;
 
 	if (g->rank != 0 || version < 0)
@@ -346,7 +354,7 @@ rl_wgroup_close(rl_wgroup *g, int ok)
 	if (g == NULL)
 		return RL_OK;
 	if (g->rank == 0 && g->c && ok) {
-		wg_hdr h = { WG_MAGIC, 0, WG_END, g->n, g->table };
+		wg_hdr h = { WG_MAGIC, (uint32_t)g->mode, WG_END, g->n, g->table };
 		rv = rl_comm_host_broadcast(g->c, &h, sizeof h, 0);
 	}
 	if (g->started) {
