@@ -394,6 +394,10 @@ test_recompute(rl_ops *o, const char *name)
 	    "%s: activations %zu bytes with recompute, %zu without", name, rl_model_act_bytes(m[1]),
 	    rl_model_act_bytes(m[0]));
 out:
+	free((void *)tok);
+	free((void *)tgt);
+	free((void *)seg);
+	free((void *)pos);
 	rl_model_close(m[0]);
 	rl_model_close(m[1]);
 	rl_st_close(ex);
