@@ -73,6 +73,31 @@ assert [json.loads(l)["staleness/max"] for l in open(sys.argv[1])] == [0] * 6' "
 	cmp "$TD/ck-dir/step-00000006/model.safetensors" "$TD/ck3/step-00000006/model.safetensors"
 }
 
+@test "the async wiring: broker, worker and trainer in queue mode, versions through the group" {
+	Q="tcp://127.0.0.1:$((20000 + RANDOM % 40000))"
+	awk '{ sub(/^\{/, "{\"id\":" NR ","); print }' "$TD/p.jsonl" > "$TD/pq.jsonl"
+	rl-queue serve --listen "$Q" --max-staleness 1 --train-batch 16 --stale regen -q 3>&- &
+	PIDS="$PIDS $!"
+	for _ in $(seq 100); do rl-queue stat --timeout 0.2 "$Q" > /dev/null 2>&1 && break; sleep 0.05; done
+	rl-queue put -q "$Q" "$TD/pq.jsonl"
+	rl-rollout -v -m "$TD/m0" --queue "$Q" -n 4 --max-tokens 2 --seed 1 --idle-exit 3 --weights-group "$ADDR" \
+	    --weights-group-rank 1 --weights-group-size 2 2> "$TD/qgen.err" 3>&- &
+	R=$!; PIDS="$PIDS $R"
+	rl-reward -q --task 'format:^[a-z]' --queue "$Q" --idle-exit 3 3>&- &
+	W=$!; PIDS="$PIDS $W"
+	rl-train -q -m "$TD/m0" --out "$TD/ck-q" --batch 4 --lr 3e-2 --queue "$Q" --max-steps 6 --idle-exit 5 \
+	    --old-from-behaviour --metrics "$TD/mq.jsonl" --weights-group "$ADDR" --weights-group-size 2
+	wait "$R"
+	wait "$W"
+	[ "$(readlink "$TD/ck-q/latest")" = step-00000006 ]
+	# versions taken as the staleness gate asks (at least up to version 3 of 6)
+	[ "$(grep -c "weights version [3-9] taken" "$TD/qgen.err")" -ge 1 ]
+	python3 -c '
+import json, sys
+s = [json.loads(l)["staleness/max"] for l in open(sys.argv[1])]
+assert len(s) == 6 and max(s) <= 1, s' "$TD/mq.jsonl"
+}
+
 @test "a killed trainer: the worker waiting for its next version fails at once, naming rank 0" {
 	# the trainer's input held open and empty: it waits for records
 	mkfifo "$TD/hold"
