@@ -404,6 +404,70 @@ out:
 	ex = NULL;
 }
 
+/* ---- no backend allocation inside a training step (issue 9) ---------------------- */
+
+static rl_ops *inner;   /* the backend the counting one wraps */
+static int nalloc;
+
+static int
+count_alloc(rl_ops *o, void **p, size_t bytes)
+{
+	(void)o;
+	nalloc++;
+	return inner->alloc(inner, p, bytes);
+}
+
+/* After the reserve, forward + backward + AdamW step allocate nothing on the
+ * backend (a GPU allocation would synchronise the device and fragment its
+ * memory), with and without recomputation. */
+static void
+test_no_alloc(rl_ops *o, const char *name, int recompute)
+{
+	char dir[256], path[300];
+	rl_ops counting = *o;   /* the same table and state; alloc counted */
+	rl_model *m = NULL;
+	size_t n;
+	float norm;
+
+	inner = o;
+	counting.alloc = count_alloc;
+	snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
+	snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+	T_EQ_INT(rl_st_open(&ex, path), 0);
+	if (ex == NULL)
+		return;
+	int32_t *tok = (int32_t *)get_f32("tok", &n), *tgt = (int32_t *)get_f32("tgt", NULL);
+	const int B = 2, T = (int)n / 2, N = B * T;
+	float dlp[64];
+	rl_adamw hp = { .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+		.max_grad_norm = 1.0f };
+
+	for (int i = 0; i < N; i++)
+		dlp[i] = tgt[i] >= 0 ? -1.0f / N : 0;
+	T_EQ_INT(rl_model_open(&m, dir, &counting), 0);
+	if (m == NULL)
+		goto out;
+	m->recompute = recompute;
+	T_EQ_INT(rl_model_train_reserve(m, N), 0);
+	T_OK(nalloc > 0, "%s: the counting backend saw no allocation at all", name);
+	nalloc = 0;
+	for (int k = 0; k < 3; k++) {
+		/* full batch, then one row: a smaller step reuses the reserve too */
+		int b = k == 1 ? 1 : B;
+		T_EQ_INT(rl_model_forward(m, NULL, NULL, tok, tgt, NULL, NULL, b, T, TEMP), 0);
+		T_EQ_INT(rl_model_backward(m, dlp, NULL), 0);
+		T_EQ_INT(rl_model_step(m, &hp, &norm), 0);
+	}
+	T_OK(nalloc == 0, "%s%s: %d backend allocations in 3 training steps after the reserve", name,
+	    recompute ? " (recompute)" : "", nalloc);
+out:
+	free(tok);
+	free(tgt);
+	rl_model_close(m);
+	rl_st_close(ex);
+	ex = NULL;
+}
+
 int
 main(void)
 {
@@ -425,6 +489,8 @@ main(void)
 	test_fixture(o, "gpt2", 5, 1);
 	test_recompute(o, "qwen3");
 	test_recompute(o, "gpt2");
+	test_no_alloc(o, "qwen3", 0);
+	test_no_alloc(o, "gpt2", 1);
 	rl_ops_close(o);
 	T_END();
 }
