@@ -73,7 +73,26 @@ struct rl_model_inf {
 	int32_t *htok, *hpos, *hseg, *hslot, *hbt;  /* host staging (I) */
 	int *hstart, *horder, *hfill;               /* host prefill layout (maxB) */
 	void *hlogits;          /* host (maxB, V) act */
+	/* rl_model_decode_sample: a step's inputs packed (step_layout) in one buffer and
+	 * copied in one queued upload; its outputs (tok, logp) at out_off, one download */
+	void *dstep;            /* backend (step_bytes) */
+	void *hstep;            /* host staging (step_bytes), ops->host_alloc when present */
+	size_t step_bytes, out_off;
+	int step_cols;          /* block-table columns the step buffers are laid out for */
+	struct dgraph *graphs;  /* (ngraph) recorded decode steps, one per (B, g, sampling) */
+	int ngraph, capgraph;
 };
+
+/* A decode step recorded as a backend graph, with what it was recorded for. */
+enum { DG_NEW, DG_WARM, DG_GRAPH, DG_FAILED };
+typedef struct dgraph {
+	void *g;                /* backend graph (state DG_GRAPH) */
+	int state;              /* DG_NEW: not run yet; DG_WARM: ran once op by op; DG_FAILED: no graph */
+	int B, ng;              /* batch rows, rows sampled with sp (the rest greedy) */
+	rl_sample_params sp;
+	const void *kvmem, *w;  /* cache and weights it reads */
+	int kvBS, kvnblk;
+} dgraph;
 
 /* ---- small helpers -------------------------------------------------------- */
 
@@ -249,6 +268,15 @@ free_inf(rl_model *m)
 	m->ops->free(m->ops, f->fmem);
 	m->ops->free(m->ops, f->imem);
 	m->ops->free(m->ops, f->bt);
+	for (int i = 0; i < f->ngraph; i++)
+		if (f->graphs[i].g)
+			m->ops->graph_destroy(m->ops, f->graphs[i].g);
+	free(f->graphs);
+	m->ops->free(m->ops, f->dstep);
+	if (m->ops->host_free)
+		m->ops->host_free(m->ops, f->hstep);
+	else
+		free(f->hstep);
 	free(f->htok);
 	free(f->hbt);
 	free(f->hlogits);
@@ -1124,7 +1152,8 @@ rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch)
  * causal over B rows of N/B tokens with segments (prefill) or, for B
  * sequences of one token each, against the cache (decode). */
 static void
-infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
+infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int32_t *pos,
+    const int32_t *slot, const int32_t *bt, const int32_t *ctx, int btcols)
 {
 	rl_ops *o = m->ops;
 	rl_model_inf *f = m->inf;
@@ -1145,11 +1174,11 @@ infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
 			qkv = f->qkv2;
 		}
 		if (c->arch == RL_ARCH_LLAMA)
-			o->rope_fwd(o, qkv, f->pos, N, NH, NKV, HD, c->rope_theta);
-		o->kv_write(o, kv->kc[l], kv->vc[l], qkv, f->slot, N, NH, NKV, HD);
+			o->rope_fwd(o, qkv, pos, N, NH, NKV, HD, c->rope_theta);
+		o->kv_write(o, kv->kc[l], kv->vc[l], qkv, slot, N, NH, NKV, HD);
 		if (decode)
-			o->attn_decode(o, f->att, qkv, kv->kc[l], kv->vc[l], f->bt, f->ctx, B, NH, NKV, HD,
-			    kv->BS, f->btcols);
+			o->attn_decode(o, f->att, qkv, kv->kc[l], kv->vc[l], bt, ctx, B, NH, NKV, HD,
+			    kv->BS, btcols);
 		else
 			o->attn_fwd(o, f->att, f->lse, qkv, f->seg, B, N / B, NH, NKV, HD);
 		o->matmul_fwd(o, f->t, f->att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
@@ -1160,6 +1189,13 @@ infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
 		o->matmul_fwd(o, f->t, f->h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
 		o->add(o, f->x, f->x, f->t, NC);
 	}
+}
+
+static void
+infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
+{
+	rl_model_inf *f = m->inf;
+	infer_blocks_in(m, kv, N, decode, B, f->pos, f->slot, f->bt, f->ctx, f->btcols);
 }
 
 /* Final norm and lm_head over B rows in f->last; logits to m->logits and host. */
@@ -1338,4 +1374,254 @@ rl_model_decode(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_
 	for (int b = 0; b < B; b++)
 		seqs[b]->len++;
 	return infer_head(m, B, logits, "model decode");
+}
+
+/* ---- decode step with sampling: one upload, one graph, one download ------------------ */
+
+/* Byte offsets of a step's inputs for B rows in the packed buffers: tok, pos, ctx
+ * (context length including the new token), slot (i32 (B) each), seed, ctr (u64
+ * (B) each), the block tables (i32 (B, cols)). */
+typedef struct step_lay { size_t tok, pos, ctx, slot, seed, ctr, bt, in_bytes; } step_lay;
+
+static step_lay
+step_layout(int B, int cols)
+{
+	step_lay l;
+	size_t b = (size_t)B;
+	l.tok = 0;
+	l.pos = 4 * b;
+	l.ctx = 8 * b;
+	l.slot = 12 * b;
+	l.seed = (16 * b + 7) & ~(size_t)7;
+	l.ctr = l.seed + 8 * b;
+	l.bt = l.ctr + 8 * b;
+	l.in_bytes = l.bt + 4 * b * (size_t)cols;
+	return l;
+}
+
+static void
+drop_graphs(rl_model *m)
+{
+	rl_model_inf *f = m->inf;
+	for (int i = 0; i < f->ngraph; i++)
+		if (f->graphs[i].g)
+			m->ops->graph_destroy(m->ops, f->graphs[i].g);
+	f->ngraph = 0;
+}
+
+/* (Re)lays out the step buffers for block tables of `cols` columns (a new cache shape). */
+static int
+step_buffers(rl_model *m, int cols)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	int rv;
+
+	if (f->dstep != NULL && f->step_cols == cols)
+		return RL_OK;
+	drop_graphs(m);
+	o->free(o, f->dstep);
+	if (o->host_free)
+		o->host_free(o, f->hstep);
+	else
+		free(f->hstep);
+	f->dstep = f->hstep = NULL;
+	f->step_cols = 0;
+	f->out_off = (step_layout(f->maxB, cols).in_bytes + 255) & ~(size_t)255;
+	f->step_bytes = f->out_off + (size_t)8 * f->maxB;
+	if ((rv = o->alloc(o, &f->dstep, f->step_bytes)) != 0)
+		return rv;
+	if (o->host_alloc)
+		rv = o->host_alloc(o, &f->hstep, f->step_bytes);
+	else if ((f->hstep = rl_try_calloc(1, f->step_bytes, "decode staging")) == NULL)
+		rv = RL_ENOMEM;
+	if (rv != 0) {
+		o->free(o, f->dstep);
+		f->dstep = NULL;
+		return rv;
+	}
+	memset(f->hstep, 0, f->step_bytes);
+	f->step_cols = cols;
+	return RL_OK;
+}
+
+/* The device work of one decode step, reading every per-step value from f->dstep:
+ * embedding, blocks, final norm, lm_head, sampling (rows [0, g) with sp, the rest
+ * greedy) into the outputs at f->out_off.  The same ops, in the same order, as
+ * rl_model_decode followed by the engine's two ops->sample calls. */
+static void
+decode_enqueue(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params *sp)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	const int C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+	const rl_sample_params greedy = { 0.0f, 0, 1.0f };
+	step_lay l = step_layout(B, f->step_cols);
+	char *d = f->dstep;
+	int32_t *otok = (int32_t *)(d + f->out_off);
+	float *olp = (float *)(d + f->out_off + (size_t)4 * B);
+	const uint64_t *seed = (const uint64_t *)(d + l.seed), *ctr = (const uint64_t *)(d + l.ctr);
+
+	o->embed_fwd(o, f->x, (const int32_t *)(d + l.tok), (const int32_t *)(d + l.pos), W(m, m->wte),
+	    W(m, m->wpe), B, C);
+	infer_blocks_in(m, kv, B, 1, B, (const int32_t *)(d + l.pos), (const int32_t *)(d + l.slot),
+	    (const int32_t *)(d + l.bt), (const int32_t *)(d + l.ctx), f->step_cols);
+	o->copy(o, f->last, f->x, (size_t)B * C * asz(m));
+	norm_fwd(m, f->lastn, f->mean, f->rstd, f->last, m->lnf_w, m->lnf_b, B);
+	o->matmul_fwd(o, f->logits, f->lastn, W(m, m->lm_w), NULL, B, C, V);
+	if (g > 0)
+		o->sample(o, otok, olp, f->logits, seed, ctr, g, V, sp);
+	if (B > g)
+		o->sample(o, otok + g, olp + g, (const char *)f->logits + (size_t)g * V * asz(m), seed + g,
+		    ctr + g, B - g, V, &greedy);
+}
+
+/* The recorded step for this key, a new entry (DG_NEW) when there is none, NULL when
+ * graphs are off. */
+static dgraph *
+find_graph(rl_model *m, const rl_kvcache *kv, int B, int g, const rl_sample_params *sp)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	dgraph *d;
+
+	if (m->no_graph || !o->graph_begin || !o->graph_end || !o->graph_launch || !o->graph_ok ||
+	    !o->graph_destroy)
+		return NULL;
+	for (int i = 0; i < f->ngraph; i++) {
+		d = &f->graphs[i];
+		if (d->B == B && d->ng == g && d->sp.temperature == sp->temperature && d->sp.top_k == sp->top_k &&
+		    d->sp.top_p == sp->top_p && d->kvmem == kv->mem && d->kvBS == kv->BS &&
+		    d->kvnblk == kv->nblk && d->w == m->w)
+			return d;
+	}
+	if (f->ngraph == f->capgraph) {
+		/* one per batch size and greedy split in practice; past a bound, start over */
+		if (f->capgraph >= 4 * f->maxB + 64)
+			drop_graphs(m);
+		else {
+			int nc = f->capgraph ? 2 * f->capgraph : 16;
+			dgraph *ng = realloc(f->graphs, (size_t)nc * sizeof *ng);
+			if (!ng)
+				return NULL;
+			f->graphs = ng;
+			f->capgraph = nc;
+		}
+	}
+	d = &f->graphs[f->ngraph++];
+	memset(d, 0, sizeof *d);
+	d->state = DG_NEW;
+	d->B = B;
+	d->ng = g;
+	d->sp = *sp;
+	d->kvmem = kv->mem;
+	d->kvBS = kv->BS;
+	d->kvnblk = kv->nblk;
+	d->w = m->w;
+	return d;
+}
+
+/* Queues the step's device work: replays its graph, records one, or runs the ops. */
+static int
+decode_run(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params *sp)
+{
+	rl_ops *o = m->ops;
+	dgraph *d = find_graph(m, kv, B, g, sp);
+	int rv;
+
+	if (d && d->state == DG_GRAPH && !o->graph_ok(o, d->g)) {
+		/* a scratch buffer moved since recording (it only grows: record again now) */
+		o->graph_destroy(o, d->g);
+		d->g = NULL;
+		d->state = DG_WARM;
+	}
+	if (d && d->state == DG_WARM) {
+		if ((rv = o->graph_begin(o)) == RL_OK) {
+			decode_enqueue(m, kv, B, g, sp);
+			rv = o->graph_end(o, &d->g);
+			if (rv == RL_OK)
+				m->dstats.captures++;
+		}
+		d->state = rv == RL_OK ? DG_GRAPH : DG_FAILED;
+		if (rv != RL_OK)
+			rl_verbose("decode: batch of %d runs op by op (no graph: %s)", B, rl_strerror(rv));
+	}
+	if (d && d->state == DG_GRAPH) {
+		if ((rv = o->graph_launch(o, d->g)) != RL_OK)
+			return rv;
+		m->dstats.launches++;
+		return RL_OK;
+	}
+	/* the first run of a key goes op by op: scratch buffers and GEMM heuristics are
+	 * set up outside the recording */
+	if (d && d->state == DG_NEW)
+		d->state = DG_WARM;
+	decode_enqueue(m, kv, B, g, sp);
+	m->dstats.direct++;
+	return RL_OK;
+}
+
+int
+rl_model_decode_sample(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok,
+    const uint64_t *seed, const uint64_t *ctr, int B, int g, const rl_sample_params *sp,
+    int32_t *out_tok, float *out_logp)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	double t0 = rl_now(), t1;
+	int rv;
+
+	if (f == NULL || B <= 0 || B > f->maxB || g < 0 || g > B) {
+		rl_error("model decode: batch of %d, %d sampled (reserved for %d)", B, g, f ? f->maxB : 0);
+		return RL_EINVAL;
+	}
+	if ((rv = step_buffers(m, kv->maxblk)) != 0)
+		return rv;
+	step_lay l = step_layout(B, f->step_cols);
+	char *h = f->hstep;
+	int32_t *htok = (int32_t *)(h + l.tok), *hpos = (int32_t *)(h + l.pos);
+	int32_t *hctx = (int32_t *)(h + l.ctx), *hslot = (int32_t *)(h + l.slot), *hbt = (int32_t *)(h + l.bt);
+	uint64_t *hseed = (uint64_t *)(h + l.seed), *hctr = (uint64_t *)(h + l.ctr);
+
+	for (int b = 0; b < B; b++) {
+		htok[b] = tok[b];
+		hpos[b] = seqs[b]->len;
+	}
+	if ((rv = check_inputs(m, htok, NULL, hpos, B, "model decode")) != 0)
+		return rv;
+	for (int b = 0; b < B; b++)
+		if ((rv = rl_kvcache_reserve(kv, seqs[b], 1)) != 0)
+			return rv;
+	for (int b = 0; b < B; b++) {
+		hslot[b] = rl_kvcache_slot(kv, seqs[b], seqs[b]->len);
+		hctx[b] = seqs[b]->len + 1;
+		memcpy(hbt + (size_t)b * f->step_cols, seqs[b]->blocks, (size_t)seqs[b]->nblk * 4);
+		hseed[b] = seed[b];
+		hctr[b] = ctr[b];
+	}
+	if (o->upload_async)
+		o->upload_async(o, f->dstep, h, l.in_bytes);
+	else
+		o->upload(o, f->dstep, h, l.in_bytes);
+	if ((rv = decode_run(m, kv, B, g, sp)) != 0) {
+		check_ops(m, "model decode");
+		return rv;
+	}
+	for (int b = 0; b < B; b++)
+		seqs[b]->len++;
+	if (o->download_async)
+		o->download_async(o, h + f->out_off, (char *)f->dstep + f->out_off, (size_t)8 * B);
+	else
+		o->download(o, h + f->out_off, (char *)f->dstep + f->out_off, (size_t)8 * B);
+	t1 = rl_now();
+	if ((rv = o->sync(o)) != 0) {
+		rl_error("model decode: backend '%s' failed: %s", o->name, rl_strerror(rv));
+		return rv;
+	}
+	memcpy(out_tok, h + f->out_off, (size_t)4 * B);
+	memcpy(out_logp, h + f->out_off + (size_t)4 * B, (size_t)4 * B);
+	m->dstats.steps++;
+	m->dstats.t_host += t1 - t0;
+	m->dstats.t_wait += rl_now() - t1;
+	return RL_OK;
 }

@@ -215,6 +215,29 @@ struct rl_ops {
 	void (*sample)(rl_ops *o, int32_t *tok, float *logp, const void *logits,
 	    const uint64_t *seed, const uint64_t *counter, int B, int V, const rl_sample_params *p);
 
+	/* ---- optional: staging, queued copies, graphs ---------------------------------------
+	 * Each may be NULL (the CPU backend leaves them NULL): callers then use alloc/free with
+	 * malloc'd host memory, upload/download, and run the ops directly. */
+	/* Host memory for the queued copies below (page-locked on CUDA); host_free NULL ok. */
+	int (*host_alloc)(rl_ops *o, void **p, size_t bytes);
+	void (*host_free)(rl_ops *o, void *p);
+	/* Queued copies: host_src must not change and host_dst is not valid until sync(). */
+	void (*upload_async)(rl_ops *o, void *dst, const void *host_src, size_t bytes);
+	void (*download_async)(rl_ops *o, void *host_dst, const void *src, size_t bytes);
+	/* Graphs: the ops issued between graph_begin and graph_end are recorded, not run, and
+	 * graph_launch queues them again with the same arguments (pointers and sizes fixed at
+	 * recording; what varies must be read from backend memory).  Between begin and end: no
+	 * alloc, free, upload, download, sync, sumsq.  graph_end returns the graph in *g (the
+	 * caller's, graph_destroy; NULL ok) or an error, with nothing recorded and the backend
+	 * usable.  graph_ok is 0 once the backend has moved a scratch buffer the graph uses (it
+	 * must be recorded again).  Scratch the ops need must exist before recording: run the
+	 * same ops once without a graph first. */
+	int (*graph_begin)(rl_ops *o);
+	int (*graph_end)(rl_ops *o, void **g);
+	int (*graph_launch)(rl_ops *o, void *g);
+	int (*graph_ok)(rl_ops *o, const void *g);
+	void (*graph_destroy)(rl_ops *o, void *g);
+
 	/* ---- teardown ---------------------------------------------------------------------- */
 	void (*close)(rl_ops *o);
 };

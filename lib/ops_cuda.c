@@ -11,7 +11,13 @@
  * Attention scratch (see kernels/attn.cu) grows to the largest size asked for
  * and is then reused, so a training step allocates nothing after the first.
  *
- * Leaves out: multi-GPU (comm.h), CUDA graphs (the generation engine's).
+ * Graphs (the decode step, see docs/cuda.md): stream capture in thread-local mode
+ * on the backend's stream, instantiated once and replayed with cudaGraphLaunch.
+ * Scratch buffers that grow (GEMM padding, attention workspace) bump an epoch;
+ * a graph recorded under an older epoch reports itself stale (graph_ok) so the
+ * caller records it again.  RL_CUDA_GRAPH=0 leaves the graph hooks NULL.
+ *
+ * Leaves out: multi-GPU (comm.h).
  */
 #if HAVE_CUDA
 #include <math.h>
@@ -56,6 +62,8 @@ typedef struct cuda_ctx {
 	size_t acc_bytes;
 	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
 	int flash;             /* flash attention forward: RL_CUDA_ATTN=flash (see docs/cuda.md) */
+	unsigned epoch;        /* bumped whenever a scratch buffer moves (graphs recorded before are stale) */
+	int capturing;         /* between graph_begin and graph_end */
 	struct { const char *name; double s; long n; } pt[64];
 	int npt;
 	int status;
@@ -136,6 +144,12 @@ grow_buf(rl_ops *o, void **buf, size_t *have, size_t bytes)
 	cuda_ctx *c = CTX(o);
 	if (*have >= bytes)
 		return *buf;
+	if (c->capturing) {
+		/* a graph must not allocate: the caller runs the ops once without one first */
+		fail(o, "scratch growth during graph capture", "not allowed");
+		return NULL;
+	}
+	c->epoch++;
 	if (*buf) {
 		cudaStreamSynchronize(c->stream);
 		cudaFree(*buf);
@@ -539,6 +553,11 @@ attn_ws(rl_ops *o, int B, int T, int NH, int NKV, int HD, int bwd)
 	}
 	if (c->attn_ws_bytes >= need)
 		return RL_OK;
+	if (c->capturing) {
+		fail(o, "attention scratch growth during graph capture", "not allowed");
+		return RL_EDEVICE;
+	}
+	c->epoch++;
 	if (c->attn_ws) {
 		cudaStreamSynchronize(c->stream);
 		cudaFree(c->attn_ws);
@@ -688,6 +707,149 @@ cu_sample(rl_ops *o, int32_t *tok, float *logp, const void *logits, const uint64
 	CKP(o, "sample", rlk_sample(S(o), tok, logp, logits, seed, counter, B, V, *p));
 }
 
+/* ---- staging, queued copies, graphs (optional hooks of ops.h) ------------------------- */
+static int
+cu_host_alloc(rl_ops *o, void **p, size_t bytes)
+{
+	cudaError_t e = cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocDefault);
+	if (e != cudaSuccess) {
+		rl_error("cuda: cannot allocate %zu bytes of page-locked host memory: %s", bytes,
+		    cudaGetErrorString(e));
+		cudaGetLastError();
+		*p = NULL;
+		(void)o;
+		return RL_ENOMEM;
+	}
+	return RL_OK;
+}
+
+static void
+cu_host_free(rl_ops *o, void *p)
+{
+	if (p)
+		ck(o, "cudaFreeHost", (int)cudaFreeHost(p));
+}
+
+static void
+cu_upload_async(rl_ops *o, void *dst, const void *src, size_t bytes)
+{
+	if (bytes)
+		ck(o, "upload", (int)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, CTX(o)->stream));
+}
+
+static void
+cu_download_async(rl_ops *o, void *dst, const void *src, size_t bytes)
+{
+	if (bytes)
+		ck(o, "download", (int)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, CTX(o)->stream));
+}
+
+typedef struct cu_graph {
+	cudaGraphExec_t exec;
+	unsigned epoch;
+} cu_graph;
+
+static int
+cu_graph_begin(rl_ops *o)
+{
+	cuda_ctx *c = CTX(o);
+	cudaError_t e;
+	int st;
+
+	if (c->prof || c->capturing)
+		return RL_ENOTSUP;  /* the profile synchronises around every op */
+	/* an error from before belongs to the caller, not to the capture */
+	if ((st = cu_status(o)) != RL_OK) {
+		c->status = st;
+		return st;
+	}
+	/* thread-local: other threads (weight sync) may allocate meanwhile */
+	if ((e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal)) != cudaSuccess) {
+		cudaGetLastError();
+		rl_warn("cuda: cannot begin a graph capture: %s", cudaGetErrorString(e));
+		return RL_EDEVICE;
+	}
+	c->capturing = 1;
+	return RL_OK;
+}
+
+static int
+cu_graph_end(rl_ops *o, void **out)
+{
+	cuda_ctx *c = CTX(o);
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t x = NULL;
+	cu_graph *cg;
+	cudaError_t e;
+	int st;
+
+	*out = NULL;
+	if (!c->capturing)
+		return RL_EINVAL;
+	c->capturing = 0;
+	e = cudaStreamEndCapture(c->stream, &g);
+	/* a failure recorded while capturing (an op that cannot be captured) is the capture's */
+	st = c->status;
+	c->status = RL_OK;
+	if (e == cudaSuccess)
+		e = cudaGetLastError();
+	else
+		cudaGetLastError();
+	if (e != cudaSuccess || st != RL_OK || g == NULL) {
+		rl_warn("cuda: graph capture failed: %s", e != cudaSuccess ? cudaGetErrorString(e) :
+		    st != RL_OK ? rl_strerror(st) : "empty graph");
+		if (g)
+			cudaGraphDestroy(g);
+		return RL_EDEVICE;
+	}
+	e = cudaGraphInstantiateWithFlags(&x, g, 0);
+	cudaGraphDestroy(g);
+	if (e != cudaSuccess) {
+		cudaGetLastError();
+		rl_warn("cuda: cannot instantiate a graph: %s", cudaGetErrorString(e));
+		return RL_EDEVICE;
+	}
+	if ((cg = rl_try_calloc(1, sizeof *cg, "graph")) == NULL) {
+		cudaGraphExecDestroy(x);
+		return RL_ENOMEM;
+	}
+	cg->exec = x;
+	cg->epoch = c->epoch;
+	*out = cg;
+	return RL_OK;
+}
+
+static int
+cu_graph_launch(rl_ops *o, void *g)
+{
+	cu_graph *cg = g;
+	if (!cg || cg->epoch != CTX(o)->epoch)
+		return RL_EINVAL;
+	cudaError_t e = cudaGraphLaunch(cg->exec, CTX(o)->stream);
+	if (e != cudaSuccess) {
+		ck(o, "cudaGraphLaunch", (int)e);
+		return RL_EDEVICE;
+	}
+	return RL_OK;
+}
+
+static int
+cu_graph_ok(rl_ops *o, const void *g)
+{
+	const cu_graph *cg = g;
+	return cg != NULL && cg->epoch == CTX(o)->epoch;
+}
+
+static void
+cu_graph_destroy(rl_ops *o, void *g)
+{
+	cu_graph *cg = g;
+	if (!cg)
+		return;
+	ck(o, "cudaGraphExecDestroy", (int)cudaGraphExecDestroy(cg->exec));
+	free(cg);
+}
+
 static void
 cu_close(rl_ops *o)
 {
@@ -803,6 +965,17 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	o->kv_write = cu_kv_write;
 	o->attn_decode = cu_attn_decode;
 	o->sample = cu_sample;
+	o->host_alloc = cu_host_alloc;
+	o->host_free = cu_host_free;
+	o->upload_async = cu_upload_async;
+	o->download_async = cu_download_async;
+	if (!(getenv("RL_CUDA_GRAPH") && strcmp(getenv("RL_CUDA_GRAPH"), "0") == 0) && !c->prof) {
+		o->graph_begin = cu_graph_begin;
+		o->graph_end = cu_graph_end;
+		o->graph_launch = cu_graph_launch;
+		o->graph_ok = cu_graph_ok;
+		o->graph_destroy = cu_graph_destroy;
+	}
 	o->close = cu_close;
 	*out = o;
 	return RL_OK;
