@@ -1534,6 +1534,7 @@ decode_run(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params *sp
 		o->graph_destroy(o, d->g);
 		d->g = NULL;
 		d->state = DG_WARM;
+		m->dstats.stale++;
 	}
 	if (d && d->state == DG_WARM) {
 		if ((rv = o->graph_begin(o)) == RL_OK) {

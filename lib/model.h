@@ -51,6 +51,7 @@ typedef struct rl_decode_stats {
 	uint64_t captures;      /* graphs recorded */
 	uint64_t launches;      /* steps replayed from a graph */
 	uint64_t direct;        /* steps run op by op */
+	uint64_t stale;         /* graphs recorded again because the backend's scratch moved */
 	double t_host;          /* seconds on the host before waiting for the device */
 	double t_wait;          /* seconds waiting for the device (the step's only sync) */
 } rl_decode_stats;
