@@ -18,8 +18,25 @@
 #include "rng.h"
 #include "safetensors.h"
 
-/* Rows of logits materialised at once: bounded by bytes, so (N, V) never is. */
+/* Rows of logits materialised at once: bounded by bytes, so (N, V) never is.
+ * On the CPU 32 MiB; on a GPU (bf16 activations) 256 MiB, so that the LM-head
+ * GEMMs of a chunk are not skinny (2,670 rows at GPT-2's V = 50257, 883 at
+ * Qwen's 151936; at 32 MiB they were 333 and 110).  The backward pads the
+ * chunk's gradient into a scratch of the same size, so the head needs about
+ * twice this.  Overridden by m->logit_chunk_bytes, then by RL_LOGIT_CHUNK_MB. */
 #define LOGIT_CHUNK_BYTES ((size_t)32 << 20)
+#define LOGIT_CHUNK_BYTES_GPU ((size_t)256 << 20)
+
+static size_t
+logit_chunk_bytes(const rl_model *m)
+{
+	const char *e = getenv("RL_LOGIT_CHUNK_MB");
+	if (m->logit_chunk_bytes)
+		return m->logit_chunk_bytes;
+	if (e && atol(e) > 0)
+		return (size_t)atol(e) << 20;
+	return m->ops->act_dtype == RL_F32 ? LOGIT_CHUNK_BYTES : LOGIT_CHUNK_BYTES_GPU;
+}
 
 struct rl_model_act {
 	int maxN, chunk;
@@ -760,8 +777,10 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 	a = rl_xcalloc(1, sizeof *a);
 	a->maxN = max_tokens;
 	a->chunk = (int)RL_MAX((size_t)1, RL_MIN((size_t)max_tokens,
-	    (m->logit_chunk_bytes ? m->logit_chunk_bytes : LOGIT_CHUNK_BYTES) /
-	    ((size_t)m->cfg.vocab_size * asz(m))));
+	    logit_chunk_bytes(m) / ((size_t)m->cfg.vocab_size * asz(m))));
+	/* whole GEMM tiles when the chunk does not cover the batch */
+	if (a->chunk < max_tokens && a->chunk > 256)
+		a->chunk &= ~127;
 	carve_act(m, a, &ca, &cf, &ci);
 	if ((rv = o->alloc(o, &a->amem, ca.off)) != 0 || (rv = o->alloc(o, (void **)&a->fmem, cf.off)) != 0 ||
 	    (rv = o->alloc(o, (void **)&a->imem, ci.off)) != 0) {
@@ -822,6 +841,21 @@ mlp_act_fwd(rl_model *m, void *h, const void *fc, int N)
 		m->ops->gelu_fwd(m->ops, h, fc, (size_t)N * m->cfg.intermediate_size);
 	else
 		m->ops->swiglu_fwd(m->ops, h, fc, N, m->cfg.intermediate_size);
+}
+
+/* fc = up projection of xn, h = activation of fc; GPT-2's bias + GELU in the GEMM's
+ * epilogue when the backend offers it (RL_CUDA_GELU_FUSE=1). */
+static void
+mlp_up_fwd(rl_model *m, void *h, void *fc, const void *xn, const rl_layer_idx *y, int N)
+{
+	rl_ops *o = m->ops;
+	const rl_config *c = &m->cfg;
+	if (c->arch == RL_ARCH_GPT2 && o->matmul_gelu_fwd) {
+		o->matmul_gelu_fwd(o, h, fc, xn, W(m, y->fc_w), W(m, y->fc_b), N, c->hidden_size, fc_dim(c));
+		return;
+	}
+	o->matmul_fwd(o, fc, xn, W(m, y->fc_w), W(m, y->fc_b), N, c->hidden_size, fc_dim(c));
+	mlp_act_fwd(m, h, fc, N);
 }
 
 static int
@@ -908,8 +942,7 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 		o->matmul_fwd(o, mid, att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
 		o->add(o, mid, mid, res, NC);
 		norm_fwd(m, ln2, a->ln2_mean + l * sN, a->ln2_rstd + l * sN, mid, y->ln2_w, y->ln2_b, N);
-		o->matmul_fwd(o, fc, ln2, W(m, y->fc_w), W(m, y->fc_b), N, C, FC);
-		mlp_act_fwd(m, h, fc, N);
+		mlp_up_fwd(m, h, fc, ln2, y, N);
 		o->matmul_fwd(o, res_out, h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
 		o->add(o, res_out, res_out, mid, NC);
 	}
@@ -1003,11 +1036,17 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		void *dq;
 
 		/* res_out = mid + proj(act(fc(norm2(mid)))) */
-		o->matmul_bwd(o, a->dh, G(m, y->proj_w), G(m, y->proj_b), a->dres, h, W(m, y->proj_w), N, H, C);
-		if (c->arch == RL_ARCH_GPT2)
-			o->gelu_bwd(o, a->dfc, a->dh, fc, (size_t)N * H);
-		else
-			o->swiglu_bwd(o, a->dfc, a->dh, fc, N, H);
+		if (c->arch == RL_ARCH_GPT2 && o->matmul_dgelu_bwd) {
+			o->matmul_dgelu_bwd(o, a->dfc, G(m, y->proj_w), G(m, y->proj_b), a->dres, h, W(m, y->proj_w),
+			    fc, N, H, C);
+		} else {
+			o->matmul_bwd(o, a->dh, G(m, y->proj_w), G(m, y->proj_b), a->dres, h, W(m, y->proj_w), N, H,
+			    C);
+			if (c->arch == RL_ARCH_GPT2)
+				o->gelu_bwd(o, a->dfc, a->dh, fc, (size_t)N * H);
+			else
+				o->swiglu_bwd(o, a->dfc, a->dh, fc, N, H);
+		}
 		o->matmul_bwd(o, a->dx, G(m, y->fc_w), G(m, y->fc_b), a->dfc, ln2, W(m, y->fc_w), N, C, FC);
 		norm_bwd(m, a->dx2, a->dx, mid, a->ln2_mean + l * sN, a->ln2_rstd + l * sN, y->ln2_w,
 		    y->ln2_b, N);
@@ -1159,7 +1198,7 @@ infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int
 	rl_model_inf *f = m->inf;
 	const rl_config *c = &m->cfg;
 	const int C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim;
-	const int QKV = qkv_dim(c), AD = NH * HD, FC = fc_dim(c), H = c->intermediate_size;
+	const int QKV = qkv_dim(c), AD = NH * HD, H = c->intermediate_size;
 	const size_t NC = (size_t)N * C;
 
 	for (int l = 0; l < c->n_layer; l++) {
@@ -1184,8 +1223,7 @@ infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int
 		o->matmul_fwd(o, f->t, f->att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
 		o->add(o, f->x, f->x, f->t, NC);
 		norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln2_w, y->ln2_b, N);
-		o->matmul_fwd(o, f->fc, f->xn, W(m, y->fc_w), W(m, y->fc_b), N, C, FC);
-		mlp_act_fwd(m, f->h, f->fc, N);
+		mlp_up_fwd(m, f->h, f->fc, f->xn, y, N);
 		o->matmul_fwd(o, f->t, f->h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
 		o->add(o, f->x, f->x, f->t, NC);
 	}

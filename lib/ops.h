@@ -238,6 +238,17 @@ struct rl_ops {
 	int (*graph_ok)(rl_ops *o, const void *g);
 	void (*graph_destroy)(rl_ops *o, void *g);
 
+	/* Optional GPT-2 MLP fusions (GELU in the GEMM epilogue); NULL when absent or off.
+	 * matmul_gelu_fwd: pre (N,OC) = inp @ w^T + bias and h (N,OC) = gelu(pre), as matmul_fwd
+	 * then gelu_fwd, except that gelu may be taken of pre before its rounding to act.
+	 * matmul_dgelu_bwd: matmul_bwd (dw, dbias as there) whose dinp (N,C) is then multiplied
+	 * by gelu'(pre (N,C)), as matmul_bwd then gelu_bwd(dinp, dinp, pre), except that the
+	 * product may be taken before dinp's rounding. */
+	void (*matmul_gelu_fwd)(rl_ops *o, void *h, void *pre, const void *inp, const void *w,
+	    const void *bias, int N, int C, int OC);
+	void (*matmul_dgelu_bwd)(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout,
+	    const void *inp, const void *w, const void *pre, int N, int C, int OC);
+
 	/* ---- teardown ---------------------------------------------------------------------- */
 	void (*close)(rl_ops *o);
 };

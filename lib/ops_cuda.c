@@ -40,6 +40,7 @@
 typedef struct algo_key {
 	int ta, tb, m, n, k, lda, ldb, ldd, dt, epi;
 	int al_a, al_b, al_d;  /* pointer alignments: an algorithm assumes those it was chosen for */
+	int ldaux, al_aux;     /* GELU epilogues' auxiliary matrix */
 } algo_key;
 
 typedef struct algo_ent {
@@ -62,6 +63,8 @@ typedef struct cuda_ctx {
 	size_t acc_bytes;
 	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
 	int flash;             /* flash attention forward: RL_CUDA_ATTN=flash (see docs/cuda.md) */
+	int gelu_fuse;         /* RL_CUDA_GELU_FUSE=1: bias + GELU (and its gradient) in GEMM epilogues */
+	int gelu_nosup;        /* cuBLASLt had no algorithm for a GELU epilogue: fall back from then on */
 	unsigned epoch;        /* bumped whenever a scratch buffer moves (graphs recorded before are stale) */
 	int capturing;         /* between graph_begin and graph_end */
 	struct { const char *name; double s; long n; } pt[64];
@@ -284,10 +287,16 @@ ptr_align(const void *p)
 	return al;
 }
 
-/* D (m x n, ldd, dtype dt) = op(A) (m x k) op(B) (k x n) + beta * D (+ bias (m) bf16). */
+/* GELU epilogues of lt_gemm_epi */
+enum { EPI_PLAIN = 0, EPI_GELU_AUX, EPI_DGELU };
+
+/* D (m x n, ldd, dtype dt) = op(A) (m x k) op(B) (k x n) + beta * D (+ bias (m) bf16).
+ * gelu EPI_GELU_AUX: D = gelu(that), aux (m x n, ldaux, bf16) = that (bias added);
+ * EPI_DGELU: D = that * gelu'(aux) (no bias). */
 static int
-lt_gemm(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
-    int ldb, void *D, int ldd, cudaDataType_t dt, float beta, const void *bias)
+lt_gemm_epi(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
+    int ldb, void *D, int ldd, cudaDataType_t dt, float beta, const void *bias, int gelu, const void *aux,
+    int ldaux)
 {
 	cuda_ctx *c = CTX(o);
 	cublasLtMatmulDesc_t desc = NULL;
@@ -298,16 +307,28 @@ lt_gemm(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, 
 	float alpha = 1.0f;
 	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+	if (gelu == EPI_GELU_AUX)
+		epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+	else if (gelu == EPI_DGELU)
+		epi = CUBLASLT_EPILOGUE_DGELU;
 
 #define LT(x) do { st = (x); if (st != CUBLAS_STATUS_SUCCESS) { rv = -(int)st; goto out; } } while (0)
 	LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
 	LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
 	LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-	if (bias) {
+	if (epi != CUBLASLT_EPILOGUE_DEFAULT)
 		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+	if (bias && gelu != EPI_DGELU) {
 		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
 		cudaDataType_t bt = CUDA_R_16BF;
 		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+	}
+	if (gelu != EPI_PLAIN) {
+		int64_t ld64 = ldaux;
+		int32_t at = CUDA_R_16BF;
+		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld64, sizeof ld64));
+		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof at));
 	}
 	LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
 	LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
@@ -317,7 +338,8 @@ lt_gemm(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, 
 	 * algorithm chosen for them can compute garbage on less aligned ones (offsets into
 	 * a larger buffer, split GEMMs): pass the real alignments and key the cache on them. */
 	uint32_t al_a = ptr_align(A), al_b = ptr_align(B), al_d = ptr_align(D);
-	algo_key key = { ta, tb, m, n, k, lda, ldb, ldd, (int)dt, (int)epi, (int)al_a, (int)al_b, (int)al_d };
+	algo_key key = { ta, tb, m, n, k, lda, ldb, ldd, (int)dt, (int)epi, (int)al_a, (int)al_b, (int)al_d,
+		gelu != EPI_PLAIN ? ldaux : 0, gelu != EPI_PLAIN ? (int)ptr_align(aux) : 0 };
 	algo_ent *ent = NULL;
 	for (int i = 0; i < c->nalgo; i++)
 		if (memcmp(&c->algos[i].key, &key, sizeof key) == 0) {
@@ -365,6 +387,13 @@ out:
 	if (desc)
 		cublasLtMatmulDescDestroy(desc);
 	return rv;
+}
+
+static int
+lt_gemm(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
+    int ldb, void *D, int ldd, cudaDataType_t dt, float beta, const void *bias)
+{
+	return lt_gemm_epi(o, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, dt, beta, bias, EPI_PLAIN, NULL, 0);
 }
 
 /* Row length padded to a multiple of 8 elements when it is not one and the tensor is
@@ -467,6 +496,62 @@ cu_matmul_bwd(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, 
 	double t = prof_t0(o);
 	matmul_bwd_(o, dinp, dw, dbias, dout, inp, w, N, C, OC);
 	prof_add(o, "matmul_bwd", t);
+}
+
+/* GELU epilogues: the shapes they take (no split or padded output, 16-byte rows and
+ * pointers); anything else goes through the plain GEMM and the GELU kernels. */
+static int
+gelu_epi_ok(int OC, int rows_len, size_t N, const void *a, const void *b, const void *c)
+{
+	return OC == split_oc(OC) && padded(OC, N) == OC && OC % 8 == 0 && rows_len % 8 == 0 &&
+	    ptr_align(a) >= 16 && ptr_align(b) >= 16 && ptr_align(c) >= 16;
+}
+
+static void
+gelu_tried(rl_ops *o, int r)
+{
+	if (r == -(int)CUBLAS_STATUS_NOT_SUPPORTED && !CTX(o)->gelu_nosup) {
+		CTX(o)->gelu_nosup = 1;
+		rl_warn("cuda: cuBLASLt has no algorithm for a GELU epilogue here; GELU runs as its own kernel");
+	}
+}
+
+static void
+cu_matmul_gelu_fwd(rl_ops *o, void *h, void *pre, const void *inp, const void *w, const void *bias, int N,
+    int C, int OC)
+{
+	double t = prof_t0(o);
+	int r = -(int)CUBLAS_STATUS_NOT_SUPPORTED;
+	if (N > 0 && OC > 0 && !CTX(o)->gelu_nosup && gelu_epi_ok(OC, C, (size_t)N, h, pre, inp))
+		gelu_tried(o, r = lt_gemm_epi(o, 1, 0, OC, N, C, w, C, inp, C, h, OC, CUDA_R_16BF, 0.0f, bias,
+		    EPI_GELU_AUX, pre, OC));
+	if (r != -(int)CUBLAS_STATUS_NOT_SUPPORTED) {
+		ck(o, "matmul_gelu_fwd", r);
+	} else {
+		matmul_fwd_(o, pre, inp, w, bias, N, C, OC);
+		ck(o, "matmul_gelu_fwd gelu", rlk_gelu_fwd(S(o), h, pre, (size_t)N * OC));
+	}
+	prof_add(o, "matmul_gelu_fwd", t);
+}
+
+static void
+cu_matmul_dgelu_bwd(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
+    const void *w, const void *pre, int N, int C, int OC)
+{
+	double t = prof_t0(o);
+	int r = -(int)CUBLAS_STATUS_NOT_SUPPORTED;
+	/* dinp^T (C x N) = dgelu(w^T (C x OC) * dout^T (OC x N)) with aux = pre^T (C x N) */
+	if (N > 0 && !CTX(o)->gelu_nosup && gelu_epi_ok(OC, C, (size_t)N, dinp, pre, dout))
+		gelu_tried(o, r = lt_gemm_epi(o, 0, 0, C, N, OC, w, C, dout, OC, dinp, C, CUDA_R_16BF, 0.0f, NULL,
+		    EPI_DGELU, pre, C));
+	if (r != -(int)CUBLAS_STATUS_NOT_SUPPORTED) {
+		ck(o, "matmul_dgelu_bwd", r);
+		matmul_bwd_(o, NULL, dw, dbias, dout, inp, w, N, C, OC);
+	} else {
+		matmul_bwd_(o, dinp, dw, dbias, dout, inp, w, N, C, OC);
+		ck(o, "matmul_dgelu_bwd gelu", rlk_gelu_bwd(S(o), dinp, dinp, pre, (size_t)N * C));
+	}
+	prof_add(o, "matmul_dgelu_bwd", t);
 }
 
 /* ---- the rest of the table: thin wrappers over the launchers ---------------------------- */
@@ -912,6 +997,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	o->ctx = c;
 	c->prof = getenv("RL_CUDA_PROFILE") != NULL && atoi(getenv("RL_CUDA_PROFILE")) > 0;
 	c->flash = getenv("RL_CUDA_ATTN") != NULL && strcmp(getenv("RL_CUDA_ATTN"), "flash") == 0;
+	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
 	o->name = "cuda";
 	o->act_dtype = RL_BF16;
 	o->device = device;
@@ -965,6 +1051,10 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	o->kv_write = cu_kv_write;
 	o->attn_decode = cu_attn_decode;
 	o->sample = cu_sample;
+	if (c->gelu_fuse) {
+		o->matmul_gelu_fwd = cu_matmul_gelu_fwd;
+		o->matmul_dgelu_bwd = cu_matmul_dgelu_bwd;
+	}
 	o->host_alloc = cu_host_alloc;
 	o->host_free = cu_host_free;
 	o->upload_async = cu_upload_async;
