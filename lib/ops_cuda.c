@@ -65,6 +65,10 @@ typedef struct cuda_ctx {
 	int flash;             /* flash attention forward: RL_CUDA_ATTN=flash (see docs/cuda.md) */
 	int gelu_fuse;         /* RL_CUDA_GELU_FUSE=1: bias + GELU (and its gradient) in GEMM epilogues */
 	int gelu_nosup;        /* cuBLASLt had no algorithm for a GELU epilogue: fall back from then on */
+	int decode_v1;         /* RL_CUDA_DECODE_ATTN=v1: attn_decode by attn.cu's kernel only */
+	int nsm;               /* multiprocessors */
+	void *dec_ws;          /* split decode attention partials */
+	size_t dec_ws_bytes;
 	unsigned epoch;        /* bumped whenever a scratch buffer moves (graphs recorded before are stale) */
 	int capturing;         /* between graph_begin and graph_end */
 	struct { const char *name; double s; long n; } pt[64];
@@ -776,11 +780,32 @@ cu_kv_write(rl_ops *o, void *kc, void *vc, const void *qkv, const int32_t *slot,
 	CKP(o, "kv_write", rlk_kv_write(S(o), kc, vc, qkv, slot, N, NH, NKV, HD));
 }
 
+/* Splits of the context per (sequence, KV head) for decode attention: about two
+ * blocks per multiprocessor in all, from B and NKV only (a graph holds the grid). */
+static int
+decode_nsplit(const cuda_ctx *c, int B, int NKV)
+{
+	long units = (long)B * NKV, want = 2L * (c->nsm > 0 ? c->nsm : 132);
+	long n = (want + units - 1) / units;
+	return (int)(n < 1 ? 1 : n > 64 ? 64 : n);
+}
+
 static void
 cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void *vc,
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD, int BS,
     int MAXBLK)
 {
+	cuda_ctx *c = CTX(o);
+	if (!c->decode_v1 && B > 0 && rlk_attn_decode_split_ok(NH, NKV, HD)) {
+		int nsplit = decode_nsplit(c, B, NKV);
+		size_t wb = rlk_attn_decode_ws_bytes(B, NH, HD, nsplit);
+		float *ws = NULL;
+		if (wb && !(ws = grow_buf(o, &c->dec_ws, &c->dec_ws_bytes, wb)))
+			return;
+		CKP(o, "attn_decode", rlk_attn_decode_split(S(o), ws, out, qkv, kc, vc, block_table, ctx_len, B, NH,
+		    NKV, HD, BS, MAXBLK, nsplit));
+		return;
+	}
 	CKP(o, "attn_decode", rlk_attn_decode(S(o), out, qkv, kc, vc, block_table, ctx_len, B, NH, NKV, HD,
 	    BS, MAXBLK));
 }
@@ -950,6 +975,7 @@ cu_close(rl_ops *o)
 				    c->pt[i].name, c->pt[i].n, c->pt[i].s * 1e3, c->pt[i].s * 1e3 / c->pt[i].n);
 		cudaFree(c->pad);
 		cudaFree(c->acc);
+		cudaFree(c->dec_ws);
 		cudaFree(c->attn_ws);
 		cudaFree(c->lt_ws);
 		cudaFree(c->dsum);
@@ -998,6 +1024,11 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->prof = getenv("RL_CUDA_PROFILE") != NULL && atoi(getenv("RL_CUDA_PROFILE")) > 0;
 	c->flash = getenv("RL_CUDA_ATTN") != NULL && strcmp(getenv("RL_CUDA_ATTN"), "flash") == 0;
 	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
+	c->decode_v1 = getenv("RL_CUDA_DECODE_ATTN") != NULL && strcmp(getenv("RL_CUDA_DECODE_ATTN"), "v1") == 0;
+	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+		cudaGetLastError();
+		c->nsm = 0;
+	}
 	o->name = "cuda";
 	o->act_dtype = RL_BF16;
 	o->device = device;

@@ -678,6 +678,13 @@ main(void)
 	test_decode(5, 12, 12, 64, 16, 9);
 	test_decode(3, 14, 2, 64, 16, 40);
 	test_decode(2, 4, 2, 128, 32, 12);
+	/* the split kernel (decode.cu): one split (many sequences), 64 splits at B = 1 over a
+	 * long context, 8 query heads per KV head, 9 (falls back to attn.cu's kernel) */
+	test_decode(300, 4, 4, 64, 16, 8);
+	test_decode(1, 14, 2, 64, 16, 64);
+	test_decode(2, 16, 2, 64, 16, 10);
+	test_decode(3, 18, 2, 64, 8, 7);
+	test_decode(40, 8, 4, 128, 16, 20);
 	test_sample(16, 1000, 0.0f, 0, 1.0f);
 	test_sample(16, 50257, 1.0f, 0, 1.0f);
 	test_sample(16, 50257, 0.7f, 50, 1.0f);
@@ -701,6 +708,19 @@ main(void)
 	} else {
 		T_OK(0, "cannot reopen the CUDA backend");
 	}
+
+	/* decode attention by attn.cu's kernel only (RL_CUDA_DECODE_ATTN=v1) */
+	setenv("RL_CUDA_DECODE_ATTN", "v1", 1);
+	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
+		printf("-- RL_CUDA_DECODE_ATTN=v1\n");
+		test_decode(5, 12, 12, 64, 16, 9);
+		test_decode(3, 14, 2, 64, 16, 40);
+		test_decode(2, 4, 2, 128, 32, 12);
+		rl_ops_close(g);
+	} else {
+		T_OK(0, "cannot reopen the CUDA backend");
+	}
+	unsetenv("RL_CUDA_DECODE_ATTN");
 
 	/* GELU in the GEMM epilogues (opt-in, RL_CUDA_GELU_FUSE=1): shapes the epilogue
 	 * takes (GPT-2's c_fc and c_proj, N = 1) and shapes that fall back (odd sizes,
