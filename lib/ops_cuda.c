@@ -800,7 +800,12 @@ cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void
 		int nsplit = decode_nsplit(c, B, NKV);
 		size_t wb = rlk_attn_decode_ws_bytes(B, NH, HD, nsplit);
 		float *ws = NULL;
-		if (wb && !(ws = grow_buf(o, &c->dec_ws, &c->dec_ws_bytes, wb)))
+		/* B * NKV * nsplit < 2 * want whenever nsplit > 1: take that bound at once, so the
+		 * scratch grows once per model shape, not per batch size (each growth makes the
+		 * recorded graphs stale) */
+		long want = 2L * (c->nsm > 0 ? c->nsm : 132);
+		size_t bound = (size_t)(2 * want) * (size_t)(NH / NKV) * (size_t)(HD + 2) * sizeof(float);
+		if (wb && !(ws = grow_buf(o, &c->dec_ws, &c->dec_ws_bytes, RL_MAX(wb, bound))))
 			return;
 		CKP(o, "attn_decode", rlk_attn_decode_split(S(o), ws, out, qkv, kc, vc, block_table, ctx_len, B, NH,
 		    NKV, HD, BS, MAXBLK, nsplit));
