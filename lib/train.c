@@ -1020,7 +1020,7 @@ reserve(trainer *tr)
 
 	if ((rv = rl_model_train_reserve(tr->m, tr->maxtok)) != 0)
 		return rv;
-	if (tr->ref && (rv = rl_model_train_reserve(tr->ref, tr->maxtok)) != 0)
+	if (tr->ref && (rv = rl_model_eval_reserve(tr->ref, tr->maxtok)) != 0)
 		return rv;
 	tr->h_tok = rl_try_calloc(n, sizeof(int32_t), "token rows");
 	tr->h_tgt = rl_try_calloc(n, sizeof(int32_t), "target rows");
@@ -1764,6 +1764,7 @@ rl_train_run(const rl_train_opts *o)
 	if (o->ref_dir && (rv = rl_model_open(&tr.ref, o->ref_dir, tr.ops)) != 0)
 		goto out;
 	tr.m->no_adam_state = tr.world > 1 && o->zero; /* ZeRO: only a shard, from zero_open */
+	tr.m->recompute = o->recompute;
 	if ((rv = reserve(&tr)) != 0)
 		goto out;
 	if (tr.world > 1 && !o->zero && (rv = dp_reducer_open(&tr)) != 0)
@@ -1860,6 +1861,8 @@ rl_train_run(const rl_train_opts *o)
 		goto out;
 	rl_verbose("training %s (%zu parameters) with %s on %s, %d groups per step",
 	    tr.m->cfg.model_type, rl_model_nparams(tr.m), rl_algo_name(o->algo), tr.ops->name, o->batch);
+	rl_verbose("activations: %.1f MiB for micro-batches of %d tokens%s",
+	    rl_model_act_bytes(tr.m) / 1048576.0, tr.maxtok, o->recompute ? " (recomputed per layer)" : "");
 	for (;;) {
 		if (o->max_steps > 0 && tr.m->step >= o->max_steps)
 			break;

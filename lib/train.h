@@ -73,6 +73,7 @@ typedef struct rl_train_opts {
 	int batch;                 /* groups per step */
 	int ppo_epochs, mini_batches;
 	int max_tokens_micro;      /* token budget of one micro-batch (rows x T) */
+	int recompute;             /* activation recomputation (rl_model.recompute) */
 	float clip_low, clip_high, dual_clip, tis_cap;
 	int kl_type;               /* 0 off, 1..3 k1/k2/k3 */
 	float kl_coef;

@@ -55,6 +55,7 @@ static const char usage_text[] =
     "      --ppo-epochs E        passes over each step's data (default 1)\n"
     "      --mini-batches M      optimizer updates per pass (default 1)\n"
     "      --max-tokens-per-micro N  token budget of a micro-batch (default 8192)\n"
+    "      --recompute           keep one layer's activations, recompute the rest in backward\n"
     "optimizer:\n"
     "      --lr LR               learning rate (default 1e-6)\n"
     "      --warmup N            linear warmup steps (default 0)\n"
@@ -96,7 +97,7 @@ enum {
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
-	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN
+	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP
 };
 
 static const struct option longopts[] = {
@@ -130,7 +131,7 @@ static const struct option longopts[] = {
 	{ "no-dp-overlap", no_argument, 0, O_DPNOOVL }, { "zero", required_argument, 0, O_ZERO },
 	{ "lambda", required_argument, 0, O_LAMBDA }, { "vf-coef", required_argument, 0, O_VFCOEF },
 	{ "value-clip", required_argument, 0, O_VCLIP }, { "critic-lr", required_argument, 0, O_CRITLR },
-	{ "no-whiten-adv", no_argument, 0, O_NOWHITEN },
+	{ "no-whiten-adv", no_argument, 0, O_NOWHITEN }, { "recompute", no_argument, 0, O_RECOMP },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -213,6 +214,7 @@ main(int argc, char **argv)
 		case O_EPOCHS: NUM(1, 1000); o.ppo_epochs = (int)v; break;
 		case O_MINI: NUM(1, 1e6); o.mini_batches = (int)v; break;
 		case O_MICRO: NUM(1, 1e9); o.max_tokens_micro = (int)v; break;
+		case O_RECOMP: o.recompute = 1; break;
 		case O_LR: NUM(0, 10); o.lr = (float)v; break;
 		case O_WARMUP: NUM(0, 1e9); o.warmup = (int)v; break;
 		case O_SCHED:
