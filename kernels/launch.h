@@ -56,6 +56,9 @@ int rlk_layernorm_fwd(void *stream, void *out, float *mean, float *rstd, const v
     const void *w, const void *b, int N, int C, float eps);
 int rlk_layernorm_bwd(void *stream, void *dx, float *dw, float *db, const void *dout,
     const void *x, const void *w, const float *mean, const float *rstd, int N, int C);
+/* x (N,C) = x + t (as rlk_add), then out = layernorm (ln 1) or rmsnorm (ln 0) of the new x. */
+int rlk_add_norm_fwd(void *stream, void *x, void *out, float *mean, float *rstd, const void *t,
+    const void *w, const void *b, int N, int C, float eps, int ln);
 int rlk_qknorm_fwd(void *stream, void *qkv_out, float *rstd, const void *qkv_in,
     const void *wq, const void *wk, int N, int NH, int NKV, int HD, float eps);
 int rlk_qknorm_bwd(void *stream, void *dqkv_in, float *dwq, float *dwk, const void *dqkv_out,

@@ -837,6 +837,20 @@ norm_fwd(rl_model *m, void *out, float *mean, float *rstd, const void *x, int wi
 		o->rmsnorm_fwd(o, out, rstd, x, W(m, wi), N, m->cfg.hidden_size, m->cfg.norm_eps);
 }
 
+/* x += t, then out = the norm of x (weights wi, bi): one kernel where the backend has it. */
+static void
+add_norm_fwd(rl_model *m, void *x, void *out, float *mean, float *rstd, const void *t, int wi, int bi, int N)
+{
+	rl_ops *o = m->ops;
+	if (o->add_norm_fwd) {
+		o->add_norm_fwd(o, x, out, mean, rstd, t, W(m, wi), W(m, bi), N, m->cfg.hidden_size,
+		    m->cfg.norm_eps, m->cfg.arch == RL_ARCH_GPT2);
+		return;
+	}
+	o->add(o, x, x, t, (size_t)N * m->cfg.hidden_size);
+	norm_fwd(m, out, mean, rstd, x, wi, bi, N);
+}
+
 static void
 norm_bwd(rl_model *m, void *dx, const void *dout, const void *x, const float *mean,
     const float *rstd, int wi, int bi, int N)
@@ -1241,7 +1255,9 @@ infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int
 		const rl_layer_idx *y = &m->layer[l];
 		void *qkv = f->qkv;
 
-		norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln1_w, y->ln1_b, N);
+		/* later layers got their first norm fused with the previous residual add */
+		if (l == 0)
+			norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln1_w, y->ln1_b, N);
 		o->matmul_fwd(o, qkv, f->xn, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
 		if (c->qk_norm) {
 			o->qknorm_fwd(o, f->qkv2, f->qk_rstd, qkv, W(m, y->qn_w), W(m, y->kn_w), N, NH, NKV,
@@ -1257,11 +1273,14 @@ infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int
 		else
 			o->attn_fwd(o, f->att, f->lse, qkv, f->seg, B, N / B, NH, NKV, HD);
 		o->matmul_fwd(o, f->t, f->att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
-		o->add(o, f->x, f->x, f->t, NC);
-		norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln2_w, y->ln2_b, N);
+		add_norm_fwd(m, f->x, f->xn, f->mean, f->rstd, f->t, y->ln2_w, y->ln2_b, N);
 		mlp_up_fwd(m, f->h, f->fc, f->xn, y, N);
 		o->matmul_fwd(o, f->t, f->h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
-		o->add(o, f->x, f->x, f->t, NC);
+		if (l + 1 < c->n_layer)
+			add_norm_fwd(m, f->x, f->xn, f->mean, f->rstd, f->t, m->layer[l + 1].ln1_w,
+			    m->layer[l + 1].ln1_b, N);
+		else
+			o->add(o, f->x, f->x, f->t, NC);
 	}
 }
 

@@ -249,6 +249,12 @@ struct rl_ops {
 	void (*matmul_dgelu_bwd)(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout,
 	    const void *inp, const void *w, const void *pre, int N, int C, int OC);
 
+	/* Optional residual add + norm (NULL when absent): x (N,C) = x + t as add, then out =
+	 * the norm of the new x, as layernorm_fwd (ln != 0; mean, b as there) or rmsnorm_fwd
+	 * (ln == 0; mean and b unused). */
+	void (*add_norm_fwd)(rl_ops *o, void *x, void *out, float *mean, float *rstd, const void *t,
+	    const void *w, const void *b, int N, int C, float eps, int ln);
+
 	/* ---- teardown ---------------------------------------------------------------------- */
 	void (*close)(rl_ops *o);
 };

@@ -601,6 +601,13 @@ cu_layernorm_bwd(rl_ops *o, void *dx, float *dw, float *db, const void *dout, co
 }
 
 static void
+cu_add_norm_fwd(rl_ops *o, void *x, void *out, float *mean, float *rstd, const void *t, const void *w,
+    const void *b, int N, int C, float eps, int ln)
+{
+	CKP(o, "add_norm_fwd", rlk_add_norm_fwd(S(o), x, out, mean, rstd, t, w, b, N, C, eps, ln));
+}
+
+static void
 cu_qknorm_fwd(rl_ops *o, void *qkv_out, float *rstd, const void *qkv_in, const void *wq,
     const void *wk, int N, int NH, int NKV, int HD, float eps)
 {
@@ -1091,6 +1098,8 @@ rl_ops_cuda_open(rl_ops **out, int device)
 		o->matmul_gelu_fwd = cu_matmul_gelu_fwd;
 		o->matmul_dgelu_bwd = cu_matmul_dgelu_bwd;
 	}
+	if (!(getenv("RL_CUDA_ADD_NORM") && strcmp(getenv("RL_CUDA_ADD_NORM"), "0") == 0))
+		o->add_norm_fwd = cu_add_norm_fwd;
 	o->host_alloc = cu_host_alloc;
 	o->host_free = cu_host_free;
 	o->upload_async = cu_upload_async;

@@ -190,6 +190,42 @@ test_norms(int N, int C)
 	free(dw); free(dbb);
 }
 
+/* add_norm_fwd (residual add + norm in one kernel): x against the bf16-rounded sum, out
+ * and the statistics against the CPU norm of that rounded sum (the norm tolerances). */
+static void
+test_add_norm(int N, int C, int ln)
+{
+	char nm[80];
+	size_t n = (size_t)N * C;
+	float *x = tc_rand(n, -2, 2, 1), *t = tc_rand(n, -2, 2, 1), *w = tc_rand(C, 0.5, 1.5, 1);
+	float *b = tc_rand(C, -0.5, 0.5, 1), *xs = rl_xmalloc(n * 4), *ref = rl_xmalloc(n * 4);
+	float *mean = rl_xmalloc(N * 4), *rstd = rl_xmalloc(N * 4);
+	void *dx = tc_up(g, x, n, BF), *dt = tc_up(g, t, n, BF), *dw = tc_up(g, w, C, BF), *db = tc_up(g, b, C, BF);
+	void *out = tc_poison(g, n, BF), *dmean = tc_poison(g, N, F32), *drs = tc_poison(g, N, F32);
+
+	for (size_t i = 0; i < n; i++)
+		xs[i] = rl_bf16_to_f32(rl_f32_to_bf16(x[i] + t[i]));
+	if (ln)
+		rl_cpu_layernorm_fwd(NULL, ref, mean, rstd, xs, w, b, N, C, 1e-5f);
+	else
+		rl_cpu_rmsnorm_fwd(NULL, ref, rstd, xs, w, N, C, 1e-6f);
+	g->add_norm_fwd(g, dx, out, ln ? dmean : NULL, drs, dt, dw, ln ? db : NULL, N, C, ln ? 1e-5f : 1e-6f, ln);
+	snprintf(nm, sizeof nm, "add_norm_fwd x N=%d C=%d ln=%d", N, C, ln);
+	tc_cmpd(g, nm, dx, BF, xs, n, 0, 4e-3, 1e-5);
+	snprintf(nm, sizeof nm, "add_norm_fwd out N=%d C=%d ln=%d", N, C, ln);
+	tc_cmpd(g, nm, out, BF, ref, n, 1e-5, 8e-3, 1e-4);
+	snprintf(nm, sizeof nm, "add_norm_fwd rstd N=%d C=%d ln=%d", N, C, ln);
+	tc_cmpd(g, nm, drs, F32, rstd, N, 0, 1e-4, 1e-8);
+	if (ln) {
+		snprintf(nm, sizeof nm, "add_norm_fwd mean N=%d C=%d", N, C);
+		tc_cmpd(g, nm, dmean, F32, mean, N, 1e-6, 1e-4, 1e-8);
+	}
+	tc_check_status(g, "add_norm");
+	g->free(g, dx); g->free(g, dt); g->free(g, dw); g->free(g, db); g->free(g, out); g->free(g, dmean);
+	g->free(g, drs);
+	free(x); free(t); free(w); free(b); free(xs); free(ref); free(mean); free(rstd);
+}
+
 static void
 test_qknorm_rope(int N, int NH, int NKV, int HD)
 {
@@ -645,6 +681,15 @@ main(void)
 	test_norms(1, 7);
 	test_norms(33, 768);
 	test_norms(257, 4099);
+	if (!(getenv("RL_CUDA_ADD_NORM") && strcmp(getenv("RL_CUDA_ADD_NORM"), "0") == 0))
+		T_OK(g->add_norm_fwd != NULL, "add_norm_fwd installed");
+	if (g->add_norm_fwd) {
+		test_add_norm(1, 7, 1);
+		test_add_norm(33, 768, 1);
+		test_add_norm(257, 4099, 1);
+		test_add_norm(1, 896, 0);
+		test_add_norm(77, 896, 0);
+	}
 	test_qknorm_rope(1, 2, 1, 8);
 	test_qknorm_rope(53, 14, 2, 64);
 	test_qknorm_rope(17, 4, 4, 128);
