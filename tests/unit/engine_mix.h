@@ -118,6 +118,7 @@ mix_run(rl_model *m, int slots, int legacy, int no_graph, void (*hook)(void *), 
 	o->ds.captures = m->dstats.captures - s0.captures;
 	o->ds.launches = m->dstats.launches - s0.launches;
 	o->ds.direct = m->dstats.direct - s0.direct;
+	o->ds.stale = m->dstats.stale - s0.stale;
 out:
 	rl_engine_destroy(e);
 	if (rl_model_set(m, wt, w0) != 0 && rv == 0)
