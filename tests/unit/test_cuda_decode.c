@@ -13,9 +13,11 @@
  * scratch is made to grow, which makes every graph recorded before stale (recorded
  * again when its key comes again).  Then six steps of 4 sequences straight through
  * rl_model_decode_sample, the scratch grown after step 3: exactly 1 step op by op,
- * 2 recordings, 5 replays, 1 stale graph, and the same samples as op by op.  Models: random GPT-2 shape with V = 50257 (the LM head goes
- * through the split and padded GEMM path at 21+ rows) and a Qwen3 shape (GQA,
- * q/k-norm, RoPE).  Exit 77 without a GPU.
+ * 2 recordings, 5 replays, 1 stale graph, and the same samples as op by op.
+ * Models: random GPT-2 shape with V = 50257 (the LM head goes through the split
+ * and padded GEMM path at 21+ rows) and a Qwen3 shape (GQA, q/k-norm, RoPE),
+ * both with head_dim 64 so that decode attention is the split kernel
+ * (kernels/decode.cu) inside the graphs.  Exit 77 without a GPU.
  */
 #include <stdio.h>
 #include <string.h>
@@ -29,13 +31,13 @@
 
 static const char *gpt2_json =
     "{\"model_type\":\"gpt2\",\"architectures\":[\"GPT2LMHeadModel\"],\"vocab_size\":50257,"
-    "\"n_embd\":64,\"n_layer\":2,\"n_head\":4,\"n_positions\":128,\"n_ctx\":128,"
+    "\"n_embd\":128,\"n_layer\":2,\"n_head\":2,\"n_positions\":128,\"n_ctx\":128,"
     "\"n_inner\":null,\"layer_norm_epsilon\":1e-05,\"activation_function\":\"gelu_new\","
     "\"tie_word_embeddings\":true,\"torch_dtype\":\"float32\"}";
 static const char *qwen3_json =
     "{\"model_type\":\"qwen3\",\"architectures\":[\"Qwen3ForCausalLM\"],\"vocab_size\":1000,"
     "\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
-    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16,"
+    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":64,"
     "\"max_position_embeddings\":128,\"rope_theta\":10000.0,\"rms_norm_eps\":1e-06,"
     "\"hidden_act\":\"silu\",\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\"}";
 
