@@ -12,9 +12,9 @@
  * memory-bandwidth bound (weights in bf16 + the KV read per step, over 3.0e12
  * B/s measured on the H100 here).
  *
- * Usage: gpu_gen [gpt2|qwen|all] [new] [graph|nograph|both]   (default both:
- * each run with graphs, then op by op, for the ratio; RL_CUDA_GRAPH=0 turns
- * graphs off in the backend altogether)
+ * Usage: gpu_gen [gpt2|qwen|all] [new] [graph|nograph|both] [slots]   (default
+ * both: each run with graphs, then op by op, for the ratio; RL_CUDA_GRAPH=0
+ * turns graphs off in the backend altogether; slots: only that batch size)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,9 +157,9 @@ main(int argc, char **argv)
 		fprintf(stderr, "gpu_gen: no CUDA backend: %s\n", rl_strerror(rv));
 		return 1;
 	}
-	int bs[] = { 1, 64, 256 };
+	int bs[] = { 1, 64, 256 }, only = argc > 4 ? atoi(argv[4]) : 0;
 	for (int i = 0; i < 3; i++)
-		for (int k = 0; k < ng; k++) {
+		for (int k = 0; k < ng && (!only || only == bs[i]); k++) {
 			if (!strcmp(which, "all") || !strcmp(which, "gpt2"))
 				rv |= bench(o, "gpt2-124m", gpt2_json, bs[i], 64, NEW, gmodes[k]);
 			if (!strcmp(which, "all") || !strcmp(which, "qwen"))
