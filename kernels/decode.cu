@@ -23,6 +23,7 @@
 
 #define DC_WARPS 4
 #define DC_GMAX 8
+#define DC_UNROLL 4
 
 template <int HD>
 __global__ void __launch_bounds__(DC_WARPS * 32)
@@ -57,33 +58,49 @@ k_decode_split(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16
 	}
 	const int L = ctx_len[b], W = nsplit * DC_WARPS;
 	const int32_t *tab = bt + (size_t)b * MAXBLK;
-	for (int s = split * DC_WARPS + warp; s < L; s += W) {
-		size_t row = ((size_t)tab[s / BS] * BS + s % BS) * kvrow + (size_t)kvh * HD + lane * PL;
-		float kf[PL], vf[PL];
+	/* DC_UNROLL keys per round, their rows loaded before any is used (loads in flight);
+	 * a warp still takes its keys in the order s, s + W, s + 2W, ... */
+	for (int s0 = split * DC_WARPS + warp; s0 < L; s0 += DC_UNROLL * W) {
+		float kf[DC_UNROLL][PL], vf[DC_UNROLL][PL];
 #pragma unroll
-		for (int e = 0; e < PL; e += 2) {
-			float2 k2 = __bfloat1622float2(*(const __nv_bfloat162 *)(kc + row + e));
-			float2 v2 = __bfloat1622float2(*(const __nv_bfloat162 *)(vc + row + e));
-			kf[e] = k2.x;
-			kf[e + 1] = k2.y;
-			vf[e] = v2.x;
-			vf[e + 1] = v2.y;
+		for (int u = 0; u < DC_UNROLL; u++) {
+			int s = s0 + u * W;
+#pragma unroll
+			for (int e = 0; e < PL; e++)
+				kf[u][e] = vf[u][e] = 0.0f;
+			if (s < L) {
+				size_t row = ((size_t)tab[s / BS] * BS + s % BS) * kvrow + (size_t)kvh * HD + lane * PL;
+#pragma unroll
+				for (int e = 0; e < PL; e += 2) {
+					float2 k2 = __bfloat1622float2(*(const __nv_bfloat162 *)(kc + row + e));
+					float2 v2 = __bfloat1622float2(*(const __nv_bfloat162 *)(vc + row + e));
+					kf[u][e] = k2.x;
+					kf[u][e + 1] = k2.y;
+					vf[u][e] = v2.x;
+					vf[u][e + 1] = v2.y;
+				}
+			}
 		}
 #pragma unroll
-		for (int g = 0; g < DC_GMAX; g++) {
-			if (g >= G)
-				continue;  /* not break: constant indices keep q, acc in registers */
-			float d = 0.0f;
+		for (int u = 0; u < DC_UNROLL; u++) {
+			if (s0 + u * W >= L)
+				continue;  /* the same in every lane of the warp */
 #pragma unroll
-			for (int e = 0; e < PL; e++)
-				d += q[g][e] * kf[e];
-			d = warp_sum(d);  /* the same value in every lane (xor butterfly) */
-			float mn = fmaxf(m[g], d), corr = __expf(m[g] - mn), p = __expf(d - mn);
-			l[g] = l[g] * corr + p;
+			for (int g = 0; g < DC_GMAX; g++) {
+				if (g >= G)
+					continue;  /* not break: constant indices keep q, acc in registers */
+				float d = 0.0f;
 #pragma unroll
-			for (int e = 0; e < PL; e++)
-				acc[g][e] = acc[g][e] * corr + p * vf[e];
-			m[g] = mn;
+				for (int e = 0; e < PL; e++)
+					d += q[g][e] * kf[u][e];
+				d = warp_sum(d);  /* the same value in every lane (xor butterfly) */
+				float mn = fmaxf(m[g], d), corr = __expf(m[g] - mn), p = __expf(d - mn);
+				l[g] = l[g] * corr + p;
+#pragma unroll
+				for (int e = 0; e < PL; e++)
+					acc[g][e] = acc[g][e] * corr + p * vf[u][e];
+				m[g] = mn;
+			}
 		}
 	}
 	/* merge the block's warps */
