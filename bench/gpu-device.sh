@@ -7,7 +7,7 @@
 # on the build machine:
 #   make CUDA_ARCH=90 -j2 tests-build
 #   G=/work/main/.gpu; mkdir -p $G/build/tests $G/build/bench $G/tests $G/bench $G/ref
-#   cp build/tests/test_cuda_* $G/build/tests/; cp build/bench/gpu_{gen,kernels,train} $G/build/bench/
+#   cp build/tests/test_cuda_* $G/build/tests/; cp build/bench/gpu_{gen,engine,kernels,train} $G/build/bench/
 #   cp -a tests/fixtures $G/tests/; cp bench/run-gpu.sh bench/gpu-device.sh $G/bench/
 #   cp ../shared/bench/*.py $G/ref/; ../shared/gpu/carry-libs $G/libs build/tests/test_cuda_*; rm $G/libs/libcublas*
 # then on the device: bash .gpu/bench/gpu-device.sh [all|test|bench]; logs under $OUT.

@@ -17,6 +17,7 @@ rc=0
 "$B/bench/gpu_kernels" || rc=1
 "$B/bench/gpu_train" all "${RL_BENCH_STEPS:-10}" || rc=1
 "$B/bench/gpu_gen" all 256 || rc=1
+"$B/bench/gpu_engine" all || rc=1
 if [ "${RL_BENCH_NO_TORCH:-0}" != 1 ]; then
 	ref=${TORCH_BASELINE:-}
 	for c in ../shared/bench/torch_baseline.py .gpu/ref/torch_baseline.py ref/torch_baseline.py; do
