@@ -90,10 +90,10 @@ struct rl_model {
 	 * norm, after each layer, with 0 at the end), from decreasing.  The work is
 	 * queued on the backend, not necessarily done.  Non-zero fails the pass. */
 	int (*grad_ready)(void *ctx, size_t from);
+	void *grad_ready_ctx;
 	/* rl_model_decode_sample: 1 runs every step op by op (no backend graphs) */
 	int no_graph;
 	rl_decode_stats dstats;  /* rl_model_decode_sample's counters, since open */
-	void *grad_ready_ctx;
 	/* Set before rl_model_train_reserve: m->m, m->v are not allocated (a
 	 * ZeRO trainer keeps its shard of them; rl_model_step then fails). */
 	int no_adam_state;
