@@ -252,7 +252,7 @@ main(int argc, char **argv)
 		case O_WGROUP: o.wgroup_addr = a; break;
 		case O_WGSIZE: NUM(2, 65536); o.wgroup_size = (int)v; break;
 		case O_WGBACK:
-			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl"))
+			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl") && strcmp(a, "ipc"))
 				return usage_error("--weights-group-backend takes auto, cpu, nccl or ipc, not '%s'", a);
 			o.wgroup_backend = a;
 			break;
@@ -267,7 +267,7 @@ main(int argc, char **argv)
 			break;
 		case O_RDV: co.master = a; break;
 		case O_CBACK:
-			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl") && strcmp(a, "ipc"))
+			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl"))
 				return usage_error("--comm-backend takes auto, cpu or nccl, not '%s'", a);
 			co.backend = a;
 			break;

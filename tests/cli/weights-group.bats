@@ -146,6 +146,11 @@ assert len(s) == 6 and max(s) <= 1, s' "$TD/mq.jsonl"
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --weights-group "$ADDR"
 	[[ "$stderr" == *"go together"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --weights-group "$ADDR" --weights-group-size 1
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --weights-group "$ADDR" --weights-group-size 2 \
+	    --weights-group-backend tcp
+	[[ "$stderr" == *"auto, cpu, nccl or ipc"* ]]
+	# ipc is a weights-group backend, not a data-parallel one
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --comm-backend ipc
 }
 
 @test "the ipc backend needs the model on a GPU" {
