@@ -1856,7 +1856,7 @@ rl_train_run(const rl_train_opts *o)
 	}
 	if (tr.rank == 0 && o->tfevents_dir && (rv = rl_tfevents_open(&tr.tf, o->tfevents_dir)) != 0)
 		goto out;
-	if (tr.rank == 0 && o->sync_url && (rv = rl_wsync_open(&tr.ws, o->sync_url, 0)) != 0)
+	if (tr.rank == 0 && o->sync_url && (rv = rl_wsync_open_with(&tr.ws, o->sync_url, 0, o->sync_transport)) != 0)
 		goto out;
 	rl_verbose("training %s (%zu parameters) with %s on %s, %d groups per step",
 	    tr.m->cfg.model_type, rl_model_nparams(tr.m), rl_algo_name(o->algo), tr.ops->name, o->batch);

@@ -63,6 +63,7 @@ typedef struct rl_train_opts {
 	const char *metrics_path;  /* --metrics FILE ("-" stdout); NULL: stderr */
 	const char *tfevents_dir;  /* --tfevents DIR or NULL */
 	const char *sync_url;      /* --sync URL: also push each version to rl-sync (or a directory) */
+	int sync_transport;        /* --sync-transport: RL_WSYNC_T_* (0: auto) */
 	const char *queue_url;     /* --queue URL: lease scored groups from rl-queue instead of input */
 	double idle_exit;          /* queue mode: stop after this many seconds without records (0: never) */
 	/* algorithm */

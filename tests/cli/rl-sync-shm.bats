@@ -196,3 +196,36 @@ held_memfd() {
 	run --separate-stderr -2 rl-rollout -m "$T/nomodel" --sync-transport shm
 	[[ $stderr == *'--sync-transport needs --sync URL'* ]]
 }
+
+@test "rl-train --sync: shared memory to a server on this host; --sync-transport stream sends deltas" {
+	cat >"$T/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":261,"hidden_size":32,"num_hidden_layers":1,"num_attention_heads":2,
+ "num_key_value_heads":1,"intermediate_size":64,"max_position_embeddings":32,"torch_dtype":"float32"}
+JSON
+	rl-train --init "$T/cfg.json" --tokenizer bytes --out "$T/m0" --seed 3
+	for i in $(seq 8); do echo '{"prompt":"x"}'; done >"$T/p.jsonl"
+	rl-rollout -q -m "$T/m0" -n 4 --max-tokens 2 --seed 1 "$T/p.jsonl" | rl-reward -q --task 'format:^[a-z]' >"$T/s.jsonl"
+	serve
+	run --separate-stderr rl-train -v -m "$T/m0" --out "$T/ck" --sync "$URL" --batch 2 --lr 1e-2 "$T/s.jsonl"
+	assert_success
+	[[ $stderr == *'handed over as shared memory'* ]]
+	run rl-sync status "$URL"
+	assert_line 'latest: 4'
+	assert_line --regexp ', 4 pushed\)$'
+	refute_line --partial 'delta from'
+	rl-sync pull "$URL" --out "$T/o" --transport stream
+	cmp "$T/ck/step-00000004/model.safetensors" "$T/o/latest/model.safetensors"
+	kill "$SPID"
+	wait "$SPID" || true
+	serve
+	run --separate-stderr rl-train -v -m "$T/m0" --out "$T/ck2" --sync "$URL" --sync-transport stream \
+	    --batch 2 --lr 1e-2 "$T/s.jsonl"
+	assert_success
+	[[ $stderr != *'shared memory'* ]]
+	run rl-sync status "$URL"
+	assert_line 'latest: 4'
+	assert_line --partial 'delta from 3'
+	assert_line --regexp ', 0 pushed\)$'
+	run --separate-stderr -2 rl-train -m "$T/m0" --out "$T/ck3" --sync-transport shm "$T/s.jsonl"
+	[[ $stderr == *'--sync-transport needs --sync URL'* ]]
+}
