@@ -49,6 +49,8 @@ struct rl_model_act {
 	int32_t *tok, *tgt, *seg, *pos;                         /* (N) */
 	int32_t *hpos;          /* host (N) scratch */
 	int B, T, has_seg, ready;
+	int recompute;          /* per-layer arrays hold one layer (m->recompute at reserve) */
+	size_t bytes;           /* backend bytes of amem + fmem + imem */
 	int logits_kept;        /* logits holds all N rows of the last forward (one chunk) */
 	float inv_temp;
 };
@@ -648,8 +650,11 @@ carve_act(rl_model *m, rl_model_act *a, carve *ca, carve *cf, carve *ci)
 	size_t N = (size_t)a->maxN, L = (size_t)c->n_layer, C = (size_t)c->hidden_size;
 	size_t QKV = (size_t)qkv_dim(c), AD = (size_t)c->n_head * c->head_dim, FC = (size_t)fc_dim(c);
 	size_t H = (size_t)c->intermediate_size, s = asz(m);
+	size_t R = (size_t)c->n_layer;
 
-	a->res = take(ca, (L + 1) * N * C, s);
+	/* recompute: the per-layer arrays hold one layer (slot 0), rebuilt in backward */
+	L = a->recompute ? 1 : R;
+	a->res = take(ca, (R + 1) * N * C, s);
 	a->ln1 = take(ca, L * N * C, s);
 	a->res_mid = take(ca, L * N * C, s);
 	a->ln2 = take(ca, L * N * C, s);
@@ -726,11 +731,15 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 
 	if (max_tokens <= 0)
 		return RL_EINVAL;
-	if (m->act != NULL && m->act->maxN >= max_tokens)
+	/* one layer's activations when they are recomputed, or never differentiated */
+	int one = m->recompute != 0 || m->grads == NULL;
+
+	if (m->act != NULL && m->act->maxN >= max_tokens && m->act->recompute == one)
 		return RL_OK;
 	free_act(m);
 	a = rl_xcalloc(1, sizeof *a);
 	a->maxN = max_tokens;
+	a->recompute = one;
 	a->chunk = (int)RL_MAX((size_t)1, RL_MIN((size_t)max_tokens,
 	    (m->logit_chunk_bytes ? m->logit_chunk_bytes : LOGIT_CHUNK_BYTES) /
 	    ((size_t)m->cfg.vocab_size * asz(m))));
@@ -742,6 +751,7 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 		free(a);
 		return rv;
 	}
+	a->bytes = ca.off + cf.off + ci.off;
 	ca.base = a->amem;
 	cf.base = (char *)a->fmem;
 	ci.base = (char *)a->imem;
@@ -753,6 +763,12 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 	m->ent = a->ent;
 	m->val = a->val;
 	return check_ops(m, "train reserve");
+}
+
+size_t
+rl_model_act_bytes(const rl_model *m)
+{
+	return m->act ? m->act->bytes : 0;
 }
 
 void
@@ -820,6 +836,48 @@ check_inputs(const rl_model *m, const int32_t *tok, const int32_t *tgt, const in
 	return RL_OK;
 }
 
+/* Block l of the training forward: res[l] -> res[l+1], its activations in
+ * slot l of the per-layer arrays (slot 0 with recompute). */
+static void
+layer_fwd(rl_model *m, int l)
+{
+	rl_ops *o = m->ops;
+	rl_model_act *a = m->act;
+	const rl_config *c = &m->cfg;
+	const int B = a->B, T = a->T, N = B * T, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
+	const int HD = c->head_dim, QKV = qkv_dim(c), AD = NH * HD, FC = fc_dim(c), H = c->intermediate_size;
+	const size_t s = asz(m), NC = (size_t)N * C, sN = (size_t)a->maxN;
+	const size_t k = a->recompute ? 0 : (size_t)l;
+	const int32_t *dseg = a->has_seg ? a->seg : NULL;
+	const rl_layer_idx *y = &m->layer[l];
+	void *res = at(a->res, l * sN * C, s), *res_out = at(a->res, (l + 1) * sN * C, s);
+	void *ln1 = at(a->ln1, k * sN * C, s), *ln2 = at(a->ln2, k * sN * C, s);
+	void *mid = at(a->res_mid, k * sN * C, s), *qkv = at(a->qkv, k * sN * QKV, s);
+	void *att = at(a->att, k * sN * AD, s), *fc = at(a->fc, k * sN * FC, s);
+	void *h = at(a->h, k * sN * H, s);
+	float *lse = a->lse + k * sN * NH;
+
+	norm_fwd(m, ln1, a->ln1_mean + k * sN, a->ln1_rstd + k * sN, res, y->ln1_w, y->ln1_b, N);
+	if (c->qk_norm) {
+		void *raw = at(a->qkv_raw, k * sN * QKV, s);
+		o->matmul_fwd(o, raw, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
+		o->qknorm_fwd(o, qkv, a->qk_rstd + k * sN * (NH + NKV), raw, W(m, y->qn_w),
+		    W(m, y->kn_w), N, NH, NKV, HD, c->norm_eps);
+	} else {
+		o->matmul_fwd(o, qkv, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
+	}
+	if (c->arch == RL_ARCH_LLAMA)
+		o->rope_fwd(o, qkv, a->pos, N, NH, NKV, HD, c->rope_theta);
+	o->attn_fwd(o, att, lse, qkv, dseg, B, T, NH, NKV, HD);
+	o->matmul_fwd(o, mid, att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
+	o->add(o, mid, mid, res, NC);
+	norm_fwd(m, ln2, a->ln2_mean + k * sN, a->ln2_rstd + k * sN, mid, y->ln2_w, y->ln2_b, N);
+	o->matmul_fwd(o, fc, ln2, W(m, y->fc_w), W(m, y->fc_b), N, C, FC);
+	mlp_act_fwd(m, h, fc, N);
+	o->matmul_fwd(o, res_out, h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
+	o->add(o, res_out, res_out, mid, NC);
+}
+
 int
 rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const int32_t *tgt,
     const int32_t *seg, const int32_t *pos, int B, int T, float temperature)
@@ -827,9 +885,8 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	rl_ops *o = m->ops;
 	rl_model_act *a = m->act;
 	const rl_config *c = &m->cfg;
-	const int N = B * T, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim;
-	const int QKV = qkv_dim(c), AD = NH * HD, FC = fc_dim(c), H = c->intermediate_size, V = c->vocab_size;
-	const size_t s = asz(m), NC = (size_t)N * C, sN = (size_t)a->maxN;
+	const int N = B * T, C = c->hidden_size, V = c->vocab_size;
+	const size_t s = asz(m);
 	int rv;
 
 	if (a == NULL || tok == NULL || tgt == NULL || B <= 0 || T <= 0 || (size_t)B * T > (size_t)a->maxN ||
@@ -853,38 +910,11 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	a->T = T;
 	a->has_seg = seg != NULL;
 	a->inv_temp = 1.0f / temperature;
-	const int32_t *dseg = seg != NULL ? a->seg : NULL;
+	const size_t sN = (size_t)a->maxN;
 
 	o->embed_fwd(o, a->res, a->tok, a->pos, W(m, m->wte), W(m, m->wpe), N, C);
-	for (int l = 0; l < c->n_layer; l++) {
-		const rl_layer_idx *y = &m->layer[l];
-		void *res = at(a->res, l * sN * C, s), *res_out = at(a->res, (l + 1) * sN * C, s);
-		void *ln1 = at(a->ln1, l * sN * C, s), *ln2 = at(a->ln2, l * sN * C, s);
-		void *mid = at(a->res_mid, l * sN * C, s), *qkv = at(a->qkv, l * sN * QKV, s);
-		void *att = at(a->att, l * sN * AD, s), *fc = at(a->fc, l * sN * FC, s);
-		void *h = at(a->h, l * sN * H, s);
-		float *lse = a->lse + l * sN * NH;
-
-		norm_fwd(m, ln1, a->ln1_mean + l * sN, a->ln1_rstd + l * sN, res, y->ln1_w, y->ln1_b, N);
-		if (c->qk_norm) {
-			void *raw = at(a->qkv_raw, l * sN * QKV, s);
-			o->matmul_fwd(o, raw, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
-			o->qknorm_fwd(o, qkv, a->qk_rstd + l * sN * (NH + NKV), raw, W(m, y->qn_w),
-			    W(m, y->kn_w), N, NH, NKV, HD, c->norm_eps);
-		} else {
-			o->matmul_fwd(o, qkv, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
-		}
-		if (c->arch == RL_ARCH_LLAMA)
-			o->rope_fwd(o, qkv, a->pos, N, NH, NKV, HD, c->rope_theta);
-		o->attn_fwd(o, att, lse, qkv, dseg, B, T, NH, NKV, HD);
-		o->matmul_fwd(o, mid, att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
-		o->add(o, mid, mid, res, NC);
-		norm_fwd(m, ln2, a->ln2_mean + l * sN, a->ln2_rstd + l * sN, mid, y->ln2_w, y->ln2_b, N);
-		o->matmul_fwd(o, fc, ln2, W(m, y->fc_w), W(m, y->fc_b), N, C, FC);
-		mlp_act_fwd(m, h, fc, N);
-		o->matmul_fwd(o, res_out, h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
-		o->add(o, res_out, res_out, mid, NC);
-	}
+	for (int l = 0; l < c->n_layer; l++)
+		layer_fwd(m, l);
 	norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, at(a->res, (size_t)c->n_layer * sN * C, s),
 	    m->lnf_w, m->lnf_b, N);
 	for (int r0 = 0; r0 < N; r0 += a->chunk) {
@@ -966,13 +996,19 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		return rv;
 	for (int l = c->n_layer - 1; l >= 0; l--) {
 		const rl_layer_idx *y = &m->layer[l];
+		const size_t k = a->recompute ? 0 : (size_t)l;
 		void *res = at(a->res, l * sN * C, s);
-		void *ln1 = at(a->ln1, l * sN * C, s), *ln2 = at(a->ln2, l * sN * C, s);
-		void *mid = at(a->res_mid, l * sN * C, s), *qkv = at(a->qkv, l * sN * QKV, s);
-		void *att = at(a->att, l * sN * AD, s), *fc = at(a->fc, l * sN * FC, s);
-		void *h = at(a->h, l * sN * H, s);
-		const float *lse = a->lse + l * sN * NH;
+		void *ln1 = at(a->ln1, k * sN * C, s), *ln2 = at(a->ln2, k * sN * C, s);
+		void *mid = at(a->res_mid, k * sN * C, s), *qkv = at(a->qkv, k * sN * QKV, s);
+		void *att = at(a->att, k * sN * AD, s), *fc = at(a->fc, k * sN * FC, s);
+		void *h = at(a->h, k * sN * H, s);
+		const float *lse = a->lse + k * sN * NH;
 		void *dq;
+
+		/* recompute: this layer's activations again, from its saved input res[l]
+		 * (slot 0 holds the last layer's from the forward) */
+		if (a->recompute && l != c->n_layer - 1)
+			layer_fwd(m, l);
 
 		/* res_out = mid + proj(act(fc(norm2(mid)))) */
 		o->matmul_bwd(o, a->dh, G(m, y->proj_w), G(m, y->proj_b), a->dres, h, W(m, y->proj_w), N, H, C);
@@ -981,7 +1017,7 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		else
 			o->swiglu_bwd(o, a->dfc, a->dh, fc, N, H);
 		o->matmul_bwd(o, a->dx, G(m, y->fc_w), G(m, y->fc_b), a->dfc, ln2, W(m, y->fc_w), N, C, FC);
-		norm_bwd(m, a->dx2, a->dx, mid, a->ln2_mean + l * sN, a->ln2_rstd + l * sN, y->ln2_w,
+		norm_bwd(m, a->dx2, a->dx, mid, a->ln2_mean + k * sN, a->ln2_rstd + k * sN, y->ln2_w,
 		    y->ln2_b, N);
 		o->add(o, a->dres, a->dres, a->dx2, NC);
 		/* mid = res + o(attn(rope(qknorm(qkv(norm1(res)))))) */
@@ -992,12 +1028,12 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		dq = a->dqkv;
 		if (c->qk_norm) {
 			o->qknorm_bwd(o, a->dqkv2, G(m, y->qn_w), G(m, y->kn_w), a->dqkv,
-			    at(a->qkv_raw, l * sN * QKV, s), W(m, y->qn_w), W(m, y->kn_w),
-			    a->qk_rstd + l * sN * (NH + NKV), N, NH, NKV, HD);
+			    at(a->qkv_raw, k * sN * QKV, s), W(m, y->qn_w), W(m, y->kn_w),
+			    a->qk_rstd + k * sN * (NH + NKV), N, NH, NKV, HD);
 			dq = a->dqkv2;
 		}
 		o->matmul_bwd(o, a->dx, G(m, y->qkv_w), G(m, y->qkv_b), dq, ln1, W(m, y->qkv_w), N, C, QKV);
-		norm_bwd(m, a->dx2, a->dx, res, a->ln1_mean + l * sN, a->ln1_rstd + l * sN, y->ln1_w,
+		norm_bwd(m, a->dx2, a->dx, res, a->ln1_mean + k * sN, a->ln1_rstd + k * sN, y->ln1_w,
 		    y->ln1_b, N);
 		o->add(o, a->dres, a->dres, a->dx2, NC);
 		if ((rv = grads_final(m, y->ln1_w)) != 0)

@@ -82,6 +82,14 @@ struct rl_model {
 	/* Set before rl_model_train_reserve: m->m, m->v are not allocated (a
 	 * ZeRO trainer keeps its shard of them; rl_model_step then fails). */
 	int no_adam_state;
+	/* Set before the first rl_model_train_reserve/eval_reserve: activation
+	 * recomputation (gradient checkpointing).  The forward keeps only each
+	 * layer's input (the residual stream) and one layer's activations; the
+	 * backward runs each layer's forward again before differentiating it.
+	 * Same results (the recomputed forward is the same ops on the same
+	 * inputs), about a third more compute, and the per-layer activations
+	 * shrink from L x ~(6C + QKV + FC + H) to ~C + one layer's worth per token. */
+	int recompute;
 };
 
 /* ---- life cycle ------------------------------------------------------------ */
@@ -107,8 +115,11 @@ size_t rl_model_nparams(const rl_model *m);
  * activations for up to max_tokens = B*T rows.  Call once; again to grow. */
 int rl_model_train_reserve(rl_model *m, int max_tokens);
 /* Activations only, for forward-only use (reference / old-policy log-probs):
- * no gradients or optimizer state; rl_model_backward then fails. */
+ * no gradients or optimizer state; rl_model_backward then fails.  Only one
+ * layer's activations are kept (as with m->recompute). */
 int rl_model_eval_reserve(rl_model *m, int max_tokens);
+/* Backend bytes of the activations reserved (0 before a reserve). */
+size_t rl_model_act_bytes(const rl_model *m);
 /* Training forward over B rows of T tokens.  Host inputs, i32:
  *   tok (B,T) token ids in [0, V) (padding too: use any valid id, e.g. 0);
  *   tgt (B,T) target id per position (the next token), < 0 = no log-prob (padding, last);
