@@ -1864,7 +1864,7 @@ rl_train_run(const rl_train_opts *o)
 	}
 	if (tr.rank == 0 && o->tfevents_dir && (rv = rl_tfevents_open(&tr.tf, o->tfevents_dir)) != 0)
 		goto out;
-	if (tr.rank == 0 && o->sync_url && (rv = rl_wsync_open(&tr.ws, o->sync_url, 0)) != 0)
+	if (tr.rank == 0 && o->sync_url && (rv = rl_wsync_open_with(&tr.ws, o->sync_url, 0, o->sync_transport)) != 0)
 		goto out;
 	if (tr.rank == 0 && o->wgroup_addr) {
 		/* the rollout workers start from this trainer's weights (a resumed run's too) */

@@ -63,6 +63,7 @@ typedef struct rl_train_opts {
 	const char *metrics_path;  /* --metrics FILE ("-" stdout); NULL: stderr */
 	const char *tfevents_dir;  /* --tfevents DIR or NULL */
 	const char *sync_url;      /* --sync URL: also push each version to rl-sync (or a directory) */
+	int sync_transport;        /* --sync-transport: RL_WSYNC_T_* (0: auto) */
 	const char *wgroup_addr;   /* --weights-group HOST:PORT: broadcast each version (wgroup.h) */
 	int wgroup_size;           /* its size: this trainer + the rollout workers */
 	const char *wgroup_backend; /* auto, cpu, nccl */

@@ -13,6 +13,7 @@
 #include "groups.h"
 #include "io.h"
 #include "train.h"
+#include "wsync.h"
 
 static const char usage_text[] =
     "usage: rl-train -m MODEL_DIR --out CKPT_DIR [--algo A] [options] [FILE|-]\n"
@@ -76,6 +77,8 @@ static const char usage_text[] =
     "      --metrics FILE        one JSON object per step ('-' stdout; default stderr)\n"
     "      --tfevents DIR        also write TensorBoard event files\n"
     "      --sync URL            also push each version to rl-sync (tcp://, ipc://) or a directory\n"
+    "      --sync-transport T    auto (shared memory to a server on this host, else deltas), shm,\n"
+    "                            stream or nng (deltas over the socket), file (default auto)\n"
     "      --weights-group HOST:PORT  broadcast each version to rollout workers joined there\n"
     "      --weights-group-size N     this trainer and the N-1 workers of the group\n"
     "      --weights-group-backend B  auto, cpu, nccl or ipc (default auto: on a loopback address with\n"
@@ -101,7 +104,7 @@ enum {
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
-	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP, O_WGROUP, O_WGSIZE, O_WGBACK
+	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP, O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS
 };
 
 static const struct option longopts[] = {
@@ -128,6 +131,7 @@ static const struct option longopts[] = {
 	{ "metrics", required_argument, 0, O_METRICS }, { "tfevents", required_argument, 0, O_TFEV },
 	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
 	{ "sync", required_argument, 0, O_SYNC }, { "ckpt-every", required_argument, 0, O_CKEVERY },
+	{ "sync-transport", required_argument, 0, O_STRANS },
 	{ "rank", required_argument, 0, O_RANK }, { "world", required_argument, 0, O_WORLD },
 	{ "rendezvous", required_argument, 0, O_RDV }, { "comm-backend", required_argument, 0, O_CBACK },
 	{ "comm-timeout", required_argument, 0, O_CTIME }, { "dp-check-every", required_argument, 0, O_DPCHECK },
@@ -169,7 +173,7 @@ main(int argc, char **argv)
 	rl_comm_opts co;
 	static char prog[64];
 	const char *init = NULL, *tokenizer = NULL;
-	int c, verbosity = RL_LOG_NORMAL, clip_high_set = 0, kl_coef_set = 0;
+	int c, verbosity = RL_LOG_NORMAL, clip_high_set = 0, kl_coef_set = 0, strans_set = 0;
 	double v;
 
 	rl_log_init("rl-train", RL_LOG_NORMAL);
@@ -249,6 +253,11 @@ main(int argc, char **argv)
 		case O_TFEV: o.tfevents_dir = a; break;
 		case O_QUEUE: o.queue_url = a; break;
 		case O_SYNC: o.sync_url = a; break;
+		case O_STRANS:
+			if (rl_wsync_transport_parse(a, &o.sync_transport) != 0)
+				return usage_error("--sync-transport: want auto, shm, stream, nng or file, not '%s'", a);
+			strans_set = 1;
+			break;
 		case O_WGROUP: o.wgroup_addr = a; break;
 		case O_WGSIZE: NUM(2, 65536); o.wgroup_size = (int)v; break;
 		case O_WGBACK:
@@ -312,6 +321,8 @@ main(int argc, char **argv)
 		return usage_error("%s", "no output directory: --out DIR");
 	if (!o.model_dir && !o.resume)
 		return usage_error("%s", "no model: -m MODEL_DIR (or --resume)");
+	if (strans_set && !o.sync_url)
+		return usage_error("%s", "--sync-transport needs --sync URL");
 	if (o.ckpt_every > 1 && !o.sync_url && !o.wgroup_addr)
 		return usage_error("%s", "--ckpt-every needs --sync URL or --weights-group (where the versions between go)");
 	if (!o.wgroup_addr != !o.wgroup_size)
