@@ -7,7 +7,7 @@
 # on the build machine:
 #   make CUDA_ARCH=90 -j2 tests-build
 #   G=/work/main/.gpu; mkdir -p $G/build/tests $G/build/bench $G/tests $G/bench $G/ref
-#   cp build/tests/test_cuda_* $G/build/tests/; cp build/bench/gpu_{gen,kernels,train} $G/build/bench/
+#   cp build/tests/test_cuda_* $G/build/tests/; cp build/bench/gpu_{gen,engine,kernels,train} $G/build/bench/
 #   cp -a tests/fixtures $G/tests/; cp bench/run-gpu.sh bench/gpu-device.sh $G/bench/
 #   cp ../shared/bench/*.py $G/ref/; ../shared/gpu/carry-libs $G/libs build/tests/test_cuda_*; rm $G/libs/libcublas*
 # then on the device: bash .gpu/bench/gpu-device.sh [all|test|bench]; logs under $OUT.
@@ -27,10 +27,17 @@ if [ "$what" = all ] || [ "$what" = test ]; then
 	timeout 120 ./build/tests/test_cuda_model > $OUT/model.log 2>&1; echo "test_cuda_model rc=$?"
 	grep -v '^ok' $OUT/model.log | head -60
 	grep -E 'decode|forward lp' $OUT/model.log
+	timeout 120 ./build/tests/test_cuda_decode > $OUT/decode.log 2>&1; echo "test_cuda_decode rc=$?"
+	grep -v '^ok' $OUT/decode.log | head -40
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
 	RL_CUDA_PROFILE=1 timeout 60 ./build/bench/gpu_train gpt2 3 > $OUT/prof.log 2>&1
 	RL_CUDA_PROFILE=1 timeout 60 ./build/bench/gpu_train qwen 3 >> $OUT/prof.log 2>&1
 	sort -k6 -g -r -t' ' $OUT/prof.log | head -40
+	# per-op breakdown of a decode step (the profile synchronises around every op: no graphs)
+	for b in 1 256; do
+		RL_CUDA_PROFILE=1 timeout 60 ./build/bench/gpu_gen gpt2 64 nograph $b > $OUT/prof_gen_$b.log 2>&1
+		sort -k6 -g -r -t' ' $OUT/prof_gen_$b.log | head -16
+	done
 	RL_BUILD=build RL_BENCH_NO_TORCH=${NO_TORCH:-0} TORCH_BASELINE=ref/torch_baseline.py timeout 480 sh bench/run-gpu.sh 2>&1 | tee $OUT/bench.jsonl
 fi

@@ -5,8 +5,10 @@
 # on-policy (--max-staleness 0: the generator waits for each new version).
 # A step is generation + scoring + log-probs + update + weight sync: by
 # default through rl-sync on this host (WEIGHTS=sync: versions pushed from
-# memory with --ckpt-every, fetched over shared memory), or WEIGHTS=dir: a
-# checkpoint directory written every step that the generator loads.  Random weights and
+# memory with --ckpt-every, fetched over shared memory), WEIGHTS=dir: a
+# checkpoint directory written every step that the generator loads, or
+# WEIGHTS=group: the weights broadcast group on 127.0.0.1 (CUDA IPC, device
+# to device; docs/wgroup.md), a step directory only at the end.  Random weights and
 # the byte tokenizer (no weights can be downloaded): the sampled text is
 # noise, which changes nothing in the cost (lengths are recorded).
 # JSON lines on stdout: one per trainer step and a summary over the steps
@@ -34,6 +36,10 @@ if [ "$WEIGHTS" = sync ]; then
 	SPID=$!
 	for _ in $(seq 100); do rl-sync status "$URL" --timeout 200 > /dev/null 2>&1 && break; sleep 0.1; done
 	GEN_W="--sync $URL" TRAIN_W="--sync $URL --ckpt-every 1000000"
+elif [ "$WEIGHTS" = group ]; then
+	A=127.0.0.1:$((20000 + $$ % 20000))
+	GEN_W="--weights-group $A --weights-group-rank 1 --weights-group-size 2"
+	TRAIN_W="--weights-group $A --weights-group-size 2 --ckpt-every 1000000"
 else
 	GEN_W="--weights-from $D/ck" TRAIN_W=
 fi

@@ -1,8 +1,9 @@
 #!/bin/sh
 # bench/run-gpu.sh — the GPU benchmarks (make bench-gpu), JSON lines on stdout:
 # single-op timings (gpu_kernels), the training step of GPT-2 124M and
-# Qwen2.5-0.5B shapes (gpu_train), generation at 1/64/256 slots (gpu_gen), then
-# the PyTorch references in the same call for the side-by-side ratios:
+# Qwen2.5-0.5B shapes (gpu_train), generation at 1/64/256 slots (gpu_gen, with
+# and without CUDA graphs), the engine with continuous batching (gpu_engine),
+# then the PyTorch references in the same call for the side-by-side ratios:
 # torch_baseline.py train and torch_graph_decode.py (and torch_baseline.py gen,
 # Hugging Face generate, host-bound and slow, only with RL_BENCH_HF_GEN=1).
 # Env: RL_BUILD (build dir, default build), TORCH_BASELINE (path of
@@ -17,6 +18,7 @@ rc=0
 "$B/bench/gpu_kernels" || rc=1
 "$B/bench/gpu_train" all "${RL_BENCH_STEPS:-10}" || rc=1
 "$B/bench/gpu_gen" all 256 || rc=1
+"$B/bench/gpu_engine" all || rc=1
 if [ "${RL_BENCH_NO_TORCH:-0}" != 1 ]; then
 	ref=${TORCH_BASELINE:-}
 	for c in ../shared/bench/torch_baseline.py .gpu/ref/torch_baseline.py ref/torch_baseline.py; do

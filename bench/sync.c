@@ -8,6 +8,7 @@
  * Prints one JSON object per case on stdout.
  *   build/bench/sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N]
  *                    [--stored|--compress] [--reps N] [--transport auto|shm|stream|nng]
+ *                    [--push-only]
  * Each figure is the median of --reps (5) interleaved runs; "cpu" figures are
  * the process's user + system seconds over the same interval (less sensitive
  * to other load on a shared machine than wall-clock seconds), and
@@ -26,11 +27,23 @@
  * --mb scales the model down (tensor shapes are kept, layers dropped) for a
  * quick run; the default is the full 124M parameters.
  *
+ * --push-only: the trainer's side only.  Median seconds (and CPU seconds)
+ * to push a new version to a server on this host, version after version,
+ * three ways: "delta" (chunks, XOR against the previous version + zstd: what
+ * rl-train did before shared memory, and still does to a server on another
+ * host), "whole" (uncompressed chunks over REQ/REP, no delta), "shm" (the
+ * default to a server on this host: one sealed memfd handed over, checked
+ * by the server); and, for reference, "dir": the same bytes written as a
+ * version directory (rl_wdir_publish_ver, with fsync) under $TMPDIR.  The
+ * other passes push with the stream transport (chunks), as they did before
+ * the shared memory push existed, so their delta rows stay comparable.
+ *
  * The delta case: fp32 master weights w ~ N(0, 0.02) (layer-norm gains ~ 1),
  * one Adam-like step w -= lr * g with |g| ~ 1 (Adam normalises the update),
  * both versions rounded to bf16.
  */
 #include "core.h"
+#include "wdir.h"
 #include "wsync.h"
 
 #include <arpa/inet.h>
@@ -232,6 +245,70 @@ raw_tcp(const uint8_t *src, size_t n, int k, double *cpu)
 
 /* ---- rl-sync subscribers -------------------------------------------------------------- */
 static int stored, transport = RL_WSYNC_T_STREAM;
+
+static double median(double *x, int n);
+
+/* --push-only: pushes of versions alternating between the contents a and b
+ * (each push's base is the previous one), one way; prints one JSON line */
+static int
+push_only(const char *url, const char *how, rl_wver *a, rl_wver *b, int reps, uint64_t *ver, size_t nparam)
+{
+	rl_wsync_client_opts po = { .timeout_ms = 60000 };
+	rl_wsync_client *pc = NULL;
+	double ts[16], cs[16], la[2][3];
+	int dir = strcmp(how, "dir") == 0, delta = strcmp(how, "delta") == 0;
+	char d[4096];
+	rl_wsync_stats st;
+
+	po.transport = strcmp(how, "shm") == 0 ? RL_WSYNC_T_SHM : RL_WSYNC_T_STREAM;
+	if (dir) {
+		const char *tmp = getenv("TMPDIR");
+		snprintf(d, sizeof d, "%s/rl-bench-sync.%ld", tmp && *tmp ? tmp : "/tmp", (long)getpid());
+	} else if (rl_wsync_client_open(&pc, url, &po) != 0) {
+		return 1;
+	}
+	getloadavg(la[0], 3);
+	for (int r = -1; r < reps; r++) { /* r = -1: the first version, not timed */
+		rl_wver *v = (r & 1) ? a : b, *base = (r & 1) ? b : a;
+		double t, c;
+		int rv;
+		v->version = ++*ver;
+		rl_wver_hash(v); /* outside the timer: the trainer has the hashes at hand either way */
+		c = cpu_now();
+		t = rl_now();
+		rv = dir ? rl_wdir_publish_ver(d, v, 2) : rl_wsync_push(pc, v, delta && r >= 0 ? base : NULL);
+		t = rl_now() - t;
+		c = cpu_now() - c;
+		if (rv != 0) {
+			fprintf(stderr, "sync: push (%s) failed: %s\n", how, rl_strerror(rv));
+			return 1;
+		}
+		if (r >= 0) {
+			ts[r] = t;
+			cs[r] = c;
+		}
+	}
+	getloadavg(la[1], 3);
+	if (pc)
+		rl_wsync_client_stats(pc, &st, 0);
+	else
+		memset(&st, 0, sizeof st);
+	printf("{\"bench\":\"sync\",\"case\":\"push\",\"how\":\"%s\",\"params\":%zu,\"bytes\":%llu,\"reps\":%d,"
+	       "\"push_seconds\":%.3f,\"push_cpu_seconds\":%.3f,\"push_wire_bytes_per_version\":%llu,"
+	       "\"shm_versions\":%llu,\"load_avg\":[%.2f,%.2f]}\n",
+	       how, nparam, (unsigned long long)rl_wver_total(a), reps, median(ts, reps), median(cs, reps),
+	       (unsigned long long)(st.bytes_sent / (uint64_t)(reps + 1)), (unsigned long long)st.shm_versions,
+	       la[0][0], la[1][0]);
+	fflush(stdout);
+	rl_wsync_client_close(pc);
+	if (dir) {
+		char cmd[4200];
+		snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
+		if (system(cmd) != 0)
+			fprintf(stderr, "sync: cannot remove %s\n", d);
+	}
+	return 0;
+}
 static uint64_t bulk_chunks, all_chunks, shm_versions; /* of the last deliver() */
 
 static double
@@ -327,8 +404,10 @@ main(int argc, char **argv)
 	rl_wsync_server *srv;
 	rl_wsync_server_opts so = { 0 };
 	rl_wsync_client *pc;
-	rl_wsync_client_opts po = { .timeout_ms = 60000 };
+	/* chunks, as before the shared memory push: the delta rows stay comparable */
+	rl_wsync_client_opts po = { .timeout_ms = 60000, .transport = RL_WSYNC_T_STREAM };
 	rl_wsync_stats st;
+	int only_push = 0;
 	char url[64];
 	uint64_t changed = 0;
 
@@ -348,6 +427,8 @@ main(int argc, char **argv)
 		}
 		else if (strcmp(argv[i], "--stored") == 0)
 			stored = 1;
+		else if (strcmp(argv[i], "--push-only") == 0)
+			only_push = 1;
 		else if (strcmp(argv[i], "--compress") == 0)
 			stored = -1;
 		else if (strcmp(argv[i], "--transport") == 0 && i + 1 < argc) {
@@ -364,7 +445,7 @@ main(int argc, char **argv)
 				subs[nsubs++] = RL_MAX(1, RL_MIN(8, atoi(tok)));
 		} else {
 			fprintf(stderr, "usage: sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N] "
-				"[--stored|--compress] [--reps N] [--transport T]\n");
+				"[--stored|--compress] [--reps N] [--transport T] [--push-only]\n");
 			return 2;
 		}
 	}
@@ -412,6 +493,21 @@ main(int argc, char **argv)
 	if (rl_wsync_server_open(&srv, &so) != 0 || rl_wsync_client_open(&pc, url, &po) != 0) {
 		fprintf(stderr, "sync: cannot start a server on %s\n", url);
 		return 1;
+	}
+	if (only_push) {
+		uint64_t ver = 0;
+		const char *hows[] = { "delta", "whole", "shm", "dir" };
+		int rc = 0;
+		rl_wsync_client_close(pc);
+		pc = NULL;
+		for (int i = 0; i < 4 && rc == 0; i++)
+			rc = push_only(url, hows[i], v1, v2, reps, &ver, nparam);
+		rl_wsync_server_close(srv);
+		rl_wver_destroy(v1);
+		rl_wver_destroy(v2);
+		free(f1);
+		free(f2);
+		return rc;
 	}
 	for (int pass = 0; pass < 2; pass++) {
 		const char *kind = pass ? "delta" : "full";

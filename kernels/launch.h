@@ -56,6 +56,9 @@ int rlk_layernorm_fwd(void *stream, void *out, float *mean, float *rstd, const v
     const void *w, const void *b, int N, int C, float eps);
 int rlk_layernorm_bwd(void *stream, void *dx, float *dw, float *db, const void *dout,
     const void *x, const void *w, const float *mean, const float *rstd, int N, int C);
+/* x (N,C) = x + t (as rlk_add), then out = layernorm (ln 1) or rmsnorm (ln 0) of the new x. */
+int rlk_add_norm_fwd(void *stream, void *x, void *out, float *mean, float *rstd, const void *t,
+    const void *w, const void *b, int N, int C, float eps, int ln);
 int rlk_qknorm_fwd(void *stream, void *qkv_out, float *rstd, const void *qkv_in,
     const void *wq, const void *wk, int N, int NH, int NKV, int HD, float eps);
 int rlk_qknorm_bwd(void *stream, void *dqkv_in, float *dwq, float *dwk, const void *dqkv_out,
@@ -93,6 +96,15 @@ int rlk_flash_fwd(void *stream, void *out, float *lse, const void *qkv, const in
 int rlk_attn_decode(void *stream, void *out, const void *qkv, const void *kc, const void *vc,
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
     int BS, int MAXBLK);
+/* Decode attention split over the context (kernels/decode.cu), the same function as
+ * rlk_attn_decode for the shapes rlk_attn_decode_split_ok accepts (HD 64 or 128, at most 8
+ * query heads per KV head).  nsplit >= 1 splits per (sequence, KV head), chosen by the
+ * caller from B and NKV; ws: device scratch of rlk_attn_decode_ws_bytes (NULL when 0). */
+int rlk_attn_decode_split_ok(int NH, int NKV, int HD);
+size_t rlk_attn_decode_ws_bytes(int B, int NH, int HD, int nsplit);
+int rlk_attn_decode_split(void *stream, float *ws, void *out, const void *qkv, const void *kc,
+    const void *vc, const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
+    int BS, int MAXBLK, int nsplit);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,11 @@
  * the global f32 gradient once per block (atomicAdd), so dw/db are += as
  * lib/ops.h asks.
  *
- * Leaves out: fusion with the residual add (the contract has separate ops).
+ * add_norm_fwd fuses the residual add in front of either forward norm (the
+ * optional op of lib/ops.h): each lane adds, rounds and stores its elements of
+ * the row, then the norm reads them back (its own stores: no barrier needed).
+ *
+ * Leaves out: fusion in the backward.
  */
 #include "kernels/common.cuh"
 #include "kernels/launch.h"
@@ -294,5 +298,59 @@ rlk_qknorm_bwd(void *s, void *dqkv_in, float *dwq, float *dwk, const void *dqkv_
 	k_qknorm_bwd<<<norm_grid_bwd(rows), NORM_WARPS * 32, sm, RLK_STREAM(s)>>>((bf16 *)dqkv_in, dwq,
 	    dwk, (const bf16 *)dqkv_out, (const bf16 *)qkv_in, (const bf16 *)wq, (const bf16 *)wk, rstd,
 	    N, NH, NKV, HD);
+	RLK_RET();
+}
+
+/* ---- residual add + norm (forward) ------------------------------------------------------ */
+__global__ void k_add_norm_fwd(bf16 *x, bf16 *out, float *mean, float *rstd, const bf16 *t, const bf16 *w,
+    const bf16 *b, int N, int C, float eps, int ln)
+{
+	int lane = threadIdx.x & 31;
+	long r = (long)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
+	if (r >= N)
+		return;
+	bf16 *xr = x + (size_t)r * C;
+	const bf16 *tr = t + (size_t)r * C;
+	float s1 = 0.0f;
+	for (int c = lane; c < C; c += 32) {
+		bf16 v = tobf(bf(xr[c]) + bf(tr[c]));
+		xr[c] = v;
+		s1 += ln ? bf(v) : bf(v) * bf(v);
+	}
+	s1 = warp_sum(s1);
+	float mu = 0.0f, rs;
+	if (ln) {
+		mu = s1 / C;
+		float var = 0.0f;
+		for (int c = lane; c < C; c += 32) {
+			float d = bf(xr[c]) - mu;
+			var += d * d;
+		}
+		rs = rsqrtf(warp_sum(var) / C + eps);
+	} else {
+		rs = rsqrtf(s1 / C + eps);
+	}
+	for (int c = lane; c < C; c += 32) {
+		float v = (bf(xr[c]) - mu) * rs * bf(w[c]);
+		if (ln && b)
+			v += bf(b[c]);
+		out[(size_t)r * C + c] = tobf(v);
+	}
+	if (lane == 0) {
+		if (ln && mean)
+			mean[r] = mu;
+		if (rstd)
+			rstd[r] = rs;
+	}
+}
+
+extern "C" int
+rlk_add_norm_fwd(void *s, void *x, void *out, float *mean, float *rstd, const void *t, const void *w,
+    const void *b, int N, int C, float eps, int ln)
+{
+	if (N <= 0)
+		return 0;
+	k_add_norm_fwd<<<norm_grid(N), NORM_WARPS * 32, 0, RLK_STREAM(s)>>>((bf16 *)x, (bf16 *)out, mean, rstd,
+	    (const bf16 *)t, (const bf16 *)w, (const bf16 *)b, N, C, eps, ln);
 	RLK_RET();
 }

@@ -67,6 +67,7 @@ struct rl_comm {
 	nng_listener lst;
 	_Atomic uint32_t prev_pipe, next_pipe;   /* pipe ids in use (0: none yet) */
 	_Atomic int prev_lost, next_lost;
+	_Atomic int interrupted;                 /* rl_comm_interrupt */
 	float *stage;               /* host staging for a device rl_ops on the cpu backend */
 	size_t stage_n;
 #if HAVE_NCCL
@@ -306,6 +307,10 @@ fail(rl_comm *c, int rv, int culprit)
 static int
 lost_check(rl_comm *c, const char *what, int which)
 {
+	if (atomic_load(&c->interrupted)) {
+		rl_verbose("%s #%u interrupted", what, c->seq);
+		return fail(c, RL_ECLOSED, -1);
+	}
 	if ((which & 1) && atomic_load(&c->prev_lost)) {
 		rl_error("lost the connection to rank %d during %s #%u (its process exited or its host is "
 		    "unreachable)", prev_of(c), what, c->seq);
@@ -1236,6 +1241,13 @@ rl_comm_allreduce(rl_comm *c, float *buf, size_t n)
 			break;
 	}
 	return RL_OK;
+}
+
+void
+rl_comm_interrupt(rl_comm *c)
+{
+	if (c)
+		atomic_store(&c->interrupted, 1);
 }
 
 int

@@ -130,6 +130,11 @@ void rl_comm_reducer_destroy(rl_comm_reducer *r);   /* NULL ok; ends a round in 
 /* Broadcast bytes of buf (rl_ops memory) from root to every rank. */
 int rl_comm_broadcast(rl_comm *c, void *buf, size_t bytes, int root);
 int rl_comm_barrier(rl_comm *c);
+/* From any thread: a wait on the ring in progress (within its 100 ms slice)
+ * and every later call fail with RL_ECLOSED; then rl_comm_close tells the
+ * others this rank failed.  For a thread blocked in a collective that its
+ * owner must stop (the NCCL backend's device waits are not interrupted). */
+void rl_comm_interrupt(rl_comm *c);
 
 /* Host memory, control plane (always the nng ring): out (world * bytes) gets
  * every rank's in (bytes) in rank order. */

@@ -1,6 +1,9 @@
 /*
  * engine.c — continuous-batching generation over the paged KV cache (see
- * engine.h).
+ * engine.h).  A decode step is one rl_model_decode_sample call (inputs up in
+ * one copy, the step replayed from a backend graph, tokens down in one copy);
+ * RL_DECODE_LEGACY=1 goes back to rl_model_decode + ops->sample (the same
+ * results, more copies and synchronisations).
  */
 #include "engine.h"
 
@@ -41,6 +44,7 @@ struct rl_engine {
 	rl_tokenizer *tok;
 	rl_kvcache *kv;
 	int V, slots, version, hold;
+	int legacy;             /* RL_DECODE_LEGACY=1: decode, then sample_rows */
 	size_t asz;
 	seq *s;                 /* (slots) */
 	req *head, *tail;
@@ -98,6 +102,7 @@ rl_engine_create(rl_engine **out, rl_model *m, rl_tokenizer *tok, const rl_gen_o
 	e->V = m->cfg.vocab_size;
 	e->slots = S = o->slots > 0 ? o->slots : 64;
 	e->asz = rl_dtype_size(ops->act_dtype);
+	e->legacy = getenv("RL_DECODE_LEGACY") != NULL && atoi(getenv("RL_DECODE_LEGACY")) > 0;
 	if (o->nstop > 0 && !tok) {
 		rl_error("stop strings need the model's tokenizer");
 		free(e);
@@ -538,13 +543,23 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	int32_t *feed = rl_xmalloc((size_t)B * 4);
 	memcpy(feed, e->h_tok, (size_t)B * 4);
 	double t0 = rl_now();
-	rv = rl_model_decode(e->m, e->kv, e->bseq, feed, B, NULL);
+	if (e->legacy) {
+		rv = rl_model_decode(e->m, e->kv, e->bseq, feed, B, NULL);
+	} else {
+		for (int b = 0; b < B; b++) {
+			seq *q = &e->s[e->bidx[b]];
+			e->h_seed[b] = q->seed;
+			e->h_ctr[b] = (uint64_t)q->n;
+		}
+		rv = rl_model_decode_sample(e->m, e->kv, e->bseq, feed, e->h_seed, e->h_ctr, B, g, &e->o.sp,
+		    e->h_tok, e->h_logp);
+	}
 	e->st.t_decode += rl_now() - t0;
 	free(feed);
 	if (rv != RL_OK)
 		return rv;
 	e->st.steps++;
-	if ((rv = sample_rows(e, e->m->logits, B, g)) != 0)
+	if (e->legacy && (rv = sample_rows(e, e->m->logits, B, g)) != 0)
 		return rv;
 	return take_tokens(e, B, done, ctx);
 }

@@ -98,7 +98,8 @@ void rl_engine_hold(rl_engine *e, int hold);
 
 typedef struct rl_engine_stats {
 	uint64_t prefill_tokens, gen_tokens, steps, samples;
-	double t_prefill, t_decode, t_sample;
+	double t_prefill, t_decode, t_sample;  /* seconds; decode steps sample inside t_decode
+	                                        * (t_sample: after prefills, and RL_DECODE_LEGACY=1) */
 } rl_engine_stats;
 const rl_engine_stats *rl_engine_stats_get(const rl_engine *e);
 

@@ -18,8 +18,25 @@
 #include "rng.h"
 #include "safetensors.h"
 
-/* Rows of logits materialised at once: bounded by bytes, so (N, V) never is. */
+/* Rows of logits materialised at once: bounded by bytes, so (N, V) never is.
+ * On the CPU 32 MiB; on a GPU (bf16 activations) 256 MiB, so that the LM-head
+ * GEMMs of a chunk are not skinny (2,670 rows at GPT-2's V = 50257, 883 at
+ * Qwen's 151936; at 32 MiB they were 333 and 110).  The backward pads the
+ * chunk's gradient into a scratch of the same size, so the head needs about
+ * twice this.  Overridden by m->logit_chunk_bytes, then by RL_LOGIT_CHUNK_MB. */
 #define LOGIT_CHUNK_BYTES ((size_t)32 << 20)
+#define LOGIT_CHUNK_BYTES_GPU ((size_t)256 << 20)
+
+static size_t
+logit_chunk_bytes(const rl_model *m)
+{
+	const char *e = getenv("RL_LOGIT_CHUNK_MB");
+	if (m->logit_chunk_bytes)
+		return m->logit_chunk_bytes;
+	if (e && atol(e) > 0)
+		return (size_t)atol(e) << 20;
+	return m->ops->act_dtype == RL_F32 ? LOGIT_CHUNK_BYTES : LOGIT_CHUNK_BYTES_GPU;
+}
 
 struct rl_model_act {
 	int maxN, chunk;
@@ -49,6 +66,8 @@ struct rl_model_act {
 	int32_t *tok, *tgt, *seg, *pos;                         /* (N) */
 	int32_t *hpos;          /* host (N) scratch */
 	int B, T, has_seg, ready;
+	int recompute;          /* per-layer arrays hold one layer (m->recompute at reserve) */
+	size_t bytes;           /* backend bytes of amem + fmem + imem */
 	int logits_kept;        /* logits holds all N rows of the last forward (one chunk) */
 	float inv_temp;
 };
@@ -73,7 +92,26 @@ struct rl_model_inf {
 	int32_t *htok, *hpos, *hseg, *hslot, *hbt;  /* host staging (I) */
 	int *hstart, *horder, *hfill;               /* host prefill layout (maxB) */
 	void *hlogits;          /* host (maxB, V) act */
+	/* rl_model_decode_sample: a step's inputs packed (step_layout) in one buffer and
+	 * copied in one queued upload; its outputs (tok, logp) at out_off, one download */
+	void *dstep;            /* backend (step_bytes) */
+	void *hstep;            /* host staging (step_bytes), ops->host_alloc when present */
+	size_t step_bytes, out_off;
+	int step_cols;          /* block-table columns the step buffers are laid out for */
+	struct dgraph *graphs;  /* (ngraph) recorded decode steps, one per (B, g, sampling) */
+	int ngraph, capgraph;
 };
+
+/* A decode step recorded as a backend graph, with what it was recorded for. */
+enum { DG_NEW, DG_WARM, DG_GRAPH, DG_FAILED };
+typedef struct dgraph {
+	void *g;                /* backend graph (state DG_GRAPH) */
+	int state;              /* DG_NEW: not run yet; DG_WARM: ran once op by op; DG_FAILED: no graph */
+	int B, ng;              /* batch rows, rows sampled with sp (the rest greedy) */
+	rl_sample_params sp;
+	const void *kvmem, *w;  /* cache and weights it reads */
+	int kvBS, kvnblk;
+} dgraph;
 
 /* ---- small helpers -------------------------------------------------------- */
 
@@ -249,6 +287,15 @@ free_inf(rl_model *m)
 	m->ops->free(m->ops, f->fmem);
 	m->ops->free(m->ops, f->imem);
 	m->ops->free(m->ops, f->bt);
+	for (int i = 0; i < f->ngraph; i++)
+		if (f->graphs[i].g)
+			m->ops->graph_destroy(m->ops, f->graphs[i].g);
+	free(f->graphs);
+	m->ops->free(m->ops, f->dstep);
+	if (m->ops->host_free)
+		m->ops->host_free(m->ops, f->hstep);
+	else
+		free(f->hstep);
 	free(f->htok);
 	free(f->hbt);
 	free(f->hlogits);
@@ -648,8 +695,11 @@ carve_act(rl_model *m, rl_model_act *a, carve *ca, carve *cf, carve *ci)
 	size_t N = (size_t)a->maxN, L = (size_t)c->n_layer, C = (size_t)c->hidden_size;
 	size_t QKV = (size_t)qkv_dim(c), AD = (size_t)c->n_head * c->head_dim, FC = (size_t)fc_dim(c);
 	size_t H = (size_t)c->intermediate_size, s = asz(m);
+	size_t R = (size_t)c->n_layer;
 
-	a->res = take(ca, (L + 1) * N * C, s);
+	/* recompute: the per-layer arrays hold one layer (slot 0), rebuilt in backward */
+	L = a->recompute ? 1 : R;
+	a->res = take(ca, (R + 1) * N * C, s);
 	a->ln1 = take(ca, L * N * C, s);
 	a->res_mid = take(ca, L * N * C, s);
 	a->ln2 = take(ca, L * N * C, s);
@@ -726,14 +776,20 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 
 	if (max_tokens <= 0)
 		return RL_EINVAL;
-	if (m->act != NULL && m->act->maxN >= max_tokens)
+	/* one layer's activations when they are recomputed, or never differentiated */
+	int one = m->recompute != 0 || m->grads == NULL;
+
+	if (m->act != NULL && m->act->maxN >= max_tokens && m->act->recompute == one)
 		return RL_OK;
 	free_act(m);
 	a = rl_xcalloc(1, sizeof *a);
 	a->maxN = max_tokens;
+	a->recompute = one;
 	a->chunk = (int)RL_MAX((size_t)1, RL_MIN((size_t)max_tokens,
-	    (m->logit_chunk_bytes ? m->logit_chunk_bytes : LOGIT_CHUNK_BYTES) /
-	    ((size_t)m->cfg.vocab_size * asz(m))));
+	    logit_chunk_bytes(m) / ((size_t)m->cfg.vocab_size * asz(m))));
+	/* whole GEMM tiles when the chunk does not cover the batch */
+	if (a->chunk < max_tokens && a->chunk > 256)
+		a->chunk &= ~127;
 	carve_act(m, a, &ca, &cf, &ci);
 	if ((rv = o->alloc(o, &a->amem, ca.off)) != 0 || (rv = o->alloc(o, (void **)&a->fmem, cf.off)) != 0 ||
 	    (rv = o->alloc(o, (void **)&a->imem, ci.off)) != 0) {
@@ -742,6 +798,7 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 		free(a);
 		return rv;
 	}
+	a->bytes = ca.off + cf.off + ci.off;
 	ca.base = a->amem;
 	cf.base = (char *)a->fmem;
 	ci.base = (char *)a->imem;
@@ -753,6 +810,12 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 	m->ent = a->ent;
 	m->val = a->val;
 	return check_ops(m, "train reserve");
+}
+
+size_t
+rl_model_act_bytes(const rl_model *m)
+{
+	return m->act ? m->act->bytes : 0;
 }
 
 void
@@ -772,6 +835,20 @@ norm_fwd(rl_model *m, void *out, float *mean, float *rstd, const void *x, int wi
 		    m->cfg.norm_eps);
 	else
 		o->rmsnorm_fwd(o, out, rstd, x, W(m, wi), N, m->cfg.hidden_size, m->cfg.norm_eps);
+}
+
+/* x += t, then out = the norm of x (weights wi, bi): one kernel where the backend has it. */
+static void
+add_norm_fwd(rl_model *m, void *x, void *out, float *mean, float *rstd, const void *t, int wi, int bi, int N)
+{
+	rl_ops *o = m->ops;
+	if (o->add_norm_fwd) {
+		o->add_norm_fwd(o, x, out, mean, rstd, t, W(m, wi), W(m, bi), N, m->cfg.hidden_size,
+		    m->cfg.norm_eps, m->cfg.arch == RL_ARCH_GPT2);
+		return;
+	}
+	o->add(o, x, x, t, (size_t)N * m->cfg.hidden_size);
+	norm_fwd(m, out, mean, rstd, x, wi, bi, N);
 }
 
 static void
@@ -794,6 +871,21 @@ mlp_act_fwd(rl_model *m, void *h, const void *fc, int N)
 		m->ops->gelu_fwd(m->ops, h, fc, (size_t)N * m->cfg.intermediate_size);
 	else
 		m->ops->swiglu_fwd(m->ops, h, fc, N, m->cfg.intermediate_size);
+}
+
+/* fc = up projection of xn, h = activation of fc; GPT-2's bias + GELU in the GEMM's
+ * epilogue when the backend offers it (RL_CUDA_GELU_FUSE=1). */
+static void
+mlp_up_fwd(rl_model *m, void *h, void *fc, const void *xn, const rl_layer_idx *y, int N)
+{
+	rl_ops *o = m->ops;
+	const rl_config *c = &m->cfg;
+	if (c->arch == RL_ARCH_GPT2 && o->matmul_gelu_fwd) {
+		o->matmul_gelu_fwd(o, h, fc, xn, W(m, y->fc_w), W(m, y->fc_b), N, c->hidden_size, fc_dim(c));
+		return;
+	}
+	o->matmul_fwd(o, fc, xn, W(m, y->fc_w), W(m, y->fc_b), N, c->hidden_size, fc_dim(c));
+	mlp_act_fwd(m, h, fc, N);
 }
 
 static int
@@ -820,6 +912,47 @@ check_inputs(const rl_model *m, const int32_t *tok, const int32_t *tgt, const in
 	return RL_OK;
 }
 
+/* Block l of the training forward: res[l] -> res[l+1], its activations in
+ * slot l of the per-layer arrays (slot 0 with recompute). */
+static void
+layer_fwd(rl_model *m, int l)
+{
+	rl_ops *o = m->ops;
+	rl_model_act *a = m->act;
+	const rl_config *c = &m->cfg;
+	const int B = a->B, T = a->T, N = B * T, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;
+	const int HD = c->head_dim, QKV = qkv_dim(c), AD = NH * HD, FC = fc_dim(c), H = c->intermediate_size;
+	const size_t s = asz(m), NC = (size_t)N * C, sN = (size_t)a->maxN;
+	const size_t k = a->recompute ? 0 : (size_t)l;
+	const int32_t *dseg = a->has_seg ? a->seg : NULL;
+	const rl_layer_idx *y = &m->layer[l];
+	void *res = at(a->res, l * sN * C, s), *res_out = at(a->res, (l + 1) * sN * C, s);
+	void *ln1 = at(a->ln1, k * sN * C, s), *ln2 = at(a->ln2, k * sN * C, s);
+	void *mid = at(a->res_mid, k * sN * C, s), *qkv = at(a->qkv, k * sN * QKV, s);
+	void *att = at(a->att, k * sN * AD, s), *fc = at(a->fc, k * sN * FC, s);
+	void *h = at(a->h, k * sN * H, s);
+	float *lse = a->lse + k * sN * NH;
+
+	norm_fwd(m, ln1, a->ln1_mean + k * sN, a->ln1_rstd + k * sN, res, y->ln1_w, y->ln1_b, N);
+	if (c->qk_norm) {
+		void *raw = at(a->qkv_raw, k * sN * QKV, s);
+		o->matmul_fwd(o, raw, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
+		o->qknorm_fwd(o, qkv, a->qk_rstd + k * sN * (NH + NKV), raw, W(m, y->qn_w),
+		    W(m, y->kn_w), N, NH, NKV, HD, c->norm_eps);
+	} else {
+		o->matmul_fwd(o, qkv, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
+	}
+	if (c->arch == RL_ARCH_LLAMA)
+		o->rope_fwd(o, qkv, a->pos, N, NH, NKV, HD, c->rope_theta);
+	o->attn_fwd(o, att, lse, qkv, dseg, B, T, NH, NKV, HD);
+	o->matmul_fwd(o, mid, att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
+	o->add(o, mid, mid, res, NC);
+	norm_fwd(m, ln2, a->ln2_mean + k * sN, a->ln2_rstd + k * sN, mid, y->ln2_w, y->ln2_b, N);
+	mlp_up_fwd(m, h, fc, ln2, y, N);
+	o->matmul_fwd(o, res_out, h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
+	o->add(o, res_out, res_out, mid, NC);
+}
+
 int
 rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const int32_t *tgt,
     const int32_t *seg, const int32_t *pos, int B, int T, float temperature)
@@ -827,9 +960,8 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	rl_ops *o = m->ops;
 	rl_model_act *a = m->act;
 	const rl_config *c = &m->cfg;
-	const int N = B * T, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim;
-	const int QKV = qkv_dim(c), AD = NH * HD, FC = fc_dim(c), H = c->intermediate_size, V = c->vocab_size;
-	const size_t s = asz(m), NC = (size_t)N * C, sN = (size_t)a->maxN;
+	const int N = B * T, C = c->hidden_size, V = c->vocab_size;
+	const size_t s = asz(m);
 	int rv;
 
 	if (a == NULL || tok == NULL || tgt == NULL || B <= 0 || T <= 0 || (size_t)B * T > (size_t)a->maxN ||
@@ -853,38 +985,11 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	a->T = T;
 	a->has_seg = seg != NULL;
 	a->inv_temp = 1.0f / temperature;
-	const int32_t *dseg = seg != NULL ? a->seg : NULL;
+	const size_t sN = (size_t)a->maxN;
 
 	o->embed_fwd(o, a->res, a->tok, a->pos, W(m, m->wte), W(m, m->wpe), N, C);
-	for (int l = 0; l < c->n_layer; l++) {
-		const rl_layer_idx *y = &m->layer[l];
-		void *res = at(a->res, l * sN * C, s), *res_out = at(a->res, (l + 1) * sN * C, s);
-		void *ln1 = at(a->ln1, l * sN * C, s), *ln2 = at(a->ln2, l * sN * C, s);
-		void *mid = at(a->res_mid, l * sN * C, s), *qkv = at(a->qkv, l * sN * QKV, s);
-		void *att = at(a->att, l * sN * AD, s), *fc = at(a->fc, l * sN * FC, s);
-		void *h = at(a->h, l * sN * H, s);
-		float *lse = a->lse + l * sN * NH;
-
-		norm_fwd(m, ln1, a->ln1_mean + l * sN, a->ln1_rstd + l * sN, res, y->ln1_w, y->ln1_b, N);
-		if (c->qk_norm) {
-			void *raw = at(a->qkv_raw, l * sN * QKV, s);
-			o->matmul_fwd(o, raw, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
-			o->qknorm_fwd(o, qkv, a->qk_rstd + l * sN * (NH + NKV), raw, W(m, y->qn_w),
-			    W(m, y->kn_w), N, NH, NKV, HD, c->norm_eps);
-		} else {
-			o->matmul_fwd(o, qkv, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
-		}
-		if (c->arch == RL_ARCH_LLAMA)
-			o->rope_fwd(o, qkv, a->pos, N, NH, NKV, HD, c->rope_theta);
-		o->attn_fwd(o, att, lse, qkv, dseg, B, T, NH, NKV, HD);
-		o->matmul_fwd(o, mid, att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
-		o->add(o, mid, mid, res, NC);
-		norm_fwd(m, ln2, a->ln2_mean + l * sN, a->ln2_rstd + l * sN, mid, y->ln2_w, y->ln2_b, N);
-		o->matmul_fwd(o, fc, ln2, W(m, y->fc_w), W(m, y->fc_b), N, C, FC);
-		mlp_act_fwd(m, h, fc, N);
-		o->matmul_fwd(o, res_out, h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
-		o->add(o, res_out, res_out, mid, NC);
-	}
+	for (int l = 0; l < c->n_layer; l++)
+		layer_fwd(m, l);
 	norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, at(a->res, (size_t)c->n_layer * sN * C, s),
 	    m->lnf_w, m->lnf_b, N);
 	for (int r0 = 0; r0 < N; r0 += a->chunk) {
@@ -966,22 +1071,34 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		return rv;
 	for (int l = c->n_layer - 1; l >= 0; l--) {
 		const rl_layer_idx *y = &m->layer[l];
+		const size_t k = a->recompute ? 0 : (size_t)l;
 		void *res = at(a->res, l * sN * C, s);
-		void *ln1 = at(a->ln1, l * sN * C, s), *ln2 = at(a->ln2, l * sN * C, s);
-		void *mid = at(a->res_mid, l * sN * C, s), *qkv = at(a->qkv, l * sN * QKV, s);
-		void *att = at(a->att, l * sN * AD, s), *fc = at(a->fc, l * sN * FC, s);
-		void *h = at(a->h, l * sN * H, s);
-		const float *lse = a->lse + l * sN * NH;
+		void *ln1 = at(a->ln1, k * sN * C, s), *ln2 = at(a->ln2, k * sN * C, s);
+		void *mid = at(a->res_mid, k * sN * C, s), *qkv = at(a->qkv, k * sN * QKV, s);
+		void *att = at(a->att, k * sN * AD, s), *fc = at(a->fc, k * sN * FC, s);
+		void *h = at(a->h, k * sN * H, s);
+		const float *lse = a->lse + k * sN * NH;
 		void *dq;
 
+		/* recompute: this layer's activations again, from its saved input res[l]
+		 * (slot 0 holds the last layer's from the forward) */
+		if (a->recompute && l != c->n_layer - 1)
+			layer_fwd(m, l);
+
 		/* res_out = mid + proj(act(fc(norm2(mid)))) */
-		o->matmul_bwd(o, a->dh, G(m, y->proj_w), G(m, y->proj_b), a->dres, h, W(m, y->proj_w), N, H, C);
-		if (c->arch == RL_ARCH_GPT2)
-			o->gelu_bwd(o, a->dfc, a->dh, fc, (size_t)N * H);
-		else
-			o->swiglu_bwd(o, a->dfc, a->dh, fc, N, H);
+		if (c->arch == RL_ARCH_GPT2 && o->matmul_dgelu_bwd) {
+			o->matmul_dgelu_bwd(o, a->dfc, G(m, y->proj_w), G(m, y->proj_b), a->dres, h, W(m, y->proj_w),
+			    fc, N, H, C);
+		} else {
+			o->matmul_bwd(o, a->dh, G(m, y->proj_w), G(m, y->proj_b), a->dres, h, W(m, y->proj_w), N, H,
+			    C);
+			if (c->arch == RL_ARCH_GPT2)
+				o->gelu_bwd(o, a->dfc, a->dh, fc, (size_t)N * H);
+			else
+				o->swiglu_bwd(o, a->dfc, a->dh, fc, N, H);
+		}
 		o->matmul_bwd(o, a->dx, G(m, y->fc_w), G(m, y->fc_b), a->dfc, ln2, W(m, y->fc_w), N, C, FC);
-		norm_bwd(m, a->dx2, a->dx, mid, a->ln2_mean + l * sN, a->ln2_rstd + l * sN, y->ln2_w,
+		norm_bwd(m, a->dx2, a->dx, mid, a->ln2_mean + k * sN, a->ln2_rstd + k * sN, y->ln2_w,
 		    y->ln2_b, N);
 		o->add(o, a->dres, a->dres, a->dx2, NC);
 		/* mid = res + o(attn(rope(qknorm(qkv(norm1(res)))))) */
@@ -992,12 +1109,12 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		dq = a->dqkv;
 		if (c->qk_norm) {
 			o->qknorm_bwd(o, a->dqkv2, G(m, y->qn_w), G(m, y->kn_w), a->dqkv,
-			    at(a->qkv_raw, l * sN * QKV, s), W(m, y->qn_w), W(m, y->kn_w),
-			    a->qk_rstd + l * sN * (NH + NKV), N, NH, NKV, HD);
+			    at(a->qkv_raw, k * sN * QKV, s), W(m, y->qn_w), W(m, y->kn_w),
+			    a->qk_rstd + k * sN * (NH + NKV), N, NH, NKV, HD);
 			dq = a->dqkv2;
 		}
 		o->matmul_bwd(o, a->dx, G(m, y->qkv_w), G(m, y->qkv_b), dq, ln1, W(m, y->qkv_w), N, C, QKV);
-		norm_bwd(m, a->dx2, a->dx, res, a->ln1_mean + l * sN, a->ln1_rstd + l * sN, y->ln1_w,
+		norm_bwd(m, a->dx2, a->dx, res, a->ln1_mean + k * sN, a->ln1_rstd + k * sN, y->ln1_w,
 		    y->ln1_b, N);
 		o->add(o, a->dres, a->dres, a->dx2, NC);
 		if ((rv = grads_final(m, y->ln1_w)) != 0)
@@ -1124,20 +1241,23 @@ rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch)
  * causal over B rows of N/B tokens with segments (prefill) or, for B
  * sequences of one token each, against the cache (decode). */
 static void
-infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
+infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int32_t *pos,
+    const int32_t *slot, const int32_t *bt, const int32_t *ctx, int btcols)
 {
 	rl_ops *o = m->ops;
 	rl_model_inf *f = m->inf;
 	const rl_config *c = &m->cfg;
 	const int C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim;
-	const int QKV = qkv_dim(c), AD = NH * HD, FC = fc_dim(c), H = c->intermediate_size;
+	const int QKV = qkv_dim(c), AD = NH * HD, H = c->intermediate_size;
 	const size_t NC = (size_t)N * C;
 
 	for (int l = 0; l < c->n_layer; l++) {
 		const rl_layer_idx *y = &m->layer[l];
 		void *qkv = f->qkv;
 
-		norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln1_w, y->ln1_b, N);
+		/* later layers got their first norm fused with the previous residual add */
+		if (l == 0)
+			norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln1_w, y->ln1_b, N);
 		o->matmul_fwd(o, qkv, f->xn, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
 		if (c->qk_norm) {
 			o->qknorm_fwd(o, f->qkv2, f->qk_rstd, qkv, W(m, y->qn_w), W(m, y->kn_w), N, NH, NKV,
@@ -1145,21 +1265,30 @@ infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
 			qkv = f->qkv2;
 		}
 		if (c->arch == RL_ARCH_LLAMA)
-			o->rope_fwd(o, qkv, f->pos, N, NH, NKV, HD, c->rope_theta);
-		o->kv_write(o, kv->kc[l], kv->vc[l], qkv, f->slot, N, NH, NKV, HD);
+			o->rope_fwd(o, qkv, pos, N, NH, NKV, HD, c->rope_theta);
+		o->kv_write(o, kv->kc[l], kv->vc[l], qkv, slot, N, NH, NKV, HD);
 		if (decode)
-			o->attn_decode(o, f->att, qkv, kv->kc[l], kv->vc[l], f->bt, f->ctx, B, NH, NKV, HD,
-			    kv->BS, f->btcols);
+			o->attn_decode(o, f->att, qkv, kv->kc[l], kv->vc[l], bt, ctx, B, NH, NKV, HD,
+			    kv->BS, btcols);
 		else
 			o->attn_fwd(o, f->att, f->lse, qkv, f->seg, B, N / B, NH, NKV, HD);
 		o->matmul_fwd(o, f->t, f->att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
-		o->add(o, f->x, f->x, f->t, NC);
-		norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln2_w, y->ln2_b, N);
-		o->matmul_fwd(o, f->fc, f->xn, W(m, y->fc_w), W(m, y->fc_b), N, C, FC);
-		mlp_act_fwd(m, f->h, f->fc, N);
+		add_norm_fwd(m, f->x, f->xn, f->mean, f->rstd, f->t, y->ln2_w, y->ln2_b, N);
+		mlp_up_fwd(m, f->h, f->fc, f->xn, y, N);
 		o->matmul_fwd(o, f->t, f->h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
-		o->add(o, f->x, f->x, f->t, NC);
+		if (l + 1 < c->n_layer)
+			add_norm_fwd(m, f->x, f->xn, f->mean, f->rstd, f->t, m->layer[l + 1].ln1_w,
+			    m->layer[l + 1].ln1_b, N);
+		else
+			o->add(o, f->x, f->x, f->t, NC);
 	}
+}
+
+static void
+infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
+{
+	rl_model_inf *f = m->inf;
+	infer_blocks_in(m, kv, N, decode, B, f->pos, f->slot, f->bt, f->ctx, f->btcols);
 }
 
 /* Final norm and lm_head over B rows in f->last; logits to m->logits and host. */
@@ -1338,4 +1467,255 @@ rl_model_decode(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_
 	for (int b = 0; b < B; b++)
 		seqs[b]->len++;
 	return infer_head(m, B, logits, "model decode");
+}
+
+/* ---- decode step with sampling: one upload, one graph, one download ------------------ */
+
+/* Byte offsets of a step's inputs for B rows in the packed buffers: tok, pos, ctx
+ * (context length including the new token), slot (i32 (B) each), seed, ctr (u64
+ * (B) each), the block tables (i32 (B, cols)). */
+typedef struct step_lay { size_t tok, pos, ctx, slot, seed, ctr, bt, in_bytes; } step_lay;
+
+static step_lay
+step_layout(int B, int cols)
+{
+	step_lay l;
+	size_t b = (size_t)B;
+	l.tok = 0;
+	l.pos = 4 * b;
+	l.ctx = 8 * b;
+	l.slot = 12 * b;
+	l.seed = (16 * b + 7) & ~(size_t)7;
+	l.ctr = l.seed + 8 * b;
+	l.bt = l.ctr + 8 * b;
+	l.in_bytes = l.bt + 4 * b * (size_t)cols;
+	return l;
+}
+
+static void
+drop_graphs(rl_model *m)
+{
+	rl_model_inf *f = m->inf;
+	for (int i = 0; i < f->ngraph; i++)
+		if (f->graphs[i].g)
+			m->ops->graph_destroy(m->ops, f->graphs[i].g);
+	f->ngraph = 0;
+}
+
+/* (Re)lays out the step buffers for block tables of `cols` columns (a new cache shape). */
+static int
+step_buffers(rl_model *m, int cols)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	int rv;
+
+	if (f->dstep != NULL && f->step_cols == cols)
+		return RL_OK;
+	drop_graphs(m);
+	o->free(o, f->dstep);
+	if (o->host_free)
+		o->host_free(o, f->hstep);
+	else
+		free(f->hstep);
+	f->dstep = f->hstep = NULL;
+	f->step_cols = 0;
+	f->out_off = (step_layout(f->maxB, cols).in_bytes + 255) & ~(size_t)255;
+	f->step_bytes = f->out_off + (size_t)8 * f->maxB;
+	if ((rv = o->alloc(o, &f->dstep, f->step_bytes)) != 0)
+		return rv;
+	if (o->host_alloc)
+		rv = o->host_alloc(o, &f->hstep, f->step_bytes);
+	else if ((f->hstep = rl_try_calloc(1, f->step_bytes, "decode staging")) == NULL)
+		rv = RL_ENOMEM;
+	if (rv != 0) {
+		o->free(o, f->dstep);
+		f->dstep = NULL;
+		return rv;
+	}
+	memset(f->hstep, 0, f->step_bytes);
+	f->step_cols = cols;
+	return RL_OK;
+}
+
+/* The device work of one decode step, reading every per-step value from f->dstep:
+ * embedding, blocks, final norm, lm_head, sampling (rows [0, g) with sp, the rest
+ * greedy) into the outputs at f->out_off.  The same ops, in the same order, as
+ * rl_model_decode followed by the engine's two ops->sample calls. */
+static void
+decode_enqueue(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params *sp)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	const int C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+	const rl_sample_params greedy = { 0.0f, 0, 1.0f };
+	step_lay l = step_layout(B, f->step_cols);
+	char *d = f->dstep;
+	int32_t *otok = (int32_t *)(d + f->out_off);
+	float *olp = (float *)(d + f->out_off + (size_t)4 * B);
+	const uint64_t *seed = (const uint64_t *)(d + l.seed), *ctr = (const uint64_t *)(d + l.ctr);
+
+	o->embed_fwd(o, f->x, (const int32_t *)(d + l.tok), (const int32_t *)(d + l.pos), W(m, m->wte),
+	    W(m, m->wpe), B, C);
+	infer_blocks_in(m, kv, B, 1, B, (const int32_t *)(d + l.pos), (const int32_t *)(d + l.slot),
+	    (const int32_t *)(d + l.bt), (const int32_t *)(d + l.ctx), f->step_cols);
+	o->copy(o, f->last, f->x, (size_t)B * C * asz(m));
+	norm_fwd(m, f->lastn, f->mean, f->rstd, f->last, m->lnf_w, m->lnf_b, B);
+	o->matmul_fwd(o, f->logits, f->lastn, W(m, m->lm_w), NULL, B, C, V);
+	if (g > 0)
+		o->sample(o, otok, olp, f->logits, seed, ctr, g, V, sp);
+	if (B > g)
+		o->sample(o, otok + g, olp + g, (const char *)f->logits + (size_t)g * V * asz(m), seed + g,
+		    ctr + g, B - g, V, &greedy);
+}
+
+/* The recorded step for this key, a new entry (DG_NEW) when there is none, NULL when
+ * graphs are off. */
+static dgraph *
+find_graph(rl_model *m, const rl_kvcache *kv, int B, int g, const rl_sample_params *sp)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	dgraph *d;
+
+	if (m->no_graph || !o->graph_begin || !o->graph_end || !o->graph_launch || !o->graph_ok ||
+	    !o->graph_destroy)
+		return NULL;
+	for (int i = 0; i < f->ngraph; i++) {
+		d = &f->graphs[i];
+		if (d->B == B && d->ng == g && d->sp.temperature == sp->temperature && d->sp.top_k == sp->top_k &&
+		    d->sp.top_p == sp->top_p && d->kvmem == kv->mem && d->kvBS == kv->BS &&
+		    d->kvnblk == kv->nblk && d->w == m->w)
+			return d;
+	}
+	if (f->ngraph == f->capgraph) {
+		/* one per batch size and greedy split in practice; past a bound, start over */
+		if (f->capgraph >= 4 * f->maxB + 64)
+			drop_graphs(m);
+		else {
+			int nc = f->capgraph ? 2 * f->capgraph : 16;
+			dgraph *ng = realloc(f->graphs, (size_t)nc * sizeof *ng);
+			if (!ng)
+				return NULL;
+			f->graphs = ng;
+			f->capgraph = nc;
+		}
+	}
+	d = &f->graphs[f->ngraph++];
+	memset(d, 0, sizeof *d);
+	d->state = DG_NEW;
+	d->B = B;
+	d->ng = g;
+	d->sp = *sp;
+	d->kvmem = kv->mem;
+	d->kvBS = kv->BS;
+	d->kvnblk = kv->nblk;
+	d->w = m->w;
+	return d;
+}
+
+/* Queues the step's device work: replays its graph, records one, or runs the ops. */
+static int
+decode_run(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params *sp)
+{
+	rl_ops *o = m->ops;
+	dgraph *d = find_graph(m, kv, B, g, sp);
+	int rv;
+
+	if (d && d->state == DG_GRAPH && !o->graph_ok(o, d->g)) {
+		/* a scratch buffer moved since recording (it only grows: record again now) */
+		o->graph_destroy(o, d->g);
+		d->g = NULL;
+		d->state = DG_WARM;
+		m->dstats.stale++;
+	}
+	if (d && d->state == DG_WARM) {
+		if ((rv = o->graph_begin(o)) == RL_OK) {
+			decode_enqueue(m, kv, B, g, sp);
+			rv = o->graph_end(o, &d->g);
+			if (rv == RL_OK)
+				m->dstats.captures++;
+		}
+		d->state = rv == RL_OK ? DG_GRAPH : DG_FAILED;
+		if (rv != RL_OK)
+			rl_verbose("decode: batch of %d runs op by op (no graph: %s)", B, rl_strerror(rv));
+	}
+	if (d && d->state == DG_GRAPH) {
+		if ((rv = o->graph_launch(o, d->g)) != RL_OK)
+			return rv;
+		m->dstats.launches++;
+		return RL_OK;
+	}
+	/* the first run of a key goes op by op: scratch buffers and GEMM heuristics are
+	 * set up outside the recording */
+	if (d && d->state == DG_NEW)
+		d->state = DG_WARM;
+	decode_enqueue(m, kv, B, g, sp);
+	m->dstats.direct++;
+	return RL_OK;
+}
+
+int
+rl_model_decode_sample(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok,
+    const uint64_t *seed, const uint64_t *ctr, int B, int g, const rl_sample_params *sp,
+    int32_t *out_tok, float *out_logp)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	double t0 = rl_now(), t1;
+	int rv;
+
+	if (f == NULL || B <= 0 || B > f->maxB || g < 0 || g > B) {
+		rl_error("model decode: batch of %d, %d sampled (reserved for %d)", B, g, f ? f->maxB : 0);
+		return RL_EINVAL;
+	}
+	if ((rv = step_buffers(m, kv->maxblk)) != 0)
+		return rv;
+	step_lay l = step_layout(B, f->step_cols);
+	char *h = f->hstep;
+	int32_t *htok = (int32_t *)(h + l.tok), *hpos = (int32_t *)(h + l.pos);
+	int32_t *hctx = (int32_t *)(h + l.ctx), *hslot = (int32_t *)(h + l.slot), *hbt = (int32_t *)(h + l.bt);
+	uint64_t *hseed = (uint64_t *)(h + l.seed), *hctr = (uint64_t *)(h + l.ctr);
+
+	for (int b = 0; b < B; b++) {
+		htok[b] = tok[b];
+		hpos[b] = seqs[b]->len;
+	}
+	if ((rv = check_inputs(m, htok, NULL, hpos, B, "model decode")) != 0)
+		return rv;
+	for (int b = 0; b < B; b++)
+		if ((rv = rl_kvcache_reserve(kv, seqs[b], 1)) != 0)
+			return rv;
+	for (int b = 0; b < B; b++) {
+		hslot[b] = rl_kvcache_slot(kv, seqs[b], seqs[b]->len);
+		hctx[b] = seqs[b]->len + 1;
+		memcpy(hbt + (size_t)b * f->step_cols, seqs[b]->blocks, (size_t)seqs[b]->nblk * 4);
+		hseed[b] = seed[b];
+		hctr[b] = ctr[b];
+	}
+	if (o->upload_async)
+		o->upload_async(o, f->dstep, h, l.in_bytes);
+	else
+		o->upload(o, f->dstep, h, l.in_bytes);
+	if ((rv = decode_run(m, kv, B, g, sp)) != 0) {
+		check_ops(m, "model decode");
+		return rv;
+	}
+	for (int b = 0; b < B; b++)
+		seqs[b]->len++;
+	if (o->download_async)
+		o->download_async(o, h + f->out_off, (char *)f->dstep + f->out_off, (size_t)8 * B);
+	else
+		o->download(o, h + f->out_off, (char *)f->dstep + f->out_off, (size_t)8 * B);
+	t1 = rl_now();
+	if ((rv = o->sync(o)) != 0) {
+		rl_error("model decode: backend '%s' failed: %s", o->name, rl_strerror(rv));
+		return rv;
+	}
+	memcpy(out_tok, h + f->out_off, (size_t)4 * B);
+	memcpy(out_logp, h + f->out_off + (size_t)4 * B, (size_t)4 * B);
+	m->dstats.steps++;
+	m->dstats.t_host += t1 - t0;
+	m->dstats.t_wait += rl_now() - t1;
+	return RL_OK;
 }

@@ -45,6 +45,17 @@ typedef struct rl_layer_idx {
 
 typedef struct rl_model rl_model;
 
+/* Counters of rl_model_decode_sample. */
+typedef struct rl_decode_stats {
+	uint64_t steps;         /* calls that succeeded */
+	uint64_t captures;      /* graphs recorded */
+	uint64_t launches;      /* steps replayed from a graph */
+	uint64_t direct;        /* steps run op by op */
+	uint64_t stale;         /* graphs recorded again because the backend's scratch moved */
+	double t_host;          /* seconds on the host before waiting for the device */
+	double t_wait;          /* seconds waiting for the device (the step's only sync) */
+} rl_decode_stats;
+
 typedef struct rl_model_act rl_model_act;   /* training activations (model.c) */
 typedef struct rl_model_inf rl_model_inf;   /* inference buffers (model.c) */
 
@@ -68,8 +79,9 @@ struct rl_model {
 	/* Logits of the last prefill/decode, backend memory, (B, V) act. */
 	void *logits;
 	char *src_dir;          /* directory it was loaded from (NULL for random init) */
-	size_t logit_chunk_bytes; /* bound on the (rows, V) logits chunk; 0 = 32 MiB; set before
-	                           * rl_model_train_reserve (a GPU trainer may want more) */
+	size_t logit_chunk_bytes; /* bound on the (rows, V) logits chunk; 0 = RL_LOGIT_CHUNK_MB
+	                           * MiB when set, else 32 MiB on the CPU, 256 MiB on a GPU;
+	                           * set before rl_model_train_reserve */
 	rl_model_act *act;
 	rl_model_inf *inf;
 	/* Optional (data parallel: overlap of the gradient all-reduce): called by
@@ -79,9 +91,20 @@ struct rl_model {
 	 * queued on the backend, not necessarily done.  Non-zero fails the pass. */
 	int (*grad_ready)(void *ctx, size_t from);
 	void *grad_ready_ctx;
+	/* rl_model_decode_sample: 1 runs every step op by op (no backend graphs) */
+	int no_graph;
+	rl_decode_stats dstats;  /* rl_model_decode_sample's counters, since open */
 	/* Set before rl_model_train_reserve: m->m, m->v are not allocated (a
 	 * ZeRO trainer keeps its shard of them; rl_model_step then fails). */
 	int no_adam_state;
+	/* Set before the first rl_model_train_reserve/eval_reserve: activation
+	 * recomputation (gradient checkpointing).  The forward keeps only each
+	 * layer's input (the residual stream) and one layer's activations; the
+	 * backward runs each layer's forward again before differentiating it.
+	 * Same results (the recomputed forward is the same ops on the same
+	 * inputs), about a third more compute, and the per-layer activations
+	 * shrink from L x ~(6C + QKV + FC + H) to ~C + one layer's worth per token. */
+	int recompute;
 };
 
 /* ---- life cycle ------------------------------------------------------------ */
@@ -107,8 +130,11 @@ size_t rl_model_nparams(const rl_model *m);
  * activations for up to max_tokens = B*T rows.  Call once; again to grow. */
 int rl_model_train_reserve(rl_model *m, int max_tokens);
 /* Activations only, for forward-only use (reference / old-policy log-probs):
- * no gradients or optimizer state; rl_model_backward then fails. */
+ * no gradients or optimizer state; rl_model_backward then fails.  Only one
+ * layer's activations are kept (as with m->recompute). */
 int rl_model_eval_reserve(rl_model *m, int max_tokens);
+/* Backend bytes of the activations reserved (0 before a reserve). */
+size_t rl_model_act_bytes(const rl_model *m);
 /* Training forward over B rows of T tokens.  Host inputs, i32:
  *   tok (B,T) token ids in [0, V) (padding too: use any valid id, e.g. 0);
  *   tgt (B,T) target id per position (the next token), < 0 = no log-prob (padding, last);
@@ -187,6 +213,21 @@ int rl_model_prefill(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs,
  * block reserved for their next token), RL_ETOOBIG past the model's positions. */
 int rl_model_decode(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok, int B,
     float *logits);
+/* One decode step and the sampling of the next tokens, on the backend: appends tok[b]
+ * (host) to seqs[b] as rl_model_decode does, then samples row b from its logits as
+ * ops->sample does: rows [0, g) with *sp, rows [g, B) greedily, with the RNG stream
+ * seed[b] and counter ctr[b] (host).  Writes host out_tok (B) and out_logp (B).
+ * The step's inputs travel in one queued copy from staging and its outputs in one;
+ * the download of the outputs is the step's only synchronisation.  On a backend with
+ * graphs (CUDA) the device work is recorded once per (B, g, *sp, cache, weights
+ * pointer) after one run op by op, and replayed after that; weights changed in place
+ * (rl_model_set, rl_model_params_changed) are read by the replays.  m->no_graph = 1
+ * (or RL_CUDA_GRAPH=0 for the CUDA backend) runs every step op by op.  The results
+ * equal rl_model_decode + ops->sample bit for bit.  m->logits holds the logits after.
+ * Errors as rl_model_decode. */
+int rl_model_decode_sample(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok,
+    const uint64_t *seed, const uint64_t *ctr, int B, int g, const rl_sample_params *sp,
+    int32_t *out_tok, float *out_logp);
 
 /* ---- host access to tensors (checkpoints, tests, weight sync) ----------------- */
 enum { RL_MODEL_PARAM = 0, RL_MODEL_GRAD, RL_MODEL_ADAM_M, RL_MODEL_ADAM_V };

@@ -215,6 +215,46 @@ struct rl_ops {
 	void (*sample)(rl_ops *o, int32_t *tok, float *logp, const void *logits,
 	    const uint64_t *seed, const uint64_t *counter, int B, int V, const rl_sample_params *p);
 
+	/* ---- optional: staging, queued copies, graphs ---------------------------------------
+	 * Each may be NULL (the CPU backend leaves them NULL): callers then use alloc/free with
+	 * malloc'd host memory, upload/download, and run the ops directly. */
+	/* Host memory for the queued copies below (page-locked on CUDA); host_free NULL ok. */
+	int (*host_alloc)(rl_ops *o, void **p, size_t bytes);
+	void (*host_free)(rl_ops *o, void *p);
+	/* Queued copies: host_src must not change and host_dst is not valid until sync(). */
+	void (*upload_async)(rl_ops *o, void *dst, const void *host_src, size_t bytes);
+	void (*download_async)(rl_ops *o, void *host_dst, const void *src, size_t bytes);
+	/* Graphs: the ops issued between graph_begin and graph_end are recorded, not run, and
+	 * graph_launch queues them again with the same arguments (pointers and sizes fixed at
+	 * recording; what varies must be read from backend memory).  Between begin and end: no
+	 * alloc, free, upload, download, sync, sumsq.  graph_end returns the graph in *g (the
+	 * caller's, graph_destroy; NULL ok) or an error, with nothing recorded and the backend
+	 * usable.  graph_ok is 0 once the backend has moved a scratch buffer the graph uses (it
+	 * must be recorded again).  Scratch the ops need must exist before recording: run the
+	 * same ops once without a graph first. */
+	int (*graph_begin)(rl_ops *o);
+	int (*graph_end)(rl_ops *o, void **g);
+	int (*graph_launch)(rl_ops *o, void *g);
+	int (*graph_ok)(rl_ops *o, const void *g);
+	void (*graph_destroy)(rl_ops *o, void *g);
+
+	/* Optional GPT-2 MLP fusions (GELU in the GEMM epilogue); NULL when absent or off.
+	 * matmul_gelu_fwd: pre (N,OC) = inp @ w^T + bias and h (N,OC) = gelu(pre), as matmul_fwd
+	 * then gelu_fwd, except that gelu may be taken of pre before its rounding to act.
+	 * matmul_dgelu_bwd: matmul_bwd (dw, dbias as there) whose dinp (N,C) is then multiplied
+	 * by gelu'(pre (N,C)), as matmul_bwd then gelu_bwd(dinp, dinp, pre), except that the
+	 * product may be taken before dinp's rounding. */
+	void (*matmul_gelu_fwd)(rl_ops *o, void *h, void *pre, const void *inp, const void *w,
+	    const void *bias, int N, int C, int OC);
+	void (*matmul_dgelu_bwd)(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout,
+	    const void *inp, const void *w, const void *pre, int N, int C, int OC);
+
+	/* Optional residual add + norm (NULL when absent): x (N,C) = x + t as add, then out =
+	 * the norm of the new x, as layernorm_fwd (ln != 0; mean, b as there) or rmsnorm_fwd
+	 * (ln == 0; mean and b unused). */
+	void (*add_norm_fwd)(rl_ops *o, void *x, void *out, float *mean, float *rstd, const void *t,
+	    const void *w, const void *b, int N, int C, float eps, int ln);
+
 	/* ---- teardown ---------------------------------------------------------------------- */
 	void (*close)(rl_ops *o);
 };

@@ -11,7 +11,13 @@
  * Attention scratch (see kernels/attn.cu) grows to the largest size asked for
  * and is then reused, so a training step allocates nothing after the first.
  *
- * Leaves out: multi-GPU (comm.h), CUDA graphs (the generation engine's).
+ * Graphs (the decode step, see docs/cuda.md): stream capture in thread-local mode
+ * on the backend's stream, instantiated once and replayed with cudaGraphLaunch.
+ * Scratch buffers that grow (GEMM padding, attention workspace) bump an epoch;
+ * a graph recorded under an older epoch reports itself stale (graph_ok) so the
+ * caller records it again.  RL_CUDA_GRAPH=0 leaves the graph hooks NULL.
+ *
+ * Leaves out: multi-GPU (comm.h).
  */
 #if HAVE_CUDA
 #include <math.h>
@@ -34,6 +40,7 @@
 typedef struct algo_key {
 	int ta, tb, m, n, k, lda, ldb, ldd, dt, epi;
 	int al_a, al_b, al_d;  /* pointer alignments: an algorithm assumes those it was chosen for */
+	int ldaux, al_aux;     /* GELU epilogues' auxiliary matrix */
 } algo_key;
 
 typedef struct algo_ent {
@@ -56,6 +63,14 @@ typedef struct cuda_ctx {
 	size_t acc_bytes;
 	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
 	int flash;             /* flash attention forward: RL_CUDA_ATTN=flash (see docs/cuda.md) */
+	int gelu_fuse;         /* RL_CUDA_GELU_FUSE=1: bias + GELU (and its gradient) in GEMM epilogues */
+	int gelu_nosup;        /* cuBLASLt had no algorithm for a GELU epilogue: fall back from then on */
+	int decode_v1;         /* RL_CUDA_DECODE_ATTN=v1: attn_decode by attn.cu's kernel only */
+	int nsm;               /* multiprocessors */
+	void *dec_ws;          /* split decode attention partials */
+	size_t dec_ws_bytes;
+	unsigned epoch;        /* bumped whenever a scratch buffer moves (graphs recorded before are stale) */
+	int capturing;         /* between graph_begin and graph_end */
 	struct { const char *name; double s; long n; } pt[64];
 	int npt;
 	int status;
@@ -136,6 +151,12 @@ grow_buf(rl_ops *o, void **buf, size_t *have, size_t bytes)
 	cuda_ctx *c = CTX(o);
 	if (*have >= bytes)
 		return *buf;
+	if (c->capturing) {
+		/* a graph must not allocate: the caller runs the ops once without one first */
+		fail(o, "scratch growth during graph capture", "not allowed");
+		return NULL;
+	}
+	c->epoch++;
 	if (*buf) {
 		cudaStreamSynchronize(c->stream);
 		cudaFree(*buf);
@@ -270,10 +291,16 @@ ptr_align(const void *p)
 	return al;
 }
 
-/* D (m x n, ldd, dtype dt) = op(A) (m x k) op(B) (k x n) + beta * D (+ bias (m) bf16). */
+/* GELU epilogues of lt_gemm_epi */
+enum { EPI_PLAIN = 0, EPI_GELU_AUX, EPI_DGELU };
+
+/* D (m x n, ldd, dtype dt) = op(A) (m x k) op(B) (k x n) + beta * D (+ bias (m) bf16).
+ * gelu EPI_GELU_AUX: D = gelu(that), aux (m x n, ldaux, bf16) = that (bias added);
+ * EPI_DGELU: D = that * gelu'(aux) (no bias). */
 static int
-lt_gemm(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
-    int ldb, void *D, int ldd, cudaDataType_t dt, float beta, const void *bias)
+lt_gemm_epi(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
+    int ldb, void *D, int ldd, cudaDataType_t dt, float beta, const void *bias, int gelu, const void *aux,
+    int ldaux)
 {
 	cuda_ctx *c = CTX(o);
 	cublasLtMatmulDesc_t desc = NULL;
@@ -284,16 +311,28 @@ lt_gemm(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, 
 	float alpha = 1.0f;
 	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+	if (gelu == EPI_GELU_AUX)
+		epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+	else if (gelu == EPI_DGELU)
+		epi = CUBLASLT_EPILOGUE_DGELU;
 
 #define LT(x) do { st = (x); if (st != CUBLAS_STATUS_SUCCESS) { rv = -(int)st; goto out; } } while (0)
 	LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
 	LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
 	LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-	if (bias) {
+	if (epi != CUBLASLT_EPILOGUE_DEFAULT)
 		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+	if (bias && gelu != EPI_DGELU) {
 		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
 		cudaDataType_t bt = CUDA_R_16BF;
 		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+	}
+	if (gelu != EPI_PLAIN) {
+		int64_t ld64 = ldaux;
+		int32_t at = CUDA_R_16BF;
+		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld64, sizeof ld64));
+		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof at));
 	}
 	LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ta ? k : m, ta ? m : k, lda));
 	LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
@@ -303,7 +342,8 @@ lt_gemm(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, 
 	 * algorithm chosen for them can compute garbage on less aligned ones (offsets into
 	 * a larger buffer, split GEMMs): pass the real alignments and key the cache on them. */
 	uint32_t al_a = ptr_align(A), al_b = ptr_align(B), al_d = ptr_align(D);
-	algo_key key = { ta, tb, m, n, k, lda, ldb, ldd, (int)dt, (int)epi, (int)al_a, (int)al_b, (int)al_d };
+	algo_key key = { ta, tb, m, n, k, lda, ldb, ldd, (int)dt, (int)epi, (int)al_a, (int)al_b, (int)al_d,
+		gelu != EPI_PLAIN ? ldaux : 0, gelu != EPI_PLAIN ? (int)ptr_align(aux) : 0 };
 	algo_ent *ent = NULL;
 	for (int i = 0; i < c->nalgo; i++)
 		if (memcmp(&c->algos[i].key, &key, sizeof key) == 0) {
@@ -351,6 +391,13 @@ out:
 	if (desc)
 		cublasLtMatmulDescDestroy(desc);
 	return rv;
+}
+
+static int
+lt_gemm(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
+    int ldb, void *D, int ldd, cudaDataType_t dt, float beta, const void *bias)
+{
+	return lt_gemm_epi(o, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, dt, beta, bias, EPI_PLAIN, NULL, 0);
 }
 
 /* Row length padded to a multiple of 8 elements when it is not one and the tensor is
@@ -455,6 +502,62 @@ cu_matmul_bwd(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, 
 	prof_add(o, "matmul_bwd", t);
 }
 
+/* GELU epilogues: the shapes they take (no split or padded output, 16-byte rows and
+ * pointers); anything else goes through the plain GEMM and the GELU kernels. */
+static int
+gelu_epi_ok(int OC, int rows_len, size_t N, const void *a, const void *b, const void *c)
+{
+	return OC == split_oc(OC) && padded(OC, N) == OC && OC % 8 == 0 && rows_len % 8 == 0 &&
+	    ptr_align(a) >= 16 && ptr_align(b) >= 16 && ptr_align(c) >= 16;
+}
+
+static void
+gelu_tried(rl_ops *o, int r)
+{
+	if (r == -(int)CUBLAS_STATUS_NOT_SUPPORTED && !CTX(o)->gelu_nosup) {
+		CTX(o)->gelu_nosup = 1;
+		rl_warn("cuda: cuBLASLt has no algorithm for a GELU epilogue here; GELU runs as its own kernel");
+	}
+}
+
+static void
+cu_matmul_gelu_fwd(rl_ops *o, void *h, void *pre, const void *inp, const void *w, const void *bias, int N,
+    int C, int OC)
+{
+	double t = prof_t0(o);
+	int r = -(int)CUBLAS_STATUS_NOT_SUPPORTED;
+	if (N > 0 && OC > 0 && !CTX(o)->gelu_nosup && gelu_epi_ok(OC, C, (size_t)N, h, pre, inp))
+		gelu_tried(o, r = lt_gemm_epi(o, 1, 0, OC, N, C, w, C, inp, C, h, OC, CUDA_R_16BF, 0.0f, bias,
+		    EPI_GELU_AUX, pre, OC));
+	if (r != -(int)CUBLAS_STATUS_NOT_SUPPORTED) {
+		ck(o, "matmul_gelu_fwd", r);
+	} else {
+		matmul_fwd_(o, pre, inp, w, bias, N, C, OC);
+		ck(o, "matmul_gelu_fwd gelu", rlk_gelu_fwd(S(o), h, pre, (size_t)N * OC));
+	}
+	prof_add(o, "matmul_gelu_fwd", t);
+}
+
+static void
+cu_matmul_dgelu_bwd(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
+    const void *w, const void *pre, int N, int C, int OC)
+{
+	double t = prof_t0(o);
+	int r = -(int)CUBLAS_STATUS_NOT_SUPPORTED;
+	/* dinp^T (C x N) = dgelu(w^T (C x OC) * dout^T (OC x N)) with aux = pre^T (C x N) */
+	if (N > 0 && !CTX(o)->gelu_nosup && gelu_epi_ok(OC, C, (size_t)N, dinp, pre, dout))
+		gelu_tried(o, r = lt_gemm_epi(o, 0, 0, C, N, OC, w, C, dout, OC, dinp, C, CUDA_R_16BF, 0.0f, NULL,
+		    EPI_DGELU, pre, C));
+	if (r != -(int)CUBLAS_STATUS_NOT_SUPPORTED) {
+		ck(o, "matmul_dgelu_bwd", r);
+		matmul_bwd_(o, NULL, dw, dbias, dout, inp, w, N, C, OC);
+	} else {
+		matmul_bwd_(o, dinp, dw, dbias, dout, inp, w, N, C, OC);
+		ck(o, "matmul_dgelu_bwd gelu", rlk_gelu_bwd(S(o), dinp, dinp, pre, (size_t)N * C));
+	}
+	prof_add(o, "matmul_dgelu_bwd", t);
+}
+
 /* ---- the rest of the table: thin wrappers over the launchers ---------------------------- */
 static void
 cu_embed_fwd(rl_ops *o, void *out, const int32_t *tok, const int32_t *pos, const void *wte,
@@ -495,6 +598,13 @@ cu_layernorm_bwd(rl_ops *o, void *dx, float *dw, float *db, const void *dout, co
     const void *w, const float *mean, const float *rstd, int N, int C)
 {
 	CKP(o, "layernorm_bwd", rlk_layernorm_bwd(S(o), dx, dw, db, dout, x, w, mean, rstd, N, C));
+}
+
+static void
+cu_add_norm_fwd(rl_ops *o, void *x, void *out, float *mean, float *rstd, const void *t, const void *w,
+    const void *b, int N, int C, float eps, int ln)
+{
+	CKP(o, "add_norm_fwd", rlk_add_norm_fwd(S(o), x, out, mean, rstd, t, w, b, N, C, eps, ln));
 }
 
 static void
@@ -539,6 +649,11 @@ attn_ws(rl_ops *o, int B, int T, int NH, int NKV, int HD, int bwd)
 	}
 	if (c->attn_ws_bytes >= need)
 		return RL_OK;
+	if (c->capturing) {
+		fail(o, "attention scratch growth during graph capture", "not allowed");
+		return RL_EDEVICE;
+	}
+	c->epoch++;
 	if (c->attn_ws) {
 		cudaStreamSynchronize(c->stream);
 		cudaFree(c->attn_ws);
@@ -672,11 +787,37 @@ cu_kv_write(rl_ops *o, void *kc, void *vc, const void *qkv, const int32_t *slot,
 	CKP(o, "kv_write", rlk_kv_write(S(o), kc, vc, qkv, slot, N, NH, NKV, HD));
 }
 
+/* Splits of the context per (sequence, KV head) for decode attention: about two
+ * blocks per multiprocessor in all, from B and NKV only (a graph holds the grid). */
+static int
+decode_nsplit(const cuda_ctx *c, int B, int NKV)
+{
+	long units = (long)B * NKV, want = 2L * (c->nsm > 0 ? c->nsm : 132);
+	long n = (want + units - 1) / units;
+	return (int)(n < 1 ? 1 : n > 64 ? 64 : n);
+}
+
 static void
 cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void *vc,
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD, int BS,
     int MAXBLK)
 {
+	cuda_ctx *c = CTX(o);
+	if (!c->decode_v1 && B > 0 && rlk_attn_decode_split_ok(NH, NKV, HD)) {
+		int nsplit = decode_nsplit(c, B, NKV);
+		size_t wb = rlk_attn_decode_ws_bytes(B, NH, HD, nsplit);
+		float *ws = NULL;
+		/* B * NKV * nsplit < 2 * want whenever nsplit > 1: take that bound at once, so the
+		 * scratch grows once per model shape, not per batch size (each growth makes the
+		 * recorded graphs stale) */
+		long want = 2L * (c->nsm > 0 ? c->nsm : 132);
+		size_t bound = (size_t)(2 * want) * (size_t)(NH / NKV) * (size_t)(HD + 2) * sizeof(float);
+		if (wb && !(ws = grow_buf(o, &c->dec_ws, &c->dec_ws_bytes, RL_MAX(wb, bound))))
+			return;
+		CKP(o, "attn_decode", rlk_attn_decode_split(S(o), ws, out, qkv, kc, vc, block_table, ctx_len, B, NH,
+		    NKV, HD, BS, MAXBLK, nsplit));
+		return;
+	}
 	CKP(o, "attn_decode", rlk_attn_decode(S(o), out, qkv, kc, vc, block_table, ctx_len, B, NH, NKV, HD,
 	    BS, MAXBLK));
 }
@@ -686,6 +827,149 @@ cu_sample(rl_ops *o, int32_t *tok, float *logp, const void *logits, const uint64
     const uint64_t *counter, int B, int V, const rl_sample_params *p)
 {
 	CKP(o, "sample", rlk_sample(S(o), tok, logp, logits, seed, counter, B, V, *p));
+}
+
+/* ---- staging, queued copies, graphs (optional hooks of ops.h) ------------------------- */
+static int
+cu_host_alloc(rl_ops *o, void **p, size_t bytes)
+{
+	cudaError_t e = cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocDefault);
+	if (e != cudaSuccess) {
+		rl_error("cuda: cannot allocate %zu bytes of page-locked host memory: %s", bytes,
+		    cudaGetErrorString(e));
+		cudaGetLastError();
+		*p = NULL;
+		(void)o;
+		return RL_ENOMEM;
+	}
+	return RL_OK;
+}
+
+static void
+cu_host_free(rl_ops *o, void *p)
+{
+	if (p)
+		ck(o, "cudaFreeHost", (int)cudaFreeHost(p));
+}
+
+static void
+cu_upload_async(rl_ops *o, void *dst, const void *src, size_t bytes)
+{
+	if (bytes)
+		ck(o, "upload", (int)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, CTX(o)->stream));
+}
+
+static void
+cu_download_async(rl_ops *o, void *dst, const void *src, size_t bytes)
+{
+	if (bytes)
+		ck(o, "download", (int)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, CTX(o)->stream));
+}
+
+typedef struct cu_graph {
+	cudaGraphExec_t exec;
+	unsigned epoch;
+} cu_graph;
+
+static int
+cu_graph_begin(rl_ops *o)
+{
+	cuda_ctx *c = CTX(o);
+	cudaError_t e;
+	int st;
+
+	if (c->prof || c->capturing)
+		return RL_ENOTSUP;  /* the profile synchronises around every op */
+	/* an error from before belongs to the caller, not to the capture */
+	if ((st = cu_status(o)) != RL_OK) {
+		c->status = st;
+		return st;
+	}
+	/* thread-local: other threads (weight sync) may allocate meanwhile */
+	if ((e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal)) != cudaSuccess) {
+		cudaGetLastError();
+		rl_warn("cuda: cannot begin a graph capture: %s", cudaGetErrorString(e));
+		return RL_EDEVICE;
+	}
+	c->capturing = 1;
+	return RL_OK;
+}
+
+static int
+cu_graph_end(rl_ops *o, void **out)
+{
+	cuda_ctx *c = CTX(o);
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t x = NULL;
+	cu_graph *cg;
+	cudaError_t e;
+	int st;
+
+	*out = NULL;
+	if (!c->capturing)
+		return RL_EINVAL;
+	c->capturing = 0;
+	e = cudaStreamEndCapture(c->stream, &g);
+	/* a failure recorded while capturing (an op that cannot be captured) is the capture's */
+	st = c->status;
+	c->status = RL_OK;
+	if (e == cudaSuccess)
+		e = cudaGetLastError();
+	else
+		cudaGetLastError();
+	if (e != cudaSuccess || st != RL_OK || g == NULL) {
+		rl_warn("cuda: graph capture failed: %s", e != cudaSuccess ? cudaGetErrorString(e) :
+		    st != RL_OK ? rl_strerror(st) : "empty graph");
+		if (g)
+			cudaGraphDestroy(g);
+		return RL_EDEVICE;
+	}
+	e = cudaGraphInstantiateWithFlags(&x, g, 0);
+	cudaGraphDestroy(g);
+	if (e != cudaSuccess) {
+		cudaGetLastError();
+		rl_warn("cuda: cannot instantiate a graph: %s", cudaGetErrorString(e));
+		return RL_EDEVICE;
+	}
+	if ((cg = rl_try_calloc(1, sizeof *cg, "graph")) == NULL) {
+		cudaGraphExecDestroy(x);
+		return RL_ENOMEM;
+	}
+	cg->exec = x;
+	cg->epoch = c->epoch;
+	*out = cg;
+	return RL_OK;
+}
+
+static int
+cu_graph_launch(rl_ops *o, void *g)
+{
+	cu_graph *cg = g;
+	if (!cg || cg->epoch != CTX(o)->epoch)
+		return RL_EINVAL;
+	cudaError_t e = cudaGraphLaunch(cg->exec, CTX(o)->stream);
+	if (e != cudaSuccess) {
+		ck(o, "cudaGraphLaunch", (int)e);
+		return RL_EDEVICE;
+	}
+	return RL_OK;
+}
+
+static int
+cu_graph_ok(rl_ops *o, const void *g)
+{
+	const cu_graph *cg = g;
+	return cg != NULL && cg->epoch == CTX(o)->epoch;
+}
+
+static void
+cu_graph_destroy(rl_ops *o, void *g)
+{
+	cu_graph *cg = g;
+	if (!cg)
+		return;
+	ck(o, "cudaGraphExecDestroy", (int)cudaGraphExecDestroy(cg->exec));
+	free(cg);
 }
 
 static void
@@ -703,6 +987,7 @@ cu_close(rl_ops *o)
 				    c->pt[i].name, c->pt[i].n, c->pt[i].s * 1e3, c->pt[i].s * 1e3 / c->pt[i].n);
 		cudaFree(c->pad);
 		cudaFree(c->acc);
+		cudaFree(c->dec_ws);
 		cudaFree(c->attn_ws);
 		cudaFree(c->lt_ws);
 		cudaFree(c->dsum);
@@ -750,6 +1035,12 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	o->ctx = c;
 	c->prof = getenv("RL_CUDA_PROFILE") != NULL && atoi(getenv("RL_CUDA_PROFILE")) > 0;
 	c->flash = getenv("RL_CUDA_ATTN") != NULL && strcmp(getenv("RL_CUDA_ATTN"), "flash") == 0;
+	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
+	c->decode_v1 = getenv("RL_CUDA_DECODE_ATTN") != NULL && strcmp(getenv("RL_CUDA_DECODE_ATTN"), "v1") == 0;
+	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+		cudaGetLastError();
+		c->nsm = 0;
+	}
 	o->name = "cuda";
 	o->act_dtype = RL_BF16;
 	o->device = device;
@@ -803,6 +1094,23 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	o->kv_write = cu_kv_write;
 	o->attn_decode = cu_attn_decode;
 	o->sample = cu_sample;
+	if (c->gelu_fuse) {
+		o->matmul_gelu_fwd = cu_matmul_gelu_fwd;
+		o->matmul_dgelu_bwd = cu_matmul_dgelu_bwd;
+	}
+	if (!(getenv("RL_CUDA_ADD_NORM") && strcmp(getenv("RL_CUDA_ADD_NORM"), "0") == 0))
+		o->add_norm_fwd = cu_add_norm_fwd;
+	o->host_alloc = cu_host_alloc;
+	o->host_free = cu_host_free;
+	o->upload_async = cu_upload_async;
+	o->download_async = cu_download_async;
+	if (!(getenv("RL_CUDA_GRAPH") && strcmp(getenv("RL_CUDA_GRAPH"), "0") == 0) && !c->prof) {
+		o->graph_begin = cu_graph_begin;
+		o->graph_end = cu_graph_end;
+		o->graph_launch = cu_graph_launch;
+		o->graph_ok = cu_graph_ok;
+		o->graph_destroy = cu_graph_destroy;
+	}
 	o->close = cu_close;
 	*out = o;
 	return RL_OK;

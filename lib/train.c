@@ -31,6 +31,7 @@
 
 #include "ckpt.h"
 #include "comm.h"
+#include "wgroup.h"
 #include "core.h"
 #include "groups.h"
 #include "io.h"
@@ -156,6 +157,7 @@ typedef struct trainer {
 	rl_progress prog;        /* steps, on a terminal */
 	/* data parallelism */
 	rl_comm *comm;           /* NULL: one process */
+	rl_wgroup *wg;           /* --weights-group (rank 0) */
 	int rank, world;
 	int qfollow;             /* queue mode, rank > 0: records come from rank 0's leases */
 	rl_comm_reducer *red;    /* the bucketed gradient all-reduce */
@@ -1005,9 +1007,14 @@ publish(trainer *tr, int full, int push)
 	char dir[4096];
 	int rv, every = tr->o->ckpt_every;
 
-	if (push && tr->ws && every > 1 && !full && tr->m->step % every != 0) {
-		/* --ckpt-every: rl-sync carries this version; no directory, no fsync */
+	/* the weights group: straight from the parameters, before any file */
+	if (push && tr->wg && (rv = rl_wgroup_send(tr->wg, tr->m->step)) != 0)
+		return rv;
+	if (push && (tr->ws || tr->wg) && every > 1 && !full && tr->m->step % every != 0) {
+		/* --ckpt-every: rl-sync or the group carries this version; no directory, no fsync */
 		rl_wver *v = NULL;
+		if (!tr->ws)
+			return RL_OK;
 		if ((rv = rl_ckpt_to_wver(tr->m, (uint64_t)tr->m->step, &v)) == 0)
 			rv = rl_wsync_publish(tr->ws, v, 1);
 		rl_wver_destroy(v);
@@ -1082,7 +1089,7 @@ reserve(trainer *tr)
 
 	if ((rv = rl_model_train_reserve(tr->m, tr->maxtok)) != 0)
 		return rv;
-	if (tr->ref && (rv = rl_model_train_reserve(tr->ref, tr->maxtok)) != 0)
+	if (tr->ref && (rv = rl_model_eval_reserve(tr->ref, tr->maxtok)) != 0)
 		return rv;
 	tr->h_tok = rl_try_calloc(n, sizeof(int32_t), "token rows");
 	tr->h_tgt = rl_try_calloc(n, sizeof(int32_t), "target rows");
@@ -1839,6 +1846,7 @@ rl_train_run(const rl_train_opts *o)
 	if (o->ref_dir && (rv = rl_model_open(&tr.ref, o->ref_dir, tr.ops)) != 0)
 		goto out;
 	tr.m->no_adam_state = tr.world > 1 && o->zero; /* ZeRO: only a shard, from zero_open */
+	tr.m->recompute = o->recompute;
 	if ((rv = reserve(&tr)) != 0)
 		goto out;
 	if (tr.world > 1 && !o->zero && (rv = dp_reducer_open(&tr)) != 0)
@@ -1931,10 +1939,18 @@ rl_train_run(const rl_train_opts *o)
 	}
 	if (tr.rank == 0 && o->tfevents_dir && (rv = rl_tfevents_open(&tr.tf, o->tfevents_dir)) != 0)
 		goto out;
-	if (tr.rank == 0 && o->sync_url && (rv = rl_wsync_open(&tr.ws, o->sync_url, 0)) != 0)
+	if (tr.rank == 0 && o->sync_url && (rv = rl_wsync_open_with(&tr.ws, o->sync_url, 0, o->sync_transport)) != 0)
 		goto out;
+	if (tr.rank == 0 && o->wgroup_addr) {
+		/* the rollout workers start from this trainer's weights (a resumed run's too) */
+		rl_wgroup_opts wo = { o->wgroup_addr, 0, o->wgroup_size, o->wgroup_backend, 0 };
+		if ((rv = rl_wgroup_open(&tr.wg, &wo, tr.m)) != 0 || (rv = rl_wgroup_send(tr.wg, tr.m->step)) != 0)
+			goto out;
+	}
 	rl_verbose("training %s (%zu parameters) with %s on %s, %d groups per step",
 	    tr.m->cfg.model_type, rl_model_nparams(tr.m), rl_algo_name(o->algo), tr.ops->name, o->batch);
+	rl_verbose("activations: %.1f MiB for micro-batches of %d tokens%s",
+	    rl_model_act_bytes(tr.m) / 1048576.0, tr.maxtok, o->recompute ? " (recomputed per layer)" : "");
 	for (;;) {
 		if (o->max_steps > 0 && tr.m->step >= o->max_steps)
 			break;
@@ -2053,6 +2069,12 @@ out:
 		fclose(tr.metrics);
 	rl_tfevents_close(tr.tf);
 	rl_wsync_close(tr.ws);
+	{
+		/* the group's end: the workers go on with the last version */
+		int r2 = rl_wgroup_close(tr.wg, rv == 0);
+		if (rv == 0)
+			rv = r2;
+	}
 	rl_grouper_destroy(tr.gr);
 	rl_tokenizer_close(tr.tok);
 	rl_model_close(tr.ref);

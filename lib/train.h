@@ -70,6 +70,10 @@ typedef struct rl_train_opts {
 	const char *metrics_path;  /* --metrics FILE ("-" stdout); NULL: stderr */
 	const char *tfevents_dir;  /* --tfevents DIR or NULL */
 	const char *sync_url;      /* --sync URL: also push each version to rl-sync (or a directory) */
+	int sync_transport;        /* --sync-transport: RL_WSYNC_T_* (0: auto) */
+	const char *wgroup_addr;   /* --weights-group HOST:PORT: broadcast each version (wgroup.h) */
+	int wgroup_size;           /* its size: this trainer + the rollout workers */
+	const char *wgroup_backend; /* auto, cpu, nccl */
 	const char *queue_url;     /* --queue URL: lease scored groups from rl-queue instead of input */
 	double idle_exit;          /* queue mode: stop after this many seconds without records (0: never) */
 	/* algorithm */
@@ -80,6 +84,7 @@ typedef struct rl_train_opts {
 	int batch;                 /* groups per step */
 	int ppo_epochs, mini_batches;
 	int max_tokens_micro;      /* token budget of one micro-batch (rows x T) */
+	int recompute;             /* activation recomputation (rl_model.recompute) */
 	float clip_low, clip_high, dual_clip, tis_cap;
 	int kl_type;               /* 0 off, 1..3 k1/k2/k3 */
 	float kl_coef;

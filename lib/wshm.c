@@ -4,10 +4,13 @@
  * docs/sync.md).  Leaves out: anything but Linux.
  *
  * Socket protocol (SOCK_STREAM, one request per connection):
- *   request 24 bytes: u32 "RLSM", u16 1, u16 op 1 (GET), u32 24, u32 0, u64 version
- *   reply   32 bytes: u32 "RLSM", u16 1, u16 0x8001, u32 32, i32 status,
- *                     u64 version, u64 object size; the descriptor rides
- *                     along (SCM_RIGHTS) when status is 0.
+ *   request 24 bytes: u32 "RLSM", u16 1, u16 op, u32 24, u32 0, u64 version
+ *     op 1 GET:  the server's object of that version (0: latest)
+ *     op 2 PUT:  the client's sealed object of that version rides along
+ *                (SCM_RIGHTS) for the server to take (a trainer's push)
+ *   reply   32 bytes: u32 "RLSM", u16 1, u16 0x8000 | op, u32 32, i32 status,
+ *                     u64 version, u64 object size; for GET the descriptor
+ *                     rides along when status is 0.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -31,6 +34,7 @@
 #define SM_MAGIC 0x4d534c52u /* "RLSM" little-endian */
 #define SM_REQ 24
 #define SM_REP 32
+enum { SM_GET = 1, SM_PUT = 2 };
 
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
@@ -105,7 +109,7 @@ int
 rl_wshm_make(int *fd, rl_wver *v, int repoint_v, int corrupt)
 {
 	uint64_t size = rl_wshm_size(v), off = 0;
-	uint8_t *w = MAP_FAILED, *r;
+	uint8_t *r;
 	char name[64];
 	int f, rv;
 
@@ -124,22 +128,35 @@ rl_wshm_make(int *fd, rl_wver *v, int repoint_v, int corrupt)
 		rv = errno == ENOSPC || errno == ENOMEM ? RL_ENOMEM : RL_EIO;
 		goto fail;
 	}
-	/* a writable mapping must be gone before F_SEAL_WRITE is accepted */
-	if ((w = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0)) == MAP_FAILED) {
-		rl_error("cannot map shared memory for version %llu: %s", (unsigned long long)v->version,
-			 strerror(errno));
-		rv = RL_ENOMEM;
-		goto fail;
-	}
+	/* pwrite, not a writable mapping: the kernel copies into the pages it
+	 * allocates (no zero-fill, no page-table work; measured ~2x faster for
+	 * 250 MB), and no writable mapping is left to stop F_SEAL_WRITE */
 	for (int i = 0; i < v->nblobs; i++) {
+		const uint8_t *p = v->blobs[i].data;
+		uint64_t left = v->blobs[i].size;
 		off = align_up(off);
-		if (v->blobs[i].size)
-			memcpy(w + off, v->blobs[i].data, (size_t)v->blobs[i].size);
-		off += v->blobs[i].size;
+		while (left > 0) {
+			ssize_t k = pwrite(f, p, (size_t)RL_MIN(left, (uint64_t)1 << 30), (off_t)off);
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k <= 0) {
+				rl_error("cannot fill shared memory for version %llu: %s", (unsigned long long)v->version,
+					 k < 0 ? strerror(errno) : "short write");
+				rv = k < 0 && (errno == ENOSPC || errno == ENOMEM) ? RL_ENOMEM : RL_EIO;
+				goto fail;
+			}
+			p += k;
+			off += (uint64_t)k;
+			left -= (uint64_t)k;
+		}
 	}
-	if (corrupt && off > 0)
-		w[off / 2] ^= 0x5a;
-	munmap(w, (size_t)size);
+	if (corrupt && off > 0) {
+		uint8_t b = 0;
+		if (pread(f, &b, 1, (off_t)(off / 2)) == 1) {
+			b ^= 0x5a;
+			(void)!pwrite(f, &b, 1, (off_t)(off / 2));
+		}
+	}
 	if (fcntl(f, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
 		rl_error("cannot seal shared memory for version %llu: %s", (unsigned long long)v->version,
 			 strerror(errno));
@@ -147,7 +164,7 @@ rl_wshm_make(int *fd, rl_wver *v, int repoint_v, int corrupt)
 		goto fail;
 	}
 	if (repoint_v && !corrupt) {
-		if ((r = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, f, 0)) == MAP_FAILED) {
+		if ((r = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED | MAP_POPULATE, f, 0)) == MAP_FAILED) {
 			rl_error("cannot map shared memory for version %llu: %s", (unsigned long long)v->version,
 				 strerror(errno));
 			rv = RL_ENOMEM;
@@ -181,7 +198,8 @@ rl_wshm_map(rl_wver *v, int fd)
 			 (unsigned long long)v->version, (long long)st.st_size, (unsigned long long)size);
 		return RL_EFORMAT;
 	}
-	if ((m = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+	/* populated: the caller reads every byte at once (the checksum pass) */
+	if ((m = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0)) == MAP_FAILED) {
 		rl_error("version %llu: cannot map shared memory: %s", (unsigned long long)v->version, strerror(errno));
 		return RL_ENOMEM;
 	}
@@ -195,13 +213,14 @@ struct rl_wshm_srv {
 	pthread_t th;
 	int started;
 	rl_wshm_lookup lookup;
+	rl_wshm_take take;
 	void *arg;
 	char name[108];
-	_Atomic uint64_t served;
+	_Atomic uint64_t served, taken;
 };
 
 static int
-send_reply(int c, int32_t status, uint64_t version, uint64_t size, int fd)
+send_reply(int c, int op, int32_t status, uint64_t version, uint64_t size, int fd)
 {
 	uint8_t p[SM_REP];
 	struct iovec io = { p, sizeof p };
@@ -214,7 +233,7 @@ send_reply(int c, int32_t status, uint64_t version, uint64_t size, int fd)
 	memset(p, 0, sizeof p);
 	put32(p, SM_MAGIC);
 	put16(p + 4, 1);
-	put16(p + 6, 0x8001);
+	put16(p + 6, (uint16_t)(0x8000 | op));
 	put32(p + 8, SM_REP);
 	put32(p + 12, (uint32_t)status);
 	put64(p + 16, version);
@@ -234,30 +253,87 @@ send_reply(int c, int32_t status, uint64_t version, uint64_t size, int fd)
 	return sendmsg(c, &mh, MSG_NOSIGNAL) == (ssize_t)sizeof p ? 0 : -1;
 }
 
+/* recv exactly n bytes; a descriptor that comes with them goes to *fd
+ * (else -1).  0 on success. */
+static int
+recv_req(int c, uint8_t *q, size_t n, int *fd)
+{
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} cm;
+	size_t got = 0;
+
+	*fd = -1;
+	while (got < n) {
+		struct iovec io = { q + got, n - got };
+		struct msghdr mh = { 0 };
+		struct cmsghdr *h;
+		ssize_t k;
+
+		memset(&cm, 0, sizeof cm);
+		mh.msg_iov = &io;
+		mh.msg_iovlen = 1;
+		mh.msg_control = cm.b;
+		mh.msg_controllen = sizeof cm.b;
+		if ((k = recvmsg(c, &mh, MSG_CMSG_CLOEXEC)) <= 0)
+			return -1;
+		for (h = CMSG_FIRSTHDR(&mh); h; h = CMSG_NXTHDR(&mh, h)) {
+			int f;
+			if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+				continue;
+			/* one descriptor is expected; close any other that came */
+			for (size_t i = 0; i + sizeof(int) <= h->cmsg_len - CMSG_LEN(0); i += sizeof(int)) {
+				memcpy(&f, CMSG_DATA(h) + i, sizeof f);
+				if (*fd < 0)
+					*fd = f;
+				else
+					close(f);
+			}
+		}
+		got += (size_t)k;
+	}
+	return 0;
+}
+
 static void
 serve_conn(rl_wshm_srv *s, int c)
 {
 	uint8_t q[SM_REQ];
-	size_t got = 0;
 	struct timeval tv = { 1, 0 };
 	uint64_t ver = 0, size = 0;
-	int fd = -1, st;
+	int fd = -1, st, op;
 
 	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-	while (got < sizeof q) {
-		ssize_t k = recv(c, q + got, sizeof q - got, 0);
-		if (k <= 0)
-			return;
-		got += (size_t)k;
+	if (recv_req(c, q, sizeof q, &fd) != 0)
+		goto out;
+	op = get16(q + 6);
+	if (get32(q) != SM_MAGIC || get16(q + 4) != 1 || (op != SM_GET && op != SM_PUT) || get32(q + 8) != SM_REQ) {
+		send_reply(c, SM_GET, RL_EFORMAT, 0, 0, -1);
+		goto out;
 	}
-	if (get32(q) != SM_MAGIC || get16(q + 4) != 1 || get16(q + 6) != 1 || get32(q + 8) != SM_REQ) {
-		send_reply(c, RL_EFORMAT, 0, 0, -1);
-		return;
+	if (op == SM_PUT) {
+		/* the taker maps (or dups) what it keeps; ours is closed below */
+		ver = get64(q + 16);
+		if (fd < 0)
+			st = RL_EFORMAT;
+		else if (s->take == NULL)
+			st = RL_ENOTSUP;
+		else
+			st = s->take(s->arg, ver, fd, &size);
+		if (send_reply(c, SM_PUT, st, ver, size, -1) == 0 && st == RL_OK)
+			s->taken++;
+		goto out;
+	}
+	if (fd >= 0) { /* a GET brings no descriptor */
+		close(fd);
+		fd = -1;
 	}
 	st = s->lookup(s->arg, get64(q + 16), &fd, &ver, &size);
-	if (send_reply(c, st, ver, size, st == RL_OK ? fd : -1) == 0 && st == RL_OK)
+	if (send_reply(c, SM_GET, st, ver, size, st == RL_OK ? fd : -1) == 0 && st == RL_OK)
 		s->served++;
+out:
 	if (fd >= 0)
 		close(fd);
 }
@@ -302,6 +378,12 @@ abstract_addr(struct sockaddr_un *a, const char *name)
 int
 rl_wshm_srv_open(rl_wshm_srv **out, rl_wshm_lookup lookup, void *arg)
 {
+	return rl_wshm_srv_open2(out, lookup, NULL, arg);
+}
+
+int
+rl_wshm_srv_open2(rl_wshm_srv **out, rl_wshm_lookup lookup, rl_wshm_take take, void *arg)
+{
 	rl_wshm_srv *s;
 	struct sockaddr_un a;
 	char hid[32];
@@ -313,6 +395,7 @@ rl_wshm_srv_open(rl_wshm_srv **out, rl_wshm_lookup lookup, void *arg)
 		return RL_ENOMEM;
 	s->fd = s->stop[0] = s->stop[1] = -1;
 	s->lookup = lookup;
+	s->take = take;
 	s->arg = arg;
 	if (rl_wshm_hostid(hid, sizeof hid) != 0)
 		snprintf(hid, sizeof hid, "0");
@@ -354,9 +437,14 @@ rl_wshm_srv_close(rl_wshm_srv *s)
 
 const char *rl_wshm_srv_name(const rl_wshm_srv *s) { return s->name; }
 uint64_t rl_wshm_srv_served(const rl_wshm_srv *s) { return atomic_load(&((rl_wshm_srv *)s)->served); }
+uint64_t rl_wshm_srv_taken(const rl_wshm_srv *s) { return atomic_load(&((rl_wshm_srv *)s)->taken); }
 
-int
-rl_wshm_recv(int *fd, uint64_t *got, uint64_t *size, const char *name, uint64_t version, int timeout_ms)
+/* one request to the service called name: op, version, optionally a
+ * descriptor to send (sendfd >= 0); the reply's status, version, size and
+ * (GET) descriptor */
+static int
+exchange(int op, int sendfd, int *fd, uint64_t *got, uint64_t *size, const char *name, uint64_t version,
+	 int timeout_ms)
 {
 	struct sockaddr_un a;
 	uint8_t q[SM_REQ], p[SM_REP];
@@ -364,9 +452,9 @@ rl_wshm_recv(int *fd, uint64_t *got, uint64_t *size, const char *name, uint64_t 
 	union {
 		struct cmsghdr h;
 		char b[CMSG_SPACE(sizeof(int))];
-	} cm;
-	struct iovec io = { p, sizeof p };
-	struct msghdr mh = { 0 };
+	} cm, sm;
+	struct iovec io = { p, sizeof p }, qio = { q, sizeof q };
+	struct msghdr mh = { 0 }, qh = { 0 };
 	struct cmsghdr *h;
 	int c, rv = RL_ENET, st;
 	ssize_t k;
@@ -385,10 +473,22 @@ rl_wshm_recv(int *fd, uint64_t *got, uint64_t *size, const char *name, uint64_t 
 	memset(q, 0, sizeof q);
 	put32(q, SM_MAGIC);
 	put16(q + 4, 1);
-	put16(q + 6, 1);
+	put16(q + 6, (uint16_t)op);
 	put32(q + 8, SM_REQ);
 	put64(q + 16, version);
-	if (send(c, q, sizeof q, MSG_NOSIGNAL) != (ssize_t)sizeof q)
+	qh.msg_iov = &qio;
+	qh.msg_iovlen = 1;
+	if (sendfd >= 0) {
+		memset(&sm, 0, sizeof sm);
+		qh.msg_control = sm.b;
+		qh.msg_controllen = sizeof sm.b;
+		h = CMSG_FIRSTHDR(&qh);
+		h->cmsg_level = SOL_SOCKET;
+		h->cmsg_type = SCM_RIGHTS;
+		h->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(h), &sendfd, sizeof sendfd);
+	}
+	if (sendmsg(c, &qh, MSG_NOSIGNAL) != (ssize_t)sizeof q)
 		goto out;
 	memset(&cm, 0, sizeof cm);
 	mh.msg_iov = &io;
@@ -403,25 +503,40 @@ rl_wshm_recv(int *fd, uint64_t *got, uint64_t *size, const char *name, uint64_t 
 		if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS && h->cmsg_len == CMSG_LEN(sizeof(int)))
 			memcpy(fd, CMSG_DATA(h), sizeof(int));
 	rv = RL_EFORMAT;
-	if (get32(p) != SM_MAGIC || get16(p + 4) != 1 || get16(p + 6) != 0x8001 || get32(p + 8) != SM_REP ||
+	if (get32(p) != SM_MAGIC || get16(p + 4) != 1 || get16(p + 6) != (0x8000 | op) || get32(p + 8) != SM_REP ||
 	    (mh.msg_flags & MSG_CTRUNC))
 		goto out;
 	st = (int32_t)get32(p + 12);
 	if (st < 0 || st >= RL_ERR_COUNT)
 		goto out;
-	if ((rv = st) != RL_OK)
-		goto out;
-	if (*fd < 0) {
-		rv = RL_EFORMAT;
-		goto out;
-	}
 	*got = get64(p + 16);
 	*size = get64(p + 24);
+	if ((rv = st) != RL_OK)
+		goto out;
+	if (op == SM_GET && *fd < 0)
+		rv = RL_EFORMAT;
 out:
-	if (rv != RL_OK && *fd >= 0) {
+	if ((rv != RL_OK || op != SM_GET) && *fd >= 0) {
 		close(*fd);
 		*fd = -1;
 	}
 	close(c);
 	return rv;
+}
+
+int
+rl_wshm_recv(int *fd, uint64_t *got, uint64_t *size, const char *name, uint64_t version, int timeout_ms)
+{
+	return exchange(SM_GET, -1, fd, got, size, name, version, timeout_ms);
+}
+
+int
+rl_wshm_send(const char *name, uint64_t version, int fd, int timeout_ms)
+{
+	uint64_t got = 0, size = 0;
+	int none;
+
+	if (fd < 0)
+		return RL_EINVAL;
+	return exchange(SM_PUT, fd, &none, &got, &size, name, version, timeout_ms);
 }

@@ -3,6 +3,8 @@
  * placed once in a sealed memfd, whose file descriptor is handed to workers
  * over an abstract Unix socket (SCM_RIGHTS); a worker maps it read-only.
  * Nothing moves through a socket but a 32-byte reply and the descriptor.
+ * The trainer's push to a server on its host goes the other way: it makes
+ * the sealed memfd and hands it to the server (rl_wshm_send).
  *
  * Why memfd + SCM_RIGHTS and not shm_open: the kernel counts references to a
  * memfd (the server's descriptor, each worker's descriptor or mapping), so an
@@ -54,13 +56,27 @@ typedef struct rl_wshm_srv rl_wshm_srv;
  * size, or an rl_err (RL_ENOENT: not held).  Called from the service thread. */
 typedef int (*rl_wshm_lookup)(void *arg, uint64_t version, int *fd, uint64_t *got, uint64_t *size);
 int rl_wshm_srv_open(rl_wshm_srv **out, rl_wshm_lookup lookup, void *arg);
+/* take: a client hands over its sealed object of `version` (a trainer's
+ * push, rl_wshm_send).  fd is borrowed (closed after take returns: map or
+ * dup it to keep it); *size the object's size for the reply.  The status
+ * goes back to the client.  Called from the service thread, so GETs wait
+ * while it runs.  NULL (rl_wshm_srv_open): pushes are refused, RL_ENOTSUP. */
+typedef int (*rl_wshm_take)(void *arg, uint64_t version, int fd, uint64_t *size);
+int rl_wshm_srv_open2(rl_wshm_srv **out, rl_wshm_lookup lookup, rl_wshm_take take, void *arg);
 void rl_wshm_srv_close(rl_wshm_srv *s);
 /* the socket's name without the leading NUL */
 const char *rl_wshm_srv_name(const rl_wshm_srv *s);
 uint64_t rl_wshm_srv_served(const rl_wshm_srv *s);
+/* objects taken (pushes accepted) */
+uint64_t rl_wshm_srv_taken(const rl_wshm_srv *s);
 
 /* rl_wshm_recv asks the service called name for version (0: latest): *fd
  * (owned by the caller), *got, *size.  RL_ENET if it cannot connect. */
 int rl_wshm_recv(int *fd, uint64_t *got, uint64_t *size, const char *name, uint64_t version, int timeout_ms);
+/* rl_wshm_send hands fd (a sealed object made by rl_wshm_make, borrowed:
+ * the caller closes it) of `version` to the service called name and
+ * returns the taker's status (RL_ENET if it cannot connect, RL_ENOTSUP if
+ * the service takes no pushes). */
+int rl_wshm_send(const char *name, uint64_t version, int fd, int timeout_ms);
 
 #endif

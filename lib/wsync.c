@@ -1131,6 +1131,9 @@ typedef struct sver {
 	size_t ngot;
 	int refs;
 	int shm_fd;               /* sealed memfd holding the version (wshm.h), -1 none */
+	int writers;              /* staging: PUSH_CHUNKs decoding into v now */
+	int taken;                /* staging: v's bytes came as the client's memfd (shm_take):
+	                           * v is a read-only mapping, no chunk may be written */
 } sver;
 
 enum { SC_RECV, SC_WORK, SC_SEND, SC_PARKED };
@@ -1300,6 +1303,7 @@ do_status(rl_wsync_server *s)
 	cJSON_AddStringToObject(j, "bulk", s->bfd >= 0 ? s->bulk_url : "");
 	cJSON_AddStringToObject(j, "shm", s->shm ? rl_wshm_srv_name(s->shm) : "");
 	cJSON_AddNumberToObject(j, "shm_served", s->shm ? (double)rl_wshm_srv_served(s->shm) : 0);
+	cJSON_AddNumberToObject(j, "shm_pushes", s->shm ? (double)rl_wshm_srv_taken(s->shm) : 0);
 	cJSON_AddNumberToObject(j, "bytes_served", (double)s->bytes_out);
 	cJSON_AddNumberToObject(j, "push_chunks_rejected", (double)s->n_bad_push);
 	cJSON_AddNumberToObject(j, "bad_requests", (double)s->n_bad_req);
@@ -1548,8 +1552,9 @@ do_push_chunk(rl_wsync_server *s, const whdr *h)
 	sver *bx = NULL;
 
 	pthread_mutex_lock(&s->mu);
-	if ((x = s->stage) != NULL && x->v->version == h->version) {
+	if ((x = s->stage) != NULL && x->v->version == h->version && !x->taken) {
 		x->refs++;
+		x->writers++;
 		if ((bx = x->base) != NULL)
 			bx->refs++;
 	} else {
@@ -1557,8 +1562,8 @@ do_push_chunk(rl_wsync_server *s, const whdr *h)
 	}
 	pthread_mutex_unlock(&s->mu);
 	if (x == NULL)
-		return reply_err(OP_PUSH_CHUNK, RL_ENOENT, h->version, "no push of version %llu in progress",
-				 (unsigned long long)h->version);
+		return reply_err(OP_PUSH_CHUNK, RL_ENOENT, h->version, "no push of version %llu in progress "
+				 "(or it came over shared memory)", (unsigned long long)h->version);
 	if (h->a >= x->nchunks || h->bodyn < CB_HDR) {
 		m = reply_err(OP_PUSH_CHUNK, RL_EFORMAT, h->version, "bad chunk %llu", (unsigned long long)h->a);
 		goto out;
@@ -1607,6 +1612,7 @@ do_push_chunk(rl_wsync_server *s, const whdr *h)
 	m = reply_new(OP_PUSH_CHUNK, RL_OK, h->version, h->a, 0, NULL, 0);
 out:
 	pthread_mutex_lock(&s->mu);
+	x->writers--;
 	sver_unref_locked(bx);
 	sver_unref_locked(x);
 	pthread_mutex_unlock(&s->mu);
@@ -2085,6 +2091,82 @@ shm_lookup(void *arg, uint64_t version, int *fd, uint64_t *got, uint64_t *size)
 	return rv;
 }
 
+/* the shm service's taker: a trainer on this host hands over its sealed
+ * memfd of the version it is pushing (after PUSH_BEGIN; PUSH_COMMIT
+ * follows).  The staged version's blobs are pointed into a read-only
+ * mapping of it and every piece is checked against the manifest, as pushed
+ * chunks are; the memfd then is the one the server serves (no copy). */
+static int
+shm_take(void *arg, uint64_t version, int fd, uint64_t *size)
+{
+	rl_wsync_server *s = arg;
+	sver *x;
+	uint8_t **old = NULL;
+	int rv, oldb;
+
+	pthread_mutex_lock(&s->mu);
+	if ((x = s->stage) == NULL || x->v->version != version) {
+		pthread_mutex_unlock(&s->mu);
+		rl_verbose("shared memory push of version %llu: no such push in progress", (unsigned long long)version);
+		return RL_ENOENT;
+	}
+	if (x->taken || x->writers > 0 || x->ngot > 0) {
+		/* chunks are coming the other way: the two must not mix */
+		pthread_mutex_unlock(&s->mu);
+		return RL_EINVAL;
+	}
+	x->taken = 1; /* no PUSH_CHUNK writes into v from now on */
+	x->refs++;
+	pthread_mutex_unlock(&s->mu);
+	*size = rl_wshm_size(x->v);
+	oldb = x->v->borrowed;
+	if ((old = rl_try_calloc((size_t)x->v->nblobs + 1, sizeof *old, "blob table")) == NULL) {
+		rv = RL_ENOMEM;
+		goto fail;
+	}
+	for (int i = 0; i < x->v->nblobs; i++)
+		old[i] = x->v->blobs[i].data;
+	if ((rv = rl_wshm_map(x->v, fd)) != 0)
+		goto fail;
+	if ((rv = rl_wver_verify(x->v)) != 0) {
+		rl_warn("version %llu: the pushed shared memory object does not match its checksums",
+			(unsigned long long)version);
+		goto fail;
+	}
+	if ((x->shm_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+		rv = RL_EIO;
+		goto fail;
+	}
+	for (int i = 0; i < x->v->nblobs; i++)
+		if (oldb != 1)
+			free(old[i]);
+	free(old);
+	pthread_mutex_lock(&s->mu);
+	memset(x->got, 1, x->nchunks);
+	x->ngot = x->nchunks;
+	sver_unref_locked(x);
+	pthread_mutex_unlock(&s->mu);
+	rl_verbose("version %llu: taken from the pusher's shared memory", (unsigned long long)version);
+	return RL_OK;
+fail:
+	if (x->v->map) {
+		munmap(x->v->map, x->v->mapn);
+		x->v->map = NULL;
+		x->v->mapn = 0;
+		for (int i = 0; old && i < x->v->nblobs; i++)
+			x->v->blobs[i].data = old[i];
+		x->v->borrowed = oldb;
+	}
+	free(old);
+	pthread_mutex_lock(&s->mu);
+	if (rv == RL_ECHECKSUM)
+		s->n_bad_push++;
+	x->taken = 0; /* the client may still send the chunks */
+	sver_unref_locked(x);
+	pthread_mutex_unlock(&s->mu);
+	return rv;
+}
+
 /* OP_SHM: this host's id and the abstract socket that hands out memfds,
  * as "HOSTID NAME" */
 static nng_msg *
@@ -2494,7 +2576,7 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 	s->timer_started = 1;
 	bulk_open(s, url);
 	if (s->o.shm >= 0 && strncmp(url, "inproc://", 9) != 0) {
-		if (rl_wshm_hostid(s->hostid, sizeof s->hostid) != 0 || rl_wshm_srv_open(&s->shm, shm_lookup, s) != 0)
+		if (rl_wshm_hostid(s->hostid, sizeof s->hostid) != 0 || rl_wshm_srv_open2(&s->shm, shm_lookup, shm_take, s) != 0)
 			rl_warn("no shared memory service: workers on this host use the stream");
 	}
 	for (int i = 0; i < s->nctx; i++)
@@ -2517,6 +2599,7 @@ struct rl_wsync_client {
 	_Atomic uint64_t bulk_off_until_ms; /* the bulk stream was unreachable: REQ/REP until then */
 	_Atomic uint64_t bytes_sent, bytes_recv, chunks, retries, raw_bytes, bulk_chunks, shm_versions;
 	char hostid[24];          /* ours, "" if unknown */
+	int last_push_shm;        /* the last push went over shared memory (no delta base needed) */
 };
 
 /* is url a server on this host?  Compression only costs CPU there. */
@@ -3476,6 +3559,27 @@ rl_wsync_fetch_into(rl_wsync_client *c, rl_wver *dst, uint64_t version, const rl
 	return rv;
 }
 
+/* push v's bytes as one sealed memfd handed to the server's shared memory
+ * service (after PUSH_BEGIN of a whole version) */
+static int
+push_shm(rl_wsync_client *c, rl_wver *v, const char *name)
+{
+	double t = rl_now();
+	int fd, rv, bad = atomic_load(&test_corrupt) > 0 && atomic_fetch_sub(&test_corrupt, 1) > 0;
+
+	if ((rv = rl_wshm_make(&fd, v, 0, bad)) != 0)
+		return rv;
+	rv = rl_wshm_send(name, v->version, fd, c->o.timeout_ms * 6);
+	close(fd);
+	if (rv == RL_OK) {
+		c->shm_versions++;
+		c->raw_bytes += rl_wver_total(v);
+		rl_verbose("version %llu: handed over as shared memory '@%s' in %.3f s", (unsigned long long)v->version,
+			   name, rl_now() - t);
+	}
+	return rv;
+}
+
 int
 rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base)
 {
@@ -3483,9 +3587,9 @@ rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base)
 	size_t mn;
 	nng_msg *m = NULL;
 	whdr h;
-	char buf[512];
+	char buf[512], shm[128];
 	xfer x;
-	int rv;
+	int rv, use_shm = 0;
 
 	memset(&x, 0, sizeof x);
 	if (v->version == 0) {
@@ -3494,6 +3598,21 @@ rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base)
 	}
 	if ((rv = rl_wver_hash(v)) != 0)
 		return rv;
+	/* a server on this host takes the version as shared memory: one copy
+	 * into a memfd, no codec, no delta (which would only cost CPU here) */
+	if (c->o.transport == RL_WSYNC_T_AUTO || c->o.transport == RL_WSYNC_T_SHM) {
+		if ((rv = shm_where(c, shm, sizeof shm)) == RL_OK) {
+			use_shm = 1;
+			base = NULL;
+		} else if (c->o.transport == RL_WSYNC_T_SHM) {
+			rl_error("push: version %llu over shared memory to '%s': %s", (unsigned long long)v->version,
+				 c->url, rl_strerror(rv));
+			if (rv == RL_ENOTSUP)
+				rl_hint("the server must run on this host (and its shared memory service be on); "
+					"use the transport auto or stream");
+			return rv;
+		}
+	}
 	if (base && (base->version >= v->version || !same_layout(base, v))) {
 		rl_verbose("push: base %llu does not fit version %llu; sending it whole",
 			   (unsigned long long)base->version, (unsigned long long)v->version);
@@ -3530,15 +3649,29 @@ rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base)
 		return net_fail(c, rv, "push");
 	}
 	nng_msg_free(m);
-	x.c = c;
-	x.v = v;
-	x.base = base;
-	x.push = 1;
-	x.stored = c->o.stored > 0 || (c->o.stored == 0 && c->local);
-	if ((rv = chunk_table(&x.ch, &x.nchunks, v, c->o.chunk)) != 0)
-		goto out;
-	if ((rv = xfer_run(&x)) != 0)
-		goto out;
+	c->last_push_shm = 0;
+	if (use_shm && (rv = push_shm(c, v, shm)) != RL_OK) {
+		if (c->o.transport == RL_WSYNC_T_SHM) {
+			rl_error("push: version %llu over shared memory to '%s': %s", (unsigned long long)v->version,
+				 c->url, rl_strerror(rv));
+			goto out;
+		}
+		/* the staged push is still open: its chunks go the usual way */
+		rl_verbose("push: version %llu not over shared memory (%s); sending its chunks",
+			   (unsigned long long)v->version, rl_strerror(rv));
+		use_shm = 0;
+	}
+	if (!use_shm) {
+		x.c = c;
+		x.v = v;
+		x.base = base;
+		x.push = 1;
+		x.stored = c->o.stored > 0 || (c->o.stored == 0 && c->local);
+		if ((rv = chunk_table(&x.ch, &x.nchunks, v, c->o.chunk)) != 0)
+			goto out;
+		if ((rv = xfer_run(&x)) != 0)
+			goto out;
+	}
 	rv = rpc(c, c->ctx, c->aio, OP_PUSH_COMMIT, v->version, 0, 0, NULL, 0, NULL, 0, c->o.timeout_ms * 6, &m, &h);
 	if (rv != 0) {
 		if (m) {
@@ -3551,6 +3684,7 @@ rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base)
 		goto out;
 	}
 	nng_msg_free(m);
+	c->last_push_shm = use_shm;
 out:
 	free(x.ch);
 	return rv;
@@ -3761,7 +3895,8 @@ rl_wsync_publish(rl_wsync *s, rl_wver *v, int delta)
 	/* nng: remember this version as the next delta base only when asked */
 	if (s->t.publish == tnng_publish) {
 		tnng *t = s->self;
-		if (!delta) {
+		/* a push over shared memory sends no delta: keep no copy for one */
+		if (!delta || t->c->last_push_shm) {
 			rl_wver_destroy(t->last);
 			t->last = NULL;
 		} else if (t->last == NULL || t->last->version != v->version) {

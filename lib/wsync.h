@@ -216,14 +216,20 @@ int rl_wsync_fetch(rl_wsync_client *c, rl_wver **out, uint64_t version, const rl
 int rl_wsync_fetch_into(rl_wsync_client *c, rl_wver *dst, uint64_t version, const rl_wver *base);
 /* rl_wsync_push sends v to the server.  base non-NULL: send v XOR base (the
  * server must still hold base as its latest; otherwise this falls back to a
- * full push).  Hashes v if not yet hashed.  v is borrowed. */
+ * full push).  Hashes v if not yet hashed.  v is borrowed.
+ * Transport (opts.transport): AUTO hands v to a server on this host (same
+ * host id, as for fetch) as one sealed memfd over its shared memory service,
+ * ignoring base (a delta only costs CPU on one host; one copy, no codec), and
+ * falls back to chunks if that fails; SHM only that (RL_ENOTSUP if the
+ * server is elsewhere); STREAM and NNG always send chunks (deltas against
+ * base, whole chunks uncompressed to a loopback server unless stored < 0). */
 int rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base);
 /* Counters since open (or the last reset). */
 void rl_wsync_client_stats(rl_wsync_client *c, rl_wsync_stats *st, int reset);
 
 /* Test hooks: the next n chunk replies this process's servers send (REQ/REP
- * or bulk), or chunks its clients push, are corrupted after checksumming (one
- * payload byte flipped).  Also read from the
+ * or bulk), or chunks (or shared memory objects) its clients push, are
+ * corrupted after checksumming (one payload byte flipped).  Also read from the
  * environment when a server opens: RL_WSYNC_TEST_CORRUPT=n, and
  * RL_WSYNC_TEST_SLOW_MS=ms (sleep before each chunk reply, to kill a client
  * mid-transfer in tests). */
@@ -263,7 +269,8 @@ int rl_wsync_open_transport(rl_wsync **out, const rl_wsync_transport *t, void *s
 void rl_wsync_close(rl_wsync *s);
 const char *rl_wsync_transport_name(const rl_wsync *s);
 /* The trainer: publish v (borrowed).  Over nng the previous published
- * version is used as delta base when delta=1 and the layout matches. */
+ * version is used as delta base when delta=1 and the layout matches (and is
+ * kept only while pushes do not go over shared memory, rl_wsync_push). */
 int rl_wsync_publish(rl_wsync *s, rl_wver *v, int delta);
 /* The trainer, from a checkpoint directory it just wrote. */
 int rl_wsync_publish_dir(rl_wsync *s, const char *ckpt_dir, uint64_t version, int delta);

@@ -52,6 +52,19 @@ if [ $gpu = 0 ] && ls "$root"/tests/cli/*.bats >/dev/null 2>&1; then
 	fi
 fi
 
+# --gpu: the Bats files about the GPU too (a skip is a failure)
+if [ $gpu = 1 ] && ls "$root"/tests/cli/*cuda*.bats >/dev/null 2>&1; then
+	( cd "$root" && prove -v --exec 'bats --tap' tests/cli/*cuda*.bats ) >"$log/bats" 2>&1
+	b_ok=$(grep -c '^ok ' "$log/bats"); b_skip=$(grep -c '^ok .* # skip' "$log/bats")
+	b_fail=$(grep -c '^not ok ' "$log/bats")
+	pass=$((pass + b_ok - b_skip)); fail=$((fail + b_fail + b_skip))
+	if [ "$b_fail" != 0 ] || [ "$b_skip" != 0 ] || ! grep -q '^Result: PASS' "$log/bats"; then
+		failed="$failed bats-gpu"; cat "$log/bats"
+	else
+		grep -E '^(ok|not ok)' "$log/bats" | sed 's/^/bats   /'
+	fi
+fi
+
 [ -n "$failed" ] && echo "failed:$failed"
 echo "check: $pass passed, $fail failed, $skip skipped"
 [ $fail = 0 ]

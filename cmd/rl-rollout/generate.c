@@ -26,6 +26,7 @@
 #include "progress.h"
 #include "qclient.h"
 #include "safetensors.h"
+#include "wgroup.h"
 #include "wsync.h"
 #include "rng.h"
 #include "tokenizer.h"
@@ -65,6 +66,11 @@ static const char usage_text[] =
     "      --sync URL          new weight versions from rl-sync (tcp://, ipc://) or a directory\n"
     "      --sync-transport T  auto (shared memory with a server on this host), shm, stream, nng or file\n"
     "      --weights-timeout S give up waiting for a weights version after S seconds (default 600; 0 never)\n"
+    "      --weights-group HOST:PORT  new versions broadcast by the trainer of that group\n"
+    "      --weights-group-rank R     this worker's rank in it (1 .. size-1; the trainer is 0)\n"
+    "      --weights-group-size N     the trainer and its N-1 workers\n"
+    "      --weights-group-backend B  auto, cpu, nccl or ipc (default auto: on a loopback address with\n"
+    "                                 CUDA: ipc; else nccl on CUDA with NCCL; else cpu)\n"
     "      --skip-bad          skip bad prompt lines (counted) instead of stopping\n"
     "      --score FIELD       score mode: write per-token log-probs into FIELD\n"
     "      --queue URL         lease prompts from rl-queue and put the trajectories back\n"
@@ -74,7 +80,7 @@ static const char usage_text[] =
 enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
-	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS
+	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE, O_WGBACK
 };
 
 static const struct option longopts[] = {
@@ -93,6 +99,9 @@ static const struct option longopts[] = {
 	{ "idle-exit", required_argument, 0, O_IDLE },
 	{ "weights-timeout", required_argument, 0, O_WTIMEOUT }, { "sync", required_argument, 0, O_SYNC },
 	{ "sync-transport", required_argument, 0, O_STRANS },
+	{ "weights-group", required_argument, 0, O_WGROUP }, { "weights-group-rank", required_argument, 0, O_WGRANK },
+	{ "weights-group-size", required_argument, 0, O_WGSIZE },
+	{ "weights-group-backend", required_argument, 0, O_WGBACK },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -104,6 +113,8 @@ typedef struct gen {
 	const char *sync_url;
 	int sync_transport;    /* RL_WSYNC_T_* (--sync-transport) */
 	rl_wsync *ws;
+	rl_wgroup_opts wgo;    /* --weights-group */
+	rl_wgroup *wg;
 	rl_wver *wbase;        /* the last version fetched: the base of the next delta */
 	char sync_dir[3800];   /* where fetched versions are written to be loaded */
 	rl_qclient *qc;
@@ -352,6 +363,14 @@ poll_weights_(gen *g, int force)
 			snprintf(g->pending_path, sizeof g->pending_path, "%s/v%llu", g->sync_url,
 			    (unsigned long long)latest);
 		}
+	} else if (g->wg) {
+		/* the trainer broadcasts: a version already in memory here, or none */
+		if ((rv = rl_wgroup_poll(g->wg, &v)) != 0)
+			return rv;
+		if (v > g->version && v > g->pending_version) {
+			g->pending_version = v;
+			snprintf(g->pending_path, sizeof g->pending_path, "weights group %s", g->wgo.addr);
+		}
 	} else if (g->weights_from && latest_version(g->weights_from, &v, path, sizeof path) == RL_OK &&
 	    v > g->version && v > g->pending_version) {
 		g->pending_version = v;
@@ -359,7 +378,15 @@ poll_weights_(gen *g, int force)
 	}
 	if (g->pending_version > g->version) {
 		if (g->partial || rl_engine_active(g->e) == 0) {
-			if (!g->ws) {
+			if (g->wg) {
+				/* the newest one received (perhaps newer than the one seen) */
+				if ((rv = rl_wgroup_take(g->wg, &v)) == 0) {
+					g->version = v;
+					g->nloads++;
+					rl_engine_set_version(g->e, v);
+					rl_verbose("weights version %d taken from the %s", v, g->pending_path);
+				}
+			} else if (!g->ws) {
 				rv = load_weights(g, g->pending_path, g->pending_version);
 			} else if ((rv = load_weights_ver(g, g->wbase, g->pending_path)) == RL_ENOENT) {
 				/* no single model.safetensors (shards): through a directory */
@@ -635,7 +662,7 @@ wait_version(gen *g, int need)
 {
 	int rv = RL_OK;
 	double t0 = rl_now(), last = t0, w0 = g->t_weights;
-	const char *src = g->weights_from ? g->weights_from : g->sync_url;
+	const char *src = g->weights_from ? g->weights_from : g->sync_url ? g->sync_url : g->wgo.addr;
 
 	while (g->version < need) {
 		if ((rv = poll_weights(g, 1)) != 0)
@@ -658,6 +685,10 @@ wait_version(gen *g, int need)
 			/* rl-sync answers as soon as a newer version is there */
 			uint64_t l;
 			rl_wsync_poll_version(g->ws, (uint64_t)RL_MAX(g->version, 0), 50, &l);
+		} else if (g->wg) {
+			int v;
+			if ((rv = rl_wgroup_wait(g->wg, 0.05, &v)) != 0)
+				break;
 		} else {
 			usleep(2000); /* one readlink per look: cheap, and the latency is the step's */
 		}
@@ -731,7 +762,7 @@ run_generate(gen *g)
 				}
 				have_line = 1;
 			}
-			if ((g->weights_from || g->ws) && g->max_staleness >= 0) {
+			if ((g->weights_from || g->ws || g->wg) && g->max_staleness >= 0) {
 				/* the staleness gate: group k belongs to trainer batch k / train_batch */
 				int need = (int)(g->groups / (uint64_t)g->train_batch) - g->max_staleness;
 				if (g->version < need) {
@@ -984,7 +1015,7 @@ run_queue(gen *g)
 			empty_since = rl_qlease_count(&lease) ? 0 : rl_now();
 			/* the trainer moved on: its version is on the weights source (it
 			 * publishes before it tells the broker), so new prompts start on it */
-			if (rl_qlease_count(&lease) && (int)lease.version > g->version && (g->ws || g->weights_from) &&
+			if (rl_qlease_count(&lease) && (int)lease.version > g->version && (g->ws || g->weights_from || g->wg) &&
 			    (rv = poll_weights(g, 1)) != 0)
 				goto out;
 			for (size_t i = 0; i < rl_qlease_count(&lease); i++) {
@@ -1053,7 +1084,7 @@ int
 rl_cmd_generate(int argc, char **argv)
 {
 	gen g = { 0 };
-	int c, nstop = 0, nstopid = 0, rv, verbosity = RL_LOG_NORMAL;
+	int c, nstop = 0, nstopid = 0, rv, verbosity = RL_LOG_NORMAL, stdout_closed = 0;
 	double v;
 	size_t kv;
 
@@ -1114,6 +1145,14 @@ rl_cmd_generate(int argc, char **argv)
 		case O_IDLE: NUM(0, 1e9); g.idle_exit = v; break;
 		case O_WTIMEOUT: NUM(0, 1e9); g.weights_timeout = v; break;
 		case O_SYNC: g.sync_url = a; break;
+		case O_WGROUP: g.wgo.addr = a; break;
+		case O_WGRANK: NUM(1, 65535); g.wgo.rank = (int)v; break;
+		case O_WGSIZE: NUM(2, 65536); g.wgo.world = (int)v; break;
+		case O_WGBACK:
+			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl") && strcmp(a, "ipc"))
+				return usage_error("--weights-group-backend takes auto, cpu, nccl or ipc, not '%s'", a);
+			g.wgo.backend = a;
+			break;
 		case O_STRANS:
 			if (rl_wsync_transport_parse(a, &g.sync_transport) != 0)
 				return usage_error("--sync-transport: want auto, shm, stream, nng or file, not '%s'", a);
@@ -1136,8 +1175,16 @@ rl_cmd_generate(int argc, char **argv)
 		return usage_error("more than one input ('%s')", argv[optind + 1]);
 	if (optind < argc)
 		g.input = argv[optind];
-	if (g.max_staleness >= 0 && !g.weights_from && !g.sync_url)
-		return usage_error("%s", "--max-staleness needs --weights-from DIR or --sync URL");
+	if (g.max_staleness >= 0 && !g.weights_from && !g.sync_url && !g.wgo.addr)
+		return usage_error("%s", "--max-staleness needs --weights-from DIR, --sync URL or --weights-group");
+	if (g.wgo.addr && (!g.wgo.rank || !g.wgo.world || g.wgo.rank >= g.wgo.world))
+		return usage_error("%s", "--weights-group needs --weights-group-rank R and --weights-group-size N, "
+		    "1 <= R < N");
+	if (!g.wgo.addr && (g.wgo.rank || g.wgo.world || g.wgo.backend))
+		return usage_error("%s", "--weights-group-rank/-size/-backend need --weights-group HOST:PORT");
+	if (g.wgo.addr && (g.weights_from || g.sync_url))
+		return usage_error("%s", "--weights-group is a third way to get weights: choose one of it, "
+		    "--weights-from and --sync");
 	if (g.sync_transport && !g.sync_url)
 		return usage_error("%s", "--sync-transport needs --sync URL");
 	if (g.weights_from && g.sync_url)
@@ -1187,6 +1234,19 @@ rl_cmd_generate(int argc, char **argv)
 		if ((rv = poll_weights(&g, 1)) != 0)
 			goto out;
 	}
+	if (g.wgo.addr) {
+		/* joins the trainer's group, then starts from its weights */
+		int v;
+		g.wgo.timeout = g.weights_timeout > 0 ? g.weights_timeout : 1e9;
+		if ((rv = rl_wgroup_open(&g.wg, &g.wgo, g.m)) != 0 ||
+		    (rv = rl_wgroup_wait(g.wg, g.weights_timeout > 0 ? g.weights_timeout : 1e9, &v)) != 0 ||
+		    (rv = rl_wgroup_take(g.wg, &v)) != 0)
+			goto out;
+		g.version = v;
+		g.nloads++;
+		rl_engine_set_version(g.e, v);
+		rl_verbose("weights version %d taken from the weights group %s", v, g.wgo.addr);
+	}
 	if (g.weights_from) {
 		int ver;
 		char path[4096];
@@ -1205,6 +1265,23 @@ out:
 		rl_error("cannot write '%s': %s", g.out_path, strerror(errno));
 		rv = RL_EIO;
 	}
+	if (g.wg) {
+		/* the records go downstream first (the trainer ends the group only
+		 * once it has them all), then the group's end is awaited */
+		int r2 = RL_OK;
+		if (g.out == stdout) {
+			g.out = NULL;
+			r2 = rl_io_close_stdout() ? RL_EIO : RL_OK;
+			stdout_closed = 1;
+		}
+		if (!rv)
+			rv = r2;
+		if (!rv)
+			rl_verbose("waiting for the trainer to end the weights group");
+		r2 = rl_wgroup_close(g.wg, rv == 0);
+		if (!rv)
+			rv = r2;
+	}
 	rl_engine_destroy(g.e);
 	if (g.ws)
 		rmdir(g.sync_dir);
@@ -1215,5 +1292,5 @@ out:
 	rl_ops_close(g.ops);
 	if (rv)
 		return 1;
-	return rl_io_close_stdout() ? 1 : 0;
+	return stdout_closed ? 0 : rl_io_close_stdout() ? 1 : 0;
 }

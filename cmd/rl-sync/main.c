@@ -27,7 +27,7 @@
 static const char usage_text[] =
 	"usage: rl-sync serve --listen URL [--data-dir DIR] [--keep-previous] [--threads N] [--no-shm]\n"
 	"       rl-sync push URL CKPT_DIR [--version N] [--delta BASE_DIR] [--level L] [--chunk MIB]\n"
-	"                    [--stored|--compress]\n"
+	"                    [--stored|--compress] [--transport auto|shm|stream|nng]\n"
 	"       rl-sync pull URL --out DIR [--wait] [--follow] [--keep K] [--version N] [--stored|--compress]\n"
 	"                    [--transport auto|shm|stream|nng]\n"
 	"       rl-sync status URL [--json]\n"
@@ -52,6 +52,7 @@ static const char help_text[] =
 	"  -n, --version N        push/publish: version number (push default: server's latest + 1);\n"
 	"                         pull: fetch version N instead of the latest\n"
 	"  -D, --delta BASE_DIR   push: send only the XOR against BASE_DIR, the server's latest version\n"
+	"                         (not to a server on this host with --transport auto: see there)\n"
 	"  -L, --level L          push: zstd level (default 1)\n"
 	"  -c, --chunk MIB        push: chunk size in MiB (default 4)\n"
 	"  -o, --out DIR          pull: versioned output directory\n"
@@ -63,7 +64,10 @@ static const char help_text[] =
 	"  -Z, --compress         push/pull: whole chunks zstd-compressed (the default with a\n"
 	"                         server on another host)\n"
 	"  -x, --transport T      pull: auto (shared memory when the server is on this host, else\n"
-	"                         the stream), shm, stream (bulk stream or REQ/REP) or nng (REQ/REP)\n"
+	"                         the stream), shm, stream (bulk stream or REQ/REP) or nng (REQ/REP);\n"
+	"                         push: auto (to a server on this host the version goes as one sealed\n"
+	"                         shared memory object, no delta; else chunks), shm, or stream and\n"
+	"                         nng (chunks, and deltas with --delta)\n"
 	"  -j, --json             status: print JSON\n"
 	"  -T, --timeout MS       per-request timeout (default 10000)\n"
 	"  -P, --parallel N       chunks in flight (default 4)\n"
@@ -394,8 +398,9 @@ cmd_status(const cfg *c)
 	it = cJSON_GetObjectItemCaseSensitive(j, "shm");
 	if (cJSON_IsString(it) && it->valuestring[0]) {
 		const cJSON *n = cJSON_GetObjectItemCaseSensitive(j, "shm_served");
-		printf("shared memory: @%s (%.0f versions handed out)\n", it->valuestring,
-		       cJSON_IsNumber(n) ? n->valuedouble : 0);
+		const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "shm_pushes");
+		printf("shared memory: @%s (%.0f versions handed out, %.0f pushed)\n", it->valuestring,
+		       cJSON_IsNumber(n) ? n->valuedouble : 0, cJSON_IsNumber(p) ? p->valuedouble : 0);
 	}
 out:
 	cJSON_Delete(j);

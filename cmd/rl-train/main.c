@@ -13,6 +13,7 @@
 #include "groups.h"
 #include "io.h"
 #include "train.h"
+#include "wsync.h"
 
 static const char usage_text[] =
     "usage: rl-train -m MODEL_DIR --out CKPT_DIR [--algo A] [options] [FILE|-]\n"
@@ -59,6 +60,7 @@ static const char usage_text[] =
     "      --ppo-epochs E        passes over each step's data (default 1)\n"
     "      --mini-batches M      optimizer updates per pass (default 1)\n"
     "      --max-tokens-per-micro N  token budget of a micro-batch (default 8192)\n"
+    "      --recompute           keep one layer's activations, recompute the rest in backward\n"
     "optimizer:\n"
     "      --lr LR               learning rate (default 1e-6)\n"
     "      --warmup N            linear warmup steps (default 0)\n"
@@ -79,6 +81,12 @@ static const char usage_text[] =
     "      --metrics FILE        one JSON object per step ('-' stdout; default stderr)\n"
     "      --tfevents DIR        also write TensorBoard event files\n"
     "      --sync URL            also push each version to rl-sync (tcp://, ipc://) or a directory\n"
+    "      --sync-transport T    auto (shared memory to a server on this host, else deltas), shm,\n"
+    "                            stream or nng (deltas over the socket), file (default auto)\n"
+    "      --weights-group HOST:PORT  broadcast each version to rollout workers joined there\n"
+    "      --weights-group-size N     this trainer and the N-1 workers of the group\n"
+    "      --weights-group-backend B  auto, cpu, nccl or ipc (default auto: on a loopback address with\n"
+    "                                 CUDA: ipc; else nccl on CUDA with NCCL; else cpu)\n"
     "      --queue URL           lease scored groups from rl-queue (acknowledged after each step)\n"
     "      --idle-exit S         queue mode: stop after S seconds without records\n"
     "data parallel (docs/parallel.md; every rank reads the whole input; with --queue rank 0 leases):\n"
@@ -100,7 +108,8 @@ enum {
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
-	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_SKIPZ, O_NOSKIPZ
+	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP, O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS,
+	O_SKIPZ, O_NOSKIPZ
 };
 
 static const struct option longopts[] = {
@@ -127,6 +136,7 @@ static const struct option longopts[] = {
 	{ "metrics", required_argument, 0, O_METRICS }, { "tfevents", required_argument, 0, O_TFEV },
 	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
 	{ "sync", required_argument, 0, O_SYNC }, { "ckpt-every", required_argument, 0, O_CKEVERY },
+	{ "sync-transport", required_argument, 0, O_STRANS },
 	{ "rank", required_argument, 0, O_RANK }, { "world", required_argument, 0, O_WORLD },
 	{ "rendezvous", required_argument, 0, O_RDV }, { "comm-backend", required_argument, 0, O_CBACK },
 	{ "comm-timeout", required_argument, 0, O_CTIME }, { "dp-check-every", required_argument, 0, O_DPCHECK },
@@ -134,7 +144,9 @@ static const struct option longopts[] = {
 	{ "no-dp-overlap", no_argument, 0, O_DPNOOVL }, { "zero", required_argument, 0, O_ZERO },
 	{ "lambda", required_argument, 0, O_LAMBDA }, { "vf-coef", required_argument, 0, O_VFCOEF },
 	{ "value-clip", required_argument, 0, O_VCLIP }, { "critic-lr", required_argument, 0, O_CRITLR },
-	{ "no-whiten-adv", no_argument, 0, O_NOWHITEN },
+	{ "no-whiten-adv", no_argument, 0, O_NOWHITEN }, { "recompute", no_argument, 0, O_RECOMP },
+	{ "weights-group", required_argument, 0, O_WGROUP }, { "weights-group-size", required_argument, 0, O_WGSIZE },
+	{ "weights-group-backend", required_argument, 0, O_WGBACK },
 	{ "skip-zero-adv", no_argument, 0, O_SKIPZ }, { "no-skip-zero-adv", no_argument, 0, O_NOSKIPZ },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
@@ -167,7 +179,7 @@ main(int argc, char **argv)
 	rl_comm_opts co;
 	static char prog[64];
 	const char *init = NULL, *tokenizer = NULL;
-	int c, verbosity = RL_LOG_NORMAL, clip_high_set = 0, kl_coef_set = 0;
+	int c, verbosity = RL_LOG_NORMAL, clip_high_set = 0, kl_coef_set = 0, strans_set = 0;
 	double v;
 
 	rl_log_init("rl-train", RL_LOG_NORMAL);
@@ -220,6 +232,7 @@ main(int argc, char **argv)
 		case O_EPOCHS: NUM(1, 1000); o.ppo_epochs = (int)v; break;
 		case O_MINI: NUM(1, 1e6); o.mini_batches = (int)v; break;
 		case O_MICRO: NUM(1, 1e9); o.max_tokens_micro = (int)v; break;
+		case O_RECOMP: o.recompute = 1; break;
 		case O_LR: NUM(0, 10); o.lr = (float)v; break;
 		case O_WARMUP: NUM(0, 1e9); o.warmup = (int)v; break;
 		case O_SCHED:
@@ -248,6 +261,18 @@ main(int argc, char **argv)
 		case O_TFEV: o.tfevents_dir = a; break;
 		case O_QUEUE: o.queue_url = a; break;
 		case O_SYNC: o.sync_url = a; break;
+		case O_STRANS:
+			if (rl_wsync_transport_parse(a, &o.sync_transport) != 0)
+				return usage_error("--sync-transport: want auto, shm, stream, nng or file, not '%s'", a);
+			strans_set = 1;
+			break;
+		case O_WGROUP: o.wgroup_addr = a; break;
+		case O_WGSIZE: NUM(2, 65536); o.wgroup_size = (int)v; break;
+		case O_WGBACK:
+			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl") && strcmp(a, "ipc"))
+				return usage_error("--weights-group-backend takes auto, cpu, nccl or ipc, not '%s'", a);
+			o.wgroup_backend = a;
+			break;
 		case O_IDLE: NUM(0, 1e9); o.idle_exit = v; break;
 		case O_RANK: NUM(0, 1e6); co.rank = (int)v; break;
 		case O_WORLD:
@@ -304,8 +329,12 @@ main(int argc, char **argv)
 		return usage_error("%s", "no output directory: --out DIR");
 	if (!o.model_dir && !o.resume)
 		return usage_error("%s", "no model: -m MODEL_DIR (or --resume)");
-	if (o.ckpt_every > 1 && !o.sync_url)
-		return usage_error("%s", "--ckpt-every needs --sync URL (where the versions between go)");
+	if (strans_set && !o.sync_url)
+		return usage_error("%s", "--sync-transport needs --sync URL");
+	if (o.ckpt_every > 1 && !o.sync_url && !o.wgroup_addr)
+		return usage_error("%s", "--ckpt-every needs --sync URL or --weights-group (where the versions between go)");
+	if (!o.wgroup_addr != !o.wgroup_size)
+		return usage_error("%s", "--weights-group and --weights-group-size go together");
 	if (o.algo == RL_ALGO_DAPO && !clip_high_set)
 		o.clip_high = 0.28f;
 	if (o.kl_type && !kl_coef_set)

@@ -10,7 +10,9 @@
 #       leases the scored groups and passes them to the other ranks
 #       (docs/parallel.md), reports its version to the broker and
 #       acknowledges each step; rank 0 writes $RUN/ckpt, which the generators
-#       pick up (--weights-from)
+#       pick up (--weights-from), or with WEIGHTS=group sends each version
+#       straight to the generators (rl-train --weights-group: CUDA IPC between
+#       the GPUs of this node by default, docs/wgroup.md)
 #
 # The broker's gate (-k STALENESS, -b BATCH x SAMPLES) keeps the generators
 # at most STALENESS versions ahead of the trainer.
@@ -20,8 +22,9 @@
 # ROLLOUT_GPUS ("4 5 6 7"), DEVICE (cuda; cpu runs the same wiring on the
 # CPU, the GPU lists then only count processes), BATCH (prompts per step, 64),
 # SAMPLES (per prompt, 8), STEPS (100), LR (1e-6), MAX_TOKENS (512),
-# STALENESS (1), ZERO (0; 1: rl-train --zero 1), MASTER_PORT (29500), RUN
-# (runs/multi-gpu).  Calls only rl-* programs and sh, awk.  Every process it starts is stopped by pid on exit.
+# STALENESS (1), ZERO (0; 1: rl-train --zero 1), MASTER_PORT (29500; the
+# weights group uses MASTER_PORT + 1), WEIGHTS (dir or group), WEIGHTS_BACKEND
+# (the group's: auto, ipc, nccl or cpu; default auto), RUN (runs/multi-gpu).  Calls only rl-* programs and sh, awk.  Every process it starts is stopped by pid on exit.
 #
 # NOT RUN ON GPUS: written and checked with DEVICE=cpu on a machine without a
 # GPU (see docs/parallel.md).
@@ -42,6 +45,9 @@ MASTER_PORT=${MASTER_PORT:-29500}
 STALENESS=${STALENESS:-1}
 ZERO=${ZERO:-0}
 RUN=${RUN:-runs/multi-gpu}
+WEIGHTS=${WEIGHTS:-dir}
+WEIGHTS_BACKEND=${WEIGHTS_BACKEND:-auto}
+case $WEIGHTS in dir|group) ;; *) echo "multi-gpu: WEIGHTS is dir or group, not '$WEIGHTS'" >&2; exit 2 ;; esac
 
 for p in rl-train rl-rollout rl-reward rl-queue; do
 	command -v $p >/dev/null 2>&1 || { echo "multi-gpu: $p not found on PATH" >&2; exit 1; }
@@ -83,12 +89,23 @@ while :; do
 done
 rl-queue put -q "$URL" "$PROMPTS" 2>"$L/put.log"
 
+# weights: the trainer's checkpoint directory, or its weights group (rank 0:
+# the trainer's rank 0; 1..n: the generators)
+GADDR=127.0.0.1:$((MASTER_PORT + 1))
+GSIZE=$(($(echo $ROLLOUT_GPUS | wc -w) + 1))
+W_TRAIN=""
+[ "$WEIGHTS" = dir ] ||
+	W_TRAIN="--weights-group $GADDR --weights-group-size $GSIZE --weights-group-backend $WEIGHTS_BACKEND"
+
 # generation: one process per rollout GPU, all on the broker
 g=0
 for gpu in $ROLLOUT_GPUS; do
 	d=$DEVICE; [ "$DEVICE" = cuda ] && d=cuda:$gpu
+	W="--weights-from $CK"
+	[ "$WEIGHTS" = dir ] || W="--weights-group $GADDR --weights-group-rank $((g + 1)) --weights-group-size $GSIZE \
+		--weights-group-backend $WEIGHTS_BACKEND"
 	rl-rollout -m "$MODEL" --device "$d" --queue "$URL" -n "$SAMPLES" --max-tokens "$MAX_TOKENS" \
-		--seed "$g" --weights-from "$CK" 2>"$L/rollout.$gpu.log" &
+		--seed "$g" $W 2>"$L/rollout.$gpu.log" &
 	PIDS="$PIDS $!"
 	g=$((g + 1))
 done
@@ -104,7 +121,7 @@ for gpu in $TRAIN_GPUS; do
 	RANK=$r WORLD_SIZE=$world LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$MASTER_PORT \
 		rl-train -m "$MODEL" --out "$CK" --device "$d" --queue "$URL" --zero "$ZERO" \
 		--algo grpo --batch "$BATCH" --lr "$LR" --max-steps "$STEPS" --metrics "$RUN/metrics.jsonl" \
-		2>"$L/train.$r.log" &
+		$W_TRAIN 2>"$L/train.$r.log" &
 	RANKS="$RANKS $!"
 	r=$((r + 1))
 done

@@ -7,25 +7,18 @@
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 
+load queue_helper
+
 setup() {
 	bats_require_minimum_version 1.5.0
 	D=$(mktemp -d /tmp/rlq-bats.XXXXXX)
 	URL="ipc://$D/q.sock"   # start_broker picks a tcp:// URL
 	PIDS=""
-	for i in 1 2 3; do
-		printf '{"prompt_text":"what is %d+%d","meta":{"answer":"%d"},"group_size":2}\n' $i $i $((i + i))
-	done > "$D/prompts.jsonl"
-	# two complete groups of scored samples (ids 11,12 / 21,22), version 0
-	for g in 1 2; do
-		for i in 0 1; do
-			printf '{"id":%d,"group":%d,"index":%d,"group_size":2,"version":[0,0],"response":[1,2,3],"reward":%d}\n' \
-				$((g * 10 + i + 1)) $g $i $i
-		done
-	done > "$D/scored.jsonl"
+	write_records "$D"
 }
 
 teardown() {
-	for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
+	kill_pids
 	rm -rf "$D"
 }
 
@@ -238,13 +231,20 @@ assert sorted(ids)==[11,12,21,22], ids'
 
 @test "the EXAMPLES of rl-queue(1) run" {
 	man="$BATS_TEST_DIRNAME/../../man/rl-queue.1"
-	port=$((20000 + RANDOM % 40000))
-	sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' "$man" | sed -n '/^\.Bd/,/^\.Ed/p' | grep -v '^\.' |
-		sed -e 's/\\e$/\\/' -e "s|ipc:///tmp/q.sock|tcp://127.0.0.1:$port|g" > "$D/examples.sh"
-	[ "$(grep -c rl-queue "$D/examples.sh")" -ge 6 ]
-	echo 'kill $!' >> "$D/examples.sh"
-	cp "$D/scored.jsonl" "$D/prompts.jsonl" "$D/" 2>/dev/null || true
-	run --separate-stderr bash -ec "cd '$D' && . ./examples.sh 3>&-"
+	# a random port may be taken by someone else: then the broker exits and
+	# the next command fails to connect; try another port (3 times at most)
+	for try in 1 2 3; do
+		port=$((20000 + RANDOM % 40000))
+		sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' "$man" | sed -n '/^\.Bd/,/^\.Ed/p' | grep -v '^\.' |
+			sed -e 's/\\e$/\\/' -e "s|ipc:///tmp/q.sock|tcp://127.0.0.1:$port|g" > "$D/examples.sh"
+		[ "$(grep -c rl-queue "$D/examples.sh")" -ge 6 ]
+		echo 'kill $!' >> "$D/examples.sh"
+		rm -rf "$D/q"
+		run --separate-stderr bash -ec "cd '$D' && . ./examples.sh 3>&-"
+		[ "$status" -eq 0 ] && break
+		echo "try $try on port $port: $stderr" >&2
+		grep -q "in use" <<< "$stderr" || break
+	done
 	assert_success
 	assert_output --partial "depth: prompt 3"
 	assert_output --partial '"prompt_text":"what is 1+1"'

@@ -13,14 +13,11 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 
+load queue_helper
+
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
-	cat > "$TD/cfg.json" <<'JSON'
-{"model_type":"qwen2","vocab_size":261,"hidden_size":32,"num_hidden_layers":1,"num_attention_heads":2,
- "num_key_value_heads":1,"intermediate_size":64,"max_position_embeddings":64,"torch_dtype":"float32"}
-JSON
-	rl-train --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m0" > /dev/null 2>&1
-	for i in $(seq 1 12); do echo "{\"prompt_text\":\"$i+$i=\",\"meta\":{\"answer\":\"$((i + i))\"}}"; done > "$TD/prompts.jsonl"
+	write_model "$TD"
 }
 
 setup() {
@@ -31,37 +28,13 @@ setup() {
 }
 
 teardown() {
-	for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
+	kill_pids
 	[ -z "${D:-}" ] || rm -rf "$D"
 }
 
-fetch() {
-	python3 -c 'import sys, urllib.request
-sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "http://$1$2"
-}
+fetch() { http_get "$@"; }
 
-# start_broker VAR_PREFIX ARGS...: sets ${P}URL and ${P}HTTP
-start_broker() {
-	local p=$1 url http pid
-	shift
-	for _ in $(seq 10); do
-		url="tcp://127.0.0.1:$((20000 + RANDOM % 40000))"
-		http="127.0.0.1:$((20000 + RANDOM % 40000))"
-		rl-queue serve --listen "$url" --http "$http" -q "$@" 3>&- &
-		pid=$!
-		PIDS="$PIDS $pid"
-		for _ in $(seq 100); do
-			kill -0 "$pid" 2>/dev/null || break
-			if rl-queue stat --timeout 0.2 "$url" >/dev/null 2>&1 && fetch "$http" /api/stats >/dev/null 2>&1; then
-				eval "${p}URL=\$url ${p}HTTP=\$http"
-				return 0
-			fi
-			sleep 0.05
-		done
-	done
-	echo "broker did not start" >&2
-	return 1
-}
+start_broker() { start_http_broker "$@"; }
 
 # browse URL NAME: headless Chromium loads URL for 3 s of virtual time; the DOM
 # goes to $D/NAME.html, the net log to $D/NAME.net.json

@@ -8,56 +8,24 @@
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 
+load queue_helper
+
 setup() {
 	bats_require_minimum_version 1.5.0
 	D=$(mktemp -d /tmp/rlq-http-bats.XXXXXX)
 	PIDS=""
-	for i in 1 2 3; do
-		printf '{"prompt_text":"what is %d+%d","meta":{"answer":"%d"},"group_size":2}\n' $i $i $((i + i))
-	done > "$D/prompts.jsonl"
-	for g in 1 2; do
-		for i in 0 1; do
-			printf '{"id":%d,"group":%d,"index":%d,"group_size":2,"version":[0,0],"response":[1,2,3],"reward":%d}\n' \
-				$((g * 10 + i + 1)) $g $i $i
-		done
-	done > "$D/scored.jsonl"
+	write_records "$D"
 }
 
 teardown() {
-	for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
+	kill_pids
 	rm -rf "$D"
 }
 
-# fetch PATH: prints the body of http://$HTTP/PATH (fails on a non-2xx status)
-fetch() {
-	python3 - "http://$HTTP$1" <<'EOF'
-import sys, urllib.request
-with urllib.request.urlopen(sys.argv[1], timeout=5) as r:
-    sys.stdout.write(r.headers.get("Content-Type", "") + "\n")
-    sys.stdout.write(r.read().decode("utf-8"))
-EOF
-}
+# fetch PATH: the Content-Type, then the body of http://$HTTP/PATH (fails on a non-2xx status)
+fetch() { TYPED=1 http_get "$HTTP" "$1"; }
 
-# start_broker ARGS...: a broker on random free ports with --http, waits
-# until both the broker and the HTTP listener answer
-start_broker() {
-	for _ in $(seq 10); do
-		URL="tcp://127.0.0.1:$((20000 + RANDOM % 40000))"
-		HTTP="127.0.0.1:$((20000 + RANDOM % 40000))"
-		rl-queue serve --listen "$URL" --http "$HTTP" -q "$@" 3>&- &
-		BROKER=$!
-		PIDS="$PIDS $BROKER"
-		for _ in $(seq 100); do
-			kill -0 "$BROKER" 2>/dev/null || break    # a port taken: try others
-			if rl-queue stat --timeout 0.2 "$URL" >/dev/null 2>&1 && fetch /api/stats >/dev/null 2>&1; then
-				return 0
-			fi
-			sleep 0.05
-		done
-	done
-	echo "broker did not start" >&2
-	return 1
-}
+start_broker() { start_http_broker "" "$@"; }
 
 # flow: records through every stage, one lease left to expire
 flow() {

@@ -11,14 +11,11 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 
+load queue_helper
+
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
-	cat > "$TD/cfg.json" <<'JSON'
-{"model_type":"qwen2","vocab_size":261,"hidden_size":32,"num_hidden_layers":1,"num_attention_heads":2,
- "num_key_value_heads":1,"intermediate_size":64,"max_position_embeddings":64,"torch_dtype":"float32"}
-JSON
-	rl-train --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m0" > /dev/null 2>&1
-	for i in $(seq 1 12); do echo "{\"prompt_text\":\"$i+$i=\",\"meta\":{\"answer\":\"$((i + i))\"}}"; done > "$TD/prompts.jsonl"
+	write_model "$TD"
 	for g in 1 2 3; do
 		for i in 0 1; do
 			printf '{"id":%d,"group":%d,"index":%d,"group_size":2,"version":[0,0],"prompt":[65,66,67],"response":[68,69,70],"reward":%d}\n' \
@@ -33,33 +30,13 @@ setup() {
 }
 
 teardown() {
-	for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
+	kill_pids
 	rm -rf "$D"
 }
 
-fetch() {
-	python3 -c 'import sys, urllib.request
-sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "http://$HTTP$1"
-}
+fetch() { http_get "$HTTP" "$1"; }
 
-start_broker() {
-	for _ in $(seq 10); do
-		URL="tcp://127.0.0.1:$((20000 + RANDOM % 40000))"
-		HTTP="127.0.0.1:$((20000 + RANDOM % 40000))"
-		rl-queue serve --listen "$URL" --http "$HTTP" -q "$@" 3>&- &
-		BROKER=$!
-		PIDS="$PIDS $BROKER"
-		for _ in $(seq 100); do
-			kill -0 "$BROKER" 2>/dev/null || break
-			if rl-queue stat --timeout 0.2 "$URL" >/dev/null 2>&1 && fetch /api/stats >/dev/null 2>&1; then
-				return 0
-			fi
-			sleep 0.05
-		done
-	done
-	echo "broker did not start" >&2
-	return 1
-}
+start_broker() { start_http_broker "" "$@"; }
 
 # report URL JSON: one REPORT by hand; prints "STATUS MESSAGE"
 report() {

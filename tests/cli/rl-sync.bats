@@ -131,7 +131,9 @@ bump() {
 	[[ $stderr == *'version 4 is not newer than the latest, 5'* ]]
 	rl-sync pull "$URL" --out "$T/out"
 	bump ck2 XYZ
-	run --separate-stderr rl-sync push "$URL" "$T/ck2" --delta "$T/out/latest"
+	# chunks, as to a server on another host (auto would hand the version
+	# over as shared memory: rl-sync-shm.bats)
+	run --separate-stderr rl-sync push "$URL" "$T/ck2" --delta "$T/out/latest" --transport stream
 	assert_success
 	[[ $stderr == *'pushed version 6'* ]]
 	wire=$(echo "$stderr" | sed -n 's/.* as \([0-9]*\) on the wire.*/\1/p')
@@ -153,7 +155,7 @@ bump() {
 	for v in 2 3 4; do
 		for _ in $(seq 50); do [ -e "$T/f/v00000$((v - 1))" ] && break; sleep 0.1; done
 		bump "c$v" "v$v"
-		rl-sync push "$URL" "$T/c$v" --version "$v" --delta "$T/f/latest"
+		rl-sync push "$URL" "$T/c$v" --version "$v" --delta "$T/f/latest" --transport stream
 	done
 	for _ in $(seq 50); do [ "$(readlink "$T/f/latest")" = v000004 ] && break; sleep 0.1; done
 	[ "$(readlink "$T/f/latest")" = v000004 ]

@@ -4,7 +4,8 @@
 #   (fp32 reduction-order tolerance), for token-mean and seq-mean-token-mean
 #   with mini-batches, epochs and gradient accumulation;
 # - a killed rank, a hung rank, ranks on different inputs or options: the
-#   others exit non-zero fast with a message naming the rank;
+#   others exit non-zero fast with a message naming the rank; after a rank
+#   killed mid-run, --resume continues from the last checkpoint;
 # - bad launch configuration (WORLD_SIZE=0, RANK >= WORLD_SIZE, no or an
 #   unreachable MASTER_ADDR) is a clear error.
 
@@ -204,6 +205,48 @@ PY
 	cat "$TD/k.err.0" "$TD/k.err.2"
 	grep -q "^rl-train: rank 0: .*rank 1" "$TD/k.err.0"
 	grep -q "^rl-train: rank 2: lost the connection to rank 1" "$TD/k.err.2"
+}
+
+@test "a rank killed after 2 steps: the survivor exits 1 at once; --resume from step 2 = 3 steps of 1 rank" {
+	args=(--batch 4 --lr 1e-2 --dp-check-every 1 --save-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/c1" --metrics /dev/null --max-steps 3 "${args[@]}" "$TD/s.jsonl"
+	# rank 1 gets the records of 2 steps, then a stream that stays open: both
+	# ranks finish steps 1 and 2 (checkpoints written), then wait at step 3
+	rm -f "$TD/c.fifo"
+	mkfifo "$TD/c.fifo"
+	( head -n 32 "$TD/s.jsonl"; exec sleep 60 ) > "$TD/c.fifo" 3>&- &
+	PIDS="$PIDS $!"
+	rl-train -q -m "$TD/m0" --out "$TD/c2" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" \
+	    --metrics /dev/null "${args[@]}" < "$TD/c.fifo" 3>&- 2>/dev/null &
+	victim=$!
+	PIDS="$PIDS $victim"
+	rl-train -q -m "$TD/m0" --out "$TD/c2" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" \
+	    --metrics /dev/null "${args[@]}" "$TD/s.jsonl" 3>&- 2>"$TD/c.err.0" &
+	r0=$!
+	PIDS="$PIDS $r0"
+	for _ in $(seq 300); do
+		[ "$(readlink "$TD/c2/latest" 2>/dev/null)" = step-00000002 ] && break
+		sleep 0.1
+	done
+	[ "$(readlink "$TD/c2/latest")" = step-00000002 ]
+	sleep 0.5   # rank 0 is at step 3, waiting for rank 1
+	kill -9 "$victim"
+	start=$SECONDS
+	rc0=0; wait "$r0" || rc0=$?
+	[ $rc0 = 1 ]
+	[ $((SECONDS - start)) -lt 15 ]   # RL_COMM_TIMEOUT is 60 s: this is the dropped connection
+	grep -q "^rl-train: rank 0: .*rank 1" "$TD/c.err.0"
+	[ "$(readlink "$TD/c2/latest")" = step-00000002 ]
+	[ ! -e "$TD/c2/step-00000003" ]
+	# all ranks again with --resume: from step 2's checkpoint (weights and
+	# AdamW state), the records of steps 1-2 skipped
+	PORT=$((PORT + 1))
+	train_world 2 "$TD/c2" --max-steps 3 --resume "${args[@]}"
+	# one step trained, step 3 (metrics of rank 0, a new file)
+	[ "$(wc -l < "$TD/c2.metrics.0")" = 1 ]
+	grep -q '^{"step":3,' "$TD/c2.metrics.0"
+	[ "$(readlink "$TD/c2/latest")" = step-00000003 ]
+	run -0 close "$TD/c2/latest/model.safetensors" "$TD/c1/latest/model.safetensors"
 }
 
 @test "a hung rank: the others give up after --comm-timeout with a message" {

@@ -61,7 +61,8 @@ train() {
 	for cfg in "--algo grpo" "--algo grpo --ppo-epochs 2 --mini-batches 2" "--algo dr-grpo --mini-batches 3" \
 	    "--algo rloo --loss-agg seq-mean-token-mean --max-tokens-per-micro 40" \
 	    "--algo grpo --loss-agg seq-mean-token-sum --weight-decay 0.1" \
-	    "--algo grpo --old-from-behaviour --tis-cap 2 --mini-batches 2" "--algo grpo --kl k3 --kl-in-reward"; do
+	    "--algo grpo --old-from-behaviour --tis-cap 2 --mini-batches 2" "--algo grpo --kl k3 --kl-in-reward" \
+	    "--algo grpo --recompute --mini-batches 2 --max-tokens-per-micro 40"; do
 		nth=$((nth + 1))
 		train "$TD/s$nth" $cfg --skip-zero-adv
 		train "$TD/n$nth" $cfg --no-skip-zero-adv

@@ -64,6 +64,21 @@ mk() { python3 tests/fixtures/train/mkscored.py "$@"; }
 	! cmp -s "$TD/m0/model.safetensors" "$TD/a/step-00000004/model.safetensors"
 }
 
+@test "--recompute: the same weights bit for bit, with fewer activation bytes (-v)" {
+	rl-train -q -m "$TD/m0" --out "$TD/rc0" --batch 2 --lr 1e-3 --max-steps 3 --ent-coef 0.01 \
+	    --metrics /dev/null "$TD/scored.jsonl"
+	run -0 --separate-stderr rl-train -v -m "$TD/m0" --out "$TD/rc1" --batch 2 --lr 1e-3 --max-steps 3 \
+	    --ent-coef 0.01 --recompute --metrics /dev/null "$TD/scored.jsonl"
+	cmp "$TD/rc0/step-00000003/model.safetensors" "$TD/rc1/step-00000003/model.safetensors"
+	! cmp -s "$TD/m0/model.safetensors" "$TD/rc1/step-00000003/model.safetensors"
+	with=$(sed -n 's/.*activations: \([0-9.]*\) MiB.*recomputed.*/\1/p' <<< "$stderr")
+	run -0 --separate-stderr rl-train -v -m "$TD/m0" --out "$TD/rc2" --batch 2 --max-steps 1 \
+	    --metrics /dev/null "$TD/scored.jsonl"
+	without=$(sed -n 's/.*activations: \([0-9.]*\) MiB.*/\1/p' <<< "$stderr")
+	[ -n "$with" ] && [ -n "$without" ]
+	awk -v a="$with" -v b="$without" 'BEGIN { exit !(a < b) }'
+}
+
 @test "--resume with no checkpoint is an error" {
 	run -1 --separate-stderr rl-train --out "$TD/none" --resume "$TD/scored.jsonl"
 	[[ "$stderr" == *"cannot resume"* ]]

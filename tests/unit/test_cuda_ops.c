@@ -190,6 +190,42 @@ test_norms(int N, int C)
 	free(dw); free(dbb);
 }
 
+/* add_norm_fwd (residual add + norm in one kernel): x against the bf16-rounded sum, out
+ * and the statistics against the CPU norm of that rounded sum (the norm tolerances). */
+static void
+test_add_norm(int N, int C, int ln)
+{
+	char nm[80];
+	size_t n = (size_t)N * C;
+	float *x = tc_rand(n, -2, 2, 1), *t = tc_rand(n, -2, 2, 1), *w = tc_rand(C, 0.5, 1.5, 1);
+	float *b = tc_rand(C, -0.5, 0.5, 1), *xs = rl_xmalloc(n * 4), *ref = rl_xmalloc(n * 4);
+	float *mean = rl_xmalloc(N * 4), *rstd = rl_xmalloc(N * 4);
+	void *dx = tc_up(g, x, n, BF), *dt = tc_up(g, t, n, BF), *dw = tc_up(g, w, C, BF), *db = tc_up(g, b, C, BF);
+	void *out = tc_poison(g, n, BF), *dmean = tc_poison(g, N, F32), *drs = tc_poison(g, N, F32);
+
+	for (size_t i = 0; i < n; i++)
+		xs[i] = rl_bf16_to_f32(rl_f32_to_bf16(x[i] + t[i]));
+	if (ln)
+		rl_cpu_layernorm_fwd(NULL, ref, mean, rstd, xs, w, b, N, C, 1e-5f);
+	else
+		rl_cpu_rmsnorm_fwd(NULL, ref, rstd, xs, w, N, C, 1e-6f);
+	g->add_norm_fwd(g, dx, out, ln ? dmean : NULL, drs, dt, dw, ln ? db : NULL, N, C, ln ? 1e-5f : 1e-6f, ln);
+	snprintf(nm, sizeof nm, "add_norm_fwd x N=%d C=%d ln=%d", N, C, ln);
+	tc_cmpd(g, nm, dx, BF, xs, n, 0, 4e-3, 1e-5);
+	snprintf(nm, sizeof nm, "add_norm_fwd out N=%d C=%d ln=%d", N, C, ln);
+	tc_cmpd(g, nm, out, BF, ref, n, 1e-5, 8e-3, 1e-4);
+	snprintf(nm, sizeof nm, "add_norm_fwd rstd N=%d C=%d ln=%d", N, C, ln);
+	tc_cmpd(g, nm, drs, F32, rstd, N, 0, 1e-4, 1e-8);
+	if (ln) {
+		snprintf(nm, sizeof nm, "add_norm_fwd mean N=%d C=%d", N, C);
+		tc_cmpd(g, nm, dmean, F32, mean, N, 1e-6, 1e-4, 1e-8);
+	}
+	tc_check_status(g, "add_norm");
+	g->free(g, dx); g->free(g, dt); g->free(g, dw); g->free(g, db); g->free(g, out); g->free(g, dmean);
+	g->free(g, drs);
+	free(x); free(t); free(w); free(b); free(xs); free(ref); free(mean); free(rstd);
+}
+
 static void
 test_qknorm_rope(int N, int NH, int NKV, int HD)
 {
@@ -278,6 +314,58 @@ test_matmul(int N, int C, int OC, int bias, int sh)
 	g->free(g, dxd0); g->free(g, dwd); g->free(g, dbd); g->free(g, ddo0); g->free(g, out0);
 	g->free(g, dxo0); g->free(g, gw); g->free(g, gb);
 	free(x); free(w); free(bs); free(dout); free(ref); free(dx); free(dw); free(db);
+}
+
+/* The GPT-2 MLP fusions (RL_CUDA_GELU_FUSE=1): matmul_gelu_fwd against the CPU matmul
+ * then GELU, matmul_dgelu_bwd against the CPU matmul_bwd then gelu_bwd.  The fused
+ * GEMM takes GELU (or its derivative) of the f32 sum, the reference of the f32 sum too,
+ * the unfused fallback of the bf16-rounded one: GELU's slope is at most ~1.13, so the
+ * GEMM's tolerance grows by 1.5x and rtol doubles.  cuBLASLt's GELU may be the erf form
+ * rather than tanh: they differ by under 1e-3 absolute, inside atol for K >= 64. */
+static void
+test_matmul_gelu(int N, int C, int OC, int bias, int sh)
+{
+	char nm[112];
+	float *x = tc_rand((size_t)N * C + sh, -1, 1, 1), *w = tc_rand((size_t)OC * C, -1, 1, 1);
+	float *bs = tc_rand(OC, -1, 1, 1), *dout = tc_rand((size_t)N * OC + sh, -1, 1, 1);
+	float *pre = tc_rand((size_t)N * C + sh, -3, 3, 1);
+	float *ref = rl_xmalloc((size_t)N * OC * 4), *href = rl_xmalloc((size_t)N * OC * 4);
+	float *dx = rl_xmalloc((size_t)N * C * 4), *dxg = rl_xmalloc((size_t)N * C * 4);
+	float *dw = tc_rand((size_t)OC * C, -1, 1, 0), *db = tc_rand(OC, -1, 1, 0);
+	void *dxd0 = tc_up(g, x, (size_t)N * C + sh, BF), *dwd = tc_up(g, w, (size_t)OC * C, BF);
+	void *dbd = tc_up(g, bs, OC, BF), *ddo0 = tc_up(g, dout, (size_t)N * OC + sh, BF);
+	void *dpre0 = tc_up(g, pre, (size_t)N * C + sh, BF);
+	void *out0 = tc_poison(g, (size_t)N * OC + sh, BF), *h0 = tc_poison(g, (size_t)N * OC + sh, BF);
+	void *dxo0 = tc_poison(g, (size_t)N * C + sh, BF);
+	void *gw = tc_up(g, dw, (size_t)OC * C, F32), *gb = tc_up(g, db, OC, F32);
+	void *dxd = (char *)dxd0 + 2 * sh, *ddo = (char *)ddo0 + 2 * sh, *dpre = (char *)dpre0 + 2 * sh;
+	void *out = (char *)out0 + 2 * sh, *hd = (char *)h0 + 2 * sh, *dxo = (char *)dxo0 + 2 * sh;
+	double fa = 4e-3 * sqrt(C) / 3, ba = 4e-3 * sqrt(OC) / 3;
+
+	rl_cpu_matmul_fwd(NULL, ref, x + sh, w, bias ? bs : NULL, N, C, OC);
+	rl_cpu_gelu_fwd(NULL, href, ref, (size_t)N * OC);
+	g->matmul_gelu_fwd(g, hd, out, dxd, dwd, bias ? dbd : NULL, N, C, OC);
+	snprintf(nm, sizeof nm, "matmul_gelu_fwd pre N=%d C=%d OC=%d b=%d sh=%d", N, C, OC, bias, sh);
+	tc_cmpd(g, nm, out, BF, ref, (size_t)N * OC, fa, 8e-3, 1e-4);
+	snprintf(nm, sizeof nm, "matmul_gelu_fwd h N=%d C=%d OC=%d b=%d sh=%d", N, C, OC, bias, sh);
+	tc_cmpd(g, nm, hd, BF, href, (size_t)N * OC, 1.5 * fa, 1.6e-2, 1e-4);
+
+	rl_cpu_matmul_bwd(NULL, dx, dw, bias ? db : NULL, dout + sh, x + sh, w, N, C, OC);
+	rl_cpu_gelu_bwd(NULL, dxg, dx, pre + sh, (size_t)N * C);
+	g->matmul_dgelu_bwd(g, dxo, gw, bias ? gb : NULL, ddo, dxd, dwd, dpre, N, C, OC);
+	snprintf(nm, sizeof nm, "matmul_dgelu_bwd dinp N=%d C=%d OC=%d sh=%d", N, C, OC, sh);
+	tc_cmpd(g, nm, dxo, BF, dxg, (size_t)N * C, 1.5 * ba, 1.6e-2, 1e-4);
+	snprintf(nm, sizeof nm, "matmul_dgelu_bwd dw (+=) N=%d C=%d OC=%d", N, C, OC);
+	tc_cmpd(g, nm, gw, F32, dw, (size_t)OC * C, 1e-5 * sqrt(N), 1e-4, 1e-8);
+	if (bias) {
+		snprintf(nm, sizeof nm, "matmul_dgelu_bwd dbias (+=) N=%d OC=%d", N, OC);
+		tc_cmpd(g, nm, gb, F32, db, OC, 1e-5 * sqrt(N), 1e-4, 1e-8);
+	}
+	tc_check_status(g, "matmul_gelu");
+	g->free(g, dxd0); g->free(g, dwd); g->free(g, dbd); g->free(g, ddo0); g->free(g, dpre0);
+	g->free(g, out0); g->free(g, h0); g->free(g, dxo0); g->free(g, gw); g->free(g, gb);
+	free(x); free(w); free(bs); free(dout); free(pre); free(ref); free(href); free(dx); free(dxg);
+	free(dw); free(db);
 }
 
 /* seg_mode 0: none; 1: packed (2-3 segments per row); 2: packed + trailing padding */
@@ -593,6 +681,15 @@ main(void)
 	test_norms(1, 7);
 	test_norms(33, 768);
 	test_norms(257, 4099);
+	if (!(getenv("RL_CUDA_ADD_NORM") && strcmp(getenv("RL_CUDA_ADD_NORM"), "0") == 0))
+		T_OK(g->add_norm_fwd != NULL, "add_norm_fwd installed");
+	if (g->add_norm_fwd) {
+		test_add_norm(1, 7, 1);
+		test_add_norm(33, 768, 1);
+		test_add_norm(257, 4099, 1);
+		test_add_norm(1, 896, 0);
+		test_add_norm(77, 896, 0);
+	}
 	test_qknorm_rope(1, 2, 1, 8);
 	test_qknorm_rope(53, 14, 2, 64);
 	test_qknorm_rope(17, 4, 4, 128);
@@ -626,6 +723,13 @@ main(void)
 	test_decode(5, 12, 12, 64, 16, 9);
 	test_decode(3, 14, 2, 64, 16, 40);
 	test_decode(2, 4, 2, 128, 32, 12);
+	/* the split kernel (decode.cu): one split (many sequences), 64 splits at B = 1 over a
+	 * long context, 8 query heads per KV head, 9 (falls back to attn.cu's kernel) */
+	test_decode(300, 4, 4, 64, 16, 8);
+	test_decode(1, 14, 2, 64, 16, 64);
+	test_decode(2, 16, 2, 64, 16, 10);
+	test_decode(3, 18, 2, 64, 8, 7);
+	test_decode(40, 8, 4, 128, 16, 20);
 	test_sample(16, 1000, 0.0f, 0, 1.0f);
 	test_sample(16, 50257, 1.0f, 0, 1.0f);
 	test_sample(16, 50257, 0.7f, 50, 1.0f);
@@ -649,5 +753,41 @@ main(void)
 	} else {
 		T_OK(0, "cannot reopen the CUDA backend");
 	}
+
+	/* decode attention by attn.cu's kernel only (RL_CUDA_DECODE_ATTN=v1) */
+	setenv("RL_CUDA_DECODE_ATTN", "v1", 1);
+	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
+		printf("-- RL_CUDA_DECODE_ATTN=v1\n");
+		test_decode(5, 12, 12, 64, 16, 9);
+		test_decode(3, 14, 2, 64, 16, 40);
+		test_decode(2, 4, 2, 128, 32, 12);
+		rl_ops_close(g);
+	} else {
+		T_OK(0, "cannot reopen the CUDA backend");
+	}
+	unsetenv("RL_CUDA_DECODE_ATTN");
+
+	/* GELU in the GEMM epilogues (opt-in, RL_CUDA_GELU_FUSE=1): shapes the epilogue
+	 * takes (GPT-2's c_fc and c_proj, N = 1) and shapes that fall back (odd sizes,
+	 * padded and split output, 2-byte aligned views) */
+	unsetenv("RL_CUDA_ATTN");
+	setenv("RL_CUDA_GELU_FUSE", "1", 1);
+	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
+		printf("-- RL_CUDA_GELU_FUSE=1\n");
+		T_OK(g->matmul_gelu_fwd != NULL && g->matmul_dgelu_bwd != NULL, "fused GELU ops installed");
+		if (g->matmul_gelu_fwd && g->matmul_dgelu_bwd) {
+			test_matmul_gelu(512, 768, 3072, 1, 0);
+			test_matmul_gelu(256, 3072, 768, 1, 0);
+			test_matmul_gelu(1, 768, 3072, 1, 0);
+			test_matmul_gelu(64, 128, 256, 0, 0);
+			test_matmul_gelu(77, 130, 33, 1, 1);
+			test_matmul_gelu(300, 64, 5001, 1, 0);
+			test_matmul_gelu(64, 768, 3072, 1, 1);
+		}
+		rl_ops_close(g);
+	} else {
+		T_OK(0, "cannot reopen the CUDA backend");
+	}
+	unsetenv("RL_CUDA_GELU_FUSE");
 	T_END();
 }

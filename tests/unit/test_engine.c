@@ -6,7 +6,11 @@
  *   different orders over a vocabulary of ~300);
  * - the same seed gives the same samples whatever else is in the batch; the
  *   samples of a group differ at temperature 1;
- * - finish reasons: EOS (as a stop id here), max tokens, the model's context. */
+ * - finish reasons: EOS (as a stop id here), max tokens, the model's context;
+ * - the decode step through rl_model_decode_sample (one packed upload, the
+ *   default) gives the same samples bit for bit as rl_model_decode +
+ *   ops->sample (RL_DECODE_LEGACY=1) on a workload where sequences finish and
+ *   are admitted at different steps (engine_mix.h). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -14,6 +18,7 @@
 #include "engine.h"
 #include "model.h"
 #include "t.h"
+#include "engine_mix.h"
 
 #define MAXS 64
 typedef struct out {
@@ -234,6 +239,21 @@ main(void)
 		T_EQ_INT(o6.vl[0], 4);
 		T_EQ_INT(o6.vf[1], 3);
 		T_EQ_INT(o6.vl[1], 4);
+	}
+	/* ---- packed decode step == legacy decode + sample, bit for bit ---- */
+	{
+		static mix_out ma, mb;
+		int st, len;
+		T_EQ_INT(mix_run(m, 6, 1, 0, NULL, NULL, &ma), RL_OK);
+		T_EQ_INT(mix_run(m, 6, 0, 0, NULL, NULL, &mb), RL_OK);
+		mix_kinds(&ma, &st, &len);
+		T_OK(st > 0 && len > 0, "workload: %d stopped early, %d ran to their limit", st, len);
+		T_OK(ma.count > 30, "workload: %d samples", ma.count);
+		T_OK(mix_same(&ma, &mb), "packed decode step differs from rl_model_decode + sample");
+		T_EQ_INT((int)ma.ds.steps, 0);
+		T_OK(mb.ds.steps > 20 && mb.ds.direct == mb.ds.steps && mb.ds.launches == 0,
+		    "decode_sample steps %d direct %d launches %d", (int)mb.ds.steps, (int)mb.ds.direct,
+		    (int)mb.ds.launches);
 	}
 	rl_model_close(m);
 	rl_ops_close(ops);

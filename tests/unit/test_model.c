@@ -110,7 +110,7 @@ cmp(const char *what, const float *got, const float *ref, size_t n, double atol,
 /* chunk_rows: rows of logits per lm_head chunk; 0 = the default (one chunk
  * here, whose logits backward reuses instead of recomputing). */
 static void
-test_fixture(rl_ops *o, const char *name, int chunk_rows)
+test_fixture(rl_ops *o, const char *name, int chunk_rows, int recompute)
 {
 	char dir[256], path[300];
 	rl_model *m = NULL;
@@ -139,6 +139,7 @@ test_fixture(rl_ops *o, const char *name, int chunk_rows)
 	/* e.g. chunks of 5 rows (18 = 5 + 5 + 5 + 3): forward and backward cross
 	 * chunk boundaries and recompute the logits */
 	m->logit_chunk_bytes = (size_t)chunk_rows * V * sizeof(float);
+	m->recompute = recompute;
 	T_EQ_INT(rl_model_train_reserve(m, N), 0);
 	T_EQ_INT(rl_model_forward(m, lp, ent, tok, tgt, seg, pos, B, T, TEMP), 0);
 	snprintf(what, sizeof what, "%s lp", name);
@@ -341,6 +342,132 @@ out:
 	ex = NULL;
 }
 
+/* Activation recomputation against keeping every layer: the same ops on the
+ * same inputs, so the same log-probs and gradients bit for bit (the CPU
+ * backend is deterministic), over two passes (the second pass starts with the
+ * last layer's activations of the first in slot 0), with fewer bytes. */
+static void
+test_recompute(rl_ops *o, const char *name)
+{
+	char dir[256], path[300];
+	rl_model *m[2] = { NULL, NULL };
+	size_t n;
+
+	snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
+	snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+	T_EQ_INT(rl_st_open(&ex, path), 0);
+	if (ex == NULL)
+		return;
+	const int32_t *tok = (int32_t *)get_f32("tok", &n), *tgt = (int32_t *)get_f32("tgt", NULL);
+	const int32_t *seg = (int32_t *)get_f32("seg", NULL), *pos = (int32_t *)get_f32("pos", NULL);
+	const int B = 2, T = (int)n / 2, N = B * T;
+	float lp[2][64], dlp[64];
+
+	for (int i = 0; i < N; i++)
+		dlp[i] = tgt[i] >= 0 ? -1.0f / (1 + i % 5) : 0;
+	for (int r = 0; r < 2; r++) {
+		T_EQ_INT(rl_model_open(&m[r], dir, o), 0);
+		if (m[r] == NULL)
+			goto out;
+		m[r]->recompute = r;
+		T_EQ_INT(rl_model_train_reserve(m[r], N), 0);
+		for (int pass = 0; pass < 2; pass++) {
+			/* the second pass over other rows of the batch (row 1 only) */
+			int b = pass ? 1 : B;
+			T_EQ_INT(rl_model_forward(m[r], lp[r], NULL, tok + (B - b) * T, tgt + (B - b) * T,
+			    seg ? seg + (B - b) * T : NULL, pos ? pos + (B - b) * T : NULL, b, T, TEMP), 0);
+			T_EQ_INT(rl_model_backward(m[r], dlp, NULL), 0);
+		}
+	}
+	T_OK(memcmp(lp[0], lp[1], sizeof(float) * (size_t)T) == 0, "%s: recompute changed the log-probs", name);
+	for (int i = 0; i < m[0]->tt.n; i++) {
+		const rl_tensor *t = &m[0]->tt.t[i];
+		float *g0 = rl_xmalloc(t->n * sizeof(float)), *g1 = rl_xmalloc(t->n * sizeof(float));
+		T_EQ_INT(rl_model_get(m[0], i, RL_MODEL_GRAD, g0), 0);
+		T_EQ_INT(rl_model_get(m[1], i, RL_MODEL_GRAD, g1), 0);
+		T_OK(memcmp(g0, g1, t->n * sizeof(float)) == 0, "%s: recompute changed grad %s", name, t->name);
+		free(g0);
+		free(g1);
+	}
+	/* two layers: the per-layer arrays hold one instead of two */
+	T_OK(rl_model_act_bytes(m[1]) < rl_model_act_bytes(m[0]) && rl_model_act_bytes(m[1]) > 0,
+	    "%s: activations %zu bytes with recompute, %zu without", name, rl_model_act_bytes(m[1]),
+	    rl_model_act_bytes(m[0]));
+out:
+	free((void *)tok);
+	free((void *)tgt);
+	free((void *)seg);
+	free((void *)pos);
+	rl_model_close(m[0]);
+	rl_model_close(m[1]);
+	rl_st_close(ex);
+	ex = NULL;
+}
+
+/* ---- no backend allocation inside a training step (issue 9) ---------------------- */
+
+static rl_ops *inner;   /* the backend the counting one wraps */
+static int nalloc;
+
+static int
+count_alloc(rl_ops *o, void **p, size_t bytes)
+{
+	(void)o;
+	nalloc++;
+	return inner->alloc(inner, p, bytes);
+}
+
+/* After the reserve, forward + backward + AdamW step allocate nothing on the
+ * backend (a GPU allocation would synchronise the device and fragment its
+ * memory), with and without recomputation. */
+static void
+test_no_alloc(rl_ops *o, const char *name, int recompute)
+{
+	char dir[256], path[300];
+	rl_ops counting = *o;   /* the same table and state; alloc counted */
+	rl_model *m = NULL;
+	size_t n;
+	float norm;
+
+	inner = o;
+	counting.alloc = count_alloc;
+	snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
+	snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+	T_EQ_INT(rl_st_open(&ex, path), 0);
+	if (ex == NULL)
+		return;
+	int32_t *tok = (int32_t *)get_f32("tok", &n), *tgt = (int32_t *)get_f32("tgt", NULL);
+	const int B = 2, T = (int)n / 2, N = B * T;
+	float dlp[64];
+	rl_adamw hp = { .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+		.max_grad_norm = 1.0f };
+
+	for (int i = 0; i < N; i++)
+		dlp[i] = tgt[i] >= 0 ? -1.0f / N : 0;
+	T_EQ_INT(rl_model_open(&m, dir, &counting), 0);
+	if (m == NULL)
+		goto out;
+	m->recompute = recompute;
+	T_EQ_INT(rl_model_train_reserve(m, N), 0);
+	T_OK(nalloc > 0, "%s: the counting backend saw no allocation at all", name);
+	nalloc = 0;
+	for (int k = 0; k < 3; k++) {
+		/* full batch, then one row: a smaller step reuses the reserve too */
+		int b = k == 1 ? 1 : B;
+		T_EQ_INT(rl_model_forward(m, NULL, NULL, tok, tgt, NULL, NULL, b, T, TEMP), 0);
+		T_EQ_INT(rl_model_backward(m, dlp, NULL), 0);
+		T_EQ_INT(rl_model_step(m, &hp, &norm), 0);
+	}
+	T_OK(nalloc == 0, "%s%s: %d backend allocations in 3 training steps after the reserve", name,
+	    recompute ? " (recompute)" : "", nalloc);
+out:
+	free(tok);
+	free(tgt);
+	rl_model_close(m);
+	rl_st_close(ex);
+	ex = NULL;
+}
+
 int
 main(void)
 {
@@ -350,12 +477,20 @@ main(void)
 	if (access("tests/fixtures/qwen2/config.json", R_OK) != 0)
 		T_SKIP("run from the repository root (tests/fixtures missing)");
 	T_EQ_INT(rl_ops_cpu_open(&o), 0);
-	test_fixture(o, "qwen2", 5);
-	test_fixture(o, "qwen2", 0);
-	test_fixture(o, "qwen2_tied", 5);
-	test_fixture(o, "qwen3", 5);
-	test_fixture(o, "gpt2", 5);
-	test_fixture(o, "gpt2", 0);
+	test_fixture(o, "qwen2", 5, 0);
+	test_fixture(o, "qwen2", 0, 0);
+	test_fixture(o, "qwen2_tied", 5, 0);
+	test_fixture(o, "qwen3", 5, 0);
+	test_fixture(o, "gpt2", 5, 0);
+	test_fixture(o, "gpt2", 0, 0);
+	/* activation recomputation: the same checks against the fixtures */
+	test_fixture(o, "qwen2", 5, 1);
+	test_fixture(o, "qwen3", 0, 1);
+	test_fixture(o, "gpt2", 5, 1);
+	test_recompute(o, "qwen3");
+	test_recompute(o, "gpt2");
+	test_no_alloc(o, "qwen3", 0);
+	test_no_alloc(o, "gpt2", 1);
 	rl_ops_close(o);
 	T_END();
 }

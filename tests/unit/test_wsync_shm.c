@@ -8,8 +8,14 @@
  * (forced: RL_ENOTSUP; auto: the stream), a version dropped by the server
  * while a client still maps it (unchanged; the server's descriptor is gone),
  * the descriptor service (wrong version, garbage, a silent client, nobody
- * listening), and the --transport names.  The two-process and kill cases are in
- * tests/cli/rl-sync-shm.bats.
+ * listening), and the --transport names.  The push the other way (a
+ * trainer on the server's host hands over its own sealed memfd): taken
+ * without chunks or a delta, served to shm and stream clients from that
+ * object, kept across a restart with --data-dir; a corrupted object refused
+ * (forced shm: RL_ECHECKSUM; auto: the chunks follow); a server without shm
+ * (forced: RL_ENOTSUP; auto: chunks with a delta); the PUT request without a
+ * descriptor, for a version nobody pushes, to a service that takes none.
+ * The two-process and kill cases are in tests/cli/rl-sync-shm.bats.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -26,6 +32,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -242,6 +249,219 @@ test_srv(void)
 	close(fake_fd);
 }
 
+/* a taker that records what it was given */
+static uint64_t took_version, took_size;
+static int
+fake_take(void *arg, uint64_t version, int fd, uint64_t *size)
+{
+	struct stat st;
+
+	(void)arg;
+	if (fstat(fd, &st) != 0)
+		return RL_EIO;
+	took_version = version;
+	took_size = (uint64_t)st.st_size;
+	*size = took_size;
+	return version == 7 ? RL_OK : RL_ENOENT;
+}
+
+/* the PUT request of the service */
+static void
+test_srv_put(void)
+{
+	rl_wshm_srv *s = NULL, *s2 = NULL;
+	rl_wver *v = make_ver(7, 9);
+	int fd = -1, c;
+	struct sockaddr_un a;
+	socklen_t al;
+	uint8_t q[24] = { 0 }, rep[32];
+	ssize_t k;
+
+	if (v == NULL)
+		return;
+	T_EQ_INT(rl_wshm_make(&fd, v, 0, 0), RL_OK);
+	T_EQ_INT(rl_wshm_srv_open2(&s, fake_lookup, fake_take, NULL), RL_OK);
+	T_EQ_INT(rl_wshm_srv_open(&s2, fake_lookup, NULL), RL_OK);
+	if (s == NULL || s2 == NULL || fd < 0)
+		goto out;
+	T_EQ_INT(rl_wshm_send(rl_wshm_srv_name(s), 7, fd, 2000), RL_OK);
+	T_OK(took_version == 7 && took_size == rl_wshm_size(v), "took version %llu, %llu bytes",
+	     (unsigned long long)took_version, (unsigned long long)took_size);
+	T_EQ_INT(rl_wshm_send(rl_wshm_srv_name(s), 8, fd, 2000), RL_ENOENT);
+	T_EQ_INT(rl_wshm_srv_taken(s), 1);
+	T_EQ_INT(rl_wshm_send(rl_wshm_srv_name(s2), 7, fd, 2000), RL_ENOTSUP);
+	T_EQ_INT(rl_wshm_send(rl_wshm_srv_name(s), 7, -1, 2000), RL_EINVAL);
+	T_EQ_INT(rl_wshm_send("rlsync-nobody-here", 7, fd, 2000), RL_ENET);
+	/* a PUT without a descriptor: RL_EFORMAT, and the service goes on */
+	memset(&a, 0, sizeof a);
+	a.sun_family = AF_UNIX;
+	memcpy(a.sun_path + 1, rl_wshm_srv_name(s), strlen(rl_wshm_srv_name(s)));
+	al = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(rl_wshm_srv_name(s)));
+	q[0] = 'R', q[1] = 'L', q[2] = 'S', q[3] = 'M', q[4] = 1, q[6] = 2, q[8] = 24, q[16] = 7;
+	c = socket(AF_UNIX, SOCK_STREAM, 0);
+	T_OK(c >= 0 && connect(c, (struct sockaddr *)&a, al) == 0 && write(c, q, sizeof q) == (ssize_t)sizeof q);
+	k = recv(c, rep, sizeof rep, MSG_WAITALL);
+	T_OK(k == 32 && rep[12] == RL_EFORMAT && rep[6] == 2 && rep[7] == 0x80, "reply %zd bytes, status %d", k,
+	     k >= 13 ? rep[12] : -1);
+	close(c);
+	T_EQ_INT(rl_wshm_send(rl_wshm_srv_name(s), 7, fd, 2000), RL_OK);
+	T_EQ_INT(rl_wshm_srv_taken(s), 2);
+out:
+	if (fd >= 0)
+		close(fd);
+	rl_wshm_srv_close(s);
+	rl_wshm_srv_close(s2);
+	rl_wver_destroy(v);
+}
+
+/* a number from the server's status JSON, -1 if absent */
+static long long
+status_num(rl_wsync_client *c, const char *key)
+{
+	char *js = NULL, pat[64];
+	const char *p;
+	long long n = -1;
+
+	if (rl_wsync_status(c, &js) != RL_OK)
+		return -1;
+	snprintf(pat, sizeof pat, "\"%s\":", key);
+	if ((p = strstr(js, pat)) != NULL)
+		n = atoll(p + strlen(pat));
+	free(js);
+	return n;
+}
+
+static rl_wsync_server *serve(const char *url, int shm);
+
+/* the trainer's push to a server on its host */
+static void
+test_push(const char *dir)
+{
+	char url[512], dd[512], tag[64];
+	rl_wsync_server *s = NULL;
+	rl_wsync_server_opts so = { 0 };
+	rl_wsync_client *p = NULL, *c = NULL, *cs = NULL;
+	rl_wsync_client_opts aut = { .timeout_ms = 5000 };
+	rl_wsync_client_opts shm = { .timeout_ms = 5000, .transport = RL_WSYNC_T_SHM };
+	rl_wsync_client_opts str = { .timeout_ms = 5000, .transport = RL_WSYNC_T_STREAM };
+	rl_wver *v1 = make_ver(1, 11), *v2 = make_ver(2, 12), *v3 = make_ver(3, 13), *got = NULL;
+	rl_wsync_stats st;
+	rl_wsync *h = NULL;
+
+	if (v1 == NULL || v2 == NULL || v3 == NULL)
+		goto out;
+	snprintf(url, sizeof url, "ipc://%s/p.sock", dir);
+	snprintf(dd, sizeof dd, "%s/pdata", dir);
+	so.listen = url;
+	so.data_dir = dd;
+	T_EQ_INT(rl_wsync_server_open(&s, &so), RL_OK);
+	if (s == NULL)
+		goto out;
+	T_EQ_INT(rl_wsync_client_open(&p, url, &aut), RL_OK);
+	T_EQ_INT(rl_wsync_client_open(&c, url, &shm), RL_OK);
+	T_EQ_INT(rl_wsync_client_open(&cs, url, &str), RL_OK);
+	if (p == NULL || c == NULL || cs == NULL)
+		goto out;
+	/* whole, then with a base: both as shared memory, no chunk, no delta */
+	T_EQ_INT(rl_wsync_push(p, v1, NULL), RL_OK);
+	T_EQ_INT(rl_wsync_push(p, v2, v1), RL_OK);
+	rl_wsync_client_stats(p, &st, 1);
+	T_OK(st.shm_versions == 2 && st.chunks == 0 && st.bytes_sent < 65536, "shm %llu chunks %llu sent %llu",
+	     (unsigned long long)st.shm_versions, (unsigned long long)st.chunks, (unsigned long long)st.bytes_sent);
+	T_EQ_INT(status_num(c, "shm_pushes"), 2);
+	T_EQ_INT(status_num(c, "delta_base"), 0);
+	T_EQ_INT(status_num(c, "latest"), 2);
+	/* the server serves the pusher's object itself (no copy of its own) */
+	snprintf(tag, sizeof tag, "memfd:rlsync-%ld-v2", (long)getpid());
+	T_EQ_INT(settle_fds(tag, 1), 1);
+	T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_OK);
+	T_OK(got && got->map && same_bytes(got, v2), "shm worker");
+	rl_wver_destroy(got);
+	got = NULL;
+	T_EQ_INT(rl_wsync_fetch(cs, &got, 0, NULL), RL_OK);
+	T_OK(got && got->map == NULL && same_bytes(got, v2), "stream worker");
+	rl_wver_destroy(got);
+	got = NULL;
+
+	/* a corrupted object: auto falls back to the chunks, forced shm fails */
+	rl_wsync_test_corrupt(1);
+	T_EQ_INT(rl_wsync_push(p, v3, v2), RL_OK);
+	rl_wsync_test_corrupt(0);
+	rl_wsync_client_stats(p, &st, 1);
+	T_OK(st.shm_versions == 0 && st.chunks > 0, "fell back: shm %llu chunks %llu",
+	     (unsigned long long)st.shm_versions, (unsigned long long)st.chunks);
+	T_EQ_INT(status_num(c, "push_chunks_rejected"), 1);
+	T_EQ_INT(status_num(c, "shm_pushes"), 2);
+	T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_OK);
+	T_OK(got && same_bytes(got, v3));
+	rl_wver_destroy(got);
+	got = NULL;
+	v1->version = 4;
+	T_EQ_INT(rl_wver_hash(v1), RL_OK);
+	rl_wsync_test_corrupt(1);
+	T_EQ_INT(rl_wsync_push(c, v1, NULL), RL_ECHECKSUM);
+	rl_wsync_test_corrupt(0);
+	T_EQ_INT(status_num(c, "latest"), 3);
+	T_EQ_INT(rl_wsync_push(c, v1, NULL), RL_OK);
+
+	/* the handle rl-train uses: shared memory, and no delta base kept */
+	T_EQ_INT(rl_wsync_open(&h, url, 0), RL_OK);
+	if (h) {
+		v2->version = 5;
+		T_EQ_INT(rl_wver_hash(v2), RL_OK);
+		T_EQ_INT(rl_wsync_publish(h, v2, 1), RL_OK);
+		T_EQ_INT(status_num(c, "shm_pushes"), 4);
+		rl_wsync_close(h);
+	}
+	rl_wsync_client_close(c);
+	rl_wsync_client_close(cs);
+	rl_wsync_client_close(p);
+	c = cs = p = NULL;
+	/* restarted: the version taken as shared memory was saved */
+	rl_wsync_server_close(s);
+	s = NULL;
+	T_EQ_INT(rl_wsync_server_open(&s, &so), RL_OK);
+	T_EQ_INT(s ? rl_wsync_server_latest(s) : 0, 5);
+	T_EQ_INT(rl_wsync_client_open(&c, url, &shm), RL_OK);
+	T_EQ_INT(c ? rl_wsync_fetch(c, &got, 0, NULL) : RL_EINVAL, RL_OK);
+	/* read back from the directory: the blobs in file name order */
+	T_OK(got && got->hash == v2->hash && got->nblobs == v2->nblobs);
+	for (int i = 0; got && i < v2->nblobs; i++) {
+		const rl_wblob *b = rl_wver_find(got, v2->blobs[i].name);
+		T_OK(b && b->size == v2->blobs[i].size && (b->size == 0 || memcmp(b->data, v2->blobs[i].data, b->size) == 0),
+		     "blob %s", v2->blobs[i].name);
+	}
+	rl_wver_destroy(got);
+	got = NULL;
+	rl_wsync_client_close(c);
+	c = NULL;
+	rl_wsync_server_close(s);
+
+	/* a server without shm: forced shm is refused, auto sends chunks (a delta) */
+	snprintf(url, sizeof url, "ipc://%s/pn.sock", dir);
+	if ((s = serve(url, -1)) == NULL)
+		goto out;
+	T_EQ_INT(rl_wsync_client_open(&c, url, &shm), RL_OK);
+	T_EQ_INT(rl_wsync_client_open(&p, url, &aut), RL_OK);
+	v1->version = 1;
+	v2->version = 2;
+	T_EQ_INT(rl_wver_hash(v1), RL_OK);
+	T_EQ_INT(rl_wver_hash(v2), RL_OK);
+	T_EQ_INT(rl_wsync_push(c, v1, NULL), RL_ENOTSUP);
+	T_EQ_INT(rl_wsync_push(p, v1, NULL), RL_OK);
+	T_EQ_INT(rl_wsync_push(p, v2, v1), RL_OK);
+	T_EQ_INT(status_num(c, "delta_base"), 1);
+	T_EQ_INT(status_num(c, "shm_pushes"), 0);
+out:
+	rl_wsync_client_close(c);
+	rl_wsync_client_close(cs);
+	rl_wsync_client_close(p);
+	rl_wsync_server_close(s);
+	rl_wver_destroy(v1);
+	rl_wver_destroy(v2);
+	rl_wver_destroy(v3);
+}
+
 static rl_wsync_server *
 serve(const char *url, int shm)
 {
@@ -391,7 +611,9 @@ main(void)
 		T_SKIP("no temporary directory");
 	test_objects();
 	test_srv();
+	test_srv_put();
 	test_service(dir);
+	test_push(dir);
 	test_names(dir);
 	{
 		char cmd[600];

@@ -1,0 +1,160 @@
+#!/usr/bin/env bats
+# The weights broadcast group (lib/wgroup.c; rl-train --weights-group,
+# rl-rollout --weights-group): on-policy through pipes, each version
+# broadcast from the trainer's parameters over the CPU ring, gives bit for bit
+# the weights of the same run through a checkpoint directory; a third rank;
+# a killed trainer, a model of another shape and a rank that never joins
+# fail fast with the cause named; usage errors.  Loopback only.
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+setup_file() {
+	export TD="$BATS_FILE_TMPDIR"
+	cat > "$TD/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":261,"hidden_size":32,"num_hidden_layers":1,"num_attention_heads":2,
+ "num_key_value_heads":1,"intermediate_size":64,"max_position_embeddings":32,"torch_dtype":"float32"}
+JSON
+	rl-train -q --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m0" --seed 3
+	sed 's/"hidden_size":32/"hidden_size":16/' "$TD/cfg.json" > "$TD/cfg16.json"
+	rl-train -q --init "$TD/cfg16.json" --tokenizer bytes --out "$TD/m16" --seed 3
+	for i in $(seq 24); do echo '{"prompt":"x"}'; done > "$TD/p.jsonl"
+	# the reference: the same run with its versions through a checkpoint directory
+	rl-rollout -q -m "$TD/m0" --max-staleness 0 --train-batch 4 -n 4 --max-tokens 2 --seed 1 --weights-timeout 60 \
+	    --weights-from "$TD/ck-dir" "$TD/p.jsonl" | rl-reward -q --task 'format:^[a-z]' |
+		rl-train -q -m "$TD/m0" --out "$TD/ck-dir" --batch 4 --lr 3e-2 --metrics /dev/null
+}
+
+setup() {
+	PIDS=""
+	ADDR="127.0.0.1:$((20000 + RANDOM % 40000))"
+}
+
+teardown() {
+	for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
+}
+
+# gen ARGS...: the on-policy generator of these tests.  exec: a worker of the
+# group waits at its end for the trainer's, with its output closed; a shell
+# left between it and the pipe would hold the pipe open, and the trainer
+# would never see the end of its input
+gen() {
+	exec rl-rollout -m "$TD/m0" --max-staleness 0 --train-batch 4 -n 4 --max-tokens 2 --seed 1 --weights-timeout 60 "$@"
+}
+
+@test "on-policy through the group: the same weights, bit for bit, as through a checkpoint directory" {
+	gen -v --weights-group "$ADDR" --weights-group-rank 1 --weights-group-size 2 "$TD/p.jsonl" 2> "$TD/gen.err" |
+		rl-reward -q --task 'format:^[a-z]' |
+		rl-train -v -m "$TD/m0" --out "$TD/ck-grp" --batch 4 --lr 3e-2 --metrics "$TD/m.jsonl" \
+		    --weights-group "$ADDR" --weights-group-size 2 2> "$TD/train.err"
+	[ "$(readlink "$TD/ck-grp/latest")" = step-00000006 ]
+	cmp "$TD/ck-dir/step-00000006/model.safetensors" "$TD/ck-grp/step-00000006/model.safetensors"
+	! cmp -s "$TD/m0/model.safetensors" "$TD/ck-grp/step-00000006/model.safetensors"
+	grep -q "weights group: rank 1 of 2 on $ADDR, cpu backend" "$TD/gen.err"
+	grep -q "weights version 5 taken" "$TD/gen.err"
+	python3 -c '
+import json, sys
+assert [json.loads(l)["staleness/max"] for l in open(sys.argv[1])] == [0] * 6' "$TD/m.jsonl"
+}
+
+@test "a third rank: a second worker gets the versions too and leaves when the trainer ends the group" {
+	head -n 4 "$TD/p.jsonl" > "$TD/p4.jsonl"
+	rl-rollout -v -m "$TD/m0" -n 2 --max-tokens 2 --weights-group "$ADDR" --weights-group-rank 2 \
+	    --weights-group-size 3 -o /dev/null "$TD/p4.jsonl" 2> "$TD/gen2.err" 3>&- &
+	W2=$!; PIDS="$PIDS $W2"
+	gen -q --weights-group "$ADDR" --weights-group-rank 1 --weights-group-size 3 "$TD/p.jsonl" |
+		rl-reward -q --task 'format:^[a-z]' |
+		rl-train -q -m "$TD/m0" --out "$TD/ck3" --batch 4 --lr 3e-2 --metrics /dev/null \
+		    --weights-group "$ADDR" --weights-group-size 3
+	wait "$W2"
+	grep -q "rank 2 of 3" "$TD/gen2.err"
+	grep -q "weights version 0 taken" "$TD/gen2.err"
+	cmp "$TD/ck-dir/step-00000006/model.safetensors" "$TD/ck3/step-00000006/model.safetensors"
+}
+
+@test "the async wiring: broker, worker and trainer in queue mode, versions through the group" {
+	Q="tcp://127.0.0.1:$((20000 + RANDOM % 40000))"
+	awk '{ sub(/^\{/, "{\"id\":" NR ","); print }' "$TD/p.jsonl" > "$TD/pq.jsonl"
+	rl-queue serve --listen "$Q" --max-staleness 1 --train-batch 16 --stale regen -q 3>&- &
+	PIDS="$PIDS $!"
+	for _ in $(seq 100); do rl-queue stat --timeout 0.2 "$Q" > /dev/null 2>&1 && break; sleep 0.05; done
+	rl-queue put -q "$Q" "$TD/pq.jsonl"
+	rl-rollout -v -m "$TD/m0" --queue "$Q" -n 4 --max-tokens 2 --seed 1 --idle-exit 3 --weights-group "$ADDR" \
+	    --weights-group-rank 1 --weights-group-size 2 2> "$TD/qgen.err" 3>&- &
+	R=$!; PIDS="$PIDS $R"
+	rl-reward -q --task 'format:^[a-z]' --queue "$Q" --idle-exit 3 3>&- &
+	W=$!; PIDS="$PIDS $W"
+	rl-train -q -m "$TD/m0" --out "$TD/ck-q" --batch 4 --lr 3e-2 --queue "$Q" --max-steps 6 --idle-exit 5 \
+	    --old-from-behaviour --metrics "$TD/mq.jsonl" --weights-group "$ADDR" --weights-group-size 2
+	wait "$R"
+	wait "$W"
+	[ "$(readlink "$TD/ck-q/latest")" = step-00000006 ]
+	# versions taken as the staleness gate asks (at least up to version 3 of 6)
+	[ "$(grep -c "weights version [3-9] taken" "$TD/qgen.err")" -ge 1 ]
+	python3 -c '
+import json, sys
+s = [json.loads(l)["staleness/max"] for l in open(sys.argv[1])]
+assert len(s) == 6 and max(s) <= 1, s' "$TD/mq.jsonl"
+}
+
+@test "a killed trainer: the worker waiting for its next version fails at once, naming rank 0" {
+	# the trainer's input held open and empty: it waits for records
+	mkfifo "$TD/hold"
+	rl-train -v -m "$TD/m0" --out "$TD/ck-k2" --batch 4 --metrics /dev/null --weights-group "$ADDR" \
+	    --weights-group-size 2 "$TD/hold" 2> "$TD/k-train.err" 3>&- &
+	T=$!; PIDS="$PIDS $T"
+	exec 4> "$TD/hold"
+	# killed once the group has formed and the worker waits for version 1
+	( for _ in $(seq 300); do grep -q "weights group: rank 0" "$TD/k-train.err" && break; sleep 0.1; done
+	  sleep 0.5; kill -9 "$T" ) 3>&- &
+	PIDS="$PIDS $!"
+	SECONDS=0
+	run -1 --separate-stderr gen --weights-group "$ADDR" --weights-group-rank 1 --weights-group-size 2 "$TD/p.jsonl"
+	exec 4>&-
+	[ "$SECONDS" -lt 30 ]
+	[[ "$stderr" == *"rank 0"* ]]
+}
+
+@test "a worker with a model of another shape: both sides fail, naming the mismatch" {
+	rl-train -q -m "$TD/m0" --out "$TD/ck-s" --batch 4 --metrics /dev/null --weights-group "$ADDR" \
+	    --weights-group-size 2 < "$TD/p.jsonl" > /dev/null 2> "$TD/s-train.err" 3>&- &
+	T=$!; PIDS="$PIDS $T"
+	run -1 --separate-stderr rl-rollout -m "$TD/m16" --max-tokens 2 --weights-group "$ADDR" \
+	    --weights-group-rank 1 --weights-group-size 2 --weights-timeout 20 "$TD/p.jsonl"
+	[[ "$stderr" == *"not the same architecture"* ]]
+	run wait "$T"
+	[ "$status" -ne 0 ]
+}
+
+@test "a worker that never joins: the trainer gives up after the timeout, naming the rank" {
+	RL_COMM_TIMEOUT=2 run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/ck-n" --batch 4 \
+	    --metrics /dev/null --weights-group "$ADDR" --weights-group-size 2 "$TD/p.jsonl"
+	[[ "$stderr" == *"did not join"* ]]
+}
+
+@test "usage errors" {
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --weights-group "$ADDR" "$TD/p.jsonl"
+	[[ "$stderr" == *"--weights-group-rank"* ]]
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --weights-group "$ADDR" --weights-group-rank 2 \
+	    --weights-group-size 2 "$TD/p.jsonl"
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --weights-group-rank 1 "$TD/p.jsonl"
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --weights-group "$ADDR" --weights-group-rank 1 \
+	    --weights-group-size 2 --weights-from "$TD/ck" "$TD/p.jsonl"
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --weights-group "$ADDR" --weights-group-rank 1 \
+	    --weights-group-size 2 --weights-group-backend tcp "$TD/p.jsonl"
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --weights-group "$ADDR"
+	[[ "$stderr" == *"go together"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --weights-group "$ADDR" --weights-group-size 1
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --weights-group "$ADDR" --weights-group-size 2 \
+	    --weights-group-backend tcp
+	[[ "$stderr" == *"auto, cpu, nccl or ipc"* ]]
+	# ipc is a weights-group backend, not a data-parallel one
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --comm-backend ipc
+}
+
+@test "the ipc backend needs the model on a GPU" {
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --weights-group "$ADDR" --weights-group-rank 1 \
+	    --weights-group-size 2 --weights-group-backend ipc "$TD/p.jsonl"
+	[[ "$stderr" == *"ipc backend needs the model on a GPU"* ]]
+}
