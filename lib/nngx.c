@@ -45,16 +45,17 @@ closer_main(void *arg)
 	return NULL;
 }
 
-void
+int
 rli_nng_close_timed(nng_socket sock, const char *what)
 {
 	struct closer *k = calloc(1, sizeof *k);
 	struct timespec ts;
 	pthread_t th;
+	int done;
 
 	if (k == NULL) {
 		nng_close(sock);
-		return;
+		return 1;
 	}
 	k->sock = sock;
 	k->refs = 2;
@@ -64,7 +65,7 @@ rli_nng_close_timed(nng_socket sock, const char *what)
 		nng_close(sock);
 		k->refs = 1;
 		closer_unref(k);
-		return;
+		return 1;
 	}
 	pthread_detach(th);
 	clock_gettime(CLOCK_REALTIME, &ts);
@@ -72,8 +73,9 @@ rli_nng_close_timed(nng_socket sock, const char *what)
 	pthread_mutex_lock(&k->mtx);
 	while (!k->done && pthread_cond_timedwait(&k->cv, &k->mtx, &ts) == 0)
 		;
-	if (!k->done)
+	if (!(done = k->done))
 		rl_verbose("closing the %s hangs (nng bug #1543); leaving it", what);
 	pthread_mutex_unlock(&k->mtx);
 	closer_unref(k);
+	return done;
 }

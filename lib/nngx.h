@@ -10,7 +10,9 @@
  * a second: nng 1.5's nng_close can hang (nng bug #1543, e.g. on a REQ socket
  * with a request that just timed out).  When it does, the thread and the
  * socket are leaked (logged at verbose level, naming `what`), which beats a
- * program that never exits.  Thread-safe. */
-void rli_nng_close_timed(nng_socket sock, const char *what);
+ * program that never exits.  Returns 1 when the close finished, 0 when it was
+ * left hanging (then nothing the socket's callbacks may touch can be freed).
+ * Thread-safe. */
+int rli_nng_close_timed(nng_socket sock, const char *what);
 
 #endif

@@ -2469,7 +2469,12 @@ rl_wsync_server_close(rl_wsync_server *s)
 	rl_wshm_srv_close(s->shm);
 	s->shm = NULL;
 	bulk_close(s);
-	nng_close(s->sock);
+	if (!rli_nng_close_timed(s->sock, "rl-sync server socket")) {
+		/* nng #1543: its contexts' callbacks may still run and use s; the
+		 * listener is closed, so a new server can take the address */
+		rl_warn("the server socket did not close (nng bug #1543); its memory is left");
+		return;
+	}
 	for (int i = 0; i < s->nctx; i++) {
 		if (s->ctxs[i].aio) {
 			nng_aio_stop(s->ctxs[i].aio);
