@@ -28,16 +28,12 @@
 #include "ops.h"
 #include "wgroup.h"
 
-static const char *configs[][2] = {
-	{ "gpt2", "{\"model_type\":\"gpt2\",\"vocab_size\":50257,\"n_embd\":768,\"n_layer\":12,\"n_head\":12,"
-	    "\"n_positions\":1024,\"tie_word_embeddings\":true}" },
-	{ "qwen", "{\"model_type\":\"qwen2\",\"vocab_size\":151936,\"hidden_size\":896,\"num_hidden_layers\":24,"
-	    "\"num_attention_heads\":14,\"num_key_value_heads\":2,\"intermediate_size\":4864,"
-	    "\"max_position_embeddings\":1024,\"tie_word_embeddings\":true}" },
-	{ "small", "{\"model_type\":\"qwen2\",\"vocab_size\":1024,\"hidden_size\":256,\"num_hidden_layers\":4,"
-	    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":512,"
-	    "\"max_position_embeddings\":256}" },
-};
+#include "shapes.h"
+
+static const char *small_json =
+    "{\"model_type\":\"qwen2\",\"vocab_size\":1024,\"hidden_size\":256,\"num_hidden_layers\":4,"
+    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":512,"
+    "\"max_position_embeddings\":256}";
 
 static int
 free_port(void)
@@ -130,6 +126,8 @@ main(int argc, char **argv)
 		else if (strcmp(argv[i], "--versions") == 0)
 			versions = RL_MAX(1, RL_MIN(64, atoi(argv[i + 1])));
 	}
+	const char *configs[][2] = { { "gpt2", gpt2_json }, { "qwen", qwen_json }, { "small", small_json } };
+
 	for (size_t c = 0; c < RL_ARRAY_LEN(configs); c++) {
 		if (strcmp(model, "all") != 0 && strcmp(model, configs[c][0]) != 0)
 			continue;
