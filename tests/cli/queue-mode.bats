@@ -4,14 +4,11 @@
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
+load model_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
-	cat > "$TD/cfg.json" <<'JSON'
-{"model_type":"qwen2","vocab_size":261,"hidden_size":32,"num_hidden_layers":1,"num_attention_heads":2,
- "num_key_value_heads":1,"intermediate_size":64,"max_position_embeddings":64,"torch_dtype":"float32"}
-JSON
-	rl-train --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m0"
+	toy_model "$TD" "" 64
 	for i in 1 2 3 4 5 6; do echo "{\"prompt_text\":\"$i+$i=\",\"meta\":{\"answer\":\"$((i + i))\"}}"; done > "$TD/prompts.jsonl"
 }
 

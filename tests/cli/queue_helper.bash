@@ -2,6 +2,8 @@
 # random loopback ports, HTTP fetches, the small record files they share.
 # The files set $D (a temp dir) and $PIDS (killed by pid in their teardown).
 
+. "$BATS_TEST_DIRNAME/model_helper.bash"
+
 # http_get HOST:PORT PATH: prints the body (fails on a non-2xx status);
 # with TYPED=1 the Content-Type first, on a line of its own
 http_get() {
@@ -57,11 +59,7 @@ write_records() {
 # write_model DIR: a one-layer byte-level model in DIR/m0 and twelve
 # arithmetic prompts in DIR/prompts.jsonl (for pipelines of real workers)
 write_model() {
-	cat > "$1/cfg.json" <<'JSON'
-{"model_type":"qwen2","vocab_size":261,"hidden_size":32,"num_hidden_layers":1,"num_attention_heads":2,
- "num_key_value_heads":1,"intermediate_size":64,"max_position_embeddings":64,"torch_dtype":"float32"}
-JSON
-	rl-train --init "$1/cfg.json" --tokenizer bytes --out "$1/m0" > /dev/null 2>&1
+	toy_model "$1" "" 64
 	for i in $(seq 1 12); do echo "{\"prompt_text\":\"$i+$i=\",\"meta\":{\"answer\":\"$((i + i))\"}}"; done > "$1/prompts.jsonl"
 }
 

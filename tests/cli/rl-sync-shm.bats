@@ -9,6 +9,7 @@
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
+load model_helper
 load 'sync_helper'
 
 setup() {
@@ -198,11 +199,7 @@ held_memfd() {
 }
 
 @test "rl-train --sync: shared memory to a server on this host; --sync-transport stream sends deltas" {
-	cat >"$T/cfg.json" <<'JSON'
-{"model_type":"qwen2","vocab_size":261,"hidden_size":32,"num_hidden_layers":1,"num_attention_heads":2,
- "num_key_value_heads":1,"intermediate_size":64,"max_position_embeddings":32,"torch_dtype":"float32"}
-JSON
-	rl-train --init "$T/cfg.json" --tokenizer bytes --out "$T/m0" --seed 3
+	toy_model "$T" 3
 	for i in $(seq 8); do echo '{"prompt":"x"}'; done >"$T/p.jsonl"
 	rl-rollout -q -m "$T/m0" -n 4 --max-tokens 2 --seed 1 "$T/p.jsonl" | rl-reward -q --task 'format:^[a-z]' >"$T/s.jsonl"
 	serve

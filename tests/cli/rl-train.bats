@@ -4,15 +4,11 @@
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
+load model_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
-	cat > "$TD/cfg.json" <<'JSON'
-{"model_type":"qwen2","vocab_size":264,"hidden_size":32,"num_hidden_layers":2,"num_attention_heads":4,
- "num_key_value_heads":2,"intermediate_size":64,"max_position_embeddings":64,"rope_theta":10000,
- "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
-JSON
-	rl-train --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m0" --seed 1
+	train_model "$TD"
 	python3 tests/fixtures/train/mkscored.py 8 4 0 > "$TD/scored.jsonl"
 }
 

@@ -9,14 +9,11 @@
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
+load model_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
-	cat > "$TD/cfg.json" <<'JSON'
-{"model_type":"qwen2","vocab_size":261,"hidden_size":32,"num_hidden_layers":1,"num_attention_heads":2,
- "num_key_value_heads":1,"intermediate_size":64,"max_position_embeddings":32,"torch_dtype":"float32"}
-JSON
-	rl-train -q --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m0" --seed 3
+	toy_model "$TD" 3
 	sed 's/"hidden_size":32/"hidden_size":16/' "$TD/cfg.json" > "$TD/cfg16.json"
 	rl-train -q --init "$TD/cfg16.json" --tokenizer bytes --out "$TD/m16" --seed 3
 	for i in $(seq 24); do echo '{"prompt":"x"}'; done > "$TD/p.jsonl"
