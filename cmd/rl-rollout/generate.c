@@ -337,6 +337,22 @@ remove_tree(const char *dir)
 	rmdir(dir);
 }
 
+/* The newest version the weights group has received (perhaps newer than
+ * the one seen by the last poll) into the model, in place. */
+static int
+group_take(gen *g)
+{
+	int v, rv;
+
+	if ((rv = rl_wgroup_take(g->wg, &v)) != 0)
+		return rv;
+	g->version = v;
+	g->nloads++;
+	rl_engine_set_version(g->e, v);
+	rl_verbose("weights version %d taken from the weights group %s", v, g->wgo.addr);
+	return RL_OK;
+}
+
 /* Looks for a newer version; loads it now if allowed (no sequence running,
  * or --partial), else remembers it and holds admissions until the engine
  * drains.  rl-sync is asked at most every 20 ms unless force (the caller
@@ -379,13 +395,7 @@ poll_weights_(gen *g, int force)
 	if (g->pending_version > g->version) {
 		if (g->partial || rl_engine_active(g->e) == 0) {
 			if (g->wg) {
-				/* the newest one received (perhaps newer than the one seen) */
-				if ((rv = rl_wgroup_take(g->wg, &v)) == 0) {
-					g->version = v;
-					g->nloads++;
-					rl_engine_set_version(g->e, v);
-					rl_verbose("weights version %d taken from the %s", v, g->pending_path);
-				}
+				rv = group_take(g);
 			} else if (!g->ws) {
 				rv = load_weights(g, g->pending_path, g->pending_version);
 			} else if ((rv = load_weights_ver(g, g->wbase, g->pending_path)) == RL_ENOENT) {
@@ -1240,12 +1250,8 @@ rl_cmd_generate(int argc, char **argv)
 		g.wgo.timeout = g.weights_timeout > 0 ? g.weights_timeout : 1e9;
 		if ((rv = rl_wgroup_open(&g.wg, &g.wgo, g.m)) != 0 ||
 		    (rv = rl_wgroup_wait(g.wg, g.weights_timeout > 0 ? g.weights_timeout : 1e9, &v)) != 0 ||
-		    (rv = rl_wgroup_take(g.wg, &v)) != 0)
+		    (rv = group_take(&g)) != 0)
 			goto out;
-		g.version = v;
-		g.nloads++;
-		rl_engine_set_version(g.e, v);
-		rl_verbose("weights version %d taken from the weights group %s", v, g.wgo.addr);
 	}
 	if (g.weights_from) {
 		int ver;
