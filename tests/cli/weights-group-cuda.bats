@@ -8,6 +8,7 @@
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
+load model_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -22,7 +23,7 @@ JSON
 setup() {
 	rl-train -q -m "$TD/m0" --out "$TD/probe" --device cuda --metrics /dev/null < /dev/null 2>/dev/null ||
 		skip "no CUDA device"
-	ADDR="127.0.0.1:$((20000 + RANDOM % 40000))"
+	ADDR="127.0.0.1:$(free_port)"
 }
 
 # run_group BACKEND: the on-policy pipe wiring, both on cuda, through the group

@@ -25,7 +25,7 @@ setup_file() {
 
 setup() {
 	PIDS=""
-	ADDR="127.0.0.1:$((20000 + RANDOM % 40000))"
+	ADDR="127.0.0.1:$(free_port)"
 }
 
 teardown() {
@@ -71,7 +71,7 @@ assert [json.loads(l)["staleness/max"] for l in open(sys.argv[1])] == [0] * 6' "
 }
 
 @test "the async wiring: broker, worker and trainer in queue mode, versions through the group" {
-	Q="tcp://127.0.0.1:$((20000 + RANDOM % 40000))"
+	Q="tcp://127.0.0.1:$(free_port)"
 	awk '{ sub(/^\{/, "{\"id\":" NR ","); print }' "$TD/p.jsonl" > "$TD/pq.jsonl"
 	rl-queue serve --listen "$Q" --max-staleness 1 --train-batch 16 --stale regen -q 3>&- &
 	PIDS="$PIDS $!"
