@@ -449,6 +449,8 @@ rl_cpu_qknorm_bwd(rl_ops *o, void *dqkv_in_, float *dwq, float *dwk, const void 
 #define GEMM_TARGET __attribute__((target("avx512f,avx2,fma")))
 #include "ops_cpu_gemm.h"
 
+#include "ops_cpu_gemm512.h"
+
 #define GEMM_SFX avx2
 #define GEMM_VL 8
 #define GEMM_MR 6
@@ -468,8 +470,8 @@ typedef struct gemm_impl { gemm_tile_fn *tile; int mr, nr; } gemm_impl;
 static const gemm_impl *
 gemm_pick(void)
 {
-	static const gemm_impl i512 = { gemm_tile_avx512, 8, 32 }, i2 = { gemm_tile_avx2, 6, 16 },
-	    i0 = { gemm_tile_base, 6, 8 };
+	static const gemm_impl i512 = { gemm_tile_avx512i, G5_MR, 32 }, i512t = { gemm_tile_avx512, 8, 32 },
+	    i2 = { gemm_tile_avx2, 6, 16 }, i0 = { gemm_tile_base, 6, 8 };
 	static const gemm_impl *chosen;
 	const gemm_impl *c = __atomic_load_n(&chosen, __ATOMIC_ACQUIRE);
 	if (c != NULL)
@@ -480,6 +482,8 @@ gemm_pick(void)
 	    __builtin_cpu_supports("fma");
 	if (env != NULL && strcmp(env, "base") == 0)
 		c = &i0;
+	else if (env != NULL && strcmp(env, "avx512t") == 0 && has512)
+		c = &i512t;
 	else if (env != NULL && strcmp(env, "avx2") == 0 && has2)
 		c = &i2;
 	else
@@ -608,17 +612,46 @@ rl_cpu_matmul_bwd(rl_ops *o, void *dinp_, float *dw, float *dbias, const void *d
 /* HF's rotate-half RoPE: inv_freq and the angle in fp32 as HF computes them,
  * cos/sin of that fp32 angle evaluated accurately.  sign = -1 rotates back. */
 static void
+rope_angles(float *cs, float *sn, int32_t p, int half, int HD, float theta, float sign)
+{
+	for (int i = 0; i < half; i++) {
+		float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)HD);
+		float ang = (float)p * inv_freq;
+		cs[i] = (float)cos((double)ang);
+		sn[i] = sign * (float)sin((double)ang);
+	}
+}
+
+static void
 rope_apply(float *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta, float sign)
 {
 	int W = (NH + 2 * NKV) * HD, half = HD / 2, NQK = NH + NKV;
+	/* a training batch repeats positions 0..T-1 in every row: when the tokens
+	 * outnumber the positions, the angles come from a table made once (the
+	 * same values, computed the same way) */
+	int32_t pmax = -1;
+	for (int n = 0; n < N; n++)
+		pmax = pos[n] > pmax ? pos[n] : pmax;
+	float *tab = NULL;
+	if (pmax >= 0 && pmax < N / 2 && pmax < 65536)
+		tab = malloc((size_t)(pmax + 1) * 2 * half * sizeof(float));  /* NULL: per token */
+	if (tab != NULL) {
+#pragma omp parallel for schedule(static) if ((size_t)(pmax + 1) * half > 4096)
+		for (int p = 0; p <= pmax; p++)
+			rope_angles(tab + (size_t)p * 2 * half, tab + (size_t)p * 2 * half + half, p, half, HD,
+			    theta, sign);
+	}
 #pragma omp parallel for schedule(static) if ((size_t)N * W > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
-		float cs[512], sn[512];  /* half <= 512: HD <= 1024 */
-		for (int i = 0; i < half; i++) {
-			float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)HD);
-			float ang = (float)pos[n] * inv_freq;
-			cs[i] = (float)cos((double)ang);
-			sn[i] = sign * (float)sin((double)ang);
+		float buf[1024];  /* half <= 512: HD <= 1024 */
+		const float *cs, *sn;
+		if (tab != NULL && pos[n] >= 0) {
+			cs = tab + (size_t)pos[n] * 2 * half;
+			sn = cs + half;
+		} else {
+			rope_angles(buf, buf + half, pos[n], half, HD, theta, sign);
+			cs = buf;
+			sn = buf + half;
 		}
 		float *row = qkv + (size_t)n * W;
 		for (int h = 0; h < NQK; h++) {
@@ -630,6 +663,7 @@ rope_apply(float *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float
 			}
 		}
 	}
+	free(tab);
 }
 
 void
@@ -895,18 +929,38 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 
 /* ==== activations, residual ======================================================= */
 
+/* One row of SwiGLU, y = silu(g) * u with gu = [g | u]: cloned per instruction
+ * set (RL_CLONES) so the exp vectorises. */
+RL_CLONES static void
+swiglu_row(float *y, const float *gu, int H)
+{
+	const float *g = gu, *u = gu + H;
+	for (int i = 0; i < H; i++)
+		y[i] = g[i] / (1.0f + rl_cpu_expf(-g[i])) * u[i];
+}
+
+/* Its backward for one row; dgu may alias gu (each element is read before written) */
+RL_CLONES static void
+dswiglu_row(float *dgu, const float *dy, const float *gu, int H)
+{
+	const float *g = gu, *u = gu + H;
+	float *dg = dgu, *du = dgu + H;
+	for (int i = 0; i < H; i++) {
+		float gi = g[i], ui = u[i], d = dy[i];
+		float sig = 1.0f / (1.0f + rl_cpu_expf(-gi));
+		dg[i] = d * ui * sig * (1.0f + gi * (1.0f - sig));
+		du[i] = d * gi * sig;
+	}
+}
+
 void
 rl_cpu_swiglu_fwd(rl_ops *o, void *out_, const void *gu_, int N, int H)
 {
 	float *out = out_;
 	const float *gu = gu_;
 #pragma omp parallel for schedule(static) if ((size_t)N * H > RL_PAR_MIN)
-	for (int n = 0; n < N; n++) {
-		const float *g = gu + (size_t)n * 2 * H, *u = g + H;
-		float *y = out + (size_t)n * H;
-		for (int i = 0; i < H; i++)
-			y[i] = g[i] / (1.0f + rl_cpu_expf(-g[i])) * u[i];
-	}
+	for (int n = 0; n < N; n++)
+		swiglu_row(out + (size_t)n * H, gu + (size_t)n * 2 * H, H);
 }
 
 void
@@ -915,17 +969,8 @@ rl_cpu_swiglu_bwd(rl_ops *o, void *dgu_, const void *dout_, const void *gu_, int
 	float *dgu = dgu_;
 	const float *dout = dout_, *gu = gu_;
 #pragma omp parallel for schedule(static) if ((size_t)N * H > RL_PAR_MIN)
-	for (int n = 0; n < N; n++) {
-		const float *g = gu + (size_t)n * 2 * H, *u = g + H, *dy = dout + (size_t)n * H;
-		float *dg = dgu + (size_t)n * 2 * H, *du = dg + H;
-		for (int i = 0; i < H; i++) {
-			float gi = g[i], ui = u[i], d = dy[i];
-			float sig = 1.0f / (1.0f + rl_cpu_expf(-gi));
-			/* read everything first: dgu may alias gu */
-			dg[i] = d * ui * sig * (1.0f + gi * (1.0f - sig));
-			du[i] = d * gi * sig;
-		}
-	}
+	for (int n = 0; n < N; n++)
+		dswiglu_row(dgu + (size_t)n * 2 * H, dout + (size_t)n * H, gu + (size_t)n * 2 * H, H);
 }
 
 #define GELU_K 0.7978845608028654f  /* sqrt(2/pi) */
