@@ -216,6 +216,39 @@ rl_cpu_embed_bwd(rl_ops *o, float *dwte, float *dwpe, const void *dout_,
 
 /* ==== normalisation ========================================================= */
 
+/* One row of RMSNorm, y = x * rstd * w; returns rstd.  The row kernels are
+ * cloned per instruction set (RL_CLONES); the sums of squares and products
+ * run in double, in vector lanes. */
+RL_CLONES static float
+rmsnorm_row(float *y, const float *x, const float *w, int C, float eps)
+{
+	double ss = 0;
+#pragma omp simd reduction(+:ss)
+	for (int c = 0; c < C; c++)
+		ss += (double)x[c] * x[c];
+	float r = (float)(1.0 / sqrt(ss / C + eps));
+	for (int c = 0; c < C; c++)
+		y[c] = x[c] * r * w[c];
+	return r;
+}
+
+/* Its backward for one row: d (C) = dx, pw (C, or NULL) += this row's dw;
+ * d may alias g (each element is read before written) */
+RL_CLONES static void
+drmsnorm_row(float *d, float *pw, const float *g, const float *x, const float *w, float r, int C)
+{
+	double dot = 0;
+#pragma omp simd reduction(+:dot)
+	for (int c = 0; c < C; c++)
+		dot += (double)g[c] * w[c] * x[c];
+	float coef = (float)(dot / C) * r * r * r;
+	if (pw)
+		for (int c = 0; c < C; c++)
+			pw[c] += g[c] * x[c] * r;
+	for (int c = 0; c < C; c++)
+		d[c] = g[c] * w[c] * r - x[c] * coef;
+}
+
 void
 rl_cpu_rmsnorm_fwd(rl_ops *o, void *out_, float *rstd, const void *x_, const void *w_,
     int N, int C, float eps)
@@ -223,17 +256,8 @@ rl_cpu_rmsnorm_fwd(rl_ops *o, void *out_, float *rstd, const void *x_, const voi
 	float *out = out_;
 	const float *x = x_, *w = w_;
 #pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
-	for (int n = 0; n < N; n++) {
-		const float *xr = x + (size_t)n * C;
-		float *yr = out + (size_t)n * C;
-		double ss = 0;
-		for (int c = 0; c < C; c++)
-			ss += (double)xr[c] * xr[c];
-		float r = (float)(1.0 / sqrt(ss / C + eps));
-		rstd[n] = r;
-		for (int c = 0; c < C; c++)
-			yr[c] = xr[c] * r * w[c];
-	}
+	for (int n = 0; n < N; n++)
+		rstd[n] = rmsnorm_row(out + (size_t)n * C, x + (size_t)n * C, w, C, eps);
 }
 
 /* Column reduction helper: part has nchunk rows of len floats; dst += sum of rows, in order. */
@@ -264,21 +288,8 @@ rl_cpu_rmsnorm_bwd(rl_ops *o, void *dx_, float *dw, const void *dout_, const voi
 		float *pw = part ? part + (size_t)k * C : NULL;
 		if (pw)
 			memset(pw, 0, (size_t)C * sizeof(float));
-		for (int n = k * RCHUNK; n < RL_MIN(N, (k + 1) * RCHUNK); n++) {
-			const float *xr = x + (size_t)n * C, *g = dout + (size_t)n * C;
-			float *d = dx + (size_t)n * C;
-			float r = rstd[n];
-			double dot = 0;
-			for (int c = 0; c < C; c++)
-				dot += (double)g[c] * w[c] * xr[c];
-			float coef = (float)(dot / C) * r * r * r;
-			for (int c = 0; c < C; c++) {
-				float gc = g[c];
-				if (pw)
-					pw[c] += gc * xr[c] * r;
-				d[c] = gc * w[c] * r - xr[c] * coef;
-			}
-		}
+		for (int n = k * RCHUNK; n < RL_MIN(N, (k + 1) * RCHUNK); n++)
+			drmsnorm_row(dx + (size_t)n * C, pw, dout + (size_t)n * C, x + (size_t)n * C, w, rstd[n], C);
 	}
 	if (dw)
 		reduce_parts(dw, part, nchunk, (size_t)C);
@@ -1285,6 +1296,45 @@ rl_cpu_kv_write(rl_ops *o, void *kc_, void *vc_, const void *qkv_, const int32_t
 	}
 }
 
+/* One (sequence, head) of decode attention over its L cached tokens: k and v
+ * point at the head's columns of slot 0, a slot is KW floats; sc (L) and acc
+ * (HD) are scratch.  Cloned per instruction set (RL_CLONES). */
+RL_CLONES static void
+decode_head(float *y, const float *q, const float *k, const float *v, size_t KW, const int32_t *bt,
+    int L, int HD, int BS, float scale, float *sc, float *acc)
+{
+	float mx = -INFINITY;
+	/* the keys block by block: token s is row s % BS of block bt[s / BS] */
+	for (int s0 = 0; s0 < L; s0 += BS) {
+		const float *kb = k + (size_t)bt[s0 / BS] * BS * KW;
+		for (int s = s0; s < L && s < s0 + BS; s++) {
+			const float *kr = kb + (size_t)(s - s0) * KW;
+			float d = 0;
+#pragma omp simd reduction(+:d)
+			for (int i = 0; i < HD; i++)
+				d += q[i] * kr[i];
+			sc[s] = d * scale;
+			mx = sc[s] > mx ? sc[s] : mx;
+		}
+	}
+	memset(acc, 0, (size_t)HD * sizeof(float));
+	double sum = 0;
+	for (int s0 = 0; s0 < L; s0 += BS) {
+		const float *vb = v + (size_t)bt[s0 / BS] * BS * KW;
+		for (int s = s0; s < L && s < s0 + BS; s++) {
+			const float *vr = vb + (size_t)(s - s0) * KW;
+			float p = rl_cpu_expf(sc[s] - mx);
+			sum += p;
+#pragma omp simd
+			for (int i = 0; i < HD; i++)
+				acc[i] += p * vr[i];
+		}
+	}
+	float inv = (float)(1.0 / sum);
+	for (int i = 0; i < HD; i++)
+		y[i] = acc[i] * inv;
+}
+
 void
 rl_cpu_attn_decode(rl_ops *o, void *out_, const void *qkv_, const void *kc_, const void *vc_,
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
@@ -1319,30 +1369,9 @@ rl_cpu_attn_decode(rl_ops *o, void *out_, const void *qkv_, const void *kc_, con
 			for (int h = 0; h < NH; h++) {
 				if (sc == NULL)
 					continue;
-				float *acc = sc + cap;
-				const float *q = qkv + (size_t)b * W + (size_t)h * HD;
-				const int32_t *bt = block_table + (size_t)b * MAXBLK;
-				int L = ctx_len[b], kvh = h / G;
-				float mx = -INFINITY;
-				for (int s = 0; s < L; s++) {
-					size_t slot = (size_t)bt[s / BS] * BS + s % BS;
-					sc[s] = dotf(q, kc + slot * KW + (size_t)kvh * HD, HD) * scale;
-					mx = fmaxf(mx, sc[s]);
-				}
-				memset(acc, 0, (size_t)HD * sizeof(float));
-				double sum = 0;
-				for (int s = 0; s < L; s++) {
-					size_t slot = (size_t)bt[s / BS] * BS + s % BS;
-					const float *v = vc + slot * KW + (size_t)kvh * HD;
-					float p = rl_cpu_expf(sc[s] - mx);
-					sum += p;
-#pragma omp simd
-					for (int i = 0; i < HD; i++)
-						acc[i] += p * v[i];
-				}
-				float inv = (float)(1.0 / sum), *y = out + (size_t)b * NH * HD + (size_t)h * HD;
-				for (int i = 0; i < HD; i++)
-					y[i] = acc[i] * inv;
+				decode_head(out + (size_t)b * NH * HD + (size_t)h * HD, qkv + (size_t)b * W + (size_t)h * HD,
+				    kc + (size_t)(h / G) * HD, vc + (size_t)(h / G) * HD, KW,
+				    block_table + (size_t)b * MAXBLK, ctx_len[b], HD, BS, scale, sc, sc + cap);
 			}
 		}
 		free(sc);
@@ -1391,6 +1420,27 @@ heap_sift(cand *h, int k, int i)
 	}
 }
 
+/* e[j] = exp(x[j] / T - m) with m = max(x) / T, the max of x / T (division by
+ * T > 0 is monotonic); *mp = m; returns the sum of e, added in token order in
+ * double.  Cloned per instruction set (RL_CLONES).  The logits are finite (a
+ * NaN would make every weight NaN whichever max is taken). */
+RL_CLONES static double
+sample_weights(float *e, float *mp, const float *x, int V, float T)
+{
+	float mx = -INFINITY;
+#pragma omp simd reduction(max:mx)
+	for (int j = 0; j < V; j++)
+		mx = x[j] > mx ? x[j] : mx;
+	float m = mx / T;
+	for (int j = 0; j < V; j++)
+		e[j] = rl_cpu_expf(x[j] / T - m);
+	double S = 0;
+	for (int j = 0; j < V; j++)
+		S += e[j];
+	*mp = m;
+	return S;
+}
+
 /* One row; e (V) scratch for exp(z - max), c (V) scratch for candidates. */
 static void
 sample_row(int32_t *tok, float *logp, const float *x, int V, const rl_sample_params *p,
@@ -1410,14 +1460,8 @@ sample_row(int32_t *tok, float *logp, const float *x, int V, const rl_sample_par
 		*logp = (float)(-log(S));
 		return;
 	}
-	float m = -INFINITY;
-	for (int j = 0; j < V; j++)
-		m = fmaxf(m, x[j] / T);
-	double S = 0;
-	for (int j = 0; j < V; j++) {
-		e[j] = rl_cpu_expf(x[j] / T - m);
-		S += e[j];
-	}
+	float m;
+	double S = sample_weights(e, &m, x, V, T);
 	int k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
 	int topp = p->top_p < 1.0f;
 	int nc = 0;
