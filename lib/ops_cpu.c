@@ -748,13 +748,14 @@ softmax_row(float *p, int n, const int32_t *sg, int32_t st, float scale)
 			mx = v > mx ? v : mx;
 		}
 	}
+	/* the exps, then their sum: two loops, so that each vectorises */
+#pragma omp simd
+	for (int s = 0; s < n; s++)
+		p[s] = rl_cpu_expf(p[s] - mx);
 	double sum = 0;
 #pragma omp simd reduction(+:sum)
-	for (int s = 0; s < n; s++) {
-		float e = rl_cpu_expf(p[s] - mx);
-		p[s] = e;
-		sum += e;
-	}
+	for (int s = 0; s < n; s++)
+		sum += p[s];
 	float inv = (float)(1.0 / sum);
 #pragma omp simd
 	for (int s = 0; s < n; s++)
