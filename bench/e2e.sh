@@ -38,7 +38,7 @@
 # SKIP_ZERO_ADV (1: rl-train --skip-zero-adv in the isolated trainer and in
 # both wirings, the same update with less work, docs/train.md; 0: off; empty:
 # neither option, for an rl-train that has none, e.g. RL_BUILD of an older tree),
-# MICRO (the trainer's --max-tokens-per-micro, demo.sh's default 256 on the
+# RL_LR (2e-4, both tasks, isolated trainer and runs), MICRO (the trainer's --max-tokens-per-micro, demo.sh's default 256 on the
 # CPU, also in the isolated trainer),
 # DAEMON_CPUS, WEIGHTS=file (async weights through the checkpoint directory
 # instead of rl-sync), KEEP=1 (keep the run directories, printed), and any
@@ -59,7 +59,8 @@ if [ "$TASK" = arith-cot ]; then SFT_STEPS=${SFT_STEPS:-400}; else SFT_STEPS=${S
 SKIP_ZERO_ADV=${SKIP_ZERO_ADV-1}
 case $SKIP_ZERO_ADV in 1) SKIPZ=--skip-zero-adv ;; "") SKIPZ="" ;; *) SKIPZ=--no-skip-zero-adv ;; esac
 MICRO=${MICRO:-256}
-export TASK PROMPTS SAMPLES DAEMON_CPUS SFT_STEPS SKIP_ZERO_ADV MICRO
+RL_LR=${RL_LR:-2e-4}
+export TASK PROMPTS SAMPLES DAEMON_CPUS SFT_STEPS SKIP_ZERO_ADV MICRO RL_LR
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 export OMP_NUM_THREADS OMP_WAIT_POLICY
 out=$(mktemp -d /tmp/rl-e2e.XXXXXX)
@@ -91,7 +92,7 @@ t0=$(date +%s.%N)
 taskset -c "$gcpu" rl-rollout -q -m "$WARM" --seed 1 -n "$SAMPLES" --temperature 0.7 --max-tokens "$MAXT" \
 	"$iso/prompts.jsonl" | taskset -c "$gcpu" rl-reward -q --task "$RTASK" -o "$iso/scored.bin"
 t1=$(date +%s.%N)
-taskset -c "$tcpu" rl-train -q -m "$WARM" --out "$iso/ck" --algo grpo --seed 1 --batch "$PROMPTS" --lr 2e-4 \
+taskset -c "$tcpu" rl-train -q -m "$WARM" --out "$iso/ck" --algo grpo --seed 1 --batch "$PROMPTS" --lr "$RL_LR" \
 	--keep 3 $SKIPZ --max-tokens-per-micro "$MICRO" --metrics "$iso/m.jsonl" "$iso/scored.bin"
 g=$(awk -v a="$t0" -v b="$t1" -v n="$isteps" 'BEGIN { printf "%.4f", (b - a) / n }')
 t=$(column 'timing_s\/update_actor' < "$iso/m.jsonl" | median)
