@@ -5,8 +5,8 @@
  *   - split decode attention (k_decode_split + k_decode_merge): HD 64 and 128,
  *     1 to 8 query heads per KV head, nsplit 1, 2, 3, 7, 44, 64, contexts of 1,
  *     the whole cache, exact multiples of a round (4 keys x the workers) and one
- *     past, random lengths, shared and shuffled blocks; outputs and partials
- *     poisoned with NaN first;
+ *     past, random lengths, shared and shuffled blocks, then 24 random shapes;
+ *     outputs and partials poisoned with NaN first;
  *   - add_norm_fwd: LayerNorm and RMSNorm, rows that fill a block partly, C not a
  *     multiple of 32; the updated x, out and statistics equal, bit for bit, the
  *     separate add then k_layernorm_fwd / k_rmsnorm_fwd (emulated), and out is
@@ -216,6 +216,13 @@ main(void)
 	test_decode(1, 14, 2, 64, 16, 40, 64, 0);
 	test_decode(1, 8, 1, 128, 1, 1, 64, 0);  /* context 1, 63 empty splits */
 	test_decode(6, 2, 2, 128, 32, 40, 64, 1);  /* longer than one round of 4 x 256 workers */
+	/* random shapes (fixed seed): G 1-8, NKV 1-4, block sizes 1-32, nsplit 1-70 */
+	for (int i = 0; i < 24; i++) {
+		int G = 1 + (int)(rnd() % 8), NKV = 1 + (int)(rnd() % 4), HD = rnd() % 2 ? 64 : 128;
+		int bsz[] = { 1, 2, 4, 8, 16, 32 };
+		test_decode(1 + (int)(rnd() % 5), G * NKV, NKV, HD, bsz[rnd() % 6], 1 + (int)(rnd() % 12),
+		    1 + (int)(rnd() % 70), (int)(rnd() % 2));
+	}
 	test_add_norm(1, 7, 1);
 	test_add_norm(9, 33, 1);
 	test_add_norm(17, 768, 1);
