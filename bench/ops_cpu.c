@@ -8,6 +8,7 @@
  * PyTorch for comparison.
  *
  * Usage: ops_cpu [REPEATS]   (default 5; the best run is reported)
+ * RL_CPU_GEMM=avx512|avx512t|avx2|base picks the GEMM micro-kernel.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +82,28 @@ main(int argc, char **argv)
 		free(y);
 		free(dx);
 		free(dw);
+	}
+	{
+		/* the demo model's products (C = 64, MLP 256, vocabulary 264) on a
+		 * 256-token micro-batch: small enough that the micro-kernel's
+		 * edges and packing matter */
+		static const int sm[][2] = { { 64, 192 }, { 64, 64 }, { 64, 512 }, { 256, 64 }, { 64, 264 } };
+		int Ns = 256;
+		for (size_t i = 0; i < sizeof sm / sizeof sm[0]; i++) {
+			int C = sm[i][0], OC = sm[i][1];
+			float *x = rnd((size_t)Ns * C, &r), *w = rnd((size_t)OC * C, &r), *y = rnd((size_t)Ns * OC, &r);
+			float *dx = rnd((size_t)Ns * C, &r), *dw = rnd((size_t)OC * C, &r);
+			snprintf(shape, sizeof shape, "N=%d C=%d OC=%d", Ns, C, OC);
+			TIME(reps * 20, best, rl_cpu_matmul_fwd(NULL, y, x, w, NULL, Ns, C, OC));
+			report("matmul_fwd", shape, best, 2.0 * Ns * C * OC);
+			TIME(reps * 20, best, rl_cpu_matmul_bwd(NULL, dx, dw, NULL, y, x, w, Ns, C, OC));
+			report("matmul_bwd", shape, best, 4.0 * Ns * C * OC);
+			free(x);
+			free(w);
+			free(y);
+			free(dx);
+			free(dw);
+		}
 	}
 	{
 		/* decode-sized: one token against the LM head */

@@ -216,6 +216,39 @@ rl_cpu_embed_bwd(rl_ops *o, float *dwte, float *dwpe, const void *dout_,
 
 /* ==== normalisation ========================================================= */
 
+/* One row of RMSNorm, y = x * rstd * w; returns rstd.  The row kernels are
+ * cloned per instruction set (RL_CLONES); the sums of squares and products
+ * run in double, in vector lanes. */
+RL_CLONES static float
+rmsnorm_row(float *y, const float *x, const float *w, int C, float eps)
+{
+	double ss = 0;
+#pragma omp simd reduction(+:ss)
+	for (int c = 0; c < C; c++)
+		ss += (double)x[c] * x[c];
+	float r = (float)(1.0 / sqrt(ss / C + eps));
+	for (int c = 0; c < C; c++)
+		y[c] = x[c] * r * w[c];
+	return r;
+}
+
+/* Its backward for one row: d (C) = dx, pw (C, or NULL) += this row's dw;
+ * d may alias g (each element is read before written) */
+RL_CLONES static void
+drmsnorm_row(float *d, float *pw, const float *g, const float *x, const float *w, float r, int C)
+{
+	double dot = 0;
+#pragma omp simd reduction(+:dot)
+	for (int c = 0; c < C; c++)
+		dot += (double)g[c] * w[c] * x[c];
+	float coef = (float)(dot / C) * r * r * r;
+	if (pw)
+		for (int c = 0; c < C; c++)
+			pw[c] += g[c] * x[c] * r;
+	for (int c = 0; c < C; c++)
+		d[c] = g[c] * w[c] * r - x[c] * coef;
+}
+
 void
 rl_cpu_rmsnorm_fwd(rl_ops *o, void *out_, float *rstd, const void *x_, const void *w_,
     int N, int C, float eps)
@@ -223,17 +256,8 @@ rl_cpu_rmsnorm_fwd(rl_ops *o, void *out_, float *rstd, const void *x_, const voi
 	float *out = out_;
 	const float *x = x_, *w = w_;
 #pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
-	for (int n = 0; n < N; n++) {
-		const float *xr = x + (size_t)n * C;
-		float *yr = out + (size_t)n * C;
-		double ss = 0;
-		for (int c = 0; c < C; c++)
-			ss += (double)xr[c] * xr[c];
-		float r = (float)(1.0 / sqrt(ss / C + eps));
-		rstd[n] = r;
-		for (int c = 0; c < C; c++)
-			yr[c] = xr[c] * r * w[c];
-	}
+	for (int n = 0; n < N; n++)
+		rstd[n] = rmsnorm_row(out + (size_t)n * C, x + (size_t)n * C, w, C, eps);
 }
 
 /* Column reduction helper: part has nchunk rows of len floats; dst += sum of rows, in order. */
@@ -264,21 +288,8 @@ rl_cpu_rmsnorm_bwd(rl_ops *o, void *dx_, float *dw, const void *dout_, const voi
 		float *pw = part ? part + (size_t)k * C : NULL;
 		if (pw)
 			memset(pw, 0, (size_t)C * sizeof(float));
-		for (int n = k * RCHUNK; n < RL_MIN(N, (k + 1) * RCHUNK); n++) {
-			const float *xr = x + (size_t)n * C, *g = dout + (size_t)n * C;
-			float *d = dx + (size_t)n * C;
-			float r = rstd[n];
-			double dot = 0;
-			for (int c = 0; c < C; c++)
-				dot += (double)g[c] * w[c] * xr[c];
-			float coef = (float)(dot / C) * r * r * r;
-			for (int c = 0; c < C; c++) {
-				float gc = g[c];
-				if (pw)
-					pw[c] += gc * xr[c] * r;
-				d[c] = gc * w[c] * r - xr[c] * coef;
-			}
-		}
+		for (int n = k * RCHUNK; n < RL_MIN(N, (k + 1) * RCHUNK); n++)
+			drmsnorm_row(dx + (size_t)n * C, pw, dout + (size_t)n * C, x + (size_t)n * C, w, rstd[n], C);
 	}
 	if (dw)
 		reduce_parts(dw, part, nchunk, (size_t)C);
@@ -449,6 +460,8 @@ rl_cpu_qknorm_bwd(rl_ops *o, void *dqkv_in_, float *dwq, float *dwk, const void 
 #define GEMM_TARGET __attribute__((target("avx512f,avx2,fma")))
 #include "ops_cpu_gemm.h"
 
+#include "ops_cpu_gemm512.h"
+
 #define GEMM_SFX avx2
 #define GEMM_VL 8
 #define GEMM_MR 6
@@ -468,8 +481,8 @@ typedef struct gemm_impl { gemm_tile_fn *tile; int mr, nr; } gemm_impl;
 static const gemm_impl *
 gemm_pick(void)
 {
-	static const gemm_impl i512 = { gemm_tile_avx512, 8, 32 }, i2 = { gemm_tile_avx2, 6, 16 },
-	    i0 = { gemm_tile_base, 6, 8 };
+	static const gemm_impl i512 = { gemm_tile_avx512i, G5_MR, 32 }, i512t = { gemm_tile_avx512, 8, 32 },
+	    i2 = { gemm_tile_avx2, 6, 16 }, i0 = { gemm_tile_base, 6, 8 };
 	static const gemm_impl *chosen;
 	const gemm_impl *c = __atomic_load_n(&chosen, __ATOMIC_ACQUIRE);
 	if (c != NULL)
@@ -480,6 +493,8 @@ gemm_pick(void)
 	    __builtin_cpu_supports("fma");
 	if (env != NULL && strcmp(env, "base") == 0)
 		c = &i0;
+	else if (env != NULL && strcmp(env, "avx512t") == 0 && has512)
+		c = &i512t;
 	else if (env != NULL && strcmp(env, "avx2") == 0 && has2)
 		c = &i2;
 	else
@@ -608,17 +623,46 @@ rl_cpu_matmul_bwd(rl_ops *o, void *dinp_, float *dw, float *dbias, const void *d
 /* HF's rotate-half RoPE: inv_freq and the angle in fp32 as HF computes them,
  * cos/sin of that fp32 angle evaluated accurately.  sign = -1 rotates back. */
 static void
+rope_angles(float *cs, float *sn, int32_t p, int half, int HD, float theta, float sign)
+{
+	for (int i = 0; i < half; i++) {
+		float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)HD);
+		float ang = (float)p * inv_freq;
+		cs[i] = (float)cos((double)ang);
+		sn[i] = sign * (float)sin((double)ang);
+	}
+}
+
+static void
 rope_apply(float *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta, float sign)
 {
 	int W = (NH + 2 * NKV) * HD, half = HD / 2, NQK = NH + NKV;
+	/* a training batch repeats positions 0..T-1 in every row: when the tokens
+	 * outnumber the positions, the angles come from a table made once (the
+	 * same values, computed the same way) */
+	int32_t pmax = -1;
+	for (int n = 0; n < N; n++)
+		pmax = pos[n] > pmax ? pos[n] : pmax;
+	float *tab = NULL;
+	if (pmax >= 0 && pmax < N / 2 && pmax < 65536)
+		tab = malloc((size_t)(pmax + 1) * 2 * half * sizeof(float));  /* NULL: per token */
+	if (tab != NULL) {
+#pragma omp parallel for schedule(static) if ((size_t)(pmax + 1) * half > 4096)
+		for (int p = 0; p <= pmax; p++)
+			rope_angles(tab + (size_t)p * 2 * half, tab + (size_t)p * 2 * half + half, p, half, HD,
+			    theta, sign);
+	}
 #pragma omp parallel for schedule(static) if ((size_t)N * W > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
-		float cs[512], sn[512];  /* half <= 512: HD <= 1024 */
-		for (int i = 0; i < half; i++) {
-			float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)HD);
-			float ang = (float)pos[n] * inv_freq;
-			cs[i] = (float)cos((double)ang);
-			sn[i] = sign * (float)sin((double)ang);
+		float buf[1024];  /* half <= 512: HD <= 1024 */
+		const float *cs, *sn;
+		if (tab != NULL && pos[n] >= 0) {
+			cs = tab + (size_t)pos[n] * 2 * half;
+			sn = cs + half;
+		} else {
+			rope_angles(buf, buf + half, pos[n], half, HD, theta, sign);
+			cs = buf;
+			sn = buf + half;
 		}
 		float *row = qkv + (size_t)n * W;
 		for (int h = 0; h < NQK; h++) {
@@ -630,6 +674,7 @@ rope_apply(float *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float
 			}
 		}
 	}
+	free(tab);
 }
 
 void
@@ -703,13 +748,14 @@ softmax_row(float *p, int n, const int32_t *sg, int32_t st, float scale)
 			mx = v > mx ? v : mx;
 		}
 	}
+	/* the exps, then their sum: two loops, so that each vectorises */
+#pragma omp simd
+	for (int s = 0; s < n; s++)
+		p[s] = rl_cpu_expf(p[s] - mx);
 	double sum = 0;
 #pragma omp simd reduction(+:sum)
-	for (int s = 0; s < n; s++) {
-		float e = rl_cpu_expf(p[s] - mx);
-		p[s] = e;
-		sum += e;
-	}
+	for (int s = 0; s < n; s++)
+		sum += p[s];
 	float inv = (float)(1.0 / sum);
 #pragma omp simd
 	for (int s = 0; s < n; s++)
@@ -895,18 +941,38 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 
 /* ==== activations, residual ======================================================= */
 
+/* One row of SwiGLU, y = silu(g) * u with gu = [g | u]: cloned per instruction
+ * set (RL_CLONES) so the exp vectorises. */
+RL_CLONES static void
+swiglu_row(float *y, const float *gu, int H)
+{
+	const float *g = gu, *u = gu + H;
+	for (int i = 0; i < H; i++)
+		y[i] = g[i] / (1.0f + rl_cpu_expf(-g[i])) * u[i];
+}
+
+/* Its backward for one row; dgu may alias gu (each element is read before written) */
+RL_CLONES static void
+dswiglu_row(float *dgu, const float *dy, const float *gu, int H)
+{
+	const float *g = gu, *u = gu + H;
+	float *dg = dgu, *du = dgu + H;
+	for (int i = 0; i < H; i++) {
+		float gi = g[i], ui = u[i], d = dy[i];
+		float sig = 1.0f / (1.0f + rl_cpu_expf(-gi));
+		dg[i] = d * ui * sig * (1.0f + gi * (1.0f - sig));
+		du[i] = d * gi * sig;
+	}
+}
+
 void
 rl_cpu_swiglu_fwd(rl_ops *o, void *out_, const void *gu_, int N, int H)
 {
 	float *out = out_;
 	const float *gu = gu_;
 #pragma omp parallel for schedule(static) if ((size_t)N * H > RL_PAR_MIN)
-	for (int n = 0; n < N; n++) {
-		const float *g = gu + (size_t)n * 2 * H, *u = g + H;
-		float *y = out + (size_t)n * H;
-		for (int i = 0; i < H; i++)
-			y[i] = g[i] / (1.0f + rl_cpu_expf(-g[i])) * u[i];
-	}
+	for (int n = 0; n < N; n++)
+		swiglu_row(out + (size_t)n * H, gu + (size_t)n * 2 * H, H);
 }
 
 void
@@ -915,17 +981,8 @@ rl_cpu_swiglu_bwd(rl_ops *o, void *dgu_, const void *dout_, const void *gu_, int
 	float *dgu = dgu_;
 	const float *dout = dout_, *gu = gu_;
 #pragma omp parallel for schedule(static) if ((size_t)N * H > RL_PAR_MIN)
-	for (int n = 0; n < N; n++) {
-		const float *g = gu + (size_t)n * 2 * H, *u = g + H, *dy = dout + (size_t)n * H;
-		float *dg = dgu + (size_t)n * 2 * H, *du = dg + H;
-		for (int i = 0; i < H; i++) {
-			float gi = g[i], ui = u[i], d = dy[i];
-			float sig = 1.0f / (1.0f + rl_cpu_expf(-gi));
-			/* read everything first: dgu may alias gu */
-			dg[i] = d * ui * sig * (1.0f + gi * (1.0f - sig));
-			du[i] = d * gi * sig;
-		}
-	}
+	for (int n = 0; n < N; n++)
+		dswiglu_row(dgu + (size_t)n * 2 * H, dout + (size_t)n * H, gu + (size_t)n * 2 * H, H);
 }
 
 #define GELU_K 0.7978845608028654f  /* sqrt(2/pi) */
@@ -1240,6 +1297,45 @@ rl_cpu_kv_write(rl_ops *o, void *kc_, void *vc_, const void *qkv_, const int32_t
 	}
 }
 
+/* One (sequence, head) of decode attention over its L cached tokens: k and v
+ * point at the head's columns of slot 0, a slot is KW floats; sc (L) and acc
+ * (HD) are scratch.  Cloned per instruction set (RL_CLONES). */
+RL_CLONES static void
+decode_head(float *y, const float *q, const float *k, const float *v, size_t KW, const int32_t *bt,
+    int L, int HD, int BS, float scale, float *sc, float *acc)
+{
+	float mx = -INFINITY;
+	/* the keys block by block: token s is row s % BS of block bt[s / BS] */
+	for (int s0 = 0; s0 < L; s0 += BS) {
+		const float *kb = k + (size_t)bt[s0 / BS] * BS * KW;
+		for (int s = s0; s < L && s < s0 + BS; s++) {
+			const float *kr = kb + (size_t)(s - s0) * KW;
+			float d = 0;
+#pragma omp simd reduction(+:d)
+			for (int i = 0; i < HD; i++)
+				d += q[i] * kr[i];
+			sc[s] = d * scale;
+			mx = sc[s] > mx ? sc[s] : mx;
+		}
+	}
+	memset(acc, 0, (size_t)HD * sizeof(float));
+	double sum = 0;
+	for (int s0 = 0; s0 < L; s0 += BS) {
+		const float *vb = v + (size_t)bt[s0 / BS] * BS * KW;
+		for (int s = s0; s < L && s < s0 + BS; s++) {
+			const float *vr = vb + (size_t)(s - s0) * KW;
+			float p = rl_cpu_expf(sc[s] - mx);
+			sum += p;
+#pragma omp simd
+			for (int i = 0; i < HD; i++)
+				acc[i] += p * vr[i];
+		}
+	}
+	float inv = (float)(1.0 / sum);
+	for (int i = 0; i < HD; i++)
+		y[i] = acc[i] * inv;
+}
+
 void
 rl_cpu_attn_decode(rl_ops *o, void *out_, const void *qkv_, const void *kc_, const void *vc_,
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
@@ -1274,30 +1370,9 @@ rl_cpu_attn_decode(rl_ops *o, void *out_, const void *qkv_, const void *kc_, con
 			for (int h = 0; h < NH; h++) {
 				if (sc == NULL)
 					continue;
-				float *acc = sc + cap;
-				const float *q = qkv + (size_t)b * W + (size_t)h * HD;
-				const int32_t *bt = block_table + (size_t)b * MAXBLK;
-				int L = ctx_len[b], kvh = h / G;
-				float mx = -INFINITY;
-				for (int s = 0; s < L; s++) {
-					size_t slot = (size_t)bt[s / BS] * BS + s % BS;
-					sc[s] = dotf(q, kc + slot * KW + (size_t)kvh * HD, HD) * scale;
-					mx = fmaxf(mx, sc[s]);
-				}
-				memset(acc, 0, (size_t)HD * sizeof(float));
-				double sum = 0;
-				for (int s = 0; s < L; s++) {
-					size_t slot = (size_t)bt[s / BS] * BS + s % BS;
-					const float *v = vc + slot * KW + (size_t)kvh * HD;
-					float p = rl_cpu_expf(sc[s] - mx);
-					sum += p;
-#pragma omp simd
-					for (int i = 0; i < HD; i++)
-						acc[i] += p * v[i];
-				}
-				float inv = (float)(1.0 / sum), *y = out + (size_t)b * NH * HD + (size_t)h * HD;
-				for (int i = 0; i < HD; i++)
-					y[i] = acc[i] * inv;
+				decode_head(out + (size_t)b * NH * HD + (size_t)h * HD, qkv + (size_t)b * W + (size_t)h * HD,
+				    kc + (size_t)(h / G) * HD, vc + (size_t)(h / G) * HD, KW,
+				    block_table + (size_t)b * MAXBLK, ctx_len[b], HD, BS, scale, sc, sc + cap);
 			}
 		}
 		free(sc);
@@ -1346,6 +1421,27 @@ heap_sift(cand *h, int k, int i)
 	}
 }
 
+/* e[j] = exp(x[j] / T - m) with m = max(x) / T, the max of x / T (division by
+ * T > 0 is monotonic); *mp = m; returns the sum of e, added in token order in
+ * double.  Cloned per instruction set (RL_CLONES).  The logits are finite (a
+ * NaN would make every weight NaN whichever max is taken). */
+RL_CLONES static double
+sample_weights(float *e, float *mp, const float *x, int V, float T)
+{
+	float mx = -INFINITY;
+#pragma omp simd reduction(max:mx)
+	for (int j = 0; j < V; j++)
+		mx = x[j] > mx ? x[j] : mx;
+	float m = mx / T;
+	for (int j = 0; j < V; j++)
+		e[j] = rl_cpu_expf(x[j] / T - m);
+	double S = 0;
+	for (int j = 0; j < V; j++)
+		S += e[j];
+	*mp = m;
+	return S;
+}
+
 /* One row; e (V) scratch for exp(z - max), c (V) scratch for candidates. */
 static void
 sample_row(int32_t *tok, float *logp, const float *x, int V, const rl_sample_params *p,
@@ -1365,14 +1461,8 @@ sample_row(int32_t *tok, float *logp, const float *x, int V, const rl_sample_par
 		*logp = (float)(-log(S));
 		return;
 	}
-	float m = -INFINITY;
-	for (int j = 0; j < V; j++)
-		m = fmaxf(m, x[j] / T);
-	double S = 0;
-	for (int j = 0; j < V; j++) {
-		e[j] = rl_cpu_expf(x[j] / T - m);
-		S += e[j];
-	}
+	float m;
+	double S = sample_weights(e, &m, x, V, T);
 	int k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
 	int topp = p->top_p < 1.0f;
 	int nc = 0;
