@@ -35,7 +35,12 @@
 
 #define LT_WS_BYTES ((size_t)32 << 20)
 #define ATTN_WS_CAP ((size_t)3 << 30)  /* largest attention scratch before chunking rows */
-#define ALGO_CACHE 128
+/* cuBLASLt heuristic results, hashed by shape: a decode graph must find every GEMM's
+ * algorithm here when it is recorded (a heuristic query while the stream is being
+ * captured is not safe: some cuBLASLt versions fail it), and an engine runs up to a
+ * few hundred batch sizes of ~6 GEMM shapes each, so the table holds thousands. */
+#define ALGO_CACHE 8192   /* a power of two */
+#define ALGO_PROBE 16
 
 typedef struct algo_key {
 	int ta, tb, m, n, k, lda, ldb, ldd, dt, epi;
@@ -74,8 +79,7 @@ typedef struct cuda_ctx {
 	struct { const char *name; double s; long n; } pt[64];
 	int npt;
 	int status;
-	algo_ent algos[ALGO_CACHE];
-	int nalgo;
+	algo_ent algos[ALGO_CACHE];   /* open addressing, ALGO_PROBE slots from the key's hash */
 } cuda_ctx;
 
 #define CTX(o) ((cuda_ctx *)(o)->ctx)
@@ -291,6 +295,30 @@ ptr_align(const void *p)
 	return al;
 }
 
+/* The cache entry of key (*hit) or, when there is none, the slot to fill (*put: the
+ * first free slot of the key's probe sequence, else its first slot, evicted). */
+static void
+algo_find(cuda_ctx *c, const algo_key *key, algo_ent **hit, algo_ent **put)
+{
+	const unsigned char *b = (const unsigned char *)key;
+	uint32_t h = 2166136261u;  /* FNV-1a */
+	for (size_t i = 0; i < sizeof *key; i++)
+		h = (h ^ b[i]) * 16777619u;
+	*hit = *put = NULL;
+	for (int i = 0; i < ALGO_PROBE; i++) {
+		algo_ent *e = &c->algos[(h + (uint32_t)i) & (ALGO_CACHE - 1)];
+		if (!e->used) {
+			*put = e;
+			return;
+		}
+		if (memcmp(&e->key, key, sizeof *key) == 0) {
+			*hit = e;
+			return;
+		}
+	}
+	*put = &c->algos[h & (ALGO_CACHE - 1)];
+}
+
 /* GELU epilogues of lt_gemm_epi */
 enum { EPI_PLAIN = 0, EPI_GELU_AUX, EPI_DGELU };
 
@@ -344,12 +372,15 @@ lt_gemm_epi(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int l
 	uint32_t al_a = ptr_align(A), al_b = ptr_align(B), al_d = ptr_align(D);
 	algo_key key = { ta, tb, m, n, k, lda, ldb, ldd, (int)dt, (int)epi, (int)al_a, (int)al_b, (int)al_d,
 		gelu != EPI_PLAIN ? ldaux : 0, gelu != EPI_PLAIN ? (int)ptr_align(aux) : 0 };
-	algo_ent *ent = NULL;
-	for (int i = 0; i < c->nalgo; i++)
-		if (memcmp(&c->algos[i].key, &key, sizeof key) == 0) {
-			ent = &c->algos[i];
-			break;
-		}
+	algo_ent *ent = NULL, *slot = NULL;
+	algo_find(c, &key, &ent, &slot);
+	if (!ent && c->capturing) {
+		/* the op-by-op run before a recording fills the cache; a miss here means the
+		 * shape was not run outside the capture: fail the recording, not the step */
+		fail(o, "GEMM during graph capture", "no cached cuBLASLt algorithm for this shape");
+		rv = -(int)CUBLAS_STATUS_INVALID_VALUE;
+		goto out;
+	}
 	if (!ent) {
 		cublasLtMatmulHeuristicResult_t res;
 		int nres = 0;
@@ -370,8 +401,7 @@ lt_gemm_epi(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int l
 			rv = -(int)CUBLAS_STATUS_NOT_SUPPORTED;
 			goto out;
 		}
-		int slot = c->nalgo < ALGO_CACHE ? c->nalgo++ : (int)(((unsigned)m * 31u + (unsigned)n) % ALGO_CACHE);
-		ent = &c->algos[slot];
+		ent = slot;
 		ent->key = key;
 		ent->algo = res.algo;
 		ent->used = 1;

@@ -17,9 +17,18 @@
  * Models: random GPT-2 shape with V = 50257 (the LM head goes through the split
  * and padded GEMM path at 21+ rows) and a Qwen3 shape (GQA, q/k-norm, RoPE),
  * both with head_dim 64 so that decode attention is the split kernel
- * (kernels/decode.cu) inside the graphs.  Exit 77 without a GPU.
+ * (kernels/decode.cu) inside the graphs.
+ * Before that, vs_cpu: the decode logits against the CPU reference model (the
+ * paths above all use the same kernels, so only this checks the split kernel and
+ * add_norm_fwd inside the model).  Everything runs twice, on two backends: first
+ * with the kernels that ran on a GPU before (RL_CUDA_DECODE_ATTN=v1,
+ * RL_CUDA_ADD_NORM=0: the graph machinery on its own, Qwen3 only), then with the
+ * defaults; lines of the first pass are tagged "[v1, no add_norm]".
+ * Exit 77 without a GPU.
  */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
@@ -27,6 +36,7 @@
 #include "kvcache.h"
 #include "model.h"
 #include "ops.h"
+#include "rng.h"
 #include "t.h"
 
 static const char *gpt2_json =
@@ -109,6 +119,108 @@ out:
 	return rv;
 }
 
+/* Teacher-forced decode on the backend against the same model on the CPU reference:
+ * three sequences (prompts of 1, 5 and 17 tokens) prefilled, then 80 decode steps of
+ * fixed tokens with the batch varying between 1, 2 and 3 sequences (the split kernel's
+ * nsplit changes with it: 64, 64, 44 on an H100), contexts from 2 to 97.  The 2-D
+ * weights are redrawn uniform in [-0.17, 0.17) (std 0.1, five times the default init)
+ * so that attention is sharp: at the init's scale the scores are near zero and
+ * attention is nearly a plain mean of V, which would hide a wrong query/key pairing.
+ * Logits (up to ~6) compared by NMSE <= 5e-3, measured on the CPU: a CPU backend
+ * rounding every activation and the matmul weights to bf16 gives NMSE 9e-5 (max abs
+ * 0.07); an attn_decode that skips the newest key gives 4e-2 and 6e-2, one that pairs
+ * each query head with the next head's query 0.9 and 0.7.  Max abs diff printed.  Checks the split decode attention and add_norm_fwd inside
+ * the model (test_cuda_ops checks them as ops; the paths compared bit for bit in
+ * one() all use the same kernels). */
+static void
+vs_cpu(rl_ops *o, rl_ops *cpu, const char *name, const char *json, const char *tag)
+{
+	enum { NSEQ = 3, NSTEP = 80 };
+	static const int np[NSEQ] = { 1, 5, 17 };
+	rl_config cfg;
+	rl_model *m[2] = { NULL, NULL };
+	rl_ops *ops[2] = { o, cpu };
+	rl_kvcache *kv[2] = { NULL, NULL };
+	rl_kvseq s[2][NSEQ];
+	float *lg[2] = { NULL, NULL }, *buf = NULL;
+	double se = 0, sr = 0, mx = 0;
+	int V, rv = RL_OK;
+
+	memset(&cfg, 0, sizeof cfg);
+	T_EQ_INT(rl_config_parse(&cfg, json, strlen(json), name), RL_OK);
+	V = cfg.vocab_size;
+	for (int k = 0; k < 2; k++) {
+		if ((rv = rl_model_init_random(&m[k], &cfg, ops[k], 11)) != RL_OK ||
+		    (rv = rl_model_infer_reserve(m[k], 64, NSEQ)) != RL_OK ||
+		    (rv = rl_kvcache_open(&kv[k], ops[k], &cfg, (size_t)4 << 20, 16)) != RL_OK)
+			goto out;
+		for (int i = 0; i < NSEQ; i++)
+			rl_kvseq_init(&s[k][i], kv[k]);
+		lg[k] = rl_xmalloc((size_t)NSEQ * V * sizeof(float));
+	}
+	for (int i = 0; i < m[0]->tt.n; i++) {
+		const rl_tensor *t = &m[0]->tt.t[i];
+		if (t->ndim != 2)
+			continue;
+		free(buf);
+		buf = rl_xmalloc(t->n * sizeof(float));
+		for (size_t j = 0; j < t->n; j++)
+			buf[j] = (float)(0.17 * (2.0 * rl_rng_uniform(99, t->off + j) - 1.0));
+		for (int k = 0; k < 2; k++)
+			if ((rv = rl_model_set(m[k], i, buf)) != RL_OK)
+				goto out;
+	}
+	for (int step = -1; step < NSTEP; step++) {
+		rl_kvseq *sq[2][NSEQ];
+		int32_t tk[NSEQ], p[NSEQ][17];
+		const int32_t *pp[NSEQ];
+		int B = 0;
+		for (int i = 0; i < NSEQ; i++) {
+			/* all three mostly; only the first, or the last two, every few steps */
+			if (step >= 0 && ((step % 7 == 3 && i > 0) || (step % 7 != 3 && step % 11 == 5 && i == 0)))
+				continue;
+			for (int k = 0; k < 2; k++)
+				sq[k][B] = &s[k][i];
+			tk[B] = (int32_t)((step * 131 + i * 977 + 7) % V);
+			for (int j = 0; j < np[i]; j++)
+				p[B][j] = (int32_t)((j * 389 + i * 53 + 1) % V);
+			pp[B] = p[B];
+			B++;
+		}
+		for (int k = 0; k < 2; k++) {
+			rv = step < 0 ? rl_model_prefill(m[k], kv[k], sq[k], pp, np, B, lg[k]) :
+			    rl_model_decode(m[k], kv[k], sq[k], tk, B, lg[k]);
+			if (rv != RL_OK)
+				goto out;
+		}
+		for (size_t j = 0; j < (size_t)B * V; j++) {
+			double d = (double)lg[0][j] - lg[1][j];
+			se += d * d;
+			sr += (double)lg[1][j] * lg[1][j];
+			mx = fmax(mx, fabs(d));
+		}
+	}
+out:
+	T_EQ_INT(rv, RL_OK);
+	{
+		double nmse = sr > 0 ? se / sr : 1.0;
+		T_OK(rv == RL_OK && nmse <= 5e-3, "%s%s: decode logits vs the CPU: NMSE %.3g (max abs diff %.3g)",
+		    name, tag, nmse, mx);
+		printf("%s%s: decode logits vs the CPU over %d steps: NMSE %.3g, max abs diff %.3g\n", name, tag,
+		    NSTEP, nmse, mx);
+	}
+	for (int k = 0; k < 2; k++) {
+		if (kv[k])
+			for (int i = 0; i < NSEQ; i++)
+				rl_kvcache_release(kv[k], &s[k][i]);
+		rl_kvcache_close(kv[k]);
+		rl_model_close(m[k]);
+		free(lg[k]);
+	}
+	free(buf);
+	rl_config_fini(&cfg);
+}
+
 static void
 one(rl_ops *o, grow *gr, const char *name, const char *json)
 {
@@ -174,32 +286,71 @@ one(rl_ops *o, grow *gr, const char *name, const char *json)
 	rl_config_fini(&cfg);
 }
 
+/* Both checks on one backend: vs_cpu for both models, then one() for the models in
+ * `which` (1 gpt2, 2 qwen3, 3 both), with the scratch-growing GEMM's buffers. */
+static void
+run_all(rl_ops *o, rl_ops *cpu, const char *tag, int which)
+{
+	grow gr;
+	size_t es = rl_dtype_size(o->act_dtype);
+
+	if (!o->graph_begin)
+		printf("note: RL_CUDA_GRAPH=0 or profiling: graphs off, the G runs go op by op\n");
+	vs_cpu(o, cpu, "gpt2", gpt2_json, tag);
+	vs_cpu(o, cpu, "qwen3", qwen3_json, tag);
+	memset(&gr, 0, sizeof gr);
+	gr.o = o;
+	T_EQ_INT(o->alloc(o, &gr.in, (size_t)GROW_N * GROW_MAX * GROW_C * es), RL_OK);
+	T_EQ_INT(o->alloc(o, &gr.w, (size_t)GROW_OC * GROW_C * es), RL_OK);
+	T_EQ_INT(o->alloc(o, &gr.out, (size_t)GROW_N * GROW_MAX * GROW_OC * es), RL_OK);
+	o->zero(o, gr.in, (size_t)GROW_N * GROW_MAX * GROW_C * es);
+	o->zero(o, gr.w, (size_t)GROW_OC * GROW_C * es);
+	if (which & 1)
+		one(o, &gr, "gpt2", gpt2_json);
+	if (which & 2)
+		one(o, &gr, "qwen3", qwen3_json);
+	o->free(o, gr.in);
+	o->free(o, gr.w);
+	o->free(o, gr.out);
+}
+
 int
 main(void)
 {
-	rl_ops *o = NULL;
-	grow gr;
+	rl_ops *o = NULL, *cpu = NULL;
 	int rv;
 
 	T_BEGIN("test_cuda_decode");
 	rl_log_init("test_cuda_decode", RL_LOG_QUIET);
 	if ((rv = rl_ops_cuda_open(&o, 0)) != RL_OK)
 		T_SKIP("no CUDA device (%s)", rl_strerror(rv));
-	if (!o->graph_begin)
-		printf("note: RL_CUDA_GRAPH=0 or profiling: graphs off, the G runs go op by op\n");
-	memset(&gr, 0, sizeof gr);
-	gr.o = o;
-	size_t es = rl_dtype_size(o->act_dtype);
-	T_EQ_INT(o->alloc(o, &gr.in, (size_t)GROW_N * GROW_MAX * GROW_C * es), RL_OK);
-	T_EQ_INT(o->alloc(o, &gr.w, (size_t)GROW_OC * GROW_C * es), RL_OK);
-	T_EQ_INT(o->alloc(o, &gr.out, (size_t)GROW_N * GROW_MAX * GROW_OC * es), RL_OK);
-	o->zero(o, gr.in, (size_t)GROW_N * GROW_MAX * GROW_C * es);
-	o->zero(o, gr.w, (size_t)GROW_OC * GROW_C * es);
-	one(o, &gr, "gpt2", gpt2_json);
-	one(o, &gr, "qwen3", qwen3_json);
-	o->free(o, gr.in);
-	o->free(o, gr.w);
-	o->free(o, gr.out);
 	rl_ops_close(o);
+	o = NULL;
+	T_EQ_INT(rl_ops_cpu_open(&cpu), RL_OK);
+	/* First the kernels that ran on a GPU before (v1 decode attention, add then norm),
+	 * so that the graph machinery is checked on its own even if a new kernel faults
+	 * and takes the context down; then the defaults (split decode attention, add_norm). */
+	setenv("RL_CUDA_DECODE_ATTN", "v1", 1);
+	setenv("RL_CUDA_ADD_NORM", "0", 1);
+	if (cpu && rl_ops_cuda_open(&o, 0) == RL_OK) {
+		printf("-- RL_CUDA_DECODE_ATTN=v1 RL_CUDA_ADD_NORM=0\n");
+		T_OK(o->add_norm_fwd == NULL, "RL_CUDA_ADD_NORM=0 leaves add_norm_fwd out");
+		run_all(o, cpu, " [v1, no add_norm]", 2);
+		T_OK(o->sync(o) == RL_OK, "backend status after the v1 run");
+		rl_ops_close(o);
+	} else {
+		T_OK(0, "cannot open the CUDA and CPU backends");
+	}
+	unsetenv("RL_CUDA_DECODE_ATTN");
+	unsetenv("RL_CUDA_ADD_NORM");
+	o = NULL;
+	if (cpu && rl_ops_cuda_open(&o, 0) == RL_OK) {
+		printf("-- defaults\n");
+		run_all(o, cpu, "", 3);
+		rl_ops_close(o);
+	} else {
+		T_OK(0, "cannot reopen the CUDA backend");
+	}
+	rl_ops_close(cpu);
 	T_END();
 }

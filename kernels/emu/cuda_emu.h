@@ -1,0 +1,194 @@
+/*
+ * cuda_emu.h — just enough of CUDA's device side to run a kernel's source on
+ * the CPU, unchanged: the threads of a block are cooperative fibers (ucontext)
+ * run one block at a time; __shared__ arrays are statics (one block at a time
+ * shares them); __syncthreads() and the warp shuffles are barriers over the
+ * block or the warp, so a barrier or a full-mask shuffle that not every thread
+ * (lane) reaches is reported as a deadlock instead of hanging.  bf16 is stored
+ * as in CUDA (16 bits, round to nearest even), __expf is expf.
+ *
+ * For kernels/emu/emu_*.cpp (kernels/emu/run.sh).  It checks index arithmetic,
+ * block/warp merges and barrier placement; it says nothing about timing, the
+ * memory model beyond barriers, occupancy or what nvcc does with the code.
+ */
+#ifndef RL_CUDA_EMU_H
+#define RL_CUDA_EMU_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __restrict__
+
+struct dim3 {
+	unsigned x, y, z;
+	dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct float2 { float x, y; };
+
+/* bf16 as CUDA stores it */
+struct __nv_bfloat16 { uint16_t h; };
+struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+typedef __nv_bfloat16 bf16;
+
+static inline float
+__bfloat162float(__nv_bfloat16 v)
+{
+	uint32_t u = (uint32_t)v.h << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static inline __nv_bfloat16
+__float2bfloat16(float f)
+{
+	uint32_t u;
+	__nv_bfloat16 r;
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		r.h = (uint16_t)((u >> 16) | 0x40);  /* NaN stays NaN */
+	else
+		r.h = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+	return r;
+}
+
+static inline float2
+__bfloat1622float2(__nv_bfloat162 v)
+{
+	float2 r = { __bfloat162float(v.x), __bfloat162float(v.y) };
+	return r;
+}
+
+static inline float emu_expf(float x) { return expf(x); }
+#define __expf emu_expf
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+
+/* ---- the block's threads as fibers ---------------------------------------------------- */
+#define EMU_MAXT 1024
+#define EMU_STACK (256 * 1024)
+
+struct emu_bar { int count; unsigned gen; };
+
+struct emu_state {
+	ucontext_t sched, fib[EMU_MAXT];
+	char *stack[EMU_MAXT];
+	int nt, cur, done[EMU_MAXT], progress;
+	emu_bar block, warp[EMU_MAXT / 32];
+	float xch[EMU_MAXT];
+	void (*body)(void *);
+	void *arg;
+};
+static emu_state emu;
+static dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+static void
+emu_yield(void)
+{
+	swapcontext(&emu.fib[emu.cur], &emu.sched);
+}
+
+/* every one of `size` threads of the group must arrive */
+static void
+emu_barrier(emu_bar *b, int size)
+{
+	unsigned gen = b->gen;
+	emu.progress = 1;
+	if (++b->count == size) {
+		b->count = 0;
+		b->gen++;
+		return;
+	}
+	while (b->gen == gen)
+		emu_yield();
+}
+
+static inline void __syncthreads(void) { emu_barrier(&emu.block, emu.nt); }
+
+static inline float
+__shfl_xor_sync(unsigned mask, float v, int o)
+{
+	int t = (int)threadIdx.x, w = t / 32;
+	if (mask != 0xffffffffu) {
+		fprintf(stderr, "emu: shuffle with a partial mask %#x is not emulated\n", mask);
+		abort();
+	}
+	emu.xch[t] = v;
+	emu_barrier(&emu.warp[w], 32);
+	float r = emu.xch[(t & ~31) | ((t & 31) ^ o)];
+	emu_barrier(&emu.warp[w], 32);
+	return r;
+}
+
+static void
+emu_trampoline(void)
+{
+	emu.body(emu.arg);
+	emu.done[emu.cur] = 1;
+	emu.progress = 1;
+	swapcontext(&emu.fib[emu.cur], &emu.sched);
+}
+
+/* Runs body(arg) as the kernel over grid x block (block.x threads, a multiple of 32). */
+static void
+emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *arg)
+{
+	int nt = (int)(block.x * block.y * block.z);
+	if (nt <= 0 || nt > EMU_MAXT || nt % 32 || block.y != 1 || block.z != 1) {
+		fprintf(stderr, "emu: block of %d threads not emulated\n", nt);
+		abort();
+	}
+	gridDim = grid;
+	blockDim = block;
+	emu.nt = nt;
+	emu.body = body;
+	emu.arg = arg;
+	for (int t = 0; t < nt; t++)
+		if (!emu.stack[t] && !(emu.stack[t] = (char *)malloc(EMU_STACK)))
+			abort();
+	for (unsigned bz = 0; bz < grid.z; bz++)
+		for (unsigned by = 0; by < grid.y; by++)
+			for (unsigned bx = 0; bx < grid.x; bx++) {
+				blockIdx = dim3(bx, by, bz);
+				memset(&emu.block, 0, sizeof emu.block);
+				memset(emu.warp, 0, sizeof emu.warp);
+				for (int t = 0; t < nt; t++) {
+					emu.done[t] = 0;
+					getcontext(&emu.fib[t]);
+					emu.fib[t].uc_stack.ss_sp = emu.stack[t];
+					emu.fib[t].uc_stack.ss_size = EMU_STACK;
+					emu.fib[t].uc_link = NULL;
+					makecontext(&emu.fib[t], emu_trampoline, 0);
+				}
+				for (;;) {
+					int left = 0;
+					emu.progress = 0;
+					for (int t = 0; t < nt; t++) {
+						if (emu.done[t])
+							continue;
+						left++;
+						emu.cur = t;
+						threadIdx = dim3((unsigned)t, 0, 0);
+						swapcontext(&emu.sched, &emu.fib[t]);
+					}
+					if (!left)
+						break;
+					if (!emu.progress) {
+						fprintf(stderr, "emu: deadlock in block (%u,%u): a barrier or shuffle not "
+						    "reached by every thread of its block/warp\n", bx, by);
+						abort();
+					}
+				}
+			}
+}
+
+#endif

@@ -1,0 +1,234 @@
+/*
+ * emu_kernels.cpp — kernels of decode.cu and norm.cu run on the CPU through
+ * cuda_emu.h (their source cut out of the .cu files by run.sh) against the CPU
+ * reference of lib/ops_cpu.c:
+ *   - split decode attention (k_decode_split + k_decode_merge): HD 64 and 128,
+ *     1 to 8 query heads per KV head, nsplit 1, 2, 3, 7, 44, 64, contexts of 1,
+ *     the whole cache, exact multiples of a round (4 keys x the workers) and one
+ *     past, random lengths, shared and shuffled blocks, then 24 random shapes;
+ *     outputs and partials poisoned with NaN first;
+ *   - add_norm_fwd: LayerNorm and RMSNorm, rows that fill a block partly, C not a
+ *     multiple of 32; the updated x, out and statistics equal, bit for bit, the
+ *     separate add then k_layernorm_fwd / k_rmsnorm_fwd (emulated), and out is
+ *     within a bf16 rounding of the CPU reference.
+ * Tolerance of decode attention as test_cuda_ops: fp32 throughout, one bf16
+ * rounding of the output: atol 1e-3 max|ref| + rtol 8e-3.
+ * Exit 0 when every case passes, 1 otherwise; one line per case.
+ */
+#include "cuda_emu.h"
+
+extern "C" {
+#include "core.h"
+#include "ops_cpu.h"
+}
+
+#include "kernels.inc"
+
+static int fails, cases;
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+
+static uint32_t
+rnd(void)
+{
+	rs ^= rs << 13;
+	rs ^= rs >> 7;
+	rs ^= rs << 17;
+	return (uint32_t)(rs >> 11);
+}
+static float frnd(float lo, float hi) { return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f; }
+
+/* bf16 copies: device-side array and the f32 value it holds */
+static void
+fill_bf(bf16 *d, float *f, size_t n, float lo, float hi)
+{
+	for (size_t i = 0; i < n; i++) {
+		d[i] = __float2bfloat16(frnd(lo, hi));
+		f[i] = __bfloat162float(d[i]);
+	}
+}
+
+/* ---- split decode attention -------------------------------------------------------- */
+struct dec_args {
+	bf16 *out, *qkv, *kc, *vc;
+	float *ws;
+	int32_t *bt, *cl;
+	int NH, NKV, HD, BS, MAXBLK, nsplit;
+};
+static dec_args DA;
+
+static void
+run_split(void *)
+{
+	if (DA.HD == 64)
+		k_decode_split<64>(DA.out, DA.ws, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, DA.BS, DA.MAXBLK,
+		    DA.nsplit);
+	else
+		k_decode_split<128>(DA.out, DA.ws, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, DA.BS, DA.MAXBLK,
+		    DA.nsplit);
+}
+
+static void
+run_merge(void *)
+{
+	k_decode_merge(DA.out, DA.ws, DA.HD, DA.nsplit);
+}
+
+/* ctxmode 0: random lengths; 1: 1, the whole cache, 4W, 4W + 1, 4W - 1, W, then random */
+static void
+test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int ctxmode)
+{
+	int W = (NH + 2 * NKV) * HD, NBLK = B * MAXBLK + 3, cap = BS * MAXBLK, workers = nsplit * DC_WARPS;
+	size_t ncache = (size_t)NBLK * BS * NKV * HD, nq = (size_t)B * W, no = (size_t)B * NH * HD;
+	size_t nws = (size_t)B * NH * nsplit * (HD + 2);
+	bf16 *kc = new bf16[ncache], *vc = new bf16[ncache], *q = new bf16[nq], *out = new bf16[no];
+	float *fkc = new float[ncache], *fvc = new float[ncache], *fq = new float[nq], *ref = new float[no];
+	float *ws = new float[nws ? nws : 1];
+	int32_t *bt = new int32_t[(size_t)B * MAXBLK], *cl = new int32_t[B];
+
+	fill_bf(kc, fkc, ncache, -2, 2);
+	fill_bf(vc, fvc, ncache, -2, 2);
+	fill_bf(q, fq, nq, -2, 2);
+	for (int b = 0; b < B; b++) {
+		int sp[] = { 1, cap, 4 * workers, 4 * workers + 1, 4 * workers - 1, workers };
+		cl[b] = 1 + (int)(rnd() % (uint32_t)cap);
+		if (ctxmode == 1 && b < 6 && sp[b] >= 1 && sp[b] <= cap)
+			cl[b] = sp[b];
+		for (int i = 0; i < MAXBLK; i++)
+			bt[b * MAXBLK + i] = (int32_t)(rnd() % (uint32_t)NBLK);  /* shared blocks allowed */
+	}
+	for (size_t i = 0; i < no; i++)
+		out[i].h = 0x7fc1;  /* NaN */
+	for (size_t i = 0; i < nws; i++)
+		ws[i] = NAN;
+	rl_cpu_attn_decode(NULL, ref, fq, fkc, fvc, bt, cl, B, NH, NKV, HD, BS, MAXBLK);
+
+	DA = { out, q, kc, vc, nsplit > 1 ? ws : NULL, bt, cl, NH, NKV, HD, BS, MAXBLK, nsplit };
+	emu_launch(dim3((unsigned)(B * NKV), (unsigned)nsplit), dim3(DC_WARPS * 32), run_split, NULL);
+	if (nsplit > 1)
+		emu_launch(dim3((unsigned)(B * NH)), dim3((unsigned)HD), run_merge, NULL);
+
+	double mx = 0, worst = 0;
+	size_t bad = 0, at = 0;
+	for (size_t i = 0; i < no; i++)
+		mx = fmax(mx, fabs(ref[i]));
+	for (size_t i = 0; i < no; i++) {
+		double g = __bfloat162float(out[i]), e = fabs(g - ref[i]), tol = 1e-3 * mx + 8e-3 * fabs(ref[i]);
+		if (!(e <= tol)) {
+			if (!bad)
+				at = i;
+			bad++;
+		}
+		if (!(e <= worst))
+			worst = e;
+	}
+	cases++;
+	if (bad)
+		fails++;
+	printf("%s decode split B=%d NH=%d NKV=%d HD=%d BS=%d ctx<=%d nsplit=%d ctx0=%d: max err %.3g%s",
+	    bad ? "FAIL" : "ok  ", B, NH, NKV, HD, BS, cap, nsplit, cl[0], worst, bad ? "" : "\n");
+	if (bad)
+		printf(", %zu bad, first at %zu (seq %zu head %zu d %zu, ctx %d): %g vs %g\n", bad, at,
+		    at / ((size_t)NH * HD), at / HD % NH, at % HD, cl[at / ((size_t)NH * HD)],
+		    __bfloat162float(out[at]), ref[at]);
+	delete[] kc; delete[] vc; delete[] q; delete[] out; delete[] fkc; delete[] fvc; delete[] fq;
+	delete[] ref; delete[] ws; delete[] bt; delete[] cl;
+}
+
+/* ---- add + norm ----------------------------------------------------------------------- */
+struct norm_args {
+	bf16 *x, *out, *t, *w, *b;
+	float *mean, *rstd, eps;
+	int N, C, ln;
+};
+static norm_args NA;
+
+static void run_add_norm(void *) { k_add_norm_fwd(NA.x, NA.out, NA.mean, NA.rstd, NA.t, NA.w, NA.b, NA.N, NA.C, NA.eps, NA.ln); }
+static void run_ln(void *) { k_layernorm_fwd(NA.out, NA.mean, NA.rstd, NA.x, NA.w, NA.b, NA.N, NA.C, NA.eps); }
+static void run_rms(void *) { k_rmsnorm_fwd(NA.out, NA.rstd, NA.x, NA.w, NA.N, NA.C, NA.eps); }
+
+static void
+test_add_norm(int N, int C, int ln)
+{
+	size_t n = (size_t)N * C;
+	bf16 *x = new bf16[n], *x2 = new bf16[n], *t = new bf16[n], *w = new bf16[C], *b = new bf16[C];
+	bf16 *out = new bf16[n], *out2 = new bf16[n];
+	float *fx = new float[n], *ft = new float[n], *fw = new float[C], *fb = new float[C], *xs = new float[n];
+	float *ref = new float[n], *m1 = new float[N], *r1 = new float[N], *m2 = new float[N], *r2 = new float[N];
+	float *rm = new float[N], *rr = new float[N], eps = ln ? 1e-5f : 1e-6f;
+	unsigned grid = (unsigned)((N + NORM_WARPS - 1) / NORM_WARPS);
+
+	fill_bf(x, fx, n, -2, 2);
+	fill_bf(t, ft, n, -2, 2);
+	fill_bf(w, fw, C, 0.5f, 1.5f);
+	fill_bf(b, fb, C, -0.5f, 0.5f);
+	for (size_t i = 0; i < n; i++) {
+		x2[i] = __float2bfloat16(fx[i] + ft[i]);  /* what add writes */
+		xs[i] = __bfloat162float(x2[i]);
+		out[i].h = out2[i].h = 0x7fc1;
+	}
+	for (int r = 0; r < N; r++)
+		m1[r] = r1[r] = m2[r] = r2[r] = NAN;
+	if (ln)
+		rl_cpu_layernorm_fwd(NULL, ref, rm, rr, xs, fw, fb, N, C, eps);
+	else
+		rl_cpu_rmsnorm_fwd(NULL, ref, rr, xs, fw, N, C, eps);
+
+	NA = { x, out, t, w, ln ? b : NULL, ln ? m1 : NULL, r1, eps, N, C, ln };
+	emu_launch(dim3(grid), dim3(NORM_WARPS * 32), run_add_norm, NULL);
+	NA = { x2, out2, NULL, w, ln ? b : NULL, ln ? m2 : NULL, r2, eps, N, C, ln };
+	emu_launch(dim3(grid), dim3(NORM_WARPS * 32), ln ? run_ln : run_rms, NULL);
+
+	int same = memcmp(x, x2, n * 2) == 0 && memcmp(out, out2, n * 2) == 0 && memcmp(r1, r2, (size_t)N * 4) == 0 &&
+	    (!ln || memcmp(m1, m2, (size_t)N * 4) == 0);
+	double worst = 0;
+	size_t bad = 0;
+	for (size_t i = 0; i < n; i++) {
+		double e = fabs(__bfloat162float(out[i]) - ref[i]);
+		if (!(e <= 1e-5 + 8e-3 * fabs(ref[i])))
+			bad++;
+		if (!(e <= worst))
+			worst = e;
+	}
+	for (int r = 0; r < N; r++)
+		if (!(fabs(r1[r] - rr[r]) <= 1e-4 * fabs(rr[r])) || (ln && !(fabs(m1[r] - rm[r]) <= 1e-6 + 1e-4 * fabs(rm[r]))))
+			bad++;
+	cases++;
+	if (bad || !same)
+		fails++;
+	printf("%s add_norm N=%d C=%d ln=%d: same bits as add + %s: %s, max err vs CPU %.3g, %zu bad\n",
+	    bad || !same ? "FAIL" : "ok  ", N, C, ln, ln ? "layernorm" : "rmsnorm", same ? "yes" : "NO", worst, bad);
+	delete[] x; delete[] x2; delete[] t; delete[] w; delete[] b; delete[] out; delete[] out2; delete[] fx;
+	delete[] ft; delete[] fw; delete[] fb; delete[] xs; delete[] ref; delete[] m1; delete[] r1; delete[] m2;
+	delete[] r2; delete[] rm; delete[] rr;
+}
+
+int
+main(void)
+{
+	/* nsplit 1 (many sequences), 2, 3, 7, 44 and 64 (B = 1 on an H100: 64); G 1, 2, 7, 8 */
+	test_decode(3, 4, 4, 64, 16, 8, 1, 1);
+	test_decode(6, 4, 4, 64, 16, 8, 1, 1);
+	test_decode(6, 8, 4, 128, 8, 6, 2, 1);
+	test_decode(6, 14, 2, 64, 16, 5, 3, 1);
+	test_decode(2, 16, 2, 128, 16, 6, 7, 0);
+	test_decode(6, 8, 1, 64, 4, 50, 7, 1);
+	test_decode(3, 14, 2, 64, 16, 12, 44, 1);
+	test_decode(1, 14, 2, 64, 16, 40, 64, 0);
+	test_decode(1, 8, 1, 128, 1, 1, 64, 0);  /* context 1, 63 empty splits */
+	test_decode(6, 2, 2, 128, 32, 40, 64, 1);  /* longer than one round of 4 x 256 workers */
+	/* random shapes (fixed seed): G 1-8, NKV 1-4, block sizes 1-32, nsplit 1-70 */
+	for (int i = 0; i < 24; i++) {
+		int G = 1 + (int)(rnd() % 8), NKV = 1 + (int)(rnd() % 4), HD = rnd() % 2 ? 64 : 128;
+		int bsz[] = { 1, 2, 4, 8, 16, 32 };
+		test_decode(1 + (int)(rnd() % 5), G * NKV, NKV, HD, bsz[rnd() % 6], 1 + (int)(rnd() % 12),
+		    1 + (int)(rnd() % 70), (int)(rnd() % 2));
+	}
+	test_add_norm(1, 7, 1);
+	test_add_norm(9, 33, 1);
+	test_add_norm(17, 768, 1);
+	test_add_norm(3, 4099, 1);
+	test_add_norm(1, 896, 0);
+	test_add_norm(11, 130, 0);
+	printf("emu_kernels: %d of %d cases passed\n", cases - fails, cases);
+	return fails ? 1 : 0;
+}

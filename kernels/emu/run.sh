@@ -1,0 +1,31 @@
+#!/bin/sh
+# kernels/emu/run.sh — runs kernel sources on the CPU through kernels/emu/cuda_emu.h
+# and compares them with the CPU reference (lib/ops_cpu.c).  No GPU needed; not
+# part of `make check` (a C++ build): run it by hand after changing the kernels it
+# covers (decode.cu's split decode attention and merge, norm.cu's add_norm_fwd).
+#   sh kernels/emu/run.sh            (needs build/librlpipe.a: `make` first)
+# The kernels are cut out of the .cu files as they are (awk, below), so what runs
+# is the committed source, not a copy.
+set -eu
+root=$(cd "$(dirname "$0")/../.." && pwd)
+B=${RL_BUILD:-build}
+out=$root/$B/emu
+mkdir -p "$out"
+# the lines of a file from the first line matching $2 to the first line after it that is "}"
+cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { exit }' "$1"; }
+{
+	# common.cuh's device helpers (bf16 conversion, warp and block reductions)
+	awk '/^static __device__ __forceinline__ float ld\(/ { f = 1 } /^#endif/ { f = 0 } f' \
+	    "$root/kernels/common.cuh"
+	# decode.cu: its defines and kernels, up to the first launcher
+	awk '/^#define DC_/ { print } /^template <int HD>/ { f = 1 } /^extern "C"/ { f = 0 } f' \
+	    "$root/kernels/decode.cu"
+	grep '^#define NORM_WARPS' "$root/kernels/norm.cu"
+	cut_fn "$root/kernels/norm.cu" '^__global__ void k_rmsnorm_fwd\('
+	cut_fn "$root/kernels/norm.cu" '^__global__ void k_layernorm_fwd\('
+	cut_fn "$root/kernels/norm.cu" '^__global__ void k_add_norm_fwd\('
+} > "$out/kernels.inc"
+${CXX:-g++} -O1 -g -std=c++17 -ffp-contract=off -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas \
+    -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_kernels" "$root/kernels/emu/emu_kernels.cpp" \
+    "$root/$B/librlpipe.a" -fopenmp -lm
+"$out/emu_kernels" "$@"
