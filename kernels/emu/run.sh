@@ -1,8 +1,9 @@
 #!/bin/sh
 # kernels/emu/run.sh — runs kernel sources on the CPU through kernels/emu/cuda_emu.h
-# and compares them with the CPU reference (lib/ops_cpu.c).  No GPU needed; not
-# part of `make check` (a C++ build): run it by hand after changing the kernels it
-# covers (decode.cu's split decode attention and merge, norm.cu's add_norm_fwd).
+# and compares them with the CPU reference (lib/ops_cpu.c).  No GPU needed; a C++
+# build (g++), run by `make check` through tests/cli/cuda-emu.bats (skipped
+# without a C++ compiler) and by hand after changing the kernels it covers
+# (decode.cu's split decode attention and merge, norm.cu's add_norm_fwd).
 #   sh kernels/emu/run.sh            (needs build/librlpipe.a: `make` first)
 # The kernels are cut out of the .cu files as they are (awk, below), so what runs
 # is the committed source, not a copy.
