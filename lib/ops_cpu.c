@@ -728,9 +728,11 @@ gemm_serial(const gemm_impl *g, float *c, long ldc, const float *a, long lda, lo
 }
 
 /* p[0..n) <- softmax of scale * p over the keys with sg[s] == st (all when sg
- * is NULL), 0 for the others; returns the log-sum-exp. */
+ * is NULL), 0 for the others, and p[n..npad) <- 0 (npad >= n: the exp, sum
+ * and scale loops then run whole vectors, without a scalar tail of exps;
+ * whatever p holds there is ignored); returns the log-sum-exp. */
 RL_CLONES static float
-softmax_row(float *p, int n, const int32_t *sg, int32_t st, float scale)
+softmax_row(float *p, int n, int npad, const int32_t *sg, int32_t st, float scale)
 {
 	float mx = -INFINITY;
 	if (sg == NULL) {
@@ -750,17 +752,34 @@ softmax_row(float *p, int n, const int32_t *sg, int32_t st, float scale)
 	}
 	/* the exps, then their sum: two loops, so that each vectorises */
 #pragma omp simd
-	for (int s = 0; s < n; s++)
-		p[s] = rl_cpu_expf(p[s] - mx);
+	for (int s = 0; s < npad; s++)
+		p[s] = s < n ? rl_cpu_expf(p[s] - mx) : 0.0f;
 	double sum = 0;
 #pragma omp simd reduction(+:sum)
-	for (int s = 0; s < n; s++)
+	for (int s = 0; s < npad; s++)
 		sum += p[s];
 	float inv = (float)(1.0 / sum);
 #pragma omp simd
-	for (int s = 0; s < n; s++)
+	for (int s = 0; s < npad; s++)
 		p[s] *= inv;
 	return mx + (float)log(sum);
+}
+
+/* Rows of the score blocks are att_ld(T) floats apart, a whole number of
+ * 16-float vectors, so that a row's softmax can run to att_pad(n, ...) keys:
+ * n rounded up to a vector (without segments; with them, n: their ids exist
+ * only up to T). */
+static int
+att_ld(int T)
+{
+	return (T + 15) & ~15;
+}
+
+static int
+att_pad(int n, long ld, const int32_t *sg)
+{
+	int np = (n + 15) & ~15;
+	return sg != NULL || np > ld ? n : np;
 }
 
 /* P (qb, kmax) <- softmax rows of scale * S for queries t0.., in place;
@@ -776,21 +795,23 @@ softmax_block(float *P, long ldp, float *lse_out, const int32_t *sg, int t0, int
 			lse_out[i] = 0;
 			continue;
 		}
-		lse_out[i] = softmax_row(p, t + 1, sg, sg ? sg[t] : 0, scale);
+		lse_out[i] = softmax_row(p, t + 1, att_pad(t + 1, ldp, sg), sg, sg ? sg[t] : 0, scale);
 	}
 }
 
-/* One query row of the backward, keys 0..t: p <- exp(scale p - L) on visible
- * keys (0 elsewhere); dp <- p (dp - D) scale. */
+/* One query row of the backward, keys 0..t (n = t + 1): p <- exp(scale p - L)
+ * on visible keys (0 elsewhere); dp <- p (dp - D) scale; without segments
+ * p[n..npad) and dp[n..npad) <- 0 (as in softmax_row). */
 RL_CLONES static void
-dsoftmax_row(float *p, float *dp, int n, const int32_t *sg, int32_t st, float scale, float L, float D)
+dsoftmax_row(float *p, float *dp, int n, int npad, const int32_t *sg, int32_t st, float scale, float L,
+    float D)
 {
 	if (sg == NULL) {
 #pragma omp simd
-		for (int s = 0; s < n; s++) {
-			float pv = rl_cpu_expf(p[s] * scale - L);
+		for (int s = 0; s < npad; s++) {
+			float pv = s < n ? rl_cpu_expf(p[s] * scale - L) : 0.0f;
 			p[s] = pv;
-			dp[s] = pv * (dp[s] - D) * scale;
+			dp[s] = s < n ? pv * (dp[s] - D) * scale : 0.0f;
 		}
 	} else {
 #pragma omp simd
@@ -816,12 +837,12 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 		fail(o, RL_EINVAL);
 		return;
 	}
-	int G = NH / NKV;
+	int G = NH / NKV, TP = att_ld(T);
 	const gemm_impl *g = gemm_pick();
 #pragma omp parallel reduction(|:bad) if ((double)B * NH * T * T * HD > 1e6)
 	{
-		/* P block (QB, T), the block's lse, GEMM panel buffer */
-		float *P = malloc(((size_t)ATT_QB * T + ATT_QB + (size_t)GEMM_KC * 32) * sizeof(float));
+		/* P block (QB, TP), the block's lse, GEMM panel buffer */
+		float *P = malloc(((size_t)ATT_QB * TP + ATT_QB + (size_t)GEMM_KC * 32) * sizeof(float));
 		if (P == NULL)
 			bad = 1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
@@ -829,7 +850,7 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 			for (int h = 0; h < NH; h++) {
 				if (P == NULL)
 					continue;
-				float *lb = P + (size_t)ATT_QB * T, *bbuf = lb + ATT_QB;
+				float *lb = P + (size_t)ATT_QB * TP, *bbuf = lb + ATT_QB;
 				const float *base = qkv + (size_t)b * T * W;
 				const float *K = base + (size_t)(NH + h / G) * HD, *Vv = base + (size_t)(NH + NKV + h / G) * HD;
 				const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
@@ -837,13 +858,13 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 					int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb;
 					const float *Q = base + (size_t)t0 * W + (size_t)h * HD;
 					/* S = Q K^T over keys 0..kmax-1 (the part right of the diagonal is ignored) */
-					gemm_serial(g, P, T, Q, W, 1, K, W, 1, qb, kmax, HD, 0, bbuf);
-					softmax_block(P, T, lb, sg, t0, qb, scale);
+					gemm_serial(g, P, TP, Q, W, 1, K, W, 1, qb, kmax, HD, 0, bbuf);
+					softmax_block(P, TP, lb, sg, t0, qb, scale);
 					/* zero the masked upper triangle so O = P V can run over kmax keys */
 					for (int i = 0; i < qb; i++)
-						memset(P + (size_t)i * T + t0 + i + 1, 0, (size_t)(qb - i - 1) * sizeof(float));
+						memset(P + (size_t)i * TP + t0 + i + 1, 0, (size_t)(qb - i - 1) * sizeof(float));
 					float *O = out + ((size_t)b * T + t0) * NH * HD + (size_t)h * HD;
-					gemm_serial(g, O, (long)NH * HD, P, T, 1, Vv, W, 0, qb, HD, kmax, 0, bbuf);
+					gemm_serial(g, O, (long)NH * HD, P, TP, 1, Vv, W, 0, qb, HD, kmax, 0, bbuf);
 					for (int i = 0; i < qb; i++)
 						lse[((size_t)b * NH + h) * T + t0 + i] = lb[i];
 				}
@@ -871,12 +892,12 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 		fail(o, RL_EINVAL);
 		return;
 	}
-	int G = NH / NKV;
+	int G = NH / NKV, TP = att_ld(T);
 	const gemm_impl *g = gemm_pick();
 	/* One task per (row, kv head): it owns dk, dv of that head and dq of its G query heads. */
 #pragma omp parallel reduction(|:bad) if ((double)B * NH * T * T * HD > 1e6)
 	{
-		size_t fl = (size_t)2 * ATT_QB * T + (size_t)2 * T * HD + ATT_QB + (size_t)GEMM_KC * 32;
+		size_t fl = (size_t)2 * ATT_QB * TP + (size_t)2 * T * HD + ATT_QB + (size_t)GEMM_KC * 32;
 		float *P = malloc(fl * sizeof(float));
 		if (P == NULL)
 			bad = 1;
@@ -885,7 +906,7 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 			for (int kvh = 0; kvh < NKV; kvh++) {
 				if (P == NULL)
 					continue;
-				float *dP = P + (size_t)ATT_QB * T, *dK = dP + (size_t)ATT_QB * T, *dV = dK + (size_t)T * HD;
+				float *dP = P + (size_t)ATT_QB * TP, *dK = dP + (size_t)ATT_QB * TP, *dV = dK + (size_t)T * HD;
 				float *Dr = dV + (size_t)T * HD, *bbuf = Dr + ATT_QB;
 				const float *base = qkv + (size_t)b * T * W;
 				const float *K = base + (size_t)(NH + kvh) * HD, *Vv = base + (size_t)(NH + NKV + kvh) * HD;
@@ -899,28 +920,29 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 						const float *dO = dout + ((size_t)b * T + t0) * OW + (size_t)h * HD;
 						const float *Ob = out + ((size_t)b * T + t0) * OW + (size_t)h * HD;
 						const float *L = lse + ((size_t)b * NH + h) * T + t0;
-						gemm_serial(g, P, T, Q, W, 1, K, W, 1, qb, kmax, HD, 0, bbuf);
-						gemm_serial(g, dP, T, dO, OW, 1, Vv, W, 1, qb, kmax, HD, 0, bbuf);
+						gemm_serial(g, P, TP, Q, W, 1, K, W, 1, qb, kmax, HD, 0, bbuf);
+						gemm_serial(g, dP, TP, dO, OW, 1, Vv, W, 1, qb, kmax, HD, 0, bbuf);
 						/* P = exp(scale S - lse) on visible keys, 0 elsewhere;
 						 * dS = P (dP - D) scale with D = dO . O, written over dP */
 						for (int i = 0; i < qb; i++) {
 							int t = t0 + i, n = t + 1;
-							float *p = P + (size_t)i * T, *dp = dP + (size_t)i * T;
+							float *p = P + (size_t)i * TP, *dp = dP + (size_t)i * TP;
 							if (sg != NULL && sg[t] < 0) {
 								n = 0;  /* padding query: no gradient */
 							} else {
 								float D = dotf(dO + (size_t)i * OW, Ob + (size_t)i * OW, HD);
-								dsoftmax_row(p, dp, n, sg, sg ? sg[t] : 0, scale, L[i], D);
+								dsoftmax_row(p, dp, n, att_pad(n, TP, sg), sg, sg ? sg[t] : 0, scale,
+								    L[i], D);
 							}
 							/* keys after the query (and all of a padding row) */
 							memset(p + n, 0, (size_t)(kmax - n) * sizeof(float));
 							memset(dp + n, 0, (size_t)(kmax - n) * sizeof(float));
 						}
 						/* dQ = dS K; dK += dS^T Q; dV += P^T dO */
-						gemm_serial(g, dbase + (size_t)t0 * W + (size_t)h * HD, W, dP, T, 1, K, W, 0,
+						gemm_serial(g, dbase + (size_t)t0 * W + (size_t)h * HD, W, dP, TP, 1, K, W, 0,
 						    qb, HD, kmax, 0, bbuf);
-						gemm_serial(g, dK, HD, dP, 1, T, Q, W, 0, kmax, HD, qb, 1, bbuf);
-						gemm_serial(g, dV, HD, P, 1, T, dO, OW, 0, kmax, HD, qb, 1, bbuf);
+						gemm_serial(g, dK, HD, dP, 1, TP, Q, W, 0, kmax, HD, qb, 1, bbuf);
+						gemm_serial(g, dV, HD, P, 1, TP, dO, OW, 0, kmax, HD, qb, 1, bbuf);
 					}
 				}
 				for (int s = 0; s < T; s++) {
