@@ -9,6 +9,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
+load port_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -26,22 +27,14 @@ teardown() {
 	[ -z "$SPID" ] || { kill "$SPID" 2>/dev/null || true; wait "$SPID" 2>/dev/null || true; }
 }
 
-# serve: rl-sync on a free loopback port; sets URL and SPID
+# serve: rl-sync on a port from free_port; sets URL and SPID
 serve() {
-	local i port
-	for i in 1 2 3 4 5 6 7 8 9 10; do
-		port=$((20000 + RANDOM % 20000))
-		URL=tcp://127.0.0.1:$port
-		rl-sync serve -q --listen "$URL" 3>&- &
-		SPID=$!
-		for _ in $(seq 50); do
-			rl-sync status "$URL" --timeout 200 >/dev/null 2>&1 && return 0
-			kill -0 "$SPID" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill "$SPID" 2>/dev/null || true; wait "$SPID" 2>/dev/null || true
-	done
-	return 1
+	local rc=0
+	on_free_port 'rl-sync status tcp://127.0.0.1:@PORT@ --timeout 200' \
+	    rl-sync serve -q --listen tcp://127.0.0.1:@PORT@ || rc=1
+	URL=tcp://127.0.0.1:$DPORT
+	SPID=$DPID
+	return $rc
 }
 
 @test "rl-train --ckpt-every without --sync is a usage error" {
