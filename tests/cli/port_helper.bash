@@ -53,14 +53,15 @@ free_port() {
 # neither answers nor exits within 10 s fails the call.  Sets DPORT (the
 # port) and DPID (the daemon's pid) and adds DPID to PIDS; leaves PORT alone.
 on_free_port() {
-	local ready=$1 try i
+	local ready=$1 try t0
 	shift
 	for try in 1 2 3 4 5; do
 		DPORT=$(free_port) || return 1
 		"${@//@PORT@/$DPORT}" 3>&- &
 		DPID=$!
 		PIDS="${PIDS:-} $DPID"
-		for i in $(seq 200); do
+		t0=$SECONDS
+		while [ $((SECONDS - t0)) -le 10 ]; do
 			if eval "${ready//@PORT@/$DPORT}" > /dev/null 2>&1; then
 				return 0
 			fi
