@@ -75,8 +75,12 @@ assert min(x["critic/score/mean"] for x in r[-3:]) >= 0.9, [x["critic/score/mean
 
 @test "ppo with --ckpt-every: the generator loads the versions from memory; the value head stays in the step directories" {
 	serve
+	# the prompts of 6 steps exactly: with more, the generator could finish
+	# step 7's batch before the trainer stops and then wait --weights-timeout
+	# (60 s) for version 7
+	head -n 24 "$TD/p.jsonl" > "$TD/p24.jsonl"
 	rl-rollout -v -m "$TD/m0" --sync "$URL" --max-staleness 0 --train-batch 4 -n 8 \
-	    --max-tokens 1 --seed 1 --weights-timeout 60 "$TD/p.jsonl" 2>"$TD/rollout-ppo.log" \
+	    --max-tokens 1 --seed 1 --weights-timeout 60 "$TD/p24.jsonl" 2>"$TD/rollout-ppo.log" \
 	  | rl-reward -q --task 'format:^[a-z]' \
 	  | rl-train -q -m "$TD/m0" --out "$TD/ck-ppo" --algo ppo --sync "$URL" --ckpt-every 5 --max-steps 6 \
 	    --batch 4 --lr 3e-2 --metrics "$TD/m-ppo.jsonl" || true
