@@ -41,7 +41,7 @@ fi
 
 # a Bats file that hangs (a command without its own time limit, an nng close
 # that never returns: nng #1543) fails after RL_BATS_TIMEOUT seconds (default
-# 1200, the slowest file takes about a minute) instead of holding up the run
+# 1200; the slowest file takes about 20 s) instead of holding up the run
 bats="timeout -k 10 ${RL_BATS_TIMEOUT:-1200} bats --tap"
 if [ $gpu = 0 ] && ls "$root"/tests/cli/*.bats >/dev/null 2>&1; then
 	( cd "$root" && prove -v --exec "$bats" tests/cli/*.bats ) >"$log/bats" 2>&1
