@@ -9,6 +9,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
+load port_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -26,22 +27,14 @@ teardown() {
 	[ -z "$SPID" ] || { kill "$SPID" 2>/dev/null || true; wait "$SPID" 2>/dev/null || true; }
 }
 
-# serve: rl-sync on a free loopback port; sets URL and SPID
+# serve: rl-sync on a port from free_port; sets URL and SPID
 serve() {
-	local i port
-	for i in 1 2 3 4 5 6 7 8 9 10; do
-		port=$((20000 + RANDOM % 20000))
-		URL=tcp://127.0.0.1:$port
-		rl-sync serve -q --listen "$URL" 3>&- &
-		SPID=$!
-		for _ in $(seq 50); do
-			rl-sync status "$URL" --timeout 200 >/dev/null 2>&1 && return 0
-			kill -0 "$SPID" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill "$SPID" 2>/dev/null || true; wait "$SPID" 2>/dev/null || true
-	done
-	return 1
+	local rc=0
+	on_free_port 'rl-sync status tcp://127.0.0.1:@PORT@ --timeout 200' \
+	    rl-sync serve -q --listen tcp://127.0.0.1:@PORT@ || rc=1
+	URL=tcp://127.0.0.1:$DPORT
+	SPID=$DPID
+	return $rc
 }
 
 @test "rl-train --ckpt-every without --sync is a usage error" {
@@ -82,8 +75,12 @@ assert min(x["critic/score/mean"] for x in r[-3:]) >= 0.9, [x["critic/score/mean
 
 @test "ppo with --ckpt-every: the generator loads the versions from memory; the value head stays in the step directories" {
 	serve
+	# the prompts of 6 steps exactly: with more, the generator could finish
+	# step 7's batch before the trainer stops and then wait --weights-timeout
+	# (60 s) for version 7
+	head -n 24 "$TD/p.jsonl" > "$TD/p24.jsonl"
 	rl-rollout -v -m "$TD/m0" --sync "$URL" --max-staleness 0 --train-batch 4 -n 8 \
-	    --max-tokens 1 --seed 1 --weights-timeout 60 "$TD/p.jsonl" 2>"$TD/rollout-ppo.log" \
+	    --max-tokens 1 --seed 1 --weights-timeout 60 "$TD/p24.jsonl" 2>"$TD/rollout-ppo.log" \
 	  | rl-reward -q --task 'format:^[a-z]' \
 	  | rl-train -q -m "$TD/m0" --out "$TD/ck-ppo" --algo ppo --sync "$URL" --ckpt-every 5 --max-steps 6 \
 	    --batch 4 --lr 3e-2 --metrics "$TD/m-ppo.jsonl" || true

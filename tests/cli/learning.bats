@@ -10,11 +10,20 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
+load port_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
 	toy_model "$TD" 3
 	for i in $(seq 80); do echo '{"prompt":"x"}'; done > "$TD/p.jsonl"
+}
+
+setup() {
+	PIDS=""
+}
+
+teardown() {
+	for p in $PIDS; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
 }
 
 # loop ALGO [rollout options...]: 20 steps; prints the per-step mean rewards
@@ -72,16 +81,15 @@ assert abs(v - sum(r[-5:]) / 5) < 0.5, v
 }
 
 @test "the same loop with weights through rl-sync instead of a directory" {
-	port=$((20000 + RANDOM % 20000))
-	rl-sync serve -q --listen "tcp://127.0.0.1:$port" 3>&- &
-	spid=$!
+	on_free_port 'rl-sync status tcp://127.0.0.1:@PORT@ --timeout 200' rl-sync serve -q --listen tcp://127.0.0.1:@PORT@
+	url=tcp://127.0.0.1:$DPORT
 	rm -rf "$TD/ck-sync"
-	rl-rollout -q -m "$TD/m0" --sync "tcp://127.0.0.1:$port" --max-staleness 0 --train-batch 4 -n 8 \
+	rl-rollout -q -m "$TD/m0" --sync "$url" --max-staleness 0 --train-batch 4 -n 8 \
 	    --max-tokens 1 --seed 1 --weights-timeout 60 "$TD/p.jsonl" \
 	  | rl-reward -q --task 'format:^[a-z]' \
-	  | rl-train -q -m "$TD/m0" --out "$TD/ck-sync" --sync "tcp://127.0.0.1:$port" --batch 4 --lr 3e-2 --metrics "$TD/m-sync.jsonl"
-	run -0 rl-sync status "tcp://127.0.0.1:$port"
-	kill $spid; wait $spid || true
+	  | rl-train -q -m "$TD/m0" --out "$TD/ck-sync" --sync "$url" --batch 4 --lr 3e-2 --metrics "$TD/m-sync.jsonl"
+	run -0 rl-sync status "$url"
+	kill "$DPID"; wait "$DPID" || true
 	assert_output --partial "latest: 20"
 	python3 -c '
 import json, sys

@@ -22,22 +22,3 @@ train_model() {
 JSON
 	rl-train -q --init "$1/cfg.json" --tokenizer bytes --out "$1/m0" --seed 1
 }
-
-# free_port: a port on 127.0.0.1 that nothing listens on now, below Linux's
-# ephemeral range (32768 and up), so that no outgoing connection of another
-# test can be holding it when a listener takes it a moment later
-free_port() {
-	python3 -c '
-import random, socket
-for _ in range(200):
-    p = random.randrange(20000, 32700)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    print(p)
-    break'
-}

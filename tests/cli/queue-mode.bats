@@ -5,6 +5,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
+load port_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -13,11 +14,10 @@ setup_file() {
 }
 
 setup() {
-	port=$((20000 + RANDOM % 20000))
-	URL="tcp://127.0.0.1:$port"
-	rl-queue serve -q -l "$URL" -t 30 3>&- &
-	QPID=$!
-	for i in $(seq 50); do rl-queue stat "$URL" >/dev/null 2>&1 && break; sleep 0.1; done
+	PIDS=""
+	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' rl-queue serve -q -l tcp://127.0.0.1:@PORT@ -t 30
+	URL="tcp://127.0.0.1:$DPORT"
+	QPID=$DPID
 }
 
 teardown() {

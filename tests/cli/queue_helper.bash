@@ -1,8 +1,9 @@
 # tests/cli/queue_helper.bash — loaded by the rl-queue bats files: brokers on
-# random loopback ports, HTTP fetches, the small record files they share.
+# free loopback ports, HTTP fetches, the small record files they share.
 # The files set $D (a temp dir) and $PIDS (killed by pid in their teardown).
 
 . "$BATS_TEST_DIRNAME/model_helper.bash"
+. "$BATS_TEST_DIRNAME/port_helper.bash"
 
 # http_get HOST:PORT PATH: prints the body (fails on a non-2xx status);
 # with TYPED=1 the Content-Type first, on a line of its own
@@ -16,15 +17,15 @@ with urllib.request.urlopen(sys.argv[1], timeout=5) as r:
 PY
 }
 
-# start_http_broker PREFIX ARGS...: rl-queue serve with --http on random free
-# loopback ports; waits until both the broker and the HTTP listener answer,
+# start_http_broker PREFIX ARGS...: rl-queue serve with --http on two ports
+# from free_port; waits until both the broker and the HTTP listener answer,
 # then sets ${PREFIX}URL, ${PREFIX}HTTP and BROKER (its pid)
 start_http_broker() {
 	local p=$1 url http
 	shift
 	for _ in $(seq 10); do
-		url="tcp://127.0.0.1:$((20000 + RANDOM % 40000))"
-		http="127.0.0.1:$((20000 + RANDOM % 40000))"
+		url="tcp://127.0.0.1:$(free_port)"
+		http="127.0.0.1:$(free_port)"
 		rl-queue serve --listen "$url" --http "$http" -q "$@" 3>&- &
 		BROKER=$!
 		PIDS="$PIDS $BROKER"

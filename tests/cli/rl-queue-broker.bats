@@ -22,11 +22,11 @@ teardown() {
 	rm -rf "$D"
 }
 
-# start_broker ARGS...: serve on $URL (tcp://127.0.0.1 on a random free
-# port unless $FIXED is set) in the background, wait until it answers
+# start_broker ARGS...: serve on $URL (tcp://127.0.0.1 on a port from
+# free_port unless $FIXED is set) in the background, wait until it answers
 start_broker() {
 	for _ in $(seq 10); do
-		[ -n "${FIXED:-}" ] || URL="tcp://127.0.0.1:$((20000 + RANDOM % 40000))"
+		[ -n "${FIXED:-}" ] || URL="tcp://127.0.0.1:$(free_port)"
 		rl-queue serve --listen "$URL" -q "$@" 3>&- &
 		BROKER=$!
 		PIDS="$PIDS $BROKER"
@@ -231,10 +231,11 @@ assert sorted(ids)==[11,12,21,22], ids'
 
 @test "the EXAMPLES of rl-queue(1) run" {
 	man="$BATS_TEST_DIRNAME/../../man/rl-queue.1"
-	# a random port may be taken by someone else: then the broker exits and
-	# the next command fails to connect; try another port (3 times at most)
+	# a port may be taken by someone else between free_port and the listen:
+	# then the broker exits and the next command fails to connect; try
+	# another port (3 times at most)
 	for try in 1 2 3; do
-		port=$((20000 + RANDOM % 40000))
+		port=$(free_port)
 		sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' "$man" | sed -n '/^\.Bd/,/^\.Ed/p' | grep -v '^\.' |
 			sed -e 's/\\e$/\\/' -e "s|ipc:///tmp/q.sock|tcp://127.0.0.1:$port|g" > "$D/examples.sh"
 		[ "$(grep -c rl-queue "$D/examples.sh")" -ge 6 ]

@@ -137,12 +137,10 @@ EOF
 <!DOCTYPE html><html><body><img src="http://example.org/pixel.png">
 <script>fetch("https://203.0.113.9/track").catch(function () {});</script></body></html>
 HTML
-	port=$((20000 + RANDOM % 40000))
-	python3 -m http.server --bind 127.0.0.1 --directory "$D/www" "$port" > /dev/null 2>&1 3>&- &
-	PIDS="$PIDS $!"
-	for _ in $(seq 50); do fetch "127.0.0.1:$port" / > /dev/null 2>&1 && break; sleep 0.1; done
-	browse "http://127.0.0.1:$port/" control
-	page_requests control "http://127.0.0.1:$port" > "$D/control.urls"
+	on_free_port 'fetch 127.0.0.1:@PORT@ /' \
+	    sh -c 'exec python3 -m http.server --bind 127.0.0.1 --directory "$1" @PORT@ > /dev/null 2>&1' sh "$D/www"
+	browse "http://127.0.0.1:$DPORT/" control
+	page_requests control "http://127.0.0.1:$DPORT" > "$D/control.urls"
 	grep -qx "http://example.org/pixel.png" "$D/control.urls"
 	grep -qx "https://203.0.113.9/track" "$D/control.urls"
 }

@@ -5,8 +5,10 @@
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
+load port_helper
 
 setup() {
+	PIDS=""
 	FIX="$BATS_TEST_DIRNAME/../fixtures/reward"
 	TMP="$BATS_TEST_TMPDIR"
 	W="sh $FIX/worker.sh"
@@ -257,16 +259,14 @@ for i, l in enumerate(open(sys.argv[1])):
 	[ "$(field out.jsonl 4 'r["reward"]')" = "0" ]
 }
 
-# a free loopback port (bound and released; the broker takes it right after)
-free_port() {
-	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+# broker ARGS...: rl-queue serve on a port from free_port (its pid in PIDS); sets url
+broker() {
+	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' rl-queue serve --listen tcp://127.0.0.1:@PORT@ -q "$@"
+	url="tcp://127.0.0.1:$DPORT"
 }
 
 @test "--queue: leases generated records, puts them back scored; SIGTERM stops it cleanly" {
-	port=$(free_port)
-	url="tcp://127.0.0.1:$port"
-	rl-queue serve --listen "$url" -q 3>&- &
-	SERVE_PID=$!
+	broker
 	python3 -c '
 import json
 for i in range(12):
@@ -294,10 +294,7 @@ for i in range(12):
 }
 
 @test "--queue: a batch slower than the lease is extended, not redelivered" {
-	port=$(free_port)
-	url="tcp://127.0.0.1:$port"
-	rl-queue serve --listen "$url" -q --lease-timeout 2 3>&- &
-	SERVE_PID=$!
+	broker --lease-timeout 2
 	python3 -c '
 import json
 for i in range(32):
@@ -316,8 +313,5 @@ for i in range(32):
 }
 
 teardown() {
-	if [ -n "${SERVE_PID:-}" ]; then
-		kill "$SERVE_PID" 2>/dev/null || true
-		wait "$SERVE_PID" 2>/dev/null || true
-	fi
+	for p in $PIDS; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
 }

@@ -14,7 +14,7 @@ load 'sync_helper'
 
 setup() {
 	T=$BATS_TEST_TMPDIR
-	PORT=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+	PORT=$(free_port)
 	URL=tcp://127.0.0.1:$PORT
 	mkdir -p "$T/ck"
 	head -c 3000000 /dev/urandom >"$T/ck/model.safetensors"

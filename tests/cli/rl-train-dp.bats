@@ -13,6 +13,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
+load port_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -25,8 +26,9 @@ setup_file() {
 setup() {
 	export RL_COMM_TIMEOUT=60
 	PIDS=""
-	# a port below the ephemeral range (the ring listeners take ephemeral ones)
-	PORT=$((20000 + (RANDOM * 7 + BATS_TEST_NUMBER * 101) % 10000))
+	# rank 0's rendezvous port, below the ephemeral range (the ring listeners
+	# take ephemeral ones); a world after the first of a test takes another
+	PORT=$(free_port)
 }
 
 teardown() {
@@ -48,27 +50,39 @@ slow_input() {
 	PIDS="$PIDS $!"
 }
 
-# train_world N OUT ARGS...: N ranks (flags), waits for all; fails if any fails
+# train_world N OUT ARGS...: N ranks (flags), waits for all; fails if any
+# fails.  A rank 0 that cannot listen on PORT (taken between free_port and
+# its listen: nothing has been trained or written yet) ends the world, which
+# starts again on another port.
 train_world() {
 	local n=$1 out=$2; shift 2
-	local pids="" r rc=0
-	for r in $(seq 1 $((n - 1))); do
-		rl-train -q -m "$TD/m0" --out "$out" --rank "$r" --world "$n" --rendezvous "127.0.0.1:$PORT" \
-		    --metrics "$out.metrics.$r" "$@" "$TD/s.jsonl" 3>&- 2>"$out.err.$r" &
-		pids="$pids $!"
+	local pids r rc p try
+	for try in 1 2 3; do
+		pids=""; rc=0
+		for r in $(seq 1 $((n - 1))); do
+			rl-train -q -m "$TD/m0" --out "$out" --rank "$r" --world "$n" --rendezvous "127.0.0.1:$PORT" \
+			    --metrics "$out.metrics.$r" "$@" "$TD/s.jsonl" 3>&- 2>"$out.err.$r" &
+			pids="$pids $!"
+		done
+		PIDS="$PIDS $pids"
+		rl-train -q -m "$TD/m0" --out "$out" --rank 0 --world "$n" --rendezvous "127.0.0.1:$PORT" \
+		    --metrics "$out.metrics.0" "$@" "$TD/s.jsonl" 2>"$out.err.0" || rc=1
+		if [ $rc = 1 ] && [ $try -lt 3 ] && grep -q "rank 0 cannot listen on" "$out.err.0"; then
+			for p in $pids; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+			PORT=$(free_port)
+			continue
+		fi
+		for p in $pids; do wait "$p" || rc=1; done
+		[ $rc = 0 ] || { cat "$out".err.*; return 1; }
+		return 0
 	done
-	PIDS="$PIDS $pids"
-	rl-train -q -m "$TD/m0" --out "$out" --rank 0 --world "$n" --rendezvous "127.0.0.1:$PORT" \
-	    --metrics "$out.metrics.0" "$@" "$TD/s.jsonl" 2>"$out.err.0" || rc=1
-	for p in $pids; do wait "$p" || rc=1; done
-	[ $rc = 0 ] || { cat "$out".err.*; return 1; }
 }
 
 @test "2 and 3 ranks give the weights of 1 rank (token-mean)" {
 	args=(--batch 4 --lr 1e-2 --loss-agg token-mean --dp-check-every 1)
 	rl-train -q -m "$TD/m0" --out "$TD/one" --metrics "$TD/one.metrics" "${args[@]}" "$TD/s.jsonl"
 	train_world 2 "$TD/two" "${args[@]}"
-	PORT=$((PORT + 1))
+	PORT=$(free_port)
 	train_world 3 "$TD/three" "${args[@]}"
 	[ "$(readlink "$TD/two/latest")" = step-00000003 ]
 	run -0 close "$TD/two/latest/model.safetensors" "$TD/one/latest/model.safetensors"
@@ -113,7 +127,7 @@ PY
 	rl-train -q -m "$TD/m0" --out "$TD/ov1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
 	train_world 3 "$TD/ov3" "${args[@]}" -v -v
 	grep -q "buckets of 0.01 MiB, overlapped with the backward pass" "$TD/ov3.err.0"
-	PORT=$((PORT + 1))
+	PORT=$(free_port)
 	train_world 3 "$TD/sq3" "${args[@]}" --no-dp-overlap -v -v
 	grep -q "after the backward pass" "$TD/sq3.err.0"
 	cmp "$TD/ov3/latest/model.safetensors" "$TD/sq3/latest/model.safetensors"
@@ -133,7 +147,7 @@ PY
 	args=(--batch 4 --lr 1e-2 --dp-check-every 1)
 	rl-train -q -m "$TD/m0" --out "$TD/z1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
 	train_world 2 "$TD/zp" "${args[@]}"
-	PORT=$((PORT + 1))
+	PORT=$(free_port)
 	train_world 2 "$TD/zz" --zero 1 "${args[@]}"
 	run -0 close "$TD/zz/latest/model.safetensors" "$TD/zp/latest/model.safetensors"
 	# rank 0 gathered the shards into the usual optimizer.safetensors
@@ -151,15 +165,15 @@ for a, b in zip(p, z):
     assert b["memory/max_rss_mb"] > 0
 PY
 	# 2 steps with --zero 1 on 2 ranks, then step 3 on 1 rank without it
-	PORT=$((PORT + 1))
+	PORT=$(free_port)
 	train_world 2 "$TD/za" --zero 1 --max-steps 2 "${args[@]}"
 	rl-train -q --out "$TD/za" --resume --max-steps 3 --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
 	[ "$(readlink "$TD/za/latest")" = step-00000003 ]
 	run -0 close "$TD/za/latest/model.safetensors" "$TD/z1/latest/model.safetensors"
 	# 2 steps on 2 ranks without it, then step 3 on 3 ranks with it
-	PORT=$((PORT + 1))
+	PORT=$(free_port)
 	train_world 2 "$TD/zb" --max-steps 2 "${args[@]}"
-	PORT=$((PORT + 1))
+	PORT=$(free_port)
 	train_world 3 "$TD/zb" --zero 1 --max-steps 3 --resume "${args[@]}"
 	[ "$(readlink "$TD/zb/latest")" = step-00000003 ]
 	run -0 close "$TD/zb/latest/model.safetensors" "$TD/z1/latest/model.safetensors"
@@ -171,7 +185,7 @@ PY
 	rl-train -q -m "$TD/m0" --out "$TD/r1" --metrics /dev/null --max-steps 3 "${args[@]}" "$TD/s.jsonl"
 	train_world 2 "$TD/r2" --max-steps 2 "${args[@]}"
 	[ "$(readlink "$TD/r2/latest")" = step-00000002 ]
-	PORT=$((PORT + 1))
+	PORT=$(free_port)
 	train_world 2 "$TD/r2" --max-steps 3 --resume "${args[@]}"
 	[ "$(readlink "$TD/r2/latest")" = step-00000003 ]
 	run -0 close "$TD/r2/latest/model.safetensors" "$TD/r1/latest/model.safetensors"
@@ -236,7 +250,7 @@ PY
 	[ ! -e "$TD/c2/step-00000003" ]
 	# all ranks again with --resume: from step 2's checkpoint (weights and
 	# AdamW state), the records of steps 1-2 skipped
-	PORT=$((PORT + 1))
+	PORT=$(free_port)
 	train_world 2 "$TD/c2" --max-steps 3 --resume "${args[@]}"
 	# one step trained, step 3 (metrics of rank 0, a new file)
 	[ "$(wc -l < "$TD/c2.metrics.0")" = 1 ]
@@ -264,7 +278,7 @@ PY
 	run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/d" --rank 0 --world 2 \
 	    --rendezvous "127.0.0.1:$PORT" --batch 4 "$TD/s.jsonl"
 	[[ "$stderr" == *"step 1: rank 1 has other groups than rank 0"* ]]
-	PORT=$((PORT + 1))
+	PORT=$(free_port)
 	rl-train -q -m "$TD/m0" --out "$TD/d2" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
 	    --lr 1e-3 --dp-check-every 1 "$TD/s.jsonl" 3>&- 2>/dev/null &
 	PIDS="$PIDS $!"
@@ -301,11 +315,9 @@ PY
 
 # queue mode: a broker on loopback; QURL, QPID
 start_broker() {
-	QURL="tcp://127.0.0.1:$((PORT + 5000))"
-	rl-queue serve -q -l "$QURL" -k 100 "$@" 3>&- &
-	QPID=$!
-	PIDS="$PIDS $QPID"
-	for i in $(seq 50); do rl-queue stat "$QURL" >/dev/null 2>&1 && break; sleep 0.1; done
+	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' rl-queue serve -q -l tcp://127.0.0.1:@PORT@ -k 100 "$@"
+	QURL="tcp://127.0.0.1:$DPORT"
+	QPID=$DPID
 }
 
 # depth NAME: the broker's count of records in state NAME

@@ -8,6 +8,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
+load port_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -126,7 +127,7 @@ open(sys.argv[1], "wb").write(struct.pack("<Q", len(j)) + j + bytes(68))' "$TD/b
 
 @test "ppo data parallel: 2 ranks train the weights and value head of 1 rank" {
 	export RL_COMM_TIMEOUT=60
-	port=$((20000 + (RANDOM * 7 + 4242) % 10000))
+	port=$(free_port)
 	args=(--algo ppo --batch 4 --lr 1e-2 --mini-batches 2 --dp-check-every 1)
 	rl-train -q -m "$TD/m0" --out "$TD/dp1" --metrics "$TD/dp1.m" "${args[@]}" "$TD/scored.jsonl"
 	rl-train -q -m "$TD/m0" --out "$TD/dp2" --rank 1 --world 2 --rendezvous "127.0.0.1:$port" \

@@ -15,6 +15,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
+load port_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -28,7 +29,7 @@ setup_file() {
 setup() {
 	export RL_COMM_TIMEOUT=60
 	PIDS=""
-	PORT=$((20000 + (RANDOM * 7 + BATS_TEST_NUMBER * 101) % 10000))
+	PORT=$(free_port)   # rank 0's rendezvous port
 }
 
 teardown() {
@@ -125,27 +126,38 @@ train() {
 	cmp "$TD/r3/step-00000003/optimizer.safetensors" "$TD/r2/step-00000003/optimizer.safetensors"
 }
 
-# train_world N OUT ARGS...: N ranks on z.jsonl
+# train_world N OUT ARGS...: N ranks on z.jsonl; a rank 0 that cannot listen
+# on PORT (taken after free_port) ends the world, which starts again on
+# another port (as in rl-train-dp.bats)
 train_world() {
 	local n=$1 out=$2; shift 2
-	local pids="" r rc=0
-	for r in $(seq 1 $((n - 1))); do
-		rl-train -q -m "$TD/m0" --out "$out" --rank "$r" --world "$n" --rendezvous "127.0.0.1:$PORT" \
-		    --metrics /dev/null "$@" "$TD/z.jsonl" 3>&- 2>"$out.err.$r" &
-		pids="$pids $!"
+	local pids r rc p try
+	for try in 1 2 3; do
+		pids=""; rc=0
+		for r in $(seq 1 $((n - 1))); do
+			rl-train -q -m "$TD/m0" --out "$out" --rank "$r" --world "$n" --rendezvous "127.0.0.1:$PORT" \
+			    --metrics /dev/null "$@" "$TD/z.jsonl" 3>&- 2>"$out.err.$r" &
+			pids="$pids $!"
+		done
+		PIDS="$PIDS $pids"
+		rl-train -q -m "$TD/m0" --out "$out" --rank 0 --world "$n" --rendezvous "127.0.0.1:$PORT" \
+		    --metrics "$out.m" "$@" "$TD/z.jsonl" 2>"$out.err.0" || rc=1
+		if [ $rc = 1 ] && [ $try -lt 3 ] && grep -q "rank 0 cannot listen on" "$out.err.0"; then
+			for p in $pids; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+			PORT=$(free_port)
+			continue
+		fi
+		for p in $pids; do wait "$p" || rc=1; done
+		[ $rc = 0 ] || { cat "$out".err.*; return 1; }
+		return 0
 	done
-	PIDS="$PIDS $pids"
-	rl-train -q -m "$TD/m0" --out "$out" --rank 0 --world "$n" --rendezvous "127.0.0.1:$PORT" \
-	    --metrics "$out.m" "$@" "$TD/z.jsonl" 2>"$out.err.0" || rc=1
-	for p in $pids; do wait "$p" || rc=1; done
-	[ $rc = 0 ] || { cat "$out".err.*; return 1; }
 }
 
 @test "2 ranks, and 3 ranks with --zero 1, skipping: the weights of 1 rank without" {
 	args=(--batch 4 --lr 1e-2 --mini-batches 2 --dp-check-every 1)
 	rl-train -q -m "$TD/m0" --out "$TD/one" --no-skip-zero-adv --metrics /dev/null "${args[@]}" "$TD/z.jsonl"
 	train_world 2 "$TD/two" "${args[@]}"
-	PORT=$((PORT + 1))
+	PORT=$(free_port)
 	train_world 3 "$TD/three" "${args[@]}" --zero 1
 	run -0 close "$TD/two/latest/model.safetensors" "$TD/one/latest/model.safetensors"
 	run -0 close "$TD/three/latest/model.safetensors" "$TD/one/latest/model.safetensors"
@@ -155,10 +167,8 @@ train_world() {
 }
 
 @test "queue mode: skipping trains the weights of the same groups from a file without" {
-	local url="tcp://127.0.0.1:$PORT"
-	rl-queue serve -q -k 100 -l "$url" -t 30 3>&- &
-	PIDS="$PIDS $!"
-	for i in $(seq 50); do rl-queue stat "$url" >/dev/null 2>&1 && break; sleep 0.1; done
+	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' rl-queue serve -q -k 100 -l tcp://127.0.0.1:@PORT@ -t 30
+	local url="tcp://127.0.0.1:$DPORT"
 	rl-queue put -q -s scored "$url" "$TD/z.jsonl"
 	rl-train -q -m "$TD/m0" --out "$TD/q" --batch 4 --lr 1e-2 --queue "$url" --idle-exit 1 --metrics "$TD/q.m"
 	train "$TD/qn" --no-skip-zero-adv

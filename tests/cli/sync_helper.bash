@@ -1,6 +1,8 @@
 # tests/cli/sync_helper.bash — loaded by the rl-sync bats files: start a
 # server on $URL ($T, $PIDS and $SPID as those files set them).
 
+. "$BATS_TEST_DIRNAME/port_helper.bash"
+
 # serve [ARGS...]: start a server on $URL in the background, wait until it
 # answers; if the port is taken by someone else, move to another one (not
 # with KEEP_URL=1: a restart that clients must find again)
@@ -19,7 +21,7 @@ serve() {
 		done
 		kill "$SPID" 2>/dev/null || true
 		if [ -z "$KEEP_URL" ]; then
-			PORT=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+			PORT=$(free_port)
 			URL=tcp://127.0.0.1:$PORT
 		fi
 	done

@@ -9,6 +9,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
+load port_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"

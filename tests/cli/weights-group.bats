@@ -10,6 +10,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
+load port_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -71,11 +72,10 @@ assert [json.loads(l)["staleness/max"] for l in open(sys.argv[1])] == [0] * 6' "
 }
 
 @test "the async wiring: broker, worker and trainer in queue mode, versions through the group" {
-	Q="tcp://127.0.0.1:$(free_port)"
 	awk '{ sub(/^\{/, "{\"id\":" NR ","); print }' "$TD/p.jsonl" > "$TD/pq.jsonl"
-	rl-queue serve --listen "$Q" --max-staleness 1 --train-batch 16 --stale regen -q 3>&- &
-	PIDS="$PIDS $!"
-	for _ in $(seq 100); do rl-queue stat --timeout 0.2 "$Q" > /dev/null 2>&1 && break; sleep 0.05; done
+	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' \
+	    rl-queue serve --listen tcp://127.0.0.1:@PORT@ --max-staleness 1 --train-batch 16 --stale regen -q
+	Q="tcp://127.0.0.1:$DPORT"
 	rl-queue put -q "$Q" "$TD/pq.jsonl"
 	rl-rollout -v -m "$TD/m0" --queue "$Q" -n 4 --max-tokens 2 --seed 1 --idle-exit 3 --weights-group "$ADDR" \
 	    --weights-group-rank 1 --weights-group-size 2 2> "$TD/qgen.err" 3>&- &

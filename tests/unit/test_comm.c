@@ -26,27 +26,7 @@
 #include "comm.h"
 #include "core.h"
 #include "t.h"
-
-/* A free port below the ephemeral range, where the ring listeners' ports
- * (bound to port 0) cannot take it first. */
-static int
-free_port(void)
-{
-	static unsigned seed;
-	if (!seed)
-		seed = (unsigned)getpid() * 2654435761u;
-	for (;;) {
-		struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-		int fd = socket(AF_INET, SOCK_STREAM, 0), port, ok;
-		seed = seed * 1103515245u + 12345u;
-		port = 20000 + (int)((seed >> 8) % 10000);
-		a.sin_port = htons((uint16_t)port);
-		ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-		close(fd);
-		if (ok)
-			return port;
-	}
-}
+#include "t_port.h"
 
 /* the value rank r contributes at index i: exact in f32, so sums are exact */
 static float
@@ -305,7 +285,7 @@ run_world(int world, worker_fn fn, int *codes, double *secs)
 	int ok = 0;
 	double t0 = rl_now();
 
-	snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+	snprintf(master, sizeof master, "127.0.0.1:%d", t_free_port());
 	for (int r = 0; r < world; r++) {
 		if ((pid[r] = fork()) == 0)
 			_exit(fn(r, world));

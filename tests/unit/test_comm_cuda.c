@@ -19,23 +19,7 @@
 #include "core.h"
 #include "ops.h"
 #include "t.h"
-
-static int
-free_port(void)
-{
-	unsigned seed = (unsigned)getpid() * 2654435761u;
-	for (;;) {
-		struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-		int fd = socket(AF_INET, SOCK_STREAM, 0), port, ok;
-		seed = seed * 1103515245u + 12345u;
-		port = 20000 + (int)((seed >> 8) % 10000);
-		a.sin_port = htons((uint16_t)port);
-		ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-		close(fd);
-		if (ok)
-			return port;
-	}
-}
+#include "t_port.h"
 
 static float
 val(int r, size_t i)
@@ -183,7 +167,7 @@ pair(const char *dev0, const char *dev1, const char *backend)
 	pid_t p[2];
 	int ok = 1;
 
-	snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+	snprintf(master, sizeof master, "127.0.0.1:%d", t_free_port());
 	for (int r = 0; r < 2; r++)
 		if ((p[r] = fork()) == 0)
 			_exit(worker(r, r ? dev1 : dev0, backend, master));

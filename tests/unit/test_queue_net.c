@@ -27,6 +27,7 @@
 
 #include "qclient.h"
 #include "t.h"
+#include "t_port.h"
 #include "traj.h"
 
 static char bin[512];
@@ -44,19 +45,22 @@ port_open(int port)
 	return ok;
 }
 
-/* Starts rl-queue serve on 127.0.0.1 (a random free port unless *port is
- * set) with extra args; waits until it listens.  Returns the pid, or -1. */
+/* Starts rl-queue serve on 127.0.0.1 (a port from t_free_port unless *port
+ * is set: a restart) with extra args; waits until it listens.  A broker that
+ * exits first (its port taken after the check) starts again on another port,
+ * or, on a set port, again on the same one a moment later.  Returns the pid,
+ * or -1. */
 static pid_t
 broker(int *port, char *url, const char *const *extra)
 {
 	for (int attempt = 0; attempt < 20; attempt++) {
 		const char *argv[32];
-		int n = 0, p = *port ? *port : 20000 + (int)(random() % 40000), st;
+		int n = 0, p = *port ? *port : t_free_port(), st;
 		pid_t pid;
 
+		if (p == 0)
+			return -1;
 		sprintf(url, "tcp://127.0.0.1:%d", p);
-		if (*port == 0 && port_open(p))
-			continue;
 		argv[n++] = bin;
 		argv[n++] = "serve";
 		argv[n++] = "--listen";

@@ -6,6 +6,7 @@
 #include "core.h"
 #include "nngx.h"
 #include "t.h"
+#include "t_port.h"
 #include "wdir.h"
 #include "wsync.h"
 
@@ -667,7 +668,6 @@ test_service(void)
 	rl_wsync_stats st;
 	char dd[400], *js;
 	uint64_t l;
-	int port = 20000 + (int)(getpid() % 20000);
 	nng_stream *idle = NULL;
 
 	snprintf(dd, sizeof dd, "%s/data", tmpd);
@@ -676,8 +676,9 @@ test_service(void)
 	so.keep_previous = 1;
 	so.max_msg = ((size_t)2 << 20) + 65536 + 4096; /* small, to test oversized messages */
 	so.max_bytes = (uint64_t)64 << 20;               /* and versions over the limit */
-	for (int tries = 0; tries < 5; tries++, port = 20000 + (port - 20000 + 7919) % 40000) {
-		snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port); /* the port may be taken: try others */
+	/* a port taken between t_free_port's check and the listen: another one */
+	for (int tries = 0; tries < 5; tries++) {
+		snprintf(url, sizeof url, "tcp://127.0.0.1:%d", t_free_port());
 		if (rl_wsync_server_open(&srv, &so) == RL_OK)
 			break;
 	}
