@@ -22,3 +22,33 @@ train_model() {
 JSON
 	rl-train -q --init "$1/cfg.json" --tokenizer bytes --out "$1/m0" --seed 1
 }
+
+# train_world N OUT ARGS...: N ranks of rl-train -m $TD/m0 on $TRAIN_WORLD_DATA
+# (default $TD/s.jsonl), rendezvous at 127.0.0.1:$PORT, rank r's metrics in
+# OUT.metrics.r; waits for all; fails if any fails.  A rank 0 that cannot
+# listen on PORT (taken between free_port and its listen: nothing has been
+# trained or written yet) ends the world, which starts again on another port
+# (free_port: port_helper.bash).
+train_world() {
+	local n=$1 out=$2; shift 2
+	local pids r rc p try
+	for try in 1 2 3; do
+		pids=""; rc=0
+		for r in $(seq 1 $((n - 1))); do
+			rl-train -q -m "$TD/m0" --out "$out" --rank "$r" --world "$n" --rendezvous "127.0.0.1:$PORT" \
+			    --metrics "$out.metrics.$r" "$@" "${TRAIN_WORLD_DATA:-$TD/s.jsonl}" 3>&- 2>"$out.err.$r" &
+			pids="$pids $!"
+		done
+		PIDS="$PIDS $pids"
+		rl-train -q -m "$TD/m0" --out "$out" --rank 0 --world "$n" --rendezvous "127.0.0.1:$PORT" \
+		    --metrics "$out.metrics.0" "$@" "${TRAIN_WORLD_DATA:-$TD/s.jsonl}" 2>"$out.err.0" || rc=1
+		if [ $rc = 1 ] && [ $try -lt 3 ] && grep -q "rank 0 cannot listen on" "$out.err.0"; then
+			for p in $pids; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+			PORT=$(free_port)
+			continue
+		fi
+		for p in $pids; do wait "$p" || rc=1; done
+		[ $rc = 0 ] || { cat "$out".err.*; return 1; }
+		return 0
+	done
+}

@@ -50,33 +50,7 @@ slow_input() {
 	PIDS="$PIDS $!"
 }
 
-# train_world N OUT ARGS...: N ranks (flags), waits for all; fails if any
-# fails.  A rank 0 that cannot listen on PORT (taken between free_port and
-# its listen: nothing has been trained or written yet) ends the world, which
-# starts again on another port.
-train_world() {
-	local n=$1 out=$2; shift 2
-	local pids r rc p try
-	for try in 1 2 3; do
-		pids=""; rc=0
-		for r in $(seq 1 $((n - 1))); do
-			rl-train -q -m "$TD/m0" --out "$out" --rank "$r" --world "$n" --rendezvous "127.0.0.1:$PORT" \
-			    --metrics "$out.metrics.$r" "$@" "$TD/s.jsonl" 3>&- 2>"$out.err.$r" &
-			pids="$pids $!"
-		done
-		PIDS="$PIDS $pids"
-		rl-train -q -m "$TD/m0" --out "$out" --rank 0 --world "$n" --rendezvous "127.0.0.1:$PORT" \
-		    --metrics "$out.metrics.0" "$@" "$TD/s.jsonl" 2>"$out.err.0" || rc=1
-		if [ $rc = 1 ] && [ $try -lt 3 ] && grep -q "rank 0 cannot listen on" "$out.err.0"; then
-			for p in $pids; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-			PORT=$(free_port)
-			continue
-		fi
-		for p in $pids; do wait "$p" || rc=1; done
-		[ $rc = 0 ] || { cat "$out".err.*; return 1; }
-		return 0
-	done
-}
+# train_world: tests/cli/model_helper.bash (on s.jsonl, TRAIN_WORLD_DATA)
 
 @test "2 and 3 ranks give the weights of 1 rank (token-mean)" {
 	args=(--batch 4 --lr 1e-2 --loss-agg token-mean --dp-check-every 1)

@@ -126,35 +126,10 @@ train() {
 	cmp "$TD/r3/step-00000003/optimizer.safetensors" "$TD/r2/step-00000003/optimizer.safetensors"
 }
 
-# train_world N OUT ARGS...: N ranks on z.jsonl; a rank 0 that cannot listen
-# on PORT (taken after free_port) ends the world, which starts again on
-# another port (as in rl-train-dp.bats)
-train_world() {
-	local n=$1 out=$2; shift 2
-	local pids r rc p try
-	for try in 1 2 3; do
-		pids=""; rc=0
-		for r in $(seq 1 $((n - 1))); do
-			rl-train -q -m "$TD/m0" --out "$out" --rank "$r" --world "$n" --rendezvous "127.0.0.1:$PORT" \
-			    --metrics /dev/null "$@" "$TD/z.jsonl" 3>&- 2>"$out.err.$r" &
-			pids="$pids $!"
-		done
-		PIDS="$PIDS $pids"
-		rl-train -q -m "$TD/m0" --out "$out" --rank 0 --world "$n" --rendezvous "127.0.0.1:$PORT" \
-		    --metrics "$out.m" "$@" "$TD/z.jsonl" 2>"$out.err.0" || rc=1
-		if [ $rc = 1 ] && [ $try -lt 3 ] && grep -q "rank 0 cannot listen on" "$out.err.0"; then
-			for p in $pids; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-			PORT=$(free_port)
-			continue
-		fi
-		for p in $pids; do wait "$p" || rc=1; done
-		[ $rc = 0 ] || { cat "$out".err.*; return 1; }
-		return 0
-	done
-}
 
 @test "2 ranks, and 3 ranks with --zero 1, skipping: the weights of 1 rank without" {
 	args=(--batch 4 --lr 1e-2 --mini-batches 2 --dp-check-every 1)
+	TRAIN_WORLD_DATA=$TD/z.jsonl  # train_world: model_helper.bash
 	rl-train -q -m "$TD/m0" --out "$TD/one" --no-skip-zero-adv --metrics /dev/null "${args[@]}" "$TD/z.jsonl"
 	train_world 2 "$TD/two" "${args[@]}"
 	PORT=$(free_port)
@@ -163,7 +138,7 @@ train_world() {
 	run -0 close "$TD/three/latest/model.safetensors" "$TD/one/latest/model.safetensors"
 	run -0 close "$TD/three/latest/optimizer.safetensors" "$TD/one/latest/optimizer.safetensors" 1e-7 1e-2
 	# rank 0 reports the whole step's shares
-	[ "$(frac actor/skipped_seq_frac "$TD/three.m" | tr '\n' ' ')" = "0.75 0.75 0.5 " ]
+	[ "$(frac actor/skipped_seq_frac "$TD/three.metrics.0" | tr '\n' ' ')" = "0.75 0.75 0.5 " ]
 }
 
 @test "queue mode: skipping trains the weights of the same groups from a file without" {
