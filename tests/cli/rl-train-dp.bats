@@ -40,7 +40,7 @@ teardown() {
 # exact arithmetic) into lr-sized steps: measured max |diff| ~5e-6 at lr 1e-2
 # over 3-6 updates.  Per-rank loss normalisation (the bug this guards
 # against) is off by 2e-4 (token-mean) to 2e-3 (seq-mean-token-mean).
-close() { python3 tests/fixtures/parallel/st_close.py "$1" "$2" "${3:-2e-5}" "${4:-1e-4}"; }
+close() { python3 tests/fixtures/parallel/st_close.py "$1" "$2" "${3:-2e-5}" "${4:-1e-4}" "${@:5}"; }
 
 # slow_input FIFO: 8 records (2 groups) into FIFO, then it stays open (60 s)
 slow_input() {
@@ -91,7 +91,12 @@ PY
 	RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT \
 	    rl-train -q -m "$TD/m0" --out "$TD/tr3" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
 	for p in $PIDS; do wait "$p"; done
-	run -0 close "$TD/tr3/latest/model.safetensors" "$TD/one2/latest/model.safetensors"
+	# the k bias's gradient is 0 in exact arithmetic (a constant added to every
+	# score of a row), so it moves by AdamW steps on fp32 noise whose value
+	# depends on the summation order: 12 updates here moved it 1.4e-5 to 3.3e-5
+	# apart (plain and sanitizer builds), against 1.4e-5 for everything else
+	run -0 close "$TD/tr3/latest/model.safetensors" "$TD/one2/latest/model.safetensors" 2e-5 1e-4 \
+	    k_proj.bias:1e-4
 }
 
 @test "gradient buckets overlapped with the backward pass: bitwise the weights of --no-dp-overlap, = 1 rank" {
