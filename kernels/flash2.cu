@@ -311,8 +311,14 @@ k_f2_bwd_dq(bf16 *dqkv, float *Ds, const bf16 *dout, const bf16 *out, const floa
 		int r = w0 + (lane >> 1), t = q0 + r, d0 = (lane & 1) * (HD / 2);
 		float acc = 0.0f;
 		if (t < T)
-			for (int d = d0; d < d0 + HD / 2; d++)
-				acc += bf(dob[(size_t)t * OW + d]) * bf(ob[(size_t)t * OW + d]);
+			for (int d = d0; d < d0 + HD / 2; d += 8) {
+				uint4 x = *reinterpret_cast<const uint4 *>(dob + (size_t)t * OW + d);
+				uint4 y = *reinterpret_cast<const uint4 *>(ob + (size_t)t * OW + d);
+				const bf16 *xe = reinterpret_cast<const bf16 *>(&x), *ye = reinterpret_cast<const bf16 *>(&y);
+#pragma unroll
+				for (int i = 0; i < 8; i++)
+					acc += bf(xe[i]) * bf(ye[i]);
+			}
 		acc += __shfl_xor_sync(0xffffffffu, acc, 1);
 		if ((lane & 1) == 0) {
 			sD[r] = acc;

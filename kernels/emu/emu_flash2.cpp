@@ -207,9 +207,9 @@ main(int argc, char **argv)
 	test_attn(2, 37, 4, 2, 64, 1);     /* B > 1, G = 2, packed, T < one block */
 	test_attn(1, 100, 7, 1, 64, 2);    /* G = 7, trailing padding, two blocks */
 	test_attn(2, 77, 4, 1, 128, 1);    /* HD 128 (32-row inner tiles), G = 4 */
+	test_attn(2, 64, 2, 1, 64, 0);     /* exactly one block, no seg: the unmasked paths */
 	if (!quick) {
 		test_attn(1, 130, 2, 2, 64, 3);    /* G = 1, leading padding, three blocks */
-		test_attn(2, 64, 2, 1, 64, 0);     /* exactly one block, no seg */
 		test_attn(1, 129, 2, 1, 128, 2);   /* HD 128, three blocks */
 		test_attn(1, 200, 14, 2, 64, 0);   /* Qwen-like group of 7, no seg: unmasked fast paths */
 		test_attn(1, 150, 2, 2, 128, 3);

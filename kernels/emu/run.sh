@@ -6,7 +6,7 @@
 # (decode.cu's split decode attention and merge, norm.cu's add_norm_fwd, flash2.cu's
 # flash attention forward and backward: emu_flash2.cpp).
 #   sh kernels/emu/run.sh            (needs build/librlpipe.a: `make` first)
-#   sh kernels/emu/run.sh quick      (flash2: the first four cases only)
+#   sh kernels/emu/run.sh quick      (flash2: the first five cases only)
 #   RL_EMU_FLASH2=x.cu sh kernels/emu/run.sh    (flash2 kernels from x.cu: kernels/emu/mutate.sh)
 # The kernels are cut out of the .cu files as they are (awk, below), so what runs
 # is the committed source, not a copy.
@@ -38,12 +38,15 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	    "${RL_EMU_FLASH2:-$root/kernels/flash2.cu}"
 } > "$out/flash2.inc"
 CXXF="-O1 -g -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas"
-${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_kernels" "$root/kernels/emu/emu_kernels.cpp" \
-    "$root/$B/librlpipe.a" -fopenmp -lm &
-p1=$!
+p1=
+if [ -z "${RL_EMU_FLASH2:-}" ]; then
+	${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_kernels" "$root/kernels/emu/emu_kernels.cpp" \
+	    "$root/$B/librlpipe.a" -fopenmp -lm &
+	p1=$!
+fi
 ${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_flash2" "$root/kernels/emu/emu_flash2.cpp" \
     "$root/$B/librlpipe.a" -fopenmp -lm
-wait $p1
+[ -z "$p1" ] || wait $p1
 rc=0
 if [ -z "${RL_EMU_FLASH2:-}" ]; then
 	"$out/emu_kernels" || rc=1

@@ -1,0 +1,59 @@
+#!/bin/sh
+# kernels/emu/mutate.sh — shows that kernels/emu catches wrong flash2 kernels: each
+# mutation below is applied to a copy of kernels/flash2.cu (a wrong mma/ldmatrix
+# fragment layout, a missing mask, a missing rescale, ...), the copy is run through
+# `run.sh quick` (RL_EMU_FLASH2=copy) and must FAIL.  Prints one line per mutation;
+# exit 1 if any mutation passed (went unnoticed) or did not apply.  About 10 s per
+# mutation on 2 cores, so not part of `make check`; run it after changing flash2.cu.
+#   sh kernels/emu/mutate.sh         (needs build/librlpipe.a: `make` first)
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+B=${RL_BUILD:-build}
+tmp=$root/$B/emu/mutant.cu
+missed=0
+mutant() {
+	name=$1
+	expr=$2
+	sed "$expr" "$root/kernels/flash2.cu" > "$tmp"
+	if cmp -s "$tmp" "$root/kernels/flash2.cu"; then
+		echo "NOT APPLIED  $name"
+		missed=1
+		return
+	fi
+	if RL_EMU_FLASH2=$tmp sh "$root/kernels/emu/run.sh" quick > "$tmp.log" 2>&1; then
+		echo "MISSED       $name"
+		missed=1
+	else
+		echo "caught       $name ($(grep -c FAIL "$tmp.log") failed checks$(grep -q 'emu:' "$tmp.log" && echo ', emu abort'))"
+	fi
+}
+# A fragment rows/columns exchanged (a1 <-> a2: (g, k+8) taken for (g+8, k))
+mutant "A fragment from ldmatrix with a1/a2 swapped" \
+    's/((lane >> 3) \& 1) \* 8, c0 + (lane >> 4))/((lane >> 4) \& 1) * 8, c0 + ((lane >> 3) \& 1))/'
+# B fragment: b0 and b1 (k 0-7 and k 8-15) exchanged
+mutant "B fragment with b0/b1 swapped" 's/f2_sw<HD>(r0 + (lane \& 7), c0 + (lane >> 3))/f2_sw<HD>(r0 + (lane \& 7), c0 + ((lane >> 3) ^ 1))/'
+# accumulator layout: c1 taken as row g+8 instead of column 2tq+1
+mutant "accumulator c1/c2 confused when storing" 's/f2_pack(acc\[n\]\[0\] \* f0, acc\[n\]\[1\] \* f0)/f2_pack(acc[n][0] * f0, acc[n][2] * f0)/'
+# P's accumulators used as A fragments in the wrong order (a1 <-> a2)
+mutant "P accumulators to A fragment in the wrong order" \
+    '0,/f2_pack(s\[2 \* kk\]\[2\], s\[2 \* kk\]\[3\]),/s//f2_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),/'
+# V loaded without .trans
+mutant "V's B fragments without ldmatrix.trans" 's/f2_ldsm_x4_t(vb,/f2_ldsm_x4(vb,/'
+# the causal mask left out of the forward
+mutant "forward without the causal mask" 's/if (!(key <= t \&\& st >= 0/if (!(st >= 0/'
+# the seg (packing) mask left out of the dK/dV pass
+mutant "dK/dV pass without the seg mask" 's/(!sg || ssk\[key - k0\] == sqv)/(1)/'
+# the forward's unmasked fast path taken on the diagonal tile
+mutant "forward fast path on the diagonal" 's/k0 + 63 > q0 + w0 ||/k0 + 63 > q0 + w0 + 16 ||/'
+# the online softmax without rescaling O
+mutant "online softmax without rescaling O" 's/o\[n\]\[0\] \*= a0;/o[n][0] *= 1.0f;/'
+# the row max reduced over the wrong lanes (xor 4: another row's quad)
+mutant "row max over the wrong lanes" '0,/x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));/s//x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 4));/'
+# the staged output read back without the swizzle
+mutant "staging tile read without the swizzle" 's/\*reinterpret_cast<const uint4 \*>(tile + f2_sw<HD>(r0 + r, c))/*reinterpret_cast<const uint4 *>(tile + (r0 + r) * HD + c * 8)/'
+# the dK/dV pass starting one query tile late
+mutant "dK/dV pass skipping the diagonal query tile" 's/for (int m0 = k0 \/ BM \* BM;/for (int m0 = k0 \/ BM * BM + BM;/'
+# D = rowsum(dO * O) over half the row
+mutant "D over half a row" 's/acc += __shfl_xor_sync(0xffffffffu, acc, 1);/acc += 0.0f;/'
+rm -f "$tmp" "$tmp.log"
+exit $missed
