@@ -69,6 +69,31 @@ f2_ldsm_x4_t(uint32_t *r, const bf16 *p)
 	    : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
 }
 
+/* 16 bytes global -> shared, asynchronously (cp.async.cg: through L2 only); complete
+ * after f2_cp_commit and an f2_cp_wait that covers its group */
+static __device__ __forceinline__ void
+f2_cp16(bf16 *dst, const bf16 *src)
+{
+	unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" : : "r"(a), "l"(src) : "memory");
+}
+
+static __device__ __forceinline__ void
+f2_cp_commit(void)
+{
+	asm volatile("cp.async.commit_group;\n" : : : "memory");
+}
+
+/* wait until at most n (0 or 1) of this thread's committed groups are pending */
+static __device__ __forceinline__ void
+f2_cp_wait(int n)
+{
+	if (n)
+		asm volatile("cp.async.wait_group 1;\n" : : : "memory");
+	else
+		asm volatile("cp.async.wait_group 0;\n" : : : "memory");
+}
+
 #define F2_SMEM(name, bytes) extern __shared__ __align__(128) unsigned char name[]
 
 /* ==== flash2 kernels (cut out unchanged by kernels/emu/run.sh) ==== */
@@ -79,7 +104,7 @@ f2_ldsm_x4_t(uint32_t *r, const bf16 *p)
 
 /* bytes of shared memory per block */
 template <int HD> __host__ __device__ constexpr int f2_bk() { return HD == 64 ? 64 : 32; }  /* inner tile rows */
-template <int HD> __host__ __device__ constexpr int f2_fwd_smem() { return (F2_ROWS + 2 * 64) * HD * 2 + 64 * 4; }
+template <int HD> __host__ __device__ constexpr int f2_fwd_smem() { return (F2_ROWS + 4 * 64) * HD * 2 + 2 * 64 * 4; }
 template <int HD> __host__ __device__ constexpr int f2_dq_smem() { return (2 * F2_ROWS + 2 * f2_bk<HD>()) * HD * 2 + F2_ROWS * 4 + f2_bk<HD>() * 4; }
 template <int HD> __host__ __device__ constexpr int f2_dkv_smem() { return (2 * F2_ROWS + 2 * f2_bk<HD>()) * HD * 2 + F2_ROWS * 4 + f2_bk<HD>() * 12; }
 
@@ -131,6 +156,20 @@ f2_load(bf16 *dst, const bf16 *src, size_t ld, int row0, int T)
 	}
 }
 
+/* f2_load by cp.async (rows at or past T zeroed by plain stores); the caller commits */
+template <int HD, int R>
+static __device__ __forceinline__ void
+f2_load_async(bf16 *dst, const bf16 *src, size_t ld, int row0, int T)
+{
+	for (int i = threadIdx.x; i < R * HD / 8; i += F2_WARPS * 32) {
+		int r = i / (HD / 8), c = i % (HD / 8);
+		if (row0 + r < T)
+			f2_cp16(dst + f2_sw<HD>(r, c), src + (size_t)(row0 + r) * ld + c * 8);
+		else
+			*reinterpret_cast<uint4 *>(dst + f2_sw<HD>(r, c)) = make_uint4(0, 0, 0, 0);
+	}
+}
+
 /* a warp's 16 x HD f32 accumulators (n-tile n: columns 8n..8n+7), times the row factors
  * f0 (row g) and f1 (row g+8), into its rows r0.. of a swizzled tile, then to global rows
  * row0 + r (r0 + r < T) with stride ld */
@@ -159,40 +198,60 @@ __global__ void __launch_bounds__(F2_WARPS * 32)
 k_f2_fwd(bf16 *out, float *lse, const bf16 *qkv, const int32_t *seg, int T, int NH, int NKV, float sl2)
 {
 	F2_SMEM(f2_fwd_raw, f2_fwd_smem<HD>());
-	bf16 *sq = reinterpret_cast<bf16 *>(f2_fwd_raw), *sk = sq + F2_ROWS * HD, *sv = sk + 64 * HD;
-	int32_t *ssk = reinterpret_cast<int32_t *>(sv + 64 * HD);
+	/* Q, then two buffers of K, V and the keys' segments: tile i in buffer i & 1 */
+	bf16 *sq = reinterpret_cast<bf16 *>(f2_fwd_raw), *skv = sq + F2_ROWS * HD;
+	int32_t *ssk2 = reinterpret_cast<int32_t *>(skv + 4 * 64 * HD);
 	int qb = (int)gridDim.x - 1 - (int)blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / NKV);
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 	int q0 = qb * F2_ROWS, w0 = warp * 16;
 	size_t LD = (size_t)(NH + 2 * NKV) * HD;
 	const bf16 *base = qkv + (size_t)b * T * LD;
+	const bf16 *kbase = base + (size_t)(NH + kvh) * HD, *vbase = base + (size_t)(NH + NKV + kvh) * HD;
 	const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
 	/* this lane's two query rows and their segments (-1: padding or past T) */
 	int t0 = q0 + w0 + g, t1 = t0 + 8;
 	int sq0 = t0 < T ? (sg ? sg[t0] : 0) : -1, sq1 = t1 < T ? (sg ? sg[t1] : 0) : -1;
+	int qlast = f2_imin(T, q0 + F2_ROWS) - 1, ntile = qlast / 64 + 1;
 
-	f2_load<HD, F2_ROWS>(sq, base + (size_t)h * HD, LD, q0, T);
-	__syncthreads();
+	/* group 0: Q and key tile 0 */
+	f2_load_async<HD, F2_ROWS>(sq, base + (size_t)h * HD, LD, q0, T);
+	f2_load_async<HD, 64>(skv, kbase, LD, 0, T);
+	f2_load_async<HD, 64>(skv + 64 * HD, vbase, LD, 0, T);
+	if (sg)
+		for (int i = threadIdx.x; i < 64; i += F2_WARPS * 32)
+			ssk2[i] = i < T ? sg[i] : -2;
+	f2_cp_commit();
+
 	uint32_t qf[HD / 16][4];
-#pragma unroll
-	for (int kk = 0; kk < HD / 16; kk++)
-		f2_ldsm_x4(qf[kk], f2_at<HD>(sq, w0, 2 * kk, lane));
-
 	float o[HD / 8][4];
 #pragma unroll
 	for (int n = 0; n < HD / 8; n++)
 		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 	float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  /* m in log2 units; l per lane */
 
-	int qlast = f2_imin(T, q0 + F2_ROWS) - 1;
-	for (int k0 = 0; k0 <= qlast; k0 += 64) {
-		__syncthreads();  /* the previous tile is read */
-		f2_load<HD, 64>(sk, base + (size_t)(NH + kvh) * HD, LD, k0, T);
-		f2_load<HD, 64>(sv, base + (size_t)(NH + NKV + kvh) * HD, LD, k0, T);
-		if (sg)
-			for (int i = threadIdx.x; i < 64; i += F2_WARPS * 32)
-				ssk[i] = k0 + i < T ? sg[k0 + i] : -2;
+	for (int it = 0; it < ntile; it++) {
+		int k0 = it * 64;
+		bf16 *sk = skv + (it & 1) * 2 * 64 * HD, *sv = sk + 64 * HD;
+		int32_t *ssk = ssk2 + (it & 1) * 64;
+		/* prefetch tile it + 1 into the other buffer (free: the barrier at the end of
+		 * the previous iteration), then wait for tile it */
+		if (it + 1 < ntile) {
+			bf16 *nk = skv + ((it + 1) & 1) * 2 * 64 * HD;
+			f2_load_async<HD, 64>(nk, kbase, LD, k0 + 64, T);
+			f2_load_async<HD, 64>(nk + 64 * HD, vbase, LD, k0 + 64, T);
+			if (sg)
+				for (int i = threadIdx.x; i < 64; i += F2_WARPS * 32)
+					ssk2[((it + 1) & 1) * 64 + i] = k0 + 64 + i < T ? sg[k0 + 64 + i] : -2;
+			f2_cp_commit();
+			f2_cp_wait(1);
+		} else {
+			f2_cp_wait(0);
+		}
 		__syncthreads();
+		if (it == 0)
+#pragma unroll
+			for (int kk = 0; kk < HD / 16; kk++)
+				f2_ldsm_x4(qf[kk], f2_at<HD>(sq, w0, 2 * kk, lane));
 
 		float s[8][4];
 #pragma unroll
@@ -265,6 +324,7 @@ k_f2_fwd(bf16 *out, float *lse, const bf16 *qkv, const int32_t *seg, int T, int 
 				f2_mma(o[2 * n + 1], pa, vb[2], vb[3]);
 			}
 		}
+		__syncthreads();  /* this buffer is read: the next iteration may refill it */
 	}
 	l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
 	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);

@@ -96,7 +96,7 @@ static emu_state emu;
 
 /* dynamic shared memory (extern __shared__): one arena, filled with 0xff (NaN as bf16 and
  * f32) before every block, so a read of an element the block did not write shows */
-#define EMU_DYN_SMEM (64 * 1024)
+#define EMU_DYN_SMEM (128 * 1024)
 alignas(128) static unsigned char emu_dyn[EMU_DYN_SMEM];
 static unsigned char *
 emu_dyn_smem(size_t bytes)
@@ -231,6 +231,47 @@ emu_ldmatrix_x4(uint32_t *r, const void *p, int trans)
 	emu_barrier(&emu.warp[w], 32);
 }
 
+/* ---- cp.async: each thread's copies are queued and done as late as the PTX rules
+ * allow, at the cp.async.wait_group that covers their group (a copy issued but never
+ * waited for is never done), so a read that comes before its wait sees the old
+ * (poisoned) shared memory. */
+#define EMU_CPQ 128
+struct emu_cp { void *dst; const void *src; int group; };
+static emu_cp emu_cpq[EMU_MAXT][EMU_CPQ];
+static int emu_cpn[EMU_MAXT], emu_cpg[EMU_MAXT];
+
+static void
+emu_cp_async16(void *dst, const void *src)
+{
+	int t = (int)threadIdx.x;
+	if (((uintptr_t)dst | (uintptr_t)src) & 15) {
+		fprintf(stderr, "emu: cp.async of 16 bytes with an address not 16-byte aligned\n");
+		abort();
+	}
+	if (emu_cpn[t] == EMU_CPQ) {
+		fprintf(stderr, "emu: more than %d cp.async pending in thread %d\n", EMU_CPQ, t);
+		abort();
+	}
+	emu_cpq[t][emu_cpn[t]++] = { dst, src, emu_cpg[t] };
+}
+
+static void emu_cp_commit(void) { emu_cpg[threadIdx.x]++; }
+
+/* cp.async.wait_group n: every group but the n most recent committed ones is done */
+static void
+emu_cp_wait(int n)
+{
+	int t = (int)threadIdx.x, k = 0;
+	for (int i = 0; i < emu_cpn[t]; i++) {
+		emu_cp &c = emu_cpq[t][i];
+		if (c.group < emu_cpg[t] - n)
+			memcpy(c.dst, c.src, 16);
+		else
+			emu_cpq[t][k++] = c;
+	}
+	emu_cpn[t] = k;
+}
+
 static void
 emu_trampoline(void)
 {
@@ -262,6 +303,8 @@ emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *arg)
 			for (unsigned bx = 0; bx < grid.x; bx++) {
 				blockIdx = dim3(bx, by, bz);
 				memset(emu_dyn, 0xff, sizeof emu_dyn);
+				memset(emu_cpn, 0, sizeof emu_cpn);
+				memset(emu_cpg, 0, sizeof emu_cpg);
 				memset(&emu.block, 0, sizeof emu.block);
 				memset(emu.warp, 0, sizeof emu.warp);
 				for (int t = 0; t < nt; t++) {

@@ -1,7 +1,8 @@
 /*
  * emu_flash2.cpp — the kernels of kernels/flash2.cu (cut out unchanged by run.sh)
  * run on the CPU through cuda_emu.h, with mma.sync m16n8k16 and ldmatrix (.trans)
- * emulated lane by lane as the PTX ISA defines them, against the CPU reference
+ * emulated lane by lane as the PTX ISA defines them (cp.async done at the latest moment
+ * its wait_group allows), against the CPU reference
  * (rl_cpu_attn_fwd / rl_cpu_attn_bwd of lib/ops_cpu.c).
  *
  * Cases: T = 1, T not a multiple of the 64-row blocks or of the 32-row inner tiles
@@ -28,6 +29,9 @@ extern "C" {
 static inline void f2_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) { emu_mma_m16n8k16_bf16(d, a, b0, b1); }
 static inline void f2_ldsm_x4(uint32_t *r, const bf16 *p) { emu_ldmatrix_x4(r, p, 0); }
 static inline void f2_ldsm_x4_t(uint32_t *r, const bf16 *p) { emu_ldmatrix_x4(r, p, 1); }
+static inline void f2_cp16(bf16 *dst, const bf16 *src) { emu_cp_async16(dst, src); }
+static inline void f2_cp_commit(void) { emu_cp_commit(); }
+static inline void f2_cp_wait(int n) { emu_cp_wait(n); }
 #define F2_SMEM(name, bytes) unsigned char *name = emu_dyn_smem(bytes)
 
 #include "flash2.inc"

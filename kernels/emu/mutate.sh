@@ -55,5 +55,8 @@ mutant "staging tile read without the swizzle" 's/\*reinterpret_cast<const uint4
 mutant "dK/dV pass skipping the diagonal query tile" 's/for (int m0 = k0 \/ BM \* BM;/for (int m0 = k0 \/ BM * BM + BM;/'
 # D = rowsum(dO * O) over half the row
 mutant "D over half a row" 's/acc += __shfl_xor_sync(0xffffffffu, acc, 1);/acc += 0.0f;/'
+# the forward's cp.async pipeline: no wait for the current tile; prefetch into the buffer in use
+mutant "forward without cp.async.wait_group" 's/			f2_cp_wait(1);/			;/'
+mutant "forward prefetching into the buffer in use" 's/bf16 \*nk = skv + ((it + 1) \& 1)/bf16 *nk = skv + (it \& 1)/'
 rm -f "$tmp" "$tmp.log"
 exit $missed
