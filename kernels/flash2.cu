@@ -105,8 +105,8 @@ f2_cp_wait(int n)
 /* bytes of shared memory per block */
 template <int HD> __host__ __device__ constexpr int f2_bk() { return HD == 64 ? 64 : 32; }  /* inner tile rows */
 template <int HD> __host__ __device__ constexpr int f2_fwd_smem() { return (F2_ROWS + 4 * 64) * HD * 2 + 2 * 64 * 4; }
-template <int HD> __host__ __device__ constexpr int f2_dq_smem() { return (2 * F2_ROWS + 2 * f2_bk<HD>()) * HD * 2 + F2_ROWS * 4 + f2_bk<HD>() * 4; }
-template <int HD> __host__ __device__ constexpr int f2_dkv_smem() { return (2 * F2_ROWS + 2 * f2_bk<HD>()) * HD * 2 + F2_ROWS * 4 + f2_bk<HD>() * 12; }
+template <int HD> __host__ __device__ constexpr int f2_dq_smem() { return (2 * F2_ROWS + 4 * f2_bk<HD>()) * HD * 2 + F2_ROWS * 4 + 2 * f2_bk<HD>() * 4; }
+template <int HD> __host__ __device__ constexpr int f2_dkv_smem() { return (2 * F2_ROWS + 4 * f2_bk<HD>()) * HD * 2 + F2_ROWS * 4 + 2 * f2_bk<HD>() * 12; }
 
 static __device__ __forceinline__ int f2_imin(int a, int b) { return a < b ? a : b; }
 
@@ -350,22 +350,31 @@ k_f2_bwd_dq(bf16 *dqkv, float *Ds, const bf16 *dout, const bf16 *out, const floa
 {
 	constexpr int BK = f2_bk<HD>();
 	F2_SMEM(f2_dq_raw, f2_dq_smem<HD>());
-	bf16 *sq = reinterpret_cast<bf16 *>(f2_dq_raw), *sdo = sq + F2_ROWS * HD, *sk = sdo + F2_ROWS * HD;
-	bf16 *sv = sk + BK * HD;
-	float *sD = reinterpret_cast<float *>(sv + BK * HD);
-	int32_t *ssk = reinterpret_cast<int32_t *>(sD + F2_ROWS);
+	/* Q, dO, then two buffers of K, V (BK rows each); D; two buffers of key segments */
+	bf16 *sq = reinterpret_cast<bf16 *>(f2_dq_raw), *sdo = sq + F2_ROWS * HD, *skv = sdo + F2_ROWS * HD;
+	float *sD = reinterpret_cast<float *>(skv + 4 * BK * HD);
+	int32_t *ssk2 = reinterpret_cast<int32_t *>(sD + F2_ROWS);
 	int qb = (int)gridDim.x - 1 - (int)blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / NKV);
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 	int q0 = qb * F2_ROWS, w0 = warp * 16;
 	size_t LD = (size_t)(NH + 2 * NKV) * HD, OW = (size_t)NH * HD;
 	const bf16 *base = qkv + (size_t)b * T * LD;
+	const bf16 *kbase = base + (size_t)(NH + kvh) * HD, *vbase = base + (size_t)(NH + NKV + kvh) * HD;
 	const bf16 *dob = dout + (size_t)b * T * OW + (size_t)h * HD, *ob = out + (size_t)b * T * OW + (size_t)h * HD;
 	const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
 	int t0 = q0 + w0 + g, t1 = t0 + 8;
 	int sq0 = t0 < T ? (sg ? sg[t0] : 0) : -1, sq1 = t1 < T ? (sg ? sg[t1] : 0) : -1;
+	int qlast = f2_imin(T, q0 + F2_ROWS) - 1, ntile = qlast / BK + 1;
 
-	f2_load<HD, F2_ROWS>(sq, base + (size_t)h * HD, LD, q0, T);
-	f2_load<HD, F2_ROWS>(sdo, dob, OW, q0, T);
+	/* group 0: Q, dO and key tile 0 */
+	f2_load_async<HD, F2_ROWS>(sq, base + (size_t)h * HD, LD, q0, T);
+	f2_load_async<HD, F2_ROWS>(sdo, dob, OW, q0, T);
+	f2_load_async<HD, BK>(skv, kbase, LD, 0, T);
+	f2_load_async<HD, BK>(skv + BK * HD, vbase, LD, 0, T);
+	if (sg)
+		for (int i = threadIdx.x; i < BK; i += F2_WARPS * 32)
+			ssk2[i] = i < T ? sg[i] : -2;
+	f2_cp_commit();
 	{
 		/* D = rowsum(dO * O) in f32: two lanes per row, half a row each */
 		int r = w0 + (lane >> 1), t = q0 + r, d0 = (lane & 1) * (HD / 2);
@@ -386,14 +395,8 @@ k_f2_bwd_dq(bf16 *dqkv, float *Ds, const bf16 *dout, const bf16 *out, const floa
 				Ds[((size_t)b * NH + h) * T + t] = acc;
 		}
 	}
-	__syncthreads();
 	uint32_t qf[HD / 16][4], df[HD / 16][4];
-#pragma unroll
-	for (int kk = 0; kk < HD / 16; kk++) {
-		f2_ldsm_x4(qf[kk], f2_at<HD>(sq, w0, 2 * kk, lane));
-		f2_ldsm_x4(df[kk], f2_at<HD>(sdo, w0, 2 * kk, lane));
-	}
-	float D0 = sD[w0 + g], D1 = sD[w0 + g + 8];
+	float D0 = 0.0f, D1 = 0.0f;
 	const float *lr = lse + ((size_t)b * NH + h) * T;
 	float L0 = t0 < T ? lr[t0] * F2_LOG2E : 0.0f, L1 = t1 < T ? lr[t1] * F2_LOG2E : 0.0f;
 	float dq[HD / 8][4];
@@ -401,15 +404,32 @@ k_f2_bwd_dq(bf16 *dqkv, float *Ds, const bf16 *dout, const bf16 *out, const floa
 	for (int n = 0; n < HD / 8; n++)
 		dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
 
-	int qlast = f2_imin(T, q0 + F2_ROWS) - 1;
-	for (int k0 = 0; k0 <= qlast; k0 += BK) {
+	for (int it = 0; it < ntile; it++) {
+		int k0 = it * BK;
+		bf16 *sk = skv + (it & 1) * 2 * BK * HD, *sv = sk + BK * HD;
+		int32_t *ssk = ssk2 + (it & 1) * BK;
+		if (it + 1 < ntile) {
+			bf16 *nk = skv + ((it + 1) & 1) * 2 * BK * HD;
+			f2_load_async<HD, BK>(nk, kbase, LD, k0 + BK, T);
+			f2_load_async<HD, BK>(nk + BK * HD, vbase, LD, k0 + BK, T);
+			if (sg)
+				for (int i = threadIdx.x; i < BK; i += F2_WARPS * 32)
+					ssk2[((it + 1) & 1) * BK + i] = k0 + BK + i < T ? sg[k0 + BK + i] : -2;
+			f2_cp_commit();
+			f2_cp_wait(1);
+		} else {
+			f2_cp_wait(0);
+		}
 		__syncthreads();
-		f2_load<HD, BK>(sk, base + (size_t)(NH + kvh) * HD, LD, k0, T);
-		f2_load<HD, BK>(sv, base + (size_t)(NH + NKV + kvh) * HD, LD, k0, T);
-		if (sg)
-			for (int i = threadIdx.x; i < BK; i += F2_WARPS * 32)
-				ssk[i] = k0 + i < T ? sg[k0 + i] : -2;
-		__syncthreads();
+		if (it == 0) {
+#pragma unroll
+			for (int kk = 0; kk < HD / 16; kk++) {
+				f2_ldsm_x4(qf[kk], f2_at<HD>(sq, w0, 2 * kk, lane));
+				f2_ldsm_x4(df[kk], f2_at<HD>(sdo, w0, 2 * kk, lane));
+			}
+			D0 = sD[w0 + g];
+			D1 = sD[w0 + g + 8];
+		}
 
 		float s[BK / 8][4], dp[BK / 8][4];
 #pragma unroll
@@ -451,6 +471,7 @@ k_f2_bwd_dq(bf16 *dqkv, float *Ds, const bf16 *dout, const bf16 *out, const floa
 				f2_mma(dq[2 * n + 1], pa, kb[2], kb[3]);
 			}
 		}
+		__syncthreads();  /* this buffer is read: the next iteration may refill it */
 	}
 	f2_store<HD>(dqkv + (size_t)b * T * LD + (size_t)h * HD, LD, q0, T, sq, w0, dq, 1.0f, 1.0f, lane);
 }
@@ -464,10 +485,11 @@ k_f2_bwd_dkv(bf16 *dqkv, const float *Ds, const bf16 *dout, const float *lse, co
 {
 	constexpr int BM = f2_bk<HD>();
 	F2_SMEM(f2_dkv_raw, f2_dkv_smem<HD>());
-	bf16 *sk = reinterpret_cast<bf16 *>(f2_dkv_raw), *sv = sk + F2_ROWS * HD, *sq = sv + F2_ROWS * HD;
-	bf16 *sdo = sq + BM * HD;
-	float *sL = reinterpret_cast<float *>(sdo + BM * HD), *sD = sL + BM;
-	int32_t *ssq = reinterpret_cast<int32_t *>(sD + BM), *ssk = ssq + BM;
+	/* K, V (64 rows); two buffers of Q and dO (BM rows each); two buffers of the query
+	 * tile's lse (log2 units), D and segments; the keys' segments */
+	bf16 *sk = reinterpret_cast<bf16 *>(f2_dkv_raw), *sv = sk + F2_ROWS * HD, *sqo = sv + F2_ROWS * HD;
+	float *sL2 = reinterpret_cast<float *>(sqo + 4 * BM * HD), *sD2 = sL2 + 2 * BM;
+	int32_t *ssq2 = reinterpret_cast<int32_t *>(sD2 + 2 * BM), *ssk = ssq2 + 2 * BM;
 	int kvh = blockIdx.y, b = blockIdx.z, G = NH / NKV;
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 	int k0 = blockIdx.x * F2_ROWS, w0 = warp * 16;
@@ -475,33 +497,49 @@ k_f2_bwd_dkv(bf16 *dqkv, const float *Ds, const bf16 *dout, const float *lse, co
 	const bf16 *base = qkv + (size_t)b * T * LD;
 	const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
 	int s0 = k0 + w0 + g, s1 = s0 + 8;  /* this lane's two keys */
+	/* the work: query tiles m0 = mfirst, mfirst + BM, ... < T of each of the G heads */
+	int mfirst = k0 / BM * BM, nm = (T - mfirst + BM - 1) / BM, ntile = G * nm;
+	/* issue the loads of work tile i into buffer i & 1 (the caller commits) */
+	auto issue = [&](int i) {
+		int h = kvh * G + i / nm, m0 = mfirst + (i % nm) * BM, bf_ = i & 1;
+		f2_load_async<HD, BM>(sqo + bf_ * 2 * BM * HD, base + (size_t)h * HD, LD, m0, T);
+		f2_load_async<HD, BM>(sqo + (bf_ * 2 + 1) * BM * HD, dout + (size_t)b * T * OW + (size_t)h * HD, OW, m0, T);
+		const float *lr = lse + ((size_t)b * NH + h) * T, *dr = Ds + ((size_t)b * NH + h) * T;
+		for (int j = threadIdx.x; j < BM; j += F2_WARPS * 32) {
+			int t = m0 + j;
+			sL2[bf_ * BM + j] = t < T ? lr[t] * F2_LOG2E : 0.0f;
+			sD2[bf_ * BM + j] = t < T ? dr[t] : 0.0f;
+			ssq2[bf_ * BM + j] = t < T ? (sg ? sg[t] : 0) : -1;
+		}
+	};
 
-	f2_load<HD, F2_ROWS>(sk, base + (size_t)(NH + kvh) * HD, LD, k0, T);
-	f2_load<HD, F2_ROWS>(sv, base + (size_t)(NH + NKV + kvh) * HD, LD, k0, T);
+	/* group 0: K, V and work tile 0 */
+	f2_load_async<HD, F2_ROWS>(sk, base + (size_t)(NH + kvh) * HD, LD, k0, T);
+	f2_load_async<HD, F2_ROWS>(sv, base + (size_t)(NH + NKV + kvh) * HD, LD, k0, T);
 	for (int i = threadIdx.x; i < F2_ROWS; i += F2_WARPS * 32)
 		ssk[i] = k0 + i < T ? (sg ? sg[k0 + i] : 0) : -2;
+	issue(0);
+	f2_cp_commit();
 	float dk[HD / 8][4], dv[HD / 8][4];
 #pragma unroll
 	for (int n = 0; n < HD / 8; n++)
 		dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
 
-	for (int h = kvh * G; h < (kvh + 1) * G; h++) {
-		const bf16 *dob = dout + (size_t)b * T * OW + (size_t)h * HD;
-		const float *lr = lse + ((size_t)b * NH + h) * T, *dr = Ds + ((size_t)b * NH + h) * T;
-		for (int m0 = k0 / BM * BM; m0 < T; m0 += BM) {
-			__syncthreads();  /* the previous query tile is read (and K, V, ssk written) */
-			f2_load<HD, BM>(sq, base + (size_t)h * HD, LD, m0, T);
-			f2_load<HD, BM>(sdo, dob, OW, m0, T);
-			for (int i = threadIdx.x; i < BM; i += F2_WARPS * 32) {
-				int t = m0 + i;
-				sL[i] = t < T ? lr[t] * F2_LOG2E : 0.0f;
-				sD[i] = t < T ? dr[t] : 0.0f;
-				ssq[i] = t < T ? (sg ? sg[t] : 0) : -1;
-			}
-			__syncthreads();
-			if (k0 + w0 > m0 + BM - 1)
-				continue;  /* all of this warp's keys come after the tile's queries */
-
+	for (int it = 0; it < ntile; it++) {
+		int m0 = mfirst + (it % nm) * BM, bf_ = it & 1;
+		bf16 *sq = sqo + bf_ * 2 * BM * HD, *sdo = sq + BM * HD;
+		float *sL = sL2 + bf_ * BM, *sD = sD2 + bf_ * BM;
+		int32_t *ssq = ssq2 + bf_ * BM;
+		if (it + 1 < ntile) {
+			issue(it + 1);
+			f2_cp_commit();
+			f2_cp_wait(1);
+		} else {
+			f2_cp_wait(0);
+		}
+		__syncthreads();
+		/* nothing to do when all of this warp's keys come after the tile's queries */
+		if (k0 + w0 <= m0 + BM - 1) {
 			float st[BM / 8][4], dpt[BM / 8][4];
 #pragma unroll
 			for (int j = 0; j < BM / 8; j++)
@@ -555,6 +593,7 @@ k_f2_bwd_dkv(bf16 *dqkv, const float *Ds, const bf16 *dout, const float *lse, co
 				}
 			}
 		}
+		__syncthreads();  /* this buffer is read: the next iteration may refill it */
 	}
 	/* each warp stages through its own rows of the K and V tiles */
 	bf16 *drow = dqkv + (size_t)b * T * LD;

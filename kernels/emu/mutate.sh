@@ -52,11 +52,13 @@ mutant "row max over the wrong lanes" '0,/x0 = fmaxf(x0, __shfl_xor_sync(0xfffff
 # the staged output read back without the swizzle
 mutant "staging tile read without the swizzle" 's/\*reinterpret_cast<const uint4 \*>(tile + f2_sw<HD>(r0 + r, c))/*reinterpret_cast<const uint4 *>(tile + (r0 + r) * HD + c * 8)/'
 # the dK/dV pass starting one query tile late
-mutant "dK/dV pass skipping the diagonal query tile" 's/for (int m0 = k0 \/ BM \* BM;/for (int m0 = k0 \/ BM * BM + BM;/'
+mutant "dK/dV pass skipping the diagonal query tile" 's/int mfirst = k0 \/ BM \* BM,/int mfirst = k0 \/ BM * BM + BM,/'
 # D = rowsum(dO * O) over half the row
 mutant "D over half a row" 's/acc += __shfl_xor_sync(0xffffffffu, acc, 1);/acc += 0.0f;/'
-# the forward's cp.async pipeline: no wait for the current tile; prefetch into the buffer in use
-mutant "forward without cp.async.wait_group" 's/			f2_cp_wait(1);/			;/'
+# the cp.async pipelines: no wait for the current tile (all three kernels); prefetch into the
+# buffer in use (forward); a query tile loaded into the other buffer (dK/dV pass)
+mutant "no cp.async.wait_group before using a tile" 's/			f2_cp_wait(1);/			;/'
 mutant "forward prefetching into the buffer in use" 's/bf16 \*nk = skv + ((it + 1) \& 1)/bf16 *nk = skv + (it \& 1)/'
+mutant "dK/dV pass loading a query tile into the wrong buffer" 's/m0 = mfirst + (i % nm) \* BM, bf_ = i \& 1;/m0 = mfirst + (i % nm) * BM, bf_ = (i + 1) \& 1;/'
 rm -f "$tmp" "$tmp.log"
 exit $missed
