@@ -445,7 +445,8 @@ test_attn_det(int B, int T, int NH, int NKV, int HD)
 	g->download(g, h1, d1, nq * 2);
 	g->download(g, h2, d2, nq * 2);
 	snprintf(nm, sizeof nm, "attn_bwd deterministic B=%d T=%d NH=%d NKV=%d HD=%d", B, T, NH, NKV, HD);
-	T_OK(memcmp(h1, h2, nq * 2) == 0, nm);
+	T_OK(memcmp(h1, h2, nq * 2) == 0, "%s", nm);
+	printf("%s %s\n", memcmp(h1, h2, nq * 2) == 0 ? "ok  " : "FAIL", nm);
 	tc_check_status(g, "attention determinism");
 	g->free(g, dq); g->free(g, ddo); g->free(g, dout_o); g->free(g, dlse); g->free(g, d1); g->free(g, d2);
 	free(qkv); free(dout); free(h1); free(h2);
