@@ -203,10 +203,85 @@ test_attn(int B, int T, int NH, int NKV, int HD, int seg_mode)
 	delete[] seg;
 }
 
+/* ---- the emulated instructions against the PTX ISA's element formulas ------------------
+ * One warp: A (16x16) and B (16x8) of small integers (exact in bf16 and f32) and C are
+ * handed out by the ISA's per-element formulas for the .bf16 m16n8k16 fragments
+ * (a_i, i = 0..7: row g for i in {0,1,4,5}, else g+8; column 2tq + (i & 1), + 8 for
+ * i >= 4; b_i, i = 0..3: row 2tq + (i & 1), + 8 for i >= 2, column g; c_i: row g, + 8 for
+ * i >= 2, column 2tq + (i & 1)); D must be A B + C element by element.  ldmatrix.x4 of
+ * a 32x8 matrix M (matrix i = rows 8i..8i+7): lane l gets M[8i + l/4][2(l%4) + {0,1}],
+ * with .trans M[8i + 2(l%4) + {0,1}][l/4]. */
+static float SA[16][16], SB[16][8], SC[16][8], SD[16][8];
+alignas(16) static uint16_t SM[32][8];
+static int self_bad;
+
+static uint32_t
+pk(float lo, float hi)
+{
+	return (uint32_t)__float2bfloat16(lo).h | (uint32_t)__float2bfloat16(hi).h << 16;
+}
+
+static void
+run_self(void *)
+{
+	int l = (int)threadIdx.x, g = l >> 2, tq = l & 3;
+	float a[8], bb[4], d[4];
+	for (int i = 0; i < 8; i++)
+		a[i] = SA[g + ((i >> 1) & 1) * 8][2 * tq + (i & 1) + (i >= 4 ? 8 : 0)];
+	for (int i = 0; i < 4; i++)
+		bb[i] = SB[2 * tq + (i & 1) + (i >= 2 ? 8 : 0)][g];
+	for (int i = 0; i < 4; i++)
+		d[i] = SC[g + (i >= 2 ? 8 : 0)][2 * tq + (i & 1)];
+	uint32_t ar[4] = { pk(a[0], a[1]), pk(a[2], a[3]), pk(a[4], a[5]), pk(a[6], a[7]) };
+	f2_mma(d, ar, pk(bb[0], bb[1]), pk(bb[2], bb[3]));
+	for (int i = 0; i < 4; i++)
+		if (d[i] != SD[g + (i >= 2 ? 8 : 0)][2 * tq + (i & 1)])
+			self_bad++;
+	uint32_t r[4], rt[4];
+	f2_ldsm_x4(r, (const bf16 *)SM[l]);
+	f2_ldsm_x4_t(rt, (const bf16 *)SM[l]);
+	for (int i = 0; i < 4; i++) {
+		if (r[i] != ((uint32_t)SM[8 * i + l / 4][2 * (l % 4)] | (uint32_t)SM[8 * i + l / 4][2 * (l % 4) + 1] << 16))
+			self_bad++;
+		if (rt[i] != ((uint32_t)SM[8 * i + 2 * (l % 4)][l / 4] | (uint32_t)SM[8 * i + 2 * (l % 4) + 1][l / 4] << 16))
+			self_bad++;
+	}
+}
+
+static void
+selftest(void)
+{
+	for (int r = 0; r < 16; r++)
+		for (int k = 0; k < 16; k++)
+			SA[r][k] = (float)((int)(rnd() % 15) - 7);
+	for (int k = 0; k < 16; k++)
+		for (int c = 0; c < 8; c++)
+			SB[k][c] = (float)((int)(rnd() % 15) - 7);
+	for (int r = 0; r < 16; r++)
+		for (int c = 0; c < 8; c++) {
+			SC[r][c] = (float)((int)(rnd() % 101) - 50);
+			float s = SC[r][c];
+			for (int k = 0; k < 16; k++)
+				s += SA[r][k] * SB[k][c];
+			SD[r][c] = s;
+		}
+	for (int r = 0; r < 32; r++)
+		for (int c = 0; c < 8; c++)
+			SM[r][c] = (uint16_t)(r * 8 + c + 1);
+	self_bad = 0;
+	emu_launch(dim3(1), dim3(32), run_self, NULL);
+	cases++;
+	if (self_bad)
+		fails++;
+	printf("%s emulated mma.m16n8k16 and ldmatrix.x4 (.trans) against the ISA's element formulas: %d mismatches\n",
+	    self_bad ? "FAIL" : "ok  ", self_bad);
+}
+
 int
 main(int argc, char **argv)
 {
 	int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+	selftest();
 	test_attn(1, 1, 2, 1, 64, 0);      /* T = 1 */
 	test_attn(2, 37, 4, 2, 64, 1);     /* B > 1, G = 2, packed, T < one block */
 	test_attn(1, 100, 7, 1, 64, 2);    /* G = 7, trailing padding, two blocks */
