@@ -38,6 +38,13 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	    "${RL_EMU_FLASH2:-$root/kernels/flash2.cu}"
 } > "$out/flash2.inc"
 CXXF="-O1 -g -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas"
+# a sanitized library (make SANITIZE=address,undefined: build-san/) needs the sanitizer runtimes
+# (4x slower: flash2 then runs its quick set unless told otherwise)
+san=
+if nm "$root/$B/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
+	CXXF="$CXXF -fsanitize=address,undefined"
+	san=1
+fi
 p1=
 if [ -z "${RL_EMU_FLASH2:-}" ]; then
 	${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_kernels" "$root/kernels/emu/emu_kernels.cpp" \
@@ -50,6 +57,9 @@ ${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_flash2" "$root/k
 rc=0
 if [ -z "${RL_EMU_FLASH2:-}" ]; then
 	"$out/emu_kernels" || rc=1
+fi
+if [ -n "$san" ] && [ $# = 0 ]; then
+	set -- quick
 fi
 "$out/emu_flash2" "$@" || rc=1
 exit $rc
