@@ -476,12 +476,16 @@ k_f2_bwd_dq(bf16 *dqkv, float *Ds, const bf16 *dout, const bf16 *out, const floa
 	f2_store<HD>(dqkv + (size_t)b * T * LD + (size_t)h * HD, LD, q0, T, sq, w0, dq, 1.0f, 1.0f, lane);
 }
 
-/* Backward, pass 2: dK, dV of 64 keys of one kv head, summed over its G query heads.
- * grid (ceil(T / 64), NKV, B).  Ds from pass 1. */
+/* Backward, pass 2: dK, dV of 64 keys of one kv head, summed over hper of its G query
+ * heads.  grid (ceil(T / 64), NKV x G / hper, B); Ds from pass 1.  hper = G: the sums
+ * go to dqkv (bf16).  hper < G (few blocks otherwise): block (., kvh x nch + c, .) sums
+ * heads c hper.. (c + 1) hper - 1 and writes f32 partials to part: dK of chunk c at
+ * part[c n + ((b T + s) NKV + kvh) HD + d], dV at part[(nch + c) n + ...], n = B T NKV
+ * HD; k_f2_dkv_sum adds the chunks in order. */
 template <int HD>
 __global__ void __launch_bounds__(F2_WARPS * 32)
-k_f2_bwd_dkv(bf16 *dqkv, const float *Ds, const bf16 *dout, const float *lse, const bf16 *qkv,
-    const int32_t *seg, int T, int NH, int NKV, float sl2, float scale)
+k_f2_bwd_dkv(bf16 *dqkv, float *part, const float *Ds, const bf16 *dout, const float *lse, const bf16 *qkv,
+    const int32_t *seg, int T, int NH, int NKV, int hper, float sl2, float scale)
 {
 	constexpr int BM = f2_bk<HD>();
 	F2_SMEM(f2_dkv_raw, f2_dkv_smem<HD>());
@@ -490,18 +494,19 @@ k_f2_bwd_dkv(bf16 *dqkv, const float *Ds, const bf16 *dout, const float *lse, co
 	bf16 *sk = reinterpret_cast<bf16 *>(f2_dkv_raw), *sv = sk + F2_ROWS * HD, *sqo = sv + F2_ROWS * HD;
 	float *sL2 = reinterpret_cast<float *>(sqo + 4 * BM * HD), *sD2 = sL2 + 2 * BM;
 	int32_t *ssq2 = reinterpret_cast<int32_t *>(sD2 + 2 * BM), *ssk = ssq2 + 2 * BM;
-	int kvh = blockIdx.y, b = blockIdx.z, G = NH / NKV;
+	int G = NH / NKV, nch = G / hper, kvh = blockIdx.y / nch, chunk = blockIdx.y % nch, b = blockIdx.z;
+	int h0 = kvh * G + chunk * hper;  /* first query head of this block */
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 	int k0 = blockIdx.x * F2_ROWS, w0 = warp * 16;
 	size_t LD = (size_t)(NH + 2 * NKV) * HD, OW = (size_t)NH * HD;
 	const bf16 *base = qkv + (size_t)b * T * LD;
 	const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
 	int s0 = k0 + w0 + g, s1 = s0 + 8;  /* this lane's two keys */
-	/* the work: query tiles m0 = mfirst, mfirst + BM, ... < T of each of the G heads */
-	int mfirst = k0 / BM * BM, nm = (T - mfirst + BM - 1) / BM, ntile = G * nm;
+	/* the work: query tiles m0 = mfirst, mfirst + BM, ... < T of each of the hper heads */
+	int mfirst = k0 / BM * BM, nm = (T - mfirst + BM - 1) / BM, ntile = hper * nm;
 	/* issue the loads of work tile i into buffer i & 1 (the caller commits) */
 	auto issue = [&](int i) {
-		int h = kvh * G + i / nm, m0 = mfirst + (i % nm) * BM, bf_ = i & 1;
+		int h = h0 + i / nm, m0 = mfirst + (i % nm) * BM, bf_ = i & 1;
 		f2_load_async<HD, BM>(sqo + bf_ * 2 * BM * HD, base + (size_t)h * HD, LD, m0, T);
 		f2_load_async<HD, BM>(sqo + (bf_ * 2 + 1) * BM * HD, dout + (size_t)b * T * OW + (size_t)h * HD, OW, m0, T);
 		const float *lr = lse + ((size_t)b * NH + h) * T, *dr = Ds + ((size_t)b * NH + h) * T;
@@ -595,10 +600,58 @@ k_f2_bwd_dkv(bf16 *dqkv, const float *Ds, const bf16 *dout, const float *lse, co
 		}
 		__syncthreads();  /* this buffer is read: the next iteration may refill it */
 	}
+	if (part) {
+		size_t n = (size_t)gridDim.z * T * NKV * HD;
+		float *pk = part + (size_t)chunk * n, *pv = part + (size_t)(nch + chunk) * n;
+#pragma unroll
+		for (int c = 0; c < HD / 8; c++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				int key = e < 2 ? s0 : s1;
+				size_t i = (((size_t)b * T + key) * NKV + kvh) * HD + 8 * c + 2 * tq + (e & 1);
+				if (key < T) {
+					pk[i] = dk[c][e];
+					pv[i] = dv[c][e];
+				}
+			}
+		return;
+	}
 	/* each warp stages through its own rows of the K and V tiles */
 	bf16 *drow = dqkv + (size_t)b * T * LD;
 	f2_store<HD>(drow + (size_t)(NH + kvh) * HD, LD, k0, T, sk, w0, dk, 1.0f, 1.0f, lane);
 	f2_store<HD>(drow + (size_t)(NH + NKV + kvh) * HD, LD, k0, T, sv, w0, dv, 1.0f, 1.0f, lane);
+}
+
+/* dK, dV = the sums of nch chunks of f32 partials (k_f2_bwd_dkv with hper < G), in chunk
+ * order, into dqkv; n = B T NKV HD elements each, grid-stride */
+__global__ void
+k_f2_dkv_sum(bf16 *dqkv, const float *part, size_t n, int NH, int NKV, int HD, int nch)
+{
+	size_t LD = (size_t)(NH + 2 * NKV) * HD, W = (size_t)NKV * HD;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+		float k = 0.0f, v = 0.0f;
+		for (int c = 0; c < nch; c++) {
+			k += part[(size_t)c * n + i];
+			v += part[(size_t)(nch + c) * n + i];
+		}
+		bf16 *row = dqkv + i / W * LD + (size_t)NH * HD + i % W;
+		row[0] = tobf(k);
+		row[W] = tobf(v);
+	}
+}
+
+/* heads per dK/dV block: all G of a group unless that leaves fewer than 4 blocks per
+ * multiprocessor of an H100 (528); then the smallest divisor of G that reaches it, or 1 */
+static __host__ __device__ int
+f2_hper(int B, int T, int NKV, int G)
+{
+	long blocks = (long)B * NKV * ((T + F2_ROWS - 1) / F2_ROWS);
+	if (G <= 1 || blocks >= 528)
+		return G;
+	for (int d = 2; d <= G; d++)
+		if (G % d == 0 && blocks * d >= 528)
+			return G / d;
+	return 1;
 }
 
 /* ==== flash2 launchers ==== */
@@ -627,19 +680,27 @@ static int
 f2_bwd(void *s, float *ws, void *dqkv, const void *dout, const void *out, const float *lse, const void *qkv,
     const int32_t *seg, int B, int T, int NH, int NKV)
 {
+	int G = NH / NKV, hper = f2_hper(B, T, NKV, G), nch = G / hper;
+	float *part = hper < G ? ws + (size_t)B * NH * T : NULL;
 	int e = f2_attr(k_f2_bwd_dq<HD>, f2_dq_smem<HD>());
 	if (!e)
 		e = f2_attr(k_f2_bwd_dkv<HD>, f2_dkv_smem<HD>());
 	if (e)
 		return e;
 	float scale = 1.0f / sqrtf((float)HD);
-	dim3 g1((T + F2_ROWS - 1) / F2_ROWS, NH, B), g2((T + F2_ROWS - 1) / F2_ROWS, NKV, B);
+	dim3 g1((T + F2_ROWS - 1) / F2_ROWS, NH, B), g2((T + F2_ROWS - 1) / F2_ROWS, NKV * nch, B);
 	k_f2_bwd_dq<HD><<<g1, F2_WARPS * 32, f2_dq_smem<HD>(), RLK_STREAM(s)>>>((bf16 *)dqkv, ws,
 	    (const bf16 *)dout, (const bf16 *)out, lse, (const bf16 *)qkv, seg, T, NH, NKV, F2_LOG2E * scale, scale);
 	if ((e = (int)cudaGetLastError()))
 		return e;
-	k_f2_bwd_dkv<HD><<<g2, F2_WARPS * 32, f2_dkv_smem<HD>(), RLK_STREAM(s)>>>((bf16 *)dqkv, ws,
-	    (const bf16 *)dout, lse, (const bf16 *)qkv, seg, T, NH, NKV, F2_LOG2E * scale, scale);
+	k_f2_bwd_dkv<HD><<<g2, F2_WARPS * 32, f2_dkv_smem<HD>(), RLK_STREAM(s)>>>((bf16 *)dqkv, part, ws,
+	    (const bf16 *)dout, lse, (const bf16 *)qkv, seg, T, NH, NKV, hper, F2_LOG2E * scale, scale);
+	if (part) {
+		if ((e = (int)cudaGetLastError()))
+			return e;
+		size_t n = (size_t)B * T * NKV * HD;
+		k_f2_dkv_sum<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)dqkv, part, n, NH, NKV, HD, nch);
+	}
 	RLK_RET();
 }
 
@@ -651,9 +712,13 @@ rlk_flash2_ok(int NH, int NKV, int HD, const void *p0, const void *p1, const voi
 }
 
 extern "C" size_t
-rlk_flash2_ws_bytes(int B, int T, int NH)
+rlk_flash2_ws_bytes(int B, int T, int NH, int NKV, int HD)
 {
-	return (size_t)B * T * NH * sizeof(float);
+	size_t d = (size_t)B * T * NH * sizeof(float);
+	if (NKV <= 0 || NH % NKV)
+		return d;
+	int G = NH / NKV, hper = f2_hper(B, T, NKV, G);
+	return hper < G ? d + (size_t)2 * (G / hper) * B * T * NKV * HD * sizeof(float) : d;
 }
 
 extern "C" int

@@ -69,7 +69,7 @@ typedef struct cuda_ctx {
 	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
 	int flash;             /* flash attention forward: RL_CUDA_ATTN=flash (see docs/cuda.md) */
 	int flash2;            /* mma.sync flash attention fwd + bwd: RL_CUDA_ATTN=flash2 (kernels/flash2.cu) */
-	void *fa2_ws;          /* flash2 backward: D = rowsum(dO * O), (B, NH, T) f32 */
+	void *fa2_ws;          /* flash2 backward: D = rowsum(dO * O) (B, NH, T) f32, dK/dV partials */
 	size_t fa2_ws_bytes;
 	int gelu_fuse;         /* RL_CUDA_GELU_FUSE=1: bias + GELU (and its gradient) in GEMM epilogues */
 	int gelu_nosup;        /* cuBLASLt had no algorithm for a GELU epilogue: fall back from then on */
@@ -727,7 +727,7 @@ cu_attn_bwd(rl_ops *o, void *dqkv, const void *dout, const void *out, const floa
 {
 	cuda_ctx *c = CTX(o);
 	if (c->flash2 && rlk_flash2_ok(NH, NKV, HD, dqkv, dout, out, qkv)) {
-		void *ws = grow_buf(o, &c->fa2_ws, &c->fa2_ws_bytes, RL_MAX(rlk_flash2_ws_bytes(B, T, NH), 256));
+		void *ws = grow_buf(o, &c->fa2_ws, &c->fa2_ws_bytes, RL_MAX(rlk_flash2_ws_bytes(B, T, NH, NKV, HD), 256));
 		if (ws)
 			CKP(o, "attn_bwd", rlk_flash2_bwd(S(o), ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV, HD));
 		return;

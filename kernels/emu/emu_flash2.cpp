@@ -60,9 +60,10 @@ fill_bf(bf16 *d, float *f, size_t n, float lo, float hi)
 
 struct f2_args {
 	bf16 *out, *qkv, *dout, *dqkv;
-	float *lse, *ws;
+	float *lse, *ws, *part;
 	int32_t *seg;
-	int T, NH, NKV, HD;
+	int T, NH, NKV, HD, hper;
+	size_t n;
 };
 static f2_args FA;
 
@@ -91,9 +92,17 @@ run_dkv(void *)
 {
 	float sc = 1.0f / sqrtf((float)FA.HD);
 	if (FA.HD == 64)
-		k_f2_bwd_dkv<64>(FA.dqkv, FA.ws, FA.dout, FA.lse, FA.qkv, FA.seg, FA.T, FA.NH, FA.NKV, F2_LOG2E * sc, sc);
+		k_f2_bwd_dkv<64>(FA.dqkv, FA.part, FA.ws, FA.dout, FA.lse, FA.qkv, FA.seg, FA.T, FA.NH, FA.NKV, FA.hper,
+		    F2_LOG2E * sc, sc);
 	else
-		k_f2_bwd_dkv<128>(FA.dqkv, FA.ws, FA.dout, FA.lse, FA.qkv, FA.seg, FA.T, FA.NH, FA.NKV, F2_LOG2E * sc, sc);
+		k_f2_bwd_dkv<128>(FA.dqkv, FA.part, FA.ws, FA.dout, FA.lse, FA.qkv, FA.seg, FA.T, FA.NH, FA.NKV, FA.hper,
+		    F2_LOG2E * sc, sc);
+}
+
+static void
+run_sum(void *)
+{
+	k_f2_dkv_sum(FA.dqkv, FA.part, FA.n, FA.NH, FA.NKV, FA.HD, FA.NH / FA.NKV / FA.hper);
 }
 
 /* a (n) emulator values against ref: count outside atol + rtol |ref|, NMSE; extra: exact-zero
@@ -130,9 +139,10 @@ cmp(const char *what, const char *name, const bf16 *gb, const float *gf, const f
 }
 
 /* seg_mode 0: none; 1: packed (2-3 segments); 2: packed + trailing padding; 3: leading
- * padding, then packed */
+ * padding, then packed.  hper: query heads per dK/dV block (0: the launcher's choice,
+ * f2_hper, which splits every group here: these shapes have few blocks) */
 static void
-test_attn(int B, int T, int NH, int NKV, int HD, int seg_mode)
+test_attn(int B, int T, int NH, int NKV, int HD, int seg_mode, int hper)
 {
 	int W = (NH + 2 * NKV) * HD;
 	size_t nq = (size_t)B * T * W, no = (size_t)B * T * NH * HD, nl = (size_t)B * NH * T;
@@ -176,19 +186,30 @@ test_attn(int B, int T, int NH, int NKV, int HD, int seg_mode)
 	rl_cpu_attn_fwd(NULL, rout, rlse, fq, seg, B, T, NH, NKV, HD);
 	rl_cpu_attn_bwd(NULL, rdq, fdo, rout, rlse, fq, seg, B, T, NH, NKV, HD);
 
-	FA = { out, qkv, dout, dqkv, lse, ws, seg, T, NH, NKV, HD };
+	int G = NH / NKV;
+	if (hper == 0)
+		hper = f2_hper(B, T, NKV, G);
+	int nch = G / hper;
+	size_t n = (size_t)B * T * NKV * HD;
+	float *part = nch > 1 ? new float[2 * nch * n] : NULL;
+	for (size_t i = 0; part && i < 2 * nch * n; i++)
+		part[i] = NAN;
+	FA = { out, qkv, dout, dqkv, lse, ws, part, seg, T, NH, NKV, HD, hper, n };
 	unsigned nb = (unsigned)((T + F2_ROWS - 1) / F2_ROWS);
 	emu_launch(dim3(nb, (unsigned)NH, (unsigned)B), dim3(F2_WARPS * 32), run_fwd, NULL);
 	/* the backward from the emulated forward's out and lse, as a training step */
 	emu_launch(dim3(nb, (unsigned)NH, (unsigned)B), dim3(F2_WARPS * 32), run_dq, NULL);
-	emu_launch(dim3(nb, (unsigned)NKV, (unsigned)B), dim3(F2_WARPS * 32), run_dkv, NULL);
+	emu_launch(dim3(nb, (unsigned)(NKV * nch), (unsigned)B), dim3(F2_WARPS * 32), run_dkv, NULL);
+	if (part)
+		emu_launch(dim3((unsigned)((n + 255) / 256 < 7 ? (n + 255) / 256 : 7)), dim3(256), run_sum, NULL);
 
 	double mo = 0, mq = 0;
 	for (size_t i = 0; i < no; i++)
 		mo = fmax(mo, fabs(rout[i]));
 	for (size_t i = 0; i < nq; i++)
 		mq = fmax(mq, fabs(rdq[i]));
-	printf("flash2 B=%d T=%d NH=%d NKV=%d HD=%d seg=%d\n", B, T, NH, NKV, HD, seg_mode);
+	printf("flash2 B=%d T=%d NH=%d NKV=%d HD=%d seg=%d, dK/dV: %d head(s) per block%s\n", B, T, NH, NKV, HD,
+	    seg_mode, hper, nch > 1 ? " + k_f2_dkv_sum" : "");
 	int f = 0;
 	f |= cmp("out ", "", out, NULL, rout, no, 1e-2 * mo, 1.6e-2, 1e-4, zo);
 	f |= cmp("lse ", "", NULL, lse, rlse, nl, 1e-4, 1e-4, 1e-8, zl);
@@ -201,6 +222,7 @@ test_attn(int B, int T, int NH, int NKV, int HD, int seg_mode)
 	delete[] qkv; delete[] dout; delete[] out; delete[] dqkv; delete[] fq; delete[] fdo; delete[] rout;
 	delete[] rlse; delete[] rdq; delete[] lse; delete[] ws; delete[] zo; delete[] zl; delete[] zq;
 	delete[] seg;
+	delete[] part;
 }
 
 /* ---- the emulated instructions against the PTX ISA's element formulas ------------------
@@ -282,16 +304,16 @@ main(int argc, char **argv)
 {
 	int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
 	selftest();
-	test_attn(1, 1, 2, 1, 64, 0);      /* T = 1 */
-	test_attn(2, 37, 4, 2, 64, 1);     /* B > 1, G = 2, packed, T < one block */
-	test_attn(1, 100, 7, 1, 64, 2);    /* G = 7, trailing padding, two blocks */
-	test_attn(2, 77, 4, 1, 128, 1);    /* HD 128 (32-row inner tiles), G = 4 */
-	test_attn(2, 64, 2, 1, 64, 0);     /* exactly one block, no seg: the unmasked paths */
+	test_attn(1, 1, 2, 1, 64, 0, 0);      /* T = 1 */
+	test_attn(2, 37, 4, 2, 64, 1, 0);     /* B > 1, G = 2, packed, T < one block */
+	test_attn(1, 100, 7, 1, 64, 2, 7);    /* G = 7 summed in registers, trailing padding */
+	test_attn(2, 77, 4, 1, 128, 1, 2);    /* HD 128 (32-row inner tiles), G = 4 as 2 x 2 */
+	test_attn(2, 64, 2, 1, 64, 0, 0);     /* exactly one block, no seg: the unmasked paths */
 	if (!quick) {
-		test_attn(1, 130, 2, 2, 64, 3);    /* G = 1, leading padding, three blocks */
-		test_attn(1, 129, 2, 1, 128, 2);   /* HD 128, three blocks */
-		test_attn(1, 200, 14, 2, 64, 0);   /* Qwen-like group of 7, no seg: unmasked fast paths */
-		test_attn(1, 150, 2, 2, 128, 3);
+		test_attn(1, 130, 2, 2, 64, 3, 0);    /* G = 1, leading padding, three blocks */
+		test_attn(1, 129, 2, 1, 128, 2, 0);   /* HD 128, three blocks */
+		test_attn(1, 200, 14, 2, 64, 0, 0);   /* Qwen-like group of 7 split 7 ways, no seg */
+		test_attn(1, 150, 2, 2, 128, 3, 0);
 	}
 	printf("emu_flash2: %d of %d cases passed\n", cases - fails, cases);
 	return fails ? 1 : 0;

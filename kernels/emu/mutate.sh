@@ -65,5 +65,8 @@ mutant "D over half a row" 's/acc += __shfl_xor_sync(0xffffffffu, acc, 1);/acc +
 mutant "no cp.async.wait_group before using a tile" 's/			f2_cp_wait(1);/			;/'
 mutant "forward prefetching into the buffer in use" 's/bf16 \*nk = skv + ((it + 1) \& 1)/bf16 *nk = skv + (it \& 1)/'
 mutant "dK/dV pass loading a query tile into the wrong buffer" 's/m0 = mfirst + (i % nm) \* BM, bf_ = i \& 1;/m0 = mfirst + (i % nm) * BM, bf_ = (i + 1) \& 1;/'
+# the split dK/dV pass (few blocks: query heads in chunks, f32 partials, k_f2_dkv_sum)
+mutant "dK/dV chunks starting at the wrong head" 's/int h0 = kvh \* G + chunk \* hper;/int h0 = kvh * G + chunk;/'
+mutant "chunk sum leaving out the last chunk" 's/for (int c = 0; c < nch; c++) {/for (int c = 0; c < nch - 1; c++) {/'
 rm -f "$tmp" "$tmp.log"
 exit $missed
