@@ -19,15 +19,17 @@
  *            k_f2_bwd_dkv: block = 64 keys of one (batch row, kv head); over the
  *            G query heads of the group and the query tiles at or after the
  *            keys: recomputes S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK +=
- *            dS^T Q, so dK, dV of a GQA group are summed in registers.
+ *            dS^T Q, so dK, dV of a GQA group are summed in registers.  With
+ *            few such blocks (f2_hper) the heads are split over blocks and
+ *            k_f2_dkv_sum adds their f32 partials, in order.
  *   dQ by a separate pass, not f32 atomics: every output element is written
  *   once by one block, so the backward is deterministic (bit for bit run to
  *   run) and needs no (B, T, NH, HD) f32 buffer nor a cast kernel; the price is
  *   recomputing S and dP for dQ (8 instead of 5 GEMM-sized products).
  * Shared memory tiles are row-major with the 16-byte chunks of a row XOR-swizzled
  * by (row & 7), so the 8 row addresses of an ldmatrix hit 8 different bank
- * groups.  Loads are plain 16-byte loads through registers (no cp.async, no
- * double buffering yet).
+ * groups.  Global loads are 16-byte cp.async into two buffers: the next tile is
+ * in flight while the current one is used.
  *
  * Fragment layouts (PTX ISA, mma.m16n8k16 .bf16, lane = 4 groupID + tq):
  *   A (16x16 row): a0 (g, 2tq..+1), a1 (g+8, 2tq..), a2 (g, 2tq+8..), a3 (g+8, 2tq+8..)
