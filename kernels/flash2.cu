@@ -143,22 +143,8 @@ f2_pack(float lo, float hi)
 	return (uint32_t)__bfloat16_as_ushort(tobf(lo)) | ((uint32_t)__bfloat16_as_ushort(tobf(hi)) << 16);
 }
 
-/* rows row0.. row0+R-1 (HD columns starting at src, row stride ld) into a swizzled tile;
- * rows at or past T are zero */
-template <int HD, int R>
-static __device__ __forceinline__ void
-f2_load(bf16 *dst, const bf16 *src, size_t ld, int row0, int T)
-{
-	for (int i = threadIdx.x; i < R * HD / 8; i += F2_WARPS * 32) {
-		int r = i / (HD / 8), c = i % (HD / 8);
-		uint4 v = make_uint4(0, 0, 0, 0);
-		if (row0 + r < T)
-			v = *reinterpret_cast<const uint4 *>(src + (size_t)(row0 + r) * ld + c * 8);
-		*reinterpret_cast<uint4 *>(dst + f2_sw<HD>(r, c)) = v;
-	}
-}
-
-/* f2_load by cp.async (rows at or past T zeroed by plain stores); the caller commits */
+/* rows row0.. row0+R-1 (HD columns starting at src, row stride ld) into a swizzled tile
+ * by cp.async; rows at or past T are zeroed by plain stores.  The caller commits. */
 template <int HD, int R>
 static __device__ __forceinline__ void
 f2_load_async(bf16 *dst, const bf16 *src, size_t ld, int row0, int T)
