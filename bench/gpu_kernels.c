@@ -1,8 +1,10 @@
 /*
  * gpu_kernels.c — single-op timings of the CUDA backend at the GPT-2 124M
  * training shape (N = 16 x 1024 tokens): cuBLASLt GEMMs (TFLOP/s), attention
- * forward and backward, fused log-prob forward + backward over V = 50257, and
- * decode attention.  One JSON line per op; each the mean of `iters` runs after
+ * forward and backward (the default path, then flash2 through a second backend
+ * opened with RL_CUDA_ATTN=flash2; GPT-2's 12 heads of 64, Qwen 0.5B's 14/2 at
+ * 8 x 1024, and 8/2 heads of 128), fused log-prob forward + backward over
+ * V = 50257, and decode attention.  One JSON line per op; each the mean of `iters` runs after
  * a warm-up, timed around ops->sync.
  */
 #include <stdio.h>
