@@ -805,6 +805,11 @@ main(void)
 		test_attn(2, 1030, 4, 1, 128, 2);
 		test_attn(1, 1024, 12, 12, 64, 0);
 		test_attn(1, 1024, 14, 2, 64, 1);
+		/* the dK/dV pass by how many query heads a block takes (f2_hper): 528 blocks, so
+		 * both of a group in registers; 264 blocks with G = 4, so chunks of 2 summed by
+		 * k_f2_dkv_sum (the cases above split down to one head per block) */
+		test_attn(132, 65, 4, 2, 64, 2);
+		test_attn(66, 65, 8, 2, 64, 1);
 		test_attn_det(2, 1024, 12, 12, 64);
 		test_attn_det(1, 777, 14, 2, 128);
 		rl_ops_close(g);
