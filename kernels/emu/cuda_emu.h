@@ -94,6 +94,12 @@ struct emu_state {
 };
 static emu_state emu;
 
+/* RL_EMU_SKEW=1: each scheduling round runs a random half of the warps, so warps drift
+ * apart by many steps between block barriers (a missing __syncthreads shows as a race
+ * on shared memory), and cp.async copies are done at once instead of at their wait */
+static int emu_skew = getenv("RL_EMU_SKEW") != NULL && atoi(getenv("RL_EMU_SKEW")) > 0;
+static uint64_t emu_skew_state = 0x853c49e6748fea9bull;
+
 /* dynamic shared memory (extern __shared__): one arena, filled with 0xff (NaN as bf16 and
  * f32) before every block, so a read of an element the block did not write shows */
 #define EMU_DYN_SMEM (128 * 1024)
@@ -252,7 +258,10 @@ emu_cp_async16(void *dst, const void *src)
 		fprintf(stderr, "emu: more than %d cp.async pending in thread %d\n", EMU_CPQ, t);
 		abort();
 	}
-	emu_cpq[t][emu_cpn[t]++] = { dst, src, emu_cpg[t] };
+	if (emu_skew)
+		memcpy(dst, src, 16);
+	else
+		emu_cpq[t][emu_cpn[t]++] = { dst, src, emu_cpg[t] };
 }
 
 static void emu_cp_commit(void) { emu_cpg[threadIdx.x]++; }
@@ -316,19 +325,28 @@ emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *arg)
 					makecontext(&emu.fib[t], emu_trampoline, 0);
 				}
 				for (;;) {
-					int left = 0;
+					int left = 0, skipped = 0;
+					unsigned run = ~0u;  /* warps scheduled this round (skew: a random half) */
+					if (emu_skew) {
+						emu_skew_state = emu_skew_state * 6364136223846793005ull + 1442695040888963407ull;
+						run = (unsigned)(emu_skew_state >> 32);
+					}
 					emu.progress = 0;
 					for (int t = 0; t < nt; t++) {
 						if (emu.done[t])
 							continue;
 						left++;
+						if (!(run >> (t / 32 % 32) & 1)) {
+							skipped = 1;
+							continue;
+						}
 						emu.cur = t;
 						threadIdx = dim3((unsigned)t, 0, 0);
 						swapcontext(&emu.sched, &emu.fib[t]);
 					}
 					if (!left)
 						break;
-					if (!emu.progress) {
+					if (!emu.progress && !skipped) {
 						fprintf(stderr, "emu: deadlock in block (%u,%u): a barrier or shuffle not "
 						    "reached by every thread of its block/warp\n", bx, by);
 						abort();

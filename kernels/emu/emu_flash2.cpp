@@ -303,6 +303,14 @@ int
 main(int argc, char **argv)
 {
 	int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+	if (argc > 1 && strcmp(argv[1], "skew") == 0) {
+		/* for RL_EMU_SKEW=1 (run.sh runs it so): three or more tiles in every pass, so a
+		 * buffer is refilled while, without the barrier, a slower warp may still read it */
+		test_attn(1, 200, 2, 1, 64, 2, 0);
+		test_attn(1, 150, 2, 1, 128, 0, 2);
+		printf("emu_flash2 (skew): %d of %d cases passed\n", cases - fails, cases);
+		return fails ? 1 : 0;
+	}
 	selftest();
 	test_attn(1, 1, 2, 1, 64, 0, 0);      /* T = 1 */
 	test_attn(2, 37, 4, 2, 64, 1, 0);     /* B > 1, G = 2, packed, T < one block */

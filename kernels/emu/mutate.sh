@@ -1,10 +1,11 @@
 #!/bin/sh
 # kernels/emu/mutate.sh — shows that kernels/emu catches wrong flash2 kernels: each
 # mutation below is applied to a copy of kernels/flash2.cu (a wrong mma/ldmatrix
-# fragment layout, a missing mask, a missing rescale, ...), the copy is run through
-# `run.sh quick` (RL_EMU_FLASH2=copy) and must FAIL.  Prints one line per mutation;
-# exit 1 if any mutation passed (went unnoticed) or did not apply.  About 10 s per
-# mutation on 2 cores, so not part of `make check`; run it after changing flash2.cu.
+# fragment layout, a missing mask, a missing rescale, a missing barrier, ...), the
+# copy is run through `run.sh quick` (RL_EMU_FLASH2=copy; with its two skew cases)
+# and must FAIL.  Prints one line per mutation; exit 1 if any mutation passed (went
+# unnoticed) or did not apply.  About 8 s per mutation (3 minutes in all) on 2 cores,
+# so not part of `make check`; run it after changing flash2.cu.
 #   sh kernels/emu/mutate.sh         (needs build/librlpipe.a: `make` first)
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -14,7 +15,12 @@ missed=0
 mutant() {
 	name=$1
 	expr=$2
-	sed "$expr" "$root/kernels/flash2.cu" > "$tmp"
+	case $expr in
+	drop:*)	# drop:N: leave out the N-th barrier after a tile is used
+		awk -v n="${expr#drop:}" '/this buffer is read: the next iteration may refill it/ { if (++c == n) next } { print }' \
+		    "$root/kernels/flash2.cu" > "$tmp" ;;
+	*)	sed "$expr" "$root/kernels/flash2.cu" > "$tmp" ;;
+	esac
 	if cmp -s "$tmp" "$root/kernels/flash2.cu"; then
 		echo "NOT APPLIED  $name"
 		missed=1
@@ -68,5 +74,10 @@ mutant "dK/dV pass loading a query tile into the wrong buffer" 's/m0 = mfirst + 
 # the split dK/dV pass (few blocks: query heads in chunks, f32 partials, k_f2_dkv_sum)
 mutant "dK/dV chunks starting at the wrong head" 's/int h0 = kvh \* G + chunk \* hper;/int h0 = kvh * G + chunk;/'
 mutant "chunk sum leaving out the last chunk" 's/for (int c = 0; c < nch; c++) {/for (int c = 0; c < nch - 1; c++) {/'
+# the barrier after a tile is used left out (forward, dQ pass, dK/dV pass): the next
+# prefetch refills the buffer while a slower warp may still read it (run.sh's skew cases)
+mutant "forward refilling a buffer without a barrier" drop:1
+mutant "dQ pass refilling a buffer without a barrier" drop:2
+mutant "dK/dV pass refilling a buffer without a barrier" drop:3
 rm -f "$tmp" "$tmp.log"
 exit $missed

@@ -6,7 +6,9 @@
 # (decode.cu's split decode attention and merge, norm.cu's add_norm_fwd, flash2.cu's
 # flash attention forward and backward: emu_flash2.cpp).
 #   sh kernels/emu/run.sh            (needs build/librlpipe.a: `make` first)
-#   sh kernels/emu/run.sh quick      (flash2: the first five cases only)
+#   sh kernels/emu/run.sh quick      (flash2: the self-test and the first five cases, then
+#                                     the two skew cases)
+#   RL_EMU_SKEW=1 build/emu/emu_flash2 skew   (those two alone)
 #   RL_EMU_FLASH2=x.cu sh kernels/emu/run.sh    (flash2 kernels from x.cu: kernels/emu/mutate.sh)
 # The kernels are cut out of the .cu files as they are (awk, below), so what runs
 # is the committed source, not a copy.
@@ -62,4 +64,9 @@ if [ -n "$san" ] && [ $# = 0 ]; then
 	set -- quick
 fi
 "$out/emu_flash2" "$@" || rc=1
+# warps drifting apart (kernels/emu/cuda_emu.h, RL_EMU_SKEW): shows a missing barrier
+# before a shared buffer is refilled
+if [ $# = 0 ] || [ "$1" = quick ]; then
+	RL_EMU_SKEW=1 "$out/emu_flash2" skew || rc=1
+fi
 exit $rc
