@@ -1,8 +1,10 @@
 /*
  * gpu_kernels.c — single-op timings of the CUDA backend at the GPT-2 124M
  * training shape (N = 16 x 1024 tokens): cuBLASLt GEMMs (TFLOP/s), attention
- * forward and backward, fused log-prob forward + backward over V = 50257, and
- * decode attention.  One JSON line per op; each the mean of `iters` runs after
+ * forward and backward (the default path, then flash2 through a second backend
+ * opened with RL_CUDA_ATTN=flash2; GPT-2's 12 heads of 64, Qwen 0.5B's 14/2 at
+ * 8 x 1024, and 8/2 heads of 128), fused log-prob forward + backward over
+ * V = 50257, and decode attention.  One JSON line per op; each the mean of `iters` runs after
  * a warm-up, timed around ops->sync.
  */
 #include <stdio.h>
@@ -48,6 +50,25 @@ dev(size_t bytes, int fill)
 	    (flops) > 0 ? (flops) / ms_ / 1e9 : 0.0); \
 	fflush(stdout); } while (0)
 
+/* attn_fwd and attn_bwd at (B, T, NH, NKV, HD); flops counted over the full T x T
+ * square (the rows before flash2 did so), so causal work is half of what is counted */
+static void
+attn_rows(int B, int T, int NH, int NKV, int HD, const char *tag)
+{
+	char lab[96];
+	int W = (NH + 2 * NKV) * HD;
+	size_t N = (size_t)B * T;
+	void *qkv = dev(N * W * 2, 1), *out = dev(N * NH * HD * 2, 0);
+	void *dqkv = dev(N * W * 2, 0), *dout = dev(N * NH * HD * 2, 1);
+	float *lse = dev((size_t)B * NH * T * 4, 0);
+	double f = 4.0 * B * NH * (double)T * T * HD;
+	snprintf(lab, sizeof lab, "attn_fwd %dx%d NH%d NKV%d HD%d%s", B, T, NH, NKV, HD, tag);
+	TIME(lab, 10, f, o->attn_fwd(o, out, lse, qkv, NULL, B, T, NH, NKV, HD));
+	snprintf(lab, sizeof lab, "attn_bwd %dx%d NH%d NKV%d HD%d%s", B, T, NH, NKV, HD, tag);
+	TIME(lab, 10, 2.5 * f, o->attn_bwd(o, dqkv, dout, out, lse, qkv, NULL, B, T, NH, NKV, HD));
+	o->free(o, qkv); o->free(o, out); o->free(o, dqkv); o->free(o, dout); o->free(o, lse);
+}
+
 int
 main(void)
 {
@@ -71,17 +92,22 @@ main(void)
 		snprintf(lab, sizeof lab, "matmul_bwd %dx%dx%d (dinp+dw)", N, K, M);
 		TIME(lab, 20, 2 * f, o->matmul_bwd(o, dx, dw, NULL, y, x, w, N, K, M));
 	}
-	/* attention */
+	/* attention: the default path, then flash2 (RL_CUDA_ATTN=flash2, a second backend) */
+	attn_rows(B, T, NH, NH, HD, "");
+	attn_rows(8, T, 14, 2, 64, "");
 	{
-		int W = 3 * NH * HD;
-		void *qkv = dev((size_t)N * W * 2, 1), *out = dev((size_t)N * NH * HD * 2, 0);
-		void *dqkv = dev((size_t)N * W * 2, 0), *dout = dev((size_t)N * NH * HD * 2, 1);
-		float *lse = dev((size_t)B * NH * T * 4, 0);
-		double f = 4.0 * B * NH * (double)T * T * HD;  /* full square, as computed */
-		TIME("attn_fwd 16x1024 NH12 HD64", 10, f, o->attn_fwd(o, out, lse, qkv, NULL, B, T, NH, NH, HD));
-		TIME("attn_bwd 16x1024 NH12 HD64", 10, 2.5 * f,
-		    o->attn_bwd(o, dqkv, dout, out, lse, qkv, NULL, B, T, NH, NH, HD));
-		o->free(o, qkv); o->free(o, out); o->free(o, dqkv); o->free(o, dout); o->free(o, lse);
+		rl_ops *o0 = o;
+		setenv("RL_CUDA_ATTN", "flash2", 1);
+		if (rl_ops_open(&o, "cuda") != RL_OK) {
+			fprintf(stderr, "gpu_kernels: cannot open a second CUDA backend\n");
+			return 1;
+		}
+		attn_rows(B, T, NH, NH, HD, " flash2");
+		attn_rows(8, T, 14, 2, 64, " flash2");
+		attn_rows(4, T, 8, 2, 128, " flash2");
+		rl_ops_close(o);
+		o = o0;
+		unsetenv("RL_CUDA_ATTN");
 	}
 	/* log-prob over a chunk of 2048 rows */
 	{

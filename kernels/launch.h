@@ -93,6 +93,17 @@ int rlk_attn_bwd(void *stream, void *cublas, void *ws, size_t ws_bytes, void *dq
 int rlk_flash_fwd_ok(int HD, const void *qkv);
 int rlk_flash_fwd(void *stream, void *out, float *lse, const void *qkv, const int32_t *seg, int B, int T,
     int NH, int NKV, int HD);
+/* Flash attention forward and backward on mma.sync (kernels/flash2.cu): the contract of
+ * rlk_attn_fwd / rlk_attn_bwd without scores.  rlk_flash2_ok: HD 64 or 128, NH a multiple of
+ * NKV, the pointers given (NULL allowed) 16-byte aligned.  The backward needs ws: device scratch
+ * of rlk_flash2_ws_bytes (D = rowsum(dO * O) per query and head, and with few KV blocks f32
+ * partial dK/dV sums per group of query heads). */
+int rlk_flash2_ok(int NH, int NKV, int HD, const void *p0, const void *p1, const void *p2, const void *p3);
+size_t rlk_flash2_ws_bytes(int B, int T, int NH, int NKV, int HD);
+int rlk_flash2_fwd(void *stream, void *out, float *lse, const void *qkv, const int32_t *seg, int B, int T,
+    int NH, int NKV, int HD);
+int rlk_flash2_bwd(void *stream, float *ws, void *dqkv, const void *dout, const void *out, const float *lse,
+    const void *qkv, const int32_t *seg, int B, int T, int NH, int NKV, int HD);
 int rlk_attn_decode(void *stream, void *out, const void *qkv, const void *kc, const void *vc,
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
     int BS, int MAXBLK);

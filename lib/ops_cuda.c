@@ -68,6 +68,9 @@ typedef struct cuda_ctx {
 	size_t acc_bytes;
 	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
 	int flash;             /* flash attention forward: RL_CUDA_ATTN=flash (see docs/cuda.md) */
+	int flash2;            /* mma.sync flash attention fwd + bwd: RL_CUDA_ATTN=flash2 (kernels/flash2.cu) */
+	void *fa2_ws;          /* flash2 backward: D = rowsum(dO * O) (B, NH, T) f32, dK/dV partials */
+	size_t fa2_ws_bytes;
 	int gelu_fuse;         /* RL_CUDA_GELU_FUSE=1: bias + GELU (and its gradient) in GEMM epilogues */
 	int gelu_nosup;        /* cuBLASLt had no algorithm for a GELU epilogue: fall back from then on */
 	int decode_v1;         /* RL_CUDA_DECODE_ATTN=v1: attn_decode by attn.cu's kernel only */
@@ -704,6 +707,10 @@ cu_attn_fwd(rl_ops *o, void *out, float *lse, const void *qkv, const int32_t *se
     int NH, int NKV, int HD)
 {
 	cuda_ctx *c = CTX(o);
+	if (c->flash2 && rlk_flash2_ok(NH, NKV, HD, out, qkv, NULL, NULL)) {
+		CKP(o, "attn_fwd", rlk_flash2_fwd(S(o), out, lse, qkv, seg, B, T, NH, NKV, HD));
+		return;
+	}
 	if (c->flash && rlk_flash_fwd_ok(HD, qkv)) {
 		CKP(o, "attn_fwd", rlk_flash_fwd(S(o), out, lse, qkv, seg, B, T, NH, NKV, HD));
 		return;
@@ -718,9 +725,15 @@ static void
 cu_attn_bwd(rl_ops *o, void *dqkv, const void *dout, const void *out, const float *lse,
     const void *qkv, const int32_t *seg, int B, int T, int NH, int NKV, int HD)
 {
+	cuda_ctx *c = CTX(o);
+	if (c->flash2 && rlk_flash2_ok(NH, NKV, HD, dqkv, dout, out, qkv)) {
+		void *ws = grow_buf(o, &c->fa2_ws, &c->fa2_ws_bytes, RL_MAX(rlk_flash2_ws_bytes(B, T, NH, NKV, HD), 256));
+		if (ws)
+			CKP(o, "attn_bwd", rlk_flash2_bwd(S(o), ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV, HD));
+		return;
+	}
 	if (attn_ws(o, B, T, NH, NKV, HD, 1))
 		return;
-	cuda_ctx *c = CTX(o);
 	CKP(o, "attn_bwd", rlk_attn_bwd(S(o), c->blas, c->attn_ws, c->attn_ws_bytes, dqkv, dout, out, lse,
 	    qkv, seg, B, T, NH, NKV, HD));
 }
@@ -1018,6 +1031,7 @@ cu_close(rl_ops *o)
 		cudaFree(c->pad);
 		cudaFree(c->acc);
 		cudaFree(c->dec_ws);
+		cudaFree(c->fa2_ws);
 		cudaFree(c->attn_ws);
 		cudaFree(c->lt_ws);
 		cudaFree(c->dsum);
@@ -1065,6 +1079,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	o->ctx = c;
 	c->prof = getenv("RL_CUDA_PROFILE") != NULL && atoi(getenv("RL_CUDA_PROFILE")) > 0;
 	c->flash = getenv("RL_CUDA_ATTN") != NULL && strcmp(getenv("RL_CUDA_ATTN"), "flash") == 0;
+	c->flash2 = getenv("RL_CUDA_ATTN") != NULL && strcmp(getenv("RL_CUDA_ATTN"), "flash2") == 0;
 	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
 	c->decode_v1 = getenv("RL_CUDA_DECODE_ATTN") != NULL && strcmp(getenv("RL_CUDA_DECODE_ATTN"), "v1") == 0;
 	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {

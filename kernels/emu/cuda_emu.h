@@ -34,6 +34,8 @@ struct dim3 {
 	dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
 struct float2 { float x, y; };
+struct uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { uint4 r = { x, y, z, w }; return r; }
 
 /* bf16 as CUDA stores it */
 struct __nv_bfloat16 { uint16_t h; };
@@ -69,6 +71,8 @@ __bfloat1622float2(__nv_bfloat162 v)
 	return r;
 }
 
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 v) { return v.h; }
+
 static inline float emu_expf(float x) { return expf(x); }
 #define __expf emu_expf
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
@@ -89,6 +93,26 @@ struct emu_state {
 	void *arg;
 };
 static emu_state emu;
+
+/* RL_EMU_SKEW=1: each scheduling round runs a random half of the warps, so warps drift
+ * apart by many steps between block barriers (a missing __syncthreads shows as a race
+ * on shared memory), and cp.async copies are done at once instead of at their wait */
+static int emu_skew = getenv("RL_EMU_SKEW") != NULL && atoi(getenv("RL_EMU_SKEW")) > 0;
+static uint64_t emu_skew_state = 0x853c49e6748fea9bull;
+
+/* dynamic shared memory (extern __shared__): one arena, filled with 0xff (NaN as bf16 and
+ * f32) before every block, so a read of an element the block did not write shows */
+#define EMU_DYN_SMEM (128 * 1024)
+alignas(128) static unsigned char emu_dyn[EMU_DYN_SMEM];
+static unsigned char *
+emu_dyn_smem(size_t bytes)
+{
+	if (bytes > EMU_DYN_SMEM) {
+		fprintf(stderr, "emu: %zu bytes of dynamic shared memory not emulated\n", bytes);
+		abort();
+	}
+	return emu_dyn;
+}
 static dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 static void
@@ -113,6 +137,7 @@ emu_barrier(emu_bar *b, int size)
 }
 
 static inline void __syncthreads(void) { emu_barrier(&emu.block, emu.nt); }
+static inline void __syncwarp(void) { emu_barrier(&emu.warp[threadIdx.x / 32], 32); }
 
 static inline float
 __shfl_xor_sync(unsigned mask, float v, int o)
@@ -127,6 +152,133 @@ __shfl_xor_sync(unsigned mask, float v, int o)
 	float r = emu.xch[(t & ~31) | ((t & 31) ^ o)];
 	emu_barrier(&emu.warp[w], 32);
 	return r;
+}
+
+/* ---- warp-collective matrix instructions, as the PTX ISA defines them ----------------
+ * Every lane of the warp must execute them (a missing lane is a deadlock).  The lanes'
+ * fragments are scattered into whole matrices by the documented per-lane mapping, the
+ * product is formed from the matrices, and each lane gathers its own elements back, so a
+ * kernel that assumes another layout computes something else and fails its check.
+ * lane = 4 groupID + tq. */
+struct emu_warpx {
+	float a[16][16], b[16][8], c[16][8];
+	const uint16_t *rows[32];
+};
+static emu_warpx emu_wx[EMU_MAXT / 32];
+
+static inline float emu_lo(uint32_t v) { __nv_bfloat16 h = { (uint16_t)(v & 0xffff) }; return __bfloat162float(h); }
+static inline float emu_hi(uint32_t v) { __nv_bfloat16 h = { (uint16_t)(v >> 16) }; return __bfloat162float(h); }
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 d, a, b, d:
+ *   A (16x16): a[0] = (g, 2tq | 2tq+1), a[1] = (g+8, ...), a[2] = (g, 2tq+8 | 2tq+9), a[3] = (g+8, ...)
+ *   B (16x8):  b0 = (k 2tq | 2tq+1, n g), b1 = (k 2tq+8 | 2tq+9, n g)
+ *   C, D:      d[0], d[1] = (g, 2tq | 2tq+1), d[2], d[3] = (g+8, ...)
+ * (low 16 bits = the lower index).  f32 products of bf16 are exact; the sum over k is
+ * done in f32, in k order (the hardware's order and rounding are not specified). */
+static void
+emu_mma_m16n8k16_bf16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+	int t = (int)threadIdx.x, w = t / 32, l = t & 31, g = l >> 2, tq = l & 3;
+	emu_warpx &x = emu_wx[w];
+	x.a[g][2 * tq] = emu_lo(a[0]);
+	x.a[g][2 * tq + 1] = emu_hi(a[0]);
+	x.a[g + 8][2 * tq] = emu_lo(a[1]);
+	x.a[g + 8][2 * tq + 1] = emu_hi(a[1]);
+	x.a[g][2 * tq + 8] = emu_lo(a[2]);
+	x.a[g][2 * tq + 9] = emu_hi(a[2]);
+	x.a[g + 8][2 * tq + 8] = emu_lo(a[3]);
+	x.a[g + 8][2 * tq + 9] = emu_hi(a[3]);
+	x.b[2 * tq][g] = emu_lo(b0);
+	x.b[2 * tq + 1][g] = emu_hi(b0);
+	x.b[2 * tq + 8][g] = emu_lo(b1);
+	x.b[2 * tq + 9][g] = emu_hi(b1);
+	x.c[g][2 * tq] = d[0];
+	x.c[g][2 * tq + 1] = d[1];
+	x.c[g + 8][2 * tq] = d[2];
+	x.c[g + 8][2 * tq + 1] = d[3];
+	emu_barrier(&emu.warp[w], 32);
+	for (int i = 0; i < 4; i++) {
+		int r = g + (i >> 1) * 8, c = 2 * tq + (i & 1);
+		float s = 0.0f;
+		for (int k = 0; k < 16; k++)
+			s += x.a[r][k] * x.b[k][c];
+		d[i] = x.c[r][c] + s;
+	}
+	emu_barrier(&emu.warp[w], 32);
+}
+
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane 8i + j gives the address of row
+ * j of matrix i (16-byte aligned, 8 b16 elements).  Without .trans, r[i] of lane l holds
+ * (row l/4, columns 2(l%4), 2(l%4)+1) of matrix i; with .trans, (rows 2(l%4), 2(l%4)+1,
+ * column l/4). */
+static void
+emu_ldmatrix_x4(uint32_t *r, const void *p, int trans)
+{
+	int t = (int)threadIdx.x, w = t / 32, l = t & 31;
+	emu_warpx &x = emu_wx[w];
+	if ((uintptr_t)p & 15) {
+		fprintf(stderr, "emu: ldmatrix row address %p of lane %d is not 16-byte aligned\n", p, l);
+		abort();
+	}
+	x.rows[l] = (const uint16_t *)p;
+	emu_barrier(&emu.warp[w], 32);
+	for (int i = 0; i < 4; i++) {
+		uint32_t lo, hi;
+		if (!trans) {
+			const uint16_t *row = x.rows[8 * i + l / 4];
+			lo = row[2 * (l % 4)];
+			hi = row[2 * (l % 4) + 1];
+		} else {
+			lo = x.rows[8 * i + 2 * (l % 4)][l / 4];
+			hi = x.rows[8 * i + 2 * (l % 4) + 1][l / 4];
+		}
+		r[i] = lo | hi << 16;
+	}
+	emu_barrier(&emu.warp[w], 32);
+}
+
+/* ---- cp.async: each thread's copies are queued and done as late as the PTX rules
+ * allow, at the cp.async.wait_group that covers their group (a copy issued but never
+ * waited for is never done), so a read that comes before its wait sees the old
+ * (poisoned) shared memory. */
+#define EMU_CPQ 128
+struct emu_cp { void *dst; const void *src; int group; };
+static emu_cp emu_cpq[EMU_MAXT][EMU_CPQ];
+static int emu_cpn[EMU_MAXT], emu_cpg[EMU_MAXT];
+
+static void
+emu_cp_async16(void *dst, const void *src)
+{
+	int t = (int)threadIdx.x;
+	if (((uintptr_t)dst | (uintptr_t)src) & 15) {
+		fprintf(stderr, "emu: cp.async of 16 bytes with an address not 16-byte aligned\n");
+		abort();
+	}
+	if (emu_cpn[t] == EMU_CPQ) {
+		fprintf(stderr, "emu: more than %d cp.async pending in thread %d\n", EMU_CPQ, t);
+		abort();
+	}
+	if (emu_skew)
+		memcpy(dst, src, 16);
+	else
+		emu_cpq[t][emu_cpn[t]++] = { dst, src, emu_cpg[t] };
+}
+
+static void emu_cp_commit(void) { emu_cpg[threadIdx.x]++; }
+
+/* cp.async.wait_group n: every group but the n most recent committed ones is done */
+static void
+emu_cp_wait(int n)
+{
+	int t = (int)threadIdx.x, k = 0;
+	for (int i = 0; i < emu_cpn[t]; i++) {
+		emu_cp &c = emu_cpq[t][i];
+		if (c.group < emu_cpg[t] - n)
+			memcpy(c.dst, c.src, 16);
+		else
+			emu_cpq[t][k++] = c;
+	}
+	emu_cpn[t] = k;
 }
 
 static void
@@ -159,6 +311,9 @@ emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *arg)
 		for (unsigned by = 0; by < grid.y; by++)
 			for (unsigned bx = 0; bx < grid.x; bx++) {
 				blockIdx = dim3(bx, by, bz);
+				memset(emu_dyn, 0xff, sizeof emu_dyn);
+				memset(emu_cpn, 0, sizeof emu_cpn);
+				memset(emu_cpg, 0, sizeof emu_cpg);
 				memset(&emu.block, 0, sizeof emu.block);
 				memset(emu.warp, 0, sizeof emu.warp);
 				for (int t = 0; t < nt; t++) {
@@ -170,19 +325,28 @@ emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *arg)
 					makecontext(&emu.fib[t], emu_trampoline, 0);
 				}
 				for (;;) {
-					int left = 0;
+					int left = 0, skipped = 0;
+					unsigned run = ~0u;  /* warps scheduled this round (skew: a random half) */
+					if (emu_skew) {
+						emu_skew_state = emu_skew_state * 6364136223846793005ull + 1442695040888963407ull;
+						run = (unsigned)(emu_skew_state >> 32);
+					}
 					emu.progress = 0;
 					for (int t = 0; t < nt; t++) {
 						if (emu.done[t])
 							continue;
 						left++;
+						if (!(run >> (t / 32 % 32) & 1)) {
+							skipped = 1;
+							continue;
+						}
 						emu.cur = t;
 						threadIdx = dim3((unsigned)t, 0, 0);
 						swapcontext(&emu.sched, &emu.fib[t]);
 					}
 					if (!left)
 						break;
-					if (!emu.progress) {
+					if (!emu.progress && !skipped) {
 						fprintf(stderr, "emu: deadlock in block (%u,%u): a barrier or shuffle not "
 						    "reached by every thread of its block/warp\n", bx, by);
 						abort();

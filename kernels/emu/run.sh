@@ -3,8 +3,13 @@
 # and compares them with the CPU reference (lib/ops_cpu.c).  No GPU needed; a C++
 # build (g++), run by `make check` through tests/cli/cuda-emu.bats (skipped
 # without a C++ compiler) and by hand after changing the kernels it covers
-# (decode.cu's split decode attention and merge, norm.cu's add_norm_fwd).
+# (decode.cu's split decode attention and merge, norm.cu's add_norm_fwd, flash2.cu's
+# flash attention forward and backward: emu_flash2.cpp).
 #   sh kernels/emu/run.sh            (needs build/librlpipe.a: `make` first)
+#   sh kernels/emu/run.sh quick      (flash2: the self-test and the first five cases, then
+#                                     the two skew cases)
+#   RL_EMU_SKEW=1 build/emu/emu_flash2 skew   (those two alone)
+#   RL_EMU_FLASH2=x.cu sh kernels/emu/run.sh    (flash2 kernels from x.cu: kernels/emu/mutate.sh)
 # The kernels are cut out of the .cu files as they are (awk, below), so what runs
 # is the committed source, not a copy.
 set -eu
@@ -26,7 +31,42 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	cut_fn "$root/kernels/norm.cu" '^__global__ void k_layernorm_fwd\('
 	cut_fn "$root/kernels/norm.cu" '^__global__ void k_add_norm_fwd\('
 } > "$out/kernels.inc"
-${CXX:-g++} -O1 -g -std=c++17 -ffp-contract=off -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas \
-    -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_kernels" "$root/kernels/emu/emu_kernels.cpp" \
+{
+	awk '/^static __device__ __forceinline__ float ld\(/ { f = 1 } /^#endif/ { f = 0 } f' \
+	    "$root/kernels/common.cuh"
+	# flash2.cu: from its kernels marker to its launchers marker (the inline-PTX
+	# primitives before it are replaced by emu_flash2.cpp's emulated ones)
+	awk '/^\/\* ==== flash2 kernels/ { f = 1 } /^\/\* ==== flash2 launchers/ { f = 0 } f' \
+	    "${RL_EMU_FLASH2:-$root/kernels/flash2.cu}"
+} > "$out/flash2.inc"
+CXXF="-O1 -g -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas"
+# a sanitized library (make SANITIZE=address,undefined: build-san/) needs the sanitizer runtimes
+# (4x slower: flash2 then runs its quick set unless told otherwise)
+san=
+if nm "$root/$B/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
+	CXXF="$CXXF -fsanitize=address,undefined"
+	san=1
+fi
+p1=
+if [ -z "${RL_EMU_FLASH2:-}" ]; then
+	${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_kernels" "$root/kernels/emu/emu_kernels.cpp" \
+	    "$root/$B/librlpipe.a" -fopenmp -lm &
+	p1=$!
+fi
+${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_flash2" "$root/kernels/emu/emu_flash2.cpp" \
     "$root/$B/librlpipe.a" -fopenmp -lm
-"$out/emu_kernels" "$@"
+[ -z "$p1" ] || wait $p1
+rc=0
+if [ -z "${RL_EMU_FLASH2:-}" ]; then
+	"$out/emu_kernels" || rc=1
+fi
+if [ -n "$san" ] && [ $# = 0 ]; then
+	set -- quick
+fi
+"$out/emu_flash2" "$@" || rc=1
+# warps drifting apart (kernels/emu/cuda_emu.h, RL_EMU_SKEW): shows a missing barrier
+# before a shared buffer is refilled
+if [ $# = 0 ] || [ "$1" = quick ]; then
+	RL_EMU_SKEW=1 "$out/emu_flash2" skew || rc=1
+fi
+exit $rc

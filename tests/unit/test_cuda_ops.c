@@ -426,6 +426,32 @@ test_attn(int B, int T, int NH, int NKV, int HD, int seg_mode)
 	free(qkv); free(dout); free(out); free(lse); free(dqkv); free(seg);
 }
 
+/* The attention backward run twice on the same inputs gives the same bits (flash2's
+ * backward writes every element once, without atomics). */
+static void
+test_attn_det(int B, int T, int NH, int NKV, int HD)
+{
+	char nm[96];
+	int W = (NH + 2 * NKV) * HD;
+	size_t nq = (size_t)B * T * W, no = (size_t)B * T * NH * HD, nl = (size_t)B * NH * T;
+	float *qkv = tc_rand(nq, -2, 2, 1), *dout = tc_rand(no, -1, 1, 1);
+	void *dq = tc_up(g, qkv, nq, BF), *ddo = tc_up(g, dout, no, BF);
+	void *dout_o = tc_poison(g, no, BF), *dlse = tc_poison(g, nl, F32);
+	void *d1 = tc_poison(g, nq, BF), *d2 = tc_poison(g, nq, BF);
+	g->attn_fwd(g, dout_o, dlse, dq, NULL, B, T, NH, NKV, HD);
+	g->attn_bwd(g, d1, ddo, dout_o, dlse, dq, NULL, B, T, NH, NKV, HD);
+	g->attn_bwd(g, d2, ddo, dout_o, dlse, dq, NULL, B, T, NH, NKV, HD);
+	uint16_t *h1 = rl_xmalloc(nq * 2), *h2 = rl_xmalloc(nq * 2);
+	g->download(g, h1, d1, nq * 2);
+	g->download(g, h2, d2, nq * 2);
+	snprintf(nm, sizeof nm, "attn_bwd deterministic B=%d T=%d NH=%d NKV=%d HD=%d", B, T, NH, NKV, HD);
+	T_OK(memcmp(h1, h2, nq * 2) == 0, "%s", nm);
+	printf("%s %s\n", memcmp(h1, h2, nq * 2) == 0 ? "ok  " : "FAIL", nm);
+	tc_check_status(g, "attention determinism");
+	g->free(g, dq); g->free(g, ddo); g->free(g, dout_o); g->free(g, dlse); g->free(g, d1); g->free(g, d2);
+	free(qkv); free(dout); free(h1); free(h2);
+}
+
 static void
 test_logprob(int N, int V, float inv_temp, int with_ent)
 {
@@ -759,6 +785,38 @@ main(void)
 	} else {
 		T_OK(0, "cannot reopen the CUDA backend");
 	}
+
+	/* flash2 (opt-in, RL_CUDA_ATTN=flash2: mma.sync forward and backward, kernels/flash2.cu):
+	 * T = 1, T not a multiple of 64 or of the 32-row inner tiles of HD 128, GQA 1, 2, 4, 7,
+	 * packed and padded rows, HD 64 and 128, GPT-2's and Qwen's head shapes at T = 1024;
+	 * HD 16 falls back to the cuBLAS path */
+	setenv("RL_CUDA_ATTN", "flash2", 1);
+	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
+		printf("-- RL_CUDA_ATTN=flash2\n");
+		test_attn(1, 1, 2, 1, 64, 0);
+		test_attn(2, 37, 4, 2, 16, 1);
+		test_attn(2, 37, 4, 2, 64, 1);
+		test_attn(3, 130, 6, 2, 64, 2);
+		test_attn(2, 257, 12, 12, 64, 0);
+		test_attn(1, 100, 14, 2, 64, 2);
+		test_attn(2, 600, 8, 2, 64, 2);
+		test_attn(2, 77, 4, 1, 128, 1);
+		test_attn(1, 129, 2, 1, 128, 2);
+		test_attn(2, 1030, 4, 1, 128, 2);
+		test_attn(1, 1024, 12, 12, 64, 0);
+		test_attn(1, 1024, 14, 2, 64, 1);
+		/* the dK/dV pass by how many query heads a block takes (f2_hper): 528 blocks, so
+		 * both of a group in registers; 264 blocks with G = 4, so chunks of 2 summed by
+		 * k_f2_dkv_sum (the cases above split down to one head per block) */
+		test_attn(132, 65, 4, 2, 64, 2);
+		test_attn(66, 65, 8, 2, 64, 1);
+		test_attn_det(2, 1024, 12, 12, 64);
+		test_attn_det(1, 777, 14, 2, 128);
+		rl_ops_close(g);
+	} else {
+		T_OK(0, "cannot reopen the CUDA backend");
+	}
+	unsetenv("RL_CUDA_ATTN");
 
 	/* decode attention by attn.cu's kernel only (RL_CUDA_DECODE_ATTN=v1) */
 	setenv("RL_CUDA_DECODE_ATTN", "v1", 1);
