@@ -1,21 +1,30 @@
 #!/usr/bin/env bats
-# The CUDA kernels that kernels/emu covers (decode.cu's split decode attention
-# and its merge, norm.cu's fused add + norm) run on the CPU through the
-# emulator, against the CPU reference: the kernel logic is checked in every
-# `make check`, without a GPU.  Skipped without a C++ compiler or the library.
+# CUDA kernels run on the CPU through kernels/emu (threads as fibers, barriers,
+# mma.sync/ldmatrix/cp.async emulated lane by lane from the PTX layouts) against
+# the CPU reference: decode.cu's split decode attention and its merge, norm.cu's
+# fused add + norm, and flash2.cu's attention forward and backward (also with
+# warps drifting apart).  The kernel logic is checked in every `make check`,
+# without a GPU.  Skipped without a C++ compiler or the library.
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 
-@test "kernels/emu: split decode attention and add + norm match the CPU reference" {
+# passed NAME MIN: the "NAME: P of N cases passed" line has P = N >= MIN
+passed() {
+	local s
+	s=$(printf '%s\n' "$output" | sed -n "s/^$1: \([0-9]*\) of \([0-9]*\) cases passed\$/\1 \2/p")
+	set -- $s "$2"
+	[ "$#" = 3 ] && [ "$1" = "$2" ] && [ "$2" -ge "$3" ]
+}
+
+@test "kernels/emu: decode attention, add + norm and flash2 match the CPU reference" {
 	root=$(cd "$BATS_TEST_DIRNAME/../.." && pwd)
 	command -v "${CXX:-g++}" >/dev/null || skip "no C++ compiler"
 	[ -f "$root/${RL_BUILD:-build}/librlpipe.a" ] || skip "no ${RL_BUILD:-build}/librlpipe.a"
 	run --separate-stderr sh "$root/kernels/emu/run.sh"
 	assert_success
-	# "emu_kernels: P of N cases passed", every case and at least the 40 of now
-	summary=$(printf '%s\n' "$output" | sed -n 's/^emu_kernels: \([0-9]*\) of \([0-9]*\) cases passed$/\1 \2/p')
-	set -- $summary
-	[ "$#" = 2 ] && [ "$1" = "$2" ] && [ "$2" -ge 40 ]
+	passed emu_kernels 40
+	passed emu_flash2 10
+	passed 'emu_flash2 (skew)' 2
 }
