@@ -25,6 +25,11 @@ passed() {
 	run --separate-stderr sh "$root/kernels/emu/run.sh"
 	assert_success
 	passed emu_kernels 40
-	passed emu_flash2 10
+	# a sanitized library (build-san) makes run.sh take flash2's quick set: 6 cases
+	if nm "$root/${RL_BUILD:-build}/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
+		passed emu_flash2 6
+	else
+		passed emu_flash2 10
+	fi
 	passed 'emu_flash2 (skew)' 2
 }
