@@ -355,4 +355,32 @@ emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *arg)
 			}
 }
 
+
+/* ---- test data: xorshift draws (the state is the caller's) --------------------------------- */
+static inline uint32_t
+emu_rnd(uint64_t *rs)
+{
+	*rs ^= *rs << 13;
+	*rs ^= *rs >> 7;
+	*rs ^= *rs << 17;
+	return (uint32_t)(*rs >> 11);
+}
+
+/* uniform in [lo, hi) */
+static inline float
+frnd(uint64_t *rs, float lo, float hi)
+{
+	return lo + (hi - lo) * (float)(emu_rnd(rs) & 0xffffff) / 16777216.0f;
+}
+
+/* bf16 copies: device-side array and the f32 value it holds */
+static inline void
+fill_bf(uint64_t *rs, bf16 *d, float *f, size_t n, float lo, float hi)
+{
+	for (size_t i = 0; i < n; i++) {
+		d[i] = __float2bfloat16(frnd(rs, lo, hi));
+		f[i] = __bfloat162float(d[i]);
+	}
+}
+
 #endif

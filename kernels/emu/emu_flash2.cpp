@@ -37,26 +37,7 @@ static inline void f2_cp_wait(int n) { emu_cp_wait(n); }
 #include "flash2.inc"
 
 static int fails, cases;
-static uint64_t rs = 0x2545f4914f6cdd1dull;
-
-static uint32_t
-rnd(void)
-{
-	rs ^= rs << 13;
-	rs ^= rs >> 7;
-	rs ^= rs << 17;
-	return (uint32_t)(rs >> 11);
-}
-static float frnd(float lo, float hi) { return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f; }
-
-static void
-fill_bf(bf16 *d, float *f, size_t n, float lo, float hi)
-{
-	for (size_t i = 0; i < n; i++) {
-		d[i] = __float2bfloat16(frnd(lo, hi));
-		f[i] = __bfloat162float(d[i]);
-	}
-}
+static uint64_t rs = 0x2545f4914f6cdd1dull;  /* emu_rnd, frnd, fill_bf: cuda_emu.h */
 
 struct f2_args {
 	bf16 *out, *qkv, *dout, *dqkv;
@@ -154,15 +135,16 @@ test_attn(int B, int T, int NH, int NKV, int HD, int seg_mode, int hper)
 	if (seg_mode) {
 		seg = new int32_t[(size_t)B * T];
 		for (int b = 0; b < B; b++) {
-			int lead = seg_mode == 3 ? (int)(rnd() % (uint32_t)(T / 3 + 1)) : 0;
-			int cut1 = lead + (int)(rnd() % (uint32_t)(T - lead + 1)), cut2 = cut1 + (int)(rnd() % (uint32_t)(T - cut1 + 1));
-			int pad = seg_mode == 2 ? T - (int)(rnd() % (uint32_t)(T / 3 + 1)) : T;
+			int lead = seg_mode == 3 ? (int)(emu_rnd(&rs) % (uint32_t)(T / 3 + 1)) : 0;
+			int cut1 = lead + (int)(emu_rnd(&rs) % (uint32_t)(T - lead + 1));
+			int cut2 = cut1 + (int)(emu_rnd(&rs) % (uint32_t)(T - cut1 + 1));
+			int pad = seg_mode == 2 ? T - (int)(emu_rnd(&rs) % (uint32_t)(T / 3 + 1)) : T;
 			for (int t = 0; t < T; t++)
 				seg[b * T + t] = t < lead || t >= pad ? -1 : t < cut1 ? 0 : t < cut2 ? 1 : 2;
 		}
 	}
-	fill_bf(qkv, fq, nq, -2, 2);
-	fill_bf(dout, fdo, no, -1, 1);
+	fill_bf(&rs, qkv, fq, nq, -2, 2);
+	fill_bf(&rs, dout, fdo, no, -1, 1);
 	for (size_t i = 0; i < no; i++)
 		out[i].h = 0x7fc1;
 	for (size_t i = 0; i < nq; i++)
@@ -275,13 +257,13 @@ selftest(void)
 {
 	for (int r = 0; r < 16; r++)
 		for (int k = 0; k < 16; k++)
-			SA[r][k] = (float)((int)(rnd() % 15) - 7);
+			SA[r][k] = (float)((int)(emu_rnd(&rs) % 15) - 7);
 	for (int k = 0; k < 16; k++)
 		for (int c = 0; c < 8; c++)
-			SB[k][c] = (float)((int)(rnd() % 15) - 7);
+			SB[k][c] = (float)((int)(emu_rnd(&rs) % 15) - 7);
 	for (int r = 0; r < 16; r++)
 		for (int c = 0; c < 8; c++) {
-			SC[r][c] = (float)((int)(rnd() % 101) - 50);
+			SC[r][c] = (float)((int)(emu_rnd(&rs) % 101) - 50);
 			float s = SC[r][c];
 			for (int k = 0; k < 16; k++)
 				s += SA[r][k] * SB[k][c];

@@ -25,27 +25,7 @@ extern "C" {
 #include "kernels.inc"
 
 static int fails, cases;
-static uint64_t rs = 0x9e3779b97f4a7c15ull;
-
-static uint32_t
-rnd(void)
-{
-	rs ^= rs << 13;
-	rs ^= rs >> 7;
-	rs ^= rs << 17;
-	return (uint32_t)(rs >> 11);
-}
-static float frnd(float lo, float hi) { return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f; }
-
-/* bf16 copies: device-side array and the f32 value it holds */
-static void
-fill_bf(bf16 *d, float *f, size_t n, float lo, float hi)
-{
-	for (size_t i = 0; i < n; i++) {
-		d[i] = __float2bfloat16(frnd(lo, hi));
-		f[i] = __bfloat162float(d[i]);
-	}
-}
+static uint64_t rs = 0x9e3779b97f4a7c15ull;  /* emu_rnd, frnd, fill_bf: cuda_emu.h */
 
 /* ---- split decode attention -------------------------------------------------------- */
 struct dec_args {
@@ -85,16 +65,16 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 	float *ws = new float[nws ? nws : 1];
 	int32_t *bt = new int32_t[(size_t)B * MAXBLK], *cl = new int32_t[B];
 
-	fill_bf(kc, fkc, ncache, -2, 2);
-	fill_bf(vc, fvc, ncache, -2, 2);
-	fill_bf(q, fq, nq, -2, 2);
+	fill_bf(&rs, kc, fkc, ncache, -2, 2);
+	fill_bf(&rs, vc, fvc, ncache, -2, 2);
+	fill_bf(&rs, q, fq, nq, -2, 2);
 	for (int b = 0; b < B; b++) {
 		int sp[] = { 1, cap, 4 * workers, 4 * workers + 1, 4 * workers - 1, workers };
-		cl[b] = 1 + (int)(rnd() % (uint32_t)cap);
+		cl[b] = 1 + (int)(emu_rnd(&rs) % (uint32_t)cap);
 		if (ctxmode == 1 && b < 6 && sp[b] >= 1 && sp[b] <= cap)
 			cl[b] = sp[b];
 		for (int i = 0; i < MAXBLK; i++)
-			bt[b * MAXBLK + i] = (int32_t)(rnd() % (uint32_t)NBLK);  /* shared blocks allowed */
+			bt[b * MAXBLK + i] = (int32_t)(emu_rnd(&rs) % (uint32_t)NBLK);  /* shared blocks allowed */
 	}
 	for (size_t i = 0; i < no; i++)
 		out[i].h = 0x7fc1;  /* NaN */
@@ -157,10 +137,10 @@ test_add_norm(int N, int C, int ln)
 	float *rm = new float[N], *rr = new float[N], eps = ln ? 1e-5f : 1e-6f;
 	unsigned grid = (unsigned)((N + NORM_WARPS - 1) / NORM_WARPS);
 
-	fill_bf(x, fx, n, -2, 2);
-	fill_bf(t, ft, n, -2, 2);
-	fill_bf(w, fw, C, 0.5f, 1.5f);
-	fill_bf(b, fb, C, -0.5f, 0.5f);
+	fill_bf(&rs, x, fx, n, -2, 2);
+	fill_bf(&rs, t, ft, n, -2, 2);
+	fill_bf(&rs, w, fw, C, 0.5f, 1.5f);
+	fill_bf(&rs, b, fb, C, -0.5f, 0.5f);
 	for (size_t i = 0; i < n; i++) {
 		x2[i] = __float2bfloat16(fx[i] + ft[i]);  /* what add writes */
 		xs[i] = __bfloat162float(x2[i]);
@@ -218,10 +198,10 @@ main(void)
 	test_decode(6, 2, 2, 128, 32, 40, 64, 1);  /* longer than one round of 4 x 256 workers */
 	/* random shapes (fixed seed): G 1-8, NKV 1-4, block sizes 1-32, nsplit 1-70 */
 	for (int i = 0; i < 24; i++) {
-		int G = 1 + (int)(rnd() % 8), NKV = 1 + (int)(rnd() % 4), HD = rnd() % 2 ? 64 : 128;
+		int G = 1 + (int)(emu_rnd(&rs) % 8), NKV = 1 + (int)(emu_rnd(&rs) % 4), HD = emu_rnd(&rs) % 2 ? 64 : 128;
 		int bsz[] = { 1, 2, 4, 8, 16, 32 };
-		test_decode(1 + (int)(rnd() % 5), G * NKV, NKV, HD, bsz[rnd() % 6], 1 + (int)(rnd() % 12),
-		    1 + (int)(rnd() % 70), (int)(rnd() % 2));
+		test_decode(1 + (int)(emu_rnd(&rs) % 5), G * NKV, NKV, HD, bsz[emu_rnd(&rs) % 6], 1 + (int)(emu_rnd(&rs) % 12),
+		    1 + (int)(emu_rnd(&rs) % 70), (int)(emu_rnd(&rs) % 2));
 	}
 	test_add_norm(1, 7, 1);
 	test_add_norm(9, 33, 1);
