@@ -143,6 +143,28 @@ f2_pack(float lo, float hi)
 	return (uint32_t)__bfloat16_as_ushort(tobf(lo)) | ((uint32_t)__bfloat16_as_ushort(tobf(hi)) << 16);
 }
 
+/* acc (this warp's 16 x HD, HD/8 accumulator fragments) += P X: P is this warp's
+ * 16 x 16 NK scores s (2 NK accumulator fragments, packed to bf16 A fragments),
+ * X the 16 NK x HD tile x in shared memory (swizzled, read with ldmatrix.trans):
+ * the forward's O += P V and the backward's dQ += dS K */
+template <int HD, int NK>
+static __device__ __forceinline__ void
+f2_mma_px(float (*acc)[4], float (*s)[4], const bf16 *x, int lane)
+{
+#pragma unroll
+	for (int kk = 0; kk < NK; kk++) {
+		uint32_t pa[4] = { f2_pack(s[2 * kk][0], s[2 * kk][1]), f2_pack(s[2 * kk][2], s[2 * kk][3]),
+		    f2_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), f2_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]) };
+#pragma unroll
+		for (int n = 0; n < HD / 16; n++) {
+			uint32_t xb[4];
+			f2_ldsm_x4_t(xb, f2_at<HD>(x, 16 * kk, 2 * n, lane));
+			f2_mma(acc[2 * n], pa, xb[0], xb[1]);
+			f2_mma(acc[2 * n + 1], pa, xb[2], xb[3]);
+		}
+	}
+}
+
 /* rows row0.. row0+R-1 (HD columns starting at src, row stride ld) into a swizzled tile
  * by cp.async; rows at or past T are zeroed by plain stores.  The caller commits. */
 template <int HD, int R>
@@ -300,18 +322,7 @@ k_f2_fwd(bf16 *out, float *lse, const bf16 *qkv, const int32_t *seg, int T, int 
 			o[n][3] *= a1;
 		}
 		/* O += P V: P's accumulators are the A fragments; V's B fragments by ldmatrix.trans */
-#pragma unroll
-		for (int kk = 0; kk < 4; kk++) {
-			uint32_t pa[4] = { f2_pack(s[2 * kk][0], s[2 * kk][1]), f2_pack(s[2 * kk][2], s[2 * kk][3]),
-			    f2_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), f2_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]) };
-#pragma unroll
-			for (int n = 0; n < HD / 16; n++) {
-				uint32_t vb[4];
-				f2_ldsm_x4_t(vb, f2_at<HD>(sv, 16 * kk, 2 * n, lane));
-				f2_mma(o[2 * n], pa, vb[0], vb[1]);
-				f2_mma(o[2 * n + 1], pa, vb[2], vb[3]);
-			}
-		}
+		f2_mma_px<HD, 4>(o, s, sv, lane);
 		__syncthreads();  /* this buffer is read: the next iteration may refill it */
 	}
 	l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -447,18 +458,7 @@ k_f2_bwd_dq(bf16 *dqkv, float *Ds, const bf16 *dout, const bf16 *out, const floa
 				s[j][e] = p * (dp[j][e] - (e < 2 ? D0 : D1)) * scale;
 			}
 		/* dQ += dS K: K's B fragments by ldmatrix.trans */
-#pragma unroll
-		for (int kk = 0; kk < BK / 16; kk++) {
-			uint32_t pa[4] = { f2_pack(s[2 * kk][0], s[2 * kk][1]), f2_pack(s[2 * kk][2], s[2 * kk][3]),
-			    f2_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), f2_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]) };
-#pragma unroll
-			for (int n = 0; n < HD / 16; n++) {
-				uint32_t kb[4];
-				f2_ldsm_x4_t(kb, f2_at<HD>(sk, 16 * kk, 2 * n, lane));
-				f2_mma(dq[2 * n], pa, kb[0], kb[1]);
-				f2_mma(dq[2 * n + 1], pa, kb[2], kb[3]);
-			}
-		}
+		f2_mma_px<HD, BK / 16>(dq, s, sk, lane);
 		__syncthreads();  /* this buffer is read: the next iteration may refill it */
 	}
 	f2_store<HD>(dqkv + (size_t)b * T * LD + (size_t)h * HD, LD, q0, T, sq, w0, dq, 1.0f, 1.0f, lane);
