@@ -38,8 +38,9 @@
 # SKIP_ZERO_ADV (1: rl-train --skip-zero-adv in the isolated trainer and in
 # both wirings, the same update with less work, docs/train.md; 0: off; empty:
 # neither option, for an rl-train that has none, e.g. RL_BUILD of an older tree),
-# RL_LR (2e-4, both tasks, isolated trainer and runs), MICRO (the trainer's --max-tokens-per-micro, demo.sh's default 256 on the
-# CPU, also in the isolated trainer),
+# RL_LR (2e-4 for both tasks, in the isolated trainer and the runs), MICRO
+# (the trainer's --max-tokens-per-micro, demo.sh's default 256 on the CPU,
+# also in the isolated trainer),
 # DAEMON_CPUS, WEIGHTS=file (async weights through the checkpoint directory
 # instead of rl-sync), KEEP=1 (keep the run directories, printed), and any
 # demo.sh setting (PROMPTS, SAMPLES, STALENESS, ...).
