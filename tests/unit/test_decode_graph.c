@@ -368,14 +368,7 @@ workload(const char *name, rl_config *cfg)
 	if (!m)
 		return;
 	/* a larger init, so that the distributions are not flat */
-	for (int i = 0; i < m->tt.n; i++) {
-		float *buf = rl_xmalloc(sizeof(float) * m->tt.t[i].n);
-		rl_model_get(m, i, RL_MODEL_PARAM, buf);
-		for (size_t j = 0; j < m->tt.t[i].n; j++)
-			buf[j] *= 3.0f;
-		rl_model_set(m, i, buf);
-		free(buf);
-	}
+	mix_sharpen(m, 3.0f);
 	T_EQ_INT(mix_run(m, 8, 1, 0, move_scratch, NULL, &L), RL_OK);
 	fail_B = 5;
 	T_EQ_INT(mix_run(m, 8, 0, 0, move_scratch, NULL, &G), RL_OK);

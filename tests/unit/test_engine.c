@@ -86,14 +86,7 @@ main(void)
 	T_EQ_INT(rl_ops_cpu_open(&ops), RL_OK);
 	/* larger init so the distribution is not flat and greedy ties are unlikely */
 	T_EQ_INT(rl_model_init_random(&m, &cfg, ops, 7), RL_OK);
-	for (int i = 0; i < m->tt.n; i++) {
-		float *buf = malloc(sizeof(float) * m->tt.t[i].n);
-		rl_model_get(m, i, RL_MODEL_PARAM, buf);
-		for (size_t j = 0; j < m->tt.t[i].n; j++)
-			buf[j] *= 3.0f;
-		rl_model_set(m, i, buf);
-		free(buf);
-	}
+	mix_sharpen(m, 3.0f);
 
 	/* ---- greedy == repeated argmax of a full prefill ---- */
 	rl_gen_opts_default(&go);
