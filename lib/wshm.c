@@ -219,25 +219,18 @@ struct rl_wshm_srv {
 	_Atomic uint64_t served, taken;
 };
 
+/* send the n bytes of buf and, when fd >= 0, the descriptor fd with them.
+ * 0 on success. */
 static int
-send_reply(int c, int op, int32_t status, uint64_t version, uint64_t size, int fd)
+send_msg(int c, const uint8_t *buf, size_t n, int fd)
 {
-	uint8_t p[SM_REP];
-	struct iovec io = { p, sizeof p };
+	struct iovec io = { (void *)buf, n };
 	union {
 		struct cmsghdr h;
 		char b[CMSG_SPACE(sizeof(int))];
 	} cm;
 	struct msghdr mh = { 0 };
 
-	memset(p, 0, sizeof p);
-	put32(p, SM_MAGIC);
-	put16(p + 4, 1);
-	put16(p + 6, (uint16_t)(0x8000 | op));
-	put32(p + 8, SM_REP);
-	put32(p + 12, (uint32_t)status);
-	put64(p + 16, version);
-	put64(p + 24, size);
 	mh.msg_iov = &io;
 	mh.msg_iovlen = 1;
 	if (fd >= 0) {
@@ -250,13 +243,30 @@ send_reply(int c, int op, int32_t status, uint64_t version, uint64_t size, int f
 		h->cmsg_len = CMSG_LEN(sizeof(int));
 		memcpy(CMSG_DATA(h), &fd, sizeof fd);
 	}
-	return sendmsg(c, &mh, MSG_NOSIGNAL) == (ssize_t)sizeof p ? 0 : -1;
+	return sendmsg(c, &mh, MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
 }
 
-/* recv exactly n bytes; a descriptor that comes with them goes to *fd
- * (else -1).  0 on success. */
 static int
-recv_req(int c, uint8_t *q, size_t n, int *fd)
+send_reply(int c, int op, int32_t status, uint64_t version, uint64_t size, int fd)
+{
+	uint8_t p[SM_REP];
+
+	memset(p, 0, sizeof p);
+	put32(p, SM_MAGIC);
+	put16(p + 4, 1);
+	put16(p + 6, (uint16_t)(0x8000 | op));
+	put32(p + 8, SM_REP);
+	put32(p + 12, (uint32_t)status);
+	put64(p + 16, version);
+	put64(p + 24, size);
+	return send_msg(c, p, sizeof p, fd);
+}
+
+/* recv exactly n bytes; the first descriptor that comes with them goes to
+ * *fd (else -1), any other is closed.  0 on success; -1 on a short read or
+ * when the kernel had to drop descriptors (MSG_CTRUNC: not this protocol). */
+static int
+recv_msg(int c, uint8_t *q, size_t n, int *fd)
 {
 	union {
 		struct cmsghdr h;
@@ -277,7 +287,7 @@ recv_req(int c, uint8_t *q, size_t n, int *fd)
 		mh.msg_control = cm.b;
 		mh.msg_controllen = sizeof cm.b;
 		if ((k = recvmsg(c, &mh, MSG_CMSG_CLOEXEC)) <= 0)
-			return -1;
+			goto fail;
 		for (h = CMSG_FIRSTHDR(&mh); h; h = CMSG_NXTHDR(&mh, h)) {
 			int f;
 			if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
@@ -291,9 +301,16 @@ recv_req(int c, uint8_t *q, size_t n, int *fd)
 					close(f);
 			}
 		}
+		if (mh.msg_flags & MSG_CTRUNC)
+			goto fail;
 		got += (size_t)k;
 	}
 	return 0;
+fail:
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+	return -1;
 }
 
 static void
@@ -306,7 +323,7 @@ serve_conn(rl_wshm_srv *s, int c)
 
 	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-	if (recv_req(c, q, sizeof q, &fd) != 0)
+	if (recv_msg(c, q, sizeof q, &fd) != 0)
 		goto out;
 	op = get16(q + 6);
 	if (get32(q) != SM_MAGIC || get16(q + 4) != 1 || (op != SM_GET && op != SM_PUT) || get32(q + 8) != SM_REQ) {
@@ -449,15 +466,7 @@ exchange(int op, int sendfd, int *fd, uint64_t *got, uint64_t *size, const char 
 	struct sockaddr_un a;
 	uint8_t q[SM_REQ], p[SM_REP];
 	struct timeval tv = { timeout_ms / 1000, (timeout_ms % 1000) * 1000 };
-	union {
-		struct cmsghdr h;
-		char b[CMSG_SPACE(sizeof(int))];
-	} cm, sm;
-	struct iovec io = { p, sizeof p }, qio = { q, sizeof q };
-	struct msghdr mh = { 0 }, qh = { 0 };
-	struct cmsghdr *h;
 	int c, rv = RL_ENET, st;
-	ssize_t k;
 
 	*fd = -1;
 	if (strlen(name) == 0 || strlen(name) > 100)
@@ -476,35 +485,14 @@ exchange(int op, int sendfd, int *fd, uint64_t *got, uint64_t *size, const char 
 	put16(q + 6, (uint16_t)op);
 	put32(q + 8, SM_REQ);
 	put64(q + 16, version);
-	qh.msg_iov = &qio;
-	qh.msg_iovlen = 1;
-	if (sendfd >= 0) {
-		memset(&sm, 0, sizeof sm);
-		qh.msg_control = sm.b;
-		qh.msg_controllen = sizeof sm.b;
-		h = CMSG_FIRSTHDR(&qh);
-		h->cmsg_level = SOL_SOCKET;
-		h->cmsg_type = SCM_RIGHTS;
-		h->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(h), &sendfd, sizeof sendfd);
-	}
-	if (sendmsg(c, &qh, MSG_NOSIGNAL) != (ssize_t)sizeof q)
+	if (send_msg(c, q, sizeof q, sendfd) != 0)
 		goto out;
-	memset(&cm, 0, sizeof cm);
-	mh.msg_iov = &io;
-	mh.msg_iovlen = 1;
-	mh.msg_control = cm.b;
-	mh.msg_controllen = sizeof cm.b;
-	if ((k = recvmsg(c, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL)) != (ssize_t)sizeof p) {
-		rl_verbose("shared memory service '@%s': short reply", name);
+	if (recv_msg(c, p, sizeof p, fd) != 0) {
+		rl_verbose("shared memory service '@%s': short or malformed reply", name);
 		goto out;
 	}
-	for (h = CMSG_FIRSTHDR(&mh); h; h = CMSG_NXTHDR(&mh, h))
-		if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS && h->cmsg_len == CMSG_LEN(sizeof(int)))
-			memcpy(fd, CMSG_DATA(h), sizeof(int));
 	rv = RL_EFORMAT;
-	if (get32(p) != SM_MAGIC || get16(p + 4) != 1 || get16(p + 6) != (0x8000 | op) || get32(p + 8) != SM_REP ||
-	    (mh.msg_flags & MSG_CTRUNC))
+	if (get32(p) != SM_MAGIC || get16(p + 4) != 1 || get16(p + 6) != (0x8000 | op) || get32(p + 8) != SM_REP)
 		goto out;
 	st = (int32_t)get32(p + 12);
 	if (st < 0 || st >= RL_ERR_COUNT)
