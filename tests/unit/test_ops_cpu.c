@@ -584,10 +584,11 @@ matmul_cases(void)
 static void
 test_matmul(const char *self)
 {
-	static const char *paths[] = { "avx512", "avx2", "base" };
+	/* avx512t: the template's AVX-512 instance, kept for bench/ops_cpu's comparison */
+	static const char *paths[] = { "avx512", "avx2", "base", "avx512t" };
 	__builtin_cpu_init();
 	for (size_t i = 0; i < RL_ARRAY_LEN(paths); i++) {
-		if ((i == 0 && !__builtin_cpu_supports("avx512f")) ||
+		if (((i == 0 || i == 3) && !__builtin_cpu_supports("avx512f")) ||
 		    (i == 1 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))) {
 			printf("test_ops_cpu: no %s on this cpu, its gemm path not tested\n", paths[i]);
 			continue;
