@@ -14,7 +14,8 @@
  *
  * Usage: gpu_gen [gpt2|qwen|all] [new] [graph|nograph|both] [slots]   (default
  * both: each run with graphs, then op by op, for the ratio; RL_CUDA_GRAPH=0
- * turns graphs off in the backend altogether; slots: only that batch size)
+ * turns graphs off in the backend altogether; slots: only that batch size;
+ * GPU_GEN_TRACE=1 prints the prefill time and the time at steps 1, 2, 4, ... to stderr)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +83,9 @@ bench(rl_ops *o, const char *name, const char *json, int B, int P, int NEW, int 
 	if ((rv = o->sync(o)))
 		goto out;
 	double tp = rl_now() - t0;
+	int trace = getenv("GPU_GEN_TRACE") != NULL;
+	if (trace)
+		fprintf(stderr, "gpu_gen: %s batch %d graphs %d: prefill %.1f ms\n", name, B, graphs, tp * 1e3);
 	t0 = rl_now();
 	/* the first token from the prefill's logits, then NEW - 1 decode steps */
 	for (int b = 0; b < B; b++)
@@ -96,6 +100,8 @@ bench(rl_ops *o, const char *name, const char *json, int B, int P, int NEW, int 
 		if ((rv = rl_model_decode_sample(m, kv, sp, tok, seed, ctr, B, B, &sp_, ntk, hlp)))
 			goto out;
 		memcpy(tok, ntk, (size_t)B * 4);
+		if (trace && (step & (step - 1)) == 0)
+			fprintf(stderr, "gpu_gen: step %d at %.1f ms\n", step, (rl_now() - t0) * 1e3);
 	}
 	if ((rv = o->sync(o)))
 		goto out;

@@ -23,37 +23,31 @@
 
 #define DC_WARPS 4
 #define DC_GMAX 8
-#define DC_UNROLL 4
+#define DC_UNROLL 8
 
-template <int HD>
+template <int HD, int G>
 __global__ void __launch_bounds__(DC_WARPS * 32)
 k_decode_split(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16 *vc, const int32_t *bt,
     const int32_t *ctx_len, int NH, int NKV, int BS, int MAXBLK, int nsplit)
 {
 	constexpr int PL = HD / 32;  /* elements per lane: 2 or 4 */
-	__shared__ float sm_m[DC_WARPS][DC_GMAX], sm_l[DC_WARPS][DC_GMAX];
-	__shared__ float sm_acc[DC_WARPS][DC_GMAX][HD];
-	const int G = NH / NKV;
+	__shared__ float sm_m[DC_WARPS][G], sm_l[DC_WARPS][G];
+	__shared__ float sm_acc[DC_WARPS][G][HD];
 	const int b = blockIdx.x / NKV, kvh = blockIdx.x % NKV, split = blockIdx.y;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const size_t LD = (size_t)(NH + 2 * NKV) * HD, kvrow = (size_t)NKV * HD;
 	const float scale = 1.0f / sqrtf((float)HD);
-	float q[DC_GMAX][PL], acc[DC_GMAX][PL], m[DC_GMAX], l[DC_GMAX];
+	float q[G][PL], acc[G][PL], m[G], l[G];
 
 #pragma unroll
-	for (int g = 0; g < DC_GMAX; g++) {
+	for (int g = 0; g < G; g++) {
 		m[g] = -INFINITY;
 		l[g] = 0.0f;
+		const bf16 *qp = qkv + (size_t)b * LD + (size_t)(kvh * G + g) * HD + lane * PL;
 #pragma unroll
 		for (int e = 0; e < PL; e++) {
 			acc[g][e] = 0.0f;
-			q[g][e] = 0.0f;
-		}
-		if (g < G) {
-			const bf16 *qp = qkv + (size_t)b * LD + (size_t)(kvh * G + g) * HD + lane * PL;
-#pragma unroll
-			for (int e = 0; e < PL; e++)
-				q[g][e] = bf(qp[e]) * scale;
+			q[g][e] = bf(qp[e]) * scale;
 		}
 	}
 	const int L = ctx_len[b], W = nsplit * DC_WARPS;
@@ -86,9 +80,7 @@ k_decode_split(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16
 			if (s0 + u * W >= L)
 				continue;  /* the same in every lane of the warp */
 #pragma unroll
-			for (int g = 0; g < DC_GMAX; g++) {
-				if (g >= G)
-					continue;  /* not break: constant indices keep q, acc in registers */
+			for (int g = 0; g < G; g++) {
 				float d = 0.0f;
 #pragma unroll
 				for (int e = 0; e < PL; e++)
@@ -105,9 +97,7 @@ k_decode_split(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16
 	}
 	/* merge the block's warps */
 #pragma unroll
-	for (int g = 0; g < DC_GMAX; g++) {
-		if (g >= G)
-			continue;
+	for (int g = 0; g < G; g++) {
 #pragma unroll
 		for (int e = 0; e < PL; e++)
 			sm_acc[warp][g][lane * PL + e] = acc[g][e];
@@ -143,22 +133,174 @@ k_decode_split(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16
 	}
 }
 
-/* out (B, NH*HD) from the nsplit partials of each (sequence, head). */
+/* The same function, a key per lane (the default; k_decode_split above stays as
+ * RL_CUDA_DECODE_ATTN=split).  A warp takes 32 consecutive keys at a time: each lane
+ * loads its key's whole K row (16-byte loads: HD/8 in flight per lane) and makes the
+ * G dot products alone against the group's queries in shared memory, so a key costs
+ * no shuffles; the softmax update is one warp max and one warp sum per 32 keys.  Then
+ * the warp walks the 32 V rows in order, each lane owning HD/32 output elements
+ * (coalesced rows, DC_UNROLL rows in flight), with the probabilities read back from
+ * shared memory.  Chunks of 32 keys go to the nsplit x DC_WARPS workers in turn; the
+ * block merge and the partials for k_decode_merge are those of k_decode_split. */
+template <int HD, int G>
+__global__ void __launch_bounds__(DC_WARPS * 32)
+k_decode_lane(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16 *vc, const int32_t *bt,
+    const int32_t *ctx_len, int NH, int NKV, int BS, int MAXBLK, int nsplit)
+{
+	constexpr int PL = HD / 32, NV = HD / 8;
+	__shared__ float sq[G][HD];
+	__shared__ float sp[DC_WARPS][G][32];
+	__shared__ long long srow[DC_WARPS][32];
+	__shared__ float sm_m[DC_WARPS][G], sm_l[DC_WARPS][G];
+	__shared__ float sm_acc[DC_WARPS][G][HD];
+	const int b = blockIdx.x / NKV, kvh = blockIdx.x % NKV, split = blockIdx.y;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const size_t LD = (size_t)(NH + 2 * NKV) * HD, kvrow = (size_t)NKV * HD;
+	const float scale = 1.0f / sqrtf((float)HD);
+	for (int t = threadIdx.x; t < G * HD; t += blockDim.x)
+		sq[t / HD][t % HD] = bf(qkv[(size_t)b * LD + (size_t)kvh * G * HD + t]) * scale;
+	__syncthreads();
+	float acc[G][PL], m[G], l[G];
+#pragma unroll
+	for (int g = 0; g < G; g++) {
+		m[g] = -INFINITY;
+		l[g] = 0.0f;
+#pragma unroll
+		for (int e = 0; e < PL; e++)
+			acc[g][e] = 0.0f;
+	}
+	const int L = ctx_len[b], W = nsplit * DC_WARPS;
+	const int32_t *tab = bt + (size_t)b * MAXBLK;
+	for (int c0 = (split * DC_WARPS + warp) * 32; c0 < L; c0 += W * 32) {
+		const int s = c0 + lane, n = L - c0 < 32 ? L - c0 : 32;
+		float d[G];
+		if (s < L) {
+			size_t row = ((size_t)tab[s / BS] * BS + s % BS) * kvrow + (size_t)kvh * HD;
+			srow[warp][lane] = (long long)row;
+			uint4 kr[NV];
+#pragma unroll
+			for (int i = 0; i < NV; i++)
+				kr[i] = *(const uint4 *)(kc + row + i * 8);
+#pragma unroll
+			for (int g = 0; g < G; g++)
+				d[g] = 0.0f;
+#pragma unroll
+			for (int i = 0; i < NV; i++) {
+				const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kr[i];
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					float2 kf = __bfloat1622float2(k2[j]);
+#pragma unroll
+					for (int g = 0; g < G; g++)
+						d[g] += sq[g][i * 8 + 2 * j] * kf.x + sq[g][i * 8 + 2 * j + 1] * kf.y;
+				}
+			}
+		} else {
+#pragma unroll
+			for (int g = 0; g < G; g++)
+				d[g] = -INFINITY;
+		}
+#pragma unroll
+		for (int g = 0; g < G; g++) {
+			float mn = fmaxf(m[g], warp_max(d[g]));  /* finite: lane 0's key is < L */
+			float p = s < L ? __expf(d[g] - mn) : 0.0f, corr = __expf(m[g] - mn);
+			l[g] = l[g] * corr + warp_sum(p);
+#pragma unroll
+			for (int e = 0; e < PL; e++)
+				acc[g][e] *= corr;
+			m[g] = mn;
+			sp[warp][g][lane] = p;
+		}
+		__syncwarp();
+		for (int j0 = 0; j0 < n; j0 += DC_UNROLL) {
+			float vf[DC_UNROLL][PL];
+#pragma unroll
+			for (int u = 0; u < DC_UNROLL; u++) {
+#pragma unroll
+				for (int e = 0; e < PL; e++)
+					vf[u][e] = 0.0f;
+				if (j0 + u < n) {
+					const bf16 *vr = vc + (size_t)srow[warp][j0 + u] + lane * PL;
+#pragma unroll
+					for (int e = 0; e < PL; e += 2) {
+						float2 v2 = __bfloat1622float2(*(const __nv_bfloat162 *)(vr + e));
+						vf[u][e] = v2.x;
+						vf[u][e + 1] = v2.y;
+					}
+				}
+			}
+#pragma unroll
+			for (int u = 0; u < DC_UNROLL; u++) {
+				if (j0 + u >= n)
+					continue;  /* the same in every lane */
+#pragma unroll
+				for (int g = 0; g < G; g++) {
+					float p = sp[warp][g][j0 + u];
+#pragma unroll
+					for (int e = 0; e < PL; e++)
+						acc[g][e] += p * vf[u][e];
+				}
+			}
+		}
+		__syncwarp();  /* sp and srow are rewritten by the next chunk */
+	}
+#pragma unroll
+	for (int g = 0; g < G; g++) {
+#pragma unroll
+		for (int e = 0; e < PL; e++)
+			sm_acc[warp][g][lane * PL + e] = acc[g][e];
+		if (lane == 0) {
+			sm_m[warp][g] = m[g];
+			sm_l[warp][g] = l[g];
+		}
+	}
+	__syncthreads();
+	for (int t = threadIdx.x; t < G * HD; t += blockDim.x) {
+		int g = t / HD, dd = t % HD, h = kvh * G + g;
+		float M = -INFINITY, ls = 0.0f, a = 0.0f;
+		for (int w = 0; w < DC_WARPS; w++)
+			M = fmaxf(M, sm_m[w][g]);
+		if (M != -INFINITY)
+			for (int w = 0; w < DC_WARPS; w++) {
+				if (sm_m[w][g] == -INFINITY)
+					continue;
+				float c = __expf(sm_m[w][g] - M);
+				ls += sm_l[w][g] * c;
+				a += sm_acc[w][g][dd] * c;
+			}
+		if (nsplit == 1) {
+			out[(size_t)b * NH * HD + (size_t)h * HD + dd] = tobf(a / ls);
+		} else {
+			float *p = ws + (((size_t)b * NH + h) * nsplit + split) * (HD + 2);
+			p[dd] = a;
+			if (dd == 0) {
+				p[HD] = M;
+				p[HD + 1] = ls;
+			}
+		}
+	}
+}
+
+/* out (B, NH*HD) from the nsplit partials of each (sequence, head).  No branch on the
+ * loaded values inside the loops, so the loads of the splits are in flight together (an
+ * empty split has m = -inf and l = acc = 0: its weight is 0). */
 __global__ void
 k_decode_merge(bf16 *out, const float *ws, int HD, int nsplit)
 {
 	const int bh = blockIdx.x, d = threadIdx.x;
 	const float *p = ws + (size_t)bh * nsplit * (HD + 2);
 	float M = -INFINITY, ls = 0.0f, a = 0.0f;
+#pragma unroll 8
 	for (int k = 0; k < nsplit; k++)
 		M = fmaxf(M, p[(size_t)k * (HD + 2) + HD]);
-	for (int k = 0; k < nsplit; k++) {
-		const float *pk = p + (size_t)k * (HD + 2);
-		if (pk[HD] == -INFINITY)
-			continue;
-		float c = __expf(pk[HD] - M);
-		ls += pk[HD + 1] * c;
-		a += pk[d] * c;
+	if (M != -INFINITY) {
+#pragma unroll 8
+		for (int k = 0; k < nsplit; k++) {
+			const float *pk = p + (size_t)k * (HD + 2);
+			float c = __expf(pk[HD] - M);
+			ls += pk[HD + 1] * c;
+			a += pk[d] * c;
+		}
 	}
 	if (d < HD)
 		out[(size_t)bh * HD + d] = tobf(a / ls);
@@ -179,19 +321,30 @@ rlk_attn_decode_ws_bytes(int B, int NH, int HD, int nsplit)
 extern "C" int
 rlk_attn_decode_split(void *s, float *ws, void *out, const void *qkv, const void *kc, const void *vc,
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD, int BS, int MAXBLK,
-    int nsplit)
+    int nsplit, int lane)
 {
 	if (B <= 0)
 		return 0;
 	if (!rlk_attn_decode_split_ok(NH, NKV, HD) || nsplit < 1 || nsplit > 65535 || (nsplit > 1 && !ws))
 		return (int)cudaErrorInvalidValue;
 	dim3 grid((unsigned)(B * NKV), (unsigned)nsplit);
+	const bf16 *q = (const bf16 *)qkv, *k = (const bf16 *)kc, *v = (const bf16 *)vc;
+	cudaStream_t st = RLK_STREAM(s);
+#define DS(H, G) do { if (lane) \
+		k_decode_lane<H, G><<<grid, DC_WARPS * 32, 0, st>>>((bf16 *)out, ws, q, k, v, block_table, ctx_len, \
+		    NH, NKV, BS, MAXBLK, nsplit); \
+	else \
+		k_decode_split<H, G><<<grid, DC_WARPS * 32, 0, st>>>((bf16 *)out, ws, q, k, v, block_table, ctx_len, \
+		    NH, NKV, BS, MAXBLK, nsplit); } while (0)
+#define DSG(H) switch (NH / NKV) { case 1: DS(H, 1); break; case 2: DS(H, 2); break; case 3: DS(H, 3); break; \
+	case 4: DS(H, 4); break; case 5: DS(H, 5); break; case 6: DS(H, 6); break; case 7: DS(H, 7); break; \
+	default: DS(H, 8); break; }
 	if (HD == 64)
-		k_decode_split<64><<<grid, DC_WARPS * 32, 0, RLK_STREAM(s)>>>((bf16 *)out, ws, (const bf16 *)qkv,
-		    (const bf16 *)kc, (const bf16 *)vc, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit);
+		DSG(64)
 	else
-		k_decode_split<128><<<grid, DC_WARPS * 32, 0, RLK_STREAM(s)>>>((bf16 *)out, ws, (const bf16 *)qkv,
-		    (const bf16 *)kc, (const bf16 *)vc, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit);
+		DSG(128)
+#undef DSG
+#undef DS
 	int e = (int)cudaGetLastError();
 	if (e || nsplit == 1)
 		return e;

@@ -110,12 +110,13 @@ int rlk_attn_decode(void *stream, void *out, const void *qkv, const void *kc, co
 /* Decode attention split over the context (kernels/decode.cu), the same function as
  * rlk_attn_decode for the shapes rlk_attn_decode_split_ok accepts (HD 64 or 128, at most 8
  * query heads per KV head).  nsplit >= 1 splits per (sequence, KV head), chosen by the
- * caller from B and NKV; ws: device scratch of rlk_attn_decode_ws_bytes (NULL when 0). */
+ * caller from B and NKV; ws: device scratch of rlk_attn_decode_ws_bytes (NULL when 0).
+ * lane: a key per lane (k_decode_lane, the default), else a key per warp (k_decode_split). */
 int rlk_attn_decode_split_ok(int NH, int NKV, int HD);
 size_t rlk_attn_decode_ws_bytes(int B, int NH, int HD, int nsplit);
 int rlk_attn_decode_split(void *stream, float *ws, void *out, const void *qkv, const void *kc,
     const void *vc, const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
-    int BS, int MAXBLK, int nsplit);
+    int BS, int MAXBLK, int nsplit, int lane);
 
 #ifdef __cplusplus
 }

@@ -298,49 +298,72 @@ block_sum_d(double v, double *sh)
 	return v;
 }
 
+/* f(j) of smp_scan: whether j counts, and its weight */
+static __device__ __forceinline__ bool
+smp_f(const smp_row &r, int mode, unsigned tv, int j, double *v)
+{
+	float e = smp_e(r, j);
+	unsigned b = __float_as_uint(e);
+	bool in = mode == 0 ? smp_in(r, j, b) : mode == 1 ? b == tv :
+	    (b == tv && (!r.use_k || b > r.kv || (b == r.kv && j <= r.kid)));
+	*v = in ? (mode == 0 ? (double)e : 1.0) : 0.0;
+	return in;
+}
+
 /* Find the first j in token-id order where the inclusive prefix sum of f(j) exceeds
  * target; -1 when none does.  mode 0: f = e over the kept set; 1: f = 1 over the ties
- * of value `tv` within the top-k set (mode 1 for kid, 2 for pid). */
+ * of value `tv` within the top-k set (mode 1 for kid, 2 for pid).
+ * Each warp takes a contiguous range of ids, its lanes strided through it (coalesced
+ * loads, several in flight); the warp totals are summed in warp order, so the one warp
+ * whose range crosses target is known exactly, and that warp walks its range 32 ids at a
+ * time with a warp scan.  If rounding leaves that walk short of target, the range's last
+ * counted id.  scan: >= 32 doubles of shared memory. */
 static __device__ int
 smp_scan(const smp_row &r, int mode, unsigned tv, double target, double *scan)
 {
 	__shared__ int found;
-	int per = (r.V + blockDim.x - 1) / blockDim.x;
-	int j0 = threadIdx.x * per, j1 = min(r.V, j0 + per);
-	double loc = 0.0;
-	for (int j = j0; j < j1; j++) {
-		float e = smp_e(r, j);
-		unsigned b = __float_as_uint(e);
-		if (mode == 0 ? smp_in(r, j, b) : mode == 1 ? b == tv : (b == tv && (!r.use_k || b > r.kv || (b == r.kv && j <= r.kid))))
-			loc += mode == 0 ? (double)e : 1.0;
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	const int per = (r.V + nw - 1) / nw, j0 = min(r.V, w * per), j1 = min(r.V, j0 + per);
+	double loc = 0.0, v;
+#pragma unroll 4
+	for (int j = j0 + lane; j < j1; j += 32) {
+		smp_f(r, mode, tv, j, &v);
+		loc += v;
 	}
-	__syncthreads();
-	scan[threadIdx.x] = loc;
+	for (int o = 16; o > 0; o >>= 1)
+		loc += __shfl_xor_sync(0xffffffffu, loc, o);
+	__syncthreads();  /* scan may hold a caller's values */
+	if (lane == 0)
+		scan[w] = loc;
 	if (threadIdx.x == 0)
 		found = -1;
 	__syncthreads();
-	if (threadIdx.x == 0) {
-		double c = 0.0;
-		for (int i = 0; i < (int)blockDim.x; i++) {
-			double t = scan[i];
-			scan[i] = c;
-			c += t;
-		}
-	}
-	__syncthreads();
-	double c = scan[threadIdx.x];
-	if (c <= target && c + loc > target) {
-		for (int j = j0; j < j1; j++) {
-			float e = smp_e(r, j);
-			unsigned b = __float_as_uint(e);
-			if (mode == 0 ? smp_in(r, j, b) : mode == 1 ? b == tv : (b == tv && (!r.use_k || b > r.kv || (b == r.kv && j <= r.kid)))) {
-				c += mode == 0 ? (double)e : 1.0;
-				if (c > target) {
-					found = j;  /* only one thread's range crosses target */
-					break;
-				}
+	double c = 0.0;
+	for (int i = 0; i < w; i++)
+		c += scan[i];
+	if (c <= target && c + loc > target) {  /* the same in every lane: one warp at most */
+		int last = -1, hit = -1;
+		for (int jb = j0; jb < j1 && hit < 0; jb += 32) {
+			int j = jb + lane;
+			bool in = j < j1 && smp_f(r, mode, tv, j, &v);
+			if (!in)
+				v = 0.0;
+			double sc = v;
+			for (int o = 1; o < 32; o <<= 1) {
+				double y = __shfl_up_sync(0xffffffffu, sc, o);
+				if (lane >= o)
+					sc += y;
 			}
+			unsigned cross = __ballot_sync(0xffffffffu, in && c + sc > target);
+			unsigned any = __ballot_sync(0xffffffffu, in);
+			if (cross)
+				hit = jb + __ffs(cross) - 1;
+			else if (any)
+				last = jb + 31 - __clz(any);
+			c += __shfl_sync(0xffffffffu, sc, 31);
 		}
+		if (lane == 0)
+			found = hit >= 0 ? hit : last;
 	}
 	__syncthreads();
 	int f = found;
@@ -398,7 +421,7 @@ k_sample(int32_t *tok, float *logp, const bf16 *logits, const uint64_t *seed, co
 {
 	__shared__ double hist[256];
 	__shared__ double red[32];
-	__shared__ double scan[SMP_THREADS];
+	__shared__ double scan[32];
 	__shared__ float redf[32];
 	int b = blockIdx.x;
 	smp_row r;
@@ -432,10 +455,12 @@ k_sample(int32_t *tok, float *logp, const bf16 *logits, const uint64_t *seed, co
 	}
 	r.T = p.temperature;
 	float m = -INFINITY;
+#pragma unroll 8
 	for (int j = threadIdx.x; j < V; j += blockDim.x)
 		m = fmaxf(m, bf(r.x[j]) / r.T);
 	r.m = block_max(m, redf);
 	double S = 0.0;
+#pragma unroll 8  /* loads in flight; the sum keeps its order */
 	for (int j = threadIdx.x; j < V; j += blockDim.x)
 		S += (double)smp_e(r, j);
 	S = block_sum_d(S, red);

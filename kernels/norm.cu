@@ -33,6 +33,135 @@ norm_grid_bwd(long rows)
 	return (unsigned)(b < 1 ? 1 : b);
 }
 
+/* ---- the forward norms with the row in registers ----------------------------------------
+ * One warp per row as below, but each lane loads 8 bf16 (16 bytes) at a time and keeps
+ * its NCH chunks of the row in registers: all loads of a row are in flight at once and
+ * the row is read from memory once (the element-strided kernels below issue one 2-byte
+ * load per element and re-read the row per pass; a decode step's rows then cost a chain
+ * of dependent round trips).  t != NULL: x += t first (rounded to bf16 and stored back,
+ * add_norm_fwd), the norm of the sum; else the norm of xin.  ln: LayerNorm (mean, two
+ * passes over the registers), else RMSNorm.  The same arithmetic per element as the
+ * kernels below; the row sums are added in another order (f32 rounding only).  Taken
+ * when C % 8 == 0, C <= 4096 and every pointer is 16-byte aligned (norm_vec below). */
+template <int NCH>
+__global__ void __launch_bounds__(NORM_WARPS * 32)
+k_norm_vec(bf16 *xw, const bf16 *xin, const bf16 *t, bf16 *out, float *mean, float *rstd, const bf16 *w,
+    const bf16 *b, int N, int C, float eps, int ln)
+{
+	int lane = threadIdx.x & 31;
+	long r = (long)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
+	if (r >= N)
+		return;
+	uint4 v[NCH];
+	const bf16 *src = t ? xw : xin;
+#pragma unroll
+	for (int k = 0; k < NCH; k++) {
+		int c = (k * 32 + lane) * 8;
+		v[k] = make_uint4(0, 0, 0, 0);
+		if (c < C)
+			v[k] = *(const uint4 *)(src + (size_t)r * C + c);
+	}
+	if (t) {
+#pragma unroll
+		for (int k = 0; k < NCH; k++) {
+			int c = (k * 32 + lane) * 8;
+			if (c < C) {
+				uint4 u = *(const uint4 *)(t + (size_t)r * C + c);
+				bf16 *a = (bf16 *)&v[k];
+				const bf16 *d = (const bf16 *)&u;
+#pragma unroll
+				for (int e = 0; e < 8; e++)
+					a[e] = tobf(bf(a[e]) + bf(d[e]));
+				*(uint4 *)(xw + (size_t)r * C + c) = v[k];
+			}
+		}
+	}
+	float s1 = 0.0f;
+#pragma unroll
+	for (int k = 0; k < NCH; k++) {
+		const bf16 *a = (const bf16 *)&v[k];
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			s1 += ln ? bf(a[e]) : bf(a[e]) * bf(a[e]);  /* zeros past C add nothing */
+	}
+	s1 = warp_sum(s1);
+	float mu = 0.0f, rs;
+	if (ln) {
+		mu = s1 / C;
+		float var = 0.0f;
+#pragma unroll
+		for (int k = 0; k < NCH; k++) {
+			if ((k * 32 + lane) * 8 >= C)
+				continue;
+			const bf16 *a = (const bf16 *)&v[k];
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				float d = bf(a[e]) - mu;
+				var += d * d;
+			}
+		}
+		rs = rsqrtf(warp_sum(var) / C + eps);
+	} else {
+		rs = rsqrtf(s1 / C + eps);
+	}
+#pragma unroll
+	for (int k = 0; k < NCH; k++) {
+		int c = (k * 32 + lane) * 8;
+		if (c >= C)
+			continue;
+		uint4 wu = *(const uint4 *)(w + c), bu = make_uint4(0, 0, 0, 0), o;
+		if (ln && b)
+			bu = *(const uint4 *)(b + c);
+		const bf16 *a = (const bf16 *)&v[k], *wv = (const bf16 *)&wu, *bv = (const bf16 *)&bu;
+		bf16 *ov = (bf16 *)&o;
+#pragma unroll
+		for (int e = 0; e < 8; e++) {
+			float y = (bf(a[e]) - mu) * rs * bf(wv[e]);
+			if (ln && b)
+				y += bf(bv[e]);
+			ov[e] = tobf(y);
+		}
+		*(uint4 *)(out + (size_t)r * C + c) = o;
+	}
+	if (lane == 0) {
+		if (ln && mean)
+			mean[r] = mu;
+		if (rstd)
+			rstd[r] = rs;
+	}
+}
+
+static int
+a16(const void *p)
+{
+	return ((uintptr_t)p & 15) == 0;
+}
+
+/* k_norm_vec when the shape and alignment allow it: 1 if launched (or failed to launch:
+ * *err set), 0 to take the element-strided kernel */
+static int
+norm_vec(cudaStream_t st, int *err, bf16 *xw, const bf16 *xin, const bf16 *t, bf16 *out, float *mean,
+    float *rstd, const bf16 *w, const bf16 *b, int N, int C, float eps, int ln)
+{
+	if (C <= 0 || C % 8 || C > 4096 || !a16(xw) || !a16(xin) || !a16(t) || !a16(out) || !a16(w) || !a16(b))
+		return 0;
+	int n = (C + 255) / 256;
+	unsigned g = norm_grid(N);
+	dim3 bl(NORM_WARPS * 32);
+#define NV(K) k_norm_vec<K><<<g, bl, 0, st>>>(xw, xin, t, out, mean, rstd, w, b, N, C, eps, ln)
+	if (n <= 1) NV(1);
+	else if (n <= 2) NV(2);
+	else if (n <= 3) NV(3);
+	else if (n <= 4) NV(4);
+	else if (n <= 6) NV(6);
+	else if (n <= 8) NV(8);
+	else if (n <= 12) NV(12);
+	else NV(16);
+#undef NV
+	*err = (int)cudaGetLastError();
+	return 1;
+}
+
 /* ---- RMSNorm ---------------------------------------------------------------------- */
 __global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int N, int C,
     float eps)
@@ -86,6 +215,10 @@ rlk_rmsnorm_fwd(void *s, void *out, float *rstd, const void *x, const void *w, i
 {
 	if (N <= 0)
 		return 0;
+	int e = 0;
+	if (norm_vec(RLK_STREAM(s), &e, NULL, (const bf16 *)x, NULL, (bf16 *)out, NULL, rstd, (const bf16 *)w,
+	    NULL, N, C, eps, 0))
+		return e;
 	k_rmsnorm_fwd<<<norm_grid(N), NORM_WARPS * 32, 0, RLK_STREAM(s)>>>((bf16 *)out, rstd,
 	    (const bf16 *)x, (const bf16 *)w, N, C, eps);
 	RLK_RET();
@@ -187,6 +320,10 @@ rlk_layernorm_fwd(void *s, void *out, float *mean, float *rstd, const void *x, c
 {
 	if (N <= 0)
 		return 0;
+	int e = 0;
+	if (norm_vec(RLK_STREAM(s), &e, NULL, (const bf16 *)x, NULL, (bf16 *)out, mean, rstd, (const bf16 *)w,
+	    (const bf16 *)b, N, C, eps, 1))
+		return e;
 	k_layernorm_fwd<<<norm_grid(N), NORM_WARPS * 32, 0, RLK_STREAM(s)>>>((bf16 *)out, mean, rstd,
 	    (const bf16 *)x, (const bf16 *)w, (const bf16 *)b, N, C, eps);
 	RLK_RET();
@@ -350,6 +487,10 @@ rlk_add_norm_fwd(void *s, void *x, void *out, float *mean, float *rstd, const vo
 {
 	if (N <= 0)
 		return 0;
+	int e = 0;
+	if (norm_vec(RLK_STREAM(s), &e, (bf16 *)x, NULL, (const bf16 *)t, (bf16 *)out, mean, rstd, (const bf16 *)w,
+	    (const bf16 *)b, N, C, eps, ln))
+		return e;
 	k_add_norm_fwd<<<norm_grid(N), NORM_WARPS * 32, 0, RLK_STREAM(s)>>>((bf16 *)x, (bf16 *)out, mean, rstd,
 	    (const bf16 *)t, (const bf16 *)w, (const bf16 *)b, N, C, eps, ln);
 	RLK_RET();

@@ -419,6 +419,8 @@ rl_model_init_random(rl_model **out, const rl_config *cfg, rl_ops *ops, uint64_t
 		double std = 0.02;
 		if (cfg->arch == RL_ARCH_GPT2 && strstr(t->name, "c_proj.weight") != NULL)
 			std = 0.02 / sqrt(2.0 * cfg->n_layer);
+		/* counter-based: the same values whatever the thread count */
+#pragma omp parallel for schedule(static) if (t->n > ((size_t)1 << 16))
 		for (size_t j = 0; j < t->n; j++) {
 			if (t->ndim == 1) {
 				buf[j] = is_bias ? 0.0f : 1.0f;

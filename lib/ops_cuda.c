@@ -68,12 +68,13 @@ typedef struct cuda_ctx {
 	size_t acc_bytes;
 	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
 	int flash;             /* flash attention forward: RL_CUDA_ATTN=flash (see docs/cuda.md) */
-	int flash2;            /* mma.sync flash attention fwd + bwd: RL_CUDA_ATTN=flash2 (kernels/flash2.cu) */
+	int flash2;            /* mma.sync flash attention fwd + bwd, the default (kernels/flash2.cu) */
 	void *fa2_ws;          /* flash2 backward: D = rowsum(dO * O) (B, NH, T) f32, dK/dV partials */
 	size_t fa2_ws_bytes;
 	int gelu_fuse;         /* RL_CUDA_GELU_FUSE=1: bias + GELU (and its gradient) in GEMM epilogues */
 	int gelu_nosup;        /* cuBLASLt had no algorithm for a GELU epilogue: fall back from then on */
 	int decode_v1;         /* RL_CUDA_DECODE_ATTN=v1: attn_decode by attn.cu's kernel only */
+	int decode_kind;       /* RL_CUDA_DECODE_ATTN=lane (1) or =split (2): that decode.cu kernel always */
 	int nsm;               /* multiprocessors */
 	void *dec_ws;          /* split decode attention partials */
 	size_t dec_ws_bytes;
@@ -840,6 +841,18 @@ decode_nsplit(const cuda_ctx *c, int B, int NKV)
 	return (int)(n < 1 ? 1 : n > 64 ? 64 : n);
 }
 
+/* Key per lane (k_decode_lane) or key per warp (k_decode_split): per lane reads a
+ * whole K row per lane and walks V rows per warp, which wins when each (sequence, KV
+ * head) has few splits (many sequences: 161K against 115K tok/s at 256 GPT-2 slots on
+ * the H100); with many splits (a few sequences) each worker has only a few keys and
+ * the key-per-warp kernel spreads them wider (0.65 against 0.86 ms a step at one slot).
+ * RL_CUDA_DECODE_ATTN=lane or =split forces one. */
+static int
+decode_lane(const cuda_ctx *c, int nsplit)
+{
+	return c->decode_kind == 1 ? 1 : c->decode_kind == 2 ? 0 : nsplit <= 4;
+}
+
 static void
 cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void *vc,
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD, int BS,
@@ -858,7 +871,7 @@ cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void
 		if (wb && !(ws = grow_buf(o, &c->dec_ws, &c->dec_ws_bytes, RL_MAX(wb, bound))))
 			return;
 		CKP(o, "attn_decode", rlk_attn_decode_split(S(o), ws, out, qkv, kc, vc, block_table, ctx_len, B, NH,
-		    NKV, HD, BS, MAXBLK, nsplit));
+		    NKV, HD, BS, MAXBLK, nsplit, decode_lane(c, nsplit)));
 		return;
 	}
 	CKP(o, "attn_decode", rlk_attn_decode(S(o), out, qkv, kc, vc, block_table, ctx_len, B, NH, NKV, HD,
@@ -1079,9 +1092,14 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	o->ctx = c;
 	c->prof = getenv("RL_CUDA_PROFILE") != NULL && atoi(getenv("RL_CUDA_PROFILE")) > 0;
 	c->flash = getenv("RL_CUDA_ATTN") != NULL && strcmp(getenv("RL_CUDA_ATTN"), "flash") == 0;
-	c->flash2 = getenv("RL_CUDA_ATTN") != NULL && strcmp(getenv("RL_CUDA_ATTN"), "flash2") == 0;
+	/* flash2 is the default attention (measured faster on the H100, docs/cuda.md);
+	 * RL_CUDA_ATTN=cublas (or flash) names another path */
+	c->flash2 = getenv("RL_CUDA_ATTN") == NULL || strcmp(getenv("RL_CUDA_ATTN"), "flash2") == 0;
 	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
 	c->decode_v1 = getenv("RL_CUDA_DECODE_ATTN") != NULL && strcmp(getenv("RL_CUDA_DECODE_ATTN"), "v1") == 0;
+	if (getenv("RL_CUDA_DECODE_ATTN") != NULL)
+		c->decode_kind = !strcmp(getenv("RL_CUDA_DECODE_ATTN"), "lane") ? 1 :
+		    !strcmp(getenv("RL_CUDA_DECODE_ATTN"), "split") ? 2 : 0;
 	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
 		cudaGetLastError();
 		c->nsm = 0;

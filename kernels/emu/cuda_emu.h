@@ -89,6 +89,7 @@ struct emu_state {
 	int nt, cur, done[EMU_MAXT], progress;
 	emu_bar block, warp[EMU_MAXT / 32];
 	float xch[EMU_MAXT];
+	double xchd[EMU_MAXT];
 	void (*body)(void *);
 	void *arg;
 };
@@ -153,6 +154,75 @@ __shfl_xor_sync(unsigned mask, float v, int o)
 	emu_barrier(&emu.warp[w], 32);
 	return r;
 }
+
+static inline void
+emu_full_mask(unsigned mask, const char *what)
+{
+	if (mask != 0xffffffffu) {
+		fprintf(stderr, "emu: %s with a partial mask %#x is not emulated\n", what, mask);
+		abort();
+	}
+}
+
+/* the double shuffles (and ballot) by lane: src(lane) gives the lane read from, or -1 for
+ * the lane's own value */
+template <typename F>
+static inline double
+emu_shfl_d(unsigned mask, double v, F src)
+{
+	int t = (int)threadIdx.x, w = t / 32;
+	emu_full_mask(mask, "shuffle");
+	emu.xchd[t] = v;
+	emu_barrier(&emu.warp[w], 32);
+	int l = src(t & 31);
+	double r = l < 0 ? v : emu.xchd[(t & ~31) | l];
+	emu_barrier(&emu.warp[w], 32);
+	return r;
+}
+
+static inline double
+__shfl_xor_sync(unsigned mask, double v, int o)
+{
+	return emu_shfl_d(mask, v, [o](int l) { return l ^ o; });
+}
+
+static inline double
+__shfl_up_sync(unsigned mask, double v, int o)
+{
+	return emu_shfl_d(mask, v, [o](int l) { return l >= o ? l - o : -1; });
+}
+
+static inline double
+__shfl_sync(unsigned mask, double v, int src)
+{
+	return emu_shfl_d(mask, v, [src](int) { return src & 31; });
+}
+
+static inline unsigned
+__ballot_sync(unsigned mask, int pred)
+{
+	int t = (int)threadIdx.x;
+	unsigned r = 0;
+	emu_full_mask(mask, "ballot");
+	emu.xchd[t] = pred ? 1.0 : 0.0;
+	emu_barrier(&emu.warp[t / 32], 32);
+	for (int l = 0; l < 32; l++)
+		if (emu.xchd[(t & ~31) | l] != 0.0)
+			r |= 1u << l;
+	emu_barrier(&emu.warp[t / 32], 32);
+	return r;
+}
+
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline int __ffs(unsigned x) { return x ? __builtin_ctz(x) + 1 : 0; }
+static inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+/* fibers switch only at barriers and collectives: a read-modify-write is atomic here */
+static inline double atomicAdd(double *p, double v) { double o = *p; *p = o + v; return o; }
+static inline int atomicMin(int *p, int v) { int o = *p; if (v < o) *p = v; return o; }
+static inline int atomicMax(int *p, int v) { int o = *p; if (v > o) *p = v; return o; }
 
 /* ---- warp-collective matrix instructions, as the PTX ISA defines them ----------------
  * Every lane of the warp must execute them (a missing lane is a deadlock).  The lanes'

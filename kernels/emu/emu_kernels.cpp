@@ -2,15 +2,19 @@
  * emu_kernels.cpp — kernels of decode.cu and norm.cu run on the CPU through
  * cuda_emu.h (their source cut out of the .cu files by run.sh) against the CPU
  * reference of lib/ops_cpu.c:
- *   - split decode attention (k_decode_split + k_decode_merge): HD 64 and 128,
+ *   - split decode attention (k_decode_split or k_decode_lane, + k_decode_merge): HD 64 and 128,
  *     1 to 8 query heads per KV head, nsplit 1, 2, 3, 7, 44, 64, contexts of 1,
- *     the whole cache, exact multiples of a round (4 keys x the workers) and one
+ *     the whole cache, exact multiples of a round (DC_UNROLL keys x the workers) and one
  *     past, random lengths, shared and shuffled blocks, then 24 random shapes;
  *     outputs and partials poisoned with NaN first;
  *   - add_norm_fwd: LayerNorm and RMSNorm, rows that fill a block partly, C not a
  *     multiple of 32; the updated x, out and statistics equal, bit for bit, the
  *     separate add then k_layernorm_fwd / k_rmsnorm_fwd (emulated), and out is
- *     within a bf16 rounding of the CPU reference.
+ *     within a bf16 rounding of the CPU reference;
+ *   - k_norm_vec (the row in registers, 16-byte loads): add + LayerNorm / RMSNorm
+ *     and the plain norms, C from 8 to 4096 (1 to 16 chunks per lane, rows that
+ *     end inside a chunk): the updated x equals the add bit for bit, out and the
+ *     statistics within a bf16 rounding of the CPU reference.
  * Tolerance of decode attention as test_cuda_ops: fp32 throughout, one bf16
  * rounding of the output: atol 1e-3 max|ref| + rtol 8e-3.
  * Exit 0 when every case passes, 1 otherwise; one line per case.
@@ -32,19 +36,27 @@ struct dec_args {
 	bf16 *out, *qkv, *kc, *vc;
 	float *ws;
 	int32_t *bt, *cl;
-	int NH, NKV, HD, BS, MAXBLK, nsplit;
+	int NH, NKV, HD, BS, MAXBLK, nsplit, lane;
 };
 static dec_args DA;
+
+#define RS(H, G) do { if (DA.lane) \
+		k_decode_lane<H, G>(DA.out, DA.ws, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, DA.BS, DA.MAXBLK, \
+		    DA.nsplit); \
+	else \
+		k_decode_split<H, G>(DA.out, DA.ws, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, DA.BS, DA.MAXBLK, \
+		    DA.nsplit); } while (0)
+#define RSG(H) switch (DA.NH / DA.NKV) { case 1: RS(H, 1); break; case 2: RS(H, 2); break; case 3: RS(H, 3); break; \
+	case 4: RS(H, 4); break; case 5: RS(H, 5); break; case 6: RS(H, 6); break; case 7: RS(H, 7); break; \
+	default: RS(H, 8); break; }
 
 static void
 run_split(void *)
 {
 	if (DA.HD == 64)
-		k_decode_split<64>(DA.out, DA.ws, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, DA.BS, DA.MAXBLK,
-		    DA.nsplit);
+		RSG(64)
 	else
-		k_decode_split<128>(DA.out, DA.ws, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, DA.BS, DA.MAXBLK,
-		    DA.nsplit);
+		RSG(128)
 }
 
 static void
@@ -53,11 +65,16 @@ run_merge(void *)
 	k_decode_merge(DA.out, DA.ws, DA.HD, DA.nsplit);
 }
 
-/* ctxmode 0: random lengths; 1: 1, the whole cache, 4W, 4W + 1, 4W - 1, W, then random */
+/* ctxmode 0: random lengths; 1: 1, the whole cache, UW, UW + 1, UW - 1, W (U: the keys a
+ * worker takes per round, DC_UNROLL for k_decode_split, 32 for k_decode_lane), then random.
+ * lane: k_decode_lane, else k_decode_split. */
+static int lane_kernel;
+
 static void
 test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int ctxmode)
 {
 	int W = (NH + 2 * NKV) * HD, NBLK = B * MAXBLK + 3, cap = BS * MAXBLK, workers = nsplit * DC_WARPS;
+	int U = lane_kernel ? 32 : DC_UNROLL;
 	size_t ncache = (size_t)NBLK * BS * NKV * HD, nq = (size_t)B * W, no = (size_t)B * NH * HD;
 	size_t nws = (size_t)B * NH * nsplit * (HD + 2);
 	bf16 *kc = new bf16[ncache], *vc = new bf16[ncache], *q = new bf16[nq], *out = new bf16[no];
@@ -69,7 +86,7 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 	fill_bf(&rs, vc, fvc, ncache, -2, 2);
 	fill_bf(&rs, q, fq, nq, -2, 2);
 	for (int b = 0; b < B; b++) {
-		int sp[] = { 1, cap, 4 * workers, 4 * workers + 1, 4 * workers - 1, workers };
+		int sp[] = { 1, cap, U * workers, U * workers + 1, U * workers - 1, workers };
 		cl[b] = 1 + (int)(emu_rnd(&rs) % (uint32_t)cap);
 		if (ctxmode == 1 && b < 6 && sp[b] >= 1 && sp[b] <= cap)
 			cl[b] = sp[b];
@@ -82,7 +99,7 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 		ws[i] = NAN;
 	rl_cpu_attn_decode(NULL, ref, fq, fkc, fvc, bt, cl, B, NH, NKV, HD, BS, MAXBLK);
 
-	DA = { out, q, kc, vc, nsplit > 1 ? ws : NULL, bt, cl, NH, NKV, HD, BS, MAXBLK, nsplit };
+	DA = { out, q, kc, vc, nsplit > 1 ? ws : NULL, bt, cl, NH, NKV, HD, BS, MAXBLK, nsplit, lane_kernel };
 	emu_launch(dim3((unsigned)(B * NKV), (unsigned)nsplit), dim3(DC_WARPS * 32), run_split, NULL);
 	if (nsplit > 1)
 		emu_launch(dim3((unsigned)(B * NH)), dim3((unsigned)HD), run_merge, NULL);
@@ -104,8 +121,9 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 	cases++;
 	if (bad)
 		fails++;
-	printf("%s decode split B=%d NH=%d NKV=%d HD=%d BS=%d ctx<=%d nsplit=%d ctx0=%d: max err %.3g%s",
-	    bad ? "FAIL" : "ok  ", B, NH, NKV, HD, BS, cap, nsplit, cl[0], worst, bad ? "" : "\n");
+	printf("%s decode %s B=%d NH=%d NKV=%d HD=%d BS=%d ctx<=%d nsplit=%d ctx0=%d: max err %.3g%s",
+	    bad ? "FAIL" : "ok  ", lane_kernel ? "lane" : "split", B, NH, NKV, HD, BS, cap, nsplit, cl[0], worst,
+	    bad ? "" : "\n");
 	if (bad)
 		printf(", %zu bad, first at %zu (seq %zu head %zu d %zu, ctx %d): %g vs %g\n", bad, at,
 		    at / ((size_t)NH * HD), at / HD % NH, at % HD, cl[at / ((size_t)NH * HD)],
@@ -182,10 +200,79 @@ test_add_norm(int N, int C, int ln)
 	delete[] r2; delete[] rm; delete[] rr;
 }
 
+struct vec_args {
+	bf16 *xw, *xin, *t, *out, *w, *b;
+	float *mean, *rstd, eps;
+	int N, C, ln, nch;
+};
+static vec_args VA;
+
+#define NVK(K) k_norm_vec<K>(VA.xw, VA.xin, VA.t, VA.out, VA.mean, VA.rstd, VA.w, VA.b, VA.N, VA.C, VA.eps, VA.ln)
+static void
+run_vec(void *)
+{
+	switch (VA.nch) {  /* norm_vec's choice in norm.cu */
+	case 1: NVK(1); break; case 2: NVK(2); break; case 3: NVK(3); break; case 4: NVK(4); break;
+	case 6: NVK(6); break; case 8: NVK(8); break; case 12: NVK(12); break; default: NVK(16); break;
+	}
+}
+
+/* add: x += t then the norm (add_norm_fwd), else the norm of x */
+static void
+test_norm_vec(int N, int C, int ln, int add)
+{
+	size_t n = (size_t)N * C;
+	bf16 *x = new bf16[n], *x2 = new bf16[n], *t = new bf16[n], *w = new bf16[C], *b = new bf16[C], *out = new bf16[n];
+	float *fx = new float[n], *ft = new float[n], *fw = new float[C], *fb = new float[C], *xs = new float[n];
+	float *ref = new float[n], *m1 = new float[N], *r1 = new float[N], *rm = new float[N], *rr = new float[N];
+	float eps = ln ? 1e-5f : 1e-6f;
+	int k = (C + 255) / 256, nch = k <= 4 ? k : k <= 6 ? 6 : k <= 8 ? 8 : k <= 12 ? 12 : 16;
+	fill_bf(&rs, x, fx, n, -2, 2);
+	fill_bf(&rs, t, ft, n, -2, 2);
+	fill_bf(&rs, w, fw, C, 0.5f, 1.5f);
+	fill_bf(&rs, b, fb, C, -0.5f, 0.5f);
+	for (size_t i = 0; i < n; i++) {
+		x2[i] = add ? __float2bfloat16(fx[i] + ft[i]) : x[i];
+		xs[i] = __bfloat162float(x2[i]);
+		out[i].h = 0x7fc1;
+	}
+	for (int r = 0; r < N; r++)
+		m1[r] = r1[r] = NAN;
+	if (ln)
+		rl_cpu_layernorm_fwd(NULL, ref, rm, rr, xs, fw, fb, N, C, eps);
+	else
+		rl_cpu_rmsnorm_fwd(NULL, ref, rr, xs, fw, N, C, eps);
+	VA = { add ? x : NULL, add ? NULL : x, add ? t : NULL, out, w, ln ? b : NULL, ln ? m1 : NULL, r1, eps, N, C,
+	    ln, nch };
+	emu_launch(dim3((unsigned)((N + NORM_WARPS - 1) / NORM_WARPS)), dim3(NORM_WARPS * 32), run_vec, NULL);
+	int same = memcmp(x, x2, n * 2) == 0;
+	double worst = 0;
+	size_t bad = 0;
+	for (size_t i = 0; i < n; i++) {
+		double e = fabs(__bfloat162float(out[i]) - ref[i]);
+		if (!(e <= 1e-5 + 8e-3 * fabs(ref[i])))
+			bad++;
+		if (!(e <= worst))
+			worst = e;
+	}
+	for (int r = 0; r < N; r++)
+		if (!(fabs(r1[r] - rr[r]) <= 1e-4 * fabs(rr[r])) || (ln && !(fabs(m1[r] - rm[r]) <= 1e-6 + 1e-4 * fabs(rm[r]))))
+			bad++;
+	cases++;
+	if (bad || !same)
+		fails++;
+	printf("%s norm_vec<%d> N=%d C=%d ln=%d add=%d: x %s, max err vs CPU %.3g, %zu bad\n", bad || !same ? "FAIL" : "ok  ",
+	    nch, N, C, ln, add, same ? "as the add" : "CHANGED", worst, bad);
+	delete[] x; delete[] x2; delete[] t; delete[] w; delete[] b; delete[] out; delete[] fx; delete[] ft; delete[] fw;
+	delete[] fb; delete[] xs; delete[] ref; delete[] m1; delete[] r1; delete[] rm; delete[] rr;
+}
+
 int
 main(void)
 {
-	/* nsplit 1 (many sequences), 2, 3, 7, 44 and 64 (B = 1 on an H100: 64); G 1, 2, 7, 8 */
+	/* nsplit 1 (many sequences), 2, 3, 7, 44 and 64 (B = 1 on an H100: 64); G 1, 2, 7, 8;
+	 * each kernel: k_decode_split (key per warp), then k_decode_lane (key per lane) */
+	for (lane_kernel = 0; lane_kernel < 2; lane_kernel++) {
 	test_decode(3, 4, 4, 64, 16, 8, 1, 1);
 	test_decode(6, 4, 4, 64, 16, 8, 1, 1);
 	test_decode(6, 8, 4, 128, 8, 6, 2, 1);
@@ -195,7 +282,7 @@ main(void)
 	test_decode(3, 14, 2, 64, 16, 12, 44, 1);
 	test_decode(1, 14, 2, 64, 16, 40, 64, 0);
 	test_decode(1, 8, 1, 128, 1, 1, 64, 0);  /* context 1, 63 empty splits */
-	test_decode(6, 2, 2, 128, 32, 40, 64, 1);  /* longer than one round of 4 x 256 workers */
+	test_decode(6, 2, 2, 128, 32, 70, 64, 1);  /* longer than one round of 8 x 256 workers */
 	/* random shapes (fixed seed): G 1-8, NKV 1-4, block sizes 1-32, nsplit 1-70 */
 	for (int i = 0; i < 24; i++) {
 		int G = 1 + (int)(emu_rnd(&rs) % 8), NKV = 1 + (int)(emu_rnd(&rs) % 4), HD = emu_rnd(&rs) % 2 ? 64 : 128;
@@ -203,12 +290,26 @@ main(void)
 		test_decode(1 + (int)(emu_rnd(&rs) % 5), G * NKV, NKV, HD, bsz[emu_rnd(&rs) % 6], 1 + (int)(emu_rnd(&rs) % 12),
 		    1 + (int)(emu_rnd(&rs) % 70), (int)(emu_rnd(&rs) % 2));
 	}
+	}
+	/* k_decode_lane: more than one 32-key round per worker with nsplit 1 and 2 */
+	test_decode(2, 14, 2, 64, 16, 20, 1, 1);
+	test_decode(3, 8, 8, 128, 8, 40, 2, 1);
 	test_add_norm(1, 7, 1);
 	test_add_norm(9, 33, 1);
 	test_add_norm(17, 768, 1);
 	test_add_norm(3, 4099, 1);
 	test_add_norm(1, 896, 0);
 	test_add_norm(11, 130, 0);
+	/* k_norm_vec: 1, 3 (GPT-2's 768), 4 (Qwen's 896: half a chunk row), 6, 8, 12, 16 chunks */
+	test_norm_vec(1, 8, 1, 1);
+	test_norm_vec(9, 768, 1, 1);
+	test_norm_vec(3, 768, 1, 0);
+	test_norm_vec(17, 896, 0, 1);
+	test_norm_vec(2, 896, 0, 0);
+	test_norm_vec(5, 1536, 1, 1);
+	test_norm_vec(2, 2048, 0, 1);
+	test_norm_vec(2, 2824, 1, 0);
+	test_norm_vec(1, 4096, 0, 1);
 	printf("emu_kernels: %d of %d cases passed\n", cases - fails, cases);
 	return fails ? 1 : 0;
 }

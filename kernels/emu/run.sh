@@ -24,12 +24,13 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	awk '/^static __device__ __forceinline__ float ld\(/ { f = 1 } /^#endif/ { f = 0 } f' \
 	    "$root/kernels/common.cuh"
 	# decode.cu: its defines and kernels, up to the first launcher
-	awk '/^#define DC_/ { print } /^template <int HD>/ { f = 1 } /^extern "C"/ { f = 0 } f' \
+	awk '/^#define DC_/ { print } /^template <int HD, int G>/ { f = 1 } /^extern "C"/ { f = 0 } f' \
 	    "$root/kernels/decode.cu"
 	grep '^#define NORM_WARPS' "$root/kernels/norm.cu"
 	cut_fn "$root/kernels/norm.cu" '^__global__ void k_rmsnorm_fwd\('
 	cut_fn "$root/kernels/norm.cu" '^__global__ void k_layernorm_fwd\('
 	cut_fn "$root/kernels/norm.cu" '^__global__ void k_add_norm_fwd\('
+	cut_fn "$root/kernels/norm.cu" '^template <int NCH>'
 } > "$out/kernels.inc"
 {
 	awk '/^static __device__ __forceinline__ float ld\(/ { f = 1 } /^#endif/ { f = 0 } f' \
@@ -39,6 +40,13 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	awk '/^\/\* ==== flash2 kernels/ { f = 1 } /^\/\* ==== flash2 launchers/ { f = 0 } f' \
 	    "${RL_EMU_FLASH2:-$root/kernels/flash2.cu}"
 } > "$out/flash2.inc"
+{
+	awk '/^static __device__ __forceinline__ float ld\(/ { f = 1 } /^#endif/ { f = 0 } f' \
+	    "$root/kernels/common.cuh"
+	grep '^#define SMP_THREADS' "$root/kernels/logprob.cu"
+	# logprob.cu: the sampler, from its row struct to k_sample's end (the launcher after)
+	awk '/^struct smp_row/ { f = 1 } f && /^extern "C"/ { exit } f' "$root/kernels/logprob.cu"
+} > "$out/sample.inc"
 CXXF="-O1 -g -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas"
 # a sanitized library (make SANITIZE=address,undefined: build-san/) needs the sanitizer runtimes
 # (4x slower: flash2 then runs its quick set unless told otherwise)
@@ -47,18 +55,23 @@ if nm "$root/$B/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
 	CXXF="$CXXF -fsanitize=address,undefined"
 	san=1
 fi
-p1=
+p1= p2=
 if [ -z "${RL_EMU_FLASH2:-}" ]; then
 	${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_kernels" "$root/kernels/emu/emu_kernels.cpp" \
 	    "$root/$B/librlpipe.a" -fopenmp -lm &
 	p1=$!
+	${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_sample" "$root/kernels/emu/emu_sample.cpp" \
+	    "$root/$B/librlpipe.a" -fopenmp -lm &
+	p2=$!
 fi
 ${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_flash2" "$root/kernels/emu/emu_flash2.cpp" \
     "$root/$B/librlpipe.a" -fopenmp -lm
 [ -z "$p1" ] || wait $p1
+[ -z "$p2" ] || wait $p2
 rc=0
 if [ -z "${RL_EMU_FLASH2:-}" ]; then
 	"$out/emu_kernels" || rc=1
+	"$out/emu_sample" || rc=1
 fi
 if [ -n "$san" ] && [ $# = 0 ]; then
 	set -- quick

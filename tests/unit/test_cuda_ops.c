@@ -771,6 +771,21 @@ main(void)
 	test_errors();
 	rl_ops_close(g);
 
+	/* the cuBLAS attention path (the default before flash2: RL_CUDA_ATTN=cublas) on the
+	 * cases above, which now run flash2 where it applies (HD 64 and 128) */
+	setenv("RL_CUDA_ATTN", "cublas", 1);
+	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
+		printf("-- RL_CUDA_ATTN=cublas\n");
+		test_attn(3, 130, 6, 2, 64, 2);
+		test_attn(2, 257, 12, 12, 64, 0);
+		test_attn(1, 100, 14, 2, 64, 2);
+		test_attn(2, 600, 8, 2, 64, 2);
+		test_attn(2, 77, 4, 1, 128, 1);
+		rl_ops_close(g);
+	} else {
+		T_OK(0, "cannot reopen the CUDA backend");
+	}
+
 	/* the flash-style forward (opt-in, RL_CUDA_ATTN=flash) on the same cases */
 	setenv("RL_CUDA_ATTN", "flash", 1);
 	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
@@ -786,7 +801,7 @@ main(void)
 		T_OK(0, "cannot reopen the CUDA backend");
 	}
 
-	/* flash2 (opt-in, RL_CUDA_ATTN=flash2: mma.sync forward and backward, kernels/flash2.cu):
+	/* flash2 (the default, named here: mma.sync forward and backward, kernels/flash2.cu):
 	 * T = 1, T not a multiple of 64 or of the 32-row inner tiles of HD 128, GQA 1, 2, 4, 7,
 	 * packed and padded rows, HD 64 and 128, GPT-2's and Qwen's head shapes at T = 1024;
 	 * HD 16 falls back to the cuBLAS path */
@@ -817,6 +832,26 @@ main(void)
 		T_OK(0, "cannot reopen the CUDA backend");
 	}
 	unsetenv("RL_CUDA_ATTN");
+
+	/* decode attention by each of decode.cu's kernels on every shape (the default takes
+	 * the key-per-lane kernel with at most 4 splits, the key-per-warp one above) */
+	const char *dk[] = { "lane", "split" };
+	for (int i = 0; i < 2; i++) {
+		setenv("RL_CUDA_DECODE_ATTN", dk[i], 1);
+		if (rl_ops_cuda_open(&g, 0) == RL_OK) {
+			printf("-- RL_CUDA_DECODE_ATTN=%s\n", dk[i]);
+			test_decode(5, 12, 12, 64, 16, 9);
+			test_decode(3, 14, 2, 64, 16, 40);
+			test_decode(2, 4, 2, 128, 32, 12);
+			test_decode(300, 4, 4, 64, 16, 8);
+			test_decode(1, 14, 2, 64, 16, 64);
+			test_decode(40, 8, 4, 128, 16, 20);
+			rl_ops_close(g);
+		} else {
+			T_OK(0, "cannot reopen the CUDA backend");
+		}
+	}
+	unsetenv("RL_CUDA_DECODE_ATTN");
 
 	/* decode attention by attn.cu's kernel only (RL_CUDA_DECODE_ATTN=v1) */
 	setenv("RL_CUDA_DECODE_ATTN", "v1", 1);
