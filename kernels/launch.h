@@ -118,6 +118,13 @@ int rlk_attn_decode_split(void *stream, float *ws, void *out, const void *qkv, c
     const void *vc, const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
     int BS, int MAXBLK, int nsplit, int lane);
 
+/* matmul_fwd for N <= 4 rows (kernels/gemv.cu): out (N, OC) = inp (N, C) @ w (OC, C)^T + bias
+ * (NULL for none).  rlk_gemv_ok: N 1..4, C a multiple of 8 up to 8192, inp and w 16-byte
+ * aligned. */
+int rlk_gemv_ok(int N, int C, const void *inp, const void *w);
+int rlk_gemv(void *stream, void *out, const void *inp, const void *w, const void *bias, int N, int C,
+    int OC);
+
 #ifdef __cplusplus
 }
 #endif

@@ -266,10 +266,18 @@ struct smp_row {
 	int pid;
 };
 
+/* z / T: no division at T = 1 (the same value; the division is a good part of a pass) */
+static __device__ __forceinline__ float
+smp_z(const smp_row &r, int j)
+{
+	float z = bf(r.x[j]);
+	return r.T == 1.0f ? z : z / r.T;
+}
+
 static __device__ __forceinline__ float
 smp_e(const smp_row &r, int j)
 {
-	return expf(bf(r.x[j]) / r.T - r.m);
+	return expf(smp_z(r, j) - r.m);
 }
 
 static __device__ __forceinline__ bool
@@ -457,7 +465,7 @@ k_sample(int32_t *tok, float *logp, const bf16 *logits, const uint64_t *seed, co
 	float m = -INFINITY;
 #pragma unroll 8
 	for (int j = threadIdx.x; j < V; j += blockDim.x)
-		m = fmaxf(m, bf(r.x[j]) / r.T);
+		m = fmaxf(m, smp_z(r, j));
 	r.m = block_max(m, redf);
 	double S = 0.0;
 #pragma unroll 8  /* loads in flight; the sum keeps its order */

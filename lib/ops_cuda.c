@@ -74,6 +74,7 @@ typedef struct cuda_ctx {
 	int gelu_fuse;         /* RL_CUDA_GELU_FUSE=1: bias + GELU (and its gradient) in GEMM epilogues */
 	int gelu_nosup;        /* cuBLASLt had no algorithm for a GELU epilogue: fall back from then on */
 	int decode_v1;         /* RL_CUDA_DECODE_ATTN=v1: attn_decode by attn.cu's kernel only */
+	int no_gemv;           /* RL_CUDA_GEMV=0: matmul_fwd of <= 4 rows through cuBLASLt too */
 	int decode_kind;       /* RL_CUDA_DECODE_ATTN=lane (1) or =split (2): that decode.cu kernel always */
 	int nsm;               /* multiprocessors */
 	void *dec_ws;          /* split decode attention partials */
@@ -462,6 +463,11 @@ matmul_fwd_(rl_ops *o, void *out, const void *inp, const void *w, const void *bi
 {
 	if (N <= 0 || OC <= 0)
 		return;
+	if (N <= 4 && !CTX(o)->no_gemv && rlk_gemv_ok(N, C, inp, w)) {
+		/* a few rows (decode): one warp per output feature, reading each weight once */
+		ck(o, "matmul_fwd gemv", rlk_gemv(S(o), out, inp, w, bias, N, C, OC));
+		return;
+	}
 	int ldo = padded(OC, (size_t)N), M = split_oc(OC);
 	char *dst = out;
 	if (ldo != OC && !(dst = pad_buf(o, (size_t)N * ldo * 2)))
@@ -1097,6 +1103,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->flash2 = getenv("RL_CUDA_ATTN") == NULL || strcmp(getenv("RL_CUDA_ATTN"), "flash2") == 0;
 	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
 	c->decode_v1 = getenv("RL_CUDA_DECODE_ATTN") != NULL && strcmp(getenv("RL_CUDA_DECODE_ATTN"), "v1") == 0;
+	c->no_gemv = getenv("RL_CUDA_GEMV") != NULL && strcmp(getenv("RL_CUDA_GEMV"), "0") == 0;
 	if (getenv("RL_CUDA_DECODE_ATTN") != NULL)
 		c->decode_kind = !strcmp(getenv("RL_CUDA_DECODE_ATTN"), "lane") ? 1 :
 		    !strcmp(getenv("RL_CUDA_DECODE_ATTN"), "split") ? 2 : 0;

@@ -11,6 +11,7 @@
  *     multiple of 32; the updated x, out and statistics equal, bit for bit, the
  *     separate add then k_layernorm_fwd / k_rmsnorm_fwd (emulated), and out is
  *     within a bf16 rounding of the CPU reference;
+ *   - k_gemv (matmul_fwd of 1-4 rows) against rl_cpu_matmul_fwd, with and without bias;
  *   - k_norm_vec (the row in registers, 16-byte loads): add + LayerNorm / RMSNorm
  *     and the plain norms, C from 8 to 4096 (1 to 16 chunks per lane, rows that
  *     end inside a chunk): the updated x equals the add bit for bit, out and the
@@ -267,6 +268,56 @@ test_norm_vec(int N, int C, int ln, int add)
 	delete[] fb; delete[] xs; delete[] ref; delete[] m1; delete[] r1; delete[] rm; delete[] rr;
 }
 
+/* ---- gemv (matmul_fwd of a few rows) ------------------------------------------------ */
+struct gemv_args {
+	bf16 *out;
+	const bf16 *inp, *w, *bias;
+	int N, C, OC;
+};
+static gemv_args GA;
+
+static void
+run_gemv(void *)
+{
+	switch (GA.N) {
+	case 1: k_gemv<1>(GA.out, GA.inp, GA.w, GA.bias, GA.C, GA.OC); break;
+	case 2: k_gemv<2>(GA.out, GA.inp, GA.w, GA.bias, GA.C, GA.OC); break;
+	case 3: k_gemv<3>(GA.out, GA.inp, GA.w, GA.bias, GA.C, GA.OC); break;
+	default: k_gemv<4>(GA.out, GA.inp, GA.w, GA.bias, GA.C, GA.OC); break;
+	}
+}
+
+static void
+test_gemv(int N, int C, int OC, int bias)
+{
+	size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+	bf16 *x = new bf16[nx], *w = new bf16[nw], *b = new bf16[OC], *out = new bf16[no];
+	float *fx = new float[nx], *fw = new float[nw], *fb = new float[OC], *ref = new float[no];
+	fill_bf(&rs, x, fx, nx, -1, 1);
+	fill_bf(&rs, w, fw, nw, -1, 1);
+	fill_bf(&rs, b, fb, OC, -1, 1);
+	for (size_t i = 0; i < no; i++)
+		out[i].h = 0x7fc1;
+	rl_cpu_matmul_fwd(NULL, ref, fx, fw, bias ? fb : NULL, N, C, OC);
+	GA = { out, x, w, bias ? b : NULL, N, C, OC };
+	emu_launch(dim3((unsigned)((OC + GV_WARPS - 1) / GV_WARPS)), dim3(GV_WARPS * 32), run_gemv, NULL);
+	/* f32 sums of C products of values in [-1, 1] in another order, one bf16 rounding */
+	double worst = 0;
+	size_t bad = 0;
+	for (size_t i = 0; i < no; i++) {
+		double e = fabs(__bfloat162float(out[i]) - ref[i]), tol = 1e-5 * C + 8e-3 * fabs(ref[i]);
+		if (!(e <= tol))
+			bad++;
+		if (!(e <= worst))
+			worst = e;
+	}
+	cases++;
+	if (bad)
+		fails++;
+	printf("%s gemv N=%d C=%d OC=%d bias=%d: max err %.3g, %zu bad\n", bad ? "FAIL" : "ok  ", N, C, OC, bias, worst, bad);
+	delete[] x; delete[] w; delete[] b; delete[] out; delete[] fx; delete[] fw; delete[] fb; delete[] ref;
+}
+
 int
 main(void)
 {
@@ -310,6 +361,14 @@ main(void)
 	test_norm_vec(2, 2048, 0, 1);
 	test_norm_vec(2, 2824, 1, 0);
 	test_norm_vec(1, 4096, 0, 1);
+	/* gemv: 1-4 rows; C of 8 (one chunk), GPT-2's 768 and 3072, Qwen's 4864 (chunks past one
+	 * round of 8 per lane), 8192; OC not a multiple of the 8 warps (the LM head's odd V) */
+	test_gemv(1, 8, 5, 1);
+	test_gemv(1, 768, 2304, 1);
+	test_gemv(2, 3072, 77, 1);
+	test_gemv(3, 4864, 40, 0);
+	test_gemv(4, 896, 1155, 1);
+	test_gemv(1, 8192, 9, 0);
 	printf("emu_kernels: %d of %d cases passed\n", cases - fails, cases);
 	return fails ? 1 : 0;
 }

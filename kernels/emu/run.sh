@@ -3,8 +3,9 @@
 # and compares them with the CPU reference (lib/ops_cpu.c).  No GPU needed; a C++
 # build (g++), run by `make check` through tests/cli/cuda-emu.bats (skipped
 # without a C++ compiler) and by hand after changing the kernels it covers
-# (decode.cu's split decode attention and merge, norm.cu's add_norm_fwd, flash2.cu's
-# flash attention forward and backward: emu_flash2.cpp).
+# (decode.cu's two decode attention kernels and merge, norm.cu's forward norms,
+# gemv.cu, logprob.cu's sampler: emu_sample.cpp, flash2.cu's flash attention forward
+# and backward: emu_flash2.cpp).
 #   sh kernels/emu/run.sh            (needs build/librlpipe.a: `make` first)
 #   sh kernels/emu/run.sh quick      (flash2: the self-test and the first five cases, then
 #                                     the two skew cases)
@@ -31,6 +32,7 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	cut_fn "$root/kernels/norm.cu" '^__global__ void k_layernorm_fwd\('
 	cut_fn "$root/kernels/norm.cu" '^__global__ void k_add_norm_fwd\('
 	cut_fn "$root/kernels/norm.cu" '^template <int NCH>'
+	awk '/^#define GV_/ { print } /^template <int NR>/ { f = 1 } /^extern "C"/ { f = 0 } f' "$root/kernels/gemv.cu"
 } > "$out/kernels.inc"
 {
 	awk '/^static __device__ __forceinline__ float ld\(/ { f = 1 } /^#endif/ { f = 0 } f' \

@@ -732,6 +732,14 @@ main(void)
 	test_matmul(50, 96, 1100, 1, 0);   /* split at 1088, unpadded */
 	test_matmul(64, 768, 2304, 1, 1);  /* act pointers only 2-byte aligned */
 	test_matmul(33, 96, 1100, 0, 3);
+	/* N <= 4 goes to gemv.cu (16-byte aligned inp): 1-4 rows, odd OC, the LM head's
+	 * width, C past one round of chunks; sh 1 (2-byte aligned inp) stays on cuBLASLt */
+	test_matmul(1, 768, 2304, 1, 0);
+	test_matmul(2, 3072, 768, 1, 0);
+	test_matmul(3, 896, 1155, 0, 0);
+	test_matmul(4, 4864, 896, 1, 0);
+	test_matmul(1, 768, 50257, 0, 0);
+	test_matmul(2, 768, 300, 1, 1);
 	test_attn(1, 1, 2, 1, 8, 0);
 	test_attn(2, 37, 4, 2, 16, 1);
 	test_attn(3, 130, 6, 2, 64, 2);
@@ -852,6 +860,19 @@ main(void)
 		}
 	}
 	unsetenv("RL_CUDA_DECODE_ATTN");
+
+	/* matmul_fwd of a few rows through cuBLASLt, as before gemv.cu (RL_CUDA_GEMV=0) */
+	setenv("RL_CUDA_GEMV", "0", 1);
+	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
+		printf("-- RL_CUDA_GEMV=0\n");
+		test_matmul(1, 768, 2304, 1, 0);
+		test_matmul(4, 4864, 896, 1, 0);
+		test_matmul(1, 768, 50257, 0, 0);
+		rl_ops_close(g);
+	} else {
+		T_OK(0, "cannot reopen the CUDA backend");
+	}
+	unsetenv("RL_CUDA_GEMV");
 
 	/* decode attention by attn.cu's kernel only (RL_CUDA_DECODE_ATTN=v1) */
 	setenv("RL_CUDA_DECODE_ATTN", "v1", 1);
