@@ -25,14 +25,61 @@
 #define DC_GMAX 8
 #define DC_UNROLL 8
 
+/* The end of both kernels: merge the block's warps (online-softmax states of each query
+ * head of the group) and write out, or the split's partials (acc, m, l) for
+ * k_decode_merge. */
+template <int HD, int G>
+static __device__ __forceinline__ void
+dc_finish(const float (&acc)[G][HD / 32], const float (&m)[G], const float (&l)[G], bf16 *out, float *ws,
+    int b, int kvh, int split, int NH, int nsplit)
+{
+	constexpr int PL = HD / 32;
+	__shared__ float sm_m[DC_WARPS][G], sm_l[DC_WARPS][G];
+	__shared__ float sm_acc[DC_WARPS][G][HD];
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+	for (int g = 0; g < G; g++) {
+#pragma unroll
+		for (int e = 0; e < PL; e++)
+			sm_acc[warp][g][lane * PL + e] = acc[g][e];
+		if (lane == 0) {
+			sm_m[warp][g] = m[g];
+			sm_l[warp][g] = l[g];
+		}
+	}
+	__syncthreads();
+	for (int t = threadIdx.x; t < G * HD; t += blockDim.x) {
+		int g = t / HD, d = t % HD, h = kvh * G + g;
+		float M = -INFINITY, ls = 0.0f, a = 0.0f;
+		for (int w = 0; w < DC_WARPS; w++)
+			M = fmaxf(M, sm_m[w][g]);
+		if (M != -INFINITY)
+			for (int w = 0; w < DC_WARPS; w++) {
+				if (sm_m[w][g] == -INFINITY)
+					continue;
+				float c = __expf(sm_m[w][g] - M);
+				ls += sm_l[w][g] * c;
+				a += sm_acc[w][g][d] * c;
+			}
+		if (nsplit == 1) {
+			out[(size_t)b * NH * HD + (size_t)h * HD + d] = tobf(a / ls);
+		} else {
+			float *p = ws + (((size_t)b * NH + h) * nsplit + split) * (HD + 2);
+			p[d] = a;
+			if (d == 0) {
+				p[HD] = M;
+				p[HD + 1] = ls;
+			}
+		}
+	}
+}
+
 template <int HD, int G>
 __global__ void __launch_bounds__(DC_WARPS * 32)
 k_decode_split(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16 *vc, const int32_t *bt,
     const int32_t *ctx_len, int NH, int NKV, int BS, int MAXBLK, int nsplit)
 {
 	constexpr int PL = HD / 32;  /* elements per lane: 2 or 4 */
-	__shared__ float sm_m[DC_WARPS][G], sm_l[DC_WARPS][G];
-	__shared__ float sm_acc[DC_WARPS][G][HD];
 	const int b = blockIdx.x / NKV, kvh = blockIdx.x % NKV, split = blockIdx.y;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const size_t LD = (size_t)(NH + 2 * NKV) * HD, kvrow = (size_t)NKV * HD;
@@ -95,42 +142,7 @@ k_decode_split(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16
 			}
 		}
 	}
-	/* merge the block's warps */
-#pragma unroll
-	for (int g = 0; g < G; g++) {
-#pragma unroll
-		for (int e = 0; e < PL; e++)
-			sm_acc[warp][g][lane * PL + e] = acc[g][e];
-		if (lane == 0) {
-			sm_m[warp][g] = m[g];
-			sm_l[warp][g] = l[g];
-		}
-	}
-	__syncthreads();
-	for (int t = threadIdx.x; t < G * HD; t += blockDim.x) {
-		int g = t / HD, d = t % HD, h = kvh * G + g;
-		float M = -INFINITY, ls = 0.0f, a = 0.0f;
-		for (int w = 0; w < DC_WARPS; w++)
-			M = fmaxf(M, sm_m[w][g]);
-		if (M != -INFINITY)
-			for (int w = 0; w < DC_WARPS; w++) {
-				if (sm_m[w][g] == -INFINITY)
-					continue;
-				float c = __expf(sm_m[w][g] - M);
-				ls += sm_l[w][g] * c;
-				a += sm_acc[w][g][d] * c;
-			}
-		if (nsplit == 1) {
-			out[(size_t)b * NH * HD + (size_t)h * HD + d] = tobf(a / ls);
-		} else {
-			float *p = ws + (((size_t)b * NH + h) * nsplit + split) * (HD + 2);
-			p[d] = a;
-			if (d == 0) {
-				p[HD] = M;
-				p[HD + 1] = ls;
-			}
-		}
-	}
+	dc_finish<HD, G>(acc, m, l, out, ws, b, kvh, split, NH, nsplit);
 }
 
 /* The same function, a key per lane (the default; k_decode_split above stays as
@@ -151,8 +163,6 @@ k_decode_lane(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16 
 	__shared__ float sq[G][HD];
 	__shared__ float sp[DC_WARPS][G][32];
 	__shared__ long long srow[DC_WARPS][32];
-	__shared__ float sm_m[DC_WARPS][G], sm_l[DC_WARPS][G];
-	__shared__ float sm_acc[DC_WARPS][G][HD];
 	const int b = blockIdx.x / NKV, kvh = blockIdx.x % NKV, split = blockIdx.y;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const size_t LD = (size_t)(NH + 2 * NKV) * HD, kvrow = (size_t)NKV * HD;
@@ -244,41 +254,7 @@ k_decode_lane(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16 
 		}
 		__syncwarp();  /* sp and srow are rewritten by the next chunk */
 	}
-#pragma unroll
-	for (int g = 0; g < G; g++) {
-#pragma unroll
-		for (int e = 0; e < PL; e++)
-			sm_acc[warp][g][lane * PL + e] = acc[g][e];
-		if (lane == 0) {
-			sm_m[warp][g] = m[g];
-			sm_l[warp][g] = l[g];
-		}
-	}
-	__syncthreads();
-	for (int t = threadIdx.x; t < G * HD; t += blockDim.x) {
-		int g = t / HD, dd = t % HD, h = kvh * G + g;
-		float M = -INFINITY, ls = 0.0f, a = 0.0f;
-		for (int w = 0; w < DC_WARPS; w++)
-			M = fmaxf(M, sm_m[w][g]);
-		if (M != -INFINITY)
-			for (int w = 0; w < DC_WARPS; w++) {
-				if (sm_m[w][g] == -INFINITY)
-					continue;
-				float c = __expf(sm_m[w][g] - M);
-				ls += sm_l[w][g] * c;
-				a += sm_acc[w][g][dd] * c;
-			}
-		if (nsplit == 1) {
-			out[(size_t)b * NH * HD + (size_t)h * HD + dd] = tobf(a / ls);
-		} else {
-			float *p = ws + (((size_t)b * NH + h) * nsplit + split) * (HD + 2);
-			p[dd] = a;
-			if (dd == 0) {
-				p[HD] = M;
-				p[HD + 1] = ls;
-			}
-		}
-	}
+	dc_finish<HD, G>(acc, m, l, out, ws, b, kvh, split, NH, nsplit);
 }
 
 /* out (B, NH*HD) from the nsplit partials of each (sequence, head).  No branch on the

@@ -32,6 +32,22 @@ extern "C" {
 static int fails, cases;
 static uint64_t rs = 0x9e3779b97f4a7c15ull;  /* emu_rnd, frnd, fill_bf: cuda_emu.h */
 
+/* outputs off the reference by more than atol + rtol |ref| (NaN included): the count,
+ * the first one's index (*first, when any) and the largest error (*worst) */
+static size_t
+out_bad(const bf16 *out, const float *ref, size_t n, double atol, double rtol, double *worst, size_t *first)
+{
+	size_t bad = 0;
+	for (size_t i = 0; i < n; i++) {
+		double e = fabs(__bfloat162float(out[i]) - ref[i]);
+		if (!(e <= atol + rtol * fabs(ref[i])) && !bad++)
+			*first = i;
+		if (!(e <= *worst))
+			*worst = e;
+	}
+	return bad;
+}
+
 /* ---- split decode attention -------------------------------------------------------- */
 struct dec_args {
 	bf16 *out, *qkv, *kc, *vc;
@@ -109,16 +125,7 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 	size_t bad = 0, at = 0;
 	for (size_t i = 0; i < no; i++)
 		mx = fmax(mx, fabs(ref[i]));
-	for (size_t i = 0; i < no; i++) {
-		double g = __bfloat162float(out[i]), e = fabs(g - ref[i]), tol = 1e-3 * mx + 8e-3 * fabs(ref[i]);
-		if (!(e <= tol)) {
-			if (!bad)
-				at = i;
-			bad++;
-		}
-		if (!(e <= worst))
-			worst = e;
-	}
+	bad = out_bad(out, ref, no, 1e-3 * mx, 8e-3, &worst, &at);
 	cases++;
 	if (bad)
 		fails++;
@@ -140,6 +147,20 @@ struct norm_args {
 	int N, C, ln;
 };
 static norm_args NA;
+
+/* the norms' tolerance against the CPU: out within a bf16 rounding, rstd (and mean) within
+ * f32 rounding of a differently ordered sum; the number of misses, *worst the largest
+ * output error */
+static size_t
+norm_bad(const bf16 *out, const float *ref, size_t n, const float *r1, const float *rr, const float *m1,
+    const float *rm, int N, int ln, double *worst)
+{
+	size_t first, bad = out_bad(out, ref, n, 1e-5, 8e-3, worst, &first);
+	for (int r = 0; r < N; r++)
+		if (!(fabs(r1[r] - rr[r]) <= 1e-4 * fabs(rr[r])) || (ln && !(fabs(m1[r] - rm[r]) <= 1e-6 + 1e-4 * fabs(rm[r]))))
+			bad++;
+	return bad;
+}
 
 static void run_add_norm(void *) { k_add_norm_fwd(NA.x, NA.out, NA.mean, NA.rstd, NA.t, NA.w, NA.b, NA.N, NA.C, NA.eps, NA.ln); }
 static void run_ln(void *) { k_layernorm_fwd(NA.out, NA.mean, NA.rstd, NA.x, NA.w, NA.b, NA.N, NA.C, NA.eps); }
@@ -180,17 +201,7 @@ test_add_norm(int N, int C, int ln)
 	int same = memcmp(x, x2, n * 2) == 0 && memcmp(out, out2, n * 2) == 0 && memcmp(r1, r2, (size_t)N * 4) == 0 &&
 	    (!ln || memcmp(m1, m2, (size_t)N * 4) == 0);
 	double worst = 0;
-	size_t bad = 0;
-	for (size_t i = 0; i < n; i++) {
-		double e = fabs(__bfloat162float(out[i]) - ref[i]);
-		if (!(e <= 1e-5 + 8e-3 * fabs(ref[i])))
-			bad++;
-		if (!(e <= worst))
-			worst = e;
-	}
-	for (int r = 0; r < N; r++)
-		if (!(fabs(r1[r] - rr[r]) <= 1e-4 * fabs(rr[r])) || (ln && !(fabs(m1[r] - rm[r]) <= 1e-6 + 1e-4 * fabs(rm[r]))))
-			bad++;
+	size_t bad = norm_bad(out, ref, n, r1, rr, m1, rm, N, ln, &worst);
 	cases++;
 	if (bad || !same)
 		fails++;
@@ -248,17 +259,7 @@ test_norm_vec(int N, int C, int ln, int add)
 	emu_launch(dim3((unsigned)((N + NORM_WARPS - 1) / NORM_WARPS)), dim3(NORM_WARPS * 32), run_vec, NULL);
 	int same = memcmp(x, x2, n * 2) == 0;
 	double worst = 0;
-	size_t bad = 0;
-	for (size_t i = 0; i < n; i++) {
-		double e = fabs(__bfloat162float(out[i]) - ref[i]);
-		if (!(e <= 1e-5 + 8e-3 * fabs(ref[i])))
-			bad++;
-		if (!(e <= worst))
-			worst = e;
-	}
-	for (int r = 0; r < N; r++)
-		if (!(fabs(r1[r] - rr[r]) <= 1e-4 * fabs(rr[r])) || (ln && !(fabs(m1[r] - rm[r]) <= 1e-6 + 1e-4 * fabs(rm[r]))))
-			bad++;
+	size_t bad = norm_bad(out, ref, n, r1, rr, m1, rm, N, ln, &worst);
 	cases++;
 	if (bad || !same)
 		fails++;
@@ -303,14 +304,7 @@ test_gemv(int N, int C, int OC, int bias)
 	emu_launch(dim3((unsigned)((OC + GV_WARPS - 1) / GV_WARPS)), dim3(GV_WARPS * 32), run_gemv, NULL);
 	/* f32 sums of C products of values in [-1, 1] in another order, one bf16 rounding */
 	double worst = 0;
-	size_t bad = 0;
-	for (size_t i = 0; i < no; i++) {
-		double e = fabs(__bfloat162float(out[i]) - ref[i]), tol = 1e-5 * C + 8e-3 * fabs(ref[i]);
-		if (!(e <= tol))
-			bad++;
-		if (!(e <= worst))
-			worst = e;
-	}
+	size_t first, bad = out_bad(out, ref, no, 1e-5 * C, 8e-3, &worst, &first);
 	cases++;
 	if (bad)
 		fails++;

@@ -687,6 +687,39 @@ test_errors(void)
 	g->free(g, q);
 }
 
+/* The backend opened again with one switch set (read when it opens): 1 with g open and
+ * the block's heading printed, 0 (a failed check) when it cannot be opened. */
+static int
+with_env(const char *var, const char *val)
+{
+	setenv(var, val, 1);
+	if (rl_ops_cuda_open(&g, 0) != RL_OK) {
+		T_OK(0, "cannot reopen the CUDA backend");
+		unsetenv(var);
+		return 0;
+	}
+	printf("-- %s=%s\n", var, val);
+	return 1;
+}
+
+static void
+end_env(const char *var)
+{
+	rl_ops_close(g);
+	unsetenv(var);
+}
+
+/* the attention cases every attention path runs */
+static void
+attn_cases(void)
+{
+	test_attn(3, 130, 6, 2, 64, 2);
+	test_attn(2, 257, 12, 12, 64, 0);
+	test_attn(1, 100, 14, 2, 64, 2);
+	test_attn(2, 600, 8, 2, 64, 2);  /* three query blocks */
+	test_attn(2, 77, 4, 1, 128, 1);
+}
+
 int
 main(void)
 {
@@ -742,11 +775,7 @@ main(void)
 	test_matmul(2, 768, 300, 1, 1);
 	test_attn(1, 1, 2, 1, 8, 0);
 	test_attn(2, 37, 4, 2, 16, 1);
-	test_attn(3, 130, 6, 2, 64, 2);
-	test_attn(2, 257, 12, 12, 64, 0);
-	test_attn(1, 100, 14, 2, 64, 2);
-	test_attn(2, 600, 8, 2, 64, 2);  /* three query blocks */
-	test_attn(2, 77, 4, 1, 128, 1);
+	attn_cases();
 	test_logprob(1, 5, 1.0f, 1);
 	test_logprob(19, 1001, 1.0f, 1);
 	test_logprob(8, 50257, 1.0f / 0.7f, 1);
@@ -779,51 +808,27 @@ main(void)
 	test_errors();
 	rl_ops_close(g);
 
-	/* the cuBLAS attention path (the default before flash2: RL_CUDA_ATTN=cublas) on the
-	 * cases above, which now run flash2 where it applies (HD 64 and 128) */
-	setenv("RL_CUDA_ATTN", "cublas", 1);
-	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
-		printf("-- RL_CUDA_ATTN=cublas\n");
-		test_attn(3, 130, 6, 2, 64, 2);
-		test_attn(2, 257, 12, 12, 64, 0);
-		test_attn(1, 100, 14, 2, 64, 2);
-		test_attn(2, 600, 8, 2, 64, 2);
-		test_attn(2, 77, 4, 1, 128, 1);
-		rl_ops_close(g);
-	} else {
-		T_OK(0, "cannot reopen the CUDA backend");
+	/* the cuBLAS attention path (the default before flash2) on the cases above, which
+	 * now run flash2 where it applies (HD 64 and 128) */
+	if (with_env("RL_CUDA_ATTN", "cublas")) {
+		attn_cases();
+		end_env("RL_CUDA_ATTN");
 	}
-
-	/* the flash-style forward (opt-in, RL_CUDA_ATTN=flash) on the same cases */
-	setenv("RL_CUDA_ATTN", "flash", 1);
-	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
-		printf("-- RL_CUDA_ATTN=flash\n");
+	/* the flash-style forward (opt-in) on the same cases */
+	if (with_env("RL_CUDA_ATTN", "flash")) {
 		test_attn(1, 1, 2, 1, 64, 0);
-		test_attn(3, 130, 6, 2, 64, 2);
-		test_attn(2, 257, 12, 12, 64, 0);
-		test_attn(1, 100, 14, 2, 64, 2);
-		test_attn(2, 600, 8, 2, 64, 2);
-		test_attn(2, 77, 4, 1, 128, 1);
-		rl_ops_close(g);
-	} else {
-		T_OK(0, "cannot reopen the CUDA backend");
+		attn_cases();
+		end_env("RL_CUDA_ATTN");
 	}
-
 	/* flash2 (the default, named here: mma.sync forward and backward, kernels/flash2.cu):
 	 * T = 1, T not a multiple of 64 or of the 32-row inner tiles of HD 128, GQA 1, 2, 4, 7,
 	 * packed and padded rows, HD 64 and 128, GPT-2's and Qwen's head shapes at T = 1024;
 	 * HD 16 falls back to the cuBLAS path */
-	setenv("RL_CUDA_ATTN", "flash2", 1);
-	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
-		printf("-- RL_CUDA_ATTN=flash2\n");
+	if (with_env("RL_CUDA_ATTN", "flash2")) {
 		test_attn(1, 1, 2, 1, 64, 0);
 		test_attn(2, 37, 4, 2, 16, 1);
 		test_attn(2, 37, 4, 2, 64, 1);
-		test_attn(3, 130, 6, 2, 64, 2);
-		test_attn(2, 257, 12, 12, 64, 0);
-		test_attn(1, 100, 14, 2, 64, 2);
-		test_attn(2, 600, 8, 2, 64, 2);
-		test_attn(2, 77, 4, 1, 128, 1);
+		attn_cases();
 		test_attn(1, 129, 2, 1, 128, 2);
 		test_attn(2, 1030, 4, 1, 128, 2);
 		test_attn(1, 1024, 12, 12, 64, 0);
@@ -835,65 +840,35 @@ main(void)
 		test_attn(66, 65, 8, 2, 64, 1);
 		test_attn_det(2, 1024, 12, 12, 64);
 		test_attn_det(1, 777, 14, 2, 128);
-		rl_ops_close(g);
-	} else {
-		T_OK(0, "cannot reopen the CUDA backend");
+		end_env("RL_CUDA_ATTN");
 	}
-	unsetenv("RL_CUDA_ATTN");
-
 	/* decode attention by each of decode.cu's kernels on every shape (the default takes
-	 * the key-per-lane kernel with at most 4 splits, the key-per-warp one above) */
-	const char *dk[] = { "lane", "split" };
-	for (int i = 0; i < 2; i++) {
-		setenv("RL_CUDA_DECODE_ATTN", dk[i], 1);
-		if (rl_ops_cuda_open(&g, 0) == RL_OK) {
-			printf("-- RL_CUDA_DECODE_ATTN=%s\n", dk[i]);
+	 * the key-per-lane kernel with at most 4 splits, the key-per-warp one above), then by
+	 * attn.cu's kernel only (v1) */
+	const char *dk[] = { "lane", "split", "v1" };
+	for (int i = 0; i < 3; i++)
+		if (with_env("RL_CUDA_DECODE_ATTN", dk[i])) {
 			test_decode(5, 12, 12, 64, 16, 9);
 			test_decode(3, 14, 2, 64, 16, 40);
 			test_decode(2, 4, 2, 128, 32, 12);
-			test_decode(300, 4, 4, 64, 16, 8);
-			test_decode(1, 14, 2, 64, 16, 64);
-			test_decode(40, 8, 4, 128, 16, 20);
-			rl_ops_close(g);
-		} else {
-			T_OK(0, "cannot reopen the CUDA backend");
+			if (i < 2) {
+				test_decode(300, 4, 4, 64, 16, 8);
+				test_decode(1, 14, 2, 64, 16, 64);
+				test_decode(40, 8, 4, 128, 16, 20);
+			}
+			end_env("RL_CUDA_DECODE_ATTN");
 		}
-	}
-	unsetenv("RL_CUDA_DECODE_ATTN");
-
-	/* matmul_fwd of a few rows through cuBLASLt, as before gemv.cu (RL_CUDA_GEMV=0) */
-	setenv("RL_CUDA_GEMV", "0", 1);
-	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
-		printf("-- RL_CUDA_GEMV=0\n");
+	/* matmul_fwd of a few rows through cuBLASLt, as before gemv.cu */
+	if (with_env("RL_CUDA_GEMV", "0")) {
 		test_matmul(1, 768, 2304, 1, 0);
 		test_matmul(4, 4864, 896, 1, 0);
 		test_matmul(1, 768, 50257, 0, 0);
-		rl_ops_close(g);
-	} else {
-		T_OK(0, "cannot reopen the CUDA backend");
+		end_env("RL_CUDA_GEMV");
 	}
-	unsetenv("RL_CUDA_GEMV");
-
-	/* decode attention by attn.cu's kernel only (RL_CUDA_DECODE_ATTN=v1) */
-	setenv("RL_CUDA_DECODE_ATTN", "v1", 1);
-	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
-		printf("-- RL_CUDA_DECODE_ATTN=v1\n");
-		test_decode(5, 12, 12, 64, 16, 9);
-		test_decode(3, 14, 2, 64, 16, 40);
-		test_decode(2, 4, 2, 128, 32, 12);
-		rl_ops_close(g);
-	} else {
-		T_OK(0, "cannot reopen the CUDA backend");
-	}
-	unsetenv("RL_CUDA_DECODE_ATTN");
-
-	/* GELU in the GEMM epilogues (opt-in, RL_CUDA_GELU_FUSE=1): shapes the epilogue
-	 * takes (GPT-2's c_fc and c_proj, N = 1) and shapes that fall back (odd sizes,
-	 * padded and split output, 2-byte aligned views) */
-	unsetenv("RL_CUDA_ATTN");
-	setenv("RL_CUDA_GELU_FUSE", "1", 1);
-	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
-		printf("-- RL_CUDA_GELU_FUSE=1\n");
+	/* GELU in the GEMM epilogues (opt-in): shapes the epilogue takes (GPT-2's c_fc and
+	 * c_proj, N = 1) and shapes that fall back (odd sizes, padded and split output, 2-byte
+	 * aligned views) */
+	if (with_env("RL_CUDA_GELU_FUSE", "1")) {
 		T_OK(g->matmul_gelu_fwd != NULL && g->matmul_dgelu_bwd != NULL, "fused GELU ops installed");
 		if (g->matmul_gelu_fwd && g->matmul_dgelu_bwd) {
 			/* N = 1 after the other fused shapes: a cuBLASLt without a GELU
@@ -906,10 +881,7 @@ main(void)
 			test_matmul_gelu(300, 64, 5001, 1, 0);
 			test_matmul_gelu(64, 768, 3072, 1, 1);
 		}
-		rl_ops_close(g);
-	} else {
-		T_OK(0, "cannot reopen the CUDA backend");
+		end_env("RL_CUDA_GELU_FUSE");
 	}
-	unsetenv("RL_CUDA_GELU_FUSE");
 	T_END();
 }
