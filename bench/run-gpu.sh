@@ -3,7 +3,8 @@
 # single-op timings (gpu_kernels), the training step of GPT-2 124M and
 # Qwen2.5-0.5B shapes (gpu_train), generation at 1/64/256 slots (gpu_gen, with
 # and without CUDA graphs), the engine with continuous batching (gpu_engine),
-# then the PyTorch references in the same call for the side-by-side ratios:
+# the whole GRPO step (bench/grpo-step-gpu.sh, WEIGHTS=group), then the
+# PyTorch references in the same call for the side-by-side ratios:
 # torch_baseline.py train and torch_graph_decode.py (and torch_baseline.py gen,
 # Hugging Face generate, host-bound and slow, only with RL_BENCH_HF_GEN=1).
 # Env: RL_BUILD (build dir, default build), TORCH_BASELINE (path of
@@ -19,6 +20,8 @@ rc=0
 "$B/bench/gpu_train" all "${RL_BENCH_STEPS:-10}" || rc=1
 "$B/bench/gpu_gen" all 256 || rc=1
 "$B/bench/gpu_engine" all || rc=1
+# the whole GRPO step of the GPT-2 shape through the programs (weights by the broadcast group)
+PATH="$root/$B/bin:$PATH" WEIGHTS=group STEPS=6 sh bench/grpo-step-gpu.sh || rc=1
 if [ "${RL_BENCH_NO_TORCH:-0}" != 1 ]; then
 	ref=${TORCH_BASELINE:-}
 	for c in ../shared/bench/torch_baseline.py .gpu/ref/torch_baseline.py ref/torch_baseline.py; do
