@@ -1,0 +1,29 @@
+#!/bin/sh
+# bench/gpu-pack.sh — packs what a GPU run needs into a git-ignored folder of the
+# checkout (default .gpu/), for the device tool (bench/RESULTS.md's GPU sections):
+# builds for sm_90, copies the programs, the CUDA tests and the GPU benches,
+# collects the shared libraries the device image lacks (nng, cJSON: the CEO's
+# ../shared/gpu/carry-libs; cuBLAS, cudart and NCCL are in the image) and packs
+# the binaries into one gzip'd tar (the carried tree is limited to 64 MiB; the
+# binaries, each with every kernel in it, come to ~90 MiB unpacked, ~28 packed).
+# The PyTorch references are copied from ../shared/bench (which does not travel).
+#   sh bench/gpu-pack.sh [DIR]      then, with the device tool:
+#   run(command="bash bench/gpu-device.sh all", carry=[".gpu"])
+set -eu
+G=${1:-.gpu}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+grep -qx "/$G/" .git/info/exclude 2>/dev/null || git check-ignore -q "$G" || echo "/$G/" >> .git/info/exclude
+make -j2 CUDA_ARCH=90 all tests-build > "$G.build.log" 2>&1 || { tail -30 "$G.build.log"; exit 1; }
+rm -rf "$G/build" "$G/libs"
+mkdir -p "$G/build/bin" "$G/build/tests" "$G/build/bench" "$G/ref"
+cp build/bin/rl-* "$G/build/bin/"
+cp build/tests/test_cuda_* build/tests/test_comm_cuda build/tests/test_wsync_cuda "$G/build/tests/"
+for b in gpu_kernels gpu_train gpu_gen gpu_engine wgroup; do cp "build/bench/$b" "$G/build/bench/"; done
+"$root/../shared/gpu/carry-libs" "$G/libs" "$G"/build/bin/* "$G"/build/tests/* "$G"/build/bench/*
+rm -f "$G"/libs/libcublas* "$G"/libs/libcudart* "$G"/libs/libnccl*
+strip -g "$G"/build/*/*
+cp ../shared/bench/*.py "$G/ref/" 2>/dev/null || echo "gpu-pack: no ../shared/bench/*.py (PyTorch references)" >&2
+tar czf "$G/pack.tgz" -C "$G" build
+rm -rf "$G/build" "$G.build.log"
+du -sh "$G/pack.tgz" "$G/libs"
