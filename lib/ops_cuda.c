@@ -847,12 +847,26 @@ decode_nsplit(const cuda_ctx *c, int B, int NKV)
 	return (int)(n < 1 ? 1 : n > 64 ? 64 : n);
 }
 
-/* Key per lane (k_decode_lane) or key per warp (k_decode_split): per lane reads a
- * whole K row per lane and walks V rows per warp, which wins when each (sequence, KV
- * head) has few splits (many sequences: 161K against 115K tok/s at 256 GPT-2 slots on
- * the H100); with many splits (a few sequences) each worker has only a few keys and
- * the key-per-warp kernel spreads them wider (0.65 against 0.86 ms a step at one slot).
- * RL_CUDA_DECODE_ATTN=lane or =split forces one. */
+/* A switch with a value outside its list: said once, the default is taken. */
+static void
+env_one_of(const char *var, const char *words)
+{
+	const char *v = getenv(var);
+	if (v == NULL || *v == '\0')
+		return;
+	size_t n = strlen(v);
+	for (const char *p = words; *p; p += strcspn(p, " "), p += *p == ' ')
+		if (strncmp(p, v, n) == 0 && (p[n] == ' ' || p[n] == '\0'))
+			return;
+	rl_warn("cuda: %s=%s is not one of %s: ignored", var, v, words);
+}
+
+/* Key per lane (k_decode_lane) or key per warp (k_decode_split).  A lane reading a whole
+ * K row and a warp walking the V rows wins when each (sequence, KV head) has few splits
+ * (many sequences: 163K against 118K tok/s at 256 GPT-2 slots on the H100, same run);
+ * with many splits (a few sequences) each worker has only a few keys and the
+ * key-per-warp kernel spreads them wider (0.70 against 0.74 ms a GPT-2 step at one
+ * slot).  RL_CUDA_DECODE_ATTN=lane or =split forces one. */
 static int
 decode_lane(const cuda_ctx *c, int nsplit)
 {
@@ -1097,16 +1111,19 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	}
 	o->ctx = c;
 	c->prof = getenv("RL_CUDA_PROFILE") != NULL && atoi(getenv("RL_CUDA_PROFILE")) > 0;
-	c->flash = getenv("RL_CUDA_ATTN") != NULL && strcmp(getenv("RL_CUDA_ATTN"), "flash") == 0;
 	/* flash2 is the default attention (measured faster on the H100, docs/cuda.md);
 	 * RL_CUDA_ATTN=cublas (or flash) names another path */
-	c->flash2 = getenv("RL_CUDA_ATTN") == NULL || strcmp(getenv("RL_CUDA_ATTN"), "flash2") == 0;
+	const char *at = getenv("RL_CUDA_ATTN");
+	c->flash = at != NULL && strcmp(at, "flash") == 0;
+	c->flash2 = !(at != NULL && (strcmp(at, "cublas") == 0 || strcmp(at, "flash") == 0));
 	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
 	c->decode_v1 = getenv("RL_CUDA_DECODE_ATTN") != NULL && strcmp(getenv("RL_CUDA_DECODE_ATTN"), "v1") == 0;
 	c->no_gemv = getenv("RL_CUDA_GEMV") != NULL && strcmp(getenv("RL_CUDA_GEMV"), "0") == 0;
 	if (getenv("RL_CUDA_DECODE_ATTN") != NULL)
 		c->decode_kind = !strcmp(getenv("RL_CUDA_DECODE_ATTN"), "lane") ? 1 :
 		    !strcmp(getenv("RL_CUDA_DECODE_ATTN"), "split") ? 2 : 0;
+	env_one_of("RL_CUDA_ATTN", "flash2 cublas flash");
+	env_one_of("RL_CUDA_DECODE_ATTN", "lane split v1");
 	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
 		cudaGetLastError();
 		c->nsm = 0;
