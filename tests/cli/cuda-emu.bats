@@ -1,9 +1,10 @@
 #!/usr/bin/env bats
 # CUDA kernels run on the CPU through kernels/emu (threads as fibers, barriers,
 # mma.sync/ldmatrix/cp.async emulated lane by lane from the PTX layouts) against
-# the CPU reference: decode.cu's split decode attention and its merge, norm.cu's
-# fused add + norm, and flash2.cu's attention forward and backward (also with
-# warps drifting apart).  The kernel logic is checked in every `make check`,
+# the CPU reference: decode.cu's two decode attention kernels and their merge,
+# norm.cu's forward norms (fused add + norm, the row in registers), gemv.cu,
+# logprob.cu's sampler, and flash2.cu's attention forward and backward (also
+# with warps drifting apart).  The kernel logic is checked in every `make check`,
 # without a GPU.  Skipped without a C++ compiler or the library.
 
 bats_require_minimum_version 1.5.0
@@ -18,13 +19,14 @@ passed() {
 	[ "$#" = 3 ] && [ "$1" = "$2" ] && [ "$2" -ge "$3" ]
 }
 
-@test "kernels/emu: decode attention, the forward norms (add + norm, row in registers) and flash2 match the CPU reference" {
+@test "kernels/emu: decode attention, the forward norms, gemv, the sampler and flash2 match the CPU reference" {
 	root=$(cd "$BATS_TEST_DIRNAME/../.." && pwd)
 	command -v "${CXX:-g++}" >/dev/null || skip "no C++ compiler"
 	[ -f "$root/${RL_BUILD:-build}/librlpipe.a" ] || skip "no ${RL_BUILD:-build}/librlpipe.a"
 	run --separate-stderr sh "$root/kernels/emu/run.sh"
 	assert_success
 	passed emu_kernels 91
+	passed emu_sample 8
 	# a sanitized library (build-san) makes run.sh take flash2's quick set: 6 cases
 	if nm "$root/${RL_BUILD:-build}/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
 		passed emu_flash2 6
