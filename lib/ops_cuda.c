@@ -54,6 +54,8 @@ typedef struct algo_ent {
 	int used;
 } algo_ent;
 
+enum { DK_AUTO, DK_LANE, DK_SPLIT, DK_V1 };  /* decode attention kernels (RL_CUDA_DECODE_ATTN) */
+
 typedef struct cuda_ctx {
 	cudaStream_t stream;
 	cublasLtHandle_t lt;
@@ -73,9 +75,9 @@ typedef struct cuda_ctx {
 	size_t fa2_ws_bytes;
 	int gelu_fuse;         /* RL_CUDA_GELU_FUSE=1: bias + GELU (and its gradient) in GEMM epilogues */
 	int gelu_nosup;        /* cuBLASLt had no algorithm for a GELU epilogue: fall back from then on */
-	int decode_v1;         /* RL_CUDA_DECODE_ATTN=v1: attn_decode by attn.cu's kernel only */
 	int no_gemv;           /* RL_CUDA_GEMV=0: matmul_fwd of <= 4 rows through cuBLASLt too */
-	int decode_kind;       /* RL_CUDA_DECODE_ATTN=lane (1) or =split (2): that decode.cu kernel always */
+	int decode_kind;       /* RL_CUDA_DECODE_ATTN: DK_AUTO (unset), =lane / =split (that decode.cu
+	                        * kernel always), =v1 (attn.cu's kernel only) */
 	int nsm;               /* multiprocessors */
 	void *dec_ws;          /* split decode attention partials */
 	size_t dec_ws_bytes;
@@ -847,18 +849,21 @@ decode_nsplit(const cuda_ctx *c, int B, int NKV)
 	return (int)(n < 1 ? 1 : n > 64 ? 64 : n);
 }
 
-/* A switch with a value outside its list: said once, the default is taken. */
-static void
-env_one_of(const char *var, const char *words)
+/* A switch that names one of `words` (space-separated): its index, or -1 when unset,
+ * empty or outside the list (said on stderr: the default is taken). */
+static int
+env_pick(const char *var, const char *words)
 {
 	const char *v = getenv(var);
 	if (v == NULL || *v == '\0')
-		return;
+		return -1;
 	size_t n = strlen(v);
-	for (const char *p = words; *p; p += strcspn(p, " "), p += *p == ' ')
+	int i = 0;
+	for (const char *p = words; *p; p += strcspn(p, " "), p += *p == ' ', i++)
 		if (strncmp(p, v, n) == 0 && (p[n] == ' ' || p[n] == '\0'))
-			return;
+			return i;
 	rl_warn("cuda: %s=%s is not one of %s: ignored", var, v, words);
+	return -1;
 }
 
 /* Key per lane (k_decode_lane) or key per warp (k_decode_split).  A lane reading a whole
@@ -870,7 +875,7 @@ env_one_of(const char *var, const char *words)
 static int
 decode_lane(const cuda_ctx *c, int nsplit)
 {
-	return c->decode_kind == 1 ? 1 : c->decode_kind == 2 ? 0 : nsplit <= 4;
+	return c->decode_kind == DK_LANE ? 1 : c->decode_kind == DK_SPLIT ? 0 : nsplit <= 4;
 }
 
 static void
@@ -879,7 +884,7 @@ cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void
     int MAXBLK)
 {
 	cuda_ctx *c = CTX(o);
-	if (!c->decode_v1 && B > 0 && rlk_attn_decode_split_ok(NH, NKV, HD)) {
+	if (c->decode_kind != DK_V1 && B > 0 && rlk_attn_decode_split_ok(NH, NKV, HD)) {
 		int nsplit = decode_nsplit(c, B, NKV);
 		size_t wb = rlk_attn_decode_ws_bytes(B, NH, HD, nsplit);
 		float *ws = NULL;
@@ -1113,17 +1118,12 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->prof = getenv("RL_CUDA_PROFILE") != NULL && atoi(getenv("RL_CUDA_PROFILE")) > 0;
 	/* flash2 is the default attention (measured faster on the H100, docs/cuda.md);
 	 * RL_CUDA_ATTN=cublas (or flash) names another path */
-	const char *at = getenv("RL_CUDA_ATTN");
-	c->flash = at != NULL && strcmp(at, "flash") == 0;
-	c->flash2 = !(at != NULL && (strcmp(at, "cublas") == 0 || strcmp(at, "flash") == 0));
+	int attn = env_pick("RL_CUDA_ATTN", "flash2 cublas flash");
+	c->flash2 = attn <= 0;
+	c->flash = attn == 2;
 	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
-	c->decode_v1 = getenv("RL_CUDA_DECODE_ATTN") != NULL && strcmp(getenv("RL_CUDA_DECODE_ATTN"), "v1") == 0;
 	c->no_gemv = getenv("RL_CUDA_GEMV") != NULL && strcmp(getenv("RL_CUDA_GEMV"), "0") == 0;
-	if (getenv("RL_CUDA_DECODE_ATTN") != NULL)
-		c->decode_kind = !strcmp(getenv("RL_CUDA_DECODE_ATTN"), "lane") ? 1 :
-		    !strcmp(getenv("RL_CUDA_DECODE_ATTN"), "split") ? 2 : 0;
-	env_one_of("RL_CUDA_ATTN", "flash2 cublas flash");
-	env_one_of("RL_CUDA_DECODE_ATTN", "lane split v1");
+	c->decode_kind = env_pick("RL_CUDA_DECODE_ATTN", "lane split v1") + 1;  /* DK_* */
 	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
 		cudaGetLastError();
 		c->nsm = 0;

@@ -814,6 +814,11 @@ main(void)
 		attn_cases();
 		end_env("RL_CUDA_ATTN");
 	}
+	/* a value outside the list: reported on stderr, the default (flash2) taken */
+	if (with_env("RL_CUDA_ATTN", "flash3")) {
+		attn_cases();
+		end_env("RL_CUDA_ATTN");
+	}
 	/* the flash-style forward (opt-in) on the same cases */
 	if (with_env("RL_CUDA_ATTN", "flash")) {
 		test_attn(1, 1, 2, 1, 64, 0);
