@@ -66,9 +66,10 @@ int rlk_qknorm_bwd(void *stream, void *dqkv_in, float *dwq, float *dwk, const vo
     int N, int NH, int NKV, int HD);
 
 /* ---- output layer, losses, sampling (kernels/logprob.cu) ------------------ */
-int rlk_logprob_fwd(void *stream, float *lp, float *ent, float *lse, const void *logits,
+/* logits and dlogits (N, ld), ld >= V: row n's V values start at n * ld */
+int rlk_logprob_fwd(void *stream, float *lp, float *ent, float *lse, const void *logits, int ld,
     const int32_t *tgt, int N, int V, float inv_temp);
-int rlk_logprob_bwd(void *stream, void *dlogits, const void *logits, const int32_t *tgt,
+int rlk_logprob_bwd(void *stream, void *dlogits, const void *logits, int ld, const int32_t *tgt,
     const float *lse, const float *dlp, const float *dent, int N, int V, float inv_temp);
 int rlk_pg_loss(void *stream, float *dlp, float *dent, float *stats, const float *lp,
     const float *old, const float *beh, const float *ref, const float *ent, const float *adv,

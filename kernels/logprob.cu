@@ -4,6 +4,9 @@
  * logits read in bf16, never an (N,V) fp32 tensor), its backward, the fused
  * PPO/GRPO token loss and token sampling.  Semantics: lib/ops.h.
  *
+ * The log-prob kernels take the logits' row stride ld >= V (the strided LM head of
+ * lib/ops.h; ld = V otherwise).
+ *
  * Leaves out: the LM-head GEMM (cuBLASLt, lib/ops_cuda.c); chunking over N
  * (the caller's).
  */
@@ -90,11 +93,11 @@ row_stats(const bf16 *row, int V, float it)
 }
 
 __global__ void __launch_bounds__(LP_THREADS)
-k_logprob_fwd(float *lp, float *ent, float *lse, const bf16 *logits, const int32_t *tgt, int V,
-    float it)
+k_logprob_fwd(float *lp, float *ent, float *lse, const bf16 *logits, size_t ld, const int32_t *tgt,
+    int V, float it)
 {
 	long n = blockIdx.x;
-	const bf16 *row = logits + (size_t)n * V;
+	const bf16 *row = logits + (size_t)n * ld;
 	msz a = row_stats(row, V, it);
 	if (threadIdx.x != 0)
 		return;
@@ -115,13 +118,13 @@ k_logprob_fwd(float *lp, float *ent, float *lse, const bf16 *logits, const int32
 
 /* dz_j = dlp (onehot_j - p_j) + dent * (-p_j (log p_j + H));  dlogits = inv_temp * dz. */
 __global__ void __launch_bounds__(LP_THREADS)
-k_logprob_bwd(bf16 *dlogits, const bf16 *logits, const int32_t *tgt, const float *lse,
+k_logprob_bwd(bf16 *dlogits, const bf16 *logits, size_t ld, const int32_t *tgt, const float *lse,
     const float *dlp, const float *dent, int V, float it)
 {
 	__shared__ float red[32];
 	long n = blockIdx.x;
-	const bf16 *row = logits + (size_t)n * V;
-	bf16 *drow = dlogits + (size_t)n * V;
+	const bf16 *row = logits + (size_t)n * ld;
+	bf16 *drow = dlogits + (size_t)n * ld;
 	int t = tgt[n];
 	if (t < 0 || t >= V) {
 		for (int j = threadIdx.x; j < V; j += blockDim.x)
@@ -148,24 +151,24 @@ k_logprob_bwd(bf16 *dlogits, const bf16 *logits, const int32_t *tgt, const float
 }
 
 extern "C" int
-rlk_logprob_fwd(void *s, float *lp, float *ent, float *lse, const void *logits, const int32_t *tgt,
-    int N, int V, float inv_temp)
+rlk_logprob_fwd(void *s, float *lp, float *ent, float *lse, const void *logits, int ld,
+    const int32_t *tgt, int N, int V, float inv_temp)
 {
 	if (N <= 0)
 		return 0;
-	k_logprob_fwd<<<N, LP_THREADS, 0, RLK_STREAM(s)>>>(lp, ent, lse, (const bf16 *)logits, tgt, V,
-	    inv_temp);
+	k_logprob_fwd<<<N, LP_THREADS, 0, RLK_STREAM(s)>>>(lp, ent, lse, (const bf16 *)logits, (size_t)ld,
+	    tgt, V, inv_temp);
 	RLK_RET();
 }
 
 extern "C" int
-rlk_logprob_bwd(void *s, void *dlogits, const void *logits, const int32_t *tgt, const float *lse,
-    const float *dlp, const float *dent, int N, int V, float inv_temp)
+rlk_logprob_bwd(void *s, void *dlogits, const void *logits, int ld, const int32_t *tgt,
+    const float *lse, const float *dlp, const float *dent, int N, int V, float inv_temp)
 {
 	if (N <= 0)
 		return 0;
-	k_logprob_bwd<<<N, LP_THREADS, 0, RLK_STREAM(s)>>>((bf16 *)dlogits, (const bf16 *)logits, tgt,
-	    lse, dlp, dent, V, inv_temp);
+	k_logprob_bwd<<<N, LP_THREADS, 0, RLK_STREAM(s)>>>((bf16 *)dlogits, (const bf16 *)logits,
+	    (size_t)ld, tgt, lse, dlp, dent, V, inv_temp);
 	RLK_RET();
 }
 

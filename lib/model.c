@@ -19,13 +19,18 @@
 #include "safetensors.h"
 
 /* Rows of logits materialised at once: bounded by bytes, so (N, V) never is.
- * On the CPU 32 MiB; on a GPU (bf16 activations) 256 MiB, so that the LM-head
- * GEMMs of a chunk are not skinny (2,670 rows at GPT-2's V = 50257, 883 at
- * Qwen's 151936; at 32 MiB they were 333 and 110).  The backward pads the
- * chunk's gradient into a scratch of the same size, so the head needs about
- * twice this.  Overridden by m->logit_chunk_bytes, then by RL_LOGIT_CHUNK_MB. */
+ * On the CPU 32 MiB.  On a GPU (bf16 activations) when training, 3 GiB: the logits
+ * of a whole batch (GPT-2 16 x 1024 rows x 50304 = 1.5 GiB, Qwen 8 x 1024 x 151936 =
+ * 2.3 GiB) stay from the forward to the backward, which then does not recompute
+ * them; a larger batch is chunked and recomputed.  On a GPU without gradients
+ * (forward only) 256 MiB, so that the LM-head GEMMs of a chunk are not skinny
+ * (2,670 rows at V = 50257, 883 at 151936).  Without the strided head
+ * (RL_CUDA_HEAD_LD=0) the backward pads a chunk's gradient into a scratch of the
+ * same size, so the head needs twice this.  Overridden by m->logit_chunk_bytes, then
+ * by RL_LOGIT_CHUNK_MB. */
 #define LOGIT_CHUNK_BYTES ((size_t)32 << 20)
 #define LOGIT_CHUNK_BYTES_GPU ((size_t)256 << 20)
+#define LOGIT_KEEP_BYTES_GPU ((size_t)3 << 30)
 
 static size_t
 logit_chunk_bytes(const rl_model *m)
@@ -35,11 +40,26 @@ logit_chunk_bytes(const rl_model *m)
 		return m->logit_chunk_bytes;
 	if (e && atol(e) > 0)
 		return (size_t)atol(e) << 20;
-	return m->ops->act_dtype == RL_F32 ? LOGIT_CHUNK_BYTES : LOGIT_CHUNK_BYTES_GPU;
+	if (m->ops->act_dtype == RL_F32)
+		return LOGIT_CHUNK_BYTES;
+	return m->grads != NULL ? LOGIT_KEEP_BYTES_GPU : LOGIT_CHUNK_BYTES_GPU;
+}
+
+/* The logits' row stride: V, or V rounded up to the backend's alignment when it has the
+ * strided LM head (ops.h, matmul_fwd_ld and the rest). */
+static int
+logits_ld(const rl_model *m)
+{
+	const rl_ops *o = m->ops;
+	int V = m->cfg.vocab_size, al = o->head_ld_align;
+	if (!o->matmul_fwd_ld || !o->matmul_bwd_ld || !o->logprob_fwd_ld || !o->logprob_bwd_ld || al <= 0)
+		return V;
+	return (int)(((size_t)V + al - 1) / al * al);
 }
 
 struct rl_model_act {
 	int maxN, chunk;
+	int ld;                 /* row stride of logits (logits_ld): V, or V padded for the strided head */
 	void *amem;             /* one act-dtype allocation for everything below */
 	float *fmem;            /* one f32 allocation */
 	int32_t *imem;          /* one i32 allocation */
@@ -52,7 +72,7 @@ struct rl_model_act {
 	void *h;                /* (L, N, H) SwiGLU / GELU output */
 	void *lnf;              /* (N, C) */
 	void *vout, *dvout;     /* (N) value head output and its gradient (value head only) */
-	void *logits;           /* (chunk, V) */
+	void *logits;           /* (chunk, ld) */
 	void *dres, *dx, *dx2;  /* (N, C) */
 	void *dqkv, *dqkv2;     /* (N, QKV) */
 	void *datt;             /* (N, NH*HD) */
@@ -713,7 +733,7 @@ carve_act(rl_model *m, rl_model_act *a, carve *ca, carve *cf, carve *ci)
 	a->lnf = take(ca, N * C, s);
 	a->vout = m->vh_w >= 0 ? take(ca, N, s) : NULL;
 	a->dvout = m->vh_w >= 0 ? take(ca, N, s) : NULL;
-	a->logits = take(ca, (size_t)a->chunk * c->vocab_size, s);
+	a->logits = take(ca, (size_t)a->chunk * a->ld, s);
 	a->dres = take(ca, N * C, s);
 	a->dx = take(ca, N * C, s);
 	a->dx2 = take(ca, N * C, s);
@@ -787,8 +807,9 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 	a = rl_xcalloc(1, sizeof *a);
 	a->maxN = max_tokens;
 	a->recompute = one;
+	a->ld = logits_ld(m);
 	a->chunk = (int)RL_MAX((size_t)1, RL_MIN((size_t)max_tokens,
-	    logit_chunk_bytes(m) / ((size_t)m->cfg.vocab_size * asz(m))));
+	    logit_chunk_bytes(m) / ((size_t)a->ld * asz(m))));
 	/* whole GEMM tiles when the chunk does not cover the batch */
 	if (a->chunk < max_tokens && a->chunk > 256)
 		a->chunk &= ~127;
@@ -996,7 +1017,15 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	    m->lnf_w, m->lnf_b, N);
 	for (int r0 = 0; r0 < N; r0 += a->chunk) {
 		int n = RL_MIN(a->chunk, N - r0);
-		o->matmul_fwd(o, a->logits, at(a->lnf, (size_t)r0 * C, s), W(m, m->lm_w), NULL, n, C, V);
+		const void *x = at(a->lnf, (size_t)r0 * C, s);
+		if (a->ld != V) {
+			/* strided head: rows a->ld apart, no copies */
+			o->matmul_fwd_ld(o, a->logits, a->ld, x, W(m, m->lm_w), n, C, V);
+			o->logprob_fwd_ld(o, a->lp + r0, a->ent + r0, a->lse_out + r0, a->logits, a->ld,
+			    a->tgt + r0, n, V, a->inv_temp);
+			continue;
+		}
+		o->matmul_fwd(o, a->logits, x, W(m, m->lm_w), NULL, n, C, V);
 		o->logprob_fwd(o, a->lp + r0, a->ent + r0, a->lse_out + r0, a->logits, a->tgt + r0, n, V,
 		    a->inv_temp);
 	}
@@ -1053,9 +1082,20 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		int n = RL_MIN(a->chunk, N - r0);
 		void *x = at(a->lnf, (size_t)r0 * C, s);
 		/* one chunk held every row in forward: its logits are still there */
-		if (!a->logits_kept)
-			o->matmul_fwd(o, a->logits, x, W(m, m->lm_w), NULL, n, C, V);
+		int kept = a->logits_kept;
 		a->logits_kept = 0; /* logprob_bwd overwrites them with their gradient */
+		if (a->ld != V) {
+			/* strided head: dlogits in place, rows a->ld apart, no copies */
+			if (!kept)
+				o->matmul_fwd_ld(o, a->logits, a->ld, x, W(m, m->lm_w), n, C, V);
+			o->logprob_bwd_ld(o, a->logits, a->logits, a->ld, a->tgt + r0, a->lse_out + r0, dlp + r0,
+			    dent ? dent + r0 : NULL, n, V, a->inv_temp);
+			o->matmul_bwd_ld(o, at(a->dx, (size_t)r0 * C, s), G(m, m->lm_w), a->logits, a->ld, x,
+			    W(m, m->lm_w), n, C, V);
+			continue;
+		}
+		if (!kept)
+			o->matmul_fwd(o, a->logits, x, W(m, m->lm_w), NULL, n, C, V);
 		o->logprob_bwd(o, a->logits, a->logits, a->tgt + r0, a->lse_out + r0, dlp + r0,
 		    dent ? dent + r0 : NULL, n, V, a->inv_temp);
 		o->matmul_bwd(o, at(a->dx, (size_t)r0 * C, s), G(m, m->lm_w), NULL, a->logits, x,

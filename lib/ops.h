@@ -255,6 +255,27 @@ struct rl_ops {
 	void (*add_norm_fwd)(rl_ops *o, void *x, void *out, float *mean, float *rstd, const void *t,
 	    const void *w, const void *b, int N, int C, float eps, int ln);
 
+	/* Optional LM head with a padded row stride (all NULL and head_ld_align 0 when absent or
+	 * off): the logits (N, ld) act hold row n's V values at [n*ld, n*ld + V); columns V..ld
+	 * are neither read nor written by these ops (garbage is fine).  The caller picks
+	 * ld >= V, a multiple of head_ld_align (elements), so that every row starts aligned for
+	 * the GEMMs and no copy to or from a padded scratch is needed.  Each op is the one of
+	 * the same name above with that stride on its logits operand:
+	 * matmul_fwd_ld: out (N, ld) = inp (N,C) @ w (OC,C)^T (no bias);
+	 * matmul_bwd_ld: dinp (N,C) = dout (N, ld) @ w (skipped when NULL); dw (OC,C) f32 +=
+	 *   dout^T @ inp (skipped when NULL);
+	 * logprob_fwd_ld / logprob_bwd_ld: as logprob_fwd / logprob_bwd over logits (N, ld) and
+	 *   dlogits (N, ld) (in place allowed). */
+	int head_ld_align;
+	void (*matmul_fwd_ld)(rl_ops *o, void *out, int ld, const void *inp, const void *w, int N, int C,
+	    int OC);
+	void (*matmul_bwd_ld)(rl_ops *o, void *dinp, float *dw, const void *dout, int ld, const void *inp,
+	    const void *w, int N, int C, int OC);
+	void (*logprob_fwd_ld)(rl_ops *o, float *lp, float *ent, float *lse, const void *logits, int ld,
+	    const int32_t *tgt, int N, int V, float inv_temp);
+	void (*logprob_bwd_ld)(rl_ops *o, void *dlogits, const void *logits, int ld, const int32_t *tgt,
+	    const float *lse, const float *dlp, const float *dent, int N, int V, float inv_temp);
+
 	/* ---- teardown ---------------------------------------------------------------------- */
 	void (*close)(rl_ops *o);
 };

@@ -55,6 +55,7 @@ typedef struct algo_ent {
 } algo_ent;
 
 enum { DK_AUTO, DK_LANE, DK_SPLIT, DK_V1 };  /* decode attention kernels (RL_CUDA_DECODE_ATTN) */
+enum { HL_OFF, HL_SPLIT, HL_NOSPLIT };        /* strided LM head (RL_CUDA_HEAD_LD) */
 
 typedef struct cuda_ctx {
 	cudaStream_t stream;
@@ -76,6 +77,7 @@ typedef struct cuda_ctx {
 	int gelu_fuse;         /* RL_CUDA_GELU_FUSE=1: bias + GELU (and its gradient) in GEMM epilogues */
 	int gelu_nosup;        /* cuBLASLt had no algorithm for a GELU epilogue: fall back from then on */
 	int no_gemv;           /* RL_CUDA_GEMV=0: matmul_fwd of <= 4 rows through cuBLASLt too */
+	int head_ld;           /* RL_CUDA_HEAD_LD: HL_SPLIT (unset, =split, =1), =nosplit, =0 (off) */
 	int decode_kind;       /* RL_CUDA_DECODE_ATTN: DK_AUTO (unset), =lane / =split (that decode.cu
 	                        * kernel always), =v1 (attn.cu's kernel only) */
 	int nsm;               /* multiprocessors */
@@ -457,49 +459,28 @@ split_oc(int OC)
 	return (OC >= 1024 && OC % 64) ? OC & ~63 : OC;
 }
 
-/* out (N,OC) = inp (N,C) @ w(OC,C)^T + bias.  Column-major view:
- * out^T (OC x N) = op_T(w as C x OC) (OC x C) * inp^T (C x N). */
+/* out (N, ldo) = inp (N,C) @ w(OC,C)^T + bias, the output features split at M (M == OC:
+ * one GEMM).  Column-major view: out^T (OC x N, ld ldo) = op_T(w as C x OC) (OC x C) *
+ * inp^T (C x N). */
 static void
-matmul_fwd_(rl_ops *o, void *out, const void *inp, const void *w, const void *bias, int N, int C,
-    int OC)
+gemm_fwd_ld(rl_ops *o, void *out, int ldo, const void *inp, const void *w, const void *bias, int N,
+    int C, int OC, int M)
 {
-	if (N <= 0 || OC <= 0)
-		return;
-	if (N <= 4 && !CTX(o)->no_gemv && rlk_gemv_ok(N, C, inp, w)) {
-		/* a few rows (decode): one warp per output feature, reading each weight once */
-		ck(o, "matmul_fwd gemv", rlk_gemv(S(o), out, inp, w, bias, N, C, OC));
-		return;
-	}
-	int ldo = padded(OC, (size_t)N), M = split_oc(OC);
 	char *dst = out;
-	if (ldo != OC && !(dst = pad_buf(o, (size_t)N * ldo * 2)))
-		return;
 	ck(o, "matmul_fwd", lt_gemm(o, 1, 0, M, N, C, w, C, inp, C, dst, ldo, CUDA_R_16BF, 0.0f, bias));
 	if (M < OC)
 		ck(o, "matmul_fwd tail", lt_gemm(o, 1, 0, OC - M, N, C, (const char *)w + (size_t)M * C * 2, C,
 		    inp, C, dst + (size_t)M * 2, ldo, CUDA_R_16BF, 0.0f,
 		    bias ? (const char *)bias + (size_t)M * 2 : NULL));
-	if ((void *)dst != out)
-		ck(o, "matmul_fwd unpad", (int)cudaMemcpy2DAsync(out, (size_t)OC * 2, dst, (size_t)ldo * 2,
-		    (size_t)OC * 2, N, cudaMemcpyDeviceToDevice, CTX(o)->stream));
 }
 
+/* dinp (N,C) = dout (N, ldo) @ w (skipped when NULL); dw (OC,C) f32 += dout^T @ inp
+ * (skipped when NULL); the output features split at M (M == OC: one GEMM each). */
 static void
-matmul_bwd_(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
-    const void *w, int N, int C, int OC)
+gemm_bwd_ld(rl_ops *o, void *dinp, float *dw, const void *dout, int ldo, const void *inp,
+    const void *w, int N, int C, int OC, int M)
 {
-	if (N <= 0)
-		return;
-	int ldo = padded(OC, (size_t)N), M = split_oc(OC);
 	const char *g = dout, *wt = (const char *)w + (size_t)M * C * 2;
-	if (ldo != OC && (dinp || dw)) {
-		void *pb = pad_buf(o, (size_t)N * ldo * 2);
-		if (!pb)
-			return;
-		ck(o, "matmul_bwd pad", (int)cudaMemcpy2DAsync(pb, (size_t)ldo * 2, dout, (size_t)OC * 2,
-		    (size_t)OC * 2, N, cudaMemcpyDeviceToDevice, CTX(o)->stream));
-		g = pb;
-	}
 	/* dinp^T (C x N) = w^T (C x OC) * dout^T (OC x N), the OC sum split at M */
 	if (dinp && M == OC) {
 		ck(o, "matmul_bwd dinp", lt_gemm(o, 0, 0, C, N, OC, w, C, g, ldo, dinp, C, CUDA_R_16BF,
@@ -522,6 +503,47 @@ matmul_bwd_(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, co
 			ck(o, "matmul_bwd dw tail", lt_gemm(o, 0, 1, C, OC - M, N, inp, C, g + (size_t)M * 2, ldo,
 			    dw + (size_t)M * C, C, CUDA_R_32F, 1.0f, NULL));
 	}
+}
+
+/* out (N,OC) = inp (N,C) @ w(OC,C)^T + bias. */
+static void
+matmul_fwd_(rl_ops *o, void *out, const void *inp, const void *w, const void *bias, int N, int C,
+    int OC)
+{
+	if (N <= 0 || OC <= 0)
+		return;
+	if (N <= 4 && !CTX(o)->no_gemv && rlk_gemv_ok(N, C, inp, w)) {
+		/* a few rows (decode): one warp per output feature, reading each weight once */
+		ck(o, "matmul_fwd gemv", rlk_gemv(S(o), out, inp, w, bias, N, C, OC));
+		return;
+	}
+	int ldo = padded(OC, (size_t)N);
+	char *dst = out;
+	if (ldo != OC && !(dst = pad_buf(o, (size_t)N * ldo * 2)))
+		return;
+	gemm_fwd_ld(o, dst, ldo, inp, w, bias, N, C, OC, split_oc(OC));
+	if ((void *)dst != out)
+		ck(o, "matmul_fwd unpad", (int)cudaMemcpy2DAsync(out, (size_t)OC * 2, dst, (size_t)ldo * 2,
+		    (size_t)OC * 2, N, cudaMemcpyDeviceToDevice, CTX(o)->stream));
+}
+
+static void
+matmul_bwd_(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
+    const void *w, int N, int C, int OC)
+{
+	if (N <= 0)
+		return;
+	int ldo = padded(OC, (size_t)N);
+	const char *g = dout;
+	if (ldo != OC && (dinp || dw)) {
+		void *pb = pad_buf(o, (size_t)N * ldo * 2);
+		if (!pb)
+			return;
+		ck(o, "matmul_bwd pad", (int)cudaMemcpy2DAsync(pb, (size_t)ldo * 2, dout, (size_t)OC * 2,
+		    (size_t)OC * 2, N, cudaMemcpyDeviceToDevice, CTX(o)->stream));
+		g = pb;
+	}
+	gemm_bwd_ld(o, dinp, dw, g, ldo, inp, w, N, C, OC, split_oc(OC));
 	if (dbias)
 		ck(o, "matmul_bwd dbias", rlk_colsum(S(o), dbias, dout, N, OC));
 }
@@ -542,6 +564,49 @@ cu_matmul_bwd(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, 
 	double t = prof_t0(o);
 	matmul_bwd_(o, dinp, dw, dbias, dout, inp, w, N, C, OC);
 	prof_add(o, "matmul_bwd", t);
+}
+
+/* The strided LM head (ops.h, matmul_fwd_ld and the rest): the logits' row stride is
+ * already aligned (V rounded up to HEAD_LD_ALIGN), so the GEMMs read and write them in
+ * place, with no padded scratch and no copy.  The output features are still split at a
+ * multiple of 64 as in matmul_fwd_ (RL_CUDA_HEAD_LD=nosplit: one GEMM each, the odd OC
+ * in the GEMM's m or k; which is faster with an aligned stride is the H100's to say). */
+#define HEAD_LD_ALIGN 64
+
+static int
+head_ld_bad(rl_ops *o, const char *what, int ld, int V)
+{
+	if (ld >= V)
+		return 0;
+	char b[64];
+	snprintf(b, sizeof b, "row stride %d below %d", ld, V);
+	fail(o, what, b);
+	return 1;
+}
+
+static int
+head_split(rl_ops *o, int OC)
+{
+	return CTX(o)->head_ld == HL_NOSPLIT ? OC : split_oc(OC);
+}
+
+static void
+cu_matmul_fwd_ld(rl_ops *o, void *out, int ld, const void *inp, const void *w, int N, int C, int OC)
+{
+	double t = prof_t0(o);
+	if (N > 0 && OC > 0 && !head_ld_bad(o, "matmul_fwd_ld", ld, OC))
+		gemm_fwd_ld(o, out, ld, inp, w, NULL, N, C, OC, head_split(o, OC));
+	prof_add(o, "matmul_fwd_ld", t);
+}
+
+static void
+cu_matmul_bwd_ld(rl_ops *o, void *dinp, float *dw, const void *dout, int ld, const void *inp,
+    const void *w, int N, int C, int OC)
+{
+	double t = prof_t0(o);
+	if (N > 0 && OC > 0 && !head_ld_bad(o, "matmul_bwd_ld", ld, OC))
+		gemm_bwd_ld(o, dinp, dw, dout, ld, inp, w, N, C, OC, head_split(o, OC));
+	prof_add(o, "matmul_bwd_ld", t);
 }
 
 /* GELU epilogues: the shapes they take (no split or padded output, 16-byte rows and
@@ -781,14 +846,32 @@ static void
 cu_logprob_fwd(rl_ops *o, float *lp, float *ent, float *lse, const void *logits, const int32_t *tgt,
     int N, int V, float inv_temp)
 {
-	CKP(o, "logprob_fwd", rlk_logprob_fwd(S(o), lp, ent, lse, logits, tgt, N, V, inv_temp));
+	CKP(o, "logprob_fwd", rlk_logprob_fwd(S(o), lp, ent, lse, logits, V, tgt, N, V, inv_temp));
 }
 
 static void
 cu_logprob_bwd(rl_ops *o, void *dlogits, const void *logits, const int32_t *tgt, const float *lse,
     const float *dlp, const float *dent, int N, int V, float inv_temp)
 {
-	CKP(o, "logprob_bwd", rlk_logprob_bwd(S(o), dlogits, logits, tgt, lse, dlp, dent, N, V, inv_temp));
+	CKP(o, "logprob_bwd", rlk_logprob_bwd(S(o), dlogits, logits, V, tgt, lse, dlp, dent, N, V,
+	    inv_temp));
+}
+
+static void
+cu_logprob_fwd_ld(rl_ops *o, float *lp, float *ent, float *lse, const void *logits, int ld,
+    const int32_t *tgt, int N, int V, float inv_temp)
+{
+	if (!head_ld_bad(o, "logprob_fwd_ld", ld, V))
+		CKP(o, "logprob_fwd_ld", rlk_logprob_fwd(S(o), lp, ent, lse, logits, ld, tgt, N, V, inv_temp));
+}
+
+static void
+cu_logprob_bwd_ld(rl_ops *o, void *dlogits, const void *logits, int ld, const int32_t *tgt,
+    const float *lse, const float *dlp, const float *dent, int N, int V, float inv_temp)
+{
+	if (!head_ld_bad(o, "logprob_bwd_ld", ld, V))
+		CKP(o, "logprob_bwd_ld", rlk_logprob_bwd(S(o), dlogits, logits, ld, tgt, lse, dlp, dent, N, V,
+		    inv_temp));
 }
 
 static void
@@ -1124,6 +1207,8 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
 	c->no_gemv = getenv("RL_CUDA_GEMV") != NULL && strcmp(getenv("RL_CUDA_GEMV"), "0") == 0;
 	c->decode_kind = env_pick("RL_CUDA_DECODE_ATTN", "lane split v1") + 1;  /* DK_* */
+	int hl = env_pick("RL_CUDA_HEAD_LD", "split nosplit 0 1");
+	c->head_ld = hl == 1 ? HL_NOSPLIT : hl == 2 ? HL_OFF : HL_SPLIT;
 	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
 		cudaGetLastError();
 		c->nsm = 0;
@@ -1187,6 +1272,13 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	}
 	if (!(getenv("RL_CUDA_ADD_NORM") && strcmp(getenv("RL_CUDA_ADD_NORM"), "0") == 0))
 		o->add_norm_fwd = cu_add_norm_fwd;
+	if (c->head_ld != HL_OFF) {
+		o->head_ld_align = HEAD_LD_ALIGN;
+		o->matmul_fwd_ld = cu_matmul_fwd_ld;
+		o->matmul_bwd_ld = cu_matmul_bwd_ld;
+		o->logprob_fwd_ld = cu_logprob_fwd_ld;
+		o->logprob_bwd_ld = cu_logprob_bwd_ld;
+	}
 	o->host_alloc = cu_host_alloc;
 	o->host_free = cu_host_free;
 	o->upload_async = cu_upload_async;

@@ -66,14 +66,17 @@ maxabs(const float *x, size_t n)
 	return m;
 }
 
+/* The fixture `fix`; vocab > 0: a random model (the same seed on both sides) of the
+ * fixture's config with that vocabulary instead (the fixture's tokens stay valid: vocab
+ * >= its 96); chunk > 0: m->logit_chunk_bytes on both sides (several LM-head chunks). */
 static void
-run(rl_ops *cpu, rl_ops *gpu, const char *name)
+run_v(rl_ops *cpu, rl_ops *gpu, const char *fix, int vocab, size_t chunk)
 {
-	char dir[256], path[300], what[256];
+	char dir[256], path[300], what[256], name[96];
 	rl_model *mc = NULL, *mg = NULL;
 	size_t n;
 
-	snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
+	snprintf(dir, sizeof dir, "tests/fixtures/%s", fix);
 	snprintf(path, sizeof path, "%s/expected.safetensors", dir);
 	if (access(path, R_OK) != 0)
 		return;
@@ -84,6 +87,23 @@ run(rl_ops *cpu, rl_ops *gpu, const char *name)
 	T_EQ_INT(rl_model_open(&mg, dir, gpu), 0);
 	if (!mc || !mg)
 		goto out;
+	snprintf(name, sizeof name, "%s", fix);
+	if (vocab > 0) {
+		rl_config cfg = mc->cfg;
+		cfg.vocab_size = vocab;
+		rl_model_close(mc);
+		rl_model_close(mg);
+		mc = mg = NULL;
+		T_EQ_INT(rl_model_init_random(&mc, &cfg, cpu, 7), 0);
+		T_EQ_INT(rl_model_init_random(&mg, &cfg, gpu, 7), 0);
+		if (!mc || !mg)
+			goto out;
+		snprintf(name, sizeof name, "%s V=%d", fix, vocab);
+	}
+	if (chunk > 0) {
+		mc->logit_chunk_bytes = mg->logit_chunk_bytes = chunk;
+		snprintf(name + strlen(name), sizeof name - strlen(name), " chunk=%zuB", chunk);
+	}
 	int32_t *tok = get("tok", &n), *tgt = get("tgt", NULL), *seg = get("seg", NULL), *pos = get("pos", NULL);
 	const int B = 2, T = (int)n / 2, N = B * T, V = mc->cfg.vocab_size;
 	float *lpc = rl_xmalloc(N * 4), *entc = rl_xmalloc(N * 4), *lpg = rl_xmalloc(N * 4);
@@ -257,6 +277,25 @@ out:
 	ex = NULL;
 }
 
+static void
+run(rl_ops *cpu, rl_ops *gpu, const char *name)
+{
+	run_v(cpu, gpu, name, 0, 0);
+}
+
+/* The LM head's cases: several chunks (the backward recomputes all but a kept one), odd
+ * vocabularies (the strided head's padded row stride; 5003 also splits the output
+ * features at 4992), on the backend as opened (RL_CUDA_HEAD_LD as set) */
+static void
+head_cases(rl_ops *cpu, rl_ops *gpu)
+{
+	run_v(cpu, gpu, "gpt2", 0, 5 * 256);           /* V 96, stride 128: chunks of 5 of 18 rows */
+	run_v(cpu, gpu, "gpt2", 1001, 0);              /* one chunk, kept for the backward */
+	run_v(cpu, gpu, "gpt2", 1001, 4 * 2048);       /* 4-row chunks (2 rows on the CPU) */
+	run_v(cpu, gpu, "qwen2", 5003, 0);
+	run_v(cpu, gpu, "qwen2", 5003, 7 * 5056 * 2);  /* 7-row chunks at stride 5056 */
+}
+
 int
 main(void)
 {
@@ -272,7 +311,26 @@ main(void)
 	const char *names[] = { "gpt2", "qwen2", "qwen2_tied", "qwen3" };
 	for (size_t i = 0; i < RL_ARRAY_LEN(names); i++)
 		run(cpu, gpu, names[i]);
+	if (!(getenv("RL_CUDA_HEAD_LD") && strcmp(getenv("RL_CUDA_HEAD_LD"), "0") == 0))
+		T_OK(gpu->matmul_fwd_ld != NULL && gpu->head_ld_align > 0, "strided LM head installed");
+	head_cases(cpu, gpu);
 	rl_ops_close(gpu);
+	/* the strided head without the 64-split of the output features, then off (the
+	 * padded copies of matmul_fwd / matmul_bwd) */
+	const char *hl[] = { "nosplit", "0" };
+	for (int i = 0; i < 2; i++) {
+		setenv("RL_CUDA_HEAD_LD", hl[i], 1);
+		gpu = NULL;
+		T_EQ_INT(rl_ops_cuda_open(&gpu, 0), RL_OK);
+		unsetenv("RL_CUDA_HEAD_LD");
+		if (gpu) {
+			printf("-- RL_CUDA_HEAD_LD=%s\n", hl[i]);
+			T_OK((gpu->matmul_fwd_ld != NULL) == (i == 0), "strided LM head %s", i ? "off" : "on");
+			run(cpu, gpu, "gpt2");
+			head_cases(cpu, gpu);
+		}
+		rl_ops_close(gpu);
+	}
 	/* GPT-2 again with bias + GELU in the GEMM epilogues (opt-in, RL_CUDA_GELU_FUSE=1) */
 	setenv("RL_CUDA_GELU_FUSE", "1", 1);
 	gpu = NULL;

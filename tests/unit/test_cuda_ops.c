@@ -491,6 +491,130 @@ test_logprob(int N, int V, float inv_temp, int with_ent)
 	free(lg); free(dlp); free(dent); free(tgt); free(lp); free(ent); free(lse); free(dl);
 }
 
+/* (N, V) host floats laid out (N, ld), the columns V..ld set to pad */
+static float *
+strided(const float *x, int N, int V, int ld, float pad)
+{
+	float *y = rl_xmalloc((size_t)N * ld * 4);
+	for (int n = 0; n < N; n++)
+		for (int j = 0; j < ld; j++)
+			y[(size_t)n * ld + j] = j < V ? x[(size_t)n * V + j] : pad;
+	return y;
+}
+
+/* Device (N, ld) bf16 back to host (N, V); *pad_ok = 0 when a column V..ld differs
+ * from pad (bit for bit: the ops must neither read nor write those) */
+static float *
+unstride(const void *d, int N, int V, int ld, float pad, int *pad_ok)
+{
+	float *y = tc_down(g, d, (size_t)N * ld, BF), *x = rl_xmalloc((size_t)N * V * 4 + 4);
+	uint16_t pb = rl_f32_to_bf16(pad);
+	*pad_ok = 1;
+	for (int n = 0; n < N; n++)
+		for (int j = 0; j < ld; j++) {
+			float v = y[(size_t)n * ld + j];
+			if (j < V)
+				x[(size_t)n * V + j] = v;
+			else if (rl_f32_to_bf16(v) != pb)
+				*pad_ok = 0;
+		}
+	free(y);
+	return x;
+}
+
+/* The strided LM head (ops.h matmul_fwd_ld and the rest) against the CPU reference's
+ * plain ops: logits (N, ld), ld = V rounded up to head_ld_align (or ld_extra more);
+ * the pad columns hold 1e30, which any op reading them would turn into a failure,
+ * and must come back unchanged */
+static void
+test_head_ld(int N, int C, int V, int ld_extra, float inv_temp, int with_ent)
+{
+	char nm[112];
+	int al = g->head_ld_align, ld = (V + al - 1) / al * al + ld_extra, pok;
+	const float PAD = 1e30f;
+	size_t nv = (size_t)N * V, nl = (size_t)N * ld;
+	float *x = tc_rand((size_t)N * C, -1, 1, 1), *w = tc_rand((size_t)V * C, -1, 1, 1);
+	float *ref = rl_xmalloc(nv * 4), *dx = rl_xmalloc((size_t)N * C * 4);
+	float *dw = tc_rand((size_t)V * C, -1, 1, 0);
+	void *dxd = tc_up(g, x, (size_t)N * C, BF), *dwd = tc_up(g, w, (size_t)V * C, BF);
+	void *gw = tc_up(g, dw, (size_t)V * C, F32), *dxo = tc_poison(g, (size_t)N * C, BF);
+
+	/* matmul_fwd_ld: into (N, ld) whose pad columns hold PAD */
+	float *z0 = rl_xcalloc(nv + 1, 4), *zp = strided(z0, N, V, ld, PAD);
+	void *out = tc_up(g, zp, nl, BF);
+	rl_cpu_matmul_fwd(NULL, ref, x, w, NULL, N, C, V);
+	g->matmul_fwd_ld(g, out, ld, dxd, dwd, N, C, V);
+	float *got = unstride(out, N, V, ld, PAD, &pok);
+	snprintf(nm, sizeof nm, "matmul_fwd_ld N=%d C=%d V=%d ld=%d", N, C, V, ld);
+	tc_cmp(nm, got, ref, nv, 4e-3 * sqrt(C) / 3, 8e-3, 1e-4);
+	T_OK(pok, "%s: pad columns untouched", nm);
+	free(got);
+
+	/* matmul_bwd_ld: dout (N, ld) with PAD in the pad columns */
+	float *dout = tc_rand(nv, -1, 1, 1), *doutp = strided(dout, N, V, ld, PAD);
+	void *ddo = tc_up(g, doutp, nl, BF);
+	rl_cpu_matmul_bwd(NULL, dx, dw, NULL, dout, x, w, N, C, V);
+	g->matmul_bwd_ld(g, dxo, gw, ddo, ld, dxd, dwd, N, C, V);
+	snprintf(nm, sizeof nm, "matmul_bwd_ld dinp N=%d C=%d V=%d ld=%d", N, C, V, ld);
+	tc_cmpd(g, nm, dxo, BF, dx, (size_t)N * C, 4e-3 * sqrt(V) / 3, 8e-3, 1e-4);
+	snprintf(nm, sizeof nm, "matmul_bwd_ld dw (+=) N=%d C=%d V=%d", N, C, V);
+	tc_cmpd(g, nm, gw, F32, dw, (size_t)V * C, 1e-5 * sqrt(N), 1e-4, 1e-8);
+
+	/* logprob_fwd_ld / logprob_bwd_ld (in place) over (N, ld) logits */
+	float *lg = tc_rand(nv, -8, 8, 1), *lgp = strided(lg, N, V, ld, PAD);
+	float *dlp = tc_rand(N, -1, 1, 0), *dent = tc_rand(N, -0.1f, 0.1f, 0);
+	int32_t *tgt = rl_xmalloc((size_t)N * 4);
+	for (int i = 0; i < N; i++)
+		tgt[i] = (i % 7 == 3) ? -1 : (i % 5 == 1) ? V - 1 : tc_irand(V);
+	float *lp = rl_xmalloc((size_t)N * 4), *ent = rl_xmalloc((size_t)N * 4), *lse = rl_xmalloc((size_t)N * 4);
+	float *dl = rl_xmalloc(nv * 4);
+	void *dlg = tc_up(g, lgp, nl, BF), *dtgt = tc_upi(g, tgt, (size_t)N * 4);
+	void *ddlp = tc_up(g, dlp, N, F32), *dde = tc_up(g, dent, N, F32);
+	void *glp = tc_poison(g, N, F32), *gent = tc_poison(g, N, F32), *glse = tc_poison(g, N, F32);
+	rl_cpu_logprob_fwd(NULL, lp, with_ent ? ent : NULL, lse, lg, tgt, N, V, inv_temp);
+	g->logprob_fwd_ld(g, glp, with_ent ? gent : NULL, glse, dlg, ld, dtgt, N, V, inv_temp);
+	snprintf(nm, sizeof nm, "logprob_fwd_ld lp N=%d V=%d ld=%d", N, V, ld);
+	tc_cmpd(g, nm, glp, F32, lp, N, 2e-4, 1e-4, 1e-8);
+	snprintf(nm, sizeof nm, "logprob_fwd_ld lse N=%d V=%d ld=%d", N, V, ld);
+	tc_cmpd(g, nm, glse, F32, lse, N, 2e-4, 1e-5, 1e-8);
+	if (with_ent) {
+		snprintf(nm, sizeof nm, "logprob_fwd_ld entropy N=%d V=%d ld=%d", N, V, ld);
+		tc_cmpd(g, nm, gent, F32, ent, N, 2e-4, 1e-4, 1e-8);
+	}
+	rl_cpu_logprob_bwd(NULL, dl, lg, tgt, lse, dlp, with_ent ? dent : NULL, N, V, inv_temp);
+	g->logprob_bwd_ld(g, dlg, dlg, ld, dtgt, glse, ddlp, with_ent ? dde : NULL, N, V, inv_temp);
+	got = unstride(dlg, N, V, ld, PAD, &pok);
+	snprintf(nm, sizeof nm, "logprob_bwd_ld in place N=%d V=%d ld=%d", N, V, ld);
+	tc_cmp(nm, got, dl, nv, 1e-3 * maxabs(dl, nv), 8e-3, 1e-4);
+	T_OK(pok, "%s: pad columns untouched", nm);
+	free(got);
+
+	/* a stride below the row length is refused (recorded, reported by status) */
+	g->logprob_fwd_ld(g, glp, NULL, glse, dlg, V - 1, dtgt, N, V, inv_temp);
+	T_EQ_INT(g->status(g), RL_EDEVICE);
+	g->matmul_fwd_ld(g, out, V - 1, dxd, dwd, N, C, V);
+	T_EQ_INT(g->status(g), RL_EDEVICE);
+	tc_check_status(g, "head_ld");
+	g->free(g, dxd); g->free(g, dwd); g->free(g, gw); g->free(g, dxo); g->free(g, out); g->free(g, ddo);
+	g->free(g, dlg); g->free(g, dtgt); g->free(g, ddlp); g->free(g, dde); g->free(g, glp);
+	g->free(g, gent); g->free(g, glse);
+	free(x); free(w); free(ref); free(dx); free(dw); free(z0); free(zp); free(dout); free(doutp);
+	free(lg); free(lgp); free(dlp); free(dent); free(tgt); free(lp); free(ent); free(lse); free(dl);
+}
+
+/* the strided head's cases (its GEMMs split or not by RL_CUDA_HEAD_LD) */
+static void
+head_ld_cases(void)
+{
+	if (!g->matmul_fwd_ld)
+		return;
+	test_head_ld(1, 8, 5, 0, 1.0f, 1);
+	test_head_ld(19, 64, 1001, 0, 1.0f, 1);
+	test_head_ld(33, 96, 1100, 8, 1.0f / 0.7f, 1);   /* split at 1088; a wider stride */
+	test_head_ld(300, 64, 5001, 0, 1.0f, 0);        /* split at 4992 */
+	test_head_ld(64, 768, 50257, 0, 1.0f / 0.7f, 1); /* GPT-2's head, stride 50304 */
+}
+
 static void
 test_pg_loss(int N, int variant)
 {
@@ -780,6 +904,9 @@ main(void)
 	test_logprob(19, 1001, 1.0f, 1);
 	test_logprob(8, 50257, 1.0f / 0.7f, 1);
 	test_logprob(5, 151936, 1.0f, 0);
+	if (!(getenv("RL_CUDA_HEAD_LD") && strcmp(getenv("RL_CUDA_HEAD_LD"), "0") == 0))
+		T_OK(g->matmul_fwd_ld != NULL && g->head_ld_align > 0, "strided LM head installed");
+	head_ld_cases();
 	test_pg_loss(1, 0);
 	test_pg_loss(1000, 0);
 	test_pg_loss(1000, 1);
@@ -863,6 +990,17 @@ main(void)
 			}
 			end_env("RL_CUDA_DECODE_ATTN");
 		}
+	/* the strided LM head without the 64-split of its output features; then off */
+	if (with_env("RL_CUDA_HEAD_LD", "nosplit")) {
+		T_OK(g->matmul_fwd_ld != NULL, "strided LM head installed (nosplit)");
+		head_ld_cases();
+		end_env("RL_CUDA_HEAD_LD");
+	}
+	if (with_env("RL_CUDA_HEAD_LD", "0")) {
+		T_OK(g->matmul_fwd_ld == NULL && g->logprob_fwd_ld == NULL && g->head_ld_align == 0,
+		    "strided LM head off");
+		end_env("RL_CUDA_HEAD_LD");
+	}
 	/* matmul_fwd of a few rows through cuBLASLt, as before gemv.cu */
 	if (with_env("RL_CUDA_GEMV", "0")) {
 		test_matmul(1, 768, 2304, 1, 0);
