@@ -117,6 +117,19 @@ k_logprob_fwd(float *lp, float *ent, float *lse, const bf16 *logits, size_t ld, 
 }
 
 /* dz_j = dlp (onehot_j - p_j) + dent * (-p_j (log p_j + H));  dlogits = inv_temp * dz. */
+static __device__ __forceinline__ float
+lp_grad(float x, int j, int t, float l, float g, float ge, float H, float it)
+{
+	float z = x * it, lpj = z - l, p = __expf(lpj);
+	float d = g * ((j == t ? 1.0f : 0.0f) - p);
+	if (ge != 0.0f)
+		d -= ge * p * (lpj + H);
+	return d * it;
+}
+
+/* Pairs of bf16 when both rows are 4-byte aligned (with an even stride, every row),
+ * then the odd element or an unaligned row one at a time.  In place: each element is
+ * read and written by the same thread, the entropy pass's reads end at a barrier. */
 __global__ void __launch_bounds__(LP_THREADS)
 k_logprob_bwd(bf16 *dlogits, const bf16 *logits, size_t ld, const int32_t *tgt, const float *lse,
     const float *dlp, const float *dent, int V, float it)
@@ -125,6 +138,10 @@ k_logprob_bwd(bf16 *dlogits, const bf16 *logits, size_t ld, const int32_t *tgt, 
 	long n = blockIdx.x;
 	const bf16 *row = logits + (size_t)n * ld;
 	bf16 *drow = dlogits + (size_t)n * ld;
+	bool pair = ((((uintptr_t)row) | ((uintptr_t)drow)) & 3) == 0;
+	int V2 = pair ? V / 2 : 0;
+	const __nv_bfloat162 *r2 = (const __nv_bfloat162 *)row;
+	__nv_bfloat162 *d2 = (__nv_bfloat162 *)drow;
 	int t = tgt[n];
 	if (t < 0 || t >= V) {
 		for (int j = threadIdx.x; j < V; j += blockDim.x)
@@ -134,20 +151,27 @@ k_logprob_bwd(bf16 *dlogits, const bf16 *logits, size_t ld, const int32_t *tgt, 
 	float l = lse[n], g = dlp[n], ge = dent ? dent[n] : 0.0f, H = 0.0f;
 	if (ge != 0.0f) {
 		float pz = 0.0f;  /* sum p z */
-		for (int j = threadIdx.x; j < V; j += blockDim.x) {
+		for (int j = threadIdx.x; j < V2; j += blockDim.x) {
+			float2 f = __bfloat1622float2(r2[j]);
+			float z0 = f.x * it, z1 = f.y * it;
+			pz += __expf(z0 - l) * z0 + __expf(z1 - l) * z1;
+		}
+		for (int j = 2 * V2 + threadIdx.x; j < V; j += blockDim.x) {
 			float z = bf(row[j]) * it;
 			pz += __expf(z - l) * z;
 		}
 		H = l - block_sum(pz, red);
 	}
 	__syncthreads();
-	for (int j = threadIdx.x; j < V; j += blockDim.x) {
-		float z = bf(row[j]) * it, lpj = z - l, p = __expf(lpj);
-		float d = g * ((j == t ? 1.0f : 0.0f) - p);
-		if (ge != 0.0f)
-			d -= ge * p * (lpj + H);
-		drow[j] = tobf(d * it);
+	for (int j = threadIdx.x; j < V2; j += blockDim.x) {
+		float2 f = __bfloat1622float2(r2[j]);
+		__nv_bfloat162 o;
+		o.x = tobf(lp_grad(f.x, 2 * j, t, l, g, ge, H, it));
+		o.y = tobf(lp_grad(f.y, 2 * j + 1, t, l, g, ge, H, it));
+		d2[j] = o;
 	}
+	for (int j = 2 * V2 + threadIdx.x; j < V; j += blockDim.x)
+		drow[j] = tobf(lp_grad(bf(row[j]), j, t, l, g, ge, H, it));
 }
 
 extern "C" int

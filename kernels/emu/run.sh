@@ -4,8 +4,9 @@
 # build (g++), run by `make check` through tests/cli/cuda-emu.bats (skipped
 # without a C++ compiler) and by hand after changing the kernels it covers
 # (decode.cu's two decode attention kernels and merge, norm.cu's forward norms,
-# gemv.cu, logprob.cu's sampler: emu_sample.cpp, flash2.cu's flash attention forward
-# and backward: emu_flash2.cpp).
+# gemv.cu, logprob.cu's sampler: emu_sample.cpp, its log-prob forward and backward over
+# strided logits: emu_logprob.cpp, flash2.cu's flash attention forward and backward:
+# emu_flash2.cpp).
 #   sh kernels/emu/run.sh            (needs build/librlpipe.a: `make` first)
 #   sh kernels/emu/run.sh quick      (flash2: the self-test and the first five cases, then
 #                                     the two skew cases)
@@ -49,6 +50,13 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	# logprob.cu: the sampler, from its row struct to k_sample's end (the launcher after)
 	awk '/^struct smp_row/ { f = 1 } f && /^extern "C"/ { exit } f' "$root/kernels/logprob.cu"
 } > "$out/sample.inc"
+{
+	awk '/^static __device__ __forceinline__ float ld\(/ { f = 1 } /^#endif/ { f = 0 } f' \
+	    "$root/kernels/common.cuh"
+	grep '^#define LP_THREADS' "$root/kernels/logprob.cu"
+	# logprob.cu: the log-prob kernels, from the online merge to the first launcher
+	awk '/^struct msz / { f = 1 } f && /^extern "C"/ { exit } f' "$root/kernels/logprob.cu"
+} > "$out/logprob.inc"
 CXXF="-O1 -g -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas"
 # a sanitized library (make SANITIZE=address,undefined: build-san/) needs the sanitizer runtimes
 # (4x slower: flash2 then runs its quick set unless told otherwise)
@@ -57,7 +65,7 @@ if nm "$root/$B/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
 	CXXF="$CXXF -fsanitize=address,undefined"
 	san=1
 fi
-p1= p2=
+p1= p2= p3=
 if [ -z "${RL_EMU_FLASH2:-}" ]; then
 	${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_kernels" "$root/kernels/emu/emu_kernels.cpp" \
 	    "$root/$B/librlpipe.a" -fopenmp -lm &
@@ -65,15 +73,20 @@ if [ -z "${RL_EMU_FLASH2:-}" ]; then
 	${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_sample" "$root/kernels/emu/emu_sample.cpp" \
 	    "$root/$B/librlpipe.a" -fopenmp -lm &
 	p2=$!
+	${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_logprob" "$root/kernels/emu/emu_logprob.cpp" \
+	    "$root/$B/librlpipe.a" -fopenmp -lm &
+	p3=$!
 fi
 ${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_flash2" "$root/kernels/emu/emu_flash2.cpp" \
     "$root/$B/librlpipe.a" -fopenmp -lm
 [ -z "$p1" ] || wait $p1
 [ -z "$p2" ] || wait $p2
+[ -z "$p3" ] || wait $p3
 rc=0
 if [ -z "${RL_EMU_FLASH2:-}" ]; then
 	"$out/emu_kernels" || rc=1
 	"$out/emu_sample" || rc=1
+	"$out/emu_logprob" || rc=1
 fi
 if [ -n "$san" ] && [ $# = 0 ]; then
 	set -- quick

@@ -3,7 +3,7 @@
 # mma.sync/ldmatrix/cp.async emulated lane by lane from the PTX layouts) against
 # the CPU reference: decode.cu's two decode attention kernels and their merge,
 # norm.cu's forward norms (fused add + norm, the row in registers), gemv.cu,
-# logprob.cu's sampler, and flash2.cu's attention forward and backward (also
+# logprob.cu's sampler and log-prob kernels (strided rows), and flash2.cu's attention forward and backward (also
 # with warps drifting apart).  The kernel logic is checked in every `make check`,
 # without a GPU.  Skipped without a C++ compiler or the library.
 
@@ -27,6 +27,7 @@ passed() {
 	assert_success
 	passed emu_kernels 91
 	passed emu_sample 8
+	passed emu_logprob 8
 	# a sanitized library (build-san) makes run.sh take flash2's quick set: 6 cases
 	if nm "$root/${RL_BUILD:-build}/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
 		passed emu_flash2 6
