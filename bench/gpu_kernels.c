@@ -4,8 +4,14 @@
  * forward and backward (the default path, then flash2 through a second backend
  * opened with RL_CUDA_ATTN=flash2; GPT-2's 12 heads of 64, Qwen 0.5B's 14/2 at
  * 8 x 1024, and 8/2 heads of 128), fused log-prob forward + backward over
- * V = 50257, and decode attention.  One JSON line per op; each the mean of `iters` runs after
- * a warm-up, timed around ops->sync.
+ * V = 50257, and decode attention.  The LM head at the whole training batch (16384 rows,
+ * one chunk, as rl_model_forward/backward run it with the logits kept): its GEMMs through
+ * the plain ops (padded scratch + copies) and through the strided ops of lib/ops.h (row
+ * stride V rounded up to head_ld_align, no copies) with the output features split at a
+ * multiple of 64 (RL_CUDA_HEAD_LD unset = split) and not (a second backend opened with
+ * RL_CUDA_HEAD_LD=nosplit), and the whole head step (forward GEMM + log-prob, log-prob
+ * backward + backward GEMMs) each way.  One JSON line per op; each the mean of `iters`
+ * runs after a warm-up, timed around ops->sync.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +75,56 @@ attn_rows(int B, int T, int NH, int NKV, int HD, const char *tag)
 	o->free(o, qkv); o->free(o, out); o->free(o, dqkv); o->free(o, dout); o->free(o, lse);
 }
 
+/* The LM head over R rows of width C, vocabulary V (see the header); tag names the
+ * backend's RL_CUDA_HEAD_LD; plain: time the plain ops too */
+static void
+head_rows(int R, int C, int V, const char *tag, int plain)
+{
+	char lab[128];
+	int al = o->head_ld_align, ld = al > 0 ? (V + al - 1) / al * al : V;
+	void *lg = dev((size_t)R * ld * 2, 1), *h = dev((size_t)R * C * 2, 1), *wte = dev((size_t)V * C * 2, 1);
+	void *dh = dev((size_t)R * C * 2, 0);
+	float *dw = dev((size_t)V * C * 4, 0), *lp = dev((size_t)R * 4, 0), *ent = dev((size_t)R * 4, 0);
+	float *lse = dev((size_t)R * 4, 0), *dlp = dev((size_t)R * 4, 0);
+	int32_t *tgt = dev((size_t)R * 4, 0);
+	float *hd = rl_xmalloc((size_t)R * 4);
+	for (int i = 0; i < R; i++)
+		hd[i] = -1.0f / R;  /* a gradient that is not all zeros downstream */
+	o->upload(o, dlp, hd, (size_t)R * 4);
+	free(hd);
+	double f = 2.0 * R * C * V;
+	if (plain) {
+		snprintf(lab, sizeof lab, "lm_head matmul_fwd %dx%dx%d (padded copy)", R, C, V);
+		TIME(lab, 10, f, o->matmul_fwd(o, lg, h, wte, NULL, R, C, V));
+		snprintf(lab, sizeof lab, "lm_head matmul_bwd %dx%dx%d (padded copy, dinp+dw)", R, C, V);
+		TIME(lab, 10, 2 * f, o->matmul_bwd(o, dh, dw, NULL, lg, h, wte, R, C, V));
+		snprintf(lab, sizeof lab, "lm_head step %dx%dx%d plain ops (fwd+lp, lp bwd+bwd)", R, C, V);
+		TIME(lab, 10, 3 * f, (o->matmul_fwd(o, lg, h, wte, NULL, R, C, V),
+		    o->logprob_fwd(o, lp, ent, lse, lg, tgt, R, V, 1.0f),
+		    o->logprob_bwd(o, lg, lg, tgt, lse, dlp, NULL, R, V, 1.0f),
+		    o->matmul_bwd(o, dh, dw, NULL, lg, h, wte, R, C, V)));
+	}
+	if (o->matmul_fwd_ld) {
+		snprintf(lab, sizeof lab, "lm_head matmul_fwd_ld %dx%dx%d ld%d%s", R, C, V, ld, tag);
+		TIME(lab, 10, f, o->matmul_fwd_ld(o, lg, ld, h, wte, R, C, V));
+		snprintf(lab, sizeof lab, "lm_head matmul_bwd_ld %dx%dx%d ld%d%s (dinp+dw)", R, C, V, ld, tag);
+		TIME(lab, 10, 2 * f, o->matmul_bwd_ld(o, dh, dw, lg, ld, h, wte, R, C, V));
+		snprintf(lab, sizeof lab, "logprob_fwd_ld %dx%d ld%d +ent", R, V, ld);
+		TIME(lab, 10, 0, o->logprob_fwd_ld(o, lp, ent, lse, lg, ld, tgt, R, V, 1.0f));
+		snprintf(lab, sizeof lab, "logprob_bwd_ld %dx%d ld%d", R, V, ld);
+		TIME(lab, 10, 0, (o->matmul_fwd_ld(o, lg, ld, h, wte, R, C, V),
+		    o->logprob_bwd_ld(o, lg, lg, ld, tgt, lse, dlp, NULL, R, V, 1.0f)));
+		snprintf(lab, sizeof lab, "lm_head step %dx%dx%d strided ld%d%s (fwd+lp, lp bwd+bwd)", R, C, V, ld,
+		    tag);
+		TIME(lab, 10, 3 * f, (o->matmul_fwd_ld(o, lg, ld, h, wte, R, C, V),
+		    o->logprob_fwd_ld(o, lp, ent, lse, lg, ld, tgt, R, V, 1.0f),
+		    o->logprob_bwd_ld(o, lg, lg, ld, tgt, lse, dlp, NULL, R, V, 1.0f),
+		    o->matmul_bwd_ld(o, dh, dw, lg, ld, h, wte, R, C, V)));
+	}
+	o->free(o, lg); o->free(o, h); o->free(o, wte); o->free(o, dh); o->free(o, dw); o->free(o, lp);
+	o->free(o, ent); o->free(o, lse); o->free(o, dlp); o->free(o, tgt);
+}
+
 int
 main(void)
 {
@@ -122,6 +178,21 @@ main(void)
 		TIME("lm_head matmul_fwd 2048x768x50257", 10, f, o->matmul_fwd(o, lg, h, wte, NULL, R, C, V));
 		o->free(o, lg); o->free(o, lp); o->free(o, ent); o->free(o, lse); o->free(o, dlp); o->free(o, tgt);
 		o->free(o, h); o->free(o, wte);
+	}
+	/* the LM head at the whole batch: plain and strided (split), then strided without the
+	 * split (RL_CUDA_HEAD_LD=nosplit, a second backend) */
+	head_rows(N, C, V, " split", 1);
+	{
+		rl_ops *o0 = o;
+		setenv("RL_CUDA_HEAD_LD", "nosplit", 1);
+		if (rl_ops_open(&o, "cuda") != RL_OK) {
+			fprintf(stderr, "gpu_kernels: cannot open a second CUDA backend\n");
+			return 1;
+		}
+		head_rows(N, C, V, " nosplit", 0);
+		rl_ops_close(o);
+		o = o0;
+		unsetenv("RL_CUDA_HEAD_LD");
 	}
 	rl_ops_close(o);
 	return 0;
