@@ -80,8 +80,9 @@ struct rl_model {
 	void *logits;
 	char *src_dir;          /* directory it was loaded from (NULL for random init) */
 	size_t logit_chunk_bytes; /* bound on the (rows, V) logits chunk; 0 = RL_LOGIT_CHUNK_MB
-	                           * MiB when set, else 32 MiB on the CPU, 256 MiB on a GPU;
-	                           * set before rl_model_train_reserve */
+	                           * MiB when set, else 32 MiB on the CPU, on a GPU 3 GiB when
+	                           * training (a whole batch's logits kept for the backward),
+	                           * 256 MiB forward only; set before rl_model_train_reserve */
 	rl_model_act *act;
 	rl_model_inf *inf;
 	/* Optional (data parallel: overlap of the gradient all-reduce): called by
