@@ -89,13 +89,15 @@ run_v(rl_ops *cpu, rl_ops *gpu, const char *fix, int vocab, size_t chunk)
 		goto out;
 	snprintf(name, sizeof name, "%s", fix);
 	if (vocab > 0) {
-		rl_config cfg = mc->cfg;
+		rl_config cfg;
+		rl_config_copy(&cfg, &mc->cfg);  /* its strings outlive the model */
 		cfg.vocab_size = vocab;
 		rl_model_close(mc);
 		rl_model_close(mg);
 		mc = mg = NULL;
 		T_EQ_INT(rl_model_init_random(&mc, &cfg, cpu, 7), 0);
 		T_EQ_INT(rl_model_init_random(&mg, &cfg, gpu, 7), 0);
+		rl_config_fini(&cfg);
 		if (!mc || !mg)
 			goto out;
 		snprintf(name, sizeof name, "%s V=%d", fix, vocab);

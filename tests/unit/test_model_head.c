@@ -160,13 +160,15 @@ run(rl_ops *cpu, rl_ops *st, const char *fix, int vocab, int rows, int train)
 	if (!mp || !ms)
 		goto out;
 	if (vocab > 0) {
-		rl_config cfg = mp->cfg;
+		rl_config cfg;
+		rl_config_copy(&cfg, &mp->cfg);  /* its strings outlive the model */
 		cfg.vocab_size = vocab;
 		rl_model_close(mp);
 		rl_model_close(ms);
 		mp = ms = NULL;
 		T_EQ_INT(rl_model_init_random(&mp, &cfg, cpu, 3), 0);
 		T_EQ_INT(rl_model_init_random(&ms, &cfg, st, 3), 0);
+		rl_config_fini(&cfg);
 		if (!mp || !ms)
 			goto out;
 	}
