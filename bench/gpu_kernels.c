@@ -2,8 +2,9 @@
  * gpu_kernels.c — single-op timings of the CUDA backend at the GPT-2 124M
  * training shape (N = 16 x 1024 tokens): cuBLASLt GEMMs (TFLOP/s), attention
  * forward and backward (the default path, then flash2 through a second backend
- * opened with RL_CUDA_ATTN=flash2; GPT-2's 12 heads of 64, Qwen 0.5B's 14/2 at
- * 8 x 1024, and 8/2 heads of 128), fused log-prob forward + backward over
+ * opened with RL_CUDA_ATTN=flash2, once per backward variant RL_CUDA_FLASH_BWD=det,
+ * fused, fused3; GPT-2's 12 heads of 64, Qwen 0.5B's 14/2 at 8 x 1024, and 8/2 heads
+ * of 128), fused log-prob forward + backward over
  * V = 50257, and decode attention.  The LM head at the whole training batch (16384 rows,
  * one chunk, as rl_model_forward/backward run it with the logits kept): its GEMMs through
  * the plain ops (padded scratch + copies) and through the strided ops of lib/ops.h (row
@@ -148,22 +149,31 @@ main(void)
 		snprintf(lab, sizeof lab, "matmul_bwd %dx%dx%d (dinp+dw)", N, K, M);
 		TIME(lab, 20, 2 * f, o->matmul_bwd(o, dx, dw, NULL, y, x, w, N, K, M));
 	}
-	/* attention: the default path, then flash2 (RL_CUDA_ATTN=flash2, a second backend) */
+	/* attention: the default path, then flash2 (RL_CUDA_ATTN=flash2, a second backend)
+	 * with each of its backward variants (RL_CUDA_FLASH_BWD: det, the two-pass default;
+	 * fused, one pass with dQ by atomics; fused3, the same for 3 blocks per SM) */
 	attn_rows(B, T, NH, NH, HD, "");
 	attn_rows(8, T, 14, 2, 64, "");
 	{
+		static const char *bwd[] = { "det", "fused", "fused3" };
 		rl_ops *o0 = o;
 		setenv("RL_CUDA_ATTN", "flash2", 1);
-		if (rl_ops_open(&o, "cuda") != RL_OK) {
-			fprintf(stderr, "gpu_kernels: cannot open a second CUDA backend\n");
-			return 1;
+		for (int v = 0; v < 3; v++) {
+			char tag[32];
+			setenv("RL_CUDA_FLASH_BWD", bwd[v], 1);
+			if (rl_ops_open(&o, "cuda") != RL_OK) {
+				fprintf(stderr, "gpu_kernels: cannot open a second CUDA backend\n");
+				return 1;
+			}
+			snprintf(tag, sizeof tag, " flash2 %s", bwd[v]);
+			attn_rows(B, T, NH, NH, HD, tag);
+			attn_rows(8, T, 14, 2, 64, tag);
+			attn_rows(4, T, 8, 2, 128, tag);
+			rl_ops_close(o);
 		}
-		attn_rows(B, T, NH, NH, HD, " flash2");
-		attn_rows(8, T, 14, 2, 64, " flash2");
-		attn_rows(4, T, 8, 2, 128, " flash2");
-		rl_ops_close(o);
 		o = o0;
 		unsetenv("RL_CUDA_ATTN");
+		unsetenv("RL_CUDA_FLASH_BWD");
 	}
 	/* log-prob over a chunk of 2048 rows */
 	{

@@ -96,6 +96,19 @@ f2_cp_wait(int n)
 		asm volatile("cp.async.wait_group 0;\n" : : : "memory");
 }
 
+/* p[0] += a, p[1] += b atomically in global memory (p 8-byte aligned); sm_90 has a
+ * two-float red, older GPUs two */
+static __device__ __forceinline__ void
+f2_red2(float *p, float a, float b)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	atomicAdd(reinterpret_cast<float2 *>(p), make_float2(a, b));
+#else
+	atomicAdd(p, a);
+	atomicAdd(p + 1, b);
+#endif
+}
+
 #define F2_SMEM(name, bytes) extern __shared__ __align__(128) unsigned char name[]
 
 /* ==== flash2 kernels (cut out unchanged by kernels/emu/run.sh) ==== */
@@ -109,6 +122,7 @@ template <int HD> __host__ __device__ constexpr int f2_bk() { return HD == 64 ? 
 template <int HD> __host__ __device__ constexpr int f2_fwd_smem() { return (F2_ROWS + 4 * 64) * HD * 2 + 2 * 64 * 4; }
 template <int HD> __host__ __device__ constexpr int f2_dq_smem() { return (2 * F2_ROWS + 4 * f2_bk<HD>()) * HD * 2 + F2_ROWS * 4 + 2 * f2_bk<HD>() * 4; }
 template <int HD> __host__ __device__ constexpr int f2_dkv_smem() { return (2 * F2_ROWS + 4 * f2_bk<HD>()) * HD * 2 + F2_ROWS * 4 + 2 * f2_bk<HD>() * 12; }
+template <int HD> __host__ __device__ constexpr int f2_fus_smem() { return f2_dkv_smem<HD>() + F2_ROWS * f2_bk<HD>() * 2; }
 
 static __device__ __forceinline__ int f2_imin(int a, int b) { return a < b ? a : b; }
 
@@ -118,6 +132,24 @@ static __device__ __forceinline__ int
 f2_sw(int r, int c)
 {
 	return r * HD + ((c ^ (r & 7)) << 3);
+}
+
+/* the same for a tile of W-element rows, W 64 (as above) or 32 (4 chunks a row: XOR with
+ * (r / 2) & 3, so the 8 rows of an ldmatrix phase still hit 8 bank groups) */
+template <int W>
+static __device__ __forceinline__ int
+f2_swr(int r, int c)
+{
+	return W >= 64 ? r * W + ((c ^ (r & 7)) << 3) : r * W + ((c ^ ((r >> 1) & 3)) << 3);
+}
+
+/* ldmatrix.trans row address of this lane for the A fragment of a k-major tile: rows are
+ * the k index (r0..r0+15), 16-byte chunks c0, c0+1 the fragment's 16 rows (A = tile^T) */
+template <int W>
+static __device__ __forceinline__ const bf16 *
+f2_at_t(const bf16 *t, int r0, int c0, int lane)
+{
+	return t + f2_swr<W>(r0 + (lane & 7) + ((lane >> 4) & 1) * 8, c0 + ((lane >> 3) & 1));
 }
 
 /* ldmatrix row address of this lane for an A fragment (rows r0..r0+15, chunks c0, c0+1)
@@ -628,6 +660,238 @@ k_f2_dkv_sum(bf16 *dqkv, const float *part, size_t n, int NH, int NKV, int HD, i
 	}
 }
 
+/* Backward in one pass (RL_CUDA_FLASH_BWD=fused, FlashAttention-2's way): dK, dV as
+ * k_f2_bwd_dkv (same grid, hper, partials), and per query tile also dQ += dS K, added
+ * by f32 atomics into dqacc (B, T, NH, HD), zeroed by k_f2_bwd_prep (which also writes
+ * Ds) and cast into dqkv by k_f2_dq_cast.  5 GEMM-sized products instead of 8, P and
+ * dS computed once; the order of the atomic adds varies, so dQ is not bit-for-bit
+ * reproducible run to run.  Each warp's dS^T (its 16 keys x BM queries) goes to a
+ * shared tile (rows = keys, swizzled); after a barrier warp w takes queries 16 (w % RW)
+ * .. + 15 and HD / CW columns of dQ (BM 64: 4 x 1 warps; BM 32 at HD 128: 2 x 2),
+ * reading dS with ldmatrix.trans (A = the tile transposed) and K with .trans (as dQ +=
+ * dS K in k_f2_bwd_dq).  MINB: blocks per multiprocessor asked of the compiler
+ * (__launch_bounds__; 1 leaves it free). */
+template <int HD, int MINB>
+__global__ void __launch_bounds__(F2_WARPS * 32, MINB)
+k_f2_bwd_fused(bf16 *dqkv, float *part, float *dqacc, const float *Ds, const bf16 *dout, const float *lse,
+    const bf16 *qkv, const int32_t *seg, int T, int NH, int NKV, int hper, float sl2, float scale)
+{
+	constexpr int BM = f2_bk<HD>(), RW = BM / 16, CW = F2_WARPS / RW, HDW = HD / CW;
+	F2_SMEM(f2_fus_raw, f2_fus_smem<HD>());
+	/* K, V (64 rows); two buffers of Q and dO (BM rows each); dS^T (64 x BM); two buffers
+	 * of the query tile's lse (log2 units), D and segments; the keys' segments */
+	bf16 *sk = reinterpret_cast<bf16 *>(f2_fus_raw), *sv = sk + F2_ROWS * HD, *sqo = sv + F2_ROWS * HD;
+	bf16 *sds = sqo + 4 * BM * HD;
+	float *sL2 = reinterpret_cast<float *>(sds + F2_ROWS * BM), *sD2 = sL2 + 2 * BM;
+	int32_t *ssq2 = reinterpret_cast<int32_t *>(sD2 + 2 * BM), *ssk = ssq2 + 2 * BM;
+	int G = NH / NKV, nch = G / hper, kvh = blockIdx.y / nch, chunk = blockIdx.y % nch, b = blockIdx.z;
+	int h0 = kvh * G + chunk * hper;  /* first query head of this block */
+	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+	int k0 = blockIdx.x * F2_ROWS, w0 = warp * 16;
+	int qr0 = 16 * (warp % RW), dc0 = (warp / RW) * (HDW / 8);  /* this warp's dQ rows, first chunk */
+	size_t LD = (size_t)(NH + 2 * NKV) * HD, OW = (size_t)NH * HD;
+	const bf16 *base = qkv + (size_t)b * T * LD;
+	const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
+	int s0 = k0 + w0 + g, s1 = s0 + 8;  /* this lane's two keys */
+	int mfirst = k0 / BM * BM, nm = (T - mfirst + BM - 1) / BM, ntile = hper * nm;
+	auto issue = [&](int i) {
+		int h = h0 + i / nm, m0 = mfirst + (i % nm) * BM, bf_ = i & 1;
+		f2_load_async<HD, BM>(sqo + bf_ * 2 * BM * HD, base + (size_t)h * HD, LD, m0, T);
+		f2_load_async<HD, BM>(sqo + (bf_ * 2 + 1) * BM * HD, dout + (size_t)b * T * OW + (size_t)h * HD, OW, m0, T);
+		const float *lr = lse + ((size_t)b * NH + h) * T, *dr = Ds + ((size_t)b * NH + h) * T;
+		for (int j = threadIdx.x; j < BM; j += F2_WARPS * 32) {
+			int t = m0 + j;
+			sL2[bf_ * BM + j] = t < T ? lr[t] * F2_LOG2E : 0.0f;
+			sD2[bf_ * BM + j] = t < T ? dr[t] : 0.0f;
+			ssq2[bf_ * BM + j] = t < T ? (sg ? sg[t] : 0) : -1;
+		}
+	};
+
+	f2_load_async<HD, F2_ROWS>(sk, base + (size_t)(NH + kvh) * HD, LD, k0, T);
+	f2_load_async<HD, F2_ROWS>(sv, base + (size_t)(NH + NKV + kvh) * HD, LD, k0, T);
+	for (int i = threadIdx.x; i < F2_ROWS; i += F2_WARPS * 32)
+		ssk[i] = k0 + i < T ? (sg ? sg[k0 + i] : 0) : -2;
+	issue(0);
+	f2_cp_commit();
+	float dk[HD / 8][4], dv[HD / 8][4];
+#pragma unroll
+	for (int n = 0; n < HD / 8; n++)
+		dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
+
+	for (int it = 0; it < ntile; it++) {
+		int h = h0 + it / nm, m0 = mfirst + (it % nm) * BM, bf_ = it & 1;
+		bf16 *sq = sqo + bf_ * 2 * BM * HD, *sdo = sq + BM * HD;
+		float *sL = sL2 + bf_ * BM, *sD = sD2 + bf_ * BM;
+		int32_t *ssq = ssq2 + bf_ * BM;
+		if (it + 1 < ntile) {
+			issue(it + 1);
+			f2_cp_commit();
+			f2_cp_wait(1);
+		} else {
+			f2_cp_wait(0);
+		}
+		__syncthreads();
+		/* m0 >= k0 (mfirst = k0), so only with BM 32 can a warp's keys all come after
+		 * the tile's queries: warps 0 .. nk - 1 have work (and dS^T rows) */
+		int nk = f2_imin(F2_WARPS, (m0 + BM - 1 - k0) / 16 + 1);
+		if (warp < nk) {
+			float st[BM / 8][4], dpt[BM / 8][4];
+#pragma unroll
+			for (int j = 0; j < BM / 8; j++)
+				st[j][0] = st[j][1] = st[j][2] = st[j][3] = dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.0f;
+#pragma unroll
+			for (int kk = 0; kk < HD / 16; kk += 2) {
+				uint32_t ka[4], ka2[4], va[4], va2[4];
+				f2_ldsm_x4(ka, f2_at<HD>(sk, w0, 2 * kk, lane));
+				f2_ldsm_x4(ka2, f2_at<HD>(sk, w0, 2 * kk + 2, lane));
+				f2_ldsm_x4(va, f2_at<HD>(sv, w0, 2 * kk, lane));
+				f2_ldsm_x4(va2, f2_at<HD>(sv, w0, 2 * kk + 2, lane));
+#pragma unroll
+				for (int j = 0; j < BM / 8; j++) {
+					uint32_t qb[4], ob[4];
+					f2_ldsm_x4(qb, f2_bt<HD>(sq, 8 * j, 2 * kk, lane));
+					f2_mma(st[j], ka, qb[0], qb[1]);
+					f2_mma(st[j], ka2, qb[2], qb[3]);
+					f2_ldsm_x4(ob, f2_bt<HD>(sdo, 8 * j, 2 * kk, lane));
+					f2_mma(dpt[j], va, ob[0], ob[1]);
+					f2_mma(dpt[j], va2, ob[2], ob[3]);
+				}
+			}
+			bool nomask = !sg && k0 + w0 + 15 <= m0 && m0 + BM <= T;
+#pragma unroll
+			for (int j = 0; j < BM / 8; j++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					int ql = 8 * j + 2 * tq + (e & 1), t = m0 + ql, key = e < 2 ? s0 : s1, sqv = ssq[ql];
+					bool ok = nomask || (key <= t && sqv >= 0 && (!sg || ssk[key - k0] == sqv));
+					float p = ok ? exp2f(st[j][e] * sl2 - sL[ql]) : 0.0f;
+					st[j][e] = p;
+					dpt[j][e] = p * (dpt[j][e] - sD[ql]) * scale;
+				}
+			/* dS^T to the shared tile (bf16, as it enters every product) */
+#pragma unroll
+			for (int j = 0; j < BM / 8; j++) {
+				*reinterpret_cast<uint32_t *>(sds + f2_swr<BM>(w0 + g, j) + 2 * tq) = f2_pack(dpt[j][0], dpt[j][1]);
+				*reinterpret_cast<uint32_t *>(sds + f2_swr<BM>(w0 + g + 8, j) + 2 * tq) = f2_pack(dpt[j][2], dpt[j][3]);
+			}
+			/* dV += P^T dO, dK += dS^T Q */
+#pragma unroll
+			for (int kk = 0; kk < BM / 16; kk++) {
+				uint32_t pa[4] = { f2_pack(st[2 * kk][0], st[2 * kk][1]), f2_pack(st[2 * kk][2], st[2 * kk][3]),
+				    f2_pack(st[2 * kk + 1][0], st[2 * kk + 1][1]), f2_pack(st[2 * kk + 1][2], st[2 * kk + 1][3]) };
+				uint32_t da[4] = { f2_pack(dpt[2 * kk][0], dpt[2 * kk][1]), f2_pack(dpt[2 * kk][2], dpt[2 * kk][3]),
+				    f2_pack(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]), f2_pack(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]) };
+#pragma unroll
+				for (int n = 0; n < HD / 16; n++) {
+					uint32_t ob[4], qb[4];
+					f2_ldsm_x4_t(ob, f2_at<HD>(sdo, 16 * kk, 2 * n, lane));
+					f2_mma(dv[2 * n], pa, ob[0], ob[1]);
+					f2_mma(dv[2 * n + 1], pa, ob[2], ob[3]);
+					f2_ldsm_x4_t(qb, f2_at<HD>(sq, 16 * kk, 2 * n, lane));
+					f2_mma(dk[2 * n], da, qb[0], qb[1]);
+					f2_mma(dk[2 * n + 1], da, qb[2], qb[3]);
+				}
+			}
+		}
+		__syncthreads();  /* dS^T of every warp with work is in sds */
+		{
+			/* dQ (this warp's 16 queries x HDW columns) = dS K over the keys of warps < nk */
+			float dq[HDW / 8][4];
+#pragma unroll
+			for (int n = 0; n < HDW / 8; n++)
+				dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+#pragma unroll
+			for (int kk = 0; kk < F2_WARPS; kk++) {
+				if (kk < nk) {
+					uint32_t a[4];
+					f2_ldsm_x4_t(a, f2_at_t<BM>(sds, 16 * kk, qr0 / 8, lane));
+#pragma unroll
+					for (int n = 0; n < HDW / 16; n++) {
+						uint32_t xb[4];
+						f2_ldsm_x4_t(xb, f2_at<HD>(sk, 16 * kk, dc0 + 2 * n, lane));
+						f2_mma(dq[2 * n], a, xb[0], xb[1]);
+						f2_mma(dq[2 * n + 1], a, xb[2], xb[3]);
+					}
+				}
+			}
+			/* rows past T and padding queries (ssq < 0) have no gradient */
+			int r0 = qr0 + g, r1 = r0 + 8;
+			float *qrow = dqacc + ((size_t)b * T + m0) * OW + (size_t)h * HD + dc0 * 8 + 2 * tq;
+			bool v0 = ssq[r0] >= 0, v1 = ssq[r1] >= 0;
+#pragma unroll
+			for (int n = 0; n < HDW / 8; n++) {
+				if (v0)
+					f2_red2(qrow + (size_t)r0 * OW + 8 * n, dq[n][0], dq[n][1]);
+				if (v1)
+					f2_red2(qrow + (size_t)r1 * OW + 8 * n, dq[n][2], dq[n][3]);
+			}
+		}
+		__syncthreads();  /* this buffer is read: the next iteration may refill it */
+	}
+	if (part) {
+		size_t n = (size_t)gridDim.z * T * NKV * HD;
+		float *pk = part + (size_t)chunk * n, *pv = part + (size_t)(nch + chunk) * n;
+#pragma unroll
+		for (int c = 0; c < HD / 8; c++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				int key = e < 2 ? s0 : s1;
+				size_t i = (((size_t)b * T + key) * NKV + kvh) * HD + 8 * c + 2 * tq + (e & 1);
+				if (key < T) {
+					pk[i] = dk[c][e];
+					pv[i] = dv[c][e];
+				}
+			}
+		return;
+	}
+	bf16 *drow = dqkv + (size_t)b * T * LD;
+	f2_store<HD>(drow + (size_t)(NH + kvh) * HD, LD, k0, T, sk, w0, dk, 1.0f, 1.0f, lane);
+	f2_store<HD>(drow + (size_t)(NH + NKV + kvh) * HD, LD, k0, T, sv, w0, dv, 1.0f, 1.0f, lane);
+}
+
+/* For the fused backward: D = rowsum(dO * O) in f32 into Ds (B, NH, T) and the row's HD
+ * f32 of dqacc (B, T, NH, HD) zeroed.  n = B T NH rows (b, t, h), HD / 8 threads a row
+ * (16 bytes of dO and O each), blockDim.x a multiple of 32, grid-stride. */
+__global__ void
+k_f2_bwd_prep(float *Ds, float *dqacc, const bf16 *dout, const bf16 *out, int n, int T, int NH, int HD)
+{
+	int per = HD / 8, rpb = (int)blockDim.x / per, sub = (int)threadIdx.x % per;
+	for (long i0 = (long)blockIdx.x * rpb; i0 < n; i0 += (long)gridDim.x * rpb) {
+		long r = i0 + (long)threadIdx.x / per;
+		float acc = 0.0f;
+		if (r < n) {
+			uint4 x = *reinterpret_cast<const uint4 *>(dout + r * HD + sub * 8);
+			uint4 y = *reinterpret_cast<const uint4 *>(out + r * HD + sub * 8);
+			const bf16 *xe = reinterpret_cast<const bf16 *>(&x), *ye = reinterpret_cast<const bf16 *>(&y);
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				acc += bf(xe[i]) * bf(ye[i]);
+			float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			reinterpret_cast<float4 *>(dqacc + r * HD + sub * 8)[0] = z;
+			reinterpret_cast<float4 *>(dqacc + r * HD + sub * 8)[1] = z;
+		}
+		for (int o = per / 2; o > 0; o >>= 1)
+			acc += __shfl_xor_sync(0xffffffffu, acc, o);
+		if (r < n && sub == 0) {
+			long bt = r / NH;
+			Ds[(bt / T * NH + r % NH) * T + bt % T] = acc;
+		}
+	}
+}
+
+/* dQ of the fused backward: dqacc (B, T, NH, HD) f32 to bf16 in dqkv's query columns;
+ * n4 = B T NH HD / 4 groups of four, grid-stride */
+__global__ void
+k_f2_dq_cast(bf16 *dqkv, const float *dqacc, size_t n4, int NH, int NKV, int HD)
+{
+	size_t W = (size_t)NH * HD, LD = (size_t)(NH + 2 * NKV) * HD;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+		float4 v = reinterpret_cast<const float4 *>(dqacc)[i];
+		size_t e = 4 * i;
+		*reinterpret_cast<uint2 *>(dqkv + e / W * LD + e % W) = make_uint2(f2_pack(v.x, v.y), f2_pack(v.z, v.w));
+	}
+}
+
 /* heads per dK/dV block: all G of a group unless that leaves fewer than 4 blocks per
  * multiprocessor of an H100 (528); then the smallest divisor of G that reaches it, or 1 */
 static __host__ __device__ int
@@ -692,6 +956,49 @@ f2_bwd(void *s, float *ws, void *dqkv, const void *dout, const void *out, const 
 	RLK_RET();
 }
 
+/* f32 offset of the fused backward's dQ accumulator in ws: after D (rounded to 4 floats:
+ * 16-byte aligned) and the dK/dV partials */
+static size_t
+f2_dqacc_off(int B, int T, int NH, int NKV, int HD)
+{
+	size_t d = ((size_t)B * NH * T + 3) / 4 * 4;
+	int G = NH / NKV, hper = f2_hper(B, T, NKV, G);
+	return hper < G ? d + (size_t)2 * (G / hper) * B * T * NKV * HD : d;
+}
+
+template <int HD, int MINB>
+static int
+f2_bwd_fused(void *s, float *ws, void *dqkv, const void *dout, const void *out, const float *lse, const void *qkv,
+    const int32_t *seg, int B, int T, int NH, int NKV)
+{
+	int G = NH / NKV, hper = f2_hper(B, T, NKV, G), nch = G / hper;
+	float *part = hper < G ? ws + ((size_t)B * NH * T + 3) / 4 * 4 : NULL;
+	float *dqacc = ws + f2_dqacc_off(B, T, NH, NKV, HD);
+	int e = f2_attr(k_f2_bwd_fused<HD, MINB>, f2_fus_smem<HD>());
+	if (e)
+		return e;
+	float scale = 1.0f / sqrtf((float)HD);
+	int rows = B * T * NH;
+	k_f2_bwd_prep<<<rlk_blocks((size_t)rows * (HD / 8), 256), 256, 0, RLK_STREAM(s)>>>(ws, dqacc,
+	    (const bf16 *)dout, (const bf16 *)out, rows, T, NH, HD);
+	if ((e = (int)cudaGetLastError()))
+		return e;
+	dim3 g2((T + F2_ROWS - 1) / F2_ROWS, NKV * nch, B);
+	k_f2_bwd_fused<HD, MINB><<<g2, F2_WARPS * 32, f2_fus_smem<HD>(), RLK_STREAM(s)>>>((bf16 *)dqkv, part, dqacc,
+	    ws, (const bf16 *)dout, lse, (const bf16 *)qkv, seg, T, NH, NKV, hper, F2_LOG2E * scale, scale);
+	if ((e = (int)cudaGetLastError()))
+		return e;
+	if (part) {
+		size_t n = (size_t)B * T * NKV * HD;
+		k_f2_dkv_sum<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)dqkv, part, n, NH, NKV, HD, nch);
+		if ((e = (int)cudaGetLastError()))
+			return e;
+	}
+	size_t n4 = (size_t)rows * HD / 4;
+	k_f2_dq_cast<<<rlk_blocks(n4, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)dqkv, dqacc, n4, NH, NKV, HD);
+	RLK_RET();
+}
+
 extern "C" int
 rlk_flash2_ok(int NH, int NKV, int HD, const void *p0, const void *p1, const void *p2, const void *p3)
 {
@@ -700,11 +1007,13 @@ rlk_flash2_ok(int NH, int NKV, int HD, const void *p0, const void *p1, const voi
 }
 
 extern "C" size_t
-rlk_flash2_ws_bytes(int B, int T, int NH, int NKV, int HD)
+rlk_flash2_ws_bytes(int B, int T, int NH, int NKV, int HD, int mode)
 {
 	size_t d = (size_t)B * T * NH * sizeof(float);
 	if (NKV <= 0 || NH % NKV)
 		return d;
+	if (mode != RLK_F2_BWD_DET)
+		return (f2_dqacc_off(B, T, NH, NKV, HD) + (size_t)B * T * NH * HD) * sizeof(float);
 	int G = NH / NKV, hper = f2_hper(B, T, NKV, G);
 	return hper < G ? d + (size_t)2 * (G / hper) * B * T * NKV * HD * sizeof(float) : d;
 }
@@ -723,12 +1032,19 @@ rlk_flash2_fwd(void *s, void *out, float *lse, const void *qkv, const int32_t *s
 
 extern "C" int
 rlk_flash2_bwd(void *s, float *ws, void *dqkv, const void *dout, const void *out, const float *lse,
-    const void *qkv, const int32_t *seg, int B, int T, int NH, int NKV, int HD)
+    const void *qkv, const int32_t *seg, int B, int T, int NH, int NKV, int HD, int mode)
 {
 	if (B <= 0 || T <= 0)
 		return 0;
 	if (!ws || !rlk_flash2_ok(NH, NKV, HD, dqkv, dout, out, qkv))
 		return (int)cudaErrorInvalidValue;
+	if (mode == RLK_F2_BWD_FUSED)
+		return HD == 64 ? f2_bwd_fused<64, 1>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV)
+		    : f2_bwd_fused<128, 1>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV);
+	/* 3 blocks per multiprocessor (168 registers) only at HD 64: HD 128 needs more */
+	if (mode == RLK_F2_BWD_FUSED3)
+		return HD == 64 ? f2_bwd_fused<64, 3>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV)
+		    : f2_bwd_fused<128, 1>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV);
 	return HD == 64 ? f2_bwd<64>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV)
 	    : f2_bwd<128>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV);
 }

@@ -98,13 +98,19 @@ int rlk_flash_fwd(void *stream, void *out, float *lse, const void *qkv, const in
  * rlk_attn_fwd / rlk_attn_bwd without scores.  rlk_flash2_ok: HD 64 or 128, NH a multiple of
  * NKV, the pointers given (NULL allowed) 16-byte aligned.  The backward needs ws: device scratch
  * of rlk_flash2_ws_bytes (D = rowsum(dO * O) per query and head, and with few KV blocks f32
- * partial dK/dV sums per group of query heads). */
+ * partial dK/dV sums per group of query heads; the fused modes add a (B, T, NH, HD) f32 dQ
+ * accumulator).  mode: how the backward runs (RL_CUDA_FLASH_BWD, docs/cuda.md):
+ * RLK_F2_BWD_DET two passes (dQ, then dK/dV), every output written once: bit-for-bit
+ * deterministic; RLK_F2_BWD_FUSED one pass, dQ by f32 atomics (5 products instead of 8,
+ * not bit-for-bit reproducible); RLK_F2_BWD_FUSED3 the same compiled for 3 blocks per
+ * multiprocessor at HD 64. */
+enum { RLK_F2_BWD_DET, RLK_F2_BWD_FUSED, RLK_F2_BWD_FUSED3 };
 int rlk_flash2_ok(int NH, int NKV, int HD, const void *p0, const void *p1, const void *p2, const void *p3);
-size_t rlk_flash2_ws_bytes(int B, int T, int NH, int NKV, int HD);
+size_t rlk_flash2_ws_bytes(int B, int T, int NH, int NKV, int HD, int mode);
 int rlk_flash2_fwd(void *stream, void *out, float *lse, const void *qkv, const int32_t *seg, int B, int T,
     int NH, int NKV, int HD);
 int rlk_flash2_bwd(void *stream, float *ws, void *dqkv, const void *dout, const void *out, const float *lse,
-    const void *qkv, const int32_t *seg, int B, int T, int NH, int NKV, int HD);
+    const void *qkv, const int32_t *seg, int B, int T, int NH, int NKV, int HD, int mode);
 int rlk_attn_decode(void *stream, void *out, const void *qkv, const void *kc, const void *vc,
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
     int BS, int MAXBLK);

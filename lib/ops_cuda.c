@@ -72,7 +72,9 @@ typedef struct cuda_ctx {
 	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
 	int flash;             /* flash attention forward: RL_CUDA_ATTN=flash (see docs/cuda.md) */
 	int flash2;            /* mma.sync flash attention fwd + bwd, the default (kernels/flash2.cu) */
-	void *fa2_ws;          /* flash2 backward: D = rowsum(dO * O) (B, NH, T) f32, dK/dV partials */
+	int f2_bwd;            /* flash2 backward: RLK_F2_BWD_* (RL_CUDA_FLASH_BWD=det|fused|fused3) */
+	void *fa2_ws;          /* flash2 backward: D = rowsum(dO * O) (B, NH, T) f32, dK/dV partials,
+	                        * the fused modes' f32 dQ accumulator */
 	size_t fa2_ws_bytes;
 	int gelu_fuse;         /* RL_CUDA_GELU_FUSE=1: bias + GELU (and its gradient) in GEMM epilogues */
 	int gelu_nosup;        /* cuBLASLt had no algorithm for a GELU epilogue: fall back from then on */
@@ -801,9 +803,11 @@ cu_attn_bwd(rl_ops *o, void *dqkv, const void *dout, const void *out, const floa
 {
 	cuda_ctx *c = CTX(o);
 	if (c->flash2 && rlk_flash2_ok(NH, NKV, HD, dqkv, dout, out, qkv)) {
-		void *ws = grow_buf(o, &c->fa2_ws, &c->fa2_ws_bytes, RL_MAX(rlk_flash2_ws_bytes(B, T, NH, NKV, HD), 256));
+		void *ws = grow_buf(o, &c->fa2_ws, &c->fa2_ws_bytes,
+		    RL_MAX(rlk_flash2_ws_bytes(B, T, NH, NKV, HD, c->f2_bwd), 256));
 		if (ws)
-			CKP(o, "attn_bwd", rlk_flash2_bwd(S(o), ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV, HD));
+			CKP(o, "attn_bwd", rlk_flash2_bwd(S(o), ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV, HD,
+			    c->f2_bwd));
 		return;
 	}
 	if (attn_ws(o, B, T, NH, NKV, HD, 1))
@@ -1204,6 +1208,10 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	int attn = env_pick("RL_CUDA_ATTN", "flash2 cublas flash");
 	c->flash2 = attn <= 0;
 	c->flash = attn == 2;
+	/* flash2's backward: det (two passes, bit-for-bit reproducible; the default), fused
+	 * (one pass, dQ by f32 atomics), fused3 (the same for 3 blocks per SM): docs/cuda.md */
+	int f2b = env_pick("RL_CUDA_FLASH_BWD", "det fused fused3");  /* the RLK_F2_BWD_* order */
+	c->f2_bwd = f2b < 0 ? RLK_F2_BWD_DET : f2b;
 	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
 	c->no_gemv = getenv("RL_CUDA_GEMV") != NULL && strcmp(getenv("RL_CUDA_GEMV"), "0") == 0;
 	c->decode_kind = env_pick("RL_CUDA_DECODE_ATTN", "lane split v1") + 1;  /* DK_* */

@@ -32,6 +32,7 @@ static inline void f2_ldsm_x4_t(uint32_t *r, const bf16 *p) { emu_ldmatrix_x4(r,
 static inline void f2_cp16(bf16 *dst, const bf16 *src) { emu_cp_async16(dst, src); }
 static inline void f2_cp_commit(void) { emu_cp_commit(); }
 static inline void f2_cp_wait(int n) { emu_cp_wait(n); }
+static inline void f2_red2(float *p, float a, float b) { atomicAdd(p, a); atomicAdd(p + 1, b); }
 #define F2_SMEM(name, bytes) unsigned char *name = emu_dyn_smem(bytes)
 
 #include "flash2.inc"
@@ -41,9 +42,9 @@ static uint64_t rs = 0x2545f4914f6cdd1dull;  /* emu_rnd, frnd, fill_bf: cuda_emu
 
 struct f2_args {
 	bf16 *out, *qkv, *dout, *dqkv;
-	float *lse, *ws, *part;
+	float *lse, *ws, *part, *dqacc;
 	int32_t *seg;
-	int T, NH, NKV, HD, hper;
+	int B, T, NH, NKV, HD, hper;
 	size_t n;
 };
 static f2_args FA;
@@ -78,6 +79,30 @@ run_dkv(void *)
 	else
 		k_f2_bwd_dkv<128>(FA.dqkv, FA.part, FA.ws, FA.dout, FA.lse, FA.qkv, FA.seg, FA.T, FA.NH, FA.NKV, FA.hper,
 		    F2_LOG2E * sc, sc);
+}
+
+static void
+run_prep(void *)
+{
+	k_f2_bwd_prep(FA.ws, FA.dqacc, FA.dout, FA.out, FA.B * FA.T * FA.NH, FA.T, FA.NH, FA.HD);
+}
+
+static void
+run_fused(void *)
+{
+	float sc = 1.0f / sqrtf((float)FA.HD);
+	if (FA.HD == 64)
+		k_f2_bwd_fused<64, 1>(FA.dqkv, FA.part, FA.dqacc, FA.ws, FA.dout, FA.lse, FA.qkv, FA.seg, FA.T, FA.NH,
+		    FA.NKV, FA.hper, F2_LOG2E * sc, sc);
+	else
+		k_f2_bwd_fused<128, 1>(FA.dqkv, FA.part, FA.dqacc, FA.ws, FA.dout, FA.lse, FA.qkv, FA.seg, FA.T, FA.NH,
+		    FA.NKV, FA.hper, F2_LOG2E * sc, sc);
+}
+
+static void
+run_cast(void *)
+{
+	k_f2_dq_cast(FA.dqkv, FA.dqacc, (size_t)FA.B * FA.T * FA.NH * FA.HD / 4, FA.NH, FA.NKV, FA.HD);
 }
 
 static void
@@ -176,7 +201,9 @@ test_attn(int B, int T, int NH, int NKV, int HD, int seg_mode, int hper)
 	float *part = nch > 1 ? new float[2 * nch * n] : NULL;
 	for (size_t i = 0; part && i < 2 * nch * n; i++)
 		part[i] = NAN;
-	FA = { out, qkv, dout, dqkv, lse, ws, part, seg, T, NH, NKV, HD, hper, n };
+	size_t nacc = (size_t)B * T * NH * HD;
+	float *dqacc = new float[nacc];
+	FA = { out, qkv, dout, dqkv, lse, ws, part, dqacc, seg, B, T, NH, NKV, HD, hper, n };
 	unsigned nb = (unsigned)((T + F2_ROWS - 1) / F2_ROWS);
 	emu_launch(dim3(nb, (unsigned)NH, (unsigned)B), dim3(F2_WARPS * 32), run_fwd, NULL);
 	/* the backward from the emulated forward's out and lse, as a training step */
@@ -201,6 +228,31 @@ test_attn(int B, int T, int NH, int NKV, int HD, int seg_mode, int hper)
 		fails++;
 		printf("FAIL flash2 B=%d T=%d NH=%d NKV=%d HD=%d seg=%d\n", B, T, NH, NKV, HD, seg_mode);
 	}
+	/* the fused backward (RL_CUDA_FLASH_BWD=fused): D and the zeroed f32 dQ accumulator by
+	 * k_f2_bwd_prep, one pass for dK, dV and dQ (atomics), the dK/dV chunk sum, the cast;
+	 * dqkv, D, the accumulator and the partials poisoned again */
+	for (size_t i = 0; i < nq; i++)
+		dqkv[i].h = 0x7fc1;
+	for (size_t i = 0; i < nl; i++)
+		ws[i] = NAN;
+	for (size_t i = 0; i < nacc; i++)
+		dqacc[i] = NAN;
+	for (size_t i = 0; part && i < 2 * nch * n; i++)
+		part[i] = NAN;
+	unsigned npb = 256 / (unsigned)(HD / 8), nr = (unsigned)(B * T * NH);
+	emu_launch(dim3((nr + npb - 1) / npb < 5 ? (nr + npb - 1) / npb : 5), dim3(256), run_prep, NULL);
+	emu_launch(dim3(nb, (unsigned)(NKV * nch), (unsigned)B), dim3(F2_WARPS * 32), run_fused, NULL);
+	if (part)
+		emu_launch(dim3((unsigned)((n + 255) / 256 < 7 ? (n + 255) / 256 : 7)), dim3(256), run_sum, NULL);
+	emu_launch(dim3((unsigned)((nacc / 4 + 255) / 256 < 5 ? (nacc / 4 + 255) / 256 : 5)), dim3(256), run_cast, NULL);
+	printf("flash2 fused backward B=%d T=%d NH=%d NKV=%d HD=%d seg=%d\n", B, T, NH, NKV, HD, seg_mode);
+	f = cmp("dqkv", "", dqkv, NULL, rdq, nq, 2e-2 * mq, 3e-2, 4e-4, zq);
+	cases++;
+	if (f) {
+		fails++;
+		printf("FAIL flash2 fused backward B=%d T=%d NH=%d NKV=%d HD=%d seg=%d\n", B, T, NH, NKV, HD, seg_mode);
+	}
+	delete[] dqacc;
 	delete[] qkv; delete[] dout; delete[] out; delete[] dqkv; delete[] fq; delete[] fdo; delete[] rout;
 	delete[] rlse; delete[] rdq; delete[] lse; delete[] ws; delete[] zo; delete[] zl; delete[] zq;
 	delete[] seg;
