@@ -36,6 +36,9 @@ struct dim3 {
 struct float2 { float x, y; };
 struct uint4 { unsigned x, y, z, w; };
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { uint4 r = { x, y, z, w }; return r; }
+struct uint2 { unsigned x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+static inline float4 make_float4(float x, float y, float z, float w) { float4 r = { x, y, z, w }; return r; }
 
 /* bf16 as CUDA stores it */
 struct __nv_bfloat16 { uint16_t h; };
@@ -68,6 +71,13 @@ static inline float2
 __bfloat1622float2(__nv_bfloat162 v)
 {
 	float2 r = { __bfloat162float(v.x), __bfloat162float(v.y) };
+	return r;
+}
+
+static inline __nv_bfloat162
+__floats2bfloat162_rn(float a, float b)
+{
+	__nv_bfloat162 r = { __float2bfloat16(a), __float2bfloat16(b) };
 	return r;
 }
 
@@ -221,6 +231,7 @@ static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4);
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 /* fibers switch only at barriers and collectives: a read-modify-write is atomic here */
 static inline double atomicAdd(double *p, double v) { double o = *p; *p = o + v; return o; }
+static inline float atomicAdd(float *p, float v) { float o = *p; *p = o + v; return o; }
 static inline int atomicMin(int *p, int v) { int o = *p; if (v < o) *p = v; return o; }
 static inline int atomicMax(int *p, int v) { int o = *p; if (v > o) *p = v; return o; }
 
