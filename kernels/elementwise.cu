@@ -1,7 +1,15 @@
 /*
- * elementwise.cu — memory-bound kernels with one thread per element (or per
- * pair): cast, add, GELU, SwiGLU, embedding, RoPE, bias gradient, sum of
- * squares, fused AdamW, KV-cache write.  Semantics: lib/ops.h.
+ * elementwise.cu — memory-bound kernels: cast, add, GELU, SwiGLU, embedding, RoPE,
+ * bias gradient, sum of squares, fused AdamW (one tensor, or many in one launch),
+ * KV-cache write.  Semantics: lib/ops.h.
+ *
+ * cast, add, GELU, SwiGLU and RoPE have two forms: one thread per element (or pair),
+ * and "vec" kernels (suffix 8) where each thread moves 8 bf16 (16 bytes) per load and
+ * store, taken when every pointer is 16-byte aligned (and for SwiGLU H, for RoPE HD/2,
+ * a multiple of 8); a size that is not a multiple of 8 leaves a tail of < 8 elements
+ * that the first threads do one by one.  Both forms compute each element through the
+ * same __device__ function, so they give the same bits.  rlk_set_opts(0) (the backend's
+ * RL_CUDA_EW_VEC=0) keeps the element-wise forms.
  *
  * Leaves out: row reductions (norm.cu, logprob.cu), attention (attn.cu).
  */
@@ -12,6 +20,28 @@
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
 	     i += (size_t)gridDim.x * blockDim.x)
 
+/* the first threads of the grid take a tail of < 8 elements: element i0 + t for thread t */
+#define TAIL(i, i0, n) \
+	for (size_t i = (i0) + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i = (n))
+
+static unsigned rlk_opts_v = RLK_OPT_ALL;
+
+extern "C" void rlk_set_opts(unsigned opts) { rlk_opts_v = opts; }
+extern "C" unsigned rlk_get_opts(void) { return rlk_opts_v; }
+
+static int
+al16(const void *p)
+{
+	return ((uintptr_t)p & 15) == 0;
+}
+
+/* the vec kernels: RLK_OPT_EW_VEC set and every pointer given 16-byte aligned */
+static int
+ew_vec(const void *a, const void *b, const void *c)
+{
+	return (rlk_opts_v & RLK_OPT_EW_VEC) && al16(a) && al16(b) && al16(c);
+}
+
 /* ---- cast ------------------------------------------------------------------ */
 __global__ void k_f32_to_bf16(bf16 *out, const float *in, size_t n)
 {
@@ -20,6 +50,30 @@ __global__ void k_f32_to_bf16(bf16 *out, const float *in, size_t n)
 __global__ void k_bf16_to_f32(float *out, const bf16 *in, size_t n)
 {
 	GRID_STRIDE(i, n) out[i] = bf(in[i]);
+}
+__global__ void k_f32_to_bf168(bf16 *out, const float *in, size_t n)
+{
+	size_t n8 = n / 8;
+	GRID_STRIDE(i, n8) {
+		float4 a = ((const float4 *)in)[2 * i], b = ((const float4 *)in)[2 * i + 1];
+		uint4 o;
+		bf16 *ov = (bf16 *)&o;
+		ov[0] = tobf(a.x); ov[1] = tobf(a.y); ov[2] = tobf(a.z); ov[3] = tobf(a.w);
+		ov[4] = tobf(b.x); ov[5] = tobf(b.y); ov[6] = tobf(b.z); ov[7] = tobf(b.w);
+		((uint4 *)out)[i] = o;
+	}
+	TAIL(i, n8 * 8, n) out[i] = tobf(in[i]);
+}
+__global__ void k_bf16_to_f328(float *out, const bf16 *in, size_t n)
+{
+	size_t n8 = n / 8;
+	GRID_STRIDE(i, n8) {
+		uint4 u = ((const uint4 *)in)[i];
+		const bf16 *a = (const bf16 *)&u;
+		((float4 *)out)[2 * i] = make_float4(bf(a[0]), bf(a[1]), bf(a[2]), bf(a[3]));
+		((float4 *)out)[2 * i + 1] = make_float4(bf(a[4]), bf(a[5]), bf(a[6]), bf(a[7]));
+	}
+	TAIL(i, n8 * 8, n) out[i] = bf(in[i]);
 }
 
 extern "C" int
@@ -31,27 +85,53 @@ rlk_cast(void *s, void *out, int out_dt, const void *in, int in_dt, size_t n)
 		size_t es = out_dt == RL_F32 ? 4 : 2;
 		return (int)cudaMemcpyAsync(out, in, n * es, cudaMemcpyDeviceToDevice, RLK_STREAM(s));
 	}
-	if (out_dt == RL_BF16 && in_dt == RL_F32)
-		k_f32_to_bf16<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)out, (const float *)in, n);
-	else if (out_dt == RL_F32 && in_dt == RL_BF16)
-		k_bf16_to_f32<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((float *)out, (const bf16 *)in, n);
-	else
+	int vec = ew_vec(out, in, NULL);
+	if (out_dt == RL_BF16 && in_dt == RL_F32) {
+		if (vec)
+			k_f32_to_bf168<<<rlk_blocks(n / 8, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)out, (const float *)in, n);
+		else
+			k_f32_to_bf16<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)out, (const float *)in, n);
+	} else if (out_dt == RL_F32 && in_dt == RL_BF16) {
+		if (vec)
+			k_bf16_to_f328<<<rlk_blocks(n / 8, 256), 256, 0, RLK_STREAM(s)>>>((float *)out, (const bf16 *)in, n);
+		else
+			k_bf16_to_f32<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((float *)out, (const bf16 *)in, n);
+	} else {
 		return (int)cudaErrorInvalidValue;
+	}
 	RLK_RET();
 }
 
 /* ---- add ------------------------------------------------------------------- */
+static __device__ __forceinline__ bf16 add1(bf16 a, bf16 b) { return tobf(bf(a) + bf(b)); }
+
 /* Pairs of bf16 when everything is 4-byte aligned. */
 __global__ void k_add2(__nv_bfloat162 *out, const __nv_bfloat162 *a, const __nv_bfloat162 *b, size_t n2)
 {
 	GRID_STRIDE(i, n2) {
-		float2 x = __bfloat1622float2(a[i]), y = __bfloat1622float2(b[i]);
-		out[i] = __floats2bfloat162_rn(x.x + y.x, x.y + y.y);
+		__nv_bfloat162 x = a[i], y = b[i], o;
+		o.x = add1(x.x, y.x);
+		o.y = add1(x.y, y.y);
+		out[i] = o;
 	}
 }
 __global__ void k_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n)
 {
-	GRID_STRIDE(i, n) out[i] = tobf(bf(a[i]) + bf(b[i]));
+	GRID_STRIDE(i, n) out[i] = add1(a[i], b[i]);
+}
+__global__ void k_add8(bf16 *out, const bf16 *a, const bf16 *b, size_t n)
+{
+	size_t n8 = n / 8;
+	GRID_STRIDE(i, n8) {
+		uint4 ua = ((const uint4 *)a)[i], ub = ((const uint4 *)b)[i], o;
+		const bf16 *x = (const bf16 *)&ua, *y = (const bf16 *)&ub;
+		bf16 *ov = (bf16 *)&o;
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			ov[e] = add1(x[e], y[e]);
+		((uint4 *)out)[i] = o;
+	}
+	TAIL(i, n8 * 8, n) out[i] = add1(a[i], b[i]);
 }
 
 extern "C" int
@@ -59,7 +139,10 @@ rlk_add(void *s, void *out, const void *a, const void *b, size_t n)
 {
 	if (n == 0)
 		return 0;
-	if (n % 2 == 0 && (((uintptr_t)out | (uintptr_t)a | (uintptr_t)b) & 3) == 0)
+	if (ew_vec(out, a, b))
+		k_add8<<<rlk_blocks(n / 8, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)out, (const bf16 *)a,
+		    (const bf16 *)b, n);
+	else if (n % 2 == 0 && (((uintptr_t)out | (uintptr_t)a | (uintptr_t)b) & 3) == 0)
 		k_add2<<<rlk_blocks(n / 2, 256), 256, 0, RLK_STREAM(s)>>>((__nv_bfloat162 *)out,
 		    (const __nv_bfloat162 *)a, (const __nv_bfloat162 *)b, n / 2);
 	else
@@ -71,22 +154,56 @@ rlk_add(void *s, void *out, const void *a, const void *b, size_t n)
 /* ---- GELU (tanh approximation) ----------------------------------------------- */
 #define GELU_K 0.7978845608028654f  /* sqrt(2/pi) */
 
+static __device__ __forceinline__ float
+gelu_f(float v)
+{
+	float t = tanhf(GELU_K * (v + 0.044715f * v * v * v));
+	return 0.5f * v * (1.0f + t);
+}
+/* dout * gelu'(v) */
+static __device__ __forceinline__ float
+gelu_b(float g, float v)
+{
+	float t = tanhf(GELU_K * (v + 0.044715f * v * v * v));
+	float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+	return g * d;
+}
+
 __global__ void k_gelu_fwd(bf16 *out, const bf16 *x, size_t n)
 {
-	GRID_STRIDE(i, n) {
-		float v = bf(x[i]);
-		float t = tanhf(GELU_K * (v + 0.044715f * v * v * v));
-		out[i] = tobf(0.5f * v * (1.0f + t));
-	}
+	GRID_STRIDE(i, n) out[i] = tobf(gelu_f(bf(x[i])));
 }
 __global__ void k_gelu_bwd(bf16 *dx, const bf16 *dout, const bf16 *x, size_t n)
 {
-	GRID_STRIDE(i, n) {
-		float v = bf(x[i]);
-		float t = tanhf(GELU_K * (v + 0.044715f * v * v * v));
-		float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-		dx[i] = tobf(bf(dout[i]) * d);
+	GRID_STRIDE(i, n) dx[i] = tobf(gelu_b(bf(dout[i]), bf(x[i])));
+}
+__global__ void k_gelu_fwd8(bf16 *out, const bf16 *x, size_t n)
+{
+	size_t n8 = n / 8;
+	GRID_STRIDE(i, n8) {
+		uint4 u = ((const uint4 *)x)[i], o;
+		const bf16 *a = (const bf16 *)&u;
+		bf16 *ov = (bf16 *)&o;
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			ov[e] = tobf(gelu_f(bf(a[e])));
+		((uint4 *)out)[i] = o;
 	}
+	TAIL(i, n8 * 8, n) out[i] = tobf(gelu_f(bf(x[i])));
+}
+__global__ void k_gelu_bwd8(bf16 *dx, const bf16 *dout, const bf16 *x, size_t n)
+{
+	size_t n8 = n / 8;
+	GRID_STRIDE(i, n8) {
+		uint4 u = ((const uint4 *)x)[i], ug = ((const uint4 *)dout)[i], o;
+		const bf16 *a = (const bf16 *)&u, *gv = (const bf16 *)&ug;
+		bf16 *ov = (bf16 *)&o;
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			ov[e] = tobf(gelu_b(bf(gv[e]), bf(a[e])));
+		((uint4 *)dx)[i] = o;
+	}
+	TAIL(i, n8 * 8, n) dx[i] = tobf(gelu_b(bf(dout[i]), bf(x[i])));
 }
 
 extern "C" int
@@ -94,7 +211,10 @@ rlk_gelu_fwd(void *s, void *out, const void *x, size_t n)
 {
 	if (n == 0)
 		return 0;
-	k_gelu_fwd<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)out, (const bf16 *)x, n);
+	if (ew_vec(out, x, NULL))
+		k_gelu_fwd8<<<rlk_blocks(n / 8, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)out, (const bf16 *)x, n);
+	else
+		k_gelu_fwd<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)out, (const bf16 *)x, n);
 	RLK_RET();
 }
 extern "C" int
@@ -102,19 +222,32 @@ rlk_gelu_bwd(void *s, void *dx, const void *dout, const void *x, size_t n)
 {
 	if (n == 0)
 		return 0;
-	k_gelu_bwd<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)dx, (const bf16 *)dout,
-	    (const bf16 *)x, n);
+	if (ew_vec(dx, dout, x))
+		k_gelu_bwd8<<<rlk_blocks(n / 8, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)dx, (const bf16 *)dout,
+		    (const bf16 *)x, n);
+	else
+		k_gelu_bwd<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)dx, (const bf16 *)dout,
+		    (const bf16 *)x, n);
 	RLK_RET();
 }
 
 /* ---- SwiGLU: out (N,H) = silu(gu[:, :H]) * gu[:, H:] ---------------------------- */
+static __device__ __forceinline__ float swiglu_f(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+/* the gradients of gate (*dg) and up (*du) from d = dout */
+static __device__ __forceinline__ void
+swiglu_b(float g, float u, float d, float *dg, float *du)
+{
+	float sg = 1.0f / (1.0f + expf(-g));
+	*dg = d * u * sg * (1.0f + g * (1.0f - sg));
+	*du = d * g * sg;
+}
+
 __global__ void k_swiglu_fwd(bf16 *out, const bf16 *gu, int N, int H)
 {
 	size_t n = (size_t)N * H;
 	GRID_STRIDE(i, n) {
 		size_t r = i / H, c = i % H;
-		float g = bf(gu[r * 2 * H + c]), u = bf(gu[r * 2 * H + H + c]);
-		out[i] = tobf(g / (1.0f + expf(-g)) * u);
+		out[i] = tobf(swiglu_f(bf(gu[r * 2 * H + c]), bf(gu[r * 2 * H + H + c])));
 	}
 }
 __global__ void k_swiglu_bwd(bf16 *dgu, const bf16 *dout, const bf16 *gu, int N, int H)
@@ -122,10 +255,45 @@ __global__ void k_swiglu_bwd(bf16 *dgu, const bf16 *dout, const bf16 *gu, int N,
 	size_t n = (size_t)N * H;
 	GRID_STRIDE(i, n) {
 		size_t r = i / H, c = i % H;
-		float g = bf(gu[r * 2 * H + c]), u = bf(gu[r * 2 * H + H + c]), d = bf(dout[i]);
-		float sg = 1.0f / (1.0f + expf(-g));
-		dgu[r * 2 * H + c] = tobf(d * u * sg * (1.0f + g * (1.0f - sg)));
-		dgu[r * 2 * H + H + c] = tobf(d * g * sg);
+		float dg, du;
+		swiglu_b(bf(gu[r * 2 * H + c]), bf(gu[r * 2 * H + H + c]), bf(dout[i]), &dg, &du);
+		dgu[r * 2 * H + c] = tobf(dg);
+		dgu[r * 2 * H + H + c] = tobf(du);
+	}
+}
+/* H a multiple of 8: 8 columns of a row per thread */
+__global__ void k_swiglu_fwd8(bf16 *out, const bf16 *gu, int N, int H)
+{
+	size_t H8 = (size_t)H / 8, n8 = (size_t)N * H8;
+	GRID_STRIDE(i, n8) {
+		size_t r = i / H8, c = i % H8 * 8;
+		uint4 ug = *(const uint4 *)(gu + r * 2 * H + c), uu = *(const uint4 *)(gu + r * 2 * H + H + c), o;
+		const bf16 *gv = (const bf16 *)&ug, *uv = (const bf16 *)&uu;
+		bf16 *ov = (bf16 *)&o;
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			ov[e] = tobf(swiglu_f(bf(gv[e]), bf(uv[e])));
+		*(uint4 *)(out + r * H + c) = o;
+	}
+}
+__global__ void k_swiglu_bwd8(bf16 *dgu, const bf16 *dout, const bf16 *gu, int N, int H)
+{
+	size_t H8 = (size_t)H / 8, n8 = (size_t)N * H8;
+	GRID_STRIDE(i, n8) {
+		size_t r = i / H8, c = i % H8 * 8;
+		uint4 ug = *(const uint4 *)(gu + r * 2 * H + c), uu = *(const uint4 *)(gu + r * 2 * H + H + c);
+		uint4 ud = *(const uint4 *)(dout + r * H + c), og, ou;
+		const bf16 *gv = (const bf16 *)&ug, *uv = (const bf16 *)&uu, *dv = (const bf16 *)&ud;
+		bf16 *ogv = (bf16 *)&og, *ouv = (bf16 *)&ou;
+#pragma unroll
+		for (int e = 0; e < 8; e++) {
+			float dg, du;
+			swiglu_b(bf(gv[e]), bf(uv[e]), bf(dv[e]), &dg, &du);
+			ogv[e] = tobf(dg);
+			ouv[e] = tobf(du);
+		}
+		*(uint4 *)(dgu + r * 2 * H + c) = og;
+		*(uint4 *)(dgu + r * 2 * H + H + c) = ou;
 	}
 }
 
@@ -135,7 +303,10 @@ rlk_swiglu_fwd(void *s, void *out, const void *gu, int N, int H)
 	size_t n = (size_t)N * H;
 	if (n == 0)
 		return 0;
-	k_swiglu_fwd<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)out, (const bf16 *)gu, N, H);
+	if (H % 8 == 0 && ew_vec(out, gu, NULL))
+		k_swiglu_fwd8<<<rlk_blocks(n / 8, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)out, (const bf16 *)gu, N, H);
+	else
+		k_swiglu_fwd<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)out, (const bf16 *)gu, N, H);
 	RLK_RET();
 }
 extern "C" int
@@ -144,8 +315,12 @@ rlk_swiglu_bwd(void *s, void *dgu, const void *dout, const void *gu, int N, int 
 	size_t n = (size_t)N * H;
 	if (n == 0)
 		return 0;
-	k_swiglu_bwd<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)dgu, (const bf16 *)dout,
-	    (const bf16 *)gu, N, H);
+	if (H % 8 == 0 && ew_vec(dgu, dout, gu))
+		k_swiglu_bwd8<<<rlk_blocks(n / 8, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)dgu, (const bf16 *)dout,
+		    (const bf16 *)gu, N, H);
+	else
+		k_swiglu_bwd<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)dgu, (const bf16 *)dout,
+		    (const bf16 *)gu, N, H);
 	RLK_RET();
 }
 
@@ -199,6 +374,23 @@ rlk_embed_bwd(void *s, float *dwte, float *dwpe, const void *dout, const int32_t
 }
 
 /* ---- RoPE (rotate-half), in place on the q and k heads -------------------------- */
+/* the angle's sine (times sign) and cosine for frequency f */
+static __device__ __forceinline__ void
+rope_sc(int f, int HD, float theta, int32_t pos, float sign, float *sn, float *cs)
+{
+	float inv = powf(theta, -2.0f * (float)f / (float)HD);
+	float ang = (float)pos * inv;
+	sincosf(ang, sn, cs);
+	*sn *= sign;
+}
+static __device__ __forceinline__ void
+rope_rot(bf16 *pa, bf16 *pb, float sn, float cs)
+{
+	float a = bf(*pa), b = bf(*pb);
+	*pa = tobf(a * cs - b * sn);
+	*pb = tobf(b * cs + a * sn);
+}
+
 __global__ void k_rope(bf16 *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta,
     float sign)
 {
@@ -210,14 +402,42 @@ __global__ void k_rope(bf16 *qkv, const int32_t *pos, int N, int NH, int NKV, in
 		size_t rest = i / half;
 		int h = (int)(rest % heads);
 		size_t r = rest / heads;
-		float inv = powf(theta, -2.0f * (float)f / (float)HD);
-		float ang = (float)pos[r] * inv, sn, cs;
-		sincosf(ang, &sn, &cs);
-		sn *= sign;
+		float sn, cs;
+		rope_sc(f, HD, theta, pos[r], sign, &sn, &cs);
 		bf16 *p = qkv + r * ld + (size_t)h * HD;
-		float a = bf(p[f]), b = bf(p[f + half]);
-		p[f] = tobf(a * cs - b * sn);
-		p[f + half] = tobf(b * cs + a * sn);
+		rope_rot(p + f, p + f + half, sn, cs);
+	}
+}
+
+/* HD/2 a multiple of 8: a thread takes 8 frequencies of one token (their sines and cosines
+ * computed once) for ROPE_HPT heads, 16-byte loads and stores */
+#define ROPE_HPT 4
+__global__ void k_rope8(bf16 *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta,
+    float sign)
+{
+	int half = HD / 2, heads = NH + NKV, fg = half / 8, hg = (heads + ROPE_HPT - 1) / ROPE_HPT;
+	size_t n = (size_t)N * hg * fg;
+	size_t ld = (size_t)(NH + 2 * NKV) * HD;
+	GRID_STRIDE(i, n) {
+		int f0 = (int)(i % fg) * 8;
+		size_t rest = i / fg;
+		int h0 = (int)(rest % hg) * ROPE_HPT, h1 = min(h0 + ROPE_HPT, heads);
+		size_t r = rest / hg;
+		int32_t ps = pos[r];
+		float sn[8], cs[8];
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			rope_sc(f0 + e, HD, theta, ps, sign, &sn[e], &cs[e]);
+		for (int h = h0; h < h1; h++) {
+			bf16 *p = qkv + r * ld + (size_t)h * HD + f0;
+			uint4 ua = *(const uint4 *)p, ub = *(const uint4 *)(p + half);
+			bf16 *av = (bf16 *)&ua, *bv = (bf16 *)&ub;
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				rope_rot(&av[e], &bv[e], sn[e], cs[e]);
+			*(uint4 *)p = ua;
+			*(uint4 *)(p + half) = ub;
+		}
 	}
 }
 
@@ -227,8 +447,13 @@ rlk_rope(void *s, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD,
 	size_t n = (size_t)N * (NH + NKV) * (HD / 2);
 	if (n == 0)
 		return 0;
-	k_rope<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)qkv, pos, N, NH, NKV, HD, theta,
-	    sign < 0 ? -1.0f : 1.0f);
+	float sg = sign < 0 ? -1.0f : 1.0f;
+	if ((HD / 2) % 8 == 0 && ew_vec(qkv, NULL, NULL)) {
+		size_t n8 = (size_t)N * ((NH + NKV + ROPE_HPT - 1) / ROPE_HPT) * (HD / 16);
+		k_rope8<<<rlk_blocks(n8, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)qkv, pos, N, NH, NKV, HD, theta, sg);
+	} else {
+		k_rope<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)qkv, pos, N, NH, NKV, HD, theta, sg);
+	}
 	RLK_RET();
 }
 
@@ -297,17 +522,29 @@ rlk_sumsq(void *s, double *acc, const float *x, size_t n)
 }
 
 /* ---- AdamW on fp32 master weights, refreshing the bf16 copy ------------------------- */
+/* One element's update: m, v in place, the new parameter returned.  Every AdamW kernel
+ * below goes through it, so they compute the same bits. */
+static __device__ __forceinline__ float
+adamw_upd(float p, float gr, float *m, float *v, float lr, float b1, float b2, float eps, float wd,
+    float bc1, float bc2, float gs)
+{
+	float g = gr * gs;
+	float mi = b1 * *m + (1.0f - b1) * g;
+	float vi = b2 * *v + (1.0f - b2) * g * g;
+	*m = mi;
+	*v = vi;
+	p -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p);
+	return p;
+}
+
 __global__ void k_adamw(float *param, bf16 *wcopy, const float *grad, float *m, float *v, size_t n,
     float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, float gs)
 {
 	GRID_STRIDE(i, n) {
-		float g = grad[i] * gs;
-		float mi = b1 * m[i] + (1.0f - b1) * g;
-		float vi = b2 * v[i] + (1.0f - b2) * g * g;
+		float mi = m[i], vi = v[i];
+		float p = adamw_upd(param[i], grad[i], &mi, &vi, lr, b1, b2, eps, wd, bc1, bc2, gs);
 		m[i] = mi;
 		v[i] = vi;
-		float p = param[i];
-		p -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p);
 		param[i] = p;
 		if (wcopy)
 			wcopy[i] = tobf(p);
@@ -322,6 +559,76 @@ rlk_adamw(void *s, float *param, void *wcopy, const float *grad, float *m, float
 		return 0;
 	k_adamw<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>(param, (bf16 *)wcopy, grad, m, v, n,
 	    lr, b1, b2, eps, wd, bc1, bc2, grad_scale);
+	RLK_RET();
+}
+
+/* Multi-tensor AdamW: one block per chunk of the table (at most RLK_ADAMW_CHUNK elements of
+ * one segment).  A chunk whose offset is a multiple of 4 goes by float4 (and 8-byte bf16
+ * stores) when the launcher found every base pointer aligned (vec), then the chunk's last
+ * n % 4 elements one by one; other chunks element by element. */
+struct adamw_cls { float lr[RL_ADAMW_NCLS], wd[RL_ADAMW_NCLS]; };
+
+__global__ void __launch_bounds__(256)
+k_adamw_multi(const rlk_adamw_chunk *ch, float *param, bf16 *wcopy, const float *grad, float *m, float *v,
+    adamw_cls cl, float b1, float b2, float eps, float bc1, float bc2, float gs, int vec)
+{
+	rlk_adamw_chunk c = ch[blockIdx.x];
+	size_t off = (size_t)c.off;
+	unsigned n = c.n, k = c.cls < RL_ADAMW_NCLS ? c.cls : 0;
+	float lr = cl.lr[k], wd = cl.wd[k];
+	unsigned i0 = 0;
+	if (vec && off % 4 == 0) {
+		unsigned n4 = n / 4;
+		for (unsigned q = threadIdx.x; q < n4; q += blockDim.x) {
+			size_t i = off + (size_t)q * 4;
+			float4 p = *(const float4 *)(param + i), g = *(const float4 *)(grad + i);
+			float4 mm = *(const float4 *)(m + i), vv = *(const float4 *)(v + i);
+			p.x = adamw_upd(p.x, g.x, &mm.x, &vv.x, lr, b1, b2, eps, wd, bc1, bc2, gs);
+			p.y = adamw_upd(p.y, g.y, &mm.y, &vv.y, lr, b1, b2, eps, wd, bc1, bc2, gs);
+			p.z = adamw_upd(p.z, g.z, &mm.z, &vv.z, lr, b1, b2, eps, wd, bc1, bc2, gs);
+			p.w = adamw_upd(p.w, g.w, &mm.w, &vv.w, lr, b1, b2, eps, wd, bc1, bc2, gs);
+			*(float4 *)(param + i) = p;
+			*(float4 *)(m + i) = mm;
+			*(float4 *)(v + i) = vv;
+			if (wcopy) {
+				__nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
+				uint2 u;
+				u.x = *(const unsigned *)&lo;
+				u.y = *(const unsigned *)&hi;
+				*(uint2 *)(wcopy + i) = u;
+			}
+		}
+		i0 = n4 * 4;
+	}
+	for (unsigned j = i0 + threadIdx.x; j < n; j += blockDim.x) {
+		size_t i = off + j;
+		float mi = m[i], vi = v[i];
+		float p = adamw_upd(param[i], grad[i], &mi, &vi, lr, b1, b2, eps, wd, bc1, bc2, gs);
+		m[i] = mi;
+		v[i] = vi;
+		param[i] = p;
+		if (wcopy)
+			wcopy[i] = tobf(p);
+	}
+}
+
+extern "C" int
+rlk_adamw_multi(void *s, const rlk_adamw_chunk *chunks, int nchunk, float *param, void *wcopy,
+    const float *grad, float *m, float *v, const float *lr, const float *wd, float b1, float b2, float eps,
+    float bc1, float bc2, float grad_scale)
+{
+	if (nchunk <= 0)
+		return 0;
+	adamw_cls cl;
+	for (int k = 0; k < RL_ADAMW_NCLS; k++) {
+		cl.lr[k] = lr[k];
+		cl.wd[k] = wd[k];
+	}
+	int vec = ((uintptr_t)param | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v) % 16 == 0 &&
+	    (uintptr_t)wcopy % 8 == 0;
+	/* gridDim.x goes to 2^31 - 1: 17.5 T elements */
+	k_adamw_multi<<<(unsigned)nchunk, 256, 0, RLK_STREAM(s)>>>(chunks, param, (bf16 *)wcopy, grad, m, v, cl,
+	    b1, b2, eps, bc1, bc2, grad_scale, vec);
 	RLK_RET();
 }
 

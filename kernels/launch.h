@@ -21,6 +21,18 @@
 extern "C" {
 #endif
 
+/* ---- options (kernels/elementwise.cu) --------------------------------------
+ * Which of the faster kernel forms the launchers may take (all by default); the
+ * backend sets them once when it opens from its switches (docs/cuda.md).  Process-wide. */
+enum {
+	RLK_OPT_EW_VEC = 1 << 0,       /* 16-byte vec forms of cast, add, GELU, SwiGLU, RoPE */
+	RLK_OPT_NORM_BWD_VEC = 1 << 1, /* layernorm/rmsnorm backward with the row in registers */
+	RLK_OPT_COLSUM_VEC = 1 << 2,   /* bias gradient with 16-byte loads */
+	RLK_OPT_ALL = 7
+};
+void rlk_set_opts(unsigned opts);
+unsigned rlk_get_opts(void);
+
 /* ---- elementwise (kernels/elementwise.cu) -------------------------------- */
 /* out (n) out_dt = in (n) in_dt; dtypes RL_F32 or RL_BF16 (same dtype: a copy). */
 int rlk_cast(void *stream, void *out, int out_dt, const void *in, int in_dt, size_t n);
@@ -46,6 +58,17 @@ int rlk_adamw(void *stream, float *param, void *wcopy, const float *grad, float 
     float grad_scale);
 int rlk_kv_write(void *stream, void *kc, void *vc, const void *qkv, const int32_t *slot,
     int N, int NH, int NKV, int HD);
+/* Multi-tensor AdamW (ops.h adamw_multi) over a table of chunks in device memory: chunk b
+ * is elements [off, off + n) of the buffers (n <= RLK_ADAMW_CHUNK, within one segment) with
+ * class cls; lr, wd: host arrays of RL_ADAMW_NCLS.  Per element the arithmetic of rlk_adamw. */
+#define RLK_ADAMW_CHUNK 8192
+typedef struct rlk_adamw_chunk {
+	uint64_t off;
+	uint32_t n, cls;
+} rlk_adamw_chunk;
+int rlk_adamw_multi(void *stream, const rlk_adamw_chunk *chunks, int nchunk, float *param, void *wcopy,
+    const float *grad, float *m, float *v, const float *lr, const float *wd, float b1, float b2,
+    float eps, float bc1, float bc2, float grad_scale);
 
 /* ---- normalisation (kernels/norm.cu) -------------------------------------- */
 int rlk_rmsnorm_fwd(void *stream, void *out, float *rstd, const void *x, const void *w,

@@ -1168,6 +1168,37 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 	return RL_OK;
 }
 
+/* rl_model_step's update as one adamw_multi call: a segment per tensor, its class
+ * (RL_T_DECAY: bit 0, RL_T_AUX: bit 1) naming the learning rate and weight decay the
+ * per-tensor loop gives it.  RL_ENOMEM (nothing queued): the caller loops. */
+static int
+step_multi(rl_model *m, const rl_adamw *p, float scale)
+{
+	rl_ops *o = m->ops;
+	float lr[RL_ADAMW_NCLS], wd[RL_ADAMW_NCLS];
+	rl_adamw_seg *seg = rl_try_calloc((size_t)RL_MAX(m->tt.n, 1), sizeof *seg, "adamw segments");
+
+	if (seg == NULL)
+		return RL_ENOMEM;
+	for (int k = 0; k < RL_ADAMW_NCLS; k++) {
+		lr[k] = p->lr;
+		wd[k] = 0.0f;
+	}
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		int k = ((t->flags & RL_T_DECAY) ? 1 : 0) | ((t->flags & RL_T_AUX) ? 2 : 0);
+		seg[i].off = t->off;
+		seg[i].n = t->n;
+		seg[i].cls = k;
+		lr[k] = rl_adamw_lr(p, t);
+		wd[k] = (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f;
+	}
+	o->adamw_multi(o, m->params, m->w != m->params ? m->w : NULL, m->grads, m->m, m->v, seg, m->tt.n, lr,
+	    wd, p->beta1, p->beta2, p->eps, m->step, scale);
+	free(seg);
+	return RL_OK;
+}
+
 int
 rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm)
 {
@@ -1191,6 +1222,10 @@ rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm)
 	if (p->max_grad_norm > 0)
 		scale = (float)RL_MIN(1.0, p->max_grad_norm / (norm + 1e-6));
 	m->step++;
+	if (o->adamw_multi != NULL && step_multi(m, p, scale) == RL_OK) {
+		rl_model_zero_grad(m);
+		return check_ops(m, "optimizer step");
+	}
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
 		o->adamw(o, m->params + t->off, m->w != m->params ? W(m, i) : NULL, m->grads + t->off,

@@ -48,6 +48,15 @@
 
 typedef struct rl_ops rl_ops;
 
+/* A segment of the multi-tensor AdamW (adamw_multi, the end of rl_ops): elements
+ * [off, off + n) of the optimizer's buffers, with the learning rate and weight decay of
+ * class cls (< RL_ADAMW_NCLS). */
+typedef struct rl_adamw_seg {
+	size_t off, n;
+	int cls;
+} rl_adamw_seg;
+#define RL_ADAMW_NCLS 4
+
 /* Parameters of the fused policy-gradient loss (per token). */
 typedef struct rl_pg_params {
 	float clip_low;     /* ratio lower clip: 1 - clip_low (PPO eps, e.g. 0.2) */
@@ -278,6 +287,18 @@ struct rl_ops {
 
 	/* ---- teardown ---------------------------------------------------------------------- */
 	void (*close)(rl_ops *o);
+
+	/* Optional multi-tensor AdamW (NULL when absent: callers loop over adamw).  The adamw
+	 * step on nseg segments of the same buffers at once: segment s (seg, host memory) is
+	 * elements [seg[s].off, seg[s].off + seg[s].n) of param, grad, m, v (and wcopy when
+	 * non-NULL), updated with lr[seg[s].cls] and wd[seg[s].cls] (host arrays of
+	 * RL_ADAMW_NCLS); elements outside the segments are not touched; segments do not
+	 * overlap.  Per element the arithmetic of adamw (the same results, bit for bit).  A
+	 * backend may keep what it derives from seg for later calls with the same table (so a
+	 * table that does not change is uploaded once).  cls out of range or t < 1: RL_EINVAL. */
+	void (*adamw_multi)(rl_ops *o, float *param, void *wcopy, const float *grad, float *m,
+	    float *v, const rl_adamw_seg *seg, int nseg, const float *lr, const float *wd,
+	    float b1, float b2, float eps, int t, float grad_scale);
 };
 
 /* rl_ops_open opens a backend by name: "cpu", "cuda", "cuda:N" or "auto"

@@ -87,6 +87,9 @@ typedef struct cuda_ctx {
 	size_t dec_ws_bytes;
 	unsigned epoch;        /* bumped whenever a scratch buffer moves (graphs recorded before are stale) */
 	int capturing;         /* between graph_begin and graph_end */
+	/* adamw_multi: the chunk tables of the last few segment tables (RL_CUDA_ADAMW_MULTI=0: off) */
+	struct adam_plan { rl_adamw_seg *seg; int nseg; rlk_adamw_chunk *dch; int nch; unsigned long used; } adam[4];
+	unsigned long adam_tick;
 	struct { const char *name; double s; long n; } pt[64];
 	int npt;
 	int status;
@@ -919,6 +922,116 @@ cu_adamw(rl_ops *o, float *param, void *wcopy, const float *grad, float *m, floa
 	    grad_scale));
 }
 
+/* field by field: the struct's padding may hold anything */
+static int
+same_segs(const rl_adamw_seg *a, const rl_adamw_seg *b, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (a[i].off != b[i].off || a[i].n != b[i].n || a[i].cls != b[i].cls)
+			return 0;
+	return 1;
+}
+
+/* The device chunk table of a segment table: found among the kept ones by content, else
+ * built, uploaded once and kept in place of the least recently used.  NULL on failure
+ * (recorded). */
+static struct adam_plan *
+adam_plan(rl_ops *o, const rl_adamw_seg *seg, int nseg)
+{
+	cuda_ctx *c = CTX(o);
+	struct adam_plan *pl = &c->adam[0];
+	rlk_adamw_chunk *h = NULL;
+	size_t nch = 0;
+
+	for (int i = 0; i < (int)RL_ARRAY_LEN(c->adam); i++) {
+		struct adam_plan *q = &c->adam[i];
+		if (q->seg && q->nseg == nseg && same_segs(q->seg, seg, nseg)) {
+			q->used = ++c->adam_tick;
+			return q;
+		}
+		if (q->used < pl->used)
+			pl = q;
+	}
+	if (c->capturing) {
+		fail(o, "adamw_multi: a new segment table during graph capture", "not allowed");
+		return NULL;
+	}
+	for (int s = 0; s < nseg; s++) {
+		if (seg[s].cls < 0 || seg[s].cls >= RL_ADAMW_NCLS) {
+			rl_error("adamw_multi: segment %d has class %d (0 to %d)", s, seg[s].cls, RL_ADAMW_NCLS - 1);
+			if (c->status == RL_OK)
+				c->status = RL_EINVAL;
+			return NULL;
+		}
+		nch += (seg[s].n + RLK_ADAMW_CHUNK - 1) / RLK_ADAMW_CHUNK;
+	}
+	if (nch > 0x7fffffff) {
+		rl_error("adamw_multi: %zu chunks, more than a grid holds", nch);
+		if (c->status == RL_OK)
+			c->status = RL_EINVAL;
+		return NULL;
+	}
+	/* the slot's old table may still be read by queued work */
+	cudaStreamSynchronize(c->stream);
+	cudaFree(pl->dch);
+	free(pl->seg);
+	memset(pl, 0, sizeof *pl);
+	if ((pl->seg = rl_try_malloc((size_t)RL_MAX(nseg, 1) * sizeof *seg, "adamw segments")) == NULL ||
+	    (h = rl_try_malloc(RL_MAX(nch, (size_t)1) * sizeof *h, "adamw chunks")) == NULL) {
+		free(pl->seg);
+		pl->seg = NULL;
+		if (c->status == RL_OK)
+			c->status = RL_ENOMEM;
+		return NULL;
+	}
+	nch = 0;
+	for (int s = 0; s < nseg; s++)
+		for (size_t a = 0; a < seg[s].n; a += RLK_ADAMW_CHUNK) {
+			h[nch].off = seg[s].off + a;
+			h[nch].n = (uint32_t)RL_MIN((size_t)RLK_ADAMW_CHUNK, seg[s].n - a);
+			h[nch].cls = (uint32_t)seg[s].cls;
+			nch++;
+		}
+	if (nch && (cu_alloc(o, (void **)&pl->dch, nch * sizeof *h) != RL_OK ||
+	    cudaMemcpy(pl->dch, h, nch * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess)) {
+		cudaGetLastError();
+		free(h);
+		cudaFree(pl->dch);
+		free(pl->seg);
+		memset(pl, 0, sizeof *pl);
+		fail(o, "adamw_multi", "cannot upload the chunk table");
+		return NULL;
+	}
+	free(h);
+	for (int i = 0; i < nseg; i++)
+		pl->seg[i] = seg[i];
+	pl->nseg = nseg;
+	pl->nch = (int)nch;
+	pl->used = ++c->adam_tick;
+	return pl;
+}
+
+static void
+cu_adamw_multi(rl_ops *o, float *param, void *wcopy, const float *grad, float *m, float *v,
+    const rl_adamw_seg *seg, int nseg, const float *lr, const float *wd, float b1, float b2, float eps,
+    int t, float grad_scale)
+{
+	struct adam_plan *pl;
+	if (t < 1) {
+		rl_error("adamw: step %d must be >= 1", t);
+		if (CTX(o)->status == RL_OK)
+			CTX(o)->status = RL_EINVAL;
+		return;
+	}
+	if (nseg <= 0 || (pl = adam_plan(o, seg, nseg)) == NULL)
+		return;
+	/* the bias corrections as cu_adamw computes them */
+	float bc1 = (float)(1.0 - pow((double)b1, (double)t));
+	float bc2 = (float)(1.0 - pow((double)b2, (double)t));
+	CKP(o, "adamw_multi", rlk_adamw_multi(S(o), pl->dch, pl->nch, param, wcopy, grad, m, v, lr, wd, b1, b2, eps,
+	    bc1, bc2, grad_scale));
+}
+
 static void
 cu_kv_write(rl_ops *o, void *kc, void *vc, const void *qkv, const int32_t *slot, int N, int NH,
     int NKV, int HD)
@@ -1160,6 +1273,10 @@ cu_close(rl_ops *o)
 		cudaFree(c->attn_ws);
 		cudaFree(c->lt_ws);
 		cudaFree(c->dsum);
+		for (int i = 0; i < (int)RL_ARRAY_LEN(c->adam); i++) {
+			cudaFree(c->adam[i].dch);
+			free(c->adam[i].seg);
+		}
 		if (c->blas)
 			cublasDestroy(c->blas);
 		if (c->lt)
@@ -1217,6 +1334,16 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->decode_kind = env_pick("RL_CUDA_DECODE_ATTN", "lane split v1") + 1;  /* DK_* */
 	int hl = env_pick("RL_CUDA_HEAD_LD", "split nosplit 0 1");
 	c->head_ld = hl == 1 ? HL_NOSPLIT : hl == 2 ? HL_OFF : HL_SPLIT;
+	/* the faster forms of the elementwise kernels, the norm backward and the bias gradient
+	 * (on unless the switch is 0; process-wide: the kernels' option word) */
+	{
+		const char *sw[] = { "RL_CUDA_EW_VEC", "RL_CUDA_NORM_BWD_VEC", "RL_CUDA_COLSUM_VEC" };
+		unsigned bit[] = { RLK_OPT_EW_VEC, RLK_OPT_NORM_BWD_VEC, RLK_OPT_COLSUM_VEC }, ko = RLK_OPT_ALL;
+		for (int i = 0; i < 3; i++)
+			if (getenv(sw[i]) && strcmp(getenv(sw[i]), "0") == 0)
+				ko &= ~bit[i];
+		rlk_set_opts(ko);
+	}
 	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
 		cudaGetLastError();
 		c->nsm = 0;
@@ -1271,6 +1398,8 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	o->pg_loss = cu_pg_loss;
 	o->sumsq = cu_sumsq;
 	o->adamw = cu_adamw;
+	if (!(getenv("RL_CUDA_ADAMW_MULTI") && strcmp(getenv("RL_CUDA_ADAMW_MULTI"), "0") == 0))
+		o->adamw_multi = cu_adamw_multi;
 	o->kv_write = cu_kv_write;
 	o->attn_decode = cu_attn_decode;
 	o->sample = cu_sample;

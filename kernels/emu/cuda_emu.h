@@ -76,6 +76,13 @@ __bfloat1622float2(__nv_bfloat162 v)
 	return r;
 }
 
+static inline __nv_bfloat162
+__floats2bfloat162_rn(float a, float b)
+{
+	__nv_bfloat162 r = { __float2bfloat16(a), __float2bfloat16(b) };
+	return r;
+}
+
 static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 v) { return v.h; }
 
 static inline float emu_expf(float x) { return expf(x); }

@@ -6,7 +6,7 @@
 # (decode.cu's two decode attention kernels and merge, norm.cu's forward norms,
 # gemv.cu, logprob.cu's sampler: emu_sample.cpp, its log-prob forward and backward over
 # strided logits: emu_logprob.cpp, flash2.cu's flash attention forward and backward:
-# emu_flash2.cpp).
+# emu_flash2.cpp, elementwise.cu's vec kernels and multi-tensor AdamW: emu_ew.cpp).
 #   sh kernels/emu/run.sh            (needs build/librlpipe.a: `make` first)
 #   sh kernels/emu/run.sh quick      (flash2: the self-test and the first five cases, then
 #                                     the two skew cases)
@@ -57,6 +57,14 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	# logprob.cu: the log-prob kernels, from the online merge to the first launcher
 	awk '/^struct msz / { f = 1 } f && /^extern "C"/ { exit } f' "$root/kernels/logprob.cu"
 } > "$out/logprob.inc"
+{
+	awk '/^static __device__ __forceinline__ float ld\(/ { f = 1 } /^#endif/ { f = 0 } f' \
+	    "$root/kernels/common.cuh"
+	# elementwise.cu without its includes and its launchers (extern "C": one-line ones, or
+	# to the function's closing brace)
+	awk '/^#include/ { next } /^extern "C"/ { if ($0 ~ /}$/) next; skip = 1 } !skip { print }
+	    skip && /^}$/ { skip = 0 }' "$root/kernels/elementwise.cu"
+} > "$out/ew.inc"
 CXXF="-O1 -g -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas"
 # a sanitized library (make SANITIZE=address,undefined: build-san/) needs the sanitizer runtimes
 # (4x slower: flash2 then runs its quick set unless told otherwise)
@@ -65,8 +73,11 @@ if nm "$root/$B/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
 	CXXF="$CXXF -fsanitize=address,undefined"
 	san=1
 fi
-p1= p2= p3=
+p1= p2= p3= p4=
 if [ -z "${RL_EMU_FLASH2:-}" ]; then
+	${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_ew" "$root/kernels/emu/emu_ew.cpp" \
+	    "$root/$B/librlpipe.a" -fopenmp -lm &
+	p4=$!
 	${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_kernels" "$root/kernels/emu/emu_kernels.cpp" \
 	    "$root/$B/librlpipe.a" -fopenmp -lm &
 	p1=$!
@@ -82,11 +93,13 @@ ${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_flash2" "$root/k
 [ -z "$p1" ] || wait $p1
 [ -z "$p2" ] || wait $p2
 [ -z "$p3" ] || wait $p3
+[ -z "$p4" ] || wait $p4
 rc=0
 if [ -z "${RL_EMU_FLASH2:-}" ]; then
 	"$out/emu_kernels" || rc=1
 	"$out/emu_sample" || rc=1
 	"$out/emu_logprob" || rc=1
+	"$out/emu_ew" || rc=1
 fi
 if [ -n "$san" ] && [ $# = 0 ]; then
 	set -- quick

@@ -3,8 +3,10 @@
 # mma.sync/ldmatrix/cp.async emulated lane by lane from the PTX layouts) against
 # the CPU reference: decode.cu's two decode attention kernels and their merge,
 # norm.cu's forward norms (fused add + norm, the row in registers), gemv.cu,
-# logprob.cu's sampler and log-prob kernels (strided rows), and flash2.cu's attention forward and backward (also
-# with warps drifting apart).  The kernel logic is checked in every `make check`,
+# logprob.cu's sampler and log-prob kernels (strided rows), flash2.cu's attention
+# forward and backward (also with warps drifting apart), and elementwise.cu's vec
+# kernels and multi-tensor AdamW (emu_ew: bit for bit against the element-wise
+# forms).  The kernel logic is checked in every `make check`,
 # without a GPU.  Skipped without a C++ compiler or the library.
 
 bats_require_minimum_version 1.5.0
@@ -19,7 +21,7 @@ passed() {
 	[ "$#" = 3 ] && [ "$1" = "$2" ] && [ "$2" -ge "$3" ]
 }
 
-@test "kernels/emu: decode attention, the forward norms, gemv, the sampler and flash2 match the CPU reference" {
+@test "kernels/emu: decode attention, the forward norms, gemv, the sampler, flash2 and the elementwise kernels match the CPU reference" {
 	root=$(cd "$BATS_TEST_DIRNAME/../.." && pwd)
 	command -v "${CXX:-g++}" >/dev/null || skip "no C++ compiler"
 	[ -f "$root/${RL_BUILD:-build}/librlpipe.a" ] || skip "no ${RL_BUILD:-build}/librlpipe.a"
@@ -28,6 +30,7 @@ passed() {
 	passed emu_kernels 91
 	passed emu_sample 8
 	passed emu_logprob 8
+	passed emu_ew 46
 	# a sanitized library (build-san) makes run.sh take flash2's quick set: 6 cases
 	if nm "$root/${RL_BUILD:-build}/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
 		passed emu_flash2 6

@@ -81,6 +81,49 @@ test_cast_add_act(size_t n)
 	free(a); free(b); free(ref); free(x); free(xr);
 }
 
+/* add, GELU and the casts on views sh elements into their buffers (sh odd: 2-byte aligned,
+ * the element-wise kernels; sh 8: 16-byte aligned again, the vec ones) */
+static void
+test_ew_shift(size_t n, int sh)
+{
+	char nm[80];
+	float *a = tc_rand(n + sh, -3, 3, 1), *b = tc_rand(n + sh, -3, 3, 1), *ref = rl_xmalloc(n * 4 + 4);
+	void *da = tc_up(g, a, n + sh, BF), *db = tc_up(g, b, n + sh, BF), *dout = tc_poison(g, n + sh, BF);
+	void *df = tc_poison(g, n + sh, F32);
+	char *A = (char *)da + 2 * sh, *B = (char *)db + 2 * sh, *O = (char *)dout + 2 * sh, *Fo = (char *)df + 4 * sh;
+
+	rl_cpu_add(NULL, ref, a + sh, b + sh, n);
+	g->add(g, O, A, B, n);
+	snprintf(nm, sizeof nm, "add n=%zu sh=%d", n, sh);
+	tc_cmpd(g, nm, O, BF, ref, n, 1e-6, 8e-3, 1e-4);
+	g->add(g, A, A, B, n);  /* in place */
+	snprintf(nm, sizeof nm, "add in place n=%zu sh=%d", n, sh);
+	tc_cmpd(g, nm, A, BF, ref, n, 1e-6, 8e-3, 1e-4);
+	rl_cpu_gelu_fwd(NULL, ref, b + sh, n);
+	g->gelu_fwd(g, O, B, n);
+	snprintf(nm, sizeof nm, "gelu_fwd n=%zu sh=%d", n, sh);
+	tc_cmpd(g, nm, O, BF, ref, n, 1e-5, 8e-3, 1e-4);
+	rl_cpu_gelu_bwd(NULL, ref, a + sh, b + sh, n);
+	{
+		void *da2 = tc_up(g, a, n + sh, BF);
+		g->gelu_bwd(g, O, (char *)da2 + 2 * sh, B, n);
+		snprintf(nm, sizeof nm, "gelu_bwd n=%zu sh=%d", n, sh);
+		tc_cmpd(g, nm, O, BF, ref, n, 1e-5, 8e-3, 1e-4);
+		g->free(g, da2);
+	}
+	for (size_t i = 0; i < n; i++)
+		ref[i] = b[sh + i];
+	g->cast(g, Fo, F32, B, BF, n);
+	snprintf(nm, sizeof nm, "cast bf16->f32 n=%zu sh=%d", n, sh);
+	tc_cmpd(g, nm, Fo, F32, ref, n, 0, 0, 0);
+	g->cast(g, O, BF, Fo, F32, n);
+	snprintf(nm, sizeof nm, "cast f32->bf16 n=%zu sh=%d", n, sh);
+	tc_cmpd(g, nm, O, BF, ref, n, 0, 0, 0);
+	tc_check_status(g, "elementwise views");
+	g->free(g, da); g->free(g, db); g->free(g, dout); g->free(g, df);
+	free(a); free(b); free(ref);
+}
+
 static void
 test_swiglu(int N, int H)
 {
@@ -686,6 +729,93 @@ test_optim(size_t n)
 	free(p); free(gr); free(m); free(v); free(wc);
 }
 
+/* bytes of a device buffer equal to those of another (bit for bit) */
+static int
+same_bytes(const void *a, const void *b, size_t bytes)
+{
+	unsigned char *ha = rl_xmalloc(bytes + 1), *hb = rl_xmalloc(bytes + 1);
+	g->download(g, ha, a, bytes);
+	g->download(g, hb, b, bytes);
+	int r = memcmp(ha, hb, bytes) == 0;
+	free(ha);
+	free(hb);
+	return r;
+}
+
+/* adamw_multi against adamw per segment (bit for bit: the same arithmetic) and the CPU
+ * reference: segments of 1 element, crossing a chunk (8192), starting unaligned right after
+ * the previous one (RL_T_FOLLOWS), with gaps between them that must stay untouched; four
+ * classes of lr and wd; three steps, then a second table (another plan) and the first
+ * again (the kept one).  sh: every buffer starts sh elements into its allocation (sh 1:
+ * pointers 4-byte aligned only, the element-by-element path). */
+static void
+test_adamw_multi(int sh)
+{
+	char nm[96];
+	rl_adamw_seg s1[] = { { 0, 1, 0 }, { 16, 8193, 1 }, { 8209, 5, 1 }, { 8224, 20000, 2 },
+	    { 28225, 7, 3 }, { 28240, 3, 0 }, { 28256, 16389, 1 } };
+	rl_adamw_seg s2[] = { { 3, 40000, 3 }, { 40003, 4000, 0 } };
+	size_t L = 44672 + 16;
+	float lr[RL_ADAMW_NCLS] = { 1e-3f, 2e-3f, 5e-4f, 3e-3f }, wd[RL_ADAMW_NCLS] = { 0, 0.1f, 0, 0.05f };
+	float *p = tc_rand(L + sh, -1, 1, 0), *gr = tc_rand(L + sh, -1, 1, 0), *m = tc_rand(L + sh, -0.1f, 0.1f, 0);
+	float *v = tc_rand(L + sh, 0, 0.01f, 0), *wc = rl_xmalloc((L + sh) * 4);
+	void *pa = tc_up(g, p, L + sh, F32), *pb = tc_up(g, p, L + sh, F32), *dg = tc_up(g, gr, L + sh, F32);
+	void *ma = tc_up(g, m, L + sh, F32), *mb = tc_up(g, m, L + sh, F32);
+	void *va = tc_up(g, v, L + sh, F32), *vb = tc_up(g, v, L + sh, F32);
+	void *wa = tc_poison(g, L + sh, BF), *wb = tc_poison(g, L + sh, BF);
+	float *P0 = (float *)pa + sh, *P1 = (float *)pb + sh, *G = (float *)dg + sh, *M0 = (float *)ma + sh;
+	float *M1 = (float *)mb + sh, *V0 = (float *)va + sh, *V1 = (float *)vb + sh;
+	uint16_t *W0 = (uint16_t *)wa + sh, *W1 = (uint16_t *)wb + sh;
+	float *hp = p + sh, *hg = gr + sh, *hm = m + sh, *hv = v + sh, *hw = wc + sh;
+	float *p0 = rl_xmalloc(L * 4);
+	memcpy(p0, hp, L * 4);
+
+	for (int t = 1; t <= 5; t++) {
+		const rl_adamw_seg *sg = t == 4 ? s2 : s1;
+		int ns = t == 4 ? (int)RL_ARRAY_LEN(s2) : (int)RL_ARRAY_LEN(s1);
+		for (int i = 0; i < ns; i++) {
+			size_t o = sg[i].off;
+			int k = sg[i].cls;
+			g->adamw(g, P0 + o, W0 + o, G + o, M0 + o, V0 + o, sg[i].n, lr[k], 0.9f, 0.95f, 1e-8f, wd[k], t, 0.7f);
+			rl_cpu_adamw(NULL, hp + o, hw + o, hg + o, hm + o, hv + o, sg[i].n, lr[k], 0.9f, 0.95f, 1e-8f, wd[k],
+			    t, 0.7f);
+		}
+		g->adamw_multi(g, P1, W1, G, M1, V1, sg, ns, lr, wd, 0.9f, 0.95f, 1e-8f, t, 0.7f);
+	}
+	tc_check_status(g, "adamw_multi");
+	snprintf(nm, sizeof nm, "adamw_multi sh=%d: same bits as adamw per segment", sh);
+	int same = same_bytes(pa, pb, (L + sh) * 4) && same_bytes(ma, mb, (L + sh) * 4) &&
+	    same_bytes(va, vb, (L + sh) * 4) && same_bytes(wa, wb, (L + sh) * 2);
+	printf("%s %s\n", same ? "ok  " : "FAIL", nm);
+	T_OK(same, "%s", nm);
+	/* untouched where neither table reaches (1, 2, from 44645); between the segments of
+	 * one table, the per-segment path above leaves them untouched too */
+	float *got = tc_down(g, P1, L, F32);
+	int gap = got[1] == p0[1] && got[2] == p0[2] && got[44645] == p0[44645] && got[L - 1] == p0[L - 1];
+	printf("%s adamw_multi sh=%d: gaps untouched\n", gap ? "ok  " : "FAIL", sh);
+	T_OK(gap, "adamw_multi gaps");
+	free(got);
+	snprintf(nm, sizeof nm, "adamw_multi sh=%d param vs CPU", sh);
+	tc_cmpd(g, nm, P1, F32, hp, L, 1e-6, 1e-5, 1e-10);
+	snprintf(nm, sizeof nm, "adamw_multi sh=%d m,v vs CPU", sh);
+	tc_cmpd(g, nm, M1, F32, hm, L, 1e-7, 1e-5, 1e-10);
+	tc_cmpd(g, nm, V1, F32, hv, L, 1e-9, 1e-5, 1e-10);
+	/* the bf16 copy where a segment wrote it (the rest is poison on both sides) */
+	snprintf(nm, sizeof nm, "adamw_multi sh=%d bf16 copy vs CPU", sh);
+	tc_cmpd(g, nm, W1 + 16, BF, hp + 16, 8198, 1e-6, 8e-3, 1e-4);
+
+	/* a class out of range: RL_EINVAL, nothing queued, the backend usable */
+	rl_adamw_seg bad[] = { { 0, 4, 0 }, { 4, 4, RL_ADAMW_NCLS } };
+	g->adamw_multi(g, P1, NULL, G, M1, V1, bad, 2, lr, wd, 0.9f, 0.95f, 1e-8f, 1, 1.0f);
+	int st = g->status(g);
+	printf("%s adamw_multi class %d: %s\n", st == RL_EINVAL ? "ok  " : "FAIL", RL_ADAMW_NCLS, rl_strerror(st));
+	T_OK(st == RL_EINVAL, "adamw_multi bad class");
+	tc_check_status(g, "adamw_multi after an error");
+	g->free(g, pa); g->free(g, pb); g->free(g, dg); g->free(g, ma); g->free(g, mb); g->free(g, va);
+	g->free(g, vb); g->free(g, wa); g->free(g, wb);
+	free(p); free(gr); free(m); free(v); free(wc); free(p0);
+}
+
 static void
 test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK)
 {
@@ -861,8 +991,13 @@ main(void)
 	size_t ns[] = { 1, 7, 1023, 100003 };
 	for (size_t i = 0; i < RL_ARRAY_LEN(ns); i++)
 		test_cast_add_act(ns[i]);
+	test_ew_shift(1027, 1);
+	test_ew_shift(1027, 8);
+	test_ew_shift(16, 3);
 	test_swiglu(1, 5);
 	test_swiglu(37, 1000);
+	test_swiglu(3, 4864);
+	test_swiglu(5, 12);
 	test_embed(1, 3, 11, 5, 1);
 	test_embed(300, 97, 50, 64, 1);
 	test_embed(129, 768, 1000, 0, 0);
@@ -914,6 +1049,11 @@ main(void)
 	test_optim(1);
 	test_optim(12345);
 	test_optim(1000003);
+	T_OK(g->adamw_multi != NULL, "adamw_multi installed");
+	if (g->adamw_multi) {
+		test_adamw_multi(0);
+		test_adamw_multi(1);
+	}
 	test_decode(1, 2, 1, 8, 4, 1);
 	test_decode(5, 12, 12, 64, 16, 9);
 	test_decode(3, 14, 2, 64, 16, 40);
@@ -1027,6 +1167,19 @@ main(void)
 		T_OK(g->matmul_fwd_ld == NULL && g->logprob_fwd_ld == NULL && g->head_ld_align == 0,
 		    "strided LM head off");
 		end_env("RL_CUDA_HEAD_LD");
+	}
+	/* the element-wise kernels, as before the vec forms */
+	if (with_env("RL_CUDA_EW_VEC", "0")) {
+		test_cast_add_act(100003);
+		test_ew_shift(1027, 8);
+		test_swiglu(37, 1000);
+		test_qknorm_rope(53, 14, 2, 64);
+		end_env("RL_CUDA_EW_VEC");
+	}
+	/* AdamW tensor by tensor (adamw_multi not installed) */
+	if (with_env("RL_CUDA_ADAMW_MULTI", "0")) {
+		T_OK(g->adamw_multi == NULL, "RL_CUDA_ADAMW_MULTI=0 leaves adamw_multi NULL");
+		end_env("RL_CUDA_ADAMW_MULTI");
 	}
 	/* matmul_fwd of a few rows through cuBLASLt, as before gemv.cu */
 	if (with_env("RL_CUDA_GEMV", "0")) {

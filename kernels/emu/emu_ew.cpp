@@ -1,0 +1,371 @@
+/*
+ * emu_ew.cpp — the kernels of elementwise.cu (cut out by run.sh: ew.inc) run on the CPU
+ * through cuda_emu.h:
+ *   - the vec forms (16-byte loads, suffix 8) of cast, add, GELU, SwiGLU and RoPE
+ *     against the element-wise forms, bit for bit (both call the same __device__ math,
+ *     and here the same libm), and against the CPU reference of lib/ops_cpu.c within a
+ *     bf16 rounding; sizes that are not multiples of 8 (the tail), a grid smaller than
+ *     the work (grid-stride loops), add in place, RoPE with head counts that are not a
+ *     multiple of the heads a thread takes;
+ *   - k_adamw_multi over a chunk table (segments of 1 element, crossing a chunk,
+ *     starting unaligned right after the previous one, gaps) against k_adamw per
+ *     segment, bit for bit, with the float4 path on and off; gaps untouched.
+ * Exit 0 when every case passes, 1 otherwise; one line per case.
+ */
+#include "cuda_emu.h"
+
+extern "C" {
+#include "core.h"
+#include "ops_cpu.h"
+}
+#include "kernels/launch.h"
+
+#include "ew.inc"
+
+static int fails, cases;
+static uint64_t rs = 0x2545f4914f6cdd1dull;
+
+static void
+report(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void
+report(int ok, const char *fmt, ...)
+{
+	va_list ap;
+	cases++;
+	if (!ok)
+		fails++;
+	printf("%s ", ok ? "ok  " : "FAIL");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+}
+
+/* bf16 outputs against f32 references: within a bf16 rounding (+ atol); the count of misses */
+static size_t
+bad_bf(const bf16 *o, const float *ref, size_t n, double atol, double *worst)
+{
+	size_t bad = 0;
+	for (size_t i = 0; i < n; i++) {
+		double e = fabs(__bfloat162float(o[i]) - ref[i]);
+		if (!(e <= atol + 8e-3 * fabs(ref[i])))
+			bad++;
+		if (!(e <= *worst))
+			*worst = e;
+	}
+	return bad;
+}
+
+static void
+poison(bf16 *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i].h = 0x7fc1;
+}
+
+/* the launch: G blocks of 64 threads (a grid that may be smaller than the work) */
+static dim3 EG, EB(64);
+static void
+grid_for(size_t units)
+{
+	size_t b = (units + 63) / 64;
+	EG = dim3((unsigned)(b > 3 ? 3 : b < 1 ? 1 : b));
+}
+
+/* ---- cast, add, GELU ---------------------------------------------------------------- */
+struct ew_args {
+	bf16 *o, *a, *b;
+	float *fo, *fa;
+	size_t n;
+	int vec;
+};
+static ew_args E;
+
+static void run_f2b(void *) { if (E.vec) k_f32_to_bf168(E.o, E.fa, E.n); else k_f32_to_bf16(E.o, E.fa, E.n); }
+static void run_b2f(void *) { if (E.vec) k_bf16_to_f328(E.fo, E.a, E.n); else k_bf16_to_f32(E.fo, E.a, E.n); }
+static void run_add(void *) { if (E.vec) k_add8(E.o, E.a, E.b, E.n); else k_add(E.o, E.a, E.b, E.n); }
+static void run_gf(void *) { if (E.vec) k_gelu_fwd8(E.o, E.a, E.n); else k_gelu_fwd(E.o, E.a, E.n); }
+static void run_gb(void *) { if (E.vec) k_gelu_bwd8(E.o, E.b, E.a, E.n); else k_gelu_bwd(E.o, E.b, E.a, E.n); }
+
+static void
+test_ew(size_t n)
+{
+	bf16 *a = new bf16[n + 1], *b = new bf16[n + 1], *o1 = new bf16[n + 1], *o2 = new bf16[n + 1];
+	bf16 *a2 = new bf16[n + 1];
+	float *fa = new float[n + 1], *fb = new float[n + 1], *ref = new float[n + 1], *x = new float[n + 1];
+	float *f1 = new float[n + 1], *f2 = new float[n + 1];
+	fill_bf(&rs, a, fa, n, -4, 4);
+	fill_bf(&rs, b, fb, n, -2, 2);
+	for (size_t i = 0; i < n; i++)
+		x[i] = frnd(&rs, -100, 100);
+
+	/* cast both ways */
+	poison(o1, n);
+	poison(o2, n);
+	E = { o1, NULL, NULL, NULL, x, n, 1 };
+	grid_for(n / 8);
+	emu_launch(EG, EB, run_f2b, NULL);
+	E.o = o2;
+	E.vec = 0;
+	grid_for(n);
+	emu_launch(EG, EB, run_f2b, NULL);
+	int same = memcmp(o1, o2, n * 2) == 0, host = 1;
+	for (size_t i = 0; i < n; i++)
+		host &= o1[i].h == rl_f32_to_bf16(x[i]);
+	report(same && host, "cast f32->bf16 n=%zu: vec %s, %s host rounding", n, same ? "same bits" : "DIFFERS",
+	    host ? "equals" : "DIFFERS FROM");
+	for (size_t i = 0; i < n; i++)
+		f1[i] = f2[i] = NAN;
+	E = { NULL, a, NULL, f1, NULL, n, 1 };
+	grid_for(n / 8);
+	emu_launch(EG, EB, run_b2f, NULL);
+	E.fo = f2;
+	E.vec = 0;
+	grid_for(n);
+	emu_launch(EG, EB, run_b2f, NULL);
+	same = memcmp(f1, f2, n * 4) == 0 && memcmp(f1, fa, n * 4) == 0;
+	report(same, "cast bf16->f32 n=%zu: vec %s", n, same ? "same bits, exact" : "DIFFERS");
+
+	/* add, then add in place (out == a) */
+	rl_cpu_add(NULL, ref, fa, fb, n);
+	poison(o1, n);
+	poison(o2, n);
+	E = { o1, a, b, NULL, NULL, n, 1 };
+	grid_for(n / 8);
+	emu_launch(EG, EB, run_add, NULL);
+	E.o = o2;
+	E.vec = 0;
+	grid_for(n);
+	emu_launch(EG, EB, run_add, NULL);
+	memcpy(a2, a, n * 2);
+	E = { a2, a2, b, NULL, NULL, n, 1 };
+	grid_for(n / 8);
+	emu_launch(EG, EB, run_add, NULL);
+	double worst = 0;
+	size_t bad = bad_bf(o1, ref, n, 1e-6, &worst);
+	same = memcmp(o1, o2, n * 2) == 0 && memcmp(o1, a2, n * 2) == 0;
+	report(same && !bad, "add n=%zu: vec %s (in place too), max err vs CPU %.3g, %zu bad", n,
+	    same ? "same bits" : "DIFFERS", worst, bad);
+
+	/* GELU forward and backward */
+	for (int bwd = 0; bwd < 2; bwd++) {
+		if (bwd)
+			rl_cpu_gelu_bwd(NULL, ref, fb, fa, n);
+		else
+			rl_cpu_gelu_fwd(NULL, ref, fa, n);
+		poison(o1, n);
+		poison(o2, n);
+		E = { o1, a, b, NULL, NULL, n, 1 };
+		grid_for(n / 8);
+		emu_launch(EG, EB, bwd ? run_gb : run_gf, NULL);
+		E.o = o2;
+		E.vec = 0;
+		grid_for(n);
+		emu_launch(EG, EB, bwd ? run_gb : run_gf, NULL);
+		worst = 0;
+		bad = bad_bf(o1, ref, n, 1e-5, &worst);
+		same = memcmp(o1, o2, n * 2) == 0;
+		report(same && !bad, "gelu_%s n=%zu: vec %s, max err vs CPU %.3g, %zu bad", bwd ? "bwd" : "fwd", n,
+		    same ? "same bits" : "DIFFERS", worst, bad);
+	}
+	delete[] a; delete[] b; delete[] o1; delete[] o2; delete[] a2; delete[] fa; delete[] fb; delete[] ref;
+	delete[] x; delete[] f1; delete[] f2;
+}
+
+/* ---- SwiGLU ------------------------------------------------------------------------------- */
+struct sw_args {
+	bf16 *o, *gu, *d;
+	int N, H, vec;
+};
+static sw_args SW;
+static void run_swf(void *) { if (SW.vec) k_swiglu_fwd8(SW.o, SW.gu, SW.N, SW.H); else k_swiglu_fwd(SW.o, SW.gu, SW.N, SW.H); }
+static void run_swb(void *) { if (SW.vec) k_swiglu_bwd8(SW.o, SW.d, SW.gu, SW.N, SW.H); else k_swiglu_bwd(SW.o, SW.d, SW.gu, SW.N, SW.H); }
+
+static void
+test_swiglu(int N, int H)
+{
+	size_t n = (size_t)N * H;
+	bf16 *gu = new bf16[2 * n], *d = new bf16[n], *o1 = new bf16[2 * n], *o2 = new bf16[2 * n];
+	float *fgu = new float[2 * n], *fd = new float[n], *ref = new float[2 * n];
+	fill_bf(&rs, gu, fgu, 2 * n, -4, 4);
+	fill_bf(&rs, d, fd, n, -1, 1);
+	for (int bwd = 0; bwd < 2; bwd++) {
+		size_t no = bwd ? 2 * n : n;
+		if (bwd)
+			rl_cpu_swiglu_bwd(NULL, ref, fd, fgu, N, H);
+		else
+			rl_cpu_swiglu_fwd(NULL, ref, fgu, N, H);
+		poison(o1, no);
+		poison(o2, no);
+		SW = { o1, gu, d, N, H, 1 };
+		grid_for(n / 8);
+		emu_launch(EG, EB, bwd ? run_swb : run_swf, NULL);
+		SW.o = o2;
+		SW.vec = 0;
+		grid_for(n);
+		emu_launch(EG, EB, bwd ? run_swb : run_swf, NULL);
+		double worst = 0;
+		size_t bad = bad_bf(o1, ref, no, 1e-5, &worst);
+		int same = memcmp(o1, o2, no * 2) == 0;
+		report(same && !bad, "swiglu_%s N=%d H=%d: vec %s, max err vs CPU %.3g, %zu bad", bwd ? "bwd" : "fwd", N, H,
+		    same ? "same bits" : "DIFFERS", worst, bad);
+	}
+	delete[] gu; delete[] d; delete[] o1; delete[] o2; delete[] fgu; delete[] fd; delete[] ref;
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------------ */
+struct rope_args {
+	bf16 *qkv;
+	int32_t *pos;
+	int N, NH, NKV, HD, vec;
+	float theta, sign;
+};
+static rope_args RA;
+static void
+run_rope(void *)
+{
+	if (RA.vec)
+		k_rope8(RA.qkv, RA.pos, RA.N, RA.NH, RA.NKV, RA.HD, RA.theta, RA.sign);
+	else
+		k_rope(RA.qkv, RA.pos, RA.N, RA.NH, RA.NKV, RA.HD, RA.theta, RA.sign);
+}
+
+static void
+test_rope(int N, int NH, int NKV, int HD, float theta)
+{
+	size_t n = (size_t)N * (NH + 2 * NKV) * HD;
+	bf16 *x1 = new bf16[n], *x2 = new bf16[n];
+	float *fx = new float[n], *ref = new float[n];
+	int32_t *pos = new int32_t[N];
+	for (int r = 0; r < N; r++)
+		pos[r] = (int32_t)(emu_rnd(&rs) % 4096);
+	for (int bwd = 0; bwd < 2; bwd++) {
+		fill_bf(&rs, x1, fx, n, -2, 2);
+		memcpy(x2, x1, n * 2);
+		memcpy(ref, fx, n * 4);
+		if (bwd)
+			rl_cpu_rope_bwd(NULL, ref, pos, N, NH, NKV, HD, theta);
+		else
+			rl_cpu_rope_fwd(NULL, ref, pos, N, NH, NKV, HD, theta);
+		RA = { x1, pos, N, NH, NKV, HD, 1, theta, bwd ? -1.0f : 1.0f };
+		grid_for((size_t)N * ((NH + NKV + ROPE_HPT - 1) / ROPE_HPT) * (HD / 16));
+		emu_launch(EG, EB, run_rope, NULL);
+		RA.qkv = x2;
+		RA.vec = 0;
+		grid_for((size_t)N * (NH + NKV) * (HD / 2));
+		emu_launch(EG, EB, run_rope, NULL);
+		double worst = 0;
+		/* the test_cuda_ops tolerance: sin/cos of angles up to 4096 */
+		size_t bad = bad_bf(x1, ref, n, 8e-3, &worst);
+		int same = memcmp(x1, x2, n * 2) == 0;
+		report(same && !bad, "rope_%s N=%d NH=%d NKV=%d HD=%d theta=%g: vec %s, max err vs CPU %.3g, %zu bad",
+		    bwd ? "bwd" : "fwd", N, NH, NKV, HD, theta, same ? "same bits" : "DIFFERS", worst, bad);
+	}
+	delete[] x1; delete[] x2; delete[] fx; delete[] ref; delete[] pos;
+}
+
+/* ---- multi-tensor AdamW --------------------------------------------------------------------- */
+struct adam_args {
+	const rlk_adamw_chunk *ch;
+	float *p, *g, *m, *v;
+	bf16 *w;
+	size_t off, n;
+	float lr, wd, bc1, bc2;
+	adamw_cls cl;
+	int vec;
+};
+static adam_args AA;
+static void
+run_adam1(void *)
+{
+	k_adamw(AA.p + AA.off, AA.w + AA.off, AA.g + AA.off, AA.m + AA.off, AA.v + AA.off, AA.n, AA.lr, 0.9f, 0.95f,
+	    1e-8f, AA.wd, AA.bc1, AA.bc2, 0.7f);
+}
+static void
+run_adamm(void *)
+{
+	k_adamw_multi(AA.ch, AA.p, AA.w, AA.g, AA.m, AA.v, AA.cl, 0.9f, 0.95f, 1e-8f, AA.bc1, AA.bc2, 0.7f, AA.vec);
+}
+
+static void
+test_adamw_multi(int vec)
+{
+	struct { size_t off, n; int cls; } sg[] = { { 0, 1, 0 }, { 16, 8193, 1 }, { 8209, 5, 1 }, { 8224, 9000, 2 },
+	    { 17225, 7, 3 }, { 17240, 3, 0 }, { 17248, 16389, 1 } };
+	const size_t L = 33664;
+	float lr[4] = { 1e-3f, 2e-3f, 5e-4f, 3e-3f }, wd[4] = { 0, 0.1f, 0, 0.05f };
+	float *p[2], *g = new float[L], *m[2], *v[2];
+	bf16 *w[2];
+	rlk_adamw_chunk ch[64];
+	int nch = 0;
+	for (int k = 0; k < 2; k++) {
+		p[k] = new float[L];
+		m[k] = new float[L];
+		v[k] = new float[L];
+		w[k] = new bf16[L];
+	}
+	for (size_t i = 0; i < L; i++) {
+		p[0][i] = p[1][i] = frnd(&rs, -1, 1);
+		g[i] = frnd(&rs, -1, 1);
+		m[0][i] = m[1][i] = frnd(&rs, -0.1f, 0.1f);
+		v[0][i] = v[1][i] = frnd(&rs, 0, 0.01f);
+		w[0][i].h = w[1][i].h = 0x7fc1;
+	}
+	float *p0 = new float[L];
+	memcpy(p0, p[0], L * 4);
+	for (size_t s = 0; s < sizeof sg / sizeof sg[0]; s++)
+		for (size_t a = 0; a < sg[s].n; a += RLK_ADAMW_CHUNK) {
+			ch[nch].off = sg[s].off + a;
+			ch[nch].n = (uint32_t)(sg[s].n - a < RLK_ADAMW_CHUNK ? sg[s].n - a : RLK_ADAMW_CHUNK);
+			ch[nch].cls = (uint32_t)sg[s].cls;
+			nch++;
+		}
+	for (int k = 0; k < 4; k++) {
+		AA.cl.lr[k] = lr[k];
+		AA.cl.wd[k] = wd[k];
+	}
+	for (int t = 1; t <= 3; t++) {
+		AA.bc1 = (float)(1.0 - pow(0.9, t));
+		AA.bc2 = (float)(1.0 - pow(0.95, t));
+		AA.p = p[0]; AA.g = g; AA.m = m[0]; AA.v = v[0]; AA.w = w[0];
+		for (size_t s = 0; s < sizeof sg / sizeof sg[0]; s++) {
+			AA.off = sg[s].off;
+			AA.n = sg[s].n;
+			AA.lr = lr[sg[s].cls];
+			AA.wd = wd[sg[s].cls];
+			emu_launch(dim3(2), dim3(64), run_adam1, NULL);
+		}
+		AA.p = p[1]; AA.m = m[1]; AA.v = v[1]; AA.w = w[1]; AA.ch = ch; AA.vec = vec;
+		emu_launch(dim3((unsigned)nch), dim3(64), run_adamm, NULL);
+	}
+	int same = memcmp(p[0], p[1], L * 4) == 0 && memcmp(m[0], m[1], L * 4) == 0 && memcmp(v[0], v[1], L * 4) == 0 &&
+	    memcmp(w[0], w[1], L * 2) == 0;
+	int gap = p[1][1] == p0[1] && p[1][8214] == p0[8214] && p[1][8223] == p0[8223] && p[1][17232] == p0[17232] &&
+	    p[1][L - 1] == p0[L - 1] && w[1][8215].h == 0x7fc1 && p[1][5] == p0[5];
+	int moved = p[1][0] != p0[0] && p[1][8208] != p0[8208] && p[1][17250] != p0[17250];
+	report(same && gap && moved, "adamw_multi vec=%d, %d chunks, 3 steps: %s adamw per segment, gaps %s", vec, nch,
+	    same ? "same bits as" : "DIFFERS FROM", gap && moved ? "untouched" : "WRONG");
+	for (int k = 0; k < 2; k++) {
+		delete[] p[k]; delete[] m[k]; delete[] v[k]; delete[] w[k];
+	}
+	delete[] g; delete[] p0;
+}
+
+int
+main(void)
+{
+	size_t ns[] = { 1, 7, 8, 9, 1000, 4103 };
+	for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+		test_ew(ns[i]);
+	test_swiglu(1, 8);
+	test_swiglu(5, 40);
+	test_swiglu(3, 4864);
+	test_rope(3, 14, 2, 64, 1e6f);   /* Qwen2.5's heads: 16 rotated, 4 per thread */
+	test_rope(2, 12, 12, 64, 1e4f);
+	test_rope(4, 5, 2, 128, 1e4f);   /* 7 heads: a partial group */
+	test_rope(2, 1, 1, 16, 1e4f);    /* one chunk of 8 frequencies */
+	test_adamw_multi(1);
+	test_adamw_multi(0);
+	printf("emu_ew: %d of %d cases passed\n", cases - fails, cases);
+	return fails ? 1 : 0;
+}
