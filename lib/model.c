@@ -1317,22 +1317,22 @@ infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
 	infer_blocks_in(m, kv, N, decode, B, f->pos, f->slot, f->bt, f->ctx, f->btcols);
 }
 
-/* Final norm and lm_head over B rows in f->last into f->logits: one kernel with the
+/* Final norm and lm_head over the B rows of x into f->logits: one kernel with the
  * backend's decode fusions and B <= RL_FUSE_ROWS. */
 static void
-head_fwd(rl_model *m, int B)
+head_fwd(rl_model *m, const void *x, int B)
 {
 	rl_ops *o = m->ops;
 	rl_model_inf *f = m->inf;
 	const rl_config *c = &m->cfg;
 
 	if (o->matmul_fused_fwd != NULL && B <= RL_FUSE_ROWS) {
-		o->matmul_fused_fwd(o, f->logits, NULL, f->lastn, f->last, W(m, m->lnf_w), W(m, m->lnf_b),
+		o->matmul_fused_fwd(o, f->logits, NULL, f->lastn, x, W(m, m->lnf_w), W(m, m->lnf_b),
 		    c->norm_eps, c->arch == RL_ARCH_GPT2 ? RL_NORM_LN : RL_NORM_RMS, W(m, m->lm_w), NULL, B,
 		    c->hidden_size, c->vocab_size, RL_EP_NONE);
 		return;
 	}
-	norm_fwd(m, f->lastn, f->mean, f->rstd, f->last, m->lnf_w, m->lnf_b, B);
+	norm_fwd(m, f->lastn, f->mean, f->rstd, x, m->lnf_w, m->lnf_b, B);
 	o->matmul_fwd(o, f->logits, f->lastn, W(m, m->lm_w), NULL, B, c->hidden_size, c->vocab_size);
 }
 
@@ -1345,7 +1345,7 @@ infer_head(rl_model *m, int B, float *logits, const char *what)
 	const int V = m->cfg.vocab_size;
 	size_t n = (size_t)B * V;
 
-	head_fwd(m, B);
+	head_fwd(m, f->last, B);
 	if (logits != NULL) {
 		if (o->act_dtype == RL_F32) {
 			o->download(o, logits, f->logits, n * 4);
@@ -1585,7 +1585,8 @@ step_buffers(rl_model *m, int cols)
 /* The device work of one decode step, reading every per-step value from f->dstep:
  * embedding, blocks, final norm, lm_head, sampling (rows [0, g) with sp, the rest
  * greedy) into the outputs at f->out_off.  The same ops, in the same order, as
- * rl_model_decode followed by the engine's two ops->sample calls. */
+ * rl_model_decode followed by the engine's two ops->sample calls (less its copy of
+ * x to f->last: the head reads x, the same values). */
 static void
 decode_enqueue(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params *sp)
 {
@@ -1603,8 +1604,7 @@ decode_enqueue(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params
 	    W(m, m->wpe), B, C);
 	infer_blocks_in(m, kv, B, 1, B, (const int32_t *)(d + l.pos), (const int32_t *)(d + l.slot),
 	    (const int32_t *)(d + l.bt), (const int32_t *)(d + l.ctx), f->step_cols);
-	o->copy(o, f->last, f->x, (size_t)B * C * asz(m));
-	head_fwd(m, B);
+	head_fwd(m, f->x, B);  /* the B rows of x are the last rows: no copy to f->last */
 	if (g > 0)
 		o->sample(o, otok, olp, f->logits, seed, ctr, g, V, sp);
 	if (B > g)
