@@ -155,6 +155,18 @@ int rlk_gemv_ok(int N, int C, const void *inp, const void *w);
 int rlk_gemv(void *stream, void *out, const void *inp, const void *w, const void *bias, int N, int C,
     int OC);
 
+/* Decode fusions (kernels/fuse.cu).  rlk_fused_gemv: matmul_fused_fwd of lib/ops.h in one
+ * kernel (no scratch) for the shapes rlk_fused_gemv_ok takes: N 1..4, C a multiple of 8 up to
+ * 8192, x and w 16-byte aligned, OC even for RL_EP_SWIGLU; with a norm also nw (and nb when
+ * given) 16-byte aligned and N * C <= 24576 (the normalised rows in 48 KB of shared memory).
+ * rlk_rope_kv_write: rope_kv_write of lib/ops.h (theta <= 0: kv_write alone), any N. */
+int rlk_fused_gemv_ok(int N, int C, int OC, int norm, int ep, const void *x, const void *nw, const void *nb,
+    const void *w);
+int rlk_fused_gemv(void *stream, void *out, const void *x, const void *nw, const void *nb, float eps, int norm,
+    const void *w, const void *bias, int N, int C, int OC, int ep);
+int rlk_rope_kv_write(void *stream, void *kc, void *vc, void *qkv, const int32_t *pos, const int32_t *slot,
+    int N, int NH, int NKV, int HD, float theta);
+
 #ifdef __cplusplus
 }
 #endif

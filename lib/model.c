@@ -1316,7 +1316,11 @@ rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch)
 
 /* The transformer blocks over N inference tokens in f->x; attention either
  * causal over B rows of N/B tokens with segments (prefill) or, for B
- * sequences of one token each, against the cache (decode). */
+ * sequences of one token each, against the cache (decode).  With the backend's
+ * decode fusions and N <= RL_FUSE_ROWS (decode with a few sequences): six kernels
+ * a layer (norm + qkv, rope + kv_write, attention, o + residual, norm + up + act,
+ * down + residual); otherwise the separate ops, each residual add fused with the
+ * next norm. */
 static void
 infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int32_t *pos,
     const int32_t *slot, const int32_t *bt, const int32_t *ctx, int btcols)
@@ -1327,28 +1331,48 @@ infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int
 	const int C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head, HD = c->head_dim;
 	const int QKV = qkv_dim(c), AD = NH * HD, H = c->intermediate_size;
 	const size_t NC = (size_t)N * C;
+	const int gpt2 = c->arch == RL_ARCH_GPT2, nk = gpt2 ? RL_NORM_LN : RL_NORM_RMS;
+	const int fuse = o->matmul_fused_fwd != NULL && N <= RL_FUSE_ROWS;
 
 	for (int l = 0; l < c->n_layer; l++) {
 		const rl_layer_idx *y = &m->layer[l];
 		void *qkv = f->qkv;
 
-		/* later layers got their first norm fused with the previous residual add */
-		if (l == 0)
-			norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln1_w, y->ln1_b, N);
-		o->matmul_fwd(o, qkv, f->xn, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
+		if (fuse) {
+			o->matmul_fused_fwd(o, qkv, NULL, f->xn, f->x, W(m, y->ln1_w), W(m, y->ln1_b), c->norm_eps, nk,
+			    W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV, RL_EP_NONE);
+		} else {
+			/* later layers got their first norm fused with the previous residual add */
+			if (l == 0)
+				norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln1_w, y->ln1_b, N);
+			o->matmul_fwd(o, qkv, f->xn, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
+		}
 		if (c->qk_norm) {
 			o->qknorm_fwd(o, f->qkv2, f->qk_rstd, qkv, W(m, y->qn_w), W(m, y->kn_w), N, NH, NKV,
 			    HD, c->norm_eps);
 			qkv = f->qkv2;
 		}
-		if (c->arch == RL_ARCH_LLAMA)
-			o->rope_fwd(o, qkv, pos, N, NH, NKV, HD, c->rope_theta);
-		o->kv_write(o, kv->kc[l], kv->vc[l], qkv, slot, N, NH, NKV, HD);
+		if (c->arch == RL_ARCH_LLAMA && o->rope_kv_write) {
+			o->rope_kv_write(o, kv->kc[l], kv->vc[l], qkv, pos, slot, N, NH, NKV, HD, c->rope_theta);
+		} else {
+			if (c->arch == RL_ARCH_LLAMA)
+				o->rope_fwd(o, qkv, pos, N, NH, NKV, HD, c->rope_theta);
+			o->kv_write(o, kv->kc[l], kv->vc[l], qkv, slot, N, NH, NKV, HD);
+		}
 		if (decode)
 			o->attn_decode(o, f->att, qkv, kv->kc[l], kv->vc[l], bt, ctx, B, NH, NKV, HD,
 			    kv->BS, btcols);
 		else
 			o->attn_fwd(o, f->att, f->lse, qkv, f->seg, B, N / B, NH, NKV, HD);
+		if (fuse) {
+			o->matmul_fused_fwd(o, f->x, f->t, NULL, f->att, NULL, NULL, 0.0f, RL_NORM_NONE, W(m, y->o_w),
+			    W(m, y->o_b), N, AD, C, RL_EP_ADD);
+			o->matmul_fused_fwd(o, f->h, f->fc, f->xn, f->x, W(m, y->ln2_w), W(m, y->ln2_b), c->norm_eps,
+			    nk, W(m, y->fc_w), W(m, y->fc_b), N, C, fc_dim(c), gpt2 ? RL_EP_GELU : RL_EP_SWIGLU);
+			o->matmul_fused_fwd(o, f->x, f->t, NULL, f->h, NULL, NULL, 0.0f, RL_NORM_NONE, W(m, y->proj_w),
+			    W(m, y->proj_b), N, H, C, RL_EP_ADD);
+			continue;
+		}
 		o->matmul_fwd(o, f->t, f->att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
 		add_norm_fwd(m, f->x, f->xn, f->mean, f->rstd, f->t, y->ln2_w, y->ln2_b, N);
 		mlp_up_fwd(m, f->h, f->fc, f->xn, y, N);
@@ -1368,6 +1392,25 @@ infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B)
 	infer_blocks_in(m, kv, N, decode, B, f->pos, f->slot, f->bt, f->ctx, f->btcols);
 }
 
+/* Final norm and lm_head over the B rows of x into f->logits: one kernel with the
+ * backend's decode fusions and B <= RL_FUSE_ROWS. */
+static void
+head_fwd(rl_model *m, const void *x, int B)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	const rl_config *c = &m->cfg;
+
+	if (o->matmul_fused_fwd != NULL && B <= RL_FUSE_ROWS) {
+		o->matmul_fused_fwd(o, f->logits, NULL, f->lastn, x, W(m, m->lnf_w), W(m, m->lnf_b),
+		    c->norm_eps, c->arch == RL_ARCH_GPT2 ? RL_NORM_LN : RL_NORM_RMS, W(m, m->lm_w), NULL, B,
+		    c->hidden_size, c->vocab_size, RL_EP_NONE);
+		return;
+	}
+	norm_fwd(m, f->lastn, f->mean, f->rstd, x, m->lnf_w, m->lnf_b, B);
+	o->matmul_fwd(o, f->logits, f->lastn, W(m, m->lm_w), NULL, B, c->hidden_size, c->vocab_size);
+}
+
 /* Final norm and lm_head over B rows in f->last; logits to m->logits and host. */
 static int
 infer_head(rl_model *m, int B, float *logits, const char *what)
@@ -1377,8 +1420,7 @@ infer_head(rl_model *m, int B, float *logits, const char *what)
 	const int V = m->cfg.vocab_size;
 	size_t n = (size_t)B * V;
 
-	norm_fwd(m, f->lastn, f->mean, f->rstd, f->last, m->lnf_w, m->lnf_b, B);
-	o->matmul_fwd(o, f->logits, f->lastn, W(m, m->lm_w), NULL, B, m->cfg.hidden_size, V);
+	head_fwd(m, f->last, B);
 	if (logits != NULL) {
 		if (o->act_dtype == RL_F32) {
 			o->download(o, logits, f->logits, n * 4);
@@ -1618,7 +1660,8 @@ step_buffers(rl_model *m, int cols)
 /* The device work of one decode step, reading every per-step value from f->dstep:
  * embedding, blocks, final norm, lm_head, sampling (rows [0, g) with sp, the rest
  * greedy) into the outputs at f->out_off.  The same ops, in the same order, as
- * rl_model_decode followed by the engine's two ops->sample calls. */
+ * rl_model_decode followed by the engine's two ops->sample calls (less its copy of
+ * x to f->last: the head reads x, the same values). */
 static void
 decode_enqueue(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params *sp)
 {
@@ -1636,9 +1679,7 @@ decode_enqueue(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params
 	    W(m, m->wpe), B, C);
 	infer_blocks_in(m, kv, B, 1, B, (const int32_t *)(d + l.pos), (const int32_t *)(d + l.slot),
 	    (const int32_t *)(d + l.bt), (const int32_t *)(d + l.ctx), f->step_cols);
-	o->copy(o, f->last, f->x, (size_t)B * C * asz(m));
-	norm_fwd(m, f->lastn, f->mean, f->rstd, f->last, m->lnf_w, m->lnf_b, B);
-	o->matmul_fwd(o, f->logits, f->lastn, W(m, m->lm_w), NULL, B, C, V);
+	head_fwd(m, f->x, B);  /* the B rows of x are the last rows: no copy to f->last */
 	if (g > 0)
 		o->sample(o, otok, olp, f->logits, seed, ctr, g, V, sp);
 	if (B > g)

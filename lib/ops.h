@@ -56,6 +56,10 @@ typedef struct rl_adamw_seg {
 	int cls;
 } rl_adamw_seg;
 #define RL_ADAMW_NCLS 4
+/* matmul_fused_fwd's input norm and epilogue (below); RL_FUSE_ROWS: the rows it fuses. */
+enum { RL_NORM_NONE = 0, RL_NORM_RMS, RL_NORM_LN };
+enum { RL_EP_NONE = 0, RL_EP_ADD, RL_EP_GELU, RL_EP_SWIGLU };
+#define RL_FUSE_ROWS 4
 
 /* Parameters of the fused policy-gradient loss (per token). */
 typedef struct rl_pg_params {
@@ -284,6 +288,26 @@ struct rl_ops {
 	    const int32_t *tgt, int N, int V, float inv_temp);
 	void (*logprob_bwd_ld)(rl_ops *o, void *dlogits, const void *logits, int ld, const int32_t *tgt,
 	    const float *lse, const float *dlp, const float *dent, int N, int V, float inv_temp);
+	/* Optional decode fusions (NULL when absent or off), kernels fewer per decode step at a
+	 * few sequences.  matmul_fused_fwd: y (N,OC) = round(xin (N,C) @ w (OC,C)^T + bias) as
+	 * matmul_fwd (bias NULL for none), where xin = x for norm RL_NORM_NONE, else the rows of
+	 * x normalised as rmsnorm_fwd (RL_NORM_RMS: weight nw) or layernorm_fwd (RL_NORM_LN: nw,
+	 * bias nb, NULL ok) computes them with eps (rounded to act; the statistics may be summed
+	 * in another order, not returned); then by ep:
+	 *   RL_EP_NONE    out (N,OC)   = y
+	 *   RL_EP_ADD     out (N,OC)   = out + y, as add (the residual, updated in place)
+	 *   RL_EP_GELU    out (N,OC)   = gelu_fwd(y)
+	 *   RL_EP_SWIGLU  out (N,OC/2) = swiglu_fwd(y, H = OC/2) (OC even; gate rows, then up)
+	 * tmp (N,OC) act and xn (N,C) act are scratch the op may overwrite (tmp unused with
+	 * RL_EP_NONE, xn with RL_NORM_NONE: NULL ok there).  out aliases none of x, w, tmp, xn.
+	 * Fused for N <= RL_FUSE_ROWS; more rows run the separate ops (callers keep their own
+	 * sequence there: the add then a norm costs a pass more than add_norm_fwd).
+	 * rope_kv_write: rope_fwd on qkv (in place; theta <= 0: no rotation), then kv_write of the
+	 * (rotated) k and v heads, any N. */
+	void (*matmul_fused_fwd)(rl_ops *o, void *out, void *tmp, void *xn, const void *x, const void *nw,
+	    const void *nb, float eps, int norm, const void *w, const void *bias, int N, int C, int OC, int ep);
+	void (*rope_kv_write)(rl_ops *o, void *kc, void *vc, void *qkv, const int32_t *pos,
+	    const int32_t *slot, int N, int NH, int NKV, int HD, float theta);
 
 	/* ---- teardown ---------------------------------------------------------------------- */
 	void (*close)(rl_ops *o);

@@ -80,6 +80,7 @@ typedef struct cuda_ctx {
 	int gelu_nosup;        /* cuBLASLt had no algorithm for a GELU epilogue: fall back from then on */
 	int no_gemv;           /* RL_CUDA_GEMV=0: matmul_fwd of <= 4 rows through cuBLASLt too */
 	int head_ld;           /* RL_CUDA_HEAD_LD: HL_SPLIT (unset, =split, =1), =nosplit, =0 (off) */
+	int no_fuse;           /* RL_CUDA_DECODE_FUSE=0: no matmul_fused_fwd, rope_kv_write (fuse.cu) */
 	int decode_kind;       /* RL_CUDA_DECODE_ATTN: DK_AUTO (unset), =lane / =split (that decode.cu
 	                        * kernel always), =v1 (attn.cu's kernel only) */
 	int nsm;               /* multiprocessors */
@@ -668,6 +669,59 @@ cu_matmul_dgelu_bwd(rl_ops *o, void *dinp, float *dw, float *dbias, const void *
 		ck(o, "matmul_dgelu_bwd gelu", rlk_gelu_bwd(S(o), dinp, dinp, pre, (size_t)N * C));
 	}
 	prof_add(o, "matmul_dgelu_bwd", t);
+}
+
+/* matmul_fused_fwd (lib/ops.h): one kernel (kernels/fuse.cu) where rlk_fused_gemv_ok takes the
+ * shape, else the norm into xn, then the product (the fused kernel without its norm where it
+ * takes that, else matmul_fwd into tmp and the epilogue's own kernel). */
+static void
+cu_matmul_fused_fwd(rl_ops *o, void *out, void *tmp, void *xn, const void *x, const void *nw, const void *nb,
+    float eps, int norm, const void *w, const void *bias, int N, int C, int OC, int ep)
+{
+	cuda_ctx *c = CTX(o);
+	double t = prof_t0(o);
+	const void *in = x;
+	if (norm < RL_NORM_NONE || norm > RL_NORM_LN || ep < RL_EP_NONE || ep > RL_EP_SWIGLU ||
+	    (ep == RL_EP_SWIGLU && OC % 2)) {
+		if (c->status == RL_OK) {
+			rl_error("cuda: matmul_fused_fwd: norm %d, epilogue %d, OC %d not supported", norm, ep, OC);
+			c->status = RL_EINVAL;
+		}
+		return;
+	}
+	if (N <= 0 || OC <= 0)
+		return;
+	if (!c->no_gemv && rlk_fused_gemv_ok(N, C, OC, norm, ep, x, nw, nb, w)) {
+		ck(o, "matmul_fused_fwd", rlk_fused_gemv(S(o), out, x, nw, nb, eps, norm, w, bias, N, C, OC, ep));
+		prof_add(o, "matmul_fused_fwd", t);
+		return;
+	}
+	if (norm != RL_NORM_NONE) {
+		ck(o, "matmul_fused_fwd norm", norm == RL_NORM_LN ?
+		    rlk_layernorm_fwd(S(o), xn, NULL, NULL, x, nw, nb, N, C, eps) :
+		    rlk_rmsnorm_fwd(S(o), xn, NULL, x, nw, N, C, eps));
+		in = xn;
+	}
+	if (!c->no_gemv && rlk_fused_gemv_ok(N, C, OC, RL_NORM_NONE, ep, in, NULL, NULL, w)) {
+		ck(o, "matmul_fused_fwd", rlk_fused_gemv(S(o), out, in, NULL, NULL, 0.0f, RL_NORM_NONE, w, bias, N, C,
+		    OC, ep));
+	} else {
+		matmul_fwd_(o, ep == RL_EP_NONE ? out : tmp, in, w, bias, N, C, OC);
+		if (ep == RL_EP_ADD)
+			ck(o, "matmul_fused_fwd add", rlk_add(S(o), out, out, tmp, (size_t)N * OC));
+		else if (ep == RL_EP_GELU)
+			ck(o, "matmul_fused_fwd gelu", rlk_gelu_fwd(S(o), out, tmp, (size_t)N * OC));
+		else if (ep == RL_EP_SWIGLU)
+			ck(o, "matmul_fused_fwd swiglu", rlk_swiglu_fwd(S(o), out, tmp, N, OC / 2));
+	}
+	prof_add(o, "matmul_fused_fwd", t);
+}
+
+static void
+cu_rope_kv_write(rl_ops *o, void *kc, void *vc, void *qkv, const int32_t *pos, const int32_t *slot, int N,
+    int NH, int NKV, int HD, float theta)
+{
+	CKP(o, "rope_kv_write", rlk_rope_kv_write(S(o), kc, vc, qkv, pos, slot, N, NH, NKV, HD, theta));
 }
 
 /* ---- the rest of the table: thin wrappers over the launchers ---------------------------- */
@@ -1331,6 +1385,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->f2_bwd = f2b < 0 ? RLK_F2_BWD_DET : f2b;
 	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
 	c->no_gemv = getenv("RL_CUDA_GEMV") != NULL && strcmp(getenv("RL_CUDA_GEMV"), "0") == 0;
+	c->no_fuse = getenv("RL_CUDA_DECODE_FUSE") != NULL && strcmp(getenv("RL_CUDA_DECODE_FUSE"), "0") == 0;
 	c->decode_kind = env_pick("RL_CUDA_DECODE_ATTN", "lane split v1") + 1;  /* DK_* */
 	int hl = env_pick("RL_CUDA_HEAD_LD", "split nosplit 0 1");
 	c->head_ld = hl == 1 ? HL_NOSPLIT : hl == 2 ? HL_OFF : HL_SPLIT;
@@ -1415,6 +1470,10 @@ rl_ops_cuda_open(rl_ops **out, int device)
 		o->matmul_bwd_ld = cu_matmul_bwd_ld;
 		o->logprob_fwd_ld = cu_logprob_fwd_ld;
 		o->logprob_bwd_ld = cu_logprob_bwd_ld;
+	}
+	if (!c->no_fuse) {
+		o->matmul_fused_fwd = cu_matmul_fused_fwd;
+		o->rope_kv_write = cu_rope_kv_write;
 	}
 	o->host_alloc = cu_host_alloc;
 	o->host_free = cu_host_free;

@@ -15,7 +15,13 @@
  *   - k_norm_vec (the row in registers, 16-byte loads): add + LayerNorm / RMSNorm
  *     and the plain norms, C from 8 to 4096 (1 to 16 chunks per lane, rows that
  *     end inside a chunk): the updated x equals the add bit for bit, out and the
- *     statistics within a bf16 rounding of the CPU reference.
+ *     statistics within a bf16 rounding of the CPU reference;
+ *   - fuse.cu's k_fused_gemv (matmul_fused_fwd: norm prologue, residual / GELU / SwiGLU
+ *     epilogues), 1-4 rows: the same bits as the separate kernels it replaces
+ *     (k_norm_vec, k_gemv, then the epilogue's arithmetic) where those take the shape
+ *     (C <= 4096), and within bf16 roundings of the CPU ops composed (norm, matmul,
+ *     add / gelu / swiglu); k_rope_kv (rope_kv_write) the same bits as k_rope then
+ *     k_kv_write, within RoPE's tolerance of the CPU, the cache untouched at slot -1.
  * Tolerance of decode attention as test_cuda_ops: fp32 throughout, one bf16
  * rounding of the output: atol 1e-3 max|ref| + rtol 8e-3.
  * Exit 0 when every case passes, 1 otherwise; one line per case.
@@ -27,6 +33,8 @@ extern "C" {
 #include "ops_cpu.h"
 }
 
+/* fuse.cu's dynamic shared memory: cuda_emu.h's arena (NaN-filled before every block) */
+#define FUSE_SMEM(name) bf16 *name = (bf16 *)emu_dyn_smem(0)
 #include "kernels.inc"
 
 static int fails, cases;
@@ -312,6 +320,191 @@ test_gemv(int N, int C, int OC, int bias)
 	delete[] x; delete[] w; delete[] b; delete[] out; delete[] fx; delete[] fw; delete[] fb; delete[] ref;
 }
 
+/* ---- fuse.cu: matmul_fused_fwd's kernel ------------------------------------------------ */
+struct fused_args {
+	bf16 *out;
+	const bf16 *x, *nw, *nb, *w, *bias;
+	float eps;
+	int N, C, OC, norm, ep;
+};
+static fused_args FA;
+
+#define FGV(NR, NM, EP) k_fused_gemv<NR, NM, EP>(FA.out, FA.x, FA.nw, FA.nb, FA.eps, FA.norm == RL_NORM_LN, FA.w, FA.bias, FA.C, FA.OC)
+#define FGV_EP(NR, NM) switch (FA.ep) { case RL_EP_NONE: FGV(NR, NM, RL_EP_NONE); break; \
+	case RL_EP_ADD: FGV(NR, NM, RL_EP_ADD); break; case RL_EP_GELU: FGV(NR, NM, RL_EP_GELU); break; \
+	default: FGV(NR, NM, RL_EP_SWIGLU); break; }
+#define FGV_NM(NR) if (FA.norm) { FGV_EP(NR, 1) } else { FGV_EP(NR, 0) }
+static void
+run_fused(void *)
+{
+	switch (FA.N) {  /* rlk_fused_gemv's dispatch */
+	case 1: FGV_NM(1) break;
+	case 2: FGV_NM(2) break;
+	case 3: FGV_NM(3) break;
+	default: FGV_NM(4) break;
+	}
+}
+
+static void
+test_fused(int N, int C, int OC, int norm, int ep, int bias)
+{
+	const int NO = ep == RL_EP_SWIGLU ? OC / 2 : OC, ln = norm == RL_NORM_LN;
+	size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC, no = (size_t)N * NO;
+	bf16 *x = new bf16[nx], *g = new bf16[C], *gb = new bf16[C], *w = new bf16[nw], *b = new bf16[OC];
+	bf16 *out = new bf16[no], *out0 = new bf16[no], *xn = new bf16[nx], *y = new bf16[ny], *want = new bf16[no];
+	float *fx = new float[nx], *fg = new float[C], *fgb = new float[C], *fw = new float[nw], *fb = new float[OC];
+	float *fo = new float[no], *fxn = new float[nx], *fy = new float[ny], *ref = new float[no];
+	float *st1 = new float[N], *st2 = new float[N], eps = ln ? 1e-5f : 1e-6f;
+	fill_bf(&rs, x, fx, nx, -2, 2);
+	fill_bf(&rs, g, fg, C, 0.5f, 1.5f);
+	fill_bf(&rs, gb, fgb, C, -0.5f, 0.5f);
+	/* weights ~ 1/sqrt(C): products of order 1 whatever C */
+	float ws = 1.0f / sqrtf((float)C);
+	fill_bf(&rs, w, fw, nw, -ws, ws);
+	fill_bf(&rs, b, fb, OC, -0.5f, 0.5f);
+	fill_bf(&rs, out0, fo, no, -2, 2);  /* the residual (RL_EP_ADD) */
+	for (size_t i = 0; i < no; i++)
+		out[i] = ep == RL_EP_ADD ? out0[i] : bf16{ 0x7fc1 };
+
+	/* the separate kernels: k_norm_vec (C <= 4096) or the element-strided norm, k_gemv, then the
+	 * epilogue as elementwise.cu computes it */
+	const bf16 *in = x;
+	int vec = C <= 4096;
+	if (norm) {
+		if (vec) {
+			int k = (C + 255) / 256, nch = k <= 4 ? k : k <= 6 ? 6 : k <= 8 ? 8 : k <= 12 ? 12 : 16;
+			VA = { NULL, x, NULL, xn, g, ln ? gb : NULL, ln ? st1 : NULL, st2, eps, N, C, ln, nch };
+			emu_launch(dim3(1), dim3(NORM_WARPS * 32), run_vec, NULL);
+		} else {
+			NA = { x, xn, NULL, g, ln ? gb : NULL, ln ? st1 : NULL, st2, eps, N, C, ln };
+			emu_launch(dim3(1), dim3(NORM_WARPS * 32), ln ? run_ln : run_rms, NULL);
+		}
+		in = xn;
+	}
+	GA = { y, in, w, bias ? b : NULL, N, C, OC };
+	emu_launch(dim3((unsigned)((OC + GV_WARPS - 1) / GV_WARPS)), dim3(GV_WARPS * 32), run_gemv, NULL);
+	for (int m = 0; m < N; m++)
+		for (int j = 0; j < NO; j++) {
+			float v = __bfloat162float(y[(size_t)m * OC + j]);
+			size_t i = (size_t)m * NO + j;
+			if (ep == RL_EP_NONE) {
+				want[i] = y[i];
+			} else if (ep == RL_EP_ADD) {
+				want[i] = __float2bfloat16(__bfloat162float(out0[i]) + v);
+			} else if (ep == RL_EP_GELU) {
+				float t = tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v));
+				want[i] = __float2bfloat16(0.5f * v * (1.0f + t));
+			} else {
+				float u = __bfloat162float(y[(size_t)m * OC + NO + j]);
+				want[i] = __float2bfloat16(v / (1.0f + expf(-v)) * u);
+			}
+		}
+
+	FA = { out, x, g, ln ? gb : NULL, w, bias ? b : NULL, eps, N, C, OC, norm, ep };
+	emu_launch(dim3((unsigned)((NO + FU_WARPS - 1) / FU_WARPS)), dim3(FU_WARPS * 32), run_fused, NULL);
+
+	/* the CPU ops composed, f32 throughout (the GPU rounds the normalised rows and y to bf16) */
+	const float *fin = fx;
+	if (norm == RL_NORM_LN)
+		rl_cpu_layernorm_fwd(NULL, fxn, st1, st2, fx, fg, fgb, N, C, eps);
+	else if (norm == RL_NORM_RMS)
+		rl_cpu_rmsnorm_fwd(NULL, fxn, st2, fx, fg, N, C, eps);
+	if (norm)
+		fin = fxn;
+	rl_cpu_matmul_fwd(NULL, fy, fin, fw, bias ? fb : NULL, N, C, OC);
+	if (ep == RL_EP_NONE)
+		memcpy(ref, fy, no * 4);
+	else if (ep == RL_EP_ADD)
+		rl_cpu_add(NULL, ref, fo, fy, no);
+	else if (ep == RL_EP_GELU)
+		rl_cpu_gelu_fwd(NULL, ref, fy, no);
+	else
+		rl_cpu_swiglu_fwd(NULL, ref, fy, N, NO);
+	/* y of order 1: the bf16 roundings of the normalised rows (random, ~2^-9 |x w| each, summed
+	 * over C), of y and of the output, each at most 2^-9 relative; GELU's and SwiGLU's slopes
+	 * about 1 */
+	double worst = 0;
+	size_t first = 0, bad = out_bad(out, ref, no, 1e-2, 1.6e-2, &worst, &first);
+	int same = memcmp(out, want, no * 2) == 0;
+	/* the element-strided norm sums in another order: the bits may differ there */
+	int must_same = !norm || vec;
+	cases++;
+	if (bad || (must_same && !same))
+		fails++;
+	static const char *nn[] = { "none", "rms", "ln" }, *en[] = { "none", "add", "gelu", "swiglu" };
+	printf("%s fused_gemv N=%d C=%d OC=%d norm=%s ep=%s bias=%d: same bits as the separate kernels: %s, "
+	    "max err vs CPU %.3g, %zu bad\n", bad || (must_same && !same) ? "FAIL" : "ok  ", N, C, OC, nn[norm], en[ep],
+	    bias, same ? "yes" : must_same ? "NO" : "no (other norm kernel)", worst, bad);
+	if (bad)
+		printf("     first bad: %zu: %g against %g\n", first, __bfloat162float(out[first]), ref[first]);
+	delete[] x; delete[] g; delete[] gb; delete[] w; delete[] b; delete[] out; delete[] out0; delete[] xn;
+	delete[] y; delete[] want; delete[] fx; delete[] fg; delete[] fgb; delete[] fw; delete[] fb; delete[] fo;
+	delete[] fxn; delete[] fy; delete[] ref; delete[] st1; delete[] st2;
+}
+
+/* ---- fuse.cu: rope_kv_write's kernel ------------------------------------------------------ */
+struct ropekv_args {
+	bf16 *kc, *vc, *qkv;
+	const int32_t *pos, *slot;
+	int N, NH, NKV, HD;
+	float theta;
+};
+static ropekv_args RK;
+static void run_rope_kv(void *) { k_rope_kv(RK.kc, RK.vc, RK.qkv, RK.pos, RK.slot, RK.N, RK.NH, RK.NKV, RK.HD, RK.theta); }
+static void run_rope(void *) { k_rope(RK.qkv, RK.pos, RK.N, RK.NH, RK.NKV, RK.HD, RK.theta, 1.0f); }
+static void run_kv(void *) { k_kv_write(RK.kc, RK.vc, RK.qkv, RK.slot, RK.N, RK.NH, RK.NKV, RK.HD); }
+
+static void
+test_rope_kv(int N, int NH, int NKV, int HD, float theta, int nslot)
+{
+	const int W = (NH + 2 * NKV) * HD;
+	size_t n = (size_t)N * W, nc = (size_t)nslot * NKV * HD;
+	bf16 *q1 = new bf16[n], *q2 = new bf16[n], *k1 = new bf16[nc], *v1 = new bf16[nc], *k2 = new bf16[nc];
+	bf16 *v2 = new bf16[nc];
+	float *fq = new float[n], *kr = new float[nc], *vr = new float[nc];
+	int32_t *pos = new int32_t[N], *slot = new int32_t[N];
+	fill_bf(&rs, q1, fq, n, -2, 2);
+	memcpy(q2, q1, n * 2);
+	for (size_t i = 0; i < nc; i++) {
+		k1[i].h = v1[i].h = k2[i].h = v2[i].h = 0x7fc1;
+		kr[i] = vr[i] = NAN;
+	}
+	/* distinct slots in a random order, the last row skipped (slot -1) when N > 1 */
+	for (int r = 0; r < N; r++) {
+		pos[r] = (int)(emu_rnd(&rs) % 4096);
+		slot[r] = r == N - 1 && N > 1 ? -1 : (int)((r * 7 + 3) % nslot);
+	}
+	RK = { k1, v1, q1, pos, slot, N, NH, NKV, HD, theta };
+	emu_launch(dim3((unsigned)((n / 2 + 255) / 256)), dim3(256), run_rope_kv, NULL);
+	RK = { k2, v2, q2, pos, slot, N, NH, NKV, HD, theta };
+	if (theta > 0)
+		emu_launch(dim3((unsigned)((n / 2 + 255) / 256)), dim3(256), run_rope, NULL);
+	emu_launch(dim3((unsigned)((n + 255) / 256)), dim3(256), run_kv, NULL);
+	int same = memcmp(q1, q2, n * 2) == 0 && memcmp(k1, k2, nc * 2) == 0 && memcmp(v1, v2, nc * 2) == 0;
+	/* the CPU: rope_fwd (sin/cos of angles up to 4096: a few f32 ulps of the angle), kv_write */
+	if (theta > 0)
+		rl_cpu_rope_fwd(NULL, fq, pos, N, NH, NKV, HD, theta);
+	rl_cpu_kv_write(NULL, kr, vr, fq, slot, N, NH, NKV, HD);
+	double worst = 0;
+	size_t first, bad = out_bad(q1, fq, n, 8e-3, 8e-3, &worst, &first);
+	for (size_t i = 0; i < nc; i++) {
+		/* unwritten slots stay poisoned on both sides */
+		int kp = k1[i].h == 0x7fc1, vp = v1[i].h == 0x7fc1;
+		if (kp != (kr[i] != kr[i]) || vp != (vr[i] != vr[i]))
+			bad++;
+		else if (!kp && (fabs(__bfloat162float(k1[i]) - kr[i]) > 8e-3 + 8e-3 * fabs(kr[i]) ||
+		    __bfloat162float(v1[i]) != vr[i]))
+			bad++;
+	}
+	cases++;
+	if (bad || !same)
+		fails++;
+	printf("%s rope_kv N=%d NH=%d NKV=%d HD=%d theta=%g: same bits as rope + kv_write: %s, max err vs CPU %.3g, "
+	    "%zu bad\n", bad || !same ? "FAIL" : "ok  ", N, NH, NKV, HD, theta, same ? "yes" : "NO", worst, bad);
+	delete[] q1; delete[] q2; delete[] k1; delete[] v1; delete[] k2; delete[] v2; delete[] fq; delete[] kr;
+	delete[] vr; delete[] pos; delete[] slot;
+}
+
 int
 main(void)
 {
@@ -363,6 +556,29 @@ main(void)
 	test_gemv(3, 4864, 40, 0);
 	test_gemv(4, 896, 1155, 1);
 	test_gemv(1, 8192, 9, 0);
+	/* fuse.cu: GPT-2's layer (LayerNorm + c_attn, c_proj + residual, LayerNorm + c_fc + GELU,
+	 * mlp c_proj + residual), Qwen's (RMSNorm + qkv, SwiGLU with a narrower H, down +
+	 * residual), the head's shape with an odd OC, one chunk, C past k_norm_vec's 4096 (another
+	 * norm kernel: tolerance only) and 8192, the most shared memory (4 x 6144) */
+	test_fused(1, 768, 2304, RL_NORM_LN, RL_EP_NONE, 1);
+	test_fused(1, 768, 768, RL_NORM_NONE, RL_EP_ADD, 1);
+	test_fused(2, 768, 3072, RL_NORM_LN, RL_EP_GELU, 1);
+	test_fused(3, 3072, 768, RL_NORM_NONE, RL_EP_ADD, 1);
+	test_fused(1, 896, 1152, RL_NORM_RMS, RL_EP_NONE, 1);
+	test_fused(4, 896, 1200, RL_NORM_RMS, RL_EP_SWIGLU, 0);
+	test_fused(2, 4864, 896, RL_NORM_NONE, RL_EP_ADD, 0);
+	test_fused(1, 128, 1001, RL_NORM_LN, RL_EP_NONE, 0);
+	test_fused(3, 8, 6, RL_NORM_LN, RL_EP_SWIGLU, 1);
+	test_fused(2, 64, 77, RL_NORM_NONE, RL_EP_GELU, 0);
+	test_fused(1, 200, 13, RL_NORM_RMS, RL_EP_ADD, 1);
+	test_fused(2, 4104, 33, RL_NORM_LN, RL_EP_NONE, 1);
+	test_fused(1, 8192, 9, RL_NORM_RMS, RL_EP_GELU, 1);
+	test_fused(4, 6144, 7, RL_NORM_LN, RL_EP_ADD, 1);
+	/* rope_kv_write: Qwen's heads, GPT-2's (no RoPE: kv_write alone), HD 8, one row */
+	test_rope_kv(4, 14, 2, 64, 1e6f, 40);
+	test_rope_kv(3, 12, 12, 64, 0.0f, 16);
+	test_rope_kv(1, 2, 1, 8, 1e4f, 3);
+	test_rope_kv(37, 8, 4, 128, 1e4f, 64);
 	printf("emu_kernels: %d of %d cases passed\n", cases - fails, cases);
 	return fails ? 1 : 0;
 }

@@ -4,7 +4,7 @@
 # build (g++), run by `make check` through tests/cli/cuda-emu.bats (skipped
 # without a C++ compiler) and by hand after changing the kernels it covers
 # (decode.cu's two decode attention kernels and merge, norm.cu's forward norms,
-# gemv.cu, logprob.cu's sampler: emu_sample.cpp, its log-prob forward and backward over
+# gemv.cu, fuse.cu, logprob.cu's sampler: emu_sample.cpp, its log-prob forward and backward over
 # strided logits: emu_logprob.cpp, flash2.cu's flash attention forward and backward:
 # emu_flash2.cpp, elementwise.cu's vec kernels and multi-tensor AdamW: emu_ew.cpp).
 #   sh kernels/emu/run.sh            (needs build/librlpipe.a: `make` first)
@@ -34,6 +34,12 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	cut_fn "$root/kernels/norm.cu" '^__global__ void k_add_norm_fwd\('
 	cut_fn "$root/kernels/norm.cu" '^template <int NCH>'
 	awk '/^#define GV_/ { print } /^template <int NR>/ { f = 1 } /^extern "C"/ { f = 0 } f' "$root/kernels/gemv.cu"
+	# fuse.cu: from its kernels marker to its launchers marker (FUSE_SMEM, its dynamic shared
+	# memory, is emu_kernels.cpp's); elementwise.cu's RoPE and kv_write, the separate ops it fuses
+	awk '/^\/\* ==== fuse kernels/ { f = 1 } /^\/\* ==== fuse launchers/ { f = 0 } f' "$root/kernels/fuse.cu"
+	grep -A2 '^#define GRID_STRIDE' "$root/kernels/elementwise.cu"
+	cut_fn "$root/kernels/elementwise.cu" '^__global__ void k_rope\('
+	cut_fn "$root/kernels/elementwise.cu" '^__global__ void k_kv_write\('
 } > "$out/kernels.inc"
 {
 	awk '/^static __device__ __forceinline__ float ld\(/ { f = 1 } /^#endif/ { f = 0 } f' \

@@ -941,6 +941,141 @@ test_errors(void)
 	g->free(g, q);
 }
 
+/* matmul_fused_fwd (decode fusions, kernels/fuse.cu) against the CPU ops composed: norm, matmul,
+ * then add / gelu / swiglu, with the act roundings the separate CUDA ops make in between (the
+ * normalised rows and y rounded to bf16).  Weights ~ 1/sqrt(C), so y is of order 1: stats summed
+ * in another order may move a normalised value or y by one bf16 ulp (2^-8 relative), and
+ * SwiGLU multiplies two such values: rtol 1.6e-2, atol 2e-3.  sh: x starts sh elements into
+ * its allocation (odd: only 2-byte aligned, the unfused path); N > 4 and odd C are unfused too. */
+static void
+test_fused(int N, int C, int OC, int norm, int ep, int bias, int sh)
+{
+	char nm[128];
+	const int NO = ep == RL_EP_SWIGLU ? OC / 2 : OC, ln = norm == RL_NORM_LN;
+	size_t nx = (size_t)N * C, ny = (size_t)N * OC, no = (size_t)N * NO;
+	float ws = 1.0f / sqrtf((float)C), eps = ln ? 1e-5f : 1e-6f;
+	float *x = tc_rand(nx + sh, -2, 2, 1), *nw = tc_rand(C, 0.5, 1.5, 1), *nb = tc_rand(C, -0.5, 0.5, 1);
+	float *w = tc_rand((size_t)OC * C, -ws, ws, 1), *b = tc_rand(OC, -0.5, 0.5, 1), *res = tc_rand(no, -2, 2, 1);
+	float *xn = rl_xmalloc(nx * 4 + 4), *y = rl_xmalloc(ny * 4), *ref = rl_xmalloc(no * 4);
+	float *st = rl_xmalloc((size_t)N * 8);
+	void *dx0 = tc_up(g, x, nx + sh, BF), *dnw = tc_up(g, nw, C, BF), *dnb = tc_up(g, nb, C, BF);
+	void *dw = tc_up(g, w, (size_t)OC * C, BF), *db = tc_up(g, b, OC, BF);
+	void *dout = ep == RL_EP_ADD ? tc_up(g, res, no, BF) : tc_poison(g, no, BF);
+	void *dtmp = tc_poison(g, ny, BF), *dxn = tc_poison(g, nx, BF);
+	const float *in = x + sh;
+
+	if (norm) {
+		if (ln)
+			rl_cpu_layernorm_fwd(NULL, xn, st, st + N, x + sh, nw, nb, N, C, eps);
+		else
+			rl_cpu_rmsnorm_fwd(NULL, xn, st, x + sh, nw, N, C, eps);
+		for (size_t i = 0; i < nx; i++)
+			xn[i] = rl_bf16_to_f32(rl_f32_to_bf16(xn[i]));
+		in = xn;
+	}
+	rl_cpu_matmul_fwd(NULL, y, in, w, bias ? b : NULL, N, C, OC);
+	for (size_t i = 0; i < ny; i++)
+		y[i] = rl_bf16_to_f32(rl_f32_to_bf16(y[i]));
+	if (ep == RL_EP_NONE)
+		memcpy(ref, y, no * 4);
+	else if (ep == RL_EP_ADD)
+		rl_cpu_add(NULL, ref, res, y, no);
+	else if (ep == RL_EP_GELU)
+		rl_cpu_gelu_fwd(NULL, ref, y, no);
+	else
+		rl_cpu_swiglu_fwd(NULL, ref, y, N, NO);
+	g->matmul_fused_fwd(g, dout, dtmp, dxn, (char *)dx0 + 2 * sh, dnw, ln ? dnb : NULL, eps, norm, dw,
+	    bias ? db : NULL, N, C, OC, ep);
+	snprintf(nm, sizeof nm, "matmul_fused_fwd N=%d C=%d OC=%d norm=%d ep=%d bias=%d sh=%d", N, C, OC, norm, ep,
+	    bias, sh);
+	tc_cmpd(g, nm, dout, BF, ref, no, 2e-3, 1.6e-2, 1e-4);
+	tc_check_status(g, "matmul_fused_fwd");
+	g->free(g, dx0); g->free(g, dnw); g->free(g, dnb); g->free(g, dw); g->free(g, db); g->free(g, dout);
+	g->free(g, dtmp); g->free(g, dxn);
+	free(x); free(nw); free(nb); free(w); free(b); free(res); free(xn); free(y); free(ref); free(st);
+}
+
+/* rope_kv_write against the CPU rope_fwd then kv_write (theta 0: kv_write alone): qkv in RoPE's
+ * tolerance (test_qknorm_rope), the cache's written rows likewise (v exact), the slots no row
+ * names (and the row with slot -1) left as they were. */
+static void
+test_rope_kv(int N, int NH, int NKV, int HD, float theta)
+{
+	char nm[112];
+	const int W = (NH + 2 * NKV) * HD, KV = NKV * HD, nslot = N + 3;
+	size_t n = (size_t)N * W, nc = (size_t)nslot * KV;
+	float *x = tc_rand(n, -2, 2, 1), *kr = rl_xmalloc(nc * 4), *vr = rl_xmalloc(nc * 4);
+	int32_t *pos = rl_xmalloc(N * 4), *slot = rl_xmalloc(N * 4);
+	/* distinct slots: 0..N-1 shuffled (3 slots no row names); the last row skipped when N > 1 */
+	for (int i = 0; i < N; i++) {
+		pos[i] = tc_irand(4096);
+		slot[i] = i;
+	}
+	for (int i = N - 1; i > 0; i--) {
+		int j = tc_irand(i + 1), t = slot[i];
+		slot[i] = slot[j];
+		slot[j] = t;
+	}
+	if (N > 1)
+		slot[N - 1] = -1;
+	for (size_t i = 0; i < nc; i++)
+		kr[i] = vr[i] = NAN;
+	void *dq = tc_up(g, x, n, BF), *dpos = tc_upi(g, pos, N * 4), *dslot = tc_upi(g, slot, N * 4);
+	void *dk = tc_poison(g, nc, BF), *dv = tc_poison(g, nc, BF);
+	if (theta > 0)
+		rl_cpu_rope_fwd(NULL, x, pos, N, NH, NKV, HD, theta);
+	rl_cpu_kv_write(NULL, kr, vr, x, slot, N, NH, NKV, HD);
+	g->rope_kv_write(g, dk, dv, dq, dpos, dslot, N, NH, NKV, HD, theta);
+	snprintf(nm, sizeof nm, "rope_kv_write qkv N=%d NH=%d NKV=%d HD=%d theta=%g", N, NH, NKV, HD, theta);
+	tc_cmpd(g, nm, dq, BF, x, n, 8e-3, 8e-3, 1e-4);
+	float *gk = tc_down(g, dk, nc, BF), *gv = tc_down(g, dv, nc, BF);
+	size_t bad = 0, m = 0;
+	float *a = rl_xmalloc(nc * 4 + 4), *ar = rl_xmalloc(nc * 4 + 4);
+	for (size_t i = 0; i < nc; i++) {
+		if (isnan(kr[i])) {
+			bad += !isnan(gk[i]) || !isnan(gv[i]);
+			continue;
+		}
+		bad += gv[i] != vr[i];
+		a[m] = gk[i];
+		ar[m++] = kr[i];
+	}
+	T_OK(bad == 0, "rope_kv_write cache N=%d HD=%d: v written exactly, unwritten slots untouched (%zu bad)", N,
+	    HD, bad);
+	snprintf(nm, sizeof nm, "rope_kv_write k cache N=%d NH=%d NKV=%d HD=%d", N, NH, NKV, HD);
+	T_OK(m == (size_t)(N > 1 ? N - 1 : 1) * KV, "%s: %zu values written", nm, m);
+	tc_cmp(nm, a, ar, m, 8e-3, 8e-3, 1e-4);
+	tc_check_status(g, "rope_kv_write");
+	g->free(g, dq); g->free(g, dpos); g->free(g, dslot); g->free(g, dk); g->free(g, dv);
+	free(x); free(kr); free(vr); free(pos); free(slot); free(gk); free(gv); free(a); free(ar);
+}
+
+/* the fused shapes: GPT-2's and Qwen2.5-0.5B's layer and head at 1-4 rows, then shapes the op
+ * runs unfused (more rows, a 2-byte aligned x, odd C, N * C past the shared memory) */
+static void
+fused_cases(void)
+{
+	test_fused(1, 768, 2304, RL_NORM_LN, RL_EP_NONE, 1, 0);
+	test_fused(1, 768, 768, RL_NORM_NONE, RL_EP_ADD, 1, 0);
+	test_fused(2, 768, 3072, RL_NORM_LN, RL_EP_GELU, 1, 0);
+	test_fused(4, 3072, 768, RL_NORM_NONE, RL_EP_ADD, 1, 0);
+	test_fused(4, 768, 50257, RL_NORM_LN, RL_EP_NONE, 0, 0);
+	test_fused(1, 896, 1152, RL_NORM_RMS, RL_EP_NONE, 1, 0);
+	test_fused(3, 896, 9728, RL_NORM_RMS, RL_EP_SWIGLU, 0, 0);
+	test_fused(2, 4864, 896, RL_NORM_NONE, RL_EP_ADD, 0, 0);
+	test_fused(1, 896, 151936, RL_NORM_RMS, RL_EP_NONE, 0, 0);
+	test_fused(3, 64, 6, RL_NORM_LN, RL_EP_SWIGLU, 1, 0);
+	test_fused(2, 64, 77, RL_NORM_NONE, RL_EP_GELU, 0, 0);
+	test_fused(1, 8192, 64, RL_NORM_RMS, RL_EP_GELU, 1, 0);
+	test_fused(4, 6144, 7, RL_NORM_LN, RL_EP_ADD, 1, 0);
+	test_fused(5, 768, 3072, RL_NORM_LN, RL_EP_GELU, 1, 0);
+	test_fused(9, 896, 1200, RL_NORM_RMS, RL_EP_SWIGLU, 0, 0);
+	test_fused(7, 768, 768, RL_NORM_NONE, RL_EP_ADD, 1, 0);
+	test_fused(2, 768, 2304, RL_NORM_LN, RL_EP_NONE, 1, 1);
+	test_fused(4, 8192, 33, RL_NORM_RMS, RL_EP_ADD, 1, 0);
+	test_fused(1, 100, 20, RL_NORM_LN, RL_EP_GELU, 1, 0);
+}
+
 /* The backend opened again with one switch set (read when it opens): 1 with g open and
  * the block's heading printed, 0 (a failed check) when it cannot be opened. */
 static int
@@ -1072,6 +1207,16 @@ main(void)
 	test_sample(16, 50257, 1.0f, 0, 0.9f);
 	test_sample(16, 151936, 1.0f, 20, 0.8f);
 	test_sample(7, 13, 1.5f, 3, 0.5f);
+	/* decode fusions (kernels/fuse.cu), on unless RL_CUDA_DECODE_FUSE=0 */
+	if (!(getenv("RL_CUDA_DECODE_FUSE") && strcmp(getenv("RL_CUDA_DECODE_FUSE"), "0") == 0))
+		T_OK(g->matmul_fused_fwd != NULL && g->rope_kv_write != NULL, "decode fusion ops installed");
+	if (g->matmul_fused_fwd && g->rope_kv_write) {
+		fused_cases();
+		test_rope_kv(1, 14, 2, 64, 1e6f);
+		test_rope_kv(4, 14, 2, 64, 1e4f);
+		test_rope_kv(300, 12, 12, 64, 0.0f);
+		test_rope_kv(53, 8, 4, 128, 1e4f);
+	}
 	test_errors();
 	rl_ops_close(g);
 
@@ -1186,6 +1331,17 @@ main(void)
 		test_matmul(1, 768, 2304, 1, 0);
 		test_matmul(4, 4864, 896, 1, 0);
 		test_matmul(1, 768, 50257, 0, 0);
+		end_env("RL_CUDA_GEMV");
+	}
+	/* the decode fusions switched off; and, with RL_CUDA_GEMV=0, all of them unfused (the norm,
+	 * cuBLASLt, the epilogue's kernel) */
+	if (with_env("RL_CUDA_DECODE_FUSE", "0")) {
+		T_OK(g->matmul_fused_fwd == NULL && g->rope_kv_write == NULL, "RL_CUDA_DECODE_FUSE=0: no fusion ops");
+		end_env("RL_CUDA_DECODE_FUSE");
+	}
+	if (with_env("RL_CUDA_GEMV", "0")) {
+		if (g->matmul_fused_fwd)
+			fused_cases();
 		end_env("RL_CUDA_GEMV");
 	}
 	/* GELU in the GEMM epilogues (opt-in): shapes the epilogue takes (GPT-2's c_fc and

@@ -1,0 +1,285 @@
+/*
+ * fuse.cu — the decode fusions of lib/ops.h (matmul_fused_fwd, rope_kv_write): fewer kernels
+ * in a decode step at a few sequences, where each launch costs more than its work (2.5 to
+ * 5 us a kernel in a CUDA graph on the H100 against 4 to 10 us for a layer's GEMVs).
+ *
+ * k_fused_gemv is gemv.cu's kernel (one warp per output feature, the weight row's 16-byte
+ * chunks all in flight, N <= 4 rows of f32 sums) with
+ *   - a norm prologue: the warps 0..N-1 of every block normalise one input row each into
+ *     shared memory (RMSNorm or LayerNorm, the sums in k_norm_vec's order, so the same
+ *     values as norm.cu's kernel), while the block's first weight chunks are in flight;
+ *   - an epilogue on the rounded product y: residual add in place (out += y: lane m of
+ *     the warp that owns feature o reads and writes out[m, o], nothing else touches it),
+ *     GPT-2's tanh GELU, or SwiGLU (the warp computes gate row o and up row o + H of the
+ *     same weight, rounds each to bf16, then silu(g) * u), each with the arithmetic of the
+ *     separate kernel (elementwise.cu's k_add, k_gelu_fwd, k_swiglu_fwd).
+ * k_rope_kv: RoPE in place on the q and k heads (as k_rope) and the rotated k and the v
+ * heads written to the paged cache (as k_kv_write), one thread per rotated pair.
+ *
+ * Leaves out: more than 4 rows (the caller runs the separate ops), backward.
+ */
+#include "kernels/common.cuh"
+#include "kernels/launch.h"
+
+/* the normalised input rows in dynamic shared memory (kernels/emu defines its own) */
+#define FUSE_SMEM(name) extern __shared__ __align__(16) bf16 name[]
+
+/* ==== fuse kernels (kernels/emu/run.sh cuts from here to the launchers marker) */
+#define FU_WARPS 8
+#define FU_INFL 8     /* 16-byte weight chunks in flight per lane (over the warp's weight rows) */
+#define FU_GELU_K 0.7978845608028654f  /* sqrt(2/pi), as elementwise.cu */
+
+/* IF chunks of each of the NW weight rows w0 (and w1), from chunk c0 in steps of 32 */
+template <int NW, int IF>
+static __device__ __forceinline__ void
+fu_load(uint4 (&wc)[NW][IF], const bf16 *w0, const bf16 *w1, int c0, int nch)
+{
+#pragma unroll
+	for (int k = 0; k < IF; k++) {
+		int c = c0 + k * 32;
+#pragma unroll
+		for (int r = 0; r < NW; r++)
+			wc[r][k] = c < nch ? *(const uint4 *)((r ? w1 : w0) + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+	}
+}
+
+/* One warp: row xr (C) normalised into xs, as k_norm_vec computes it (the same sums in the
+ * same order: per lane over its chunks lane*8 + 256k, then the warp). */
+static __device__ __forceinline__ void
+fu_norm_row(bf16 *xs, const bf16 *xr, const bf16 *nw, const bf16 *nb, int C, float eps, int ln, int lane)
+{
+	float s1 = 0.0f;
+	for (int c = lane * 8; c < C; c += 256) {
+		uint4 u = *(const uint4 *)(xr + c);
+		const bf16 *a = (const bf16 *)&u;
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			s1 += ln ? bf(a[e]) : bf(a[e]) * bf(a[e]);
+	}
+	s1 = warp_sum(s1);
+	float mu = 0.0f, rs;
+	if (ln) {
+		mu = s1 / C;
+		float var = 0.0f;
+		for (int c = lane * 8; c < C; c += 256) {
+			uint4 u = *(const uint4 *)(xr + c);
+			const bf16 *a = (const bf16 *)&u;
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				float d = bf(a[e]) - mu;
+				var += d * d;
+			}
+		}
+		rs = rsqrtf(warp_sum(var) / C + eps);
+	} else {
+		rs = rsqrtf(s1 / C + eps);
+	}
+	for (int c = lane * 8; c < C; c += 256) {
+		uint4 u = *(const uint4 *)(xr + c), wu = *(const uint4 *)(nw + c), bu = make_uint4(0, 0, 0, 0), o;
+		if (ln && nb)
+			bu = *(const uint4 *)(nb + c);
+		const bf16 *a = (const bf16 *)&u, *wv = (const bf16 *)&wu, *bv = (const bf16 *)&bu;
+		bf16 *ov = (bf16 *)&o;
+#pragma unroll
+		for (int e = 0; e < 8; e++) {
+			float y = (bf(a[e]) - mu) * rs * bf(wv[e]);
+			if (ln && nb)
+				y += bf(bv[e]);
+			ov[e] = tobf(y);
+		}
+		*(uint4 *)(xs + c) = o;
+	}
+}
+
+/* out by EP (lib/ops.h's RL_EP_*) of round(norm(x) (NR, C) @ w^T + bias); NORM: x normalised
+ * first (ln: LayerNorm, else RMSNorm).  NO = OC (OC / 2 for SwiGLU) outputs per row, one warp
+ * each; blocks of FU_WARPS.  Dynamic shared memory: NR * C bf16 with NORM. */
+template <int NR, int NORM, int EP>
+__global__ void __launch_bounds__(FU_WARPS * 32)
+k_fused_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps, int ln, const bf16 *w,
+    const bf16 *bias, int C, int OC)
+{
+	constexpr int NW = EP == RL_EP_SWIGLU ? 2 : 1, IF = FU_INFL / NW;
+	const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+	const int NO = EP == RL_EP_SWIGLU ? OC / 2 : OC, nch = C / 8;
+	const long o = (long)blockIdx.x * FU_WARPS + wid;
+	const bool live = o < NO;
+	const bf16 *w0 = w + (size_t)(live ? o : 0) * C, *w1 = w0 + (size_t)NO * C;
+	uint4 wc[NW][IF];
+	/* the first round of weight chunks in flight during the norm */
+	if (live)
+		fu_load<NW, IF>(wc, w0, w1, lane, nch);
+	const bf16 *xs = x;
+	if (NORM) {
+		FUSE_SMEM(fu_xs);
+		if (wid < NR)
+			fu_norm_row(fu_xs + (size_t)wid * C, x + (size_t)wid * C, nw, nb, C, eps, ln, lane);
+		__syncthreads();
+		xs = fu_xs;
+	}
+	if (!live)
+		return;
+	float acc[NW][NR];
+#pragma unroll
+	for (int r = 0; r < NW; r++)
+#pragma unroll
+		for (int m = 0; m < NR; m++)
+			acc[r][m] = 0.0f;
+	for (int c0 = lane; c0 < nch; c0 += 32 * IF) {
+		if (c0 != lane)
+			fu_load<NW, IF>(wc, w0, w1, c0, nch);
+#pragma unroll
+		for (int k = 0; k < IF; k++) {
+			int c = c0 + k * 32;
+			if (c >= nch)
+				break;
+#pragma unroll
+			for (int m = 0; m < NR; m++) {
+				uint4 xu = *(const uint4 *)(xs + (size_t)m * C + (size_t)c * 8);
+				const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xu;
+#pragma unroll
+				for (int r = 0; r < NW; r++) {
+					const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wc[r][k];
+#pragma unroll
+					for (int j = 0; j < 4; j++) {
+						float2 wf = __bfloat1622float2(w2[j]), xf = __bfloat1622float2(x2[j]);
+						acc[r][m] += wf.x * xf.x + wf.y * xf.y;
+					}
+				}
+			}
+		}
+	}
+	/* row m's output by lane m (every lane has the sums) */
+#pragma unroll
+	for (int m = 0; m < NR; m++) {
+		float s0 = warp_sum(acc[0][m]), s1 = NW == 2 ? warp_sum(acc[NW - 1][m]) : 0.0f;
+		if (lane != m)
+			continue;
+		float y = bf(tobf(s0 + (bias ? bf(bias[o]) : 0.0f)));
+		bf16 *dst = out + (size_t)m * NO + o;
+		if (EP == RL_EP_NONE) {
+			*dst = tobf(y);
+		} else if (EP == RL_EP_ADD) {
+			*dst = tobf(bf(*dst) + y);
+		} else if (EP == RL_EP_GELU) {
+			float t = tanhf(FU_GELU_K * (y + 0.044715f * y * y * y));
+			*dst = tobf(0.5f * y * (1.0f + t));
+		} else {
+			float u = bf(tobf(s1 + (bias ? bf(bias[NO + o]) : 0.0f)));
+			*dst = tobf(y / (1.0f + expf(-y)) * u);
+		}
+	}
+}
+
+/* RoPE (theta > 0) in place on the q and k heads of qkv (N, (NH+2NKV)*HD), as k_rope, and the
+ * k (rotated) and v heads to kc, vc (NBLK, BS, NKV, HD) at slot[n] (< 0: not written), as
+ * k_kv_write.  One thread per pair (f, f + HD/2) of a head of a row. */
+__global__ void
+k_rope_kv(bf16 *kc, bf16 *vc, bf16 *qkv, const int32_t *pos, const int32_t *slot, int N, int NH, int NKV, int HD,
+    float theta)
+{
+	const int half = HD / 2, heads = NH + 2 * NKV;
+	const size_t n = (size_t)N * heads * half, ld = (size_t)heads * HD, per = (size_t)NKV * HD;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+		int f = (int)(i % half);
+		size_t rest = i / half;
+		int h = (int)(rest % heads);
+		size_t r = rest / heads;
+		bf16 *p = qkv + r * ld + (size_t)h * HD;
+		bf16 a = p[f], b = p[f + half];
+		if (h < NH + NKV && theta > 0.0f) {
+			float inv = powf(theta, -2.0f * (float)f / (float)HD);
+			float ang = (float)pos[r] * inv, sn, cs;
+			sincosf(ang, &sn, &cs);
+			float fa = bf(a), fb = bf(b);
+			a = tobf(fa * cs - fb * sn);
+			b = tobf(fb * cs + fa * sn);
+			p[f] = a;
+			p[f + half] = b;
+		}
+		int sl = slot[r];
+		if (h < NH || sl < 0)
+			continue;
+		int kh = h - NH;
+		bf16 *dst = kc;
+		if (kh >= NKV) {
+			kh -= NKV;
+			dst = vc;
+		}
+		dst += (size_t)sl * per + (size_t)kh * HD;
+		dst[f] = a;
+		dst[f + half] = b;
+	}
+}
+/* ==== fuse launchers */
+
+static int
+a16(const void *p)
+{
+	return ((uintptr_t)p & 15) == 0;
+}
+
+extern "C" int
+rlk_fused_gemv_ok(int N, int C, int OC, int norm, int ep, const void *x, const void *nw, const void *nb,
+    const void *w)
+{
+	if (N < 1 || N > 4 || C <= 0 || C % 8 || C > 8192 || OC <= 0 || !a16(x) || !a16(w))
+		return 0;
+	if (ep < RL_EP_NONE || ep > RL_EP_SWIGLU || (ep == RL_EP_SWIGLU && OC % 2))
+		return 0;
+	if (norm == RL_NORM_NONE)
+		return 1;
+	return (norm == RL_NORM_RMS || norm == RL_NORM_LN) && nw && a16(nw) && a16(nb) && (long)N * C <= 24576;
+}
+
+extern "C" int
+rlk_fused_gemv(void *s, void *out, const void *x, const void *nw, const void *nb, float eps, int norm,
+    const void *w, const void *bias, int N, int C, int OC, int ep)
+{
+	if (!rlk_fused_gemv_ok(N, C, OC, norm, ep, x, nw, nb, w))
+		return (int)cudaErrorInvalidValue;
+	int NO = ep == RL_EP_SWIGLU ? OC / 2 : OC, hasn = norm != RL_NORM_NONE, ln = norm == RL_NORM_LN;
+	unsigned g = (unsigned)((NO + FU_WARPS - 1) / FU_WARPS);
+	size_t sm = hasn ? (size_t)N * C * 2 : 0;
+	cudaStream_t st = RLK_STREAM(s);
+	bf16 *o_ = (bf16 *)out;
+	const bf16 *x_ = (const bf16 *)x, *nw_ = (const bf16 *)nw, *nb_ = (const bf16 *)nb;
+	const bf16 *w_ = (const bf16 *)w, *b_ = (const bf16 *)bias;
+#define FU_L(NR, NM, EP) \
+	k_fused_gemv<NR, NM, EP><<<g, FU_WARPS * 32, sm, st>>>(o_, x_, nw_, nb_, eps, ln, w_, b_, C, OC)
+#define FU_EP(NR, NM) \
+	switch (ep) { \
+	case RL_EP_NONE: FU_L(NR, NM, RL_EP_NONE); break; \
+	case RL_EP_ADD: FU_L(NR, NM, RL_EP_ADD); break; \
+	case RL_EP_GELU: FU_L(NR, NM, RL_EP_GELU); break; \
+	default: FU_L(NR, NM, RL_EP_SWIGLU); break; \
+	}
+#define FU_NM(NR) \
+	if (hasn) { \
+		FU_EP(NR, 1) \
+	} else { \
+		FU_EP(NR, 0) \
+	}
+	switch (N) {
+	case 1: FU_NM(1) break;
+	case 2: FU_NM(2) break;
+	case 3: FU_NM(3) break;
+	default: FU_NM(4) break;
+	}
+#undef FU_NM
+#undef FU_EP
+#undef FU_L
+	RLK_RET();
+}
+
+extern "C" int
+rlk_rope_kv_write(void *s, void *kc, void *vc, void *qkv, const int32_t *pos, const int32_t *slot, int N, int NH,
+    int NKV, int HD, float theta)
+{
+	size_t n = (size_t)N * (NH + 2 * NKV) * (HD / 2);
+	if (n == 0)
+		return 0;
+	k_rope_kv<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)kc, (bf16 *)vc, (bf16 *)qkv, pos, slot, N,
+	    NH, NKV, HD, theta);
+	RLK_RET();
+}
