@@ -82,7 +82,8 @@ head_rows(int R, int C, int V, const char *tag, int plain)
 {
 	char lab[128];
 	int al = o->head_ld_align, ld = al > 0 ? (V + al - 1) / al * al : V;
-	void *lg = dev((size_t)R * ld * 2, 1), *h = dev((size_t)R * C * 2, 1), *wte = dev((size_t)V * C * 2, 1);
+	/* the logits are written by the head GEMM before anything reads them: zeroed, not filled */
+	void *lg = dev((size_t)R * ld * 2, 0), *h = dev((size_t)R * C * 2, 1), *wte = dev((size_t)V * C * 2, 1);
 	void *dh = dev((size_t)R * C * 2, 0);
 	float *dw = dev((size_t)V * C * 4, 0), *lp = dev((size_t)R * 4, 0), *ent = dev((size_t)R * 4, 0);
 	float *lse = dev((size_t)R * 4, 0), *dlp = dev((size_t)R * 4, 0);
