@@ -1302,12 +1302,7 @@ main(void)
 			}
 			end_env("RL_CUDA_DECODE_ATTN");
 		}
-	/* the strided LM head without the 64-split of its output features; then off */
-	if (with_env("RL_CUDA_HEAD_LD", "nosplit")) {
-		T_OK(g->matmul_fwd_ld != NULL, "strided LM head installed (nosplit)");
-		head_ld_cases();
-		end_env("RL_CUDA_HEAD_LD");
-	}
+	/* the strided LM head off */
 	if (with_env("RL_CUDA_HEAD_LD", "0")) {
 		T_OK(g->matmul_fwd_ld == NULL && g->logprob_fwd_ld == NULL && g->head_ld_align == 0,
 		    "strided LM head off");
