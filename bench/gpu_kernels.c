@@ -3,7 +3,7 @@
  * training shape (N = 16 x 1024 tokens): cuBLASLt GEMMs (TFLOP/s), attention
  * forward and backward (the default path, then flash2 through a second backend
  * opened with RL_CUDA_ATTN=flash2, once per backward variant RL_CUDA_FLASH_BWD=det,
- * fused, fused3; GPT-2's 12 heads of 64, Qwen 0.5B's 14/2 at 8 x 1024, and 8/2 heads
+ * fused, fused3, fused32; GPT-2's 12 heads of 64, Qwen 0.5B's 14/2 at 8 x 1024, and 8/2 heads
  * of 128), fused log-prob forward + backward over
  * V = 50257, and decode attention.  The LM head at the whole training batch (16384 rows,
  * one chunk, as rl_model_forward/backward run it with the logits kept): its GEMMs through
@@ -152,14 +152,15 @@ main(void)
 	}
 	/* attention: the default path, then flash2 (RL_CUDA_ATTN=flash2, a second backend)
 	 * with each of its backward variants (RL_CUDA_FLASH_BWD: det, the two-pass default;
-	 * fused, one pass with dQ by atomics; fused3, the same for 3 blocks per SM) */
+	 * fused, one pass with dQ by atomics; fused3, the same for 3 blocks per SM; fused32,
+	 * 32-query tiles for 4 blocks per SM) */
 	attn_rows(B, T, NH, NH, HD, "");
 	attn_rows(8, T, 14, 2, 64, "");
 	{
-		static const char *bwd[] = { "det", "fused", "fused3" };
+		static const char *bwd[] = { "det", "fused", "fused3", "fused32" };
 		rl_ops *o0 = o;
 		setenv("RL_CUDA_ATTN", "flash2", 1);
-		for (int v = 0; v < 3; v++) {
+		for (int v = 0; v < 4; v++) {
 			char tag[32];
 			setenv("RL_CUDA_FLASH_BWD", bwd[v], 1);
 			if (rl_ops_open(&o, "cuda") != RL_OK) {

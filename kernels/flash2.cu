@@ -116,13 +116,14 @@ f2_red2(float *p, float a, float b)
 #define F2_ROWS 64          /* rows (queries or keys) a block owns: 16 per warp */
 #define F2_LOG2E 1.4426950408889634f
 #define F2_LN2 0.6931471805599453f
+#define F2_FUSED32_MINB 4   /* blocks per SM asked for the fused backward with 32-query tiles */
 
 /* bytes of shared memory per block */
 template <int HD> __host__ __device__ constexpr int f2_bk() { return HD == 64 ? 64 : 32; }  /* inner tile rows */
 template <int HD> __host__ __device__ constexpr int f2_fwd_smem() { return (F2_ROWS + 4 * 64) * HD * 2 + 2 * 64 * 4; }
 template <int HD> __host__ __device__ constexpr int f2_dq_smem() { return (2 * F2_ROWS + 4 * f2_bk<HD>()) * HD * 2 + F2_ROWS * 4 + 2 * f2_bk<HD>() * 4; }
 template <int HD> __host__ __device__ constexpr int f2_dkv_smem() { return (2 * F2_ROWS + 4 * f2_bk<HD>()) * HD * 2 + F2_ROWS * 4 + 2 * f2_bk<HD>() * 12; }
-template <int HD> __host__ __device__ constexpr int f2_fus_smem() { return f2_dkv_smem<HD>() + F2_ROWS * f2_bk<HD>() * 2; }
+template <int HD, int BM> __host__ __device__ constexpr int f2_fus_smem() { return (2 * F2_ROWS + 4 * BM) * HD * 2 + 2 * F2_ROWS * BM * 2 + F2_ROWS * 4 + 2 * BM * 12; }
 
 static __device__ __forceinline__ int f2_imin(int a, int b) { return a < b ? a : b; }
 
@@ -665,24 +666,30 @@ k_f2_dkv_sum(bf16 *dqkv, const float *part, size_t n, int NH, int NKV, int HD, i
  * by f32 atomics into dqacc (B, T, NH, HD), zeroed by k_f2_bwd_prep (which also writes
  * Ds) and cast into dqkv by k_f2_dq_cast.  5 GEMM-sized products instead of 8, P and
  * dS computed once; the order of the atomic adds varies, so dQ is not bit-for-bit
- * reproducible run to run.  Each warp's dS^T (its 16 keys x BM queries) goes to a
- * shared tile (rows = keys, swizzled); after a barrier warp w takes queries 16 (w % RW)
- * .. + 15 and HD / CW columns of dQ (BM 64: 4 x 1 warps; BM 32 at HD 128: 2 x 2),
- * reading dS with ldmatrix.trans (A = the tile transposed) and K with .trans (as dQ +=
- * dS K in k_f2_bwd_dq).  MINB: blocks per multiprocessor asked of the compiler
- * (__launch_bounds__; 1 leaves it free). */
-template <int HD, int MINB>
+ * reproducible run to run.  Query tiles of BM rows (64, or 32: smaller score tiles,
+ * fewer registers).  Each warp's dS^T (its 16 keys x BM queries) goes to a shared tile
+ * (rows = keys, swizzled, two buffers); warp w takes queries 16 (w % RW) .. + 15 and
+ * HD / CW columns of dQ (BM 64: 4 x 1 warps; BM 32: 2 x 2), reading dS with
+ * ldmatrix.trans (A = the tile transposed) and K with .trans (as dQ += dS K in
+ * k_f2_bwd_dq).  One barrier per tile: iteration it waits for tile it's copies, passes
+ * the barrier (every warp is then done with tile it - 1: its Q/dO/lse/D buffer is free
+ * and its dS^T complete), issues tile it + 1 into that buffer, computes tile it (dS^T
+ * into sds[it & 1], dV, dK), then dQ of tile it - 1 from sds[(it - 1) & 1]; the lse, D
+ * and segment loads of tile it + 1 go to registers first and to shared memory after the
+ * products, so no warp waits on them.  MINB: blocks per multiprocessor asked of the
+ * compiler (__launch_bounds__; 1 leaves it free). */
+template <int HD, int BM, int MINB>
 __global__ void __launch_bounds__(F2_WARPS * 32, MINB)
 k_f2_bwd_fused(bf16 *dqkv, float *part, float *dqacc, const float *Ds, const bf16 *dout, const float *lse,
     const bf16 *qkv, const int32_t *seg, int T, int NH, int NKV, int hper, float sl2, float scale)
 {
-	constexpr int BM = f2_bk<HD>(), RW = BM / 16, CW = F2_WARPS / RW, HDW = HD / CW;
-	F2_SMEM(f2_fus_raw, f2_fus_smem<HD>());
-	/* K, V (64 rows); two buffers of Q and dO (BM rows each); dS^T (64 x BM); two buffers
+	constexpr int RW = BM / 16, CW = F2_WARPS / RW, HDW = HD / CW;
+	F2_SMEM(f2_fus_raw, (f2_fus_smem<HD, BM>()));
+	/* K, V (64 rows); two buffers of Q and dO (BM rows each); two of dS^T (64 x BM); two
 	 * of the query tile's lse (log2 units), D and segments; the keys' segments */
 	bf16 *sk = reinterpret_cast<bf16 *>(f2_fus_raw), *sv = sk + F2_ROWS * HD, *sqo = sv + F2_ROWS * HD;
-	bf16 *sds = sqo + 4 * BM * HD;
-	float *sL2 = reinterpret_cast<float *>(sds + F2_ROWS * BM), *sD2 = sL2 + 2 * BM;
+	bf16 *sds2 = sqo + 4 * BM * HD;
+	float *sL2 = reinterpret_cast<float *>(sds2 + 2 * F2_ROWS * BM), *sD2 = sL2 + 2 * BM;
 	int32_t *ssq2 = reinterpret_cast<int32_t *>(sD2 + 2 * BM), *ssk = ssq2 + 2 * BM;
 	int G = NH / NKV, nch = G / hper, kvh = blockIdx.y / nch, chunk = blockIdx.y % nch, b = blockIdx.z;
 	int h0 = kvh * G + chunk * hper;  /* first query head of this block */
@@ -693,18 +700,21 @@ k_f2_bwd_fused(bf16 *dqkv, float *part, float *dqacc, const float *Ds, const bf1
 	const bf16 *base = qkv + (size_t)b * T * LD;
 	const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
 	int s0 = k0 + w0 + g, s1 = s0 + 8;  /* this lane's two keys */
+	/* the work: query tiles m0 = mfirst, mfirst + BM, ... < T of each of the hper heads
+	 * (mfirst = k0: BM divides 64) */
 	int mfirst = k0 / BM * BM, nm = (T - mfirst + BM - 1) / BM, ntile = hper * nm;
+	/* Q and dO of work tile i into buffer i & 1 (the caller commits) */
 	auto issue = [&](int i) {
 		int h = h0 + i / nm, m0 = mfirst + (i % nm) * BM, bf_ = i & 1;
 		f2_load_async<HD, BM>(sqo + bf_ * 2 * BM * HD, base + (size_t)h * HD, LD, m0, T);
 		f2_load_async<HD, BM>(sqo + (bf_ * 2 + 1) * BM * HD, dout + (size_t)b * T * OW + (size_t)h * HD, OW, m0, T);
-		const float *lr = lse + ((size_t)b * NH + h) * T, *dr = Ds + ((size_t)b * NH + h) * T;
-		for (int j = threadIdx.x; j < BM; j += F2_WARPS * 32) {
-			int t = m0 + j;
-			sL2[bf_ * BM + j] = t < T ? lr[t] * F2_LOG2E : 0.0f;
-			sD2[bf_ * BM + j] = t < T ? dr[t] : 0.0f;
-			ssq2[bf_ * BM + j] = t < T ? (sg ? sg[t] : 0) : -1;
-		}
+	};
+	/* this thread's lse (log2 units), D and segment of work tile i (threads < BM) */
+	auto scal = [&](int i, float &L, float &D, int &S) {
+		int h = h0 + i / nm, t = mfirst + (i % nm) * BM + (int)threadIdx.x;
+		L = t < T ? lse[((size_t)b * NH + h) * T + t] * F2_LOG2E : 0.0f;
+		D = t < T ? Ds[((size_t)b * NH + h) * T + t] : 0.0f;
+		S = t < T ? (sg ? sg[t] : 0) : -1;
 	};
 
 	f2_load_async<HD, F2_ROWS>(sk, base + (size_t)(NH + kvh) * HD, LD, k0, T);
@@ -713,96 +723,116 @@ k_f2_bwd_fused(bf16 *dqkv, float *part, float *dqacc, const float *Ds, const bf1
 		ssk[i] = k0 + i < T ? (sg ? sg[k0 + i] : 0) : -2;
 	issue(0);
 	f2_cp_commit();
+	if (threadIdx.x < BM)
+		scal(0, sL2[threadIdx.x], sD2[threadIdx.x], ssq2[threadIdx.x]);
 	float dk[HD / 8][4], dv[HD / 8][4];
 #pragma unroll
 	for (int n = 0; n < HD / 8; n++)
 		dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
+	/* the previous tile, for its dQ: head, first query, warps with work, row validity */
+	int hp = 0, m0p = 0, nkp = 0;
+	bool v0p = false, v1p = false;
 
-	for (int it = 0; it < ntile; it++) {
-		int h = h0 + it / nm, m0 = mfirst + (it % nm) * BM, bf_ = it & 1;
-		bf16 *sq = sqo + bf_ * 2 * BM * HD, *sdo = sq + BM * HD;
-		float *sL = sL2 + bf_ * BM, *sD = sD2 + bf_ * BM;
-		int32_t *ssq = ssq2 + bf_ * BM;
-		if (it + 1 < ntile) {
-			issue(it + 1);
-			f2_cp_commit();
-			f2_cp_wait(1);
-		} else {
-			f2_cp_wait(0);
-		}
-		__syncthreads();
-		/* m0 >= k0 (mfirst = k0), so only with BM 32 can a warp's keys all come after
-		 * the tile's queries: warps 0 .. nk - 1 have work (and dS^T rows) */
-		int nk = f2_imin(F2_WARPS, (m0 + BM - 1 - k0) / 16 + 1);
-		if (warp < nk) {
-			float st[BM / 8][4], dpt[BM / 8][4];
+	for (int it = 0; it <= ntile; it++) {
+		f2_cp_wait(0);
+		__syncthreads();  /* tile it is in; tile it - 1 is done with (its dS^T complete) */
+		int h = h0 + it / nm, m0 = mfirst + (it % nm) * BM, bf_ = it & 1, nk = 0;
+		bool v0 = false, v1 = false;
+		if (it < ntile) {
+			bf16 *sq = sqo + bf_ * 2 * BM * HD, *sdo = sq + BM * HD, *sds = sds2 + bf_ * F2_ROWS * BM;
+			float *sL = sL2 + bf_ * BM, *sD = sD2 + bf_ * BM;
+			int32_t *ssq = ssq2 + bf_ * BM;
+			float nL = 0.0f, nD = 0.0f;
+			int nS = 0;
+			if (it + 1 < ntile) {
+				issue(it + 1);
+				f2_cp_commit();
+				if (threadIdx.x < BM)
+					scal(it + 1, nL, nD, nS);
+			}
+			/* only with BM 32 can a warp's keys all come after the tile's queries: warps
+			 * 0 .. nk - 1 have work (and dS^T rows) */
+			nk = f2_imin(F2_WARPS, (m0 + BM - 1 - k0) / 16 + 1);
+			if (warp < nk) {
+				float st[BM / 8][4], dpt[BM / 8][4];
 #pragma unroll
-			for (int j = 0; j < BM / 8; j++)
-				st[j][0] = st[j][1] = st[j][2] = st[j][3] = dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.0f;
+				for (int j = 0; j < BM / 8; j++)
+					st[j][0] = st[j][1] = st[j][2] = st[j][3] = dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.0f;
 #pragma unroll
-			for (int kk = 0; kk < HD / 16; kk += 2) {
-				uint32_t ka[4], ka2[4], va[4], va2[4];
-				f2_ldsm_x4(ka, f2_at<HD>(sk, w0, 2 * kk, lane));
-				f2_ldsm_x4(ka2, f2_at<HD>(sk, w0, 2 * kk + 2, lane));
-				f2_ldsm_x4(va, f2_at<HD>(sv, w0, 2 * kk, lane));
-				f2_ldsm_x4(va2, f2_at<HD>(sv, w0, 2 * kk + 2, lane));
+				for (int kk = 0; kk < HD / 16; kk += 2) {
+					uint32_t ka[4], ka2[4], va[4], va2[4];
+					f2_ldsm_x4(ka, f2_at<HD>(sk, w0, 2 * kk, lane));
+					f2_ldsm_x4(ka2, f2_at<HD>(sk, w0, 2 * kk + 2, lane));
+					f2_ldsm_x4(va, f2_at<HD>(sv, w0, 2 * kk, lane));
+					f2_ldsm_x4(va2, f2_at<HD>(sv, w0, 2 * kk + 2, lane));
+#pragma unroll
+					for (int j = 0; j < BM / 8; j++) {
+						uint32_t qb[4], ob[4];
+						f2_ldsm_x4(qb, f2_bt<HD>(sq, 8 * j, 2 * kk, lane));
+						f2_mma(st[j], ka, qb[0], qb[1]);
+						f2_mma(st[j], ka2, qb[2], qb[3]);
+						f2_ldsm_x4(ob, f2_bt<HD>(sdo, 8 * j, 2 * kk, lane));
+						f2_mma(dpt[j], va, ob[0], ob[1]);
+						f2_mma(dpt[j], va2, ob[2], ob[3]);
+					}
+				}
+				bool nomask = !sg && k0 + w0 + 15 <= m0 && m0 + BM <= T;
+#pragma unroll
+				for (int j = 0; j < BM / 8; j++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						int ql = 8 * j + 2 * tq + (e & 1), t = m0 + ql, key = e < 2 ? s0 : s1, sqv = ssq[ql];
+						bool ok = nomask || (key <= t && sqv >= 0 && (!sg || ssk[key - k0] == sqv));
+						float p = ok ? exp2f(st[j][e] * sl2 - sL[ql]) : 0.0f;
+						st[j][e] = p;
+						dpt[j][e] = p * (dpt[j][e] - sD[ql]) * scale;
+					}
+				/* dS^T to the shared tile (bf16, as it enters every product) */
 #pragma unroll
 				for (int j = 0; j < BM / 8; j++) {
-					uint32_t qb[4], ob[4];
-					f2_ldsm_x4(qb, f2_bt<HD>(sq, 8 * j, 2 * kk, lane));
-					f2_mma(st[j], ka, qb[0], qb[1]);
-					f2_mma(st[j], ka2, qb[2], qb[3]);
-					f2_ldsm_x4(ob, f2_bt<HD>(sdo, 8 * j, 2 * kk, lane));
-					f2_mma(dpt[j], va, ob[0], ob[1]);
-					f2_mma(dpt[j], va2, ob[2], ob[3]);
+					*reinterpret_cast<uint32_t *>(sds + f2_swr<BM>(w0 + g, j) + 2 * tq) = f2_pack(dpt[j][0], dpt[j][1]);
+					*reinterpret_cast<uint32_t *>(sds + f2_swr<BM>(w0 + g + 8, j) + 2 * tq) = f2_pack(dpt[j][2], dpt[j][3]);
+				}
+				/* dV += P^T dO, dK += dS^T Q */
+#pragma unroll
+				for (int kk = 0; kk < BM / 16; kk++) {
+					uint32_t pa[4] = { f2_pack(st[2 * kk][0], st[2 * kk][1]), f2_pack(st[2 * kk][2], st[2 * kk][3]),
+					    f2_pack(st[2 * kk + 1][0], st[2 * kk + 1][1]), f2_pack(st[2 * kk + 1][2], st[2 * kk + 1][3]) };
+					uint32_t da[4] = { f2_pack(dpt[2 * kk][0], dpt[2 * kk][1]), f2_pack(dpt[2 * kk][2], dpt[2 * kk][3]),
+					    f2_pack(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]), f2_pack(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]) };
+#pragma unroll
+					for (int n = 0; n < HD / 16; n++) {
+						uint32_t ob[4], qb[4];
+						f2_ldsm_x4_t(ob, f2_at<HD>(sdo, 16 * kk, 2 * n, lane));
+						f2_mma(dv[2 * n], pa, ob[0], ob[1]);
+						f2_mma(dv[2 * n + 1], pa, ob[2], ob[3]);
+						f2_ldsm_x4_t(qb, f2_at<HD>(sq, 16 * kk, 2 * n, lane));
+						f2_mma(dk[2 * n], da, qb[0], qb[1]);
+						f2_mma(dk[2 * n + 1], da, qb[2], qb[3]);
+					}
 				}
 			}
-			bool nomask = !sg && k0 + w0 + 15 <= m0 && m0 + BM <= T;
-#pragma unroll
-			for (int j = 0; j < BM / 8; j++)
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					int ql = 8 * j + 2 * tq + (e & 1), t = m0 + ql, key = e < 2 ? s0 : s1, sqv = ssq[ql];
-					bool ok = nomask || (key <= t && sqv >= 0 && (!sg || ssk[key - k0] == sqv));
-					float p = ok ? exp2f(st[j][e] * sl2 - sL[ql]) : 0.0f;
-					st[j][e] = p;
-					dpt[j][e] = p * (dpt[j][e] - sD[ql]) * scale;
-				}
-			/* dS^T to the shared tile (bf16, as it enters every product) */
-#pragma unroll
-			for (int j = 0; j < BM / 8; j++) {
-				*reinterpret_cast<uint32_t *>(sds + f2_swr<BM>(w0 + g, j) + 2 * tq) = f2_pack(dpt[j][0], dpt[j][1]);
-				*reinterpret_cast<uint32_t *>(sds + f2_swr<BM>(w0 + g + 8, j) + 2 * tq) = f2_pack(dpt[j][2], dpt[j][3]);
-			}
-			/* dV += P^T dO, dK += dS^T Q */
-#pragma unroll
-			for (int kk = 0; kk < BM / 16; kk++) {
-				uint32_t pa[4] = { f2_pack(st[2 * kk][0], st[2 * kk][1]), f2_pack(st[2 * kk][2], st[2 * kk][3]),
-				    f2_pack(st[2 * kk + 1][0], st[2 * kk + 1][1]), f2_pack(st[2 * kk + 1][2], st[2 * kk + 1][3]) };
-				uint32_t da[4] = { f2_pack(dpt[2 * kk][0], dpt[2 * kk][1]), f2_pack(dpt[2 * kk][2], dpt[2 * kk][3]),
-				    f2_pack(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]), f2_pack(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]) };
-#pragma unroll
-				for (int n = 0; n < HD / 16; n++) {
-					uint32_t ob[4], qb[4];
-					f2_ldsm_x4_t(ob, f2_at<HD>(sdo, 16 * kk, 2 * n, lane));
-					f2_mma(dv[2 * n], pa, ob[0], ob[1]);
-					f2_mma(dv[2 * n + 1], pa, ob[2], ob[3]);
-					f2_ldsm_x4_t(qb, f2_at<HD>(sq, 16 * kk, 2 * n, lane));
-					f2_mma(dk[2 * n], da, qb[0], qb[1]);
-					f2_mma(dk[2 * n + 1], da, qb[2], qb[3]);
-				}
+			/* rows past T and padding queries (segment < 0) get no dQ */
+			v0 = ssq[qr0 + g] >= 0;
+			v1 = ssq[qr0 + g + 8] >= 0;
+			if (it + 1 < ntile && threadIdx.x < BM) {
+				int nb = (bf_ ^ 1) * BM + (int)threadIdx.x;
+				sL2[nb] = nL;
+				sD2[nb] = nD;
+				ssq2[nb] = nS;
 			}
 		}
-		__syncthreads();  /* dS^T of every warp with work is in sds */
-		{
-			/* dQ (this warp's 16 queries x HDW columns) = dS K over the keys of warps < nk */
+		if (it > 0) {
+			/* dQ of tile it - 1 (this warp's 16 queries x HDW columns) = dS K over the keys
+			 * of its warps with work */
+			const bf16 *sds = sds2 + ((it - 1) & 1) * F2_ROWS * BM;
 			float dq[HDW / 8][4];
 #pragma unroll
 			for (int n = 0; n < HDW / 8; n++)
 				dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
 #pragma unroll
 			for (int kk = 0; kk < F2_WARPS; kk++) {
-				if (kk < nk) {
+				if (kk < nkp) {
 					uint32_t a[4];
 					f2_ldsm_x4_t(a, f2_at_t<BM>(sds, 16 * kk, qr0 / 8, lane));
 #pragma unroll
@@ -814,19 +844,20 @@ k_f2_bwd_fused(bf16 *dqkv, float *part, float *dqacc, const float *Ds, const bf1
 					}
 				}
 			}
-			/* rows past T and padding queries (ssq < 0) have no gradient */
-			int r0 = qr0 + g, r1 = r0 + 8;
-			float *qrow = dqacc + ((size_t)b * T + m0) * OW + (size_t)h * HD + dc0 * 8 + 2 * tq;
-			bool v0 = ssq[r0] >= 0, v1 = ssq[r1] >= 0;
+			float *qrow = dqacc + ((size_t)b * T + m0p + qr0 + g) * OW + (size_t)hp * HD + dc0 * 8 + 2 * tq;
 #pragma unroll
 			for (int n = 0; n < HDW / 8; n++) {
-				if (v0)
-					f2_red2(qrow + (size_t)r0 * OW + 8 * n, dq[n][0], dq[n][1]);
-				if (v1)
-					f2_red2(qrow + (size_t)r1 * OW + 8 * n, dq[n][2], dq[n][3]);
+				if (v0p)
+					f2_red2(qrow + 8 * n, dq[n][0], dq[n][1]);
+				if (v1p)
+					f2_red2(qrow + 8 * OW + 8 * n, dq[n][2], dq[n][3]);
 			}
 		}
-		__syncthreads();  /* this buffer is read: the next iteration may refill it */
+		hp = h;
+		m0p = m0;
+		nkp = nk;
+		v0p = v0;
+		v1p = v1;
 	}
 	if (part) {
 		size_t n = (size_t)gridDim.z * T * NKV * HD;
@@ -844,6 +875,9 @@ k_f2_bwd_fused(bf16 *dqkv, float *part, float *dqacc, const float *Ds, const bf1
 			}
 		return;
 	}
+	/* each warp stages through its own rows of the K and V tiles: the last dQ read K, so
+	 * a barrier first */
+	__syncthreads();
 	bf16 *drow = dqkv + (size_t)b * T * LD;
 	f2_store<HD>(drow + (size_t)(NH + kvh) * HD, LD, k0, T, sk, w0, dk, 1.0f, 1.0f, lane);
 	f2_store<HD>(drow + (size_t)(NH + NKV + kvh) * HD, LD, k0, T, sv, w0, dv, 1.0f, 1.0f, lane);
@@ -966,7 +1000,7 @@ f2_dqacc_off(int B, int T, int NH, int NKV, int HD)
 	return hper < G ? d + (size_t)2 * (G / hper) * B * T * NKV * HD : d;
 }
 
-template <int HD, int MINB>
+template <int HD, int BM, int MINB>
 static int
 f2_bwd_fused(void *s, float *ws, void *dqkv, const void *dout, const void *out, const float *lse, const void *qkv,
     const int32_t *seg, int B, int T, int NH, int NKV)
@@ -974,7 +1008,7 @@ f2_bwd_fused(void *s, float *ws, void *dqkv, const void *dout, const void *out, 
 	int G = NH / NKV, hper = f2_hper(B, T, NKV, G), nch = G / hper;
 	float *part = hper < G ? ws + ((size_t)B * NH * T + 3) / 4 * 4 : NULL;
 	float *dqacc = ws + f2_dqacc_off(B, T, NH, NKV, HD);
-	int e = f2_attr(k_f2_bwd_fused<HD, MINB>, f2_fus_smem<HD>());
+	int e = f2_attr(k_f2_bwd_fused<HD, BM, MINB>, f2_fus_smem<HD, BM>());
 	if (e)
 		return e;
 	float scale = 1.0f / sqrtf((float)HD);
@@ -984,7 +1018,7 @@ f2_bwd_fused(void *s, float *ws, void *dqkv, const void *dout, const void *out, 
 	if ((e = (int)cudaGetLastError()))
 		return e;
 	dim3 g2((T + F2_ROWS - 1) / F2_ROWS, NKV * nch, B);
-	k_f2_bwd_fused<HD, MINB><<<g2, F2_WARPS * 32, f2_fus_smem<HD>(), RLK_STREAM(s)>>>((bf16 *)dqkv, part, dqacc,
+	k_f2_bwd_fused<HD, BM, MINB><<<g2, F2_WARPS * 32, f2_fus_smem<HD, BM>(), RLK_STREAM(s)>>>((bf16 *)dqkv, part, dqacc,
 	    ws, (const bf16 *)dout, lse, (const bf16 *)qkv, seg, T, NH, NKV, hper, F2_LOG2E * scale, scale);
 	if ((e = (int)cudaGetLastError()))
 		return e;
@@ -1038,13 +1072,15 @@ rlk_flash2_bwd(void *s, float *ws, void *dqkv, const void *dout, const void *out
 		return 0;
 	if (!ws || !rlk_flash2_ok(NH, NKV, HD, dqkv, dout, out, qkv))
 		return (int)cudaErrorInvalidValue;
+	/* HD 128: query tiles of 32 (the registers), free register count, in every fused mode */
+	if (mode != RLK_F2_BWD_DET && HD == 128)
+		return f2_bwd_fused<128, 32, 1>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV);
 	if (mode == RLK_F2_BWD_FUSED)
-		return HD == 64 ? f2_bwd_fused<64, 1>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV)
-		    : f2_bwd_fused<128, 1>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV);
-	/* 3 blocks per multiprocessor (168 registers) only at HD 64: HD 128 needs more */
+		return f2_bwd_fused<64, 64, 1>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV);
 	if (mode == RLK_F2_BWD_FUSED3)
-		return HD == 64 ? f2_bwd_fused<64, 3>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV)
-		    : f2_bwd_fused<128, 1>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV);
+		return f2_bwd_fused<64, 64, 3>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV);
+	if (mode == RLK_F2_BWD_FUSED32)
+		return f2_bwd_fused<64, 32, F2_FUSED32_MINB>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV);
 	return HD == 64 ? f2_bwd<64>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV)
 	    : f2_bwd<128>(s, ws, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV);
 }

@@ -126,8 +126,9 @@ int rlk_flash_fwd(void *stream, void *out, float *lse, const void *qkv, const in
  * RLK_F2_BWD_DET two passes (dQ, then dK/dV), every output written once: bit-for-bit
  * deterministic; RLK_F2_BWD_FUSED one pass, dQ by f32 atomics (5 products instead of 8,
  * not bit-for-bit reproducible); RLK_F2_BWD_FUSED3 the same compiled for 3 blocks per
- * multiprocessor at HD 64. */
-enum { RLK_F2_BWD_DET, RLK_F2_BWD_FUSED, RLK_F2_BWD_FUSED3 };
+ * multiprocessor at HD 64; RLK_F2_BWD_FUSED32 with query tiles of 32 at HD 64 (fewer
+ * registers, more blocks per multiprocessor).  At HD 128 the fused modes are one kernel. */
+enum { RLK_F2_BWD_DET, RLK_F2_BWD_FUSED, RLK_F2_BWD_FUSED3, RLK_F2_BWD_FUSED32 };
 int rlk_flash2_ok(int NH, int NKV, int HD, const void *p0, const void *p1, const void *p2, const void *p3);
 size_t rlk_flash2_ws_bytes(int B, int T, int NH, int NKV, int HD, int mode);
 int rlk_flash2_fwd(void *stream, void *out, float *lse, const void *qkv, const int32_t *seg, int B, int T,

@@ -72,7 +72,7 @@ typedef struct cuda_ctx {
 	int prof;              /* RL_CUDA_PROFILE set: time every op (synchronising) */
 	int flash;             /* flash attention forward: RL_CUDA_ATTN=flash (see docs/cuda.md) */
 	int flash2;            /* mma.sync flash attention fwd + bwd, the default (kernels/flash2.cu) */
-	int f2_bwd;            /* flash2 backward: RLK_F2_BWD_* (RL_CUDA_FLASH_BWD=det|fused|fused3) */
+	int f2_bwd;            /* flash2 backward: RLK_F2_BWD_* (RL_CUDA_FLASH_BWD=det|fused|...) */
 	void *fa2_ws;          /* flash2 backward: D = rowsum(dO * O) (B, NH, T) f32, dK/dV partials,
 	                        * the fused modes' f32 dQ accumulator */
 	size_t fa2_ws_bytes;
@@ -1382,8 +1382,9 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->flash2 = attn <= 0;
 	c->flash = attn == 2;
 	/* flash2's backward: det (two passes, bit-for-bit reproducible; the default), fused
-	 * (one pass, dQ by f32 atomics), fused3 (the same for 3 blocks per SM): docs/cuda.md */
-	int f2b = env_pick("RL_CUDA_FLASH_BWD", "det fused fused3");  /* the RLK_F2_BWD_* order */
+	 * (one pass, dQ by f32 atomics), fused3 (the same for 3 blocks per SM), fused32
+	 * (32-query tiles, 4 blocks per SM): docs/cuda.md */
+	int f2b = env_pick("RL_CUDA_FLASH_BWD", "det fused fused3 fused32");  /* RLK_F2_BWD_* order */
 	c->f2_bwd = f2b < 0 ? RLK_F2_BWD_DET : f2b;
 	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
 	c->no_gemv = getenv("RL_CUDA_GEMV") != NULL && strcmp(getenv("RL_CUDA_GEMV"), "0") == 0;

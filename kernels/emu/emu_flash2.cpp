@@ -87,15 +87,20 @@ run_prep(void *)
 	k_f2_bwd_prep(FA.ws, FA.dqacc, FA.dout, FA.out, FA.B * FA.T * FA.NH, FA.T, FA.NH, FA.HD);
 }
 
+static int fused_bm;  /* the fused backward's query tile at HD 64: 64 or 32 */
+
 static void
 run_fused(void *)
 {
 	float sc = 1.0f / sqrtf((float)FA.HD);
-	if (FA.HD == 64)
-		k_f2_bwd_fused<64, 1>(FA.dqkv, FA.part, FA.dqacc, FA.ws, FA.dout, FA.lse, FA.qkv, FA.seg, FA.T, FA.NH,
+	if (FA.HD == 64 && fused_bm == 32)
+		k_f2_bwd_fused<64, 32, 1>(FA.dqkv, FA.part, FA.dqacc, FA.ws, FA.dout, FA.lse, FA.qkv, FA.seg, FA.T, FA.NH,
+		    FA.NKV, FA.hper, F2_LOG2E * sc, sc);
+	else if (FA.HD == 64)
+		k_f2_bwd_fused<64, 64, 1>(FA.dqkv, FA.part, FA.dqacc, FA.ws, FA.dout, FA.lse, FA.qkv, FA.seg, FA.T, FA.NH,
 		    FA.NKV, FA.hper, F2_LOG2E * sc, sc);
 	else
-		k_f2_bwd_fused<128, 1>(FA.dqkv, FA.part, FA.dqacc, FA.ws, FA.dout, FA.lse, FA.qkv, FA.seg, FA.T, FA.NH,
+		k_f2_bwd_fused<128, 32, 1>(FA.dqkv, FA.part, FA.dqacc, FA.ws, FA.dout, FA.lse, FA.qkv, FA.seg, FA.T, FA.NH,
 		    FA.NKV, FA.hper, F2_LOG2E * sc, sc);
 }
 
@@ -228,29 +233,38 @@ test_attn(int B, int T, int NH, int NKV, int HD, int seg_mode, int hper)
 		fails++;
 		printf("FAIL flash2 B=%d T=%d NH=%d NKV=%d HD=%d seg=%d\n", B, T, NH, NKV, HD, seg_mode);
 	}
-	/* the fused backward (RL_CUDA_FLASH_BWD=fused): D and the zeroed f32 dQ accumulator by
-	 * k_f2_bwd_prep, one pass for dK, dV and dQ (atomics), the dK/dV chunk sum, the cast;
-	 * dqkv, D, the accumulator and the partials poisoned again */
-	for (size_t i = 0; i < nq; i++)
-		dqkv[i].h = 0x7fc1;
-	for (size_t i = 0; i < nl; i++)
-		ws[i] = NAN;
-	for (size_t i = 0; i < nacc; i++)
-		dqacc[i] = NAN;
-	for (size_t i = 0; part && i < 2 * nch * n; i++)
-		part[i] = NAN;
-	unsigned npb = 256 / (unsigned)(HD / 8), nr = (unsigned)(B * T * NH);
-	emu_launch(dim3((nr + npb - 1) / npb < 5 ? (nr + npb - 1) / npb : 5), dim3(256), run_prep, NULL);
-	emu_launch(dim3(nb, (unsigned)(NKV * nch), (unsigned)B), dim3(F2_WARPS * 32), run_fused, NULL);
-	if (part)
-		emu_launch(dim3((unsigned)((n + 255) / 256 < 7 ? (n + 255) / 256 : 7)), dim3(256), run_sum, NULL);
-	emu_launch(dim3((unsigned)((nacc / 4 + 255) / 256 < 5 ? (nacc / 4 + 255) / 256 : 5)), dim3(256), run_cast, NULL);
-	printf("flash2 fused backward B=%d T=%d NH=%d NKV=%d HD=%d seg=%d\n", B, T, NH, NKV, HD, seg_mode);
-	f = cmp("dqkv", "", dqkv, NULL, rdq, nq, 2e-2 * mq, 3e-2, 4e-4, zq);
-	cases++;
-	if (f) {
-		fails++;
-		printf("FAIL flash2 fused backward B=%d T=%d NH=%d NKV=%d HD=%d seg=%d\n", B, T, NH, NKV, HD, seg_mode);
+	/* the fused backward (RL_CUDA_FLASH_BWD=fused, fused3: query tiles of 64 at HD 64, 32 at
+	 * HD 128; fused32: 32 at HD 64): D and the zeroed f32 dQ accumulator by k_f2_bwd_prep,
+	 * one pass for dK, dV and dQ (atomics), the dK/dV chunk sum, the cast; dqkv, D, the
+	 * accumulator and the partials poisoned again */
+	for (int bm = 64; bm >= 32; bm -= 32) {
+		if (HD == 128 && bm == 64)
+			continue;
+		fused_bm = bm;
+		for (size_t i = 0; i < nq; i++)
+			dqkv[i].h = 0x7fc1;
+		for (size_t i = 0; i < nl; i++)
+			ws[i] = NAN;
+		for (size_t i = 0; i < nacc; i++)
+			dqacc[i] = NAN;
+		for (size_t i = 0; part && i < 2 * nch * n; i++)
+			part[i] = NAN;
+		unsigned npb = 256 / (unsigned)(HD / 8), nr = (unsigned)(B * T * NH);
+		emu_launch(dim3((nr + npb - 1) / npb < 5 ? (nr + npb - 1) / npb : 5), dim3(256), run_prep, NULL);
+		emu_launch(dim3(nb, (unsigned)(NKV * nch), (unsigned)B), dim3(F2_WARPS * 32), run_fused, NULL);
+		if (part)
+			emu_launch(dim3((unsigned)((n + 255) / 256 < 7 ? (n + 255) / 256 : 7)), dim3(256), run_sum, NULL);
+		emu_launch(dim3((unsigned)((nacc / 4 + 255) / 256 < 5 ? (nacc / 4 + 255) / 256 : 5)), dim3(256), run_cast,
+		    NULL);
+		printf("flash2 fused backward, %d-query tiles: B=%d T=%d NH=%d NKV=%d HD=%d seg=%d\n", bm, B, T, NH, NKV,
+		    HD, seg_mode);
+		f = cmp("dqkv", "", dqkv, NULL, rdq, nq, 2e-2 * mq, 3e-2, 4e-4, zq);
+		cases++;
+		if (f) {
+			fails++;
+			printf("FAIL flash2 fused backward (%d) B=%d T=%d NH=%d NKV=%d HD=%d seg=%d\n", bm, B, T, NH, NKV, HD,
+			    seg_mode);
+		}
 	}
 	delete[] dqacc;
 	delete[] qkv; delete[] dout; delete[] out; delete[] dqkv; delete[] fq; delete[] fdo; delete[] rout;

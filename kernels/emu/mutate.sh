@@ -79,14 +79,18 @@ mutant "chunk sum leaving out the last chunk" 's/for (int c = 0; c < nch; c++) {
 mutant "forward refilling a buffer without a barrier" drop:1
 mutant "dQ pass refilling a buffer without a barrier" drop:2
 mutant "dK/dV pass refilling a buffer without a barrier" drop:3
-# the fused backward (RL_CUDA_FLASH_BWD=fused): dQ by atomics from the dK/dV pass
-mutant "fused: dQ over the dS^T rows of warps without work" 's/				if (kk < nk) {/				if (1) {/'
+# the fused backward (RL_CUDA_FLASH_BWD=fused): dQ by atomics from the dK/dV pass, one
+# barrier per tile (dQ of the previous tile from the other dS^T buffer)
+mutant "fused: dQ over the dS^T rows of warps without work" 's/				if (kk < nkp) {/				if (1) {/'
 mutant "fused: dS read for dQ without ldmatrix.trans" 's/f2_ldsm_x4_t(a, f2_at_t/f2_ldsm_x4(a, f2_at_t/'
 mutant "fused: dS A fragment with a1/a2 swapped" \
     's/((lane >> 4) \& 1) \* 8, c0 + ((lane >> 3) \& 1))/((lane >> 3) \& 1) * 8, c0 + ((lane >> 4) \& 1))/'
-mutant "fused: dQ row g + 8 added to row g" 's/f2_red2(qrow + (size_t)r1 \* OW/f2_red2(qrow + (size_t)r0 * OW/'
+mutant "fused: dQ row g + 8 added to row g" 's/f2_red2(qrow + 8 \* OW + 8 \* n,/f2_red2(qrow + 8 * n,/'
 mutant "fused: half of the dQ accumulator not zeroed" '/(dqacc + r \* HD + sub \* 8)\[1\] = z;/d'
-mutant "fused: dQ read before every warp's dS^T is written" '/dS^T of every warp with work is in sds/d'
-mutant "fused: refilling a buffer without a barrier" drop:4
+mutant "fused: one dS^T buffer (written while the previous tile's is read)" \
+    's/, \*sds = sds2 + bf_ \* F2_ROWS \* BM;/, *sds = sds2;/; s/const bf16 \*sds = sds2 + ((it - 1) \& 1) \* F2_ROWS \* BM;/const bf16 *sds = sds2;/'
+mutant "fused: next tile's lse, D, segments stored over the current ones" 's/int nb = (bf_ ^ 1) \* BM/int nb = bf_ * BM/'
+mutant "fused: no barrier per tile" '/tile it is in; tile it - 1 is done with/d'
+mutant "fused: dK/dV staged through K while a warp may still read it for dQ" '/ \* a barrier first \*\//{n;d}'
 rm -f "$tmp" "$tmp.log"
 exit $missed

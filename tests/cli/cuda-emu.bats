@@ -4,9 +4,9 @@
 # the CPU reference: decode.cu's two decode attention kernels and their merge,
 # norm.cu's forward norms (fused add + norm, the row in registers), gemv.cu,
 # logprob.cu's sampler and log-prob kernels (strided rows), flash2.cu's attention
-# forward and backward (also with warps drifting apart), and elementwise.cu's vec
-# kernels and multi-tensor AdamW (emu_ew: bit for bit against the element-wise
-# forms).  The kernel logic is checked in every `make check`,
+# forward and backward, two-pass and fused (also with warps drifting apart), and
+# elementwise.cu's vec kernels and multi-tensor AdamW (emu_ew: bit for bit against
+# the element-wise forms).  The kernel logic is checked in every `make check`,
 # without a GPU.  Skipped without a C++ compiler or the library.
 
 bats_require_minimum_version 1.5.0
@@ -31,11 +31,12 @@ passed() {
 	passed emu_sample 8
 	passed emu_logprob 8
 	passed emu_ew 46
-	# a sanitized library (build-san) makes run.sh take flash2's quick set: 6 cases
+	# a sanitized library (build-san) makes run.sh take flash2's quick set: 15 cases (the
+	# self-test, 5 shapes by the two-pass backward, 5 + 4 by the fused one's tiles)
 	if nm "$root/${RL_BUILD:-build}/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
-		passed emu_flash2 6
+		passed emu_flash2 15
 	else
-		passed emu_flash2 10
+		passed emu_flash2 25
 	fi
-	passed 'emu_flash2 (skew)' 2
+	passed 'emu_flash2 (skew)' 5
 }
