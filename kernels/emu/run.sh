@@ -58,6 +58,10 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	awk '/^#include/ { next } /^extern "C"/ { if ($0 ~ /}$/) next; skip = 1 } !skip { print }
 	    skip && /^}$/ { skip = 0 }' "$root/kernels/elementwise.cu"
 } > "$out/ew.inc"
+{
+	grep '^#define NORM_WARPS' "$root/kernels/norm.cu"
+	cut_fn "$root/kernels/norm.cu" '^template <int NCH, int LN>'
+} > "$out/normbwd.inc"
 CXXF="-O1 -g -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas"
 # a sanitized library (make SANITIZE=address,undefined: build-san/) needs the sanitizer runtimes
 # (4x slower: flash2 then runs its quick set unless told otherwise)
