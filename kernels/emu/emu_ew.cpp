@@ -10,6 +10,7 @@
  *   - k_adamw_multi over a chunk table (segments of 1 element, crossing a chunk,
  *     starting unaligned right after the previous one, gaps) against k_adamw per
  *     segment, bit for bit, with the float4 path on and off; gaps untouched;
+ *   - k_colsum8 (bias gradient, 16-byte loads) against a double sum, added (+=);
  *   - norm.cu's k_norm_bwd_vec (LayerNorm and RMSNorm backward with the row in registers)
  *     against the CPU reference with test_cuda_ops' tolerances: dx, dw and db added (+=)
  *     to what they held, db NULL left alone, C from 8 to 1024, grids smaller than the rows.
@@ -358,6 +359,39 @@ test_adamw_multi(int vec)
 	delete[] g; delete[] p0;
 }
 
+/* ---- bias gradient: column sums ----------------------------------------------------------- */
+struct cs_args { float *db; bf16 *d; int N, OC; };
+static cs_args CS;
+static void run_cs(void *) { k_colsum8(CS.db, CS.d, CS.N, CS.OC); }
+
+static void
+test_colsum(int N, int OC)
+{
+	size_t n = (size_t)N * OC;
+	bf16 *d = new bf16[n];
+	float *fd = new float[n], *db = new float[OC];
+	double *ref = new double[OC];
+	fill_bf(&rs, d, fd, n, -1, 1);
+	for (int c = 0; c < OC; c++)
+		ref[c] = db[c] = frnd(&rs, -1, 1);  /* += */
+	for (int r = 0; r < N; r++)
+		for (int c = 0; c < OC; c++)
+			ref[c] += fd[(size_t)r * OC + c];
+	CS = { db, d, N, OC };
+	emu_launch(dim3((unsigned)((OC + 255) / 256), (unsigned)((N + COLSUM_ROWS - 1) / COLSUM_ROWS)), dim3(256), run_cs,
+	    NULL);
+	double worst = 0;
+	size_t bad = 0;
+	for (int c = 0; c < OC; c++) {
+		double e = fabs(db[c] - ref[c]);
+		if (!(e <= 1e-5 * sqrt(N) + 1e-5 * fabs(ref[c])))
+			bad++;
+		worst = fmax(worst, e);
+	}
+	report(!bad, "colsum8 N=%d OC=%d: max err vs f64 %.3g, %zu bad", N, OC, worst, bad);
+	delete[] d; delete[] fd; delete[] db; delete[] ref;
+}
+
 /* ---- norm backward with the row in registers (norm.cu) ------------------------------------ */
 struct nb_args {
 	bf16 *dx, *dout, *x, *w;
@@ -437,6 +471,11 @@ main(void)
 	test_rope(2, 1, 1, 16, 1e4f);    /* one chunk of 8 frequencies */
 	test_adamw_multi(1);
 	test_adamw_multi(0);
+	/* one column block partly filled, several; rows not a multiple of 8 or of a block's */
+	test_colsum(1, 8);
+	test_colsum(77, 264);
+	test_colsum(300, 768);
+	test_colsum(129, 2304);
 	/* 1 to 4 chunks per lane, rows ending inside a chunk (C 24, 896), warps over several rows */
 	test_norm_bwd(1, 8, 1, 1, 1);
 	test_norm_bwd(37, 768, 1, 1, 2);

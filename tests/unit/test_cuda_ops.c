@@ -1016,6 +1016,12 @@ main(void)
 		test_qknorm_rope(53, 14, 2, 64);
 		end_env("RL_CUDA_EW_VEC");
 	}
+	/* the element form of the bias gradient (matmul_bwd's dbias) */
+	if (with_env("RL_CUDA_COLSUM_VEC", "0")) {
+		test_matmul(512, 768, 2304, 1, 0);
+		test_matmul(77, 130, 33, 1, 1);
+		end_env("RL_CUDA_COLSUM_VEC");
+	}
 	/* the element-strided norm backward */
 	if (with_env("RL_CUDA_NORM_BWD_VEC", "0")) {
 		test_norms(33, 768);
