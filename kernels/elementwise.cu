@@ -458,7 +458,7 @@ rlk_rope(void *s, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD,
 }
 
 /* ---- bias gradient: column sums --------------------------------------------------- */
-/* Block (32, 8): 32 columns, 8 row lanes; blockIdx.y strides over row chunks. */
+/* The element form (any OC, any alignment; RL_CUDA_COLSUM_VEC=0).  Block (32, 8): 32 columns, 8 row lanes; blockIdx.y strides over row chunks. */
 __global__ void k_colsum(float *db, const bf16 *dout, int N, int OC, int rows_per)
 {
 	__shared__ float sh[8][33];
@@ -477,11 +477,56 @@ __global__ void k_colsum(float *db, const bf16 *dout, int N, int OC, int rows_pe
 	}
 }
 
+/* OC % 8 == 0 and dout 16-byte aligned: a block of 8 warps takes 256 columns (8 per lane,
+ * 16-byte loads: a warp reads 512 contiguous bytes of a row) and COLSUM_ROWS rows (warp w:
+ * rows w, w + 8, ...), f32 sums in registers, the warps' sums merged in shared memory,
+ * one atomicAdd per column per block. */
+#define COLSUM_ROWS 128
+__global__ void __launch_bounds__(256)
+k_colsum8(float *db, const bf16 *dout, int N, int OC)
+{
+	__shared__ float sh[8][256];
+	int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+	int c0 = blockIdx.x * 256 + lane * 8;
+	int r0 = blockIdx.y * COLSUM_ROWS, r1 = min(N, r0 + COLSUM_ROWS);
+	float acc[8];
+#pragma unroll
+	for (int e = 0; e < 8; e++)
+		acc[e] = 0.0f;
+	if (c0 < OC) {
+#pragma unroll 4
+		for (int r = r0 + wp; r < r1; r += 8) {
+			uint4 u = *(const uint4 *)(dout + (size_t)r * OC + c0);
+			const bf16 *a = (const bf16 *)&u;
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				acc[e] += bf(a[e]);
+		}
+	}
+#pragma unroll
+	for (int e = 0; e < 8; e++)
+		sh[wp][lane * 8 + e] = acc[e];
+	__syncthreads();
+	int c = blockIdx.x * 256 + threadIdx.x;
+	if (c < OC) {
+		float t = 0.0f;
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			t += sh[k][threadIdx.x];
+		atomicAdd(&db[c], t);
+	}
+}
+
 extern "C" int
 rlk_colsum(void *s, float *db, const void *dout, int N, int OC)
 {
 	if (N <= 0 || OC <= 0)
 		return 0;
+	if ((rlk_opts_v & RLK_OPT_COLSUM_VEC) && OC % 8 == 0 && al16(dout) && (N + COLSUM_ROWS - 1) / COLSUM_ROWS <= 65535) {
+		dim3 grid((OC + 255) / 256, (N + COLSUM_ROWS - 1) / COLSUM_ROWS);
+		k_colsum8<<<grid, 256, 0, RLK_STREAM(s)>>>(db, (const bf16 *)dout, N, OC);
+		RLK_RET();
+	}
 	int rows_per = 256;
 	dim3 grid((OC + 31) / 32, (N + rows_per - 1) / rows_per);
 	k_colsum<<<grid, dim3(32, 8), 0, RLK_STREAM(s)>>>(db, (const bf16 *)dout, N, OC, rows_per);

@@ -9,6 +9,9 @@
  * optional op of lib/ops.h): each lane adds, rounds and stores its elements of
  * the row, then the norm reads them back (its own stores: no barrier needed).
  *
+ * The backward norms keep the row in registers (k_norm_bwd_vec) where C allows; the
+ * element-strided kernels are the fallback (and RL_CUDA_NORM_BWD_VEC=0).
+ *
  * Leaves out: fusion in the backward.
  */
 #include "kernels/common.cuh"
@@ -162,6 +165,169 @@ norm_vec(cudaStream_t st, int *err, bf16 *xw, const bf16 *xin, const bf16 *t, bf
 	return 1;
 }
 
+/* ---- the backward norms with the row in registers ---------------------------------------
+ * One warp per row, each lane with its NCH chunks of 8 columns of x and dout in registers
+ * (16-byte loads: one pass over both), w in registers for all the warp's rows.  LN:
+ * LayerNorm (dw and db when db != NULL), else RMSNorm (dw).  Each lane sums the weight
+ * gradient of its columns over the warp's rows in registers (f32), the block's warps add
+ * theirs in shared memory, and the block adds the sum to dw (db) once (atomicAdd: +=).
+ * The same arithmetic per element as k_layernorm_bwd / k_rmsnorm_bwd below; the sums are
+ * added in another order (f32 rounding only).  Taken when C % 8 == 0, C <= 1024 (the
+ * register budget: NCH <= 4) and the act pointers 16-byte aligned (norm_bwd_vec). */
+#ifndef NB_SMEM
+#define NB_SMEM(name, bytes) extern __shared__ float name[]
+#endif
+template <int NCH, int LN>
+__global__ void __launch_bounds__(NORM_WARPS * 32, LN && NCH > 3 ? 1 : 2)  /* 2 blocks: 128 registers */
+k_norm_bwd_vec(bf16 *dx, float *dw, float *db, const bf16 *dout, const bf16 *x, const bf16 *w, const float *mean,
+    const float *rstd, int N, int C)
+{
+	NB_SMEM(sh, (size_t)2 * C * sizeof(float));  /* dw (C), db (C) */
+	int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nb = LN && db ? 2 : 1;
+	for (int c = threadIdx.x; c < nb * C; c += blockDim.x)
+		sh[c] = 0.0f;
+	float aw[NCH][8], ab[NCH][8];
+	uint4 wr[NCH];
+#pragma unroll
+	for (int k = 0; k < NCH; k++) {
+		int c = (k * 32 + lane) * 8;
+		wr[k] = make_uint4(0, 0, 0, 0);
+		if (c < C)
+			wr[k] = *(const uint4 *)(w + c);
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			aw[k][e] = ab[k][e] = 0.0f;
+	}
+	for (long r = (long)blockIdx.x * NORM_WARPS + wp; r < N; r += (long)gridDim.x * NORM_WARPS) {
+		uint4 xv[NCH], gv[NCH];
+#pragma unroll
+		for (int k = 0; k < NCH; k++) {
+			int c = (k * 32 + lane) * 8;
+			xv[k] = gv[k] = make_uint4(0, 0, 0, 0);
+			if (c < C) {
+				xv[k] = *(const uint4 *)(x + (size_t)r * C + c);
+				gv[k] = *(const uint4 *)(dout + (size_t)r * C + c);
+			}
+		}
+		float mu = LN ? mean[r] : 0.0f, rs = rstd[r], s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+		for (int k = 0; k < NCH; k++) {
+			const bf16 *xa = (const bf16 *)&xv[k], *ga = (const bf16 *)&gv[k], *wa = (const bf16 *)&wr[k];
+#pragma unroll
+			for (int e = 0; e < 8; e++) {  /* zeros past C add nothing */
+				float xf = bf(xa[e]), g = bf(ga[e]);
+				if (LN) {
+					float xh = (xf - mu) * rs, wg = g * bf(wa[e]);
+					s1 += wg;
+					s2 += wg * xh;
+					aw[k][e] += g * xh;
+					ab[k][e] += g;
+				} else {
+					s1 += g * bf(wa[e]) * xf;
+					aw[k][e] += g * xf * rs;
+				}
+			}
+		}
+		s1 = warp_sum(s1);
+		float kk = 0.0f;
+		if (LN) {
+			s1 = s1 / C;
+			s2 = warp_sum(s2) / C;
+		} else {
+			kk = s1 * rs * rs * rs / C;
+		}
+#pragma unroll
+		for (int k = 0; k < NCH; k++) {
+			int c = (k * 32 + lane) * 8;
+			if (c >= C)
+				continue;
+			const bf16 *xa = (const bf16 *)&xv[k], *ga = (const bf16 *)&gv[k], *wa = (const bf16 *)&wr[k];
+			uint4 o;
+			bf16 *ov = (bf16 *)&o;
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				if (LN) {
+					float xh = (bf(xa[e]) - mu) * rs, wg = bf(ga[e]) * bf(wa[e]);
+					ov[e] = tobf(rs * (wg - s1 - xh * s2));
+				} else {
+					ov[e] = tobf(rs * bf(wa[e]) * bf(ga[e]) - kk * bf(xa[e]));
+				}
+			}
+			*(uint4 *)(dx + (size_t)r * C + c) = o;
+		}
+	}
+	__syncthreads();
+#pragma unroll
+	for (int k = 0; k < NCH; k++) {
+		int c = (k * 32 + lane) * 8;
+		if (c >= C)
+			continue;
+#pragma unroll
+		for (int e = 0; e < 8; e++) {
+			atomicAdd(&sh[c + e], aw[k][e]);
+			if (LN && db)
+				atomicAdd(&sh[C + c + e], ab[k][e]);
+		}
+	}
+	__syncthreads();
+	for (int c = threadIdx.x; c < C; c += blockDim.x) {
+		atomicAdd(&dw[c], sh[c]);
+		if (LN && db)
+			atomicAdd(&db[c], sh[C + c]);
+	}
+}
+
+/* blocks for k_norm_bwd_vec: as many as fit on the device at once (each block's partial
+ * sums cost C atomics), at most one per NORM_WARPS rows */
+template <int NCH, int LN>
+static unsigned
+norm_bwd_grid(long N, size_t smem)
+{
+	static int nsm, occ;
+	if (!occ) {
+		int dev = 0;
+		if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) !=
+		    cudaSuccess || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_norm_bwd_vec<NCH, LN>,
+		    NORM_WARPS * 32, smem) != cudaSuccess || occ < 1) {
+			cudaGetLastError();
+			nsm = 132;
+			occ = 2;
+		}
+	}
+	long b = (N + NORM_WARPS - 1) / NORM_WARPS, cap = (long)nsm * occ;
+	return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
+}
+
+/* k_norm_bwd_vec when the option, the shape and the alignment allow it: 1 if launched (or
+ * failed to launch: *err set), 0 to take the element-strided kernel */
+static int
+norm_bwd_vec(cudaStream_t st, int *err, bf16 *dx, float *dw, float *db, const bf16 *dout, const bf16 *x,
+    const bf16 *w, const float *mean, const float *rstd, int N, int C, int ln)
+{
+	if (!(rlk_get_opts() & RLK_OPT_NORM_BWD_VEC) || C <= 0 || C % 8 || C > 1024 || !a16(dx) || !a16(dout) ||
+	    !a16(x) || !a16(w))
+		return 0;
+	int n = (C + 255) / 256;
+	size_t sm = (size_t)2 * C * sizeof(float);
+	dim3 bl(NORM_WARPS * 32);
+#define NB(K, L) k_norm_bwd_vec<K, L><<<norm_bwd_grid<K, L>(N, sm), bl, sm, st>>>(dx, dw, db, dout, x, w, mean, \
+	rstd, N, C)
+	if (ln) {
+		if (n <= 1) NB(1, 1);
+		else if (n <= 2) NB(2, 1);
+		else if (n <= 3) NB(3, 1);
+		else NB(4, 1);
+	} else {
+		if (n <= 1) NB(1, 0);
+		else if (n <= 2) NB(2, 0);
+		else if (n <= 3) NB(3, 0);
+		else NB(4, 0);
+	}
+#undef NB
+	*err = (int)cudaGetLastError();
+	return 1;
+}
+
 /* ---- RMSNorm ---------------------------------------------------------------------- */
 __global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int N, int C,
     float eps)
@@ -238,8 +404,12 @@ rlk_rmsnorm_bwd(void *s, void *dx, float *dw, const void *dout, const void *x, c
 {
 	if (N <= 0)
 		return 0;
+	int e = 0;
+	if (norm_bwd_vec(RLK_STREAM(s), &e, (bf16 *)dx, dw, NULL, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w,
+	    NULL, rstd, N, C, 0))
+		return e;
 	size_t sm = (size_t)C * sizeof(float);
-	int e = set_smem((const void *)k_rmsnorm_bwd, sm);
+	e = set_smem((const void *)k_rmsnorm_bwd, sm);
 	if (e)
 		return e;
 	k_rmsnorm_bwd<<<norm_grid_bwd(N), NORM_WARPS * 32, sm, RLK_STREAM(s)>>>((bf16 *)dx, dw,
@@ -335,8 +505,12 @@ rlk_layernorm_bwd(void *s, void *dx, float *dw, float *db, const void *dout, con
 {
 	if (N <= 0)
 		return 0;
+	int e = 0;
+	if (norm_bwd_vec(RLK_STREAM(s), &e, (bf16 *)dx, dw, db, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w,
+	    mean, rstd, N, C, 1))
+		return e;
 	size_t sm = (size_t)2 * C * sizeof(float);
-	int e = set_smem((const void *)k_layernorm_bwd, sm);
+	e = set_smem((const void *)k_layernorm_bwd, sm);
 	if (e)
 		return e;
 	k_layernorm_bwd<<<norm_grid_bwd(N), NORM_WARPS * 32, sm, RLK_STREAM(s)>>>((bf16 *)dx, dw, db,

@@ -1048,8 +1048,11 @@ adam_plan(rl_ops *o, const rl_adamw_seg *seg, int nseg)
 			h[nch].cls = (uint32_t)seg[s].cls;
 			nch++;
 		}
+	/* on the backend's stream (non-blocking: a plain cudaMemcpy from pageable memory may
+	 * return before its DMA is done, and nothing orders it before our kernels) */
 	if (nch && (cu_alloc(o, (void **)&pl->dch, nch * sizeof *h) != RL_OK ||
-	    cudaMemcpy(pl->dch, h, nch * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess)) {
+	    cudaMemcpyAsync(pl->dch, h, nch * sizeof *h, cudaMemcpyHostToDevice, c->stream) != cudaSuccess ||
+	    cudaStreamSynchronize(c->stream) != cudaSuccess)) {
 		cudaGetLastError();
 		free(h);
 		cudaFree(pl->dch);

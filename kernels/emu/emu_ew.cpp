@@ -9,9 +9,15 @@
  *     multiple of the heads a thread takes;
  *   - k_adamw_multi over a chunk table (segments of 1 element, crossing a chunk,
  *     starting unaligned right after the previous one, gaps) against k_adamw per
- *     segment, bit for bit, with the float4 path on and off; gaps untouched.
+ *     segment, bit for bit, with the float4 path on and off; gaps untouched;
+ *   - k_colsum8 (bias gradient, 16-byte loads) against a double sum, added (+=);
+ *   - norm.cu's k_norm_bwd_vec (LayerNorm and RMSNorm backward with the row in registers)
+ *     against the CPU reference with test_cuda_ops' tolerances: dx, dw and db added (+=)
+ *     to what they held, db NULL left alone, C from 8 to 1024, grids smaller than the rows.
  * Exit 0 when every case passes, 1 otherwise; one line per case.
  */
+#include <stdarg.h>
+
 #include "cuda_emu.h"
 
 extern "C" {
@@ -21,6 +27,8 @@ extern "C" {
 #include "kernels/launch.h"
 
 #include "ew.inc"
+#define NB_SMEM(name, bytes) float *name = (float *)emu_dyn_smem(bytes)
+#include "normbwd.inc"
 
 static int fails, cases;
 static uint64_t rs = 0x2545f4914f6cdd1dull;
@@ -351,6 +359,103 @@ test_adamw_multi(int vec)
 	delete[] g; delete[] p0;
 }
 
+/* ---- bias gradient: column sums ----------------------------------------------------------- */
+struct cs_args { float *db; bf16 *d; int N, OC; };
+static cs_args CS;
+static void run_cs(void *) { k_colsum8(CS.db, CS.d, CS.N, CS.OC); }
+
+static void
+test_colsum(int N, int OC)
+{
+	size_t n = (size_t)N * OC;
+	bf16 *d = new bf16[n];
+	float *fd = new float[n], *db = new float[OC];
+	double *ref = new double[OC];
+	fill_bf(&rs, d, fd, n, -1, 1);
+	for (int c = 0; c < OC; c++)
+		ref[c] = db[c] = frnd(&rs, -1, 1);  /* += */
+	for (int r = 0; r < N; r++)
+		for (int c = 0; c < OC; c++)
+			ref[c] += fd[(size_t)r * OC + c];
+	CS = { db, d, N, OC };
+	emu_launch(dim3((unsigned)((OC + 255) / 256), (unsigned)((N + COLSUM_ROWS - 1) / COLSUM_ROWS)), dim3(256), run_cs,
+	    NULL);
+	double worst = 0;
+	size_t bad = 0;
+	for (int c = 0; c < OC; c++) {
+		double e = fabs(db[c] - ref[c]);
+		if (!(e <= 1e-5 * sqrt(N) + 1e-5 * fabs(ref[c])))
+			bad++;
+		worst = fmax(worst, e);
+	}
+	report(!bad, "colsum8 N=%d OC=%d: max err vs f64 %.3g, %zu bad", N, OC, worst, bad);
+	delete[] d; delete[] fd; delete[] db; delete[] ref;
+}
+
+/* ---- norm backward with the row in registers (norm.cu) ------------------------------------ */
+struct nb_args {
+	bf16 *dx, *dout, *x, *w;
+	float *dw, *db, *mean, *rstd;
+	int N, C, ln, nch;
+};
+static nb_args NBA;
+#define NBK(K, L) k_norm_bwd_vec<K, L>(NBA.dx, NBA.dw, NBA.db, NBA.dout, NBA.x, NBA.w, NBA.mean, NBA.rstd, NBA.N, NBA.C)
+static void
+run_nb(void *)
+{
+	if (NBA.ln)
+		switch (NBA.nch) { case 1: NBK(1, 1); break; case 2: NBK(2, 1); break; case 3: NBK(3, 1); break; default: NBK(4, 1); }
+	else
+		switch (NBA.nch) { case 1: NBK(1, 0); break; case 2: NBK(2, 0); break; case 3: NBK(3, 0); break; default: NBK(4, 0); }
+}
+
+/* grid: blocks (fewer than N / NORM_WARPS: warps take several rows); with_db 0: db NULL */
+static void
+test_norm_bwd(int N, int C, int ln, int with_db, unsigned grid)
+{
+	size_t n = (size_t)N * C;
+	bf16 *x = new bf16[n], *g = new bf16[n], *w = new bf16[C], *dx = new bf16[n];
+	float *fx = new float[n], *fg = new float[n], *fw = new float[C], *ref = new float[n], *tmp = new float[n];
+	float *mean = new float[N], *rstd = new float[N], *dw = new float[C], *db = new float[C];
+	float *rdw = new float[C], *rdb = new float[C], *fb = new float[C];
+	fill_bf(&rs, x, fx, n, -2, 2);
+	fill_bf(&rs, g, fg, n, -1, 1);
+	fill_bf(&rs, w, fw, C, 0.5f, 1.5f);
+	for (int c = 0; c < C; c++) {
+		fb[c] = 0.0f;
+		dw[c] = rdw[c] = frnd(&rs, -1, 1);  /* accumulated into (+=) */
+		db[c] = rdb[c] = frnd(&rs, -1, 1);
+	}
+	if (ln)
+		rl_cpu_layernorm_fwd(NULL, tmp, mean, rstd, fx, fw, fb, N, C, 1e-5f);
+	else
+		rl_cpu_rmsnorm_fwd(NULL, tmp, rstd, fx, fw, N, C, 1e-6f);
+	if (ln)
+		rl_cpu_layernorm_bwd(NULL, ref, rdw, with_db ? rdb : NULL, fg, fx, fw, mean, rstd, N, C);
+	else
+		rl_cpu_rmsnorm_bwd(NULL, ref, rdw, fg, fx, fw, rstd, N, C);
+	poison(dx, n);
+	int k = (C + 255) / 256;
+	NBA = { dx, g, x, w, dw, ln && with_db ? db : NULL, mean, rstd, N, C, ln, k };
+	emu_launch(dim3(grid), dim3(NORM_WARPS * 32), run_nb, NULL);
+	double mx = 0, worst = 0, wdw = 0;
+	for (size_t i = 0; i < n; i++)
+		mx = fmax(mx, fabs(ref[i]));
+	size_t bad = bad_bf(dx, ref, n, 2e-3 * mx, &worst);
+	for (int c = 0; c < C; c++) {
+		double e = fabs(dw[c] - rdw[c]), eb = fabs(db[c] - rdb[c]);
+		if (!(e <= 1e-5 * sqrt(N) + 1e-4 * fabs(rdw[c])) || (ln && with_db && !(eb <= 1e-5 * sqrt(N) + 1e-4 * fabs(rdb[c]))))
+			bad++;
+		if (!ln || !with_db)
+			bad += db[c] != rdb[c];  /* untouched */
+		wdw = fmax(wdw, fmax(e, ln && with_db ? eb : 0));
+	}
+	report(!bad, "norm_bwd_vec<%d> %s N=%d C=%d db=%d grid=%u: max err dx %.3g dw/db %.3g vs CPU, %zu bad", k,
+	    ln ? "layernorm" : "rmsnorm", N, C, with_db, grid, worst, wdw, bad);
+	delete[] x; delete[] g; delete[] w; delete[] dx; delete[] fx; delete[] fg; delete[] fw; delete[] ref; delete[] tmp;
+	delete[] mean; delete[] rstd; delete[] dw; delete[] db; delete[] rdw; delete[] rdb; delete[] fb;
+}
+
 int
 main(void)
 {
@@ -366,6 +471,20 @@ main(void)
 	test_rope(2, 1, 1, 16, 1e4f);    /* one chunk of 8 frequencies */
 	test_adamw_multi(1);
 	test_adamw_multi(0);
+	/* one column block partly filled, several; rows not a multiple of 8 or of a block's */
+	test_colsum(1, 8);
+	test_colsum(77, 264);
+	test_colsum(300, 768);
+	test_colsum(129, 2304);
+	/* 1 to 4 chunks per lane, rows ending inside a chunk (C 24, 896), warps over several rows */
+	test_norm_bwd(1, 8, 1, 1, 1);
+	test_norm_bwd(37, 768, 1, 1, 2);
+	test_norm_bwd(9, 768, 1, 0, 2);
+	test_norm_bwd(17, 896, 0, 0, 1);
+	test_norm_bwd(5, 24, 0, 0, 1);
+	test_norm_bwd(12, 512, 0, 0, 3);
+	test_norm_bwd(3, 1024, 1, 1, 1);
+	test_norm_bwd(20, 264, 1, 1, 2);
 	printf("emu_ew: %d of %d cases passed\n", cases - fails, cases);
 	return fails ? 1 : 0;
 }

@@ -71,12 +71,18 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	awk '/^#include/ { next } /^extern "C"/ { if ($0 ~ /}$/) next; skip = 1 } !skip { print }
 	    skip && /^}$/ { skip = 0 }' "$root/kernels/elementwise.cu"
 } > "$out/ew.inc"
+{
+	grep '^#define NORM_WARPS' "$root/kernels/norm.cu"
+	cut_fn "$root/kernels/norm.cu" '^template <int NCH, int LN>'
+} > "$out/normbwd.inc"
 CXXF="-O1 -g -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas"
 # a sanitized library (make SANITIZE=address,undefined: build-san/) needs the sanitizer runtimes
 # (4x slower: flash2 then runs its quick set unless told otherwise)
 san=
 if nm "$root/$B/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
-	CXXF="$CXXF -fsanitize=address,undefined"
+	# uint4/float4 are 16-byte aligned types in cuda_emu.h, as in CUDA: a vector access at a
+	# misaligned address (a launcher taking a 16-byte kernel it should not) stops the run
+	CXXF="$CXXF -fsanitize=address,undefined -fno-sanitize-recover=alignment"
 	san=1
 fi
 p1= p2= p3= p4=

@@ -1139,6 +1139,11 @@ main(void)
 	test_norms(1, 7);
 	test_norms(33, 768);
 	test_norms(257, 4099);
+	/* the backward with the row in registers (C % 8 == 0, C <= 1024): Qwen2.5-0.5B's 896 (a
+	 * lane's last chunk past the row), GPT-2's 768 with more rows than the grid's warps, 24 */
+	test_norms(77, 896);
+	test_norms(5000, 768);
+	test_norms(5, 24);
 	if (!(getenv("RL_CUDA_ADD_NORM") && strcmp(getenv("RL_CUDA_ADD_NORM"), "0") == 0))
 		T_OK(g->add_norm_fwd != NULL, "add_norm_fwd installed");
 	if (g->add_norm_fwd) {
@@ -1318,6 +1323,18 @@ main(void)
 		test_swiglu(37, 1000);
 		test_qknorm_rope(53, 14, 2, 64);
 		end_env("RL_CUDA_EW_VEC");
+	}
+	/* the element form of the bias gradient (matmul_bwd's dbias) */
+	if (with_env("RL_CUDA_COLSUM_VEC", "0")) {
+		test_matmul(512, 768, 2304, 1, 0);
+		test_matmul(77, 130, 33, 1, 1);
+		end_env("RL_CUDA_COLSUM_VEC");
+	}
+	/* the element-strided norm backward */
+	if (with_env("RL_CUDA_NORM_BWD_VEC", "0")) {
+		test_norms(33, 768);
+		test_norms(77, 896);
+		end_env("RL_CUDA_NORM_BWD_VEC");
 	}
 	/* AdamW tensor by tensor (adamw_multi not installed) */
 	if (with_env("RL_CUDA_ADAMW_MULTI", "0")) {
