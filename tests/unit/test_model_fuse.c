@@ -180,6 +180,7 @@ out:
 		free(lg[k]);
 	}
 	free(buf);
+	rl_config_fini(&cfg);
 }
 
 int
