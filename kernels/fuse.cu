@@ -13,6 +13,10 @@
  *     GPT-2's tanh GELU, or SwiGLU (the warp computes gate row o and up row o + H of the
  *     same weight, rounds each to bf16, then silu(g) * u), each with the arithmetic of the
  *     separate kernel (elementwise.cu's k_add, k_gelu_fwd, k_swiglu_fwd).
+ * The QKV epilogue (matmul_rope_kv_fwd): the warp computes the pair of rows (f, f + HD/2) of
+ * a head, rotates q and k heads (RoPE as k_rope, on the rounded values) and writes k and v
+ * heads to the paged cache too (as k_kv_write): the layer's QKV product, RoPE and cache
+ * write in one kernel.
  * k_rope_kv: RoPE in place on the q and k heads (as k_rope) and the rotated k and the v
  * heads written to the paged cache (as k_kv_write), one thread per rotated pair.
  *
@@ -28,6 +32,15 @@
 #define FU_WARPS 8
 #define FU_INFL 8     /* 16-byte weight chunks in flight per lane (over the warp's weight rows) */
 #define FU_GELU_K 0.7978845608028654f  /* sqrt(2/pi), as elementwise.cu */
+#define FU_EP_QKV 4   /* the QKV epilogue: after lib/ops.h's RL_EP_* */
+
+/* the QKV epilogue's arguments (rope_kv_write's) */
+struct fu_qkv {
+	bf16 *kc, *vc;
+	const int32_t *pos, *slot;
+	int NH, NKV, HD;
+	float theta;
+};
 
 /* IF chunks of each of the NW weight rows w0 (and w1), from chunk c0 in steps of 32 */
 template <int NW, int IF>
@@ -91,20 +104,28 @@ fu_norm_row(bf16 *xs, const bf16 *xr, const bf16 *nw, const bf16 *nb, int C, flo
 	}
 }
 
-/* out by EP (lib/ops.h's RL_EP_*) of round(norm(x) (NR, C) @ w^T + bias); NORM: x normalised
- * first (ln: LayerNorm, else RMSNorm).  NO = OC (OC / 2 for SwiGLU) outputs per row, one warp
- * each; blocks of FU_WARPS.  Dynamic shared memory: NR * C bf16 with NORM. */
+/* out by EP (lib/ops.h's RL_EP_*, or FU_EP_QKV) of round(norm(x) (NR, C) @ w^T + bias); NORM: x
+ * normalised first (ln: LayerNorm, else RMSNorm).  Warps own NO = OC outputs of a row (OC / 2:
+ * SwiGLU's gate and up rows o, o + OC/2; the QKV epilogue's rows o1 = h HD + f and o1 + HD/2 of
+ * pair o = h HD/2 + f); blocks of FU_WARPS.  Dynamic shared memory: NR * C bf16 with NORM. */
 template <int NR, int NORM, int EP>
 __global__ void __launch_bounds__(FU_WARPS * 32)
 k_fused_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps, int ln, const bf16 *w,
-    const bf16 *bias, int C, int OC)
+    const bf16 *bias, int C, int OC, fu_qkv q)
 {
-	constexpr int NW = EP == RL_EP_SWIGLU ? 2 : 1, IF = FU_INFL / NW;
+	constexpr int NW = EP == RL_EP_SWIGLU || EP == FU_EP_QKV ? 2 : 1, IF = FU_INFL / NW;
 	const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-	const int NO = EP == RL_EP_SWIGLU ? OC / 2 : OC, nch = C / 8;
+	const int NO = NW == 2 ? OC / 2 : OC, nch = C / 8;
 	const long o = (long)blockIdx.x * FU_WARPS + wid;
 	const bool live = o < NO;
-	const bf16 *w0 = w + (size_t)(live ? o : 0) * C, *w1 = w0 + (size_t)NO * C;
+	/* the second row: o + NO (SwiGLU), o1 + HD/2 (QKV) */
+	long o1 = o, o2 = o + NO;
+	if (EP == FU_EP_QKV) {
+		int half = q.HD / 2;
+		o1 = o / half * q.HD + o % half;
+		o2 = o1 + half;
+	}
+	const bf16 *w0 = w + (size_t)(live ? o1 : 0) * C, *w1 = w + (size_t)(live ? o2 : 0) * C;
 	uint4 wc[NW][IF];
 	/* the first round of weight chunks in flight during the norm */
 	if (live)
@@ -155,9 +176,35 @@ k_fused_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps
 		float s0 = warp_sum(acc[0][m]), s1 = NW == 2 ? warp_sum(acc[NW - 1][m]) : 0.0f;
 		if (lane != m)
 			continue;
-		float y = bf(tobf(s0 + (bias ? bf(bias[o]) : 0.0f)));
+		float y = bf(tobf(s0 + (bias ? bf(bias[o1]) : 0.0f)));
 		bf16 *dst = out + (size_t)m * NO + o;
-		if (EP == RL_EP_NONE) {
+		if (EP == FU_EP_QKV) {
+			/* k_rope then k_kv_write on the pair (f, f + HD/2) of head h */
+			int half = q.HD / 2, h = (int)(o / half), f = (int)(o % half);
+			bf16 a = tobf(y), b = tobf(s1 + (bias ? bf(bias[o2]) : 0.0f));
+			if (h < q.NH + q.NKV && q.theta > 0.0f) {
+				float inv = powf(q.theta, -2.0f * (float)f / (float)q.HD);
+				float ang = (float)q.pos[m] * inv, sn, cs;
+				sincosf(ang, &sn, &cs);
+				float fa = bf(a), fb = bf(b);
+				a = tobf(fa * cs - fb * sn);
+				b = tobf(fb * cs + fa * sn);
+			}
+			out[(size_t)m * OC + o1] = a;
+			out[(size_t)m * OC + o2] = b;
+			int sl = q.slot[m];
+			if (h >= q.NH && sl >= 0) {
+				int kh = h - q.NH;
+				bf16 *c = q.kc;
+				if (kh >= q.NKV) {
+					kh -= q.NKV;
+					c = q.vc;
+				}
+				c += ((size_t)sl * q.NKV + kh) * q.HD;
+				c[f] = a;
+				c[f + half] = b;
+			}
+		} else if (EP == RL_EP_NONE) {
 			*dst = tobf(y);
 		} else if (EP == RL_EP_ADD) {
 			*dst = tobf(bf(*dst) + y);
@@ -165,7 +212,7 @@ k_fused_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps
 			float t = tanhf(FU_GELU_K * (y + 0.044715f * y * y * y));
 			*dst = tobf(0.5f * y * (1.0f + t));
 		} else {
-			float u = bf(tobf(s1 + (bias ? bf(bias[NO + o]) : 0.0f)));
+			float u = bf(tobf(s1 + (bias ? bf(bias[o2]) : 0.0f)));
 			*dst = tobf(y / (1.0f + expf(-y)) * u);
 		}
 	}
@@ -232,13 +279,13 @@ rlk_fused_gemv_ok(int N, int C, int OC, int norm, int ep, const void *x, const v
 	return (norm == RL_NORM_RMS || norm == RL_NORM_LN) && nw && a16(nw) && a16(nb) && (long)N * C <= 24576;
 }
 
-extern "C" int
-rlk_fused_gemv(void *s, void *out, const void *x, const void *nw, const void *nb, float eps, int norm,
-    const void *w, const void *bias, int N, int C, int OC, int ep)
+/* k_fused_gemv<N, norm?, ep> (ep: RL_EP_* or FU_EP_QKV with q), the shape checked */
+static int
+fused_launch(void *s, void *out, const void *x, const void *nw, const void *nb, float eps, int norm,
+    const void *w, const void *bias, int N, int C, int OC, int ep, fu_qkv q)
 {
-	if (!rlk_fused_gemv_ok(N, C, OC, norm, ep, x, nw, nb, w))
-		return (int)cudaErrorInvalidValue;
-	int NO = ep == RL_EP_SWIGLU ? OC / 2 : OC, hasn = norm != RL_NORM_NONE, ln = norm == RL_NORM_LN;
+	int NO = ep == RL_EP_SWIGLU || ep == FU_EP_QKV ? OC / 2 : OC, hasn = norm != RL_NORM_NONE;
+	int ln = norm == RL_NORM_LN;
 	unsigned g = (unsigned)((NO + FU_WARPS - 1) / FU_WARPS);
 	size_t sm = hasn ? (size_t)N * C * 2 : 0;
 	cudaStream_t st = RLK_STREAM(s);
@@ -246,13 +293,14 @@ rlk_fused_gemv(void *s, void *out, const void *x, const void *nw, const void *nb
 	const bf16 *x_ = (const bf16 *)x, *nw_ = (const bf16 *)nw, *nb_ = (const bf16 *)nb;
 	const bf16 *w_ = (const bf16 *)w, *b_ = (const bf16 *)bias;
 #define FU_L(NR, NM, EP) \
-	k_fused_gemv<NR, NM, EP><<<g, FU_WARPS * 32, sm, st>>>(o_, x_, nw_, nb_, eps, ln, w_, b_, C, OC)
+	k_fused_gemv<NR, NM, EP><<<g, FU_WARPS * 32, sm, st>>>(o_, x_, nw_, nb_, eps, ln, w_, b_, C, OC, q)
 #define FU_EP(NR, NM) \
 	switch (ep) { \
 	case RL_EP_NONE: FU_L(NR, NM, RL_EP_NONE); break; \
 	case RL_EP_ADD: FU_L(NR, NM, RL_EP_ADD); break; \
 	case RL_EP_GELU: FU_L(NR, NM, RL_EP_GELU); break; \
-	default: FU_L(NR, NM, RL_EP_SWIGLU); break; \
+	case RL_EP_SWIGLU: FU_L(NR, NM, RL_EP_SWIGLU); break; \
+	default: FU_L(NR, NM, FU_EP_QKV); break; \
 	}
 #define FU_NM(NR) \
 	if (hasn) { \
@@ -270,6 +318,35 @@ rlk_fused_gemv(void *s, void *out, const void *x, const void *nw, const void *nb
 #undef FU_EP
 #undef FU_L
 	RLK_RET();
+}
+
+extern "C" int
+rlk_fused_gemv(void *s, void *out, const void *x, const void *nw, const void *nb, float eps, int norm,
+    const void *w, const void *bias, int N, int C, int OC, int ep)
+{
+	if (!rlk_fused_gemv_ok(N, C, OC, norm, ep, x, nw, nb, w))
+		return (int)cudaErrorInvalidValue;
+	fu_qkv q = { NULL, NULL, NULL, NULL, 0, 0, 0, 0.0f };
+	return fused_launch(s, out, x, nw, nb, eps, norm, w, bias, N, C, OC, ep, q);
+}
+
+extern "C" int
+rlk_fused_qkv_ok(int N, int C, int NH, int NKV, int HD, int norm, const void *x, const void *nw, const void *nb,
+    const void *w)
+{
+	return NH > 0 && NKV > 0 && HD > 0 && HD % 2 == 0 &&
+	    rlk_fused_gemv_ok(N, C, (NH + 2 * NKV) * HD, norm, RL_EP_NONE, x, nw, nb, w);
+}
+
+extern "C" int
+rlk_fused_qkv(void *s, void *qkv, const void *x, const void *nw, const void *nb, float eps, int norm,
+    const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, float theta, const int32_t *pos,
+    void *kc, void *vc, const int32_t *slot)
+{
+	if (!rlk_fused_qkv_ok(N, C, NH, NKV, HD, norm, x, nw, nb, w))
+		return (int)cudaErrorInvalidValue;
+	fu_qkv q = { (bf16 *)kc, (bf16 *)vc, pos, slot, NH, NKV, HD, theta };
+	return fused_launch(s, qkv, x, nw, nb, eps, norm, w, bias, N, C, (NH + 2 * NKV) * HD, FU_EP_QKV, q);
 }
 
 extern "C" int

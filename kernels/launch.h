@@ -167,6 +167,13 @@ int rlk_fused_gemv(void *stream, void *out, const void *x, const void *nw, const
     const void *w, const void *bias, int N, int C, int OC, int ep);
 int rlk_rope_kv_write(void *stream, void *kc, void *vc, void *qkv, const int32_t *pos, const int32_t *slot,
     int N, int NH, int NKV, int HD, float theta);
+/* matmul_rope_kv_fwd of lib/ops.h in one kernel: rlk_fused_qkv_ok as rlk_fused_gemv_ok with
+ * OC = (NH + 2 NKV) HD, and HD even. */
+int rlk_fused_qkv_ok(int N, int C, int NH, int NKV, int HD, int norm, const void *x, const void *nw,
+    const void *nb, const void *w);
+int rlk_fused_qkv(void *stream, void *qkv, const void *x, const void *nw, const void *nb, float eps, int norm,
+    const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, float theta, const int32_t *pos,
+    void *kc, void *vc, const int32_t *slot);
 
 #ifdef __cplusplus
 }

@@ -1317,10 +1317,11 @@ rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch)
 /* The transformer blocks over N inference tokens in f->x; attention either
  * causal over B rows of N/B tokens with segments (prefill) or, for B
  * sequences of one token each, against the cache (decode).  With the backend's
- * decode fusions and N <= RL_FUSE_ROWS (decode with a few sequences): six kernels
- * a layer (norm + qkv, rope + kv_write, attention, o + residual, norm + up + act,
- * down + residual); otherwise the separate ops, each residual add fused with the
- * next norm. */
+ * decode fusions and N <= RL_FUSE_ROWS (decode with a few sequences): five kernels
+ * a layer and attention's (norm + qkv + rope + kv_write, attention, o + residual,
+ * norm + up + act, down + residual; with q/k-norm the qkv product, qknorm and
+ * rope + kv_write apart); otherwise the separate ops, each residual add fused with
+ * the next norm. */
 static void
 infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int32_t *pos,
     const int32_t *slot, const int32_t *bt, const int32_t *ctx, int btcols)
@@ -1338,26 +1339,33 @@ infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int
 		const rl_layer_idx *y = &m->layer[l];
 		void *qkv = f->qkv;
 
-		if (fuse) {
-			o->matmul_fused_fwd(o, qkv, NULL, f->xn, f->x, W(m, y->ln1_w), W(m, y->ln1_b), c->norm_eps, nk,
-			    W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV, RL_EP_NONE);
+		if (fuse && !c->qk_norm && o->matmul_rope_kv_fwd) {
+			/* norm, QKV product, RoPE and the cache write: one kernel */
+			o->matmul_rope_kv_fwd(o, qkv, f->xn, f->x, W(m, y->ln1_w), W(m, y->ln1_b), c->norm_eps, nk,
+			    W(m, y->qkv_w), W(m, y->qkv_b), N, C, NH, NKV, HD, gpt2 ? 0.0f : c->rope_theta, pos,
+			    kv->kc[l], kv->vc[l], slot);
 		} else {
-			/* later layers got their first norm fused with the previous residual add */
-			if (l == 0)
-				norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln1_w, y->ln1_b, N);
-			o->matmul_fwd(o, qkv, f->xn, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
-		}
-		if (c->qk_norm) {
-			o->qknorm_fwd(o, f->qkv2, f->qk_rstd, qkv, W(m, y->qn_w), W(m, y->kn_w), N, NH, NKV,
-			    HD, c->norm_eps);
-			qkv = f->qkv2;
-		}
-		if (c->arch == RL_ARCH_LLAMA && o->rope_kv_write) {
-			o->rope_kv_write(o, kv->kc[l], kv->vc[l], qkv, pos, slot, N, NH, NKV, HD, c->rope_theta);
-		} else {
-			if (c->arch == RL_ARCH_LLAMA)
-				o->rope_fwd(o, qkv, pos, N, NH, NKV, HD, c->rope_theta);
-			o->kv_write(o, kv->kc[l], kv->vc[l], qkv, slot, N, NH, NKV, HD);
+			if (fuse) {
+				o->matmul_fused_fwd(o, qkv, NULL, f->xn, f->x, W(m, y->ln1_w), W(m, y->ln1_b),
+				    c->norm_eps, nk, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV, RL_EP_NONE);
+			} else {
+				/* later layers got their first norm fused with the previous residual add */
+				if (l == 0)
+					norm_fwd(m, f->xn, f->mean, f->rstd, f->x, y->ln1_w, y->ln1_b, N);
+				o->matmul_fwd(o, qkv, f->xn, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
+			}
+			if (c->qk_norm) {
+				o->qknorm_fwd(o, f->qkv2, f->qk_rstd, qkv, W(m, y->qn_w), W(m, y->kn_w), N, NH, NKV,
+				    HD, c->norm_eps);
+				qkv = f->qkv2;
+			}
+			if (!gpt2 && o->rope_kv_write) {
+				o->rope_kv_write(o, kv->kc[l], kv->vc[l], qkv, pos, slot, N, NH, NKV, HD, c->rope_theta);
+			} else {
+				if (!gpt2)
+					o->rope_fwd(o, qkv, pos, N, NH, NKV, HD, c->rope_theta);
+				o->kv_write(o, kv->kc[l], kv->vc[l], qkv, slot, N, NH, NKV, HD);
+			}
 		}
 		if (decode)
 			o->attn_decode(o, f->att, qkv, kv->kc[l], kv->vc[l], bt, ctx, B, NH, NKV, HD,

@@ -308,6 +308,12 @@ struct rl_ops {
 	    const void *nb, float eps, int norm, const void *w, const void *bias, int N, int C, int OC, int ep);
 	void (*rope_kv_write)(rl_ops *o, void *kc, void *vc, void *qkv, const int32_t *pos,
 	    const int32_t *slot, int N, int NH, int NKV, int HD, float theta);
+	/* matmul_rope_kv_fwd: qkv (N, (NH+2NKV)*HD) = matmul_fused_fwd of x with RL_EP_NONE (the
+	 * same norm, xn, w, bias), then rope_kv_write of qkv (pos, slot, theta as there): the QKV
+	 * product, RoPE and the cache write; fused for N <= RL_FUSE_ROWS, HD even. */
+	void (*matmul_rope_kv_fwd)(rl_ops *o, void *qkv, void *xn, const void *x, const void *nw,
+	    const void *nb, float eps, int norm, const void *w, const void *bias, int N, int C, int NH,
+	    int NKV, int HD, float theta, const int32_t *pos, void *kc, void *vc, const int32_t *slot);
 
 	/* ---- teardown ---------------------------------------------------------------------- */
 	void (*close)(rl_ops *o);

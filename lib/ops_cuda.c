@@ -80,7 +80,7 @@ typedef struct cuda_ctx {
 	int gelu_nosup;        /* cuBLASLt had no algorithm for a GELU epilogue: fall back from then on */
 	int no_gemv;           /* RL_CUDA_GEMV=0: matmul_fwd of <= 4 rows through cuBLASLt too */
 	int head_ld;           /* RL_CUDA_HEAD_LD: HL_SPLIT (unset, =split, =1), =0 (off) */
-	int no_fuse;           /* RL_CUDA_DECODE_FUSE=0: no matmul_fused_fwd, rope_kv_write (fuse.cu) */
+	int no_fuse;           /* RL_CUDA_DECODE_FUSE=0: none of fuse.cu's ops (matmul_fused_fwd, ...) */
 	int decode_kind;       /* RL_CUDA_DECODE_ATTN: DK_AUTO (unset), =lane / =split (that decode.cu
 	                        * kernel always), =v1 (attn.cu's kernel only) */
 	int nsm;               /* multiprocessors */
@@ -724,6 +724,22 @@ cu_rope_kv_write(rl_ops *o, void *kc, void *vc, void *qkv, const int32_t *pos, c
     int NH, int NKV, int HD, float theta)
 {
 	CKP(o, "rope_kv_write", rlk_rope_kv_write(S(o), kc, vc, qkv, pos, slot, N, NH, NKV, HD, theta));
+}
+
+/* matmul_rope_kv_fwd (lib/ops.h): one kernel (kernels/fuse.cu's QKV epilogue) where
+ * rlk_fused_qkv_ok takes the shape, else matmul_fused_fwd then rope_kv_write. */
+static void
+cu_matmul_rope_kv_fwd(rl_ops *o, void *qkv, void *xn, const void *x, const void *nw, const void *nb, float eps,
+    int norm, const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, float theta,
+    const int32_t *pos, void *kc, void *vc, const int32_t *slot)
+{
+	if (N > 0 && !CTX(o)->no_gemv && rlk_fused_qkv_ok(N, C, NH, NKV, HD, norm, x, nw, nb, w)) {
+		CKP(o, "matmul_rope_kv_fwd", rlk_fused_qkv(S(o), qkv, x, nw, nb, eps, norm, w, bias, N, C, NH, NKV, HD,
+		    theta, pos, kc, vc, slot));
+		return;
+	}
+	cu_matmul_fused_fwd(o, qkv, NULL, xn, x, nw, nb, eps, norm, w, bias, N, C, (NH + 2 * NKV) * HD, RL_EP_NONE);
+	cu_rope_kv_write(o, kc, vc, qkv, pos, slot, N, NH, NKV, HD, theta);
 }
 
 /* ---- the rest of the table: thin wrappers over the launchers ---------------------------- */
@@ -1479,6 +1495,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	if (!c->no_fuse) {
 		o->matmul_fused_fwd = cu_matmul_fused_fwd;
 		o->rope_kv_write = cu_rope_kv_write;
+		o->matmul_rope_kv_fwd = cu_matmul_rope_kv_fwd;
 	}
 	o->host_alloc = cu_host_alloc;
 	o->host_free = cu_host_free;

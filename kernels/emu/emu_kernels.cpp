@@ -21,7 +21,8 @@
  *     (k_norm_vec, k_gemv, then the epilogue's arithmetic) where those take the shape
  *     (C <= 4096), and within bf16 roundings of the CPU ops composed (norm, matmul,
  *     add / gelu / swiglu); k_rope_kv (rope_kv_write) the same bits as k_rope then
- *     k_kv_write, within RoPE's tolerance of the CPU, the cache untouched at slot -1.
+ *     k_kv_write, within RoPE's tolerance of the CPU, the cache untouched at slot -1;
+ *     the QKV epilogue (matmul_rope_kv_fwd) the same bits as k_fused_gemv then k_rope_kv.
  * Tolerance of decode attention as test_cuda_ops: fp32 throughout, one bf16
  * rounding of the output: atol 1e-3 max|ref| + rtol 8e-3.
  * Exit 0 when every case passes, 1 otherwise; one line per case.
@@ -326,13 +327,14 @@ struct fused_args {
 	const bf16 *x, *nw, *nb, *w, *bias;
 	float eps;
 	int N, C, OC, norm, ep;
+	fu_qkv q;
 };
 static fused_args FA;
 
-#define FGV(NR, NM, EP) k_fused_gemv<NR, NM, EP>(FA.out, FA.x, FA.nw, FA.nb, FA.eps, FA.norm == RL_NORM_LN, FA.w, FA.bias, FA.C, FA.OC)
+#define FGV(NR, NM, EP) k_fused_gemv<NR, NM, EP>(FA.out, FA.x, FA.nw, FA.nb, FA.eps, FA.norm == RL_NORM_LN, FA.w, FA.bias, FA.C, FA.OC, FA.q)
 #define FGV_EP(NR, NM) switch (FA.ep) { case RL_EP_NONE: FGV(NR, NM, RL_EP_NONE); break; \
 	case RL_EP_ADD: FGV(NR, NM, RL_EP_ADD); break; case RL_EP_GELU: FGV(NR, NM, RL_EP_GELU); break; \
-	default: FGV(NR, NM, RL_EP_SWIGLU); break; }
+	case RL_EP_SWIGLU: FGV(NR, NM, RL_EP_SWIGLU); break; default: FGV(NR, NM, FU_EP_QKV); break; }
 #define FGV_NM(NR) if (FA.norm) { FGV_EP(NR, 1) } else { FGV_EP(NR, 0) }
 static void
 run_fused(void *)
@@ -400,7 +402,7 @@ test_fused(int N, int C, int OC, int norm, int ep, int bias)
 			}
 		}
 
-	FA = { out, x, g, ln ? gb : NULL, w, bias ? b : NULL, eps, N, C, OC, norm, ep };
+	FA = { out, x, g, ln ? gb : NULL, w, bias ? b : NULL, eps, N, C, OC, norm, ep, {} };
 	emu_launch(dim3((unsigned)((NO + FU_WARPS - 1) / FU_WARPS)), dim3(FU_WARPS * 32), run_fused, NULL);
 
 	/* the CPU ops composed, f32 throughout (the GPU rounds the normalised rows and y to bf16) */
@@ -505,6 +507,58 @@ test_rope_kv(int N, int NH, int NKV, int HD, float theta, int nslot)
 	delete[] vr; delete[] pos; delete[] slot;
 }
 
+/* the QKV epilogue (matmul_rope_kv_fwd): the same bits as k_fused_gemv without it, then k_rope_kv
+ * (each checked against the CPU above); the cache's other slots left poisoned */
+static void
+test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, float theta, int bias)
+{
+	const int OC = (NH + 2 * NKV) * HD, nslot = N + 2, ln = norm == RL_NORM_LN;
+	size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC, nc = (size_t)nslot * NKV * HD;
+	bf16 *x = new bf16[nx], *g = new bf16[C], *gb = new bf16[C], *w = new bf16[nw], *b = new bf16[OC];
+	bf16 *y1 = new bf16[ny], *y2 = new bf16[ny], *k1 = new bf16[nc], *v1 = new bf16[nc], *k2 = new bf16[nc];
+	bf16 *v2 = new bf16[nc];
+	float *fx = new float[nx], *fg = new float[C], *fgb = new float[C], *fw = new float[nw], *fb = new float[OC];
+	int32_t *pos = new int32_t[N], *slot = new int32_t[N];
+	float ws = 1.0f / sqrtf((float)C), eps = ln ? 1e-5f : 1e-6f;
+	fill_bf(&rs, x, fx, nx, -2, 2);
+	fill_bf(&rs, g, fg, C, 0.5f, 1.5f);
+	fill_bf(&rs, gb, fgb, C, -0.5f, 0.5f);
+	fill_bf(&rs, w, fw, nw, -ws, ws);
+	fill_bf(&rs, b, fb, OC, -0.5f, 0.5f);
+	for (size_t i = 0; i < ny; i++)
+		y1[i].h = y2[i].h = 0x7fc1;
+	for (size_t i = 0; i < nc; i++)
+		k1[i].h = v1[i].h = k2[i].h = v2[i].h = 0x7fc1;
+	for (int r = 0; r < N; r++) {
+		pos[r] = (int)(emu_rnd(&rs) % 4096);
+		slot[r] = r == 1 ? -1 : nslot - 1 - r;  /* distinct, row 1 skipped */
+	}
+	unsigned gp = (unsigned)((OC / 2 + FU_WARPS - 1) / FU_WARPS), gf = (unsigned)((OC + FU_WARPS - 1) / FU_WARPS);
+	FA = { y1, x, g, ln ? gb : NULL, w, bias ? b : NULL, eps, N, C, OC, norm, FU_EP_QKV,
+	    { k1, v1, pos, slot, NH, NKV, HD, theta } };
+	emu_launch(dim3(gp), dim3(FU_WARPS * 32), run_fused, NULL);
+	FA = { y2, x, g, ln ? gb : NULL, w, bias ? b : NULL, eps, N, C, OC, norm, RL_EP_NONE, {} };
+	emu_launch(dim3(gf), dim3(FU_WARPS * 32), run_fused, NULL);
+	RK = { k2, v2, y2, pos, slot, N, NH, NKV, HD, theta };
+	emu_launch(dim3((unsigned)((ny / 2 + 255) / 256)), dim3(256), run_rope_kv, NULL);
+	int same = memcmp(y1, y2, ny * 2) == 0 && memcmp(k1, k2, nc * 2) == 0 && memcmp(v1, v2, nc * 2) == 0;
+	size_t written = 0;
+	for (size_t i = 0; i < nc; i++)
+		written += k1[i].h != 0x7fc1;
+	/* rows with a slot wrote NKV * HD values each (values equal to the poison pattern aside) */
+	int nw_rows = N - (N > 1);
+	int ok = same && written == (size_t)nw_rows * NKV * HD;
+	cases++;
+	if (!ok)
+		fails++;
+	printf("%s fused_qkv N=%d C=%d NH=%d NKV=%d HD=%d norm=%d theta=%g bias=%d: same bits as fused gemv + "
+	    "rope_kv: %s, %zu cache values written\n", ok ? "ok  " : "FAIL", N, C, NH, NKV, HD, norm, theta, bias,
+	    same ? "yes" : "NO", written);
+	delete[] x; delete[] g; delete[] gb; delete[] w; delete[] b; delete[] y1; delete[] y2; delete[] k1;
+	delete[] v1; delete[] k2; delete[] v2; delete[] fx; delete[] fg; delete[] fgb; delete[] fw; delete[] fb;
+	delete[] pos; delete[] slot;
+}
+
 int
 main(void)
 {
@@ -579,6 +633,12 @@ main(void)
 	test_rope_kv(3, 12, 12, 64, 0.0f, 16);
 	test_rope_kv(1, 2, 1, 8, 1e4f, 3);
 	test_rope_kv(37, 8, 4, 128, 1e4f, 64);
+	/* the QKV epilogue: Qwen2.5-0.5B's heads (14 + 2 + 2 of 64), GPT-2's (no RoPE), HD 128 and 8 */
+	test_fused_qkv(1, 896, 14, 2, 64, RL_NORM_RMS, 1e6f, 1);
+	test_fused_qkv(3, 896, 14, 2, 64, RL_NORM_RMS, 1e4f, 1);
+	test_fused_qkv(2, 768, 12, 12, 64, RL_NORM_LN, 0.0f, 1);
+	test_fused_qkv(4, 256, 4, 2, 128, RL_NORM_NONE, 1e4f, 0);
+	test_fused_qkv(2, 64, 2, 1, 8, RL_NORM_LN, 1e4f, 0);
 	printf("emu_kernels: %d of %d cases passed\n", cases - fails, cases);
 	return fails ? 1 : 0;
 }

@@ -1,8 +1,9 @@
 /*
  * test_model_fuse.c — the model's decode fusions wired right, without a GPU: the CPU backend
- * given matmul_fused_fwd and rope_kv_write (the optional ops of lib/ops.h that the CUDA
- * backend implements in kernels/fuse.cu) as compositions of its own ops, by their contract
- * (norm into xn, matmul, then add / gelu / swiglu; rope_fwd then kv_write), against the
+ * given matmul_fused_fwd, rope_kv_write and matmul_rope_kv_fwd (the optional ops of lib/ops.h
+ * that the CUDA backend implements in kernels/fuse.cu) as compositions of its own ops, by
+ * their contract (norm into xn, matmul, then add / gelu / swiglu; rope_fwd then kv_write;
+ * the first then the second), against the
  * plain CPU backend.  With the same ops in the same order on the same numbers, the model
  * must give the same logits bit for bit at every prefill and decode step: a fused call with
  * the wrong norm weight, epilogue, scratch or residual shows as a difference.  GPT-2
@@ -37,7 +38,7 @@ static const char *qwen3_json =
     "\"max_position_embeddings\":64,\"rope_theta\":1000000.0,\"rms_norm_eps\":1e-06,"
     "\"hidden_act\":\"silu\",\"tie_word_embeddings\":false,\"torch_dtype\":\"float32\"}";
 
-static long nfused, nropekv;
+static long nfused, nropekv, nqkv;
 
 /* matmul_fused_fwd by its contract in lib/ops.h, from the backend's own ops */
 static void
@@ -75,6 +76,20 @@ rope_kv_ref(rl_ops *o, void *kc, void *vc, void *qkv, const int32_t *pos, const 
 	o->kv_write(o, kc, vc, qkv, slot, N, NH, NKV, HD);
 }
 
+/* matmul_rope_kv_fwd: matmul_fused_fwd (RL_EP_NONE) then rope_kv_write, by its contract */
+static void
+qkv_ref(rl_ops *o, void *qkv, void *xn, const void *x, const void *nw, const void *nb, float eps, int norm,
+    const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, float theta, const int32_t *pos,
+    void *kc, void *vc, const int32_t *slot)
+{
+	long f = nfused, r = nropekv;
+	fused_ref(o, qkv, NULL, xn, x, nw, nb, eps, norm, w, bias, N, C, (NH + 2 * NKV) * HD, RL_EP_NONE);
+	rope_kv_ref(o, kc, vc, qkv, pos, slot, N, NH, NKV, HD, theta);
+	nfused = f;
+	nropekv = r;
+	nqkv++;
+}
+
 /* The two backends' logits over a prefill of NSEQ prompts and NSTEP decode steps whose batch
  * cycles through 1..NSEQ sequences. */
 static void
@@ -89,7 +104,7 @@ run(rl_ops *plain, rl_ops *fused, const char *name, const char *json)
 	rl_kvseq s[2][NSEQ];
 	float *lg[2] = { NULL, NULL }, *buf = NULL;
 	int V, rv = RL_OK, same = 1, steps = 0;
-	long f0 = nfused, r0 = nropekv;
+	long f0 = nfused, r0 = nropekv, q0 = nqkv;
 
 	memset(&cfg, 0, sizeof cfg);
 	T_EQ_INT(rl_config_parse(&cfg, json, strlen(json), name), RL_OK);
@@ -148,10 +163,14 @@ out:
 	T_EQ_INT(rv, RL_OK);
 	T_OK(same && steps == NSTEP + 1, "%s: the same logits with the fused ops at %d of %d steps", name,
 	    same ? steps : 0, NSTEP + 1);
-	/* per decode step of <= 4 sequences: 4 fused calls a layer and the head's one */
-	T_OK(nfused - f0 > (long)cfg.n_layer * 4 * 10, "%s: matmul_fused_fwd called (%ld)", name, nfused - f0);
-	T_OK(cfg.arch == RL_ARCH_GPT2 ? nropekv == r0 : nropekv - r0 == (long)cfg.n_layer * (NSTEP + 1),
-	    "%s: rope_kv_write called %ld times", name, nropekv - r0);
+	/* per decode step of <= 4 sequences: the QKV call (with q/k-norm: matmul_fused_fwd,
+	 * then rope_kv_write), 3 more fused calls a layer and the head's one; RoPE models call
+	 * rope_kv_write in every other block pass (prefill, 5 sequences) */
+	long nq = nqkv - q0, nr = nropekv - r0, L = cfg.n_layer;
+	T_OK(nfused - f0 > L * 3 * 10, "%s: matmul_fused_fwd called (%ld)", name, nfused - f0);
+	T_OK(cfg.qk_norm ? nq == 0 : nq > L * 10, "%s: matmul_rope_kv_fwd called %ld times", name, nq);
+	T_OK(cfg.arch == RL_ARCH_GPT2 ? nr == 0 : nr + nq == L * (NSTEP + 1), "%s: rope_kv_write called %ld times",
+	    name, nr);
 	for (int k = 0; k < 2; k++) {
 		if (kv[k])
 			for (int i = 0; i < NSEQ; i++)
@@ -161,6 +180,7 @@ out:
 		free(lg[k]);
 	}
 	free(buf);
+	rl_config_fini(&cfg);
 }
 
 int
@@ -173,9 +193,11 @@ main(void)
 	T_EQ_INT(rl_ops_cpu_open(&fused), RL_OK);
 	if (plain == NULL || fused == NULL)
 		return 1;
-	T_OK(plain->matmul_fused_fwd == NULL && plain->rope_kv_write == NULL, "the CPU backend leaves them NULL");
+	T_OK(plain->matmul_fused_fwd == NULL && plain->rope_kv_write == NULL && plain->matmul_rope_kv_fwd == NULL,
+	    "the CPU backend leaves them NULL");
 	fused->matmul_fused_fwd = fused_ref;
 	fused->rope_kv_write = rope_kv_ref;
+	fused->matmul_rope_kv_fwd = qkv_ref;
 	run(plain, fused, "gpt2", gpt2_json);
 	run(plain, fused, "qwen2", qwen2_json);
 	run(plain, fused, "qwen3", qwen3_json);
