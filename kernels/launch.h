@@ -75,6 +75,14 @@ int rlk_pg_loss(void *stream, float *dlp, float *dent, float *stats, const float
     const float *w, int N, rl_pg_params p);
 int rlk_sample(void *stream, int32_t *tok, float *logp, const void *logits,
     const uint64_t *seed, const uint64_t *counter, int B, int V, rl_sample_params p);
+/* The same function, each row split over several blocks (k_sample_split), for the
+ * parameters rlk_sample_split_ok accepts (greedy, or no top-k and no top-p; V up to
+ * 262144; B up to 65535).  ws: device scratch of rlk_sample_ws_bytes(B, V); cnt: B
+ * unsigned counters, all 0 (the kernel leaves them 0). */
+int rlk_sample_split_ok(int B, int V, rl_sample_params p);
+size_t rlk_sample_ws_bytes(int B, int V);
+int rlk_sample_split(void *stream, void *ws, unsigned *cnt, int32_t *tok, float *logp, const void *logits,
+    const uint64_t *seed, const uint64_t *counter, int B, int V, rl_sample_params p);
 
 /* ---- attention (kernels/attn.cu) ----------------------------------------------
  * Prefill/training attention through cuBLAS batched GEMMs over a scratch

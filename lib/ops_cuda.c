@@ -85,6 +85,11 @@ typedef struct cuda_ctx {
 	size_t dec_cnt_bytes;  /* when allocated, left 0 by every launch */
 	int dec_merge_sep;     /* RL_CUDA_DECODE_MERGE=0: the splits merged by a second kernel */
 	int dec_splits;        /* most splits per (sequence, KV head): RL_CUDA_DECODE_SPLITS, else 32 */
+	int smp_split;         /* sample: rows split over blocks up to this B (RL_CUDA_SAMPLE_SPLIT; 0 never) */
+	void *smp_ws;          /* its per-range partials */
+	size_t smp_ws_bytes;
+	void *smp_cnt;         /* its per-row counters: zeroed when allocated, left 0 by every launch */
+	size_t smp_cnt_bytes;
 	unsigned epoch;        /* bumped whenever a scratch buffer moves (graphs recorded before are stale) */
 	int capturing;         /* between graph_begin and graph_end */
 	struct { const char *name; double s; long n; } pt[64];
@@ -937,10 +942,28 @@ cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void
 	    BS, MAXBLK));
 }
 
+/* Rows split over blocks (k_sample_split) for greedy and plain temperature sampling with
+ * at most c->smp_split rows, else one block per row (k_sample: top-k, top-p).  The
+ * scratch is taken for at least 256 rows at once and the counters for 1024, so that they
+ * grow once per vocabulary rather than per batch size (a growth makes recorded graphs
+ * stale). */
 static void
 cu_sample(rl_ops *o, int32_t *tok, float *logp, const void *logits, const uint64_t *seed,
     const uint64_t *counter, int B, int V, const rl_sample_params *p)
 {
+	cuda_ctx *c = CTX(o);
+	if (B > 0 && B <= c->smp_split && rlk_sample_split_ok(B, V, *p)) {
+		size_t had = c->smp_cnt_bytes;
+		void *ws = grow_buf(o, &c->smp_ws, &c->smp_ws_bytes, rlk_sample_ws_bytes(RL_MAX(B, 256), V));
+		unsigned *cnt = ws ? grow_buf(o, &c->smp_cnt, &c->smp_cnt_bytes, (size_t)RL_MAX(B, 1024) * sizeof(unsigned))
+		    : NULL;
+		if (!cnt)
+			return;
+		if (c->smp_cnt_bytes != had)
+			ck(o, "sample counters", (int)cudaMemsetAsync(cnt, 0, c->smp_cnt_bytes, c->stream));
+		CKP(o, "sample", rlk_sample_split(S(o), ws, cnt, tok, logp, logits, seed, counter, B, V, *p));
+		return;
+	}
 	CKP(o, "sample", rlk_sample(S(o), tok, logp, logits, seed, counter, B, V, *p));
 }
 
@@ -1104,6 +1127,8 @@ cu_close(rl_ops *o)
 		cudaFree(c->acc);
 		cudaFree(c->dec_ws);
 		cudaFree(c->dec_cnt);
+		cudaFree(c->smp_ws);
+		cudaFree(c->smp_cnt);
 		cudaFree(c->fa2_ws);
 		cudaFree(c->attn_ws);
 		cudaFree(c->lt_ws);
@@ -1161,6 +1186,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->decode_kind = env_pick("RL_CUDA_DECODE_ATTN", "lane split v1") + 1;  /* DK_* */
 	c->dec_merge_sep = env_pick("RL_CUDA_DECODE_MERGE", "0 1") == 0;
 	c->dec_splits = env_int("RL_CUDA_DECODE_SPLITS", 32, 1, 256);
+	c->smp_split = env_int("RL_CUDA_SAMPLE_SPLIT", 65535, 0, 65535);
 	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
 		cudaGetLastError();
 		c->nsm = 0;

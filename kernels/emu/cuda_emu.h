@@ -5,7 +5,10 @@
  * shares them); __syncthreads() and the warp shuffles are barriers over the
  * block or the warp, so a barrier or a full-mask shuffle that not every thread
  * (lane) reaches is reported as a deadlock instead of hanging.  bf16 is stored
- * as in CUDA (16 bits, round to nearest even), __expf is expf.
+ * as in CUDA (16 bits, round to nearest even), __expf is expf.  Atomics are plain
+ * read-modify-writes and __threadfence does nothing (blocks run one after another,
+ * a valid order); emu_block_shuffle runs a grid's blocks in a random order, for the
+ * kernels whose last block to finish a group does the rest (counter pattern).
  *
  * For kernels/emu/emu_*.cpp (kernels/emu/run.sh).  It checks index arithmetic,
  * block/warp merges and barrier placement; it says nothing about timing, the
@@ -186,6 +189,12 @@ static inline double
 __shfl_xor_sync(unsigned mask, double v, int o)
 {
 	return emu_shfl_d(mask, v, [o](int l) { return l ^ o; });
+}
+
+static inline int
+__shfl_xor_sync(unsigned mask, int v, int o)
+{
+	return (int)emu_shfl_d(mask, (double)v, [o](int l) { return l ^ o; });
 }
 
 static inline double

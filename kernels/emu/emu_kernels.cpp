@@ -2,11 +2,13 @@
  * emu_kernels.cpp — kernels of decode.cu and norm.cu run on the CPU through
  * cuda_emu.h (their source cut out of the .cu files by run.sh) against the CPU
  * reference of lib/ops_cpu.c:
- *   - split decode attention (k_decode_split or k_decode_lane, + k_decode_merge): HD 64 and 128,
- *     1 to 8 query heads per KV head, nsplit 1, 2, 3, 7, 44, 64, contexts of 1,
+ *   - split decode attention (k_decode_split or k_decode_lane): HD 64 and 128,
+ *     1 to 8 query heads per KV head, nsplit 1, 2, 3, 7, 22, 32, 44, 64, contexts of 1,
  *     the whole cache, exact multiples of a round (DC_UNROLL keys x the workers) and one
  *     past, random lengths, shared and shuffled blocks, then 24 random shapes;
- *     outputs and partials poisoned with NaN first;
+ *     outputs and partials poisoned with NaN first; the splits merged inside the kernel
+ *     by the last block (blocks in a random order, launched twice: the same bits, the
+ *     counters back at 0), and by k_decode_merge (2 to 70 splits);
  *   - add_norm_fwd: LayerNorm and RMSNorm, rows that fill a block partly, C not a
  *     multiple of 32; the updated x, out and statistics equal, bit for bit, the
  *     separate add then k_layernorm_fwd / k_rmsnorm_fwd (emulated), and out is

@@ -1,9 +1,10 @@
 #!/usr/bin/env bats
 # CUDA kernels run on the CPU through kernels/emu (threads as fibers, barriers,
 # mma.sync/ldmatrix/cp.async emulated lane by lane from the PTX layouts) against
-# the CPU reference: decode.cu's two decode attention kernels and their merge,
-# norm.cu's forward norms (fused add + norm, the row in registers), gemv.cu,
-# logprob.cu's sampler, and flash2.cu's attention forward and backward (also
+# the CPU reference: decode.cu's two decode attention kernels and their merge
+# (in the kernel, blocks in a random order, and the merge kernel), norm.cu's
+# forward norms (fused add + norm, the row in registers), gemv.cu, logprob.cu's
+# samplers (one block a row, and a row over several blocks), and flash2.cu's attention forward and backward (also
 # with warps drifting apart).  The kernel logic is checked in every `make check`,
 # without a GPU.  Skipped without a C++ compiler or the library.
 
@@ -26,7 +27,7 @@ passed() {
 	run --separate-stderr sh "$root/kernels/emu/run.sh"
 	assert_success
 	passed emu_kernels 107
-	passed emu_sample 8
+	passed emu_sample 20
 	# a sanitized library (build-san) makes run.sh take flash2's quick set: 6 cases
 	if nm "$root/${RL_BUILD:-build}/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
 		passed emu_flash2 6
