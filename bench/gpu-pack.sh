@@ -13,17 +13,20 @@ set -eu
 G=${1:-.gpu}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-grep -qx "/$G/" .git/info/exclude 2>/dev/null || git check-ignore -q "$G" || echo "/$G/" >> .git/info/exclude
+# the CEO's shared folder beside the main checkout (also from a git worktree elsewhere)
+SH=${SHARED:-$(cd "$(git rev-parse --git-common-dir)/../.." && pwd)/shared}
+ex=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$ex")"
+grep -qx "/$G/" "$ex" 2>/dev/null || git check-ignore -q "$G" || echo "/$G/" >> "$ex"
 make -j2 CUDA_ARCH=90 all tests-build > "$G.build.log" 2>&1 || { tail -30 "$G.build.log"; exit 1; }
 rm -rf "$G/build" "$G/libs"
 mkdir -p "$G/build/bin" "$G/build/tests" "$G/build/bench" "$G/ref"
 cp build/bin/rl-* "$G/build/bin/"
 cp build/tests/test_cuda_* build/tests/test_comm_cuda build/tests/test_wsync_cuda "$G/build/tests/"
 for b in gpu_kernels gpu_train gpu_gen gpu_engine wgroup; do cp "build/bench/$b" "$G/build/bench/"; done
-"$root/../shared/gpu/carry-libs" "$G/libs" "$G"/build/bin/* "$G"/build/tests/* "$G"/build/bench/*
+"$SH/gpu/carry-libs" "$G/libs" "$G"/build/bin/* "$G"/build/tests/* "$G"/build/bench/*
 rm -f "$G"/libs/libcublas* "$G"/libs/libcudart* "$G"/libs/libnccl*
 strip -g "$G"/build/*/*
-cp ../shared/bench/*.py "$G/ref/" 2>/dev/null || echo "gpu-pack: no ../shared/bench/*.py (PyTorch references)" >&2
+cp "$SH"/bench/*.py "$G/ref/" 2>/dev/null || echo "gpu-pack: no $SH/bench/*.py (PyTorch references)" >&2
 tar czf "$G/pack.tgz" -C "$G" build
 rm -rf "$G/build" "$G.build.log"
 du -sh "$G/pack.tgz" "$G/libs"

@@ -11,9 +11,12 @@
  * HD/32 elements of a row (a warp reads one 128- or 256-byte row at a time,
  * coalesced), dot products reduced across the warp, an online softmax per
  * warp in fp32.  The block merges its 4 warps; with nsplit > 1 it writes
- * (acc, m, l) partials to a workspace and a second kernel merges the splits.
- * nsplit is chosen by the caller from B and NKV only (never from context
- * lengths, which stay in device memory), so a CUDA graph can hold the launch.
+ * (acc, m, l) partials to a workspace, counts itself on a per-(sequence, KV head)
+ * counter, and the block that finishes last merges the splits in a fixed order
+ * and resets the counter (dc_merge_last); without counters (RL_CUDA_DECODE_MERGE=0)
+ * a second kernel merges them.  nsplit is chosen by the caller from B and NKV only
+ * (never from context lengths, which stay in device memory), so a CUDA graph can
+ * hold the launch.
  *
  * Leaves out: HD other than 64/128 and more than 8 query heads per KV head
  * (attn.cu's kernel).
@@ -24,14 +27,92 @@
 #define DC_WARPS 4
 #define DC_GMAX 8
 #define DC_UNROLL 8
+#define DC_MAXSPLIT 64  /* splits the in-kernel merge takes (two per lane of a warp): RLK_DECODE_MAXSPLIT */
+#define DC_MUNROLL 16   /* partial rows in flight per thread in that merge */
+
+/* The in-kernel merge of the splits (counter pattern), called by every block of a
+ * (sequence, KV head) after it wrote its partials.  Each block fences its partials and
+ * counts itself on cnt[blockIdx.x]; the block that arrives last (whichever it is) merges
+ * the nsplit partials of the G query heads: one warp per head loads the splits' (m, l)
+ * (two per lane), takes the warp max M and the weights exp(m_k - M) into shared memory,
+ * L = sum of weight x l over the splits (warp sum, a fixed order); then each thread takes
+ * 4 consecutive outputs of a head and sums weight x acc over the splits k = 0, 1, ...
+ * with 16-byte loads whose addresses do not depend on loaded values (DC_MUNROLL in
+ * flight).  The order of every sum is fixed by the split index, never by the arrival
+ * order: the output is the same whichever block merges.  The merging block sets the
+ * counter back to 0 (the next launch, a CUDA graph replay included, finds it so).
+ * Partials are read through L2 (__ldcg): other blocks wrote them during this kernel. */
+template <int HD, int G>
+static __device__ void
+dc_merge_last(bf16 *out, const float *ws, const float2 *wml, unsigned *cnt, int b, int kvh, int NH, int nsplit)
+{
+	constexpr int NQ = HD / 4;
+	__shared__ float sw[G][DC_MAXSPLIT], sl[G];
+	__shared__ int last;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	__threadfence();  /* this thread's partials visible to the whole device ... */
+	__syncthreads();  /* ... for every thread of the block, before it is counted */
+	if (threadIdx.x == 0)
+		last = atomicAdd(&cnt[blockIdx.x], 1u) == (unsigned)nsplit - 1u;
+	__syncthreads();
+	if (!last)
+		return;
+	__threadfence();
+	const size_t p0 = ((size_t)b * NH + (size_t)kvh * G) * nsplit;  /* the group's first partial */
+	for (int g = warp; g < G; g += DC_WARPS) {
+		const float2 *ml = wml + p0 + (size_t)g * nsplit;
+		float2 x0 = make_float2(-INFINITY, 0.0f), x1 = make_float2(-INFINITY, 0.0f);
+		if (lane < nsplit)
+			x0 = __ldcg(ml + lane);
+		if (lane + 32 < nsplit)
+			x1 = __ldcg(ml + lane + 32);
+		float M = warp_max(fmaxf(x0.x, x1.x)), w0 = 0.0f, w1 = 0.0f;
+		if (M != -INFINITY) {  /* an empty split: m = -inf, l = acc = 0, weight 0 */
+			w0 = __expf(x0.x - M);
+			w1 = __expf(x1.x - M);
+		}
+		float L = warp_sum(w0 * x0.y + w1 * x1.y);
+		if (lane < nsplit)
+			sw[g][lane] = w0;
+		if (lane + 32 < nsplit)
+			sw[g][lane + 32] = w1;
+		if (lane == 0)
+			sl[g] = L;
+	}
+	__syncthreads();
+	for (int t = threadIdx.x; t < G * NQ; t += blockDim.x) {
+		const int g = t / NQ, q = t % NQ;
+		const float4 *p = (const float4 *)(ws + (p0 + (size_t)g * nsplit) * HD) + q;
+		float ax = 0.0f, ay = 0.0f, az = 0.0f, aw = 0.0f;
+#pragma unroll 16  /* DC_MUNROLL */
+		for (int k = 0; k < nsplit; k++) {
+			float4 v = __ldcg(p + (size_t)k * NQ);
+			float w = sw[g][k];
+			ax += w * v.x;
+			ay += w * v.y;
+			az += w * v.z;
+			aw += w * v.w;
+		}
+		const float L = sl[g];
+		bf16 *o = out + ((size_t)b * NH + (size_t)kvh * G + g) * HD + q * 4;
+		o[0] = tobf(ax / L);
+		o[1] = tobf(ay / L);
+		o[2] = tobf(az / L);
+		o[3] = tobf(aw / L);
+	}
+	if (threadIdx.x == 0)
+		cnt[blockIdx.x] = 0u;
+}
 
 /* The end of both kernels: merge the block's warps (online-softmax states of each query
- * head of the group) and write out, or the split's partials (acc, m, l) for
- * k_decode_merge. */
+ * head of the group) and write out (nsplit 1), or the split's partials: acc (HD floats)
+ * in ws, (m, l) in wml, at index ((b NH + h) nsplit + split); then, with cnt, the last
+ * block of the (sequence, KV head) merges the splits (dc_merge_last), else
+ * k_decode_merge does after the kernel. */
 template <int HD, int G>
 static __device__ __forceinline__ void
 dc_finish(const float (&acc)[G][HD / 32], const float (&m)[G], const float (&l)[G], bf16 *out, float *ws,
-    int b, int kvh, int split, int NH, int nsplit)
+    float2 *wml, unsigned *cnt, int b, int kvh, int split, int NH, int nsplit)
 {
 	constexpr int PL = HD / 32;
 	__shared__ float sm_m[DC_WARPS][G], sm_l[DC_WARPS][G];
@@ -64,19 +145,19 @@ dc_finish(const float (&acc)[G][HD / 32], const float (&m)[G], const float (&l)[
 		if (nsplit == 1) {
 			out[(size_t)b * NH * HD + (size_t)h * HD + d] = tobf(a / ls);
 		} else {
-			float *p = ws + (((size_t)b * NH + h) * nsplit + split) * (HD + 2);
-			p[d] = a;
-			if (d == 0) {
-				p[HD] = M;
-				p[HD + 1] = ls;
-			}
+			size_t pi = ((size_t)b * NH + h) * nsplit + split;
+			ws[pi * HD + d] = a;
+			if (d == 0)
+				wml[pi] = make_float2(M, ls);
 		}
 	}
+	if (nsplit > 1 && cnt)
+		dc_merge_last<HD, G>(out, ws, wml, cnt, b, kvh, NH, nsplit);
 }
 
 template <int HD, int G>
 __global__ void __launch_bounds__(DC_WARPS * 32)
-k_decode_split(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16 *vc, const int32_t *bt,
+k_decode_split(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv, const bf16 *kc, const bf16 *vc, const int32_t *bt,
     const int32_t *ctx_len, int NH, int NKV, int BS, int MAXBLK, int nsplit)
 {
 	constexpr int PL = HD / 32;  /* elements per lane: 2 or 4 */
@@ -142,7 +223,7 @@ k_decode_split(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16
 			}
 		}
 	}
-	dc_finish<HD, G>(acc, m, l, out, ws, b, kvh, split, NH, nsplit);
+	dc_finish<HD, G>(acc, m, l, out, ws, wml, cnt, b, kvh, split, NH, nsplit);
 }
 
 /* The same function, a key per lane (the default; k_decode_split above stays as
@@ -156,7 +237,7 @@ k_decode_split(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16
  * block merge and the partials for k_decode_merge are those of k_decode_split. */
 template <int HD, int G>
 __global__ void __launch_bounds__(DC_WARPS * 32)
-k_decode_lane(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16 *vc, const int32_t *bt,
+k_decode_lane(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv, const bf16 *kc, const bf16 *vc, const int32_t *bt,
     const int32_t *ctx_len, int NH, int NKV, int BS, int MAXBLK, int nsplit)
 {
 	constexpr int PL = HD / 32, NV = HD / 8;
@@ -254,28 +335,29 @@ k_decode_lane(bf16 *out, float *ws, const bf16 *qkv, const bf16 *kc, const bf16 
 		}
 		__syncwarp();  /* sp and srow are rewritten by the next chunk */
 	}
-	dc_finish<HD, G>(acc, m, l, out, ws, b, kvh, split, NH, nsplit);
+	dc_finish<HD, G>(acc, m, l, out, ws, wml, cnt, b, kvh, split, NH, nsplit);
 }
 
-/* out (B, NH*HD) from the nsplit partials of each (sequence, head).  No branch on the
- * loaded values inside the loops, so the loads of the splits are in flight together (an
- * empty split has m = -inf and l = acc = 0: its weight is 0). */
+/* out (B, NH*HD) from the nsplit partials of each (sequence, head): the merge as a
+ * separate kernel (RL_CUDA_DECODE_MERGE=0, or more than DC_MAXSPLIT splits).  No branch
+ * on the loaded values inside the loops, so the loads of the splits are in flight
+ * together (an empty split has m = -inf and l = acc = 0: its weight is 0). */
 __global__ void
-k_decode_merge(bf16 *out, const float *ws, int HD, int nsplit)
+k_decode_merge(bf16 *out, const float *ws, const float2 *wml, int HD, int nsplit)
 {
 	const int bh = blockIdx.x, d = threadIdx.x;
-	const float *p = ws + (size_t)bh * nsplit * (HD + 2);
+	const float *p = ws + (size_t)bh * nsplit * HD;
+	const float2 *ml = wml + (size_t)bh * nsplit;
 	float M = -INFINITY, ls = 0.0f, a = 0.0f;
 #pragma unroll 8
 	for (int k = 0; k < nsplit; k++)
-		M = fmaxf(M, p[(size_t)k * (HD + 2) + HD]);
+		M = fmaxf(M, ml[k].x);
 	if (M != -INFINITY) {
 #pragma unroll 8
 		for (int k = 0; k < nsplit; k++) {
-			const float *pk = p + (size_t)k * (HD + 2);
-			float c = __expf(pk[HD] - M);
-			ls += pk[HD + 1] * c;
-			a += pk[d] * c;
+			float c = __expf(ml[k].x - M);
+			ls += ml[k].y * c;
+			a += p[(size_t)k * HD + d] * c;
 		}
 	}
 	if (d < HD)
@@ -288,6 +370,9 @@ rlk_attn_decode_split_ok(int NH, int NKV, int HD)
 	return (HD == 64 || HD == 128) && NKV > 0 && NH % NKV == 0 && NH / NKV <= DC_GMAX;
 }
 
+static_assert(DC_MAXSPLIT == RLK_DECODE_MAXSPLIT, "launch.h's RLK_DECODE_MAXSPLIT");
+
+/* acc (B NH nsplit HD floats), then (m, l) (B NH nsplit float2) */
 extern "C" size_t
 rlk_attn_decode_ws_bytes(int B, int NH, int HD, int nsplit)
 {
@@ -295,23 +380,26 @@ rlk_attn_decode_ws_bytes(int B, int NH, int HD, int nsplit)
 }
 
 extern "C" int
-rlk_attn_decode_split(void *s, float *ws, void *out, const void *qkv, const void *kc, const void *vc,
-    const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD, int BS, int MAXBLK,
-    int nsplit, int lane)
+rlk_attn_decode_split(void *s, float *ws, unsigned *cnt, void *out, const void *qkv, const void *kc,
+    const void *vc, const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD, int BS,
+    int MAXBLK, int nsplit, int lane)
 {
 	if (B <= 0)
 		return 0;
 	if (!rlk_attn_decode_split_ok(NH, NKV, HD) || nsplit < 1 || nsplit > 65535 || (nsplit > 1 && !ws))
 		return (int)cudaErrorInvalidValue;
+	if (nsplit == 1 || nsplit > DC_MAXSPLIT)
+		cnt = NULL;
 	dim3 grid((unsigned)(B * NKV), (unsigned)nsplit);
 	const bf16 *q = (const bf16 *)qkv, *k = (const bf16 *)kc, *v = (const bf16 *)vc;
+	float2 *wml = nsplit > 1 ? (float2 *)(ws + (size_t)B * NH * nsplit * HD) : NULL;
 	cudaStream_t st = RLK_STREAM(s);
 #define DS(H, G) do { if (lane) \
-		k_decode_lane<H, G><<<grid, DC_WARPS * 32, 0, st>>>((bf16 *)out, ws, q, k, v, block_table, ctx_len, \
-		    NH, NKV, BS, MAXBLK, nsplit); \
+		k_decode_lane<H, G><<<grid, DC_WARPS * 32, 0, st>>>((bf16 *)out, ws, wml, cnt, q, k, v, block_table, \
+		    ctx_len, NH, NKV, BS, MAXBLK, nsplit); \
 	else \
-		k_decode_split<H, G><<<grid, DC_WARPS * 32, 0, st>>>((bf16 *)out, ws, q, k, v, block_table, ctx_len, \
-		    NH, NKV, BS, MAXBLK, nsplit); } while (0)
+		k_decode_split<H, G><<<grid, DC_WARPS * 32, 0, st>>>((bf16 *)out, ws, wml, cnt, q, k, v, block_table, \
+		    ctx_len, NH, NKV, BS, MAXBLK, nsplit); } while (0)
 #define DSG(H) switch (NH / NKV) { case 1: DS(H, 1); break; case 2: DS(H, 2); break; case 3: DS(H, 3); break; \
 	case 4: DS(H, 4); break; case 5: DS(H, 5); break; case 6: DS(H, 6); break; case 7: DS(H, 7); break; \
 	default: DS(H, 8); break; }
@@ -322,8 +410,8 @@ rlk_attn_decode_split(void *s, float *ws, void *out, const void *qkv, const void
 #undef DSG
 #undef DS
 	int e = (int)cudaGetLastError();
-	if (e || nsplit == 1)
+	if (e || nsplit == 1 || cnt)
 		return e;
-	k_decode_merge<<<B * NH, HD, 0, RLK_STREAM(s)>>>((bf16 *)out, ws, HD, nsplit);
+	k_decode_merge<<<B * NH, HD, 0, RLK_STREAM(s)>>>((bf16 *)out, ws, wml, HD, nsplit);
 	RLK_RET();
 }

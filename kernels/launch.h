@@ -99,6 +99,14 @@ int rlk_pg_loss(void *stream, float *dlp, float *dent, float *stats, const float
     const float *w, int N, rl_pg_params p);
 int rlk_sample(void *stream, int32_t *tok, float *logp, const void *logits,
     const uint64_t *seed, const uint64_t *counter, int B, int V, rl_sample_params p);
+/* The same function, each row split over several blocks (k_sample_split), for the
+ * parameters rlk_sample_split_ok accepts (greedy, or no top-k and no top-p; V up to
+ * 262144; B up to 65535).  ws: device scratch of rlk_sample_ws_bytes(B, V); cnt: B
+ * unsigned counters, all 0 (the kernel leaves them 0). */
+int rlk_sample_split_ok(int B, int V, rl_sample_params p);
+size_t rlk_sample_ws_bytes(int B, int V);
+int rlk_sample_split(void *stream, void *ws, unsigned *cnt, int32_t *tok, float *logp, const void *logits,
+    const uint64_t *seed, const uint64_t *counter, int B, int V, rl_sample_params p);
 
 /* ---- attention (kernels/attn.cu) ----------------------------------------------
  * Prefill/training attention through cuBLAS batched GEMMs over a scratch
@@ -142,12 +150,16 @@ int rlk_attn_decode(void *stream, void *out, const void *qkv, const void *kc, co
  * rlk_attn_decode for the shapes rlk_attn_decode_split_ok accepts (HD 64 or 128, at most 8
  * query heads per KV head).  nsplit >= 1 splits per (sequence, KV head), chosen by the
  * caller from B and NKV; ws: device scratch of rlk_attn_decode_ws_bytes (NULL when 0).
+ * cnt: B * NKV unsigned counters, all 0 (the kernel leaves them 0), for the merge of the
+ * splits inside the kernel (by the last block of each sequence and KV head; at most
+ * RLK_DECODE_MAXSPLIT splits), or NULL for the separate merge kernel.
  * lane: a key per lane (k_decode_lane, the default), else a key per warp (k_decode_split). */
+#define RLK_DECODE_MAXSPLIT 64
 int rlk_attn_decode_split_ok(int NH, int NKV, int HD);
 size_t rlk_attn_decode_ws_bytes(int B, int NH, int HD, int nsplit);
-int rlk_attn_decode_split(void *stream, float *ws, void *out, const void *qkv, const void *kc,
-    const void *vc, const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
-    int BS, int MAXBLK, int nsplit, int lane);
+int rlk_attn_decode_split(void *stream, float *ws, unsigned *cnt, void *out, const void *qkv,
+    const void *kc, const void *vc, const int32_t *block_table, const int32_t *ctx_len, int B, int NH,
+    int NKV, int HD, int BS, int MAXBLK, int nsplit, int lane);
 
 /* matmul_fwd for N <= 4 rows (kernels/gemv.cu): out (N, OC) = inp (N, C) @ w (OC, C)^T + bias
  * (NULL for none).  rlk_gemv_ok: N 1..4, C a multiple of 8 up to 8192, inp and w 16-byte

@@ -562,6 +562,221 @@ k_sample(int32_t *tok, float *logp, const bf16 *logits, const uint64_t *seed, co
 	}
 }
 
+/* ---- sampling split over blocks: temperature only (top_k 0, top_p 1) and greedy ----------
+ * The row is cut into ranges of SS_SPAN consecutive ids, a warp per range, SS_WARPS ranges
+ * per block, grid (ranges / SS_WARPS, B): at B = 1 a Qwen row (V = 151936) is 75 blocks
+ * instead of one.  Each lane holds its SS_PER logits of the range in registers (ids
+ * j0 + 32k + lane: coalesced loads, all in flight), and the warp writes the range's max m_r
+ * of z = x / T, s_r = sum of expf(z - m_r) (double, per lane then the warp) and, greedy,
+ * the first id of the maximum.  The block then fences, counts itself on cnt[row], and the
+ * block that arrives last for the row (whichever it is) finishes it: M = max m_r, the
+ * range weights W_r = s_r expf(m_r - M) in shared memory, the row total in range order
+ * (lane l of warp 0 sums a contiguous group of ranges; each lane's prefix is the sum of
+ * the groups before it in order, so the prefix of group l + 1 is exactly prefix l + sum l),
+ * target = u * total with u = rl_rng_uniform(seed, counter), the range whose prefix
+ * crosses the target, and warp 0 walks that range's SS_PER x 32 ids in order with the
+ * contract's weights e_j = expf(z_j - M) (a double warp scan): the first id whose
+ * cumulative weight exceeds the target.  Only one range of the row is read twice, and
+ * one expf per logit.  The sums' order is fixed by the range index, not by the arrival
+ * order, so a row gives the same sample whichever block finishes it.  Rounding can
+ * leave the walk short of the target (the range weight and its ids' weights are summed
+ * differently): then the range's last id of positive weight.  Greedy: the first id of the
+ * maximum, logp = -log(sum of exp(x - max)) as k_sample.  The finishing block sets cnt[row]
+ * back to 0 (the next launch, a graph replay included, finds it so). */
+#define SS_WARPS 8
+#define SS_THREADS (SS_WARPS * 32)
+#define SS_PER 8
+#define SS_SPAN (32 * SS_PER)
+#define SS_MAXR 1024  /* ranges a row may have: V up to 262144 */
+
+static __device__ __forceinline__ int
+ss_warp_min(int v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+__global__ void __launch_bounds__(SS_THREADS)
+k_sample_split(int32_t *tok, float *logp, const bf16 *logits, const uint64_t *seed, const uint64_t *counter,
+    int V, float T, double *wsum, float *wmax, int *warg, unsigned *cnt)
+{
+	__shared__ double sW[SS_MAXR];
+	__shared__ double sgrp[32];
+	__shared__ float redf[32];
+	__shared__ int last, best, hit_r;
+	__shared__ double hit_c, total_s;
+	const int b = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const int nr = gridDim.x * SS_WARPS, greedy = !(T > 0.0f);
+	const bf16 *x = logits + (size_t)b * V;
+	const int r = blockIdx.x * SS_WARPS + warp, j0 = r * SS_SPAN;
+	float z[SS_PER];
+	float m = -INFINITY;
+#pragma unroll
+	for (int k = 0; k < SS_PER; k++) {
+		int j = j0 + k * 32 + lane;
+		z[k] = -INFINITY;
+		if (j < V) {
+			float v = bf(x[j]);
+			z[k] = greedy || T == 1.0f ? v : v / T;
+		}
+	}
+#pragma unroll
+	for (int k = 0; k < SS_PER; k++)
+		m = fmaxf(m, z[k]);
+	m = warp_max(m);
+	double s = 0.0;
+	int arg = 0x7fffffff;
+	if (m != -INFINITY)
+#pragma unroll
+		for (int k = 0; k < SS_PER; k++) {
+			if (j0 + k * 32 + lane < V)
+				s += (double)expf(z[k] - m);
+			if (z[k] == m && arg == 0x7fffffff)
+				arg = j0 + k * 32 + lane;
+		}
+	for (int o = 16; o > 0; o >>= 1)
+		s += __shfl_xor_sync(0xffffffffu, s, o);
+	if (greedy)
+		arg = ss_warp_min(arg);
+	const size_t ri = (size_t)b * nr + r;
+	if (lane == 0) {
+		wsum[ri] = s;
+		wmax[ri] = m;
+		if (greedy)
+			warg[ri] = arg;
+	}
+	/* count the block once its ranges are visible to the device; the last one goes on */
+	__threadfence();
+	__syncthreads();
+	if (threadIdx.x == 0)
+		last = atomicAdd(&cnt[b], 1u) == gridDim.x - 1u;
+	__syncthreads();
+	if (!last)
+		return;
+	__threadfence();
+	const double *rs = wsum + (size_t)b * nr;
+	const float *rm = wmax + (size_t)b * nr;
+	float mm = -INFINITY;
+	for (int i = threadIdx.x; i < nr; i += blockDim.x)
+		mm = fmaxf(mm, __ldcg(rm + i));
+	const float M = block_max(mm, redf);
+	if (threadIdx.x == 0)
+		best = 0x7fffffff;
+	for (int i = threadIdx.x; i < nr; i += blockDim.x) {
+		float mi = __ldcg(rm + i);
+		sW[i] = mi == -INFINITY ? 0.0 : __ldcg(rs + i) * (double)expf(mi - M);
+	}
+	__syncthreads();
+	if (greedy) {
+		int cand = 0x7fffffff;
+		for (int i = threadIdx.x; i < nr; i += blockDim.x)
+			if (__ldcg(rm + i) == M)
+				cand = min(cand, __ldcg(warg + (size_t)b * nr + i));
+		if (cand != 0x7fffffff)
+			atomicMin(&best, cand);
+	}
+	if (warp == 0) {
+		/* lane l: ranges [l q, l q + q); its prefix: the groups before it, in order */
+		const int q = (nr + 31) / 32, i0 = min(nr, lane * q), i1 = min(nr, i0 + q);
+		double g = 0.0;
+		for (int i = i0; i < i1; i++)
+			g += sW[i];
+		sgrp[lane] = g;
+		__syncwarp();
+		double c = 0.0;
+		for (int l = 0; l < lane; l++)
+			c += sgrp[l];
+		const double total = __shfl_sync(0xffffffffu, c + g, 31);
+		if (lane == 0) {
+			total_s = total;
+			hit_r = -1;
+		}
+		__syncwarp();
+		if (!greedy) {
+			const double target = rl_rng_uniform(seed[b], counter[b]) * total;
+			if (c <= target && c + g > target) {  /* one lane at most */
+				int ri2 = -1;
+				double cc = c, cr = c;
+				for (int i = i0; i < i1; i++) {
+					if (sW[i] > 0.0) {
+						ri2 = i;
+						cr = cc;
+						if (cc + sW[i] > target)
+							break;
+					}
+					cc += sW[i];
+				}
+				hit_r = ri2;  /* the crossing range, or the group's last of positive weight */
+				hit_c = cr;
+			}
+		}
+	}
+	__syncthreads();
+	if (greedy) {
+		if (threadIdx.x == 0) {
+			tok[b] = best;
+			logp[b] = (float)(-log(total_s));
+			cnt[b] = 0u;
+		}
+		return;
+	}
+	if (warp == 0) {
+		int t = -1;
+		const int hr = hit_r;
+		if (hr >= 0) {
+			/* walk the range: the first id whose cumulative weight exceeds the target */
+			const double target = rl_rng_uniform(seed[b], counter[b]) * total_s;
+			const int h0 = hr * SS_SPAN;
+			float e[SS_PER];
+#pragma unroll
+			for (int k = 0; k < SS_PER; k++) {
+				int j = h0 + k * 32 + lane;
+				e[k] = 0.0f;
+				if (j < V) {
+					float v = bf(x[j]);
+					e[k] = expf((T == 1.0f ? v : v / T) - M);
+				}
+			}
+			double c = hit_c;
+			int lastpos = -1;
+#pragma unroll
+			for (int k = 0; k < SS_PER; k++) {
+				double sc = (double)e[k];
+				for (int o = 1; o < 32; o <<= 1) {
+					double y = __shfl_up_sync(0xffffffffu, sc, o);
+					if (lane >= o)
+						sc += y;
+				}
+				unsigned cross = __ballot_sync(0xffffffffu, e[k] > 0.0f && c + sc > target);
+				unsigned pos = __ballot_sync(0xffffffffu, e[k] > 0.0f);
+				if (t < 0 && cross)
+					t = h0 + k * 32 + __ffs(cross) - 1;
+				if (pos)
+					lastpos = h0 + k * 32 + 31 - __clz(pos);
+				c += __shfl_sync(0xffffffffu, sc, 31);
+			}
+			if (t < 0)
+				t = lastpos;
+		}
+		if (t < 0)
+			t = V - 1;  /* nothing of positive weight (as k_sample: the last id) */
+		if (lane == 0) {
+			tok[b] = t;
+			float v = bf(x[t]);
+			logp[b] = (float)((double)((T == 1.0f ? v : v / T) - M) - log(total_s));
+			cnt[b] = 0u;
+		}
+	}
+}
+
+/* ranges of a row for k_sample_split, and its workspace: per range a double, a float, an int */
+static inline int
+ss_ranges(int V)
+{
+	return (V + SS_WARPS * SS_SPAN - 1) / (SS_WARPS * SS_SPAN) * SS_WARPS;
+}
+
 extern "C" int
 rlk_sample(void *s, int32_t *tok, float *logp, const void *logits, const uint64_t *seed,
     const uint64_t *counter, int B, int V, rl_sample_params p)
@@ -569,5 +784,36 @@ rlk_sample(void *s, int32_t *tok, float *logp, const void *logits, const uint64_
 	if (B <= 0)
 		return 0;
 	k_sample<<<B, SMP_THREADS, 0, RLK_STREAM(s)>>>(tok, logp, (const bf16 *)logits, seed, counter, V, p);
+	RLK_RET();
+}
+
+extern "C" int
+rlk_sample_split_ok(int B, int V, rl_sample_params p)
+{
+	int greedy = !(p.temperature > 0.0f), plain = !(p.top_k > 0 && p.top_k < V) && !(p.top_p < 1.0f);
+	return B > 0 && B <= 65535 && V > 0 && ss_ranges(V) <= SS_MAXR && (greedy || plain);
+}
+
+extern "C" size_t
+rlk_sample_ws_bytes(int B, int V)
+{
+	return (size_t)B * ss_ranges(V) * (sizeof(double) + sizeof(float) + sizeof(int));
+}
+
+extern "C" int
+rlk_sample_split(void *s, void *ws, unsigned *cnt, int32_t *tok, float *logp, const void *logits,
+    const uint64_t *seed, const uint64_t *counter, int B, int V, rl_sample_params p)
+{
+	if (B <= 0)
+		return 0;
+	if (!rlk_sample_split_ok(B, V, p) || !ws || !cnt)
+		return (int)cudaErrorInvalidValue;
+	const int nr = ss_ranges(V);
+	double *wsum = (double *)ws;
+	float *wmax = (float *)(wsum + (size_t)B * nr);
+	int *warg = (int *)(wmax + (size_t)B * nr);
+	dim3 grid((unsigned)(nr / SS_WARPS), (unsigned)B);
+	k_sample_split<<<grid, SS_THREADS, 0, RLK_STREAM(s)>>>(tok, logp, (const bf16 *)logits, seed, counter, V,
+	    p.temperature, wsum, wmax, warg, cnt);
 	RLK_RET();
 }

@@ -86,6 +86,15 @@ typedef struct cuda_ctx {
 	int nsm;               /* multiprocessors */
 	void *dec_ws;          /* split decode attention partials */
 	size_t dec_ws_bytes;
+	void *dec_cnt;         /* its per-(sequence, KV head) counters (the merge in the kernel): zeroed */
+	size_t dec_cnt_bytes;  /* when allocated, left 0 by every launch */
+	int dec_merge_sep;     /* RL_CUDA_DECODE_MERGE=0: the splits merged by a second kernel */
+	int dec_splits;        /* most splits per (sequence, KV head): RL_CUDA_DECODE_SPLITS, else 32 */
+	int smp_split;         /* sample: rows split over blocks up to this B (RL_CUDA_SAMPLE_SPLIT; 0 never) */
+	void *smp_ws;          /* its per-range partials */
+	size_t smp_ws_bytes;
+	void *smp_cnt;         /* its per-row counters: zeroed when allocated, left 0 by every launch */
+	size_t smp_cnt_bytes;
 	unsigned epoch;        /* bumped whenever a scratch buffer moves (graphs recorded before are stale) */
 	int capturing;         /* between graph_begin and graph_end */
 	/* adamw_multi: the chunk tables of the last few segment tables (RL_CUDA_ADAMW_MULTI=0: off) */
@@ -1115,13 +1124,16 @@ cu_kv_write(rl_ops *o, void *kc, void *vc, const void *qkv, const int32_t *slot,
 }
 
 /* Splits of the context per (sequence, KV head) for decode attention: about two
- * blocks per multiprocessor in all, from B and NKV only (a graph holds the grid). */
+ * blocks per multiprocessor in all, from B and NKV only (a graph holds the grid), at
+ * most c->dec_splits: 32 splits x 4 warps x 8 keys in flight per warp cover 1,024 keys
+ * in one round of the key-per-warp kernel, and more splits mostly add empty workers and
+ * partials to merge (64 was the cap before session 6: RL_CUDA_DECODE_SPLITS=64). */
 static int
 decode_nsplit(const cuda_ctx *c, int B, int NKV)
 {
 	long units = (long)B * NKV, want = 2L * (c->nsm > 0 ? c->nsm : 132);
 	long n = (want + units - 1) / units;
-	return (int)(n < 1 ? 1 : n > 64 ? 64 : n);
+	return (int)(n < 1 ? 1 : n > c->dec_splits ? c->dec_splits : n);
 }
 
 /* A switch that names one of `words` (space-separated): its index, or -1 when unset,
@@ -1139,6 +1151,23 @@ env_pick(const char *var, const char *words)
 			return i;
 	rl_warn("cuda: %s=%s is not one of %s: ignored", var, v, words);
 	return -1;
+}
+
+/* An integer switch in [lo, hi]: def when unset or empty, outside the range or not a
+ * number (said on stderr). */
+static int
+env_int(const char *var, int def, int lo, int hi)
+{
+	const char *v = getenv(var);
+	if (v == NULL || *v == '\0')
+		return def;
+	char *end;
+	long n = strtol(v, &end, 10);
+	if (*end != '\0' || n < lo || n > hi) {
+		rl_warn("cuda: %s=%s is not a number from %d to %d: ignored", var, v, lo, hi);
+		return def;
+	}
+	return (int)n;
 }
 
 /* Key per lane (k_decode_lane) or key per warp (k_decode_split).  A lane reading a whole
@@ -1170,18 +1199,46 @@ cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void
 		size_t bound = (size_t)(2 * want) * (size_t)(NH / NKV) * (size_t)(HD + 2) * sizeof(float);
 		if (wb && !(ws = grow_buf(o, &c->dec_ws, &c->dec_ws_bytes, RL_MAX(wb, bound))))
 			return;
-		CKP(o, "attn_decode", rlk_attn_decode_split(S(o), ws, out, qkv, kc, vc, block_table, ctx_len, B, NH,
-		    NKV, HD, BS, MAXBLK, nsplit, decode_lane(c, nsplit)));
+		/* the counters of the merge in the kernel: B * NKV < want of them when nsplit > 1;
+		 * zeroed once when allocated (each launch leaves them 0, graph replays included) */
+		unsigned *cnt = NULL;
+		if (nsplit > 1 && nsplit <= RLK_DECODE_MAXSPLIT && !c->dec_merge_sep) {
+			size_t had = c->dec_cnt_bytes, nb = (size_t)RL_MAX((long)B * NKV, want) * sizeof(unsigned);
+			if (!(cnt = grow_buf(o, &c->dec_cnt, &c->dec_cnt_bytes, nb)))
+				return;
+			if (c->dec_cnt_bytes != had)
+				ck(o, "attn_decode counters", (int)cudaMemsetAsync(cnt, 0, c->dec_cnt_bytes, c->stream));
+		}
+		CKP(o, "attn_decode", rlk_attn_decode_split(S(o), ws, cnt, out, qkv, kc, vc, block_table, ctx_len, B,
+		    NH, NKV, HD, BS, MAXBLK, nsplit, decode_lane(c, nsplit)));
 		return;
 	}
 	CKP(o, "attn_decode", rlk_attn_decode(S(o), out, qkv, kc, vc, block_table, ctx_len, B, NH, NKV, HD,
 	    BS, MAXBLK));
 }
 
+/* Rows split over blocks (k_sample_split) for greedy and plain temperature sampling with
+ * at most c->smp_split rows, else one block per row (k_sample: top-k, top-p).  The
+ * scratch is taken for at least 256 rows at once and the counters for 1024, so that they
+ * grow once per vocabulary rather than per batch size (a growth makes recorded graphs
+ * stale). */
 static void
 cu_sample(rl_ops *o, int32_t *tok, float *logp, const void *logits, const uint64_t *seed,
     const uint64_t *counter, int B, int V, const rl_sample_params *p)
 {
+	cuda_ctx *c = CTX(o);
+	if (B > 0 && B <= c->smp_split && rlk_sample_split_ok(B, V, *p)) {
+		size_t had = c->smp_cnt_bytes;
+		void *ws = grow_buf(o, &c->smp_ws, &c->smp_ws_bytes, rlk_sample_ws_bytes(RL_MAX(B, 256), V));
+		unsigned *cnt = ws ? grow_buf(o, &c->smp_cnt, &c->smp_cnt_bytes, (size_t)RL_MAX(B, 1024) * sizeof(unsigned))
+		    : NULL;
+		if (!cnt)
+			return;
+		if (c->smp_cnt_bytes != had)
+			ck(o, "sample counters", (int)cudaMemsetAsync(cnt, 0, c->smp_cnt_bytes, c->stream));
+		CKP(o, "sample", rlk_sample_split(S(o), ws, cnt, tok, logp, logits, seed, counter, B, V, *p));
+		return;
+	}
 	CKP(o, "sample", rlk_sample(S(o), tok, logp, logits, seed, counter, B, V, *p));
 }
 
@@ -1344,6 +1401,9 @@ cu_close(rl_ops *o)
 		cudaFree(c->pad);
 		cudaFree(c->acc);
 		cudaFree(c->dec_ws);
+		cudaFree(c->dec_cnt);
+		cudaFree(c->smp_ws);
+		cudaFree(c->smp_cnt);
 		cudaFree(c->fa2_ws);
 		cudaFree(c->attn_ws);
 		cudaFree(c->lt_ws);
@@ -1420,6 +1480,9 @@ rl_ops_cuda_open(rl_ops **out, int device)
 				ko &= ~bit[i];
 		rlk_set_opts(ko);
 	}
+	c->dec_merge_sep = env_pick("RL_CUDA_DECODE_MERGE", "0 1") == 0;
+	c->dec_splits = env_int("RL_CUDA_DECODE_SPLITS", 32, 1, 256);
+	c->smp_split = env_int("RL_CUDA_SAMPLE_SPLIT", 65535, 0, 65535);
 	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
 		cudaGetLastError();
 		c->nsm = 0;

@@ -5,7 +5,10 @@
  * shares them); __syncthreads() and the warp shuffles are barriers over the
  * block or the warp, so a barrier or a full-mask shuffle that not every thread
  * (lane) reaches is reported as a deadlock instead of hanging.  bf16 is stored
- * as in CUDA (16 bits, round to nearest even), __expf is expf.
+ * as in CUDA (16 bits, round to nearest even), __expf is expf.  Atomics are plain
+ * read-modify-writes and __threadfence does nothing (blocks run one after another,
+ * a valid order); emu_block_shuffle runs a grid's blocks in a random order, for the
+ * kernels whose last block to finish a group does the rest (counter pattern).
  *
  * For kernels/emu/emu_*.cpp (kernels/emu/run.sh).  It checks index arithmetic,
  * block/warp merges and barrier placement; it says nothing about timing, the
@@ -199,6 +202,12 @@ __shfl_xor_sync(unsigned mask, double v, int o)
 	return emu_shfl_d(mask, v, [o](int l) { return l ^ o; });
 }
 
+static inline int
+__shfl_xor_sync(unsigned mask, int v, int o)
+{
+	return (int)emu_shfl_d(mask, (double)v, [o](int l) { return l ^ o; });
+}
+
 static inline double
 __shfl_up_sync(unsigned mask, double v, int o)
 {
@@ -237,6 +246,11 @@ static inline double atomicAdd(double *p, double v) { double o = *p; *p = o + v;
 static inline float atomicAdd(float *p, float v) { float o = *p; *p = o + v; return o; }
 static inline int atomicMin(int *p, int v) { int o = *p; if (v < o) *p = v; return o; }
 static inline int atomicMax(int *p, int v) { int o = *p; if (v > o) *p = v; return o; }
+static inline unsigned atomicAdd(unsigned *p, unsigned v) { unsigned o = *p; *p = o + v; return o; }
+/* blocks run one after another: a block's writes are seen by every later block, so the
+ * fence has nothing to do; the loads through L2 are plain loads */
+static inline void __threadfence(void) {}
+template <typename T> static inline T __ldcg(const T *p) { return *p; }
 
 /* ---- warp-collective matrix instructions, as the PTX ISA defines them ----------------
  * Every lane of the warp must execute them (a missing lane is a deadlock).  The lanes'
@@ -374,6 +388,13 @@ emu_trampoline(void)
 	swapcontext(&emu.fib[emu.cur], &emu.sched);
 }
 
+/* emu_block_shuffle set: emu_launch runs the blocks of a grid in a random order (drawn
+ * from this state) instead of x fastest, then y, then z; a kernel whose blocks meet
+ * through atomics (the last block of a group does the rest) must give the same result
+ * in any order */
+static int emu_block_shuffle;
+static uint64_t emu_shuffle_state = 0x9e3779b97f4a7c15ull;
+
 /* Runs body(arg) as the kernel over grid x block (block.x threads, a multiple of 32). */
 static void
 emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *arg)
@@ -391,52 +412,64 @@ emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *arg)
 	for (int t = 0; t < nt; t++)
 		if (!emu.stack[t] && !(emu.stack[t] = (char *)malloc(EMU_STACK)))
 			abort();
-	for (unsigned bz = 0; bz < grid.z; bz++)
-		for (unsigned by = 0; by < grid.y; by++)
-			for (unsigned bx = 0; bx < grid.x; bx++) {
-				blockIdx = dim3(bx, by, bz);
-				memset(emu_dyn, 0xff, sizeof emu_dyn);
-				memset(emu_cpn, 0, sizeof emu_cpn);
-				memset(emu_cpg, 0, sizeof emu_cpg);
-				memset(&emu.block, 0, sizeof emu.block);
-				memset(emu.warp, 0, sizeof emu.warp);
-				for (int t = 0; t < nt; t++) {
-					emu.done[t] = 0;
-					getcontext(&emu.fib[t]);
-					emu.fib[t].uc_stack.ss_sp = emu.stack[t];
-					emu.fib[t].uc_stack.ss_size = EMU_STACK;
-					emu.fib[t].uc_link = NULL;
-					makecontext(&emu.fib[t], emu_trampoline, 0);
-				}
-				for (;;) {
-					int left = 0, skipped = 0;
-					unsigned run = ~0u;  /* warps scheduled this round (skew: a random half) */
-					if (emu_skew) {
-						emu_skew_state = emu_skew_state * 6364136223846793005ull + 1442695040888963407ull;
-						run = (unsigned)(emu_skew_state >> 32);
-					}
-					emu.progress = 0;
-					for (int t = 0; t < nt; t++) {
-						if (emu.done[t])
-							continue;
-						left++;
-						if (!(run >> (t / 32 % 32) & 1)) {
-							skipped = 1;
-							continue;
-						}
-						emu.cur = t;
-						threadIdx = dim3((unsigned)t, 0, 0);
-						swapcontext(&emu.sched, &emu.fib[t]);
-					}
-					if (!left)
-						break;
-					if (!emu.progress && !skipped) {
-						fprintf(stderr, "emu: deadlock in block (%u,%u): a barrier or shuffle not "
-						    "reached by every thread of its block/warp\n", bx, by);
-						abort();
-					}
-				}
+	size_t nb = (size_t)grid.x * grid.y * grid.z, *order = (size_t *)malloc((nb ? nb : 1) * sizeof(size_t));
+	if (!order)
+		abort();
+	for (size_t i = 0; i < nb; i++)
+		order[i] = i;
+	for (size_t i = nb; emu_block_shuffle && i > 1; i--) {
+		emu_shuffle_state = emu_shuffle_state * 6364136223846793005ull + 1442695040888963407ull;
+		size_t j = (size_t)(emu_shuffle_state >> 33) % i, t = order[i - 1];
+		order[i - 1] = order[j];
+		order[j] = t;
+	}
+	for (size_t bi = 0; bi < nb; bi++) {
+		unsigned bx = (unsigned)(order[bi] % grid.x), by = (unsigned)(order[bi] / grid.x % grid.y);
+		unsigned bz = (unsigned)(order[bi] / grid.x / grid.y);
+		blockIdx = dim3(bx, by, bz);
+		memset(emu_dyn, 0xff, sizeof emu_dyn);
+		memset(emu_cpn, 0, sizeof emu_cpn);
+		memset(emu_cpg, 0, sizeof emu_cpg);
+		memset(&emu.block, 0, sizeof emu.block);
+		memset(emu.warp, 0, sizeof emu.warp);
+		for (int t = 0; t < nt; t++) {
+			emu.done[t] = 0;
+			getcontext(&emu.fib[t]);
+			emu.fib[t].uc_stack.ss_sp = emu.stack[t];
+			emu.fib[t].uc_stack.ss_size = EMU_STACK;
+			emu.fib[t].uc_link = NULL;
+			makecontext(&emu.fib[t], emu_trampoline, 0);
+		}
+		for (;;) {
+			int left = 0, skipped = 0;
+			unsigned run = ~0u;  /* warps scheduled this round (skew: a random half) */
+			if (emu_skew) {
+				emu_skew_state = emu_skew_state * 6364136223846793005ull + 1442695040888963407ull;
+				run = (unsigned)(emu_skew_state >> 32);
 			}
+			emu.progress = 0;
+			for (int t = 0; t < nt; t++) {
+				if (emu.done[t])
+					continue;
+				left++;
+				if (!(run >> (t / 32 % 32) & 1)) {
+					skipped = 1;
+					continue;
+				}
+				emu.cur = t;
+				threadIdx = dim3((unsigned)t, 0, 0);
+				swapcontext(&emu.sched, &emu.fib[t]);
+			}
+			if (!left)
+				break;
+			if (!emu.progress && !skipped) {
+				fprintf(stderr, "emu: deadlock in block (%u,%u): a barrier or shuffle not "
+				    "reached by every thread of its block/warp\n", bx, by);
+				abort();
+			}
+		}
+	}
+	free(order);
 }
 
 

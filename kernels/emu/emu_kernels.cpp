@@ -2,11 +2,13 @@
  * emu_kernels.cpp — kernels of decode.cu and norm.cu run on the CPU through
  * cuda_emu.h (their source cut out of the .cu files by run.sh) against the CPU
  * reference of lib/ops_cpu.c:
- *   - split decode attention (k_decode_split or k_decode_lane, + k_decode_merge): HD 64 and 128,
- *     1 to 8 query heads per KV head, nsplit 1, 2, 3, 7, 44, 64, contexts of 1,
+ *   - split decode attention (k_decode_split or k_decode_lane): HD 64 and 128,
+ *     1 to 8 query heads per KV head, nsplit 1, 2, 3, 7, 22, 32, 44, 64, contexts of 1,
  *     the whole cache, exact multiples of a round (DC_UNROLL keys x the workers) and one
  *     past, random lengths, shared and shuffled blocks, then 24 random shapes;
- *     outputs and partials poisoned with NaN first;
+ *     outputs and partials poisoned with NaN first; the splits merged inside the kernel
+ *     by the last block (blocks in a random order, launched twice: the same bits, the
+ *     counters back at 0), and by k_decode_merge (2 to 70 splits);
  *   - add_norm_fwd: LayerNorm and RMSNorm, rows that fill a block partly, C not a
  *     multiple of 32; the updated x, out and statistics equal, bit for bit, the
  *     separate add then k_layernorm_fwd / k_rmsnorm_fwd (emulated), and out is
@@ -61,17 +63,19 @@ out_bad(const bf16 *out, const float *ref, size_t n, double atol, double rtol, d
 struct dec_args {
 	bf16 *out, *qkv, *kc, *vc;
 	float *ws;
+	float2 *wml;
+	unsigned *cnt;
 	int32_t *bt, *cl;
 	int NH, NKV, HD, BS, MAXBLK, nsplit, lane;
 };
 static dec_args DA;
 
 #define RS(H, G) do { if (DA.lane) \
-		k_decode_lane<H, G>(DA.out, DA.ws, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, DA.BS, DA.MAXBLK, \
-		    DA.nsplit); \
+		k_decode_lane<H, G>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, \
+		    DA.BS, DA.MAXBLK, DA.nsplit); \
 	else \
-		k_decode_split<H, G>(DA.out, DA.ws, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, DA.BS, DA.MAXBLK, \
-		    DA.nsplit); } while (0)
+		k_decode_split<H, G>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, \
+		    DA.BS, DA.MAXBLK, DA.nsplit); } while (0)
 #define RSG(H) switch (DA.NH / DA.NKV) { case 1: RS(H, 1); break; case 2: RS(H, 2); break; case 3: RS(H, 3); break; \
 	case 4: RS(H, 4); break; case 5: RS(H, 5); break; case 6: RS(H, 6); break; case 7: RS(H, 7); break; \
 	default: RS(H, 8); break; }
@@ -88,24 +92,29 @@ run_split(void *)
 static void
 run_merge(void *)
 {
-	k_decode_merge(DA.out, DA.ws, DA.HD, DA.nsplit);
+	k_decode_merge(DA.out, DA.ws, DA.wml, DA.HD, DA.nsplit);
 }
 
 /* ctxmode 0: random lengths; 1: 1, the whole cache, UW, UW + 1, UW - 1, W (U: the keys a
  * worker takes per round, DC_UNROLL for k_decode_split, 32 for k_decode_lane), then random.
- * lane: k_decode_lane, else k_decode_split. */
-static int lane_kernel;
+ * lane: k_decode_lane, else k_decode_split.  sep_merge: the splits merged by
+ * k_decode_merge, else by the last block of each (sequence, KV head) inside the kernel:
+ * then the blocks run in a random order, twice (another order), and the second output must
+ * equal the first bit for bit with every counter back at 0 after each launch. */
+static int lane_kernel, sep_merge;
 
 static void
 test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int ctxmode)
 {
 	int W = (NH + 2 * NKV) * HD, NBLK = B * MAXBLK + 3, cap = BS * MAXBLK, workers = nsplit * DC_WARPS;
-	int U = lane_kernel ? 32 : DC_UNROLL;
+	int U = lane_kernel ? 32 : DC_UNROLL, inkernel = nsplit > 1 && nsplit <= DC_MAXSPLIT && !sep_merge;
 	size_t ncache = (size_t)NBLK * BS * NKV * HD, nq = (size_t)B * W, no = (size_t)B * NH * HD;
 	size_t nws = (size_t)B * NH * nsplit * (HD + 2);
 	bf16 *kc = new bf16[ncache], *vc = new bf16[ncache], *q = new bf16[nq], *out = new bf16[no];
+	bf16 *out2 = new bf16[no];
 	float *fkc = new float[ncache], *fvc = new float[ncache], *fq = new float[nq], *ref = new float[no];
 	float *ws = new float[nws ? nws : 1];
+	unsigned *cnt = new unsigned[(size_t)B * NKV];
 	int32_t *bt = new int32_t[(size_t)B * MAXBLK], *cl = new int32_t[B];
 
 	fill_bf(&rs, kc, fkc, ncache, -2, 2);
@@ -120,15 +129,30 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 			bt[b * MAXBLK + i] = (int32_t)(emu_rnd(&rs) % (uint32_t)NBLK);  /* shared blocks allowed */
 	}
 	for (size_t i = 0; i < no; i++)
-		out[i].h = 0x7fc1;  /* NaN */
+		out[i].h = out2[i].h = 0x7fc1;  /* NaN */
 	for (size_t i = 0; i < nws; i++)
 		ws[i] = NAN;
+	memset(cnt, 0, (size_t)B * NKV * sizeof *cnt);
 	rl_cpu_attn_decode(NULL, ref, fq, fkc, fvc, bt, cl, B, NH, NKV, HD, BS, MAXBLK);
 
-	DA = { out, q, kc, vc, nsplit > 1 ? ws : NULL, bt, cl, NH, NKV, HD, BS, MAXBLK, nsplit, lane_kernel };
+	DA = { out, q, kc, vc, nsplit > 1 ? ws : NULL, nsplit > 1 ? (float2 *)(ws + (size_t)B * NH * nsplit * HD) : NULL,
+	    inkernel ? cnt : NULL, bt, cl, NH, NKV, HD, BS, MAXBLK, nsplit, lane_kernel };
+	emu_block_shuffle = inkernel;
 	emu_launch(dim3((unsigned)(B * NKV), (unsigned)nsplit), dim3(DC_WARPS * 32), run_split, NULL);
-	if (nsplit > 1)
+	if (nsplit > 1 && !inkernel)
 		emu_launch(dim3((unsigned)(B * NH)), dim3((unsigned)HD), run_merge, NULL);
+	int cbad = 0, rbad = 0;
+	for (int i = 0; i < B * NKV; i++)
+		cbad += cnt[i] != 0;
+	if (inkernel) {
+		/* again in another order: the same bits, the counters 0 again */
+		DA.out = out2;
+		emu_launch(dim3((unsigned)(B * NKV), (unsigned)nsplit), dim3(DC_WARPS * 32), run_split, NULL);
+		for (int i = 0; i < B * NKV; i++)
+			cbad += cnt[i] != 0;
+		rbad = memcmp(out, out2, no * sizeof *out) != 0;
+	}
+	emu_block_shuffle = 0;
 
 	double mx = 0, worst = 0;
 	size_t bad = 0, at = 0;
@@ -136,17 +160,22 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 		mx = fmax(mx, fabs(ref[i]));
 	bad = out_bad(out, ref, no, 1e-3 * mx, 8e-3, &worst, &at);
 	cases++;
-	if (bad)
+	if (bad || cbad || rbad)
 		fails++;
-	printf("%s decode %s B=%d NH=%d NKV=%d HD=%d BS=%d ctx<=%d nsplit=%d ctx0=%d: max err %.3g%s",
-	    bad ? "FAIL" : "ok  ", lane_kernel ? "lane" : "split", B, NH, NKV, HD, BS, cap, nsplit, cl[0], worst,
-	    bad ? "" : "\n");
+	printf("%s decode %s%s B=%d NH=%d NKV=%d HD=%d BS=%d ctx<=%d nsplit=%d ctx0=%d: max err %.3g%s",
+	    bad || cbad || rbad ? "FAIL" : "ok  ", lane_kernel ? "lane" : "split",
+	    nsplit == 1 ? "" : inkernel ? " (merge in kernel, twice)" : " (merge kernel)", B, NH, NKV, HD, BS, cap,
+	    nsplit, cl[0], worst, bad ? "" : "\n");
 	if (bad)
 		printf(", %zu bad, first at %zu (seq %zu head %zu d %zu, ctx %d): %g vs %g\n", bad, at,
 		    at / ((size_t)NH * HD), at / HD % NH, at % HD, cl[at / ((size_t)NH * HD)],
 		    __bfloat162float(out[at]), ref[at]);
-	delete[] kc; delete[] vc; delete[] q; delete[] out; delete[] fkc; delete[] fvc; delete[] fq;
-	delete[] ref; delete[] ws; delete[] bt; delete[] cl;
+	if (cbad)
+		printf("     %d counters left non-zero\n", cbad);
+	if (rbad)
+		printf("     the second launch (another block order) differs from the first\n");
+	delete[] kc; delete[] vc; delete[] q; delete[] out; delete[] out2; delete[] fkc; delete[] fvc; delete[] fq;
+	delete[] ref; delete[] ws; delete[] cnt; delete[] bt; delete[] cl;
 }
 
 /* ---- add + norm ----------------------------------------------------------------------- */
@@ -575,6 +604,9 @@ main(void)
 	test_decode(1, 14, 2, 64, 16, 40, 64, 0);
 	test_decode(1, 8, 1, 128, 1, 1, 64, 0);  /* context 1, 63 empty splits */
 	test_decode(6, 2, 2, 128, 32, 70, 64, 1);  /* longer than one round of 8 x 256 workers */
+	test_decode(6, 14, 2, 64, 16, 64, 32, 1);  /* Qwen 0.5B's heads with 32 splits, 1 to 1,024 keys */
+	test_decode(1, 14, 2, 64, 16, 64, 32, 0);  /* the same at one slot */
+	test_decode(2, 12, 12, 64, 16, 64, 22, 0); /* GPT-2 at one slot (22 splits) */
 	/* random shapes (fixed seed): G 1-8, NKV 1-4, block sizes 1-32, nsplit 1-70 */
 	for (int i = 0; i < 24; i++) {
 		int G = 1 + (int)(emu_rnd(&rs) % 8), NKV = 1 + (int)(emu_rnd(&rs) % 4), HD = emu_rnd(&rs) % 2 ? 64 : 128;
@@ -586,6 +618,17 @@ main(void)
 	/* k_decode_lane: more than one 32-key round per worker with nsplit 1 and 2 */
 	test_decode(2, 14, 2, 64, 16, 20, 1, 1);
 	test_decode(3, 8, 8, 128, 8, 40, 2, 1);
+	/* the separate merge kernel (RL_CUDA_DECODE_MERGE=0, or more than DC_MAXSPLIT splits):
+	 * 2, 7, 32, 64 and 70 splits, both kernels */
+	sep_merge = 1;
+	for (lane_kernel = 0; lane_kernel < 2; lane_kernel++) {
+		test_decode(6, 8, 4, 128, 8, 6, 2, 1);
+		test_decode(2, 16, 2, 128, 16, 6, 7, 0);
+		test_decode(1, 14, 2, 64, 16, 40, 32, 1);
+		test_decode(1, 14, 2, 64, 16, 40, 64, 0);
+		test_decode(2, 8, 1, 64, 16, 30, 70, 1);
+	}
+	sep_merge = 0;
 	test_add_norm(1, 7, 1);
 	test_add_norm(9, 33, 1);
 	test_add_norm(17, 768, 1);

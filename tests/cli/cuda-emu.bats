@@ -1,12 +1,14 @@
 #!/usr/bin/env bats
 # CUDA kernels run on the CPU through kernels/emu (threads as fibers, barriers,
 # mma.sync/ldmatrix/cp.async emulated lane by lane from the PTX layouts) against
-# the CPU reference: decode.cu's two decode attention kernels and their merge,
-# norm.cu's forward norms (fused add + norm, the row in registers), gemv.cu,
-# logprob.cu's sampler and log-prob kernels (strided rows), flash2.cu's attention
-# forward and backward, two-pass and fused (also with warps drifting apart), and
-# elementwise.cu's vec kernels and multi-tensor AdamW (emu_ew: bit for bit against
-# the element-wise forms).  The kernel logic is checked in every `make check`,
+# the CPU reference: decode.cu's two decode attention kernels and their merge
+# (in the kernel, blocks in a random order, and the merge kernel), norm.cu's
+# forward norms (fused add + norm, the row in registers), gemv.cu, fuse.cu,
+# logprob.cu's samplers (one block a row, and a row over several blocks) and
+# log-prob kernels (strided rows), flash2.cu's attention forward and backward,
+# two-pass and fused (also with warps drifting apart), and elementwise.cu's vec
+# kernels and multi-tensor AdamW (emu_ew: bit for bit against the element-wise
+# forms).  The kernel logic is checked in every `make check`,
 # without a GPU.  Skipped without a C++ compiler or the library.
 
 bats_require_minimum_version 1.5.0
@@ -27,8 +29,8 @@ passed() {
 	[ -f "$root/${RL_BUILD:-build}/librlpipe.a" ] || skip "no ${RL_BUILD:-build}/librlpipe.a"
 	run --separate-stderr sh "$root/kernels/emu/run.sh"
 	assert_success
-	passed emu_kernels 114
-	passed emu_sample 8
+	passed emu_kernels 130
+	passed emu_sample 20
 	passed emu_logprob 8
 	passed emu_ew 58
 	# a sanitized library (build-san) makes run.sh take flash2's quick set: 15 cases (the
