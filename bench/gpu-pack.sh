@@ -22,7 +22,7 @@ rm -rf "$G/build" "$G/libs"
 mkdir -p "$G/build/bin" "$G/build/tests" "$G/build/bench" "$G/ref"
 cp build/bin/rl-* "$G/build/bin/"
 cp build/tests/test_cuda_* build/tests/test_comm_cuda build/tests/test_wsync_cuda "$G/build/tests/"
-for b in gpu_kernels gpu_train gpu_gen gpu_engine wgroup; do cp "build/bench/$b" "$G/build/bench/"; done
+for b in gpu_kernels gpu_train gpu_gen gpu_engine gpu_ew wgroup; do cp "build/bench/$b" "$G/build/bench/"; done
 "$SH/gpu/carry-libs" "$G/libs" "$G"/build/bin/* "$G"/build/tests/* "$G"/build/bench/*
 rm -f "$G"/libs/libcublas* "$G"/libs/libcudart* "$G"/libs/libnccl*
 strip -g "$G"/build/*/*
