@@ -16,9 +16,45 @@ typedef __nv_bfloat16 bf16;
 /* Launchers return 0 or the cudaError_t of the launch. */
 #define RLK_RET() return (int)cudaGetLastError()
 
+/* Programmatic dependent launch (sm_90; kernels/pdl.cu).  A kernel launched by
+ * rlk_launch while rlk_pdl_on may start before the kernel ahead of it in the stream
+ * has finished: it must call pdl_wait() (griddepcontrol.wait: the grids it depends on
+ * have completed and their writes are visible) before it reads anything an earlier
+ * kernel wrote or writes anything an earlier kernel reads, and every such kernel calls
+ * it in at least one thread (so its completion implies its predecessors').  Work that
+ * needs neither (weights, which no kernel of the step writes; indices) goes before.
+ * pdl_trigger() (griddepcontrol.launch_dependents) lets the next kernel's blocks be
+ * scheduled once every block of this one has issued it.  Both are no-ops below sm_90
+ * and in kernels/emu (RLK_GDC). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RLK_GDC(x) asm volatile(x ::: "memory")
+#else
+#define RLK_GDC(x) ((void)0)
+#endif
+extern "C" int rlk_pdl_on;
+
+template <typename... P, typename... A>
+static inline cudaError_t
+rlk_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... a)
+{
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute at[1];
+	cfg.gridDim = grid;
+	cfg.blockDim = block;
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = st;
+	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[0].val.programmaticStreamSerializationAllowed = rlk_pdl_on ? 1 : 0;
+	cfg.attrs = at;
+	cfg.numAttrs = 1;
+	return cudaLaunchKernelEx(&cfg, k, ((P)a)...);
+}
+
 static __device__ __forceinline__ float ld(const bf16 *p) { return __bfloat162float(*p); }
 static __device__ __forceinline__ float bf(bf16 x) { return __bfloat162float(x); }
 static __device__ __forceinline__ bf16 tobf(float x) { return __float2bfloat16(x); }
+static __device__ __forceinline__ void pdl_wait(void) { RLK_GDC("griddepcontrol.wait;"); }
+static __device__ __forceinline__ void pdl_trigger(void) { RLK_GDC("griddepcontrol.launch_dependents;"); }
 
 static __device__ __forceinline__ float
 warp_sum(float v)

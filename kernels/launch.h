@@ -31,6 +31,8 @@ enum {
 	RLK_OPT_ALL = 7
 };
 void rlk_set_opts(unsigned opts);
+/* programmatic dependent launch of the decode step's kernels (kernels/pdl.cu) */
+void rlk_set_pdl(int on);
 unsigned rlk_get_opts(void);
 
 /* ---- elementwise (kernels/elementwise.cu) -------------------------------- */

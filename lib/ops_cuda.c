@@ -1460,12 +1460,14 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	int attn = env_pick("RL_CUDA_ATTN", "flash2 cublas flash");
 	c->flash2 = attn <= 0;
 	c->flash = attn == 2;
-	/* flash2's backward: det (two passes, bit-for-bit reproducible; the default), fused
-	 * (one pass, dQ by f32 atomics), fused3 (the same for 3 blocks per SM), fused32
-	 * (32-query tiles, 4 blocks per SM): docs/cuda.md */
+	/* flash2's backward: fused3 (one pass, dQ by f32 atomics, 3 blocks per SM; the
+	 * default: fastest on the H100, session 6), det (two passes, bit-for-bit
+	 * reproducible), fused (one pass, 2 blocks per SM), fused32 (32-query tiles, 4
+	 * blocks per SM): docs/cuda.md */
 	int f2b = env_pick("RL_CUDA_FLASH_BWD", "det fused fused3 fused32");  /* RLK_F2_BWD_* order */
-	c->f2_bwd = f2b < 0 ? RLK_F2_BWD_DET : f2b;
-	c->gelu_fuse = getenv("RL_CUDA_GELU_FUSE") != NULL && atoi(getenv("RL_CUDA_GELU_FUSE")) > 0;
+	c->f2_bwd = f2b < 0 ? RLK_F2_BWD_FUSED3 : f2b;
+	/* GPT-2's bias + GELU in the GEMM epilogues: on unless RL_CUDA_GELU_FUSE=0 */
+	c->gelu_fuse = !(getenv("RL_CUDA_GELU_FUSE") != NULL && strcmp(getenv("RL_CUDA_GELU_FUSE"), "0") == 0);
 	c->no_gemv = getenv("RL_CUDA_GEMV") != NULL && strcmp(getenv("RL_CUDA_GEMV"), "0") == 0;
 	c->no_fuse = getenv("RL_CUDA_DECODE_FUSE") != NULL && strcmp(getenv("RL_CUDA_DECODE_FUSE"), "0") == 0;
 	c->decode_kind = env_pick("RL_CUDA_DECODE_ATTN", "lane split v1") + 1;  /* DK_* */
@@ -1486,6 +1488,16 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
 		cudaGetLastError();
 		c->nsm = 0;
+	}
+	/* programmatic dependent launch of the decode step's kernels (common.cuh): compute
+	 * capability 9.0 and up, unless RL_CUDA_PDL=0 */
+	{
+		int major = 0;
+		if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+			cudaGetLastError();
+			major = 0;
+		}
+		rlk_set_pdl(major >= 9 && !(getenv("RL_CUDA_PDL") && strcmp(getenv("RL_CUDA_PDL"), "0") == 0));
 	}
 	o->name = "cuda";
 	o->act_dtype = RL_BF16;

@@ -31,6 +31,7 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __restrict__
+#define RLK_GDC(x) ((void)0)  /* griddepcontrol (common.cuh): no-ops here */
 
 struct dim3 {
 	unsigned x, y, z;

@@ -38,6 +38,8 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	# memory, is emu_kernels.cpp's); elementwise.cu's RoPE and kv_write, the separate ops it fuses
 	awk '/^\/\* ==== fuse kernels/ { f = 1 } /^\/\* ==== fuse launchers/ { f = 0 } f' "$root/kernels/fuse.cu"
 	grep -A2 '^#define GRID_STRIDE' "$root/kernels/elementwise.cu"
+	# its RoPE helpers (from the RoPE section's heading to k_rope) and k_rope
+	awk '/^\/\* ---- RoPE/ { f = 1 } /^__global__ void k_rope\(/ { f = 0 } f' "$root/kernels/elementwise.cu"
 	cut_fn "$root/kernels/elementwise.cu" '^__global__ void k_rope\('
 	cut_fn "$root/kernels/elementwise.cu" '^__global__ void k_kv_write\('
 } > "$out/kernels.inc"

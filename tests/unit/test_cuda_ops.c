@@ -359,7 +359,7 @@ test_matmul(int N, int C, int OC, int bias, int sh)
 	free(x); free(w); free(bs); free(dout); free(ref); free(dx); free(dw); free(db);
 }
 
-/* The GPT-2 MLP fusions (RL_CUDA_GELU_FUSE=1): matmul_gelu_fwd against the CPU matmul
+/* The GPT-2 MLP fusions (the default; RL_CUDA_GELU_FUSE=0 off): matmul_gelu_fwd against the CPU matmul
  * then GELU, matmul_dgelu_bwd against the CPU matmul_bwd then gelu_bwd.  The fused
  * GEMM takes GELU (or its derivative) of the f32 sum, the reference of the f32 sum too,
  * the unfused fallback of the bf16-rounded one: GELU's slope is at most ~1.13, so the
@@ -1517,22 +1517,24 @@ main(void)
 			fused_cases();
 		end_env("RL_CUDA_GEMV");
 	}
-	/* GELU in the GEMM epilogues (opt-in): shapes the epilogue takes (GPT-2's c_fc and
-	 * c_proj, N = 1) and shapes that fall back (odd sizes, padded and split output, 2-byte
-	 * aligned views) */
-	if (with_env("RL_CUDA_GELU_FUSE", "1")) {
-		T_OK(g->matmul_gelu_fwd != NULL && g->matmul_dgelu_bwd != NULL, "fused GELU ops installed");
-		if (g->matmul_gelu_fwd && g->matmul_dgelu_bwd) {
-			/* N = 1 after the other fused shapes: a cuBLASLt without a GELU
-			 * algorithm for it turns the epilogues off for the rest of the run */
-			test_matmul_gelu(512, 768, 3072, 1, 0);
-			test_matmul_gelu(256, 3072, 768, 1, 0);
-			test_matmul_gelu(64, 128, 256, 0, 0);
-			test_matmul_gelu(1, 768, 3072, 1, 0);
-			test_matmul_gelu(77, 130, 33, 1, 1);
-			test_matmul_gelu(300, 64, 5001, 1, 0);
-			test_matmul_gelu(64, 768, 3072, 1, 1);
-		}
+	/* GELU in the GEMM epilogues (the default; RL_CUDA_GELU_FUSE=0 leaves them out): shapes
+	 * the epilogue takes (GPT-2's c_fc and c_proj, N = 1) and shapes that fall back (odd
+	 * sizes, padded and split output, 2-byte aligned views) */
+	T_OK(g->matmul_gelu_fwd != NULL && g->matmul_dgelu_bwd != NULL, "fused GELU ops installed");
+	if (g->matmul_gelu_fwd && g->matmul_dgelu_bwd) {
+		/* N = 1 after the other fused shapes: a cuBLASLt without a GELU
+		 * algorithm for it turns the epilogues off for the rest of the run */
+		test_matmul_gelu(512, 768, 3072, 1, 0);
+		test_matmul_gelu(256, 3072, 768, 1, 0);
+		test_matmul_gelu(64, 128, 256, 0, 0);
+		test_matmul_gelu(1, 768, 3072, 1, 0);
+		test_matmul_gelu(77, 130, 33, 1, 1);
+		test_matmul_gelu(300, 64, 5001, 1, 0);
+		test_matmul_gelu(64, 768, 3072, 1, 1);
+	}
+	if (with_env("RL_CUDA_GELU_FUSE", "0")) {
+		T_OK(g->matmul_gelu_fwd == NULL && g->matmul_dgelu_bwd == NULL,
+		    "RL_CUDA_GELU_FUSE=0 leaves the fused GELU ops out");
 		end_env("RL_CUDA_GELU_FUSE");
 	}
 	T_END();
