@@ -28,7 +28,7 @@ passed() {
 	assert_success
 	passed emu_kernels 91
 	passed emu_sample 8
-	passed emu_ew 58
+	passed emu_ew 61
 	# a sanitized library (build-san) makes run.sh take flash2's quick set: 6 cases
 	if nm "$root/${RL_BUILD:-build}/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
 		passed emu_flash2 6

@@ -1078,6 +1078,7 @@ main(void)
 		test_ew_shift(1027, 8);
 		test_swiglu(37, 1000);
 		test_qknorm_rope(53, 14, 2, 64);
+		test_optim(12345);  /* sumsq element by element */
 		end_env("RL_CUDA_EW_VEC");
 	}
 	/* the element form of the bias gradient (matmul_bwd's dbias) */
