@@ -9,7 +9,8 @@
  * a multiple of 8); a size that is not a multiple of 8 leaves a tail of < 8 elements
  * that the first threads do one by one.  Both forms compute each element through the
  * same __device__ function, so they give the same bits.  rlk_set_opts(0) (the backend's
- * RL_CUDA_EW_VEC=0) keeps the element-wise forms.
+ * RL_CUDA_EW_VEC=0) keeps the element-wise forms.  The sum of squares reads float4 the same
+ * way (its double sum then goes in another order).
  *
  * Leaves out: row reductions (norm.cu, logprob.cu), attention (attn.cu).
  */
@@ -534,10 +535,24 @@ rlk_colsum(void *s, float *db, const void *dout, int N, int OC)
 }
 
 /* ---- sum of squares (double accumulation) ------------------------------------------ */
+/* V4: float4 loads (x 16-byte aligned), the n % 4 tail by the grid's first threads */
+template <int V4>
 __global__ void k_sumsq(double *acc, const float *x, size_t n)
 {
 	double a = 0.0;
-	GRID_STRIDE(i, n) { double v = x[i]; a += v * v; }
+	if (V4) {
+		size_t n4 = n / 4;
+		GRID_STRIDE(i, n4) {
+			float4 v = ((const float4 *)x)[i];
+			a += (double)v.x * v.x;
+			a += (double)v.y * v.y;
+			a += (double)v.z * v.z;
+			a += (double)v.w * v.w;
+		}
+		TAIL(i, n4 * 4, n) { double v = x[i]; a += v * v; }
+	} else {
+		GRID_STRIDE(i, n) { double v = x[i]; a += v * v; }
+	}
 	for (int o = 16; o > 0; o >>= 1)
 		a += __shfl_xor_sync(0xffffffffu, a, o);
 	__shared__ double sh[32];
@@ -559,10 +574,14 @@ rlk_sumsq(void *s, double *acc, const float *x, size_t n)
 {
 	if (n == 0)
 		return 0;
-	unsigned b = rlk_blocks(n, 256);
+	int v4 = ew_vec(x, NULL, NULL);
+	unsigned b = rlk_blocks(v4 ? n / 4 : n, 256);
 	if (b > 1024)
 		b = 1024;
-	k_sumsq<<<b, 256, 0, RLK_STREAM(s)>>>(acc, x, n);
+	if (v4)
+		k_sumsq<1><<<b, 256, 0, RLK_STREAM(s)>>>(acc, x, n);
+	else
+		k_sumsq<0><<<b, 256, 0, RLK_STREAM(s)>>>(acc, x, n);
 	RLK_RET();
 }
 

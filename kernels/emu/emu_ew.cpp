@@ -10,6 +10,7 @@
  *   - k_adamw_multi over a chunk table (segments of 1 element, crossing a chunk,
  *     starting unaligned right after the previous one, gaps) against k_adamw per
  *     segment, bit for bit, with the float4 path on and off; gaps untouched;
+ *   - k_sumsq with float4 loads (a tail of 1 to 3) and without, against a double sum;
  *   - k_colsum8 (bias gradient, 16-byte loads) against a double sum, added (+=);
  *   - norm.cu's k_norm_bwd_vec (LayerNorm and RMSNorm backward with the row in registers)
  *     against the CPU reference with test_cuda_ops' tolerances: dx, dw and db added (+=)
@@ -359,6 +360,31 @@ test_adamw_multi(int vec)
 	delete[] g; delete[] p0;
 }
 
+/* ---- sum of squares ------------------------------------------------------------------------- */
+struct ss_args { double *acc; float *x; size_t n; int v4; };
+static ss_args SS;
+static void run_ss(void *) { if (SS.v4) k_sumsq<1>(SS.acc, SS.x, SS.n); else k_sumsq<0>(SS.acc, SS.x, SS.n); }
+
+static void
+test_sumsq(size_t n)
+{
+	float *x = new float[n];
+	double ref = 0, r[2];
+	for (size_t i = 0; i < n; i++) {
+		x[i] = frnd(&rs, -3, 3);
+		ref += (double)x[i] * x[i];
+	}
+	for (int v4 = 0; v4 < 2; v4++) {
+		r[v4] = 0;
+		SS = { &r[v4], x, n, v4 };
+		grid_for(v4 ? n / 4 : n);
+		emu_launch(EG, EB, run_ss, NULL);
+	}
+	int ok = fabs(r[1] - ref) <= 1e-12 * ref && fabs(r[0] - ref) <= 1e-12 * ref;
+	report(ok, "sumsq n=%zu: float4 %.17g, element %.17g, f64 %.17g", n, r[1], r[0], ref);
+	delete[] x;
+}
+
 /* ---- bias gradient: column sums ----------------------------------------------------------- */
 struct cs_args { float *db; bf16 *d; int N, OC; };
 static cs_args CS;
@@ -471,6 +497,9 @@ main(void)
 	test_rope(2, 1, 1, 16, 1e4f);    /* one chunk of 8 frequencies */
 	test_adamw_multi(1);
 	test_adamw_multi(0);
+	test_sumsq(1);
+	test_sumsq(7);
+	test_sumsq(4099);
 	/* one column block partly filled, several; rows not a multiple of 8 or of a block's */
 	test_colsum(1, 8);
 	test_colsum(77, 264);

@@ -124,6 +124,65 @@ test_ew_shift(size_t n, int sh)
 	free(a); free(b); free(ref);
 }
 
+/* The vec forms against the element forms, bit for bit on the GPU (nvcc's contraction
+ * included): ew_bits_run on a backend with the defaults keeps its outputs (phase 0), on
+ * one opened with RL_CUDA_EW_VEC=0 compares (phase 1).  Sizes with a tail of 3; SwiGLU H
+ * 1000; RoPE at Qwen's heads. */
+enum { EWB_N = 100003, EWB_SN = 37, EWB_SH = 1000, EWB_RN = 53, EWB_NH = 14, EWB_NKV = 2, EWB_HD = 64 };
+static uint16_t *ewb_out[8];
+static size_t ewb_len[8];
+
+static void
+ew_bits_run(int phase)
+{
+	static const char *what[] = { "cast f32->bf16", "add", "gelu_fwd", "gelu_bwd", "swiglu_fwd", "swiglu_bwd",
+	    "rope_fwd", "rope_bwd" };
+	size_t n = EWB_N, sn = (size_t)EWB_SN * EWB_SH, rn = (size_t)EWB_RN * (EWB_NH + 2 * EWB_NKV) * EWB_HD;
+	size_t len[8] = { n, n, n, n, sn, 2 * sn, rn, rn };
+	uint64_t keep = tc_rng.counter;
+	tc_rng.counter = 77;  /* the same inputs in both phases */
+	float *a = tc_rand(n, -4, 4, 1), *b = tc_rand(n, -2, 2, 1), *x = tc_rand(n, -100, 100, 0);
+	float *gu = tc_rand(2 * sn, -4, 4, 1), *d = tc_rand(sn, -1, 1, 1), *q = tc_rand(rn, -2, 2, 1);
+	int32_t pos[EWB_RN];
+	for (int i = 0; i < EWB_RN; i++)
+		pos[i] = (int32_t)(i * 77 % 4096);
+	tc_rng.counter = keep;
+	void *da = tc_up(g, a, n, BF), *db = tc_up(g, b, n, BF), *dx = tc_up(g, x, n, F32), *dgu = tc_up(g, gu, 2 * sn, BF);
+	void *dd = tc_up(g, d, sn, BF), *dq = tc_up(g, q, rn, BF), *dq2 = tc_up(g, q, rn, BF), *dpos = tc_upi(g, pos, sizeof pos);
+	void *out[6];
+	for (int k = 0; k < 6; k++)
+		out[k] = tc_poison(g, len[k], BF);
+	g->cast(g, out[0], BF, dx, F32, n);
+	g->add(g, out[1], da, db, n);
+	g->gelu_fwd(g, out[2], da, n);
+	g->gelu_bwd(g, out[3], db, da, n);
+	g->swiglu_fwd(g, out[4], dgu, EWB_SN, EWB_SH);
+	g->swiglu_bwd(g, out[5], dd, dgu, EWB_SN, EWB_SH);
+	g->rope_fwd(g, dq, dpos, EWB_RN, EWB_NH, EWB_NKV, EWB_HD, 1e6f);
+	g->rope_bwd(g, dq2, dpos, EWB_RN, EWB_NH, EWB_NKV, EWB_HD, 1e6f);
+	tc_check_status(g, "elementwise bits");
+	for (int k = 0; k < 8; k++) {
+		uint16_t *h = rl_xmalloc(len[k] * 2);
+		g->download(g, h, k < 6 ? out[k] : k == 6 ? dq : dq2, len[k] * 2);
+		if (phase == 0) {
+			ewb_out[k] = h;
+			ewb_len[k] = len[k];
+			continue;
+		}
+		int same = ewb_out[k] && ewb_len[k] == len[k] && memcmp(h, ewb_out[k], len[k] * 2) == 0;
+		printf("%s %s n=%zu: the vec kernel gives the element kernel's bits\n", same ? "ok  " : "FAIL", what[k], len[k]);
+		T_OK(same, "%s: vec and element kernels differ", what[k]);
+		free(h);
+		free(ewb_out[k]);
+		ewb_out[k] = NULL;
+	}
+	for (int k = 0; k < 6; k++)
+		g->free(g, out[k]);
+	g->free(g, da); g->free(g, db); g->free(g, dx); g->free(g, dgu); g->free(g, dd); g->free(g, dq); g->free(g, dq2);
+	g->free(g, dpos);
+	free(a); free(b); free(x); free(gu); free(d); free(q);
+}
+
 static void
 test_swiglu(int N, int H)
 {
@@ -1447,12 +1506,18 @@ main(void)
 		    "strided LM head off");
 		end_env("RL_CUDA_HEAD_LD");
 	}
-	/* the element-wise kernels, as before the vec forms */
+	/* the element-wise kernels, as before the vec forms: the same bits, then the CPU */
+	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
+		ew_bits_run(0);
+		rl_ops_close(g);
+	}
 	if (with_env("RL_CUDA_EW_VEC", "0")) {
+		ew_bits_run(1);
 		test_cast_add_act(100003);
 		test_ew_shift(1027, 8);
 		test_swiglu(37, 1000);
 		test_qknorm_rope(53, 14, 2, 64);
+		test_optim(12345);  /* sumsq element by element */
 		end_env("RL_CUDA_EW_VEC");
 	}
 	/* the element form of the bias gradient (matmul_bwd's dbias) */
