@@ -165,6 +165,8 @@ k_decode_split(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const size_t LD = (size_t)(NH + 2 * NKV) * HD, kvrow = (size_t)NKV * HD;
 	const float scale = 1.0f / sqrtf((float)HD);
+	pdl_trigger();
+	pdl_wait();  /* q and the cache rows are the kernels' ahead (common.cuh) */
 	float q[G][PL], acc[G][PL], m[G], l[G];
 
 #pragma unroll
@@ -248,6 +250,8 @@ k_decode_lane(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv,
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const size_t LD = (size_t)(NH + 2 * NKV) * HD, kvrow = (size_t)NKV * HD;
 	const float scale = 1.0f / sqrtf((float)HD);
+	pdl_trigger();
+	pdl_wait();  /* q and the cache rows are the kernels' ahead (common.cuh) */
 	for (int t = threadIdx.x; t < G * HD; t += blockDim.x)
 		sq[t / HD][t % HD] = bf(qkv[(size_t)b * LD + (size_t)kvh * G * HD + t]) * scale;
 	__syncthreads();
@@ -394,12 +398,13 @@ rlk_attn_decode_split(void *s, float *ws, unsigned *cnt, void *out, const void *
 	const bf16 *q = (const bf16 *)qkv, *k = (const bf16 *)kc, *v = (const bf16 *)vc;
 	float2 *wml = nsplit > 1 ? (float2 *)(ws + (size_t)B * NH * nsplit * HD) : NULL;
 	cudaStream_t st = RLK_STREAM(s);
+	cudaError_t le = cudaSuccess;
 #define DS(H, G) do { if (lane) \
-		k_decode_lane<H, G><<<grid, DC_WARPS * 32, 0, st>>>((bf16 *)out, ws, wml, cnt, q, k, v, block_table, \
-		    ctx_len, NH, NKV, BS, MAXBLK, nsplit); \
+		le = rlk_launch(k_decode_lane<H, G>, grid, dim3(DC_WARPS * 32), 0, st, (bf16 *)out, ws, wml, cnt, q, k, \
+		    v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit); \
 	else \
-		k_decode_split<H, G><<<grid, DC_WARPS * 32, 0, st>>>((bf16 *)out, ws, wml, cnt, q, k, v, block_table, \
-		    ctx_len, NH, NKV, BS, MAXBLK, nsplit); } while (0)
+		le = rlk_launch(k_decode_split<H, G>, grid, dim3(DC_WARPS * 32), 0, st, (bf16 *)out, ws, wml, cnt, q, k, \
+		    v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit); } while (0)
 #define DSG(H) switch (NH / NKV) { case 1: DS(H, 1); break; case 2: DS(H, 2); break; case 3: DS(H, 3); break; \
 	case 4: DS(H, 4); break; case 5: DS(H, 5); break; case 6: DS(H, 6); break; case 7: DS(H, 7); break; \
 	default: DS(H, 8); break; }
@@ -409,7 +414,7 @@ rlk_attn_decode_split(void *s, float *ws, unsigned *cnt, void *out, const void *
 		DSG(128)
 #undef DSG
 #undef DS
-	int e = (int)cudaGetLastError();
+	int e = le != cudaSuccess ? (int)le : (int)cudaGetLastError();
 	if (e || nsplit == 1 || cnt)
 		return e;
 	k_decode_merge<<<B * NH, HD, 0, RLK_STREAM(s)>>>((bf16 *)out, ws, wml, HD, nsplit);

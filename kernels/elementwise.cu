@@ -330,6 +330,8 @@ __global__ void k_embed_fwd(bf16 *out, const int32_t *tok, const int32_t *pos, c
     const bf16 *wpe, int N, int C)
 {
 	size_t n = (size_t)N * C;
+	pdl_trigger();
+	pdl_wait();
 	GRID_STRIDE(i, n) {
 		size_t r = i / C, c = i % C;
 		float v = bf(wte[(size_t)tok[r] * C + c]);
@@ -358,8 +360,10 @@ rlk_embed_fwd(void *s, void *out, const int32_t *tok, const int32_t *pos, const 
 	size_t n = (size_t)N * C;
 	if (n == 0)
 		return 0;
-	k_embed_fwd<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)out, tok, pos,
-	    (const bf16 *)wte, (const bf16 *)wpe, N, C);
+	cudaError_t e = rlk_launch(k_embed_fwd, dim3(rlk_blocks(n, 256)), dim3(256), 0, RLK_STREAM(s), (bf16 *)out,
+	    tok, pos, (const bf16 *)wte, (const bf16 *)wpe, N, C);
+	if (e != cudaSuccess)
+		return (int)e;
 	RLK_RET();
 }
 extern "C" int

@@ -127,9 +127,12 @@ k_fused_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps
 	}
 	const bf16 *w0 = w + (size_t)(live ? o1 : 0) * C, *w1 = w + (size_t)(live ? o2 : 0) * C;
 	uint4 wc[NW][IF];
-	/* the first round of weight chunks in flight during the norm */
+	pdl_trigger();
+	/* the first round of weight chunks in flight during the norm (and, launched
+	 * programmatically, while the kernel ahead finishes: no kernel of a step writes weights) */
 	if (live)
 		fu_load<NW, IF>(wc, w0, w1, lane, nch);
+	pdl_wait();
 	const bf16 *xs = x;
 	if (NORM) {
 		FUSE_SMEM(fu_xs);
@@ -227,6 +230,8 @@ k_rope_kv(bf16 *kc, bf16 *vc, bf16 *qkv, const int32_t *pos, const int32_t *slot
 {
 	const int half = HD / 2, heads = NH + 2 * NKV;
 	const size_t n = (size_t)N * heads * half, ld = (size_t)heads * HD, per = (size_t)NKV * HD;
+	pdl_trigger();
+	pdl_wait();
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
 		int f = (int)(i % half);
 		size_t rest = i / half;
@@ -292,8 +297,10 @@ fused_launch(void *s, void *out, const void *x, const void *nw, const void *nb, 
 	bf16 *o_ = (bf16 *)out;
 	const bf16 *x_ = (const bf16 *)x, *nw_ = (const bf16 *)nw, *nb_ = (const bf16 *)nb;
 	const bf16 *w_ = (const bf16 *)w, *b_ = (const bf16 *)bias;
+	cudaError_t e = cudaSuccess;
 #define FU_L(NR, NM, EP) \
-	k_fused_gemv<NR, NM, EP><<<g, FU_WARPS * 32, sm, st>>>(o_, x_, nw_, nb_, eps, ln, w_, b_, C, OC, q)
+	e = rlk_launch(k_fused_gemv<NR, NM, EP>, dim3(g), dim3(FU_WARPS * 32), sm, st, o_, x_, nw_, nb_, eps, ln, \
+	    w_, b_, C, OC, q)
 #define FU_EP(NR, NM) \
 	switch (ep) { \
 	case RL_EP_NONE: FU_L(NR, NM, RL_EP_NONE); break; \
@@ -317,6 +324,8 @@ fused_launch(void *s, void *out, const void *x, const void *nw, const void *nb, 
 #undef FU_NM
 #undef FU_EP
 #undef FU_L
+	if (e != cudaSuccess)
+		return (int)e;
 	RLK_RET();
 }
 
@@ -356,7 +365,9 @@ rlk_rope_kv_write(void *s, void *kc, void *vc, void *qkv, const int32_t *pos, co
 	size_t n = (size_t)N * (NH + 2 * NKV) * (HD / 2);
 	if (n == 0)
 		return 0;
-	k_rope_kv<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)kc, (bf16 *)vc, (bf16 *)qkv, pos, slot, N,
-	    NH, NKV, HD, theta);
+	cudaError_t e = rlk_launch(k_rope_kv, dim3(rlk_blocks(n, 256)), dim3(256), 0, RLK_STREAM(s), (bf16 *)kc,
+	    (bf16 *)vc, (bf16 *)qkv, pos, slot, N, NH, NKV, HD, theta);
+	if (e != cudaSuccess)
+		return (int)e;
 	RLK_RET();
 }

@@ -610,6 +610,8 @@ k_sample_split(int32_t *tok, float *logp, const bf16 *logits, const uint64_t *se
 	const int nr = gridDim.x * SS_WARPS, greedy = !(T > 0.0f);
 	const bf16 *x = logits + (size_t)b * V;
 	const int r = blockIdx.x * SS_WARPS + warp, j0 = r * SS_SPAN;
+	pdl_trigger();
+	pdl_wait();  /* the logits are the kernel's ahead (common.cuh) */
 	float z[SS_PER];
 	float m = -INFINITY;
 #pragma unroll
@@ -813,7 +815,9 @@ rlk_sample_split(void *s, void *ws, unsigned *cnt, int32_t *tok, float *logp, co
 	float *wmax = (float *)(wsum + (size_t)B * nr);
 	int *warg = (int *)(wmax + (size_t)B * nr);
 	dim3 grid((unsigned)(nr / SS_WARPS), (unsigned)B);
-	k_sample_split<<<grid, SS_THREADS, 0, RLK_STREAM(s)>>>(tok, logp, (const bf16 *)logits, seed, counter, V,
-	    p.temperature, wsum, wmax, warg, cnt);
+	cudaError_t e = rlk_launch(k_sample_split, grid, dim3(SS_THREADS), 0, RLK_STREAM(s), tok, logp,
+	    (const bf16 *)logits, seed, counter, V, p.temperature, wsum, wmax, warg, cnt);
+	if (e != cudaSuccess)
+		return (int)e;
 	RLK_RET();
 }
