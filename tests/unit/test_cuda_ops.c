@@ -1585,17 +1585,22 @@ main(void)
 	/* GELU in the GEMM epilogues (the default; RL_CUDA_GELU_FUSE=0 leaves them out): shapes
 	 * the epilogue takes (GPT-2's c_fc and c_proj, N = 1) and shapes that fall back (odd
 	 * sizes, padded and split output, 2-byte aligned views) */
-	T_OK(g->matmul_gelu_fwd != NULL && g->matmul_dgelu_bwd != NULL, "fused GELU ops installed");
-	if (g->matmul_gelu_fwd && g->matmul_dgelu_bwd) {
-		/* N = 1 after the other fused shapes: a cuBLASLt without a GELU
-		 * algorithm for it turns the epilogues off for the rest of the run */
-		test_matmul_gelu(512, 768, 3072, 1, 0);
-		test_matmul_gelu(256, 3072, 768, 1, 0);
-		test_matmul_gelu(64, 128, 256, 0, 0);
-		test_matmul_gelu(1, 768, 3072, 1, 0);
-		test_matmul_gelu(77, 130, 33, 1, 1);
-		test_matmul_gelu(300, 64, 5001, 1, 0);
-		test_matmul_gelu(64, 768, 3072, 1, 1);
+	if (rl_ops_cuda_open(&g, 0) == RL_OK) {  /* the default backend again (g was closed above) */
+		T_OK(g->matmul_gelu_fwd != NULL && g->matmul_dgelu_bwd != NULL, "fused GELU ops installed");
+		if (g->matmul_gelu_fwd && g->matmul_dgelu_bwd) {
+			/* N = 1 after the other fused shapes: a cuBLASLt without a GELU
+			 * algorithm for it turns the epilogues off for the rest of the run */
+			test_matmul_gelu(512, 768, 3072, 1, 0);
+			test_matmul_gelu(256, 3072, 768, 1, 0);
+			test_matmul_gelu(64, 128, 256, 0, 0);
+			test_matmul_gelu(1, 768, 3072, 1, 0);
+			test_matmul_gelu(77, 130, 33, 1, 1);
+			test_matmul_gelu(300, 64, 5001, 1, 0);
+			test_matmul_gelu(64, 768, 3072, 1, 1);
+		}
+		rl_ops_close(g);
+	} else {
+		T_OK(0, "cannot reopen the CUDA backend");
 	}
 	if (with_env("RL_CUDA_GELU_FUSE", "0")) {
 		T_OK(g->matmul_gelu_fwd == NULL && g->matmul_dgelu_bwd == NULL,
