@@ -3,7 +3,7 @@
 # mma.sync/ldmatrix/cp.async emulated lane by lane from the PTX layouts) against
 # the CPU reference: decode.cu's two decode attention kernels and their merge,
 # norm.cu's forward norms (fused add + norm, the row in registers), gemv.cu,
-# logprob.cu's sampler, and flash2.cu's attention forward and backward (also
+# fuse.cu's decode fusions (same bits as the kernels they replace), logprob.cu's sampler, and flash2.cu's attention forward and backward (also
 # with warps drifting apart).  The kernel logic is checked in every `make check`,
 # without a GPU.  Skipped without a C++ compiler or the library.
 
