@@ -25,7 +25,7 @@ passed() {
 	[ -f "$root/${RL_BUILD:-build}/librlpipe.a" ] || skip "no ${RL_BUILD:-build}/librlpipe.a"
 	run --separate-stderr sh "$root/kernels/emu/run.sh"
 	assert_success
-	passed emu_kernels 114
+	passed emu_kernels 118
 	passed emu_sample 8
 	# a sanitized library (build-san) makes run.sh take flash2's quick set: 6 cases
 	if nm "$root/${RL_BUILD:-build}/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
