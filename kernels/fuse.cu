@@ -25,6 +25,8 @@
  *
  * Leaves out: more than 4 rows (the caller runs the separate ops), backward.
  */
+#include <atomic>
+
 #include "kernels/common.cuh"
 #include "kernels/launch.h"
 
@@ -307,23 +309,30 @@ typedef void (*fu_kernel)(bf16 *, const bf16 *, const bf16 *, const bf16 *, floa
 /* Blocks for g blocks' worth of outputs.  With a norm prologue and more than FU_LOOP_MIN blocks
  * (the LM head: 6,283 for GPT-2, 18,992 for Qwen2.5), as many as are resident at once, each
  * warp taking outputs in strides: the prologue once a resident block rather than once per 8
- * outputs.  Any failure of the occupancy query: g. */
+ * outputs.  The resident count is queried once per kernel (and shared memory size) into *cap,
+ * the instantiation's cache: the first call of a decode shape runs outside graph capture (the
+ * model's warm-up step), so a capture finds it there.  Any failure of the query: g. */
 #define FU_LOOP_MIN 1024
 static unsigned
-fu_grid(unsigned g, const void *fn, size_t sm, int hasn)
+fu_grid(unsigned g, const void *fn, size_t sm, int hasn, std::atomic<unsigned long> *cap)
 {
 	int dev, nsm = 0, nb = 0;
 	if (!hasn || g <= FU_LOOP_MIN)
 		return g;
-	if (cudaGetDevice(&dev) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-	    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, FU_WARPS * 32, sm) != cudaSuccess || nsm < 1 ||
-	    nb < 1) {
-		cudaGetLastError();
-		return g;
+	unsigned long c = cap->load(std::memory_order_relaxed);
+	if (c == 0 || (c >> 32) != sm) {
+		if (cudaGetDevice(&dev) != cudaSuccess ||
+		    cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+		    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, FU_WARPS * 32, sm) != cudaSuccess || nsm < 1 ||
+		    nb < 1) {
+			cudaGetLastError();
+			return g;
+		}
+		c = (unsigned long)sm << 32 | (unsigned)nsm * (unsigned)nb;
+		cap->store(c, std::memory_order_relaxed);
 	}
-	unsigned cap = (unsigned)nsm * (unsigned)nb;
-	return g < cap ? g : cap;
+	unsigned n = (unsigned)(c & 0xffffffffu);
+	return g < n ? g : n;
 }
 
 /* k_fused_gemv<N, norm?, ep> (ep: RL_EP_* or FU_EP_QKV with q), the shape checked */
@@ -341,9 +350,10 @@ fused_launch(void *s, void *out, const void *x, const void *nw, const void *nb, 
 	const bf16 *w_ = (const bf16 *)w, *b_ = (const bf16 *)bias;
 #define FU_L(NR, NM, EP) \
 	do { \
+		static std::atomic<unsigned long> cap_(0); \
 		fu_kernel k_ = k_fused_gemv<NR, NM, EP>; \
-		k_<<<fu_grid(g, (const void *)k_, sm, hasn), FU_WARPS * 32, sm, st>>>(o_, x_, nw_, nb_, eps, ln, w_, \
-		    b_, C, OC, q); \
+		k_<<<fu_grid(g, (const void *)k_, sm, hasn, &cap_), FU_WARPS * 32, sm, st>>>(o_, x_, nw_, nb_, eps, ln, \
+		    w_, b_, C, OC, q); \
 	} while (0)
 #define FU_EP(NR, NM) \
 	switch (ep) { \
