@@ -20,8 +20,13 @@
  * k_rope_kv: RoPE in place on the q and k heads (as k_rope) and the rotated k and the v
  * heads written to the paged cache (as k_kv_write), one thread per rotated pair.
  *
+ * With a norm and many outputs (the LM head) the grid is what fits on the GPU at once and the
+ * warps take outputs in strides (fu_grid).
+ *
  * Leaves out: more than 4 rows (the caller runs the separate ops), backward.
  */
+#include <atomic>
+
 #include "kernels/common.cuh"
 #include "kernels/launch.h"
 
@@ -104,6 +109,53 @@ fu_norm_row(bf16 *xs, const bf16 *xr, const bf16 *nw, const bf16 *nb, int C, flo
 	}
 }
 
+/* Output o of row m from the f32 sums s0 (row o1) and s1 (row o2), by EP (see k_fused_gemv) */
+template <int EP>
+static __device__ __forceinline__ void
+fu_epilogue(bf16 *out, int m, long o, long o1, long o2, int NO, int OC, float s0, float s1, const bf16 *bias,
+    const fu_qkv &q)
+{
+	float y = bf(tobf(s0 + (bias ? bf(bias[o1]) : 0.0f)));
+	bf16 *dst = out + (size_t)m * NO + o;
+	if (EP == FU_EP_QKV) {
+		/* k_rope then k_kv_write on the pair (f, f + HD/2) of head h */
+		int half = q.HD / 2, h = (int)(o / half), f = (int)(o % half);
+		bf16 a = tobf(y), b = tobf(s1 + (bias ? bf(bias[o2]) : 0.0f));
+		if (h < q.NH + q.NKV && q.theta > 0.0f) {
+			float inv = powf(q.theta, -2.0f * (float)f / (float)q.HD);
+			float ang = (float)q.pos[m] * inv, sn, cs;
+			sincosf(ang, &sn, &cs);
+			float fa = bf(a), fb = bf(b);
+			a = tobf(fa * cs - fb * sn);
+			b = tobf(fb * cs + fa * sn);
+		}
+		out[(size_t)m * OC + o1] = a;
+		out[(size_t)m * OC + o2] = b;
+		int sl = q.slot[m];
+		if (h >= q.NH && sl >= 0) {
+			int kh = h - q.NH;
+			bf16 *c = q.kc;
+			if (kh >= q.NKV) {
+				kh -= q.NKV;
+				c = q.vc;
+			}
+			c += ((size_t)sl * q.NKV + kh) * q.HD;
+			c[f] = a;
+			c[f + half] = b;
+		}
+	} else if (EP == RL_EP_NONE) {
+		*dst = tobf(y);
+	} else if (EP == RL_EP_ADD) {
+		*dst = tobf(bf(*dst) + y);
+	} else if (EP == RL_EP_GELU) {
+		float t = tanhf(FU_GELU_K * (y + 0.044715f * y * y * y));
+		*dst = tobf(0.5f * y * (1.0f + t));
+	} else {
+		float u = bf(tobf(s1 + (bias ? bf(bias[o2]) : 0.0f)));
+		*dst = tobf(y / (1.0f + expf(-y)) * u);
+	}
+}
+
 /* out by EP (lib/ops.h's RL_EP_*, or FU_EP_QKV) of round(norm(x) (NR, C) @ w^T + bias); NORM: x
  * normalised first (ln: LayerNorm, else RMSNorm).  Warps own NO = OC outputs of a row (OC / 2:
  * SwiGLU's gate and up rows o, o + OC/2; the QKV epilogue's rows o1 = h HD + f and o1 + HD/2 of
@@ -116,22 +168,30 @@ k_fused_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps
 	constexpr int NW = EP == RL_EP_SWIGLU || EP == FU_EP_QKV ? 2 : 1, IF = FU_INFL / NW;
 	const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
 	const int NO = NW == 2 ? OC / 2 : OC, nch = C / 8;
-	const long o = (long)blockIdx.x * FU_WARPS + wid;
-	const bool live = o < NO;
-	/* the second row: o + NO (SwiGLU), o1 + HD/2 (QKV) */
-	long o1 = o, o2 = o + NO;
-	if (EP == FU_EP_QKV) {
-		int half = q.HD / 2;
-		o1 = o / half * q.HD + o % half;
-		o2 = o1 + half;
-	}
-	const bf16 *w0 = w + (size_t)(live ? o1 : 0) * C, *w1 = w + (size_t)(live ? o2 : 0) * C;
+	const long ostep = (long)gridDim.x * FU_WARPS;
+	long o = (long)blockIdx.x * FU_WARPS + wid, o1 = 0, o2 = 0;
+	const bf16 *w0 = w, *w1 = w;
 	uint4 wc[NW][IF];
+	/* rows o1 (and o2: o + NO for SwiGLU, o1 + HD/2 for QKV) of output o */
+	auto rows = [&](long oo) {
+		o1 = oo;
+		o2 = oo + NO;
+		if (EP == FU_EP_QKV) {
+			int half = q.HD / 2;
+			o1 = oo / half * q.HD + oo % half;
+			o2 = o1 + half;
+		}
+		w0 = w + (size_t)o1 * C;
+		w1 = w + (size_t)o2 * C;
+	};
 	pdl_trigger();
-	/* the first round of weight chunks in flight during the norm (and, launched
-	 * programmatically, while the kernel ahead finishes: no kernel of a step writes weights) */
-	if (live)
+	/* the first output's first round of weight chunks in flight during the norm (and,
+	 * launched programmatically, while the kernel ahead finishes: no kernel of a step
+	 * writes weights) */
+	if (o < NO) {
+		rows(o);
 		fu_load<NW, IF>(wc, w0, w1, lane, nch);
+	}
 	pdl_wait();
 	const bf16 *xs = x;
 	if (NORM) {
@@ -141,82 +201,47 @@ k_fused_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps
 		__syncthreads();
 		xs = fu_xs;
 	}
-	if (!live)
-		return;
-	float acc[NW][NR];
+	/* a grid smaller than NO / FU_WARPS blocks (the launcher's cap: the norm once a block)
+	 * takes the outputs in strides */
+	for (bool first = true; o < NO; o += ostep, first = false) {
+		if (!first)
+			rows(o);
+		float acc[NW][NR];
 #pragma unroll
-	for (int r = 0; r < NW; r++)
+		for (int r = 0; r < NW; r++)
 #pragma unroll
-		for (int m = 0; m < NR; m++)
-			acc[r][m] = 0.0f;
-	for (int c0 = lane; c0 < nch; c0 += 32 * IF) {
-		if (c0 != lane)
-			fu_load<NW, IF>(wc, w0, w1, c0, nch);
+			for (int m = 0; m < NR; m++)
+				acc[r][m] = 0.0f;
+		for (int c0 = lane; c0 < nch; c0 += 32 * IF) {
+			if (c0 != lane || !first)
+				fu_load<NW, IF>(wc, w0, w1, c0, nch);
 #pragma unroll
-		for (int k = 0; k < IF; k++) {
-			int c = c0 + k * 32;
-			if (c >= nch)
-				break;
+			for (int k = 0; k < IF; k++) {
+				int c = c0 + k * 32;
+				if (c >= nch)
+					break;
 #pragma unroll
-			for (int m = 0; m < NR; m++) {
-				uint4 xu = *(const uint4 *)(xs + (size_t)m * C + (size_t)c * 8);
-				const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xu;
+				for (int m = 0; m < NR; m++) {
+					uint4 xu = *(const uint4 *)(xs + (size_t)m * C + (size_t)c * 8);
+					const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xu;
 #pragma unroll
-				for (int r = 0; r < NW; r++) {
-					const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wc[r][k];
+					for (int r = 0; r < NW; r++) {
+						const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wc[r][k];
 #pragma unroll
-					for (int j = 0; j < 4; j++) {
-						float2 wf = __bfloat1622float2(w2[j]), xf = __bfloat1622float2(x2[j]);
-						acc[r][m] += wf.x * xf.x + wf.y * xf.y;
+						for (int j = 0; j < 4; j++) {
+							float2 wf = __bfloat1622float2(w2[j]), xf = __bfloat1622float2(x2[j]);
+							acc[r][m] += wf.x * xf.x + wf.y * xf.y;
+						}
 					}
 				}
 			}
 		}
-	}
-	/* row m's output by lane m (every lane has the sums) */
+		/* row m's output by lane m (every lane has the sums) */
 #pragma unroll
-	for (int m = 0; m < NR; m++) {
-		float s0 = warp_sum(acc[0][m]), s1 = NW == 2 ? warp_sum(acc[NW - 1][m]) : 0.0f;
-		if (lane != m)
-			continue;
-		float y = bf(tobf(s0 + (bias ? bf(bias[o1]) : 0.0f)));
-		bf16 *dst = out + (size_t)m * NO + o;
-		if (EP == FU_EP_QKV) {
-			/* k_rope then k_kv_write on the pair (f, f + HD/2) of head h */
-			int half = q.HD / 2, h = (int)(o / half), f = (int)(o % half);
-			bf16 a = tobf(y), b = tobf(s1 + (bias ? bf(bias[o2]) : 0.0f));
-			if (h < q.NH + q.NKV && q.theta > 0.0f) {
-				float inv = powf(q.theta, -2.0f * (float)f / (float)q.HD);
-				float ang = (float)q.pos[m] * inv, sn, cs;
-				sincosf(ang, &sn, &cs);
-				float fa = bf(a), fb = bf(b);
-				a = tobf(fa * cs - fb * sn);
-				b = tobf(fb * cs + fa * sn);
-			}
-			out[(size_t)m * OC + o1] = a;
-			out[(size_t)m * OC + o2] = b;
-			int sl = q.slot[m];
-			if (h >= q.NH && sl >= 0) {
-				int kh = h - q.NH;
-				bf16 *c = q.kc;
-				if (kh >= q.NKV) {
-					kh -= q.NKV;
-					c = q.vc;
-				}
-				c += ((size_t)sl * q.NKV + kh) * q.HD;
-				c[f] = a;
-				c[f + half] = b;
-			}
-		} else if (EP == RL_EP_NONE) {
-			*dst = tobf(y);
-		} else if (EP == RL_EP_ADD) {
-			*dst = tobf(bf(*dst) + y);
-		} else if (EP == RL_EP_GELU) {
-			float t = tanhf(FU_GELU_K * (y + 0.044715f * y * y * y));
-			*dst = tobf(0.5f * y * (1.0f + t));
-		} else {
-			float u = bf(tobf(s1 + (bias ? bf(bias[o2]) : 0.0f)));
-			*dst = tobf(y / (1.0f + expf(-y)) * u);
+		for (int m = 0; m < NR; m++) {
+			float s0 = warp_sum(acc[0][m]), s1 = NW == 2 ? warp_sum(acc[NW - 1][m]) : 0.0f;
+			if (lane == m)
+				fu_epilogue<EP>(out, m, o, o1, o2, NO, OC, s0, s1, bias, q);
 		}
 	}
 }
@@ -284,6 +309,38 @@ rlk_fused_gemv_ok(int N, int C, int OC, int norm, int ep, const void *x, const v
 	return (norm == RL_NORM_RMS || norm == RL_NORM_LN) && nw && a16(nw) && a16(nb) && (long)N * C <= 24576;
 }
 
+typedef void (*fu_kernel)(bf16 *, const bf16 *, const bf16 *, const bf16 *, float, int, const bf16 *,
+    const bf16 *, int, int, fu_qkv);
+
+/* Blocks for g blocks' worth of outputs.  With a norm prologue and more than FU_LOOP_MIN blocks
+ * (the LM head: 6,283 for GPT-2, 18,992 for Qwen2.5), as many as are resident at once, each
+ * warp taking outputs in strides: the prologue once a resident block rather than once per 8
+ * outputs.  The resident count is queried once per kernel (and shared memory size) into *cap,
+ * the instantiation's cache: the first call of a decode shape runs outside graph capture (the
+ * model's warm-up step), so a capture finds it there.  Any failure of the query: g. */
+#define FU_LOOP_MIN 1024
+static unsigned
+fu_grid(unsigned g, const void *fn, size_t sm, int hasn, std::atomic<unsigned long> *cap)
+{
+	int dev, nsm = 0, nb = 0;
+	if (!hasn || g <= FU_LOOP_MIN)
+		return g;
+	unsigned long c = cap->load(std::memory_order_relaxed);
+	if (c == 0 || (c >> 32) != sm) {
+		if (cudaGetDevice(&dev) != cudaSuccess ||
+		    cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+		    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, FU_WARPS * 32, sm) != cudaSuccess || nsm < 1 ||
+		    nb < 1) {
+			cudaGetLastError();
+			return g;
+		}
+		c = (unsigned long)sm << 32 | (unsigned)nsm * (unsigned)nb;
+		cap->store(c, std::memory_order_relaxed);
+	}
+	unsigned n = (unsigned)(c & 0xffffffffu);
+	return g < n ? g : n;
+}
+
 /* k_fused_gemv<N, norm?, ep> (ep: RL_EP_* or FU_EP_QKV with q), the shape checked */
 static int
 fused_launch(void *s, void *out, const void *x, const void *nw, const void *nb, float eps, int norm,
@@ -299,8 +356,12 @@ fused_launch(void *s, void *out, const void *x, const void *nw, const void *nb, 
 	const bf16 *w_ = (const bf16 *)w, *b_ = (const bf16 *)bias;
 	cudaError_t e = cudaSuccess;
 #define FU_L(NR, NM, EP) \
-	e = rlk_launch(k_fused_gemv<NR, NM, EP>, dim3(g), dim3(FU_WARPS * 32), sm, st, o_, x_, nw_, nb_, eps, ln, \
-	    w_, b_, C, OC, q)
+	do { \
+		static std::atomic<unsigned long> cap_(0); \
+		fu_kernel k_ = k_fused_gemv<NR, NM, EP>; \
+		e = rlk_launch(k_, dim3(fu_grid(g, (const void *)k_, sm, hasn, &cap_)), dim3(FU_WARPS * 32), sm, st, \
+		    o_, x_, nw_, nb_, eps, ln, w_, b_, C, OC, q); \
+	} while (0)
 #define FU_EP(NR, NM) \
 	switch (ep) { \
 	case RL_EP_NONE: FU_L(NR, NM, RL_EP_NONE); break; \

@@ -376,8 +376,10 @@ run_fused(void *)
 	}
 }
 
+/* grid: blocks launched (0: one per FU_WARPS outputs; fewer: the warps take outputs in strides,
+ * as fu_grid's cap makes them for the LM head) */
 static void
-test_fused(int N, int C, int OC, int norm, int ep, int bias)
+test_fused(int N, int C, int OC, int norm, int ep, int bias, unsigned grid = 0)
 {
 	const int NO = ep == RL_EP_SWIGLU ? OC / 2 : OC, ln = norm == RL_NORM_LN;
 	size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC, no = (size_t)N * NO;
@@ -432,7 +434,7 @@ test_fused(int N, int C, int OC, int norm, int ep, int bias)
 		}
 
 	FA = { out, x, g, ln ? gb : NULL, w, bias ? b : NULL, eps, N, C, OC, norm, ep, {} };
-	emu_launch(dim3((unsigned)((NO + FU_WARPS - 1) / FU_WARPS)), dim3(FU_WARPS * 32), run_fused, NULL);
+	emu_launch(dim3(grid ? grid : (unsigned)((NO + FU_WARPS - 1) / FU_WARPS)), dim3(FU_WARPS * 32), run_fused, NULL);
 
 	/* the CPU ops composed, f32 throughout (the GPU rounds the normalised rows and y to bf16) */
 	const float *fin = fx;
@@ -463,9 +465,9 @@ test_fused(int N, int C, int OC, int norm, int ep, int bias)
 	if (bad || (must_same && !same))
 		fails++;
 	static const char *nn[] = { "none", "rms", "ln" }, *en[] = { "none", "add", "gelu", "swiglu" };
-	printf("%s fused_gemv N=%d C=%d OC=%d norm=%s ep=%s bias=%d: same bits as the separate kernels: %s, "
+	printf("%s fused_gemv N=%d C=%d OC=%d norm=%s ep=%s bias=%d grid=%u: same bits as the separate kernels: %s, "
 	    "max err vs CPU %.3g, %zu bad\n", bad || (must_same && !same) ? "FAIL" : "ok  ", N, C, OC, nn[norm], en[ep],
-	    bias, same ? "yes" : must_same ? "NO" : "no (other norm kernel)", worst, bad);
+	    bias, grid, same ? "yes" : must_same ? "NO" : "no (other norm kernel)", worst, bad);
 	if (bad)
 		printf("     first bad: %zu: %g against %g\n", first, __bfloat162float(out[first]), ref[first]);
 	delete[] x; delete[] g; delete[] gb; delete[] w; delete[] b; delete[] out; delete[] out0; delete[] xn;
@@ -539,7 +541,7 @@ test_rope_kv(int N, int NH, int NKV, int HD, float theta, int nslot)
 /* the QKV epilogue (matmul_rope_kv_fwd): the same bits as k_fused_gemv without it, then k_rope_kv
  * (each checked against the CPU above); the cache's other slots left poisoned */
 static void
-test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, float theta, int bias)
+test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, float theta, int bias, unsigned grid = 0)
 {
 	const int OC = (NH + 2 * NKV) * HD, nslot = N + 2, ln = norm == RL_NORM_LN;
 	size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC, nc = (size_t)nslot * NKV * HD;
@@ -565,7 +567,7 @@ test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, float theta, int
 	unsigned gp = (unsigned)((OC / 2 + FU_WARPS - 1) / FU_WARPS), gf = (unsigned)((OC + FU_WARPS - 1) / FU_WARPS);
 	FA = { y1, x, g, ln ? gb : NULL, w, bias ? b : NULL, eps, N, C, OC, norm, FU_EP_QKV,
 	    { k1, v1, pos, slot, NH, NKV, HD, theta } };
-	emu_launch(dim3(gp), dim3(FU_WARPS * 32), run_fused, NULL);
+	emu_launch(dim3(grid ? grid : gp), dim3(FU_WARPS * 32), run_fused, NULL);
 	FA = { y2, x, g, ln ? gb : NULL, w, bias ? b : NULL, eps, N, C, OC, norm, RL_EP_NONE, {} };
 	emu_launch(dim3(gf), dim3(FU_WARPS * 32), run_fused, NULL);
 	RK = { k2, v2, y2, pos, slot, N, NH, NKV, HD, theta };
@@ -671,6 +673,11 @@ main(void)
 	test_fused(2, 4104, 33, RL_NORM_LN, RL_EP_NONE, 1);
 	test_fused(1, 8192, 9, RL_NORM_RMS, RL_EP_GELU, 1);
 	test_fused(4, 6144, 7, RL_NORM_LN, RL_EP_ADD, 1);
+	/* fewer blocks than outputs / 8: strides over the outputs (3 blocks for 1001 outputs: 41 or
+	 * 42 a warp, some warps one fewer; 2 blocks for SwiGLU's 600; 1 block of QKV pairs) */
+	test_fused(1, 128, 1001, RL_NORM_LN, RL_EP_NONE, 0, 3);
+	test_fused(2, 896, 1200, RL_NORM_RMS, RL_EP_SWIGLU, 1, 2);
+	test_fused(3, 64, 77, RL_NORM_NONE, RL_EP_ADD, 1, 4);
 	/* rope_kv_write: Qwen's heads, GPT-2's (no RoPE: kv_write alone), HD 8, one row */
 	test_rope_kv(4, 14, 2, 64, 1e6f, 40);
 	test_rope_kv(3, 12, 12, 64, 0.0f, 16);
@@ -682,6 +689,7 @@ main(void)
 	test_fused_qkv(2, 768, 12, 12, 64, RL_NORM_LN, 0.0f, 1);
 	test_fused_qkv(4, 256, 4, 2, 128, RL_NORM_NONE, 1e4f, 0);
 	test_fused_qkv(2, 64, 2, 1, 8, RL_NORM_LN, 1e4f, 0);
+	test_fused_qkv(3, 896, 14, 2, 64, RL_NORM_RMS, 1e6f, 1, 1);
 	printf("emu_kernels: %d of %d cases passed\n", cases - fails, cases);
 	return fails ? 1 : 0;
 }
