@@ -2,9 +2,9 @@
 # kernels/emu/mutate.sh — shows that kernels/emu catches wrong flash2 kernels: each
 # mutation below is applied to a copy of kernels/flash2.cu (a wrong mma/ldmatrix
 # fragment layout, a missing mask, a missing rescale, a missing barrier, ...), the
-# copy is run through `run.sh quick` (RL_EMU_FLASH2=copy; with its two skew cases)
+# copy is run through `run.sh quick` (RL_EMU_FLASH2=copy; with its skew cases)
 # and must FAIL.  Prints one line per mutation; exit 1 if any mutation passed (went
-# unnoticed) or did not apply.  About 8 s per mutation (3 minutes in all) on 2 cores,
+# unnoticed) or did not apply.  About 25 s per mutation (13 minutes for 31) on 2 shared cores,
 # so not part of `make check`; run it after changing flash2.cu.
 #   sh kernels/emu/mutate.sh         (needs build/librlpipe.a: `make` first)
 set -u
