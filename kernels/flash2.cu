@@ -25,7 +25,11 @@
  *   dQ by a separate pass, not f32 atomics: every output element is written
  *   once by one block, so the backward is deterministic (bit for bit run to
  *   run) and needs no (B, T, NH, HD) f32 buffer nor a cast kernel; the price is
- *   recomputing S and dP for dQ (8 instead of 5 GEMM-sized products).
+ *   recomputing S and dP for dQ (8 instead of 5 GEMM-sized products).  That is
+ *   RL_CUDA_FLASH_BWD=det, the default.  The fused modes (k_f2_bwd_fused, below)
+ *   take the other side: one pass, dQ added by f32 atomics into a zeroed
+ *   accumulator and cast after (k_f2_bwd_prep, k_f2_dq_cast); dQ's low bits
+ *   then vary run to run.
  * Shared memory tiles are row-major with the 16-byte chunks of a row XOR-swizzled
  * by (row & 7), so the 8 row addresses of an ldmatrix hit 8 different bank
  * groups.  Global loads are 16-byte cp.async into two buffers: the next tile is

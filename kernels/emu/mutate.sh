@@ -2,9 +2,9 @@
 # kernels/emu/mutate.sh — shows that kernels/emu catches wrong flash2 kernels: each
 # mutation below is applied to a copy of kernels/flash2.cu (a wrong mma/ldmatrix
 # fragment layout, a missing mask, a missing rescale, a missing barrier, ...), the
-# copy is run through `run.sh quick` (RL_EMU_FLASH2=copy; with its two skew cases)
+# copy is run through `run.sh quick` (RL_EMU_FLASH2=copy; with its skew cases)
 # and must FAIL.  Prints one line per mutation; exit 1 if any mutation passed (went
-# unnoticed) or did not apply.  About 8 s per mutation (3 minutes in all) on 2 cores,
+# unnoticed) or did not apply.  About 25 s per mutation (13 minutes for 31) on 2 shared cores,
 # so not part of `make check`; run it after changing flash2.cu.
 #   sh kernels/emu/mutate.sh         (needs build/librlpipe.a: `make` first)
 set -u
@@ -48,8 +48,8 @@ mutant "accumulator c1/c2 confused when storing" 's/f2_pack(acc\[n\]\[0\] \* f0,
 # P's accumulators used as A fragments in the wrong order (a1 <-> a2)
 mutant "P accumulators to A fragment in the wrong order" \
     '0,/f2_pack(s\[2 \* kk\]\[2\], s\[2 \* kk\]\[3\]),/s//f2_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),/'
-# V loaded without .trans
-mutant "V's B fragments without ldmatrix.trans" 's/f2_ldsm_x4_t(vb,/f2_ldsm_x4(vb,/'
+# V (forward P V) and K (dQ pass dS K) loaded without .trans in f2_mma_px
+mutant "V's and K's B fragments without ldmatrix.trans" 's/f2_ldsm_x4_t(xb, f2_at<HD>(x,/f2_ldsm_x4(xb, f2_at<HD>(x,/'
 # the causal mask left out of the forward
 mutant "forward without the causal mask" 's/if (!(key <= t \&\& st >= 0/if (!(st >= 0/'
 # the seg (packing) mask left out of the dK/dV pass
@@ -86,6 +86,7 @@ mutant "fused: dS read for dQ without ldmatrix.trans" 's/f2_ldsm_x4_t(a, f2_at_t
 mutant "fused: dS A fragment with a1/a2 swapped" \
     's/((lane >> 4) \& 1) \* 8, c0 + ((lane >> 3) \& 1))/((lane >> 3) \& 1) * 8, c0 + ((lane >> 4) \& 1))/'
 mutant "fused: dQ row g + 8 added to row g" 's/f2_red2(qrow + 8 \* OW + 8 \* n,/f2_red2(qrow + 8 * n,/'
+mutant "fused: D over part of a row" 's/for (int o = per \/ 2; o > 0; o >>= 1)/for (int o = per \/ 2; o > 1; o >>= 1)/'
 mutant "fused: half of the dQ accumulator not zeroed" '/(dqacc + r \* HD + sub \* 8)\[1\] = z;/d'
 mutant "fused: one dS^T buffer (written while the previous tile's is read)" \
     's/, \*sds = sds2 + bf_ \* F2_ROWS \* BM;/, *sds = sds2;/; s/const bf16 \*sds = sds2 + ((it - 1) \& 1) \* F2_ROWS \* BM;/const bf16 *sds = sds2;/'
