@@ -968,12 +968,20 @@ layer_fwd(rl_model *m, int l)
 	if (c->arch == RL_ARCH_LLAMA)
 		o->rope_fwd(o, qkv, a->pos, N, NH, NKV, HD, c->rope_theta);
 	o->attn_fwd(o, att, lse, qkv, dseg, B, T, NH, NKV, HD);
-	o->matmul_fwd(o, mid, att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
-	o->add(o, mid, mid, res, NC);
+	if (o->matmul_add_fwd) {
+		o->matmul_add_fwd(o, mid, att, W(m, y->o_w), W(m, y->o_b), res, N, AD, C);
+	} else {
+		o->matmul_fwd(o, mid, att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
+		o->add(o, mid, mid, res, NC);
+	}
 	norm_fwd(m, ln2, a->ln2_mean + k * sN, a->ln2_rstd + k * sN, mid, y->ln2_w, y->ln2_b, N);
 	mlp_up_fwd(m, h, fc, ln2, y, N);
-	o->matmul_fwd(o, res_out, h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
-	o->add(o, res_out, res_out, mid, NC);
+	if (o->matmul_add_fwd) {
+		o->matmul_add_fwd(o, res_out, h, W(m, y->proj_w), W(m, y->proj_b), mid, N, H, C);
+	} else {
+		o->matmul_fwd(o, res_out, h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
+		o->add(o, res_out, res_out, mid, NC);
+	}
 }
 
 int

@@ -315,6 +315,12 @@ struct rl_ops {
 	    const void *nb, float eps, int norm, const void *w, const void *bias, int N, int C, int NH,
 	    int NKV, int HD, float theta, const int32_t *pos, void *kc, void *vc, const int32_t *slot);
 
+	/* Optional residual in the product (NULL when absent): out (N,OC) = resid (N,OC) +
+	 * inp (N,C) @ w (OC,C)^T + bias, as matmul_fwd then add except that the sum may be
+	 * rounded to act once instead of twice.  out does not alias inp, w or resid. */
+	void (*matmul_add_fwd)(rl_ops *o, void *out, const void *inp, const void *w, const void *bias,
+	    const void *resid, int N, int C, int OC);
+
 	/* ---- teardown ---------------------------------------------------------------------- */
 	void (*close)(rl_ops *o);
 

@@ -46,6 +46,7 @@ typedef struct algo_key {
 	int ta, tb, m, n, k, lda, ldb, ldd, dt, epi;
 	int al_a, al_b, al_d;  /* pointer alignments: an algorithm assumes those it was chosen for */
 	int ldaux, al_aux;     /* GELU epilogues' auxiliary matrix */
+	int al_c;              /* C's alignment when C is not D (matmul_add_fwd), else 0 */
 } algo_key;
 
 typedef struct algo_ent {
@@ -350,9 +351,9 @@ enum { EPI_PLAIN = 0, EPI_GELU_AUX, EPI_DGELU };
  * gelu EPI_GELU_AUX: D = gelu(that), aux (m x n, ldaux, bf16) = that (bias added);
  * EPI_DGELU: D = that * gelu'(aux) (no bias). */
 static int
-lt_gemm_epi(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
+lt_gemm_c(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
     int ldb, void *D, int ldd, cudaDataType_t dt, float beta, const void *bias, int gelu, const void *aux,
-    int ldaux)
+    int ldaux, const void *Cm)
 {
 	cuda_ctx *c = CTX(o);
 	cublasLtMatmulDesc_t desc = NULL;
@@ -394,8 +395,10 @@ lt_gemm_epi(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int l
 	 * algorithm chosen for them can compute garbage on less aligned ones (offsets into
 	 * a larger buffer, split GEMMs): pass the real alignments and key the cache on them. */
 	uint32_t al_a = ptr_align(A), al_b = ptr_align(B), al_d = ptr_align(D);
+	uint32_t al_c = Cm && Cm != D ? ptr_align(Cm) : al_d;
 	algo_key key = { ta, tb, m, n, k, lda, ldb, ldd, (int)dt, (int)epi, (int)al_a, (int)al_b, (int)al_d,
-		gelu != EPI_PLAIN ? ldaux : 0, gelu != EPI_PLAIN ? (int)ptr_align(aux) : 0 };
+		gelu != EPI_PLAIN ? ldaux : 0, gelu != EPI_PLAIN ? (int)ptr_align(aux) : 0,
+		Cm && Cm != D ? (int)al_c : 0 };
 	algo_ent *ent = NULL, *slot = NULL;
 	algo_find(c, &key, &ent, &slot);
 	if (!ent && c->capturing) {
@@ -416,8 +419,8 @@ lt_gemm_epi(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int l
 		    sizeof al_a));
 		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
 		    sizeof al_b));
-		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
-		    sizeof al_d));
+		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+		    sizeof al_c));
 		LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
 		    sizeof al_d));
 		LT(cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, ld, ld, pref, 1, &res, &nres));
@@ -430,7 +433,7 @@ lt_gemm_epi(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int l
 		ent->algo = res.algo;
 		ent->used = 1;
 	}
-	LT(cublasLtMatmul(c->lt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ent->algo, c->lt_ws,
+	LT(cublasLtMatmul(c->lt, desc, &alpha, A, la, B, lb, &beta, Cm ? Cm : D, ld, D, ld, &ent->algo, c->lt_ws,
 	    LT_WS_BYTES, c->stream));
 out:
 #undef LT
@@ -445,6 +448,14 @@ out:
 	if (desc)
 		cublasLtMatmulDescDestroy(desc);
 	return rv;
+}
+
+static int
+lt_gemm_epi(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
+    int ldb, void *D, int ldd, cudaDataType_t dt, float beta, const void *bias, int gelu, const void *aux,
+    int ldaux)
+{
+	return lt_gemm_c(o, ta, tb, m, n, k, A, lda, B, ldb, D, ldd, dt, beta, bias, gelu, aux, ldaux, NULL);
 }
 
 static int
@@ -570,6 +581,26 @@ cu_matmul_fwd(rl_ops *o, void *out, const void *inp, const void *w, const void *
 	double t = prof_t0(o);
 	matmul_fwd_(o, out, inp, w, bias, N, C, OC);
 	prof_add(o, "matmul_fwd", t);
+}
+
+/* ops.h matmul_add_fwd: the residual as cuBLASLt's C with beta 1, so the GEMM's f32 sum,
+ * the bias and the residual are rounded once and the add kernel's pass over out goes;
+ * shapes the plain GEMM path would pad, split or run as a gemv, and pointers under 16-byte
+ * alignment, take matmul_fwd then add. */
+static void
+cu_matmul_add_fwd(rl_ops *o, void *out, const void *inp, const void *w, const void *bias, const void *resid,
+    int N, int C, int OC)
+{
+	double t = prof_t0(o);
+	if (N > 4 && OC > 0 && OC % 8 == 0 && split_oc(OC) == OC && ptr_align(out) >= 16 && ptr_align(resid) >= 16 &&
+	    ptr_align(inp) >= 16 && ptr_align(w) >= 16) {
+		ck(o, "matmul_add_fwd", lt_gemm_c(o, 1, 0, OC, N, C, w, C, inp, C, out, OC, CUDA_R_16BF, 1.0f, bias,
+		    EPI_PLAIN, NULL, 0, resid));
+	} else if (N > 0 && OC > 0) {
+		matmul_fwd_(o, out, inp, w, bias, N, C, OC);
+		ck(o, "matmul_add_fwd add", rlk_add(S(o), out, out, resid, (size_t)N * OC));
+	}
+	prof_add(o, "matmul_add_fwd", t);
 }
 
 static void
@@ -1560,6 +1591,8 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	}
 	if (!(getenv("RL_CUDA_ADD_NORM") && strcmp(getenv("RL_CUDA_ADD_NORM"), "0") == 0))
 		o->add_norm_fwd = cu_add_norm_fwd;
+	if (!(getenv("RL_CUDA_GEMM_ADD") && strcmp(getenv("RL_CUDA_GEMM_ADD"), "0") == 0))
+		o->matmul_add_fwd = cu_matmul_add_fwd;
 	if (c->head_ld != HL_OFF) {
 		o->head_ld_align = HEAD_LD_ALIGN;
 		o->matmul_fwd_ld = cu_matmul_fwd_ld;

@@ -418,6 +418,34 @@ test_matmul(int N, int C, int OC, int bias, int sh)
 	free(x); free(w); free(bs); free(dout); free(ref); free(dx); free(dw); free(db);
 }
 
+/* matmul_add_fwd (the residual in the GEMM) against the CPU matmul then add: the GEMM's
+ * atol plus one bf16 step of the residual's magnitude (2 here), and rtol 2^-6: two
+ * roundings (the product's, then the sum's) on either side, where the product's may
+ * land one step apart; sh shifts every operand by sh elements (under 16 bytes: the
+ * fallback path, matmul_fwd then add). */
+static void
+test_matmul_add(int N, int C, int OC, int bias, int sh)
+{
+	char nm[112];
+	float *x = tc_rand((size_t)N * C + sh, -1, 1, 1), *w = tc_rand((size_t)OC * C, -1, 1, 1);
+	float *bs = tc_rand(OC, -1, 1, 1), *res = tc_rand((size_t)N * OC + sh, -2, 2, 1);
+	float *y = rl_xmalloc((size_t)N * OC * 4), *ref = rl_xmalloc((size_t)N * OC * 4);
+	void *dx0 = tc_up(g, x, (size_t)N * C + sh, BF), *dw = tc_up(g, w, (size_t)OC * C, BF);
+	void *db = tc_up(g, bs, OC, BF), *dr0 = tc_up(g, res, (size_t)N * OC + sh, BF);
+	void *out0 = tc_poison(g, (size_t)N * OC + sh, BF);
+	rl_cpu_matmul_fwd(NULL, y, x + sh, w, bias ? bs : NULL, N, C, OC);
+	for (size_t i = 0; i < (size_t)N * OC; i++)
+		y[i] = rl_bf16_to_f32(rl_f32_to_bf16(y[i]));
+	rl_cpu_add(NULL, ref, res + sh, y, (size_t)N * OC);
+	g->matmul_add_fwd(g, (char *)out0 + 2 * sh, (char *)dx0 + 2 * sh, dw, bias ? db : NULL, (char *)dr0 + 2 * sh,
+	    N, C, OC);
+	snprintf(nm, sizeof nm, "matmul_add_fwd N=%d C=%d OC=%d bias=%d sh=%d", N, C, OC, bias, sh);
+	tc_cmpd(g, nm, (char *)out0 + 2 * sh, BF, ref, (size_t)N * OC, 4e-3 * sqrt(C) / 3 + 2.0 / 128, 1.6e-2, 1e-4);
+	tc_check_status(g, "matmul_add_fwd");
+	g->free(g, dx0); g->free(g, dw); g->free(g, db); g->free(g, dr0); g->free(g, out0);
+	free(x); free(w); free(bs); free(res); free(y); free(ref);
+}
+
 /* The GPT-2 MLP fusions (the default; RL_CUDA_GELU_FUSE=0 off): matmul_gelu_fwd against the CPU matmul
  * then GELU, matmul_dgelu_bwd against the CPU matmul_bwd then gelu_bwd.  The fused
  * GEMM takes GELU (or its derivative) of the f32 sum, the reference of the f32 sum too,
@@ -1353,6 +1381,17 @@ main(void)
 	test_matmul(50, 96, 1100, 1, 0);   /* split at 1088, unpadded */
 	test_matmul(64, 768, 2304, 1, 1);  /* act pointers only 2-byte aligned */
 	test_matmul(33, 96, 1100, 0, 3);
+	/* the residual in the GEMM: GPT-2's c_proj and attention projection, Qwen's down
+	 * projection, then the fallbacks (2-byte aligned views, OC not a multiple of 8, 3 rows) */
+	T_OK(g->matmul_add_fwd != NULL, "matmul_add_fwd installed");
+	if (g->matmul_add_fwd) {
+		test_matmul_add(512, 3072, 768, 1, 0);
+		test_matmul_add(512, 768, 768, 1, 0);
+		test_matmul_add(300, 4864, 896, 0, 0);
+		test_matmul_add(64, 768, 768, 1, 1);
+		test_matmul_add(77, 130, 33, 1, 0);
+		test_matmul_add(3, 768, 768, 1, 0);
+	}
 	/* N <= 4 goes to gemv.cu (16-byte aligned inp): 1-4 rows, odd OC, the LM head's
 	 * width, C past one round of chunks; sh 1 (2-byte aligned inp) stays on cuBLASLt */
 	test_matmul(1, 768, 2304, 1, 0);
@@ -1531,6 +1570,11 @@ main(void)
 		test_norms(33, 768);
 		test_norms(77, 896);
 		end_env("RL_CUDA_NORM_BWD_VEC");
+	}
+	/* the residual add after the GEMM (matmul_add_fwd not installed) */
+	if (with_env("RL_CUDA_GEMM_ADD", "0")) {
+		T_OK(g->matmul_add_fwd == NULL, "RL_CUDA_GEMM_ADD=0 leaves matmul_add_fwd NULL");
+		end_env("RL_CUDA_GEMM_ADD");
 	}
 	/* AdamW tensor by tensor (adamw_multi not installed) */
 	if (with_env("RL_CUDA_ADAMW_MULTI", "0")) {
