@@ -27,6 +27,11 @@
 #define DC_WARPS 4
 #define DC_GMAX 8
 #define DC_UNROLL 8
+/* k_decode_lane's V rows in flight with GQA (G > 1; DC_UNROLL without).  H100, session 6:
+ * Qwen (G 7) at 256 slots 116-123K tok/s with 8 (6 runs), 121-126K with 16 (3), 113K
+ * with 32; GPT-2 (G 1) 160-166K with 16 against 165-169K with 8.  (kernels/emu/run.sh
+ * takes the DC_ defines line by line: comments on lines of their own.) */
+#define DC_VUNROLL 16
 #define DC_MAXSPLIT 64  /* splits the in-kernel merge takes (two per lane of a warp): RLK_DECODE_MAXSPLIT */
 #define DC_MUNROLL 16   /* partial rows in flight per thread in that merge */
 
@@ -234,7 +239,7 @@ k_decode_split(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv
  * G dot products alone against the group's queries in shared memory, so a key costs
  * no shuffles; the softmax update is one warp max and one warp sum per 32 keys.  Then
  * the warp walks the 32 V rows in order, each lane owning HD/32 output elements
- * (coalesced rows, DC_UNROLL rows in flight), with the probabilities read back from
+ * (coalesced rows, DC_VUNROLL rows in flight, DC_UNROLL when G = 1), with the probabilities read back from
  * shared memory.  Chunks of 32 keys go to the nsplit x DC_WARPS workers in turn; the
  * block merge and the partials for k_decode_merge are those of k_decode_split. */
 template <int HD, int G>
@@ -307,10 +312,11 @@ k_decode_lane(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv,
 			sp[warp][g][lane] = p;
 		}
 		__syncwarp();
-		for (int j0 = 0; j0 < n; j0 += DC_UNROLL) {
-			float vf[DC_UNROLL][PL];
+		constexpr int VU = G > 1 ? DC_VUNROLL : DC_UNROLL;
+		for (int j0 = 0; j0 < n; j0 += VU) {
+			float vf[VU][PL];
 #pragma unroll
-			for (int u = 0; u < DC_UNROLL; u++) {
+			for (int u = 0; u < VU; u++) {
 #pragma unroll
 				for (int e = 0; e < PL; e++)
 					vf[u][e] = 0.0f;
@@ -325,7 +331,7 @@ k_decode_lane(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv,
 				}
 			}
 #pragma unroll
-			for (int u = 0; u < DC_UNROLL; u++) {
+			for (int u = 0; u < VU; u++) {
 				if (j0 + u >= n)
 					continue;  /* the same in every lane */
 #pragma unroll
