@@ -1184,6 +1184,14 @@ env_pick(const char *var, const char *words)
 	return -1;
 }
 
+/* An on-by-default switch: 1 when var is "0" (off); unset, empty or "1" is on, and any other
+ * value is said on stderr and ignored (on). */
+static int
+env_off(const char *var)
+{
+	return env_pick(var, "0 1") == 0;
+}
+
 /* An integer switch in [lo, hi]: def when unset or empty, outside the range or not a
  * number (said on stderr). */
 static int
@@ -1498,9 +1506,9 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	int f2b = env_pick("RL_CUDA_FLASH_BWD", "det fused fused3 fused32");  /* RLK_F2_BWD_* order */
 	c->f2_bwd = f2b < 0 ? RLK_F2_BWD_FUSED3 : f2b;
 	/* GPT-2's bias + GELU in the GEMM epilogues: on unless RL_CUDA_GELU_FUSE=0 */
-	c->gelu_fuse = !(getenv("RL_CUDA_GELU_FUSE") != NULL && strcmp(getenv("RL_CUDA_GELU_FUSE"), "0") == 0);
-	c->no_gemv = getenv("RL_CUDA_GEMV") != NULL && strcmp(getenv("RL_CUDA_GEMV"), "0") == 0;
-	c->no_fuse = getenv("RL_CUDA_DECODE_FUSE") != NULL && strcmp(getenv("RL_CUDA_DECODE_FUSE"), "0") == 0;
+	c->gelu_fuse = !env_off("RL_CUDA_GELU_FUSE");
+	c->no_gemv = env_off("RL_CUDA_GEMV");
+	c->no_fuse = env_off("RL_CUDA_DECODE_FUSE");
 	c->decode_kind = env_pick("RL_CUDA_DECODE_ATTN", "lane split v1") + 1;  /* DK_* */
 	c->head_ld = env_pick("RL_CUDA_HEAD_LD", "split 0 1") == 1 ? HL_OFF : HL_SPLIT;
 	/* the faster forms of the elementwise kernels, the norm backward and the bias gradient
@@ -1509,11 +1517,11 @@ rl_ops_cuda_open(rl_ops **out, int device)
 		const char *sw[] = { "RL_CUDA_EW_VEC", "RL_CUDA_NORM_BWD_VEC", "RL_CUDA_COLSUM_VEC" };
 		unsigned bit[] = { RLK_OPT_EW_VEC, RLK_OPT_NORM_BWD_VEC, RLK_OPT_COLSUM_VEC }, ko = RLK_OPT_ALL;
 		for (int i = 0; i < 3; i++)
-			if (getenv(sw[i]) && strcmp(getenv(sw[i]), "0") == 0)
+			if (env_off(sw[i]))
 				ko &= ~bit[i];
 		rlk_set_opts(ko);
 	}
-	c->dec_merge_sep = env_pick("RL_CUDA_DECODE_MERGE", "0 1") == 0;
+	c->dec_merge_sep = env_off("RL_CUDA_DECODE_MERGE");
 	c->dec_splits = env_int("RL_CUDA_DECODE_SPLITS", 32, 1, 256);
 	c->smp_split = env_int("RL_CUDA_SAMPLE_SPLIT", 65535, 0, 65535);
 	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
@@ -1528,7 +1536,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 			cudaGetLastError();
 			major = 0;
 		}
-		rlk_set_pdl(major >= 9 && !(getenv("RL_CUDA_PDL") && strcmp(getenv("RL_CUDA_PDL"), "0") == 0));
+		rlk_set_pdl(major >= 9 && !env_off("RL_CUDA_PDL"));
 	}
 	o->name = "cuda";
 	o->act_dtype = RL_BF16;
@@ -1580,7 +1588,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	o->pg_loss = cu_pg_loss;
 	o->sumsq = cu_sumsq;
 	o->adamw = cu_adamw;
-	if (!(getenv("RL_CUDA_ADAMW_MULTI") && strcmp(getenv("RL_CUDA_ADAMW_MULTI"), "0") == 0))
+	if (!env_off("RL_CUDA_ADAMW_MULTI"))
 		o->adamw_multi = cu_adamw_multi;
 	o->kv_write = cu_kv_write;
 	o->attn_decode = cu_attn_decode;
@@ -1589,9 +1597,9 @@ rl_ops_cuda_open(rl_ops **out, int device)
 		o->matmul_gelu_fwd = cu_matmul_gelu_fwd;
 		o->matmul_dgelu_bwd = cu_matmul_dgelu_bwd;
 	}
-	if (!(getenv("RL_CUDA_ADD_NORM") && strcmp(getenv("RL_CUDA_ADD_NORM"), "0") == 0))
+	if (!env_off("RL_CUDA_ADD_NORM"))
 		o->add_norm_fwd = cu_add_norm_fwd;
-	if (!(getenv("RL_CUDA_GEMM_ADD") && strcmp(getenv("RL_CUDA_GEMM_ADD"), "0") == 0))
+	if (!env_off("RL_CUDA_GEMM_ADD"))
 		o->matmul_add_fwd = cu_matmul_add_fwd;
 	if (c->head_ld != HL_OFF) {
 		o->head_ld_align = HEAD_LD_ALIGN;
@@ -1609,7 +1617,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	o->host_free = cu_host_free;
 	o->upload_async = cu_upload_async;
 	o->download_async = cu_download_async;
-	if (!(getenv("RL_CUDA_GRAPH") && strcmp(getenv("RL_CUDA_GRAPH"), "0") == 0) && !c->prof) {
+	if (!env_off("RL_CUDA_GRAPH") && !c->prof) {
 		o->graph_begin = cu_graph_begin;
 		o->graph_end = cu_graph_end;
 		o->graph_launch = cu_graph_launch;
