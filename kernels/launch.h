@@ -189,6 +189,48 @@ int rlk_fused_qkv(void *stream, void *qkv, const void *x, const void *nw, const 
     const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, float theta, const int32_t *pos,
     void *kc, void *vc, const int32_t *slot);
 
+/* The decode step's blocks in one kernel (kernels/step.cu).  One persistent launch runs every
+ * transformer block of a decode step of B <= RLK_STEP_ROWS sequences (one new token each) and
+ * the final norm and LM head: per layer the five stages of the fused path of lib/model.c
+ * (norm + QKV + RoPE + cache write; attention over the paged cache with its splits merged in
+ * the kernel; o + residual; norm + up + GELU/SwiGLU; down + residual), a grid-wide barrier
+ * between stages, and each stage's first weight chunks loaded before its barrier.  The grid is
+ * what is resident at once (a cooperative launch), so the barrier cannot deadlock.  Values are
+ * those of the separate fused kernels (the same device code per stage) but for the order of
+ * attention's sums (its splits and warps), i.e. equal within bf16 rounding.
+ * rlk_decode_step_ok: the shapes taken (gpt2: LayerNorm, GELU, no RoPE; else RMSNorm, SwiGLU,
+ * RoPE with theta; HD 64 or 128, NH / NKV at most 8, C and H multiples of 8, C <= 8192,
+ * 16-byte aligned pointers, 1 <= nsplit <= RLK_DECODE_MAXSPLIT).
+ * rlk_decode_step_blocks: the grid it launches for s (every block resident at once on the
+ * current device), 0 when the query fails; the caller picks nsplit from it (and sizes ws).
+ * The layer table and the counters are device memory: cnt (B * NKV) and bar (2) zero before
+ * the first launch, and every launch leaves them zero (CUDA graph replays included). */
+#define RLK_STEP_ROWS 1
+typedef struct rlk_step_layer {
+	const void *ln1_w, *ln1_b, *qkv_w, *qkv_b, *o_w, *o_b;     /* biases and ln*_b: NULL for none */
+	const void *ln2_w, *ln2_b, *fc_w, *fc_b, *proj_w, *proj_b;  /* fc: (H, C), (2H, C) with SwiGLU */
+	void *kc, *vc;                                              /* the layer's cache (NBLK, BS, NKV, HD) */
+} rlk_step_layer;
+typedef struct rlk_step {
+	int n_layer, C, NH, NKV, HD, H, V;
+	int gpt2;                      /* 1: LayerNorm, GELU, no RoPE; 0: RMSNorm, SwiGLU, RoPE */
+	float eps, theta;
+	int BS, MAXBLK;                /* cache block size; columns of the block table */
+	const rlk_step_layer *layer;   /* device array (n_layer) */
+	const void *lnf_w, *lnf_b, *lm_w;
+	void *x;                       /* (B, C) act: the embedded tokens in, the last block's out */
+	void *qkv, *att, *h;           /* scratch act: (B, (NH+2NKV) HD), (B, NH HD), (B, H) */
+	void *logits;                  /* (B, V) act */
+	float *ws;                     /* attention partials, rlk_attn_decode_ws_bytes(B, NH, HD, nsplit) */
+	unsigned *cnt, *bar;           /* merge counters (B * NKV), barrier counters (2) */
+	int nsplit;
+} rlk_step;
+int rlk_decode_step_ok(const rlk_step *s, int B);
+int rlk_decode_step_blocks(const rlk_step *s, int B);
+/* pos, slot, ctx (B), bt (B, MAXBLK) as rlk_attn_decode_split and rlk_fused_qkv take them */
+int rlk_decode_step(void *stream, const rlk_step *s, const int32_t *pos, const int32_t *slot, const int32_t *bt,
+    const int32_t *ctx, int B);
+
 #ifdef __cplusplus
 }
 #endif
