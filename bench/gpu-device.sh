@@ -18,7 +18,7 @@ B=$G/build W=$(mktemp -d)
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv
 what=${1:-all}
 if [ "$what" = all ] || [ "$what" = test ]; then
-	for t in test_cuda_ops test_cuda_decode test_cuda_model test_cuda_value_head test_comm_cuda test_wsync_cuda; do
+	for t in test_cuda_ops test_cuda_decode test_cuda_step test_cuda_model test_cuda_value_head test_comm_cuda test_wsync_cuda; do
 		timeout 240 "./$B/tests/$t" > "$W/$t.log" 2>&1
 		echo "$t rc=$?"
 		grep -v '^ok' "$W/$t.log" | tail -12

@@ -206,11 +206,7 @@ int rlk_fused_qkv(void *stream, void *qkv, const void *x, const void *nw, const 
  * The layer table and the counters are device memory: cnt (B * NKV) and bar (2) zero before
  * the first launch, and every launch leaves them zero (CUDA graph replays included). */
 #define RLK_STEP_ROWS 1
-typedef struct rlk_step_layer {
-	const void *ln1_w, *ln1_b, *qkv_w, *qkv_b, *o_w, *o_b;     /* biases and ln*_b: NULL for none */
-	const void *ln2_w, *ln2_b, *fc_w, *fc_b, *proj_w, *proj_b;  /* fc: (H, C), (2H, C) with SwiGLU */
-	void *kc, *vc;                                              /* the layer's cache (NBLK, BS, NKV, HD) */
-} rlk_step_layer;
+typedef rl_step_layer rlk_step_layer;  /* lib/ops.h */
 typedef struct rlk_step {
 	int n_layer, C, NH, NKV, HD, H, V;
 	int gpt2;                      /* 1: LayerNorm, GELU, no RoPE; 0: RMSNorm, SwiGLU, RoPE */

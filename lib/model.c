@@ -120,6 +120,7 @@ struct rl_model_inf {
 	int step_cols;          /* block-table columns the step buffers are laid out for */
 	struct dgraph *graphs;  /* (ngraph) recorded decode steps, one per (B, g, sampling) */
 	int ngraph, capgraph;
+	rl_step_layer *steplay; /* (n_layer) the layer table of ops->decode_step, when it has one */
 };
 
 /* A decode step recorded as a backend graph, with what it was recorded for. */
@@ -319,6 +320,7 @@ free_inf(rl_model *m)
 	free(f->htok);
 	free(f->hbt);
 	free(f->hlogits);
+	free(f->steplay);
 	free(f);
 	m->inf = NULL;
 	m->logits = NULL;
@@ -1670,12 +1672,70 @@ step_buffers(rl_model *m, int cols)
 	}
 	memset(f->hstep, 0, f->step_bytes);
 	f->step_cols = cols;
+	if (o->decode_step && !f->steplay &&
+	    (f->steplay = rl_try_calloc((size_t)m->cfg.n_layer, sizeof *f->steplay, "decode step table")) == NULL)
+		return RL_ENOMEM;
 	return RL_OK;
 }
 
+/* The decode step of B rows as ops->decode_step takes it, into *d: 0 when the backend has
+ * no decode_step or it does not take this model, cache and B (the separate ops run). */
+static int
+step_desc(rl_model *m, const rl_kvcache *kv, rl_step_desc *d, int B)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	const rl_config *c = &m->cfg;
+	const int gpt2 = c->arch == RL_ARCH_GPT2;
+
+	if (!o->decode_step || !o->decode_step_ok || !f->steplay || c->qk_norm || B > RL_FUSE_ROWS)
+		return 0;
+	for (int l = 0; l < c->n_layer; l++) {
+		const rl_layer_idx *y = &m->layer[l];
+		rl_step_layer *t = &f->steplay[l];
+		t->ln1_w = W(m, y->ln1_w);
+		t->ln1_b = W(m, y->ln1_b);
+		t->qkv_w = W(m, y->qkv_w);
+		t->qkv_b = W(m, y->qkv_b);
+		t->o_w = W(m, y->o_w);
+		t->o_b = W(m, y->o_b);
+		t->ln2_w = W(m, y->ln2_w);
+		t->ln2_b = W(m, y->ln2_b);
+		t->fc_w = W(m, y->fc_w);
+		t->fc_b = W(m, y->fc_b);
+		t->proj_w = W(m, y->proj_w);
+		t->proj_b = W(m, y->proj_b);
+		t->kc = kv->kc[l];
+		t->vc = kv->vc[l];
+	}
+	memset(d, 0, sizeof *d);
+	d->n_layer = c->n_layer;
+	d->C = c->hidden_size;
+	d->NH = c->n_head;
+	d->NKV = c->n_kv_head;
+	d->HD = c->head_dim;
+	d->H = c->intermediate_size;
+	d->V = c->vocab_size;
+	d->gpt2 = gpt2;
+	d->eps = c->norm_eps;
+	d->theta = gpt2 ? 0.0f : c->rope_theta;
+	d->BS = kv->BS;
+	d->MAXBLK = f->step_cols;
+	d->layer = f->steplay;
+	d->lnf_w = W(m, m->lnf_w);
+	d->lnf_b = W(m, m->lnf_b);
+	d->lm_w = W(m, m->lm_w);
+	d->x = f->x;
+	d->qkv = f->qkv;
+	d->att = f->att;
+	d->h = f->h;
+	d->logits = f->logits;
+	return o->decode_step_ok(o, d, B);
+}
+
 /* The device work of one decode step, reading every per-step value from f->dstep:
- * embedding, blocks, final norm, lm_head, sampling (rows [0, g) with sp, the rest
- * greedy) into the outputs at f->out_off.  The same ops, in the same order, as
+ * embedding, blocks, final norm, lm_head (ops->decode_step when it takes them: one launch),
+ * sampling (rows [0, g) with sp, the rest greedy) into the outputs at f->out_off.  The same ops, in the same order, as
  * rl_model_decode followed by the engine's two ops->sample calls (less its copy of
  * x to f->last: the head reads x, the same values). */
 static void
@@ -1691,11 +1751,18 @@ decode_enqueue(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params
 	float *olp = (float *)(d + f->out_off + (size_t)4 * B);
 	const uint64_t *seed = (const uint64_t *)(d + l.seed), *ctr = (const uint64_t *)(d + l.ctr);
 
-	o->embed_fwd(o, f->x, (const int32_t *)(d + l.tok), (const int32_t *)(d + l.pos), W(m, m->wte),
-	    W(m, m->wpe), B, C);
-	infer_blocks_in(m, kv, B, 1, B, (const int32_t *)(d + l.pos), (const int32_t *)(d + l.slot),
-	    (const int32_t *)(d + l.bt), (const int32_t *)(d + l.ctx), f->step_cols);
-	head_fwd(m, f->x, B);  /* the B rows of x are the last rows: no copy to f->last */
+	const int32_t *pos = (const int32_t *)(d + l.pos), *slot = (const int32_t *)(d + l.slot);
+	const int32_t *bt = (const int32_t *)(d + l.bt), *ctx = (const int32_t *)(d + l.ctx);
+	rl_step_desc sd;
+
+	o->embed_fwd(o, f->x, (const int32_t *)(d + l.tok), pos, W(m, m->wte), W(m, m->wpe), B, C);
+	if (step_desc(m, kv, &sd, B)) {
+		o->decode_step(o, &sd, pos, slot, bt, ctx, B);
+		m->dstats.onestep++;
+	} else {
+		infer_blocks_in(m, kv, B, 1, B, pos, slot, bt, ctx, f->step_cols);
+		head_fwd(m, f->x, B);  /* the B rows of x are the last rows: no copy to f->last */
+	}
 	if (g > 0)
 		o->sample(o, otok, olp, f->logits, seed, ctr, g, V, sp);
 	if (B > g)

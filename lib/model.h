@@ -52,6 +52,7 @@ typedef struct rl_decode_stats {
 	uint64_t launches;      /* steps replayed from a graph */
 	uint64_t direct;        /* steps run op by op */
 	uint64_t stale;         /* graphs recorded again because the backend's scratch moved */
+	uint64_t onestep;       /* direct steps and recordings that took ops->decode_step (one launch) */
 	double t_host;          /* seconds on the host before waiting for the device */
 	double t_wait;          /* seconds waiting for the device (the step's only sync) */
 } rl_decode_stats;

@@ -61,6 +61,26 @@ enum { RL_NORM_NONE = 0, RL_NORM_RMS, RL_NORM_LN };
 enum { RL_EP_NONE = 0, RL_EP_ADD, RL_EP_GELU, RL_EP_SWIGLU };
 #define RL_FUSE_ROWS 4
 
+/* A decode step's weights and buffers for decode_step (the end of rl_ops).  Per layer the
+ * tensors of lib/model.c's block (NULL biases and ln*_b for none; fc (H, C), or (2H, C)
+ * gate rows then up rows with SwiGLU) and its KV cache (NBLK, BS, NKV, HD). */
+typedef struct rl_step_layer {
+	const void *ln1_w, *ln1_b, *qkv_w, *qkv_b, *o_w, *o_b;
+	const void *ln2_w, *ln2_b, *fc_w, *fc_b, *proj_w, *proj_b;
+	void *kc, *vc;
+} rl_step_layer;
+typedef struct rl_step_desc {
+	int n_layer, C, NH, NKV, HD, H, V;
+	int gpt2;                    /* 1: LayerNorm, GELU, no RoPE; 0: RMSNorm, SwiGLU, RoPE theta */
+	float eps, theta;
+	int BS, MAXBLK;              /* cache block size; columns of the block table */
+	const rl_step_layer *layer;  /* host array (n_layer); the backend copies what it needs */
+	const void *lnf_w, *lnf_b, *lm_w;
+	void *x;                     /* (B, C) act: the embedded tokens in, the last block's out */
+	void *qkv, *att, *h;         /* act scratch: (B, (NH+2NKV) HD), (B, NH HD), (B, H) */
+	void *logits;                /* (B, V) act */
+} rl_step_desc;
+
 /* Parameters of the fused policy-gradient loss (per token). */
 typedef struct rl_pg_params {
 	float clip_low;     /* ratio lower clip: 1 - clip_low (PPO eps, e.g. 0.2) */
@@ -320,6 +340,19 @@ struct rl_ops {
 	 * rounded to act once instead of twice.  out does not alias inp, w or resid. */
 	void (*matmul_add_fwd)(rl_ops *o, void *out, const void *inp, const void *w, const void *bias,
 	    const void *resid, int N, int C, int OC);
+
+	/* Optional decode step in one go (NULL when absent or off): for B sequences of one new
+	 * token each (x holding their embedded tokens), the transformer blocks against the cache
+	 * and the final norm and LM head into d->logits, as lib/model.c's fused decode path
+	 * computes them (matmul_rope_kv_fwd, attn_decode, matmul_fused_fwd with RL_EP_ADD, the
+	 * norm + up + GELU/SwiGLU product, the down product with RL_EP_ADD, per layer; the final
+	 * norm + LM head), equal to it within act rounding (attention's sums may be taken in
+	 * another order).  pos, slot, ctx (B) and bt (B, MAXBLK) as matmul_rope_kv_fwd and
+	 * attn_decode take them.  decode_step_ok: 1 when decode_step takes this shape and B, 0
+	 * when the caller must run the separate ops. */
+	int (*decode_step_ok)(rl_ops *o, const rl_step_desc *d, int B);
+	void (*decode_step)(rl_ops *o, const rl_step_desc *d, const int32_t *pos, const int32_t *slot,
+	    const int32_t *bt, const int32_t *ctx, int B);
 
 	/* ---- teardown ---------------------------------------------------------------------- */
 	void (*close)(rl_ops *o);

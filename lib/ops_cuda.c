@@ -58,6 +58,8 @@ typedef struct algo_ent {
 enum { DK_AUTO, DK_LANE, DK_SPLIT, DK_V1 };  /* decode attention kernels (RL_CUDA_DECODE_ATTN) */
 enum { HL_OFF, HL_SPLIT };        /* strided LM head (RL_CUDA_HEAD_LD) */
 
+#define STEP_TABS 64  /* decode_step's layer tables kept (one per weights and cache binding) */
+
 typedef struct cuda_ctx {
 	cudaStream_t stream;
 	cublasLtHandle_t lt;
@@ -96,6 +98,13 @@ typedef struct cuda_ctx {
 	size_t smp_ws_bytes;
 	void *smp_cnt;         /* its per-row counters: zeroed when allocated, left 0 by every launch */
 	size_t smp_cnt_bytes;
+	int dec_step;          /* RL_CUDA_DECODE_STEP=1: decode_step, the step in one kernel (kernels/step.cu) */
+	struct step_tab { rl_step_layer *h; void *d; int n; } stab[STEP_TABS];  /* its layer tables */
+	int nstab;
+	void *stp_ws;          /* its attention partials */
+	size_t stp_ws_bytes;
+	unsigned *stp_cnt;     /* its barrier counters (2) then merge counters: zeroed when allocated, */
+	size_t stp_cnt_bytes;  /* left 0 by every launch */
 	unsigned epoch;        /* bumped whenever a scratch buffer moves (graphs recorded before are stale) */
 	int capturing;         /* between graph_begin and graph_end */
 	/* adamw_multi: the chunk tables of the last few segment tables (RL_CUDA_ADAMW_MULTI=0: off) */
@@ -1256,6 +1265,147 @@ cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void
 	    BS, MAXBLK));
 }
 
+/* ---- decode_step: the step's blocks in one kernel (kernels/step.cu) ---------------------- */
+
+static int
+a16(const void *p)
+{
+	return ((uintptr_t)p & 15) == 0;
+}
+
+/* d as the launcher takes it; layer: the device table (NULL for rlk_decode_step_ok, which
+ * does not read it) */
+static rlk_step
+step_args(const rl_step_desc *d, const rlk_step_layer *layer)
+{
+	rlk_step s;
+	memset(&s, 0, sizeof s);
+	s.n_layer = d->n_layer;
+	s.C = d->C;
+	s.NH = d->NH;
+	s.NKV = d->NKV;
+	s.HD = d->HD;
+	s.H = d->H;
+	s.V = d->V;
+	s.gpt2 = d->gpt2;
+	s.eps = d->eps;
+	s.theta = d->theta;
+	s.BS = d->BS;
+	s.MAXBLK = d->MAXBLK;
+	s.layer = layer;
+	s.lnf_w = d->lnf_w;
+	s.lnf_b = d->lnf_b;
+	s.lm_w = d->lm_w;
+	s.x = d->x;
+	s.qkv = d->qkv;
+	s.att = d->att;
+	s.h = d->h;
+	s.logits = d->logits;
+	s.nsplit = 1;
+	return s;
+}
+
+/* The index of d's layer table among those uploaded, -1 when it is not there */
+static int
+step_tab_find(const cuda_ctx *c, const rl_step_desc *d)
+{
+	size_t bytes = (size_t)d->n_layer * sizeof *d->layer;
+	for (int i = 0; i < c->nstab; i++)
+		if (c->stab[i].n == d->n_layer && memcmp(c->stab[i].h, d->layer, bytes) == 0)
+			return i;
+	return -1;
+}
+
+/* The device copy of d's layer table: one per distinct table (weights and cache binding),
+ * uploaded on first use outside graph capture and kept until close (a recorded graph holds
+ * its address), at most STEP_TABS of them.  NULL when there is none and none can be made. */
+static const rlk_step_layer *
+step_table(rl_ops *o, const rl_step_desc *d)
+{
+	cuda_ctx *c = CTX(o);
+	size_t bytes = (size_t)d->n_layer * sizeof *d->layer;
+	int i = step_tab_find(c, d);
+	if (i >= 0)
+		return c->stab[i].d;
+	if (c->nstab == STEP_TABS || c->capturing)
+		return NULL;
+	struct step_tab *t = &c->stab[c->nstab];
+	if ((t->h = rl_try_malloc(bytes, "decode step table")) == NULL)
+		return NULL;
+	if (cu_alloc(o, &t->d, bytes) != RL_OK) {
+		free(t->h);
+		return NULL;
+	}
+	memcpy(t->h, d->layer, bytes);
+	t->n = d->n_layer;
+	cu_upload(o, t->d, t->h, bytes);
+	c->nstab++;
+	return t->d;
+}
+
+/* Splits of the context per (sequence, KV head): the grid's blocks over the B NKV units,
+ * at most c->dec_splits and the merge's bound */
+static int
+step_nsplit(const cuda_ctx *c, int blocks, int B, int NKV)
+{
+	int n = blocks / (B * NKV), cap = RL_MIN(c->dec_splits, RLK_DECODE_MAXSPLIT);
+	return n < 1 ? 1 : n > cap ? cap : n;
+}
+
+static int
+cu_decode_step_ok(rl_ops *o, const rl_step_desc *d, int B)
+{
+	cuda_ctx *c = CTX(o);
+	rlk_step s = step_args(d, NULL);
+	if (!c->dec_step || B < 1 || B > RLK_STEP_ROWS || d->n_layer < 1 || !rlk_decode_step_ok(&s, B))
+		return 0;
+	for (int l = 0; l < d->n_layer; l++) {
+		const rl_step_layer *y = &d->layer[l];
+		const void *p[] = { y->ln1_w, y->ln1_b, y->qkv_w, y->qkv_b, y->o_w, y->o_b, y->ln2_w, y->ln2_b,
+			y->fc_w, y->fc_b, y->proj_w, y->proj_b, y->kc, y->vc };
+		for (size_t i = 0; i < RL_ARRAY_LEN(p); i++)
+			if (!a16(p[i]))
+				return 0;
+		if (!y->ln1_w || !y->qkv_w || !y->o_w || !y->ln2_w || !y->fc_w || !y->proj_w || !y->kc || !y->vc)
+			return 0;
+	}
+	if (step_tab_find(c, d) < 0 && (c->nstab == STEP_TABS || c->capturing))
+		return 0;  /* no table, and none can be made now */
+	return rlk_decode_step_blocks(&s, B) > 0;
+}
+
+static void
+cu_decode_step(rl_ops *o, const rl_step_desc *d, const int32_t *pos, const int32_t *slot, const int32_t *bt,
+    const int32_t *ctx, int B)
+{
+	cuda_ctx *c = CTX(o);
+	const rlk_step_layer *tab = step_table(o, d);
+	if (tab == NULL) {
+		fail(o, "decode_step", c->capturing ? "a new layer table during graph capture" : "no layer table");
+		return;
+	}
+	rlk_step s = step_args(d, tab);
+	int blocks = rlk_decode_step_blocks(&s, B);
+	if (blocks < 1) {
+		fail(o, "decode_step", "no resident grid");
+		return;
+	}
+	s.nsplit = step_nsplit(c, blocks, B, d->NKV);
+	/* the scratch for the largest split count of any B <= RLK_STEP_ROWS at once (it grows
+	 * once per model shape, not per batch) */
+	size_t wb = rlk_attn_decode_ws_bytes(RLK_STEP_ROWS, d->NH, d->HD, step_nsplit(c, blocks, 1, d->NKV));
+	size_t cb = (2 + (size_t)RLK_STEP_ROWS * d->NKV) * sizeof(unsigned), had = c->stp_cnt_bytes;
+	if (s.nsplit > 1 && !(s.ws = grow_buf(o, &c->stp_ws, &c->stp_ws_bytes, wb)))
+		return;
+	if (!grow_buf(o, (void **)&c->stp_cnt, &c->stp_cnt_bytes, cb))
+		return;
+	if (c->stp_cnt_bytes != had)
+		ck(o, "decode_step counters", (int)cudaMemsetAsync(c->stp_cnt, 0, c->stp_cnt_bytes, c->stream));
+	s.bar = c->stp_cnt;
+	s.cnt = c->stp_cnt + 2;
+	CKP(o, "decode_step", rlk_decode_step(S(o), &s, pos, slot, bt, ctx, B));
+}
+
 /* Rows split over blocks (k_sample_split) for greedy and plain temperature sampling with
  * at most c->smp_split rows, else one block per row (k_sample: top-k, top-p).  The
  * scratch is taken for at least 256 rows at once and the counters for 1024, so that they
@@ -1442,6 +1592,12 @@ cu_close(rl_ops *o)
 		cudaFree(c->dec_ws);
 		cudaFree(c->dec_cnt);
 		cudaFree(c->smp_ws);
+		cudaFree(c->stp_ws);
+		cudaFree(c->stp_cnt);
+		for (int i = 0; i < c->nstab; i++) {
+			cudaFree(c->stab[i].d);
+			free(c->stab[i].h);
+		}
 		cudaFree(c->smp_cnt);
 		cudaFree(c->fa2_ws);
 		cudaFree(c->attn_ws);
@@ -1523,6 +1679,9 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	}
 	c->dec_merge_sep = env_off("RL_CUDA_DECODE_MERGE");
 	c->dec_splits = env_int("RL_CUDA_DECODE_SPLITS", 32, 1, 256);
+	/* the decode step in one kernel: off unless RL_CUDA_DECODE_STEP=1 (session 7: written
+	 * and emulated on the CPU, never run on a GPU yet) */
+	c->dec_step = env_pick("RL_CUDA_DECODE_STEP", "0 1") == 1;
 	c->smp_split = env_int("RL_CUDA_SAMPLE_SPLIT", 65535, 0, 65535);
 	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
 		cudaGetLastError();
@@ -1612,6 +1771,10 @@ rl_ops_cuda_open(rl_ops **out, int device)
 		o->matmul_fused_fwd = cu_matmul_fused_fwd;
 		o->rope_kv_write = cu_rope_kv_write;
 		o->matmul_rope_kv_fwd = cu_matmul_rope_kv_fwd;
+		if (c->dec_step) {
+			o->decode_step_ok = cu_decode_step_ok;
+			o->decode_step = cu_decode_step;
+		}
 	}
 	o->host_alloc = cu_host_alloc;
 	o->host_free = cu_host_free;
