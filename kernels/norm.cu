@@ -178,7 +178,7 @@ norm_vec(cudaStream_t st, int *err, bf16 *xw, const bf16 *xin, const bf16 *t, bf
  * added in another order (f32 rounding only).  ACC: dx's old value is added to the f32
  * result before its rounding (dx += ...; dx aliases neither x nor dout), loaded just before
  * the store (loaded with x and dout it is live through the row's sums: ptxas spilled 136
- * bytes at NCH 4 for sm_90, against 24 this way and 36 for the plain RMSNorm kernel).
+ * bytes for RMSNorm at NCH 4 on sm_90, against 24 this way and 36 for the plain kernel).
  * Taken when C % 8 == 0, C <= 1024 (the register budget: NCH <= 4) and the act pointers
  * 16-byte aligned (norm_bwd_vec). */
 #ifndef NB_SMEM
