@@ -2,14 +2,16 @@
  * gpu_ew.c — single-op timings of the training step's memory-bound ops on the CUDA
  * backend at the shapes of one step (GPT-2 124M at 16 x 1024 tokens, Qwen2.5-0.5B at
  * 8 x 1024): GELU and SwiGLU forward/backward, RoPE forward/backward, add, cast,
- * LayerNorm and RMSNorm backward, the bias gradient (matmul_bwd with dbias only), and
- * AdamW over GPT-2's tensor table (rl_model_step: sumsq, the update, zeroing the
- * gradients).  Each op twice: with the defaults ("new": the 16-byte kernels, the norm
- * backward with the row in registers, k_colsum8, adamw_multi) and on a backend opened
- * with RL_CUDA_EW_VEC=0 RL_CUDA_NORM_BWD_VEC=0 RL_CUDA_COLSUM_VEC=0
- * RL_CUDA_ADAMW_MULTI=0 ("old").  One JSON line per op and mode: microseconds per call
- * (the mean of `iters` calls after a warm-up, timed around ops->sync) and the GB/s of
- * the bytes the op must move.
+ * LayerNorm and RMSNorm backward (alone, followed by the residual add, and added into
+ * the residual gradient by layernorm_bwd_add / rmsnorm_bwd_add: "new" mode only), the
+ * bias gradient (matmul_bwd with dbias only), and AdamW over GPT-2's tensor table
+ * (rl_model_step: sumsq, the update, zeroing the gradients).  Each op twice: with the
+ * defaults and RL_CUDA_NORM_BWD_ADD=1 ("new": the 16-byte kernels, the norm backward
+ * with the row in registers, k_colsum8, adamw_multi) and on a backend opened with
+ * RL_CUDA_EW_VEC=0 RL_CUDA_NORM_BWD_VEC=0 RL_CUDA_COLSUM_VEC=0 RL_CUDA_ADAMW_MULTI=0
+ * ("old").  One JSON line per op and mode: microseconds per call (the mean of `iters`
+ * calls after a warm-up, timed around ops->sync) and the GB/s of the bytes the op must
+ * move.
  *
  * Usage: gpu_ew [iters]      (default 20)
  */
@@ -96,6 +98,19 @@ ops_bench(void)
 	TIME("layernorm_bwd 16384x768", 3 * G * GC * 2, o->layernorm_bwd(o, c, dw, db, a, b, a, mean, rstd, (int)G,
 	    (int)GC));
 	TIME("rmsnorm_bwd 8192x896", 3 * Q * QC * 2, o->rmsnorm_bwd(o, c, dw, a, b, a, rstd, (int)Q, (int)QC));
+	/* the model's residual sites: the norm backward then add (6 tensors of traffic), or
+	 * the norm backward added into dx (4; RL_CUDA_NORM_BWD_ADD=1, "new" mode here) */
+	void *dres = f;
+	TIME("layernorm_bwd+add 16384x768", 6 * G * GC * 2, { o->layernorm_bwd(o, c, dw, db, a, b, a, mean, rstd, (int)G,
+	    (int)GC); o->add(o, dres, dres, c, G * GC); });
+	TIME("rmsnorm_bwd+add 8192x896", 6 * Q * QC * 2, { o->rmsnorm_bwd(o, c, dw, a, b, a, rstd, (int)Q, (int)QC);
+	    o->add(o, dres, dres, c, Q * QC); });
+	if (o->layernorm_bwd_add && o->rmsnorm_bwd_add) {
+		TIME("layernorm_bwd_add 16384x768", 4 * G * GC * 2, o->layernorm_bwd_add(o, dres, dw, db, a, b, a, mean,
+		    rstd, (int)G, (int)GC));
+		TIME("rmsnorm_bwd_add 8192x896", 4 * Q * QC * 2, o->rmsnorm_bwd_add(o, dres, dw, a, b, a, rstd, (int)Q,
+		    (int)QC));
+	}
 	TIME("bias_grad 16384x768", G * GC * 2, o->matmul_bwd(o, NULL, NULL, db, a, b, c, (int)G, (int)GC, (int)GC));
 	TIME("bias_grad 16384x3072", G * GH * 2, o->matmul_bwd(o, NULL, NULL, db, a, b, c, (int)G, (int)GC, (int)GH));
 	o->free(o, a); o->free(o, b); o->free(o, c); o->free(o, f); o->free(o, dw); o->free(o, db);
@@ -141,6 +156,10 @@ main(int argc, char **argv)
 				unsetenv(sw[i]);
 		}
 		mode = k ? "old" : "new";
+		if (k)
+			unsetenv("RL_CUDA_NORM_BWD_ADD");
+		else
+			setenv("RL_CUDA_NORM_BWD_ADD", "1", 1);
 		int rv = rl_ops_open(&o, "cuda");
 		if (rv != RL_OK) {
 			fprintf(stderr, "gpu_ew: no CUDA backend: %s\n", rl_strerror(rv));

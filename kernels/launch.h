@@ -81,6 +81,12 @@ int rlk_layernorm_fwd(void *stream, void *out, float *mean, float *rstd, const v
     const void *w, const void *b, int N, int C, float eps);
 int rlk_layernorm_bwd(void *stream, void *dx, float *dw, float *db, const void *dout,
     const void *x, const void *w, const float *mean, const float *rstd, int N, int C);
+/* dx (N,C) += what rlk_rmsnorm_bwd / rlk_layernorm_bwd would write, added in f32 before the
+ * one rounding (ops.h rmsnorm_bwd_add, layernorm_bwd_add); dx aliases neither dout nor x. */
+int rlk_rmsnorm_bwd_add(void *stream, void *dx, float *dw, const void *dout, const void *x,
+    const void *w, const float *rstd, int N, int C);
+int rlk_layernorm_bwd_add(void *stream, void *dx, float *dw, float *db, const void *dout,
+    const void *x, const void *w, const float *mean, const float *rstd, int N, int C);
 /* x (N,C) = x + t (as rlk_add), then out = layernorm (ln 1) or rmsnorm (ln 0) of the new x. */
 int rlk_add_norm_fwd(void *stream, void *x, void *out, float *mean, float *rstd, const void *t,
     const void *w, const void *b, int N, int C, float eps, int ln);

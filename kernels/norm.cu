@@ -10,9 +10,12 @@
  * the row, then the norm reads them back (its own stores: no barrier needed).
  *
  * The backward norms keep the row in registers (k_norm_bwd_vec) where C allows; the
- * element-strided kernels are the fallback (and RL_CUDA_NORM_BWD_VEC=0).
+ * element-strided kernels are the fallback (and RL_CUDA_NORM_BWD_VEC=0).  Each has an
+ * accumulating form (ACC = 1: layernorm_bwd_add / rmsnorm_bwd_add of lib/ops.h), which adds
+ * the old dx to the f32 value before its one rounding, so the model's residual gradient
+ * takes the norm's gradient without a separate add pass.
  *
- * Leaves out: fusion in the backward.
+ * Leaves out: other fusion in the backward.
  */
 #include "kernels/common.cuh"
 #include "kernels/launch.h"
@@ -172,12 +175,16 @@ norm_vec(cudaStream_t st, int *err, bf16 *xw, const bf16 *xin, const bf16 *t, bf
  * gradient of its columns over the warp's rows in registers (f32), the block's warps add
  * theirs in shared memory, and the block adds the sum to dw (db) once (atomicAdd: +=).
  * The same arithmetic per element as k_layernorm_bwd / k_rmsnorm_bwd below; the sums are
- * added in another order (f32 rounding only).  Taken when C % 8 == 0, C <= 1024 (the
- * register budget: NCH <= 4) and the act pointers 16-byte aligned (norm_bwd_vec). */
+ * added in another order (f32 rounding only).  ACC: dx's old value is added to the f32
+ * result before its rounding (dx += ...; dx aliases neither x nor dout), loaded just before
+ * the store (loaded with x and dout it is live through the row's sums: ptxas spilled 136
+ * bytes for RMSNorm at NCH 4 on sm_90, against 24 this way and 36 for the plain kernel).
+ * Taken when C % 8 == 0, C <= 1024 (the register budget: NCH <= 4) and the act pointers
+ * 16-byte aligned (norm_bwd_vec). */
 #ifndef NB_SMEM
 #define NB_SMEM(name, bytes) extern __shared__ float name[]
 #endif
-template <int NCH, int LN>
+template <int NCH, int LN, int ACC>
 __global__ void __launch_bounds__(NORM_WARPS * 32, LN && NCH > 3 ? 1 : 2)  /* 2 blocks: 128 registers */
 k_norm_bwd_vec(bf16 *dx, float *dw, float *db, const bf16 *dout, const bf16 *x, const bf16 *w, const float *mean,
     const float *rstd, int N, int C)
@@ -242,16 +249,21 @@ k_norm_bwd_vec(bf16 *dx, float *dw, float *db, const bf16 *dout, const bf16 *x, 
 			if (c >= C)
 				continue;
 			const bf16 *xa = (const bf16 *)&xv[k], *ga = (const bf16 *)&gv[k], *wa = (const bf16 *)&wr[k];
-			uint4 o;
+			uint4 pv = make_uint4(0, 0, 0, 0), o;
+			if (ACC)
+				pv = *(const uint4 *)(dx + (size_t)r * C + c);
+			const bf16 *pa = (const bf16 *)&pv;
 			bf16 *ov = (bf16 *)&o;
 #pragma unroll
 			for (int e = 0; e < 8; e++) {
+				float v;
 				if (LN) {
 					float xh = (bf(xa[e]) - mu) * rs, wg = bf(ga[e]) * bf(wa[e]);
-					ov[e] = tobf(rs * (wg - s1 - xh * s2));
+					v = rs * (wg - s1 - xh * s2);
 				} else {
-					ov[e] = tobf(rs * bf(wa[e]) * bf(ga[e]) - kk * bf(xa[e]));
+					v = rs * bf(wa[e]) * bf(ga[e]) - kk * bf(xa[e]);
 				}
+				ov[e] = tobf(ACC ? v + bf(pa[e]) : v);
 			}
 			*(uint4 *)(dx + (size_t)r * C + c) = o;
 		}
@@ -279,7 +291,7 @@ k_norm_bwd_vec(bf16 *dx, float *dw, float *db, const bf16 *dout, const bf16 *x, 
 
 /* blocks for k_norm_bwd_vec: as many as fit on the device at once (each block's partial
  * sums cost C atomics), at most one per NORM_WARPS rows */
-template <int NCH, int LN>
+template <int NCH, int LN, int ACC>
 static unsigned
 norm_bwd_grid(long N, size_t smem)
 {
@@ -287,7 +299,7 @@ norm_bwd_grid(long N, size_t smem)
 	if (!occ) {
 		int dev = 0;
 		if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) !=
-		    cudaSuccess || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_norm_bwd_vec<NCH, LN>,
+		    cudaSuccess || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_norm_bwd_vec<NCH, LN, ACC>,
 		    NORM_WARPS * 32, smem) != cudaSuccess || occ < 1) {
 			cudaGetLastError();
 			nsm = 132;
@@ -302,7 +314,7 @@ norm_bwd_grid(long N, size_t smem)
  * failed to launch: *err set), 0 to take the element-strided kernel */
 static int
 norm_bwd_vec(cudaStream_t st, int *err, bf16 *dx, float *dw, float *db, const bf16 *dout, const bf16 *x,
-    const bf16 *w, const float *mean, const float *rstd, int N, int C, int ln)
+    const bf16 *w, const float *mean, const float *rstd, int N, int C, int ln, int acc)
 {
 	if (!(rlk_get_opts() & RLK_OPT_NORM_BWD_VEC) || C <= 0 || C % 8 || C > 1024 || !a16(dx) || !a16(dout) ||
 	    !a16(x) || !a16(w))
@@ -310,19 +322,19 @@ norm_bwd_vec(cudaStream_t st, int *err, bf16 *dx, float *dw, float *db, const bf
 	int n = (C + 255) / 256;
 	size_t sm = (size_t)2 * C * sizeof(float);
 	dim3 bl(NORM_WARPS * 32);
-#define NB(K, L) k_norm_bwd_vec<K, L><<<norm_bwd_grid<K, L>(N, sm), bl, sm, st>>>(dx, dw, db, dout, x, w, mean, \
-	rstd, N, C)
-	if (ln) {
-		if (n <= 1) NB(1, 1);
-		else if (n <= 2) NB(2, 1);
-		else if (n <= 3) NB(3, 1);
-		else NB(4, 1);
-	} else {
-		if (n <= 1) NB(1, 0);
-		else if (n <= 2) NB(2, 0);
-		else if (n <= 3) NB(3, 0);
-		else NB(4, 0);
-	}
+#define NB(K, L, A) k_norm_bwd_vec<K, L, A><<<norm_bwd_grid<K, L, A>(N, sm), bl, sm, st>>>(dx, dw, db, dout, x, \
+	w, mean, rstd, N, C)
+#define NBN(L, A) do { if (n <= 1) NB(1, L, A); else if (n <= 2) NB(2, L, A); else if (n <= 3) NB(3, L, A); \
+	else NB(4, L, A); } while (0)
+	if (ln && acc)
+		NBN(1, 1);
+	else if (ln)
+		NBN(1, 0);
+	else if (acc)
+		NBN(0, 1);
+	else
+		NBN(0, 0);
+#undef NBN
 #undef NB
 	*err = (int)cudaGetLastError();
 	return 1;
@@ -350,10 +362,11 @@ __global__ void k_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 
 		rstd[r] = rs;
 }
 
-__global__ void k_rmsnorm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w,
-    const float *rstd, int N, int C)
+/* ACC: dx += (the f32 value before its rounding), as k_norm_bwd_vec */
+template <int ACC> __global__ void k_rmsnorm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x,
+    const bf16 *w, const float *rstd, int N, int C)
 {
-	extern __shared__ float shdw[];
+	NB_SMEM(shdw, (size_t)C * sizeof(float));
 	int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
 	for (int c = threadIdx.x; c < C; c += blockDim.x)
 		shdw[c] = 0.0f;
@@ -368,8 +381,10 @@ __global__ void k_rmsnorm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 
 		}
 		dot = warp_sum(dot);
 		float k = dot * rs * rs * rs / C;
-		for (int c = lane; c < C; c += 32)
-			dx[(size_t)r * C + c] = tobf(rs * bf(w[c]) * bf(gr[c]) - k * bf(xr[c]));
+		for (int c = lane; c < C; c += 32) {
+			float v = rs * bf(w[c]) * bf(gr[c]) - k * bf(xr[c]);
+			dx[(size_t)r * C + c] = tobf(ACC ? v + bf(dx[(size_t)r * C + c]) : v);
+		}
 	}
 	__syncthreads();
 	for (int c = threadIdx.x; c < C; c += blockDim.x)
@@ -398,23 +413,38 @@ set_smem(const void *fn, size_t bytes)
 	return (int)cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
-extern "C" int
-rlk_rmsnorm_bwd(void *s, void *dx, float *dw, const void *dout, const void *x, const void *w,
-    const float *rstd, int N, int C)
+template <int ACC>
+static int
+rmsnorm_bwd(void *s, void *dx, float *dw, const void *dout, const void *x, const void *w, const float *rstd,
+    int N, int C)
 {
 	if (N <= 0)
 		return 0;
 	int e = 0;
 	if (norm_bwd_vec(RLK_STREAM(s), &e, (bf16 *)dx, dw, NULL, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w,
-	    NULL, rstd, N, C, 0))
+	    NULL, rstd, N, C, 0, ACC))
 		return e;
 	size_t sm = (size_t)C * sizeof(float);
-	e = set_smem((const void *)k_rmsnorm_bwd, sm);
+	e = set_smem((const void *)k_rmsnorm_bwd<ACC>, sm);
 	if (e)
 		return e;
-	k_rmsnorm_bwd<<<norm_grid_bwd(N), NORM_WARPS * 32, sm, RLK_STREAM(s)>>>((bf16 *)dx, dw,
+	k_rmsnorm_bwd<ACC><<<norm_grid_bwd(N), NORM_WARPS * 32, sm, RLK_STREAM(s)>>>((bf16 *)dx, dw,
 	    (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, rstd, N, C);
 	RLK_RET();
+}
+
+extern "C" int
+rlk_rmsnorm_bwd(void *s, void *dx, float *dw, const void *dout, const void *x, const void *w,
+    const float *rstd, int N, int C)
+{
+	return rmsnorm_bwd<0>(s, dx, dw, dout, x, w, rstd, N, C);
+}
+
+extern "C" int
+rlk_rmsnorm_bwd_add(void *s, void *dx, float *dw, const void *dout, const void *x, const void *w,
+    const float *rstd, int N, int C)
+{
+	return rmsnorm_bwd<1>(s, dx, dw, dout, x, w, rstd, N, C);
 }
 
 /* ---- LayerNorm ------------------------------------------------------------------------ */
@@ -450,10 +480,11 @@ __global__ void k_layernorm_fwd(bf16 *out, float *mean, float *rstd, const bf16 
 	}
 }
 
-__global__ void k_layernorm_bwd(bf16 *dx, float *dw, float *db, const bf16 *dout, const bf16 *x,
-    const bf16 *w, const float *mean, const float *rstd, int N, int C)
+/* ACC: dx += (the f32 value before its rounding), as k_norm_bwd_vec */
+template <int ACC> __global__ void k_layernorm_bwd(bf16 *dx, float *dw, float *db, const bf16 *dout,
+    const bf16 *x, const bf16 *w, const float *mean, const float *rstd, int N, int C)
 {
-	extern __shared__ float sh[];
+	NB_SMEM(sh, (size_t)2 * C * sizeof(float));
 	float *shw = sh, *shb = sh + C;
 	int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
 	for (int c = threadIdx.x; c < 2 * C; c += blockDim.x)
@@ -472,8 +503,8 @@ __global__ void k_layernorm_bwd(bf16 *dx, float *dw, float *db, const bf16 *dout
 		s1 = warp_sum(s1) / C;
 		s2 = warp_sum(s2) / C;
 		for (int c = lane; c < C; c += 32) {
-			float xh = (bf(xr[c]) - mu) * rs, wg = bf(gr[c]) * bf(w[c]);
-			dx[(size_t)r * C + c] = tobf(rs * (wg - s1 - xh * s2));
+			float xh = (bf(xr[c]) - mu) * rs, wg = bf(gr[c]) * bf(w[c]), v = rs * (wg - s1 - xh * s2);
+			dx[(size_t)r * C + c] = tobf(ACC ? v + bf(dx[(size_t)r * C + c]) : v);
 		}
 	}
 	__syncthreads();
@@ -499,23 +530,38 @@ rlk_layernorm_fwd(void *s, void *out, float *mean, float *rstd, const void *x, c
 	RLK_RET();
 }
 
-extern "C" int
-rlk_layernorm_bwd(void *s, void *dx, float *dw, float *db, const void *dout, const void *x,
-    const void *w, const float *mean, const float *rstd, int N, int C)
+template <int ACC>
+static int
+layernorm_bwd(void *s, void *dx, float *dw, float *db, const void *dout, const void *x, const void *w,
+    const float *mean, const float *rstd, int N, int C)
 {
 	if (N <= 0)
 		return 0;
 	int e = 0;
 	if (norm_bwd_vec(RLK_STREAM(s), &e, (bf16 *)dx, dw, db, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w,
-	    mean, rstd, N, C, 1))
+	    mean, rstd, N, C, 1, ACC))
 		return e;
 	size_t sm = (size_t)2 * C * sizeof(float);
-	e = set_smem((const void *)k_layernorm_bwd, sm);
+	e = set_smem((const void *)k_layernorm_bwd<ACC>, sm);
 	if (e)
 		return e;
-	k_layernorm_bwd<<<norm_grid_bwd(N), NORM_WARPS * 32, sm, RLK_STREAM(s)>>>((bf16 *)dx, dw, db,
+	k_layernorm_bwd<ACC><<<norm_grid_bwd(N), NORM_WARPS * 32, sm, RLK_STREAM(s)>>>((bf16 *)dx, dw, db,
 	    (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w, mean, rstd, N, C);
 	RLK_RET();
+}
+
+extern "C" int
+rlk_layernorm_bwd(void *s, void *dx, float *dw, float *db, const void *dout, const void *x,
+    const void *w, const float *mean, const float *rstd, int N, int C)
+{
+	return layernorm_bwd<0>(s, dx, dw, db, dout, x, w, mean, rstd, N, C);
+}
+
+extern "C" int
+rlk_layernorm_bwd_add(void *s, void *dx, float *dw, float *db, const void *dout, const void *x,
+    const void *w, const float *mean, const float *rstd, int N, int C)
+{
+	return layernorm_bwd<1>(s, dx, dw, db, dout, x, w, mean, rstd, N, C);
 }
 
 /* ---- q/k-norm: RMSNorm over HD of each q and k head; v copied -------------------------- */

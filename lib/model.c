@@ -888,6 +888,26 @@ norm_bwd(rl_model *m, void *dx, const void *dout, const void *x, const float *me
 		o->rmsnorm_bwd(o, dx, G(m, wi), dout, x, W(m, wi), rstd, N, m->cfg.hidden_size);
 }
 
+/* dres += the norm's input gradient: one op where the backend has it (layernorm_bwd_add,
+ * rmsnorm_bwd_add), else norm_bwd into tmp (N, C) then add. */
+static void
+norm_bwd_add(rl_model *m, void *dres, void *tmp, const void *dout, const void *x, const float *mean,
+    const float *rstd, int wi, int bi, int N)
+{
+	rl_ops *o = m->ops;
+	const int C = m->cfg.hidden_size;
+	if (m->cfg.arch == RL_ARCH_GPT2 && o->layernorm_bwd_add) {
+		o->layernorm_bwd_add(o, dres, G(m, wi), G(m, bi), dout, x, W(m, wi), mean, rstd, N, C);
+		return;
+	}
+	if (m->cfg.arch != RL_ARCH_GPT2 && o->rmsnorm_bwd_add) {
+		o->rmsnorm_bwd_add(o, dres, G(m, wi), dout, x, W(m, wi), rstd, N, C);
+		return;
+	}
+	norm_bwd(m, tmp, dout, x, mean, rstd, wi, bi, N);
+	o->add(o, dres, dres, tmp, (size_t)N * C);
+}
+
 /* The MLP's activation: SwiGLU over gate|up, or GPT-2's GELU. */
 static void
 mlp_act_fwd(rl_model *m, void *h, const void *fc, int N)
@@ -1150,9 +1170,8 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 				o->swiglu_bwd(o, a->dfc, a->dh, fc, N, H);
 		}
 		o->matmul_bwd(o, a->dx, G(m, y->fc_w), G(m, y->fc_b), a->dfc, ln2, W(m, y->fc_w), N, C, FC);
-		norm_bwd(m, a->dx2, a->dx, mid, a->ln2_mean + k * sN, a->ln2_rstd + k * sN, y->ln2_w,
+		norm_bwd_add(m, a->dres, a->dx2, a->dx, mid, a->ln2_mean + k * sN, a->ln2_rstd + k * sN, y->ln2_w,
 		    y->ln2_b, N);
-		o->add(o, a->dres, a->dres, a->dx2, NC);
 		/* mid = res + o(attn(rope(qknorm(qkv(norm1(res)))))) */
 		o->matmul_bwd(o, a->datt, G(m, y->o_w), G(m, y->o_b), a->dres, att, W(m, y->o_w), N, AD, C);
 		o->attn_bwd(o, a->dqkv, a->datt, att, lse, qkv, dseg, B, T, NH, NKV, HD);
@@ -1166,9 +1185,8 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 			dq = a->dqkv2;
 		}
 		o->matmul_bwd(o, a->dx, G(m, y->qkv_w), G(m, y->qkv_b), dq, ln1, W(m, y->qkv_w), N, C, QKV);
-		norm_bwd(m, a->dx2, a->dx, res, a->ln1_mean + k * sN, a->ln1_rstd + k * sN, y->ln1_w,
+		norm_bwd_add(m, a->dres, a->dx2, a->dx, res, a->ln1_mean + k * sN, a->ln1_rstd + k * sN, y->ln1_w,
 		    y->ln1_b, N);
-		o->add(o, a->dres, a->dres, a->dx2, NC);
 		if ((rv = grads_final(m, y->ln1_w)) != 0)
 			return rv;
 	}

@@ -287,6 +287,15 @@ struct rl_ops {
 	 * (ln == 0; mean and b unused). */
 	void (*add_norm_fwd)(rl_ops *o, void *x, void *out, float *mean, float *rstd, const void *t,
 	    const void *w, const void *b, int N, int C, float eps, int ln);
+	/* Optional norm backwards into a residual gradient (each NULL when absent): the
+	 * arguments of layernorm_bwd / rmsnorm_bwd, but dx (N,C) act is ADDED to, dx = dx + (the
+	 * dx the plain op writes), as the plain op into a scratch tensor then add, except that
+	 * the sum may be rounded to act once instead of twice.  dw (and db) accumulate as there.
+	 * dx does not alias dout or x. */
+	void (*layernorm_bwd_add)(rl_ops *o, void *dx, float *dw, float *db, const void *dout,
+	    const void *x, const void *w, const float *mean, const float *rstd, int N, int C);
+	void (*rmsnorm_bwd_add)(rl_ops *o, void *dx, float *dw, const void *dout, const void *x,
+	    const void *w, const float *rstd, int N, int C);
 
 	/* Optional LM head with a padded row stride (all NULL and head_ld_align 0 when absent or
 	 * off): the logits (N, ld) act hold row n's V values at [n*ld, n*ld + V); columns V..ld

@@ -273,27 +273,50 @@ reduce_parts(float *dst, const float *part, int nchunk, size_t len)
 	}
 }
 
-void
-rl_cpu_rmsnorm_bwd(rl_ops *o, void *dx_, float *dw, const void *dout_, const void *x_,
-    const void *w_, const float *rstd, int N, int C)
+/* rmsnorm_bwd, and with acc rmsnorm_bwd_add: each row's dx computed into a row of scratch
+ * (tmp), then added, so the sum is the two-step one (the plain op, then add) bit for bit
+ * whatever the compiler contracts */
+static void
+rmsnorm_bwd(rl_ops *o, float *dx, float *dw, const float *dout, const float *x, const float *w,
+    const float *rstd, int N, int C, int acc)
 {
-	float *dx = dx_;
-	const float *dout = dout_, *x = x_, *w = w_;
 	int nchunk = (N + RCHUNK - 1) / RCHUNK;
 	float *part = dw ? scratch(o, (size_t)nchunk * C * sizeof(float), "rmsnorm_bwd scratch") : NULL;
-	if (dw != NULL && part == NULL)
-		return;
+	float *tmp = acc ? scratch(o, (size_t)nchunk * C * sizeof(float), "rmsnorm_bwd_add scratch") : NULL;
+	if ((dw != NULL && part == NULL) || (acc && tmp == NULL))
+		goto out;
 #pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
 	for (int k = 0; k < nchunk; k++) {
-		float *pw = part ? part + (size_t)k * C : NULL;
+		float *pw = part ? part + (size_t)k * C : NULL, *t = tmp ? tmp + (size_t)k * C : NULL;
 		if (pw)
 			memset(pw, 0, (size_t)C * sizeof(float));
-		for (int n = k * RCHUNK; n < RL_MIN(N, (k + 1) * RCHUNK); n++)
-			drmsnorm_row(dx + (size_t)n * C, pw, dout + (size_t)n * C, x + (size_t)n * C, w, rstd[n], C);
+		for (int n = k * RCHUNK; n < RL_MIN(N, (k + 1) * RCHUNK); n++) {
+			float *d = dx + (size_t)n * C;
+			drmsnorm_row(t ? t : d, pw, dout + (size_t)n * C, x + (size_t)n * C, w, rstd[n], C);
+			if (t)
+				for (int c = 0; c < C; c++)
+					d[c] += t[c];
+		}
 	}
 	if (dw)
 		reduce_parts(dw, part, nchunk, (size_t)C);
+out:
 	free(part);
+	free(tmp);
+}
+
+void
+rl_cpu_rmsnorm_bwd(rl_ops *o, void *dx, float *dw, const void *dout, const void *x,
+    const void *w, const float *rstd, int N, int C)
+{
+	rmsnorm_bwd(o, dx, dw, dout, x, w, rstd, N, C, 0);
+}
+
+void
+rl_cpu_rmsnorm_bwd_add(rl_ops *o, void *dx, float *dw, const void *dout, const void *x,
+    const void *w, const float *rstd, int N, int C)
+{
+	rmsnorm_bwd(o, dx, dw, dout, x, w, rstd, N, C, 1);
 }
 
 void
@@ -320,24 +343,24 @@ rl_cpu_layernorm_fwd(rl_ops *o, void *out_, float *mean, float *rstd, const void
 	}
 }
 
-void
-rl_cpu_layernorm_bwd(rl_ops *o, void *dx_, float *dw, float *db, const void *dout_,
-    const void *x_, const void *w_, const float *mean, const float *rstd, int N, int C)
+/* layernorm_bwd, and with acc layernorm_bwd_add (through a row of scratch, as rmsnorm_bwd) */
+static void
+layernorm_bwd(rl_ops *o, float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
+    const float *mean, const float *rstd, int N, int C, int acc)
 {
-	float *dx = dx_;
-	const float *dout = dout_, *x = x_, *w = w_;
 	int nchunk = (N + RCHUNK - 1) / RCHUNK;
-	/* part: per chunk, dw partial sums then db partial sums */
-	float *part = scratch(o, (size_t)nchunk * 2 * C * sizeof(float), "layernorm_bwd scratch");
+	/* part: per chunk, dw partial sums then db partial sums (then a row of dx with acc) */
+	size_t per = (size_t)(acc ? 3 : 2) * C;
+	float *part = scratch(o, (size_t)nchunk * per * sizeof(float), "layernorm_bwd scratch");
 	if (part == NULL)
 		return;
 #pragma omp parallel for schedule(static) if ((size_t)N * C > RL_PAR_MIN)
 	for (int k = 0; k < nchunk; k++) {
-		float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
+		float *pw = part + (size_t)k * per, *pb = pw + C, *t = acc ? pb + C : NULL;
 		memset(pw, 0, 2 * (size_t)C * sizeof(float));
 		for (int n = k * RCHUNK; n < RL_MIN(N, (k + 1) * RCHUNK); n++) {
 			const float *xr = x + (size_t)n * C, *g = dout + (size_t)n * C;
-			float *d = dx + (size_t)n * C;
+			float *d = dx + (size_t)n * C, *dd = t ? t : d;
 			float m = mean[n], r = rstd[n];
 			double sg = 0, sgx = 0;
 			for (int c = 0; c < C; c++) {
@@ -350,8 +373,11 @@ rl_cpu_layernorm_bwd(rl_ops *o, void *dx_, float *dw, float *db, const void *dou
 				float xh = (xr[c] - m) * r;
 				pw[c] += g[c] * xh;
 				pb[c] += g[c];
-				d[c] = r * (g[c] * w[c] - mg - xh * mgx);
+				dd[c] = r * (g[c] * w[c] - mg - xh * mgx);
 			}
+			if (t)
+				for (int c = 0; c < C; c++)
+					d[c] += t[c];
 		}
 	}
 	/* gather the two halves: dw from the even blocks, db from the odd ones */
@@ -363,11 +389,25 @@ rl_cpu_layernorm_bwd(rl_ops *o, void *dx_, float *dw, float *db, const void *dou
 		for (int c = 0; c < C; c++) {
 			float s = 0;
 			for (int k = 0; k < nchunk; k++)
-				s += part[(size_t)k * 2 * C + (size_t)half * C + c];
+				s += part[(size_t)k * per + (size_t)half * C + c];
 			dst[c] += s;
 		}
 	}
 	free(part);
+}
+
+void
+rl_cpu_layernorm_bwd(rl_ops *o, void *dx, float *dw, float *db, const void *dout,
+    const void *x, const void *w, const float *mean, const float *rstd, int N, int C)
+{
+	layernorm_bwd(o, dx, dw, db, dout, x, w, mean, rstd, N, C, 0);
+}
+
+void
+rl_cpu_layernorm_bwd_add(rl_ops *o, void *dx, float *dw, float *db, const void *dout,
+    const void *x, const void *w, const float *mean, const float *rstd, int N, int C)
+{
+	layernorm_bwd(o, dx, dw, db, dout, x, w, mean, rstd, N, C, 1);
 }
 
 void
@@ -1635,6 +1675,8 @@ rl_ops_cpu_open(rl_ops **out)
 	o->rmsnorm_bwd = rl_cpu_rmsnorm_bwd;
 	o->layernorm_fwd = rl_cpu_layernorm_fwd;
 	o->layernorm_bwd = rl_cpu_layernorm_bwd;
+	o->layernorm_bwd_add = rl_cpu_layernorm_bwd_add;
+	o->rmsnorm_bwd_add = rl_cpu_rmsnorm_bwd_add;
 	o->qknorm_fwd = rl_cpu_qknorm_fwd;
 	o->qknorm_bwd = rl_cpu_qknorm_bwd;
 	o->matmul_fwd = rl_cpu_matmul_fwd;

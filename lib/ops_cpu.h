@@ -78,6 +78,10 @@ void rl_cpu_layernorm_fwd(rl_ops *o, void *out, float *mean, float *rstd, const 
     const void *w, const void *b, int N, int C, float eps);
 void rl_cpu_layernorm_bwd(rl_ops *o, void *dx, float *dw, float *db, const void *dout,
     const void *x, const void *w, const float *mean, const float *rstd, int N, int C);
+void rl_cpu_rmsnorm_bwd_add(rl_ops *o, void *dx, float *dw, const void *dout, const void *x,
+    const void *w, const float *rstd, int N, int C);
+void rl_cpu_layernorm_bwd_add(rl_ops *o, void *dx, float *dw, float *db, const void *dout,
+    const void *x, const void *w, const float *mean, const float *rstd, int N, int C);
 void rl_cpu_qknorm_fwd(rl_ops *o, void *qkv_out, float *rstd, const void *qkv_in,
     const void *wq, const void *wk, int N, int NH, int NKV, int HD, float eps);
 void rl_cpu_qknorm_bwd(rl_ops *o, void *dqkv_in, float *dwq, float *dwk, const void *dqkv_out,

@@ -834,6 +834,20 @@ cu_layernorm_bwd(rl_ops *o, void *dx, float *dw, float *db, const void *dout, co
 }
 
 static void
+cu_layernorm_bwd_add(rl_ops *o, void *dx, float *dw, float *db, const void *dout, const void *x,
+    const void *w, const float *mean, const float *rstd, int N, int C)
+{
+	CKP(o, "layernorm_bwd_add", rlk_layernorm_bwd_add(S(o), dx, dw, db, dout, x, w, mean, rstd, N, C));
+}
+
+static void
+cu_rmsnorm_bwd_add(rl_ops *o, void *dx, float *dw, const void *dout, const void *x, const void *w,
+    const float *rstd, int N, int C)
+{
+	CKP(o, "rmsnorm_bwd_add", rlk_rmsnorm_bwd_add(S(o), dx, dw, dout, x, w, rstd, N, C));
+}
+
+static void
 cu_add_norm_fwd(rl_ops *o, void *x, void *out, float *mean, float *rstd, const void *t, const void *w,
     const void *b, int N, int C, float eps, int ln)
 {
@@ -1758,6 +1772,12 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	}
 	if (!env_off("RL_CUDA_ADD_NORM"))
 		o->add_norm_fwd = cu_add_norm_fwd;
+	/* the norm backwards added into the residual gradient: never run on a GPU yet (session
+	 * 7), so off unless RL_CUDA_NORM_BWD_ADD=1 (docs/cuda.md) */
+	if (env_pick("RL_CUDA_NORM_BWD_ADD", "0 1") == 1) {
+		o->layernorm_bwd_add = cu_layernorm_bwd_add;
+		o->rmsnorm_bwd_add = cu_rmsnorm_bwd_add;
+	}
 	if (!env_off("RL_CUDA_GEMM_ADD"))
 		o->matmul_add_fwd = cu_matmul_add_fwd;
 	if (c->head_ld != HL_OFF) {

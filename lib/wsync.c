@@ -3465,7 +3465,11 @@ fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const r
 	}
 	if (rv != 0) {
 		if (m) {
-			rl_error("fetch: server says: %s", rep_text(&h, buf, sizeof buf));
+			/* ENOENT: the version was replaced by a newer one (rl_wsync_fetch_newest) */
+			if (rv == RL_ENOENT)
+				rl_verbose("fetch: server says: %s", rep_text(&h, buf, sizeof buf));
+			else
+				rl_error("fetch: server says: %s", rep_text(&h, buf, sizeof buf));
 			nng_msg_free(m);
 			return rv;
 		}
@@ -3937,3 +3941,18 @@ rl_wsync_publish_dir(rl_wsync *s, const char *ckpt_dir, uint64_t version, int de
 
 int rl_wsync_poll_version(rl_wsync *s, uint64_t have, int ms, uint64_t *l) { return s->t.poll(s->self, have, ms, l); }
 int rl_wsync_fetch_version(rl_wsync *s, rl_wver **o, uint64_t ver, const rl_wver *b) { return s->t.fetch(s->self, o, ver, b); }
+
+int
+rl_wsync_fetch_newest(rl_wsync *s, rl_wver **out, uint64_t version, const rl_wver *base)
+{
+	int rv = rl_wsync_fetch_version(s, out, version, base);
+	for (int i = 0; rv == RL_ENOENT && version != 0 && i < 4; i++) {
+		rl_verbose("version %llu was replaced while fetching it; fetching the latest",
+		    (unsigned long long)version);
+		rv = rl_wsync_fetch_version(s, out, 0, base);
+	}
+	if (rv == RL_ENOENT)
+		rl_error("weights: version %llu is no longer held and no newer one could be fetched",
+		    (unsigned long long)version);
+	return rv;
+}

@@ -277,5 +277,9 @@ int rl_wsync_publish_dir(rl_wsync *s, const char *ckpt_dir, uint64_t version, in
 /* Rollout workers. */
 int rl_wsync_poll_version(rl_wsync *s, uint64_t have, int timeout_ms, uint64_t *latest);
 int rl_wsync_fetch_version(rl_wsync *s, rl_wver **out, uint64_t version, const rl_wver *base);
+/* rl_wsync_fetch_version of `version`, or, when the server no longer holds it (RL_ENOENT:
+ * a newer one was published between the poll and the fetch, and the server keeps only the
+ * latest), of the latest it holds then (a few tries); (*out)->version says which. */
+int rl_wsync_fetch_newest(rl_wsync *s, rl_wver **out, uint64_t version, const rl_wver *base);
 
 #endif

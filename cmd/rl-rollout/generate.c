@@ -370,9 +370,11 @@ poll_weights_(gen *g, int force)
 		g->last_poll = rl_now();
 		if (rl_wsync_poll_version(g->ws, g->version > 0 ? (uint64_t)g->version : 0, 0, &latest) == RL_OK &&
 		    (int)latest > g->version && (int)latest > g->pending_version) {
-			/* fetch (a delta against the last one when the server can); loaded from memory */
-			if ((rv = rl_wsync_fetch_version(g->ws, &nv, latest, g->wbase)) != 0)
+			/* fetch (a delta against the last one when the server can); loaded from memory.
+			 * A version replaced on the server since the poll: the newer one */
+			if ((rv = rl_wsync_fetch_newest(g->ws, &nv, latest, g->wbase)) != 0)
 				return rv;
+			latest = nv->version;
 			rl_wver_destroy(g->wbase);
 			g->wbase = nv;
 			g->pending_version = (int)latest;

@@ -326,6 +326,8 @@ cmd_pull(const cfg *c)
 		rv = rl_wsync_fetch(cl, &v, want ? want : latest, have);
 		if (rv == RL_ENOENT && !want)
 			continue; /* the server moved on while we asked: take the newer one */
+		if (rv == RL_ENOENT)
+			rl_error("'%s' does not hold version %llu", c->url, (unsigned long long)want);
 		if (rv != 0)
 			goto out;
 		rl_wsync_client_stats(cl, &st, 1);

@@ -13,8 +13,11 @@
  *   - k_sumsq with float4 loads (a tail of 1 to 3) and without, against a double sum;
  *   - k_colsum8 (bias gradient, 16-byte loads) against a double sum, added (+=);
  *   - norm.cu's k_norm_bwd_vec (LayerNorm and RMSNorm backward with the row in registers)
- *     against the CPU reference with test_cuda_ops' tolerances: dx, dw and db added (+=)
- *     to what they held, db NULL left alone, C from 8 to 1024, grids smaller than the rows.
+ *     and the element-strided k_layernorm_bwd / k_rmsnorm_bwd, plain and accumulating
+ *     (ACC: layernorm_bwd_add / rmsnorm_bwd_add, dx += ...), against the CPU reference with
+ *     test_cuda_ops' tolerances: dw and db added (+=) to what they held, db NULL left alone,
+ *     C from 7 to 4099, grids smaller than the rows; the ACC forms' dw, db bit for bit and
+ *     dx's values those of the ACC 0 form over a dx of zeros.
  * Exit 0 when every case passes, 1 otherwise; one line per case.
  */
 #include <stdarg.h>
@@ -418,39 +421,84 @@ test_colsum(int N, int OC)
 	delete[] d; delete[] fd; delete[] db; delete[] ref;
 }
 
-/* ---- norm backward with the row in registers (norm.cu) ------------------------------------ */
+/* ---- norm backward (norm.cu): the row in registers, the element-strided fallback ----------- */
 struct nb_args {
 	bf16 *dx, *dout, *x, *w;
 	float *dw, *db, *mean, *rstd;
-	int N, C, ln, nch;
+	int N, C, ln, nch, vec, acc;
 };
 static nb_args NBA;
-#define NBK(K, L) k_norm_bwd_vec<K, L>(NBA.dx, NBA.dw, NBA.db, NBA.dout, NBA.x, NBA.w, NBA.mean, NBA.rstd, NBA.N, NBA.C)
+#define NBK(K, L, A) k_norm_bwd_vec<K, L, A>(NBA.dx, NBA.dw, NBA.db, NBA.dout, NBA.x, NBA.w, NBA.mean, NBA.rstd, NBA.N, \
+	NBA.C)
+template <int L, int A>
+static void
+nb_vec(void)
+{
+	switch (NBA.nch) { case 1: NBK(1, L, A); break; case 2: NBK(2, L, A); break; case 3: NBK(3, L, A); break;
+	default: NBK(4, L, A); }
+}
+#undef NBK
 static void
 run_nb(void *)
 {
-	if (NBA.ln)
-		switch (NBA.nch) { case 1: NBK(1, 1); break; case 2: NBK(2, 1); break; case 3: NBK(3, 1); break; default: NBK(4, 1); }
-	else
-		switch (NBA.nch) { case 1: NBK(1, 0); break; case 2: NBK(2, 0); break; case 3: NBK(3, 0); break; default: NBK(4, 0); }
+	if (!NBA.vec && NBA.ln) {
+		if (NBA.acc)
+			k_layernorm_bwd<1>(NBA.dx, NBA.dw, NBA.db, NBA.dout, NBA.x, NBA.w, NBA.mean, NBA.rstd, NBA.N, NBA.C);
+		else
+			k_layernorm_bwd<0>(NBA.dx, NBA.dw, NBA.db, NBA.dout, NBA.x, NBA.w, NBA.mean, NBA.rstd, NBA.N, NBA.C);
+	} else if (!NBA.vec) {
+		if (NBA.acc)
+			k_rmsnorm_bwd<1>(NBA.dx, NBA.dw, NBA.dout, NBA.x, NBA.w, NBA.rstd, NBA.N, NBA.C);
+		else
+			k_rmsnorm_bwd<0>(NBA.dx, NBA.dw, NBA.dout, NBA.x, NBA.w, NBA.rstd, NBA.N, NBA.C);
+	} else if (NBA.ln) {
+		if (NBA.acc)
+			nb_vec<1, 1>();
+		else
+			nb_vec<1, 0>();
+	} else {
+		if (NBA.acc)
+			nb_vec<0, 1>();
+		else
+			nb_vec<0, 0>();
+	}
 }
 
-/* grid: blocks (fewer than N / NORM_WARPS: warps take several rows); with_db 0: db NULL */
+/* One launch of the form (vec, acc) over dx with dw, db accumulated into (db NULL unless
+ * ln && with_db). */
 static void
-test_norm_bwd(int N, int C, int ln, int with_db, unsigned grid)
+nb_launch(bf16 *dx, float *dw, float *db, bf16 *g, bf16 *x, bf16 *w, float *mean, float *rstd, int N, int C, int ln,
+    int vec, int acc, unsigned grid)
+{
+	NBA = { dx, g, x, w, dw, db, mean, rstd, N, C, ln, (C + 255) / 256, vec, acc };
+	emu_launch(dim3(grid), dim3(NORM_WARPS * 32), run_nb, NULL);
+}
+
+/* grid: blocks (fewer than N / NORM_WARPS: warps take several rows); with_db 0: db NULL;
+ * vec: k_norm_bwd_vec (C % 8 == 0, C <= 1024), else k_layernorm_bwd / k_rmsnorm_bwd.
+ * acc 0: dx (poisoned) overwritten, against the CPU op.  acc 1 (layernorm_bwd_add,
+ * rmsnorm_bwd_add): dx holds random bf16 values d0 and gets d0 + the CPU op's dx (one
+ * rounding: rtol as one bf16 step, atol the plain op's); the same form with ACC 0 and with
+ * ACC 1 over a dx of zeros then give the same dx values, and dw, db bit for bit (the ACC
+ * form changes the dx store only). */
+static void
+test_norm_bwd(int N, int C, int ln, int with_db, unsigned grid, int vec, int acc)
 {
 	size_t n = (size_t)N * C;
-	bf16 *x = new bf16[n], *g = new bf16[n], *w = new bf16[C], *dx = new bf16[n];
+	bf16 *x = new bf16[n], *g = new bf16[n], *w = new bf16[C], *dx = new bf16[n], *d0 = new bf16[n];
+	bf16 *dxp = new bf16[n];
 	float *fx = new float[n], *fg = new float[n], *fw = new float[C], *ref = new float[n], *tmp = new float[n];
+	float *fd0 = new float[n];
 	float *mean = new float[N], *rstd = new float[N], *dw = new float[C], *db = new float[C];
-	float *rdw = new float[C], *rdb = new float[C], *fb = new float[C];
+	float *rdw = new float[C], *rdb = new float[C], *fb = new float[C], *pdw = new float[C], *pdb = new float[C];
 	fill_bf(&rs, x, fx, n, -2, 2);
 	fill_bf(&rs, g, fg, n, -1, 1);
 	fill_bf(&rs, w, fw, C, 0.5f, 1.5f);
+	fill_bf(&rs, d0, fd0, n, -3, 3);
 	for (int c = 0; c < C; c++) {
 		fb[c] = 0.0f;
-		dw[c] = rdw[c] = frnd(&rs, -1, 1);  /* accumulated into (+=) */
-		db[c] = rdb[c] = frnd(&rs, -1, 1);
+		dw[c] = rdw[c] = pdw[c] = frnd(&rs, -1, 1);  /* accumulated into (+=) */
+		db[c] = rdb[c] = pdb[c] = frnd(&rs, -1, 1);
 	}
 	if (ln)
 		rl_cpu_layernorm_fwd(NULL, tmp, mean, rstd, fx, fw, fb, N, C, 1e-5f);
@@ -460,14 +508,36 @@ test_norm_bwd(int N, int C, int ln, int with_db, unsigned grid)
 		rl_cpu_layernorm_bwd(NULL, ref, rdw, with_db ? rdb : NULL, fg, fx, fw, mean, rstd, N, C);
 	else
 		rl_cpu_rmsnorm_bwd(NULL, ref, rdw, fg, fx, fw, rstd, N, C);
-	poison(dx, n);
-	int k = (C + 255) / 256;
-	NBA = { dx, g, x, w, dw, ln && with_db ? db : NULL, mean, rstd, N, C, ln, k };
-	emu_launch(dim3(grid), dim3(NORM_WARPS * 32), run_nb, NULL);
 	double mx = 0, worst = 0, wdw = 0;
 	for (size_t i = 0; i < n; i++)
 		mx = fmax(mx, fabs(ref[i]));
-	size_t bad = bad_bf(dx, ref, n, 2e-3 * mx, &worst);
+	size_t bad = 0, differ = 0;
+	float *dbk = ln && with_db ? db : NULL;
+	if (acc) {
+		for (size_t i = 0; i < n; i++) {
+			dx[i] = d0[i];
+			dxp[i].h = 0;
+			ref[i] += fd0[i];
+		}
+		nb_launch(dx, dw, dbk, g, x, w, mean, rstd, N, C, ln, vec, 1, grid);
+		/* ACC 0 over poison, ACC 1 over zeros: the same values; dw, db as the first launch */
+		bf16 *dxz = new bf16[n];
+		float *zdw = new float[C], *zdb = new float[C];
+		memcpy(zdw, pdw, C * sizeof(float));
+		memcpy(zdb, pdb, C * sizeof(float));
+		poison(dxz, n);
+		nb_launch(dxz, pdw, ln && with_db ? pdb : NULL, g, x, w, mean, rstd, N, C, ln, vec, 0, grid);
+		nb_launch(dxp, zdw, ln && with_db ? zdb : NULL, g, x, w, mean, rstd, N, C, ln, vec, 1, grid);
+		for (size_t i = 0; i < n; i++)
+			differ += !(__bfloat162float(dxz[i]) == __bfloat162float(dxp[i]));
+		differ += memcmp(pdw, dw, C * sizeof(float)) != 0 || memcmp(pdb, db, C * sizeof(float)) != 0 ||
+		    memcmp(zdw, dw, C * sizeof(float)) != 0 || memcmp(zdb, db, C * sizeof(float)) != 0;
+		delete[] dxz; delete[] zdw; delete[] zdb;
+	} else {
+		poison(dx, n);
+		nb_launch(dx, dw, dbk, g, x, w, mean, rstd, N, C, ln, vec, 0, grid);
+	}
+	bad += bad_bf(dx, ref, n, 2e-3 * mx, &worst);
 	for (int c = 0; c < C; c++) {
 		double e = fabs(dw[c] - rdw[c]), eb = fabs(db[c] - rdb[c]);
 		if (!(e <= 1e-5 * sqrt(N) + 1e-4 * fabs(rdw[c])) || (ln && with_db && !(eb <= 1e-5 * sqrt(N) + 1e-4 * fabs(rdb[c]))))
@@ -476,10 +546,19 @@ test_norm_bwd(int N, int C, int ln, int with_db, unsigned grid)
 			bad += db[c] != rdb[c];  /* untouched */
 		wdw = fmax(wdw, fmax(e, ln && with_db ? eb : 0));
 	}
-	report(!bad, "norm_bwd_vec<%d> %s N=%d C=%d db=%d grid=%u: max err dx %.3g dw/db %.3g vs CPU, %zu bad", k,
-	    ln ? "layernorm" : "rmsnorm", N, C, with_db, grid, worst, wdw, bad);
-	delete[] x; delete[] g; delete[] w; delete[] dx; delete[] fx; delete[] fg; delete[] fw; delete[] ref; delete[] tmp;
-	delete[] mean; delete[] rstd; delete[] dw; delete[] db; delete[] rdw; delete[] rdb; delete[] fb;
+	char form[48], tail[48] = "";
+	if (vec)
+		snprintf(form, sizeof form, "norm_bwd_vec<%d>%s %s", (C + 255) / 256, acc ? " acc" : "", ln ? "layernorm" :
+		    "rmsnorm");
+	else
+		snprintf(form, sizeof form, "%s_bwd%s", ln ? "layernorm" : "rmsnorm", acc ? " acc" : "");
+	if (acc)
+		snprintf(tail, sizeof tail, ", %zu differ from ACC 0", differ);
+	report(!bad && !differ, "%s N=%d C=%d db=%d grid=%u: max err dx %.3g dw/db %.3g vs CPU, %zu bad%s", form, N, C,
+	    with_db, grid, worst, wdw, bad, tail);
+	delete[] x; delete[] g; delete[] w; delete[] dx; delete[] d0; delete[] dxp; delete[] fx; delete[] fg;
+	delete[] fw; delete[] ref; delete[] tmp; delete[] fd0; delete[] mean; delete[] rstd; delete[] dw; delete[] db;
+	delete[] rdw; delete[] rdb; delete[] fb; delete[] pdw; delete[] pdb;
 }
 
 int
@@ -506,14 +585,33 @@ main(void)
 	test_colsum(300, 768);
 	test_colsum(129, 2304);
 	/* 1 to 4 chunks per lane, rows ending inside a chunk (C 24, 896), warps over several rows */
-	test_norm_bwd(1, 8, 1, 1, 1);
-	test_norm_bwd(37, 768, 1, 1, 2);
-	test_norm_bwd(9, 768, 1, 0, 2);
-	test_norm_bwd(17, 896, 0, 0, 1);
-	test_norm_bwd(5, 24, 0, 0, 1);
-	test_norm_bwd(12, 512, 0, 0, 3);
-	test_norm_bwd(3, 1024, 1, 1, 1);
-	test_norm_bwd(20, 264, 1, 1, 2);
+	test_norm_bwd(1, 8, 1, 1, 1, 1, 0);
+	test_norm_bwd(37, 768, 1, 1, 2, 1, 0);
+	test_norm_bwd(9, 768, 1, 0, 2, 1, 0);
+	test_norm_bwd(17, 896, 0, 0, 1, 1, 0);
+	test_norm_bwd(5, 24, 0, 0, 1, 1, 0);
+	test_norm_bwd(12, 512, 0, 0, 3, 1, 0);
+	test_norm_bwd(3, 1024, 1, 1, 1, 1, 0);
+	test_norm_bwd(20, 264, 1, 1, 2, 1, 0);
+	/* the accumulating forms (layernorm_bwd_add, rmsnorm_bwd_add): GPT-2's 768, Qwen2.5's 896,
+	 * each chunk count, db NULL, grids smaller than the rows */
+	test_norm_bwd(37, 768, 1, 1, 2, 1, 1);
+	test_norm_bwd(17, 896, 0, 0, 1, 1, 1);
+	test_norm_bwd(1, 8, 1, 1, 1, 1, 1);
+	test_norm_bwd(20, 264, 1, 0, 2, 1, 1);
+	test_norm_bwd(12, 512, 0, 0, 3, 1, 1);
+	test_norm_bwd(3, 1024, 1, 1, 1, 1, 1);
+	/* the element-strided fallback (C % 8 != 0, C > 1024, RL_CUDA_NORM_BWD_VEC=0), plain and
+	 * accumulating: C 7, 33, 1030 and 4099, warps over several rows */
+	test_norm_bwd(5, 7, 1, 1, 1, 0, 0);
+	test_norm_bwd(5, 7, 1, 1, 1, 0, 1);
+	test_norm_bwd(70, 33, 0, 0, 2, 0, 0);
+	test_norm_bwd(70, 33, 0, 0, 2, 0, 1);
+	test_norm_bwd(9, 1030, 0, 0, 1, 0, 0);
+	test_norm_bwd(9, 1030, 0, 0, 1, 0, 1);
+	test_norm_bwd(3, 4099, 1, 1, 1, 0, 0);
+	test_norm_bwd(3, 4099, 1, 1, 1, 0, 1);
+	test_norm_bwd(37, 768, 1, 0, 2, 0, 1);
 	printf("emu_ew: %d of %d cases passed\n", cases - fails, cases);
 	return fails ? 1 : 0;
 }

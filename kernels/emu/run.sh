@@ -75,7 +75,9 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 } > "$out/ew.inc"
 {
 	grep '^#define NORM_WARPS' "$root/kernels/norm.cu"
-	cut_fn "$root/kernels/norm.cu" '^template <int NCH, int LN>'
+	cut_fn "$root/kernels/norm.cu" '^template <int NCH, int LN, int ACC>'
+	cut_fn "$root/kernels/norm.cu" '^template <int ACC> __global__ void k_rmsnorm_bwd\('
+	cut_fn "$root/kernels/norm.cu" '^template <int ACC> __global__ void k_layernorm_bwd\('
 } > "$out/normbwd.inc"
 CXXF="-O1 -g -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas"
 # a sanitized library (make SANITIZE=address,undefined: build-san/) needs the sanitizer runtimes

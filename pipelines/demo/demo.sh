@@ -152,25 +152,31 @@ evaluate() {
 		rl-reward -q --task "$RTASK" --jsonl 2>>"$L/eval.log" |
 		awk '/"reward":1[,}]/ { ok++ } { n++ } END { if (n == 0) exit 1; printf "%.3f\n", ok / n }'
 }
+# the same where the run cannot go on without it: a failure is said, not just exit 1 (set -e)
+must_evaluate() {
+	evaluate "$1" || { echo "demo: evaluating $1 failed; see $L/eval.log" >&2; tail -n 5 "$L/eval.log" >&2; exit 1; }
+}
 
 # ---- model and SFT warm start -------------------------------------------------------
 say "demo: $WIRING wiring, task $TASK, seed $SEED, device $DEVICE; run directory $RUN"
 if [ -n "$WARM" ]; then
 	BASE=$(cd "$WARM" && pwd)
 	acc_init=null T_SFT=0
-	acc_before=$(evaluate "$BASE")
+	acc_before=$(must_evaluate "$BASE")
 	say "demo: warm start $BASE (no SFT); held-out accuracy $acc_before"
 else
-	rl-train -q --init "$MODEL" --tokenizer bytes --out "$RUN/init" --seed "$SEED" 2>"$L/init.log"
-	acc_init=$(evaluate "$RUN/init")
+	rl-train -q --init "$MODEL" --tokenizer bytes --out "$RUN/init" --seed "$SEED" 2>"$L/init.log" ||
+		{ echo "demo: rl-train --init failed; see $L/init.log" >&2; tail -n 5 "$L/init.log" >&2; exit 1; }
+	acc_init=$(must_evaluate "$RUN/init")
 	say "demo: SFT warm start: $SFT_STEPS steps x $SFT_BATCH examples (lr $SFT_LR)"
 	t=$(now)
 	rl-train -q -m "$RUN/init" --out "$RUN/sft" --algo sft --device "$DEVICE" --seed "$SEED" \
 		--batch "$SFT_BATCH" --lr "$SFT_LR" --keep 1 --metrics "$RUN/sft-metrics.jsonl" \
-		"$RUN/data/sft.jsonl" 2>"$L/sft.log"
+		"$RUN/data/sft.jsonl" 2>"$L/sft.log" ||
+		{ echo "demo: SFT failed; see $L/sft.log" >&2; tail -n 5 "$L/sft.log" >&2; exit 1; }
 	BASE=$RUN/sft/$(readlink "$RUN/sft/latest")
 	T_SFT=$(secs "$t" "$(now)")
-	acc_before=$(evaluate "$BASE")
+	acc_before=$(must_evaluate "$BASE")
 	say "demo: SFT done in ${T_SFT} s; held-out accuracy $acc_before (random init: $acc_init)"
 fi
 
@@ -243,7 +249,8 @@ start_async() {
 	# the broker drops a record whose id it has seen; without an "id" it derives
 	# one from the content, and the same problem drawn twice would count once
 	awk '{ sub(/^\{/, "{\"id\":" NR ","); print }' "$RUN/data/prompts.jsonl" > "$RUN/data/prompts-q.jsonl"
-	rl-queue put -q "$URL" "$RUN/data/prompts-q.jsonl" 2>"$L/put.log"
+	rl-queue put -q "$URL" "$RUN/data/prompts-q.jsonl" 2>"$L/put.log" ||
+		{ echo "demo: rl-queue put failed; see $L/put.log" >&2; tail -n 5 "$L/put.log" >&2; exit 1; }
 	T_W=$(now)
 	$PIN_GEN rl-rollout -v -m "$BASE" $GEN_ARGS $W_GEN --queue "$URL" 2>"$L/rollout.log" &
 	GEN=$!; PIDS="$PIDS $GEN"; echo "rl-rollout $GEN" >> "$RUN/pids"
@@ -318,7 +325,7 @@ T_RL_WALL=$(secs "$t" "$(now)")
 T_RL=$(secs "$T_W" "$(date -r "$M" +%s.%N)")
 steps=$(wc -l < "$M")
 FINAL=$CK/$(readlink "$CK/latest")
-acc_after=$(evaluate "$FINAL")
+acc_after=$(must_evaluate "$FINAL")
 tail -n 1 "$RUN/heldout.tsv" | awk -v s="$steps" '{ exit $1 == s }' &&
 	printf '%s\t%s\n' "$steps" "$acc_after" >> "$RUN/heldout.tsv"
 awk -F'"critic/score/mean":' '{ split($2, a, /[,}]/); print NR "\t" a[1] }' "$M" > "$RUN/reward.tsv"

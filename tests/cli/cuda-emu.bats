@@ -3,7 +3,8 @@
 # mma.sync/ldmatrix/cp.async emulated lane by lane from the PTX layouts) against
 # the CPU reference: decode.cu's two decode attention kernels and their merge
 # (in the kernel, blocks in a random order, and the merge kernel), norm.cu's
-# forward norms (fused add + norm, the row in registers), gemv.cu, fuse.cu,
+# forward norms (fused add + norm, the row in registers) and backward norms (plain and
+# added into dx), gemv.cu, fuse.cu,
 # logprob.cu's samplers (one block a row, and a row over several blocks) and
 # log-prob kernels (strided rows), flash2.cu's attention forward and backward,
 # two-pass and fused (also with warps drifting apart), and elementwise.cu's vec
@@ -32,7 +33,7 @@ passed() {
 	passed emu_kernels 129
 	passed emu_sample 20
 	passed emu_logprob 8
-	passed emu_ew 61
+	passed emu_ew 76
 	# a sanitized library (build-san) makes run.sh take flash2's quick set: 15 cases (the
 	# self-test, 5 shapes by the two-pass backward, 5 + 4 by the fused one's tiles)
 	if nm "$root/${RL_BUILD:-build}/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then

@@ -107,3 +107,10 @@ check_run() {
 	check_run "$TD/warm"
 	grep -q '"acc_init":null' "$TD/warm/summary.json"
 }
+
+@test "demo: a step that fails says which and where its log is (WARM that is not a model)" {
+	mkdir -p "$BATS_TEST_TMPDIR/notamodel"
+	run -1 timeout 60 env WIRING=sync WARM="$BATS_TEST_TMPDIR/notamodel" RUN="$BATS_TEST_TMPDIR/r" QUIET=1 \
+	    sh pipelines/demo/demo.sh
+	assert_output --partial "demo: evaluating $BATS_TEST_TMPDIR/notamodel failed; see $BATS_TEST_TMPDIR/r/logs/eval.log"
+}

@@ -23,7 +23,8 @@
  * (their sign is noise; the count is printed).  Grad norms: rtol 3e-2.
  * GPT-2 runs a second time with RL_CUDA_GELU_FUSE=0 (bias + GELU and its
  * gradient as separate kernels instead of in the GEMM epilogues, the default),
- * same tolerances.  Exit 77 without a GPU.
+ * same tolerances; GPT-2, Qwen2 and Qwen3 again with RL_CUDA_NORM_BWD_ADD=1 (the
+ * norm backwards added into the residual gradient).  Exit 77 without a GPU.
  */
 #include <math.h>
 #include <string.h>
@@ -343,6 +344,20 @@ main(void)
 		printf("-- RL_CUDA_GELU_FUSE=0\n");
 		T_OK(gpu->matmul_gelu_fwd == NULL, "fused GELU ops left out");
 		run(cpu, gpu, "gpt2");
+	}
+	rl_ops_close(gpu);
+	/* the norm backwards added into the residual gradient (RL_CUDA_NORM_BWD_ADD=1; off by
+	 * default until they have run on a GPU): LayerNorm and RMSNorm models */
+	setenv("RL_CUDA_NORM_BWD_ADD", "1", 1);
+	gpu = NULL;
+	T_EQ_INT(rl_ops_cuda_open(&gpu, 0), RL_OK);
+	unsetenv("RL_CUDA_NORM_BWD_ADD");
+	if (gpu) {
+		printf("-- RL_CUDA_NORM_BWD_ADD=1\n");
+		T_OK(gpu->layernorm_bwd_add != NULL && gpu->rmsnorm_bwd_add != NULL, "norm backwards into dx installed");
+		run(cpu, gpu, "gpt2");
+		run(cpu, gpu, "qwen2");
+		run(cpu, gpu, "qwen3");
 	}
 	rl_ops_close(gpu);
 	rl_ops_close(cpu);

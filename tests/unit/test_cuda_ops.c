@@ -292,6 +292,55 @@ test_norms(int N, int C)
 	free(dw); free(dbb);
 }
 
+/* layernorm_bwd_add / rmsnorm_bwd_add (RL_CUDA_NORM_BWD_ADD=1): dx holds d0 (bf16) and gets
+ * d0 + the CPU op's dx, the sum rounded once: the norm backward's atol (from the plain dx's
+ * magnitude, not the sum's) and its rtol and nmse on the sum; dw, db as the plain op's.  sh
+ * shifts the act operands by sh elements (under 16 bytes: the element-strided kernel). */
+static void
+test_norm_bwd_add(int N, int C, int ln, int with_db, int sh)
+{
+	char nm[96];
+	size_t n = (size_t)N * C;
+	float *x = tc_rand(n + sh, -2, 2, 1), *w = tc_rand(C, 0.5, 1.5, 1), *b = tc_rand(C, -0.5, 0.5, 1);
+	float *dout = tc_rand(n + sh, -1, 1, 1), *d0 = tc_rand(n + sh, -3, 3, 1), *ref = rl_xmalloc(n * 4);
+	float *dref = rl_xmalloc(n * 4), *rstd = rl_xmalloc(N * 4), *mean = rl_xmalloc(N * 4);
+	float *dw = tc_rand(C, -1, 1, 0), *dbb = tc_rand(C, -1, 1, 0);
+	void *dx = tc_up(g, x, n + sh, BF), *dwt = tc_up(g, w, C, BF), *ddo = tc_up(g, dout, n + sh, BF);
+	void *dd = tc_up(g, d0, n + sh, BF), *ddw = tc_up(g, dw, C, F32), *ddb = tc_up(g, dbb, C, F32);
+	void *drs = NULL, *dmean = NULL;
+	const void *xs = (char *)dx + 2 * sh, *gs = (char *)ddo + 2 * sh;
+	void *ds = (char *)dd + 2 * sh;
+
+	if (ln) {
+		rl_cpu_layernorm_fwd(NULL, ref, mean, rstd, x + sh, w, b, N, C, 1e-5f);
+		rl_cpu_layernorm_bwd(NULL, dref, dw, with_db ? dbb : NULL, dout + sh, x + sh, w, mean, rstd, N, C);
+	} else {
+		rl_cpu_rmsnorm_fwd(NULL, ref, rstd, x + sh, w, N, C, 1e-6f);
+		rl_cpu_rmsnorm_bwd(NULL, dref, dw, dout + sh, x + sh, w, rstd, N, C);
+	}
+	/* the CPU statistics, so both sides differentiate the same normalisation */
+	drs = tc_up(g, rstd, N, F32);
+	dmean = tc_up(g, mean, N, F32);
+	double atol = 2e-3 * maxabs(dref, n);
+	for (size_t i = 0; i < n; i++)
+		dref[i] += d0[sh + i];
+	if (ln)
+		g->layernorm_bwd_add(g, ds, ddw, with_db ? ddb : NULL, gs, xs, dwt, dmean, drs, N, C);
+	else
+		g->rmsnorm_bwd_add(g, ds, ddw, gs, xs, dwt, drs, N, C);
+	snprintf(nm, sizeof nm, "%s_bwd_add dx N=%d C=%d db=%d sh=%d", ln ? "layernorm" : "rmsnorm", N, C, with_db, sh);
+	tc_cmpd(g, nm, ds, BF, dref, n, atol, 8e-3, 1e-4);
+	snprintf(nm, sizeof nm, "%s_bwd_add dw N=%d C=%d sh=%d", ln ? "layernorm" : "rmsnorm", N, C, sh);
+	tc_cmpd(g, nm, ddw, F32, dw, C, 1e-5 * sqrt(N), 1e-4, 1e-8);
+	snprintf(nm, sizeof nm, "%s_bwd_add db N=%d C=%d db=%d sh=%d", ln ? "layernorm" : "rmsnorm", N, C, with_db, sh);
+	tc_cmpd(g, nm, ddb, F32, dbb, C, 1e-5 * sqrt(N), 1e-4, 1e-8);  /* untouched without db */
+	tc_check_status(g, "norm_bwd_add");
+	g->free(g, dx); g->free(g, dwt); g->free(g, ddo); g->free(g, dd); g->free(g, ddw); g->free(g, ddb);
+	g->free(g, drs); g->free(g, dmean);
+	free(x); free(w); free(b); free(dout); free(d0); free(ref); free(dref); free(rstd); free(mean); free(dw);
+	free(dbb);
+}
+
 /* add_norm_fwd (residual add + norm in one kernel): x against the bf16-rounded sum, out
  * and the statistics against the CPU norm of that rounded sum (the norm tolerances). */
 static void
@@ -1330,6 +1379,12 @@ int
 main(void)
 {
 	T_BEGIN("test_cuda_ops");
+	/* the norm backwards added into dx are off by default until they have run on a GPU
+	 * (session 7): on here unless RL_CUDA_NORM_BWD_ADD is set (=0 leaves them out) */
+	const char *nba = getenv("RL_CUDA_NORM_BWD_ADD");
+	int want_nba = nba == NULL || strcmp(nba, "1") == 0;
+	if (nba == NULL)
+		setenv("RL_CUDA_NORM_BWD_ADD", "1", 1);
 	int rv = rl_ops_cuda_open(&g, 0);
 	if (rv == RL_ENODEV || rv == RL_ENOTSUP)
 		T_SKIP("no CUDA device (%s)", rl_strerror(rv));
@@ -1369,6 +1424,23 @@ main(void)
 		test_add_norm(257, 4099, 1);
 		test_add_norm(1, 896, 0);
 		test_add_norm(77, 896, 0);
+	}
+	if (want_nba)
+		T_OK(g->layernorm_bwd_add != NULL && g->rmsnorm_bwd_add != NULL, "layernorm_bwd_add, rmsnorm_bwd_add installed");
+	if (g->layernorm_bwd_add && g->rmsnorm_bwd_add) {
+		/* the row in registers: GPT-2's 768 over more rows than the grid's warps, Qwen2.5's
+		 * 896, one chunk; the element-strided kernel: C % 8 != 0, C > 1024, 2-byte aligned */
+		test_norm_bwd_add(5000, 768, 1, 1, 0);
+		test_norm_bwd_add(33, 768, 1, 0, 0);
+		test_norm_bwd_add(2000, 896, 0, 0, 0);
+		test_norm_bwd_add(5, 24, 0, 0, 0);
+		test_norm_bwd_add(3, 1024, 1, 1, 0);
+		test_norm_bwd_add(1, 7, 1, 1, 0);
+		test_norm_bwd_add(77, 33, 0, 0, 0);
+		test_norm_bwd_add(257, 4099, 1, 1, 0);
+		test_norm_bwd_add(130, 1536, 0, 0, 0);
+		test_norm_bwd_add(64, 768, 1, 1, 1);
+		test_norm_bwd_add(64, 896, 0, 0, 3);
 	}
 	test_qknorm_rope(1, 2, 1, 8);
 	test_qknorm_rope(53, 14, 2, 64);

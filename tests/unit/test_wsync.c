@@ -868,6 +868,23 @@ test_service(void)
 		T_EQ_INT(rl_wsync_fetch_version(h, &got, 0, a), RL_OK);
 		T_OK(got && same_content(got, b));
 		rl_wver_destroy(got);
+		/* a worker that polled version a and fetches it after two more were published:
+		 * the server holds only the latest (and its delta base), so a is gone (the
+		 * race rl-rollout lost in the async demo); fetch_newest takes the latest */
+		{
+			rl_wver *c3 = make_ver(NVER + 4, BIG);
+			T_EQ_INT(rl_wsync_publish(h, c3, 1), RL_OK);
+			got = NULL;
+			T_EQ_INT(rl_wsync_fetch_version(h, &got, NVER + 2, NULL), RL_ENOENT);
+			T_OK(got == NULL);
+			T_EQ_INT(rl_wsync_fetch_newest(h, &got, NVER + 2, NULL), RL_OK);
+			T_OK(got && got->version == NVER + 4 && same_content(got, c3));
+			rl_wver_destroy(got);
+			T_EQ_INT(rl_wsync_fetch_newest(h, &got, NVER + 4, NULL), RL_OK);
+			T_OK(got && got->version == NVER + 4);
+			rl_wver_destroy(got);
+			rl_wver_destroy(c3);
+		}
 		rl_wsync_close(h);
 		rl_wver_destroy(a);
 		rl_wver_destroy(b);
