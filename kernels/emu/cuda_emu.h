@@ -11,7 +11,8 @@
  * kernels whose last block to finish a group does the rest (counter pattern).
  * emu_launch_coop runs every block of a small grid at once (a cooperative launch), for a
  * grid-wide barrier: __nanosleep yields to the other fibers, so a block polling a counter
- * lets the others run; only for code without shared memory (the blocks would share it).
+ * lets the others run; each block gets its part of the dynamic shared memory, but __shared__
+ * statics would be one for all blocks: only for code without them.
  *
  * For kernels/emu/emu_*.cpp (kernels/emu/run.sh).  It checks index arithmetic,
  * block/warp merges and barrier placement; it says nothing about timing, the
@@ -122,20 +123,28 @@ static emu_state emu;
 static int emu_skew = getenv("RL_EMU_SKEW") != NULL && atoi(getenv("RL_EMU_SKEW")) > 0;
 static uint64_t emu_skew_state = 0x853c49e6748fea9bull;
 
+static dim3 threadIdx, blockIdx, blockDim, gridDim;
+static int emu_coop;  /* in emu_launch_coop: every block of the grid runs at once */
+
 /* dynamic shared memory (extern __shared__): one arena, filled with 0xff (NaN as bf16 and
- * f32) before every block, so a read of an element the block did not write shows */
+ * f32) before every block, so a read of an element the block did not write shows; in
+ * emu_launch_coop split into equal parts, one a block (emu_dyn_per() bytes each) */
 #define EMU_DYN_SMEM (128 * 1024)
 alignas(128) static unsigned char emu_dyn[EMU_DYN_SMEM];
+static size_t
+emu_dyn_per(void)
+{
+	return emu_coop ? EMU_DYN_SMEM / gridDim.x / 128 * 128 : EMU_DYN_SMEM;
+}
 static unsigned char *
 emu_dyn_smem(size_t bytes)
 {
-	if (bytes > EMU_DYN_SMEM) {
+	if (bytes > emu_dyn_per()) {
 		fprintf(stderr, "emu: %zu bytes of dynamic shared memory not emulated\n", bytes);
 		abort();
 	}
-	return emu_dyn;
+	return emu_dyn + (emu_coop ? blockIdx.x * emu_dyn_per() : 0);
 }
-static dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 static void
 emu_yield(void)
@@ -431,8 +440,11 @@ emu_run(int nt, int coop)
 		emu.fib[t].uc_link = NULL;
 		makecontext(&emu.fib[t], emu_trampoline, 0);
 	}
+	/* rounds in a row without progress: a deadlock at 1, or with skew at 64 (a runnable warp
+	 * is left out of 64 rounds in a row with probability 2^-64) */
+	int idle = 0;
 	for (;;) {
-		int left = 0, skipped = 0;
+		int left = 0;
 		unsigned run = ~0u;  /* warps scheduled this round (skew: a random half) */
 		if (emu_skew) {
 			emu_skew_state = emu_skew_state * 6364136223846793005ull + 1442695040888963407ull;
@@ -443,10 +455,8 @@ emu_run(int nt, int coop)
 			if (emu.done[t])
 				continue;
 			left++;
-			if (!(run >> (t / 32 % 32) & 1)) {
-				skipped = 1;
+			if (!(run >> (t / 32 % 32) & 1))
 				continue;
-			}
 			emu.cur = t;
 			threadIdx = dim3((unsigned)(t % emu.bsize), 0, 0);
 			if (coop)
@@ -455,7 +465,8 @@ emu_run(int nt, int coop)
 		}
 		if (!left)
 			break;
-		if (!emu.progress && !skipped) {
+		idle = emu.progress ? 0 : idle + 1;
+		if (idle >= (emu_skew ? 64 : 1)) {
 			if (coop)
 				fprintf(stderr, "emu: deadlock in a cooperative grid: a barrier or shuffle not reached by "
 				    "every thread of its block/warp, or a grid barrier not reached by every block\n");
@@ -508,8 +519,8 @@ emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *arg)
 }
 
 /* The grid's blocks all at once, as fibers scheduled together (grid.x x block.x threads at
- * most EMU_MAXT; a one-dimensional grid).  Shared memory is one for all blocks here: only for
- * code that uses none. */
+ * most EMU_MAXT; a one-dimensional grid).  The dynamic shared memory is split between the
+ * blocks (emu_dyn_per); __shared__ statics are one for all blocks: only for code without. */
 static void
 emu_launch_coop(dim3 grid, dim3 block, void (*body)(void *), void *arg)
 {
@@ -525,7 +536,9 @@ emu_launch_coop(dim3 grid, dim3 block, void (*body)(void *), void *arg)
 	emu.nt = (int)grid.x * bs;
 	emu.body = body;
 	emu.arg = arg;
+	emu_coop = 1;
 	emu_run(emu.nt, 1);
+	emu_coop = 0;
 	emu.bsize = emu.nt = bs;
 }
 

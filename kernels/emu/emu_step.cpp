@@ -12,13 +12,17 @@
  *     the logits, the final x and the cache rows written (every layer) against the CPU ops in
  *     lib/model.c's order with the GPU's bf16 roundings, every other cache row untouched, the
  *     merge counters back at 0;
- *   - the whole kernel k_decode_step in one block (its real barrier, trivially passed, and the
- *     counter reset): the same bits as the stage-by-stage run, the barrier counters back at 0;
+ *   - the whole kernel k_decode_step over 4 blocks of 256 threads run at once (emu_launch_coop:
+ *     its real barrier, a polling block sleeping while the others run, each block its own
+ *     dynamic shared memory; the units' merge counters met by interleaved blocks): the same
+ *     bits as the stage-by-stage run, the merge and barrier counters back at 0;
  *   - the barrier alone (st_grid_sync, st_grid_end) over a cooperative grid of 4 blocks of 256
  *     threads run at once (emu_launch_coop: a block polling the counter sleeps, the others
  *     run), arriving at different times: no block leaves barrier k before every block has
  *     reached it, the counters 0 after each launch, twice; and a grid where one block skips a
  *     barrier stops (the emulator's deadlock check, in a child process) instead of passing.
+ * With RL_EMU_SKEW=1 (cuda_emu.h: a random half of the warps each scheduling round) the warps
+ * and blocks drift apart between barriers (run.sh runs the quick set so).
  * What only a GPU shows: the barrier's memory ordering (here blocks run as fibers on one
  * thread), the cooperative launch and its occupancy, timing.
  * Exit 0 when every case passes, 1 otherwise; one line per case.
@@ -92,6 +96,8 @@ static int s_stage, s_HD, s_G;
 		abort(); } } while (0)
 #define ST_ONE(HD, G, P) st_stage<HD, G, P>(SA, s_stage, (int)blockIdx.x, (int)gridDim.x, st_nosync())
 #define ST_ALL(HD, G, P) k_decode_step<HD, G, P>(SA)
+#define ST_SM(HD, G, P) s_sm = sizeof(dc_lane_sm<HD, G, ST_WARPS>)
+static size_t s_sm;
 static void run_stage(void *) { ST_EMU(ST_ONE); }
 static void run_kernel(void *) { ST_EMU(ST_ALL); }
 
@@ -262,14 +268,22 @@ test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int n
 	for (int i = 0; i < B * NKV; i++)
 		cbad += cnt[i] != 0;
 
-	/* the whole kernel in one block, on its own copies */
+	/* the whole kernel over 4 blocks at once, on its own copies (its dynamic shared memory, the
+	 * launcher's max(C bf16, attention's arrays), within a block's part of the emulator's) */
 	for (int l = 0; l < L; l++) {
 		tab[l].kc = kc2[l];
 		tab[l].vc = vc2[l];
 	}
 	SA.s.x = x2;
 	SA.s.logits = lg2;
-	emu_launch(dim3(1), dim3(ST_WARPS * 32), run_kernel, NULL);
+	ST_EMU(ST_SM);
+	if (s_sm < (size_t)C * 2)
+		s_sm = (size_t)C * 2;
+	if (s_sm > EMU_DYN_SMEM / 4) {
+		fprintf(stderr, "emu_step: %zu bytes of shared memory a block, more than the emulator's\n", s_sm);
+		abort();
+	}
+	emu_launch_coop(dim3(4), dim3(ST_WARPS * 32), run_kernel, NULL);
 	for (int i = 0; i < B * NKV; i++)
 		cbad += cnt[i] != 0;
 	int barbad = bar[0] != 0 || bar[1] != 0;
@@ -314,7 +328,7 @@ test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int n
 	cases++;
 	fails += fail;
 	printf("%s step %s C=%d NH=%d NKV=%d HD=%d H=%d V=%d ctx=%d nsplit=%d blocks=%d: logits max err %.3g "
-	    "(max %.3g) nmse %.2g, x %.3g, cache rows %.3g; whole kernel same bits: %s\n", fail ? "FAIL" : "ok  ",
+	    "(max %.3g) nmse %.2g, x %.3g, cache rows %.3g; whole kernel on 4 blocks same bits: %s\n", fail ? "FAIL" : "ok  ",
 	    gpt2 ? "gpt2" : "qwen", C, NH, NKV, HD, H, V, ctx, nsplit, nblk, worst, mx, nmse, xworst, kworst,
 	    same ? "yes" : "NO");
 	if (fail)
@@ -426,6 +440,6 @@ main(int argc, char **argv)
 	if (all)
 		test_step(0, 256, 4, 2, 128, 192, 301, 300, 32, 9);
 	test_barrier();
-	printf("emu_step: %d of %d cases passed\n", cases - fails, cases);
+	printf("emu_step%s: %d of %d cases passed\n", emu_skew ? " (skew)" : "", cases - fails, cases);
 	return fails ? 1 : 0;
 }

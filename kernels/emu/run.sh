@@ -12,7 +12,7 @@
 #   sh kernels/emu/run.sh quick      (flash2: the self-test and the first five cases, then
 #                                     the two skew cases)
 #   build/emu/emu_step quick         (4 of its 10 step cases and the barrier: what a sanitized
-#                                     library runs)
+#                                     library runs, and the skew run)
 #   RL_EMU_SKEW=1 build/emu/emu_flash2 skew   (those two alone)
 #   RL_EMU_FLASH2=x.cu sh kernels/emu/run.sh    (flash2 kernels from x.cu: kernels/emu/mutate.sh)
 # The kernels are cut out of the .cu files as they are (awk, below), so what runs
@@ -147,5 +147,9 @@ fi
 # before a shared buffer is refilled
 if [ $# = 0 ] || [ "$1" = quick ]; then
 	RL_EMU_SKEW=1 "$out/emu_flash2" skew || rc=1
+fi
+# the same for the decode step's stages and grid barrier (its quick set)
+if [ -z "${RL_EMU_FLASH2:-}" ] && [ -z "$san" ]; then
+	RL_EMU_SKEW=1 "$out/emu_step" quick || rc=1
 fi
 exit $rc
