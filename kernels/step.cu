@@ -41,8 +41,8 @@
  * attention's arrays (decode.cuh's dc_lane_sm for 8 warps: 48 KB at G 8, HD 128) in stage
  * 1; the barrier's __syncthreads separates the two uses.
  *
- * Never run on a GPU (session 7): kernels/emu/emu_step.cpp runs st_stage stage by stage and
- * the whole kernel in one block against the CPU ops.
+ * Never run on a GPU (session 7): kernels/emu/emu_step.cpp runs st_stage stage by stage against
+ * the CPU ops, and the whole kernel over 4 blocks at once (its barrier) against that.
  *
  * Leaves out: more than one sequence (RLK_STEP_ROWS), Qwen3's q/k-norm, the embedding and
  * the sampler (the caller's kernels before and after).
