@@ -228,6 +228,10 @@ typedef struct rlk_step {
 	int nsplit;
 } rlk_step;
 int rlk_decode_step_ok(const rlk_step *s, int B);
+/* The checks of rlk_decode_step_ok for one entry of the layer table, which the launcher cannot
+ * read (device memory): l, the caller's host copy of the entry (the required pointers given,
+ * weights, norm weights and caches 16-byte aligned). */
+int rlk_step_layer_ok(const rlk_step *s, const rlk_step_layer *l);
 int rlk_decode_step_blocks(const rlk_step *s, int B);
 /* pos, slot, ctx (B), bt (B, MAXBLK) as rlk_attn_decode_split and rlk_fused_qkv take them */
 int rlk_decode_step(void *stream, const rlk_step *s, const int32_t *pos, const int32_t *slot, const int32_t *bt,

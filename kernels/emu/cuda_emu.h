@@ -9,6 +9,10 @@
  * read-modify-writes and __threadfence does nothing (blocks run one after another,
  * a valid order); emu_block_shuffle runs a grid's blocks in a random order, for the
  * kernels whose last block to finish a group does the rest (counter pattern).
+ * emu_launch_coop runs every block of a small grid at once (a cooperative launch), for a
+ * grid-wide barrier: __nanosleep yields to the other fibers, so a block polling a counter
+ * lets the others run; each block gets its part of the dynamic shared memory, but __shared__
+ * statics would be one for all blocks: only for code without them.
  *
  * For kernels/emu/emu_*.cpp (kernels/emu/run.sh).  It checks index arithmetic,
  * block/warp merges and barrier placement; it says nothing about timing, the
@@ -104,7 +108,8 @@ struct emu_state {
 	ucontext_t sched, fib[EMU_MAXT];
 	char *stack[EMU_MAXT];
 	int nt, cur, done[EMU_MAXT], progress;
-	emu_bar block, warp[EMU_MAXT / 32];
+	int bsize;  /* threads a block: nt, or fewer in emu_launch_coop (fiber cur: block cur / bsize) */
+	emu_bar block[EMU_MAXT / 32], warp[EMU_MAXT / 32];
 	float xch[EMU_MAXT];
 	double xchd[EMU_MAXT];
 	void (*body)(void *);
@@ -118,20 +123,28 @@ static emu_state emu;
 static int emu_skew = getenv("RL_EMU_SKEW") != NULL && atoi(getenv("RL_EMU_SKEW")) > 0;
 static uint64_t emu_skew_state = 0x853c49e6748fea9bull;
 
+static dim3 threadIdx, blockIdx, blockDim, gridDim;
+static int emu_coop;  /* in emu_launch_coop: every block of the grid runs at once */
+
 /* dynamic shared memory (extern __shared__): one arena, filled with 0xff (NaN as bf16 and
- * f32) before every block, so a read of an element the block did not write shows */
+ * f32) before every block, so a read of an element the block did not write shows; in
+ * emu_launch_coop split into equal parts, one a block (emu_dyn_per() bytes each) */
 #define EMU_DYN_SMEM (128 * 1024)
 alignas(128) static unsigned char emu_dyn[EMU_DYN_SMEM];
+static size_t
+emu_dyn_per(void)
+{
+	return emu_coop ? EMU_DYN_SMEM / gridDim.x / 128 * 128 : EMU_DYN_SMEM;
+}
 static unsigned char *
 emu_dyn_smem(size_t bytes)
 {
-	if (bytes > EMU_DYN_SMEM) {
+	if (bytes > emu_dyn_per()) {
 		fprintf(stderr, "emu: %zu bytes of dynamic shared memory not emulated\n", bytes);
 		abort();
 	}
-	return emu_dyn;
+	return emu_dyn + (emu_coop ? blockIdx.x * emu_dyn_per() : 0);
 }
-static dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 static void
 emu_yield(void)
@@ -154,13 +167,14 @@ emu_barrier(emu_bar *b, int size)
 		emu_yield();
 }
 
-static inline void __syncthreads(void) { emu_barrier(&emu.block, emu.nt); }
-static inline void __syncwarp(void) { emu_barrier(&emu.warp[threadIdx.x / 32], 32); }
+/* the barriers and shuffles by fiber (emu.cur: threadIdx.x but in emu_launch_coop) */
+static inline void __syncthreads(void) { emu_barrier(&emu.block[emu.cur / emu.bsize], emu.bsize); }
+static inline void __syncwarp(void) { emu_barrier(&emu.warp[emu.cur / 32], 32); }
 
 static inline float
 __shfl_xor_sync(unsigned mask, float v, int o)
 {
-	int t = (int)threadIdx.x, w = t / 32;
+	int t = emu.cur, w = t / 32;
 	if (mask != 0xffffffffu) {
 		fprintf(stderr, "emu: shuffle with a partial mask %#x is not emulated\n", mask);
 		abort();
@@ -187,7 +201,7 @@ template <typename F>
 static inline double
 emu_shfl_d(unsigned mask, double v, F src)
 {
-	int t = (int)threadIdx.x, w = t / 32;
+	int t = emu.cur, w = t / 32;
 	emu_full_mask(mask, "shuffle");
 	emu.xchd[t] = v;
 	emu_barrier(&emu.warp[w], 32);
@@ -224,7 +238,7 @@ __shfl_sync(unsigned mask, double v, int src)
 static inline unsigned
 __ballot_sync(unsigned mask, int pred)
 {
-	int t = (int)threadIdx.x;
+	int t = emu.cur;
 	unsigned r = 0;
 	emu_full_mask(mask, "ballot");
 	emu.xchd[t] = pred ? 1.0 : 0.0;
@@ -247,7 +261,16 @@ static inline double atomicAdd(double *p, double v) { double o = *p; *p = o + v;
 static inline float atomicAdd(float *p, float v) { float o = *p; *p = o + v; return o; }
 static inline int atomicMin(int *p, int v) { int o = *p; if (v < o) *p = v; return o; }
 static inline int atomicMax(int *p, int v) { int o = *p; if (v > o) *p = v; return o; }
-static inline unsigned atomicAdd(unsigned *p, unsigned v) { unsigned o = *p; *p = o + v; return o; }
+/* a counter that changed is progress for the deadlock check (another block may be polling it) */
+static inline unsigned atomicAdd(unsigned *p, unsigned v) { unsigned o = *p; *p = o + v; emu.progress = 1; return o; }
+/* a poll's sleep lets the other fibers run; a trap stops the run */
+static inline void __nanosleep(unsigned) { swapcontext(&emu.fib[emu.cur], &emu.sched); }
+static inline void
+__trap(void)
+{
+	fprintf(stderr, "emu: __trap() in block %u thread %u\n", blockIdx.x, threadIdx.x);
+	abort();
+}
 /* blocks run one after another: a block's writes are seen by every later block, so the
  * fence has nothing to do; the loads through L2 are plain loads */
 static inline void __threadfence(void) {}
@@ -396,23 +419,85 @@ emu_trampoline(void)
 static int emu_block_shuffle;
 static uint64_t emu_shuffle_state = 0x9e3779b97f4a7c15ull;
 
+/* Runs fibers 0 .. nt-1 to their end: blocks of emu.bsize threads; coop: all the grid's blocks
+ * (fiber t is thread t % bsize of block t / bsize), else the one block blockIdx. */
+static void
+emu_run(int nt, int coop)
+{
+	unsigned bx = blockIdx.x, by = blockIdx.y;
+	memset(emu_dyn, 0xff, sizeof emu_dyn);
+	memset(emu_cpn, 0, sizeof emu_cpn);
+	memset(emu_cpg, 0, sizeof emu_cpg);
+	memset(emu.block, 0, sizeof emu.block);
+	memset(emu.warp, 0, sizeof emu.warp);
+	for (int t = 0; t < nt; t++) {
+		if (!emu.stack[t] && !(emu.stack[t] = (char *)malloc(EMU_STACK)))
+			abort();
+		emu.done[t] = 0;
+		getcontext(&emu.fib[t]);
+		emu.fib[t].uc_stack.ss_sp = emu.stack[t];
+		emu.fib[t].uc_stack.ss_size = EMU_STACK;
+		emu.fib[t].uc_link = NULL;
+		makecontext(&emu.fib[t], emu_trampoline, 0);
+	}
+	/* rounds in a row without progress: a deadlock at 1, or with skew at 64 (a runnable warp
+	 * is left out of 64 rounds in a row with probability 2^-64) */
+	int idle = 0;
+	for (;;) {
+		int left = 0;
+		unsigned run = ~0u;  /* warps scheduled this round (skew: a random half) */
+		if (emu_skew) {
+			emu_skew_state = emu_skew_state * 6364136223846793005ull + 1442695040888963407ull;
+			run = (unsigned)(emu_skew_state >> 32);
+		}
+		emu.progress = 0;
+		for (int t = 0; t < nt; t++) {
+			if (emu.done[t])
+				continue;
+			left++;
+			if (!(run >> (t / 32 % 32) & 1))
+				continue;
+			emu.cur = t;
+			threadIdx = dim3((unsigned)(t % emu.bsize), 0, 0);
+			if (coop)
+				blockIdx = dim3((unsigned)(t / emu.bsize), 0, 0);
+			swapcontext(&emu.sched, &emu.fib[t]);
+		}
+		if (!left)
+			break;
+		idle = emu.progress ? 0 : idle + 1;
+		if (idle >= (emu_skew ? 64 : 1)) {
+			if (coop)
+				fprintf(stderr, "emu: deadlock in a cooperative grid: a barrier or shuffle not reached by "
+				    "every thread of its block/warp, or a grid barrier not reached by every block\n");
+			else
+				fprintf(stderr, "emu: deadlock in block (%u,%u): a barrier or shuffle not "
+				    "reached by every thread of its block/warp\n", bx, by);
+			abort();
+		}
+	}
+}
+
+static void
+emu_check_block(int nt, dim3 block)
+{
+	if (nt <= 0 || nt > EMU_MAXT || nt % 32 || block.y != 1 || block.z != 1) {
+		fprintf(stderr, "emu: block of %d threads not emulated\n", nt);
+		abort();
+	}
+}
+
 /* Runs body(arg) as the kernel over grid x block (block.x threads, a multiple of 32). */
 static void
 emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *arg)
 {
 	int nt = (int)(block.x * block.y * block.z);
-	if (nt <= 0 || nt > EMU_MAXT || nt % 32 || block.y != 1 || block.z != 1) {
-		fprintf(stderr, "emu: block of %d threads not emulated\n", nt);
-		abort();
-	}
+	emu_check_block(nt, block);
 	gridDim = grid;
 	blockDim = block;
-	emu.nt = nt;
+	emu.nt = emu.bsize = nt;
 	emu.body = body;
 	emu.arg = arg;
-	for (int t = 0; t < nt; t++)
-		if (!emu.stack[t] && !(emu.stack[t] = (char *)malloc(EMU_STACK)))
-			abort();
 	size_t nb = (size_t)grid.x * grid.y * grid.z, *order = (size_t *)malloc((nb ? nb : 1) * sizeof(size_t));
 	if (!order)
 		abort();
@@ -428,51 +513,34 @@ emu_launch(dim3 grid, dim3 block, void (*body)(void *), void *arg)
 		unsigned bx = (unsigned)(order[bi] % grid.x), by = (unsigned)(order[bi] / grid.x % grid.y);
 		unsigned bz = (unsigned)(order[bi] / grid.x / grid.y);
 		blockIdx = dim3(bx, by, bz);
-		memset(emu_dyn, 0xff, sizeof emu_dyn);
-		memset(emu_cpn, 0, sizeof emu_cpn);
-		memset(emu_cpg, 0, sizeof emu_cpg);
-		memset(&emu.block, 0, sizeof emu.block);
-		memset(emu.warp, 0, sizeof emu.warp);
-		for (int t = 0; t < nt; t++) {
-			emu.done[t] = 0;
-			getcontext(&emu.fib[t]);
-			emu.fib[t].uc_stack.ss_sp = emu.stack[t];
-			emu.fib[t].uc_stack.ss_size = EMU_STACK;
-			emu.fib[t].uc_link = NULL;
-			makecontext(&emu.fib[t], emu_trampoline, 0);
-		}
-		for (;;) {
-			int left = 0, skipped = 0;
-			unsigned run = ~0u;  /* warps scheduled this round (skew: a random half) */
-			if (emu_skew) {
-				emu_skew_state = emu_skew_state * 6364136223846793005ull + 1442695040888963407ull;
-				run = (unsigned)(emu_skew_state >> 32);
-			}
-			emu.progress = 0;
-			for (int t = 0; t < nt; t++) {
-				if (emu.done[t])
-					continue;
-				left++;
-				if (!(run >> (t / 32 % 32) & 1)) {
-					skipped = 1;
-					continue;
-				}
-				emu.cur = t;
-				threadIdx = dim3((unsigned)t, 0, 0);
-				swapcontext(&emu.sched, &emu.fib[t]);
-			}
-			if (!left)
-				break;
-			if (!emu.progress && !skipped) {
-				fprintf(stderr, "emu: deadlock in block (%u,%u): a barrier or shuffle not "
-				    "reached by every thread of its block/warp\n", bx, by);
-				abort();
-			}
-		}
+		emu_run(nt, 0);
 	}
 	free(order);
 }
 
+/* The grid's blocks all at once, as fibers scheduled together (grid.x x block.x threads at
+ * most EMU_MAXT; a one-dimensional grid).  The dynamic shared memory is split between the
+ * blocks (emu_dyn_per); __shared__ statics are one for all blocks: only for code without. */
+static void
+emu_launch_coop(dim3 grid, dim3 block, void (*body)(void *), void *arg)
+{
+	int bs = (int)(block.x * block.y * block.z);
+	emu_check_block(bs, block);
+	if (grid.y != 1 || grid.z != 1 || (long)grid.x * bs > EMU_MAXT) {
+		fprintf(stderr, "emu: cooperative grid of %u x %d threads not emulated\n", grid.x, bs);
+		abort();
+	}
+	gridDim = grid;
+	blockDim = block;
+	emu.bsize = bs;
+	emu.nt = (int)grid.x * bs;
+	emu.body = body;
+	emu.arg = arg;
+	emu_coop = 1;
+	emu_run(emu.nt, 1);
+	emu_coop = 0;
+	emu.bsize = emu.nt = bs;
+}
 
 /* ---- test data: xorshift draws (the state is the caller's) --------------------------------- */
 static inline uint32_t

@@ -6,10 +6,13 @@
 # (decode.cu's two decode attention kernels and merge, norm.cu's forward norms,
 # gemv.cu, fuse.cu, logprob.cu's two samplers: emu_sample.cpp, its log-prob forward and backward over
 # strided logits: emu_logprob.cpp, flash2.cu's flash attention forward and backward:
-# emu_flash2.cpp, elementwise.cu's vec kernels and multi-tensor AdamW: emu_ew.cpp).
+# emu_flash2.cpp, elementwise.cu's vec kernels and multi-tensor AdamW: emu_ew.cpp, step.cu's
+# persistent decode step with fuse.cuh's and decode.cuh's device code: emu_step.cpp).
 #   sh kernels/emu/run.sh            (needs build/librlpipe.a: `make` first)
 #   sh kernels/emu/run.sh quick      (flash2: the self-test and the first five cases, then
 #                                     the two skew cases)
+#   build/emu/emu_step quick         (4 of its 10 step cases and the barrier: what a sanitized
+#                                     library runs, and the skew run)
 #   RL_EMU_SKEW=1 build/emu/emu_flash2 skew   (those two alone)
 #   RL_EMU_FLASH2=x.cu sh kernels/emu/run.sh    (flash2 kernels from x.cu: kernels/emu/mutate.sh)
 # The kernels are cut out of the .cu files as they are (awk, below), so what runs
@@ -21,22 +24,31 @@ out=$root/$B/emu
 mkdir -p "$out"
 # the lines of a file from the first line matching $2 to the first line after it that is "}"
 cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { exit }' "$1"; }
+# the lines of a file from the first line that starts with $2 to the line before the next one that
+# starts with $3 (plain strings)
+cut_sec() { awk -v a="$2" -v b="$3" 'f && index($0, b) == 1 { exit } !f && index($0, a) == 1 { f = 1 } f' "$1"; }
+# the device code of decode.cuh and fuse.cuh (FUSE_SMEM, fuse.cu's dynamic shared memory, is the
+# emu_*.cpp's own), between their markers
+dev_cuh() {
+	cut_sec "$root/kernels/decode.cuh" '/* ==== decode device code' '/* ==== end of decode device code'
+	cut_sec "$root/kernels/fuse.cuh" '/* ==== fuse device code' '/* ==== end of fuse device code'
+}
 {
 	# common.cuh's device helpers (bf16 conversion, warp and block reductions)
 	awk '/^static __device__ __forceinline__ float ld\(/ { f = 1 } /^#endif/ { f = 0 } f' \
 	    "$root/kernels/common.cuh"
-	# decode.cu: its defines and kernels, up to the first launcher
-	awk '/^#define DC_/ { print } /^template <int HD, int G>/ { f = 1 } /^extern "C"/ { f = 0 } f' \
-	    "$root/kernels/decode.cu"
+	dev_cuh
+	# decode.cu: its kernels, up to the first launcher
+	cut_sec "$root/kernels/decode.cu" '/* ==== decode kernels' 'extern "C"'
 	grep '^#define NORM_WARPS' "$root/kernels/norm.cu"
 	cut_fn "$root/kernels/norm.cu" '^__global__ void k_rmsnorm_fwd\('
 	cut_fn "$root/kernels/norm.cu" '^__global__ void k_layernorm_fwd\('
 	cut_fn "$root/kernels/norm.cu" '^__global__ void k_add_norm_fwd\('
 	cut_fn "$root/kernels/norm.cu" '^template <int NCH>'
 	awk '/^#define GV_/ { print } /^template <int NR>/ { f = 1 } /^extern "C"/ { f = 0 } f' "$root/kernels/gemv.cu"
-	# fuse.cu: from its kernels marker to its launchers marker (FUSE_SMEM, its dynamic shared
-	# memory, is emu_kernels.cpp's); elementwise.cu's RoPE and kv_write, the separate ops it fuses
-	awk '/^\/\* ==== fuse kernels/ { f = 1 } /^\/\* ==== fuse launchers/ { f = 0 } f' "$root/kernels/fuse.cu"
+	# fuse.cu: from its kernels marker to its launchers marker; elementwise.cu's RoPE and
+	# kv_write, the separate ops it fuses
+	cut_sec "$root/kernels/fuse.cu" '/* ==== fuse kernels' '/* ==== fuse launchers'
 	grep -A2 '^#define GRID_STRIDE' "$root/kernels/elementwise.cu"
 	# its RoPE helpers (from the RoPE section's heading to k_rope) and k_rope
 	awk '/^\/\* ---- RoPE/ { f = 1 } /^__global__ void k_rope\(/ { f = 0 } f' "$root/kernels/elementwise.cu"
@@ -79,6 +91,13 @@ cut_fn() { awk -v re="$2" 'f == 0 && $0 ~ re { f = 1 } f { print } f && /^}$/ { 
 	cut_fn "$root/kernels/norm.cu" '^template <int ACC> __global__ void k_rmsnorm_bwd\('
 	cut_fn "$root/kernels/norm.cu" '^template <int ACC> __global__ void k_layernorm_bwd\('
 } > "$out/normbwd.inc"
+{
+	awk '/^static __device__ __forceinline__ float ld\(/ { f = 1 } /^#endif/ { f = 0 } f' \
+	    "$root/kernels/common.cuh"
+	dev_cuh
+	# step.cu: from its device code marker to its launchers marker
+	cut_sec "$root/kernels/step.cu" '/* ==== step device code' '/* ==== step launchers'
+} > "$out/step.inc"
 CXXF="-O1 -g -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas"
 # a sanitized library (make SANITIZE=address,undefined: build-san/) needs the sanitizer runtimes
 # (4x slower: flash2 then runs its quick set unless told otherwise)
@@ -89,8 +108,11 @@ if nm "$root/$B/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
 	CXXF="$CXXF -fsanitize=address,undefined -fno-sanitize-recover=alignment"
 	san=1
 fi
-p1= p2= p3= p4=
+p1= p2= p3= p4= p5=
 if [ -z "${RL_EMU_FLASH2:-}" ]; then
+	${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_step" "$root/kernels/emu/emu_step.cpp" \
+	    "$root/$B/librlpipe.a" -fopenmp -lm &
+	p5=$!
 	${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_ew" "$root/kernels/emu/emu_ew.cpp" \
 	    "$root/$B/librlpipe.a" -fopenmp -lm &
 	p4=$!
@@ -110,12 +132,14 @@ ${CXX:-g++} $CXXF -I"$root/lib" -I"$root" -I"$out" -o "$out/emu_flash2" "$root/k
 [ -z "$p2" ] || wait $p2
 [ -z "$p3" ] || wait $p3
 [ -z "$p4" ] || wait $p4
+[ -z "$p5" ] || wait $p5
 rc=0
 if [ -z "${RL_EMU_FLASH2:-}" ]; then
 	"$out/emu_kernels" || rc=1
 	"$out/emu_sample" || rc=1
 	"$out/emu_logprob" || rc=1
 	"$out/emu_ew" || rc=1
+	"$out/emu_step" ${san:+quick} || rc=1
 fi
 if [ -n "$san" ] && [ $# = 0 ]; then
 	set -- quick
@@ -125,5 +149,9 @@ fi
 # before a shared buffer is refilled
 if [ $# = 0 ] || [ "$1" = quick ]; then
 	RL_EMU_SKEW=1 "$out/emu_flash2" skew || rc=1
+fi
+# the same for the decode step's stages and grid barrier (its quick set)
+if [ -z "${RL_EMU_FLASH2:-}" ] && [ -z "$san" ]; then
+	RL_EMU_SKEW=1 "$out/emu_step" quick || rc=1
 fi
 exit $rc

@@ -9,7 +9,9 @@
 # log-prob kernels (strided rows), flash2.cu's attention forward and backward,
 # two-pass and fused (also with warps drifting apart), and elementwise.cu's vec
 # kernels and multi-tensor AdamW (emu_ew: bit for bit against the element-wise
-# forms).  The kernel logic is checked in every `make check`,
+# forms), and step.cu's persistent decode step (emu_step: stage by stage and the
+# whole kernel against the CPU ops, its grid barrier over blocks run at once).
+# The kernel logic is checked in every `make check`,
 # without a GPU.  Skipped without a C++ compiler or the library.
 
 bats_require_minimum_version 1.5.0
@@ -24,7 +26,7 @@ passed() {
 	[ "$#" = 3 ] && [ "$1" = "$2" ] && [ "$2" -ge "$3" ]
 }
 
-@test "kernels/emu: decode attention, the forward norms, gemv, the sampler, flash2 and the elementwise kernels match the CPU reference" {
+@test "kernels/emu: decode attention, the forward norms, gemv, the sampler, flash2, the elementwise kernels and the decode step match the CPU reference" {
 	root=$(cd "$BATS_TEST_DIRNAME/../.." && pwd)
 	command -v "${CXX:-g++}" >/dev/null || skip "no C++ compiler"
 	[ -f "$root/${RL_BUILD:-build}/librlpipe.a" ] || skip "no ${RL_BUILD:-build}/librlpipe.a"
@@ -35,11 +37,15 @@ passed() {
 	passed emu_logprob 8
 	passed emu_ew 76
 	# a sanitized library (build-san) makes run.sh take flash2's quick set: 15 cases (the
-	# self-test, 5 shapes by the two-pass backward, 5 + 4 by the fused one's tiles)
+	# self-test, 5 shapes by the two-pass backward, 5 + 4 by the fused one's tiles), and
+	# emu_step's: 6 (4 step cases and the 2 barrier cases; its skew run then left out)
 	if nm "$root/${RL_BUILD:-build}/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
 		passed emu_flash2 15
+		passed emu_step 6
 	else
 		passed emu_flash2 25
+		passed emu_step 12
+		passed 'emu_step (skew)' 6
 	fi
 	passed 'emu_flash2 (skew)' 5
 }
