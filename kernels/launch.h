@@ -206,7 +206,9 @@ int rlk_fused_qkv(void *stream, void *qkv, const void *x, const void *nw, const 
  * attention's sums (its splits and warps), i.e. equal within bf16 rounding.
  * rlk_decode_step_ok: the shapes taken (gpt2: LayerNorm, GELU, no RoPE; else RMSNorm, SwiGLU,
  * RoPE with theta; HD 64 or 128, NH / NKV at most 8, C and H multiples of 8, C <= 8192,
- * 16-byte aligned pointers, 1 <= nsplit <= RLK_DECODE_MAXSPLIT).
+ * 16-byte aligned activations and head weights); it reads neither the layer table nor the
+ * scratch (ws, cnt, bar, nsplit), which rlk_decode_step checks (1 <= nsplit <=
+ * RLK_DECODE_MAXSPLIT, ws 16-byte aligned).
  * rlk_decode_step_blocks: the grid it launches for s (every block resident at once on the
  * current device), 0 when the query fails; the caller picks nsplit from it (and sizes ws).
  * The layer table and the counters are device memory: cnt (B * NKV) and bar (2) zero before

@@ -214,7 +214,7 @@ st_smem(const rlk_step *s, int i)
 extern "C" int
 rlk_decode_step_ok(const rlk_step *s, int B)
 {
-	if (!s || B < 1 || B > RLK_STEP_ROWS || s->n_layer < 1 || !s->layer)
+	if (!s || B < 1 || B > RLK_STEP_ROWS || s->n_layer < 1)
 		return 0;
 	if (s->C <= 0 || s->C % 8 || s->C > 8192 || s->H <= 0 || s->H % 8 || s->V <= 0)
 		return 0;
@@ -222,11 +222,7 @@ rlk_decode_step_ok(const rlk_step *s, int B)
 		return 0;
 	if (s->gpt2 && s->NH != s->NKV)
 		return 0;  /* GPT-2's instantiations: G 1 */
-	if (s->BS < 1 || s->MAXBLK < 1 || s->nsplit < 1 || s->nsplit > RLK_DECODE_MAXSPLIT)
-		return 0;
-	if (s->nsplit > 1 && (!s->ws || !a16(s->ws)))
-		return 0;  /* float4 loads of the partials */
-	if (!s->cnt || !s->bar || !s->lm_w || !s->lnf_w)
+	if (s->BS < 1 || s->MAXBLK < 1 || !s->lm_w || !s->lnf_w)
 		return 0;
 	/* loaded 16 bytes at a time: the rows of x, att and h, the norm weights, the LM head */
 	return a16(s->x) && a16(s->qkv) && a16(s->att) && a16(s->h) && a16(s->logits) && a16(s->lnf_w) &&
@@ -273,8 +269,10 @@ extern "C" int
 rlk_decode_step(void *stream, const rlk_step *s, const int32_t *pos, const int32_t *slot, const int32_t *bt,
     const int32_t *ctx, int B)
 {
-	if (!rlk_decode_step_ok(s, B) || !pos || !slot || !bt || !ctx)
+	if (!rlk_decode_step_ok(s, B) || !pos || !slot || !bt || !ctx || !s->layer || !s->cnt || !s->bar)
 		return (int)cudaErrorInvalidValue;
+	if (s->nsplit < 1 || s->nsplit > RLK_DECODE_MAXSPLIT || (s->nsplit > 1 && (!s->ws || !a16(s->ws))))
+		return (int)cudaErrorInvalidValue;  /* float4 loads of the partials */
 	const int n = rlk_decode_step_blocks(s, B);
 	if (n < 1)
 		return (int)cudaErrorInvalidConfiguration;

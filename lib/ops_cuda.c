@@ -1281,12 +1281,6 @@ cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void
 
 /* ---- decode_step: the step's blocks in one kernel (kernels/step.cu) ---------------------- */
 
-static int
-a16(const void *p)
-{
-	return ((uintptr_t)p & 15) == 0;
-}
-
 /* d as the launcher takes it; layer: the device table (NULL for rlk_decode_step_ok, which
  * does not read it) */
 static rlk_step
@@ -1373,16 +1367,9 @@ cu_decode_step_ok(rl_ops *o, const rl_step_desc *d, int B)
 	rlk_step s = step_args(d, NULL);
 	if (!c->dec_step || B < 1 || B > RLK_STEP_ROWS || d->n_layer < 1 || !rlk_decode_step_ok(&s, B))
 		return 0;
-	for (int l = 0; l < d->n_layer; l++) {
-		const rl_step_layer *y = &d->layer[l];
-		const void *p[] = { y->ln1_w, y->ln1_b, y->qkv_w, y->qkv_b, y->o_w, y->o_b, y->ln2_w, y->ln2_b,
-			y->fc_w, y->fc_b, y->proj_w, y->proj_b, y->kc, y->vc };
-		for (size_t i = 0; i < RL_ARRAY_LEN(p); i++)
-			if (!a16(p[i]))
-				return 0;
-		if (!y->ln1_w || !y->qkv_w || !y->o_w || !y->ln2_w || !y->fc_w || !y->proj_w || !y->kc || !y->vc)
+	for (int l = 0; l < d->n_layer; l++)
+		if (!rlk_step_layer_ok(&s, &d->layer[l]))
 			return 0;
-	}
 	if (step_tab_find(c, d) < 0 && (c->nstab == STEP_TABS || c->capturing))
 		return 0;  /* no table, and none can be made now */
 	return rlk_decode_step_blocks(&s, B) > 0;
