@@ -4,8 +4,11 @@
 # builds for sm_90, copies the programs, the CUDA tests and the GPU benches,
 # collects the shared libraries the device image lacks (nng, cJSON: the CEO's
 # ../shared/gpu/carry-libs; cuBLAS, cudart and NCCL are in the image) and packs
-# the binaries into one gzip'd tar (the carried tree is limited to 64 MiB; the
-# binaries, each with every kernel in it, come to ~90 MiB unpacked, ~28 packed).
+# the binaries into one tar compressed by zstd with a long window (the carried tree is
+# limited to 64 MiB; the binaries, ~30 MB each with every kernel in it, come to ~400 MB
+# unpacked and ~87 MB as a gzip'd tar since step.cu, but they are one copy of the kernels
+# many times over, which a 1 GiB window finds: ~6 MB).  zstd's program is carried too, in
+# case the device image has only the library.
 # The PyTorch references are copied from ../shared/bench (which does not travel).
 #   sh bench/gpu-pack.sh [DIR]      then, with the device tool:
 #   run(command="bash bench/gpu-device.sh all", carry=[".gpu"])
@@ -27,6 +30,8 @@ for b in gpu_kernels gpu_train gpu_gen gpu_engine gpu_ew wgroup; do cp "build/be
 rm -f "$G"/libs/libcublas* "$G"/libs/libcudart* "$G"/libs/libnccl*
 strip -g "$G"/build/*/*
 cp "$SH"/bench/*.py "$G/ref/" 2>/dev/null || echo "gpu-pack: no $SH/bench/*.py (PyTorch references)" >&2
-tar czf "$G/pack.tgz" -C "$G" build
+rm -f "$G/pack.tgz"
+tar cf - -C "$G" build | zstd -q -12 --long=30 -T0 -f -o "$G/pack.tar.zst"
+cp "$(command -v zstd)" "$G/libs/zstd"
 rm -rf "$G/build" "$G.build.log"
-du -sh "$G/pack.tgz" "$G/libs"
+du -sh "$G/pack.tar.zst" "$G/libs"
