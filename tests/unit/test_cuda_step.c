@@ -10,7 +10,7 @@
  * activation and weight), and against the fused kernels under 1e-3 (the same device code
  * but for the order of attention's sums, so only bf16 rounding flips).  The greedy
  * tokens of the step kernel and the fused kernels agree on at least 90% of the steps (a
- * near tie may flip).  Then two steps of two sequences, which the step kernel does not
+ * near tie may flip).  Then two steps of two new sequences, which the step kernel does not
  * take (RLK_STEP_ROWS 1): the separate kernels run and the logits equal the default
  * backend's bit for bit.  Models: GPT-2 shape (LayerNorm, GELU, biases, head_dim 64,
  * MHA), Qwen2 shapes (RMSNorm, SwiGLU, RoPE, qkv bias) with 7 query heads per KV head
@@ -97,7 +97,7 @@ one(rl_ops *ops[NM], const char *name, const char *json)
 	rl_config cfg;
 	rl_model *m[NM] = { NULL, NULL, NULL };
 	rl_kvcache *kv[NM] = { NULL, NULL, NULL };
-	rl_kvseq s[NM][2];
+	rl_kvseq s[NM][3];
 	float *lg[NM] = { NULL, NULL, NULL }, *buf = NULL;
 	double worst_cpu = 0, worst_fused = 0, mx_cpu = 0, mx_fused = 0;
 	int V, same_tok = 0, rv = RL_OK, bitwise = 1;
@@ -108,10 +108,10 @@ one(rl_ops *ops[NM], const char *name, const char *json)
 	V = cfg.vocab_size;
 	for (int k = 0; k < NM; k++) {
 		if ((rv = rl_model_init_random(&m[k], &cfg, ops[k], 7)) != RL_OK ||
-		    (rv = rl_model_infer_reserve(m[k], 64, 2)) != RL_OK ||
+		    (rv = rl_model_infer_reserve(m[k], 64, 3)) != RL_OK ||
 		    (rv = rl_kvcache_open(&kv[k], ops[k], &cfg, (size_t)8 << 20, 16)) != RL_OK)
 			goto out;
-		for (int i = 0; i < 2; i++)
+		for (int i = 0; i < 3; i++)
 			rl_kvseq_init(&s[k][i], kv[k]);
 		lg[k] = rl_xmalloc((size_t)2 * V * sizeof(float));
 	}
@@ -177,14 +177,15 @@ one(rl_ops *ops[NM], const char *name, const char *json)
 	T_OK(worst_fused <= 1e-3, "%s: step kernel vs fused kernels: worst NMSE %.3g", name, worst_fused);
 	T_OK(same_tok * 10 >= NSTEP * 9, "%s: greedy tokens agree on %d of %d steps", name, same_tok, NSTEP);
 
-	/* two sequences: the separate kernels on both CUDA backends, bit for bit */
+	/* two sequences: the separate kernels on both CUDA backends, bit for bit (two new
+	 * sequences: sequence 0's cache rows past layer 0 differ in rounding between the two) */
 	{
-		int32_t p[3] = { 1, 2, 3 };
-		const int32_t *pp[1] = { p };
-		int np[1] = { 3 };
+		int32_t p[2][3] = { { 1, 2, 3 }, { 4, 5, 6 } };
+		const int32_t *pp[2] = { p[0], p[1] };
+		int np[2] = { 3, 2 };
 		for (int k = 0; k < 2; k++) {
-			rl_kvseq *sq[1] = { &s[k][1] };
-			if ((rv = rl_model_prefill(m[k], kv[k], sq, pp, np, 1, NULL)) != RL_OK)
+			rl_kvseq *sq[2] = { &s[k][1], &s[k][2] };
+			if ((rv = rl_model_prefill(m[k], kv[k], sq, pp, np, 2, NULL)) != RL_OK)
 				goto out;
 		}
 		d0 = m[0]->dstats;
@@ -194,7 +195,7 @@ one(rl_ops *ops[NM], const char *name, const char *json)
 			uint64_t seed[2] = { 1, 2 }, ctr[2] = { 0, 0 };
 			const rl_sample_params greedy = { 0.0f, 0, 1.0f };
 			for (int k = 0; k < 2; k++) {
-				rl_kvseq *sq[2] = { &s[k][0], &s[k][1] };
+				rl_kvseq *sq[2] = { &s[k][1], &s[k][2] };
 				if ((rv = rl_model_decode_sample(m[k], kv[k], sq, tk, seed, ctr, 2, 0, &greedy, ot, ol)) !=
 				    RL_OK)
 					goto out;
@@ -209,7 +210,7 @@ out:
 	T_EQ_INT(rv, RL_OK);
 	for (int k = 0; k < NM; k++) {
 		if (kv[k])
-			for (int i = 0; i < 2; i++)
+			for (int i = 0; i < 3; i++)
 				rl_kvcache_release(kv[k], &s[k][i]);
 		rl_kvcache_close(kv[k]);
 		rl_model_close(m[k]);
