@@ -53,10 +53,13 @@ typedef struct algo_ent {
 	algo_key key;
 	cublasLtMatmulAlgo_t algo;
 	int used;
+	int nosup;             /* the bias-gradient epilogue: cuBLASLt had no algorithm or an error
+	                        * for this key (asked once; the caller takes the column-sum kernel) */
 } algo_ent;
 
 enum { DK_AUTO, DK_LANE, DK_SPLIT, DK_V1 };  /* decode attention kernels (RL_CUDA_DECODE_ATTN) */
 enum { HL_OFF, HL_SPLIT };        /* strided LM head (RL_CUDA_HEAD_LD) */
+enum { BG_OFF, BG_ON, BG_STRICT };  /* bias gradients in the dW GEMM's epilogue (RL_CUDA_BGRAD) */
 
 #define STEP_TABS 64  /* decode_step's layer tables kept (one per weights and cache binding) */
 
@@ -99,6 +102,10 @@ typedef struct cuda_ctx {
 	void *smp_cnt;         /* its per-row counters: zeroed when allocated, left 0 by every launch */
 	size_t smp_cnt_bytes;
 	int dec_step;          /* RL_CUDA_DECODE_STEP=1: decode_step, the step in one kernel (kernels/step.cu) */
+	int bgrad;             /* RL_CUDA_BGRAD: BG_OFF (unset, =0), BG_ON (=1), BG_STRICT (=strict) */
+	int bgrad_warned;      /* said once that cuBLASLt took no bias-gradient epilogue */
+	float *bg;             /* the epilogue's bias gradient (OC) f32, then added into dbias */
+	size_t bg_bytes;
 	struct step_tab { rl_step_layer *h; void *d; int n; } stab[STEP_TABS];  /* its layer tables */
 	int nstab;
 	void *stp_ws;          /* its attention partials */
@@ -353,12 +360,18 @@ algo_find(cuda_ctx *c, const algo_key *key, algo_ent **hit, algo_ent **put)
 	*put = &c->algos[h & (ALGO_CACHE - 1)];
 }
 
-/* GELU epilogues of lt_gemm_epi */
-enum { EPI_PLAIN = 0, EPI_GELU_AUX, EPI_DGELU };
+/* Epilogues of lt_gemm_epi: GELU, its gradient, the bias gradient */
+enum { EPI_PLAIN = 0, EPI_GELU_AUX, EPI_DGELU, EPI_BGRADB };
 
 /* D (m x n, ldd, dtype dt) = op(A) (m x k) op(B) (k x n) + beta * D (+ bias (m) bf16).
  * gelu EPI_GELU_AUX: D = gelu(that), aux (m x n, ldaux, bf16) = that (bias added);
- * EPI_DGELU: D = that * gelu'(aux) (no bias). */
+ * EPI_DGELU: D = that * gelu'(aux) (no bias);
+ * EPI_BGRADB: D as EPI_PLAIN, and bias (n) f32, written (not added to), = the sums of
+ * op(B) over k: bias[j] = sum_k op(B)[k][j] (cuBLASLt's CUBLASLT_EPILOGUE_BGRADB, its
+ * type that of D).  For EPI_BGRADB any cuBLASLt failure (no algorithm, an attribute
+ * refused, the launch refused) is returned and cached for the key, so the next call
+ * with it returns CUBLAS_STATUS_NOT_SUPPORTED at once; so is a miss during graph
+ * capture (without failing the recording: the caller falls back to the plain GEMM). */
 static int
 lt_gemm_c(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
     int ldb, void *D, int ldd, cudaDataType_t dt, float beta, const void *bias, int gelu, const void *aux,
@@ -373,10 +386,35 @@ lt_gemm_c(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda
 	float alpha = 1.0f;
 	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+	int has_aux = gelu == EPI_GELU_AUX || gelu == EPI_DGELU, bgrad = gelu == EPI_BGRADB;
 	if (gelu == EPI_GELU_AUX)
 		epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
 	else if (gelu == EPI_DGELU)
 		epi = CUBLASLT_EPILOGUE_DGELU;
+	else if (bgrad)
+		epi = CUBLASLT_EPILOGUE_BGRADB;
+
+	/* The heuristic assumes 256-byte aligned pointers unless told otherwise, and an
+	 * algorithm chosen for them can compute garbage on less aligned ones (offsets into
+	 * a larger buffer, split GEMMs): pass the real alignments and key the cache on them.
+	 * The bias (and the bias gradient: c->bg, a cudaMalloc'd block) is not in the key. */
+	uint32_t al_a = ptr_align(A), al_b = ptr_align(B), al_d = ptr_align(D);
+	uint32_t al_c = Cm && Cm != D ? ptr_align(Cm) : al_d;
+	algo_key key = { ta, tb, m, n, k, lda, ldb, ldd, (int)dt, (int)epi, (int)al_a, (int)al_b, (int)al_d,
+		has_aux ? ldaux : 0, has_aux ? (int)ptr_align(aux) : 0,
+		Cm && Cm != D ? (int)al_c : 0 };
+	algo_ent *ent = NULL, *slot = NULL;
+	algo_find(c, &key, &ent, &slot);
+	if (ent && ent->nosup)
+		return -(int)CUBLAS_STATUS_NOT_SUPPORTED;
+	if (!ent && c->capturing) {
+		if (bgrad)
+			return -(int)CUBLAS_STATUS_NOT_SUPPORTED;
+		/* the op-by-op run before a recording fills the cache; a miss here means the
+		 * shape was not run outside the capture: fail the recording, not the step */
+		fail(o, "GEMM during graph capture", "no cached cuBLASLt algorithm for this shape");
+		return -(int)CUBLAS_STATUS_INVALID_VALUE;
+	}
 
 #define LT(x) do { st = (x); if (st != CUBLAS_STATUS_SUCCESS) { rv = -(int)st; goto out; } } while (0)
 	LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -385,11 +423,13 @@ lt_gemm_c(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda
 	if (epi != CUBLASLT_EPILOGUE_DEFAULT)
 		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
 	if (bias && gelu != EPI_DGELU) {
+		/* a bias is bf16 (bf16 D); a bias gradient has D's type (cublasLt.h: "the same
+		 * type as the output elements"), f32 here */
 		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-		cudaDataType_t bt = CUDA_R_16BF;
+		cudaDataType_t bt = bgrad ? dt : CUDA_R_16BF;
 		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
 	}
-	if (gelu != EPI_PLAIN) {
+	if (has_aux) {
 		int64_t ld64 = ldaux;
 		int32_t at = CUDA_R_16BF;
 		LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
@@ -400,23 +440,6 @@ lt_gemm_c(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda
 	LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tb ? n : k, tb ? k : n, ldb));
 	LT(cublasLtMatrixLayoutCreate(&ld, dt, m, n, ldd));
 
-	/* The heuristic assumes 256-byte aligned pointers unless told otherwise, and an
-	 * algorithm chosen for them can compute garbage on less aligned ones (offsets into
-	 * a larger buffer, split GEMMs): pass the real alignments and key the cache on them. */
-	uint32_t al_a = ptr_align(A), al_b = ptr_align(B), al_d = ptr_align(D);
-	uint32_t al_c = Cm && Cm != D ? ptr_align(Cm) : al_d;
-	algo_key key = { ta, tb, m, n, k, lda, ldb, ldd, (int)dt, (int)epi, (int)al_a, (int)al_b, (int)al_d,
-		gelu != EPI_PLAIN ? ldaux : 0, gelu != EPI_PLAIN ? (int)ptr_align(aux) : 0,
-		Cm && Cm != D ? (int)al_c : 0 };
-	algo_ent *ent = NULL, *slot = NULL;
-	algo_find(c, &key, &ent, &slot);
-	if (!ent && c->capturing) {
-		/* the op-by-op run before a recording fills the cache; a miss here means the
-		 * shape was not run outside the capture: fail the recording, not the step */
-		fail(o, "GEMM during graph capture", "no cached cuBLASLt algorithm for this shape");
-		rv = -(int)CUBLAS_STATUS_INVALID_VALUE;
-		goto out;
-	}
 	if (!ent) {
 		cublasLtMatmulHeuristicResult_t res;
 		int nres = 0;
@@ -441,11 +464,20 @@ lt_gemm_c(rl_ops *o, int ta, int tb, int m, int n, int k, const void *A, int lda
 		ent->key = key;
 		ent->algo = res.algo;
 		ent->used = 1;
+		ent->nosup = 0;
 	}
 	LT(cublasLtMatmul(c->lt, desc, &alpha, A, la, B, lb, &beta, Cm ? Cm : D, ld, D, ld, &ent->algo, c->lt_ws,
 	    LT_WS_BYTES, c->stream));
 out:
 #undef LT
+	if (rv && bgrad) {
+		/* remembered, so the fallback costs one heuristic query per shape */
+		if (!ent)
+			ent = slot;
+		ent->key = key;
+		ent->used = 1;
+		ent->nosup = 1;
+	}
 	if (pref)
 		cublasLtMatmulPreferenceDestroy(pref);
 	if (la)
@@ -509,12 +541,18 @@ gemm_fwd_ld(rl_ops *o, void *out, int ldo, const void *inp, const void *w, const
 		    bias ? (const char *)bias + (size_t)M * 2 : NULL));
 }
 
+static int bgrad_tried(rl_ops *o, int r, int N, int C, int OC);
+
 /* dinp (N,C) = dout (N, ldo) @ w (skipped when NULL); dw (OC,C) f32 += dout^T @ inp
- * (skipped when NULL); the output features split at M (M == OC: one GEMM each). */
-static void
+ * (skipped when NULL); the output features split at M (M == OC: one GEMM each).
+ * bg (OC) f32, when not NULL (and dw not NULL, M == OC): the dw GEMM's epilogue also
+ * writes the column sums of dout there; returns 1 when it did, 0 when bg was not
+ * written (no such algorithm: the caller sums the columns itself). */
+static int
 gemm_bwd_ld(rl_ops *o, void *dinp, float *dw, const void *dout, int ldo, const void *inp,
-    const void *w, int N, int C, int OC, int M)
+    const void *w, int N, int C, int OC, int M, float *bg)
 {
+	int done = 0;
 	const char *g = dout, *wt = (const char *)w + (size_t)M * C * 2;
 	/* dinp^T (C x N) = w^T (C x OC) * dout^T (OC x N), the OC sum split at M */
 	if (dinp && M == OC) {
@@ -524,20 +562,38 @@ gemm_bwd_ld(rl_ops *o, void *dinp, float *dw, const void *dout, int ldo, const v
 		/* both parts summed in f32, rounded to bf16 once */
 		float *f = grow_buf(o, &CTX(o)->acc, &CTX(o)->acc_bytes, (size_t)N * C * 4);
 		if (!f)
-			return;
+			return 0;
 		ck(o, "matmul_bwd dinp", lt_gemm(o, 0, 0, C, N, M, w, C, g, ldo, f, C, CUDA_R_32F, 0.0f, NULL));
 		ck(o, "matmul_bwd dinp tail", lt_gemm(o, 0, 0, C, N, OC - M, wt, C, g + (size_t)M * 2, ldo, f, C,
 		    CUDA_R_32F, 1.0f, NULL));
 		ck(o, "matmul_bwd dinp cast", rlk_cast(S(o), dinp, RL_BF16, f, RL_F32, (size_t)N * C));
 	}
-	/* dw^T (C x OC) += inp^T (C x N) * dout (N x OC), columns split at M */
+	/* dw^T (C x OC) += inp^T (C x N) * dout (N x OC), columns split at M.
+	 *
+	 * The bias gradient in this GEMM (RL_CUDA_BGRAD): cuBLASLt is column-major, so the
+	 * row-major dout (N, OC) with row stride ldo is, as cuBLASLt reads it, the OC x N
+	 * matrix dout^T (ld ldo), and dw (OC, C) row-major is the C x OC matrix D = dw^T.
+	 * The GEMM is m = C, n = OC, k = N: A = inp^T (C x N, op N: the row-major inp
+	 * (N, C) read as is), B = op_T(dout^T) = dout (N x OC, k x n).  dout is B, so the
+	 * epilogue is BGRADB: "bias size = columns of D (n = OC), reduced over k (N)",
+	 * bg[j] = sum_t dout[t][j], the bias gradient.  BGRADA would sum A = inp over the
+	 * tokens (C values): not a gradient of anything here.  In the dinp GEMM (m = C,
+	 * n = N, k = OC) neither fits: B = dout^T summed over k is a per-token sum. */
 	if (dw) {
-		ck(o, "matmul_bwd dw", lt_gemm(o, 0, 1, C, M, N, inp, C, g, ldo, dw, C, CUDA_R_32F, 1.0f,
-		    NULL));
+		int r = -1;
+		if (bg && M == OC)
+			r = bgrad_tried(o, lt_gemm_epi(o, 0, 1, C, M, N, inp, C, g, ldo, dw, C, CUDA_R_32F, 1.0f, bg,
+			    EPI_BGRADB, NULL, 0), N, C, OC);
+		if (r == 0)
+			done = 1;
+		else
+			ck(o, "matmul_bwd dw", lt_gemm(o, 0, 1, C, M, N, inp, C, g, ldo, dw, C, CUDA_R_32F, 1.0f,
+			    NULL));
 		if (M < OC)
 			ck(o, "matmul_bwd dw tail", lt_gemm(o, 0, 1, C, OC - M, N, inp, C, g + (size_t)M * 2, ldo,
 			    dw + (size_t)M * C, C, CUDA_R_32F, 1.0f, NULL));
 	}
+	return done;
 }
 
 /* out (N,OC) = inp (N,C) @ w(OC,C)^T + bias. */
@@ -578,9 +634,44 @@ matmul_bwd_(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, co
 		    (size_t)OC * 2, N, cudaMemcpyDeviceToDevice, CTX(o)->stream));
 		g = pb;
 	}
-	gemm_bwd_ld(o, dinp, dw, g, ldo, inp, w, N, C, OC, split_oc(OC));
-	if (dbias)
+	/* the bias gradient from the dw GEMM's epilogue (RL_CUDA_BGRAD, see gemm_bwd_ld): one
+	 * GEMM over unpadded rows; it writes, so it goes to c->bg and is added to dbias (which
+	 * sums micro-batches) by cublasSaxpy, a read of 2 OC floats instead of the column-sum
+	 * kernel's read of dout (N x OC bf16) */
+	cuda_ctx *c = CTX(o);
+	float *bg = NULL;
+	int M = split_oc(OC);
+	if (c->bgrad != BG_OFF && dbias && dw && ldo == OC && M == OC &&
+	    !(bg = grow_buf(o, (void **)&c->bg, &c->bg_bytes, (size_t)RL_MAX(OC, 4096) * 4)))
+		return;
+	if (gemm_bwd_ld(o, dinp, dw, g, ldo, inp, w, N, C, OC, M, bg)) {
+		const float one = 1.0f;
+		ck(o, "matmul_bwd dbias add", -(int)cublasSaxpy(c->blas, OC, &one, bg, 1, dbias, 1));
+	} else if (dbias) {
 		ck(o, "matmul_bwd dbias", rlk_colsum(S(o), dbias, dout, N, OC));
+	}
+}
+
+/* After the bias-gradient GEMM: r as is (0: it ran).  A failure is said once (with the
+ * shape) and the caller falls back to the plain GEMM and the column-sum kernel; under
+ * RL_CUDA_BGRAD=strict it is also recorded as the backend's error, so a test sees a
+ * shape that cuBLASLt does not take. */
+static int
+bgrad_tried(rl_ops *o, int r, int N, int C, int OC)
+{
+	cuda_ctx *c = CTX(o);
+	if (r == 0)
+		return 0;
+	if (c->bgrad == BG_STRICT) {
+		char b[96];
+		snprintf(b, sizeof b, "cublas status %d for N=%d C=%d OC=%d", -r, N, C, OC);
+		fail(o, "matmul_bwd bias-gradient epilogue", b);
+	} else if (!c->bgrad_warned) {
+		c->bgrad_warned = 1;
+		rl_warn("cuda: cuBLASLt took no bias-gradient epilogue for N=%d C=%d OC=%d (status %d); "
+		    "the column-sum kernel runs where it does not", N, C, OC, -r);
+	}
+	return r;
 }
 
 static void
@@ -662,7 +753,7 @@ cu_matmul_bwd_ld(rl_ops *o, void *dinp, float *dw, const void *dout, int ld, con
 {
 	double t = prof_t0(o);
 	if (N > 0 && OC > 0 && !head_ld_bad(o, "matmul_bwd_ld", ld, OC))
-		gemm_bwd_ld(o, dinp, dw, dout, ld, inp, w, N, C, OC, head_split(o, OC));
+		gemm_bwd_ld(o, dinp, dw, dout, ld, inp, w, N, C, OC, head_split(o, OC), NULL);
 	prof_add(o, "matmul_bwd_ld", t);
 }
 
@@ -1590,6 +1681,7 @@ cu_close(rl_ops *o)
 				    c->pt[i].name, c->pt[i].n, c->pt[i].s * 1e3, c->pt[i].s * 1e3 / c->pt[i].n);
 		cudaFree(c->pad);
 		cudaFree(c->acc);
+		cudaFree(c->bg);
 		cudaFree(c->dec_ws);
 		cudaFree(c->dec_cnt);
 		cudaFree(c->smp_ws);
@@ -1683,6 +1775,13 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	/* the decode step in one kernel: off unless RL_CUDA_DECODE_STEP=1 (session 7: written
 	 * and emulated on the CPU, never run on a GPU yet) */
 	c->dec_step = env_pick("RL_CUDA_DECODE_STEP", "0 1") == 1;
+	/* bias gradients in the dw GEMM's epilogue instead of the column-sum kernel: off unless
+	 * RL_CUDA_BGRAD=1 (or =strict: a shape cuBLASLt refuses is an error; for tests) (session
+	 * 7: never run on a GPU yet) */
+	{
+		int bg = env_pick("RL_CUDA_BGRAD", "0 1 strict");
+		c->bgrad = bg == 1 ? BG_ON : bg == 2 ? BG_STRICT : BG_OFF;
+	}
 	c->smp_split = env_int("RL_CUDA_SAMPLE_SPLIT", 65535, 0, 65535);
 	if (cudaDeviceGetAttribute(&c->nsm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
 		cudaGetLastError();

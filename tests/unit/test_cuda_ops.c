@@ -467,6 +467,97 @@ test_matmul(int N, int C, int OC, int bias, int sh)
 	free(x); free(w); free(bs); free(dout); free(ref); free(dx); free(dw); free(db);
 }
 
+/* The bias gradient from the dw GEMM's cuBLASLt epilogue (RL_CUDA_BGRAD; g opened with it)
+ * against the CPU reference and against the column-sum path (g0, opened without it), over
+ * two calls (two micro-batches with different dout) into dw and dbias from random starting
+ * values: the epilogue writes its sums, so a path that stored instead of adding fails here.
+ * gelu: through matmul_dgelu_bwd (its dw GEMM is matmul_bwd's); nodw: dw NULL (the
+ * column-sum kernel, as the epilogue needs the dw GEMM).  Tolerances: test_matmul's, the
+ * dbias atol for 2N terms (f32 sums of bf16 values in [-1,1], in different orders); the two
+ * GPU paths both sum in f32, so the same bounds hold between them. */
+static void
+test_bgrad(rl_ops *g0, int N, int C, int OC, int sh, int gelu, int nodw)
+{
+	char nm[128];
+	const char *op = gelu ? "matmul_dgelu_bwd" : "matmul_bwd";
+	float *x = tc_rand((size_t)N * C + sh, -1, 1, 1), *w = tc_rand((size_t)OC * C, -1, 1, 1);
+	float *d1 = tc_rand((size_t)N * OC + sh, -1, 1, 1), *d2 = tc_rand((size_t)N * OC + sh, -1, 1, 1);
+	float *pre = tc_rand((size_t)N * C + sh, -3, 3, 1);
+	float *dw = tc_rand((size_t)OC * C, -1, 1, 0), *db = tc_rand(OC, -1, 1, 0);
+	float *dx = rl_xmalloc((size_t)N * C * 4), *dxg = rl_xmalloc((size_t)N * C * 4);
+	void *dxd0 = tc_up(g, x, (size_t)N * C + sh, BF), *dwd = tc_up(g, w, (size_t)OC * C, BF);
+	void *dd1 = tc_up(g, d1, (size_t)N * OC + sh, BF), *dd2 = tc_up(g, d2, (size_t)N * OC + sh, BF);
+	void *dpre0 = tc_up(g, pre, (size_t)N * C + sh, BF);
+	void *dxo0 = tc_poison(g, (size_t)N * C + sh, BF), *dxr0 = tc_poison(g, (size_t)N * C + sh, BF);
+	void *gw = tc_up(g, dw, (size_t)OC * C, F32), *gb = tc_up(g, db, OC, F32);
+	void *rw = tc_up(g, dw, (size_t)OC * C, F32), *rb = tc_up(g, db, OC, F32);
+	char *dxd = (char *)dxd0 + 2 * sh, *dpre = (char *)dpre0 + 2 * sh;
+	char *dxo = (char *)dxo0 + 2 * sh, *dxr = (char *)dxr0 + 2 * sh;
+	void *dds[2] = { (char *)dd1 + 2 * sh, (char *)dd2 + 2 * sh };
+	const float *hds[2] = { d1 + sh, d2 + sh };
+	float *gwp = nodw ? NULL : gw, *rwp = nodw ? NULL : rw;
+
+	for (int i = 0; i < 2; i++) {
+		rl_cpu_matmul_bwd(NULL, dx, nodw ? NULL : dw, db, hds[i], x + sh, w, N, C, OC);
+		if (gelu) {
+			rl_cpu_gelu_bwd(NULL, dxg, dx, pre + sh, (size_t)N * C);
+			g->matmul_dgelu_bwd(g, dxo, gwp, gb, dds[i], dxd, dwd, dpre, N, C, OC);
+			g0->matmul_dgelu_bwd(g0, dxr, rwp, rb, dds[i], dxd, dwd, dpre, N, C, OC);
+		} else {
+			g->matmul_bwd(g, dxo, gwp, gb, dds[i], dxd, dwd, N, C, OC);
+			g0->matmul_bwd(g0, dxr, rwp, rb, dds[i], dxd, dwd, N, C, OC);
+		}
+	}
+	tc_check_status(g0, "bgrad: the column-sum path");
+	snprintf(nm, sizeof nm, "bgrad %s dinp N=%d C=%d OC=%d sh=%d", op, N, C, OC, sh);
+	tc_cmpd(g, nm, dxo, BF, gelu ? dxg : dx, (size_t)N * C, (gelu ? 1.5 : 1.0) * 4e-3 * sqrt(OC) / 3,
+	    gelu ? 1.6e-2 : 8e-3, 1e-4);
+	if (!nodw) {
+		snprintf(nm, sizeof nm, "bgrad %s dw (+= x2) N=%d C=%d OC=%d", op, N, C, OC);
+		tc_cmpd(g, nm, gw, F32, dw, (size_t)OC * C, 1e-5 * sqrt(2.0 * N), 1e-4, 1e-8);
+	}
+	snprintf(nm, sizeof nm, "bgrad %s dbias (+= x2) N=%d OC=%d dw=%d", op, N, OC, !nodw);
+	tc_cmpd(g, nm, gb, F32, db, OC, 1e-5 * sqrt(2.0 * N), 1e-4, 1e-8);
+	float *cs = tc_down(g0, rb, OC, F32);
+	snprintf(nm, sizeof nm, "bgrad %s dbias = colsum's N=%d OC=%d", op, N, OC);
+	tc_cmpd(g, nm, gb, F32, cs, OC, 1e-5 * sqrt(2.0 * N), 1e-4, 1e-8);
+	free(cs);
+	tc_check_status(g, "bgrad");
+	g->free(g, dxd0); g->free(g, dwd); g->free(g, dd1); g->free(g, dd2); g->free(g, dpre0);
+	g->free(g, dxo0); g->free(g, dxr0); g->free(g, gw); g->free(g, gb); g->free(g, rw); g->free(g, rb);
+	free(x); free(w); free(d1); free(d2); free(pre); free(dw); free(db); free(dx); free(dxg);
+}
+
+/* test_bgrad's cases, g opened with RL_CUDA_BGRAD set and g0 without it. */
+static void
+bgrad_cases(rl_ops *g0, int strict)
+{
+	/* GPT-2's four biased GEMMs at N = 512: qkv (2304), attention projection (768), fc
+	 * (3072), the MLP projection (768, and through matmul_dgelu_bwd) */
+	test_bgrad(g0, 512, 768, 2304, 0, 0, 0);
+	test_bgrad(g0, 512, 768, 768, 0, 0, 0);
+	test_bgrad(g0, 512, 768, 3072, 0, 0, 0);
+	test_bgrad(g0, 512, 3072, 768, 0, 0, 0);
+	if (g->matmul_dgelu_bwd && g0->matmul_dgelu_bwd)
+		test_bgrad(g0, 512, 3072, 768, 0, 1, 0);
+	/* falling back by construction: split output (1100 -> 1088 + 12), padded rows (5001),
+	 * dw NULL */
+	test_bgrad(g0, 50, 96, 1100, 0, 0, 0);
+	test_bgrad(g0, 300, 64, 5001, 0, 0, 0);
+	test_bgrad(g0, 64, 768, 768, 0, 0, 1);
+	if (strict)
+		return;
+	/* shapes cuBLASLt may refuse (then the column-sum kernel): N and OC not multiples of
+	 * 8, 2-byte aligned views, one row; and dgelu's fallback (OC % 8 != 0) */
+	test_bgrad(g0, 77, 130, 33, 1, 0, 0);
+	test_bgrad(g0, 77, 768, 2304, 0, 0, 0);
+	test_bgrad(g0, 64, 768, 2304, 1, 0, 0);
+	test_bgrad(g0, 1, 8, 3, 0, 0, 0);
+	test_bgrad(g0, 33, 96, 100, 3, 0, 0);
+	if (g->matmul_dgelu_bwd && g0->matmul_dgelu_bwd)
+		test_bgrad(g0, 77, 130, 33, 1, 1, 0);
+}
+
 /* matmul_add_fwd (the residual in the GEMM) against the CPU matmul then add: the GEMM's
  * atol plus one bf16 step of the residual's magnitude (2 here), and rtol 2^-6: two
  * roundings (the product's, then the sum's) on either side, where the product's may
@@ -1717,6 +1808,21 @@ main(void)
 		rl_ops_close(g);
 	} else {
 		T_OK(0, "cannot reopen the CUDA backend");
+	}
+	/* bias gradients from the dw GEMM's epilogue (off by default: never run on a GPU in
+	 * session 7), checked against the CPU and the column-sum path (g0: the default); =strict
+	 * makes a shape cuBLASLt refuses an error: GPT-2's shapes and the fallbacks only */
+	{
+		const char *bgv[] = { "1", "strict" };
+		rl_ops *g0 = NULL;
+		if (rl_ops_cuda_open(&g0, 0) != RL_OK)
+			T_OK(0, "cannot reopen the CUDA backend");
+		for (int i = 0; g0 && i < 2; i++)
+			if (with_env("RL_CUDA_BGRAD", bgv[i])) {
+				bgrad_cases(g0, i == 1);
+				end_env("RL_CUDA_BGRAD");
+			}
+		rl_ops_close(g0);
 	}
 	if (with_env("RL_CUDA_GELU_FUSE", "0")) {
 		T_OK(g->matmul_gelu_fwd == NULL && g->matmul_dgelu_bwd == NULL,
