@@ -115,11 +115,11 @@ bench(rl_ops *o, const char *name, const char *json, int B, int P, int NEW, int 
 	printf("{\"what\":\"rlpipe_generate\",\"model\":\"%s\",\"batch\":%d,\"prompt\":%d,\"new\":%d,"
 	    "\"graphs\":%d,\"prefill_ms\":%.1f,\"decode_step_ms\":%.3f,\"host_ms_per_step\":%.3f,"
 	    "\"wait_ms_per_step\":%.3f,\"graph_captures\":%llu,\"graph_launches\":%llu,"
-	    "\"one_launch_steps\":%llu,\"tokens_per_s\":%.0f,\"bw_bound_fraction\":%.3f}\n",
+	    "\"one_launch_steps\":%llu,\"tokens_per_s\":%.0f,\"bw_bound_fraction\":%.3f,\"switches\":\"%s\"}\n",
 	    name, B, P, NEW, graphs && o->graph_begin != NULL, tp * 1e3, step_s * 1e3, host_ms, wait_ms,
 	    (unsigned long long)(m->dstats.captures - s0.captures),
 	    (unsigned long long)(m->dstats.launches - s0.launches),
-	    (unsigned long long)(m->dstats.onestep - s0.onestep), B * NEW / td, bound / step_s);
+	    (unsigned long long)(m->dstats.onestep - s0.onestep), B * NEW / td, bound / step_s, bench_cuda_env());
 	fflush(stdout);
 out:
 	if (rv)

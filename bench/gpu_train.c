@@ -78,8 +78,9 @@ bench(rl_ops *o, const char *name, const char *json, int B, int T, int steps)
 		used = (double)(tot - fr) / (1 << 30);
 #endif
 	printf("{\"what\":\"rlpipe_train_step\",\"model\":\"%s\",\"params\":%.0f,\"batch\":%d,\"seq\":%d,"
-	    "\"step_ms\":%.1f,\"tokens_per_s\":%.0f,\"mfu_vs_989\":%.3f,\"device_mem_used_gb\":%.1f}\n",
-	    name, P, B, T, dt * 1e3, tps, tps * flops_tok / 989e12, used);
+	    "\"step_ms\":%.1f,\"tokens_per_s\":%.0f,\"mfu_vs_989\":%.3f,\"device_mem_used_gb\":%.1f,"
+	    "\"switches\":\"%s\"}\n",
+	    name, P, B, T, dt * 1e3, tps, tps * flops_tok / 989e12, used, bench_cuda_env());
 	fflush(stdout);
 out:
 	if (rv)

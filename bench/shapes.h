@@ -18,4 +18,30 @@ static const char *qwen_json =
     "\"rope_theta\":1000000.0,\"rms_norm_eps\":1e-06,\"hidden_act\":\"silu\","
     "\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\"}";
 
+/* The RL_CUDA_* switches set in the environment as one JSON string value ("" when none:
+ * the defaults), e.g. "RL_CUDA_BGRAD=1 RL_CUDA_NORM_BWD_ADD=1", so that a benchmark's line
+ * says which paths it measured.  Characters JSON would need escaped are left out. */
+#include <stdlib.h>
+#include <string.h>
+extern char **environ;
+static inline const char *
+bench_cuda_env(void)
+{
+	static char buf[512];
+	size_t n = 0;
+	buf[0] = '\0';
+	for (char **e = environ; e && *e; e++) {
+		if (strncmp(*e, "RL_CUDA_", 8) != 0)
+			continue;
+		for (const char *p = *e; *p && n + 2 < sizeof buf; p++)
+			if (*p != '"' && *p != '\\' && (unsigned char)*p >= 0x20)
+				buf[n++] = *p;
+		if (n + 2 < sizeof buf)
+			buf[n++] = ' ';
+	}
+	if (n > 0)
+		n--;  /* the last space */
+	buf[n] = '\0';
+	return buf;
+}
 #endif
