@@ -1752,10 +1752,11 @@ step_desc(rl_model *m, const rl_kvcache *kv, rl_step_desc *d, int B)
 }
 
 /* The device work of one decode step, reading every per-step value from f->dstep:
- * embedding, blocks, final norm, lm_head (ops->decode_step when it takes them: one launch),
- * sampling (rows [0, g) with sp, the rest greedy) into the outputs at f->out_off.  The same ops, in the same order, as
- * rl_model_decode followed by the engine's two ops->sample calls (less its copy of
- * x to f->last: the head reads x, the same values). */
+ * embedding, blocks, final norm, lm_head (ops->decode_step when it takes them: one
+ * launch), sampling (rows [0, g) with sp, the rest greedy) into the outputs at
+ * f->out_off.  The same ops, in the same order, as rl_model_decode followed by the
+ * engine's two ops->sample calls (less its copy of x to f->last: the head reads x, the
+ * same values), except that decode_step sums attention in another order. */
 static void
 decode_enqueue(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params *sp)
 {
