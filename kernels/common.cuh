@@ -100,6 +100,13 @@ block_max(float v, float *sh)
 	return warp_max(v);
 }
 
+/* p 16-byte aligned (the uint4 loads of the vec and fused kernels) */
+static inline int
+rlk_a16(const void *p)
+{
+	return ((uintptr_t)p & 15) == 0;
+}
+
 static inline unsigned
 rlk_blocks(size_t n, unsigned threads)
 {

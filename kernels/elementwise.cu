@@ -30,17 +30,12 @@ static unsigned rlk_opts_v = RLK_OPT_ALL;
 extern "C" void rlk_set_opts(unsigned opts) { rlk_opts_v = opts; }
 extern "C" unsigned rlk_get_opts(void) { return rlk_opts_v; }
 
-static int
-al16(const void *p)
-{
-	return ((uintptr_t)p & 15) == 0;
-}
 
 /* the vec kernels: RLK_OPT_EW_VEC set and every pointer given 16-byte aligned */
 static int
 ew_vec(const void *a, const void *b, const void *c)
 {
-	return (rlk_opts_v & RLK_OPT_EW_VEC) && al16(a) && al16(b) && al16(c);
+	return (rlk_opts_v & RLK_OPT_EW_VEC) && rlk_a16(a) && rlk_a16(b) && rlk_a16(c);
 }
 
 /* ---- cast ------------------------------------------------------------------ */
@@ -527,7 +522,7 @@ rlk_colsum(void *s, float *db, const void *dout, int N, int OC)
 {
 	if (N <= 0 || OC <= 0)
 		return 0;
-	if ((rlk_opts_v & RLK_OPT_COLSUM_VEC) && OC % 8 == 0 && al16(dout) && (N + COLSUM_ROWS - 1) / COLSUM_ROWS <= 65535) {
+	if ((rlk_opts_v & RLK_OPT_COLSUM_VEC) && OC % 8 == 0 && rlk_a16(dout) && (N + COLSUM_ROWS - 1) / COLSUM_ROWS <= 65535) {
 		dim3 grid((OC + 255) / 256, (N + COLSUM_ROWS - 1) / COLSUM_ROWS);
 		k_colsum8<<<grid, 256, 0, RLK_STREAM(s)>>>(db, (const bf16 *)dout, N, OC);
 		RLK_RET();

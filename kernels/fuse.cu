@@ -87,23 +87,18 @@ k_rope_kv(bf16 *kc, bf16 *vc, bf16 *qkv, const int32_t *pos, const int32_t *slot
 }
 /* ==== fuse launchers */
 
-static int
-a16(const void *p)
-{
-	return ((uintptr_t)p & 15) == 0;
-}
 
 extern "C" int
 rlk_fused_gemv_ok(int N, int C, int OC, int norm, int ep, const void *x, const void *nw, const void *nb,
     const void *w)
 {
-	if (N < 1 || N > 4 || C <= 0 || C % 8 || C > 8192 || OC <= 0 || !a16(x) || !a16(w))
+	if (N < 1 || N > 4 || C <= 0 || C % 8 || C > 8192 || OC <= 0 || !rlk_a16(x) || !rlk_a16(w))
 		return 0;
 	if (ep < RL_EP_NONE || ep > RL_EP_SWIGLU || (ep == RL_EP_SWIGLU && OC % 2))
 		return 0;
 	if (norm == RL_NORM_NONE)
 		return 1;
-	return (norm == RL_NORM_RMS || norm == RL_NORM_LN) && nw && a16(nw) && a16(nb) && (long)N * C <= 24576;
+	return (norm == RL_NORM_RMS || norm == RL_NORM_LN) && nw && rlk_a16(nw) && rlk_a16(nb) && (long)N * C <= 24576;
 }
 
 typedef void (*fu_kernel)(bf16 *, const bf16 *, const bf16 *, const bf16 *, float, int, const bf16 *,

@@ -137,11 +137,6 @@ k_norm_vec(bf16 *xw, const bf16 *xin, const bf16 *t, bf16 *out, float *mean, flo
 	}
 }
 
-static int
-a16(const void *p)
-{
-	return ((uintptr_t)p & 15) == 0;
-}
 
 /* k_norm_vec when the shape and alignment allow it: 1 if launched (or failed to launch:
  * *err set), 0 to take the element-strided kernel */
@@ -149,7 +144,7 @@ static int
 norm_vec(cudaStream_t st, int *err, bf16 *xw, const bf16 *xin, const bf16 *t, bf16 *out, float *mean,
     float *rstd, const bf16 *w, const bf16 *b, int N, int C, float eps, int ln)
 {
-	if (C <= 0 || C % 8 || C > 4096 || !a16(xw) || !a16(xin) || !a16(t) || !a16(out) || !a16(w) || !a16(b))
+	if (C <= 0 || C % 8 || C > 4096 || !rlk_a16(xw) || !rlk_a16(xin) || !rlk_a16(t) || !rlk_a16(out) || !rlk_a16(w) || !rlk_a16(b))
 		return 0;
 	int n = (C + 255) / 256;
 	unsigned g = norm_grid(N);
@@ -316,8 +311,8 @@ static int
 norm_bwd_vec(cudaStream_t st, int *err, bf16 *dx, float *dw, float *db, const bf16 *dout, const bf16 *x,
     const bf16 *w, const float *mean, const float *rstd, int N, int C, int ln, int acc)
 {
-	if (!(rlk_get_opts() & RLK_OPT_NORM_BWD_VEC) || C <= 0 || C % 8 || C > 1024 || !a16(dx) || !a16(dout) ||
-	    !a16(x) || !a16(w))
+	if (!(rlk_get_opts() & RLK_OPT_NORM_BWD_VEC) || C <= 0 || C % 8 || C > 1024 || !rlk_a16(dx) || !rlk_a16(dout) ||
+	    !rlk_a16(x) || !rlk_a16(w))
 		return 0;
 	int n = (C + 255) / 256;
 	size_t sm = (size_t)2 * C * sizeof(float);

@@ -178,11 +178,6 @@ k_decode_step(st_args a)
 }
 /* ==== step launchers */
 
-static int
-a16(const void *p)
-{
-	return ((uintptr_t)p & 15) == 0;
-}
 
 typedef void (*st_kernel)(st_args);
 
@@ -225,8 +220,8 @@ rlk_decode_step_ok(const rlk_step *s, int B)
 	if (s->BS < 1 || s->MAXBLK < 1 || !s->lm_w || !s->lnf_w)
 		return 0;
 	/* loaded 16 bytes at a time: the rows of x, att and h, the norm weights, the LM head */
-	return a16(s->x) && a16(s->qkv) && a16(s->att) && a16(s->h) && a16(s->logits) && a16(s->lnf_w) &&
-	    a16(s->lnf_b) && a16(s->lm_w);
+	return rlk_a16(s->x) && rlk_a16(s->qkv) && rlk_a16(s->att) && rlk_a16(s->h) && rlk_a16(s->logits) && rlk_a16(s->lnf_w) &&
+	    rlk_a16(s->lnf_b) && rlk_a16(s->lm_w);
 }
 
 extern "C" int
@@ -235,8 +230,8 @@ rlk_step_layer_ok(const rlk_step *s, const rlk_step_layer *l)
 	if (!s || !l || !l->ln1_w || !l->qkv_w || !l->o_w || !l->ln2_w || !l->fc_w || !l->proj_w || !l->kc || !l->vc)
 		return 0;
 	/* the weights and norm weights load 16 bytes at a time, the cache rows (HD a multiple of 8) too */
-	return a16(l->ln1_w) && a16(l->ln1_b) && a16(l->qkv_w) && a16(l->o_w) && a16(l->ln2_w) && a16(l->ln2_b) &&
-	    a16(l->fc_w) && a16(l->proj_w) && a16(l->kc) && a16(l->vc);
+	return rlk_a16(l->ln1_w) && rlk_a16(l->ln1_b) && rlk_a16(l->qkv_w) && rlk_a16(l->o_w) && rlk_a16(l->ln2_w) && rlk_a16(l->ln2_b) &&
+	    rlk_a16(l->fc_w) && rlk_a16(l->proj_w) && rlk_a16(l->kc) && rlk_a16(l->vc);
 }
 
 extern "C" int
@@ -271,7 +266,7 @@ rlk_decode_step(void *stream, const rlk_step *s, const int32_t *pos, const int32
 {
 	if (!rlk_decode_step_ok(s, B) || !pos || !slot || !bt || !ctx || !s->layer || !s->cnt || !s->bar)
 		return (int)cudaErrorInvalidValue;
-	if (s->nsplit < 1 || s->nsplit > RLK_DECODE_MAXSPLIT || (s->nsplit > 1 && (!s->ws || !a16(s->ws))))
+	if (s->nsplit < 1 || s->nsplit > RLK_DECODE_MAXSPLIT || (s->nsplit > 1 && (!s->ws || !rlk_a16(s->ws))))
 		return (int)cudaErrorInvalidValue;  /* float4 loads of the partials */
 	const int n = rlk_decode_step_blocks(s, B);
 	if (n < 1)
