@@ -12,9 +12,11 @@
  * memory-bandwidth bound (weights in bf16 + the KV read per step, over 3.0e12
  * B/s measured on the H100 here).
  *
- * Usage: gpu_gen [gpt2|qwen|all] [new] [graph|nograph|both] [slots]   (default
+ * Usage: gpu_gen [gpt2|qwen|all] [new] [graph|nograph|both] [slots] [steps]   (default
  * both: each run with graphs, then op by op, for the ratio; RL_CUDA_GRAPH=0
- * turns graphs off in the backend altogether; slots: only that batch size;
+ * turns graphs off in the backend altogether; slots: only that batch size, 0 all;
+ * steps: decode steps a call, rl_model_decode_multi when more than 1 (multi-step
+ * decoding: the tokens fed back on the device, one wait per call), default 1;
  * GPU_GEN_TRACE=1 prints the prefill time and the time at steps 1, 2, 4, ... to stderr)
  */
 #include <stdio.h>
@@ -33,7 +35,7 @@
 #define HBM_BPS 3.0e12
 
 static int
-bench(rl_ops *o, const char *name, const char *json, int B, int P, int NEW, int graphs)
+bench(rl_ops *o, const char *name, const char *json, int B, int P, int NEW, int graphs, int multi)
 {
 	rl_config cfg;
 	rl_model *m = NULL;
@@ -57,8 +59,8 @@ bench(rl_ops *o, const char *name, const char *json, int B, int P, int NEW, int 
 	prompts = rl_xcalloc(B, sizeof *prompts);
 	ntok = rl_xcalloc(B, sizeof *ntok);
 	tok = rl_xcalloc(B, sizeof *tok);
-	ntk = rl_xcalloc(B, sizeof *ntk);
-	hlp = rl_xcalloc(B, sizeof *hlp);
+	ntk = rl_xcalloc((size_t)B * multi, sizeof *ntk);
+	hlp = rl_xcalloc((size_t)B * multi, sizeof *hlp);
 	m->no_graph = !graphs;
 	seed = rl_xcalloc(B, 8);
 	ctr = rl_xcalloc(B, 8);
@@ -94,12 +96,14 @@ bench(rl_ops *o, const char *name, const char *json, int B, int P, int NEW, int 
 	o->sample(o, dtok, dlp, m->logits, dseed, dctr, B, cfg.vocab_size, &sp_);
 	o->download(o, tok, dtok, B * 4);
 	rl_decode_stats s0 = m->dstats;
-	for (int step = 1; step < NEW; step++) {
+	for (int step = 1, n; step < NEW; step += n) {
+		n = NEW - step < multi ? NEW - step : multi;
 		for (int b = 0; b < B; b++)
 			ctr[b] = (uint64_t)step;
-		if ((rv = rl_model_decode_sample(m, kv, sp, tok, seed, ctr, B, B, &sp_, ntk, hlp)))
+		if ((rv = multi > 1 ? rl_model_decode_multi(m, kv, sp, tok, seed, ctr, B, B, &sp_, n, ntk, hlp)
+		    : rl_model_decode_sample(m, kv, sp, tok, seed, ctr, B, B, &sp_, ntk, hlp)))
 			goto out;
-		memcpy(tok, ntk, (size_t)B * 4);
+		memcpy(tok, ntk + (size_t)(n - 1) * B, (size_t)B * 4);
 		if (trace && (step & (step - 1)) == 0)
 			fprintf(stderr, "gpu_gen: step %d at %.1f ms\n", step, (rl_now() - t0) * 1e3);
 	}
@@ -113,10 +117,10 @@ bench(rl_ops *o, const char *name, const char *json, int B, int P, int NEW, int 
 	double kvread = (double)kvtok * B * (P + NEW / 2.0);  /* mean context over the run */
 	double step_s = td / NEW, bound = (wbytes + kvread) / HBM_BPS;
 	printf("{\"what\":\"rlpipe_generate\",\"model\":\"%s\",\"batch\":%d,\"prompt\":%d,\"new\":%d,"
-	    "\"graphs\":%d,\"prefill_ms\":%.1f,\"decode_step_ms\":%.3f,\"host_ms_per_step\":%.3f,"
+	    "\"graphs\":%d,\"steps_per_call\":%d,\"prefill_ms\":%.1f,\"decode_step_ms\":%.3f,\"host_ms_per_step\":%.3f,"
 	    "\"wait_ms_per_step\":%.3f,\"graph_captures\":%llu,\"graph_launches\":%llu,"
 	    "\"one_launch_steps\":%llu,\"tokens_per_s\":%.0f,\"bw_bound_fraction\":%.3f,\"switches\":\"%s\"}\n",
-	    name, B, P, NEW, graphs && o->graph_begin != NULL, tp * 1e3, step_s * 1e3, host_ms, wait_ms,
+	    name, B, P, NEW, graphs && o->graph_begin != NULL, multi, tp * 1e3, step_s * 1e3, host_ms, wait_ms,
 	    (unsigned long long)(m->dstats.captures - s0.captures),
 	    (unsigned long long)(m->dstats.launches - s0.launches),
 	    (unsigned long long)(m->dstats.onestep - s0.onestep), B * NEW / td, bound / step_s, bench_cuda_env());
@@ -154,13 +158,15 @@ main(int argc, char **argv)
 		fprintf(stderr, "gpu_gen: no CUDA backend: %s\n", rl_strerror(rv));
 		return 1;
 	}
-	int bs[] = { 1, 64, 256 }, only = argc > 4 ? atoi(argv[4]) : 0;
+	int bs[] = { 1, 64, 256 }, only = argc > 4 ? atoi(argv[4]) : 0, multi = argc > 5 ? atoi(argv[5]) : 1;
+	if (multi < 1)
+		multi = 1;
 	for (int i = 0; i < 3; i++)
 		for (int k = 0; k < ng && (!only || only == bs[i]); k++) {
 			if (!strcmp(which, "all") || !strcmp(which, "gpt2"))
-				rv |= bench(o, "gpt2-124m", gpt2_json, bs[i], 64, NEW, gmodes[k]);
+				rv |= bench(o, "gpt2-124m", gpt2_json, bs[i], 64, NEW, gmodes[k], multi);
 			if (!strcmp(which, "all") || !strcmp(which, "qwen"))
-				rv |= bench(o, "qwen2.5-0.5b", qwen_json, bs[i], 64, NEW, gmodes[k]);
+				rv |= bench(o, "qwen2.5-0.5b", qwen_json, bs[i], 64, NEW, gmodes[k], multi);
 		}
 	rl_ops_close(o);
 	return rv ? 1 : 0;

@@ -723,3 +723,30 @@ rlk_kv_write(void *s, void *kc, void *vc, const void *qkv, const int32_t *slot, 
 	    (const bf16 *)qkv, slot, N, NH, NKV, HD);
 	RLK_RET();
 }
+
+/* The next decode step's inputs from this one's sampled tokens (launch.h: rlk_decode_advance) */
+__global__ void k_decode_advance(int32_t *tok, int32_t *pos, int32_t *ctx, int32_t *slot, uint64_t *ctr,
+    const int32_t *bt, const int32_t *otok, int B, int cols, int BS)
+{
+	int b = blockIdx.x * blockDim.x + threadIdx.x;
+	if (b >= B)
+		return;
+	int p = pos[b] + 1;
+	tok[b] = otok[b];
+	pos[b] = p;
+	ctx[b]++;
+	ctr[b]++;
+	slot[b] = bt[(size_t)b * cols + p / BS] * BS + p % BS;
+}
+
+extern "C" int
+rlk_decode_advance(void *s, int32_t *tok, int32_t *pos, int32_t *ctx, int32_t *slot, uint64_t *ctr,
+    const int32_t *bt, const int32_t *otok, int B, int cols, int BS)
+{
+	if (B <= 0)
+		return 0;
+	if (cols < 1 || BS < 1)
+		return (int)cudaErrorInvalidValue;
+	k_decode_advance<<<(B + 127) / 128, 128, 0, RLK_STREAM(s)>>>(tok, pos, ctx, slot, ctr, bt, otok, B, cols, BS);
+	RLK_RET();
+}

@@ -153,27 +153,30 @@ struct fu_pdl {
  * chunks are loaded, then its wait() in every thread (a block without outputs too) before
  * anything else is read or written (fu_pdl: k_fused_gemv's programmatic launch; step.cu: its
  * grid barrier). */
-template <int NR, int NORM, int EP, class S>
+template <int NR, int NORM, int EP, int PF = 0, class S>
 static __device__ __forceinline__ void
 fu_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps, int ln, const bf16 *w,
     const bf16 *bias, int C, int OC, const fu_qkv &q, int bid, int nblk, const S &sync)
 {
-	constexpr int NW = EP == RL_EP_SWIGLU || EP == FU_EP_QKV ? 2 : 1, IF = FU_INFL / NW;
+	constexpr int NW = EP == RL_EP_SWIGLU || EP == FU_EP_QKV ? 2 : 1, IF = FU_INFL / NW, RSTEP = 32 * IF;
 	const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
 	const int NO = NW == 2 ? OC / 2 : OC, nch = C / 8;
 	const long ostep = (long)nblk * FU_WARPS;
 	long o = (long)bid * FU_WARPS + wid, o1 = 0, o2 = 0;
 	const bf16 *w0 = w, *w1 = w;
-	uint4 wc[NW][IF];
-	/* rows o1 (and o2: o + NO for SwiGLU, o1 + HD/2 for QKV) of output o */
-	auto rows = [&](long oo) {
-		o1 = oo;
-		o2 = oo + NO;
+	uint4 wc[NW][IF], wn[NW][IF];  /* wn: PF only (else unused, no registers) */
+	/* rows r1 (and r2: o + NO for SwiGLU, r1 + HD/2 for QKV) of output oo */
+	auto rowsof = [&](long oo, long &r1, long &r2) {
+		r1 = oo;
+		r2 = oo + NO;
 		if (EP == FU_EP_QKV) {
 			int half = q.HD / 2;
-			o1 = oo / half * q.HD + oo % half;
-			o2 = o1 + half;
+			r1 = oo / half * q.HD + oo % half;
+			r2 = r1 + half;
 		}
+	};
+	auto rows = [&](long oo) {
+		rowsof(oo, o1, o2);
 		w0 = w + (size_t)o1 * C;
 		w1 = w + (size_t)o2 * C;
 	};
@@ -194,47 +197,74 @@ fu_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps, int
 		__syncthreads();
 		xs = fu_xs;
 	}
-	/* a grid smaller than NO / FU_WARPS blocks (the launcher's cap: the norm once a block;
-	 * step.cu's grid) takes the outputs in strides */
-	for (bool first = true; o < NO; o += ostep, first = false) {
-		if (!first)
-			rows(o);
-		float acc[NW][NR];
+	/* Tiles: output o's rounds of RSTEP chunks from base cb (the same in every lane), then the
+	 * warp's next output o + ostep (a grid smaller than NO / FU_WARPS blocks, the launcher's
+	 * cap or step.cu's grid, takes the outputs in strides).  PF: the next tile's chunks are
+	 * loaded (into wn) before the current one is summed, so a warp with several outputs or
+	 * rounds has two in flight; without, each tile's loads wait for the one before. */
+	float acc[NW][NR];
 #pragma unroll
-		for (int r = 0; r < NW; r++)
+	for (int r = 0; r < NW; r++)
 #pragma unroll
-			for (int m = 0; m < NR; m++)
-				acc[r][m] = 0.0f;
-		for (int c0 = lane; c0 < nch; c0 += 32 * IF) {
-			if (c0 != lane || !first)
-				fu_load<NW, IF>(wc, w0, w1, c0, nch);
+		for (int m = 0; m < NR; m++)
+			acc[r][m] = 0.0f;
+	for (int cb = 0; o < NO;) {
+		long on = o;
+		int cn = cb + RSTEP;
+		if (cn >= nch) {
+			on = o + ostep;
+			cn = 0;
+		}
+		if (PF && on < NO) {
+			long r1, r2;
+			rowsof(on, r1, r2);
+			fu_load<NW, IF>(wn, w + (size_t)r1 * C, w + (size_t)r2 * C, cn + lane, nch);
+		}
 #pragma unroll
-			for (int k = 0; k < IF; k++) {
-				int c = c0 + k * 32;
-				if (c >= nch)
-					break;
+		for (int k = 0; k < IF; k++) {
+			int c = cb + lane + k * 32;
+			if (c >= nch)
+				break;
 #pragma unroll
-				for (int m = 0; m < NR; m++) {
-					uint4 xu = *(const uint4 *)(xs + (size_t)m * C + (size_t)c * 8);
-					const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xu;
+			for (int m = 0; m < NR; m++) {
+				uint4 xu = *(const uint4 *)(xs + (size_t)m * C + (size_t)c * 8);
+				const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xu;
 #pragma unroll
-					for (int r = 0; r < NW; r++) {
-						const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wc[r][k];
+				for (int r = 0; r < NW; r++) {
+					const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wc[r][k];
 #pragma unroll
-						for (int j = 0; j < 4; j++) {
-							float2 wf = __bfloat1622float2(w2[j]), xf = __bfloat1622float2(x2[j]);
-							acc[r][m] += wf.x * xf.x + wf.y * xf.y;
-						}
+					for (int j = 0; j < 4; j++) {
+						float2 wf = __bfloat1622float2(w2[j]), xf = __bfloat1622float2(x2[j]);
+						acc[r][m] += wf.x * xf.x + wf.y * xf.y;
 					}
 				}
 			}
 		}
-		/* row m's output by lane m (every lane has the sums) */
+		if (cn == 0) {
+			/* output o done: row m's output by lane m (every lane has the sums) */
 #pragma unroll
-		for (int m = 0; m < NR; m++) {
-			float s0 = warp_sum(acc[0][m]), s1 = NW == 2 ? warp_sum(acc[NW - 1][m]) : 0.0f;
-			if (lane == m)
-				fu_epilogue<EP>(out, m, o, o1, o2, NO, OC, s0, s1, bias, q);
+			for (int m = 0; m < NR; m++) {
+				float s0 = warp_sum(acc[0][m]), s1 = NW == 2 ? warp_sum(acc[NW - 1][m]) : 0.0f;
+				if (lane == m)
+					fu_epilogue<EP>(out, m, o, o1, o2, NO, OC, s0, s1, bias, q);
+#pragma unroll
+				for (int r = 0; r < NW; r++)
+					acc[r][m] = 0.0f;
+			}
+			if (on >= NO)
+				break;
+			rows(on);
+		}
+		o = on;
+		cb = cn;
+		if (PF) {
+#pragma unroll
+			for (int r = 0; r < NW; r++)
+#pragma unroll
+				for (int k = 0; k < IF; k++)
+					wc[r][k] = wn[r][k];
+		} else {
+			fu_load<NW, IF>(wc, w0, w1, cb + lane, nch);
 		}
 	}
 }

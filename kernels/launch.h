@@ -60,6 +60,10 @@ int rlk_adamw(void *stream, float *param, void *wcopy, const float *grad, float 
     float grad_scale);
 int rlk_kv_write(void *stream, void *kc, void *vc, const void *qkv, const int32_t *slot,
     int N, int NH, int NKV, int HD);
+/* Multi-step decoding (ops.h decode_advance): per row b, tok[b] = otok[b], pos, ctx and ctr
+ * one more, slot[b] = bt[b cols + pos / BS] BS + pos % BS of the new pos (device memory). */
+int rlk_decode_advance(void *stream, int32_t *tok, int32_t *pos, int32_t *ctx, int32_t *slot, uint64_t *ctr,
+    const int32_t *bt, const int32_t *otok, int B, int cols, int BS);
 /* Multi-tensor AdamW (ops.h adamw_multi) over a table of chunks in device memory: chunk b
  * is elements [off, off + n) of the buffers (n <= RLK_ADAMW_CHUNK, within one segment) with
  * class cls; lr, wd: host arrays of RL_ADAMW_NCLS.  Per element the arithmetic of rlk_adamw. */
@@ -228,7 +232,28 @@ typedef struct rlk_step {
 	float *ws;                     /* attention partials, rlk_attn_decode_ws_bytes(B, NH, HD, nsplit) */
 	unsigned *cnt, *bar;           /* merge counters (B * NKV), barrier counters (2) */
 	int nsplit;
+	int split_keys;                /* keys a split takes at least: a context of L keys uses
+	                                * min(nsplit, ceil(L / split_keys)) splits (0: nsplit) */
+	int grid;                      /* blocks to launch: 0 every resident one, else at most that */
+	int bar_kind;                  /* the barrier's poll: RLK_STEP_BAR_* */
+	int plain;                     /* 1: an ordinary launch, not a cooperative one (diagnostics:
+	                                * every block is resident only while nothing else runs) */
+	unsigned long long *prof;      /* NULL, or the stage timings: RLK_STEP_PROF_U64(n_layer) */
 } rlk_step;
+/* The barrier's poll (diagnostics, session 8): with a 32 ns sleep between polls (the
+ * default), without, or acquire loads after a release add (no fences, no sleep). */
+enum { RLK_STEP_BAR_SLEEP = 0, RLK_STEP_BAR_SPIN, RLK_STEP_BAR_ACQ };
+/* The stage profile (RL_CUDA_STEP_PROFILE): per barrier k of 0 .. 5 n_layer + 1 (0: the
+ * kernel's start, the last: its end) four globaltimer stamps (the last and first block to
+ * arrive, the first and last to leave), then RLK_STEP_PROF_ACC sums the last block of each
+ * launch adds: per stage kind (QKV, attention, o, fc, proj, head) the ns from the first block
+ * leaving the barrier before it to the last (then the first) arriving at the one after, the
+ * barrier after it (last arrival to first departure) and its departures' spread; then the
+ * whole launch's ns, the launches, the ns from the end of a launch to the start of the next
+ * (the caller's kernels between steps and the launch's own latency) and the last end.  The
+ * caller zeroes it but the minima (0xff...), and every launch leaves the stamps so again. */
+#define RLK_STEP_PROF_ACC (6 * 4 + 4)
+#define RLK_STEP_PROF_U64(n_layer) (4 * (5 * (size_t)(n_layer) + 2) + RLK_STEP_PROF_ACC)
 int rlk_decode_step_ok(const rlk_step *s, int B);
 /* The checks of rlk_decode_step_ok for one entry of the layer table, which the launcher cannot
  * read (device memory): l, the caller's host copy of the entry (the required pointers given,

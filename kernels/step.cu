@@ -41,8 +41,16 @@
  * attention's arrays (decode.cuh's dc_lane_sm for 8 warps: 48 KB at G 8, HD 128) in stage
  * 1; the barrier's __syncthreads separates the two uses.
  *
- * Never run on a GPU (session 7): kernels/emu/emu_step.cpp runs st_stage stage by stage against
- * the CPU ops, and the whole kernel over 4 blocks at once (its barrier) against that.
+ * Attention takes only the splits its context needs (split_keys keys each, at most nsplit):
+ * a short context goes without the merge.  The products prefetch (fu_gemv's PF): a warp with
+ * several outputs has the next one's weights in flight while it sums the current one.
+ *
+ * Checked: kernels/emu/emu_step.cpp runs st_stage stage by stage against the CPU ops, and the
+ * whole kernel over 4 blocks at once (its barrier) against that; on an H100 (session 8)
+ * tests/unit/test_cuda_step.c.  Measured there (bench/gpu-step.sh, RL_CUDA_STEP_PROFILE: the
+ * stages timed from globaltimer stamps) it is slower than the separate kernels: a barrier
+ * costs 0.6-1.5 us, but a stage is not faster than a kernel of its own (attention 9-10 us,
+ * the products 2-12 us, latency-bound), docs/cuda.md.
  *
  * Leaves out: more than one sequence (RLK_STEP_ROWS), Qwen3's q/k-norm, the embedding and
  * the sampler (the caller's kernels before and after).
@@ -54,12 +62,26 @@
 #include "kernels/fuse.cuh"
 #include "kernels/decode.cuh"
 
+/* globaltimer (ns, the same clock on every multiprocessor): the stage profile's stamps
+ * (kernels/emu defines its own) */
+static __device__ __forceinline__ unsigned long long
+st_now(void)
+{
+	unsigned long long t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
+}
+
 /* ==== step device code (kernels/emu/run.sh cuts from here to the launchers marker) */
 #define ST_WARPS 8               /* warps a block: FU_WARPS */
 #define ST_NR RLK_STEP_ROWS      /* rows of the products */
 #define ST_SPIN_MAX (1u << 25)   /* polls of one barrier before a trap: each an L2 round trip
                                   * and a sleep, 0.15-0.2 us: 5-7 s */
 #define ST_SLEEP_NS 32
+#ifndef ST_G1_MINB
+#define ST_G1_MINB 1             /* resident blocks an SM asked of the G 1 instantiations (2: at most
+                                  * 128 registers, which spills since the products' prefetch) */
+#endif
 
 /* the kernel's arguments: the step and the per-sequence indices (launch.h) */
 struct st_args {
@@ -69,31 +91,103 @@ struct st_args {
 };
 
 /* Barrier number k of a launch of nblk blocks: returns in every thread of every block once
- * every block has called it k times (target = k nblk).  All threads of the block call it. */
+ * every block has called it k times (target = k nblk).  All threads of the block call it.
+ * kind: RLK_STEP_BAR_* (launch.h); prof: the stage profile or NULL. */
 static __device__ __forceinline__ void
-st_grid_sync(unsigned *bar, unsigned target)
+st_grid_sync(unsigned *bar, unsigned target, int kind = RLK_STEP_BAR_SLEEP, unsigned long long *prof = NULL,
+    unsigned k = 0)
 {
 	__syncthreads();  /* the block's writes of the stage are done ... */
 	if (threadIdx.x == 0) {
-		__threadfence();  /* ... and ordered before its arrival (release) */
-		atomicAdd(&bar[0], 1u);
-		const volatile unsigned *c = bar;
-		for (unsigned n = 0; *c < target; n++) {
-			if (n == ST_SPIN_MAX)
-				__trap();  /* a block that never arrives: fail the launch, do not hang */
-			__nanosleep(ST_SLEEP_NS);
+		if (prof) {
+			unsigned long long t = st_now();
+			atomicMax(&prof[4 * k], t);
+			atomicMin(&prof[4 * k + 1], t);
 		}
-		__threadfence();  /* the other blocks' writes before this block's reads (acquire) */
+#ifdef __CUDA_ARCH__
+		if (kind == RLK_STEP_BAR_ACQ) {
+			/* a release add, then acquire loads: the same order as the fences below */
+			unsigned v;
+			asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
+			for (unsigned n = 0;; n++) {
+				asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(bar) : "memory");
+				if (v >= target)
+					break;
+				if (n == ST_SPIN_MAX)
+					__trap();
+			}
+		} else
+#endif
+		{
+			__threadfence();  /* ... and ordered before its arrival (release) */
+			atomicAdd(&bar[0], 1u);
+			const volatile unsigned *c = bar;
+			for (unsigned n = 0; *c < target; n++) {
+				if (n == ST_SPIN_MAX)
+					__trap();  /* a block that never arrives: fail the launch, do not hang */
+				if (kind == RLK_STEP_BAR_SLEEP)
+					__nanosleep(ST_SLEEP_NS);
+			}
+			__threadfence();  /* the other blocks' writes before this block's reads (acquire) */
+		}
+		if (prof) {
+			unsigned long long t = st_now();
+			atomicMin(&prof[4 * k + 2], t);
+			atomicMax(&prof[4 * k + 3], t);
+		}
 	}
 	__syncthreads();
 }
 
-/* After the last stage: the block that counts last on bar[1] resets both counters (every
- * block has left its last barrier before it counts). */
-static __device__ __forceinline__ void
-st_grid_end(unsigned *bar, unsigned nblk)
+/* The last block of a launch adds its stamps (n stages, barriers 1 .. n) into the profile's
+ * sums and sets them back (launch.h: RLK_STEP_PROF_U64) */
+static __device__ void
+st_prof_add(unsigned long long *prof, int n)
 {
-	if (threadIdx.x == 0 && atomicAdd(&bar[1], 1u) == nblk - 1u) {
+	volatile unsigned long long *p = prof;
+	unsigned long long *acc = prof + 4 * (n + 2);
+	for (int k = 0; k <= n; k++) {
+		const int kind = k == n ? 5 : k % 5;
+		long long t0 = (long long)p[4 * k + 2];  /* the first block to start the stage */
+		acc[4 * kind] += (unsigned long long)((long long)p[4 * (k + 1)] - t0);
+		acc[4 * kind + 1] += (unsigned long long)((long long)p[4 * (k + 1) + 1] - t0);
+		if (k < n) {
+			acc[4 * kind + 2] += (unsigned long long)((long long)p[4 * (k + 1) + 2] - (long long)p[4 * (k + 1)]);
+			acc[4 * kind + 3] += (unsigned long long)((long long)p[4 * (k + 1) + 3] - (long long)p[4 * (k + 1) + 2]);
+		}
+	}
+	acc[24] += (unsigned long long)((long long)p[4 * (n + 1)] - (long long)p[2]);
+	acc[25] += 1;
+	if (acc[27])
+		acc[26] += (unsigned long long)((long long)p[2] - (long long)acc[27]);
+	acc[27] = p[4 * (n + 1)];
+	for (int k = 0; k < n + 2; k++) {
+		p[4 * k] = 0;
+		p[4 * k + 1] = ~0ull;
+		p[4 * k + 2] = ~0ull;
+		p[4 * k + 3] = 0;
+	}
+}
+
+/* After the last stage: the block that counts last on bar[1] resets both counters (every
+ * block has left its last barrier before it counts); with a profile, it adds the launch's
+ * stamps (n stages) first. */
+static __device__ __forceinline__ void
+st_grid_end(unsigned *bar, unsigned nblk, unsigned long long *prof = NULL, int n = 0)
+{
+	if (threadIdx.x != 0)
+		return;
+	if (prof) {
+		unsigned long long t = st_now();
+		atomicMax(&prof[4 * (n + 1)], t);
+		atomicMin(&prof[4 * (n + 1) + 1], t);
+		__threadfence();
+	}
+	if (atomicAdd(&bar[1], 1u) == nblk - 1u) {
+		if (prof) {
+			__threadfence();
+			st_prof_add(prof, n);
+		}
 		bar[0] = 0u;
 		bar[1] = 0u;
 	}
@@ -104,11 +198,14 @@ st_grid_end(unsigned *bar, unsigned nblk)
 struct st_bar {
 	unsigned *bar;
 	unsigned target;
+	int kind;
+	unsigned long long *prof;
+	unsigned k;
 	__device__ __forceinline__ void trigger() const {}
 	__device__ __forceinline__ void wait() const
 	{
 		if (target)
-			st_grid_sync(bar, target);
+			st_grid_sync(bar, target, kind, prof, k);
 	}
 };
 
@@ -123,7 +220,7 @@ st_stage(const st_args &a, int stage, int bid, int nblk, const S &sync)
 	const fu_qkv q0 = { NULL, NULL, NULL, NULL, 0, 0, 0, 0.0f };
 	bf16 *x = (bf16 *)s.x, *qkv = (bf16 *)s.qkv, *att = (bf16 *)s.att, *h = (bf16 *)s.h;
 	if (stage == 5 * s.n_layer) {
-		fu_gemv<ST_NR, 1, RL_EP_NONE>((bf16 *)s.logits, x, (const bf16 *)s.lnf_w, (const bf16 *)s.lnf_b, s.eps,
+		fu_gemv<ST_NR, 1, RL_EP_NONE, 1>((bf16 *)s.logits, x, (const bf16 *)s.lnf_w, (const bf16 *)s.lnf_b, s.eps,
 		    GPT2, (const bf16 *)s.lm_w, (const bf16 *)NULL, C, s.V, q0, bid, nblk, sync);
 		return;
 	}
@@ -131,7 +228,7 @@ st_stage(const st_args &a, int stage, int bid, int nblk, const S &sync)
 	switch (stage % 5) {
 	case 0: {
 		const fu_qkv q = { (bf16 *)y.kc, (bf16 *)y.vc, a.pos, a.slot, NH, NKV, HD, GPT2 ? 0.0f : s.theta };
-		fu_gemv<ST_NR, 1, FU_EP_QKV>(qkv, x, (const bf16 *)y.ln1_w, (const bf16 *)y.ln1_b, s.eps, GPT2,
+		fu_gemv<ST_NR, 1, FU_EP_QKV, 1>(qkv, x, (const bf16 *)y.ln1_w, (const bf16 *)y.ln1_b, s.eps, GPT2,
 		    (const bf16 *)y.qkv_w, (const bf16 *)y.qkv_b, C, (NH + 2 * NKV) * HD, q, bid, nblk, sync);
 		break;
 	}
@@ -142,23 +239,29 @@ st_stage(const st_args &a, int stage, int bid, int nblk, const S &sync)
 		const int units = a.B * NKV, n = units * s.nsplit;
 		float2 *wml = s.nsplit > 1 ? (float2 *)(s.ws + (size_t)a.B * NH * s.nsplit * HD) : NULL;
 		for (int u = bid; u < n; u += nblk) {
+			/* the splits this sequence's context needs (split_keys keys each), at most nsplit:
+			 * a short context skips the merge or most of it */
+			const int unit = u % units, split = u / units, L = a.ctx[unit / NKV];
+			const int ns = s.split_keys > 0 ? min(s.nsplit, max(1, (L + s.split_keys - 1) / s.split_keys)) : s.nsplit;
+			if (split >= ns)
+				continue;
 			__syncthreads();  /* the unit before is done with sh */
 			dc_lane<HD, G, ST_WARPS>(sh, att, s.ws, wml, s.cnt, qkv, (const bf16 *)y.kc, (const bf16 *)y.vc, a.bt,
-			    a.ctx, NH, NKV, s.BS, s.MAXBLK, s.nsplit, u % units, u / units);
+			    a.ctx, NH, NKV, s.BS, s.MAXBLK, ns, unit, split);
 		}
 		break;
 	}
 	case 2:
-		fu_gemv<ST_NR, 0, RL_EP_ADD>(x, att, (const bf16 *)NULL, (const bf16 *)NULL, 0.0f, 0, (const bf16 *)y.o_w,
+		fu_gemv<ST_NR, 0, RL_EP_ADD, 1>(x, att, (const bf16 *)NULL, (const bf16 *)NULL, 0.0f, 0, (const bf16 *)y.o_w,
 		    (const bf16 *)y.o_b, NH * HD, C, q0, bid, nblk, sync);
 		break;
 	case 3:
-		fu_gemv<ST_NR, 1, GPT2 ? RL_EP_GELU : RL_EP_SWIGLU>(h, x, (const bf16 *)y.ln2_w, (const bf16 *)y.ln2_b,
+		fu_gemv<ST_NR, 1, GPT2 ? RL_EP_GELU : RL_EP_SWIGLU, 1>(h, x, (const bf16 *)y.ln2_w, (const bf16 *)y.ln2_b,
 		    s.eps, GPT2, (const bf16 *)y.fc_w, (const bf16 *)y.fc_b, C, GPT2 ? s.H : 2 * s.H, q0, bid, nblk,
 		    sync);
 		break;
 	default:
-		fu_gemv<ST_NR, 0, RL_EP_ADD>(x, h, (const bf16 *)NULL, (const bf16 *)NULL, 0.0f, 0, (const bf16 *)y.proj_w,
+		fu_gemv<ST_NR, 0, RL_EP_ADD, 1>(x, h, (const bf16 *)NULL, (const bf16 *)NULL, 0.0f, 0, (const bf16 *)y.proj_w,
 		    (const bf16 *)y.proj_b, s.H, C, q0, bid, nblk, sync);
 		break;
 	}
@@ -166,15 +269,21 @@ st_stage(const st_args &a, int stage, int bid, int nblk, const S &sync)
 
 /* The whole step: every stage, a barrier before each but the first, then the counters reset. */
 template <int HD, int G, int GPT2>
-__global__ void __launch_bounds__(ST_WARPS * 32)
+__global__ void __launch_bounds__(ST_WARPS * 32, G == 1 ? ST_G1_MINB : 1)
 k_decode_step(st_args a)
 {
 	const int n = 5 * a.s.n_layer;
+	unsigned long long *prof = a.s.prof;
+	if (prof && threadIdx.x == 0) {
+		unsigned long long t = st_now();
+		atomicMin(&prof[2], t);
+		atomicMax(&prof[3], t);
+	}
 	for (int k = 0; k <= n; k++) {
-		const st_bar sync = { a.s.bar, (unsigned)k * gridDim.x };
+		const st_bar sync = { a.s.bar, (unsigned)k * gridDim.x, a.s.bar_kind, prof, (unsigned)k };
 		st_stage<HD, G, GPT2>(a, k, (int)blockIdx.x, (int)gridDim.x, sync);
 	}
-	st_grid_end(a.s.bar, gridDim.x);
+	st_grid_end(a.s.bar, gridDim.x, prof, n);
 }
 /* ==== step launchers */
 
@@ -268,7 +377,9 @@ rlk_decode_step(void *stream, const rlk_step *s, const int32_t *pos, const int32
 		return (int)cudaErrorInvalidValue;
 	if (s->nsplit < 1 || s->nsplit > RLK_DECODE_MAXSPLIT || (s->nsplit > 1 && (!s->ws || !rlk_a16(s->ws))))
 		return (int)cudaErrorInvalidValue;  /* float4 loads of the partials */
-	const int n = rlk_decode_step_blocks(s, B);
+	int n = rlk_decode_step_blocks(s, B);
+	if (s->grid > 0 && s->grid < n)
+		n = s->grid;
 	if (n < 1)
 		return (int)cudaErrorInvalidConfiguration;
 	const int i = st_index(s);
@@ -282,7 +393,7 @@ rlk_decode_step(void *stream, const rlk_step *s, const int32_t *pos, const int32
 	at[0].id = cudaLaunchAttributeCooperative;
 	at[0].val.cooperative = 1;
 	cfg.attrs = at;
-	cfg.numAttrs = 1;
+	cfg.numAttrs = s->plain ? 0 : 1;
 	cudaError_t e = cudaLaunchKernelEx(&cfg, st_kern[i], a);
 	if (e != cudaSuccess)
 		return (int)e;

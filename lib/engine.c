@@ -58,6 +58,8 @@ struct rl_engine {
 	/* host mirrors */
 	int32_t *h_tok;
 	float *h_logp;
+	int32_t *h_mtok;        /* multi-step decoding's tokens and log-probs (steps, slots) */
+	float *h_mlogp;
 	uint64_t *h_seed, *h_ctr;
 	rl_kvseq **bseq;        /* (slots) */
 	int *bidx;              /* (slots) slot index of batch row */
@@ -85,6 +87,7 @@ rl_gen_opts_default(rl_gen_opts *o)
 	o->sp.top_p = 1.0f;
 	o->eos_id = -1;
 	o->include_stop = 1;
+	o->decode_steps = 1;
 }
 
 int
@@ -131,6 +134,11 @@ rl_engine_create(rl_engine **out, rl_model *m, rl_tokenizer *tok, const rl_gen_o
 		goto fail;
 	e->h_tok = rl_xcalloc((size_t)S, 4);
 	e->h_logp = rl_xcalloc((size_t)S, 4);
+	if (o->decode_steps > 1) {
+		e->o.decode_steps = RL_MIN(o->decode_steps, RL_GEN_MAX_STEPS);
+		e->h_mtok = rl_xcalloc((size_t)S * e->o.decode_steps, 4);
+		e->h_mlogp = rl_xcalloc((size_t)S * e->o.decode_steps, 4);
+	}
 	e->h_seed = rl_xcalloc((size_t)S, 8);
 	e->h_ctr = rl_xcalloc((size_t)S, 8);
 	e->bseq = rl_xcalloc((size_t)S, sizeof *e->bseq);
@@ -183,6 +191,8 @@ rl_engine_destroy(rl_engine *e)
 	rl_kvcache_close(e->kv);
 	free(e->h_tok);
 	free(e->h_logp);
+	free(e->h_mtok);
+	free(e->h_mlogp);
 	free(e->h_seed);
 	free(e->h_ctr);
 	free(e->bseq);
@@ -542,6 +552,17 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	/* the token fed is the last one appended; a dropped stop token never gets here */
 	int32_t *feed = rl_xmalloc((size_t)B * 4);
 	memcpy(feed, e->h_tok, (size_t)B * 4);
+	/* multi-step decoding while no waiting request could take a slot: n steps, none past a
+	 * sequence's token limit */
+	int n = 1;
+	if (!e->legacy && e->o.decode_steps > 1 && (e->head == NULL || e->hold || free_slots(e) == 0)) {
+		n = e->o.decode_steps;
+		for (int b = 0; b < B; b++) {
+			seq *q = &e->s[e->bidx[b]];
+			n = RL_MIN(n, q->max_n - q->n);
+		}
+		n = RL_MAX(n, 1);
+	}
 	double t0 = rl_now();
 	if (e->legacy) {
 		rv = rl_model_decode(e->m, e->kv, e->bseq, feed, B, NULL);
@@ -551,13 +572,35 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 			e->h_seed[b] = q->seed;
 			e->h_ctr[b] = (uint64_t)q->n;
 		}
-		rv = rl_model_decode_sample(e->m, e->kv, e->bseq, feed, e->h_seed, e->h_ctr, B, g, &e->o.sp,
-		    e->h_tok, e->h_logp);
+		if (n > 1)
+			rv = rl_model_decode_multi(e->m, e->kv, e->bseq, feed, e->h_seed, e->h_ctr, B, g, &e->o.sp, n,
+			    e->h_mtok, e->h_mlogp);
+		else
+			rv = rl_model_decode_sample(e->m, e->kv, e->bseq, feed, e->h_seed, e->h_ctr, B, g, &e->o.sp,
+			    e->h_tok, e->h_logp);
 	}
 	e->st.t_decode += rl_now() - t0;
 	free(feed);
 	if (rv != RL_OK)
 		return rv;
+	if (n > 1) {
+		/* step by step as n single steps would append them; a sequence that finished at an
+		 * earlier step of the n takes no more (its slot is free from then on, and no request
+		 * is admitted before the n are taken) */
+		for (int k = 0; k < n; k++) {
+			for (int b = 0; b < B; b++) {
+				seq *q = &e->s[e->bidx[b]];
+				if (!q->used || q->done)
+					continue;
+				int why = append(e, q, e->h_mtok[(size_t)k * B + b], e->h_mlogp[(size_t)k * B + b]);
+				e->st.gen_tokens++;
+				if (why && (rv = finish(e, q, why, done, ctx)) != 0)
+					return rv;
+			}
+			e->st.steps++;
+		}
+		return RL_OK;
+	}
 	e->st.steps++;
 	if (e->legacy && (rv = sample_rows(e, e->m->logits, B, g)) != 0)
 		return rv;

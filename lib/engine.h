@@ -47,7 +47,13 @@ typedef struct rl_gen_opts {
 	int nstop;
 	int32_t eos_id;             /* -1: none */
 	int include_stop;           /* keep the stop id/EOS in the response (default 1) */
+	int decode_steps;           /* decode steps queued at once while no request can be
+	                             * admitted (rl_model_decode_multi: the host waits once for
+	                             * them); at most RL_GEN_MAX_STEPS, and never past a
+	                             * sequence's token limit; a sequence that stops inside them
+	                             * has its later tokens dropped.  Default 1: every step alone */
 } rl_gen_opts;
+#define RL_GEN_MAX_STEPS 64
 
 void rl_gen_opts_default(rl_gen_opts *o);
 

@@ -121,6 +121,8 @@ struct rl_model_inf {
 	struct dgraph *graphs;  /* (ngraph) recorded decode steps, one per (B, g, sampling) */
 	int ngraph, capgraph;
 	rl_step_layer *steplay; /* (n_layer) the layer table of ops->decode_step, when it has one */
+	void *hmulti;           /* rl_model_decode_multi's outputs, host staging (hmulti_bytes) */
+	size_t hmulti_bytes;
 };
 
 /* A decode step recorded as a backend graph, with what it was recorded for. */
@@ -313,10 +315,13 @@ free_inf(rl_model *m)
 			m->ops->graph_destroy(m->ops, f->graphs[i].g);
 	free(f->graphs);
 	m->ops->free(m->ops, f->dstep);
-	if (m->ops->host_free)
+	if (m->ops->host_free) {
 		m->ops->host_free(m->ops, f->hstep);
-	else
+		m->ops->host_free(m->ops, f->hmulti);
+	} else {
 		free(f->hstep);
+		free(f->hmulti);
+	}
 	free(f->htok);
 	free(f->hbt);
 	free(f->hlogits);
@@ -1935,6 +1940,135 @@ rl_model_decode_sample(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const
 	memcpy(out_tok, h + f->out_off, (size_t)4 * B);
 	memcpy(out_logp, h + f->out_off + (size_t)4 * B, (size_t)4 * B);
 	m->dstats.steps++;
+	m->dstats.t_host += t1 - t0;
+	m->dstats.t_wait += rl_now() - t1;
+	return RL_OK;
+}
+
+/* ---- multi-step decoding: n steps queued at once, the tokens fed back on the backend ------ */
+
+/* rl_model_decode_multi's output staging for `bytes` (grown, never shrunk) */
+static int
+multi_staging(rl_model *m, size_t bytes)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	if (f->hmulti_bytes >= bytes)
+		return RL_OK;
+	if (o->host_free)
+		o->host_free(o, f->hmulti);
+	else
+		free(f->hmulti);
+	f->hmulti = NULL;
+	f->hmulti_bytes = 0;
+	if (o->host_alloc) {
+		int rv = o->host_alloc(o, &f->hmulti, bytes);
+		if (rv != RL_OK) {
+			f->hmulti = NULL;
+			return rv;
+		}
+	} else if ((f->hmulti = rl_try_malloc(bytes, "multi-step decode staging")) == NULL) {
+		return RL_ENOMEM;
+	}
+	f->hmulti_bytes = bytes;
+	return RL_OK;
+}
+
+int
+rl_model_decode_multi(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok,
+    const uint64_t *seed, const uint64_t *ctr, int B, int g, const rl_sample_params *sp, int n,
+    int32_t *out_tok, float *out_logp)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	double t0 = rl_now(), t1;
+	int rv;
+
+	if (f == NULL || B <= 0 || B > f->maxB || g < 0 || g > B || n < 1) {
+		rl_error("model decode: %d steps of a batch of %d, %d sampled (reserved for %d)", n, B, g,
+		    f ? f->maxB : 0);
+		return RL_EINVAL;
+	}
+	if (n == 1 || !o->decode_advance) {
+		/* step by step through the host: each step's tokens are the next one's input */
+		uint64_t *c = rl_try_malloc((size_t)B * sizeof *c, "decode counters");
+		if (c == NULL)
+			return RL_ENOMEM;
+		rv = RL_OK;
+		for (int k = 0; k < n && rv == RL_OK; k++) {
+			for (int b = 0; b < B; b++)
+				c[b] = ctr[b] + (uint64_t)k;
+			rv = rl_model_decode_sample(m, kv, seqs, k ? out_tok + (size_t)(k - 1) * B : tok, seed, c, B, g, sp,
+			    out_tok + (size_t)k * B, out_logp + (size_t)k * B);
+		}
+		free(c);
+		return rv;
+	}
+	if ((rv = step_buffers(m, kv->maxblk)) != 0)
+		return rv;
+	if ((rv = multi_staging(m, (size_t)n * B * 8)) != 0)
+		return rv;
+	step_lay l = step_layout(B, f->step_cols);
+	char *h = f->hstep, *d = f->dstep;
+	int32_t *htok = (int32_t *)(h + l.tok), *hpos = (int32_t *)(h + l.pos);
+	int32_t *hctx = (int32_t *)(h + l.ctx), *hslot = (int32_t *)(h + l.slot), *hbt = (int32_t *)(h + l.bt);
+	uint64_t *hseed = (uint64_t *)(h + l.seed), *hctr = (uint64_t *)(h + l.ctr);
+
+	for (int b = 0; b < B; b++) {
+		htok[b] = tok[b];
+		hpos[b] = seqs[b]->len;
+	}
+	if ((rv = check_inputs(m, htok, NULL, hpos, B, "model decode")) != 0)
+		return rv;
+	for (int b = 0; b < B; b++)
+		if (m->cfg.arch == RL_ARCH_GPT2 && hpos[b] + n > m->cfg.max_pos) {
+			rl_error("model decode: %d steps from position %d at index %d pass the model's %d positions", n,
+			    hpos[b], b, m->cfg.max_pos);
+			return RL_EINVAL;
+		}
+	/* the cache room of all n tokens now: the block tables then cover every step */
+	for (int b = 0; b < B; b++)
+		if ((rv = rl_kvcache_reserve(kv, seqs[b], n)) != 0)
+			return rv;
+	for (int b = 0; b < B; b++) {
+		hslot[b] = rl_kvcache_slot(kv, seqs[b], seqs[b]->len);
+		hctx[b] = seqs[b]->len + 1;
+		memcpy(hbt + (size_t)b * f->step_cols, seqs[b]->blocks, (size_t)seqs[b]->nblk * 4);
+		hseed[b] = seed[b];
+		hctr[b] = ctr[b];
+	}
+	if (o->upload_async)
+		o->upload_async(o, f->dstep, h, l.in_bytes);
+	else
+		o->upload(o, f->dstep, h, l.in_bytes);
+	char *hm = f->hmulti;
+	for (int k = 0; k < n; k++) {
+		if (k > 0)
+			o->decode_advance(o, (int32_t *)(d + l.tok), (int32_t *)(d + l.pos), (int32_t *)(d + l.ctx),
+			    (int32_t *)(d + l.slot), (uint64_t *)(d + l.ctr), (const int32_t *)(d + l.bt),
+			    (const int32_t *)(d + f->out_off), B, f->step_cols, kv->BS);
+		if ((rv = decode_run(m, kv, B, g, sp)) != 0) {
+			check_ops(m, "model decode");
+			o->sync(o);
+			return rv;
+		}
+		if (o->download_async)
+			o->download_async(o, hm + (size_t)k * B * 8, d + f->out_off, (size_t)8 * B);
+		else
+			o->download(o, hm + (size_t)k * B * 8, d + f->out_off, (size_t)8 * B);
+	}
+	t1 = rl_now();
+	if ((rv = o->sync(o)) != 0) {
+		rl_error("model decode: backend '%s' failed: %s", o->name, rl_strerror(rv));
+		return rv;
+	}
+	for (int k = 0; k < n; k++) {
+		memcpy(out_tok + (size_t)k * B, hm + (size_t)k * B * 8, (size_t)4 * B);
+		memcpy(out_logp + (size_t)k * B, hm + (size_t)k * B * 8 + (size_t)4 * B, (size_t)4 * B);
+	}
+	for (int b = 0; b < B; b++)
+		seqs[b]->len += n;
+	m->dstats.steps += (uint64_t)n;
 	m->dstats.t_host += t1 - t0;
 	m->dstats.t_wait += rl_now() - t1;
 	return RL_OK;

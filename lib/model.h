@@ -230,6 +230,17 @@ int rl_model_decode(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const in
 int rl_model_decode_sample(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok,
     const uint64_t *seed, const uint64_t *ctr, int B, int g, const rl_sample_params *sp,
     int32_t *out_tok, float *out_logp);
+/* n decode steps at once (multi-step decoding): the same as n calls of
+ * rl_model_decode_sample where step k (0 .. n-1) feeds step k-1's tokens (tok for k = 0) with
+ * counters ctr[b] + k, writing out_tok and out_logp (n, B) step by step, seqs[b] n tokens longer
+ * after; the same tokens and log-probabilities bit for bit.  With ops->decode_advance the
+ * tokens go back into the next step's inputs on the backend: the n steps (graph replays) are
+ * queued at once and the host waits once, not n times; without it, n calls.  The cache room
+ * of the n tokens is taken first (a sequence that stops early keeps it until released).
+ * Errors as rl_model_decode_sample, and RL_EINVAL for n < 1 or GPT-2 positions past max_pos. */
+int rl_model_decode_multi(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok,
+    const uint64_t *seed, const uint64_t *ctr, int B, int g, const rl_sample_params *sp, int n,
+    int32_t *out_tok, float *out_logp);
 
 /* ---- host access to tensors (checkpoints, tests, weight sync) ----------------- */
 enum { RL_MODEL_PARAM = 0, RL_MODEL_GRAD, RL_MODEL_ADAM_M, RL_MODEL_ADAM_V };

@@ -363,6 +363,14 @@ struct rl_ops {
 	void (*decode_step)(rl_ops *o, const rl_step_desc *d, const int32_t *pos, const int32_t *slot,
 	    const int32_t *bt, const int32_t *ctx, int B);
 
+	/* Optional (NULL: the caller goes back to the host between steps): the next decode
+	 * step's inputs from this one's outputs, in backend memory, for multi-step decoding
+	 * (rl_model_decode_multi).  Per row b: tok[b] = otok[b], then pos, ctx and ctr one
+	 * more, and slot[b] the cache slot of the new pos: bt[b cols + pos / BS] BS + pos % BS
+	 * (the block table must already hold that block). */
+	void (*decode_advance)(rl_ops *o, int32_t *tok, int32_t *pos, int32_t *ctx, int32_t *slot, uint64_t *ctr,
+	    const int32_t *bt, const int32_t *otok, int B, int cols, int BS);
+
 	/* ---- teardown ---------------------------------------------------------------------- */
 	void (*close)(rl_ops *o);
 

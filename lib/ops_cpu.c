@@ -1607,6 +1607,21 @@ sample_row(int32_t *tok, float *logp, const float *x, int V, const rl_sample_par
 }
 
 void
+rl_cpu_decode_advance(rl_ops *o, int32_t *tok, int32_t *pos, int32_t *ctx, int32_t *slot, uint64_t *ctr,
+    const int32_t *bt, const int32_t *otok, int B, int cols, int BS)
+{
+	(void)o;
+	for (int b = 0; b < B; b++) {
+		int p = pos[b] + 1;
+		tok[b] = otok[b];
+		pos[b] = p;
+		ctx[b]++;
+		ctr[b]++;
+		slot[b] = bt[(size_t)b * cols + p / BS] * BS + p % BS;
+	}
+}
+
+void
 rl_cpu_sample(rl_ops *o, int32_t *tok, float *logp, const void *logits_,
     const uint64_t *seed, const uint64_t *counter, int B, int V, const rl_sample_params *p)
 {
@@ -1698,6 +1713,7 @@ rl_ops_cpu_open(rl_ops **out)
 	o->kv_write = rl_cpu_kv_write;
 	o->attn_decode = rl_cpu_attn_decode;
 	o->sample = rl_cpu_sample;
+	o->decode_advance = rl_cpu_decode_advance;
 	o->close = cpu_close;
 	*out = o;
 	return 0;

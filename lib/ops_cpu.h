@@ -133,5 +133,7 @@ void rl_cpu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, c
     int BS, int MAXBLK);
 void rl_cpu_sample(rl_ops *o, int32_t *tok, float *logp, const void *logits,
     const uint64_t *seed, const uint64_t *counter, int B, int V, const rl_sample_params *p);
+void rl_cpu_decode_advance(rl_ops *o, int32_t *tok, int32_t *pos, int32_t *ctx, int32_t *slot, uint64_t *ctr,
+    const int32_t *bt, const int32_t *otok, int B, int cols, int BS);
 
 #endif

@@ -112,6 +112,13 @@ typedef struct cuda_ctx {
 	size_t stp_ws_bytes;
 	unsigned *stp_cnt;     /* its barrier counters (2) then merge counters: zeroed when allocated, */
 	size_t stp_cnt_bytes;  /* left 0 by every launch */
+	int stp_grid;          /* RL_CUDA_STEP_GRID: its blocks at most (0: every resident one) */
+	int stp_keys;          /* RL_CUDA_STEP_SPLIT_KEYS: keys an attention split takes at least */
+	int stp_bar;           /* RL_CUDA_STEP_BAR: its barrier's poll (RLK_STEP_BAR_*) */
+	int stp_prof;          /* RL_CUDA_STEP_PROFILE=1: its stage timings (launch.h), said at close */
+	int stp_plain;         /* RL_CUDA_STEP_COOP=0: an ordinary launch (diagnostics) */
+	unsigned long long *stp_pd;  /* their device buffer, for stp_pl layers */
+	int stp_pl;
 	unsigned epoch;        /* bumped whenever a scratch buffer moves (graphs recorded before are stale) */
 	int capturing;         /* between graph_begin and graph_end */
 	/* adamw_multi: the chunk tables of the last few segment tables (RL_CUDA_ADAMW_MULTI=0: off) */
@@ -1451,6 +1458,71 @@ step_nsplit(const cuda_ctx *c, int blocks, int B, int NKV)
 	return n < 1 ? 1 : n > cap ? cap : n;
 }
 
+static void step_prof_say(cuda_ctx *c);
+
+/* The stage profile's device buffer for n_layer layers (launch.h: RLK_STEP_PROF_U64), set up
+ * outside graph capture on first use; another layer count says the sums so far and starts
+ * again (graphs recorded before are stale).  NULL (the step fails) when none can be had. */
+static unsigned long long *
+step_prof(rl_ops *o, int n_layer)
+{
+	cuda_ctx *c = CTX(o);
+	if (c->stp_pd && c->stp_pl == n_layer)
+		return c->stp_pd;
+	if (c->capturing)
+		return NULL;
+	if (c->stp_pd) {
+		cudaStreamSynchronize(c->stream);
+		step_prof_say(c);
+		cudaFree(c->stp_pd);
+		c->stp_pd = NULL;
+		c->epoch++;
+	}
+	size_t n = RLK_STEP_PROF_U64(n_layer);
+	unsigned long long *h = rl_try_malloc(n * sizeof *h, "decode step profile");
+	if (h == NULL)
+		return NULL;
+	for (size_t k = 0; k < 4 * (5 * (size_t)n_layer + 2); k++)
+		h[k] = k % 4 == 1 || k % 4 == 2 ? ~0ull : 0;
+	for (size_t k = 4 * (5 * (size_t)n_layer + 2); k < n; k++)
+		h[k] = 0;
+	if (cu_alloc(o, (void **)&c->stp_pd, n * sizeof *h) == RL_OK) {
+		cu_upload(o, c->stp_pd, h, n * sizeof *h);
+		cudaStreamSynchronize(c->stream);
+		c->stp_pl = n_layer;
+	}
+	free(h);
+	return c->stp_pd;
+}
+
+/* The stage profile's sums per launch, on stderr (at close) */
+static void
+step_prof_say(cuda_ctx *c)
+{
+	unsigned long long a[RLK_STEP_PROF_ACC];
+	static const char *const kind[6] = { "norm+qkv", "attention", "o+add", "norm+fc", "proj+add", "norm+head" };
+	if (!c->stp_pd || cudaMemcpy(a, c->stp_pd + 4 * (5 * (size_t)c->stp_pl + 2), sizeof a, cudaMemcpyDeviceToHost) !=
+	    cudaSuccess || a[25] == 0)
+		return;
+	double n = (double)a[25], per[6] = { c->stp_pl, c->stp_pl, c->stp_pl, c->stp_pl, c->stp_pl, 1 };
+	fprintf(stderr, "cuda step profile: %d layers: %.0f launches, %.2f us each, %.2f us from one's end to the "
+	    "next one's start\n", c->stp_pl, n, (double)(long long)a[24] / n / 1e3,
+	    n > 1 ? (double)(long long)a[26] / (n - 1) / 1e3 : 0.0);
+	for (int k = 0; k < 6; k++)
+		fprintf(stderr, "cuda step profile: %-10s stage to last arrival %7.2f us, to first %7.2f us, barrier after "
+		    "%6.2f us, its departures spread %6.2f us (each, mean of %d a launch)\n", kind[k],
+		    (double)(long long)a[4 * k] / n / per[k] / 1e3, (double)(long long)a[4 * k + 1] / n / per[k] / 1e3,
+		    (double)(long long)a[4 * k + 2] / n / per[k] / 1e3, (double)(long long)a[4 * k + 3] / n / per[k] / 1e3,
+		    (int)per[k]);
+}
+
+static void
+cu_decode_advance(rl_ops *o, int32_t *tok, int32_t *pos, int32_t *ctx, int32_t *slot, uint64_t *ctr,
+    const int32_t *bt, const int32_t *otok, int B, int cols, int BS)
+{
+	CKP(o, "decode_advance", rlk_decode_advance(S(o), tok, pos, ctx, slot, ctr, bt, otok, B, cols, BS));
+}
+
 static int
 cu_decode_step_ok(rl_ops *o, const rl_step_desc *d, int B)
 {
@@ -1482,6 +1554,14 @@ cu_decode_step(rl_ops *o, const rl_step_desc *d, const int32_t *pos, const int32
 		fail(o, "decode_step", "no resident grid");
 		return;
 	}
+	if (c->stp_grid > 0 && c->stp_grid < blocks)
+		blocks = c->stp_grid;
+	s.grid = blocks;
+	s.bar_kind = c->stp_bar;
+	s.split_keys = c->stp_keys;
+	s.plain = c->stp_plain;
+	if (c->stp_prof && !(s.prof = step_prof(o, d->n_layer)))
+		return;
 	s.nsplit = step_nsplit(c, blocks, B, d->NKV);
 	/* the scratch for the largest split count of any B <= RLK_STEP_ROWS at once (it grows
 	 * once per model shape, not per batch) */
@@ -1687,6 +1767,8 @@ cu_close(rl_ops *o)
 		cudaFree(c->smp_ws);
 		cudaFree(c->stp_ws);
 		cudaFree(c->stp_cnt);
+		step_prof_say(c);
+		cudaFree(c->stp_pd);
 		for (int i = 0; i < c->nstab; i++) {
 			cudaFree(c->stab[i].d);
 			free(c->stab[i].h);
@@ -1772,12 +1854,21 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	}
 	c->dec_merge_sep = env_off("RL_CUDA_DECODE_MERGE");
 	c->dec_splits = env_int("RL_CUDA_DECODE_SPLITS", 32, 1, 256);
-	/* the decode step in one kernel: off unless RL_CUDA_DECODE_STEP=1 (session 7: written
-	 * and emulated on the CPU, never run on a GPU yet) */
+	/* the decode step in one kernel: off unless RL_CUDA_DECODE_STEP=1 (session 8, H100:
+	 * correct, but slower than the separate kernels; docs/cuda.md) */
 	c->dec_step = env_pick("RL_CUDA_DECODE_STEP", "0 1") == 1;
+	/* its diagnostics (session 8): a smaller grid, the barrier's poll, the stage profile */
+	c->stp_grid = env_int("RL_CUDA_STEP_GRID", 0, 0, 1 << 20);
+	c->stp_keys = env_int("RL_CUDA_STEP_SPLIT_KEYS", 256, 0, 1 << 20);
+	{
+		int b = env_pick("RL_CUDA_STEP_BAR", "sleep spin acq");
+		c->stp_bar = b == 1 ? RLK_STEP_BAR_SPIN : b == 2 ? RLK_STEP_BAR_ACQ : RLK_STEP_BAR_SLEEP;
+	}
+	c->stp_prof = env_pick("RL_CUDA_STEP_PROFILE", "0 1") == 1;
+	c->stp_plain = env_pick("RL_CUDA_STEP_COOP", "0 1") == 0;
 	/* bias gradients in the dw GEMM's epilogue instead of the column-sum kernel: off unless
 	 * RL_CUDA_BGRAD=1 (or =strict: a shape cuBLASLt refuses is an error; for tests) (session
-	 * 7: never run on a GPU yet) */
+	 * 8, H100: correct, about 1% slower on GPT-2) */
 	{
 		int bg = env_pick("RL_CUDA_BGRAD", "0 1 strict");
 		c->bgrad = bg == 1 ? BG_ON : bg == 2 ? BG_STRICT : BG_OFF;
@@ -1858,8 +1949,8 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	}
 	if (!env_off("RL_CUDA_ADD_NORM"))
 		o->add_norm_fwd = cu_add_norm_fwd;
-	/* the norm backwards added into the residual gradient: never run on a GPU yet (session
-	 * 7), so off unless RL_CUDA_NORM_BWD_ADD=1 (docs/cuda.md) */
+	/* the norm backwards added into the residual gradient: off unless RL_CUDA_NORM_BWD_ADD=1
+	 * (session 8, H100: correct, no faster beyond the run-to-run spread; docs/cuda.md) */
 	if (env_pick("RL_CUDA_NORM_BWD_ADD", "0 1") == 1) {
 		o->layernorm_bwd_add = cu_layernorm_bwd_add;
 		o->rmsnorm_bwd_add = cu_rmsnorm_bwd_add;
@@ -1886,6 +1977,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	o->host_free = cu_host_free;
 	o->upload_async = cu_upload_async;
 	o->download_async = cu_download_async;
+	o->decode_advance = cu_decode_advance;
 	if (!env_off("RL_CUDA_GRAPH") && !c->prof) {
 		o->graph_begin = cu_graph_begin;
 		o->graph_end = cu_graph_end;

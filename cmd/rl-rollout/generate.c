@@ -58,6 +58,7 @@ static const char usage_text[] =
     "      --greedy-baseline   one more greedy sample per prompt, marked meta.baseline (ReMax)\n"
     "      --slots N           sequences decoded together (default 64)\n"
     "      --kv-mem BYTES      KV cache budget, suffixes K M G (default 256M)\n"
+    "      --decode-steps N    decode steps queued at once while no prompt waits (default 1)\n"
     "      --device D          cpu, cuda, cuda:N or auto (default cpu)\n"
     "      --weights-from DIR  load new weight versions from DIR/latest as they appear\n"
     "      --max-staleness K   wait for version >= batches emitted - K (with --weights-from)\n"
@@ -80,7 +81,7 @@ static const char usage_text[] =
 enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
-	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE, O_WGBACK
+	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE, O_WGBACK, O_DSTEPS
 };
 
 static const struct option longopts[] = {
@@ -92,6 +93,7 @@ static const struct option longopts[] = {
 	{ "seed", required_argument, 0, O_SEED }, { "chat", no_argument, 0, O_CHAT },
 	{ "chat-template", required_argument, 0, O_TMPL }, { "greedy-baseline", no_argument, 0, O_GREEDY },
 	{ "slots", required_argument, 0, O_SLOTS }, { "kv-mem", required_argument, 0, O_KVMEM },
+	{ "decode-steps", required_argument, 0, O_DSTEPS },
 	{ "device", required_argument, 0, O_DEVICE }, { "weights-from", required_argument, 0, O_WFROM },
 	{ "max-staleness", required_argument, 0, O_STALE }, { "train-batch", required_argument, 0, O_TBATCH },
 	{ "partial", no_argument, 0, O_PARTIAL }, { "skip-bad", no_argument, 0, O_SKIPBAD },
@@ -1141,6 +1143,7 @@ rl_cmd_generate(int argc, char **argv)
 			break;
 		case O_GREEDY: g.greedy = 1; break;
 		case O_SLOTS: NUM(1, 65536); g.go.slots = (int)v; break;
+		case O_DSTEPS: NUM(1, RL_GEN_MAX_STEPS); g.go.decode_steps = (int)v; break;
 		case O_KVMEM:
 			if (parse_bytes(a, &kv))
 				return usage_error("bad size '%s'", a);

@@ -261,6 +261,8 @@ static inline double atomicAdd(double *p, double v) { double o = *p; *p = o + v;
 static inline float atomicAdd(float *p, float v) { float o = *p; *p = o + v; return o; }
 static inline int atomicMin(int *p, int v) { int o = *p; if (v < o) *p = v; return o; }
 static inline int atomicMax(int *p, int v) { int o = *p; if (v > o) *p = v; return o; }
+static inline unsigned long long atomicMin(unsigned long long *p, unsigned long long v) { unsigned long long o = *p; if (v < o) *p = v; return o; }
+static inline unsigned long long atomicMax(unsigned long long *p, unsigned long long v) { unsigned long long o = *p; if (v > o) *p = v; return o; }
 /* a counter that changed is progress for the deadlock check (another block may be polling it) */
 static inline unsigned atomicAdd(unsigned *p, unsigned v) { unsigned o = *p; *p = o + v; emu.progress = 1; return o; }
 /* a poll's sleep lets the other fibers run; a trap stops the run */

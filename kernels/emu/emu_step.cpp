@@ -8,14 +8,16 @@
  *     GPT-2's shape (LayerNorm, GELU, every bias, HD 64, G 1) and Qwen2's (RMSNorm, SwiGLU,
  *     RoPE, a qkv bias only; HD 64 with G 7, HD 128 with G 2), 2 layers, one sequence,
  *     contexts of 1 to 300 over a shuffled block table (up to 19 cache blocks of 16, a second
- *     32-key round per warp), nsplit 1, 3 and 32 (most splits then empty);
+ *     32-key round per warp), nsplit 1, 3 and 32 (most splits then empty), and splits by
+ *     context (split_keys 64 and 256: 5, 1 and 2 of the splits taken);
  *     the logits, the final x and the cache rows written (every layer) against the CPU ops in
  *     lib/model.c's order with the GPU's bf16 roundings, every other cache row untouched, the
  *     merge counters back at 0;
  *   - the whole kernel k_decode_step over 4 blocks of 256 threads run at once (emu_launch_coop:
  *     its real barrier, a polling block sleeping while the others run, each block its own
  *     dynamic shared memory; the units' merge counters met by interleaved blocks): the same
- *     bits as the stage-by-stage run, the merge and barrier counters back at 0;
+ *     bits as the stage-by-stage run, the merge and barrier counters back at 0, and with the
+ *     stage profile (RL_CUDA_STEP_PROFILE) one launch counted, its stamps set back;
  *   - the barrier alone (st_grid_sync, st_grid_end) over a cooperative grid of 4 blocks of 256
  *     threads run at once (emu_launch_coop: a block polling the counter sleeps, the others
  *     run), arriving at different times: no block leaves barrier k before every block has
@@ -28,6 +30,7 @@
  * Exit 0 when every case passes, 1 otherwise; one line per case.
  */
 #include <fcntl.h>
+#include <vector>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +44,9 @@ extern "C" {
 
 /* fuse.cuh's and step.cu's dynamic shared memory: cuda_emu.h's arena (NaN-filled before every block) */
 #define FUSE_SMEM(name) bf16 *name = (bf16 *)emu_dyn_smem(0)
+/* step.cu's globaltimer: a clock that ticks at every read */
+static unsigned long long emu_clock;
+static unsigned long long st_now(void) { return ++emu_clock; }
 #include "step.inc"
 
 static int fails, cases;
@@ -125,7 +131,7 @@ bad_count(const bf16 *out, const float *ref, size_t n, double atol, double rtol,
 }
 
 static void
-test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int nsplit, int nblk)
+test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int nsplit, int nblk, int keys = 0)
 {
 	const int L = 2, BS = 16, MAXBLK = 20, NBLK = MAXBLK + 3, QKV = (NH + 2 * NKV) * HD, AD = NH * HD;
 	const int FC = gpt2 ? H : 2 * H, B = 1, G = NH / NKV;
@@ -257,6 +263,7 @@ test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int n
 		lg1[i].h = lg2[i].h = 0x7fc1;
 	rlk_step s = { L, C, NH, NKV, HD, H, V, gpt2, eps, theta, BS, MAXBLK, tab, lnf_w.d, gpt2 ? lnf_b.d : NULL,
 	    lm_w.d, x1, qkv, att, hh, lg1, ws, cnt, bar, nsplit };
+	s.split_keys = keys;
 	SA = { s, &pos, &slot, bt, &cl, B };
 	s_HD = HD;
 	s_G = G;
@@ -283,10 +290,25 @@ test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int n
 		fprintf(stderr, "emu_step: %zu bytes of shared memory a block, more than the emulator's\n", s_sm);
 		abort();
 	}
+	/* with the stage profile (launch.h: RLK_STEP_PROF_U64): after the launch, one launch counted,
+	 * every stage kind's span and the whole launch positive (the emulator's clock ticks at every
+	 * read), the stamps set back for the next launch */
+	const int ns = 5 * L;
+	std::vector<unsigned long long> prof(RLK_STEP_PROF_U64(L), 0);
+	for (int k = 0; k < ns + 2; k++)
+		prof[4 * k + 1] = prof[4 * k + 2] = ~0ull;
+	SA.s.prof = prof.data();
 	emu_launch_coop(dim3(4), dim3(ST_WARPS * 32), run_kernel, NULL);
+	SA.s.prof = NULL;
+	const unsigned long long *acc = prof.data() + 4 * (ns + 2);
+	int pbad = acc[25] != 1 || acc[24] == 0 || (long long)acc[24] < 0 || acc[26] != 0 || acc[27] == 0;
+	for (int kind = 0; kind < 6; kind++)
+		pbad += acc[4 * kind] == 0 || (long long)acc[4 * kind] < 0 || (long long)acc[4 * kind + 1] < 0;
+	for (int k = 0; k < ns + 2; k++)
+		pbad += prof[4 * k] != 0 || prof[4 * k + 1] != ~0ull || prof[4 * k + 2] != ~0ull || prof[4 * k + 3] != 0;
 	for (int i = 0; i < B * NKV; i++)
 		cbad += cnt[i] != 0;
-	int barbad = bar[0] != 0 || bar[1] != 0;
+	int barbad = bar[0] != 0 || bar[1] != 0 || pbad;
 	int same = memcmp(x1, x2, C * 2) == 0 && memcmp(lg1, lg2, V * 2) == 0;
 	for (int l = 0; l < L; l++)
 		same = same && memcmp(kc1[l], kc2[l], ncache * 2) == 0 && memcmp(vc1[l], vc2[l], ncache * 2) == 0;
@@ -327,12 +349,12 @@ test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int n
 	    !(xnmse <= 1e-5) || !(knmse <= 1e-5);
 	cases++;
 	fails += fail;
-	printf("%s step %s C=%d NH=%d NKV=%d HD=%d H=%d V=%d ctx=%d nsplit=%d blocks=%d: logits max err %.3g "
+	printf("%s step %s C=%d NH=%d NKV=%d HD=%d H=%d V=%d ctx=%d nsplit=%d keys=%d blocks=%d: logits max err %.3g "
 	    "(max %.3g) nmse %.2g, x %.3g, cache rows %.3g; whole kernel on 4 blocks same bits: %s\n", fail ? "FAIL" : "ok  ",
-	    gpt2 ? "gpt2" : "qwen", C, NH, NKV, HD, H, V, ctx, nsplit, nblk, worst, mx, nmse, xworst, kworst,
+	    gpt2 ? "gpt2" : "qwen", C, NH, NKV, HD, H, V, ctx, nsplit, keys, nblk, worst, mx, nmse, xworst, kworst,
 	    same ? "yes" : "NO");
 	if (fail)
-		printf("     bad: %zu logits, %zu x, %zu cache values at the slot, %zu elsewhere; %d counters, barrier %s, "
+		printf("     bad: %zu logits, %zu x, %zu cache values at the slot, %zu elsewhere; %d counters, barrier (and profile) %s, "
 		    "nmse x %.2g cache %.2g\n", bad, xbad, kbad, other, cbad, barbad ? "NOT 0" : "0", xnmse, knmse);
 
 	for (int l = 0; l < L; l++) {
@@ -415,7 +437,7 @@ test_barrier(void)
 	    ok ? "yes" : "NO");
 }
 
-/* argument "quick" (run.sh with a sanitized library): the four step cases marked q and the barrier */
+/* argument "quick" (run.sh with a sanitized library): the five step cases marked q and the barrier */
 int
 main(int argc, char **argv)
 {
@@ -439,6 +461,14 @@ main(int argc, char **argv)
 	test_step(0, 256, 4, 2, 128, 192, 301, 97, 3, 3);  /* q */
 	if (all)
 		test_step(0, 256, 4, 2, 128, 192, 301, 300, 32, 9);
+	/* splits by context (split_keys): 320 keys at 64 a split use 5 of the 32; 77 at 256 one
+	 * (no merge); Qwen's 257 and 300 at 256 two */
+	test_step(1, 128, 2, 2, 64, 512, 257, 320, 32, 7, 64);  /* q */
+	if (all) {
+		test_step(1, 128, 2, 2, 64, 512, 257, 77, 3, 5, 256);
+		test_step(0, 128, 7, 1, 64, 160, 300, 257, 32, 5, 256);
+		test_step(0, 256, 4, 2, 128, 192, 301, 300, 32, 9, 256);
+	}
 	test_barrier();
 	printf("emu_step%s: %d of %d cases passed\n", emu_skew ? " (skew)" : "", cases - fails, cases);
 	return fails ? 1 : 0;

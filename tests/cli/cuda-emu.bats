@@ -38,14 +38,14 @@ passed() {
 	passed emu_ew 76
 	# a sanitized library (build-san) makes run.sh take flash2's quick set: 15 cases (the
 	# self-test, 5 shapes by the two-pass backward, 5 + 4 by the fused one's tiles), and
-	# emu_step's: 6 (4 step cases and the 2 barrier cases; its skew run then left out)
+	# emu_step's: 7 (5 step cases and the 2 barrier cases; its skew run then left out)
 	if nm "$root/${RL_BUILD:-build}/librlpipe.a" 2>/dev/null | grep -q ' U __asan_'; then
 		passed emu_flash2 15
-		passed emu_step 6
+		passed emu_step 7
 	else
 		passed emu_flash2 25
-		passed emu_step 12
-		passed 'emu_step (skew)' 6
+		passed emu_step 16
+		passed 'emu_step (skew)' 7
 	fi
 	passed 'emu_flash2 (skew)' 5
 }

@@ -82,6 +82,18 @@ for l in sys.stdin:
 	[ "$(printf '%s\n' "${lines[@]}" | grep -c '"group_size":3')" -eq 9 ]
 }
 
+@test "--decode-steps: the same responses and finish reasons as one step at a time; a bad count is a usage error" {
+	# stop ids: one byte in 9, so that some samples stop inside the five steps
+	ids=(); for i in $(seq 0 9 256); do ids+=(--stop-id "$i"); done
+	rl-rollout -m "$TD/m0" -n 4 --max-tokens 12 --jsonl --seed 5 "${ids[@]}" "$TD/p.jsonl" | fields index response finish | sort > "$TD/d1"
+	rl-rollout -m "$TD/m0" -n 4 --max-tokens 12 --jsonl --seed 5 "${ids[@]}" --decode-steps 5 "$TD/p.jsonl" | fields index response finish | sort > "$TD/d5"
+	cmp "$TD/d1" "$TD/d5"
+	grep -q ' "stop"$' "$TD/d1"
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --decode-steps 0 "$TD/p.jsonl"
+	[[ "$stderr" == *"bad value '0'"* ]]
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --decode-steps 65 "$TD/p.jsonl"
+}
+
 @test "stop strings and stop ids end a sequence with finish stop" {
 	# with a stop id for every byte the first token always stops
 	ids=(); for i in $(seq 0 256); do ids+=(--stop-id "$i"); done

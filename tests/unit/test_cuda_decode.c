@@ -71,9 +71,10 @@ grow_scratch(void *ctx)
 
 /* Six decode steps of 4 sequences straight through rl_model_decode_sample (block size 8:
  * a cache shape the engine runs did not use, so the graph key is new), the scratch grown
- * after step 3.  Records the tokens and log-probs of each step. */
+ * after step 3.  Records the tokens and log-probs of each step.  multi: the steps three at a
+ * time through rl_model_decode_multi instead (the scratch grown between the two calls). */
 static int
-six_steps(rl_model *m, grow *gr, int no_graph, int32_t tok[6][4], float lp[6][4], rl_decode_stats *ds)
+six_steps(rl_model *m, grow *gr, int no_graph, int32_t tok[6][4], float lp[6][4], rl_decode_stats *ds, int multi)
 {
 	rl_kvcache *kv = NULL;
 	rl_kvseq s[4], *sp[4];
@@ -96,14 +97,18 @@ six_steps(rl_model *m, grow *gr, int no_graph, int32_t tok[6][4], float lp[6][4]
 	m->no_graph = no_graph;
 	if ((rv = rl_model_prefill(m, kv, sp, (const int32_t *const *)pp, np, 4, NULL)) != 0)
 		goto out;
-	for (int st = 0; st < 6; st++) {
+	for (int st = 0; st < 6; st += multi ? 3 : 1) {
 		for (int b = 0; b < 4; b++)
 			ctr[b] = (uint64_t)st;
 		/* rows 0-2 sampled, row 3 greedy */
-		if ((rv = rl_model_decode_sample(m, kv, sp, cur, seed, ctr, 4, 3, &spar, tok[st], lp[st])) != 0)
+		if (multi)
+			rv = rl_model_decode_multi(m, kv, sp, cur, seed, ctr, 4, 3, &spar, 3, tok[st], lp[st]);
+		else
+			rv = rl_model_decode_sample(m, kv, sp, cur, seed, ctr, 4, 3, &spar, tok[st], lp[st]);
+		if (rv != 0)
 			goto out;
-		memcpy(cur, tok[st], sizeof cur);
-		if (st == 2)
+		memcpy(cur, tok[multi ? st + 2 : st], sizeof cur);
+		if (st == 2 || (multi && st == 0))
 			grow_scratch(gr);
 	}
 out:
@@ -270,10 +275,24 @@ one(rl_ops *o, grow *gr, const char *name, const char *json)
 		int32_t ta[6][4], tb[6][4];
 		float la[6][4], lb[6][4];
 		rl_decode_stats da, db;
-		T_EQ_INT(six_steps(m, gr, 1, ta, la, &da), RL_OK);
-		T_EQ_INT(six_steps(m, gr, 0, tb, lb, &db), RL_OK);
+		T_EQ_INT(six_steps(m, gr, 1, ta, la, &da, 0), RL_OK);
+		T_EQ_INT(six_steps(m, gr, 0, tb, lb, &db, 0), RL_OK);
 		T_OK(memcmp(ta, tb, sizeof ta) == 0 && memcmp(la, lb, sizeof la) == 0,
 		    "%s: six steps with graphs differ from op by op", name);
+		/* multi-step decoding: the tokens fed back on the device, the same bits */
+		{
+			int32_t tm[6][4];
+			float lm[6][4];
+			rl_decode_stats dm;
+			T_EQ_INT(six_steps(m, gr, 0, tm, lm, &dm, 1), RL_OK);
+			T_OK(memcmp(ta, tm, sizeof ta) == 0 && memcmp(la, lm, sizeof la) == 0,
+			    "%s: six steps, three at a time (rl_model_decode_multi), differ from one at a time", name);
+			T_OK(dm.steps == 6, "%s: multi-step: %llu steps counted, 6 expected", name,
+			    (unsigned long long)dm.steps);
+			printf("%s: six steps three at a time: captures %llu launches %llu direct %llu stale %llu\n", name,
+			    (unsigned long long)dm.captures, (unsigned long long)dm.launches,
+			    (unsigned long long)dm.direct, (unsigned long long)dm.stale);
+		}
 		printf("%s: six steps: captures %llu launches %llu direct %llu stale %llu\n", name,
 		    (unsigned long long)db.captures, (unsigned long long)db.launches,
 		    (unsigned long long)db.direct, (unsigned long long)db.stale);
