@@ -32,7 +32,7 @@
 template <int HD, int G>
 __global__ void __launch_bounds__(DC_WARPS * 32)
 k_decode_split(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv, const bf16 *kc, const bf16 *vc, const int32_t *bt,
-    const int32_t *ctx_len, int NH, int NKV, int BS, int MAXBLK, int nsplit)
+    const int32_t *ctx_len, int NH, int NKV, int BS, int MAXBLK, int nsplit, int min_keys)
 {
 	constexpr int PL = HD / 32;  /* elements per lane: 2 or 4 */
 	__shared__ dc_fin_sm<HD, G, DC_WARPS> sh;
@@ -42,6 +42,9 @@ k_decode_split(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv
 	const float scale = 1.0f / sqrtf((float)HD);
 	pdl_trigger();
 	pdl_wait();  /* q and the cache rows are the kernels' ahead (common.cuh) */
+	const int L = ctx_len[b], ns = cnt ? dc_splits(L, nsplit, min_keys) : nsplit;
+	if (split >= ns)
+		return;  /* a split this context does not take */
 	float q[G][PL], acc[G][PL], m[G], l[G];
 
 #pragma unroll
@@ -55,7 +58,7 @@ k_decode_split(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv
 			q[g][e] = bf(qp[e]) * scale;
 		}
 	}
-	const int L = ctx_len[b], W = nsplit * DC_WARPS;
+	const int W = ns * DC_WARPS;
 	const int32_t *tab = bt + (size_t)b * MAXBLK;
 	/* DC_UNROLL keys per round, their rows loaded before any is used (loads in flight);
 	 * a warp still takes its keys in the order s, s + W, s + 2W, ... */
@@ -100,7 +103,7 @@ k_decode_split(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv
 			}
 		}
 	}
-	dc_finish<HD, G, DC_WARPS>(sh, acc, m, l, out, ws, wml, cnt, (int)blockIdx.x, b, kvh, split, NH, nsplit);
+	dc_finish<HD, G, DC_WARPS>(sh, acc, m, l, out, ws, wml, cnt, (int)blockIdx.x, b, kvh, split, NH, nsplit, ns);
 }
 
 /* dc_lane (decode.cuh) as a kernel of its own: a block of DC_WARPS warps per (sequence, KV head,
@@ -108,12 +111,15 @@ k_decode_split(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv
 template <int HD, int G>
 __global__ void __launch_bounds__(DC_WARPS * 32)
 k_decode_lane(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv, const bf16 *kc, const bf16 *vc, const int32_t *bt,
-    const int32_t *ctx_len, int NH, int NKV, int BS, int MAXBLK, int nsplit)
+    const int32_t *ctx_len, int NH, int NKV, int BS, int MAXBLK, int nsplit, int min_keys)
 {
 	__shared__ dc_lane_sm<HD, G, DC_WARPS> sh;
 	pdl_trigger();
 	pdl_wait();  /* q and the cache rows are the kernels' ahead (common.cuh) */
-	dc_lane<HD, G, DC_WARPS>(sh, out, ws, wml, cnt, qkv, kc, vc, bt, ctx_len, NH, NKV, BS, MAXBLK, nsplit,
+	const int ns = cnt ? dc_splits(ctx_len[blockIdx.x / NKV], nsplit, min_keys) : nsplit;
+	if ((int)blockIdx.y >= ns)
+		return;  /* a split this context does not take */
+	dc_lane<HD, G, DC_WARPS>(sh, out, ws, wml, cnt, qkv, kc, vc, bt, ctx_len, NH, NKV, BS, MAXBLK, nsplit, ns,
 	    (int)blockIdx.x, (int)blockIdx.y);
 }
 
@@ -161,7 +167,7 @@ rlk_attn_decode_ws_bytes(int B, int NH, int HD, int nsplit)
 extern "C" int
 rlk_attn_decode_split(void *s, float *ws, unsigned *cnt, void *out, const void *qkv, const void *kc,
     const void *vc, const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD, int BS,
-    int MAXBLK, int nsplit, int lane)
+    int MAXBLK, int nsplit, int lane, int min_keys)
 {
 	if (B <= 0)
 		return 0;
@@ -176,10 +182,10 @@ rlk_attn_decode_split(void *s, float *ws, unsigned *cnt, void *out, const void *
 	cudaError_t le = cudaSuccess;
 #define DS(H, G) do { if (lane) \
 		le = rlk_launch(k_decode_lane<H, G>, grid, dim3(DC_WARPS * 32), 0, st, (bf16 *)out, ws, wml, cnt, q, k, \
-		    v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit); \
+		    v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit, min_keys); \
 	else \
 		le = rlk_launch(k_decode_split<H, G>, grid, dim3(DC_WARPS * 32), 0, st, (bf16 *)out, ws, wml, cnt, q, k, \
-		    v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit); } while (0)
+		    v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit, min_keys); } while (0)
 #define DSG(H) switch (NH / NKV) { case 1: DS(H, 1); break; case 2: DS(H, 2); break; case 3: DS(H, 3); break; \
 	case 4: DS(H, 4); break; case 5: DS(H, 5); break; case 6: DS(H, 6); break; case 7: DS(H, 7); break; \
 	default: DS(H, 8); break; }

@@ -22,6 +22,18 @@
 #define DC_MAXSPLIT 64  /* splits the in-kernel merge takes (two per lane of a warp): RLK_DECODE_MAXSPLIT */
 #define DC_MUNROLL 16   /* partial rows in flight per thread in that merge */
 
+/* The splits a context of L keys takes of nsplit: one per min_keys keys, at least 1 (min_keys
+ * 0: all nsplit).  Only with the in-kernel merge (the separate merge kernel reads every split's
+ * partials); the splits past it do nothing. */
+static __device__ __forceinline__ int
+dc_splits(int L, int nsplit, int min_keys)
+{
+	if (min_keys <= 0)
+		return nsplit;
+	int n = (L + min_keys - 1) / min_keys;
+	return n < 1 ? 1 : n > nsplit ? nsplit : n;
+}
+
 /* The shared memory of dc_finish (with dc_merge_last) and of dc_lane, blocks of NW warps: the
  * caller's (a __shared__ variable, or step.cu's dynamic shared memory) */
 template <int HD, int G, int NW>
@@ -51,11 +63,12 @@ struct dc_lane_sm {
  * order: the output is the same whichever block merges.  The merging block sets the
  * counter back to 0 (the next launch, a CUDA graph replay included, finds it so).
  * Partials are read through L2 (__ldcg): other blocks wrote them during this kernel.
- * unit: the (sequence, KV head) index b NKV + kvh, the counter's; NW warps a block. */
+ * unit: the (sequence, KV head) index b NKV + kvh, the counter's; NW warps a block; nsplit
+ * the partials' stride per head, ns <= nsplit the splits taken (dc_splits). */
 template <int HD, int G, int NW>
 static __device__ void
 dc_merge_last(dc_fin_sm<HD, G, NW> &sh, bf16 *out, const float *ws, const float2 *wml, unsigned *cnt, int unit,
-    int b, int kvh, int NH, int nsplit)
+    int b, int kvh, int NH, int nsplit, int ns)
 {
 	constexpr int NQ = HD / 4;
 	float (&sw)[G][DC_MAXSPLIT] = sh.sw, (&sl)[G] = sh.sl;
@@ -64,7 +77,7 @@ dc_merge_last(dc_fin_sm<HD, G, NW> &sh, bf16 *out, const float *ws, const float2
 	__threadfence();  /* this thread's partials visible to the whole device ... */
 	__syncthreads();  /* ... for every thread of the block, before it is counted */
 	if (threadIdx.x == 0)
-		last = atomicAdd(&cnt[unit], 1u) == (unsigned)nsplit - 1u;
+		last = atomicAdd(&cnt[unit], 1u) == (unsigned)ns - 1u;
 	__syncthreads();
 	if (!last)
 		return;
@@ -73,9 +86,9 @@ dc_merge_last(dc_fin_sm<HD, G, NW> &sh, bf16 *out, const float *ws, const float2
 	for (int g = warp; g < G; g += NW) {
 		const float2 *ml = wml + p0 + (size_t)g * nsplit;
 		float2 x0 = make_float2(-INFINITY, 0.0f), x1 = make_float2(-INFINITY, 0.0f);
-		if (lane < nsplit)
+		if (lane < ns)
 			x0 = __ldcg(ml + lane);
-		if (lane + 32 < nsplit)
+		if (lane + 32 < ns)
 			x1 = __ldcg(ml + lane + 32);
 		float M = warp_max(fmaxf(x0.x, x1.x)), w0 = 0.0f, w1 = 0.0f;
 		if (M != -INFINITY) {  /* an empty split: m = -inf, l = acc = 0, weight 0 */
@@ -83,9 +96,9 @@ dc_merge_last(dc_fin_sm<HD, G, NW> &sh, bf16 *out, const float *ws, const float2
 			w1 = __expf(x1.x - M);
 		}
 		float L = warp_sum(w0 * x0.y + w1 * x1.y);
-		if (lane < nsplit)
+		if (lane < ns)
 			sw[g][lane] = w0;
-		if (lane + 32 < nsplit)
+		if (lane + 32 < ns)
 			sw[g][lane + 32] = w1;
 		if (lane == 0)
 			sl[g] = L;
@@ -96,7 +109,7 @@ dc_merge_last(dc_fin_sm<HD, G, NW> &sh, bf16 *out, const float *ws, const float2
 		const float4 *p = (const float4 *)(ws + (p0 + (size_t)g * nsplit) * HD) + q;
 		float ax = 0.0f, ay = 0.0f, az = 0.0f, aw = 0.0f;
 #pragma unroll 16  /* DC_MUNROLL */
-		for (int k = 0; k < nsplit; k++) {
+		for (int k = 0; k < ns; k++) {
 			float4 v = __ldcg(p + (size_t)k * NQ);
 			float w = sw[g][k];
 			ax += w * v.x;
@@ -120,11 +133,12 @@ dc_merge_last(dc_fin_sm<HD, G, NW> &sh, bf16 *out, const float *ws, const float2
  * in ws, (m, l) in wml, at index ((b NH + h) nsplit + split); then, with cnt, the last
  * block of the (sequence, KV head) merges the splits (dc_merge_last), else
  * k_decode_merge does after the kernel.  unit: b NKV + kvh (the merge counter's index); NW
- * warps a block. */
+ * warps a block; the partials at stride nsplit, ns of them taken (ns < nsplit only with cnt:
+ * dc_splits). */
 template <int HD, int G, int NW>
 static __device__ __forceinline__ void
 dc_finish(dc_fin_sm<HD, G, NW> &sh, const float (&acc)[G][HD / 32], const float (&m)[G], const float (&l)[G],
-    bf16 *out, float *ws, float2 *wml, unsigned *cnt, int unit, int b, int kvh, int split, int NH, int nsplit)
+    bf16 *out, float *ws, float2 *wml, unsigned *cnt, int unit, int b, int kvh, int split, int NH, int nsplit, int ns)
 {
 	constexpr int PL = HD / 32;
 	float (&sm_m)[NW][G] = sh.m, (&sm_l)[NW][G] = sh.l;
@@ -154,7 +168,7 @@ dc_finish(dc_fin_sm<HD, G, NW> &sh, const float (&acc)[G][HD / 32], const float 
 				ls += sm_l[w][g] * c;
 				a += sm_acc[w][g][d] * c;
 			}
-		if (nsplit == 1) {
+		if (ns == 1) {
 			out[(size_t)b * NH * HD + (size_t)h * HD + d] = tobf(a / ls);
 		} else {
 			size_t pi = ((size_t)b * NH + h) * nsplit + split;
@@ -163,8 +177,8 @@ dc_finish(dc_fin_sm<HD, G, NW> &sh, const float (&acc)[G][HD / 32], const float 
 				wml[pi] = make_float2(M, ls);
 		}
 	}
-	if (nsplit > 1 && cnt)
-		dc_merge_last<HD, G, NW>(sh, out, ws, wml, cnt, unit, b, kvh, NH, nsplit);
+	if (ns > 1 && cnt)
+		dc_merge_last<HD, G, NW>(sh, out, ws, wml, cnt, unit, b, kvh, NH, nsplit, ns);
 }
 
 /* The same function, a key per lane (the default; k_decode_split above stays as
@@ -176,13 +190,14 @@ dc_finish(dc_fin_sm<HD, G, NW> &sh, const float (&acc)[G][HD / 32], const float 
  * (coalesced rows, DC_VUNROLL rows in flight, DC_UNROLL when G = 1), with the probabilities read back from
  * shared memory.  Chunks of 32 keys go to the nsplit x NW workers in turn; the
  * block merge and the partials for k_decode_merge are those of k_decode_split.
- * dc_lane: one block of NW warps, the unit b NKV + kvh and the split given (k_decode_lane:
- * blockIdx.x, blockIdx.y; step.cu: units strided over its grid); its shared memory in sh. */
+ * dc_lane: one block of NW warps, the unit b NKV + kvh and the split (< ns) given
+ * (k_decode_lane: blockIdx.x, blockIdx.y; step.cu: units strided over its grid); its shared
+ * memory in sh; the keys over the ns splits taken, the partials at stride nsplit. */
 template <int HD, int G, int NW>
 static __device__ __forceinline__ void
 dc_lane(dc_lane_sm<HD, G, NW> &sh, bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv,
     const bf16 *kc, const bf16 *vc, const int32_t *bt, const int32_t *ctx_len, int NH, int NKV, int BS, int MAXBLK,
-    int nsplit, int unit, int split)
+    int nsplit, int ns, int unit, int split)
 {
 	constexpr int PL = HD / 32, NV = HD / 8;
 	float (&sq)[G][HD] = sh.sq;
@@ -204,7 +219,7 @@ dc_lane(dc_lane_sm<HD, G, NW> &sh, bf16 *out, float *ws, float2 *wml, unsigned *
 		for (int e = 0; e < PL; e++)
 			acc[g][e] = 0.0f;
 	}
-	const int L = ctx_len[b], W = nsplit * NW;
+	const int L = ctx_len[b], W = ns * NW;
 	const int32_t *tab = bt + (size_t)b * MAXBLK;
 	for (int c0 = (split * NW + warp) * 32; c0 < L; c0 += W * 32) {
 		const int s = c0 + lane, n = L - c0 < 32 ? L - c0 : 32;
@@ -280,7 +295,7 @@ dc_lane(dc_lane_sm<HD, G, NW> &sh, bf16 *out, float *ws, float2 *wml, unsigned *
 		}
 		__syncwarp();  /* sp and srow are rewritten by the next chunk */
 	}
-	dc_finish<HD, G, NW>(sh.fin, acc, m, l, out, ws, wml, cnt, unit, b, kvh, split, NH, nsplit);
+	dc_finish<HD, G, NW>(sh.fin, acc, m, l, out, ws, wml, cnt, unit, b, kvh, split, NH, nsplit, ns);
 }
 
 /* ==== end of decode device code */

@@ -241,13 +241,13 @@ st_stage(const st_args &a, int stage, int bid, int nblk, const S &sync)
 		for (int u = bid; u < n; u += nblk) {
 			/* the splits this sequence's context needs (split_keys keys each), at most nsplit:
 			 * a short context skips the merge or most of it */
-			const int unit = u % units, split = u / units, L = a.ctx[unit / NKV];
-			const int ns = s.split_keys > 0 ? min(s.nsplit, max(1, (L + s.split_keys - 1) / s.split_keys)) : s.nsplit;
+			const int unit = u % units, split = u / units;
+			const int ns = dc_splits(a.ctx[unit / NKV], s.nsplit, s.split_keys);
 			if (split >= ns)
 				continue;
 			__syncthreads();  /* the unit before is done with sh */
 			dc_lane<HD, G, ST_WARPS>(sh, att, s.ws, wml, s.cnt, qkv, (const bf16 *)y.kc, (const bf16 *)y.vc, a.bt,
-			    a.ctx, NH, NKV, s.BS, s.MAXBLK, ns, unit, split);
+			    a.ctx, NH, NKV, s.BS, s.MAXBLK, s.nsplit, ns, unit, split);
 		}
 		break;
 	}

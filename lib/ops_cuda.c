@@ -112,6 +112,7 @@ typedef struct cuda_ctx {
 	size_t stp_ws_bytes;
 	unsigned *stp_cnt;     /* its barrier counters (2) then merge counters: zeroed when allocated, */
 	size_t stp_cnt_bytes;  /* left 0 by every launch */
+	int dec_keys;          /* RL_CUDA_DECODE_SPLIT_KEYS: keys a split of decode attention takes */
 	int stp_grid;          /* RL_CUDA_STEP_GRID: its blocks at most (0: every resident one) */
 	int stp_keys;          /* RL_CUDA_STEP_SPLIT_KEYS: keys an attention split takes at least */
 	int stp_bar;           /* RL_CUDA_STEP_BAR: its barrier's poll (RLK_STEP_BAR_*) */
@@ -1370,7 +1371,7 @@ cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void
 				ck(o, "attn_decode counters", (int)cudaMemsetAsync(cnt, 0, c->dec_cnt_bytes, c->stream));
 		}
 		CKP(o, "attn_decode", rlk_attn_decode_split(S(o), ws, cnt, out, qkv, kc, vc, block_table, ctx_len, B,
-		    NH, NKV, HD, BS, MAXBLK, nsplit, decode_lane(c, nsplit)));
+		    NH, NKV, HD, BS, MAXBLK, nsplit, decode_lane(c, nsplit), c->dec_keys));
 		return;
 	}
 	CKP(o, "attn_decode", rlk_attn_decode(S(o), out, qkv, kc, vc, block_table, ctx_len, B, NH, NKV, HD,
@@ -1854,6 +1855,12 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	}
 	c->dec_merge_sep = env_off("RL_CUDA_DECODE_MERGE");
 	c->dec_splits = env_int("RL_CUDA_DECODE_SPLITS", 32, 1, 256);
+	/* the splits a sequence's context takes of those: one per RL_CUDA_DECODE_SPLIT_KEYS keys
+	 * (0, the default: all).  H100, session 8: fewer splits are much slower at one slot
+	 * (GPT-2 2,528 tok/s with all, 2,320 at 32 keys a split, 1,513 at 256; Qwen 1,012 against
+	 * 575 at 256) and the same at 64 and 256 slots: spreading a short context over many
+	 * blocks beats the merge it costs.  A diagnostic. */
+	c->dec_keys = env_int("RL_CUDA_DECODE_SPLIT_KEYS", 0, 0, 1 << 20);
 	/* the decode step in one kernel: off unless RL_CUDA_DECODE_STEP=1 (session 8, H100:
 	 * correct, but slower than the separate kernels; docs/cuda.md) */
 	c->dec_step = env_pick("RL_CUDA_DECODE_STEP", "0 1") == 1;

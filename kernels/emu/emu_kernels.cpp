@@ -67,16 +67,16 @@ struct dec_args {
 	float2 *wml;
 	unsigned *cnt;
 	int32_t *bt, *cl;
-	int NH, NKV, HD, BS, MAXBLK, nsplit, lane;
+	int NH, NKV, HD, BS, MAXBLK, nsplit, lane, mk;
 };
 static dec_args DA;
 
 #define RS(H, G) do { if (DA.lane) \
 		k_decode_lane<H, G>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, \
-		    DA.BS, DA.MAXBLK, DA.nsplit); \
+		    DA.BS, DA.MAXBLK, DA.nsplit, DA.mk); \
 	else \
 		k_decode_split<H, G>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, \
-		    DA.BS, DA.MAXBLK, DA.nsplit); } while (0)
+		    DA.BS, DA.MAXBLK, DA.nsplit, DA.mk); } while (0)
 #define RSG(H) switch (DA.NH / DA.NKV) { case 1: RS(H, 1); break; case 2: RS(H, 2); break; case 3: RS(H, 3); break; \
 	case 4: RS(H, 4); break; case 5: RS(H, 5); break; case 6: RS(H, 6); break; case 7: RS(H, 7); break; \
 	default: RS(H, 8); break; }
@@ -103,6 +103,7 @@ run_merge(void *)
  * then the blocks run in a random order, twice (another order), and the second output must
  * equal the first bit for bit with every counter back at 0 after each launch. */
 static int lane_kernel, sep_merge;
+static int min_keys;  /* the kernels' min_keys (splits by context with the in-kernel merge) */
 
 static void
 test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int ctxmode)
@@ -137,7 +138,7 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 	rl_cpu_attn_decode(NULL, ref, fq, fkc, fvc, bt, cl, B, NH, NKV, HD, BS, MAXBLK);
 
 	DA = { out, q, kc, vc, nsplit > 1 ? ws : NULL, nsplit > 1 ? (float2 *)(ws + (size_t)B * NH * nsplit * HD) : NULL,
-	    inkernel ? cnt : NULL, bt, cl, NH, NKV, HD, BS, MAXBLK, nsplit, lane_kernel };
+	    inkernel ? cnt : NULL, bt, cl, NH, NKV, HD, BS, MAXBLK, nsplit, lane_kernel, min_keys };
 	emu_block_shuffle = inkernel;
 	emu_launch(dim3((unsigned)(B * NKV), (unsigned)nsplit), dim3(DC_WARPS * 32), run_split, NULL);
 	if (nsplit > 1 && !inkernel)
@@ -164,11 +165,11 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 	cases++;
 	if (bad || cbad || rbad)
 		fails++;
-	printf("%s decode %s%s B=%d NH=%d NKV=%d HD=%d BS=%d ctx<=%d nsplit=%d ctx0=%d: max err %.3g%s",
+	printf("%s decode %s%s B=%d NH=%d NKV=%d HD=%d BS=%d ctx<=%d nsplit=%d%s ctx0=%d: max err %.3g%s",
 	    bad || cbad || rbad ? "FAIL" : "ok  ", lane_kernel ? "lane" : "split",
 	    nsplit == 1 ? "" : twice ? " (merge in kernel, twice)" : inkernel ? " (merge in kernel)" : " (merge kernel)", B, NH,
 	    NKV, HD, BS, cap,
-	    nsplit, cl[0], worst, bad ? "" : "\n");
+	    nsplit, min_keys && inkernel ? " (by context)" : "", cl[0], worst, bad ? "" : "\n");
 	if (bad)
 		printf(", %zu bad, first at %zu (seq %zu head %zu d %zu, ctx %d): %g vs %g\n", bad, at,
 		    at / ((size_t)NH * HD), at / HD % NH, at % HD, cl[at / ((size_t)NH * HD)],
@@ -620,6 +621,17 @@ main(void)
 		    1 + (int)(emu_rnd(&rs) % 70), (int)(emu_rnd(&rs) % 2));
 	}
 	}
+	/* splits by context (min_keys): several sequences of different lengths taking different
+	 * numbers of the splits (the partials' stride stays nsplit), both kernels */
+	for (lane_kernel = 0; lane_kernel < 2; lane_kernel++) {
+		min_keys = 64;
+		test_decode(3, 14, 2, 64, 16, 32, 32, 0);
+		min_keys = 32;
+		test_decode(1, 12, 12, 64, 16, 24, 22, 0);
+		min_keys = 128;
+		test_decode(6, 2, 2, 128, 32, 70, 44, 1);
+	}
+	min_keys = 0;
 	/* k_decode_lane: more than one 32-key round per worker with nsplit 1 and 2 */
 	test_decode(2, 14, 2, 64, 16, 20, 1, 1);
 	test_decode(3, 8, 8, 128, 8, 40, 2, 1);
