@@ -6,12 +6,7 @@
 # e.g.  bash bench/gpu-ab.sh 3 RL_CUDA_NORM_BWD_ADD=1 gpu_train all 10
 # from the checkout's root, bench/gpu-pack.sh's folder carried (G=DIR for another).
 cd "$(dirname "$0")/.."
-G=${G:-.gpu}
-Z=$(command -v zstd || echo "$G/libs/zstd")
-[ -d "$G/build" ] || "$Z" -q -d --long=30 -c "$G/pack.tar.zst" | tar xf - -C "$G"
-L=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null | tr '\n' ':')
-export LD_LIBRARY_PATH=$PWD/$G/libs:$L${LD_LIBRARY_PATH:-}
-export OMP_WAIT_POLICY=passive
+. bench/gpu-env.sh
 n=$1 set=$2 bench=$3
 shift 3
 for i in $(seq "$n"); do

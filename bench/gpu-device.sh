@@ -9,15 +9,7 @@
 # PyTorch references).  Each step has a timeout; the logs come back as one
 # $OUT/logs.tgz (the device tool returns at most 8 files).
 cd "$(dirname "$0")/.."
-G=${G:-.gpu}
-# the binaries (bench/gpu-pack.sh: zstd with a 1 GiB window; its program carried in libs/ in
-# case the image has none)
-Z=$(command -v zstd || echo "$G/libs/zstd")
-[ -f "$G/pack.tar.zst" ] && "$Z" -q -d --long=30 -c "$G/pack.tar.zst" | tar xf - -C "$G"
-[ -f "$G/pack.tgz" ] && tar xzf "$G/pack.tgz" -C "$G"
-L=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null | tr '\n' ':')
-export LD_LIBRARY_PATH=$PWD/$G/libs:$L${LD_LIBRARY_PATH:-}
-export OMP_WAIT_POLICY=passive
+. bench/gpu-env.sh
 B=$G/build W=$(mktemp -d)
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv
 what=${1:-all}

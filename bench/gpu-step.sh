@@ -8,12 +8,7 @@
 # GEN2: another gpu_gen build to run the same way (a compile-time variant).  Run from the
 # checkout's root with bench/gpu-pack.sh's folder carried:  bash bench/gpu-step.sh
 cd "$(dirname "$0")/.."
-G=${G:-.gpu}
-Z=$(command -v zstd || echo "$G/libs/zstd")
-[ -d "$G/build" ] || "$Z" -q -d --long=30 -c "$G/pack.tar.zst" | tar xf - -C "$G"
-L=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null | tr '\n' ':')
-export LD_LIBRARY_PATH=$PWD/$G/libs:$L${LD_LIBRARY_PATH:-}
-export OMP_WAIT_POLICY=passive
+. bench/gpu-env.sh
 for t in ${TESTS-test_cuda_step test_cuda_decode}; do
 	timeout 120 "$G/build/tests/$t" > /tmp/$t.log 2>&1
 	echo "$t rc=$?"

@@ -1880,6 +1880,50 @@ decode_run(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params *sp
 	return RL_OK;
 }
 
+/* The inputs of the first of n decode steps (n - 1 more fed on the backend) packed into the
+ * staging and queued up: the tokens checked, the cache room of the n tokens reserved (the
+ * block tables then cover every step) */
+static int
+step_inputs(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok, const uint64_t *seed,
+    const uint64_t *ctr, int B, int n, const step_lay *l)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	char *h = f->hstep;
+	int32_t *htok = (int32_t *)(h + l->tok), *hpos = (int32_t *)(h + l->pos);
+	int32_t *hctx = (int32_t *)(h + l->ctx), *hslot = (int32_t *)(h + l->slot), *hbt = (int32_t *)(h + l->bt);
+	uint64_t *hseed = (uint64_t *)(h + l->seed), *hctr = (uint64_t *)(h + l->ctr);
+	int rv;
+
+	for (int b = 0; b < B; b++) {
+		htok[b] = tok[b];
+		hpos[b] = seqs[b]->len;
+	}
+	if ((rv = check_inputs(m, htok, NULL, hpos, B, "model decode")) != 0)
+		return rv;
+	for (int b = 0; b < B; b++)
+		if (m->cfg.arch == RL_ARCH_GPT2 && hpos[b] + n > m->cfg.max_pos) {
+			rl_error("model decode: %d steps from position %d at index %d pass the model's %d positions", n,
+			    hpos[b], b, m->cfg.max_pos);
+			return RL_EINVAL;
+		}
+	for (int b = 0; b < B; b++)
+		if ((rv = rl_kvcache_reserve(kv, seqs[b], n)) != 0)
+			return rv;
+	for (int b = 0; b < B; b++) {
+		hslot[b] = rl_kvcache_slot(kv, seqs[b], seqs[b]->len);
+		hctx[b] = seqs[b]->len + 1;
+		memcpy(hbt + (size_t)b * f->step_cols, seqs[b]->blocks, (size_t)seqs[b]->nblk * 4);
+		hseed[b] = seed[b];
+		hctr[b] = ctr[b];
+	}
+	if (o->upload_async)
+		o->upload_async(o, f->dstep, h, l->in_bytes);
+	else
+		o->upload(o, f->dstep, h, l->in_bytes);
+	return RL_OK;
+}
+
 int
 rl_model_decode_sample(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok,
     const uint64_t *seed, const uint64_t *ctr, int B, int g, const rl_sample_params *sp,
@@ -1898,30 +1942,9 @@ rl_model_decode_sample(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const
 		return rv;
 	step_lay l = step_layout(B, f->step_cols);
 	char *h = f->hstep;
-	int32_t *htok = (int32_t *)(h + l.tok), *hpos = (int32_t *)(h + l.pos);
-	int32_t *hctx = (int32_t *)(h + l.ctx), *hslot = (int32_t *)(h + l.slot), *hbt = (int32_t *)(h + l.bt);
-	uint64_t *hseed = (uint64_t *)(h + l.seed), *hctr = (uint64_t *)(h + l.ctr);
 
-	for (int b = 0; b < B; b++) {
-		htok[b] = tok[b];
-		hpos[b] = seqs[b]->len;
-	}
-	if ((rv = check_inputs(m, htok, NULL, hpos, B, "model decode")) != 0)
+	if ((rv = step_inputs(m, kv, seqs, tok, seed, ctr, B, 1, &l)) != 0)
 		return rv;
-	for (int b = 0; b < B; b++)
-		if ((rv = rl_kvcache_reserve(kv, seqs[b], 1)) != 0)
-			return rv;
-	for (int b = 0; b < B; b++) {
-		hslot[b] = rl_kvcache_slot(kv, seqs[b], seqs[b]->len);
-		hctx[b] = seqs[b]->len + 1;
-		memcpy(hbt + (size_t)b * f->step_cols, seqs[b]->blocks, (size_t)seqs[b]->nblk * 4);
-		hseed[b] = seed[b];
-		hctr[b] = ctr[b];
-	}
-	if (o->upload_async)
-		o->upload_async(o, f->dstep, h, l.in_bytes);
-	else
-		o->upload(o, f->dstep, h, l.in_bytes);
 	if ((rv = decode_run(m, kv, B, g, sp)) != 0) {
 		check_ops(m, "model decode");
 		return rv;
@@ -2009,38 +2032,10 @@ rl_model_decode_multi(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const 
 	if ((rv = multi_staging(m, (size_t)n * B * 8)) != 0)
 		return rv;
 	step_lay l = step_layout(B, f->step_cols);
-	char *h = f->hstep, *d = f->dstep;
-	int32_t *htok = (int32_t *)(h + l.tok), *hpos = (int32_t *)(h + l.pos);
-	int32_t *hctx = (int32_t *)(h + l.ctx), *hslot = (int32_t *)(h + l.slot), *hbt = (int32_t *)(h + l.bt);
-	uint64_t *hseed = (uint64_t *)(h + l.seed), *hctr = (uint64_t *)(h + l.ctr);
+	char *d = f->dstep;
 
-	for (int b = 0; b < B; b++) {
-		htok[b] = tok[b];
-		hpos[b] = seqs[b]->len;
-	}
-	if ((rv = check_inputs(m, htok, NULL, hpos, B, "model decode")) != 0)
+	if ((rv = step_inputs(m, kv, seqs, tok, seed, ctr, B, n, &l)) != 0)
 		return rv;
-	for (int b = 0; b < B; b++)
-		if (m->cfg.arch == RL_ARCH_GPT2 && hpos[b] + n > m->cfg.max_pos) {
-			rl_error("model decode: %d steps from position %d at index %d pass the model's %d positions", n,
-			    hpos[b], b, m->cfg.max_pos);
-			return RL_EINVAL;
-		}
-	/* the cache room of all n tokens now: the block tables then cover every step */
-	for (int b = 0; b < B; b++)
-		if ((rv = rl_kvcache_reserve(kv, seqs[b], n)) != 0)
-			return rv;
-	for (int b = 0; b < B; b++) {
-		hslot[b] = rl_kvcache_slot(kv, seqs[b], seqs[b]->len);
-		hctx[b] = seqs[b]->len + 1;
-		memcpy(hbt + (size_t)b * f->step_cols, seqs[b]->blocks, (size_t)seqs[b]->nblk * 4);
-		hseed[b] = seed[b];
-		hctr[b] = ctr[b];
-	}
-	if (o->upload_async)
-		o->upload_async(o, f->dstep, h, l.in_bytes);
-	else
-		o->upload(o, f->dstep, h, l.in_bytes);
 	char *hm = f->hmulti;
 	for (int k = 0; k < n; k++) {
 		if (k > 0)
