@@ -129,7 +129,9 @@ struct rl_model_inf {
 enum { DG_NEW, DG_WARM, DG_GRAPH, DG_FAILED };
 typedef struct dgraph {
 	void *g;                /* backend graph (state DG_GRAPH) */
-	int state;              /* DG_NEW: not run yet; DG_WARM: ran once op by op; DG_FAILED: no graph */
+	int state;              /* DG_NEW: fewer runs op by op than m->graph_after; DG_WARM: that many,
+	                         * recorded at the next run; DG_FAILED: no graph */
+	int runs;               /* runs op by op so far */
 	int B, ng;              /* batch rows, rows sampled with sp (the rest greedy) */
 	rl_sample_params sp;
 	const void *kvmem, *w;  /* cache and weights it reads */
@@ -1310,6 +1312,10 @@ rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch)
 
 	if (max_tokens <= 0 || max_batch <= 0)
 		return RL_EINVAL;
+	if (m->graph_after <= 0) {
+		const char *ga = getenv("RL_DECODE_GRAPH_AFTER");
+		m->graph_after = ga && atoi(ga) > 0 ? atoi(ga) : 1;
+	}
 	max_tokens = RL_MAX(max_tokens, max_batch);
 	if (m->inf != NULL && m->inf->maxI >= max_tokens && m->inf->maxB >= max_batch)
 		return RL_OK;
@@ -1871,9 +1877,10 @@ decode_run(rl_model *m, rl_kvcache *kv, int B, int g, const rl_sample_params *sp
 		m->dstats.launches++;
 		return RL_OK;
 	}
-	/* the first run of a key goes op by op: scratch buffers and GEMM heuristics are
-	 * set up outside the recording */
-	if (d && d->state == DG_NEW)
+	/* the first runs of a key go op by op: scratch buffers and GEMM heuristics are set up
+	 * outside the recording (one run), and a batch size seen only a few times is not worth
+	 * a recording (m->graph_after runs, at least 1) */
+	if (d && d->state == DG_NEW && ++d->runs >= RL_MAX(m->graph_after, 1))
 		d->state = DG_WARM;
 	decode_enqueue(m, kv, B, g, sp);
 	m->dstats.direct++;

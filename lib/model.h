@@ -95,6 +95,10 @@ struct rl_model {
 	void *grad_ready_ctx;
 	/* rl_model_decode_sample: 1 runs every step op by op (no backend graphs) */
 	int no_graph;
+	/* rl_model_decode_sample: a step's key (batch rows, greedy split, sampling, cache,
+	 * weights) runs op by op this many times before it is recorded (default 1, or
+	 * RL_DECODE_GRAPH_AFTER when set at rl_model_infer_reserve) */
+	int graph_after;
 	rl_decode_stats dstats;  /* rl_model_decode_sample's counters, since open */
 	/* Set before rl_model_train_reserve: m->m, m->v are not allocated (a
 	 * ZeRO trainer keeps its shard of them; rl_model_step then fails). */
