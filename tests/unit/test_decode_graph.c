@@ -12,7 +12,8 @@
  *     (rl_model_decode + sample) and through recorded graphs, with a scratch
  *     move after step 7 (graphs stale, recorded again) and one batch size
  *     whose recording fails (that key must run op by op for good);
- *   - the counters: recordings, replays, stale graphs, op-by-op steps.
+ *   - the counters: recordings, replays, stale graphs, op-by-op steps;
+ *   - a batch size recorded only after several runs op by op (m->graph_after).
  * Also checks that nothing uploads, downloads, synchronises or allocates
  * while recording.  The same checks on the real CUDA graphs are in
  * test_cuda_decode.c.
@@ -361,7 +362,7 @@ static void
 workload(const char *name, rl_config *cfg)
 {
 	rl_model *m = NULL;
-	static mix_out L, G;
+	static mix_out L, G, G3;
 	int st, len;
 
 	T_EQ_INT(rl_model_init_random(&m, cfg, &fake, 3), RL_OK);
@@ -384,6 +385,23 @@ workload(const char *name, rl_config *cfg)
 	    "%s: graph counters", name);
 	/* this workload replays, after the move at step 7, graphs recorded before it */
 	T_OK(G.ds.stale > 0, "%s: no graph went stale after the scratch moved", name);
+	/* a batch size recorded only after 3 runs op by op (m->graph_after): the same samples,
+	 * fewer recordings (the sizes seen fewer than 4 times never are), more steps op by op */
+	{
+		rl_model *m3 = NULL;
+		T_EQ_INT(rl_model_init_random(&m3, cfg, &fake, 3), RL_OK);  /* the same weights, no graphs yet */
+		if (!m3)
+			return;
+		mix_sharpen(m3, 3.0f);
+		m3->graph_after = 3;
+		T_EQ_INT(mix_run(m3, 8, 0, 0, move_scratch, NULL, &G3), RL_OK);
+		rl_model_close(m3);
+	}
+	printf("%s: recorded after 3 runs: %llu recorded, %llu replays, %llu op by op\n", name,
+	    (unsigned long long)G3.ds.captures, (unsigned long long)G3.ds.launches, (unsigned long long)G3.ds.direct);
+	T_OK(mix_same(&L, &G3), "%s: graph_after 3 gives other samples", name);
+	T_OK(G3.ds.captures > 0 && G3.ds.captures < G.ds.captures && G3.ds.direct > G.ds.direct &&
+	    G3.ds.launches + G3.ds.direct == G3.ds.steps, "%s: graph_after 3: counters", name);
 	T_EQ_INT(bad_calls, 0);
 	rl_model_close(m);
 }
