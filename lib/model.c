@@ -1314,7 +1314,13 @@ rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch)
 		return RL_EINVAL;
 	if (m->graph_after <= 0) {
 		const char *ga = getenv("RL_DECODE_GRAPH_AFTER");
-		m->graph_after = ga && atoi(ga) > 0 ? atoi(ga) : 1;
+		char *end = NULL;
+		long v = ga && *ga ? strtol(ga, &end, 10) : 0;
+		m->graph_after = 1;
+		if (ga && *ga && (*end != '\0' || v < 1 || v > 1000000))
+			rl_warn("RL_DECODE_GRAPH_AFTER=%s is not a count of runs (1 or more): 1 is used", ga);
+		else if (v > 0)
+			m->graph_after = (int)v;
 	}
 	max_tokens = RL_MAX(max_tokens, max_batch);
 	if (m->inf != NULL && m->inf->maxI >= max_tokens && m->inf->maxB >= max_batch)

@@ -92,6 +92,9 @@ for l in sys.stdin:
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" --decode-steps 0 "$TD/p.jsonl"
 	[[ "$stderr" == *"bad value '0'"* ]]
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" --decode-steps 65 "$TD/p.jsonl"
+	# a bad RL_DECODE_GRAPH_AFTER is said and the default used
+	run -0 --separate-stderr env RL_DECODE_GRAPH_AFTER=x rl-rollout -m "$TD/m0" --max-tokens 2 --jsonl "$TD/p.jsonl"
+	[[ "$stderr" == *"RL_DECODE_GRAPH_AFTER=x is not a count"* ]]
 }
 
 @test "stop strings and stop ids end a sequence with finish stop" {
