@@ -123,6 +123,160 @@ k_decode_lane(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv,
 	    (int)blockIdx.x, (int)blockIdx.y);
 }
 
+/* The same function for a few sequences, all keys of a round in flight at once
+ * (RL_CUDA_DECODE_ATTN=wide; session 9, written without a GPU).  At one slot the split
+ * kernels spend their time in a chain of dependent memory round trips (ncu, H100: 10 us a
+ * GPT-2 layer for 320 keys): the context length, then the block table, then the K rows,
+ * then the V rows 8 or 16 at a time, then the partials, the fence, the counter and the
+ * merge's loads.  Here a block of DW_WARPS(HD) warps (512 threads at HD 64: 512 keys a
+ * round) takes a (sequence, KV head, split):
+ *   - the context length, the group's queries and each lane's first key's block-table
+ *     entry are loaded together (the entry before the length is known: the index is
+ *     clamped to the table, the entry used only for a key < L);
+ *   - a warp takes 32 consecutive keys; each lane loads its key's K row (16-byte loads)
+ *     and, in the same round, its HD/32 elements of all 32 V rows (the rows' cache
+ *     indices passed through shared memory), so K and V are one round trip together;
+ *   - the dots against the group's queries in shared memory, the online softmax per warp
+ *     (one warp max and sum per 32 keys), then the V rows summed with the probabilities
+ *     read back from shared memory, as dc_lane;
+ *   - the block's warps merged by dc_finish; a context of more than min_keys keys takes
+ *     further splits merged in the kernel by the last block (dc_merge_last), so a short
+ *     context never pays the merge.
+ * The in-loop shared memory (probabilities, row indices) and dc_finish's share storage: a
+ * block barrier between them. */
+template <int HD>
+struct dw_nw {
+	static constexpr int NW = HD == 64 ? 16 : 8;  /* registers: 128 a thread at 512 threads */
+};
+template <int HD, int G, int NW>
+struct dw_sm {
+	float sq[G][HD];
+	union {
+		struct {
+			float sp[NW][G][32];
+			int srow[NW][32];
+		} lp;
+		dc_fin_sm<HD, G, NW> fin;
+	} u;
+};
+
+template <int HD, int G>
+__global__ void __launch_bounds__(dw_nw<HD>::NW * 32)
+k_decode_wide(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv, const bf16 *kc, const bf16 *vc,
+    const int32_t *bt, const int32_t *ctx_len, int NH, int NKV, int BS, int MAXBLK, int nsplit, int min_keys)
+{
+	constexpr int NW = dw_nw<HD>::NW, PL = HD / 32, NV = HD / 8;
+	__shared__ dw_sm<HD, G, NW> sh;
+	float (&sq)[G][HD] = sh.sq;
+	float (&sp)[NW][G][32] = sh.u.lp.sp;
+	int (&srow)[NW][32] = sh.u.lp.srow;
+	const int b = blockIdx.x / NKV, kvh = blockIdx.x % NKV, split = blockIdx.y;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const size_t LD = (size_t)(NH + 2 * NKV) * HD, kvrow = (size_t)NKV * HD;
+	const float scale = 1.0f / sqrtf((float)HD);
+	const int32_t *tab = bt + (size_t)b * MAXBLK;
+	pdl_trigger();
+	pdl_wait();  /* q, the cache rows, the lengths and the table are the kernels' ahead */
+	const int cfirst = (split * NW + warp) * 32;
+	int tb = (cfirst + lane) / BS;
+	int te = tab[tb < MAXBLK ? tb : MAXBLK - 1];
+	const int L = ctx_len[b];
+	for (int t = threadIdx.x; t < G * HD / 8; t += NW * 32) {
+		uint4 u = *(const uint4 *)(qkv + (size_t)b * LD + (size_t)kvh * G * HD + (size_t)t * 8);
+		const bf16 *a = (const bf16 *)&u;
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			sq[t * 8 / HD][t * 8 % HD + e] = bf(a[e]) * scale;
+	}
+	__syncthreads();
+	const int ns = cnt ? dc_splits(L, nsplit, min_keys) : nsplit;
+	if (split >= ns)
+		return;  /* the whole block: a split this context does not take */
+	float acc[G][PL], m[G], l[G];
+#pragma unroll
+	for (int g = 0; g < G; g++) {
+		m[g] = -INFINITY;
+		l[g] = 0.0f;
+#pragma unroll
+		for (int e = 0; e < PL; e++)
+			acc[g][e] = 0.0f;
+	}
+	const int W = ns * NW;
+	for (int c0 = cfirst; c0 < L; c0 += W * 32) {
+		const int s = c0 + lane, n = L - c0 < 32 ? L - c0 : 32;
+		if (c0 != cfirst)
+			te = s < L ? tab[s / BS] : 0;
+		/* the key's cache row (an int: a cache of fewer than 2^31 token rows) */
+		const int r = s < L ? te * BS + s % BS : 0;
+		srow[warp][lane] = r;
+		__syncwarp();
+		uint4 kr[NV];
+#pragma unroll
+		for (int i = 0; i < NV; i++)
+			kr[i] = s < L ? *(const uint4 *)(kc + (size_t)r * kvrow + (size_t)kvh * HD + i * 8)
+			              : make_uint4(0, 0, 0, 0);
+		/* this lane's PL elements of the 32 V rows, in flight with the K rows */
+		__nv_bfloat162 vr[32][PL / 2];
+#pragma unroll
+		for (int j = 0; j < 32; j++) {
+			const int rj = srow[warp][j];
+#pragma unroll
+			for (int e = 0; e < PL / 2; e++)
+				vr[j][e] = j < n ? *(const __nv_bfloat162 *)(vc + (size_t)rj * kvrow + (size_t)kvh * HD + lane * PL + 2 * e)
+				                 : __floats2bfloat162_rn(0.0f, 0.0f);
+		}
+		float d[G];
+#pragma unroll
+		for (int g = 0; g < G; g++)
+			d[g] = 0.0f;
+#pragma unroll
+		for (int i = 0; i < NV; i++) {
+			const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kr[i];
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				float2 kf = __bfloat1622float2(k2[j]);
+#pragma unroll
+				for (int g = 0; g < G; g++)
+					d[g] += sq[g][i * 8 + 2 * j] * kf.x + sq[g][i * 8 + 2 * j + 1] * kf.y;
+			}
+		}
+#pragma unroll
+		for (int g = 0; g < G; g++) {
+			float dg = s < L ? d[g] : -INFINITY;
+			float mn = fmaxf(m[g], warp_max(dg));  /* finite: lane 0's key is < L */
+			float p = s < L ? __expf(dg - mn) : 0.0f, corr = __expf(m[g] - mn);
+			l[g] = l[g] * corr + warp_sum(p);
+#pragma unroll
+			for (int e = 0; e < PL; e++)
+				acc[g][e] *= corr;
+			m[g] = mn;
+			sp[warp][g][lane] = p;
+		}
+		__syncwarp();
+#pragma unroll
+		for (int j = 0; j < 32; j += 4) {
+			if (j >= n)
+				break;  /* the same in every lane; the rows past n hold 0 and p 0 */
+#pragma unroll
+			for (int g = 0; g < G; g++) {
+				const float4 p4 = *(const float4 *)&sp[warp][g][j];
+				const float pj[4] = { p4.x, p4.y, p4.z, p4.w };
+#pragma unroll
+				for (int u = 0; u < 4; u++)
+#pragma unroll
+					for (int e = 0; e < PL / 2; e++) {
+						float2 v2 = __bfloat1622float2(vr[j + u][e]);
+						acc[g][2 * e] += pj[u] * v2.x;
+						acc[g][2 * e + 1] += pj[u] * v2.y;
+					}
+			}
+		}
+		__syncwarp();  /* sp and srow are rewritten by the next round */
+	}
+	__syncthreads();  /* every warp done with sp and srow: dc_finish writes over them */
+	dc_finish<HD, G, NW>(sh.u.fin, acc, m, l, out, ws, wml, cnt, (int)blockIdx.x, b, kvh, split, NH, nsplit, ns);
+}
+
 /* out (B, NH*HD) from the nsplit partials of each (sequence, head): the merge as a
  * separate kernel (RL_CUDA_DECODE_MERGE=0, or more than DC_MAXSPLIT splits).  No branch
  * on the loaded values inside the loops, so the loads of the splits are in flight
@@ -167,12 +321,15 @@ rlk_attn_decode_ws_bytes(int B, int NH, int HD, int nsplit)
 extern "C" int
 rlk_attn_decode_split(void *s, float *ws, unsigned *cnt, void *out, const void *qkv, const void *kc,
     const void *vc, const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD, int BS,
-    int MAXBLK, int nsplit, int lane, int min_keys)
+    int MAXBLK, int nsplit, int kind, int min_keys)
 {
 	if (B <= 0)
 		return 0;
-	if (!rlk_attn_decode_split_ok(NH, NKV, HD) || nsplit < 1 || nsplit > 65535 || (nsplit > 1 && !ws))
+	if (!rlk_attn_decode_split_ok(NH, NKV, HD) || nsplit < 1 || nsplit > 65535 || (nsplit > 1 && !ws) ||
+	    kind < RLK_DEC_SPLIT || kind > RLK_DEC_WIDE)
 		return (int)cudaErrorInvalidValue;
+	if (kind == RLK_DEC_WIDE && !rlk_a16(qkv))
+		kind = RLK_DEC_LANE;  /* its query loads are 16-byte ones (the cache rows' are in both) */
 	if (nsplit == 1 || nsplit > DC_MAXSPLIT)
 		cnt = NULL;
 	dim3 grid((unsigned)(B * NKV), (unsigned)nsplit);
@@ -180,7 +337,10 @@ rlk_attn_decode_split(void *s, float *ws, unsigned *cnt, void *out, const void *
 	float2 *wml = nsplit > 1 ? (float2 *)(ws + (size_t)B * NH * nsplit * HD) : NULL;
 	cudaStream_t st = RLK_STREAM(s);
 	cudaError_t le = cudaSuccess;
-#define DS(H, G) do { if (lane) \
+#define DS(H, G) do { if (kind == RLK_DEC_WIDE) \
+		le = rlk_launch(k_decode_wide<H, G>, grid, dim3(dw_nw<H>::NW * 32), 0, st, (bf16 *)out, ws, wml, cnt, q, \
+		    k, v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit, min_keys > 0 ? min_keys : dw_nw<H>::NW * 32); \
+	else if (kind == RLK_DEC_LANE) \
 		le = rlk_launch(k_decode_lane<H, G>, grid, dim3(DC_WARPS * 32), 0, st, (bf16 *)out, ws, wml, cnt, q, k, \
 		    v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit, min_keys); \
 	else \

@@ -165,15 +165,19 @@ int rlk_attn_decode(void *stream, void *out, const void *qkv, const void *kc, co
  * cnt: B * NKV unsigned counters, all 0 (the kernel leaves them 0), for the merge of the
  * splits inside the kernel (by the last block of each sequence and KV head; at most
  * RLK_DECODE_MAXSPLIT splits), or NULL for the separate merge kernel.
- * lane: a key per lane (k_decode_lane, the default), else a key per warp (k_decode_split).
+ * kind: RLK_DEC_LANE a key per lane (k_decode_lane), RLK_DEC_SPLIT a key per warp
+ * (k_decode_split), RLK_DEC_WIDE blocks of 512 (HD 64) or 256 threads with each round's K and
+ * V rows loaded together (k_decode_wide, for a few sequences).
  * min_keys > 0 (with cnt only): a sequence of L keys takes min(nsplit, ceil(L / min_keys))
- * of the splits (the others do nothing), so a short context skips most of the merge. */
+ * of the splits (the others do nothing), so a short context skips most of the merge; for
+ * RLK_DEC_WIDE, 0 means a round of its block (512 or 256 keys). */
 #define RLK_DECODE_MAXSPLIT 64
+enum { RLK_DEC_SPLIT, RLK_DEC_LANE, RLK_DEC_WIDE };
 int rlk_attn_decode_split_ok(int NH, int NKV, int HD);
 size_t rlk_attn_decode_ws_bytes(int B, int NH, int HD, int nsplit);
 int rlk_attn_decode_split(void *stream, float *ws, unsigned *cnt, void *out, const void *qkv,
     const void *kc, const void *vc, const int32_t *block_table, const int32_t *ctx_len, int B, int NH,
-    int NKV, int HD, int BS, int MAXBLK, int nsplit, int lane, int min_keys);
+    int NKV, int HD, int BS, int MAXBLK, int nsplit, int kind, int min_keys);
 
 /* matmul_fwd for N <= 4 rows (kernels/gemv.cu): out (N, OC) = inp (N, C) @ w (OC, C)^T + bias
  * (NULL for none).  rlk_gemv_ok: N 1..4, C a multiple of 8 up to 8192, inp and w 16-byte

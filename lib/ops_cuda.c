@@ -57,7 +57,7 @@ typedef struct algo_ent {
 	                        * for this key (asked once; the caller takes the column-sum kernel) */
 } algo_ent;
 
-enum { DK_AUTO, DK_LANE, DK_SPLIT, DK_V1 };  /* decode attention kernels (RL_CUDA_DECODE_ATTN) */
+enum { DK_AUTO, DK_LANE, DK_SPLIT, DK_V1, DK_WIDE };  /* decode attention kernels (RL_CUDA_DECODE_ATTN) */
 enum { HL_OFF, HL_SPLIT };        /* strided LM head (RL_CUDA_HEAD_LD) */
 enum { BG_OFF, BG_ON, BG_STRICT };  /* bias gradients in the dW GEMM's epilogue (RL_CUDA_BGRAD) */
 
@@ -87,8 +87,8 @@ typedef struct cuda_ctx {
 	int no_gemv;           /* RL_CUDA_GEMV=0: matmul_fwd of <= 4 rows through cuBLASLt too */
 	int head_ld;           /* RL_CUDA_HEAD_LD: HL_SPLIT (unset, =split, =1), =0 (off) */
 	int no_fuse;           /* RL_CUDA_DECODE_FUSE=0: none of fuse.cu's ops (matmul_fused_fwd, ...) */
-	int decode_kind;       /* RL_CUDA_DECODE_ATTN: DK_AUTO (unset), =lane / =split (that decode.cu
-	                        * kernel always), =v1 (attn.cu's kernel only) */
+	int decode_kind;       /* RL_CUDA_DECODE_ATTN: DK_AUTO (unset), =lane / =split / =wide (that
+	                        * decode.cu kernel always), =v1 (attn.cu's kernel only) */
 	int nsm;               /* multiprocessors */
 	void *dec_ws;          /* split decode attention partials */
 	size_t dec_ws_bytes;
@@ -1336,11 +1336,16 @@ env_int(const char *var, int def, int lo, int hi)
  * (many sequences: 163K against 118K tok/s at 256 GPT-2 slots on the H100, same run);
  * with many splits (a few sequences) each worker has only a few keys and the
  * key-per-warp kernel spreads them wider (0.70 against 0.74 ms a GPT-2 step at one
- * slot).  RL_CUDA_DECODE_ATTN=lane or =split forces one. */
+ * slot).  RL_CUDA_DECODE_ATTN=lane or =split forces one; =wide takes k_decode_wide
+ * (written in session 9 without a GPU, not measured yet: never the default). */
 static int
-decode_lane(const cuda_ctx *c, int nsplit)
+decode_kernel(const cuda_ctx *c, int nsplit)
 {
-	return c->decode_kind == DK_LANE ? 1 : c->decode_kind == DK_SPLIT ? 0 : nsplit <= 4;
+	if (c->decode_kind == DK_WIDE)
+		return RLK_DEC_WIDE;
+	if (c->decode_kind == DK_LANE || c->decode_kind == DK_SPLIT)
+		return c->decode_kind == DK_LANE ? RLK_DEC_LANE : RLK_DEC_SPLIT;
+	return nsplit <= 4 ? RLK_DEC_LANE : RLK_DEC_SPLIT;
 }
 
 static void
@@ -1371,7 +1376,7 @@ cu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void
 				ck(o, "attn_decode counters", (int)cudaMemsetAsync(cnt, 0, c->dec_cnt_bytes, c->stream));
 		}
 		CKP(o, "attn_decode", rlk_attn_decode_split(S(o), ws, cnt, out, qkv, kc, vc, block_table, ctx_len, B,
-		    NH, NKV, HD, BS, MAXBLK, nsplit, decode_lane(c, nsplit), c->dec_keys));
+		    NH, NKV, HD, BS, MAXBLK, nsplit, decode_kernel(c, nsplit), c->dec_keys));
 		return;
 	}
 	CKP(o, "attn_decode", rlk_attn_decode(S(o), out, qkv, kc, vc, block_table, ctx_len, B, NH, NKV, HD,
@@ -1841,7 +1846,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->gelu_fuse = !env_off("RL_CUDA_GELU_FUSE");
 	c->no_gemv = env_off("RL_CUDA_GEMV");
 	c->no_fuse = env_off("RL_CUDA_DECODE_FUSE");
-	c->decode_kind = env_pick("RL_CUDA_DECODE_ATTN", "lane split v1") + 1;  /* DK_* */
+	c->decode_kind = env_pick("RL_CUDA_DECODE_ATTN", "lane split v1 wide") + 1;  /* DK_* */
 	c->head_ld = env_pick("RL_CUDA_HEAD_LD", "split 0 1") == 1 ? HL_OFF : HL_SPLIT;
 	/* the faster forms of the elementwise kernels, the norm backward and the bias gradient
 	 * (on unless the switch is 0; process-wide: the kernels' option word) */

@@ -2,7 +2,7 @@
  * emu_kernels.cpp — kernels of decode.cu and norm.cu run on the CPU through
  * cuda_emu.h (their source cut out of the .cu files by run.sh) against the CPU
  * reference of lib/ops_cpu.c:
- *   - split decode attention (k_decode_split or k_decode_lane): HD 64 and 128,
+ *   - split decode attention (k_decode_split, k_decode_lane or k_decode_wide): HD 64 and 128,
  *     1 to 8 query heads per KV head, nsplit 1, 2, 3, 7, 22, 32, 44, 64, contexts of 1,
  *     the whole cache, exact multiples of a round (DC_UNROLL keys x the workers) and one
  *     past, random lengths, shared and shuffled blocks, then 24 random shapes;
@@ -71,7 +71,10 @@ struct dec_args {
 };
 static dec_args DA;
 
-#define RS(H, G) do { if (DA.lane) \
+#define RS(H, G) do { if (DA.lane == 2) \
+		k_decode_wide<H, G>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, \
+		    DA.BS, DA.MAXBLK, DA.nsplit, DA.mk); \
+	else if (DA.lane) \
 		k_decode_lane<H, G>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, \
 		    DA.BS, DA.MAXBLK, DA.nsplit, DA.mk); \
 	else \
@@ -97,8 +100,11 @@ run_merge(void *)
 }
 
 /* ctxmode 0: random lengths; 1: 1, the whole cache, UW, UW + 1, UW - 1, W (U: the keys a
- * worker takes per round, DC_UNROLL for k_decode_split, 32 for k_decode_lane), then random.
- * lane: k_decode_lane, else k_decode_split.  sep_merge: the splits merged by
+ * worker takes per round, DC_UNROLL for k_decode_split, 32 for k_decode_lane and
+ * k_decode_wide), then random.
+ * lane_kernel: 0 k_decode_split, 1 k_decode_lane, 2 k_decode_wide (its blocks of
+ * dw_nw<HD>::NW warps; min_keys 0 is taken as a round of its block, as its launcher
+ * does).  sep_merge: the splits merged by
  * k_decode_merge, else by the last block of each (sequence, KV head) inside the kernel:
  * then the blocks run in a random order, twice (another order), and the second output must
  * equal the first bit for bit with every counter back at 0 after each launch. */
@@ -108,8 +114,10 @@ static int min_keys;  /* the kernels' min_keys (splits by context with the in-ke
 static void
 test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int ctxmode)
 {
-	int W = (NH + 2 * NKV) * HD, NBLK = B * MAXBLK + 3, cap = BS * MAXBLK, workers = nsplit * DC_WARPS;
+	int NW = lane_kernel == 2 ? (HD == 64 ? dw_nw<64>::NW : dw_nw<128>::NW) : DC_WARPS;
+	int W = (NH + 2 * NKV) * HD, NBLK = B * MAXBLK + 3, cap = BS * MAXBLK, workers = nsplit * NW;
 	int U = lane_kernel ? 32 : DC_UNROLL, inkernel = nsplit > 1 && nsplit <= DC_MAXSPLIT && !sep_merge;
+	int mk = lane_kernel == 2 && min_keys <= 0 ? NW * 32 : min_keys;
 	size_t ncache = (size_t)NBLK * BS * NKV * HD, nq = (size_t)B * W, no = (size_t)B * NH * HD;
 	size_t nws = (size_t)B * NH * nsplit * (HD + 2);
 	bf16 *kc = new bf16[ncache], *vc = new bf16[ncache], *q = new bf16[nq], *out = new bf16[no];
@@ -124,6 +132,10 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 	fill_bf(&rs, q, fq, nq, -2, 2);
 	for (int b = 0; b < B; b++) {
 		int sp[] = { 1, cap, U * workers, U * workers + 1, U * workers - 1, workers };
+		if (lane_kernel == 2) {  /* around one split's keys */
+			int w[] = { 1, cap, mk, mk + 1, mk - 1, 32 };
+			memcpy(sp, w, sizeof w);
+		}
 		cl[b] = 1 + (int)(emu_rnd(&rs) % (uint32_t)cap);
 		if (ctxmode == 1 && b < 6 && sp[b] >= 1 && sp[b] <= cap)
 			cl[b] = sp[b];
@@ -138,9 +150,9 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 	rl_cpu_attn_decode(NULL, ref, fq, fkc, fvc, bt, cl, B, NH, NKV, HD, BS, MAXBLK);
 
 	DA = { out, q, kc, vc, nsplit > 1 ? ws : NULL, nsplit > 1 ? (float2 *)(ws + (size_t)B * NH * nsplit * HD) : NULL,
-	    inkernel ? cnt : NULL, bt, cl, NH, NKV, HD, BS, MAXBLK, nsplit, lane_kernel, min_keys };
+	    inkernel ? cnt : NULL, bt, cl, NH, NKV, HD, BS, MAXBLK, nsplit, lane_kernel, mk };
 	emu_block_shuffle = inkernel;
-	emu_launch(dim3((unsigned)(B * NKV), (unsigned)nsplit), dim3(DC_WARPS * 32), run_split, NULL);
+	emu_launch(dim3((unsigned)(B * NKV), (unsigned)nsplit), dim3((unsigned)NW * 32), run_split, NULL);
 	if (nsplit > 1 && !inkernel)
 		emu_launch(dim3((unsigned)(B * NH)), dim3((unsigned)HD), run_merge, NULL);
 	int cbad = 0, rbad = 0;
@@ -150,7 +162,7 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 	if (twice) {
 		/* again in another order: the same bits, the counters 0 again */
 		DA.out = out2;
-		emu_launch(dim3((unsigned)(B * NKV), (unsigned)nsplit), dim3(DC_WARPS * 32), run_split, NULL);
+		emu_launch(dim3((unsigned)(B * NKV), (unsigned)nsplit), dim3((unsigned)NW * 32), run_split, NULL);
 		for (int i = 0; i < B * NKV; i++)
 			cbad += cnt[i] != 0;
 		rbad = memcmp(out, out2, no * sizeof *out) != 0;
@@ -166,10 +178,10 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 	if (bad || cbad || rbad)
 		fails++;
 	printf("%s decode %s%s B=%d NH=%d NKV=%d HD=%d BS=%d ctx<=%d nsplit=%d%s ctx0=%d: max err %.3g%s",
-	    bad || cbad || rbad ? "FAIL" : "ok  ", lane_kernel ? "lane" : "split",
+	    bad || cbad || rbad ? "FAIL" : "ok  ", lane_kernel == 2 ? "wide" : lane_kernel ? "lane" : "split",
 	    nsplit == 1 ? "" : twice ? " (merge in kernel, twice)" : inkernel ? " (merge in kernel)" : " (merge kernel)", B, NH,
 	    NKV, HD, BS, cap,
-	    nsplit, min_keys && inkernel ? " (by context)" : "", cl[0], worst, bad ? "" : "\n");
+	    nsplit, mk && inkernel ? " (by context)" : "", cl[0], worst, bad ? "" : "\n");
 	if (bad)
 		printf(", %zu bad, first at %zu (seq %zu head %zu d %zu, ctx %d): %g vs %g\n", bad, at,
 		    at / ((size_t)NH * HD), at / HD % NH, at % HD, cl[at / ((size_t)NH * HD)],
@@ -598,8 +610,9 @@ int
 main(void)
 {
 	/* nsplit 1 (many sequences), 2, 3, 7, 44 and 64 (B = 1 on an H100: 64); G 1, 2, 7, 8;
-	 * each kernel: k_decode_split (key per warp), then k_decode_lane (key per lane) */
-	for (lane_kernel = 0; lane_kernel < 2; lane_kernel++) {
+	 * each kernel: k_decode_split (key per warp), k_decode_lane (key per lane), then
+	 * k_decode_wide (its splits by context: a round of 512 or 256 keys each) */
+	for (lane_kernel = 0; lane_kernel < 3; lane_kernel++) {
 	test_decode(3, 4, 4, 64, 16, 8, 1, 1);
 	test_decode(6, 4, 4, 64, 16, 8, 1, 1);
 	test_decode(6, 8, 4, 128, 8, 6, 2, 1);
@@ -622,8 +635,8 @@ main(void)
 	}
 	}
 	/* splits by context (min_keys): several sequences of different lengths taking different
-	 * numbers of the splits (the partials' stride stays nsplit), both kernels */
-	for (lane_kernel = 0; lane_kernel < 2; lane_kernel++) {
+	 * numbers of the splits (the partials' stride stays nsplit), the three kernels */
+	for (lane_kernel = 0; lane_kernel < 3; lane_kernel++) {
 		min_keys = 64;
 		test_decode(3, 14, 2, 64, 16, 32, 32, 0);
 		min_keys = 32;
@@ -633,8 +646,17 @@ main(void)
 	}
 	min_keys = 0;
 	/* k_decode_lane: more than one 32-key round per worker with nsplit 1 and 2 */
+	lane_kernel = 1;
 	test_decode(2, 14, 2, 64, 16, 20, 1, 1);
 	test_decode(3, 8, 8, 128, 8, 40, 2, 1);
+	/* k_decode_wide: more than one round of its block in one split (512 keys at HD 64, 256
+	 * at 128); Qwen 0.5B's and GPT-2's heads at one slot past a round (two and three splits
+	 * taken of 32 and 22) */
+	lane_kernel = 2;
+	test_decode(2, 14, 2, 64, 16, 70, 1, 1);
+	test_decode(2, 16, 2, 128, 16, 40, 1, 0);
+	test_decode(1, 14, 2, 64, 32, 40, 32, 0);
+	test_decode(1, 12, 12, 64, 16, 90, 22, 0);
 	/* the separate merge kernel (RL_CUDA_DECODE_MERGE=0, or more than DC_MAXSPLIT splits):
 	 * 2, 7, 32, 64 and 70 splits (both kernels write the partials in dc_finish) */
 	sep_merge = 1;
@@ -645,6 +667,8 @@ main(void)
 	test_decode(1, 14, 2, 64, 16, 12, 64, 0);
 	lane_kernel = 1;
 	test_decode(1, 8, 1, 64, 16, 10, 70, 0);
+	lane_kernel = 2;
+	test_decode(2, 14, 2, 64, 16, 70, 3, 1);
 	sep_merge = 0;
 	test_add_norm(1, 7, 1);
 	test_add_norm(9, 33, 1);

@@ -3,7 +3,7 @@
 # and compares them with the CPU reference (lib/ops_cpu.c).  No GPU needed; a C++
 # build (g++), run by `make check` through tests/cli/cuda-emu.bats (skipped
 # without a C++ compiler) and by hand after changing the kernels it covers
-# (decode.cu's two decode attention kernels and merge, norm.cu's forward norms,
+# (decode.cu's three decode attention kernels and merge, norm.cu's forward norms,
 # gemv.cu, fuse.cu, logprob.cu's two samplers: emu_sample.cpp, its log-prob forward and backward over
 # strided logits: emu_logprob.cpp, flash2.cu's flash attention forward and backward:
 # emu_flash2.cpp, elementwise.cu's vec kernels and multi-tensor AdamW: emu_ew.cpp, step.cu's

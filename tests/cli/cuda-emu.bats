@@ -1,7 +1,7 @@
 #!/usr/bin/env bats
 # CUDA kernels run on the CPU through kernels/emu (threads as fibers, barriers,
 # mma.sync/ldmatrix/cp.async emulated lane by lane from the PTX layouts) against
-# the CPU reference: decode.cu's two decode attention kernels and their merge
+# the CPU reference: decode.cu's three decode attention kernels and their merge
 # (in the kernel, blocks in a random order, and the merge kernel), norm.cu's
 # forward norms (fused add + norm, the row in registers) and backward norms (plain and
 # added into dx), gemv.cu, fuse.cu,
@@ -32,7 +32,7 @@ passed() {
 	[ -f "$root/${RL_BUILD:-build}/librlpipe.a" ] || skip "no ${RL_BUILD:-build}/librlpipe.a"
 	run --separate-stderr sh "$root/kernels/emu/run.sh"
 	assert_success
-	passed emu_kernels 135
+	passed emu_kernels 180
 	passed emu_sample 20
 	passed emu_logprob 8
 	passed emu_ew 76

@@ -23,7 +23,8 @@
  * add_norm_fwd inside the model).  Everything runs twice, on two backends: first
  * with the kernels that ran on a GPU before (RL_CUDA_DECODE_ATTN=v1,
  * RL_CUDA_ADD_NORM=0: the graph machinery on its own, Qwen3 only), then with the
- * defaults; lines of the first pass are tagged "[v1, no add_norm]".
+ * defaults, then with RL_CUDA_DECODE_ATTN=wide; lines of the first pass are tagged
+ * "[v1, no add_norm]", of the last "[wide]".
  * Exit 77 without a GPU.
  */
 #include <math.h>
@@ -370,6 +371,19 @@ main(void)
 	} else {
 		T_OK(0, "cannot reopen the CUDA backend");
 	}
+	/* then decode.cu's wide kernel (RL_CUDA_DECODE_ATTN=wide: written in session 9 without
+	 * a GPU) inside the model and the graphs */
+	setenv("RL_CUDA_DECODE_ATTN", "wide", 1);
+	o = NULL;
+	if (cpu && rl_ops_cuda_open(&o, 0) == RL_OK) {
+		printf("-- RL_CUDA_DECODE_ATTN=wide\n");
+		run_all(o, cpu, " [wide]", 3);
+		T_OK(o->sync(o) == RL_OK, "backend status after the wide run");
+		rl_ops_close(o);
+	} else {
+		T_OK(0, "cannot reopen the CUDA backend (wide)");
+	}
+	unsetenv("RL_CUDA_DECODE_ATTN");
 	rl_ops_close(cpu);
 	T_END();
 }

@@ -1687,15 +1687,15 @@ main(void)
 		end_env("RL_CUDA_FLASH_BWD");
 	}
 	/* decode attention by each of decode.cu's kernels on every shape (the default takes
-	 * the key-per-lane kernel with at most 4 splits, the key-per-warp one above), then by
-	 * attn.cu's kernel only (v1) */
-	const char *dk[] = { "lane", "split", "v1" };
-	for (int i = 0; i < 3; i++)
+	 * the key-per-lane kernel with at most 4 splits, the key-per-warp one above; wide only
+	 * when asked), then by attn.cu's kernel only (v1) */
+	const char *dk[] = { "lane", "split", "wide", "v1" };
+	for (int i = 0; i < 4; i++)
 		if (with_env("RL_CUDA_DECODE_ATTN", dk[i])) {
 			test_decode(5, 12, 12, 64, 16, 9);
 			test_decode(3, 14, 2, 64, 16, 40);
 			test_decode(2, 4, 2, 128, 32, 12);
-			if (i < 2) {
+			if (i < 3) {
 				test_decode(300, 4, 4, 64, 16, 8);
 				test_decode(1, 14, 2, 64, 16, 64);
 				test_decode(40, 8, 4, 128, 16, 20);
