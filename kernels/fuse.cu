@@ -34,13 +34,25 @@
 #include "kernels/fuse.cuh"
 
 /* ==== fuse kernels (kernels/emu/run.sh cuts from here to the launchers marker) */
-/* fu_gemv (fuse.cuh) as a kernel of its own, launched programmatically */
-template <int NR, int NORM, int EP>
+/* fu_gemv (fuse.cuh) as a kernel of its own, launched programmatically; PF: its prefetch of
+ * the next tile */
+template <int NR, int NORM, int EP, int PF = 0>
 __global__ void __launch_bounds__(FU_WARPS * 32)
 k_fused_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps, int ln, const bf16 *w,
     const bf16 *bias, int C, int OC, fu_qkv q)
 {
-	fu_gemv<NR, NORM, EP>(out, x, nw, nb, eps, ln, w, bias, C, OC, q, (int)blockIdx.x, (int)gridDim.x, fu_pdl());
+	fu_gemv<NR, NORM, EP, PF>(out, x, nw, nb, eps, ln, w, bias, C, OC, q, (int)blockIdx.x, (int)gridDim.x, fu_pdl());
+}
+
+/* the same product, each output's row over ks warps (fu_gemv_split, fuse.cuh): a kernel of
+ * its own, so that k_fused_gemv's registers stay as they were */
+template <int NR, int NORM, int EP>
+__global__ void __launch_bounds__(FU_WARPS * 32)
+k_fused_gemv_split(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps, int ln, const bf16 *w,
+    const bf16 *bias, int C, int OC, fu_qkv q, int ks)
+{
+	__shared__ float red[FU_WARPS * 2 * NR];
+	fu_gemv_split<NR, NORM, EP>(out, x, nw, nb, eps, ln, w, bias, C, OC, q, (int)blockIdx.x, fu_pdl(), ks, red);
 }
 
 /* RoPE (theta > 0) in place on the q and k heads of qkv (N, (NH+2NKV)*HD), as k_rope, and the
@@ -104,13 +116,64 @@ rlk_fused_gemv_ok(int N, int C, int OC, int norm, int ep, const void *x, const v
 typedef void (*fu_kernel)(bf16 *, const bf16 *, const bf16 *, const bf16 *, float, int, const bf16 *,
     const bf16 *, int, int, fu_qkv);
 
+#define FU_LOOP_MIN 1024  /* fu_grid */
+
+/* The products' options (launch.h; process-wide, set when the backend opens): split rows
+ * (0 off, -1 by fu_ks's rule, 2/4/8 fixed) and the prefetch of the head and residual
+ * products. */
+extern "C" {
+int rlk_gemv_ks = 0, rlk_gemv_pf = 0;
+}
+
+extern "C" void
+rlk_set_gemv(int ks, int pf)
+{
+	rlk_gemv_ks = ks == -1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
+	rlk_gemv_pf = pf != 0;
+}
+
+/* The multiprocessors of the current device, queried once (0 when the query fails) */
+static int
+fu_nsm(void)
+{
+	static std::atomic<int> n(-1);
+	int v = n.load(std::memory_order_relaxed), dev;
+	if (v < 0) {
+		if (cudaGetDevice(&dev) != cudaSuccess ||
+		    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+			cudaGetLastError();
+			v = 0;
+		}
+		n.store(v, std::memory_order_relaxed);
+	}
+	return v;
+}
+
+/* Warps an output (fu_gemv_split) for NO outputs of nch chunks: 1 (whole rows) unless
+ * rlk_gemv_ks says otherwise; by the rule (-1): the fewest of 1, 2, 4, 8 that gives at
+ * least two blocks a multiprocessor and a part of one round of loads (RSTEP chunks) a
+ * warp.  Never when the grid would stride (a norm and more than FU_LOOP_MIN blocks). */
+static int
+fu_ks(int NO, int nch, int rstep, int hasn)
+{
+	int ks = rlk_gemv_ks;
+	if (ks == -1) {
+		long want = 2L * (fu_nsm() > 0 ? fu_nsm() : 132);
+		ks = 1;
+		while (ks < FU_WARPS && (((long)NO * ks + FU_WARPS - 1) / FU_WARPS < want || (nch + ks - 1) / ks > rstep))
+			ks *= 2;
+	}
+	if (ks < 2 || (hasn && ((long)NO * ks + FU_WARPS - 1) / FU_WARPS > FU_LOOP_MIN))
+		return 1;
+	return ks;
+}
+
 /* Blocks for g blocks' worth of outputs.  With a norm prologue and more than FU_LOOP_MIN blocks
  * (the LM head: 6,283 for GPT-2, 18,992 for Qwen2.5), as many as are resident at once, each
  * warp taking outputs in strides: the prologue once a resident block rather than once per 8
  * outputs.  The resident count is queried once per kernel (and shared memory size) into *cap,
  * the instantiation's cache: the first call of a decode shape runs outside graph capture (the
  * model's warm-up step), so a capture finds it there.  Any failure of the query: g. */
-#define FU_LOOP_MIN 1024
 static unsigned
 fu_grid(unsigned g, const void *fn, size_t sm, int hasn, std::atomic<unsigned long> *cap)
 {
@@ -139,25 +202,33 @@ fused_launch(void *s, void *out, const void *x, const void *nw, const void *nb, 
     const void *w, const void *bias, int N, int C, int OC, int ep, fu_qkv q)
 {
 	int NO = ep == RL_EP_SWIGLU || ep == FU_EP_QKV ? OC / 2 : OC, hasn = norm != RL_NORM_NONE;
-	int ln = norm == RL_NORM_LN;
-	unsigned g = (unsigned)((NO + FU_WARPS - 1) / FU_WARPS);
+	int ln = norm == RL_NORM_LN, two = ep == RL_EP_SWIGLU || ep == FU_EP_QKV;
+	int ks = fu_ks(NO, C / 8, 32 * (two ? FU_INFL / 2 : FU_INFL), hasn);
+	unsigned g = (unsigned)(((long)NO * ks + FU_WARPS - 1) / FU_WARPS);
 	size_t sm = hasn ? (size_t)N * C * 2 : 0;
 	cudaStream_t st = RLK_STREAM(s);
 	bf16 *o_ = (bf16 *)out;
 	const bf16 *x_ = (const bf16 *)x, *nw_ = (const bf16 *)nw, *nb_ = (const bf16 *)nb;
 	const bf16 *w_ = (const bf16 *)w, *b_ = (const bf16 *)bias;
 	cudaError_t e = cudaSuccess;
-#define FU_L(NR, NM, EP) \
+#define FU_LP(NR, NM, EP, PF) \
 	do { \
 		static std::atomic<unsigned long> cap_(0); \
-		fu_kernel k_ = k_fused_gemv<NR, NM, EP>; \
-		e = rlk_launch(k_, dim3(fu_grid(g, (const void *)k_, sm, hasn, &cap_)), dim3(FU_WARPS * 32), sm, st, \
-		    o_, x_, nw_, nb_, eps, ln, w_, b_, C, OC, q); \
+		fu_kernel k_ = k_fused_gemv<NR, NM, EP, PF>; \
+		if (ks > 1) \
+			e = rlk_launch(k_fused_gemv_split<NR, NM, EP>, dim3(g), dim3(FU_WARPS * 32), sm, st, o_, x_, nw_, \
+			    nb_, eps, ln, w_, b_, C, OC, q, ks); \
+		else \
+			e = rlk_launch(k_, dim3(fu_grid(g, (const void *)k_, sm, hasn, &cap_)), dim3(FU_WARPS * 32), sm, \
+			    st, o_, x_, nw_, nb_, eps, ln, w_, b_, C, OC, q); \
 	} while (0)
+#define FU_L(NR, NM, EP) FU_LP(NR, NM, EP, 0)
+	/* the prefetch: the head (norm, no epilogue: strided over a resident grid) and the
+	 * residual products (rows of 2 or 3 rounds) */
 #define FU_EP(NR, NM) \
 	switch (ep) { \
-	case RL_EP_NONE: FU_L(NR, NM, RL_EP_NONE); break; \
-	case RL_EP_ADD: FU_L(NR, NM, RL_EP_ADD); break; \
+	case RL_EP_NONE: if (NM && rlk_gemv_pf) FU_LP(NR, NM, RL_EP_NONE, 1); else FU_L(NR, NM, RL_EP_NONE); break; \
+	case RL_EP_ADD: if (!NM && rlk_gemv_pf) FU_LP(NR, NM, RL_EP_ADD, 1); else FU_L(NR, NM, RL_EP_ADD); break; \
 	case RL_EP_GELU: FU_L(NR, NM, RL_EP_GELU); break; \
 	case RL_EP_SWIGLU: FU_L(NR, NM, RL_EP_SWIGLU); break; \
 	default: FU_L(NR, NM, FU_EP_QKV); break; \
@@ -177,6 +248,7 @@ fused_launch(void *s, void *out, const void *x, const void *nw, const void *nb, 
 #undef FU_NM
 #undef FU_EP
 #undef FU_L
+#undef FU_LP
 	if (e != cudaSuccess)
 		return (int)e;
 	RLK_RET();

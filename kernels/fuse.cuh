@@ -269,6 +269,101 @@ fu_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps, int
 	}
 }
 
+/* fu_gemv with each output's weight row split over ks warps of the block (ks 2, 4 or 8;
+ * RL_CUDA_GEMV_SPLIT, session 9, written without a GPU): a block takes FU_WARPS / ks
+ * outputs, the grid covers every output (nblk FU_WARPS / ks >= NO: no strides), warp
+ * part = wid % ks of group wid / ks sums the chunks [part per, (part + 1) per) of the
+ * row (per = ceil(nch / ks)), its first round of loads in flight before the wait as in
+ * fu_gemv.  The parts' warp sums meet in shared memory (red: FU_WARPS x 2 x NR floats)
+ * and the group's first warp adds them in part order (fixed: the same bits every launch)
+ * and writes the epilogue.  For products with few outputs or long rows (a layer's o and
+ * down products, Qwen's QKV at one sequence: 72 to 112 blocks of whole rows on 132
+ * multiprocessors, down's rows in 2 or 3 rounds one after the other), more blocks, each
+ * warp's part one round. */
+template <int NR, int NORM, int EP, class S>
+static __device__ __forceinline__ void
+fu_gemv_split(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps, int ln, const bf16 *w,
+    const bf16 *bias, int C, int OC, const fu_qkv &q, int bid, const S &sync, int ks, float *red)
+{
+	constexpr int NW = EP == RL_EP_SWIGLU || EP == FU_EP_QKV ? 2 : 1, IF = FU_INFL / NW, RSTEP = 32 * IF;
+	const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks, grp = wid / ks;
+	const int NO = NW == 2 ? OC / 2 : OC, nch = C / 8, per = (nch + ks - 1) / ks;
+	const int clo = part * per < nch ? part * per : nch, chi = clo + per < nch ? clo + per : nch;
+	const long o = (long)bid * (FU_WARPS / ks) + grp;
+	long o1 = o, o2 = o + NO;
+	if (EP == FU_EP_QKV) {
+		int half = q.HD / 2;
+		o1 = o / half * q.HD + o % half;
+		o2 = o1 + half;
+	}
+	const bf16 *w0 = w + (size_t)o1 * C, *w1 = w + (size_t)o2 * C;
+	uint4 wc[NW][IF];
+	sync.trigger();
+	if (o < NO)
+		fu_load<NW, IF>(wc, w0, w1, clo + lane, chi);
+	sync.wait();
+	const bf16 *xs = x;
+	if (NORM) {
+		FUSE_SMEM(fu_xs);
+		if (wid < NR)
+			fu_norm_row(fu_xs + (size_t)wid * C, x + (size_t)wid * C, nw, nb, C, eps, ln, lane);
+		__syncthreads();
+		xs = fu_xs;
+	}
+	float acc[NW][NR];
+#pragma unroll
+	for (int r = 0; r < NW; r++)
+#pragma unroll
+		for (int m = 0; m < NR; m++)
+			acc[r][m] = 0.0f;
+	for (int cb = clo; o < NO && cb < chi; cb += RSTEP) {
+		if (cb != clo)
+			fu_load<NW, IF>(wc, w0, w1, cb + lane, chi);
+#pragma unroll
+		for (int k = 0; k < IF; k++) {
+			int c = cb + lane + k * 32;
+			if (c >= chi)
+				break;
+#pragma unroll
+			for (int m = 0; m < NR; m++) {
+				uint4 xu = *(const uint4 *)(xs + (size_t)m * C + (size_t)c * 8);
+				const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xu;
+#pragma unroll
+				for (int r = 0; r < NW; r++) {
+					const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wc[r][k];
+#pragma unroll
+					for (int j = 0; j < 4; j++) {
+						float2 wf = __bfloat1622float2(w2[j]), xf = __bfloat1622float2(x2[j]);
+						acc[r][m] += wf.x * xf.x + wf.y * xf.y;
+					}
+				}
+			}
+		}
+	}
+#pragma unroll
+	for (int r = 0; r < NW; r++)
+#pragma unroll
+		for (int m = 0; m < NR; m++) {
+			float v = warp_sum(acc[r][m]);
+			if (lane == 0)
+				red[(wid * 2 + r) * NR + m] = v;
+		}
+	__syncthreads();
+	if (part != 0 || o >= NO)
+		return;
+#pragma unroll
+	for (int m = 0; m < NR; m++) {
+		float s0 = 0.0f, s1 = 0.0f;
+		for (int p = 0; p < ks; p++) {
+			s0 += red[((wid + p) * 2) * NR + m];
+			if (NW == 2)
+				s1 += red[((wid + p) * 2 + 1) * NR + m];
+		}
+		if (lane == m)
+			fu_epilogue<EP>(out, m, o, o1, o2, NO, OC, s0, s1, bias, q);
+	}
+}
+
 /* ==== end of fuse device code */
 
 #endif

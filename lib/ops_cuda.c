@@ -1900,6 +1900,14 @@ rl_ops_cuda_open(rl_ops **out, int device)
 		}
 		rlk_set_pdl(major >= 9 && !env_off("RL_CUDA_PDL"));
 	}
+	/* fuse.cu's products (session 9, written without a GPU: off until measured):
+	 * RL_CUDA_GEMV_SPLIT=auto|2|4|8 splits each output's weight row over warps,
+	 * RL_CUDA_GEMV_PF=1 prefetches the next tile in the head and residual products */
+	{
+		static const int ksv[] = { 0, -1, 2, 4, 8 };
+		int k = env_pick("RL_CUDA_GEMV_SPLIT", "0 auto 2 4 8");
+		rlk_set_gemv(ksv[k < 0 ? 0 : k], env_pick("RL_CUDA_GEMV_PF", "0 1") == 1);
+	}
 	o->name = "cuda";
 	o->act_dtype = RL_BF16;
 	o->device = device;

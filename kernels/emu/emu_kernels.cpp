@@ -25,7 +25,9 @@
  *     (C <= 4096), and within bf16 roundings of the CPU ops composed (norm, matmul,
  *     add / gelu / swiglu); k_rope_kv (rope_kv_write) the same bits as k_rope then
  *     k_kv_write, within RoPE's tolerance of the CPU, the cache untouched at slot -1;
- *     the QKV epilogue (matmul_rope_kv_fwd) the same bits as k_fused_gemv then k_rope_kv.
+ *     the QKV epilogue (matmul_rope_kv_fwd) the same bits as k_fused_gemv then k_rope_kv;
+ *     k_fused_gemv_split (rows over 2, 4 or 8 warps) within the tolerance, its QKV epilogue
+ *     the same bits as it without then k_rope_kv; the prefetch (PF) the same bits.
  * Tolerance of decode attention as test_cuda_ops: fp32 throughout, one bf16
  * rounding of the output: atol 1e-3 max|ref| + rtol 8e-3.
  * Exit 0 when every case passes, 1 otherwise; one line per case.
@@ -376,7 +378,17 @@ struct fused_args {
 };
 static fused_args FA;
 
-#define FGV(NR, NM, EP) k_fused_gemv<NR, NM, EP>(FA.out, FA.x, FA.nw, FA.nb, FA.eps, FA.norm == RL_NORM_LN, FA.w, FA.bias, FA.C, FA.OC, FA.q)
+/* fu_ks_t > 1: k_fused_gemv_split with that many warps an output; fu_pf_t: k_fused_gemv's prefetch */
+static int fu_ks_t = 1, fu_pf_t;
+#define FGV(NR, NM, EP) do { if (fu_ks_t > 1) \
+		k_fused_gemv_split<NR, NM, EP>(FA.out, FA.x, FA.nw, FA.nb, FA.eps, FA.norm == RL_NORM_LN, FA.w, FA.bias, \
+		    FA.C, FA.OC, FA.q, fu_ks_t); \
+	else if (fu_pf_t) \
+		k_fused_gemv<NR, NM, EP, 1>(FA.out, FA.x, FA.nw, FA.nb, FA.eps, FA.norm == RL_NORM_LN, FA.w, FA.bias, FA.C, \
+		    FA.OC, FA.q); \
+	else \
+		k_fused_gemv<NR, NM, EP>(FA.out, FA.x, FA.nw, FA.nb, FA.eps, FA.norm == RL_NORM_LN, FA.w, FA.bias, FA.C, \
+		    FA.OC, FA.q); } while (0)
 #define FGV_EP(NR, NM) switch (FA.ep) { case RL_EP_NONE: FGV(NR, NM, RL_EP_NONE); break; \
 	case RL_EP_ADD: FGV(NR, NM, RL_EP_ADD); break; case RL_EP_GELU: FGV(NR, NM, RL_EP_GELU); break; \
 	case RL_EP_SWIGLU: FGV(NR, NM, RL_EP_SWIGLU); break; default: FGV(NR, NM, FU_EP_QKV); break; }
@@ -450,7 +462,8 @@ test_fused(int N, int C, int OC, int norm, int ep, int bias, unsigned grid = 0)
 		}
 
 	FA = { out, x, g, ln ? gb : NULL, w, bias ? b : NULL, eps, N, C, OC, norm, ep, {} };
-	emu_launch(dim3(grid ? grid : (unsigned)((NO + FU_WARPS - 1) / FU_WARPS)), dim3(FU_WARPS * 32), run_fused, NULL);
+	emu_launch(dim3(grid ? grid : (unsigned)(((long)NO * fu_ks_t + FU_WARPS - 1) / FU_WARPS)), dim3(FU_WARPS * 32),
+	    run_fused, NULL);
 
 	/* the CPU ops composed, f32 throughout (the GPU rounds the normalised rows and y to bf16) */
 	const float *fin = fx;
@@ -475,15 +488,17 @@ test_fused(int N, int C, int OC, int norm, int ep, int bias, unsigned grid = 0)
 	double worst = 0;
 	size_t first = 0, bad = out_bad(out, ref, no, 1e-2, 1.6e-2, &worst, &first);
 	int same = memcmp(out, want, no * 2) == 0;
-	/* the element-strided norm sums in another order: the bits may differ there */
-	int must_same = !norm || vec;
+	/* the element-strided norm sums in another order, and rows split over warps (fu_ks_t > 1)
+	 * add the parts' sums: the bits may differ there (the prefetch sums as k_gemv does) */
+	int must_same = (!norm || vec) && fu_ks_t == 1;
 	cases++;
 	if (bad || (must_same && !same))
 		fails++;
 	static const char *nn[] = { "none", "rms", "ln" }, *en[] = { "none", "add", "gelu", "swiglu" };
-	printf("%s fused_gemv N=%d C=%d OC=%d norm=%s ep=%s bias=%d grid=%u: same bits as the separate kernels: %s, "
-	    "max err vs CPU %.3g, %zu bad\n", bad || (must_same && !same) ? "FAIL" : "ok  ", N, C, OC, nn[norm], en[ep],
-	    bias, grid, same ? "yes" : must_same ? "NO" : "no (other norm kernel)", worst, bad);
+	printf("%s fused_gemv%s N=%d C=%d OC=%d norm=%s ep=%s bias=%d grid=%u ks=%d: same bits as the separate kernels: "
+	    "%s, max err vs CPU %.3g, %zu bad\n", bad || (must_same && !same) ? "FAIL" : "ok  ", fu_pf_t ? " (prefetch)" : "",
+	    N, C, OC, nn[norm], en[ep], bias, grid, fu_ks_t, same ? "yes" : must_same ? "NO" : fu_ks_t > 1 ? "no (split rows)" :
+	    "no (other norm kernel)", worst, bad);
 	if (bad)
 		printf("     first bad: %zu: %g against %g\n", first, __bfloat162float(out[first]), ref[first]);
 	delete[] x; delete[] g; delete[] gb; delete[] w; delete[] b; delete[] out; delete[] out0; delete[] xn;
@@ -580,7 +595,8 @@ test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, float theta, int
 		pos[r] = (int)(emu_rnd(&rs) % 4096);
 		slot[r] = r == 1 ? -1 : nslot - 1 - r;  /* distinct, row 1 skipped */
 	}
-	unsigned gp = (unsigned)((OC / 2 + FU_WARPS - 1) / FU_WARPS), gf = (unsigned)((OC + FU_WARPS - 1) / FU_WARPS);
+	unsigned gp = (unsigned)(((long)OC / 2 * fu_ks_t + FU_WARPS - 1) / FU_WARPS);
+	unsigned gf = (unsigned)(((long)OC * fu_ks_t + FU_WARPS - 1) / FU_WARPS);
 	FA = { y1, x, g, ln ? gb : NULL, w, bias ? b : NULL, eps, N, C, OC, norm, FU_EP_QKV,
 	    { k1, v1, pos, slot, NH, NKV, HD, theta } };
 	emu_launch(dim3(grid ? grid : gp), dim3(FU_WARPS * 32), run_fused, NULL);
@@ -598,9 +614,9 @@ test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, float theta, int
 	cases++;
 	if (!ok)
 		fails++;
-	printf("%s fused_qkv N=%d C=%d NH=%d NKV=%d HD=%d norm=%d theta=%g bias=%d: same bits as fused gemv + "
+	printf("%s fused_qkv N=%d C=%d NH=%d NKV=%d HD=%d norm=%d theta=%g bias=%d ks=%d: same bits as fused gemv + "
 	    "rope_kv: %s, %zu cache values written\n", ok ? "ok  " : "FAIL", N, C, NH, NKV, HD, norm, theta, bias,
-	    same ? "yes" : "NO", written);
+	    fu_ks_t, same ? "yes" : "NO", written);
 	delete[] x; delete[] g; delete[] gb; delete[] w; delete[] b; delete[] y1; delete[] y2; delete[] k1;
 	delete[] v1; delete[] k2; delete[] v2; delete[] fx; delete[] fg; delete[] fgb; delete[] fw; delete[] fb;
 	delete[] pos; delete[] slot;
@@ -729,6 +745,32 @@ main(void)
 	test_fused_qkv(4, 256, 4, 2, 128, RL_NORM_NONE, 1e4f, 0);
 	test_fused_qkv(2, 64, 2, 1, 8, RL_NORM_LN, 1e4f, 0);
 	test_fused_qkv(3, 896, 14, 2, 64, RL_NORM_RMS, 1e6f, 1, 1);
+	/* rows split over 2, 4 or 8 warps (k_fused_gemv_split, RL_CUDA_GEMV_SPLIT): GPT-2's o and
+	 * proj and Qwen's down (+ residual), GELU and SwiGLU with a norm, one chunk and 25 (warps
+	 * whose part is empty), C 8192; the QKV epilogue: the same bits as the split product + k_rope_kv */
+	fu_ks_t = 4;
+	test_fused(1, 768, 768, RL_NORM_NONE, RL_EP_ADD, 1);
+	test_fused(1, 3072, 768, RL_NORM_NONE, RL_EP_ADD, 1);
+	test_fused(4, 4864, 896, RL_NORM_NONE, RL_EP_ADD, 0);
+	test_fused_qkv(1, 896, 14, 2, 64, RL_NORM_RMS, 1e6f, 1);
+	test_fused_qkv(2, 768, 12, 12, 64, RL_NORM_LN, 0.0f, 1);
+	fu_ks_t = 2;
+	test_fused(2, 768, 3072, RL_NORM_LN, RL_EP_GELU, 1);
+	test_fused(3, 896, 1200, RL_NORM_RMS, RL_EP_SWIGLU, 0);
+	test_fused_qkv(2, 64, 2, 1, 8, RL_NORM_LN, 1e4f, 0);
+	fu_ks_t = 8;
+	test_fused(1, 8, 6, RL_NORM_LN, RL_EP_SWIGLU, 1);
+	test_fused(2, 200, 13, RL_NORM_RMS, RL_EP_ADD, 1);
+	test_fused(1, 8192, 9, RL_NORM_RMS, RL_EP_GELU, 1);
+	fu_ks_t = 1;
+	/* the prefetch (k_fused_gemv's PF, RL_CUDA_GEMV_PF): the same bits as the separate kernels;
+	 * the head's strides (3 blocks for 1001 outputs), rows of 2 and 3 rounds, SwiGLU in strides */
+	fu_pf_t = 1;
+	test_fused(1, 128, 1001, RL_NORM_LN, RL_EP_NONE, 0, 3);
+	test_fused(3, 3072, 768, RL_NORM_NONE, RL_EP_ADD, 1);
+	test_fused(2, 4864, 896, RL_NORM_NONE, RL_EP_ADD, 0);
+	test_fused(2, 896, 1200, RL_NORM_RMS, RL_EP_SWIGLU, 1, 2);
+	fu_pf_t = 0;
 	printf("emu_kernels: %d of %d cases passed\n", cases - fails, cases);
 	return fails ? 1 : 0;
 }

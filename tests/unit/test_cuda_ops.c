@@ -1789,6 +1789,18 @@ main(void)
 			fused_cases();
 		end_env("RL_CUDA_GEMV");
 	}
+	/* fuse.cu's products with rows split over warps (by the rule, and 8 warps a row wherever
+	 * the grid covers the outputs) and with the prefetch: session 9, not the default */
+	{
+		const char *gv[][2] = { { "RL_CUDA_GEMV_SPLIT", "auto" }, { "RL_CUDA_GEMV_SPLIT", "8" },
+			{ "RL_CUDA_GEMV_PF", "1" } };
+		for (int i = 0; i < 3; i++)
+			if (with_env(gv[i][0], gv[i][1])) {
+				if (g->matmul_fused_fwd && g->matmul_rope_kv_fwd)
+					fused_cases();
+				end_env(gv[i][0]);
+			}
+	}
 	/* GELU in the GEMM epilogues (the default; RL_CUDA_GELU_FUSE=0 leaves them out): shapes
 	 * the epilogue takes (GPT-2's c_fc and c_proj, N = 1) and shapes that fall back (odd
 	 * sizes, padded and split output, 2-byte aligned views) */
