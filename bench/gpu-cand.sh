@@ -1,0 +1,32 @@
+#!/bin/bash
+# bench/gpu-cand.sh — the GPU paths written without a GPU (session 9), checked and timed on
+# the GPU machine in one call: first the two CUDA tests that run them (test_cuda_ops: the
+# wide decode attention and the fused products with split rows and prefetch on every shape;
+# test_cuda_decode: the wide kernel inside the model and its graphs), then generation
+# (gpu_gen with graphs) at 1, 64 and 256 slots for GPT-2 and Qwen2.5-0.5B shapes, the
+# defaults and each switch in turn, N rounds (default 2), so that clock drift falls on all
+# sides alike.  JSON lines on stdout: each line's "switches" names its side.
+#   bash bench/gpu-cand.sh [N]
+# from the checkout's root, bench/gpu-pack.sh's folder carried (G=DIR for another); the tests'
+# logs under $OUT when set.
+cd "$(dirname "$0")/.."
+. bench/gpu-env.sh
+n=${1:-2}
+B=$G/build
+for t in test_cuda_ops test_cuda_decode; do
+	timeout 240 "./$B/tests/$t" > "${OUT:-/tmp}/$t.log" 2>&1
+	echo "$t rc=$?"
+	grep -v '^ok' "${OUT:-/tmp}/$t.log" | tail -8
+done
+sides=("" RL_CUDA_DECODE_ATTN=wide RL_CUDA_GEMV_SPLIT=auto RL_CUDA_GEMV_PF=1
+	"RL_CUDA_DECODE_ATTN=wide RL_CUDA_GEMV_SPLIT=auto RL_CUDA_GEMV_PF=1")
+for i in $(seq "$n"); do
+	for model in gpt2 qwen; do
+		for slots in 1 64 256; do
+			for s in "${sides[@]}"; do
+				# shellcheck disable=SC2086  # the side's assignments, word by word
+				env $s timeout 120 "./$B/bench/gpu_gen" "$model" 256 graph "$slots" | grep '^{'
+			done
+		done
+	done
+done
