@@ -119,8 +119,8 @@ typedef void (*fu_kernel)(bf16 *, const bf16 *, const bf16 *, const bf16 *, floa
 #define FU_LOOP_MIN 1024  /* fu_grid */
 
 /* The products' options (launch.h; process-wide, set when the backend opens): split rows
- * (0 off, -1 by fu_ks's rule, 2/4/8 fixed) and the prefetch of the head and residual
- * products. */
+ * (0 off, -1 by fu_ks's rule, 2/4/8 fixed) and the prefetch (0 off, 1 the head and residual
+ * products, 2 every product with its grid capped at one resident wave: fu_grid). */
 extern "C" {
 int rlk_gemv_ks = 0, rlk_gemv_pf = 0;
 }
@@ -129,7 +129,7 @@ extern "C" void
 rlk_set_gemv(int ks, int pf)
 {
 	rlk_gemv_ks = ks == -1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
-	rlk_gemv_pf = pf != 0;
+	rlk_gemv_pf = pf == 1 || pf == 2 ? pf : 0;
 }
 
 /* The multiprocessors of the current device, queried once (0 when the query fails) */
@@ -168,7 +168,9 @@ fu_ks(int NO, int nch, int rstep, int hasn)
 	return ks;
 }
 
-/* Blocks for g blocks' worth of outputs.  With a norm prologue and more than FU_LOOP_MIN blocks
+/* Blocks for g blocks' worth of outputs.  rlk_gemv_pf 2: at most what is resident at once,
+ * whatever the product (one wave; the warps take outputs in strides, each with the next in
+ * flight).  Else: with a norm prologue and more than FU_LOOP_MIN blocks
  * (the LM head: 6,283 for GPT-2, 18,992 for Qwen2.5), as many as are resident at once, each
  * warp taking outputs in strides: the prologue once a resident block rather than once per 8
  * outputs.  The resident count is queried once per kernel (and shared memory size) into *cap,
@@ -178,7 +180,7 @@ static unsigned
 fu_grid(unsigned g, const void *fn, size_t sm, int hasn, std::atomic<unsigned long> *cap)
 {
 	int dev, nsm = 0, nb = 0;
-	if (!hasn || g <= FU_LOOP_MIN)
+	if (rlk_gemv_pf != 2 && (!hasn || g <= FU_LOOP_MIN))
 		return g;
 	unsigned long c = cap->load(std::memory_order_relaxed);
 	if (c == 0 || (c >> 32) != sm) {
@@ -223,15 +225,17 @@ fused_launch(void *s, void *out, const void *x, const void *nw, const void *nb, 
 			    st, o_, x_, nw_, nb_, eps, ln, w_, b_, C, OC, q); \
 	} while (0)
 #define FU_L(NR, NM, EP) FU_LP(NR, NM, EP, 0)
-	/* the prefetch: the head (norm, no epilogue: strided over a resident grid) and the
-	 * residual products (rows of 2 or 3 rounds) */
+	/* the prefetch: rlk_gemv_pf 1, the head (norm, no epilogue: strided over a resident grid)
+	 * and the residual products (rows of 2 or 3 rounds); 2, every product */
+#define FU_PF(NR, NM, EP, C1) do { if (rlk_gemv_pf == 2 || (rlk_gemv_pf && (C1))) FU_LP(NR, NM, EP, 1); \
+	else FU_L(NR, NM, EP); } while (0)
 #define FU_EP(NR, NM) \
 	switch (ep) { \
-	case RL_EP_NONE: if (NM && rlk_gemv_pf) FU_LP(NR, NM, RL_EP_NONE, 1); else FU_L(NR, NM, RL_EP_NONE); break; \
-	case RL_EP_ADD: if (!NM && rlk_gemv_pf) FU_LP(NR, NM, RL_EP_ADD, 1); else FU_L(NR, NM, RL_EP_ADD); break; \
-	case RL_EP_GELU: FU_L(NR, NM, RL_EP_GELU); break; \
-	case RL_EP_SWIGLU: FU_L(NR, NM, RL_EP_SWIGLU); break; \
-	default: FU_L(NR, NM, FU_EP_QKV); break; \
+	case RL_EP_NONE: FU_PF(NR, NM, RL_EP_NONE, NM); break; \
+	case RL_EP_ADD: FU_PF(NR, NM, RL_EP_ADD, !NM); break; \
+	case RL_EP_GELU: FU_PF(NR, NM, RL_EP_GELU, 0); break; \
+	case RL_EP_SWIGLU: FU_PF(NR, NM, RL_EP_SWIGLU, 0); break; \
+	default: FU_PF(NR, NM, FU_EP_QKV, 0); break; \
 	}
 #define FU_NM(NR) \
 	if (hasn) { \
@@ -247,6 +251,7 @@ fused_launch(void *s, void *out, const void *x, const void *nw, const void *nb, 
 	}
 #undef FU_NM
 #undef FU_EP
+#undef FU_PF
 #undef FU_L
 #undef FU_LP
 	if (e != cudaSuccess)

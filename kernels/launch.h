@@ -36,8 +36,8 @@ void rlk_set_pdl(int on);
 /* fuse.cu's products of 1-4 rows (process-wide, as rlk_set_pdl): ks 0 a warp a whole weight
  * row (the default), 2, 4 or 8 warps a row wherever the grid covers every output, -1 by a
  * rule (enough blocks for the GPU, a round of loads a warp); pf 1: the head (norm, no
- * epilogue) and residual products load the next tile while summing one.  Session 9,
- * written without a GPU. */
+ * epilogue) and residual products load the next tile while summing one, 2: every product
+ * does, its grid capped at the blocks resident at once.  Session 9, written without a GPU. */
 void rlk_set_gemv(int ks, int pf);
 unsigned rlk_get_opts(void);
 

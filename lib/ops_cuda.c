@@ -1902,11 +1902,12 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	}
 	/* fuse.cu's products (session 9, written without a GPU: off until measured):
 	 * RL_CUDA_GEMV_SPLIT=auto|2|4|8 splits each output's weight row over warps,
-	 * RL_CUDA_GEMV_PF=1 prefetches the next tile in the head and residual products */
+	 * RL_CUDA_GEMV_PF=1 prefetches the next tile in the head and residual products, =2 in
+	 * every product with the grid capped at one resident wave */
 	{
 		static const int ksv[] = { 0, -1, 2, 4, 8 };
-		int k = env_pick("RL_CUDA_GEMV_SPLIT", "0 auto 2 4 8");
-		rlk_set_gemv(ksv[k < 0 ? 0 : k], env_pick("RL_CUDA_GEMV_PF", "0 1") == 1);
+		int k = env_pick("RL_CUDA_GEMV_SPLIT", "0 auto 2 4 8"), pf = env_pick("RL_CUDA_GEMV_PF", "0 1 2");
+		rlk_set_gemv(ksv[k < 0 ? 0 : k], pf < 0 ? 0 : pf);
 	}
 	o->name = "cuda";
 	o->act_dtype = RL_BF16;

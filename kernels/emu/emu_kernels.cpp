@@ -770,6 +770,8 @@ main(void)
 	test_fused(3, 3072, 768, RL_NORM_NONE, RL_EP_ADD, 1);
 	test_fused(2, 4864, 896, RL_NORM_NONE, RL_EP_ADD, 0);
 	test_fused(2, 896, 1200, RL_NORM_RMS, RL_EP_SWIGLU, 1, 2);
+	test_fused(2, 768, 3072, RL_NORM_LN, RL_EP_GELU, 1, 5);     /* every product (RL_CUDA_GEMV_PF=2): */
+	test_fused_qkv(3, 896, 14, 2, 64, RL_NORM_RMS, 1e6f, 1, 7); /* grids of fewer blocks than outputs */
 	fu_pf_t = 0;
 	printf("emu_kernels: %d of %d cases passed\n", cases - fails, cases);
 	return fails ? 1 : 0;

@@ -1790,11 +1790,12 @@ main(void)
 		end_env("RL_CUDA_GEMV");
 	}
 	/* fuse.cu's products with rows split over warps (by the rule, and 8 warps a row wherever
-	 * the grid covers the outputs) and with the prefetch: session 9, not the default */
+	 * the grid covers the outputs) and with the prefetch (head and residual products; every
+	 * product on a resident grid): session 9, not the default */
 	{
 		const char *gv[][2] = { { "RL_CUDA_GEMV_SPLIT", "auto" }, { "RL_CUDA_GEMV_SPLIT", "8" },
-			{ "RL_CUDA_GEMV_PF", "1" } };
-		for (int i = 0; i < 3; i++)
+			{ "RL_CUDA_GEMV_PF", "1" }, { "RL_CUDA_GEMV_PF", "2" } };
+		for (int i = 0; i < 4; i++)
 			if (with_env(gv[i][0], gv[i][1])) {
 				if (g->matmul_fused_fwd && g->matmul_rope_kv_fwd)
 					fused_cases();
