@@ -18,7 +18,10 @@ for t in test_cuda_ops test_cuda_decode; do
 	echo "$t rc=$?"
 	grep -v '^ok' "${OUT:-/tmp}/$t.log" | tail -8
 done
-sides=("" RL_CUDA_DECODE_ATTN=wide RL_CUDA_GEMV_SPLIT=auto RL_CUDA_GEMV_PF=1 RL_CUDA_GEMV_PF=2
+# the wide kernel also with splits of 128 keys (Qwen at one slot: 2 blocks of 7 heads' work
+# without; 6 with, and the merge)
+sides=("" RL_CUDA_DECODE_ATTN=wide "RL_CUDA_DECODE_ATTN=wide RL_CUDA_DECODE_SPLIT_KEYS=128"
+	RL_CUDA_GEMV_SPLIT=auto RL_CUDA_GEMV_PF=1 RL_CUDA_GEMV_PF=2
 	"RL_CUDA_DECODE_ATTN=wide RL_CUDA_GEMV_SPLIT=auto RL_CUDA_GEMV_PF=1")
 for i in $(seq "$n"); do
 	for model in gpt2 qwen; do

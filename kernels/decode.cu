@@ -128,8 +128,9 @@ k_decode_lane(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv,
  * kernels spend their time in a chain of dependent memory round trips (ncu, H100: 10 us a
  * GPT-2 layer for 320 keys): the context length, then the block table, then the K rows,
  * then the V rows 8 or 16 at a time, then the partials, the fence, the counter and the
- * merge's loads.  Here a block of DW_WARPS(HD) warps (512 threads at HD 64: 512 keys a
- * round) takes a (sequence, KV head, split):
+ * merge's loads.  Here a block of NW warps takes a (sequence, KV head, split): for a few
+ * sequences (the caller's nsplit > 1) dw_nw's 16 at HD 64 (512 keys a round) or 8 at
+ * HD 128, else 4 (many sequences: smaller blocks, more of them resident):
  *   - the context length, the group's queries and each lane's first key's block-table
  *     entry are loaded together (the entry before the length is known: the index is
  *     clamped to the table, the entry used only for a key < L);
@@ -148,6 +149,7 @@ template <int HD>
 struct dw_nw {
 	static constexpr int NW = HD == 64 ? 16 : 8;  /* registers: 128 a thread at 512 threads */
 };
+#define DW_SMALL 4  /* k_decode_wide's warps a block with many sequences (nsplit 1) */
 template <int HD, int G, int NW>
 struct dw_sm {
 	float sq[G][HD];
@@ -160,12 +162,12 @@ struct dw_sm {
 	} u;
 };
 
-template <int HD, int G>
-__global__ void __launch_bounds__(dw_nw<HD>::NW * 32)
+template <int HD, int G, int NW>
+__global__ void __launch_bounds__(NW * 32)
 k_decode_wide(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv, const bf16 *kc, const bf16 *vc,
     const int32_t *bt, const int32_t *ctx_len, int NH, int NKV, int BS, int MAXBLK, int nsplit, int min_keys)
 {
-	constexpr int NW = dw_nw<HD>::NW, PL = HD / 32, NV = HD / 8;
+	constexpr int PL = HD / 32, NV = HD / 8;
 	__shared__ dw_sm<HD, G, NW> sh;
 	float (&sq)[G][HD] = sh.sq;
 	float (&sp)[NW][G][32] = sh.u.lp.sp;
@@ -337,9 +339,13 @@ rlk_attn_decode_split(void *s, float *ws, unsigned *cnt, void *out, const void *
 	float2 *wml = nsplit > 1 ? (float2 *)(ws + (size_t)B * NH * nsplit * HD) : NULL;
 	cudaStream_t st = RLK_STREAM(s);
 	cudaError_t le = cudaSuccess;
-#define DS(H, G) do { if (kind == RLK_DEC_WIDE) \
-		le = rlk_launch(k_decode_wide<H, G>, grid, dim3(dw_nw<H>::NW * 32), 0, st, (bf16 *)out, ws, wml, cnt, q, \
-		    k, v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit, min_keys > 0 ? min_keys : dw_nw<H>::NW * 32); \
+#define DS(H, G) do { if (kind == RLK_DEC_WIDE && nsplit > 1) \
+		le = rlk_launch(k_decode_wide<H, G, dw_nw<H>::NW>, grid, dim3(dw_nw<H>::NW * 32), 0, st, (bf16 *)out, ws, \
+		    wml, cnt, q, k, v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit, \
+		    min_keys > 0 ? min_keys : dw_nw<H>::NW * 32); \
+	else if (kind == RLK_DEC_WIDE) \
+		le = rlk_launch(k_decode_wide<H, G, DW_SMALL>, grid, dim3(DW_SMALL * 32), 0, st, (bf16 *)out, ws, wml, \
+		    cnt, q, k, v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit, min_keys); \
 	else if (kind == RLK_DEC_LANE) \
 		le = rlk_launch(k_decode_lane<H, G>, grid, dim3(DC_WARPS * 32), 0, st, (bf16 *)out, ws, wml, cnt, q, k, \
 		    v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit, min_keys); \

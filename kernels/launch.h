@@ -172,8 +172,8 @@ int rlk_attn_decode(void *stream, void *out, const void *qkv, const void *kc, co
  * splits inside the kernel (by the last block of each sequence and KV head; at most
  * RLK_DECODE_MAXSPLIT splits), or NULL for the separate merge kernel.
  * kind: RLK_DEC_LANE a key per lane (k_decode_lane), RLK_DEC_SPLIT a key per warp
- * (k_decode_split), RLK_DEC_WIDE blocks of 512 (HD 64) or 256 threads with each round's K and
- * V rows loaded together (k_decode_wide, for a few sequences).
+ * (k_decode_split), RLK_DEC_WIDE each round's K and V rows loaded together (k_decode_wide:
+ * blocks of 512 threads at HD 64, 256 at 128 when nsplit > 1, else 128).
  * min_keys > 0 (with cnt only): a sequence of L keys takes min(nsplit, ceil(L / min_keys))
  * of the splits (the others do nothing), so a short context skips most of the merge; for
  * RLK_DEC_WIDE, 0 means a round of its block (512 or 256 keys). */

@@ -73,9 +73,12 @@ struct dec_args {
 };
 static dec_args DA;
 
-#define RS(H, G) do { if (DA.lane == 2) \
-		k_decode_wide<H, G>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, \
-		    DA.BS, DA.MAXBLK, DA.nsplit, DA.mk); \
+#define RS(H, G) do { if (DA.lane == 2 && DA.nsplit > 1) \
+		k_decode_wide<H, G, dw_nw<H>::NW>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, \
+		    DA.NH, DA.NKV, DA.BS, DA.MAXBLK, DA.nsplit, DA.mk); \
+	else if (DA.lane == 2) \
+		k_decode_wide<H, G, DW_SMALL>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, \
+		    DA.NKV, DA.BS, DA.MAXBLK, DA.nsplit, DA.mk); \
 	else if (DA.lane) \
 		k_decode_lane<H, G>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, \
 		    DA.BS, DA.MAXBLK, DA.nsplit, DA.mk); \
@@ -104,9 +107,9 @@ run_merge(void *)
 /* ctxmode 0: random lengths; 1: 1, the whole cache, UW, UW + 1, UW - 1, W (U: the keys a
  * worker takes per round, DC_UNROLL for k_decode_split, 32 for k_decode_lane and
  * k_decode_wide), then random.
- * lane_kernel: 0 k_decode_split, 1 k_decode_lane, 2 k_decode_wide (its blocks of
- * dw_nw<HD>::NW warps; min_keys 0 is taken as a round of its block, as its launcher
- * does).  sep_merge: the splits merged by
+ * lane_kernel: 0 k_decode_split, 1 k_decode_lane, 2 k_decode_wide (blocks of dw_nw<HD>::NW
+ * warps when nsplit > 1, else DW_SMALL; min_keys 0 is taken as a round of its block, as its
+ * launcher does).  sep_merge: the splits merged by
  * k_decode_merge, else by the last block of each (sequence, KV head) inside the kernel:
  * then the blocks run in a random order, twice (another order), and the second output must
  * equal the first bit for bit with every counter back at 0 after each launch. */
@@ -116,7 +119,7 @@ static int min_keys;  /* the kernels' min_keys (splits by context with the in-ke
 static void
 test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int ctxmode)
 {
-	int NW = lane_kernel == 2 ? (HD == 64 ? dw_nw<64>::NW : dw_nw<128>::NW) : DC_WARPS;
+	int NW = lane_kernel != 2 ? DC_WARPS : nsplit == 1 ? DW_SMALL : HD == 64 ? dw_nw<64>::NW : dw_nw<128>::NW;
 	int W = (NH + 2 * NKV) * HD, NBLK = B * MAXBLK + 3, cap = BS * MAXBLK, workers = nsplit * NW;
 	int U = lane_kernel ? 32 : DC_UNROLL, inkernel = nsplit > 1 && nsplit <= DC_MAXSPLIT && !sep_merge;
 	int mk = lane_kernel == 2 && min_keys <= 0 ? NW * 32 : min_keys;
@@ -665,9 +668,9 @@ main(void)
 	lane_kernel = 1;
 	test_decode(2, 14, 2, 64, 16, 20, 1, 1);
 	test_decode(3, 8, 8, 128, 8, 40, 2, 1);
-	/* k_decode_wide: more than one round of its block in one split (512 keys at HD 64, 256
-	 * at 128); Qwen 0.5B's and GPT-2's heads at one slot past a round (two and three splits
-	 * taken of 32 and 22) */
+	/* k_decode_wide: more than one round of its block in one split (nsplit 1: blocks of
+	 * DW_SMALL warps, 128 keys a round); Qwen 0.5B's and GPT-2's heads at one slot past a
+	 * round of 512 keys (two and three splits taken of 32 and 22) */
 	lane_kernel = 2;
 	test_decode(2, 14, 2, 64, 16, 70, 1, 1);
 	test_decode(2, 16, 2, 128, 16, 40, 1, 0);
