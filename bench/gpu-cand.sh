@@ -4,14 +4,14 @@
 # wide decode attention and the fused products with split rows and prefetch on every shape;
 # test_cuda_decode: the wide kernel inside the model and its graphs), then generation
 # (gpu_gen with graphs) at 1, 64 and 256 slots for GPT-2 and Qwen2.5-0.5B shapes, the
-# defaults and each switch in turn, N rounds (default 2), so that clock drift falls on all
-# sides alike.  JSON lines on stdout: each line's "switches" names its side.
+# defaults and each switch in turn, N rounds (default 1; more alternate the sides again, so
+# that clock drift falls on all of them alike).  JSON lines on stdout: each line's "switches" names its side.
 #   bash bench/gpu-cand.sh [N]
 # from the checkout's root, bench/gpu-pack.sh's folder carried (G=DIR for another); the tests'
 # logs under $OUT when set.
 cd "$(dirname "$0")/.."
 . bench/gpu-env.sh
-n=${1:-2}
+n=${1:-1}
 B=$G/build
 for t in test_cuda_ops test_cuda_decode; do
 	timeout 240 "./$B/tests/$t" > "${OUT:-/tmp}/$t.log" 2>&1
@@ -21,6 +21,7 @@ done
 # the wide kernel also with splits of 128 keys (Qwen at one slot: 2 blocks of 7 heads' work
 # without; 6 with, and the merge)
 sides=("" RL_CUDA_DECODE_ATTN=wide "RL_CUDA_DECODE_ATTN=wide RL_CUDA_DECODE_SPLIT_KEYS=128"
+	"RL_CUDA_DECODE_ATTN=wide RL_CUDA_DECODE_WIDE_WARPS=8"
 	RL_CUDA_GEMV_SPLIT=auto RL_CUDA_GEMV_PF=1 RL_CUDA_GEMV_PF=2
 	"RL_CUDA_DECODE_ATTN=wide RL_CUDA_GEMV_SPLIT=auto RL_CUDA_GEMV_PF=1")
 for i in $(seq "$n"); do

@@ -313,6 +313,35 @@ rlk_attn_decode_split_ok(int NH, int NKV, int HD)
 
 static_assert(DC_MAXSPLIT == RLK_DECODE_MAXSPLIT, "launch.h's RLK_DECODE_MAXSPLIT");
 
+/* k_decode_wide's warps a block (launch.h, rlk_set_decode_wide): 0 by the rule (16 at HD 64 or
+ * 8 at 128 with few sequences, DW_SMALL with many), else 4, 8 or 16 (8 at HD 128) */
+static int rlk_wide_warps;
+
+extern "C" void
+rlk_set_decode_wide(int nw)
+{
+	rlk_wide_warps = nw == 4 || nw == 8 || nw == 16 ? nw : 0;
+}
+
+/* k_decode_wide<H, G, nw> (16 only at HD 64); min_keys 0: a round of the block */
+template <int H, int G>
+static cudaError_t
+dw_launch(int nw, dim3 grid, cudaStream_t st, bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *q,
+    const bf16 *k, const bf16 *v, const int32_t *bt, const int32_t *cl, int NH, int NKV, int BS, int MAXBLK,
+    int nsplit, int min_keys)
+{
+	if constexpr (H == 64) {
+		if (nw == 16)
+			return rlk_launch(k_decode_wide<H, G, 16>, grid, dim3(16 * 32), 0, st, out, ws, wml, cnt, q, k, v, bt,
+			    cl, NH, NKV, BS, MAXBLK, nsplit, min_keys > 0 ? min_keys : 16 * 32);
+	}
+	if (nw >= 8)
+		return rlk_launch(k_decode_wide<H, G, 8>, grid, dim3(8 * 32), 0, st, out, ws, wml, cnt, q, k, v, bt, cl,
+		    NH, NKV, BS, MAXBLK, nsplit, min_keys > 0 ? min_keys : 8 * 32);
+	return rlk_launch(k_decode_wide<H, G, 4>, grid, dim3(4 * 32), 0, st, out, ws, wml, cnt, q, k, v, bt, cl, NH,
+	    NKV, BS, MAXBLK, nsplit, min_keys > 0 ? min_keys : 4 * 32);
+}
+
 /* acc (B NH nsplit HD floats), then (m, l) (B NH nsplit float2) */
 extern "C" size_t
 rlk_attn_decode_ws_bytes(int B, int NH, int HD, int nsplit)
@@ -339,13 +368,10 @@ rlk_attn_decode_split(void *s, float *ws, unsigned *cnt, void *out, const void *
 	float2 *wml = nsplit > 1 ? (float2 *)(ws + (size_t)B * NH * nsplit * HD) : NULL;
 	cudaStream_t st = RLK_STREAM(s);
 	cudaError_t le = cudaSuccess;
-#define DS(H, G) do { if (kind == RLK_DEC_WIDE && nsplit > 1) \
-		le = rlk_launch(k_decode_wide<H, G, dw_nw<H>::NW>, grid, dim3(dw_nw<H>::NW * 32), 0, st, (bf16 *)out, ws, \
-		    wml, cnt, q, k, v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit, \
-		    min_keys > 0 ? min_keys : dw_nw<H>::NW * 32); \
-	else if (kind == RLK_DEC_WIDE) \
-		le = rlk_launch(k_decode_wide<H, G, DW_SMALL>, grid, dim3(DW_SMALL * 32), 0, st, (bf16 *)out, ws, wml, \
-		    cnt, q, k, v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit, min_keys); \
+	const int nw = rlk_wide_warps ? rlk_wide_warps : nsplit > 1 ? (HD == 64 ? dw_nw<64>::NW : dw_nw<128>::NW) : DW_SMALL;
+#define DS(H, G) do { if (kind == RLK_DEC_WIDE) \
+		le = dw_launch<H, G>(nw, grid, st, (bf16 *)out, ws, wml, cnt, q, k, v, block_table, ctx_len, NH, NKV, BS, \
+		    MAXBLK, nsplit, min_keys); \
 	else if (kind == RLK_DEC_LANE) \
 		le = rlk_launch(k_decode_lane<H, G>, grid, dim3(DC_WARPS * 32), 0, st, (bf16 *)out, ws, wml, cnt, q, k, \
 		    v, block_table, ctx_len, NH, NKV, BS, MAXBLK, nsplit, min_keys); \

@@ -179,6 +179,9 @@ int rlk_attn_decode(void *stream, void *out, const void *qkv, const void *kc, co
  * RLK_DEC_WIDE, 0 means a round of its block (512 or 256 keys). */
 #define RLK_DECODE_MAXSPLIT 64
 enum { RLK_DEC_SPLIT, RLK_DEC_LANE, RLK_DEC_WIDE };
+/* RLK_DEC_WIDE's warps a block, process-wide (as rlk_set_pdl): 0 the rule above, 4, 8 or 16
+ * (16 taken as 8 at HD 128) */
+void rlk_set_decode_wide(int nw);
 int rlk_attn_decode_split_ok(int NH, int NKV, int HD);
 size_t rlk_attn_decode_ws_bytes(int B, int NH, int HD, int nsplit);
 int rlk_attn_decode_split(void *stream, float *ws, unsigned *cnt, void *out, const void *qkv,

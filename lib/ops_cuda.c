@@ -1908,6 +1908,11 @@ rl_ops_cuda_open(rl_ops **out, int device)
 		static const int ksv[] = { 0, -1, 2, 4, 8 };
 		int k = env_pick("RL_CUDA_GEMV_SPLIT", "0 auto 2 4 8"), pf = env_pick("RL_CUDA_GEMV_PF", "0 1 2");
 		rlk_set_gemv(ksv[k < 0 ? 0 : k], pf < 0 ? 0 : pf);
+		/* RL_CUDA_DECODE_ATTN=wide's block: RL_CUDA_DECODE_WIDE_WARPS=4|8|16 (unset: 16 with
+		 * few sequences, 4 with many) */
+		static const int nwv[] = { 0, 4, 8, 16 };
+		int w = env_pick("RL_CUDA_DECODE_WIDE_WARPS", "0 4 8 16");
+		rlk_set_decode_wide(nwv[w < 0 ? 0 : w]);
 	}
 	o->name = "cuda";
 	o->act_dtype = RL_BF16;

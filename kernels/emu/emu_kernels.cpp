@@ -69,16 +69,18 @@ struct dec_args {
 	float2 *wml;
 	unsigned *cnt;
 	int32_t *bt, *cl;
-	int NH, NKV, HD, BS, MAXBLK, nsplit, lane, mk;
+	int NH, NKV, HD, BS, MAXBLK, nsplit, lane, mk, nw;
 };
 static dec_args DA;
 
-#define RS(H, G) do { if (DA.lane == 2 && DA.nsplit > 1) \
-		k_decode_wide<H, G, dw_nw<H>::NW>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, \
-		    DA.NH, DA.NKV, DA.BS, DA.MAXBLK, DA.nsplit, DA.mk); \
+#define RW(H, G, W) k_decode_wide<H, G, W>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, \
+	DA.NH, DA.NKV, DA.BS, DA.MAXBLK, DA.nsplit, DA.mk)
+#define RS(H, G) do { if (DA.lane == 2 && DA.nw == 16) \
+		RW(H, G, (H == 64 ? 16 : 8)); \
+	else if (DA.lane == 2 && DA.nw == 8) \
+		RW(H, G, 8); \
 	else if (DA.lane == 2) \
-		k_decode_wide<H, G, DW_SMALL>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, \
-		    DA.NKV, DA.BS, DA.MAXBLK, DA.nsplit, DA.mk); \
+		RW(H, G, 4); \
 	else if (DA.lane) \
 		k_decode_lane<H, G>(DA.out, DA.ws, DA.wml, DA.cnt, DA.qkv, DA.kc, DA.vc, DA.bt, DA.cl, DA.NH, DA.NKV, \
 		    DA.BS, DA.MAXBLK, DA.nsplit, DA.mk); \
@@ -109,17 +111,21 @@ run_merge(void *)
  * k_decode_wide), then random.
  * lane_kernel: 0 k_decode_split, 1 k_decode_lane, 2 k_decode_wide (blocks of dw_nw<HD>::NW
  * warps when nsplit > 1, else DW_SMALL; min_keys 0 is taken as a round of its block, as its
- * launcher does).  sep_merge: the splits merged by
+ * launcher does; wide_nw forces 4, 8 or 16).  sep_merge: the splits merged by
  * k_decode_merge, else by the last block of each (sequence, KV head) inside the kernel:
  * then the blocks run in a random order, twice (another order), and the second output must
  * equal the first bit for bit with every counter back at 0 after each launch. */
 static int lane_kernel, sep_merge;
 static int min_keys;  /* the kernels' min_keys (splits by context with the in-kernel merge) */
+static int wide_nw;   /* k_decode_wide's warps (rlk_set_decode_wide): 0 the launcher's rule */
 
 static void
 test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int ctxmode)
 {
-	int NW = lane_kernel != 2 ? DC_WARPS : nsplit == 1 ? DW_SMALL : HD == 64 ? dw_nw<64>::NW : dw_nw<128>::NW;
+	int NW = lane_kernel != 2 ? DC_WARPS : wide_nw ? wide_nw : nsplit == 1 ? DW_SMALL : HD == 64 ? dw_nw<64>::NW :
+	    dw_nw<128>::NW;
+	if (HD == 128 && NW == 16)
+		NW = 8;  /* as the launcher: 16 warps at HD 64 only */
 	int W = (NH + 2 * NKV) * HD, NBLK = B * MAXBLK + 3, cap = BS * MAXBLK, workers = nsplit * NW;
 	int U = lane_kernel ? 32 : DC_UNROLL, inkernel = nsplit > 1 && nsplit <= DC_MAXSPLIT && !sep_merge;
 	int mk = lane_kernel == 2 && min_keys <= 0 ? NW * 32 : min_keys;
@@ -155,7 +161,7 @@ test_decode(int B, int NH, int NKV, int HD, int BS, int MAXBLK, int nsplit, int 
 	rl_cpu_attn_decode(NULL, ref, fq, fkc, fvc, bt, cl, B, NH, NKV, HD, BS, MAXBLK);
 
 	DA = { out, q, kc, vc, nsplit > 1 ? ws : NULL, nsplit > 1 ? (float2 *)(ws + (size_t)B * NH * nsplit * HD) : NULL,
-	    inkernel ? cnt : NULL, bt, cl, NH, NKV, HD, BS, MAXBLK, nsplit, lane_kernel, mk };
+	    inkernel ? cnt : NULL, bt, cl, NH, NKV, HD, BS, MAXBLK, nsplit, lane_kernel, mk, NW };
 	emu_block_shuffle = inkernel;
 	emu_launch(dim3((unsigned)(B * NKV), (unsigned)nsplit), dim3((unsigned)NW * 32), run_split, NULL);
 	if (nsplit > 1 && !inkernel)
@@ -676,6 +682,15 @@ main(void)
 	test_decode(2, 16, 2, 128, 16, 40, 1, 0);
 	test_decode(1, 14, 2, 64, 32, 40, 32, 0);
 	test_decode(1, 12, 12, 64, 16, 90, 22, 0);
+	/* its block size forced (RL_CUDA_DECODE_WIDE_WARPS): 8 and 4 warps with few sequences, 16
+	 * with many (and 16 at HD 128: 8) */
+	for (int i = 0; i < 3; i++) {
+		wide_nw = i == 0 ? 8 : i == 1 ? 4 : 16;
+		test_decode(1, 14, 2, 64, 16, 24, 32, 0);
+		test_decode(1, 12, 12, 64, 16, 40, 22, 1);
+		test_decode(3, 8, 2, 128, 16, 30, i == 2 ? 1 : 8, 1);
+	}
+	wide_nw = 0;
 	/* the separate merge kernel (RL_CUDA_DECODE_MERGE=0, or more than DC_MAXSPLIT splits):
 	 * 2, 7, 32, 64 and 70 splits (both kernels write the partials in dc_finish) */
 	sep_merge = 1;

@@ -32,7 +32,7 @@ passed() {
 	[ -f "$root/${RL_BUILD:-build}/librlpipe.a" ] || skip "no ${RL_BUILD:-build}/librlpipe.a"
 	run --separate-stderr sh "$root/kernels/emu/run.sh"
 	assert_success
-	passed emu_kernels 197
+	passed emu_kernels 206
 	passed emu_sample 20
 	passed emu_logprob 8
 	passed emu_ew 76
