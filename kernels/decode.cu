@@ -126,9 +126,9 @@ k_decode_lane(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv,
 /* The same function for a few sequences, all keys of a round in flight at once
  * (RL_CUDA_DECODE_ATTN=wide; session 9, written without a GPU).  At one slot the split
  * kernels spend their time in a chain of dependent memory round trips (ncu, H100: 10 us a
- * GPT-2 layer for 320 keys): the context length, then the block table, then the K rows,
- * then the V rows 8 or 16 at a time, then the partials, the fence, the counter and the
- * merge's loads.  Here a block of NW warps takes a (sequence, KV head, split): for a few
+ * GPT-2 layer at a context of 64-76 keys): the context length, then the block table, then
+ * the K rows, then the V rows 8 or 16 at a time, then the partials, the fence, the counter
+ * and the merge's loads.  Here a block of NW warps takes a (sequence, KV head, split): for a few
  * sequences (the caller's nsplit > 1) dw_nw's 16 at HD 64 (512 keys a round) or 8 at
  * HD 128, else 4 (many sequences: smaller blocks, more of them resident):
  *   - the context length, the group's queries and each lane's first key's block-table
@@ -194,15 +194,10 @@ k_decode_wide(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv,
 	const int ns = cnt ? dc_splits(L, nsplit, min_keys) : nsplit;
 	if (split >= ns)
 		return;  /* the whole block: a split this context does not take */
-	float acc[G][PL], m[G], l[G];
+	float acc[G][PL] = {}, m[G], l[G] = {};
 #pragma unroll
-	for (int g = 0; g < G; g++) {
+	for (int g = 0; g < G; g++)
 		m[g] = -INFINITY;
-		l[g] = 0.0f;
-#pragma unroll
-		for (int e = 0; e < PL; e++)
-			acc[g][e] = 0.0f;
-	}
 	const int W = ns * NW;
 	for (int c0 = cfirst; c0 < L; c0 += W * 32) {
 		const int s = c0 + lane, n = L - c0 < 32 ? L - c0 : 32;
@@ -228,32 +223,8 @@ k_decode_wide(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv,
 				                 : __floats2bfloat162_rn(0.0f, 0.0f);
 		}
 		float d[G];
-#pragma unroll
-		for (int g = 0; g < G; g++)
-			d[g] = 0.0f;
-#pragma unroll
-		for (int i = 0; i < NV; i++) {
-			const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kr[i];
-#pragma unroll
-			for (int j = 0; j < 4; j++) {
-				float2 kf = __bfloat1622float2(k2[j]);
-#pragma unroll
-				for (int g = 0; g < G; g++)
-					d[g] += sq[g][i * 8 + 2 * j] * kf.x + sq[g][i * 8 + 2 * j + 1] * kf.y;
-			}
-		}
-#pragma unroll
-		for (int g = 0; g < G; g++) {
-			float dg = s < L ? d[g] : -INFINITY;
-			float mn = fmaxf(m[g], warp_max(dg));  /* finite: lane 0's key is < L */
-			float p = s < L ? __expf(dg - mn) : 0.0f, corr = __expf(m[g] - mn);
-			l[g] = l[g] * corr + warp_sum(p);
-#pragma unroll
-			for (int e = 0; e < PL; e++)
-				acc[g][e] *= corr;
-			m[g] = mn;
-			sp[warp][g][lane] = p;
-		}
+		dc_dots<HD, G>(d, kr, sq);  /* kr 0 past the context: the score is dropped there */
+		dc_online<G, PL>(m, l, acc, d, s < L, sp[warp], lane);
 		__syncwarp();
 #pragma unroll
 		for (int j = 0; j < 32; j += 4) {

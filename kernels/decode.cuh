@@ -181,6 +181,50 @@ dc_finish(dc_fin_sm<HD, G, NW> &sh, const float (&acc)[G][HD / 32], const float 
 		dc_merge_last<HD, G, NW>(sh, out, ws, wml, cnt, unit, b, kvh, NH, nsplit, ns);
 }
 
+/* The G scores of a key: its K row kr (HD/8 16-byte chunks) against the group's queries in
+ * shared memory sq (scaled), in the order of the row's elements (dc_lane, k_decode_wide) */
+template <int HD, int G>
+static __device__ __forceinline__ void
+dc_dots(float (&d)[G], const uint4 (&kr)[HD / 8], const float (&sq)[G][HD])
+{
+#pragma unroll
+	for (int g = 0; g < G; g++)
+		d[g] = 0.0f;
+#pragma unroll
+	for (int i = 0; i < HD / 8; i++) {
+		const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kr[i];
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			float2 kf = __bfloat1622float2(k2[j]);
+#pragma unroll
+			for (int g = 0; g < G; g++)
+				d[g] += sq[g][i * 8 + 2 * j] * kf.x + sq[g][i * 8 + 2 * j + 1] * kf.y;
+		}
+	}
+}
+
+/* A warp's online softmax over its 32 keys (a key per lane; valid: the lane's key is in the
+ * context, lane 0's always is): m, l and acc rescaled to the new maximum, the lane's
+ * probabilities into its warp's spw[g][lane] (the caller syncs the warp before reading). */
+template <int G, int PL>
+static __device__ __forceinline__ void
+dc_online(float (&m)[G], float (&l)[G], float (&acc)[G][PL], const float (&d)[G], int valid, float (&spw)[G][32],
+    int lane)
+{
+#pragma unroll
+	for (int g = 0; g < G; g++) {
+		float dg = valid ? d[g] : -INFINITY;
+		float mn = fmaxf(m[g], warp_max(dg));  /* finite: lane 0's key is < L */
+		float p = valid ? __expf(dg - mn) : 0.0f, corr = __expf(m[g] - mn);
+		l[g] = l[g] * corr + warp_sum(p);
+#pragma unroll
+		for (int e = 0; e < PL; e++)
+			acc[g][e] *= corr;
+		m[g] = mn;
+		spw[g][lane] = p;
+	}
+}
+
 /* The same function, a key per lane (the default; k_decode_split above stays as
  * RL_CUDA_DECODE_ATTN=split).  A warp takes 32 consecutive keys at a time: each lane
  * loads its key's whole K row (16-byte loads: HD/8 in flight per lane) and makes the
@@ -231,36 +275,13 @@ dc_lane(dc_lane_sm<HD, G, NW> &sh, bf16 *out, float *ws, float2 *wml, unsigned *
 #pragma unroll
 			for (int i = 0; i < NV; i++)
 				kr[i] = *(const uint4 *)(kc + row + i * 8);
-#pragma unroll
-			for (int g = 0; g < G; g++)
-				d[g] = 0.0f;
-#pragma unroll
-			for (int i = 0; i < NV; i++) {
-				const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&kr[i];
-#pragma unroll
-				for (int j = 0; j < 4; j++) {
-					float2 kf = __bfloat1622float2(k2[j]);
-#pragma unroll
-					for (int g = 0; g < G; g++)
-						d[g] += sq[g][i * 8 + 2 * j] * kf.x + sq[g][i * 8 + 2 * j + 1] * kf.y;
-				}
-			}
+			dc_dots<HD, G>(d, kr, sq);
 		} else {
 #pragma unroll
 			for (int g = 0; g < G; g++)
 				d[g] = -INFINITY;
 		}
-#pragma unroll
-		for (int g = 0; g < G; g++) {
-			float mn = fmaxf(m[g], warp_max(d[g]));  /* finite: lane 0's key is < L */
-			float p = s < L ? __expf(d[g] - mn) : 0.0f, corr = __expf(m[g] - mn);
-			l[g] = l[g] * corr + warp_sum(p);
-#pragma unroll
-			for (int e = 0; e < PL; e++)
-				acc[g][e] *= corr;
-			m[g] = mn;
-			sp[warp][g][lane] = p;
-		}
+		dc_online<G, PL>(m, l, acc, d, s < L, sp[warp], lane);
 		__syncwarp();
 		constexpr int VU = G > 1 ? DC_VUNROLL : DC_UNROLL;
 		for (int j0 = 0; j0 < n; j0 += VU) {

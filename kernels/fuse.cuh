@@ -139,6 +139,49 @@ fu_epilogue(bf16 *out, int m, long o, long o1, long o2, int NO, int OC, float s0
 	}
 }
 
+/* The product's input rows: x, or with NORM x's NR rows normalised by warps 0..NR-1 into
+ * the dynamic shared memory (a block barrier: every thread of the block calls it) */
+template <int NR, int NORM>
+static __device__ __forceinline__ const bf16 *
+fu_input(const bf16 *x, const bf16 *nw, const bf16 *nb, int C, float eps, int ln, int wid, int lane)
+{
+	if (!NORM)
+		return x;
+	FUSE_SMEM(fu_xs);
+	if (wid < NR)
+		fu_norm_row(fu_xs + (size_t)wid * C, x + (size_t)wid * C, nw, nb, C, eps, ln, lane);
+	__syncthreads();
+	return fu_xs;
+}
+
+/* acc[r][m] += weight chunks wc[r][k] (chunk c = cb + lane + 32 k, those below cend) times
+ * the same chunks of the NR input rows xs (C elements apart), in chunk order */
+template <int NR, int NW, int IF>
+static __device__ __forceinline__ void
+fu_tile(float (&acc)[NW][NR], const uint4 (&wc)[NW][IF], const bf16 *xs, int C, int cb, int cend, int lane)
+{
+#pragma unroll
+	for (int k = 0; k < IF; k++) {
+		int c = cb + lane + k * 32;
+		if (c >= cend)
+			break;
+#pragma unroll
+		for (int m = 0; m < NR; m++) {
+			uint4 xu = *(const uint4 *)(xs + (size_t)m * C + (size_t)c * 8);
+			const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xu;
+#pragma unroll
+			for (int r = 0; r < NW; r++) {
+				const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wc[r][k];
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					float2 wf = __bfloat1622float2(w2[j]), xf = __bfloat1622float2(x2[j]);
+					acc[r][m] += wf.x * xf.x + wf.y * xf.y;
+				}
+			}
+		}
+	}
+}
+
 /* k_fused_gemv's sync: a programmatic launch (common.cuh) */
 struct fu_pdl {
 	__device__ __forceinline__ void trigger() const { pdl_trigger(); }
@@ -189,25 +232,13 @@ fu_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps, int
 		fu_load<NW, IF>(wc, w0, w1, lane, nch);
 	}
 	sync.wait();
-	const bf16 *xs = x;
-	if (NORM) {
-		FUSE_SMEM(fu_xs);
-		if (wid < NR)
-			fu_norm_row(fu_xs + (size_t)wid * C, x + (size_t)wid * C, nw, nb, C, eps, ln, lane);
-		__syncthreads();
-		xs = fu_xs;
-	}
+	const bf16 *xs = fu_input<NR, NORM>(x, nw, nb, C, eps, ln, wid, lane);
 	/* Tiles: output o's rounds of RSTEP chunks from base cb (the same in every lane), then the
 	 * warp's next output o + ostep (a grid smaller than NO / FU_WARPS blocks, the launcher's
 	 * cap or step.cu's grid, takes the outputs in strides).  PF: the next tile's chunks are
 	 * loaded (into wn) before the current one is summed, so a warp with several outputs or
 	 * rounds has two in flight; without, each tile's loads wait for the one before. */
-	float acc[NW][NR];
-#pragma unroll
-	for (int r = 0; r < NW; r++)
-#pragma unroll
-		for (int m = 0; m < NR; m++)
-			acc[r][m] = 0.0f;
+	float acc[NW][NR] = {};
 	for (int cb = 0; o < NO;) {
 		long on = o;
 		int cn = cb + RSTEP;
@@ -220,26 +251,7 @@ fu_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps, int
 			rowsof(on, r1, r2);
 			fu_load<NW, IF>(wn, w + (size_t)r1 * C, w + (size_t)r2 * C, cn + lane, nch);
 		}
-#pragma unroll
-		for (int k = 0; k < IF; k++) {
-			int c = cb + lane + k * 32;
-			if (c >= nch)
-				break;
-#pragma unroll
-			for (int m = 0; m < NR; m++) {
-				uint4 xu = *(const uint4 *)(xs + (size_t)m * C + (size_t)c * 8);
-				const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xu;
-#pragma unroll
-				for (int r = 0; r < NW; r++) {
-					const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wc[r][k];
-#pragma unroll
-					for (int j = 0; j < 4; j++) {
-						float2 wf = __bfloat1622float2(w2[j]), xf = __bfloat1622float2(x2[j]);
-						acc[r][m] += wf.x * xf.x + wf.y * xf.y;
-					}
-				}
-			}
-		}
+		fu_tile<NR, NW, IF>(acc, wc, xs, C, cb, nch, lane);
 		if (cn == 0) {
 			/* output o done: row m's output by lane m (every lane has the sums) */
 #pragma unroll
@@ -302,43 +314,12 @@ fu_gemv_split(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float ep
 	if (o < NO)
 		fu_load<NW, IF>(wc, w0, w1, clo + lane, chi);
 	sync.wait();
-	const bf16 *xs = x;
-	if (NORM) {
-		FUSE_SMEM(fu_xs);
-		if (wid < NR)
-			fu_norm_row(fu_xs + (size_t)wid * C, x + (size_t)wid * C, nw, nb, C, eps, ln, lane);
-		__syncthreads();
-		xs = fu_xs;
-	}
-	float acc[NW][NR];
-#pragma unroll
-	for (int r = 0; r < NW; r++)
-#pragma unroll
-		for (int m = 0; m < NR; m++)
-			acc[r][m] = 0.0f;
+	const bf16 *xs = fu_input<NR, NORM>(x, nw, nb, C, eps, ln, wid, lane);
+	float acc[NW][NR] = {};
 	for (int cb = clo; o < NO && cb < chi; cb += RSTEP) {
 		if (cb != clo)
 			fu_load<NW, IF>(wc, w0, w1, cb + lane, chi);
-#pragma unroll
-		for (int k = 0; k < IF; k++) {
-			int c = cb + lane + k * 32;
-			if (c >= chi)
-				break;
-#pragma unroll
-			for (int m = 0; m < NR; m++) {
-				uint4 xu = *(const uint4 *)(xs + (size_t)m * C + (size_t)c * 8);
-				const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xu;
-#pragma unroll
-				for (int r = 0; r < NW; r++) {
-					const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wc[r][k];
-#pragma unroll
-					for (int j = 0; j < 4; j++) {
-						float2 wf = __bfloat1622float2(w2[j]), xf = __bfloat1622float2(x2[j]);
-						acc[r][m] += wf.x * xf.x + wf.y * xf.y;
-					}
-				}
-			}
-		}
+		fu_tile<NR, NW, IF>(acc, wc, xs, C, cb, chi, lane);
 	}
 #pragma unroll
 	for (int r = 0; r < NW; r++)
