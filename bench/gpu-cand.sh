@@ -5,7 +5,7 @@
 # test_cuda_decode: the wide kernel inside the model and its graphs), then generation
 # (gpu_gen with graphs) at 1, 64 and 256 slots for GPT-2 and Qwen2.5-0.5B shapes, the
 # defaults and each switch in turn, N rounds (default 1; more alternate the sides again, so
-# that clock drift falls on all of them alike).  JSON lines on stdout: each line's "switches" names its side.
+# that clock drift falls on all of them alike).  Each line's "switches" names its side.
 #   bash bench/gpu-cand.sh [N]
 # from the checkout's root, bench/gpu-pack.sh's folder carried (G=DIR for another); the tests'
 # logs under $OUT when set.
@@ -24,13 +24,18 @@ sides=("" RL_CUDA_DECODE_ATTN=wide "RL_CUDA_DECODE_ATTN=wide RL_CUDA_DECODE_SPLI
 	"RL_CUDA_DECODE_ATTN=wide RL_CUDA_DECODE_WIDE_WARPS=8"
 	RL_CUDA_GEMV_SPLIT=auto RL_CUDA_GEMV_PF=1 RL_CUDA_GEMV_PF=2
 	"RL_CUDA_DECODE_ATTN=wide RL_CUDA_GEMV_SPLIT=auto RL_CUDA_GEMV_PF=1")
+J=${OUT:-/tmp}/cand.jsonl
+: > "$J"
 for i in $(seq "$n"); do
 	for model in gpt2 qwen; do
 		for slots in 1 64 256; do
 			for s in "${sides[@]}"; do
 				# shellcheck disable=SC2086  # the side's assignments, word by word
-				env $s timeout 120 "./$B/bench/gpu_gen" "$model" 256 graph "$slots" | grep '^{'
+				env $s timeout 120 "./$B/bench/gpu_gen" "$model" 256 graph "$slots" | grep '^{' >> "$J"
 			done
 		done
 	done
 done
+# the lines are long (the device tool returns the last 12,000 characters): a table of
+# tok/s, one line per model, slots and side, the lines themselves in cand.jsonl under $OUT
+sed -n 's/.*"model":"\([a-z0-9]*\)","batch":\([0-9]*\).*"tokens_per_s":\([0-9]*\).*"switches":"\([^"]*\)".*/\1 \2 \3 \4/p' "$J"
