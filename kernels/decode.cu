@@ -223,7 +223,10 @@ k_decode_wide(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv,
 				                 : __floats2bfloat162_rn(0.0f, 0.0f);
 		}
 		float d[G];
-		dc_dots<HD, G>(d, kr, sq);  /* kr 0 past the context: the score is dropped there */
+		dc_dots<HD, G>(d, kr, sq);
+#pragma unroll
+		for (int g = 0; g < G; g++)
+			d[g] = s < L ? d[g] : -INFINITY;
 		dc_online<G, PL>(m, l, acc, d, s < L, sp[warp], lane);
 		__syncwarp();
 #pragma unroll

@@ -204,8 +204,9 @@ dc_dots(float (&d)[G], const uint4 (&kr)[HD / 8], const float (&sq)[G][HD])
 }
 
 /* A warp's online softmax over its 32 keys (a key per lane; valid: the lane's key is in the
- * context, lane 0's always is): m, l and acc rescaled to the new maximum, the lane's
- * probabilities into its warp's spw[g][lane] (the caller syncs the warp before reading). */
+ * context, lane 0's always is; d -inf where it is not): m, l and acc rescaled to the new
+ * maximum, the lane's probabilities into its warp's spw[g][lane] (the caller syncs the warp
+ * before reading). */
 template <int G, int PL>
 static __device__ __forceinline__ void
 dc_online(float (&m)[G], float (&l)[G], float (&acc)[G][PL], const float (&d)[G], int valid, float (&spw)[G][32],
@@ -213,9 +214,8 @@ dc_online(float (&m)[G], float (&l)[G], float (&acc)[G][PL], const float (&d)[G]
 {
 #pragma unroll
 	for (int g = 0; g < G; g++) {
-		float dg = valid ? d[g] : -INFINITY;
-		float mn = fmaxf(m[g], warp_max(dg));  /* finite: lane 0's key is < L */
-		float p = valid ? __expf(dg - mn) : 0.0f, corr = __expf(m[g] - mn);
+		float mn = fmaxf(m[g], warp_max(d[g]));  /* finite: lane 0's key is < L */
+		float p = valid ? __expf(d[g] - mn) : 0.0f, corr = __expf(m[g] - mn);
 		l[g] = l[g] * corr + warp_sum(p);
 #pragma unroll
 		for (int e = 0; e < PL; e++)

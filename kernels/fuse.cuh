@@ -238,7 +238,12 @@ fu_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps, int
 	 * cap or step.cu's grid, takes the outputs in strides).  PF: the next tile's chunks are
 	 * loaded (into wn) before the current one is summed, so a warp with several outputs or
 	 * rounds has two in flight; without, each tile's loads wait for the one before. */
-	float acc[NW][NR] = {};
+	float acc[NW][NR];
+#pragma unroll
+	for (int r = 0; r < NW; r++)
+#pragma unroll
+		for (int m = 0; m < NR; m++)
+			acc[r][m] = 0.0f;
 	for (int cb = 0; o < NO;) {
 		long on = o;
 		int cn = cb + RSTEP;
