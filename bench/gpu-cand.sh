@@ -18,6 +18,11 @@ for t in test_cuda_ops test_cuda_decode; do
 	echo "$t rc=$?"
 	grep -v '^ok' "${OUT:-/tmp}/$t.log" | tail -8
 done
+# issue 9's open figure (Qwen training): where the step's time goes, op by op (the profile
+# synchronises around every op, so the sum reads above the step's time)
+RL_CUDA_PROFILE=1 timeout 90 "./$B/bench/gpu_train" qwen 3 > "${OUT:-/tmp}/prof_train_qwen.log" 2>&1
+echo "gpu_train qwen (profiled) rc=$?"
+sort -k6,6 -g -r "${OUT:-/tmp}/prof_train_qwen.log" | head -24
 # the wide kernel also with splits of 128 keys (Qwen at one slot: 2 blocks of 7 heads' work
 # without; 6 with, and the merge)
 sides=("" RL_CUDA_DECODE_ATTN=wide "RL_CUDA_DECODE_ATTN=wide RL_CUDA_DECODE_SPLIT_KEYS=128"

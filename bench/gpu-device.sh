@@ -23,11 +23,11 @@ if [ "$what" = all ] || [ "$what" = test ]; then
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
 	RL_CUDA_PROFILE=1 timeout 60 "./$B/bench/gpu_train" gpt2 3 > "$W/prof_train.log" 2>&1
-	sort -k6 -g -r -t' ' "$W/prof_train.log" | head -20
+	sort -k6,6 -g -r "$W/prof_train.log" | head -20
 	# per-op breakdown of a decode step (the profile synchronises around every op: no graphs)
 	for b in 1 256; do
 		RL_CUDA_PROFILE=1 timeout 60 "./$B/bench/gpu_gen" gpt2 64 nograph $b > "$W/prof_gen_$b.log" 2>&1
-		sort -k6 -g -r -t' ' "$W/prof_gen_$b.log" | head -12
+		sort -k6,6 -g -r "$W/prof_gen_$b.log" | head -12
 	done
 	RL_BUILD=$B RL_BENCH_NO_TORCH=${NO_TORCH:-0} TORCH_BASELINE=$G/ref/torch_baseline.py timeout 540 \
 	    sh bench/run-gpu.sh 2>&1 | tee "$W/bench.jsonl"
