@@ -2,7 +2,8 @@
 # bench/gpu-cand.sh — the GPU paths written without a GPU (session 9), checked and timed on
 # the GPU machine in one call: first the two CUDA tests that run them (test_cuda_ops: the
 # wide decode attention and the fused products with split rows and prefetch on every shape;
-# test_cuda_decode: the wide kernel inside the model and its graphs), then generation
+# test_cuda_decode: the wide kernel inside the model and its graphs), op-by-op profiles of the
+# two open figures' workloads (a Qwen training step; a Qwen decode step at 256 slots), then generation
 # (gpu_gen with graphs) at 1, 64 and 256 slots for GPT-2 and Qwen2.5-0.5B shapes, the
 # defaults and each switch in turn, N rounds (default 1; more alternate the sides again, so
 # that clock drift falls on all of them alike).  Each line's "switches" names its side.
@@ -23,6 +24,10 @@ done
 RL_CUDA_PROFILE=1 timeout 90 "./$B/bench/gpu_train" qwen 3 > "${OUT:-/tmp}/prof_train_qwen.log" 2>&1
 echo "gpu_train qwen (profiled) rc=$?"
 sort -k6,6 -g -r "${OUT:-/tmp}/prof_train_qwen.log" | head -24
+# issue 10's Qwen figure at 256 slots: a decode step op by op (no graphs under the profile)
+RL_CUDA_PROFILE=1 timeout 90 "./$B/bench/gpu_gen" qwen 64 nograph 256 > "${OUT:-/tmp}/prof_gen_qwen256.log" 2>&1
+echo "gpu_gen qwen 256 slots (profiled) rc=$?"
+sort -k6,6 -g -r "${OUT:-/tmp}/prof_gen_qwen256.log" | head -14
 # the wide kernel also with splits of 128 keys (Qwen at one slot: 2 blocks of 7 heads' work
 # without; 6 with, and the merge)
 sides=("" RL_CUDA_DECODE_ATTN=wide "RL_CUDA_DECODE_ATTN=wide RL_CUDA_DECODE_SPLIT_KEYS=128"
