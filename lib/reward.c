@@ -40,12 +40,84 @@ trim(const char **s, size_t *n)
 		(*n)--;
 }
 
-/* Numbers compare equal within a relative 1e-6 (answers are integers or short
- * decimals; this absorbs "18.00" vs "18" and binary rounding, nothing more). */
-static int
-num_eq(double a, double b)
+/* A number as the verifiers compare it: its value, and for a decimal written
+ * out (integer or fraction, no exponent) its canonical text: '-' when
+ * negative, the integer digits without leading zeros ("0" when none), then
+ * '.' and the fraction's digits without trailing zeros when any are left
+ * ("018.50" -> "18.5", "-0.0" -> "0").  Two decimals are equal when their
+ * texts are: exactly, at any size ("1000001" is not "1000000", and a 100-digit
+ * answer is compared digit by digit).  A number known only as a value (a
+ * fraction a/b) compares within a relative 1e-9: the rounding of the
+ * division, nothing more. */
+#define NUM_CAP 128
+typedef struct {
+	double d;
+	int dec;	/* 1: text holds the canonical decimal; 0: value only; -1: too long to compare */
+	char text[NUM_CAP];
+} num;
+
+static void
+num_value(num *v, double d)
 {
-	return fabs(a - b) <= 1e-6 * fmax(1.0, fabs(b));
+	v->d = d;
+	v->dec = 0;
+	v->text[0] = 0;
+}
+
+/* Canonical text of the decimal in raw (optional '-', digits, optional '.'
+ * and digits; no commas). */
+static void
+num_decimal(num *v, const char *raw, size_t n)
+{
+	size_t i = 0, ib, ie, fe, k = 0;
+	int neg = 0;
+
+	if (i < n && raw[i] == '-') {
+		neg = 1;
+		i++;
+	}
+	while (i < n && raw[i] == '0')
+		i++;
+	ib = i;
+	while (i < n && is_digit((unsigned char)raw[i]))
+		i++;
+	ie = i;
+	fe = ie;
+	if (i < n && raw[i] == '.') {
+		i++;
+		fe = n;
+		while (fe > i && raw[fe - 1] == '0')
+			fe--;
+		if (fe == i)
+			fe = ie; /* no fraction left */
+	}
+	if ((ie - ib) + (fe - ie) + 3 >= sizeof v->text) {
+		v->dec = -1;
+		v->text[0] = 0;
+		return;
+	}
+	if (neg && (ie > ib || fe > ie))
+		v->text[k++] = '-';
+	if (ie == ib)
+		v->text[k++] = '0';
+	memcpy(v->text + k, raw + ib, ie - ib);
+	k += ie - ib;
+	if (fe > ie) {
+		memcpy(v->text + k, raw + ie, fe - ie); /* '.' and the digits */
+		k += fe - ie;
+	}
+	v->text[k] = 0;
+	v->dec = 1;
+}
+
+static int
+num_eq(const num *a, const num *b)
+{
+	if (a->dec < 0 || b->dec < 0)
+		return 0;
+	if (a->dec && b->dec)
+		return strcmp(a->text, b->text) == 0;
+	return fabs(a->d - b->d) <= 1e-9 * fmax(1.0, fabs(b->d));
 }
 
 /* ---- gsm8k ---------------------------------------------------------------------- */
@@ -53,19 +125,20 @@ num_eq(double a, double b)
 /* Scans one number starting at s[i] (a digit, or '-' before a digit): digits
  * with thousands commas ("1,234" — a comma is part of the number only when
  * exactly three digits follow), an optional fraction ('.' then digits).
- * Stores its value and returns the index after it. */
+ * Stores it (value and canonical text) and returns the index after it. */
 static size_t
-scan_number(double *val, const char *s, size_t n, size_t i)
+scan_number(num *val, const char *s, size_t n, size_t i)
 {
-	char buf[64];
+	char buf[NUM_CAP + 8];
 	size_t k = 0;
+	int over = 0;
 
+#define NUM_PUT(c) do { if (k < sizeof buf - 1) buf[k++] = (c); else over = 1; } while (0)
 	if (s[i] == '-')
-		buf[k++] = s[i++];
+		NUM_PUT(s[i++]);
 	while (i < n) {
 		if (is_digit((unsigned char)s[i])) {
-			if (k < sizeof buf - 1)
-				buf[k++] = s[i];
+			NUM_PUT(s[i]);
 			i++;
 		} else if (s[i] == ',' && i + 3 < n && is_digit((unsigned char)s[i + 1]) &&
 			   is_digit((unsigned char)s[i + 2]) && is_digit((unsigned char)s[i + 3]) &&
@@ -76,17 +149,22 @@ scan_number(double *val, const char *s, size_t n, size_t i)
 		}
 	}
 	if (i + 1 < n && s[i] == '.' && is_digit((unsigned char)s[i + 1])) {
-		if (k < sizeof buf - 1)
-			buf[k++] = s[i];
+		NUM_PUT(s[i]);
 		i++;
 		while (i < n && is_digit((unsigned char)s[i])) {
-			if (k < sizeof buf - 1)
-				buf[k++] = s[i];
+			NUM_PUT(s[i]);
 			i++;
 		}
 	}
+#undef NUM_PUT
 	buf[k] = 0;
-	*val = strtod(buf, NULL);
+	val->d = strtod(buf, NULL);
+	if (over) {
+		val->dec = -1;
+		val->text[0] = 0;
+	} else {
+		num_decimal(val, buf, k);
+	}
 	return i;
 }
 
@@ -103,7 +181,7 @@ number_starts(const char *s, size_t n, size_t i)
 
 /* The last number in s[0..n); 0 on success, -1 when there is none. */
 static int
-last_number(double *val, const char *s, size_t n)
+last_number(num *val, const char *s, size_t n)
 {
 	int found = 0;
 	size_t i = 0;
@@ -133,7 +211,7 @@ last_hashes(const char *s, size_t n)
 
 /* The number right after the last "####" (spaces and '$' allowed between). */
 static int
-after_hashes(double *val, const char *s, size_t n)
+after_hashes(num *val, const char *s, size_t n)
 {
 	const char *h = last_hashes(s, n);
 	size_t i;
@@ -150,7 +228,7 @@ after_hashes(double *val, const char *s, size_t n)
 }
 
 static int
-gsm8k_truth(double *val, const char *truth)
+gsm8k_truth(num *val, const char *truth)
 {
 	size_t n = strlen(truth), i = 0;
 	const char *h = last_hashes(truth, n);
@@ -169,7 +247,7 @@ gsm8k_truth(double *val, const char *truth)
 static int
 gsm8k_score(double *score, const char **why, const char *resp, size_t n, const char *truth, int mode)
 {
-	double want, got;
+	num want, got;
 	int rv;
 
 	*score = 0;
@@ -186,11 +264,11 @@ gsm8k_score(double *score, const char **why, const char *resp, size_t n, const c
 		SET_WHY(why, rv == -1 ? "no #### in response" : "no number after ####");
 		return 0;
 	}
-	if (num_eq(got, want)) {
+	if (num_eq(&got, &want)) {
 		*score = 1;
 		SET_WHY(why, NULL);
 	} else {
-		SET_WHY(why, "wrong answer");
+		SET_WHY(why, got.dec < 0 || want.dec < 0 ? "number too long to compare" : "wrong answer");
 	}
 	return 0;
 }
@@ -370,7 +448,7 @@ rl_reward_math_normalize(char *out, size_t cap, const char *s, size_t n)
 
 /* A plain decimal number (thousands commas allowed) filling s[0..n). */
 static int
-plain_number(double *out, const char *s, size_t n)
+plain_number(num *out, const char *s, size_t n)
 {
 	size_t i = 0;
 
@@ -381,32 +459,35 @@ plain_number(double *out, const char *s, size_t n)
 	if (i >= n || !(is_digit((unsigned char)s[i]) || (s[i] == '.' && i + 1 < n && is_digit((unsigned char)s[i + 1]))))
 		return -1;
 	if (s[i] == '.') {
-		char buf[72];
-		if (n + 1 >= sizeof buf)
-			return -1;
+		char buf[NUM_CAP + 8];
+		size_t k = 0;
 		/* ".5" */
-		buf[0] = '0';
-		memcpy(buf + 1, s + i, n - i);
-		buf[n - i + 1] = 0;
-		for (size_t j = 1; buf[j]; j++)
-			if (!(j == 1 ? buf[j] == '.' : is_digit((unsigned char)buf[j])))
+		if (n + 3 >= sizeof buf)
+			return -1;
+		if (s[0] == '-')
+			buf[k++] = '-';
+		buf[k++] = '0';
+		for (size_t j = i; j < n; j++) {
+			if (j > i && !is_digit((unsigned char)s[j]))
 				return -1;
-		*out = strtod(buf, NULL) * (s[0] == '-' ? -1 : 1);
+			buf[k++] = s[j];
+		}
+		buf[k] = 0;
+		out->d = strtod(buf, NULL);
+		num_decimal(out, buf, k);
 		return 0;
 	}
-	size_t end = scan_number(out, s, n, i);
-	if (end != n)
-		return -1;
-	if (s[0] == '-')
-		*out = -*out;
-	return 0;
+	/* scan_number takes the '-' itself */
+	size_t end = scan_number(out, s, n, s[0] == '-' ? 0 : i);
+	return end == n ? 0 : -1;
 }
 
-int
-rl_reward_math_number(double *out, const char *s)
+/* A number in a normalised math answer: a decimal, \frac{a}{b}, \fracab or a/b. */
+static int
+math_number(num *out, const char *s)
 {
 	size_t n = strlen(s), i = 0;
-	double a, b;
+	num a, b;
 	int neg = 0;
 
 	if (n > 0 && s[0] == '-' && starts(s, n, 1, "\\frac")) {
@@ -425,25 +506,36 @@ rl_reward_math_number(double *out, const char *s)
 			if (plain_number(&a, s + i + 1, e1 - i - 2) || plain_number(&b, s + e1 + 1, e2 - e1 - 2))
 				return -1;
 		} else if (i + 2 == n && is_digit((unsigned char)s[i]) && is_digit((unsigned char)s[i + 1])) {
-			a = s[i] - '0';
-			b = s[i + 1] - '0';
+			num_value(&a, s[i] - '0');
+			num_value(&b, s[i + 1] - '0');
 		} else {
 			return -1;
 		}
-		if (b == 0)
+		if (b.d == 0)
 			return -1;
-		*out = (neg ? -a : a) / b;
+		num_value(out, (neg ? -a.d : a.d) / b.d);
 		return 0;
 	}
 	const char *slash = memchr(s, '/', n);
 	if (slash) {
 		if (plain_number(&a, s, (size_t)(slash - s)) || plain_number(&b, slash + 1, n - (size_t)(slash - s) - 1) ||
-		    b == 0)
+		    b.d == 0)
 			return -1;
-		*out = a / b;
+		num_value(out, a.d / b.d);
 		return 0;
 	}
 	return plain_number(out, s, n);
+}
+
+int
+rl_reward_math_number(double *out, const char *s)
+{
+	num v;
+
+	if (math_number(&v, s) != 0)
+		return -1;
+	*out = v.d;
+	return 0;
 }
 
 #define MATH_CAP 4096
@@ -454,7 +546,7 @@ math_score(double *score, const char **why, const char *resp, size_t n, const ch
 	char box[MATH_CAP], got[MATH_CAP], want[MATH_CAP];
 	long bl;
 	size_t tn = strlen(truth);
-	double a, b;
+	num a, b;
 
 	*score = 0;
 	/* the truth may be a full solution with its own \boxed{} */
@@ -474,7 +566,7 @@ math_score(double *score, const char **why, const char *resp, size_t n, const ch
 		return 0;
 	}
 	if (strcmp(got, want) == 0 ||
-	    (rl_reward_math_number(&a, got) == 0 && rl_reward_math_number(&b, want) == 0 && num_eq(a, b))) {
+	    (math_number(&a, got) == 0 && math_number(&b, want) == 0 && num_eq(&a, &b))) {
 		*score = 1;
 		SET_WHY(why, NULL);
 	} else {
@@ -945,11 +1037,69 @@ json_scalar(const cJSON *j, char *buf, size_t cap)
 {
 	if (cJSON_IsString(j))
 		return j->valuestring;
-	if (cJSON_IsNumber(j) && isfinite(j->valuedouble)) {
-		snprintf(buf, cap, "%.15g", j->valuedouble);
+	if (cJSON_IsNumber(j) && isfinite(j->valuedouble) && rl_reward_decimal(buf, cap, j->valuedouble) == 0)
 		return buf;
-	}
 	return NULL;
+}
+
+/* d as plain decimal text (no exponent), with the fewest significant digits
+ * that read back as d: 1e20 -> "100000000000000000000", 1e-7 -> "0.0000001",
+ * 0.1 -> "0.1".  -1 when it does not fit in cap. */
+int
+rl_reward_decimal(char *buf, size_t cap, double d)
+{
+	char e[40], dig[24];
+	int p, ex, nd = 0, k = 0;
+	const char *q;
+
+	if (!isfinite(d))
+		return -1;
+	for (p = 1; p <= 17; p++) {
+		snprintf(e, sizeof e, "%.*e", p - 1, d);
+		if (strtod(e, NULL) == d)
+			break;
+	}
+	/* e: [-]D[.DDD]e[+-]XX */
+	q = e;
+	if (*q == '-')
+		q++;
+	for (; *q && *q != 'e'; q++)
+		if (is_digit((unsigned char)*q))
+			dig[nd++] = *q;
+	ex = atoi(q + 1);
+	while (nd > 1 && dig[nd - 1] == '0')
+		nd--;
+	if (nd == 1 && dig[0] == '0') {
+		if (cap < 2)
+			return -1;
+		memcpy(buf, "0", 2);
+		return 0;
+	}
+	/* value = 0.dig x 10^(ex + 1) */
+	int ip = ex + 1; /* digits before the point */
+	size_t need = (size_t)(2 + (ip > 0 ? (ip > nd ? ip : nd) : nd - ip) + 2);
+	if (need >= cap)
+		return -1;
+	if (d < 0)
+		buf[k++] = '-';
+	if (ip <= 0) {
+		buf[k++] = '0';
+		buf[k++] = '.';
+		for (int i = 0; i < -ip; i++)
+			buf[k++] = '0';
+		for (int i = 0; i < nd; i++)
+			buf[k++] = dig[i];
+	} else {
+		for (int i = 0; i < ip; i++)
+			buf[k++] = i < nd ? dig[i] : '0';
+		if (nd > ip) {
+			buf[k++] = '.';
+			for (int i = ip; i < nd; i++)
+				buf[k++] = dig[i];
+		}
+	}
+	buf[k] = 0;
+	return 0;
 }
 
 const char *
@@ -1063,7 +1213,7 @@ int
 rl_reward_task_score(double *score, const char **why, const rl_reward_task *t, const rl_reward_opts *o,
 		     const char *resp, size_t n, const cJSON *meta, long ntokens)
 {
-	char buf[64];
+	char buf[400]; /* a JSON number's truth as plain decimal text: up to ~330 characters */
 	const char *truth = NULL, *w = NULL;
 	int rv = 0, kind = t->kind;
 

@@ -61,6 +61,12 @@ long rl_reward_math_normalize(char *out, size_t cap, const char *s, size_t n);
  * \fracab (single digits), with an optional leading minus.  0 on success. */
 int rl_reward_math_number(double *out, const char *s);
 
+/* d as plain decimal text (no exponent) with the fewest significant digits
+ * that read back as d (1e20 -> "100000000000000000000", 1e-7 -> "0.0000001"):
+ * how a JSON number ground truth is compared.  0, or -1 when it does not fit
+ * in cap or d is not finite. */
+int rl_reward_decimal(char *buf, size_t cap, double d);
+
 /* countdown: the equation inside the last <answer>...</answer> must use each
  * of numbers[0..count) exactly once (as a multiset), only + - * / and
  * parentheses, and evaluate exactly (rational arithmetic, 64-bit checked) to

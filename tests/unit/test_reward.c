@@ -166,6 +166,30 @@ math_pieces(void)
 	T_EQ_INT(rl_reward_math_number(&v, "x"), -1);
 	T_EQ_INT(rl_reward_math_number(&v, "\\frac{x}{2}"), -1);
 	T_EQ_INT(rl_reward_math_number(&v, "1,2"), -1);
+	/* JSON number ground truths as plain decimals, the fewest digits that read back */
+	T_EQ_INT(rl_reward_decimal(out, sizeof out, 1e20), 0);
+	T_EQ_STR(out, "100000000000000000000");
+	T_EQ_INT(rl_reward_decimal(out, sizeof out, 1e-7), 0);
+	T_EQ_STR(out, "0.0000001");
+	T_EQ_INT(rl_reward_decimal(out, sizeof out, 0.1), 0);
+	T_EQ_STR(out, "0.1");
+	T_EQ_INT(rl_reward_decimal(out, sizeof out, -72), 0);
+	T_EQ_STR(out, "-72");
+	T_EQ_INT(rl_reward_decimal(out, sizeof out, 0), 0);
+	T_EQ_STR(out, "0");
+	T_EQ_INT(rl_reward_decimal(out, sizeof out, 9007199254740993.0), 0); /* 2^53 + 1 reads as 2^53 */
+	T_EQ_STR(out, "9007199254740992");
+	T_EQ_INT(rl_reward_decimal(out, sizeof out, 123.456), 0);
+	T_EQ_STR(out, "123.456");
+	T_EQ_INT(rl_reward_decimal(out, 5, 123.456), -1);
+	T_EQ_INT(rl_reward_decimal(out, sizeof out, 1e300), -1); /* 301 digits: more than out holds */
+	{
+		char big[400];
+		T_EQ_INT(rl_reward_decimal(big, sizeof big, -1.5e300), 0);
+		T_OK(strlen(big) == 302 && big[0] == '-' && big[1] == '1' && big[2] == '5', "%.8s... %zu", big, strlen(big));
+		T_EQ_INT(rl_reward_decimal(big, sizeof big, 5e-324), 0);
+		T_OK(strlen(big) == 326 && big[325] == '5', "%zu", strlen(big));
+	}
 }
 
 static void
