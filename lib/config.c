@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json.h"
 #include "safetensors.h"
 
 typedef struct pctx {
@@ -119,7 +120,7 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 	const char *mt, *s;
 
 	memset(cfg, 0, sizeof *cfg);
-	root = cJSON_ParseWithLength(text, len);
+	root = rl_json_parse_all(text, len);
 	c.root = root;
 	c.what = what;
 	if (!cJSON_IsObject(root)) {

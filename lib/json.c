@@ -35,6 +35,32 @@ rl_json_type_name(const cJSON *v)
 	return "an invalid value";
 }
 
+/* end: where cJSON stopped; 1 when only spaces (or NULs) follow up to lim */
+static int
+only_space_after(const char *end, const char *lim)
+{
+	const char *p = end;
+
+	if (end == NULL)
+		return 1;
+	while (p < lim && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n' || *p == 0))
+		p++;
+	return p >= lim;
+}
+
+cJSON *
+rl_json_parse_all(const char *text, size_t n)
+{
+	const char *end = NULL;
+	cJSON *j = cJSON_ParseWithLengthOpts(text, n, &end, 0);
+
+	if (j != NULL && !only_space_after(end, text + n)) {
+		cJSON_Delete(j);
+		return NULL;
+	}
+	return j;
+}
+
 int
 rl_json_parse(cJSON **out, const char *text, size_t n, const char *what)
 {

@@ -28,6 +28,9 @@
  * error.  On error logs "WHAT: invalid JSON near byte N" (RL_EFORMAT).
  * *out is owned by the caller (cJSON_Delete). */
 int rl_json_parse(cJSON **out, const char *text, size_t n, const char *what);
+/* The same without a message: NULL for invalid JSON or trailing text (a
+ * second value, junk after the first). */
+cJSON *rl_json_parse_all(const char *text, size_t n);
 /* Read and parse a whole file (at most max bytes; 0: 64 MiB). */
 int rl_json_load(cJSON **out, const char *path, size_t max);
 

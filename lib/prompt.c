@@ -10,11 +10,12 @@
 #include <cjson/cJSON.h>
 
 #include "core.h"
+#include "json.h"
 
 int
 rl_prompt_line_is(const char *line, size_t n)
 {
-	cJSON *j = cJSON_ParseWithLength(line, n), *p;
+	cJSON *j = rl_json_parse_all(line, n), *p;
 	int ok = j && cJSON_IsObject(j) && (p = cJSON_GetObjectItemCaseSensitive(j, "prompt")) &&
 	    (cJSON_IsString(p) || cJSON_IsArray(p));
 	cJSON_Delete(j);
@@ -36,7 +37,7 @@ take_u64(cJSON *j, const char *key, uint64_t *out)
 int
 rl_prompt_line_to_traj(rl_traj *t, const char *line, size_t n, const char *what)
 {
-	cJSON *j = cJSON_ParseWithLength(line, n), *p;
+	cJSON *j = rl_json_parse_all(line, n), *p;
 	char *meta = NULL;
 	uint64_t u;
 	int rv = RL_EFORMAT;

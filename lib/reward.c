@@ -1373,6 +1373,14 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 		}
 		s->st.exec_failed[er->status]++;
 	}
+	if (!failed && !isfinite((float)total)) {
+		/* the record's reward is an f32: 1e300 from a worker, or a weight of 1e39,
+		 * would become inf */
+		char r[96];
+		snprintf(r, sizeof r, "weighted sum %g is outside the f32 range", total);
+		add_reason(err, sizeof err, "reward", r);
+		failed = 1;
+	}
 
 	/* meta.scores.NAME, meta.reward_error */
 	if (meta) {

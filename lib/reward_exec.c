@@ -12,6 +12,7 @@
 #include "reward_exec.h"
 
 #include "core.h"
+#include "json.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -386,7 +387,7 @@ fail_rec(rl_reward_exec_result *r, int status, const char *why)
 static void
 parse_reply(rl_reward_exec_result *r, const char *line, size_t n)
 {
-	cJSON *j = cJSON_ParseWithLength(line, n);
+	cJSON *j = rl_json_parse_all(line, n); /* "1 0", "0.5abc": junk, not 1 or 0.5 */
 	const cJSON *v = j;
 	char shown[64];
 	size_t sn = n < 40 ? n : 40;
@@ -555,7 +556,15 @@ rl_reward_exec_run(rl_reward_exec *x, rl_reward_exec_result *res, const char *co
 			}
 			w->rlen += (size_t)k;
 			char *nl = memchr(w->rbuf, '\n', w->rlen);
-			if (nl) {
+			if (nl && w->woff < w->wlen) {
+				/* a reply before the record was written whole (it stopped
+				 * reading: EPIPE, or it never reads): not a reply to it */
+				snprintf(why, sizeof why, "replied after reading %zu of the record's %zu bytes",
+					 w->woff, w->wlen);
+				worker_kill(w);
+				fail_rec(&res[rec], RL_EXEC_JUNK, why);
+				done++;
+			} else if (nl) {
 				size_t ln = (size_t)(nl - w->rbuf);
 				parse_reply(&res[rec], w->rbuf, ln);
 				memmove(w->rbuf, nl + 1, w->rlen - ln - 1);

@@ -7,6 +7,7 @@
  */
 #include "wdir.h"
 #include "core.h"
+#include "json.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -185,7 +186,7 @@ parse_hex(uint64_t *out, const cJSON *s)
 static int
 check_manifest(rl_wver *v, const char *dir, const char *txt, size_t n, uint64_t want_version)
 {
-	cJSON *j = cJSON_ParseWithLength(txt, n), *arr, *it;
+	cJSON *j = rl_json_parse_all(txt, n), *arr, *it;
 	uint64_t h;
 	int rv = RL_EFORMAT, k = 0;
 	const cJSON *fv;

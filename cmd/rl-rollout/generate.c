@@ -20,6 +20,7 @@
 
 #include "cmd.h"
 #include "core.h"
+#include "json.h"
 #include "engine.h"
 #include "io.h"
 #include "model.h"
@@ -657,7 +658,7 @@ static int
 parse_prompt(gen *g, const char *line, size_t len, prompt **out)
 {
 	char where[512];
-	cJSON *j = cJSON_ParseWithLength(line, len);
+	cJSON *j = rl_json_parse_all(line, len); /* one object a line: a second one is an error */
 
 	*out = NULL;
 	snprintf(where, sizeof where, "'%s': line %llu", g->input, (unsigned long long)g->lines);

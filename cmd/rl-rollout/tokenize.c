@@ -15,6 +15,7 @@
 
 #include "cmd.h"
 #include "core.h"
+#include "json.h"
 #include "tokenizer.h"
 
 typedef struct tok_config {
@@ -103,7 +104,7 @@ parse_chat(const char *line, cJSON **root, rl_chat_msg **msgs, size_t *n, size_t
 		*n = 1;
 		return 0;
 	}
-	*root = cJSON_Parse(line);
+	*root = rl_json_parse_all(line, strlen(line));
 	const cJSON *arr = *root;
 	if (cJSON_IsObject(arr))
 		arr = cJSON_GetObjectItemCaseSensitive(arr, "messages");
@@ -128,7 +129,7 @@ parse_chat(const char *line, cJSON **root, rl_chat_msg **msgs, size_t *n, size_t
 static int
 decode_line(FILE *out, const rl_tokenizer *tok, const tok_config *c, const char *line, size_t lineno)
 {
-	cJSON *root = cJSON_Parse(line);
+	cJSON *root = rl_json_parse_all(line, strlen(line));
 	const cJSON *arr = root;
 	int32_t *ids = NULL;
 	char *text = NULL;

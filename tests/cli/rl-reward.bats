@@ -160,6 +160,38 @@ ok = ok and all(r["reward"] == (2 if r["id"] % 7 == 3 else 1) for r in rs)
 print(ok)' "$TMP/out.jsonl")" = "True" ]
 }
 
+@test "--exec: trailing junk, out-of-f32 rewards and replies to records never read are failures, not scores" {
+	head -n 4 "$FIX/gsm8k.jsonl" > "$TMP/in.jsonl"
+	# "0.5abc", "1 0" and an object followed by text are junk (they were read as 0.5, 1, 1)
+	for reply in '0.5abc' '1 0' '{"reward": 1} x'; do
+		run --separate-stderr timeout 30 rl-reward --exec "sh -c 'while read -r l; do echo \"$reply\"; done'" --jsonl "$TMP/in.jsonl"
+		assert_success
+		[ "$(echo "$output" | python3 -c 'import json,sys; print(*[json.loads(l)["meta"].get("reward_error", "-")[:24] for l in sys.stdin])')" = "exec: junk: reply is not exec: junk: reply is not exec: junk: reply is not exec: junk: reply is not" ]
+	done
+	# a finite reward beyond f32 (or a weight that takes it there) fails the record instead of reading inf
+	run --separate-stderr timeout 30 rl-reward --exec "sh -c 'while read -r l; do echo 1e300; done'" --jsonl "$TMP/in.jsonl"
+	assert_success
+	[ "$(echo "$output" | head -n 1 | python3 -c 'import json,sys; r = json.load(sys.stdin); print(r["reward"], r["meta"]["reward_error"])')" = "nan reward: weighted sum 1e+300 is outside the f32 range" ]
+	[[ "$stderr" == *"4 records"*"4 failed"* ]]
+	run --separate-stderr timeout 30 rl-reward --exec "$W" --exec-weight 1e39 --jsonl "$TMP/in.jsonl"
+	assert_success
+	[ "$(echo "$output" | head -n 1 | python3 -c 'import json,sys; r = json.load(sys.stdin); print(r["reward"], r["meta"]["reward_error"])')" = "nan reward: weighted sum 1e+39 is outside the f32 range" ]
+	# a worker that reads one record, closes its stdin and keeps printing: its lines are not
+	# replies to the records it never got
+	run --separate-stderr timeout 30 rl-reward --timeout 2 --exec "sh -c 'read -r l; exec 0<&-; while :; do echo 1; sleep 0.1; done'" --jsonl "$TMP/in.jsonl"
+	assert_success
+	[ "$(echo "$output" | python3 -c 'import json,sys; print(*[json.loads(l)["meta"].get("reward_error", "ok")[:10] for l in sys.stdin])')" = "ok exec: junk ok exec: junk" ]
+	# one that never reads, given records larger than a pipe holds
+	python3 -c '
+import json
+for i in range(2):
+    print(json.dumps({"id": i, "response_text": "x" * 300000, "meta": {"answer": "1"}}))' > "$TMP/big.jsonl"
+	run --separate-stderr timeout 30 rl-reward --exec "sh -c 'while :; do echo 1; sleep 0.05; done'" --jsonl "$TMP/big.jsonl"
+	assert_success
+	[[ "$(echo "$output" | head -n 1 | python3 -c 'import json,sys; r = json.load(sys.stdin); print(r["reward"], r["meta"]["reward_error"])')" == "nan exec: junk: replied after reading "*" of the record's 300050 bytes" ]]
+	[[ "$stderr" == *"2 records"*"2 failed"* ]]
+}
+
 @test "--exec without a shell: a program that does not exist is an error with a hint" {
 	run --separate-stderr rl-reward --exec '/nonexistent/score --x' "$FIX/gsm8k.jsonl"
 	[ "$status" -eq 1 ]
