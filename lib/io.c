@@ -174,6 +174,18 @@ rl_io_write_full(int fd, const void *buf, size_t n, const char *name)
 /* ---- FILE streams ----------------------------------------------------------------- */
 
 int
+rl_io_same_file(const char *in, const char *out)
+{
+	struct stat a, b;
+
+	if (!in || !out || strcmp(in, "-") == 0 || strcmp(out, "-") == 0)
+		return 0;
+	if (stat(in, &a) != 0 || stat(out, &b) != 0)
+		return 0;
+	return a.st_dev == b.st_dev && a.st_ino == b.st_ino && S_ISREG(a.st_mode);
+}
+
+int
 rl_io_fopen(FILE **out, const char *path, const char *mode)
 {
 	FILE *f;

@@ -54,6 +54,10 @@ int rl_io_fopen(FILE **out, const char *path, const char *mode);
 int rl_io_fread(FILE *f, void *buf, size_t n, size_t *got, const char *name);
 int rl_io_fwrite(FILE *f, const void *buf, size_t n, const char *name);
 int rl_io_fclose(FILE *f, const char *name);
+/* 1 when out (an output path about to be opened for writing) is the file in
+ * (both exist and are the same inode; "-" is never the same), else 0: opening
+ * out would empty the input before it is read. */
+int rl_io_same_file(const char *in, const char *out);
 /* Flush and close stdout; a failure (disk full, EPIPE, closed stdout) is logged
  * and returned as RL_EIO.  Call once at the end of main (BSD cat). */
 int rl_io_close_stdout(void);

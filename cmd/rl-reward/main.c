@@ -326,6 +326,13 @@ main(int argc, char **argv)
 		rl_reward_stats_print(&sc, rl_now() - t0);
 		goto out;
 	}
+	for (int i = optind; out && i < argc; i++) {
+		if (rl_io_same_file(argv[i], out)) {
+			rl_error("-o '%s' is the input '%s': writing it would empty it before it is read", out, argv[i]);
+			rl_hint("write to another file, then rename it");
+			return 2;
+		}
+	}
 	if (out) {
 		if (rl_io_fopen(&of, out, "wb") != 0) {
 			status = 1;

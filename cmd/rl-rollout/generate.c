@@ -172,6 +172,31 @@ usage_error(const char *fmt, const char *arg)
 	return 2;
 }
 
+/* "-n" or "--top-p": the option getopt_long returned as c, for messages */
+static const char *
+opt_name(int c, char *buf, size_t cap)
+{
+	for (const struct option *o = longopts; o->name; o++) {
+		if (o->val == c) {
+			snprintf(buf, cap, "--%s", o->name);
+			return buf;
+		}
+	}
+	snprintf(buf, cap, "-%c", c > 32 && c < 127 ? c : '?');
+	return buf;
+}
+
+/* "bad value" for option c: names the option and the range */
+static int
+num_error(int c, const char *a, double lo, double hi)
+{
+	char on[64];
+
+	fprintf(stderr, "rl-rollout: %s: bad value '%s' (want a number from %g to %g)\n", opt_name(c, on, sizeof on), a, lo, hi);
+	fprintf(stderr, "rl-rollout: hint: rl-rollout --help lists the options\n");
+	return 2;
+}
+
 static int
 parse_num(const char *s, double lo, double hi, double *out)
 {
@@ -188,7 +213,7 @@ parse_bytes(const char *s, size_t *out)
 {
 	char *end;
 	double v = strtod(s, &end), mul = 1;
-	if (end == s || v < 0)
+	if (end == s || !(v >= 0) || !isfinite(v))
 		return -1;
 	switch (*end) {
 	case 0: break;
@@ -199,10 +224,57 @@ parse_bytes(const char *s, size_t *out)
 	}
 	if (*end == 'B' || *end == 'b')
 		end++;
-	if (*end)
+	if (*end || v * mul > 1024.0 * 1024 * 1024 * 1024) /* at most 1 TiB: past that, a typo */
 		return -1;
 	*out = (size_t)(v * mul);
 	return 0;
+}
+
+/* Invalid UTF-8 (and NUL) bytes to '?', valid sequences kept: text fields hold
+ * UTF-8 without NUL, and a prompt line or a decoded response may not be. */
+static void
+utf8_fix(char *s, size_t n)
+{
+	size_t i = 0;
+
+	while (i < n) {
+		unsigned char c = (unsigned char)s[i];
+		size_t k;
+		uint32_t cp;
+		int ok;
+
+		if (c != 0 && c < 0x80) {
+			i++;
+			continue;
+		}
+		if (c >= 0xc2 && c <= 0xdf) {
+			k = 1;
+			cp = c & 0x1f;
+		} else if (c >= 0xe0 && c <= 0xef) {
+			k = 2;
+			cp = c & 0x0f;
+		} else if (c >= 0xf0 && c <= 0xf4) {
+			k = 3;
+			cp = c & 0x07;
+		} else {
+			s[i++] = '?';
+			continue;
+		}
+		ok = n - i > k;
+		for (size_t j = 1; ok && j <= k; j++) {
+			unsigned char d = (unsigned char)s[i + j];
+			if ((d & 0xc0) != 0x80)
+				ok = 0;
+			cp = (cp << 6) | (d & 0x3f);
+		}
+		if (ok && ((k == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (k == 3 && (cp < 0x10000 || cp > 0x10ffff))))
+			ok = 0;
+		if (!ok) {
+			s[i++] = '?';
+			continue;
+		}
+		i += k + 1;
+	}
 }
 
 /* ---- weight versions ----------------------------------------------------------------- */
@@ -451,7 +523,8 @@ on_done(void *ctx, const rl_gen_sample *s)
 	rl_traj_set_i32s(t, RL_TAG_PROMPT, p->ids, (size_t)p->nids);
 	rl_traj_set_i32s(t, RL_TAG_RESPONSE, s->tok, (size_t)s->n);
 	rl_traj_set_f32s(t, RL_TAG_LOGPROBS, s->logp, (size_t)s->n);
-	rl_traj_set_str(t, RL_TAG_PROMPT_TEXT, p->text);
+	if ((rv = rl_traj_set_str(t, RL_TAG_PROMPT_TEXT, p->text)) != RL_OK) /* utf8_fix'ed when parsed */
+		goto out;
 	{
 		/* a model's vocabulary is often larger than its tokenizer's (padding rows):
 		 * such ids have no text */
@@ -465,16 +538,11 @@ on_done(void *ctx, const rl_gen_sample *s)
 		if (rv != 0)
 			goto out;
 	}
-	/* the record's text field holds UTF-8 without NUL: anything else is replaced */
-	for (size_t i = 0; i < tlen; i++)
-		if (text[i] == 0)
-			text[i] = '?';
-	if (rl_traj_set_strn(t, RL_TAG_RESPONSE_TEXT, text, tlen) != RL_OK) {
-		for (size_t i = 0; i < tlen; i++)
-			if ((unsigned char)text[i] >= 0x80)
-				text[i] = '?';
-		rl_traj_set_strn(t, RL_TAG_RESPONSE_TEXT, text, tlen);
-	}
+	/* the record's text field holds UTF-8 without NUL: anything else is replaced
+	 * (a response cut inside a character ends in a partial one) */
+	utf8_fix(text, tlen);
+	if ((rv = rl_traj_set_strn(t, RL_TAG_RESPONSE_TEXT, text, tlen)) != RL_OK)
+		goto out;
 	rl_traj_set_str(t, RL_TAG_FINISH, rl_finish_name(s->finish));
 	if (s->greedy) {
 		cJSON *j = cJSON_Parse(p->meta);
@@ -571,9 +639,6 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 			text = rl_xstrdup(pr->valuestring);
 		else if ((rv = rl_tokenizer_decode(&text, &tlen, g->tok, pre_ids, npre, 0)) != 0)
 			goto out;
-		for (size_t i = 0; i < strlen(text); i++)
-			if ((unsigned char)text[i] >= 0x80)
-				text[i] = '?';
 	} else if (!pr) {
 		rl_error("%s: no \"prompt\" key", where);
 		goto out;
@@ -624,6 +689,18 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 		rv = RL_EFORMAT;
 		goto out;
 	}
+	/* prompt_text is UTF-8: a line's Latin-1 byte (or a decoded id that ends
+	 * inside a character) becomes '?' there; the ids are what is generated from */
+	utf8_fix(text, strlen(text));
+	for (size_t i = 0; i < ids.n; i++) {
+		if (ids.ids[i] < 0 || ids.ids[i] >= g->m->cfg.vocab_size) {
+			rl_error("%s: prompt token %zu is id %d, outside the model's vocabulary [0, %d)", where, i,
+			    ids.ids[i], g->m->cfg.vocab_size);
+			rl_hint("a tokenizer with more ids than the model's embedding rows?");
+			rv = RL_EFORMAT;
+			goto out;
+		}
+	}
 	if ((int)ids.n >= g->m->cfg.max_pos) {
 		rl_error("%s: the prompt has %zu tokens, the model's context is %d", where,
 		    ids.n, g->m->cfg.max_pos);
@@ -631,12 +708,24 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 		goto out;
 	}
 	cJSON_DeleteItemFromObjectCaseSensitive(j, "prompt");
-	prompt *p = rl_xcalloc(1, sizeof *p);
+	int max_new = 0;
 	{
 		cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
-		if (mt && cJSON_IsNumber(mt) && mt->valuedouble >= 1)
-			p->max_new = (int)RL_MIN(mt->valuedouble, 1e7);
+		if (mt && !cJSON_IsNull(mt)) {
+			if (!cJSON_IsNumber(mt) || !(mt->valuedouble >= 1) || mt->valuedouble != floor(mt->valuedouble)) {
+				char shown[40];
+				char *s = cJSON_PrintUnformatted(mt);
+				snprintf(shown, sizeof shown, "%s", s ? s : "?");
+				free(s);
+				rl_error("%s: \"max_tokens\" must be an integer >= 1, not %s", where, shown);
+				rv = RL_EFORMAT;
+				goto out;
+			}
+			max_new = (int)RL_MIN(mt->valuedouble, 1e7);
+		}
 	}
+	prompt *p = rl_xcalloc(1, sizeof *p);
+	p->max_new = max_new;
 	p->line = g->lines;
 	p->text = text;
 	text = NULL;
@@ -873,6 +962,14 @@ run_score(gen *g)
 			return RL_EINVAL;
 		}
 		tag = (int)u;
+	}
+	if (tag <= RL_TAG_CORE_MAX) {
+		int scalar = 1, dt = rl_traj_tag_dtype((unsigned)tag, &scalar);
+		if (dt != RL_F32 || scalar) {
+			rl_error("--score %s: not a per-token f32 field; the log-probs would replace it", g->score_field);
+			rl_hint("use logprobs, ref_logprobs or a user tag t<N> with N >= %d", RL_TAG_USER_MIN);
+			return RL_EINVAL;
+		}
 	}
 	if ((rv = rl_model_train_reserve(g->m, T)) != 0)
 		return rv;
@@ -1115,7 +1212,7 @@ rl_cmd_generate(int argc, char **argv)
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:n:o:qvh", longopts, NULL)) != -1) {
 		const char *a = optarg;
-#define NUM(lo, hi) do { if (parse_num(a, lo, hi, &v)) return usage_error("bad value '%s'", a); } while (0)
+#define NUM(lo, hi) do { if (parse_num(a, lo, hi, &v)) return num_error(c, a, lo, hi); } while (0)
 		switch (c) {
 		case 'm': g.model_dir = a; break;
 		case 'n': NUM(1, 65536); g.n = (int)v; break;
@@ -1147,7 +1244,7 @@ rl_cmd_generate(int argc, char **argv)
 		case O_DSTEPS: NUM(1, RL_GEN_MAX_STEPS); g.go.decode_steps = (int)v; break;
 		case O_KVMEM:
 			if (parse_bytes(a, &kv))
-				return usage_error("bad size '%s'", a);
+				return usage_error("--kv-mem: bad size '%s' (bytes, with K, M or G; at most 1024G)", a);
 			g.go.kv_mem = kv;
 			break;
 		case O_DEVICE: g.device = a; break;
@@ -1212,6 +1309,17 @@ rl_cmd_generate(int argc, char **argv)
 	g.go.stop_ids = g.stop_ids;
 	g.go.nstop_ids = nstopid;
 	g.nonce = (rl_rng_mix((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) & 0xffffffff00000000ULL);
+
+	if (g.out_path && rl_io_same_file(g.input, g.out_path)) {
+		rl_error("-o '%s' is the input '%s': writing it would empty it before it is read", g.out_path, g.input);
+		rl_hint("write to another file, then rename it");
+		return 2;
+	}
+	if (!g.queue_url && !g.jsonl && (!g.out_path || strcmp(g.out_path, "-") == 0) && isatty(STDOUT_FILENO)) {
+		rl_error("refusing to write a binary stream to a terminal");
+		rl_hint("add --jsonl, -o FILE, or pipe into rl-reward / rl-queue cat");
+		return 2;
+	}
 
 	rv = RL_OK;
 	if ((rv = rl_ops_open(&g.ops, g.device)) != 0)
