@@ -48,6 +48,78 @@ only_space_after(const char *end, const char *lim)
 	return p >= lim;
 }
 
+/* 1 when the number j would not read back from cJSON's 15 digits */
+static int
+lossy_number(const cJSON *j)
+{
+	char b[40];
+
+	if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble))
+		return 0;
+	snprintf(b, sizeof b, "%1.15g", j->valuedouble);
+	return strtod(b, NULL) != j->valuedouble;
+}
+
+/* 1 when j or a value under it is such a number */
+static int
+has_lossy(const cJSON *j)
+{
+	if (lossy_number(j))
+		return 1;
+	for (const cJSON *c = j->child; c != NULL; c = c->next)
+		if (has_lossy(c))
+			return 1;
+	return 0;
+}
+
+/* the lossy numbers under parent become raw 17-digit text (keys kept) */
+static int
+fix_numbers(cJSON *parent)
+{
+	for (cJSON *it = parent->child, *next; it != NULL; it = next) {
+		next = it->next;
+		if (lossy_number(it)) {
+			char b[40];
+			cJSON *raw;
+			snprintf(b, sizeof b, "%1.17g", it->valuedouble);
+			if ((raw = cJSON_CreateRaw(b)) == NULL)
+				return -1;
+			if (it->string != NULL && (raw->string = strdup(it->string)) == NULL) {
+				cJSON_Delete(raw);
+				return -1;
+			}
+			if (!cJSON_ReplaceItemViaPointer(parent, it, raw)) {
+				cJSON_Delete(raw);
+				return -1;
+			}
+		} else if (it->child != NULL && fix_numbers(it) != 0) {
+			return -1;
+		}
+	}
+	return 0;
+}
+
+char *
+rl_json_print(const cJSON *j)
+{
+	cJSON *d;
+	char *s = NULL;
+
+	if (j == NULL || !has_lossy(j))
+		return j ? cJSON_PrintUnformatted(j) : NULL;
+	if (cJSON_IsNumber(j)) {
+		if ((s = malloc(40)) != NULL)
+			snprintf(s, 40, "%1.17g", j->valuedouble);
+		return s;
+	}
+	if ((d = cJSON_Duplicate(j, 1)) == NULL)
+		return NULL;
+	if (fix_numbers(d) == 0)
+		s = cJSON_PrintUnformatted(d);
+	cJSON_Delete(d);
+	return s;
+}
+
 cJSON *
 rl_json_parse_all(const char *text, size_t n)
 {

@@ -31,6 +31,11 @@ int rl_json_parse(cJSON **out, const char *text, size_t n, const char *what);
 /* The same without a message: NULL for invalid JSON or trailing text (a
  * second value, junk after the first). */
 cJSON *rl_json_parse_all(const char *text, size_t n);
+/* cJSON_PrintUnformatted without its number loss: cJSON prints a number with
+ * 15 significant digits whenever they read back within a relative 2^-52, so
+ * 2^53 came out 9.00719925474099e+15.  Here every number reads back as the
+ * same double (17 digits where 15 do not).  NULL when out of memory. */
+char *rl_json_print(const cJSON *j);
 /* Read and parse a whole file (at most max bytes; 0: 64 MiB). */
 int rl_json_load(cJSON **out, const char *path, size_t max);
 

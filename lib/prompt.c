@@ -63,7 +63,7 @@ rl_prompt_line_to_traj(rl_traj *t, const char *line, size_t n, const char *what)
 		rl_traj_set_u64(t, RL_TAG_ID, u);
 	if (take_u64(j, "group", &u))
 		rl_traj_set_u64(t, RL_TAG_GROUP, u);
-	meta = cJSON_PrintUnformatted(j);
+	meta = rl_json_print(j);
 	rv = rl_traj_set_json(t, RL_TAG_META, meta);
 out:
 	free(meta);

@@ -13,6 +13,7 @@
 #include "reward.h"
 
 #include "core.h"
+#include "json.h"
 #include "qclient.h"
 #include "wstat.h"
 
@@ -1407,7 +1408,7 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 			rv = RL_ENOMEM;
 			goto out;
 		}
-		if (!(text = cJSON_PrintUnformatted(meta))) {
+		if (!(text = rl_json_print(meta))) {
 			rv = RL_ENOMEM;
 			goto out;
 		}

@@ -6,6 +6,7 @@
  * Leaves out: big-endian hosts (refused at compile time in traj_int.h).
  */
 #include "traj_int.h"
+#include "json.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -605,7 +606,7 @@ rl_traj_set_json(rl_traj *t, unsigned tag, const char *text)
 
 	if (j == NULL)
 		return RL_EINVAL;
-	s = cJSON_PrintUnformatted(j);
+	s = rl_json_print(j);
 	cJSON_Delete(j);
 	if (s == NULL)
 		return RL_ENOMEM;

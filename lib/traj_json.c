@@ -372,7 +372,7 @@ set_text(rl_traj *t, unsigned tag, int dt, const cJSON *v, const char *key, cons
 	int rv = RL_OK;
 
 	if (dt == RL_TRAJ_JSON) {
-		char *s = cJSON_PrintUnformatted(v);
+		char *s = rl_json_print(v);
 		if (s == NULL) {
 			rl_error("out of memory");
 			return RL_ENOMEM;

@@ -549,7 +549,7 @@ on_done(void *ctx, const rl_gen_sample *s)
 		if (!j)
 			j = cJSON_CreateObject();
 		cJSON_AddBoolToObject(j, "baseline", 1);
-		meta = cJSON_PrintUnformatted(j);
+		meta = rl_json_print(j);
 		cJSON_Delete(j);
 	}
 	if ((rv = rl_traj_set_json(t, RL_TAG_META, meta ? meta : p->meta)) != 0)
@@ -729,7 +729,7 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 	p->line = g->lines;
 	p->text = text;
 	text = NULL;
-	p->meta = cJSON_PrintUnformatted(j);
+	p->meta = rl_json_print(j);
 	p->ids = ids.ids;
 	p->nids = (int)ids.n;
 	ids.ids = NULL;

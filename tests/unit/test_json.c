@@ -113,6 +113,36 @@ main(void)
 	T_OK(strstr(cap_end(), "y.json: invalid JSON: trailing text at byte 3") != NULL, "%s", errbuf);
 	T_OK(rl_json_parse(&j, "{\"k\": 1}XXXX", 8, "z") == 0);
 	cJSON_Delete(j);
+	/* rl_json_parse_all: NULL for junk after the value, no message */
+	j = rl_json_parse_all("{\"prompt\":\"ab\"} {\"prompt\":\"cd\"}", 31);
+	T_OK(j == NULL);
+	j = rl_json_parse_all("0.5abc", 6);
+	T_OK(j == NULL);
+	j = rl_json_parse_all(" 1 \r\n", 6);
+	T_OK(cJSON_IsNumber(j) && j->valuedouble == 1);
+	cJSON_Delete(j);
+
+	/* rl_json_print: every number reads back as the same double (cJSON's own
+	 * printer gave 2^53 as 9.00719925474099e+15), keys and order kept */
+	{
+		const char *in = "{\"uid\":9007199254740992,\"a\":{\"b\":[0.1,123456789012345.6,-7,1e300]},"
+				 "\"s\":\"x\",\"t\":0.30000000000000004}";
+		char *out;
+		T_OK((j = rl_json_parse_all(in, strlen(in))) != NULL);
+		out = rl_json_print(j);
+		T_EQ_STR(out, "{\"uid\":9007199254740992,\"a\":{\"b\":[0.1,123456789012345.59,-7,1e+300]},"
+			      "\"s\":\"x\",\"t\":0.30000000000000004}");
+		free(out);
+		out = rl_json_print(cJSON_GetObjectItem(j, "uid"));
+		T_EQ_STR(out, "9007199254740992");
+		free(out);
+		out = rl_json_print(cJSON_GetObjectItem(j, "s"));
+		T_EQ_STR(out, "\"x\"");
+		free(out);
+		/* the caller's tree is not changed */
+		T_OK(cJSON_IsNumber(cJSON_GetObjectItem(j, "uid")));
+		cJSON_Delete(j);
+	}
 	cap_begin();
 	T_EQ_INT(rl_json_load(&j, "/nonexistent/rl.json", 0), RL_ENOENT);
 	T_OK(strstr(cap_end(), "cannot open '/nonexistent/rl.json'") != NULL, "%s", errbuf);
