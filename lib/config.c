@@ -45,6 +45,43 @@ get_int(pctx *c, const char *key, int required, int def)
 	return (int)j->valuedouble;
 }
 
+/* eos_token_id: an id or a list of ids (Hugging Face: any of them ends
+ * generation); the first is eos_id, the others eos_more */
+static void
+get_eos(pctx *c, rl_config *cfg)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, "eos_token_id"), *it;
+	int k = 0;
+
+	cfg->n_eos_more = 0;
+	if (!cJSON_IsArray(j) || cJSON_GetArraySize(j) <= 1) {
+		cfg->eos_id = get_int(c, "eos_token_id", 0, -1);
+		return;
+	}
+	cJSON_ArrayForEach(it, j) {
+		if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < 0 ||
+		    it->valuedouble > 2147483647.0) {
+			if (c->rv == 0) {
+				rl_error("%s: key \"eos_token_id\": item %d is not a token id", c->what, k);
+				c->rv = RL_EFORMAT;
+			}
+			return;
+		}
+		if (k > 7) {
+			if (c->rv == 0) {
+				rl_error("%s: key \"eos_token_id\": more than 8 ids", c->what);
+				c->rv = RL_EFORMAT;
+			}
+			return;
+		}
+		if (k == 0)
+			cfg->eos_id = (int)it->valuedouble;
+		else
+			cfg->eos_more[cfg->n_eos_more++] = (int)it->valuedouble;
+		k++;
+	}
+}
+
 static double
 get_num(pctx *c, const char *key, double def)
 {
@@ -147,7 +184,7 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 		cfg->qkv_bias = cfg->o_bias = 1;
 		cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", 1);
 		cfg->bos_id = get_int(&c, "bos_token_id", 0, -1);
-		cfg->eos_id = get_int(&c, "eos_token_id", 0, -1);
+		get_eos(&c, cfg);
 		s = get_str(&c, "activation_function");
 		if (s != NULL && strcmp(s, "gelu_new") != 0 && strcmp(s, "gelu_pytorch_tanh") != 0)
 			unsupported(&c, "activation_function other than gelu_new");
@@ -170,7 +207,7 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 		cfg->norm_eps = (float)get_num(&c, "rms_norm_eps", 1e-6);
 		cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", 0);
 		cfg->bos_id = get_int(&c, "bos_token_id", 0, -1);
-		cfg->eos_id = get_int(&c, "eos_token_id", 0, -1);
+		get_eos(&c, cfg);
 		if (qwen2) {
 			cfg->qkv_bias = 1;
 		} else {
@@ -327,8 +364,14 @@ rl_config_to_json(const rl_config *c)
 	cJSON_AddBoolToObject(root, "tie_word_embeddings", c->tie_embeddings);
 	if (c->bos_id >= 0)
 		cJSON_AddNumberToObject(root, "bos_token_id", c->bos_id);
-	if (c->eos_id >= 0)
+	if (c->eos_id >= 0 && c->n_eos_more > 0) {
+		cJSON *l = cJSON_AddArrayToObject(root, "eos_token_id");
+		cJSON_AddItemToArray(l, cJSON_CreateNumber(c->eos_id));
+		for (int i = 0; i < c->n_eos_more; i++)
+			cJSON_AddItemToArray(l, cJSON_CreateNumber(c->eos_more[i]));
+	} else if (c->eos_id >= 0) {
 		cJSON_AddNumberToObject(root, "eos_token_id", c->eos_id);
+	}
 	cJSON_AddStringToObject(root, "torch_dtype", dtype_torch(c->dtype));
 	s = cJSON_Print(root);
 	cJSON_Delete(root);

@@ -41,7 +41,9 @@ typedef struct rl_config {
 	int o_bias;             /* o_proj has a bias (Llama attention_bias) */
 	int qk_norm;            /* Qwen3 per-head RMSNorm of q and k */
 	int tie_embeddings;     /* lm_head is embed_tokens */
-	int bos_id, eos_id;     /* -1 when absent */
+	int bos_id, eos_id;     /* -1 when absent; eos_id: the first of an eos_token_id list */
+	int eos_more[7];        /* the list's other ids (Llama-3.1-Instruct: <|eom_id|>, <|eot_id|>): */
+	int n_eos_more;         /* each ends a generated sequence as EOS does */
 	int dtype;              /* torch_dtype: RL_F32, RL_BF16 or RL_F16; the dtype checkpoints are saved in */
 	char *raw;              /* the config.json text it was parsed from (owned; NULL when built in code) */
 } rl_config;

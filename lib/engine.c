@@ -341,6 +341,9 @@ append(rl_engine *e, seq *q, int32_t t, float lp)
 
 	if (t == e->o.eos_id)
 		stop_tok = RL_FINISH_EOS;
+	for (int i = 0; !stop_tok && i < e->o.neos_more; i++)
+		if (t == e->o.eos_more[i])
+			stop_tok = RL_FINISH_EOS;
 	for (int i = 0; !stop_tok && i < e->o.nstop_ids; i++)
 		if (t == e->o.stop_ids[i])
 			stop_tok = RL_FINISH_STOP;

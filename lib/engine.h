@@ -46,6 +46,8 @@ typedef struct rl_gen_opts {
 	const char *const *stop;    /* stop strings (borrowed); need a tokenizer */
 	int nstop;
 	int32_t eos_id;             /* -1: none */
+	const int *eos_more;        /* more ids that end a sequence as EOS ("eos"; borrowed: */
+	int neos_more;              /* rl_config's eos_more, from an eos_token_id list) */
 	int include_stop;           /* keep the stop id/EOS in the response (default 1) */
 	int decode_steps;           /* decode steps queued at once while no request can be
 	                             * admitted (rl_model_decode_multi: the host waits once for

@@ -1329,6 +1329,10 @@ rl_cmd_generate(int argc, char **argv)
 	if ((rv = rl_tokenizer_open(&g.tok, g.model_dir)) != 0)
 		goto out;
 	g.go.eos_id = g.m->cfg.eos_id >= 0 ? g.m->cfg.eos_id : rl_tokenizer_eos_id(g.tok);
+	if (g.m->cfg.eos_id >= 0) { /* the rest of config.json's eos_token_id list */
+		g.go.eos_more = g.m->cfg.eos_more;
+		g.go.neos_more = g.m->cfg.n_eos_more;
+	}
 	if (g.out_path && strcmp(g.out_path, "-") != 0) {
 		if (!(g.out = fopen(g.out_path, "wb"))) {
 			rl_error("cannot open '%s': %s", g.out_path, strerror(errno));

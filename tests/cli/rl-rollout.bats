@@ -175,3 +175,79 @@ for l in sys.stdin:
 	run -1 --separate-stderr rl-rollout --score ref_logprobs -m "$TD/m0" "$TD/p.jsonl"
 	[[ "$stderr" == *"line 1"* ]]
 }
+
+@test "more bad prompt lines: trailing text, ids outside the vocabulary, a bad max_tokens; --skip-bad skips them" {
+	printf '%s\n' '{"prompt":"ab"} {"prompt":"cd"}' '{"prompt":"ab","max_tokens":0}' '{"prompt":"ab","max_tokens":"3"}' \
+	    '{"prompt":"ab","max_tokens":2.5}' '{"prompt":"ef","max_tokens":2}' > "$TD/bad3.jsonl"
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 3 --jsonl "$TD/bad3.jsonl"
+	[[ "$stderr" == *"line 1: not a JSON object"* ]]
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 3 --jsonl --skip-bad "$TD/bad3.jsonl"
+	[ "${#lines[@]}" -eq 1 ]
+	[ "$(printf '%s\n' "${lines[@]}" | fields max_tokens)" = "2" ]
+	[[ "$stderr" == *"4 bad prompt lines skipped"* ]]
+	# a model whose embedding has fewer rows than the tokenizer has ids: named, per line
+	cp -r "$TD/m0" "$TD/m256"
+	python3 - "$TD/m256" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+c = json.load(open(d + "/config.json")); c["vocab_size"] = 256; c.pop("eos_token_id", None)
+json.dump(c, open(d + "/config.json", "w"))
+b = open(d + "/model.safetensors", "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); data = b[8 + n:]; out = {}; blobs = []; off = 0
+for k, v in sorted(((k, v) for k, v in h.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]):
+    s, e = v["data_offsets"]; t = data[s:e]
+    if k == "model.embed_tokens.weight":
+        v["shape"][0] = 256; t = t[:256 * v["shape"][1] * 4]
+    v["data_offsets"] = [off, off + len(t)]; off += len(t); out[k] = v; blobs.append(t)
+hj = json.dumps(out).encode(); hj += b" " * (-len(hj) % 8)
+open(d + "/model.safetensors", "wb").write(struct.pack("<Q", len(hj)) + hj + b"".join(blobs))
+PY
+	printf '%s\n' '{"prompt":"ab"}' '{"prompt":[{"role":"user","content":"hi"}]}' '{"prompt":"cd"}' > "$TD/v3.jsonl"
+	run -1 --separate-stderr rl-rollout -m "$TD/m256" --max-tokens 2 --jsonl "$TD/v3.jsonl"
+	[[ "$stderr" == *"line 2: prompt token 0 is id 259, outside the model's vocabulary [0, 256)"* ]]
+	[ "${#lines[@]}" -eq 1 ]
+	run -0 --separate-stderr rl-rollout -m "$TD/m256" --max-tokens 2 --jsonl --skip-bad "$TD/v3.jsonl"
+	[ "${#lines[@]}" -eq 2 ]
+}
+
+@test "prompt_text keeps valid UTF-8 and replaces only invalid bytes; meta numbers come back exactly" {
+	printf '{"prompt":"caf\xe9 \xc3\xa9 1+1=","uid":9007199254740992,"f":0.1}\n' > "$TD/latin1.jsonl"
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 2 --jsonl "$TD/latin1.jsonl"
+	[ "$(printf '%s\n' "${lines[@]}" | fields prompt_text meta)" = '"caf? \u00e9 1+1=" {"uid": 9007199254740992, "f": 0.1}' ]
+	[ "$(printf '%s\n' "${lines[@]}" | python3 -c 'import json,sys; r = json.loads(sys.stdin.readline()); print(r["prompt"][:5])')" = "[99, 97, 102, 233, 32]" ]
+}
+
+@test "an eos_token_id list: every id in it ends a sequence with finish eos" {
+	cp -r "$TD/m0" "$TD/eosl"
+	# greedy from this model and prompt repeats one token: found first, then made an EOS
+	printf '{"prompt":"12+34="}\n' > "$TD/one.jsonl"
+	t=$(rl-rollout -q -m "$TD/m0" --temperature 0 --max-tokens 5 --jsonl "$TD/one.jsonl" | fields response | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())[0])')
+	python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["eos_token_id"]=[257, int(sys.argv[2])]; json.dump(c, open(sys.argv[1], "w"))' "$TD/eosl/config.json" "$t"
+	run -0 --separate-stderr rl-rollout -m "$TD/eosl" --temperature 0 --max-tokens 5 --jsonl "$TD/one.jsonl"
+	[ "$(printf '%s\n' "${lines[@]}" | fields response finish)" = "[$t] \"eos\"" ]
+	python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["eos_token_id"]=[257, "x"]; json.dump(c, open(sys.argv[1], "w"))' "$TD/eosl/config.json"
+	run -1 --separate-stderr rl-rollout -m "$TD/eosl" --jsonl "$TD/one.jsonl"
+	[[ "$stderr" == *'eos_token_id": item 1 is not a token id'* ]]
+}
+
+@test "refused: --score into a core field that is not per-token f32, -o onto the input, bad --kv-mem; option errors name the option" {
+	printf '%s\n' '{"id":1,"prompt":[5,2],"response":[3,4]}' > "$TD/s.jsonl"
+	for f in prompt id reward meta; do
+		run -1 --separate-stderr rl-rollout --score $f -m "$TD/m0" --jsonl "$TD/s.jsonl"
+		[[ "$stderr" == *"--score $f: not a per-token f32 field"* ]]
+	done
+	run -0 --separate-stderr rl-rollout --score t40000 -m "$TD/m0" --jsonl "$TD/s.jsonl"
+	[[ "$output" == *'"t40000":{"dtype":"F32","data":['* ]]
+	cp "$TD/p.jsonl" "$TD/x.jsonl"
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --jsonl -o "$TD/x.jsonl" "$TD/x.jsonl"
+	[[ "$stderr" == *"is the input"* ]]
+	cmp "$TD/p.jsonl" "$TD/x.jsonl"
+	for v in nan 1e30 2000G -1; do
+		run -2 --separate-stderr rl-rollout -m "$TD/m0" --kv-mem $v "$TD/p.jsonl"
+		[[ "$stderr" == *"--kv-mem: bad size '$v'"* ]]
+	done
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --top-p 1.5 "$TD/p.jsonl"
+	[[ "$stderr" == *"--top-p: bad value '1.5' (want a number from 0 to 1)"* ]]
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" -n 0 "$TD/p.jsonl"
+	[[ "$stderr" == *"--samples: bad value '0'"* ]]
+}
