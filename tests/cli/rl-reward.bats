@@ -192,6 +192,19 @@ for i in range(2):
 	[[ "$stderr" == *"2 records"*"2 failed"* ]]
 }
 
+@test "gsm8k and math compare numbers exactly; -o onto an input is refused" {
+	printf '%s\n' '{"id":1,"response_text":"#### 1","meta":{"answer":100000000000000000000}}' \
+	    '{"id":2,"response_text":"#### 100000000000000000000","meta":{"answer":100000000000000000000}}' \
+	    '{"id":3,"response_text":"#### 1000000","meta":{"answer":"1000001"}}' \
+	    '{"id":4,"response_text":"#### 1,000,001.0","meta":{"answer":"1000001"}}' > "$TMP/n.jsonl"
+	run -0 --separate-stderr rl-reward -t gsm8k --jsonl "$TMP/n.jsonl"
+	[ "$(echo "$output" | python3 -c 'import json,sys; print(*[json.loads(l)["reward"] for l in sys.stdin])')" = "0 1 0 1" ]
+	cp "$TMP/n.jsonl" "$TMP/y.jsonl"
+	run -2 --separate-stderr rl-reward -t gsm8k -o "$TMP/y.jsonl" --jsonl "$TMP/n.jsonl" "$TMP/y.jsonl"
+	[[ "$stderr" == *"is the input"* ]]
+	cmp "$TMP/n.jsonl" "$TMP/y.jsonl"
+}
+
 @test "--exec without a shell: a program that does not exist is an error with a hint" {
 	run --separate-stderr rl-reward --exec '/nonexistent/score --x' "$FIX/gsm8k.jsonl"
 	[ "$status" -eq 1 ]
