@@ -620,6 +620,23 @@ check_tied_head(rl_model *m, const rl_st_set *set, const float *wte, float *buf)
 }
 
 int
+rl_check_finite(const float *x, size_t n, const char *file, const char *name)
+{
+	size_t bad = 0, first = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		if (!isfinite(x[i]) && bad++ == 0)
+			first = i;
+	}
+	if (bad == 0)
+		return RL_OK;
+	rl_error("'%s': tensor '%s' has %zu non-finite values of %zu (the first, element %zu, is %g)", file, name, bad,
+	    n, first, (double)x[first]);
+	rl_hint("a diverged or damaged checkpoint; generate from an earlier step");
+	return RL_EFORMAT;
+}
+
+int
 rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 {
 	rl_config cfg = { 0 };
@@ -682,6 +699,8 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 			    rl_dtype_name(st->dtype));
 			goto out;
 		}
+		if ((rv = rl_check_finite(buf, st->nelem, file, st->name)) != 0)
+			goto out;
 		if (i == m->wte)
 			memcpy(wte, buf, t->n * sizeof(float));
 		if ((rv = rl_model_set(m, i, buf)) != 0)

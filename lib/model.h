@@ -120,6 +120,10 @@ struct rl_model {
  * name the file and the tensor: RL_ENOENT (missing file or tensor),
  * RL_ESHAPE (wrong shape), RL_EFORMAT (bad file), RL_ENOTSUP (config).
  * *out is the caller's (rl_model_close). */
+/* Non-finite values in a tensor read from a file: an error naming the file,
+ * the tensor, how many and the first (RL_EFORMAT), else RL_OK.  Weights that
+ * hold NaN or inf generate garbage with log-probs "nan"; better to stop. */
+int rl_check_finite(const float *x, size_t n, const char *file, const char *name);
 int rl_model_open(rl_model **out, const char *dir, rl_ops *ops);
 /* rl_model_init_random builds a model from cfg with Hugging Face's init:
  * normal(0, 0.02) for embeddings and projections, GPT-2's residual

@@ -344,6 +344,8 @@ load_set(gen *g, const rl_st_set *set, const char *where, int ver)
 			    rl_dtype_name(st->dtype));
 			goto out;
 		}
+		if ((rv = rl_check_finite(buf, st->nelem, where, t->name)) != 0)
+			goto out;
 		if ((rv = rl_model_set(m, i, buf)) != 0)
 			goto out;
 	}

@@ -251,3 +251,18 @@ PY
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" -n 0 "$TD/p.jsonl"
 	[[ "$stderr" == *"--samples: bad value '0'"* ]]
 }
+
+@test "weights with NaN or inf are an error naming the tensor" {
+	cp -r "$TD/m0" "$TD/mnan"
+	python3 - "$TD/mnan/model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); v = h["model.norm.weight"]; assert v["dtype"] == "F32"
+o = 8 + n + v["data_offsets"][0] + 4 * 3
+b[o:o + 4] = struct.pack("<f", float("nan"))
+open(p, "wb").write(bytes(b))
+PY
+	run -1 --separate-stderr rl-rollout -m "$TD/mnan" --jsonl "$TD/p.jsonl"
+	[[ "$stderr" == *"tensor 'model.norm.weight' has 1 non-finite values of 32 (the first, element 3, is nan)"* ]]
+	[ -z "$output" ]
+}
