@@ -48,6 +48,24 @@ only_space_after(const char *end, const char *lim)
 	return p >= lim;
 }
 
+int
+rl_json_has_nul_escape(const char *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] != '\\')
+			continue;
+		size_t k = i;
+		while (k < n && s[k] == '\\')
+			k++;
+		/* an odd run of backslashes escapes the character after it */
+		if ((k - i) % 2 == 1 && k + 5 <= n && s[k] == 'u' && s[k + 1] == '0' && s[k + 2] == '0' &&
+		    s[k + 3] == '0' && s[k + 4] == '0')
+			return 1;
+		i = k - 1;
+	}
+	return 0;
+}
+
 /* 1 when the number j would not read back from cJSON's 15 digits */
 static int
 lossy_number(const cJSON *j)

@@ -31,6 +31,9 @@ int rl_json_parse(cJSON **out, const char *text, size_t n, const char *what);
 /* The same without a message: NULL for invalid JSON or trailing text (a
  * second value, junk after the first). */
 cJSON *rl_json_parse_all(const char *text, size_t n);
+/* 1 when JSON text s[0..n) has an escaped NUL (\u0000) in a string: cJSON
+ * keeps strings NUL-terminated, so such a string would be cut there. */
+int rl_json_has_nul_escape(const char *s, size_t n);
 /* cJSON_PrintUnformatted without its number loss: cJSON prints a number with
  * 15 significant digits whenever they read back within a relative 2^-52, so
  * 2^53 came out 9.00719925474099e+15.  Here every number reads back as the

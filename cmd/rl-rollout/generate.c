@@ -758,6 +758,12 @@ parse_prompt(gen *g, const char *line, size_t len, prompt **out)
 		cJSON_Delete(j);
 		return RL_EFORMAT;
 	}
+	if (rl_json_has_nul_escape(line, len)) {
+		/* cJSON would cut the string there: the prompt or meta changed silently */
+		rl_error("%s: a string holds \\u0000 (NUL), which text and meta fields cannot hold", where);
+		cJSON_Delete(j);
+		return RL_EFORMAT;
+	}
 	return parse_prompt_obj(g, j, where, NULL, 0, out);
 }
 

@@ -122,6 +122,14 @@ main(void)
 	T_OK(cJSON_IsNumber(j) && j->valuedouble == 1);
 	cJSON_Delete(j);
 
+	/* escaped NULs: an odd run of backslashes before u0000 */
+	T_EQ_INT(rl_json_has_nul_escape("{\"a\":\"x\\u0000\"}", 15), 1);
+	T_EQ_INT(rl_json_has_nul_escape("{\"a\":\"x\\\\u0000\"}", 16), 0);
+	T_EQ_INT(rl_json_has_nul_escape("{\"a\":\"x\\\\\\u0000\"}", 17), 1);
+	T_EQ_INT(rl_json_has_nul_escape("{\"a\":\"x\\u00001\"}", 16), 1);
+	T_EQ_INT(rl_json_has_nul_escape("{\"a\":\"x\\u0001\"}", 15), 0);
+	T_EQ_INT(rl_json_has_nul_escape("\\u000", 5), 0);
+
 	/* rl_json_print: every number reads back as the same double (cJSON's own
 	 * printer gave 2^53 as 9.00719925474099e+15), keys and order kept */
 	{
