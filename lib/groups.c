@@ -333,6 +333,12 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, int *rvp)
 int
 rl_grouper_add(rl_grouper *g, const rl_traj *t, const char *where)
 {
+	return rl_grouper_add_at(g, t, where, 0);
+}
+
+int
+rl_grouper_add_at(rl_grouper *g, const rl_traj *t, const char *where, uint64_t pos)
+{
 	rl_sample s;
 	uint64_t id = 0;
 	const char *why;
@@ -358,6 +364,7 @@ rl_grouper_add(rl_grouper *g, const rl_traj *t, const char *where)
 		return RL_OK;
 	}
 	s.id = id;
+	s.pos = pos;
 	if (why && s.group_size == 0) {
 		/* cannot even tell which group: nothing to drop but the record */
 		rl_sample_fini(&s);
@@ -398,6 +405,7 @@ rl_grouper_add(rl_grouper *g, const rl_traj *t, const char *where)
 		/* the group still completes (counted) so its other samples are dropped too */
 		if (idx >= 0 && idx < slot->g.size && !slot->g.s[idx].response) {
 			slot->g.s[idx].response = rl_xmalloc(1);
+			slot->g.s[idx].pos = pos;
 			slot->g.n++;
 		}
 	} else {
@@ -447,6 +455,56 @@ rl_grouper_finish(rl_grouper *g)
 	}
 	g->st.incomplete += n;
 	return n;
+}
+
+static int
+cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static int
+pending_add(const rl_group *grp, uint64_t **pos, size_t *n, size_t *cap)
+{
+	for (int i = 0; i < grp->size; i++) {
+		if (!grp->s[i].response || !grp->s[i].pos)
+			continue;
+		if (*n == *cap) {
+			size_t nc = *cap ? *cap * 2 : 64;
+			uint64_t *np = realloc(*pos, nc * sizeof *np);
+			if (!np)
+				return RL_ENOMEM;
+			*pos = np;
+			*cap = nc;
+		}
+		(*pos)[(*n)++] = grp->s[i].pos;
+	}
+	return RL_OK;
+}
+
+int
+rl_grouper_pending(const rl_grouper *g, uint64_t **pos, size_t *n)
+{
+	size_t cap = 0;
+	int rv = RL_OK;
+
+	*pos = NULL;
+	*n = 0;
+	for (size_t i = 0; rv == RL_OK && i < g->gcap; i++)
+		if (g->gt[i].used == 1)
+			rv = pending_add(&g->gt[i].g, pos, n, &cap);
+	for (size_t i = 0; rv == RL_OK && i < g->dn; i++)
+		rv = pending_add(&g->done[(g->dhead + i) % g->dcap], pos, n, &cap);
+	if (rv != RL_OK) {
+		free(*pos);
+		*pos = NULL;
+		*n = 0;
+		return rv;
+	}
+	if (*n)
+		qsort(*pos, *n, sizeof **pos, cmp_u64);
+	return RL_OK;
 }
 
 const rl_grouper_stats *rl_grouper_stats_get(const rl_grouper *g) { return &g->st; }

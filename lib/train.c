@@ -139,6 +139,11 @@ typedef struct trainer {
 	float *d_old, *d_beh, *d_ref, *d_adv, *d_w, *d_dlp, *d_dent, *d_stats;
 	/* data position and counters */
 	uint64_t records, groups_used, skip_records;
+	/* --resume: records at or before skip_records still to read (ascending
+	 * positions, trainer_state.json "records_pending"), the next one at ipend */
+	uint64_t *pend;
+	size_t npend, ipend;
+	int groups_pending;      /* the final checkpoint: tr->groups were not trained */
 	uint64_t dropped_nosignal, dropped_stale;
 	double t_wait;
 	double t_model;  /* seconds in model forward/backward/AdamW this step */
@@ -392,17 +397,29 @@ next_group(trainer *tr, rl_group *g)
 			return RL_ENOENT;
 		}
 		tr->records++;
-		if (tr->records <= tr->skip_records)
-			continue; /* consumed before --resume */
+		if (tr->records <= tr->skip_records) {
+			/* consumed before --resume, unless its group was still pending then */
+			while (tr->ipend < tr->npend && tr->pend[tr->ipend] < tr->records)
+				tr->ipend++;
+			if (tr->ipend == tr->npend || tr->pend[tr->ipend] != tr->records)
+				continue;
+		}
 		snprintf(where, sizeof where, "'%s': record %llu", tr->o->input,
 		    (unsigned long long)tr->records);
 		if ((rv = tokenize_if_needed(tr, t, &tt)) != RL_OK)
 			return rv;
-		rv = rl_grouper_add(tr->gr, tt ? tt : t, where);
+		rv = rl_grouper_add_at(tr->gr, tt ? tt : t, where, tr->records);
 		rl_traj_destroy(tt);
 		if (rv != RL_OK)
 			return rv;
 	}
+}
+
+static int
+cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
 }
 
 static int
@@ -916,16 +933,64 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 
 /* ---- checkpoints ------------------------------------------------------------------- */
 
+/* The positions of the records read but not trained, which --resume reads
+ * again: those of groups still incomplete or complete but not yet in a step,
+ * those of tr->groups when they were not trained (groups_pending), and those
+ * an earlier --resume has still to read.  Ascending; *pos malloc'd. */
+static int
+pending_records(trainer *tr, uint64_t **pos, size_t *n)
+{
+	uint64_t *p;
+	size_t np, extra = 0;
+	int rv;
+
+	if ((rv = rl_grouper_pending(tr->gr, &p, &np)) != RL_OK)
+		return rv;
+	if (tr->groups_pending)
+		for (int gi = 0; gi < tr->ngroups; gi++)
+			extra += (size_t)tr->groups[gi].size;
+	extra += tr->npend - tr->ipend;
+	if (extra) {
+		uint64_t *q = realloc(p, (np + extra) * sizeof *q);
+		if (!q) {
+			free(p);
+			return RL_ENOMEM;
+		}
+		p = q;
+		for (int gi = 0; tr->groups_pending && gi < tr->ngroups; gi++)
+			for (int k = 0; k < tr->groups[gi].size; k++)
+				if (tr->groups[gi].s[k].pos)
+					p[np++] = tr->groups[gi].s[k].pos;
+		for (size_t i = tr->ipend; i < tr->npend; i++)
+			if (tr->pend[i] > tr->records)
+				p[np++] = tr->pend[i];
+		qsort(p, np, sizeof *p, cmp_u64);
+	}
+	*pos = p;
+	*n = np;
+	return RL_OK;
+}
+
 static int
 write_state(trainer *tr, const char *dir)
 {
 	char path[4200], *txt;
-	cJSON *j = cJSON_CreateObject();
+	cJSON *j = cJSON_CreateObject(), *pj;
+	uint64_t *pend;
+	size_t npend;
 	int rv;
 
+	if ((rv = pending_records(tr, &pend, &npend)) != RL_OK) {
+		cJSON_Delete(j);
+		return rv;
+	}
 	cJSON_AddNumberToObject(j, "global_step", tr->m->step);
 	cJSON_AddNumberToObject(j, "version", tr->m->step);
-	cJSON_AddNumberToObject(j, "records_consumed", (double)tr->records);
+	cJSON_AddNumberToObject(j, "records_consumed", (double)RL_MAX(tr->records, tr->skip_records));
+	pj = cJSON_AddArrayToObject(j, "records_pending");
+	for (size_t i = 0; i < npend; i++)
+		cJSON_AddItemToArray(pj, cJSON_CreateNumber((double)pend[i]));
+	free(pend);
 	cJSON_AddNumberToObject(j, "groups_consumed", (double)tr->groups_used);
 	cJSON_AddStringToObject(j, "algo", rl_algo_name(tr->o->algo));
 	cJSON_AddNumberToObject(j, "seed", (double)tr->o->seed);
@@ -1857,10 +1922,23 @@ rl_train_run(const rl_train_opts *o)
 		if ((rv = rl_ckpt_load_optimizer(tr.m, dir)) != 0)
 			goto out;
 		tr.skip_records = (uint64_t)cJSON_GetObjectItem(state, "records_consumed")->valuedouble;
+		{
+			/* records of groups that were still pending: read again */
+			cJSON *pa = cJSON_GetObjectItem(state, "records_pending"), *e;
+			int n = cJSON_GetArraySize(pa);
+			if (n > 0 && !(tr.pend = rl_try_calloc((size_t)n, sizeof *tr.pend, "pending records"))) {
+				rv = RL_ENOMEM;
+				goto out;
+			}
+			cJSON_ArrayForEach(e, pa)
+				if (cJSON_IsNumber(e) && e->valuedouble >= 1)
+					tr.pend[tr.npend++] = (uint64_t)e->valuedouble;
+			qsort(tr.pend, tr.npend, sizeof *tr.pend, cmp_u64);
+		}
 		if (cJSON_GetObjectItem(state, "groups_consumed"))
 			tr.groups_used = (uint64_t)cJSON_GetObjectItem(state, "groups_consumed")->valuedouble;
 		rl_info("resuming from '%s' at step %d (skipping %llu records already consumed)", dir,
-		    tr.m->step, (unsigned long long)tr.skip_records);
+		    tr.m->step, (unsigned long long)(tr.skip_records - tr.npend));
 	}
 	if (tr.world > 1) {
 		/* one starting point: rank 0's weights (and optimizer state on --resume) */
@@ -2008,6 +2086,7 @@ rl_train_run(const rl_train_opts *o)
 		if (need && tr.rank == 0) {
 			snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr.m->step);
 			remove_dir(dir);
+			tr.groups_pending = 1;
 			if ((rv = publish(&tr, 1, 0)) != 0)
 				goto out;
 		}
@@ -2029,6 +2108,7 @@ rl_train_run(const rl_train_opts *o)
 out:
 	free_groups(&tr);
 	free(tr.groups);
+	free(tr.pend);
 	free(tr.seq);
 	free(tr.kseq);
 	free(tr.adv_tok);
