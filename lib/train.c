@@ -145,6 +145,7 @@ typedef struct trainer {
 	size_t npend, ipend;
 	int groups_pending;      /* the final checkpoint: tr->groups were not trained */
 	uint64_t dropped_nosignal, dropped_stale;
+	uint64_t steps_skipped;  /* steps whose every update had a non-finite gradient norm */
 	double t_wait;
 	double t_model;  /* seconds in model forward/backward/AdamW this step */
 	double t_pub;    /* seconds publishing the step's checkpoint */
@@ -1196,7 +1197,7 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 {
 	const rl_train_opts *o = tr->o;
 	cJSON *j = cJSON_CreateObject();
-	int step = tr->m->step, S = tr->nseq;
+	int step = tr->m->step, S = tr->nseq, err;
 	double rsum = 0, rmin = INFINITY, rmax = -INFINITY, lsum = 0, lmax = 0, amin = INFINITY, amax = -INFINITY,
 	    asum = 0, stal = 0, stalmax = 0, clipped = 0, acc = 0;
 	long ntok = 0;
@@ -1305,18 +1306,27 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 	metric(j, tr, step, "staleness/max", stalmax);
 	metric(j, tr, step, "train/sequences", S);
 	metric(j, tr, step, "train/groups_dropped_no_signal", (double)tr->dropped_nosignal);
+	metric(j, tr, step, "train/steps_skipped", (double)tr->steps_skipped);
 	txt = cJSON_PrintUnformatted(j);
 	cJSON_Delete(j);
 	rl_wstat_train_metrics(tr->wst, txt);
 	rl_wstat_add(tr->wst, (uint64_t)S, (uint64_t)ntok);
 	if (tr->metrics == stderr)
 		rl_progress_clear(&tr->prog);
+	errno = 0;
 	fprintf(tr->metrics, "%s\n", txt);
 	fflush(tr->metrics);
+	err = errno;
 	free(txt);
 	if (tr->tf)
 		rl_tfevents_flush(tr->tf);
-	return ferror(tr->metrics) ? RL_EIO : RL_OK;
+	if (ferror(tr->metrics)) {
+		const char *path = tr->o->metrics_path;
+		rl_error("cannot write '%s': %s", !path ? "(standard error)" : strcmp(path, "-") == 0 ?
+		    "(standard output)" : path, err ? strerror(err) : "write error");
+		return RL_EIO;
+	}
+	return RL_OK;
 }
 
 /* ---- data parallelism ------------------------------------------------------------------ */
@@ -1722,6 +1732,7 @@ train_step(trainer *tr)
 	mstat ms = { 0 };
 	float gnorm = 0;
 	double t0 = rl_now(), lr = 0, t_wait = tr->t_wait;
+	int step0 = tr->m->step;
 
 	tr->t_wait = 0;
 	tr->t_model = 0;
@@ -1814,6 +1825,15 @@ train_step(trainer *tr)
 	ms.ent /= E;
 	ms.ce /= E;
 	double t_upd = rl_now() - t0;
+	if (tr->m->step == step0) {
+		/* every update was skipped (non-finite gradient norm, logged): the
+		 * weights did not change, so there is no new version to publish; the
+		 * step's groups are consumed, as verl and TRL skip such a step */
+		tr->steps_skipped++;
+		if (tr->qc)
+			ack_trained(tr);
+		return RL_OK;
+	}
 	int full = (o->save_every > 0 && tr->m->step % o->save_every == 0) ||
 	    (o->max_steps > 0 && tr->m->step >= o->max_steps);
 	double t_pub = rl_now();
@@ -2096,6 +2116,9 @@ rl_train_run(const rl_train_opts *o)
 		if ((rv = check_same_weights(&tr)) != 0 || (rv = rl_comm_finish(tr.comm)) != 0)
 			goto out;
 	}
+	if (tr.steps_skipped && tr.rank == 0)
+		rl_warn("%llu steps skipped (non-finite gradient norm): their groups were consumed, not trained",
+		    (unsigned long long)tr.steps_skipped);
 	{
 		const rl_grouper_stats *st = rl_grouper_stats_get(tr.gr);
 		if (!o->quiet && tr.rank == 0)

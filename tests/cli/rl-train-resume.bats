@@ -44,3 +44,17 @@ PY
 	cmp "$TD/ia/step-00000008/model.safetensors" "$TD/ib/step-00000008/model.safetensors"
 	cmp "$TD/ia/step-00000008/optimizer.safetensors" "$TD/ib/step-00000008/optimizer.safetensors"
 }
+
+@test "a step with a non-finite gradient norm is skipped: nothing published for it, counted, training goes on" {
+	# rewards of +-3e38 overflow rloo's advantages to inf: group 1's gradient is NaN
+	edit "$TD/scored.jsonl" "$TD/huge.jsonl" "if r['group'] == 1: r['reward'] = 3e38 if r['index'] % 2 else -3e38"
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/sk" --algo rloo --batch 1 --lr 1e-3 --keep 0 \
+	    --metrics "$TD/sk.jsonl" "$TD/huge.jsonl"
+	[[ "$stderr" == *"step skipped"* ]]
+	[[ "$stderr" == *"1 steps skipped"* ]]
+	[ "$(ls "$TD/sk" | grep -c '^step-')" -eq 7 ]
+	[ "$(readlink "$TD/sk/latest")" = step-00000007 ]
+	[ "$(wc -l < "$TD/sk.jsonl")" -eq 7 ]
+	tail -1 "$TD/sk.jsonl" | grep -q '"train/steps_skipped":1'
+	head -1 "$TD/sk.jsonl" | grep -q '"train/steps_skipped":0'
+}

@@ -45,6 +45,11 @@ mk() { python3 tests/fixtures/train/mkscored.py "$@"; }
 	[[ "$stderr" == *"4 steps; 32 records"* ]]
 }
 
+@test "a metrics file that cannot be written is an error naming it" {
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/mfull" --batch 2 --max-steps 1 --metrics /dev/full "$TD/scored.jsonl"
+	[[ "$stderr" == *"cannot write '/dev/full': No space left on device"* ]]
+}
+
 @test "--keep prunes old versions" {
 	run -0 rl-train -q -m "$TD/m0" --out "$TD/keep" --batch 1 --keep 2 --metrics /dev/null "$TD/scored.jsonl"
 	[ "$(ls "$TD/keep" | grep -c '^step-')" -eq 2 ]
