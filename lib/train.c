@@ -1065,6 +1065,25 @@ prune(trainer *tr)
 	}
 }
 
+/* Weights that went NaN or infinite are never published (rollout workers and
+ * `latest` would follow them): one pass over the parameters, before anything
+ * of the version leaves the process. */
+static int
+check_finite(trainer *tr)
+{
+	double ss = tr->ops->sumsq(tr->ops, tr->m->params, tr->m->tt.total);
+	int rv;
+
+	if ((rv = tr->ops->status(tr->ops)) != 0)
+		return rv;
+	if (isfinite(ss))
+		return RL_OK;
+	rl_error("step %d: the weights are not finite (NaN or infinite); version %d not published",
+	    tr->m->step, tr->m->step);
+	rl_hint("the update diverged: lower --lr, or check --beta1, --beta2 and --adam-eps");
+	return RL_EINVAL;
+}
+
 /* Writes the step's checkpoint; push: also send it to --sync (not when the
  * same version is only rewritten with its optimizer state). */
 static int
@@ -1073,6 +1092,8 @@ publish(trainer *tr, int full, int push)
 	char dir[4096];
 	int rv, every = tr->o->ckpt_every;
 
+	if ((rv = check_finite(tr)) != 0)
+		return rv;
 	/* the weights group: straight from the parameters, before any file */
 	if (push && tr->wg && (rv = rl_wgroup_send(tr->wg, tr->m->step)) != 0)
 		return rv;
