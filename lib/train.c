@@ -390,9 +390,16 @@ next_group(trainer *tr, rl_group *g)
 				return rv;
 			continue;
 		}
+		if (train_stop) {
+			/* the groups held stay pending in the last checkpoint */
+			tr->t_wait += rl_now() - t0;
+			return RL_ENOENT;
+		}
 		if ((rv = rl_traj_reader_next(tr->rd, &t)) != RL_OK)
 			return rv;
 		if (t == NULL) {
+			if (train_stop)
+				return RL_ENOENT; /* what is held stays pending */
 			rl_grouper_finish(tr->gr);
 			tr->t_wait += rl_now() - t0;
 			return RL_ENOENT;
@@ -1121,6 +1128,86 @@ publish(trainer *tr, int full, int push)
 	prune(tr);
 	rl_verbose("published version %d in '%s'%s", tr->m->step, dir, full ? " (with optimizer)" : "");
 	return RL_OK;
+}
+
+/* Makes --out ready before anything is computed (rank 0): a directory this
+ * process can write in (created when missing); without --resume it must hold
+ * no step directories of an earlier run (the new steps would collide with them
+ * and --keep would prune the new ones as older); on --resume, step directories
+ * newer than the checkpoint resumed from (resume_step; those written after it
+ * without optimizer state) are removed and `latest` points back at it.  Temp
+ * directories left by killed runs (.step-N.tmp.PID whose PID is gone) go. */
+static int
+prepare_out(const rl_train_opts *o, int resume_step)
+{
+	const char *root = o->out_dir;
+	struct stat st;
+	DIR *d;
+	struct dirent *e;
+	char p[4096];
+	int first = -1, n = 0, rv = RL_OK;
+
+	if (stat(root, &st) != 0) {
+		if (errno != ENOENT || mkdir(root, 0755) != 0) {
+			rl_error("cannot create '%s': %s", root, strerror(errno));
+			return RL_EIO;
+		}
+	} else if (!S_ISDIR(st.st_mode)) {
+		rl_error("--out '%s' is not a directory", root);
+		return RL_EINVAL;
+	}
+	if (access(root, W_OK | X_OK) != 0) {
+		rl_error("cannot write in '%s': %s", root, strerror(errno));
+		return RL_EIO;
+	}
+	if (!(d = opendir(root))) {
+		rl_error("cannot open '%s': %s", root, strerror(errno));
+		return RL_EIO;
+	}
+	while ((e = readdir(d)) != NULL) {
+		int s = step_num(e->d_name);
+		long pid;
+		char *dot;
+		if (e->d_name[0] == '.' && (dot = strstr(e->d_name, ".tmp.")) != NULL &&
+		    sscanf(dot, ".tmp.%ld", &pid) == 1 && pid > 0 &&
+		    (pid == (long)getpid() || (kill((pid_t)pid, 0) != 0 && errno == ESRCH))) {
+			snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+			rl_verbose("removing '%s' (left by a run that was killed)", p);
+			if (unlink(p) != 0)
+				remove_dir(p);
+			continue;
+		}
+		if (s < 0)
+			continue;
+		if (resume_step < 0) {
+			if (first < 0 || s < first)
+				first = s;
+			n++;
+		} else if (s > resume_step) {
+			snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+			rl_warn("removing '%s': newer than the checkpoint resumed from (step %d)", p, resume_step);
+			remove_dir(p);
+		}
+	}
+	closedir(d);
+	if (n > 0) {
+		rl_error("'%s' already holds %d step directories of an earlier run (step-%08d, ...)", root, n, first);
+		rl_hint("continue that run with --resume, or give a new --out");
+		return RL_EEXIST;
+	}
+	if (resume_step >= 0) {
+		char name[32], lnk[4096], ltmp[4096];
+		snprintf(name, sizeof name, "step-%08d", resume_step);
+		snprintf(lnk, sizeof lnk, "%s/latest", root);
+		snprintf(ltmp, sizeof ltmp, "%s/.latest.tmp.%ld", root, (long)getpid());
+		unlink(ltmp);
+		if (symlink(name, ltmp) != 0 || rename(ltmp, lnk) != 0) {
+			rl_error("cannot point '%s' at '%s': %s", lnk, name, strerror(errno));
+			unlink(ltmp);
+			rv = RL_EIO;
+		}
+	}
+	return rv;
 }
 
 /* The newest step directory holding a full training checkpoint. */
@@ -1923,6 +2010,11 @@ rl_train_run(const rl_train_opts *o)
 	if (o->resume) {
 		if ((rv = find_resume(o->out_dir, dir, sizeof dir, &state)) != 0)
 			goto out;
+		if (tr.rank == 0) {
+			const char *b = strrchr(dir, '/');
+			if ((rv = prepare_out(o, step_num(b ? b + 1 : dir))) != 0)
+				goto out;
+		}
 		if ((rv = rl_model_open(&tr.m, dir, tr.ops)) != 0)
 			goto out;
 	} else {
@@ -1931,6 +2023,8 @@ rl_train_run(const rl_train_opts *o)
 			rv = RL_EINVAL;
 			goto out;
 		}
+		if (tr.rank == 0 && (rv = prepare_out(o, -1)) != 0)
+			goto out;
 		if ((rv = rl_model_open(&tr.m, o->model_dir, tr.ops)) != 0)
 			goto out;
 	}
@@ -2040,6 +2134,15 @@ rl_train_run(const rl_train_opts *o)
 		if (rl_wstat_open(&tr.wst, o->queue_url, "train", strcmp(tr.ops->name, "cpu") == 0 ? "cpu" : o->device) != 0)
 			rl_warn("no stats reports to the broker");
 	} else {
+		/* SIGINT/SIGTERM: stop at the next step boundary (or record read) and
+		 * write a full checkpoint that --resume continues from; reads restart
+		 * (a blocked read waits for its data), a second signal ends at once */
+		struct sigaction sa;
+		memset(&sa, 0, sizeof sa);
+		sa.sa_handler = on_train_signal;
+		sa.sa_flags = SA_RESTART | SA_RESETHAND;
+		sigaction(SIGINT, &sa, NULL);
+		sigaction(SIGTERM, &sa, NULL);
 		if ((rv = rl_io_fopen(&tr.in, o->input, "rb")) != 0)
 			goto out;
 		if ((rv = rl_traj_reader_open_file(&tr.rd, tr.in, o->input, NULL)) != 0)
@@ -2073,6 +2176,8 @@ rl_train_run(const rl_train_opts *o)
 	for (;;) {
 		if (o->max_steps > 0 && tr.m->step >= o->max_steps)
 			break;
+		if (train_stop && !tr.qc && !tr.qfollow)
+			break;
 		int have;
 		rv = collect(&tr);
 		if (rv != RL_OK && rv != RL_ENOENT)
@@ -2081,6 +2186,8 @@ rl_train_run(const rl_train_opts *o)
 			goto out;
 		if (!have) {
 			rl_progress_done(&tr.prog);
+			if (train_stop && !tr.qc && !tr.qfollow)
+				break;
 			if (tr.ngroups > 0 && tr.rank == 0)
 				rl_info("end of input: %d groups left over (less than --batch %d), not trained",
 				    tr.ngroups, o->batch);
@@ -2112,6 +2219,8 @@ rl_train_run(const rl_train_opts *o)
 		}
 	}
 	rl_progress_done(&tr.prog);
+	if (train_stop && !tr.qc && !tr.qfollow && tr.rank == 0)
+		rl_info("stopped by a signal after step %d: --resume continues from its checkpoint", tr.m->step);
 	/* a last full checkpoint, so that the run can be resumed */
 	{
 		int need = 0;

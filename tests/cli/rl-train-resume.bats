@@ -58,3 +58,58 @@ PY
 	tail -1 "$TD/sk.jsonl" | grep -q '"train/steps_skipped":1'
 	head -1 "$TD/sk.jsonl" | grep -q '"train/steps_skipped":0'
 }
+
+@test "resume after a kill between full checkpoints: newer step directories are removed, the run continues" {
+	rl-train -q -m "$TD/m0" --out "$TD/ka" --batch 1 --lr 1e-3 --metrics /dev/null "$TD/scored.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/kb" --batch 1 --lr 1e-3 --save-every 2 --max-steps 2 --metrics /dev/null "$TD/scored.jsonl"
+	# what a run killed after step 3 of --save-every 2 leaves: step 3 without optimizer state,
+	# latest at it, and the temp directory of a step being written
+	cp -r "$TD/kb/step-00000002" "$TD/kb/step-00000003"
+	rm "$TD/kb/step-00000003/optimizer.safetensors" "$TD/kb/step-00000003/trainer_state.json"
+	ln -sfn step-00000003 "$TD/kb/latest"
+	mkdir "$TD/kb/.step-00000004.tmp.2147483646" && touch "$TD/kb/.step-00000004.tmp.2147483646/model.safetensors"
+	run -0 --separate-stderr rl-train --out "$TD/kb" --batch 1 --lr 1e-3 --save-every 2 --resume --metrics /dev/null "$TD/scored.jsonl"
+	[[ "$stderr" == *"removing '$TD/kb/step-00000003': newer than the checkpoint resumed from (step 2)"* ]]
+	[ ! -e "$TD/kb/.step-00000004.tmp.2147483646" ]
+	[ "$(readlink "$TD/kb/latest")" = step-00000008 ]
+	cmp "$TD/ka/step-00000008/model.safetensors" "$TD/kb/step-00000008/model.safetensors"
+}
+
+@test "SIGTERM on file input: a full checkpoint at the step boundary, and --resume continues bitwise" {
+	rl-train -q -m "$TD/m0" --out "$TD/ta" --batch 1 --lr 1e-3 --metrics /dev/null "$TD/scored.jsonl"
+	mkfifo "$TD/fifo"
+	# 5 groups then a writer that stays open: the learner waits in a read after step 5
+	python3 -c "
+import sys, time
+sys.stdout.writelines(open(sys.argv[1]).readlines()[:22]); sys.stdout.flush(); time.sleep(60)" \
+	    "$TD/scored.jsonl" > "$TD/fifo" 3>&- &
+	W=$!
+	rl-train -m "$TD/m0" --out "$TD/tb" --batch 1 --lr 1e-3 --metrics /dev/null "$TD/fifo" 3>&- 2> "$TD/tb.err" &
+	P=$!
+	for i in $(seq 100); do [ -e "$TD/tb/step-00000005" ] && break; sleep 0.1; done
+	[ -e "$TD/tb/step-00000005" ]
+	kill -TERM $P
+	sleep 0.3
+	kill $W
+	wait $P
+	grep -q "stopped by a signal after step 5" "$TD/tb.err"
+	[ -f "$TD/tb/step-00000005/optimizer.safetensors" ]
+	# the two records of group 5 read before the signal are read again
+	grep -q '"records_pending":\[21,22\]' "$TD/tb/step-00000005/trainer_state.json"
+	run -0 --separate-stderr rl-train --out "$TD/tb" --batch 1 --lr 1e-3 --resume --metrics /dev/null "$TD/scored.jsonl"
+	[[ "$stderr" == *"3 steps; "* ]]
+	cmp "$TD/ta/step-00000008/model.safetensors" "$TD/tb/step-00000008/model.safetensors"
+}
+
+@test "a new run into an --out holding an earlier run's steps, or into a file, is refused before training" {
+	rl-train -q -m "$TD/m0" --out "$TD/old" --batch 2 --max-steps 1 --metrics /dev/null "$TD/scored.jsonl"
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/old" --batch 2 --metrics "$TD/old.jsonl" "$TD/scored.jsonl"
+	[[ "$stderr" == *"'$TD/old' already holds 1 step directories of an earlier run (step-00000001, ...)"* ]]
+	[[ "$stderr" == *"hint: continue that run with --resume"* ]]
+	[ ! -s "$TD/old.jsonl" ]
+	[ "$(readlink "$TD/old/latest")" = step-00000001 ]
+	echo hi > "$TD/afile"
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/afile" --batch 2 --metrics "$TD/af.jsonl" "$TD/scored.jsonl"
+	[[ "$stderr" == *"--out '$TD/afile' is not a directory"* ]]
+	[ ! -s "$TD/af.jsonl" ]
+}
