@@ -56,6 +56,8 @@ typedef struct rl_grouper_opts {
 	int need_logprobs;    /* records must carry behaviour logprobs */
 	int need_ref;         /* records must carry ref_logprobs */
 	int max_open_groups;  /* incomplete groups held at once (default 65536) */
+	int vocab;            /* token ids must be in 0..vocab-1 (0: unchecked) */
+	int max_tokens;       /* prompt + response tokens at most (0: unchecked) */
 	int sft;              /* supervised data: reward optional (0), and a record without
 	                         group/index/group_size is a group of one (group = id) */
 } rl_grouper_opts;

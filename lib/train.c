@@ -2107,6 +2107,8 @@ rl_train_run(const rl_train_opts *o)
 	go.on_bad = o->on_bad;
 	go.sft = o->algo == RL_ALGO_SFT;
 	go.need_logprobs = o->old_from_behaviour || o->tis_cap > 0;
+	go.vocab = tr.m->cfg.vocab_size;
+	go.max_tokens = RL_MIN(tr.m->cfg.max_pos, tr.maxtok + 1);
 	if ((rv = rl_grouper_create(&tr.gr, &go)) != 0)
 		goto out;
 	rl_qlease_init(&tr.lease);

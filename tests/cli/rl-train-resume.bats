@@ -113,3 +113,22 @@ sys.stdout.writelines(open(sys.argv[1]).readlines()[:22]); sys.stdout.flush(); t
 	[[ "$stderr" == *"--out '$TD/afile' is not a directory"* ]]
 	[ ! -s "$TD/af.jsonl" ]
 }
+
+@test "token ids outside the vocabulary, an empty or too long prompt, NaN log-probs and a bad temperature are bad records naming the record; --on-bad skip drops their group" {
+	edit "$TD/scored.jsonl" "$TD/oov.jsonl" "if r['id'] == 6: r['response'][0] = 264"
+	edit "$TD/scored.jsonl" "$TD/neg.jsonl" "if r['id'] == 6: r['prompt'][0] = -1"
+	edit "$TD/scored.jsonl" "$TD/empty.jsonl" "if r['id'] == 6: r['prompt'] = []"
+	edit "$TD/scored.jsonl" "$TD/long.jsonl" "if r['id'] == 6: r['prompt'] = [1] * 200"
+	edit "$TD/scored.jsonl" "$TD/nanlp.jsonl" "if r['id'] == 6: r['logprobs'][0] = 'nan'"
+	edit "$TD/scored.jsonl" "$TD/nanref.jsonl" "r['ref_logprobs'] = [-5.0] * len(r['response'])
+if r['id'] == 6: r['ref_logprobs'][1] = 'inf'"
+	edit "$TD/scored.jsonl" "$TD/temp.jsonl" "if r['id'] == 6: r['temperature'] = -1"
+	for f in oov:"token id 264 at 'response' index 0 is outside the vocabulary (0..263)" \
+	    neg:"token id -1 at 'prompt' index 0" empty:"empty 'prompt'" long:"200 prompt + " \
+	    nanlp:"'logprobs' holds NaN" nanref:"'ref_logprobs' holds NaN" temp:"'temperature'"; do
+		run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/bad-${f%%:*}" --batch 1 --metrics /dev/null "$TD/${f%%:*}.jsonl"
+		[[ "$stderr" == *"${f%%:*}.jsonl': record 6 (id 6): ${f#*:}"* ]] || { echo "$f: $stderr"; return 1; }
+		run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/skip-${f%%:*}" --batch 1 --on-bad skip --metrics /dev/null "$TD/${f%%:*}.jsonl"
+		[[ "$stderr" == *"7 steps; 32 records, 0 duplicates dropped, 1 bad records, 1 groups dropped (bad)"* ]] || { echo "$f: $stderr"; return 1; }
+	done
+}
