@@ -8,6 +8,7 @@
 #include "groups.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,8 +27,11 @@ typedef struct gslot {
 	int bad;          /* a member was bad: drop the group when complete */
 } gslot;
 
+#define RL_WHY_LEN 192
+
 struct rl_grouper {
 	rl_grouper_opts o;
+	char why[RL_WHY_LEN];  /* extract's description of a bad record */
 	rl_grouper_stats st;
 	u64set ids;
 	gslot *gt;
@@ -249,9 +253,19 @@ dup_arr(void **dst, const void *src, size_t n, size_t elt)
 	return RL_OK;
 }
 
-/* Fills s from t; returns NULL on success or a description of what is wrong. */
+static int
+all_finite(const float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!isfinite(x[i]))
+			return 0;
+	return 1;
+}
+
+/* Fills s from t; returns NULL on success or a description of what is wrong
+ * (static, or in why, RL_WHY_LEN bytes). */
 static const char *
-extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, int *rvp)
+extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, char *why, int *rvp)
 {
 	const int32_t *p, *r;
 	const float *lp;
@@ -284,6 +298,23 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, int *rvp)
 		return "no 'prompt' token ids (i32 array)";
 	if (rl_traj_get_i32s(t, RL_TAG_RESPONSE, &r, &nr) != RL_OK)
 		return "no 'response' token ids (i32 array)";
+	if (np < 1)
+		return "empty 'prompt' (its first token is never predicted)";
+	if (o->max_tokens > 0 && np + nr > (size_t)o->max_tokens) {
+		snprintf(why, RL_WHY_LEN, "%zu prompt + %zu response tokens exceed %d (the model's positions, "
+		    "or --max-tokens-per-micro + 1)", np, nr, o->max_tokens);
+		return why;
+	}
+	if (o->vocab > 0) {
+		for (size_t k = 0; k < np + nr; k++) {
+			int32_t id = k < np ? p[k] : r[k - np];
+			if (id < 0 || id >= o->vocab) {
+				snprintf(why, RL_WHY_LEN, "token id %d at '%s' index %zu is outside the vocabulary "
+				    "(0..%d)", (int)id, k < np ? "prompt" : "response", k < np ? k : k - np, o->vocab - 1);
+				return why;
+			}
+		}
+	}
 	rv = rl_traj_get_f32(t, RL_TAG_REWARD, &s->reward);
 	if (rv == RL_ENOENT && o->sft)
 		rv = RL_OK, s->reward = 0;
@@ -294,6 +325,8 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, int *rvp)
 	if (rl_traj_get_f32s(t, RL_TAG_LOGPROBS, &lp, &nl) == RL_OK) {
 		if (nl != nr)
 			return "'logprobs' length differs from 'response' length";
+		if (!all_finite(lp, nl))
+			return "'logprobs' holds NaN or infinite values";
 		if ((*rvp = dup_arr((void **)&s->logprobs, lp, nl, sizeof *lp)) != RL_OK)
 			return "out of memory";
 	} else if (o->need_logprobs) {
@@ -302,6 +335,8 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, int *rvp)
 	if (rl_traj_get_f32s(t, RL_TAG_REF_LOGPROBS, &lp, &nl) == RL_OK) {
 		if (nl != nr)
 			return "'ref_logprobs' length differs from 'response' length";
+		if (!all_finite(lp, nl))
+			return "'ref_logprobs' holds NaN or infinite values";
 		if ((*rvp = dup_arr((void **)&s->ref_logprobs, lp, nl, sizeof *lp)) != RL_OK)
 			return "out of memory";
 	} else if (o->need_ref) {
@@ -310,6 +345,8 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, int *rvp)
 	if (rl_traj_get_f32s(t, RL_TAG_VALUES, &lp, &nl) == RL_OK) {
 		if (nl != nr)
 			return "'values' length differs from 'response' length";
+		if (!all_finite(lp, nl))
+			return "'values' holds NaN or infinite values";
 		if ((*rvp = dup_arr((void **)&s->values, lp, nl, sizeof *lp)) != RL_OK)
 			return "out of memory";
 	}
@@ -319,8 +356,12 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, int *rvp)
 	s->plen = (int)np;
 	s->rlen = (int)nr;
 	s->temperature = 1.0f;
-	if (rl_traj_get_f32(t, RL_TAG_TEMPERATURE, &s->temperature) == RL_OK && !(s->temperature > 0))
-		s->temperature = 1.0f; /* greedy samples: log-probs at temperature 1 */
+	if (rl_traj_get_f32(t, RL_TAG_TEMPERATURE, &s->temperature) == RL_OK) {
+		if (!isfinite(s->temperature) || s->temperature < 0)
+			return "'temperature' is NaN, infinite or negative";
+		if (s->temperature == 0)
+			s->temperature = 1.0f; /* greedy samples: log-probs at temperature 1 */
+	}
 	s->ver_first = s->ver_last = -1;
 	rl_traj_get_version(t, &s->ver_first, &s->ver_last);
 	if (rl_traj_get_str(t, RL_TAG_FINISH, &str, NULL) == RL_OK)
@@ -333,6 +374,12 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, int *rvp)
 int
 rl_grouper_add(rl_grouper *g, const rl_traj *t, const char *where)
 {
+	return rl_grouper_add_at(g, t, where, 0);
+}
+
+int
+rl_grouper_add_at(rl_grouper *g, const rl_traj *t, const char *where, uint64_t pos)
+{
 	rl_sample s;
 	uint64_t id = 0;
 	const char *why;
@@ -342,7 +389,7 @@ rl_grouper_add(rl_grouper *g, const rl_traj *t, const char *where)
 	g->st.records++;
 	if (rl_traj_get_u64(t, RL_TAG_ID, &id) != RL_OK)
 		return bad(g, where, 0, "no 'id' field");
-	why = extract(&s, t, &g->o, &rv);
+	why = extract(&s, t, &g->o, g->why, &rv);
 	if (rv != RL_OK) {
 		rl_sample_fini(&s);
 		return rv;
@@ -358,6 +405,7 @@ rl_grouper_add(rl_grouper *g, const rl_traj *t, const char *where)
 		return RL_OK;
 	}
 	s.id = id;
+	s.pos = pos;
 	if (why && s.group_size == 0) {
 		/* cannot even tell which group: nothing to drop but the record */
 		rl_sample_fini(&s);
@@ -398,6 +446,7 @@ rl_grouper_add(rl_grouper *g, const rl_traj *t, const char *where)
 		/* the group still completes (counted) so its other samples are dropped too */
 		if (idx >= 0 && idx < slot->g.size && !slot->g.s[idx].response) {
 			slot->g.s[idx].response = rl_xmalloc(1);
+			slot->g.s[idx].pos = pos;
 			slot->g.n++;
 		}
 	} else {
@@ -447,6 +496,56 @@ rl_grouper_finish(rl_grouper *g)
 	}
 	g->st.incomplete += n;
 	return n;
+}
+
+static int
+cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static int
+pending_add(const rl_group *grp, uint64_t **pos, size_t *n, size_t *cap)
+{
+	for (int i = 0; i < grp->size; i++) {
+		if (!grp->s[i].response || !grp->s[i].pos)
+			continue;
+		if (*n == *cap) {
+			size_t nc = *cap ? *cap * 2 : 64;
+			uint64_t *np = realloc(*pos, nc * sizeof *np);
+			if (!np)
+				return RL_ENOMEM;
+			*pos = np;
+			*cap = nc;
+		}
+		(*pos)[(*n)++] = grp->s[i].pos;
+	}
+	return RL_OK;
+}
+
+int
+rl_grouper_pending(const rl_grouper *g, uint64_t **pos, size_t *n)
+{
+	size_t cap = 0;
+	int rv = RL_OK;
+
+	*pos = NULL;
+	*n = 0;
+	for (size_t i = 0; rv == RL_OK && i < g->gcap; i++)
+		if (g->gt[i].used == 1)
+			rv = pending_add(&g->gt[i].g, pos, n, &cap);
+	for (size_t i = 0; rv == RL_OK && i < g->dn; i++)
+		rv = pending_add(&g->done[(g->dhead + i) % g->dcap], pos, n, &cap);
+	if (rv != RL_OK) {
+		free(*pos);
+		*pos = NULL;
+		*n = 0;
+		return rv;
+	}
+	if (*n)
+		qsort(*pos, *n, sizeof **pos, cmp_u64);
+	return RL_OK;
 }
 
 const rl_grouper_stats *rl_grouper_stats_get(const rl_grouper *g) { return &g->st; }

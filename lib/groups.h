@@ -30,6 +30,7 @@ typedef struct rl_sample {
 	float *ref_logprobs;  /* (rlen) or NULL */
 	float *values;        /* (rlen) or NULL */
 	int plen, rlen;
+	uint64_t pos;         /* 1-based record number in the input; 0 when unknown (a queue) */
 	float reward;
 	float temperature;    /* 1 when absent */
 	int32_t ver_first, ver_last; /* -1 when absent */
@@ -55,6 +56,8 @@ typedef struct rl_grouper_opts {
 	int need_logprobs;    /* records must carry behaviour logprobs */
 	int need_ref;         /* records must carry ref_logprobs */
 	int max_open_groups;  /* incomplete groups held at once (default 65536) */
+	int vocab;            /* token ids must be in 0..vocab-1 (0: unchecked) */
+	int max_tokens;       /* prompt + response tokens at most (0: unchecked) */
 	int sft;              /* supervised data: reward optional (0), and a record without
 	                         group/index/group_size is a group of one (group = id) */
 } rl_grouper_opts;
@@ -73,6 +76,13 @@ void rl_grouper_destroy(rl_grouper *g);   /* NULL ok */
  * duplicate, or skipped as bad under RL_BAD_SKIP) or RL_EFORMAT (bad, under
  * RL_BAD_ERROR; logged). */
 int rl_grouper_add(rl_grouper *g, const rl_traj *t, const char *where);
+/* The same, keeping the record's position `pos` in its input (1-based) with
+ * the sample, for rl_grouper_pending. */
+int rl_grouper_add_at(rl_grouper *g, const rl_traj *t, const char *where, uint64_t pos);
+/* The positions (non-zero, ascending) of the records held: in incomplete
+ * groups (a bad record's too) and in complete groups not yet popped.  *pos
+ * is malloc'd (caller frees; NULL when *n is 0).  RL_OK or RL_ENOMEM. */
+int rl_grouper_pending(const rl_grouper *g, uint64_t **pos, size_t *n);
 /* Pops one complete group into *out (caller owns it: rl_group_fini):
  * RL_OK, or RL_ENOENT when none is complete. */
 int rl_grouper_pop(rl_grouper *g, rl_group *out);

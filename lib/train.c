@@ -139,7 +139,13 @@ typedef struct trainer {
 	float *d_old, *d_beh, *d_ref, *d_adv, *d_w, *d_dlp, *d_dent, *d_stats;
 	/* data position and counters */
 	uint64_t records, groups_used, skip_records;
+	/* --resume: records at or before skip_records still to read (ascending
+	 * positions, trainer_state.json "records_pending"), the next one at ipend */
+	uint64_t *pend;
+	size_t npend, ipend;
+	int groups_pending;      /* the final checkpoint: tr->groups were not trained */
 	uint64_t dropped_nosignal, dropped_stale;
+	uint64_t steps_skipped;  /* steps whose every update had a non-finite gradient norm */
 	double t_wait;
 	double t_model;  /* seconds in model forward/backward/AdamW this step */
 	double t_pub;    /* seconds publishing the step's checkpoint */
@@ -384,25 +390,44 @@ next_group(trainer *tr, rl_group *g)
 				return rv;
 			continue;
 		}
+		if (train_stop) {
+			/* the groups held stay pending in the last checkpoint */
+			tr->t_wait += rl_now() - t0;
+			return RL_ENOENT;
+		}
 		if ((rv = rl_traj_reader_next(tr->rd, &t)) != RL_OK)
 			return rv;
 		if (t == NULL) {
+			if (train_stop)
+				return RL_ENOENT; /* what is held stays pending */
 			rl_grouper_finish(tr->gr);
 			tr->t_wait += rl_now() - t0;
 			return RL_ENOENT;
 		}
 		tr->records++;
-		if (tr->records <= tr->skip_records)
-			continue; /* consumed before --resume */
+		if (tr->records <= tr->skip_records) {
+			/* consumed before --resume, unless its group was still pending then */
+			while (tr->ipend < tr->npend && tr->pend[tr->ipend] < tr->records)
+				tr->ipend++;
+			if (tr->ipend == tr->npend || tr->pend[tr->ipend] != tr->records)
+				continue;
+		}
 		snprintf(where, sizeof where, "'%s': record %llu", tr->o->input,
 		    (unsigned long long)tr->records);
 		if ((rv = tokenize_if_needed(tr, t, &tt)) != RL_OK)
 			return rv;
-		rv = rl_grouper_add(tr->gr, tt ? tt : t, where);
+		rv = rl_grouper_add_at(tr->gr, tt ? tt : t, where, tr->records);
 		rl_traj_destroy(tt);
 		if (rv != RL_OK)
 			return rv;
 	}
+}
+
+static int
+cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
 }
 
 static int
@@ -916,16 +941,64 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 
 /* ---- checkpoints ------------------------------------------------------------------- */
 
+/* The positions of the records read but not trained, which --resume reads
+ * again: those of groups still incomplete or complete but not yet in a step,
+ * those of tr->groups when they were not trained (groups_pending), and those
+ * an earlier --resume has still to read.  Ascending; *pos malloc'd. */
+static int
+pending_records(trainer *tr, uint64_t **pos, size_t *n)
+{
+	uint64_t *p;
+	size_t np, extra = 0;
+	int rv;
+
+	if ((rv = rl_grouper_pending(tr->gr, &p, &np)) != RL_OK)
+		return rv;
+	if (tr->groups_pending)
+		for (int gi = 0; gi < tr->ngroups; gi++)
+			extra += (size_t)tr->groups[gi].size;
+	extra += tr->npend - tr->ipend;
+	if (extra) {
+		uint64_t *q = realloc(p, (np + extra) * sizeof *q);
+		if (!q) {
+			free(p);
+			return RL_ENOMEM;
+		}
+		p = q;
+		for (int gi = 0; tr->groups_pending && gi < tr->ngroups; gi++)
+			for (int k = 0; k < tr->groups[gi].size; k++)
+				if (tr->groups[gi].s[k].pos)
+					p[np++] = tr->groups[gi].s[k].pos;
+		for (size_t i = tr->ipend; i < tr->npend; i++)
+			if (tr->pend[i] > tr->records)
+				p[np++] = tr->pend[i];
+		qsort(p, np, sizeof *p, cmp_u64);
+	}
+	*pos = p;
+	*n = np;
+	return RL_OK;
+}
+
 static int
 write_state(trainer *tr, const char *dir)
 {
 	char path[4200], *txt;
-	cJSON *j = cJSON_CreateObject();
+	cJSON *j = cJSON_CreateObject(), *pj;
+	uint64_t *pend;
+	size_t npend;
 	int rv;
 
+	if ((rv = pending_records(tr, &pend, &npend)) != RL_OK) {
+		cJSON_Delete(j);
+		return rv;
+	}
 	cJSON_AddNumberToObject(j, "global_step", tr->m->step);
 	cJSON_AddNumberToObject(j, "version", tr->m->step);
-	cJSON_AddNumberToObject(j, "records_consumed", (double)tr->records);
+	cJSON_AddNumberToObject(j, "records_consumed", (double)RL_MAX(tr->records, tr->skip_records));
+	pj = cJSON_AddArrayToObject(j, "records_pending");
+	for (size_t i = 0; i < npend; i++)
+		cJSON_AddItemToArray(pj, cJSON_CreateNumber((double)pend[i]));
+	free(pend);
 	cJSON_AddNumberToObject(j, "groups_consumed", (double)tr->groups_used);
 	cJSON_AddStringToObject(j, "algo", rl_algo_name(tr->o->algo));
 	cJSON_AddNumberToObject(j, "seed", (double)tr->o->seed);
@@ -999,6 +1072,25 @@ prune(trainer *tr)
 	}
 }
 
+/* Weights that went NaN or infinite are never published (rollout workers and
+ * `latest` would follow them): one pass over the parameters, before anything
+ * of the version leaves the process. */
+static int
+check_finite(trainer *tr)
+{
+	double ss = tr->ops->sumsq(tr->ops, tr->m->params, tr->m->tt.total);
+	int rv;
+
+	if ((rv = tr->ops->status(tr->ops)) != 0)
+		return rv;
+	if (isfinite(ss))
+		return RL_OK;
+	rl_error("step %d: the weights are not finite (NaN or infinite); version %d not published",
+	    tr->m->step, tr->m->step);
+	rl_hint("the update diverged: lower --lr, or check --beta1, --beta2 and --adam-eps");
+	return RL_EINVAL;
+}
+
 /* Writes the step's checkpoint; push: also send it to --sync (not when the
  * same version is only rewritten with its optimizer state). */
 static int
@@ -1007,6 +1099,8 @@ publish(trainer *tr, int full, int push)
 	char dir[4096];
 	int rv, every = tr->o->ckpt_every;
 
+	if ((rv = check_finite(tr)) != 0)
+		return rv;
 	/* the weights group: straight from the parameters, before any file */
 	if (push && tr->wg && (rv = rl_wgroup_send(tr->wg, tr->m->step)) != 0)
 		return rv;
@@ -1034,6 +1128,86 @@ publish(trainer *tr, int full, int push)
 	prune(tr);
 	rl_verbose("published version %d in '%s'%s", tr->m->step, dir, full ? " (with optimizer)" : "");
 	return RL_OK;
+}
+
+/* Makes --out ready before anything is computed (rank 0): a directory this
+ * process can write in (created when missing); without --resume it must hold
+ * no step directories of an earlier run (the new steps would collide with them
+ * and --keep would prune the new ones as older); on --resume, step directories
+ * newer than the checkpoint resumed from (resume_step; those written after it
+ * without optimizer state) are removed and `latest` points back at it.  Temp
+ * directories left by killed runs (.step-N.tmp.PID whose PID is gone) go. */
+static int
+prepare_out(const rl_train_opts *o, int resume_step)
+{
+	const char *root = o->out_dir;
+	struct stat st;
+	DIR *d;
+	struct dirent *e;
+	char p[4096];
+	int first = -1, n = 0, rv = RL_OK;
+
+	if (stat(root, &st) != 0) {
+		if (errno != ENOENT || mkdir(root, 0755) != 0) {
+			rl_error("cannot create '%s': %s", root, strerror(errno));
+			return RL_EIO;
+		}
+	} else if (!S_ISDIR(st.st_mode)) {
+		rl_error("--out '%s' is not a directory", root);
+		return RL_EINVAL;
+	}
+	if (access(root, W_OK | X_OK) != 0) {
+		rl_error("cannot write in '%s': %s", root, strerror(errno));
+		return RL_EIO;
+	}
+	if (!(d = opendir(root))) {
+		rl_error("cannot open '%s': %s", root, strerror(errno));
+		return RL_EIO;
+	}
+	while ((e = readdir(d)) != NULL) {
+		int s = step_num(e->d_name);
+		long pid;
+		char *dot;
+		if (e->d_name[0] == '.' && (dot = strstr(e->d_name, ".tmp.")) != NULL &&
+		    sscanf(dot, ".tmp.%ld", &pid) == 1 && pid > 0 &&
+		    (pid == (long)getpid() || (kill((pid_t)pid, 0) != 0 && errno == ESRCH))) {
+			snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+			rl_verbose("removing '%s' (left by a run that was killed)", p);
+			if (unlink(p) != 0)
+				remove_dir(p);
+			continue;
+		}
+		if (s < 0)
+			continue;
+		if (resume_step < 0) {
+			if (first < 0 || s < first)
+				first = s;
+			n++;
+		} else if (s > resume_step) {
+			snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+			rl_warn("removing '%s': newer than the checkpoint resumed from (step %d)", p, resume_step);
+			remove_dir(p);
+		}
+	}
+	closedir(d);
+	if (n > 0) {
+		rl_error("'%s' already holds %d step directories of an earlier run (step-%08d, ...)", root, n, first);
+		rl_hint("continue that run with --resume, or give a new --out");
+		return RL_EEXIST;
+	}
+	if (resume_step >= 0) {
+		char name[32], lnk[4096], ltmp[4096];
+		snprintf(name, sizeof name, "step-%08d", resume_step);
+		snprintf(lnk, sizeof lnk, "%s/latest", root);
+		snprintf(ltmp, sizeof ltmp, "%s/.latest.tmp.%ld", root, (long)getpid());
+		unlink(ltmp);
+		if (symlink(name, ltmp) != 0 || rename(ltmp, lnk) != 0) {
+			rl_error("cannot point '%s' at '%s': %s", lnk, name, strerror(errno));
+			unlink(ltmp);
+			rv = RL_EIO;
+		}
+	}
+	return rv;
 }
 
 /* The newest step directory holding a full training checkpoint. */
@@ -1131,7 +1305,7 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 {
 	const rl_train_opts *o = tr->o;
 	cJSON *j = cJSON_CreateObject();
-	int step = tr->m->step, S = tr->nseq;
+	int step = tr->m->step, S = tr->nseq, err;
 	double rsum = 0, rmin = INFINITY, rmax = -INFINITY, lsum = 0, lmax = 0, amin = INFINITY, amax = -INFINITY,
 	    asum = 0, stal = 0, stalmax = 0, clipped = 0, acc = 0;
 	long ntok = 0;
@@ -1240,18 +1414,27 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 	metric(j, tr, step, "staleness/max", stalmax);
 	metric(j, tr, step, "train/sequences", S);
 	metric(j, tr, step, "train/groups_dropped_no_signal", (double)tr->dropped_nosignal);
+	metric(j, tr, step, "train/steps_skipped", (double)tr->steps_skipped);
 	txt = cJSON_PrintUnformatted(j);
 	cJSON_Delete(j);
 	rl_wstat_train_metrics(tr->wst, txt);
 	rl_wstat_add(tr->wst, (uint64_t)S, (uint64_t)ntok);
 	if (tr->metrics == stderr)
 		rl_progress_clear(&tr->prog);
+	errno = 0;
 	fprintf(tr->metrics, "%s\n", txt);
 	fflush(tr->metrics);
+	err = errno;
 	free(txt);
 	if (tr->tf)
 		rl_tfevents_flush(tr->tf);
-	return ferror(tr->metrics) ? RL_EIO : RL_OK;
+	if (ferror(tr->metrics)) {
+		const char *path = tr->o->metrics_path;
+		rl_error("cannot write '%s': %s", !path ? "(standard error)" : strcmp(path, "-") == 0 ?
+		    "(standard output)" : path, err ? strerror(err) : "write error");
+		return RL_EIO;
+	}
+	return RL_OK;
 }
 
 /* ---- data parallelism ------------------------------------------------------------------ */
@@ -1657,6 +1840,7 @@ train_step(trainer *tr)
 	mstat ms = { 0 };
 	float gnorm = 0;
 	double t0 = rl_now(), lr = 0, t_wait = tr->t_wait;
+	int step0 = tr->m->step;
 
 	tr->t_wait = 0;
 	tr->t_model = 0;
@@ -1749,6 +1933,15 @@ train_step(trainer *tr)
 	ms.ent /= E;
 	ms.ce /= E;
 	double t_upd = rl_now() - t0;
+	if (tr->m->step == step0) {
+		/* every update was skipped (non-finite gradient norm, logged): the
+		 * weights did not change, so there is no new version to publish; the
+		 * step's groups are consumed, as verl and TRL skip such a step */
+		tr->steps_skipped++;
+		if (tr->qc)
+			ack_trained(tr);
+		return RL_OK;
+	}
 	int full = (o->save_every > 0 && tr->m->step % o->save_every == 0) ||
 	    (o->max_steps > 0 && tr->m->step >= o->max_steps);
 	double t_pub = rl_now();
@@ -1817,6 +2010,11 @@ rl_train_run(const rl_train_opts *o)
 	if (o->resume) {
 		if ((rv = find_resume(o->out_dir, dir, sizeof dir, &state)) != 0)
 			goto out;
+		if (tr.rank == 0) {
+			const char *b = strrchr(dir, '/');
+			if ((rv = prepare_out(o, step_num(b ? b + 1 : dir))) != 0)
+				goto out;
+		}
 		if ((rv = rl_model_open(&tr.m, dir, tr.ops)) != 0)
 			goto out;
 	} else {
@@ -1825,6 +2023,8 @@ rl_train_run(const rl_train_opts *o)
 			rv = RL_EINVAL;
 			goto out;
 		}
+		if (tr.rank == 0 && (rv = prepare_out(o, -1)) != 0)
+			goto out;
 		if ((rv = rl_model_open(&tr.m, o->model_dir, tr.ops)) != 0)
 			goto out;
 	}
@@ -1857,10 +2057,23 @@ rl_train_run(const rl_train_opts *o)
 		if ((rv = rl_ckpt_load_optimizer(tr.m, dir)) != 0)
 			goto out;
 		tr.skip_records = (uint64_t)cJSON_GetObjectItem(state, "records_consumed")->valuedouble;
+		{
+			/* records of groups that were still pending: read again */
+			cJSON *pa = cJSON_GetObjectItem(state, "records_pending"), *e;
+			int n = cJSON_GetArraySize(pa);
+			if (n > 0 && !(tr.pend = rl_try_calloc((size_t)n, sizeof *tr.pend, "pending records"))) {
+				rv = RL_ENOMEM;
+				goto out;
+			}
+			cJSON_ArrayForEach(e, pa)
+				if (cJSON_IsNumber(e) && e->valuedouble >= 1)
+					tr.pend[tr.npend++] = (uint64_t)e->valuedouble;
+			qsort(tr.pend, tr.npend, sizeof *tr.pend, cmp_u64);
+		}
 		if (cJSON_GetObjectItem(state, "groups_consumed"))
 			tr.groups_used = (uint64_t)cJSON_GetObjectItem(state, "groups_consumed")->valuedouble;
 		rl_info("resuming from '%s' at step %d (skipping %llu records already consumed)", dir,
-		    tr.m->step, (unsigned long long)tr.skip_records);
+		    tr.m->step, (unsigned long long)(tr.skip_records - tr.npend));
 	}
 	if (tr.world > 1) {
 		/* one starting point: rank 0's weights (and optimizer state on --resume) */
@@ -1894,6 +2107,8 @@ rl_train_run(const rl_train_opts *o)
 	go.on_bad = o->on_bad;
 	go.sft = o->algo == RL_ALGO_SFT;
 	go.need_logprobs = o->old_from_behaviour || o->tis_cap > 0;
+	go.vocab = tr.m->cfg.vocab_size;
+	go.max_tokens = RL_MIN(tr.m->cfg.max_pos, tr.maxtok + 1);
 	if ((rv = rl_grouper_create(&tr.gr, &go)) != 0)
 		goto out;
 	rl_qlease_init(&tr.lease);
@@ -1921,6 +2136,15 @@ rl_train_run(const rl_train_opts *o)
 		if (rl_wstat_open(&tr.wst, o->queue_url, "train", strcmp(tr.ops->name, "cpu") == 0 ? "cpu" : o->device) != 0)
 			rl_warn("no stats reports to the broker");
 	} else {
+		/* SIGINT/SIGTERM: stop at the next step boundary (or record read) and
+		 * write a full checkpoint that --resume continues from; reads restart
+		 * (a blocked read waits for its data), a second signal ends at once */
+		struct sigaction sa;
+		memset(&sa, 0, sizeof sa);
+		sa.sa_handler = on_train_signal;
+		sa.sa_flags = SA_RESTART | SA_RESETHAND;
+		sigaction(SIGINT, &sa, NULL);
+		sigaction(SIGTERM, &sa, NULL);
 		if ((rv = rl_io_fopen(&tr.in, o->input, "rb")) != 0)
 			goto out;
 		if ((rv = rl_traj_reader_open_file(&tr.rd, tr.in, o->input, NULL)) != 0)
@@ -1954,6 +2178,8 @@ rl_train_run(const rl_train_opts *o)
 	for (;;) {
 		if (o->max_steps > 0 && tr.m->step >= o->max_steps)
 			break;
+		if (train_stop && !tr.qc && !tr.qfollow)
+			break;
 		int have;
 		rv = collect(&tr);
 		if (rv != RL_OK && rv != RL_ENOENT)
@@ -1962,6 +2188,8 @@ rl_train_run(const rl_train_opts *o)
 			goto out;
 		if (!have) {
 			rl_progress_done(&tr.prog);
+			if (train_stop && !tr.qc && !tr.qfollow)
+				break;
 			if (tr.ngroups > 0 && tr.rank == 0)
 				rl_info("end of input: %d groups left over (less than --batch %d), not trained",
 				    tr.ngroups, o->batch);
@@ -1993,6 +2221,8 @@ rl_train_run(const rl_train_opts *o)
 		}
 	}
 	rl_progress_done(&tr.prog);
+	if (train_stop && !tr.qc && !tr.qfollow && tr.rank == 0)
+		rl_info("stopped by a signal after step %d: --resume continues from its checkpoint", tr.m->step);
 	/* a last full checkpoint, so that the run can be resumed */
 	{
 		int need = 0;
@@ -2008,6 +2238,7 @@ rl_train_run(const rl_train_opts *o)
 		if (need && tr.rank == 0) {
 			snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr.m->step);
 			remove_dir(dir);
+			tr.groups_pending = 1;
 			if ((rv = publish(&tr, 1, 0)) != 0)
 				goto out;
 		}
@@ -2017,6 +2248,9 @@ rl_train_run(const rl_train_opts *o)
 		if ((rv = check_same_weights(&tr)) != 0 || (rv = rl_comm_finish(tr.comm)) != 0)
 			goto out;
 	}
+	if (tr.steps_skipped && tr.rank == 0)
+		rl_warn("%llu steps skipped (non-finite gradient norm): their groups were consumed, not trained",
+		    (unsigned long long)tr.steps_skipped);
 	{
 		const rl_grouper_stats *st = rl_grouper_stats_get(tr.gr);
 		if (!o->quiet && tr.rank == 0)
@@ -2029,6 +2263,7 @@ rl_train_run(const rl_train_opts *o)
 out:
 	free_groups(&tr);
 	free(tr.groups);
+	free(tr.pend);
 	free(tr.seq);
 	free(tr.kseq);
 	free(tr.adv_tok);

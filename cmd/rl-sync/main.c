@@ -22,7 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <errno.h>
+#include <libgen.h>
 
 static const char usage_text[] =
 	"usage: rl-sync serve --listen URL [--data-dir DIR] [--keep-previous] [--threads N] [--no-shm]\n"
@@ -264,6 +267,39 @@ out:
 	return exit_code(rv);
 }
 
+/* pull's output directory, before anything is fetched: a directory this
+ * process can write in, or a name that one can be created at. */
+static int
+check_out_dir(const char *dir)
+{
+	struct stat st;
+	char *d, *parent;
+	int ok;
+
+	if (stat(dir, &st) == 0) {
+		if (!S_ISDIR(st.st_mode)) {
+			rl_error("cannot pull into '%s': not a directory", dir);
+			return RL_EIO;
+		}
+		if (access(dir, W_OK | X_OK) != 0) {
+			rl_error("cannot pull into '%s': %s", dir, strerror(errno));
+			return RL_EIO;
+		}
+		return RL_OK;
+	}
+	if (errno != ENOENT) {
+		rl_error("cannot pull into '%s': %s", dir, strerror(errno));
+		return RL_EIO;
+	}
+	d = rl_xstrdup(dir);
+	parent = dirname(d);
+	ok = access(parent, W_OK | X_OK) == 0;
+	if (!ok)
+		rl_error("cannot pull into '%s': cannot create it in '%s': %s", dir, parent, strerror(errno));
+	free(d);
+	return ok ? RL_OK : RL_EIO;
+}
+
 static int
 cmd_pull(const cfg *c)
 {
@@ -271,9 +307,11 @@ cmd_pull(const cfg *c)
 	rl_wsync_client *cl = NULL;
 	rl_wver *have = NULL;
 	uint64_t last = 0;
-	int rv, keep = c->keep ? c->keep : 2;
+	int rv, keep = c->keep ? c->keep : 2, noversion = 0;
 
 	install_signals();
+	if ((rv = check_out_dir(c->out)) != 0)
+		return exit_code(rv);
 	if ((rv = rl_wsync_client_open(&cl, c->url, &o)) != 0)
 		goto out;
 	{
@@ -313,6 +351,7 @@ cmd_pull(const cfg *c)
 					rl_error("'%s' has no version yet", c->url);
 					rl_hint("use --wait to wait for one");
 					rv = RL_ENOENT;
+					noversion = 1;
 				} else {
 					rl_info("'%s' has version %llu, which '%s' already holds", c->url,
 						(unsigned long long)latest, c->out);
@@ -349,7 +388,7 @@ cmd_pull(const cfg *c)
 out:
 	rl_wver_destroy(have);
 	rl_wsync_client_close(cl);
-	if (rv == RL_ENOENT && c->version == 0)
+	if (noversion)
 		return 3;
 	return exit_code(rv);
 }

@@ -3,6 +3,7 @@
  * Parses options into rl_train_opts and calls lib/train.c.
  */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +173,16 @@ num(const char *s, double lo, double hi, double *out)
 	return 0;
 }
 
+/* A numeric option's usage error: its name, the value, what it takes. */
+static int
+bad_num(const char *opt, const char *arg, double lo, double hi, int integer)
+{
+	fprintf(stderr, "rl-train: --%s: bad value '%s' (%s %.10g..%.10g)\n", opt, arg,
+	    integer ? "an integer in" : "a number in", lo, hi);
+	fprintf(stderr, "rl-train: hint: rl-train --help lists the options\n");
+	return 2;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -179,32 +190,38 @@ main(int argc, char **argv)
 	rl_comm_opts co;
 	static char prog[64];
 	const char *init = NULL, *tokenizer = NULL;
-	int c, verbosity = RL_LOG_NORMAL, clip_high_set = 0, kl_coef_set = 0, strans_set = 0;
+	int c, li = 0, verbosity = RL_LOG_NORMAL, clip_high_set = 0, kl_coef_set = 0, strans_set = 0;
 	double v;
 
 	rl_log_init("rl-train", RL_LOG_NORMAL);
 	rl_train_opts_default(&o);
 	rl_comm_opts_default(&co);
-	while ((c = getopt_long(argc, argv, "m:o:qvh", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:o:qvh", longopts, &li)) != -1) {
 		const char *a = optarg;
-#define NUM(lo, hi) do { if (num(a, lo, hi, &v)) return usage_error("bad value '%s'", a); } while (0)
+#define NUM(lo, hi) do { if (num(a, lo, hi, &v)) return bad_num(longopts[li].name, a, lo, hi, 0); } while (0)
+#define INT(lo, hi) do { if (num(a, lo, hi, &v) || v != floor(v)) return bad_num(longopts[li].name, a, lo, hi, 1); } while (0)
+/* AdamW's betas: 1 (or a value whose float is 1) gives NaN weights */
+#define BETA(dst) do { if (num(a, 0, 1, &v) || (float)v >= 1.0f) { \
+		fprintf(stderr, "rl-train: --%s: bad value '%s' (a number in 0..1, 1 excluded: as a float32 " \
+		    "it must stay below 1)\n", longopts[li].name, a); \
+		return 2; } dst = (float)v; } while (0)
 		switch (c) {
 		case 'm': o.model_dir = a; break;
 		case 'o': o.out_dir = a; break;
 		case O_INIT: init = a; break;
 		case O_TOKENIZER: tokenizer = a; break;
-		case O_SEED: NUM(0, 1.8e19); o.seed = (uint64_t)v; break;
+		case O_SEED: INT(0, 1.8e19); o.seed = (uint64_t)v; break;
 		case O_DEVICE: o.device = a; break;
 		case O_ALGO:
 			if ((o.algo = rl_algo_parse(a)) < 0)
 				return usage_error("unknown algorithm '%s'", a);
 			break;
-		case O_BATCH: NUM(1, 1e7); o.batch = (int)v; break;
+		case O_BATCH: INT(1, 1e7); o.batch = (int)v; break;
 		case O_AGG:
 			if ((o.agg = rl_agg_parse(a)) < 0)
 				return usage_error("unknown loss aggregation '%s'", a);
 			break;
-		case O_NORMLEN: NUM(1, 1e9); o.norm_len = (int)v; break;
+		case O_NORMLEN: INT(1, 1e9); o.norm_len = (int)v; break;
 		case O_NOSTD: o.norm_std = 0; break;
 		case O_CLIPLO: NUM(0, 1); o.clip_low = (float)v; break;
 		case O_CLIPHI: NUM(0, 100); o.clip_high = (float)v; clip_high_set = 1; break;
@@ -229,28 +246,28 @@ main(int argc, char **argv)
 		case O_NOWHITEN: o.whiten_adv = 0; break;
 		case O_SKIPZ: o.skip_zero_adv = 1; break;
 		case O_NOSKIPZ: o.skip_zero_adv = 0; break;
-		case O_EPOCHS: NUM(1, 1000); o.ppo_epochs = (int)v; break;
-		case O_MINI: NUM(1, 1e6); o.mini_batches = (int)v; break;
-		case O_MICRO: NUM(1, 1e9); o.max_tokens_micro = (int)v; break;
+		case O_EPOCHS: INT(1, 1000); o.ppo_epochs = (int)v; break;
+		case O_MINI: INT(1, 1e6); o.mini_batches = (int)v; break;
+		case O_MICRO: INT(1, 1e9); o.max_tokens_micro = (int)v; break;
 		case O_RECOMP: o.recompute = 1; break;
 		case O_LR: NUM(0, 10); o.lr = (float)v; break;
-		case O_WARMUP: NUM(0, 1e9); o.warmup = (int)v; break;
+		case O_WARMUP: INT(0, 1e9); o.warmup = (int)v; break;
 		case O_SCHED:
 			if (strcmp(a, "constant") == 0) o.sched = RL_SCHED_CONSTANT;
 			else if (strcmp(a, "cosine") == 0) o.sched = RL_SCHED_COSINE;
 			else return usage_error("unknown schedule '%s' (constant, cosine)", a);
 			break;
-		case O_TOTAL: NUM(0, 1e9); o.total_steps = (int)v; break;
+		case O_TOTAL: INT(0, 1e9); o.total_steps = (int)v; break;
 		case O_MINLR: NUM(0, 1); o.min_lr_ratio = (float)v; break;
 		case O_WD: NUM(0, 10); o.weight_decay = (float)v; break;
-		case O_B1: NUM(0, 1); o.beta1 = (float)v; break;
-		case O_B2: NUM(0, 1); o.beta2 = (float)v; break;
+		case O_B1: BETA(o.beta1); break;
+		case O_B2: BETA(o.beta2); break;
 		case O_AEPS: NUM(0, 1); o.adam_eps = (float)v; break;
 		case O_CLIP: NUM(0, 1e9); o.grad_clip = (float)v; break;
-		case O_MAXSTEPS: NUM(0, 1e9); o.max_steps = (int)v; break;
-		case O_SAVE: NUM(0, 1e9); o.save_every = (int)v; break;
-		case O_KEEP: NUM(0, 1e9); o.keep = (int)v; break;
-		case O_CKEVERY: NUM(1, 1e9); o.ckpt_every = (int)v; break;
+		case O_MAXSTEPS: INT(0, 1e9); o.max_steps = (int)v; break;
+		case O_SAVE: INT(0, 1e9); o.save_every = (int)v; break;
+		case O_KEEP: INT(0, 1e9); o.keep = (int)v; break;
+		case O_CKEVERY: INT(1, 1e9); o.ckpt_every = (int)v; break;
 		case O_RESUME: o.resume = 1; break;
 		case O_ONBAD:
 			if (strcmp(a, "error") == 0) o.on_bad = RL_BAD_ERROR;
@@ -267,17 +284,17 @@ main(int argc, char **argv)
 			strans_set = 1;
 			break;
 		case O_WGROUP: o.wgroup_addr = a; break;
-		case O_WGSIZE: NUM(2, 65536); o.wgroup_size = (int)v; break;
+		case O_WGSIZE: INT(2, 65536); o.wgroup_size = (int)v; break;
 		case O_WGBACK:
 			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl") && strcmp(a, "ipc"))
 				return usage_error("--weights-group-backend takes auto, cpu, nccl or ipc, not '%s'", a);
 			o.wgroup_backend = a;
 			break;
 		case O_IDLE: NUM(0, 1e9); o.idle_exit = v; break;
-		case O_RANK: NUM(0, 1e6); co.rank = (int)v; break;
+		case O_RANK: INT(0, 1e6); co.rank = (int)v; break;
 		case O_WORLD:
 			if (num(a, -1e6, 1e6, &v) || v != (int)v)
-				return usage_error("bad value '%s'", a);
+				return bad_num("world", a, 1, 1e6, 1);
 			if (v < 1)
 				return usage_error("--world %s: the world size must be at least 1", a);
 			co.world = (int)v;
@@ -289,7 +306,7 @@ main(int argc, char **argv)
 			co.backend = a;
 			break;
 		case O_CTIME: NUM(0.001, 1e6); co.timeout = v; break;
-		case O_DPCHECK: NUM(0, 1e9); o.dp_check_every = (int)v; break;
+		case O_DPCHECK: INT(0, 1e9); o.dp_check_every = (int)v; break;
 		case O_DPBUCKET: NUM(0.001, 1e6); o.dp_bucket_mb = v; break;
 		case O_DPNOOVL: o.dp_overlap = 0; break;
 		case O_ZERO:
@@ -307,6 +324,8 @@ main(int argc, char **argv)
 			return 2;
 		}
 #undef NUM
+#undef INT
+#undef BETA
 	}
 	rl_log_set_level(verbosity);
 	if (init) {

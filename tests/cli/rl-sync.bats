@@ -97,6 +97,20 @@ bump() {
 	[ "$(echo "$output" | jq '.versions[0].blobs')" = 3 ]
 }
 
+@test "pull into an unusable output is a local error (exit 1, once), found before fetching" {
+	serve
+	run --separate-stderr rl-sync push "$URL" "$T/ck"
+	assert_success
+	echo hi > "$T/afile"
+	for o in "$T/afile" /dev/null; do
+		run --separate-stderr -1 rl-sync pull "$URL" --out "$o"
+		[[ $stderr == "rl-sync: cannot pull into '$o': not a directory" ]]
+	done
+	run --separate-stderr -1 rl-sync pull "$URL" --out "$T/no/such"
+	[[ $stderr == *"cannot pull into '$T/no/such': cannot create it in '$T/no'"* ]]
+	[ ! -e "$T/no" ]
+}
+
 @test "on this host whole chunks come uncompressed over the bulk stream; --compress and ipc:// work too" {
 	serve -v
 	grep -q 'bulk stream on tcp://127.0.0.1:' "$T/serve.err"

@@ -24,6 +24,12 @@ mk() { python3 tests/fixtures/train/mkscored.py "$@"; }
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --algo nope
 	[[ "$stderr" == *"unknown algorithm 'nope'"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lr abc
+	[[ "$stderr" == *"--lr: bad value 'abc' (a number in 0..10)"* ]]
+	# integer options take integers
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --batch 1.5
+	[[ "$stderr" == *"--batch: bad value '1.5' (an integer in 1..10000000)"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --max-steps 2.5
+	[[ "$stderr" == *"--max-steps"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0"
 	[[ "$stderr" == *"--out"* ]]
 }
@@ -43,6 +49,20 @@ mk() { python3 tests/fixtures/train/mkscored.py "$@"; }
 	[ "$(readlink "$TD/ck/latest")" = step-00000004 ]
 	[ -f "$TD/ck/step-00000004/optimizer.safetensors" ]
 	[[ "$stderr" == *"4 steps; 32 records"* ]]
+}
+
+@test "a metrics file that cannot be written is an error naming it" {
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/mfull" --batch 2 --max-steps 1 --metrics /dev/full "$TD/scored.jsonl"
+	[[ "$stderr" == *"cannot write '/dev/full': No space left on device"* ]]
+}
+
+@test "--beta1 and --beta2 of 1 (or a value whose float32 is 1) are usage errors: AdamW would give NaN weights" {
+	for b in "--beta1 1" "--beta2 1" "--beta2 0.99999999" "--beta1 -0.1"; do
+		run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/beta" $b "$TD/scored.jsonl"
+		[[ "$stderr" == *"--beta"*"bad value"*"1 excluded"* ]]
+	done
+	[ ! -e "$TD/beta" ]
+	run -0 rl-train -q -m "$TD/m0" --out "$TD/beta" --beta2 0.9999999 --batch 2 --max-steps 1 --metrics /dev/null "$TD/scored.jsonl"
 }
 
 @test "--keep prunes old versions" {
