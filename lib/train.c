@@ -188,8 +188,15 @@ static void zero_release_opt(trainer *tr);
 static void
 on_train_signal(int sig)
 {
-	(void)sig;
-	train_stop = 1;
+	train_stop = sig ? sig : 1;
+}
+
+static int train_stop_file; /* the signal that stopped a file/stdin run */
+
+int
+rl_train_stopped_by(void)
+{
+	return train_stop_file;
 }
 
 /* ---- metrics ------------------------------------------------------------------ */
@@ -2221,8 +2228,11 @@ rl_train_run(const rl_train_opts *o)
 		}
 	}
 	rl_progress_done(&tr.prog);
-	if (train_stop && !tr.qc && !tr.qfollow && tr.rank == 0)
-		rl_info("stopped by a signal after step %d: --resume continues from its checkpoint", tr.m->step);
+	if (train_stop && !tr.qc && !tr.qfollow) {
+		train_stop_file = train_stop;
+		if (tr.rank == 0)
+			rl_info("stopped by a signal after step %d: --resume continues from its checkpoint", tr.m->step);
+	}
 	/* a last full checkpoint, so that the run can be resumed */
 	{
 		int need = 0;

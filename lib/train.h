@@ -133,6 +133,10 @@ const char *rl_train_skip_inexact(const rl_train_opts *o);
 /* Runs the learner until the input ends or max_steps; returns RL_OK or the
  * first error (logged).  Writes one JSON metrics object per step. */
 int rl_train_run(const rl_train_opts *o);
+/* The signal (SIGINT, SIGTERM) that stopped the last rl_train_run on file or
+ * stdin input after its checkpoint, else 0: rl-train then exits 128 + it, so
+ * that a pipeline or Makefile sees the run did not finish its input. */
+int rl_train_stopped_by(void);
 
 /* rl-train --init: writes a randomly initialised model directory out_dir from
  * a config.json (HF keys) and a tokenizer ("bytes" for rlpipe's bytes

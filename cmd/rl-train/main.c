@@ -374,5 +374,8 @@ main(int argc, char **argv)
 	}
 	if (rl_train_run(&o) != RL_OK)
 		return 1;
-	return rl_io_close_stdout() ? 1 : 0;
+	if (rl_io_close_stdout() != 0)
+		return 1;
+	/* stopped by SIGINT/SIGTERM before the end of its input (checkpoint written) */
+	return rl_train_stopped_by() ? 128 + rl_train_stopped_by() : 0;
 }
