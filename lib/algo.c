@@ -265,22 +265,42 @@ rl_explained_var(const float *v, const float *ret, int n)
 int
 rl_loss_weights(float *w, const int *toff, int S, int agg, int norm_len)
 {
+	return rl_loss_weights_masked(w, toff, S, agg, norm_len, NULL);
+}
+
+/* tokens of sequence s that count: all, or those with mask 1 */
+static int
+counted(const int *toff, int s, const uint8_t *mask)
+{
+	int n = 0;
+
+	if (mask == NULL)
+		return toff[s + 1] - toff[s];
+	for (int t = toff[s]; t < toff[s + 1]; t++)
+		n += mask[t] != 0;
+	return n;
+}
+
+int
+rl_loss_weights_masked(float *w, const int *toff, int S, int agg, int norm_len, const uint8_t *mask)
+{
 	int nseq = 0;
 	long ntok = 0;
 
 	if (S < 0 || toff[0] != 0)
 		return RL_EINVAL;
 	for (int s = 0; s < S; s++) {
-		int n = toff[s + 1] - toff[s];
-		if (n < 0)
+		int n;
+		if (toff[s + 1] - toff[s] < 0)
 			return RL_EINVAL;
+		n = counted(toff, s, mask);
 		nseq += n > 0;
 		ntok += n;
 	}
 	if (agg == RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM && norm_len <= 0)
 		return RL_EINVAL;
 	for (int s = 0; s < S; s++) {
-		int n = toff[s + 1] - toff[s];
+		int n = counted(toff, s, mask);
 		double v;
 
 		switch (agg) {
@@ -300,7 +320,7 @@ rl_loss_weights(float *w, const int *toff, int S, int agg, int norm_len)
 			return RL_EINVAL;
 		}
 		for (int t = toff[s]; t < toff[s + 1]; t++)
-			w[t] = (float)v;
+			w[t] = mask == NULL || mask[t] ? (float)v : 0.0f;
 	}
 	return RL_OK;
 }

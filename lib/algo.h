@@ -17,6 +17,7 @@
 #define RL_ALGO_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef enum rl_algo {
 	RL_ALGO_GRPO = 0,   /* (r - mean_g) / (std_g + eps), std optional */
@@ -108,6 +109,10 @@ double rl_explained_var(const float *v, const float *ret, int n);
  * norm_len is the constant of seq-mean-token-sum-norm (the maximum response length).
  * Sequences with no tokens get no weight and do not count in S.  Returns RL_OK or RL_EINVAL. */
 int rl_loss_weights(float *w, const int *toff, int S, int agg, int norm_len);
+/* The same over the tokens whose mask (toff[S], 0 or 1; NULL: all) is 1: the
+ * others get weight 0 and do not count in the token or sequence counts (a
+ * sequence with none counts as an empty one), as verl's response_mask. */
+int rl_loss_weights_masked(float *w, const int *toff, int S, int agg, int norm_len, const uint8_t *mask);
 
 /* DAPO's dynamic sampling: keep[g] = 0 for groups whose rewards are all equal
  * (no learning signal), 1 otherwise; returns the number kept. */

@@ -106,6 +106,7 @@ rl_sample_fini(rl_sample *s)
 	free(s->logprobs);
 	free(s->ref_logprobs);
 	free(s->values);
+	free(s->loss_mask);
 	memset(s, 0, sizeof *s);
 }
 
@@ -349,6 +350,19 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, char *why, int
 			return "'values' holds NaN or infinite values";
 		if ((*rvp = dup_arr((void **)&s->values, lp, nl, sizeof *lp)) != RL_OK)
 			return "out of memory";
+	}
+	{
+		const uint8_t *mk;
+		size_t nm;
+		if (rl_traj_get_u8s(t, RL_TAG_LOSS_MASK, &mk, &nm) == RL_OK) {
+			if (nm != nr)
+				return "'loss_mask' length differs from 'response' length";
+			for (size_t k = 0; k < nm; k++)
+				if (mk[k] > 1)
+					return "'loss_mask' holds a value other than 0 and 1";
+			if ((*rvp = dup_arr((void **)&s->loss_mask, mk, nm, sizeof *mk)) != RL_OK)
+				return "out of memory";
+		}
 	}
 	if ((*rvp = dup_arr((void **)&s->prompt, p, np, sizeof *p)) != RL_OK ||
 	    (*rvp = dup_arr((void **)&s->response, r, nr, sizeof *r)) != RL_OK)

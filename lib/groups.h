@@ -29,6 +29,8 @@ typedef struct rl_sample {
 	float *logprobs;      /* (rlen) behaviour log-probs, NULL if the record had none */
 	float *ref_logprobs;  /* (rlen) or NULL */
 	float *values;        /* (rlen) or NULL */
+	uint8_t *loss_mask;   /* (rlen) 1 = trained on, 0 = not (a tool's output in a multi-turn
+	                       * response); NULL: every token */
 	int plen, rlen;
 	uint64_t pos;         /* 1-based record number in the input; 0 when unknown (a queue) */
 	float reward;

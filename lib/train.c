@@ -126,6 +126,7 @@ typedef struct trainer {
 	int nskip;               /* sequences of the step skipped */
 	long tok_skip, tok_all;  /* their response tokens, and the step's */
 	float *adv_tok, *w_tok, *old_tok, *kl_tok; /* (step tokens) */
+	int has_mask;         /* some record had a loss_mask: weight-0 tokens are left out of the metrics */
 	float *val_tok, *ret_tok; /* (step tokens) PPO: V_old and GAE returns */
 	int cap_tok;
 	/* micro-batch host buffers (max_tokens) */
@@ -700,19 +701,35 @@ out:
 static int
 mini_weights(trainer *tr, int a, int b)
 {
-	int S = b - a, maxlen = 0, rv;
+	int S = b - a, maxlen = 0, rv, masked = 0;
 	int *toff = malloc(sizeof(int) * (S + 1));
+	uint8_t *mask = NULL;
 
 	if (!toff)
 		return RL_ENOMEM;
 	for (int i = 0; i < S; i++) {
 		toff[i] = tr->seq[a + i].toff - tr->seq[a].toff;
 		maxlen = RL_MAX(maxlen, tr->seq[a + i].s->rlen);
+		masked |= tr->seq[a + i].s->loss_mask != NULL;
 	}
 	toff[S] = (b < tr->nseq ? tr->seq[b].toff : tr->seq[tr->nseq - 1].toff + tr->seq[tr->nseq - 1].s->rlen) -
 	    tr->seq[a].toff;
-	rv = rl_loss_weights(tr->w_tok + tr->seq[a].toff, toff, S, tr->agg,
-	    tr->o->norm_len > 0 ? tr->o->norm_len : RL_MAX(maxlen, 1));
+	if (masked) {
+		/* records' loss_mask: their 0 tokens get no weight and do not count */
+		if ((mask = malloc((size_t)toff[S] + 1)) == NULL) {
+			free(toff);
+			return RL_ENOMEM;
+		}
+		for (int i = 0; i < S; i++) {
+			const rl_sample *s = tr->seq[a + i].s;
+			for (int t = 0; t < s->rlen; t++)
+				mask[toff[i] + t] = s->loss_mask ? s->loss_mask[t] : 1;
+		}
+		tr->has_mask = 1;
+	}
+	rv = rl_loss_weights_masked(tr->w_tok + tr->seq[a].toff, toff, S, tr->agg,
+	    tr->o->norm_len > 0 ? tr->o->norm_len : RL_MAX(maxlen, 1), mask);
+	free(mask);
 	free(toff);
 	return rv;
 }
@@ -932,7 +949,7 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 	if ((rv = ops->status(ops)) != 0)
 		return rv;
 	for (int n = 0; n < N; n++) {
-		if (tr->h_tgt[n] < 0)
+		if (tr->h_tgt[n] < 0 || (tr->has_mask && tr->h_w[n] == 0.0f))
 			continue;
 		float *st = tr->h_stats + (size_t)n * RL_PG_NSTAT;
 		ms->loss += (double)tr->h_w[n] * st[RL_PG_LOSS];

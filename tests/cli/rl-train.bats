@@ -186,3 +186,58 @@ mk() { python3 tests/fixtures/train/mkscored.py "$@"; }
 	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/dev3" --device tpu "$TD/scored.jsonl"
 	[[ "$stderr" == *"unknown device 'tpu'"* ]]
 }
+
+@test "loss_mask: tokens with 0 get no loss and do not count; all ones is no mask; a bad mask is a bad record" {
+	# all ones: the same weights bit for bit
+	python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l); r["loss_mask"] = [1] * len(r["response"]); print(json.dumps(r))' "$TD/scored.jsonl" > "$TD/ones.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/lm0" --batch 2 --max-steps 2 --lr 1e-3 --metrics /dev/null "$TD/scored.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/lm1" --batch 2 --max-steps 2 --lr 1e-3 --metrics /dev/null "$TD/ones.jsonl"
+	cmp "$TD/lm0/latest/model.safetensors" "$TD/lm1/latest/model.safetensors"
+	# the last tokens masked: as if the responses ended before them (causal: they do not
+	# change the earlier tokens' log-probs), within float rounding, for every aggregation
+	python3 -c '
+import json, sys
+with open(sys.argv[2], "w") as a, open(sys.argv[3], "w") as b:
+    for l in open(sys.argv[1]):
+        r = json.loads(l); k = max(1, len(r["response"]) // 2)
+        m = dict(r); m["loss_mask"] = [1] * k + [0] * (len(r["response"]) - k); a.write(json.dumps(m) + "\n")
+        t = dict(r); t["response"] = r["response"][:k]; t["logprobs"] = r["logprobs"][:k]; b.write(json.dumps(t) + "\n")' \
+	    "$TD/scored.jsonl" "$TD/masked.jsonl" "$TD/cut.jsonl"
+	for agg in token-mean seq-mean-token-mean; do
+		rm -rf "$TD/lm2" "$TD/lm3"
+		rl-train -q -m "$TD/m0" --out "$TD/lm2" --batch 2 --max-steps 2 --lr 1e-3 --loss-agg $agg --metrics "$TD/m2.jsonl" "$TD/masked.jsonl"
+		rl-train -q -m "$TD/m0" --out "$TD/lm3" --batch 2 --max-steps 2 --lr 1e-3 --loss-agg $agg --metrics "$TD/m3.jsonl" "$TD/cut.jsonl"
+		python3 - "$TD/lm2/latest/model.safetensors" "$TD/lm3/latest/model.safetensors" "$TD/lm0/latest/model.safetensors" <<'PY'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        s, e = v["data_offsets"]; out[k] = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
+    return out
+a, b, c = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[3])
+d_ab = max(abs(x - y) for k in a for x, y in zip(a[k], b[k]))
+d_ac = max(abs(x - y) for k in a for x, y in zip(a[k], c[k]))
+assert d_ab < 1e-5 and d_ac > 1e-4, (d_ab, d_ac)
+PY
+		# the metrics count the trained tokens only
+		[ "$(python3 -c 'import json,sys; print([round(json.loads(l)["actor/entropy"], 4) for l in open(sys.argv[1])] == [round(json.loads(l)["actor/entropy"], 4) for l in open(sys.argv[2])])' "$TD/m2.jsonl" "$TD/m3.jsonl")" = True ]
+	done
+	# a mask of the wrong length, or with a value other than 0 and 1
+	python3 -c '
+import json, sys
+for i, l in enumerate(open(sys.argv[1])):
+    r = json.loads(l)
+    if r["id"] == 3: r["loss_mask"] = [1]
+    if r["id"] == 6: r["loss_mask"] = [2] * len(r["response"])
+    print(json.dumps(r))' "$TD/scored.jsonl" > "$TD/badmask.jsonl"
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/lm4" --batch 2 --metrics /dev/null "$TD/badmask.jsonl"
+	[[ "$stderr" == *"'loss_mask' length differs from 'response' length"* ]]
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/lm5" --batch 2 --on-bad skip --metrics /dev/null "$TD/badmask.jsonl"
+	[[ "$stderr" == *"2 bad records, 2 groups dropped (bad)"* ]]
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/lm6" --batch 2 --metrics /dev/null <(grep -v '"id": 3,' "$TD/badmask.jsonl")
+	[[ "$stderr" == *"'loss_mask' holds a value other than 0 and 1"* ]]
+}

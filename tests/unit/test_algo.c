@@ -176,6 +176,33 @@ main(void)
 		T_CLOSE(w[1], 0.125, TOL, 0);
 		T_EQ_INT(rl_loss_weights(w, toff, 3, RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM, 0), RL_EINVAL);
 	}
+	/* Masked (loss_mask): toff [0,2,5,7]; sequence 0 keeps token 1, sequence 1 keeps
+	 * tokens 2 and 4, sequence 2 keeps none: 3 counted tokens in 2 sequences */
+	{
+		int toff[] = { 0, 2, 5, 7 };
+		const uint8_t mk[] = { 0, 1, 1, 0, 1, 0, 0 };
+		const uint8_t ones[] = { 1, 1, 1, 1, 1, 1, 1 };
+		float w2[7];
+		rl_loss_weights_masked(w, toff, 3, RL_AGG_TOKEN_MEAN, 0, mk);
+		T_CLOSE(w[1], 1.0 / 3, TOL, 0);
+		T_CLOSE(w[4], 1.0 / 3, TOL, 0);
+		T_OK(w[0] == 0 && w[3] == 0 && w[5] == 0 && w[6] == 0, "masked tokens weigh 0");
+		rl_loss_weights_masked(w, toff, 3, RL_AGG_SEQ_MEAN_TOKEN_SUM, 0, mk);
+		T_CLOSE(w[1], 0.5, TOL, 0);
+		T_CLOSE(w[2], 0.5, TOL, 0);
+		rl_loss_weights_masked(w, toff, 3, RL_AGG_SEQ_MEAN_TOKEN_MEAN, 0, mk);
+		T_CLOSE(w[1], 0.5, TOL, 0);
+		T_CLOSE(w[2], 0.25, TOL, 0);
+		T_OK(w[3] == 0, "masked");
+		rl_loss_weights_masked(w, toff, 3, RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM, 4, mk);
+		T_CLOSE(w[2], 0.125, TOL, 0);
+		/* all ones: the unmasked weights, bit for bit */
+		for (int a = RL_AGG_TOKEN_MEAN; a <= RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM; a++) {
+			rl_loss_weights_masked(w, toff, 3, a, 4, ones);
+			rl_loss_weights(w2, toff, 3, a, 4);
+			T_OK(memcmp(w, w2, sizeof w2) == 0, "agg %d: all-ones mask = no mask", a);
+		}
+	}
 	/* names */
 	T_EQ_INT(rl_algo_parse("dr-grpo"), RL_ALGO_DRGRPO);
 	T_EQ_INT(rl_algo_parse("reinforce++"), RL_ALGO_REINFORCEPP);
