@@ -37,7 +37,10 @@ get_int(pctx *c, const char *key, int required, int def)
 	if (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble) ||
 	    fabs(j->valuedouble) > 2147483647.0) {
 		if (c->rv == 0) {
-			rl_error("%s: key \"%s\" is not an integer", c->what, key);
+			if (cJSON_IsNumber(j) && j->valuedouble == floor(j->valuedouble))
+				rl_error("%s: key \"%s\" is %.0f, out of range", c->what, key, j->valuedouble);
+			else
+				rl_error("%s: key \"%s\" is not an integer", c->what, key);
 			c->rv = RL_EFORMAT;
 		}
 		return def;
@@ -233,10 +236,15 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 	cfg->dtype = RL_F32;
 	/* transformers >= 4.56 writes "dtype", older versions "torch_dtype" */
 	if ((s = get_str(&c, "torch_dtype")) != NULL || (s = get_str(&c, "dtype")) != NULL) {
-		if (strcmp(s, "bfloat16") == 0)
+		if (strcmp(s, "bfloat16") == 0) {
 			cfg->dtype = RL_BF16;
-		else if (strcmp(s, "float16") == 0)
+		} else if (strcmp(s, "float16") == 0 || strcmp(s, "half") == 0) {
 			cfg->dtype = RL_F16;
+		} else if (strcmp(s, "float32") != 0 && strcmp(s, "float") != 0 && c.rv == 0) {
+			/* the dtype checkpoints are saved in: an int8 model would be saved as f32 */
+			rl_error("%s: torch_dtype '%s' is not one of float32, bfloat16, float16", what, s);
+			c.rv = RL_EFORMAT;
+		}
 	}
 	snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt);
 	if (c.rv == 0)

@@ -294,6 +294,8 @@ test_config(void)
 	T_EQ_INT(c.qkv_bias, 1);
 	T_EQ_INT(c.o_bias, 0);
 	T_EQ_INT(c.eos_id, 5);
+	T_EQ_INT(c.n_eos_more, 1); /* the list's other ids end generation too */
+	T_EQ_INT(c.eos_more[0], 6);
 	T_EQ_INT(c.tie_embeddings, 0);
 	T_CLOSE(c.rope_theta, 10000, 0, 0);
 	T_EQ_INT(c.max_pos, 32768);
@@ -333,6 +335,21 @@ test_config(void)
 	CAPTURE(T_EQ_INT(rl_config_parse(&c, gqa, strlen(gqa), "'g.json'"), RL_EFORMAT));
 	T_ERR_HAS("multiple of key/value heads");
 
+	{
+		char b[700];
+		snprintf(b, sizeof b, "%.*s,\"torch_dtype\":\"int8\"}", (int)strlen(q) - 1, q);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'i8.json'"), RL_EFORMAT));
+		T_ERR_HAS("torch_dtype 'int8' is not one of float32, bfloat16, float16");
+		snprintf(b, sizeof b, "{\"model_type\":\"qwen2\",\"vocab_size\":10,\"hidden_size\":4000000000,"
+		    "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":16}");
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'h.json'"), RL_EFORMAT));
+		T_ERR_HAS("key \"hidden_size\" is 4000000000, out of range");
+		snprintf(b, sizeof b, "%.*s[5,\"x\"]}", (int)strlen(q) - 6, q); /* q ends in [5,6]} */
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'e.json'"), RL_EFORMAT));
+		T_ERR_HAS("key \"eos_token_id\": item 1 is not a token id");
+		snprintf(b, sizeof b, "%.*s} junk", (int)strlen(q) - 1, q);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'j.json'"), RL_EFORMAT));
+	}
 	CAPTURE(T_EQ_INT(rl_config_parse(&c, "{\"model_type\":\"bert\"}", 21, "'b.json'"), RL_ENOTSUP));
 	T_ERR_HAS("model_type 'bert' is not supported");
 	CAPTURE(T_EQ_INT(rl_config_parse(&c, "[1]", 3, "'x.json'"), RL_EFORMAT));
