@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "core.h"
@@ -78,4 +79,35 @@ rli_nng_close_timed(nng_socket sock, const char *what)
 	pthread_mutex_unlock(&k->mtx);
 	closer_unref(k);
 	return done;
+}
+
+int
+rli_url_port_check(const char *url)
+{
+	const char *p, *hp;
+	long port = 0;
+	size_t nd = 0;
+
+	if (strncmp(url, "tcp://", 6) == 0)
+		hp = url + 6;
+	else if (strncmp(url, "tls+tcp://", 10) == 0)
+		hp = url + 10;
+	else
+		return RL_OK;
+	if (*hp == '[') { /* [v6]:port */
+		const char *e = strchr(hp, ']');
+		p = e && e[1] == ':' ? e + 2 : NULL;
+	} else {
+		p = strrchr(hp, ':');
+		p = p ? p + 1 : NULL;
+	}
+	if (p != NULL) {
+		for (; p[nd] >= '0' && p[nd] <= '9' && nd < 6; nd++)
+			port = port * 10 + (p[nd] - '0');
+	}
+	if (p == NULL || nd == 0 || p[nd] != 0 || port < 1 || port > 65535) {
+		rl_error("'%s': not HOST:PORT with a TCP port from 1 to 65535", url);
+		return RL_EINVAL;
+	}
+	return RL_OK;
 }

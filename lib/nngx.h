@@ -15,4 +15,10 @@
  * Thread-safe. */
 int rli_nng_close_timed(nng_socket sock, const char *what);
 
+/* A tcp:// (or tls+tcp://) URL to dial must end in a port 1..65535: nng takes
+ * tcp://host:99999 and the dial then fails and retries until the timeout.
+ * RL_OK for such a URL and for other schemes; else an error naming the URL
+ * (RL_EINVAL). */
+int rli_url_port_check(const char *url);
+
 #endif

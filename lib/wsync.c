@@ -2651,6 +2651,8 @@ rl_wsync_client_open(rl_wsync_client **out, const char *url, const rl_wsync_clie
 		c->o.max_bytes = default_max_bytes();
 	c->url = rl_xstrdup(url);
 	c->local = url_is_local(url);
+	if ((rv = rli_url_port_check(url)) != RL_OK)
+		goto fail;
 	if (c->o.transport < RL_WSYNC_T_AUTO || c->o.transport > RL_WSYNC_T_NNG) {
 		rl_error("'%s': this client fetches with auto, shm, stream or nng", url);
 		rv = RL_EINVAL;

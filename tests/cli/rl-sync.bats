@@ -74,6 +74,13 @@ bump() {
 	[[ $stderr == *'hint:'* ]]
 }
 
+@test "a tcp:// URL without a port from 1 to 65535 is an error at once, not a timeout" {
+	for u in tcp://127.0.0.1:99999 tcp://127.0.0.1 tcp://127.0.0.1:0 'tcp://[::1]:70000'; do
+		run --separate-stderr -1 timeout 5 rl-sync pull "$u" -o "$BATS_TEST_TMPDIR/p"
+		[[ $stderr == *"'$u': not HOST:PORT with a TCP port from 1 to 65535"* ]]
+	done
+}
+
 @test "serve, push, pull, status: the pulled checkpoint is byte-identical" {
 	serve
 	run --separate-stderr -3 rl-sync pull "$URL" --out "$T/out"
