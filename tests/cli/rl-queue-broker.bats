@@ -206,6 +206,20 @@ assert sorted(ids)==[11,12,21,22], ids'
 	assert_success
 }
 
+@test "a second broker on the same --data-dir is refused (exit 1 naming it)" {
+	start_broker --data-dir "$D/data" --compact-bytes 1k
+	first=$URL
+	run --separate-stderr timeout 5 rl-queue serve --listen "ipc://$D/second.sock" --data-dir "$D/data" 3>&-
+	assert_failure 1
+	[[ "$stderr" == *"'$D/data' is in use by another broker"* ]]
+	# the first keeps its journal to itself; once it is gone the directory is free
+	rl-queue put "$first" "$D/prompts.jsonl"
+	kill -9 "$BROKER"
+	wait "$BROKER" 2>/dev/null || true
+	FIXED=1 start_broker --data-dir "$D/data"
+	[ "$(rl-queue stat --json "$URL" | jget depth prompt)" = 3 ]
+}
+
 @test "serve: a port in use exits 3; --http starts the HTTP listener" {
 	start_broker
 	run --separate-stderr rl-queue serve --listen "$URL" 3>&-
