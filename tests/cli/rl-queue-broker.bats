@@ -120,6 +120,23 @@ print(d)' "$@"
 	assert_output --partial '"reward":1'
 }
 
+@test "put: a record whose prompt holds token ids stays a record, not a prompt line" {
+	start_broker
+	printf '{"id":1,"group":7,"group_size":2,"prompt":[101,102,103],"prompt_text":"hi","max_tokens":16}\n' > "$D/tok.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/tok.jsonl"
+	assert_success
+	run --separate-stderr rl-queue get -s rollout "$URL"
+	assert_success
+	assert_output --partial '"prompt":[101,102,103]'
+	assert_output --partial '"prompt_text":"hi"'
+	refute_output --partial '"meta"'
+	# a list of messages still is a prompt line; a later line with token ids is an error there
+	printf '%s\n' '{"prompt":[{"role":"user","content":"hi"}],"answer":"1"}' '{"prompt":[1,2]}' > "$D/mixed.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/mixed.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"mixed.jsonl"*"line 2"*"list of message objects"* ]]
+}
+
 @test "a bad input file names file and line; the broker keeps serving" {
 	start_broker
 	printf '{"prompt_text":"ok"}\n{"prompt_text": oops}\n' > "$D/bad.jsonl"
