@@ -137,6 +137,17 @@ print(d)' "$@"
 	[[ "$stderr" == *"mixed.jsonl"*"line 2"*"list of message objects"* ]]
 }
 
+@test "put -z on: zstd frames without a content size are recompressed, not refused" {
+	start_broker
+	printf '{"id":1,"response":[1]}\n' | rl-queue cat --stream | zstd -q -d | zstd -q -c > "$D/nosize.rlt"
+	run --separate-stderr rl-queue put -s scored -z on -t 3 "$URL" "$D/nosize.rlt"
+	assert_success
+	[[ "$stderr" == *"1 accepted"* ]]
+	run --separate-stderr rl-queue get -s train "$URL"
+	assert_success
+	assert_output --partial '"response":[1]'
+}
+
 @test "a bad input file names file and line; the broker keeps serving" {
 	start_broker
 	printf '{"prompt_text":"ok"}\n{"prompt_text": oops}\n' > "$D/bad.jsonl"
