@@ -207,6 +207,19 @@ print(d)' "$@"
 	[ "${#lines[@]}" = 4 ]
 }
 
+@test "get -n N --release prints each record once, then hands them all back" {
+	start_broker
+	rl-queue put --stage generated "$URL" "$D/scored.jsonl"
+	run --separate-stderr rl-queue get --stage reward -n 10 --release "$URL"
+	assert_success
+	[ "${#lines[@]}" = 4 ]
+	[ "$(printf '%s\n' "${lines[@]}" | sort -u | wc -l)" = 4 ]
+	json=$(rl-queue stat --json "$URL")
+	[ "$(echo "$json" | jget depth generated)" = 4 ]
+	run --separate-stderr rl-queue get --stage reward -n 10 "$URL"
+	[ "${#lines[@]}" = 4 ]
+}
+
 @test "kill -9 of the broker with --data-dir loses nothing acknowledged" {
 	# a tiny --compact-bytes: the journal is compacted after nearly every change
 	start_broker --data-dir "$D/data" --compact-bytes 1k
