@@ -135,6 +135,30 @@ J
 	[[ "$stderr" == *"'$D/l.rlt': frame at byte 0: record 0 at batch byte 16: record length"*"larger than the"* ]]
 }
 
+# raw_meta TEXT: a one-record binary batch (id 5, meta TEXT as a JSON field,
+# tag 15 dtype 65, NUL-padded) on stdout, uncompressed
+raw_meta() {
+	python3 - "$1" <<'PY'
+import struct, sys
+def field(tag, dt, data, nul):
+    raw = data + (b"\0" if nul else b"")
+    return struct.pack("<HBBI", tag, dt, 0, len(data)) + raw + b"\0" * (-len(raw) % 8)
+body = field(1, 10, struct.pack("<Q", 5), False) + field(15, 65, sys.argv[1].encode(), True)
+sys.stdout.buffer.write(b"RLTJ" + struct.pack("<HHII", 1, 16, 1, 0) + struct.pack("<II", 8 + len(body), 2) + body)
+PY
+}
+
+@test "a JSON field holding invalid JSON: exit 1 naming file, frame, record and field" {
+	raw_meta '{"a":1}' | zstd -q -c --check > "$D/ok.rlt"
+	run --separate-stderr rl-queue cat "$D/ok.rlt"
+	assert_success
+	assert_output '{"id":5,"meta":{"a":1}}'
+	raw_meta '{not json' | zstd -q -c --check > "$D/j.rlt"
+	run -1 --separate-stderr rl-queue cat --stream "$D/j.rlt"
+	[[ "$stderr" == *"'$D/j.rlt': frame at byte 0: record 0 at batch byte 16: field 1 (tag 15) at record byte 24: not valid JSON"* ]]
+	[ -z "$output" ]
+}
+
 @test "decompressed size over the limit: exit 1" {
 	rl-queue cat --stream "$D/a.jsonl" > "$D/a.rlt"
 	run -1 --separate-stderr rl-queue cat --max-frame 100 "$D/a.rlt"
