@@ -148,6 +148,18 @@ print(d)' "$@"
 	assert_output --partial '"response":[1]'
 }
 
+@test "put reads records (not prompt lines) from a pipe; errors keep their line numbers" {
+	start_broker
+	run --separate-stderr bash -c "printf '{\"id\":99,\"prompt_text\":\"x\"}\\n' | rl-queue put '$URL'"
+	assert_success
+	[[ "$stderr" == *"1 accepted"* ]]
+	run --separate-stderr bash -c "printf '\\n{\"id\":100,\"prompt_text\":\"y\"}\\n{\"id\": oops}\\n' | rl-queue put '$URL' -"
+	assert_failure 1
+	[[ "$stderr" == *"'<stdin>': line 3: invalid JSON"* ]]
+	run --separate-stderr rl-queue get -s rollout -n 5 "$URL"
+	assert_output '{"id":99,"prompt_text":"x","group":99}'
+}
+
 @test "a bad input file names file and line; the broker keeps serving" {
 	start_broker
 	printf '{"prompt_text":"ok"}\n{"prompt_text": oops}\n' > "$D/bad.jsonl"
