@@ -66,6 +66,17 @@ J
 	[ "${#lines[@]}" -eq 4 ]
 }
 
+@test "--stream -b N cuts JSONL input into frames of N records" {
+	seq 600 | awk '{printf "{\"id\":%d,\"response\":[1,2]}\n", $1}' > "$D/600.jsonl"
+	for b in 1:600 7:86 256:3 1000:1; do
+		rl-queue cat --stream -b "${b%%:*}" "$D/600.jsonl" > "$D/600.rlt"
+		run zstd -l "$D/600.rlt"
+		[ "$(echo "$output" | awk 'NR==2 {print $1}')" = "${b#*:}" ]
+		run rl-queue cat "$D/600.rlt"
+		[ "${#lines[@]}" = 600 ]
+	done
+}
+
 @test "-o writes the file only on success" {
 	run --separate-stderr rl-queue cat --stream -o "$D/out.rlt" "$D/a.jsonl"
 	assert_success
