@@ -809,6 +809,9 @@ rli_record_check(const uint8_t *p, size_t n, const rl_traj_limits *lim, const ch
 				FAIL(RL_EFORMAT, "field %zu (tag %u): nonzero padding at record byte %zu", i, tag, off + k);
 		if ((dt == RL_TRAJ_STR || dt == RL_TRAJ_JSON) && !rli_utf8_ok(p + off, nb))
 			FAIL(RL_EFORMAT, "field %zu (tag %u): text is not UTF-8 without NUL bytes", i, tag);
+		if (tag == RL_TAG_VERSION && (dt != RL_I32 || nb != 8))
+			FAIL(RL_EFORMAT, "field %zu (tag %u, version) at record byte %zu: %s[%zu], not I32[2] [first, last]",
+			     i, tag, off - 8, rl_traj_dtype_name((int)dt), nb / elsize((int)dt));
 		if (dt == RL_TRAJ_JSON && !json_ok(p + off, nb))
 			FAIL(RL_EFORMAT, "field %zu (tag %u) at record byte %zu: not valid JSON", i, tag, off - 8);
 		if (i < RL_ARRAY_LEN(small))

@@ -611,6 +611,16 @@ rl_traj_from_json(rl_traj *t, const char *line, size_t n, const rl_traj_limits *
 			goto out;
 		}
 	}
+	if (rl_traj_has(t, RL_TAG_VERSION)) {
+		/* a version of another length would make the record unversioned, out
+		 * of reach of the broker's staleness gate */
+		const int32_t *vv;
+		size_t vn = 0;
+		if (rl_traj_get_i32s(t, RL_TAG_VERSION, &vv, &vn) != 0)
+			JFAIL("field 'version': wants [first, last], two I32 integers, not another dtype");
+		if (vn != 2)
+			JFAIL("field 'version': wants [first, last], two integers, not %zu", vn);
+	}
 	if (rl_traj_encoded_size(t) > lim->max_record) {
 		rl_error("%s: record of %zu bytes over the limit of %zu", what ? what : "JSON record",
 		         rl_traj_encoded_size(t), lim->max_record);

@@ -198,6 +198,11 @@ PY
 	printf '{"prompt":[1,2,"x"]}\n' > "$D/w2.jsonl"
 	run -1 --separate-stderr rl-queue cat "$D/w2.jsonl"
 	[[ "$stderr" == *"line 1: field 'prompt' element 2: expected an integer, got a string"* ]]
+	for v in '[]' '[3]' '[0,1,2]'; do
+		printf '{"id":1,"version":%s}\n' "$v" > "$D/v.jsonl"
+		run -1 --separate-stderr rl-queue cat "$D/v.jsonl"
+		[[ "$stderr" == *"line 1: field 'version': wants [first, last], two integers"* ]]
+	done
 	printf '{"question":"?"}\n' > "$D/w3.jsonl"
 	run -1 --separate-stderr rl-queue cat "$D/w3.jsonl"
 	[[ "$stderr" == *"unknown field 'question'"* ]]
