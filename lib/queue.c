@@ -1815,7 +1815,10 @@ bad:
 			}
 		}
 	}
-	rl_warn("'%s': dropping a torn tail of %zu bytes at byte %zu (unacknowledged)", q->jpath, n - off, off);
+	/* usually a write cut by a crash, so never acknowledged; but the same
+	 * shape comes from damage to the last op, which may have been */
+	rl_warn("'%s': dropping a damaged or torn tail of %zu bytes at byte %zu (a write cut by a crash, "
+	    "or damage to the last change, which may have been acknowledged)", q->jpath, n - off, off);
 	return RL_OK;
 fail:
 	rl_buf_fini(&body);
