@@ -12,12 +12,29 @@
 #include "core.h"
 #include "json.h"
 
+/* A prompt is text or a non-empty list of message objects.  A list of
+ * anything else (numbers above all) is not: in rl-trajectory(5) "prompt" is
+ * the I32[] token-id field, and such a line is a record. */
+static int
+is_prompt_value(const cJSON *p)
+{
+	const cJSON *m;
+
+	if (cJSON_IsString(p))
+		return 1;
+	if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) == 0)
+		return 0;
+	cJSON_ArrayForEach(m, p)
+		if (!cJSON_IsObject(m))
+			return 0;
+	return 1;
+}
+
 int
 rl_prompt_line_is(const char *line, size_t n)
 {
-	cJSON *j = rl_json_parse_all(line, n), *p;
-	int ok = j && cJSON_IsObject(j) && (p = cJSON_GetObjectItemCaseSensitive(j, "prompt")) &&
-	    (cJSON_IsString(p) || cJSON_IsArray(p));
+	cJSON *j = rl_json_parse_all(line, n);
+	int ok = j && cJSON_IsObject(j) && is_prompt_value(cJSON_GetObjectItemCaseSensitive(j, "prompt"));
 	cJSON_Delete(j);
 	return ok;
 }
@@ -48,8 +65,9 @@ rl_prompt_line_to_traj(rl_traj *t, const char *line, size_t n, const char *what)
 		goto out;
 	}
 	p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-	if (!p || !(cJSON_IsString(p) || cJSON_IsArray(p))) {
-		rl_error("%s: \"prompt\" must be a string or a list of messages", what);
+	if (!p || !is_prompt_value(p)) {
+		rl_error("%s: \"prompt\" must be a string or a list of message objects", what);
+		rl_hint("a line whose \"prompt\" holds token ids is a record: put it in a file of records");
 		goto out;
 	}
 	if (cJSON_IsString(p)) {

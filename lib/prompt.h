@@ -13,7 +13,9 @@
 
 #include "traj.h"
 
-/* 1 when line (n bytes) is a JSON object whose "prompt" is a string or a list. */
+/* 1 when line (n bytes) is a JSON object whose "prompt" is a string or a
+ * non-empty list of objects (messages).  A list of numbers is rl-trajectory's
+ * token-id field: 0, the line is a record. */
 int rl_prompt_line_is(const char *line, size_t n);
 /* Replaces t's fields with the record for one prompt line.  RL_EFORMAT
  * (logged, naming `what`) when it is not a prompt line. */

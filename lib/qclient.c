@@ -361,8 +361,14 @@ rl_qclient_put(rl_qclient *c, int stage, rl_traj_batch *b, rl_qput_result *res)
 	size_t n;
 	int rv;
 
-	if (c->compress && rl_traj_batch_frame(b, &p, &n) == 0)
-		return rl_qclient_put_raw(c, stage, p, n, 1, res);
+	/* the frame as it came (no recompression) when its header says its size;
+	 * zstd streams written without one (zstd -c from a pipe) are compressed
+	 * again from the decoded payload */
+	if (c->compress && rl_traj_batch_frame(b, &p, &n) == 0) {
+		unsigned long long csz = ZSTD_getFrameContentSize(p, n);
+		if (csz != ZSTD_CONTENTSIZE_ERROR && csz != ZSTD_CONTENTSIZE_UNKNOWN)
+			return rl_qclient_put_raw(c, stage, p, n, 1, res);
+	}
 	if ((rv = rl_traj_batch_payload(b, &p, &n)) != 0)
 		return rv;
 	return rl_qclient_put_raw(c, stage, p, n, 0, res);

@@ -68,7 +68,9 @@ void rl_qlease_init(rl_qlease *l);
 void rl_qlease_fini(rl_qlease *l);   /* accepts an initialised, unused lease */
 static inline size_t rl_qlease_count(const rl_qlease *l) { return l->batch ? rl_traj_batch_count(l->batch) : 0; }
 
-/* ---- puts: b is borrowed (its kept frame, if any, is sent as-is) ------------------
+/* ---- puts: b is borrowed (its kept frame, if any, is sent as-is when compression
+ * is on and the frame header holds the content size; else the payload is sent,
+ * compressed when compression is on) ------------------------------------------
  * Errors: RL_EBUSY (still busy when retry_ms ran out), RL_ETIMEDOUT,
  * RL_EFORMAT / RL_ETOOBIG (the broker refused the batch; its reason logged). */
 int rl_qclient_put(rl_qclient *c, int stage, rl_traj_batch *b, rl_qput_result *res);
@@ -76,7 +78,8 @@ int rl_qclient_put_prompts(rl_qclient *c, rl_traj_batch *b, rl_qput_result *res)
 int rl_qclient_put_generated(rl_qclient *c, rl_traj_batch *b, rl_qput_result *res);
 int rl_qclient_put_scored(rl_qclient *c, rl_traj_batch *b, rl_qput_result *res);
 /* A raw batch payload (rl-trajectory(5) header + records) or one zstd frame
- * of it (frame != 0): sent as given. */
+ * of it (frame != 0, with the content size in its header: RL_EFORMAT
+ * otherwise): sent as given. */
 int rl_qclient_put_raw(rl_qclient *c, int stage, const void *p, size_t n, int frame, rl_qput_result *res);
 
 /* ---- leases ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
@@ -220,6 +221,7 @@ struct rl_queue {
 
 	/* journal */
 	int jfd, replaying;
+	int lockfd;             /* DIR/lock, flock'ed for the queue's life */
 	rl_buf jpend;
 	uint64_t jseq, jsynced;
 	uint64_t jbytes;        /* file size; written by rl_queue_journal_write */
@@ -1813,11 +1815,42 @@ bad:
 			}
 		}
 	}
-	rl_warn("'%s': dropping a torn tail of %zu bytes at byte %zu (unacknowledged)", q->jpath, n - off, off);
+	/* usually a write cut by a crash, so never acknowledged; but the same
+	 * shape comes from damage to the last op, which may have been */
+	rl_warn("'%s': dropping a damaged or torn tail of %zu bytes at byte %zu (a write cut by a crash, "
+	    "or damage to the last change, which may have been acknowledged)", q->jpath, n - off, off);
 	return RL_OK;
 fail:
 	rl_buf_fini(&body);
 	rl_error("'%s': cannot replay the journal at byte %zu: %s", q->jpath, off, rl_strerror(rv));
+	return rv;
+}
+
+/* Two brokers appending to one journal lose data (one compacts, renaming a
+ * new file over the one the other still appends to), so the directory is
+ * locked: an flock on DIR/lock, a file that compaction never replaces, held
+ * until rl_queue_close (or the process's death: no stale lock to clean). */
+static int
+lock_dir(rl_queue *q)
+{
+	char *path = rl_xmalloc(strlen(q->dir) + 8);
+	int rv = RL_OK;
+
+	sprintf(path, "%s/lock", q->dir);
+	if ((q->lockfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0) {
+		rl_error("cannot open '%s': %s", path, strerror(errno));
+		rv = RL_EIO;
+	} else if (flock(q->lockfd, LOCK_EX | LOCK_NB) != 0) {
+		if (errno == EWOULDBLOCK) {
+			rl_error("data directory '%s' is in use by another broker (locked '%s')", q->dir, path);
+			rl_hint("stop the other broker, or give this one its own --data-dir");
+			rv = RL_EBUSY;
+		} else {
+			rl_error("cannot lock '%s': %s", path, strerror(errno));
+			rv = RL_EIO;
+		}
+	}
+	free(path);
 	return rv;
 }
 
@@ -1829,6 +1862,8 @@ journal_open(rl_queue *q)
 	int rv;
 
 	if ((rv = rl_io_mkdir_p(q->dir, 0755)) != 0)
+		return rv;
+	if ((rv = lock_dir(q)) != 0)
 		return rv;
 	if (access(q->jpath, F_OK) != 0) {
 		len = 0;
@@ -1874,6 +1909,7 @@ rl_queue_open(rl_queue **out, const rl_queue_config *cfg, uint64_t now_ms)
 	q->cfg = *cfg;
 	q->cfg.data_dir = NULL;
 	q->jfd = -1;
+	q->lockfd = -1;
 	q->next_lid = now_ms << 16;
 	q->done_ids.cap = cfg->dedup_window;
 	q->done_groups.cap = cfg->dedup_window;
@@ -1929,6 +1965,8 @@ rl_queue_close(rl_queue *q)
 	rl_buf_fini(&q->jpend);
 	if (q->jfd >= 0)
 		close(q->jfd);
+	if (q->lockfd >= 0)
+		close(q->lockfd);   /* releases the flock */
 	free(q->dir);
 	free(q->jpath);
 	free(q);

@@ -64,8 +64,10 @@ void rl_queue_config_default(rl_queue_config *c);
 
 typedef struct rl_queue rl_queue;
 
-/* rl_queue_open: a new queue; with cfg->data_dir, creates the directory and
- * replays DIR/journal.  cfg is copied (data_dir too).  Errors: RL_EIO,
+/* rl_queue_open: a new queue; with cfg->data_dir, creates the directory,
+ * locks it (flock on DIR/lock, held until rl_queue_close) and replays
+ * DIR/journal.  cfg is copied (data_dir too).  Errors: RL_EBUSY (another
+ * open queue, in this or another process, holds the directory), RL_EIO,
  * RL_ENOMEM, RL_EFORMAT / RL_ECHECKSUM / RL_EVERSION (a journal damaged
  * before its end: logged with the byte offset). */
 int rl_queue_open(rl_queue **out, const rl_queue_config *cfg, uint64_t now_ms);

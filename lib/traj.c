@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json.h"
+
 /* ---- tags and dtypes -------------------------------------------------------------- */
 
 static const struct tagdef {
@@ -750,6 +752,18 @@ dup_tag(const uint8_t *p, size_t nf, const uint16_t *small, size_t nsmall, unsig
 	return dup;
 }
 
+/* Does a JSON field hold one JSON value (what the JSONL writer copies out
+ * verbatim)?  Checked here so a bad one is refused where it is read, with
+ * its place, not later when a lease is printed. */
+static int
+json_ok(const uint8_t *p, size_t n)
+{
+	cJSON *j = rl_json_parse_all((const char *)p, n);
+
+	cJSON_Delete(j);
+	return j != NULL;
+}
+
 int
 rli_record_check(const uint8_t *p, size_t n, const rl_traj_limits *lim, const char *what, size_t *lenp)
 {
@@ -796,6 +810,11 @@ rli_record_check(const uint8_t *p, size_t n, const rl_traj_limits *lim, const ch
 				FAIL(RL_EFORMAT, "field %zu (tag %u): nonzero padding at record byte %zu", i, tag, off + k);
 		if ((dt == RL_TRAJ_STR || dt == RL_TRAJ_JSON) && !rli_utf8_ok(p + off, nb))
 			FAIL(RL_EFORMAT, "field %zu (tag %u): text is not UTF-8 without NUL bytes", i, tag);
+		if (tag == RL_TAG_VERSION && (dt != RL_I32 || nb != 8))
+			FAIL(RL_EFORMAT, "field %zu (tag %u, version) at record byte %zu: %s[%zu], not I32[2] [first, last]",
+			     i, tag, off - 8, rl_traj_dtype_name((int)dt), nb / elsize((int)dt));
+		if (dt == RL_TRAJ_JSON && !json_ok(p + off, nb))
+			FAIL(RL_EFORMAT, "field %zu (tag %u) at record byte %zu: not valid JSON", i, tag, off - 8);
 		if (i < RL_ARRAY_LEN(small))
 			small[i] = tag;
 		off += pad;

@@ -23,7 +23,8 @@ static const char usage_text[] =
 	"  -s, --stream         write binary zstd frames instead of JSONL\n"
 	"  -j, --jsonl          write JSONL (the default)\n"
 	"  -o, --output FILE    write to FILE (replaced only on success)\n"
-	"  -b, --batch N        records per frame with --stream (default 256)\n"
+	"  -b, --batch N        records per frame when --stream encodes JSONL\n"
+	"                       (default 256; binary frames pass through whole)\n"
 	"  -l, --level N        zstd level with --stream (default 1)\n"
 	"      --max-frame SIZE refuse frames that decompress to more than SIZE\n"
 	"                       bytes (k/M/G suffixes; default 256M)\n"
@@ -41,11 +42,14 @@ static int
 cat_one(rl_traj_writer *w, const char *path, const rl_traj_limits *lim, unsigned long long *nrec)
 {
 	rl_traj_reader *r = NULL;
+	rl_traj *t = NULL;
 	FILE *f = NULL;
 	int rv;
 
 	if ((rv = rl_io_fopen(&f, path, "rb")) != 0)
 		return rv;
+	if ((rv = rl_traj_create(&t)) != 0)
+		goto out;
 	if ((rv = rl_traj_reader_open_file(&r, f, path, lim)) != 0)
 		goto out;
 	for (;;) {
@@ -53,10 +57,22 @@ cat_one(rl_traj_writer *w, const char *path, const rl_traj_limits *lim, unsigned
 		if ((rv = rl_traj_reader_next_batch(r, &b)) != 0 || b == NULL)
 			break;
 		*nrec += rl_traj_batch_count(b);
-		if ((rv = rl_traj_writer_put_batch(w, b)) != 0)
+		if (rl_traj_reader_format(r) == RL_TRAJ_BINARY) {
+			/* a frame passes through as it is */
+			if ((rv = rl_traj_writer_put_batch(w, b)) != 0)
+				break;
+			continue;
+		}
+		/* JSONL: record by record, so the writer cuts frames at --batch
+		 * records (the reader's batches are its own size) */
+		for (size_t i = 0; i < rl_traj_batch_count(b) && rv == 0; i++)
+			if ((rv = rl_traj_batch_get(b, i, t)) == 0)
+				rv = rl_traj_writer_put(w, t);
+		if (rv != 0)
 			break;
 	}
 out:
+	rl_traj_destroy(t);
 	rl_traj_reader_close(r);
 	if (f != stdin)
 		fclose(f);

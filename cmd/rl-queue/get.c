@@ -89,7 +89,8 @@ rlq_get_main(int argc, char **argv)
 	rl_traj_writer *w = NULL;
 	rl_qclient_opts o;
 	rl_qclient *cl = NULL;
-	rl_qlease l;
+	rl_qlease l, *held = NULL;
+	size_t nheld = 0;
 	uint32_t want = 1, got = 0;
 	double t_end;
 	int c, stage = -1, after = -1, rv = RL_OK, verbosity = RL_LOG_NORMAL;
@@ -152,15 +153,34 @@ rlq_get_main(int argc, char **argv)
 		got += (uint32_t)rl_qlease_count(&l);
 		rl_verbose("get: lease %llu: %zu records, deadline %llu", (unsigned long long)l.id, rl_qlease_count(&l),
 		    (unsigned long long)l.deadline_ms);
-		if ((rv = rl_traj_writer_put_batch(w, l.batch)) != 0 || (rv = rl_traj_writer_flush(w)) != 0)
-			break;
-		if (after == RL_QACK_DONE)
-			rv = rl_qclient_ack(cl, &l, &ar);
-		else if (after == RL_QACK_RELEASE)
-			rv = rl_qclient_release(cl, &l, &ar);
+		if ((rv = rl_traj_writer_put_batch(w, l.batch)) == 0)
+			rv = rl_traj_writer_flush(w);
+		/* --release hands the leases back at the end: released at once, the
+		 * same records would come again in the next round of this loop */
+		if (after == RL_QACK_RELEASE) {
+			rl_qlease *nh = realloc(held, (nheld + 1) * sizeof *held);
+			if (nh == NULL) {
+				rl_error("get: out of memory");
+				rv = RL_ENOMEM;
+				break;
+			}
+			held = nh;
+			held[nheld++] = l;
+			rl_qlease_init(&l);   /* the next lease gets a batch of its own */
+		}
 		if (rv != 0)
 			break;
+		if (after == RL_QACK_DONE && (rv = rl_qclient_ack(cl, &l, &ar)) != 0)
+			break;
 	}
+	for (size_t i = 0; i < nheld; i++) {
+		rl_qack_result ar;
+		int rv2 = rl_qclient_release(cl, &held[i], &ar);
+		if (rv2 != 0 && rv == 0)
+			rv = rv2;
+		rl_qlease_fini(&held[i]);
+	}
+	free(held);
 	rl_verbose("get: %u records", got);
 out:
 	if (rl_traj_writer_close(w) != 0 && rv == 0)

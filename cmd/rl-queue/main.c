@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,7 @@ rlq_parse_size(const char *s)
 {
 	char *end;
 	long long v;
+	int sh;
 
 	errno = 0;
 	v = strtoll(s, &end, 10);
@@ -56,11 +58,15 @@ rlq_parse_size(const char *s)
 		return -1;
 	switch (*end) {
 	case 0: return v;
-	case 'k': case 'K': v <<= 10; end++; break;
-	case 'm': case 'M': v <<= 20; end++; break;
-	case 'g': case 'G': v <<= 30; end++; break;
+	case 'k': case 'K': sh = 10; break;
+	case 'm': case 'M': sh = 20; break;
+	case 'g': case 'G': sh = 30; break;
 	default: return -1;
 	}
+	if (v > (LLONG_MAX >> sh))   /* would wrap: 17179869185G was 1 GiB */
+		return -1;
+	v <<= sh;
+	end++;
 	if (*end == 'i' && end[1] == 'B')
 		end += 2;
 	else if (*end == 'B')

@@ -102,6 +102,65 @@ fill_ids(rl_traj_batch *b, int stage, rl_traj_batch *fixed, rl_traj *t, rl_traj_
 	return RL_OK;
 }
 
+/* A stream that reads the text put peeked at (nws newlines, then a line)
+ * and then the rest of a pipe it could not rewind.  Takes line (malloc'd);
+ * closing it leaves rest open. */
+typedef struct peeked {
+	char *line;
+	size_t n, off, nws;
+	FILE *rest;
+} peeked;
+
+static ssize_t
+peeked_read(void *arg, char *buf, size_t size)
+{
+	peeked *pk = arg;
+	size_t k = 0;
+
+	for (; k < size && pk->nws > 0; pk->nws--)
+		buf[k++] = '\n';
+	if (k < size && pk->off < pk->n) {
+		size_t m = RL_MIN(size - k, pk->n - pk->off);
+		memcpy(buf + k, pk->line + pk->off, m);
+		pk->off += m;
+		k += m;
+	}
+	if (k < size && pk->off == pk->n) {
+		size_t m = fread(buf + k, 1, size - k, pk->rest);
+		if (m == 0 && k == 0 && ferror(pk->rest))
+			return -1;
+		k += m;
+	}
+	return (ssize_t)k;
+}
+
+static int
+peeked_close(void *arg)
+{
+	peeked *pk = arg;
+
+	free(pk->line);
+	free(pk);
+	return 0;
+}
+
+static FILE *
+peeked_open(char *line, size_t n, size_t nws, FILE *rest)
+{
+	cookie_io_functions_t io = { .read = peeked_read, .close = peeked_close };
+	peeked *pk = calloc(1, sizeof *pk);
+	FILE *f;
+
+	if (pk == NULL) {
+		free(line);
+		return NULL;
+	}
+	*pk = (peeked){ .line = line, .n = n, .nws = nws, .rest = rest };
+	if ((f = fopencookie(pk, "rb", io)) == NULL)
+		peeked_close(pk);
+	return f;
+}
+
 /* Prompt lines from f (the first already read into first/n), in batches of 256. */
 static int
 put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, size_t n, rl_traj_batch *b,
@@ -255,7 +314,7 @@ rlq_put_main(int argc, char **argv)
 	for (int i = optind; i < argc || (i == optind && optind == argc); i++) {
 		const char *path = i < argc ? argv[i] : "-";
 		rl_traj_reader *r = NULL;
-		FILE *f = NULL;
+		FILE *f = NULL, *in;
 
 		if (cur_file) {
 			struct stat st;
@@ -266,11 +325,13 @@ rlq_put_main(int argc, char **argv)
 		if ((rv = rl_io_fopen(&f, path, "rb")) != 0)
 			break;
 		cur_file = f;
+		in = f;
 		if (stage == RL_QSTAGE_PROMPT) {
 			/* rl-rollout's prompt lines ({"prompt": text or messages, ...}) become prompt records */
 			int c0;
+			size_t nws = 0;
 			while ((c0 = getc(f)) == ' ' || c0 == '\t' || c0 == '\n' || c0 == '\r')
-				;
+				nws += c0 == '\n';
 			if (c0 != EOF)
 				ungetc(c0, f);
 			if (c0 == '{') {
@@ -286,16 +347,20 @@ rlq_put_main(int argc, char **argv)
 						break;
 					continue;
 				}
-				/* records after all: read them from the start */
-				free(line);
-				if (f == stdin || fseek(f, 0, SEEK_SET) != 0) {
-					rl_error("put: '%s': cannot read records from a pipe after peeking; give a file", path);
-					rv = RL_EIO;
+				/* records after all: read them from the start, or, from a pipe,
+				 * from the peeked text and then the rest */
+				if (f != stdin && fseek(f, 0, SEEK_SET) == 0) {
+					free(line);
+				} else if ((in = peeked_open(line, len > 0 ? (size_t)len : 0, nws, f)) == NULL) {
+					rl_error("put: '%s': out of memory", path);
+					rv = RL_ENOMEM;
+					if (f != stdin)
+						fclose(f);
 					break;
 				}
 			}
 		}
-		if ((rv = rl_traj_reader_open_file(&r, f, path, NULL)) == 0) {
+		if ((rv = rl_traj_reader_open_file(&r, in, path, NULL)) == 0) {
 			for (;;) {
 				rl_traj_batch *b, *send;
 				rl_qput_result res;
@@ -319,6 +384,8 @@ rlq_put_main(int argc, char **argv)
 			}
 		}
 		rl_traj_reader_close(r);
+		if (in != f)
+			fclose(in);
 		if (f != stdin)
 			fclose(f);
 		if (rv != 0)

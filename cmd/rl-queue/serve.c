@@ -140,8 +140,8 @@ rlq_serve_main(int argc, char **argv)
 		case OPT_MAX_MSG:
 		case OPT_COMPACT:
 			if ((sz = rlq_parse_size(optarg)) < 1024) {
-				rl_error("serve: %s wants a size of at least 1k (k/M/G suffixes), not '%s'",
-				    argv[optind - 1], optarg);
+				rl_error("serve: %s wants a size of at least 1k (k/M/G suffixes, below 2^63 bytes), not '%s'",
+				    c == 'm' ? "--max-bytes" : c == OPT_MAX_MSG ? "--max-msg" : "--compact-bytes", optarg);
 				return 2;
 			}
 			if (c == 'm')

@@ -6,6 +6,7 @@
  * per refresh otherwise) until interrupted or --count refreshes.
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -242,10 +243,18 @@ rlq_stat_main(int argc, char **argv)
 			if (optarg && parse_secs("--watch", optarg, 0.05, 86400, &every) != 0)
 				return 2;
 			break;
-		case 'c':
-			if (parse_secs("--count", optarg, 1, 1e9, &count) != 0)
+		case 'c': {
+			char *end;
+			errno = 0;
+			long long v = strtoll(optarg, &end, 10);
+			if (*optarg == 0 || *end || errno || v < 1 || v > 1000000000) {
+				rl_error("stat: --count wants a whole number of refreshes from 1 to 1000000000, not '%s'",
+				    optarg);
 				return 2;
+			}
+			count = (double)v;
 			break;
+		}
 		case 't':
 			if (parse_secs("--timeout", optarg, 0.001, 86400, &d) != 0)
 				return 2;

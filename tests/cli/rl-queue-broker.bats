@@ -71,6 +71,15 @@ print(d)' "$@"
 	run -2 --separate-stderr rl-queue serve --stale sometimes
 	run -2 --separate-stderr rl-queue serve --max-bytes 12
 	run -2 --separate-stderr rl-queue serve extra-argument
+	# sizes that would wrap (17179869185G << 30 was 1 GiB); the message names the option
+	run -2 --separate-stderr timeout 5 rl-queue serve -l "ipc://$D/w.sock" -m 17179869185G 3>&-
+	[[ "$stderr" == *"--max-bytes wants a size"*"not '17179869185G'"* ]]
+	run -2 --separate-stderr rl-queue serve --max-msg 12
+	[[ "$stderr" == *"serve: --max-msg wants a size"*"not '12'"* ]]
+	run -2 --separate-stderr rl-queue cat --max-frame 99999999999G /dev/null
+	run -2 --separate-stderr rl-queue stat -c 0 "$URL"
+	[[ "$stderr" == *"--count wants a whole number of refreshes"* ]]
+	run -2 --separate-stderr rl-queue stat -w -c 1.5 "$URL"
 }
 
 @test "records pass through every stage; puts are idempotent" {
@@ -118,6 +127,46 @@ print(d)' "$@"
 	assert_success
 	[ "${#lines[@]}" = 4 ]
 	assert_output --partial '"reward":1'
+}
+
+@test "put: a record whose prompt holds token ids stays a record, not a prompt line" {
+	start_broker
+	printf '{"id":1,"group":7,"group_size":2,"prompt":[101,102,103],"prompt_text":"hi","max_tokens":16}\n' > "$D/tok.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/tok.jsonl"
+	assert_success
+	run --separate-stderr rl-queue get -s rollout "$URL"
+	assert_success
+	assert_output --partial '"prompt":[101,102,103]'
+	assert_output --partial '"prompt_text":"hi"'
+	refute_output --partial '"meta"'
+	# a list of messages still is a prompt line; a later line with token ids is an error there
+	printf '%s\n' '{"prompt":[{"role":"user","content":"hi"}],"answer":"1"}' '{"prompt":[1,2]}' > "$D/mixed.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/mixed.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"mixed.jsonl"*"line 2"*"list of message objects"* ]]
+}
+
+@test "put -z on: zstd frames without a content size are recompressed, not refused" {
+	start_broker
+	printf '{"id":1,"response":[1]}\n' | rl-queue cat --stream | zstd -q -d | zstd -q -c > "$D/nosize.rlt"
+	run --separate-stderr rl-queue put -s scored -z on -t 3 "$URL" "$D/nosize.rlt"
+	assert_success
+	[[ "$stderr" == *"1 accepted"* ]]
+	run --separate-stderr rl-queue get -s train "$URL"
+	assert_success
+	assert_output --partial '"response":[1]'
+}
+
+@test "put reads records (not prompt lines) from a pipe; errors keep their line numbers" {
+	start_broker
+	run --separate-stderr bash -c "printf '{\"id\":99,\"prompt_text\":\"x\"}\\n' | rl-queue put '$URL'"
+	assert_success
+	[[ "$stderr" == *"1 accepted"* ]]
+	run --separate-stderr bash -c "printf '\\n{\"id\":100,\"prompt_text\":\"y\"}\\n{\"id\": oops}\\n' | rl-queue put '$URL' -"
+	assert_failure 1
+	[[ "$stderr" == *"'<stdin>': line 3: invalid JSON"* ]]
+	run --separate-stderr rl-queue get -s rollout -n 5 "$URL"
+	assert_output '{"id":99,"prompt_text":"x","group":99}'
 }
 
 @test "a bad input file names file and line; the broker keeps serving" {
@@ -179,6 +228,19 @@ print(d)' "$@"
 	[ "${#lines[@]}" = 4 ]
 }
 
+@test "get -n N --release prints each record once, then hands them all back" {
+	start_broker
+	rl-queue put --stage generated "$URL" "$D/scored.jsonl"
+	run --separate-stderr rl-queue get --stage reward -n 10 --release "$URL"
+	assert_success
+	[ "${#lines[@]}" = 4 ]
+	[ "$(printf '%s\n' "${lines[@]}" | sort -u | wc -l)" = 4 ]
+	json=$(rl-queue stat --json "$URL")
+	[ "$(echo "$json" | jget depth generated)" = 4 ]
+	run --separate-stderr rl-queue get --stage reward -n 10 "$URL"
+	[ "${#lines[@]}" = 4 ]
+}
+
 @test "kill -9 of the broker with --data-dir loses nothing acknowledged" {
 	# a tiny --compact-bytes: the journal is compacted after nearly every change
 	start_broker --data-dir "$D/data" --compact-bytes 1k
@@ -204,6 +266,20 @@ assert sorted(ids)==[11,12,21,22], ids'
 	# the journal is made of zstd frames
 	run zstd -t -q "$D/data/journal"
 	assert_success
+}
+
+@test "a second broker on the same --data-dir is refused (exit 1 naming it)" {
+	start_broker --data-dir "$D/data" --compact-bytes 1k
+	first=$URL
+	run --separate-stderr timeout 5 rl-queue serve --listen "ipc://$D/second.sock" --data-dir "$D/data" 3>&-
+	assert_failure 1
+	[[ "$stderr" == *"'$D/data' is in use by another broker"* ]]
+	# the first keeps its journal to itself; once it is gone the directory is free
+	rl-queue put "$first" "$D/prompts.jsonl"
+	kill -9 "$BROKER"
+	wait "$BROKER" 2>/dev/null || true
+	FIXED=1 start_broker --data-dir "$D/data"
+	[ "$(rl-queue stat --json "$URL" | jget depth prompt)" = 3 ]
 }
 
 @test "serve: a port in use exits 3; --http starts the HTTP listener" {

@@ -66,6 +66,17 @@ J
 	[ "${#lines[@]}" -eq 4 ]
 }
 
+@test "--stream -b N cuts JSONL input into frames of N records" {
+	seq 600 | awk '{printf "{\"id\":%d,\"response\":[1,2]}\n", $1}' > "$D/600.jsonl"
+	for b in 1:600 7:86 256:3 1000:1; do
+		rl-queue cat --stream -b "${b%%:*}" "$D/600.jsonl" > "$D/600.rlt"
+		run zstd -l "$D/600.rlt"
+		[ "$(echo "$output" | awk 'NR==2 {print $1}')" = "${b#*:}" ]
+		run rl-queue cat "$D/600.rlt"
+		[ "${#lines[@]}" = 600 ]
+	done
+}
+
 @test "-o writes the file only on success" {
 	run --separate-stderr rl-queue cat --stream -o "$D/out.rlt" "$D/a.jsonl"
 	assert_success
@@ -135,6 +146,30 @@ J
 	[[ "$stderr" == *"'$D/l.rlt': frame at byte 0: record 0 at batch byte 16: record length"*"larger than the"* ]]
 }
 
+# raw_meta TEXT: a one-record binary batch (id 5, meta TEXT as a JSON field,
+# tag 15 dtype 65, NUL-padded) on stdout, uncompressed
+raw_meta() {
+	python3 - "$1" <<'PY'
+import struct, sys
+def field(tag, dt, data, nul):
+    raw = data + (b"\0" if nul else b"")
+    return struct.pack("<HBBI", tag, dt, 0, len(data)) + raw + b"\0" * (-len(raw) % 8)
+body = field(1, 10, struct.pack("<Q", 5), False) + field(15, 65, sys.argv[1].encode(), True)
+sys.stdout.buffer.write(b"RLTJ" + struct.pack("<HHII", 1, 16, 1, 0) + struct.pack("<II", 8 + len(body), 2) + body)
+PY
+}
+
+@test "a JSON field holding invalid JSON: exit 1 naming file, frame, record and field" {
+	raw_meta '{"a":1}' | zstd -q -c --check > "$D/ok.rlt"
+	run --separate-stderr rl-queue cat "$D/ok.rlt"
+	assert_success
+	assert_output '{"id":5,"meta":{"a":1}}'
+	raw_meta '{not json' | zstd -q -c --check > "$D/j.rlt"
+	run -1 --separate-stderr rl-queue cat --stream "$D/j.rlt"
+	[[ "$stderr" == *"'$D/j.rlt': frame at byte 0: record 0 at batch byte 16: field 1 (tag 15) at record byte 24: not valid JSON"* ]]
+	[ -z "$output" ]
+}
+
 @test "decompressed size over the limit: exit 1" {
 	rl-queue cat --stream "$D/a.jsonl" > "$D/a.rlt"
 	run -1 --separate-stderr rl-queue cat --max-frame 100 "$D/a.rlt"
@@ -163,9 +198,28 @@ J
 	printf '{"prompt":[1,2,"x"]}\n' > "$D/w2.jsonl"
 	run -1 --separate-stderr rl-queue cat "$D/w2.jsonl"
 	[[ "$stderr" == *"line 1: field 'prompt' element 2: expected an integer, got a string"* ]]
+	for v in '[]' '[3]' '[0,1,2]'; do
+		printf '{"id":1,"version":%s}\n' "$v" > "$D/v.jsonl"
+		run -1 --separate-stderr rl-queue cat "$D/v.jsonl"
+		[[ "$stderr" == *"line 1: field 'version': wants [first, last], two integers"* ]]
+	done
 	printf '{"question":"?"}\n' > "$D/w3.jsonl"
 	run -1 --separate-stderr rl-queue cat "$D/w3.jsonl"
 	[[ "$stderr" == *"unknown field 'question'"* ]]
+}
+
+@test "\\u0000 in a JSONL value: exit 1 naming line and field, not a cut string" {
+	printf '{"id":1}\n{"response_text":"x\\u0000yyyy"}\n' > "$D/z.jsonl"
+	run -1 --separate-stderr rl-queue cat "$D/z.jsonl"
+	[[ "$stderr" == *"'$D/z.jsonl': line 2: field 'response_text': \u0000 in its value"* ]]
+	printf '{"id":1,"meta":{"a":["b\\u0000c"]}}\n' > "$D/z2.jsonl"
+	run -1 --separate-stderr rl-queue cat "$D/z2.jsonl"
+	[[ "$stderr" == *"line 1: field 'meta': \u0000 in its value"* ]]
+	# an escaped backslash before u0000 is ordinary text
+	printf '{"response_text":"ok\\\\u0000"}\n' > "$D/z3.jsonl"
+	run --separate-stderr rl-queue cat "$D/z3.jsonl"
+	assert_success
+	assert_output '{"response_text":"ok\\u0000"}'
 }
 
 @test "write errors are failures" {

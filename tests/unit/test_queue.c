@@ -482,9 +482,24 @@ test_journal(void)
 	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
 	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(1000, 2, 5000, 0, 2, 0, 64), &r), 0);
 	T_EQ_INT(r.duplicates, 2);
+
+	/* a second queue on the same directory is refused while the first is open */
+	{
+		rl_queue *q2 = NULL;
+		T_EQ_INT(rl_queue_open(&q2, &cfg, now), RL_EBUSY);
+		T_OK(q2 == NULL);
+		rl_queue_close(q);
+		T_EQ_INT(rl_queue_open(&q2, &cfg, now), 0);
+		q = q2;
+	}
 	rl_queue_close(q);
 	unlink(path);
-	rmdir(dir);
+	{
+		char lock[300];
+		snprintf(lock, sizeof lock, "%s/lock", dir);
+		unlink(lock);
+	}
+	T_EQ_INT(rmdir(dir), 0);
 }
 
 int

@@ -75,7 +75,8 @@ rand_record(rl_traj *t)
 		} else if (dt == RL_TRAJ_JSON) {
 			T_OK(rl_traj_set_json(t, tag, "{ \"answer\": \"42\", \"n\": [1, 2.5, -3e-7], \"s\": \"\\u00e9\\n\", \"o\": {}}") == 0);
 		} else {
-			size_t n = scalar ? 1 : rndn(40), es = rl_dtype_size(dt);
+			/* version is I32[2]: readers refuse other lengths */
+			size_t n = scalar ? 1 : tag == RL_TAG_VERSION ? 2 : rndn(40), es = rl_dtype_size(dt);
 			uint8_t buf[40 * 8];
 			for (size_t i = 0; i < n; i++)
 				rand_elem(buf + i * es, dt);
@@ -666,6 +667,38 @@ test_random_records(void)
 	rl_traj_destroy(t);
 }
 
+/* version is I32[2]: another length (or dtype) made a record unversioned,
+ * out of reach of the broker's staleness gate; both readers refuse it */
+static void
+test_version_shape(void)
+{
+	static const char *const bad[] = {
+		"{\"version\":[]}", "{\"version\":[3]}", "{\"version\":[0,1,2]}",
+		"{\"t5\":{\"dtype\":\"F64\",\"data\":[1,2]}}",
+	};
+	const int32_t three[3] = { 0, 1, 2 };
+	rl_traj *t = NULL, *u = NULL;
+	rl_buf rec;
+	size_t used;
+
+	T_OK(rl_traj_create(&t) == 0 && rl_traj_create(&u) == 0);
+	rl_buf_init(&rec);
+	T_EQ_INT(rl_traj_from_json(t, "{\"version\":[3,4]}", 17, NULL, "v"), 0);
+	for (size_t i = 0; i < RL_ARRAY_LEN(bad); i++)
+		T_EQ_INT(rl_traj_from_json(t, bad[i], strlen(bad[i]), NULL, "v"), RL_EFORMAT);
+	rl_traj_clear(t);
+	T_OK(rl_traj_set(t, RL_TAG_VERSION, RL_I32, three, sizeof three) == 0);
+	T_OK(rl_traj_encode(&rec, t) == 0);
+	T_EQ_INT(rl_traj_decode(u, &used, rec.p, rec.len, NULL, "v"), RL_EFORMAT);
+	rec.len = 0;
+	T_OK(rl_traj_set_version(t, 5, 6) == 0);
+	T_OK(rl_traj_encode(&rec, t) == 0);
+	T_EQ_INT(rl_traj_decode(u, &used, rec.p, rec.len, NULL, "v"), 0);
+	rl_buf_fini(&rec);
+	rl_traj_destroy(t);
+	rl_traj_destroy(u);
+}
+
 int
 main(void)
 {
@@ -673,6 +706,7 @@ main(void)
 	rl_log_init("test_traj", RL_LOG_QUIET);
 	test_typed();
 	test_roundtrip();
+	test_version_shape();
 	test_passthrough();
 	test_pipe(RL_TRAJ_BINARY);
 	test_pipe(RL_TRAJ_JSONL);
