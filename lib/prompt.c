@@ -64,6 +64,11 @@ rl_prompt_line_to_traj(rl_traj *t, const char *line, size_t n, const char *what)
 		rl_error("%s: not a JSON object", what);
 		goto out;
 	}
+	if (rl_json_has_nul_escape(line, n)) {
+		/* cJSON would cut the string there: the prompt or meta would change silently */
+		rl_error("%s: a string holds \\u0000 (NUL), which text and meta fields cannot hold", what);
+		goto out;
+	}
 	p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
 	if (!p || !is_prompt_value(p)) {
 		rl_error("%s: \"prompt\" must be a string or a list of message objects", what);

@@ -144,6 +144,11 @@ print(d)' "$@"
 	run --separate-stderr rl-queue put "$URL" "$D/mixed.jsonl"
 	assert_failure 1
 	[[ "$stderr" == *"mixed.jsonl"*"line 2"*"list of message objects"* ]]
+	# a prompt line with an escaped NUL: refused, not cut there
+	printf '%s\n' '{"prompt":"a\u0000b"}' > "$D/nul.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/nul.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"nul.jsonl': line 1: a string holds \u0000 (NUL)"* ]]
 }
 
 @test "put -z on: zstd frames without a content size are recompressed, not refused" {
