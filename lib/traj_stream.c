@@ -211,6 +211,19 @@ detect(rl_traj_reader *r)
 			return RL_OK;
 		}
 		c = r->p[r->pos];
+		if ((c & 0xf0) == 0x50) {
+			/* a skippable frame (50..5f 2a 4d 18), or text such as '[' */
+			if ((rv = more(r, 4, 1, 0)) != 0)
+				return rv;
+			if (r->len - r->pos >= 4 && (r->p[r->pos + 1] != 0x2a || r->p[r->pos + 2] != 0x4d ||
+			    r->p[r->pos + 3] != 0x18)) {
+				rl_error("'%s': byte %llu: not a trajectory stream (starts with %s, neither a zstd frame "
+				    "nor a JSON object)", r->name, (unsigned long long)(r->base + r->pos),
+				    c == '[' ? "a JSON array" : "text");
+				rl_hint("rl-trajectory(5) streams are zstd frames or JSONL, one object per line");
+				return RL_EFORMAT;
+			}
+		}
 		if (c == 0x28 || (c & 0xf0) == 0x50) {
 			r->fmt = RL_TRAJ_BINARY;
 			return RL_OK;

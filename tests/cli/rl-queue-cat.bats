@@ -115,6 +115,14 @@ J
 	printf 'hello world\n' > "$D/h.txt"
 	run -1 --separate-stderr rl-queue cat "$D/h.txt"
 	[[ "$stderr" == *"'$D/h.txt': byte 0: not a trajectory stream"* ]]
+	# a JSON array, or text whose first byte could start a skippable zstd frame ('[', 'Z'):
+	# said so, not "bad magic"
+	printf '[1, 2]\n' > "$D/arr.txt"
+	run -1 --separate-stderr rl-queue cat "$D/arr.txt"
+	[[ "$stderr" == *"'$D/arr.txt': byte 0: not a trajectory stream (starts with a JSON array"* ]]
+	printf 'Zebra\n' > "$D/z.txt"
+	run -1 --separate-stderr rl-queue cat "$D/z.txt"
+	[[ "$stderr" == *"'$D/z.txt': byte 0: not a trajectory stream (starts with text"* ]]
 	# a good frame followed by garbage: the offset of the garbage
 	rl-queue cat --stream "$D/a.jsonl" > "$D/g.rlt"
 	size=$(stat -c %s "$D/g.rlt")
