@@ -395,6 +395,7 @@ group_free(rl_queue *q, uint32_t gi, int finished)
 		win_add(&q->done_groups, g->gid);
 	map_del(&q->bygroup, g->gid);
 	free(g->slot);
+	q->st.bytes -= (uint64_t)g->gsize * sizeof *g->slot; /* charged by group_set_size */
 	memset(g, 0, sizeof *g);
 	g->next = q->freegrp;
 	q->freegrp = gi;
@@ -411,6 +412,9 @@ group_set_size(rl_queue *q, qgrp *g, uint32_t gsize)
 	if ((g->slot = rl_try_calloc(gsize, sizeof *g->slot, "group")) == NULL)
 		return RL_ENOMEM;
 	g->gsize = gsize;
+	/* a group's slots count against --max-bytes: 20000 groups of group_size
+	 * 65536 would otherwise take 5 GB under a bound of a few MB */
+	q->st.bytes += (uint64_t)gsize * sizeof *g->slot;
 	return RL_OK;
 }
 
@@ -820,6 +824,50 @@ return_to_pool(rl_queue *q, uint32_t ei)
 	}
 }
 
+/* The slot bytes the batch's records would add by opening groups not in the
+ * queue yet: each new group once (a batch often holds a whole group). */
+static int
+cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static uint64_t
+new_group_bytes(rl_queue *q, size_t nrec, int stage)
+{
+	uint64_t *g = NULL, sum = 0;
+	size_t k = 0;
+
+	if (stage == RL_QSTAGE_PROMPT)
+		return 0; /* prompts open no slots */
+	for (size_t i = 0; i < nrec; i++)
+		k += map_get(&q->bygroup, q->meta[i].group) == NIL;
+	if (k == 0)
+		return 0;
+	if ((g = malloc(k * 2 * sizeof *g)) == NULL) {
+		/* no memory for the sort: count every record's group (an upper bound) */
+		for (size_t i = 0; i < nrec; i++)
+			if (map_get(&q->bygroup, q->meta[i].group) == NIL)
+				sum += (uint64_t)RL_MAX(q->meta[i].gsize, 1u) * sizeof(uint32_t);
+		return sum;
+	}
+	k = 0;
+	for (size_t i = 0; i < nrec; i++) {
+		if (map_get(&q->bygroup, q->meta[i].group) == NIL) {
+			g[2 * k] = q->meta[i].group;
+			g[2 * k + 1] = RL_MAX(q->meta[i].gsize, 1u);
+			k++;
+		}
+	}
+	qsort(g, k, 2 * sizeof *g, cmp_u64);
+	for (size_t i = 0; i < k; i++)
+		if (i == 0 || g[2 * i] != g[2 * (i - 1)])
+			sum += g[2 * i + 1] * sizeof(uint32_t);
+	free(g);
+	return sum;
+}
+
 /* ---- apply functions (live and replay) --------------------------------------------------------- */
 static int
 apply_put(rl_queue *q, int stage, const uint8_t *batch, size_t n, const void *frame, size_t fn,
@@ -839,9 +887,16 @@ apply_put(rl_queue *q, int stage, const uint8_t *batch, size_t n, const void *fr
 			if (map_get(&q->byid, m->id) == NIL && !win_has(&q->done_ids, m->id))
 				newbytes += m->len + ENT_OVERHEAD;
 		}
+		uint64_t slots = newbytes > 0 ? new_group_bytes(q, nrec, stage) : 0;
+		newbytes += slots;
 		if (newbytes > q->cfg.max_bytes) {
-			rl_error("put: a batch of %zu bytes can never fit in --max-bytes %llu", newbytes,
-			    (unsigned long long)q->cfg.max_bytes);
+			if (slots > 0)
+				rl_error("put: a batch of %zu bytes (%llu of them the sample slots of its new groups, "
+				    "4 bytes per group_size) can never fit in --max-bytes %llu", newbytes,
+				    (unsigned long long)slots, (unsigned long long)q->cfg.max_bytes);
+			else
+				rl_error("put: a batch of %zu bytes can never fit in --max-bytes %llu", newbytes,
+				    (unsigned long long)q->cfg.max_bytes);
 			return RL_ETOOBIG;
 		}
 		if (newbytes > 0 && q->st.bytes + newbytes > q->cfg.max_bytes) {

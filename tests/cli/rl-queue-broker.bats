@@ -217,6 +217,28 @@ print(d)' "$@"
 	[[ "$stderr" == *"size over limit"* ]]
 }
 
+@test "--max-bytes counts the sample slots of each group (4 bytes per group_size)" {
+	start_broker --max-bytes 8M
+	# 256 one-record groups of group_size 65536: 64 MiB of slots
+	python3 -c '
+import json
+for i in range(256): print(json.dumps({"id": i + 1, "group": i + 1, "index": 0, "group_size": 65536, "response": [1]}))' > "$D/gs.jsonl"
+	run --separate-stderr rl-queue put -s scored --timeout 3 "$URL" "$D/gs.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"size over limit"* ]]
+	[ "$(rl-queue stat --json "$URL" | jget bytes)" = 0 ]
+	# one group of 64 samples, all in one batch: its slots counted once, and given back
+	python3 -c '
+import json
+for i in range(64): print(json.dumps({"id": i + 1, "group": 9, "index": i, "group_size": 64, "response": [1]}))' > "$D/g64.jsonl"
+	run --separate-stderr rl-queue put -s scored "$URL" "$D/g64.jsonl"
+	assert_success
+	b=$(rl-queue stat --json "$URL" | jget bytes)
+	[ "$b" -gt 256 ]
+	rl-queue get -s train -n 64 --ack "$URL" > /dev/null
+	[ "$(rl-queue stat --json "$URL" | jget bytes)" = 0 ]
+}
+
 @test "an expired lease returns its records; --release hands them back at once" {
 	start_broker
 	rl-queue put --stage generated "$URL" "$D/scored.jsonl"
