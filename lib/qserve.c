@@ -31,6 +31,7 @@ typedef struct qctx {
 	uint64_t wait_until;   /* monotonic ms */
 	struct qctx *wnext;    /* waiter list / send list */
 	int queued;            /* on a waiter list */
+	nng_pipe pipe;         /* a waiter's connection: gone, it is answered with nothing leased */
 	/* reply being built */
 	uint16_t status;
 	uint64_t arg;
@@ -204,6 +205,17 @@ try_lease(rl_qserve *s, qctx *c, int final)
 	uint32_t min = c->lr.min_records ? RL_MIN(c->lr.min_records, c->lr.max_records) : 1;
 	int rv;
 
+	if (c->queued) {
+		/* a parked long poll whose client died (kill -9, a crashed worker) must
+		 * not take records: they would stay leased to nobody until the lease
+		 * expires.  nng says ENOENT for a pipe that has closed. */
+		nng_sockaddr sa;
+		if (nng_pipe_id(c->pipe) > 0 && nng_pipe_get_addr(c->pipe, NNG_OPT_REMADDR, &sa) == NNG_ENOENT) {
+			reply_reset(c);
+			reply_error(c, RL_EIO, "client gone");
+			return 1;
+		}
+	}
 	if (!final && rl_queue_available(s->q, (int)c->lr.stage, c->lr.group_hint, c->lr.max_records) < min)
 		return 0;
 	reply_reset(c);
@@ -444,6 +456,7 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 				ready = old;
 			}
 			c->state = C_WAIT;
+			c->pipe = nng_msg_get_pipe(m);
 			waiter_add(s, c);
 			ADD_NS(t_state, t0);
 			unlock(s);

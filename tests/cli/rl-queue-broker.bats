@@ -255,6 +255,20 @@ for i in range(64): print(json.dumps({"id": i + 1, "group": 9, "index": i, "grou
 	[ "${#lines[@]}" = 4 ]
 }
 
+@test "a long-poll get whose client died takes no records: they go to the next get at once" {
+	start_broker --lease-timeout 60
+	rl-queue get -s reward -n 4 -w 20 "$URL" > /dev/null &
+	G=$!
+	sleep 0.5
+	kill -9 $G
+	wait $G || true
+	printf '{"id":1,"response":[1]}\n' | rl-queue put -s generated "$URL" -
+	# without the check the record was leased to the dead request for the lease's 60 s
+	run --separate-stderr rl-queue get -s reward "$URL"
+	assert_success
+	[ "${#lines[@]}" = 1 ]
+}
+
 @test "get -n N --release prints each record once, then hands them all back" {
 	start_broker
 	rl-queue put --stage generated "$URL" "$D/scored.jsonl"
