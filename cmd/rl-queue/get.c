@@ -189,7 +189,7 @@ out:
 	rl_qclient_close(cl);
 	if (rl_io_close_stdout() != 0 && rv == 0)
 		rv = RL_EIO;
-	if (rv == RL_ETIMEDOUT)
+	if (rv == RL_ETIMEDOUT || rv == RL_ENET) /* unreachable, or gone mid-request */
 		return 3;
 	return rv == 0 ? 0 : 1;
 }

@@ -400,7 +400,7 @@ out:
 	rl_traj_destroy(t);
 	rl_traj_batch_destroy(fixed);
 	rl_qclient_close(cl);
-	if (rv == RL_EBUSY || rv == RL_ETIMEDOUT)
+	if (rv == RL_EBUSY || rv == RL_ETIMEDOUT || rv == RL_ENET)
 		return 3;
 	return rv == 0 ? 0 : 1;
 }

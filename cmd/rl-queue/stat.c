@@ -301,7 +301,7 @@ rlq_stat_main(int argc, char **argv)
 		rl_qclient_close(cl);
 		if (rl_io_close_stdout() != 0 && rv == 0)
 			rv = RL_EIO;
-		return rv == 0 ? 0 : rv == RL_ETIMEDOUT ? 3 : 1;
+		return rv == 0 ? 0 : rv == RL_ETIMEDOUT || rv == RL_ENET ? 3 : 1;
 	}
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = on_signal;

@@ -267,6 +267,13 @@ for i in range(64): print(json.dumps({"id": i + 1, "group": 9, "index": i, "grou
 	run --separate-stderr rl-queue get -s reward "$URL"
 	assert_success
 	[ "${#lines[@]}" = 1 ]
+	# the broker killed under a waiting get (connection reset): exit 3, not 1
+	rl-queue get -s reward -w 10 -t 1 "$URL" > /dev/null 2> "$D/get.err" &
+	G=$!
+	sleep 0.5
+	kill -9 $BROKER
+	st=0; wait $G || st=$?
+	[ "$st" -eq 3 ]
 }
 
 @test "get -n N --release prints each record once, then hands them all back" {
