@@ -10,6 +10,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -172,6 +174,42 @@ rl_io_write_full(int fd, const void *buf, size_t n, const char *name)
 }
 
 /* ---- FILE streams ----------------------------------------------------------------- */
+
+static void *
+watch_stdout(void *arg)
+{
+	struct pollfd p = { .fd = STDOUT_FILENO, .events = 0 };
+
+	(void)arg;
+	for (;;) {
+		int r = poll(&p, 1, -1);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r > 0 && (p.revents & (POLLERR | POLLHUP | POLLNVAL))) {
+			rl_error("the reader of standard output has gone (it stopped or failed): stopping");
+			_exit(1);
+		}
+		if (r < 0)
+			return NULL;
+	}
+}
+
+void
+rl_io_watch_stdout(void)
+{
+	struct stat st;
+	pthread_t t;
+	pthread_attr_t a;
+
+	if (fstat(STDOUT_FILENO, &st) != 0 || !(S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
+		return;
+	if (pthread_attr_init(&a) != 0)
+		return;
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &a, watch_stdout, NULL) != 0)
+		rl_verbose("cannot watch standard output's reader: %s", strerror(errno));
+	pthread_attr_destroy(&a);
+}
 
 int
 rl_io_same_file(const char *in, const char *out)

@@ -58,6 +58,14 @@ int rl_io_fclose(FILE *f, const char *name);
  * (both exist and are the same inode; "-" is never the same), else 0: opening
  * out would empty the input before it is read. */
 int rl_io_same_file(const char *in, const char *out);
+/* For a program whose standard output is its data and may block for long on
+ * something else (rl-rollout waiting for weights, rl-reward waiting for
+ * records): when stdout is a pipe or socket, a thread waits for its reader to
+ * go away and then ends the process (exit status 1, one line saying so).
+ * Without it, `rl-rollout | rl-reward | rl-train` hung for the weights
+ * timeout after rl-train stopped: rl-reward, blocked reading, never wrote to
+ * notice, and rl-rollout waited for a weights version that would not come. */
+void rl_io_watch_stdout(void);
 /* Flush and close stdout; a failure (disk full, EPIPE, closed stdout) is logged
  * and returned as RL_EIO.  Call once at the end of main (BSD cat). */
 int rl_io_close_stdout(void);

@@ -339,6 +339,8 @@ main(int argc, char **argv)
 			goto out;
 		}
 	}
+	if (!of)
+		rl_io_watch_stdout(); /* blocked reading, it must stop when the stage after it has */
 	if ((rv = rl_traj_writer_open_file(&w, of ? of : stdout, out ? out : "<stdout>", &wo)) != 0) {
 		status = 1;
 		goto out;

@@ -1349,6 +1349,9 @@ rl_cmd_generate(int argc, char **argv)
 		}
 	} else {
 		g.out = stdout;
+		/* waiting for weights, it must stop when the stage after it has */
+		if (!g.queue_url)
+			rl_io_watch_stdout();
 	}
 	{
 		rl_traj_writer_opts wo = { 0 };

@@ -271,3 +271,14 @@ PY
 	[[ "$stderr" == *"tensor 'model.norm.weight' has 1 non-finite values of 32 (the first, element 3, is nan)"* ]]
 	[ -z "$output" ]
 }
+
+@test "the pipe wiring ends at once when rl-train stops (a reader gone ends the stages before it)" {
+	rl-reward gen-arith --n 200 --seed 1 --split train > "$TD/arith.jsonl"
+	# rl-train stops after 2 steps: rl-reward (blocked reading) and rl-rollout (waiting for
+	# version 3) used to wait for the weights timeout, 600 s
+	run --separate-stderr timeout 120 bash -c 'rl-rollout -q -m "$1/m0" --weights-from "$1/ckw" --max-staleness 0 --train-batch 2 -n 2 --max-tokens 4 "$1/arith.jsonl" | rl-reward -q --task arith | rl-train -q -m "$1/m0" --out "$1/ckw" --algo grpo --batch 2 --lr 1e-3 --max-steps 2 --metrics /dev/null; echo ${PIPESTATUS[*]}' _ "$TD"
+	assert_success
+	[ "$output" = "1 1 0" ]
+	[[ "$stderr" == *"rl-reward: the reader of standard output has gone"* ]]
+	[ -e "$TD/ckw/step-00000002" ]
+}
