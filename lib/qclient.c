@@ -30,7 +30,21 @@ struct rl_qclient {
 	rl_buf buf;
 	seen seen;
 	int quiet;             /* rl_qclient_report: failures logged at verbose level only */
+	const volatile sig_atomic_t *stop; /* set: no retries */
 };
+
+void
+rl_qclient_set_stop(rl_qclient *c, const volatile sig_atomic_t *stop)
+{
+	if (c != NULL)
+		c->stop = stop;
+}
+
+static int
+stopping(const rl_qclient *c)
+{
+	return c->stop != NULL && *c->stop != 0;
+}
 
 void
 rl_qclient_opts_default(rl_qclient_opts *o)
@@ -240,7 +254,9 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 		rl_error("out of memory for a request of %zu bytes", flen + blen);
 		return RL_ENOMEM;
 	}
-	nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, c->o.timeout_ms + (wait_ms > 0 ? wait_ms : 0));
+	/* stopping: a last ack or release waits 3 s at most for a broker that may be gone */
+	nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, stopping(c) ? RL_MIN(c->o.timeout_ms, 3000) :
+	    c->o.timeout_ms + (wait_ms > 0 ? wait_ms : 0));
 	for (;;) {
 		nng_msg *send;
 		if ((nrv = nng_msg_dup(&send, m)) != 0) {
@@ -261,7 +277,7 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 				break;
 			}
 			*rh = rh0;
-			if (rh0.status == RL_EBUSY && retry && rl_now() < t_end) {
+			if (rh0.status == RL_EBUSY && retry && rl_now() < t_end && !stopping(c)) {
 				nng_msg_free(r);
 				r = NULL;
 				nng_msleep((nng_duration)(backoff + rnd(&st) % (backoff + 1)));
@@ -282,7 +298,7 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 			}
 			break;
 		}
-		if (retry && nrv != NNG_ECLOSED && nrv != NNG_ENOMEM && rl_now() < t_end) {
+		if (retry && nrv != NNG_ECLOSED && nrv != NNG_ENOMEM && rl_now() < t_end && !stopping(c)) {
 			/* timed out, connection reset or refused: the broker may be
 			 * restarting; requests are idempotent, so send it again */
 			rl_verbose("%s request: %s; retrying", rl_qop_name(op), nng_strerror(nrv));

@@ -29,6 +29,7 @@
 #ifndef RL_QCLIENT_H
 #define RL_QCLIENT_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +55,10 @@ typedef struct rl_qclient rl_qclient;
  * RL_ENET when the URL is unusable (logged). */
 int rl_qclient_open(rl_qclient **out, const char *url, const rl_qclient_opts *o);
 void rl_qclient_close(rl_qclient *c);   /* accepts NULL */
+/* While *stop is non-zero (a stage's SIGTERM flag), a failed or busy request
+ * is not retried: a stage being stopped while the broker is gone must not
+ * wait out retry_ms for every request it still makes.  stop may be NULL. */
+void rl_qclient_set_stop(rl_qclient *c, const volatile sig_atomic_t *stop);
 
 /* A lease: the records (batch, owned) and what the broker said about it. */
 typedef struct rl_qlease {

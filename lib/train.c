@@ -2155,6 +2155,7 @@ rl_train_run(const rl_train_opts *o)
 		sigaction(SIGTERM, &sa, NULL);
 		if ((rv = rl_qclient_open(&tr.qc, o->queue_url, NULL)) != 0 || (rv = rl_traj_create(&tr.qt)) != 0)
 			goto out;
+		rl_qclient_set_stop(tr.qc, &train_stop);
 		/* the broker's staleness gate starts from our version */
 		rl_qclient_set_version(tr.qc, (uint64_t)tr.m->step, NULL);
 		if (rl_wstat_open(&tr.wst, o->queue_url, "train", strcmp(tr.ops->name, "cpu") == 0 ? "cpu" : o->device) != 0)
@@ -2313,11 +2314,28 @@ out:
 	}
 	rl_traj_reader_close(tr.rd);
 	if (tr.qc && tr.nheld) {
-		/* records leased but not trained go back to the broker at once */
+		/* records leased but not trained go back to the broker at once: one
+		 * request per lease (it was one per record, each retried for a
+		 * minute when the broker was gone), and no retries once stopping */
 		rl_qack_result res;
-		for (size_t i = 0; i < tr.nheld; i++)
-			rl_qclient_ack_ids(tr.qc, tr.held[i].lease, RL_QACK_RELEASE, &tr.held[i].id, 1, &res);
-		rl_verbose("%zu leased records not trained handed back", tr.nheld);
+		size_t back = 0, i = 0;
+		uint64_t *ids = malloc(tr.nheld * sizeof *ids);
+		while (ids != NULL && i < tr.nheld) {
+			size_t j = i, n = 0;
+			for (; j < tr.nheld && tr.held[j].lease == tr.held[i].lease; j++)
+				ids[n++] = tr.held[j].id;
+			if (rl_qclient_ack_ids(tr.qc, tr.held[i].lease, RL_QACK_RELEASE, ids, (uint32_t)n, &res) == RL_OK)
+				back += n;
+			else if (train_stop)
+				break; /* the broker is gone: the rest would fail the same way */
+			i = j;
+		}
+		free(ids);
+		if (back == tr.nheld)
+			rl_verbose("%zu leased records not trained handed back", tr.nheld);
+		else
+			rl_warn("%zu of %zu leased records not trained could not be handed back: the broker gives "
+			    "them out again when their lease expires", tr.nheld - back, tr.nheld);
 	}
 	rl_progress_done(&tr.prog);
 	rl_wstat_close(tr.wst);

@@ -311,7 +311,9 @@ main(int argc, char **argv)
 		sigemptyset(&sa.sa_mask);
 		sigaction(SIGINT, &sa, NULL);
 		sigaction(SIGTERM, &sa, NULL);
-		if ((rv = rl_qclient_open(&qc, queue_url, NULL)) != 0) {
+		if ((rv = rl_qclient_open(&qc, queue_url, NULL)) == 0)
+			rl_qclient_set_stop(qc, &stop_flag);
+		if (rv != 0) {
 			status = 1;
 			goto out;
 		}

@@ -1107,7 +1107,9 @@ run_queue(gen *g)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	rl_qlease_init(&lease);
-	if ((rv = rl_qclient_open(&g->qc, g->queue_url, NULL)) != 0)
+	if ((rv = rl_qclient_open(&g->qc, g->queue_url, NULL)) == 0)
+		rl_qclient_set_stop(g->qc, &stop_requested);
+	if (rv != 0)
 		return rv;
 	if ((rv = rl_traj_create(&t)) != 0)
 		goto out;

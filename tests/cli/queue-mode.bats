@@ -80,6 +80,24 @@ assert s["version"] == 1, s["version"]
 	grep -q ' training 0 ' "$TD/st"
 }
 
+@test "SIGTERM to a trainer whose broker is gone: it stops without retrying each record for a minute, and says what it could not hand back" {
+	rl-queue put -q "$URL" "$TD/prompts.jsonl"
+	rl-rollout -q -m "$TD/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1
+	score
+	# batch 8 > 6 groups: it holds them all and waits for more
+	rl-train -m "$TD/m0" --out "$TD/ck3" --batch 8 --queue "$URL" --metrics /dev/null 2> "$TD/tr3.log" &
+	T=$!
+	for i in $(seq 100); do grep -q 'training 6' <(rl-queue stat "$URL" 2>/dev/null) && break; sleep 0.1; done
+	kill -9 "$QPID"
+	wait "$QPID" 2>/dev/null || true
+	kill -TERM $T
+	# it took a minute per held record (12 here) before; now one lease request and one
+	# release, each bounded: well under the 100 s this waits
+	st=0; timeout 100 tail --pid=$T -f /dev/null || st=$?
+	[ "$st" -eq 0 ]
+	grep -q "12 of 12 leased records not trained could not be handed back" "$TD/tr3.log"
+}
+
 @test "--queue and an input file together is a usage error" {
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --queue "$URL" "$TD/prompts.jsonl"
 }
