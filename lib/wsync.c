@@ -1561,6 +1561,8 @@ do_push_chunk(rl_wsync_server *s, const whdr *h)
 		x = NULL;
 	}
 	pthread_mutex_unlock(&s->mu);
+	if (atomic_load(&test_slow_ms) > 0) /* test hook: a push slow enough to kill the server under it */
+		usleep((useconds_t)atomic_load(&test_slow_ms) * 1000);
 	if (x == NULL)
 		return reply_err(OP_PUSH_CHUNK, RL_ENOENT, h->version, "no push of version %llu in progress "
 				 "(or it came over shared memory)", (unsigned long long)h->version);
@@ -3591,8 +3593,28 @@ push_shm(rl_wsync_client *c, rl_wver *v, const char *name)
 	return rv;
 }
 
+static int push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last);
+
+/* A server restarted during a push has forgotten it (its chunks and commit are
+ * answered "no push of version N in progress", RL_ENOENT): the whole push is
+ * made again, whole (the new server may not hold the delta's base), at most
+ * twice; the trainer still holds every byte of the version. */
 int
 rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base)
+{
+	int rv;
+
+	for (int attempt = 0;; attempt++) {
+		rv = push_once(c, v, attempt ? NULL : base, attempt == 2);
+		if (rv != RL_ENOENT || attempt == 2)
+			return rv;
+		rl_warn("push: the server lost version %llu while it was sent (restarted?): sending it again",
+			(unsigned long long)v->version);
+	}
+}
+
+static int
+push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last)
 {
 	uint8_t *man = NULL;
 	size_t mn;
@@ -3686,8 +3708,8 @@ rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base)
 	rv = rpc(c, c->ctx, c->aio, OP_PUSH_COMMIT, v->version, 0, 0, NULL, 0, NULL, 0, c->o.timeout_ms * 6, &m, &h);
 	if (rv != 0) {
 		if (m) {
-			rl_error("push: server refused to publish version %llu: %s", (unsigned long long)v->version,
-				 rep_text(&h, buf, sizeof buf));
+			(rv == RL_ENOENT && !last ? rl_verbose : rl_error)("push: server refused to publish version %llu: %s",
+				 (unsigned long long)v->version, rep_text(&h, buf, sizeof buf));
 			nng_msg_free(m);
 		} else {
 			net_fail(c, rv, "push");

@@ -271,6 +271,24 @@ bump() {
 	cmp "$T/ck/model.safetensors" "$T/out/latest/model.safetensors"
 }
 
+@test "a server killed mid-push and restarted: the pusher sends the version again" {
+	head -c 9000000 /dev/urandom >"$T/ck/model.safetensors"
+	RL_WSYNC_TEST_SLOW_MS=150 serve
+	# 9 chunks of 1 MiB, one at a time, 150 ms each on the server
+	rl-sync push "$URL" "$T/ck" --chunk 1 --parallel 1 --transport nng 3>&- 2>"$T/push.err" &
+	P=$!
+	PIDS="$PIDS $P"
+	sleep 0.6
+	kill -9 "$SPID"
+	wait "$SPID" || true
+	KEEP_URL=1 serve
+	# it failed "no push of version 1 in progress" before
+	wait "$P" || { echo "pusher failed:"; cat "$T/push.err"; false; }
+	grep -q 'the server lost version 1 while it was sent' "$T/push.err"
+	rl-sync pull "$URL" --out "$T/out"
+	cmp "$T/ck/model.safetensors" "$T/out/latest/model.safetensors"
+}
+
 @test "publish: the file transport makes versions appear atomically and prunes" {
 	for v in 1 2 3; do rl-sync publish "$T/w" "$T/ck" --version "$v" --keep 2; done
 	[ "$(readlink "$T/w/latest")" = v000003 ]
