@@ -11,7 +11,13 @@
 #     prompts are put once (ids are the line numbers, so a second put of the
 #     same file is dropped by the broker as duplicates anyway);
 #   - logs under OUT/logs/<start time>/, metrics appended to OUT/metrics.jsonl;
-#   - every process it starts is stopped by pid on exit, newest first.
+#   - every process it starts is stopped by pid on exit, newest first; none
+#     inherits the lock, and their pids are kept in OUT/pids, so a driver
+#     killed with -9 blocks nothing: the next run stops what it left;
+#   - STEPS x BATCH must not exceed the prompts (else an error at once), and
+#     rl-train gives up after IDLE_EXIT seconds (1800) without records;
+#   - a run killed between full checkpoints restarts from the last full one
+#     (the newer step directories are removed before anything starts).
 #
 # Environment (the recipe Makefiles set these): MODEL (Hugging Face directory),
 # PROMPTS (JSONL prompt lines), OUT, TASK (rl-reward --task spec), STEPS,
@@ -48,7 +54,65 @@ if ! flock -n 9; then
 	exit 0
 fi
 
+# a run killed with -9 (its traps never ran) may have left its workers: they
+# are stopped here, by the pids it wrote, if their command line still names
+# this run (OUT, or its broker's URL), so that a recycled pid is left alone
+if [ -f "$OUT/pids" ]; then
+	old_url=$(cat "$OUT/queue.url" 2>/dev/null || echo none)
+	left=""
+	# newest first, each given 5 s: the trainer and the workers hand their
+	# leases back while the broker still runs (killed first, it would keep them
+	# leased, and the staleness gate closed, until the leases expire)
+	r=""
+	for p in $(cat "$OUT/pids"); do r="$p $r"; done
+	for p in $r; do
+		c=$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null) || continue
+		case $c in *"$OUT"* | *"$old_url"*) ;; *) continue ;; esac
+		kill "$p" 2>/dev/null || continue
+		left="$left $p"
+		j=0
+		while [ $j -lt 50 ] && kill -0 "$p" 2>/dev/null; do sleep 0.1; j=$((j + 1)); done
+		kill -9 "$p" 2>/dev/null || true
+	done
+	[ -z "$left" ] || echo "recipe: stopped processes left by an earlier run:$left"
+	rm -f "$OUT/pids"
+fi
+
+# every step takes BATCH prompts (as groups of SAMPLES): with fewer prompts the
+# run would wait for ever at the step where they ran out
+nprompts=$(awk 'NF { n++ } END { print n + 0 }' "$PROMPTS")
+if [ "$nprompts" -lt $((STEPS * BATCH)) ]; then
+	echo "recipe: STEPS $STEPS x BATCH $BATCH needs $((STEPS * BATCH)) prompts; $PROMPTS has $nprompts" >&2
+	echo "recipe: hint: lower STEPS or BATCH, or repeat the data in PROMPTS" >&2
+	exit 2
+fi
+IDLE_EXIT=${IDLE_EXIT:-1800}
+
 CK=$OUT/ckpt
+# a run killed between full checkpoints (--save-every) leaves newer step
+# directories without optimizer state: rl-train --resume goes on from the
+# newest full one and drops those, so they go now, before the generator could
+# load one of them as a version outside the trained lineage
+stepnum() { echo "$1" | sed 's/^.*step-0*//; s/^$/0/'; }
+if [ -d "$CK" ]; then
+	full=0
+	for d in "$CK"/step-*; do
+		[ -f "$d/optimizer.safetensors" ] || continue
+		n=$(stepnum "$d"); [ "$n" -gt "$full" ] && full=$n
+	done
+	for d in "$CK"/step-*; do
+		[ -e "$d" ] || continue
+		if [ "$(stepnum "$d")" -gt "$full" ]; then
+			echo "recipe: removing $d: newer than the last full checkpoint (step $full)"
+			rm -rf "$d"
+		fi
+	done
+	if [ "$full" -gt 0 ]; then
+		ln -sfn "$(printf 'step-%08d' "$full")" "$CK/latest"
+	else
+		rm -f "$CK/latest"
+	fi
+fi
 done_steps=0
 [ -L "$CK/latest" ] && done_steps=$(readlink "$CK/latest" | sed 's/^step-0*//; s/^$/0/')
 if [ "$done_steps" -ge "$STEPS" ]; then
@@ -75,7 +139,7 @@ while [ $i -lt 20 ]; do
 	port=$(awk -v s="$$$i" 'BEGIN { srand(s); printf "%d", 20000 + int(rand() * 40000) }')
 	rl-queue serve --listen "tcp://127.0.0.1:$port" --data-dir "$OUT/queue" \
 		--max-staleness "$STALENESS" --train-batch $((BATCH * SAMPLES)) --stale regen \
-		2>>"$L/queue.log" &
+		2>>"$L/queue.log" 9>&- &
 	Q=$!
 	j=0
 	while [ $j -lt 100 ] && kill -0 "$Q" 2>/dev/null; do
@@ -89,6 +153,7 @@ done
 [ -n "$URL" ] || { echo "recipe: could not start rl-queue serve (see $L/queue.log)" >&2; exit 1; }
 PIDS="$PIDS $Q"
 echo "$URL" > "$OUT/queue.url"
+echo "$Q" >> "$OUT/pids"
 
 if [ ! -f "$OUT/.prompts-put" ]; then
 	awk '{ sub(/^\{/, "{\"id\":" NR ","); print }' "$PROMPTS" > "$OUT/prompts-ids.jsonl"
@@ -105,16 +170,30 @@ gen_model=$MODEL
 [ -L "$CK/latest" ] && gen_model=$CK/$(readlink "$CK/latest")
 
 rl-rollout -m "$gen_model" --queue "$URL" --weights-from "$CK" --device "$GEN_DEVICE" \
-	-n "$SAMPLES" --temperature "$TEMP" --max-tokens "$MAX_TOKENS" $chat $EXTRA_GEN 2>>"$L/rollout.log" &
+	-n "$SAMPLES" --temperature "$TEMP" --max-tokens "$MAX_TOKENS" $chat $EXTRA_GEN 2>>"$L/rollout.log" 9>&- &
 PIDS="$PIDS $!"; GEN=$!
-rl-reward --queue "$URL" --task "$TASK" 2>>"$L/reward.log" &
+rl-reward --queue "$URL" --task "$TASK" 2>>"$L/reward.log" 9>&- &
 PIDS="$PIDS $!"; REW=$!
+echo "$GEN $REW" >> "$OUT/pids"
 echo "recipe: $(date -u +%FT%TZ) run in $OUT from step $done_steps to $STEPS; logs in $L"
 rc=0
 rl-train -m "$MODEL" --out "$CK" --queue "$URL" $resume --algo grpo --device "$DEVICE" \
-	--batch "$BATCH" --lr "$LR" --max-steps "$STEPS" --save-every "$SAVE_EVERY" \
-	--metrics "$L/metrics.jsonl" $EXTRA_TRAIN 2>>"$L/train.log" || rc=$?
+	--batch "$BATCH" --lr "$LR" --max-steps "$STEPS" --save-every "$SAVE_EVERY" --idle-exit "$IDLE_EXIT" \
+	--metrics "$L/metrics.jsonl" $EXTRA_TRAIN 2>>"$L/train.log" 9>&- &
+TRN=$!
+PIDS="$PIDS $TRN"
+echo "$TRN" >> "$OUT/pids"
+wait "$TRN" || rc=$?
 cat "$L/metrics.jsonl" >> "$OUT/metrics.jsonl" 2>/dev/null || true
+at=0
+[ -L "$CK/latest" ] && at=$(readlink "$CK/latest" | sed 's/^step-0*//; s/^$/0/')
+if [ $rc = 0 ] && [ "$at" -lt "$STEPS" ]; then
+	echo "recipe: rl-train stopped at step $at of $STEPS after $IDLE_EXIT s without records" \
+		"(groups dropped, or a stage stuck; see $L)" >&2
+	rc=1
+fi
 for p in $GEN $REW; do kill -0 "$p" 2>/dev/null || { echo "recipe: a worker exited early; see $L" >&2; rc=1; }; done
 [ $rc = 0 ] || { echo "recipe: rl-train failed (exit $rc); see $L/train.log" >&2; exit 1; }
+cleanup
+rm -f "$OUT/pids"
 echo "recipe: $(date -u +%FT%TZ) done: $CK/$(readlink "$CK/latest")"

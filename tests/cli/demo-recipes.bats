@@ -73,3 +73,62 @@ no_leftovers() {
 		sh pipelines/lib/grpo-queue.sh
 	[[ "$stderr" == *"not found"* ]]
 }
+
+recipe_in() { # recipe_in OUT ARGS...: the recipe in another run directory
+	local out=$1; shift
+	timeout 120 make --no-print-directory -C pipelines/gsm8k "$@" MODEL="$TD/m0" DATA="$TD/train.jsonl" \
+		TEST="$TD/test.jsonl" OUT="$out" TASK=arith DEVICE=cpu BATCH=2 SAMPLES=2 MAX_TOKENS=4 \
+		CHAT=0 LR=1e-3
+}
+
+@test "recipe: more steps than the prompts can feed is an error at once, not a run that waits for ever" {
+	run --separate-stderr recipe_in "$TD/few" STEPS=30 SAVE_EVERY=1
+	[ "$status" -ne 0 ]
+	[[ "$stderr" == *"STEPS 30 x BATCH 2 needs 60 prompts;"*"has 40"* ]]
+	[ ! -e "$TD/few/ckpt" ]
+}
+
+@test "recipe: eval fails when rl-rollout fails on a test line, instead of scoring the lines before it" {
+	{ head -n 3 "$TD/test.jsonl"; echo '{"prompt": 12}'; tail -n 6 "$TD/test.jsonl"; } > "$TD/badtest.jsonl"
+	run --separate-stderr timeout 60 make --no-print-directory -C pipelines/gsm8k eval MODEL="$TD/m0" \
+		OUT="$TD/ev" TASK=arith DEVICE=cpu MAX_TOKENS=4 CHAT=0 TEST="$TD/badtest.jsonl"
+	[ "$status" -ne 0 ]
+	[[ "$stderr" == *"eval: rl-rollout failed"* ]]
+	[[ "$output" != *"accuracy"* ]]
+}
+
+@test "recipe: a driver killed with -9 leaves no lock behind; the next run stops the workers it left" {
+	# 400 prompts and 150 steps: several seconds, so the kill lands mid-run
+	rl-reward gen-arith --n 400 --seed 3 --split train > "$TD/train400.jsonl"
+	timeout 120 make --no-print-directory -C pipelines/gsm8k MODEL="$TD/m0" DATA="$TD/train400.jsonl" \
+		OUT="$TD/k9" TASK=arith DEVICE=cpu BATCH=2 SAMPLES=2 MAX_TOKENS=4 CHAT=0 LR=1e-3 STEPS=150 \
+		> "$TD/k9.out" 2>&1 &
+	M=$!
+	for i in $(seq 600); do [ -L "$TD/k9/ckpt/latest" ] && break; sleep 0.05; done
+	[ -L "$TD/k9/ckpt/latest" ]
+	pkill -9 -f 'pipelines/lib/grpo-queue.sh'
+	wait $M || true
+	[ "$(readlink "$TD/k9/ckpt/latest")" != step-00000150 ]
+	# its broker, generator and scorer live on (they never stop by themselves) but hold
+	# no lock: the next run starts, stops them first, and finishes
+	run -0 --separate-stderr timeout 120 make --no-print-directory -C pipelines/gsm8k MODEL="$TD/m0" \
+		DATA="$TD/train400.jsonl" OUT="$TD/k9" TASK=arith DEVICE=cpu BATCH=2 SAMPLES=2 MAX_TOKENS=4 \
+		CHAT=0 LR=1e-3 STEPS=150
+	assert_output --partial "stopped processes left by an earlier run"
+	[ "$(readlink "$TD/k9/ckpt/latest")" = step-00000150 ]
+	left=$(ps -eo args= | grep -F -- "$TD/k9" | grep -v grep || true)
+	[ -z "$left" ]
+}
+
+@test "recipe: after a crash between full checkpoints the run goes on from the last full one" {
+	run -0 recipe_in "$TD/cr" STEPS=7 SAVE_EVERY=5 EXTRA_TRAIN="--keep 10"
+	# a crash after step 7 was published, before its full checkpoint: 6 and 7 without
+	# optimizer state, 5 the last full one
+	rm "$TD/cr/ckpt/step-00000007/optimizer.safetensors"
+	[ ! -e "$TD/cr/ckpt/step-00000006/optimizer.safetensors" ]
+	run -0 --separate-stderr recipe_in "$TD/cr" STEPS=12 SAVE_EVERY=5
+	assert_output --partial "step-00000006: newer than the last full checkpoint (step 5)"
+	assert_output --partial "step-00000007: newer than the last full checkpoint (step 5)"
+	assert_output --partial "from step 5 to 12"
+	[ "$(readlink "$TD/cr/ckpt/latest")" = step-00000012 ]
+}
