@@ -151,6 +151,57 @@ rli_limits(const rl_traj_limits *lim)
 
 /* ---- UTF-8 --------------------------------------------------------------------------- */
 
+/* The length of the valid multi-byte sequence at s[i] (lead byte >= 0x80),
+ * or 0: overlong forms, surrogates and code points past U+10FFFF are not. */
+static size_t
+utf8_seq(const uint8_t *s, size_t n, size_t i)
+{
+	uint8_t c = s[i];
+	size_t k;
+	uint32_t cp;
+
+	if (c >= 0xc2 && c <= 0xdf) {
+		k = 1;
+		cp = c & 0x1f;
+	} else if (c >= 0xe0 && c <= 0xef) {
+		k = 2;
+		cp = c & 0x0f;
+	} else if (c >= 0xf0 && c <= 0xf4) {
+		k = 3;
+		cp = c & 0x07;
+	} else {
+		return 0;
+	}
+	if (n - i <= k)
+		return 0;
+	for (size_t j = 1; j <= k; j++) {
+		if ((s[i + j] & 0xc0) != 0x80)
+			return 0;
+		cp = (cp << 6) | (s[i + j] & 0x3f);
+	}
+	if ((k == 2 && cp < 0x800) || (k == 3 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return k + 1;
+}
+
+void
+rl_utf8_fix(char *text, size_t n)
+{
+	uint8_t *s = (uint8_t *)text;
+	size_t i = 0;
+
+	while (i < n) {
+		size_t k;
+		if (s[i] != 0 && s[i] < 0x80) {
+			i++;
+		} else if (s[i] != 0 && (k = utf8_seq(s, n, i)) != 0) {
+			i += k;
+		} else {
+			s[i++] = '?';
+		}
+	}
+}
+
 int
 rli_utf8_ok(const uint8_t *s, size_t n)
 {
@@ -175,31 +226,10 @@ rli_utf8_ok(const uint8_t *s, size_t n)
 			i++;
 			continue;
 		}
-		size_t k;
-		uint32_t cp;
-		if (c >= 0xc2 && c <= 0xdf) {
-			k = 1;
-			cp = c & 0x1f;
-		} else if (c >= 0xe0 && c <= 0xef) {
-			k = 2;
-			cp = c & 0x0f;
-		} else if (c >= 0xf0 && c <= 0xf4) {
-			k = 3;
-			cp = c & 0x07;
-		} else {
+		size_t k = utf8_seq(s, n, i);
+		if (k == 0)
 			return 0;
-		}
-		if (n - i <= k)
-			return 0;
-		for (size_t j = 1; j <= k; j++) {
-			if ((s[i + j] & 0xc0) != 0x80)
-				return 0;
-			cp = (cp << 6) | (s[i + j] & 0x3f);
-		}
-		if ((k == 2 && cp < 0x800) || (k == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
-		    (cp >= 0xd800 && cp <= 0xdfff))
-			return 0;
-		i += k + 1;
+		i += k;
 	}
 	return 1;
 }

@@ -182,6 +182,9 @@ int rl_traj_set_u8s(rl_traj *t, unsigned tag, const uint8_t *data, size_t n);
  * get_str accepts STR and JSON fields. */
 int rl_traj_get_str(const rl_traj *t, unsigned tag, const char **s, size_t *len);
 int rl_traj_set_str(rl_traj *t, unsigned tag, const char *s);
+/* NUL and bytes that do not start a valid UTF-8 sequence become '?', in
+ * place: text a STR field can hold, valid characters kept. */
+void rl_utf8_fix(char *s, size_t n);
 int rl_traj_set_strn(rl_traj *t, unsigned tag, const char *s, size_t len);
 /* JSON: parses text and stores it in compact form (RL_EINVAL if not JSON).
  * Read it back with rl_traj_get_str. */

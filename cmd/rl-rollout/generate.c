@@ -230,52 +230,6 @@ parse_bytes(const char *s, size_t *out)
 	return 0;
 }
 
-/* Invalid UTF-8 (and NUL) bytes to '?', valid sequences kept: text fields hold
- * UTF-8 without NUL, and a prompt line or a decoded response may not be. */
-static void
-utf8_fix(char *s, size_t n)
-{
-	size_t i = 0;
-
-	while (i < n) {
-		unsigned char c = (unsigned char)s[i];
-		size_t k;
-		uint32_t cp;
-		int ok;
-
-		if (c != 0 && c < 0x80) {
-			i++;
-			continue;
-		}
-		if (c >= 0xc2 && c <= 0xdf) {
-			k = 1;
-			cp = c & 0x1f;
-		} else if (c >= 0xe0 && c <= 0xef) {
-			k = 2;
-			cp = c & 0x0f;
-		} else if (c >= 0xf0 && c <= 0xf4) {
-			k = 3;
-			cp = c & 0x07;
-		} else {
-			s[i++] = '?';
-			continue;
-		}
-		ok = n - i > k;
-		for (size_t j = 1; ok && j <= k; j++) {
-			unsigned char d = (unsigned char)s[i + j];
-			if ((d & 0xc0) != 0x80)
-				ok = 0;
-			cp = (cp << 6) | (d & 0x3f);
-		}
-		if (ok && ((k == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (k == 3 && (cp < 0x10000 || cp > 0x10ffff))))
-			ok = 0;
-		if (!ok) {
-			s[i++] = '?';
-			continue;
-		}
-		i += k + 1;
-	}
-}
 
 /* ---- weight versions ----------------------------------------------------------------- */
 
@@ -542,7 +496,7 @@ on_done(void *ctx, const rl_gen_sample *s)
 	}
 	/* the record's text field holds UTF-8 without NUL: anything else is replaced
 	 * (a response cut inside a character ends in a partial one) */
-	utf8_fix(text, tlen);
+	rl_utf8_fix(text, tlen);
 	if ((rv = rl_traj_set_strn(t, RL_TAG_RESPONSE_TEXT, text, tlen)) != RL_OK)
 		goto out;
 	rl_traj_set_str(t, RL_TAG_FINISH, rl_finish_name(s->finish));
@@ -693,7 +647,7 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 	}
 	/* prompt_text is UTF-8: a line's Latin-1 byte (or a decoded id that ends
 	 * inside a character) becomes '?' there; the ids are what is generated from */
-	utf8_fix(text, strlen(text));
+	rl_utf8_fix(text, strlen(text));
 	for (size_t i = 0; i < ids.n; i++) {
 		if (ids.ids[i] < 0 || ids.ids[i] >= g->m->cfg.vocab_size) {
 			rl_error("%s: prompt token %zu is id %d, outside the model's vocabulary [0, %d)", where, i,
