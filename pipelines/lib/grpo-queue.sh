@@ -109,8 +109,12 @@ if [ -d "$CK" ]; then
 	done
 	if [ "$full" -gt 0 ]; then
 		ln -sfn "$(printf 'step-%08d' "$full")" "$CK/latest"
-	else
+	elif [ -L "$CK/latest" ]; then
+		# nothing to resume from: the run starts over, and so does the broker
+		# (its journal holds the old run's versions and consumed prompts)
+		echo "recipe: no full checkpoint to resume from: starting over"
 		rm -f "$CK/latest"
+		rm -rf "$OUT/queue" "$OUT/.prompts-put"
 	fi
 fi
 done_steps=0

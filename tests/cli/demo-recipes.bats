@@ -106,7 +106,14 @@ recipe_in() { # recipe_in OUT ARGS...: the recipe in another run directory
 	M=$!
 	for i in $(seq 600); do [ -L "$TD/k9/ckpt/latest" ] && break; sleep 0.05; done
 	[ -L "$TD/k9/ckpt/latest" ]
-	pkill -9 -f 'pipelines/lib/grpo-queue.sh'
+	# the driver only (by pid: a descendant of this make whose command is the script)
+	drv=""
+	for p in $(ps -eo pid=,ppid=,args= | awk -v m="$M" '
+		{ par[$1] = $2; cmd[$1] = $0 }
+		END { for (p in par) { q = p; while (q in par && q != m && q > 1) q = par[q]
+			if (q == m && cmd[p] ~ /grpo-queue\.sh/) print p } }'); do drv="$drv $p"; done
+	[ -n "$drv" ]
+	kill -9 $drv
 	wait $M || true
 	[ "$(readlink "$TD/k9/ckpt/latest")" != step-00000150 ]
 	# its broker, generator and scorer live on (they never stop by themselves) but hold
@@ -131,4 +138,15 @@ recipe_in() { # recipe_in OUT ARGS...: the recipe in another run directory
 	assert_output --partial "step-00000007: newer than the last full checkpoint (step 5)"
 	assert_output --partial "from step 5 to 12"
 	[ "$(readlink "$TD/cr/ckpt/latest")" = step-00000012 ]
+}
+
+@test "recipe: a crash before the first full checkpoint starts over, broker journal included" {
+	run -0 recipe_in "$TD/c0" STEPS=4 SAVE_EVERY=5 EXTRA_TRAIN="--keep 10"
+	rm "$TD/c0/ckpt/step-00000004/optimizer.safetensors"
+	# the broker's journal remembered version 4 and the prompts taken: kept, the new
+	# trainer at version 0 stalled
+	run -0 --separate-stderr recipe_in "$TD/c0" STEPS=3 SAVE_EVERY=5 IDLE_EXIT=60
+	assert_output --partial "no full checkpoint to resume from: starting over"
+	assert_output --partial "from step 0 to 3"
+	[ "$(readlink "$TD/c0/ckpt/latest")" = step-00000003 ]
 }
