@@ -175,6 +175,10 @@ rl_io_write_full(int fd, const void *buf, size_t n, const char *name)
 
 /* ---- FILE streams ----------------------------------------------------------------- */
 
+static atomic_int stdout_closing; /* rl_io_close_stdout has begun: the watcher stands down */
+static pthread_t stdout_watcher;
+static int stdout_watching;
+
 static void *
 watch_stdout(void *arg)
 {
@@ -185,7 +189,10 @@ watch_stdout(void *arg)
 		int r = poll(&p, 1, -1);
 		if (r < 0 && errno == EINTR)
 			continue;
-		if (r > 0 && (p.revents & (POLLERR | POLLHUP | POLLNVAL))) {
+		/* POLLNVAL: the program closed its own stdout (at its end), not a reader gone */
+		if (atomic_load(&stdout_closing) || (r > 0 && (p.revents & POLLNVAL)))
+			return NULL;
+		if (r > 0 && (p.revents & (POLLERR | POLLHUP))) {
 			rl_error("the reader of standard output has gone (it stopped or failed): stopping");
 			_exit(1);
 		}
@@ -198,17 +205,13 @@ void
 rl_io_watch_stdout(void)
 {
 	struct stat st;
-	pthread_t t;
-	pthread_attr_t a;
 
-	if (fstat(STDOUT_FILENO, &st) != 0 || !(S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
+	if (stdout_watching || fstat(STDOUT_FILENO, &st) != 0 || !(S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
 		return;
-	if (pthread_attr_init(&a) != 0)
-		return;
-	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-	if (pthread_create(&t, &a, watch_stdout, NULL) != 0)
+	if (pthread_create(&stdout_watcher, NULL, watch_stdout, NULL) != 0)
 		rl_verbose("cannot watch standard output's reader: %s", strerror(errno));
-	pthread_attr_destroy(&a);
+	else
+		stdout_watching = 1;
 }
 
 int
@@ -311,6 +314,14 @@ rl_io_close_stdout(void)
 	 * descriptor failed, and a closed stdout (EBADF) must count as failure. */
 	int bad = ferror(stdout), e = 0;
 
+	atomic_store(&stdout_closing, 1);
+	if (stdout_watching) {
+		/* a thread blocked in poll holds the pipe's file: closing fd 1 would not
+		 * end it, and the reader would never see the end of its input */
+		pthread_cancel(stdout_watcher);
+		pthread_join(stdout_watcher, NULL);
+		stdout_watching = 0;
+	}
 	if (fflush(stdout) != 0) {
 		bad = 1;
 		e = errno;
