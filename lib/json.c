@@ -48,22 +48,96 @@ only_space_after(const char *end, const char *lim)
 	return p >= lim;
 }
 
-int
-rl_json_has_nul_escape(const char *s, size_t n)
+/* ---- "\u0000" ----
+ * cJSON decodes \u0000 into its NUL-terminated strings, which cuts them, so
+ * the escape is looked for in the line itself: a quick search, then (only
+ * when it is there) a walk over the top-level members of the already
+ * parsed, so valid, object to find the one holding it. */
+
+static int
+is_nul_escape(const char *p, const char *e)
 {
-	for (size_t i = 0; i < n; i++) {
-		if (s[i] != '\\')
-			continue;
-		size_t k = i;
-		while (k < n && s[k] == '\\')
-			k++;
-		/* an odd run of backslashes escapes the character after it */
-		if ((k - i) % 2 == 1 && k + 5 <= n && s[k] == 'u' && s[k + 1] == '0' && s[k + 2] == '0' &&
-		    s[k + 3] == '0' && s[k + 4] == '0')
-			return 1;
-		i = k - 1;
+	return e - p >= 6 && p[0] == '\\' && p[1] == 'u' && memcmp(p + 2, "0000", 4) == 0;
+}
+
+/* p at the opening quote of a valid string: returns the byte after the closing one */
+static const char *
+skip_string(const char *p, const char *e, int *nul)
+{
+	for (p++; p < e && *p != '"'; p++) {
+		if (*p == '\\') {
+			if (is_nul_escape(p, e))
+				*nul = 1;
+			p++;
+		}
 	}
-	return 0;
+	return p < e ? p + 1 : e;
+}
+
+static const char *
+skip_ws(const char *p, const char *e)
+{
+	while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+		p++;
+	return p;
+}
+
+/* p at a valid value: returns the byte after it */
+static const char *
+skip_value(const char *p, const char *e, int *nul)
+{
+	int depth = 0;
+
+	while (p < e) {
+		char c = *p;
+		if (c == '"') {
+			p = skip_string(p, e, nul);
+			if (depth == 0)
+				return p;
+			continue;
+		}
+		if (c == '{' || c == '[') {
+			depth++;
+		} else if (c == '}' || c == ']') {
+			if (depth == 0)
+				return p;        /* the enclosing object's end: a scalar ended here */
+			if (--depth == 0)
+				return p + 1;
+		} else if (depth == 0 && (c == ',' || c == ' ' || c == '\t' || c == '\r' || c == '\n')) {
+			return p;
+		}
+		p++;
+	}
+	return p;
+}
+
+int
+rl_json_nul_member(const char *line, size_t n)
+{
+	const char *p = line, *e = line + n;
+	int k = 0, nul;
+
+	if (n < 6 || memmem(line, n, "\\u0000", 6) == NULL)
+		return -1;
+	p = skip_ws(p, e);
+	if (p >= e || *p != '{')
+		return -1;
+	for (p++;; k++) {
+		p = skip_ws(p, e);
+		if (p >= e || *p != '"')
+			return -1;
+		nul = 0;
+		p = skip_ws(skip_string(p, e, &nul), e);
+		if (p >= e || *p != ':')
+			return -1;
+		p = skip_value(skip_ws(p + 1, e), e, &nul);
+		if (nul)
+			return k;
+		p = skip_ws(p, e);
+		if (p >= e || *p != ',')
+			return -1;
+		p++;
+	}
 }
 
 /* 1 when the number j would not read back from cJSON's 15 digits */

@@ -57,16 +57,18 @@ rl_prompt_line_to_traj(rl_traj *t, const char *line, size_t n, const char *what)
 	cJSON *j = rl_json_parse_all(line, n), *p;
 	char *meta = NULL;
 	uint64_t u;
-	int rv = RL_EFORMAT;
+	int rv = RL_EFORMAT, k;
 
 	rl_traj_clear(t);
 	if (!j || !cJSON_IsObject(j)) {
 		rl_error("%s: not a JSON object", what);
 		goto out;
 	}
-	if (rl_json_has_nul_escape(line, n)) {
+	if ((k = rl_json_nul_member(line, n)) >= 0) {
 		/* cJSON would cut the string there: the prompt or meta would change silently */
-		rl_error("%s: a string holds \\u0000 (NUL), which text and meta fields cannot hold", what);
+		p = cJSON_GetArrayItem(j, k);
+		rl_error("%s: field '%s': \\u0000 (NUL) in its name or value, which text and meta fields cannot hold",
+		         what, p && p->string ? p->string : "?");
 		goto out;
 	}
 	p = cJSON_GetObjectItemCaseSensitive(j, "prompt");

@@ -704,6 +704,7 @@ parse_prompt(gen *g, const char *line, size_t len, prompt **out)
 {
 	char where[512];
 	cJSON *j = rl_json_parse_all(line, len); /* one object a line: a second one is an error */
+	int k;
 
 	*out = NULL;
 	snprintf(where, sizeof where, "'%s': line %llu", g->input, (unsigned long long)g->lines);
@@ -712,9 +713,11 @@ parse_prompt(gen *g, const char *line, size_t len, prompt **out)
 		cJSON_Delete(j);
 		return RL_EFORMAT;
 	}
-	if (rl_json_has_nul_escape(line, len)) {
+	if ((k = rl_json_nul_member(line, len)) >= 0) {
 		/* cJSON would cut the string there: the prompt or meta changed silently */
-		rl_error("%s: a string holds \\u0000 (NUL), which text and meta fields cannot hold", where);
+		const cJSON *m = cJSON_GetArrayItem(j, k);
+		rl_error("%s: field '%s': \\u0000 (NUL) in its name or value, which text and meta fields cannot hold",
+		         where, m && m->string ? m->string : "?");
 		cJSON_Delete(j);
 		return RL_EFORMAT;
 	}

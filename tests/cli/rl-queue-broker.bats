@@ -148,7 +148,7 @@ print(d)' "$@"
 	printf '%s\n' '{"prompt":"a\u0000b"}' > "$D/nul.jsonl"
 	run --separate-stderr rl-queue put "$URL" "$D/nul.jsonl"
 	assert_failure 1
-	[[ "$stderr" == *"nul.jsonl': line 1: a string holds \u0000 (NUL)"* ]]
+	[[ "$stderr" == *"nul.jsonl': line 1: field 'prompt': \u0000 (NUL) in its name or value"* ]]
 }
 
 @test "put -z on: zstd frames without a content size are recompressed, not refused" {

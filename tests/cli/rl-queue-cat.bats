@@ -216,13 +216,17 @@ PY
 	[[ "$stderr" == *"unknown field 'question'"* ]]
 }
 
-@test "\\u0000 in a JSONL value: exit 1 naming line and field, not a cut string" {
+@test "\\u0000 in a JSONL value or name: exit 1 naming line and field, not a cut string" {
 	printf '{"id":1}\n{"response_text":"x\\u0000yyyy"}\n' > "$D/z.jsonl"
 	run -1 --separate-stderr rl-queue cat "$D/z.jsonl"
-	[[ "$stderr" == *"'$D/z.jsonl': line 2: field 'response_text': \u0000 in its value"* ]]
+	[[ "$stderr" == *"'$D/z.jsonl': line 2: field 'response_text': \u0000 in its name or value"* ]]
 	printf '{"id":1,"meta":{"a":["b\\u0000c"]}}\n' > "$D/z2.jsonl"
 	run -1 --separate-stderr rl-queue cat "$D/z2.jsonl"
-	[[ "$stderr" == *"line 1: field 'meta': \u0000 in its value"* ]]
+	[[ "$stderr" == *"line 1: field 'meta': \u0000 in its name or value"* ]]
+	# in a name: cJSON would cut it to another name ("response_text" -> "response")
+	printf '{"id":1,"response\\u0000_text":"x"}\n' > "$D/z4.jsonl"
+	run -1 --separate-stderr rl-queue cat "$D/z4.jsonl"
+	[[ "$stderr" == *"line 1: field 'response': \u0000 in its name or value"* ]]
 	# an escaped backslash before u0000 is ordinary text
 	printf '{"response_text":"ok\\\\u0000"}\n' > "$D/z3.jsonl"
 	run --separate-stderr rl-queue cat "$D/z3.jsonl"

@@ -186,10 +186,11 @@ for l in sys.stdin:
 	[ "$(printf '%s\n' "${lines[@]}" | fields max_tokens)" = "2" ]
 	[[ "$stderr" == *"4 bad prompt lines skipped"* ]]
 	# an escaped NUL would cut the string (cJSON): refused; an escaped backslash before u0000 is text
-	printf '%s\n' '{"prompt":"ab\u0000cd"}' '{"prompt":"ab\\u0000cd"}' '{"prompt":"ef","answer":"x\u0000"}' > "$TD/nul.jsonl"
+	printf '%s\n' '{"prompt":"ab\u0000cd"}' '{"prompt":"ab\\u0000cd"}' '{"prompt":"ef","answer":"x\u0000"}' \
+	    '{"prompt":"gh","an\u0000swer":"x"}' > "$TD/nul.jsonl"
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 2 --jsonl --skip-bad "$TD/nul.jsonl"
 	[ "$(printf '%s\n' "${lines[@]}" | fields prompt_text)" = '"ab\\u0000cd"' ]
-	[[ "$stderr" == *"line 1: a string holds \u0000 (NUL)"*"2 bad prompt lines skipped"* ]]
+	[[ "$stderr" == *"line 1: field 'prompt': \u0000 (NUL) in its name or value"*"line 3: field 'answer': \u0000"*"line 4: field 'an': \u0000"*"3 bad prompt lines skipped"* ]]
 	# a model whose embedding has fewer rows than the tokenizer has ids: named, per line
 	cp -r "$TD/m0" "$TD/m256"
 	python3 - "$TD/m256" <<'PY'

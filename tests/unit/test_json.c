@@ -122,13 +122,19 @@ main(void)
 	T_OK(cJSON_IsNumber(j) && j->valuedouble == 1);
 	cJSON_Delete(j);
 
-	/* escaped NULs: an odd run of backslashes before u0000 */
-	T_EQ_INT(rl_json_has_nul_escape("{\"a\":\"x\\u0000\"}", 15), 1);
-	T_EQ_INT(rl_json_has_nul_escape("{\"a\":\"x\\\\u0000\"}", 16), 0);
-	T_EQ_INT(rl_json_has_nul_escape("{\"a\":\"x\\\\\\u0000\"}", 17), 1);
-	T_EQ_INT(rl_json_has_nul_escape("{\"a\":\"x\\u00001\"}", 16), 1);
-	T_EQ_INT(rl_json_has_nul_escape("{\"a\":\"x\\u0001\"}", 15), 0);
-	T_EQ_INT(rl_json_has_nul_escape("\\u000", 5), 0);
+	/* escaped NULs: an odd run of backslashes before u0000; the index of the
+	 * member that holds one, in its value (nested too) or in its name */
+#define NULM(lit) rl_json_nul_member(lit, sizeof(lit) - 1)
+	T_EQ_INT(NULM("{\"a\":\"x\\u0000\"}"), 0);
+	T_EQ_INT(NULM("{\"a\":\"x\\\\u0000\"}"), -1);
+	T_EQ_INT(NULM("{\"a\":\"x\\\\\\u0000\"}"), 0);
+	T_EQ_INT(NULM("{\"a\":\"x\\u00001\"}"), 0);
+	T_EQ_INT(NULM("{\"a\":\"x\\u0001\"}"), -1);
+	T_EQ_INT(NULM("{ \"a\" : 1 , \"b\" : [ 2, {\"c\": \"\\u0000\"} ] }"), 1);
+	T_EQ_INT(NULM("{\"a\":\"\\\"\\u0000\",\"b\":2}"), 0);
+	T_EQ_INT(NULM("{\"a\":1,\"b\\u0000c\":2}"), 1);
+	T_EQ_INT(NULM("{\"a\":\"u0000\",\"b\":\"\\\\\",\"c\":\"\\u0000\"}"), 2);
+#undef NULM
 
 	/* rl_json_print: every number reads back as the same double (cJSON's own
 	 * printer gave 2^53 as 9.00719925474099e+15), keys and order kept */
