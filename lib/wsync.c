@@ -3778,20 +3778,27 @@ static const rl_wsync_transport tnng_vt = { "nng", tnng_publish, tnng_poll, tnng
 typedef struct tfile {
 	char *dir;
 	int keep;
-	rl_wdir_watch *w;
 } tfile;
 
 static int tfile_publish(void *self, rl_wver *v) { tfile *t = self; int rv = rl_wver_hash(v); return rv ? rv : rl_wdir_publish_ver(t->dir, v, t->keep); }
+/* Like the server's WAIT: a version newer than the caller's `have`, however
+ * often it was seen before.  A watcher kept across calls answered each new
+ * version once only, so a poll that merely waited (rl-rollout's wait for a
+ * version, whose answer it does not use) swallowed it and the next poll
+ * never saw it. */
 static int
 tfile_poll(void *self, uint64_t have, int ms, uint64_t *l)
 {
 	tfile *t = self;
+	rl_wdir_watch *w;
 	char path[4096];
 	int rv;
 
-	if (t->w == NULL && (rv = rl_wdir_watch_open(&t->w, t->dir, have, 0)) != 0)
+	if ((rv = rl_wdir_watch_open(&w, t->dir, have, 0)) != 0)
 		return rv;
-	return rl_wdir_watch_next(t->w, l, path, sizeof path, ms);
+	rv = rl_wdir_watch_next(w, l, path, sizeof path, ms);
+	rl_wdir_watch_close(w);
+	return rv;
 }
 static int
 tfile_fetch(void *self, rl_wver **o, uint64_t ver, const rl_wver *b)
@@ -3816,7 +3823,6 @@ tfile_close(void *self)
 
 	if (t == NULL)
 		return;
-	rl_wdir_watch_close(t->w);
 	free(t->dir);
 	free(t);
 }

@@ -307,7 +307,8 @@ cmd_pull(const cfg *c)
 	rl_wsync_client *cl = NULL;
 	rl_wver *have = NULL;
 	uint64_t last = 0;
-	int rv, keep = c->keep ? c->keep : 2, noversion = 0;
+	int rv, keep = c->keep ? c->keep : 2, noversion = 0, again = 0;
+	int pause_ms = getenv("RL_SYNC_TEST_PULL_PAUSE_MS") ? atoi(getenv("RL_SYNC_TEST_PULL_PAUSE_MS")) : 0;
 
 	install_signals();
 	if ((rv = check_out_dir(c->out)) != 0)
@@ -362,13 +363,24 @@ cmd_pull(const cfg *c)
 			if (rv != 0)
 				goto out;
 		}
+		if (pause_ms > 0 && !again) /* test hook: a push lands between poll and fetch */
+			usleep((useconds_t)pause_ms * 1000);
 		rv = rl_wsync_fetch(cl, &v, want ? want : latest, have);
-		if (rv == RL_ENOENT && !want)
-			continue; /* the server moved on while we asked: take the newer one */
-		if (rv == RL_ENOENT)
+		if (rv == RL_ENOENT && !want && (c->follow || again < 8)) {
+			/* the server moved on while we asked: take the newer one (also
+			 * without --follow, where a bare continue ended the loop and the
+			 * pull exited 1 without a word) */
+			again = 1 + (again < 8 ? again : 7);
+			continue;
+		}
+		if (rv == RL_ENOENT && want)
 			rl_error("'%s' does not hold version %llu", c->url, (unsigned long long)want);
+		else if (rv == RL_ENOENT)
+			rl_error("'%s' replaced version %llu by a newer one %d times while it was fetched", c->url,
+				 (unsigned long long)latest, again + 1);
 		if (rv != 0)
 			goto out;
+		again = 0;
 		rl_wsync_client_stats(cl, &st, 1);
 		if ((rv = rl_wdir_publish_ver(c->out, v, keep)) != 0) {
 			rl_wver_destroy(v);
@@ -384,7 +396,7 @@ cmd_pull(const cfg *c)
 		last = v->version;
 		rl_wver_destroy(have);
 		have = v;
-	} while (c->follow && !stop);
+	} while ((c->follow || again) && !stop);
 out:
 	rl_wver_destroy(have);
 	rl_wsync_client_close(cl);

@@ -66,6 +66,16 @@ assert all(x["staleness/max"] == 0 for x in r)
 assert min(x["critic/score/mean"] for x in r[-3:]) >= 0.9, [x["critic/score/mean"] for x in r]' "$TD/m.jsonl"
 }
 
+@test "on-policy through a directory given to --sync: the generator sees every version (it waited for ever)" {
+	head -n 24 "$TD/p.jsonl" > "$TD/p24.jsonl"
+	rl-rollout -v -m "$TD/m0" --sync "$TD/wd" --max-staleness 0 --train-batch 4 -n 4 --max-tokens 1 --seed 1 \
+	    --weights-timeout 10 "$TD/p24.jsonl" 2>"$TD/wd-rollout.log" \
+	  | rl-reward -q --task 'format:^[a-z]' \
+	  | rl-train -q -m "$TD/m0" --out "$TD/ck-wd" --sync "$TD/wd" --batch 4 --lr 3e-2 --metrics /dev/null
+	[ "$(readlink "$TD/wd/latest")" = v000006 ]
+	for v in 1 2 3 4 5; do grep -q "weights version $v loaded" "$TD/wd-rollout.log"; done
+}
+
 @test "a version of another architecture from rl-sync is refused, naming the tensor" {
 	serve
 	run -0 rl-sync push -q "$URL" "$TD/other" --version 1

@@ -189,6 +189,22 @@ bump() {
 	wait "$FP"   # SIGTERM is a clean stop: exit 0
 }
 
+@test "pull without --follow: a version replaced between poll and fetch is not a silent exit 1" {
+	# the server holds only its latest: a push landing after pull learnt the
+	# latest number makes that version "not held"; pull takes the newer one
+	serve
+	bump ck2 'ABCD'
+	rl-sync push -q "$URL" "$T/ck" --version 1
+	RL_SYNC_TEST_PULL_PAUSE_MS=600 rl-sync pull "$URL" --out "$T/out" 3>&- 2>"$T/pull.err" &
+	P=$!
+	PIDS="$PIDS $P"
+	sleep 0.2
+	rl-sync push -q "$URL" "$T/ck2" --version 2
+	wait "$P" || { cat "$T/pull.err"; false; }
+	[ "$(readlink "$T/out/latest")" = v000002 ]
+	cmp "$T/ck2/model.safetensors" "$T/out/latest/model.safetensors"
+}
+
 @test "a restarted server keeps serving the last version from --data-dir" {
 	serve --data-dir "$T/data"
 	rl-sync push "$URL" "$T/ck" --version 7

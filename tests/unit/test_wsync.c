@@ -911,6 +911,12 @@ test_handle(void)
 	T_EQ_INT(rl_wsync_publish(s, v, 1), RL_OK);
 	T_EQ_INT(rl_wsync_poll_version(s, 0, 1000, &l), RL_OK);
 	T_EQ_INT(l, 1);
+	/* as with a server: newer than the `have` given, every time (a watcher
+	 * kept across calls answered once, and rl-rollout --sync DIR waited for
+	 * a version it had been told of already) */
+	T_EQ_INT(rl_wsync_poll_version(s, 0, 0, &l), RL_OK);
+	T_EQ_INT(l, 1);
+	T_EQ_INT(rl_wsync_poll_version(s, 1, 0, &l), RL_ETIMEDOUT);
 	T_EQ_INT(rl_wsync_fetch_version(s, &got, 0, NULL), RL_OK);
 	T_OK(got && same_content(got, v));
 	rl_wver_destroy(got);
