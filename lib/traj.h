@@ -185,6 +185,10 @@ int rl_traj_set_str(rl_traj *t, unsigned tag, const char *s);
 /* NUL and bytes that do not start a valid UTF-8 sequence become '?', in
  * place: text a STR field can hold, valid characters kept. */
 void rl_utf8_fix(char *s, size_t n);
+/* Bytes (1..4) of the valid UTF-8 character at s[0..n), or 0 where none
+ * starts (a stray or missing continuation byte, an overlong form, a
+ * surrogate, a code point past U+10FFFF). */
+size_t rl_utf8_char_len(const void *s, size_t n);
 int rl_traj_set_strn(rl_traj *t, unsigned tag, const char *s, size_t len);
 /* JSON: parses text and stores it in compact form (RL_EINVAL if not JSON).
  * Read it back with rl_traj_get_str. */
@@ -275,7 +279,9 @@ void rl_traj_reader_close(rl_traj_reader *r);   /* accepts NULL */
  * RL_OK with *t == NULL at the end of the input; else an error (logged). */
 int rl_traj_reader_next(rl_traj_reader *r, rl_traj **t);
 /* Next batch: one frame (binary) or up to 256 lines (JSONL).  *b borrowed, valid
- * until the next call; NULL at the end.  Do not mix with _next on one reader. */
+ * until the next call; NULL at the end.  A JSONL batch ends before a bad line:
+ * its records come out and the error is returned by the next call.  Do not mix
+ * with _next on one reader. */
 int rl_traj_reader_next_batch(rl_traj_reader *r, rl_traj_batch **b);
 /* RL_TRAJ_BINARY / RL_TRAJ_JSONL once detected (after the first _next), else 0. */
 int rl_traj_reader_format(const rl_traj_reader *r);

@@ -92,6 +92,34 @@ need_qwen() {
 	assert_output '{"ids":[256,117,115,101,114,58,32,104,105,10,97,115,115,105,115,116,97,110,116,58],"text":"<|bos|>user: hi\nassistant:"}'
 }
 
+@test "chat: a NUL byte or \\u0000 in a chat is an error naming the line, not a message cut there" {
+	printf 'hi\nab\0cd\n' >"$T/nul.txt"
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" "$T/nul.txt"
+	[ "${#lines[@]}" -eq 1 ]
+	[[ $stderr == *"line 2: a NUL byte at byte 2, which a chat message cannot hold"* ]]
+	printf '%s\n' '[{"role":"user","content":"a\u0000b"}]' >"$T/esc.jsonl"
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" "$T/esc.jsonl"
+	[ -z "$output" ]
+	[[ $stderr == *'line 1: a string holds \u0000 (NUL), which a chat message cannot hold'* ]]
+	# an escaped backslash before u0000 is ordinary text
+	printf '%s\n' '[{"role":"user","content":"a\\u0000"}]' >"$T/bs.jsonl"
+	run -0 --separate-stderr rl-rollout tokenize --chat -G -m "$T/bytes" "$T/bs.jsonl"
+	assert_output --partial '"text":"<|im_start|>user\na\\u0000<|im_end|>\n"'
+}
+
+@test "chat: the \"text\" of a chat with invalid UTF-8 (surrogates, overlongs, past U+10FFFF) is valid UTF-8" {
+	printf 'a\355\240\200b\na\340\200\257b\na\364\220\200\200b\na\370\210\200\200\200b\na\303\251\360\237\230\200b\n' >"$T/bad.txt"
+	run -0 --separate-stderr rl-rollout tokenize --chat -G -m "$T/bytes" "$T/bad.txt"
+	[ "${#lines[@]}" -eq 5 ]
+	# every broken byte is one U+FFFD; valid characters are kept
+	assert_line --index 0 --partial '"text":"<|im_start|>user\na\ufffd\ufffd\ufffdb<|im_end|>\n"'
+	assert_line --index 1 --partial 'a\ufffd\ufffd\ufffdb'
+	assert_line --index 2 --partial 'a\ufffd\ufffd\ufffd\ufffdb'
+	assert_line --index 3 --partial 'a\ufffd\ufffd\ufffd\ufffd\ufffdb'
+	assert_line --index 4 --partial "aé😀b"
+	printf '%s\n' "${lines[@]}" | iconv -f UTF-8 -t UTF-8 >/dev/null
+}
+
 @test "runtime errors: missing model, broken tokenizer.json, bad id lines, exit 1" {
 	run -1 --separate-stderr rl-rollout tokenize -m "$T/nope" /dev/null
 	[[ $stderr == *"rl-rollout: cannot open '$T/nope': No such file or directory"* ]]
