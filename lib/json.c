@@ -115,22 +115,28 @@ int
 rl_json_nul_member(const char *line, size_t n)
 {
 	const char *p = line, *e = line + n;
-	int k = 0, nul;
+	int k = 0, nul, obj;
 
 	if (n < 6 || memmem(line, n, "\\u0000", 6) == NULL)
 		return -1;
 	p = skip_ws(p, e);
-	if (p >= e || *p != '{')
+	if (p >= e || (*p != '{' && *p != '['))
 		return -1;
+	obj = *p == '{';
 	for (p++;; k++) {
 		p = skip_ws(p, e);
-		if (p >= e || *p != '"')
-			return -1;
 		nul = 0;
-		p = skip_ws(skip_string(p, e, &nul), e);
-		if (p >= e || *p != ':')
+		if (obj) {
+			if (p >= e || *p != '"')
+				return -1;
+			p = skip_ws(skip_string(p, e, &nul), e);
+			if (p >= e || *p != ':')
+				return -1;
+			p = skip_ws(p + 1, e);
+		}
+		if (p >= e || *p == ']' || *p == '}')
 			return -1;
-		p = skip_value(skip_ws(p + 1, e), e, &nul);
+		p = skip_value(p, e, &nul);
 		if (nul)
 			return k;
 		p = skip_ws(p, e);

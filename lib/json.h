@@ -31,9 +31,9 @@ int rl_json_parse(cJSON **out, const char *text, size_t n, const char *what);
 /* The same without a message: NULL for invalid JSON or trailing text (a
  * second value, junk after the first). */
 cJSON *rl_json_parse_all(const char *text, size_t n);
-/* For the text of a JSON object (already parsed, so valid): the index of the
- * first top-level member whose name or value holds an escaped NUL (\u0000),
- * or -1.  cJSON keeps strings NUL-terminated, so such a string would be cut
+/* For the text of a JSON object or array (already parsed, so valid): the
+ * index of the first top-level member whose name or value (or the first
+ * element) that holds an escaped NUL (\u0000), or -1.  cJSON keeps strings NUL-terminated, so such a string would be cut
  * there; cJSON_GetArrayItem(obj, index)->string names the member (its name
  * as cut, when the NUL is in the name). */
 int rl_json_nul_member(const char *s, size_t n);

@@ -96,6 +96,7 @@ static int
 parse_chat(const char *line, size_t len, cJSON **root, rl_chat_msg **msgs, size_t *n, size_t lineno)
 {
 	const char *p = line;
+	int nk;
 	while (*p == ' ' || *p == '\t')
 		p++;
 	*root = NULL;
@@ -113,8 +114,13 @@ parse_chat(const char *line, size_t len, cJSON **root, rl_chat_msg **msgs, size_
 		return 0;
 	}
 	*root = rl_json_parse_all(line, len);
-	if (*root != NULL && rl_json_has_nul_escape(line, len)) {
-		rl_error("line %zu: a string holds \\u0000 (NUL), which a chat message cannot hold", lineno);
+	if (*root != NULL && (nk = rl_json_nul_member(line, len)) >= 0) {
+		const cJSON *m = cJSON_GetArrayItem(*root, nk);
+		if (cJSON_IsObject(*root))
+			rl_error("line %zu: field '%s': \\u0000 (NUL) in its name or value, which a chat message "
+			    "cannot hold", lineno, m && m->string ? m->string : "?");
+		else
+			rl_error("line %zu: message %d: \\u0000 (NUL), which a chat message cannot hold", lineno, nk + 1);
 		return RL_EFORMAT;
 	}
 	const cJSON *arr = *root;

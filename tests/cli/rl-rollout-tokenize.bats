@@ -100,7 +100,7 @@ need_qwen() {
 	printf '%s\n' '[{"role":"user","content":"a\u0000b"}]' >"$T/esc.jsonl"
 	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" "$T/esc.jsonl"
 	[ -z "$output" ]
-	[[ $stderr == *'line 1: a string holds \u0000 (NUL), which a chat message cannot hold'* ]]
+	[[ $stderr == *'line 1: message 1: \u0000 (NUL), which a chat message cannot hold'* ]]
 	# an escaped backslash before u0000 is ordinary text
 	printf '%s\n' '[{"role":"user","content":"a\\u0000"}]' >"$T/bs.jsonl"
 	run -0 --separate-stderr rl-rollout tokenize --chat -G -m "$T/bytes" "$T/bs.jsonl"

@@ -134,6 +134,9 @@ main(void)
 	T_EQ_INT(NULM("{\"a\":\"\\\"\\u0000\",\"b\":2}"), 0);
 	T_EQ_INT(NULM("{\"a\":1,\"b\\u0000c\":2}"), 1);
 	T_EQ_INT(NULM("{\"a\":\"u0000\",\"b\":\"\\\\\",\"c\":\"\\u0000\"}"), 2);
+	T_EQ_INT(NULM("[ \"a\", [\"\\u0000\"] ]"), 1);
+	T_EQ_INT(NULM("[]"), -1);
+	T_EQ_INT(NULM("\"\\u0000\""), -1);  /* neither object nor array */
 #undef NULM
 
 	/* rl_json_print: every number reads back as the same double (cJSON's own
