@@ -49,6 +49,7 @@
 #define HDR 16
 #define SLICE_MS 100
 #define RDV_VERSION 1
+#define RDV_REFUSED 0xffffffffu /* in a rendezvous answer's version: a refusal, its text follows */
 
 enum { K_DATA = 1, K_HELLO, K_ABORT, K_BYE };
 enum { OP_NONE = 0, OP_ALLREDUCE, OP_BCAST, OP_ALLGATHER };
@@ -600,6 +601,37 @@ is_loopback(const char *ip)
 	return strncmp(ip, "127.", 4) == 0;
 }
 
+/* Rank 0 gives up: every rank whose hello it holds (ctx[1..n]) gets the
+ * reason, so that the log of a rank on another host says why instead of
+ * "Connection reset".  Best effort. */
+static void
+rdv_refuse(nng_ctx *ctx, int n, nng_aio *aio, const char *why)
+{
+	uint32_t hd[2] = { MAGIC, RDV_REFUSED };
+	size_t wl = strlen(why) + 1;
+	int sent = 0;
+
+	for (int i = 1; i <= n; i++) {
+		nng_msg *m;
+		if (nng_msg_alloc(&m, sizeof hd + wl) != 0)
+			return;
+		memcpy(nng_msg_body(m), hd, sizeof hd);
+		memcpy((uint8_t *)nng_msg_body(m) + sizeof hd, why, wl);
+		nng_aio_set_msg(aio, m);
+		nng_aio_set_timeout(aio, 1000);
+		nng_ctx_send(ctx[i], aio);
+		nng_aio_wait(aio);
+		if (nng_aio_result(aio) != 0)
+			nng_msg_free(m);
+		else
+			sent++;
+	}
+	/* nng has no linger: give the answers a moment to leave before the
+	 * socket closes */
+	if (sent)
+		usleep(200000);
+}
+
 /* Rank 0: collects every other rank's hello, answers all with the table. */
 static int
 rdv_serve(rl_comm *c, const char *url, rdv_entry *tab, rdv_table_hdr *th, nng_socket *out)
@@ -608,7 +640,8 @@ rdv_serve(rl_comm *c, const char *url, rdv_entry *tab, rdv_table_hdr *th, nng_so
 	nng_ctx *ctx = NULL;
 	nng_aio *aio = NULL;
 	int e, rv = RL_OK, N = c->world, got = 0;
-	char *seen = NULL;
+	char *seen = NULL, why[256];
+	const char *hint;
 	double t0 = rl_now();
 
 	if ((e = nng_rep0_open(&s)) != 0) {
@@ -673,27 +706,31 @@ rdv_serve(rl_comm *c, const char *url, rdv_entry *tab, rdv_table_hdr *th, nng_so
 		nng_msg_free(m);
 		if (h.magic != MAGIC || h.version != RDV_VERSION) {
 			rl_error("rendezvous: a hello of another version from %s (rlpipe builds differ?)", ip);
+			rdv_refuse(ctx, got, aio, "another rank's hello was of another version (rlpipe builds differ?)");
 			rv = RL_EVERSION;
 			goto out;
 		}
+		hint = NULL;
 		if (h.world != N) {
-			rl_error("rendezvous: rank %d (host %s) says the world size is %d, rank 0 says %d", h.rank,
+			snprintf(why, sizeof why, "rank %d (host %s) says the world size is %d, rank 0 says %d", h.rank,
 			    h.host, h.world, N);
 			rv = RL_EINVAL;
-			goto out;
-		}
-		if (h.rank <= 0 || h.rank >= N || seen[h.rank]) {
-			rl_error("rendezvous: rank %d (host %s) joined %s", h.rank, h.host,
+		} else if (h.rank <= 0 || h.rank >= N || seen[h.rank]) {
+			snprintf(why, sizeof why, "rank %d (host %s) joined %s", h.rank, h.host,
 			    h.rank > 0 && h.rank < N ? "twice" : "with a rank out of range");
-			rl_hint("every process needs its own RANK");
+			hint = "every process needs its own RANK";
 			rv = RL_EINVAL;
-			goto out;
-		}
-		if (h.backend != th->backend) {
-			rl_error("rendezvous: rank %d uses the %s backend, rank 0 %s", h.rank,
+		} else if (h.backend != th->backend) {
+			snprintf(why, sizeof why, "rank %d uses the %s backend, rank 0 %s", h.rank,
 			    h.backend == B_NCCL ? "nccl" : "cpu", th->backend == B_NCCL ? "nccl" : "cpu");
-			rl_hint("give every rank the same --device");
+			hint = "give every rank the same --device";
 			rv = RL_EINVAL;
+		}
+		if (rv != 0) {
+			rl_error("rendezvous: %s", why);
+			if (hint)
+				rl_hint("%s", hint);
+			rdv_refuse(ctx, got + 1, aio, why);
 			goto out;
 		}
 		seen[h.rank] = 1;
@@ -794,6 +831,17 @@ rdv_join(rl_comm *c, const char *url, int port, int backend, rdv_entry *tab, rdv
 		}
 		rl_error("rendezvous with rank 0 at %s: %s", url, nng_strerror(e));
 		return RL_ENET;
+	}
+	if (nng_msg_len(m) > 8) {
+		uint32_t hd[2];
+		memcpy(hd, nng_msg_body(m), sizeof hd);
+		if (hd[0] == MAGIC && hd[1] == RDV_REFUSED) {
+			char *why = (char *)nng_msg_body(m) + 8;
+			why[nng_msg_len(m) - 9] = 0;
+			rl_error("rendezvous: rank 0 at %s gave up: %s", url, why);
+			nng_msg_free(m);
+			return RL_EINVAL;
+		}
 	}
 	if (nng_msg_len(m) != sizeof *th + (size_t)c->world * sizeof *tab) {
 		rl_error("rendezvous: rank 0's answer has %zu bytes, expected %zu", nng_msg_len(m),
