@@ -205,6 +205,23 @@ bump() {
 	cmp "$T/ck2/model.safetensors" "$T/out/latest/model.safetensors"
 }
 
+@test "a server behind the output directory: pull fails naming both versions; --follow says so once and waits" {
+	# the directory holds version 5 of an earlier server; this one has 2
+	serve
+	rl-sync push -q "$URL" "$T/ck" --version 5
+	rl-sync pull -q "$URL" --out "$T/out"
+	kill "$SPID"; wait "$SPID" || true
+	serve
+	bump ck2 'EFGH'
+	rl-sync push -q "$URL" "$T/ck2" --version 2
+	run -1 --separate-stderr rl-sync pull "$URL" --out "$T/out"
+	[[ $stderr == *"has version 2, older than version 5 in '$T/out'"* ]]
+	[[ $stderr != *"already holds"* ]]
+	run -124 --separate-stderr timeout 1.5 rl-sync pull "$URL" --out "$T/out" --follow
+	[ "$(grep -c "has version 2, older than version 5 in '$T/out': waiting for a version newer than 5" <<<"$stderr")" = 1 ]
+	[ "$(readlink "$T/out/latest")" = v000005 ]
+}
+
 @test "a restarted server keeps serving the last version from --data-dir" {
 	serve --data-dir "$T/data"
 	rl-sync push "$URL" "$T/ck" --version 7
