@@ -59,6 +59,7 @@ enum { B_SINGLE = 0, B_CPU, B_NCCL };
 struct rl_comm {
 	int rank, world, local_rank, backend;
 	double timeout;
+	const char *addr_opts, *world_opts, *timeout_opts; /* for hints (rl_comm_opts) */
 	size_t seg;
 	rl_ops *ops;
 	uint32_t seq;               /* collectives so far */
@@ -204,9 +205,10 @@ rl_comm_opts_from_env(rl_comm_opts *o)
 	return RL_OK;
 }
 
-/* HOST:PORT (or tcp://HOST:PORT) to a dotted IPv4 address and port. */
+/* HOST:PORT (or tcp://HOST:PORT) to a dotted IPv4 address and port;
+ * addr_opts names what set it, for the hint. */
 static int
-resolve(const char *master, char ip[64], int *port)
+resolve(const char *master, const char *addr_opts, char ip[64], int *port)
 {
 	char host[256];
 	const char *s = master, *colon;
@@ -233,7 +235,7 @@ resolve(const char *master, char ip[64], int *port)
 	hints.ai_socktype = SOCK_STREAM;
 	if ((e = getaddrinfo(host, NULL, &hints, &res)) != 0 || !res) {
 		rl_error("cannot resolve the rendezvous host '%s': %s", host, gai_strerror(e));
-		rl_hint("MASTER_ADDR (or --rendezvous) must name rank 0's host");
+		rl_hint("%s must name rank 0's host", addr_opts);
 		return RL_ENET;
 	}
 	inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, ip, 64);
@@ -392,7 +394,7 @@ recv_seg(rl_comm *c, nng_msg **out, int kind, int op, uint32_t aux, size_t n)
 		if (rl_now() - t0 > c->timeout) {
 			rl_error("no data from rank %d for %g s during %s #%u (timeout; it may be hung, or "
 			    "waiting on another rank)", prev_of(c), c->timeout, op_name(op), c->seq);
-			rl_hint("RL_COMM_TIMEOUT (or --comm-timeout) sets how long a rank may lag");
+			rl_hint("%s sets how long a rank may lag", c->timeout_opts);
 			return fail(c, RL_ETIMEDOUT, prev_of(c));
 		}
 	}
@@ -651,7 +653,7 @@ rdv_serve(rl_comm *c, const char *url, rdv_entry *tab, rdv_table_hdr *th, nng_so
 	*out = s;
 	if ((e = nng_listen(s, url, NULL, 0)) != 0) {
 		rl_error("rank 0 cannot listen on %s: %s", url, nng_strerror(e));
-		rl_hint("MASTER_ADDR must be rank 0's host and MASTER_PORT a free port");
+		rl_hint("%s must name rank 0's host and a free port", c->addr_opts);
 		return RL_ENET;
 	}
 	ctx = calloc((size_t)N, sizeof *ctx);
@@ -682,7 +684,7 @@ rdv_serve(rl_comm *c, const char *url, rdv_entry *tab, rdv_table_hdr *th, nng_so
 					if (!seen[i])
 						l += (size_t)snprintf(miss + l, sizeof miss - l, "%s%d", l ? ", " : "", i);
 				rl_error("rendezvous on %s: rank(s) %s did not join within %g s", url, miss, c->timeout);
-				rl_hint("start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE");
+				rl_hint("start every rank with the same %s and %s", c->addr_opts, c->world_opts);
 				rv = RL_ETIMEDOUT;
 				goto out;
 			}
@@ -810,8 +812,8 @@ rdv_join(rl_comm *c, const char *url, int port, int backend, rdv_entry *tab, rdv
 	if ((e = nng_send(s, &h, sizeof h, 0)) != 0) {
 		if (e == NNG_ETIMEDOUT) {
 			rl_error("cannot reach rank 0 at %s within %g s", url, c->timeout);
-			rl_hint("is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same everywhere? "
-			    "(RL_COMM_TIMEOUT sets the wait)");
+			rl_hint("is rank 0 running, and is %s the same everywhere? (%s sets the wait)", c->addr_opts,
+			    c->timeout_opts);
 			return RL_ETIMEDOUT;
 		}
 		rl_error("cannot send to rank 0 at %s: %s", url, nng_strerror(e));
@@ -825,8 +827,8 @@ rdv_join(rl_comm *c, const char *url, int port, int backend, rdv_entry *tab, rdv
 	if ((e = nng_recvmsg(s, &m, 0)) != 0) {
 		if (e == NNG_ETIMEDOUT) {
 			rl_error("no answer from rank 0 at %s within %g s", url, c->timeout);
-			rl_hint("is rank 0 running, and are MASTER_ADDR/MASTER_PORT and WORLD_SIZE the same "
-			    "everywhere? (RL_COMM_TIMEOUT sets the wait)");
+			rl_hint("is rank 0 running, and are %s and %s the same everywhere? (%s sets the wait)",
+			    c->addr_opts, c->world_opts, c->timeout_opts);
 			return RL_ETIMEDOUT;
 		}
 		rl_error("rendezvous with rank 0 at %s: %s", url, nng_strerror(e));
@@ -967,6 +969,9 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 	c->world = o->world;
 	c->local_rank = o->local_rank < 0 ? 0 : o->local_rank;
 	c->timeout = o->timeout > 0 ? o->timeout : 600;
+	c->addr_opts = o->addr_opts ? o->addr_opts : "MASTER_ADDR/MASTER_PORT or --rendezvous";
+	c->world_opts = o->world_opts ? o->world_opts : "WORLD_SIZE or --world";
+	c->timeout_opts = o->timeout_opts ? o->timeout_opts : "RL_COMM_TIMEOUT or --comm-timeout";
 	c->seg = o->seg_bytes ? o->seg_bytes : (size_t)1 << 20;
 	c->seg &= ~(size_t)3; /* whole floats per segment */
 	if (c->seg == 0)
@@ -1037,7 +1042,7 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 		rv = RL_EINVAL;
 		goto out;
 	}
-	if ((rv = resolve(o->master, ip, &port)) != 0)
+	if ((rv = resolve(o->master, c->addr_opts, ip, &port)) != 0)
 		goto out;
 	snprintf(url, sizeof url, "tcp://%s:%d", ip, port);
 

@@ -46,6 +46,11 @@ typedef struct rl_comm_opts {
 	const char *backend;    /* "auto" (default), "cpu", "nccl" */
 	double timeout;         /* seconds any one wait may take (default 600; env RL_COMM_TIMEOUT) */
 	size_t seg_bytes;       /* ring segment size (default 1 MiB) */
+	/* for hints, the options that set rank 0's address, the world size and
+	 * the waits (NULL: data parallel's MASTER_ADDR/MASTER_PORT or
+	 * --rendezvous, WORLD_SIZE or --world, RL_COMM_TIMEOUT or
+	 * --comm-timeout); borrowed, must outlive the comm */
+	const char *addr_opts, *world_opts, *timeout_opts;
 	char master_buf[300];   /* storage for master when built from the environment */
 } rl_comm_opts;
 

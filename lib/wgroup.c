@@ -183,6 +183,9 @@ rl_wgroup_open(rl_wgroup **out, const rl_wgroup_opts *o, rl_model *m)
 	co.master = o->addr;
 	co.backend = be;
 	co.timeout = o->timeout; /* 0: RL_COMM_TIMEOUT, else 600 s (rl_comm_opts_from_env) */
+	co.addr_opts = "--weights-group HOST:PORT";
+	co.world_opts = "--weights-group-size";
+	co.timeout_opts = o->timeout > 0 ? "--weights-timeout" : "RL_COMM_TIMEOUT";
 	if ((rv = rl_comm_opts_from_env(&co)) != 0)
 		goto fail;
 	/* the backend this rank would get: NCCL (device buffers, staging on the

@@ -128,6 +128,16 @@ assert len(s) == 6 and max(s) <= 1, s' "$TD/mq.jsonl"
 	RL_COMM_TIMEOUT=2 run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/ck-n" --batch 4 \
 	    --metrics /dev/null --weights-group "$ADDR" --weights-group-size 2 "$TD/p.jsonl"
 	[[ "$stderr" == *"did not join"* ]]
+	# the hints name the group's options, not data parallel's MASTER_ADDR
+	[[ "$stderr" == *"hint: start every rank with the same --weights-group HOST:PORT and --weights-group-size"* ]]
+}
+
+@test "a worker whose trainer is not there: gives up after --weights-timeout, the hint naming the group's options" {
+	run -1 --separate-stderr rl-rollout -q -m "$TD/m0" --max-tokens 1 --weights-group "$ADDR" --weights-group-rank 1 \
+	    --weights-group-size 2 --weights-timeout 1 "$TD/p.jsonl"
+	[[ "$stderr" == *"cannot reach rank 0 at tcp://$ADDR within 1 s"* ]]
+	[[ "$stderr" == *"--weights-group HOST:PORT the same everywhere? (--weights-timeout sets the wait)"* ]]
+	[[ "$stderr" != *MASTER_ADDR* ]]
 }
 
 @test "usage errors" {
