@@ -172,7 +172,7 @@ cmd_serve(const cfg *c)
 	install_signals();
 	if ((rv = rl_wsync_server_open(&s, &o)) != 0)
 		return exit_code(rv);
-	rl_info("listening on %s%s", o.listen ? o.listen : "tcp://127.0.0.1:7401",
+	rl_info("listening on %s%s", rl_wsync_server_url(s),
 		c->data_dir ? "" : " (memory only; --data-dir keeps versions across restarts)");
 	while (!stop)
 		usleep(100000);
@@ -561,6 +561,9 @@ main(int argc, char **argv)
 	if (strcmp(c.cmd, "serve") == 0) {
 		if (nargs != 0)
 			return usage("serve: unexpected argument '%s'", argv[optind]);
+		if (c.listen && strncmp(c.listen, "inproc://", 9) == 0)
+			return usage("serve: --listen '%s': inproc:// reaches only the same process; use tcp:// or ipc://",
+				     c.listen);
 		return cmd_serve(&c);
 	}
 	if (strcmp(c.cmd, "push") == 0) {

@@ -51,6 +51,23 @@ bump() {
 	run --separate-stderr -2 rl-sync status "$URL" --timeout abc
 }
 
+@test "serve: a tcp:// URL without a port is refused, port 0 is named as the port taken, inproc:// is refused" {
+	# nng took tcp://127.0.0.1 for port 0 and the server said it listened on
+	# 'tcp://127.0.0.1' (and on 'tcp://127.0.0.1:0'): no worker could find it
+	run -1 --separate-stderr timeout 5 rl-sync serve --listen tcp://127.0.0.1
+	[[ $stderr == *"'tcp://127.0.0.1': not HOST:PORT with a TCP port from 0 to 65535"* ]]
+	run -2 --separate-stderr timeout 5 rl-sync serve --listen inproc://x
+	[[ $stderr == *"inproc:// reaches only the same process"* ]]
+	rl-sync serve --listen tcp://127.0.0.1:0 3>&- 2>"$T/serve0.err" &
+	PIDS="$PIDS $!"
+	for _ in $(seq 50); do grep -q 'listening on' "$T/serve0.err" && break; sleep 0.1; done
+	u=$(sed -n 's/^rl-sync: listening on \(tcp:[^ ]*\) .*/\1/p' "$T/serve0.err")
+	[[ $u == tcp://127.0.0.1:* && $u != tcp://127.0.0.1:0 ]]
+	rl-sync push -q "$u" "$T/ck" --version 3
+	run -0 rl-sync status "$u"
+	assert_output --partial 'latest: 3'
+}
+
 @test "serve on an address in use fails with a hint" {
 	serve
 	run --separate-stderr -1 rl-sync serve --listen "$URL"
