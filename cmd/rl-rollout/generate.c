@@ -432,11 +432,14 @@ poll_weights_(gen *g, int force)
 			} else if (!g->ws) {
 				rv = load_weights(g, g->pending_path, g->pending_version);
 			} else if ((rv = load_weights_ver(g, g->wbase, g->pending_path)) == RL_ENOENT) {
-				/* no single model.safetensors (shards): through a directory */
+				/* no single model.safetensors (shards): through a directory,
+				 * made only for that and removed at once */
 				snprintf(path, sizeof path, "%s/v%d", g->sync_dir, g->pending_version);
-				if ((rv = rl_wver_write_dir(g->wbase, path)) == RL_OK)
+				if ((rv = rl_io_mkdir_p(g->sync_dir, 0700)) == RL_OK &&
+				    (rv = rl_wver_write_dir(g->wbase, path)) == RL_OK)
 					rv = load_weights(g, path, g->pending_version);
 				remove_tree(path);
+				rmdir(g->sync_dir);
 			}
 			if (rv != 0)
 				return rv;
@@ -1324,7 +1327,10 @@ rl_cmd_generate(int argc, char **argv)
 	if (g.sync_url) {
 		snprintf(g.sync_dir, sizeof g.sync_dir, "%s/rl-rollout-sync.%ld", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
 		    (long)getpid());
-		if ((rv = rl_io_mkdir_p(g.sync_dir, 0700)) != 0 || (rv = rl_wsync_open_with(&g.ws, g.sync_url, 0, g.sync_transport)) != 0)
+		/* sync_dir is made only when a sharded version must go through it:
+		 * made here, it was left in TMPDIR by every run that failed or was
+		 * killed */
+		if ((rv = rl_wsync_open_with(&g.ws, g.sync_url, 0, g.sync_transport)) != 0)
 			goto out;
 		if ((rv = poll_weights(&g, 1)) != 0)
 			goto out;
@@ -1374,8 +1380,6 @@ out:
 			rv = r2;
 	}
 	rl_engine_destroy(g.e);
-	if (g.ws)
-		rmdir(g.sync_dir);
 	rl_wver_destroy(g.wbase);
 	rl_wsync_close(g.ws);
 	rl_tokenizer_close(g.tok);
