@@ -2870,7 +2870,10 @@ rl_wsync_poll(rl_wsync_client *c, uint64_t have, int timeout_ms, uint64_t *lates
 		/* the server answered "nothing yet", or did not answer (restarting): ask again */
 		if (rl_now() >= end) {
 			if (m == NULL) {
-				net_fail(c, rv, "wait");
+				/* the wait given plus up to 2 s, not the request timeout */
+				rl_error("wait: no answer from '%s' within %.0f ms", c->url,
+					 (rl_now() - end) * 1e3 + RL_MAX(timeout_ms, 0));
+				rl_hint("is 'rl-sync serve --listen %s' running?", c->url);
 				return RL_ENET;
 			}
 			*latest = h.version;

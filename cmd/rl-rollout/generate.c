@@ -146,6 +146,7 @@ typedef struct gen {
 	 * the broker (leases and puts), writing the output */
 	double t_engine, t_weights, t_wait, t_lease, t_put, t_write;
 	double last_poll;      /* when rl-sync was last asked for a new version */
+	double poll_backoff;   /* rl-sync did not answer: seconds until it is asked again (0: it answers) */
 	int nloads;
 } gen;
 
@@ -395,12 +396,24 @@ poll_weights_(gen *g, int force)
 	int v, rv;
 	char path[4096];
 
-	if (g->ws && (force || rl_now() - g->last_poll >= 0.02)) {
+	if (g->ws && (force || rl_now() - g->last_poll >= RL_MAX(0.02, g->poll_backoff))) {
 		uint64_t latest = 0;
 		rl_wver *nv = NULL;
+		int prv = rl_wsync_poll_version(g->ws, g->version > 0 ? (uint64_t)g->version : 0, 0, &latest);
 		g->last_poll = rl_now();
-		if (rl_wsync_poll_version(g->ws, g->version > 0 ? (uint64_t)g->version : 0, 0, &latest) == RL_OK &&
-		    (int)latest > g->version && (int)latest > g->pending_version) {
+		/* a server that does not answer costs each look its request timeout:
+		 * asked every 20 ms, generation crawled; back off (1 s doubling to
+		 * 30 s) and go on with the weights there are */
+		if (prv != RL_OK && prv != RL_ETIMEDOUT) {
+			if (g->poll_backoff == 0)
+				rl_warn("'%s' does not answer: generating with weights version %d, asking again "
+				    "less often", g->sync_url, g->version);
+			g->poll_backoff = g->poll_backoff > 0 ? RL_MIN(2 * g->poll_backoff, 30.0) : 1.0;
+		} else if (g->poll_backoff > 0) {
+			rl_info("'%s' answers again", g->sync_url);
+			g->poll_backoff = 0;
+		}
+		if (prv == RL_OK && (int)latest > g->version && (int)latest > g->pending_version) {
 			/* fetch (a delta against the last one when the server can); loaded from memory.
 			 * A version replaced on the server since the poll: the newer one */
 			if ((rv = rl_wsync_fetch_newest(g->ws, &nv, latest, g->wbase)) != 0)

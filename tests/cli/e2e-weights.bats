@@ -110,6 +110,24 @@ json.dump({"metadata": {}, "weight_map": m}, open(sys.argv[2], "w"))' "$TD/m0/mo
 	[ -z "$(ls -A "$TD/tmp")" ]
 }
 
+@test "rl-sync killed under a generator without a staleness bound: it goes on at its pace with the weights it has" {
+	# each look at a server that does not answer cost 2 s, every 20 ms of
+	# generation: a run of a second took minutes
+	for i in $(seq 3000); do echo '{"prompt":"x"}'; done > "$TD/p3k.jsonl"
+	serve
+	rl-sync push -q "$URL" "$TD/m0" --version 1
+	timeout 60 rl-rollout -v -m "$TD/m0" --sync "$URL" -n 8 --max-tokens 20 "$TD/p3k.jsonl" \
+	    > /dev/null 2> "$TD/dead.log" 3>&- &
+	r=$!
+	for _ in $(seq 100); do grep -q "weights version 1 loaded" "$TD/dead.log" && break; sleep 0.05; done
+	kill -9 "$SPID"; wait "$SPID" || true; SPID=""
+	SECONDS=0
+	wait "$r"
+	[ "$SECONDS" -lt 20 ]
+	[ "$(grep -c "does not answer: generating with weights version 1" "$TD/dead.log")" = 1 ]
+	grep -q "3000 prompts, 24000 samples" "$TD/dead.log"
+}
+
 @test "a version of another architecture from rl-sync is refused, naming the tensor" {
 	serve
 	run -0 rl-sync push -q "$URL" "$TD/other" --version 1
