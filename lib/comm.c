@@ -1199,6 +1199,13 @@ rl_comm_finish(rl_comm *c)
 }
 
 void
+rl_comm_set_timeout(rl_comm *c, double seconds)
+{
+	if (c)
+		c->timeout = seconds > 0 ? seconds : 1e18;
+}
+
+void
 rl_comm_close(rl_comm *c)
 {
 	if (!c)

@@ -140,6 +140,10 @@ int rl_comm_barrier(rl_comm *c);
  * others this rank failed.  For a thread blocked in a collective that its
  * owner must stop (the NCCL backend's device waits are not interrupted). */
 void rl_comm_interrupt(rl_comm *c);
+/* Sets how long a wait on the ring may take from now on (seconds; <= 0: no
+ * limit, a peer that dies is still seen at once).  Between collectives, from
+ * the thread that runs them. */
+void rl_comm_set_timeout(rl_comm *c, double seconds);
 
 /* Host memory, control plane (always the nng ring): out (world * bytes) gets
  * every rank's in (bytes) in rank order. */
