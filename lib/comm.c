@@ -49,6 +49,7 @@
 #define HDR 16
 #define SLICE_MS 100
 #define RDV_VERSION 1
+#define RDV_REFUSED 0xffffffffu /* in a rendezvous answer's version: a refusal, its text follows */
 
 enum { K_DATA = 1, K_HELLO, K_ABORT, K_BYE };
 enum { OP_NONE = 0, OP_ALLREDUCE, OP_BCAST, OP_ALLGATHER };
@@ -58,6 +59,7 @@ enum { B_SINGLE = 0, B_CPU, B_NCCL };
 struct rl_comm {
 	int rank, world, local_rank, backend;
 	double timeout;
+	const char *addr_opts, *world_opts, *timeout_opts; /* for hints (rl_comm_opts) */
 	size_t seg;
 	rl_ops *ops;
 	uint32_t seq;               /* collectives so far */
@@ -203,9 +205,10 @@ rl_comm_opts_from_env(rl_comm_opts *o)
 	return RL_OK;
 }
 
-/* HOST:PORT (or tcp://HOST:PORT) to a dotted IPv4 address and port. */
+/* HOST:PORT (or tcp://HOST:PORT) to a dotted IPv4 address and port;
+ * addr_opts names what set it, for the hint. */
 static int
-resolve(const char *master, char ip[64], int *port)
+resolve(const char *master, const char *addr_opts, char ip[64], int *port)
 {
 	char host[256];
 	const char *s = master, *colon;
@@ -232,7 +235,7 @@ resolve(const char *master, char ip[64], int *port)
 	hints.ai_socktype = SOCK_STREAM;
 	if ((e = getaddrinfo(host, NULL, &hints, &res)) != 0 || !res) {
 		rl_error("cannot resolve the rendezvous host '%s': %s", host, gai_strerror(e));
-		rl_hint("MASTER_ADDR (or --rendezvous) must name rank 0's host");
+		rl_hint("%s must name rank 0's host", addr_opts);
 		return RL_ENET;
 	}
 	inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, ip, 64);
@@ -391,7 +394,7 @@ recv_seg(rl_comm *c, nng_msg **out, int kind, int op, uint32_t aux, size_t n)
 		if (rl_now() - t0 > c->timeout) {
 			rl_error("no data from rank %d for %g s during %s #%u (timeout; it may be hung, or "
 			    "waiting on another rank)", prev_of(c), c->timeout, op_name(op), c->seq);
-			rl_hint("RL_COMM_TIMEOUT (or --comm-timeout) sets how long a rank may lag");
+			rl_hint("%s sets how long a rank may lag", c->timeout_opts);
 			return fail(c, RL_ETIMEDOUT, prev_of(c));
 		}
 	}
@@ -600,6 +603,37 @@ is_loopback(const char *ip)
 	return strncmp(ip, "127.", 4) == 0;
 }
 
+/* Rank 0 gives up: every rank whose hello it holds (ctx[1..n]) gets the
+ * reason, so that the log of a rank on another host says why instead of
+ * "Connection reset".  Best effort. */
+static void
+rdv_refuse(nng_ctx *ctx, int n, nng_aio *aio, const char *why)
+{
+	uint32_t hd[2] = { MAGIC, RDV_REFUSED };
+	size_t wl = strlen(why) + 1;
+	int sent = 0;
+
+	for (int i = 1; i <= n; i++) {
+		nng_msg *m;
+		if (nng_msg_alloc(&m, sizeof hd + wl) != 0)
+			return;
+		memcpy(nng_msg_body(m), hd, sizeof hd);
+		memcpy((uint8_t *)nng_msg_body(m) + sizeof hd, why, wl);
+		nng_aio_set_msg(aio, m);
+		nng_aio_set_timeout(aio, 1000);
+		nng_ctx_send(ctx[i], aio);
+		nng_aio_wait(aio);
+		if (nng_aio_result(aio) != 0)
+			nng_msg_free(m);
+		else
+			sent++;
+	}
+	/* nng has no linger: give the answers a moment to leave before the
+	 * socket closes */
+	if (sent)
+		usleep(200000);
+}
+
 /* Rank 0: collects every other rank's hello, answers all with the table. */
 static int
 rdv_serve(rl_comm *c, const char *url, rdv_entry *tab, rdv_table_hdr *th, nng_socket *out)
@@ -608,7 +642,8 @@ rdv_serve(rl_comm *c, const char *url, rdv_entry *tab, rdv_table_hdr *th, nng_so
 	nng_ctx *ctx = NULL;
 	nng_aio *aio = NULL;
 	int e, rv = RL_OK, N = c->world, got = 0;
-	char *seen = NULL;
+	char *seen = NULL, why[256];
+	const char *hint;
 	double t0 = rl_now();
 
 	if ((e = nng_rep0_open(&s)) != 0) {
@@ -618,7 +653,7 @@ rdv_serve(rl_comm *c, const char *url, rdv_entry *tab, rdv_table_hdr *th, nng_so
 	*out = s;
 	if ((e = nng_listen(s, url, NULL, 0)) != 0) {
 		rl_error("rank 0 cannot listen on %s: %s", url, nng_strerror(e));
-		rl_hint("MASTER_ADDR must be rank 0's host and MASTER_PORT a free port");
+		rl_hint("%s must name rank 0's host and a free port", c->addr_opts);
 		return RL_ENET;
 	}
 	ctx = calloc((size_t)N, sizeof *ctx);
@@ -649,7 +684,7 @@ rdv_serve(rl_comm *c, const char *url, rdv_entry *tab, rdv_table_hdr *th, nng_so
 					if (!seen[i])
 						l += (size_t)snprintf(miss + l, sizeof miss - l, "%s%d", l ? ", " : "", i);
 				rl_error("rendezvous on %s: rank(s) %s did not join within %g s", url, miss, c->timeout);
-				rl_hint("start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE");
+				rl_hint("start every rank with the same %s and %s", c->addr_opts, c->world_opts);
 				rv = RL_ETIMEDOUT;
 				goto out;
 			}
@@ -673,27 +708,31 @@ rdv_serve(rl_comm *c, const char *url, rdv_entry *tab, rdv_table_hdr *th, nng_so
 		nng_msg_free(m);
 		if (h.magic != MAGIC || h.version != RDV_VERSION) {
 			rl_error("rendezvous: a hello of another version from %s (rlpipe builds differ?)", ip);
+			rdv_refuse(ctx, got, aio, "another rank's hello was of another version (rlpipe builds differ?)");
 			rv = RL_EVERSION;
 			goto out;
 		}
+		hint = NULL;
 		if (h.world != N) {
-			rl_error("rendezvous: rank %d (host %s) says the world size is %d, rank 0 says %d", h.rank,
+			snprintf(why, sizeof why, "rank %d (host %s) says the world size is %d, rank 0 says %d", h.rank,
 			    h.host, h.world, N);
 			rv = RL_EINVAL;
-			goto out;
-		}
-		if (h.rank <= 0 || h.rank >= N || seen[h.rank]) {
-			rl_error("rendezvous: rank %d (host %s) joined %s", h.rank, h.host,
+		} else if (h.rank <= 0 || h.rank >= N || seen[h.rank]) {
+			snprintf(why, sizeof why, "rank %d (host %s) joined %s", h.rank, h.host,
 			    h.rank > 0 && h.rank < N ? "twice" : "with a rank out of range");
-			rl_hint("every process needs its own RANK");
+			hint = "every process needs its own RANK";
 			rv = RL_EINVAL;
-			goto out;
-		}
-		if (h.backend != th->backend) {
-			rl_error("rendezvous: rank %d uses the %s backend, rank 0 %s", h.rank,
+		} else if (h.backend != th->backend) {
+			snprintf(why, sizeof why, "rank %d uses the %s backend, rank 0 %s", h.rank,
 			    h.backend == B_NCCL ? "nccl" : "cpu", th->backend == B_NCCL ? "nccl" : "cpu");
-			rl_hint("give every rank the same --device");
+			hint = "give every rank the same --device";
 			rv = RL_EINVAL;
+		}
+		if (rv != 0) {
+			rl_error("rendezvous: %s", why);
+			if (hint)
+				rl_hint("%s", hint);
+			rdv_refuse(ctx, got + 1, aio, why);
 			goto out;
 		}
 		seen[h.rank] = 1;
@@ -773,8 +812,8 @@ rdv_join(rl_comm *c, const char *url, int port, int backend, rdv_entry *tab, rdv
 	if ((e = nng_send(s, &h, sizeof h, 0)) != 0) {
 		if (e == NNG_ETIMEDOUT) {
 			rl_error("cannot reach rank 0 at %s within %g s", url, c->timeout);
-			rl_hint("is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same everywhere? "
-			    "(RL_COMM_TIMEOUT sets the wait)");
+			rl_hint("is rank 0 running, and is %s the same everywhere? (%s sets the wait)", c->addr_opts,
+			    c->timeout_opts);
 			return RL_ETIMEDOUT;
 		}
 		rl_error("cannot send to rank 0 at %s: %s", url, nng_strerror(e));
@@ -788,12 +827,23 @@ rdv_join(rl_comm *c, const char *url, int port, int backend, rdv_entry *tab, rdv
 	if ((e = nng_recvmsg(s, &m, 0)) != 0) {
 		if (e == NNG_ETIMEDOUT) {
 			rl_error("no answer from rank 0 at %s within %g s", url, c->timeout);
-			rl_hint("is rank 0 running, and are MASTER_ADDR/MASTER_PORT and WORLD_SIZE the same "
-			    "everywhere? (RL_COMM_TIMEOUT sets the wait)");
+			rl_hint("is rank 0 running, and are %s and %s the same everywhere? (%s sets the wait)",
+			    c->addr_opts, c->world_opts, c->timeout_opts);
 			return RL_ETIMEDOUT;
 		}
 		rl_error("rendezvous with rank 0 at %s: %s", url, nng_strerror(e));
 		return RL_ENET;
+	}
+	if (nng_msg_len(m) > 8) {
+		uint32_t hd[2];
+		memcpy(hd, nng_msg_body(m), sizeof hd);
+		if (hd[0] == MAGIC && hd[1] == RDV_REFUSED) {
+			char *why = (char *)nng_msg_body(m) + 8;
+			why[nng_msg_len(m) - 9] = 0;
+			rl_error("rendezvous: rank 0 at %s gave up: %s", url, why);
+			nng_msg_free(m);
+			return RL_EINVAL;
+		}
 	}
 	if (nng_msg_len(m) != sizeof *th + (size_t)c->world * sizeof *tab) {
 		rl_error("rendezvous: rank 0's answer has %zu bytes, expected %zu", nng_msg_len(m),
@@ -919,6 +969,9 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 	c->world = o->world;
 	c->local_rank = o->local_rank < 0 ? 0 : o->local_rank;
 	c->timeout = o->timeout > 0 ? o->timeout : 600;
+	c->addr_opts = o->addr_opts ? o->addr_opts : "MASTER_ADDR/MASTER_PORT or --rendezvous";
+	c->world_opts = o->world_opts ? o->world_opts : "WORLD_SIZE or --world";
+	c->timeout_opts = o->timeout_opts ? o->timeout_opts : "RL_COMM_TIMEOUT or --comm-timeout";
 	c->seg = o->seg_bytes ? o->seg_bytes : (size_t)1 << 20;
 	c->seg &= ~(size_t)3; /* whole floats per segment */
 	if (c->seg == 0)
@@ -989,7 +1042,7 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 		rv = RL_EINVAL;
 		goto out;
 	}
-	if ((rv = resolve(o->master, ip, &port)) != 0)
+	if ((rv = resolve(o->master, c->addr_opts, ip, &port)) != 0)
 		goto out;
 	snprintf(url, sizeof url, "tcp://%s:%d", ip, port);
 
@@ -1143,6 +1196,13 @@ rl_comm_finish(rl_comm *c)
 	for (double t0 = rl_now(); !atomic_load(&c->next_lost) && rl_now() - t0 < c->timeout;)
 		usleep(2000);
 	return RL_OK;
+}
+
+void
+rl_comm_set_timeout(rl_comm *c, double seconds)
+{
+	if (c)
+		c->timeout = seconds > 0 ? seconds : 1e18;
 }
 
 void

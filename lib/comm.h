@@ -46,6 +46,11 @@ typedef struct rl_comm_opts {
 	const char *backend;    /* "auto" (default), "cpu", "nccl" */
 	double timeout;         /* seconds any one wait may take (default 600; env RL_COMM_TIMEOUT) */
 	size_t seg_bytes;       /* ring segment size (default 1 MiB) */
+	/* for hints, the options that set rank 0's address, the world size and
+	 * the waits (NULL: data parallel's MASTER_ADDR/MASTER_PORT or
+	 * --rendezvous, WORLD_SIZE or --world, RL_COMM_TIMEOUT or
+	 * --comm-timeout); borrowed, must outlive the comm */
+	const char *addr_opts, *world_opts, *timeout_opts;
 	char master_buf[300];   /* storage for master when built from the environment */
 } rl_comm_opts;
 
@@ -135,6 +140,10 @@ int rl_comm_barrier(rl_comm *c);
  * others this rank failed.  For a thread blocked in a collective that its
  * owner must stop (the NCCL backend's device waits are not interrupted). */
 void rl_comm_interrupt(rl_comm *c);
+/* Sets how long a wait on the ring may take from now on (seconds; <= 0: no
+ * limit, a peer that dies is still seen at once).  Between collectives, from
+ * the thread that runs them. */
+void rl_comm_set_timeout(rl_comm *c, double seconds);
 
 /* Host memory, control plane (always the nng ring): out (world * bytes) gets
  * every rank's in (bytes) in rank order. */

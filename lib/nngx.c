@@ -81,8 +81,8 @@ rli_nng_close_timed(nng_socket sock, const char *what)
 	return done;
 }
 
-int
-rli_url_port_check(const char *url)
+static int
+port_check(const char *url, long lo)
 {
 	const char *p, *hp;
 	long port = 0;
@@ -105,9 +105,13 @@ rli_url_port_check(const char *url)
 		for (; p[nd] >= '0' && p[nd] <= '9' && nd < 6; nd++)
 			port = port * 10 + (p[nd] - '0');
 	}
-	if (p == NULL || nd == 0 || p[nd] != 0 || port < 1 || port > 65535) {
-		rl_error("'%s': not HOST:PORT with a TCP port from 1 to 65535", url);
+	if (p == NULL || nd == 0 || p[nd] != 0 || port < lo || port > 65535) {
+		rl_error("'%s': not HOST:PORT with a TCP port from %ld to 65535%s", url, lo,
+			 lo == 0 ? " (0: any free one)" : "");
 		return RL_EINVAL;
 	}
 	return RL_OK;
 }
+
+int rli_url_port_check(const char *url) { return port_check(url, 1); }
+int rli_url_port_check_listen(const char *url) { return port_check(url, 0); }

@@ -20,5 +20,8 @@ int rli_nng_close_timed(nng_socket sock, const char *what);
  * RL_OK for such a URL and for other schemes; else an error naming the URL
  * (RL_EINVAL). */
 int rli_url_port_check(const char *url);
+/* The same for a URL to listen on, where port 0 (any free one) is allowed
+ * too; a missing port is not (nng would take it for 0). */
+int rli_url_port_check_listen(const char *url);
 
 #endif

@@ -43,6 +43,7 @@ struct rl_wgroup {
 	int ready, busy;      /* buffer with the newest untaken version / being taken; -1 none */
 	int ready_ver, last_ver;
 	int ended, err;       /* the root said the end / the thread's error */
+	double timeout;       /* the group's timeout (resolved), for the end */
 };
 
 /* FNV-1a over the names, offsets and sizes of the tensor table: two models
@@ -88,6 +89,7 @@ recv_thread(void *arg)
 		if (h.version == WG_END) {
 			/* the orderly end, at once: the trainer need not wait for this
 			 * worker's own end (it goes on with the weights it has) */
+			rl_comm_set_timeout(g->c, g->timeout);
 			rv = rl_comm_finish(g->c);
 			pthread_mutex_lock(&g->mu);
 			g->ended = 1;
@@ -183,6 +185,9 @@ rl_wgroup_open(rl_wgroup **out, const rl_wgroup_opts *o, rl_model *m)
 	co.master = o->addr;
 	co.backend = be;
 	co.timeout = o->timeout; /* 0: RL_COMM_TIMEOUT, else 600 s (rl_comm_opts_from_env) */
+	co.addr_opts = "--weights-group HOST:PORT";
+	co.world_opts = "--weights-group-size";
+	co.timeout_opts = o->timeout > 0 ? "--weights-timeout" : "RL_COMM_TIMEOUT";
 	if ((rv = rl_comm_opts_from_env(&co)) != 0)
 		goto fail;
 	/* the backend this rank would get: NCCL (device buffers, staging on the
@@ -222,6 +227,15 @@ rl_wgroup_open(rl_wgroup **out, const rl_wgroup_opts *o, rl_model *m)
 		}
 	}
 	if (g->rank > 0) {
+		/* The next version may be long in coming (a trainer waiting for
+		 * its samples, a long step or save) while this member generates:
+		 * that wait has no limit here; a dead trainer is still seen at once,
+		 * and a member that needs a version bounds its own wait
+		 * (rl_wgroup_wait), as does its end (rl_wgroup_close).  With the
+		 * group's timeout on this wait, a member died in the middle of its
+		 * work whenever the trainer published nothing for that long. */
+		g->timeout = co.timeout > 0 ? co.timeout : 600;
+		rl_comm_set_timeout(g->c, 0);
 		if (pthread_create(&g->th, NULL, recv_thread, g) != 0) {
 			rl_error("weights group: cannot start the receiving thread");
 			rv = RL_ENOMEM;
@@ -358,6 +372,23 @@ rl_wgroup_close(rl_wgroup *g, int ok)
 		rv = rl_comm_host_broadcast(g->c, &h, sizeof h, 0);
 	}
 	if (g->started) {
+		if (ok) {
+			/* the trainer's end, at most the group's timeout */
+			struct timespec ts;
+			int late = 0;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += (time_t)RL_MIN(g->timeout, 1e8);
+			pthread_mutex_lock(&g->mu);
+			while (!g->ended && !g->err && !late)
+				late = pthread_cond_timedwait(&g->cv, &g->mu, &ts) != 0;
+			late = late && !g->ended && !g->err;
+			pthread_mutex_unlock(&g->mu);
+			if (late) {
+				rl_error("weights group: the trainer did not end the group within %.0f s", g->timeout);
+				rv = RL_ETIMEDOUT;
+				ok = 0;
+			}
+		}
 		if (!ok)
 			rl_comm_interrupt(g->c);
 		pthread_join(g->th, NULL);

@@ -18,10 +18,12 @@
  * naming both.  Version -1 ends the group (rl_wgroup_close on the root).
  *
  * Faults are the communicator's: a member or trainer that dies makes the
- * others fail at once with its rank named; a peer that is alive but sends
- * nothing for the timeout is taken as hung (a member waits that long for
- * the rendezvous and for each next version: rl-rollout gives it its
- * --weights-timeout).
+ * others fail at once with its rank named.  The timeout (rl-rollout gives a
+ * member its --weights-timeout) bounds the rendezvous, a member's wait for
+ * a version it needs (rl_wgroup_wait) and for the trainer's end
+ * (rl_wgroup_close); the receiving thread itself waits for the next version
+ * without a limit, since a trainer may publish nothing for a long time
+ * while the member generates.
  *
  * The end belongs to the trainer: a member that has finished its own work
  * waits for the trainer's end of the group (rl_wgroup_close), its output

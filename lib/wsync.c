@@ -35,6 +35,7 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -1152,6 +1153,7 @@ struct rl_wsync_server {
 	nng_socket sock;
 	rl_wsync_server_opts o;
 	char *data_dir;
+	char url[320];            /* listened on; a tcp:// port 0 replaced by the one chosen */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;        /* work queue */
 	pthread_cond_t tcv;       /* timer: new version or close */
@@ -2552,9 +2554,24 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 		goto fail;
 	}
 	nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, s->o.max_msg);
-	if ((r = nng_listen(s->sock, url, NULL, 0)) != 0) {
-		rv = nng_err(r, "cannot listen on", url);
+	if ((rv = rli_url_port_check_listen(url)) != 0)
 		goto fail;
+	{
+		nng_listener l;
+		nng_sockaddr sa;
+		size_t n = strlen(url);
+		if ((r = nng_listen(s->sock, url, &l, 0)) != 0) {
+			rv = nng_err(r, "cannot listen on", url);
+			goto fail;
+		}
+		snprintf(s->url, sizeof s->url, "%s", url);
+		/* port 0: workers must be told the real one */
+		if (strncmp(url, "tcp", 3) == 0 && n >= 2 && strcmp(url + n - 2, ":0") == 0 && n < sizeof s->url &&
+		    nng_listener_get_addr(l, NNG_OPT_LOCADDR, &sa) == 0 &&
+		    (sa.s_family == NNG_AF_INET || sa.s_family == NNG_AF_INET6))
+			snprintf(s->url + n - 1, sizeof s->url - (n - 1), "%u",
+				 ntohs(sa.s_family == NNG_AF_INET ? sa.s_in.sa_port : sa.s_in6.sa_port));
+		url = s->url;
 	}
 	rv = RL_ENOMEM;
 	if ((s->ctxs = rl_try_calloc((size_t)s->o.contexts, sizeof(sctx), "contexts")) == NULL ||
@@ -2593,6 +2610,12 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 fail:
 	rl_wsync_server_close(s);
 	return rv;
+}
+
+const char *
+rl_wsync_server_url(const rl_wsync_server *s)
+{
+	return s->url;
 }
 
 /* ---- client ------------------------------------------------------------------------ */
@@ -2847,7 +2870,10 @@ rl_wsync_poll(rl_wsync_client *c, uint64_t have, int timeout_ms, uint64_t *lates
 		/* the server answered "nothing yet", or did not answer (restarting): ask again */
 		if (rl_now() >= end) {
 			if (m == NULL) {
-				net_fail(c, rv, "wait");
+				/* the wait given plus up to 2 s, not the request timeout */
+				rl_error("wait: no answer from '%s' within %.0f ms", c->url,
+					 (rl_now() - end) * 1e3 + RL_MAX(timeout_ms, 0));
+				rl_hint("is 'rl-sync serve --listen %s' running?", c->url);
 				return RL_ENET;
 			}
 			*latest = h.version;

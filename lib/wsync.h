@@ -145,6 +145,9 @@ typedef struct rl_wsync_server_opts {
  * owned by the caller; rl_wsync_server_close stops and frees (NULL ok). */
 int rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o);
 void rl_wsync_server_close(rl_wsync_server *s);
+/* rl_wsync_server_url: the URL it listens on, with the port the system
+ * chose for a tcp:// port 0 (borrowed, lives as long as s). */
+const char *rl_wsync_server_url(const rl_wsync_server *s);
 /* rl_wsync_server_latest: newest published version number, 0 if none. */
 uint64_t rl_wsync_server_latest(rl_wsync_server *s);
 /* rl_wsync_server_publish publishes v in-process (takes ownership of v on

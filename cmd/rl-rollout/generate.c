@@ -146,6 +146,7 @@ typedef struct gen {
 	 * the broker (leases and puts), writing the output */
 	double t_engine, t_weights, t_wait, t_lease, t_put, t_write;
 	double last_poll;      /* when rl-sync was last asked for a new version */
+	double poll_backoff;   /* rl-sync did not answer: seconds until it is asked again (0: it answers) */
 	int nloads;
 } gen;
 
@@ -395,12 +396,24 @@ poll_weights_(gen *g, int force)
 	int v, rv;
 	char path[4096];
 
-	if (g->ws && (force || rl_now() - g->last_poll >= 0.02)) {
+	if (g->ws && (force || rl_now() - g->last_poll >= RL_MAX(0.02, g->poll_backoff))) {
 		uint64_t latest = 0;
 		rl_wver *nv = NULL;
+		int prv = rl_wsync_poll_version(g->ws, g->version > 0 ? (uint64_t)g->version : 0, 0, &latest);
 		g->last_poll = rl_now();
-		if (rl_wsync_poll_version(g->ws, g->version > 0 ? (uint64_t)g->version : 0, 0, &latest) == RL_OK &&
-		    (int)latest > g->version && (int)latest > g->pending_version) {
+		/* a server that does not answer costs each look its request timeout:
+		 * asked every 20 ms, generation crawled; back off (1 s doubling to
+		 * 30 s) and go on with the weights there are */
+		if (prv != RL_OK && prv != RL_ETIMEDOUT) {
+			if (g->poll_backoff == 0)
+				rl_warn("'%s' does not answer: generating with weights version %d, asking again "
+				    "less often", g->sync_url, g->version);
+			g->poll_backoff = g->poll_backoff > 0 ? RL_MIN(2 * g->poll_backoff, 30.0) : 1.0;
+		} else if (g->poll_backoff > 0) {
+			rl_info("'%s' answers again", g->sync_url);
+			g->poll_backoff = 0;
+		}
+		if (prv == RL_OK && (int)latest > g->version && (int)latest > g->pending_version) {
 			/* fetch (a delta against the last one when the server can); loaded from memory.
 			 * A version replaced on the server since the poll: the newer one */
 			if ((rv = rl_wsync_fetch_newest(g->ws, &nv, latest, g->wbase)) != 0)
@@ -432,11 +445,14 @@ poll_weights_(gen *g, int force)
 			} else if (!g->ws) {
 				rv = load_weights(g, g->pending_path, g->pending_version);
 			} else if ((rv = load_weights_ver(g, g->wbase, g->pending_path)) == RL_ENOENT) {
-				/* no single model.safetensors (shards): through a directory */
+				/* no single model.safetensors (shards): through a directory,
+				 * made only for that and removed at once */
 				snprintf(path, sizeof path, "%s/v%d", g->sync_dir, g->pending_version);
-				if ((rv = rl_wver_write_dir(g->wbase, path)) == RL_OK)
+				if ((rv = rl_io_mkdir_p(g->sync_dir, 0700)) == RL_OK &&
+				    (rv = rl_wver_write_dir(g->wbase, path)) == RL_OK)
 					rv = load_weights(g, path, g->pending_version);
 				remove_tree(path);
+				rmdir(g->sync_dir);
 			}
 			if (rv != 0)
 				return rv;
@@ -1337,7 +1353,10 @@ rl_cmd_generate(int argc, char **argv)
 	if (g.sync_url) {
 		snprintf(g.sync_dir, sizeof g.sync_dir, "%s/rl-rollout-sync.%ld", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
 		    (long)getpid());
-		if ((rv = rl_io_mkdir_p(g.sync_dir, 0700)) != 0 || (rv = rl_wsync_open_with(&g.ws, g.sync_url, 0, g.sync_transport)) != 0)
+		/* sync_dir is made only when a sharded version must go through it:
+		 * made here, it was left in TMPDIR by every run that failed or was
+		 * killed */
+		if ((rv = rl_wsync_open_with(&g.ws, g.sync_url, 0, g.sync_transport)) != 0)
 			goto out;
 		if ((rv = poll_weights(&g, 1)) != 0)
 			goto out;
@@ -1387,8 +1406,6 @@ out:
 			rv = r2;
 	}
 	rl_engine_destroy(g.e);
-	if (g.ws)
-		rmdir(g.sync_dir);
 	rl_wver_destroy(g.wbase);
 	rl_wsync_close(g.ws);
 	rl_tokenizer_close(g.tok);

@@ -172,7 +172,7 @@ cmd_serve(const cfg *c)
 	install_signals();
 	if ((rv = rl_wsync_server_open(&s, &o)) != 0)
 		return exit_code(rv);
-	rl_info("listening on %s%s", o.listen ? o.listen : "tcp://127.0.0.1:7401",
+	rl_info("listening on %s%s", rl_wsync_server_url(s),
 		c->data_dir ? "" : " (memory only; --data-dir keeps versions across restarts)");
 	while (!stop)
 		usleep(100000);
@@ -307,7 +307,7 @@ cmd_pull(const cfg *c)
 	rl_wsync_client *cl = NULL;
 	rl_wver *have = NULL;
 	uint64_t last = 0;
-	int rv, keep = c->keep ? c->keep : 2, noversion = 0, again = 0;
+	int rv, keep = c->keep ? c->keep : 2, noversion = 0, again = 0, behind = 0;
 	int pause_ms = getenv("RL_SYNC_TEST_PULL_PAUSE_MS") ? atoi(getenv("RL_SYNC_TEST_PULL_PAUSE_MS")) : 0;
 
 	install_signals();
@@ -340,6 +340,13 @@ cmd_pull(const cfg *c)
 					rl_warn("still waiting for '%s'", c->url);
 					continue;
 				}
+				if (rv == RL_ETIMEDOUT && wait && latest > 0 && latest < last && !behind) {
+					/* said once: the wait is for a version newer than the directory's */
+					rl_warn("'%s' has version %llu, older than version %llu in '%s': waiting for a "
+						"version newer than %llu", c->url, (unsigned long long)latest,
+						(unsigned long long)last, c->out, (unsigned long long)last);
+					behind = 1;
+				}
 				if (rv != RL_ETIMEDOUT || !wait)
 					break;
 			}
@@ -353,6 +360,13 @@ cmd_pull(const cfg *c)
 					rl_hint("use --wait to wait for one");
 					rv = RL_ENOENT;
 					noversion = 1;
+				} else if (latest < last) {
+					/* not "already holds": the directory's version is another one */
+					rl_error("'%s' has version %llu, older than version %llu in '%s'", c->url,
+						 (unsigned long long)latest, (unsigned long long)last, c->out);
+					rl_hint("a server restarted without --data-dir, or another run's?  pull into "
+						"another directory");
+					rv = RL_ESTALE;
 				} else {
 					rl_info("'%s' has version %llu, which '%s' already holds", c->url,
 						(unsigned long long)latest, c->out);
@@ -547,6 +561,9 @@ main(int argc, char **argv)
 	if (strcmp(c.cmd, "serve") == 0) {
 		if (nargs != 0)
 			return usage("serve: unexpected argument '%s'", argv[optind]);
+		if (c.listen && strncmp(c.listen, "inproc://", 9) == 0)
+			return usage("serve: --listen '%s': inproc:// reaches only the same process; use tcp:// or ipc://",
+				     c.listen);
 		return cmd_serve(&c);
 	}
 	if (strcmp(c.cmd, "push") == 0) {

@@ -96,7 +96,7 @@ static const char usage_text[] =
     "      --rendezvous HOST:PORT  rank 0's address (else MASTER_ADDR:MASTER_PORT)\n"
     "      --comm-backend B      auto, cpu or nccl (default auto: nccl on CUDA when built with it)\n"
     "      --comm-timeout S      seconds a rank may wait for another (default 600; RL_COMM_TIMEOUT)\n"
-    "      --dp-check-every N    compare a weight checksum across ranks every N steps (default 10)\n"
+    "      --dp-check-every N    compare a weight checksum across ranks every N steps (default 10; 0 never)\n"
     "      --dp-bucket-mb M      gradient all-reduce bucket size in MiB (default 25; also --bucket-mb)\n"
     "      --no-dp-overlap       all-reduce after the backward pass instead of during it\n"
     "      --zero 0|1            1: ZeRO-1, each rank keeps 1/N of the AdamW state (default 0)\n"

@@ -25,6 +25,9 @@
 # STALENESS (1), ZERO (0; 1: rl-train --zero 1), MASTER_PORT (29500; the
 # weights group uses MASTER_PORT + 1), WEIGHTS (dir or group), WEIGHTS_BACKEND
 # (the group's: auto, ipc, nccl or cpu; default auto), RUN (runs/multi-gpu).  Calls only rl-* programs and sh, awk.  Every process it starts is stopped by pid on exit.
+# A generator or the scorer that fails before the trainer ranks finish stops
+# the run with exit 1, naming its log (the trainers would wait for records
+# for ever).
 #
 # NOT RUN ON GPUS: written and checked with DEVICE=cpu on a machine without a
 # GPU (see docs/parallel.md).
@@ -107,10 +110,12 @@ for gpu in $ROLLOUT_GPUS; do
 	rl-rollout -m "$MODEL" --device "$d" --queue "$URL" -n "$SAMPLES" --max-tokens "$MAX_TOKENS" \
 		--seed "$g" $W 2>"$L/rollout.$gpu.log" &
 	PIDS="$PIDS $!"
+	WORKERS="${WORKERS:-} $!:rollout.$gpu"
 	g=$((g + 1))
 done
 rl-reward --task "$TASK" --queue "$URL" 2>"$L/reward.log" &
 PIDS="$PIDS $!"
+WORKERS="$WORKERS $!:reward"
 
 # the trainer ranks: torchrun's variables, one GPU each
 world=$(echo $TRAIN_GPUS | wc -w)
@@ -127,6 +132,29 @@ for gpu in $TRAIN_GPUS; do
 done
 PIDS="$PIDS $RANKS"
 
+# the trainer ranks end the run.  A generator or the scorer that fails
+# before they do (a bad option, a crash) would leave them waiting for records
+# for ever: the run stops then, naming it.  (A worker that exits 0, after the
+# trainer ended its weights group, is no failure.)
+while :; do
+	alive=0
+	for p in $RANKS; do kill -0 "$p" 2>/dev/null && alive=1; done
+	[ $alive = 1 ] || break
+	left=""
+	for w in $WORKERS; do
+		p=${w%%:*}
+		if kill -0 "$p" 2>/dev/null; then left="$left $w"; continue; fi
+		st=0
+		wait "$p" || st=$?
+		if [ $st != 0 ]; then
+			echo "multi-gpu: rl-${w#*:}: exited with status $st before training ended; see $L/${w#*:}.log" >&2
+			tail -n 3 "$L/${w#*:}.log" >&2
+			exit 1
+		fi
+	done
+	WORKERS=$left
+	sleep 1
+done
 rc=0
 for p in $RANKS; do wait "$p" || rc=1; done
 if [ $rc != 0 ]; then

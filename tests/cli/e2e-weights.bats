@@ -76,6 +76,58 @@ assert min(x["critic/score/mean"] for x in r[-3:]) >= 0.9, [x["critic/score/mean
 	for v in 1 2 3 4 5; do grep -q "weights version $v loaded" "$TD/wd-rollout.log"; done
 }
 
+@test "rl-rollout --sync leaves nothing in TMPDIR: not when it fails at the start, not when it is stopped" {
+	mkdir -p "$TD/tmp"
+	# each of these made TMPDIR/rl-rollout-sync.PID and left it
+	run -1 env TMPDIR="$TD/tmp" rl-rollout -q -m "$TD/m0" --max-tokens 1 --sync http://x "$TD/p.jsonl"
+	run -1 env TMPDIR="$TD/tmp" rl-rollout -q -m "$TD/m0" --max-tokens 1 --sync "$TD/wd2" --sync-transport shm \
+	    "$TD/p.jsonl"
+	serve
+	rl-sync push -q "$URL" "$TD/m0" --version 1
+	TMPDIR="$TD/tmp" rl-rollout -q -m "$TD/m0" --sync "$URL" --max-staleness 0 --train-batch 4 -n 2 --max-tokens 1 \
+	    --weights-timeout 30 "$TD/p.jsonl" > /dev/null 3>&- &
+	r=$!
+	sleep 1
+	kill -TERM "$r"
+	wait "$r" || true
+	[ -z "$(ls -A "$TD/tmp")" ]
+	# a sharded version (no model.safetensors) goes through a directory
+	# there, made for it and removed once loaded
+	mkdir -p "$TD/sh"
+	cp "$TD/m0/config.json" "$TD/m0/tokenizer.json" "$TD/sh/"
+	cp "$TD/m0/model.safetensors" "$TD/sh/model-00001-of-00001.safetensors"
+	python3 -c '
+import json, struct, sys
+f = open(sys.argv[1], "rb")
+h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+m = {k: "model-00001-of-00001.safetensors" for k in h if k != "__metadata__"}
+json.dump({"metadata": {}, "weight_map": m}, open(sys.argv[2], "w"))' "$TD/m0/model.safetensors" \
+	    "$TD/sh/model.safetensors.index.json"
+	rl-sync push -q "$URL" "$TD/sh" --version 2
+	run -0 --separate-stderr env TMPDIR="$TD/tmp" rl-rollout -v -m "$TD/m0" --sync "$URL" -n 1 --max-tokens 1 \
+	    "$TD/p.jsonl"
+	[[ "$stderr" == *"weights version 2 loaded from '$TD/tmp/rl-rollout-sync."*"/v2'"* ]]
+	[ -z "$(ls -A "$TD/tmp")" ]
+}
+
+@test "rl-sync killed under a generator without a staleness bound: it goes on at its pace with the weights it has" {
+	# each look at a server that does not answer cost 2 s, every 20 ms of
+	# generation: a run of a second took minutes
+	for i in $(seq 3000); do echo '{"prompt":"x"}'; done > "$TD/p3k.jsonl"
+	serve
+	rl-sync push -q "$URL" "$TD/m0" --version 1
+	timeout 60 rl-rollout -v -m "$TD/m0" --sync "$URL" -n 8 --max-tokens 20 "$TD/p3k.jsonl" \
+	    > /dev/null 2> "$TD/dead.log" 3>&- &
+	r=$!
+	for _ in $(seq 100); do grep -q "weights version 1 loaded" "$TD/dead.log" && break; sleep 0.05; done
+	kill -9 "$SPID"; wait "$SPID" || true; SPID=""
+	SECONDS=0
+	wait "$r"
+	[ "$SECONDS" -lt 20 ]
+	[ "$(grep -c "does not answer: generating with weights version 1" "$TD/dead.log")" = 1 ]
+	grep -q "3000 prompts, 24000 samples" "$TD/dead.log"
+}
+
 @test "a version of another architecture from rl-sync is refused, naming the tensor" {
 	serve
 	run -0 rl-sync push -q "$URL" "$TD/other" --version 1

@@ -51,6 +51,23 @@ bump() {
 	run --separate-stderr -2 rl-sync status "$URL" --timeout abc
 }
 
+@test "serve: a tcp:// URL without a port is refused, port 0 is named as the port taken, inproc:// is refused" {
+	# nng took tcp://127.0.0.1 for port 0 and the server said it listened on
+	# 'tcp://127.0.0.1' (and on 'tcp://127.0.0.1:0'): no worker could find it
+	run -1 --separate-stderr timeout 5 rl-sync serve --listen tcp://127.0.0.1
+	[[ $stderr == *"'tcp://127.0.0.1': not HOST:PORT with a TCP port from 0 to 65535"* ]]
+	run -2 --separate-stderr timeout 5 rl-sync serve --listen inproc://x
+	[[ $stderr == *"inproc:// reaches only the same process"* ]]
+	rl-sync serve --listen tcp://127.0.0.1:0 3>&- 2>"$T/serve0.err" &
+	PIDS="$PIDS $!"
+	for _ in $(seq 50); do grep -q 'listening on' "$T/serve0.err" && break; sleep 0.1; done
+	u=$(sed -n 's/^rl-sync: listening on \(tcp:[^ ]*\) .*/\1/p' "$T/serve0.err")
+	[[ $u == tcp://127.0.0.1:* && $u != tcp://127.0.0.1:0 ]]
+	rl-sync push -q "$u" "$T/ck" --version 3
+	run -0 rl-sync status "$u"
+	assert_output --partial 'latest: 3'
+}
+
 @test "serve on an address in use fails with a hint" {
 	serve
 	run --separate-stderr -1 rl-sync serve --listen "$URL"
@@ -203,6 +220,23 @@ bump() {
 	wait "$P" || { cat "$T/pull.err"; false; }
 	[ "$(readlink "$T/out/latest")" = v000002 ]
 	cmp "$T/ck2/model.safetensors" "$T/out/latest/model.safetensors"
+}
+
+@test "a server behind the output directory: pull fails naming both versions; --follow says so once and waits" {
+	# the directory holds version 5 of an earlier server; this one has 2
+	serve
+	rl-sync push -q "$URL" "$T/ck" --version 5
+	rl-sync pull -q "$URL" --out "$T/out"
+	kill "$SPID"; wait "$SPID" || true
+	serve
+	bump ck2 'EFGH'
+	rl-sync push -q "$URL" "$T/ck2" --version 2
+	run -1 --separate-stderr rl-sync pull "$URL" --out "$T/out"
+	[[ $stderr == *"has version 2, older than version 5 in '$T/out'"* ]]
+	[[ $stderr != *"already holds"* ]]
+	run -124 --separate-stderr timeout 1.5 rl-sync pull "$URL" --out "$T/out" --follow
+	[ "$(grep -c "has version 2, older than version 5 in '$T/out': waiting for a version newer than 5" <<<"$stderr")" = 1 ]
+	[ "$(readlink "$T/out/latest")" = v000005 ]
 }
 
 @test "a restarted server keeps serving the last version from --data-dir" {

@@ -292,6 +292,20 @@ PY
 	[[ "$stderr" == *"rank(s) 1, 2 did not join within 1 s"* ]]
 }
 
+@test "a rank refused at the rendezvous says why, not just that the connection was reset" {
+	# rank 0 of 2 refuses a rank that believes in 3: both logs name the sizes
+	rl-train -q -m "$TD/m0" --out "$TD/w" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" --comm-timeout 20 \
+	    "$TD/s.jsonl" 3>&- 2>"$TD/w.err.0" &
+	r0=$!
+	PIDS="$PIDS $r0"
+	run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/w" --rank 1 --world 3 \
+	    --rendezvous "127.0.0.1:$PORT" --comm-timeout 20 "$TD/s.jsonl"
+	[[ "$stderr" == *"rank 1: rendezvous: rank 0 at tcp://127.0.0.1:$PORT gave up: rank 1 (host "*") says the world size is 3, rank 0 says 2"* ]]
+	rc=0; wait "$r0" || rc=$?
+	[ $rc = 1 ]
+	grep -q "rank 0: rendezvous: rank 1 (host .*) says the world size is 3, rank 0 says 2" "$TD/w.err.0"
+}
+
 # queue mode: a broker on loopback; QURL, QPID
 start_broker() {
 	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' rl-queue serve -q -l tcp://127.0.0.1:@PORT@ -k 100 "$@"

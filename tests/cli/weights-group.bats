@@ -113,6 +113,24 @@ assert len(s) == 6 and max(s) <= 1, s' "$TD/mq.jsonl"
 	[[ "$stderr" == *"rank 0"* ]]
 }
 
+@test "a worker generating for longer than --weights-timeout while the trainer publishes nothing is not stopped" {
+	# the trainer gets no full step (--batch above the prompts), so it sends
+	# no version until its end; the worker, needing none, generates for more
+	# than its --weights-timeout of 1 s.  Its receiving thread took the
+	# trainer's silence for a hang and the run failed in the middle
+	for i in $(seq 4000); do echo '{"prompt":"x"}'; done > "$TD/p4k.jsonl"
+	SECONDS=0
+	gen -v --weights-group "$ADDR" --weights-group-rank 1 --weights-group-size 2 -n 8 --max-tokens 20 \
+	    --max-staleness 1000000 --weights-timeout 1 "$TD/p4k.jsonl" 2> "$TD/long.err" |
+		rl-reward -q --task 'format:^[a-z]' |
+		rl-train -q -m "$TD/m0" --out "$TD/ck-long" --batch 100000 --metrics /dev/null \
+		    --weights-group "$ADDR" --weights-group-size 2 2> "$TD/long-train.err" ||
+		{ cat "$TD/long.err" "$TD/long-train.err"; false; }
+	grep -q "4000 prompts, 32000 samples" "$TD/long.err"
+	echo "took $SECONDS s"
+	[ "$SECONDS" -ge 1 ]
+}
+
 @test "a worker with a model of another shape: both sides fail, naming the mismatch" {
 	rl-train -q -m "$TD/m0" --out "$TD/ck-s" --batch 4 --metrics /dev/null --weights-group "$ADDR" \
 	    --weights-group-size 2 < "$TD/p.jsonl" > /dev/null 2> "$TD/s-train.err" 3>&- &
@@ -128,6 +146,16 @@ assert len(s) == 6 and max(s) <= 1, s' "$TD/mq.jsonl"
 	RL_COMM_TIMEOUT=2 run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/ck-n" --batch 4 \
 	    --metrics /dev/null --weights-group "$ADDR" --weights-group-size 2 "$TD/p.jsonl"
 	[[ "$stderr" == *"did not join"* ]]
+	# the hints name the group's options, not data parallel's MASTER_ADDR
+	[[ "$stderr" == *"hint: start every rank with the same --weights-group HOST:PORT and --weights-group-size"* ]]
+}
+
+@test "a worker whose trainer is not there: gives up after --weights-timeout, the hint naming the group's options" {
+	run -1 --separate-stderr rl-rollout -q -m "$TD/m0" --max-tokens 1 --weights-group "$ADDR" --weights-group-rank 1 \
+	    --weights-group-size 2 --weights-timeout 1 "$TD/p.jsonl"
+	[[ "$stderr" == *"cannot reach rank 0 at tcp://$ADDR within 1 s"* ]]
+	[[ "$stderr" == *"--weights-group HOST:PORT the same everywhere? (--weights-timeout sets the wait)"* ]]
+	[[ "$stderr" != *MASTER_ADDR* ]]
 }
 
 @test "usage errors" {
