@@ -523,8 +523,13 @@ rl_traj_reader_next_batch(rl_traj_reader *r, rl_traj_batch **b)
 			if ((rv = rl_traj_batch_add(r->batch, r->cur)) != 0)
 				break;
 		}
-		if (rv == RL_ECLOSED && rl_traj_batch_count(r->batch) > 0)
+		if (rv != 0 && rl_traj_batch_count(r->batch) > 0) {
+			/* hand out the lines before the end or the bad line; an
+			 * error comes back (sticky) from the next call */
+			if (rv != RL_ECLOSED)
+				r->err = rv;
 			rv = RL_OK;
+		}
 	}
 	if (rv == RL_ECLOSED)
 		return RL_OK;

@@ -170,8 +170,12 @@ print(d)' "$@"
 	run --separate-stderr bash -c "printf '\\n{\"id\":100,\"prompt_text\":\"y\"}\\n{\"id\": oops}\\n' | rl-queue put '$URL' -"
 	assert_failure 1
 	[[ "$stderr" == *"'<stdin>': line 3: invalid JSON"* ]]
+	# the lines before the bad one are sent (as the frames before a bad frame are)
+	[[ "$stderr" == *"put: 1 records: 1 accepted"* ]]
 	run --separate-stderr rl-queue get -s rollout -n 5 "$URL"
-	assert_output '{"id":99,"prompt_text":"x","group":99}'
+	assert_line '{"id":99,"prompt_text":"x","group":99}'
+	assert_line '{"id":100,"prompt_text":"y","group":100}'
+	[ "${#lines[@]}" -eq 2 ]
 }
 
 @test "a bad input file names file and line; the broker keeps serving" {

@@ -199,6 +199,18 @@ PY
 	[[ "$stderr" == *"'$D/p.jsonl': line 2: invalid JSON"* ]]
 }
 
+@test "a bad JSONL line: the records before it are written, then exit 1" {
+	# 300 good lines (more than one 256-line reader batch), then a broken one
+	for i in $(seq 1 300); do printf '{"id":%d}\n' "$i"; done > "$D/l.jsonl"
+	printf '{"id": \n{"id":999}\n' >> "$D/l.jsonl"
+	run -1 --separate-stderr rl-queue cat "$D/l.jsonl"
+	[[ "$stderr" == *"'$D/l.jsonl': line 301: invalid JSON"* ]]
+	[ "${#lines[@]}" -eq 300 ]
+	[ "${lines[299]}" = '{"id":300}' ]
+	# the same with --stream: the frames hold all 300
+	rl-queue cat --stream "$D/l.jsonl" 2>/dev/null | rl-queue cat | wc -l | grep -qx 300
+}
+
 @test "JSONL field of the wrong type: exit 1 naming line and field" {
 	printf '{"id":1,"reward":"high"}\n' > "$D/w.jsonl"
 	run -1 --separate-stderr rl-queue cat --stream "$D/w.jsonl"
