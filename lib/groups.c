@@ -291,8 +291,10 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, char *why, int
 			return "no 'group_size' field";
 		s->group_size = i32;
 	}
-	if (s->group_size < 1 || s->group_size > 65536)
+	if (s->group_size < 1 || s->group_size > 65536) {
+		s->group_size = 0;   /* no group to hold it: the record alone is bad */
 		return "'group_size' out of range 1..65536";
+	}
 	if (s->index < 0 || s->index >= s->group_size)
 		return "'index' outside 0..group_size-1";
 	if (rl_traj_get_i32s(t, RL_TAG_PROMPT, &p, &np) != RL_OK)

@@ -79,6 +79,9 @@ main(void)
 	T_EQ_INT(add(g, mk(11, 1, 0, 2, NAN, 2, 2)), RL_EFORMAT);      /* NaN reward */
 	T_EQ_INT(add(g, mk(12, 1, 0, 2, 1.0f, 3, 2)), RL_EFORMAT);     /* logprobs length */
 	T_EQ_INT(add(g, mk(13, 1, 5, 2, 1.0f, 2, 2)), RL_EFORMAT);     /* index >= size */
+	/* a group_size out of range names the field, allocates no group */
+	T_EQ_INT(add(g, mk(14, 2, 0, -3, 1.0f, 2, 2)), RL_EFORMAT);
+	T_EQ_INT(add(g, mk(15, 3, 0, 2000000000, 1.0f, 2, 2)), RL_EFORMAT);
 	rl_grouper_destroy(g);
 
 	/* logprobs required */
@@ -95,12 +98,14 @@ main(void)
 	T_EQ_INT(add(g, mk(31, 7, 1, 3, NAN, 2, 2)), RL_OK);
 	T_EQ_INT(add(g, mk(32, 7, 2, 3, 0.0f, 2, 2)), RL_OK);
 	T_EQ_INT(add(g, mk(33, 8, 0, 1, 0.0f, 2, 2)), RL_OK);
+	T_EQ_INT(add(g, mk(34, 9, 0, -3, 0.0f, 2, 2)), RL_OK);       /* bad group_size: */
+	T_EQ_INT(add(g, mk(35, 9, 0, 70000, 0.0f, 2, 2)), RL_OK);    /* the record alone */
 	T_EQ_INT(rl_grouper_pop(g, &grp), RL_OK);
 	T_EQ_INT(grp.group, 8);
 	rl_group_fini(&grp);
 	T_EQ_INT(rl_grouper_pop(g, &grp), RL_ENOENT);
 	T_EQ_INT(rl_grouper_stats_get(g)->bad_groups, 1);
-	T_EQ_INT(rl_grouper_stats_get(g)->bad_records, 1);
+	T_EQ_INT(rl_grouper_stats_get(g)->bad_records, 3);
 	T_EQ_INT(rl_grouper_finish(g), 0);
 	rl_grouper_destroy(g);
 
