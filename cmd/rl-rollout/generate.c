@@ -964,6 +964,16 @@ run_score(gen *g)
 			rv = RL_ETOOBIG;
 			goto out;
 		}
+		for (size_t k = 0; k < np + nr; k++) {
+			int32_t id = k < np ? p[k] : r[k - np];
+			if (id < 0 || id >= g->m->cfg.vocab_size) {
+				rl_error("'%s': record %llu: token id %d at '%s' index %zu is outside the vocabulary "
+				    "(0..%d)", g->input, (unsigned long long)n, id, k < np ? "prompt" : "response",
+				    k < np ? k : k - np, g->m->cfg.vocab_size - 1);
+				rv = RL_EFORMAT;
+				goto out;
+			}
+		}
 		if (rl_traj_get_f32(t, RL_TAG_TEMPERATURE, &temp) != RL_OK || !(temp > 0))
 			temp = 1.0f;
 		int L = (int)(np + nr) - 1;

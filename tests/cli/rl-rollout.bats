@@ -176,6 +176,16 @@ for l in sys.stdin:
 	[[ "$stderr" == *"line 1"* ]]
 }
 
+@test "--score: a token id outside the vocabulary names the file, record and position; records before it are written" {
+	printf '%s\n' '{"id":1,"prompt":[1,2],"response":[3,4]}' '{"id":2,"prompt":[1,2],"response":[3,999]}' > "$TD/oov.jsonl"
+	run -1 --separate-stderr rl-rollout --score ref_logprobs -m "$TD/m0" --jsonl "$TD/oov.jsonl"
+	[[ "$stderr" == *"'$TD/oov.jsonl': record 2: token id 999 at 'response' index 1 is outside the vocabulary (0..260)"* ]]
+	[ "${#lines[@]}" -eq 1 ]
+	printf '%s\n' '{"id":3,"prompt":[-1,2],"response":[3]}' > "$TD/oov2.jsonl"
+	run -1 --separate-stderr rl-rollout --score ref_logprobs -m "$TD/m0" --jsonl "$TD/oov2.jsonl"
+	[[ "$stderr" == *"record 1: token id -1 at 'prompt' index 0"* ]]
+}
+
 @test "more bad prompt lines: trailing text, ids outside the vocabulary, a bad max_tokens; --skip-bad skips them" {
 	printf '%s\n' '{"prompt":"ab"} {"prompt":"cd"}' '{"prompt":"ab","max_tokens":0}' '{"prompt":"ab","max_tokens":"3"}' \
 	    '{"prompt":"ab","max_tokens":2.5}' '{"prompt":"ef","max_tokens":2}' > "$TD/bad3.jsonl"
