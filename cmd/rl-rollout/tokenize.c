@@ -89,22 +89,34 @@ print_ids(FILE *f, const rl_tokens *t)
 	fputc(']', f);
 }
 
-/* Messages of one chat line into MSGS (borrowing strings from ROOT). */
+/* Messages of one chat line of len bytes into MSGS (borrowing strings from
+ * ROOT).  Messages are C strings: a NUL byte, or a JSON string's \u0000,
+ * would cut one silently, so either is an error. */
 static int
-parse_chat(const char *line, cJSON **root, rl_chat_msg **msgs, size_t *n, size_t lineno)
+parse_chat(const char *line, size_t len, cJSON **root, rl_chat_msg **msgs, size_t *n, size_t lineno)
 {
 	const char *p = line;
 	while (*p == ' ' || *p == '\t')
 		p++;
 	*root = NULL;
+	*msgs = NULL;
 	*n = 0;
+	if (memchr(line, 0, len) != NULL) {
+		rl_error("line %zu: a NUL byte at byte %zu, which a chat message cannot hold", lineno,
+		    (size_t)((const char *)memchr(line, 0, len) - line));
+		return RL_EFORMAT;
+	}
 	if (*p != '[' && *p != '{') {
 		*msgs = rl_xmalloc(sizeof(**msgs));
 		(*msgs)[0] = (rl_chat_msg){ "user", line };
 		*n = 1;
 		return 0;
 	}
-	*root = rl_json_parse_all(line, strlen(line));
+	*root = rl_json_parse_all(line, len);
+	if (*root != NULL && rl_json_has_nul_escape(line, len)) {
+		rl_error("line %zu: a string holds \\u0000 (NUL), which a chat message cannot hold", lineno);
+		return RL_EFORMAT;
+	}
 	const cJSON *arr = *root;
 	if (cJSON_IsObject(arr))
 		arr = cJSON_GetObjectItemCaseSensitive(arr, "messages");
@@ -183,7 +195,7 @@ encode_line(FILE *out, rl_tokenizer *tok, const tok_config *c, const char *line,
 	size_t n, tlen;
 	if (c->gen_prompt)
 		flags |= RL_TOK_GEN_PROMPT;
-	if ((rv = parse_chat(line, &root, &msgs, &n, lineno)) == 0 &&
+	if ((rv = parse_chat(line, len, &root, &msgs, &n, lineno)) == 0 &&
 	    (rv = rl_tokenizer_apply_chat(&t, tok, msgs, n, c->tpl, flags)) == 0 &&
 	    (rv = rl_tokenizer_render_chat(&text, &tlen, tok, msgs, n, c->tpl, flags)) == 0) {
 		print_ids(out, &t);

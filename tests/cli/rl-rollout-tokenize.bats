@@ -92,6 +92,21 @@ need_qwen() {
 	assert_output '{"ids":[256,117,115,101,114,58,32,104,105,10,97,115,115,105,115,116,97,110,116,58],"text":"<|bos|>user: hi\nassistant:"}'
 }
 
+@test "chat: a NUL byte or \\u0000 in a chat is an error naming the line, not a message cut there" {
+	printf 'hi\nab\0cd\n' >"$T/nul.txt"
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" "$T/nul.txt"
+	[ "${#lines[@]}" -eq 1 ]
+	[[ $stderr == *"line 2: a NUL byte at byte 2, which a chat message cannot hold"* ]]
+	printf '%s\n' '[{"role":"user","content":"a\u0000b"}]' >"$T/esc.jsonl"
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" "$T/esc.jsonl"
+	[ -z "$output" ]
+	[[ $stderr == *'line 1: a string holds \u0000 (NUL), which a chat message cannot hold'* ]]
+	# an escaped backslash before u0000 is ordinary text
+	printf '%s\n' '[{"role":"user","content":"a\\u0000"}]' >"$T/bs.jsonl"
+	run -0 --separate-stderr rl-rollout tokenize --chat -G -m "$T/bytes" "$T/bs.jsonl"
+	assert_output --partial '"text":"<|im_start|>user\na\\u0000<|im_end|>\n"'
+}
+
 @test "runtime errors: missing model, broken tokenizer.json, bad id lines, exit 1" {
 	run -1 --separate-stderr rl-rollout tokenize -m "$T/nope" /dev/null
 	[[ $stderr == *"rl-rollout: cannot open '$T/nope': No such file or directory"* ]]
