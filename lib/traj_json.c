@@ -272,10 +272,23 @@ elem(void *dst, int dt, const cJSON *v, char *err, size_t errn)
 			snprintf(err, errn, "expected a number, got %s", rl_json_type_name(v));
 			return 0;
 		}
-		if (dt == RL_F32) { float f = (float)d; memcpy(dst, &f, 4); }
-		else if (dt == RL_F64) memcpy(dst, &d, 8);
-		else if (dt == RL_BF16) { uint16_t h = rl_f32_to_bf16((float)d); memcpy(dst, &h, 2); }
-		else { uint16_t h = rl_f32_to_f16((float)d); memcpy(dst, &h, 2); }
+		if (dt == RL_F64) {
+			memcpy(dst, &d, 8);
+			return 1;
+		}
+		/* a finite number that rounds to infinity is out of range, not
+		 * "inf" (2^128 - 2^103: the least double that float rounds up) */
+		if (isfinite(d) && fabs(d) >= 0x1.ffffffp127)
+			goto frange;
+		float f = (float)d;
+		if (dt == RL_F32) {
+			memcpy(dst, &f, 4);
+		} else {
+			uint16_t h = dt == RL_BF16 ? rl_f32_to_bf16(f) : rl_f32_to_f16(f);
+			if (isfinite(d) && isinf(dt == RL_BF16 ? rl_bf16_to_f32(h) : rl_f16_to_f32(h)))
+				goto frange;
+			memcpy(dst, &h, 2);
+		}
 		return 1;
 	}
 	if (dt == RL_BOOL && cJSON_IsBool(v)) {
@@ -329,6 +342,9 @@ elem(void *dst, int dt, const cJSON *v, char *err, size_t errn)
 	return 0;
 range:
 	snprintf(err, errn, "%.17g out of range for %s", d, rl_dtype_name(dt));
+	return 0;
+frange:
+	snprintf(err, errn, "%g out of range for %s (it would be infinite)", d, rl_dtype_name(dt));
 	return 0;
 }
 

@@ -624,6 +624,15 @@ test_bad(void)
 			{ "{\"t2000\":{\"dtype\":\"I8\",\"data\":[127,-128]},\"t2001\":{\"dtype\":\"BOOL\",\"data\":[true,0]}}\n", 0, 1 },
 			{ "{\"response_text\":\"bad \xff\"}\n", RL_EFORMAT, 0 },
 			{ "{\"logprobs\":[-1.5,\"-inf\",\"nan\"]}\n", 0, 1 },
+			/* a finite number that would round to infinity is out of range */
+			{ "{\"reward\":1e39}\n", RL_EFORMAT, 0 },
+			{ "{\"logprobs\":[0,-3.4028235677973366e38]}\n", RL_EFORMAT, 0 },
+			{ "{\"logprobs\":[3.4028235677973362e38,-3.4028234663852886e38]}\n", 0, 1 },
+			{ "{\"t2000\":{\"dtype\":\"F16\",\"data\":[65519,-65504]}}\n", 0, 1 },
+			{ "{\"t2000\":{\"dtype\":\"F16\",\"data\":[65520]}}\n", RL_EFORMAT, 0 },
+			{ "{\"t2000\":{\"dtype\":\"BF16\",\"data\":[3.38953139e38]}}\n", 0, 1 },
+			{ "{\"t2000\":{\"dtype\":\"BF16\",\"data\":[3.4e38]}}\n", RL_EFORMAT, 0 },
+			{ "{\"t2000\":{\"dtype\":\"F64\",\"data\":[1e300]}}\n", 0, 1 },
 			{ "\xef\xbb\xbf{}", RL_EFORMAT, 0 },
 		};
 		for (size_t i = 0; i < RL_ARRAY_LEN(cases); i++) {
