@@ -184,6 +184,16 @@ utf8_seq(const uint8_t *s, size_t n, size_t i)
 	return k + 1;
 }
 
+size_t
+rl_utf8_char_len(const void *text, size_t n)
+{
+	const uint8_t *s = text;
+
+	if (n == 0)
+		return 0;
+	return s[0] < 0x80 ? 1 : utf8_seq(s, n, 0);
+}
+
 void
 rl_utf8_fix(char *text, size_t n)
 {

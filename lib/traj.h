@@ -185,6 +185,10 @@ int rl_traj_set_str(rl_traj *t, unsigned tag, const char *s);
 /* NUL and bytes that do not start a valid UTF-8 sequence become '?', in
  * place: text a STR field can hold, valid characters kept. */
 void rl_utf8_fix(char *s, size_t n);
+/* Bytes (1..4) of the valid UTF-8 character at s[0..n), or 0 where none
+ * starts (a stray or missing continuation byte, an overlong form, a
+ * surrogate, a code point past U+10FFFF). */
+size_t rl_utf8_char_len(const void *s, size_t n);
 int rl_traj_set_strn(rl_traj *t, unsigned tag, const char *s, size_t len);
 /* JSON: parses text and stores it in compact form (RL_EINVAL if not JSON).
  * Read it back with rl_traj_get_str. */

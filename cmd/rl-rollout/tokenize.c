@@ -17,6 +17,7 @@
 #include "core.h"
 #include "json.h"
 #include "tokenizer.h"
+#include "traj.h"
 
 typedef struct tok_config {
 	const char *model;
@@ -65,13 +66,12 @@ json_str(FILE *f, const char *s, size_t n)
 		else if (c < 0x80)
 			fputc(c, f);
 		else {
-			/* copy valid UTF-8, write U+FFFD for a broken byte */
-			int k = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0, ok = k && i + k <= n;
-			for (int j = 1; ok && j < k; j++)
-				ok = (p[i + j] & 0xc0) == 0x80;
-			if (ok) {
-				fwrite(p + i, 1, (size_t)k, f);
-				i += (size_t)k - 1;
+			/* copy valid UTF-8, write U+FFFD for a broken byte (overlong
+			 * forms and surrogates included: the line stays UTF-8) */
+			size_t k = rl_utf8_char_len(p + i, n - i);
+			if (k) {
+				fwrite(p + i, 1, k, f);
+				i += k - 1;
 			} else {
 				fputs("\\ufffd", f);
 			}

@@ -107,6 +107,19 @@ need_qwen() {
 	assert_output --partial '"text":"<|im_start|>user\na\\u0000<|im_end|>\n"'
 }
 
+@test "chat: the \"text\" of a chat with invalid UTF-8 (surrogates, overlongs, past U+10FFFF) is valid UTF-8" {
+	printf 'a\355\240\200b\na\340\200\257b\na\364\220\200\200b\na\370\210\200\200\200b\na\303\251\360\237\230\200b\n' >"$T/bad.txt"
+	run -0 --separate-stderr rl-rollout tokenize --chat -G -m "$T/bytes" "$T/bad.txt"
+	[ "${#lines[@]}" -eq 5 ]
+	# every broken byte is one U+FFFD; valid characters are kept
+	assert_line --index 0 --partial '"text":"<|im_start|>user\na\ufffd\ufffd\ufffdb<|im_end|>\n"'
+	assert_line --index 1 --partial 'a\ufffd\ufffd\ufffdb'
+	assert_line --index 2 --partial 'a\ufffd\ufffd\ufffd\ufffdb'
+	assert_line --index 3 --partial 'a\ufffd\ufffd\ufffd\ufffd\ufffdb'
+	assert_line --index 4 --partial "aé😀b"
+	printf '%s\n' "${lines[@]}" | iconv -f UTF-8 -t UTF-8 >/dev/null
+}
+
 @test "runtime errors: missing model, broken tokenizer.json, bad id lines, exit 1" {
 	run -1 --separate-stderr rl-rollout tokenize -m "$T/nope" /dev/null
 	[[ $stderr == *"rl-rollout: cannot open '$T/nope': No such file or directory"* ]]
