@@ -184,6 +184,11 @@ print(d)' "$@"
 	run --separate-stderr rl-queue put "$URL" "$D/bad.jsonl"
 	assert_failure 1
 	[[ "$stderr" == *"bad.jsonl"*"line 2"* ]]
+	# a raw NUL byte in a prompt line would cut the prompt there
+	printf '{"prompt_text":"ok2"}\n{"prompt_text":"a\0b"}\n' > "$D/nul.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/nul.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"nul.jsonl"*"line 2: a NUL byte at byte 17, which JSON text cannot hold"* ]]
 	run --separate-stderr rl-queue put "$URL" "$D/missing.jsonl"
 	assert_failure 1
 	[[ "$stderr" == *"missing.jsonl"* ]]
