@@ -178,6 +178,24 @@ print(d)' "$@"
 	[ "${#lines[@]}" -eq 2 ]
 }
 
+@test "put: prompt lines before a bad one are sent; long prompt lines go in messages under the limit" {
+	start_broker
+	printf '{"prompt":"a"}\n{"prompt":"b"}\n{"prompt": oops}\n' > "$D/pl.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/pl.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"'$D/pl.jsonl': line 3: not a JSON object"* ]]
+	[[ "$stderr" == *"put: 2 records: 2 accepted"* ]]
+	# 256 prompts of 280 kB are over a put's 64 MiB: batches end at 8 MiB
+	python3 -c "
+import sys
+x = 'x' * 280000
+for i in range(260):
+    sys.stdout.write('{\"prompt\":\"p%d %s\"}\n' % (i, x))" > "$D/big.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/big.jsonl"
+	assert_success
+	[[ "$stderr" == *"put: 260 records: 260 accepted"* ]]
+}
+
 @test "a bad input file names file and line; the broker keeps serving" {
 	start_broker
 	printf '{"prompt_text":"ok"}\n{"prompt_text": oops}\n' > "$D/bad.jsonl"
