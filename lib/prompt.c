@@ -60,6 +60,12 @@ rl_prompt_line_to_traj(rl_traj *t, const char *line, size_t n, const char *what)
 	int rv = RL_EFORMAT, k;
 
 	rl_traj_clear(t);
+	if (memchr(line, 0, n) != NULL) {
+		/* cJSON would cut a string there: the prompt or meta would change silently */
+		rl_error("%s: a NUL byte at byte %zu, which JSON text cannot hold", what,
+		         (size_t)((const char *)memchr(line, 0, n) - line));
+		goto out;
+	}
 	if (!j || !cJSON_IsObject(j)) {
 		rl_error("%s: not a JSON object", what);
 		goto out;

@@ -481,6 +481,15 @@ rl_traj_from_json(rl_traj *t, const char *line, size_t n, const rl_traj_limits *
 		rl_error("%s: line of %zu bytes over the limit of %zu", what ? what : "JSON record", n, lim->max_line);
 		return RL_ETOOBIG;
 	}
+	{
+		/* cJSON keeps strings NUL-terminated: a raw NUL would cut one */
+		const char *z = memchr(line, 0, n);
+		if (z != NULL) {
+			rl_error("%s: a NUL byte at byte %zu, which JSON text cannot hold", what ? what : "JSON record",
+			         (size_t)(z - line));
+			return RL_EFORMAT;
+		}
+	}
 	if ((rv = rl_json_parse(&j, line, n, what)) != 0)
 		return rv;
 	if (!cJSON_IsObject(j))

@@ -17,7 +17,9 @@
 #include <unistd.h>
 
 enum { SRC_FILE, SRC_FD, SRC_MEM };
-enum { JSONL_BATCH = 256 };
+/* JSONL batches end at 256 records or 8 MiB, as the binary writer's frames
+ * do: rl-queue put sends a batch as one message (64 MiB at most) */
+enum { JSONL_BATCH = 256, JSONL_BATCH_BYTES = 8 << 20 };
 
 struct rl_traj_reader {
 	int src;
@@ -517,7 +519,8 @@ rl_traj_reader_next_batch(rl_traj_reader *r, rl_traj_batch **b)
 		r->next = rl_traj_batch_count(r->batch);
 	} else {
 		rl_traj_batch_clear(r->batch);
-		while (rl_traj_batch_count(r->batch) < JSONL_BATCH) {
+		while (rl_traj_batch_count(r->batch) < JSONL_BATCH &&
+		       rl_traj_batch_bytes(r->batch) < JSONL_BATCH_BYTES) {
 			if ((rv = next_json(r)) != 0)
 				break;
 			if ((rv = rl_traj_batch_add(r->batch, r->cur)) != 0)

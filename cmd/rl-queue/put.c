@@ -161,7 +161,9 @@ peeked_open(char *line, size_t n, size_t nws, FILE *rest)
 	return f;
 }
 
-/* Prompt lines from f (the first already read into first/n), in batches of 256. */
+/* Prompt lines from f (the first already read into first/n), in batches of
+ * 256 or 8 MiB (a put is one message of 64 MiB at most).  A bad line ends
+ * the input: the prompts before it are sent, then its error is returned. */
 static int
 put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, size_t n, rl_traj_batch *b,
     rl_traj *t, unsigned long long *nrec, unsigned long long *acc, unsigned long long *dup,
@@ -172,7 +174,7 @@ put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, s
 	ssize_t len = (ssize_t)n;
 	unsigned long long ln = 1;
 	const char *cur = first;
-	int rv = RL_OK;
+	int rv = RL_OK, bad = RL_OK;
 
 	rl_traj_batch_clear(b);
 	for (;;) {
@@ -181,8 +183,10 @@ put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, s
 				len--;
 			if (len > 0) {
 				snprintf(what, sizeof what, "put: '%s': line %llu", path, ln);
-				if ((rv = rl_prompt_line_to_traj(t, cur, (size_t)len, what)) != 0)
-					break;
+				if ((bad = rl_prompt_line_to_traj(t, cur, (size_t)len, what)) != 0)
+					cur = NULL;   /* send what came before it */
+			}
+			if (cur && len > 0) {
 				/* the same text on two lines is two prompts; the same file put twice is
 				 * still idempotent: the id hashes the line and its number */
 				if (!rl_traj_has(t, RL_TAG_ID)) {
@@ -195,7 +199,8 @@ put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, s
 					break;
 			}
 		}
-		if (rl_traj_batch_count(b) == 256 || (!cur && rl_traj_batch_count(b) > 0)) {
+		if (rl_traj_batch_count(b) == 256 || rl_traj_batch_bytes(b) >= (size_t)8 << 20 ||
+		    (!cur && rl_traj_batch_count(b) > 0)) {
 			rl_traj_batch *send;
 			rl_qput_result res;
 			rl_traj_batch *fixed = NULL;
@@ -225,7 +230,7 @@ put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, s
 		cur = len >= 0 ? line : NULL;
 	}
 	free(line);
-	return rv;
+	return rv != RL_OK ? rv : bad;
 }
 
 int

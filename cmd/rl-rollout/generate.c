@@ -724,6 +724,13 @@ parse_prompt(gen *g, const char *line, size_t len, prompt **out)
 
 	*out = NULL;
 	snprintf(where, sizeof where, "'%s': line %llu", g->input, (unsigned long long)g->lines);
+	if (memchr(line, 0, len) != NULL) {
+		/* cJSON would cut a string there: the prompt or meta changed silently */
+		rl_error("%s: a NUL byte at byte %zu, which JSON text cannot hold", where,
+		    (size_t)((const char *)memchr(line, 0, len) - line));
+		cJSON_Delete(j);
+		return RL_EFORMAT;
+	}
 	if (!j || !cJSON_IsObject(j)) {
 		rl_error("%s: not a JSON object", where);
 		cJSON_Delete(j);

@@ -165,7 +165,14 @@ decode_line(FILE *out, const rl_tokenizer *tok, const tok_config *c, const char 
 			rl_error("line %zu: token %zu is not an integer", lineno, n + 1);
 			goto out;
 		}
-		ids[n++] = (int32_t)x->valuedouble;
+		ids[n] = (int32_t)x->valuedouble;
+		size_t tl;
+		if (rl_tokenizer_token(tok, ids[n], &tl) == NULL) {
+			rl_error("line %zu: token %zu: id %d is not in the vocabulary (0..%d)", lineno, n + 1, (int)ids[n],
+			    (int)rl_tokenizer_vocab_size(tok) - 1);
+			goto out;
+		}
+		n++;
 	}
 	if ((rv = rl_tokenizer_decode(&text, &len, tok, ids, n, c->skip_special ? RL_TOK_SKIP_SPECIAL : 0)) != 0) {
 		rl_error("line %zu: cannot decode: %s", lineno, rl_strerror(rv));

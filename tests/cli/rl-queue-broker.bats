@@ -170,8 +170,30 @@ print(d)' "$@"
 	run --separate-stderr bash -c "printf '\\n{\"id\":100,\"prompt_text\":\"y\"}\\n{\"id\": oops}\\n' | rl-queue put '$URL' -"
 	assert_failure 1
 	[[ "$stderr" == *"'<stdin>': line 3: invalid JSON"* ]]
+	# the lines before the bad one are sent (as the frames before a bad frame are)
+	[[ "$stderr" == *"put: 1 records: 1 accepted"* ]]
 	run --separate-stderr rl-queue get -s rollout -n 5 "$URL"
-	assert_output '{"id":99,"prompt_text":"x","group":99}'
+	assert_line '{"id":99,"prompt_text":"x","group":99}'
+	assert_line '{"id":100,"prompt_text":"y","group":100}'
+	[ "${#lines[@]}" -eq 2 ]
+}
+
+@test "put: prompt lines before a bad one are sent; long prompt lines go in messages under the limit" {
+	start_broker
+	printf '{"prompt":"a"}\n{"prompt":"b"}\n{"prompt": oops}\n' > "$D/pl.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/pl.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"'$D/pl.jsonl': line 3: not a JSON object"* ]]
+	[[ "$stderr" == *"put: 2 records: 2 accepted"* ]]
+	# 256 prompts of 280 kB are over a put's 64 MiB: batches end at 8 MiB
+	python3 -c "
+import sys
+x = 'x' * 280000
+for i in range(260):
+    sys.stdout.write('{\"prompt\":\"p%d %s\"}\n' % (i, x))" > "$D/big.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/big.jsonl"
+	assert_success
+	[[ "$stderr" == *"put: 260 records: 260 accepted"* ]]
 }
 
 @test "a bad input file names file and line; the broker keeps serving" {
@@ -180,6 +202,11 @@ print(d)' "$@"
 	run --separate-stderr rl-queue put "$URL" "$D/bad.jsonl"
 	assert_failure 1
 	[[ "$stderr" == *"bad.jsonl"*"line 2"* ]]
+	# a raw NUL byte in a prompt line would cut the prompt there
+	printf '{"prompt_text":"ok2"}\n{"prompt_text":"a\0b"}\n' > "$D/nul.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/nul.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"nul.jsonl"*"line 2: a NUL byte at byte 17, which JSON text cannot hold"* ]]
 	run --separate-stderr rl-queue put "$URL" "$D/missing.jsonl"
 	assert_failure 1
 	[[ "$stderr" == *"missing.jsonl"* ]]

@@ -239,6 +239,14 @@ PY
 	printf '{"id":1,"response\\u0000_text":"x"}\n' > "$D/z4.jsonl"
 	run -1 --separate-stderr rl-queue cat "$D/z4.jsonl"
 	[[ "$stderr" == *"line 1: field 'response': \u0000 in its name or value"* ]]
+	# a raw NUL byte too: cJSON would cut the string there
+	printf '{"id":1}\n{"id":2,"response_text":"a\0b"}\n' > "$D/z6.jsonl"
+	run -1 --separate-stderr rl-queue cat "$D/z6.jsonl"
+	[[ "$stderr" == *"'$D/z6.jsonl': line 2: a NUL byte at byte 26, which JSON text cannot hold"* ]]
+	assert_output '{"id":1}'
+	printf '{"id":1}\0junk\n' > "$D/z5.jsonl"
+	run -1 --separate-stderr rl-queue cat "$D/z5.jsonl"
+	[[ "$stderr" == *"line 1: a NUL byte at byte 8"* ]]
 	# an escaped backslash before u0000 is ordinary text
 	printf '{"response_text":"ok\\\\u0000"}\n' > "$D/z3.jsonl"
 	run --separate-stderr rl-queue cat "$D/z3.jsonl"

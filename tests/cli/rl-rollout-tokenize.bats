@@ -132,6 +132,10 @@ need_qwen() {
 	[[ $stderr == *"line 2: expected a JSON array of token ids"* ]]
 	run -1 --separate-stderr sh -c "echo '[104, 999]' | rl-rollout tokenize -d -m '$T/bytes'"
 	[[ $stderr == *"id 999 is not in the vocabulary"* ]]
+	# one message naming the line and the token (counted from 1, as for a token that is no integer)
+	run -1 --separate-stderr sh -c "printf '[104]\n[104, -1]\n' | rl-rollout tokenize -d -m '$T/bytes'"
+	assert_output 'h'
+	[ "$stderr" = "rl-rollout: line 2: token 2: id -1 is not in the vocabulary (0..260)" ]
 	run -1 --separate-stderr sh -c "echo '[{\"role\":1}]' | rl-rollout tokenize --chat -m '$T/bytes'"
 	[[ $stderr == *"line 1: message 1 needs string \"role\" and \"content\""* ]]
 	run -1 --separate-stderr rl-rollout tokenize -m "$T/bytes" "$T/missing.txt"

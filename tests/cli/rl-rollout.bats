@@ -127,6 +127,14 @@ assert n > 0'
 	[[ "$stderr" == *"3 bad prompt lines skipped"* ]]
 	run -1 --separate-stderr rl-rollout -m "$TD/m0" --jsonl "$TD/bad2.jsonl"
 	[[ "$stderr" == *"line 2: no \"prompt\" key"* ]]
+	# a raw NUL byte would cut the prompt or the answer there: an error, not "ab" / "1"
+	printf '{"prompt":"ab"}\n{"prompt":"ab\0cd"}\n{"prompt":"ab","answer":"1\0 2"}\n' > "$TD/nul.jsonl"
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 3 --jsonl "$TD/nul.jsonl"
+	[[ "$stderr" == *"'$TD/nul.jsonl': line 2: a NUL byte at byte 13, which JSON text cannot hold"* ]]
+	[ "${#lines[@]}" -eq 1 ]
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 3 --jsonl --skip-bad "$TD/nul.jsonl"
+	[ "${#lines[@]}" -eq 1 ]
+	[[ "$stderr" == *"2 bad prompt lines skipped"* ]]
 }
 
 @test "a prompt longer than the context is an error naming the line" {

@@ -708,6 +708,54 @@ test_version_shape(void)
 	rl_traj_destroy(u);
 }
 
+/* JSONL batches end at 256 records or 8 MiB, whichever comes first (rl-queue
+ * put sends a batch as one message of 64 MiB at most), and a bad line ends a
+ * batch: the records before it come out, the error with the next call. */
+static void
+test_jsonl_batches(void)
+{
+	enum { N = 100, TEXT = 200000 };
+	rl_buf in;
+	rl_traj_reader *r;
+	rl_traj_batch *b;
+	char *text = malloc(TEXT + 1);
+	size_t total = 0, batches = 0, max = 0;
+	int rv;
+
+	memset(text, 'x', TEXT);
+	text[TEXT] = 0;
+	rl_buf_init(&in);
+	for (int i = 0; i < N; i++)
+		rl_buf_printf(&in, "{\"id\":%d,\"response_text\":\"%s\"}\n", i + 1, text);
+	T_OK(rl_traj_reader_open_mem(&r, in.p, in.len, "big", NULL) == 0);
+	while ((rv = rl_traj_reader_next_batch(r, &b)) == 0 && b != NULL) {
+		total += rl_traj_batch_count(b);
+		batches++;
+		max = RL_MAX(max, rl_traj_batch_bytes(b));
+	}
+	T_EQ_INT(rv, 0);
+	T_EQ_INT(total, N);
+	T_OK(batches >= 3, "%zu batches", batches);
+	T_OK(max < ((size_t)8 << 20) + TEXT + 4096, "a batch of %zu bytes", max);
+	rl_traj_reader_close(r);
+
+	/* 300 small lines and a bad one: all 300 come out, then the error */
+	in.len = 0;
+	for (int i = 0; i < 300; i++)
+		rl_buf_printf(&in, "{\"id\":%d}\n", i + 1);
+	rl_buf_printf(&in, "{\"id\":\n{\"id\":999}\n");
+	T_OK(rl_traj_reader_open_mem(&r, in.p, in.len, "bad", NULL) == 0);
+	total = 0;
+	while ((rv = rl_traj_reader_next_batch(r, &b)) == 0 && b != NULL)
+		total += rl_traj_batch_count(b);
+	T_EQ_INT(rv, RL_EFORMAT);
+	T_EQ_INT(total, 300);
+	T_EQ_INT(rl_traj_reader_next_batch(r, &b), RL_EFORMAT);   /* sticky */
+	rl_traj_reader_close(r);
+	rl_buf_fini(&in);
+	free(text);
+}
+
 int
 main(void)
 {
@@ -731,6 +779,7 @@ main(void)
 		}
 		test_bad();
 		test_random_records();
+		test_jsonl_batches();
 		if (quiet) {
 			fflush(stderr);
 			dup2(saved, 2);
