@@ -952,7 +952,15 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 		if (tr->h_tgt[n] < 0 || (tr->has_mask && tr->h_w[n] == 0.0f))
 			continue;
 		float *st = tr->h_stats + (size_t)n * RL_PG_NSTAT;
-		ms->loss += (double)tr->h_w[n] * st[RL_PG_LOSS];
+		/* actor/pg_loss is the policy-gradient term alone, as verl's: the op's
+		 * token loss also holds the KL and entropy terms, reported apart
+		 * (actor/kl_loss, actor/entropy); taken out again here, in double */
+		double pg = st[RL_PG_LOSS];
+		if (ref != NULL)
+			pg -= (double)p.kl_coef * st[RL_PG_KL];
+		if (want_ent)
+			pg += (double)p.ent_coef * tr->h_ent[n];
+		ms->loss += (double)tr->h_w[n] * pg;
 		ms->clip += st[RL_PG_CLIPPED];
 		ms->ratio_logsum += -logf(st[RL_PG_RATIO] > 0 ? st[RL_PG_RATIO] : 1e-30f);
 		ms->kl += st[RL_PG_KL];
