@@ -203,7 +203,7 @@ rl_train_stopped_by(void)
 /* ---- metrics ------------------------------------------------------------------ */
 
 typedef struct mstat {
-	double loss, clip, kl, ratio_logsum, ent, ce;
+	double loss, clip, clip_lower, kl, ratio_logsum, ent, ce;
 	double ntok;
 	double vf_loss, vf_clip, vpred;  /* PPO */
 } mstat;
@@ -961,7 +961,14 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 		if (want_ent)
 			pg += (double)p.ent_coef * tr->h_ent[n];
 		ms->loss += (double)tr->h_w[n] * pg;
-		ms->clip += st[RL_PG_CLIPPED];
+		/* verl's pg_clipfrac counts the ratio clip (-A clip(r) > -A r) and
+		 * pg_clipfrac_lower the dual clip apart (max of those > -A c, A < 0);
+		 * the op's CLIPPED flag is either (its stats are 0 where w is 0) */
+		float A = tr->h_adv[n], r = st[RL_PG_RATIO], rc = fminf(fmaxf(r, 1.0f - p.clip_low), 1.0f + p.clip_high);
+		if (tr->h_w[n] != 0) {
+			ms->clip += -A * rc > -A * r;
+			ms->clip_lower += p.dual_clip > 0 && A < 0 && fmaxf(-A * r, -A * rc) > -A * p.dual_clip;
+		}
 		ms->ratio_logsum += -logf(st[RL_PG_RATIO] > 0 ? st[RL_PG_RATIO] : 1e-30f);
 		ms->kl += st[RL_PG_KL];
 		ms->ent += tr->h_ent[n];
@@ -1374,6 +1381,7 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 	} else {
 		metric(j, tr, step, "actor/pg_loss", ms->loss / nupdates);
 		metric(j, tr, step, "actor/pg_clipfrac", ms->clip / nt);
+		metric(j, tr, step, "actor/pg_clipfrac_lower", ms->clip_lower / nt);
 		metric(j, tr, step, "actor/ppo_kl", ms->ratio_logsum / nt);
 		if (o->kl_type && !o->kl_in_reward)
 			metric(j, tr, step, "actor/kl_loss", ms->kl / nt);
@@ -1944,11 +1952,11 @@ train_step(trainer *tr)
 	}
 	if (tr->world > 1) {
 		/* the metrics of the whole step: every rank's token statistics summed */
-		double v[7] = { ms.loss, ms.clip, ms.kl, ms.ratio_logsum, ms.ent, ms.ce, ms.ntok };
-		if ((rv = rl_comm_host_allreduce_f64(tr->comm, v, 7)) != 0)
+		double v[8] = { ms.loss, ms.clip, ms.kl, ms.ratio_logsum, ms.ent, ms.ce, ms.ntok, ms.clip_lower };
+		if ((rv = rl_comm_host_allreduce_f64(tr->comm, v, 8)) != 0)
 			return rv;
 		ms.loss = v[0], ms.clip = v[1], ms.kl = v[2], ms.ratio_logsum = v[3], ms.ent = v[4], ms.ce = v[5];
-		ms.ntok = v[6];
+		ms.ntok = v[6], ms.clip_lower = v[7];
 	}
 	if (tr->world > 1 && o->algo == RL_ALGO_PPO) {
 		double v[3] = { ms.vf_loss, ms.vf_clip, ms.vpred };
@@ -1960,6 +1968,7 @@ train_step(trainer *tr)
 	ms.vpred /= E;
 	ms.ntok /= E; /* statistics averaged over the passes */
 	ms.clip /= E;
+	ms.clip_lower /= E;
 	ms.ratio_logsum /= E;
 	ms.kl /= E;
 	ms.ent /= E;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bats
 # rl-train's first step against an independent computation of it the way verl
 # defines it (tests/fixtures/train/verl_ref.py, float64 PyTorch): every
-# algorithm, clipping, TIS, KL estimators in the loss and in the
+# algorithm, clipping, dual clip, TIS, KL estimators in the loss and in the
 # reward, entropy bonus, loss aggregations, PPO's GAE and value loss, several
 # epochs and mini-batches.  The golden numbers are in verl_expected.jsonl (one
 # line per case of verl_cases.txt; regenerate them with the commands at the
@@ -64,7 +64,7 @@ PY
 	run_cases '^--(algo (grpo|dr-grpo|rloo|dapo)|loss-agg)'
 }
 
-@test "ratio clipping, clip-higher and truncated IS match verl" {
+@test "ratio clipping, clip-higher, dual clip and truncated IS match verl (pg_clipfrac and pg_clipfrac_lower as verl's)" {
 	run_cases '^--(old-from-behaviour|tis-cap)'
 }
 
