@@ -40,7 +40,7 @@ static const char usage_text[] =
     "      --no-std              GRPO: do not divide advantages by the group's std\n"
     "      --clip-low E          ratio clip 1-E (default 0.2)\n"
     "      --clip-high E         ratio clip 1+E (default 0.2; dapo 0.28)\n"
-    "      --dual-clip C         dual-clip constant for negative advantages (off)\n"
+    "      --dual-clip C         dual-clip constant for negative advantages, above 1 (off)\n"
     "      --tis-cap C           truncated importance sampling cap vs behaviour log-probs (off)\n"
     "      --old-from-behaviour  ratio against the records' log-probs (off-policy records)\n"
     "      --skip-zero-adv       no forward/backward for sequences whose advantages are all 0\n"
@@ -225,7 +225,14 @@ main(int argc, char **argv)
 		case O_NOSTD: o.norm_std = 0; break;
 		case O_CLIPLO: NUM(0, 1); o.clip_low = (float)v; break;
 		case O_CLIPHI: NUM(0, 100); o.clip_high = (float)v; clip_high_set = 1; break;
-		case O_DUAL: NUM(0, 1e9); o.dual_clip = (float)v; break;
+		case O_DUAL:
+			NUM(0, 1e9);
+			/* c <= 1 caps -A r at -A c <= -A for every A < 0 near r = 1:
+			 * no gradient from negative advantages (verl asserts c > 1) */
+			if (v != 0 && !((float)v > 1.0f))
+				return usage_error("--dual-clip %s: the dual clip constant must be above 1 (0 is off)", a);
+			o.dual_clip = (float)v;
+			break;
 		case O_TIS: NUM(0, 1e9); o.tis_cap = (float)v; break;
 		case O_OLDBEH: o.old_from_behaviour = 1; break;
 		case O_KL:

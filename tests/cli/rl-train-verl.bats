@@ -79,3 +79,13 @@ PY
 @test "several epochs and mini-batches (pi_old fixed at the step's start, Adam between) match verl" {
 	run_cases '^--(ppo-epochs|mini-batches)'
 }
+
+@test "--dual-clip at or below 1 is a usage error (it would take the gradient of negative advantages; verl asserts clip_ratio_c > 1)" {
+	for c in 0.5 1 1.00000001; do
+		run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/dc" --dual-clip "$c" "$FX/verl_records.jsonl"
+		[[ "$stderr" == *"--dual-clip $c: the dual clip constant must be above 1 (0 is off)"* ]]
+	done
+	[ ! -e "$TD/dc" ]
+	run -0 rl-train -q -m "$TD/m0" --out "$TD/dc0" --batch 4 --dual-clip 0 "$FX/verl_records.jsonl"
+	run -0 rl-train -q -m "$TD/m0" --out "$TD/dc3" --batch 4 --dual-clip 3 "$FX/verl_records.jsonl"
+}
