@@ -47,7 +47,7 @@ static const char usage_text[] =
     "                            (default: on wherever the update stays the same; an error\n"
     "                            with ppo, a KL loss term or --ent-coef)\n"
     "      --no-skip-zero-adv    train every sequence (metrics over every token)\n"
-    "      --kl k1|k2|k3         KL estimator to the reference policy (off)\n"
+    "      --kl k1|k2|k3         KL estimator to the reference policy (off; the options below need it)\n"
     "      --kl-coef B           KL coefficient (default 0.001 when --kl is given)\n"
     "      --kl-in-reward        KL as a token-level reward penalty instead of a loss term\n"
     "      --ref DIR             frozen reference model (else the records' ref_logprobs)\n"
@@ -363,6 +363,14 @@ main(int argc, char **argv)
 		return usage_error("%s", "--weights-group and --weights-group-size go together");
 	if (o.algo == RL_ALGO_DAPO && !clip_high_set)
 		o.clip_high = 0.28f;
+	/* the KL term exists only with an estimator: without one these options
+	 * were ignored, and the run trained with no KL at all */
+	if (!o.kl_type && (o.kl_in_reward || kl_coef_set || o.ref_dir))
+		return usage_error("%s needs --kl k1|k2|k3 (the KL estimator; verl's default is k1)",
+		    o.kl_in_reward ? "--kl-in-reward" : kl_coef_set ? "--kl-coef" : "--ref");
+	if (o.kl_in_reward && o.ref_dir)
+		return usage_error("%s", "--ref with --kl-in-reward: the reward's KL comes from the records' "
+		    "ref_logprobs (rl-rollout --score ref_logprobs), not from a model");
 	if (o.kl_type && !kl_coef_set)
 		o.kl_coef = 0.001f;
 	if (o.skip_zero_adv > 0 && rl_train_skip_inexact(&o))

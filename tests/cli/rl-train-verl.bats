@@ -89,3 +89,14 @@ PY
 	run -0 rl-train -q -m "$TD/m0" --out "$TD/dc0" --batch 4 --dual-clip 0 "$FX/verl_records.jsonl"
 	run -0 rl-train -q -m "$TD/m0" --out "$TD/dc3" --batch 4 --dual-clip 3 "$FX/verl_records.jsonl"
 }
+
+@test "--kl-in-reward, --kl-coef and --ref without --kl are usage errors (they trained with no KL at all); --ref with --kl-in-reward too" {
+	for a in "--kl-in-reward" "--kl-in-reward --kl-coef 0.5" "--kl-coef 0.5" "--ref $TD/m0"; do
+		run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/kl" $a "$FX/verl_records.jsonl"
+		[[ "$stderr" == *"${a%% *} needs --kl k1|k2|k3"* ]] || { echo "$a: $stderr"; return 1; }
+	done
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/kl" --kl k1 --kl-in-reward --ref "$TD/m0" "$FX/verl_records.jsonl"
+	[[ "$stderr" == *"--ref with --kl-in-reward: the reward's KL comes from the records' ref_logprobs"* ]]
+	[ ! -e "$TD/kl" ]
+	run -0 rl-train -q -m "$TD/m0" --out "$TD/klr" --batch 4 --kl k1 --ref "$TD/m0" "$FX/verl_records.jsonl"
+}
