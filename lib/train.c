@@ -126,6 +126,7 @@ typedef struct trainer {
 	int nskip;               /* sequences of the step skipped */
 	long tok_skip, tok_all;  /* their response tokens, and the step's */
 	float *adv_tok, *w_tok, *old_tok, *kl_tok; /* (step tokens) */
+	double reward_kl;        /* --kl-in-reward: mean over sequences of their token-mean KL */
 	int has_mask;         /* some record had a loss_mask: weight-0 tokens are left out of the metrics */
 	float *val_tok, *ret_tok; /* (step tokens) PPO: V_old and GAE returns */
 	int cap_tok;
@@ -575,7 +576,9 @@ prepare(trainer *tr)
 	}
 
 	/* KL as a reward penalty, from the records' behaviour and reference log-probs */
+	tr->reward_kl = 0;
 	if (o->kl_type && o->kl_in_reward) {
+		int nk = 0;
 		for (int i = 0; i < tr->nseq; i++) {
 			rl_sample *s = tr->seq[i].s;
 			double sum = 0;
@@ -590,7 +593,13 @@ prepare(trainer *tr)
 				sum += k;
 			}
 			tr->seq[i].reward = (float)(s->reward - o->kl_coef * sum);
+			if (s->rlen > 0) {
+				tr->reward_kl += sum / s->rlen;
+				nk++;
+			}
 		}
+		/* verl's actor/reward_kl_penalty: the sequences' token means, averaged */
+		tr->reward_kl = nk ? tr->reward_kl / nk : 0;
 	}
 
 	int S = tr->nseq;
@@ -1385,6 +1394,10 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 		metric(j, tr, step, "actor/ppo_kl", ms->ratio_logsum / nt);
 		if (o->kl_type && !o->kl_in_reward)
 			metric(j, tr, step, "actor/kl_loss", ms->kl / nt);
+		if (o->kl_type && o->kl_in_reward) {
+			metric(j, tr, step, "actor/reward_kl_penalty", tr->reward_kl);
+			metric(j, tr, step, "actor/reward_kl_penalty_coeff", o->kl_coef);
+		}
 	}
 	metric(j, tr, step, "actor/entropy", ms->ent / nt);
 	metric(j, tr, step, "actor/grad_norm", gnorm);

@@ -68,7 +68,7 @@ PY
 	run_cases '^--(old-from-behaviour|tis-cap)'
 }
 
-@test "KL estimators in the loss and in the reward, and the entropy bonus, match verl (actor/pg_loss is the pg term alone)" {
+@test "KL estimators in the loss and in the reward, and the entropy bonus, match verl (actor/pg_loss is the pg term alone; actor/reward_kl_penalty)" {
 	run_cases '--kl |--ent-coef'
 }
 
