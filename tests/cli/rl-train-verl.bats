@@ -76,8 +76,8 @@ PY
 	run_cases '^--algo (reinforce\+\+|ppo)'
 }
 
-@test "several epochs and mini-batches (pi_old fixed at the step's start, Adam between) match verl" {
-	run_cases '^--(ppo-epochs|mini-batches)'
+@test "several epochs and mini-batches (pi_old and V_old fixed at the step's start, Adam between, value clipping) match verl" {
+	run_cases '--(ppo-epochs|mini-batches)'
 }
 
 @test "--dual-clip at or below 1 is a usage error (it would take the gradient of negative advantages; verl asserts clip_ratio_c > 1)" {
