@@ -648,8 +648,13 @@ prepare(trainer *tr)
 		break;
 	}
 	case RL_ALGO_REMAX:
-		rl_adv_remax(adv, rew, base, S);
-		rl_adv_broadcast(tr->adv_tok, adv, toff, S);
+		/* verl's: the reward-to-go of the token rewards (the KL penalty per
+		 * token when it is in the reward) minus the greedy sample's reward */
+		for (int i = 0; i < S; i++)
+			rew[i] = tr->seq[i].s->reward;
+		if ((rv = rl_adv_remax_tok(tr->adv_tok, rew, base, o->kl_in_reward && o->kl_type ? tr->kl_tok : NULL,
+		    o->kl_coef, toff, S)) != 0)
+			goto out;
 		break;
 	case RL_ALGO_REINFORCEPP:
 		/* token-level: rewards with the KL penalty per token when it is in the reward */

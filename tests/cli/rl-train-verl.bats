@@ -72,8 +72,8 @@ PY
 	run_cases '--kl |--ent-coef'
 }
 
-@test "reinforce++ and ppo (GAE, whitening, value loss) match verl" {
-	run_cases '^--algo (reinforce\+\+|ppo)'
+@test "reinforce++, remax (reward-to-go minus the greedy baseline) and ppo (GAE, whitening, value loss) match verl" {
+	run_cases '^--algo (reinforce\+\+|remax|ppo)'
 }
 
 @test "several epochs and mini-batches (pi_old and V_old fixed at the step's start, Adam between, value clipping) match verl" {
