@@ -168,6 +168,24 @@ tok_reward(const float *reward, const float *kl, float kl_coef, const int *toff,
 }
 
 int
+rl_adv_remax_tok(float *adv_tok, const float *reward, const float *baseline, const float *kl,
+    float kl_coef, const int *toff, int S)
+{
+	if (S < 0 || toff[0] != 0)
+		return RL_EINVAL;
+	for (int s = 0; s < S; s++) {
+		double ret = 0;
+		if (toff[s + 1] < toff[s])
+			return RL_EINVAL;
+		for (int t = toff[s + 1] - 1; t >= toff[s]; t--) {
+			ret += tok_reward(reward, kl, kl_coef, toff, s, t);
+			adv_tok[t] = (float)(ret - baseline[s]);
+		}
+	}
+	return RL_OK;
+}
+
+int
 rl_adv_reinforcepp(float *adv_tok, const float *reward, const float *kl, float kl_coef,
     const int *toff, int S, float gamma)
 {

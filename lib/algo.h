@@ -69,6 +69,14 @@ int rl_adv_outcome(float *adv, const float *reward, const int *goff, int G, cons
  * sample of the same prompt. */
 int rl_adv_remax(float *adv, const float *reward, const float *baseline, int S);
 
+/* ReMax on token rewards, as verl's compute_remax_outcome_advantage: token t of
+ * sequence s gets the sum of the sequence's token rewards from t on (-kl_coef *
+ * kl[t'] per token, kl (toff[S]) may be NULL, plus reward[s] at its last token)
+ * minus baseline[s].  Without kl that is reward[s] - baseline[s] on every token.
+ * adv_tok (toff[S]).  Returns RL_OK or RL_EINVAL (bad offsets). */
+int rl_adv_remax_tok(float *adv_tok, const float *reward, const float *baseline, const float *kl,
+    float kl_coef, const int *toff, int S);
+
 /* Broadcast a per-sequence advantage to its tokens: adv_tok (toff[S]). */
 void rl_adv_broadcast(float *adv_tok, const float *adv_seq, const int *toff, int S);
 

@@ -177,7 +177,7 @@ static const metric metrics[] = {
 	{ "train.reward_mean", "rlqueue_train_reward_mean", M_GAUGE, "Mean reward of the last step's samples (critic/score/mean).", NULL },
 	{ "train.response_length", "rlqueue_train_response_length_mean", M_GAUGE, "Mean response length of the last step (tokens).", NULL },
 	{ "train.ppo_kl", "rlqueue_train_ppo_kl", M_GAUGE, "KL between the old and the updated policy in the last step (actor/ppo_kl).", NULL },
-	{ "train.kl_ref", "rlqueue_train_kl_ref", M_GAUGE, "KL to the reference policy in the last step (actor/kl_loss).", NULL },
+	{ "train.kl_ref", "rlqueue_train_kl_ref", M_GAUGE, "KL to the reference policy in the last step (actor/kl_loss, or actor/reward_kl_penalty).", NULL },
 	{ "train.entropy", "rlqueue_train_entropy", M_GAUGE, "Mean token entropy of the last step.", NULL },
 	{ "train.step_s", "rlqueue_train_step_seconds", M_GAUGE, "Length of the last step (timing_s/step).", NULL },
 };

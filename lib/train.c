@@ -126,6 +126,7 @@ typedef struct trainer {
 	int nskip;               /* sequences of the step skipped */
 	long tok_skip, tok_all;  /* their response tokens, and the step's */
 	float *adv_tok, *w_tok, *old_tok, *kl_tok; /* (step tokens) */
+	double reward_kl;        /* --kl-in-reward: mean over sequences of their token-mean KL */
 	int has_mask;         /* some record had a loss_mask: weight-0 tokens are left out of the metrics */
 	float *val_tok, *ret_tok; /* (step tokens) PPO: V_old and GAE returns */
 	int cap_tok;
@@ -203,7 +204,7 @@ rl_train_stopped_by(void)
 /* ---- metrics ------------------------------------------------------------------ */
 
 typedef struct mstat {
-	double loss, clip, kl, ratio_logsum, ent, ce;
+	double loss, clip, clip_lower, kl, ratio_logsum, ent, ce;
 	double ntok;
 	double vf_loss, vf_clip, vpred;  /* PPO */
 } mstat;
@@ -575,7 +576,9 @@ prepare(trainer *tr)
 	}
 
 	/* KL as a reward penalty, from the records' behaviour and reference log-probs */
+	tr->reward_kl = 0;
 	if (o->kl_type && o->kl_in_reward) {
+		int nk = 0;
 		for (int i = 0; i < tr->nseq; i++) {
 			rl_sample *s = tr->seq[i].s;
 			double sum = 0;
@@ -590,7 +593,13 @@ prepare(trainer *tr)
 				sum += k;
 			}
 			tr->seq[i].reward = (float)(s->reward - o->kl_coef * sum);
+			if (s->rlen > 0) {
+				tr->reward_kl += sum / s->rlen;
+				nk++;
+			}
 		}
+		/* verl's actor/reward_kl_penalty: the sequences' token means, averaged */
+		tr->reward_kl = nk ? tr->reward_kl / nk : 0;
 	}
 
 	int S = tr->nseq;
@@ -639,8 +648,13 @@ prepare(trainer *tr)
 		break;
 	}
 	case RL_ALGO_REMAX:
-		rl_adv_remax(adv, rew, base, S);
-		rl_adv_broadcast(tr->adv_tok, adv, toff, S);
+		/* verl's: the reward-to-go of the token rewards (the KL penalty per
+		 * token when it is in the reward) minus the greedy sample's reward */
+		for (int i = 0; i < S; i++)
+			rew[i] = tr->seq[i].s->reward;
+		if ((rv = rl_adv_remax_tok(tr->adv_tok, rew, base, o->kl_in_reward && o->kl_type ? tr->kl_tok : NULL,
+		    o->kl_coef, toff, S)) != 0)
+			goto out;
 		break;
 	case RL_ALGO_REINFORCEPP:
 		/* token-level: rewards with the KL penalty per token when it is in the reward */
@@ -952,8 +966,23 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 		if (tr->h_tgt[n] < 0 || (tr->has_mask && tr->h_w[n] == 0.0f))
 			continue;
 		float *st = tr->h_stats + (size_t)n * RL_PG_NSTAT;
-		ms->loss += (double)tr->h_w[n] * st[RL_PG_LOSS];
-		ms->clip += st[RL_PG_CLIPPED];
+		/* actor/pg_loss is the policy-gradient term alone, as verl's: the op's
+		 * token loss also holds the KL and entropy terms, reported apart
+		 * (actor/kl_loss, actor/entropy); taken out again here, in double */
+		double pg = st[RL_PG_LOSS];
+		if (ref != NULL)
+			pg -= (double)p.kl_coef * st[RL_PG_KL];
+		if (want_ent)
+			pg += (double)p.ent_coef * tr->h_ent[n];
+		ms->loss += (double)tr->h_w[n] * pg;
+		/* verl's pg_clipfrac counts the ratio clip (-A clip(r) > -A r) and
+		 * pg_clipfrac_lower the dual clip apart (max of those > -A c, A < 0);
+		 * the op's CLIPPED flag is either (its stats are 0 where w is 0) */
+		float A = tr->h_adv[n], r = st[RL_PG_RATIO], rc = fminf(fmaxf(r, 1.0f - p.clip_low), 1.0f + p.clip_high);
+		if (tr->h_w[n] != 0) {
+			ms->clip += -A * rc > -A * r;
+			ms->clip_lower += p.dual_clip > 0 && A < 0 && fmaxf(-A * r, -A * rc) > -A * p.dual_clip;
+		}
 		ms->ratio_logsum += -logf(st[RL_PG_RATIO] > 0 ? st[RL_PG_RATIO] : 1e-30f);
 		ms->kl += st[RL_PG_KL];
 		ms->ent += tr->h_ent[n];
@@ -1366,9 +1395,14 @@ write_metrics(trainer *tr, const mstat *ms, float gnorm, double lr, double t_ste
 	} else {
 		metric(j, tr, step, "actor/pg_loss", ms->loss / nupdates);
 		metric(j, tr, step, "actor/pg_clipfrac", ms->clip / nt);
+		metric(j, tr, step, "actor/pg_clipfrac_lower", ms->clip_lower / nt);
 		metric(j, tr, step, "actor/ppo_kl", ms->ratio_logsum / nt);
 		if (o->kl_type && !o->kl_in_reward)
 			metric(j, tr, step, "actor/kl_loss", ms->kl / nt);
+		if (o->kl_type && o->kl_in_reward) {
+			metric(j, tr, step, "actor/reward_kl_penalty", tr->reward_kl);
+			metric(j, tr, step, "actor/reward_kl_penalty_coeff", o->kl_coef);
+		}
 	}
 	metric(j, tr, step, "actor/entropy", ms->ent / nt);
 	metric(j, tr, step, "actor/grad_norm", gnorm);
@@ -1936,11 +1970,11 @@ train_step(trainer *tr)
 	}
 	if (tr->world > 1) {
 		/* the metrics of the whole step: every rank's token statistics summed */
-		double v[7] = { ms.loss, ms.clip, ms.kl, ms.ratio_logsum, ms.ent, ms.ce, ms.ntok };
-		if ((rv = rl_comm_host_allreduce_f64(tr->comm, v, 7)) != 0)
+		double v[8] = { ms.loss, ms.clip, ms.kl, ms.ratio_logsum, ms.ent, ms.ce, ms.ntok, ms.clip_lower };
+		if ((rv = rl_comm_host_allreduce_f64(tr->comm, v, 8)) != 0)
 			return rv;
 		ms.loss = v[0], ms.clip = v[1], ms.kl = v[2], ms.ratio_logsum = v[3], ms.ent = v[4], ms.ce = v[5];
-		ms.ntok = v[6];
+		ms.ntok = v[6], ms.clip_lower = v[7];
 	}
 	if (tr->world > 1 && o->algo == RL_ALGO_PPO) {
 		double v[3] = { ms.vf_loss, ms.vf_clip, ms.vpred };
@@ -1952,6 +1986,7 @@ train_step(trainer *tr)
 	ms.vpred /= E;
 	ms.ntok /= E; /* statistics averaged over the passes */
 	ms.clip /= E;
+	ms.clip_lower /= E;
 	ms.ratio_logsum /= E;
 	ms.kl /= E;
 	ms.ent /= E;

@@ -244,6 +244,14 @@ rl_wstat_train_metrics(rl_wstat *w, const char *json)
 			s.mask |= 1u << k;
 		}
 	}
+	if (!(s.mask & 1u << S_KL_REF)) {
+		/* the KL to the reference: the loss term's, else the reward's (--kl-in-reward) */
+		const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "actor/reward_kl_penalty");
+		if (cJSON_IsNumber(e) && isfinite(e->valuedouble)) {
+			s.v[S_KL_REF] = e->valuedouble;
+			s.mask |= 1u << S_KL_REF;
+		}
+	}
 	cJSON_Delete(o);
 	if (!(s.mask & 1u << S_VERSION))
 		return;

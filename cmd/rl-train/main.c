@@ -40,14 +40,14 @@ static const char usage_text[] =
     "      --no-std              GRPO: do not divide advantages by the group's std\n"
     "      --clip-low E          ratio clip 1-E (default 0.2)\n"
     "      --clip-high E         ratio clip 1+E (default 0.2; dapo 0.28)\n"
-    "      --dual-clip C         dual-clip constant for negative advantages (off)\n"
+    "      --dual-clip C         dual-clip constant for negative advantages, above 1 (off)\n"
     "      --tis-cap C           truncated importance sampling cap vs behaviour log-probs (off)\n"
     "      --old-from-behaviour  ratio against the records' log-probs (off-policy records)\n"
     "      --skip-zero-adv       no forward/backward for sequences whose advantages are all 0\n"
     "                            (default: on wherever the update stays the same; an error\n"
     "                            with ppo, a KL loss term or --ent-coef)\n"
     "      --no-skip-zero-adv    train every sequence (metrics over every token)\n"
-    "      --kl k1|k2|k3         KL estimator to the reference policy (off)\n"
+    "      --kl k1|k2|k3         KL estimator to the reference policy (off; the options below need it)\n"
     "      --kl-coef B           KL coefficient (default 0.001 when --kl is given)\n"
     "      --kl-in-reward        KL as a token-level reward penalty instead of a loss term\n"
     "      --ref DIR             frozen reference model (else the records' ref_logprobs)\n"
@@ -225,7 +225,14 @@ main(int argc, char **argv)
 		case O_NOSTD: o.norm_std = 0; break;
 		case O_CLIPLO: NUM(0, 1); o.clip_low = (float)v; break;
 		case O_CLIPHI: NUM(0, 100); o.clip_high = (float)v; clip_high_set = 1; break;
-		case O_DUAL: NUM(0, 1e9); o.dual_clip = (float)v; break;
+		case O_DUAL:
+			NUM(0, 1e9);
+			/* c <= 1 caps -A r at -A c <= -A for every A < 0 near r = 1:
+			 * no gradient from negative advantages (verl asserts c > 1) */
+			if (v != 0 && !((float)v > 1.0f))
+				return usage_error("--dual-clip %s: the dual clip constant must be above 1 (0 is off)", a);
+			o.dual_clip = (float)v;
+			break;
 		case O_TIS: NUM(0, 1e9); o.tis_cap = (float)v; break;
 		case O_OLDBEH: o.old_from_behaviour = 1; break;
 		case O_KL:
@@ -356,6 +363,14 @@ main(int argc, char **argv)
 		return usage_error("%s", "--weights-group and --weights-group-size go together");
 	if (o.algo == RL_ALGO_DAPO && !clip_high_set)
 		o.clip_high = 0.28f;
+	/* the KL term exists only with an estimator: without one these options
+	 * were ignored, and the run trained with no KL at all */
+	if (!o.kl_type && (o.kl_in_reward || kl_coef_set || o.ref_dir))
+		return usage_error("%s needs --kl k1|k2|k3 (the KL estimator; verl's default is k1)",
+		    o.kl_in_reward ? "--kl-in-reward" : kl_coef_set ? "--kl-coef" : "--ref");
+	if (o.kl_in_reward && o.ref_dir)
+		return usage_error("%s", "--ref with --kl-in-reward: the reward's KL comes from the records' "
+		    "ref_logprobs (rl-rollout --score ref_logprobs), not from a model");
 	if (o.kl_type && !kl_coef_set)
 		o.kl_coef = 0.001f;
 	if (o.skip_zero_adv > 0 && rl_train_skip_inexact(&o))

@@ -68,6 +68,22 @@ main(void)
 		T_CLOSE(adv[0], 0.75, TOL, 0);
 		T_CLOSE(adv[1], -0.25, TOL, 0);
 	}
+	/* ReMax on token rewards (verl's reward-to-go), toff [0,2,3], rewards [1, 0],
+	 * baselines [.25, .5], KL .5*[.2, .4 | 1]: token rewards [-.1, -.2+1 | -.5+0];
+	 * to go [.7, .8 | -.5]; minus the baselines [.45, .55 | -1].  (The sequence's
+	 * reward less its whole KL would give .45 on both tokens of sequence 0.)
+	 * Without KL every token gets r - b: [.75, .75 | -.5]. */
+	{
+		float r[] = { 1, 0 }, b[] = { 0.25f, 0.5f }, kl[] = { 0.2f, 0.4f, 1.0f };
+		int toff[] = { 0, 2, 3 }, bad[] = { 0, 2, 1 };
+		T_EQ_INT(rl_adv_remax_tok(adv, r, b, kl, 0.5f, toff, 2), RL_OK);
+		T_CLOSE(adv[0], 0.45, TOL, 0);
+		T_CLOSE(adv[1], 0.55, TOL, 0);
+		T_CLOSE(adv[2], -1.0, TOL, 0);
+		T_EQ_INT(rl_adv_remax_tok(adv, r, b, NULL, 0.5f, toff, 2), RL_OK);
+		T_OK(adv[0] == 0.75f && adv[1] == 0.75f && adv[2] == -0.5f, "no KL: r - b exactly");
+		T_EQ_INT(rl_adv_remax_tok(adv, r, b, NULL, 0, bad, 2), RL_EINVAL);
+	}
 	/* broadcast */
 	{
 		float a[] = { 3, -1 };

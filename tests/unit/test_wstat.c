@@ -243,6 +243,8 @@ test_client(void)
 	rl_wstat_train_metrics(w, "{\"step\":4,\"critic/score/mean\":0.5,\"response_length/mean\":12,"
 	    "\"actor/ppo_kl\":0.001,\"actor/entropy\":2,\"timing_s/step\":0.3,\"actor/grad_norm\":1}");
 	rl_wstat_train_metrics(w, "{\"step\":5,\"critic/score/mean\":null}");
+	/* --kl-in-reward: the KL to the reference is the reward's */
+	rl_wstat_train_metrics(w, "{\"step\":6,\"actor/reward_kl_penalty\":0.02,\"actor/reward_kl_penalty_coeff\":0.1}");
 	rl_wstat_train_metrics(w, "{\"no step\":1}");
 	rl_wstat_train_metrics(w, "not json");
 	T_EQ_INT(rl_wstat_report_json(w, 1, &txt), RL_OK);
@@ -260,7 +262,8 @@ test_client(void)
 	T_OK(cJSON_GetObjectItem(o, "gpu") == NULL, "a CPU worker reports no GPU");
 	{
 		const cJSON *st = cJSON_GetObjectItem(o, "steps"), *s0 = cJSON_GetArrayItem(st, 0), *s1 = cJSON_GetArrayItem(st, 1);
-		T_EQ_INT(cJSON_GetArraySize(st), 2);
+		T_EQ_INT(cJSON_GetArraySize(st), 3);
+		T_CLOSE(jnum(cJSON_GetArrayItem(st, 2), "kl_ref"), 0.02, 0, 0);
 		T_CLOSE(jnum(s0, "version"), 4, 0, 0);
 		T_CLOSE(jnum(s0, "reward_mean"), 0.5, 0, 0);
 		T_CLOSE(jnum(s0, "ppo_kl"), 0.001, 0, 0);
