@@ -738,8 +738,9 @@ wait_version(gen *g, int need)
 		if (g->weights_timeout > 0 && rl_now() - t0 > g->weights_timeout) {
 			rl_error("no weights version %d in '%s' after %.0f s (have %d)", need, src,
 			    g->weights_timeout, g->version);
-			rl_hint("is the trainer running and publishing there?  a trainer that drops groups "
-			    "(dapo) may need more samples than --max-staleness lets through");
+			rl_hint("is the trainer running and publishing there, with --batch %d (this "
+			    "--train-batch)?  a trainer that drops groups (dapo) may need more samples than "
+			    "--max-staleness lets through", g->train_batch);
 			rv = RL_ETIMEDOUT;
 			break;
 		}
