@@ -9,6 +9,34 @@ load '/usr/lib/bats/bats-assert/load'
 
 TOP="$BATS_TEST_DIRNAME/../.."
 
+render() { mandoc -Tascii "$1" | col -b; }
+
+# long options of a program: its getopt_long tables and its --help text(s)
+src_opts() {
+	grep -oh '{ *"[a-z][a-z0-9-]*", *[a-z_]*argument' "$TOP"/cmd/"$1"/*.c | sed 's/^{ *"//; s/".*//'
+}
+help_opts() { "$@" --help | grep -o -- '--[a-z][a-z0-9-]*' | sed 's/^--//'; }
+
+@test "every long option of every program is in its man page" {
+	n=0; missing=
+	for p in rl-rollout rl-reward rl-train rl-sync rl-queue; do
+		man=$(render "$TOP/man/$p.1")
+		[ "${#man}" -gt 2000 ]
+		opts=$(src_opts "$p"; help_opts "$p")
+		case $p in
+		rl-rollout) opts="$opts $(help_opts rl-rollout tokenize)" ;;
+		rl-queue) for c in cat serve put get stat; do opts="$opts $(help_opts rl-queue $c)"; done ;;
+		esac
+		for o in $(printf '%s\n' $opts | sort -u); do
+			n=$((n + 1))
+			grep -q -- "--$o\\b" <<<"$man" || missing="$missing $p:--$o"
+		done
+	done
+	echo "checked $n options; not in the man page:$missing"
+	[ "$n" -ge 180 ]
+	[ -z "$missing" ]
+}
+
 # One line per shell example, continuation lines (\ or mdoc's \e) joined.
 joined_examples() {
 	for f in "$TOP"/README.md "$TOP"/man/*.[1-9] "$TOP"/docs/*.md; do
