@@ -37,6 +37,26 @@ help_opts() { "$@" --help | grep -o -- '--[a-z][a-z0-9-]*' | sed 's/^--//'; }
 	[ -z "$missing" ]
 }
 
+@test "no man page renders ordinary words as flags (.Fl x the next words)" {
+	bad=
+	for m in "$TOP"/man/*.[1-9]; do
+		out=$(render "$m")
+		[ "${#out}" -gt 1000 ]
+		hits=$(grep -nE -- '(^|[ (])-(the|and|to|a|an|as|or|of|with|on|is|in|for|at|one|it|when|previous|pull)\b' <<<"$out" || true)
+		[ -z "$hits" ] || bad="$bad
+${m##*/}: $hits"
+	done
+	echo "$bad"
+	[ -z "$bad" ]
+}
+
+@test "every man page names its source (.Os rlpipe), not the host system" {
+	for m in "$TOP"/man/*.[1-9]; do
+		run -0 sed -n 3p "$m"
+		assert_output '.Os rlpipe'
+	done
+}
+
 # One line per shell example, continuation lines (\ or mdoc's \e) joined.
 joined_examples() {
 	for f in "$TOP"/README.md "$TOP"/man/*.[1-9] "$TOP"/docs/*.md; do
