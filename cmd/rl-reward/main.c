@@ -116,8 +116,10 @@ gen_arith(int argc, char **argv)
 	const char *out = "-";
 	FILE *f = stdout;
 	int c, rv;
+	static char prog[] = "rl-reward: gen-arith";
 
 	rl_synth_arith_init(&o);
+	argv[0] = prog;   /* getopt's own messages: "rl-reward: gen-arith: unrecognized option ..." */
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "n:s:d:p:S:ro:h", lo, NULL)) != -1) {
 		switch (c) {

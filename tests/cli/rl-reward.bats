@@ -51,6 +51,11 @@ for l in open(sys.argv[1]):
 	[ "$status" -eq 2 ]
 	run --separate-stderr rl-reward --task gsm8k --no-such-option
 	[ "$status" -eq 2 ]
+	# gen-arith's option errors carry the program's name too
+	run -2 --separate-stderr rl-reward gen-arith --no-such-option
+	[[ "$stderr" == "rl-reward: gen-arith: unrecognized option '--no-such-option'"* ]]
+	run -2 --separate-stderr rl-reward gen-arith --n
+	[[ "$stderr" == "rl-reward: gen-arith: option '--n' requires an argument"* ]]
 }
 
 @test "gsm8k strict: scores, verl ground truth, failures labelled, summary" {
