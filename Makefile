@@ -126,7 +126,7 @@ $(B)/bench/%: $(B)/bench/%.o $(LIB)
 # counts as present.
 DEB_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev zstd libpcre2-dev \
 	libutf8proc-dev bats bats-assert bats-support mandoc gnuplot-nox python3 python3-torch \
-	python3-numpy npm chromium
+	python3-numpy npm chromium jq
 deps:
 	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || \
 		{ [ $$p = npm ] && command -v npm >/dev/null; } || echo $$p; done); \

@@ -82,3 +82,27 @@ optval() { awk -v o="$2" -v d="$3" '{ for (i = 1; i < NF; i++) if ($i == o) { pr
 	[ "$n" -ge 4 ]
 	[ -z "$bad" ]
 }
+
+# the first ```sh block of a Markdown file
+first_sh_block() { awk '/^```sh$/ { b = 1; next } b && /^```/ { exit } b' "$1"; }
+
+@test "the data conversions of the gsm8k and countdown READMEs run as written and give what rl-reward scores" {
+	command -v jq >/dev/null || skip "jq is not installed"
+	d="$BATS_TEST_TMPDIR/recipes"; mkdir -p "$d/g" "$d/c"
+	printf '%s\n' '{"question":"What is 6 times 12?","answer":"6*12 = 72\n#### 72"}' > "$d/g/gsm8k-train.jsonl"
+	cp "$d/g/gsm8k-train.jsonl" "$d/g/gsm8k-test.jsonl"
+	first_sh_block "$TOP/pipelines/gsm8k/README.md" > "$d/g/convert.sh"
+	run -0 sh -ec "cd '$d/g' && . ./convert.sh"
+	[ "$(wc -l < "$d/g/data/train.jsonl")" -eq 1 ] && [ "$(wc -l < "$d/g/data/test.jsonl")" -eq 1 ]
+	jq -c '{id: 1, response_text: "6*12 = 72\n#### 72", meta: {answer: .answer}}' "$d/g/data/train.jsonl" > "$d/g/r.jsonl"
+	run -0 --separate-stderr rl-reward -q --task gsm8k --jsonl "$d/g/r.jsonl"
+	[[ "$output" == *'"reward":1'[,}]* ]]
+
+	for i in $(seq 1005); do printf '{"nums":[%d,2,3],"target":%d}\n' "$i" $((i + 5)); done > "$d/c/countdown.jsonl"
+	first_sh_block "$TOP/pipelines/countdown/README.md" > "$d/c/convert.sh"
+	run -0 sh -ec "cd '$d/c' && . ./convert.sh"
+	[ "$(wc -l < "$d/c/data/train.jsonl")" -eq 5 ] && [ "$(wc -l < "$d/c/data/test.jsonl")" -eq 1000 ]
+	head -n 1 "$d/c/data/train.jsonl" | jq -c '{id: 1, response_text: "<answer>1 + 2 + 3</answer>", meta: .}' > "$d/c/r.jsonl"
+	run -0 --separate-stderr rl-reward -q --task countdown --jsonl "$d/c/r.jsonl"
+	[[ "$output" == *'"reward":1'[,}]* ]]
+}
