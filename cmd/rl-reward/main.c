@@ -150,7 +150,7 @@ gen_arith(int argc, char **argv)
 			break;
 		case 'r': o.reverse = 1; break;
 		case 'o': out = optarg; break;
-		case 'h': fputs(usage_text, stdout); return 0;
+		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
 		default: fprintf(stderr, "rl-reward: hint: rl-reward --help\n"); return 2;
 		}
 	}
@@ -269,7 +269,7 @@ main(int argc, char **argv)
 		case O_IDLE_EXIT: idle_exit = parse_double("--idle-exit", optarg, 0); break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity = RL_LOG_VERBOSE; break;
-		case 'h': fputs(usage_text, stdout); return 0;
+		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
 		default: fprintf(stderr, "rl-reward: hint: rl-reward --help\n"); return 2;
 		}
 	}

@@ -37,6 +37,22 @@ help_opts() { "$@" --help | grep -o -- '--[a-z][a-z0-9-]*' | sed 's/^--//'; }
 	[ -z "$missing" ]
 }
 
+@test "--help of every program and subcommand: usage on stdout, exit 0; exit 1 when stdout cannot be written" {
+	n=0
+	for c in rl-rollout "rl-rollout tokenize" rl-reward "rl-reward gen-arith" rl-train rl-sync "rl-sync serve" \
+	    "rl-sync push" "rl-sync pull" "rl-sync status" "rl-sync publish" rl-queue "rl-queue cat" "rl-queue serve" \
+	    "rl-queue put" "rl-queue get" "rl-queue stat"; do
+		run -0 --separate-stderr $c --help
+		[[ "$output" == usage:* ]] || { echo "$c: $output"; false; }
+		[ -z "$stderr" ]
+		[ -w /dev/full ] || continue
+		st=0; $c --help >/dev/full 2>/dev/null || st=$?
+		[ "$st" -eq 1 ] || { echo "$c --help > /dev/full: exit $st"; false; }
+		n=$((n + 1))
+	done
+	[ "$n" -eq 17 ] || [ ! -w /dev/full ]
+}
+
 @test "no man page renders ordinary words as flags (.Fl x the next words)" {
 	bad=
 	for m in "$TOP"/man/*.[1-9]; do
