@@ -122,3 +122,15 @@ first_sh_block() { awk '/^```sh$/ { b = 1; next } b && /^```/ { exit } b' "$1"; 
 	run -0 --separate-stderr rl-reward -q --task countdown --jsonl "$d/c/r.jsonl"
 	[[ "$output" == *'"reward":1'[,}]* ]]
 }
+
+@test "make demo asks for the packages of the build and gnuplot only, not the test suite's (chromium, torch, bats)" {
+	# -n: the recipes are printed, not run (the package lists are in them); a
+	# build directory of the test's own, so the real build's flags stamp stays
+	b="$BATS_TEST_TMPDIR/b"
+	run -0 make -n -s -C "$TOP" demo B="$b" NO_CUDA=1
+	[[ "$output" == *"build-essential"* && "$output" == *"gnuplot-nox"* ]]
+	[[ "$output" == *"pipelines/demo/demo.sh"* ]]
+	[[ "$output" != *"chromium"* && "$output" != *"python3-torch"* && "$output" != *"bats-assert"* ]]
+	run -0 make -n -s -C "$TOP" deps B="$b" NO_CUDA=1
+	[[ "$output" == *"chromium"* && "$output" == *"python3-torch"* && "$output" == *"build-essential"* ]]
+}
