@@ -292,7 +292,7 @@ main(int argc, char **argv)
 
 	if (exec_cmd) {
 		if ((rv = rl_reward_exec_create(&sc.exec, exec_cmd, &xo)) != 0) {
-			status = 1;
+			status = rv == RL_EINVAL ? 2 : 1;   /* an empty --exec, an unclosed quote: usage */
 			goto out;
 		}
 		if (batch == 0)
