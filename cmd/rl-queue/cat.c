@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core.h"
 #include "io.h"
@@ -154,6 +155,11 @@ rlq_cat_main(int argc, char **argv)
 		}
 	}
 	rl_log_set_level(verbosity);
+	if (wo.format == RL_TRAJ_BINARY && (output == NULL || strcmp(output, "-") == 0) && isatty(STDOUT_FILENO)) {
+		rl_error("cat: refusing to write a binary stream to a terminal");
+		rl_hint("add -o FILE, or redirect or pipe standard output");
+		return 2;
+	}
 
 	if (output != NULL && strcmp(output, "-") != 0) {
 		if ((rv = rl_io_atomic_open(&out, output, 0644)) != 0)

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core.h"
 #include "io.h"
@@ -134,6 +135,11 @@ rlq_get_main(int argc, char **argv)
 		return 2;
 	}
 	rl_log_set_level(verbosity);
+	if (wo.format == RL_TRAJ_BINARY && isatty(STDOUT_FILENO)) {   /* before anything is leased */
+		rl_error("get: refusing to write a binary stream to a terminal");
+		rl_hint("redirect or pipe standard output, or leave out --stream");
+		return 2;
+	}
 	req.stage = (uint32_t)stage;
 	o.retry_ms = 0;
 	o.timeout_ms = 5000;

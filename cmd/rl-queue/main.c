@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "io.h"
 #include "rlq.h"
 
 /* The subcommands: one X(NAME, summary) line each; NAME.c defines
@@ -84,7 +85,7 @@ main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
 		usage(stdout);
-		return 0;
+		return rl_io_close_stdout() ? 1 : 0;
 	}
 	for (size_t i = 0; i < RL_ARRAY_LEN(cmds); i++)
 		if (strcmp(argv[1], cmds[i].name) == 0)

@@ -228,7 +228,7 @@ rlq_stat_main(int argc, char **argv)
 	rl_qclient_opts o;
 	rl_qclient *cl = NULL;
 	struct sigaction sa;
-	int c, js = 0, rv, verbosity = RL_LOG_NORMAL, watch = 0, tty;
+	int c, js = 0, rv, verbosity = RL_LOG_NORMAL, watch = 0, tty, closed;
 	double d, every = 1, count = 0;
 	long done = 0;
 
@@ -321,7 +321,10 @@ rlq_stat_main(int argc, char **argv)
 		}
 	}
 	rl_qclient_close(cl);
-	if (rl_io_close_stdout() != 0 && rv == 0)
+	closed = rl_io_close_stdout();
+	if (stop_flag)   /* interrupted: how --watch ends, whatever the last refresh found */
+		return closed != 0;
+	if (closed != 0 && rv == 0)
 		rv = RL_EIO;
 	return rv == 0 ? 0 : 1;
 }

@@ -116,8 +116,10 @@ gen_arith(int argc, char **argv)
 	const char *out = "-";
 	FILE *f = stdout;
 	int c, rv;
+	static char prog[] = "rl-reward: gen-arith";
 
 	rl_synth_arith_init(&o);
+	argv[0] = prog;   /* getopt's own messages: "rl-reward: gen-arith: unrecognized option ..." */
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "n:s:d:p:S:ro:h", lo, NULL)) != -1) {
 		switch (c) {
@@ -148,7 +150,7 @@ gen_arith(int argc, char **argv)
 			break;
 		case 'r': o.reverse = 1; break;
 		case 'o': out = optarg; break;
-		case 'h': fputs(usage_text, stdout); return 0;
+		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
 		default: fprintf(stderr, "rl-reward: hint: rl-reward --help\n"); return 2;
 		}
 	}
@@ -267,7 +269,7 @@ main(int argc, char **argv)
 		case O_IDLE_EXIT: idle_exit = parse_double("--idle-exit", optarg, 0); break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity = RL_LOG_VERBOSE; break;
-		case 'h': fputs(usage_text, stdout); return 0;
+		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
 		default: fprintf(stderr, "rl-reward: hint: rl-reward --help\n"); return 2;
 		}
 	}
@@ -290,7 +292,7 @@ main(int argc, char **argv)
 
 	if (exec_cmd) {
 		if ((rv = rl_reward_exec_create(&sc.exec, exec_cmd, &xo)) != 0) {
-			status = 1;
+			status = rv == RL_EINVAL ? 2 : 1;   /* an empty --exec, an unclosed quote: usage */
 			goto out;
 		}
 		if (batch == 0)

@@ -164,6 +164,21 @@ typedef struct prompt {
 	rl_traj_batch *out; /* queue mode: the group's records, put when complete */
 } prompt;
 
+/* --device's syntax, checked while parsing so that a typo is a usage error
+ * (exit 2) and not a runtime failure after the model has loaded: cpu, auto,
+ * cuda or cuda:N as rl_ops_open takes them. */
+static int
+device_ok(const char *d)
+{
+	size_t n;
+
+	if (strcmp(d, "cpu") == 0 || strcmp(d, "auto") == 0 || strcmp(d, "cuda") == 0)
+		return 1;
+	if (strncmp(d, "cuda:", 5) != 0 || (n = strspn(d + 5, "0123456789")) == 0 || d[5 + n] != '\0')
+		return 0;
+	return n <= 4 && atoi(d + 5) <= 1024;
+}
+
 static int
 usage_error(const char *fmt, const char *arg)
 {
@@ -764,8 +779,9 @@ wait_version(gen *g, int need)
 		if (g->weights_timeout > 0 && rl_now() - t0 > g->weights_timeout) {
 			rl_error("no weights version %d in '%s' after %.0f s (have %d)", need, src,
 			    g->weights_timeout, g->version);
-			rl_hint("is the trainer running and publishing there?  a trainer that drops groups "
-			    "(dapo) may need more samples than --max-staleness lets through");
+			rl_hint("is the trainer running and publishing there, with --batch %d (this "
+			    "--train-batch)?  a trainer that drops groups (dapo) may need more samples than "
+			    "--max-staleness lets through", g->train_batch);
 			rv = RL_ETIMEDOUT;
 			break;
 		}
@@ -1237,7 +1253,7 @@ rl_cmd_generate(int argc, char **argv)
 		case O_CHAT: g.chat = 1; break;
 		case O_TMPL:
 			if ((g.tmpl = rl_chat_template_parse(a)) < 0)
-				return usage_error("unknown chat template '%s'", a);
+				return usage_error("--chat-template: unknown chat template '%s' (auto, chatml, plain)", a);
 			break;
 		case O_GREEDY: g.greedy = 1; break;
 		case O_SLOTS: NUM(1, 65536); g.go.slots = (int)v; break;
@@ -1247,7 +1263,11 @@ rl_cmd_generate(int argc, char **argv)
 				return usage_error("--kv-mem: bad size '%s' (bytes, with K, M or G; at most 1024G)", a);
 			g.go.kv_mem = kv;
 			break;
-		case O_DEVICE: g.device = a; break;
+		case O_DEVICE:
+			if (!device_ok(a))
+				return usage_error("--device: want cpu, cuda, cuda:N or auto, not '%s'", a);
+			g.device = a;
+			break;
 		case O_WFROM: g.weights_from = a; break;
 		case O_STALE: NUM(0, 1e9); g.max_staleness = (int)v; break;
 		case O_TBATCH: NUM(1, 1e9); g.train_batch = (int)v; break;

@@ -248,7 +248,9 @@ rl_cmd_tokenize(int argc, char **argv)
 	char *line = NULL;
 	size_t cap = 0, lineno = 0;
 	int o, rv = 0, status = 1;
+	static char prog[] = "rl-rollout: tokenize";
 
+	argv[0] = prog;   /* getopt's own messages: "rl-rollout: tokenize: unrecognized option ..." */
 	optind = 1;
 	while ((o = getopt_long(argc, argv, "m:ct:GdS0qvh", opts, NULL)) != -1) {
 		switch (o) {
@@ -256,7 +258,7 @@ rl_cmd_tokenize(int argc, char **argv)
 		case 'c': c.chat = 1; break;
 		case 't':
 			if ((c.tpl = rl_chat_template_parse(optarg)) < 0) {
-				rl_error("unknown chat template '%s'", optarg);
+				rl_error("tokenize: --template: unknown chat template '%s'", optarg);
 				rl_hint("use auto, chatml or plain");
 				return 2;
 			}

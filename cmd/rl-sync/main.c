@@ -12,6 +12,7 @@
  * --wait), 4 checksum failure.
  */
 #include "core.h"
+#include "io.h"
 #include "wdir.h"
 #include "wsync.h"
 
@@ -549,7 +550,11 @@ main(int argc, char **argv)
 			break;
 		case 'q': c.verbosity = RL_LOG_QUIET; break;
 		case 'v': c.verbosity++; break;
-		case 'h': fputs(usage_text, stdout); fputs("\n", stdout); fputs(help_text, stdout); return 0;
+		case 'h':
+			fputs(usage_text, stdout);
+			fputs("\n", stdout);
+			fputs(help_text, stdout);
+			return rl_io_close_stdout() ? 1 : 0;
 		default: return usage(NULL, NULL);
 		}
 	}

@@ -162,6 +162,21 @@ usage_error(const char *fmt, const char *arg)
 	return 2;
 }
 
+/* --device's syntax, checked while parsing so that a typo is a usage error
+ * (exit 2) and not a runtime failure after the model has loaded: cpu, auto,
+ * cuda or cuda:N as rl_ops_open takes them. */
+static int
+device_ok(const char *d)
+{
+	size_t n;
+
+	if (strcmp(d, "cpu") == 0 || strcmp(d, "auto") == 0 || strcmp(d, "cuda") == 0)
+		return 1;
+	if (strncmp(d, "cuda:", 5) != 0 || (n = strspn(d + 5, "0123456789")) == 0 || d[5 + n] != '\0')
+		return 0;
+	return n <= 4 && atoi(d + 5) <= 1024;
+}
+
 static int
 num(const char *s, double lo, double hi, double *out)
 {
@@ -211,15 +226,19 @@ main(int argc, char **argv)
 		case O_INIT: init = a; break;
 		case O_TOKENIZER: tokenizer = a; break;
 		case O_SEED: INT(0, 1.8e19); o.seed = (uint64_t)v; break;
-		case O_DEVICE: o.device = a; break;
+		case O_DEVICE:
+			if (!device_ok(a))
+				return usage_error("--device: want cpu, cuda, cuda:N or auto, not '%s'", a);
+			o.device = a;
+			break;
 		case O_ALGO:
 			if ((o.algo = rl_algo_parse(a)) < 0)
-				return usage_error("unknown algorithm '%s'", a);
+				return usage_error("--algo: unknown algorithm '%s'", a);
 			break;
 		case O_BATCH: INT(1, 1e7); o.batch = (int)v; break;
 		case O_AGG:
 			if ((o.agg = rl_agg_parse(a)) < 0)
-				return usage_error("unknown loss aggregation '%s'", a);
+				return usage_error("--loss-agg: unknown loss aggregation '%s'", a);
 			break;
 		case O_NORMLEN: INT(1, 1e9); o.norm_len = (int)v; break;
 		case O_NOSTD: o.norm_std = 0; break;
@@ -239,7 +258,7 @@ main(int argc, char **argv)
 			if (strcmp(a, "k1") == 0) o.kl_type = 1;
 			else if (strcmp(a, "k2") == 0) o.kl_type = 2;
 			else if (strcmp(a, "k3") == 0 || strcmp(a, "low_var_kl") == 0) o.kl_type = 3;
-			else return usage_error("unknown KL estimator '%s' (k1, k2, k3)", a);
+			else return usage_error("--kl: unknown KL estimator '%s' (k1, k2, k3)", a);
 			break;
 		case O_KLCOEF: NUM(0, 1e9); o.kl_coef = (float)v; kl_coef_set = 1; break;
 		case O_KLREW: o.kl_in_reward = 1; break;
@@ -262,7 +281,7 @@ main(int argc, char **argv)
 		case O_SCHED:
 			if (strcmp(a, "constant") == 0) o.sched = RL_SCHED_CONSTANT;
 			else if (strcmp(a, "cosine") == 0) o.sched = RL_SCHED_COSINE;
-			else return usage_error("unknown schedule '%s' (constant, cosine)", a);
+			else return usage_error("--schedule: unknown schedule '%s' (constant, cosine)", a);
 			break;
 		case O_TOTAL: INT(0, 1e9); o.total_steps = (int)v; break;
 		case O_MINLR: NUM(0, 1); o.min_lr_ratio = (float)v; break;

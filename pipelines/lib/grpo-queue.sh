@@ -17,7 +17,9 @@
 #   - STEPS x BATCH must not exceed the prompts (else an error at once), and
 #     rl-train gives up after IDLE_EXIT seconds (1800) without records;
 #   - a run killed between full checkpoints restarts from the last full one
-#     (the newer step directories are removed before anything starts).
+#     (the newer step directories are removed before anything starts; when
+#     the broker's journal holds a trainer version more than STALENESS beyond
+#     it, which would make every new sample stale, the journal starts over).
 #
 # Environment (the recipe Makefiles set these): MODEL (Hugging Face directory),
 # PROMPTS (JSONL prompt lines), OUT, TASK (rl-reward --task spec), STEPS,
@@ -66,7 +68,7 @@ if [ -f "$OUT/pids" ]; then
 	r=""
 	for p in $(cat "$OUT/pids"); do r="$p $r"; done
 	for p in $r; do
-		c=$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null) || continue
+		c=$(tr '\0' ' ' 2>/dev/null < "/proc/$p/cmdline") || continue   # gone (quietly: dash names the file)
 		case $c in *"$OUT"* | *"$old_url"*) ;; *) continue ;; esac
 		kill "$p" 2>/dev/null || continue
 		left="$left $p"
@@ -138,6 +140,7 @@ trap 'cleanup; exit 130' INT
 trap 'cleanup; exit 143' TERM
 
 # the broker, on a free loopback port; its journal makes the run resumable
+start_broker() {
 i=0; URL=""
 while [ $i -lt 20 ]; do
 	port=$(awk -v s="$$$i" 'BEGIN { srand(s); printf "%d", 20000 + int(rand() * 40000) }')
@@ -155,6 +158,21 @@ while [ $i -lt 20 ]; do
 	i=$((i + 1))
 done
 [ -n "$URL" ] || { echo "recipe: could not start rl-queue serve (see $L/queue.log)" >&2; exit 1; }
+}
+start_broker
+# the trainer version in the journal is never lowered: one beyond the step
+# resumed from + STALENESS (a run killed more than STALENESS steps after its
+# last full checkpoint, whose newer steps went above) makes every sample the
+# resumed run generates stale, regenerated for ever while rl-train waits.
+# Then the journal starts over, and the prompts are put again.
+qv=$(rl-queue stat --json "$URL" 2>/dev/null | sed -n 's/^{"version":\([0-9]*\).*/\1/p')
+if [ "${qv:-0}" -gt $((done_steps + STALENESS)) ]; then
+	echo "recipe: the broker's journal is at version $qv, beyond step $done_steps + STALENESS $STALENESS:" \
+		"starting it over (the prompts are put again)"
+	kill "$Q" 2>/dev/null || true; wait "$Q" 2>/dev/null || true
+	rm -rf "$OUT/queue" "$OUT/.prompts-put"
+	start_broker
+fi
 PIDS="$PIDS $Q"
 echo "$URL" > "$OUT/queue.url"
 echo "$Q" >> "$OUT/pids"

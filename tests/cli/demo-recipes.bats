@@ -140,6 +140,21 @@ recipe_in() { # recipe_in OUT ARGS...: the recipe in another run directory
 	[ "$(readlink "$TD/cr/ckpt/latest")" = step-00000012 ]
 }
 
+@test "recipe: a crash more than STALENESS steps after the last full checkpoint resumes (the broker's journal, ahead, starts over)" {
+	run -0 recipe_in "$TD/cs" STEPS=9 SAVE_EVERY=5 EXTRA_TRAIN="--keep 10"
+	# a kill after step 9 was published: the broker's journal holds trainer
+	# version 9, never lowered; resumed from step 5, every sample generated
+	# from version 6 on was stale (9 - 1), regenerated for ever while
+	# rl-train waited (a Ctrl-C of a run with SAVE_EVERY=10 did the same)
+	rm "$TD/cs/ckpt/step-00000009/optimizer.safetensors"
+	run -0 --separate-stderr recipe_in "$TD/cs" STEPS=12 SAVE_EVERY=5 IDLE_EXIT=20
+	assert_output --partial "the broker's journal is at version 9, beyond step 5 + STALENESS 1"
+	assert_output --partial "from step 5 to 12"
+	[ "$(readlink "$TD/cs/ckpt/latest")" = step-00000012 ]
+	left=$(ps -eo args= | grep -F -- "$TD/cs" | grep -v grep || true)
+	[ -z "$left" ]
+}
+
 @test "recipe: a crash before the first full checkpoint starts over, broker journal included" {
 	run -0 recipe_in "$TD/c0" STEPS=4 SAVE_EVERY=5 EXTRA_TRAIN="--keep 10"
 	rm "$TD/c0/ckpt/step-00000004/optimizer.safetensors"

@@ -90,6 +90,22 @@ check_run() {
 	[[ "$stderr" == *"rl-reward: 20 records"* ]]
 }
 
+@test "the asynchronous wiring of rlpipe(7) runs after its loop in miniature (3 steps, free ports), and its kill ends it" {
+	load port_helper
+	d="$BATS_TEST_TMPDIR/ex-async"; mkdir -p "$d"
+	sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' man/rlpipe.7 | sed -n 's/^\$ //p' > "$d/ex.sh"
+	qp=$(free_port); sp=$(free_port)
+	# the literal block that starts the broker, as written but for the ports and 3 of its 100 steps
+	sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' man/rlpipe.7 | sed -n '/^\.Bd/,/^\.Ed/p' |
+		awk '/^\.Bd/ { b = ""; next } /^\.Ed/ { if (b ~ /rl-queue serve/) printf "%s", b; next } { b = b $0 "\n" }' |
+		sed "s/\\\\e\$/\\\\/; s/7400/$qp/g; s/7401/$sp/g; s/--max-steps 100/--max-steps 3/" > "$d/async.sh"
+	grep -q '^kill %1 %2 %3 %4$' "$d/async.sh"
+	run -0 --separate-stderr timeout 60 bash -ec "cd '$d' && . ./ex.sh > /dev/null 2>&1 && . ./async.sh && wait"
+	[ "$(readlink "$d/ck-async/latest")" = step-00000003 ]
+	left=$(ps -eo args= | grep -E -- "127.0.0.1:($qp|$sp)" | grep -v grep || true)
+	[ -z "$left" ] || { echo "left running: $left"; false; }
+}
+
 @test "demo: TASK=arith-cot (worked answers, gsm8k verifier) and WARM (GRPO from a given model)" {
 	run -0 timeout 60 env WIRING=sync TASK=arith-cot RUN="$TD/cot" QUIET=1 sh pipelines/demo/demo.sh
 	grep -Eq '"response_text":"[0-9]\+[0-9]=[0-9]+ [0-9]\+[0-9]\+[01]=[0-9]+ #### [0-9]+"' "$TD/cot/data/sft.jsonl"

@@ -82,3 +82,19 @@ PY
 	assert_failure 1
 	[[ "$stderr" == *"arr.jsonl' line 1: not a JSON object"* ]]
 }
+
+@test "other KEYS, or another (older) METRICS file, into the same OUT make a new table; the same ones remake nothing" {
+	cd "$D"
+	head -n 3 m.jsonl > old.jsonl && touch -d '1 hour ago' old.jsonl
+	make -s -f "$P/Makefile" METRICS=m.jsonl OUT=plots KEYS="actor/pg_loss" 2>/dev/null
+	run -0 head -n 1 plots/metrics.dat
+	assert_output "# step actor/pg_loss"
+	run -0 make -f "$P/Makefile" METRICS=m.jsonl OUT=plots KEYS="actor/pg_loss"
+	refute_output --partial "extract.py"
+	make -s -f "$P/Makefile" METRICS=m.jsonl OUT=plots KEYS="actor/entropy critic/score/mean" 2>/dev/null
+	run -0 head -n 1 plots/metrics.dat
+	assert_output "# step actor/entropy critic/score/mean"
+	[ -e plots/actor_entropy.png ] && [ -e plots/critic_score_mean.png ]
+	make -s -f "$P/Makefile" METRICS=old.jsonl OUT=plots KEYS="actor/entropy critic/score/mean" 2>/dev/null
+	[ "$(wc -l < plots/metrics.dat)" -eq 4 ]   # the header and old.jsonl's 3 steps
+}

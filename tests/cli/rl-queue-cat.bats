@@ -77,6 +77,20 @@ J
 	done
 }
 
+@test "--stream (and get --stream) refuse a terminal, as rl-rollout and rl-reward do; JSONL goes to one" {
+	command -v script >/dev/null || skip "script(1) is not installed"
+	run -2 script -qec "rl-queue cat --stream '$D/a.jsonl'" /dev/null
+	assert_output --partial "cat: refusing to write a binary stream to a terminal"
+	[[ "$output" != *$'\x28\xb5\x2f\xfd'* ]]   # no zstd frame reached it
+	run -2 script -qec "rl-queue get --stream --stage rollout tcp://127.0.0.1:9" /dev/null
+	assert_output --partial "get: refusing to write a binary stream to a terminal"
+	run -0 script -qec "rl-queue cat '$D/a.jsonl'" /dev/null
+	assert_output --partial '"prompt_text":'
+	# not a terminal: as before
+	rl-queue cat --stream "$D/a.jsonl" | rl-queue cat > "$D/back.jsonl"
+	[ "$(wc -l < "$D/back.jsonl")" -eq 2 ]
+}
+
 @test "-o writes the file only on success" {
 	run --separate-stderr rl-queue cat --stream -o "$D/out.rlt" "$D/a.jsonl"
 	assert_success

@@ -233,6 +233,16 @@ print("ok")' <<< "$output"
 	run --separate-stderr timeout 20 rl-queue stat --timeout 0.2 --watch 0.1 --count 2 "$URL"
 	assert_failure 1
 	[ "$(grep -c 'no stats from the broker' <<< "$stderr")" = 2 ]
+	# interrupted while the broker is away: exit 0 all the same, as
+	# docs/observability.md says (--count is what makes a failed refresh exit 1)
+	rl-queue stat --timeout 0.2 --watch 0.1 "$URL" > /dev/null 2> "$D/dead.err" 3>&- &
+	W=$!
+	PIDS="$PIDS $W"
+	sleep 0.6
+	kill -INT "$W"
+	st=0; wait "$W" || st=$?
+	[ "$st" -eq 0 ]
+	grep -q 'no stats from the broker' "$D/dead.err"
 }
 
 @test "the page's script draws the broker's data (node with a stub DOM; no browser here)" {

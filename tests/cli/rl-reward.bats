@@ -49,8 +49,19 @@ for l in open(sys.argv[1]):
 	[ "$status" -eq 2 ]
 	run --separate-stderr rl-reward --exec "$W" --jobs 0 "$FIX/gsm8k.jsonl"
 	[ "$status" -eq 2 ]
+	# an --exec that is no command line is a usage error too (a program that
+	# cannot run is a runtime one, exit 1: see "--exec without a shell")
+	run -2 --separate-stderr rl-reward --exec '  ' "$FIX/gsm8k.jsonl"
+	[[ "$stderr" == *"--exec: empty command"* ]]
+	run -2 --separate-stderr rl-reward --exec "python3 'x" "$FIX/gsm8k.jsonl"
+	[[ "$stderr" == *"--exec: unterminated single quote"* ]]
 	run --separate-stderr rl-reward --task gsm8k --no-such-option
 	[ "$status" -eq 2 ]
+	# gen-arith's option errors carry the program's name too
+	run -2 --separate-stderr rl-reward gen-arith --no-such-option
+	[[ "$stderr" == "rl-reward: gen-arith: unrecognized option '--no-such-option'"* ]]
+	run -2 --separate-stderr rl-reward gen-arith --n
+	[[ "$stderr" == "rl-reward: gen-arith: option '--n' requires an argument"* ]]
 }
 
 @test "gsm8k strict: scores, verl ground truth, failures labelled, summary" {

@@ -56,9 +56,13 @@ need_qwen() {
 	run -2 --separate-stderr rl-rollout tokenize
 	[[ $stderr == *"-m MODEL_DIR is required"* ]]
 	run -2 --separate-stderr rl-rollout tokenize -m "$T/bytes" --template jinja
-	[[ $stderr == *"unknown chat template 'jinja'"* ]]
+	[[ $stderr == *"--template: unknown chat template 'jinja'"* ]]
 	run -2 --separate-stderr rl-rollout tokenize -m "$T/bytes" --chat --decode
 	run -2 --separate-stderr rl-rollout tokenize -m "$T/bytes" --bogus
+	# getopt's messages carry the program's name, not the bare subcommand's
+	[[ $stderr == "rl-rollout: tokenize: unrecognized option '--bogus'"* ]]
+	run -2 --separate-stderr rl-rollout tokenize -m "$T/bytes" -t
+	[[ $stderr == "rl-rollout: tokenize: option requires an argument -- 't'"* ]]
 }
 
 @test "bytes tokenizer: one JSON line per input line, specials only when allowed" {

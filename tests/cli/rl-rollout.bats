@@ -274,6 +274,13 @@ PY
 	[[ "$stderr" == *"--top-p: bad value '1.5' (want a number from 0 to 1)"* ]]
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" -n 0 "$TD/p.jsonl"
 	[[ "$stderr" == *"--samples: bad value '0'"* ]]
+	# a device or template name that cannot be is a usage error naming the option
+	for d in tpu cuda:x cuda: cuda:99999 CPU; do
+		run -2 --separate-stderr rl-rollout -m "$TD/m0" --device "$d" "$TD/p.jsonl"
+		[[ "$stderr" == *"--device: want cpu, cuda, cuda:N or auto, not '$d'"* ]]
+	done
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --chat-template jinja "$TD/p.jsonl"
+	[[ "$stderr" == *"--chat-template: unknown chat template 'jinja'"* ]]
 }
 
 @test "weights with NaN or inf are an error naming the tensor" {
