@@ -1381,6 +1381,7 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 		snprintf(r, sizeof r, "weighted sum %g is outside the f32 range", total);
 		add_reason(err, sizeof err, "reward", r);
 		failed = 1;
+		s->st.out_of_range++;
 	}
 
 	/* meta.scores.NAME, meta.reward_error */
@@ -1657,6 +1658,9 @@ rl_reward_stats_print(const rl_reward_scorer *s, double seconds)
 		line[0] = 0;
 		if (st->no_truth)
 			k += (size_t)snprintf(line + k, sizeof line - k, " %zu without usable ground truth, response_text or meta,", st->no_truth);
+		if (st->out_of_range && k < sizeof line)
+			k += (size_t)snprintf(line + k, sizeof line - k, " %zu with a weighted sum outside the f32 range,",
+					      st->out_of_range);
 		for (int e = 1; e < RL_EXEC_STATUS_COUNT; e++)
 			if (st->exec_failed[e] && k < sizeof line)
 				k += (size_t)snprintf(line + k, sizeof line - k, " %zu %s,", st->exec_failed[e],

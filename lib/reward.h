@@ -175,6 +175,7 @@ typedef struct rl_reward_stats {
 	size_t records;         /* records scored (written) */
 	size_t failed;          /* records with reward NaN */
 	size_t no_truth;        /* ... of which: a task found no ground truth / bad meta */
+	size_t out_of_range;    /* ... of which: the weighted sum is beyond the f32 range */
 	size_t exec_failed[RL_EXEC_STATUS_COUNT]; /* --exec results by status */
 	double reward_sum;      /* over records that did not fail */
 	double comp_sum[RL_REWARD_MAX_TASKS + 1]; /* per task, then exec */

@@ -183,7 +183,7 @@ print(ok)' "$TMP/out.jsonl")" = "True" ]
 	run --separate-stderr timeout 30 rl-reward --exec "sh -c 'while read -r l; do echo 1e300; done'" --jsonl "$TMP/in.jsonl"
 	assert_success
 	[ "$(echo "$output" | head -n 1 | python3 -c 'import json,sys; r = json.load(sys.stdin); print(r["reward"], r["meta"]["reward_error"])')" = "nan reward: weighted sum 1e+300 is outside the f32 range" ]
-	[[ "$stderr" == *"4 records"*"4 failed"* ]]
+	[[ "$stderr" == *"4 records"*"4 failed"*"failures: 4 with a weighted sum outside the f32 range"$'\n'* ]]
 	run --separate-stderr timeout 30 rl-reward --exec "$W" --exec-weight 1e39 --jsonl "$TMP/in.jsonl"
 	assert_success
 	[ "$(echo "$output" | head -n 1 | python3 -c 'import json,sys; r = json.load(sys.stdin); print(r["reward"], r["meta"]["reward_error"])')" = "nan reward: weighted sum 1e+39 is outside the f32 range" ]
