@@ -298,6 +298,8 @@ main(int argc, char **argv)
 		if (batch == 0)
 			batch = 64L * xo.workers;
 	} else if (!queue_url) {
+		if (batch != 0)
+			rl_warn("--batch applies to --exec and --queue only: ignored (built-in tasks score record by record)");
 		batch = 1;
 	}
 	if (queue_url) {

@@ -90,6 +90,14 @@ for l in open(sys.argv[1]):
 	[ "$(field "$TMP/out.jsonl" 2 'r["reward"]')" = "1" ]
 }
 
+@test "--batch without --exec or --queue is said to be ignored, not silently dropped" {
+	run --separate-stderr rl-reward --task gsm8k --batch 8 --jsonl "$FIX/gsm8k.jsonl"
+	assert_success
+	[[ "$stderr" == *"warning: --batch applies to --exec and --queue only: ignored"* ]]
+	run --separate-stderr rl-reward --task gsm8k --jsonl "$FIX/gsm8k.jsonl"
+	[[ "$stderr" != *"--batch"* ]]
+}
+
 @test "weighted components add up; binary output reads back with rl-queue cat" {
 	rl-reward -q -t gsm8k:0.5 -t 'format:0.25:^Natalia' -t 'regex:2:(\d+) clips\.' \
 		-o "$TMP/out.rlt" "$FIX/gsm8k.jsonl"
