@@ -16,7 +16,9 @@
 # RESUME=1 and 2 more steps and check it continued from the last checkpoint),
 # KILL_RANK (unset; N: kill -9 trainer rank N after the first step, check
 # that the job fails and the other ranks exit by themselves, then resume),
-# KEEP (1: keep the directory), RL_BUILD (build).
+# BAD_GEN (1: the generators fail at their start, --max-tokens 0; check that
+# the job fails at once, naming the generator's log, with nothing left
+# running), KEEP (1: keep the directory), RL_BUILD (build).
 # Needs: root, slurm-wlm and munge (Debian: apt-get install slurm-wlm munge;
 # not in the Makefile's packages: this test is manual, not part of make
 # check).  Uses ports 16817-16818 and 17001.. (SLURM), 29500 and 7400.
@@ -30,6 +32,9 @@ BATCH=${BATCH:-4}
 SAMPLES=${SAMPLES:-4}
 RESUME_TOO=${RESUME_TOO:-1}
 KILL_RANK=${KILL_RANK:-}
+BAD_GEN=${BAD_GEN:-0}
+MAX_TOKENS=8
+[ "$BAD_GEN" = 1 ] && MAX_TOKENS=0
 KEEP=${KEEP:-0}
 TOP=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=$TOP/${RL_BUILD:-build}/bin
@@ -152,10 +157,29 @@ awk '{ sub(/^\{/, "{\"id\":" NR ","); print }' "$D/p.jsonl" > "$D/prompts.jsonl"
 export OMP_NUM_THREADS=1
 submit() { # STEPS RESUME
 	sbatch --wait --parsable --nodes="$NODES" --chdir="$D" --output="$D/job.%j.out" \
-		--export="ALL,DEVICE=cpu,MODEL=$D/model,PROMPTS=$D/prompts.jsonl,TASK=arith,GPUS_PER_NODE=$GPUS_PER_NODE,GEN_NODES=$GEN_NODES,BATCH=$BATCH,SAMPLES=$SAMPLES,STEPS=$1,MAX_TOKENS=8,LR=1e-3,SAVE_EVERY=1,COMM_TIMEOUT=60,RUN=$D/run,RESUME=$2" \
+		--export="ALL,DEVICE=cpu,MODEL=$D/model,PROMPTS=$D/prompts.jsonl,TASK=arith,GPUS_PER_NODE=$GPUS_PER_NODE,GEN_NODES=$GEN_NODES,BATCH=$BATCH,SAMPLES=$SAMPLES,STEPS=$1,MAX_TOKENS=$MAX_TOKENS,LR=1e-3,SAVE_EVERY=1,COMM_TIMEOUT=60,RUN=$D/run,RESUME=$2" \
 		"$TOP/pipelines/slurm/grpo.sbatch"
 }
 show() { cat "$D"/job.*.out >&2; tail -n 5 "$D"/run/logs/*.log >&2 || true; }
+
+if [ "$BAD_GEN" = 1 ]; then
+	# generators that fail at their start: the job fails (it waited for ever
+	# before), naming the generator's log, and nothing of it is left running
+	t0=$(date +%s)
+	if submit 100 0 >"$D/jobid"; then show; fail "the job succeeded although its generators failed"; fi
+	t=$(( $(date +%s) - t0 ))
+	grep -q "rl-rollout.0.0 exited with status 2 before training ended" "$D"/run/logs/gen.*.log ||
+		{ show; fail "the generation log does not name the failed generator"; }
+	grep -q "the generation step ended before training did" "$D"/job.*.out || { show; fail "no message from the job"; }
+	sleep 1
+	left=""
+	for p in $(for n in rl-queue rl-reward rl-rollout rl-train; do pgrep -x $n; done); do
+		case $(readlink "/proc/$p/cwd" 2>/dev/null) in "$D"*) left="$left $p" ;; esac
+	done
+	[ -z "$left" ] || { ps -o pid,args -p $left >&2; fail "processes of the job still running"; }
+	say "ok: the job failed as it should ($t s after submission), nothing left running"
+	exit 0
+fi
 
 if [ -n "$KILL_RANK" ]; then
 	# a rank killed after the first step: the job fails, the others exit by themselves
