@@ -215,6 +215,34 @@ rl_io_watch_stdout(void)
 }
 
 int
+rl_io_would_wait(FILE *f, int fd, int *live)
+{
+	struct pollfd pf;
+	struct stat st;
+
+	if (f != NULL) {
+#ifdef __GLIBC__
+		/* what stdio read ahead is there already (glibc's FILE fields) */
+		if (f->_IO_read_ptr < f->_IO_read_end)
+			return 0;
+#endif
+		if (feof(f) || ferror(f))
+			return 0;
+		fd = fileno(f);
+	}
+	if (fd < 0)
+		return 0;
+	if (*live == 0)
+		*live = fstat(fd, &st) == 0 && !S_ISREG(st.st_mode) ? 1 : 2;
+	if (*live != 1)
+		return 0;
+	pf.fd = fd;
+	pf.events = POLLIN;
+	pf.revents = 0;
+	return poll(&pf, 1, 0) == 0;
+}
+
+int
 rl_io_same_file(const char *in, const char *out)
 {
 	struct stat a, b;

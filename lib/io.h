@@ -58,6 +58,12 @@ int rl_io_fclose(FILE *f, const char *name);
  * (both exist and are the same inode; "-" is never the same), else 0: opening
  * out would empty the input before it is read. */
 int rl_io_same_file(const char *in, const char *out);
+/* 1 when reading more from f (or, f NULL, from descriptor fd) would wait:
+ * a pipe, socket or terminal with nothing buffered in f and nothing to read
+ * now.  0 for regular files, at the end and when data is there.  For readers
+ * that send what they have (rl-queue put, cat) before they block on a live
+ * producer.  *live caches the descriptor's kind across calls (0 at first). */
+int rl_io_would_wait(FILE *f, int fd, int *live);
 /* For a program whose standard output is its data and may block for long on
  * something else (rl-rollout waiting for weights, rl-reward waiting for
  * records): when stdout is a pipe or socket, a thread waits for its reader to

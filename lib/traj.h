@@ -278,7 +278,8 @@ void rl_traj_reader_close(rl_traj_reader *r);   /* accepts NULL */
 /* Next record: RL_OK with *t set (borrowed, valid until the next call), or
  * RL_OK with *t == NULL at the end of the input; else an error (logged). */
 int rl_traj_reader_next(rl_traj_reader *r, rl_traj **t);
-/* Next batch: one frame (binary) or up to 256 lines or 8 MiB (JSONL).  *b
+/* Next batch: one frame (binary) or up to 256 lines or 8 MiB (JSONL; less
+ * when a pipe has no more lines at hand).  *b
  * borrowed, valid until the next call; NULL at the end.  A JSONL batch ends
  * before a bad line: its records come out and the error is returned by the
  * next call.  Do not mix with _next on one reader. */

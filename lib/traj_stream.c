@@ -11,6 +11,7 @@
 #include "traj_int.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -36,6 +37,7 @@ struct rl_traj_reader {
 	int err;             /* sticky error */
 	int fmt;
 	uint64_t line;       /* JSONL: lines consumed */
+	int live;            /* source a pipe or terminal: 0 not known yet, 1 yes, 2 no */
 	rl_traj_batch *batch;
 	size_t next;         /* _next: next record of batch */
 	rl_traj *cur;
@@ -506,6 +508,16 @@ rl_traj_reader_next(rl_traj_reader *r, rl_traj **t)
 	return RL_OK;
 }
 
+/* 1 when the next JSONL line is not at hand: no whole line in the window and
+ * the source, a pipe or a terminal, has nothing to read now */
+static int
+jsonl_would_wait(rl_traj_reader *r)
+{
+	if (r->src == SRC_MEM || r->eof || r->live == 2 || !rl_traj_reader_drained(r))
+		return 0;
+	return r->src == SRC_FD ? rl_io_would_wait(NULL, r->fd, &r->live) : rl_io_would_wait(r->f, -1, &r->live);
+}
+
 int
 rl_traj_reader_next_batch(rl_traj_reader *r, rl_traj_batch **b)
 {
@@ -521,6 +533,10 @@ rl_traj_reader_next_batch(rl_traj_reader *r, rl_traj_batch **b)
 		rl_traj_batch_clear(r->batch);
 		while (rl_traj_batch_count(r->batch) < JSONL_BATCH &&
 		       rl_traj_batch_bytes(r->batch) < JSONL_BATCH_BYTES) {
+			/* a live producer (tail -f, a generator): what came so far goes
+			 * on now rather than after 256 lines */
+			if (rl_traj_batch_count(r->batch) > 0 && jsonl_would_wait(r))
+				break;
 			if ((rv = next_json(r)) != 0)
 				break;
 			if ((rv = rl_traj_batch_add(r->batch, r->cur)) != 0)

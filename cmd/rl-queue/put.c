@@ -174,7 +174,7 @@ put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, s
 	ssize_t len = (ssize_t)n;
 	unsigned long long ln = 1;
 	const char *cur = first;
-	int rv = RL_OK, bad = RL_OK;
+	int rv = RL_OK, bad = RL_OK, live = 0;
 
 	rl_traj_batch_clear(b);
 	for (;;) {
@@ -199,8 +199,10 @@ put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, s
 					break;
 			}
 		}
+		/* a live producer (tail -f, a script): the prompts so far go on
+		 * now rather than after 256 lines */
 		if (rl_traj_batch_count(b) == 256 || rl_traj_batch_bytes(b) >= (size_t)8 << 20 ||
-		    (!cur && rl_traj_batch_count(b) > 0)) {
+		    (!cur && rl_traj_batch_count(b) > 0) || (rl_traj_batch_count(b) > 0 && rl_io_would_wait(f, -1, &live))) {
 			rl_traj_batch *send;
 			rl_qput_result res;
 			rl_traj_batch *fixed = NULL;

@@ -196,6 +196,35 @@ for i in range(260):
 	[[ "$stderr" == *"put: 260 records: 260 accepted"* ]]
 }
 
+@test "put from a live pipe: prompts and records go in as they come, not after 256 lines" {
+	start_broker
+	# a producer that keeps its pipe open (tail -f, a script): what it wrote is
+	# in the broker while it still runs
+	for kind in prompt record; do
+		rm -f "$D/fifo"; mkfifo "$D/fifo"
+		if [ $kind = prompt ]; then rl-queue put "$URL" "$D/fifo" 2>"$D/put.err" &
+		else rl-queue put -s scored "$URL" "$D/fifo" 2>"$D/put.err" &
+		fi
+		local put=$! n=0 want=2
+		[ $kind = record ] && want=$(( $(rl-queue stat -j "$URL" | jget total put_scored) + 2 ))
+		exec 4>"$D/fifo"
+		if [ $kind = prompt ]; then
+			printf '{"prompt":"a"}\n{"prompt":"b"}\n' >&4
+		else
+			sed -n 1,2p "$D/scored.jsonl" >&4
+		fi
+		for _ in $(seq 100); do
+			if [ $kind = prompt ]; then n=$(rl-queue stat -j "$URL" | jget total put_prompt)
+			else n=$(rl-queue stat -j "$URL" | jget total put_scored); fi
+			[ "$n" -ge "$want" ] && break
+			sleep 0.1
+		done
+		exec 4>&-
+		wait "$put"
+		[ "$n" -ge "$want" ] || { cat "$D/put.err"; echo "$kind: $n in the broker while the pipe was open" >&2; return 1; }
+	done
+}
+
 @test "a bad input file names file and line; the broker keeps serving" {
 	start_broker
 	printf '{"prompt_text":"ok"}\n{"prompt_text": oops}\n' > "$D/bad.jsonl"

@@ -242,6 +242,24 @@ PY
 	[[ "$stderr" == *"unknown field 'question'"* ]]
 }
 
+@test "JSONL from a live pipe comes out as it comes in, not after 256 lines" {
+	mkfifo "$D/fifo"
+	rl-queue cat "$D/fifo" | cat > "$D/live.out" &
+	local cat=$!
+	exec 4>"$D/fifo"
+	printf '{"id":1}\n{"id":2}\n' >&4
+	for _ in $(seq 100); do
+		[ "$(wc -l < "$D/live.out")" -ge 2 ] && break
+		sleep 0.1
+	done
+	local n; n=$(wc -l < "$D/live.out")
+	printf '{"id":3}\n' >&4
+	exec 4>&-
+	wait "$cat"
+	[ "$n" -eq 2 ] || { echo "$n lines out while the pipe was open" >&2; return 1; }
+	[ "$(wc -l < "$D/live.out")" -eq 3 ]
+}
+
 @test "\\u0000 in a JSONL value or name: exit 1 naming line and field, not a cut string" {
 	printf '{"id":1}\n{"response_text":"x\\u0000yyyy"}\n' > "$D/z.jsonl"
 	run -1 --separate-stderr rl-queue cat "$D/z.jsonl"
