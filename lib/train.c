@@ -2323,6 +2323,22 @@ rl_train_run(const rl_train_opts *o)
 			    (unsigned long long)st->bad_records, (unsigned long long)st->bad_groups,
 			    (unsigned long long)tr.dropped_nosignal, (unsigned long long)st->incomplete);
 	}
+	/* file or pipe input that ended before one step: a failure, not a run
+	 * (a generator that died at its start closed the pipe; a Makefile or a
+	 * pipeline's status must not take it for a trained policy).  A --resume
+	 * that finds no record past its checkpoint has nothing left to do. */
+	if (!tr.qc && !tr.qfollow && !train_stop && tr.m->step == start_step &&
+	    !(o->max_steps > 0 && start_step >= o->max_steps) &&
+	    (!o->resume || tr.records > tr.skip_records)) {
+		if (tr.rank == 0) {
+			rl_error("'%s' ended before the first step: %llu records, %d complete groups (--batch %d)",
+			    o->input ? o->input : "-", (unsigned long long)(tr.records - RL_MIN(tr.records, tr.skip_records)),
+			    tr.ngroups, o->batch);
+			rl_hint("an upstream stage that failed closes the pipe early: see its messages above");
+		}
+		rv = RL_ENOENT;
+		goto out;
+	}
 out:
 	free_groups(&tr);
 	free(tr.groups);

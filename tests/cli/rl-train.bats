@@ -156,6 +156,20 @@ mk() { python3 tests/fixtures/train/mkscored.py "$@"; }
 	[[ "$stderr" == *"'logprobs' length differs"* ]]
 }
 
+@test "input that ends before the first step is a failure (exit 1), not a run of 0 steps" {
+	# a generator that died at its start: the pipe is empty
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/e0" --batch 2 --metrics /dev/null - < /dev/null
+	[[ "$stderr" == *"'-' ended before the first step: 0 records, 0 complete groups (--batch 2)"* ]]
+	# fewer groups than one batch
+	mk 1 4 0 > "$TD/one.jsonl"
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/e1" --batch 2 --metrics /dev/null "$TD/one.jsonl"
+	[[ "$stderr" == *"one.jsonl' ended before the first step: 4 records, 1 complete groups (--batch 2)"* ]]
+	# a --resume that finds no record past its checkpoint has nothing left to do: exit 0
+	rl-train -q -m "$TD/m0" --out "$TD/e2" --batch 2 --metrics /dev/null "$TD/scored.jsonl"
+	run -0 --separate-stderr rl-train --out "$TD/e2" --batch 2 --resume --metrics /dev/null "$TD/scored.jsonl"
+	[[ "$stderr" == *"0 steps"* ]]
+}
+
 @test "a group missing samples is reported and not trained on" {
 	mk 4 2 0 --bad missing > "$TD/miss.jsonl"
 	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/miss" --batch 1 --metrics /dev/null "$TD/miss.jsonl"
