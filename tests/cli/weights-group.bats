@@ -114,8 +114,8 @@ assert len(s) == 6 and max(s) <= 1, s' "$TD/mq.jsonl"
 }
 
 @test "a worker generating for longer than --weights-timeout while the trainer publishes nothing is not stopped" {
-	# the trainer gets no full step (--batch above the prompts), so it sends
-	# no version until its end; the worker, needing none, generates for more
+	# the trainer gets its one step (--batch: all the prompts) only at the end,
+	# so it sends no version until then; the worker, needing none, generates for more
 	# than its --weights-timeout of 1 s.  Its receiving thread took the
 	# trainer's silence for a hang and the run failed in the middle
 	for i in $(seq 4000); do echo '{"prompt":"x"}'; done > "$TD/p4k.jsonl"
@@ -123,7 +123,7 @@ assert len(s) == 6 and max(s) <= 1, s' "$TD/mq.jsonl"
 	gen -v --weights-group "$ADDR" --weights-group-rank 1 --weights-group-size 2 -n 8 --max-tokens 20 \
 	    --max-staleness 1000000 --weights-timeout 1 "$TD/p4k.jsonl" 2> "$TD/long.err" |
 		rl-reward -q --task 'format:^[a-z]' |
-		rl-train -q -m "$TD/m0" --out "$TD/ck-long" --batch 100000 --metrics /dev/null \
+		rl-train -q -m "$TD/m0" --out "$TD/ck-long" --batch 4000 --metrics /dev/null \
 		    --weights-group "$ADDR" --weights-group-size 2 2> "$TD/long-train.err" ||
 		{ cat "$TD/long.err" "$TD/long-train.err"; false; }
 	grep -q "4000 prompts, 32000 samples" "$TD/long.err"
