@@ -317,3 +317,28 @@ assert "done" in o["totals"] and "4" in o["totals"], o["totals"]
 print("ok")' <<< "$output"
 	assert_output "ok"
 }
+
+@test "every metric name /metrics emits is in rl-queue(1) (METRICS)" {
+	start_broker --max-staleness 2 --train-batch 4 --data-dir "$D/j"
+	flow
+	# one report per stage, the rollout one with a GPU and the trainer one with a step,
+	# so the worker, stage, GPU and train families appear too
+	for r in '{"role":"rollout","worker":"g-1","uptime_s":2,"busy_s":1,"idle_s":1,"records":4,"tokens":40,"gpu":{"index":0,"name":"T","util":0.5,"mem_util":0.25,"mem_used":1024,"mem_total":4096}}' \
+	    '{"role":"reward","worker":"s-1","uptime_s":2,"busy_s":1,"idle_s":1,"records":4,"tokens":0}' \
+	    '{"role":"train","worker":"t-1","uptime_s":2,"busy_s":1,"idle_s":1,"records":4,"tokens":80,"steps":[{"version":1,"reward_mean":0.5,"response_length":10,"ppo_kl":0.01,"kl_ref":0.02,"entropy":1.5,"step_s":0.5}]}'; do
+		printf '%s' "$r" > "$D/rep.json"
+		run python3 "$BATS_TEST_DIRNAME/rlq_raw.py" "$URL" report "$D/rep.json"
+		assert_output "0 "
+	done
+	fetch /metrics > "$D/metrics.txt"
+	names=$(sed -n 's/^# TYPE \([a-z_]*\) .*/\1/p' "$D/metrics.txt" | sort -u)
+	man=$(mandoc -Tascii "$BATS_TEST_DIRNAME/../../man/rl-queue.1" | col -b | sed -n '/^METRICS/,/^[A-Z]/p')
+	n=0; missing=
+	for m in $names; do
+		n=$((n + 1))
+		grep -q "\\b$m\\b" <<< "$man" || missing="$missing $m"
+	done
+	echo "checked $n names; not under METRICS in rl-queue(1):$missing"
+	[ "$n" -ge 50 ]
+	[ -z "$missing" ]
+}

@@ -76,7 +76,7 @@ main(void)
 	rl_buf_init(&b);
 	T_EQ_INT(rl_qhttp_prometheus(&b,
 	    "{\"version\":7,\"depth\":{\"prompt\":3,\"leased\":1},"
-	    "\"total\":{\"put_prompt\":10,\"leased_train\":4,\"expired_leases\":2,\"stale_dropped\":5},"
+	    "\"total\":{\"put_prompt\":10,\"leased_train\":4,\"expired_leases\":2,\"stale_dropped\":5,\"stale_regenerated\":2,\"late_acks\":3},"
 	    "\"staleness\":[4,0,2,0,0,0,0,0,1],\"staleness_sum\":13}"), RL_OK);
 	T_OK(has(&b, "# TYPE rlqueue_trainer_version gauge"));
 	T_OK(has(&b, "rlqueue_trainer_version 7"));
@@ -89,6 +89,9 @@ main(void)
 	T_OK(has(&b, "# HELP rlqueue_leased_records_total Records leased, by stage."));
 	T_OK(has(&b, "rlqueue_lease_expiries_total 2"));
 	T_OK(has(&b, "rlqueue_stale_dropped_total 5"));
+	/* both count records (lib/queue.c: stale_regen += nsamples, late_acks += ids), not groups or acks */
+	T_OK(has(&b, "# HELP rlqueue_stale_regenerated_total Samples of stale groups dropped so that their prompt is generated again."));
+	T_OK(has(&b, "# HELP rlqueue_late_acks_total Records acknowledged after their lease expired or no longer held them."));
 	T_OK(has(&b, "# TYPE rlqueue_staleness histogram"));
 	T_OK(has(&b, "rlqueue_staleness_bucket{le=\"0\"} 4"));
 	T_OK(has(&b, "rlqueue_staleness_bucket{le=\"1\"} 4"));
