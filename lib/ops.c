@@ -4,7 +4,6 @@
  *
  * Leaves out: the backends themselves (ops_cpu.c, ops_cuda.c).
  */
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +25,18 @@ rl_ops_cuda_open(rl_ops **out, int device)
 #endif
 
 int
+rl_ops_device_ok(const char *d)
+{
+	size_t n;
+
+	if (strcmp(d, "cpu") == 0 || strcmp(d, "auto") == 0 || strcmp(d, "cuda") == 0)
+		return 1;
+	if (strncmp(d, "cuda:", 5) != 0 || (n = strspn(d + 5, "0123456789")) == 0 || d[5 + n] != '\0')
+		return 0;
+	return n <= 4 && atoi(d + 5) <= 1024;
+}
+
+int
 rl_ops_open(rl_ops **out, const char *device)
 {
 	int rv;
@@ -45,14 +56,12 @@ rl_ops_open(rl_ops **out, const char *device)
 	if (strncmp(device, "cuda", 4) == 0 && (device[4] == '\0' || device[4] == ':')) {
 		long n = 0;
 		if (device[4] == ':') {
-			char *end;
-			errno = 0;
-			n = strtol(device + 5, &end, 10);
-			if (device[5] < '0' || device[5] > '9' || *end != '\0' || errno != 0 || n > 1024) {
+			if (!rl_ops_device_ok(device)) {
 				rl_error("invalid device '%s'", device);
 				rl_hint("use cpu, cuda, cuda:N (N a device number) or auto");
 				return RL_EINVAL;
 			}
+			n = atoi(device + 5);
 		}
 		rv = rl_ops_cuda_open(out, (int)n);
 		if (rv == RL_ENOTSUP) {

@@ -393,6 +393,11 @@ struct rl_ops {
  * GPU, a CUDA build says so in one line on stderr.  *out is owned by the caller,
  * closed with rl_ops_close (NULL ok). */
 int rl_ops_open(rl_ops **out, const char *device);
+/* 1 when device is a name rl_ops_open takes ("cpu", "auto", "cuda", "cuda:N"
+ * with N of at most 4 digits and 1024), else 0; whether such a device exists
+ * is rl_ops_open's to find.  For option parsers: a typo is a usage error
+ * before anything loads. */
+int rl_ops_device_ok(const char *device);
 void rl_ops_close(rl_ops *o);
 
 /* The CPU backend (always present). */

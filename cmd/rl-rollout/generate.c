@@ -164,21 +164,6 @@ typedef struct prompt {
 	rl_traj_batch *out; /* queue mode: the group's records, put when complete */
 } prompt;
 
-/* --device's syntax, checked while parsing so that a typo is a usage error
- * (exit 2) and not a runtime failure after the model has loaded: cpu, auto,
- * cuda or cuda:N as rl_ops_open takes them. */
-static int
-device_ok(const char *d)
-{
-	size_t n;
-
-	if (strcmp(d, "cpu") == 0 || strcmp(d, "auto") == 0 || strcmp(d, "cuda") == 0)
-		return 1;
-	if (strncmp(d, "cuda:", 5) != 0 || (n = strspn(d + 5, "0123456789")) == 0 || d[5 + n] != '\0')
-		return 0;
-	return n <= 4 && atoi(d + 5) <= 1024;
-}
-
 static int
 usage_error(const char *fmt, const char *arg)
 {
@@ -1264,7 +1249,7 @@ rl_cmd_generate(int argc, char **argv)
 			g.go.kv_mem = kv;
 			break;
 		case O_DEVICE:
-			if (!device_ok(a))
+			if (!rl_ops_device_ok(a))
 				return usage_error("--device: want cpu, cuda, cuda:N or auto, not '%s'", a);
 			g.device = a;
 			break;

@@ -162,21 +162,6 @@ usage_error(const char *fmt, const char *arg)
 	return 2;
 }
 
-/* --device's syntax, checked while parsing so that a typo is a usage error
- * (exit 2) and not a runtime failure after the model has loaded: cpu, auto,
- * cuda or cuda:N as rl_ops_open takes them. */
-static int
-device_ok(const char *d)
-{
-	size_t n;
-
-	if (strcmp(d, "cpu") == 0 || strcmp(d, "auto") == 0 || strcmp(d, "cuda") == 0)
-		return 1;
-	if (strncmp(d, "cuda:", 5) != 0 || (n = strspn(d + 5, "0123456789")) == 0 || d[5 + n] != '\0')
-		return 0;
-	return n <= 4 && atoi(d + 5) <= 1024;
-}
-
 static int
 num(const char *s, double lo, double hi, double *out)
 {
@@ -227,7 +212,7 @@ main(int argc, char **argv)
 		case O_TOKENIZER: tokenizer = a; break;
 		case O_SEED: INT(0, 1.8e19); o.seed = (uint64_t)v; break;
 		case O_DEVICE:
-			if (!device_ok(a))
+			if (!rl_ops_device_ok(a))
 				return usage_error("--device: want cpu, cuda, cuda:N or auto, not '%s'", a);
 			o.device = a;
 			break;

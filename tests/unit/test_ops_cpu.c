@@ -186,6 +186,13 @@ test_memory(void)
 	T_EQ_INT(rl_ops_open(&o, "cuda:"), RL_EINVAL);
 	T_EQ_INT(rl_ops_open(&o, "cuda:-1"), RL_EINVAL);
 	T_EQ_INT(rl_ops_open(&o, "cudax"), RL_EINVAL);
+	T_EQ_INT(rl_ops_open(&o, "cuda:1025"), RL_EINVAL);
+	T_EQ_INT(rl_ops_open(&o, "cuda:1 "), RL_EINVAL);
+	/* the option parsers' check is the same: what it takes, rl_ops_open parses */
+	T_EQ_INT(rl_ops_device_ok("cpu") + rl_ops_device_ok("auto") + rl_ops_device_ok("cuda") +
+	    rl_ops_device_ok("cuda:0") + rl_ops_device_ok("cuda:1024"), 5);
+	T_EQ_INT(rl_ops_device_ok("cuda:1025") + rl_ops_device_ok("cuda:") + rl_ops_device_ok("cuda:x") +
+	    rl_ops_device_ok("cuda:-1") + rl_ops_device_ok("CPU") + rl_ops_device_ok("cuda:00001"), 0);
 	/* auto always gives a backend: CUDA where there is one, the CPU otherwise */
 	T_EQ_INT(rl_ops_open(&o, "auto"), 0);
 	T_OK(o != NULL && (strcmp(o->name, "cpu") == 0 || strcmp(o->name, "cuda") == 0), "auto opens cpu or cuda");
