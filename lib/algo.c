@@ -167,26 +167,10 @@ tok_reward(const float *reward, const float *kl, float kl_coef, const int *toff,
 	return r;
 }
 
-int
-rl_adv_remax_tok(float *adv_tok, const float *reward, const float *baseline, const float *kl,
-    float kl_coef, const int *toff, int S)
-{
-	if (S < 0 || toff[0] != 0)
-		return RL_EINVAL;
-	for (int s = 0; s < S; s++) {
-		double ret = 0;
-		if (toff[s + 1] < toff[s])
-			return RL_EINVAL;
-		for (int t = toff[s + 1] - 1; t >= toff[s]; t--) {
-			ret += tok_reward(reward, kl, kl_coef, toff, s, t);
-			adv_tok[t] = (float)(ret - baseline[s]);
-		}
-	}
-	return RL_OK;
-}
-
-int
-rl_adv_reinforcepp(float *adv_tok, const float *reward, const float *kl, float kl_coef,
+/* Per token: the reward-to-go of the token rewards discounted by gamma, less
+ * base[s] when base is given. */
+static int
+reward_to_go(float *adv_tok, const float *reward, const float *base, const float *kl, float kl_coef,
     const int *toff, int S, float gamma)
 {
 	if (S < 0 || toff[0] != 0)
@@ -197,11 +181,27 @@ rl_adv_reinforcepp(float *adv_tok, const float *reward, const float *kl, float k
 			return RL_EINVAL;
 		for (int t = toff[s + 1] - 1; t >= toff[s]; t--) {
 			ret = tok_reward(reward, kl, kl_coef, toff, s, t) + gamma * ret;
-			adv_tok[t] = (float)ret;
+			adv_tok[t] = (float)(base ? ret - base[s] : ret);
 		}
 	}
-	whiten_f32(adv_tok, toff[S]);
 	return RL_OK;
+}
+
+int
+rl_adv_remax_tok(float *adv_tok, const float *reward, const float *baseline, const float *kl,
+    float kl_coef, const int *toff, int S)
+{
+	return reward_to_go(adv_tok, reward, baseline, kl, kl_coef, toff, S, 1.0f);
+}
+
+int
+rl_adv_reinforcepp(float *adv_tok, const float *reward, const float *kl, float kl_coef,
+    const int *toff, int S, float gamma)
+{
+	int rv = reward_to_go(adv_tok, reward, NULL, kl, kl_coef, toff, S, gamma);
+	if (rv == RL_OK)
+		whiten_f32(adv_tok, toff[S]);
+	return rv;
 }
 
 int
