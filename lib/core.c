@@ -1,9 +1,11 @@
 /*
- * core.c — error strings, logging, checked allocation and size arithmetic.
+ * core.c — error strings, logging, checked allocation, size arithmetic and the
+ * stop signals.
  */
 #include "core.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,4 +224,19 @@ rl_f32_to_f16(float f)
 	}
 	uint32_t r = a + 0xfff + ((a >> 13) & 1) - 0x38000000u;
 	return (uint16_t)(sign | (r >> 13));
+}
+
+void
+rl_stop_signals(void (*h)(int), int sa_flags)
+{
+	struct sigaction sa, old;
+
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = h;
+	sa.sa_flags = sa_flags;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	if (sigaction(SIGINT, NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+		return;
+	sigaction(SIGINT, &sa, NULL);
 }

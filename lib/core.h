@@ -109,6 +109,13 @@ char *rl_xstrdup(const char *s);
 int rl_mul_size(size_t *out, size_t a, size_t b);
 int rl_add_size(size_t *out, size_t a, size_t b);
 
+/* The stop signals of a long-running stage: SIGTERM, and SIGINT, to handler h
+ * with sigaction flags sa_flags (an empty mask).  SIGINT stays ignored when
+ * the process started with it ignored, as a shell starts the background jobs
+ * of a script: a Ctrl-C is then the script's to act on (the recipes stop
+ * their workers first and the broker last), not every process's at once. */
+void rl_stop_signals(void (*h)(int), int sa_flags);
+
 /* Monotonic time in seconds / wall time in seconds since the epoch. */
 double rl_now(void);
 double rl_wall(void);

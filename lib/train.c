@@ -2174,20 +2174,12 @@ rl_train_run(const rl_train_opts *o)
 	if (o->queue_url && tr.rank > 0) {
 		/* data parallel: rank 0 leases and hands every lease to the others
 		 * (docs/parallel.md); a signal here is left to rank 0 to act on */
-		struct sigaction sa;
-		memset(&sa, 0, sizeof sa);
-		sa.sa_handler = on_train_signal;
-		sigaction(SIGINT, &sa, NULL);
-		sigaction(SIGTERM, &sa, NULL);
+		rl_stop_signals(on_train_signal, 0);
 		tr.qfollow = 1;
 		if ((rv = rl_traj_batch_create(&tr.lease.batch)) != 0 || (rv = rl_traj_create(&tr.qt)) != 0)
 			goto out;
 	} else if (o->queue_url) {
-		struct sigaction sa;
-		memset(&sa, 0, sizeof sa);
-		sa.sa_handler = on_train_signal;
-		sigaction(SIGINT, &sa, NULL);
-		sigaction(SIGTERM, &sa, NULL);
+		rl_stop_signals(on_train_signal, 0);
 		if ((rv = rl_qclient_open(&tr.qc, o->queue_url, NULL)) != 0 || (rv = rl_traj_create(&tr.qt)) != 0)
 			goto out;
 		rl_qclient_set_stop(tr.qc, &train_stop);
@@ -2199,12 +2191,7 @@ rl_train_run(const rl_train_opts *o)
 		/* SIGINT/SIGTERM: stop at the next step boundary (or record read) and
 		 * write a full checkpoint that --resume continues from; reads restart
 		 * (a blocked read waits for its data), a second signal ends at once */
-		struct sigaction sa;
-		memset(&sa, 0, sizeof sa);
-		sa.sa_handler = on_train_signal;
-		sa.sa_flags = SA_RESTART | SA_RESETHAND;
-		sigaction(SIGINT, &sa, NULL);
-		sigaction(SIGTERM, &sa, NULL);
+		rl_stop_signals(on_train_signal, SA_RESTART | SA_RESETHAND);
 		if ((rv = rl_io_fopen(&tr.in, o->input, "rb")) != 0)
 			goto out;
 		if ((rv = rl_traj_reader_open_file(&tr.rd, tr.in, o->input, NULL)) != 0)

@@ -98,7 +98,6 @@ rlq_serve_main(int argc, char **argv)
 	};
 	rl_qserve_config cfg = { .listen = "tcp://127.0.0.1:7400" };
 	const char *http = NULL;
-	struct sigaction sa;
 	rl_qserve *s = NULL;
 	rl_qhttp *hs = NULL;
 	int c, rv, http_public = 0, verbosity = RL_LOG_NORMAL;
@@ -191,10 +190,7 @@ rlq_serve_main(int argc, char **argv)
 		}
 	}
 
-	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = on_signal;
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
+	rl_stop_signals(on_signal, 0);
 	signal(SIGPIPE, SIG_IGN);
 
 	if ((rv = rl_qserve_open(&s, &cfg)) != 0)

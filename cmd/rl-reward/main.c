@@ -308,13 +308,7 @@ main(int argc, char **argv)
 		 * extended between them */
 		rl_reward_queue_opts qo = { .batch = (uint32_t)batch, .wait_ms = 500, .idle_exit_s = idle_exit,
 					    .chunk = exec_cmd ? 4u * (uint32_t)xo.workers : 0 };
-		struct sigaction sa;
-
-		memset(&sa, 0, sizeof sa);
-		sa.sa_handler = on_signal;
-		sigemptyset(&sa.sa_mask);
-		sigaction(SIGINT, &sa, NULL);
-		sigaction(SIGTERM, &sa, NULL);
+		rl_stop_signals(on_signal, 0);
 		if ((rv = rl_qclient_open(&qc, queue_url, NULL)) == 0)
 			rl_qclient_set_stop(qc, &stop_flag);
 		if (rv != 0) {

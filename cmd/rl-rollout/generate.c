@@ -1091,12 +1091,8 @@ run_queue(gen *g)
 	rl_traj *t = NULL;
 	int rv = RL_OK, G = g->n + (g->greedy ? 1 : 0);
 	double idle_since = rl_now(), last_prog = 0, empty_since = 0;
-	struct sigaction sa;
 
-	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = on_signal;
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
+	rl_stop_signals(on_signal, 0);
 	rl_qlease_init(&lease);
 	if ((rv = rl_qclient_open(&g->qc, g->queue_url, NULL)) == 0)
 		rl_qclient_set_stop(g->qc, &stop_requested);

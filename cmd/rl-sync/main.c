@@ -149,12 +149,7 @@ exit_code(int rv)
 static void
 install_signals(void)
 {
-	struct sigaction sa;
-
-	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = on_signal;
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
+	rl_stop_signals(on_signal, 0);
 	signal(SIGPIPE, SIG_IGN);
 }
 

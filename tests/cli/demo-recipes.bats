@@ -165,3 +165,32 @@ recipe_in() { # recipe_in OUT ARGS...: the recipe in another run directory
 	assert_output --partial "from step 0 to 3"
 	[ "$(readlink "$TD/c0/ckpt/latest")" = step-00000003 ]
 }
+
+@test "recipe: a Ctrl-C stops the workers before the broker: leases go back, nothing is left" {
+	# a terminal's Ctrl-C is a SIGINT to the whole foreground process group:
+	# make, the driver and its background jobs.  The jobs start with SIGINT
+	# ignored (a script's '&') and keep it so; the driver's trap stops the
+	# trainer, scorer and generator while the broker still answers, then the
+	# broker.  (They used to take the SIGINT too: the broker died with them and
+	# the workers spent ~20 s failing to hand their leases back.)
+	rl-reward gen-arith --n 400 --seed 3 --split train > "$TD/int1.jsonl"
+	for i in 1 2 3 4 5 6 7 8 9 10; do cat "$TD/int1.jsonl"; done > "$TD/int.jsonl"
+	setsid env --default-signal=INT make --no-print-directory -C pipelines/gsm8k MODEL="$TD/m0" \
+		DATA="$TD/int.jsonl" OUT="$TD/int" TASK=arith DEVICE=cpu BATCH=2 SAMPLES=2 MAX_TOKENS=4 CHAT=0 \
+		LR=1e-3 STEPS=1500 > "$TD/int.out" 2>&1 &
+	M=$!
+	for i in $(seq 600); do [ -L "$TD/int/ckpt/latest" ] && break; sleep 0.05; done
+	[ -L "$TD/int/ckpt/latest" ]
+	sleep 0.3
+	kill -INT -- -"$M"
+	st=0; wait "$M" || st=$?
+	[ "$st" -ne 0 ]
+	[ "$(readlink "$TD/int/ckpt/latest")" != step-00001500 ]
+	cat "$TD"/int/logs/*/*.log
+	run ! grep -E 'no reply from the broker|request failed|could not hand|cannot hand' "$TD"/int/logs/*/*.log
+	grep -q 'rl-train: .* steps; ' "$TD"/int/logs/*/train.log
+	left=$(ps -eo args= | grep -F -- "$TD/int" | grep -v grep || true)
+	[ -z "$left" ]
+	left=$(ps -eo args= | grep -F -- "$(cat "$TD/int/queue.url")" | grep -v grep || true)
+	[ -z "$left" ]
+}
