@@ -148,6 +148,6 @@ json.dump({"metadata": {}, "weight_map": m}, open(sys.argv[2], "w"))' "$TD/m0/mo
 	    --batch 4 --lr 3e-2 --metrics "$TD/m-ppo.jsonl" || true
 	[ "$(wc -l < "$TD/m-ppo.jsonl")" -eq 6 ]
 	grep -q "weights version 3 loaded from '$URL/v3'" "$TD/rollout-ppo.log"
-	! grep -qi "value_head" "$TD/rollout-ppo.log"
+	! grep -qi "value_head" "$TD/rollout-ppo.log" || false
 	[ -f "$TD/ck-ppo/step-00000005/value_head.safetensors" ]
 }

@@ -65,7 +65,7 @@ PY
 	# a curve is drawn: a rising score and a flat line give different images
 	printf '{"step":1,"critic/score/mean":0.5}\n{"step":2,"critic/score/mean":0.5}\n' > "$D/flat.jsonl"
 	make -s -f "$P/Makefile" METRICS=flat.jsonl OUT=flat KEYS=critic/score/mean 2>/dev/null
-	! cmp -s "$D/flat/critic_score_mean.png" "$D/plots/critic_score_mean.png"
+	! cmp -s "$D/flat/critic_score_mean.png" "$D/plots/critic_score_mean.png" || false
 }
 
 @test "a malformed metrics line is named by file and line; nothing is left half-made" {

@@ -39,7 +39,7 @@ for l in sys.stdin:
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 3 --max-tokens 6 --jsonl --seed 5 "$TD/p.jsonl"
 	[ "${#lines[@]}" -eq 9 ]
 	printf '%s\n' "${lines[@]}" | fields group_size version finish max_tokens > "$TD/f"
-	! grep -v '^3 \[0, 0\] "\(length\|eos\)" 6$' "$TD/f"
+	! grep -v '^3 \[0, 0\] "\(length\|eos\)" 6$' "$TD/f" || false
 	printf '%s\n' "${lines[@]}" | grep -q '"meta":{"answer":"46"}'
 	printf '%s\n' "${lines[@]}" | grep -q '"meta":{"reward_model":{"ground_truth":"x"},"data_source":"t"}'
 	printf '%s\n' "${lines[@]}" | grep -q '"prompt_text":"<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n"'
@@ -63,7 +63,7 @@ for l in sys.stdin:
 	cmp "$TD/a5" "$TD/b5"
 	rl-rollout -m "$TD/m0" -n 4 --max-tokens 8 --jsonl --seed 6 "$TD/p.jsonl" | fields index response logprobs | sort > "$TD/c"
 	cmp "$TD/a" "$TD/b"
-	! cmp -s "$TD/a" "$TD/c"
+	! cmp -s "$TD/a" "$TD/c" || false
 	[ "$(cut -d' ' -f2- "$TD/a" | sort -u | wc -l)" -ge 10 ]
 }
 

@@ -89,7 +89,7 @@ mk() { python3 tests/fixtures/train/mkscored.py "$@"; }
 	cmp "$TD/a/step-00000004/model.safetensors" "$TD/b/step-00000004/model.safetensors"
 	cmp "$TD/a/step-00000004/optimizer.safetensors" "$TD/b/step-00000004/optimizer.safetensors"
 	# and the weights did change
-	! cmp -s "$TD/m0/model.safetensors" "$TD/a/step-00000004/model.safetensors"
+	! cmp -s "$TD/m0/model.safetensors" "$TD/a/step-00000004/model.safetensors" || false
 }
 
 @test "--recompute: the same weights bit for bit, with fewer activation bytes (-v)" {
@@ -98,7 +98,7 @@ mk() { python3 tests/fixtures/train/mkscored.py "$@"; }
 	run -0 --separate-stderr rl-train -v -m "$TD/m0" --out "$TD/rc1" --batch 2 --lr 1e-3 --max-steps 3 \
 	    --ent-coef 0.01 --recompute --metrics /dev/null "$TD/scored.jsonl"
 	cmp "$TD/rc0/step-00000003/model.safetensors" "$TD/rc1/step-00000003/model.safetensors"
-	! cmp -s "$TD/m0/model.safetensors" "$TD/rc1/step-00000003/model.safetensors"
+	! cmp -s "$TD/m0/model.safetensors" "$TD/rc1/step-00000003/model.safetensors" || false
 	with=$(sed -n 's/.*activations: \([0-9.]*\) MiB.*recomputed.*/\1/p' <<< "$stderr")
 	run -0 --separate-stderr rl-train -v -m "$TD/m0" --out "$TD/rc2" --batch 2 --max-steps 1 \
 	    --metrics /dev/null "$TD/scored.jsonl"
@@ -133,7 +133,7 @@ mk() { python3 tests/fixtures/train/mkscored.py "$@"; }
 	    --lr 1e-2 --clip-low 0.1 --clip-high 0.1 --dual-clip 3 --ent-coef 0.01 --tis-cap 2 --metrics - "$TD/scored.jsonl"
 	[ "${#lines[@]}" -eq 2 ]
 	# the second pass sees a changed policy: ppo_kl is no longer exactly 0
-	! grep -q '"actor/ppo_kl":0,' <<< "${lines[0]}"
+	! grep -q '"actor/ppo_kl":0,' <<< "${lines[0]}" || false
 	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/klref" --batch 4 --kl k3 --kl-coef 0.1 --ref "$TD/m0" --metrics - "$TD/scored.jsonl"
 	[[ "${lines[0]}" == *'"actor/kl_loss":0,'* ]]  # policy == reference at step 1
 	[[ "${lines[1]}" == *'"actor/kl_loss":'* ]]
