@@ -7,13 +7,15 @@
  * num_attention_heads, intermediate_size (required); num_key_value_heads,
  * head_dim, rope_theta, rms_norm_eps, max_position_embeddings,
  * tie_word_embeddings, attention_bias, mlp_bias, hidden_act, rope_scaling,
+ * rope_parameters (transformers 5: rope_type and rope_theta in one object),
  * use_sliding_window, bos_token_id, eos_token_id, torch_dtype (optional, HF's
  * defaults).  Qwen2 always has q/k/v biases and no o_proj bias; Qwen3 always
  * has q/k RMSNorm.  GPT-2: vocab_size, n_embd, n_layer, n_head, n_positions
  * (required); n_inner, layer_norm_epsilon, activation_function,
  * tie_word_embeddings, bos/eos.  What we cannot compute the same way as
- * transformers (rope_scaling, sliding windows, mlp_bias, other activations) is
- * refused with RL_ENOTSUP rather than computed differently.
+ * transformers (a rope_type other than "default", sliding windows, mlp_bias,
+ * other activations) is refused with RL_ENOTSUP rather than computed
+ * differently.
  *
  * Leaves out: tokenizer settings, generation_config.json.
  */

@@ -328,7 +328,35 @@ test_config(void)
 	const char *rs = "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
 	    "\"num_attention_heads\":2,\"intermediate_size\":16,\"rope_scaling\":{\"type\":\"llama3\"}}";
 	CAPTURE(T_EQ_INT(rl_config_parse(&c, rs, strlen(rs), "'r.json'"), RL_ENOTSUP));
-	T_ERR_HAS("rope_scaling is not supported");
+	T_ERR_HAS("'r.json': rope_scaling with rope_type 'llama3' is not supported");
+	{
+		/* transformers 5 keeps the base in "rope_parameters" and writes no
+		 * top-level rope_theta: reading only the top level rotated by 10000 */
+		char b[700];
+		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":{\"rope_theta\":1000000.0,\"rope_type\":\"default\"}}",
+		    (int)strlen(q) - 1, q);
+		T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'v5.json'"), 0);
+		T_CLOSE(c.rope_theta, 1e6, 0, 0);
+		rl_config_fini(&c);
+		/* a Llama 3.2 config as transformers 5 writes it */
+		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":{\"factor\":32.0,\"rope_theta\":500000.0,"
+		    "\"rope_type\":\"llama3\"}}", (int)strlen(q) - 1, q);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'l3.json'"), RL_ENOTSUP));
+		T_ERR_HAS("'l3.json': rope_parameters with rope_type 'llama3' is not supported");
+		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":{\"rope_theta\":1e4,\"partial_rotary_factor\":0.5}}",
+		    (int)strlen(q) - 1, q);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'p.json'"), RL_ENOTSUP));
+		T_ERR_HAS("partial_rotary_factor other than 1 is not supported");
+		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":\"x\"}", (int)strlen(q) - 1, q);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'x.json'"), RL_EFORMAT));
+		T_ERR_HAS("key \"rope_parameters\" is not an object");
+		/* rope_type "default" is no scaling: transformers computes plain RoPE */
+		snprintf(b, sizeof b, "%.*s,\"rope_theta\":500000.0,\"rope_scaling\":{\"rope_type\":\"default\"}}",
+		    (int)strlen(q) - 1, q);
+		T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'d.json'"), 0);
+		T_CLOSE(c.rope_theta, 5e5, 0, 0);
+		rl_config_fini(&c);
+	}
 
 	const char *gqa = "{\"model_type\":\"qwen3\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
 	    "\"num_attention_heads\":3,\"num_key_value_heads\":2,\"intermediate_size\":16,\"head_dim\":4}";
