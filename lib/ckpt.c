@@ -144,8 +144,15 @@ remove_tree(const char *dir)
 	rmdir(dir);
 }
 
+/* The source directory's files a Hugging Face loader reads besides the weights.
+ * transformers >= 4.5x saves the chat template as chat_template.jinja, no longer
+ * inside tokenizer_config.json (processors: chat_template.json); sentencepiece
+ * tokenizers (Llama 2, Mistral) keep their model in tokenizer.model, slow ones
+ * their extra tokens in added_tokens.json.  Without them a saved policy has no
+ * chat template or no tokenizer in transformers. */
 static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json",
-	"special_tokens_map.json", "generation_config.json", "vocab.json", "merges.txt" };
+	"special_tokens_map.json", "generation_config.json", "vocab.json", "merges.txt",
+	"chat_template.jinja", "chat_template.json", "tokenizer.model", "added_tokens.json" };
 
 int
 rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)

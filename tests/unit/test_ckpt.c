@@ -85,6 +85,44 @@ round_trip(rl_ops *o, const char *fixture, const char *out)
 	rl_model_close(b);
 }
 
+/* The tokenizer's side files go with the weights: transformers >= 4.5x keeps
+ * the chat template in chat_template.jinja (not in tokenizer_config.json),
+ * sentencepiece models their vocabulary in tokenizer.model.  Both save paths
+ * (a directory, a weights version for rl-sync) carry each one present. */
+static void
+test_side_files(rl_ops *o)
+{
+	static const char *const side[] = { "tokenizer.json", "generation_config.json", "chat_template.jinja",
+		"chat_template.json", "tokenizer.model", "added_tokens.json" };
+	char src[600], dst[700], p[800], cmd[1600];
+	rl_model *m = NULL;
+	rl_wver *v = NULL;
+
+	snprintf(src, sizeof src, "%s/side-src", tmpd);
+	snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp tests/fixtures/qwen2/config.json tests/fixtures/qwen2/model.safetensors '%s/'",
+	    src, src);
+	T_EQ_INT(system(cmd), 0);
+	for (size_t k = 0; k < RL_ARRAY_LEN(side); k++) {
+		snprintf(p, sizeof p, "%s/%s", src, side[k]);
+		FILE *fp = fopen(p, "w");
+		T_OK(fp != NULL && fprintf(fp, "%s\n", side[k]) > 0 && fclose(fp) == 0, "cannot write %s", p);
+	}
+	T_EQ_INT(rl_model_open(&m, src, o), 0);
+	if (m == NULL)
+		return;
+	snprintf(dst, sizeof dst, "%s/side-dst", tmpd);
+	T_EQ_INT(rl_model_save(m, dst), 0);
+	T_EQ_INT(rl_ckpt_to_wver(m, 1, &v), 0);
+	for (size_t k = 0; k < RL_ARRAY_LEN(side); k++) {
+		snprintf(cmd, sizeof cmd, "cmp -s '%s/%s' '%s/%s'", src, side[k], dst, side[k]);
+		T_OK(system(cmd) == 0, "%s not copied into the saved directory", side[k]);
+		const rl_wblob *b = v ? rl_wver_find(v, side[k]) : NULL;
+		T_OK(b != NULL && b->size == strlen(side[k]) + 1, "%s not in the weights version", side[k]);
+	}
+	rl_wver_destroy(v);
+	rl_model_close(m);
+}
+
 static void
 test_random_and_optimizer(rl_ops *o)
 {
@@ -297,6 +335,7 @@ main(void)
 	} else {
 		printf("test_ckpt: no PyTorch at /usr/bin/python3; HF layout check by the reference skipped\n");
 	}
+	test_side_files(o);
 	test_random_and_optimizer(o);
 	rl_ops_close(o);
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpd);
