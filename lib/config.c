@@ -259,8 +259,9 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 		cfg->n_head = get_int(&c, "num_attention_heads", 1, 0);
 		cfg->intermediate_size = get_int(&c, "intermediate_size", 1, 0);
 		cfg->n_kv_head = get_int(&c, "num_key_value_heads", 0, cfg->n_head);
+		/* Qwen3Config defaults head_dim to 128, not hidden/heads as Llama and Qwen2 do */
 		cfg->head_dim = get_int(&c, "head_dim", 0,
-		    cfg->n_head > 0 ? cfg->hidden_size / cfg->n_head : 0);
+		    qwen3 ? 128 : cfg->n_head > 0 ? cfg->hidden_size / cfg->n_head : 0);
 		cfg->max_pos = get_int(&c, "max_position_embeddings", 0, qwen2 || qwen3 ? 32768 : 2048);
 		cfg->rope_theta = (float)get_rope(&c);
 		cfg->norm_eps = (float)get_num(&c, "rms_norm_eps", 1e-6);

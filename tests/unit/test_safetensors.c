@@ -383,6 +383,14 @@ test_config(void)
 	CAPTURE(T_EQ_INT(rl_config_parse(&c, "[1]", 3, "'x.json'"), RL_EFORMAT));
 	T_ERR_HAS("'x.json': not a JSON object");
 
+	/* a Qwen3 config without head_dim: transformers' Qwen3Config says 128 */
+	const char *q3 = "{\"model_type\":\"qwen3\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
+	    "\"num_attention_heads\":2,\"intermediate_size\":16}";
+	T_EQ_INT(rl_config_parse(&c, q3, strlen(q3), "'q3.json'"), 0);
+	T_EQ_INT(c.head_dim, 128);
+	T_EQ_INT(c.qk_norm, 1);
+	rl_config_fini(&c);
+
 	const char *g2 = "{\"model_type\":\"gpt2\",\"vocab_size\":10,\"n_embd\":8,\"n_layer\":1,\"n_head\":2,"
 	    "\"n_positions\":16,\"n_inner\":null}";
 	T_EQ_INT(rl_config_parse(&c, g2, strlen(g2), "'g2.json'"), 0);
