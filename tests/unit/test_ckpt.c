@@ -1,7 +1,7 @@
 /*
  * test_ckpt.c — checkpoints: save/load round trips (bf16 tied Qwen2, GPT-2
  * loaded without the "transformer." prefix and saved with it, Conv1D kept
- * [in, out] in the file), HF conventions in what is written (names, shapes,
+ * [in, out] in the file, f16 Llama read from two shards), HF conventions in what is written (names, shapes,
  * dtype, "format": "pt", no lm_head when tied, torch_dtype), atomicity
  * (existing directory refused, no temp left), `latest`, optimizer state, and
  * random init (deterministic by seed, HF's std, GPT-2's scaled projections).
@@ -325,12 +325,13 @@ main(void)
 	round_trip(o, "qwen2", "q2");
 	round_trip(o, "qwen3", "q3");
 	round_trip(o, "gpt2", "g2");
+	round_trip(o, "llama", "ll"); /* two f16 shards in, one f16 file out */
 	/* What HF would load: the PyTorch reference, reading parameters by their HF
 	 * names and layouts only, reproduces the fixtures' logits from what we saved. */
 	if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {
 		char py[1024];
 		snprintf(py, sizeof py, "/usr/bin/python3 tests/fixtures/check_saved.py qwen2_tied=%s/q2t "
-		    "qwen2=%s/q2 qwen3=%s/q3 gpt2=%s/g2", tmpd, tmpd, tmpd, tmpd);
+		    "qwen2=%s/q2 qwen3=%s/q3 gpt2=%s/g2 llama=%s/ll", tmpd, tmpd, tmpd, tmpd, tmpd);
 		T_EQ_INT(system(py), 0);
 	} else {
 		printf("test_ckpt: no PyTorch at /usr/bin/python3; HF layout check by the reference skipped\n");
