@@ -400,6 +400,15 @@ test_config(void)
 	rl_config_fini(&c);
 }
 
+/* rl_st_write fill: tensor i of the model, and at i == n its embedding again */
+typedef struct tied_ctx { rl_model *m; int n; } tied_ctx;
+static int
+fill_tied(void *ctx, int i, void *buf, size_t nbytes)
+{
+	tied_ctx *c = ctx;
+	return rl_model_get(c->m, i < c->n ? i : c->m->wte, RL_MODEL_PARAM, buf);
+}
+
 /* A copy of the qwen2 fixture with config.json edited by a sed expression. */
 static const char *
 model_variant(const char *name, const char *sed)
@@ -439,6 +448,32 @@ test_model_open(rl_ops *o)
 	d = model_variant("tied", "s/\"tie_word_embeddings\": false/\"tie_word_embeddings\": true/");
 	CAPTURE(T_EQ_INT(rl_model_open(&m, d, o), RL_EFORMAT));
 	T_ERR_HAS("tensor 'lm_head.weight' differs from the embedding");
+
+	/* tied config over a file that also stores the head, equal to the embedding
+	 * (what some exporters write): loads */
+	{
+		rl_model *t = NULL;
+		T_EQ_INT(rl_model_open(&t, "tests/fixtures/qwen2_tied", o), 0);
+		if (t != NULL) {
+			tied_ctx tc = { t, t->tt.n };
+			rl_st_entry *e = calloc((size_t)t->tt.n + 1, sizeof *e);
+			for (int i = 0; i <= t->tt.n; i++) {
+				const rl_tensor *x = &t->tt.t[i < t->tt.n ? i : t->wte];
+				e[i].name = i < t->tt.n ? x->name : "lm_head.weight";
+				e[i].dtype = RL_F32;
+				e[i].ndim = rl_tensor_file_shape(x, e[i].shape);
+			}
+			snprintf(cmd, sizeof cmd, "mkdir -p '%s/tiedsame' && cp tests/fixtures/qwen2_tied/config.json '%s/tiedsame/'",
+			    tmpd, tmpd);
+			T_EQ_INT(system(cmd), 0);
+			T_EQ_INT(rl_st_write(tpath("tiedsame/model.safetensors"), e, t->tt.n + 1, NULL, 0, fill_tied, &tc), 0);
+			rl_model_close(t);
+			t = NULL;
+			T_EQ_INT(rl_model_open(&t, tpath("tiedsame"), o), 0);
+			rl_model_close(t);
+			free(e);
+		}
+	}
 
 	/* shards: an index naming a missing shard, then a valid two-way split */
 	d = model_variant("shards", "s/x/x/");
