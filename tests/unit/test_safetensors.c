@@ -496,11 +496,28 @@ test_model_open(rl_ops *o)
 	CAPTURE(T_EQ_INT(rl_model_open(&m, d, o), RL_EFORMAT));
 	T_ERR_HAS("tensor 'model.nope' is not in the shard the index names");
 
+	/* model.safetensors beside an index whose shards were not fetched: transformers
+	 * loads model.safetensors, so do we */
+	d = model_variant("both", "s/x/x/");
+	snprintf(cmd, sizeof cmd, "cd '%s' && printf '%%s' "
+	    "'{\"weight_map\":{\"model.norm.weight\":\"model-00001-of-00002.safetensors\"}}' "
+	    "> model.safetensors.index.json", d);
+	T_EQ_INT(system(cmd), 0);
+	T_EQ_INT(rl_model_open(&m, d, o), 0);
+	rl_model_close(m);
+	m = NULL;
+
 	d = model_variant("missing", "s/x/x/");
 	snprintf(cmd, sizeof cmd, "rm '%s/model.safetensors'", d);
 	T_EQ_INT(system(cmd), 0);
 	CAPTURE(T_EQ_INT(rl_model_open(&m, d, o), RL_ENOENT));
 	T_ERR_HAS("missing/model.safetensors': No such file");
+	T_OK(strstr(errbuf, "hint") == NULL, "a hint without pickle weights: %s", errbuf);
+	/* only pickle weights: say so */
+	snprintf(cmd, sizeof cmd, "touch '%s/pytorch_model.bin'", d);
+	T_EQ_INT(system(cmd), 0);
+	CAPTURE(T_EQ_INT(rl_model_open(&m, d, o), RL_ENOENT));
+	T_ERR_HAS("has PyTorch pickle weights (pytorch_model.bin) only");
 }
 
 int
