@@ -373,6 +373,16 @@ dtype_torch(int dt)
 	return dt == RL_BF16 ? "bfloat16" : dt == RL_F16 ? "float16" : "float32";
 }
 
+/* The transformers class of the model, as "architectures" names it. */
+static const char *
+arch_class(const rl_config *c)
+{
+	if (c->arch == RL_ARCH_GPT2)
+		return "GPT2LMHeadModel";
+	return strcmp(c->model_type, "qwen2") == 0 ? "Qwen2ForCausalLM" :
+	    strcmp(c->model_type, "qwen3") == 0 ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+}
+
 char *
 rl_config_to_json(const rl_config *c)
 {
@@ -380,6 +390,15 @@ rl_config_to_json(const rl_config *c)
 	char *s;
 
 	if (c->raw != NULL && (root = cJSON_Parse(c->raw)) != NULL) {
+		/* a hand-written config (rl-train --init) may lack it: transformers'
+		 * Auto classes go by model_type, but vLLM and SGLang pick the model
+		 * class from "architectures" and refuse a config without one */
+		a = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+		if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) == 0) {
+			cJSON_DeleteItemFromObjectCaseSensitive(root, "architectures");
+			a = cJSON_AddArrayToObject(root, "architectures");
+			cJSON_AddItemToArray(a, cJSON_CreateString(arch_class(c)));
+		}
 		cJSON_DeleteItemFromObjectCaseSensitive(root, "torch_dtype");
 		cJSON_AddStringToObject(root, "torch_dtype", dtype_torch(c->dtype));
 		if (cJSON_GetObjectItemCaseSensitive(root, "dtype") != NULL) {
@@ -392,8 +411,8 @@ rl_config_to_json(const rl_config *c)
 	}
 	root = cJSON_CreateObject();
 	a = cJSON_AddArrayToObject(root, "architectures");
+	cJSON_AddItemToArray(a, cJSON_CreateString(arch_class(c)));
 	if (c->arch == RL_ARCH_GPT2) {
-		cJSON_AddItemToArray(a, cJSON_CreateString("GPT2LMHeadModel"));
 		cJSON_AddStringToObject(root, "model_type", "gpt2");
 		cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
 		cJSON_AddNumberToObject(root, "n_embd", c->hidden_size);
@@ -405,9 +424,6 @@ rl_config_to_json(const rl_config *c)
 		cJSON_AddNumberToObject(root, "layer_norm_epsilon", c->norm_eps);
 		cJSON_AddStringToObject(root, "activation_function", "gelu_new");
 	} else {
-		const char *arch = strcmp(c->model_type, "qwen2") == 0 ? "Qwen2ForCausalLM" :
-		    strcmp(c->model_type, "qwen3") == 0 ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
-		cJSON_AddItemToArray(a, cJSON_CreateString(arch));
 		cJSON_AddStringToObject(root, "model_type", c->model_type[0] ? c->model_type : "llama");
 		cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
 		cJSON_AddNumberToObject(root, "hidden_size", c->hidden_size);

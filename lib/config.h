@@ -60,8 +60,9 @@ int rl_config_load(rl_config *cfg, const char *path);
 /* rl_config_check validates sizes (positive, NH % NKV == 0, HD even, ...). */
 int rl_config_check(const rl_config *cfg, const char *what);
 /* rl_config_to_json returns a malloc'd config.json for cfg: the original text
- * with torch_dtype set when cfg->raw is set, else one written from the fields
- * with architectures and model_type.  Caller frees. */
+ * with torch_dtype set (and "architectures" added when it has none) when
+ * cfg->raw is set, else one written from the fields with architectures and
+ * model_type.  Caller frees. */
 char *rl_config_to_json(const rl_config *cfg);
 /* Frees cfg->raw (NULL-safe). */
 void rl_config_fini(rl_config *cfg);

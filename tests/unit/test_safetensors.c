@@ -311,6 +311,8 @@ test_config(void)
 		char *js = rl_config_to_json(&c);
 		T_OK(strstr(js, "\"dtype\":\t\"float16\"") != NULL && strstr(js, "\"torch_dtype\":\t\"float16\"") != NULL,
 		    "%s", js);
+		/* q has no "architectures" (as an rl-train --init config): vLLM needs one */
+		T_OK(strstr(js, "\"architectures\":\t[\"Qwen2ForCausalLM\"]") != NULL, "%s", js);
 		free(js);
 		rl_config_fini(&c);
 	}
