@@ -6,6 +6,7 @@
  * (existing directory refused, no temp left), `latest`, optimizer state, and
  * random init (deterministic by seed, HF's std, GPT-2's scaled projections).
  */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,24 @@ round_trip(rl_ops *o, const char *fixture, const char *out)
 		for (int i = 0; i < f->n; i++)
 			T_EQ_INT(f->t[i].dtype, a->cfg.dtype);
 		T_OK(strstr((const char *)f->map + 8, "\"format\":\"pt\"") != NULL, "no format=pt metadata");
+		/* the index names model.safetensors for each of its tensors and nothing
+		 * else (vLLM loads only the files an index names) */
+		char *ix = NULL;
+		size_t nix = 0, total = 0;
+		snprintf(p, sizeof p, "%s/model.safetensors.index.json", dst);
+		T_EQ_INT(rli_read_file(p, &ix, &nix, 1 << 20), 0);
+		cJSON *root = cJSON_Parse(ix ? ix : ""), *wm = cJSON_GetObjectItem(root, "weight_map"), *j;
+		T_EQ_INT(cJSON_GetArraySize(wm), f->n);
+		for (int i = 0; i < f->n; i++) {
+			j = cJSON_GetObjectItem(wm, f->t[i].name);
+			T_OK(cJSON_IsString(j) && strcmp(j->valuestring, "model.safetensors") == 0, "index: %s",
+			    f->t[i].name);
+			total += f->t[i].nbytes;
+		}
+		j = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "metadata"), "total_size");
+		T_OK(cJSON_IsNumber(j) && j->valuedouble == (double)total, "index total_size");
+		cJSON_Delete(root);
+		free(ix);
 		if (a->cfg.arch == RL_ARCH_GPT2) {
 			/* GPT2LMHeadModel's state_dict names, Conv1D weight [in, out] */
 			const rl_st_tensor *t = rl_st_find(f, "transformer.h.1.attn.c_attn.weight");
