@@ -161,6 +161,18 @@ get_rope(pctx *c)
 			}
 			return theta;
 		}
+		/* transformers 5 keys rope_parameters by layer type for models that
+		 * rotate sliding and full attention layers differently (Gemma 3): one
+		 * base would be wrong for some layers */
+		cJSON_ArrayForEach(v, o)
+			if (cJSON_IsObject(v)) {
+				if (c->rv == 0) {
+					rl_error("%s: key \"%s\" holds one set per layer type ('%s'), which is not supported",
+					    c->what, keys[k], v->string);
+					c->rv = RL_ENOTSUP;
+				}
+				return theta;
+			}
 		if ((ty = cJSON_GetObjectItemCaseSensitive(o, "rope_type")) == NULL)
 			ty = cJSON_GetObjectItemCaseSensitive(o, "type");
 		if (ty != NULL && !cJSON_IsNull(ty) && (!cJSON_IsString(ty) || strcmp(ty->valuestring, "default") != 0)) {

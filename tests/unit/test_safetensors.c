@@ -349,6 +349,10 @@ test_config(void)
 		    (int)strlen(q) - 1, q);
 		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'p.json'"), RL_ENOTSUP));
 		T_ERR_HAS("partial_rotary_factor other than 1 is not supported");
+		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":{\"full_attention\":{\"rope_theta\":1e6},"
+		    "\"sliding_attention\":{\"rope_theta\":1e4}}}", (int)strlen(q) - 1, q);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'n.json'"), RL_ENOTSUP));
+		T_ERR_HAS("key \"rope_parameters\" holds one set per layer type ('full_attention')");
 		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":\"x\"}", (int)strlen(q) - 1, q);
 		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'x.json'"), RL_EFORMAT));
 		T_ERR_HAS("key \"rope_parameters\" is not an object");
