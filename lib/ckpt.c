@@ -144,8 +144,35 @@ remove_tree(const char *dir)
 	rmdir(dir);
 }
 
+/* The source directory's files a Hugging Face loader reads besides the weights.
+ * transformers >= 4.5x saves the chat template as chat_template.jinja, no longer
+ * inside tokenizer_config.json (processors: chat_template.json); sentencepiece
+ * tokenizers (Llama 2, Mistral) keep their model in tokenizer.model, slow ones
+ * their extra tokens in added_tokens.json.  Without them a saved policy has no
+ * chat template or no tokenizer in transformers. */
 static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json",
-	"special_tokens_map.json", "generation_config.json", "vocab.json", "merges.txt" };
+	"special_tokens_map.json", "generation_config.json", "vocab.json", "merges.txt",
+	"chat_template.jinja", "chat_template.json", "tokenizer.model", "added_tokens.json" };
+
+/* model.safetensors.index.json (cJSON_free) mapping the first nhf tensors of
+ * m's table to model.safetensors, total_size their bytes in dtype. */
+static char *
+index_json(const rl_model *m, int nhf, int dtype)
+{
+	cJSON *root = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(root, "metadata");
+	cJSON *wm = cJSON_AddObjectToObject(root, "weight_map");
+	size_t total = 0;
+	char *js;
+
+	for (int i = 0; i < nhf; i++) {
+		total += m->tt.t[i].n * rl_dtype_size(dtype);
+		cJSON_AddStringToObject(wm, m->tt.t[i].name, "model.safetensors");
+	}
+	cJSON_AddNumberToObject(md, "total_size", (double)total);
+	js = cJSON_Print(root);
+	cJSON_Delete(root);
+	return js;
+}
 
 int
 rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
@@ -154,10 +181,11 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 	fill_ctx fc = { .m = m, .dtype = m->cfg.dtype };
 	char *p = NULL, *js = NULL, stepbuf[32];
 	size_t maxn = 0;
-	int rv, n = m->tt.n, nhf = 0;
+	int rv, n = m->tt.n, nhf = 0, wdtype;
 
 	if (fc.dtype != RL_F32 && fc.dtype != RL_BF16 && fc.dtype != RL_F16)
 		fc.dtype = RL_F32;
+	wdtype = fc.dtype;
 	for (int i = 0; i < n; i++)
 		maxn = RL_MAX(maxn, m->tt.t[i].n);
 	if ((fc.buf = rl_try_malloc(maxn * sizeof(float), "checkpoint buffer")) == NULL)
@@ -221,6 +249,20 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 		char st[64];
 		snprintf(st, sizeof st, "{\"global_step\": %d}", m->step);
 		if ((rv = write_text(p, st)) != 0)
+			goto out;
+	}
+	/* vLLM and SGLang load every *.safetensors of a directory without an
+	 * index, optimizer and value head state included, and fail on their
+	 * names; an index naming model.safetensors limits them to it
+	 * (transformers reads model.safetensors first, the index is unused).
+	 * Written in every directory so all versions hold the same files. */
+	free(p);
+	p = join(tmp, "model.safetensors.index.json");
+	{
+		char *ix = index_json(m, nhf, wdtype);
+		rv = write_text(p, ix);
+		cJSON_free(ix);
+		if (rv != 0)
 			goto out;
 	}
 	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
@@ -481,6 +523,19 @@ rl_ckpt_to_wver(rl_model *m, uint64_t version, rl_wver **out)
 	img = NULL; /* the version's now, or freed on failure */
 	if (rv != 0)
 		goto out;
+	{
+		/* with the newline write_text adds in a directory */
+		char *ix = index_json(m, nhf, fc.dtype);
+		size_t nix = strlen(ix);
+		char *ixn = rl_xmalloc(nix + 2);
+		memcpy(ixn, ix, nix);
+		ixn[nix] = '\n';
+		cJSON_free(ix);
+		rv = rl_wver_add_blob(v, "model.safetensors.index.json", ixn, nix + 1, 1, 1);
+		free(ixn);
+		if (rv != 0)
+			goto out;
+	}
 	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
 		char *src = join(m->src_dir, tok_files[k]);
 		if (access(src, R_OK) == 0) {

@@ -13,6 +13,9 @@
  *                         trainer_state.json {"global_step": N}
  *                         value_head.safetensors (f32) when the model has a
  *                         value head (PPO; RL_T_AUX tensors, model.h)
+ *                         model.safetensors.index.json naming model.safetensors
+ *                         for every model tensor (vLLM and SGLang would load
+ *                         the other .safetensors files as weights without it)
  *   ROOT/latest           symbolic link "step-00000100" to the newest complete one
  * A directory is complete once it has its name: it is written as
  * ROOT/.step-00000100.tmp.PID, fsync'd, then renamed; `latest` is replaced by

@@ -136,6 +136,74 @@ unsupported(pctx *c, const char *what)
 	return c->rv;
 }
 
+/* The RoPE base.  transformers < 5 writes "rope_theta" and "rope_scaling"
+ * (null, or an object with "rope_type" / legacy "type") at the top level;
+ * transformers 5 writes one "rope_parameters" object holding "rope_type",
+ * "rope_theta" and the scaling keys, and no top-level rope_theta: reading
+ * only the top level would rotate by the default base 10000 and compute
+ * different logits without a word.  rope_type "default" (or absent) is the
+ * plain rotation; any other (llama3, linear, dynamic, yarn, ...) and a
+ * partial_rotary_factor other than 1 are refused. */
+static double
+get_rope(pctx *c)
+{
+	static const char *const keys[2] = { "rope_scaling", "rope_parameters" };
+	double theta = get_num(c, "rope_theta", 10000.0);
+
+	for (int k = 0; k < 2; k++) {
+		const cJSON *o = cJSON_GetObjectItemCaseSensitive(c->root, keys[k]), *ty, *v;
+		if (o == NULL || cJSON_IsNull(o))
+			continue;
+		if (!cJSON_IsObject(o)) {
+			if (c->rv == 0) {
+				rl_error("%s: key \"%s\" is not an object", c->what, keys[k]);
+				c->rv = RL_EFORMAT;
+			}
+			return theta;
+		}
+		/* transformers 5 keys rope_parameters by layer type for models that
+		 * rotate sliding and full attention layers differently (Gemma 3): one
+		 * base would be wrong for some layers */
+		cJSON_ArrayForEach(v, o)
+			if (cJSON_IsObject(v)) {
+				if (c->rv == 0) {
+					rl_error("%s: key \"%s\" holds one set per layer type ('%s'), which is not supported",
+					    c->what, keys[k], v->string);
+					c->rv = RL_ENOTSUP;
+				}
+				return theta;
+			}
+		if ((ty = cJSON_GetObjectItemCaseSensitive(o, "rope_type")) == NULL)
+			ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+		if (ty != NULL && !cJSON_IsNull(ty) && (!cJSON_IsString(ty) || strcmp(ty->valuestring, "default") != 0)) {
+			if (c->rv == 0) {
+				rl_error("%s: %s with rope_type '%s' is not supported", c->what, keys[k],
+				    cJSON_IsString(ty) ? ty->valuestring : "?");
+				rl_hint("only the plain rotary embedding (rope_type \"default\") is implemented");
+				c->rv = RL_ENOTSUP;
+			}
+			return theta;
+		}
+		v = cJSON_GetObjectItemCaseSensitive(o, "partial_rotary_factor");
+		if (v != NULL && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 1.0)) {
+			unsupported(c, "partial_rotary_factor other than 1");
+			return theta;
+		}
+		v = cJSON_GetObjectItemCaseSensitive(o, "rope_theta");
+		if (v != NULL && !cJSON_IsNull(v)) {
+			if (!cJSON_IsNumber(v)) {
+				if (c->rv == 0) {
+					rl_error("%s: key \"%s\": \"rope_theta\" is not a number", c->what, keys[k]);
+					c->rv = RL_EFORMAT;
+				}
+				return theta;
+			}
+			theta = v->valuedouble;
+		}
+	}
+	return theta;
+}
+
 void
 rl_config_fini(rl_config *cfg)
 {
@@ -203,10 +271,11 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 		cfg->n_head = get_int(&c, "num_attention_heads", 1, 0);
 		cfg->intermediate_size = get_int(&c, "intermediate_size", 1, 0);
 		cfg->n_kv_head = get_int(&c, "num_key_value_heads", 0, cfg->n_head);
+		/* Qwen3Config defaults head_dim to 128, not hidden/heads as Llama and Qwen2 do */
 		cfg->head_dim = get_int(&c, "head_dim", 0,
-		    cfg->n_head > 0 ? cfg->hidden_size / cfg->n_head : 0);
+		    qwen3 ? 128 : cfg->n_head > 0 ? cfg->hidden_size / cfg->n_head : 0);
 		cfg->max_pos = get_int(&c, "max_position_embeddings", 0, qwen2 || qwen3 ? 32768 : 2048);
-		cfg->rope_theta = (float)get_num(&c, "rope_theta", 10000.0);
+		cfg->rope_theta = (float)get_rope(&c);
 		cfg->norm_eps = (float)get_num(&c, "rms_norm_eps", 1e-6);
 		cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", 0);
 		cfg->bos_id = get_int(&c, "bos_token_id", 0, -1);
@@ -222,9 +291,6 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 		s = get_str(&c, "hidden_act");
 		if (s != NULL && strcmp(s, "silu") != 0)
 			unsupported(&c, "hidden_act other than silu");
-		const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-		if (rs != NULL && !cJSON_IsNull(rs))
-			unsupported(&c, "rope_scaling");
 		if (get_bool(&c, "use_sliding_window", 0))
 			unsupported(&c, "use_sliding_window");
 	} else {
@@ -319,6 +385,16 @@ dtype_torch(int dt)
 	return dt == RL_BF16 ? "bfloat16" : dt == RL_F16 ? "float16" : "float32";
 }
 
+/* The transformers class of the model, as "architectures" names it. */
+static const char *
+arch_class(const rl_config *c)
+{
+	if (c->arch == RL_ARCH_GPT2)
+		return "GPT2LMHeadModel";
+	return strcmp(c->model_type, "qwen2") == 0 ? "Qwen2ForCausalLM" :
+	    strcmp(c->model_type, "qwen3") == 0 ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+}
+
 char *
 rl_config_to_json(const rl_config *c)
 {
@@ -326,6 +402,15 @@ rl_config_to_json(const rl_config *c)
 	char *s;
 
 	if (c->raw != NULL && (root = cJSON_Parse(c->raw)) != NULL) {
+		/* a hand-written config (rl-train --init) may lack it: transformers'
+		 * Auto classes go by model_type, but vLLM and SGLang pick the model
+		 * class from "architectures" and refuse a config without one */
+		a = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+		if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) == 0) {
+			cJSON_DeleteItemFromObjectCaseSensitive(root, "architectures");
+			a = cJSON_AddArrayToObject(root, "architectures");
+			cJSON_AddItemToArray(a, cJSON_CreateString(arch_class(c)));
+		}
 		cJSON_DeleteItemFromObjectCaseSensitive(root, "torch_dtype");
 		cJSON_AddStringToObject(root, "torch_dtype", dtype_torch(c->dtype));
 		if (cJSON_GetObjectItemCaseSensitive(root, "dtype") != NULL) {
@@ -338,8 +423,8 @@ rl_config_to_json(const rl_config *c)
 	}
 	root = cJSON_CreateObject();
 	a = cJSON_AddArrayToObject(root, "architectures");
+	cJSON_AddItemToArray(a, cJSON_CreateString(arch_class(c)));
 	if (c->arch == RL_ARCH_GPT2) {
-		cJSON_AddItemToArray(a, cJSON_CreateString("GPT2LMHeadModel"));
 		cJSON_AddStringToObject(root, "model_type", "gpt2");
 		cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
 		cJSON_AddNumberToObject(root, "n_embd", c->hidden_size);
@@ -351,9 +436,6 @@ rl_config_to_json(const rl_config *c)
 		cJSON_AddNumberToObject(root, "layer_norm_epsilon", c->norm_eps);
 		cJSON_AddStringToObject(root, "activation_function", "gelu_new");
 	} else {
-		const char *arch = strcmp(c->model_type, "qwen2") == 0 ? "Qwen2ForCausalLM" :
-		    strcmp(c->model_type, "qwen3") == 0 ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
-		cJSON_AddItemToArray(a, cJSON_CreateString(arch));
 		cJSON_AddStringToObject(root, "model_type", c->model_type[0] ? c->model_type : "llama");
 		cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
 		cJSON_AddNumberToObject(root, "hidden_size", c->hidden_size);

@@ -7,13 +7,15 @@
  * num_attention_heads, intermediate_size (required); num_key_value_heads,
  * head_dim, rope_theta, rms_norm_eps, max_position_embeddings,
  * tie_word_embeddings, attention_bias, mlp_bias, hidden_act, rope_scaling,
+ * rope_parameters (transformers 5: rope_type and rope_theta in one object),
  * use_sliding_window, bos_token_id, eos_token_id, torch_dtype (optional, HF's
  * defaults).  Qwen2 always has q/k/v biases and no o_proj bias; Qwen3 always
  * has q/k RMSNorm.  GPT-2: vocab_size, n_embd, n_layer, n_head, n_positions
  * (required); n_inner, layer_norm_epsilon, activation_function,
  * tie_word_embeddings, bos/eos.  What we cannot compute the same way as
- * transformers (rope_scaling, sliding windows, mlp_bias, other activations) is
- * refused with RL_ENOTSUP rather than computed differently.
+ * transformers (a rope_type other than "default", sliding windows, mlp_bias,
+ * other activations) is refused with RL_ENOTSUP rather than computed
+ * differently.
  *
  * Leaves out: tokenizer settings, generation_config.json.
  */
@@ -58,8 +60,9 @@ int rl_config_load(rl_config *cfg, const char *path);
 /* rl_config_check validates sizes (positive, NH % NKV == 0, HD even, ...). */
 int rl_config_check(const rl_config *cfg, const char *what);
 /* rl_config_to_json returns a malloc'd config.json for cfg: the original text
- * with torch_dtype set when cfg->raw is set, else one written from the fields
- * with architectures and model_type.  Caller frees. */
+ * with torch_dtype set (and "architectures" added when it has none) when
+ * cfg->raw is set, else one written from the fields with architectures and
+ * model_type.  Caller frees. */
 char *rl_config_to_json(const rl_config *cfg);
 /* Frees cfg->raw (NULL-safe). */
 void rl_config_fini(rl_config *cfg);

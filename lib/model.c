@@ -598,25 +598,36 @@ known_extra(const char *name)
 	    strstr(name, "rotary_emb.inv_freq") != NULL;
 }
 
-/* lm_head.weight present in a tied model: it must be the embedding. */
+/* lm_head.weight present in a tied model: it must be the embedding.  buf
+ * holds at least the embedding's elements; the embedding is read back only
+ * here, so a file without the head (the usual tied one) costs no second
+ * (V, C) buffer. */
 static int
-check_tied_head(rl_model *m, const rl_st_set *set, const float *wte, float *buf)
+check_tied_head(rl_model *m, const rl_st_set *set, float *buf)
 {
 	const char *file;
 	const rl_st_tensor *st = rl_st_set_find(set, "lm_head.weight", &file);
 	const rl_tensor *t = &m->tt.t[m->wte];
-	int rv;
+	float *wte = NULL;
+	int rv = RL_OK;
 
 	if (st == NULL)
 		return RL_OK;
-	if (st->nelem != t->n || (rv = rl_st_to_f32(buf, st, 0, t->n)) != 0 ||
-	    memcmp(buf, wte, t->n * sizeof(float)) != 0) {
-		rl_error("'%s': tensor 'lm_head.weight' differs from the embedding but "
-		    "tie_word_embeddings is true", file);
-		rl_hint("set \"tie_word_embeddings\": false in config.json to load a separate head");
-		return RL_EFORMAT;
+	if (st->nelem == t->n && rl_st_to_f32(buf, st, 0, t->n) == 0) {
+		if ((wte = rl_try_malloc(t->n * sizeof(float), "tied head check")) == NULL)
+			return RL_ENOMEM;
+		if ((rv = rl_model_get(m, m->wte, RL_MODEL_PARAM, wte)) != 0)
+			goto out;
+		if (memcmp(buf, wte, t->n * sizeof(float)) == 0)
+			goto out;
 	}
-	return RL_OK;
+	rl_error("'%s': tensor 'lm_head.weight' differs from the embedding but "
+	    "tie_word_embeddings is true", file);
+	rl_hint("set \"tie_word_embeddings\": false in config.json to load a separate head");
+	rv = RL_EFORMAT;
+out:
+	free(wte);
+	return rv;
 }
 
 int
@@ -642,7 +653,7 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 	rl_config cfg = { 0 };
 	rl_model *m = NULL;
 	rl_st_set *set = NULL;
-	float *buf = NULL, *wte = NULL;
+	float *buf = NULL;
 	char *path = NULL;
 	size_t maxn = 0, plen = strlen(dir) + 32;
 	int rv, used = 0, total = 0;
@@ -660,8 +671,7 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 	m->src_dir = rl_xstrdup(dir);
 	for (int i = 0; i < m->tt.n; i++)
 		maxn = RL_MAX(maxn, m->tt.t[i].n);
-	if ((buf = rl_try_malloc(maxn * sizeof(float), "load buffer")) == NULL ||
-	    (wte = rl_try_malloc(m->tt.t[m->wte].n * sizeof(float), "load buffer")) == NULL) {
+	if ((buf = rl_try_malloc(maxn * sizeof(float), "load buffer")) == NULL) {
 		rv = RL_ENOMEM;
 		goto out;
 	}
@@ -701,13 +711,11 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 		}
 		if ((rv = rl_check_finite(buf, st->nelem, file, st->name)) != 0)
 			goto out;
-		if (i == m->wte)
-			memcpy(wte, buf, t->n * sizeof(float));
 		if ((rv = rl_model_set(m, i, buf)) != 0)
 			goto out;
 		used++;
 	}
-	if (m->cfg.tie_embeddings && (rv = check_tied_head(m, set, wte, buf)) != 0)
+	if (m->cfg.tie_embeddings && (rv = check_tied_head(m, set, buf)) != 0)
 		goto out;
 	for (int f = 0; f < set->nfiles; f++)
 		for (int j = 0; j < set->files[f]->n; j++) {
@@ -728,7 +736,6 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 	m = NULL;
 out:
 	free(buf);
-	free(wte);
 	free(path);
 	rl_st_set_close(set);
 	rl_config_fini(&cfg);

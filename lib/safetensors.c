@@ -323,11 +323,20 @@ rl_st_set_open(rl_st_set **out, const char *dir)
 	int rv, n = 0;
 
 	*out = NULL;
-	if (access(ipath, F_OK) != 0) {
+	p = path_join(dir, "model.safetensors");
+	/* transformers' order: model.safetensors when present, else the index
+	 * (a directory may hold both, or an index whose shards were not fetched) */
+	if (access(p, F_OK) == 0 || access(ipath, F_OK) != 0) {
 		s->files = rl_xcalloc(1, sizeof *s->files);
-		p = path_join(dir, "model.safetensors");
-		if ((rv = rl_st_open(&s->files[0], p)) != 0)
+		if ((rv = rl_st_open(&s->files[0], p)) != 0) {
+			char *bin = path_join(dir, "pytorch_model.bin"), *bidx = path_join(dir, "pytorch_model.bin.index.json");
+			if (rv == RL_ENOENT && (access(bin, F_OK) == 0 || access(bidx, F_OK) == 0))
+				rl_hint("'%s' has PyTorch pickle weights (pytorch_model.bin) only: save the model "
+				    "with safe_serialization=True (save_pretrained's default) to get model.safetensors", dir);
+			free(bin);
+			free(bidx);
 			goto out;
+		}
 		s->nfiles = 1;
 		goto done;
 	}

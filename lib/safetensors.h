@@ -63,9 +63,10 @@ typedef struct rl_st_set {
 	rl_st_file **files;
 	int nfiles;
 } rl_st_set;
-/* rl_st_set_open opens DIR/model.safetensors.index.json when present (every
- * shard it names must exist, every tensor it maps must be in its shard), else
- * DIR/model.safetensors.  A name present in two shards is an error. */
+/* rl_st_set_open opens DIR/model.safetensors when present, else
+ * DIR/model.safetensors.index.json (every shard it names must exist, every
+ * tensor it maps must be in its shard), the order transformers loads them in.
+ * A name present in two shards is an error. */
 int rl_st_set_open(rl_st_set **out, const char *dir);
 void rl_st_set_close(rl_st_set *s);
 /* Lookup over all files; *file (optional) receives the file's path. */

@@ -1,11 +1,12 @@
 /*
  * test_ckpt.c — checkpoints: save/load round trips (bf16 tied Qwen2, GPT-2
  * loaded without the "transformer." prefix and saved with it, Conv1D kept
- * [in, out] in the file), HF conventions in what is written (names, shapes,
+ * [in, out] in the file, f16 Llama read from two shards), HF conventions in what is written (names, shapes,
  * dtype, "format": "pt", no lm_head when tied, torch_dtype), atomicity
  * (existing directory refused, no temp left), `latest`, optimizer state, and
  * random init (deterministic by seed, HF's std, GPT-2's scaled projections).
  */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,24 @@ round_trip(rl_ops *o, const char *fixture, const char *out)
 		for (int i = 0; i < f->n; i++)
 			T_EQ_INT(f->t[i].dtype, a->cfg.dtype);
 		T_OK(strstr((const char *)f->map + 8, "\"format\":\"pt\"") != NULL, "no format=pt metadata");
+		/* the index names model.safetensors for each of its tensors and nothing
+		 * else (vLLM loads only the files an index names) */
+		char *ix = NULL;
+		size_t nix = 0, total = 0;
+		snprintf(p, sizeof p, "%s/model.safetensors.index.json", dst);
+		T_EQ_INT(rli_read_file(p, &ix, &nix, 1 << 20), 0);
+		cJSON *root = cJSON_Parse(ix ? ix : ""), *wm = cJSON_GetObjectItem(root, "weight_map"), *j;
+		T_EQ_INT(cJSON_GetArraySize(wm), f->n);
+		for (int i = 0; i < f->n; i++) {
+			j = cJSON_GetObjectItem(wm, f->t[i].name);
+			T_OK(cJSON_IsString(j) && strcmp(j->valuestring, "model.safetensors") == 0, "index: %s",
+			    f->t[i].name);
+			total += f->t[i].nbytes;
+		}
+		j = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "metadata"), "total_size");
+		T_OK(cJSON_IsNumber(j) && j->valuedouble == (double)total, "index total_size");
+		cJSON_Delete(root);
+		free(ix);
 		if (a->cfg.arch == RL_ARCH_GPT2) {
 			/* GPT2LMHeadModel's state_dict names, Conv1D weight [in, out] */
 			const rl_st_tensor *t = rl_st_find(f, "transformer.h.1.attn.c_attn.weight");
@@ -83,6 +102,44 @@ round_trip(rl_ops *o, const char *fixture, const char *out)
 	rl_st_close(f);
 	rl_model_close(a);
 	rl_model_close(b);
+}
+
+/* The tokenizer's side files go with the weights: transformers >= 4.5x keeps
+ * the chat template in chat_template.jinja (not in tokenizer_config.json),
+ * sentencepiece models their vocabulary in tokenizer.model.  Both save paths
+ * (a directory, a weights version for rl-sync) carry each one present. */
+static void
+test_side_files(rl_ops *o)
+{
+	static const char *const side[] = { "tokenizer.json", "generation_config.json", "chat_template.jinja",
+		"chat_template.json", "tokenizer.model", "added_tokens.json" };
+	char src[600], dst[700], p[800], cmd[1600];
+	rl_model *m = NULL;
+	rl_wver *v = NULL;
+
+	snprintf(src, sizeof src, "%s/side-src", tmpd);
+	snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp tests/fixtures/qwen2/config.json tests/fixtures/qwen2/model.safetensors '%s/'",
+	    src, src);
+	T_EQ_INT(system(cmd), 0);
+	for (size_t k = 0; k < RL_ARRAY_LEN(side); k++) {
+		snprintf(p, sizeof p, "%s/%s", src, side[k]);
+		FILE *fp = fopen(p, "w");
+		T_OK(fp != NULL && fprintf(fp, "%s\n", side[k]) > 0 && fclose(fp) == 0, "cannot write %s", p);
+	}
+	T_EQ_INT(rl_model_open(&m, src, o), 0);
+	if (m == NULL)
+		return;
+	snprintf(dst, sizeof dst, "%s/side-dst", tmpd);
+	T_EQ_INT(rl_model_save(m, dst), 0);
+	T_EQ_INT(rl_ckpt_to_wver(m, 1, &v), 0);
+	for (size_t k = 0; k < RL_ARRAY_LEN(side); k++) {
+		snprintf(cmd, sizeof cmd, "cmp -s '%s/%s' '%s/%s'", src, side[k], dst, side[k]);
+		T_OK(system(cmd) == 0, "%s not copied into the saved directory", side[k]);
+		const rl_wblob *b = v ? rl_wver_find(v, side[k]) : NULL;
+		T_OK(b != NULL && b->size == strlen(side[k]) + 1, "%s not in the weights version", side[k]);
+	}
+	rl_wver_destroy(v);
+	rl_model_close(m);
 }
 
 static void
@@ -287,16 +344,18 @@ main(void)
 	round_trip(o, "qwen2", "q2");
 	round_trip(o, "qwen3", "q3");
 	round_trip(o, "gpt2", "g2");
+	round_trip(o, "llama", "ll"); /* two f16 shards in, one f16 file out */
 	/* What HF would load: the PyTorch reference, reading parameters by their HF
 	 * names and layouts only, reproduces the fixtures' logits from what we saved. */
 	if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {
 		char py[1024];
 		snprintf(py, sizeof py, "/usr/bin/python3 tests/fixtures/check_saved.py qwen2_tied=%s/q2t "
-		    "qwen2=%s/q2 qwen3=%s/q3 gpt2=%s/g2", tmpd, tmpd, tmpd, tmpd);
+		    "qwen2=%s/q2 qwen3=%s/q3 gpt2=%s/g2 llama=%s/ll", tmpd, tmpd, tmpd, tmpd, tmpd);
 		T_EQ_INT(system(py), 0);
 	} else {
 		printf("test_ckpt: no PyTorch at /usr/bin/python3; HF layout check by the reference skipped\n");
 	}
+	test_side_files(o);
 	test_random_and_optimizer(o);
 	rl_ops_close(o);
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpd);

@@ -2,7 +2,9 @@
  * test_model.c — the C model against the golden fixtures of
  * tests/fixtures/make_fixtures.py (float64 PyTorch re-implementations of HF
  * Qwen2, Qwen2 tied + bf16 checkpoint, Qwen3 with q/k-norm, GPT-2 with Conv1D
- * names without the "transformer." prefix):
+ * names without the "transformer." prefix, Llama with q/k/v/o biases, one
+ * key/value head, an f16 checkpoint in two shards and the RoPE base in
+ * rope_parameters):
  *   - training forward on a packed + padded batch: per-token log-probs and
  *     entropy at temperature 0.8, and the loss built from them;
  *   - backward: every parameter's gradient;
@@ -483,6 +485,7 @@ main(void)
 	test_fixture(o, "qwen3", 5, 0);
 	test_fixture(o, "gpt2", 5, 0);
 	test_fixture(o, "gpt2", 0, 0);
+	test_fixture(o, "llama", 5, 0);
 	/* activation recomputation: the same checks against the fixtures */
 	test_fixture(o, "qwen2", 5, 1);
 	test_fixture(o, "qwen3", 0, 1);

@@ -311,6 +311,8 @@ test_config(void)
 		char *js = rl_config_to_json(&c);
 		T_OK(strstr(js, "\"dtype\":\t\"float16\"") != NULL && strstr(js, "\"torch_dtype\":\t\"float16\"") != NULL,
 		    "%s", js);
+		/* q has no "architectures" (as an rl-train --init config): vLLM needs one */
+		T_OK(strstr(js, "\"architectures\":\t[\"Qwen2ForCausalLM\"]") != NULL, "%s", js);
 		free(js);
 		rl_config_fini(&c);
 	}
@@ -328,7 +330,39 @@ test_config(void)
 	const char *rs = "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
 	    "\"num_attention_heads\":2,\"intermediate_size\":16,\"rope_scaling\":{\"type\":\"llama3\"}}";
 	CAPTURE(T_EQ_INT(rl_config_parse(&c, rs, strlen(rs), "'r.json'"), RL_ENOTSUP));
-	T_ERR_HAS("rope_scaling is not supported");
+	T_ERR_HAS("'r.json': rope_scaling with rope_type 'llama3' is not supported");
+	{
+		/* transformers 5 keeps the base in "rope_parameters" and writes no
+		 * top-level rope_theta: reading only the top level rotated by 10000 */
+		char b[700];
+		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":{\"rope_theta\":1000000.0,\"rope_type\":\"default\"}}",
+		    (int)strlen(q) - 1, q);
+		T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'v5.json'"), 0);
+		T_CLOSE(c.rope_theta, 1e6, 0, 0);
+		rl_config_fini(&c);
+		/* a Llama 3.2 config as transformers 5 writes it */
+		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":{\"factor\":32.0,\"rope_theta\":500000.0,"
+		    "\"rope_type\":\"llama3\"}}", (int)strlen(q) - 1, q);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'l3.json'"), RL_ENOTSUP));
+		T_ERR_HAS("'l3.json': rope_parameters with rope_type 'llama3' is not supported");
+		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":{\"rope_theta\":1e4,\"partial_rotary_factor\":0.5}}",
+		    (int)strlen(q) - 1, q);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'p.json'"), RL_ENOTSUP));
+		T_ERR_HAS("partial_rotary_factor other than 1 is not supported");
+		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":{\"full_attention\":{\"rope_theta\":1e6},"
+		    "\"sliding_attention\":{\"rope_theta\":1e4}}}", (int)strlen(q) - 1, q);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'n.json'"), RL_ENOTSUP));
+		T_ERR_HAS("key \"rope_parameters\" holds one set per layer type ('full_attention')");
+		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":\"x\"}", (int)strlen(q) - 1, q);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'x.json'"), RL_EFORMAT));
+		T_ERR_HAS("key \"rope_parameters\" is not an object");
+		/* rope_type "default" is no scaling: transformers computes plain RoPE */
+		snprintf(b, sizeof b, "%.*s,\"rope_theta\":500000.0,\"rope_scaling\":{\"rope_type\":\"default\"}}",
+		    (int)strlen(q) - 1, q);
+		T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'d.json'"), 0);
+		T_CLOSE(c.rope_theta, 5e5, 0, 0);
+		rl_config_fini(&c);
+	}
 
 	const char *gqa = "{\"model_type\":\"qwen3\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
 	    "\"num_attention_heads\":3,\"num_key_value_heads\":2,\"intermediate_size\":16,\"head_dim\":4}";
@@ -355,6 +389,14 @@ test_config(void)
 	CAPTURE(T_EQ_INT(rl_config_parse(&c, "[1]", 3, "'x.json'"), RL_EFORMAT));
 	T_ERR_HAS("'x.json': not a JSON object");
 
+	/* a Qwen3 config without head_dim: transformers' Qwen3Config says 128 */
+	const char *q3 = "{\"model_type\":\"qwen3\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
+	    "\"num_attention_heads\":2,\"intermediate_size\":16}";
+	T_EQ_INT(rl_config_parse(&c, q3, strlen(q3), "'q3.json'"), 0);
+	T_EQ_INT(c.head_dim, 128);
+	T_EQ_INT(c.qk_norm, 1);
+	rl_config_fini(&c);
+
 	const char *g2 = "{\"model_type\":\"gpt2\",\"vocab_size\":10,\"n_embd\":8,\"n_layer\":1,\"n_head\":2,"
 	    "\"n_positions\":16,\"n_inner\":null}";
 	T_EQ_INT(rl_config_parse(&c, g2, strlen(g2), "'g2.json'"), 0);
@@ -362,6 +404,15 @@ test_config(void)
 	T_EQ_INT(c.tie_embeddings, 1);
 	T_CLOSE(c.norm_eps, 1e-5, 1e-9, 0);
 	rl_config_fini(&c);
+}
+
+/* rl_st_write fill: tensor i of the model, and at i == n its embedding again */
+typedef struct tied_ctx { rl_model *m; int n; } tied_ctx;
+static int
+fill_tied(void *ctx, int i, void *buf, size_t nbytes)
+{
+	tied_ctx *c = ctx;
+	return rl_model_get(c->m, i < c->n ? i : c->m->wte, RL_MODEL_PARAM, buf);
 }
 
 /* A copy of the qwen2 fixture with config.json edited by a sed expression. */
@@ -404,6 +455,32 @@ test_model_open(rl_ops *o)
 	CAPTURE(T_EQ_INT(rl_model_open(&m, d, o), RL_EFORMAT));
 	T_ERR_HAS("tensor 'lm_head.weight' differs from the embedding");
 
+	/* tied config over a file that also stores the head, equal to the embedding
+	 * (what some exporters write): loads */
+	{
+		rl_model *t = NULL;
+		T_EQ_INT(rl_model_open(&t, "tests/fixtures/qwen2_tied", o), 0);
+		if (t != NULL) {
+			tied_ctx tc = { t, t->tt.n };
+			rl_st_entry *e = calloc((size_t)t->tt.n + 1, sizeof *e);
+			for (int i = 0; i <= t->tt.n; i++) {
+				const rl_tensor *x = &t->tt.t[i < t->tt.n ? i : t->wte];
+				e[i].name = i < t->tt.n ? x->name : "lm_head.weight";
+				e[i].dtype = RL_F32;
+				e[i].ndim = rl_tensor_file_shape(x, e[i].shape);
+			}
+			snprintf(cmd, sizeof cmd, "mkdir -p '%s/tiedsame' && cp tests/fixtures/qwen2_tied/config.json '%s/tiedsame/'",
+			    tmpd, tmpd);
+			T_EQ_INT(system(cmd), 0);
+			T_EQ_INT(rl_st_write(tpath("tiedsame/model.safetensors"), e, t->tt.n + 1, NULL, 0, fill_tied, &tc), 0);
+			rl_model_close(t);
+			t = NULL;
+			T_EQ_INT(rl_model_open(&t, tpath("tiedsame"), o), 0);
+			rl_model_close(t);
+			free(e);
+		}
+	}
+
 	/* shards: an index naming a missing shard, then a valid two-way split */
 	d = model_variant("shards", "s/x/x/");
 	snprintf(cmd, sizeof cmd, "cd '%s' && mv model.safetensors a.safetensors && printf '%%s' "
@@ -425,11 +502,28 @@ test_model_open(rl_ops *o)
 	CAPTURE(T_EQ_INT(rl_model_open(&m, d, o), RL_EFORMAT));
 	T_ERR_HAS("tensor 'model.nope' is not in the shard the index names");
 
+	/* model.safetensors beside an index whose shards were not fetched: transformers
+	 * loads model.safetensors, so do we */
+	d = model_variant("both", "s/x/x/");
+	snprintf(cmd, sizeof cmd, "cd '%s' && printf '%%s' "
+	    "'{\"weight_map\":{\"model.norm.weight\":\"model-00001-of-00002.safetensors\"}}' "
+	    "> model.safetensors.index.json", d);
+	T_EQ_INT(system(cmd), 0);
+	T_EQ_INT(rl_model_open(&m, d, o), 0);
+	rl_model_close(m);
+	m = NULL;
+
 	d = model_variant("missing", "s/x/x/");
 	snprintf(cmd, sizeof cmd, "rm '%s/model.safetensors'", d);
 	T_EQ_INT(system(cmd), 0);
 	CAPTURE(T_EQ_INT(rl_model_open(&m, d, o), RL_ENOENT));
 	T_ERR_HAS("missing/model.safetensors': No such file");
+	T_OK(strstr(errbuf, "hint") == NULL, "a hint without pickle weights: %s", errbuf);
+	/* only pickle weights: say so */
+	snprintf(cmd, sizeof cmd, "touch '%s/pytorch_model.bin'", d);
+	T_EQ_INT(system(cmd), 0);
+	CAPTURE(T_EQ_INT(rl_model_open(&m, d, o), RL_ENOENT));
+	T_ERR_HAS("has PyTorch pickle weights (pytorch_model.bin) only");
 }
 
 int
