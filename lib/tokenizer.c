@@ -690,6 +690,38 @@ apply_config(rl_tokenizer *t, const cJSON *cfg, const char *path)
 		t->chat = template_names_chatml(ct) ? RL_CHAT_CHATML : RL_CHAT_PLAIN;
 }
 
+/* The chat template saved beside tokenizer_config.json, which transformers
+ * reads in its place: chat_template.jinja (the template's text; where
+ * transformers >= 4.4x saves it), else chat_template.json's "chat_template"
+ * (a processor's).  Without this a Qwen directory saved by a recent
+ * transformers, whose tokenizer_config.json has no template, was plain. */
+static int
+template_file(rl_tokenizer *t, const char *dir)
+{
+	char *p = path_join(dir, "chat_template.jinja"), *text = NULL;
+	cJSON *j = NULL;
+	size_t len = 0;
+	int rv = 0;
+
+	if (file_exists(p)) {
+		if ((rv = read_file(p, &text, &len)) == 0)
+			t->chat = strstr(text, "<|im_start|>") != NULL ? RL_CHAT_CHATML : RL_CHAT_PLAIN;
+		goto out;
+	}
+	free(p);
+	p = path_join(dir, "chat_template.json");
+	if (file_exists(p) && (rv = parse_json(&j, p)) == 0) {
+		const cJSON *ct = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
+		if (ct && !cJSON_IsNull(ct))
+			t->chat = template_names_chatml(ct) ? RL_CHAT_CHATML : RL_CHAT_PLAIN;
+	}
+out:
+	cJSON_Delete(j);
+	free(text);
+	free(p);
+	return rv;
+}
+
 static int32_t
 find(const rl_tokenizer *t, const char *s)
 {
@@ -765,6 +797,8 @@ rl_tokenizer_open(rl_tokenizer **out, const char *path)
 			goto out;
 		apply_config(t, cfg, cj);
 	}
+	if ((rv = template_file(t, dir)) != 0)
+		goto out;
 	rv = 0;
 out:
 	if (rv) {
