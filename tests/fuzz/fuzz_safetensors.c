@@ -8,7 +8,8 @@
  *
  * Build and run by hand (not part of make check):
  *   clang -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -Ilib \
- *     tests/fuzz/fuzz_safetensors.c lib/safetensors.c lib/config.c lib/core.c -lcjson -lm \
+ *     tests/fuzz/fuzz_safetensors.c lib/safetensors.c lib/config.c lib/core.c lib/json.c lib/io.c \
+ *     -lcjson -lzstd -lm \
  *     -o build/fuzz_safetensors && build/fuzz_safetensors -max_total_time=60 -close_fd_mask=2
  */
 #include <stdint.h>
