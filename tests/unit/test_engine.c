@@ -217,6 +217,39 @@ main(void)
 		T_EQ_INT(rl_engine_submit(e, pa, 5, 9, 0, 0, 1, NULL), RL_ETOOBIG);
 		rl_engine_destroy(e);
 	}
+	/* ---- a prompt longer than the prefill packing budget: prefilled alone, the
+	 * buffers grown to it, the same samples as with a budget that holds it (it was
+	 * refused while the model's context held it) ---- */
+	{
+		static out big, small;
+		int32_t lp[22];
+		for (int i = 0; i < 22; i++)
+			lp[i] = (i * 37 + 5) % 300;
+		for (int k = 0; k < 2; k++) {
+			out *o = k ? &small : &big;
+			rl_gen_opts_default(&go);
+			go.slots = 6;
+			go.kv_mem = 1 << 20;
+			go.block_size = 4;
+			go.max_new = 10;
+			go.sp.temperature = 0.9f;
+			go.max_prefill_tokens = k ? 8 : 4096;
+			T_EQ_INT(rl_engine_create(&e, m, NULL, &go), RL_OK);
+			T_EQ_INT(rl_engine_submit(e, pa, 5, 2, 0, 0, 31, (void *)1), RL_OK);
+			T_EQ_INT(rl_engine_submit(e, lp, 22, 2, 0, 0, 32, (void *)2), RL_OK);
+			T_EQ_INT(rl_engine_submit(e, pb, 3, 1, 0, 0, 33, (void *)3), RL_OK);
+			run(e, o);
+			rl_engine_destroy(e);
+		}
+		T_EQ_INT(small.count, 5);
+		int same = big.count == small.count;
+		for (int k = 0; k < big.count && same; k++) {
+			int j = find(&small, big.user[k], big.index[k]);
+			same = j >= 0 && small.n[j] == big.n[k] &&
+			    memcmp(small.tok[j], big.tok[k], sizeof(int32_t) * (size_t)big.n[k]) == 0;
+		}
+		T_OK(same, "a prompt longer than the prefill budget: other samples than with a budget that holds it");
+	}
 	/* ---- weights changing mid-generation (--partial): first and last versions ---- */
 	{
 		static out o6;
