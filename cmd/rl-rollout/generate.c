@@ -148,6 +148,7 @@ typedef struct gen {
 	double last_poll;      /* when rl-sync was last asked for a new version */
 	double poll_backoff;   /* rl-sync did not answer: seconds until it is asked again (0: it answers) */
 	int nloads;
+	int warned_max_tokens; /* a line's max_tokens above --max-tokens was reported */
 } gen;
 
 /* One prompt in flight: what its records need besides the tokens. */
@@ -158,7 +159,7 @@ typedef struct prompt {
 	char *meta;      /* JSON of everything but "prompt" */
 	int32_t *ids;
 	int nids;
-	int max_new;     /* the line's "max_tokens", 0: --max-tokens */
+	int max_new;     /* the line's "max_tokens" (at most --max-tokens), 0: --max-tokens */
 	int remaining;
 	int gsize;       /* samples in its group */
 	rl_traj_batch *out; /* queue mode: the group's records, put when complete */
@@ -694,6 +695,15 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 				goto out;
 			}
 			max_new = (int)RL_MIN(mt->valuedouble, 1e7);
+			/* --max-tokens is the ceiling (it sizes the engine's buffers): the records
+			 * carry the limit applied, not the one asked for */
+			if (max_new > g->go.max_new) {
+				if (!g->warned_max_tokens)
+					rl_warn("%s: \"max_tokens\" %d is more than --max-tokens %d, which applies "
+					    "(said once)", where, max_new, g->go.max_new);
+				g->warned_max_tokens = 1;
+				max_new = g->go.max_new;
+			}
 		}
 	}
 	prompt *p = rl_xcalloc(1, sizeof *p);

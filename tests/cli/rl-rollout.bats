@@ -234,6 +234,20 @@ PY
 	[ "${#lines[@]}" -eq 2 ]
 }
 
+@test "a line's max_tokens above --max-tokens: --max-tokens applies, the record says so, a warning says it once" {
+	printf '%s\n' '{"prompt":"ab","max_tokens":40}' '{"prompt":"cd","max_tokens":3}' '{"prompt":"ef","max_tokens":50}' > "$TD/mt.jsonl"
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 6 --stop-id 257 --jsonl "$TD/mt.jsonl"
+	# the record's max_tokens was 40 while 6 applied
+	[ "$(printf '%s\n' "${lines[@]}" | fields prompt_text max_tokens | sort | tr '\n' ' ')" = '"ab" 6 "cd" 3 "ef" 6 ' ]
+	printf '%s\n' "${lines[@]}" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    assert len(r["response"]) <= r["max_tokens"], r'
+	[[ "$stderr" == *'line 1: "max_tokens" 40 is more than --max-tokens 6, which applies'* ]]
+	[ "$(grep -c 'more than --max-tokens' <<< "$stderr")" -eq 1 ]
+}
+
 @test "prompt_text keeps valid UTF-8 and replaces only invalid bytes; meta numbers come back exactly" {
 	printf '{"prompt":"caf\xe9 \xc3\xa9 1+1=","uid":9007199254740992,"f":0.1}\n' > "$TD/latin1.jsonl"
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 2 --jsonl "$TD/latin1.jsonl"
