@@ -149,6 +149,10 @@ typedef struct gen {
 	double poll_backoff;   /* rl-sync did not answer: seconds until it is asked again (0: it answers) */
 	int nloads;
 	int warned_max_tokens; /* a line's max_tokens above --max-tokens was reported */
+	/* the model's own chat template, for --chat-template auto (chat_inspect) */
+	int tmpl_foreign;      /* neither ChatML nor plain: chat prompts are refused */
+	char *default_system;  /* the system turn its ChatML template opens a chat without one with */
+	char tmpl_path[4200];  /* the tokenizer_config.json that says so, for messages */
 } gen;
 
 /* One prompt in flight: what its records need besides the tokens. */
@@ -588,6 +592,89 @@ tokens_push(rl_tokens *t, int32_t id)
 	return RL_OK;
 }
 
+/* The Jinja string literal that opens at q (a quote), unescaped (\\n, \\t, \\\\,
+ * \\', \\"), into a new string; NULL when it does not close. */
+static char *
+jinja_literal(const char *q)
+{
+	char quote = *q, *out = rl_xmalloc(strlen(q) + 1), *o = out;
+
+	for (q++; *q && *q != quote; q++) {
+		if (*q == '\\' && q[1]) {
+			q++;
+			*o++ = *q == 'n' ? '\n' : *q == 't' ? '\t' : *q;
+		} else {
+			*o++ = *q;
+		}
+	}
+	*o = 0;
+	if (*q != quote) {
+		free(out);
+		return NULL;
+	}
+	return out;
+}
+
+/* What --chat-template auto renders, against the model's own template
+ * (tokenizer_config.json's chat_template, Jinja, which rl-rollout does not
+ * run).  A ChatML template may open a chat that has no system turn with one
+ * of its own: Qwen2 and Qwen2.5 do ("You are Qwen, created by Alibaba
+ * Cloud. ..."), so Hugging Face apply_chat_template, and with it vLLM and
+ * verl, put it in; it is found as one quoted literal
+ * '<|im_start|>system\\n...<|im_end|>\\n' and put in the same way.  Any other
+ * template (Llama-3's <|start_header_id|>, Gemma's, Mistral's [INST]) cannot
+ * be rendered: chat prompts are refused then (they were rendered in the
+ * plain template, a prompt the model never saw). */
+static int
+chat_inspect(gen *g)
+{
+	cJSON *j = NULL;
+	const cJSON *ct;
+	const char *tpl = NULL;
+	int rv;
+
+	snprintf(g->tmpl_path, sizeof g->tmpl_path, "%s/tokenizer_config.json", g->model_dir);
+	if (access(g->tmpl_path, F_OK) != 0)
+		return RL_OK; /* no template: the tokenizer's choice (plain, or ChatML for the bytes one) */
+	if ((rv = rl_json_load(&j, g->tmpl_path, 0)) != 0)
+		return rv;
+	ct = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
+	if (cJSON_IsString(ct)) {
+		tpl = ct->valuestring;
+	} else if (cJSON_IsArray(ct)) {
+		/* named templates: Hugging Face takes "default" */
+		const cJSON *x;
+		cJSON_ArrayForEach(x, ct) {
+			const cJSON *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
+			const cJSON *t = cJSON_GetObjectItemCaseSensitive(x, "template");
+			if (cJSON_IsString(nm) && cJSON_IsString(t) && strcmp(nm->valuestring, "default") == 0)
+				tpl = t->valuestring;
+		}
+	}
+	if (tpl && *tpl && strcmp(tpl, "plain") != 0) {
+		if (rl_tokenizer_chat_template(g->tok) != RL_CHAT_CHATML) {
+			g->tmpl_foreign = 1;
+		} else {
+			static const char open_[] = "<|im_start|>system\\n", close_[] = "<|im_end|>\n";
+			for (const char *p = strstr(tpl, open_); p && !g->default_system; p = strstr(p + 1, open_)) {
+				char *lit;
+				size_t n;
+				if (p == tpl || (p[-1] != '\'' && p[-1] != '"') || !(lit = jinja_literal(p - 1)))
+					continue;
+				n = strlen(lit);
+				if (n > sizeof open_ - 2 + sizeof close_ - 1 &&
+				    strcmp(lit + n - (sizeof close_ - 1), close_) == 0) {
+					lit[n - (sizeof close_ - 1)] = 0;
+					g->default_system = rl_xstrdup(lit + sizeof open_ - 2);
+				}
+				free(lit);
+			}
+		}
+	}
+	cJSON_Delete(j);
+	return RL_OK;
+}
+
 /* Parses a prompt object ({"prompt": text or messages, other keys...}; j is
  * consumed) into tokens, text and meta.  RL_EFORMAT (logged, naming `where`,
  * e.g. "'p.jsonl': line 3") for a bad one.  ids, when not NULL, are the prompt's
@@ -597,7 +684,7 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 {
 	cJSON *pr;
 	rl_tokens ids = { 0 };
-	rl_chat_msg msgs[64];
+	rl_chat_msg msgs[65];
 	char *text = NULL;
 	size_t tlen = 0;
 	int rv = RL_EFORMAT, nm = 0;
@@ -650,6 +737,18 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 			rl_error("%s: \"prompt\" must be a string or a list of messages", where);
 			rv = RL_EFORMAT;
 			goto out;
+		}
+		if (g->tmpl == RL_CHAT_AUTO && g->tmpl_foreign) {
+			rl_error("%s: the model's chat template ('%s') is neither ChatML nor plain, the only ones "
+			    "rl-rollout renders", where, g->tmpl_path);
+			rl_hint("render the chats into text prompts beforehand (the model's own template), or "
+			    "choose --chat-template chatml or plain knowingly");
+			rv = RL_ENOTSUP;
+			goto out;
+		}
+		if (g->tmpl == RL_CHAT_AUTO && g->default_system && strcmp(msgs[0].role, "system") != 0) {
+			memmove(msgs + 1, msgs, sizeof msgs[0] * (size_t)nm++);
+			msgs[0] = (rl_chat_msg){ "system", g->default_system };
 		}
 		if ((rv = rl_tokenizer_apply_chat(&ids, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0 ||
 		    (rv = rl_tokenizer_render_chat(&text, &tlen, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0) {
@@ -887,7 +986,8 @@ run_generate(gen *g)
 					continue;
 				}
 				/* finish and write what is already running, then fail */
-				rl_hint("--skip-bad skips such lines; the prompts before it are still written");
+				if (rv == RL_EFORMAT || rv == RL_ETOOBIG)
+					rl_hint("--skip-bad skips such lines; the prompts before it are still written");
 				fail = rv;
 				eof = 1;
 				break;
@@ -1146,7 +1246,12 @@ run_queue(gen *g)
 				rl_qack_result ares;
 				if ((rv = rl_traj_batch_get(lease.batch, i, t)) != 0)
 					goto out;
-				if (prompt_from_record(g, t, &p) != RL_OK) {
+				int prv = prompt_from_record(g, t, &p);
+				if (prv == RL_ENOTSUP) {
+					rv = prv; /* no chat prompt can be used (chat_inspect): not one to drop */
+					goto out;
+				}
+				if (prv != RL_OK) {
 					/* an unusable prompt is given up (acknowledged), not retried forever */
 					uint64_t id = 0;
 					rl_traj_get_u64(t, RL_TAG_ID, &id);
@@ -1343,6 +1448,8 @@ rl_cmd_generate(int argc, char **argv)
 		goto out;
 	if ((rv = rl_tokenizer_open(&g.tok, g.model_dir)) != 0)
 		goto out;
+	if (g.tmpl == RL_CHAT_AUTO && (rv = chat_inspect(&g)) != 0)
+		goto out;
 	g.go.eos_id = g.m->cfg.eos_id >= 0 ? g.m->cfg.eos_id : rl_tokenizer_eos_id(g.tok);
 	if (g.m->cfg.eos_id >= 0) { /* the rest of config.json's eos_token_id list */
 		g.go.eos_more = g.m->cfg.eos_more;
@@ -1431,6 +1538,7 @@ out:
 	rl_wver_destroy(g.wbase);
 	rl_wsync_close(g.ws);
 	rl_tokenizer_close(g.tok);
+	free(g.default_system);
 	rl_model_close(g.m);
 	rl_ops_close(g.ops);
 	if (rv)

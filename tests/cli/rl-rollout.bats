@@ -248,6 +248,37 @@ for l in sys.stdin:
 	[ "$(grep -c 'more than --max-tokens' <<< "$stderr")" -eq 1 ]
 }
 
+@test "--chat-template auto: a ChatML template's own default system turn is put in; a template neither ChatML nor plain is refused" {
+	# a Qwen2.5-shaped template: a chat without a system turn gets the template's own
+	cp -r "$TD/m0" "$TD/mq"
+	python3 - "$TD/mq/tokenizer_config.json" <<'PY'
+import json, sys
+t = ("{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+     "{%- else %}{{- '<|im_start|>system\\nBe a test \\'bot\\'.<|im_end|>\\n' }}{%- endif %}"
+     "{%- for m in messages %}{%- if not (loop.first and m.role == 'system') %}"
+     "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+json.dump({"chat_template": t}, open(sys.argv[1], "w"))
+PY
+	printf '%s\n' '{"prompt":[{"role":"user","content":"hi"}]}' '{"prompt":[{"role":"system","content":"S"},{"role":"user","content":"hi"}]}' \
+	    '{"prompt":"plain"}' > "$TD/chats.jsonl"
+	run -0 --separate-stderr rl-rollout -m "$TD/mq" --max-tokens 1 --jsonl "$TD/chats.jsonl"
+	[ "$(printf '%s\n' "${lines[@]}" | fields prompt_text | sort | tr '\n' ' ')" = \
+	    '"<|im_start|>system\nBe a test '"'bot'"'.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" "plain" ' ]
+	# --chat-template chatml is rlpipe's ChatML as it stands: no turn added
+	run -0 --separate-stderr rl-rollout -m "$TD/mq" --chat-template chatml --max-tokens 1 --jsonl "$TD/chats.jsonl"
+	printf '%s\n' "${lines[@]}" | grep -q '"prompt_text":"<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n"'
+	# a Llama-3-shaped template: auto refuses chats (they were rendered in the plain template), stops there
+	cp -r "$TD/m0" "$TD/ml"
+	printf '%s\n' '{"chat_template":"{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}"}' > "$TD/ml/tokenizer_config.json"
+	printf '%s\n' '{"prompt":"text first"}' '{"prompt":[{"role":"user","content":"hi"}]}' '{"prompt":"text after"}' > "$TD/chats2.jsonl"
+	run -1 --separate-stderr rl-rollout -m "$TD/ml" --max-tokens 1 --skip-bad --jsonl "$TD/chats2.jsonl"
+	[[ "$stderr" == *"line 2: the model's chat template ('$TD/ml/tokenizer_config.json') is neither ChatML nor plain"* ]]
+	[ "$(printf '%s\n' "${lines[@]}" | fields prompt_text)" = '"text first"' ]
+	run -0 --separate-stderr rl-rollout -m "$TD/ml" --chat-template plain --max-tokens 1 --jsonl "$TD/chats2.jsonl"
+	[ "${#lines[@]}" -eq 3 ]
+}
+
 @test "prompt_text keeps valid UTF-8 and replaces only invalid bytes; meta numbers come back exactly" {
 	printf '{"prompt":"caf\xe9 \xc3\xa9 1+1=","uid":9007199254740992,"f":0.1}\n' > "$TD/latin1.jsonl"
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 2 --jsonl "$TD/latin1.jsonl"
