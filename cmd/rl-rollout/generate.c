@@ -1334,7 +1334,12 @@ rl_cmd_generate(int argc, char **argv)
 		case 'n': NUM(1, 65536); g.n = (int)v; break;
 		case 'o': g.out_path = a; break;
 		case O_JSONL: g.jsonl = 1; break;
-		case O_TEMP: NUM(0, 100); g.go.sp.temperature = (float)v; break;
+		case O_TEMP:
+			NUM(0, 100);
+			/* below 1e-5 is greedy, as in vLLM: logits / 1e-45 overflowed to inf, and
+			 * every log-prob was NaN */
+			g.go.sp.temperature = v < 1e-5 ? 0.0f : (float)v;
+			break;
 		case O_TOPP: NUM(0, 1); g.go.sp.top_p = (float)v; break;
 		case O_TOPK: NUM(0, 1e9); g.go.sp.top_k = (int)v; break;
 		case O_MAXTOK: NUM(1, 1e7); g.go.max_new = (int)v; break;

@@ -80,6 +80,11 @@ for l in sys.stdin:
 	[ "${#lines[@]}" -eq 9 ]
 	[ "$(printf '%s\n' "${lines[@]}" | grep -c '"baseline":true')" -eq 3 ]
 	[ "$(printf '%s\n' "${lines[@]}" | grep -c '"group_size":3')" -eq 9 ]
+	# a temperature below 1e-5 is greedy (as in vLLM): 1e-45 gave NaN log-probs
+	rl-rollout -m "$TD/m0" --temperature 0 --max-tokens 8 --jsonl "$TD/p.jsonl" | fields response logprobs temperature > "$TD/t0"
+	rl-rollout -m "$TD/m0" --temperature 1e-45 --max-tokens 8 --jsonl "$TD/p.jsonl" | fields response logprobs temperature > "$TD/t45"
+	cmp "$TD/t0" "$TD/t45"
+	! grep -qi nan "$TD/t45"
 }
 
 @test "--decode-steps: the same responses and finish reasons as one step at a time; a bad count is a usage error" {
