@@ -1455,6 +1455,16 @@ rl_cmd_generate(int argc, char **argv)
 		goto out;
 	if (g.tmpl == RL_CHAT_AUTO && (rv = chat_inspect(&g)) != 0)
 		goto out;
+	/* a --stop spelled as a special token: such tokens do not show in the text, so it
+	 * never matched; it ends a sequence as that token's --stop-id would (the same tokens) */
+	for (int i = 0; i < nstop; i++) {
+		int32_t id = rl_tokenizer_lookup(g.tok, g.stops[i], strlen(g.stops[i]));
+		if (id >= 0 && rl_tokenizer_is_special(g.tok, id) && nstopid < 64) {
+			g.stop_ids[nstopid++] = id;
+			rl_verbose("--stop '%s' is the special token %d: it stops as --stop-id %d", g.stops[i], id, id);
+		}
+	}
+	g.go.nstop_ids = nstopid;
 	g.go.eos_id = g.m->cfg.eos_id >= 0 ? g.m->cfg.eos_id : rl_tokenizer_eos_id(g.tok);
 	if (g.m->cfg.eos_id >= 0) { /* the rest of config.json's eos_token_id list */
 		g.go.eos_more = g.m->cfg.eos_more;

@@ -121,6 +121,22 @@ for l in sys.stdin:
 assert n > 0'
 }
 
+@test "a --stop spelled as a special token stops at that token (special tokens are not text)" {
+	# <|im_start|> is id 259 of the bytes tokenizer: it never matched as text
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 40 --max-tokens 40 --seed 3 --stop '<|im_start|>' --jsonl "$TD/p.jsonl"
+	printf '%s\n' "${lines[@]}" | python3 -c '
+import json, sys
+n = 0
+for l in sys.stdin:
+    r = json.loads(l)
+    t = r["response"]
+    assert 259 not in t[:-1], r
+    if t[-1] == 259:
+        assert r["finish"] == "stop", r
+        n += 1
+assert n > 0, "no sample drew <|im_start|>"'
+}
+
 @test "bad prompt lines: an error naming the line, earlier prompts still written; --skip-bad counts" {
 	printf '%s\n' '{"prompt":"ab"}' 'not json' '{"prompt":"cd"}' > "$TD/bad.jsonl"
 	run -1 --separate-stderr rl-rollout -m "$TD/m0" -n 2 --max-tokens 3 --jsonl "$TD/bad.jsonl"
