@@ -209,13 +209,20 @@ blocks_for(const rl_engine *e, int ntok)
 	return (ntok + e->kv->BS - 1) / e->kv->BS;
 }
 
-/* Worst-case cache blocks of a group: its prompt, and for each sample its
- * own blocks up to the longest response plus one copied on write. */
+/* Worst-case cache blocks of a group: its prompt's, the blocks each sample
+ * fills past them, and the copies of a partly filled last prompt block: every
+ * sample but the last to write into it copies it first (the last finds it
+ * its own).  A sample of maxnew tokens puts plen + maxnew - 1 in the cache
+ * (its last token is never fed back; multi-step decoding stops at the limit
+ * too).  This was blocks_for(maxnew) + 1 a sample, up to two blocks more than
+ * can be used: a group that fitted the pool was refused, and fewer were
+ * admitted at once than the pool holds. */
 static int
 group_reserve(const rl_engine *e, int plen, int nseq, int max_new)
 {
-	int maxnew = RL_MIN(max_new, e->m->cfg.max_pos - plen);
-	return blocks_for(e, plen) + nseq * (blocks_for(e, maxnew) + 1);
+	int maxnew = RL_MAX(1, RL_MIN(max_new, e->m->cfg.max_pos - plen));
+	int pb = blocks_for(e, plen);
+	return pb + nseq * (blocks_for(e, plen + maxnew - 1) - pb) + (plen % e->kv->BS ? nseq - 1 : 0);
 }
 
 /* A prompt longer than the packing budget (max_prefill_tokens) is prefilled

@@ -221,20 +221,21 @@ main(void)
 	 * buffers grown to it, the same samples as with a budget that holds it (it was
 	 * refused while the model's context held it) ---- */
 	{
+		rl_gen_opts go2;
 		static out big, small;
 		int32_t lp[22];
 		for (int i = 0; i < 22; i++)
 			lp[i] = (i * 37 + 5) % 300;
 		for (int k = 0; k < 2; k++) {
 			out *o = k ? &small : &big;
-			rl_gen_opts_default(&go);
-			go.slots = 6;
-			go.kv_mem = 1 << 20;
-			go.block_size = 4;
-			go.max_new = 10;
-			go.sp.temperature = 0.9f;
-			go.max_prefill_tokens = k ? 8 : 4096;
-			T_EQ_INT(rl_engine_create(&e, m, NULL, &go), RL_OK);
+			rl_gen_opts_default(&go2);
+			go2.slots = 6;
+			go2.kv_mem = 1 << 20;
+			go2.block_size = 4;
+			go2.max_new = 10;
+			go2.sp.temperature = 0.9f;
+			go2.max_prefill_tokens = k ? 8 : 4096;
+			T_EQ_INT(rl_engine_create(&e, m, NULL, &go2), RL_OK);
 			T_EQ_INT(rl_engine_submit(e, pa, 5, 2, 0, 0, 31, (void *)1), RL_OK);
 			T_EQ_INT(rl_engine_submit(e, lp, 22, 2, 0, 0, 32, (void *)2), RL_OK);
 			T_EQ_INT(rl_engine_submit(e, pb, 3, 1, 0, 0, 33, (void *)3), RL_OK);
@@ -249,6 +250,51 @@ main(void)
 			    memcmp(small.tok[j], big.tok[k], sizeof(int32_t) * (size_t)big.n[k]) == 0;
 		}
 		T_OK(same, "a prompt longer than the prefill budget: other samples than with a budget that holds it");
+	}
+	/* ---- admission reserves what a group can use, no more: a pool of exactly that
+	 * many blocks takes the group (it was refused: up to two blocks more a sample),
+	 * and every sample runs to its limit in it, one step or four at a time ---- */
+	{
+		rl_gen_opts go2;
+		/* a block: 4 tokens x 2 kv heads x 12 x f32, K and V, 2 layers */
+		const size_t blk = 4 * 2 * 12 * 4 * 2 * 2;
+		int32_t p8[8] = { 9, 8, 7, 6, 5, 4, 3, 2 };
+		for (int ds = 1; ds <= 4; ds += 3) {
+			static out o;
+			memset(&o, 0, sizeof o);
+			rl_gen_opts_default(&go2);
+			go2.slots = 4;
+			go2.block_size = 4;
+			go2.max_new = 12;
+			go2.sp.temperature = 1.0f;
+			go2.decode_steps = ds;
+			/* 5 prompt tokens in 2 blocks; each of 4 samples puts 5 + 12 - 1 = 16 tokens in
+			 * the cache, 2 blocks more, and 3 of them copy the partly filled block 1: 13 */
+			go2.kv_mem = 13 * blk;
+			T_EQ_INT(rl_engine_create(&e, m, NULL, &go2), RL_OK);
+			T_EQ_INT(rl_engine_submit(e, pa, 5, 3, 1, 0, 41, (void *)1), RL_OK);
+			/* 8 prompt tokens (full blocks); 2 samples of 8 + 12 - 1 = 19 tokens: 3 blocks each */
+			T_EQ_INT(rl_engine_submit(e, p8, 8, 2, 0, 0, 42, (void *)2), RL_OK);
+			/* one sample of 5 + 12 - 1 = 16 tokens, alone in its blocks: 4 */
+			T_EQ_INT(rl_engine_submit(e, pa, 5, 1, 0, 0, 43, (void *)3), RL_OK);
+			run(e, &o);
+			T_EQ_INT(rl_engine_active(e) + rl_engine_waiting(e), 0);
+			rl_engine_destroy(e);
+			T_EQ_INT(o.count, 7);
+			int full = 0;
+			for (int k = 0; k < o.count; k++)
+				full += o.n[k] == 12 && o.finish[k] == RL_FINISH_LENGTH;
+			T_OK(full == 7, "decode_steps %d: %d of 7 samples reached their 12 tokens", ds, full);
+		}
+		/* one block less cannot hold the first group; 4 blocks hold the single sample */
+		go2.kv_mem = 12 * blk;
+		T_EQ_INT(rl_engine_create(&e, m, NULL, &go2), RL_OK);
+		T_EQ_INT(rl_engine_submit(e, pa, 5, 3, 1, 0, 41, (void *)1), RL_ETOOBIG);
+		rl_engine_destroy(e);
+		go2.kv_mem = 4 * blk;
+		T_EQ_INT(rl_engine_create(&e, m, NULL, &go2), RL_OK);
+		T_EQ_INT(rl_engine_submit(e, pa, 5, 1, 0, 0, 43, (void *)3), RL_OK);
+		rl_engine_destroy(e);
 	}
 	/* ---- weights changing mid-generation (--partial): first and last versions ---- */
 	{
