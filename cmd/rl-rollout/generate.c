@@ -153,6 +153,7 @@ typedef struct gen {
 	int tmpl_foreign;      /* neither ChatML nor plain: chat prompts are refused */
 	char *default_system;  /* the system turn its ChatML template opens a chat without one with */
 	char tmpl_path[4200];  /* the tokenizer_config.json that says so, for messages */
+	int eos_more[24];      /* ids ending a sequence as EOS besides go.eos_id (eos_set) */
 } gen;
 
 /* One prompt in flight: what its records need besides the tokens. */
@@ -673,6 +674,54 @@ chat_inspect(gen *g)
 	}
 	cJSON_Delete(j);
 	return RL_OK;
+}
+
+static void
+eos_add(gen *g, int id)
+{
+	if (id < 0 || id == g->go.eos_id || g->go.neos_more == (int)RL_ARRAY_LEN(g->eos_more))
+		return;
+	for (int i = 0; i < g->go.neos_more; i++)
+		if (g->eos_more[i] == id)
+			return;
+	g->eos_more[g->go.neos_more++] = id;
+}
+
+/* The ids that end a sequence as EOS, as vLLM has them: config.json's
+ * eos_token_id (an id or a list) and also the tokenizer's eos_token and
+ * generation_config.json's eos_token_id (vLLM adds the latter to every
+ * request's stop ids).  Only config.json's were taken: Llama-3-8B-Instruct,
+ * whose config.json names <|end_of_text|> while the chat turn ends with
+ * <|eot_id|> (in generation_config.json), ran on past its answer to the
+ * token limit.  A generation_config.json that cannot be read is said and
+ * left out. */
+static void
+eos_set(gen *g)
+{
+	char path[4200];
+	cJSON *j = NULL;
+
+	g->go.eos_id = g->m->cfg.eos_id >= 0 ? g->m->cfg.eos_id : rl_tokenizer_eos_id(g->tok);
+	g->go.eos_more = g->eos_more;
+	g->go.neos_more = 0;
+	for (int i = 0; i < g->m->cfg.n_eos_more; i++)
+		eos_add(g, g->m->cfg.eos_more[i]);
+	eos_add(g, rl_tokenizer_eos_id(g->tok));
+	snprintf(path, sizeof path, "%s/generation_config.json", g->model_dir);
+	if (access(path, F_OK) != 0)
+		return;
+	if (rl_json_load(&j, path, 0) != RL_OK) {
+		rl_warn("'%s' cannot be read: its eos_token_id does not end sequences", path);
+		return;
+	}
+	const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id"), *it;
+	if (cJSON_IsNumber(e))
+		eos_add(g, e->valueint);
+	else if (cJSON_IsArray(e))
+		cJSON_ArrayForEach(it, e)
+			if (cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < 2147483647.0)
+				eos_add(g, it->valueint);
+	cJSON_Delete(j);
 }
 
 /* Parses a prompt object ({"prompt": text or messages, other keys...}; j is
@@ -1465,11 +1514,7 @@ rl_cmd_generate(int argc, char **argv)
 		}
 	}
 	g.go.nstop_ids = nstopid;
-	g.go.eos_id = g.m->cfg.eos_id >= 0 ? g.m->cfg.eos_id : rl_tokenizer_eos_id(g.tok);
-	if (g.m->cfg.eos_id >= 0) { /* the rest of config.json's eos_token_id list */
-		g.go.eos_more = g.m->cfg.eos_more;
-		g.go.neos_more = g.m->cfg.n_eos_more;
-	}
+	eos_set(&g);
 	if (g.out_path && strcmp(g.out_path, "-") != 0) {
 		if (!(g.out = fopen(g.out_path, "wb"))) {
 			rl_error("cannot open '%s': %s", g.out_path, strerror(errno));

@@ -320,6 +320,28 @@ PY
 	[[ "$stderr" == *'eos_token_id": item 1 is not a token id'* ]]
 }
 
+@test "generation_config.json's eos_token_id and the tokenizer's eos_token end a sequence too, as in vLLM" {
+	# Llama-3-Instruct's shape: config.json names one id, generation_config.json the turn's end
+	cp -r "$TD/m0" "$TD/eosg"
+	printf '{"prompt":"12+34="}\n' > "$TD/one.jsonl"
+	t=$(rl-rollout -q -m "$TD/m0" --temperature 0 --max-tokens 5 --jsonl "$TD/one.jsonl" | fields response | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())[0])')
+	printf '{"eos_token_id": [257, %s]}\n' "$t" > "$TD/eosg/generation_config.json"
+	run -0 --separate-stderr rl-rollout -m "$TD/eosg" --temperature 0 --max-tokens 5 --jsonl "$TD/one.jsonl"
+	[ "$(printf '%s\n' "${lines[@]}" | fields response finish)" = "[$t] \"eos\"" ]
+	# config.json names <|pad|> (258); the tokenizer's <|eos|> (257) still ends a sample
+	rm "$TD/eosg/generation_config.json"
+	python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["eos_token_id"]=258; json.dump(c, open(sys.argv[1], "w"))' "$TD/eosg/config.json"
+	run -0 --separate-stderr rl-rollout -m "$TD/eosg" -n 40 --max-tokens 40 --seed 3 --jsonl "$TD/p.jsonl"
+	printf '%s\n' "${lines[@]}" | python3 -c '
+import json, sys
+n = 0
+for l in sys.stdin:
+    r = json.loads(l)
+    assert 257 not in r["response"][:-1], r
+    n += r["response"][-1] == 257 and r["finish"] == "eos"
+assert n > 0, "no sample drew <|eos|>"'
+}
+
 @test "refused: --score into a core field that is not per-token f32, -o onto the input, bad --kv-mem; option errors name the option" {
 	printf '%s\n' '{"id":1,"prompt":[5,2],"response":[3,4]}' > "$TD/s.jsonl"
 	for f in prompt id reward meta; do
