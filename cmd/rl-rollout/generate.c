@@ -1515,6 +1515,15 @@ rl_cmd_generate(int argc, char **argv)
 	}
 	g.go.nstop_ids = nstopid;
 	eos_set(&g);
+	for (int i = 0; i < nstopid; i++)
+		if (g.stop_ids[i] >= g.m->cfg.vocab_size) {
+			/* it could never be drawn: the sequence would run on as if no --stop-id were given */
+			rl_error("--stop-id %d is outside the model's vocabulary [0, %d)", (int)g.stop_ids[i],
+			    g.m->cfg.vocab_size);
+			rl_hint("rl-rollout tokenize -m MODEL shows the ids of a text");
+			rv = RL_EINVAL;
+			goto out;
+		}
 	if (g.out_path && strcmp(g.out_path, "-") != 0) {
 		if (!(g.out = fopen(g.out_path, "wb"))) {
 			rl_error("cannot open '%s': %s", g.out_path, strerror(errno));

@@ -108,6 +108,10 @@ for l in sys.stdin:
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 2 --max-tokens 8 --jsonl "${ids[@]:0:128}" "$TD/p.jsonl"
 	printf '%s\n' "${lines[@]}" | fields finish | sort | uniq -c > "$TD/fin"
 	grep -q stop "$TD/fin"
+	# an id the model cannot draw is refused (it ended nothing)
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --stop-id 261 --jsonl "$TD/p.jsonl"
+	[[ "$stderr" == *"--stop-id 261 is outside the model's vocabulary [0, 261)"* ]]
+	[ "${#lines[@]}" -eq 0 ]
 	# a stop string found in the text
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 4 --max-tokens 30 --jsonl --stop e --stop a --stop o --stop i "$TD/p.jsonl"
 	printf '%s\n' "${lines[@]}" | python3 -c '
