@@ -11,6 +11,10 @@
  *   default) gives the same samples bit for bit as rl_model_decode +
  *   ops->sample (RL_DECODE_LEGACY=1) on a workload where sequences finish and
  *   are admitted at different steps (engine_mix.h);
+ * - first tokens of 4000 samples follow softmax(logits / T) cut to top-k then
+ *   top-p (5 standard deviations a token), log-probs uncut;
+ * - a prompt longer than the prefill packing budget is generated (alone);
+ * - admission reserves exactly the blocks a group can fill;
  * - multi-step decoding (decode_steps 4 and 7: the tokens fed back on the
  *   backend, rl_model_decode_multi) gives the samples of one step at a time,
  *   with sequences that stop inside the steps and, with fewer slots than
@@ -295,6 +299,80 @@ main(void)
 		T_EQ_INT(rl_engine_create(&e, m, NULL, &go2), RL_OK);
 		T_EQ_INT(rl_engine_submit(e, pa, 5, 1, 0, 0, 43, (void *)3), RL_OK);
 		rl_engine_destroy(e);
+	}
+	/* ---- the engine draws from the distribution it says: first tokens of 4000 samples
+	 * (groups of 40 sharing a prompt, 100 seeds) against softmax(logits / T) cut to the
+	 * top-k, then the top-p of those, from a fresh prefill; the recorded log-prob is the
+	 * uncut one ---- */
+	{
+		rl_gen_opts go2;
+		static out o;
+		enum { G = 40, R = 100 };
+		rl_sample_params sp = { 0.7f, 6, 0.8f };
+		double pr[300] = { 0 }, cnt[300] = { 0 }, lse = 0, mx = -1e300, tot = 0;
+		float *lg = malloc(sizeof(float) * 300);
+		rl_kvcache *kv;
+		rl_kvseq s, *sq = &s;
+		const int32_t *tp = pa;
+		int five = 5, idx[300], bad = 0, lpbad = 0;
+		T_EQ_INT(rl_kvcache_open(&kv, ops, &cfg, 1 << 20, 4), RL_OK);
+		rl_kvseq_init(&s, kv);
+		T_EQ_INT(rl_model_prefill(m, kv, &sq, &tp, &five, 1, lg), RL_OK);
+		rl_kvcache_release(kv, &s);
+		rl_kvcache_close(kv);
+		/* the exact rule, written out: sort by weight (ties: lower id), keep k, then
+		 * while the mass before a token (over the k) is below p */
+		for (int v = 0; v < 300; v++) {
+			idx[v] = v;
+			mx = fmax(mx, lg[v] / sp.temperature);
+		}
+		for (int v = 0; v < 300; v++)
+			lse += exp(lg[v] / sp.temperature - mx);
+		lse = mx + log(lse);
+		for (int a = 0; a < 300; a++)
+			for (int b = a + 1; b < 300; b++)
+				if (lg[idx[b]] > lg[idx[a]] || (lg[idx[b]] == lg[idx[a]] && idx[b] < idx[a])) {
+					int t = idx[a];
+					idx[a] = idx[b];
+					idx[b] = t;
+				}
+		double ksum = 0, c = 0;
+		for (int i = 0; i < sp.top_k; i++)
+			ksum += exp(lg[idx[i]] / sp.temperature - lse);
+		for (int i = 0; i < sp.top_k && (i == 0 || c < sp.top_p * ksum); i++) {
+			pr[idx[i]] = exp(lg[idx[i]] / sp.temperature - lse);
+			c += pr[idx[i]];
+		}
+		for (int v = 0; v < 300; v++)
+			pr[v] /= c;
+		rl_gen_opts_default(&go2);
+		go2.slots = G;
+		go2.kv_mem = 1 << 20;
+		go2.block_size = 4;
+		go2.max_new = 1;
+		go2.sp = sp;
+		T_EQ_INT(rl_engine_create(&e, m, NULL, &go2), RL_OK);
+		for (int r = 0; r < R; r++) {
+			T_EQ_INT(rl_engine_submit(e, pa, 5, G, 0, 0, 1000 + (uint64_t)r, NULL), RL_OK);
+			memset(&o, 0, sizeof o);
+			run(e, &o);
+			for (int k = 0; k < o.count; k++) {
+				int t = o.tok[k][0];
+				cnt[t]++;
+				tot++;
+				lpbad += !(fabs(o.lp[k][0] - (lg[t] / sp.temperature - lse)) < 2e-5);
+			}
+		}
+		rl_engine_destroy(e);
+		free(lg);
+		T_OK(tot == G * R, "%g samples", tot);
+		for (int v = 0; v < 300; v++) {
+			double f = cnt[v] / tot, sd = sqrt(pr[v] * (1 - pr[v]) / tot);
+			/* 5 standard deviations (by chance ~1e-6 a token); outside the kept set, never */
+			bad += pr[v] == 0 ? cnt[v] > 0 : fabs(f - pr[v]) > 5 * sd;
+		}
+		T_OK(bad == 0, "%d tokens drawn off their probability under T, top-k, top-p", bad);
+		T_OK(lpbad == 0, "%d log-probs are not log_softmax(logits / T) of the whole vocabulary", lpbad);
 	}
 	/* ---- weights changing mid-generation (--partial): first and last versions ---- */
 	{
