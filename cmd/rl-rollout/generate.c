@@ -752,9 +752,13 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 		rl_error("%s: no \"prompt\" key", where);
 		goto out;
 	} else if (cJSON_IsString(pr) && !g->chat) {
+		/* the text is the model's input as it stands: a special token spelled in it
+		 * ("<|im_start|>" of a chat rendered beforehand) is that token, as a Hugging
+		 * Face tokenizer (so vLLM, verl), rl-rollout tokenize and rl-train take it; it
+		 * was encoded as its bytes.  Chat messages are not matched (apply_chat) */
 		text = rl_xstrdup(pr->valuestring);
 		tlen = strlen(text);
-		if ((rv = rl_tokenizer_encode(&ids, g->tok, text, tlen, 0)) != 0)
+		if ((rv = rl_tokenizer_encode(&ids, g->tok, text, tlen, RL_TOK_SPECIAL)) != 0)
 			goto out;
 	} else {
 		if (cJSON_IsString(pr)) {
