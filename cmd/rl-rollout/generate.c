@@ -800,8 +800,9 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 			goto out;
 		}
 		if (g->tmpl == RL_CHAT_AUTO && g->default_system && strcmp(msgs[0].role, "system") != 0) {
-			memmove(msgs + 1, msgs, sizeof msgs[0] * (size_t)nm++);
+			memmove(msgs + 1, msgs, sizeof msgs[0] * (size_t)nm);
 			msgs[0] = (rl_chat_msg){ "system", g->default_system };
+			nm++;
 		}
 		if ((rv = rl_tokenizer_apply_chat(&ids, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0 ||
 		    (rv = rl_tokenizer_render_chat(&text, &tlen, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0) {
@@ -1512,7 +1513,7 @@ rl_cmd_generate(int argc, char **argv)
 	 * never matched; it ends a sequence as that token's --stop-id would (the same tokens) */
 	for (int i = 0; i < nstop; i++) {
 		int32_t id = rl_tokenizer_lookup(g.tok, g.stops[i], strlen(g.stops[i]));
-		if (id >= 0 && rl_tokenizer_is_special(g.tok, id) && nstopid < 64) {
+		if (id >= 0 && id < g.m->cfg.vocab_size && rl_tokenizer_is_special(g.tok, id) && nstopid < 64) {
 			g.stop_ids[nstopid++] = id;
 			rl_verbose("--stop '%s' is the special token %d: it stops as --stop-id %d", g.stops[i], id, id);
 		}
