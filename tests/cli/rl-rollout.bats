@@ -221,13 +221,15 @@ for l in sys.stdin:
 
 @test "more bad prompt lines: trailing text, ids outside the vocabulary, a bad max_tokens; --skip-bad skips them" {
 	printf '%s\n' '{"prompt":"ab"} {"prompt":"cd"}' '{"prompt":"ab","max_tokens":0}' '{"prompt":"ab","max_tokens":"3"}' \
-	    '{"prompt":"ab","max_tokens":2.5}' '{"prompt":"ef","max_tokens":2}' > "$TD/bad3.jsonl"
+	    '{"prompt":"ab","max_tokens":2.5}' '{"prompt":"ab","prompt":"cd"}' '{"prompt":"ef","max_tokens":2}' > "$TD/bad3.jsonl"
 	run -1 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 3 --jsonl "$TD/bad3.jsonl"
 	[[ "$stderr" == *"line 1: not a JSON object"* ]]
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 3 --jsonl --skip-bad "$TD/bad3.jsonl"
 	[ "${#lines[@]}" -eq 1 ]
 	[ "$(printf '%s\n' "${lines[@]}" | fields max_tokens)" = "2" ]
-	[[ "$stderr" == *"4 bad prompt lines skipped"* ]]
+	# two "prompt" keys: cJSON took the first, Python the last, and the other went to meta
+	[[ "$stderr" == *'line 5: 2 "prompt" keys'* ]]
+	[[ "$stderr" == *"5 bad prompt lines skipped"* ]]
 	# an escaped NUL would cut the string (cJSON): refused; an escaped backslash before u0000 is text
 	printf '%s\n' '{"prompt":"ab\u0000cd"}' '{"prompt":"ab\\u0000cd"}' '{"prompt":"ef","answer":"x\u0000"}' \
 	    '{"prompt":"gh","an\u0000swer":"x"}' > "$TD/nul.jsonl"
