@@ -49,6 +49,8 @@ struct rl_engine {
 	seq *s;                 /* (slots) */
 	req *head, *tail;
 	int nwaiting, committed;
+	int prefill_cap;        /* prompt tokens the model's inference buffers hold: the packing
+	                         * budget, or more once a longer prompt came (0: lost, see grow_prefill) */
 	size_t maxstop;
 	/* backend buffers */
 	void *d_rows;           /* (slots, V) act: prefill logits replicated per sample */
@@ -117,6 +119,7 @@ rl_engine_create(rl_engine **out, rl_model *m, rl_tokenizer *tok, const rl_gen_o
 		goto fail;
 	if ((rv = rl_model_infer_reserve(m, RL_MAX(o->max_prefill_tokens, 1), S)) != 0)
 		goto fail;
+	e->prefill_cap = RL_MAX(o->max_prefill_tokens, 1);
 	e->s = rl_xcalloc((size_t)S, sizeof *e->s);
 	for (int i = 0; i < S; i++) {
 		e->s[i].tok = rl_try_malloc(sizeof(int32_t) * (size_t)RL_MAX(o->max_new, 1), "response tokens");
@@ -206,13 +209,47 @@ blocks_for(const rl_engine *e, int ntok)
 	return (ntok + e->kv->BS - 1) / e->kv->BS;
 }
 
-/* Worst-case cache blocks of a group: its prompt, and for each sample its
- * own blocks up to the longest response plus one copied on write. */
+/* Worst-case cache blocks of a group: its prompt's, the blocks each sample
+ * fills past them, and the copies of a partly filled last prompt block: every
+ * sample but the last to write into it copies it first (the last finds it
+ * its own).  A sample of maxnew tokens puts plen + maxnew - 1 in the cache
+ * (its last token is never fed back; multi-step decoding stops at the limit
+ * too).  This was blocks_for(maxnew) + 1 a sample, up to two blocks more than
+ * can be used: a group that fitted the pool was refused, and fewer were
+ * admitted at once than the pool holds. */
 static int
 group_reserve(const rl_engine *e, int plen, int nseq, int max_new)
 {
-	int maxnew = RL_MIN(max_new, e->m->cfg.max_pos - plen);
-	return blocks_for(e, plen) + nseq * (blocks_for(e, maxnew) + 1);
+	int maxnew = RL_MAX(1, RL_MIN(max_new, e->m->cfg.max_pos - plen));
+	int pb = blocks_for(e, plen);
+	return pb + nseq * (blocks_for(e, plen + maxnew - 1) - pb) + (plen % e->kv->BS ? nseq - 1 : 0);
+}
+
+/* A prompt longer than the packing budget (max_prefill_tokens) is prefilled
+ * alone: the model's inference buffers grow to its length, once, between steps
+ * (nothing in them outlives a step; rl_model_infer_reserve drops the decode
+ * graphs with them).  Until then such a prompt was refused even when the
+ * model's context held it.  When the larger buffers cannot be had, the old
+ * size is reserved again and the prompt refused; if even that fails the
+ * engine can no longer prefill or decode (prefill_cap 0: every step fails). */
+static int
+grow_prefill(rl_engine *e, int plen)
+{
+	int rv, old = e->prefill_cap;
+
+	if (old == 0)
+		return RL_ENOMEM;
+	if (plen <= old)
+		return RL_OK;
+	if ((rv = rl_model_infer_reserve(e->m, plen, e->slots)) == RL_OK) {
+		e->prefill_cap = plen;
+		return RL_OK;
+	}
+	rl_error("no memory to prefill a prompt of %d tokens (the buffers hold %d)", plen, old);
+	rl_hint("shorten the prompt, or free memory for the inference buffers");
+	if (rl_model_infer_reserve(e->m, old, e->slots) != RL_OK)
+		e->prefill_cap = 0;
+	return rv;
 }
 
 int
@@ -220,7 +257,7 @@ rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greed
     uint64_t seed, void *user)
 {
 	req *r;
-	int nseq = n + (greedy_extra ? 1 : 0);
+	int nseq = n + (greedy_extra ? 1 : 0), rv;
 
 	if (max_new <= 0 || max_new > e->o.max_new)
 		max_new = e->o.max_new;
@@ -231,11 +268,6 @@ rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greed
 	}
 	if (plen >= e->m->cfg.max_pos) {
 		rl_error("prompt of %d tokens leaves no room in the model's context of %d", plen, e->m->cfg.max_pos);
-		return RL_ETOOBIG;
-	}
-	if (plen > e->o.max_prefill_tokens) {
-		rl_error("prompt of %d tokens is longer than the prefill budget of %d tokens", plen,
-		    e->o.max_prefill_tokens);
 		return RL_ETOOBIG;
 	}
 	if (nseq > e->slots) {
@@ -249,6 +281,8 @@ rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greed
 		rl_hint("raise --kv-mem or lower --max-tokens");
 		return RL_ETOOBIG;
 	}
+	if ((rv = grow_prefill(e, plen)) != 0)
+		return rv;
 	r = rl_xcalloc(1, sizeof *r);
 	r->prompt = rl_try_malloc((size_t)plen * 4, "prompt");
 	if (!r->prompt) {
@@ -448,8 +482,9 @@ admit(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	while (e->head && !e->hold && nb < 256) {
 		req *r = e->head;
 		int nseq = r->n + r->greedy;
+		/* prompts are packed up to the budget; a longer one goes alone */
 		if (nseq > slots_left || e->committed + r->reserve > e->kv->nblk ||
-		    ntok + r->plen > e->o.max_prefill_tokens)
+		    (nb > 0 && ntok + r->plen > e->o.max_prefill_tokens))
 			break;
 		e->head = r->next;
 		if (!e->head)
@@ -534,6 +569,10 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 {
 	int rv, B = 0, g = 0;
 
+	if (e->prefill_cap == 0) {
+		rl_error("generation engine: no inference buffers (lost growing them for a long prompt)");
+		return RL_ENOMEM;
+	}
 	if ((rv = admit(e, done, ctx)) != 0)
 		return rv;
 	/* decode: sampled sequences first, greedy ones last */

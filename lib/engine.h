@@ -38,7 +38,9 @@ typedef struct rl_gen_opts {
 	int slots;                  /* sequences decoded together (default 64) */
 	size_t kv_mem;              /* KV cache budget in bytes (default 256 MiB) */
 	int block_size;             /* tokens per cache block (default 16) */
-	int max_prefill_tokens;     /* prompt tokens per prefill batch (default 4096) */
+	int max_prefill_tokens;     /* prompt tokens packed into one prefill (default 4096); a
+	                             * longer prompt is prefilled alone, the model's inference
+	                             * buffers grown to it (kept) */
 	int max_new;                /* response tokens at most (default 256) */
 	rl_sample_params sp;        /* temperature 0 = greedy */
 	const int32_t *stop_ids;    /* extra token ids that end a sequence (borrowed) */
@@ -84,10 +86,12 @@ int rl_engine_create(rl_engine **out, rl_model *m, rl_tokenizer *tok, const rl_g
 void rl_engine_destroy(rl_engine *e);
 
 /* Queues a request: prompt (plen tokens, copied), n samples (+1 greedy when
- * greedy_extra), its own response limit max_new (0: the engine's), the
- * request's seed, a user pointer handed back with each sample.  RL_ETOOBIG
- * when the prompt leaves no room in the model's context or the cache could
- * never hold the group; nothing queued then. */
+ * greedy_extra), its own response limit max_new (0 or more than the engine's:
+ * the engine's), the request's seed, a user pointer handed back with each
+ * sample.  RL_ETOOBIG when the prompt leaves no room in the model's context or
+ * the cache could never hold the group; RL_ENOMEM when a prompt longer than
+ * max_prefill_tokens finds no memory for the larger buffers; nothing queued
+ * then. */
 int rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greedy_extra,
     int max_new, uint64_t seed, void *user);
 

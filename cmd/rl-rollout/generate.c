@@ -148,6 +148,12 @@ typedef struct gen {
 	double last_poll;      /* when rl-sync was last asked for a new version */
 	double poll_backoff;   /* rl-sync did not answer: seconds until it is asked again (0: it answers) */
 	int nloads;
+	int warned_max_tokens; /* a line's max_tokens above --max-tokens was reported */
+	/* the model's own chat template, for --chat-template auto (chat_inspect) */
+	int tmpl_foreign;      /* neither ChatML nor plain: chat prompts are refused */
+	char *default_system;  /* the system turn its ChatML template opens a chat without one with */
+	char tmpl_path[4200];  /* the tokenizer_config.json that says so, for messages */
+	int eos_more[24];      /* ids ending a sequence as EOS besides go.eos_id (eos_set) */
 } gen;
 
 /* One prompt in flight: what its records need besides the tokens. */
@@ -158,7 +164,7 @@ typedef struct prompt {
 	char *meta;      /* JSON of everything but "prompt" */
 	int32_t *ids;
 	int nids;
-	int max_new;     /* the line's "max_tokens", 0: --max-tokens */
+	int max_new;     /* the line's "max_tokens" (at most --max-tokens), 0: --max-tokens */
 	int remaining;
 	int gsize;       /* samples in its group */
 	rl_traj_batch *out; /* queue mode: the group's records, put when complete */
@@ -587,6 +593,137 @@ tokens_push(rl_tokens *t, int32_t id)
 	return RL_OK;
 }
 
+/* The Jinja string literal that opens at q (a quote), unescaped (\\n, \\t, \\\\,
+ * \\', \\"), into a new string; NULL when it does not close. */
+static char *
+jinja_literal(const char *q)
+{
+	char quote = *q, *out = rl_xmalloc(strlen(q) + 1), *o = out;
+
+	for (q++; *q && *q != quote; q++) {
+		if (*q == '\\' && q[1]) {
+			q++;
+			*o++ = *q == 'n' ? '\n' : *q == 't' ? '\t' : *q;
+		} else {
+			*o++ = *q;
+		}
+	}
+	*o = 0;
+	if (*q != quote) {
+		free(out);
+		return NULL;
+	}
+	return out;
+}
+
+/* What --chat-template auto renders, against the model's own template
+ * (tokenizer_config.json's chat_template, Jinja, which rl-rollout does not
+ * run).  A ChatML template may open a chat that has no system turn with one
+ * of its own: Qwen2 and Qwen2.5 do ("You are Qwen, created by Alibaba
+ * Cloud. ..."), so Hugging Face apply_chat_template, and with it vLLM and
+ * verl, put it in; it is found as one quoted literal
+ * '<|im_start|>system\\n...<|im_end|>\\n' and put in the same way.  Any other
+ * template (Llama-3's <|start_header_id|>, Gemma's, Mistral's [INST]) cannot
+ * be rendered: chat prompts are refused then (they were rendered in the
+ * plain template, a prompt the model never saw). */
+static int
+chat_inspect(gen *g)
+{
+	cJSON *j = NULL;
+	const cJSON *ct;
+	const char *tpl = NULL;
+	int rv;
+
+	snprintf(g->tmpl_path, sizeof g->tmpl_path, "%s/tokenizer_config.json", g->model_dir);
+	if (access(g->tmpl_path, F_OK) != 0)
+		return RL_OK; /* no template: the tokenizer's choice (plain, or ChatML for the bytes one) */
+	if ((rv = rl_json_load(&j, g->tmpl_path, 0)) != 0)
+		return rv;
+	ct = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
+	if (cJSON_IsString(ct)) {
+		tpl = ct->valuestring;
+	} else if (cJSON_IsArray(ct)) {
+		/* named templates: Hugging Face takes "default" */
+		const cJSON *x;
+		cJSON_ArrayForEach(x, ct) {
+			const cJSON *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
+			const cJSON *t = cJSON_GetObjectItemCaseSensitive(x, "template");
+			if (cJSON_IsString(nm) && cJSON_IsString(t) && strcmp(nm->valuestring, "default") == 0)
+				tpl = t->valuestring;
+		}
+	}
+	if (tpl && *tpl && strcmp(tpl, "plain") != 0) {
+		if (rl_tokenizer_chat_template(g->tok) != RL_CHAT_CHATML) {
+			g->tmpl_foreign = 1;
+		} else {
+			static const char open_[] = "<|im_start|>system\\n", close_[] = "<|im_end|>\n";
+			for (const char *p = strstr(tpl, open_); p && !g->default_system; p = strstr(p + 1, open_)) {
+				char *lit;
+				size_t n;
+				if (p == tpl || (p[-1] != '\'' && p[-1] != '"') || !(lit = jinja_literal(p - 1)))
+					continue;
+				n = strlen(lit);
+				if (n > sizeof open_ - 2 + sizeof close_ - 1 &&
+				    strcmp(lit + n - (sizeof close_ - 1), close_) == 0) {
+					lit[n - (sizeof close_ - 1)] = 0;
+					g->default_system = rl_xstrdup(lit + sizeof open_ - 2);
+				}
+				free(lit);
+			}
+		}
+	}
+	cJSON_Delete(j);
+	return RL_OK;
+}
+
+static void
+eos_add(gen *g, int id)
+{
+	if (id < 0 || id == g->go.eos_id || g->go.neos_more == (int)RL_ARRAY_LEN(g->eos_more))
+		return;
+	for (int i = 0; i < g->go.neos_more; i++)
+		if (g->eos_more[i] == id)
+			return;
+	g->eos_more[g->go.neos_more++] = id;
+}
+
+/* The ids that end a sequence as EOS, as vLLM has them: config.json's
+ * eos_token_id (an id or a list) and also the tokenizer's eos_token and
+ * generation_config.json's eos_token_id (vLLM adds the latter to every
+ * request's stop ids).  Only config.json's were taken: Llama-3-8B-Instruct,
+ * whose config.json names <|end_of_text|> while the chat turn ends with
+ * <|eot_id|> (in generation_config.json), ran on past its answer to the
+ * token limit.  A generation_config.json that cannot be read is said and
+ * left out. */
+static void
+eos_set(gen *g)
+{
+	char path[4200];
+	cJSON *j = NULL;
+
+	g->go.eos_id = g->m->cfg.eos_id >= 0 ? g->m->cfg.eos_id : rl_tokenizer_eos_id(g->tok);
+	g->go.eos_more = g->eos_more;
+	g->go.neos_more = 0;
+	for (int i = 0; i < g->m->cfg.n_eos_more; i++)
+		eos_add(g, g->m->cfg.eos_more[i]);
+	eos_add(g, rl_tokenizer_eos_id(g->tok));
+	snprintf(path, sizeof path, "%s/generation_config.json", g->model_dir);
+	if (access(path, F_OK) != 0)
+		return;
+	if (rl_json_load(&j, path, 0) != RL_OK) {
+		rl_warn("'%s' cannot be read: its eos_token_id does not end sequences", path);
+		return;
+	}
+	const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id"), *it;
+	if (cJSON_IsNumber(e))
+		eos_add(g, e->valueint);
+	else if (cJSON_IsArray(e))
+		cJSON_ArrayForEach(it, e)
+			if (cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < 2147483647.0)
+				eos_add(g, it->valueint);
+	cJSON_Delete(j);
+}
+
 /* Parses a prompt object ({"prompt": text or messages, other keys...}; j is
  * consumed) into tokens, text and meta.  RL_EFORMAT (logged, naming `where`,
  * e.g. "'p.jsonl': line 3") for a bad one.  ids, when not NULL, are the prompt's
@@ -596,13 +733,25 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 {
 	cJSON *pr;
 	rl_tokens ids = { 0 };
-	rl_chat_msg msgs[64];
+	rl_chat_msg msgs[65];
 	char *text = NULL;
 	size_t tlen = 0;
 	int rv = RL_EFORMAT, nm = 0;
 
 	*out = NULL;
 	pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+	{
+		/* cJSON finds the first of two "prompt" keys, Python's json the last: which
+		 * one was meant is not known (the other went to meta) */
+		const cJSON *it;
+		int np = 0;
+		cJSON_ArrayForEach(it, j)
+			np += it->string && strcmp(it->string, "prompt") == 0;
+		if (np > 1) {
+			rl_error("%s: %d \"prompt\" keys", where, np);
+			goto out;
+		}
+	}
 	if (pre_ids) {
 		for (size_t i = 0; i < npre; i++)
 			if ((rv = tokens_push(&ids, pre_ids[i])) != 0)
@@ -615,9 +764,13 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 		rl_error("%s: no \"prompt\" key", where);
 		goto out;
 	} else if (cJSON_IsString(pr) && !g->chat) {
+		/* the text is the model's input as it stands: a special token spelled in it
+		 * ("<|im_start|>" of a chat rendered beforehand) is that token, as a Hugging
+		 * Face tokenizer (so vLLM, verl), rl-rollout tokenize and rl-train take it; it
+		 * was encoded as its bytes.  Chat messages are not matched (apply_chat) */
 		text = rl_xstrdup(pr->valuestring);
 		tlen = strlen(text);
-		if ((rv = rl_tokenizer_encode(&ids, g->tok, text, tlen, 0)) != 0)
+		if ((rv = rl_tokenizer_encode(&ids, g->tok, text, tlen, RL_TOK_SPECIAL)) != 0)
 			goto out;
 	} else {
 		if (cJSON_IsString(pr)) {
@@ -649,6 +802,19 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 			rl_error("%s: \"prompt\" must be a string or a list of messages", where);
 			rv = RL_EFORMAT;
 			goto out;
+		}
+		if (g->tmpl == RL_CHAT_AUTO && g->tmpl_foreign) {
+			rl_error("%s: the model's chat template ('%s') is neither ChatML nor plain, the only ones "
+			    "rl-rollout renders", where, g->tmpl_path);
+			rl_hint("render the chats into text prompts beforehand (the model's own template), or "
+			    "choose --chat-template chatml or plain knowingly");
+			rv = RL_ENOTSUP;
+			goto out;
+		}
+		if (g->tmpl == RL_CHAT_AUTO && g->default_system && strcmp(msgs[0].role, "system") != 0) {
+			memmove(msgs + 1, msgs, sizeof msgs[0] * (size_t)nm);
+			msgs[0] = (rl_chat_msg){ "system", g->default_system };
+			nm++;
 		}
 		if ((rv = rl_tokenizer_apply_chat(&ids, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0 ||
 		    (rv = rl_tokenizer_render_chat(&text, &tlen, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0) {
@@ -694,6 +860,15 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 				goto out;
 			}
 			max_new = (int)RL_MIN(mt->valuedouble, 1e7);
+			/* --max-tokens is the ceiling (it sizes the engine's buffers): the records
+			 * carry the limit applied, not the one asked for */
+			if (max_new > g->go.max_new) {
+				if (!g->warned_max_tokens)
+					rl_warn("%s: \"max_tokens\" %d is more than --max-tokens %d, which applies "
+					    "(said once)", where, max_new, g->go.max_new);
+				g->warned_max_tokens = 1;
+				max_new = g->go.max_new;
+			}
 		}
 	}
 	prompt *p = rl_xcalloc(1, sizeof *p);
@@ -877,7 +1052,8 @@ run_generate(gen *g)
 					continue;
 				}
 				/* finish and write what is already running, then fail */
-				rl_hint("--skip-bad skips such lines; the prompts before it are still written");
+				if (rv == RL_EFORMAT || rv == RL_ETOOBIG)
+					rl_hint("--skip-bad skips such lines; the prompts before it are still written");
 				fail = rv;
 				eof = 1;
 				break;
@@ -1132,7 +1308,12 @@ run_queue(gen *g)
 				rl_qack_result ares;
 				if ((rv = rl_traj_batch_get(lease.batch, i, t)) != 0)
 					goto out;
-				if (prompt_from_record(g, t, &p) != RL_OK) {
+				int prv = prompt_from_record(g, t, &p);
+				if (prv == RL_ENOTSUP) {
+					rv = prv; /* no chat prompt can be used (chat_inspect): not one to drop */
+					goto out;
+				}
+				if (prv != RL_OK) {
 					/* an unusable prompt is given up (acknowledged), not retried forever */
 					uint64_t id = 0;
 					rl_traj_get_u64(t, RL_TAG_ID, &id);
@@ -1215,7 +1396,12 @@ rl_cmd_generate(int argc, char **argv)
 		case 'n': NUM(1, 65536); g.n = (int)v; break;
 		case 'o': g.out_path = a; break;
 		case O_JSONL: g.jsonl = 1; break;
-		case O_TEMP: NUM(0, 100); g.go.sp.temperature = (float)v; break;
+		case O_TEMP:
+			NUM(0, 100);
+			/* below 1e-5 is greedy, as in vLLM: logits / 1e-45 overflowed to inf, and
+			 * every log-prob was NaN */
+			g.go.sp.temperature = v < 1e-5 ? 0.0f : (float)v;
+			break;
 		case O_TOPP: NUM(0, 1); g.go.sp.top_p = (float)v; break;
 		case O_TOPK: NUM(0, 1e9); g.go.sp.top_k = (int)v; break;
 		case O_MAXTOK: NUM(1, 1e7); g.go.max_new = (int)v; break;
@@ -1329,11 +1515,28 @@ rl_cmd_generate(int argc, char **argv)
 		goto out;
 	if ((rv = rl_tokenizer_open(&g.tok, g.model_dir)) != 0)
 		goto out;
-	g.go.eos_id = g.m->cfg.eos_id >= 0 ? g.m->cfg.eos_id : rl_tokenizer_eos_id(g.tok);
-	if (g.m->cfg.eos_id >= 0) { /* the rest of config.json's eos_token_id list */
-		g.go.eos_more = g.m->cfg.eos_more;
-		g.go.neos_more = g.m->cfg.n_eos_more;
+	if (g.tmpl == RL_CHAT_AUTO && (rv = chat_inspect(&g)) != 0)
+		goto out;
+	/* a --stop spelled as a special token: such tokens do not show in the text, so it
+	 * never matched; it ends a sequence as that token's --stop-id would (the same tokens) */
+	for (int i = 0; i < nstop; i++) {
+		int32_t id = rl_tokenizer_lookup(g.tok, g.stops[i], strlen(g.stops[i]));
+		if (id >= 0 && id < g.m->cfg.vocab_size && rl_tokenizer_is_special(g.tok, id) && nstopid < 64) {
+			g.stop_ids[nstopid++] = id;
+			rl_verbose("--stop '%s' is the special token %d: it stops as --stop-id %d", g.stops[i], id, id);
+		}
 	}
+	g.go.nstop_ids = nstopid;
+	eos_set(&g);
+	for (int i = 0; i < nstopid; i++)
+		if (g.stop_ids[i] >= g.m->cfg.vocab_size) {
+			/* it could never be drawn: the sequence would run on as if no --stop-id were given */
+			rl_error("--stop-id %d is outside the model's vocabulary [0, %d)", (int)g.stop_ids[i],
+			    g.m->cfg.vocab_size);
+			rl_hint("rl-rollout tokenize -m MODEL shows the ids of a text");
+			rv = RL_EINVAL;
+			goto out;
+		}
 	if (g.out_path && strcmp(g.out_path, "-") != 0) {
 		if (!(g.out = fopen(g.out_path, "wb"))) {
 			rl_error("cannot open '%s': %s", g.out_path, strerror(errno));
@@ -1417,6 +1620,7 @@ out:
 	rl_wver_destroy(g.wbase);
 	rl_wsync_close(g.ws);
 	rl_tokenizer_close(g.tok);
+	free(g.default_system);
 	rl_model_close(g.m);
 	rl_ops_close(g.ops);
 	if (rv)

@@ -80,6 +80,11 @@ for l in sys.stdin:
 	[ "${#lines[@]}" -eq 9 ]
 	[ "$(printf '%s\n' "${lines[@]}" | grep -c '"baseline":true')" -eq 3 ]
 	[ "$(printf '%s\n' "${lines[@]}" | grep -c '"group_size":3')" -eq 9 ]
+	# a temperature below 1e-5 is greedy (as in vLLM): 1e-45 gave NaN log-probs
+	rl-rollout -m "$TD/m0" --temperature 0 --max-tokens 8 --jsonl "$TD/p.jsonl" | fields response logprobs temperature > "$TD/t0"
+	rl-rollout -m "$TD/m0" --temperature 1e-45 --max-tokens 8 --jsonl "$TD/p.jsonl" | fields response logprobs temperature > "$TD/t45"
+	cmp "$TD/t0" "$TD/t45"
+	! grep -qi nan "$TD/t45"
 }
 
 @test "--decode-steps: the same responses and finish reasons as one step at a time; a bad count is a usage error" {
@@ -103,6 +108,10 @@ for l in sys.stdin:
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 2 --max-tokens 8 --jsonl "${ids[@]:0:128}" "$TD/p.jsonl"
 	printf '%s\n' "${lines[@]}" | fields finish | sort | uniq -c > "$TD/fin"
 	grep -q stop "$TD/fin"
+	# an id the model cannot draw is refused (it ended nothing)
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --stop-id 261 --jsonl "$TD/p.jsonl"
+	[[ "$stderr" == *"--stop-id 261 is outside the model's vocabulary [0, 261)"* ]]
+	[ "${#lines[@]}" -eq 0 ]
 	# a stop string found in the text
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 4 --max-tokens 30 --jsonl --stop e --stop a --stop o --stop i "$TD/p.jsonl"
 	printf '%s\n' "${lines[@]}" | python3 -c '
@@ -114,6 +123,22 @@ for l in sys.stdin:
         n += 1
         assert any(c in r["response_text"] for c in "eaoi"), r["response_text"]
 assert n > 0'
+}
+
+@test "a --stop spelled as a special token stops at that token (special tokens are not text)" {
+	# <|im_start|> is id 259 of the bytes tokenizer: it never matched as text
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 40 --max-tokens 40 --seed 3 --stop '<|im_start|>' --jsonl "$TD/p.jsonl"
+	printf '%s\n' "${lines[@]}" | python3 -c '
+import json, sys
+n = 0
+for l in sys.stdin:
+    r = json.loads(l)
+    t = r["response"]
+    assert 259 not in t[:-1], r
+    if t[-1] == 259:
+        assert r["finish"] == "stop", r
+        n += 1
+assert n > 0, "no sample drew <|im_start|>"'
 }
 
 @test "bad prompt lines: an error naming the line, earlier prompts still written; --skip-bad counts" {
@@ -196,13 +221,15 @@ for l in sys.stdin:
 
 @test "more bad prompt lines: trailing text, ids outside the vocabulary, a bad max_tokens; --skip-bad skips them" {
 	printf '%s\n' '{"prompt":"ab"} {"prompt":"cd"}' '{"prompt":"ab","max_tokens":0}' '{"prompt":"ab","max_tokens":"3"}' \
-	    '{"prompt":"ab","max_tokens":2.5}' '{"prompt":"ef","max_tokens":2}' > "$TD/bad3.jsonl"
+	    '{"prompt":"ab","max_tokens":2.5}' '{"prompt":"ab","prompt":"cd"}' '{"prompt":"ef","max_tokens":2}' > "$TD/bad3.jsonl"
 	run -1 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 3 --jsonl "$TD/bad3.jsonl"
 	[[ "$stderr" == *"line 1: not a JSON object"* ]]
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 3 --jsonl --skip-bad "$TD/bad3.jsonl"
 	[ "${#lines[@]}" -eq 1 ]
 	[ "$(printf '%s\n' "${lines[@]}" | fields max_tokens)" = "2" ]
-	[[ "$stderr" == *"4 bad prompt lines skipped"* ]]
+	# two "prompt" keys: cJSON took the first, Python the last, and the other went to meta
+	[[ "$stderr" == *'line 5: 2 "prompt" keys'* ]]
+	[[ "$stderr" == *"5 bad prompt lines skipped"* ]]
 	# an escaped NUL would cut the string (cJSON): refused; an escaped backslash before u0000 is text
 	printf '%s\n' '{"prompt":"ab\u0000cd"}' '{"prompt":"ab\\u0000cd"}' '{"prompt":"ef","answer":"x\u0000"}' \
 	    '{"prompt":"gh","an\u0000swer":"x"}' > "$TD/nul.jsonl"
@@ -234,6 +261,63 @@ PY
 	[ "${#lines[@]}" -eq 2 ]
 }
 
+@test "a line's max_tokens above --max-tokens: --max-tokens applies, the record says so, a warning says it once" {
+	printf '%s\n' '{"prompt":"ab","max_tokens":40}' '{"prompt":"cd","max_tokens":3}' '{"prompt":"ef","max_tokens":50}' > "$TD/mt.jsonl"
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 6 --stop-id 257 --jsonl "$TD/mt.jsonl"
+	# the record's max_tokens was 40 while 6 applied
+	[ "$(printf '%s\n' "${lines[@]}" | fields prompt_text max_tokens | sort | tr '\n' ' ')" = '"ab" 6 "cd" 3 "ef" 6 ' ]
+	printf '%s\n' "${lines[@]}" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    assert len(r["response"]) <= r["max_tokens"], r'
+	[[ "$stderr" == *'line 1: "max_tokens" 40 is more than --max-tokens 6, which applies'* ]]
+	[ "$(grep -c 'more than --max-tokens' <<< "$stderr")" -eq 1 ]
+}
+
+@test "--chat-template auto: a ChatML template's own default system turn is put in; a template neither ChatML nor plain is refused" {
+	# a Qwen2.5-shaped template: a chat without a system turn gets the template's own
+	cp -r "$TD/m0" "$TD/mq"
+	python3 - "$TD/mq/tokenizer_config.json" <<'PY'
+import json, sys
+t = ("{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+     "{%- else %}{{- '<|im_start|>system\\nBe a test \\'bot\\'.<|im_end|>\\n' }}{%- endif %}"
+     "{%- for m in messages %}{%- if not (loop.first and m.role == 'system') %}"
+     "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+json.dump({"chat_template": t}, open(sys.argv[1], "w"))
+PY
+	printf '%s\n' '{"prompt":[{"role":"user","content":"hi"}]}' '{"prompt":[{"role":"system","content":"S"},{"role":"user","content":"hi"}]}' \
+	    '{"prompt":"plain"}' > "$TD/chats.jsonl"
+	run -0 --separate-stderr rl-rollout -m "$TD/mq" --max-tokens 1 --jsonl "$TD/chats.jsonl"
+	[ "$(printf '%s\n' "${lines[@]}" | fields prompt_text | sort | tr '\n' ' ')" = \
+	    '"<|im_start|>system\nBe a test '"'bot'"'.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" "plain" ' ]
+	# --chat-template chatml is rlpipe's ChatML as it stands: no turn added
+	run -0 --separate-stderr rl-rollout -m "$TD/mq" --chat-template chatml --max-tokens 1 --jsonl "$TD/chats.jsonl"
+	printf '%s\n' "${lines[@]}" | grep -q '"prompt_text":"<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n"'
+	# a Llama-3-shaped template: auto refuses chats (they were rendered in the plain template), stops there
+	cp -r "$TD/m0" "$TD/ml"
+	printf '%s\n' '{"chat_template":"{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}"}' > "$TD/ml/tokenizer_config.json"
+	printf '%s\n' '{"prompt":"text first"}' '{"prompt":[{"role":"user","content":"hi"}]}' '{"prompt":"text after"}' > "$TD/chats2.jsonl"
+	run -1 --separate-stderr rl-rollout -m "$TD/ml" --max-tokens 1 --skip-bad --jsonl "$TD/chats2.jsonl"
+	[[ "$stderr" == *"line 2: the model's chat template ('$TD/ml/tokenizer_config.json') is neither ChatML nor plain"* ]]
+	[ "$(printf '%s\n' "${lines[@]}" | fields prompt_text)" = '"text first"' ]
+	run -0 --separate-stderr rl-rollout -m "$TD/ml" --chat-template plain --max-tokens 1 --jsonl "$TD/chats2.jsonl"
+	[ "${#lines[@]}" -eq 3 ]
+}
+
+@test "a text prompt's special-token strings are special tokens (a chat rendered beforehand), as rl-rollout tokenize has them; message text's are not" {
+	printf '%s\n' '{"prompt":"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"}' > "$TD/pre.jsonl"
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 1 --jsonl "$TD/pre.jsonl"
+	[ "$(printf '%s\n' "${lines[@]}" | fields prompt)" = "[259, 117, 115, 101, 114, 10, 104, 105, 260, 10, 259, 97, 115, 115, 105, 115, 116, 97, 110, 116, 10]" ]
+	# the same ids as the chat rendered by the template
+	printf '%s\n' '{"prompt":[{"role":"user","content":"hi"}]}' > "$TD/chat1.jsonl"
+	[ "$(rl-rollout -q -m "$TD/m0" --max-tokens 1 --jsonl "$TD/chat1.jsonl" | fields prompt)" = "$(printf '%s\n' "${lines[@]}" | fields prompt)" ]
+	# a message's text spelling a marker stays text: it cannot forge a turn
+	printf '%s\n' '{"prompt":[{"role":"user","content":"<|im_end|>"}]}' > "$TD/forge.jsonl"
+	rl-rollout -q -m "$TD/m0" --max-tokens 1 --jsonl "$TD/forge.jsonl" | fields prompt | grep -q '^\[259, 117, 115, 101, 114, 10, 60, 124,'
+}
+
 @test "prompt_text keeps valid UTF-8 and replaces only invalid bytes; meta numbers come back exactly" {
 	printf '{"prompt":"caf\xe9 \xc3\xa9 1+1=","uid":9007199254740992,"f":0.1}\n' > "$TD/latin1.jsonl"
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 2 --jsonl "$TD/latin1.jsonl"
@@ -252,6 +336,28 @@ PY
 	python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["eos_token_id"]=[257, "x"]; json.dump(c, open(sys.argv[1], "w"))' "$TD/eosl/config.json"
 	run -1 --separate-stderr rl-rollout -m "$TD/eosl" --jsonl "$TD/one.jsonl"
 	[[ "$stderr" == *'eos_token_id": item 1 is not a token id'* ]]
+}
+
+@test "generation_config.json's eos_token_id and the tokenizer's eos_token end a sequence too, as in vLLM" {
+	# Llama-3-Instruct's shape: config.json names one id, generation_config.json the turn's end
+	cp -r "$TD/m0" "$TD/eosg"
+	printf '{"prompt":"12+34="}\n' > "$TD/one.jsonl"
+	t=$(rl-rollout -q -m "$TD/m0" --temperature 0 --max-tokens 5 --jsonl "$TD/one.jsonl" | fields response | python3 -c 'import json,sys; print(json.loads(sys.stdin.read())[0])')
+	printf '{"eos_token_id": [257, %s]}\n' "$t" > "$TD/eosg/generation_config.json"
+	run -0 --separate-stderr rl-rollout -m "$TD/eosg" --temperature 0 --max-tokens 5 --jsonl "$TD/one.jsonl"
+	[ "$(printf '%s\n' "${lines[@]}" | fields response finish)" = "[$t] \"eos\"" ]
+	# config.json names <|pad|> (258); the tokenizer's <|eos|> (257) still ends a sample
+	rm "$TD/eosg/generation_config.json"
+	python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["eos_token_id"]=258; json.dump(c, open(sys.argv[1], "w"))' "$TD/eosg/config.json"
+	run -0 --separate-stderr rl-rollout -m "$TD/eosg" -n 40 --max-tokens 40 --seed 3 --jsonl "$TD/p.jsonl"
+	printf '%s\n' "${lines[@]}" | python3 -c '
+import json, sys
+n = 0
+for l in sys.stdin:
+    r = json.loads(l)
+    assert 257 not in r["response"][:-1], r
+    n += r["response"][-1] == 257 and r["finish"] == "eos"
+assert n > 0, "no sample drew <|eos|>"'
 }
 
 @test "refused: --score into a core field that is not per-token f32, -o onto the input, bad --kv-mem; option errors name the option" {

@@ -11,6 +11,10 @@
  *   default) gives the same samples bit for bit as rl_model_decode +
  *   ops->sample (RL_DECODE_LEGACY=1) on a workload where sequences finish and
  *   are admitted at different steps (engine_mix.h);
+ * - first tokens of 4000 samples follow softmax(logits / T) cut to top-k then
+ *   top-p (5 standard deviations a token), log-probs uncut;
+ * - a prompt longer than the prefill packing budget is generated (alone);
+ * - admission reserves exactly the blocks a group can fill;
  * - multi-step decoding (decode_steps 4 and 7: the tokens fed back on the
  *   backend, rl_model_decode_multi) gives the samples of one step at a time,
  *   with sequences that stop inside the steps and, with fewer slots than
@@ -216,6 +220,159 @@ main(void)
 		/* a group larger than the slots is refused with a hint */
 		T_EQ_INT(rl_engine_submit(e, pa, 5, 9, 0, 0, 1, NULL), RL_ETOOBIG);
 		rl_engine_destroy(e);
+	}
+	/* ---- a prompt longer than the prefill packing budget: prefilled alone, the
+	 * buffers grown to it, the same samples as with a budget that holds it (it was
+	 * refused while the model's context held it) ---- */
+	{
+		rl_gen_opts go2;
+		static out big, small;
+		int32_t lp[22];
+		for (int i = 0; i < 22; i++)
+			lp[i] = (i * 37 + 5) % 300;
+		for (int k = 0; k < 2; k++) {
+			out *o = k ? &small : &big;
+			rl_gen_opts_default(&go2);
+			go2.slots = 6;
+			go2.kv_mem = 1 << 20;
+			go2.block_size = 4;
+			go2.max_new = 10;
+			go2.sp.temperature = 0.9f;
+			go2.max_prefill_tokens = k ? 8 : 4096;
+			T_EQ_INT(rl_engine_create(&e, m, NULL, &go2), RL_OK);
+			T_EQ_INT(rl_engine_submit(e, pa, 5, 2, 0, 0, 31, (void *)1), RL_OK);
+			T_EQ_INT(rl_engine_submit(e, lp, 22, 2, 0, 0, 32, (void *)2), RL_OK);
+			T_EQ_INT(rl_engine_submit(e, pb, 3, 1, 0, 0, 33, (void *)3), RL_OK);
+			run(e, o);
+			rl_engine_destroy(e);
+		}
+		T_EQ_INT(small.count, 5);
+		int same = big.count == small.count;
+		for (int k = 0; k < big.count && same; k++) {
+			int j = find(&small, big.user[k], big.index[k]);
+			same = j >= 0 && small.n[j] == big.n[k] &&
+			    memcmp(small.tok[j], big.tok[k], sizeof(int32_t) * (size_t)big.n[k]) == 0;
+		}
+		T_OK(same, "a prompt longer than the prefill budget: other samples than with a budget that holds it");
+	}
+	/* ---- admission reserves what a group can use, no more: a pool of exactly that
+	 * many blocks takes the group (it was refused: up to two blocks more a sample),
+	 * and every sample runs to its limit in it, one step or four at a time ---- */
+	{
+		rl_gen_opts go2;
+		/* a block: 4 tokens x 2 kv heads x 12 x f32, K and V, 2 layers */
+		const size_t blk = 4 * 2 * 12 * 4 * 2 * 2;
+		int32_t p8[8] = { 9, 8, 7, 6, 5, 4, 3, 2 };
+		for (int ds = 1; ds <= 4; ds += 3) {
+			static out o;
+			memset(&o, 0, sizeof o);
+			rl_gen_opts_default(&go2);
+			go2.slots = 4;
+			go2.block_size = 4;
+			go2.max_new = 12;
+			go2.sp.temperature = 1.0f;
+			go2.decode_steps = ds;
+			/* 5 prompt tokens in 2 blocks; each of 4 samples puts 5 + 12 - 1 = 16 tokens in
+			 * the cache, 2 blocks more, and 3 of them copy the partly filled block 1: 13 */
+			go2.kv_mem = 13 * blk;
+			T_EQ_INT(rl_engine_create(&e, m, NULL, &go2), RL_OK);
+			T_EQ_INT(rl_engine_submit(e, pa, 5, 3, 1, 0, 41, (void *)1), RL_OK);
+			/* 8 prompt tokens (full blocks); 2 samples of 8 + 12 - 1 = 19 tokens: 3 blocks each */
+			T_EQ_INT(rl_engine_submit(e, p8, 8, 2, 0, 0, 42, (void *)2), RL_OK);
+			/* one sample of 5 + 12 - 1 = 16 tokens, alone in its blocks: 4 */
+			T_EQ_INT(rl_engine_submit(e, pa, 5, 1, 0, 0, 43, (void *)3), RL_OK);
+			run(e, &o);
+			T_EQ_INT(rl_engine_active(e) + rl_engine_waiting(e), 0);
+			rl_engine_destroy(e);
+			T_EQ_INT(o.count, 7);
+			int full = 0;
+			for (int k = 0; k < o.count; k++)
+				full += o.n[k] == 12 && o.finish[k] == RL_FINISH_LENGTH;
+			T_OK(full == 7, "decode_steps %d: %d of 7 samples reached their 12 tokens", ds, full);
+		}
+		/* one block less cannot hold the first group; 4 blocks hold the single sample */
+		go2.kv_mem = 12 * blk;
+		T_EQ_INT(rl_engine_create(&e, m, NULL, &go2), RL_OK);
+		T_EQ_INT(rl_engine_submit(e, pa, 5, 3, 1, 0, 41, (void *)1), RL_ETOOBIG);
+		rl_engine_destroy(e);
+		go2.kv_mem = 4 * blk;
+		T_EQ_INT(rl_engine_create(&e, m, NULL, &go2), RL_OK);
+		T_EQ_INT(rl_engine_submit(e, pa, 5, 1, 0, 0, 43, (void *)3), RL_OK);
+		rl_engine_destroy(e);
+	}
+	/* ---- the engine draws from the distribution it says: first tokens of 4000 samples
+	 * (groups of 40 sharing a prompt, 100 seeds) against softmax(logits / T) cut to the
+	 * top-k, then the top-p of those, from a fresh prefill; the recorded log-prob is the
+	 * uncut one ---- */
+	{
+		rl_gen_opts go2;
+		static out o;
+		enum { G = 40, R = 100 };
+		rl_sample_params sp = { 0.7f, 6, 0.8f };
+		double pr[300] = { 0 }, cnt[300] = { 0 }, lse = 0, mx = -1e300, tot = 0;
+		float *lg = malloc(sizeof(float) * 300);
+		rl_kvcache *kv;
+		rl_kvseq s, *sq = &s;
+		const int32_t *tp = pa;
+		int five = 5, idx[300], bad = 0, lpbad = 0;
+		T_EQ_INT(rl_kvcache_open(&kv, ops, &cfg, 1 << 20, 4), RL_OK);
+		rl_kvseq_init(&s, kv);
+		T_EQ_INT(rl_model_prefill(m, kv, &sq, &tp, &five, 1, lg), RL_OK);
+		rl_kvcache_release(kv, &s);
+		rl_kvcache_close(kv);
+		/* the exact rule, written out: sort by weight (ties: lower id), keep k, then
+		 * while the mass before a token (over the k) is below p */
+		for (int v = 0; v < 300; v++) {
+			idx[v] = v;
+			mx = fmax(mx, lg[v] / sp.temperature);
+		}
+		for (int v = 0; v < 300; v++)
+			lse += exp(lg[v] / sp.temperature - mx);
+		lse = mx + log(lse);
+		for (int a = 0; a < 300; a++)
+			for (int b = a + 1; b < 300; b++)
+				if (lg[idx[b]] > lg[idx[a]] || (lg[idx[b]] == lg[idx[a]] && idx[b] < idx[a])) {
+					int t = idx[a];
+					idx[a] = idx[b];
+					idx[b] = t;
+				}
+		double ksum = 0, c = 0;
+		for (int i = 0; i < sp.top_k; i++)
+			ksum += exp(lg[idx[i]] / sp.temperature - lse);
+		for (int i = 0; i < sp.top_k && (i == 0 || c < sp.top_p * ksum); i++) {
+			pr[idx[i]] = exp(lg[idx[i]] / sp.temperature - lse);
+			c += pr[idx[i]];
+		}
+		for (int v = 0; v < 300; v++)
+			pr[v] /= c;
+		rl_gen_opts_default(&go2);
+		go2.slots = G;
+		go2.kv_mem = 1 << 20;
+		go2.block_size = 4;
+		go2.max_new = 1;
+		go2.sp = sp;
+		T_EQ_INT(rl_engine_create(&e, m, NULL, &go2), RL_OK);
+		for (int r = 0; r < R; r++) {
+			T_EQ_INT(rl_engine_submit(e, pa, 5, G, 0, 0, 1000 + (uint64_t)r, NULL), RL_OK);
+			memset(&o, 0, sizeof o);
+			run(e, &o);
+			for (int k = 0; k < o.count; k++) {
+				int t = o.tok[k][0];
+				cnt[t]++;
+				tot++;
+				lpbad += !(fabs(o.lp[k][0] - (lg[t] / sp.temperature - lse)) < 2e-5);
+			}
+		}
+		rl_engine_destroy(e);
+		free(lg);
+		T_OK(tot == G * R, "%g samples", tot);
+		for (int v = 0; v < 300; v++) {
+			double f = cnt[v] / tot, sd = sqrt(pr[v] * (1 - pr[v]) / tot);
+			/* 5 standard deviations (by chance ~1e-6 a token); outside the kept set, never */
+			bad += pr[v] == 0 ? cnt[v] > 0 : fabs(f - pr[v]) > 5 * sd;
+		}
+		T_OK(bad == 0, "%d tokens drawn off their probability under T, top-k, top-p", bad);
+		T_OK(lpbad == 0, "%d log-probs are not log_softmax(logits / T) of the whole vocabulary", lpbad);
 	}
 	/* ---- weights changing mid-generation (--partial): first and last versions ---- */
 	{
