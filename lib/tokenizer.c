@@ -48,6 +48,12 @@ struct rl_tokenizer {
 	rli_bpe *bpe;
 	int32_t eos, bos, pad;
 	int chat;
+	/* the model's template, as far as it is known (set_template): not ChatML
+	 * nor plain, so RL_CHAT_AUTO cannot render it; the system turn its ChatML
+	 * template opens a chat without one with; the file it came from */
+	int chat_foreign;
+	char *chat_system;
+	char *chat_src;
 	uint32_t *ends;         /* scratch: piece ends of one section */
 	size_t n_ends, cap_ends;
 };
@@ -663,16 +669,89 @@ config_token(const rl_tokenizer *t, const cJSON *cfg, const char *key, const cha
 	return id;
 }
 
-static int
-template_names_chatml(const cJSON *ct)
+/* The Jinja string literal that opens at q (a quote), unescaped (\n, \t, and
+ * a backslash before any other character: that character), into a new
+ * string; NULL when it does not close. */
+static char *
+jinja_literal(const char *q)
 {
+	char quote = *q, *out = rl_xmalloc(strlen(q) + 1), *o = out;
+
+	for (q++; *q && *q != quote; q++) {
+		if (*q == '\\' && q[1]) {
+			q++;
+			*o++ = *q == 'n' ? '\n' : *q == 't' ? '\t' : *q;
+		} else {
+			*o++ = *q;
+		}
+	}
+	*o = 0;
+	if (*q != quote) {
+		free(out);
+		return NULL;
+	}
+	return out;
+}
+
+/* The model's chat template tpl (Jinja text, or the bytes tokenizer's
+ * "chatml" / "plain"), read from src.  rlpipe renders two templates itself:
+ * ChatML (tpl names <|im_start|>) and plain.  Any other (Llama-3's
+ * <|start_header_id|>, Gemma's, Mistral's [INST]) is foreign: RL_CHAT_AUTO
+ * refuses it rather than render a prompt the model never saw.  A ChatML
+ * template may open a chat that has no system turn with one of its own
+ * (Qwen2 and Qwen2.5: "You are Qwen, created by Alibaba Cloud. ..."), as
+ * Hugging Face's apply_chat_template, and so vLLM and verl, put in: it is
+ * found as one quoted literal '<|im_start|>system\n...<|im_end|>\n' and put
+ * in the same way. */
+static void
+set_template(rl_tokenizer *t, const char *tpl, const char *src)
+{
+	static const char open_[] = "<|im_start|>system\\n", close_[] = "<|im_end|>\n";
+	int chatml = strstr(tpl, "<|im_start|>") != NULL || strcmp(tpl, "chatml") == 0;
+
+	t->chat = chatml ? RL_CHAT_CHATML : RL_CHAT_PLAIN;
+	t->chat_foreign = !chatml && *tpl && strcmp(tpl, "plain") != 0;
+	free(t->chat_system);
+	t->chat_system = NULL;
+	free(t->chat_src);
+	t->chat_src = rl_xstrdup(src);
+	for (const char *p = strstr(tpl, open_); chatml && p && !t->chat_system; p = strstr(p + 1, open_)) {
+		char *lit;
+		size_t n;
+		if (p == tpl || (p[-1] != '\'' && p[-1] != '"') || !(lit = jinja_literal(p - 1)))
+			continue;
+		n = strlen(lit);
+		if (n > sizeof open_ - 2 + sizeof close_ - 1 && strcmp(lit + n - (sizeof close_ - 1), close_) == 0) {
+			lit[n - (sizeof close_ - 1)] = 0;
+			t->chat_system = rl_xstrdup(lit + sizeof open_ - 2);
+		}
+		free(lit);
+	}
+}
+
+/* A "chat_template" value: its text, or, for a list of named templates, the
+ * one named "default" (Hugging Face's choice; else the first); NULL when
+ * there is none. */
+static const char *
+template_text(const cJSON *ct)
+{
+	const cJSON *x, *first = NULL;
+
 	if (cJSON_IsString(ct))
-		return strstr(ct->valuestring, "<|im_start|>") != NULL || strcmp(ct->valuestring, "chatml") == 0;
-	if (cJSON_IsArray(ct))
-		for (const cJSON *x = ct->child; x; x = x->next)
-			if (template_names_chatml(cJSON_GetObjectItemCaseSensitive(x, "template")))
-				return 1;
-	return 0;
+		return ct->valuestring;
+	if (!cJSON_IsArray(ct))
+		return NULL;
+	cJSON_ArrayForEach(x, ct) {
+		const cJSON *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
+		const cJSON *tx = cJSON_GetObjectItemCaseSensitive(x, "template");
+		if (!cJSON_IsString(tx))
+			continue;
+		if (cJSON_IsString(nm) && strcmp(nm->valuestring, "default") == 0)
+			return tx->valuestring;
+		if (!first)
+			first = tx;
+	}
+	return first ? first->valuestring : NULL;
 }
 
 static void
@@ -685,9 +764,9 @@ apply_config(rl_tokenizer *t, const cJSON *cfg, const char *path)
 		t->bos = id;
 	if ((id = config_token(t, cfg, "pad_token", path)) != -2)
 		t->pad = id;
-	const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
-	if (ct && !cJSON_IsNull(ct))
-		t->chat = template_names_chatml(ct) ? RL_CHAT_CHATML : RL_CHAT_PLAIN;
+	const char *tpl = template_text(cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"));
+	if (tpl)
+		set_template(t, tpl, path);
 }
 
 /* The chat template saved beside tokenizer_config.json, which transformers
@@ -705,15 +784,15 @@ template_file(rl_tokenizer *t, const char *dir)
 
 	if (file_exists(p)) {
 		if ((rv = read_file(p, &text, &len)) == 0)
-			t->chat = strstr(text, "<|im_start|>") != NULL ? RL_CHAT_CHATML : RL_CHAT_PLAIN;
+			set_template(t, text, p);
 		goto out;
 	}
 	free(p);
 	p = path_join(dir, "chat_template.json");
 	if (file_exists(p) && (rv = parse_json(&j, p)) == 0) {
-		const cJSON *ct = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
-		if (ct && !cJSON_IsNull(ct))
-			t->chat = template_names_chatml(ct) ? RL_CHAT_CHATML : RL_CHAT_PLAIN;
+		const char *tpl = template_text(cJSON_GetObjectItemCaseSensitive(j, "chat_template"));
+		if (tpl)
+			set_template(t, tpl, p);
 	}
 out:
 	cJSON_Delete(j);
@@ -830,6 +909,8 @@ rl_tokenizer_close(rl_tokenizer *t)
 	rli_splitter_fini(&t->split);
 	rli_bpe_destroy(t->bpe);
 	free(t->ends);
+	free(t->chat_system);
+	free(t->chat_src);
 	free(t);
 }
 
@@ -1057,12 +1138,22 @@ chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int fl
 {
 	int32_t ims = find(t, "<|im_start|>"), ime = find(t, "<|im_end|>");
 	sbuf seg = { 0 };
-	int rv = 0;
-	if (tpl == RL_CHAT_AUTO)
+	int rv = 0, sys = 0;
+	if (tpl == RL_CHAT_AUTO) {
+		if (t->chat_foreign) {
+			rl_error("the model's chat template ('%s') is neither ChatML nor plain, the only ones "
+			    "rlpipe renders", t->chat_src);
+			rl_hint("render the chats into text prompts beforehand with the model's own template, or "
+			    "choose the chatml or plain template knowingly");
+			return RL_ENOTSUP;
+		}
 		tpl = t->chat;
+		/* the template's own system turn when the chat has none */
+		sys = tpl == RL_CHAT_CHATML && t->chat_system && (n == 0 || strcmp(m[0].role, "system") != 0);
+	}
 	if (tpl == RL_CHAT_CHATML && (ims < 0 || ime < 0)) {
 		rl_error("ChatML needs the tokens <|im_start|> and <|im_end|>, which this tokenizer lacks");
-		rl_hint("use the plain template (--template plain)");
+		rl_hint("use the plain template (rl-rollout --chat-template plain, rl-rollout tokenize --template plain)");
 		return RL_ENOTSUP;
 	}
 #define SPECIAL(id)                                                                       \
@@ -1082,6 +1173,13 @@ chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int fl
 			goto out;                                                       \
 	} while (0)
 	if (tpl == RL_CHAT_CHATML) {
+		if (sys) {
+			SPECIAL(ims);
+			TEXT("system\n");
+			TEXT(t->chat_system);
+			SPECIAL(ime);
+			TEXT("\n");
+		}
 		for (size_t i = 0; i < n; i++) {
 			SPECIAL(ims);
 			TEXT(m[i].role);

@@ -92,13 +92,20 @@ int32_t rl_tokenizer_lookup(const rl_tokenizer *tok, const char *s, size_t len);
  * message text is encoded with RL_TOK_SPECIAL only when FLAGS has it (so user
  * text spelling "<|im_end|>" cannot forge a turn unless asked for).
  * render_chat writes the same prompt as text (*TEXT caller frees).
+ * RL_CHAT_AUTO also puts in the system turn the model's ChatML template opens
+ * a chat without one with (Qwen2/2.5's), as Hugging Face's apply_chat_template
+ * does, and refuses (RL_ENOTSUP, logged) a model template that is neither
+ * ChatML nor plain (Llama-3's, Gemma's, ...): rendering it as plain would give
+ * a prompt the model never saw.
  * RL_ENOTSUP: ChatML on a tokenizer without <|im_start|>/<|im_end|>. */
 int rl_tokenizer_apply_chat(rl_tokens *out, rl_tokenizer *tok, const rl_chat_msg *msgs, size_t n,
 			    int template_, int flags);
 int rl_tokenizer_render_chat(char **text, size_t *len, const rl_tokenizer *tok, const rl_chat_msg *msgs,
 			     size_t n, int template_, int flags);
-/* The template chosen at open: ChatML when tokenizer_config.json's chat_template
- * contains "<|im_start|>" (or the bytes tokenizer says "chatml"), else plain. */
+/* The template chosen at open: ChatML when the model's chat template
+ * (chat_template.jinja, else chat_template.json, else tokenizer_config.json's
+ * chat_template, as transformers reads them) contains "<|im_start|>" (or the
+ * bytes tokenizer says "chatml"), else plain. */
 int rl_tokenizer_chat_template(const rl_tokenizer *tok);
 const char *rl_chat_template_name(int template_); /* "chatml", "plain", "auto" */
 int rl_chat_template_parse(const char *name);    /* inverse; -1 if unknown */

@@ -149,10 +149,6 @@ typedef struct gen {
 	double poll_backoff;   /* rl-sync did not answer: seconds until it is asked again (0: it answers) */
 	int nloads;
 	int warned_max_tokens; /* a line's max_tokens above --max-tokens was reported */
-	/* the model's own chat template, for --chat-template auto (chat_inspect) */
-	int tmpl_foreign;      /* neither ChatML nor plain: chat prompts are refused */
-	char *default_system;  /* the system turn its ChatML template opens a chat without one with */
-	char tmpl_path[4200];  /* the tokenizer_config.json that says so, for messages */
 	int eos_more[24];      /* ids ending a sequence as EOS besides go.eos_id (eos_set) */
 } gen;
 
@@ -593,89 +589,6 @@ tokens_push(rl_tokens *t, int32_t id)
 	return RL_OK;
 }
 
-/* The Jinja string literal that opens at q (a quote), unescaped (\\n, \\t, \\\\,
- * \\', \\"), into a new string; NULL when it does not close. */
-static char *
-jinja_literal(const char *q)
-{
-	char quote = *q, *out = rl_xmalloc(strlen(q) + 1), *o = out;
-
-	for (q++; *q && *q != quote; q++) {
-		if (*q == '\\' && q[1]) {
-			q++;
-			*o++ = *q == 'n' ? '\n' : *q == 't' ? '\t' : *q;
-		} else {
-			*o++ = *q;
-		}
-	}
-	*o = 0;
-	if (*q != quote) {
-		free(out);
-		return NULL;
-	}
-	return out;
-}
-
-/* What --chat-template auto renders, against the model's own template
- * (tokenizer_config.json's chat_template, Jinja, which rl-rollout does not
- * run).  A ChatML template may open a chat that has no system turn with one
- * of its own: Qwen2 and Qwen2.5 do ("You are Qwen, created by Alibaba
- * Cloud. ..."), so Hugging Face apply_chat_template, and with it vLLM and
- * verl, put it in; it is found as one quoted literal
- * '<|im_start|>system\\n...<|im_end|>\\n' and put in the same way.  Any other
- * template (Llama-3's <|start_header_id|>, Gemma's, Mistral's [INST]) cannot
- * be rendered: chat prompts are refused then (they were rendered in the
- * plain template, a prompt the model never saw). */
-static int
-chat_inspect(gen *g)
-{
-	cJSON *j = NULL;
-	const cJSON *ct;
-	const char *tpl = NULL;
-	int rv;
-
-	snprintf(g->tmpl_path, sizeof g->tmpl_path, "%s/tokenizer_config.json", g->model_dir);
-	if (access(g->tmpl_path, F_OK) != 0)
-		return RL_OK; /* no template: the tokenizer's choice (plain, or ChatML for the bytes one) */
-	if ((rv = rl_json_load(&j, g->tmpl_path, 0)) != 0)
-		return rv;
-	ct = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
-	if (cJSON_IsString(ct)) {
-		tpl = ct->valuestring;
-	} else if (cJSON_IsArray(ct)) {
-		/* named templates: Hugging Face takes "default" */
-		const cJSON *x;
-		cJSON_ArrayForEach(x, ct) {
-			const cJSON *nm = cJSON_GetObjectItemCaseSensitive(x, "name");
-			const cJSON *t = cJSON_GetObjectItemCaseSensitive(x, "template");
-			if (cJSON_IsString(nm) && cJSON_IsString(t) && strcmp(nm->valuestring, "default") == 0)
-				tpl = t->valuestring;
-		}
-	}
-	if (tpl && *tpl && strcmp(tpl, "plain") != 0) {
-		if (rl_tokenizer_chat_template(g->tok) != RL_CHAT_CHATML) {
-			g->tmpl_foreign = 1;
-		} else {
-			static const char open_[] = "<|im_start|>system\\n", close_[] = "<|im_end|>\n";
-			for (const char *p = strstr(tpl, open_); p && !g->default_system; p = strstr(p + 1, open_)) {
-				char *lit;
-				size_t n;
-				if (p == tpl || (p[-1] != '\'' && p[-1] != '"') || !(lit = jinja_literal(p - 1)))
-					continue;
-				n = strlen(lit);
-				if (n > sizeof open_ - 2 + sizeof close_ - 1 &&
-				    strcmp(lit + n - (sizeof close_ - 1), close_) == 0) {
-					lit[n - (sizeof close_ - 1)] = 0;
-					g->default_system = rl_xstrdup(lit + sizeof open_ - 2);
-				}
-				free(lit);
-			}
-		}
-	}
-	cJSON_Delete(j);
-	return RL_OK;
-}
-
 static void
 eos_add(gen *g, int id)
 {
@@ -733,7 +646,7 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 {
 	cJSON *pr;
 	rl_tokens ids = { 0 };
-	rl_chat_msg msgs[65];
+	rl_chat_msg msgs[64];
 	char *text = NULL;
 	size_t tlen = 0;
 	int rv = RL_EFORMAT, nm = 0;
@@ -803,19 +716,10 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 			rv = RL_EFORMAT;
 			goto out;
 		}
-		if (g->tmpl == RL_CHAT_AUTO && g->tmpl_foreign) {
-			rl_error("%s: the model's chat template ('%s') is neither ChatML nor plain, the only ones "
-			    "rl-rollout renders", where, g->tmpl_path);
-			rl_hint("render the chats into text prompts beforehand (the model's own template), or "
-			    "choose --chat-template chatml or plain knowingly");
-			rv = RL_ENOTSUP;
-			goto out;
-		}
-		if (g->tmpl == RL_CHAT_AUTO && g->default_system && strcmp(msgs[0].role, "system") != 0) {
-			memmove(msgs + 1, msgs, sizeof msgs[0] * (size_t)nm);
-			msgs[0] = (rl_chat_msg){ "system", g->default_system };
-			nm++;
-		}
+		/* --chat-template auto: the model's own template's system turn is put in
+		 * when the chat has none; a template neither ChatML nor plain is
+		 * refused (RL_ENOTSUP, which stops the run: no chat prompt can be
+		 * used); lib/tokenizer.c */
 		if ((rv = rl_tokenizer_apply_chat(&ids, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0 ||
 		    (rv = rl_tokenizer_render_chat(&text, &tlen, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0) {
 			rl_error("%s: cannot apply the chat template", where);
@@ -1310,7 +1214,7 @@ run_queue(gen *g)
 					goto out;
 				int prv = prompt_from_record(g, t, &p);
 				if (prv == RL_ENOTSUP) {
-					rv = prv; /* no chat prompt can be used (chat_inspect): not one to drop */
+					rv = prv; /* no chat prompt can be used (a foreign template): not one to drop */
 					goto out;
 				}
 				if (prv != RL_OK) {
@@ -1515,8 +1419,6 @@ rl_cmd_generate(int argc, char **argv)
 		goto out;
 	if ((rv = rl_tokenizer_open(&g.tok, g.model_dir)) != 0)
 		goto out;
-	if (g.tmpl == RL_CHAT_AUTO && (rv = chat_inspect(&g)) != 0)
-		goto out;
 	/* a --stop spelled as a special token: such tokens do not show in the text, so it
 	 * never matched; it ends a sequence as that token's --stop-id would (the same tokens) */
 	for (int i = 0; i < nstop; i++) {
@@ -1620,7 +1522,6 @@ out:
 	rl_wver_destroy(g.wbase);
 	rl_wsync_close(g.ws);
 	rl_tokenizer_close(g.tok);
-	free(g.default_system);
 	rl_model_close(g.m);
 	rl_ops_close(g.ops);
 	if (rv)

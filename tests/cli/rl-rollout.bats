@@ -84,7 +84,7 @@ for l in sys.stdin:
 	rl-rollout -m "$TD/m0" --temperature 0 --max-tokens 8 --jsonl "$TD/p.jsonl" | fields response logprobs temperature > "$TD/t0"
 	rl-rollout -m "$TD/m0" --temperature 1e-45 --max-tokens 8 --jsonl "$TD/p.jsonl" | fields response logprobs temperature > "$TD/t45"
 	cmp "$TD/t0" "$TD/t45"
-	! grep -qi nan "$TD/t45"
+	! grep -qi nan "$TD/t45" || false
 }
 
 @test "--decode-steps: the same responses and finish reasons as one step at a time; a bad count is a usage error" {
@@ -300,10 +300,22 @@ PY
 	printf '%s\n' '{"chat_template":"{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}"}' > "$TD/ml/tokenizer_config.json"
 	printf '%s\n' '{"prompt":"text first"}' '{"prompt":[{"role":"user","content":"hi"}]}' '{"prompt":"text after"}' > "$TD/chats2.jsonl"
 	run -1 --separate-stderr rl-rollout -m "$TD/ml" --max-tokens 1 --skip-bad --jsonl "$TD/chats2.jsonl"
-	[[ "$stderr" == *"line 2: the model's chat template ('$TD/ml/tokenizer_config.json') is neither ChatML nor plain"* ]]
+	[[ "$stderr" == *"the model's chat template ('$TD/ml/tokenizer_config.json') is neither ChatML nor plain"* ]]
+	[[ "$stderr" == *"line 2: cannot apply the chat template"* ]]
 	[ "$(printf '%s\n' "${lines[@]}" | fields prompt_text)" = '"text first"' ]
 	run -0 --separate-stderr rl-rollout -m "$TD/ml" --chat-template plain --max-tokens 1 --jsonl "$TD/chats2.jsonl"
 	[ "${#lines[@]}" -eq 3 ]
+	# rl-rollout tokenize --chat renders (and refuses) the same, from the same tokenizer code
+	run -0 --separate-stderr rl-rollout tokenize -m "$TD/mq" --chat <<< '[{"role":"user","content":"hi"}]'
+	[ "$(jq -r .text <<< "$output")" = "<|im_start|>system"$'\n'"Be a test 'bot'.<|im_end|>"$'\n'"<|im_start|>user"$'\n'"hi<|im_end|>"$'\n'"<|im_start|>assistant" ] || { echo "$output"; false; }
+	run -1 --separate-stderr rl-rollout tokenize -m "$TD/ml" --chat <<< '[{"role":"user","content":"hi"}]'
+	[[ "$stderr" == *"is neither ChatML nor plain"* ]]
+	# the template in chat_template.jinja alone (recent transformers saves it there) is found too
+	cp -r "$TD/m0" "$TD/mj"
+	python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chat_template"], end="")' \
+	    "$TD/mq/tokenizer_config.json" > "$TD/mj/chat_template.jinja"
+	run -0 --separate-stderr rl-rollout -m "$TD/mj" --max-tokens 1 --jsonl "$TD/chats.jsonl"
+	printf '%s\n' "${lines[@]}" | grep -q '"prompt_text":"<|im_start|>system\\nBe a test '"'bot'"'.<|im_end|>\\n<|im_start|>user\\nhi'
 }
 
 @test "a text prompt's special-token strings are special tokens (a chat rendered beforehand), as rl-rollout tokenize has them; message text's are not" {
