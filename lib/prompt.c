@@ -77,6 +77,14 @@ rl_prompt_line_to_traj(rl_traj *t, const char *line, size_t n, const char *what)
 		         what, p && p->string ? p->string : "?");
 		goto out;
 	}
+	k = 0;
+	cJSON_ArrayForEach(p, j)
+		k += p->string != NULL && strcmp(p->string, "prompt") == 0;
+	if (k > 1) {
+		/* cJSON finds the first, Python's json (the data's likely writer) the last */
+		rl_error("%s: %d \"prompt\" keys", what, k);
+		goto out;
+	}
 	p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
 	if (!p || !is_prompt_value(p)) {
 		rl_error("%s: \"prompt\" must be a string or a list of message objects", what);

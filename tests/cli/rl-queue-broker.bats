@@ -185,6 +185,11 @@ print(d)' "$@"
 	assert_failure 1
 	[[ "$stderr" == *"'$D/pl.jsonl': line 3: not a JSON object"* ]]
 	[[ "$stderr" == *"put: 2 records: 2 accepted"* ]]
+	# two "prompt" keys: cJSON took the first, Python's json the last; neither is guessed
+	printf '{"prompt":"c"}\n{"prompt":"d","prompt":"e"}\n' > "$D/dup.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/dup.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"'$D/dup.jsonl': line 2: 2 \"prompt\" keys"* ]]
 	# 256 prompts of 280 kB are over a put's 64 MiB: batches end at 8 MiB
 	python3 -c "
 import sys
