@@ -195,9 +195,23 @@ num_error(int c, const char *a, double lo, double hi)
 {
 	char on[64];
 
-	fprintf(stderr, "rl-rollout: %s: bad value '%s' (want a number from %g to %g)\n", opt_name(c, on, sizeof on), a, lo, hi);
+	fprintf(stderr, "rl-rollout: %s: bad value '%s' (want a number from %.10g to %.10g)\n", opt_name(c, on, sizeof on), a, lo, hi);
 	fprintf(stderr, "rl-rollout: hint: rl-rollout --help lists the options\n");
 	return 2;
+}
+
+/* A seed: every one of its 64 bits (a double keeps 53: 2^53 + 1 became 2^53). */
+static int
+parse_seed(const char *s, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	if (*s < '0' || *s > '9' || (v = strtoull(s, &end, 10), *end) || errno == ERANGE)
+		return -1;
+	*out = (uint64_t)v;
+	return 0;
 }
 
 static int
@@ -1295,9 +1309,11 @@ rl_cmd_generate(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "m:n:o:qvh", longopts, NULL)) != -1) {
 		const char *a = optarg;
 #define NUM(lo, hi) do { if (parse_num(a, lo, hi, &v)) return num_error(c, a, lo, hi); } while (0)
+/* a count or an id: a whole number (2.5 was taken as 2) */
+#define INT(lo, hi) do { if (parse_num(a, lo, hi, &v) || v != floor(v)) return num_error(c, a, lo, hi); } while (0)
 		switch (c) {
 		case 'm': g.model_dir = a; break;
-		case 'n': NUM(1, 65536); g.n = (int)v; break;
+		case 'n': INT(1, 65536); g.n = (int)v; break;
 		case 'o': g.out_path = a; break;
 		case O_JSONL: g.jsonl = 1; break;
 		case O_TEMP:
@@ -1307,28 +1323,31 @@ rl_cmd_generate(int argc, char **argv)
 			g.go.sp.temperature = v < 1e-5 ? 0.0f : (float)v;
 			break;
 		case O_TOPP: NUM(0, 1); g.go.sp.top_p = (float)v; break;
-		case O_TOPK: NUM(0, 1e9); g.go.sp.top_k = (int)v; break;
-		case O_MAXTOK: NUM(1, 1e7); g.go.max_new = (int)v; break;
+		case O_TOPK: INT(0, 1e9); g.go.sp.top_k = (int)v; break;
+		case O_MAXTOK: INT(1, 1e7); g.go.max_new = (int)v; break;
 		case O_STOP:
 			if (nstop == 64 || !*a)
 				return usage_error("too many or empty --stop '%s'", a);
 			g.stops[nstop++] = a;
 			break;
 		case O_STOPID:
-			NUM(0, 2e9);
+			INT(0, 2e9);
 			if (nstopid == 64)
 				return usage_error("too many --stop-id ('%s')", a);
 			g.stop_ids[nstopid++] = (int32_t)v;
 			break;
-		case O_SEED: NUM(0, 1.8e19); g.seed = (uint64_t)v; break;
+		case O_SEED:
+			if (parse_seed(a, &g.seed))
+				return usage_error("--seed: '%s' is not a whole number from 0 to 2^64-1", a);
+			break;
 		case O_CHAT: g.chat = 1; break;
 		case O_TMPL:
 			if ((g.tmpl = rl_chat_template_parse(a)) < 0)
 				return usage_error("--chat-template: unknown chat template '%s' (auto, chatml, plain)", a);
 			break;
 		case O_GREEDY: g.greedy = 1; break;
-		case O_SLOTS: NUM(1, 65536); g.go.slots = (int)v; break;
-		case O_DSTEPS: NUM(1, RL_GEN_MAX_STEPS); g.go.decode_steps = (int)v; break;
+		case O_SLOTS: INT(1, 65536); g.go.slots = (int)v; break;
+		case O_DSTEPS: INT(1, RL_GEN_MAX_STEPS); g.go.decode_steps = (int)v; break;
 		case O_KVMEM:
 			if (parse_bytes(a, &kv))
 				return usage_error("--kv-mem: bad size '%s' (bytes, with K, M or G; at most 1024G)", a);
@@ -1340,8 +1359,8 @@ rl_cmd_generate(int argc, char **argv)
 			g.device = a;
 			break;
 		case O_WFROM: g.weights_from = a; break;
-		case O_STALE: NUM(0, 1e9); g.max_staleness = (int)v; break;
-		case O_TBATCH: NUM(1, 1e9); g.train_batch = (int)v; break;
+		case O_STALE: INT(0, 1e9); g.max_staleness = (int)v; break;
+		case O_TBATCH: INT(1, 1e9); g.train_batch = (int)v; break;
 		case O_PARTIAL: g.partial = 1; break;
 		case O_SKIPBAD: g.skip_bad = 1; break;
 		case O_SCORE: g.score_field = a; break;
@@ -1350,8 +1369,8 @@ rl_cmd_generate(int argc, char **argv)
 		case O_WTIMEOUT: NUM(0, 1e9); g.weights_timeout = v; break;
 		case O_SYNC: g.sync_url = a; break;
 		case O_WGROUP: g.wgo.addr = a; break;
-		case O_WGRANK: NUM(1, 65535); g.wgo.rank = (int)v; break;
-		case O_WGSIZE: NUM(2, 65536); g.wgo.world = (int)v; break;
+		case O_WGRANK: INT(1, 65535); g.wgo.rank = (int)v; break;
+		case O_WGSIZE: INT(2, 65536); g.wgo.world = (int)v; break;
 		case O_WGBACK:
 			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl") && strcmp(a, "ipc"))
 				return usage_error("--weights-group-backend takes auto, cpu, nccl or ipc, not '%s'", a);

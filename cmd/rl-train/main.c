@@ -3,6 +3,7 @@
  * Parses options into rl_train_opts and calls lib/train.c.
  */
 #include <getopt.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,7 +211,16 @@ main(int argc, char **argv)
 		case 'o': o.out_dir = a; break;
 		case O_INIT: init = a; break;
 		case O_TOKENIZER: tokenizer = a; break;
-		case O_SEED: INT(0, 1.8e19); o.seed = (uint64_t)v; break;
+		case O_SEED: {
+			/* every one of its 64 bits (a double keeps 53) */
+			char *end;
+			unsigned long long u;
+			errno = 0;
+			if (*a < '0' || *a > '9' || (u = strtoull(a, &end, 10), *end) || errno == ERANGE)
+				return usage_error("--seed: '%s' is not a whole number from 0 to 2^64-1", a);
+			o.seed = (uint64_t)u;
+			break;
+		}
 		case O_DEVICE:
 			if (!rl_ops_device_ok(a))
 				return usage_error("--device: want cpu, cuda, cuda:N or auto, not '%s'", a);

@@ -392,6 +392,18 @@ assert n > 0, "no sample drew <|eos|>"'
 	[[ "$stderr" == *"--top-p: bad value '1.5' (want a number from 0 to 1)"* ]]
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" -n 0 "$TD/p.jsonl"
 	[[ "$stderr" == *"--samples: bad value '0'"* ]]
+	# counts are whole numbers (2.5 was taken as 2); a seed keeps all 64 bits (a double
+	# rounded 2^53 + 1 to 2^53) and is refused beyond them
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --top-k 2.5 "$TD/p.jsonl"
+	[[ "$stderr" == *"--top-k: bad value '2.5'"* ]]
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" -n 1.5 "$TD/p.jsonl"
+	for sd in -1 18446744073709551616 1e3 0x10; do
+		run -2 --separate-stderr rl-rollout -m "$TD/m0" --seed "$sd" "$TD/p.jsonl"
+		[[ "$stderr" == *"--seed: '$sd' is not a whole number"* ]]
+	done
+	rl-rollout -m "$TD/m0" --seed 9007199254740993 --max-tokens 8 --jsonl "$TD/p.jsonl" | fields response > "$TD/s1"
+	rl-rollout -m "$TD/m0" --seed 9007199254740992 --max-tokens 8 --jsonl "$TD/p.jsonl" | fields response > "$TD/s0"
+	! cmp -s "$TD/s0" "$TD/s1" || false
 	# a device or template name that cannot be is a usage error naming the option
 	for d in tpu cuda:x cuda: cuda:99999 CPU; do
 		run -2 --separate-stderr rl-rollout -m "$TD/m0" --device "$d" "$TD/p.jsonl"

@@ -29,6 +29,12 @@ mk() { python3 tests/fixtures/train/mkscored.py "$@"; }
 	[[ "$stderr" == *"--kl: "*"'k9'"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --schedule nope
 	[[ "$stderr" == *"--schedule: "*"'nope'"* ]]
+	# a seed keeps all 64 bits (a double rounded 2^53 + 1 to 2^53)
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --seed 18446744073709551616
+	[[ "$stderr" == *"--seed: '18446744073709551616' is not a whole number"* ]]
+	rl-train --init "$TD/m0/config.json" --tokenizer bytes --out "$TD/seed0" --seed 9007199254740992 2>/dev/null
+	rl-train --init "$TD/m0/config.json" --tokenizer bytes --out "$TD/seed1" --seed 9007199254740993 2>/dev/null
+	! cmp -s "$TD/seed0/model.safetensors" "$TD/seed1/model.safetensors" || false
 	# a device name that cannot be is a usage error too, found before the model loads
 	for d in tpu cuda:x cuda: cuda:99999 CPU; do
 		run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --device "$d" "$TD/scored.jsonl"
