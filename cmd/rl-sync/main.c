@@ -156,6 +156,9 @@ install_signals(void)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	/* past a file size limit (ulimit -f) writing a version fails with EFBIG,
+	 * reported like a full disk, instead of killing the process */
+	signal(SIGXFSZ, SIG_IGN);
 }
 
 static int

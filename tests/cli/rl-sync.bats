@@ -251,6 +251,28 @@ bump() {
 	cmp "$T/ck/model.safetensors" "$T/out/v000007/model.safetensors"
 }
 
+@test "a version that cannot be saved in --data-dir is refused to the pusher; the server keeps the one before" {
+	# a file size limit (4 MiB: sh counts 512-byte blocks) makes the write
+	# fail as a full disk does; the server used to die of SIGXFSZ and the
+	# pusher waited on it
+	real=$(command -v rl-sync)
+	mkdir "$T/bin"
+	printf '#!/bin/sh\nulimit -f 8192\nexec "%s" "$@"\n' "$real" >"$T/bin/rl-sync"
+	chmod +x "$T/bin/rl-sync"
+	PATH="$T/bin:$PATH" serve --data-dir "$T/data"
+	rl-sync push "$URL" "$T/ck" --version 1
+	cp -r "$T/ck" "$T/big"
+	head -c 5000000 /dev/urandom >"$T/big/model.safetensors"
+	run -1 --separate-stderr timeout 20 rl-sync push "$URL" "$T/big" --version 2
+	[[ $stderr == *"cannot save version 2"* ]]
+	kill -0 "$SPID"
+	run --separate-stderr rl-sync status "$URL" --json
+	[[ $output == *'"latest":1'* ]] || [[ $output == *'"latest": 1'* ]]
+	[ -z "$(ls -A "$T/data" | grep '^\.tmp-')" ]
+	rl-sync pull "$URL" --out "$T/out"
+	cmp "$T/ck/model.safetensors" "$T/out/v000001/model.safetensors"
+}
+
 @test "a corrupted chunk is detected and fetched again" {
 	RL_WSYNC_TEST_CORRUPT=1 serve
 	rl-sync push "$URL" "$T/ck"
