@@ -549,6 +549,25 @@ rl_wdir_latest(const char *dir, uint64_t *version, char *path, size_t pathsz)
 	return path ? rl_wdir_path(path, pathsz, dir, *version) : RL_OK;
 }
 
+int
+rl_wdir_before(const char *dir, uint64_t below, uint64_t *version, char *path, size_t pathsz)
+{
+	uint64_t *vs;
+	int n, rv, i;
+
+	*version = 0;
+	if ((rv = list_versions(dir, &vs, &n)) != 0)
+		return rv;
+	for (i = 0; i < n && vs[i] >= below; i++)   /* newest first */
+		;
+	if (i < n)
+		*version = vs[i];
+	free(vs);
+	if (*version == 0)
+		return RL_ENOENT;
+	return path ? rl_wdir_path(path, pathsz, dir, *version) : RL_OK;
+}
+
 static int
 switch_latest(const char *dir, uint64_t version)
 {

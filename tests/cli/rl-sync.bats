@@ -251,6 +251,22 @@ bump() {
 	cmp "$T/ck/model.safetensors" "$T/out/v000007/model.safetensors"
 }
 
+@test "a restarted server with --keep-previous holds the previous version from --data-dir too" {
+	serve --data-dir "$T/data" --keep-previous
+	rl-sync push "$URL" "$T/ck" --version 1
+	bump ck2 "xy"
+	rl-sync push "$URL" "$T/ck2" --version 2
+	kill -9 "$SPID"; wait "$SPID" || true
+	serve --data-dir "$T/data" --keep-previous
+	# it held only the latest after a restart: version 1 was on disk, not served
+	run --separate-stderr rl-sync pull "$URL" --version 1 --out "$T/out"
+	echo "$stderr"
+	assert_success
+	cmp "$T/ck/model.safetensors" "$T/out/v000001/model.safetensors"
+	rl-sync pull "$URL" --out "$T/out"
+	cmp "$T/ck2/model.safetensors" "$T/out/v000002/model.safetensors"
+}
+
 @test "a version that cannot be saved in --data-dir is refused to the pusher; the server keeps the one before" {
 	# a file size limit (4 MiB: sh counts 512-byte blocks) makes the write
 	# fail as a full disk does; the server used to die of SIGXFSZ and the
