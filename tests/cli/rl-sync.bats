@@ -22,6 +22,7 @@ setup() {
 teardown() {
 	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
 	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+	[ -z "${MNT:-}" ] || umount "$MNT"
 }
 
 # a copy of ck with a few bytes changed: a small "update"
@@ -287,6 +288,29 @@ bump() {
 	[ -z "$(ls -A "$T/data" | grep '^\.tmp-')" ]
 	rl-sync pull "$URL" --out "$T/out"
 	cmp "$T/ck/model.safetensors" "$T/out/v000001/model.safetensors"
+}
+
+@test "a version left half written by a server that died does not fill the disk for the next one" {
+	# a small disk: room for the kept version and one more
+	mkdir "$T/disk"
+	mount -t tmpfs -o size=8m tmpfs "$T/disk" 2>/dev/null || skip "cannot mount a tmpfs here"
+	MNT=$T/disk
+	serve --data-dir "$T/disk/data"
+	rl-sync push "$URL" "$T/ck" --version 1
+	kill -9 "$SPID"; wait "$SPID" || true
+	# what a kill -9 while version 2 was being saved leaves behind
+	mkdir "$T/disk/data/.tmp-v000002-999999999-1"
+	head -c 3000000 /dev/urandom >"$T/disk/data/.tmp-v000002-999999999-1/model.safetensors"
+	serve --data-dir "$T/disk/data"
+	bump ck2 "xy"
+	# it was removed only by the prune after a save that succeeded: every
+	# save failed for want of the room it took
+	run --separate-stderr rl-sync push "$URL" "$T/ck2" --version 2
+	echo "$stderr"
+	assert_success
+	[ ! -e "$T/disk/data/.tmp-v000002-999999999-1" ]
+	rl-sync pull "$URL" --out "$T/out"
+	cmp "$T/ck2/model.safetensors" "$T/out/v000002/model.safetensors"
 }
 
 @test "a corrupted chunk is detected and fetched again" {
