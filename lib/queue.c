@@ -1633,8 +1633,10 @@ rl_queue_journal_compact(rl_queue *q)
 	rl_buf b;
 	int fd = -1, rv, dfd;
 
-	if (q->jfd < 0 || q->jbroken)
+	if (q->jfd < 0)
 		return RL_OK;
+	if (q->jbroken)
+		return RL_EIO;   /* nothing after a failed write, not even a snapshot */
 	rl_buf_init(&b);
 	if ((rv = snapshot(q, &b)) != 0)
 		goto out;

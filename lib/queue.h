@@ -154,7 +154,8 @@ int rl_queue_journal_compact_due(const rl_queue *q);
 /* Replaces the journal by a snapshot of the live state (pending ops
  * included).  RL_OK when done; RL_EBUSY when it could not be written (full
  * disk, no memory): logged, the journal stays as it was and is appended to,
- * and the next try waits until it has grown by a quarter. */
+ * and the next try waits until it has grown by a quarter; RL_EIO after a
+ * failed write. */
 int rl_queue_journal_compact(rl_queue *q);
 
 #endif
