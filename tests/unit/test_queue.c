@@ -626,6 +626,55 @@ test_journal_compact_fails(void)
 	T_EQ_INT(rmdir(dir), 0);
 }
 
+/* Options are not journaled: a restart with other ones replays the same
+ * state and applies the new ones from then on (docs/queue.md). */
+static void
+test_journal_new_options(void)
+{
+	rl_queue_config cfg;
+	rl_queue *q;
+	uint64_t lid, ids[256], live;
+	char path[128];
+
+	snprintf(dir, sizeof dir, "/tmp/rlq-test-no.%d", (int)getpid());
+	rl_queue_config_default(&cfg);
+	cfg.data_dir = dir;
+	cfg.fsync = 0;
+	cfg.max_staleness = 4;
+	cfg.lease_ms = 60000;
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(1, 2, 1, 0, 2, 0, 8), NULL), 0);   /* version 0 */
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(3, 2, 2, 0, 2, 3, 8), NULL), 0);   /* version 3 */
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(5, 2, 3, 0, 2, 3, 8), NULL), 0);
+	T_EQ_INT(rl_queue_set_version(q, 3, NULL), 0);
+	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 2, 0, &lid, ids), 2);   /* group 1: 3 - 0 <= 4 */
+	T_EQ_INT(rl_queue_journal_sync(q), 0);
+	live = st(q).bytes;
+	rl_queue_close(q);
+
+	/* K 0, a bound below the live bytes, a short lease timeout */
+	cfg.max_staleness = 0;
+	cfg.max_bytes = live - 1;
+	cfg.lease_ms = 10;
+	T_EQ_INT(rl_queue_open(&q, &cfg, now + 1000), 0);
+	T_EQ_INT(st(q).depth[RL_QS_SCORED], 4);       /* nothing dropped by the bound */
+	T_EQ_INT(st(q).depth[RL_QS_TRAINING], 2);     /* the old lease keeps its 60 s */
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(7, 2, 4, 0, 2, 3, 8), NULL), RL_EBUSY);
+	T_EQ_INT(rl_queue_tick(q, now + 2000, NULL), 0);
+	T_EQ_INT(st(q).depth[RL_QS_TRAINING], 2);
+	T_EQ_INT(rl_queue_tick(q, now + 61000, NULL), 0);
+	T_EQ_INT(st(q).depth[RL_QS_TRAINING], 0);     /* expired: group 1 is back */
+	/* K = 0 now: group 1 (version 0, trainer at 3) is stale at the next lease */
+	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 8, 0, &lid, ids), 4);
+	T_EQ_INT(st(q).stale_dropped, 2);
+	rl_queue_close(q);
+	snprintf(path, sizeof path, "%s/journal", dir);
+	unlink(path);
+	snprintf(path, sizeof path, "%s/lock", dir);
+	unlink(path);
+	T_EQ_INT(rmdir(dir), 0);
+}
+
 int
 main(void)
 {
@@ -638,5 +687,6 @@ main(void)
 	test_journal();
 	test_journal_write_fails();
 	test_journal_compact_fails();
+	test_journal_new_options();
 	T_END();
 }
