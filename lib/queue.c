@@ -1486,12 +1486,18 @@ rl_queue_journal_write(rl_queue *q, const rl_buf *b)
 {
 	int rv;
 
-	if (q->jfd < 0 || b->len == 0)
+	if (q->jfd < 0)
 		return RL_OK;
 	if (q->jbroken) {
-		rl_error("'%s': not written after a failed write", q->jpath);
+		/* also with nothing to write: the caller (group commit) takes
+		 * success as "durable up to here", and the ops of the batch that
+		 * failed are below here */
+		if (b->len)
+			rl_error("'%s': not written after a failed write", q->jpath);
 		return RL_EIO;
 	}
+	if (b->len == 0)
+		return RL_OK;
 	rv = rl_io_write_full(q->jfd, b->p, b->len, q->jpath);
 	if (rv == 0 && q->cfg.fsync && fdatasync(q->jfd) != 0) {
 		rl_error("cannot sync '%s': %s", q->jpath, strerror(errno));

@@ -147,8 +147,9 @@ int rl_queue_journal_sync(rl_queue *q);               /* write + fsync + compact
 uint64_t rl_queue_journal_take(rl_queue *q, rl_buf *b);
 /* Appends b and syncs it.  After a failed write (a full disk, EFBIG, EIO) the
  * file is cut back to its last whole op and every later write fails
- * (RL_EIO): nothing can follow torn bytes, which replay would take for
- * damage in the middle. */
+ * (RL_EIO), an empty one too: nothing can follow torn bytes, which replay
+ * would take for damage in the middle, and success would tell the server's
+ * group commit that the ops of the failed batch were durable. */
 int rl_queue_journal_write(rl_queue *q, const rl_buf *b);
 int rl_queue_journal_compact_due(const rl_queue *q);
 /* Replaces the journal by a snapshot of the live state (pending ops
