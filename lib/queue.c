@@ -1904,6 +1904,17 @@ bad:
 			}
 		}
 	}
+	/* The first write to a journal is its head op alone (journal_open,
+	 * synced before anything else; a compaction renames a whole file), so
+	 * a file that long without a whole op at byte 0 was never a torn write
+	 * of this broker: another program's file, a newer format, or damage.
+	 * Cut, it was all gone with a warning. */
+	if (off == 0 && n >= 8 + J_FIXED + 4) {
+		rl_error("'%s': not an rl-queue journal, or damaged at byte 0 (%zu bytes, no whole operation)", q->jpath,
+		    n);
+		rl_hint("point --data-dir at the broker's directory, or move the file away to start empty");
+		return RL_EFORMAT;
+	}
 	/* usually a write cut by a crash, so never acknowledged; but the same
 	 * shape comes from damage to the last op, which may have been */
 	rl_warn("'%s': dropping a damaged or torn tail of %zu bytes at byte %zu (a write cut by a crash, "

@@ -360,6 +360,13 @@ test_bad_and_busy(void)
 
 static char dir[64];
 
+static long long
+file_size(const char *path)
+{
+	struct stat sb;
+	return stat(path, &sb) == 0 ? (long long)sb.st_size : -1;
+}
+
 static void
 journal_state(rl_queue *q, uint64_t *out)
 {
@@ -465,6 +472,22 @@ test_journal(void)
 	}
 	T_OK(rl_queue_open(&q, &cfg, now) != 0);
 
+	/* a file with no whole op at its start is not cut to nothing (it was
+	 * all dropped as a "torn tail"): a torn first write is shorter than
+	 * the head op, which is written alone */
+	{
+		char junk[5000];
+		for (size_t i = 0; i < sizeof junk; i++)
+			junk[i] = (char)(i * 131 + 7);
+		T_EQ_INT(rl_io_write_atomic(path, junk, sizeof junk, 0), 0);
+		T_EQ_INT(rl_queue_open(&q, &cfg, now), RL_EFORMAT);
+		T_EQ_INT(file_size(path), sizeof junk);
+		T_EQ_INT(rl_io_write_atomic(path, junk, 20, 0), 0);   /* a torn head: cut */
+		T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+		T_EQ_INT(st(q).depth[RL_QS_PROMPT], 0);
+		rl_queue_close(q);
+	}
+
 	/* automatic compaction bounds the file */
 	unlink(path);
 	cfg.compact_bytes = 1;
@@ -505,12 +528,6 @@ test_journal(void)
 	T_EQ_INT(rmdir(dir), 0);
 }
 
-static long long
-file_size(const char *path)
-{
-	struct stat sb;
-	return stat(path, &sb) == 0 ? (long long)sb.st_size : -1;
-}
 
 /* A journal write that fails half way (here EFBIG past RLIMIT_FSIZE, as a
  * full disk would) leaves nothing behind it: the torn bytes are cut and no
