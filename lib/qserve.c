@@ -111,9 +111,13 @@ commit(rl_qserve *s, uint64_t seq)
 			__atomic_store_n(&s->durable, target, __ATOMIC_RELEASE);
 			lock(s);
 			if (rl_queue_journal_compact_due(s->q)) {
+				/* RL_EBUSY: postponed; ops queued since the take stay
+				 * pending, the next commit writes them */
 				rv = rl_queue_journal_compact(s->q);
 				if (rv == 0)
 					__atomic_store_n(&s->durable, rl_queue_journal_seq(s->q), __ATOMIC_RELEASE);
+				else if (rv == RL_EBUSY)
+					rv = RL_OK;
 			}
 			unlock(s);
 		}

@@ -225,6 +225,8 @@ struct rl_queue {
 	rl_buf jpend;
 	uint64_t jseq, jsynced;
 	uint64_t jbytes;        /* file size; written by rl_queue_journal_write */
+	int jbroken;            /* a write failed: the file ends at jbytes, nothing more goes in */
+	uint64_t jcompact_at;   /* after a compaction failed: not tried again below this size */
 
 	/* throughput samples */
 	struct { uint64_t t, put[RL_QSTAGE_COUNT], leased[RL_QSTAGE_COUNT], done; } rate[RATE_SLOTS];
@@ -1484,13 +1486,33 @@ rl_queue_journal_write(rl_queue *q, const rl_buf *b)
 {
 	int rv;
 
-	if (q->jfd < 0 || b->len == 0)
+	if (q->jfd < 0)
 		return RL_OK;
-	if ((rv = rl_io_write_full(q->jfd, b->p, b->len, q->jpath)) != 0)
-		return rv;
-	if (q->cfg.fsync && fdatasync(q->jfd) != 0) {
-		rl_error("cannot sync '%s': %s", q->jpath, strerror(errno));
+	if (q->jbroken) {
+		/* also with nothing to write: the caller (group commit) takes
+		 * success as "durable up to here", and the ops of the batch that
+		 * failed are below here */
+		if (b->len)
+			rl_error("'%s': not written after a failed write", q->jpath);
 		return RL_EIO;
+	}
+	if (b->len == 0)
+		return RL_OK;
+	rv = rl_io_write_full(q->jfd, b->p, b->len, q->jpath);
+	if (rv == 0 && q->cfg.fsync && fdatasync(q->jfd) != 0) {
+		rl_error("cannot sync '%s': %s", q->jpath, strerror(errno));
+		rv = RL_EIO;
+	}
+	if (rv != 0) {
+		/* A later write that got through (space freed meanwhile) would
+		 * follow these torn bytes, and replay refuses damage followed by
+		 * intact ops: cut them, and write nothing more (these ops and the
+		 * ones after them are answered with an error, the broker stops). */
+		q->jbroken = 1;
+		if (ftruncate(q->jfd, (off_t)q->jbytes) != 0)
+			rl_warn("cannot cut '%s' back to %llu bytes: %s (the restart cuts the torn tail)", q->jpath,
+			    (unsigned long long)q->jbytes, strerror(errno));
+		return rv;
 	}
 	__atomic_add_fetch(&q->jbytes, b->len, __ATOMIC_RELAXED);
 	__atomic_add_fetch(&q->st.journal_syncs, 1, __ATOMIC_RELAXED);
@@ -1501,7 +1523,8 @@ int
 rl_queue_journal_compact_due(const rl_queue *q)
 {
 	uint64_t jb = __atomic_load_n(&q->jbytes, __ATOMIC_RELAXED);
-	return q->jfd >= 0 && jb > RL_MAX(q->cfg.compact_bytes, 2 * q->st.bytes);
+	return q->jfd >= 0 && !q->jbroken && jb > RL_MAX(q->cfg.compact_bytes, 2 * q->st.bytes) &&
+	    jb >= q->jcompact_at;
 }
 
 static int
@@ -1618,6 +1641,8 @@ rl_queue_journal_compact(rl_queue *q)
 
 	if (q->jfd < 0)
 		return RL_OK;
+	if (q->jbroken)
+		return RL_EIO;   /* nothing after a failed write, not even a snapshot */
 	rl_buf_init(&b);
 	if ((rv = snapshot(q, &b)) != 0)
 		goto out;
@@ -1626,7 +1651,10 @@ rl_queue_journal_compact(rl_queue *q)
 		goto out;
 	}
 	sprintf(tmp, "%s.tmp", q->jpath);
-	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+	/* O_APPEND: after the rename this descriptor is the journal's, so there
+	 * is nothing to open again (and nothing that can fail) once the old
+	 * file is gone */
+	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644)) < 0) {
 		rl_error("cannot create '%s': %s", tmp, strerror(errno));
 		rv = RL_EIO;
 		goto out;
@@ -1643,23 +1671,29 @@ rl_queue_journal_compact(rl_queue *q)
 		close(dfd);
 	}
 	close(q->jfd);
-	if ((q->jfd = open(q->jpath, O_WRONLY | O_APPEND | O_CLOEXEC)) < 0) {
-		rl_error("cannot open '%s': %s", q->jpath, strerror(errno));
-		close(fd);
-		fd = -1;
-		rv = RL_EIO;
-		goto out;
-	}
+	q->jfd = fd;
+	fd = -1;
 	/* the snapshot holds everything pending too */
 	q->jpend.len = 0;
 	__atomic_store_n(&q->jbytes, b.len, __ATOMIC_RELAXED);
+	q->jcompact_at = 0;
 	q->st.compactions++;
 	rl_verbose("compacted '%s' to %zu bytes", q->jpath, b.len);
 out:
 	if (fd >= 0)
 		close(fd);
-	if (rv != 0 && tmp)
-		unlink(tmp);
+	if (rv != 0) {
+		/* the journal itself is whole and still appended to: a full disk
+		 * (or no memory for the snapshot) only postpones the compaction,
+		 * until the journal has grown by a quarter */
+		uint64_t jb = __atomic_load_n(&q->jbytes, __ATOMIC_RELAXED);
+		if (tmp)
+			unlink(tmp);
+		q->jcompact_at = jb + RL_MAX(jb / 4, (uint64_t)4096);
+		rl_warn("'%s': compaction failed; the journal goes on growing (%llu bytes), next try at %llu bytes",
+		    q->jpath, (unsigned long long)jb, (unsigned long long)q->jcompact_at);
+		rv = RL_EBUSY;
+	}
 	free(tmp);
 	rl_buf_fini(&b);
 	return rv;
@@ -1679,7 +1713,7 @@ rl_queue_journal_sync(rl_queue *q)
 	if (rv == 0)
 		q->jsynced = q->jseq;
 	if (rv == 0 && rl_queue_journal_compact_due(q))
-		rv = rl_queue_journal_compact(q);
+		rl_queue_journal_compact(q);   /* RL_EBUSY: postponed, what was pending is written */
 	return rv;
 }
 
@@ -1870,6 +1904,17 @@ bad:
 			}
 		}
 	}
+	/* The first write to a journal is its head op alone (journal_open,
+	 * synced before anything else; a compaction renames a whole file), so
+	 * a file that long without a whole op at byte 0 was never a torn write
+	 * of this broker: another program's file, a newer format, or damage.
+	 * Cut, it was all gone with a warning. */
+	if (off == 0 && n >= 8 + J_FIXED + 4) {
+		rl_error("'%s': not an rl-queue journal, or damaged at byte 0 (%zu bytes, no whole operation)", q->jpath,
+		    n);
+		rl_hint("point --data-dir at the broker's directory, or move the file away to start empty");
+		return RL_EFORMAT;
+	}
 	/* usually a write cut by a crash, so never acknowledged; but the same
 	 * shape comes from damage to the last op, which may have been */
 	rl_warn("'%s': dropping a damaged or torn tail of %zu bytes at byte %zu (a write cut by a crash, "
@@ -1948,7 +1993,7 @@ journal_open(rl_queue *q)
 	}
 	/* start from a snapshot: replay was the slow part, next restart is quick */
 	if (len > 0 && rl_queue_journal_compact_due(q))
-		return rl_queue_journal_compact(q);
+		rl_queue_journal_compact(q);   /* RL_EBUSY: postponed, the journal is whole */
 	return RL_OK;
 }
 

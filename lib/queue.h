@@ -145,8 +145,18 @@ int rl_queue_journal_sync(rl_queue *q);               /* write + fsync + compact
 /* Moves the pending bytes into *b (which must be empty) and returns the
  * sequence they reach. */
 uint64_t rl_queue_journal_take(rl_queue *q, rl_buf *b);
+/* Appends b and syncs it.  After a failed write (a full disk, EFBIG, EIO) the
+ * file is cut back to its last whole op and every later write fails
+ * (RL_EIO), an empty one too: nothing can follow torn bytes, which replay
+ * would take for damage in the middle, and success would tell the server's
+ * group commit that the ops of the failed batch were durable. */
 int rl_queue_journal_write(rl_queue *q, const rl_buf *b);
 int rl_queue_journal_compact_due(const rl_queue *q);
+/* Replaces the journal by a snapshot of the live state (pending ops
+ * included).  RL_OK when done; RL_EBUSY when it could not be written (full
+ * disk, no memory): logged, the journal stays as it was and is appended to,
+ * and the next try waits until it has grown by a quarter; RL_EIO after a
+ * failed write. */
 int rl_queue_journal_compact(rl_queue *q);
 
 #endif

@@ -549,6 +549,25 @@ rl_wdir_latest(const char *dir, uint64_t *version, char *path, size_t pathsz)
 	return path ? rl_wdir_path(path, pathsz, dir, *version) : RL_OK;
 }
 
+int
+rl_wdir_before(const char *dir, uint64_t below, uint64_t *version, char *path, size_t pathsz)
+{
+	uint64_t *vs;
+	int n, rv, i;
+
+	*version = 0;
+	if ((rv = list_versions(dir, &vs, &n)) != 0)
+		return rv;
+	for (i = 0; i < n && vs[i] >= below; i++)   /* newest first */
+		;
+	if (i < n)
+		*version = vs[i];
+	free(vs);
+	if (*version == 0)
+		return RL_ENOENT;
+	return path ? rl_wdir_path(path, pathsz, dir, *version) : RL_OK;
+}
+
 static int
 switch_latest(const char *dir, uint64_t version)
 {
@@ -591,6 +610,31 @@ mkdir_p(const char *dir)
 	return RL_OK;
 }
 
+/* Removes the temporaries of writers that died (pid in the name): a kill
+ * during a write leaves a version's worth of bytes there. */
+static void
+clean_temps(const char *dir)
+{
+	char path[4200];
+	DIR *d;
+	struct dirent *e;
+
+	if ((d = opendir(dir)) == NULL)
+		return;
+	while ((e = readdir(d)) != NULL) {
+		const char *dash;
+		long pid;
+		if (strncmp(e->d_name, ".tmp-", 5) != 0 || (dash = strchr(e->d_name + 5, '-')) == NULL)
+			continue;
+		pid = strtol(dash + 1, NULL, 10);
+		if (pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+			snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+			remove_tree(path);
+		}
+	}
+	closedir(d);
+}
+
 int
 rl_wdir_publish_ver(const char *dir, const rl_wver *v, int keep)
 {
@@ -608,6 +652,10 @@ rl_wdir_publish_ver(const char *dir, const rl_wver *v, int keep)
 			 (unsigned long long)l);
 		return RL_ESTALE;
 	}
+	/* before writing, not only in the prune after it: on a disk with room
+	 * for the versions kept plus one, a dead writer's temporary made every
+	 * later write fail, and the prune that would remove it never ran */
+	clean_temps(dir);
 	if ((rv = rl_wdir_path(path, sizeof path, dir, v->version)) != 0 || (rv = rl_wver_write_dir(v, path)) != 0 ||
 	    (rv = switch_latest(dir, v->version)) != 0)
 		return rv;
@@ -647,8 +695,6 @@ rl_wdir_prune(const char *dir, int keep)
 	int n, rv;
 	char path[4200], link[4200], tgt[256];
 	ssize_t k;
-	DIR *d;
-	struct dirent *e;
 
 	if (keep < 1)
 		keep = 1;
@@ -667,21 +713,7 @@ rl_wdir_prune(const char *dir, int keep)
 		remove_tree(path);
 	}
 	free(vs);
-	/* temporaries of writers that died */
-	if ((d = opendir(dir)) != NULL) {
-		while ((e = readdir(d)) != NULL) {
-			const char *dash;
-			long pid;
-			if (strncmp(e->d_name, ".tmp-", 5) != 0 || (dash = strchr(e->d_name + 5, '-')) == NULL)
-				continue;
-			pid = strtol(dash + 1, NULL, 10);
-			if (pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
-				snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-				remove_tree(path);
-			}
-		}
-		closedir(d);
-	}
+	clean_temps(dir);
 	return RL_OK;
 }
 

@@ -41,6 +41,10 @@ int rl_wdir_publish_ver(const char *dir, const rl_wver *v, int keep);
  * step-00000100 — gives that directory and number, so rl-rollout
  * --weights-from can watch rl-train --out directly.  RL_ENOENT if none. */
 int rl_wdir_latest(const char *dir, uint64_t *version, char *path, size_t pathsz);
+/* rl_wdir_before: the newest complete vNNNNNN in dir below `below` (what a
+ * restarted server with --keep-previous holds besides the latest), as
+ * rl_wdir_latest gives it.  RL_ENOENT if none. */
+int rl_wdir_before(const char *dir, uint64_t below, uint64_t *version, char *path, size_t pathsz);
 
 /* rl_wdir_prune removes all but the newest `keep` (>= 1) version directories
  * (never the one `latest` names) and temporaries left by dead writers. */

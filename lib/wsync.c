@@ -2424,37 +2424,51 @@ rl_wsync_server_publish(rl_wsync_server *s, rl_wver *v)
 	return RL_OK;
 }
 
+/* Loads one stored version and installs it (verified against rlsync.json). */
+static int
+load_one(rl_wsync_server *s, uint64_t ver, const char *path)
+{
+	rl_wver *v = NULL;
+	sver *x;
+	uint32_t ck;
+	int rv;
+
+	if ((rv = rl_wver_read_dir(&v, path, 0)) != 0) {
+		rl_error("cannot load version %llu from '%s': %s", (unsigned long long)ver, path, rl_strerror(rv));
+		return rv;
+	}
+	ck = v->chunk;
+	if (ck < RL_WSYNC_PIECE || ck > RL_WSYNC_CHUNK_MAX || ck % RL_WSYNC_PIECE)
+		ck = RL_WSYNC_CHUNK_DEFAULT;
+	if ((rv = sver_make(&x, v, ck)) != 0) {
+		rl_wver_destroy(v);
+		return rv;
+	}
+	install(s, x);
+	rl_info("serving version %llu from '%s'", (unsigned long long)ver, path);
+	return RL_OK;
+}
+
 static int
 server_load(rl_wsync_server *s)
 {
-	uint64_t ver;
-	char path[4096];
-	rl_wver *v = NULL;
+	uint64_t ver, prev;
+	char path[4096], ppath[4096];
 	int rv;
 
 	if ((rv = rl_wdir_latest(s->data_dir, &ver, path, sizeof path)) == RL_ENOENT)
 		return RL_OK;
 	if (rv != 0)
 		return rv;
-	if ((rv = rl_wver_read_dir(&v, path, 0)) != 0) {
-		rl_error("cannot load version %llu from '%s': %s", (unsigned long long)ver, path, rl_strerror(rv));
-		return rv;
-	}
-	{
-		sver *x;
-		uint32_t ck = v->chunk;
-		if (ck < RL_WSYNC_PIECE || ck > RL_WSYNC_CHUNK_MAX || ck % RL_WSYNC_PIECE)
-			ck = RL_WSYNC_CHUNK_DEFAULT;
-		if ((rv = sver_make(&x, v, ck)) != 0) {
-			rl_wver_destroy(v);
-			return rv;
-		}
-		install(s, x);
-	}
-	rl_info("serving version %llu from '%s'", (unsigned long long)ver, path);
-	return RL_OK;
+	/* --keep-previous: the version before is on disk too (persist keeps
+	 * two); installed first, it becomes the held previous and the base
+	 * for deltas, as before the restart.  It is optional: one that cannot
+	 * be read is left out with a warning. */
+	if (s->o.keep_previous && rl_wdir_before(s->data_dir, ver, &prev, ppath, sizeof ppath) == RL_OK &&
+	    load_one(s, prev, ppath) != RL_OK)
+		rl_warn("not holding version %llu as the previous one", (unsigned long long)prev);
+	return load_one(s, ver, path);
 }
-
 
 void
 rl_wsync_server_close(rl_wsync_server *s)

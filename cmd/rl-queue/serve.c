@@ -192,6 +192,9 @@ rlq_serve_main(int argc, char **argv)
 
 	rl_stop_signals(on_signal, 0);
 	signal(SIGPIPE, SIG_IGN);
+	/* past a file size limit (ulimit -f) a journal write fails with EFBIG,
+	 * which is answered and logged like a full disk, instead of a silent death */
+	signal(SIGXFSZ, SIG_IGN);
 
 	if ((rv = rl_qserve_open(&s, &cfg)) != 0)
 		return rv == RL_ENET ? 3 : 1;

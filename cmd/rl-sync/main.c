@@ -151,6 +151,9 @@ install_signals(void)
 {
 	rl_stop_signals(on_signal, 0);
 	signal(SIGPIPE, SIG_IGN);
+	/* past a file size limit (ulimit -f) writing a version fails with EFBIG,
+	 * reported like a full disk, instead of killing the process */
+	signal(SIGXFSZ, SIG_IGN);
 }
 
 static int

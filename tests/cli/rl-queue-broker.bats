@@ -377,6 +377,60 @@ assert sorted(ids)==[11,12,21,22], ids'
 	assert_success
 }
 
+@test "a journal write past a file size limit: the put fails, the broker exits 1, nothing acknowledged is lost" {
+	# ulimit -f makes a write fail half way, as a full disk does; the broker
+	# used to die of SIGXFSZ without a word
+	real=$(command -v rl-queue)
+	mkdir "$D/bin"
+	printf '#!/bin/sh\nulimit -f 64\nexec "%s" "$@"\n' "$real" > "$D/bin/rl-queue"
+	chmod +x "$D/bin/rl-queue"
+	PATH="$D/bin:$PATH" start_broker --data-dir "$D/data"
+	acked=0 failed=0
+	for n in $(seq 12); do
+		python3 -c 'import json, random, sys
+a = int(sys.argv[1]); r = random.Random(a)
+for i in range(a, a + 40):
+    print(json.dumps({"id": i, "group": i, "index": 0, "group_size": 1, "version": [0, 0],
+                      "response": [r.randrange(1000) for _ in range(100)], "reward": 1}))' $((n * 1000)) > "$D/b.jsonl"
+		if rl-queue put -q --stage scored --timeout 2 "$URL" "$D/b.jsonl" 2> "$D/put.err"; then
+			acked=$((acked + 40))
+		else
+			failed=1
+			break
+		fi
+	done
+	[ "$failed" = 1 ] && [ "$acked" -gt 0 ]
+	grep -q 'journal write failed' "$D/put.err"
+	# it stops by itself (wait in this shell: `run` would use a subshell,
+	# where the broker is no child)
+	for _ in $(seq 100); do kill -0 "$BROKER" 2>/dev/null || break; sleep 0.1; done
+	rc=0
+	wait "$BROKER" || rc=$?
+	[ "$rc" -eq 1 ]   # not 153 (SIGXFSZ)
+	FIXED=1 start_broker --data-dir "$D/data"
+	[ "$(rl-queue stat --json "$URL" | jget depth scored)" = "$acked" ]
+}
+
+@test "a compaction that cannot be written is put off: the broker keeps serving and restarts" {
+	mkdir -p "$D/data/journal.tmp"   # where the snapshot goes: creating it fails, as on a full disk
+	start_broker --data-dir "$D/data" --compact-bytes 1k
+	rl-queue put "$URL" "$D/prompts.jsonl"
+	rl-queue put --stage scored "$URL" "$D/scored.jsonl"
+	rl-queue get --stage train -n 2 --ack "$URL" > /dev/null
+	for i in $(seq 30); do rl-queue get --stage rollout -n 3 --release "$URL" > /dev/null; done
+	json=$(rl-queue stat --json "$URL")
+	[ "$(echo "$json" | jget journal compactions)" = 0 ]
+	# a compaction was due (past --compact-bytes and twice the live bytes)
+	[ "$(echo "$json" | jget journal bytes)" -gt $((2 * $(echo "$json" | jget bytes) + 1024)) ]
+	kill -9 "$BROKER"
+	wait "$BROKER" 2>/dev/null || true
+	FIXED=1 start_broker --data-dir "$D/data" --compact-bytes 1k
+	json=$(rl-queue stat --json "$URL")
+	[ "$(echo "$json" | jget depth prompt)" = 3 ]
+	[ "$(echo "$json" | jget depth scored)" = 2 ]
+	[ "$(echo "$json" | jget total done)" = 2 ]
+}
+
 @test "a second broker on the same --data-dir is refused (exit 1 naming it)" {
 	start_broker --data-dir "$D/data" --compact-bytes 1k
 	first=$URL

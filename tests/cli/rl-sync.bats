@@ -22,6 +22,7 @@ setup() {
 teardown() {
 	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
 	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+	[ -z "${MNT:-}" ] || umount "$MNT"
 }
 
 # a copy of ck with a few bytes changed: a small "update"
@@ -249,6 +250,67 @@ bump() {
 	echo "$stderr"
 	assert_success
 	cmp "$T/ck/model.safetensors" "$T/out/v000007/model.safetensors"
+}
+
+@test "a restarted server with --keep-previous holds the previous version from --data-dir too" {
+	serve --data-dir "$T/data" --keep-previous
+	rl-sync push "$URL" "$T/ck" --version 1
+	bump ck2 "xy"
+	rl-sync push "$URL" "$T/ck2" --version 2
+	kill -9 "$SPID"; wait "$SPID" || true
+	serve --data-dir "$T/data" --keep-previous
+	# it held only the latest after a restart: version 1 was on disk, not served
+	run --separate-stderr rl-sync pull "$URL" --version 1 --out "$T/out"
+	echo "$stderr"
+	assert_success
+	cmp "$T/ck/model.safetensors" "$T/out/v000001/model.safetensors"
+	rl-sync pull "$URL" --out "$T/out"
+	cmp "$T/ck2/model.safetensors" "$T/out/v000002/model.safetensors"
+}
+
+@test "a version that cannot be saved in --data-dir is refused to the pusher; the server keeps the one before" {
+	# a file size limit (4 MiB: sh counts 512-byte blocks) makes the write
+	# fail as a full disk does; the server used to die of SIGXFSZ and the
+	# pusher waited on it
+	real=$(command -v rl-sync)
+	mkdir "$T/bin"
+	printf '#!/bin/sh\nulimit -f 8192\nexec "%s" "$@"\n' "$real" >"$T/bin/rl-sync"
+	chmod +x "$T/bin/rl-sync"
+	PATH="$T/bin:$PATH" serve --data-dir "$T/data"
+	rl-sync push "$URL" "$T/ck" --version 1
+	cp -r "$T/ck" "$T/big"
+	head -c 5000000 /dev/urandom >"$T/big/model.safetensors"
+	run -1 --separate-stderr timeout 20 rl-sync push "$URL" "$T/big" --version 2
+	[[ $stderr == *"cannot save version 2"* ]]
+	kill -0 "$SPID"
+	run --separate-stderr rl-sync status "$URL" --json
+	[[ $output == *'"latest":1'* ]] || [[ $output == *'"latest": 1'* ]]
+	[ -z "$(ls -A "$T/data" | grep '^\.tmp-')" ]
+	rl-sync pull "$URL" --out "$T/out"
+	cmp "$T/ck/model.safetensors" "$T/out/v000001/model.safetensors"
+}
+
+@test "a version left half written by a server that died does not fill the disk for the next one" {
+	# a small disk: room for the kept version and one more
+	mkdir "$T/disk"
+	mount -t tmpfs -o size=8m tmpfs "$T/disk" 2>/dev/null || skip "cannot mount a tmpfs here"
+	MNT=$T/disk
+	serve --data-dir "$T/disk/data"
+	rl-sync push "$URL" "$T/ck" --version 1
+	kill -9 "$SPID"; wait "$SPID" || true
+	# what a kill -9 while version 2 was being saved leaves behind
+	mkdir "$T/disk/data/.tmp-v000002-999999999-1"
+	head -c 3000000 /dev/urandom >"$T/disk/data/.tmp-v000002-999999999-1/model.safetensors"
+	serve --data-dir "$T/disk/data"
+	bump ck2 "xy"
+	# it was removed only by the prune after a save that succeeded: every
+	# save failed for want of the room it took
+	run --separate-stderr rl-sync push "$URL" "$T/ck2" --version 2
+	echo "$stderr"
+	assert_success
+	[ ! -e "$T/disk/data/.tmp-v000002-999999999-1" ]
+	rl-sync pull "$URL" --out "$T/out"
+	cmp "$T/ck2/model.safetensors" "$T/out/v000002/model.safetensors"
 }
 
 @test "a corrupted chunk is detected and fetched again" {

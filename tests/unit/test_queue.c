@@ -1,9 +1,12 @@
 /* test_queue.c — the broker's state machine without sockets: the sample life
  * cycle, groups, idempotent puts, leases and expiry, the staleness gate and
  * bound (drop and regen), backpressure, bad batches, and the journal
- * (replay, compaction, torn tail, damage).  Uses a fake clock. */
+ * (replay, compaction, torn tail, damage, a failed write, a compaction that
+ * cannot be written).  Uses a fake clock. */
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -357,6 +360,13 @@ test_bad_and_busy(void)
 
 static char dir[64];
 
+static long long
+file_size(const char *path)
+{
+	struct stat sb;
+	return stat(path, &sb) == 0 ? (long long)sb.st_size : -1;
+}
+
 static void
 journal_state(rl_queue *q, uint64_t *out)
 {
@@ -462,6 +472,22 @@ test_journal(void)
 	}
 	T_OK(rl_queue_open(&q, &cfg, now) != 0);
 
+	/* a file with no whole op at its start is not cut to nothing (it was
+	 * all dropped as a "torn tail"): a torn first write is shorter than
+	 * the head op, which is written alone */
+	{
+		char junk[5000];
+		for (size_t i = 0; i < sizeof junk; i++)
+			junk[i] = (char)(i * 131 + 7);
+		T_EQ_INT(rl_io_write_atomic(path, junk, sizeof junk, 0), 0);
+		T_EQ_INT(rl_queue_open(&q, &cfg, now), RL_EFORMAT);
+		T_EQ_INT(file_size(path), sizeof junk);
+		T_EQ_INT(rl_io_write_atomic(path, junk, 20, 0), 0);   /* a torn head: cut */
+		T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+		T_EQ_INT(st(q).depth[RL_QS_PROMPT], 0);
+		rl_queue_close(q);
+	}
+
 	/* automatic compaction bounds the file */
 	unlink(path);
 	cfg.compact_bytes = 1;
@@ -502,6 +528,178 @@ test_journal(void)
 	T_EQ_INT(rmdir(dir), 0);
 }
 
+
+/* A journal write that fails half way (here EFBIG past RLIMIT_FSIZE, as a
+ * full disk would) leaves nothing behind it: the torn bytes are cut and no
+ * later write goes in, even once there is room again.  A write that got
+ * through after them turned the torn bytes into damage in the middle, and
+ * the broker refused to start. */
+static void
+test_journal_write_fails(void)
+{
+	rl_queue_config cfg;
+	rl_queue *q;
+	struct rlimit old, lim;
+	char path[128];
+	long long good;
+
+	snprintf(dir, sizeof dir, "/tmp/rlq-test-wf.%d", (int)getpid());
+	snprintf(path, sizeof path, "%s/journal", dir);
+	rl_queue_config_default(&cfg);
+	cfg.data_dir = dir;
+	cfg.fsync = 0;
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(1, 4, 0, 0, 1, 0, 16), NULL), 0);
+	T_EQ_INT(rl_queue_journal_sync(q), 0);
+	good = file_size(path);
+	T_OK(good > 0);
+
+	signal(SIGXFSZ, SIG_IGN);
+	T_EQ_INT(getrlimit(RLIMIT_FSIZE, &old), 0);
+	lim = old;
+	lim.rlim_cur = (rlim_t)good + 64;
+	T_EQ_INT(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(100, 64, 0, 0, 1, 0, 512), NULL), 0);
+	T_OK(rl_queue_journal_sync(q) != 0, "a write past the file size limit failed");
+	T_EQ_INT(setrlimit(RLIMIT_FSIZE, &old), 0);
+	T_EQ_INT(file_size(path), good);   /* the torn bytes are gone */
+
+	/* the server's group commit: a request whose op went out in the
+	 * failed batch takes what is pending then (often nothing) and writes
+	 * it; success would tell it that its op is durable */
+	{
+		rl_buf none;
+		rl_buf_init(&none);
+		T_EQ_INT(rl_queue_journal_write(q, &none), RL_EIO);
+	}
+	/* room again: still nothing is written after the failure */
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(1000, 1, 0, 0, 1, 0, 4), NULL), 0);
+	T_EQ_INT(rl_queue_journal_sync(q), RL_EIO);
+	T_EQ_INT(file_size(path), good);
+	rl_queue_close(q);
+
+	/* the restart finds the journal whole, with what was written before */
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	T_EQ_INT(st(q).depth[RL_QS_SCORED], 4);
+	rl_queue_close(q);
+	unlink(path);
+	snprintf(path, sizeof path, "%s/lock", dir);
+	unlink(path);
+	T_EQ_INT(rmdir(dir), 0);
+}
+
+/* A compaction that cannot be written (a full disk; here DIR/journal.tmp is
+ * a directory) is postponed, not fatal: the journal stays whole and goes on
+ * taking ops, and a restart replays it.  It used to stop the broker, and a
+ * restart tried to compact first and could not start at all. */
+static void
+test_journal_compact_fails(void)
+{
+	rl_queue_config cfg;
+	rl_queue *q;
+	rl_qput_result r;
+	uint64_t tlid, ids[256];
+	char path[128], tmp[140];
+
+	snprintf(dir, sizeof dir, "/tmp/rlq-test-cf.%d", (int)getpid());
+	snprintf(path, sizeof path, "%s/journal", dir);
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	rl_queue_config_default(&cfg);
+	cfg.data_dir = dir;
+	cfg.fsync = 0;
+	cfg.compact_bytes = 1;
+	T_EQ_INT(rl_io_mkdir_p(dir, 0755), 0);
+	T_EQ_INT(mkdir(tmp, 0755), 0);
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	for (int i = 0; i < 20; i++) {
+		T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(100 + 2 * i, 2, 500 + i, 0, 2, 0, 64), NULL), 0);
+		T_EQ_INT(rl_queue_journal_sync(q), 0);
+		T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 2, 0, &tlid, ids), 2);
+		T_EQ_INT(rl_queue_journal_sync(q), 0);
+		if (i < 18) {   /* little live data: a compaction is due at every sync */
+			T_EQ_INT(ack(q, tlid, RL_QACK_DONE, NULL), 0);
+			T_EQ_INT(rl_queue_journal_sync(q), 0);
+		}
+	}
+	T_EQ_INT(st(q).compactions, 0);
+	T_OK(file_size(path) > 2 * (long long)st(q).bytes,   /* due, but it could not be written */
+	    "journal %lld bytes, live %llu", file_size(path), (unsigned long long)st(q).bytes);
+	rl_queue_close(q);
+
+	/* the restart does not need the compaction either */
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	T_EQ_INT(st(q).depth[RL_QS_TRAINING], 4);
+	T_EQ_INT(st(q).done, 36);
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(100, 2, 500, 0, 2, 0, 64), &r), 0);
+	T_EQ_INT(r.duplicates, 2);
+	/* room again: the next compaction goes through */
+	T_EQ_INT(rmdir(tmp), 0);
+	for (int i = 20; i < 200 && st(q).compactions == 0; i++) {
+		T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(100 + 2 * i, 2, 500 + i, 0, 2, 0, 64), NULL), 0);
+		T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 2, 0, &tlid, ids), 2);
+		T_EQ_INT(ack(q, tlid, RL_QACK_DONE, NULL), 0);
+		T_EQ_INT(rl_queue_journal_sync(q), 0);
+	}
+	T_OK(st(q).compactions > 0);
+	rl_queue_close(q);
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	T_EQ_INT(st(q).depth[RL_QS_TRAINING], 4);
+	rl_queue_close(q);
+	unlink(path);
+	snprintf(path, sizeof path, "%s/lock", dir);
+	unlink(path);
+	T_EQ_INT(rmdir(dir), 0);
+}
+
+/* Options are not journaled: a restart with other ones replays the same
+ * state and applies the new ones from then on (docs/queue.md). */
+static void
+test_journal_new_options(void)
+{
+	rl_queue_config cfg;
+	rl_queue *q;
+	uint64_t lid, ids[256], live;
+	char path[128];
+
+	snprintf(dir, sizeof dir, "/tmp/rlq-test-no.%d", (int)getpid());
+	rl_queue_config_default(&cfg);
+	cfg.data_dir = dir;
+	cfg.fsync = 0;
+	cfg.max_staleness = 4;
+	cfg.lease_ms = 60000;
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(1, 2, 1, 0, 2, 0, 8), NULL), 0);   /* version 0 */
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(3, 2, 2, 0, 2, 3, 8), NULL), 0);   /* version 3 */
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(5, 2, 3, 0, 2, 3, 8), NULL), 0);
+	T_EQ_INT(rl_queue_set_version(q, 3, NULL), 0);
+	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 2, 0, &lid, ids), 2);   /* group 1: 3 - 0 <= 4 */
+	T_EQ_INT(rl_queue_journal_sync(q), 0);
+	live = st(q).bytes;
+	rl_queue_close(q);
+
+	/* K 0, a bound below the live bytes, a short lease timeout */
+	cfg.max_staleness = 0;
+	cfg.max_bytes = live - 1;
+	cfg.lease_ms = 10;
+	T_EQ_INT(rl_queue_open(&q, &cfg, now + 1000), 0);
+	T_EQ_INT(st(q).depth[RL_QS_SCORED], 4);       /* nothing dropped by the bound */
+	T_EQ_INT(st(q).depth[RL_QS_TRAINING], 2);     /* the old lease keeps its 60 s */
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(7, 2, 4, 0, 2, 3, 8), NULL), RL_EBUSY);
+	T_EQ_INT(rl_queue_tick(q, now + 2000, NULL), 0);
+	T_EQ_INT(st(q).depth[RL_QS_TRAINING], 2);
+	T_EQ_INT(rl_queue_tick(q, now + 61000, NULL), 0);
+	T_EQ_INT(st(q).depth[RL_QS_TRAINING], 0);     /* expired: group 1 is back */
+	/* K = 0 now: group 1 (version 0, trainer at 3) is stale at the next lease */
+	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 8, 0, &lid, ids), 4);
+	T_EQ_INT(st(q).stale_dropped, 2);
+	rl_queue_close(q);
+	snprintf(path, sizeof path, "%s/journal", dir);
+	unlink(path);
+	snprintf(path, sizeof path, "%s/lock", dir);
+	unlink(path);
+	T_EQ_INT(rmdir(dir), 0);
+}
+
 int
 main(void)
 {
@@ -512,5 +710,8 @@ main(void)
 	test_gate();
 	test_bad_and_busy();
 	test_journal();
+	test_journal_write_fails();
+	test_journal_compact_fails();
+	test_journal_new_options();
 	T_END();
 }

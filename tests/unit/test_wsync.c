@@ -288,6 +288,11 @@ test_version_dirs(void)
 	snprintf(p, sizeof p, "%s/w/latest/config.json", tmpd);
 	T_OK(access(p, F_OK) == 0, "latest link");
 	T_EQ_INT(rl_wdir_publish_ver(d, v, 2), RL_ESTALE);
+	/* the newest below a version: what --keep-previous loads at a restart */
+	T_EQ_INT(rl_wdir_before(d, 4, &l, p, sizeof p), RL_OK);
+	T_EQ_INT(l, 3);
+	T_OK(strstr(p, "/v000003") != NULL);
+	T_EQ_INT(rl_wdir_before(d, 3, &l, NULL, 0), RL_ENOENT);   /* v1 and v2 pruned */
 	/* a temporary left by a dead writer is pruned; one by a live writer kept */
 	snprintf(p, sizeof p, "%s/w/.tmp-v000009-999999999-1", tmpd);
 	mkdir(p, 0755);
