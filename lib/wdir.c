@@ -693,7 +693,7 @@ rl_wdir_prune(const char *dir, int keep)
 {
 	uint64_t *vs, cur = 0;
 	int n, rv;
-	char path[4200], link[4200], tgt[256];
+	char path[4200], link[4200], tgt[256], tmpn[4300];
 	ssize_t k;
 
 	if (keep < 1)
@@ -710,7 +710,22 @@ rl_wdir_prune(const char *dir, int keep)
 			continue;
 		rl_wdir_path(path, sizeof path, dir, vs[i]);
 		rl_verbose("pruning '%s'", path);
-		remove_tree(path);
+		/* renamed to a temporary first: a kill in the middle of the removal
+		 * then leaves a dead writer's temporary, which the next publish
+		 * removes; removed in place, a directory whose manifest went first
+		 * was no version any more and never pruned again (a model's worth
+		 * of bytes for good) */
+		const char *gone = path;
+		if (tmp_sibling(tmpn, sizeof tmpn, path) == RL_OK && rename(path, tmpn) == 0)
+			gone = tmpn;
+		if (getenv("RL_WDIR_TEST_PRUNE_DIE")) {
+			/* test hook: a kill in the middle of the removal, after its manifest */
+			char m[4400];
+			snprintf(m, sizeof m, "%s/%s", gone, RL_WSYNC_MANIFEST);
+			unlink(m);
+			_exit(9);
+		}
+		remove_tree(gone);
 	}
 	free(vs);
 	clean_temps(dir);

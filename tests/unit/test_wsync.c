@@ -14,7 +14,9 @@
 #include <nng/protocol/reqrep0/req.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -303,6 +305,46 @@ test_version_dirs(void)
 	rmdir(p);
 	snprintf(p, sizeof p, "%s/w/.tmp-v000009-999999999-1", tmpd);
 	T_OK(access(p, F_OK) != 0);
+	{
+		/* a prune killed in the middle of removing a version, after its
+		 * manifest: the rest goes at the next publish (it stayed for good,
+		 * being no version any more, when removed in place) */
+		char dp[4200];
+		pid_t c;
+		int st = 0, left = 0;
+		DIR *dd;
+		struct dirent *e;
+		snprintf(dp, sizeof dp, "%s/wp", tmpd);
+		for (uint64_t k = 1; k <= 2; k++) {
+			rl_wver *x = make_ver(k, 1000);
+			T_EQ_INT(rl_wdir_publish_ver(dp, x, 2), RL_OK);
+			rl_wver_destroy(x);
+		}
+		if ((c = fork()) == 0) {
+			setenv("RL_WDIR_TEST_PRUNE_DIE", "1", 1);
+			rl_wver *x = make_ver(3, 1000);
+			rl_wdir_publish_ver(dp, x, 2);   /* prunes v1: dies there */
+			_exit(0);
+		}
+		waitpid(c, &st, 0);
+		T_OK(WIFEXITED(st) && WEXITSTATUS(st) == 9, "the prune died as told");
+		rl_wver *x = make_ver(4, 1000);
+		T_EQ_INT(rl_wdir_publish_ver(dp, x, 2), RL_OK);
+		rl_wver_destroy(x);
+		if ((dd = opendir(dp)) != NULL) {
+			while ((e = readdir(dd)) != NULL)
+				if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 &&
+				    strcmp(e->d_name, "latest") != 0 && strcmp(e->d_name, "v000003") != 0 &&
+				    strcmp(e->d_name, "v000004") != 0) {
+					fprintf(stderr, "left: %s\n", e->d_name);
+					left++;
+				}
+			closedir(dd);
+		}
+		T_EQ_INT(left, 0);
+		T_EQ_INT(rl_wdir_latest(dp, &l, NULL, 0), RL_OK);
+		T_EQ_INT(l, 4);
+	}
 	{
 		rl_wdir_watch *w;
 		double t0 = rl_now();
