@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -1773,6 +1774,40 @@ restore_ents(rl_queue *q, const uint8_t *p, size_t n, uint32_t count)
 	return RL_OK;
 }
 
+/* --recover-journal: the journal is damaged at byte off with intact ops from
+ * byte k on.  The state replayed so far (every change before the damage)
+ * is kept and the file is cut there by journal_open; the whole file is
+ * copied to journal.damaged-TIME first, for a person to look at.  The
+ * changes after the damage are lost: records put then are gone, records
+ * leased or acknowledged then are handed out again (at least once). */
+static int
+recover_at(rl_queue *q, const uint8_t *p, size_t n, size_t off, size_t k)
+{
+	char *copy = rl_xmalloc(strlen(q->jpath) + 48);
+	int fd, rv = RL_OK;
+
+	sprintf(copy, "%s.damaged-%lld", q->jpath, (long long)time(NULL));
+	if ((fd = open(copy, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) < 0) {
+		rl_error("cannot keep a copy of the damaged journal in '%s': %s", copy, strerror(errno));
+		rv = RL_EIO;
+	} else {
+		rv = rl_io_write_full(fd, p, n, copy);
+		if (rv == 0 && fsync(fd) != 0) {
+			rl_error("cannot sync '%s': %s", copy, strerror(errno));
+			rv = RL_EIO;
+		}
+		close(fd);
+		if (rv != 0)
+			unlink(copy);
+	}
+	if (rv == 0)
+		rl_warn("'%s': damaged at byte %zu (intact data follows at byte %zu): recovered the changes before "
+		    "byte %zu; the %zu bytes after it are dropped (a copy of the whole file is in '%s')", q->jpath,
+		    off, k, off, n - off, copy);
+	free(copy);
+	return rv;
+}
+
 /* Replays one journal file held in memory.  *good gets the offset after the
  * last complete op. */
 static int
@@ -1897,9 +1932,12 @@ bad:
 			uint32_t cl = rl_le32_get(p + k + 4);
 			if (cl >= J_FIXED + 4 && cl <= n - k - 8 &&
 			    crc32(p + k + 8, cl - 4) == rl_le32_get(p + k + 8 + cl - 4)) {
+				if (q->cfg.recover)
+					return recover_at(q, p, n, off, k);
 				rl_error("'%s': damaged journal at byte %zu (intact data follows at byte %zu)",
 				    q->jpath, off, k);
-				rl_hint("move the journal away to start empty, or restore it from a backup");
+				rl_hint("rl-queue serve --recover-journal keeps the changes before the damage "
+				    "(a copy of the file is kept); or restore it from a backup");
 				return RL_ECHECKSUM;
 			}
 		}

@@ -59,6 +59,9 @@ typedef struct rl_queue_config {
 	uint32_t dedup_window;    /* finished record ids (and group ids) remembered; 1M */
 	int journal_level;        /* zstd level for batches that arrived uncompressed; 1 */
 	int fsync;                /* 1: fdatasync each journal write (default); 0 only for tests */
+	int recover;              /* a journal damaged before its end: keep what precedes the
+	                           * damage (the file is copied to journal.damaged-TIME first)
+	                           * instead of refusing to start */
 } rl_queue_config;
 void rl_queue_config_default(rl_queue_config *c);
 

@@ -32,6 +32,8 @@ static const char usage_text[] =
 	"                           told busy above it (k/M/G suffixes; default 1G)\n"
 	"      --max-msg SIZE       largest request accepted (default 64M)\n"
 	"      --compact-bytes SIZE compact the journal past this size (default 256M)\n"
+	"      --recover-journal    start from a journal damaged before its end with the\n"
+	"                           changes before the damage (the file is copied first)\n"
 	"      --contexts N         requests served at once (default 64)\n"
 	"      --http ADDR          serve /metrics (Prometheus), /api/stats (JSON) and\n"
 	"                           a live dashboard at / on ADDR (HOST:PORT, :PORT)\n"
@@ -59,7 +61,7 @@ stats_cb(void *arg, char **json)
 	return rl_qserve_stats_json(arg, json);
 }
 
-enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC };
+enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER };
 
 static int
 parse_num(const char *opt, const char *s, double lo, double hi, double *out)
@@ -91,6 +93,7 @@ rlq_serve_main(int argc, char **argv)
 		{ "contexts", required_argument, NULL, OPT_CONTEXTS },
 		{ "http", required_argument, NULL, OPT_HTTP },
 		{ "http-public", no_argument, NULL, OPT_HTTP_PUBLIC },
+		{ "recover-journal", no_argument, NULL, OPT_RECOVER },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
@@ -157,6 +160,7 @@ rlq_serve_main(int argc, char **argv)
 			break;
 		case OPT_HTTP: http = optarg; break;
 		case OPT_HTTP_PUBLIC: http_public = 1; break;
+		case OPT_RECOVER: cfg.queue.recover = 1; break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity++; break;
 		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;

@@ -445,6 +445,33 @@ for i in range(a, a + 40):
 	[ "$(rl-queue stat --json "$URL" | jget depth prompt)" = 3 ]
 }
 
+@test "a journal damaged in the middle is refused naming the byte; --recover-journal keeps what precedes it" {
+	start_broker --data-dir "$D/data"
+	rl-queue put "$URL" "$D/prompts.jsonl"
+	rl-queue put --stage scored "$URL" "$D/scored.jsonl"
+	rl-queue get --stage train -n 2 --ack "$URL" > /dev/null
+	kill -9 "$BROKER"
+	wait "$BROKER" 2>/dev/null || true
+	len=$(stat -c %s "$D/data/journal")
+	# flip a byte in the middle of the later ops
+	python3 -c 'import sys
+p, at = sys.argv[1], int(sys.argv[2])
+b = bytearray(open(p, "rb").read()); b[at] ^= 0x55; open(p, "wb").write(b)' "$D/data/journal" $((len * 3 / 4))
+	run --separate-stderr timeout 10 rl-queue serve --listen "ipc://$D/r.sock" --data-dir "$D/data" 3>&-
+	assert_failure 1
+	[[ "$stderr" == *"damaged journal at byte"*"intact data follows"* ]]
+	[[ "$stderr" == *"--recover-journal"* ]]
+	FIXED=1 start_broker --data-dir "$D/data" --recover-journal
+	# the prompts (put first) are there; the copy of the whole file is kept
+	[ "$(rl-queue stat --json "$URL" | jget depth prompt)" = 3 ]
+	[ "$(stat -c %s "$D"/data/journal.damaged-*)" = "$len" ]
+	kill "$BROKER"
+	wait "$BROKER" 2>/dev/null || true
+	# cut at the damage: the next start needs no option
+	FIXED=1 start_broker --data-dir "$D/data"
+	[ "$(rl-queue stat --json "$URL" | jget depth prompt)" = 3 ]
+}
+
 @test "serve: a port in use exits 3; --http starts the HTTP listener" {
 	start_broker
 	run --separate-stderr rl-queue serve --listen "$URL" 3>&-
