@@ -566,6 +566,19 @@ test_bad(void)
 	rl_tokenizer_close(NULL);
 }
 
+/* The chat template the tokenizer of directory sub chose (-1: no tokenizer). */
+static int
+tpl_of(const char *sub)
+{
+	rl_tokenizer *t = NULL;
+	int k;
+	if (rl_tokenizer_open(&t, tpath(sub, "")) != 0 || !t)
+		return -1;
+	k = rl_tokenizer_chat_template(t);
+	rl_tokenizer_close(t);
+	return k;
+}
+
 /* The chat template in chat_template.jinja (where recent transformers saves
  * it) or chat_template.json wins over tokenizer_config.json's, as in
  * transformers. */
@@ -574,41 +587,25 @@ test_template_files(void)
 {
 	static const char cfg_plain[] = "{\"chat_template\": \"{% for m in messages %}{{ m.content }}{% endfor %}\"}";
 	static const char jinja_chatml[] = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+	static const char tj[] = "{\"chat_template\": \"<|im_start|>{{ x }}\"}";
 	rl_tokenizer *t = NULL;
 	mkd("tpl");
 	write_file(tpath("tpl", "tokenizer.json"), rl_tokenizer_bytes_json(), strlen(rl_tokenizer_bytes_json()));
 	write_file(tpath("tpl", "tokenizer_config.json"), cfg_plain, strlen(cfg_plain));
-	T_EQ_INT(rl_tokenizer_open(&t, tpath("tpl", "")), 0);
-	if (t)
-		T_EQ_INT(rl_tokenizer_chat_template(t), RL_CHAT_PLAIN);
-	rl_tokenizer_close(t);
+	T_EQ_INT(tpl_of("tpl"), RL_CHAT_PLAIN);
 	/* chat_template.json's template replaces the config's */
-	static const char tj[] = "{\"chat_template\": \"<|im_start|>{{ x }}\"}";
 	write_file(tpath("tpl", "chat_template.json"), tj, strlen(tj));
-	t = NULL;
-	T_EQ_INT(rl_tokenizer_open(&t, tpath("tpl", "")), 0);
-	if (t)
-		T_EQ_INT(rl_tokenizer_chat_template(t), RL_CHAT_CHATML);
-	rl_tokenizer_close(t);
+	T_EQ_INT(tpl_of("tpl"), RL_CHAT_CHATML);
 	/* chat_template.jinja wins over both: a plain one makes it plain again */
 	write_file(tpath("tpl", "chat_template.jinja"), "{{ messages[0].content }}", 25);
-	t = NULL;
-	T_EQ_INT(rl_tokenizer_open(&t, tpath("tpl", "")), 0);
-	if (t)
-		T_EQ_INT(rl_tokenizer_chat_template(t), RL_CHAT_PLAIN);
-	rl_tokenizer_close(t);
+	T_EQ_INT(tpl_of("tpl"), RL_CHAT_PLAIN);
 	/* the Qwen case: the ChatML template only in chat_template.jinja */
 	remove(tpath("tpl", "chat_template.json"));
 	write_file(tpath("tpl", "chat_template.jinja"), jinja_chatml, strlen(jinja_chatml));
-	t = NULL;
-	T_EQ_INT(rl_tokenizer_open(&t, tpath("tpl", "")), 0);
-	if (t)
-		T_EQ_INT(rl_tokenizer_chat_template(t), RL_CHAT_CHATML);
-	rl_tokenizer_close(t);
+	T_EQ_INT(tpl_of("tpl"), RL_CHAT_CHATML);
 	/* a broken chat_template.json is an error naming it, as the config's is */
 	write_file(tpath("tpl", "chat_template.json"), "{", 1);
 	remove(tpath("tpl", "chat_template.jinja"));
-	t = NULL;
 	T_EQ_INT(rl_tokenizer_open(&t, tpath("tpl", "")), RL_EFORMAT);
 	T_OK(t == NULL, "%s", "no tokenizer on error");
 }
