@@ -151,6 +151,10 @@ cfg_rope(const rl_config *c)
 	if (c->arch != RL_ARCH_LLAMA)
 		return r;
 	r.theta = c->rope_theta;
+	r.factor = c->rope_factor;
+	r.lo = c->rope_low_freq;
+	r.hi = c->rope_high_freq;
+	r.orig = (float)c->rope_orig_max_pos;
 	return r;
 }
 static int qkv_dim(const rl_config *c) { return (c->n_head + 2 * c->n_kv_head) * c->head_dim; }
