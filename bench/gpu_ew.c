@@ -91,8 +91,8 @@ ops_bench(void)
 	TIME("swiglu_fwd 8192x4864", 3 * Q * QH * 2, o->swiglu_fwd(o, b, a, (int)Q, (int)QH));
 	TIME("swiglu_bwd 8192x4864", 5 * Q * QH * 2, o->swiglu_bwd(o, c, b, a, (int)Q, (int)QH));
 	size_t rb = Q * (NH + NKV) * HD * 2 * 2;
-	TIME("rope_fwd 8192 14/2x64", rb, o->rope_fwd(o, a, pos, (int)Q, NH, NKV, HD, 1e6f));
-	TIME("rope_bwd 8192 14/2x64", rb, o->rope_bwd(o, a, pos, (int)Q, NH, NKV, HD, 1e6f));
+	TIME("rope_fwd 8192 14/2x64", rb, o->rope_fwd(o, a, pos, (int)Q, NH, NKV, HD, (rl_rope){ .theta = 1e6f }));
+	TIME("rope_bwd 8192 14/2x64", rb, o->rope_bwd(o, a, pos, (int)Q, NH, NKV, HD, (rl_rope){ .theta = 1e6f }));
 	TIME("add 16384x768", 3 * G * GC * 2, o->add(o, c, a, b, G * GC));
 	TIME("cast f32->bf16 16384x768", G * GC * 6, o->cast(o, c, RL_BF16, f, RL_F32, G * GC));
 	TIME("layernorm_bwd 16384x768", 3 * G * GC * 2, o->layernorm_bwd(o, c, dw, db, a, b, a, mean, rstd, (int)G,

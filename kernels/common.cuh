@@ -10,6 +10,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "lib/ops.h"
+
 typedef __nv_bfloat16 bf16;
 
 #define RLK_STREAM(s) ((cudaStream_t)(s))
@@ -55,6 +57,28 @@ static __device__ __forceinline__ float bf(bf16 x) { return __bfloat162float(x);
 static __device__ __forceinline__ bf16 tobf(float x) { return __float2bfloat16(x); }
 static __device__ __forceinline__ void pdl_wait(void) { RLK_GDC("griddepcontrol.wait;"); }
 static __device__ __forceinline__ void pdl_trigger(void) { RLK_GDC("griddepcontrol.launch_dependents;"); }
+
+/* inv_freq of frequency f (< HD/2) under r (lib/ops.h rl_rope): the kernels' theta^(-2f/HD),
+ * then with r.factor > 0 Llama 3's rescaling in the fp32 steps of the CPU reference
+ * (rl_cpu_rope_inv); the _rn intrinsics keep nvcc from contracting them into FMAs.  Every
+ * kernel that rotates (k_rope, k_rope8, k_rope_kv, fuse.cuh's QKV epilogue, step.cu) takes
+ * its frequencies from here. */
+static __device__ __forceinline__ float
+rope_inv(const rl_rope &r, int f, int HD)
+{
+	float inv = powf(r.theta, -2.0f * (float)f / (float)HD);
+	if (r.factor > 0.0f) {
+		float wl = __fmul_rn(__fdiv_rn(1.0f, inv), (float)(2.0 * 3.14159265358979323846));
+		if (wl > (float)((double)r.orig / r.lo)) {
+			inv = __fdiv_rn(inv, r.factor);
+		} else if (!(wl < (float)((double)r.orig / r.hi))) {
+			float s = __fdiv_rn(__fsub_rn(__fmul_rn(__fdiv_rn(1.0f, wl), r.orig), r.lo),
+			    (float)((double)r.hi - r.lo));
+			inv = __fadd_rn(__fdiv_rn(__fmul_rn(__fsub_rn(1.0f, s), inv), r.factor), __fmul_rn(s, inv));
+		}
+	}
+	return inv;
+}
 
 static __device__ __forceinline__ float
 warp_sum(float v)

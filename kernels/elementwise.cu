@@ -376,9 +376,9 @@ rlk_embed_bwd(void *s, float *dwte, float *dwpe, const void *dout, const int32_t
 /* ---- RoPE (rotate-half), in place on the q and k heads -------------------------- */
 /* the angle's sine (times sign) and cosine for frequency f */
 static __device__ __forceinline__ void
-rope_sc(int f, int HD, float theta, int32_t pos, float sign, float *sn, float *cs)
+rope_sc(int f, int HD, const rl_rope &rope, int32_t pos, float sign, float *sn, float *cs)
 {
-	float inv = powf(theta, -2.0f * (float)f / (float)HD);
+	float inv = rope_inv(rope, f, HD);
 	float ang = (float)pos * inv;
 	sincosf(ang, sn, cs);
 	*sn *= sign;
@@ -391,7 +391,7 @@ rope_rot(bf16 *pa, bf16 *pb, float sn, float cs)
 	*pb = tobf(b * cs + a * sn);
 }
 
-__global__ void k_rope(bf16 *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta,
+__global__ void k_rope(bf16 *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, rl_rope rope,
     float sign)
 {
 	int half = HD / 2, heads = NH + NKV;
@@ -403,7 +403,7 @@ __global__ void k_rope(bf16 *qkv, const int32_t *pos, int N, int NH, int NKV, in
 		int h = (int)(rest % heads);
 		size_t r = rest / heads;
 		float sn, cs;
-		rope_sc(f, HD, theta, pos[r], sign, &sn, &cs);
+		rope_sc(f, HD, rope, pos[r], sign, &sn, &cs);
 		bf16 *p = qkv + r * ld + (size_t)h * HD;
 		rope_rot(p + f, p + f + half, sn, cs);
 	}
@@ -412,7 +412,7 @@ __global__ void k_rope(bf16 *qkv, const int32_t *pos, int N, int NH, int NKV, in
 /* HD/2 a multiple of 8: a thread takes 8 frequencies of one token (their sines and cosines
  * computed once) for ROPE_HPT heads, 16-byte loads and stores */
 #define ROPE_HPT 4
-__global__ void k_rope8(bf16 *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta,
+__global__ void k_rope8(bf16 *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, rl_rope rope,
     float sign)
 {
 	int half = HD / 2, heads = NH + NKV, fg = half / 8, hg = (heads + ROPE_HPT - 1) / ROPE_HPT;
@@ -427,7 +427,7 @@ __global__ void k_rope8(bf16 *qkv, const int32_t *pos, int N, int NH, int NKV, i
 		float sn[8], cs[8];
 #pragma unroll
 		for (int e = 0; e < 8; e++)
-			rope_sc(f0 + e, HD, theta, ps, sign, &sn[e], &cs[e]);
+			rope_sc(f0 + e, HD, rope, ps, sign, &sn[e], &cs[e]);
 		for (int h = h0; h < h1; h++) {
 			bf16 *p = qkv + r * ld + (size_t)h * HD + f0;
 			uint4 ua = *(const uint4 *)p, ub = *(const uint4 *)(p + half);
@@ -442,7 +442,7 @@ __global__ void k_rope8(bf16 *qkv, const int32_t *pos, int N, int NH, int NKV, i
 }
 
 extern "C" int
-rlk_rope(void *s, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta, int sign)
+rlk_rope(void *s, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, rl_rope rope, int sign)
 {
 	size_t n = (size_t)N * (NH + NKV) * (HD / 2);
 	if (n == 0)
@@ -450,9 +450,9 @@ rlk_rope(void *s, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD,
 	float sg = sign < 0 ? -1.0f : 1.0f;
 	if ((HD / 2) % 8 == 0 && ew_vec(qkv, NULL, NULL)) {
 		size_t n8 = (size_t)N * ((NH + NKV + ROPE_HPT - 1) / ROPE_HPT) * (HD / 16);
-		k_rope8<<<rlk_blocks(n8, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)qkv, pos, N, NH, NKV, HD, theta, sg);
+		k_rope8<<<rlk_blocks(n8, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)qkv, pos, N, NH, NKV, HD, rope, sg);
 	} else {
-		k_rope<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)qkv, pos, N, NH, NKV, HD, theta, sg);
+		k_rope<<<rlk_blocks(n, 256), 256, 0, RLK_STREAM(s)>>>((bf16 *)qkv, pos, N, NH, NKV, HD, rope, sg);
 	}
 	RLK_RET();
 }

@@ -55,12 +55,12 @@ k_fused_gemv_split(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, flo
 	fu_gemv_split<NR, NORM, EP>(out, x, nw, nb, eps, ln, w, bias, C, OC, q, (int)blockIdx.x, fu_pdl(), ks, red);
 }
 
-/* RoPE (theta > 0) in place on the q and k heads of qkv (N, (NH+2NKV)*HD), as k_rope, and the
+/* RoPE (rope.theta > 0) in place on the q and k heads of qkv (N, (NH+2NKV)*HD), as k_rope, and the
  * k (rotated) and v heads to kc, vc (NBLK, BS, NKV, HD) at slot[n] (< 0: not written), as
  * k_kv_write.  One thread per pair (f, f + HD/2) of a head of a row. */
 __global__ void
 k_rope_kv(bf16 *kc, bf16 *vc, bf16 *qkv, const int32_t *pos, const int32_t *slot, int N, int NH, int NKV, int HD,
-    float theta)
+    rl_rope rope)
 {
 	const int half = HD / 2, heads = NH + 2 * NKV;
 	const size_t n = (size_t)N * heads * half, ld = (size_t)heads * HD, per = (size_t)NKV * HD;
@@ -73,8 +73,8 @@ k_rope_kv(bf16 *kc, bf16 *vc, bf16 *qkv, const int32_t *pos, const int32_t *slot
 		size_t r = rest / heads;
 		bf16 *p = qkv + r * ld + (size_t)h * HD;
 		bf16 a = p[f], b = p[f + half];
-		if (h < NH + NKV && theta > 0.0f) {
-			float inv = powf(theta, -2.0f * (float)f / (float)HD);
+		if (h < NH + NKV && rope.theta > 0.0f) {
+			float inv = rope_inv(rope, f, HD);
 			float ang = (float)pos[r] * inv, sn, cs;
 			sincosf(ang, &sn, &cs);
 			float fa = bf(a), fb = bf(b);
@@ -265,7 +265,7 @@ rlk_fused_gemv(void *s, void *out, const void *x, const void *nw, const void *nb
 {
 	if (!rlk_fused_gemv_ok(N, C, OC, norm, ep, x, nw, nb, w))
 		return (int)cudaErrorInvalidValue;
-	fu_qkv q = { NULL, NULL, NULL, NULL, 0, 0, 0, 0.0f };
+	fu_qkv q = { NULL, NULL, NULL, NULL, 0, 0, 0, rl_rope() };
 	return fused_launch(s, out, x, nw, nb, eps, norm, w, bias, N, C, OC, ep, q);
 }
 
@@ -279,24 +279,24 @@ rlk_fused_qkv_ok(int N, int C, int NH, int NKV, int HD, int norm, const void *x,
 
 extern "C" int
 rlk_fused_qkv(void *s, void *qkv, const void *x, const void *nw, const void *nb, float eps, int norm,
-    const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, float theta, const int32_t *pos,
+    const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, rl_rope rope, const int32_t *pos,
     void *kc, void *vc, const int32_t *slot)
 {
 	if (!rlk_fused_qkv_ok(N, C, NH, NKV, HD, norm, x, nw, nb, w))
 		return (int)cudaErrorInvalidValue;
-	fu_qkv q = { (bf16 *)kc, (bf16 *)vc, pos, slot, NH, NKV, HD, theta };
+	fu_qkv q = { (bf16 *)kc, (bf16 *)vc, pos, slot, NH, NKV, HD, rope };
 	return fused_launch(s, qkv, x, nw, nb, eps, norm, w, bias, N, C, (NH + 2 * NKV) * HD, FU_EP_QKV, q);
 }
 
 extern "C" int
 rlk_rope_kv_write(void *s, void *kc, void *vc, void *qkv, const int32_t *pos, const int32_t *slot, int N, int NH,
-    int NKV, int HD, float theta)
+    int NKV, int HD, rl_rope rope)
 {
 	size_t n = (size_t)N * (NH + 2 * NKV) * (HD / 2);
 	if (n == 0)
 		return 0;
 	cudaError_t e = rlk_launch(k_rope_kv, dim3(rlk_blocks(n, 256)), dim3(256), 0, RLK_STREAM(s), (bf16 *)kc,
-	    (bf16 *)vc, (bf16 *)qkv, pos, slot, N, NH, NKV, HD, theta);
+	    (bf16 *)vc, (bf16 *)qkv, pos, slot, N, NH, NKV, HD, rope);
 	if (e != cudaSuccess)
 		return (int)e;
 	RLK_RET();

@@ -27,7 +27,7 @@ struct fu_qkv {
 	bf16 *kc, *vc;
 	const int32_t *pos, *slot;
 	int NH, NKV, HD;
-	float theta;
+	rl_rope rope;   /* rope.theta <= 0: no rotation */
 };
 
 /* IF chunks of each of the NW weight rows w0 (and w1), from chunk c0 in steps of 32 */
@@ -104,8 +104,8 @@ fu_epilogue(bf16 *out, int m, long o, long o1, long o2, int NO, int OC, float s0
 		/* k_rope then k_kv_write on the pair (f, f + HD/2) of head h */
 		int half = q.HD / 2, h = (int)(o / half), f = (int)(o % half);
 		bf16 a = tobf(y), b = tobf(s1 + (bias ? bf(bias[o2]) : 0.0f));
-		if (h < q.NH + q.NKV && q.theta > 0.0f) {
-			float inv = powf(q.theta, -2.0f * (float)f / (float)q.HD);
+		if (h < q.NH + q.NKV && q.rope.theta > 0.0f) {
+			float inv = rope_inv(q.rope, f, q.HD);
 			float ang = (float)q.pos[m] * inv, sn, cs;
 			sincosf(ang, &sn, &cs);
 			float fa = bf(a), fb = bf(b);

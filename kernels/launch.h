@@ -55,7 +55,7 @@ int rlk_embed_bwd(void *stream, float *dwte, float *dwpe, const void *dout,
     const int32_t *tok, const int32_t *pos, int N, int C);
 /* sign +1: rope_fwd; -1: rope_bwd (rotation by -angle). */
 int rlk_rope(void *stream, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD,
-    float theta, int sign);
+    rl_rope rope, int sign);
 /* dbias (OC) f32 += column sums of dout (N, OC) bf16. */
 int rlk_colsum(void *stream, float *dbias, const void *dout, int N, int OC);
 /* *acc (device double) += sum of x^2; acc is not cleared. */
@@ -199,19 +199,19 @@ int rlk_gemv(void *stream, void *out, const void *inp, const void *w, const void
  * kernel (no scratch) for the shapes rlk_fused_gemv_ok takes: N 1..4, C a multiple of 8 up to
  * 8192, x and w 16-byte aligned, OC even for RL_EP_SWIGLU; with a norm also nw (and nb when
  * given) 16-byte aligned and N * C <= 24576 (the normalised rows in 48 KB of shared memory).
- * rlk_rope_kv_write: rope_kv_write of lib/ops.h (theta <= 0: kv_write alone), any N. */
+ * rlk_rope_kv_write: rope_kv_write of lib/ops.h (rope.theta <= 0: kv_write alone), any N. */
 int rlk_fused_gemv_ok(int N, int C, int OC, int norm, int ep, const void *x, const void *nw, const void *nb,
     const void *w);
 int rlk_fused_gemv(void *stream, void *out, const void *x, const void *nw, const void *nb, float eps, int norm,
     const void *w, const void *bias, int N, int C, int OC, int ep);
 int rlk_rope_kv_write(void *stream, void *kc, void *vc, void *qkv, const int32_t *pos, const int32_t *slot,
-    int N, int NH, int NKV, int HD, float theta);
+    int N, int NH, int NKV, int HD, rl_rope rope);
 /* matmul_rope_kv_fwd of lib/ops.h in one kernel: rlk_fused_qkv_ok as rlk_fused_gemv_ok with
  * OC = (NH + 2 NKV) HD, and HD even. */
 int rlk_fused_qkv_ok(int N, int C, int NH, int NKV, int HD, int norm, const void *x, const void *nw,
     const void *nb, const void *w);
 int rlk_fused_qkv(void *stream, void *qkv, const void *x, const void *nw, const void *nb, float eps, int norm,
-    const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, float theta, const int32_t *pos,
+    const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, rl_rope rope, const int32_t *pos,
     void *kc, void *vc, const int32_t *slot);
 
 /* The decode step's blocks in one kernel (kernels/step.cu).  One persistent launch runs every
@@ -224,7 +224,7 @@ int rlk_fused_qkv(void *stream, void *qkv, const void *x, const void *nw, const 
  * those of the separate fused kernels (the same device code per stage) but for the order of
  * attention's sums (its splits and warps), i.e. equal within bf16 rounding.
  * rlk_decode_step_ok: the shapes taken (gpt2: LayerNorm, GELU, no RoPE; else RMSNorm, SwiGLU,
- * RoPE with theta; HD 64 or 128, NH / NKV at most 8, C and H multiples of 8, C <= 8192,
+ * RoPE (rope, lib/ops.h); HD 64 or 128, NH / NKV at most 8, C and H multiples of 8, C <= 8192,
  * 16-byte aligned activations and head weights); it reads neither the layer table nor the
  * scratch (ws, cnt, bar, nsplit), which rlk_decode_step checks (1 <= nsplit <=
  * RLK_DECODE_MAXSPLIT, ws 16-byte aligned).
@@ -237,7 +237,8 @@ typedef rl_step_layer rlk_step_layer;  /* lib/ops.h */
 typedef struct rlk_step {
 	int n_layer, C, NH, NKV, HD, H, V;
 	int gpt2;                      /* 1: LayerNorm, GELU, no RoPE; 0: RMSNorm, SwiGLU, RoPE */
-	float eps, theta;
+	float eps;
+	rl_rope rope;                  /* RoPE's frequencies (lib/ops.h) */
 	int BS, MAXBLK;                /* cache block size; columns of the block table */
 	const rlk_step_layer *layer;   /* device array (n_layer) */
 	const void *lnf_w, *lnf_b, *lm_w;

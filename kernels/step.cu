@@ -217,7 +217,7 @@ st_stage(const st_args &a, int stage, int bid, int nblk, const S &sync)
 {
 	const rlk_step &s = a.s;
 	const int C = s.C, NH = s.NH, NKV = s.NKV;
-	const fu_qkv q0 = { NULL, NULL, NULL, NULL, 0, 0, 0, 0.0f };
+	const fu_qkv q0 = { NULL, NULL, NULL, NULL, 0, 0, 0, rl_rope() };
 	bf16 *x = (bf16 *)s.x, *qkv = (bf16 *)s.qkv, *att = (bf16 *)s.att, *h = (bf16 *)s.h;
 	if (stage == 5 * s.n_layer) {
 		fu_gemv<ST_NR, 1, RL_EP_NONE, 1>((bf16 *)s.logits, x, (const bf16 *)s.lnf_w, (const bf16 *)s.lnf_b, s.eps,
@@ -227,7 +227,7 @@ st_stage(const st_args &a, int stage, int bid, int nblk, const S &sync)
 	const rlk_step_layer &y = s.layer[stage / 5];
 	switch (stage % 5) {
 	case 0: {
-		const fu_qkv q = { (bf16 *)y.kc, (bf16 *)y.vc, a.pos, a.slot, NH, NKV, HD, GPT2 ? 0.0f : s.theta };
+		const fu_qkv q = { (bf16 *)y.kc, (bf16 *)y.vc, a.pos, a.slot, NH, NKV, HD, GPT2 ? rl_rope() : s.rope };
 		fu_gemv<ST_NR, 1, FU_EP_QKV, 1>(qkv, x, (const bf16 *)y.ln1_w, (const bf16 *)y.ln1_b, s.eps, GPT2,
 		    (const bf16 *)y.qkv_w, (const bf16 *)y.qkv_b, C, (NH + 2 * NKV) * HD, q, bid, nblk, sync);
 		break;

@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,58 +137,110 @@ unsupported(pctx *c, const char *what)
 	return c->rv;
 }
 
-/* The RoPE base.  transformers < 5 writes "rope_theta" and "rope_scaling"
+/* A positive number in the rope object o (config key obj): Llama 3's scaling keys,
+ * which transformers requires (a missing one is a KeyError there).  0 after an error. */
+static double
+rope_num(pctx *c, const cJSON *o, const char *obj, const char *key, int integer)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+
+	if (v == NULL || cJSON_IsNull(v)) {
+		if (c->rv == 0) {
+			rl_error("%s: key \"%s\": rope_type 'llama3' needs \"%s\"", c->what, obj, key);
+			c->rv = RL_EFORMAT;
+		}
+		return 0;
+	}
+	if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !(v->valuedouble <= FLT_MAX) ||
+	    (integer && (v->valuedouble != floor(v->valuedouble) || v->valuedouble > 2147483647.0))) {
+		if (c->rv == 0) {
+			rl_error("%s: key \"%s\": \"%s\" must be a positive %s", c->what, obj, key,
+			    integer ? "integer" : "number");
+			c->rv = RL_EFORMAT;
+		}
+		return 0;
+	}
+	return v->valuedouble;
+}
+
+/* Llama 3.1 / 3.2's rescaled frequencies (rope_type "llama3"): factor,
+ * low_freq_factor < high_freq_factor and original_max_position_embeddings, as
+ * transformers' _compute_llama3_parameters reads them (lib/ops.h rl_rope). */
+static void
+get_llama3(pctx *c, const cJSON *o, const char *obj, rl_config *cfg)
+{
+	double f = rope_num(c, o, obj, "factor", 0);
+	double lo = rope_num(c, o, obj, "low_freq_factor", 0);
+	double hi = rope_num(c, o, obj, "high_freq_factor", 0);
+	double orig = rope_num(c, o, obj, "original_max_position_embeddings", 1);
+
+	if (c->rv != 0)
+		return;
+	if (!(hi > lo)) {
+		/* the smoothing divides by hi - lo */
+		rl_error("%s: key \"%s\": \"high_freq_factor\" (%g) must be greater than \"low_freq_factor\" (%g)",
+		    c->what, obj, hi, lo);
+		c->rv = RL_EFORMAT;
+		return;
+	}
+	cfg->rope_factor = (float)f;
+	cfg->rope_low_freq = (float)lo;
+	cfg->rope_high_freq = (float)hi;
+	cfg->rope_orig_max_pos = (int)orig;
+}
+
+/* The RoPE base and scaling.  transformers < 5 writes "rope_theta" and "rope_scaling"
  * (null, or an object with "rope_type" / legacy "type") at the top level;
  * transformers 5 writes one "rope_parameters" object holding "rope_type",
  * "rope_theta" and the scaling keys, and no top-level rope_theta: reading
  * only the top level would rotate by the default base 10000 and compute
  * different logits without a word.  rope_type "default" (or absent) is the
- * plain rotation; any other (llama3, linear, dynamic, yarn, ...) and a
- * partial_rotary_factor other than 1 are refused. */
-static double
-get_rope(pctx *c)
+ * plain rotation, "llama3" Llama 3.1's rescaled frequencies; any other (linear,
+ * dynamic, yarn, longrope, ...) and a partial_rotary_factor other than 1 are
+ * refused.  Sets cfg->rope_theta and the rope_* scaling fields. */
+static void
+get_rope(pctx *c, rl_config *cfg)
 {
 	static const char *const keys[2] = { "rope_scaling", "rope_parameters" };
 	double theta = get_num(c, "rope_theta", 10000.0);
 
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < 2 && c->rv == 0; k++) {
 		const cJSON *o = cJSON_GetObjectItemCaseSensitive(c->root, keys[k]), *ty, *v;
 		if (o == NULL || cJSON_IsNull(o))
 			continue;
 		if (!cJSON_IsObject(o)) {
-			if (c->rv == 0) {
-				rl_error("%s: key \"%s\" is not an object", c->what, keys[k]);
-				c->rv = RL_EFORMAT;
-			}
-			return theta;
+			rl_error("%s: key \"%s\" is not an object", c->what, keys[k]);
+			c->rv = RL_EFORMAT;
+			break;
 		}
 		/* transformers 5 keys rope_parameters by layer type for models that
 		 * rotate sliding and full attention layers differently (Gemma 3): one
 		 * base would be wrong for some layers */
 		cJSON_ArrayForEach(v, o)
-			if (cJSON_IsObject(v)) {
-				if (c->rv == 0) {
-					rl_error("%s: key \"%s\" holds one set per layer type ('%s'), which is not supported",
-					    c->what, keys[k], v->string);
-					c->rv = RL_ENOTSUP;
-				}
-				return theta;
-			}
-		if ((ty = cJSON_GetObjectItemCaseSensitive(o, "rope_type")) == NULL)
-			ty = cJSON_GetObjectItemCaseSensitive(o, "type");
-		if (ty != NULL && !cJSON_IsNull(ty) && (!cJSON_IsString(ty) || strcmp(ty->valuestring, "default") != 0)) {
-			if (c->rv == 0) {
-				rl_error("%s: %s with rope_type '%s' is not supported", c->what, keys[k],
-				    cJSON_IsString(ty) ? ty->valuestring : "?");
-				rl_hint("only the plain rotary embedding (rope_type \"default\") is implemented");
+			if (cJSON_IsObject(v) && c->rv == 0) {
+				rl_error("%s: key \"%s\" holds one set per layer type ('%s'), which is not supported",
+				    c->what, keys[k], v->string);
 				c->rv = RL_ENOTSUP;
 			}
-			return theta;
+		if (c->rv != 0)
+			break;
+		if ((ty = cJSON_GetObjectItemCaseSensitive(o, "rope_type")) == NULL)
+			ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+		if (cJSON_IsString(ty) && strcmp(ty->valuestring, "llama3") == 0) {
+			get_llama3(c, o, keys[k], cfg);
+		} else if (ty != NULL && !cJSON_IsNull(ty) &&
+		    (!cJSON_IsString(ty) || strcmp(ty->valuestring, "default") != 0)) {
+			rl_error("%s: %s with rope_type '%s' is not supported", c->what, keys[k],
+			    cJSON_IsString(ty) ? ty->valuestring : "?");
+			rl_hint("implemented: the plain rotary embedding (rope_type \"default\") and Llama 3's "
+			    "scaling (\"llama3\")");
+			c->rv = RL_ENOTSUP;
+			break;
 		}
 		v = cJSON_GetObjectItemCaseSensitive(o, "partial_rotary_factor");
 		if (v != NULL && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 1.0)) {
 			unsupported(c, "partial_rotary_factor other than 1");
-			return theta;
+			break;
 		}
 		v = cJSON_GetObjectItemCaseSensitive(o, "rope_theta");
 		if (v != NULL && !cJSON_IsNull(v)) {
@@ -196,12 +249,12 @@ get_rope(pctx *c)
 					rl_error("%s: key \"%s\": \"rope_theta\" is not a number", c->what, keys[k]);
 					c->rv = RL_EFORMAT;
 				}
-				return theta;
+				break;
 			}
 			theta = v->valuedouble;
 		}
 	}
-	return theta;
+	cfg->rope_theta = (float)theta;
 }
 
 void
@@ -275,7 +328,7 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 		cfg->head_dim = get_int(&c, "head_dim", 0,
 		    qwen3 ? 128 : cfg->n_head > 0 ? cfg->hidden_size / cfg->n_head : 0);
 		cfg->max_pos = get_int(&c, "max_position_embeddings", 0, qwen2 || qwen3 ? 32768 : 2048);
-		cfg->rope_theta = (float)get_rope(&c);
+		get_rope(&c, cfg);
 		cfg->norm_eps = (float)get_num(&c, "rms_norm_eps", 1e-6);
 		cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", 0);
 		cfg->bos_id = get_int(&c, "bos_token_id", 0, -1);
@@ -356,6 +409,10 @@ rl_config_check(const rl_config *c, const char *what)
 	else if (c->max_pos <= 0) bad = "max positions must be positive";
 	else if (!(c->norm_eps > 0)) bad = "norm epsilon must be positive";
 	else if (c->arch == RL_ARCH_LLAMA && !(c->rope_theta > 0)) bad = "rope_theta must be positive";
+	else if (c->arch == RL_ARCH_LLAMA && c->rope_factor != 0 && !(c->rope_factor > 0 && c->rope_low_freq > 0 &&
+	    c->rope_high_freq > c->rope_low_freq && c->rope_orig_max_pos > 0))
+		bad = "llama3 rope scaling needs factor > 0, high_freq_factor > low_freq_factor > 0 and "
+		    "original_max_position_embeddings > 0";
 	else if (c->arch == RL_ARCH_GPT2 && c->n_head * c->head_dim != c->hidden_size)
 		bad = "n_embd must be a multiple of n_head";
 	else if ((size_t)c->vocab_size * c->hidden_size > ((size_t)1 << 40)) bad = "model too large";
@@ -446,6 +503,14 @@ rl_config_to_json(const rl_config *c)
 		cJSON_AddNumberToObject(root, "intermediate_size", c->intermediate_size);
 		cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_pos);
 		cJSON_AddNumberToObject(root, "rope_theta", c->rope_theta);
+		if (c->rope_factor > 0) {
+			cJSON *r = cJSON_AddObjectToObject(root, "rope_scaling");
+			cJSON_AddStringToObject(r, "rope_type", "llama3");
+			cJSON_AddNumberToObject(r, "factor", c->rope_factor);
+			cJSON_AddNumberToObject(r, "low_freq_factor", c->rope_low_freq);
+			cJSON_AddNumberToObject(r, "high_freq_factor", c->rope_high_freq);
+			cJSON_AddNumberToObject(r, "original_max_position_embeddings", c->rope_orig_max_pos);
+		}
 		cJSON_AddNumberToObject(root, "rms_norm_eps", c->norm_eps);
 		cJSON_AddStringToObject(root, "hidden_act", "silu");
 		if (strcmp(c->model_type, "qwen2") != 0)

@@ -12,8 +12,10 @@
  * defaults).  Qwen2 always has q/k/v biases and no o_proj bias; Qwen3 always
  * has q/k RMSNorm.  GPT-2: vocab_size, n_embd, n_layer, n_head, n_positions
  * (required); n_inner, layer_norm_epsilon, activation_function,
- * tie_word_embeddings, bos/eos.  What we cannot compute the same way as
- * transformers (a rope_type other than "default", sliding windows, mlp_bias,
+ * tie_word_embeddings, bos/eos.  rope_type "default" and "llama3" (Llama 3.1 /
+ * 3.2: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
+ * are read.  What we cannot compute the same way as transformers (another
+ * rope_type: linear, dynamic, yarn, longrope, ...; sliding windows, mlp_bias,
  * other activations) is refused with RL_ENOTSUP rather than computed
  * differently.
  *
@@ -38,6 +40,10 @@ typedef struct rl_config {
 	int intermediate_size;  /* H (GPT-2: n_inner or 4C) */
 	int max_pos;            /* max_position_embeddings / n_positions */
 	float rope_theta;
+	float rope_factor;      /* rope_type "llama3": factor; 0 for no scaling (then the next three 0) */
+	float rope_low_freq;    /* low_freq_factor */
+	float rope_high_freq;   /* high_freq_factor */
+	int rope_orig_max_pos;  /* original_max_position_embeddings */
 	float norm_eps;         /* rms_norm_eps / layer_norm_epsilon */
 	int qkv_bias;           /* q, k, v projections have biases */
 	int o_bias;             /* o_proj has a bias (Llama attention_bias) */

@@ -141,6 +141,22 @@ typedef struct dgraph {
 /* ---- small helpers -------------------------------------------------------- */
 
 static size_t asz(const rl_model *m) { return rl_dtype_size(m->ops->act_dtype); }
+
+/* The config's RoPE as the ops take it (lib/ops.h); GPT-2, which has none: theta 0 */
+static rl_rope
+cfg_rope(const rl_config *c)
+{
+	rl_rope r = { 0 };
+
+	if (c->arch != RL_ARCH_LLAMA)
+		return r;
+	r.theta = c->rope_theta;
+	r.factor = c->rope_factor;
+	r.lo = c->rope_low_freq;
+	r.hi = c->rope_high_freq;
+	r.orig = (float)c->rope_orig_max_pos;
+	return r;
+}
 static int qkv_dim(const rl_config *c) { return (c->n_head + 2 * c->n_kv_head) * c->head_dim; }
 static int fc_dim(const rl_config *c)
 {
@@ -1021,7 +1037,7 @@ layer_fwd(rl_model *m, int l)
 		o->matmul_fwd(o, qkv, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
 	}
 	if (c->arch == RL_ARCH_LLAMA)
-		o->rope_fwd(o, qkv, a->pos, N, NH, NKV, HD, c->rope_theta);
+		o->rope_fwd(o, qkv, a->pos, N, NH, NKV, HD, cfg_rope(c));
 	o->attn_fwd(o, att, lse, qkv, dseg, B, T, NH, NKV, HD);
 	if (o->matmul_add_fwd) {
 		o->matmul_add_fwd(o, mid, att, W(m, y->o_w), W(m, y->o_b), res, N, AD, C);
@@ -1209,7 +1225,7 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		o->matmul_bwd(o, a->datt, G(m, y->o_w), G(m, y->o_b), a->dres, att, W(m, y->o_w), N, AD, C);
 		o->attn_bwd(o, a->dqkv, a->datt, att, lse, qkv, dseg, B, T, NH, NKV, HD);
 		if (c->arch == RL_ARCH_LLAMA)
-			o->rope_bwd(o, a->dqkv, a->pos, N, NH, NKV, HD, c->rope_theta);
+			o->rope_bwd(o, a->dqkv, a->pos, N, NH, NKV, HD, cfg_rope(c));
 		dq = a->dqkv;
 		if (c->qk_norm) {
 			o->qknorm_bwd(o, a->dqkv2, G(m, y->qn_w), G(m, y->kn_w), a->dqkv,
@@ -1413,7 +1429,7 @@ infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int
 		if (fuse && !c->qk_norm && o->matmul_rope_kv_fwd) {
 			/* norm, QKV product, RoPE and the cache write: one kernel */
 			o->matmul_rope_kv_fwd(o, qkv, f->xn, f->x, W(m, y->ln1_w), W(m, y->ln1_b), c->norm_eps, nk,
-			    W(m, y->qkv_w), W(m, y->qkv_b), N, C, NH, NKV, HD, gpt2 ? 0.0f : c->rope_theta, pos,
+			    W(m, y->qkv_w), W(m, y->qkv_b), N, C, NH, NKV, HD, cfg_rope(c), pos,
 			    kv->kc[l], kv->vc[l], slot);
 		} else {
 			if (fuse) {
@@ -1431,10 +1447,10 @@ infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int
 				qkv = f->qkv2;
 			}
 			if (!gpt2 && o->rope_kv_write) {
-				o->rope_kv_write(o, kv->kc[l], kv->vc[l], qkv, pos, slot, N, NH, NKV, HD, c->rope_theta);
+				o->rope_kv_write(o, kv->kc[l], kv->vc[l], qkv, pos, slot, N, NH, NKV, HD, cfg_rope(c));
 			} else {
 				if (!gpt2)
-					o->rope_fwd(o, qkv, pos, N, NH, NKV, HD, c->rope_theta);
+					o->rope_fwd(o, qkv, pos, N, NH, NKV, HD, cfg_rope(c));
 				o->kv_write(o, kv->kc[l], kv->vc[l], qkv, slot, N, NH, NKV, HD);
 			}
 		}
@@ -1779,7 +1795,7 @@ step_desc(rl_model *m, const rl_kvcache *kv, rl_step_desc *d, int B)
 	d->V = c->vocab_size;
 	d->gpt2 = gpt2;
 	d->eps = c->norm_eps;
-	d->theta = gpt2 ? 0.0f : c->rope_theta;
+	d->rope = cfg_rope(c);
 	d->BS = kv->BS;
 	d->MAXBLK = f->step_cols;
 	d->layer = f->steplay;

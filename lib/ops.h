@@ -30,7 +30,8 @@
  * query t of row b attends key s <= t iff seg[b,s] == seg[b,t]; seg < 0 marks
  * padding (output 0, no gradient).  seg == NULL means one sequence per row.
  * RoPE follows Hugging Face's rotate-half convention:
- *   inv_freq[i] = theta^(-2i/HD) (fp32), angle = pos * inv_freq[i],
+ *   inv_freq[i] = theta^(-2i/HD) (fp32), rescaled by Llama 3's rule when the rl_rope
+ *   says so (below), angle = pos * inv_freq[i],
  *   out[i]      = x[i] * cos - x[i + HD/2] * sin,
  *   out[i+HD/2] = x[i + HD/2] * cos + x[i] * sin,   i < HD/2.
  *
@@ -47,6 +48,20 @@
 #include "core.h"
 
 typedef struct rl_ops rl_ops;
+
+/* RoPE's frequencies, passed by value to every op that rotates: the base theta and,
+ * when factor > 0, Llama 3's rescaling (config.json rope_type "llama3", transformers'
+ * _compute_llama3_parameters), in fp32 as transformers computes it from the fp32 inv:
+ *   wavelen = 2 pi / inv;  wavelen > orig / lo: inv / factor;  wavelen < orig / hi: inv;
+ *   else with s = (orig / wavelen - lo) / (hi - lo): (1 - s) inv / factor + s inv.
+ * factor 0 is the plain rotation (the other fields unused).  The CPU reference of one
+ * frequency is rl_cpu_rope_inv (lib/ops_cpu.h); kernels/common.cuh has the device's. */
+typedef struct rl_rope {
+	float theta;   /* base (> 0; rope_kv_write and the decode step take <= 0 as no rotation) */
+	float factor;  /* 0: no scaling; else > 0 */
+	float lo, hi;  /* low_freq_factor, high_freq_factor: 0 < lo < hi */
+	float orig;    /* original_max_position_embeddings (> 0) */
+} rl_rope;
 
 /* A segment of the multi-tensor AdamW (adamw_multi, the end of rl_ops): elements
  * [off, off + n) of the optimizer's buffers, with the learning rate and weight decay of
@@ -71,8 +86,9 @@ typedef struct rl_step_layer {
 } rl_step_layer;
 typedef struct rl_step_desc {
 	int n_layer, C, NH, NKV, HD, H, V;
-	int gpt2;                    /* 1: LayerNorm, GELU, no RoPE; 0: RMSNorm, SwiGLU, RoPE theta */
-	float eps, theta;
+	int gpt2;                    /* 1: LayerNorm, GELU, no RoPE; 0: RMSNorm, SwiGLU, RoPE */
+	float eps;
+	rl_rope rope;
 	int BS, MAXBLK;              /* cache block size; columns of the block table */
 	const rl_step_layer *layer;  /* host array (n_layer); the backend copies what it needs */
 	const void *lnf_w, *lnf_b, *lm_w;
@@ -161,12 +177,12 @@ struct rl_ops {
 
 	/* ---- position, attention --------------------------------------------- */
 	/* RoPE in place on the q and k heads of qkv (N, (NH+2NKV)*HD); pos (N) i32.  HD even;
-	 * the angle is the fp32 product pos * inv_freq, as HF computes it. */
+	 * the angle is the fp32 product pos * inv_freq, as HF computes it; rope.theta > 0. */
 	void (*rope_fwd)(rl_ops *o, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD,
-	    float theta);
+	    rl_rope rope);
 	/* The transpose: rotates dqkv in place by -angle. */
 	void (*rope_bwd)(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NKV, int HD,
-	    float theta);
+	    rl_rope rope);
 	/* Causal attention with GQA (query head h uses kv head h / (NH/NKV)), scale 1/sqrt(HD).
 	 * out (B,T,NH*HD) act; lse (B,NH,T) f32 log-sum-exp of the scaled scores, for bwd.
 	 * Padding queries (seg < 0) get out = 0 and lse = 0. */
@@ -331,18 +347,18 @@ struct rl_ops {
 	 * RL_EP_NONE, xn with RL_NORM_NONE: NULL ok there).  out aliases none of x, w, tmp, xn.
 	 * Fused for N <= RL_FUSE_ROWS; more rows run the separate ops (callers keep their own
 	 * sequence there: the add then a norm costs a pass more than add_norm_fwd).
-	 * rope_kv_write: rope_fwd on qkv (in place; theta <= 0: no rotation), then kv_write of the
+	 * rope_kv_write: rope_fwd on qkv (in place; rope.theta <= 0: no rotation), then kv_write of the
 	 * (rotated) k and v heads, any N. */
 	void (*matmul_fused_fwd)(rl_ops *o, void *out, void *tmp, void *xn, const void *x, const void *nw,
 	    const void *nb, float eps, int norm, const void *w, const void *bias, int N, int C, int OC, int ep);
 	void (*rope_kv_write)(rl_ops *o, void *kc, void *vc, void *qkv, const int32_t *pos,
-	    const int32_t *slot, int N, int NH, int NKV, int HD, float theta);
+	    const int32_t *slot, int N, int NH, int NKV, int HD, rl_rope rope);
 	/* matmul_rope_kv_fwd: qkv (N, (NH+2NKV)*HD) = matmul_fused_fwd of x with RL_EP_NONE (the
-	 * same norm, xn, w, bias), then rope_kv_write of qkv (pos, slot, theta as there): the QKV
+	 * same norm, xn, w, bias), then rope_kv_write of qkv (pos, slot, rope as there): the QKV
 	 * product, RoPE and the cache write; fused for N <= RL_FUSE_ROWS, HD even. */
 	void (*matmul_rope_kv_fwd)(rl_ops *o, void *qkv, void *xn, const void *x, const void *nw,
 	    const void *nb, float eps, int norm, const void *w, const void *bias, int N, int C, int NH,
-	    int NKV, int HD, float theta, const int32_t *pos, void *kc, void *vc, const int32_t *slot);
+	    int NKV, int HD, rl_rope rope, const int32_t *pos, void *kc, void *vc, const int32_t *slot);
 
 	/* Optional residual in the product (NULL when absent): out (N,OC) = resid (N,OC) +
 	 * inp (N,C) @ w (OC,C)^T + bias, as matmul_fwd then add except that the sum may be

@@ -660,13 +660,34 @@ rl_cpu_matmul_bwd(rl_ops *o, void *dinp_, float *dw, float *dbias, const void *d
 
 /* ==== position, attention ======================================================= */
 
+/* One frequency of lib/ops.h's rl_rope: HF's inv_freq in fp32, then Llama 3's rescaling
+ * as transformers' fp32 tensor ops compute it (a python number over a tensor is the
+ * tensor's reciprocal times the number, rounded to fp32; the thresholds and hi - lo are
+ * python doubles rounded to fp32).  No FMA: ISO C mode leaves a * b + c uncontracted. */
+float
+rl_cpu_rope_inv(rl_rope r, int i, int HD)
+{
+	float inv = 1.0f / powf(r.theta, (float)(2 * i) / (float)HD);
+
+	if (r.factor > 0.0f) {
+		float wl = (1.0f / inv) * (float)(2.0 * M_PI);
+		if (wl > (float)((double)r.orig / r.lo)) {
+			inv = inv / r.factor;
+		} else if (!(wl < (float)((double)r.orig / r.hi))) {
+			float s = ((1.0f / wl) * r.orig - r.lo) / (float)((double)r.hi - r.lo);
+			inv = (1.0f - s) * inv / r.factor + s * inv;
+		}
+	}
+	return inv;
+}
+
 /* HF's rotate-half RoPE: inv_freq and the angle in fp32 as HF computes them,
  * cos/sin of that fp32 angle evaluated accurately.  sign = -1 rotates back. */
 static void
-rope_angles(float *cs, float *sn, int32_t p, int half, int HD, float theta, float sign)
+rope_angles(float *cs, float *sn, int32_t p, int half, int HD, rl_rope r, float sign)
 {
 	for (int i = 0; i < half; i++) {
-		float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)HD);
+		float inv_freq = rl_cpu_rope_inv(r, i, HD);
 		float ang = (float)p * inv_freq;
 		cs[i] = (float)cos((double)ang);
 		sn[i] = sign * (float)sin((double)ang);
@@ -674,7 +695,7 @@ rope_angles(float *cs, float *sn, int32_t p, int half, int HD, float theta, floa
 }
 
 static void
-rope_apply(float *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta, float sign)
+rope_apply(float *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, rl_rope r, float sign)
 {
 	int W = (NH + 2 * NKV) * HD, half = HD / 2, NQK = NH + NKV;
 	/* a training batch repeats positions 0..T-1 in every row: when the tokens
@@ -690,7 +711,7 @@ rope_apply(float *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float
 #pragma omp parallel for schedule(static) if ((size_t)(pmax + 1) * half > 4096)
 		for (int p = 0; p <= pmax; p++)
 			rope_angles(tab + (size_t)p * 2 * half, tab + (size_t)p * 2 * half + half, p, half, HD,
-			    theta, sign);
+			    r, sign);
 	}
 #pragma omp parallel for schedule(static) if ((size_t)N * W > RL_PAR_MIN)
 	for (int n = 0; n < N; n++) {
@@ -700,7 +721,7 @@ rope_apply(float *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float
 			cs = tab + (size_t)pos[n] * 2 * half;
 			sn = cs + half;
 		} else {
-			rope_angles(buf, buf + half, pos[n], half, HD, theta, sign);
+			rope_angles(buf, buf + half, pos[n], half, HD, r, sign);
 			cs = buf;
 			sn = buf + half;
 		}
@@ -719,26 +740,26 @@ rope_apply(float *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float
 
 void
 rl_cpu_rope_fwd(rl_ops *o, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD,
-    float theta)
+    rl_rope r)
 {
 	if (HD % 2 != 0 || HD > 1024) {
 		rl_error("rope: head dim %d must be even and at most 1024", HD);
 		fail(o, RL_EINVAL);
 		return;
 	}
-	rope_apply(qkv, pos, N, NH, NKV, HD, theta, 1.0f);
+	rope_apply(qkv, pos, N, NH, NKV, HD, r, 1.0f);
 }
 
 void
 rl_cpu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NKV, int HD,
-    float theta)
+    rl_rope r)
 {
 	if (HD % 2 != 0 || HD > 1024) {
 		rl_error("rope: head dim %d must be even and at most 1024", HD);
 		fail(o, RL_EINVAL);
 		return;
 	}
-	rope_apply(dqkv, pos, N, NH, NKV, HD, theta, -1.0f);
+	rope_apply(dqkv, pos, N, NH, NKV, HD, r, -1.0f);
 }
 
 /*

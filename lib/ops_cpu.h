@@ -95,10 +95,12 @@ void rl_cpu_matmul_bwd(rl_ops *o, void *dinp, float *dw, float *dbias, const voi
     const void *inp, const void *w, int N, int C, int OC);
 
 /* position, attention */
+/* inv_freq[i] of a head dim HD under r (lib/ops.h rl_rope), fp32; what rope_fwd/bwd use */
+float rl_cpu_rope_inv(rl_rope r, int i, int HD);
 void rl_cpu_rope_fwd(rl_ops *o, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD,
-    float theta);
+    rl_rope rope);
 void rl_cpu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NKV, int HD,
-    float theta);
+    rl_rope rope);
 void rl_cpu_attn_fwd(rl_ops *o, void *out, float *lse, const void *qkv, const int32_t *seg,
     int B, int T, int NH, int NKV, int HD);
 void rl_cpu_attn_bwd(rl_ops *o, void *dqkv, const void *dout, const void *out, const float *lse,

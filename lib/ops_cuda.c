@@ -869,25 +869,25 @@ cu_matmul_fused_fwd(rl_ops *o, void *out, void *tmp, void *xn, const void *x, co
 
 static void
 cu_rope_kv_write(rl_ops *o, void *kc, void *vc, void *qkv, const int32_t *pos, const int32_t *slot, int N,
-    int NH, int NKV, int HD, float theta)
+    int NH, int NKV, int HD, rl_rope rope)
 {
-	CKP(o, "rope_kv_write", rlk_rope_kv_write(S(o), kc, vc, qkv, pos, slot, N, NH, NKV, HD, theta));
+	CKP(o, "rope_kv_write", rlk_rope_kv_write(S(o), kc, vc, qkv, pos, slot, N, NH, NKV, HD, rope));
 }
 
 /* matmul_rope_kv_fwd (lib/ops.h): one kernel (kernels/fuse.cu's QKV epilogue) where
  * rlk_fused_qkv_ok takes the shape, else matmul_fused_fwd then rope_kv_write. */
 static void
 cu_matmul_rope_kv_fwd(rl_ops *o, void *qkv, void *xn, const void *x, const void *nw, const void *nb, float eps,
-    int norm, const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, float theta,
+    int norm, const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, rl_rope rope,
     const int32_t *pos, void *kc, void *vc, const int32_t *slot)
 {
 	if (N > 0 && !CTX(o)->no_gemv && rlk_fused_qkv_ok(N, C, NH, NKV, HD, norm, x, nw, nb, w)) {
 		CKP(o, "matmul_rope_kv_fwd", rlk_fused_qkv(S(o), qkv, x, nw, nb, eps, norm, w, bias, N, C, NH, NKV, HD,
-		    theta, pos, kc, vc, slot));
+		    rope, pos, kc, vc, slot));
 		return;
 	}
 	cu_matmul_fused_fwd(o, qkv, NULL, xn, x, nw, nb, eps, norm, w, bias, N, C, (NH + 2 * NKV) * HD, RL_EP_NONE);
-	cu_rope_kv_write(o, kc, vc, qkv, pos, slot, N, NH, NKV, HD, theta);
+	cu_rope_kv_write(o, kc, vc, qkv, pos, slot, N, NH, NKV, HD, rope);
 }
 
 /* ---- the rest of the table: thin wrappers over the launchers ---------------------------- */
@@ -970,15 +970,15 @@ cu_qknorm_bwd(rl_ops *o, void *dqkv_in, float *dwq, float *dwk, const void *dqkv
 }
 
 static void
-cu_rope_fwd(rl_ops *o, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta)
+cu_rope_fwd(rl_ops *o, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, rl_rope rope)
 {
-	CKP(o, "rope_fwd", rlk_rope(S(o), qkv, pos, N, NH, NKV, HD, theta, 1));
+	CKP(o, "rope_fwd", rlk_rope(S(o), qkv, pos, N, NH, NKV, HD, rope, 1));
 }
 
 static void
-cu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta)
+cu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NKV, int HD, rl_rope rope)
 {
-	CKP(o, "rope_bwd", rlk_rope(S(o), dqkv, pos, N, NH, NKV, HD, theta, -1));
+	CKP(o, "rope_bwd", rlk_rope(S(o), dqkv, pos, N, NH, NKV, HD, rope, -1));
 }
 
 /* Grow the attention scratch to what `rows` batch rows need (at most ATTN_WS_CAP
@@ -1401,7 +1401,7 @@ step_args(const rl_step_desc *d, const rlk_step_layer *layer)
 	s.V = d->V;
 	s.gpt2 = d->gpt2;
 	s.eps = d->eps;
-	s.theta = d->theta;
+	s.rope = d->rope;
 	s.BS = d->BS;
 	s.MAXBLK = d->MAXBLK;
 	s.layer = layer;

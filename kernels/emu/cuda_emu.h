@@ -94,6 +94,12 @@ __floats2bfloat162_rn(float a, float b)
 
 static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 v) { return v.h; }
 
+/* IEEE fp32 arithmetic without contraction (run.sh compiles with -ffp-contract=off) */
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+
 static inline float emu_expf(float x) { return expf(x); }
 #define __expf emu_expf
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }

@@ -230,20 +230,25 @@ struct rope_args {
 	bf16 *qkv;
 	int32_t *pos;
 	int N, NH, NKV, HD, vec;
-	float theta, sign;
+	rl_rope rope;
+	float sign;
 };
 static rope_args RA;
 static void
 run_rope(void *)
 {
 	if (RA.vec)
-		k_rope8(RA.qkv, RA.pos, RA.N, RA.NH, RA.NKV, RA.HD, RA.theta, RA.sign);
+		k_rope8(RA.qkv, RA.pos, RA.N, RA.NH, RA.NKV, RA.HD, RA.rope, RA.sign);
 	else
-		k_rope(RA.qkv, RA.pos, RA.N, RA.NH, RA.NKV, RA.HD, RA.theta, RA.sign);
+		k_rope(RA.qkv, RA.pos, RA.N, RA.NH, RA.NKV, RA.HD, RA.rope, RA.sign);
 }
 
+/* Llama 3.1's scaling (rope_type "llama3"); at HD 64 and 128 some frequencies fall in each of
+ * its regions (kept, divided by factor, smoothed) */
+static const rl_rope rope_l3 = { 500000.0f, 32.0f, 1.0f, 4.0f, 8192.0f };
+
 static void
-test_rope(int N, int NH, int NKV, int HD, float theta)
+test_rope(int N, int NH, int NKV, int HD, rl_rope rope)
 {
 	size_t n = (size_t)N * (NH + 2 * NKV) * HD;
 	bf16 *x1 = new bf16[n], *x2 = new bf16[n];
@@ -256,10 +261,10 @@ test_rope(int N, int NH, int NKV, int HD, float theta)
 		memcpy(x2, x1, n * 2);
 		memcpy(ref, fx, n * 4);
 		if (bwd)
-			rl_cpu_rope_bwd(NULL, ref, pos, N, NH, NKV, HD, theta);
+			rl_cpu_rope_bwd(NULL, ref, pos, N, NH, NKV, HD, rope);
 		else
-			rl_cpu_rope_fwd(NULL, ref, pos, N, NH, NKV, HD, theta);
-		RA = { x1, pos, N, NH, NKV, HD, 1, theta, bwd ? -1.0f : 1.0f };
+			rl_cpu_rope_fwd(NULL, ref, pos, N, NH, NKV, HD, rope);
+		RA = { x1, pos, N, NH, NKV, HD, 1, rope, bwd ? -1.0f : 1.0f };
 		grid_for((size_t)N * ((NH + NKV + ROPE_HPT - 1) / ROPE_HPT) * (HD / 16));
 		emu_launch(EG, EB, run_rope, NULL);
 		RA.qkv = x2;
@@ -270,10 +275,49 @@ test_rope(int N, int NH, int NKV, int HD, float theta)
 		/* the test_cuda_ops tolerance: sin/cos of angles up to 4096 */
 		size_t bad = bad_bf(x1, ref, n, 8e-3, &worst);
 		int same = memcmp(x1, x2, n * 2) == 0;
-		report(same && !bad, "rope_%s N=%d NH=%d NKV=%d HD=%d theta=%g: vec %s, max err vs CPU %.3g, %zu bad",
-		    bwd ? "bwd" : "fwd", N, NH, NKV, HD, theta, same ? "same bits" : "DIFFERS", worst, bad);
+		report(same && !bad, "rope_%s N=%d NH=%d NKV=%d HD=%d theta=%g factor=%g: vec %s, max err vs CPU %.3g, "
+		    "%zu bad", bwd ? "bwd" : "fwd", N, NH, NKV, HD, rope.theta, rope.factor, same ? "same bits" : "DIFFERS",
+		    worst, bad);
 	}
 	delete[] x1; delete[] x2; delete[] fx; delete[] ref; delete[] pos;
+}
+
+/* common.cuh's rope_inv against the CPU's rl_cpu_rope_inv, every frequency of a few head dims
+ * and bases with and without the scaling.  The device's base theta^(-2f/HD) rounds differently
+ * from the CPU's 1 / theta^(2f/HD): within 2 fp32 ulps (2.4e-7 relative) rather than bitwise.
+ * The blend amplifies that: s grows with inv, and d log(new) / d log(inv) = 1 + (s + lo/(hi -
+ * lo)) (1 - 1/factor) / (s + (1 - s)/factor), largest at s = 0: 1 + lo (factor - 1) / (hi - lo)
+ * (11.3 for Llama 3.2's factor 32), so blended frequencies get that many times the bound.  And
+ * the scaling must actually apply: each region holds some frequencies at HD >= 64. */
+static void
+test_rope_inv(void)
+{
+	static const int hds[3] = { 16, 64, 128 };
+	const rl_rope ropes[4] = { { 1e4f }, { 5e5f }, rope_l3, { 100.0f, 4.0f, 1.0f, 3.0f, 24.0f } };
+	for (int k = 0; k < 4; k++)
+		for (int h = 0; h < 3; h++) {
+			int HD = hds[h], bad = 0, reg[3] = { 0, 0, 0 };
+			double worst = 0;
+			for (int f = 0; f < HD / 2; f++) {
+				float d = rope_inv(ropes[k], f, HD), c = rl_cpu_rope_inv(ropes[k], f, HD);
+				rl_rope plain = { ropes[k].theta };
+				float p = rl_cpu_rope_inv(plain, f, HD);
+				double e = fabs((double)d - c) / c;
+				/* the region of f: kept, divided, between */
+				int g = c == p ? 0 : fabs((double)c * ropes[k].factor - p) <= 1e-6 * p ? 1 : 2;
+				reg[g]++;
+				const rl_rope &r = ropes[k];
+				double amp = g == 2 ? 1 + r.lo * (r.factor - 1) / (r.hi - r.lo) : 1;
+				worst = e / amp > worst ? e / amp : worst;
+				bad += e > 2.4e-7 * amp;
+			}
+			int need = ropes[k].factor > 0 && HD >= 64;
+			if (need && (!reg[0] || !reg[1] || !reg[2]))
+				bad++;
+			report(!bad, "rope_inv theta=%g factor=%g HD=%d: max rel diff vs CPU %.3g (blended: over its "
+			    "amplification), kept/divided/smoothed "
+			    "%d/%d/%d", ropes[k].theta, ropes[k].factor, HD, worst, reg[0], reg[1], reg[2]);
+		}
 }
 
 /* ---- multi-tensor AdamW --------------------------------------------------------------------- */
@@ -570,10 +614,13 @@ main(void)
 	test_swiglu(1, 8);
 	test_swiglu(5, 40);
 	test_swiglu(3, 4864);
-	test_rope(3, 14, 2, 64, 1e6f);   /* Qwen2.5's heads: 16 rotated, 4 per thread */
-	test_rope(2, 12, 12, 64, 1e4f);
-	test_rope(4, 5, 2, 128, 1e4f);   /* 7 heads: a partial group */
-	test_rope(2, 1, 1, 16, 1e4f);    /* one chunk of 8 frequencies */
+	test_rope(3, 14, 2, 64, rl_rope{ 1e6f });   /* Qwen2.5's heads: 16 rotated, 4 per thread */
+	test_rope(2, 12, 12, 64, rl_rope{ 1e4f });
+	test_rope(4, 5, 2, 128, rl_rope{ 1e4f });   /* 7 heads: a partial group */
+	test_rope(2, 1, 1, 16, rl_rope{ 1e4f });    /* one chunk of 8 frequencies */
+	test_rope(5, 24, 8, 128, rope_l3);          /* Llama 3.1 8B's heads and scaling */
+	test_rope(3, 3, 1, 64, rope_l3);            /* Llama 3.2 1B's head dim, a partial group */
+	test_rope_inv();
 	test_adamw_multi(1);
 	test_adamw_multi(0);
 	test_sumsq(1);

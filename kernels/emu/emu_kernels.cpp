@@ -520,15 +520,17 @@ struct ropekv_args {
 	bf16 *kc, *vc, *qkv;
 	const int32_t *pos, *slot;
 	int N, NH, NKV, HD;
-	float theta;
+	rl_rope rope;
 };
 static ropekv_args RK;
-static void run_rope_kv(void *) { k_rope_kv(RK.kc, RK.vc, RK.qkv, RK.pos, RK.slot, RK.N, RK.NH, RK.NKV, RK.HD, RK.theta); }
-static void run_rope(void *) { k_rope(RK.qkv, RK.pos, RK.N, RK.NH, RK.NKV, RK.HD, RK.theta, 1.0f); }
+/* Llama 3.1's scaling: at HD 64 and 128 some frequencies in each of its three regions */
+static const rl_rope rope_l3 = { 500000.0f, 32.0f, 1.0f, 4.0f, 8192.0f };
+static void run_rope_kv(void *) { k_rope_kv(RK.kc, RK.vc, RK.qkv, RK.pos, RK.slot, RK.N, RK.NH, RK.NKV, RK.HD, RK.rope); }
+static void run_rope(void *) { k_rope(RK.qkv, RK.pos, RK.N, RK.NH, RK.NKV, RK.HD, RK.rope, 1.0f); }
 static void run_kv(void *) { k_kv_write(RK.kc, RK.vc, RK.qkv, RK.slot, RK.N, RK.NH, RK.NKV, RK.HD); }
 
 static void
-test_rope_kv(int N, int NH, int NKV, int HD, float theta, int nslot)
+test_rope_kv(int N, int NH, int NKV, int HD, rl_rope rope, int nslot)
 {
 	const int W = (NH + 2 * NKV) * HD;
 	size_t n = (size_t)N * W, nc = (size_t)nslot * NKV * HD;
@@ -547,16 +549,16 @@ test_rope_kv(int N, int NH, int NKV, int HD, float theta, int nslot)
 		pos[r] = (int)(emu_rnd(&rs) % 4096);
 		slot[r] = r == N - 1 && N > 1 ? -1 : (int)((r * 7 + 3) % nslot);
 	}
-	RK = { k1, v1, q1, pos, slot, N, NH, NKV, HD, theta };
+	RK = { k1, v1, q1, pos, slot, N, NH, NKV, HD, rope };
 	emu_launch(dim3((unsigned)((n / 2 + 255) / 256)), dim3(256), run_rope_kv, NULL);
-	RK = { k2, v2, q2, pos, slot, N, NH, NKV, HD, theta };
-	if (theta > 0)
+	RK = { k2, v2, q2, pos, slot, N, NH, NKV, HD, rope };
+	if (rope.theta > 0)
 		emu_launch(dim3((unsigned)((n / 2 + 255) / 256)), dim3(256), run_rope, NULL);
 	emu_launch(dim3((unsigned)((n + 255) / 256)), dim3(256), run_kv, NULL);
 	int same = memcmp(q1, q2, n * 2) == 0 && memcmp(k1, k2, nc * 2) == 0 && memcmp(v1, v2, nc * 2) == 0;
 	/* the CPU: rope_fwd (sin/cos of angles up to 4096: a few f32 ulps of the angle), kv_write */
-	if (theta > 0)
-		rl_cpu_rope_fwd(NULL, fq, pos, N, NH, NKV, HD, theta);
+	if (rope.theta > 0)
+		rl_cpu_rope_fwd(NULL, fq, pos, N, NH, NKV, HD, rope);
 	rl_cpu_kv_write(NULL, kr, vr, fq, slot, N, NH, NKV, HD);
 	double worst = 0;
 	size_t first, bad = out_bad(q1, fq, n, 8e-3, 8e-3, &worst, &first);
@@ -572,8 +574,9 @@ test_rope_kv(int N, int NH, int NKV, int HD, float theta, int nslot)
 	cases++;
 	if (bad || !same)
 		fails++;
-	printf("%s rope_kv N=%d NH=%d NKV=%d HD=%d theta=%g: same bits as rope + kv_write: %s, max err vs CPU %.3g, "
-	    "%zu bad\n", bad || !same ? "FAIL" : "ok  ", N, NH, NKV, HD, theta, same ? "yes" : "NO", worst, bad);
+	printf("%s rope_kv N=%d NH=%d NKV=%d HD=%d theta=%g factor=%g: same bits as rope + kv_write: %s, max err vs "
+	    "CPU %.3g, %zu bad\n", bad || !same ? "FAIL" : "ok  ", N, NH, NKV, HD, rope.theta, rope.factor,
+	    same ? "yes" : "NO", worst, bad);
 	delete[] q1; delete[] q2; delete[] k1; delete[] v1; delete[] k2; delete[] v2; delete[] fq; delete[] kr;
 	delete[] vr; delete[] pos; delete[] slot;
 }
@@ -581,7 +584,7 @@ test_rope_kv(int N, int NH, int NKV, int HD, float theta, int nslot)
 /* the QKV epilogue (matmul_rope_kv_fwd): the same bits as k_fused_gemv without it, then k_rope_kv
  * (each checked against the CPU above); the cache's other slots left poisoned */
 static void
-test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, float theta, int bias, unsigned grid = 0)
+test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, rl_rope rope, int bias, unsigned grid = 0)
 {
 	const int OC = (NH + 2 * NKV) * HD, nslot = N + 2, ln = norm == RL_NORM_LN;
 	size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC, nc = (size_t)nslot * NKV * HD;
@@ -607,11 +610,11 @@ test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, float theta, int
 	unsigned gp = (unsigned)(((long)OC / 2 * fu_ks_t + FU_WARPS - 1) / FU_WARPS);
 	unsigned gf = (unsigned)(((long)OC * fu_ks_t + FU_WARPS - 1) / FU_WARPS);
 	FA = { y1, x, g, ln ? gb : NULL, w, bias ? b : NULL, eps, N, C, OC, norm, FU_EP_QKV,
-	    { k1, v1, pos, slot, NH, NKV, HD, theta } };
+	    { k1, v1, pos, slot, NH, NKV, HD, rope } };
 	emu_launch(dim3(grid ? grid : gp), dim3(FU_WARPS * 32), run_fused, NULL);
 	FA = { y2, x, g, ln ? gb : NULL, w, bias ? b : NULL, eps, N, C, OC, norm, RL_EP_NONE, {} };
 	emu_launch(dim3(gf), dim3(FU_WARPS * 32), run_fused, NULL);
-	RK = { k2, v2, y2, pos, slot, N, NH, NKV, HD, theta };
+	RK = { k2, v2, y2, pos, slot, N, NH, NKV, HD, rope };
 	emu_launch(dim3((unsigned)((ny / 2 + 255) / 256)), dim3(256), run_rope_kv, NULL);
 	int same = memcmp(y1, y2, ny * 2) == 0 && memcmp(k1, k2, nc * 2) == 0 && memcmp(v1, v2, nc * 2) == 0;
 	size_t written = 0;
@@ -623,8 +626,9 @@ test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, float theta, int
 	cases++;
 	if (!ok)
 		fails++;
-	printf("%s fused_qkv N=%d C=%d NH=%d NKV=%d HD=%d norm=%d theta=%g bias=%d ks=%d: same bits as fused gemv + "
-	    "rope_kv: %s, %zu cache values written\n", ok ? "ok  " : "FAIL", N, C, NH, NKV, HD, norm, theta, bias,
+	printf("%s fused_qkv N=%d C=%d NH=%d NKV=%d HD=%d norm=%d theta=%g factor=%g bias=%d ks=%d: same bits as "
+	    "fused gemv + rope_kv: %s, %zu cache values written\n", ok ? "ok  " : "FAIL", N, C, NH, NKV, HD, norm,
+	    rope.theta, rope.factor, bias,
 	    fu_ks_t, same ? "yes" : "NO", written);
 	delete[] x; delete[] g; delete[] gb; delete[] w; delete[] b; delete[] y1; delete[] y2; delete[] k1;
 	delete[] v1; delete[] k2; delete[] v2; delete[] fx; delete[] fg; delete[] fgb; delete[] fw; delete[] fb;
@@ -752,17 +756,21 @@ main(void)
 	test_fused(2, 896, 1200, RL_NORM_RMS, RL_EP_SWIGLU, 1, 2);
 	test_fused(3, 64, 77, RL_NORM_NONE, RL_EP_ADD, 1, 4);
 	/* rope_kv_write: Qwen's heads, GPT-2's (no RoPE: kv_write alone), HD 8, one row */
-	test_rope_kv(4, 14, 2, 64, 1e6f, 40);
-	test_rope_kv(3, 12, 12, 64, 0.0f, 16);
-	test_rope_kv(1, 2, 1, 8, 1e4f, 3);
-	test_rope_kv(37, 8, 4, 128, 1e4f, 64);
+	test_rope_kv(4, 14, 2, 64, rl_rope{ 1e6f }, 40);
+	test_rope_kv(3, 12, 12, 64, rl_rope{ 0.0f }, 16);
+	test_rope_kv(1, 2, 1, 8, rl_rope{ 1e4f }, 3);
+	test_rope_kv(37, 8, 4, 128, rl_rope{ 1e4f }, 64);
+	test_rope_kv(29, 8, 2, 128, rope_l3, 40);
+	test_rope_kv(5, 6, 2, 64, rope_l3, 9);
 	/* the QKV epilogue: Qwen2.5-0.5B's heads (14 + 2 + 2 of 64), GPT-2's (no RoPE), HD 128 and 8 */
-	test_fused_qkv(1, 896, 14, 2, 64, RL_NORM_RMS, 1e6f, 1);
-	test_fused_qkv(3, 896, 14, 2, 64, RL_NORM_RMS, 1e4f, 1);
-	test_fused_qkv(2, 768, 12, 12, 64, RL_NORM_LN, 0.0f, 1);
-	test_fused_qkv(4, 256, 4, 2, 128, RL_NORM_NONE, 1e4f, 0);
-	test_fused_qkv(2, 64, 2, 1, 8, RL_NORM_LN, 1e4f, 0);
-	test_fused_qkv(3, 896, 14, 2, 64, RL_NORM_RMS, 1e6f, 1, 1);
+	test_fused_qkv(1, 896, 14, 2, 64, RL_NORM_RMS, rl_rope{ 1e6f }, 1);
+	test_fused_qkv(3, 896, 14, 2, 64, RL_NORM_RMS, rl_rope{ 1e4f }, 1);
+	test_fused_qkv(2, 768, 12, 12, 64, RL_NORM_LN, rl_rope{ 0.0f }, 1);
+	test_fused_qkv(4, 256, 4, 2, 128, RL_NORM_NONE, rl_rope{ 1e4f }, 0);
+	test_fused_qkv(2, 64, 2, 1, 8, RL_NORM_LN, rl_rope{ 1e4f }, 0);
+	test_fused_qkv(3, 896, 14, 2, 64, RL_NORM_RMS, rl_rope{ 1e6f }, 1, 1);
+	test_fused_qkv(2, 512, 4, 2, 128, RL_NORM_RMS, rope_l3, 0);
+	test_fused_qkv(4, 256, 6, 2, 64, RL_NORM_RMS, rope_l3, 1);
 	/* rows split over 2, 4 or 8 warps (k_fused_gemv_split, RL_CUDA_GEMV_SPLIT): GPT-2's o and
 	 * proj and Qwen's down (+ residual), GELU and SwiGLU with a norm, one chunk and 25 (warps
 	 * whose part is empty), C 8192; the QKV epilogue: the same bits as the split product + k_rope_kv */
@@ -770,12 +778,12 @@ main(void)
 	test_fused(1, 768, 768, RL_NORM_NONE, RL_EP_ADD, 1);
 	test_fused(1, 3072, 768, RL_NORM_NONE, RL_EP_ADD, 1);
 	test_fused(4, 4864, 896, RL_NORM_NONE, RL_EP_ADD, 0);
-	test_fused_qkv(1, 896, 14, 2, 64, RL_NORM_RMS, 1e6f, 1);
-	test_fused_qkv(2, 768, 12, 12, 64, RL_NORM_LN, 0.0f, 1);
+	test_fused_qkv(1, 896, 14, 2, 64, RL_NORM_RMS, rl_rope{ 1e6f }, 1);
+	test_fused_qkv(2, 768, 12, 12, 64, RL_NORM_LN, rl_rope{ 0.0f }, 1);
 	fu_ks_t = 2;
 	test_fused(2, 768, 3072, RL_NORM_LN, RL_EP_GELU, 1);
 	test_fused(3, 896, 1200, RL_NORM_RMS, RL_EP_SWIGLU, 0);
-	test_fused_qkv(2, 64, 2, 1, 8, RL_NORM_LN, 1e4f, 0);
+	test_fused_qkv(2, 64, 2, 1, 8, RL_NORM_LN, rl_rope{ 1e4f }, 0);
 	fu_ks_t = 8;
 	test_fused(1, 8, 6, RL_NORM_LN, RL_EP_SWIGLU, 1);
 	test_fused(2, 200, 13, RL_NORM_RMS, RL_EP_ADD, 1);
@@ -789,7 +797,7 @@ main(void)
 	test_fused(2, 4864, 896, RL_NORM_NONE, RL_EP_ADD, 0);
 	test_fused(2, 896, 1200, RL_NORM_RMS, RL_EP_SWIGLU, 1, 2);
 	test_fused(2, 768, 3072, RL_NORM_LN, RL_EP_GELU, 1, 5);     /* every product (RL_CUDA_GEMV_PF=2): */
-	test_fused_qkv(3, 896, 14, 2, 64, RL_NORM_RMS, 1e6f, 1, 7); /* grids of fewer blocks than outputs */
+	test_fused_qkv(3, 896, 14, 2, 64, RL_NORM_RMS, rl_rope{ 1e6f }, 1, 7); /* grids of fewer blocks than outputs */
 	fu_pf_t = 0;
 	printf("emu_kernels: %d of %d cases passed\n", cases - fails, cases);
 	return fails ? 1 : 0;

@@ -131,11 +131,15 @@ bad_count(const bf16 *out, const float *ref, size_t n, double atol, double rtol,
 }
 
 static void
-test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int nsplit, int nblk, int keys = 0)
+test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int nsplit, int nblk, int keys = 0,
+    int l3 = 0)
 {
 	const int L = 2, BS = 16, MAXBLK = 20, NBLK = MAXBLK + 3, QKV = (NH + 2 * NKV) * HD, AD = NH * HD;
 	const int FC = gpt2 ? H : 2 * H, B = 1, G = NH / NKV;
-	const float eps = gpt2 ? 1e-5f : 1e-6f, theta = 1e4f;  /* GPT-2: ignored (no RoPE) */
+	const float eps = gpt2 ? 1e-5f : 1e-6f;
+	/* GPT-2: ignored (no RoPE).  l3: Llama 3's scaling with an original context of 64, so that
+	 * at HD 64 and 128 frequencies fall in each of its regions and positions run past it */
+	const rl_rope rope = l3 ? rl_rope{ 1e4f, 8.0f, 1.0f, 4.0f, 64.0f } : rl_rope{ 1e4f };
 	const size_t ncache = (size_t)NBLK * BS * NKV * HD, row = (size_t)NKV * HD;
 	const float sc = 1.0f / sqrtf((float)C), sa = 1.0f / sqrtf((float)AD), sh = 1.0f / sqrtf((float)H);
 	lay ly[2];
@@ -192,7 +196,7 @@ test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int n
 		rl_cpu_matmul_fwd(NULL, rq, rxn, y.qkv_w.f, y.qkv_b.f, 1, C, QKV);
 		rnd(rq, QKV);
 		if (!gpt2) {
-			rl_cpu_rope_fwd(NULL, rq, &pos, 1, NH, NKV, HD, theta);
+			rl_cpu_rope_fwd(NULL, rq, &pos, 1, NH, NKV, HD, rope);
 			rnd(rq, QKV);
 		}
 		rl_cpu_kv_write(NULL, rkc[l], rvc[l], rq, &slot, 1, NH, NKV, HD);
@@ -261,7 +265,7 @@ test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int n
 		hh[i].h = 0x7fc1;
 	for (int i = 0; i < V; i++)
 		lg1[i].h = lg2[i].h = 0x7fc1;
-	rlk_step s = { L, C, NH, NKV, HD, H, V, gpt2, eps, theta, BS, MAXBLK, tab, lnf_w.d, gpt2 ? lnf_b.d : NULL,
+	rlk_step s = { L, C, NH, NKV, HD, H, V, gpt2, eps, rope, BS, MAXBLK, tab, lnf_w.d, gpt2 ? lnf_b.d : NULL,
 	    lm_w.d, x1, qkv, att, hh, lg1, ws, cnt, bar, nsplit };
 	s.split_keys = keys;
 	SA = { s, &pos, &slot, bt, &cl, B };
@@ -351,7 +355,7 @@ test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int n
 	fails += fail;
 	printf("%s step %s C=%d NH=%d NKV=%d HD=%d H=%d V=%d ctx=%d nsplit=%d keys=%d blocks=%d: logits max err %.3g "
 	    "(max %.3g) nmse %.2g, x %.3g, cache rows %.3g; whole kernel on 4 blocks same bits: %s\n", fail ? "FAIL" : "ok  ",
-	    gpt2 ? "gpt2" : "qwen", C, NH, NKV, HD, H, V, ctx, nsplit, keys, nblk, worst, mx, nmse, xworst, kworst,
+	    gpt2 ? "gpt2" : l3 ? "llama3" : "qwen", C, NH, NKV, HD, H, V, ctx, nsplit, keys, nblk, worst, mx, nmse, xworst, kworst,
 	    same ? "yes" : "NO");
 	if (fail)
 		printf("     bad: %zu logits, %zu x, %zu cache values at the slot, %zu elsewhere; %d counters, barrier (and profile) %s, "
@@ -469,6 +473,10 @@ main(int argc, char **argv)
 		test_step(0, 128, 7, 1, 64, 160, 300, 257, 32, 5, 256);
 		test_step(0, 256, 4, 2, 128, 192, 301, 300, 32, 9, 256);
 	}
+	/* Llama 3's scaled RoPE (l3) */
+	test_step(0, 128, 7, 1, 64, 160, 300, 257, 32, 5, 0, 1);  /* q */
+	if (all)
+		test_step(0, 256, 4, 2, 128, 192, 301, 300, 3, 9, 0, 1);
 	test_barrier();
 	printf("emu_step%s: %d of %d cases passed\n", emu_skew ? " (skew)" : "", cases - fails, cases);
 	return fails ? 1 : 0;

@@ -158,8 +158,8 @@ ew_bits_run(int phase)
 	g->gelu_bwd(g, out[3], db, da, n);
 	g->swiglu_fwd(g, out[4], dgu, EWB_SN, EWB_SH);
 	g->swiglu_bwd(g, out[5], dd, dgu, EWB_SN, EWB_SH);
-	g->rope_fwd(g, dq, dpos, EWB_RN, EWB_NH, EWB_NKV, EWB_HD, 1e6f);
-	g->rope_bwd(g, dq2, dpos, EWB_RN, EWB_NH, EWB_NKV, EWB_HD, 1e6f);
+	g->rope_fwd(g, dq, dpos, EWB_RN, EWB_NH, EWB_NKV, EWB_HD, (rl_rope){ .theta = 1e6f });
+	g->rope_bwd(g, dq2, dpos, EWB_RN, EWB_NH, EWB_NKV, EWB_HD, (rl_rope){ .theta = 1e6f });
 	tc_check_status(g, "elementwise bits");
 	for (int k = 0; k < 8; k++) {
 		uint16_t *h = rl_xmalloc(len[k] * 2);
@@ -377,6 +377,11 @@ test_add_norm(int N, int C, int ln)
 	free(x); free(t); free(w); free(b); free(xs); free(ref); free(mean); free(rstd);
 }
 
+/* RoPE: a plain base, and Llama 3.1's scaling (at HD 64 and 128 each of its three regions,
+ * kept, divided and smoothed, holds some frequencies; positions up to 4096 and beyond) */
+static rl_rope rp(float theta) { return (rl_rope){ .theta = theta }; }
+static const rl_rope rp_l3 = { 500000.0f, 32.0f, 1.0f, 4.0f, 8192.0f };
+
 static void
 test_qknorm_rope(int N, int NH, int NKV, int HD)
 {
@@ -407,18 +412,21 @@ test_qknorm_rope(int N, int NH, int NKV, int HD)
 	tc_cmpd(g, nm, gq, F32, dwq, HD, 1e-5 * sqrt(N * NH), 1e-4, 1e-8);
 	tc_cmpd(g, nm, gk, F32, dwk, HD, 1e-5 * sqrt(N * NKV), 1e-4, 1e-8);
 
-	/* RoPE: in place; positions up to 4096 with theta 1e4 and 1e6 */
-	float theta = tc_unif() < 0.5 ? 10000.0f : 1e6f;
+	/* RoPE: in place; positions up to 4096 with theta 1e4 and 1e6, and Llama 3.1's scaling
+	 * (rp_l3: at HD 64 and 128 each of its three regions holds some frequencies) */
+	double u = tc_unif();
+	rl_rope rope = u < 0.33 ? rp(10000.0f) : u < 0.67 ? rp(1e6f) : rp_l3;
+	float theta = rope.theta;
 	memcpy(ref, x, n * 4);
-	rl_cpu_rope_fwd(NULL, ref, pos, N, NH, NKV, HD, theta);
-	g->rope_fwd(g, dx, dpos, N, NH, NKV, HD, theta);
+	rl_cpu_rope_fwd(NULL, ref, pos, N, NH, NKV, HD, rope);
+	g->rope_fwd(g, dx, dpos, N, NH, NKV, HD, rope);
 	/* angle = pos * inv_freq in fp32 on both sides; sin/cos of angles up to 4096 differ
 	 * by a few fp32 ulps of the angle (~5e-4 rad): atol 4e-3 * |x| on top of bf16 */
-	snprintf(nm, sizeof nm, "rope_fwd N=%d HD=%d theta=%g", N, HD, theta);
+	snprintf(nm, sizeof nm, "rope_fwd N=%d HD=%d theta=%g factor=%g", N, HD, theta, rope.factor);
 	tc_cmpd(g, nm, dx, BF, ref, n, 8e-3, 8e-3, 1e-4);
 	memcpy(dref, dout, n * 4);
-	rl_cpu_rope_bwd(NULL, dref, pos, N, NH, NKV, HD, theta);
-	g->rope_bwd(g, ddo, dpos, N, NH, NKV, HD, theta);
+	rl_cpu_rope_bwd(NULL, dref, pos, N, NH, NKV, HD, rope);
+	g->rope_bwd(g, ddo, dpos, N, NH, NKV, HD, rope);
 	snprintf(nm, sizeof nm, "rope_bwd N=%d HD=%d", N, HD);
 	tc_cmpd(g, nm, ddo, BF, dref, n, 8e-3, 8e-3, 1e-4);
 	tc_check_status(g, "qknorm/rope");
@@ -1250,7 +1258,7 @@ test_fused(int N, int C, int OC, int norm, int ep, int bias, int sh)
  * tolerance (test_qknorm_rope), the cache's written rows likewise (v exact), the slots no row
  * names (and the row with slot -1) left as they were. */
 static void
-test_rope_kv(int N, int NH, int NKV, int HD, float theta)
+test_rope_kv(int N, int NH, int NKV, int HD, rl_rope rope)
 {
 	char nm[112];
 	const int W = (NH + 2 * NKV) * HD, KV = NKV * HD, nslot = N + 3;
@@ -1273,11 +1281,12 @@ test_rope_kv(int N, int NH, int NKV, int HD, float theta)
 		kr[i] = vr[i] = NAN;
 	void *dq = tc_up(g, x, n, BF), *dpos = tc_upi(g, pos, N * 4), *dslot = tc_upi(g, slot, N * 4);
 	void *dk = tc_poison(g, nc, BF), *dv = tc_poison(g, nc, BF);
-	if (theta > 0)
-		rl_cpu_rope_fwd(NULL, x, pos, N, NH, NKV, HD, theta);
+	if (rope.theta > 0)
+		rl_cpu_rope_fwd(NULL, x, pos, N, NH, NKV, HD, rope);
 	rl_cpu_kv_write(NULL, kr, vr, x, slot, N, NH, NKV, HD);
-	g->rope_kv_write(g, dk, dv, dq, dpos, dslot, N, NH, NKV, HD, theta);
-	snprintf(nm, sizeof nm, "rope_kv_write qkv N=%d NH=%d NKV=%d HD=%d theta=%g", N, NH, NKV, HD, theta);
+	g->rope_kv_write(g, dk, dv, dq, dpos, dslot, N, NH, NKV, HD, rope);
+	snprintf(nm, sizeof nm, "rope_kv_write qkv N=%d NH=%d NKV=%d HD=%d theta=%g factor=%g", N, NH, NKV, HD,
+	    rope.theta, rope.factor);
 	tc_cmpd(g, nm, dq, BF, x, n, 8e-3, 8e-3, 1e-4);
 	float *gk = tc_down(g, dk, nc, BF), *gv = tc_down(g, dv, nc, BF);
 	size_t bad = 0, m = 0;
@@ -1306,7 +1315,7 @@ test_rope_kv(int N, int NH, int NKV, int HD, float theta)
  * cache against the op's own qkv: the k and v heads of each row with a slot, bit for bit; the
  * other slots untouched.  sh odd: 2-byte aligned x (the unfused path). */
 static void
-test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, float theta, int bias, int sh)
+test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, rl_rope rope, int bias, int sh)
 {
 	char nm[128];
 	const int OC = (NH + 2 * NKV) * HD, KV = NKV * HD, nslot = N + 2, ln = norm == RL_NORM_LN;
@@ -1338,12 +1347,12 @@ test_fused_qkv(int N, int C, int NH, int NKV, int HD, int norm, float theta, int
 	for (size_t i = 0; i < ny; i++)
 		y[i] = rl_bf16_to_f32(rl_f32_to_bf16(y[i]));
 	float ymax = maxabs(y, ny);
-	if (theta > 0)
-		rl_cpu_rope_fwd(NULL, y, pos, N, NH, NKV, HD, theta);
+	if (rope.theta > 0)
+		rl_cpu_rope_fwd(NULL, y, pos, N, NH, NKV, HD, rope);
 	g->matmul_rope_kv_fwd(g, dq, dxn, (char *)dx0 + 2 * sh, dnw, ln ? dnb : NULL, eps, norm, dw, bias ? db : NULL,
-	    N, C, NH, NKV, HD, theta, dpos, dk, dv, dslot);
-	snprintf(nm, sizeof nm, "matmul_rope_kv_fwd N=%d C=%d NH=%d NKV=%d HD=%d norm=%d theta=%g sh=%d", N, C, NH,
-	    NKV, HD, norm, theta, sh);
+	    N, C, NH, NKV, HD, rope, dpos, dk, dv, dslot);
+	snprintf(nm, sizeof nm, "matmul_rope_kv_fwd N=%d C=%d NH=%d NKV=%d HD=%d norm=%d theta=%g factor=%g sh=%d", N,
+	    C, NH, NKV, HD, norm, rope.theta, rope.factor, sh);
 	tc_cmpd(g, nm, dq, BF, y, ny, 8e-3 + ymax / 128, 1.6e-2, 1e-4);
 	uint16_t *hq = rl_xmalloc(ny * 2), *hk = rl_xmalloc(nc * 2), *hv = rl_xmalloc(nc * 2);
 	g->download(g, hq, dq, ny * 2);
@@ -1401,13 +1410,14 @@ fused_cases(void)
 	test_fused(1, 100, 20, RL_NORM_LN, RL_EP_GELU, 1, 0);
 	/* the QKV epilogue: Qwen2.5-0.5B (14 + 2 + 2 heads of 64), GPT-2 (no RoPE), HD 128, HD 8;
 	 * unfused: 6 rows, a 2-byte aligned x */
-	test_fused_qkv(1, 896, 14, 2, 64, RL_NORM_RMS, 1e6f, 1, 0);
-	test_fused_qkv(4, 896, 14, 2, 64, RL_NORM_RMS, 1e4f, 1, 0);
-	test_fused_qkv(2, 768, 12, 12, 64, RL_NORM_LN, 0.0f, 1, 0);
-	test_fused_qkv(3, 256, 4, 2, 128, RL_NORM_NONE, 1e4f, 0, 0);
-	test_fused_qkv(1, 64, 2, 1, 8, RL_NORM_LN, 1e4f, 0, 0);
-	test_fused_qkv(6, 896, 14, 2, 64, RL_NORM_RMS, 1e6f, 1, 0);
-	test_fused_qkv(2, 768, 12, 12, 64, RL_NORM_LN, 1e4f, 1, 1);
+	test_fused_qkv(1, 896, 14, 2, 64, RL_NORM_RMS, rp(1e6f), 1, 0);
+	test_fused_qkv(4, 896, 14, 2, 64, RL_NORM_RMS, rp(1e4f), 1, 0);
+	test_fused_qkv(2, 768, 12, 12, 64, RL_NORM_LN, rp(0.0f), 1, 0);
+	test_fused_qkv(3, 256, 4, 2, 128, RL_NORM_NONE, rp(1e4f), 0, 0);
+	test_fused_qkv(1, 64, 2, 1, 8, RL_NORM_LN, rp(1e4f), 0, 0);
+	test_fused_qkv(6, 896, 14, 2, 64, RL_NORM_RMS, rp(1e6f), 1, 0);
+	test_fused_qkv(2, 768, 12, 12, 64, RL_NORM_LN, rp(1e4f), 1, 1);
+	test_fused_qkv(3, 512, 4, 2, 128, RL_NORM_RMS, rp_l3, 0, 0);
 }
 
 /* The backend opened again with one switch set (read when it opens): 1 with g open and
@@ -1609,10 +1619,11 @@ main(void)
 		    "decode fusion ops installed");
 	if (g->matmul_fused_fwd && g->rope_kv_write && g->matmul_rope_kv_fwd) {
 		fused_cases();
-		test_rope_kv(1, 14, 2, 64, 1e6f);
-		test_rope_kv(4, 14, 2, 64, 1e4f);
-		test_rope_kv(300, 12, 12, 64, 0.0f);
-		test_rope_kv(53, 8, 4, 128, 1e4f);
+		test_rope_kv(1, 14, 2, 64, rp(1e6f));
+		test_rope_kv(4, 14, 2, 64, rp(1e4f));
+		test_rope_kv(300, 12, 12, 64, rp(0.0f));
+		test_rope_kv(53, 8, 4, 128, rp(1e4f));
+		test_rope_kv(37, 8, 2, 64, rp_l3);
 	}
 	test_errors();
 	rl_ops_close(g);

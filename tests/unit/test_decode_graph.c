@@ -35,6 +35,7 @@ typedef struct call {
 	void *p[8];
 	int i[8];
 	float f;
+	rl_rope rope;
 	size_t z;
 	rl_sample_params sp;
 } call;
@@ -139,15 +140,15 @@ f_qkn(rl_ops *o, void *qo, float *rstd, const void *qi, const void *wq, const vo
 }
 
 static void
-f_rope(rl_ops *o, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, float theta)
+f_rope(rl_ops *o, void *qkv, const int32_t *pos, int N, int NH, int NKV, int HD, rl_rope rope)
 {
 	if (!rec) {
-		base->rope_fwd(base, qkv, pos, N, NH, NKV, HD, theta);
+		base->rope_fwd(base, qkv, pos, N, NH, NKV, HD, rope);
 		return;
 	}
 	call *c = add_call(C_ROPE);
 	P(0) = qkv; P(1) = (void *)pos;
-	I(0) = N; I(1) = NH; I(2) = NKV; I(3) = HD; c->f = theta;
+	I(0) = N; I(1) = NH; I(2) = NKV; I(3) = HD; c->rope = rope;
 }
 
 static void
@@ -244,7 +245,7 @@ replay(const fgraph *g)
 		case C_RMS: o->rmsnorm_fwd(o, P(0), P(1), P(2), P(3), I(0), I(1), c->f); break;
 		case C_MM: o->matmul_fwd(o, P(0), P(1), P(2), P(3), I(0), I(1), I(2)); break;
 		case C_QKN: o->qknorm_fwd(o, P(0), P(1), P(2), P(3), P(4), I(0), I(1), I(2), I(3), c->f); break;
-		case C_ROPE: o->rope_fwd(o, P(0), P(1), I(0), I(1), I(2), I(3), c->f); break;
+		case C_ROPE: o->rope_fwd(o, P(0), P(1), I(0), I(1), I(2), I(3), c->rope); break;
 		case C_KVW: o->kv_write(o, P(0), P(1), P(2), P(3), I(0), I(1), I(2), I(3)); break;
 		case C_ATT: o->attn_decode(o, P(0), P(1), P(2), P(3), P(4), P(5), I(0), I(1), I(2), I(3), I(4), I(5));
 			break;

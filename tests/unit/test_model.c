@@ -4,7 +4,9 @@
  * Qwen2, Qwen2 tied + bf16 checkpoint, Qwen3 with q/k-norm, GPT-2 with Conv1D
  * names without the "transformer." prefix, Llama with q/k/v/o biases, one
  * key/value head, an f16 checkpoint in two shards and the RoPE base in
- * rope_parameters):
+ * rope_parameters, Llama 3.1's scaled RoPE (rope_scaling "llama3": head_dim 16
+ * with frequencies kept, blended and divided, positions past its original
+ * context of 4), tied and bf16):
  *   - training forward on a packed + padded batch: per-token log-probs and
  *     entropy at temperature 0.8, and the loss built from them;
  *   - backward: every parameter's gradient;
@@ -486,8 +488,10 @@ main(void)
 	test_fixture(o, "gpt2", 5, 0);
 	test_fixture(o, "gpt2", 0, 0);
 	test_fixture(o, "llama", 5, 0);
+	test_fixture(o, "llama3", 5, 0);
 	/* activation recomputation: the same checks against the fixtures */
 	test_fixture(o, "qwen2", 5, 1);
+	test_fixture(o, "llama3", 0, 1);
 	test_fixture(o, "qwen3", 0, 1);
 	test_fixture(o, "gpt2", 5, 1);
 	test_recompute(o, "qwen3");

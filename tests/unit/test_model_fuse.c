@@ -68,23 +68,23 @@ fused_ref(rl_ops *o, void *out, void *tmp, void *xn, const void *x, const void *
 
 static void
 rope_kv_ref(rl_ops *o, void *kc, void *vc, void *qkv, const int32_t *pos, const int32_t *slot, int N, int NH,
-    int NKV, int HD, float theta)
+    int NKV, int HD, rl_rope rope)
 {
 	nropekv++;
-	if (theta > 0)
-		o->rope_fwd(o, qkv, pos, N, NH, NKV, HD, theta);
+	if (rope.theta > 0)
+		o->rope_fwd(o, qkv, pos, N, NH, NKV, HD, rope);
 	o->kv_write(o, kc, vc, qkv, slot, N, NH, NKV, HD);
 }
 
 /* matmul_rope_kv_fwd: matmul_fused_fwd (RL_EP_NONE) then rope_kv_write, by its contract */
 static void
 qkv_ref(rl_ops *o, void *qkv, void *xn, const void *x, const void *nw, const void *nb, float eps, int norm,
-    const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, float theta, const int32_t *pos,
+    const void *w, const void *bias, int N, int C, int NH, int NKV, int HD, rl_rope rope, const int32_t *pos,
     void *kc, void *vc, const int32_t *slot)
 {
 	long f = nfused, r = nropekv;
 	fused_ref(o, qkv, NULL, xn, x, nw, nb, eps, norm, w, bias, N, C, (NH + 2 * NKV) * HD, RL_EP_NONE);
-	rope_kv_ref(o, kc, vc, qkv, pos, slot, N, NH, NKV, HD, theta);
+	rope_kv_ref(o, kc, vc, qkv, pos, slot, N, NH, NKV, HD, rope);
 	nfused = f;
 	nropekv = r;
 	nqkv++;

@@ -622,10 +622,11 @@ test_rope(void)
 	int N = 4, NH = 3, NKV = 1, HD = 8, W = (NH + 2 * NKV) * HD;
 	size_t n = (size_t)N * W;
 	float theta = 10000.0f;
+	rl_rope rp = { .theta = theta };
 	int32_t pos[4] = { 0, 1, 7, 3000 };
 	float *x = frand(n, 1), *y = malloc(n * sizeof(float));
 	memcpy(y, x, n * sizeof(float));
-	rl_cpu_rope_fwd(NULL, y, pos, N, NH, NKV, HD, theta);
+	rl_cpu_rope_fwd(NULL, y, pos, N, NH, NKV, HD, rp);
 	/* Hugging Face, written out: inv_freq = 1 / theta^(arange(0, HD, 2)/HD) in fp32,
 	 * freqs = pos * inv_freq in fp32, emb = cat(freqs, freqs),
 	 * q_embed = q * cos(emb) + rotate_half(q) * sin(emb), rotate_half(q) = cat(-q2, q1) */
@@ -651,19 +652,19 @@ test_rope(void)
 	/* bwd is the transpose: <rope(x), g> = <x, rope_bwd(g)>, and it undoes fwd */
 	float *g = frand(n, 1), *gb = malloc(n * sizeof(float));
 	memcpy(gb, g, n * sizeof(float));
-	rl_cpu_rope_bwd(NULL, gb, pos, N, NH, NKV, HD, theta);
+	rl_cpu_rope_bwd(NULL, gb, pos, N, NH, NKV, HD, rp);
 	double l = 0, r = 0;
 	for (size_t i = 0; i < n; i++) {
 		l += (double)y[i] * g[i];
 		r += (double)x[i] * gb[i];
 	}
 	T_CLOSE(l, r, 1e-5, 1e-5);
-	rl_cpu_rope_bwd(NULL, y, pos, N, NH, NKV, HD, theta);
+	rl_cpu_rope_bwd(NULL, y, pos, N, NH, NKV, HD, rp);
 	double *xd = todbl(x, n);
 	CMP("rope bwd undoes fwd", y, xd, n, 2e-6, 2e-6, 1e-12);
 	rl_ops *o;
 	rl_ops_cpu_open(&o);
-	o->rope_fwd(o, y, pos, N, NH, NKV, 7, theta);
+	o->rope_fwd(o, y, pos, N, NH, NKV, 7, rp);
 	T_EQ_INT(o->status(o), RL_EINVAL);  /* odd head dim */
 	rl_ops_close(o);
 	free(xd);
@@ -672,6 +673,92 @@ test_rope(void)
 	free(ref);
 	free(g);
 	free(gb);
+}
+
+/* inv_freq under Llama 3's scaling, as fp32 bits: Llama 3.1 8B's (theta 500000, HD 128,
+ * factor 8, low_freq_factor 1, high_freq_factor 4, original context 8192) and Llama 3.2 1B's
+ * RoPE at HD 64 (factor 32): computed by tests/fixtures/make_fixtures.py's rope_inv (the
+ * fp32 tensor ops of transformers' _compute_llama3_parameters) with torch 1.13. */
+static const uint32_t l31_inv[64] = {
+	0x3f800000, 0x3f508ac1, 0x3f29e1c6, 0x3f0a6384, 0x3ee177bc, 0x3eb7ab7d, 0x3e959ee3, 0x3e73c461,
+	0x3e4693b0, 0x3e21c3a0, 0x3e03c6a0, 0x3dd6b19c, 0x3daee4ad, 0x3d8e7898, 0x3d681e67, 0x3d3d1684,
+	0x3d1a08c8, 0x3cfaf53f, 0x3ccc6f49, 0x3ca68939, 0x3c87a9c3, 0x3c5d06ec, 0x3c340d6d, 0x3c12ac7f,
+	0x3beef74f, 0x3bc2aa76, 0x3b9e9402, 0x3b812e35, 0x3b527720, 0x3b0dfd06, 0x3ab3d11d, 0x3a60979e,
+	0x3a0995d2, 0x39a3f108, 0x393b2dd2, 0x38c86886, 0x38a3418d, 0x3884fdbf, 0x3858ac81, 0x38308199,
+	0x380fc8f8, 0x37ea426f, 0x37bed4f4, 0x379b7475, 0x377d45c3, 0x374e51f5, 0x3728126b, 0x3708ea0f,
+	0x36df10c4, 0x36b5b687, 0x369406cb, 0x36712b80, 0x36447610, 0x36200a69, 0x36025f34, 0x35d46808,
+	0x35ad07a7, 0x358cf400, 0x3565a54d, 0x353b12c7, 0x351864a7, 0x34f848c2, 0x34ca41b0, 0x34a4c2ff,
+};
+static const uint32_t l32_inv64[32] = {
+	0x3f800000, 0x3f29e1c6, 0x3ee177bc, 0x3e959ee3, 0x3e4693b0, 0x3e03c6a0, 0x3daee4ad, 0x3d681e67,
+	0x3d1a08c8, 0x3ccc6f49, 0x3c87a9c3, 0x3c340d6d, 0x3beef74f, 0x3b9e9402, 0x3b527720, 0x3aa9279b,
+	0x39e13620, 0x38cb98f7, 0x37a3418d, 0x3758ac81, 0x370fc8f8, 0x36bed4f4, 0x367d45c3, 0x3628126b,
+	0x35df10c4, 0x359406cb, 0x35447610, 0x35025f34, 0x34ad07a7, 0x3465a54d, 0x341864a7, 0x33ca41b0,
+};
+
+static void
+test_rope_llama3(void)
+{
+	const rl_rope l31 = { 500000.0f, 8.0f, 1.0f, 4.0f, 8192.0f }, l32 = { 500000.0f, 32.0f, 1.0f, 4.0f, 8192.0f };
+	int diff = 0, reg[3] = { 0, 0, 0 };
+	for (int i = 0; i < 64; i++) {
+		float v = rl_cpu_rope_inv(l31, i, 128), p = rl_cpu_rope_inv((rl_rope){ .theta = 500000.0f }, i, 128);
+		uint32_t u;
+		memcpy(&u, &v, 4);
+		diff += u != l31_inv[i];
+		reg[v == p ? 0 : v * 8.0f == p ? 1 : 2]++;
+		if (i < 32) {
+			v = rl_cpu_rope_inv(l32, i, 64);
+			memcpy(&u, &v, 4);
+			diff += u != l32_inv64[i];
+		}
+	}
+	T_OK(diff == 0, "rope_inv: %d of 96 llama3 frequencies differ from transformers' fp32 bits", diff);
+	/* each region of the rule holds some of Llama 3.1's frequencies */
+	T_OK(reg[0] > 0 && reg[1] > 0 && reg[2] > 0, "rope_inv regions kept/divided/blended %d/%d/%d", reg[0],
+	    reg[1], reg[2]);
+	/* factor 0: the plain frequencies, the same bits as before the scaling existed */
+	diff = 0;
+	for (int i = 0; i < 64; i++) {
+		float v = rl_cpu_rope_inv((rl_rope){ .theta = 10000.0f }, i, 128);
+		float w = 1.0f / powf(10000.0f, (float)(2 * i) / 128.0f);
+		diff += memcmp(&v, &w, 4) != 0;
+	}
+	T_OK(diff == 0, "rope_inv without scaling: %d frequencies changed", diff);
+
+	/* rope_fwd rotates by those frequencies: HF's formula with the pinned table, positions
+	 * past the original context; rope_bwd is its transpose */
+	int N = 3, NH = 2, NKV = 1, HD = 128, W = (NH + 2 * NKV) * HD;
+	size_t n = (size_t)N * W;
+	int32_t pos[3] = { 5, 9000, 131071 };
+	float *x = frand(n, 1), *y = malloc(n * sizeof(float)), *g = frand(n, 1), *gb = malloc(n * sizeof(float));
+	double *ref = malloc(n * sizeof(double)), l = 0, r = 0;
+	memcpy(y, x, n * sizeof(float));
+	rl_cpu_rope_fwd(NULL, y, pos, N, NH, NKV, HD, l31);
+	for (int t = 0; t < N; t++)
+		for (int h = 0; h < NH + 2 * NKV; h++)
+			for (int j = 0; j < HD; j++) {
+				const float *q = x + (size_t)t * W + (size_t)h * HD;
+				double *o = ref + (size_t)t * W + (size_t)h * HD;
+				float inv;
+				memcpy(&inv, &l31_inv[j % (HD / 2)], 4);
+				float f = (float)pos[t] * inv;
+				double rh = j < HD / 2 ? -(double)q[j + HD / 2] : (double)q[j - HD / 2];
+				o[j] = h >= NH + NKV ? q[j] : q[j] * cos((double)f) + rh * sin((double)f);
+			}
+	CMP("rope fwd llama3 vs the HF formula", y, ref, n, 1e-6, 1e-6, 1e-12);
+	memcpy(gb, g, n * sizeof(float));
+	rl_cpu_rope_bwd(NULL, gb, pos, N, NH, NKV, HD, l31);
+	for (size_t i = 0; i < n; i++) {
+		l += (double)y[i] * g[i];
+		r += (double)x[i] * gb[i];
+	}
+	T_CLOSE(l, r, 1e-5, 1e-5);
+	free(x);
+	free(y);
+	free(g);
+	free(gb);
+	free(ref);
 }
 
 /* ==== attention ================================================================= */
@@ -1519,6 +1606,7 @@ main(int argc, char **argv)
 	test_norms();
 	test_qknorm();
 	test_rope();
+	test_rope_llama3();
 	test_attn();
 	test_act();
 	test_logprob();

@@ -282,6 +282,117 @@ test_corruption(void)
 	free(c);
 }
 
+/* Llama 3.1 / 3.2's RoPE scaling (rope_type "llama3"): where transformers 4 and 5 write it, what
+ * is refused and why, and that saving keeps it. */
+static void
+test_config_llama3(void)
+{
+	rl_config c, d;
+	char b[900], *js;
+	const char *base = "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
+	    "\"num_attention_heads\":2,\"intermediate_size\":16";
+	const char *l31 = "\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+	    "\"original_max_position_embeddings\":8192";
+
+	/* transformers 4: top-level rope_theta, rope_scaling with "rope_type" (Llama 3.1) */
+	snprintf(b, sizeof b, "%s,\"rope_theta\":500000.0,\"rope_scaling\":{%s,\"rope_type\":\"llama3\"}}", base,
+	    l31);
+	T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'l31.json'"), 0);
+	T_CLOSE(c.rope_theta, 5e5, 0, 0);
+	T_CLOSE(c.rope_factor, 8, 0, 0);
+	T_CLOSE(c.rope_low_freq, 1, 0, 0);
+	T_CLOSE(c.rope_high_freq, 4, 0, 0);
+	T_EQ_INT(c.rope_orig_max_pos, 8192);
+	/* saving keeps the text, so transformers reads the same scaling back */
+	js = rl_config_to_json(&c);
+	T_EQ_INT(rl_config_parse(&d, js, strlen(js), "'saved.json'"), 0);
+	T_OK(d.rope_theta == c.rope_theta && d.rope_factor == c.rope_factor && d.rope_low_freq == c.rope_low_freq &&
+	    d.rope_high_freq == c.rope_high_freq && d.rope_orig_max_pos == c.rope_orig_max_pos, "%s", js);
+	free(js);
+	rl_config_fini(&d);
+	/* a config built in code (no text) writes rope_scaling from the fields */
+	free(c.raw);
+	c.raw = NULL;
+	js = rl_config_to_json(&c);
+	T_OK(strstr(js, "\"rope_type\":\t\"llama3\"") != NULL, "%s", js);
+	T_EQ_INT(rl_config_parse(&d, js, strlen(js), "'gen.json'"), 0);
+	T_OK(d.rope_theta == c.rope_theta && d.rope_factor == c.rope_factor && d.rope_low_freq == c.rope_low_freq &&
+	    d.rope_high_freq == c.rope_high_freq && d.rope_orig_max_pos == c.rope_orig_max_pos, "%s", js);
+	free(js);
+	rl_config_fini(&d);
+	/* and rl_config_check refuses a code-built scaling that makes no sense */
+	c.rope_low_freq = 4;
+	CAPTURE(T_EQ_INT(rl_config_check(&c, "'code'"), RL_EFORMAT));
+	T_ERR_HAS("'code': llama3 rope scaling needs factor > 0, high_freq_factor > low_freq_factor > 0");
+	rl_config_fini(&c);
+
+	/* transformers 5: one rope_parameters object with rope_theta in it (Llama 3.2); the
+	 * legacy "type" key of older configs */
+	snprintf(b, sizeof b, "%s,\"rope_parameters\":{%s,\"rope_theta\":500000.0,\"rope_type\":\"llama3\"}}",
+	    base, l31);
+	T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'v5.json'"), 0);
+	T_CLOSE(c.rope_theta, 5e5, 0, 0);
+	T_CLOSE(c.rope_factor, 8, 0, 0);
+	T_EQ_INT(c.rope_orig_max_pos, 8192);
+	rl_config_fini(&c);
+	snprintf(b, sizeof b, "%s,\"rope_scaling\":{%s,\"type\":\"llama3\"}}", base, l31);
+	T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'legacy.json'"), 0);
+	T_CLOSE(c.rope_theta, 1e4, 0, 0);
+	T_CLOSE(c.rope_high_freq, 4, 0, 0);
+	rl_config_fini(&c);
+	/* no scaling: the fields stay 0 */
+	snprintf(b, sizeof b, "%s}", base);
+	T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'plain.json'"), 0);
+	T_OK(c.rope_factor == 0 && c.rope_low_freq == 0 && c.rope_high_freq == 0 && c.rope_orig_max_pos == 0,
+	    "plain config has scaling %g", c.rope_factor);
+	rl_config_fini(&c);
+
+	/* bad values, each named */
+	static const struct { const char *keys, *err; } bad[] = {
+		{ "\"factor\":0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192",
+		  "key \"rope_scaling\": \"factor\" must be a positive number" },
+		{ "\"factor\":-8,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192",
+		  "key \"rope_scaling\": \"factor\" must be a positive number" },
+		{ "\"factor\":\"8\",\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192",
+		  "key \"rope_scaling\": \"factor\" must be a positive number" },
+		{ "\"factor\":1e39,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192",
+		  "key \"rope_scaling\": \"factor\" must be a positive number" }, /* beyond fp32 */
+		{ "\"factor\":8,\"low_freq_factor\":0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192",
+		  "key \"rope_scaling\": \"low_freq_factor\" must be a positive number" },
+		{ "\"factor\":8,\"low_freq_factor\":4.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192",
+		  "key \"rope_scaling\": \"high_freq_factor\" (4) must be greater than \"low_freq_factor\" (4)" },
+		{ "\"factor\":8,\"low_freq_factor\":4.0,\"high_freq_factor\":1.0,\"original_max_position_embeddings\":8192",
+		  "key \"rope_scaling\": \"high_freq_factor\" (1) must be greater than \"low_freq_factor\" (4)" },
+		{ "\"factor\":8,\"low_freq_factor\":1.0,\"high_freq_factor\":null,\"original_max_position_embeddings\":8192",
+		  "key \"rope_scaling\": rope_type 'llama3' needs \"high_freq_factor\"" },
+		{ "\"factor\":8,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":0",
+		  "key \"rope_scaling\": \"original_max_position_embeddings\" must be a positive integer" },
+		{ "\"factor\":8,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":81.5",
+		  "key \"rope_scaling\": \"original_max_position_embeddings\" must be a positive integer" },
+		{ "\"factor\":8,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0",
+		  "key \"rope_scaling\": rope_type 'llama3' needs \"original_max_position_embeddings\"" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		snprintf(b, sizeof b, "%s,\"rope_scaling\":{%s,\"rope_type\":\"llama3\"}}", base, bad[i].keys);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'bad.json'"), RL_EFORMAT));
+		T_ERR_HAS(bad[i].err);
+	}
+	/* the other scalings stay refused, under either key and either name of the type */
+	static const char *const other[] = { "linear", "dynamic", "yarn", "longrope" };
+	for (int i = 0; i < 4; i++) {
+		snprintf(b, sizeof b, "%s,\"rope_scaling\":{\"factor\":8.0,\"rope_type\":\"%s\"}}", base, other[i]);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'o.json'"), RL_ENOTSUP));
+		char want[96];
+		snprintf(want, sizeof want, "'o.json': rope_scaling with rope_type '%s' is not supported", other[i]);
+		T_ERR_HAS(want);
+		snprintf(b, sizeof b, "%s,\"rope_parameters\":{\"factor\":8.0,\"rope_theta\":1e6,\"type\":\"%s\"}}",
+		    base, other[i]);
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'o.json'"), RL_ENOTSUP));
+		snprintf(want, sizeof want, "'o.json': rope_parameters with rope_type '%s' is not supported", other[i]);
+		T_ERR_HAS(want);
+	}
+}
+
 static void
 test_config(void)
 {
@@ -327,10 +438,11 @@ test_config(void)
 	CAPTURE(T_EQ_INT(rl_config_parse(&c, typ, strlen(typ), "'t.json'"), RL_EFORMAT));
 	T_ERR_HAS("key \"vocab_size\" is not an integer");
 
+	/* Llama 3's scaling needs its four keys (transformers: a KeyError without one) */
 	const char *rs = "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
 	    "\"num_attention_heads\":2,\"intermediate_size\":16,\"rope_scaling\":{\"type\":\"llama3\"}}";
-	CAPTURE(T_EQ_INT(rl_config_parse(&c, rs, strlen(rs), "'r.json'"), RL_ENOTSUP));
-	T_ERR_HAS("'r.json': rope_scaling with rope_type 'llama3' is not supported");
+	CAPTURE(T_EQ_INT(rl_config_parse(&c, rs, strlen(rs), "'r.json'"), RL_EFORMAT));
+	T_ERR_HAS("'r.json': key \"rope_scaling\": rope_type 'llama3' needs \"factor\"");
 	{
 		/* transformers 5 keeps the base in "rope_parameters" and writes no
 		 * top-level rope_theta: reading only the top level rotated by 10000 */
@@ -340,11 +452,11 @@ test_config(void)
 		T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'v5.json'"), 0);
 		T_CLOSE(c.rope_theta, 1e6, 0, 0);
 		rl_config_fini(&c);
-		/* a Llama 3.2 config as transformers 5 writes it */
+		/* a Llama 3.2 config as transformers 5 writes it, without one of llama3's keys */
 		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":{\"factor\":32.0,\"rope_theta\":500000.0,"
 		    "\"rope_type\":\"llama3\"}}", (int)strlen(q) - 1, q);
-		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'l3.json'"), RL_ENOTSUP));
-		T_ERR_HAS("'l3.json': rope_parameters with rope_type 'llama3' is not supported");
+		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'l3.json'"), RL_EFORMAT));
+		T_ERR_HAS("'l3.json': key \"rope_parameters\": rope_type 'llama3' needs \"low_freq_factor\"");
 		snprintf(b, sizeof b, "%.*s,\"rope_parameters\":{\"rope_theta\":1e4,\"partial_rotary_factor\":0.5}}",
 		    (int)strlen(q) - 1, q);
 		CAPTURE(T_EQ_INT(rl_config_parse(&c, b, strlen(b), "'p.json'"), RL_ENOTSUP));
@@ -542,6 +654,7 @@ main(void)
 	test_bad_files();
 	test_corruption();
 	test_config();
+	test_config_llama3();
 	test_model_open(o);
 	rl_ops_close(o);
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpd);
