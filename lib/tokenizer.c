@@ -45,6 +45,7 @@ struct rl_tokenizer {
 	uint8_t first[256];     /* bit 1: an added token starts with this byte, bit 2: a special one */
 	rli_splitter split;
 	int nfc, prefix_space;
+	int ignore_merges;      /* BPE "ignore_merges" (Llama 3): a piece in the vocabulary is one token */
 	rli_bpe *bpe;
 	int32_t eos, bos, pad;
 	int chat;
@@ -553,6 +554,7 @@ bytes_out:
 		rl_error("'%s': BPE with byte_fallback is not supported", path);
 		return RL_ENOTSUP;
 	}
+	t->ignore_merges = json_bool(model, "ignore_merges");
 	if ((rv = load_normalizer(t, path, cJSON_GetObjectItemCaseSensitive(root, "normalizer"))) != 0 ||
 	    (rv = load_pretok(t, path, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), &bytelevel)) != 0)
 		return rv;
@@ -952,8 +954,16 @@ encode_section(rl_tokens *out, rl_tokenizer *t, const uint8_t *s, size_t n)
 	if ((rv = rli_split(&t->split, s, n, &t->ends, &t->n_ends, &t->cap_ends)) != 0)
 		goto out;
 	for (size_t k = 0, start = 0; k < t->n_ends; k++) {
-		if ((rv = rli_bpe_encode(t->bpe, out, s + start, t->ends[k] - start)) != 0)
+		int32_t id;
+		/* ignore_merges (Llama 3's tokenizer.json, tiktoken's rule): a piece that is
+		 * a vocabulary token is that token, whatever the merges would make of it */
+		if (t->ignore_merges && (id = rl_tokenizer_lookup(t, (const char *)s + start, t->ends[k] - start)) >= 0 &&
+		    !(t->tflags[id] & T_ADDED)) {
+			if ((rv = rli_tokens_push(out, id)) != 0)
+				goto out;
+		} else if ((rv = rli_bpe_encode(t->bpe, out, s + start, t->ends[k] - start)) != 0) {
 			goto out;
+		}
 		start = t->ends[k];
 	}
 out:

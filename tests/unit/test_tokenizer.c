@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core.h"
+#include "io.h"
 #include "tok_impl.h"
 #include "tokenizer.h"
 #include "t.h"
@@ -610,6 +611,46 @@ test_template_files(void)
 	T_OK(t == NULL, "%s", "no tokenizer on error");
 }
 
+/* BPE "ignore_merges" (Llama 3): a pre-token that is a vocabulary token is
+ * that token; the merges would split "abc" into "ab" "c" here ("a b" ranks
+ * first, and no merge joins "ab" and "c"). */
+static void
+test_ignore_merges(void)
+{
+	static const char *ml[] = { "a", "b", "a" };
+	static const char *mr[] = { "b", "c", "bc" };
+	rl_tokenizer *t = NULL;
+	int32_t ids[8];
+	char *text = NULL;
+	size_t len = 0;
+	cJSON *j;
+	mkd("im");
+	write_bpe(tpath("im", "tokenizer.json"), ml, mr, 3, 0, NULL, 0);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("im", "")), 0);
+	if (t) {
+		T_EQ_INT(enc(t, "abc", 0, ids, 8), 2);
+		T_EQ_INT(ids[0], rl_tokenizer_lookup(t, "ab", 2));
+		rl_tokenizer_close(t);
+	}
+	T_EQ_INT(rl_io_read_file(tpath("im", "tokenizer.json"), 0, &text, &len), 0);
+	j = cJSON_Parse(text);
+	cJSON_AddTrueToObject(cJSON_GetObjectItemCaseSensitive(j, "model"), "ignore_merges");
+	free(text);
+	text = cJSON_Print(j);
+	write_file(tpath("im", "tokenizer.json"), text, strlen(text));
+	cJSON_free(text);
+	cJSON_Delete(j);
+	t = NULL;
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("im", "")), 0);
+	if (t) {
+		T_EQ_INT(enc(t, "abc", 0, ids, 8), 1);
+		T_EQ_INT(ids[0], rl_tokenizer_lookup(t, "abc", 3));
+		/* a piece not in the vocabulary still goes through the merges */
+		T_EQ_INT(enc(t, "abcc", 0, ids, 8), 3);
+		rl_tokenizer_close(t);
+	}
+}
+
 int
 main(void)
 {
@@ -627,6 +668,7 @@ main(void)
 	test_nfc();
 	test_bad();
 	test_template_files();
+	test_ignore_merges();
 	char cmd[600];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	if (system(cmd) != 0)
