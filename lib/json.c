@@ -665,3 +665,13 @@ rl_json_get_f32s(const cJSON *obj, const char *what, const char *path, float **o
 	*n = cnt;
 	return RL_OK;
 }
+
+const char *
+rl_json_dup_key(const cJSON *obj)
+{
+	for (const cJSON *a = obj ? obj->child : NULL; a; a = a->next)
+		for (const cJSON *b = a->next; a->string && b; b = b->next)
+			if (b->string && strcmp(a->string, b->string) == 0)
+				return a->string;
+	return NULL;
+}

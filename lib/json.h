@@ -42,6 +42,10 @@ int rl_json_nul_member(const char *s, size_t n);
  * 2^53 came out 9.00719925474099e+15.  Here every number reads back as the
  * same double (17 digits where 15 do not).  NULL when out of memory. */
 char *rl_json_print(const cJSON *j);
+/* The first member name of object obj that appears twice, or NULL.  cJSON's
+ * lookups find the first of two equal keys, Python's json keeps the last:
+ * data written by one and read by the other would differ without a word. */
+const char *rl_json_dup_key(const cJSON *obj);
 /* Read and parse a whole file (at most max bytes; 0: 64 MiB). */
 int rl_json_load(cJSON **out, const char *path, size_t max);
 

@@ -77,12 +77,9 @@ rl_prompt_line_to_traj(rl_traj *t, const char *line, size_t n, const char *what)
 		         what, p && p->string ? p->string : "?");
 		goto out;
 	}
-	k = 0;
-	cJSON_ArrayForEach(p, j)
-		k += p->string != NULL && strcmp(p->string, "prompt") == 0;
-	if (k > 1) {
+	if (rl_json_dup_key(j)) {
 		/* cJSON finds the first, Python's json (the data's likely writer) the last */
-		rl_error("%s: %d \"prompt\" keys", what, k);
+		rl_error("%s: key \"%s\" appears twice", what, rl_json_dup_key(j));
 		goto out;
 	}
 	p = cJSON_GetObjectItemCaseSensitive(j, "prompt");

@@ -667,17 +667,10 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 
 	*out = NULL;
 	pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-	{
-		/* cJSON finds the first of two "prompt" keys, Python's json the last: which
-		 * one was meant is not known (the other went to meta) */
-		const cJSON *it;
-		int np = 0;
-		cJSON_ArrayForEach(it, j)
-			np += it->string && strcmp(it->string, "prompt") == 0;
-		if (np > 1) {
-			rl_error("%s: %d \"prompt\" keys", where, np);
-			goto out;
-		}
+	if (rl_json_dup_key(j)) {
+		/* which of two "prompt" (or "answer") keys was meant is not known */
+		rl_error("%s: key \"%s\" appears twice", where, rl_json_dup_key(j));
+		goto out;
 	}
 	if (pre_ids) {
 		for (size_t i = 0; i < npre; i++)

@@ -189,7 +189,7 @@ print(d)' "$@"
 	printf '{"prompt":"c"}\n{"prompt":"d","prompt":"e"}\n' > "$D/dup.jsonl"
 	run --separate-stderr rl-queue put "$URL" "$D/dup.jsonl"
 	assert_failure 1
-	[[ "$stderr" == *"'$D/dup.jsonl': line 2: 2 \"prompt\" keys"* ]]
+	[[ "$stderr" == *"'$D/dup.jsonl': line 2: key \"prompt\" appears twice"* ]]
 	# 256 prompts of 280 kB are over a put's 64 MiB: batches end at 8 MiB
 	python3 -c "
 import sys

@@ -228,7 +228,7 @@ for l in sys.stdin:
 	[ "${#lines[@]}" -eq 1 ]
 	[ "$(printf '%s\n' "${lines[@]}" | fields max_tokens)" = "2" ]
 	# two "prompt" keys: cJSON took the first, Python the last, and the other went to meta
-	[[ "$stderr" == *'line 5: 2 "prompt" keys'* ]]
+	[[ "$stderr" == *'line 5: key "prompt" appears twice'* ]]
 	[[ "$stderr" == *"5 bad prompt lines skipped"* ]]
 	# an escaped NUL would cut the string (cJSON): refused; an escaped backslash before u0000 is text
 	printf '%s\n' '{"prompt":"ab\u0000cd"}' '{"prompt":"ab\\u0000cd"}' '{"prompt":"ef","answer":"x\u0000"}' \

@@ -138,6 +138,22 @@ main(void)
 	T_EQ_INT(NULM("[]"), -1);
 	T_EQ_INT(NULM("\"\\u0000\""), -1);  /* neither object nor array */
 #undef NULM
+	/* a key that appears twice: the first such name; nested objects are their own */
+	{
+		static const char *const cases[][2] = {
+			{ "{\"a\":1,\"b\":2}", NULL }, { "{\"prompt\":\"a\",\"x\":1,\"prompt\":\"b\"}", "prompt" },
+			{ "{\"m\":{\"k\":1},\"k\":2}", NULL }, { "{\"a\":1,\"b\":1,\"b\":2,\"a\":3}", "a" },
+			{ "{}", NULL },
+		};
+		for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+			cJSON *d = cJSON_Parse(cases[i][0]);
+			const char *k = rl_json_dup_key(d);
+			T_OK(d != NULL && (cases[i][1] ? k && strcmp(k, cases[i][1]) == 0 : k == NULL), "dup key in %s",
+			    cases[i][0]);
+			cJSON_Delete(d);
+		}
+		T_OK(rl_json_dup_key(NULL) == NULL, "%s", "NULL");
+	}
 
 	/* rl_json_print: every number reads back as the same double (cJSON's own
 	 * printer gave 2^53 as 9.00719925474099e+15), keys and order kept */
