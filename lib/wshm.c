@@ -339,8 +339,12 @@ serve_conn(rl_wshm_srv *s, int c)
 			st = RL_ENOTSUP;
 		else
 			st = s->take(s->arg, ver, fd, &size);
-		if (send_reply(c, SM_PUT, st, ver, size, -1) == 0 && st == RL_OK)
+		/* counted before the reply: the version is taken whether or not the
+		 * reply gets through, and a pusher that reads the count after its
+		 * OK (test_wsync_shm) must find it there */
+		if (st == RL_OK)
 			s->taken++;
+		send_reply(c, SM_PUT, st, ver, size, -1);
 		goto out;
 	}
 	if (fd >= 0) { /* a GET brings no descriptor */
@@ -348,8 +352,11 @@ serve_conn(rl_wshm_srv *s, int c)
 		fd = -1;
 	}
 	st = s->lookup(s->arg, get64(q + 16), &fd, &ver, &size);
-	if (send_reply(c, SM_GET, st, ver, size, st == RL_OK ? fd : -1) == 0 && st == RL_OK)
+	/* counted before the reply, as a take is; taken back when it did not go out */
+	if (st == RL_OK)
 		s->served++;
+	if (send_reply(c, SM_GET, st, ver, size, st == RL_OK ? fd : -1) != 0 && st == RL_OK)
+		s->served--;
 out:
 	if (fd >= 0)
 		close(fd);
