@@ -351,6 +351,56 @@ rl_reward_math_last_boxed(char *out, size_t cap, const char *s, size_t n)
 	return (long)j;
 }
 
+/* The arguments of \sqrt and \frac in braces: "\sqrt2" is "\sqrt{2}",
+ * "\frac12" and "\frac1{2}" are "\frac{1}{2}" (an argument without braces is
+ * one character), so that both spellings compare equal as strings.  Copies
+ * s[i..e) to b->t, fixing the arguments inside groups too (nested at most 64
+ * deep; deeper groups are copied as they are).  -1 when it does not fit. */
+typedef struct { char *t; size_t j, cap; } brbuf;
+
+static int
+brace_args(brbuf *b, const char *s, size_t i, size_t e, int depth)
+{
+#define PUT(c) do { if (b->j + 1 >= b->cap) return -1; b->t[b->j++] = (c); } while (0)
+	while (i < e) {
+		int args = starts(s, e, i, "\\sqrt") ? 1 : starts(s, e, i, "\\frac") ? 2 : 0;
+		if (!args) {
+			/* another command is copied whole (its name could end in "sqrt") */
+			if (s[i] == '\\' && i + 1 < e) {
+				PUT(s[i++]);
+				do
+					PUT(s[i++]);
+				while (i < e && isalpha((unsigned char)s[i]) && isalpha((unsigned char)s[i - 1]));
+				continue;
+			}
+			PUT(s[i++]);
+			continue;
+		}
+		for (int q = 0; q < 5; q++)
+			PUT(s[i++]);
+		for (int a = 0; a < args && i < e; a++) {
+			if (s[i] == '{') {
+				size_t end = match_brace(s, e, i);
+				if (!end || depth >= 64)
+					break; /* unbalanced or too deep: the rest as it is */
+				PUT('{');
+				if (brace_args(b, s, i + 1, end - 1, depth + 1))
+					return -1;
+				PUT('}');
+				i = end;
+			} else if (s[i] == '[' || s[i] == '\\' || s[i] == '}') {
+				break; /* \sqrt[3]{..}, \frac\pi2: as written */
+			} else {
+				PUT('{');
+				PUT(s[i++]);
+				PUT('}');
+			}
+		}
+	}
+#undef PUT
+	return 0;
+}
+
 long
 rl_reward_math_normalize(char *out, size_t cap, const char *s, size_t n)
 {
@@ -361,7 +411,7 @@ rl_reward_math_normalize(char *out, size_t cap, const char *s, size_t n)
 	size_t i = 0, k = 0;
 	static const char *const unwrap[] = { "\\text{", "\\textbf{", "\\textrm{", "\\mathrm{", "\\mathbf{", "\\mbox{" };
 	static const char *const skip[] = { "\\left", "\\right", "\\displaystyle", "\\circ",
-					    "\\%", "\\!", "\\,", "\\;", "\\:", "\\ " };
+					    "\\%", "\\$", "\\!", "\\,", "\\;", "\\:", "\\ " };
 
 #define EMIT(c) do { if (k + 1 >= cap) return -1; out[k++] = (c); } while (0)
 	while (i < n) {
@@ -378,6 +428,12 @@ rl_reward_math_normalize(char *out, size_t cap, const char *s, size_t n)
 			continue;
 		}
 		if (c == '\\') {
+			/* units on the right, "5\text{ cm}": the answer ends there */
+			if (k > 0 && (starts(s, n, i, "\\text{") || starts(s, n, i, "\\mbox{"))) {
+				size_t b = i + (s[i + 1] == 't' ? 6 : 5);
+				if (b < n && is_space((unsigned char)s[b]))
+					break;
+			}
 			for (m = 0; m < RL_ARRAY_LEN(unwrap); m++) {
 				if (starts(s, n, i, unwrap[m])) {
 					if (depth < (int)sizeof drop)
@@ -444,7 +500,23 @@ rl_reward_math_normalize(char *out, size_t cap, const char *s, size_t n)
 	if (k >= cap)
 		return -1;
 	out[k] = 0;
-	return (long)k;
+	/* "x=3" (a name of at most two characters, one '='): the value */
+	char *eq = strchr(out, '=');
+	if (eq && eq - out <= 2 && !strchr(eq + 1, '=')) {
+		k -= (size_t)(eq + 1 - out);
+		memmove(out, eq + 1, k + 1);
+	}
+	brbuf b = { malloc(cap), 0, cap };
+	if (!b.t)
+		return -1;
+	if (brace_args(&b, out, 0, k, 0)) {
+		free(b.t);
+		return -1;
+	}
+	memcpy(out, b.t, b.j);
+	out[b.j] = 0;
+	free(b.t);
+	return (long)b.j;
 }
 
 /* A plain decimal number (thousands commas allowed) filling s[0..n). */

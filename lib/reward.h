@@ -52,9 +52,12 @@ long rl_reward_math_last_boxed(char *out, size_t cap, const char *s, size_t n);
 
 /* Normalises a LaTeX answer into out (cap bytes, NUL-terminated): drops
  * whitespace, \left and \right, \!, \, \; \: spacing, `$`, ^\circ and
- * ^{\circ}, \% and %, a trailing `.`, unwraps \text{..}, \textbf{..},
- * \mathrm{..} and \mbox{..}; \dfrac and \tfrac become \frac.  Returns the
- * length, or -1 when it does not fit. */
+ * ^{\circ}, \% and %, \$, a trailing `.`, unwraps \text{..}, \textbf{..},
+ * \mathrm{..} and \mbox{..} (but "\text{ " after the answer starts units: the
+ * answer ends there); \dfrac and \tfrac become \frac; \sqrt and \frac get
+ * their arguments in braces ("\frac12" is "\frac{1}{2}"); "x=3" (at most two
+ * characters before a single '=') becomes "3".  Returns the length, or -1
+ * when it does not fit. */
 long rl_reward_math_normalize(char *out, size_t cap, const char *s, size_t n);
 
 /* Parses a normalised answer as a number: integer, decimal, a/b, \frac{a}{b},

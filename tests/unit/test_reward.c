@@ -134,6 +134,7 @@ static void
 math_pieces(void)
 {
 	char out[256];
+	const char *why;
 	double v;
 
 	T_EQ_INT(rl_reward_math_last_boxed(out, sizeof out, "a \\boxed{1} b \\boxed{{2}+{3}} c", 31), 7);
@@ -153,6 +154,25 @@ math_pieces(void)
 	T_OK(rl_reward_math_normalize(out, sizeof out, "45^{\\circ}", 10) > 0);
 	T_EQ_STR(out, "45");
 	T_EQ_INT(rl_reward_math_normalize(out, 4, "123456", 6), -1);
+	/* the rewrites of the Hendrycks MATH rule that verl's math reward uses */
+	T_OK(rl_reward_math_normalize(out, sizeof out, "5\\text{ cm}^2", strlen("5\\text{ cm}^2")) > 0);
+	T_EQ_STR(out, "5");
+	T_OK(rl_reward_math_normalize(out, sizeof out, "\\$5", strlen("\\$5")) > 0);
+	T_EQ_STR(out, "5");
+	T_OK(rl_reward_math_normalize(out, sizeof out, "x = 3", strlen("x = 3")) > 0);
+	T_EQ_STR(out, "3");
+	T_OK(rl_reward_math_normalize(out, sizeof out, "abc=3", strlen("abc=3")) > 0);
+	T_EQ_STR(out, "abc=3");
+	T_OK(rl_reward_math_normalize(out, sizeof out, "x=y=3", strlen("x=y=3")) > 0);
+	T_EQ_STR(out, "x=y=3");
+	T_OK(rl_reward_math_normalize(out, sizeof out, "\\frac{\\sqrt3}2 + \\sqrt 2", strlen("\\frac{\\sqrt3}2 + \\sqrt 2")) > 0);
+	T_EQ_STR(out, "\\frac{\\sqrt{3}}{2}+\\sqrt{2}");
+	T_OK(rl_reward_math_normalize(out, sizeof out, "\\dfrac12\\sqrt[3]{x}\\pi2\\{", strlen("\\dfrac12\\sqrt[3]{x}\\pi2\\{")) > 0);
+	T_EQ_STR(out, "\\frac{1}{2}\\sqrt[3]{x}\\pi2\\{");
+	T_EQ_INT(rl_reward_math_normalize(out, 8, "\\sqrt12", strlen("\\sqrt12")), -1);
+	T_CLOSE(rl_reward_math("so \\boxed{\\sqrt2}", strlen("so \\boxed{\\sqrt2}"), "\\sqrt{2}", &why), 1, 0, 0);
+	T_CLOSE(rl_reward_math("\\boxed{x=4}", strlen("\\boxed{x=4}"), "3", &why), 0, 0, 0);
+	T_CLOSE(rl_reward_math("\\boxed{\\sqrt3}", strlen("\\boxed{\\sqrt3}"), "\\sqrt{2}", &why), 0, 0, 0);
 	T_EQ_INT(rl_reward_math_number(&v, "\\frac{3}{4}"), 0);
 	T_CLOSE(v, 0.75, 0, 0);
 	T_EQ_INT(rl_reward_math_number(&v, "-\\frac{3}{4}"), 0);
