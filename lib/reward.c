@@ -657,6 +657,340 @@ rl_reward_math(const char *resp, size_t n, const char *truth, const char **why)
 	return s;
 }
 
+/* ---- dapo (verl's math_dapo: "Answer: ..." and the Minerva normaliser) ------------ */
+
+/* A growing string for the rewrites below; len bytes, NUL-terminated. */
+typedef struct dstr { char *s; size_t len, cap; } dstr;
+
+static int
+dstr_put(dstr *d, const char *p, size_t n)
+{
+	if (d->len + n + 1 > d->cap) {
+		size_t cap = RL_MAX(2 * d->cap, d->len + n + 1);
+		char *s = realloc(d->s, cap);
+		if (!s)
+			return -1;
+		d->s = s;
+		d->cap = cap;
+	}
+	memcpy(d->s + d->len, p, n);
+	d->len += n;
+	d->s[d->len] = 0;
+	return 0;
+}
+
+/* d becomes o (o emptied); an empty o is an empty string, not NULL. */
+static int
+dstr_take(dstr *d, dstr *o)
+{
+	if (!o->s && dstr_put(o, "", 0))
+		return -1;
+	free(d->s);
+	*d = *o;
+	*o = (dstr){ 0 };
+	return 0;
+}
+
+/* Every `from` replaced by the shorter (or equal) `to`, left to right, as
+ * Python's str.replace does. */
+static void
+dstr_replace(dstr *d, const char *from, const char *to)
+{
+	size_t fl = strlen(from), tl = strlen(to), i = 0, k = 0;
+
+	while (i < d->len) {
+		if (i + fl <= d->len && memcmp(d->s + i, from, fl) == 0) {
+			memcpy(d->s + k, to, tl);
+			k += tl;
+			i += fl;
+		} else {
+			d->s[k++] = d->s[i++];
+		}
+	}
+	d->len = k;
+	d->s[k] = 0;
+}
+
+/* Bytes of the UTF-8 sequence starting at s[i] (1 for a stray byte). */
+static size_t
+u8len(const char *s, size_t n, size_t i)
+{
+	unsigned char c = (unsigned char)s[i];
+	size_t l = c < 0xc0 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+
+	for (size_t j = 1; j < l; j++)
+		if (i + j >= n || ((unsigned char)s[i + j] & 0xc0) != 0x80)
+			return 1;
+	return l;
+}
+
+/* Python's \s on the characters that matter here (ASCII, and \x1c..\x1f). */
+static int
+py_space(int c)
+{
+	return is_space(c) || (c >= 0x1c && c <= 0x1f);
+}
+
+/* `pre` + (lazy: up to the first `close`; greedy: the last) on the same line,
+ * replaced by what lies between, for every match (re.sub of
+ * (\\text\{)(.*?)(\}) and (\\boxed\{)(.*)(\}) ). */
+static int
+unwrap_cmd(dstr *d, const char *pre, int greedy)
+{
+	dstr o = { 0 };
+	size_t pl = strlen(pre), i = 0;
+
+	while (i < d->len) {
+		if (i + pl <= d->len && memcmp(d->s + i, pre, pl) == 0) {
+			size_t j = i + pl, close = (size_t)-1;
+			for (; j < d->len && d->s[j] != '\n'; j++) {
+				if (d->s[j] == '}') {
+					close = j;
+					if (!greedy)
+						break;
+				}
+			}
+			if (close != (size_t)-1) {
+				if (dstr_put(&o, d->s + i + pl, close - i - pl))
+					goto oom;
+				i = close + 1;
+				continue;
+			}
+		}
+		if (dstr_put(&o, d->s + i, 1))
+			goto oom;
+		i++;
+	}
+	if (dstr_take(d, &o))
+		goto oom;
+	return 0;
+oom:
+	free(o.s);
+	return -1;
+}
+
+/* verl's math_dapo normalize_final_answer (the Minerva rule), rewrite by
+ * rewrite and in its order, on the text in d. */
+static int
+dapo_normalize(dstr *d)
+{
+	static const char *const subst[][2] = {
+		{ "an ", "" }, { "a ", "" }, { ".$", "$" }, { "\\$", "" }, { "\\ ", "" }, { " ", "" },
+		{ "mbox", "text" }, { ",\\text{and}", "," }, { "\\text{and}", "," }, { "\\text{m}", "\\text{}" },
+	};
+	static const char *const removed[] = {
+		"square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots",
+		"sue", "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds",
+		"meters", "meals", "edges", "students", "childrentickets", "multiples", "\\text{s}",
+		"\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}",
+		"\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;", ",\\!", "{,}", "\"", "\\dots",
+	};
+	char *eq = NULL;
+	dstr o = { 0 };
+	size_t i;
+
+	/* the part after the last '=' */
+	for (i = 0; i < d->len; i++)
+		if (d->s[i] == '=')
+			eq = d->s + i;
+	if (eq) {
+		d->len -= (size_t)(eq + 1 - d->s);
+		memmove(d->s, eq + 1, d->len + 1);
+	}
+	for (i = 0; i < RL_ARRAY_LEN(subst); i++)
+		dstr_replace(d, subst[i][0], subst[i][1]);
+	for (i = 0; i < RL_ARRAY_LEN(removed); i++)
+		dstr_replace(d, removed[i], "");
+	/* a line with two '$': what the first two enclose, in '$' */
+	for (i = 0; i < d->len;) {
+		size_t e = i, d1 = (size_t)-1, d2 = (size_t)-1;
+		while (e < d->len && d->s[e] != '\n') {
+			if (d->s[e] == '$') {
+				if (d1 == (size_t)-1)
+					d1 = e;
+				else if (d2 == (size_t)-1)
+					d2 = e;
+			}
+			e++;
+		}
+		if (d2 != (size_t)-1) {
+			if (dstr_put(&o, "$", 1) || dstr_put(&o, d->s + d1 + 1, d2 - d1 - 1) || dstr_put(&o, "$", 1))
+				goto oom;
+		} else if (dstr_put(&o, d->s + i, e - i)) {
+			goto oom;
+		}
+		if (e < d->len && dstr_put(&o, "\n", 1))
+			goto oom;
+		i = e + 1;
+	}
+	if (dstr_take(d, &o))
+		goto oom;
+	if (unwrap_cmd(d, "\\text{", 0) || unwrap_cmd(d, "\\textbf{", 0) || unwrap_cmd(d, "\\overline{", 0) ||
+	    unwrap_cmd(d, "\\boxed{", 1))
+		return -1;
+	/* "frac" X Y with X not '{' -> "frac{X}{Y}"; "sqrt" X with X not '{' -> "sqrt{X}" */
+	for (int pass = 0; pass < 2; pass++) {
+		const char *w = pass ? "sqrt" : "frac";
+		for (i = 0; i < d->len;) {
+			if (i + 4 < d->len && memcmp(d->s + i, w, 4) == 0 && d->s[i + 4] != '{') {
+				size_t x = i + 4, xl = u8len(d->s, d->len, x), y = x + xl, yl;
+				if (pass == 0 && (y >= d->len || d->s[y] == '\n')) {
+					if (dstr_put(&o, d->s + i, 1))
+						goto oom;
+					i++;
+					continue;
+				}
+				yl = pass ? 0 : u8len(d->s, d->len, y);
+				if (dstr_put(&o, w, 4) || dstr_put(&o, "{", 1) || dstr_put(&o, d->s + x, xl) ||
+				    dstr_put(&o, "}", 1) ||
+				    (pass == 0 && (dstr_put(&o, "{", 1) || dstr_put(&o, d->s + y, yl) || dstr_put(&o, "}", 1))))
+					goto oom;
+				i = y + yl;
+				continue;
+			}
+			if (dstr_put(&o, d->s + i, 1))
+				goto oom;
+			i++;
+		}
+		if (dstr_take(d, &o))
+			goto oom;
+	}
+	dstr_replace(d, "$", "");
+	/* "100,000" -> "100000" when nothing but digits and commas */
+	for (i = 0; i < d->len && (is_digit((unsigned char)d->s[i]) || d->s[i] == ','); i++)
+		;
+	if (i == d->len) {
+		size_t digits = 0;
+		for (i = 0; i < d->len; i++)
+			digits += d->s[i] != ',';
+		if (digits > 0)
+			dstr_replace(d, ",", "");
+	}
+	/* strip */
+	for (i = 0; i < d->len && py_space((unsigned char)d->s[i]); i++)
+		;
+	d->len -= i;
+	memmove(d->s, d->s + i, d->len + 1);
+	while (d->len > 0 && py_space((unsigned char)d->s[d->len - 1]))
+		d->s[--d->len] = 0;
+	return 0;
+oom:
+	free(o.s);
+	return -1;
+}
+
+long
+rl_reward_dapo_normalize(char **out, const char *s, size_t n)
+{
+	dstr d = { 0 };
+
+	*out = NULL;
+	if (dstr_put(&d, s, n) || dapo_normalize(&d)) {
+		free(d.s);
+		return -1;
+	}
+	*out = d.s;
+	return (long)d.len;
+}
+
+/* The text of the last match of (?i)Answer\s*:\s*([^\n]+) in s[0..n), as
+ * Python's re.findall finds them (left to right, not overlapping); *len -1
+ * when there is none. */
+static const char *
+dapo_extract(const char *s, size_t n, long *len)
+{
+	const char *got = NULL;
+	size_t i = 0;
+
+	*len = -1;
+	while (i + 6 <= n) {
+		size_t j, k, ws;
+		if (strncasecmp(s + i, "answer", 6) != 0) {
+			i++;
+			continue;
+		}
+		for (j = i + 6; j < n && py_space((unsigned char)s[j]); j++)
+			;
+		if (j >= n || s[j] != ':') {
+			i++;
+			continue;
+		}
+		for (ws = k = j + 1; k < n && py_space((unsigned char)s[k]); k++)
+			;
+		if (k < n) {
+			/* greedy \s*, then the rest of the line */
+			size_t e = k;
+			while (e < n && s[e] != '\n')
+				e++;
+			got = s + k;
+			*len = (long)(e - k);
+			i = e;
+			continue;
+		}
+		/* only whitespace to the end: \s* gives characters back until
+		 * [^\n]+ can take one, the last that is not a newline */
+		while (k > ws && s[k - 1] == '\n')
+			k--;
+		if (k > ws) {
+			got = s + k - 1;
+			*len = 1;
+			i = k;
+			continue;
+		}
+		i++;
+	}
+	return got;
+}
+
+static int
+dapo_score(double *score, const char **why, const char *resp, size_t n, const char *truth)
+{
+	char *pred = NULL, *want = NULL;
+	const char *a;
+	long al;
+	size_t start = n, cps = 0;
+
+	*score = -1;
+	/* the last 300 characters (code points) of the response */
+	while (start > 0 && cps < 300) {
+		start--;
+		if (((unsigned char)resp[start] & 0xc0) != 0x80)
+			cps++;
+	}
+	a = dapo_extract(resp + start, n - start, &al);
+	if (!a) {
+		a = "[INVALID]";
+		al = 9;
+	}
+	if (rl_reward_dapo_normalize(&pred, a, (size_t)al) < 0 ||
+	    rl_reward_dapo_normalize(&want, truth, strlen(truth)) < 0) {
+		free(pred);
+		free(want);
+		SET_WHY(why, "out of memory");
+		return RL_ENOMEM;
+	}
+	if (strcmp(pred, want) == 0) {
+		*score = 1;
+		SET_WHY(why, NULL);
+	} else {
+		SET_WHY(why, al == 9 && strcmp(a, "[INVALID]") == 0 ? "no \"Answer:\" in the last 300 characters"
+								    : "wrong answer");
+	}
+	free(pred);
+	free(want);
+	return 0;
+}
+
+double
+rl_reward_dapo(const char *resp, size_t n, const char *truth, const char **why)
+{
+	double s;
+
+	if (dapo_score(&s, why, resp, n, truth) != 0)
+		return -1;
+	return s;
+}
+
 /* ---- countdown ------------------------------------------------------------------ */
 
 typedef struct rat { int64_t n, d; } rat;
@@ -1010,7 +1344,8 @@ rl_reward_utf8_len(const char *s, size_t n)
 static const char *const kind_names[RL_TASK_KIND_COUNT] = {
 	[RL_TASK_GSM8K] = "gsm8k",   [RL_TASK_MATH] = "math",     [RL_TASK_COUNTDOWN] = "countdown",
 	[RL_TASK_EXACT] = "exact",   [RL_TASK_REGEX] = "regex",   [RL_TASK_FORMAT] = "format",
-	[RL_TASK_LENGTH] = "length", [RL_TASK_ARITH] = "arith",     [RL_TASK_AUTO] = "auto",
+	[RL_TASK_LENGTH] = "length", [RL_TASK_ARITH] = "arith",     [RL_TASK_DAPO] = "dapo",
+	[RL_TASK_AUTO] = "auto",
 };
 
 static int
@@ -1050,7 +1385,7 @@ rl_reward_task_parse(rl_reward_task *t, const char *spec, const rl_reward_task *
 			kind = k;
 	if (kind < 0) {
 		rl_error("unknown task '%.*s'", (int)nl, spec);
-		rl_hint("tasks: gsm8k math countdown exact regex:PATTERN format:PATTERN length arith auto");
+		rl_hint("tasks: gsm8k math dapo countdown exact regex:PATTERN format:PATTERN length arith auto");
 		return RL_EINVAL;
 	}
 	t->kind = kind;
@@ -1260,24 +1595,39 @@ has_word(const char *s, const char *w)
 	return 0;
 }
 
-int
-rl_reward_auto_kind(const cJSON *meta)
+/* The task a meta.task or meta.data_source value names, -1 for none.  verl
+ * scores the data sources "math", "math_dapo", "math_dapo_reasoning" and
+ * "aime*" with math_dapo ("Answer: ..."), not with \boxed{}: so does dapo. */
+static int
+auto_word_kind(const char *v, int is_source)
 {
 	static const struct { const char *word; int kind; } map[] = {
 		{ "gsm8k", RL_TASK_GSM8K }, { "countdown", RL_TASK_COUNTDOWN },
 		{ "arith", RL_TASK_ARITH }, { "math", RL_TASK_MATH },
 	};
+
+	if (is_source ? (strcmp(v, "math") == 0 || strcmp(v, "math_dapo") == 0 ||
+			 strcmp(v, "math_dapo_reasoning") == 0 || strncmp(v, "aime", 4) == 0)
+		      : strcasecmp(v, "dapo") == 0)
+		return RL_TASK_DAPO;
+	for (size_t i = 0; i < RL_ARRAY_LEN(map); i++)
+		if (has_word(v, map[i].word))
+			return map[i].kind;
+	return -1;
+}
+
+int
+rl_reward_auto_kind(const cJSON *meta)
+{
 	static const char *const keys[] = { "task", "data_source" };
 
 	if (!cJSON_IsObject(meta))
 		return -1;
 	for (size_t k = 0; k < RL_ARRAY_LEN(keys); k++) {
 		const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, keys[k]);
-		if (!cJSON_IsString(v))
-			continue;
-		for (size_t i = 0; i < RL_ARRAY_LEN(map); i++)
-			if (has_word(v->valuestring, map[i].word))
-				return map[i].kind;
+		int kind;
+		if (cJSON_IsString(v) && (kind = auto_word_kind(v->valuestring, k == 1)) >= 0)
+			return kind;
 	}
 	return -1;
 }
@@ -1293,7 +1643,7 @@ rl_reward_task_score(double *score, const char **why, const rl_reward_task *t, c
 	*score = 0;
 	*why = NULL;
 	if (kind == RL_TASK_AUTO && (kind = rl_reward_auto_kind(meta)) < 0) {
-		*why = "no gsm8k, math, countdown or arith in meta.task or meta.data_source";
+		*why = "no gsm8k, math, dapo, countdown or arith in meta.task or meta.data_source";
 		return RL_ENOENT;
 	}
 	if (kind != RL_TASK_COUNTDOWN && kind != RL_TASK_FORMAT && kind != RL_TASK_LENGTH) {
@@ -1311,6 +1661,11 @@ rl_reward_task_score(double *score, const char **why, const rl_reward_task *t, c
 		return rv;
 	case RL_TASK_MATH:
 		rv = math_score(score, &w, resp, n, truth);
+		if (rv)
+			*why = w;
+		return rv;
+	case RL_TASK_DAPO:
+		rv = dapo_score(score, &w, resp, n, truth);
 		if (rv)
 			*why = w;
 		return rv;

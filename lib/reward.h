@@ -45,6 +45,21 @@ double rl_reward_gsm8k(const char *resp, size_t n, const char *truth, int mode, 
  * a/b, \frac{a}{b}). */
 double rl_reward_math(const char *resp, size_t n, const char *truth, const char **why);
 
+/* dapo (verl's math_dapo, the DAPO recipe's reward): the text after the
+ * last "Answer:" (any case; then the rest of its line) in the last 300
+ * characters of the response, against the truth, both normalised by
+ * rl_reward_dapo_normalize and compared as strings: 1 when equal, else -1
+ * (no "Answer:" is wrong too), as verl scores it. */
+double rl_reward_dapo(const char *resp, size_t n, const char *truth, const char **why);
+
+/* verl's normalize_final_answer for math_dapo (the Minerva rule): the part
+ * after the last '=', fixed substitutions and removed words (units, \text{}
+ * pieces), the first $..$ of a line, \text{..} \textbf{..} \overline{..}
+ * \boxed{..} unwrapped, "\fracab" as "\frac{a}{b}", "\sqrt2" as
+ * "\sqrt{2}", '$' removed, commas of a number dropped, whitespace stripped.
+ * *out is malloc'd (NUL-terminated); returns its length, -1 on no memory. */
+long rl_reward_dapo_normalize(char **out, const char *s, size_t n);
+
 /* Copies the content of the last \boxed{...}/\fbox{...} in s[0..n) into out
  * (NUL-terminated, at most cap-1 bytes).  Returns its length, or -1 when
  * there is none, its braces do not close, or it does not fit. */
@@ -111,7 +126,8 @@ typedef enum rl_reward_kind {
 	RL_TASK_FORMAT,
 	RL_TASK_LENGTH,
 	RL_TASK_ARITH,
-	RL_TASK_AUTO,      /* gsm8k, math, countdown or arith, chosen per record from meta */
+	RL_TASK_DAPO,      /* verl's math_dapo: "Answer: ...", 1 right, -1 wrong */
+	RL_TASK_AUTO,      /* gsm8k, math, dapo, countdown or arith, chosen per record from meta */
 	RL_TASK_KIND_COUNT
 } rl_reward_kind;
 

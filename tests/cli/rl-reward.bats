@@ -379,3 +379,35 @@ for i in range(32):
 teardown() {
 	for p in $PIDS; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
 }
+
+@test "dapo: verl's math_dapo rule, against a restatement of it in Python on 2,000 random records" {
+	python3 "$FIX/dapo_ref.py" gen 2000 7 > "$TMP/r.jsonl"
+	python3 "$FIX/dapo_ref.py" score < "$TMP/r.jsonl" > "$TMP/want"
+	rl-reward -q -t dapo --jsonl "$TMP/r.jsonl" |
+		python3 -c 'import json, sys; [print(int(json.loads(l)["reward"])) for l in sys.stdin]' > "$TMP/got"
+	[ "$(wc -l < "$TMP/got")" -eq 2000 ]
+	# both outcomes occur, and every record agrees
+	[ "$(grep -c '^1$' "$TMP/want")" -gt 100 ]
+	[ "$(grep -c '^-1$' "$TMP/want")" -gt 100 ]
+	cmp "$TMP/want" "$TMP/got"
+}
+
+@test "dapo: Answer: lines, 1 or -1; auto takes it for verl's DAPO and AIME data sources" {
+	cat > "$TMP/d.jsonl" <<'J'
+{"id":1,"group":1,"index":0,"group_size":1,"response_text":"Reasoning...\nAnswer: $\\frac{1}{2}$","meta":{"answer":"\\frac12","data_source":"math_dapo"}}
+{"id":2,"group":2,"index":0,"group_size":1,"response_text":"answer : 1,000 dollars\nbye","meta":{"answer":"1000","data_source":"aime25"}}
+{"id":3,"group":3,"index":0,"group_size":1,"response_text":"Answer: 7\nActually, Answer: 8","meta":{"answer":"7","data_source":"math_dapo"}}
+{"id":4,"group":4,"index":0,"group_size":1,"response_text":"The result is \\boxed{7}.","meta":{"answer":"7","data_source":"math_dapo"}}
+{"id":5,"group":5,"index":0,"group_size":1,"response_text":"The result is \\boxed{7}.","meta":{"answer":"7","data_source":"DigitalLearningGmbH/MATH-lighteval"}}
+J
+	rl-reward -q -t auto --jsonl "$TMP/d.jsonl" > "$TMP/o.jsonl"
+	[ "$(field "$TMP/o.jsonl" 1 'r["reward"]')" = 1 ]
+	[ "$(field "$TMP/o.jsonl" 2 'r["reward"]')" = 1 ]
+	# the last Answer: counts: 8 is wrong
+	[ "$(field "$TMP/o.jsonl" 3 'r["reward"]')" = -1 ]
+	# a \boxed{} answer without "Answer:" is wrong for dapo, right for math
+	[ "$(field "$TMP/o.jsonl" 4 'r["reward"]')" = -1 ]
+	[ "$(field "$TMP/o.jsonl" 5 'r["reward"]')" = 1 ]
+	rl-reward -q -t dapo --jsonl "$TMP/d.jsonl" > "$TMP/o2.jsonl"
+	[ "$(field "$TMP/o2.jsonl" 1 'r["meta"]["scores"]["dapo"]')" = 1 ]
+}

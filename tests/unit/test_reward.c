@@ -433,7 +433,7 @@ random_responses(void)
 	};
 	rl_reward_task tasks[RL_TASK_KIND_COUNT];
 	const char *specs[RL_TASK_KIND_COUNT] = { "gsm8k", "math", "countdown", "exact", "regex:(\\d+)",
-						  "format:^#", "length", "arith", "auto" };
+						  "format:^#", "length", "arith", "dapo", "auto" };
 	cJSON *meta = cJSON_Parse("{\"answer\":\"42\",\"numbers\":[7,42,1],\"target\":49,\"task\":\"gsm8k\"}");
 	rl_reward_opts o = { .max_length = 10 };
 	rl_rng r = { 99, 0 };
