@@ -126,7 +126,7 @@ for l in open(sys.argv[1]):
 	assert_success
 	echo "$output" > "$TMP/out.jsonl"
 	[ "$(python3 -c 'import json,sys; print(*[json.loads(l)["reward"] for l in open(sys.argv[1])])' "$TMP/out.jsonl")" = "1 1 1 1 nan" ]
-	[[ "$(field "$TMP/out.jsonl" 5 'r["meta"]["reward_error"]')" == "auto: no gsm8k, math, countdown or arith"* ]]
+	[[ "$(field "$TMP/out.jsonl" 5 'r["meta"]["reward_error"]')" == "auto: no gsm8k, math, dapo, countdown or arith"* ]]
 }
 
 @test "length penalty counts tokens when a record has them" {
