@@ -1,5 +1,5 @@
 /*
- * reward.c — the built-in verifiers (gsm8k, math, countdown, exact, regex,
+ * reward.c — the built-in verifiers (gsm8k, math, dapo, countdown, exact, regex,
  * format, length, arith) and the task list that names and weights them.
  *
  * Everything here is a pure function of its arguments: scanning by hand
