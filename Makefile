@@ -13,6 +13,7 @@
 PREFIX   ?= /usr/local
 BINDIR   ?= $(PREFIX)/bin
 MANDIR   ?= $(PREFIX)/share/man
+DATADIR  ?= $(PREFIX)/share/rlpipe
 CC       ?= cc
 CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
@@ -179,10 +180,14 @@ install: all
 	install -d $(DESTDIR)$(BINDIR)
 	install -m 755 $(BINS) $(DESTDIR)$(BINDIR)/
 	for m in $(MANS); do s=$${m##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s; install -m 644 $$m $(DESTDIR)$(MANDIR)/man$$s/; done
+	install -d $(DESTDIR)$(DATADIR)
+	install -m 755 pipelines/lib/verl_reward.py $(DESTDIR)$(DATADIR)/
 
 uninstall:
 	for b in $(CMDS); do rm -f $(DESTDIR)$(BINDIR)/$$b; done
 	for m in $(MANS); do s=$${m##*.}; rm -f $(DESTDIR)$(MANDIR)/man$$s/$${m##*/}; done
+	rm -f $(DESTDIR)$(DATADIR)/verl_reward.py
+	-rmdir $(DESTDIR)$(DATADIR) 2>/dev/null
 
 clean:
 	rm -rf $(B)

@@ -411,3 +411,27 @@ J
 	rl-reward -q -t dapo --jsonl "$TMP/d.jsonl" > "$TMP/o2.jsonl"
 	[ "$(field "$TMP/o2.jsonl" 1 'r["meta"]["scores"]["dapo"]')" = 1 ]
 }
+
+@test "verl_reward.py runs a verl custom reward function as an --exec worker" {
+	V="python3 $BATS_TEST_DIRNAME/../../pipelines/lib/verl_reward.py"
+	printf '%s\n' \
+		'{"id":1,"response_text":"it is 42","meta":{"data_source":"x","reward_model":{"ground_truth":"42"}}}' \
+		'{"id":2,"response_text":"it is 41","meta":{"data_source":"dict","answer":"42"}}' \
+		'{"id":3,"response_text":"it is 42","meta":{"data_source":"x","answer":"42","extra_info":{"boom":true}}}' \
+		'{"id":4,"response_text":"it is 42","meta":{"data_source":"dict","answer":"42"}}' > "$TMP/in.jsonl"
+	run --separate-stderr rl-reward --exec "$V $FIX/verl_custom.py" --jsonl "$TMP/in.jsonl"
+	assert_success
+	echo "$output" > "$TMP/out.jsonl"
+	[ "$(python3 -c 'import json,sys; print(*[json.loads(l)["reward"] for l in open(sys.argv[1])])' "$TMP/out.jsonl")" = "1 -1 nan 1" ]
+	# the raising call fails its record only, and its traceback names the record
+	[[ "$(field "$TMP/out.jsonl" 3 'r["meta"]["reward_error"]')" == "exec: junk"* ]]
+	[[ "$stderr" == *"verl_reward.py: record 3: Traceback"*"RuntimeError: boom"* ]]
+	run --separate-stderr rl-reward --exec "$V $FIX/verl_custom.py quarter" --jsonl "$TMP/in.jsonl"
+	echo "$output" > "$TMP/out.jsonl"
+	[ "$(python3 -c 'import json,sys; print(*[json.loads(l)["reward"] for l in open(sys.argv[1])])' "$TMP/out.jsonl")" = "0.25 0.25 0.25 0.25" ]
+	# a missing file or function is named
+	run --separate-stderr rl-reward --exec "$V $TMP/nope.py" --jsonl "$TMP/in.jsonl"
+	[[ "$stderr" == *"verl_reward.py: cannot load '$TMP/nope.py'"* ]]
+	run --separate-stderr rl-reward --exec "$V $FIX/verl_custom.py nofn" --jsonl "$TMP/in.jsonl"
+	[[ "$stderr" == *"has no function 'nofn'"* ]]
+}
