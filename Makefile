@@ -181,12 +181,12 @@ install: all
 	install -m 755 $(BINS) $(DESTDIR)$(BINDIR)/
 	for m in $(MANS); do s=$${m##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s; install -m 644 $$m $(DESTDIR)$(MANDIR)/man$$s/; done
 	install -d $(DESTDIR)$(DATADIR)
-	install -m 755 pipelines/lib/verl_reward.py $(DESTDIR)$(DATADIR)/
+	install -m 755 pipelines/lib/verl_reward.py pipelines/lib/trl_reward.py $(DESTDIR)$(DATADIR)/
 
 uninstall:
 	for b in $(CMDS); do rm -f $(DESTDIR)$(BINDIR)/$$b; done
 	for m in $(MANS); do s=$${m##*.}; rm -f $(DESTDIR)$(MANDIR)/man$$s/$${m##*/}; done
-	rm -f $(DESTDIR)$(DATADIR)/verl_reward.py
+	rm -f $(DESTDIR)$(DATADIR)/verl_reward.py $(DESTDIR)$(DATADIR)/trl_reward.py
 	-rmdir $(DESTDIR)$(DATADIR) 2>/dev/null
 
 clean:

@@ -435,3 +435,22 @@ J
 	run --separate-stderr rl-reward --exec "$V $FIX/verl_custom.py nofn" --jsonl "$TMP/in.jsonl"
 	[[ "$stderr" == *"has no function 'nofn'"* ]]
 }
+
+@test "trl_reward.py runs TRL reward functions as an --exec worker" {
+	T="python3 $BATS_TEST_DIRNAME/../../pipelines/lib/trl_reward.py"
+	printf '%s\n' \
+		'{"id":1,"prompt_text":"q","response":[5,6,7],"response_text":"<answer>42</answer>","meta":{"answer":"42"}}' \
+		'{"id":2,"prompt_text":"q","response":[5],"response_text":"41","meta":{"answer":"42"}}' > "$TMP/in.jsonl"
+	rew() { rl-reward -q --exec "$T $*" --jsonl "$TMP/in.jsonl" |
+		python3 -c 'import json,sys; print(*[json.loads(l)["reward"] for l in sys.stdin])'; }
+	[ "$(rew "$FIX/trl_custom.py" accuracy)" = "1 0" ]
+	[ "$(rew --chat "$FIX/trl_custom.py" chat_format)" = "1 0" ]
+	[ "$(rew "$FIX/trl_custom.py" length)" = "0.3 0.1" ]
+	# None ("does not apply") fails the record, with the reason
+	run --separate-stderr rl-reward --exec "$T $FIX/trl_custom.py maybe" --jsonl "$TMP/in.jsonl"
+	assert_success
+	[[ "$output" == *'"reward":"nan"'* ]]
+	[[ "$stderr" == *"trl_reward.py: record 1:"*"returned None"* ]]
+	run --separate-stderr rl-reward --exec "$T $FIX/trl_custom.py" --jsonl "$TMP/in.jsonl"
+	[[ "$stderr" == *"usage: trl_reward.py"* ]]
+}
