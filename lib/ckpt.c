@@ -461,13 +461,33 @@ rl_ckpt_find_full(const char *root, char *out, size_t len, int *step, cJSON **st
 	return RL_OK;
 }
 
-static void
-dirid(struct rl_ckpt_dirid *id, const struct stat *st)
+/* The identity of step directory dir, its file being config.json when cfg,
+ * else model.safetensors (cfg < 0: that one, or config.json when there is
+ * none).  RL_OK, or RL_ENOENT when it cannot be looked at. */
+static int
+dirid(struct rl_ckpt_dirid *id, const char *dir, int cfg)
 {
-	id->dev = (uint64_t)st->st_dev;
-	id->ino = (uint64_t)st->st_ino;
-	id->ctime_s = (int64_t)st->st_ctim.tv_sec;
-	id->ctime_ns = (int64_t)st->st_ctim.tv_nsec;
+	struct stat st, fst;
+	char p[4200];
+
+	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+		return RL_ENOENT;
+	snprintf(p, sizeof p, "%s/model.safetensors", dir);
+	if (cfg > 0 || stat(p, &fst) != 0) {
+		if (cfg == 0)
+			return RL_ENOENT;
+		cfg = 1;
+		snprintf(p, sizeof p, "%s/config.json", dir);
+		if (stat(p, &fst) != 0)
+			return RL_ENOENT;
+	}
+	id->dev = (uint64_t)st.st_dev;
+	id->ino = (uint64_t)st.st_ino;
+	id->fino = (uint64_t)fst.st_ino;
+	id->mtime_s = (int64_t)fst.st_mtim.tv_sec;
+	id->mtime_ns = (int64_t)fst.st_mtim.tv_nsec;
+	id->cfg = cfg > 0;
+	return RL_OK;
 }
 
 int
@@ -482,12 +502,12 @@ rl_ckpt_leftovers_scan(rl_ckpt_leftovers *l, const char *root, int after_step)
 	if (!(d = opendir(root)))
 		return RL_OK;
 	while ((e = readdir(d)) != NULL) {
-		struct stat st;
+		struct rl_ckpt_dirid id;
 		int s = rl_ckpt_step_num(e->d_name);
 		if (s < 0 || s <= after_step)
 			continue;
 		snprintf(p, sizeof p, "%s/%s", root, e->d_name);
-		if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode))
+		if (dirid(&id, p, -1) != RL_OK)
 			continue;
 		if (l->n == cap) {
 			size_t nc = cap ? 2 * cap : 16;
@@ -500,7 +520,7 @@ rl_ckpt_leftovers_scan(rl_ckpt_leftovers *l, const char *root, int after_step)
 			l->id = np;
 			cap = nc;
 		}
-		dirid(&l->id[l->n++], &st);
+		l->id[l->n++] = id;
 	}
 	closedir(d);
 	return RL_OK;
@@ -510,17 +530,22 @@ int
 rl_ckpt_leftovers_has(const rl_ckpt_leftovers *l, const char *dir)
 {
 	struct stat st;
-	struct rl_ckpt_dirid id;
 
 	if (l->n == 0)
 		return 0;
 	if (stat(dir, &st) != 0)
 		return 1;
-	dirid(&id, &st);
-	for (size_t i = 0; i < l->n; i++)
-		if (l->id[i].dev == id.dev && l->id[i].ino == id.ino && l->id[i].ctime_s == id.ctime_s &&
-		    l->id[i].ctime_ns == id.ctime_ns)
+	for (size_t i = 0; i < l->n; i++) {
+		struct rl_ckpt_dirid id;
+		if (l->id[i].dev != (uint64_t)st.st_dev || l->id[i].ino != (uint64_t)st.st_ino)
+			continue;
+		/* the same directory inode: a leftover unless its file is another (the
+		 * inode reused by a directory written since); half removed, it is one */
+		if (dirid(&id, dir, l->id[i].cfg) != RL_OK)
 			return 1;
+		if (id.fino == l->id[i].fino && id.mtime_s == l->id[i].mtime_s && id.mtime_ns == l->id[i].mtime_ns)
+			return 1;
+	}
 	return 0;
 }
 

@@ -58,10 +58,17 @@ int rl_ckpt_find_full(const char *root, char *path, size_t len, int *step, cJSON
 /* Step directories that a resumed rl-train removes: those of ROOT numbered
  * above the checkpoint it resumes from, written by the run that was killed.
  * The trainer writes the same names again, with the same version numbers, so
- * a reader tells them apart by identity (device, inode, ctime), recorded
- * before the trainer could have removed them. */
+ * a reader tells them apart by identity, recorded before the trainer could
+ * have removed them: the directory's device and inode, and its weights file's
+ * (model.safetensors, else config.json) inode and modification time.  Not the
+ * directory's ctime: removing the files in it changes that, and a directory
+ * half removed would pass for a new one. */
 typedef struct rl_ckpt_leftovers {
-	struct rl_ckpt_dirid { uint64_t dev, ino; int64_t ctime_s, ctime_ns; } *id;   /* (n) */
+	struct rl_ckpt_dirid {
+		uint64_t dev, ino, fino;
+		int64_t mtime_s, mtime_ns;
+		int cfg;      /* the file is config.json (the directory had no model.safetensors) */
+	} *id;                /* (n) */
 	size_t n;
 } rl_ckpt_leftovers;
 /* Records the step directories of ROOT numbered above after_step (-1: all)
