@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "json.h"
 #include "safetensors.h"
 #include "wsync.h"
 
@@ -398,6 +399,163 @@ rl_ckpt_latest(const char *root, char *path, size_t len)
 	}
 	free(cfg);
 	return rv;
+}
+
+int
+rl_ckpt_step_num(const char *name)
+{
+	int n;
+	char c;
+	if (strncmp(name, "step-", 5) != 0 || sscanf(name, "step-%d%c", &n, &c) != 1 || n < 0)
+		return -1;
+	return n;
+}
+
+/* trainer_state.json at most (its groups_done grows with the groups of a
+ * run whose ids are not a counter: SFT records' ids) */
+#define RL_STATE_MAX ((size_t)256 << 20)
+
+int
+rl_ckpt_find_full(const char *root, char *out, size_t len, int *step, cJSON **state, int quiet)
+{
+	DIR *d = opendir(root);
+	struct dirent *e;
+	int best = -1;
+	char p[4096];
+
+	*state = NULL;
+	if (!d) {
+		if (!quiet)
+			rl_error("cannot resume: cannot open '%s': %s", root, strerror(errno));
+		return RL_ENOENT;
+	}
+	while ((e = readdir(d)) != NULL) {
+		int s = rl_ckpt_step_num(e->d_name);
+		if (s <= best)
+			continue;
+		snprintf(p, sizeof p, "%s/%s/optimizer.safetensors", root, e->d_name);
+		if (access(p, R_OK) != 0)
+			continue;
+		snprintf(p, sizeof p, "%s/%s/trainer_state.json", root, e->d_name);
+		cJSON *j = NULL;
+		if (rl_json_load(&j, p, RL_STATE_MAX) != RL_OK)
+			continue;
+		if (!cJSON_GetObjectItem(j, "records_consumed")) {
+			cJSON_Delete(j);
+			continue;
+		}
+		best = s;
+		cJSON_Delete(*state);
+		*state = j;
+		snprintf(out, len, "%s/%s", root, e->d_name);
+	}
+	closedir(d);
+	if (best < 0) {
+		if (!quiet) {
+			rl_error("cannot resume: no complete training checkpoint in '%s'", root);
+			rl_hint("a full checkpoint has optimizer.safetensors and trainer_state.json (see rl-train --save-every)");
+		}
+		return RL_ENOENT;
+	}
+	*step = best;
+	return RL_OK;
+}
+
+/* The identity of step directory dir, its file being config.json when cfg,
+ * else model.safetensors (cfg < 0: that one, or config.json when there is
+ * none).  RL_OK, or RL_ENOENT when it cannot be looked at. */
+static int
+dirid(struct rl_ckpt_dirid *id, const char *dir, int cfg)
+{
+	struct stat st, fst;
+	char p[4200];
+
+	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+		return RL_ENOENT;
+	snprintf(p, sizeof p, "%s/model.safetensors", dir);
+	if (cfg > 0 || stat(p, &fst) != 0) {
+		if (cfg == 0)
+			return RL_ENOENT;
+		cfg = 1;
+		snprintf(p, sizeof p, "%s/config.json", dir);
+		if (stat(p, &fst) != 0)
+			return RL_ENOENT;
+	}
+	id->dev = (uint64_t)st.st_dev;
+	id->ino = (uint64_t)st.st_ino;
+	id->fino = (uint64_t)fst.st_ino;
+	id->mtime_s = (int64_t)fst.st_mtim.tv_sec;
+	id->mtime_ns = (int64_t)fst.st_mtim.tv_nsec;
+	id->cfg = cfg > 0;
+	return RL_OK;
+}
+
+int
+rl_ckpt_leftovers_scan(rl_ckpt_leftovers *l, const char *root, int after_step)
+{
+	DIR *d;
+	struct dirent *e;
+	size_t cap = 0;
+	char p[4096];
+
+	memset(l, 0, sizeof *l);
+	if (!(d = opendir(root)))
+		return RL_OK;
+	while ((e = readdir(d)) != NULL) {
+		struct rl_ckpt_dirid id;
+		int s = rl_ckpt_step_num(e->d_name);
+		if (s < 0 || s <= after_step)
+			continue;
+		snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+		if (dirid(&id, p, -1) != RL_OK)
+			continue;
+		if (l->n == cap) {
+			size_t nc = cap ? 2 * cap : 16;
+			void *np = realloc(l->id, nc * sizeof *l->id);
+			if (!np) {
+				closedir(d);
+				rl_ckpt_leftovers_fini(l);
+				return RL_ENOMEM;
+			}
+			l->id = np;
+			cap = nc;
+		}
+		l->id[l->n++] = id;
+	}
+	closedir(d);
+	return RL_OK;
+}
+
+int
+rl_ckpt_leftovers_has(const rl_ckpt_leftovers *l, const char *dir)
+{
+	struct stat st;
+
+	if (l->n == 0)
+		return 0;
+	if (stat(dir, &st) != 0)
+		return 1;
+	for (size_t i = 0; i < l->n; i++) {
+		struct rl_ckpt_dirid id;
+		if (l->id[i].dev != (uint64_t)st.st_dev || l->id[i].ino != (uint64_t)st.st_ino)
+			continue;
+		/* the same directory inode: a leftover unless its file is another (the
+		 * inode reused by a directory written since); half removed, it is one */
+		if (dirid(&id, dir, l->id[i].cfg) != RL_OK)
+			return 1;
+		if (id.fino == l->id[i].fino && id.mtime_s == l->id[i].mtime_s && id.mtime_ns == l->id[i].mtime_ns)
+			return 1;
+	}
+	return 0;
+}
+
+void
+rl_ckpt_leftovers_fini(rl_ckpt_leftovers *l)
+{
+	if (!l)
+		return;
+	free(l->id);
+	memset(l, 0, sizeof *l);
 }
 
 int

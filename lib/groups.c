@@ -474,13 +474,34 @@ rl_grouper_add_at(rl_grouper *g, const rl_traj *t, const char *where, uint64_t p
 		int isbad = slot->bad;
 		gremove(g, slot);
 		if (isbad) {
+			uint64_t id = grp.group;
 			g->st.bad_groups++;
 			rl_group_fini(&grp);
-			return RL_OK;
+			return g->o.on_bad_group ? g->o.on_bad_group(g->o.ctx, id) : RL_OK;
 		}
 		g->st.groups_out++;
 		return push_done(g, &grp);
 	}
+	return RL_OK;
+}
+
+int
+rl_grouper_group_of(const rl_grouper *g, const rl_traj *t, uint64_t *group)
+{
+	if (g->o.sft && !rl_traj_has(t, RL_TAG_GROUP))
+		return rl_traj_get_u64(t, RL_TAG_ID, group) == RL_OK ? RL_OK : RL_ENOENT;
+	return rl_traj_get_u64(t, RL_TAG_GROUP, group) == RL_OK ? RL_OK : RL_ENOENT;
+}
+
+int
+rl_grouper_pending_groups(const rl_grouper *g, rl_gset *out)
+{
+	for (size_t i = 0; i < g->gcap; i++)
+		if (g->gt[i].used == 1 && rl_gset_add(out, g->gt[i].key) != RL_OK)
+			return RL_ENOMEM;
+	for (size_t i = 0; i < g->dn; i++)
+		if (rl_gset_add(out, g->done[(g->dhead + i) % g->dcap].group) != RL_OK)
+			return RL_ENOMEM;
 	return RL_OK;
 }
 

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gset.h"
 #include "traj.h"
 
 /* One validated sample, owning its arrays. */
@@ -62,6 +63,10 @@ typedef struct rl_grouper_opts {
 	int max_tokens;       /* prompt + response tokens at most (0: unchecked) */
 	int sft;              /* supervised data: reward optional (0), and a record without
 	                         group/index/group_size is a group of one (group = id) */
+	/* called with the id of each group dropped as bad once complete (its
+	 * records consumed); non-zero fails the rl_grouper_add that completed it */
+	int (*on_bad_group)(void *ctx, uint64_t group);
+	void *ctx;
 } rl_grouper_opts;
 
 typedef struct rl_grouper_stats {
@@ -85,6 +90,12 @@ int rl_grouper_add_at(rl_grouper *g, const rl_traj *t, const char *where, uint64
  * groups (a bad record's too) and in complete groups not yet popped.  *pos
  * is malloc'd (caller frees; NULL when *n is 0).  RL_OK or RL_ENOMEM. */
 int rl_grouper_pending(const rl_grouper *g, uint64_t **pos, size_t *n);
+/* The group of record t as the grouper sees it ("group", or "id" for a
+ * supervised record without one): RL_OK, or RL_ENOENT when it has none. */
+int rl_grouper_group_of(const rl_grouper *g, const rl_traj *t, uint64_t *group);
+/* Adds to *out the ids of the groups held (incomplete, or complete and not
+ * yet popped): RL_OK or RL_ENOMEM. */
+int rl_grouper_pending_groups(const rl_grouper *g, rl_gset *out);
 /* Pops one complete group into *out (caller owns it: rl_group_fini):
  * RL_OK, or RL_ENOENT when none is complete. */
 int rl_grouper_pop(rl_grouper *g, rl_group *out);

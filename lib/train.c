@@ -34,6 +34,7 @@
 #include "wgroup.h"
 #include "core.h"
 #include "groups.h"
+#include "gset.h"
 #include "io.h"
 #include "json.h"
 #include "model.h"
@@ -146,6 +147,16 @@ typedef struct trainer {
 	uint64_t *pend;
 	size_t npend, ipend;
 	int groups_pending;      /* the final checkpoint: tr->groups were not trained */
+	/* groups done: trained, or consumed and dropped (bad, no signal, a skipped
+	 * step), never to be trained again; trainer_state.json "groups_done" */
+	rl_gset done;
+	/* --resume from a checkpoint with "groups_done" (the group rule): records
+	 * of those groups (skip) are skipped wherever they come in the input; those
+	 * of groups pending then (pend_groups) are read again, not counted as new */
+	int by_group;
+	rl_gset skip, pend_groups;
+	uint64_t skipped_done;   /* records skipped by the group rule */
+	uint64_t records_new;    /* records of groups neither done nor pending at the checkpoint */
 	uint64_t dropped_nosignal, dropped_stale;
 	uint64_t steps_skipped;  /* steps whose every update had a non-finite gradient norm */
 	double t_wait;
@@ -414,7 +425,17 @@ next_group(trainer *tr, rl_group *g)
 			return RL_ENOENT;
 		}
 		tr->records++;
-		if (tr->records <= tr->skip_records) {
+		if (tr->by_group) {
+			uint64_t grp;
+			if (rl_grouper_group_of(tr->gr, t, &grp) == RL_OK) {
+				if (rl_gset_has(&tr->skip, grp)) {
+					tr->skipped_done++;
+					continue;
+				}
+				if (!rl_gset_has(&tr->pend_groups, grp))
+					tr->records_new++;
+			}
+		} else if (tr->records <= tr->skip_records) {
 			/* consumed before --resume, unless its group was still pending then */
 			while (tr->ipend < tr->npend && tr->pend[tr->ipend] < tr->records)
 				tr->ipend++;
@@ -437,6 +458,25 @@ cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
 	return x < y ? -1 : x > y;
+}
+
+/* The group is done: its records are never trained again, here or after a
+ * --resume. */
+static int
+mark_done(trainer *tr, uint64_t group)
+{
+	if (rl_gset_add(&tr->done, group) != RL_OK) {
+		rl_error("out of memory for the set of groups done (%zu ranges)", tr->done.n);
+		return RL_ENOMEM;
+	}
+	return RL_OK;
+}
+
+/* the grouper dropped a bad group: consumed */
+static int
+on_bad_group(void *ctx, uint64_t group)
+{
+	return mark_done(ctx, group);
 }
 
 static int
@@ -487,7 +527,10 @@ collect(trainer *tr)
 			free(r);
 			if (!keep) {
 				tr->dropped_nosignal++;
+				rv = mark_done(tr, g.group);
 				rl_group_fini(&g);
+				if (rv != RL_OK)
+					return rv;
 				continue;
 			}
 		}
@@ -1053,6 +1096,29 @@ write_state(trainer *tr, const char *dir)
 		cJSON_AddItemToArray(pj, cJSON_CreateNumber((double)pend[i]));
 	free(pend);
 	cJSON_AddNumberToObject(j, "groups_consumed", (double)tr->groups_used);
+	{
+		/* the group rule of --resume (docs/train.md): ids as decimal strings */
+		rl_gset pg;
+		cJSON *dj = rl_gset_to_json(&tr->done), *pj2 = NULL;
+		rl_gset_init(&pg);
+		rv = rl_grouper_pending_groups(tr->gr, &pg);
+		for (int gi = 0; rv == RL_OK && tr->groups_pending && gi < tr->ngroups; gi++)
+			rv = rl_gset_add(&pg, tr->groups[gi].group);
+		if (rv == RL_OK)
+			rv = rl_gset_add_all(&pg, &tr->pend_groups);
+		if (rv == RL_OK)
+			pj2 = rl_gset_to_json(&pg);
+		rl_gset_fini(&pg);
+		if (!dj || !pj2) {
+			cJSON_Delete(dj);
+			cJSON_Delete(pj2);
+			cJSON_Delete(j);
+			rl_error("out of memory writing the groups done in '%s'", dir);
+			return RL_ENOMEM;
+		}
+		cJSON_AddItemToObject(j, "groups_done", dj);
+		cJSON_AddItemToObject(j, "groups_pending", pj2);
+	}
 	cJSON_AddStringToObject(j, "algo", rl_algo_name(tr->o->algo));
 	cJSON_AddNumberToObject(j, "seed", (double)tr->o->seed);
 	txt = cJSON_PrintUnformatted(j);
@@ -1061,16 +1127,6 @@ write_state(trainer *tr, const char *dir)
 	rv = rl_io_write_atomic(path, txt, strlen(txt), 0644);
 	free(txt);
 	return rv;
-}
-
-static int
-step_num(const char *name)
-{
-	int n;
-	char c;
-	if (sscanf(name, "step-%d%c", &n, &c) != 1)
-		return -1;
-	return n;
 }
 
 static void
@@ -1105,7 +1161,7 @@ prune(trainer *tr)
 	if (tr->o->keep <= 0 || !(d = opendir(tr->o->out_dir)))
 		return;
 	while ((e = readdir(d)) != NULL && n < 4096) {
-		int s = step_num(e->d_name);
+		int s = rl_ckpt_step_num(e->d_name);
 		if (s < 0)
 			continue;
 		steps[n++] = s;
@@ -1218,7 +1274,7 @@ prepare_out(const rl_train_opts *o, int resume_step)
 		return RL_EIO;
 	}
 	while ((e = readdir(d)) != NULL) {
-		int s = step_num(e->d_name);
+		int s = rl_ckpt_step_num(e->d_name);
 		long pid;
 		char *dot;
 		if (e->d_name[0] == '.' && (dot = strstr(e->d_name, ".tmp.")) != NULL &&
@@ -1261,48 +1317,6 @@ prepare_out(const rl_train_opts *o, int resume_step)
 		}
 	}
 	return rv;
-}
-
-/* The newest step directory holding a full training checkpoint. */
-static int
-find_resume(const char *root, char *out, size_t len, cJSON **state)
-{
-	DIR *d = opendir(root);
-	struct dirent *e;
-	int best = -1;
-	char p[4096];
-
-	if (!d) {
-		rl_error("cannot resume: cannot open '%s': %s", root, strerror(errno));
-		return RL_ENOENT;
-	}
-	while ((e = readdir(d)) != NULL) {
-		int s = step_num(e->d_name);
-		if (s <= best)
-			continue;
-		snprintf(p, sizeof p, "%s/%s/optimizer.safetensors", root, e->d_name);
-		if (access(p, R_OK) != 0)
-			continue;
-		snprintf(p, sizeof p, "%s/%s/trainer_state.json", root, e->d_name);
-		cJSON *j = NULL;
-		if (rl_json_load(&j, p, 1 << 20) != RL_OK)
-			continue;
-		if (!cJSON_GetObjectItem(j, "records_consumed")) {
-			cJSON_Delete(j);
-			continue;
-		}
-		best = s;
-		cJSON_Delete(*state);
-		*state = j;
-		snprintf(out, len, "%s/%s", root, e->d_name);
-	}
-	closedir(d);
-	if (best < 0) {
-		rl_error("cannot resume: no complete training checkpoint in '%s'", root);
-		rl_hint("a full checkpoint has optimizer.safetensors and trainer_state.json (see --save-every)");
-		return RL_ENOENT;
-	}
-	return RL_OK;
 }
 
 /* ---- the run -------------------------------------------------------------------------- */
@@ -2067,13 +2081,11 @@ rl_train_run(const rl_train_opts *o)
 		rl_verbose("data parallel: rank %d of %d, %s backend", tr.rank, tr.world, rl_comm_backend(tr.comm));
 	}
 	if (o->resume) {
-		if ((rv = find_resume(o->out_dir, dir, sizeof dir, &state)) != 0)
+		int rstep;
+		if ((rv = rl_ckpt_find_full(o->out_dir, dir, sizeof dir, &rstep, &state, 0)) != 0)
 			goto out;
-		if (tr.rank == 0) {
-			const char *b = strrchr(dir, '/');
-			if ((rv = prepare_out(o, step_num(b ? b + 1 : dir))) != 0)
-				goto out;
-		}
+		if (tr.rank == 0 && (rv = prepare_out(o, rstep)) != 0)
+			goto out;
 		if ((rv = rl_model_open(&tr.m, dir, tr.ops)) != 0)
 			goto out;
 	} else {
@@ -2131,8 +2143,24 @@ rl_train_run(const rl_train_opts *o)
 		}
 		if (cJSON_GetObjectItem(state, "groups_consumed"))
 			tr.groups_used = (uint64_t)cJSON_GetObjectItem(state, "groups_consumed")->valuedouble;
-		rl_info("resuming from '%s' at step %d (skipping %llu records already consumed)", dir,
-		    tr.m->step, (unsigned long long)(tr.skip_records - tr.npend));
+		if (cJSON_GetObjectItem(state, "groups_done")) {
+			/* the group rule: whatever order the records come in */
+			char where[4200];
+			snprintf(where, sizeof where, "'%s/trainer_state.json': groups_done", dir);
+			if ((rv = rl_gset_from_json(&tr.done, cJSON_GetObjectItem(state, "groups_done"), where)) != 0 ||
+			    (rv = rl_gset_add_all(&tr.skip, &tr.done)) != 0)
+				goto out;
+			snprintf(where, sizeof where, "'%s/trainer_state.json': groups_pending", dir);
+			if (cJSON_GetObjectItem(state, "groups_pending") &&
+			    (rv = rl_gset_from_json(&tr.pend_groups, cJSON_GetObjectItem(state, "groups_pending"), where)) != 0)
+				goto out;
+			tr.by_group = 1;
+			rl_info("resuming from '%s' at step %d (skipping the records of the %llu groups done)", dir,
+			    tr.m->step, (unsigned long long)rl_gset_count(&tr.done));
+		} else {
+			rl_info("resuming from '%s' at step %d (skipping %llu records already consumed)", dir,
+			    tr.m->step, (unsigned long long)(tr.skip_records - tr.npend));
+		}
 	}
 	if (tr.world > 1) {
 		/* one starting point: rank 0's weights (and optimizer state on --resume) */
@@ -2168,6 +2196,8 @@ rl_train_run(const rl_train_opts *o)
 	go.need_logprobs = o->old_from_behaviour || o->tis_cap > 0;
 	go.vocab = tr.m->cfg.vocab_size;
 	go.max_tokens = RL_MIN(tr.m->cfg.max_pos, tr.maxtok + 1);
+	go.on_bad_group = on_bad_group;
+	go.ctx = &tr;
 	if ((rv = rl_grouper_create(&tr.gr, &go)) != 0)
 		goto out;
 	rl_qlease_init(&tr.lease);
@@ -2254,6 +2284,9 @@ rl_train_run(const rl_train_opts *o)
 					rl_qclient_ack_ids(tr.qc, tr.held[i].lease, RL_QACK_EXTEND, NULL, 0, &res);
 			}
 		}
+		for (int gi = 0; gi < tr.ngroups; gi++)
+			if ((rv = mark_done(&tr, tr.groups[gi].group)) != 0)
+				goto out;
 		if ((rv = train_step(&tr)) != 0)
 			goto out;
 		free_groups(&tr);
@@ -2309,6 +2342,9 @@ rl_train_run(const rl_train_opts *o)
 			    (unsigned long long)st->records, (unsigned long long)st->duplicates,
 			    (unsigned long long)st->bad_records, (unsigned long long)st->bad_groups,
 			    (unsigned long long)tr.dropped_nosignal, (unsigned long long)st->incomplete);
+		if (tr.by_group && !o->quiet && tr.rank == 0)
+			rl_info("%llu records skipped: their groups were done before --resume",
+			    (unsigned long long)tr.skipped_done);
 	}
 	/* file or pipe input that ended before one step: a failure, not a run
 	 * (a generator that died at its start closed the pipe; a Makefile or a
@@ -2316,11 +2352,11 @@ rl_train_run(const rl_train_opts *o)
 	 * that finds no record past its checkpoint has nothing left to do. */
 	if (!tr.qc && !tr.qfollow && !train_stop && tr.m->step == start_step &&
 	    !(o->max_steps > 0 && start_step >= o->max_steps) &&
-	    (!o->resume || tr.records > tr.skip_records)) {
+	    (!o->resume || (tr.by_group ? tr.records_new > 0 : tr.records > tr.skip_records))) {
 		if (tr.rank == 0) {
 			rl_error("'%s' ended before the first step: %llu records, %d complete groups (--batch %d)",
-			    o->input ? o->input : "-", (unsigned long long)(tr.records - RL_MIN(tr.records, tr.skip_records)),
-			    tr.ngroups, o->batch);
+			    o->input ? o->input : "-", (unsigned long long)(tr.by_group ? tr.records_new :
+			    tr.records - RL_MIN(tr.records, tr.skip_records)), tr.ngroups, o->batch);
 			rl_hint("an upstream stage that failed closes the pipe early: see its messages above");
 		}
 		rv = RL_ENOENT;
@@ -2330,6 +2366,9 @@ out:
 	free_groups(&tr);
 	free(tr.groups);
 	free(tr.pend);
+	rl_gset_fini(&tr.done);
+	rl_gset_fini(&tr.skip);
+	rl_gset_fini(&tr.pend_groups);
 	free(tr.seq);
 	free(tr.kseq);
 	free(tr.adv_tok);

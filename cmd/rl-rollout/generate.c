@@ -19,7 +19,9 @@
 #include <cjson/cJSON.h>
 
 #include "cmd.h"
+#include "ckpt.h"
 #include "core.h"
+#include "gset.h"
 #include "json.h"
 #include "engine.h"
 #include "io.h"
@@ -63,6 +65,8 @@ static const char usage_text[] =
     "      --device D          cpu, cuda, cuda:N or auto (default cpu)\n"
     "      --weights-from DIR  load new weight versions from DIR/latest as they appear\n"
     "      --max-staleness K   wait for version >= batches emitted - K (with --weights-from)\n"
+    "      --resume DIR        continue the run rl-train --out DIR checkpointed: start from its newest\n"
+    "                          full checkpoint's weights, skip the prompts of the groups done there\n"
     "      --train-batch G     groups per trainer step, for --max-staleness (default 8)\n"
     "      --partial           new weights apply to sequences already running\n"
     "      --sync URL          new weight versions from rl-sync (tcp://, ipc://) or a directory\n"
@@ -82,7 +86,7 @@ static const char usage_text[] =
 enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
-	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE, O_WGBACK, O_DSTEPS
+	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE, O_WGBACK, O_DSTEPS, O_RESUME
 };
 
 static const struct option longopts[] = {
@@ -96,6 +100,7 @@ static const struct option longopts[] = {
 	{ "slots", required_argument, 0, O_SLOTS }, { "kv-mem", required_argument, 0, O_KVMEM },
 	{ "decode-steps", required_argument, 0, O_DSTEPS },
 	{ "device", required_argument, 0, O_DEVICE }, { "weights-from", required_argument, 0, O_WFROM },
+	{ "resume", required_argument, 0, O_RESUME },
 	{ "max-staleness", required_argument, 0, O_STALE }, { "train-batch", required_argument, 0, O_TBATCH },
 	{ "partial", no_argument, 0, O_PARTIAL }, { "skip-bad", no_argument, 0, O_SKIPBAD },
 	{ "score", required_argument, 0, O_SCORE }, { "queue", required_argument, 0, O_QUEUE },
@@ -149,6 +154,18 @@ typedef struct gen {
 	double poll_backoff;   /* rl-sync did not answer: seconds until it is asked again (0: it answers) */
 	int nloads;
 	int warned_max_tokens; /* a line's max_tokens above --max-tokens was reported */
+	/* --resume DIR: the checkpoint, the groups done there (never generated again) */
+	const char *resume_dir;
+	char resume_path[4096];
+	int resume_step;
+	rl_gset done;
+	uint64_t skipped;      /* prompts of groups done, not generated */
+	/* --weights-from: step directories newer than its newest full checkpoint
+	 * when this process started: a killed run's, which a resuming trainer
+	 * removes and writes again under the same names; never loaded */
+	rl_ckpt_leftovers left;
+	int left_after;        /* that checkpoint's step (-1: none) */
+	char left_warned[4096];
 	int eos_more[24];      /* ids ending a sequence as EOS besides go.eos_id (eos_set) */
 } gen;
 
@@ -401,6 +418,22 @@ group_take(gen *g)
 	return RL_OK;
 }
 
+/* 1 when path (a step directory of --weights-from) is a killed run's
+ * leftover, not to be loaded (said once per directory). */
+static int
+leftover(gen *g, const char *path)
+{
+	if (!rl_ckpt_leftovers_has(&g->left, path))
+		return 0;
+	if (strcmp(g->left_warned, path) != 0) {
+		rl_info("not loading '%s': it was there when rl-rollout started, newer than the newest full "
+		    "checkpoint (step %d), so it is a killed run's, which rl-train --resume removes", path,
+		    g->left_after);
+		snprintf(g->left_warned, sizeof g->left_warned, "%s", path);
+	}
+	return 1;
+}
+
 /* Looks for a newer version; loads it now if allowed (no sequence running,
  * or --partial), else remembers it and holds admissions until the engine
  * drains.  rl-sync is asked at most every 20 ms unless force (the caller
@@ -450,7 +483,7 @@ poll_weights_(gen *g, int force)
 			snprintf(g->pending_path, sizeof g->pending_path, "weights group %s", g->wgo.addr);
 		}
 	} else if (g->weights_from && latest_version(g->weights_from, &v, path, sizeof path) == RL_OK &&
-	    v > g->version && v > g->pending_version) {
+	    v > g->version && v > g->pending_version && !leftover(g, path)) {
 		g->pending_version = v;
 		snprintf(g->pending_path, sizeof g->pending_path, "%s", path);
 	}
@@ -900,6 +933,9 @@ progress(gen *g, int end)
 			    g->bad ? "; bad lines skipped" : "");
 		if (g->bad && !g->quiet)
 			rl_info("%llu bad prompt lines skipped", (unsigned long long)g->bad);
+		if (g->resume_dir && !g->quiet)
+			rl_info("%llu prompts not generated: their groups were done in '%s'",
+			    (unsigned long long)g->skipped, g->resume_path);
 		rl_verbose("time: decoding %.2f s, new weights %.2f s (%d loaded), waiting for weights %.2f s, "
 		    "leases %.2f s, puts %.2f s, output %.2f s, other %.2f s", g->t_engine, g->t_weights, g->nloads,
 		    g->t_wait, g->t_lease, g->t_put, g->t_write,
@@ -941,8 +977,11 @@ run_generate(gen *g)
 				}
 				have_line = 1;
 			}
-			if ((g->weights_from || g->ws || g->wg) && g->max_staleness >= 0) {
-				/* the staleness gate: group k belongs to trainer batch k / train_batch */
+			/* --resume: the group this line gets, when it is valid, was done */
+			int done = g->resume_dir && rl_gset_has(&g->done, g->nonce | (g->groups & 0xffffffffULL));
+			if (!done && (g->weights_from || g->ws || g->wg) && g->max_staleness >= 0) {
+				/* the staleness gate: group k belongs to trainer batch k / train_batch
+				 * (groups skipped by --resume count as emitted) */
 				int need = (int)(g->groups / (uint64_t)g->train_batch) - g->max_staleness;
 				if (g->version < need) {
 					if (rl_engine_active(g->e) > 0 || rl_engine_waiting(g->e) > 0)
@@ -970,6 +1009,16 @@ run_generate(gen *g)
 				break;
 			}
 			p->group = g->nonce | (g->groups & 0xffffffffULL);
+			if (done) {
+				/* trained (or dropped) before: the counter moves on, nothing is generated */
+				free(p->text);
+				free(p->meta);
+				free(p->ids);
+				free(p);
+				g->groups++;
+				g->skipped++;
+				continue;
+			}
 			p->remaining = p->gsize = g->n + (g->greedy ? 1 : 0);
 			rv = rl_engine_submit(g->e, p->ids, p->nids, g->n, g->greedy, p->max_new,
 			    rl_rng_u64(g->seed, p->line), p);
@@ -1281,6 +1330,54 @@ out:
 	return rv;
 }
 
+/* --resume DIR: the checkpoint rl-train --resume takes, its groups done, and
+ * the nonce they were generated under (kept, so that the counter gives every
+ * prompt the group it had).  RL_OK, or an error (logged). */
+static int
+resume_open(gen *g)
+{
+	cJSON *state = NULL, *gd;
+	char where[4200];
+	uint64_t nonce = 0;
+	int rv, have = 0;
+
+	if ((rv = rl_ckpt_find_full(g->resume_dir, g->resume_path, sizeof g->resume_path, &g->resume_step, &state,
+	    0)) != 0) {
+		rl_hint("--resume takes rl-train's --out directory of the run to continue");
+		return rv;
+	}
+	snprintf(where, sizeof where, "'%s/trainer_state.json': groups_done", g->resume_path);
+	if (!(gd = cJSON_GetObjectItem(state, "groups_done"))) {
+		rl_error("%s: missing (written by an older rl-train): the groups trained cannot be told", where);
+		rl_hint("continue that run on a file of the records (rl-train --resume skips them by position)");
+		rv = RL_EFORMAT;
+		goto out;
+	}
+	if ((rv = rl_gset_from_json(&g->done, gd, where)) != 0)
+		goto out;
+	for (size_t i = 0; i < g->done.n; i++) {
+		uint64_t lo = g->done.r[i][0] >> 32, hi = g->done.r[i][1] >> 32;
+		if (!have) {
+			nonce = lo;
+			have = 1;
+		}
+		if (lo != nonce || hi != nonce) {
+			rl_error("%s: groups of several rl-rollout runs (nonces 0x%08llx and 0x%08llx): which "
+			    "prompts were trained cannot be told from one prompt file", where, (unsigned long long)nonce,
+			    (unsigned long long)(lo != nonce ? lo : hi));
+			rl_hint("rl-rollout --resume continues a run whose groups all came from one rl-rollout "
+			    "(itself started with --resume after a stop); generate anew into a new --out instead");
+			rv = RL_EINVAL;
+			goto out;
+		}
+	}
+	if (have)
+		g->nonce = nonce << 32;
+out:
+	cJSON_Delete(state);
+	return rv;
+}
+
 int
 rl_cmd_generate(int argc, char **argv)
 {
@@ -1352,6 +1449,7 @@ rl_cmd_generate(int argc, char **argv)
 			g.device = a;
 			break;
 		case O_WFROM: g.weights_from = a; break;
+		case O_RESUME: g.resume_dir = a; break;
 		case O_STALE: INT(0, 1e9); g.max_staleness = (int)v; break;
 		case O_TBATCH: INT(1, 1e9); g.train_batch = (int)v; break;
 		case O_PARTIAL: g.partial = 1; break;
@@ -1385,8 +1483,11 @@ rl_cmd_generate(int argc, char **argv)
 #undef NUM
 	}
 	rl_log_set_level(verbosity);
-	if (!g.model_dir)
+	if (!g.model_dir && !g.resume_dir)
 		return usage_error("%s", "no model: -m MODEL_DIR");
+	if (g.resume_dir && (g.queue_url || g.score_field))
+		return usage_error("%s", "--resume continues a prompt file's run (pipe mode); with --queue the "
+		    "broker's journal keeps the state, and --score has none");
 	if (optind + 1 < argc)
 		return usage_error("more than one input ('%s')", argv[optind + 1]);
 	if (optind < argc)
@@ -1412,6 +1513,13 @@ rl_cmd_generate(int argc, char **argv)
 	g.go.stop_ids = g.stop_ids;
 	g.go.nstop_ids = nstopid;
 	g.nonce = (rl_rng_mix((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32)) & 0xffffffff00000000ULL);
+	g.left_after = -1;
+	if (g.resume_dir && (rv = resume_open(&g)) != 0) {
+		rl_gset_fini(&g.done);
+		return 1;
+	}
+	if (!g.model_dir)
+		g.model_dir = g.resume_path;
 
 	if (g.out_path && rl_io_same_file(g.input, g.out_path)) {
 		rl_error("-o '%s' is the input '%s': writing it would empty it before it is read", g.out_path, g.input);
@@ -1495,11 +1603,31 @@ rl_cmd_generate(int argc, char **argv)
 		    (rv = group_take(&g)) != 0)
 			goto out;
 	}
+	if (g.resume_dir) {
+		/* the checkpoint's weights and version; -m gives the architecture when it is another directory */
+		if (strcmp(g.model_dir, g.resume_path) != 0) {
+			if ((rv = load_weights(&g, g.resume_path, g.resume_step)) != 0)
+				goto out;
+		} else {
+			g.version = g.resume_step;
+			rl_engine_set_version(g.e, g.resume_step);
+		}
+		rl_info("resuming from '%s': weights version %d, nonce 0x%08llx, %llu groups done", g.resume_path,
+		    g.resume_step, (unsigned long long)(g.nonce >> 32), (unsigned long long)rl_gset_count(&g.done));
+	}
 	if (g.weights_from) {
 		int ver;
 		char path[4096];
-		if (latest_version(g.weights_from, &ver, path, sizeof path) == RL_OK &&
-		    (rv = load_weights(&g, path, ver)) != 0)
+		cJSON *st = NULL;
+		/* a resuming trainer removes what is newer than its checkpoint: remember
+		 * those directories now, before it can have removed them */
+		if (rl_ckpt_find_full(g.weights_from, path, sizeof path, &g.left_after, &st, 1) != RL_OK)
+			g.left_after = -1;
+		cJSON_Delete(st);
+		if ((rv = rl_ckpt_leftovers_scan(&g.left, g.weights_from, g.left_after)) != 0)
+			goto out;
+		if (latest_version(g.weights_from, &ver, path, sizeof path) == RL_OK && ver > g.version &&
+		    !leftover(&g, path) && (rv = load_weights(&g, path, ver)) != 0)
 			goto out;
 	}
 	rv = g.queue_url ? run_queue(&g) : run_generate(&g);
@@ -1531,6 +1659,8 @@ out:
 			rv = r2;
 	}
 	rl_engine_destroy(g.e);
+	rl_gset_fini(&g.done);
+	rl_ckpt_leftovers_fini(&g.left);
 	rl_wver_destroy(g.wbase);
 	rl_wsync_close(g.ws);
 	rl_tokenizer_close(g.tok);

@@ -45,6 +45,41 @@ PY
 	cmp "$TD/ia/step-00000008/optimizer.safetensors" "$TD/ib/step-00000008/optimizer.safetensors"
 }
 
+@test "resume by group: the records of groups done are skipped wherever they come; pending groups are read again" {
+	rl-train -q -m "$TD/m0" --out "$TD/ga" --batch 1 --lr 1e-3 --metrics /dev/null "$TD/scored.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/gb" --batch 1 --lr 1e-3 --max-steps 2 --metrics /dev/null "$TD/scored.jsonl"
+	grep -q '"groups_done":\["0-1"\]' "$TD/gb/latest/trainer_state.json"
+	# the same records in another order (groups 7 to 0, as a generator that started
+	# again would send them): groups 0 and 1 are skipped, the other six trained once
+	python3 -c "
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+recs.sort(key=lambda r: (-r['group'], r['index']))
+sys.stdout.writelines(json.dumps(r) + '\n' for r in recs)" "$TD/scored.jsonl" > "$TD/rev.jsonl"
+	run -0 --separate-stderr rl-train --out "$TD/gb" --batch 1 --lr 1e-3 --resume --metrics "$TD/gb.m" "$TD/rev.jsonl"
+	[[ "$stderr" == *"skipping the records of the 2 groups done"* ]]
+	[[ "$stderr" == *"6 steps; "* ]]
+	[[ "$stderr" == *"8 records skipped: their groups were done before --resume"* ]]
+	grep -q '"groups_done":\["0-7"\]' "$TD/gb/latest/trainer_state.json"
+	# nothing left: every record skipped, a resume with nothing to do
+	run -0 --separate-stderr rl-train --out "$TD/gb" --batch 1 --lr 1e-3 --resume --metrics /dev/null "$TD/rev.jsonl"
+	[[ "$stderr" == *"32 records skipped"* ]]
+	# a checkpoint of an older rl-train (no groups_done): the position rule, bitwise
+	rl-train -q -m "$TD/m0" --out "$TD/gc" --batch 1 --lr 1e-3 --max-steps 3 --metrics /dev/null "$TD/scored.jsonl"
+	python3 -c "
+import json, sys
+p = sys.argv[1]; j = json.load(open(p)); del j['groups_done'], j['groups_pending']
+open(p, 'w').write(json.dumps(j))" "$TD/gc/step-00000003/trainer_state.json"
+	run -0 --separate-stderr rl-train --out "$TD/gc" --batch 1 --lr 1e-3 --resume --metrics /dev/null "$TD/scored.jsonl"
+	[[ "$stderr" == *"skipping 12 records already consumed"* ]]
+	cmp "$TD/ga/step-00000008/model.safetensors" "$TD/gc/step-00000008/model.safetensors"
+	# a groups_done that is not ranges of decimal ids: refused, naming the file
+	cp -r "$TD/gb" "$TD/gd"
+	sed -i 's/"groups_done":\["0-7"\]/"groups_done":[7]/' "$TD/gd/latest/trainer_state.json"
+	run -1 --separate-stderr rl-train --out "$TD/gd" --batch 1 --resume --metrics /dev/null "$TD/rev.jsonl"
+	[[ "$stderr" == *"trainer_state.json': groups_done: element 0: not \"N\" or \"LO-HI\""* ]]
+}
+
 @test "a step with a non-finite gradient norm is skipped: nothing published for it, counted, training goes on" {
 	# rewards of +-3e38 overflow rloo's advantages to inf: group 1's gradient is NaN
 	edit "$TD/scored.jsonl" "$TD/huge.jsonl" "if r['group'] == 1: r['reward'] = 3e38 if r['index'] % 2 else -3e38"
