@@ -123,6 +123,12 @@ sys.stdout.writelines(open(sys.argv[1]).readlines()[:22]); sys.stdout.flush(); t
 	P=$!
 	for i in $(seq 100); do [ -e "$TD/tb/step-00000005" ] && break; sleep 0.1; done
 	[ -e "$TD/tb/step-00000005" ]
+	# and until it has read records 21 and 22 and waits in a read of the FIFO
+	# (under load the signal came before those reads, and nothing was pending)
+	for i in $(seq 200); do
+		case "$(cat /proc/$P/wchan 2>/dev/null)" in *pipe*) break ;; esac
+		sleep 0.05
+	done
 	kill -TERM $P
 	sleep 0.3
 	kill $W
