@@ -13,7 +13,7 @@
 static const char *const algo_names[RL_ALGO_COUNT] = {
 	[RL_ALGO_GRPO] = "grpo", [RL_ALGO_DRGRPO] = "dr-grpo", [RL_ALGO_DAPO] = "dapo",
 	[RL_ALGO_RLOO] = "rloo", [RL_ALGO_REINFORCEPP] = "reinforce++", [RL_ALGO_REMAX] = "remax",
-	[RL_ALGO_PPO] = "ppo", [RL_ALGO_SFT] = "sft",
+	[RL_ALGO_PPO] = "ppo", [RL_ALGO_SFT] = "sft", [RL_ALGO_GSPO] = "gspo",
 };
 
 static const char *const agg_names[RL_AGG_COUNT] = {
@@ -54,6 +54,9 @@ rl_algo_default_agg(int algo)
 	switch (algo) {
 	case RL_ALGO_DRGRPO:
 		return RL_AGG_SEQ_MEAN_TOKEN_SUM_NORM;
+	case RL_ALGO_GSPO:
+		/* the paper's and verl's gspo recipe: a mean over each sequence's tokens */
+		return RL_AGG_SEQ_MEAN_TOKEN_MEAN;
 	case RL_ALGO_GRPO:
 		/* verl's GRPO default is token-mean as well; the original GRPO paper's
 		 * seq-mean-token-mean is one option away. */
@@ -81,6 +84,7 @@ rl_adv_outcome(float *adv, const float *reward, const int *goff, int G, const rl
 	switch (c->algo) {
 	case RL_ALGO_GRPO:
 	case RL_ALGO_DAPO:
+	case RL_ALGO_GSPO:
 		break;
 	case RL_ALGO_DRGRPO:
 		norm = 0;

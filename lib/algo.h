@@ -28,6 +28,8 @@ typedef enum rl_algo {
 	RL_ALGO_REMAX,      /* r - r(greedy sample of the same prompt) */
 	RL_ALGO_PPO,        /* GAE over a value head */
 	RL_ALGO_SFT,        /* cross-entropy on given completions */
+	RL_ALGO_GSPO,       /* GRPO advantage, the sequence's importance ratio at every token
+	                     * (Qwen's GSPO; verl's loss mode "gspo"), seq-mean-token-mean */
 	RL_ALGO_COUNT
 } rl_algo;
 

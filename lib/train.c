@@ -135,6 +135,7 @@ typedef struct trainer {
 	int maxtok;
 	int32_t *h_tok, *h_tgt;
 	float *h_old, *h_beh, *h_ref, *h_adv, *h_w, *h_stats, *h_lp, *h_ent;
+	float *h_gspo;        /* gspo: the pi_old given to pg_loss (gspo_old) */
 	float *h_vold, *h_ret, *h_v, *h_dv;   /* PPO (max_tokens each, one allocation) */
 	float *d_dval;                         /* PPO: value gradient (max_tokens), backend */
 	/* backend buffers: one allocation */
@@ -681,6 +682,7 @@ prepare(trainer *tr)
 	case RL_ALGO_GRPO:
 	case RL_ALGO_DRGRPO:
 	case RL_ALGO_DAPO:
+	case RL_ALGO_GSPO:
 	case RL_ALGO_RLOO: {
 		rl_adv_cfg c;
 		rl_adv_cfg_default(&c, o->algo);
@@ -924,6 +926,47 @@ value_loss(trainer *tr, const seqref *sq, int B, int T, mstat *ms)
 	return tr->ops->status(tr->ops);
 }
 
+/* GSPO (verl's loss mode "gspo"): every token of a sequence takes the
+ * sequence's importance ratio, exp of the mean over its tokens of lp - old.
+ * pg_loss computes a token ratio exp(lp - old'); with old' = lp - mean that
+ * ratio is the sequence's, and its gradient through lp is the token's own
+ * (the mean is a constant there, as verl detaches it): GSPO-token, which
+ * verl computes.  The mean is over the tokens trained on (loss_mask), capped
+ * at 10 as verl caps the log-ratio.  old_h is the host pi_old (N); the result
+ * goes to d_old. */
+static int
+gspo_old(trainer *tr, const seqref *sq, int B, int T, const float *old_h)
+{
+	rl_ops *ops = tr->ops;
+	size_t nb = (size_t)B * T * sizeof(float);
+
+	ops->download(ops, tr->h_lp, tr->m->lp, nb);
+	if (ops->status(ops) != 0)
+		return ops->status(ops);
+	memcpy(tr->h_gspo, old_h, nb);
+	for (int r = 0; r < B; r++) {
+		const rl_sample *smp = sq[r].s;
+		double sum = 0;
+		int cnt = 0;
+		for (int j = 0; j < smp->rlen; j++) {
+			int n = r * T + smp->plen - 1 + j;
+			if (tr->has_mask && tr->h_w[n] == 0.0f)
+				continue;
+			sum += (double)tr->h_lp[n] - old_h[n];
+			cnt++;
+		}
+		double mean = cnt ? sum / cnt : 0;
+		if (mean > 10)
+			mean = 10;
+		for (int j = 0; j < smp->rlen; j++) {
+			int n = r * T + smp->plen - 1 + j;
+			tr->h_gspo[n] = (float)((double)tr->h_lp[n] - mean);
+		}
+	}
+	ops->upload(ops, tr->d_old, tr->h_gspo, nb);
+	return ops->status(ops);
+}
+
 /* One micro-batch, the B sequences sq: forward, loss, backward (gradients
  * accumulated), statistics into ms. */
 static int
@@ -952,8 +995,11 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 		ops->upload(ops, tr->d_old, tr->h_old, nb);
 		old = tr->d_old;
 	} else {
-		old = tr->m->lp; /* one pass: pi_old is the current policy */
+		old = tr->m->lp; /* one pass: pi_old is the current policy (gspo's ratio is 1 too) */
 	}
+	if (o->algo == RL_ALGO_GSPO && old == tr->d_old &&
+	    (rv = gspo_old(tr, sq, B, T, o->old_from_behaviour ? tr->h_beh : tr->h_old)) != 0)
+		return rv;
 	if (o->tis_cap > 0 && !o->old_from_behaviour) {
 		for (int i = 0; i < B; i++)
 			if (!sq[i].s->logprobs) {
@@ -1334,7 +1380,7 @@ reserve(trainer *tr)
 		return rv;
 	tr->h_tok = rl_try_calloc(n, sizeof(int32_t), "token rows");
 	tr->h_tgt = rl_try_calloc(n, sizeof(int32_t), "target rows");
-	tr->h_old = rl_try_calloc(n * (7 + RL_PG_NSTAT), sizeof(float), "per-token buffers");
+	tr->h_old = rl_try_calloc(n * (8 + RL_PG_NSTAT), sizeof(float), "per-token buffers");
 	if (!tr->h_tok || !tr->h_tgt || !tr->h_old)
 		return RL_ENOMEM;
 	tr->h_beh = tr->h_old + n;
@@ -1344,6 +1390,7 @@ reserve(trainer *tr)
 	tr->h_lp = tr->h_w + n;
 	tr->h_ent = tr->h_lp + n;
 	tr->h_stats = tr->h_ent + n;
+	tr->h_gspo = tr->h_stats + n * RL_PG_NSTAT;
 	if ((rv = ops->alloc(ops, &tr->d_mem, n * (7 + RL_PG_NSTAT) * sizeof(float))) != 0)
 		return rv;
 	tr->d_old = tr->d_mem;

@@ -33,14 +33,14 @@ static const char usage_text[] =
     "      --seed S              random seed (default 0)\n"
     "      --device D            cpu, cuda, cuda:N or auto (default cpu)\n"
     "algorithm:\n"
-    "      --algo A              grpo, dr-grpo, dapo, rloo, reinforce++, remax, ppo, sft (default grpo)\n"
+    "      --algo A              grpo, dr-grpo, dapo, gspo, rloo, reinforce++, remax, ppo, sft (default grpo)\n"
     "      --batch G             groups per step (default 8)\n"
     "      --loss-agg MODE       token-mean, seq-mean-token-sum, seq-mean-token-mean,\n"
     "                            seq-mean-token-sum-norm (default: the algorithm's)\n"
     "      --norm-len N          constant of seq-mean-token-sum-norm (default: longest response)\n"
     "      --no-std              GRPO: do not divide advantages by the group's std\n"
     "      --clip-low E          ratio clip 1-E (default 0.2)\n"
-    "      --clip-high E         ratio clip 1+E (default 0.2; dapo 0.28)\n"
+    "      --clip-high E         ratio clip 1+E (default 0.2; dapo 0.28; gspo 4e-4, and --clip-low 3e-4)\n"
     "      --dual-clip C         dual-clip constant for negative advantages, above 1 (off)\n"
     "      --tis-cap C           truncated importance sampling cap vs behaviour log-probs (off)\n"
     "      --old-from-behaviour  ratio against the records' log-probs (off-policy records)\n"
@@ -191,7 +191,7 @@ main(int argc, char **argv)
 	rl_comm_opts co;
 	static char prog[64];
 	const char *init = NULL, *tokenizer = NULL;
-	int c, li = 0, verbosity = RL_LOG_NORMAL, clip_high_set = 0, kl_coef_set = 0, strans_set = 0;
+	int c, li = 0, verbosity = RL_LOG_NORMAL, clip_high_set = 0, clip_low_set = 0, kl_coef_set = 0, strans_set = 0;
 	double v;
 
 	rl_log_init("rl-train", RL_LOG_NORMAL);
@@ -237,7 +237,7 @@ main(int argc, char **argv)
 			break;
 		case O_NORMLEN: INT(1, 1e9); o.norm_len = (int)v; break;
 		case O_NOSTD: o.norm_std = 0; break;
-		case O_CLIPLO: NUM(0, 1); o.clip_low = (float)v; break;
+		case O_CLIPLO: NUM(0, 1); o.clip_low = (float)v; clip_low_set = 1; break;
 		case O_CLIPHI: NUM(0, 100); o.clip_high = (float)v; clip_high_set = 1; break;
 		case O_DUAL:
 			NUM(0, 1e9);
@@ -377,6 +377,16 @@ main(int argc, char **argv)
 		return usage_error("%s", "--weights-group and --weights-group-size go together");
 	if (o.algo == RL_ALGO_DAPO && !clip_high_set)
 		o.clip_high = 0.28f;
+	if (o.algo == RL_ALGO_GSPO) {
+		/* the GSPO paper's and verl's gspo recipe: a sequence ratio moves little */
+		if (!clip_low_set)
+			o.clip_low = 3e-4f;
+		if (!clip_high_set)
+			o.clip_high = 4e-4f;
+		if (o.dual_clip > 0 || o.tis_cap > 0)
+			return usage_error("%s with --algo gspo: a bound on the token ratio; gspo's ratio is the "
+			    "sequence's", o.dual_clip > 0 ? "--dual-clip" : "--tis-cap");
+	}
 	/* the KL term exists only with an estimator: without one these options
 	 * were ignored, and the run trained with no KL at all */
 	if (!o.kl_type && (o.kl_in_reward || kl_coef_set || o.ref_dir))

@@ -64,6 +64,17 @@ PY
 	run_cases '^--(algo (grpo|dr-grpo|rloo|dapo)|loss-agg)'
 }
 
+@test "gspo (the sequence's importance ratio at every token, its clip of 3e-4/4e-4, seq-mean-token-mean) matches verl's gspo loss mode" {
+	run_cases '^--algo gspo'
+}
+
+@test "gspo refuses the token-ratio bounds --dual-clip and --tis-cap" {
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/g" --algo gspo --dual-clip 2 "$FX/verl_records.jsonl"
+	[[ "$stderr" == *"--dual-clip with --algo gspo"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/g" --algo gspo --tis-cap 2 "$FX/verl_records.jsonl"
+	[[ "$stderr" == *"--tis-cap with --algo gspo"* ]]
+}
+
 @test "ratio clipping, clip-higher, dual clip and truncated IS match verl (pg_clipfrac and pg_clipfrac_lower as verl's)" {
 	run_cases '^--(old-from-behaviour|tis-cap)'
 }
