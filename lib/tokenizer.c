@@ -51,8 +51,10 @@ struct rl_tokenizer {
 	int chat;
 	/* the model's template, as far as it is known (set_template): not ChatML
 	 * nor plain, so RL_CHAT_AUTO cannot render it; the system turn its ChatML
-	 * template opens a chat without one with; the file it came from */
+	 * template opens a chat without one with; the file it came from; the
+	 * Qwen rules it has (set_template) */
 	int chat_foreign;
+	int chat_tools, chat_reason, chat_switch, chat_genthink;
 	char *chat_system;
 	char *chat_src;
 	uint32_t *ends;         /* scratch: piece ends of one section */
@@ -704,7 +706,15 @@ jinja_literal(const char *q)
  * (Qwen2 and Qwen2.5: "You are Qwen, created by Alibaba Cloud. ..."), as
  * Hugging Face's apply_chat_template, and so vLLM and verl, put in: it is
  * found as one quoted literal '<|im_start|>system\n...<|im_end|>\n' and put
- * in the same way. */
+ * in the same way.
+ * The Qwen rules are found by what their Jinja text names (the escapes are
+ * the template's own, a backslash and an n): tool turns as <tool_response>
+ * blocks (Qwen2.5, Qwen3); the reasoning rule (Qwen3: reasoning_content and
+ * last_query_index); the enable_thinking switch with its empty think block
+ * (Qwen3); a generation prompt that opens a think block (Qwen3 thinking-only
+ * models).  A ChatML template that names <think> without the reasoning rule
+ * (QwQ's, or a fine-tune's) is foreign: which turns keep their reasoning
+ * is not known. */
 static void
 set_template(rl_tokenizer *t, const char *tpl, const char *src)
 {
@@ -713,6 +723,14 @@ set_template(rl_tokenizer *t, const char *tpl, const char *src)
 
 	t->chat = chatml ? RL_CHAT_CHATML : RL_CHAT_PLAIN;
 	t->chat_foreign = !chatml && *tpl && strcmp(tpl, "plain") != 0;
+	t->chat_tools = chatml && strstr(tpl, "<tool_response>") != NULL;
+	t->chat_reason = chatml && strstr(tpl, "reasoning_content") && strstr(tpl, "last_query_index") &&
+			 strstr(tpl, "</think>");
+	t->chat_switch = t->chat_reason && strstr(tpl, "enable_thinking") &&
+			 strstr(tpl, "'<think>\\n\\n</think>\\n\\n'");
+	t->chat_genthink = t->chat_reason && strstr(tpl, "'<|im_start|>assistant\\n<think>\\n'");
+	if (chatml && !t->chat_reason && strstr(tpl, "<think>"))
+		t->chat_foreign = 2;
 	free(t->chat_system);
 	t->chat_system = NULL;
 	free(t->chat_src);
@@ -1110,6 +1128,12 @@ rl_tokenizer_chat_template(const rl_tokenizer *t)
 	return t->chat;
 }
 
+int
+rl_tokenizer_chat_thinking(const rl_tokenizer *t)
+{
+	return t->chat_reason && t->chat_switch && !t->chat_foreign;
+}
+
 /* A growable byte string. */
 typedef struct sbuf {
 	char *p;
@@ -1135,10 +1159,48 @@ sb_add(sbuf *b, const char *s, size_t n)
 	return 0;
 }
 
-static int
-sb_str(sbuf *b, const char *s)
+/* Qwen3's split of an assistant turn (its template's rule, step for step):
+ * with a reasoning field, that is the reasoning and the content stays whole;
+ * else, when the content has "</think>", the reasoning is what lies before
+ * the first "</think>" (trailing newlines dropped) after the last "<think>"
+ * in it (leading newlines dropped), and the content what follows the last
+ * "</think>" (leading newlines dropped).  Slices of the message's strings. */
+static void
+split_reasoning(const rl_chat_msg *m, const char **r, size_t *rn, const char **c, size_t *cn)
 {
-	return sb_add(b, s, strlen(s));
+	const char *s = m->content, *e = strstr(s, "</think>"), *p, *q;
+
+	*c = s;
+	*cn = strlen(s);
+	*r = "";
+	*rn = 0;
+	if (m->reasoning) {
+		*r = m->reasoning;
+		*rn = strlen(m->reasoning);
+		return;
+	}
+	if (!e)
+		return;
+	for (p = e; (q = strstr(p + 1, "</think>")) != NULL; p = q)
+		;
+	for (*c = p + 8; **c == '\n'; (*c)++)
+		;
+	*cn = strlen(*c);
+	for (q = e; q > s && q[-1] == '\n'; q--)
+		;
+	*r = s;
+	for (p = s; (p = strstr(p, "<think>")) != NULL && p + 7 <= q; p++)
+		*r = p + 7;
+	while (*r < q && **r == '\n')
+		(*r)++;
+	*rn = (size_t)(q - *r);
+}
+
+static int
+starts_ends(const char *s, const char *pre, const char *suf)
+{
+	size_t n = strlen(s), a = strlen(pre), b = strlen(suf);
+	return n >= a && n >= b && memcmp(s, pre, a) == 0 && memcmp(s + n - b, suf, b) == 0;
 }
 
 /* The prompt as a list of steps: a special id, or text to encode. */
@@ -1148,11 +1210,17 @@ chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int fl
 {
 	int32_t ims = find(t, "<|im_start|>"), ime = find(t, "<|im_end|>");
 	sbuf seg = { 0 };
-	int rv = 0, sys = 0;
-	if (tpl == RL_CHAT_AUTO) {
+	int rv = 0, sys = 0, tools = 0, reason = 0, gen, nothink;
+	size_t lastq = n ? n - 1 : 0;
+	int autot = tpl == RL_CHAT_AUTO;
+	if (autot) {
 		if (t->chat_foreign) {
-			rl_error("the model's chat template ('%s') is neither ChatML nor plain, the only ones "
-			    "rlpipe renders", t->chat_src);
+			if (t->chat_foreign == 2)
+				rl_error("the model's chat template ('%s') has reasoning rules (<think>) that rlpipe does "
+				    "not know; it renders ChatML, Qwen3's and plain templates", t->chat_src);
+			else
+				rl_error("the model's chat template ('%s') is neither ChatML nor plain, the only ones "
+				    "rlpipe renders", t->chat_src);
 			rl_hint("render the chats into text prompts beforehand with the model's own template, or "
 			    "choose the chatml or plain template knowingly");
 			return RL_ENOTSUP;
@@ -1160,11 +1228,33 @@ chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int fl
 		tpl = t->chat;
 		/* the template's own system turn when the chat has none */
 		sys = tpl == RL_CHAT_CHATML && t->chat_system && (n == 0 || strcmp(m[0].role, "system") != 0);
+		tools = t->chat_tools;
+		reason = t->chat_reason;
+	}
+	if ((flags & RL_TOK_NO_THINKING) && !(reason && t->chat_switch)) {
+		if (autot)
+			rl_error("enable_thinking=false: the model's chat template (%s%s%s) has no thinking switch",
+			    t->chat_src ? "'" : "", t->chat_src ? t->chat_src : "the tokenizer's own",
+			    t->chat_src ? "'" : "");
+		else
+			rl_error("enable_thinking=false: the %s template has no thinking switch (only the "
+			    "model's own Qwen3 template, --chat-template auto, has)", rl_chat_template_name(tpl));
+		rl_hint("the switch is Qwen3's (its template names enable_thinking); leave thinking on here");
+		return RL_EINVAL;
 	}
 	if (tpl == RL_CHAT_CHATML && (ims < 0 || ime < 0)) {
 		rl_error("ChatML needs the tokens <|im_start|> and <|im_end|>, which this tokenizer lacks");
 		rl_hint("use the plain template (rl-rollout --chat-template plain, rl-rollout tokenize --template plain)");
 		return RL_ENOTSUP;
+	}
+	/* Qwen3: turns after the last user query (one that is not a tool response
+	 * in disguise) keep their reasoning */
+	for (size_t i = n; reason && i-- > 0;) {
+		if (strcmp(m[i].role, "user") == 0 &&
+		    !starts_ends(m[i].content, "<tool_response>", "</tool_response>")) {
+			lastq = i;
+			break;
+		}
 	}
 #define SPECIAL(id)                                                                       \
 	do {                                                                              \
@@ -1177,11 +1267,15 @@ chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int fl
 		    (text && (rv = sb_add(text, s_, l_)) != 0))                           \
 			goto out;                                                         \
 	} while (0)
-#define TEXT(s)                                                                         \
+#define TEXTN(s, l)                                                                     \
 	do {                                                                            \
-		if ((ids && (rv = sb_str(&seg, (s))) != 0) || (text && (rv = sb_str(text, (s))) != 0)) \
+		if ((ids && (rv = sb_add(&seg, (s), (l))) != 0) || (text && (rv = sb_add(text, (s), (l))) != 0)) \
 			goto out;                                                       \
 	} while (0)
+#define TEXT(s) TEXTN((s), strlen(s))
+	gen = flags & RL_TOK_GEN_PROMPT;
+	nothink = flags & RL_TOK_NO_THINKING;
+	flags &= RL_TOK_SPECIAL;
 	if (tpl == RL_CHAT_CHATML) {
 		if (sys) {
 			SPECIAL(ims);
@@ -1191,16 +1285,62 @@ chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int fl
 			TEXT("\n");
 		}
 		for (size_t i = 0; i < n; i++) {
+			const char *role = m[i].role, *r, *c;
+			size_t rn, cn;
+			int tool = tools && strcmp(role, "tool") == 0;
+			if (tools && !tool && strcmp(role, "user") != 0 && strcmp(role, "system") != 0 &&
+			    strcmp(role, "assistant") != 0) {
+				/* the template would leave the turn out without a word */
+				rl_error("message %zu: role '%s' is not one the model's chat template renders "
+				    "(system, user, assistant, tool)", i + 1, role);
+				rv = RL_EINVAL;
+				goto out;
+			}
+			if (tool) {
+				/* consecutive tool results are one user turn */
+				if (i == 0 || strcmp(m[i - 1].role, "tool") != 0) {
+					SPECIAL(ims);
+					TEXT("user");
+				}
+				TEXT("\n<tool_response>\n");
+				TEXT(m[i].content);
+				TEXT("\n</tool_response>");
+				if (i + 1 == n || strcmp(m[i + 1].role, "tool") != 0) {
+					SPECIAL(ime);
+					TEXT("\n");
+				}
+				continue;
+			}
 			SPECIAL(ims);
-			TEXT(m[i].role);
+			TEXT(role);
 			TEXT("\n");
-			TEXT(m[i].content);
+			if (reason && strcmp(role, "assistant") == 0) {
+				split_reasoning(&m[i], &r, &rn, &c, &cn);
+				if (i > lastq && (i + 1 == n || rn)) {
+					while (rn && *r == '\n')
+						r++, rn--;
+					while (rn && r[rn - 1] == '\n')
+						rn--;
+					while (cn && *c == '\n')
+						c++, cn--;
+					TEXT("<think>\n");
+					TEXTN(r, rn);
+					TEXT("\n</think>\n\n");
+				}
+				TEXTN(c, cn);
+			} else {
+				TEXT(m[i].content);
+			}
 			SPECIAL(ime);
 			TEXT("\n");
 		}
-		if (flags & RL_TOK_GEN_PROMPT) {
+		if (gen) {
 			SPECIAL(ims);
 			TEXT("assistant\n");
+			if (reason && t->chat_genthink)
+				TEXT("<think>\n");
+			if (nothink)
+				TEXT("<think>\n\n</think>\n\n");
 		}
 	} else {
 		if (t->bos >= 0)
@@ -1211,13 +1351,14 @@ chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int fl
 			TEXT(m[i].content);
 			TEXT("\n");
 		}
-		if (flags & RL_TOK_GEN_PROMPT)
+		if (gen)
 			TEXT("assistant:");
 	}
 	if (seg.n && ids)
 		rv = rl_tokenizer_encode(ids, enc, seg.p, seg.n, flags);
 #undef SPECIAL
 #undef TEXT
+#undef TEXTN
 out:
 	free(seg.p);
 	return rv;
@@ -1226,7 +1367,7 @@ out:
 int
 rl_tokenizer_apply_chat(rl_tokens *out, rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int flags)
 {
-	return chat_walk(t, m, n, tpl, flags & (RL_TOK_SPECIAL | RL_TOK_GEN_PROMPT), out, t, NULL);
+	return chat_walk(t, m, n, tpl, flags & (RL_TOK_SPECIAL | RL_TOK_GEN_PROMPT | RL_TOK_NO_THINKING), out, t, NULL);
 }
 
 int

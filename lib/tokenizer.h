@@ -44,14 +44,18 @@ enum {
 	RL_TOK_SPECIAL = 1 << 0,    /* encode: match special added tokens in the text
 	                               (non-special added tokens always match) */
 	RL_TOK_GEN_PROMPT = 1 << 1, /* apply_chat: end with the assistant prompt */
-	RL_TOK_SKIP_SPECIAL = 1 << 2 /* decode: leave special tokens out */
+	RL_TOK_SKIP_SPECIAL = 1 << 2, /* decode: leave special tokens out */
+	RL_TOK_NO_THINKING = 1 << 3 /* apply_chat: enable_thinking=false (a template
+	                               with that switch, Qwen3's: see below) */
 };
 
 enum rl_chat_template { RL_CHAT_AUTO = 0, RL_CHAT_CHATML, RL_CHAT_PLAIN };
 
 typedef struct rl_chat_msg {
-	const char *role;    /* "system", "user", "assistant", ... (UTF-8, borrowed) */
-	const char *content; /* NUL-terminated, borrowed */
+	const char *role;      /* "system", "user", "assistant", ... (UTF-8, borrowed) */
+	const char *content;   /* NUL-terminated, borrowed */
+	const char *reasoning; /* an assistant turn's "reasoning_content", or NULL
+	                          (only Qwen3's template reads it) */
 } rl_chat_msg;
 
 /* Open a tokenizer from PATH: a model directory (tokenizer.json, else
@@ -97,6 +101,18 @@ int32_t rl_tokenizer_lookup(const rl_tokenizer *tok, const char *s, size_t len);
  * does, and refuses (RL_ENOTSUP, logged) a model template that is neither
  * ChatML nor plain (Llama-3's, Gemma's, ...): rendering it as plain would give
  * a prompt the model never saw.
+ * RL_CHAT_AUTO with a Qwen template follows its rules too (templates that
+ * name <tool_response>, Qwen2.5's and Qwen3's): consecutive "tool" messages
+ * are one user turn of <tool_response> blocks, and a role the template does
+ * not render (it would drop it) is RL_EINVAL, logged.  Qwen3's template
+ * (it names reasoning_content and last_query_index) also splits an assistant
+ * turn's "<think>...</think>" (or takes its reasoning field): the reasoning
+ * is kept, as "<think>\nR\n</think>\n\n", only for turns after the last user
+ * query, and dropped before it; a template with the enable_thinking switch
+ * follows the generation prompt with "<think>\n\n</think>\n\n" under
+ * RL_TOK_NO_THINKING, and RL_TOK_NO_THINKING on any other template (or an
+ * explicit chatml/plain) is RL_EINVAL, logged.  A ChatML template that names
+ * <think> without Qwen3's rules (QwQ's, ...) is refused as foreign.
  * RL_ENOTSUP: ChatML on a tokenizer without <|im_start|>/<|im_end|>. */
 int rl_tokenizer_apply_chat(rl_tokens *out, rl_tokenizer *tok, const rl_chat_msg *msgs, size_t n,
 			    int template_, int flags);
@@ -107,6 +123,9 @@ int rl_tokenizer_render_chat(char **text, size_t *len, const rl_tokenizer *tok, 
  * chat_template, as transformers reads them) contains "<|im_start|>" (or the
  * bytes tokenizer says "chatml"), else plain. */
 int rl_tokenizer_chat_template(const rl_tokenizer *tok);
+/* 1 when the model's chat template has the enable_thinking switch (Qwen3's),
+ * so RL_TOK_NO_THINKING can be used with RL_CHAT_AUTO; else 0. */
+int rl_tokenizer_chat_thinking(const rl_tokenizer *tok);
 const char *rl_chat_template_name(int template_); /* "chatml", "plain", "auto" */
 int rl_chat_template_parse(const char *name);    /* inverse; -1 if unknown */
 

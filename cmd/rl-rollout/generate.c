@@ -27,6 +27,7 @@
 #include "io.h"
 #include "model.h"
 #include "progress.h"
+#include "prompt.h"
 #include "qclient.h"
 #include "safetensors.h"
 #include "wgroup.h"
@@ -58,6 +59,8 @@ static const char usage_text[] =
     "      --seed S            sampling seed (default 0): same seed, same output\n"
     "      --chat              wrap text prompts as a user message in the chat template\n"
     "      --chat-template T   chatml, plain or auto (default auto)\n"
+    "      --no-thinking       enable_thinking=false for Qwen3 chat prompts whose line has\n"
+    "                          no chat_template_kwargs (default: thinking on)\n"
     "      --greedy-baseline   one more greedy sample per prompt, marked meta.baseline (ReMax)\n"
     "      --slots N           sequences decoded together (default 64)\n"
     "      --kv-mem BYTES      KV cache budget, suffixes K M G (default 256M)\n"
@@ -86,7 +89,8 @@ static const char usage_text[] =
 enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
-	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE, O_WGBACK, O_DSTEPS, O_RESUME
+	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE, O_WGBACK, O_DSTEPS, O_RESUME,
+	O_NOTHINK
 };
 
 static const struct option longopts[] = {
@@ -98,7 +102,7 @@ static const struct option longopts[] = {
 	{ "seed", required_argument, 0, O_SEED }, { "chat", no_argument, 0, O_CHAT },
 	{ "chat-template", required_argument, 0, O_TMPL }, { "greedy-baseline", no_argument, 0, O_GREEDY },
 	{ "slots", required_argument, 0, O_SLOTS }, { "kv-mem", required_argument, 0, O_KVMEM },
-	{ "decode-steps", required_argument, 0, O_DSTEPS },
+	{ "decode-steps", required_argument, 0, O_DSTEPS }, { "no-thinking", no_argument, 0, O_NOTHINK },
 	{ "device", required_argument, 0, O_DEVICE }, { "weights-from", required_argument, 0, O_WFROM },
 	{ "resume", required_argument, 0, O_RESUME },
 	{ "max-staleness", required_argument, 0, O_STALE }, { "train-batch", required_argument, 0, O_TBATCH },
@@ -130,6 +134,7 @@ typedef struct gen {
 	rl_progress prog;
 	uint64_t q_bad, q_put;
 	int n, jsonl, chat, tmpl, greedy, max_staleness, train_batch, partial, skip_bad, quiet;
+	int no_think;          /* --no-thinking: enable_thinking=false where a line does not say */
 	uint64_t seed;
 	rl_gen_opts go;
 	const char *stops[64];
@@ -691,12 +696,12 @@ eos_set(gen *g)
 static int
 parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, size_t npre, prompt **out)
 {
-	cJSON *pr;
+	cJSON *pr, *kw = cJSON_GetObjectItemCaseSensitive(j, "chat_template_kwargs");
 	rl_tokens ids = { 0 };
-	rl_chat_msg msgs[64];
+	rl_prompt_chat ch = { 0 };
 	char *text = NULL;
 	size_t tlen = 0;
-	int rv = RL_EFORMAT, nm = 0;
+	int rv = RL_EFORMAT, flags = RL_TOK_GEN_PROMPT;
 
 	*out = NULL;
 	pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
@@ -721,50 +726,43 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 		 * ("<|im_start|>" of a chat rendered beforehand) is that token, as a Hugging
 		 * Face tokenizer (so vLLM, verl), rl-rollout tokenize and rl-train take it; it
 		 * was encoded as its bytes.  Chat messages are not matched (apply_chat) */
+		if (kw) {
+			rl_error("%s: chat_template_kwargs on a text prompt, which no chat template renders "
+			    "without --chat", where);
+			goto out;
+		}
 		text = rl_xstrdup(pr->valuestring);
 		tlen = strlen(text);
 		if ((rv = rl_tokenizer_encode(&ids, g->tok, text, tlen, RL_TOK_SPECIAL)) != 0)
 			goto out;
 	} else {
-		if (cJSON_IsString(pr)) {
-			msgs[nm++] = (rl_chat_msg){ "user", pr->valuestring };
-		} else if (cJSON_IsArray(pr)) {
-			cJSON *m;
-			cJSON_ArrayForEach(m, pr) {
-				cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-				cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-				if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
-					rl_error("%s: prompt[%d] needs string \"role\" and \"content\"",
-					    where, nm);
-					rv = RL_EFORMAT;
-					goto out;
-				}
-				if (nm == 64) {
-					rl_error("%s: more than 64 messages", where);
-					rv = RL_EFORMAT;
-					goto out;
-				}
-				msgs[nm++] = (rl_chat_msg){ role->valuestring, content->valuestring };
-			}
-			if (nm == 0) {
-				rl_error("%s: \"prompt\" is an empty list", where);
-				rv = RL_EFORMAT;
-				goto out;
-			}
-		} else {
-			rl_error("%s: \"prompt\" must be a string or a list of messages", where);
+		if (!cJSON_IsString(pr) && (!cJSON_IsArray(pr) || cJSON_GetArraySize(pr) == 0)) {
+			rl_error("%s: \"prompt\" must be a string or a non-empty list of messages", where);
 			rv = RL_EFORMAT;
 			goto out;
 		}
+		/* OpenAI content parts, reasoning_content, chat_template_kwargs: lib/prompt.c */
+		rv = rl_prompt_chat_parse(&ch, cJSON_IsString(pr) ? NULL : pr, kw, where);
+		if (rv == 0 && cJSON_IsString(pr)) {
+			ch.msgs = rl_xcalloc(1, sizeof(*ch.msgs));
+			ch.msgs[0] = (rl_chat_msg){ "user", pr->valuestring, NULL };
+			ch.n = 1;
+		}
+		if (rv == 0 && (ch.thinking < 0 ? !g->no_think : ch.thinking) == 0)
+			flags |= RL_TOK_NO_THINKING;
 		/* --chat-template auto: the model's own template's system turn is put in
 		 * when the chat has none; a template neither ChatML nor plain is
 		 * refused (RL_ENOTSUP, which stops the run: no chat prompt can be
 		 * used); lib/tokenizer.c */
-		if ((rv = rl_tokenizer_apply_chat(&ids, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0 ||
-		    (rv = rl_tokenizer_render_chat(&text, &tlen, g->tok, msgs, (size_t)nm, g->tmpl, RL_TOK_GEN_PROMPT)) != 0) {
+		if (rv == 0 &&
+		    ((rv = rl_tokenizer_apply_chat(&ids, g->tok, ch.msgs, ch.n, g->tmpl, flags)) != 0 ||
+		     (rv = rl_tokenizer_render_chat(&text, &tlen, g->tok, ch.msgs, ch.n, g->tmpl, flags)) != 0)) {
 			rl_error("%s: cannot apply the chat template", where);
-			goto out;
+			if (rv == RL_EINVAL)
+				rv = RL_EFORMAT; /* this line's chat (a role, its kwargs), not the run's */
 		}
+		if (rv)
+			goto out;
 	}
 	if (ids.n == 0) {
 		rl_error("%s: the prompt is empty", where);
@@ -829,6 +827,7 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 out:
 	free(text);
 	rl_tokens_fini(&ids);
+	rl_prompt_chat_fini(&ch);
 	cJSON_Delete(j);
 	return rv;
 }
@@ -1431,6 +1430,7 @@ rl_cmd_generate(int argc, char **argv)
 				return usage_error("--seed: '%s' is not a whole number from 0 to 2^64-1", a);
 			break;
 		case O_CHAT: g.chat = 1; break;
+		case O_NOTHINK: g.no_think = 1; break;
 		case O_TMPL:
 			if ((g.tmpl = rl_chat_template_parse(a)) < 0)
 				return usage_error("--chat-template: unknown chat template '%s' (auto, chatml, plain)", a);
@@ -1539,6 +1539,13 @@ rl_cmd_generate(int argc, char **argv)
 		goto out;
 	if ((rv = rl_tokenizer_open(&g.tok, g.model_dir)) != 0)
 		goto out;
+	if (g.no_think && (g.tmpl != RL_CHAT_AUTO || !rl_tokenizer_chat_thinking(g.tok))) {
+		rl_error("--no-thinking: the %s chat template has no enable_thinking switch",
+		    g.tmpl != RL_CHAT_AUTO ? rl_chat_template_name(g.tmpl) : "model's");
+		rl_hint("the switch is Qwen3's template's (--chat-template auto on a Qwen3 model)");
+		rv = RL_EINVAL;
+		goto out;
+	}
 	/* a --stop spelled as a special token: such tokens do not show in the text, so it
 	 * never matched; it ends a sequence as that token's --stop-id would (the same tokens) */
 	for (int i = 0; i < nstop; i++) {

@@ -16,6 +16,7 @@
 #include "cmd.h"
 #include "core.h"
 #include "json.h"
+#include "prompt.h"
 #include "tokenizer.h"
 #include "traj.h"
 
@@ -23,6 +24,7 @@ typedef struct tok_config {
 	const char *model;
 	const char *input;
 	int chat, decode, nul, special, gen_prompt, skip_special, tpl;
+	int thinking; /* enable_thinking where a line does not say: 1, or 0 (--no-thinking) */
 } tok_config;
 
 static const char usage_text[] =
@@ -32,10 +34,14 @@ static const char usage_text[] =
 	"\n"
 	"  -m, --model DIR          model directory (tokenizer.json) or tokenizer file\n"
 	"  -c, --chat               each line is a chat: a JSON array of {\"role\",\"content\"}\n"
-	"                           messages, {\"messages\":[...]}, or plain text (one user\n"
-	"                           message); prints {\"ids\":[...],\"text\":\"...\"}\n"
+	"                           messages (content text or OpenAI content parts),\n"
+	"                           {\"messages\":[...], \"chat_template_kwargs\":{...}}, or\n"
+	"                           plain text (one user message); prints\n"
+	"                           {\"ids\":[...],\"text\":\"...\"}\n"
 	"  -t, --template NAME      chat template: auto (default), chatml, plain\n"
 	"  -G, --no-generation-prompt  do not end a chat with the assistant prompt\n"
+	"      --no-thinking        enable_thinking=false (Qwen3's template) where a line's\n"
+	"                           chat_template_kwargs do not say\n"
 	"  -d, --decode             each line is [ids...] or {\"ids\":[...]}; print the text\n"
 	"  -S, --no-special         do not match special-token strings in the text\n"
 	"      --skip-special       with --decode: leave special tokens out\n"
@@ -89,28 +95,30 @@ print_ids(FILE *f, const rl_tokens *t)
 	fputc(']', f);
 }
 
-/* Messages of one chat line of len bytes into MSGS (borrowing strings from
- * ROOT).  Messages are C strings: a NUL byte, or a JSON string's \u0000,
- * would cut one silently, so either is an error. */
+/* Messages of one chat line of len bytes into CH (borrowing strings from
+ * ROOT, or from LINE for a text line).  Messages are C strings: a NUL byte,
+ * or a JSON string's \u0000, would cut one silently, so either is an error. */
 static int
-parse_chat(const char *line, size_t len, cJSON **root, rl_chat_msg **msgs, size_t *n, size_t lineno)
+parse_chat(const char *line, size_t len, cJSON **root, rl_prompt_chat *ch, size_t lineno)
 {
 	const char *p = line;
+	const cJSON *kw = NULL;
+	char what[64];
 	int nk;
 	while (*p == ' ' || *p == '\t')
 		p++;
 	*root = NULL;
-	*msgs = NULL;
-	*n = 0;
+	memset(ch, 0, sizeof(*ch));
+	ch->thinking = -1;
 	if (memchr(line, 0, len) != NULL) {
 		rl_error("line %zu: a NUL byte at byte %zu, which a chat message cannot hold", lineno,
 		    (size_t)((const char *)memchr(line, 0, len) - line));
 		return RL_EFORMAT;
 	}
 	if (*p != '[' && *p != '{') {
-		*msgs = rl_xmalloc(sizeof(**msgs));
-		(*msgs)[0] = (rl_chat_msg){ "user", line };
-		*n = 1;
+		ch->msgs = rl_xcalloc(1, sizeof(*ch->msgs));
+		ch->msgs[0] = (rl_chat_msg){ "user", line, NULL };
+		ch->n = 1;
 		return 0;
 	}
 	*root = rl_json_parse_all(line, len);
@@ -124,24 +132,20 @@ parse_chat(const char *line, size_t len, cJSON **root, rl_chat_msg **msgs, size_
 		return RL_EFORMAT;
 	}
 	const cJSON *arr = *root;
-	if (cJSON_IsObject(arr))
+	if (cJSON_IsObject(arr)) {
+		if (rl_json_dup_key(arr)) {
+			rl_error("line %zu: key \"%s\" appears twice", lineno, rl_json_dup_key(arr));
+			return RL_EFORMAT;
+		}
+		kw = cJSON_GetObjectItemCaseSensitive(arr, "chat_template_kwargs");
 		arr = cJSON_GetObjectItemCaseSensitive(arr, "messages");
+	}
 	if (!cJSON_IsArray(arr)) {
 		rl_error("line %zu: expected a JSON array of messages or {\"messages\": [...]}", lineno);
 		return RL_EFORMAT;
 	}
-	size_t k = (size_t)cJSON_GetArraySize(arr);
-	*msgs = rl_xcalloc(k ? k : 1, sizeof(**msgs));
-	for (const cJSON *m = arr->child; m; m = m->next) {
-		const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-		const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-		if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
-			rl_error("line %zu: message %zu needs string \"role\" and \"content\"", lineno, *n + 1);
-			return RL_EFORMAT;
-		}
-		(*msgs)[(*n)++] = (rl_chat_msg){ role->valuestring, content->valuestring };
-	}
-	return 0;
+	snprintf(what, sizeof what, "line %zu", lineno);
+	return rl_prompt_chat_parse(ch, arr, kw, what);
 }
 
 static int
@@ -203,14 +207,15 @@ encode_line(FILE *out, rl_tokenizer *tok, const tok_config *c, const char *line,
 		return rv;
 	}
 	cJSON *root = NULL;
-	rl_chat_msg *msgs = NULL;
+	rl_prompt_chat ch;
 	char *text = NULL;
-	size_t n, tlen;
+	size_t tlen;
 	if (c->gen_prompt)
 		flags |= RL_TOK_GEN_PROMPT;
-	if ((rv = parse_chat(line, len, &root, &msgs, &n, lineno)) == 0 &&
-	    (rv = rl_tokenizer_apply_chat(&t, tok, msgs, n, c->tpl, flags)) == 0 &&
-	    (rv = rl_tokenizer_render_chat(&text, &tlen, tok, msgs, n, c->tpl, flags)) == 0) {
+	if ((rv = parse_chat(line, len, &root, &ch, lineno)) == 0 && (ch.thinking < 0 ? c->thinking : ch.thinking) == 0)
+		flags |= RL_TOK_NO_THINKING;
+	if (rv == 0 && (rv = rl_tokenizer_apply_chat(&t, tok, ch.msgs, ch.n, c->tpl, flags)) == 0 &&
+	    (rv = rl_tokenizer_render_chat(&text, &tlen, tok, ch.msgs, ch.n, c->tpl, flags)) == 0) {
 		print_ids(out, &t);
 		fputs(",\"text\":", out);
 		json_str(out, text, tlen);
@@ -219,7 +224,7 @@ encode_line(FILE *out, rl_tokenizer *tok, const tok_config *c, const char *line,
 		rl_error("line %zu: cannot apply the chat template: %s", lineno, rl_strerror(rv));
 	}
 	free(text);
-	free(msgs);
+	rl_prompt_chat_fini(&ch);
 	cJSON_Delete(root);
 	rl_tokens_fini(&t);
 	return rv;
@@ -236,13 +241,14 @@ rl_cmd_tokenize(int argc, char **argv)
 		{ "decode", no_argument, NULL, 'd' },
 		{ "no-special", no_argument, NULL, 'S' },
 		{ "skip-special", no_argument, NULL, 1 },
+		{ "no-thinking", no_argument, NULL, 2 },
 		{ "null", no_argument, NULL, '0' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	tok_config c = { .special = 1, .gen_prompt = 1, .tpl = RL_CHAT_AUTO, .input = "-" };
+	tok_config c = { .special = 1, .gen_prompt = 1, .thinking = 1, .tpl = RL_CHAT_AUTO, .input = "-" };
 	rl_tokenizer *tok = NULL;
 	FILE *in = NULL;
 	char *line = NULL;
@@ -267,6 +273,7 @@ rl_cmd_tokenize(int argc, char **argv)
 		case 'd': c.decode = 1; break;
 		case 'S': c.special = 0; break;
 		case 1: c.skip_special = 1; break;
+		case 2: c.thinking = 0; break;
 		case '0': c.nul = 1; break;
 		case 'q': rl_log_set_level(RL_LOG_QUIET); break;
 		case 'v': rl_log_set_level(rl_log_level() + 1); break;

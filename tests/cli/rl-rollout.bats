@@ -318,6 +318,26 @@ PY
 	printf '%s\n' "${lines[@]}" | grep -q '"prompt_text":"<|im_start|>system\\nBe a test '"'bot'"'.<|im_end|>\\n<|im_start|>user\\nhi'
 }
 
+@test "chat prompts as OpenAI writes them: content parts are text, other parts a bad line; --no-thinking and chat_template_kwargs need Qwen3's switch" {
+	printf '%s\n' '{"prompt":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}' \
+	    '{"prompt":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x.png"}}]}]}' \
+	    '{"prompt":"cd","chat_template_kwargs":{"enable_thinking":false}}' \
+	    '{"prompt":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false}}' \
+	    '{"prompt":"ef"}' > "$TD/parts.jsonl"
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 1 --jsonl "$TD/parts.jsonl"
+	[ "$(printf '%s\n' "${lines[@]}" | fields prompt_text)" = '"<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n"' ]
+	[[ "$stderr" == *"'$TD/parts.jsonl': line 2: message 1: content part 1 is of type \"image_url\"; rlpipe renders text only"* ]]
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 1 --jsonl --skip-bad "$TD/parts.jsonl"
+	[ "${#lines[@]}" -eq 2 ]
+	[[ "$stderr" == *"line 3: chat_template_kwargs on a text prompt, which no chat template renders without --chat"* ]]
+	[[ "$stderr" == *"has no thinking switch"*"line 4: cannot apply the chat template"* ]]
+	[[ "$stderr" == *"3 bad prompt lines skipped"* ]]
+	# the option is checked once, before any line
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --no-thinking --max-tokens 1 --jsonl "$TD/parts.jsonl"
+	[ "${#lines[@]}" -eq 0 ]
+	[[ "$stderr" == *"--no-thinking: the model's chat template has no enable_thinking switch"* ]]
+}
+
 @test "a text prompt's special-token strings are special tokens (a chat rendered beforehand), as rl-rollout tokenize has them; message text's are not" {
 	printf '%s\n' '{"prompt":"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"}' > "$TD/pre.jsonl"
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 1 --jsonl "$TD/pre.jsonl"

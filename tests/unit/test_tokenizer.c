@@ -183,7 +183,7 @@ test_bytes(void)
 	T_OK(rl_tokenizer_is_special(t, 259) && !rl_tokenizer_is_special(t, 'a'), "%s", "check");
 	T_OK(roundtrip(t, "\xff\x00\xc3(\xe2\x82 ok <|im_end|>", 21, RL_TOK_SPECIAL), "%s", "check");
 
-	rl_chat_msg m[2] = { { "system", "be brief" }, { "user", "hi <|im_end|>" } };
+	rl_chat_msg m[2] = { { "system", "be brief", NULL }, { "user", "hi <|im_end|>", NULL } };
 	rl_tokens v = { 0 };
 	char *text = NULL;
 	size_t len;
@@ -611,6 +611,80 @@ test_template_files(void)
 	T_OK(t == NULL, "%s", "no tokenizer on error");
 }
 
+/* Qwen's rules, found in a template by what it names (a made-up template
+ * holding the markers, written to chat_template.jinja): reasoning kept only
+ * after the last user query, tool turns grouped, the enable_thinking switch,
+ * a generation prompt that opens a think block; the real Qwen3 template is
+ * checked against Jinja in rl-rollout-tokenize.bats. */
+static char *
+render(rl_tokenizer *t, const rl_chat_msg *m, size_t n, int flags)
+{
+	char *text = NULL;
+	size_t len;
+	return rl_tokenizer_render_chat(&text, &len, t, m, n, RL_CHAT_AUTO, flags) == 0 ? text : NULL;
+}
+
+static void
+test_qwen_rules(void)
+{
+	static const char q3[] = "<|im_start|> reasoning_content last_query_index </think> <tool_response> "
+				 "enable_thinking '<think>\\n\\n</think>\\n\\n'";
+	static const char q3think[] = "<|im_start|> reasoning_content last_query_index </think> "
+				      "'<|im_start|>assistant\\n<think>\\n'";
+	const rl_chat_msg m[] = {
+		{ "user", "q1", NULL },
+		{ "assistant", "<think>\nold\n</think>\n\na1", NULL },
+		{ "user", "q2", NULL },
+		{ "assistant", "\n\nx</think>\n\na2", NULL },
+		{ "tool", "r1", NULL },
+		{ "tool", "r2", NULL },
+		{ "assistant", "a3", "\nwhy\n" },
+	};
+	rl_tokenizer *t = NULL;
+	char *s;
+	mkd("q3");
+	write_file(tpath("q3", "tokenizer.json"), rl_tokenizer_bytes_json(), strlen(rl_tokenizer_bytes_json()));
+	write_file(tpath("q3", "chat_template.jinja"), q3, strlen(q3));
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("q3", "")), 0);
+	if (!t)
+		return;
+	T_EQ_INT(rl_tokenizer_chat_thinking(t), 1);
+	s = render(t, m, 7, RL_TOK_GEN_PROMPT | RL_TOK_NO_THINKING);
+	T_EQ_STR(s, "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n"
+		    "<|im_start|>user\nq2<|im_end|>\n<|im_start|>assistant\n<think>\nx\n</think>\n\na2<|im_end|>\n"
+		    "<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response>"
+		    "<|im_end|>\n<|im_start|>assistant\n<think>\nwhy\n</think>\n\na3<|im_end|>\n"
+		    "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+	free(s);
+	/* a role the template would drop */
+	const rl_chat_msg dev[] = { { "developer", "x", NULL } };
+	T_OK(render(t, dev, 1, 0) == NULL, "%s", "developer refused");
+	/* explicit chatml: no Qwen rules, no switch */
+	char *text = NULL;
+	size_t len;
+	T_EQ_INT(rl_tokenizer_render_chat(&text, &len, t, m, 2, RL_CHAT_CHATML, 0), 0);
+	T_EQ_STR(text, "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\n<think>\nold\n</think>\n\na1<|im_end|>\n");
+	free(text);
+	T_EQ_INT(rl_tokenizer_render_chat(&text, &len, t, m, 1, RL_CHAT_CHATML, RL_TOK_NO_THINKING), RL_EINVAL);
+	rl_tokenizer_close(t);
+	t = NULL;
+	/* a thinking-only template: the generation prompt opens the block; no switch */
+	write_file(tpath("q3", "chat_template.jinja"), q3think, strlen(q3think));
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("q3", "")), 0);
+	if (!t)
+		return;
+	T_EQ_INT(rl_tokenizer_chat_thinking(t), 0);
+	s = render(t, m, 1, RL_TOK_GEN_PROMPT);
+	T_EQ_STR(s, "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\n<think>\n");
+	free(s);
+	T_OK(render(t, m, 1, RL_TOK_GEN_PROMPT | RL_TOK_NO_THINKING) == NULL, "%s", "no switch");
+	/* without <tool_response> in it, a tool turn is a ChatML turn of its own */
+	s = render(t, m + 4, 1, 0);
+	T_EQ_STR(s, "<|im_start|>tool\nr1<|im_end|>\n");
+	free(s);
+	rl_tokenizer_close(t);
+}
+
 /* BPE "ignore_merges" (Llama 3): a pre-token that is a vocabulary token is
  * that token; the merges would split "abc" into "ab" "c" here ("a b" ranks
  * first, and no merge joins "ab" and "c"). */
@@ -668,6 +742,7 @@ main(void)
 	test_nfc();
 	test_bad();
 	test_template_files();
+	test_qwen_rules();
 	test_ignore_merges();
 	char cmd[600];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
