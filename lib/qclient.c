@@ -8,6 +8,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/util/platform.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +31,9 @@ struct rl_qclient {
 	rl_buf buf;
 	seen seen;
 	int quiet;             /* rl_qclient_report: failures logged at verbose level only */
+	int gone;              /* a request went unanswered for broker_timeout_ms */
 	const volatile sig_atomic_t *stop; /* set: no retries */
+	char *url;
 };
 
 void
@@ -46,6 +49,12 @@ stopping(const rl_qclient *c)
 	return c->stop != NULL && *c->stop != 0;
 }
 
+int
+rl_qclient_gone(const rl_qclient *c)
+{
+	return c != NULL && c->gone;
+}
+
 void
 rl_qclient_opts_default(rl_qclient_opts *o)
 {
@@ -56,6 +65,14 @@ rl_qclient_opts_default(rl_qclient_opts *o)
 	o->level = 1;
 	o->max_msg = RL_QP_MAX_MSG;
 	o->dedup = 1;
+}
+
+void
+rl_qclient_opts_stage(rl_qclient_opts *o, double broker_timeout_s)
+{
+	rl_qclient_opts_default(o);
+	o->retry_ms = -1;
+	o->broker_timeout_ms = broker_timeout_s > 0 ? (int)RL_MIN(broker_timeout_s * 1000.0 + 0.5, 2e9) : 0;
 }
 
 /* ---- seen set ------------------------------------------------------------------ */
@@ -176,13 +193,20 @@ rl_qclient_open(rl_qclient **out, const char *url, const rl_qclient_opts *o)
 	c->seen.cap = c->o.dedup ? (size_t)1 << 18 : 0;   /* ids acked here: ~6 MB once used */
 	c->next_req = ((uint64_t)rl_wall() << 20) ^ (uint64_t)(uintptr_t)c;
 	rl_buf_init(&c->buf);
+	if ((c->url = strdup(url)) == NULL) {
+		rl_error("out of memory for a client of '%s'", url);
+		free(c);
+		return RL_ENOMEM;
+	}
 	if ((rv = rl_traj_create(&c->tmp)) != 0) {
+		free(c->url);
 		free(c);
 		return rv;
 	}
 	if ((nrv = nng_req0_open(&c->sock)) != 0) {
 		rl_error("cannot open a client socket: %s", nng_strerror(nrv));
 		rl_traj_destroy(c->tmp);
+		free(c->url);
 		free(c);
 		return RL_ENET;
 	}
@@ -213,6 +237,7 @@ rl_qclient_close(rl_qclient *c)
 	free(c->seen.ring);
 	free(c->seen.keys);
 	free(c->seen.used);
+	free(c->url);
 	free(c);
 }
 
@@ -227,7 +252,8 @@ rnd(uint64_t *st)
 /* Sends a request and returns its reply in *rep (caller frees) with header
  * *rh.  A non-zero status in the reply is returned (its message logged,
  * except "busy" and "no such lease"); busy and timeouts are retried while
- * retry is set and opts.retry_ms lasts. */
+ * retry is set and opts.retry_ms lasts (-1: no bound), timeouts only while
+ * the broker has answered within opts.broker_timeout_ms (qclient.h). */
 static int
 call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, size_t flen, const void *body,
      size_t blen, uint32_t raw_len, int wait_ms, int retry, rl_qhdr *rh, nng_msg **rep)
@@ -235,11 +261,20 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 	uint8_t hb[RL_QP_HDR_LEN];
 	rl_qhdr h = { 0 };
 	nng_msg *m = NULL, *r = NULL;
-	double t_end = rl_now() + (retry ? c->o.retry_ms / 1000.0 : 0);
-	int backoff = 1, nrv, rv = RL_OK;
+	double t_heard = rl_now();   /* the request sent, or the last reply to it (busy) */
+	double t_end = !retry ? t_heard : c->o.retry_ms < 0 ? INFINITY : t_heard + c->o.retry_ms / 1000.0;
+	/* silence is counted from when a reply was due: a lease waits for work first */
+	double due = wait_ms > 0 ? wait_ms / 1000.0 : 0.0;
+	double dead_s = c->o.broker_timeout_ms > 0 ? c->o.broker_timeout_ms / 1000.0 : INFINITY;
+	int backoff = 1, nrv, rv = RL_OK, dead = 0;
 	uint64_t st = c->next_req;
 
 	*rep = NULL;
+	if (c->gone) {
+		/* taken for gone (logged then): a stage stopping on it waits no longer */
+		rl_verbose("%s request not sent: the broker at '%s' did not answer before", rl_qop_name(op), c->url);
+		return RL_ETIMEDOUT;
+	}
 	h.op = (uint8_t)op;
 	h.flags = flags | (c->compress ? RL_QF_ACCEPT_ZSTD : 0);
 	h.arg = arg;
@@ -254,11 +289,17 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 		rl_error("out of memory for a request of %zu bytes", flen + blen);
 		return RL_ENOMEM;
 	}
-	/* stopping: a last ack or release waits 3 s at most for a broker that may be gone */
-	nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, stopping(c) ? RL_MIN(c->o.timeout_ms, 3000) :
-	    c->o.timeout_ms + (wait_ms > 0 ? wait_ms : 0));
 	for (;;) {
 		nng_msg *send;
+		double left = t_heard + due + dead_s - rl_now();
+		/* stopping: a last ack or release waits 3 s at most for a broker that may be gone */
+		double tmo = stopping(c) ? RL_MIN(c->o.timeout_ms, 3000) : c->o.timeout_ms + due * 1000.0;
+		/* one attempt ends when the broker would be taken for gone: a broker
+		 * that comes back within the time gets the request again from nng.
+		 * The send too: with no connection, it waits for one */
+		nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, (nng_duration)RL_MAX(1.0, RL_MIN(tmo, left * 1000.0)));
+		nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO,
+		    (nng_duration)RL_MAX(1.0, RL_MIN(c->o.timeout_ms, left * 1000.0)));
 		if ((nrv = nng_msg_dup(&send, m)) != 0) {
 			rv = RL_ENOMEM;
 			break;
@@ -277,7 +318,8 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 				break;
 			}
 			*rh = rh0;
-			if (rh0.status == RL_EBUSY && retry && rl_now() < t_end && !stopping(c)) {
+			t_heard = rl_now();   /* busy is an answer: the broker is there */
+			if (rh0.status == RL_EBUSY && retry && t_heard < t_end && !stopping(c)) {
 				nng_msg_free(r);
 				r = NULL;
 				nng_msleep((nng_duration)(backoff + rnd(&st) % (backoff + 1)));
@@ -298,7 +340,9 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 			}
 			break;
 		}
-		if (retry && nrv != NNG_ECLOSED && nrv != NNG_ENOMEM && rl_now() < t_end && !stopping(c)) {
+		/* 1 ms of slack: a receive timer that fired a hair early */
+		dead = rl_now() >= t_heard + due + dead_s - 0.001;
+		if (retry && !dead && nrv != NNG_ECLOSED && nrv != NNG_ENOMEM && rl_now() < t_end && !stopping(c)) {
 			/* timed out, connection reset or refused: the broker may be
 			 * restarting; requests are idempotent, so send it again */
 			rl_verbose("%s request: %s; retrying", rl_qop_name(op), nng_strerror(nrv));
@@ -308,13 +352,23 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 			}
 			continue;
 		}
-		if (nrv == NNG_ETIMEDOUT) {
-			(c->quiet ? rl_verbose : rl_error)("no reply from the broker to a %s request", rl_qop_name(op));
+		if (dead && !stopping(c) && nrv != NNG_ECLOSED && nrv != NNG_ENOMEM) {
+			c->gone = 1;
+			(c->quiet ? rl_verbose : rl_error)("no reply from the broker at '%s' for %.1f s (a %s request): "
+			    "taken for gone", c->url, rl_now() - t_heard, rl_qop_name(op));
+			if (!c->quiet)
+				rl_hint("start it again (rl-queue serve with the same --data-dir recovers its journal) or "
+				    "allow it longer with --broker-timeout S (0: wait for ever)");
+			rv = RL_ETIMEDOUT;
+		} else if (nrv == NNG_ETIMEDOUT) {
+			(c->quiet ? rl_verbose : rl_error)("no reply from the broker at '%s' to a %s request", c->url,
+			    rl_qop_name(op));
 			if (!c->quiet)
 				rl_hint("is 'rl-queue serve' running at that address?");
 			rv = RL_ETIMEDOUT;
 		} else {
-			(c->quiet ? rl_verbose : rl_error)("%s request failed: %s", rl_qop_name(op), nng_strerror(nrv));
+			(c->quiet ? rl_verbose : rl_error)("%s request to '%s' failed: %s", rl_qop_name(op), c->url,
+			    nng_strerror(nrv));
 			rv = nrv == NNG_ECLOSED ? RL_ECLOSED : RL_ENET;
 		}
 		break;

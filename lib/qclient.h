@@ -19,6 +19,15 @@
  * client already acknowledged and that come back (redelivered after a lease
  * expired) are dropped from the lease and acknowledged again (opts.dedup).
  *
+ * A broker that does not answer at all is told from one that answers "busy"
+ * or "nothing to lease": after opts.broker_timeout_ms without any reply to a
+ * request (a lease's own wait not counted) the client takes the broker for
+ * gone, the request fails with RL_ETIMEDOUT (logged with the URL and the time
+ * waited) and every later request fails at once (rl_qclient_gone).  A busy
+ * reply is a reply: the stages (rl_qclient_opts_stage) retry busy for as long
+ * as the broker answers it.  A broker restarted within the timeout (its
+ * journal replayed) gets the request again and answers it.
+ *
  * Bodies are zstd-compressed on the wire when opts.compress says so (auto:
  * off for ipc://, inproc:// and loopback tcp://, where compressing costs more
  * than it saves); a batch read from a stream keeps its frame and is sent
@@ -37,9 +46,16 @@
 #include "qproto.h"
 #include "traj.h"
 
+/* The stages' --broker-timeout default, in seconds: long enough for a broker
+ * restarted by hand or by a supervisor to replay its journal (docs/queue.md). */
+#define RL_QCLIENT_BROKER_TIMEOUT_S 300
+
 typedef struct rl_qclient_opts {
 	int timeout_ms;     /* one round trip, on top of a lease's wait; default 10000 */
-	int retry_ms;       /* give up retrying after this long; default 60000; 0: no retries */
+	int retry_ms;       /* give up retrying one request after this long, busy or not; default
+	                     * 60000; 0: no retries; -1: no such bound (broker_timeout_ms only) */
+	int broker_timeout_ms; /* no reply at all for this long: the broker is gone (see above);
+	                     * default 0: no such bound (retry_ms only) */
 	int compress;       /* -1 auto (default), 0 off, 1 on */
 	int level;          /* zstd level for bodies this client compresses; default 1 */
 	size_t max_msg;     /* bound on a reply (and decompressed body); default RL_QP_MAX_MSG */
@@ -47,6 +63,10 @@ typedef struct rl_qclient_opts {
 	                     * 256K ids, ~6 MB once the first ack is made); default 1 */
 } rl_qclient_opts;
 void rl_qclient_opts_default(rl_qclient_opts *o);
+/* rl_qclient_opts_stage: the defaults, and the rule of every stage's client
+ * (rl-rollout, rl-reward, rl-train --queue): busy is retried while the broker
+ * answers it, silence for broker_timeout_s seconds (0: for ever) ends it. */
+void rl_qclient_opts_stage(rl_qclient_opts *o, double broker_timeout_s);
 
 typedef struct rl_qclient rl_qclient;
 
@@ -59,6 +79,10 @@ void rl_qclient_close(rl_qclient *c);   /* accepts NULL */
  * is not retried: a stage being stopped while the broker is gone must not
  * wait out retry_ms for every request it still makes.  stop may be NULL. */
 void rl_qclient_set_stop(rl_qclient *c, const volatile sig_atomic_t *stop);
+/* rl_qclient_gone: 1 once a request went unanswered for broker_timeout_ms
+ * (logged then); from then on every request fails at once with
+ * RL_ETIMEDOUT, so that a stage stopping on it waits no longer. */
+int rl_qclient_gone(const rl_qclient *c);
 
 /* A lease: the records (batch, owned) and what the broker said about it. */
 typedef struct rl_qlease {
@@ -76,7 +100,7 @@ static inline size_t rl_qlease_count(const rl_qlease *l) { return l->batch ? rl_
 /* ---- puts: b is borrowed (its kept frame, if any, is sent as-is when compression
  * is on and the frame header holds the content size; else the payload is sent,
  * compressed when compression is on) ------------------------------------------
- * Errors: RL_EBUSY (still busy when retry_ms ran out), RL_ETIMEDOUT,
+ * Errors: RL_EBUSY (still busy when retry_ms ran out), RL_ETIMEDOUT (no reply),
  * RL_EFORMAT / RL_ETOOBIG (the broker refused the batch; its reason logged). */
 int rl_qclient_put(rl_qclient *c, int stage, rl_traj_batch *b, rl_qput_result *res);
 int rl_qclient_put_prompts(rl_qclient *c, rl_traj_batch *b, rl_qput_result *res);

@@ -2015,8 +2015,11 @@ rl_reward_queue(rl_reward_scorer *s, rl_qclient *c, const rl_reward_queue_opts *
 	while (!*stop) {
 		size_t n;
 		rl_wstat_phase(ws, RL_WSTAT_IDLE);
-		if ((rv = rl_qclient_lease_generated(c, batch, wait_ms, &l)) != 0)
+		if ((rv = rl_qclient_lease_generated(c, batch, wait_ms, &l)) != 0) {
+			if (*stop && !rl_qclient_gone(c))
+				rv = 0;   /* signalled while the request went unanswered: a stop */
 			goto out;
+		}
 		n = rl_qlease_count(&l);
 		if (n > 0)
 			rl_wstat_phase(ws, RL_WSTAT_BUSY);

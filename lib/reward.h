@@ -227,7 +227,8 @@ int rl_reward_stream(rl_reward_scorer *s, rl_traj_reader *r, rl_traj_writer *w, 
  * idle) or nothing could be leased for idle_exit_s seconds (<= 0: never).
  * A record is scored at least once: a batch whose put fails is not retried
  * here; its lease expires and the broker hands it out again.  Returns 0, or
- * the client's error (RL_ENET, RL_ETIMEDOUT, ...; logged). */
+ * the client's error (RL_ENET, RL_ETIMEDOUT when the broker did not answer
+ * within the client's broker_timeout_ms, ...; logged). */
 typedef struct rl_qclient rl_qclient;
 typedef struct rl_reward_queue_opts {
 	uint32_t batch;        /* records per lease; default 256 */

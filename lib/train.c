@@ -56,6 +56,7 @@ rl_train_opts_default(rl_train_opts *o)
 	o->agg = -1;
 	o->norm_std = 1;
 	o->batch = 8;
+	o->broker_timeout = RL_QCLIENT_BROKER_TIMEOUT_S;
 	o->ppo_epochs = 1;
 	o->mini_batches = 1;
 	o->max_tokens_micro = 8192;
@@ -173,6 +174,8 @@ typedef struct trainer {
 	uint64_t q_late;
 	int last_gsize;          /* group size seen last (lease sizing) */
 	double idle_since;       /* when the last records came (--idle-exit) */
+	int qgone;               /* the broker stopped answering (--broker-timeout): rank 0's client
+	                          * said so, or rank 0's end message (dp_send_lease) */
 	rl_wstat *wst;           /* stats reported to the broker (wstat.h) */
 	rl_progress prog;        /* steps, on a terminal */
 	/* data parallelism */
@@ -307,6 +310,12 @@ lease_more(trainer *tr)
 	rl_wstat_phase(tr->wst, RL_WSTAT_IDLE);
 	rv = rl_qclient_lease(tr->qc, &req, &tr->lease);
 	rl_wstat_phase(tr->wst, RL_WSTAT_BUSY);
+	if (rl_qclient_gone(tr->qc)) {
+		/* no reply for --broker-timeout (logged): no more records; the
+		 * run ends with a checkpoint, then fails (rl_train_run) */
+		tr->qgone = 1;
+		return dp_end_lease(tr);
+	}
 	if (rv == RL_ETIMEDOUT || rv == RL_EBUSY)
 		rv = RL_OK;
 	if (rv != RL_OK)
@@ -1602,7 +1611,7 @@ dp_reducer_open(trainer *tr)
  * broker sent it), so every rank's grouper sees the same records in the same
  * order and forms the same steps; acknowledgements stay with rank 0.  A
  * message: u64 end flag, u64 frame bytes, then the frame.  end: no more
- * records (idle exit, signal).  Rank 0 sends one after every poll of the
+ * records (1: idle exit, signal; 2: the broker is gone).  Rank 0 sends one after every poll of the
  * broker, records or not, so the others never wait longer than a poll. */
 static int
 dp_send_lease(trainer *tr, int end)
@@ -1636,7 +1645,7 @@ out:
 static int
 dp_end_lease(trainer *tr)
 {
-	int rv = dp_send_lease(tr, 1);
+	int rv = dp_send_lease(tr, tr->qgone ? 2 : 1);
 	return rv ? rv : RL_ENOENT;
 }
 
@@ -1654,8 +1663,10 @@ dp_follow_lease(trainer *tr)
 
 	if ((rv = rl_comm_host_broadcast(tr->comm, hdr, sizeof hdr, 0)) != 0)
 		return rv;
-	if (hdr[0])
+	if (hdr[0]) {
+		tr->qgone = hdr[0] == 2;
 		return RL_ENOENT;
+	}
 	if (hdr[1] == 0)
 		return RL_OK;
 	if (hdr[1] > ((uint64_t)1 << 32)) {
@@ -2256,8 +2267,10 @@ rl_train_run(const rl_train_opts *o)
 		if ((rv = rl_traj_batch_create(&tr.lease.batch)) != 0 || (rv = rl_traj_create(&tr.qt)) != 0)
 			goto out;
 	} else if (o->queue_url) {
+		rl_qclient_opts qo;
 		rl_stop_signals(on_train_signal, 0);
-		if ((rv = rl_qclient_open(&tr.qc, o->queue_url, NULL)) != 0 || (rv = rl_traj_create(&tr.qt)) != 0)
+		rl_qclient_opts_stage(&qo, o->broker_timeout);
+		if ((rv = rl_qclient_open(&tr.qc, o->queue_url, &qo)) != 0 || (rv = rl_traj_create(&tr.qt)) != 0)
 			goto out;
 		rl_qclient_set_stop(tr.qc, &train_stop);
 		/* the broker's staleness gate starts from our version */
@@ -2314,7 +2327,7 @@ rl_train_run(const rl_train_opts *o)
 			rl_progress_done(&tr.prog);
 			if (train_stop && !tr.qc && !tr.qfollow)
 				break;
-			if (tr.ngroups > 0 && tr.rank == 0)
+			if (tr.ngroups > 0 && tr.rank == 0 && !tr.qgone)
 				rl_info("end of input: %d groups left over (less than --batch %d), not trained",
 				    tr.ngroups, o->batch);
 			rv = RL_OK;
@@ -2392,6 +2405,16 @@ rl_train_run(const rl_train_opts *o)
 		if (tr.by_group && !o->quiet && tr.rank == 0)
 			rl_info("%llu records skipped: their groups were done before --resume",
 			    (unsigned long long)tr.skipped_done);
+	}
+	if (tr.qgone) {
+		/* a broker that stopped answering ends the run as a failure, after
+		 * the checkpoint above (when anything was trained since the last
+		 * full one); what was leased and not trained expires there */
+		if (tr.rank == 0)
+			rl_error("stopped after step %d: the broker at '%s' did not answer; --resume continues from "
+			    "the last checkpoint", tr.m->step, o->queue_url);
+		rv = RL_ETIMEDOUT;
+		goto out;
 	}
 	/* file or pipe input that ended before one step: a failure, not a run
 	 * (a generator that died at its start closed the pipe; a Makefile or a

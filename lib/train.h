@@ -76,6 +76,8 @@ typedef struct rl_train_opts {
 	const char *wgroup_backend; /* auto, cpu, nccl */
 	const char *queue_url;     /* --queue URL: lease scored groups from rl-queue instead of input */
 	double idle_exit;          /* queue mode: stop after this many seconds without records (0: never) */
+	double broker_timeout;     /* queue mode: fail after this many seconds without a reply from the
+	                            * broker, after a last full checkpoint (0: never; default 300) */
 	/* algorithm */
 	int algo;                  /* rl_algo */
 	int agg;                   /* rl_agg; -1: the algorithm's default */

@@ -50,6 +50,8 @@ static const char usage_text[] =
 	"      --queue URL          lease generated records from rl-queue at URL, put them back\n"
 	"                           scored; runs until SIGINT/SIGTERM\n"
 	"      --idle-exit SEC      with --queue: exit after SEC seconds with nothing to score\n"
+	"      --broker-timeout SEC with --queue: exit 1 after SEC seconds without a reply from the\n"
+	"                           broker (default 300; 0: wait for ever)\n"
 	"      --gsm8k-mode MODE    strict (number after the last ####, default) or flexible (last number)\n"
 	"      --max-length N       length task: budget in tokens (or characters)\n"
 	"      --length-unit UNIT   tokens (default; characters when a record has no tokens) or chars\n"
@@ -183,7 +185,7 @@ int
 main(int argc, char **argv)
 {
 	enum { O_EXEC_WEIGHT = 256, O_TIMEOUT, O_BATCH, O_GSM8K_MODE, O_MAX_LENGTH, O_LENGTH_UNIT, O_JSONL,
-	       O_QUEUE, O_IDLE_EXIT };
+	       O_QUEUE, O_IDLE_EXIT, O_BROKER_TIMEOUT };
 	static const struct option lo[] = {
 		{ "task", required_argument, 0, 't' },
 		{ "exec", required_argument, 0, 'e' },
@@ -198,6 +200,7 @@ main(int argc, char **argv)
 		{ "jsonl", no_argument, 0, O_JSONL },
 		{ "queue", required_argument, 0, O_QUEUE },
 		{ "idle-exit", required_argument, 0, O_IDLE_EXIT },
+		{ "broker-timeout", required_argument, 0, O_BROKER_TIMEOUT },
 		{ "quiet", no_argument, 0, 'q' },
 		{ "verbose", no_argument, 0, 'v' },
 		{ "help", no_argument, 0, 'h' },
@@ -209,7 +212,7 @@ main(int argc, char **argv)
 	rl_traj_writer_opts wo = { 0 };
 	rl_traj_writer *w = NULL;
 	const char *exec_cmd = NULL, *out = NULL, *queue_url = NULL;
-	double idle_exit = 0;
+	double idle_exit = 0, broker_timeout = RL_QCLIENT_BROKER_TIMEOUT_S;
 	FILE *of = NULL;
 	size_t ntasks = 0;
 	long batch = 0;
@@ -267,6 +270,7 @@ main(int argc, char **argv)
 		case O_JSONL: wo.format = RL_TRAJ_JSONL; break;
 		case O_QUEUE: queue_url = optarg; break;
 		case O_IDLE_EXIT: idle_exit = parse_double("--idle-exit", optarg, 0); break;
+		case O_BROKER_TIMEOUT: broker_timeout = parse_double("--broker-timeout", optarg, 0); break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity = RL_LOG_VERBOSE; break;
 		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
@@ -304,12 +308,14 @@ main(int argc, char **argv)
 	}
 	if (queue_url) {
 		rl_qclient *qc = NULL;
+		rl_qclient_opts qco;
 		/* with --exec, rounds of 4 records per worker, so a long lease can be
 		 * extended between them */
 		rl_reward_queue_opts qo = { .batch = (uint32_t)batch, .wait_ms = 500, .idle_exit_s = idle_exit,
 					    .chunk = exec_cmd ? 4u * (uint32_t)xo.workers : 0 };
 		rl_stop_signals(on_signal, 0);
-		if ((rv = rl_qclient_open(&qc, queue_url, NULL)) == 0)
+		rl_qclient_opts_stage(&qco, broker_timeout);
+		if ((rv = rl_qclient_open(&qc, queue_url, &qco)) == 0)
 			rl_qclient_set_stop(qc, &stop_flag);
 		if (rv != 0) {
 			status = 1;

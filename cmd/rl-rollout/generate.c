@@ -84,13 +84,15 @@ static const char usage_text[] =
     "      --score FIELD       score mode: write per-token log-probs into FIELD\n"
     "      --queue URL         lease prompts from rl-queue and put the trajectories back\n"
     "      --idle-exit S       queue mode: exit after S seconds without work (default: run until signalled)\n"
+    "      --broker-timeout S  queue mode: exit 1 after S seconds without a reply from the broker\n"
+    "                          (default 300; 0 never)\n"
     "  -q, --quiet, -v, --verbose, -h, --help\n";
 
 enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
 	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE, O_WGBACK, O_DSTEPS, O_RESUME,
-	O_NOTHINK
+	O_NOTHINK, O_BTIMEOUT
 };
 
 static const struct option longopts[] = {
@@ -108,7 +110,7 @@ static const struct option longopts[] = {
 	{ "max-staleness", required_argument, 0, O_STALE }, { "train-batch", required_argument, 0, O_TBATCH },
 	{ "partial", no_argument, 0, O_PARTIAL }, { "skip-bad", no_argument, 0, O_SKIPBAD },
 	{ "score", required_argument, 0, O_SCORE }, { "queue", required_argument, 0, O_QUEUE },
-	{ "idle-exit", required_argument, 0, O_IDLE },
+	{ "idle-exit", required_argument, 0, O_IDLE }, { "broker-timeout", required_argument, 0, O_BTIMEOUT },
 	{ "weights-timeout", required_argument, 0, O_WTIMEOUT }, { "sync", required_argument, 0, O_SYNC },
 	{ "sync-transport", required_argument, 0, O_STRANS },
 	{ "weights-group", required_argument, 0, O_WGROUP }, { "weights-group-rank", required_argument, 0, O_WGRANK },
@@ -122,6 +124,7 @@ typedef struct gen {
 	/* options */
 	const char *model_dir, *out_path, *device, *weights_from, *input, *score_field, *queue_url;
 	double idle_exit, weights_timeout;
+	double broker_timeout; /* --broker-timeout: seconds without a reply from the broker (0: never) */
 	const char *sync_url;
 	int sync_transport;    /* RL_WSYNC_T_* (--sync-transport) */
 	rl_wsync *ws;
@@ -1223,13 +1226,15 @@ static int
 run_queue(gen *g)
 {
 	rl_qlease lease;
+	rl_qclient_opts qo;
 	rl_traj *t = NULL;
 	int rv = RL_OK, G = g->n + (g->greedy ? 1 : 0);
 	double idle_since = rl_now(), last_prog = 0, empty_since = 0;
 
 	rl_stop_signals(on_signal, 0);
 	rl_qlease_init(&lease);
-	if ((rv = rl_qclient_open(&g->qc, g->queue_url, NULL)) == 0)
+	rl_qclient_opts_stage(&qo, g->broker_timeout);
+	if ((rv = rl_qclient_open(&g->qc, g->queue_url, &qo)) == 0)
 		rl_qclient_set_stop(g->qc, &stop_requested);
 	if (rv != 0)
 		return rv;
@@ -1253,7 +1258,9 @@ run_queue(gen *g)
 			double tl = rl_now();
 			rv = rl_qclient_lease_prompts(g->qc, (uint32_t)(room / G), (uint32_t)G, busy ? 0 : 200, &lease);
 			g->t_lease += rl_now() - tl;
-			if (rv != RL_OK && rv != RL_ETIMEDOUT && rv != RL_EBUSY)
+			/* no reply for --broker-timeout: the broker is gone (logged); what
+			 * is being generated is not put, its prompts' leases expire there */
+			if (rv != RL_OK && (rv != RL_ETIMEDOUT || rl_qclient_gone(g->qc)) && rv != RL_EBUSY)
 				goto out;
 			rv = RL_OK;
 			empty_since = rl_qlease_count(&lease) ? 0 : rl_now();
@@ -1394,6 +1401,7 @@ rl_cmd_generate(int argc, char **argv)
 	g.train_batch = 8;
 	g.pending_version = -1;
 	g.weights_timeout = 600;
+	g.broker_timeout = RL_QCLIENT_BROKER_TIMEOUT_S;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:n:o:qvh", longopts, NULL)) != -1) {
 		const char *a = optarg;
@@ -1457,6 +1465,7 @@ rl_cmd_generate(int argc, char **argv)
 		case O_SCORE: g.score_field = a; break;
 		case O_QUEUE: g.queue_url = a; break;
 		case O_IDLE: NUM(0, 1e9); g.idle_exit = v; break;
+		case O_BTIMEOUT: NUM(0, 1e9); g.broker_timeout = v; break;
 		case O_WTIMEOUT: NUM(0, 1e9); g.weights_timeout = v; break;
 		case O_SYNC: g.sync_url = a; break;
 		case O_WGROUP: g.wgo.addr = a; break;

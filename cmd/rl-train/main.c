@@ -91,6 +91,8 @@ static const char usage_text[] =
     "                                 CUDA: ipc; else nccl on CUDA with NCCL; else cpu)\n"
     "      --queue URL           lease scored groups from rl-queue (acknowledged after each step)\n"
     "      --idle-exit S         queue mode: stop after S seconds without records\n"
+    "      --broker-timeout S    queue mode: exit 1 after S seconds without a reply from the broker,\n"
+    "                            after a last full checkpoint (default 300; 0 never)\n"
     "data parallel (docs/parallel.md; every rank reads the whole input; with --queue rank 0 leases):\n"
     "      --rank R, --world N   this process's rank and the number of ranks (else RANK/WORLD_SIZE\n"
     "                            as torchrun sets them, or SLURM_PROCID/SLURM_NTASKS)\n"
@@ -108,7 +110,7 @@ enum {
 	O_INIT = 256, O_TOKENIZER, O_SEED, O_DEVICE, O_ALGO, O_BATCH, O_AGG, O_NORMLEN, O_NOSTD,
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
-	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_SYNC,
+	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
 	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP, O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS,
 	O_SKIPZ, O_NOSKIPZ
@@ -137,6 +139,7 @@ static const struct option longopts[] = {
 	{ "resume", no_argument, 0, O_RESUME }, { "on-bad", required_argument, 0, O_ONBAD },
 	{ "metrics", required_argument, 0, O_METRICS }, { "tfevents", required_argument, 0, O_TFEV },
 	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
+	{ "broker-timeout", required_argument, 0, O_BTIMEOUT },
 	{ "sync", required_argument, 0, O_SYNC }, { "ckpt-every", required_argument, 0, O_CKEVERY },
 	{ "sync-transport", required_argument, 0, O_STRANS },
 	{ "rank", required_argument, 0, O_RANK }, { "world", required_argument, 0, O_WORLD },
@@ -312,6 +315,7 @@ main(int argc, char **argv)
 			o.wgroup_backend = a;
 			break;
 		case O_IDLE: NUM(0, 1e9); o.idle_exit = v; break;
+		case O_BTIMEOUT: NUM(0, 1e9); o.broker_timeout = v; break;
 		case O_RANK: INT(0, 1e6); co.rank = (int)v; break;
 		case O_WORLD:
 			if (num(a, -1e6, 1e6, &v) || v != (int)v)

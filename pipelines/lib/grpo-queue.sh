@@ -16,6 +16,10 @@
 #     killed with -9 blocks nothing: the next run stops what it left;
 #   - STEPS x BATCH must not exceed the prompts (else an error at once), and
 #     rl-train gives up after IDLE_EXIT seconds (1800) without records;
+#   - a broker that dies mid-run ends the run within about 300 s: the stages
+#     stop by themselves after that long without a reply (--broker-timeout,
+#     docs/queue.md; rl-train after a last full checkpoint), and the next run
+#     resumes; so do workers that a driver killed with -9 left behind;
 #   - a run killed between full checkpoints restarts from the last full one
 #     (the newer step directories are removed before anything starts; when
 #     the broker's journal holds a trainer version more than STALENESS beyond

@@ -361,6 +361,32 @@ depth() { rl-queue stat "$QURL" | sed -n "s/.* $1 \([0-9]*\) .*/\1/p"; }
 	[ "$(depth training)" = 0 ] && [ "$(depth scored)" = 8 ]
 }
 
+@test "--queue with 2 ranks: a killed broker ends both after --broker-timeout, after a full checkpoint" {
+	start_broker
+	head -n 16 "$TD/s.jsonl" | rl-queue put -q -s scored "$QURL"
+	rl-train -q -m "$TD/m0" --out "$TD/qb" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    --queue "$QURL" --broker-timeout 2 3>&- 2>"$TD/qb.err.1" &
+	r1=$!
+	PIDS="$PIDS $r1"
+	rl-train -m "$TD/m0" --out "$TD/qb" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" --batch 4 \
+	    --queue "$QURL" --broker-timeout 2 --metrics "$TD/qb.metrics" 3>&- 2>"$TD/qb.err.0" &
+	r0=$!
+	PIDS="$PIDS $r0"
+	# one step of the 4 groups there are, then it waits for more
+	for i in $(seq 300); do [ -s "$TD/qb.metrics" ] && break; sleep 0.1; done
+	[ -s "$TD/qb.metrics" ]
+	kill -9 "$QPID"
+	timeout 60 tail --pid="$r0" -f /dev/null
+	timeout 60 tail --pid="$r1" -f /dev/null
+	rc=0; wait "$r0" || rc=$?
+	[ $rc = 1 ]
+	rc=0; wait "$r1" || rc=$?
+	[ $rc = 1 ]
+	grep -q "no reply from the broker at '$QURL'" "$TD/qb.err.0"
+	grep -q "stopped after step 1: the broker at '$QURL' did not answer" "$TD/qb.err.0"
+	[ -e "$TD/qb/step-00000001/optimizer.safetensors" ]
+}
+
 @test "--queue with 2 ranks: a killed rank 0 stops rank 1; its leases expire at the broker" {
 	start_broker -t 2
 	head -n 8 "$TD/s.jsonl" | rl-queue put -q -s scored "$QURL"

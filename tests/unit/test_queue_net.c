@@ -863,6 +863,84 @@ run(const char *name, void (*fn)(void), int secs)
 static void staleness1(void) { scenario_staleness(1); }
 static void staleness0(void) { scenario_staleness(0); }
 
+/* ---- scenario: a broker that does not answer vs one that answers busy or nothing ------------------ */
+static void *
+drain_later(void *arg)
+{
+	const char *url = arg;
+	rl_qclient *c;
+	rl_qlease l;
+	rl_qack_result ar;
+
+	usleep(2500000);   /* longer than the stage client's broker timeout below */
+	rl_qlease_init(&l);
+	if (rl_qclient_open(&c, url, NULL) == 0) {
+		for (int i = 0; i < 20 && rl_qclient_lease_scored(c, 1000, 1, 100, &l) == 0 && l.id; i++)
+			rl_qclient_ack(c, &l, &ar);
+		rl_qclient_close(c);
+	}
+	rl_qlease_fini(&l);
+	return NULL;
+}
+
+static void
+scenario_broker_gone(void)
+{
+	static const char *const extra[] = { "--max-bytes", "8K", NULL };
+	char url[64];
+	int port = 0, rv = 0, nput = 0;
+	pid_t b = broker(&port, url, extra);
+	rl_qclient_opts o;
+	rl_qclient *fast, *c;
+	rl_qlease l;
+	pthread_t th;
+	double t0;
+
+	T_OK(b > 0);
+	if (b <= 0)
+		return;
+	rl_qlease_init(&l);
+	/* fill the broker until it answers busy */
+	rl_qclient_opts_default(&o);
+	o.retry_ms = 0;
+	T_EQ_INT(rl_qclient_open(&fast, url, &o), 0);
+	while (nput < 100 && (rv = put_groups(fast, RL_QSTAGE_SCORED, 100 + (uint64_t)nput, 1, 4, 0)) == 0)
+		nput++;
+	T_EQ_INT(rv, RL_EBUSY);
+	T_OK(nput > 0);
+	rl_qclient_close(fast);
+	/* a stage's client with a 1 s broker timeout: busy for 2.5 s is an answer,
+	 * not silence; the put goes through once a consumer drains */
+	rl_qclient_opts_stage(&o, 1.0);
+	T_EQ_INT(o.broker_timeout_ms, 1000);
+	T_EQ_INT(rl_qclient_open(&c, url, &o), 0);
+	pthread_create(&th, NULL, drain_later, url);
+	t0 = rl_now();
+	T_EQ_INT(put_groups(c, RL_QSTAGE_SCORED, 1000, 1, 4, 0), 0);
+	T_OK(rl_now() - t0 > 1.5, "the busy put ended after %.2f s", rl_now() - t0);
+	T_EQ_INT(rl_qclient_gone(c), 0);
+	pthread_join(th, NULL);
+	/* a lease that waits 2 s for work and gets none: the wait is not silence */
+	t0 = rl_now();
+	T_EQ_INT(rl_qclient_lease_prompts(c, 1, 1, 2000, &l), 0);
+	T_EQ_INT((int)l.id, 0);
+	T_OK(rl_now() - t0 > 1.5);
+	T_EQ_INT(rl_qclient_gone(c), 0);
+	/* no answer at all: RL_ETIMEDOUT after about the timeout, and at once after that */
+	stop(b, SIGKILL);
+	rl_log_set_level(-2);
+	t0 = rl_now();
+	T_EQ_INT(rl_qclient_ping(c), RL_ETIMEDOUT);
+	T_OK(rl_now() - t0 >= 0.9 && rl_now() - t0 < 5, "gone after %.2f s", rl_now() - t0);
+	T_EQ_INT(rl_qclient_gone(c), 1);
+	t0 = rl_now();
+	T_EQ_INT(rl_qclient_lease_prompts(c, 1, 1, 200, &l), RL_ETIMEDOUT);
+	T_OK(rl_now() - t0 < 0.1);
+	rl_log_set_level(RL_LOG_QUIET);
+	rl_qlease_fini(&l);
+	rl_qclient_close(c);
+}
+
 int
 main(void)
 {
@@ -879,5 +957,6 @@ main(void)
 	run("kill broker", scenario_kill_broker, 90);
 	run("staleness K=1", staleness1, 60);
 	run("staleness K=0", staleness0, 60);
+	run("broker gone", scenario_broker_gone, 60);
 	T_END();
 }
