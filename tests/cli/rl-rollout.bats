@@ -454,7 +454,11 @@ PY
 	# version 3) used to wait for the weights timeout, 600 s
 	run --separate-stderr timeout 120 bash -c 'rl-rollout -q -m "$1/m0" --weights-from "$1/ckw" --max-staleness 0 --train-batch 2 -n 2 --max-tokens 4 "$1/arith.jsonl" | rl-reward -q --task arith | rl-train -q -m "$1/m0" --out "$1/ckw" --algo grpo --batch 2 --lr 1e-3 --max-steps 2 --metrics /dev/null; echo ${PIPESTATUS[*]}' _ "$TD"
 	assert_success
-	[ "$output" = "1 1 0" ]
-	[[ "$stderr" == *"rl-reward: the reader of standard output has gone"* ]]
+	# each stage before rl-train stops: its watcher's exit 1 when it waits, or
+	# SIGPIPE (141) when it was writing as rl-train left (1 run in 12 under load)
+	[[ "$output" =~ ^(1|141)\ (1|141)\ 0$ ]]
+	if [ "${output#* }" = "1 0" ]; then
+		[[ "$stderr" == *"rl-reward: the reader of standard output has gone"* ]]
+	fi
 	[ -e "$TD/ckw/step-00000002" ]
 }
