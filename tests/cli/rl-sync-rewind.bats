@@ -7,6 +7,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load 'sync_helper'
+load 'model_helper'
 
 setup() {
 	T=$BATS_TEST_TMPDIR
@@ -23,7 +24,7 @@ setup() {
 }
 
 teardown() {
-	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
+	for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
 	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
 }
 
@@ -107,4 +108,50 @@ wait_latest() {
 	[ "$(ls -A "$T/data" | grep -c "^\.tmp-")" = 0 ]
 	rl-sync pull -q "$URL" --out "$T/o"
 	cmp "$T/c2/model.safetensors" "$T/o/v000002/model.safetensors"
+}
+
+@test "rl-train killed between --save-every checkpoints resumes with --sync: rl-sync rewinds, the push goes on, a generator that held the lost version loads the rewound one" {
+	train_model "$T"
+	python3 tests/fixtures/train/mkscored.py 8 4 0 > "$T/scored.jsonl"
+	serve
+	# the trainer reads 3 groups and a record of the 4th, then waits for input: killed after step 3
+	mkfifo "$T/tin"
+	rl-train -q -m "$T/m0" --out "$T/ck" --sync "$URL" --save-every 2 --batch 1 --lr 1e-3 \
+	    --metrics /dev/null < "$T/tin" 3>&- 2>"$T/train1.err" &
+	TP=$!
+	PIDS="$PIDS $TP"
+	{ head -n 13 "$T/scored.jsonl"; sleep 600; } > "$T/tin" 3>&- &
+	PIDS="$PIDS $!"
+	for _ in $(seq 300); do rl-sync status "$URL" | grep -qx 'latest: 3' && break; sleep 0.1; done
+	rl-sync status "$URL" | grep -qx 'latest: 3'
+	kill -9 "$TP"; wait "$TP" || true
+	[ -f "$T/ck/step-00000002/optimizer.safetensors" ] && [ ! -f "$T/ck/step-00000003/optimizer.safetensors" ]
+	# a generator that loaded version 3, which the resumed trainer will not have
+	mkfifo "$T/pin"
+	rl-rollout -v -m "$T/m0" --sync "$URL" -n 1 --max-tokens 2 < "$T/pin" > /dev/null 3>&- 2>"$T/rollout.log" &
+	RP=$!
+	PIDS="$PIDS $RP"
+	{ while :; do echo '{"prompt":"x"}'; sleep 0.05; done; } > "$T/pin" 3>&- &
+	PIDS="$PIDS $!"
+	for _ in $(seq 100); do grep -q "weights version 3 loaded" "$T/rollout.log" && break; sleep 0.1; done
+	grep -q "weights version 3 loaded" "$T/rollout.log"
+	# resumed from step 2, going no further: the rewind alone
+	run -0 --separate-stderr rl-train --out "$T/ck" --resume --sync "$URL" --save-every 2 --batch 1 --lr 1e-3 \
+	    --max-steps 2 --metrics /dev/null "$T/scored.jsonl"
+	grep -q 'rewound from version 3 to 2' "$T/serve.err"
+	rl-sync status "$URL" | grep -qx 'latest: 2'
+	for _ in $(seq 100); do grep -q "weights version 2 loaded" "$T/rollout.log" && break; sleep 0.1; done
+	grep -q "went back to version 2 (a resumed trainer): replacing weights version 3" "$T/rollout.log"
+	grep -q "weights version 2 loaded" "$T/rollout.log"
+	# the run goes on: version 3 of the new line is pushed (it was refused as
+	# "not newer than the latest, 3"), up to 8, and the generator follows
+	run -0 --separate-stderr rl-train --out "$T/ck" --resume --sync "$URL" --save-every 2 --batch 1 --lr 1e-3 \
+	    --metrics /dev/null "$T/scored.jsonl"
+	[[ $stderr != *'not newer'* ]]
+	rl-sync status "$URL" | grep -qx 'latest: 8'
+	for _ in $(seq 100); do grep -q "weights version 8 loaded" "$T/rollout.log" && break; sleep 0.1; done
+	grep -q "weights version 8 loaded" "$T/rollout.log"
+	kill -0 "$RP"
+	rl-sync pull -q "$URL" --out "$T/o"
+	cmp "$T/ck/step-00000008/model.safetensors" "$T/o/v000008/model.safetensors"
 }
