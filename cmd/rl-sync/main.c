@@ -2,7 +2,7 @@
  * rl-sync — versioned weight distribution from the trainer to rollout workers.
  *
  *   rl-sync serve --listen URL [--data-dir DIR] [--keep-previous]
- *   rl-sync push URL CKPT_DIR [--version N] [--delta BASE_DIR]
+ *   rl-sync push URL CKPT_DIR [--version N] [--delta BASE_DIR] [--rewind]
  *   rl-sync pull URL --out DIR [--wait] [--follow] [--keep K]
  *   rl-sync status URL [--json]
  *   rl-sync publish DIR CKPT_DIR --version N [--keep K]     (file transport)
