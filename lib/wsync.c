@@ -1111,7 +1111,7 @@ fail:
 #define WAIT_LINEAGE ((uint64_t)1 << 63) /* WAIT: version = this | the client's lineage */
 #define PUSH_REWIND 1                     /* PUSH_BEGIN a: drop the versions from this one up */
 
-static atomic_int test_corrupt, test_slow_ms, test_corrupt_shm;
+static atomic_int test_corrupt, test_slow_ms, test_corrupt_shm, test_slow_commit_ms;
 void rl_wsync_test_corrupt(int n) { atomic_store(&test_corrupt, n); }
 
 /* ---- server ---------------------------------------------------------------------- */
@@ -1164,6 +1164,7 @@ struct rl_wsync_server {
 	sver *latest, *prev, *stage;
 	uint64_t lineage;         /* the line the versions held belong to (rewinds so far) */
 	uint64_t warned_lin;      /* 1 + the lineage an older client was warned about */
+	uint64_t committing;      /* a PUSH_COMMIT of this version is saving/installing it */
 	sctx *ctxs;
 	int nctx;
 	sctx *qhead, *qtail, *parked;
@@ -1725,6 +1726,12 @@ do_push_commit(rl_wsync_server *s, const whdr *h)
 	int rv, rewind;
 
 	pthread_mutex_lock(&s->mu);
+	/* the same commit again while the first one saves the version: nng's
+	 * REQ re-sends a request after a reconnect, and the copy found no push
+	 * in progress (RL_ENOENT); the client then pushed the version again and
+	 * was refused as not newer than itself.  It waits for the first's outcome */
+	while (s->committing == h->version && !s->closing)
+		pthread_cond_wait(&s->tcv, &s->mu);
 	x = s->stage;
 	if (x == NULL || x->v->version != h->version) {
 		uint64_t l = ver_of(s->latest), lin = s->lineage;
@@ -1754,18 +1761,29 @@ do_push_commit(rl_wsync_server *s, const whdr *h)
 	rewind = x->rewind && s->latest && s->latest->v->version >= x->v->version;
 	from = ver_of(s->latest);
 	x->v->lineage = s->lineage + (rewind ? 1 : 0);
+	s->committing = h->version;
 	pthread_mutex_unlock(&s->mu);
 	free(x->got);
 	x->got = NULL;
+	if (atomic_load(&test_slow_commit_ms) > 0) /* test hook: a commit slow to save */
+		usleep((useconds_t)atomic_load(&test_slow_commit_ms) * 1000);
 	/* every piece was verified as it arrived; the blob and version hashes
 	 * were checked against the pieces when the manifest was decoded */
 	if ((rv = persist(s, x->v, rewind)) != 0) {
-		sver_unref(s, x);
+		pthread_mutex_lock(&s->mu);
+		s->committing = 0;
+		pthread_cond_broadcast(&s->tcv);
+		sver_unref_locked(x);
+		pthread_mutex_unlock(&s->mu);
 		return reply_err(OP_PUSH_COMMIT, rv, h->version, "cannot save version %llu: %s",
 				 (unsigned long long)h->version, rl_strerror(rv));
 	}
 	lin = x->v->lineage;
 	install(s, x, rewind);
+	pthread_mutex_lock(&s->mu);
+	s->committing = 0;
+	pthread_cond_broadcast(&s->tcv);
+	pthread_mutex_unlock(&s->mu);
 	if (rewind)
 		rl_info("rewound from version %llu to %llu (a resumed trainer's; line %llu): %llu bytes, %d blobs",
 			(unsigned long long)from, (unsigned long long)h->version, (unsigned long long)lin,
@@ -2637,6 +2655,8 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 		atomic_store(&test_corrupt_shm, atoi(getenv("RL_WSYNC_TEST_CORRUPT_SHM")));
 	if (getenv("RL_WSYNC_TEST_SLOW_MS"))
 		atomic_store(&test_slow_ms, atoi(getenv("RL_WSYNC_TEST_SLOW_MS")));
+	if (getenv("RL_WSYNC_TEST_SLOW_COMMIT_MS"))
+		atomic_store(&test_slow_commit_ms, atoi(getenv("RL_WSYNC_TEST_SLOW_COMMIT_MS")));
 	if (o->data_dir) {
 		s->data_dir = rl_xstrdup(o->data_dir);
 		if ((rv = server_load(s)) != 0)

@@ -257,7 +257,8 @@ void rl_wsync_client_stats(rl_wsync_client *c, rl_wsync_stats *st, int reset);
  * corrupted after checksumming (one payload byte flipped).  Also read from the
  * environment when a server opens: RL_WSYNC_TEST_CORRUPT=n, and
  * RL_WSYNC_TEST_SLOW_MS=ms (sleep before each chunk reply, to kill a client
- * mid-transfer in tests). */
+ * mid-transfer in tests), RL_WSYNC_TEST_SLOW_COMMIT_MS=ms (sleep in each
+ * PUSH_COMMIT before the version is saved). */
 void rl_wsync_test_corrupt(int n);
 
 /* ---- 4. one handle over transports --------------------------------------------

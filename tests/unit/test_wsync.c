@@ -1125,6 +1125,73 @@ test_rewind(void)
 	rl_wsync_close(h);
 }
 
+typedef struct pusher {
+	const char *url;
+	int rv;
+} pusher;
+
+static void *
+pusher_main(void *arg)
+{
+	pusher *p = arg;
+	rl_wsync_client *c;
+	rl_wsync_client_opts o = { .timeout_ms = 5000, .transport = RL_WSYNC_T_STREAM };
+	rl_wver *v = make_ver_as(1, 1);
+
+	if ((p->rv = rl_wsync_client_open(&c, p->url, &o)) == RL_OK)
+		p->rv = rl_wsync_push(c, v, NULL);
+	rl_wsync_client_close(c);
+	rl_wver_destroy(v);
+	return NULL;
+}
+
+/* A PUSH_COMMIT sent again while the first one still saves the version (what
+ * nng's REQ does after a reconnect) is answered with the first's outcome: it
+ * found no push in progress (RL_ENOENT), so the client pushed the version
+ * again and was refused as not newer than itself. */
+static void
+test_commit_twice(void)
+{
+	rl_wsync_server *srv = NULL;
+	rl_wsync_server_opts so = { 0 };
+	pusher p = { 0 };
+	pthread_t th;
+	nng_socket sk;
+	uint8_t req[40] = { 0 }, rep[600];
+	size_t rn = sizeof rep;
+	char u[128];
+
+	setenv("RL_WSYNC_TEST_SLOW_COMMIT_MS", "1500", 1);
+	for (int tries = 0; tries < 5 && srv == NULL; tries++) {
+		snprintf(u, sizeof u, "tcp://127.0.0.1:%d", t_free_port());
+		so.listen = u;
+		rl_wsync_server_open(&srv, &so);
+	}
+	unsetenv("RL_WSYNC_TEST_SLOW_COMMIT_MS");
+	if (srv == NULL) {
+		T_OK(0, "cannot open server for the commit test");
+		return;
+	}
+	p.url = u;
+	pthread_create(&th, NULL, pusher_main, &p);
+	usleep(600000); /* the push is in its slow commit now */
+	T_EQ_INT(nng_req0_open(&sk), 0);
+	nng_socket_set_ms(sk, NNG_OPT_RECVTIMEO, 5000);
+	T_EQ_INT(nng_dial(sk, u, NULL, 0), 0);
+	memcpy(req, "RLSY", 4);
+	req[4] = 1;        /* protocol */
+	req[6] = 7;        /* PUSH_COMMIT */
+	req[8] = 40;       /* header length */
+	req[16] = 1;       /* version 1 */
+	T_EQ_INT(raw_req(sk, req, 40, rep, &rn), 0);
+	T_EQ_INT(rep_status(rep), RL_OK);
+	T_EQ_INT(rl_wsync_server_latest(srv), 1);
+	rli_nng_close_timed(sk, "test socket");
+	pthread_join(th, NULL);
+	T_EQ_INT(p.rv, RL_OK);
+	rl_wsync_server_close(srv);
+}
+
 int
 main(void)
 {
@@ -1139,6 +1206,7 @@ main(void)
 	test_handle();
 	test_service();
 	test_rewind();
+	test_commit_twice();
 	{
 		char cmd[400];
 		snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpd);
