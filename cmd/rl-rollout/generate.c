@@ -420,8 +420,9 @@ poll_weights_(gen *g, int force)
 		    &llin);
 		/* the trainer resumed from an older checkpoint and rl-sync dropped the
 		 * versions after it (a new line): the one held here is gone, take the
-		 * latest whatever its number */
-		int moved = prv == RL_OK && llin != lin;
+		 * latest whatever its number (a worker that fetched nothing yet
+		 * just takes the latest, as ever) */
+		int moved = prv == RL_OK && g->wbase && llin != lin;
 		g->last_poll = rl_now();
 		/* a server that does not answer costs each look its request timeout:
 		 * asked every 20 ms, generation crawled; back off (1 s doubling to
@@ -444,10 +445,11 @@ poll_weights_(gen *g, int force)
 			rl_wver_destroy(g->wbase);
 			g->wbase = nv;
 			g->pending_version = (int)latest;
-			g->pending_rewind = moved;
-			if (moved)
+			if (moved) { /* kept until it is loaded, also if a newer one comes meanwhile */
+				g->pending_rewind = 1;
 				rl_info("'%s' went back to version %d (a resumed trainer): replacing weights version %d",
 				    g->sync_url, g->pending_version, g->version);
+			}
 			snprintf(g->pending_path, sizeof g->pending_path, "%s/v%llu", g->sync_url,
 			    (unsigned long long)latest);
 		}
