@@ -2302,6 +2302,13 @@ rl_train_run(const rl_train_opts *o)
 		goto out;
 	if (tr.rank == 0 && o->sync_url && (rv = rl_wsync_open_with(&tr.ws, o->sync_url, 0, o->sync_transport)) != 0)
 		goto out;
+	/* versions pushed after the checkpoint resumed from are lost with the
+	 * run that made them: rl-sync goes back to this one, and the workers
+	 * that loaded them move to it */
+	if (tr.ws && o->resume && (rv = rl_wsync_rewind_dir(tr.ws, dir, (uint64_t)tr.m->step)) != 0) {
+		rl_error("cannot rewind '%s' to version %d, the checkpoint resumed from", o->sync_url, tr.m->step);
+		goto out;
+	}
 	if (tr.rank == 0 && o->wgroup_addr) {
 		/* the rollout workers start from this trainer's weights (a resumed run's too) */
 		rl_wgroup_opts wo = { o->wgroup_addr, 0, o->wgroup_size, o->wgroup_backend, 0 };

@@ -141,9 +141,9 @@ remove_tree(const char *path)
 }
 
 /* rlsync.json: {"format":"rlsync","format_version":1,"version":N,"hash":"16 hex",
- *  "blobs":[{"name":..,"size":..,"hash":"16 hex","elem":k}]} */
+ *  ["chunk":N,] ["lineage":N,] "blobs":[{"name":..,"size":..,"hash":"16 hex","elem":k}]} */
 static char *
-manifest_json(const rl_wver *v)
+manifest_json(const rl_wver *v, uint64_t lineage)
 {
 	cJSON *j = cJSON_CreateObject(), *arr;
 	char hx[20], *txt;
@@ -155,6 +155,8 @@ manifest_json(const rl_wver *v)
 	cJSON_AddStringToObject(j, "hash", hx);
 	if (v->chunk)
 		cJSON_AddNumberToObject(j, "chunk", v->chunk);
+	if (lineage) /* absent: 0, as rl-sync before rewinds wrote it */
+		cJSON_AddNumberToObject(j, "lineage", (double)lineage);
 	arr = cJSON_AddArrayToObject(j, "blobs");
 	for (int i = 0; i < v->nblobs; i++) {
 		cJSON *o = cJSON_CreateObject();
@@ -220,6 +222,9 @@ check_manifest(rl_wver *v, const char *dir, const char *txt, size_t n, uint64_t 
 		const cJSON *ck = cJSON_GetObjectItemCaseSensitive(j, "chunk");
 		if (cJSON_IsNumber(ck) && ck->valuedouble >= 0 && ck->valuedouble <= RL_WSYNC_CHUNK_MAX)
 			v->chunk = (uint32_t)ck->valuedouble;
+		ck = cJSON_GetObjectItemCaseSensitive(j, "lineage");
+		if (cJSON_IsNumber(ck) && ck->valuedouble >= 0 && ck->valuedouble < 9007199254740992.0)
+			v->lineage = (uint64_t)ck->valuedouble;
 	}
 	cJSON_ArrayForEach(it, arr) {
 		const cJSON *nm = cJSON_GetObjectItemCaseSensitive(it, "name");
@@ -371,8 +376,17 @@ parent_of(char *buf, size_t n, const char *path)
 		snprintf(buf, n, "%.*s", (int)(slash - path), path);
 }
 
+static int write_dir(const rl_wver *v, const char *dir, uint64_t lineage);
+
 int
 rl_wver_write_dir(const rl_wver *v, const char *dir)
+{
+	return write_dir(v, dir, v->lineage);
+}
+
+/* rl_wver_write_dir with the lineage recorded in rlsync.json */
+static int
+write_dir(const rl_wver *v, const char *dir, uint64_t lineage)
 {
 	char tmp[4096], path[4200], parent[4096];
 	char *txt = NULL;
@@ -403,7 +417,7 @@ rl_wver_write_dir(const rl_wver *v, const char *dir)
 		if ((rv = write_file(path, v->blobs[i].data, (size_t)v->blobs[i].size)) != 0)
 			goto fail;
 	}
-	if ((txt = manifest_json(v)) == NULL) {
+	if ((txt = manifest_json(v, lineage)) == NULL) {
 		rv = RL_ENOMEM;
 		goto fail;
 	}
@@ -622,9 +636,21 @@ clean_temps(const char *dir)
 	if ((d = opendir(dir)) == NULL)
 		return;
 	while ((e = readdir(d)) != NULL) {
-		const char *dash;
+		const char *dash = NULL;
 		long pid;
-		if (strncmp(e->d_name, ".tmp-", 5) != 0 || (dash = strchr(e->d_name + 5, '-')) == NULL)
+		/* .tmp-NAME-PID-COUNTER (tmp_sibling), NAME perhaps a temporary
+		 * itself (a rewind's staged version): the pid from the end */
+		if (strncmp(e->d_name, ".tmp-", 5) != 0)
+			continue;
+		for (const char *p = e->d_name + strlen(e->d_name), *last = NULL; p > e->d_name + 5; p--)
+			if (p[-1] == '-') {
+				if (last) {
+					dash = p - 1;
+					break;
+				}
+				last = p - 1;
+			}
+		if (dash == NULL)
 			continue;
 		pid = strtol(dash + 1, NULL, 10);
 		if (pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
@@ -635,16 +661,51 @@ clean_temps(const char *dir)
 	closedir(d);
 }
 
+/* The version hash and lineage that vdir/rlsync.json records (0, 0 if it
+ * cannot be read: a version written before lineages, or gone). */
+static void
+read_stamp(const char *vdir, uint64_t *hash, uint64_t *lineage)
+{
+	char path[4400];
+	uint8_t *txt;
+	uint64_t n;
+	cJSON *j;
+	const cJSON *l;
+
+	*hash = *lineage = 0;
+	snprintf(path, sizeof path, "%s/%s", vdir, RL_WSYNC_MANIFEST);
+	if (read_file(&txt, &n, path) != RL_OK)
+		return;
+	if ((j = rl_json_parse_all((const char *)txt, (size_t)n)) != NULL) {
+		l = cJSON_GetObjectItemCaseSensitive(j, "lineage");
+		if (cJSON_IsNumber(l) && l->valuedouble >= 0 && l->valuedouble < 9007199254740992.0)
+			*lineage = (uint64_t)l->valuedouble;
+		if (parse_hex(hash, cJSON_GetObjectItemCaseSensitive(j, "hash")) != RL_OK)
+			*hash = 0;
+		cJSON_Delete(j);
+	}
+	free(txt);
+}
+
+int
+rl_wdir_lineage(const char *vdir, uint64_t *lineage)
+{
+	uint64_t h;
+
+	read_stamp(vdir, &h, lineage);
+	return RL_OK;
+}
+
 int
 rl_wdir_publish_ver(const char *dir, const rl_wver *v, int keep)
 {
 	char path[4200];
-	uint64_t l;
+	uint64_t l, h, lin = 0;
 	int rv;
 
 	if ((rv = mkdir_p(dir)) != 0)
 		return rv;
-	rv = rl_wdir_latest(dir, &l, NULL, 0);
+	rv = rl_wdir_latest(dir, &l, path, sizeof path);
 	if (rv != 0 && rv != RL_ENOENT)
 		return rv;
 	if (rv == 0 && v->version <= l) {
@@ -652,14 +713,80 @@ rl_wdir_publish_ver(const char *dir, const rl_wver *v, int keep)
 			 (unsigned long long)l);
 		return RL_ESTALE;
 	}
+	/* a new version continues the line of the one before it */
+	if (rv == 0)
+		read_stamp(path, &h, &lin);
 	/* before writing, not only in the prune after it: on a disk with room
 	 * for the versions kept plus one, a dead writer's temporary made every
 	 * later write fail, and the prune that would remove it never ran */
 	clean_temps(dir);
-	if ((rv = rl_wdir_path(path, sizeof path, dir, v->version)) != 0 || (rv = rl_wver_write_dir(v, path)) != 0 ||
-	    (rv = switch_latest(dir, v->version)) != 0)
+	if ((rv = rl_wdir_path(path, sizeof path, dir, v->version)) != 0 ||
+	    (rv = write_dir(v, path, RL_MAX(lin, v->lineage))) != 0 || (rv = switch_latest(dir, v->version)) != 0)
 		return rv;
 	return keep > 0 ? rl_wdir_prune(dir, keep) : RL_OK;
+}
+
+int
+rl_wdir_rewind_ver(const char *dir, const rl_wver *v, int keep, uint64_t *lineage)
+{
+	char path[4200], tmp[4300], gone[4300];
+	uint64_t *vs = NULL, h = 0, lin = 0, nl;
+	int n = 0, rv, die = getenv("RL_WDIR_TEST_REWIND_DIE") ? atoi(getenv("RL_WDIR_TEST_REWIND_DIE")) : 0;
+
+	if ((rv = mkdir_p(dir)) != 0)
+		return rv;
+	if ((rv = list_versions(dir, &vs, &n)) != 0)
+		return rv;
+	if (n > 0 && (rv = rl_wdir_path(path, sizeof path, dir, vs[0])) == RL_OK)
+		read_stamp(path, &h, &lin);
+	if (n == 0 || vs[0] < v->version || (vs[0] == v->version && h == v->hash)) {
+		/* nothing newer to drop: an ordinary publish (or nothing at all) */
+		free(vs);
+		*lineage = RL_MAX(lin, v->lineage);
+		if (n > 0 && vs[0] == v->version)
+			return RL_OK;
+		return rl_wdir_publish_ver(dir, v, keep);
+	}
+	nl = RL_MAX(lin + 1, v->lineage);
+	clean_temps(dir);
+	/* the new version first, under a temporary name (the long part); then
+	 * the versions it replaces go, newest first, each renamed to a dead
+	 * writer's temporary before it is removed: a kill at any point leaves
+	 * complete versions of the old line up to some number (or the new one),
+	 * never a gap the old line's numbers would not have */
+	if ((rv = rl_wdir_path(path, sizeof path, dir, v->version)) != 0 ||
+	    (rv = tmp_sibling(tmp, sizeof tmp, path)) != 0 || (rv = write_dir(v, tmp, nl)) != 0)
+		goto out;
+	for (int i = 0; i < n && vs[i] >= v->version; i++) {
+		char vp[4200];
+		rl_wdir_path(vp, sizeof vp, dir, vs[i]);
+		rl_verbose("rewinding '%s': dropping version %llu", dir, (unsigned long long)vs[i]);
+		if ((rv = tmp_sibling(gone, sizeof gone, vp)) != 0)
+			goto fail;
+		if (rename(vp, gone) != 0) {
+			rv = sys_err("remove", vp);
+			goto fail;
+		}
+		if (die > 0 && --die == 0)
+			_exit(9); /* test hook: a kill in the middle of a rewind */
+		remove_tree(gone);
+	}
+	if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) != 0 &&
+	    ((errno != EINVAL && errno != ENOSYS) || rename(tmp, path) != 0)) {
+		rv = sys_err("create", path);
+		goto fail;
+	}
+	fsync_dir(dir);
+	if ((rv = switch_latest(dir, v->version)) != 0)
+		goto out;
+	*lineage = nl;
+	rv = keep > 0 ? rl_wdir_prune(dir, keep) : RL_OK;
+	goto out;
+fail:
+	remove_tree(tmp);
+out:
+	free(vs);
+	return rv;
 }
 
 int

@@ -30,8 +30,25 @@
  * (0: no pruning).  RL_ESTALE if version is not above the current latest,
  * RL_ENOENT if src_dir is missing. */
 int rl_wdir_publish(const char *dir, const char *src_dir, uint64_t version, int keep);
-/* rl_wdir_publish_ver: the same from an in-memory, hashed version. */
+/* rl_wdir_publish_ver: the same from an in-memory, hashed version.  It is
+ * recorded on the line of DIR's latest version (or v->lineage if higher). */
 int rl_wdir_publish_ver(const char *dir, const rl_wver *v, int keep);
+
+/* rl_wdir_rewind_ver: the same, for a trainer resumed from version
+ * v->version while DIR holds newer ones (the trainer's versions after its
+ * checkpoint, lost with it): those and the old v->version are dropped and v
+ * becomes the latest, on a new line: *lineage (recorded in its rlsync.json)
+ * is one more than the latest's, or v->lineage if that is more (a follower
+ * copying a server's line).  Crash-safe: v is written under a temporary
+ * name first, the dropped versions go newest first, then v is renamed in.
+ * When DIR holds nothing newer it is an ordinary publish, and nothing at all
+ * when DIR's latest is v (same number and hash); *lineage is then the one
+ * DIR had.  Test hook RL_WDIR_TEST_REWIND_DIE=k: exit 9 after k versions
+ * were dropped. */
+int rl_wdir_rewind_ver(const char *dir, const rl_wver *v, int keep, uint64_t *lineage);
+/* rl_wdir_lineage: the lineage recorded in the version directory vdir's
+ * rlsync.json (0 when it records none, or cannot be read). */
+int rl_wdir_lineage(const char *vdir, uint64_t *lineage);
 
 /* rl_wdir_latest: the newest complete version in dir: *version and its
  * directory path in path (size pathsz): the highest vNNNNNN holding

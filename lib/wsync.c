@@ -1108,8 +1108,10 @@ fail:
  * asks for whole chunks stored, not compressed (fast links). */
 #define CHUNK_STORED ((uint64_t)1 << 63)
 #define CB_HDR 16
+#define WAIT_LINEAGE ((uint64_t)1 << 63) /* WAIT: version = this | the client's lineage */
+#define PUSH_REWIND 1                     /* PUSH_BEGIN a: drop the versions from this one up */
 
-static atomic_int test_corrupt, test_slow_ms, test_corrupt_shm;
+static atomic_int test_corrupt, test_slow_ms, test_corrupt_shm, test_slow_commit_ms;
 void rl_wsync_test_corrupt(int n) { atomic_store(&test_corrupt, n); }
 
 /* ---- server ---------------------------------------------------------------------- */
@@ -1135,6 +1137,7 @@ typedef struct sver {
 	int writers;              /* staging: PUSH_CHUNKs decoding into v now */
 	int taken;                /* staging: v's bytes came as the client's memfd (shm_take):
 	                           * v is a read-only mapping, no chunk may be written */
+	int rewind;               /* staging: a resumed trainer's push (PUSH_REWIND) */
 } sver;
 
 enum { SC_RECV, SC_WORK, SC_SEND, SC_PARKED };
@@ -1145,6 +1148,7 @@ typedef struct sctx {
 	int state;
 	nng_msg *req;
 	uint64_t wait_have;
+	uint64_t wait_lin;        /* WAIT_LINEAGE | the client's lineage, or 0 (an older client) */
 	double deadline;
 	struct sctx *next;        /* work queue / parked list */
 } sctx;
@@ -1158,6 +1162,9 @@ struct rl_wsync_server {
 	pthread_cond_t cv;        /* work queue */
 	pthread_cond_t tcv;       /* timer: new version or close */
 	sver *latest, *prev, *stage;
+	uint64_t lineage;         /* the line the versions held belong to (rewinds so far) */
+	uint64_t warned_lin;      /* 1 + the lineage an older client was warned about */
+	uint64_t committing;      /* a PUSH_COMMIT of this version is saving/installing it */
 	sctx *ctxs;
 	int nctx;
 	sctx *qhead, *qtail, *parked;
@@ -1278,6 +1285,7 @@ do_status(rl_wsync_server *s)
 	vs[1] = s->prev;
 	cJSON_AddNumberToObject(j, "latest", (double)ver_of(s->latest));
 	cJSON_AddNumberToObject(j, "previous", (double)ver_of(s->prev));
+	cJSON_AddNumberToObject(j, "lineage", (double)s->lineage);
 	arr = cJSON_AddArrayToObject(j, "versions");
 	for (int i = 0; i < 2; i++) {
 		cJSON *o;
@@ -1341,7 +1349,7 @@ do_manifest(rl_wsync_server *s, const whdr *h)
 	uint8_t *p = NULL;
 	size_t n;
 	nng_msg *m;
-	uint64_t db;
+	uint64_t db, lin;
 
 	if (x == NULL)
 		return reply_err(OP_MANIFEST, RL_ENOENT, h->version, h->version ? "version %llu is not held (latest is %llu)" :
@@ -1352,11 +1360,12 @@ do_manifest(rl_wsync_server *s, const whdr *h)
 	db = x->delta_base;
 	if (db == 0 && x->base)
 		db = x->base->v->version;
+	lin = x->v->lineage;
 	pthread_mutex_unlock(&s->mu);
 	if (manifest_encode(&p, &n, x->v, x->chunk, db) != 0)
 		m = reply_err(OP_MANIFEST, RL_ENOMEM, h->version, "out of memory");
 	else
-		m = reply_new(OP_MANIFEST, RL_OK, x->v->version, 0, 0, p, n);
+		m = reply_new(OP_MANIFEST, RL_OK, x->v->version, lin, 0, p, n);
 	free(p);
 	sver_unref(s, x);
 	return m;
@@ -1495,6 +1504,11 @@ do_push_begin(rl_wsync_server *s, const whdr *h)
 		rl_wver_destroy(v);
 		return reply_err(OP_PUSH_BEGIN, RL_EINVAL, h->version, "bad version number in push");
 	}
+	if ((h->a & PUSH_REWIND) && base) {
+		rl_wver_destroy(v);
+		return reply_err(OP_PUSH_BEGIN, RL_EINVAL, h->version, "a rewind to version %llu must be pushed whole",
+				 (unsigned long long)h->version);
+	}
 	if ((size_t)chunk + 65536 > s->o.max_msg) {
 		rl_wver_destroy(v);
 		return reply_err(OP_PUSH_BEGIN, RL_ETOOBIG, h->version,
@@ -1509,8 +1523,11 @@ do_push_begin(rl_wsync_server *s, const whdr *h)
 		sver_unref(s, x);
 		return reply_err(OP_PUSH_BEGIN, RL_ENOMEM, h->version, "out of memory");
 	}
+	x->rewind = (h->a & PUSH_REWIND) != 0;
 	pthread_mutex_lock(&s->mu);
-	if (s->latest && v->version <= s->latest->v->version) {
+	/* only a resumed trainer goes back (PUSH_REWIND): a second trainer's
+	 * older version is refused */
+	if (!x->rewind && s->latest && v->version <= s->latest->v->version) {
 		uint64_t l = s->latest->v->version;
 		sver_unref_locked(x);
 		pthread_mutex_unlock(&s->mu);
@@ -1535,7 +1552,7 @@ do_push_begin(rl_wsync_server *s, const whdr *h)
 	sver_unref_locked(old);
 	pthread_mutex_unlock(&s->mu);
 	rl_verbose("receiving version %llu (%zu chunks%s)", (unsigned long long)h->version, x->nchunks,
-		   base ? ", delta" : "");
+		   base ? ", delta" : x->rewind ? ", a rewind" : "");
 	return reply_new(OP_PUSH_BEGIN, RL_OK, h->version, 0, 0, NULL, 0);
 }
 
@@ -1623,11 +1640,13 @@ out:
 	return m;
 }
 
-/* install x as latest (x's ref moves to the server); called without mu */
+/* install x as latest (x's ref moves to the server); called without mu.
+ * rewind: x replaces the held versions from its number up (a resumed
+ * trainer's), and its lineage (x->v->lineage) becomes the server's. */
 static void
-install(rl_wsync_server *s, sver *x)
+install(rl_wsync_server *s, sver *x, int rewind)
 {
-	sver *drop = NULL;
+	sver *drop = NULL, *drop2 = NULL;
 
 	/* x is not visible yet: move its bytes into a sealed memfd that workers
 	 * on this host map (the heap copy is freed, the bytes exist once) */
@@ -1640,7 +1659,24 @@ install(rl_wsync_server *s, sver *x)
 			atomic_fetch_sub(&test_corrupt_shm, 1);
 	}
 	pthread_mutex_lock(&s->mu);
-	if (s->o.keep_previous) {
+	if (rewind) {
+		/* the previous version stays only if it is below x: the line up to
+		 * x is the trainer's still */
+		drop = s->latest;
+		if (s->prev && (!s->o.keep_previous || s->prev->v->version >= x->v->version)) {
+			drop2 = s->prev;
+			s->prev = NULL;
+		}
+		if (s->prev && s->prev->base) {
+			sver_unref_locked(s->prev->base);
+			s->prev->base = NULL;
+		}
+		if (x->base == NULL && s->prev && same_layout(s->prev->v, x->v)) {
+			x->base = s->prev;
+			x->base->refs++;
+		}
+		s->lineage = x->v->lineage;
+	} else if (s->o.keep_previous) {
 		drop = s->prev;
 		s->prev = s->latest;
 		if (s->prev && s->prev->base) {
@@ -1662,18 +1698,21 @@ install(rl_wsync_server *s, sver *x)
 	}
 	s->latest = x;
 	sver_unref_locked(drop);
+	sver_unref_locked(drop2);
 	pthread_cond_broadcast(&s->tcv);
 	pthread_mutex_unlock(&s->mu);
 }
 
 static int
-persist(rl_wsync_server *s, const rl_wver *v)
+persist(rl_wsync_server *s, const rl_wver *v, int rewind)
 {
-	int rv;
+	uint64_t lin;
+	int rv, keep = s->o.keep_previous ? 2 : 1;
 
 	if (s->data_dir == NULL)
 		return RL_OK;
-	if ((rv = rl_wdir_publish_ver(s->data_dir, v, s->o.keep_previous ? 2 : 1)) != 0)
+	rv = rewind ? rl_wdir_rewind_ver(s->data_dir, v, keep, &lin) : rl_wdir_publish_ver(s->data_dir, v, keep);
+	if (rv != 0)
 		rl_error("cannot save version %llu in '%s': %s", (unsigned long long)v->version, s->data_dir,
 			 rl_strerror(rv));
 	return rv;
@@ -1683,15 +1722,22 @@ static nng_msg *
 do_push_commit(rl_wsync_server *s, const whdr *h)
 {
 	sver *x;
-	int rv;
+	uint64_t from, lin;
+	int rv, rewind;
 
 	pthread_mutex_lock(&s->mu);
+	/* the same commit again while the first one saves the version: nng's
+	 * REQ re-sends a request after a reconnect, and the copy found no push
+	 * in progress (RL_ENOENT); the client then pushed the version again and
+	 * was refused as not newer than itself.  It waits for the first's outcome */
+	while (s->committing == h->version && !s->closing)
+		pthread_cond_wait(&s->tcv, &s->mu);
 	x = s->stage;
 	if (x == NULL || x->v->version != h->version) {
-		uint64_t l = ver_of(s->latest);
+		uint64_t l = ver_of(s->latest), lin = s->lineage;
 		pthread_mutex_unlock(&s->mu);
 		if (l == h->version) /* a re-sent commit */
-			return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, 0, 0, NULL, 0);
+			return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, lin, 0, NULL, 0);
 		return reply_err(OP_PUSH_COMMIT, RL_ENOENT, h->version, "no push of version %llu in progress",
 				 (unsigned long long)h->version);
 	}
@@ -1702,20 +1748,50 @@ do_push_commit(rl_wsync_server *s, const whdr *h)
 				 (unsigned long long)h->version, got, x->nchunks);
 	}
 	s->stage = NULL; /* our reference now */
+	/* a rewind drops what is held from its number up; the same version
+	 * again (the trainer resumed from the latest) changes nothing, and one
+	 * above the latest is an ordinary push */
+	if (x->rewind && s->latest && s->latest->v->version == x->v->version && s->latest->v->hash == x->v->hash) {
+		uint64_t lin = s->lineage;
+		sver_unref_locked(x);
+		pthread_mutex_unlock(&s->mu);
+		rl_info("rewind to version %llu: held already", (unsigned long long)h->version);
+		return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, lin, 0, NULL, 0);
+	}
+	rewind = x->rewind && s->latest && s->latest->v->version >= x->v->version;
+	from = ver_of(s->latest);
+	x->v->lineage = s->lineage + (rewind ? 1 : 0);
+	s->committing = h->version;
 	pthread_mutex_unlock(&s->mu);
 	free(x->got);
 	x->got = NULL;
+	if (atomic_load(&test_slow_commit_ms) > 0) /* test hook: a commit slow to save */
+		usleep((useconds_t)atomic_load(&test_slow_commit_ms) * 1000);
 	/* every piece was verified as it arrived; the blob and version hashes
 	 * were checked against the pieces when the manifest was decoded */
-	if ((rv = persist(s, x->v)) != 0) {
-		sver_unref(s, x);
+	if ((rv = persist(s, x->v, rewind)) != 0) {
+		pthread_mutex_lock(&s->mu);
+		s->committing = 0;
+		pthread_cond_broadcast(&s->tcv);
+		sver_unref_locked(x);
+		pthread_mutex_unlock(&s->mu);
 		return reply_err(OP_PUSH_COMMIT, rv, h->version, "cannot save version %llu: %s",
 				 (unsigned long long)h->version, rl_strerror(rv));
 	}
-	install(s, x);
-	rl_info("published version %llu (%llu bytes, %d blobs)", (unsigned long long)h->version,
-		(unsigned long long)rl_wver_total(x->v), x->v->nblobs);
-	return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, 0, 0, NULL, 0);
+	lin = x->v->lineage;
+	install(s, x, rewind);
+	pthread_mutex_lock(&s->mu);
+	s->committing = 0;
+	pthread_cond_broadcast(&s->tcv);
+	pthread_mutex_unlock(&s->mu);
+	if (rewind)
+		rl_info("rewound from version %llu to %llu (a resumed trainer's; line %llu): %llu bytes, %d blobs",
+			(unsigned long long)from, (unsigned long long)h->version, (unsigned long long)lin,
+			(unsigned long long)rl_wver_total(x->v), x->v->nblobs);
+	else
+		rl_info("published version %llu (%llu bytes, %d blobs)", (unsigned long long)h->version,
+			(unsigned long long)rl_wver_total(x->v), x->v->nblobs);
+	return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, lin, 0, NULL, 0);
 }
 
 /* ---- server: bulk stream ------------------------------------------------------------
@@ -2215,6 +2291,14 @@ ctx_recv(sctx *c)
 	nng_ctx_recv(c->ctx, c->aio);
 }
 
+/* a lineage-aware WAIT (version = WAIT_LINEAGE | lineage) whose client is
+ * on another line than the server's latest version: answered at once */
+static int
+wait_moved(const rl_wsync_server *s, uint64_t v)
+{
+	return (v & WAIT_LINEAGE) && s->latest && (v & ~WAIT_LINEAGE) != s->lineage;
+}
+
 /* handle one request; NULL reply with c parked for a long-poll */
 static nng_msg *
 handle(rl_wsync_server *s, sctx *c, nng_msg *req, int *parked)
@@ -2237,12 +2321,22 @@ handle(rl_wsync_server *s, sctx *c, nng_msg *req, int *parked)
 		return do_status(s);
 	case OP_WAIT:
 		pthread_mutex_lock(&s->mu);
-		if (ver_of(s->latest) > h.a || s->closing) {
-			uint64_t l = ver_of(s->latest);
+		if (ver_of(s->latest) > h.a || s->closing || wait_moved(s, h.version)) {
+			uint64_t l = ver_of(s->latest), lin = s->lineage;
 			pthread_mutex_unlock(&s->mu);
-			return reply_new(OP_WAIT, RL_OK, l, 0, 0, NULL, 0);
+			return reply_new(OP_WAIT, RL_OK, l, lin, 0, NULL, 0);
+		}
+		if (!(h.version & WAIT_LINEAGE) && s->lineage > 0 && h.a > ver_of(s->latest) &&
+		    s->warned_lin != s->lineage + 1) {
+			/* an rl-sync client from before rewinds: it cannot be told */
+			s->warned_lin = s->lineage + 1;
+			rl_warn("a worker waits for a version above %llu, which a rewind discarded (latest is %llu); "
+				"it is too old to be told and keeps its weights until the trainer passes %llu",
+				(unsigned long long)h.a, (unsigned long long)ver_of(s->latest), (unsigned long long)h.a);
+			rl_hint("upgrade or restart that worker");
 		}
 		c->wait_have = h.a;
+		c->wait_lin = h.version;
 		c->deadline = rl_now() + (double)RL_MIN(h.b, (uint64_t)WS_WAIT_MAX_MS) / 1e3;
 		c->state = SC_PARKED;
 		c->next = s->parked;
@@ -2351,11 +2445,11 @@ timer_main(void *arg)
 		struct timespec ts;
 		sctx **pp = &s->parked, *ready = NULL;
 		double now = rl_now();
-		uint64_t l = ver_of(s->latest);
+		uint64_t l = ver_of(s->latest), lin = s->lineage;
 
 		while (*pp) {
 			sctx *c = *pp;
-			if (l > c->wait_have || now >= c->deadline) {
+			if (l > c->wait_have || wait_moved(s, c->wait_lin) || now >= c->deadline) {
 				*pp = c->next;
 				c->next = ready;
 				ready = c;
@@ -2368,7 +2462,8 @@ timer_main(void *arg)
 			sctx *c = ready;
 			nng_msg *m;
 			ready = c->next;
-			m = reply_new(OP_WAIT, l > c->wait_have ? RL_OK : RL_ETIMEDOUT, l, 0, 0, NULL, 0);
+			m = reply_new(OP_WAIT, l > c->wait_have || wait_moved(s, c->wait_lin) ? RL_OK : RL_ETIMEDOUT, l,
+				      lin, 0, NULL, 0);
 			if (m)
 				ctx_send(c, m);
 			else
@@ -2383,7 +2478,7 @@ timer_main(void *arg)
 			ts.tv_sec++;
 			ts.tv_nsec -= 1000000000L;
 		}
-		if (ver_of(s->latest) == l)
+		if (ver_of(s->latest) == l && s->lineage == lin)
 			pthread_cond_timedwait(&s->tcv, &s->mu, &ts);
 	}
 	pthread_mutex_unlock(&s->mu);
@@ -2415,12 +2510,13 @@ rl_wsync_server_publish(rl_wsync_server *s, rl_wver *v)
 	}
 	if ((rv = rl_wver_hash(v)) != 0 || (rv = sver_make(&x, v, RL_WSYNC_CHUNK_DEFAULT)) != 0)
 		return rv;
-	if ((rv = persist(s, v)) != 0) {
+	v->lineage = s->lineage;
+	if ((rv = persist(s, v, 0)) != 0) {
 		x->v = NULL;
 		sver_unref(s, x);
 		return rv;
 	}
-	install(s, x);
+	install(s, x, 0);
 	return RL_OK;
 }
 
@@ -2444,7 +2540,8 @@ load_one(rl_wsync_server *s, uint64_t ver, const char *path)
 		rl_wver_destroy(v);
 		return rv;
 	}
-	install(s, x);
+	s->lineage = v->lineage; /* the latest is loaded last: its line is the server's */
+	install(s, x, 0);
 	rl_info("serving version %llu from '%s'", (unsigned long long)ver, path);
 	return RL_OK;
 }
@@ -2558,6 +2655,8 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 		atomic_store(&test_corrupt_shm, atoi(getenv("RL_WSYNC_TEST_CORRUPT_SHM")));
 	if (getenv("RL_WSYNC_TEST_SLOW_MS"))
 		atomic_store(&test_slow_ms, atoi(getenv("RL_WSYNC_TEST_SLOW_MS")));
+	if (getenv("RL_WSYNC_TEST_SLOW_COMMIT_MS"))
+		atomic_store(&test_slow_commit_ms, atoi(getenv("RL_WSYNC_TEST_SLOW_COMMIT_MS")));
 	if (o->data_dir) {
 		s->data_dir = rl_xstrdup(o->data_dir);
 		if ((rv = server_load(s)) != 0)
@@ -2859,22 +2958,44 @@ rl_wsync_status(rl_wsync_client *c, char **json)
 	return RL_OK;
 }
 
+static int poll_line(rl_wsync_client *c, uint64_t have, uint64_t wlin, int timeout_ms, uint64_t *latest,
+		     uint64_t *lineage);
+
 int
 rl_wsync_poll(rl_wsync_client *c, uint64_t have, int timeout_ms, uint64_t *latest)
 {
+	uint64_t lin;
+
+	return poll_line(c, have, 0, timeout_ms, latest, &lin);
+}
+
+int
+rl_wsync_poll_line(rl_wsync_client *c, uint64_t have, uint64_t lineage, int timeout_ms, uint64_t *latest,
+		   uint64_t *latest_lineage)
+{
+	return poll_line(c, have, WAIT_LINEAGE | lineage, timeout_ms, latest, latest_lineage);
+}
+
+/* wlin: 0 (versions above have only) or WAIT_LINEAGE | the caller's lineage */
+static int
+poll_line(rl_wsync_client *c, uint64_t have, uint64_t wlin, int timeout_ms, uint64_t *latest, uint64_t *lineage)
+{
 	double end = timeout_ms < 0 ? 1e300 : rl_now() + timeout_ms / 1e3;
 
+	*lineage = wlin & ~WAIT_LINEAGE;
 	for (;;) {
 		double left = end - rl_now();
 		int ask = left > WS_WAIT_MAX_MS / 1e3 ? WS_WAIT_MAX_MS : left > 0 ? (int)(left * 1e3) : 0;
 		nng_msg *m;
 		whdr h;
-		int rv = rpc(c, c->ctx, c->aio, OP_WAIT, 0, have, (uint64_t)ask, NULL, 0, NULL, 0,
+		int rv = rpc(c, c->ctx, c->aio, OP_WAIT, wlin, have, (uint64_t)ask, NULL, 0, NULL, 0,
 			     ask + RL_MIN(c->o.timeout_ms, 2000),
 			     &m, &h);
 
 		if (m)
 			nng_msg_free(m);
+		if (m && (rv == RL_OK || rv == RL_ETIMEDOUT))
+			*lineage = h.a; /* a server from before rewinds says 0 */
 		if (rv == RL_OK) {
 			*latest = h.version;
 			return RL_OK;
@@ -3493,7 +3614,7 @@ fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const r
 	whdr h;
 	rl_wver *v = NULL;
 	uint32_t chunk;
-	uint64_t db;
+	uint64_t db, lin;
 	const char *why;
 	char buf[256], burl[320];
 	xfer x;
@@ -3520,11 +3641,13 @@ fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const r
 		return net_fail(c, rv, "fetch");
 	}
 	rv = manifest_decode(&v, &chunk, &db, h.body, h.bodyn, &why, dst == NULL, c->o.max_bytes);
+	lin = h.a;
 	nng_msg_free(m);
 	if (rv != 0) {
 		rl_error("fetch: '%s': %s", c->url, why);
 		return rv;
 	}
+	v->lineage = lin;
 	if (dst) {
 		if (!same_layout(dst, v)) {
 			rl_error("fetch: version %llu has another layout (blob names or sizes) than the buffer given",
@@ -3552,7 +3675,9 @@ fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const r
 	}
 	x.c = c;
 	x.v = v;
-	if (base && db != 0 && base->version == db && same_layout(base, v))
+	/* a base of another line (a worker that held a version a rewind
+	 * dropped) has the number but not the bytes: whole chunks then */
+	if (base && db != 0 && base->version == db && base->lineage == v->lineage && same_layout(base, v))
 		x.base = base;
 	if ((rv = chunk_table(&x.ch, &x.nchunks, v, chunk)) != 0)
 		goto out;
@@ -3569,6 +3694,7 @@ done:
 	if (dst) {
 		dst->version = v->version;
 		dst->hash = v->hash;
+		dst->lineage = v->lineage;
 		for (int i = 0; i < v->nblobs; i++) {
 			free(dst->blobs[i].pieces);
 			dst->blobs[i].pieces = v->blobs[i].pieces;
@@ -3633,7 +3759,8 @@ push_shm(rl_wsync_client *c, rl_wver *v, const char *name)
 	return rv;
 }
 
-static int push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last);
+static int push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last, uint64_t flags);
+static int push_retry(rl_wsync_client *c, rl_wver *v, const rl_wver *base, uint64_t flags);
 
 /* A server restarted during a push has forgotten it (its chunks and commit are
  * answered "no push of version N in progress", RL_ENOENT): the whole push is
@@ -3642,10 +3769,27 @@ static int push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int la
 int
 rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base)
 {
+	return push_retry(c, v, base, 0);
+}
+
+int
+rl_wsync_push_rewind(rl_wsync_client *c, rl_wver *v)
+{
+	int rv = push_retry(c, v, NULL, PUSH_REWIND);
+
+	if (rv == RL_OK)
+		rl_verbose("push: the server's line is version %llu's now (line %llu)", (unsigned long long)v->version,
+			   (unsigned long long)v->lineage);
+	return rv;
+}
+
+static int
+push_retry(rl_wsync_client *c, rl_wver *v, const rl_wver *base, uint64_t flags)
+{
 	int rv;
 
 	for (int attempt = 0;; attempt++) {
-		rv = push_once(c, v, attempt ? NULL : base, attempt == 2);
+		rv = push_once(c, v, attempt ? NULL : base, attempt == 2, flags);
 		if (rv != RL_ENOENT || attempt == 2)
 			return rv;
 		rl_warn("push: the server lost version %llu while it was sent (restarted?): sending it again",
@@ -3654,7 +3798,7 @@ rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base)
 }
 
 static int
-push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last)
+push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last, uint64_t flags)
 {
 	uint8_t *man = NULL;
 	size_t mn;
@@ -3699,7 +3843,7 @@ push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last)
 			free(man);
 			return RL_ETOOBIG;
 		}
-		rv = rpc(c, c->ctx, c->aio, OP_PUSH_BEGIN, v->version, 0, base ? base->hash : 0, man, mn, NULL, 0,
+		rv = rpc(c, c->ctx, c->aio, OP_PUSH_BEGIN, v->version, flags, base ? base->hash : 0, man, mn, NULL, 0,
 			 c->o.timeout_ms, &m, &h);
 		free(man);
 		man = NULL;
@@ -3716,6 +3860,9 @@ push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last)
 		if (m) {
 			rl_error("push: server refused version %llu: %s", (unsigned long long)v->version,
 				 rep_text(&h, buf, sizeof buf));
+			if (rv == RL_ESTALE && (flags & PUSH_REWIND))
+				rl_hint("an rl-sync server older than this program cannot rewind to a resumed "
+					"trainer's version: upgrade it, or restart it without --data-dir");
 			nng_msg_free(m);
 			return rv;
 		}
@@ -3756,6 +3903,7 @@ push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last)
 		}
 		goto out;
 	}
+	v->lineage = h.a;
 	nng_msg_free(m);
 	c->last_push_shm = use_shm;
 out:
@@ -3812,7 +3960,14 @@ tnng_close(void *self)
 	rl_wver_destroy(t->last);
 	free(t);
 }
-static const rl_wsync_transport tnng_vt = { "nng", tnng_publish, tnng_poll, tnng_fetch, tnng_close };
+static int tnng_rewind(void *self, rl_wver *v) { return rl_wsync_push_rewind(((tnng *)self)->c, v); }
+static int
+tnng_poll_line(void *self, uint64_t have, uint64_t lin, int ms, uint64_t *l, uint64_t *ll)
+{
+	return rl_wsync_poll_line(((tnng *)self)->c, have, lin, ms, l, ll);
+}
+static const rl_wsync_transport tnng_vt = { "nng", tnng_publish, tnng_poll, tnng_fetch, tnng_close, tnng_rewind,
+					    tnng_poll_line };
 
 /* file: the wdir layout */
 typedef struct tfile {
@@ -3866,7 +4021,36 @@ tfile_close(void *self)
 	free(t->dir);
 	free(t);
 }
-static const rl_wsync_transport tfile_vt = { "file", tfile_publish, tfile_poll, tfile_fetch, tfile_close };
+static int
+tfile_rewind(void *self, rl_wver *v)
+{
+	tfile *t = self;
+	uint64_t lin;
+	int rv;
+
+	if ((rv = rl_wver_hash(v)) != 0 || (rv = rl_wdir_rewind_ver(t->dir, v, t->keep, &lin)) != 0)
+		return rv;
+	v->lineage = lin;
+	return RL_OK;
+}
+/* tfile_poll, and RL_OK at once when the latest directory is on another
+ * line than the caller's (rl_wdir_rewind_ver made it) */
+static int
+tfile_poll_line(void *self, uint64_t have, uint64_t lin, int ms, uint64_t *l, uint64_t *ll)
+{
+	tfile *t = self;
+	char path[4096];
+	int rv;
+
+	*ll = lin;
+	if (rl_wdir_latest(t->dir, l, path, sizeof path) == RL_OK && rl_wdir_lineage(path, ll) == RL_OK && *ll != lin)
+		return RL_OK;
+	if ((rv = tfile_poll(self, have, ms, l)) == RL_OK && rl_wdir_path(path, sizeof path, t->dir, *l) == RL_OK)
+		rl_wdir_lineage(path, ll);
+	return rv;
+}
+static const rl_wsync_transport tfile_vt = { "file", tfile_publish, tfile_poll, tfile_fetch, tfile_close,
+					     tfile_rewind, tfile_poll_line };
 
 int
 rl_wsync_open_transport(rl_wsync **out, const rl_wsync_transport *t, void *self)
@@ -4010,6 +4194,55 @@ rl_wsync_publish_dir(rl_wsync *s, const char *ckpt_dir, uint64_t version, int de
 }
 
 int rl_wsync_poll_version(rl_wsync *s, uint64_t have, int ms, uint64_t *l) { return s->t.poll(s->self, have, ms, l); }
+
+int
+rl_wsync_poll_version_line(rl_wsync *s, uint64_t have, uint64_t lineage, int ms, uint64_t *latest,
+			   uint64_t *latest_lineage)
+{
+	*latest_lineage = lineage;
+	if (s->t.poll_line == NULL) /* a transport without rewinds */
+		return s->t.poll(s->self, have, ms, latest);
+	return s->t.poll_line(s->self, have, lineage, ms, latest, latest_lineage);
+}
+
+int
+rl_wsync_rewind(rl_wsync *s, rl_wver *v)
+{
+	int rv;
+
+	if (s->t.rewind == NULL) {
+		rl_error("the %s weight transport cannot rewind to version %llu", s->t.name, (unsigned long long)v->version);
+		return RL_ENOTSUP;
+	}
+	if ((rv = s->t.rewind(s->self, v)) != 0)
+		return rv;
+	if (s->t.publish == tnng_publish) {
+		/* the next version goes as a delta against this one, as after a publish */
+		tnng *t = s->self;
+		rl_wver_destroy(t->last);
+		t->last = NULL;
+		if (!t->c->last_push_shm)
+			copy_ver(&t->last, v);
+	}
+	return RL_OK;
+}
+
+int
+rl_wsync_rewind_dir(rl_wsync *s, const char *ckpt_dir, uint64_t version)
+{
+	rl_wver *v;
+	int rv;
+
+	if ((rv = rl_wver_read_dir(&v, ckpt_dir, 0)) != 0)
+		return rv;
+	if (v->version != version) {
+		v->version = version;
+		rl_wver_hash(v);
+	}
+	rv = rl_wsync_rewind(s, v);
+	rl_wver_destroy(v);
+	return rv;
+}
 int rl_wsync_fetch_version(rl_wsync *s, rl_wver **o, uint64_t ver, const rl_wver *b) { return s->t.fetch(s->self, o, ver, b); }
 
 int

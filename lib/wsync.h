@@ -67,6 +67,9 @@ typedef struct rl_wver {
 	void *map;           /* NULL, or a read-only shared mapping the blobs point into
 	                      * (shared memory transport, wshm.h); unmapped by destroy */
 	size_t mapn;
+	uint64_t lineage;    /* the line of versions it belongs to: 0 until the first
+	                      * rewind (a resumed trainer's), one more after each; set by
+	                      * a fetch (the server's) and kept in rlsync.json */
 } rl_wver;
 
 /* rl_wver_create: an empty version numbered `version`.  *out is owned by the
@@ -204,6 +207,15 @@ int rl_wsync_status(rl_wsync_client *c, char **json);
 /* rl_wsync_poll long-polls: returns RL_OK with *latest > have as soon as the
  * server has such a version, RL_ETIMEDOUT after timeout_ms (-1: forever). */
 int rl_wsync_poll(rl_wsync_client *c, uint64_t have, int timeout_ms, uint64_t *latest);
+/* rl_wsync_poll_line: the same for a caller that holds a version of line
+ * `lineage` (rl_wver.lineage of what it fetched; 0 if nothing): RL_OK also
+ * when the server's line is another one (the trainer resumed from an older
+ * checkpoint and the server rewound), whatever *latest is: the caller then
+ * takes the latest, even if its number is not above `have`.  *latest_lineage
+ * is the server's line (0 from a server older than rewinds, which never
+ * answers early).  RL_ETIMEDOUT as rl_wsync_poll. */
+int rl_wsync_poll_line(rl_wsync_client *c, uint64_t have, uint64_t lineage, int timeout_ms, uint64_t *latest,
+		       uint64_t *latest_lineage);
 /* rl_wsync_fetch gets version `version` (0: latest) into memory.  If base is
  * non-NULL and the server holds a delta of that version against base, only
  * the delta moves.  Every chunk is verified; a bad one is re-requested up to
@@ -227,6 +239,16 @@ int rl_wsync_fetch_into(rl_wsync_client *c, rl_wver *dst, uint64_t version, cons
  * server is elsewhere); STREAM and NNG always send chunks (deltas against
  * base, whole chunks uncompressed to a loopback server unless stored < 0). */
 int rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base);
+/* rl_wsync_push_rewind: push v (whole) for a trainer resumed from version
+ * v->version: the server drops the versions it holds (and keeps in its
+ * data directory) from that number up, serves v as the latest, on a new line
+ * (v->lineage says which on return), and workers on the old line are told
+ * (rl_wsync_poll_line).  If the server's latest is v (number and hash) it
+ * keeps it; if it holds nothing at or above v->version this is an ordinary
+ * push.  Only a resumed trainer may do this: an ordinary push of an old
+ * version stays refused (RL_ESTALE).  A server older than rewinds refuses it
+ * as such (RL_ESTALE, with a hint). */
+int rl_wsync_push_rewind(rl_wsync_client *c, rl_wver *v);
 /* Counters since open (or the last reset). */
 void rl_wsync_client_stats(rl_wsync_client *c, rl_wsync_stats *st, int reset);
 
@@ -235,7 +257,8 @@ void rl_wsync_client_stats(rl_wsync_client *c, rl_wsync_stats *st, int reset);
  * corrupted after checksumming (one payload byte flipped).  Also read from the
  * environment when a server opens: RL_WSYNC_TEST_CORRUPT=n, and
  * RL_WSYNC_TEST_SLOW_MS=ms (sleep before each chunk reply, to kill a client
- * mid-transfer in tests). */
+ * mid-transfer in tests), RL_WSYNC_TEST_SLOW_COMMIT_MS=ms (sleep in each
+ * PUSH_COMMIT before the version is saved). */
 void rl_wsync_test_corrupt(int n);
 
 /* ---- 4. one handle over transports --------------------------------------------
@@ -257,6 +280,11 @@ typedef struct rl_wsync_transport {
 	int (*poll)(void *self, uint64_t have, int timeout_ms, uint64_t *latest);
 	int (*fetch)(void *self, rl_wver **out, uint64_t version, const rl_wver *base);
 	void (*close)(void *self);
+	/* optional (NULL: RL_ENOTSUP, and poll without lines): */
+	int (*rewind)(void *self, rl_wver *v);  /* publish v, dropping every version from its
+	                                         * number up, on a new line (v->lineage set) */
+	int (*poll_line)(void *self, uint64_t have, uint64_t lineage, int timeout_ms, uint64_t *latest,
+			 uint64_t *latest_lineage);   /* poll, and RL_OK when the line is another */
 } rl_wsync_transport;
 
 typedef struct rl_wsync rl_wsync;
@@ -277,8 +305,20 @@ const char *rl_wsync_transport_name(const rl_wsync *s);
 int rl_wsync_publish(rl_wsync *s, rl_wver *v, int delta);
 /* The trainer, from a checkpoint directory it just wrote. */
 int rl_wsync_publish_dir(rl_wsync *s, const char *ckpt_dir, uint64_t version, int delta);
+/* The trainer resumed from a checkpoint of version v->version (v borrowed):
+ * publish it again, dropping whatever was published above it before the
+ * trainer stopped (rl_wsync_push_rewind; a directory: rl_wdir_rewind_ver).
+ * The next publish goes as a delta against v.  _dir: from the checkpoint
+ * directory, numbered `version`. */
+int rl_wsync_rewind(rl_wsync *s, rl_wver *v);
+int rl_wsync_rewind_dir(rl_wsync *s, const char *ckpt_dir, uint64_t version);
 /* Rollout workers. */
 int rl_wsync_poll_version(rl_wsync *s, uint64_t have, int timeout_ms, uint64_t *latest);
+/* rl_wsync_poll_version for a worker holding a version of line `lineage`
+ * (rl_wver.lineage): RL_OK also when the source moved to another line
+ * (*latest_lineage != lineage): then take the latest whatever its number. */
+int rl_wsync_poll_version_line(rl_wsync *s, uint64_t have, uint64_t lineage, int timeout_ms, uint64_t *latest,
+			       uint64_t *latest_lineage);
 int rl_wsync_fetch_version(rl_wsync *s, rl_wver **out, uint64_t version, const rl_wver *base);
 /* rl_wsync_fetch_version of `version`, or, when the server no longer holds it (RL_ENOENT:
  * a newer one was published between the poll and the fetch, and the server keeps only the

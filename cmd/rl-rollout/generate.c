@@ -150,6 +150,7 @@ typedef struct gen {
 	rl_traj_writer *w;
 	FILE *out;
 	int version, pending_version;
+	int pending_rewind;     /* pending_version is a rewound rl-sync's: load it, though not newer */
 	char pending_path[4096];
 	uint64_t nonce, groups, lines, bad, samples, tokens;
 	double t0;
@@ -454,9 +455,15 @@ poll_weights_(gen *g, int force)
 	char path[4096];
 
 	if (g->ws && (force || rl_now() - g->last_poll >= RL_MAX(0.02, g->poll_backoff))) {
-		uint64_t latest = 0;
+		uint64_t latest = 0, lin = g->wbase ? g->wbase->lineage : 0, llin;
 		rl_wver *nv = NULL;
-		int prv = rl_wsync_poll_version(g->ws, g->version > 0 ? (uint64_t)g->version : 0, 0, &latest);
+		int prv = rl_wsync_poll_version_line(g->ws, g->version > 0 ? (uint64_t)g->version : 0, lin, 0, &latest,
+		    &llin);
+		/* the trainer resumed from an older checkpoint and rl-sync dropped the
+		 * versions after it (a new line): the one held here is gone, take the
+		 * latest whatever its number (a worker that fetched nothing yet
+		 * just takes the latest, as ever) */
+		int moved = prv == RL_OK && g->wbase && llin != lin;
 		g->last_poll = rl_now();
 		/* a server that does not answer costs each look its request timeout:
 		 * asked every 20 ms, generation crawled; back off (1 s doubling to
@@ -470,7 +477,7 @@ poll_weights_(gen *g, int force)
 			rl_info("'%s' answers again", g->sync_url);
 			g->poll_backoff = 0;
 		}
-		if (prv == RL_OK && (int)latest > g->version && (int)latest > g->pending_version) {
+		if (prv == RL_OK && (moved || ((int)latest > g->version && (int)latest > g->pending_version))) {
 			/* fetch (a delta against the last one when the server can); loaded from memory.
 			 * A version replaced on the server since the poll: the newer one */
 			if ((rv = rl_wsync_fetch_newest(g->ws, &nv, latest, g->wbase)) != 0)
@@ -479,6 +486,11 @@ poll_weights_(gen *g, int force)
 			rl_wver_destroy(g->wbase);
 			g->wbase = nv;
 			g->pending_version = (int)latest;
+			if (moved) { /* kept until it is loaded, also if a newer one comes meanwhile */
+				g->pending_rewind = 1;
+				rl_info("'%s' went back to version %d (a resumed trainer): replacing weights version %d",
+				    g->sync_url, g->pending_version, g->version);
+			}
 			snprintf(g->pending_path, sizeof g->pending_path, "%s/v%llu", g->sync_url,
 			    (unsigned long long)latest);
 		}
@@ -495,7 +507,7 @@ poll_weights_(gen *g, int force)
 		g->pending_version = v;
 		snprintf(g->pending_path, sizeof g->pending_path, "%s", path);
 	}
-	if (g->pending_version > g->version) {
+	if (g->pending_version > g->version || g->pending_rewind) {
 		if (g->partial || rl_engine_active(g->e) == 0) {
 			if (g->wg) {
 				rv = group_take(g);
@@ -513,6 +525,7 @@ poll_weights_(gen *g, int force)
 			}
 			if (rv != 0)
 				return rv;
+			g->pending_rewind = 0;
 			rl_engine_hold(g->e, 0);
 		} else {
 			rl_engine_hold(g->e, 1); /* drain, then swap */

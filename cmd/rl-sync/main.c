@@ -2,7 +2,7 @@
  * rl-sync — versioned weight distribution from the trainer to rollout workers.
  *
  *   rl-sync serve --listen URL [--data-dir DIR] [--keep-previous]
- *   rl-sync push URL CKPT_DIR [--version N] [--delta BASE_DIR]
+ *   rl-sync push URL CKPT_DIR [--version N] [--delta BASE_DIR] [--rewind]
  *   rl-sync pull URL --out DIR [--wait] [--follow] [--keep K]
  *   rl-sync status URL [--json]
  *   rl-sync publish DIR CKPT_DIR --version N [--keep K]     (file transport)
@@ -30,7 +30,7 @@
 
 static const char usage_text[] =
 	"usage: rl-sync serve --listen URL [--data-dir DIR] [--keep-previous] [--threads N] [--no-shm]\n"
-	"       rl-sync push URL CKPT_DIR [--version N] [--delta BASE_DIR] [--level L] [--chunk MIB]\n"
+	"       rl-sync push URL CKPT_DIR [--version N] [--delta BASE_DIR] [--rewind] [--level L] [--chunk MIB]\n"
 	"                    [--stored|--compress] [--transport auto|shm|stream|nng]\n"
 	"       rl-sync pull URL --out DIR [--wait] [--follow] [--keep K] [--version N] [--stored|--compress]\n"
 	"                    [--transport auto|shm|stream|nng]\n"
@@ -57,6 +57,8 @@ static const char help_text[] =
 	"                         pull: fetch version N instead of the latest\n"
 	"  -D, --delta BASE_DIR   push: send only the XOR against BASE_DIR, the server's latest version\n"
 	"                         (not to a server on this host with --transport auto: see there)\n"
+	"  -R, --rewind           push: the version of a resumed trainer: the server drops the versions\n"
+	"                         from its number up and its workers move to it (needs --version N)\n"
 	"  -L, --level L          push: zstd level (default 1)\n"
 	"  -c, --chunk MIB        push: chunk size in MiB (default 4)\n"
 	"  -o, --out DIR          pull: versioned output directory\n"
@@ -86,6 +88,7 @@ static const struct option longopts[] = {
 	{ "threads", required_argument, NULL, 't' },
 	{ "version", required_argument, NULL, 'n' },
 	{ "delta", required_argument, NULL, 'D' },
+	{ "rewind", no_argument, NULL, 'R' },
 	{ "level", required_argument, NULL, 'L' },
 	{ "chunk", required_argument, NULL, 'c' },
 	{ "out", required_argument, NULL, 'o' },
@@ -108,7 +111,7 @@ static const struct option longopts[] = {
 typedef struct cfg {
 	const char *cmd, *url, *dir, *ckpt, *listen, *data_dir, *out, *delta;
 	int keep_previous, threads, level, wait, follow, keep, json, stored, timeout, parallel, verbosity;
-	int transport, no_shm;
+	int transport, no_shm, rewind;
 	unsigned long long version;
 	size_t chunk;
 } cfg;
@@ -248,13 +251,19 @@ cmd_push(const cfg *c)
 		goto out;
 	if (c->version) {
 		v->version = c->version;
+	} else if (v->version == 0 && c->rewind) {
+		rl_error("push --rewind: '%s' records no version number (no %s)", c->ckpt, RL_WSYNC_MANIFEST);
+		rl_hint("give the version the trainer resumed from: --version N");
+		rv = RL_EINVAL;
+		goto out;
 	} else if (v->version == 0) {
 		unsigned long long l;
 		if ((rv = server_latest(cl, &l)) != 0)
 			goto out;
 		v->version = l + 1;
 	}
-	if ((rv = rl_wver_hash(v)) != 0 || (rv = rl_wsync_push(cl, v, base)) != 0)
+	if ((rv = rl_wver_hash(v)) != 0 ||
+	    (rv = c->rewind ? rl_wsync_push_rewind(cl, v) : rl_wsync_push(cl, v, base)) != 0)
 		goto out;
 	rl_wsync_client_stats(cl, &st, 0);
 	rl_info("pushed version %llu: %llu bytes as %llu on the wire in %.2f s", (unsigned long long)v->version,
@@ -305,7 +314,7 @@ cmd_pull(const cfg *c)
 	rl_wsync_client_opts o = client_opts(c);
 	rl_wsync_client *cl = NULL;
 	rl_wver *have = NULL;
-	uint64_t last = 0;
+	uint64_t last = 0, lin = 0;
 	int rv, keep = c->keep ? c->keep : 2, noversion = 0, again = 0, behind = 0;
 	int pause_ms = getenv("RL_SYNC_TEST_PULL_PAUSE_MS") ? atoi(getenv("RL_SYNC_TEST_PULL_PAUSE_MS")) : 0;
 
@@ -320,12 +329,13 @@ cmd_pull(const cfg *c)
 		uint64_t l;
 		if (rl_wdir_latest(c->out, &l, path, sizeof path) == RL_OK) {
 			last = l;
+			rl_wdir_lineage(path, &lin);
 			if (c->follow && rl_wver_read_dir(&have, path, 0) != RL_OK)
 				have = NULL;
 		}
 	}
 	do {
-		uint64_t want = c->version, latest = 0;
+		uint64_t want = c->version, latest = 0, llin = lin;
 		rl_wver *v = NULL;
 		rl_wsync_stats st;
 		double t0 = rl_now();
@@ -334,7 +344,9 @@ cmd_pull(const cfg *c)
 			int wait = c->wait || c->follow;
 			rv = RL_ETIMEDOUT;
 			while (!stop) {
-				rv = rl_wsync_poll(cl, last, wait ? 1000 : 0, &latest);
+				/* RL_OK also when the server rewound (a resumed trainer):
+				 * its line is another than the directory's */
+				rv = rl_wsync_poll_line(cl, last, lin, wait ? 1000 : 0, &latest, &llin);
 				if (rv == RL_ENET && wait) {
 					rl_warn("still waiting for '%s'", c->url);
 					continue;
@@ -395,7 +407,17 @@ cmd_pull(const cfg *c)
 			goto out;
 		again = 0;
 		rl_wsync_client_stats(cl, &st, 1);
-		if ((rv = rl_wdir_publish_ver(c->out, v, keep)) != 0) {
+		if (v->lineage != lin && last > 0 && !want) {
+			/* the directory follows the server back: the versions above
+			 * this one are dropped there too */
+			if (v->version <= last)
+				rl_info("'%s' went back to version %llu (a resumed trainer): rewinding '%s' from %llu", c->url,
+				(unsigned long long)v->version, c->out, (unsigned long long)last);
+			rv = rl_wdir_rewind_ver(c->out, v, keep, &lin);
+		} else {
+			rv = rl_wdir_publish_ver(c->out, v, keep);
+		}
+		if (rv != 0) {
 			rl_wver_destroy(v);
 			goto out;
 		}
@@ -407,6 +429,7 @@ cmd_pull(const cfg *c)
 				(unsigned long long)v->version, (unsigned long long)rl_wver_total(v),
 				(unsigned long long)st.bytes_recv, st.retries ? ", with re-sent chunks" : "", rl_now() - t0);
 		last = v->version;
+		lin = v->lineage;
 		rl_wver_destroy(have);
 		have = v;
 	} while ((c->follow || again) && !stop);
@@ -441,6 +464,9 @@ cmd_status(const cfg *c)
 	}
 	it = cJSON_GetObjectItemCaseSensitive(j, "latest");
 	printf("latest: %.0f\n", cJSON_IsNumber(it) ? it->valuedouble : 0);
+	it = cJSON_GetObjectItemCaseSensitive(j, "lineage");
+	if (cJSON_IsNumber(it) && it->valuedouble > 0)
+		printf("line: %.0f (rewound %.0f times by resumed trainers)\n", it->valuedouble, it->valuedouble);
 	cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(j, "versions")) {
 		const cJSON *v = cJSON_GetObjectItemCaseSensitive(it, "version");
 		const cJSON *h = cJSON_GetObjectItemCaseSensitive(it, "hash");
@@ -494,7 +520,7 @@ main(int argc, char **argv)
 	 * the heap instead of fresh, page-faulted mappings each time */
 	mallopt(M_MMAP_THRESHOLD, 128 << 20);
 	mallopt(M_TRIM_THRESHOLD, 512 << 20);
-	while ((opt = getopt_long(argc, argv, "l:d:pt:n:D:L:c:o:wfk:jSZT:P:qvhx:M", longopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "l:d:pt:n:D:RL:c:o:wfk:jSZT:P:qvhx:M", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'l': c.listen = optarg; break;
 		case 'd': c.data_dir = optarg; break;
@@ -510,6 +536,7 @@ main(int argc, char **argv)
 			c.version = (unsigned long long)v;
 			break;
 		case 'D': c.delta = optarg; break;
+		case 'R': c.rewind = 1; break;
 		case 'L':
 			if (num(optarg, -7, 19, &v) || v == 0)
 				return usage("--level: want -7..19 (not 0), not '%s'", optarg);
@@ -561,6 +588,8 @@ main(int argc, char **argv)
 		return usage("missing command", NULL);
 	c.cmd = argv[optind++];
 	nargs = argc - optind;
+	if (c.rewind && strcmp(c.cmd, "push") != 0)
+		return usage("--rewind is an option of push, not of %s", c.cmd);
 	if (strcmp(c.cmd, "serve") == 0) {
 		if (nargs != 0)
 			return usage("serve: unexpected argument '%s'", argv[optind]);
@@ -572,6 +601,8 @@ main(int argc, char **argv)
 	if (strcmp(c.cmd, "push") == 0) {
 		if (nargs != 2)
 			return usage("push: want URL CKPT_DIR%s", "");
+		if (c.rewind && c.delta)
+			return usage("push: --rewind sends the version whole: drop --delta%s", "");
 		c.url = argv[optind];
 		c.ckpt = argv[optind + 1];
 		return cmd_push(&c);

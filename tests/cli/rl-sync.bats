@@ -268,6 +268,22 @@ bump() {
 	cmp "$T/ck2/model.safetensors" "$T/out/v000002/model.safetensors"
 }
 
+@test "pull --follow after a restart of serve --keep-previous from --data-dir: the next version still comes as a delta" {
+	# reported: the restarted server held only the latest, so a follower
+	# holding the one before got the whole version; it holds both (and the delta)
+	serve --data-dir "$T/data" --keep-previous
+	rl-sync push -q "$URL" "$T/ck" --version 1
+	rl-sync pull -q "$URL" --out "$T/out"
+	bump ck2 "xy"
+	rl-sync push -q "$URL" "$T/ck2" --version 2 --transport stream
+	kill "$SPID"; wait "$SPID" || true
+	KEEP_URL=1 serve --data-dir "$T/data" --keep-previous
+	run -124 --separate-stderr timeout 2 rl-sync pull -v "$URL" --out "$T/out" --follow --transport stream
+	echo "$stderr"
+	[[ $stderr == *'fetching version 2: '*' as a delta'* ]]
+	cmp "$T/ck2/model.safetensors" "$T/out/v000002/model.safetensors"
+}
+
 @test "a version that cannot be saved in --data-dir is refused to the pusher; the server keeps the one before" {
 	# a file size limit (4 MiB: sh counts 512-byte blocks) makes the write
 	# fail as a full disk does; the server used to die of SIGXFSZ and the

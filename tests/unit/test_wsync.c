@@ -973,11 +973,230 @@ test_handle(void)
 	rl_wver_destroy(v);
 }
 
+/* a worker parked in a lineage-aware long-poll */
+typedef struct parked {
+	const char *url;
+	uint64_t have, lin, latest, latest_lin;
+	int rv;
+	double took;
+} parked;
+
+static void *
+parked_main(void *arg)
+{
+	parked *p = arg;
+	rl_wsync_client *w;
+	rl_wsync_client_opts o = { .timeout_ms = 5000, .transport = RL_WSYNC_T_STREAM };
+	double t0 = rl_now();
+
+	p->rv = rl_wsync_client_open(&w, p->url, &o);
+	if (p->rv == RL_OK)
+		p->rv = rl_wsync_poll_line(w, p->have, p->lin, 8000, &p->latest, &p->latest_lin);
+	p->took = rl_now() - t0;
+	rl_wsync_client_close(w);
+	return NULL;
+}
+
+/* a version numbered ver with the content make_ver gives `content` */
+static rl_wver *
+make_ver_as(uint64_t ver, uint64_t content)
+{
+	rl_wver *v = make_ver(content, 5000);
+
+	v->version = ver;
+	rl_wver_hash(v);
+	return v;
+}
+
+/* rewinds: a resumed trainer's push (rl_wsync_push_rewind) drops the newer
+ * versions and starts a new line; lineage-aware waits are answered at once;
+ * a base of the old line is not used for a delta of the new one; the same
+ * through the file transport (rl_wsync_rewind) */
+static void
+test_rewind(void)
+{
+	rl_wsync_server *srv = NULL;
+	rl_wsync_server_opts so = { .keep_previous = 1 };
+	rl_wsync_client *c = NULL, *w = NULL;
+	rl_wsync_client_opts co = { .timeout_ms = 5000, .transport = RL_WSYNC_T_STREAM, .stored = -1 };
+	rl_wver *v, *old3 = NULL, *got = NULL;
+	rl_wsync *h;
+	pthread_t th;
+	parked pk = { 0 };
+	uint64_t l, ll;
+	char u[128], d[400];
+
+	for (int tries = 0; tries < 5 && srv == NULL; tries++) {
+		snprintf(u, sizeof u, "tcp://127.0.0.1:%d", t_free_port());
+		so.listen = u;
+		rl_wsync_server_open(&srv, &so);
+	}
+	if (srv == NULL) {
+		T_OK(0, "cannot open server for the rewind test");
+		return;
+	}
+	T_EQ_INT(rl_wsync_client_open(&c, u, &co), RL_OK);
+	T_EQ_INT(rl_wsync_client_open(&w, u, &co), RL_OK);
+	for (uint64_t k = 1; k <= 4; k++) {
+		v = make_ver_as(k, k);
+		T_EQ_INT(rl_wsync_push(c, v, NULL), RL_OK);
+		T_EQ_INT(v->lineage, 0);
+		rl_wver_destroy(v);
+		if (k == 3)
+			T_EQ_INT(rl_wsync_fetch(w, &old3, 3, NULL), RL_OK);
+	}
+	T_OK(old3 && old3->lineage == 0);
+	T_EQ_INT(rl_wsync_poll_line(w, 4, 0, 0, &l, &ll), RL_ETIMEDOUT);
+	/* a worker holding 4 waits; the rewind to 2 wakes it */
+	pk.url = u;
+	pk.have = 4;
+	pthread_create(&th, NULL, parked_main, &pk);
+	usleep(300000);
+	v = make_ver_as(2, 2);
+	T_EQ_INT(rl_wsync_push_rewind(c, v), RL_OK);
+	T_EQ_INT(v->lineage, 1);
+	rl_wver_destroy(v);
+	pthread_join(th, NULL);
+	T_EQ_INT(pk.rv, RL_OK);
+	T_EQ_INT(pk.latest, 2);
+	T_EQ_INT(pk.latest_lin, 1);
+	T_OK(pk.took < 4.0, "the parked wait took %.1f s", pk.took);
+	T_EQ_INT(rl_wsync_server_latest(srv), 2);
+	/* a worker without lines waits for a number above its own, as before */
+	T_EQ_INT(rl_wsync_poll(w, 4, 0, &l), RL_ETIMEDOUT);
+	T_EQ_INT(rl_wsync_poll_line(w, 2, 1, 0, &l, &ll), RL_ETIMEDOUT);
+	/* an ordinary push of an old number stays refused */
+	v = make_ver_as(2, 7);
+	T_EQ_INT(rl_wsync_push(c, v, NULL), RL_ESTALE);
+	rl_wver_destroy(v);
+	T_EQ_INT(rl_wsync_fetch(w, &got, 0, NULL), RL_OK);
+	T_OK(got && got->version == 2 && got->lineage == 1);
+	/* the new line's 3 is not the old 3: a delta of the new 4 against it
+	 * must not be decoded against the old 3 a worker holds */
+	{
+		rl_wver *n3 = make_ver_as(3, 5), *n4 = make_ver_as(4, 6), *f4 = NULL, *want = make_ver_as(4, 6);
+		T_EQ_INT(rl_wsync_push(c, n3, got), RL_OK);
+		T_EQ_INT(rl_wsync_push(c, n4, n3), RL_OK);
+		T_EQ_INT(n4->lineage, 1);
+		rl_wsync_stats st;
+		rl_wsync_client_stats(w, &st, 1);
+		T_EQ_INT(rl_wsync_fetch(w, &f4, 4, old3), RL_OK);
+		T_OK(f4 && same_content(f4, want) && f4->lineage == 1);
+		/* whole chunks at once, not a delta that fails its checksums first */
+		rl_wsync_client_stats(w, &st, 1);
+		T_EQ_INT(st.retries, 0);
+		rl_wver_destroy(f4);
+		rl_wver_destroy(n3);
+		rl_wver_destroy(n4);
+		rl_wver_destroy(want);
+	}
+	rl_wver_destroy(got);
+	rl_wver_destroy(old3);
+	rl_wsync_client_close(w);
+	rl_wsync_client_close(c);
+	rl_wsync_server_close(srv);
+
+	/* the file transport */
+	snprintf(d, sizeof d, "%s/rw", tmpd);
+	T_EQ_INT(rl_wsync_open(&h, d, 3), RL_OK);
+	for (uint64_t k = 1; k <= 3; k++) {
+		v = make_ver_as(k, k);
+		T_EQ_INT(rl_wsync_publish(h, v, 0), RL_OK);
+		rl_wver_destroy(v);
+	}
+	T_EQ_INT(rl_wsync_poll_version_line(h, 3, 0, 0, &l, &ll), RL_ETIMEDOUT);
+	v = make_ver_as(2, 2);
+	T_EQ_INT(rl_wsync_rewind(h, v), RL_OK);
+	T_EQ_INT(v->lineage, 1);
+	rl_wver_destroy(v);
+	T_EQ_INT(rl_wsync_poll_version_line(h, 3, 0, 0, &l, &ll), RL_OK);
+	T_EQ_INT(l, 2);
+	T_EQ_INT(ll, 1);
+	T_EQ_INT(rl_wsync_fetch_version(h, &got, 0, NULL), RL_OK);
+	T_OK(got && got->version == 2 && got->lineage == 1);
+	rl_wver_destroy(got);
+	/* the next version stays on the line */
+	v = make_ver_as(3, 23);
+	T_EQ_INT(rl_wsync_publish(h, v, 0), RL_OK);
+	rl_wver_destroy(v);
+	T_EQ_INT(rl_wsync_fetch_version(h, &got, 0, NULL), RL_OK);
+	T_OK(got && got->version == 3 && got->lineage == 1);
+	rl_wver_destroy(got);
+	rl_wsync_close(h);
+}
+
+typedef struct pusher {
+	const char *url;
+	int rv;
+} pusher;
+
+static void *
+pusher_main(void *arg)
+{
+	pusher *p = arg;
+	rl_wsync_client *c;
+	rl_wsync_client_opts o = { .timeout_ms = 5000, .transport = RL_WSYNC_T_STREAM };
+	rl_wver *v = make_ver_as(1, 1);
+
+	if ((p->rv = rl_wsync_client_open(&c, p->url, &o)) == RL_OK)
+		p->rv = rl_wsync_push(c, v, NULL);
+	rl_wsync_client_close(c);
+	rl_wver_destroy(v);
+	return NULL;
+}
+
+/* A PUSH_COMMIT sent again while the first one still saves the version (what
+ * nng's REQ does after a reconnect) is answered with the first's outcome: it
+ * found no push in progress (RL_ENOENT), so the client pushed the version
+ * again and was refused as not newer than itself. */
+static void
+test_commit_twice(void)
+{
+	rl_wsync_server *srv = NULL;
+	rl_wsync_server_opts so = { 0 };
+	pusher p = { 0 };
+	pthread_t th;
+	nng_socket sk;
+	uint8_t req[40] = { 0 }, rep[600];
+	size_t rn = sizeof rep;
+	char u[128];
+
+	setenv("RL_WSYNC_TEST_SLOW_COMMIT_MS", "1500", 1);
+	for (int tries = 0; tries < 5 && srv == NULL; tries++) {
+		snprintf(u, sizeof u, "tcp://127.0.0.1:%d", t_free_port());
+		so.listen = u;
+		rl_wsync_server_open(&srv, &so);
+	}
+	unsetenv("RL_WSYNC_TEST_SLOW_COMMIT_MS");
+	if (srv == NULL) {
+		T_OK(0, "cannot open server for the commit test");
+		return;
+	}
+	p.url = u;
+	pthread_create(&th, NULL, pusher_main, &p);
+	usleep(600000); /* the push is in its slow commit now */
+	T_EQ_INT(nng_req0_open(&sk), 0);
+	nng_socket_set_ms(sk, NNG_OPT_RECVTIMEO, 5000);
+	T_EQ_INT(nng_dial(sk, u, NULL, 0), 0);
+	memcpy(req, "RLSY", 4);
+	req[4] = 1;        /* protocol */
+	req[6] = 7;        /* PUSH_COMMIT */
+	req[8] = 40;       /* header length */
+	req[16] = 1;       /* version 1 */
+	T_EQ_INT(raw_req(sk, req, 40, rep, &rn), 0);
+	T_EQ_INT(rep_status(rep), RL_OK);
+	T_EQ_INT(rl_wsync_server_latest(srv), 1);
+	rli_nng_close_timed(sk, "test socket");
+	pthread_join(th, NULL);
+	T_EQ_INT(p.rv, RL_OK);
+	rl_wsync_server_close(srv);
+}
+
 int
 main(void)
 {
 	T_BEGIN("test_wsync");
-	rl_log_init("test_wsync", RL_LOG_QUIET);
+	rl_log_init("test_wsync", getenv("TV") ? RL_LOG_VERBOSE : RL_LOG_QUIET);
 	snprintf(tmpd, sizeof tmpd, "/tmp/test_wsync.XXXXXX");
 	if (mkdtemp(tmpd) == NULL)
 		T_SKIP("no temporary directory");
@@ -986,6 +1205,8 @@ main(void)
 	test_version_dirs();
 	test_handle();
 	test_service();
+	test_rewind();
+	test_commit_twice();
 	{
 		char cmd[400];
 		snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpd);
