@@ -173,7 +173,7 @@ typedef struct gen {
 	 * when this process started: a killed run's, which a resuming trainer
 	 * removes and writes again under the same names; never loaded */
 	rl_ckpt_leftovers left;
-	int left_after;        /* that checkpoint's step (-1: none) */
+	int left_after;        /* that checkpoint's step (-1: none, and then no leftovers) */
 	char left_warned[4096];
 	int eos_more[24];      /* ids ending a sequence as EOS besides go.eos_id (eos_set) */
 } gen;
@@ -1653,7 +1653,9 @@ rl_cmd_generate(int argc, char **argv)
 		if (rl_ckpt_find_full(g.weights_from, path, sizeof path, &g.left_after, &st, 1) != RL_OK)
 			g.left_after = -1;
 		cJSON_Delete(st);
-		if ((rv = rl_ckpt_leftovers_scan(&g.left, g.weights_from, g.left_after)) != 0)
+		/* without a full checkpoint no trainer can resume there (and a new run
+		 * into it is refused): its steps are a live trainer's, not leftovers */
+		if (g.left_after >= 0 && (rv = rl_ckpt_leftovers_scan(&g.left, g.weights_from, g.left_after)) != 0)
 			goto out;
 		if (latest_version(g.weights_from, &ver, path, sizeof path) == RL_OK && ver > g.version &&
 		    !leftover(&g, path) && (rv = load_weights(&g, path, ver)) != 0)

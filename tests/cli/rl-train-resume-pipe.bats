@@ -174,3 +174,14 @@ PY
 	[ "$(wc -l <<< "$output")" -eq 64 ]
 	[[ "$output" == *'"version":[32,32]'* || "$output" == *'"version": [32, 32]'* ]]
 }
+
+@test "--weights-from a run without any full checkpoint: its steps are a live trainer's, loaded at once" {
+	# a running trainer with the default --save-every has only weights-only
+	# steps: none of them is a leftover (no --resume can start there)
+	pipe "$TD/live" "" "--max-steps 3" 2>/dev/null || true
+	[ -e "$TD/live/step-00000003" ]
+	rm -f "$TD"/live/step-*/optimizer.safetensors "$TD"/live/step-*/trainer_state.json
+	head -1 "$TD/p.jsonl" > "$TD/one.jsonl"
+	rl-rollout -q -m "$TD/m0" --weights-from "$TD/live" --jsonl -n 1 --max-tokens 2 "$TD/one.jsonl" > "$TD/one.out"
+	[ "$(jq -c .version "$TD/one.out")" = "[3,3]" ]
+}
