@@ -150,7 +150,8 @@ typedef struct gen {
 	rl_traj_writer *w;
 	FILE *out;
 	int version, pending_version;
-	int pending_rewind;     /* pending_version is a rewound rl-sync's: load it, though not newer */
+	int pending_rewind;     /* pending_version is a rewound rl-sync's or --weights-from's: load it,
+	                         * though not newer */
 	char pending_path[4096];
 	uint64_t nonce, groups, lines, bad, samples, tokens;
 	double t0;
@@ -503,9 +504,21 @@ poll_weights_(gen *g, int force)
 			snprintf(g->pending_path, sizeof g->pending_path, "weights group %s", g->wgo.addr);
 		}
 	} else if (g->weights_from && latest_version(g->weights_from, &v, path, sizeof path) == RL_OK &&
-	    v > g->version && v > g->pending_version && !leftover(g, path)) {
-		g->pending_version = v;
-		snprintf(g->pending_path, sizeof g->pending_path, "%s", path);
+	    !leftover(g, path)) {
+		if (v > g->version && v > g->pending_version) {
+			g->pending_version = v;
+			snprintf(g->pending_path, sizeof g->pending_path, "%s", path);
+		} else if (v < g->version && !(g->pending_rewind && g->pending_version == v)) {
+			/* latest went back: rl-train --resume removed the steps after its
+			 * checkpoint, the one loaded here among them; the new run writes
+			 * those numbers again, so waiting for a higher one would keep a
+			 * dropped policy for as many steps */
+			rl_info("'%s' went back to version %d (a resumed trainer): replacing weights version %d",
+			    g->weights_from, v, g->version);
+			g->pending_version = v;
+			g->pending_rewind = 1;
+			snprintf(g->pending_path, sizeof g->pending_path, "%s", path);
+		}
 	}
 	if (g->pending_version > g->version || g->pending_rewind) {
 		if (g->partial || rl_engine_active(g->e) == 0) {

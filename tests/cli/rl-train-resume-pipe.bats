@@ -185,3 +185,38 @@ PY
 	rl-rollout -q -m "$TD/m0" --weights-from "$TD/live" --jsonl -n 1 --max-tokens 2 "$TD/one.jsonl" > "$TD/one.out"
 	[ "$(jq -c .version "$TD/one.out")" = "[3,3]" ]
 }
+
+@test "--weights-from: a generator that outlives its trainer follows DIR back when a resumed rl-train rewinds it" {
+	pipe "$TD/rw" "" "--max-steps 2" 2>/dev/null || true
+	[ -e "$TD/rw/step-00000002/trainer_state.json" ]
+	# a slow prompt stream (30 s at most; ended below once seen): the generator runs on while DIR changes
+	mkfifo "$TD/rw.fifo"
+	python3 -c "
+import sys, time
+for i in range(300):
+    sys.stdout.write('{\"prompt\":\"y%d\"}\n' % i); sys.stdout.flush(); time.sleep(0.1)" > "$TD/rw.fifo" &
+	W=$!
+	PIDS="$PIDS $W"
+	rl-rollout -m "$TD/m0" --weights-from "$TD/rw" --jsonl -n 1 --max-tokens 2 --slots 1 "$TD/rw.fifo" \
+	    > "$TD/rw.out" 2> "$TD/rw.err" &
+	G=$!
+	PIDS="$PIDS $G"
+	for i in $(seq 100); do grep -q '"version":\[2,2\]' "$TD/rw.out" && break; sleep 0.1; done
+	# the trainer's step 3 appears (what a run killed before its next full checkpoint leaves) ...
+	cp -r "$TD/rw/step-00000002" "$TD/rw/step-00000003"
+	rm "$TD/rw/step-00000003/optimizer.safetensors" "$TD/rw/step-00000003/trainer_state.json"
+	ln -sfn step-00000003 "$TD/rw/latest"
+	for i in $(seq 150); do grep -q '"version":\[3,3\]' "$TD/rw.out" && break; sleep 0.1; done
+	grep -q '"version":\[3,3\]' "$TD/rw.out"
+	# ... and a resumed rl-train removes it and points latest back at step 2
+	rm -r "$TD/rw/step-00000003"
+	ln -sfn step-00000002 "$TD/rw/latest"
+	for i in $(seq 150); do grep -q "went back to version 2" "$TD/rw.err" && break; sleep 0.1; done
+	sleep 1
+	kill $W 2>/dev/null || true
+	wait $G
+	grep -q "went back to version 2 (a resumed trainer): replacing weights version 3" "$TD/rw.err"
+	# records of version 2, 3, then 2 again
+	jq -c .version "$TD/rw.out" | uniq | tr '\n' ' ' > "$TD/rw.v"
+	[[ "$(cat "$TD/rw.v")" == '[2,2] [3,3] [2,2] ' ]]
+}
