@@ -13,6 +13,7 @@
 #include "reward.h"
 
 #include "core.h"
+#include "io.h"
 #include "json.h"
 #include "qclient.h"
 #include "wstat.h"
@@ -659,23 +660,18 @@ rl_reward_math(const char *resp, size_t n, const char *truth, const char **why)
 
 /* ---- dapo (verl's math_dapo: "Answer: ..." and the Minerva normaliser) ------------ */
 
-/* A growing string for the rewrites below; len bytes, NUL-terminated. */
-typedef struct dstr { char *s; size_t len, cap; } dstr;
+/* The rewrites below work on an rl_buf (lib/io.h) kept NUL-terminated. */
+typedef rl_buf dstr;
+#define DS(d) ((char *)(d)->p)
 
 static int
 dstr_put(dstr *d, const char *p, size_t n)
 {
-	if (d->len + n + 1 > d->cap) {
-		size_t cap = RL_MAX(2 * d->cap, d->len + n + 1);
-		char *s = realloc(d->s, cap);
-		if (!s)
-			return -1;
-		d->s = s;
-		d->cap = cap;
-	}
-	memcpy(d->s + d->len, p, n);
+	if (rl_buf_reserve(d, n + 1) != RL_OK)
+		return -1;
+	memcpy(d->p + d->len, p, n);
 	d->len += n;
-	d->s[d->len] = 0;
+	d->p[d->len] = 0;
 	return 0;
 }
 
@@ -683,11 +679,11 @@ dstr_put(dstr *d, const char *p, size_t n)
 static int
 dstr_take(dstr *d, dstr *o)
 {
-	if (!o->s && dstr_put(o, "", 0))
+	if (!o->p && dstr_put(o, "", 0))
 		return -1;
-	free(d->s);
+	rl_buf_fini(d);
 	*d = *o;
-	*o = (dstr){ 0 };
+	rl_buf_init(o);
 	return 0;
 }
 
@@ -699,16 +695,16 @@ dstr_replace(dstr *d, const char *from, const char *to)
 	size_t fl = strlen(from), tl = strlen(to), i = 0, k = 0;
 
 	while (i < d->len) {
-		if (i + fl <= d->len && memcmp(d->s + i, from, fl) == 0) {
-			memcpy(d->s + k, to, tl);
+		if (i + fl <= d->len && memcmp(DS(d) + i, from, fl) == 0) {
+			memcpy(DS(d) + k, to, tl);
 			k += tl;
 			i += fl;
 		} else {
-			d->s[k++] = d->s[i++];
+			DS(d)[k++] = DS(d)[i++];
 		}
 	}
 	d->len = k;
-	d->s[k] = 0;
+	DS(d)[k] = 0;
 }
 
 /* Bytes of the UTF-8 sequence starting at s[i] (1 for a stray byte). */
@@ -741,23 +737,23 @@ unwrap_cmd(dstr *d, const char *pre, int greedy)
 	size_t pl = strlen(pre), i = 0;
 
 	while (i < d->len) {
-		if (i + pl <= d->len && memcmp(d->s + i, pre, pl) == 0) {
+		if (i + pl <= d->len && memcmp(DS(d) + i, pre, pl) == 0) {
 			size_t j = i + pl, close = (size_t)-1;
-			for (; j < d->len && d->s[j] != '\n'; j++) {
-				if (d->s[j] == '}') {
+			for (; j < d->len && DS(d)[j] != '\n'; j++) {
+				if (DS(d)[j] == '}') {
 					close = j;
 					if (!greedy)
 						break;
 				}
 			}
 			if (close != (size_t)-1) {
-				if (dstr_put(&o, d->s + i + pl, close - i - pl))
+				if (dstr_put(&o, DS(d) + i + pl, close - i - pl))
 					goto oom;
 				i = close + 1;
 				continue;
 			}
 		}
-		if (dstr_put(&o, d->s + i, 1))
+		if (dstr_put(&o, DS(d) + i, 1))
 			goto oom;
 		i++;
 	}
@@ -765,7 +761,7 @@ unwrap_cmd(dstr *d, const char *pre, int greedy)
 		goto oom;
 	return 0;
 oom:
-	free(o.s);
+	rl_buf_fini(&o);
 	return -1;
 }
 
@@ -791,11 +787,11 @@ dapo_normalize(dstr *d)
 
 	/* the part after the last '=' */
 	for (i = 0; i < d->len; i++)
-		if (d->s[i] == '=')
-			eq = d->s + i;
+		if (DS(d)[i] == '=')
+			eq = DS(d) + i;
 	if (eq) {
-		d->len -= (size_t)(eq + 1 - d->s);
-		memmove(d->s, eq + 1, d->len + 1);
+		d->len -= (size_t)(eq + 1 - DS(d));
+		memmove(DS(d), eq + 1, d->len + 1);
 	}
 	for (i = 0; i < RL_ARRAY_LEN(subst); i++)
 		dstr_replace(d, subst[i][0], subst[i][1]);
@@ -804,8 +800,8 @@ dapo_normalize(dstr *d)
 	/* a line with two '$': what the first two enclose, in '$' */
 	for (i = 0; i < d->len;) {
 		size_t e = i, d1 = (size_t)-1, d2 = (size_t)-1;
-		while (e < d->len && d->s[e] != '\n') {
-			if (d->s[e] == '$') {
+		while (e < d->len && DS(d)[e] != '\n') {
+			if (DS(d)[e] == '$') {
 				if (d1 == (size_t)-1)
 					d1 = e;
 				else if (d2 == (size_t)-1)
@@ -814,9 +810,9 @@ dapo_normalize(dstr *d)
 			e++;
 		}
 		if (d2 != (size_t)-1) {
-			if (dstr_put(&o, "$", 1) || dstr_put(&o, d->s + d1 + 1, d2 - d1 - 1) || dstr_put(&o, "$", 1))
+			if (dstr_put(&o, "$", 1) || dstr_put(&o, DS(d) + d1 + 1, d2 - d1 - 1) || dstr_put(&o, "$", 1))
 				goto oom;
-		} else if (dstr_put(&o, d->s + i, e - i)) {
+		} else if (dstr_put(&o, DS(d) + i, e - i)) {
 			goto oom;
 		}
 		if (e < d->len && dstr_put(&o, "\n", 1))
@@ -832,23 +828,23 @@ dapo_normalize(dstr *d)
 	for (int pass = 0; pass < 2; pass++) {
 		const char *w = pass ? "sqrt" : "frac";
 		for (i = 0; i < d->len;) {
-			if (i + 4 < d->len && memcmp(d->s + i, w, 4) == 0 && d->s[i + 4] != '{') {
-				size_t x = i + 4, xl = u8len(d->s, d->len, x), y = x + xl, yl;
-				if (pass == 0 && (y >= d->len || d->s[y] == '\n')) {
-					if (dstr_put(&o, d->s + i, 1))
+			if (i + 4 < d->len && memcmp(DS(d) + i, w, 4) == 0 && DS(d)[i + 4] != '{') {
+				size_t x = i + 4, xl = u8len(DS(d), d->len, x), y = x + xl, yl;
+				if (pass == 0 && (y >= d->len || DS(d)[y] == '\n')) {
+					if (dstr_put(&o, DS(d) + i, 1))
 						goto oom;
 					i++;
 					continue;
 				}
-				yl = pass ? 0 : u8len(d->s, d->len, y);
-				if (dstr_put(&o, w, 4) || dstr_put(&o, "{", 1) || dstr_put(&o, d->s + x, xl) ||
+				yl = pass ? 0 : u8len(DS(d), d->len, y);
+				if (dstr_put(&o, w, 4) || dstr_put(&o, "{", 1) || dstr_put(&o, DS(d) + x, xl) ||
 				    dstr_put(&o, "}", 1) ||
-				    (pass == 0 && (dstr_put(&o, "{", 1) || dstr_put(&o, d->s + y, yl) || dstr_put(&o, "}", 1))))
+				    (pass == 0 && (dstr_put(&o, "{", 1) || dstr_put(&o, DS(d) + y, yl) || dstr_put(&o, "}", 1))))
 					goto oom;
 				i = y + yl;
 				continue;
 			}
-			if (dstr_put(&o, d->s + i, 1))
+			if (dstr_put(&o, DS(d) + i, 1))
 				goto oom;
 			i++;
 		}
@@ -857,25 +853,25 @@ dapo_normalize(dstr *d)
 	}
 	dstr_replace(d, "$", "");
 	/* "100,000" -> "100000" when nothing but digits and commas */
-	for (i = 0; i < d->len && (is_digit((unsigned char)d->s[i]) || d->s[i] == ','); i++)
+	for (i = 0; i < d->len && (is_digit((unsigned char)DS(d)[i]) || DS(d)[i] == ','); i++)
 		;
 	if (i == d->len) {
 		size_t digits = 0;
 		for (i = 0; i < d->len; i++)
-			digits += d->s[i] != ',';
+			digits += DS(d)[i] != ',';
 		if (digits > 0)
 			dstr_replace(d, ",", "");
 	}
 	/* strip */
-	for (i = 0; i < d->len && py_space((unsigned char)d->s[i]); i++)
+	for (i = 0; i < d->len && py_space((unsigned char)DS(d)[i]); i++)
 		;
 	d->len -= i;
-	memmove(d->s, d->s + i, d->len + 1);
-	while (d->len > 0 && py_space((unsigned char)d->s[d->len - 1]))
-		d->s[--d->len] = 0;
+	memmove(DS(d), DS(d) + i, d->len + 1);
+	while (d->len > 0 && py_space((unsigned char)DS(d)[d->len - 1]))
+		DS(d)[--d->len] = 0;
 	return 0;
 oom:
-	free(o.s);
+	rl_buf_fini(&o);
 	return -1;
 }
 
@@ -886,10 +882,10 @@ rl_reward_dapo_normalize(char **out, const char *s, size_t n)
 
 	*out = NULL;
 	if (dstr_put(&d, s, n) || dapo_normalize(&d)) {
-		free(d.s);
+		rl_buf_fini(&d);
 		return -1;
 	}
-	*out = d.s;
+	*out = DS(&d);
 	return (long)d.len;
 }
 
