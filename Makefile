@@ -1,7 +1,7 @@
 # rlpipe — one non-recursive Makefile.
 #
 # Sources are found by wildcard, so a module joins the build by existing:
-#   lib/*.c                 -> build/librlpipe.a
+#   lib/*/*.c               -> build/librlpipe.a
 #   kernels/*.cu            -> build/librlpipe.a too, when nvcc is found (HAVE_CUDA)
 #   cmd/rl-NAME/*.c         -> build/bin/rl-NAME
 #   tests/unit/test_*.c     -> build/tests/test_*   (exit 0 pass, 77 skip, else fail)
@@ -69,7 +69,7 @@ FLAGS_NOW := $(CC) $(CFLAGS) $(RL_CFLAGS) | $(NVCC) $(NVFLAGS) | $(HAVE_CUDA) $(
 $(shell mkdir -p $(B) && (printf '%s\n' '$(FLAGS_NOW)' | cmp -s - $(FLAGS_STAMP) || printf '%s\n' '$(FLAGS_NOW)' > $(FLAGS_STAMP)))
 
 # ---- sources ----------------------------------------------------------------
-LIB_SRC  := $(wildcard lib/*.c)
+LIB_SRC  := $(wildcard lib/*/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(B)/%.o)
 ifeq ($(HAVE_CUDA),1)
 CU_SRC   := $(wildcard kernels/*.cu)
@@ -98,7 +98,7 @@ $(B)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(RL_CFLAGS) -MMD -MP -c -o $@ $<
 
-$(B)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) lib/ops.h $(FLAGS_STAMP)
+$(B)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) lib/compute/ops.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 

@@ -1,5 +1,5 @@
 /*
- * gpu_engine.c — generation throughput of the engine (lib/engine.c: continuous
+ * gpu_engine.c — generation throughput of the engine (lib/rollout/engine.c: continuous
  * batching, shared prompt KV, sampling on the device) on the CUDA backend, the
  * path rl-rollout takes: random-initialised GPT-2 124M and Qwen2.5-0.5B shapes,
  * groups of 8 samples of 64-token prompts, response limits drawn from 64..256
@@ -23,10 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "engine.h"
-#include "model.h"
-#include "rng.h"
+#include "base/core.h"
+#include "rollout/engine.h"
+#include "model/model.h"
+#include "base/rng.h"
 
 #include "shapes.h"
 

@@ -19,10 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "core.h"
-#include "model.h"
-#include "ops.h"
+#include "model/config.h"
+#include "base/core.h"
+#include "model/model.h"
+#include "compute/ops.h"
 
 #include "shapes.h"
 

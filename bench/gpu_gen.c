@@ -23,11 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "kvcache.h"
-#include "model.h"
-#include "ops.h"
-#include "rng.h"
+#include "base/core.h"
+#include "model/kvcache.h"
+#include "model/model.h"
+#include "compute/ops.h"
+#include "base/rng.h"
 
 
 #include "shapes.h"

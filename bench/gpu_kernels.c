@@ -7,7 +7,7 @@
  * of 128), fused log-prob forward + backward over
  * V = 50257, and decode attention.  The LM head at the whole training batch (16384 rows,
  * one chunk, as rl_model_forward/backward run it with the logits kept): its GEMMs through
- * the plain ops (padded scratch + copies) and through the strided ops of lib/ops.h (row
+ * the plain ops (padded scratch + copies) and through the strided ops of lib/compute/ops.h (row
  * stride V rounded up to head_ld_align, no copies) with the output features split at a
  * multiple of 64 (RL_CUDA_HEAD_LD unset = split) and not (a second backend opened with
  * measured in session 6 and removed), and the whole head step (forward GEMM + log-prob, log-prob
@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "ops.h"
+#include "base/core.h"
+#include "compute/ops.h"
 
 static rl_ops *o;
 

@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "model.h"
-#include "ops.h"
-#include "rng.h"
+#include "base/core.h"
+#include "model/model.h"
+#include "compute/ops.h"
+#include "base/rng.h"
 
 #if HAVE_CUDA
 #include <cuda_runtime.h>

@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvcache.h"
-#include "model.h"
-#include "ops.h"
+#include "model/kvcache.h"
+#include "model/model.h"
+#include "compute/ops.h"
 
 static int L = 10, C = 256, NH = 8, NKV = 4, H = 768, V = 8192, B = 4, T = 256, STEPS = 3;
 static int DB = 16, P = 32, D = 32, torch = 1;

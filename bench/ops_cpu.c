@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "ops_cpu.h"
-#include "rng.h"
+#include "compute/ops_cpu.h"
+#include "base/rng.h"
 
 static float *
 rnd(size_t n, rl_rng *r)

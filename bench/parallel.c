@@ -19,8 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "comm.h"
-#include "core.h"
+#include "compute/comm.h"
+#include "base/core.h"
 
 static int
 free_port(void)

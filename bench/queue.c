@@ -18,8 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "qclient.h"
-#include "traj.h"
+#include "queue/qclient.h"
+#include "stream/traj.h"
 
 #define BATCH 64
 #define GROUP 8

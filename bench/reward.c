@@ -14,10 +14,10 @@
  * The end-to-end figures through the program (stream decode + encode) come
  * from bench/reward.sh.
  */
-#include "core.h"
-#include "reward.h"
-#include "rng.h"
-#include "traj.h"
+#include "base/core.h"
+#include "reward/reward.h"
+#include "base/rng.h"
+#include "stream/traj.h"
 
 #include <stdio.h>
 #include <stdlib.h>

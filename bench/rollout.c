@@ -10,10 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "core.h"
-#include "engine.h"
-#include "model.h"
-#include "rng.h"
+#include "base/core.h"
+#include "rollout/engine.h"
+#include "model/model.h"
+#include "base/rng.h"
 
 static int
 sink(void *ctx, const rl_gen_sample *s)

@@ -17,9 +17,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "io.h"
-#include "rng.h"
-#include "traj.h"
+#include "base/io.h"
+#include "base/rng.h"
+#include "stream/traj.h"
 
 enum { NREC = 1024, BATCH = 256, P = 64, R = 512, VOCAB = 151936 };
 

@@ -42,9 +42,9 @@
  * one Adam-like step w -= lr * g with |g| ~ 1 (Adam normalises the update),
  * both versions rounded to bf16.
  */
-#include "core.h"
-#include "wdir.h"
-#include "wsync.h"
+#include "base/core.h"
+#include "sync/wdir.h"
+#include "sync/wsync.h"
 
 #include <arpa/inet.h>
 #include <malloc.h>

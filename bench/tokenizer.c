@@ -18,9 +18,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "core.h"
-#include "tok_impl.h"
-#include "tokenizer.h"
+#include "base/core.h"
+#include "tok/tok_impl.h"
+#include "tok/tokenizer.h"
 
 static double
 cpu_now(void)

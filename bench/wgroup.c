@@ -1,5 +1,5 @@
 /*
- * bench/wgroup — the weights broadcast group (lib/wgroup.c) on this machine:
+ * bench/wgroup — the weights broadcast group (lib/sync/wgroup.c) on this machine:
  * a trainer process sends V versions of a randomly initialised model to W-1
  * member processes over the CPU ring (127.0.0.1), each member taking every
  * version into its model (rl_wgroup_take: copy + compute copy refresh).
@@ -22,11 +22,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "core.h"
-#include "model.h"
-#include "ops.h"
-#include "wgroup.h"
+#include "model/config.h"
+#include "base/core.h"
+#include "model/model.h"
+#include "compute/ops.h"
+#include "sync/wgroup.h"
 
 #include "shapes.h"
 

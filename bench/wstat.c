@@ -14,10 +14,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "io.h"
-#include "qhttp.h"
-#include "qserve_workers.h"
-#include "wstat.h"
+#include "base/io.h"
+#include "queue/qhttp.h"
+#include "queue/qserve_workers.h"
+#include "queue/wstat.h"
 
 static double
 cpu_now(void)

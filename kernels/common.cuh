@@ -10,7 +10,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#include "lib/ops.h"
+#include "compute/ops.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -58,7 +58,7 @@ static __device__ __forceinline__ bf16 tobf(float x) { return __float2bfloat16(x
 static __device__ __forceinline__ void pdl_wait(void) { RLK_GDC("griddepcontrol.wait;"); }
 static __device__ __forceinline__ void pdl_trigger(void) { RLK_GDC("griddepcontrol.launch_dependents;"); }
 
-/* inv_freq of frequency f (< HD/2) under r (lib/ops.h rl_rope): the kernels' theta^(-2f/HD),
+/* inv_freq of frequency f (< HD/2) under r (lib/compute/ops.h rl_rope): the kernels' theta^(-2f/HD),
  * then with r.factor > 0 Llama 3's rescaling in the fp32 steps of the CPU reference
  * (rl_cpu_rope_inv); the _rn intrinsics keep nvcc from contracting them into FMAs.  Every
  * kernel that rotates (k_rope, k_rope8, k_rope_kv, fuse.cuh's QKV epilogue, step.cu) takes

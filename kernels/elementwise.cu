@@ -1,7 +1,7 @@
 /*
  * elementwise.cu — memory-bound kernels: cast, add, GELU, SwiGLU, embedding, RoPE,
  * bias gradient, sum of squares, fused AdamW (one tensor, or many in one launch),
- * KV-cache write.  Semantics: lib/ops.h.
+ * KV-cache write.  Semantics: lib/compute/ops.h.
  *
  * cast, add, GELU, SwiGLU and RoPE have two forms: one thread per element (or pair),
  * and "vec" kernels (suffix 8) where each thread moves 8 bf16 (16 bytes) per load and

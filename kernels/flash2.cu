@@ -2,7 +2,7 @@
  * flash2.cu — causal flash attention, forward and backward, on the tensor cores
  * through mma.sync.m16n8k16 (bf16 operands, f32 accumulation) and ldmatrix, with
  * the scores, probabilities and output kept in the mma accumulator registers
- * (FlashAttention-2 style).  Contract of ops->attn_fwd / attn_bwd (lib/ops.h):
+ * (FlashAttention-2 style).  Contract of ops->attn_fwd / attn_bwd (lib/compute/ops.h):
  * qkv (B, T, (NH + 2 NKV) HD) bf16, GQA (query head h reads kv head h / G),
  * causal plus the seg mask (key s visible to query t iff s <= t and seg[s] ==
  * seg[t]; seg[t] < 0: out 0, lse 0, no gradient), lse (B, NH, T) f32 natural

@@ -1,5 +1,5 @@
 /*
- * fuse.cu — the decode fusions of lib/ops.h (matmul_fused_fwd, rope_kv_write): fewer kernels
+ * fuse.cu — the decode fusions of lib/compute/ops.h (matmul_fused_fwd, rope_kv_write): fewer kernels
  * in a decode step at a few sequences, where each launch costs more than its work (2.5 to
  * 5 us a kernel in a CUDA graph on the H100 against 4 to 10 us for a layer's GEMVs).
  *

@@ -20,7 +20,7 @@
 #define FU_WARPS 8
 #define FU_INFL 8     /* 16-byte weight chunks in flight per lane (over the warp's weight rows) */
 #define FU_GELU_K 0.7978845608028654f  /* sqrt(2/pi), as elementwise.cu */
-#define FU_EP_QKV 4   /* the QKV epilogue: after lib/ops.h's RL_EP_* */
+#define FU_EP_QKV 4   /* the QKV epilogue: after lib/compute/ops.h's RL_EP_* */
 
 /* the QKV epilogue's arguments (rope_kv_write's) */
 struct fu_qkv {
@@ -188,7 +188,7 @@ struct fu_pdl {
 	__device__ __forceinline__ void wait() const { pdl_wait(); }
 };
 
-/* out by EP (lib/ops.h's RL_EP_*, or FU_EP_QKV) of round(norm(x) (NR, C) @ w^T + bias); NORM: x
+/* out by EP (lib/compute/ops.h's RL_EP_*, or FU_EP_QKV) of round(norm(x) (NR, C) @ w^T + bias); NORM: x
  * normalised first (ln: LayerNorm, else RMSNorm).  Warps own NO = OC outputs of a row (OC / 2:
  * SwiGLU's gate and up rows o, o + OC/2; the QKV epilogue's rows o1 = h HD + f and o1 + HD/2 of
  * pair o = h HD/2 + f); blocks of FU_WARPS, this one block bid of nblk.  Dynamic shared memory:

@@ -1,12 +1,12 @@
 /*
  * launch.h — the extern "C" launchers of the CUDA kernels (the .cu files of kernels/), the
- * only kernel header lib/ includes (lib/ops_cuda.c).  Each launcher queues
+ * only kernel header lib/ includes (lib/compute/ops_cuda.c).  Each launcher queues
  * work on `stream` (a cudaStream_t passed as void *) and returns 0 or the
  * cudaError_t of the launch; it never synchronises unless it says so.
- * Shapes, dtypes and semantics are those of the matching op in lib/ops.h;
+ * Shapes, dtypes and semantics are those of the matching op in lib/compute/ops.h;
  * "act" here is always bf16.
  *
- * Leaves out: cuBLASLt GEMMs (lib/ops_cuda.c calls cuBLASLt itself), memory
+ * Leaves out: cuBLASLt GEMMs (lib/compute/ops_cuda.c calls cuBLASLt itself), memory
  * management.
  */
 #ifndef RL_KERNELS_LAUNCH_H
@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "lib/ops.h"
+#include "compute/ops.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -195,18 +195,18 @@ int rlk_gemv_ok(int N, int C, const void *inp, const void *w);
 int rlk_gemv(void *stream, void *out, const void *inp, const void *w, const void *bias, int N, int C,
     int OC);
 
-/* Decode fusions (kernels/fuse.cu).  rlk_fused_gemv: matmul_fused_fwd of lib/ops.h in one
+/* Decode fusions (kernels/fuse.cu).  rlk_fused_gemv: matmul_fused_fwd of lib/compute/ops.h in one
  * kernel (no scratch) for the shapes rlk_fused_gemv_ok takes: N 1..4, C a multiple of 8 up to
  * 8192, x and w 16-byte aligned, OC even for RL_EP_SWIGLU; with a norm also nw (and nb when
  * given) 16-byte aligned and N * C <= 24576 (the normalised rows in 48 KB of shared memory).
- * rlk_rope_kv_write: rope_kv_write of lib/ops.h (rope.theta <= 0: kv_write alone), any N. */
+ * rlk_rope_kv_write: rope_kv_write of lib/compute/ops.h (rope.theta <= 0: kv_write alone), any N. */
 int rlk_fused_gemv_ok(int N, int C, int OC, int norm, int ep, const void *x, const void *nw, const void *nb,
     const void *w);
 int rlk_fused_gemv(void *stream, void *out, const void *x, const void *nw, const void *nb, float eps, int norm,
     const void *w, const void *bias, int N, int C, int OC, int ep);
 int rlk_rope_kv_write(void *stream, void *kc, void *vc, void *qkv, const int32_t *pos, const int32_t *slot,
     int N, int NH, int NKV, int HD, rl_rope rope);
-/* matmul_rope_kv_fwd of lib/ops.h in one kernel: rlk_fused_qkv_ok as rlk_fused_gemv_ok with
+/* matmul_rope_kv_fwd of lib/compute/ops.h in one kernel: rlk_fused_qkv_ok as rlk_fused_gemv_ok with
  * OC = (NH + 2 NKV) HD, and HD even. */
 int rlk_fused_qkv_ok(int N, int C, int NH, int NKV, int HD, int norm, const void *x, const void *nw,
     const void *nb, const void *w);
@@ -216,7 +216,7 @@ int rlk_fused_qkv(void *stream, void *qkv, const void *x, const void *nw, const 
 
 /* The decode step's blocks in one kernel (kernels/step.cu).  One persistent launch runs every
  * transformer block of a decode step of B <= RLK_STEP_ROWS sequences (one new token each) and
- * the final norm and LM head: per layer the five stages of the fused path of lib/model.c
+ * the final norm and LM head: per layer the five stages of the fused path of lib/model/model.c
  * (norm + QKV + RoPE + cache write; attention over the paged cache with its splits merged in
  * the kernel; o + residual; norm + up + GELU/SwiGLU; down + residual), a grid-wide barrier
  * between stages, and each stage's first weight chunks loaded before its barrier.  The grid is
@@ -224,7 +224,7 @@ int rlk_fused_qkv(void *stream, void *qkv, const void *x, const void *nw, const 
  * those of the separate fused kernels (the same device code per stage) but for the order of
  * attention's sums (its splits and warps), i.e. equal within bf16 rounding.
  * rlk_decode_step_ok: the shapes taken (gpt2: LayerNorm, GELU, no RoPE; else RMSNorm, SwiGLU,
- * RoPE (rope, lib/ops.h); HD 64 or 128, NH / NKV at most 8, C and H multiples of 8, C <= 8192,
+ * RoPE (rope, lib/compute/ops.h); HD 64 or 128, NH / NKV at most 8, C and H multiples of 8, C <= 8192,
  * 16-byte aligned activations and head weights); it reads neither the layer table nor the
  * scratch (ws, cnt, bar, nsplit), which rlk_decode_step checks (1 <= nsplit <=
  * RLK_DECODE_MAXSPLIT, ws 16-byte aligned).
@@ -233,12 +233,12 @@ int rlk_fused_qkv(void *stream, void *qkv, const void *x, const void *nw, const 
  * The layer table and the counters are device memory: cnt (B * NKV) and bar (2) zero before
  * the first launch, and every launch leaves them zero (CUDA graph replays included). */
 #define RLK_STEP_ROWS 1
-typedef rl_step_layer rlk_step_layer;  /* lib/ops.h */
+typedef rl_step_layer rlk_step_layer;  /* lib/compute/ops.h */
 typedef struct rlk_step {
 	int n_layer, C, NH, NKV, HD, H, V;
 	int gpt2;                      /* 1: LayerNorm, GELU, no RoPE; 0: RMSNorm, SwiGLU, RoPE */
 	float eps;
-	rl_rope rope;                  /* RoPE's frequencies (lib/ops.h) */
+	rl_rope rope;                  /* RoPE's frequencies (lib/compute/ops.h) */
 	int BS, MAXBLK;                /* cache block size; columns of the block table */
 	const rlk_step_layer *layer;   /* device array (n_layer) */
 	const void *lnf_w, *lnf_b, *lm_w;

@@ -2,17 +2,17 @@
  * logprob.cu — the output layer on the GPU: fused log-softmax + target gather
  * + entropy over the vocabulary (one block per row, online max/sum in fp32,
  * logits read in bf16, never an (N,V) fp32 tensor), its backward, the fused
- * PPO/GRPO token loss and token sampling.  Semantics: lib/ops.h.
+ * PPO/GRPO token loss and token sampling.  Semantics: lib/compute/ops.h.
  *
  * The log-prob kernels take the logits' row stride ld >= V (the strided LM head of
- * lib/ops.h; ld = V otherwise).
+ * lib/compute/ops.h; ld = V otherwise).
  *
- * Leaves out: the LM-head GEMM (cuBLASLt, lib/ops_cuda.c); chunking over N
+ * Leaves out: the LM-head GEMM (cuBLASLt, lib/compute/ops_cuda.c); chunking over N
  * (the caller's).
  */
 #include "kernels/common.cuh"
 #include "kernels/launch.h"
-#include "lib/rng.h"
+#include "base/rng.h"
 
 #define LP_THREADS 512
 
@@ -270,7 +270,7 @@ rlk_pg_loss(void *s, float *dlp, float *dent, float *stats, const float *lp, con
 }
 
 /* ---- sampling ------------------------------------------------------------------------------
- * One block per row, the CPU reference's exact rule (lib/ops_cpu.c): e_j = exp(x_j/T - max),
+ * One block per row, the CPU reference's exact rule (lib/compute/ops_cpu.c): e_j = exp(x_j/T - max),
  * top-k keeps the k largest e (ties: lower token id first), top-p then keeps the shortest
  * prefix of that set in (e desc, id asc) order whose mass reaches top_p of the set's mass,
  * and the token is drawn by inverse CDF in token-id order over the kept set with

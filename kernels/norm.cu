@@ -3,15 +3,15 @@
  * warp per row; statistics and weight gradients in fp32.  Backward kernels
  * accumulate the weight gradient of their rows in shared memory and add it to
  * the global f32 gradient once per block (atomicAdd), so dw/db are += as
- * lib/ops.h asks.
+ * lib/compute/ops.h asks.
  *
  * add_norm_fwd fuses the residual add in front of either forward norm (the
- * optional op of lib/ops.h): each lane adds, rounds and stores its elements of
+ * optional op of lib/compute/ops.h): each lane adds, rounds and stores its elements of
  * the row, then the norm reads them back (its own stores: no barrier needed).
  *
  * The backward norms keep the row in registers (k_norm_bwd_vec) where C allows; the
  * element-strided kernels are the fallback (and RL_CUDA_NORM_BWD_VEC=0).  Each has an
- * accumulating form (ACC = 1: layernorm_bwd_add / rmsnorm_bwd_add of lib/ops.h), which adds
+ * accumulating form (ACC = 1: layernorm_bwd_add / rmsnorm_bwd_add of lib/compute/ops.h), which adds
  * the old dx to the f32 value before its one rounding, so the model's residual gradient
  * takes the norm's gradient without a separate add pass.
  *

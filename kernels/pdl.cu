@@ -1,6 +1,6 @@
 /*
  * pdl.cu — the switch of programmatic dependent launch (common.cuh: rlk_launch,
- * pdl_wait, pdl_trigger).  Off until the backend turns it on: lib/ops_cuda.c sets it
+ * pdl_wait, pdl_trigger).  Off until the backend turns it on: lib/compute/ops_cuda.c sets it
  * on a GPU of compute capability 9.0 or more unless RL_CUDA_PDL=0.  Process-wide, as
  * the kernels' other options.
  */

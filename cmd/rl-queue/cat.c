@@ -11,10 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core.h"
-#include "io.h"
+#include "base/core.h"
+#include "base/io.h"
 #include "rlq.h"
-#include "traj.h"
+#include "stream/traj.h"
 
 static const char usage_text[] =
 	"usage: rl-queue cat [OPTION]... [FILE|-]...\n"

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "io.h"
+#include "base/core.h"
+#include "base/io.h"
 #include "rlq.h"
 
 /* The subcommands: one X(NAME, summary) line each; NAME.c defines

@@ -11,13 +11,13 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "core.h"
-#include "io.h"
-#include "progress.h"
-#include "prompt.h"
-#include "qclient.h"
+#include "base/core.h"
+#include "base/io.h"
+#include "base/progress.h"
+#include "rollout/prompt.h"
+#include "queue/qclient.h"
 #include "rlq.h"
-#include "traj.h"
+#include "stream/traj.h"
 
 static const char usage_text[] =
 	"usage: rl-queue put [OPTION]... URL [FILE|-]...\n"

@@ -1,7 +1,7 @@
 /*
  * serve.c — `rl-queue serve`: parse options into rl_qserve_config and run
- * the broker (lib/qserve.c) until SIGINT or SIGTERM, with the HTTP listener
- * (lib/qhttp.c) beside it when --http is given.
+ * the broker (lib/queue/qserve.c) until SIGINT or SIGTERM, with the HTTP listener
+ * (lib/queue/qhttp.c) beside it when --http is given.
  */
 #include <getopt.h>
 #include <signal.h>
@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "io.h"
-#include "qhttp.h"
-#include "qserve.h"
+#include "base/core.h"
+#include "base/io.h"
+#include "queue/qhttp.h"
+#include "queue/qserve.h"
 #include "rlq.h"
 
 static const char usage_text[] =

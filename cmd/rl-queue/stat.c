@@ -14,9 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core.h"
-#include "io.h"
-#include "qclient.h"
+#include "base/core.h"
+#include "base/io.h"
+#include "queue/qclient.h"
 #include "rlq.h"
 
 static const char usage_text[] =

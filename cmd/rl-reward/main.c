@@ -5,16 +5,16 @@
  * `rl-reward gen-arith` writes prompts for the synthetic arith task.
  *
  * This file parses options and maps errors to exit codes; the work is in
- * lib/reward.c, lib/reward_exec.c and lib/synth.c.
+ * lib/reward/reward.c, lib/reward/reward_exec.c and lib/reward/synth.c.
  */
-#include "core.h"
-#include "io.h"
-#include "qclient.h"
-#include "wstat.h"
-#include "reward.h"
-#include "reward_exec.h"
-#include "synth.h"
-#include "traj.h"
+#include "base/core.h"
+#include "base/io.h"
+#include "queue/qclient.h"
+#include "queue/wstat.h"
+#include "reward/reward.h"
+#include "reward/reward_exec.h"
+#include "reward/synth.h"
+#include "stream/traj.h"
 
 #include <errno.h>
 #include <getopt.h>

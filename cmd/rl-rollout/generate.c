@@ -1,6 +1,6 @@
 /*
  * generate.c — `rl-rollout -m MODEL [-n G] [PROMPTS|-]`: prompts in,
- * trajectory records out, through the engine (lib/engine.c); and
+ * trajectory records out, through the engine (lib/rollout/engine.c); and
  * `rl-rollout --score FIELD`, which writes each response token's log-prob
  * under MODEL into FIELD.  Weight versions come from --weights-from DIR
  * (the checkpoint root rl-train writes).
@@ -19,23 +19,23 @@
 #include <cjson/cJSON.h>
 
 #include "cmd.h"
-#include "ckpt.h"
-#include "core.h"
-#include "gset.h"
-#include "json.h"
-#include "engine.h"
-#include "io.h"
-#include "model.h"
-#include "progress.h"
-#include "prompt.h"
-#include "qclient.h"
-#include "safetensors.h"
-#include "wgroup.h"
-#include "wsync.h"
-#include "rng.h"
-#include "tokenizer.h"
-#include "traj.h"
-#include "wstat.h"
+#include "model/ckpt.h"
+#include "base/core.h"
+#include "base/gset.h"
+#include "base/json.h"
+#include "rollout/engine.h"
+#include "base/io.h"
+#include "model/model.h"
+#include "base/progress.h"
+#include "rollout/prompt.h"
+#include "queue/qclient.h"
+#include "model/safetensors.h"
+#include "sync/wgroup.h"
+#include "sync/wsync.h"
+#include "base/rng.h"
+#include "tok/tokenizer.h"
+#include "stream/traj.h"
+#include "queue/wstat.h"
 
 static const char usage_text[] =
     "usage: rl-rollout -m MODEL_DIR [-n G] [options] [PROMPTS.jsonl|-]\n"
@@ -770,7 +770,7 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 			rv = RL_EFORMAT;
 			goto out;
 		}
-		/* OpenAI content parts, reasoning_content, chat_template_kwargs: lib/prompt.c */
+		/* OpenAI content parts, reasoning_content, chat_template_kwargs: lib/rollout/prompt.c */
 		rv = rl_prompt_chat_parse(&ch, cJSON_IsString(pr) ? NULL : pr, kw, where);
 		if (rv == 0 && cJSON_IsString(pr)) {
 			ch.msgs = rl_xcalloc(1, sizeof(*ch.msgs));
@@ -782,7 +782,7 @@ parse_prompt_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, si
 		/* --chat-template auto: the model's own template's system turn is put in
 		 * when the chat has none; a template neither ChatML nor plain is
 		 * refused (RL_ENOTSUP, which stops the run: no chat prompt can be
-		 * used); lib/tokenizer.c */
+		 * used); lib/tok/tokenizer.c */
 		if (rv == 0 &&
 		    ((rv = rl_tokenizer_apply_chat(&ids, g->tok, ch.msgs, ch.n, g->tmpl, flags)) != 0 ||
 		     (rv = rl_tokenizer_render_chat(&text, &tlen, g->tok, ch.msgs, ch.n, g->tmpl, flags)) != 0)) {

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "cmd.h"
-#include "core.h"
+#include "base/core.h"
 
 static const struct subcmd {
 	const char *name;

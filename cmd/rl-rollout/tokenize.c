@@ -14,11 +14,11 @@
 #include <string.h>
 
 #include "cmd.h"
-#include "core.h"
-#include "json.h"
-#include "prompt.h"
-#include "tokenizer.h"
-#include "traj.h"
+#include "base/core.h"
+#include "base/json.h"
+#include "rollout/prompt.h"
+#include "tok/tokenizer.h"
+#include "stream/traj.h"
 
 typedef struct tok_config {
 	const char *model;

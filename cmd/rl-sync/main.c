@@ -7,14 +7,14 @@
  *   rl-sync status URL [--json]
  *   rl-sync publish DIR CKPT_DIR --version N [--keep K]     (file transport)
  *
- * Parses options and calls lib/wsync.h and lib/wdir.h; nothing else here.
+ * Parses options and calls lib/sync/wsync.h and lib/sync/wdir.h; nothing else here.
  * Exit: 0 ok, 1 runtime failure, 2 usage, 3 no version to pull (pull without
  * --wait), 4 checksum failure.
  */
-#include "core.h"
-#include "io.h"
-#include "wdir.h"
-#include "wsync.h"
+#include "base/core.h"
+#include "base/io.h"
+#include "sync/wdir.h"
+#include "sync/wsync.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>

@@ -1,6 +1,6 @@
 /*
  * rl-train — the learner: scored trajectories in, checkpoints and metrics out.
- * Parses options into rl_train_opts and calls lib/train.c.
+ * Parses options into rl_train_opts and calls lib/train/train.c.
  */
 #include <getopt.h>
 #include <errno.h>
@@ -9,13 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
-#include "comm.h"
-#include "core.h"
-#include "groups.h"
-#include "io.h"
-#include "train.h"
-#include "wsync.h"
+#include "train/algo.h"
+#include "compute/comm.h"
+#include "base/core.h"
+#include "train/groups.h"
+#include "base/io.h"
+#include "train/train.h"
+#include "sync/wsync.h"
 
 static const char usage_text[] =
     "usage: rl-train -m MODEL_DIR --out CKPT_DIR [--algo A] [options] [FILE|-]\n"

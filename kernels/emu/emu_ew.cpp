@@ -3,7 +3,7 @@
  * through cuda_emu.h:
  *   - the vec forms (16-byte loads, suffix 8) of cast, add, GELU, SwiGLU and RoPE
  *     against the element-wise forms, bit for bit (both call the same __device__ math,
- *     and here the same libm), and against the CPU reference of lib/ops_cpu.c within a
+ *     and here the same libm), and against the CPU reference of lib/compute/ops_cpu.c within a
  *     bf16 rounding; sizes that are not multiples of 8 (the tail), a grid smaller than
  *     the work (grid-stride loops), add in place, RoPE with head counts that are not a
  *     multiple of the heads a thread takes;
@@ -25,8 +25,8 @@
 #include "cuda_emu.h"
 
 extern "C" {
-#include "core.h"
-#include "ops_cpu.h"
+#include "base/core.h"
+#include "compute/ops_cpu.h"
 }
 #include "kernels/launch.h"
 

@@ -3,7 +3,7 @@
  * run on the CPU through cuda_emu.h, with mma.sync m16n8k16 and ldmatrix (.trans)
  * emulated lane by lane as the PTX ISA defines them (cp.async done at the latest moment
  * its wait_group allows), against the CPU reference
- * (rl_cpu_attn_fwd / rl_cpu_attn_bwd of lib/ops_cpu.c).
+ * (rl_cpu_attn_fwd / rl_cpu_attn_bwd of lib/compute/ops_cpu.c).
  *
  * Cases: T = 1, T not a multiple of the 64-row blocks or of the 32-row inner tiles
  * of HD 128, exact multiples, B > 1, GQA group sizes 1, 2, 4, 7, packed segments,
@@ -21,8 +21,8 @@
 #include "cuda_emu.h"
 
 extern "C" {
-#include "core.h"
-#include "ops_cpu.h"
+#include "base/core.h"
+#include "compute/ops_cpu.h"
 }
 
 /* the primitives flash2.cu writes in inline PTX */

@@ -1,7 +1,7 @@
 /*
  * emu_kernels.cpp — kernels of decode.cu and norm.cu run on the CPU through
  * cuda_emu.h (their source cut out of the .cu files by run.sh) against the CPU
- * reference of lib/ops_cpu.c:
+ * reference of lib/compute/ops_cpu.c:
  *   - split decode attention (k_decode_split, k_decode_lane or k_decode_wide): HD 64 and 128,
  *     1 to 8 query heads per KV head, nsplit 1, 2, 3, 7, 22, 32, 44, 64, contexts of 1,
  *     the whole cache, exact multiples of a round (DC_UNROLL keys x the workers) and one
@@ -35,8 +35,8 @@
 #include "cuda_emu.h"
 
 extern "C" {
-#include "core.h"
-#include "ops_cpu.h"
+#include "base/core.h"
+#include "compute/ops_cpu.h"
 }
 
 /* fuse.cu's dynamic shared memory: cuda_emu.h's arena (NaN-filled before every block) */

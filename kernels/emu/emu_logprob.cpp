@@ -2,7 +2,7 @@
  * emu_logprob.cpp — k_logprob_fwd and k_logprob_bwd of logprob.cu (their source cut out
  * by run.sh) run on the CPU through cuda_emu.h against the CPU reference
  * rl_cpu_logprob_fwd / rl_cpu_logprob_bwd, on logits laid out with a row stride ld >= V
- * (the strided LM head of lib/ops.h): ld = V (odd V: rows alternately 4-byte aligned
+ * (the strided LM head of lib/compute/ops.h): ld = V (odd V: rows alternately 4-byte aligned
  * and not, so both the paired and the one-at-a-time loops run), V rounded up to 64
  * (every row paired), and V + 1; with and without entropy; backward out of place and
  * in place; rows with tgt < 0 and tgt = V - 1.  The stride's pad columns hold a
@@ -15,8 +15,8 @@
 #include "cuda_emu.h"
 
 extern "C" {
-#include "core.h"
-#include "ops_cpu.h"
+#include "base/core.h"
+#include "compute/ops_cpu.h"
 }
 
 #include "logprob.inc"

@@ -12,10 +12,10 @@
 #include "cuda_emu.h"
 
 extern "C" {
-#include "core.h"
-#include "ops.h"
-#include "ops_cpu.h"
-#include "rng.h"
+#include "base/core.h"
+#include "compute/ops.h"
+#include "compute/ops_cpu.h"
+#include "base/rng.h"
 }
 
 #include "sample.inc"

@@ -1,7 +1,7 @@
 /*
  * emu_step.cpp — step.cu's persistent decode step run on the CPU through cuda_emu.h (its device
  * code, with fuse.cuh's and decode.cuh's, cut out of the sources by run.sh) against the CPU
- * reference of lib/ops_cpu.c:
+ * reference of lib/compute/ops_cpu.c:
  *   - st_stage stage by stage, each stage one emu_launch over the same grid of 3 to 9 blocks in
  *     a random block order (the kernel boundary stands in for the grid barrier; the attention
  *     units' in-stage merge meets through its counters in any order), for random tiny models:
@@ -11,7 +11,7 @@
  *     32-key round per warp), nsplit 1, 3 and 32 (most splits then empty), and splits by
  *     context (split_keys 64 and 256: 5, 1 and 2 of the splits taken);
  *     the logits, the final x and the cache rows written (every layer) against the CPU ops in
- *     lib/model.c's order with the GPU's bf16 roundings, every other cache row untouched, the
+ *     lib/model/model.c's order with the GPU's bf16 roundings, every other cache row untouched, the
  *     merge counters back at 0;
  *   - the whole kernel k_decode_step over 4 blocks of 256 threads run at once (emu_launch_coop:
  *     its real barrier, a polling block sleeping while the others run, each block its own
@@ -37,8 +37,8 @@
 #include "cuda_emu.h"
 
 extern "C" {
-#include "core.h"
-#include "ops_cpu.h"
+#include "base/core.h"
+#include "compute/ops_cpu.h"
 }
 #include "kernels/launch.h"
 
@@ -176,7 +176,7 @@ test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int n
 		bt[i] = perm[i];
 	slot = bt[pos / BS] * BS + pos % BS;
 
-	/* the CPU reference: lib/model.c's fused decode path op by op, each act output rounded to bf16
+	/* the CPU reference: lib/model/model.c's fused decode path op by op, each act output rounded to bf16
 	 * where the kernel stores it */
 	float *rx = new float[C], *rxn = new float[C], *rq = new float[QKV], *ratt = new float[AD], *rt = new float[C];
 	float *rfc = new float[FC], *rh = new float[H], *rlog = new float[V], mean, rstd;

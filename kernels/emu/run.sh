@@ -1,6 +1,6 @@
 #!/bin/sh
 # kernels/emu/run.sh — runs kernel sources on the CPU through kernels/emu/cuda_emu.h
-# and compares them with the CPU reference (lib/ops_cpu.c).  No GPU needed; a C++
+# and compares them with the CPU reference (lib/compute/ops_cpu.c).  No GPU needed; a C++
 # build (g++), run by `make check` through tests/cli/cuda-emu.bats (skipped
 # without a C++ compiler) and by hand after changing the kernels it covers
 # (decode.cu's three decode attention kernels and merge, norm.cu's forward norms,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# Stage workers report to the broker (lib/wstat.c -> REPORT -> the broker's
+# Stage workers report to the broker (lib/queue/wstat.c -> REPORT -> the broker's
 # worker table): a short pipeline where rl-rollout, rl-reward and rl-train
 # all report, /metrics parsed strictly and checked against `rl-queue stat
 # --json`; per-worker lines in `rl-queue stat` and `--watch`; malformed and

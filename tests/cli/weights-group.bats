@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# The weights broadcast group (lib/wgroup.c; rl-train --weights-group,
+# The weights broadcast group (lib/sync/wgroup.c; rl-train --weights-group,
 # rl-rollout --weights-group): on-policy through pipes, each version
 # broadcast from the trainer's parameters over the CPU ring, gives bit for bit
 # the weights of the same run through a checkpoint directory; a third rank;

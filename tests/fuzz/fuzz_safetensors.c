@@ -8,7 +8,7 @@
  *
  * Build and run by hand (not part of make check):
  *   clang -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -Ilib \
- *     tests/fuzz/fuzz_safetensors.c lib/safetensors.c lib/config.c lib/core.c lib/json.c lib/io.c \
+ *     tests/fuzz/fuzz_safetensors.c lib/model/safetensors.c lib/model/config.c lib/base/core.c lib/base/json.c lib/base/io.c \
  *     -lcjson -lzstd -lm \
  *     -o build/fuzz_safetensors && build/fuzz_safetensors -max_total_time=60 -close_fd_mask=2
  */
@@ -18,8 +18,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "safetensors.h"
+#include "model/config.h"
+#include "model/safetensors.h"
 
 static char path[64];
 

@@ -21,9 +21,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core.h"
-#include "tok_impl.h"
-#include "tokenizer.h"
+#include "base/core.h"
+#include "tok/tok_impl.h"
+#include "tok/tokenizer.h"
 #include <utf8proc.h>
 
 static rl_tokenizer *gpt2_like, *qwen_like;

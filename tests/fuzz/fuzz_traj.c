@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "io.h"
-#include "traj.h"
+#include "base/io.h"
+#include "stream/traj.h"
 
 static void
 roundtrip(const rl_traj *t, const rl_traj_limits *lim)

@@ -16,7 +16,7 @@ fi
 mkdir -p "$out/corpus"
 flags="-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Ilib -I."
 "$CLANG" $flags $(pkg-config --cflags libcjson) -o "$out/fuzz_tokenizer" \
-	tests/fuzz/fuzz_tokenizer.c lib/core.c lib/tokenizer.c lib/tok_bpe.c lib/tok_pretok.c \
+	tests/fuzz/fuzz_tokenizer.c lib/base/core.c lib/tok/tokenizer.c lib/tok/tok_bpe.c lib/tok/tok_pretok.c \
 	$(pkg-config --libs libcjson) -lpcre2-8 -lutf8proc -lm -lpthread
 
 # seeds: a tokenizer.json, and text for each mode

@@ -17,7 +17,7 @@ mkdir -p "$out/corpus"
 flags="-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Ilib -I."
 # only the modules the decoders need; the rest of lib/ is not under test here
 "$CLANG" $flags $(pkg-config --cflags libzstd libcjson) -o "$out/fuzz_traj" \
-	tests/fuzz/fuzz_traj.c lib/core.c lib/io.c lib/json.c lib/traj.c lib/traj_json.c lib/traj_stream.c \
+	tests/fuzz/fuzz_traj.c lib/base/core.c lib/base/io.c lib/base/json.c lib/stream/traj.c lib/stream/traj_json.c lib/stream/traj_stream.c \
 	$(pkg-config --libs libzstd libcjson) -lm -lpthread
 
 # seeds: JSONL records, and their binary form when rl-queue is built

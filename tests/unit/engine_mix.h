@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "engine.h"
-#include "model.h"
+#include "base/core.h"
+#include "rollout/engine.h"
+#include "model/model.h"
 #include "t.h"
 
 #define MIX_MAXS 96

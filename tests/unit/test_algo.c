@@ -1,8 +1,8 @@
 /* test_algo.c — advantages and loss weights against values computed by hand
  * (the arithmetic is in the comments).  Tolerance 1e-5: float32 results of
  * double sums on O(1) values. */
-#include "algo.h"
-#include "core.h"
+#include "train/algo.h"
+#include "base/core.h"
 #include "t.h"
 
 #define TOL 1e-5

@@ -13,11 +13,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt.h"
-#include "model.h"
-#include "safetensors.h"
+#include "model/ckpt.h"
+#include "model/model.h"
+#include "model/safetensors.h"
 #include "t.h"
-#include "wsync.h"
+#include "sync/wsync.h"
 
 static char tmpd[] = "/tmp/rl-test-ckpt.XXXXXX";
 

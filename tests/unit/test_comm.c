@@ -23,8 +23,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "comm.h"
-#include "core.h"
+#include "compute/comm.h"
+#include "base/core.h"
 #include "t.h"
 #include "t_port.h"
 

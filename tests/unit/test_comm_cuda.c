@@ -15,9 +15,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "comm.h"
-#include "core.h"
-#include "ops.h"
+#include "compute/comm.h"
+#include "base/core.h"
+#include "compute/ops.h"
 #include "t.h"
 #include "t_port.h"
 

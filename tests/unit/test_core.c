@@ -1,6 +1,6 @@
 /* test_core.c — pins rl_strerror's strings (users grep for them) and the
  * checked size arithmetic. */
-#include "core.h"
+#include "base/core.h"
 #include "t.h"
 
 int

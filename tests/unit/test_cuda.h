@@ -14,9 +14,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "core.h"
-#include "ops.h"
-#include "rng.h"
+#include "base/core.h"
+#include "compute/ops.h"
+#include "base/rng.h"
 #include "t.h"
 
 static rl_rng tc_rng;

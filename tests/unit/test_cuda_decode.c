@@ -32,12 +32,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "model/config.h"
 #include "engine_mix.h"
-#include "kvcache.h"
-#include "model.h"
-#include "ops.h"
-#include "rng.h"
+#include "model/kvcache.h"
+#include "model/model.h"
+#include "compute/ops.h"
+#include "base/rng.h"
 #include "t.h"
 
 static const char *gpt2_json =

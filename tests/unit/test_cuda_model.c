@@ -31,10 +31,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kvcache.h"
-#include "model.h"
-#include "ops.h"
-#include "safetensors.h"
+#include "model/kvcache.h"
+#include "model/model.h"
+#include "compute/ops.h"
+#include "model/safetensors.h"
 #include "test_cuda.h"
 
 #define TEMP 0.8f

@@ -1,6 +1,6 @@
 /*
  * test_cuda_ops.c — every op of the CUDA backend against the CPU reference
- * (lib/ops_cpu.c) on random inputs and awkward shapes (N = 1, T = 1, sizes
+ * (lib/compute/ops_cpu.c) on random inputs and awkward shapes (N = 1, T = 1, sizes
  * that are not multiples of a block or a warp, GQA, packed and padded rows).
  * Inputs are drawn in fp32, rounded to bf16 and given to both backends, so the
  * two compute the same function of the same numbers; outputs are compared by
@@ -27,9 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "ops.h"
-#include "ops_cpu.h"
+#include "base/core.h"
+#include "compute/ops.h"
+#include "compute/ops_cpu.h"
 #include "test_cuda.h"
 
 static rl_ops *g;

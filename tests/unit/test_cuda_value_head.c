@@ -16,9 +16,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "config.h"
-#include "model.h"
-#include "ops.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "compute/ops.h"
 #include "test_cuda.h"
 
 #define B 3

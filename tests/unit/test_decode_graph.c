@@ -21,11 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "core.h"
+#include "model/config.h"
+#include "base/core.h"
 #include "engine_mix.h"
-#include "model.h"
-#include "ops.h"
+#include "model/model.h"
+#include "compute/ops.h"
 #include "t.h"
 
 enum { C_EMBED, C_LN, C_RMS, C_MM, C_QKN, C_ROPE, C_KVW, C_ATT, C_ADD, C_GELU, C_SWIGLU, C_COPY, C_SAMPLE };

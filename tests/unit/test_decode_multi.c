@@ -15,10 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "kvcache.h"
-#include "model.h"
-#include "ops.h"
+#include "model/config.h"
+#include "model/kvcache.h"
+#include "model/model.h"
+#include "compute/ops.h"
 #include "t.h"
 
 static const char *gpt2_json =

@@ -22,9 +22,9 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "core.h"
-#include "engine.h"
-#include "model.h"
+#include "base/core.h"
+#include "rollout/engine.h"
+#include "model/model.h"
 #include "t.h"
 #include "engine_mix.h"
 

@@ -3,9 +3,9 @@
  * incomplete groups reported at the end. */
 #include <math.h>
 
-#include "core.h"
-#include "groups.h"
-#include "traj.h"
+#include "base/core.h"
+#include "train/groups.h"
+#include "stream/traj.h"
 #include "t.h"
 
 static rl_traj *

@@ -3,8 +3,8 @@
  * naming the element. */
 #include <inttypes.h>
 
-#include "core.h"
-#include "gset.h"
+#include "base/core.h"
+#include "base/gset.h"
 #include "t.h"
 
 int

@@ -5,11 +5,12 @@
  */
 #pragma GCC diagnostic ignored "-Wformat-zero-length"
 #include <dirent.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io.h"
+#include "base/io.h"
 #include "t.h"
 
 static int
@@ -117,6 +118,30 @@ main(void)
 		T_OK(f == NULL);
 		T_OK(rl_io_fopen(&f, path, "rb") == 0 && f != NULL);
 		T_OK(rl_io_fclose(f, path) == 0);
+	}
+
+	/* rl_io_remove_tree: nested directories, files, a symbolic link that
+	 * points out of the tree (the link goes, its target stays) */
+	{
+		char t[300], p[400], outside[300];
+		struct stat st;
+		snprintf(t, sizeof t, "%s/tree", dir);
+		snprintf(outside, sizeof outside, "%s/outside", dir);
+		T_OK(rl_io_write_atomic(outside, "keep", 4, 0) == 0);
+		snprintf(p, sizeof p, "%s/a/b/c", t);
+		T_OK(rl_io_mkdir_p(p, 0) == 0);
+		snprintf(p, sizeof p, "%s/a/b/c/f", t);
+		T_OK(rl_io_write_atomic(p, "x", 1, 0) == 0);
+		snprintf(p, sizeof p, "%s/a/g", t);
+		T_OK(rl_io_write_atomic(p, "y", 1, 0) == 0);
+		snprintf(p, sizeof p, "%s/link", t);
+		T_OK(symlink(outside, p) == 0);
+		T_EQ_INT(rl_io_remove_tree(t), RL_OK);
+		T_OK(stat(t, &st) != 0 && errno == ENOENT);
+		T_OK(stat(outside, &st) == 0 && st.st_size == 4);
+		T_EQ_INT(rl_io_remove_tree(t), RL_OK); /* gone already: not an error */
+		T_EQ_INT(rl_io_remove_tree(outside), RL_OK); /* a plain file */
+		T_OK(stat(outside, &st) != 0);
 	}
 
 	{

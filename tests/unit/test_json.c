@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "json.h"
+#include "base/json.h"
 #include "t.h"
 
 static char errbuf[4096];

@@ -42,9 +42,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model.h"
-#include "ops.h"
-#include "safetensors.h"
+#include "model/model.h"
+#include "compute/ops.h"
+#include "model/safetensors.h"
 #include "t.h"
 
 #define TEMP 0.8f

@@ -13,11 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "model.h"
-#include "ops.h"
-#include "ops_cpu.h"
-#include "rng.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "compute/ops.h"
+#include "compute/ops_cpu.h"
+#include "base/rng.h"
 #include "t.h"
 
 #define B 2

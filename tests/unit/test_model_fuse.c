@@ -1,6 +1,6 @@
 /*
  * test_model_fuse.c — the model's decode fusions wired right, without a GPU: the CPU backend
- * given matmul_fused_fwd, rope_kv_write and matmul_rope_kv_fwd (the optional ops of lib/ops.h
+ * given matmul_fused_fwd, rope_kv_write and matmul_rope_kv_fwd (the optional ops of lib/compute/ops.h
  * that the CUDA backend implements in kernels/fuse.cu) as compositions of its own ops, by
  * their contract (norm into xn, matmul, then add / gelu / swiglu; rope_fwd then kv_write;
  * the first then the second), against the
@@ -13,11 +13,11 @@
 #include <math.h>
 #include <string.h>
 
-#include "core.h"
-#include "kvcache.h"
-#include "model.h"
-#include "ops.h"
-#include "rng.h"
+#include "base/core.h"
+#include "model/kvcache.h"
+#include "model/model.h"
+#include "compute/ops.h"
+#include "base/rng.h"
 #include "t.h"
 
 static const char *gpt2_json =
@@ -40,7 +40,7 @@ static const char *qwen3_json =
 
 static long nfused, nropekv, nqkv;
 
-/* matmul_fused_fwd by its contract in lib/ops.h, from the backend's own ops */
+/* matmul_fused_fwd by its contract in lib/compute/ops.h, from the backend's own ops */
 static void
 fused_ref(rl_ops *o, void *out, void *tmp, void *xn, const void *x, const void *nw, const void *nb, float eps,
     int norm, const void *w, const void *bias, int N, int C, int OC, int ep)

@@ -1,5 +1,5 @@
 /*
- * test_model_head.c — the model's strided LM-head path (lib/model.c with a backend
+ * test_model_head.c — the model's strided LM-head path (lib/model/model.c with a backend
  * that has ops.h's matmul_fwd_ld / matmul_bwd_ld / logprob_fwd_ld / logprob_bwd_ld) on
  * the CPU, where no backend has it: a copy of the CPU table whose strided ops run the
  * CPU reference's plain ops row for row (logits (N, ld), ld = V rounded up to 64),
@@ -18,10 +18,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model.h"
-#include "ops.h"
-#include "ops_cpu.h"
-#include "safetensors.h"
+#include "model/model.h"
+#include "compute/ops.h"
+#include "compute/ops_cpu.h"
+#include "model/safetensors.h"
 #include "t.h"
 
 #define ALIGN 64

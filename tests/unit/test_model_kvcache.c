@@ -8,8 +8,8 @@
  */
 #include <string.h>
 
-#include "kvcache.h"
-#include "model.h"
+#include "model/kvcache.h"
+#include "model/model.h"
 #include "t.h"
 
 int

@@ -1,11 +1,11 @@
 /*
  * test_norm_bwd_add.c — the optional norm backwards that add into the residual gradient
- * (layernorm_bwd_add, rmsnorm_bwd_add of lib/ops.h), without a GPU:
+ * (layernorm_bwd_add, rmsnorm_bwd_add of lib/compute/ops.h), without a GPU:
  *   - the CPU ops against their contract, the plain op into scratch then add, bit for bit
  *     (f32 act: the one rounding of the sum is the two-step one), dw and db accumulated
  *     (+=), db or dw NULL, rows across several of the reduction's chunks, C = 1 and odd;
  *   - the model's backward through them (the CPU backend's default) against the same
- *     backend with the two ops NULL (lib/model.c's old norm_bwd then add): every gradient
+ *     backend with the two ops NULL (lib/model/model.c's old norm_bwd then add): every gradient
  *     bit for bit, for GPT-2 (LayerNorm with bias), Qwen2 (RMSNorm) and Qwen3 (RMSNorm
  *     beside q/k-norm), with and without activation recomputation, two passes (the second
  *     adds to the first's gradients), and the op called twice a layer per backward;
@@ -19,11 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "model.h"
-#include "ops.h"
-#include "ops_cpu.h"
-#include "rng.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "compute/ops.h"
+#include "compute/ops_cpu.h"
+#include "base/rng.h"
 #include "t.h"
 
 static const char *gpt2_json =

@@ -1,7 +1,7 @@
 /*
- * test_ops_cpu.c — the CPU reference backend (lib/ops_cpu.c) against
+ * test_ops_cpu.c — the CPU reference backend (lib/compute/ops_cpu.c) against
  * (a) hand-computed values and naive double-precision implementations written
- * out here from the formulas in lib/ops.h, and (b) backward passes against
+ * out here from the formulas in lib/compute/ops.h, and (b) backward passes against
  * double-precision central differences of those naive forwards.  Shapes are
  * small and awkward on purpose: T = 1, odd C, NH != NKV, packed and padded
  * segments, V and GEMM sizes that are not multiples of any block.
@@ -20,9 +20,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ops.h"
-#include "ops_cpu.h"
-#include "rng.h"
+#include "compute/ops.h"
+#include "compute/ops_cpu.h"
+#include "base/rng.h"
 #include "t.h"
 
 static rl_rng R = { 12345, 0 };

@@ -3,8 +3,8 @@
  * (histogram cumulation, labels, absent figures left out, bad JSON). */
 #include <string.h>
 
-#include "io.h"
-#include "qhttp.h"
+#include "base/io.h"
+#include "queue/qhttp.h"
 #include "t.h"
 
 static void
@@ -89,7 +89,7 @@ main(void)
 	T_OK(has(&b, "# HELP rlqueue_leased_records_total Records leased, by stage."));
 	T_OK(has(&b, "rlqueue_lease_expiries_total 2"));
 	T_OK(has(&b, "rlqueue_stale_dropped_total 5"));
-	/* both count records (lib/queue.c: stale_regen += nsamples, late_acks += ids), not groups or acks */
+	/* both count records (lib/queue/queue.c: stale_regen += nsamples, late_acks += ids), not groups or acks */
 	T_OK(has(&b, "# HELP rlqueue_stale_regenerated_total Samples of stale groups dropped so that their prompt is generated again."));
 	T_OK(has(&b, "# HELP rlqueue_late_acks_total Records acknowledged after their lease expired or no longer held them."));
 	T_OK(has(&b, "# TYPE rlqueue_staleness histogram"));

@@ -11,10 +11,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io.h"
-#include "queue.h"
+#include "base/io.h"
+#include "queue/queue.h"
 #include "t.h"
-#include "traj.h"
+#include "stream/traj.h"
 
 static uint64_t now = 1700000000000ULL;
 

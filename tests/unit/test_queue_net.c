@@ -25,10 +25,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "qclient.h"
+#include "queue/qclient.h"
 #include "t.h"
 #include "t_port.h"
-#include "traj.h"
+#include "stream/traj.h"
 
 static char bin[512];
 

@@ -4,11 +4,11 @@
  * evaluator, math normalisation, task specs with weights and patterns,
  * regex/format, length, and the arith generator (reproducible, disjoint
  * splits, answers that the verifier accepts). */
-#include "core.h"
-#include "reward.h"
-#include "rng.h"
-#include "synth.h"
-#include "traj.h"
+#include "base/core.h"
+#include "reward/reward.h"
+#include "base/rng.h"
+#include "reward/synth.h"
+#include "stream/traj.h"
 #include "t.h"
 
 #include <stdint.h>

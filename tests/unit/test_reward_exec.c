@@ -2,8 +2,8 @@
  * replies as numbers and objects, and a worker that crashes, exits, hangs,
  * prints junk, prints nothing or prints two lines: every record gets a
  * labelled result, the pool restarts the worker and goes on, order is kept. */
-#include "core.h"
-#include "reward_exec.h"
+#include "base/core.h"
+#include "reward/reward_exec.h"
 #include "t.h"
 
 static void

@@ -11,10 +11,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "model.h"
-#include "rng.h"
-#include "safetensors.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "base/rng.h"
+#include "model/safetensors.h"
 #include "t.h"
 
 static char tmpd[] = "/tmp/rl-test-st.XXXXXX";

@@ -4,8 +4,8 @@
 #include <stdint.h>
 #include <unistd.h>
 
-#include "core.h"
-#include "tfevents.h"
+#include "base/core.h"
+#include "train/tfevents.h"
 #include "t.h"
 
 static uint64_t

@@ -13,10 +13,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core.h"
-#include "io.h"
-#include "tok_impl.h"
-#include "tokenizer.h"
+#include "base/core.h"
+#include "base/io.h"
+#include "tok/tok_impl.h"
+#include "tok/tokenizer.h"
 #include "t.h"
 
 static char tmpdir[] = "/tmp/rl-tok-test.XXXXXX";

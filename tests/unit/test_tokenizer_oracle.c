@@ -16,9 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core.h"
-#include "tok_impl.h"
-#include "tokenizer.h"
+#include "base/core.h"
+#include "tok/tok_impl.h"
+#include "tok/tokenizer.h"
 #include "t.h"
 
 static char npm[1024], cache[1100];

@@ -11,10 +11,10 @@
 #include <unistd.h>
 #include <zstd.h>
 
-#include "io.h"
-#include "rng.h"
+#include "base/io.h"
+#include "base/rng.h"
 #include "t.h"
-#include "traj.h"
+#include "stream/traj.h"
 
 static uint64_t rs = 12345;
 static uint64_t

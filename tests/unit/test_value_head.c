@@ -27,14 +27,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt.h"
-#include "config.h"
-#include "model.h"
-#include "ops.h"
-#include "rng.h"
-#include "safetensors.h"
+#include "model/ckpt.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "compute/ops.h"
+#include "base/rng.h"
+#include "model/safetensors.h"
 #include "t.h"
-#include "wsync.h"
+#include "sync/wsync.h"
 
 #define B 2
 #define T 7

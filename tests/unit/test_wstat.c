@@ -1,7 +1,7 @@
 /*
- * test_wstat.c — stage stats: the client side (lib/wstat.c: busy/idle
+ * test_wstat.c — stage stats: the client side (lib/queue/wstat.c: busy/idle
  * accounting, the report it builds, train steps, NVML absent), the
- * broker's worker table (lib/qserve_workers.c: busy fraction and rates over
+ * broker's worker table (lib/queue/qserve_workers.c: busy fraction and rates over
  * a window, timeline, restarts, TTL, train history without duplicates), and
  * a live broker (inproc) that takes good reports, refuses malformed and
  * oversized ones with a reason and keeps serving, and shows reports sent by
@@ -14,11 +14,11 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include "qproto.h"
-#include "qserve.h"
-#include "qserve_workers.h"
+#include "queue/qproto.h"
+#include "queue/qserve.h"
+#include "queue/qserve_workers.h"
 #include "t.h"
-#include "wstat.h"
+#include "queue/wstat.h"
 
 static double
 jnum(const cJSON *o, const char *k)

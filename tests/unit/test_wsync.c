@@ -1,14 +1,13 @@
-/* test_wsync.c — rl-sync's library: the hash against libzstd's frame
- * checksum, the chunk codec, versions, the directory format and the file
+/* test_wsync.c — rl-sync's library: the chunk codec, versions, the directory format and the file
  * transport, and the nng service on loopback: several subscribers see every
  * version whole and in order (or skip ahead), deltas, corrupted chunks
  * re-sent, hostile requests refused, restart from the data directory. */
-#include "core.h"
-#include "nngx.h"
+#include "base/core.h"
+#include "base/nngx.h"
 #include "t.h"
 #include "t_port.h"
-#include "wdir.h"
-#include "wsync.h"
+#include "sync/wdir.h"
+#include "sync/wsync.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -23,38 +22,6 @@
 static uint64_t rs = 88172645463325252ULL;
 static uint64_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return rs; }
 static void fill(uint8_t *p, size_t n) { for (size_t i = 0; i < n; i++) p[i] = (uint8_t)rnd(); }
-
-/* libzstd's frame checksum is the low 32 bits of XXH64(content, seed 0) */
-static uint32_t
-zstd_xxh32(const uint8_t *p, size_t n)
-{
-	ZSTD_CCtx *c = ZSTD_createCCtx();
-	size_t bound = ZSTD_compressBound(n), z;
-	uint8_t *buf = malloc(bound);
-	uint32_t v;
-
-	ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 1);
-	z = ZSTD_compress2(c, buf, bound, p, n);
-	memcpy(&v, buf + z - 4, 4);
-	free(buf);
-	ZSTD_freeCCtx(c);
-	return v;
-}
-
-static void
-test_hash(void)
-{
-	static uint8_t b[3000];
-	int bad = 0;
-
-	T_OK(rl_wsync_hash64("", 0, 0) == 0xEF46DB3751D8E999ULL);
-	fill(b, sizeof b);
-	for (size_t n = 0; n <= 200; n++)
-		bad += (uint32_t)rl_wsync_hash64(b, n, 0) != zstd_xxh32(b, n);
-	bad += (uint32_t)rl_wsync_hash64(b, sizeof b, 0) != zstd_xxh32(b, sizeof b);
-	T_EQ_INT(bad, 0);
-	T_OK(rl_wsync_hash64(b, 100, 1) != rl_wsync_hash64(b, 100, 0));
-}
 
 /* bf16-like weights: N(0, 0.02) rounded */
 static void
@@ -1200,7 +1167,6 @@ main(void)
 	snprintf(tmpd, sizeof tmpd, "/tmp/test_wsync.XXXXXX");
 	if (mkdtemp(tmpd) == NULL)
 		T_SKIP("no temporary directory");
-	test_hash();
 	test_codec();
 	test_version_dirs();
 	test_handle();

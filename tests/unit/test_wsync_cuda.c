@@ -1,5 +1,5 @@
 /*
- * test_wsync_cuda.c — CUDA IPC weight copy (lib/wcuda.c) between two
+ * test_wsync_cuda.c — CUDA IPC weight copy (lib/sync/wcuda.c) between two
  * processes on one GPU: the parent exports a device buffer of awkward size
  * (64 MiB + 123 bytes), the child opens the handle, copies device to device
  * into its own buffer and compares it (brought to the host only for the
@@ -7,9 +7,9 @@
  * handle for a GPU that is not there are refused.  Both processes start
  * CUDA only after the fork.  Skips (77) without CUDA or without a GPU.
  */
-#include "core.h"
+#include "base/core.h"
 #include "t.h"
-#include "wcuda.h"
+#include "sync/wcuda.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

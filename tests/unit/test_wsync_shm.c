@@ -1,6 +1,6 @@
 /*
  * test_wsync_shm.c — the same-host shared memory transport of rl-sync
- * (lib/wshm.c and its use in lib/wsync.c): host id, sealed objects that
+ * (lib/sync/wshm.c and its use in lib/sync/wsync.c): host id, sealed objects that
  * cannot be written, refusal of unsealed or wrongly sized objects, a server
  * handing versions to a client that maps them (bytes equal, no chunks moved),
  * fetch_into over shm, a corrupted object (forced shm: RL_ECHECKSUM; auto:
@@ -20,10 +20,10 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "core.h"
+#include "base/core.h"
 #include "t.h"
-#include "wshm.h"
-#include "wsync.h"
+#include "sync/wshm.h"
+#include "sync/wsync.h"
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>

@@ -1,0 +1,722 @@
+/*
+ * ckpt.c — atomic Hugging Face checkpoint directories, optimizer state and
+ * the `latest` link (see ckpt.h for the layout).
+ */
+#include "model/ckpt.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/json.h"
+#include "model/safetensors.h"
+#include "sync/wsync.h"
+
+typedef struct fill_ctx {
+	rl_model *m;
+	float *buf;             /* host f32 (largest tensor) */
+	int dtype;              /* file dtype */
+	int opt;                /* optimizer file: opt entries per tensor: m, v (, f32 master) */
+	int base;               /* tensor index of entry 0 (the value head file) */
+} fill_ctx;
+
+static int
+fill(void *vctx, int e, void *out, size_t nbytes)
+{
+	fill_ctx *c = vctx;
+	static const int kinds[3] = { RL_MODEL_ADAM_M, RL_MODEL_ADAM_V, RL_MODEL_PARAM };
+	int i = c->base + (c->opt ? e / c->opt : e), rv;
+	int kind = c->opt ? kinds[e % c->opt] : RL_MODEL_PARAM;
+	size_t n = c->m->tt.t[i].n;
+
+	if ((rv = rl_model_get(c->m, i, kind, c->buf)) != 0)
+		return rv;
+	if (nbytes != n * rl_dtype_size(c->dtype))
+		return RL_ESHAPE;
+	if (c->dtype == RL_F32) {
+		memcpy(out, c->buf, nbytes);
+	} else {
+		uint16_t *h = out;
+		const float *x = c->buf;
+		if (c->dtype == RL_BF16) {
+#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 18))
+			for (size_t j = 0; j < n; j++)
+				h[j] = rl_f32_to_bf16(x[j]);
+		} else {
+#pragma omp parallel for schedule(static) if (n > ((size_t)1 << 18))
+			for (size_t j = 0; j < n; j++)
+				h[j] = rl_f32_to_f16(x[j]);
+		}
+	}
+	return RL_OK;
+}
+
+static char *
+join(const char *a, const char *b)
+{
+	size_t n = strlen(a) + strlen(b) + 2;
+	char *p = rl_xmalloc(n);
+	snprintf(p, n, "%s/%s", a, b);
+	return p;
+}
+
+static int
+fsync_path(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC), rv = 0;
+	if (fd < 0)
+		return -1;
+	rv = fsync(fd);
+	close(fd);
+	return rv;
+}
+
+static int
+write_text(const char *path, const char *text)
+{
+	FILE *fp = fopen(path, "w");
+	size_t n = strlen(text);
+	int ok;
+
+	if (fp == NULL) {
+		rl_error("cannot create '%s': %s", path, strerror(errno));
+		return RL_EIO;
+	}
+	ok = fwrite(text, 1, n, fp) == n && fputc('\n', fp) != EOF && fflush(fp) == 0 &&
+	    fsync(fileno(fp)) == 0;
+	if (fclose(fp) != 0)
+		ok = 0;
+	if (!ok) {
+		rl_error("cannot write '%s': %s", path, strerror(errno));
+		return RL_EIO;
+	}
+	return RL_OK;
+}
+
+static int
+copy_file(const char *src, const char *dst)
+{
+	char *buf = NULL;
+	size_t len;
+	FILE *fp;
+	int rv, ok;
+
+	if ((rv = rli_read_file(src, &buf, &len, (size_t)256 << 20)) != 0)
+		return rv;
+	if ((fp = fopen(dst, "wb")) == NULL) {
+		rl_error("cannot create '%s': %s", dst, strerror(errno));
+		free(buf);
+		return RL_EIO;
+	}
+	ok = fwrite(buf, 1, len, fp) == len && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
+	if (fclose(fp) != 0)
+		ok = 0;
+	free(buf);
+	if (!ok) {
+		rl_error("cannot write '%s': %s", dst, strerror(errno));
+		return RL_EIO;
+	}
+	return RL_OK;
+}
+
+static void
+remove_tree(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+
+	if (d != NULL) {
+		while ((e = readdir(d)) != NULL) {
+			if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+				continue;
+			char *p = join(dir, e->d_name);
+			unlink(p);
+			free(p);
+		}
+		closedir(d);
+	}
+	rmdir(dir);
+}
+
+/* The source directory's files a Hugging Face loader reads besides the weights.
+ * transformers >= 4.5x saves the chat template as chat_template.jinja, no longer
+ * inside tokenizer_config.json (processors: chat_template.json); sentencepiece
+ * tokenizers (Llama 2, Mistral) keep their model in tokenizer.model, slow ones
+ * their extra tokens in added_tokens.json.  Without them a saved policy has no
+ * chat template or no tokenizer in transformers. */
+static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json",
+	"special_tokens_map.json", "generation_config.json", "vocab.json", "merges.txt",
+	"chat_template.jinja", "chat_template.json", "tokenizer.model", "added_tokens.json" };
+
+/* model.safetensors.index.json (cJSON_free) mapping the first nhf tensors of
+ * m's table to model.safetensors, total_size their bytes in dtype. */
+static char *
+index_json(const rl_model *m, int nhf, int dtype)
+{
+	cJSON *root = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(root, "metadata");
+	cJSON *wm = cJSON_AddObjectToObject(root, "weight_map");
+	size_t total = 0;
+	char *js;
+
+	for (int i = 0; i < nhf; i++) {
+		total += m->tt.t[i].n * rl_dtype_size(dtype);
+		cJSON_AddStringToObject(wm, m->tt.t[i].name, "model.safetensors");
+	}
+	cJSON_AddNumberToObject(md, "total_size", (double)total);
+	js = cJSON_Print(root);
+	cJSON_Delete(root);
+	return js;
+}
+
+int
+rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
+{
+	rl_st_entry *e = NULL;
+	fill_ctx fc = { .m = m, .dtype = m->cfg.dtype };
+	char *p = NULL, *js = NULL, stepbuf[32];
+	size_t maxn = 0;
+	int rv, n = m->tt.n, nhf = 0, wdtype;
+
+	if (fc.dtype != RL_F32 && fc.dtype != RL_BF16 && fc.dtype != RL_F16)
+		fc.dtype = RL_F32;
+	wdtype = fc.dtype;
+	for (int i = 0; i < n; i++)
+		maxn = RL_MAX(maxn, m->tt.t[i].n);
+	if ((fc.buf = rl_try_malloc(maxn * sizeof(float), "checkpoint buffer")) == NULL)
+		return RL_ENOMEM;
+	e = rl_xcalloc(3 * (size_t)n, sizeof *e);
+	js = rl_config_to_json(&m->cfg);
+	p = join(tmp, "config.json");
+	if ((rv = write_text(p, js)) != 0)
+		goto out;
+	/* the Hugging Face tensors; RL_T_AUX ones (the value head) follow them */
+	while (nhf < n && !(m->tt.t[nhf].flags & RL_T_AUX))
+		nhf++;
+	for (int i = 0; i < n; i++) {
+		e[i].name = m->tt.t[i].name;
+		e[i].dtype = fc.dtype;
+		e[i].ndim = rl_tensor_file_shape(&m->tt.t[i], e[i].shape);
+	}
+	free(p);
+	p = join(tmp, "model.safetensors");
+	{
+		const char *meta[] = { "format", "pt" };
+		if ((rv = rl_st_write(p, e, nhf, meta, 1, fill, &fc)) != 0)
+			goto out;
+	}
+	if (nhf < n) {
+		/* in f32 whatever cfg.dtype: tiny, and exact for --resume */
+		const char *meta[] = { "format", "pt" };
+		fill_ctx vc = { .m = m, .buf = fc.buf, .dtype = RL_F32, .base = nhf };
+		for (int i = nhf; i < n; i++)
+			e[i].dtype = RL_F32;
+		free(p);
+		p = join(tmp, RL_VALUE_HEAD_FILE);
+		if ((rv = rl_st_write(p, e + nhf, n - nhf, meta, 1, fill, &vc)) != 0)
+			goto out;
+	}
+	if (with_optimizer && m->m != NULL) {
+		/* the f32 master weights too when model.safetensors rounds them (bf16/f16),
+		 * so a resumed run continues from the same weights */
+		static const char *const sfx[3] = { "exp_avg", "exp_avg_sq", "master" };
+		int per = fc.dtype == RL_F32 ? 2 : 3;
+		char (*names)[RL_TT_NAME + 16] = rl_xcalloc(3 * (size_t)n, sizeof *names);
+		const char *meta[] = { "format", "pt", "step", stepbuf };
+		for (int i = 0; i < per * n; i++) {
+			const rl_tensor *t = &m->tt.t[i / per];
+			snprintf(names[i], sizeof names[i], "%s.%s", t->name, sfx[i % per]);
+			e[i].name = names[i];
+			e[i].dtype = RL_F32;
+			e[i].ndim = rl_tensor_file_shape(t, e[i].shape);
+		}
+		snprintf(stepbuf, sizeof stepbuf, "%d", m->step);
+		fc.opt = per;
+		fc.dtype = RL_F32;
+		free(p);
+		p = join(tmp, "optimizer.safetensors");
+		rv = rl_st_write(p, e, per * n, meta, 2, fill, &fc);
+		free(names);
+		if (rv != 0)
+			goto out;
+		free(p);
+		p = join(tmp, "trainer_state.json");
+		char st[64];
+		snprintf(st, sizeof st, "{\"global_step\": %d}", m->step);
+		if ((rv = write_text(p, st)) != 0)
+			goto out;
+	}
+	/* vLLM and SGLang load every *.safetensors of a directory without an
+	 * index, optimizer and value head state included, and fail on their
+	 * names; an index naming model.safetensors limits them to it
+	 * (transformers reads model.safetensors first, the index is unused).
+	 * Written in every directory so all versions hold the same files. */
+	free(p);
+	p = join(tmp, "model.safetensors.index.json");
+	{
+		char *ix = index_json(m, nhf, wdtype);
+		rv = write_text(p, ix);
+		cJSON_free(ix);
+		if (rv != 0)
+			goto out;
+	}
+	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
+		char *src = join(m->src_dir, tok_files[k]);
+		if (access(src, R_OK) == 0) {
+			free(p);
+			p = join(tmp, tok_files[k]);
+			rv = copy_file(src, p);
+		}
+		free(src);
+		if (rv != 0)
+			goto out;
+	}
+	if (fsync_path(tmp) != 0) {
+		rl_error("cannot sync '%s': %s", tmp, strerror(errno));
+		rv = RL_EIO;
+	}
+out:
+	cJSON_free(js);
+	free(p);
+	free(e);
+	free(fc.buf);
+	return rv;
+}
+
+/* Writes dir atomically through tmp (a sibling), then syncs the parent. */
+static int
+save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer)
+{
+	struct stat st;
+	char *parent;
+	int rv;
+
+	if (stat(dir, &st) == 0) {
+		rl_error("cannot save to '%s': it exists", dir);
+		return RL_EEXIST;
+	}
+	remove_tree(tmp); /* a leftover of a crashed run with the same pid */
+	if (mkdir(tmp, 0755) != 0) {
+		rl_error("cannot create '%s': %s", tmp, strerror(errno));
+		return RL_EIO;
+	}
+	if ((rv = rli_ckpt_write_dir(m, tmp, with_optimizer)) != 0)
+		goto fail;
+	if (rename(tmp, dir) != 0) {
+		rl_error("cannot rename '%s' to '%s': %s", tmp, dir, strerror(errno));
+		rv = errno == EEXIST || errno == ENOTEMPTY ? RL_EEXIST : RL_EIO;
+		goto fail;
+	}
+	parent = rl_xstrdup(dir);
+	fsync_path(dirname(parent));
+	free(parent);
+	return RL_OK;
+fail:
+	remove_tree(tmp);
+	return rv;
+}
+
+int
+rl_model_save(rl_model *m, const char *dir)
+{
+	size_t n = strlen(dir) + 32;
+	char *tmp = rl_xmalloc(n), *d = rl_xstrdup(dir);
+	int rv;
+
+	/* no trailing slash: DIR/ would make DIR/.tmp a child */
+	while (strlen(d) > 1 && d[strlen(d) - 1] == '/')
+		d[strlen(d) - 1] = 0;
+	snprintf(tmp, n, "%s.tmp.%ld", d, (long)getpid());
+	rv = save_atomic(m, d, tmp, 0);
+	free(tmp);
+	free(d);
+	return rv;
+}
+
+int
+rl_ckpt_save(rl_model *m, const char *root, int with_optimizer, char *path, size_t len)
+{
+	char name[32], *dir, *tmp, *lnk, *ltmp;
+	size_t n = strlen(root) + 64;
+	int rv;
+
+	if (mkdir(root, 0755) != 0 && errno != EEXIST) {
+		rl_error("cannot create '%s': %s", root, strerror(errno));
+		return RL_EIO;
+	}
+	snprintf(name, sizeof name, "step-%08d", m->step);
+	dir = join(root, name);
+	tmp = rl_xmalloc(n);
+	snprintf(tmp, n, "%s/.%s.tmp.%ld", root, name, (long)getpid());
+	lnk = join(root, "latest");
+	ltmp = rl_xmalloc(n);
+	snprintf(ltmp, n, "%s/.latest.tmp.%ld", root, (long)getpid());
+	if ((rv = save_atomic(m, dir, tmp, with_optimizer)) != 0)
+		goto out;
+	unlink(ltmp);
+	if (symlink(name, ltmp) != 0 || rename(ltmp, lnk) != 0) {
+		rl_error("cannot point '%s' at '%s': %s", lnk, name, strerror(errno));
+		unlink(ltmp);
+		rv = RL_EIO;
+		goto out;
+	}
+	fsync_path(root);
+	if (path != NULL)
+		snprintf(path, len, "%s", dir);
+out:
+	free(dir);
+	free(tmp);
+	free(lnk);
+	free(ltmp);
+	return rv;
+}
+
+int
+rl_ckpt_latest(const char *root, char *path, size_t len)
+{
+	char *lnk = join(root, "latest"), target[512], *cfg;
+	ssize_t n = readlink(lnk, target, sizeof target - 1);
+	int rv = RL_OK;
+
+	free(lnk);
+	if (n < 0)
+		return RL_ENOENT;
+	target[n] = 0;
+	if (target[0] == '/')
+		snprintf(path, len, "%s", target);
+	else
+		snprintf(path, len, "%s/%s", root, target);
+	cfg = join(path, "config.json");
+	if (access(cfg, R_OK) != 0) {
+		rl_error("'%s/latest' points at '%s', which has no config.json", root, target);
+		rv = RL_ENOENT;
+	}
+	free(cfg);
+	return rv;
+}
+
+int
+rl_ckpt_step_num(const char *name)
+{
+	int n;
+	char c;
+	if (strncmp(name, "step-", 5) != 0 || sscanf(name, "step-%d%c", &n, &c) != 1 || n < 0)
+		return -1;
+	return n;
+}
+
+/* trainer_state.json at most (its groups_done grows with the groups of a
+ * run whose ids are not a counter: SFT records' ids) */
+#define RL_STATE_MAX ((size_t)256 << 20)
+
+int
+rl_ckpt_find_full(const char *root, char *out, size_t len, int *step, cJSON **state, int quiet)
+{
+	DIR *d = opendir(root);
+	struct dirent *e;
+	int best = -1;
+	char p[4096];
+
+	*state = NULL;
+	if (!d) {
+		if (!quiet)
+			rl_error("cannot resume: cannot open '%s': %s", root, strerror(errno));
+		return RL_ENOENT;
+	}
+	while ((e = readdir(d)) != NULL) {
+		int s = rl_ckpt_step_num(e->d_name);
+		if (s <= best)
+			continue;
+		snprintf(p, sizeof p, "%s/%s/optimizer.safetensors", root, e->d_name);
+		if (access(p, R_OK) != 0)
+			continue;
+		snprintf(p, sizeof p, "%s/%s/trainer_state.json", root, e->d_name);
+		cJSON *j = NULL;
+		if (rl_json_load(&j, p, RL_STATE_MAX) != RL_OK)
+			continue;
+		if (!cJSON_GetObjectItem(j, "records_consumed")) {
+			cJSON_Delete(j);
+			continue;
+		}
+		best = s;
+		cJSON_Delete(*state);
+		*state = j;
+		snprintf(out, len, "%s/%s", root, e->d_name);
+	}
+	closedir(d);
+	if (best < 0) {
+		if (!quiet) {
+			rl_error("cannot resume: no complete training checkpoint in '%s'", root);
+			rl_hint("a full checkpoint has optimizer.safetensors and trainer_state.json (see rl-train --save-every)");
+		}
+		return RL_ENOENT;
+	}
+	*step = best;
+	return RL_OK;
+}
+
+/* The identity of step directory dir, its file being config.json when cfg,
+ * else model.safetensors (cfg < 0: that one, or config.json when there is
+ * none).  RL_OK, or RL_ENOENT when it cannot be looked at. */
+static int
+dirid(struct rl_ckpt_dirid *id, const char *dir, int cfg)
+{
+	struct stat st, fst;
+	char p[4200];
+
+	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+		return RL_ENOENT;
+	snprintf(p, sizeof p, "%s/model.safetensors", dir);
+	if (cfg > 0 || stat(p, &fst) != 0) {
+		if (cfg == 0)
+			return RL_ENOENT;
+		cfg = 1;
+		snprintf(p, sizeof p, "%s/config.json", dir);
+		if (stat(p, &fst) != 0)
+			return RL_ENOENT;
+	}
+	id->dev = (uint64_t)st.st_dev;
+	id->ino = (uint64_t)st.st_ino;
+	id->fino = (uint64_t)fst.st_ino;
+	id->mtime_s = (int64_t)fst.st_mtim.tv_sec;
+	id->mtime_ns = (int64_t)fst.st_mtim.tv_nsec;
+	id->cfg = cfg > 0;
+	return RL_OK;
+}
+
+int
+rl_ckpt_leftovers_scan(rl_ckpt_leftovers *l, const char *root, int after_step)
+{
+	DIR *d;
+	struct dirent *e;
+	size_t cap = 0;
+	char p[4096];
+
+	memset(l, 0, sizeof *l);
+	if (!(d = opendir(root)))
+		return RL_OK;
+	while ((e = readdir(d)) != NULL) {
+		struct rl_ckpt_dirid id;
+		int s = rl_ckpt_step_num(e->d_name);
+		if (s < 0 || s <= after_step)
+			continue;
+		snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+		if (dirid(&id, p, -1) != RL_OK)
+			continue;
+		if (l->n == cap) {
+			size_t nc = cap ? 2 * cap : 16;
+			void *np = realloc(l->id, nc * sizeof *l->id);
+			if (!np) {
+				closedir(d);
+				rl_ckpt_leftovers_fini(l);
+				return RL_ENOMEM;
+			}
+			l->id = np;
+			cap = nc;
+		}
+		l->id[l->n++] = id;
+	}
+	closedir(d);
+	return RL_OK;
+}
+
+int
+rl_ckpt_leftovers_has(const rl_ckpt_leftovers *l, const char *dir)
+{
+	struct stat st;
+
+	if (l->n == 0)
+		return 0;
+	if (stat(dir, &st) != 0)
+		return 1;
+	for (size_t i = 0; i < l->n; i++) {
+		struct rl_ckpt_dirid id;
+		if (l->id[i].dev != (uint64_t)st.st_dev || l->id[i].ino != (uint64_t)st.st_ino)
+			continue;
+		/* the same directory inode: a leftover unless its file is another (the
+		 * inode reused by a directory written since); half removed, it is one */
+		if (dirid(&id, dir, l->id[i].cfg) != RL_OK)
+			return 1;
+		if (id.fino == l->id[i].fino && id.mtime_s == l->id[i].mtime_s && id.mtime_ns == l->id[i].mtime_ns)
+			return 1;
+	}
+	return 0;
+}
+
+void
+rl_ckpt_leftovers_fini(rl_ckpt_leftovers *l)
+{
+	if (!l)
+		return;
+	free(l->id);
+	memset(l, 0, sizeof *l);
+}
+
+int
+rl_ckpt_load_optimizer(rl_model *m, const char *dir)
+{
+	char *p = join(dir, "optimizer.safetensors"), key[RL_TT_NAME + 16];
+	rl_st_file *f = NULL;
+	float *buf = NULL;
+	size_t maxn = 0;
+	int rv, step = -1;
+
+	if (m->m == NULL) {
+		rl_error("load optimizer: call rl_model_train_reserve first");
+		free(p);
+		return RL_EINVAL;
+	}
+	if ((rv = rl_st_open(&f, p)) != 0)
+		goto out;
+	for (int i = 0; i < m->tt.n; i++)
+		maxn = RL_MAX(maxn, m->tt.t[i].n);
+	buf = rl_xmalloc(maxn * sizeof(float));
+	/* the step is in the header metadata: re-read it */
+	{
+		const uint8_t *hp = f->map;
+		uint64_t hl = 0;
+		for (int i = 7; i >= 0; i--)
+			hl = hl << 8 | hp[i];
+		cJSON *root = cJSON_ParseWithLength((const char *)hp + 8, (size_t)hl);
+		cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
+		cJSON *s = cJSON_GetObjectItemCaseSensitive(md, "step");
+		if (cJSON_IsString(s))
+			step = atoi(s->valuestring);
+		cJSON_Delete(root);
+	}
+	if (step < 0) {
+		rl_error("'%s': no \"step\" in __metadata__", p);
+		rv = RL_EFORMAT;
+		goto out;
+	}
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		for (int k = 0; k < 3; k++) {
+			static const char *const sfx[3] = { "exp_avg", "exp_avg_sq", "master" };
+			snprintf(key, sizeof key, "%s.%s", t->name, sfx[k]);
+			const rl_st_tensor *st = rl_st_find(f, key);
+			if (k == 2 && st == NULL)
+				break; /* f32 checkpoints carry no separate master copy */
+			if (st == NULL || st->nelem != t->n || st->dtype != RL_F32) {
+				rl_error("'%s': tensor '%s' %s", p, key, st == NULL ? "is missing" :
+				    "has the wrong shape or dtype");
+				rv = st == NULL ? RL_ENOENT : RL_ESHAPE;
+				goto out;
+			}
+			rl_st_to_f32(buf, st, 0, t->n);
+			if (t->flags & RL_T_TRANSPOSE) { /* file layout (in, out) -> ours */
+				float *tr = rl_xmalloc(t->n * sizeof(float));
+				size_t R = (size_t)t->shape[0], C = (size_t)t->shape[1];
+				for (size_t r = 0; r < R; r++)
+					for (size_t c = 0; c < C; c++)
+						tr[r * C + c] = buf[c * R + r];
+				memcpy(buf, tr, t->n * sizeof(float));
+				free(tr);
+			}
+			m->ops->upload(m->ops, (k == 0 ? m->m : k == 1 ? m->v : m->params) + t->off, buf,
+			    t->n * sizeof(float));
+			if (k == 2 && m->w != m->params)
+				m->ops->cast(m->ops, (char *)m->w + t->off * rl_dtype_size(m->ops->act_dtype),
+				    m->ops->act_dtype, m->params + t->off, RL_F32, t->n);
+		}
+	}
+	m->step = step;
+	rv = m->ops->status(m->ops);
+out:
+	free(buf);
+	free(p);
+	rl_st_close(f);
+	return rv;
+}
+
+int
+rl_ckpt_to_wver(rl_model *m, uint64_t version, rl_wver **out)
+{
+	rl_st_entry *e = NULL;
+	fill_ctx fc = { .m = m, .dtype = m->cfg.dtype };
+	char *js = NULL, *tok = NULL;
+	uint8_t *img = NULL;
+	size_t maxn = 0, nimg = 0, ntok = 0;
+	rl_wver *v = NULL;
+	int rv, n = m->tt.n;
+	const char *meta[] = { "format", "pt" };
+
+	*out = NULL;
+	if (fc.dtype != RL_F32 && fc.dtype != RL_BF16 && fc.dtype != RL_F16)
+		fc.dtype = RL_F32;
+	for (int i = 0; i < n; i++)
+		maxn = RL_MAX(maxn, m->tt.t[i].n);
+	if ((fc.buf = rl_try_malloc(maxn * sizeof(float), "checkpoint buffer")) == NULL)
+		return RL_ENOMEM;
+	e = rl_xcalloc((size_t)n + 1, sizeof *e);
+	for (int i = 0; i < n; i++) {
+		e[i].name = m->tt.t[i].name;
+		e[i].dtype = fc.dtype;
+		e[i].ndim = rl_tensor_file_shape(&m->tt.t[i], e[i].shape);
+	}
+	/* the files of a weights-only checkpoint directory, in the same bytes
+	 * (config.json ends with a newline there) */
+	js = rl_config_to_json(&m->cfg);
+	size_t njs = strlen(js);
+	char *cfg = rl_xmalloc(njs + 2);
+	memcpy(cfg, js, njs);
+	cfg[njs] = '\n';
+	/* the Hugging Face tensors only, as in model.safetensors of a directory:
+	 * RL_T_AUX ones (the value head) stay with the trainer */
+	int nhf = 0;
+	while (nhf < n && !(m->tt.t[nhf].flags & RL_T_AUX))
+		nhf++;
+	rv = rl_st_write_mem(&img, &nimg, e, nhf, meta, 1, fill, &fc);
+	if (rv != 0 || (rv = rl_wver_create(&v, version)) != 0 ||
+	    (rv = rl_wver_add_blob(v, "config.json", cfg, njs + 1, 1, 1)) != 0)
+		goto out;
+	/* the image (250 MB for GPT-2) becomes the blob, not copied again */
+	rv = rl_wver_add_blob_owned(v, "model.safetensors", img, nimg, 0);
+	img = NULL; /* the version's now, or freed on failure */
+	if (rv != 0)
+		goto out;
+	{
+		/* with the newline write_text adds in a directory */
+		char *ix = index_json(m, nhf, fc.dtype);
+		size_t nix = strlen(ix);
+		char *ixn = rl_xmalloc(nix + 2);
+		memcpy(ixn, ix, nix);
+		ixn[nix] = '\n';
+		cJSON_free(ix);
+		rv = rl_wver_add_blob(v, "model.safetensors.index.json", ixn, nix + 1, 1, 1);
+		free(ixn);
+		if (rv != 0)
+			goto out;
+	}
+	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
+		char *src = join(m->src_dir, tok_files[k]);
+		if (access(src, R_OK) == 0) {
+			rv = rli_read_file(src, &tok, &ntok, (size_t)256 << 20);
+			if (rv == RL_OK)
+				rv = rl_wver_add_blob(v, tok_files[k], tok, ntok, 1, 1);
+			free(tok);
+			tok = NULL;
+		}
+		free(src);
+		if (rv != 0)
+			goto out;
+	}
+	if ((rv = rl_wver_hash(v)) != 0)
+		goto out;
+	*out = v;
+	v = NULL;
+out:
+	rl_wver_destroy(v);
+	cJSON_free(js);
+	free(cfg);
+	free(img);
+	free(e);
+	free(fc.buf);
+	return rv;
+}

@@ -1,0 +1,97 @@
+/*
+ * ckpt.h — checkpoints: Hugging Face model directories written atomically
+ * (rl_model_save in model.h is the single-directory form), training
+ * checkpoints with optimizer state, and the `latest` pointer.
+ *
+ * Layout of a training run's output directory ROOT:
+ *   ROOT/step-00000100/   config.json, model.safetensors (HF names, cfg.dtype),
+ *                         tokenizer files copied from the source model,
+ *                         optimizer.safetensors (AdamW m, v in f32 as
+ *                         "<name>.exp_avg", "<name>.exp_avg_sq", and the f32
+ *                         master weights "<name>.master" when model.safetensors
+ *                         is bf16/f16; metadata "step"),
+ *                         trainer_state.json {"global_step": N}
+ *                         value_head.safetensors (f32) when the model has a
+ *                         value head (PPO; RL_T_AUX tensors, model.h)
+ *                         model.safetensors.index.json naming model.safetensors
+ *                         for every model tensor (vLLM and SGLang would load
+ *                         the other .safetensors files as weights without it)
+ *   ROOT/latest           symbolic link "step-00000100" to the newest complete one
+ * A directory is complete once it has its name: it is written as
+ * ROOT/.step-00000100.tmp.PID, fsync'd, then renamed; `latest` is replaced by
+ * rename of a new link, so a crash at any point leaves the previous
+ * checkpoint and a valid `latest`.
+ *
+ * Leaves out: retention (deleting old checkpoints), sharded writing.
+ */
+#ifndef RL_CKPT_H
+#define RL_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "model/model.h"
+
+typedef struct rl_wver rl_wver;
+
+/* Writes ROOT/step-%08d (ROOT created if missing) with the model and, when
+ * with_optimizer and m has AdamW state, the optimizer; then points ROOT/latest
+ * at it.  The step number is m->step.  path (optional, size len) receives the
+ * directory written.  RL_EEXIST when that step was already saved. */
+int rl_ckpt_save(rl_model *m, const char *root, int with_optimizer, char *path, size_t len);
+/* Resolves ROOT/latest to the directory path (size len); RL_ENOENT when there
+ * is none. */
+int rl_ckpt_latest(const char *root, char *path, size_t len);
+/* The step number of a directory named "step-N", or -1. */
+int rl_ckpt_step_num(const char *name);
+/* The newest ROOT/step-N holding a full training checkpoint:
+ * optimizer.safetensors and a trainer_state.json naming "records_consumed"
+ * (the state is replaced last, so a crash leaves a directory without it).
+ * The one rl-train --resume continues from and rl-rollout --resume starts
+ * at.  RL_OK with its path (size len), *step, and *state the parsed
+ * trainer_state.json (the caller's: cJSON_Delete); RL_ENOENT when there is
+ * none, logged with a hint ("cannot resume: ...") unless quiet. */
+int rl_ckpt_find_full(const char *root, char *path, size_t len, int *step, cJSON **state, int quiet);
+
+/* Step directories that a resumed rl-train removes: those of ROOT numbered
+ * above the checkpoint it resumes from, written by the run that was killed.
+ * The trainer writes the same names again, with the same version numbers, so
+ * a reader tells them apart by identity, recorded before the trainer could
+ * have removed them: the directory's device and inode, and its weights file's
+ * (model.safetensors, else config.json) inode and modification time.  Not the
+ * directory's ctime: removing the files in it changes that, and a directory
+ * half removed would pass for a new one. */
+typedef struct rl_ckpt_leftovers {
+	struct rl_ckpt_dirid {
+		uint64_t dev, ino, fino;
+		int64_t mtime_s, mtime_ns;
+		int cfg;      /* the file is config.json (the directory had no model.safetensors) */
+	} *id;                /* (n) */
+	size_t n;
+} rl_ckpt_leftovers;
+/* Records the step directories of ROOT numbered above after_step (-1: all)
+ * into *l (zeroed first).  RL_OK (none, or ROOT missing: n is 0) or RL_ENOMEM. */
+int rl_ckpt_leftovers_scan(rl_ckpt_leftovers *l, const char *root, int after_step);
+/* 1 when dir is one of them, or cannot be looked at (it is being removed);
+ * 0 when it is another directory. */
+int rl_ckpt_leftovers_has(const rl_ckpt_leftovers *l, const char *dir);
+void rl_ckpt_leftovers_fini(rl_ckpt_leftovers *l);  /* NULL ok */
+
+/* Loads optimizer.safetensors from DIR into m (m->m, m->v, m->step and the
+ * f32 master weights when present), after rl_model_train_reserve.  RL_ENOENT
+ * when DIR has none. */
+int rl_ckpt_load_optimizer(rl_model *m, const char *dir);
+
+/* rl_ckpt_to_wver: the files a weights-only ROOT/step-N directory would
+ * hold (config.json, model.safetensors, the tokenizer files of the source
+ * model), built in memory as version `version` for rl-sync, hashed; nothing
+ * is written to disk.  *out is the caller's (rl_wver_destroy). */
+int rl_ckpt_to_wver(rl_model *m, uint64_t version, rl_wver **out);
+
+/* lib-private: write the model (and optionally optimizer) files into an
+ * existing directory tmp. */
+int rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer);
+
+#endif

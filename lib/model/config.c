@@ -1,0 +1,534 @@
+/*
+ * config.c — config.json <-> rl_config for Llama/Qwen2/Qwen3 and GPT-2.
+ * Defaults are transformers' (LlamaConfig, Qwen2Config, Qwen3Config, GPT2Config).
+ */
+#include "model/config.h"
+
+#include <cjson/cJSON.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/json.h"
+#include "model/safetensors.h"
+
+typedef struct pctx {
+	const cJSON *root;
+	const char *what;
+	int rv;
+} pctx;
+
+/* Integer key: required (missing is an error) or def when absent/null. */
+static int
+get_int(pctx *c, const char *key, int required, int def)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, key);
+
+	if (j == NULL || cJSON_IsNull(j)) {
+		if (required && c->rv == 0) {
+			rl_error("%s: missing key \"%s\"", c->what, key);
+			c->rv = RL_EFORMAT;
+		}
+		return def;
+	}
+	if (cJSON_IsArray(j)) /* eos_token_id may be a list: the first one */
+		j = cJSON_GetArrayItem(j, 0);
+	if (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble) ||
+	    fabs(j->valuedouble) > 2147483647.0) {
+		if (c->rv == 0) {
+			if (cJSON_IsNumber(j) && j->valuedouble == floor(j->valuedouble))
+				rl_error("%s: key \"%s\" is %.0f, out of range", c->what, key, j->valuedouble);
+			else
+				rl_error("%s: key \"%s\" is not an integer", c->what, key);
+			c->rv = RL_EFORMAT;
+		}
+		return def;
+	}
+	return (int)j->valuedouble;
+}
+
+/* eos_token_id: an id or a list of ids (Hugging Face: any of them ends
+ * generation); the first is eos_id, the others eos_more */
+static void
+get_eos(pctx *c, rl_config *cfg)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, "eos_token_id"), *it;
+	int k = 0;
+
+	cfg->n_eos_more = 0;
+	if (!cJSON_IsArray(j) || cJSON_GetArraySize(j) <= 1) {
+		cfg->eos_id = get_int(c, "eos_token_id", 0, -1);
+		return;
+	}
+	cJSON_ArrayForEach(it, j) {
+		if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < 0 ||
+		    it->valuedouble > 2147483647.0) {
+			if (c->rv == 0) {
+				rl_error("%s: key \"eos_token_id\": item %d is not a token id", c->what, k);
+				c->rv = RL_EFORMAT;
+			}
+			return;
+		}
+		if (k > 7) {
+			if (c->rv == 0) {
+				rl_error("%s: key \"eos_token_id\": more than 8 ids", c->what);
+				c->rv = RL_EFORMAT;
+			}
+			return;
+		}
+		if (k == 0)
+			cfg->eos_id = (int)it->valuedouble;
+		else
+			cfg->eos_more[cfg->n_eos_more++] = (int)it->valuedouble;
+		k++;
+	}
+}
+
+static double
+get_num(pctx *c, const char *key, double def)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, key);
+
+	if (j == NULL || cJSON_IsNull(j))
+		return def;
+	if (!cJSON_IsNumber(j)) {
+		if (c->rv == 0) {
+			rl_error("%s: key \"%s\" is not a number", c->what, key);
+			c->rv = RL_EFORMAT;
+		}
+		return def;
+	}
+	return j->valuedouble;
+}
+
+static int
+get_bool(pctx *c, const char *key, int def)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, key);
+
+	if (j == NULL || cJSON_IsNull(j))
+		return def;
+	if (!cJSON_IsBool(j)) {
+		if (c->rv == 0) {
+			rl_error("%s: key \"%s\" is not true or false", c->what, key);
+			c->rv = RL_EFORMAT;
+		}
+		return def;
+	}
+	return cJSON_IsTrue(j);
+}
+
+static const char *
+get_str(pctx *c, const char *key)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, key);
+	return cJSON_IsString(j) ? j->valuestring : NULL;
+}
+
+static int
+unsupported(pctx *c, const char *what)
+{
+	if (c->rv == 0) {
+		rl_error("%s: %s is not supported", c->what, what);
+		c->rv = RL_ENOTSUP;
+	}
+	return c->rv;
+}
+
+/* A positive number in the rope object o (config key obj): Llama 3's scaling keys,
+ * which transformers requires (a missing one is a KeyError there).  0 after an error. */
+static double
+rope_num(pctx *c, const cJSON *o, const char *obj, const char *key, int integer)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+
+	if (v == NULL || cJSON_IsNull(v)) {
+		if (c->rv == 0) {
+			rl_error("%s: key \"%s\": rope_type 'llama3' needs \"%s\"", c->what, obj, key);
+			c->rv = RL_EFORMAT;
+		}
+		return 0;
+	}
+	if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !(v->valuedouble <= FLT_MAX) ||
+	    (integer && (v->valuedouble != floor(v->valuedouble) || v->valuedouble > 2147483647.0))) {
+		if (c->rv == 0) {
+			rl_error("%s: key \"%s\": \"%s\" must be a positive %s", c->what, obj, key,
+			    integer ? "integer" : "number");
+			c->rv = RL_EFORMAT;
+		}
+		return 0;
+	}
+	return v->valuedouble;
+}
+
+/* Llama 3.1 / 3.2's rescaled frequencies (rope_type "llama3"): factor,
+ * low_freq_factor < high_freq_factor and original_max_position_embeddings, as
+ * transformers' _compute_llama3_parameters reads them (lib/compute/ops.h rl_rope). */
+static void
+get_llama3(pctx *c, const cJSON *o, const char *obj, rl_config *cfg)
+{
+	double f = rope_num(c, o, obj, "factor", 0);
+	double lo = rope_num(c, o, obj, "low_freq_factor", 0);
+	double hi = rope_num(c, o, obj, "high_freq_factor", 0);
+	double orig = rope_num(c, o, obj, "original_max_position_embeddings", 1);
+
+	if (c->rv != 0)
+		return;
+	if (!(hi > lo)) {
+		/* the smoothing divides by hi - lo */
+		rl_error("%s: key \"%s\": \"high_freq_factor\" (%g) must be greater than \"low_freq_factor\" (%g)",
+		    c->what, obj, hi, lo);
+		c->rv = RL_EFORMAT;
+		return;
+	}
+	cfg->rope_factor = (float)f;
+	cfg->rope_low_freq = (float)lo;
+	cfg->rope_high_freq = (float)hi;
+	cfg->rope_orig_max_pos = (int)orig;
+}
+
+/* The RoPE base and scaling.  transformers < 5 writes "rope_theta" and "rope_scaling"
+ * (null, or an object with "rope_type" / legacy "type") at the top level;
+ * transformers 5 writes one "rope_parameters" object holding "rope_type",
+ * "rope_theta" and the scaling keys, and no top-level rope_theta: reading
+ * only the top level would rotate by the default base 10000 and compute
+ * different logits without a word.  rope_type "default" (or absent) is the
+ * plain rotation, "llama3" Llama 3.1's rescaled frequencies; any other (linear,
+ * dynamic, yarn, longrope, ...) and a partial_rotary_factor other than 1 are
+ * refused.  Sets cfg->rope_theta and the rope_* scaling fields. */
+static void
+get_rope(pctx *c, rl_config *cfg)
+{
+	static const char *const keys[2] = { "rope_scaling", "rope_parameters" };
+	double theta = get_num(c, "rope_theta", 10000.0);
+
+	for (int k = 0; k < 2 && c->rv == 0; k++) {
+		const cJSON *o = cJSON_GetObjectItemCaseSensitive(c->root, keys[k]), *ty, *v;
+		if (o == NULL || cJSON_IsNull(o))
+			continue;
+		if (!cJSON_IsObject(o)) {
+			rl_error("%s: key \"%s\" is not an object", c->what, keys[k]);
+			c->rv = RL_EFORMAT;
+			break;
+		}
+		/* transformers 5 keys rope_parameters by layer type for models that
+		 * rotate sliding and full attention layers differently (Gemma 3): one
+		 * base would be wrong for some layers */
+		cJSON_ArrayForEach(v, o)
+			if (cJSON_IsObject(v) && c->rv == 0) {
+				rl_error("%s: key \"%s\" holds one set per layer type ('%s'), which is not supported",
+				    c->what, keys[k], v->string);
+				c->rv = RL_ENOTSUP;
+			}
+		if (c->rv != 0)
+			break;
+		if ((ty = cJSON_GetObjectItemCaseSensitive(o, "rope_type")) == NULL)
+			ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+		if (cJSON_IsString(ty) && strcmp(ty->valuestring, "llama3") == 0) {
+			get_llama3(c, o, keys[k], cfg);
+		} else if (ty != NULL && !cJSON_IsNull(ty) &&
+		    (!cJSON_IsString(ty) || strcmp(ty->valuestring, "default") != 0)) {
+			rl_error("%s: %s with rope_type '%s' is not supported", c->what, keys[k],
+			    cJSON_IsString(ty) ? ty->valuestring : "?");
+			rl_hint("implemented: the plain rotary embedding (rope_type \"default\") and Llama 3's "
+			    "scaling (\"llama3\")");
+			c->rv = RL_ENOTSUP;
+			break;
+		}
+		v = cJSON_GetObjectItemCaseSensitive(o, "partial_rotary_factor");
+		if (v != NULL && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 1.0)) {
+			unsupported(c, "partial_rotary_factor other than 1");
+			break;
+		}
+		v = cJSON_GetObjectItemCaseSensitive(o, "rope_theta");
+		if (v != NULL && !cJSON_IsNull(v)) {
+			if (!cJSON_IsNumber(v)) {
+				if (c->rv == 0) {
+					rl_error("%s: key \"%s\": \"rope_theta\" is not a number", c->what, keys[k]);
+					c->rv = RL_EFORMAT;
+				}
+				break;
+			}
+			theta = v->valuedouble;
+		}
+	}
+	cfg->rope_theta = (float)theta;
+}
+
+void
+rl_config_fini(rl_config *cfg)
+{
+	if (cfg == NULL)
+		return;
+	free(cfg->raw);
+	cfg->raw = NULL;
+}
+
+void
+rl_config_copy(rl_config *dst, const rl_config *src)
+{
+	*dst = *src;
+	dst->raw = src->raw ? rl_xstrdup(src->raw) : NULL;
+}
+
+int
+rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
+{
+	pctx c = { 0 };
+	cJSON *root;
+	const char *mt, *s;
+
+	memset(cfg, 0, sizeof *cfg);
+	root = rl_json_parse_all(text, len);
+	c.root = root;
+	c.what = what;
+	if (!cJSON_IsObject(root)) {
+		rl_error("%s: not a JSON object", what);
+		cJSON_Delete(root);
+		return RL_EFORMAT;
+	}
+	if ((mt = get_str(&c, "model_type")) == NULL) {
+		rl_error("%s: missing key \"model_type\"", what);
+		c.rv = RL_EFORMAT;
+		goto out;
+	}
+	if (strcmp(mt, "gpt2") == 0) {
+		cfg->arch = RL_ARCH_GPT2;
+		cfg->vocab_size = get_int(&c, "vocab_size", 1, 0);
+		cfg->hidden_size = get_int(&c, "n_embd", 1, 0);
+		cfg->n_layer = get_int(&c, "n_layer", 1, 0);
+		cfg->n_head = get_int(&c, "n_head", 1, 0);
+		cfg->max_pos = get_int(&c, "n_positions", 1, 0);
+		cfg->n_kv_head = cfg->n_head;
+		cfg->head_dim = cfg->n_head > 0 ? cfg->hidden_size / cfg->n_head : 0;
+		cfg->intermediate_size = get_int(&c, "n_inner", 0, 4 * cfg->hidden_size);
+		cfg->norm_eps = (float)get_num(&c, "layer_norm_epsilon", 1e-5);
+		cfg->qkv_bias = cfg->o_bias = 1;
+		cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", 1);
+		cfg->bos_id = get_int(&c, "bos_token_id", 0, -1);
+		get_eos(&c, cfg);
+		s = get_str(&c, "activation_function");
+		if (s != NULL && strcmp(s, "gelu_new") != 0 && strcmp(s, "gelu_pytorch_tanh") != 0)
+			unsupported(&c, "activation_function other than gelu_new");
+		if (get_bool(&c, "scale_attn_by_inverse_layer_idx", 0) ||
+		    !get_bool(&c, "scale_attn_weights", 1))
+			unsupported(&c, "GPT-2 attention scaling other than 1/sqrt(head_dim)");
+	} else if (strcmp(mt, "llama") == 0 || strcmp(mt, "qwen2") == 0 || strcmp(mt, "qwen3") == 0) {
+		int qwen2 = strcmp(mt, "qwen2") == 0, qwen3 = strcmp(mt, "qwen3") == 0;
+		cfg->arch = RL_ARCH_LLAMA;
+		cfg->vocab_size = get_int(&c, "vocab_size", 1, 0);
+		cfg->hidden_size = get_int(&c, "hidden_size", 1, 0);
+		cfg->n_layer = get_int(&c, "num_hidden_layers", 1, 0);
+		cfg->n_head = get_int(&c, "num_attention_heads", 1, 0);
+		cfg->intermediate_size = get_int(&c, "intermediate_size", 1, 0);
+		cfg->n_kv_head = get_int(&c, "num_key_value_heads", 0, cfg->n_head);
+		/* Qwen3Config defaults head_dim to 128, not hidden/heads as Llama and Qwen2 do */
+		cfg->head_dim = get_int(&c, "head_dim", 0,
+		    qwen3 ? 128 : cfg->n_head > 0 ? cfg->hidden_size / cfg->n_head : 0);
+		cfg->max_pos = get_int(&c, "max_position_embeddings", 0, qwen2 || qwen3 ? 32768 : 2048);
+		get_rope(&c, cfg);
+		cfg->norm_eps = (float)get_num(&c, "rms_norm_eps", 1e-6);
+		cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", 0);
+		cfg->bos_id = get_int(&c, "bos_token_id", 0, -1);
+		get_eos(&c, cfg);
+		if (qwen2) {
+			cfg->qkv_bias = 1;
+		} else {
+			cfg->qkv_bias = cfg->o_bias = get_bool(&c, "attention_bias", 0);
+		}
+		cfg->qk_norm = qwen3;
+		if (get_bool(&c, "mlp_bias", 0))
+			unsupported(&c, "mlp_bias");
+		s = get_str(&c, "hidden_act");
+		if (s != NULL && strcmp(s, "silu") != 0)
+			unsupported(&c, "hidden_act other than silu");
+		if (get_bool(&c, "use_sliding_window", 0))
+			unsupported(&c, "use_sliding_window");
+	} else {
+		rl_error("%s: model_type '%s' is not supported", what, mt);
+		rl_hint("supported: llama, qwen2, qwen3, gpt2");
+		c.rv = RL_ENOTSUP;
+		goto out;
+	}
+	cfg->dtype = RL_F32;
+	/* transformers >= 4.56 writes "dtype", older versions "torch_dtype" */
+	if ((s = get_str(&c, "torch_dtype")) != NULL || (s = get_str(&c, "dtype")) != NULL) {
+		if (strcmp(s, "bfloat16") == 0) {
+			cfg->dtype = RL_BF16;
+		} else if (strcmp(s, "float16") == 0 || strcmp(s, "half") == 0) {
+			cfg->dtype = RL_F16;
+		} else if (strcmp(s, "float32") != 0 && strcmp(s, "float") != 0 && c.rv == 0) {
+			/* the dtype checkpoints are saved in: an int8 model would be saved as f32 */
+			rl_error("%s: torch_dtype '%s' is not one of float32, bfloat16, float16", what, s);
+			c.rv = RL_EFORMAT;
+		}
+	}
+	snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt);
+	if (c.rv == 0)
+		c.rv = rl_config_check(cfg, what);
+out:
+	if (c.rv == 0) {
+		cfg->raw = rl_xmalloc(len + 1);
+		memcpy(cfg->raw, text, len);
+		cfg->raw[len] = 0;
+	}
+	cJSON_Delete(root);
+	return c.rv;
+}
+
+int
+rl_config_load(rl_config *cfg, const char *path)
+{
+	char *buf = NULL, what[4200];
+	size_t len = 0;
+	int rv;
+
+	memset(cfg, 0, sizeof *cfg);
+	if ((rv = rli_read_file(path, &buf, &len, (size_t)16 << 20)) != 0)
+		return rv;
+	snprintf(what, sizeof what, "'%s'", path);
+	rv = rl_config_parse(cfg, buf, len, what);
+	free(buf);
+	return rv;
+}
+
+int
+rl_config_check(const rl_config *c, const char *what)
+{
+	const char *bad = NULL;
+
+	if (c->vocab_size <= 0) bad = "vocab_size must be positive";
+	else if (c->hidden_size <= 0) bad = "hidden size must be positive";
+	else if (c->n_layer <= 0) bad = "number of layers must be positive";
+	else if (c->n_head <= 0 || c->n_kv_head <= 0) bad = "head counts must be positive";
+	else if (c->n_head % c->n_kv_head != 0) bad = "attention heads must be a multiple of key/value heads";
+	else if (c->head_dim <= 0 || c->head_dim % 2 != 0) bad = "head_dim must be positive and even";
+	else if (c->intermediate_size <= 0) bad = "intermediate size must be positive";
+	else if (c->max_pos <= 0) bad = "max positions must be positive";
+	else if (!(c->norm_eps > 0)) bad = "norm epsilon must be positive";
+	else if (c->arch == RL_ARCH_LLAMA && !(c->rope_theta > 0)) bad = "rope_theta must be positive";
+	else if (c->arch == RL_ARCH_LLAMA && c->rope_factor != 0 && !(c->rope_factor > 0 && c->rope_low_freq > 0 &&
+	    c->rope_high_freq > c->rope_low_freq && c->rope_orig_max_pos > 0))
+		bad = "llama3 rope scaling needs factor > 0, high_freq_factor > low_freq_factor > 0 and "
+		    "original_max_position_embeddings > 0";
+	else if (c->arch == RL_ARCH_GPT2 && c->n_head * c->head_dim != c->hidden_size)
+		bad = "n_embd must be a multiple of n_head";
+	else if ((size_t)c->vocab_size * c->hidden_size > ((size_t)1 << 40)) bad = "model too large";
+	/* what we save must be what transformers builds from the config we write */
+	else if (c->arch == RL_ARCH_GPT2 && (!c->qkv_bias || !c->o_bias || c->qk_norm || c->n_kv_head != c->n_head))
+		bad = "GPT-2 has q/k/v and output biases, no q/k norm and n_head key/value heads";
+	else if (c->arch == RL_ARCH_LLAMA && strcmp(c->model_type, "qwen2") == 0 && (!c->qkv_bias || c->o_bias || c->qk_norm))
+		bad = "Qwen2 has q/k/v biases, no o_proj bias and no q/k norm";
+	else if (c->arch == RL_ARCH_LLAMA && strcmp(c->model_type, "qwen3") == 0 && (!c->qk_norm || c->qkv_bias != c->o_bias))
+		bad = "Qwen3 has q/k norm and attention_bias on q/k/v/o alike";
+	else if (c->arch == RL_ARCH_LLAMA && (strcmp(c->model_type, "llama") == 0 || c->model_type[0] == 0) &&
+	    (c->qk_norm || c->qkv_bias != c->o_bias))
+		bad = "Llama has no q/k norm and attention_bias on q/k/v/o alike";
+	else if (c->arch == RL_ARCH_LLAMA && c->model_type[0] != 0 && strcmp(c->model_type, "llama") != 0 &&
+	    strcmp(c->model_type, "qwen2") != 0 && strcmp(c->model_type, "qwen3") != 0)
+		bad = "model_type must be llama, qwen2 or qwen3";
+	if (bad != NULL) {
+		rl_error("%s: %s", what ? what : "config", bad);
+		return RL_EFORMAT;
+	}
+	return RL_OK;
+}
+
+static const char *
+dtype_torch(int dt)
+{
+	return dt == RL_BF16 ? "bfloat16" : dt == RL_F16 ? "float16" : "float32";
+}
+
+/* The transformers class of the model, as "architectures" names it. */
+static const char *
+arch_class(const rl_config *c)
+{
+	if (c->arch == RL_ARCH_GPT2)
+		return "GPT2LMHeadModel";
+	return strcmp(c->model_type, "qwen2") == 0 ? "Qwen2ForCausalLM" :
+	    strcmp(c->model_type, "qwen3") == 0 ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+}
+
+char *
+rl_config_to_json(const rl_config *c)
+{
+	cJSON *root = NULL, *a;
+	char *s;
+
+	if (c->raw != NULL && (root = cJSON_Parse(c->raw)) != NULL) {
+		/* a hand-written config (rl-train --init) may lack it: transformers'
+		 * Auto classes go by model_type, but vLLM and SGLang pick the model
+		 * class from "architectures" and refuse a config without one */
+		a = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+		if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) == 0) {
+			cJSON_DeleteItemFromObjectCaseSensitive(root, "architectures");
+			a = cJSON_AddArrayToObject(root, "architectures");
+			cJSON_AddItemToArray(a, cJSON_CreateString(arch_class(c)));
+		}
+		cJSON_DeleteItemFromObjectCaseSensitive(root, "torch_dtype");
+		cJSON_AddStringToObject(root, "torch_dtype", dtype_torch(c->dtype));
+		if (cJSON_GetObjectItemCaseSensitive(root, "dtype") != NULL) {
+			cJSON_DeleteItemFromObjectCaseSensitive(root, "dtype");
+			cJSON_AddStringToObject(root, "dtype", dtype_torch(c->dtype));
+		}
+		s = cJSON_Print(root);
+		cJSON_Delete(root);
+		return s;
+	}
+	root = cJSON_CreateObject();
+	a = cJSON_AddArrayToObject(root, "architectures");
+	cJSON_AddItemToArray(a, cJSON_CreateString(arch_class(c)));
+	if (c->arch == RL_ARCH_GPT2) {
+		cJSON_AddStringToObject(root, "model_type", "gpt2");
+		cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
+		cJSON_AddNumberToObject(root, "n_embd", c->hidden_size);
+		cJSON_AddNumberToObject(root, "n_layer", c->n_layer);
+		cJSON_AddNumberToObject(root, "n_head", c->n_head);
+		cJSON_AddNumberToObject(root, "n_positions", c->max_pos);
+		cJSON_AddNumberToObject(root, "n_ctx", c->max_pos);
+		cJSON_AddNumberToObject(root, "n_inner", c->intermediate_size);
+		cJSON_AddNumberToObject(root, "layer_norm_epsilon", c->norm_eps);
+		cJSON_AddStringToObject(root, "activation_function", "gelu_new");
+	} else {
+		cJSON_AddStringToObject(root, "model_type", c->model_type[0] ? c->model_type : "llama");
+		cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
+		cJSON_AddNumberToObject(root, "hidden_size", c->hidden_size);
+		cJSON_AddNumberToObject(root, "num_hidden_layers", c->n_layer);
+		cJSON_AddNumberToObject(root, "num_attention_heads", c->n_head);
+		cJSON_AddNumberToObject(root, "num_key_value_heads", c->n_kv_head);
+		cJSON_AddNumberToObject(root, "head_dim", c->head_dim);
+		cJSON_AddNumberToObject(root, "intermediate_size", c->intermediate_size);
+		cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_pos);
+		cJSON_AddNumberToObject(root, "rope_theta", c->rope_theta);
+		if (c->rope_factor > 0) {
+			cJSON *r = cJSON_AddObjectToObject(root, "rope_scaling");
+			cJSON_AddStringToObject(r, "rope_type", "llama3");
+			cJSON_AddNumberToObject(r, "factor", c->rope_factor);
+			cJSON_AddNumberToObject(r, "low_freq_factor", c->rope_low_freq);
+			cJSON_AddNumberToObject(r, "high_freq_factor", c->rope_high_freq);
+			cJSON_AddNumberToObject(r, "original_max_position_embeddings", c->rope_orig_max_pos);
+		}
+		cJSON_AddNumberToObject(root, "rms_norm_eps", c->norm_eps);
+		cJSON_AddStringToObject(root, "hidden_act", "silu");
+		if (strcmp(c->model_type, "qwen2") != 0)
+			cJSON_AddBoolToObject(root, "attention_bias", c->qkv_bias);
+	}
+	cJSON_AddBoolToObject(root, "tie_word_embeddings", c->tie_embeddings);
+	if (c->bos_id >= 0)
+		cJSON_AddNumberToObject(root, "bos_token_id", c->bos_id);
+	if (c->eos_id >= 0 && c->n_eos_more > 0) {
+		cJSON *l = cJSON_AddArrayToObject(root, "eos_token_id");
+		cJSON_AddItemToArray(l, cJSON_CreateNumber(c->eos_id));
+		for (int i = 0; i < c->n_eos_more; i++)
+			cJSON_AddItemToArray(l, cJSON_CreateNumber(c->eos_more[i]));
+	} else if (c->eos_id >= 0) {
+		cJSON_AddNumberToObject(root, "eos_token_id", c->eos_id);
+	}
+	cJSON_AddStringToObject(root, "torch_dtype", dtype_torch(c->dtype));
+	s = cJSON_Print(root);
+	cJSON_Delete(root);
+	return s;
+}

@@ -1,0 +1,78 @@
+/*
+ * config.h — a model's hyper-parameters from a Hugging Face config.json, for
+ * the Llama family (model_type "llama", "qwen2", "qwen3") and GPT-2 ("gpt2"),
+ * and back to a config.json that transformers loads.
+ *
+ * Keys read (HF names): Llama family: vocab_size, hidden_size, num_hidden_layers,
+ * num_attention_heads, intermediate_size (required); num_key_value_heads,
+ * head_dim, rope_theta, rms_norm_eps, max_position_embeddings,
+ * tie_word_embeddings, attention_bias, mlp_bias, hidden_act, rope_scaling,
+ * rope_parameters (transformers 5: rope_type and rope_theta in one object),
+ * use_sliding_window, bos_token_id, eos_token_id, torch_dtype (optional, HF's
+ * defaults).  Qwen2 always has q/k/v biases and no o_proj bias; Qwen3 always
+ * has q/k RMSNorm.  GPT-2: vocab_size, n_embd, n_layer, n_head, n_positions
+ * (required); n_inner, layer_norm_epsilon, activation_function,
+ * tie_word_embeddings, bos/eos.  rope_type "default" and "llama3" (Llama 3.1 /
+ * 3.2: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
+ * are read.  What we cannot compute the same way as transformers (another
+ * rope_type: linear, dynamic, yarn, longrope, ...; sliding windows, mlp_bias,
+ * other activations) is refused with RL_ENOTSUP rather than computed
+ * differently.
+ *
+ * Leaves out: tokenizer settings, generation_config.json.
+ */
+#ifndef RL_CONFIG_H
+#define RL_CONFIG_H
+
+#include "base/core.h"
+
+typedef enum rl_arch { RL_ARCH_LLAMA = 0, RL_ARCH_GPT2 = 1 } rl_arch;
+
+typedef struct rl_config {
+	int arch;               /* rl_arch */
+	char model_type[16];    /* "llama", "qwen2", "qwen3", "gpt2" */
+	int vocab_size;         /* V */
+	int hidden_size;        /* C */
+	int n_layer;            /* L */
+	int n_head;             /* NH */
+	int n_kv_head;          /* NKV (GPT-2: NH) */
+	int head_dim;           /* HD */
+	int intermediate_size;  /* H (GPT-2: n_inner or 4C) */
+	int max_pos;            /* max_position_embeddings / n_positions */
+	float rope_theta;
+	float rope_factor;      /* rope_type "llama3": factor; 0 for no scaling (then the next three 0) */
+	float rope_low_freq;    /* low_freq_factor */
+	float rope_high_freq;   /* high_freq_factor */
+	int rope_orig_max_pos;  /* original_max_position_embeddings */
+	float norm_eps;         /* rms_norm_eps / layer_norm_epsilon */
+	int qkv_bias;           /* q, k, v projections have biases */
+	int o_bias;             /* o_proj has a bias (Llama attention_bias) */
+	int qk_norm;            /* Qwen3 per-head RMSNorm of q and k */
+	int tie_embeddings;     /* lm_head is embed_tokens */
+	int bos_id, eos_id;     /* -1 when absent; eos_id: the first of an eos_token_id list */
+	int eos_more[7];        /* the list's other ids (Llama-3.1-Instruct: <|eom_id|>, <|eot_id|>): */
+	int n_eos_more;         /* each ends a generated sequence as EOS does */
+	int dtype;              /* torch_dtype: RL_F32, RL_BF16 or RL_F16; the dtype checkpoints are saved in */
+	char *raw;              /* the config.json text it was parsed from (owned; NULL when built in code) */
+} rl_config;
+
+/* rl_config_parse parses config.json text (len bytes); what names it in
+ * errors ("'dir/config.json'").  cfg->raw keeps a copy.  RL_EFORMAT for
+ * malformed JSON or missing/ill-typed keys, RL_ENOTSUP for features we do not
+ * implement; each logged naming what and the key. */
+int rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what);
+/* rl_config_load reads path (a config.json) and parses it. */
+int rl_config_load(rl_config *cfg, const char *path);
+/* rl_config_check validates sizes (positive, NH % NKV == 0, HD even, ...). */
+int rl_config_check(const rl_config *cfg, const char *what);
+/* rl_config_to_json returns a malloc'd config.json for cfg: the original text
+ * with torch_dtype set (and "architectures" added when it has none) when
+ * cfg->raw is set, else one written from the fields with architectures and
+ * model_type.  Caller frees. */
+char *rl_config_to_json(const rl_config *cfg);
+/* Frees cfg->raw (NULL-safe). */
+void rl_config_fini(rl_config *cfg);
+/* Deep copy (raw duplicated). */
+void rl_config_copy(rl_config *dst, const rl_config *src);
+
+#endif

@@ -1,0 +1,518 @@
+/*
+ * qhttp.c — rl-queue's HTTP listener (see qhttp.h).
+ *
+ * nng's HTTP server parses requests (and answers malformed ones with 400
+ * and a closed connection); handlers here run on nng's threads and only
+ * call the stats callback, which takes the broker's lock briefly.
+ */
+#include "queue/qhttp.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <nng/nng.h>
+#include <nng/supplemental/http/http.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct rl_qhttp {
+	rl_qhttp_config cfg;
+	nng_http_server *srv;
+	int started;
+	char url[300];
+};
+
+/* ---- address ---------------------------------------------------------------------------------------- */
+
+static int
+is_loopback(const char *host)
+{
+	struct in_addr a4;
+	struct in6_addr a6;
+
+	if (strcmp(host, "localhost") == 0)
+		return 1;
+	if (inet_pton(AF_INET, host, &a4) == 1)
+		return (ntohl(a4.s_addr) >> 24) == 127;
+	if (inet_pton(AF_INET6, host, &a6) == 1)
+		return IN6_IS_ADDR_LOOPBACK(&a6);
+	return 0;
+}
+
+int
+rl_qhttp_parse_addr(char *url, size_t n, int *loopback, const char *addr)
+{
+	char host[256];
+	const char *p = addr, *colon, *port;
+	size_t hl;
+	long v;
+	char *end;
+	int v6 = 0, w;
+
+	*loopback = 0;
+	if (strncmp(p, "http://", 7) == 0)
+		p += 7;
+	else if (strstr(p, "://") != NULL)
+		return RL_EINVAL;                    /* https:// and others: not served */
+	if (*p == '[') {
+		const char *rb = strchr(p, ']');
+		if (rb == NULL || rb[1] != ':')
+			return RL_EINVAL;
+		hl = (size_t)(rb - p - 1);
+		p++;
+		colon = rb + 1;
+		v6 = 1;
+	} else {
+		if ((colon = strrchr(p, ':')) == NULL || memchr(p, ':', (size_t)(colon - p)) != NULL)
+			return RL_EINVAL;            /* no port, or a bare IPv6 literal */
+		hl = (size_t)(colon - p);
+	}
+	if (hl >= sizeof host)
+		return RL_EINVAL;
+	memcpy(host, p, hl);
+	host[hl] = 0;
+	if (hl == 0 && !v6)
+		strcpy(host, "127.0.0.1");
+	for (size_t i = 0; host[i]; i++)
+		if (host[i] == '/' || host[i] == '@' || host[i] == '?' || host[i] == '#' || host[i] <= ' ')
+			return RL_EINVAL;
+	port = colon + 1;
+	if (*port < '0' || *port > '9')
+		return RL_EINVAL;
+	v = strtol(port, &end, 10);
+	if (*end != 0 && strcmp(end, "/") != 0)
+		return RL_EINVAL;
+	if (v < 0 || v > 65535 || (v6 && hl == 0))
+		return RL_EINVAL;
+	*loopback = is_loopback(host);
+	w = snprintf(url, n, v6 ? "http://[%s]:%ld" : "http://%s:%ld", host, v);
+	return w < 0 || (size_t)w >= n ? RL_ETOOBIG : RL_OK;
+}
+
+/* ---- Prometheus text -------------------------------------------------------------------------------- */
+
+enum { M_GAUGE, M_COUNTER };
+
+typedef struct metric {
+	const char *path;      /* in the stats JSON, dot-separated */
+	const char *name;
+	int type;
+	const char *help;
+	const char *label;     /* label="value" or NULL */
+} metric;
+
+static const metric metrics[] = {
+	{ "version", "rlqueue_trainer_version", M_GAUGE, "Policy version the trainer last reported.", NULL },
+	{ "max_staleness", "rlqueue_max_staleness", M_GAUGE, "Staleness bound K (versions).", NULL },
+	{ "train_batch", "rlqueue_train_batch", M_GAUGE, "Samples per trainer step, for the gate (0: no gate).", NULL },
+	{ "inflight", "rlqueue_inflight_samples", M_GAUGE, "Samples in flight and buffered, counted by the gate.", NULL },
+	{ "inflight_cap", "rlqueue_inflight_cap_samples", M_GAUGE, "Gate bound (K+1) x batch (0: none).", NULL },
+	{ "bytes", "rlqueue_memory_bytes", M_GAUGE, "Bytes of stored records.", NULL },
+	{ "max_bytes", "rlqueue_memory_max_bytes", M_GAUGE, "Memory bound on stored records.", NULL },
+	{ "groups", "rlqueue_groups", M_GAUGE, "Groups the broker holds.", NULL },
+	{ "ready_groups", "rlqueue_ready_groups", M_GAUGE, "Complete scored groups waiting for the trainer.", NULL },
+	{ "leases", "rlqueue_leases", M_GAUGE, "Leases outstanding.", NULL },
+	{ "depth.prompt", "rlqueue_depth", M_GAUGE, "Records per state.", "state=\"prompt\"" },
+	{ "depth.leased", "rlqueue_depth", M_GAUGE, NULL, "state=\"leased\"" },
+	{ "depth.generated", "rlqueue_depth", M_GAUGE, NULL, "state=\"generated\"" },
+	{ "depth.scoring", "rlqueue_depth", M_GAUGE, NULL, "state=\"scoring\"" },
+	{ "depth.scored", "rlqueue_depth", M_GAUGE, NULL, "state=\"scored\"" },
+	{ "depth.training", "rlqueue_depth", M_GAUGE, NULL, "state=\"training\"" },
+	{ "depth.expanded", "rlqueue_depth", M_GAUGE, NULL, "state=\"expanded\"" },
+	{ "total.put_prompt", "rlqueue_put_records_total", M_COUNTER, "Records accepted, by kind.", "kind=\"prompt\"" },
+	{ "total.put_generated", "rlqueue_put_records_total", M_COUNTER, NULL, "kind=\"generated\"" },
+	{ "total.put_scored", "rlqueue_put_records_total", M_COUNTER, NULL, "kind=\"scored\"" },
+	{ "total.leased_rollout", "rlqueue_leased_records_total", M_COUNTER, "Records leased, by stage.", "stage=\"rollout\"" },
+	{ "total.leased_reward", "rlqueue_leased_records_total", M_COUNTER, NULL, "stage=\"reward\"" },
+	{ "total.leased_train", "rlqueue_leased_records_total", M_COUNTER, NULL, "stage=\"train\"" },
+	{ "total.done", "rlqueue_done_records_total", M_COUNTER, "Records acknowledged by the trainer.", NULL },
+	{ "rate.put_prompt", "rlqueue_put_records_per_second", M_GAUGE, "Records accepted per second over the broker's window, by kind.", "kind=\"prompt\"" },
+	{ "rate.put_generated", "rlqueue_put_records_per_second", M_GAUGE, NULL, "kind=\"generated\"" },
+	{ "rate.put_scored", "rlqueue_put_records_per_second", M_GAUGE, NULL, "kind=\"scored\"" },
+	{ "rate.leased_rollout", "rlqueue_leased_records_per_second", M_GAUGE, "Records leased per second over the broker's window, by stage.", "stage=\"rollout\"" },
+	{ "rate.leased_reward", "rlqueue_leased_records_per_second", M_GAUGE, NULL, "stage=\"reward\"" },
+	{ "rate.leased_train", "rlqueue_leased_records_per_second", M_GAUGE, NULL, "stage=\"train\"" },
+	{ "rate.done", "rlqueue_done_records_per_second", M_GAUGE, "Records acknowledged per second over the broker's window.", NULL },
+	{ "rate.window_s", "rlqueue_rate_window_seconds", M_GAUGE, "Length of the window the rates are taken over.", NULL },
+	{ "total.duplicates", "rlqueue_duplicates_total", M_COUNTER, "Records dropped as already known.", NULL },
+	{ "total.rejected", "rlqueue_rejected_total", M_COUNTER, "Records rejected.", NULL },
+	{ "total.expired_leases", "rlqueue_lease_expiries_total", M_COUNTER, "Leases that expired unacknowledged.", NULL },
+	{ "total.expired_records", "rlqueue_lease_expired_records_total", M_COUNTER, "Records returned to the pool by expired leases.", NULL },
+	{ "total.released", "rlqueue_released_records_total", M_COUNTER, "Records released by their lessee.", NULL },
+	{ "total.late_acks", "rlqueue_late_acks_total", M_COUNTER, "Records acknowledged after their lease expired or no longer held them.", NULL },
+	{ "total.busy", "rlqueue_busy_replies_total", M_COUNTER, "Puts answered busy (memory bound).", NULL },
+	{ "total.gate_blocked", "rlqueue_gate_blocked_total", M_COUNTER, "Prompt leases held back by the staleness gate.", NULL },
+	{ "total.stale_dropped", "rlqueue_stale_dropped_total", M_COUNTER, "Samples dropped as older than v-K.", NULL },
+	{ "total.stale_regenerated", "rlqueue_stale_regenerated_total", M_COUNTER, "Samples of stale groups dropped so that their prompt is generated again.", NULL },
+	{ "total.unversioned", "rlqueue_unversioned_total", M_COUNTER, "Samples trained that carried no version.", NULL },
+	{ "journal.bytes", "rlqueue_journal_bytes", M_GAUGE, "Size of the journal.", NULL },
+	{ "journal.syncs", "rlqueue_journal_syncs_total", M_COUNTER, "Journal fsyncs.", NULL },
+	{ "journal.compactions", "rlqueue_journal_compactions_total", M_COUNTER, "Journal compactions.", NULL },
+	{ "server.requests", "rlqueue_requests_total", M_COUNTER, "Requests served.", NULL },
+	{ "server.bad_requests", "rlqueue_bad_requests_total", M_COUNTER, "Malformed requests.", NULL },
+	{ "server.waiting", "rlqueue_waiting_requests", M_GAUGE, "Lease requests waiting (long poll).", NULL },
+	{ "server.contexts", "rlqueue_contexts", M_GAUGE, "Requests the broker serves at once.", NULL },
+	{ "server.decompress_s", "rlqueue_server_seconds_total", M_COUNTER, "Broker time, by part.", "part=\"decompress\"" },
+	{ "server.compress_s", "rlqueue_server_seconds_total", M_COUNTER, NULL, "part=\"compress\"" },
+	{ "server.state_s", "rlqueue_server_seconds_total", M_COUNTER, NULL, "part=\"state\"" },
+	{ "server.journal_s", "rlqueue_server_seconds_total", M_COUNTER, NULL, "part=\"journal\"" },
+	{ "server.lock_wait_s", "rlqueue_server_seconds_total", M_COUNTER, NULL, "part=\"lock_wait\"" },
+	{ "server.reports", "rlqueue_reports_total", M_COUNTER, "Stats reports taken from stage workers.", NULL },
+	{ "stages.rollout.live", "rlqueue_stage_workers", M_GAUGE, "Workers reporting, by stage.", "stage=\"rollout\"" },
+	{ "stages.reward.live", "rlqueue_stage_workers", M_GAUGE, NULL, "stage=\"reward\"" },
+	{ "stages.train.live", "rlqueue_stage_workers", M_GAUGE, NULL, "stage=\"train\"" },
+	{ "stages.rollout.records_per_s", "rlqueue_stage_records_per_second", M_GAUGE,
+	  "Records per second the stage's workers reported (sum over live workers).", "stage=\"rollout\"" },
+	{ "stages.reward.records_per_s", "rlqueue_stage_records_per_second", M_GAUGE, NULL, "stage=\"reward\"" },
+	{ "stages.train.records_per_s", "rlqueue_stage_records_per_second", M_GAUGE, NULL, "stage=\"train\"" },
+	{ "stages.rollout.tokens_per_s", "rlqueue_stage_tokens_per_second", M_GAUGE,
+	  "Tokens per second the stage's workers reported (sum over live workers).", "stage=\"rollout\"" },
+	{ "stages.reward.tokens_per_s", "rlqueue_stage_tokens_per_second", M_GAUGE, NULL, "stage=\"reward\"" },
+	{ "stages.train.tokens_per_s", "rlqueue_stage_tokens_per_second", M_GAUGE, NULL, "stage=\"train\"" },
+	{ "stages.rollout.busy_frac", "rlqueue_stage_busy_fraction", M_GAUGE,
+	  "Mean busy fraction of the stage's live workers.", "stage=\"rollout\"" },
+	{ "stages.reward.busy_frac", "rlqueue_stage_busy_fraction", M_GAUGE, NULL, "stage=\"reward\"" },
+	{ "stages.train.busy_frac", "rlqueue_stage_busy_fraction", M_GAUGE, NULL, "stage=\"train\"" },
+	{ "train.version", "rlqueue_train_step_version", M_GAUGE, "Policy version after the trainer's last reported step.", NULL },
+	{ "train.reward_mean", "rlqueue_train_reward_mean", M_GAUGE, "Mean reward of the last step's samples (critic/score/mean).", NULL },
+	{ "train.response_length", "rlqueue_train_response_length_mean", M_GAUGE, "Mean response length of the last step (tokens).", NULL },
+	{ "train.ppo_kl", "rlqueue_train_ppo_kl", M_GAUGE, "KL between the old and the updated policy in the last step (actor/ppo_kl).", NULL },
+	{ "train.kl_ref", "rlqueue_train_kl_ref", M_GAUGE, "KL to the reference policy in the last step (actor/kl_loss, or actor/reward_kl_penalty).", NULL },
+	{ "train.entropy", "rlqueue_train_entropy", M_GAUGE, "Mean token entropy of the last step.", NULL },
+	{ "train.step_s", "rlqueue_train_step_seconds", M_GAUGE, "Length of the last step (timing_s/step).", NULL },
+};
+
+/* Per-worker families: one sample per worker in the stats' "workers" array. */
+typedef struct wmetric {
+	const char *key;       /* in the worker object ("gpu." prefix: in its gpu object) */
+	const char *name;
+	int type;
+	const char *help;
+} wmetric;
+
+static const wmetric wmetrics[] = {
+	{ "busy_frac", "rlqueue_worker_busy_fraction", M_GAUGE,
+	  "Share of the worker's last report interval spent computing rather than waiting on the queue or weights." },
+	{ "busy_s", "rlqueue_worker_busy_seconds_total", M_COUNTER, "Seconds the worker spent computing." },
+	{ "idle_s", "rlqueue_worker_idle_seconds_total", M_COUNTER, "Seconds the worker spent waiting on the queue or weights." },
+	{ "records", "rlqueue_worker_records_total", M_COUNTER, "Records the worker generated, scored or trained." },
+	{ "tokens", "rlqueue_worker_tokens_total", M_COUNTER, "Tokens the worker generated or trained." },
+	{ "records_per_s", "rlqueue_worker_records_per_second", M_GAUGE, "Records per second over the worker's last report interval." },
+	{ "tokens_per_s", "rlqueue_worker_tokens_per_second", M_GAUGE, "Tokens per second over the worker's last report interval." },
+	{ "up", "rlqueue_worker_up", M_GAUGE, "1 while the worker reports, 0 once it exited or fell silent." },
+	{ "age_s", "rlqueue_worker_report_age_seconds", M_GAUGE, "Seconds since the worker's last report." },
+	{ "gpu.util", "rlqueue_worker_gpu_utilization_ratio", M_GAUGE, "GPU utilisation NVML reported (0..1)." },
+	{ "gpu.mem_util", "rlqueue_worker_gpu_memory_utilization_ratio", M_GAUGE, "GPU memory bandwidth utilisation NVML reported (0..1)." },
+	{ "gpu.mem_used", "rlqueue_worker_gpu_memory_used_bytes", M_GAUGE, "GPU memory in use (NVML)." },
+	{ "gpu.mem_total", "rlqueue_worker_gpu_memory_total_bytes", M_GAUGE, "GPU memory in total (NVML)." },
+};
+
+static const cJSON *
+lookup(const cJSON *o, const char *path)
+{
+	char key[64];
+	const char *dot;
+
+	while ((dot = strchr(path, '.')) != NULL) {
+		size_t n = (size_t)(dot - path);
+		if (n >= sizeof key)
+			return NULL;
+		memcpy(key, path, n);
+		key[n] = 0;
+		o = cJSON_GetObjectItemCaseSensitive(o, key);
+		path = dot + 1;
+	}
+	o = cJSON_GetObjectItemCaseSensitive(o, path);
+	return cJSON_IsNumber(o) ? o : NULL;
+}
+
+static int
+put_num(rl_buf *out, double v)
+{
+	if (v != v)
+		return rl_buf_printf(out, "NaN\n");
+	if (v > 1e308 || v < -1e308)
+		return rl_buf_printf(out, v > 0 ? "+Inf\n" : "-Inf\n");
+	return rl_buf_printf(out, "%.17g\n", v);
+}
+
+/* A label value in quotes, with \\, \" and newlines escaped. */
+static int
+put_label(rl_buf *out, const char *v)
+{
+	int rv = rl_buf_putc(out, '"');
+
+	for (; rv == 0 && *v; v++) {
+		if (*v == '\\' || *v == '"')
+			rv = rl_buf_printf(out, "\\%c", *v);
+		else if (*v == '\n')
+			rv = rl_buf_printf(out, "\\n");
+		else
+			rv = rl_buf_putc(out, *v);
+	}
+	return rv ? rv : rl_buf_putc(out, '"');
+}
+
+static int
+header(rl_buf *out, const char *name, const char *type, const char *help, const char **last)
+{
+	int rv = RL_OK;
+
+	if (*last && strcmp(*last, name) == 0)
+		return RL_OK;
+	*last = name;
+	if (help)
+		rv = rl_buf_printf(out, "# HELP %s %s\n", name, help);
+	if (rv == 0)
+		rv = rl_buf_printf(out, "# TYPE %s %s\n", name, type);
+	return rv;
+}
+
+int
+rl_qhttp_prometheus(rl_buf *out, const char *json)
+{
+	cJSON *o = cJSON_Parse(json);
+	const cJSON *h, *e, *c;
+	const char *last = NULL, *help = NULL;
+	double cum = 0;
+	int rv = RL_OK, i = 0, nb;
+
+	if (!cJSON_IsObject(o)) {
+		cJSON_Delete(o);
+		return RL_EFORMAT;
+	}
+	for (size_t k = 0; k < RL_ARRAY_LEN(metrics) && rv == 0; k++) {
+		const metric *m = &metrics[k];
+		const cJSON *v = lookup(o, m->path);
+		if (m->help)
+			help = m->help;
+		if (v == NULL)
+			continue;
+		rv = header(out, m->name, m->type == M_COUNTER ? "counter" : "gauge", help, &last);
+		if (rv == 0)
+			rv = m->label ? rl_buf_printf(out, "%s{%s} ", m->name, m->label) : rl_buf_printf(out, "%s ", m->name);
+		if (rv == 0)
+			rv = put_num(out, v->valuedouble);
+	}
+	/* staleness: buckets 0..7 and 8+ -> a cumulative histogram with le 0..7, +Inf */
+	h = cJSON_GetObjectItemCaseSensitive(o, "staleness");
+	nb = cJSON_GetArraySize(h);
+	if (rv == 0 && cJSON_IsArray(h) && nb > 0) {
+		rv = header(out, "rlqueue_staleness", "histogram",
+		    "Samples handed to the trainer by v minus the version that generated them.", &last);
+		cJSON_ArrayForEach(e, h) {
+			if (rv != 0 || !cJSON_IsNumber(e))
+				break;
+			cum += e->valuedouble;
+			if (i < nb - 1)
+				rv = rl_buf_printf(out, "rlqueue_staleness_bucket{le=\"%d\"} %.17g\n", i, cum);
+			i++;
+		}
+		if (rv == 0)
+			rv = rl_buf_printf(out, "rlqueue_staleness_bucket{le=\"+Inf\"} %.17g\n", cum);
+		if (rv == 0 && (c = lookup(o, "staleness_sum")) != NULL)
+			rv = rl_buf_printf(out, "rlqueue_staleness_sum %.17g\n", c->valuedouble);
+		if (rv == 0)
+			rv = rl_buf_printf(out, "rlqueue_staleness_count %.17g\n", cum);
+	}
+	/* per worker: role and worker labels (the broker admits only [A-Za-z0-9._:@/+-] in ids,
+	 * escaped anyway) */
+	h = cJSON_GetObjectItemCaseSensitive(o, "workers");
+	for (size_t k = 0; rv == 0 && cJSON_IsArray(h) && k < RL_ARRAY_LEN(wmetrics); k++) {
+		const wmetric *m = &wmetrics[k];
+		int gpu = strncmp(m->key, "gpu.", 4) == 0;
+		cJSON_ArrayForEach(e, h) {
+			const cJSON *src = gpu ? cJSON_GetObjectItemCaseSensitive(e, "gpu") : e, *v, *role, *id, *gi;
+			double val;
+			if (rv != 0 || src == NULL)
+				continue;
+			role = cJSON_GetObjectItemCaseSensitive(e, "role");
+			id = cJSON_GetObjectItemCaseSensitive(e, "worker");
+			if (!cJSON_IsString(role) || !cJSON_IsString(id))
+				continue;
+			if (strcmp(m->key, "up") == 0) {
+				v = cJSON_GetObjectItemCaseSensitive(e, "state");
+				if (!cJSON_IsString(v))
+					continue;
+				val = strcmp(v->valuestring, "live") == 0;
+			} else {
+				v = cJSON_GetObjectItemCaseSensitive(src, gpu ? m->key + 4 : m->key);
+				if (!cJSON_IsNumber(v))
+					continue;
+				val = v->valuedouble;
+			}
+			rv = header(out, m->name, m->type == M_COUNTER ? "counter" : "gauge", m->help, &last);
+			if (rv == 0)
+				rv = rl_buf_printf(out, "%s{role=", m->name);
+			if (rv == 0)
+				rv = put_label(out, role->valuestring);
+			if (rv == 0)
+				rv = rl_buf_printf(out, ",worker=");
+			if (rv == 0)
+				rv = put_label(out, id->valuestring);
+			if (rv == 0 && gpu && cJSON_IsNumber(gi = cJSON_GetObjectItemCaseSensitive(src, "index")))
+				rv = rl_buf_printf(out, ",gpu=\"%d\"", (int)gi->valuedouble);
+			if (rv == 0)
+				rv = rl_buf_printf(out, "} ");
+			if (rv == 0)
+				rv = put_num(out, val);
+		}
+	}
+	cJSON_Delete(o);
+	return rv;
+}
+
+/* ---- handlers --------------------------------------------------------------------------------------- */
+
+static void
+respond(nng_aio *aio, uint16_t status, const char *type, const void *body, size_t len)
+{
+	nng_http_res *res;
+	int rv;
+
+	if ((rv = nng_http_res_alloc(&res)) != 0) {
+		nng_aio_finish(aio, rv);
+		return;
+	}
+	if ((rv = nng_http_res_set_status(res, status)) != 0 ||
+	    (rv = nng_http_res_set_header(res, "Content-Type", type)) != 0 ||
+	    (rv = nng_http_res_set_header(res, "Cache-Control", "no-store")) != 0 ||
+	    (rv = nng_http_res_copy_data(res, body, len)) != 0) {
+		nng_http_res_free(res);
+		nng_aio_finish(aio, rv);
+		return;
+	}
+	nng_aio_set_output(aio, 0, res);
+	nng_aio_finish(aio, 0);
+}
+
+static void
+serve_stats(nng_aio *aio, int prom)
+{
+	nng_http_handler *hd = nng_aio_get_input(aio, 1);
+	rl_qhttp *h = nng_http_handler_get_data(hd);
+	char *json = NULL;
+	rl_buf b;
+	int rv;
+
+	if ((rv = h->cfg.stats(h->cfg.arg, &json)) != 0) {
+		const char *msg = rl_strerror(rv);
+		respond(aio, NNG_HTTP_STATUS_INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8", msg, strlen(msg));
+		return;
+	}
+	if (!prom) {
+		respond(aio, NNG_HTTP_STATUS_OK, "application/json", json, strlen(json));
+		free(json);
+		return;
+	}
+	rl_buf_init(&b);
+	rv = rl_qhttp_prometheus(&b, json);
+	free(json);
+	if (rv != 0) {
+		const char *msg = rl_strerror(rv);
+		respond(aio, NNG_HTTP_STATUS_INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8", msg, strlen(msg));
+	} else {
+		respond(aio, NNG_HTTP_STATUS_OK, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
+	}
+	rl_buf_fini(&b);
+}
+
+static void on_metrics(nng_aio *aio) { serve_stats(aio, 1); }
+static void on_api_stats(nng_aio *aio) { serve_stats(aio, 0); }
+
+/* ---- listener --------------------------------------------------------------------------------------- */
+
+static int
+add(rl_qhttp *h, const char *path, void (*cb)(nng_aio *))
+{
+	nng_http_handler *hd;
+	int rv;
+
+	if ((rv = nng_http_handler_alloc(&hd, path, cb)) != 0)
+		return rv;
+	if ((rv = nng_http_handler_set_data(hd, h, NULL)) != 0 ||
+	    (rv = nng_http_server_add_handler(h->srv, hd)) != 0)
+		nng_http_handler_free(hd);
+	return rv;
+}
+
+int
+rl_qhttp_open(rl_qhttp **out, const rl_qhttp_config *cfg)
+{
+	rl_qhttp *h;
+	nng_url *u = NULL;
+	nng_http_handler *page = NULL;
+	nng_sockaddr sa;
+	int rv = RL_OK, nrv, loop;
+
+	*out = NULL;
+	if ((h = rl_try_calloc(1, sizeof *h, "http listener")) == NULL)
+		return RL_ENOMEM;
+	h->cfg = *cfg;
+	if ((rv = rl_qhttp_parse_addr(h->url, sizeof h->url, &loop, cfg->addr)) != 0) {
+		rl_error("--http: '%s' is not HOST:PORT, [IPV6]:PORT or :PORT", cfg->addr);
+		rv = RL_EINVAL;
+		goto fail;
+	}
+	if (!loop && !cfg->allow_public) {
+		rl_error("--http: refusing to serve on '%s': not a loopback address", cfg->addr);
+		rl_hint("the listener has no authentication; add --http-public to serve beyond this machine");
+		rv = RL_EINVAL;
+		goto fail;
+	}
+	if (!loop)
+		rl_warn("--http: serving stats without authentication on '%s'", h->url);
+	rv = RL_ENET;
+	if ((nrv = nng_url_parse(&u, h->url)) != 0 || (nrv = nng_http_server_hold(&h->srv, u)) != 0)
+		goto nfail;
+	if ((nrv = add(h, "/metrics", on_metrics)) != 0 || (nrv = add(h, "/api/stats", on_api_stats)) != 0)
+		goto nfail;
+	if ((nrv = nng_http_handler_alloc_static(&page, "/", rl_qhttp_page, strlen(rl_qhttp_page),
+	    "text/html; charset=utf-8")) != 0)
+		goto nfail;
+	if ((nrv = nng_http_server_add_handler(h->srv, page)) != 0) {
+		nng_http_handler_free(page);
+		goto nfail;
+	}
+	if ((nrv = nng_http_server_start(h->srv)) != 0)
+		goto nfail;
+	h->started = 1;
+	if (nng_http_server_get_addr(h->srv, &sa) == 0 && u->u_port && strcmp(u->u_port, "0") == 0) {
+		int port = sa.s_family == NNG_AF_INET6 ? ntohs(sa.s_in6.sa_port) : ntohs(sa.s_in.sa_port);
+		char *colon = strrchr(h->url, ':');
+		snprintf(colon + 1, sizeof h->url - (size_t)(colon + 1 - h->url), "%d", port);
+	}
+	nng_url_free(u);
+	*out = h;
+	return RL_OK;
+nfail:
+	rl_error("--http: cannot listen on '%s': %s", h->url, nng_strerror(nrv));
+	if (nrv == NNG_EADDRINUSE)
+		rl_hint("another process listens there; pick another port");
+	if (nrv == NNG_ENOMEM)
+		rv = RL_ENOMEM;
+fail:
+	if (u)
+		nng_url_free(u);
+	rl_qhttp_close(h);
+	return rv;
+}
+
+const char *
+rl_qhttp_url(const rl_qhttp *h)
+{
+	return h->url;
+}
+
+void
+rl_qhttp_close(rl_qhttp *h)
+{
+	if (h == NULL)
+		return;
+	if (h->srv) {
+		if (h->started)
+			nng_http_server_stop(h->srv);
+		nng_http_server_release(h->srv);
+	}
+	free(h);
+}

@@ -1,0 +1,57 @@
+/*
+ * qhttp.h — rl-queue's HTTP listener (nng's HTTP server): /metrics
+ * (Prometheus text exposition format 0.0.4), /api/stats (the JSON of
+ * `rl-queue stat --json`) and / (a self-contained dashboard page that polls
+ * /api/stats).  Every figure comes from one stats callback, so the three
+ * views and `rl-queue stat` agree.
+ *
+ * Binds to loopback addresses only unless allow_public is set: the
+ * listener has no authentication.
+ */
+#ifndef RL_QHTTP_H
+#define RL_QHTTP_H
+
+#include <stddef.h>
+
+#include "base/core.h"
+#include "base/io.h"
+
+/* Stats source: puts a malloc'd NUL-terminated JSON object in *json (the
+ * caller frees it); returns 0 or an rl_err.  Called from nng's threads. */
+typedef int (*rl_qhttp_stats_fn)(void *arg, char **json);
+
+typedef struct rl_qhttp_config {
+	const char *addr;        /* HOST:PORT, [V6]:PORT, :PORT or http://HOST:PORT; borrowed */
+	int allow_public;        /* bind to non-loopback addresses too */
+	rl_qhttp_stats_fn stats;
+	void *arg;               /* passed to stats; borrowed, must outlive the listener */
+} rl_qhttp_config;
+
+typedef struct rl_qhttp rl_qhttp;
+
+/* rl_qhttp_parse_addr: turns addr into an nng URL ("http://HOST:PORT") in
+ * url (n bytes) and sets *loopback when HOST is localhost, 127.0.0.0/8 or
+ * ::1 (literals only: other names count as public).  ":PORT" means
+ * 127.0.0.1.  Errors: RL_EINVAL (bad form or port), RL_ETOOBIG (url too
+ * small). */
+int rl_qhttp_parse_addr(char *url, size_t n, int *loopback, const char *addr);
+
+/* rl_qhttp_open: parses cfg->addr, refuses a public address unless
+ * cfg->allow_public (RL_EINVAL, logged with a hint), then listens and
+ * serves.  Errors: RL_EINVAL, RL_ENET (cannot listen: logged), RL_ENOMEM. */
+int rl_qhttp_open(rl_qhttp **out, const rl_qhttp_config *cfg);
+/* The URL served (with the bound port when addr asked for port 0). */
+const char *rl_qhttp_url(const rl_qhttp *h);
+/* Stops the listener and frees.  Accepts NULL. */
+void rl_qhttp_close(rl_qhttp *h);
+
+/* rl_qhttp_prometheus: appends the Prometheus text exposition of the stats
+ * JSON (as rl_qserve_stats_json makes it) to out.  Figures absent from the
+ * JSON are left out, not invented.  Errors: RL_EFORMAT (not a JSON
+ * object), RL_ENOMEM. */
+int rl_qhttp_prometheus(rl_buf *out, const char *json);
+
+/* The dashboard page (HTML with inline CSS and JS, no external URL). */
+extern const char rl_qhttp_page[];
+
+#endif

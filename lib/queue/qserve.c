@@ -1,0 +1,768 @@
+/*
+ * qserve.c — rl-queue's nng server (see qserve.h).
+ *
+ * Threads: nng's callback threads run the contexts; the thread in
+ * rl_qserve_run ticks (lease expiry, long-poll deadlines, idle journal
+ * flush).  One mutex (mtx) guards the queue; another (jmtx) orders journal
+ * writes.  Lock order: jmtx before mtx.  (De)compression happens outside both.
+ */
+#include "queue/qserve.h"
+#include "queue/qserve_workers.h"
+
+#include <cjson/cJSON.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/util/platform.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { C_RECV, C_SEND, C_WAIT };
+
+typedef struct qctx {
+	struct rl_qserve *s;
+	nng_ctx ctx;
+	nng_aio *aio;
+	int state;
+	rl_qhdr h;             /* request header */
+	rl_qlease_req lr;      /* waiting lease */
+	uint64_t wait_until;   /* monotonic ms */
+	struct qctx *wnext;    /* waiter list / send list */
+	int queued;            /* on a waiter list */
+	nng_pipe pipe;         /* a waiter's connection: gone, it is answered with nothing leased */
+	/* reply being built */
+	uint16_t status;
+	uint64_t arg;
+	rl_buf fixed, body, in, z;
+	uint64_t seq;
+} qctx;
+
+struct rl_qserve {
+	rl_qserve_config cfg;
+	nng_socket sock;
+	nng_listener lst;
+	rl_queue *q;
+	pthread_mutex_t mtx, jmtx;
+	qctx *ctx;
+	int nctx, nwait, failed, has_journal, closing;
+	qctx *whead, *wtail;
+	uint64_t durable;      /* journal seq known durable (atomic) */
+	nng_socket probe;      /* ipc:// only: pings the broker itself (see probe_listener) */
+	int probing, probe_fail;
+	double probe_next;
+	/* where the time goes (ns, atomic) */
+	uint64_t t_decomp, t_comp, t_state, t_journal, t_lockwait, nreq, nbad, nreports;
+	rli_workers *wk;       /* stage workers' reports (own lock) */
+};
+
+static uint64_t
+mono_ms(void)
+{
+	return (uint64_t)(rl_now() * 1000.0);
+}
+
+static uint64_t
+wall_ms(void)
+{
+	return (uint64_t)(rl_wall() * 1000.0);
+}
+
+static uint64_t
+ns_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#define ADD_NS(field, t0) __atomic_add_fetch(&s->field, ns_now() - (t0), __ATOMIC_RELAXED)
+
+static void
+lock(rl_qserve *s)
+{
+	uint64_t t0 = ns_now();
+	pthread_mutex_lock(&s->mtx);
+	ADD_NS(t_lockwait, t0);
+}
+
+static void unlock(rl_qserve *s) { pthread_mutex_unlock(&s->mtx); }
+
+/* Makes the journal durable up to seq (group commit).  Call without mtx. */
+static int
+commit(rl_qserve *s, uint64_t seq)
+{
+	rl_buf b;
+	uint64_t target, t0;
+	int rv = RL_OK;
+
+	if (!s->has_journal || __atomic_load_n(&s->durable, __ATOMIC_ACQUIRE) >= seq)
+		return RL_OK;
+	pthread_mutex_lock(&s->jmtx);
+	if (__atomic_load_n(&s->durable, __ATOMIC_ACQUIRE) < seq) {
+		t0 = ns_now();
+		lock(s);
+		target = rl_queue_journal_take(s->q, &b);
+		unlock(s);
+		rv = rl_queue_journal_write(s->q, &b);
+		rl_buf_fini(&b);
+		if (rv == 0) {
+			__atomic_store_n(&s->durable, target, __ATOMIC_RELEASE);
+			lock(s);
+			if (rl_queue_journal_compact_due(s->q)) {
+				/* RL_EBUSY: postponed; ops queued since the take stay
+				 * pending, the next commit writes them */
+				rv = rl_queue_journal_compact(s->q);
+				if (rv == 0)
+					__atomic_store_n(&s->durable, rl_queue_journal_seq(s->q), __ATOMIC_RELEASE);
+				else if (rv == RL_EBUSY)
+					rv = RL_OK;
+			}
+			unlock(s);
+		}
+		if (rv != 0)
+			s->failed = 1;
+		ADD_NS(t_journal, t0);
+	}
+	pthread_mutex_unlock(&s->jmtx);
+	return rv;
+}
+
+static void
+reply_reset(qctx *c)
+{
+	c->status = 0;
+	c->arg = 0;
+	c->fixed.len = c->body.len = 0;
+	c->seq = 0;
+}
+
+static void
+reply_error(qctx *c, int rv, const char *msg)
+{
+	reply_reset(c);
+	c->status = (uint16_t)rv;
+	rl_buf_append(&c->body, msg, strlen(msg));
+}
+
+/* Builds and sends the reply held in c (after its journal ops are durable). */
+static void
+send_reply(qctx *c)
+{
+	rl_qserve *s = c->s;
+	rl_qhdr h = { 0 };
+	uint8_t hb[RL_QP_HDR_LEN];
+	nng_msg *m = NULL;
+	rl_buf z;
+	int zip;
+
+	rl_buf_init(&z);
+	if (commit(s, c->seq) != 0 && c->status == 0) {
+		reply_error(c, RL_EIO, "journal write failed: the broker is stopping");
+	}
+	zip = c->status == 0 && (c->h.flags & RL_QF_ACCEPT_ZSTD) && c->body.len >= 1024;
+	if (zip) {
+		uint64_t t0 = ns_now();
+		if (rl_qzstd_compress(&z, c->body.p, c->body.len, s->cfg.level) != 0)
+			zip = 0;
+		ADD_NS(t_comp, t0);
+	}
+	h.op = (uint8_t)(c->h.op | RL_QOP_REPLY);
+	h.flags = zip ? RL_QF_ZSTD : 0;
+	h.status = c->status;
+	h.raw_len = (uint32_t)c->body.len;
+	h.req_id = c->h.req_id;
+	h.arg = c->arg;
+	rl_qhdr_encode(hb, &h);
+	if (nng_msg_alloc(&m, 0) != 0 || nng_msg_reserve(m, sizeof hb + c->fixed.len + (zip ? z.len : c->body.len)) != 0 ||
+	    nng_msg_append(m, hb, sizeof hb) != 0 || nng_msg_append(m, c->fixed.p, c->fixed.len) != 0 ||
+	    nng_msg_append(m, zip ? z.p : c->body.p, zip ? z.len : c->body.len) != 0) {
+		/* no memory for the reply: drop it, the client times out and retries */
+		if (m)
+			nng_msg_free(m);
+		rl_buf_fini(&z);
+		c->state = C_RECV;
+		nng_ctx_recv(c->ctx, c->aio);
+		return;
+	}
+	rl_buf_fini(&z);
+	/* do not keep big buffers per context: 64 of them add up */
+	if (c->body.cap > ((size_t)2 << 20))
+		rl_buf_fini(&c->body);
+	if (c->in.cap > ((size_t)2 << 20))
+		rl_buf_fini(&c->in);
+	if (c->z.cap > ((size_t)2 << 20))
+		rl_buf_fini(&c->z);
+	c->state = C_SEND;
+	nng_aio_set_msg(c->aio, m);
+	nng_ctx_send(c->ctx, c->aio);
+}
+
+/* Under mtx: lease for c into its reply buffers.  Returns 1 if the lease
+ * can be answered now (records, or wait over), 0 to keep waiting. */
+static int
+try_lease(rl_qserve *s, qctx *c, int final)
+{
+	rl_qlease_info info;
+	uint8_t fb[RL_QLEASE_INFO_LEN];
+	uint32_t min = c->lr.min_records ? RL_MIN(c->lr.min_records, c->lr.max_records) : 1;
+	int rv;
+
+	if (c->queued) {
+		/* a parked long poll whose client died (kill -9, a crashed worker) must
+		 * not take records: they would stay leased to nobody until the lease
+		 * expires.  nng says ENOENT for a pipe that has closed. */
+		nng_sockaddr sa;
+		if (nng_pipe_id(c->pipe) > 0 && nng_pipe_get_addr(c->pipe, NNG_OPT_REMADDR, &sa) == NNG_ENOENT) {
+			reply_reset(c);
+			reply_error(c, RL_EIO, "client gone");
+			return 1;
+		}
+	}
+	if (!final && rl_queue_available(s->q, (int)c->lr.stage, c->lr.group_hint, c->lr.max_records) < min)
+		return 0;
+	reply_reset(c);
+	rv = rl_queue_lease(s->q, &c->lr, wall_ms(), &info, &c->body);
+	if (rv != 0) {
+		reply_error(c, rv, "lease failed");
+		return 1;
+	}
+	if (info.n == 0 && !final)
+		return 0;
+	rl_qlease_info_encode(fb, &info);
+	rl_buf_append(&c->fixed, fb, sizeof fb);
+	c->arg = info.n;
+	c->seq = rl_queue_journal_seq(s->q);
+	return 1;
+}
+
+static void
+waiter_add(rl_qserve *s, qctx *c)
+{
+	c->wnext = NULL;
+	c->queued = 1;
+	if (s->wtail)
+		s->wtail->wnext = c;
+	else
+		s->whead = c;
+	s->wtail = c;
+	s->nwait++;
+}
+
+/* Under mtx: answers waiters that can be answered (all of them if force_all,
+ * those past their deadline if now != 0); they are moved to *out. */
+static void
+waiters_scan(rl_qserve *s, uint64_t now, int force_all, qctx **out)
+{
+	qctx *prev = NULL, *c = s->whead, *next;
+
+	while (c) {
+		int final = force_all || (now && now >= c->wait_until);
+		next = c->wnext;
+		if (try_lease(s, c, final)) {
+			if (prev)
+				prev->wnext = next;
+			else
+				s->whead = next;
+			if (s->wtail == c)
+				s->wtail = prev;
+			s->nwait--;
+			c->queued = 0;
+			c->wnext = *out;
+			*out = c;
+		} else {
+			prev = c;
+		}
+		c = next;
+	}
+}
+
+static void
+send_list(qctx *c)
+{
+	while (c) {
+		qctx *next = c->wnext;
+		c->wnext = NULL;
+		send_reply(c);
+		c = next;
+	}
+}
+
+int
+rl_qserve_stats_json(rl_qserve *s, char **out)
+{
+	rl_buf t;
+	cJSON *o, *sv;
+	int rv, nwait;
+
+	*out = NULL;
+	rl_buf_init(&t);
+	lock(s);
+	rv = rl_queue_stats_json(s->q, wall_ms(), &t);
+	nwait = s->nwait;
+	unlock(s);
+	if (rv != 0 || rl_buf_putc(&t, 0) != 0 || (o = cJSON_Parse((const char *)t.p)) == NULL) {
+		rl_buf_fini(&t);
+		return RL_ENOMEM;
+	}
+	rl_buf_fini(&t);
+	if ((sv = cJSON_AddObjectToObject(o, "server")) != NULL) {
+		cJSON_AddNumberToObject(sv, "requests", (double)__atomic_load_n(&s->nreq, __ATOMIC_RELAXED));
+		cJSON_AddNumberToObject(sv, "bad_requests", (double)__atomic_load_n(&s->nbad, __ATOMIC_RELAXED));
+		cJSON_AddNumberToObject(sv, "waiting", nwait);
+		cJSON_AddNumberToObject(sv, "contexts", s->nctx);
+		cJSON_AddNumberToObject(sv, "decompress_s", __atomic_load_n(&s->t_decomp, __ATOMIC_RELAXED) / 1e9);
+		cJSON_AddNumberToObject(sv, "compress_s", __atomic_load_n(&s->t_comp, __ATOMIC_RELAXED) / 1e9);
+		cJSON_AddNumberToObject(sv, "state_s", __atomic_load_n(&s->t_state, __ATOMIC_RELAXED) / 1e9);
+		cJSON_AddNumberToObject(sv, "journal_s", __atomic_load_n(&s->t_journal, __ATOMIC_RELAXED) / 1e9);
+		cJSON_AddNumberToObject(sv, "lock_wait_s", __atomic_load_n(&s->t_lockwait, __ATOMIC_RELAXED) / 1e9);
+		cJSON_AddNumberToObject(sv, "reports", (double)__atomic_load_n(&s->nreports, __ATOMIC_RELAXED));
+	}
+	if (rli_workers_json(s->wk, o, rl_now()) != 0) {
+		cJSON_Delete(o);
+		return RL_ENOMEM;
+	}
+	*out = cJSON_PrintUnformatted(o);
+	cJSON_Delete(o);
+	return *out ? RL_OK : RL_ENOMEM;
+}
+
+static void
+stat_reply(rl_qserve *s, qctx *c)
+{
+	char *txt;
+
+	if (rl_qserve_stats_json(s, &txt) != 0) {
+		reply_error(c, RL_ENOMEM, "cannot build stats");
+		return;
+	}
+	reply_reset(c);
+	rl_buf_append(&c->body, txt, strlen(txt));
+	free(txt);
+}
+
+/* Handles one request message (consumed).  Returns 1 when a reply is ready
+ * in c, 0 when c now waits (long poll). */
+static int
+handle(rl_qserve *s, qctx *c, nng_msg *m)
+{
+	const uint8_t *p = nng_msg_body(m);
+	size_t len = nng_msg_len(m), blen, batch_len = 0;
+	const uint8_t *body, *batch = NULL;
+	qctx *ready = NULL;
+	uint8_t fb[32];
+	char why[160];
+	uint64_t t0;
+	int rv;
+
+	__atomic_add_fetch(&s->nreq, 1, __ATOMIC_RELAXED);
+	reply_reset(c);
+	c->in.len = 0;
+	if ((rv = rl_qhdr_decode(&c->h, p, len)) != 0) {
+		c->h.op = c->h.op ? c->h.op : 0;
+		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+		reply_error(c, rv, rv == RL_EVERSION ? "unsupported protocol version" : "malformed request header");
+		goto done;
+	}
+	body = p + c->h.hdr_len;
+	blen = len - c->h.hdr_len;
+	switch (c->h.op) {
+	case RL_QOP_PING:
+		break;
+	case RL_QOP_PUT:
+		/* a plain body is used in place (no copy); a zstd one is inflated */
+		if (c->h.flags & RL_QF_ZSTD) {
+			t0 = ns_now();
+			rv = rl_qbody_get(&c->in, &c->h, body, blen, s->cfg.max_msg);
+			ADD_NS(t_decomp, t0);
+			batch = c->in.p;
+			batch_len = c->in.len;
+		} else {
+			rv = blen > s->cfg.max_msg ? RL_ETOOBIG : RL_OK;
+			batch = body;
+			batch_len = blen;
+		}
+		if (rv != 0) {
+			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+			reply_error(c, rv, rv == RL_ETOOBIG ? "request body over the size limit" : "bad request body");
+			break;
+		}
+		{
+			rl_qput_result r;
+			const void *frame = (c->h.flags & RL_QF_ZSTD) ? body : NULL;
+			size_t flen = blen;
+			if (frame == NULL && s->has_journal) {
+				/* the journal wants a zstd frame: make it before taking the lock */
+				t0 = ns_now();
+				c->z.len = 0;
+				if (rl_qzstd_compress(&c->z, batch, batch_len, s->cfg.queue.journal_level) == 0) {
+					frame = c->z.p;
+					flen = c->z.len;
+				}
+				ADD_NS(t_comp, t0);
+			}
+			lock(s);
+			t0 = ns_now();
+			rv = rl_queue_put(s->q, (int)c->h.arg, batch, batch_len, frame, flen, wall_ms(), &r);
+			if (rv == 0 && s->nwait)
+				waiters_scan(s, 0, 0, &ready);
+			c->seq = rl_queue_journal_seq(s->q);
+			ADD_NS(t_state, t0);
+			unlock(s);
+			if (rv != 0) {
+				snprintf(why, sizeof why, "put refused: %s", rl_strerror(rv));
+				if (rv != RL_EBUSY)
+					__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+				reply_error(c, rv, why);
+				break;
+			}
+			rl_qput_result_encode(fb, &r);
+			rl_buf_append(&c->fixed, fb, RL_QPUT_RESULT_LEN);
+		}
+		break;
+	case RL_QOP_LEASE:
+		if (blen < RL_QLEASE_REQ_LEN) {
+			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+			reply_error(c, RL_EFORMAT, "short lease request");
+			break;
+		}
+		rl_qlease_req_decode(&c->lr, body);
+		if (c->lr.stage >= RL_QSTAGE_COUNT || c->lr.max_records == 0) {
+			reply_error(c, RL_EINVAL, "bad lease request (stage or count)");
+			break;
+		}
+		if (c->lr.wait_ms > 600000)
+			c->lr.wait_ms = 600000;
+		lock(s);
+		t0 = ns_now();
+		if (c->lr.ack_lease) {
+			/* piggybacked ack of the previous lease: one round trip per batch */
+			rl_qack_req ar = { .lease_id = c->lr.ack_lease, .kind = RL_QACK_DONE };
+			rl_qack_result res;
+			rl_queue_ack(s->q, &ar, NULL, wall_ms(), &res);
+			c->lr.ack_lease = 0;
+			if (s->nwait)
+				waiters_scan(s, 0, 0, &ready);
+		}
+		c->wait_until = mono_ms() + c->lr.wait_ms;
+		if (!try_lease(s, c, c->lr.wait_ms == 0)) {
+			/* keep a few contexts free for puts and acks */
+			if (s->nwait + 4 >= s->nctx && s->whead) {
+				qctx *old = s->whead;
+				s->whead = old->wnext;
+				if (s->wtail == old)
+					s->wtail = NULL;
+				s->nwait--;
+				old->queued = 0;
+				try_lease(s, old, 1);
+				old->wnext = NULL;
+				ready = old;
+			}
+			c->state = C_WAIT;
+			c->pipe = nng_msg_get_pipe(m);
+			waiter_add(s, c);
+			ADD_NS(t_state, t0);
+			unlock(s);
+			nng_msg_free(m);
+			send_list(ready);
+			return 0;
+		}
+		ADD_NS(t_state, t0);
+		unlock(s);
+		break;
+	case RL_QOP_ACK: {
+		rl_qack_req ar;
+		rl_qack_result res;
+		uint64_t *ids = NULL;
+		if (blen < RL_QACK_REQ_LEN) {
+			reply_error(c, RL_EFORMAT, "short ack request");
+			break;
+		}
+		rl_qack_req_decode(&ar, body);
+		if ((blen - RL_QACK_REQ_LEN) / 8 < ar.n) {
+			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+			reply_error(c, RL_EFORMAT, "ack request shorter than its id count");
+			break;
+		}
+		if (ar.n) {
+			if ((ids = malloc((size_t)ar.n * 8)) == NULL) {
+				reply_error(c, RL_ENOMEM, "out of memory");
+				break;
+			}
+			for (uint32_t i = 0; i < ar.n; i++)
+				ids[i] = rl_le64_get(body + RL_QACK_REQ_LEN + 8 * i);
+		}
+		lock(s);
+		t0 = ns_now();
+		rv = rl_queue_ack(s->q, &ar, ids, wall_ms(), &res);
+		if (s->nwait)
+			waiters_scan(s, 0, 0, &ready);
+		c->seq = rl_queue_journal_seq(s->q);
+		ADD_NS(t_state, t0);
+		unlock(s);
+		free(ids);
+		if (rv != 0 && rv != RL_ENOENT) {
+			reply_error(c, rv, "ack failed");
+			break;
+		}
+		c->status = (uint16_t)rv;   /* RL_ENOENT: unknown lease, with counts */
+		rl_qack_result_encode(fb, &res);
+		rl_buf_append(&c->fixed, fb, RL_QACK_RESULT_LEN);
+		break;
+	}
+	case RL_QOP_VERSION: {
+		uint64_t now;
+		lock(s);
+		rv = rl_queue_set_version(s->q, c->h.arg, &now);
+		if (rv == 0 && s->nwait)
+			waiters_scan(s, 0, 0, &ready);
+		c->seq = rl_queue_journal_seq(s->q);
+		unlock(s);
+		if (rv != 0) {
+			reply_error(c, rv, "cannot set version");
+			break;
+		}
+		c->arg = now;
+		break;
+	}
+	case RL_QOP_STAT:
+		stat_reply(s, c);
+		break;
+	case RL_QOP_REPORT:
+		/* a stage's stats: small JSON, checked whole before it is stored */
+		if ((c->h.flags & RL_QF_ZSTD) == 0 && blen > RL_QP_MAX_REPORT)
+			rv = RL_ETOOBIG;
+		else
+			rv = rl_qbody_get(&c->in, &c->h, body, blen, RL_QP_MAX_REPORT);
+		if (rv == 0)
+			rv = rli_workers_report(s->wk, (const char *)c->in.p, c->in.len, rl_now(), why, sizeof why);
+		else
+			snprintf(why, sizeof why, rv == RL_ETOOBIG ? "stats report over %zu bytes" : "bad stats report body",
+			    (size_t)RL_QP_MAX_REPORT);
+		if (rv != 0) {
+			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+			reply_error(c, rv, why);
+			break;
+		}
+		__atomic_add_fetch(&s->nreports, 1, __ATOMIC_RELAXED);
+		break;
+	default:
+		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+		snprintf(why, sizeof why, "unknown op %u", c->h.op);
+		reply_error(c, RL_EINVAL, why);
+		break;
+	}
+done:
+	nng_msg_free(m);
+	send_list(ready);
+	return 1;
+}
+
+static void
+ctx_cb(void *arg)
+{
+	qctx *c = arg;
+	rl_qserve *s = c->s;
+	int rv = nng_aio_result(c->aio);
+
+	switch (c->state) {
+	case C_RECV:
+		if (rv != 0) {
+			/* only our own shutdown ends a context: a peer that went
+			 * away must not take a context with it */
+			if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
+				return;
+			nng_ctx_recv(c->ctx, c->aio);
+			return;
+		}
+		if (handle(s, c, nng_aio_get_msg(c->aio)))
+			send_reply(c);
+		return;
+	case C_SEND:
+		if (rv != 0) {
+			/* the reply was not sent (its client left): drop it */
+			nng_msg *m = nng_aio_get_msg(c->aio);
+			if (m)
+				nng_msg_free(m);
+			if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
+				return;
+		}
+		c->state = C_RECV;
+		nng_ctx_recv(c->ctx, c->aio);
+		return;
+	default:
+		return;
+	}
+}
+
+int
+rl_qserve_open(rl_qserve **out, const rl_qserve_config *cfg)
+{
+	rl_qserve *s;
+	int rv, nrv;
+
+	*out = NULL;
+	if ((s = rl_try_calloc(1, sizeof *s, "server")) == NULL)
+		return RL_ENOMEM;
+	s->cfg = *cfg;
+	if (s->cfg.max_msg == 0)
+		s->cfg.max_msg = RL_QP_MAX_MSG;
+	if (s->cfg.level == 0)
+		s->cfg.level = 1;
+	s->nctx = cfg->nctx > 0 ? cfg->nctx : 64;
+	pthread_mutex_init(&s->mtx, NULL);
+	pthread_mutex_init(&s->jmtx, NULL);
+	if ((rv = rli_workers_create(&s->wk)) != 0)
+		goto fail;
+	if ((rv = rl_queue_open(&s->q, &cfg->queue, wall_ms())) != 0)
+		goto fail;
+	s->has_journal = cfg->queue.data_dir != NULL;
+	s->durable = rl_queue_journal_seq(s->q);
+	if ((nrv = nng_rep0_open(&s->sock)) != 0 ||
+	    (nrv = nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, s->cfg.max_msg + 4096)) != 0) {
+		rl_error("cannot open the broker socket: %s", nng_strerror(nrv));
+		rv = RL_ENET;
+		goto fail;
+	}
+	if ((s->ctx = rl_try_calloc((size_t)s->nctx, sizeof *s->ctx, "contexts")) == NULL) {
+		rv = RL_ENOMEM;
+		goto fail;
+	}
+	for (int i = 0; i < s->nctx; i++) {
+		qctx *c = &s->ctx[i];
+		c->s = s;
+		if ((nrv = nng_ctx_open(&c->ctx, s->sock)) != 0 || (nrv = nng_aio_alloc(&c->aio, ctx_cb, c)) != 0) {
+			rl_error("cannot open a broker context: %s", nng_strerror(nrv));
+			rv = RL_ENET;
+			goto fail;
+		}
+	}
+	if ((nrv = nng_listen(s->sock, cfg->listen, &s->lst, 0)) != 0) {
+		rl_error("cannot listen on '%s': %s", cfg->listen, nng_strerror(nrv));
+		if (nrv == NNG_EADDRINUSE)
+			rl_hint("another process listens there; pick another port");
+		rv = RL_ENET;
+		goto fail;
+	}
+	for (int i = 0; i < s->nctx; i++) {
+		s->ctx[i].state = C_RECV;
+		nng_ctx_recv(s->ctx[i].ctx, s->ctx[i].aio);
+	}
+	*out = s;
+	return RL_OK;
+fail:
+	rl_qserve_close(s);
+	return rv;
+}
+
+/* nng 1.5.2 (Debian's) has a bug (nng issue #1518): an ipc:// listener stops
+ * accepting connections after a peer disconnects during the handshake.
+ * Every 2 s the broker pings itself over its own URL; after two failed
+ * pings it closes the listener and listens again. */
+static void
+probe_listener(rl_qserve *s)
+{
+	uint8_t hb[RL_QP_HDR_LEN];
+	rl_qhdr h = { .op = RL_QOP_PING };
+	nng_msg *m = NULL;
+	nng_dialer d;
+	int rv;
+
+	if (rl_now() < s->probe_next)
+		return;
+	s->probe_next = rl_now() + 2.0;
+	if (!s->probing) {
+		if (nng_req0_open(&s->probe) != 0)
+			return;
+		nng_socket_set_ms(s->probe, NNG_OPT_RECVTIMEO, 1000);
+		nng_socket_set_ms(s->probe, NNG_OPT_SENDTIMEO, 1000);
+		nng_socket_set_ms(s->probe, NNG_OPT_RECONNMINT, 50);
+		nng_socket_set_ms(s->probe, NNG_OPT_RECONNMAXT, 200);
+		nng_socket_set_ms(s->probe, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+		s->probing = 1;
+	}
+	/* a new connection each time: an old one keeps working when the
+	 * listener is stuck */
+	if ((rv = nng_dial(s->probe, s->cfg.listen, &d, NNG_FLAG_NONBLOCK)) != 0)
+		return;
+	rl_qhdr_encode(hb, &h);
+	rv = nng_send(s->probe, hb, sizeof hb, 0);
+	if (rv == 0)
+		rv = nng_recvmsg(s->probe, &m, 0);
+	if (m)
+		nng_msg_free(m);
+	nng_dialer_close(d);
+	if (rv == 0) {
+		s->probe_fail = 0;
+		return;
+	}
+	if (++s->probe_fail < 2)
+		return;
+	rl_warn("'%s' stopped accepting connections (nng bug #1518); listening again", s->cfg.listen);
+	nng_listener_close(s->lst);
+	if ((rv = nng_listen(s->sock, s->cfg.listen, &s->lst, 0)) != 0) {
+		rl_error("cannot listen again on '%s': %s", s->cfg.listen, nng_strerror(rv));
+		s->failed = 1;
+	}
+	s->probe_fail = 0;
+}
+
+int
+rl_qserve_run(rl_qserve *s, volatile sig_atomic_t *stop)
+{
+	while (!*stop && !s->failed) {
+		qctx *ready = NULL;
+		uint32_t expired = 0;
+		uint64_t seq;
+
+		nng_msleep(10);
+		lock(s);
+		rl_queue_tick(s->q, wall_ms(), &expired);
+		if (s->nwait)
+			waiters_scan(s, mono_ms(), 0, &ready);
+		seq = rl_queue_journal_seq(s->q);
+		unlock(s);
+		if (expired)
+			rl_verbose("%u leases expired", expired);
+		commit(s, seq);
+		send_list(ready);
+		if (strncmp(s->cfg.listen, "ipc://", 6) == 0)
+			probe_listener(s);
+	}
+	if (s->probing)
+		nng_close(s->probe);
+	return s->failed ? RL_EIO : RL_OK;
+}
+
+void
+rl_qserve_close(rl_qserve *s)
+{
+	if (s == NULL)
+		return;
+	__atomic_store_n(&s->closing, 1, __ATOMIC_RELEASE);
+	if (s->ctx) {
+		nng_close(s->sock);
+		for (int i = 0; i < s->nctx; i++) {
+			if (s->ctx[i].aio) {
+				nng_aio_stop(s->ctx[i].aio);
+				nng_aio_free(s->ctx[i].aio);
+			}
+			rl_buf_fini(&s->ctx[i].fixed);
+			rl_buf_fini(&s->ctx[i].body);
+			rl_buf_fini(&s->ctx[i].in);
+			rl_buf_fini(&s->ctx[i].z);
+		}
+		free(s->ctx);
+	} else if (nng_socket_id(s->sock) > 0) {
+		nng_close(s->sock);
+	}
+	if (s->q) {
+		rl_queue_journal_sync(s->q);
+		rl_queue_close(s->q);
+	}
+	rli_workers_destroy(s->wk);
+	pthread_mutex_destroy(&s->mtx);
+	pthread_mutex_destroy(&s->jmtx);
+	free(s);
+}

@@ -1,0 +1,47 @@
+/*
+ * qserve_workers.h — the broker's table of stage workers, fed by REPORT
+ * requests (wstat.h describes the report) and shown in the stats JSON.
+ * Private to lib/ (rli_): used by qserve.c and the unit tests.
+ *
+ * Per worker it keeps the latest totals, the busy fraction and rates over
+ * its reports of the last RLI_WORKERS_WINDOW seconds (at least its last
+ * interval; from its start until then), and a timeline of the busy
+ * fractions of its last RLI_WORKERS_TIMELINE report intervals.  Workers not heard
+ * from for RLI_WORKERS_TTL seconds are dropped (a final report marks a
+ * worker exited; it stays listed until then); at most RLI_WORKERS_MAX are
+ * kept (the longest silent one makes room).  Train steps from the reports
+ * go into a history of the last RLI_WORKERS_HISTORY steps.
+ *
+ * Thread-safety: every function takes the table's own lock.
+ */
+#ifndef RL_QSERVE_WORKERS_H
+#define RL_QSERVE_WORKERS_H
+
+#include <stddef.h>
+
+#include "base/core.h"
+
+#define RLI_WORKERS_MAX 256
+#define RLI_WORKERS_TTL 120.0        /* seconds */
+#define RLI_WORKERS_SILENT 15.0      /* seconds without a report: not counted in stage rates */
+#define RLI_WORKERS_WINDOW 10.0      /* seconds of reports the busy fraction and rates are taken over */
+#define RLI_WORKERS_TIMELINE 60
+#define RLI_WORKERS_HISTORY 300
+
+typedef struct rli_workers rli_workers;
+
+int rli_workers_create(rli_workers **out);
+void rli_workers_destroy(rli_workers *ws);   /* accepts NULL */
+
+/* rli_workers_report: validates a report (json, n bytes, not necessarily
+ * NUL-terminated) and stores it at monotonic time now (seconds).
+ * RL_EFORMAT with the reason in why (whylen bytes) when any part is
+ * malformed: the table is then unchanged.  RL_ENOMEM. */
+int rli_workers_report(rli_workers *ws, const char *json, size_t n, double now, char *why, size_t whylen);
+
+/* rli_workers_json: adds "workers", "stages" and, once a train step was
+ * reported, "train" and "train_history" to obj (a cJSON object, passed as
+ * void * to keep cJSON out of this header).  Drops workers past the TTL. */
+int rli_workers_json(rli_workers *ws, void *obj, double now);
+
+#endif

@@ -1,0 +1,650 @@
+/*
+ * engine.c — continuous-batching generation over the paged KV cache (see
+ * engine.h).  A decode step is one rl_model_decode_sample call (inputs up in
+ * one copy, the step replayed from a backend graph, tokens down in one copy);
+ * RL_DECODE_LEGACY=1 goes back to rl_model_decode + ops->sample (the same
+ * results, more copies and synchronisations).
+ */
+#include "rollout/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "model/kvcache.h"
+#include "base/rng.h"
+
+typedef struct req {
+	int32_t *prompt;
+	int plen, n, greedy, running, reserve, max_new;
+	uint64_t seed;
+	void *user;
+	struct req *next;
+} req;
+
+typedef struct seq {
+	int used, done;
+	req *r;
+	int index, greedy;
+	rl_kvseq kv;
+	int32_t *tok;     /* (max_new) */
+	float *logp;      /* (max_new) */
+	int n, max_n;
+	uint64_t seed;
+	int ver_first, ver_last;
+	double t_start;
+	char *text;       /* decoded response bytes, kept only with stop strings */
+	size_t tlen, tcap;
+} seq;
+
+struct rl_engine {
+	rl_gen_opts o;
+	rl_model *m;
+	rl_ops *ops;
+	rl_tokenizer *tok;
+	rl_kvcache *kv;
+	int V, slots, version, hold;
+	int legacy;             /* RL_DECODE_LEGACY=1: decode, then sample_rows */
+	size_t asz;
+	seq *s;                 /* (slots) */
+	req *head, *tail;
+	int nwaiting, committed;
+	int prefill_cap;        /* prompt tokens the model's inference buffers hold: the packing
+	                         * budget, or more once a longer prompt came (0: lost, see grow_prefill) */
+	size_t maxstop;
+	/* backend buffers */
+	void *d_rows;           /* (slots, V) act: prefill logits replicated per sample */
+	int32_t *d_tok;
+	float *d_logp;
+	uint64_t *d_seed, *d_ctr;
+	/* host mirrors */
+	int32_t *h_tok;
+	float *h_logp;
+	int32_t *h_mtok;        /* multi-step decoding's tokens and log-probs (steps, slots) */
+	float *h_mlogp;
+	uint64_t *h_seed, *h_ctr;
+	rl_kvseq **bseq;        /* (slots) */
+	int *bidx;              /* (slots) slot index of batch row */
+	rl_engine_stats st;
+};
+
+static const char *const finish_names[] = { "", "eos", "stop", "length", "abort" };
+
+const char *
+rl_finish_name(int f)
+{
+	return f >= 1 && f <= 4 ? finish_names[f] : "?";
+}
+
+void
+rl_gen_opts_default(rl_gen_opts *o)
+{
+	memset(o, 0, sizeof *o);
+	o->slots = 64;
+	o->kv_mem = (size_t)256 << 20;
+	o->block_size = 16;
+	o->max_prefill_tokens = 4096;
+	o->max_new = 256;
+	o->sp.temperature = 1.0f;
+	o->sp.top_p = 1.0f;
+	o->eos_id = -1;
+	o->include_stop = 1;
+	o->decode_steps = 1;
+}
+
+int
+rl_engine_create(rl_engine **out, rl_model *m, rl_tokenizer *tok, const rl_gen_opts *o)
+{
+	rl_engine *e = rl_xcalloc(1, sizeof *e);
+	rl_ops *ops = m->ops;
+	int rv, S;
+
+	*out = NULL;
+	e->o = *o;
+	e->m = m;
+	e->ops = ops;
+	e->tok = tok;
+	e->V = m->cfg.vocab_size;
+	e->slots = S = o->slots > 0 ? o->slots : 64;
+	e->asz = rl_dtype_size(ops->act_dtype);
+	e->legacy = getenv("RL_DECODE_LEGACY") != NULL && atoi(getenv("RL_DECODE_LEGACY")) > 0;
+	if (o->nstop > 0 && !tok) {
+		rl_error("stop strings need the model's tokenizer");
+		free(e);
+		return RL_EINVAL;
+	}
+	for (int i = 0; i < o->nstop; i++)
+		e->maxstop = RL_MAX(e->maxstop, strlen(o->stop[i]));
+	if ((rv = rl_kvcache_open(&e->kv, ops, &m->cfg, o->kv_mem, o->block_size > 0 ? o->block_size : 16)) != 0)
+		goto fail;
+	if ((rv = rl_model_infer_reserve(m, RL_MAX(o->max_prefill_tokens, 1), S)) != 0)
+		goto fail;
+	e->prefill_cap = RL_MAX(o->max_prefill_tokens, 1);
+	e->s = rl_xcalloc((size_t)S, sizeof *e->s);
+	for (int i = 0; i < S; i++) {
+		e->s[i].tok = rl_try_malloc(sizeof(int32_t) * (size_t)RL_MAX(o->max_new, 1), "response tokens");
+		e->s[i].logp = rl_try_malloc(sizeof(float) * (size_t)RL_MAX(o->max_new, 1), "response log-probs");
+		if (!e->s[i].tok || !e->s[i].logp) {
+			rv = RL_ENOMEM;
+			goto fail;
+		}
+	}
+	if ((rv = ops->alloc(ops, &e->d_rows, (size_t)S * e->V * e->asz)) != 0 ||
+	    (rv = ops->alloc(ops, (void **)&e->d_tok, (size_t)S * 4)) != 0 ||
+	    (rv = ops->alloc(ops, (void **)&e->d_logp, (size_t)S * 4)) != 0 ||
+	    (rv = ops->alloc(ops, (void **)&e->d_seed, (size_t)S * 8)) != 0 ||
+	    (rv = ops->alloc(ops, (void **)&e->d_ctr, (size_t)S * 8)) != 0)
+		goto fail;
+	e->h_tok = rl_xcalloc((size_t)S, 4);
+	e->h_logp = rl_xcalloc((size_t)S, 4);
+	if (o->decode_steps > 1) {
+		e->o.decode_steps = RL_MIN(o->decode_steps, RL_GEN_MAX_STEPS);
+		e->h_mtok = rl_xcalloc((size_t)S * e->o.decode_steps, 4);
+		e->h_mlogp = rl_xcalloc((size_t)S * e->o.decode_steps, 4);
+	}
+	e->h_seed = rl_xcalloc((size_t)S, 8);
+	e->h_ctr = rl_xcalloc((size_t)S, 8);
+	e->bseq = rl_xcalloc((size_t)S, sizeof *e->bseq);
+	e->bidx = rl_xcalloc((size_t)S, sizeof *e->bidx);
+	*out = e;
+	return RL_OK;
+fail:
+	rl_engine_destroy(e);
+	return rv;
+}
+
+static void
+free_req(req *r)
+{
+	free(r->prompt);
+	free(r);
+}
+
+void
+rl_engine_destroy(rl_engine *e)
+{
+	if (!e)
+		return;
+	if (e->s) {
+		for (int i = 0; i < e->slots; i++) {
+			if (e->s[i].used)
+				rl_kvcache_release(e->kv, &e->s[i].kv);
+			free(e->s[i].tok);
+			free(e->s[i].logp);
+			free(e->s[i].text);
+		}
+	}
+	for (req *r = e->head, *n; r; r = n) {
+		n = r->next;
+		free_req(r);
+	}
+	/* requests with running samples are freed with their last sample */
+	if (e->s)
+		for (int i = 0; i < e->slots; i++)
+			if (e->s[i].used && e->s[i].r && --e->s[i].r->running == 0)
+				free_req(e->s[i].r);
+	free(e->s);
+	if (e->ops) {
+		e->ops->free(e->ops, e->d_rows);
+		e->ops->free(e->ops, e->d_tok);
+		e->ops->free(e->ops, e->d_logp);
+		e->ops->free(e->ops, e->d_seed);
+		e->ops->free(e->ops, e->d_ctr);
+	}
+	rl_kvcache_close(e->kv);
+	free(e->h_tok);
+	free(e->h_logp);
+	free(e->h_mtok);
+	free(e->h_mlogp);
+	free(e->h_seed);
+	free(e->h_ctr);
+	free(e->bseq);
+	free(e->bidx);
+	free(e);
+}
+
+static int
+blocks_for(const rl_engine *e, int ntok)
+{
+	return (ntok + e->kv->BS - 1) / e->kv->BS;
+}
+
+/* Worst-case cache blocks of a group: its prompt's, the blocks each sample
+ * fills past them, and the copies of a partly filled last prompt block: every
+ * sample but the last to write into it copies it first (the last finds it
+ * its own).  A sample of maxnew tokens puts plen + maxnew - 1 in the cache
+ * (its last token is never fed back; multi-step decoding stops at the limit
+ * too).  This was blocks_for(maxnew) + 1 a sample, up to two blocks more than
+ * can be used: a group that fitted the pool was refused, and fewer were
+ * admitted at once than the pool holds. */
+static int
+group_reserve(const rl_engine *e, int plen, int nseq, int max_new)
+{
+	int maxnew = RL_MAX(1, RL_MIN(max_new, e->m->cfg.max_pos - plen));
+	int pb = blocks_for(e, plen);
+	return pb + nseq * (blocks_for(e, plen + maxnew - 1) - pb) + (plen % e->kv->BS ? nseq - 1 : 0);
+}
+
+/* A prompt longer than the packing budget (max_prefill_tokens) is prefilled
+ * alone: the model's inference buffers grow to its length, once, between steps
+ * (nothing in them outlives a step; rl_model_infer_reserve drops the decode
+ * graphs with them).  Until then such a prompt was refused even when the
+ * model's context held it.  When the larger buffers cannot be had, the old
+ * size is reserved again and the prompt refused; if even that fails the
+ * engine can no longer prefill or decode (prefill_cap 0: every step fails). */
+static int
+grow_prefill(rl_engine *e, int plen)
+{
+	int rv, old = e->prefill_cap;
+
+	if (old == 0)
+		return RL_ENOMEM;
+	if (plen <= old)
+		return RL_OK;
+	if ((rv = rl_model_infer_reserve(e->m, plen, e->slots)) == RL_OK) {
+		e->prefill_cap = plen;
+		return RL_OK;
+	}
+	rl_error("no memory to prefill a prompt of %d tokens (the buffers hold %d)", plen, old);
+	rl_hint("shorten the prompt, or free memory for the inference buffers");
+	if (rl_model_infer_reserve(e->m, old, e->slots) != RL_OK)
+		e->prefill_cap = 0;
+	return rv;
+}
+
+int
+rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greedy_extra, int max_new,
+    uint64_t seed, void *user)
+{
+	req *r;
+	int nseq = n + (greedy_extra ? 1 : 0), rv;
+
+	if (max_new <= 0 || max_new > e->o.max_new)
+		max_new = e->o.max_new;
+
+	if (plen < 1 || n < 0 || nseq < 1) {
+		rl_error("generation request: empty prompt or no samples");
+		return RL_EINVAL;
+	}
+	if (plen >= e->m->cfg.max_pos) {
+		rl_error("prompt of %d tokens leaves no room in the model's context of %d", plen, e->m->cfg.max_pos);
+		return RL_ETOOBIG;
+	}
+	if (nseq > e->slots) {
+		rl_error("a group of %d samples needs more than the %d slots", nseq, e->slots);
+		rl_hint("raise --slots to at least the group size");
+		return RL_ETOOBIG;
+	}
+	if (group_reserve(e, plen, nseq, max_new) > e->kv->nblk) {
+		rl_error("the KV cache (%d blocks of %d tokens) cannot hold a group of %d samples of a "
+		    "%d-token prompt", e->kv->nblk, e->kv->BS, nseq, plen);
+		rl_hint("raise --kv-mem or lower --max-tokens");
+		return RL_ETOOBIG;
+	}
+	if ((rv = grow_prefill(e, plen)) != 0)
+		return rv;
+	r = rl_xcalloc(1, sizeof *r);
+	r->prompt = rl_try_malloc((size_t)plen * 4, "prompt");
+	if (!r->prompt) {
+		free(r);
+		return RL_ENOMEM;
+	}
+	memcpy(r->prompt, prompt, (size_t)plen * 4);
+	r->plen = plen;
+	r->n = n;
+	r->greedy = greedy_extra != 0;
+	r->seed = seed;
+	r->user = user;
+	r->max_new = max_new;
+	r->reserve = group_reserve(e, plen, nseq, max_new);
+	if (e->tail)
+		e->tail->next = r;
+	else
+		e->head = r;
+	e->tail = r;
+	e->nwaiting++;
+	return RL_OK;
+}
+
+int rl_engine_active(const rl_engine *e)
+{
+	int n = 0;
+	for (int i = 0; i < e->slots; i++)
+		n += e->s[i].used;
+	return n;
+}
+int rl_engine_waiting(const rl_engine *e) { return e->nwaiting; }
+void rl_engine_set_version(rl_engine *e, int v) { e->version = v; }
+void rl_engine_hold(rl_engine *e, int hold) { e->hold = hold; }
+const rl_engine_stats *rl_engine_stats_get(const rl_engine *e) { return &e->st; }
+
+static int
+free_slots(const rl_engine *e)
+{
+	return e->slots - rl_engine_active(e);
+}
+
+static int
+take_slot(rl_engine *e)
+{
+	for (int i = 0; i < e->slots; i++)
+		if (!e->s[i].used)
+			return i;
+	return -1;
+}
+
+/* Releases a finished sequence and reports it. */
+static int
+finish(rl_engine *e, seq *q, int why, rl_gen_done_fn done, void *ctx)
+{
+	rl_gen_sample gs;
+	req *r = q->r;
+	int rv;
+
+	q->done = 1;
+	gs.user = r->user;
+	gs.index = q->index;
+	gs.greedy = q->greedy;
+	gs.tok = q->tok;
+	gs.logp = q->logp;
+	gs.n = q->n;
+	gs.finish = why;
+	gs.ver_first = q->ver_first;
+	gs.ver_last = q->ver_last;
+	gs.seed = q->seed;
+	gs.t_start = q->t_start;
+	gs.t_end = rl_wall();
+	gs.last_of_request = r->running == 1;
+	e->st.samples++;
+	rv = done ? done(ctx, &gs) : RL_OK;
+	rl_kvcache_release(e->kv, &q->kv);
+	q->used = 0;
+	q->r = NULL;
+	if (--r->running == 0) {
+		e->committed -= r->reserve;
+		free_req(r);
+	}
+	return rv;
+}
+
+/* Appends token t (log-prob lp) to q; returns the finish reason or 0. */
+static int
+append(rl_engine *e, seq *q, int32_t t, float lp)
+{
+	int stop_tok = 0;
+
+	if (t == e->o.eos_id)
+		stop_tok = RL_FINISH_EOS;
+	for (int i = 0; !stop_tok && i < e->o.neos_more; i++)
+		if (t == e->o.eos_more[i])
+			stop_tok = RL_FINISH_EOS;
+	for (int i = 0; !stop_tok && i < e->o.nstop_ids; i++)
+		if (t == e->o.stop_ids[i])
+			stop_tok = RL_FINISH_STOP;
+	if (!stop_tok || e->o.include_stop) {
+		q->tok[q->n] = t;
+		q->logp[q->n] = lp;
+		q->n++;
+	}
+	q->ver_last = e->version;
+	if (stop_tok)
+		return stop_tok;
+	if (e->o.nstop > 0) {
+		size_t bl = 0;
+		/* stop strings are looked for in the text, where special tokens do not show */
+		const char *b = rl_tokenizer_is_special(e->tok, t) ? NULL : rl_tokenizer_token(e->tok, t, &bl);
+		if (b && bl) {
+			if (q->tlen + bl + 1 > q->tcap) {
+				size_t nc = RL_MAX(q->tcap * 2, q->tlen + bl + 64);
+				char *nt = realloc(q->text, nc);
+				if (!nt)
+					return RL_FINISH_ABORT;
+				q->text = nt;
+				q->tcap = nc;
+			}
+			memcpy(q->text + q->tlen, b, bl);
+			q->tlen += bl;
+			q->text[q->tlen] = 0;
+			/* a stop string can only end inside the bytes just added */
+			size_t from = q->tlen > bl + e->maxstop ? q->tlen - bl - e->maxstop : 0;
+			for (int i = 0; i < e->o.nstop; i++) {
+				size_t sl = strlen(e->o.stop[i]);
+				if (sl && memmem(q->text + from, q->tlen - from, e->o.stop[i], sl))
+					return RL_FINISH_STOP;
+			}
+		}
+	}
+	if (q->n >= q->max_n || q->r->plen + q->n >= e->m->cfg.max_pos)
+		return RL_FINISH_LENGTH;
+	return 0;
+}
+
+/* Samples one token for batch rows [0, B) whose logits start at `logits`;
+ * rows b use sequences e->s[e->bidx[b]].  Greedy rows come last (from g). */
+static int
+sample_rows(rl_engine *e, const void *logits, int B, int g)
+{
+	rl_ops *o = e->ops;
+	rl_sample_params greedy = { 0.0f, 0, 1.0f };
+	double t0 = rl_now();
+
+	for (int b = 0; b < B; b++) {
+		seq *q = &e->s[e->bidx[b]];
+		e->h_seed[b] = q->seed;
+		e->h_ctr[b] = (uint64_t)q->n;
+	}
+	o->upload(o, e->d_seed, e->h_seed, (size_t)B * 8);
+	o->upload(o, e->d_ctr, e->h_ctr, (size_t)B * 8);
+	if (g > 0)
+		o->sample(o, e->d_tok, e->d_logp, logits, e->d_seed, e->d_ctr, g, e->V, &e->o.sp);
+	if (B > g)
+		o->sample(o, e->d_tok + g, e->d_logp + g, (const char *)logits + (size_t)g * e->V * e->asz,
+		    e->d_seed + g, e->d_ctr + g, B - g, e->V, &greedy);
+	o->download(o, e->h_tok, e->d_tok, (size_t)B * 4);
+	o->download(o, e->h_logp, e->d_logp, (size_t)B * 4);
+	e->st.t_sample += rl_now() - t0;
+	return o->status(o);
+}
+
+/* Appends the sampled token of each batch row to its sequence; reports the
+ * ones that finished. */
+static int
+take_tokens(rl_engine *e, int B, rl_gen_done_fn done, void *ctx)
+{
+	int rv;
+
+	for (int b = 0; b < B; b++) {
+		seq *q = &e->s[e->bidx[b]];
+		int why = append(e, q, e->h_tok[b], e->h_logp[b]);
+		e->st.gen_tokens++;
+		if (why && (rv = finish(e, q, why, done, ctx)) != 0)
+			return rv;
+	}
+	return RL_OK;
+}
+
+static uint64_t
+sample_seed(uint64_t rseed, int index)
+{
+	return rl_rng_mix(rseed ^ rl_rng_mix((uint64_t)index + 0x51ed2701ULL));
+}
+
+/* Admits waiting requests: one packed prefill, forks, first tokens. */
+static int
+admit(rl_engine *e, rl_gen_done_fn done, void *ctx)
+{
+	req *batch[256];
+	int nb = 0, ntok = 0, slots_left = free_slots(e), rv;
+	rl_kvseq *pseq[256];
+	const int32_t *ptok[256];
+	int plen[256], first[256];
+
+	while (e->head && !e->hold && nb < 256) {
+		req *r = e->head;
+		int nseq = r->n + r->greedy;
+		/* prompts are packed up to the budget; a longer one goes alone */
+		if (nseq > slots_left || e->committed + r->reserve > e->kv->nblk ||
+		    (nb > 0 && ntok + r->plen > e->o.max_prefill_tokens))
+			break;
+		e->head = r->next;
+		if (!e->head)
+			e->tail = NULL;
+		e->nwaiting--;
+		r->next = NULL;
+		e->committed += r->reserve;
+		slots_left -= nseq;
+		ntok += r->plen;
+		batch[nb++] = r;
+	}
+	if (nb == 0)
+		return RL_OK;
+	/* sample 0 of each request takes a slot and is prefilled */
+	for (int i = 0; i < nb; i++) {
+		int k = take_slot(e);
+		seq *q = &e->s[k];
+		memset(&q->kv, 0, sizeof q->kv);
+		rl_kvseq_init(&q->kv, e->kv);
+		q->used = 1;
+		q->done = 0;
+		q->r = batch[i];
+		first[i] = k;
+		pseq[i] = &q->kv;
+		ptok[i] = batch[i]->prompt;
+		plen[i] = batch[i]->plen;
+	}
+	double t0 = rl_now();
+	rv = rl_model_prefill(e->m, e->kv, pseq, ptok, plen, nb, NULL);
+	e->st.t_prefill += rl_now() - t0;
+	if (rv != RL_OK) {
+		for (int i = 0; i < nb; i++) {
+			e->s[first[i]].used = 0;
+			rl_kvcache_release(e->kv, &e->s[first[i]].kv);
+			e->committed -= batch[i]->reserve;
+			free_req(batch[i]);
+		}
+		return rv;
+	}
+	e->st.prefill_tokens += (uint64_t)ntok;
+	/* the other samples fork the prompt's blocks; rows: sampled ones, then greedy ones */
+	int B = 0, g = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		for (int i = 0; i < nb; i++) {
+			req *r = batch[i];
+			int lo = pass == 0 ? 0 : r->n, hi = pass == 0 ? r->n : r->n + r->greedy;
+			for (int j = lo; j < hi; j++) {
+				int k = j == 0 ? first[i] : take_slot(e);
+				seq *q = &e->s[k];
+				if (j != 0) {
+					memset(&q->kv, 0, sizeof q->kv);
+					rl_kvseq_init(&q->kv, e->kv);
+					rl_kvcache_fork(e->kv, &q->kv, &e->s[first[i]].kv);
+					q->used = 1;
+					q->done = 0;
+					q->r = r;
+				}
+				q->index = j;
+				q->greedy = pass == 1;
+				q->n = 0;
+				q->tlen = 0;
+				q->max_n = RL_MAX(1, RL_MIN(r->max_new, e->m->cfg.max_pos - r->plen));
+				q->seed = sample_seed(r->seed, j);
+				q->ver_first = q->ver_last = e->version;
+				q->t_start = rl_wall();
+				r->running++;
+				e->ops->copy(e->ops, (char *)e->d_rows + (size_t)B * e->V * e->asz,
+				    (const char *)e->m->logits + (size_t)i * e->V * e->asz, (size_t)e->V * e->asz);
+				e->bidx[B++] = k;
+			}
+		}
+		if (pass == 0)
+			g = B;
+	}
+	if ((rv = sample_rows(e, e->d_rows, B, g)) != 0)
+		return rv;
+	return take_tokens(e, B, done, ctx);
+}
+
+int
+rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
+{
+	int rv, B = 0, g = 0;
+
+	if (e->prefill_cap == 0) {
+		rl_error("generation engine: no inference buffers (lost growing them for a long prompt)");
+		return RL_ENOMEM;
+	}
+	if ((rv = admit(e, done, ctx)) != 0)
+		return rv;
+	/* decode: sampled sequences first, greedy ones last */
+	for (int pass = 0; pass < 2; pass++) {
+		for (int k = 0; k < e->slots; k++) {
+			seq *q = &e->s[k];
+			if (q->used && !q->done && q->greedy == pass) {
+				e->bidx[B] = k;
+				e->bseq[B] = &q->kv;
+				e->h_tok[B] = q->tok[q->n - 1];
+				B++;
+			}
+		}
+		if (pass == 0)
+			g = B;
+	}
+	if (B == 0)
+		return RL_OK;
+	/* the token fed is the last one appended; a dropped stop token never gets here */
+	int32_t *feed = rl_xmalloc((size_t)B * 4);
+	memcpy(feed, e->h_tok, (size_t)B * 4);
+	/* multi-step decoding while no waiting request could take a slot: n steps, none past a
+	 * sequence's token limit */
+	int n = 1;
+	if (!e->legacy && e->o.decode_steps > 1 && (e->head == NULL || e->hold || free_slots(e) == 0)) {
+		n = e->o.decode_steps;
+		for (int b = 0; b < B; b++) {
+			seq *q = &e->s[e->bidx[b]];
+			n = RL_MIN(n, q->max_n - q->n);
+		}
+		n = RL_MAX(n, 1);
+	}
+	double t0 = rl_now();
+	if (e->legacy) {
+		rv = rl_model_decode(e->m, e->kv, e->bseq, feed, B, NULL);
+	} else {
+		for (int b = 0; b < B; b++) {
+			seq *q = &e->s[e->bidx[b]];
+			e->h_seed[b] = q->seed;
+			e->h_ctr[b] = (uint64_t)q->n;
+		}
+		if (n > 1)
+			rv = rl_model_decode_multi(e->m, e->kv, e->bseq, feed, e->h_seed, e->h_ctr, B, g, &e->o.sp, n,
+			    e->h_mtok, e->h_mlogp);
+		else
+			rv = rl_model_decode_sample(e->m, e->kv, e->bseq, feed, e->h_seed, e->h_ctr, B, g, &e->o.sp,
+			    e->h_tok, e->h_logp);
+	}
+	e->st.t_decode += rl_now() - t0;
+	free(feed);
+	if (rv != RL_OK)
+		return rv;
+	if (n > 1) {
+		/* step by step as n single steps would append them; a sequence that finished at an
+		 * earlier step of the n takes no more (its slot is free from then on, and no request
+		 * is admitted before the n are taken) */
+		for (int k = 0; k < n; k++) {
+			for (int b = 0; b < B; b++) {
+				seq *q = &e->s[e->bidx[b]];
+				if (!q->used || q->done)
+					continue;
+				int why = append(e, q, e->h_mtok[(size_t)k * B + b], e->h_mlogp[(size_t)k * B + b]);
+				e->st.gen_tokens++;
+				if (why && (rv = finish(e, q, why, done, ctx)) != 0)
+					return rv;
+			}
+			e->st.steps++;
+		}
+		return RL_OK;
+	}
+	e->st.steps++;
+	if (e->legacy && (rv = sample_rows(e, e->m->logits, B, g)) != 0)
+		return rv;
+	return take_tokens(e, B, done, ctx);
+}

@@ -1,0 +1,118 @@
+/*
+ * engine.h — the generation engine behind rl-rollout: a fixed set of slots
+ * with continuous batching over the paged KV cache (kvcache.h) and the
+ * model's prefill/decode (model.h), sampling on the backend (ops->sample).
+ *
+ * A request is one prompt and n samples (a group).  Its prompt is prefilled
+ * once (prompts of several requests packed into one prefill) and the n
+ * samples fork its KV blocks, so the prompt's cache is shared.  Every step
+ * decodes one token for every active sequence; a sequence that finishes
+ * (EOS, a stop id or string, max tokens, the model's context) leaves its
+ * slot, which the next waiting request can take at once.  Requests are
+ * admitted only when the cache can hold them to their maximum length, so a
+ * running sequence never runs out of blocks.
+ *
+ * Randomness: sample i of a request draws from rl_rng(seed_i, t) with
+ * seed_i = mix(request seed, i) and t its token index: the same seed and
+ * settings give the same output on one backend, and the draws do not depend
+ * on what else is in the batch (the logits may, in their last bits, when a
+ * kernel sums in another order for another batch size).
+ *
+ * Leaves out: I/O, tokenizing prompts, weight updates (the caller swaps
+ * weights between steps with rl_model_set), preemption.  Not thread-safe.
+ */
+#ifndef RL_ENGINE_H
+#define RL_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+#include "compute/ops.h"
+#include "tok/tokenizer.h"
+
+enum { RL_FINISH_EOS = 1, RL_FINISH_STOP, RL_FINISH_LENGTH, RL_FINISH_ABORT };
+const char *rl_finish_name(int finish);  /* "eos", "stop", "length", "abort" */
+
+typedef struct rl_gen_opts {
+	int slots;                  /* sequences decoded together (default 64) */
+	size_t kv_mem;              /* KV cache budget in bytes (default 256 MiB) */
+	int block_size;             /* tokens per cache block (default 16) */
+	int max_prefill_tokens;     /* prompt tokens packed into one prefill (default 4096); a
+	                             * longer prompt is prefilled alone, the model's inference
+	                             * buffers grown to it (kept) */
+	int max_new;                /* response tokens at most (default 256) */
+	rl_sample_params sp;        /* temperature 0 = greedy */
+	const int32_t *stop_ids;    /* extra token ids that end a sequence (borrowed) */
+	int nstop_ids;
+	const char *const *stop;    /* stop strings (borrowed); need a tokenizer */
+	int nstop;
+	int32_t eos_id;             /* -1: none */
+	const int *eos_more;        /* more ids that end a sequence as EOS ("eos"; borrowed: */
+	int neos_more;              /* rl_config's eos_more, from an eos_token_id list) */
+	int include_stop;           /* keep the stop id/EOS in the response (default 1) */
+	int decode_steps;           /* decode steps queued at once while no request can be
+	                             * admitted (rl_model_decode_multi: the host waits once for
+	                             * them); at most RL_GEN_MAX_STEPS, and never past a
+	                             * sequence's token limit; a sequence that stops inside them
+	                             * has its later tokens dropped.  Default 1: every step alone */
+} rl_gen_opts;
+#define RL_GEN_MAX_STEPS 64
+
+void rl_gen_opts_default(rl_gen_opts *o);
+
+/* A finished sample, as given to the done callback (all borrowed for the call). */
+typedef struct rl_gen_sample {
+	void *user;                 /* the request's user pointer */
+	int index;                  /* 0..n-1, then n for the greedy baseline */
+	int greedy;                 /* the extra greedy sample (ReMax) */
+	const int32_t *tok;         /* (n) response tokens */
+	const float *logp;          /* (n) log-probs under the sampling distribution */
+	int n;
+	int finish;                 /* RL_FINISH_* */
+	int ver_first, ver_last;    /* weight versions that produced its tokens */
+	uint64_t seed;              /* the sample's seed */
+	double t_start, t_end;      /* wall seconds */
+	int last_of_request;        /* 1 when the request has no sample left running */
+} rl_gen_sample;
+
+typedef int (*rl_gen_done_fn)(void *ctx, const rl_gen_sample *s);
+
+typedef struct rl_engine rl_engine;
+
+/* m must have been opened on its backend; tok may be NULL when no stop
+ * strings are given.  Reserves the cache and buffers once. */
+int rl_engine_create(rl_engine **out, rl_model *m, rl_tokenizer *tok, const rl_gen_opts *o);
+void rl_engine_destroy(rl_engine *e);
+
+/* Queues a request: prompt (plen tokens, copied), n samples (+1 greedy when
+ * greedy_extra), its own response limit max_new (0 or more than the engine's:
+ * the engine's), the request's seed, a user pointer handed back with each
+ * sample.  RL_ETOOBIG when the prompt leaves no room in the model's context or
+ * the cache could never hold the group; RL_ENOMEM when a prompt longer than
+ * max_prefill_tokens finds no memory for the larger buffers; nothing queued
+ * then. */
+int rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greedy_extra,
+    int max_new, uint64_t seed, void *user);
+
+/* One iteration: admits waiting requests while slots and cache allow, then
+ * decodes one token for every active sequence; calls done for each sample
+ * that finished (a non-zero return from done stops and is returned).
+ * Returns RL_OK or an error. */
+int rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx);
+
+int rl_engine_active(const rl_engine *e);    /* sequences being decoded */
+int rl_engine_waiting(const rl_engine *e);   /* requests not yet admitted */
+/* The weight version attributed to tokens generated from now on. */
+void rl_engine_set_version(rl_engine *e, int version);
+/* hold != 0: admit nothing new (running sequences go on). */
+void rl_engine_hold(rl_engine *e, int hold);
+
+typedef struct rl_engine_stats {
+	uint64_t prefill_tokens, gen_tokens, steps, samples;
+	double t_prefill, t_decode, t_sample;  /* seconds; decode steps sample inside t_decode
+	                                        * (t_sample: after prefills, and RL_DECODE_LEGACY=1) */
+} rl_engine_stats;
+const rl_engine_stats *rl_engine_stats_get(const rl_engine *e);
+
+#endif
