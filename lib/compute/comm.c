@@ -948,12 +948,148 @@ nccl_call(rl_comm *c, ncclResult_t r, const char *what)
 
 /* ---- open / close ------------------------------------------------------------------------ */
 
+/* One rank: no rendezvous, no ring.  Asked for nccl by name, a one-rank NCCL
+ * communicator, so that one GPU exercises the NCCL path (test_comm_cuda);
+ * "auto" stays single. */
+static int
+open_single(rl_comm *c, const rl_comm_opts *o)
+{
+	c->backend = B_SINGLE;
+#if HAVE_NCCL
+	if (o->backend && strcmp(o->backend, "nccl") == 0) {
+		rdv_table_hdr th;
+		ncclUniqueId id;
+		ncclResult_t r;
+		if (!c->ops || c->ops->device < 0) {
+			rl_error("the nccl backend needs a CUDA device (--device cuda)");
+			return RL_EINVAL;
+		}
+		if ((r = ncclGetUniqueId(&id)) != ncclSuccess) {
+			rl_error("nccl: cannot create a unique id: %s", ncclGetErrorString(r));
+			return RL_EDEVICE;
+		}
+		memset(&th, 0, sizeof th);
+		memcpy(th.nccl_id, &id, sizeof id);
+		c->backend = B_NCCL;
+		return nccl_open(c, &th);
+	}
+#else
+	(void)o;
+#endif
+	return RL_OK;
+}
+
+/* The backend of a world of several ranks: o->backend, or for "auto" NCCL
+ * when there is a device and the build has it, else the CPU ring. */
+static int
+pick_backend(rl_comm *c, const rl_comm_opts *o)
+{
+	const char *b = o->backend ? o->backend : "auto";
+	int device = c->ops && c->ops->device >= 0;
+
+	if (strcmp(b, "cpu") == 0) {
+		c->backend = B_CPU;
+	} else if (strcmp(b, "nccl") == 0 || (strcmp(b, "auto") == 0 && device && HAVE_NCCL)) {
+		if (!HAVE_NCCL) {
+			rl_error("the nccl backend is not in this build (no NCCL found at build time)");
+			return RL_ENOTSUP;
+		}
+		if (!device) {
+			rl_error("the nccl backend needs a CUDA device (--device cuda)");
+			return RL_EINVAL;
+		}
+		c->backend = B_NCCL;
+	} else if (strcmp(b, "auto") == 0) {
+		c->backend = B_CPU;
+	} else {
+		rl_error("unknown communication backend '%s' (auto, cpu, nccl)", b);
+		return RL_EINVAL;
+	}
+	return RL_OK;
+}
+
+/* The ring's sockets and this rank's listener (on an ephemeral port, set in
+ * *port, so that the port can go into the rendezvous hello). */
+static int
+ring_listen(rl_comm *c, const char *ip, int *port)
+{
+	char lurl[128];
+	nng_sockaddr sa;
+	int e;
+
+	if ((e = nng_pair0_open(&c->prev)) != 0 || (e = nng_pair0_open(&c->next)) != 0) {
+		rl_error("cannot open a socket: %s", nng_strerror(e));
+		return RL_ENET;
+	}
+	c->have_prev = c->have_next = 1;
+	nng_pipe_notify(c->prev, NNG_PIPE_EV_REM_POST, on_prev_pipe, c);
+	nng_pipe_notify(c->next, NNG_PIPE_EV_ADD_POST, on_next_pipe, c);
+	nng_pipe_notify(c->next, NNG_PIPE_EV_REM_POST, on_next_pipe, c);
+	nng_socket_set_ms(c->prev, NNG_OPT_RECVTIMEO, SLICE_MS);
+	nng_socket_set_ms(c->next, NNG_OPT_SENDTIMEO, SLICE_MS);
+	nng_socket_set_size(c->prev, NNG_OPT_RECVMAXSZ, c->seg + HDR + 64);
+	nng_socket_set_int(c->prev, NNG_OPT_RECVBUF, 4);
+	nng_socket_set_int(c->next, NNG_OPT_SENDBUF, 4);
+	nng_socket_set_ms(c->next, NNG_OPT_RECONNMINT, 50);
+	nng_socket_set_ms(c->next, NNG_OPT_RECONNMAXT, 1000);
+	snprintf(lurl, sizeof lurl, "tcp://%s:0", is_loopback(ip) ? "127.0.0.1" : "0.0.0.0");
+	if ((e = nng_listener_create(&c->lst, c->prev, lurl)) != 0 || (e = nng_listener_start(c->lst, 0)) != 0) {
+		rl_error("cannot listen on %s: %s", lurl, nng_strerror(e));
+		return RL_ENET;
+	}
+	if ((e = nng_listener_get_addr(c->lst, NNG_OPT_LOCADDR, &sa)) != 0 || sa.s_family != NNG_AF_INET) {
+		rl_error("cannot read the ring listener's port: %s", nng_strerror(e));
+		return RL_ENET;
+	}
+	*port = ntohs(sa.s_in.sa_port);
+	return RL_OK;
+}
+
+/* The ring: dial the next rank, say hello, hear the previous one's hello
+ * (its pipe is the one to watch for a lost neighbour). */
+static int
+ring_connect(rl_comm *c, const rdv_entry *tab)
+{
+	int nx = next_of(c), e, rv;
+	nng_msg *m;
+	double t0;
+
+	if ((e = nng_dial(c->next, tab[nx].addr, NULL, 0)) != 0) {
+		rl_error("cannot connect to rank %d at %s: %s", nx, tab[nx].addr, nng_strerror(e));
+		return fail(c, RL_ENET, nx);
+	}
+	if ((rv = send_seg(c, K_HELLO, OP_NONE, 0, NULL, 0)) != 0)
+		return rv;
+	t0 = rl_now();
+	for (;;) {
+		if ((e = nng_recvmsg(c->prev, &m, 0)) == 0)
+			break;
+		if (e != NNG_ETIMEDOUT || rl_now() - t0 > c->timeout) {
+			rl_error("no hello from rank %d within %g s: %s", prev_of(c), c->timeout, nng_strerror(e));
+			return fail(c, RL_ETIMEDOUT, prev_of(c));
+		}
+		if ((rv = lost_check(c, "set-up", 3)) != 0)
+			return rv;
+	}
+	atomic_store(&c->prev_pipe, (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)));
+	uint8_t *h = nng_msg_body(m);
+	uint16_t from;
+	memcpy(&from, h + 6, 2);
+	if (nng_msg_len(m) != HDR || h[4] != K_HELLO || from != prev_of(c)) {
+		nng_msg_free(m);
+		rl_error("a stranger connected to this rank's ring port (expected rank %d's hello)", prev_of(c));
+		return fail(c, RL_EFORMAT, -1);
+	}
+	nng_msg_free(m);
+	return RL_OK;
+}
+
 int
 rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 {
 	rl_comm *c;
-	char ip[64], url[128], lurl[128];
-	int port = 0, rv = RL_OK, e, want;
+	char ip[64], url[128];
+	int port = 0, rv = RL_OK;
 	rdv_entry *tab = NULL;
 	rdv_table_hdr th;
 	nng_socket rdv = NNG_SOCKET_INITIALIZER;
@@ -978,65 +1114,19 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 		c->seg = 4;
 	c->ops = ops;
 	if (c->world == 1) {
-		c->backend = B_SINGLE;
-#if HAVE_NCCL
-		/* one rank asked for nccl by name: a one-rank NCCL communicator
-		 * (no rendezvous, no ring), so one GPU can exercise the NCCL path
-		 * (test_comm_cuda); "auto" stays single */
-		if (o->backend && strcmp(o->backend, "nccl") == 0) {
-			rdv_table_hdr th;
-			ncclUniqueId id;
-			ncclResult_t r;
-			if (!ops || ops->device < 0) {
-				rl_error("the nccl backend needs a CUDA device (--device cuda)");
-				free(c);
-				return RL_EINVAL;
-			}
-			if ((r = ncclGetUniqueId(&id)) != ncclSuccess) {
-				rl_error("nccl: cannot create a unique id: %s", ncclGetErrorString(r));
-				free(c);
-				return RL_EDEVICE;
-			}
-			memset(&th, 0, sizeof th);
-			memcpy(th.nccl_id, &id, sizeof id);
-			c->backend = B_NCCL;
-			if ((rv = nccl_open(c, &th)) != 0) {
+		if ((rv = open_single(c, o)) != 0) {
+			if (c->backend == B_NCCL)
 				rl_comm_close(c);
-				return rv;
-			}
+			else
+				free(c);
+			return rv;
 		}
-#endif
 		*out = c;
 		return RL_OK;
 	}
 
-	/* which backend */
-	{
-		const char *b = o->backend ? o->backend : "auto";
-		int device = ops && ops->device >= 0;
-		if (strcmp(b, "cpu") == 0) {
-			want = B_CPU;
-		} else if (strcmp(b, "nccl") == 0 || (strcmp(b, "auto") == 0 && device && HAVE_NCCL)) {
-			if (!HAVE_NCCL) {
-				rl_error("the nccl backend is not in this build (no NCCL found at build time)");
-				rv = RL_ENOTSUP;
-				goto out;
-			}
-			if (!device) {
-				rl_error("the nccl backend needs a CUDA device (--device cuda)");
-				rv = RL_EINVAL;
-				goto out;
-			}
-			want = B_NCCL;
-		} else if (strcmp(b, "auto") == 0) {
-			want = B_CPU;
-		} else {
-			rl_error("unknown communication backend '%s' (auto, cpu, nccl)", b);
-			rv = RL_EINVAL;
-			goto out;
-		}
-		c->backend = want;
-	}
+	if ((rv = pick_backend(c, o)) != 0)
+		goto out;
 	if (!o->master) {
 		rl_error("world size %d but no rendezvous address", c->world);
 		rv = RL_EINVAL;
@@ -1045,39 +1135,8 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 	if ((rv = resolve(o->master, c->addr_opts, ip, &port)) != 0)
 		goto out;
 	snprintf(url, sizeof url, "tcp://%s:%d", ip, port);
-
-	/* the ring listener first, so the port can go into the hello */
-	if ((e = nng_pair0_open(&c->prev)) != 0 || (e = nng_pair0_open(&c->next)) != 0) {
-		rl_error("cannot open a socket: %s", nng_strerror(e));
-		rv = RL_ENET;
+	if ((rv = ring_listen(c, ip, &port)) != 0)
 		goto out;
-	}
-	c->have_prev = c->have_next = 1;
-	nng_pipe_notify(c->prev, NNG_PIPE_EV_REM_POST, on_prev_pipe, c);
-	nng_pipe_notify(c->next, NNG_PIPE_EV_ADD_POST, on_next_pipe, c);
-	nng_pipe_notify(c->next, NNG_PIPE_EV_REM_POST, on_next_pipe, c);
-	nng_socket_set_ms(c->prev, NNG_OPT_RECVTIMEO, SLICE_MS);
-	nng_socket_set_ms(c->next, NNG_OPT_SENDTIMEO, SLICE_MS);
-	nng_socket_set_size(c->prev, NNG_OPT_RECVMAXSZ, c->seg + HDR + 64);
-	nng_socket_set_int(c->prev, NNG_OPT_RECVBUF, 4);
-	nng_socket_set_int(c->next, NNG_OPT_SENDBUF, 4);
-	nng_socket_set_ms(c->next, NNG_OPT_RECONNMINT, 50);
-	nng_socket_set_ms(c->next, NNG_OPT_RECONNMAXT, 1000);
-	snprintf(lurl, sizeof lurl, "tcp://%s:0", is_loopback(ip) ? "127.0.0.1" : "0.0.0.0");
-	if ((e = nng_listener_create(&c->lst, c->prev, lurl)) != 0 || (e = nng_listener_start(c->lst, 0)) != 0) {
-		rl_error("cannot listen on %s: %s", lurl, nng_strerror(e));
-		rv = RL_ENET;
-		goto out;
-	}
-	{
-		nng_sockaddr sa;
-		if ((e = nng_listener_get_addr(c->lst, NNG_OPT_LOCADDR, &sa)) != 0 || sa.s_family != NNG_AF_INET) {
-			rl_error("cannot read the ring listener's port: %s", nng_strerror(e));
-			rv = RL_ENET;
-			goto out;
-		}
-		port = ntohs(sa.s_in.sa_port);
-	}
 
 	if (!(tab = calloc((size_t)c->world, sizeof *tab))) {
 		rv = RL_ENOMEM;
@@ -1108,45 +1167,8 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 	} else {
 		rv = rdv_join(c, url, port, c->backend, tab, &th, &rdv);
 	}
-	if (rv != 0)
+	if (rv != 0 || (rv = ring_connect(c, tab)) != 0)
 		goto out;
-
-	/* the ring: dial the next rank, say hello, hear the previous one */
-	{
-		int nx = next_of(c);
-		nng_msg *m;
-		if ((e = nng_dial(c->next, tab[nx].addr, NULL, 0)) != 0) {
-			rl_error("cannot connect to rank %d at %s: %s", nx, tab[nx].addr, nng_strerror(e));
-			rv = fail(c, RL_ENET, nx);
-			goto out;
-		}
-		if ((rv = send_seg(c, K_HELLO, OP_NONE, 0, NULL, 0)) != 0)
-			goto out;
-		/* the hello's pipe is the one to watch */
-		double t0 = rl_now();
-		for (;;) {
-			if ((e = nng_recvmsg(c->prev, &m, 0)) == 0)
-				break;
-			if (e != NNG_ETIMEDOUT || rl_now() - t0 > c->timeout) {
-				rl_error("no hello from rank %d within %g s: %s", prev_of(c), c->timeout, nng_strerror(e));
-				rv = fail(c, RL_ETIMEDOUT, prev_of(c));
-				goto out;
-			}
-			if ((rv = lost_check(c, "set-up", 3)) != 0)
-				goto out;
-		}
-		atomic_store(&c->prev_pipe, (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)));
-		uint8_t *h = nng_msg_body(m);
-		uint16_t from;
-		memcpy(&from, h + 6, 2);
-		if (nng_msg_len(m) != HDR || h[4] != K_HELLO || from != prev_of(c)) {
-			nng_msg_free(m);
-			rl_error("a stranger connected to this rank's ring port (expected rank %d's hello)", prev_of(c));
-			rv = fail(c, RL_EFORMAT, -1);
-			goto out;
-		}
-		nng_msg_free(m);
-	}
 #if HAVE_NCCL
 	if (c->backend == B_NCCL && (rv = nccl_open(c, &th)) != 0)
 		goto out;
