@@ -724,8 +724,8 @@ cu_matmul_bwd(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, 
  * already aligned (V rounded up to HEAD_LD_ALIGN), so the GEMMs read and write them in
  * place, with no padded scratch and no copy.  The output features are still split at a
  * multiple of 64 as in matmul_fwd_: with one GEMM each (the odd OC as the GEMM's m or
- * k) the whole GPT-2 head step took 26.9 ms against 7.3 on the H100 (session 6), and the
- * odd-k dinp GEMM rounded worse, so that variant was measured and removed. */
+ * k) the whole GPT-2 head step took 26.9 ms against 7.3 on the H100, and the odd-k dinp
+ * GEMM rounded worse, so the split stays. */
 #define HEAD_LD_ALIGN 64
 
 static int
@@ -1280,7 +1280,7 @@ cu_kv_write(rl_ops *o, void *kc, void *vc, const void *qkv, const int32_t *slot,
  * blocks per multiprocessor in all, from B and NKV only (a graph holds the grid), at
  * most c->dec_splits: 32 splits x 4 warps x 8 keys in flight per warp cover 1,024 keys
  * in one round of the key-per-warp kernel, and more splits mostly add empty workers and
- * partials to merge (64 was the cap before session 6: RL_CUDA_DECODE_SPLITS=64). */
+ * partials to merge (RL_CUDA_DECODE_SPLITS raises the cap, up to 256). */
 static int
 decode_nsplit(const cuda_ctx *c, int B, int NKV)
 {
@@ -1337,7 +1337,7 @@ env_int(const char *var, int def, int lo, int hi)
  * with many splits (a few sequences) each worker has only a few keys and the
  * key-per-warp kernel spreads them wider (0.70 against 0.74 ms a GPT-2 step at one
  * slot).  RL_CUDA_DECODE_ATTN=lane or =split forces one; =wide takes k_decode_wide
- * (written in session 9 without a GPU, not measured yet: never the default). */
+ * (not yet run on a GPU: never the default; docs/cuda.md). */
 static int
 decode_kernel(const cuda_ctx *c, int nsplit)
 {
@@ -1799,37 +1799,11 @@ cu_close(rl_ops *o)
 	free(o);
 }
 
-int
-rl_ops_cuda_open(rl_ops **out, int device)
+/* The backend's switches from the environment (RL_CUDA_*: docs/cuda.md lists
+ * them, with the figures behind each default) and the device's properties. */
+static void
+read_switches(cuda_ctx *c, int device)
 {
-	int n = 0, rv = RL_OK;
-	rl_ops *o = NULL;
-	cuda_ctx *c = NULL;
-	cudaError_t e;
-
-	*out = NULL;
-	e = cudaGetDeviceCount(&n);
-	if (e != cudaSuccess || n == 0) {
-		cudaGetLastError();
-		rl_verbose("cuda: no usable GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-		return RL_ENODEV;
-	}
-	if (device < 0 || device >= n) {
-		rl_error("cuda: no device %d (%d present)", device, n);
-		return RL_ENODEV;
-	}
-	if ((e = cudaSetDevice(device)) != cudaSuccess) {
-		rl_error("cuda: cannot use device %d: %s", device, cudaGetErrorString(e));
-		return RL_EDEVICE;
-	}
-	o = rl_try_calloc(1, sizeof *o, "cuda backend");
-	c = rl_try_calloc(1, sizeof *c, "cuda backend");
-	if (!o || !c) {
-		free(o);
-		free(c);
-		return RL_ENOMEM;
-	}
-	o->ctx = c;
 	c->prof = getenv("RL_CUDA_PROFILE") != NULL && atoi(getenv("RL_CUDA_PROFILE")) > 0;
 	/* flash2 is the default attention (measured faster on the H100, docs/cuda.md);
 	 * RL_CUDA_ATTN=cublas (or flash) names another path */
@@ -1837,9 +1811,8 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->flash2 = attn <= 0;
 	c->flash = attn == 2;
 	/* flash2's backward: fused3 (one pass, dQ by f32 atomics, 3 blocks per SM; the
-	 * default: fastest on the H100, session 6), det (two passes, bit-for-bit
-	 * reproducible), fused (one pass, 2 blocks per SM), fused32 (32-query tiles, 4
-	 * blocks per SM): docs/cuda.md */
+	 * default, fastest on the H100), det (two passes, bit-for-bit reproducible), fused
+	 * (one pass, 2 blocks per SM), fused32 (32-query tiles, 4 blocks per SM) */
 	int f2b = env_pick("RL_CUDA_FLASH_BWD", "det fused fused3 fused32");  /* RLK_F2_BWD_* order */
 	c->f2_bwd = f2b < 0 ? RLK_F2_BWD_FUSED3 : f2b;
 	/* GPT-2's bias + GELU in the GEMM epilogues: on unless RL_CUDA_GELU_FUSE=0 */
@@ -1861,15 +1834,15 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->dec_merge_sep = env_off("RL_CUDA_DECODE_MERGE");
 	c->dec_splits = env_int("RL_CUDA_DECODE_SPLITS", 32, 1, 256);
 	/* the splits a sequence's context takes of those: one per RL_CUDA_DECODE_SPLIT_KEYS keys
-	 * (0, the default: all).  H100, session 8: fewer splits are much slower at one slot
+	 * (0, the default: all).  On the H100 fewer splits are much slower at one slot
 	 * (GPT-2 2,528 tok/s with all, 2,320 at 32 keys a split, 1,513 at 256; Qwen 1,012 against
 	 * 575 at 256) and the same at 64 and 256 slots: spreading a short context over many
 	 * blocks beats the merge it costs.  A diagnostic. */
 	c->dec_keys = env_int("RL_CUDA_DECODE_SPLIT_KEYS", 0, 0, 1 << 20);
-	/* the decode step in one kernel: off unless RL_CUDA_DECODE_STEP=1 (session 8, H100:
+	/* the decode step in one kernel: off unless RL_CUDA_DECODE_STEP=1 (on the H100
 	 * correct, but slower than the separate kernels; docs/cuda.md) */
 	c->dec_step = env_pick("RL_CUDA_DECODE_STEP", "0 1") == 1;
-	/* its diagnostics (session 8): a smaller grid, the barrier's poll, the stage profile */
+	/* its diagnostics: a smaller grid, the barrier's poll, the stage profile */
 	c->stp_grid = env_int("RL_CUDA_STEP_GRID", 0, 0, 1 << 20);
 	c->stp_keys = env_int("RL_CUDA_STEP_SPLIT_KEYS", 256, 0, 1 << 20);
 	{
@@ -1879,8 +1852,8 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->stp_prof = env_pick("RL_CUDA_STEP_PROFILE", "0 1") == 1;
 	c->stp_plain = env_pick("RL_CUDA_STEP_COOP", "0 1") == 0;
 	/* bias gradients in the dw GEMM's epilogue instead of the column-sum kernel: off unless
-	 * RL_CUDA_BGRAD=1 (or =strict: a shape cuBLASLt refuses is an error; for tests) (session
-	 * 8, H100: correct, about 1% slower on GPT-2) */
+	 * RL_CUDA_BGRAD=1 (or =strict: a shape cuBLASLt refuses is an error; for tests); on
+	 * the H100 correct, about 1% slower on GPT-2 */
 	{
 		int bg = env_pick("RL_CUDA_BGRAD", "0 1 strict");
 		c->bgrad = bg == 1 ? BG_ON : bg == 2 ? BG_STRICT : BG_OFF;
@@ -1900,7 +1873,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 		}
 		rlk_set_pdl(major >= 9 && !env_off("RL_CUDA_PDL"));
 	}
-	/* fuse.cu's products (session 9, written without a GPU: off until measured):
+	/* fuse.cu's products (not yet run on a GPU: off until measured):
 	 * RL_CUDA_GEMV_SPLIT=auto|2|4|8 splits each output's weight row over warps,
 	 * RL_CUDA_GEMV_PF=1 prefetches the next tile in the head and residual products, =2 in
 	 * every product with the grid capped at one resident wave */
@@ -1914,23 +1887,13 @@ rl_ops_cuda_open(rl_ops **out, int device)
 		int w = env_pick("RL_CUDA_DECODE_WIDE_WARPS", "0 4 8 16");
 		rlk_set_decode_wide(nwv[w < 0 ? 0 : w]);
 	}
-	o->name = "cuda";
-	o->act_dtype = RL_BF16;
-	o->device = device;
-	if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
-		rl_error("cuda: cannot create a stream: %s", cudaGetErrorString(e));
-		rv = RL_EDEVICE;
-		goto out;
-	}
-	if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS || cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS ||
-	    cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS) {
-		rl_error("cuda: cannot initialise cuBLAS on device %d", device);
-		rv = RL_EDEVICE;
-		goto out;
-	}
-	if ((rv = cu_alloc(o, &c->lt_ws, LT_WS_BYTES)) || (rv = cu_alloc(o, (void **)&c->dsum, sizeof(double))))
-		goto out;
+}
 
+/* The ops table: every op this backend has, and the optional ones the switches
+ * (read_switches) leave on. */
+static void
+set_ops(rl_ops *o, const cuda_ctx *c)
+{
 	o->alloc = cu_alloc;
 	o->free = cu_free;
 	o->upload = cu_upload;
@@ -1976,7 +1939,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	if (!env_off("RL_CUDA_ADD_NORM"))
 		o->add_norm_fwd = cu_add_norm_fwd;
 	/* the norm backwards added into the residual gradient: off unless RL_CUDA_NORM_BWD_ADD=1
-	 * (session 8, H100: correct, no faster beyond the run-to-run spread; docs/cuda.md) */
+	 * (on the H100 correct, no faster beyond the run-to-run spread; docs/cuda.md) */
 	if (env_pick("RL_CUDA_NORM_BWD_ADD", "0 1") == 1) {
 		o->layernorm_bwd_add = cu_layernorm_bwd_add;
 		o->rmsnorm_bwd_add = cu_rmsnorm_bwd_add;
@@ -2012,6 +1975,57 @@ rl_ops_cuda_open(rl_ops **out, int device)
 		o->graph_destroy = cu_graph_destroy;
 	}
 	o->close = cu_close;
+}
+
+int
+rl_ops_cuda_open(rl_ops **out, int device)
+{
+	int n = 0, rv = RL_OK;
+	rl_ops *o = NULL;
+	cuda_ctx *c = NULL;
+	cudaError_t e;
+
+	*out = NULL;
+	e = cudaGetDeviceCount(&n);
+	if (e != cudaSuccess || n == 0) {
+		cudaGetLastError();
+		rl_verbose("cuda: no usable GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+		return RL_ENODEV;
+	}
+	if (device < 0 || device >= n) {
+		rl_error("cuda: no device %d (%d present)", device, n);
+		return RL_ENODEV;
+	}
+	if ((e = cudaSetDevice(device)) != cudaSuccess) {
+		rl_error("cuda: cannot use device %d: %s", device, cudaGetErrorString(e));
+		return RL_EDEVICE;
+	}
+	o = rl_try_calloc(1, sizeof *o, "cuda backend");
+	c = rl_try_calloc(1, sizeof *c, "cuda backend");
+	if (!o || !c) {
+		free(o);
+		free(c);
+		return RL_ENOMEM;
+	}
+	o->ctx = c;
+	read_switches(c, device);
+	o->name = "cuda";
+	o->act_dtype = RL_BF16;
+	o->device = device;
+	if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+		rl_error("cuda: cannot create a stream: %s", cudaGetErrorString(e));
+		rv = RL_EDEVICE;
+		goto out;
+	}
+	if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS || cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS ||
+	    cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS) {
+		rl_error("cuda: cannot initialise cuBLAS on device %d", device);
+		rv = RL_EDEVICE;
+		goto out;
+	}
+	if ((rv = cu_alloc(o, &c->lt_ws, LT_WS_BYTES)) || (rv = cu_alloc(o, (void **)&c->dsum, sizeof(double))))
+		goto out;
+	set_ops(o, c);
 	*out = o;
 	return RL_OK;
 out:
