@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "base/core.h"
+#include "base/hash.h"
 #include "base/io.h"
 #include "base/progress.h"
 #include "rollout/prompt.h"
@@ -52,17 +53,6 @@ show(unsigned long long nrec)
 	rl_progress_draw(&prog, frac, "%llu records, %.0f records/s", nrec, dt > 0 ? nrec / dt : 0.0);
 }
 
-static uint64_t
-fnv1a(const void *p, size_t n)
-{
-	const uint8_t *s = p;
-	uint64_t h = 0xcbf29ce484222325ULL;
-
-	while (n--)
-		h = (h ^ *s++) * 0x100000001b3ULL;
-	return h;
-}
-
 /* The batch with ids (and prompt groups) filled in; *out is b itself when
  * nothing was missing, else fixed (a new batch). */
 static int
@@ -88,7 +78,7 @@ fill_ids(rl_traj_batch *b, int stage, rl_traj_batch *fixed, rl_traj *t, rl_traj_
 		if ((rv = rl_traj_batch_raw(b, i, &rec, &len)) != 0 || (rv = rl_traj_batch_get(b, i, t)) != 0)
 			return rv;
 		if (rl_traj_get_u64(t, RL_TAG_ID, &id) != 0) {
-			id = fnv1a(rec, len) & 0x7fffffffffffffffULL;
+			id = rl_fnv1a(RL_FNV1A_INIT, rec, len) & 0x7fffffffffffffffULL;
 			if ((rv = rl_traj_set_u64(t, RL_TAG_ID, id)) != 0)
 				return rv;
 		}
@@ -190,7 +180,7 @@ put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, s
 				/* the same text on two lines is two prompts; the same file put twice is
 				 * still idempotent: the id hashes the line and its number */
 				if (!rl_traj_has(t, RL_TAG_ID)) {
-					uint64_t id = (fnv1a((const uint8_t *)cur, (size_t)len) ^
+					uint64_t id = (rl_fnv1a(RL_FNV1A_INIT, (const uint8_t *)cur, (size_t)len) ^
 					    (ln * 0x9e3779b97f4a7c15ULL)) & 0x7fffffffffffffffULL;
 					if ((rv = rl_traj_set_u64(t, RL_TAG_ID, id)) != 0)
 						break;

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/io.h"
 #include "base/json.h"
 #include "model/safetensors.h"
 #include "sync/wsync.h"
@@ -124,25 +125,6 @@ copy_file(const char *src, const char *dst)
 		return RL_EIO;
 	}
 	return RL_OK;
-}
-
-static void
-remove_tree(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-
-	if (d != NULL) {
-		while ((e = readdir(d)) != NULL) {
-			if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-				continue;
-			char *p = join(dir, e->d_name);
-			unlink(p);
-			free(p);
-		}
-		closedir(d);
-	}
-	rmdir(dir);
 }
 
 /* The source directory's files a Hugging Face loader reads besides the weights.
@@ -301,7 +283,7 @@ save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer)
 		rl_error("cannot save to '%s': it exists", dir);
 		return RL_EEXIST;
 	}
-	remove_tree(tmp); /* a leftover of a crashed run with the same pid */
+	rl_io_remove_tree(tmp); /* a leftover of a crashed run with the same pid */
 	if (mkdir(tmp, 0755) != 0) {
 		rl_error("cannot create '%s': %s", tmp, strerror(errno));
 		return RL_EIO;
@@ -318,7 +300,7 @@ save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer)
 	free(parent);
 	return RL_OK;
 fail:
-	remove_tree(tmp);
+	rl_io_remove_tree(tmp);
 	return rv;
 }
 

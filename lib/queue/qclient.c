@@ -3,6 +3,7 @@
  * socket, retries with backoff, lease decoding, consumer-side dedup.
  */
 #include "queue/qclient.h"
+#include "base/hash.h"
 #include "base/nngx.h"
 
 #include <nng/nng.h>
@@ -76,21 +77,12 @@ rl_qclient_opts_stage(rl_qclient_opts *o, double broker_timeout_s)
 }
 
 /* ---- seen set ------------------------------------------------------------------ */
-static uint64_t
-mix(uint64_t x)
-{
-	x ^= x >> 31;
-	x *= 0x9e3779b97f4a7c15ULL;
-	x ^= x >> 29;
-	return x;
-}
-
 static int
 seen_has(const seen *s, uint64_t id)
 {
 	if (s->tcap == 0)
 		return 0;
-	for (size_t i = mix(id) & (s->tcap - 1);; i = (i + 1) & (s->tcap - 1)) {
+	for (size_t i = rl_hash_mix(id) & (s->tcap - 1);; i = (i + 1) & (s->tcap - 1)) {
 		if (!s->used[i])
 			return 0;
 		if (s->keys[i] == id)
@@ -103,7 +95,7 @@ seen_del(seen *s, uint64_t id)
 {
 	size_t mask = s->tcap - 1, i, j;
 
-	for (i = mix(id) & mask;; i = (i + 1) & mask) {
+	for (i = rl_hash_mix(id) & mask;; i = (i + 1) & mask) {
 		if (!s->used[i])
 			return;
 		if (s->keys[i] == id)
@@ -111,7 +103,7 @@ seen_del(seen *s, uint64_t id)
 	}
 	s->used[i] = 0;
 	for (j = (i + 1) & mask; s->used[j]; j = (j + 1) & mask) {
-		size_t home = mix(s->keys[j]) & mask;
+		size_t home = rl_hash_mix(s->keys[j]) & mask;
 		int movable = i <= j ? (home <= i || home > j) : (home <= i && home > j);
 		if (movable) {
 			s->keys[i] = s->keys[j];
@@ -151,7 +143,7 @@ seen_add(seen *s, uint64_t id)
 	}
 	s->ring[(s->head + s->n) % s->cap] = id;
 	s->n++;
-	for (i = mix(id) & (s->tcap - 1); s->used[i]; i = (i + 1) & (s->tcap - 1))
+	for (i = rl_hash_mix(id) & (s->tcap - 1); s->used[i]; i = (i + 1) & (s->tcap - 1))
 		;
 	s->keys[i] = id;
 	s->used[i] = 1;

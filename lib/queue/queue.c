@@ -11,6 +11,7 @@
  * Leaves out: sockets, threads and waiting (qserve.c).
  */
 #include "queue/queue.h"
+#include "base/hash.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -37,23 +38,12 @@ typedef struct qmap {
 	size_t cap, n;    /* cap: power of two */
 } qmap;
 
-static uint64_t
-mix64(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	x ^= x >> 33;
-	return x;
-}
-
 static uint32_t
 map_get(const qmap *m, uint64_t k)
 {
 	if (m->cap == 0)
 		return NIL;
-	for (size_t i = mix64(k) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+	for (size_t i = rl_hash_mix(k) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
 		if (m->vals[i] == NIL)
 			return NIL;
 		if (m->keys[i] == k)
@@ -94,7 +84,7 @@ map_put(qmap *m, uint64_t k, uint32_t v)
 
 	if ((m->n + 1) * 4 >= m->cap * 3 && (rv = map_grow(m)) != 0)
 		return rv;
-	for (size_t i = mix64(k) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+	for (size_t i = rl_hash_mix(k) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
 		if (m->vals[i] == NIL) {
 			m->keys[i] = k;
 			m->vals[i] = v;
@@ -115,7 +105,7 @@ map_del(qmap *m, uint64_t k)
 
 	if (m->cap == 0)
 		return;
-	for (i = mix64(k) & mask;; i = (i + 1) & mask) {
+	for (i = rl_hash_mix(k) & mask;; i = (i + 1) & mask) {
 		if (m->vals[i] == NIL)
 			return;
 		if (m->keys[i] == k)
@@ -125,7 +115,7 @@ map_del(qmap *m, uint64_t k)
 	m->n--;
 	/* shift back the entries of the cluster that follows */
 	for (j = (i + 1) & mask; m->vals[j] != NIL; j = (j + 1) & mask) {
-		size_t home = mix64(m->keys[j]) & mask;
+		size_t home = rl_hash_mix(m->keys[j]) & mask;
 		int movable = i <= j ? (home <= i || home > j) : (home <= i && home > j);
 		if (movable) {
 			m->keys[i] = m->keys[j];
