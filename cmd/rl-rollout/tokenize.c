@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cmd.h"
+#include "base/cli.h"
 #include "base/core.h"
 #include "base/json.h"
 #include "rollout/prompt.h"
@@ -95,59 +96,6 @@ print_ids(FILE *f, const rl_tokens *t)
 	fputc(']', f);
 }
 
-/* Messages of one chat line of len bytes into CH (borrowing strings from
- * ROOT, or from LINE for a text line).  Messages are C strings: a NUL byte,
- * or a JSON string's \u0000, would cut one silently, so either is an error. */
-static int
-parse_chat(const char *line, size_t len, cJSON **root, rl_prompt_chat *ch, size_t lineno)
-{
-	const char *p = line;
-	const cJSON *kw = NULL;
-	char what[64];
-	int nk;
-	while (*p == ' ' || *p == '\t')
-		p++;
-	*root = NULL;
-	memset(ch, 0, sizeof(*ch));
-	ch->thinking = -1;
-	if (memchr(line, 0, len) != NULL) {
-		rl_error("line %zu: a NUL byte at byte %zu, which a chat message cannot hold", lineno,
-		    (size_t)((const char *)memchr(line, 0, len) - line));
-		return RL_EFORMAT;
-	}
-	if (*p != '[' && *p != '{') {
-		ch->msgs = rl_xcalloc(1, sizeof(*ch->msgs));
-		ch->msgs[0] = (rl_chat_msg){ "user", line, NULL };
-		ch->n = 1;
-		return 0;
-	}
-	*root = rl_json_parse_all(line, len);
-	if (*root != NULL && (nk = rl_json_nul_member(line, len)) >= 0) {
-		const cJSON *m = cJSON_GetArrayItem(*root, nk);
-		if (cJSON_IsObject(*root))
-			rl_error("line %zu: field '%s': \\u0000 (NUL) in its name or value, which a chat message "
-			    "cannot hold", lineno, m && m->string ? m->string : "?");
-		else
-			rl_error("line %zu: message %d: \\u0000 (NUL), which a chat message cannot hold", lineno, nk + 1);
-		return RL_EFORMAT;
-	}
-	const cJSON *arr = *root;
-	if (cJSON_IsObject(arr)) {
-		if (rl_json_dup_key(arr)) {
-			rl_error("line %zu: key \"%s\" appears twice", lineno, rl_json_dup_key(arr));
-			return RL_EFORMAT;
-		}
-		kw = cJSON_GetObjectItemCaseSensitive(arr, "chat_template_kwargs");
-		arr = cJSON_GetObjectItemCaseSensitive(arr, "messages");
-	}
-	if (!cJSON_IsArray(arr)) {
-		rl_error("line %zu: expected a JSON array of messages or {\"messages\": [...]}", lineno);
-		return RL_EFORMAT;
-	}
-	snprintf(what, sizeof what, "line %zu", lineno);
-	return rl_prompt_chat_parse(ch, arr, kw, what);
-}
-
 static int
 decode_line(FILE *out, const rl_tokenizer *tok, const tok_config *c, const char *line, size_t lineno)
 {
@@ -208,11 +156,12 @@ encode_line(FILE *out, rl_tokenizer *tok, const tok_config *c, const char *line,
 	}
 	cJSON *root = NULL;
 	rl_prompt_chat ch;
-	char *text = NULL;
+	char *text = NULL, what[64];
 	size_t tlen;
 	if (c->gen_prompt)
 		flags |= RL_TOK_GEN_PROMPT;
-	if ((rv = parse_chat(line, len, &root, &ch, lineno)) == 0 && (ch.thinking < 0 ? c->thinking : ch.thinking) == 0)
+	snprintf(what, sizeof what, "line %zu", lineno);
+	if ((rv = rl_prompt_chat_line(&ch, &root, line, len, what)) == 0 && (ch.thinking < 0 ? c->thinking : ch.thinking) == 0)
 		flags |= RL_TOK_NO_THINKING;
 	if (rv == 0 && (rv = rl_tokenizer_apply_chat(&t, tok, ch.msgs, ch.n, c->tpl, flags)) == 0 &&
 	    (rv = rl_tokenizer_render_chat(&text, &tlen, tok, ch.msgs, ch.n, c->tpl, flags)) == 0) {
@@ -256,6 +205,7 @@ rl_cmd_tokenize(int argc, char **argv)
 	int o, rv = 0, status = 1;
 	static char prog[] = "rl-rollout: tokenize";
 
+	rl_cli_init("rl-rollout tokenize", opts);
 	argv[0] = prog;   /* getopt's own messages: "rl-rollout: tokenize: unrecognized option ..." */
 	optind = 1;
 	while ((o = getopt_long(argc, argv, "m:ct:GdS0qvh", opts, NULL)) != -1) {
@@ -263,11 +213,9 @@ rl_cmd_tokenize(int argc, char **argv)
 		case 'm': c.model = optarg; break;
 		case 'c': c.chat = 1; break;
 		case 't':
-			if ((c.tpl = rl_chat_template_parse(optarg)) < 0) {
-				rl_error("tokenize: --template: unknown chat template '%s'", optarg);
-				rl_hint("use auto, chatml or plain");
-				return 2;
-			}
+			if ((c.tpl = rl_chat_template_parse(optarg)) < 0)
+				return rl_cli_usage("tokenize: --template: unknown chat template '%s' (auto, chatml, plain)",
+				    optarg);
 			break;
 		case 'G': c.gen_prompt = 0; break;
 		case 'd': c.decode = 1; break;
@@ -281,17 +229,16 @@ rl_cmd_tokenize(int argc, char **argv)
 			fputs(usage_text, stdout);
 			return fclose(stdout) == 0 ? 0 : 1;
 		default:
-			fputs(usage_text, stderr);
+			fputs("rl-rollout: hint: rl-rollout tokenize --help lists the options\n", stderr);
 			return 2;
 		}
 	}
-	if (!c.model || optind + 1 < argc || (c.chat && c.decode)) {
-		rl_error(!c.model ? "tokenize: -m MODEL_DIR is required"
-			 : c.chat && c.decode ? "tokenize: --chat and --decode do not go together"
-					      : "tokenize: one input file at most");
-		fputs(usage_text, stderr);
-		return 2;
-	}
+	if (!c.model)
+		return rl_cli_usage("tokenize: -m MODEL_DIR is required");
+	if (c.chat && c.decode)
+		return rl_cli_usage("tokenize: --chat and --decode do not go together");
+	if (optind + 1 < argc)
+		return rl_cli_usage("tokenize: one input file at most");
 	if (optind < argc)
 		c.input = argv[optind];
 	if ((rv = rl_tokenizer_open(&tok, c.model)) != 0)

@@ -52,4 +52,13 @@ int rl_prompt_line_is(const char *line, size_t n);
  * or chat_template_kwargs are what rl-rollout refuses (rl_prompt_chat_parse). */
 int rl_prompt_line_to_traj(rl_traj *t, const char *line, size_t n, const char *what);
 
+/* One chat line of len bytes (rl-rollout tokenize --chat) into CH: a JSON
+ * array of messages, {"messages": [...], "chat_template_kwargs": {...}}, or
+ * plain text, taken as one user message.  *root (the caller's, cJSON_Delete)
+ * is the JSON parsed, NULL for text; the messages borrow from it or from
+ * line, which must outlive CH.  RL_EFORMAT (logged, naming `what`) for a bad
+ * line, a NUL byte or \u0000 among them (a message is a C string: it would be
+ * cut).  rl_prompt_chat_fini frees CH either way. */
+int rl_prompt_chat_line(rl_prompt_chat *ch, cJSON **root, const char *line, size_t len, const char *what);
+
 #endif

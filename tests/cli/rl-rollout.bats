@@ -406,10 +406,10 @@ assert n > 0, "no sample drew <|eos|>"'
 	cmp "$TD/p.jsonl" "$TD/x.jsonl"
 	for v in nan 1e30 2000G -1; do
 		run -2 --separate-stderr rl-rollout -m "$TD/m0" --kv-mem $v "$TD/p.jsonl"
-		[[ "$stderr" == *"--kv-mem: bad size '$v'"* ]]
+		[[ "$stderr" == *"--kv-mem: bad value '$v' (a size from 0 to 1099511627776 bytes"* ]]
 	done
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" --top-p 1.5 "$TD/p.jsonl"
-	[[ "$stderr" == *"--top-p: bad value '1.5' (want a number from 0 to 1)"* ]]
+	[[ "$stderr" == *"--top-p: bad value '1.5' (a number from 0 to 1)"* ]]
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" -n 0 "$TD/p.jsonl"
 	[[ "$stderr" == *"--samples: bad value '0'"* ]]
 	# counts are whole numbers (2.5 was taken as 2); a seed keeps all 64 bits (a double
@@ -419,7 +419,7 @@ assert n > 0, "no sample drew <|eos|>"'
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" -n 1.5 "$TD/p.jsonl"
 	for sd in -1 18446744073709551616 1e3 0x10; do
 		run -2 --separate-stderr rl-rollout -m "$TD/m0" --seed "$sd" "$TD/p.jsonl"
-		[[ "$stderr" == *"--seed: '$sd' is not a whole number"* ]]
+		[[ "$stderr" == *"--seed: bad value '$sd' (a whole number from 0 to 18446744073709551615)"* ]]
 	done
 	rl-rollout -m "$TD/m0" --seed 9007199254740993 --max-tokens 8 --jsonl "$TD/p.jsonl" | fields response > "$TD/s1"
 	rl-rollout -m "$TD/m0" --seed 9007199254740992 --max-tokens 8 --jsonl "$TD/p.jsonl" | fields response > "$TD/s0"

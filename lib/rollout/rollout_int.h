@@ -1,0 +1,115 @@
+/*
+ * rollout_int.h — what the files of rl_rollout_run share (rollout.c,
+ * weights.c, run.c, score.c, record.c, and prompt.c's rli_prompt_*): the
+ * run's state and one prompt in flight.  Not installed; lib/rollout only.
+ */
+#ifndef RL_ROLLOUT_INT_H
+#define RL_ROLLOUT_INT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include <cjson/cJSON.h>
+
+#include "base/gset.h"
+#include "base/progress.h"
+#include "compute/ops.h"
+#include "model/ckpt.h"
+#include "model/model.h"
+#include "queue/qclient.h"
+#include "queue/wstat.h"
+#include "rollout/engine.h"
+#include "rollout/rollout.h"
+#include "stream/traj.h"
+#include "sync/wgroup.h"
+#include "sync/wsync.h"
+#include "tok/tokenizer.h"
+
+typedef struct gen {
+	rl_rollout_opts o;     /* a copy: go, stop_ids and model_dir are completed by the run */
+	rl_wsync *ws;
+	rl_wgroup *wg;
+	rl_wver *wbase;        /* the last version fetched: the base of the next delta */
+	char sync_dir[3800];   /* where fetched versions are written to be loaded */
+	rl_qclient *qc;
+	rl_wstat *wst;         /* queue mode: stats reported to the broker */
+	rl_progress prog;
+	uint64_t q_bad, q_put;
+	/* state */
+	rl_ops *ops;
+	rl_model *m;
+	rl_tokenizer *tok;
+	rl_engine *e;
+	rl_traj_writer *w;
+	FILE *out;
+	int version, pending_version;
+	int pending_rewind;     /* pending_version is a rewound rl-sync's or --weights-from's: load it,
+	                         * though not newer */
+	char pending_path[4096];
+	uint64_t nonce, groups, lines, bad, samples, tokens;
+	double t0;
+	/* where the wall time went (seconds; reported at exit with -v): decoding
+	 * (engine steps less the puts made from them), new weights (poll, fetch,
+	 * load), waiting for a weights version (the staleness gate, pipe mode),
+	 * the broker (leases and puts), writing the output */
+	double t_engine, t_weights, t_wait, t_lease, t_put, t_write;
+	double last_poll;      /* when rl-sync was last asked for a new version */
+	double poll_backoff;   /* rl-sync did not answer: seconds until it is asked again (0: it answers) */
+	int nloads;
+	int warned_max_tokens; /* a line's max_tokens above --max-tokens was reported */
+	/* --resume DIR: the checkpoint, the groups done there (never generated again) */
+	char resume_path[4096];
+	int resume_step;
+	rl_gset done;
+	uint64_t skipped;      /* prompts of groups done, not generated */
+	/* --weights-from: step directories newer than its newest full checkpoint
+	 * when this process started: a killed run's, which a resuming trainer
+	 * removes and writes again under the same names; never loaded */
+	rl_ckpt_leftovers left;
+	int left_after;        /* that checkpoint's step (-1: none, and then no leftovers) */
+	char left_warned[4096];
+	int eos_more[24];      /* ids ending a sequence as EOS besides go.eos_id (rli_eos_set) */
+} gen;
+
+/* One prompt in flight: what its records need besides the tokens. */
+typedef struct prompt {
+	uint64_t group;
+	uint64_t line;
+	char *text;      /* prompt text as given to the tokenizer (rendered chat) */
+	char *meta;      /* JSON of everything but "prompt" */
+	int32_t *ids;
+	int nids;
+	int max_new;     /* the line's "max_tokens" (at most --max-tokens), 0: --max-tokens */
+	int remaining;
+	int gsize;       /* samples in its group */
+	rl_traj_batch *out; /* queue mode: the group's records, put when complete */
+} prompt;
+
+void rli_prompt_free(prompt *p); /* accepts NULL; not p->out */
+
+/* weights.c: weight versions and the rewind policy */
+int rli_latest_version(const char *dir, int *ver, char *path, size_t len);
+int rli_load_weights(gen *g, const char *dir, int ver);
+int rli_group_take(gen *g);
+int rli_leftover(gen *g, const char *path);
+int rli_poll_weights(gen *g, int force);
+int rli_wait_version(gen *g, int need);
+
+/* prompt.c: prompt lines and leased records into prompts */
+int rli_prompt_parse_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids, size_t npre, prompt **out);
+int rli_prompt_parse_line(gen *g, const char *line, size_t len, prompt **out);
+int rli_prompt_from_record(gen *g, const rl_traj *t, prompt **out);
+
+/* record.c: one finished sample's record */
+int rli_record_build(rl_traj *t, gen *g, const prompt *p, const rl_gen_sample *s);
+
+/* run.c: the run loops */
+void rli_eos_set(gen *g);
+int rli_run_generate(gen *g);
+int rli_run_queue(gen *g);
+int rli_resume_open(gen *g);
+
+/* score.c */
+int rli_run_score(gen *g);
+
+#endif
