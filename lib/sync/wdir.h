@@ -23,7 +23,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sync/wsync.h"
+#include "sync/wver.h"
+
+/* rl_wver_read_dir loads every regular, non-hidden file of a checkpoint
+ * directory (not recursive; rlsync.json is the manifest, not a blob; the
+ * trainer's state, optimizer*.safetensors and trainer_state.json, is not
+ * weights and is skipped) as a
+ * version numbered `version`.  If the directory holds rlsync.json (a version
+ * directory written by rl_wver_write_dir / rl_wdir_publish), version 0 means
+ * "take its number", and every blob is checked against it (RL_ECHECKSUM on a
+ * mismatch, RL_ENOENT for a missing file).  Files are sorted by name. */
+int rl_wver_read_dir(rl_wver **out, const char *dir, uint64_t version);
+/* rl_wver_write_dir writes v as a directory `dir` (files + rlsync.json),
+ * atomically: into a hidden temporary sibling, fsync'd, then renamed.
+ * RL_EEXIST if dir exists. */
+int rl_wver_write_dir(const rl_wver *v, const char *dir);
 
 /* rl_wdir_publish copies the regular files of src_dir into DIR/vNNNNNN
  * (creating DIR if needed), switches latest, and prunes to `keep` versions
