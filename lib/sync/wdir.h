@@ -93,4 +93,9 @@ int rl_wdir_watch_open(rl_wdir_watch **out, const char *dir, uint64_t have, int 
 int rl_wdir_watch_next(rl_wdir_watch *w, uint64_t *version, char *path, size_t pathsz, int timeout_ms);
 void rl_wdir_watch_close(rl_wdir_watch *w);
 
+/* rl_wdir_check_target: dir, before anything is pulled into it, is a
+ * directory this process can write in, or a name one can be created at;
+ * else "cannot pull into 'dir': why" is logged and RL_EIO returned. */
+int rl_wdir_check_target(const char *dir);
+
 #endif

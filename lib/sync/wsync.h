@@ -33,6 +33,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <signal.h>
 
 /* ---- 1. checksum: rl_hash64 (XXH64) in base/hash.h ------------------------ */
 #include "base/hash.h"
@@ -254,5 +255,25 @@ int rl_wsync_fetch_version(rl_wsync *s, rl_wver **out, uint64_t version, const r
  * a newer one was published between the poll and the fetch, and the server keeps only the
  * latest), of the latest it holds then (a few tries); (*out)->version says which. */
 int rl_wsync_fetch_newest(rl_wsync *s, rl_wver **out, uint64_t version, const rl_wver *base);
+
+
+/* ---- 5. pulling into a version directory (pull.c; rl-sync pull) ------------ */
+typedef struct rl_wsync_pull_opts {
+	const char *url;                  /* the server */
+	const char *out;                  /* version directory (wdir.h) written */
+	rl_wsync_client_opts client;
+	uint64_t version;                 /* 0: the latest; else this one (not with follow) */
+	int wait;                         /* wait for a version if the server has none yet */
+	int follow;                       /* keep pulling each new version (a delta when possible) */
+	int keep;                         /* versions kept in out; 0 -> 2 */
+	volatile sig_atomic_t *stop;      /* set (by a signal handler) to stop cleanly; NULL none */
+} rl_wsync_pull_opts;
+/* rl_wsync_pull fetches versions newer than out's latest into out, following
+ * the server back when it rewound.  RL_OK also when out already holds the
+ * server's latest, and on a stop.  Without wait or follow and with no
+ * version on the server: RL_ENOENT and *empty = 1 (rl-sync exits 3); *empty
+ * is 0 otherwise.  Logs every failure.  Test hook RL_SYNC_TEST_PULL_PAUSE_MS:
+ * a pause between poll and fetch. */
+int rl_wsync_pull(int *empty, const rl_wsync_pull_opts *o);
 
 #endif
