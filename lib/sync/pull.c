@@ -98,9 +98,8 @@ rl_wsync_pull(int *empty, const rl_wsync_pull_opts *c)
 			usleep((useconds_t)pause_ms * 1000);
 		rv = rl_wsync_fetch(cl, &v, want ? want : latest, have);
 		if (rv == RL_ENOENT && !want && (c->follow || again < 8)) {
-			/* the server moved on while we asked: take the newer one (also
-			 * without --follow, where a bare continue ended the loop and the
-			 * pull exited 1 without a word) */
+			/* the server moved on while we asked: take the newer one, also
+			 * without --follow (up to 8 times, then the error below) */
 			again = 1 + (again < 8 ? again : 7);
 			continue;
 		}

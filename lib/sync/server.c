@@ -652,10 +652,10 @@ do_push_commit(rl_wsync_server *s, const whdr *h)
 	int rv, rewind;
 
 	pthread_mutex_lock(&s->mu);
-	/* the same commit again while the first one saves the version: nng's
-	 * REQ re-sends a request after a reconnect, and the copy found no push
-	 * in progress (RL_ENOENT); the client then pushed the version again and
-	 * was refused as not newer than itself.  It waits for the first's outcome */
+	/* the same commit again while the first one saves the version (nng's
+	 * REQ re-sends a request after a reconnect) waits for the first's
+	 * outcome: answered now, it would find no push in progress (RL_ENOENT),
+	 * and the client's second push would be refused as not newer than itself */
 	while (s->committing == h->version && !s->closing)
 		pthread_cond_wait(&s->tcv, &s->mu);
 	x = s->stage;

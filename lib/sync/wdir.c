@@ -657,8 +657,8 @@ rl_wdir_publish_ver(const char *dir, const rl_wver *v, int keep)
 	if (rv == 0)
 		read_stamp(path, &h, &lin);
 	/* before writing, not only in the prune after it: on a disk with room
-	 * for the versions kept plus one, a dead writer's temporary made every
-	 * later write fail, and the prune that would remove it never ran */
+	 * for the versions kept plus one, a dead writer's temporary would make
+	 * every later write fail, and the prune that removes it would never run */
 	clean_temps(dir);
 	if ((rv = rl_wdir_path(path, sizeof path, dir, v->version)) != 0 ||
 	    (rv = write_dir(v, path, RL_MAX(lin, v->lineage))) != 0 || (rv = switch_latest(dir, v->version)) != 0)
@@ -779,8 +779,8 @@ rl_wdir_prune(const char *dir, int keep)
 		/* renamed to a temporary first: a kill in the middle of the removal
 		 * then leaves a dead writer's temporary, which the next publish
 		 * removes; removed in place, a directory whose manifest went first
-		 * was no version any more and never pruned again (a model's worth
-		 * of bytes for good) */
+		 * would be no version any more and never pruned (a model's worth of
+		 * bytes for good) */
 		const char *gone = path;
 		if (tmp_sibling(tmpn, sizeof tmpn, path) == RL_OK && rename(path, tmpn) == 0)
 			gone = tmpn;
