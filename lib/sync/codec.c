@@ -16,13 +16,13 @@
 #include <string.h>
 #include <zstd.h>
 
-/* ---- codec ------------------------------------------------------------------------ */
 /* An encoded chunk is a list of segments: the `elem` byte planes of the
  * (XOR'd) chunk, then the n % elem tail bytes (elem 1: one segment, the
  * chunk).  Each segment is u32 encoded length, u8 kind (0 stored, 1 zstd,
  * 2 sparse: below), 3 zero bytes, then its bytes.  Planes are compressed one
  * by one so the near-random low mantissa plane of bf16 weights is stored and
  * only the exponent plane pays for zstd, both ways. */
+
 /* per-thread zstd contexts and scratch, freed at thread exit */
 typedef struct tls_codec {
 	ZSTD_CCtx *cc;
