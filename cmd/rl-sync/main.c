@@ -12,6 +12,7 @@
  * --wait), 4 checksum failure.
  */
 #include "base/core.h"
+#include "base/cli.h"
 #include "base/io.h"
 #include "sync/wdir.h"
 #include "sync/wsync.h"
@@ -23,10 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <errno.h>
-#include <libgen.h>
 
 static const char usage_text[] =
 	"usage: rl-sync serve --listen URL [--data-dir DIR] [--keep-previous] [--threads N] [--no-shm]\n"
@@ -118,30 +117,6 @@ typedef struct cfg {
 
 static volatile sig_atomic_t stop;
 static void on_signal(int sig) { (void)sig; stop = 1; }
-
-static int
-usage(const char *fmt, const char *arg)
-{
-	if (fmt) {
-		fprintf(stderr, "rl-sync: ");
-		fprintf(stderr, fmt, arg);
-		fputc('\n', stderr);
-	}
-	fputs(usage_text, stderr);
-	return 2;
-}
-
-static int
-num(const char *s, long long lo, long long hi, long long *out)
-{
-	char *end;
-	long long v = strtoll(s, &end, 10);
-
-	if (*s == 0 || *end || v < lo || v > hi)
-		return -1;
-	*out = v;
-	return 0;
-}
 
 static int
 exit_code(int rv)
@@ -275,170 +250,23 @@ out:
 	return exit_code(rv);
 }
 
-/* pull's output directory, before anything is fetched: a directory this
- * process can write in, or a name that one can be created at. */
-static int
-check_out_dir(const char *dir)
-{
-	struct stat st;
-	char *d, *parent;
-	int ok;
-
-	if (stat(dir, &st) == 0) {
-		if (!S_ISDIR(st.st_mode)) {
-			rl_error("cannot pull into '%s': not a directory", dir);
-			return RL_EIO;
-		}
-		if (access(dir, W_OK | X_OK) != 0) {
-			rl_error("cannot pull into '%s': %s", dir, strerror(errno));
-			return RL_EIO;
-		}
-		return RL_OK;
-	}
-	if (errno != ENOENT) {
-		rl_error("cannot pull into '%s': %s", dir, strerror(errno));
-		return RL_EIO;
-	}
-	d = rl_xstrdup(dir);
-	parent = dirname(d);
-	ok = access(parent, W_OK | X_OK) == 0;
-	if (!ok)
-		rl_error("cannot pull into '%s': cannot create it in '%s': %s", dir, parent, strerror(errno));
-	free(d);
-	return ok ? RL_OK : RL_EIO;
-}
-
 static int
 cmd_pull(const cfg *c)
 {
-	rl_wsync_client_opts o = client_opts(c);
-	rl_wsync_client *cl = NULL;
-	rl_wver *have = NULL;
-	uint64_t last = 0, lin = 0;
-	int rv, keep = c->keep ? c->keep : 2, noversion = 0, again = 0, behind = 0;
-	int pause_ms = getenv("RL_SYNC_TEST_PULL_PAUSE_MS") ? atoi(getenv("RL_SYNC_TEST_PULL_PAUSE_MS")) : 0;
+	rl_wsync_pull_opts o = { 0 };
+	int empty, rv;
 
+	o.url = c->url;
+	o.out = c->out;
+	o.client = client_opts(c);
+	o.version = c->version;
+	o.wait = c->wait;
+	o.follow = c->follow;
+	o.keep = c->keep;
+	o.stop = &stop;
 	install_signals();
-	if ((rv = check_out_dir(c->out)) != 0)
-		return exit_code(rv);
-	if ((rv = rl_wsync_client_open(&cl, c->url, &o)) != 0)
-		goto out;
-	{
-		/* resume after what the output directory already holds */
-		char path[4096];
-		uint64_t l;
-		if (rl_wdir_latest(c->out, &l, path, sizeof path) == RL_OK) {
-			last = l;
-			rl_wdir_lineage(path, &lin);
-			if (c->follow && rl_wver_read_dir(&have, path, 0) != RL_OK)
-				have = NULL;
-		}
-	}
-	do {
-		uint64_t want = c->version, latest = 0, llin = lin;
-		rl_wver *v = NULL;
-		rl_wsync_stats st;
-		double t0 = rl_now();
-
-		if (want == 0) {
-			int wait = c->wait || c->follow;
-			rv = RL_ETIMEDOUT;
-			while (!stop) {
-				/* RL_OK also when the server rewound (a resumed trainer):
-				 * its line is another than the directory's */
-				rv = rl_wsync_poll_line(cl, last, lin, wait ? 1000 : 0, &latest, &llin);
-				if (rv == RL_ENET && wait) {
-					rl_warn("still waiting for '%s'", c->url);
-					continue;
-				}
-				if (rv == RL_ETIMEDOUT && wait && latest > 0 && latest < last && !behind) {
-					/* said once: the wait is for a version newer than the directory's */
-					rl_warn("'%s' has version %llu, older than version %llu in '%s': waiting for a "
-						"version newer than %llu", c->url, (unsigned long long)latest,
-						(unsigned long long)last, c->out, (unsigned long long)last);
-					behind = 1;
-				}
-				if (rv != RL_ETIMEDOUT || !wait)
-					break;
-			}
-			if (stop) {
-				rv = RL_OK; /* SIGINT/SIGTERM: a clean stop */
-				break;
-			}
-			if (rv == RL_ETIMEDOUT) {
-				if (latest == 0) {
-					rl_error("'%s' has no version yet", c->url);
-					rl_hint("use --wait to wait for one");
-					rv = RL_ENOENT;
-					noversion = 1;
-				} else if (latest < last) {
-					/* not "already holds": the directory's version is another one */
-					rl_error("'%s' has version %llu, older than version %llu in '%s'", c->url,
-						 (unsigned long long)latest, (unsigned long long)last, c->out);
-					rl_hint("a server restarted without --data-dir, or another run's?  pull into "
-						"another directory");
-					rv = RL_ESTALE;
-				} else {
-					rl_info("'%s' has version %llu, which '%s' already holds", c->url,
-						(unsigned long long)latest, c->out);
-					rv = RL_OK;
-				}
-				goto out;
-			}
-			if (rv != 0)
-				goto out;
-		}
-		if (pause_ms > 0 && !again) /* test hook: a push lands between poll and fetch */
-			usleep((useconds_t)pause_ms * 1000);
-		rv = rl_wsync_fetch(cl, &v, want ? want : latest, have);
-		if (rv == RL_ENOENT && !want && (c->follow || again < 8)) {
-			/* the server moved on while we asked: take the newer one (also
-			 * without --follow, where a bare continue ended the loop and the
-			 * pull exited 1 without a word) */
-			again = 1 + (again < 8 ? again : 7);
-			continue;
-		}
-		if (rv == RL_ENOENT && want)
-			rl_error("'%s' does not hold version %llu", c->url, (unsigned long long)want);
-		else if (rv == RL_ENOENT)
-			rl_error("'%s' replaced version %llu by a newer one %d times while it was fetched", c->url,
-				 (unsigned long long)latest, again + 1);
-		if (rv != 0)
-			goto out;
-		again = 0;
-		rl_wsync_client_stats(cl, &st, 1);
-		if (v->lineage != lin && last > 0 && !want) {
-			/* the directory follows the server back: the versions above
-			 * this one are dropped there too */
-			if (v->version <= last)
-				rl_info("'%s' went back to version %llu (a resumed trainer): rewinding '%s' from %llu", c->url,
-				(unsigned long long)v->version, c->out, (unsigned long long)last);
-			rv = rl_wdir_rewind_ver(c->out, v, keep, &lin);
-		} else {
-			rv = rl_wdir_publish_ver(c->out, v, keep);
-		}
-		if (rv != 0) {
-			rl_wver_destroy(v);
-			goto out;
-		}
-		if (st.shm_versions)
-			rl_info("pulled version %llu: %llu bytes over shared memory in %.2f s", (unsigned long long)v->version,
-				(unsigned long long)rl_wver_total(v), rl_now() - t0);
-		else
-			rl_info("pulled version %llu: %llu bytes (%llu on the wire%s) in %.2f s",
-				(unsigned long long)v->version, (unsigned long long)rl_wver_total(v),
-				(unsigned long long)st.bytes_recv, st.retries ? ", with re-sent chunks" : "", rl_now() - t0);
-		last = v->version;
-		lin = v->lineage;
-		rl_wver_destroy(have);
-		have = v;
-	} while ((c->follow || again) && !stop);
-out:
-	rl_wver_destroy(have);
-	rl_wsync_client_close(cl);
-	if (noversion)
-		return 3;
-	return exit_code(rv);
+	rv = rl_wsync_pull(&empty, &o);
+	return empty ? 3 : exit_code(rv);
 }
 
 static int
@@ -507,11 +335,28 @@ cmd_publish(const cfg *c)
 	return exit_code(rl_wdir_publish(c->dir, c->ckpt, c->version, c->keep ? c->keep : 2));
 }
 
+/* the usage-error hint names the subcommand's --help when argv[1] is one
+ * (every synopsis starts with it) */
+static void
+cli_init(int argc, char **argv)
+{
+	static const char *const cmds[] = { "serve", "push", "pull", "status", "publish" };
+	static char help[32];
+
+	for (size_t i = 0; argc > 1 && i < RL_ARRAY_LEN(cmds); i++)
+		if (strcmp(argv[1], cmds[i]) == 0) {
+			snprintf(help, sizeof help, "rl-sync %s", cmds[i]);
+			rl_cli_init(help, longopts);
+			return;
+		}
+	rl_cli_init(NULL, longopts);
+}
+
 int
 main(int argc, char **argv)
 {
 	cfg c = { 0 };
-	int opt, nargs;
+	int opt, nargs, rv;
 	long long v;
 
 	c.verbosity = RL_LOG_NORMAL;
@@ -520,58 +365,57 @@ main(int argc, char **argv)
 	 * the heap instead of fresh, page-faulted mappings each time */
 	mallopt(M_MMAP_THRESHOLD, 128 << 20);
 	mallopt(M_TRIM_THRESHOLD, 512 << 20);
+	cli_init(argc, argv);
 	while ((opt = getopt_long(argc, argv, "l:d:pt:n:D:RL:c:o:wfk:jSZT:P:qvhx:M", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'l': c.listen = optarg; break;
 		case 'd': c.data_dir = optarg; break;
 		case 'p': c.keep_previous = 1; break;
 		case 't':
-			if (num(optarg, 1, 256, &v))
-				return usage("--threads: want 1..256, not '%s'", optarg);
-			c.threads = (int)v;
+			if ((rv = rl_cli_int32(opt, optarg, 1, 256, &c.threads)) != 0)
+				return rv;
 			break;
 		case 'n':
-			if (num(optarg, 1, (long long)1 << 53, &v))
-				return usage("--version: want a number >= 1, not '%s'", optarg);
+			if ((rv = rl_cli_int(opt, optarg, 1, (long long)1 << 53, &v)) != 0)
+				return rv;
 			c.version = (unsigned long long)v;
 			break;
 		case 'D': c.delta = optarg; break;
 		case 'R': c.rewind = 1; break;
 		case 'L':
-			if (num(optarg, -7, 19, &v) || v == 0)
-				return usage("--level: want -7..19 (not 0), not '%s'", optarg);
-			c.level = (int)v;
+			if ((rv = rl_cli_int32(opt, optarg, -7, 19, &c.level)) != 0)
+				return rv;
+			if (c.level == 0)
+				return rl_cli_usage("--level: bad value '%s' (0 is no zstd level: -7 to -1 or 1 to 19)", optarg);
 			break;
 		case 'c':
-			if (num(optarg, 1, (long long)(RL_WSYNC_CHUNK_MAX >> 20), &v))
-				return usage("--chunk: want 1..64 (MiB), not '%s'", optarg);
+			/* in MiB */
+			if ((rv = rl_cli_int(opt, optarg, 1, (long long)(RL_WSYNC_CHUNK_MAX >> 20), &v)) != 0)
+				return rv;
 			c.chunk = (size_t)v << 20;
 			break;
 		case 'o': c.out = optarg; break;
 		case 'w': c.wait = 1; break;
 		case 'f': c.follow = 1; break;
 		case 'k':
-			if (num(optarg, 1, 1000000, &v))
-				return usage("--keep: want a number >= 1, not '%s'", optarg);
-			c.keep = (int)v;
+			if ((rv = rl_cli_int32(opt, optarg, 1, 1000000, &c.keep)) != 0)
+				return rv;
 			break;
 		case 'j': c.json = 1; break;
 		case 'x':
 			if (rl_wsync_transport_parse(optarg, &c.transport) != 0 || c.transport == RL_WSYNC_T_FILE)
-				return usage("--transport: want auto, shm, stream or nng, not '%s'", optarg);
+				return rl_cli_usage("--transport: bad value '%s' (auto, shm, stream or nng)", optarg);
 			break;
 		case 'M': c.no_shm = 1; break;
 		case 'S': c.stored = 1; break;
 		case 'Z': c.stored = -1; break;
 		case 'T':
-			if (num(optarg, 1, 86400000, &v))
-				return usage("--timeout: want milliseconds >= 1, not '%s'", optarg);
-			c.timeout = (int)v;
+			if ((rv = rl_cli_int32(opt, optarg, 1, 86400000, &c.timeout)) != 0)
+				return rv;
 			break;
 		case 'P':
-			if (num(optarg, 1, 64, &v))
-				return usage("--parallel: want 1..64, not '%s'", optarg);
-			c.parallel = (int)v;
+			if ((rv = rl_cli_int32(opt, optarg, 1, 64, &c.parallel)) != 0)
+				return rv;
 			break;
 		case 'q': c.verbosity = RL_LOG_QUIET; break;
 		case 'v': c.verbosity++; break;
@@ -580,57 +424,57 @@ main(int argc, char **argv)
 			fputs("\n", stdout);
 			fputs(help_text, stdout);
 			return rl_io_close_stdout() ? 1 : 0;
-		default: return usage(NULL, NULL);
+		default: return 2; /* getopt_long said what was wrong */
 		}
 	}
 	rl_log_set_level(c.verbosity);
 	if (optind >= argc)
-		return usage("missing command", NULL);
+		return rl_cli_usage("missing command (serve, push, pull, status or publish)");
 	c.cmd = argv[optind++];
 	nargs = argc - optind;
 	if (c.rewind && strcmp(c.cmd, "push") != 0)
-		return usage("--rewind is an option of push, not of %s", c.cmd);
+		return rl_cli_usage("--rewind is an option of push, not of %s", c.cmd);
 	if (strcmp(c.cmd, "serve") == 0) {
 		if (nargs != 0)
-			return usage("serve: unexpected argument '%s'", argv[optind]);
+			return rl_cli_usage("serve: unexpected argument '%s'", argv[optind]);
 		if (c.listen && strncmp(c.listen, "inproc://", 9) == 0)
-			return usage("serve: --listen '%s': inproc:// reaches only the same process; use tcp:// or ipc://",
+			return rl_cli_usage("serve: --listen '%s': inproc:// reaches only the same process; use tcp:// or ipc://",
 				     c.listen);
 		return cmd_serve(&c);
 	}
 	if (strcmp(c.cmd, "push") == 0) {
 		if (nargs != 2)
-			return usage("push: want URL CKPT_DIR%s", "");
+			return rl_cli_usage("push: want URL CKPT_DIR");
 		if (c.rewind && c.delta)
-			return usage("push: --rewind sends the version whole: drop --delta%s", "");
+			return rl_cli_usage("push: --rewind sends the version whole: drop --delta");
 		c.url = argv[optind];
 		c.ckpt = argv[optind + 1];
 		return cmd_push(&c);
 	}
 	if (strcmp(c.cmd, "pull") == 0) {
 		if (nargs != 1)
-			return usage("pull: want URL%s", "");
+			return rl_cli_usage("pull: want URL");
 		if (c.out == NULL)
-			return usage("pull: --out DIR is required%s", "");
+			return rl_cli_usage("pull: --out DIR is required");
 		if (c.follow && c.version)
-			return usage("pull: --follow and --version do not go together%s", "");
+			return rl_cli_usage("pull: --follow and --version do not go together");
 		c.url = argv[optind];
 		return cmd_pull(&c);
 	}
 	if (strcmp(c.cmd, "status") == 0) {
 		if (nargs != 1)
-			return usage("status: want URL%s", "");
+			return rl_cli_usage("status: want URL");
 		c.url = argv[optind];
 		return cmd_status(&c);
 	}
 	if (strcmp(c.cmd, "publish") == 0) {
 		if (nargs != 2)
-			return usage("publish: want DIR CKPT_DIR%s", "");
+			return rl_cli_usage("publish: want DIR CKPT_DIR");
 		if (c.version == 0)
-			return usage("publish: --version N is required%s", "");
+			return rl_cli_usage("publish: --version N is required");
 		c.dir = argv[optind];
 		c.ckpt = argv[optind + 1];
 		return cmd_publish(&c);
 	}
-	return usage("unknown command '%s'", c.cmd);
+	return rl_cli_usage("unknown command '%s'", c.cmd);
 }

@@ -18,7 +18,6 @@
 #include "base/io.h"
 #include "base/json.h"
 #include "model/safetensors.h"
-#include "sync/wsync.h"
 
 typedef struct fill_ctx {
 	rl_model *m;
@@ -617,25 +616,35 @@ out:
 	return rv;
 }
 
+void
+rl_ckpt_files_free(rl_ckpt_file *f, int n)
+{
+	for (int i = 0; f != NULL && i < n; i++)
+		free(f[i].data);
+	free(f);
+}
+
 int
-rl_ckpt_to_wver(rl_model *m, uint64_t version, rl_wver **out)
+rl_ckpt_weight_files(rl_ckpt_file **out, int *nout, rl_model *m)
 {
 	rl_st_entry *e = NULL;
 	fill_ctx fc = { .m = m, .dtype = m->cfg.dtype };
 	char *js = NULL, *tok = NULL;
 	uint8_t *img = NULL;
 	size_t maxn = 0, nimg = 0, ntok = 0;
-	rl_wver *v = NULL;
-	int rv, n = m->tt.n;
+	rl_ckpt_file *f = NULL;
+	int rv, n = m->tt.n, nf = 0;
 	const char *meta[] = { "format", "pt" };
 
 	*out = NULL;
+	*nout = 0;
 	if (fc.dtype != RL_F32 && fc.dtype != RL_BF16 && fc.dtype != RL_F16)
 		fc.dtype = RL_F32;
 	for (int i = 0; i < n; i++)
 		maxn = RL_MAX(maxn, m->tt.t[i].n);
 	if ((fc.buf = rl_try_malloc(maxn * sizeof(float), "checkpoint buffer")) == NULL)
 		return RL_ENOMEM;
+	f = rl_xcalloc(3 + RL_ARRAY_LEN(tok_files), sizeof *f);
 	e = rl_xcalloc((size_t)n + 1, sizeof *e);
 	for (int i = 0; i < n; i++) {
 		e[i].name = m->tt.t[i].name;
@@ -649,20 +658,17 @@ rl_ckpt_to_wver(rl_model *m, uint64_t version, rl_wver **out)
 	char *cfg = rl_xmalloc(njs + 2);
 	memcpy(cfg, js, njs);
 	cfg[njs] = '\n';
+	f[nf++] = (rl_ckpt_file){ "config.json", (uint8_t *)cfg, njs + 1 };
 	/* the Hugging Face tensors only, as in model.safetensors of a directory:
 	 * RL_T_AUX ones (the value head) stay with the trainer */
 	int nhf = 0;
 	while (nhf < n && !(m->tt.t[nhf].flags & RL_T_AUX))
 		nhf++;
-	rv = rl_st_write_mem(&img, &nimg, e, nhf, meta, 1, fill, &fc);
-	if (rv != 0 || (rv = rl_wver_create(&v, version)) != 0 ||
-	    (rv = rl_wver_add_blob(v, "config.json", cfg, njs + 1, 1, 1)) != 0)
+	if ((rv = rl_st_write_mem(&img, &nimg, e, nhf, meta, 1, fill, &fc)) != 0)
 		goto out;
-	/* the image (250 MB for GPT-2) becomes the blob, not copied again */
-	rv = rl_wver_add_blob_owned(v, "model.safetensors", img, nimg, 0);
-	img = NULL; /* the version's now, or freed on failure */
-	if (rv != 0)
-		goto out;
+	/* the image (250 MB for GPT-2) is handed on, not copied again */
+	f[nf++] = (rl_ckpt_file){ "model.safetensors", img, nimg };
+	img = NULL;
 	{
 		/* with the newline write_text adds in a directory */
 		char *ix = index_json(m, nhf, fc.dtype);
@@ -671,32 +677,29 @@ rl_ckpt_to_wver(rl_model *m, uint64_t version, rl_wver **out)
 		memcpy(ixn, ix, nix);
 		ixn[nix] = '\n';
 		cJSON_free(ix);
-		rv = rl_wver_add_blob(v, "model.safetensors.index.json", ixn, nix + 1, 1, 1);
-		free(ixn);
-		if (rv != 0)
-			goto out;
+		f[nf++] = (rl_ckpt_file){ "model.safetensors.index.json", (uint8_t *)ixn, nix + 1 };
 	}
 	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
 		char *src = join(m->src_dir, tok_files[k]);
 		if (access(src, R_OK) == 0) {
 			rv = rli_read_file(src, &tok, &ntok, (size_t)256 << 20);
 			if (rv == RL_OK)
-				rv = rl_wver_add_blob(v, tok_files[k], tok, ntok, 1, 1);
-			free(tok);
+				f[nf++] = (rl_ckpt_file){ tok_files[k], (uint8_t *)tok, ntok };
+			else
+				free(tok);
 			tok = NULL;
 		}
 		free(src);
 		if (rv != 0)
 			goto out;
 	}
-	if ((rv = rl_wver_hash(v)) != 0)
-		goto out;
-	*out = v;
-	v = NULL;
+	*out = f;
+	*nout = nf;
+	f = NULL;
+	rv = RL_OK;
 out:
-	rl_wver_destroy(v);
+	rl_ckpt_files_free(f, nf);
 	cJSON_free(js);
-	free(cfg);
 	free(img);
 	free(e);
 	free(fc.buf);

@@ -34,8 +34,6 @@
 
 #include "model/model.h"
 
-typedef struct rl_wver rl_wver;
-
 /* Writes ROOT/step-%08d (ROOT created if missing) with the model and, when
  * with_optimizer and m has AdamW state, the optimizer; then points ROOT/latest
  * at it.  The step number is m->step.  path (optional, size len) receives the
@@ -84,11 +82,19 @@ void rl_ckpt_leftovers_fini(rl_ckpt_leftovers *l);  /* NULL ok */
  * when DIR has none. */
 int rl_ckpt_load_optimizer(rl_model *m, const char *dir);
 
-/* rl_ckpt_to_wver: the files a weights-only ROOT/step-N directory would
- * hold (config.json, model.safetensors, the tokenizer files of the source
- * model), built in memory as version `version` for rl-sync, hashed; nothing
- * is written to disk.  *out is the caller's (rl_wver_destroy). */
-int rl_ckpt_to_wver(rl_model *m, uint64_t version, rl_wver **out);
+/* rl_ckpt_weight_files: the files a weights-only ROOT/step-N directory would
+ * hold, built in memory in this order: config.json, model.safetensors,
+ * model.safetensors.index.json, then the tokenizer files of the source model
+ * that exist; nothing is written to disk (rl-sync's rl_wver_from_ckpt makes
+ * a version of them).  *out (*n entries, names static, data malloc'd) is the
+ * caller's: rl_ckpt_files_free. */
+typedef struct rl_ckpt_file {
+	const char *name;
+	uint8_t *data;
+	size_t size;
+} rl_ckpt_file;
+int rl_ckpt_weight_files(rl_ckpt_file **out, int *n, rl_model *m);
+void rl_ckpt_files_free(rl_ckpt_file *f, int n); /* NULL ok */
 
 /* lib-private: write the model (and optionally optimizer) files into an
  * existing directory tmp. */

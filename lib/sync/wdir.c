@@ -7,12 +7,14 @@
  */
 #include "sync/wdir.h"
 #include "base/core.h"
+#include "base/io.h"
 #include "base/json.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,46 +39,17 @@ cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* a whole file (any size): rl_io_read_file, which logs "cannot open '...'"
+ * and returns RL_ENOENT for a missing one */
 static int
 read_file(uint8_t **out, uint64_t *n, const char *path)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC), rv = RL_OK;
-	struct stat st;
-	uint8_t *p = NULL;
-	size_t got = 0;
+	char *p;
+	size_t len;
+	int rv = rl_io_read_file(path, 0, &p, &len);
 
-	*out = NULL;
-	if (fd < 0)
-		return sys_err("open", path);
-	if (fstat(fd, &st) != 0) {
-		rv = sys_err("stat", path);
-		goto out;
-	}
-	if ((p = rl_try_malloc(st.st_size ? (size_t)st.st_size : 1, path)) == NULL) {
-		rv = RL_ENOMEM;
-		goto out;
-	}
-	while (got < (size_t)st.st_size) {
-		ssize_t r = read(fd, p + got, (size_t)st.st_size - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0) {
-			rv = sys_err("read", path);
-			goto out;
-		}
-		if (r == 0) {
-			rl_error("'%s' shrank while being read", path);
-			rv = RL_EIO;
-			goto out;
-		}
-		got += (size_t)r;
-	}
-	*out = p;
-	*n = got;
-	p = NULL;
-out:
-	free(p);
-	close(fd);
+	*out = (uint8_t *)p;
+	*n = rv == RL_OK ? (uint64_t)len : 0;
 	return rv;
 }
 
@@ -118,26 +91,15 @@ fsync_dir(const char *path)
 	}
 }
 
+/* rm -r (rl_io_remove_tree), logging what could not be removed */
 static int
 remove_tree(const char *path)
 {
-	DIR *d = opendir(path);
-	struct dirent *e;
-	char sub[4096];
+	int rv = rl_io_remove_tree(path);
 
-	if (d == NULL)
-		return unlink(path) == 0 || errno == ENOENT ? RL_OK : sys_err("remove", path);
-	while ((e = readdir(d)) != NULL) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-			continue;
-		snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-		if (e->d_type == DT_DIR)
-			remove_tree(sub);
-		else
-			unlink(sub);
-	}
-	closedir(d);
-	return rmdir(path) == 0 || errno == ENOENT ? RL_OK : sys_err("remove", path);
+	if (rv == RL_EIO)
+		rl_error("cannot remove '%s': %s", path, strerror(errno));
+	return rv;
 }
 
 /* rlsync.json: {"format":"rlsync","format_version":1,"version":N,"hash":"16 hex",
@@ -602,28 +564,6 @@ switch_latest(const char *dir, uint64_t version)
 	return RL_OK;
 }
 
-static int
-mkdir_p(const char *dir)
-{
-	char buf[4096];
-	size_t n = strlen(dir);
-
-	if (n == 0 || n >= sizeof buf)
-		return RL_EINVAL;
-	memcpy(buf, dir, n + 1);
-	for (char *p = buf + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = 0;
-		if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-			return sys_err("create", buf);
-		*p = '/';
-	}
-	if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-		return sys_err("create", buf);
-	return RL_OK;
-}
-
 /* Removes the temporaries of writers that died (pid in the name): a kill
  * during a write leaves a version's worth of bytes there. */
 static void
@@ -703,7 +643,7 @@ rl_wdir_publish_ver(const char *dir, const rl_wver *v, int keep)
 	uint64_t l, h, lin = 0;
 	int rv;
 
-	if ((rv = mkdir_p(dir)) != 0)
+	if ((rv = rl_io_mkdir_p(dir, 0755)) != 0)
 		return rv;
 	rv = rl_wdir_latest(dir, &l, path, sizeof path);
 	if (rv != 0 && rv != RL_ENOENT)
@@ -717,8 +657,8 @@ rl_wdir_publish_ver(const char *dir, const rl_wver *v, int keep)
 	if (rv == 0)
 		read_stamp(path, &h, &lin);
 	/* before writing, not only in the prune after it: on a disk with room
-	 * for the versions kept plus one, a dead writer's temporary made every
-	 * later write fail, and the prune that would remove it never ran */
+	 * for the versions kept plus one, a dead writer's temporary would make
+	 * every later write fail, and the prune that removes it would never run */
 	clean_temps(dir);
 	if ((rv = rl_wdir_path(path, sizeof path, dir, v->version)) != 0 ||
 	    (rv = write_dir(v, path, RL_MAX(lin, v->lineage))) != 0 || (rv = switch_latest(dir, v->version)) != 0)
@@ -733,7 +673,7 @@ rl_wdir_rewind_ver(const char *dir, const rl_wver *v, int keep, uint64_t *lineag
 	uint64_t *vs = NULL, h = 0, lin = 0, nl;
 	int n = 0, rv, die = getenv("RL_WDIR_TEST_REWIND_DIE") ? atoi(getenv("RL_WDIR_TEST_REWIND_DIE")) : 0;
 
-	if ((rv = mkdir_p(dir)) != 0)
+	if ((rv = rl_io_mkdir_p(dir, 0755)) != 0)
 		return rv;
 	if ((rv = list_versions(dir, &vs, &n)) != 0)
 		return rv;
@@ -741,11 +681,10 @@ rl_wdir_rewind_ver(const char *dir, const rl_wver *v, int keep, uint64_t *lineag
 		read_stamp(path, &h, &lin);
 	if (n == 0 || vs[0] < v->version || (vs[0] == v->version && h == v->hash)) {
 		/* nothing newer to drop: an ordinary publish (or nothing at all) */
+		int same = n > 0 && vs[0] == v->version;
 		free(vs);
 		*lineage = RL_MAX(lin, v->lineage);
-		if (n > 0 && vs[0] == v->version)
-			return RL_OK;
-		return rl_wdir_publish_ver(dir, v, keep);
+		return same ? RL_OK : rl_wdir_publish_ver(dir, v, keep);
 	}
 	nl = RL_MAX(lin + 1, v->lineage);
 	clean_temps(dir);
@@ -840,8 +779,8 @@ rl_wdir_prune(const char *dir, int keep)
 		/* renamed to a temporary first: a kill in the middle of the removal
 		 * then leaves a dead writer's temporary, which the next publish
 		 * removes; removed in place, a directory whose manifest went first
-		 * was no version any more and never pruned again (a model's worth
-		 * of bytes for good) */
+		 * would be no version any more and never pruned (a model's worth of
+		 * bytes for good) */
 		const char *gone = path;
 		if (tmp_sibling(tmpn, sizeof tmpn, path) == RL_OK && rename(path, tmpn) == 0)
 			gone = tmpn;
@@ -910,4 +849,37 @@ rl_wdir_watch_close(rl_wdir_watch *w)
 		return;
 	free(w->dir);
 	free(w);
+}
+
+/* pull's output directory, before anything is fetched: a directory this
+ * process can write in, or a name that one can be created at. */
+int
+rl_wdir_check_target(const char *dir)
+{
+	struct stat st;
+	char *d, *parent;
+	int ok;
+
+	if (stat(dir, &st) == 0) {
+		if (!S_ISDIR(st.st_mode)) {
+			rl_error("cannot pull into '%s': not a directory", dir);
+			return RL_EIO;
+		}
+		if (access(dir, W_OK | X_OK) != 0) {
+			rl_error("cannot pull into '%s': %s", dir, strerror(errno));
+			return RL_EIO;
+		}
+		return RL_OK;
+	}
+	if (errno != ENOENT) {
+		rl_error("cannot pull into '%s': %s", dir, strerror(errno));
+		return RL_EIO;
+	}
+	d = rl_xstrdup(dir);
+	parent = dirname(d);
+	ok = access(parent, W_OK | X_OK) == 0;
+	if (!ok)
+		rl_error("cannot pull into '%s': cannot create it in '%s': %s", dir, parent, strerror(errno));
+	free(d);
+	return ok ? RL_OK : RL_EIO;
 }

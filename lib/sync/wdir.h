@@ -23,7 +23,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sync/wsync.h"
+#include "sync/wver.h"
+
+/* rl_wver_read_dir loads every regular, non-hidden file of a checkpoint
+ * directory (not recursive; rlsync.json is the manifest, not a blob; the
+ * trainer's state, optimizer*.safetensors and trainer_state.json, is not
+ * weights and is skipped) as a
+ * version numbered `version`.  If the directory holds rlsync.json (a version
+ * directory written by rl_wver_write_dir / rl_wdir_publish), version 0 means
+ * "take its number", and every blob is checked against it (RL_ECHECKSUM on a
+ * mismatch, RL_ENOENT for a missing file).  Files are sorted by name. */
+int rl_wver_read_dir(rl_wver **out, const char *dir, uint64_t version);
+/* rl_wver_write_dir writes v as a directory `dir` (files + rlsync.json),
+ * atomically: into a hidden temporary sibling, fsync'd, then renamed.
+ * RL_EEXIST if dir exists. */
+int rl_wver_write_dir(const rl_wver *v, const char *dir);
 
 /* rl_wdir_publish copies the regular files of src_dir into DIR/vNNNNNN
  * (creating DIR if needed), switches latest, and prunes to `keep` versions
@@ -78,5 +92,10 @@ typedef struct rl_wdir_watch rl_wdir_watch;
 int rl_wdir_watch_open(rl_wdir_watch **out, const char *dir, uint64_t have, int interval_ms);
 int rl_wdir_watch_next(rl_wdir_watch *w, uint64_t *version, char *path, size_t pathsz, int timeout_ms);
 void rl_wdir_watch_close(rl_wdir_watch *w);
+
+/* rl_wdir_check_target: dir, before anything is pulled into it, is a
+ * directory this process can write in, or a name one can be created at;
+ * else "cannot pull into 'dir': why" is logged and RL_EIO returned. */
+int rl_wdir_check_target(const char *dir);
 
 #endif

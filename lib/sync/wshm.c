@@ -17,6 +17,7 @@
 #endif
 #include "sync/wshm.h"
 #include "base/core.h"
+#include "base/hash.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>

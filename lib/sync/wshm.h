@@ -21,7 +21,7 @@
 #ifndef RL_WSHM_H
 #define RL_WSHM_H
 
-#include "sync/wsync.h"
+#include "sync/wver.h"
 #include <stddef.h>
 #include <stdint.h>
 

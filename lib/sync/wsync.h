@@ -33,82 +33,14 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <signal.h>
 
 /* ---- 1. checksum: rl_hash64 (XXH64) in base/hash.h ------------------------ */
 #include "base/hash.h"
 
-/* ---- 2. versions -----------------------------------------------------------*/
-#define RL_WSYNC_PIECE ((size_t)1 << 20)        /* hashing granularity, bytes */
-#define RL_WSYNC_CHUNK_DEFAULT ((size_t)4 << 20) /* transfer chunk, multiple of PIECE */
-#define RL_WSYNC_CHUNK_MAX ((size_t)64 << 20)
-#define RL_WSYNC_MAX_BLOBS 65536
-#define RL_WSYNC_NAME_MAX 255
-#define RL_WSYNC_MANIFEST "rlsync.json"         /* per-version file in a version dir */
-
-typedef struct rl_wblob {
-	char *name;          /* owned; a file name or tensor name, no '/' for files */
-	uint64_t size;       /* bytes */
-	uint8_t *data;       /* size bytes; owned by the rl_wver unless borrowed */
-	int elem;            /* element size for byte-plane shuffling: 1 (none), 2, 4 */
-	int device;          /* -1: host memory (the only kind this build moves) */
-	uint64_t hash;       /* hash of the piece hashes (rl_wver_hash fills it) */
-	uint64_t *pieces;    /* owned; ceil(size / RL_WSYNC_PIECE) piece hashes */
-} rl_wblob;
-
-typedef struct rl_wver {
-	uint64_t version;    /* >= 1 */
-	uint64_t hash;       /* over version number, names, sizes and blob hashes */
-	int nblobs;
-	rl_wblob *blobs;     /* owned array */
-	int borrowed;        /* 1: blob data belongs to the caller (rl_wver_add_blob copy=0) */
-	uint32_t chunk;      /* transfer chunk size a server serves it with (0: default);
-	                      * kept in rlsync.json so a restarted server keeps its chunking */
-	void *map;           /* NULL, or a read-only shared mapping the blobs point into
-	                      * (shared memory transport, wshm.h); unmapped by destroy */
-	size_t mapn;
-	uint64_t lineage;    /* the line of versions it belongs to: 0 until the first
-	                      * rewind (a resumed trainer's), one more after each; set by
-	                      * a fetch (the server's) and kept in rlsync.json */
-} rl_wver;
-
-/* rl_wver_create: an empty version numbered `version`.  *out is owned by the
- * caller (rl_wver_destroy).  rl_wver_add_blob appends a blob: copy=1 copies
- * data, copy=0 borrows it (the caller keeps it alive and unchanged until
- * destroy; mixing modes is refused with RL_EINVAL).  Names must be unique,
- * 1..255 bytes.  elem 0 picks a default from the name (2 for *.safetensors
- * and *.bin, else 1).  Not thread-safe on one rl_wver. */
-int rl_wver_create(rl_wver **out, uint64_t version);
-int rl_wver_add_blob(rl_wver *v, const char *name, const void *data, uint64_t size, int elem, int copy);
-/* rl_wver_add_blob_owned: like copy=1, but takes data (malloc'd) instead of
- * copying it: freed by rl_wver_destroy, also when this fails. */
-int rl_wver_add_blob_owned(rl_wver *v, const char *name, void *data, uint64_t size, int elem);
-#define RLI_WVER_TAKE 2 /* rl_wver_add_blob's copy mode behind _owned */
-void rl_wver_destroy(rl_wver *v);
-
-/* rl_wver_hash computes every piece hash, blob hash and the version hash.
- * Call it after the last add_blob (publishers do it for you). */
-int rl_wver_hash(rl_wver *v);
-/* rl_wver_verify recomputes and compares with the stored hashes:
- * RL_ECHECKSUM (logged, naming the blob) if anything differs. */
-int rl_wver_verify(const rl_wver *v);
-/* rl_wver_total: bytes over all blobs. */
-uint64_t rl_wver_total(const rl_wver *v);
-/* rl_wver_find: the blob called name, or NULL. */
-const rl_wblob *rl_wver_find(const rl_wver *v, const char *name);
-
-/* rl_wver_read_dir loads every regular, non-hidden file of a checkpoint
- * directory (not recursive; rlsync.json is the manifest, not a blob; the
- * trainer's state, optimizer*.safetensors and trainer_state.json, is not
- * weights and is skipped) as a
- * version numbered `version`.  If the directory holds rlsync.json (a version
- * directory written by rl_wver_write_dir / rl_wdir_publish), version 0 means
- * "take its number", and every blob is checked against it (RL_ECHECKSUM on a
- * mismatch, RL_ENOENT for a missing file).  Files are sorted by name. */
-int rl_wver_read_dir(rl_wver **out, const char *dir, uint64_t version);
-/* rl_wver_write_dir writes v as a directory `dir` (files + rlsync.json),
- * atomically: into a hidden temporary sibling, fsync'd, then renamed.
- * RL_EEXIST if dir exists. */
-int rl_wver_write_dir(const rl_wver *v, const char *dir);
+/* ---- 2. versions: sync/wver.h; directories: sync/wdir.h ------------------ */
+#include "sync/wver.h"
+#include "sync/wdir.h"
 
 /* ---- codec (used by the service; public for tests and benchmarks) ----------
  * A chunk is encoded as: optional XOR with the same bytes of a base version,
@@ -323,5 +255,25 @@ int rl_wsync_fetch_version(rl_wsync *s, rl_wver **out, uint64_t version, const r
  * a newer one was published between the poll and the fetch, and the server keeps only the
  * latest), of the latest it holds then (a few tries); (*out)->version says which. */
 int rl_wsync_fetch_newest(rl_wsync *s, rl_wver **out, uint64_t version, const rl_wver *base);
+
+
+/* ---- 5. pulling into a version directory (pull.c; rl-sync pull) ------------ */
+typedef struct rl_wsync_pull_opts {
+	const char *url;                  /* the server */
+	const char *out;                  /* version directory (wdir.h) written */
+	rl_wsync_client_opts client;
+	uint64_t version;                 /* 0: the latest; else this one (not with follow) */
+	int wait;                         /* wait for a version if the server has none yet */
+	int follow;                       /* keep pulling each new version (a delta when possible) */
+	int keep;                         /* versions kept in out; 0 -> 2 */
+	volatile sig_atomic_t *stop;      /* set (by a signal handler) to stop cleanly; NULL none */
+} rl_wsync_pull_opts;
+/* rl_wsync_pull fetches versions newer than out's latest into out, following
+ * the server back when it rewound.  RL_OK also when out already holds the
+ * server's latest, and on a stop.  Without wait or follow and with no
+ * version on the server: RL_ENOENT and *empty = 1 (rl-sync exits 3); *empty
+ * is 0 otherwise.  Logs every failure.  Test hook RL_SYNC_TEST_PULL_PAUSE_MS:
+ * a pause between poll and fetch. */
+int rl_wsync_pull(int *empty, const rl_wsync_pull_opts *o);
 
 #endif

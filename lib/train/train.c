@@ -41,6 +41,7 @@
 #include "queue/qclient.h"
 #include "base/progress.h"
 #include "queue/wstat.h"
+#include "sync/wckpt.h"
 #include "sync/wsync.h"
 #include "train/tfevents.h"
 #include "tok/tokenizer.h"
@@ -1273,7 +1274,7 @@ publish(trainer *tr, int full, int push)
 		rl_wver *v = NULL;
 		if (!tr->ws)
 			return RL_OK;
-		if ((rv = rl_ckpt_to_wver(tr->m, (uint64_t)tr->m->step, &v)) == 0)
+		if ((rv = rl_wver_from_ckpt(&v, tr->m, (uint64_t)tr->m->step)) == 0)
 			rv = rl_wsync_publish(tr->ws, v, 1);
 		rl_wver_destroy(v);
 		if (rv != 0)

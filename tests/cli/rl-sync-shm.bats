@@ -118,7 +118,7 @@ held_memfd() {
 	[[ $stderr != *'bulk stream'* && $stderr != *'shared memory'* ]]
 	cmp "$T/ck/model.safetensors" "$T/b/latest/model.safetensors"
 	run --separate-stderr -2 rl-sync pull "$URL" --out "$T/c" --transport carrier-pigeon
-	[[ $stderr == *"--transport: want auto, shm, stream or nng, not 'carrier-pigeon'"* ]]
+	[[ $stderr == *"--transport: bad value 'carrier-pigeon' (auto, shm, stream or nng)"* ]]
 	run --separate-stderr -2 rl-sync pull "$URL" --out "$T/c" --transport file
 	[ ! -e "$T/c" ]
 }

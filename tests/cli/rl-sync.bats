@@ -48,8 +48,10 @@ bump() {
 	[[ $stderr == *'--out DIR is required'* ]]
 	run --separate-stderr -2 rl-sync push "$URL"
 	run --separate-stderr -2 rl-sync push "$URL" "$T/ck" --chunk 65
-	[[ $stderr == *'--chunk'* ]]
+	[[ $stderr == *"--chunk: bad value '65'"* ]]
+	[[ $stderr == *'hint: rl-sync push --help'* ]]
 	run --separate-stderr -2 rl-sync status "$URL" --timeout abc
+	[[ $stderr == *"--timeout: bad value 'abc'"* ]]
 }
 
 @test "serve: a tcp:// URL without a port is refused, port 0 is named as the port taken, inproc:// is refused" {

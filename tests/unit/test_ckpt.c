@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "t.h"
+#include "sync/wckpt.h"
 #include "sync/wsync.h"
 
 static char tmpd[] = "/tmp/rl-test-ckpt.XXXXXX";
@@ -131,7 +132,7 @@ test_side_files(rl_ops *o)
 		return;
 	snprintf(dst, sizeof dst, "%s/side-dst", tmpd);
 	T_EQ_INT(rl_model_save(m, dst), 0);
-	T_EQ_INT(rl_ckpt_to_wver(m, 1, &v), 0);
+	T_EQ_INT(rl_wver_from_ckpt(&v, m, 1), 0);
 	for (size_t k = 0; k < RL_ARRAY_LEN(side); k++) {
 		snprintf(cmd, sizeof cmd, "cmp -s '%s/%s' '%s/%s'", src, side[k], dst, side[k]);
 		T_OK(system(cmd) == 0, "%s not copied into the saved directory", side[k]);
@@ -261,7 +262,7 @@ test_random_and_optimizer(rl_ops *o)
 	 * of the directory's weight files, and no trainer state */
 	{
 		rl_wver *v = NULL, *d = NULL;
-		T_EQ_INT(rl_ckpt_to_wver(a, 2, &v), 0);
+		T_EQ_INT(rl_wver_from_ckpt(&v, a, 2), 0);
 		T_EQ_INT(rl_wver_read_dir(&d, latest, 2), 0);
 		if (v != NULL && d != NULL) {
 			T_EQ_INT(v->nblobs, d->nblobs);

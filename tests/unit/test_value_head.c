@@ -34,6 +34,7 @@
 #include "base/rng.h"
 #include "model/safetensors.h"
 #include "t.h"
+#include "sync/wckpt.h"
 #include "sync/wsync.h"
 
 #define B 2
@@ -306,7 +307,7 @@ main(void)
 		 * rl-sync): the directory's model.safetensors to the byte, no head */
 		{
 			rl_wver *v = NULL, *d = NULL;
-			T_EQ_INT(rl_ckpt_to_wver(m, 1, &v), 0);
+			T_EQ_INT(rl_wver_from_ckpt(&v, m, 1), 0);
 			T_EQ_INT(rl_wver_read_dir(&d, dir, 0), 0);
 			const rl_wblob *x = d ? rl_wver_find(d, "model.safetensors") : NULL;
 			const rl_wblob *y = v ? rl_wver_find(v, "model.safetensors") : NULL;

@@ -1,6 +1,6 @@
 /*
  * test_wsync_shm.c — the same-host shared memory transport of rl-sync
- * (lib/sync/wshm.c and its use in lib/sync/wsync.c): host id, sealed objects that
+ * (lib/sync/wshm.c and its use in lib/sync/server.c and client.c): host id, sealed objects that
  * cannot be written, refusal of unsealed or wrongly sized objects, a server
  * handing versions to a client that maps them (bytes equal, no chunks moved),
  * fetch_into over shm, a corrupted object (forced shm: RL_ECHECKSUM; auto:

@@ -1,0 +1,39 @@
+/*
+ * wckpt.c — rl_wver_from_ckpt: a model's weights-only checkpoint files
+ * (rl_ckpt_weight_files) as a hashed in-memory version.
+ *
+ * Leaves out: how the files are made (model/ckpt.c).
+ */
+#include "sync/wckpt.h"
+#include "model/ckpt.h"
+#include "base/core.h"
+
+#include <stdlib.h>
+
+int
+rl_wver_from_ckpt(rl_wver **out, rl_model *m, uint64_t version)
+{
+	rl_ckpt_file *f = NULL;
+	rl_wver *v = NULL;
+	int rv, n = 0;
+
+	*out = NULL;
+	if ((rv = rl_ckpt_weight_files(&f, &n, m)) != 0 || (rv = rl_wver_create(&v, version)) != 0)
+		goto out;
+	/* the blobs take the files' buffers (the image is 250 MB for GPT-2);
+	 * elem 0 is the default by name: 2 for model.safetensors, else 1 */
+	for (int i = 0; i < n; i++) {
+		rv = rl_wver_add_blob_owned(v, f[i].name, f[i].data, f[i].size, 0);
+		f[i].data = NULL; /* the version's now, or freed on failure */
+		if (rv != 0)
+			goto out;
+	}
+	if ((rv = rl_wver_hash(v)) != 0)
+		goto out;
+	*out = v;
+	v = NULL;
+out:
+	rl_wver_destroy(v);
+	rl_ckpt_files_free(f, n);
+	return rv;
+}

@@ -1,0 +1,22 @@
+/*
+ * wckpt.h — a model's weights as an rl-sync version, built in memory from
+ * the files a weights-only checkpoint directory would hold (model/ckpt.h).
+ *
+ * Leaves out: writing the directory (rl_ckpt_save), moving the version
+ * (wsync.h).
+ */
+#ifndef RL_WCKPT_H
+#define RL_WCKPT_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+#include "sync/wver.h"
+
+/* rl_wver_from_ckpt: the files a weights-only ROOT/step-N directory would
+ * hold (config.json, model.safetensors, the tokenizer files of the source
+ * model), built in memory as version `version` for rl-sync, hashed; nothing
+ * is written to disk.  *out is the caller's (rl_wver_destroy). */
+int rl_wver_from_ckpt(rl_wver **out, rl_model *m, uint64_t version);
+
+#endif
