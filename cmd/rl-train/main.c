@@ -3,12 +3,11 @@
  * Parses options into rl_train_opts and calls lib/train/train.c.
  */
 #include <getopt.h>
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/cli.h"
 #include "train/algo.h"
 #include "compute/comm.h"
 #include "base/core.h"
@@ -157,36 +156,6 @@ static const struct option longopts[] = {
 	{ 0, 0, 0, 0 }
 };
 
-static int
-usage_error(const char *fmt, const char *arg)
-{
-	fprintf(stderr, "rl-train: ");
-	fprintf(stderr, fmt, arg);
-	fprintf(stderr, "\nrl-train: hint: rl-train --help lists the options\n");
-	return 2;
-}
-
-static int
-num(const char *s, double lo, double hi, double *out)
-{
-	char *end;
-	double v = strtod(s, &end);
-	if (end == s || *end || !(v >= lo && v <= hi))
-		return -1;
-	*out = v;
-	return 0;
-}
-
-/* A numeric option's usage error: its name, the value, what it takes. */
-static int
-bad_num(const char *opt, const char *arg, double lo, double hi, int integer)
-{
-	fprintf(stderr, "rl-train: --%s: bad value '%s' (%s %.10g..%.10g)\n", opt, arg,
-	    integer ? "an integer in" : "a number in", lo, hi);
-	fprintf(stderr, "rl-train: hint: rl-train --help lists the options\n");
-	return 2;
-}
-
 int
 main(int argc, char **argv)
 {
@@ -198,45 +167,43 @@ main(int argc, char **argv)
 	double v;
 
 	rl_log_init("rl-train", RL_LOG_NORMAL);
+	rl_cli_init("rl-train", longopts);
 	rl_train_opts_default(&o);
 	rl_comm_opts_default(&co);
 	while ((c = getopt_long(argc, argv, "m:o:qvh", longopts, &li)) != -1) {
 		const char *a = optarg;
-#define NUM(lo, hi) do { if (num(a, lo, hi, &v)) return bad_num(longopts[li].name, a, lo, hi, 0); } while (0)
-#define INT(lo, hi) do { if (num(a, lo, hi, &v) || v != floor(v)) return bad_num(longopts[li].name, a, lo, hi, 1); } while (0)
+#define NUM(lo, hi) do { if (rl_cli_double(c, a, lo, hi, &v)) return 2; } while (0)
+#define INT(lo, hi) do { long long n_; if (rl_cli_int(c, a, lo, hi, &n_)) return 2; v = (double)n_; } while (0)
 /* AdamW's betas: 1 (or a value whose float is 1) gives NaN weights */
-#define BETA(dst) do { if (num(a, 0, 1, &v) || (float)v >= 1.0f) { \
-		fprintf(stderr, "rl-train: --%s: bad value '%s' (a number in 0..1, 1 excluded: as a float32 " \
-		    "it must stay below 1)\n", longopts[li].name, a); \
-		return 2; } dst = (float)v; } while (0)
+#define BETA(dst) do { \
+		NUM(0, 1); \
+		if ((float)v >= 1.0f) \
+			return rl_cli_usage("%s: bad value '%s' (a number from 0 to 1, 1 excluded: as a float32 " \
+			    "it must stay below 1)", rl_cli_opt(c), a); \
+		dst = (float)v; \
+	} while (0)
 		switch (c) {
 		case 'm': o.model_dir = a; break;
 		case 'o': o.out_dir = a; break;
 		case O_INIT: init = a; break;
 		case O_TOKENIZER: tokenizer = a; break;
-		case O_SEED: {
-			/* every one of its 64 bits (a double keeps 53) */
-			char *end;
-			unsigned long long u;
-			errno = 0;
-			if (*a < '0' || *a > '9' || (u = strtoull(a, &end, 10), *end) || errno == ERANGE)
-				return usage_error("--seed: '%s' is not a whole number from 0 to 2^64-1", a);
-			o.seed = (uint64_t)u;
+		case O_SEED:
+			if (rl_cli_u64(c, a, &o.seed))
+				return 2;
 			break;
-		}
 		case O_DEVICE:
 			if (!rl_ops_device_ok(a))
-				return usage_error("--device: want cpu, cuda, cuda:N or auto, not '%s'", a);
+				return rl_cli_usage("--device: want cpu, cuda, cuda:N or auto, not '%s'", a);
 			o.device = a;
 			break;
 		case O_ALGO:
 			if ((o.algo = rl_algo_parse(a)) < 0)
-				return usage_error("--algo: unknown algorithm '%s'", a);
+				return rl_cli_usage("--algo: unknown algorithm '%s'", a);
 			break;
 		case O_BATCH: INT(1, 1e7); o.batch = (int)v; break;
 		case O_AGG:
 			if ((o.agg = rl_agg_parse(a)) < 0)
-				return usage_error("--loss-agg: unknown loss aggregation '%s'", a);
+				return rl_cli_usage("--loss-agg: unknown loss aggregation '%s'", a);
 			break;
 		case O_NORMLEN: INT(1, 1e9); o.norm_len = (int)v; break;
 		case O_NOSTD: o.norm_std = 0; break;
@@ -247,7 +214,7 @@ main(int argc, char **argv)
 			/* c <= 1 caps -A r at -A c <= -A for every A < 0 near r = 1:
 			 * no gradient from negative advantages (verl asserts c > 1) */
 			if (v != 0 && !((float)v > 1.0f))
-				return usage_error("--dual-clip %s: the dual clip constant must be above 1 (0 is off)", a);
+				return rl_cli_usage("--dual-clip %s: the dual clip constant must be above 1 (0 is off)", a);
 			o.dual_clip = (float)v;
 			break;
 		case O_TIS: NUM(0, 1e9); o.tis_cap = (float)v; break;
@@ -256,7 +223,7 @@ main(int argc, char **argv)
 			if (strcmp(a, "k1") == 0) o.kl_type = 1;
 			else if (strcmp(a, "k2") == 0) o.kl_type = 2;
 			else if (strcmp(a, "k3") == 0 || strcmp(a, "low_var_kl") == 0) o.kl_type = 3;
-			else return usage_error("--kl: unknown KL estimator '%s' (k1, k2, k3)", a);
+			else return rl_cli_usage("--kl: unknown KL estimator '%s' (k1, k2, k3)", a);
 			break;
 		case O_KLCOEF: NUM(0, 1e9); o.kl_coef = (float)v; kl_coef_set = 1; break;
 		case O_KLREW: o.kl_in_reward = 1; break;
@@ -279,7 +246,7 @@ main(int argc, char **argv)
 		case O_SCHED:
 			if (strcmp(a, "constant") == 0) o.sched = RL_SCHED_CONSTANT;
 			else if (strcmp(a, "cosine") == 0) o.sched = RL_SCHED_COSINE;
-			else return usage_error("--schedule: unknown schedule '%s' (constant, cosine)", a);
+			else return rl_cli_usage("--schedule: unknown schedule '%s' (constant, cosine)", a);
 			break;
 		case O_TOTAL: INT(0, 1e9); o.total_steps = (int)v; break;
 		case O_MINLR: NUM(0, 1); o.min_lr_ratio = (float)v; break;
@@ -296,7 +263,7 @@ main(int argc, char **argv)
 		case O_ONBAD:
 			if (strcmp(a, "error") == 0) o.on_bad = RL_BAD_ERROR;
 			else if (strcmp(a, "skip") == 0) o.on_bad = RL_BAD_SKIP;
-			else return usage_error("--on-bad takes error or skip, not '%s'", a);
+			else return rl_cli_usage("--on-bad takes error or skip, not '%s'", a);
 			break;
 		case O_METRICS: o.metrics_path = a; break;
 		case O_TFEV: o.tfevents_dir = a; break;
@@ -304,30 +271,27 @@ main(int argc, char **argv)
 		case O_SYNC: o.sync_url = a; break;
 		case O_STRANS:
 			if (rl_wsync_transport_parse(a, &o.sync_transport) != 0)
-				return usage_error("--sync-transport: want auto, shm, stream, nng or file, not '%s'", a);
+				return rl_cli_usage("--sync-transport: want auto, shm, stream, nng or file, not '%s'", a);
 			strans_set = 1;
 			break;
 		case O_WGROUP: o.wgroup_addr = a; break;
 		case O_WGSIZE: INT(2, 65536); o.wgroup_size = (int)v; break;
 		case O_WGBACK:
 			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl") && strcmp(a, "ipc"))
-				return usage_error("--weights-group-backend takes auto, cpu, nccl or ipc, not '%s'", a);
+				return rl_cli_usage("--weights-group-backend takes auto, cpu, nccl or ipc, not '%s'", a);
 			o.wgroup_backend = a;
 			break;
 		case O_IDLE: NUM(0, 1e9); o.idle_exit = v; break;
 		case O_BTIMEOUT: NUM(0, 1e9); o.broker_timeout = v; break;
 		case O_RANK: INT(0, 1e6); co.rank = (int)v; break;
 		case O_WORLD:
-			if (num(a, -1e6, 1e6, &v) || v != (int)v)
-				return bad_num("world", a, 1, 1e6, 1);
-			if (v < 1)
-				return usage_error("--world %s: the world size must be at least 1", a);
-			co.world = (int)v;
+			if (rl_cli_int32(c, a, 1, 1000000, &co.world))
+				return 2;
 			break;
 		case O_RDV: co.master = a; break;
 		case O_CBACK:
 			if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl"))
-				return usage_error("--comm-backend takes auto, cpu or nccl, not '%s'", a);
+				return rl_cli_usage("--comm-backend takes auto, cpu or nccl, not '%s'", a);
 			co.backend = a;
 			break;
 		case O_CTIME: NUM(0.001, 1e6); co.timeout = v; break;
@@ -336,7 +300,7 @@ main(int argc, char **argv)
 		case O_DPNOOVL: o.dp_overlap = 0; break;
 		case O_ZERO:
 			if (strcmp(a, "0") && strcmp(a, "1"))
-				return usage_error("--zero takes 0 or 1 (ZeRO-1: optimizer state sharded), not '%s'", a);
+				return rl_cli_usage("--zero takes 0 or 1 (ZeRO-1: optimizer state sharded), not '%s'", a);
 			o.zero = a[0] == '1';
 			break;
 		case 'q': verbosity = RL_LOG_QUIET; o.quiet = 1; break;
@@ -345,7 +309,8 @@ main(int argc, char **argv)
 			fputs(usage_text, stdout);
 			return rl_io_close_stdout() ? 1 : 0;
 		default:
-			fprintf(stderr, "rl-train: hint: rl-train --help lists the options\n");
+			/* getopt_long said what was wrong */
+			rl_hint("rl-train --help lists the options");
 			return 2;
 		}
 #undef NUM
@@ -355,30 +320,30 @@ main(int argc, char **argv)
 	rl_log_set_level(verbosity);
 	if (init) {
 		if (!o.out_dir)
-			return usage_error("%s", "--init needs --out DIR");
+			return rl_cli_usage("--init needs --out DIR");
 		if (optind < argc)
-			return usage_error("unexpected argument '%s' with --init", argv[optind]);
+			return rl_cli_usage("unexpected argument '%s' with --init", argv[optind]);
 		int rv = rl_train_init_model(init, tokenizer ? tokenizer : "bytes", o.out_dir, o.seed);
 		if (rv)
 			return 1;
 		return 0;
 	}
 	if (optind + 1 < argc)
-		return usage_error("more than one input ('%s'): concatenate them", argv[optind + 1]);
+		return rl_cli_usage("more than one input ('%s'): concatenate them", argv[optind + 1]);
 	if (optind < argc)
 		o.input = argv[optind];
 	if (o.queue_url && optind < argc)
-		return usage_error("with --queue the records come from the broker, not '%s'", argv[optind]);
+		return rl_cli_usage("with --queue the records come from the broker, not '%s'", argv[optind]);
 	if (!o.out_dir)
-		return usage_error("%s", "no output directory: --out DIR");
+		return rl_cli_usage("no output directory: --out DIR");
 	if (!o.model_dir && !o.resume)
-		return usage_error("%s", "no model: -m MODEL_DIR (or --resume)");
+		return rl_cli_usage("no model: -m MODEL_DIR (or --resume)");
 	if (strans_set && !o.sync_url)
-		return usage_error("%s", "--sync-transport needs --sync URL");
+		return rl_cli_usage("--sync-transport needs --sync URL");
 	if (o.ckpt_every > 1 && !o.sync_url && !o.wgroup_addr)
-		return usage_error("%s", "--ckpt-every needs --sync URL or --weights-group (where the versions between go)");
+		return rl_cli_usage("--ckpt-every needs --sync URL or --weights-group (where the versions between go)");
 	if (!o.wgroup_addr != !o.wgroup_size)
-		return usage_error("%s", "--weights-group and --weights-group-size go together");
+		return rl_cli_usage("--weights-group and --weights-group-size go together");
 	if (o.algo == RL_ALGO_DAPO && !clip_high_set)
 		o.clip_high = 0.28f;
 	if (o.algo == RL_ALGO_GSPO) {
@@ -388,26 +353,26 @@ main(int argc, char **argv)
 		if (!clip_high_set)
 			o.clip_high = 4e-4f;
 		if (o.dual_clip > 0 || o.tis_cap > 0)
-			return usage_error("%s with --algo gspo: a bound on the token ratio; gspo's ratio is the "
+			return rl_cli_usage("%s with --algo gspo: a bound on the token ratio; gspo's ratio is the "
 			    "sequence's", o.dual_clip > 0 ? "--dual-clip" : "--tis-cap");
 	}
 	/* the KL term exists only with an estimator: without one these options
 	 * were ignored, and the run trained with no KL at all */
 	if (!o.kl_type && (o.kl_in_reward || kl_coef_set || o.ref_dir))
-		return usage_error("%s needs --kl k1|k2|k3 (the KL estimator; verl's default is k1)",
+		return rl_cli_usage("%s needs --kl k1|k2|k3 (the KL estimator; verl's default is k1)",
 		    o.kl_in_reward ? "--kl-in-reward" : kl_coef_set ? "--kl-coef" : "--ref");
 	if (o.kl_in_reward && o.ref_dir)
-		return usage_error("%s", "--ref with --kl-in-reward: the reward's KL comes from the records' "
+		return rl_cli_usage("%s", "--ref with --kl-in-reward: the reward's KL comes from the records' "
 		    "ref_logprobs (rl-rollout --score ref_logprobs), not from a model");
 	if (o.kl_type && !kl_coef_set)
 		o.kl_coef = 0.001f;
 	if (o.skip_zero_adv > 0 && rl_train_skip_inexact(&o))
-		return usage_error("--skip-zero-adv would change the update: %s", rl_train_skip_inexact(&o));
+		return rl_cli_usage("--skip-zero-adv would change the update: %s", rl_train_skip_inexact(&o));
 	/* launch configuration: the command line, else torchrun's or SLURM's variables */
 	if (co.rank >= 0 && co.world < 0 && !getenv("WORLD_SIZE") && !getenv("SLURM_NTASKS"))
-		return usage_error("%s", "--rank without --world (or WORLD_SIZE)");
+		return rl_cli_usage("--rank without --world (or WORLD_SIZE)");
 	if (rl_comm_opts_from_env(&co) != RL_OK) {
-		fprintf(stderr, "rl-train: hint: see 'data parallel' in rl-train --help\n");
+		rl_hint("see 'data parallel' in rl-train --help");
 		return 2;
 	}
 	if (co.world > 1) {

@@ -40,6 +40,9 @@ struct rl_grouper {
 	size_t dhead, dn, dcap;
 };
 
+/* Not base/hash.h's rl_hash_mix: rl_grouper_finish walks the group table in
+ * slot order, so the hash decides the order of its "incomplete at the end of
+ * the input" warnings; this one keeps that order as it is. */
 static uint64_t
 hash64(uint64_t x)
 {

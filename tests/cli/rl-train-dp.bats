@@ -277,6 +277,7 @@ PY
 	[[ "$stderr" == *"no rendezvous address"* ]]
 	[[ "$stderr" == *"hint: set MASTER_ADDR"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/e" --world 0 "$TD/s.jsonl"
+	[[ "$stderr" == *"--world: bad value '0'"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/e" --rank 3 --world 2 --rendezvous 127.0.0.1:1 "$TD/s.jsonl"
 	[[ "$stderr" == *"--rank=3 is not below --world=2"* ]]
 	# nobody at MASTER_ADDR:MASTER_PORT: gives up after the timeout

@@ -1,0 +1,348 @@
+/*
+ * dp.c — what data parallelism adds to the trainer (trainer.h,
+ * docs/parallel.md): one starting point for every rank, the bucketed
+ * gradient all-reduce overlapped with the backward pass, ZeRO-1 (each rank
+ * keeps the AdamW state of its shard), and the checks that the ranks stay
+ * in step (the same groups per step, bitwise equal weights).
+ * Leaves out: the communicator itself (compute/comm.h), the passing of queue
+ * leases from rank 0 (feed.c).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "base/hash.h"
+#include "train/trainer.h"
+
+/* Sums the gradients of every rank, in buckets of byte ranges of m->grads
+ * (rl_comm_reducer): those the last backward handed over already are in
+ * flight or done; the rest go now.  t_comm counts the wait, i.e. the part of
+ * the all-reduce not hidden behind the backward pass. */
+int
+rli_dp_allreduce_grads(trainer *tr)
+{
+	double t0 = rl_now();
+	int rv;
+
+	if ((rv = tr->ops->sync(tr->ops)) != 0)
+		return rv;
+	rv = rl_comm_reducer_wait(tr->red);
+	tr->t_comm += rl_now() - t0;
+	return rv;
+}
+
+int
+rli_dp_grad_ready(void *ctx, size_t from)
+{
+	return rl_comm_reducer_ready(ctx, from);
+}
+
+int
+rli_dp_reducer_open(trainer *tr)
+{
+	size_t total = tr->m->tt.total;
+	size_t bucket = (size_t)(tr->o->dp_bucket_mb * (1 << 20)) / sizeof(float);
+	int rv;
+
+	if ((rv = rl_comm_reducer_create(&tr->red, tr->comm, tr->m->grads, total, bucket ? bucket : total,
+	    tr->o->dp_overlap)) != 0)
+		return rv;
+	rl_verbose("gradient all-reduce: %zu buckets of %g MiB, %s", (total + bucket - 1) / (bucket ? bucket : total),
+	    tr->o->dp_bucket_mb, rl_comm_reducer_overlaps(tr->red) ? "overlapped with the backward pass" :
+	    "after the backward pass");
+	return RL_OK;
+}
+
+/* ---- ZeRO-1 ----------------------------------------------------------------------------- */
+
+/* Full AdamW moments in m->m, m->v (zeroed), for a while: loading them on
+ * --resume, writing them in a checkpoint (rank 0). */
+int
+rli_zero_full_alloc(trainer *tr)
+{
+	rl_ops *o = tr->ops;
+	rl_model *m = tr->m;
+	size_t bytes = m->tt.total * sizeof(float);
+	int rv;
+
+	if (m->m)
+		return RL_OK;
+	if ((rv = o->alloc(o, (void **)&m->m, bytes)) != 0 || (rv = o->alloc(o, (void **)&m->v, bytes)) != 0)
+		return rv;
+	o->zero(o, m->m, bytes); /* the padding between tensors too */
+	o->zero(o, m->v, bytes);
+	return o->status(o);
+}
+
+/* Every rank keeps the AdamW moments of its shard [zlo, zhi) of the flat
+ * parameter space (rl_comm_shard), never the full ones (m->no_adam_state):
+ * the shard of the state loaded on --resume (the same file on every rank,
+ * whatever world size wrote it; then dropped), zeros otherwise. */
+static int
+zero_open(trainer *tr)
+{
+	rl_ops *o = tr->ops;
+	rl_model *m = tr->m;
+	size_t n, bytes;
+	int rv;
+
+	rl_comm_shard(tr->comm, m->tt.total, tr->rank, &tr->zlo, &tr->zhi);
+	n = tr->zhi - tr->zlo;
+	bytes = (n ? n : 1) * sizeof(float);
+	if ((rv = o->alloc(o, (void **)&tr->zm, bytes)) != 0 || (rv = o->alloc(o, (void **)&tr->zv, bytes)) != 0)
+		return rv;
+	if (m->m) {
+		o->copy(o, tr->zm, m->m + tr->zlo, n * sizeof(float));
+		o->copy(o, tr->zv, m->v + tr->zlo, n * sizeof(float));
+	} else {
+		o->zero(o, tr->zm, n * sizeof(float));
+		o->zero(o, tr->zv, n * sizeof(float));
+	}
+	if ((rv = o->sync(o)) != 0)
+		return rv;
+	o->free(o, m->m);
+	o->free(o, m->v);
+	m->m = m->v = NULL;
+	tr->zero = 1;
+	rl_verbose("ZeRO-1: AdamW state of elements [%zu, %zu) of %zu here (%.1f MiB instead of %.1f)", tr->zlo,
+	    tr->zhi, m->tt.total, 2.0 * n * sizeof(float) / (1 << 20), 2.0 * m->tt.total * sizeof(float) / (1 << 20));
+	return RL_OK;
+}
+
+/* One AdamW update, ZeRO-1: reduce-scatter the gradients, the global norm
+ * from every shard's sum of squares, AdamW on the own shard (tensor by
+ * tensor, for the weight-decay flags), all-gather the parameters.  The same
+ * arithmetic as rl_model_step on the same sums. */
+int
+rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
+{
+	rl_ops *o = tr->ops;
+	rl_model *m = tr->m;
+	size_t total = m->tt.total, lo = tr->zlo, hi = tr->zhi;
+	double t0 = rl_now(), ss, tc;
+	float scale = 1.0f;
+	int rv;
+
+	/* the caller counts this call as model time: the communication is t_comm's */
+	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_reduce_scatter(tr->comm, m->grads, total)) != 0)
+		return rv;
+	tc = rl_now() - t0;
+	ss = hi > lo ? o->sumsq(o, m->grads + lo, hi - lo) : 0.0;
+	if ((rv = rl_comm_host_allreduce_f64(tr->comm, &ss, 1)) != 0)
+		return rv;
+	double norm = sqrt(ss);
+	*grad_norm = (float)norm;
+	if (!isfinite(norm)) {
+		rl_warn("gradient norm is %g; step skipped", norm);
+		rl_model_zero_grad(m);
+		return o->status(o);
+	}
+	if (p->max_grad_norm > 0)
+		scale = (float)RL_MIN(1.0, p->max_grad_norm / (norm + 1e-6));
+	m->step++;
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		size_t a = RL_MAX(t->off, lo), b = RL_MIN(t->off + t->n, hi);
+		if (a >= b)
+			continue;
+		o->adamw(o, m->params + a, NULL, m->grads + a, tr->zm + (a - lo), tr->zv + (a - lo), b - a,
+		    rl_adamw_lr(p, t), p->beta1, p->beta2, p->eps,
+		    (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
+	}
+	rl_model_zero_grad(m);
+	t0 = rl_now();
+	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_allgather_shards(tr->comm, m->params, total)) != 0)
+		return rv;
+	tc += rl_now() - t0;
+	tr->t_comm += tc;
+	tr->t_model -= tc;
+	return rl_model_params_changed(m);
+}
+
+/* Before a full checkpoint (every rank): rank 0 collects the shards of the
+ * AdamW state into full m->m, m->v (the layout rl_ckpt_save writes), in
+ * pieces of 4 MiB broadcast from each shard's owner. */
+int
+rli_zero_gather_opt(trainer *tr)
+{
+	rl_ops *o = tr->ops;
+	rl_model *m = tr->m;
+	size_t total = m->tt.total, piece = (size_t)1 << 20;
+	float *h = rl_try_malloc(piece * sizeof(float), "optimizer state piece");
+	int rv = RL_OK;
+
+	if (!h)
+		return RL_ENOMEM;
+	if (tr->rank == 0 && (rv = rli_zero_full_alloc(tr)) != 0)
+		goto out;
+	for (int k = 0; k < 2 && rv == 0; k++) {
+		const float *mine = k ? tr->zv : tr->zm;
+		float *full = k ? m->v : m->m;
+		for (int r = 0; r < tr->world && rv == 0; r++) {
+			size_t lo, hi;
+			rl_comm_shard(tr->comm, total, r, &lo, &hi);
+			for (size_t off = lo; off < hi && rv == 0; off += piece) {
+				size_t len = RL_MIN(piece, hi - off);
+				if (tr->rank == r) {
+					o->download(o, h, mine + (off - lo), len * sizeof(float));
+					if ((rv = o->status(o)) != 0)
+						break;
+				}
+				if (r != 0 && (rv = rl_comm_host_broadcast(tr->comm, h, len * sizeof(float), r)) != 0)
+					break;
+				if (tr->rank == 0) {
+					o->upload(o, full + off, h, len * sizeof(float));
+					rv = o->status(o);
+				}
+			}
+		}
+	}
+out:
+	free(h);
+	return rv;
+}
+
+/* After the checkpoint: rank 0 drops the full state again. */
+void
+rli_zero_release_opt(trainer *tr)
+{
+	if (!tr->zero)
+		return;
+	tr->ops->free(tr->ops, tr->m->m);
+	tr->ops->free(tr->ops, tr->m->v);
+	tr->m->m = tr->m->v = NULL;
+}
+
+/* The fingerprints below are FNV-1a started from FP_INIT, not from FNV's
+ * offset basis RL_FNV1A_INIT (a digit short of it): the weights checksum is
+ * printed (-v) and compared between ranks, and keeps the values it has. */
+#define FP_INIT 1469598103934665603ull
+
+/* FNV-1a over the bytes of the master weights (downloaded in pieces). */
+static int
+weights_hash(trainer *tr, uint64_t *out)
+{
+	size_t total = tr->m->tt.total * sizeof(float), piece = (size_t)4 << 20;
+	uint8_t *h = rl_try_malloc(RL_MIN(piece, total) + 1, "checksum buffer");
+	uint64_t x = FP_INIT;
+	int rv = RL_OK;
+
+	if (!h)
+		return RL_ENOMEM;
+	for (size_t off = 0; off < total; off += piece) {
+		size_t k = RL_MIN(piece, total - off);
+		tr->ops->download(tr->ops, h, (const uint8_t *)tr->m->params + off, k);
+		if ((rv = tr->ops->status(tr->ops)) != 0)
+			break;
+		x = rl_fnv1a(x, h, k);
+	}
+	free(h);
+	*out = x;
+	return rv;
+}
+
+/* Every rank's weights must be bitwise rank 0's: the optimizer steps are
+ * identical only if the gradients, options and starting points are. */
+int
+rli_dp_check_weights(trainer *tr)
+{
+	uint64_t mine, *all;
+	int rv;
+
+	if ((rv = weights_hash(tr, &mine)) != 0)
+		return rv;
+	if (!(all = rl_try_malloc(sizeof *all * (size_t)tr->world, "checksums")))
+		return RL_ENOMEM;
+	rv = rl_comm_host_allgather(tr->comm, all, &mine, sizeof mine);
+	for (int r = 1; rv == 0 && r < tr->world; r++)
+		if (all[r] != all[0]) {
+			rl_error("after step %d the weights of rank %d differ from rank 0's (the ranks diverged)",
+			    tr->m->step, r);
+			rl_hint("every rank must run with the same options and input");
+			rv = RL_ECHECKSUM;
+		}
+	free(all);
+	if (rv == 0)
+		rl_verbose("step %d: weights identical on all %d ranks (checksum %016llx)", tr->m->step, tr->world,
+		    (unsigned long long)mine);
+	return rv;
+}
+
+/* Every rank must be about to train the same step, or all stop: exchanges
+ * (have a step, hash of the step's sample ids).  *go = 0: the input ended. */
+int
+rli_dp_agree_step(trainer *tr, int have, int *go)
+{
+	uint64_t mine[2] = { (uint64_t)have, FP_INIT }, *all;
+	int rv, ends = 0;
+
+	*go = have;
+	if (tr->world == 1)
+		return RL_OK;
+	for (int g = 0; have && g < tr->ngroups; g++)
+		for (int i = 0; i < tr->groups[g].size; i++) {
+			const rl_sample *q = &tr->groups[g].s[i];
+			mine[1] = rl_fnv1a(mine[1], &q->id, sizeof q->id);
+			mine[1] = rl_fnv1a(mine[1], &q->reward, sizeof q->reward);
+			mine[1] = rl_fnv1a(mine[1], q->prompt, sizeof(int32_t) * (size_t)q->plen);
+			mine[1] = rl_fnv1a(mine[1], q->response, sizeof(int32_t) * (size_t)q->rlen);
+		}
+	if (!(all = rl_try_malloc(sizeof mine * (size_t)tr->world, "step fingerprints")))
+		return RL_ENOMEM;
+	if ((rv = rl_comm_host_allgather(tr->comm, all, mine, sizeof mine)) != 0)
+		goto out;
+	for (int r = 0; r < tr->world; r++)
+		ends += all[2 * r] == 0;
+	if (ends == tr->world) {
+		*go = 0;
+	} else if (ends > 0) {
+		for (int r = 0; r < tr->world; r++)
+			if (all[2 * r] == 0) {
+				rl_error("rank %d ran out of input before step %d while rank %d has a full step", r,
+				    tr->m->step + 1, all[0] ? 0 : (r + 1) % tr->world);
+				break;
+			}
+		rl_hint("with several ranks every rank reads the whole input (the same file or stream)");
+		rv = RL_EINVAL;
+	} else {
+		for (int r = 1; r < tr->world; r++)
+			if (all[2 * r + 1] != all[1]) {
+				rl_error("step %d: rank %d has other groups than rank 0", tr->m->step + 1, r);
+				rl_hint("with several ranks every rank reads the whole input (the same file or stream)");
+				rv = RL_EINVAL;
+				break;
+			}
+	}
+out:
+	free(all);
+	return rv;
+}
+
+int
+rli_dp_start(trainer *tr)
+{
+	size_t nb = tr->m->tt.total * sizeof(float);
+	int rv, st = tr->m->step, *steps;
+
+	/* one starting point: rank 0's weights (and optimizer state on --resume) */
+	if ((rv = rl_comm_broadcast(tr->comm, tr->m->params, nb, 0)) != 0 ||
+	    (tr->o->resume && ((rv = rl_comm_broadcast(tr->comm, tr->m->m, nb, 0)) != 0 ||
+	    (rv = rl_comm_broadcast(tr->comm, tr->m->v, nb, 0)) != 0)))
+		return rv;
+	if ((rv = rl_model_params_changed(tr->m)) != 0)
+		return rv;
+	if (!(steps = rl_try_malloc(sizeof *steps * (size_t)tr->world, "steps of the ranks")))
+		return RL_ENOMEM;
+	rv = rl_comm_host_allgather(tr->comm, steps, &st, sizeof st);
+	for (int r = 1; rv == 0 && r < tr->world; r++)
+		if (steps[r] != steps[0]) {
+			rl_error("rank %d starts at step %d, rank 0 at step %d", r, steps[r], steps[0]);
+			rl_hint("every rank must --resume from the same checkpoint directory");
+			rv = RL_EINVAL;
+		}
+	free(steps);
+	if (rv != 0)
+		return rv;
+	return tr->o->zero ? zero_open(tr) : RL_OK;
+}

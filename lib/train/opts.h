@@ -1,0 +1,75 @@
+/*
+ * opts.h — rl_train_opts, the options of the learner (train.h): what
+ * rl-train's command line sets and rl_train_opts_default fills in.
+ * Leaves out: the functions that take them (train.h).
+ */
+#ifndef RL_TRAIN_OPTS_H
+#define RL_TRAIN_OPTS_H
+
+#include <stdint.h>
+
+#include "compute/comm.h"
+
+typedef struct rl_train_opts {
+	/* model and output */
+	const char *model_dir;     /* -m: initial policy (ignored on --resume with a checkpoint) */
+	const char *out_dir;       /* --out: ROOT of step-NNNNNNNN checkpoints + latest */
+	const char *ref_dir;       /* --ref: frozen reference model for KL (NULL: records' ref_logprobs) */
+	const char *device;        /* "cpu", "cuda[:N]", "auto" */
+	const char *input;         /* FILE or "-" */
+	const char *metrics_path;  /* --metrics FILE ("-" stdout); NULL: stderr */
+	const char *tfevents_dir;  /* --tfevents DIR or NULL */
+	const char *sync_url;      /* --sync URL: also push each version to rl-sync (or a directory) */
+	int sync_transport;        /* --sync-transport: RL_WSYNC_T_* (0: auto) */
+	const char *wgroup_addr;   /* --weights-group HOST:PORT: broadcast each version (wgroup.h) */
+	int wgroup_size;           /* its size: this trainer + the rollout workers */
+	const char *wgroup_backend; /* auto, cpu, nccl */
+	const char *queue_url;     /* --queue URL: lease scored groups from rl-queue instead of input */
+	double idle_exit;          /* queue mode: stop after this many seconds without records (0: never) */
+	double broker_timeout;     /* queue mode: fail after this many seconds without a reply from the
+	                            * broker, after a last full checkpoint (0: never; default 300) */
+	/* algorithm */
+	int algo;                  /* rl_algo */
+	int agg;                   /* rl_agg; -1: the algorithm's default */
+	int norm_std;              /* GRPO: divide by group std (1) */
+	int norm_len;              /* seq-mean-token-sum-norm constant; 0: longest response of the step */
+	int batch;                 /* groups per step */
+	int ppo_epochs, mini_batches;
+	int max_tokens_micro;      /* token budget of one micro-batch (rows x T) */
+	int recompute;             /* activation recomputation (rl_model.recompute) */
+	float clip_low, clip_high, dual_clip, tis_cap;
+	int kl_type;               /* 0 off, 1..3 k1/k2/k3 */
+	float kl_coef;
+	int kl_in_reward;          /* KL as a token-level reward penalty instead of a loss term */
+	float ent_coef;
+	float gamma, lambda;
+	/* PPO */
+	float vf_coef;             /* weight of the value loss in the total loss (0.1) */
+	float value_clip;          /* value clip range around V_old (0.5; <= 0 off) */
+	float critic_lr;           /* lr of the value head (0: --lr), same schedule */
+	int whiten_adv;            /* whiten GAE advantages over the step (1) */
+	int old_from_behaviour;    /* ratio against the records' log-probs instead of recomputing */
+	int skip_zero_adv;         /* no forward/backward for sequences whose advantages are all 0:
+	                            * -1 where exact (default), 0 off, 1 on (RL_EINVAL where not exact) */
+	/* optimizer */
+	float lr, weight_decay, beta1, beta2, adam_eps, grad_clip, min_lr_ratio;
+	int warmup, total_steps, sched;
+	/* run control */
+	int max_steps;             /* stop after this many steps in total (0: end of input) */
+	int save_every;            /* full checkpoint (with optimizer) every N steps; 0: last only */
+	int keep;                  /* keep the newest K step directories (0: all) */
+	int ckpt_every;            /* with sync_url: a step directory every N steps (0, 1: every step);
+	                            * the versions between go to sync_url from memory only */
+	int resume;                /* continue from out_dir/latest */
+	int on_bad;                /* RL_BAD_ERROR or RL_BAD_SKIP */
+	uint64_t seed;
+	int quiet;
+	/* data parallelism */
+	const rl_comm_opts *comm;  /* NULL or world 1: one process */
+	int dp_check_every;        /* compare a parameter checksum across ranks every N steps (0: at the end only) */
+	double dp_bucket_mb;       /* gradient all-reduce bucket (MiB; default 25) */
+	int dp_overlap;            /* all-reduce buckets while the backward pass goes on (1) */
+	int zero;                  /* 1: ZeRO-1, AdamW state sharded across the ranks (0 off) */
+} rl_train_opts;
+
+#endif

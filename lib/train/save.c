@@ -1,0 +1,419 @@
+/*
+ * save.c — the trainer's checkpoints (trainer.h): --out made ready (and
+ * rewound on --resume), a step directory per step (ckpt.h) with
+ * trainer_state.json in the full ones (the data position --resume reads
+ * back), the newest --keep kept, each version also pushed to --sync and the
+ * weights group; the last full checkpoint at the end of a run.
+ * Leaves out: the checkpoint format itself (model/ckpt.c).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/core.h"
+#include "base/io.h"
+#include "base/json.h"
+#include "model/ckpt.h"
+#include "train/trainer.h"
+
+static int
+cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* The positions of the records read but not trained, which --resume reads
+ * again: those of groups still incomplete or complete but not yet in a step,
+ * those of tr->groups when they were not trained (groups_pending), and those
+ * an earlier --resume has still to read.  Ascending; *pos malloc'd. */
+static int
+pending_records(trainer *tr, uint64_t **pos, size_t *n)
+{
+	uint64_t *p;
+	size_t np, extra = 0;
+	int rv;
+
+	if ((rv = rl_grouper_pending(tr->gr, &p, &np)) != RL_OK)
+		return rv;
+	if (tr->groups_pending)
+		for (int gi = 0; gi < tr->ngroups; gi++)
+			extra += (size_t)tr->groups[gi].size;
+	extra += tr->npend - tr->ipend;
+	if (extra) {
+		uint64_t *q = realloc(p, (np + extra) * sizeof *q);
+		if (!q) {
+			free(p);
+			return RL_ENOMEM;
+		}
+		p = q;
+		for (int gi = 0; tr->groups_pending && gi < tr->ngroups; gi++)
+			for (int k = 0; k < tr->groups[gi].size; k++)
+				if (tr->groups[gi].s[k].pos)
+					p[np++] = tr->groups[gi].s[k].pos;
+		for (size_t i = tr->ipend; i < tr->npend; i++)
+			if (tr->pend[i] > tr->records)
+				p[np++] = tr->pend[i];
+		qsort(p, np, sizeof *p, cmp_u64);
+	}
+	*pos = p;
+	*n = np;
+	return RL_OK;
+}
+
+/* The groups of the step that --resume reads again: those the grouper holds,
+ * tr->groups when not trained, and those pending at the checkpoint resumed
+ * from and not read since.  JSON (ids as decimal strings) or NULL. */
+static cJSON *
+pending_groups_json(trainer *tr)
+{
+	rl_gset pg;
+	cJSON *out = NULL;
+	int rv;
+
+	rl_gset_init(&pg);
+	rv = rl_grouper_pending_groups(tr->gr, &pg);
+	for (int gi = 0; rv == RL_OK && tr->groups_pending && gi < tr->ngroups; gi++)
+		rv = rl_gset_add(&pg, tr->groups[gi].group);
+	if (rv == RL_OK)
+		rv = rl_gset_add_all(&pg, &tr->pend_groups);
+	if (rv == RL_OK)
+		out = rl_gset_to_json(&pg);
+	rl_gset_fini(&pg);
+	return out;
+}
+
+/* trainer_state.json: the data position (records and, for the group rule of
+ * --resume in docs/train.md, groups) and what the run was. */
+static int
+write_state(trainer *tr, const char *dir)
+{
+	char path[4200], *txt = NULL;
+	cJSON *j = cJSON_CreateObject(), *pj, *dj, *gj;
+	uint64_t *pend;
+	size_t npend;
+	int rv, ok;
+
+	if ((rv = pending_records(tr, &pend, &npend)) != RL_OK) {
+		cJSON_Delete(j);
+		return rv;
+	}
+	ok = cJSON_AddNumberToObject(j, "global_step", tr->m->step) != NULL;
+	ok &= cJSON_AddNumberToObject(j, "version", tr->m->step) != NULL;
+	ok &= cJSON_AddNumberToObject(j, "records_consumed", (double)RL_MAX(tr->records, tr->skip_records)) != NULL;
+	ok &= (pj = cJSON_AddArrayToObject(j, "records_pending")) != NULL;
+	for (size_t i = 0; ok && i < npend; i++) {
+		cJSON *e = cJSON_CreateNumber((double)pend[i]);
+		if (!e || !cJSON_AddItemToArray(pj, e)) {
+			cJSON_Delete(e);
+			ok = 0;
+		}
+	}
+	free(pend);
+	ok &= cJSON_AddNumberToObject(j, "groups_consumed", (double)tr->groups_used) != NULL;
+	dj = rl_gset_to_json(&tr->done);
+	gj = pending_groups_json(tr);
+	if (ok && dj && cJSON_AddItemToObject(j, "groups_done", dj))
+		dj = NULL;
+	else
+		ok = 0;
+	if (ok && gj && cJSON_AddItemToObject(j, "groups_pending", gj))
+		gj = NULL;
+	else
+		ok = 0;
+	ok &= cJSON_AddStringToObject(j, "algo", rl_algo_name(tr->o->algo)) != NULL;
+	ok &= cJSON_AddNumberToObject(j, "seed", (double)tr->o->seed) != NULL;
+	if (ok)
+		txt = cJSON_PrintUnformatted(j);
+	cJSON_Delete(j);
+	cJSON_Delete(dj);
+	cJSON_Delete(gj);
+	if (!txt) {
+		rl_error("out of memory writing the trainer state in '%s'", dir);
+		return RL_ENOMEM;
+	}
+	snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+	rv = rl_io_write_atomic(path, txt, strlen(txt), 0644);
+	free(txt);
+	return rv;
+}
+
+/* Keeps the newest `keep` step directories, and always the newest full one
+ * (with optimizer state) so that --resume has something to start from. */
+static void
+prune(trainer *tr)
+{
+	DIR *d;
+	struct dirent *e;
+	int steps[4096], n = 0, full = -1;
+	char p[4096];
+
+	if (tr->o->keep <= 0 || !(d = opendir(tr->o->out_dir)))
+		return;
+	while ((e = readdir(d)) != NULL && n < 4096) {
+		int s = rl_ckpt_step_num(e->d_name);
+		if (s < 0)
+			continue;
+		steps[n++] = s;
+		snprintf(p, sizeof p, "%s/%s/optimizer.safetensors", tr->o->out_dir, e->d_name);
+		if (access(p, R_OK) == 0 && s > full)
+			full = s;
+	}
+	closedir(d);
+	for (int i = 0; i < n; i++) {
+		int newer = 0;
+		for (int k = 0; k < n; k++)
+			newer += steps[k] > steps[i];
+		if (newer >= tr->o->keep && steps[i] != full) {
+			snprintf(p, sizeof p, "%s/step-%08d", tr->o->out_dir, steps[i]);
+			rl_io_remove_tree(p);
+		}
+	}
+}
+
+/* Weights that went NaN or infinite are never published (rollout workers and
+ * `latest` would follow them): one pass over the parameters, before anything
+ * of the version leaves the process. */
+static int
+check_finite(trainer *tr)
+{
+	double ss = tr->ops->sumsq(tr->ops, tr->m->params, tr->m->tt.total);
+	int rv;
+
+	if ((rv = tr->ops->status(tr->ops)) != 0)
+		return rv;
+	if (isfinite(ss))
+		return RL_OK;
+	rl_error("step %d: the weights are not finite (NaN or infinite); version %d not published",
+	    tr->m->step, tr->m->step);
+	rl_hint("the update diverged: lower --lr, or check --beta1, --beta2 and --adam-eps");
+	return RL_EINVAL;
+}
+
+/* push: not when the same version is only rewritten with its optimizer
+ * state. */
+int
+rli_save_publish(trainer *tr, int full, int push)
+{
+	char dir[4096];
+	int rv, every = tr->o->ckpt_every;
+
+	if ((rv = check_finite(tr)) != 0)
+		return rv;
+	/* the weights group: straight from the parameters, before any file */
+	if (push && tr->wg && (rv = rl_wgroup_send(tr->wg, tr->m->step)) != 0)
+		return rv;
+	if (push && (tr->ws || tr->wg) && every > 1 && !full && tr->m->step % every != 0) {
+		/* --ckpt-every: rl-sync or the group carries this version; no directory, no fsync */
+		rl_wver *v = NULL;
+		if (!tr->ws)
+			return RL_OK;
+		if ((rv = rl_wver_from_ckpt(&v, tr->m, (uint64_t)tr->m->step)) == 0)
+			rv = rl_wsync_publish(tr->ws, v, 1);
+		rl_wver_destroy(v);
+		if (rv != 0)
+			rl_error("cannot publish version %d to '%s'", tr->m->step, tr->o->sync_url);
+		return rv;
+	}
+	if ((rv = rl_ckpt_save(tr->m, tr->o->out_dir, full, dir, sizeof dir)) != 0)
+		return rv;
+	if (full && (rv = write_state(tr, dir)) != 0)
+		return rv;
+	/* rl-sync: the new version goes out as a delta against the last one */
+	if (push && tr->ws && (rv = rl_wsync_publish_dir(tr->ws, dir, (uint64_t)tr->m->step, 1)) != 0) {
+		rl_error("cannot publish version %d to '%s'", tr->m->step, tr->o->sync_url);
+		return rv;
+	}
+	prune(tr);
+	rl_verbose("published version %d in '%s'%s", tr->m->step, dir, full ? " (with optimizer)" : "");
+	return RL_OK;
+}
+
+/* Makes --out ready before anything is computed (rank 0): a directory this
+ * process can write in (created when missing); without --resume it must hold
+ * no step directories of an earlier run (the new steps would collide with them
+ * and --keep would prune the new ones as older); on --resume, step directories
+ * newer than the checkpoint resumed from (resume_step; those written after it
+ * without optimizer state) are removed and `latest` points back at it.  Temp
+ * directories left by killed runs (.step-N.tmp.PID whose PID is gone) go. */
+int
+rli_save_prepare_out(const rl_train_opts *o, int resume_step)
+{
+	const char *root = o->out_dir;
+	struct stat st;
+	DIR *d;
+	struct dirent *e;
+	char p[4096];
+	int first = -1, n = 0, rv = RL_OK;
+
+	if (stat(root, &st) != 0) {
+		if (errno != ENOENT || mkdir(root, 0755) != 0) {
+			rl_error("cannot create '%s': %s", root, strerror(errno));
+			return RL_EIO;
+		}
+	} else if (!S_ISDIR(st.st_mode)) {
+		rl_error("--out '%s' is not a directory", root);
+		return RL_EINVAL;
+	}
+	if (access(root, W_OK | X_OK) != 0) {
+		rl_error("cannot write in '%s': %s", root, strerror(errno));
+		return RL_EIO;
+	}
+	if (!(d = opendir(root))) {
+		rl_error("cannot open '%s': %s", root, strerror(errno));
+		return RL_EIO;
+	}
+	while ((e = readdir(d)) != NULL) {
+		int s = rl_ckpt_step_num(e->d_name);
+		long pid;
+		char *dot;
+		if (e->d_name[0] == '.' && (dot = strstr(e->d_name, ".tmp.")) != NULL &&
+		    sscanf(dot, ".tmp.%ld", &pid) == 1 && pid > 0 &&
+		    (pid == (long)getpid() || (kill((pid_t)pid, 0) != 0 && errno == ESRCH))) {
+			snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+			rl_verbose("removing '%s' (left by a run that was killed)", p);
+			rl_io_remove_tree(p);
+			continue;
+		}
+		if (s < 0)
+			continue;
+		if (resume_step < 0) {
+			if (first < 0 || s < first)
+				first = s;
+			n++;
+		} else if (s > resume_step) {
+			snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+			rl_warn("removing '%s': newer than the checkpoint resumed from (step %d)", p, resume_step);
+			rl_io_remove_tree(p);
+		}
+	}
+	closedir(d);
+	if (n > 0) {
+		rl_error("'%s' already holds %d step directories of an earlier run (step-%08d, ...)", root, n, first);
+		rl_hint("continue that run with --resume, or give a new --out");
+		return RL_EEXIST;
+	}
+	if (resume_step >= 0) {
+		char name[32], lnk[4096], ltmp[4096];
+		snprintf(name, sizeof name, "step-%08d", resume_step);
+		snprintf(lnk, sizeof lnk, "%s/latest", root);
+		snprintf(ltmp, sizeof ltmp, "%s/.latest.tmp.%ld", root, (long)getpid());
+		unlink(ltmp);
+		if (symlink(name, ltmp) != 0 || rename(ltmp, lnk) != 0) {
+			rl_error("cannot point '%s' at '%s': %s", lnk, name, strerror(errno));
+			unlink(ltmp);
+			rv = RL_EIO;
+		}
+	}
+	return rv;
+}
+
+int
+rli_save_load_state(trainer *tr, const cJSON *state, const char *dir)
+{
+	cJSON *pa = cJSON_GetObjectItem(state, "records_pending"), *e;
+	int n = cJSON_GetArraySize(pa), rv;
+	char where[4200];
+
+	tr->skip_records = (uint64_t)cJSON_GetObjectItem(state, "records_consumed")->valuedouble;
+	/* records of groups that were still pending: read again */
+	if (n > 0 && !(tr->pend = rl_try_calloc((size_t)n, sizeof *tr->pend, "pending records")))
+		return RL_ENOMEM;
+	cJSON_ArrayForEach(e, pa)
+		if (cJSON_IsNumber(e) && e->valuedouble >= 1)
+			tr->pend[tr->npend++] = (uint64_t)e->valuedouble;
+	qsort(tr->pend, tr->npend, sizeof *tr->pend, cmp_u64);
+	if (cJSON_GetObjectItem(state, "groups_consumed"))
+		tr->groups_used = (uint64_t)cJSON_GetObjectItem(state, "groups_consumed")->valuedouble;
+	if (!cJSON_GetObjectItem(state, "groups_done")) {
+		rl_info("resuming from '%s' at step %d (skipping %llu records already consumed)", dir,
+		    tr->m->step, (unsigned long long)(tr->skip_records - tr->npend));
+		return RL_OK;
+	}
+	/* the group rule: whatever order the records come in */
+	snprintf(where, sizeof where, "'%s/trainer_state.json': groups_done", dir);
+	if ((rv = rl_gset_from_json(&tr->done, cJSON_GetObjectItem(state, "groups_done"), where)) != 0 ||
+	    (rv = rl_gset_add_all(&tr->skip, &tr->done)) != 0)
+		return rv;
+	snprintf(where, sizeof where, "'%s/trainer_state.json': groups_pending", dir);
+	if (cJSON_GetObjectItem(state, "groups_pending") &&
+	    (rv = rl_gset_from_json(&tr->pend_groups, cJSON_GetObjectItem(state, "groups_pending"), where)) != 0)
+		return rv;
+	tr->by_group = 1;
+	rl_info("resuming from '%s' at step %d (skipping the records of the %llu groups done)", dir,
+	    tr->m->step, (unsigned long long)rl_gset_count(&tr->done));
+	return RL_OK;
+}
+
+int
+rli_save_open(trainer *tr, const char *dir)
+{
+	const rl_train_opts *o = tr->o;
+	int rv;
+
+	if (tr->rank == 0 && o->sync_url && (rv = rl_wsync_open_with(&tr->ws, o->sync_url, 0, o->sync_transport)) != 0)
+		return rv;
+	/* versions pushed after the checkpoint resumed from are lost with the
+	 * run that made them: rl-sync goes back to this one, and the workers
+	 * that loaded them move to it */
+	if (tr->ws && o->resume && (rv = rl_wsync_rewind_dir(tr->ws, dir, (uint64_t)tr->m->step)) != 0) {
+		rl_error("cannot rewind '%s' to version %d, the checkpoint resumed from", o->sync_url, tr->m->step);
+		return rv;
+	}
+	if (tr->rank == 0 && o->wgroup_addr) {
+		/* the rollout workers start from this trainer's weights (a resumed run's too) */
+		rl_wgroup_opts wo = { o->wgroup_addr, 0, o->wgroup_size, o->wgroup_backend, 0 };
+		if ((rv = rl_wgroup_open(&tr->wg, &wo, tr->m)) != 0 || (rv = rl_wgroup_send(tr->wg, tr->m->step)) != 0)
+			return rv;
+	}
+	return RL_OK;
+}
+
+int
+rli_save_step(trainer *tr)
+{
+	const rl_train_opts *o = tr->o;
+	int rv, full = (o->save_every > 0 && tr->m->step % o->save_every == 0) ||
+	    (o->max_steps > 0 && tr->m->step >= o->max_steps);
+	double t_pub = rl_now();
+
+	if (tr->zero && full && (rv = rli_zero_gather_opt(tr)) != 0)
+		return rv;
+	if (tr->rank == 0 && (rv = rli_save_publish(tr, full, 1)) != 0)
+		return rv;
+	rli_zero_release_opt(tr);
+	tr->t_pub = rl_now() - t_pub;
+	return RL_OK;
+}
+
+int
+rli_save_final(trainer *tr, int start_step)
+{
+	const rl_train_opts *o = tr->o;
+	char dir[4096];
+	int need = 0, rv;
+
+	if (tr->m->step > start_step && tr->rank == 0) {
+		char opt[4096];
+		snprintf(opt, sizeof opt, "%s/step-%08d/optimizer.safetensors", o->out_dir, tr->m->step);
+		need = access(opt, R_OK) != 0;
+	}
+	/* ZeRO: every rank sends its share of the optimizer state */
+	if (tr->zero && ((rv = rl_comm_host_broadcast(tr->comm, &need, sizeof need, 0)) != 0 ||
+	    (need && (rv = rli_zero_gather_opt(tr)) != 0)))
+		return rv;
+	if (need && tr->rank == 0) {
+		snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr->m->step);
+		rl_io_remove_tree(dir);
+		tr->groups_pending = 1;
+		if ((rv = rli_save_publish(tr, 1, 0)) != 0)
+			return rv;
+	}
+	rli_zero_release_opt(tr);
+	return RL_OK;
+}

@@ -1,0 +1,729 @@
+/*
+ * step.c — one optimizer step's computation (trainer.h): the step's
+ * sequences laid out, advantages and loss weights on the host (algo.h), then
+ * per micro-batch: rows padded, forward (model.h), per-token loss and its
+ * gradient (ops->pg_loss, PPO's value loss), backward; AdamW per mini-batch.
+ *
+ * Host arrays hold per-token values in the micro-batch's (B, T) layout; the
+ * backend copies live in one allocation reserved once (rli_step_reserve), so
+ * a step allocates nothing on the backend.
+ * Leaves out: where the groups come from (feed.c), the gradient all-reduce
+ * and ZeRO-1 (dp.c), what is published (save.c) and reported (metrics.c).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "train/trainer.h"
+
+/* KL estimator per token on the host (k1, k2, k3 as in ops.h). */
+static float
+kl_est(int type, float lp, float ref)
+{
+	float d = lp - ref;
+	switch (type) {
+	case 1: return d;
+	case 2: return 0.5f * d * d;
+	case 3: return expf(-d) + d - 1.0f;
+	default: return 0;
+	}
+}
+
+static int recompute_old(trainer *tr, const seqref *sq, int a0, int b0);
+
+/* The step's training sequences (ReMax baselines taken out), their token
+ * offsets, and room for their per-token values; *ntok tokens, *G groups. */
+static int
+layout(trainer *tr, int *ntok_out, int *G_out)
+{
+	const rl_train_opts *o = tr->o;
+	int ntok = 0, rv, G = 0;
+
+	tr->nseq = 0;
+	for (int gi = 0; gi < tr->ngroups; gi++) {
+		rl_group *g = &tr->groups[gi];
+		float baseline = NAN;
+		if (o->algo == RL_ALGO_REMAX) {
+			for (int i = 0; i < g->size; i++)
+				if (g->s[i].is_baseline)
+					baseline = g->s[i].reward;
+			if (isnan(baseline)) {
+				rl_error("group %llu has no greedy baseline sample (remax)",
+				    (unsigned long long)g->group);
+				rl_hint("generate with rl-rollout --greedy-baseline");
+				return RL_EFORMAT;
+			}
+		}
+		for (int i = 0; i < g->size; i++) {
+			rl_sample *s = &g->s[i];
+			if (s->is_baseline)
+				continue;
+			if ((rv = rli_feed_grow((void **)&tr->seq, &tr->cap_seq, tr->nseq + 1, sizeof(seqref))) != 0)
+				return rv;
+			if (s->plen < 1) {
+				rl_error("record %llu has an empty prompt (the first token is never predicted)",
+				    (unsigned long long)s->id);
+				return RL_EFORMAT;
+			}
+			if (s->plen + s->rlen - 1 > tr->maxtok || s->plen + s->rlen > tr->m->cfg.max_pos) {
+				rl_error("record %llu: %d prompt + %d response tokens exceed the model's %d "
+				    "positions or --max-tokens-per-micro %d", (unsigned long long)s->id,
+				    s->plen, s->rlen, tr->m->cfg.max_pos, tr->maxtok);
+				return RL_ETOOBIG;
+			}
+			tr->seq[tr->nseq] = (seqref){ s, ntok, s->reward, 0 };
+			tr->nseq++;
+			ntok += s->rlen;
+		}
+		G++;
+	}
+	if (ntok + 1 > tr->cap_tok) {
+		int ncap = RL_MAX(ntok + 1, 2 * tr->cap_tok);
+		float **arrs[] = { &tr->adv_tok, &tr->w_tok, &tr->old_tok, &tr->kl_tok, &tr->val_tok, &tr->ret_tok };
+		for (size_t i = 0; i < RL_ARRAY_LEN(arrs); i++) {
+			float *np = realloc(*arrs[i], (size_t)ncap * sizeof(float));
+			if (!np)
+				return RL_ENOMEM;
+			*arrs[i] = np;
+		}
+		tr->cap_tok = ncap;
+	}
+	*ntok_out = ntok;
+	*G_out = G;
+	return RL_OK;
+}
+
+/* --kl-in-reward: the KL penalty per token (tr->kl_tok) from the records'
+ * behaviour and reference log-probs, taken off each sequence's reward. */
+static int
+kl_penalty(trainer *tr)
+{
+	const rl_train_opts *o = tr->o;
+	int nk = 0;
+
+	tr->reward_kl = 0;
+	if (!o->kl_type || !o->kl_in_reward)
+		return RL_OK;
+	for (int i = 0; i < tr->nseq; i++) {
+		rl_sample *s = tr->seq[i].s;
+		double sum = 0;
+		if (!s->logprobs || !s->ref_logprobs) {
+			rl_error("record %llu: --kl-in-reward needs 'logprobs' and 'ref_logprobs' in the records",
+			    (unsigned long long)s->id);
+			return RL_EFORMAT;
+		}
+		for (int t = 0; t < s->rlen; t++) {
+			float k = kl_est(o->kl_type, s->logprobs[t], s->ref_logprobs[t]);
+			tr->kl_tok[tr->seq[i].toff + t] = k;
+			sum += k;
+		}
+		tr->seq[i].reward = (float)(s->reward - o->kl_coef * sum);
+		if (s->rlen > 0) {
+			tr->reward_kl += sum / s->rlen;
+			nk++;
+		}
+	}
+	/* verl's actor/reward_kl_penalty: the sequences' token means, averaged */
+	tr->reward_kl = nk ? tr->reward_kl / nk : 0;
+	return RL_OK;
+}
+
+/* The advantages of the algorithm into tr->adv_tok.  toff (S + 1) are the
+ * sequences' token offsets, goff (G + 1) the groups' sequence offsets, base
+ * (S) ReMax's baseline rewards; rew (S) is scratch. */
+static int
+advantages(trainer *tr, const int *toff, const int *goff, const float *base, float *rew, int G, int ntok)
+{
+	const rl_train_opts *o = tr->o;
+	const float *kl = o->kl_in_reward && o->kl_type ? tr->kl_tok : NULL;
+	int S = tr->nseq, rv;
+
+	for (int i = 0; i < S; i++)
+		rew[i] = tr->seq[i].reward;
+	switch (o->algo) {
+	case RL_ALGO_GRPO:
+	case RL_ALGO_DRGRPO:
+	case RL_ALGO_DAPO:
+	case RL_ALGO_GSPO:
+	case RL_ALGO_RLOO: {
+		rl_adv_cfg c;
+		float *adv = rl_try_malloc(sizeof(float) * (size_t)(S + 1), "advantages");
+		if (!adv)
+			return RL_ENOMEM;
+		rl_adv_cfg_default(&c, o->algo);
+		c.norm_std = o->algo == RL_ALGO_DRGRPO ? 0 : o->norm_std;
+		if ((rv = rl_adv_outcome(adv, rew, goff, G, &c)) == 0)
+			rl_adv_broadcast(tr->adv_tok, adv, toff, S);
+		free(adv);
+		return rv;
+	}
+	case RL_ALGO_REMAX:
+		/* verl's: the reward-to-go of the token rewards (the KL penalty per
+		 * token when it is in the reward) minus the greedy sample's reward */
+		for (int i = 0; i < S; i++)
+			rew[i] = tr->seq[i].s->reward;
+		return rl_adv_remax_tok(tr->adv_tok, rew, base, kl, o->kl_coef, toff, S);
+	case RL_ALGO_REINFORCEPP:
+		/* token-level: rewards with the KL penalty per token when it is in the reward */
+		for (int i = 0; i < S; i++)
+			rew[i] = tr->seq[i].s->reward;
+		return rl_adv_reinforcepp(tr->adv_tok, rew, kl, o->kl_coef, toff, S, o->gamma);
+	case RL_ALGO_PPO:
+		/* V_old and π_old of every sequence of the step (every rank: GAE and the
+		 * whitening need the whole step), then GAE on token rewards */
+		memset(tr->adv_tok, 0, sizeof(float) * (size_t)ntok);
+		memset(tr->w_tok, 0, sizeof(float) * (size_t)ntok);
+		if ((rv = recompute_old(tr, tr->seq, 0, S)) != 0)
+			return rv;
+		for (int i = 0; i < S; i++)
+			rew[i] = tr->seq[i].s->reward;
+		return rl_adv_gae(tr->adv_tok, tr->ret_tok, rew, kl, o->kl_coef, tr->val_tok, toff, S, o->gamma,
+		    o->lambda, o->whiten_adv);
+	case RL_ALGO_SFT:
+		for (int t = 0; t < ntok; t++)
+			tr->adv_tok[t] = 1.0f;
+		return RL_OK;
+	default:
+		return RL_ENOTSUP;
+	}
+}
+
+/* --skip-zero-adv: a sequence whose every advantage is exactly 0 (a group
+ * whose samples all got the same reward) adds -0 * ratio to the loss and an
+ * exactly zero gradient; its tokens still count in the loss weights, which
+ * mini_weights computes over all of the mini-batch. */
+static void
+mark_skips(trainer *tr, int ntok)
+{
+	tr->nskip = 0;
+	tr->tok_skip = 0;
+	tr->tok_all = ntok;
+	for (int i = 0; tr->skip_zero && i < tr->nseq; i++) {
+		seqref *q = &tr->seq[i];
+		int z = 1;
+		for (int t = 0; t < q->s->rlen && z; t++)
+			z = tr->adv_tok[q->toff + t] == 0.0f;
+		q->skip = z;
+		tr->nskip += z;
+		tr->tok_skip += z ? q->s->rlen : 0;
+	}
+}
+
+int
+rli_step_prepare(trainer *tr)
+{
+	int ntok, G, S, rv;
+	int *toff = NULL, *goff = NULL;
+	float *rew = NULL, *base = NULL;
+
+	if ((rv = layout(tr, &ntok, &G)) != 0 || (rv = kl_penalty(tr)) != 0)
+		return rv;
+	S = tr->nseq;
+	toff = rl_try_malloc(sizeof(int) * (size_t)(S + 1), "sequence offsets");
+	goff = rl_try_malloc(sizeof(int) * (size_t)(G + 1), "group offsets");
+	rew = rl_try_malloc(sizeof(float) * (size_t)(S + 1), "rewards");
+	base = rl_try_malloc(sizeof(float) * (size_t)(S + 1), "baselines");
+	if (!toff || !goff || !rew || !base) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
+	for (int i = 0; i < S; i++)
+		toff[i] = tr->seq[i].toff;
+	toff[S] = ntok;
+	/* group offsets over the training sequences (baselines removed) */
+	{
+		int si = 0, gi = 0;
+		goff[0] = 0;
+		for (int k = 0; k < tr->ngroups; k++) {
+			rl_group *g = &tr->groups[k];
+			for (int i = 0; i < g->size; i++)
+				if (!g->s[i].is_baseline) {
+					if (tr->o->algo == RL_ALGO_REMAX)
+						for (int j = 0; j < g->size; j++)
+							if (g->s[j].is_baseline)
+								base[si] = g->s[j].reward;
+					si++;
+				}
+			goff[++gi] = si;
+		}
+	}
+	if ((rv = advantages(tr, toff, goff, base, rew, G, ntok)) != 0)
+		goto out;
+	mark_skips(tr, ntok);
+out:
+	free(toff);
+	free(goff);
+	free(rew);
+	free(base);
+	return rv;
+}
+
+/* Sequences [a, b) of the step form one mini-batch: per-token loss weights. */
+static int
+mini_weights(trainer *tr, int a, int b)
+{
+	int S = b - a, maxlen = 0, rv, masked = 0;
+	int *toff = rl_try_malloc(sizeof(int) * (size_t)(S + 1), "sequence offsets");
+	uint8_t *mask = NULL;
+
+	if (!toff)
+		return RL_ENOMEM;
+	for (int i = 0; i < S; i++) {
+		toff[i] = tr->seq[a + i].toff - tr->seq[a].toff;
+		maxlen = RL_MAX(maxlen, tr->seq[a + i].s->rlen);
+		masked |= tr->seq[a + i].s->loss_mask != NULL;
+	}
+	toff[S] = (b < tr->nseq ? tr->seq[b].toff : tr->seq[tr->nseq - 1].toff + tr->seq[tr->nseq - 1].s->rlen) -
+	    tr->seq[a].toff;
+	if (masked) {
+		/* records' loss_mask: their 0 tokens get no weight and do not count */
+		if ((mask = rl_try_malloc((size_t)toff[S] + 1, "loss mask")) == NULL) {
+			free(toff);
+			return RL_ENOMEM;
+		}
+		for (int i = 0; i < S; i++) {
+			const rl_sample *s = tr->seq[a + i].s;
+			for (int t = 0; t < s->rlen; t++)
+				mask[toff[i] + t] = s->loss_mask ? s->loss_mask[t] : 1;
+		}
+		tr->has_mask = 1;
+	}
+	rv = rl_loss_weights_masked(tr->w_tok + tr->seq[a].toff, toff, S, tr->agg,
+	    tr->o->norm_len > 0 ? tr->o->norm_len : RL_MAX(maxlen, 1), mask);
+	free(mask);
+	free(toff);
+	return rv;
+}
+
+/* Fills the host (B, T) buffers for the B sequences sq; returns T. */
+static int
+fill_rows(trainer *tr, const seqref *sq, int B)
+{
+	int T = 0;
+
+	for (int i = 0; i < B; i++)
+		T = RL_MAX(T, sq[i].s->plen + sq[i].s->rlen - 1);
+	for (int r = 0; r < B; r++) {
+		const seqref *q = &sq[r];
+		rl_sample *s = q->s;
+		int L = s->plen + s->rlen;
+		for (int t = 0; t < T; t++) {
+			int n = r * T + t, j = t - (s->plen - 1); /* response token index predicted at t */
+			tr->h_tok[n] = t < s->plen ? s->prompt[t] : (t < L ? s->response[t - s->plen] : 0);
+			if (j >= 0 && j < s->rlen) {
+				tr->h_tgt[n] = s->response[j];
+				tr->h_adv[n] = tr->adv_tok[q->toff + j];
+				tr->h_w[n] = tr->w_tok[q->toff + j];
+				tr->h_old[n] = tr->old_tok[q->toff + j];
+				tr->h_beh[n] = s->logprobs ? s->logprobs[j] : 0.0f;
+				tr->h_ref[n] = s->ref_logprobs ? s->ref_logprobs[j] : 0.0f;
+			} else {
+				tr->h_tgt[n] = -1;
+				tr->h_adv[n] = tr->h_w[n] = tr->h_old[n] = tr->h_beh[n] = tr->h_ref[n] = 0;
+			}
+		}
+	}
+	return T;
+}
+
+/* The sequences of [a, b) of the step that are trained: *sq is tr->seq + a
+ * and *n = b - a, or without those --skip-zero-adv skips, compacted into
+ * tr->kseq (valid until the next call). */
+static int
+trained_seqs(trainer *tr, int a, int b, seqref **sq, int *n)
+{
+	int k = 0, rv;
+
+	if (!tr->skip_zero || tr->nskip == 0) {
+		*sq = tr->seq + a;
+		*n = b - a;
+		return RL_OK;
+	}
+	if ((rv = rli_feed_grow((void **)&tr->kseq, &tr->cap_kseq, RL_MAX(b - a, 1), sizeof(seqref))) != 0)
+		return rv;
+	for (int i = a; i < b; i++)
+		if (!tr->seq[i].skip)
+			tr->kseq[k++] = tr->seq[i];
+	*sq = tr->kseq;
+	*n = k;
+	return RL_OK;
+}
+
+/* Micro-batch boundaries within sq[a, b): returns the first sequence not taken. */
+static int
+micro_end(trainer *tr, const seqref *sq, int a, int b)
+{
+	int T = 0, e = a;
+	float temp = sq[a].s->temperature;
+
+	while (e < b) {
+		rl_sample *s = sq[e].s;
+		int nT = RL_MAX(T, s->plen + s->rlen - 1);
+		if (e > a && ((e - a + 1) * nT > tr->maxtok || s->temperature != temp))
+			break;
+		T = nT;
+		e++;
+	}
+	return e;
+}
+
+/* Recompute the old log-probs of sequences sq[a0, b0) with the current
+ * weights (and with a value head, their values V_old). */
+static int
+recompute_old(trainer *tr, const seqref *sq, int a0, int b0)
+{
+	int rv;
+	for (int a = a0; a < b0;) {
+		int e = micro_end(tr, sq, a, b0), B = e - a, T = fill_rows(tr, sq + a, B);
+		double t0 = rl_now();
+		rv = rl_model_forward(tr->m, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T,
+		    sq[a].s->temperature);
+		tr->t_model += rl_now() - t0;
+		if (rv != 0)
+			return rv;
+		if (tr->m->val) {
+			tr->ops->download(tr->ops, tr->h_v, tr->m->val, sizeof(float) * (size_t)B * T);
+			if ((rv = tr->ops->status(tr->ops)) != 0)
+				return rv;
+		}
+		for (int r = 0; r < B; r++) {
+			rl_sample *s = sq[a + r].s;
+			for (int j = 0; j < s->rlen; j++) {
+				tr->old_tok[sq[a + r].toff + j] = tr->h_lp[r * T + s->plen - 1 + j];
+				if (tr->m->val)
+					tr->val_tok[sq[a + r].toff + j] = tr->h_v[r * T + s->plen - 1 + j];
+			}
+		}
+		a = e;
+	}
+	return RL_OK;
+}
+
+/* PPO: the clipped value loss of the micro-batch sq[0, B) laid out in rows
+ * of T by fill_rows, after its forward; its gradient (times vf_coef) to d_dval. */
+static int
+value_loss(trainer *tr, const seqref *sq, int B, int T, mstat *ms)
+{
+	const rl_train_opts *o = tr->o;
+	int N = B * T, nclip = 0;
+
+	tr->ops->download(tr->ops, tr->h_v, tr->m->val, sizeof(float) * (size_t)N);
+	memset(tr->h_vold, 0, sizeof(float) * (size_t)N);
+	memset(tr->h_ret, 0, sizeof(float) * (size_t)N);
+	for (int r = 0; r < B; r++) {
+		const seqref *q = &sq[r];
+		for (int j = 0; j < q->s->rlen; j++) {
+			int n = r * T + q->s->plen - 1 + j;
+			tr->h_vold[n] = tr->val_tok[q->toff + j];
+			tr->h_ret[n] = tr->ret_tok[q->toff + j];
+			ms->vpred += tr->h_v[n];
+		}
+	}
+	/* h_w is 0 on padding: those tokens get no loss and no gradient */
+	ms->vf_loss += rl_value_loss(tr->h_dv, tr->h_v, tr->h_vold, tr->h_ret, tr->h_w, N, o->value_clip, &nclip);
+	ms->vf_clip += nclip;
+	for (int n = 0; n < N; n++)
+		tr->h_dv[n] *= o->vf_coef;
+	tr->ops->upload(tr->ops, tr->d_dval, tr->h_dv, sizeof(float) * (size_t)N);
+	return tr->ops->status(tr->ops);
+}
+
+/* GSPO (verl's loss mode "gspo"): every token of a sequence takes the
+ * sequence's importance ratio, exp of the mean over its tokens of lp - old.
+ * pg_loss computes a token ratio exp(lp - old'); with old' = lp - mean that
+ * ratio is the sequence's, and its gradient through lp is the token's own
+ * (the mean is a constant there, as verl detaches it): GSPO-token, which
+ * verl computes.  The mean is over the tokens trained on (loss_mask), capped
+ * at 10 as verl caps the log-ratio.  old_h is the host pi_old (N); the result
+ * goes to d_old. */
+static int
+gspo_old(trainer *tr, const seqref *sq, int B, int T, const float *old_h)
+{
+	rl_ops *ops = tr->ops;
+	size_t nb = (size_t)B * T * sizeof(float);
+
+	ops->download(ops, tr->h_lp, tr->m->lp, nb);
+	if (ops->status(ops) != 0)
+		return ops->status(ops);
+	memcpy(tr->h_gspo, old_h, nb);
+	for (int r = 0; r < B; r++) {
+		const rl_sample *smp = sq[r].s;
+		double sum = 0;
+		int cnt = 0;
+		for (int j = 0; j < smp->rlen; j++) {
+			int n = r * T + smp->plen - 1 + j;
+			if (tr->has_mask && tr->h_w[n] == 0.0f)
+				continue;
+			sum += (double)tr->h_lp[n] - old_h[n];
+			cnt++;
+		}
+		double mean = cnt ? sum / cnt : 0;
+		if (mean > 10)
+			mean = 10;
+		for (int j = 0; j < smp->rlen; j++) {
+			int n = r * T + smp->plen - 1 + j;
+			tr->h_gspo[n] = (float)((double)tr->h_lp[n] - mean);
+		}
+	}
+	ops->upload(ops, tr->d_old, tr->h_gspo, nb);
+	return ops->status(ops);
+}
+
+/* One micro-batch, the B sequences sq: forward, loss, backward (gradients
+ * accumulated), statistics into ms. */
+static int
+micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
+{
+	const rl_train_opts *o = tr->o;
+	rl_ops *ops = tr->ops;
+	int T = fill_rows(tr, sq, B), N = B * T, rv;
+	float temp = sq[0].s->temperature;
+	rl_pg_params p = { 0 };
+	const float *ref = NULL, *beh = NULL, *old;
+	int want_ent = o->ent_coef != 0;
+
+	double t0 = rl_now();
+	rv = rl_model_forward(tr->m, NULL, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, temp);
+	tr->t_model += rl_now() - t0;
+	if (rv != 0)
+		return rv;
+	size_t nb = (size_t)N * sizeof(float);
+	ops->upload(ops, tr->d_adv, tr->h_adv, nb);
+	ops->upload(ops, tr->d_w, tr->h_w, nb);
+	if (o->old_from_behaviour) {
+		ops->upload(ops, tr->d_old, tr->h_beh, nb);
+		old = tr->d_old;
+	} else if (recomputed) {
+		ops->upload(ops, tr->d_old, tr->h_old, nb);
+		old = tr->d_old;
+	} else {
+		old = tr->m->lp; /* one pass: pi_old is the current policy (gspo's ratio is 1 too) */
+	}
+	if (o->algo == RL_ALGO_GSPO && old == tr->d_old &&
+	    (rv = gspo_old(tr, sq, B, T, o->old_from_behaviour ? tr->h_beh : tr->h_old)) != 0)
+		return rv;
+	if (o->tis_cap > 0 && !o->old_from_behaviour) {
+		for (int i = 0; i < B; i++)
+			if (!sq[i].s->logprobs) {
+				rl_error("record %llu: --tis-cap needs behaviour 'logprobs' in the records",
+				    (unsigned long long)sq[i].s->id);
+				return RL_EFORMAT;
+			}
+		ops->upload(ops, tr->d_beh, tr->h_beh, nb);
+		beh = tr->d_beh;
+	}
+	if (o->kl_type && !o->kl_in_reward) {
+		if (tr->ref) {
+			if ((rv = rl_model_forward(tr->ref, NULL, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, temp)) != 0)
+				return rv;
+			ref = tr->ref->lp;
+		} else {
+			for (int i = 0; i < B; i++)
+				if (!sq[i].s->ref_logprobs) {
+					rl_error("record %llu: the KL term needs 'ref_logprobs' in the records or --ref MODEL_DIR",
+					    (unsigned long long)sq[i].s->id);
+					return RL_EFORMAT;
+				}
+			ops->upload(ops, tr->d_ref, tr->h_ref, nb);
+			ref = tr->d_ref;
+		}
+	}
+	p.clip_low = o->clip_low;
+	p.clip_high = o->clip_high;
+	p.dual_clip = o->dual_clip;
+	p.tis_cap = o->tis_cap;
+	p.kl_coef = ref ? o->kl_coef : 0;
+	p.kl_type = o->kl_type ? o->kl_type : 1;
+	p.ent_coef = o->ent_coef;
+	ops->pg_loss(ops, tr->d_dlp, want_ent ? tr->d_dent : NULL, tr->d_stats, tr->m->lp, old, beh, ref,
+	    want_ent ? tr->m->ent : NULL, tr->d_adv, tr->d_w, N, &p);
+	if (o->algo == RL_ALGO_PPO && (rv = value_loss(tr, sq, B, T, ms)) != 0)
+		return rv;
+	t0 = rl_now();
+	rv = rl_model_backward_value(tr->m, tr->d_dlp, want_ent ? tr->d_dent : NULL,
+	    o->algo == RL_ALGO_PPO ? tr->d_dval : NULL);
+	if (rv == 0)
+		rv = ops->sync(ops);
+	tr->t_model += rl_now() - t0;
+	if (rv != 0)
+		return rv;
+	/* statistics for the metrics line */
+	ops->download(ops, tr->h_stats, tr->d_stats, nb * RL_PG_NSTAT);
+	ops->download(ops, tr->h_lp, tr->m->lp, nb);
+	ops->download(ops, tr->h_ent, tr->m->ent, nb);
+	if ((rv = ops->status(ops)) != 0)
+		return rv;
+	for (int n = 0; n < N; n++) {
+		if (tr->h_tgt[n] < 0 || (tr->has_mask && tr->h_w[n] == 0.0f))
+			continue;
+		float *st = tr->h_stats + (size_t)n * RL_PG_NSTAT;
+		/* actor/pg_loss is the policy-gradient term alone, as verl's: the op's
+		 * token loss also holds the KL and entropy terms, reported apart
+		 * (actor/kl_loss, actor/entropy); taken out again here, in double */
+		double pg = st[RL_PG_LOSS];
+		if (ref != NULL)
+			pg -= (double)p.kl_coef * st[RL_PG_KL];
+		if (want_ent)
+			pg += (double)p.ent_coef * tr->h_ent[n];
+		ms->loss += (double)tr->h_w[n] * pg;
+		/* verl's pg_clipfrac counts the ratio clip (-A clip(r) > -A r) and
+		 * pg_clipfrac_lower the dual clip apart (max of those > -A c, A < 0);
+		 * the op's CLIPPED flag is either (its stats are 0 where w is 0) */
+		float A = tr->h_adv[n], r = st[RL_PG_RATIO], rc = fminf(fmaxf(r, 1.0f - p.clip_low), 1.0f + p.clip_high);
+		if (tr->h_w[n] != 0) {
+			ms->clip += -A * rc > -A * r;
+			ms->clip_lower += p.dual_clip > 0 && A < 0 && fmaxf(-A * r, -A * rc) > -A * p.dual_clip;
+		}
+		ms->ratio_logsum += -logf(st[RL_PG_RATIO] > 0 ? st[RL_PG_RATIO] : 1e-30f);
+		ms->kl += st[RL_PG_KL];
+		ms->ent += tr->h_ent[n];
+		ms->ce += -tr->h_lp[n];
+		ms->ntok += 1;
+	}
+	return RL_OK;
+}
+
+int
+rli_step_reserve(trainer *tr)
+{
+	rl_ops *ops = tr->ops;
+	size_t n = (size_t)tr->maxtok;
+	int rv;
+
+	if ((rv = rl_model_train_reserve(tr->m, tr->maxtok)) != 0)
+		return rv;
+	if (tr->ref && (rv = rl_model_eval_reserve(tr->ref, tr->maxtok)) != 0)
+		return rv;
+	tr->h_tok = rl_try_calloc(n, sizeof(int32_t), "token rows");
+	tr->h_tgt = rl_try_calloc(n, sizeof(int32_t), "target rows");
+	tr->h_old = rl_try_calloc(n * (8 + RL_PG_NSTAT), sizeof(float), "per-token buffers");
+	if (!tr->h_tok || !tr->h_tgt || !tr->h_old)
+		return RL_ENOMEM;
+	tr->h_beh = tr->h_old + n;
+	tr->h_ref = tr->h_beh + n;
+	tr->h_adv = tr->h_ref + n;
+	tr->h_w = tr->h_adv + n;
+	tr->h_lp = tr->h_w + n;
+	tr->h_ent = tr->h_lp + n;
+	tr->h_stats = tr->h_ent + n;
+	tr->h_gspo = tr->h_stats + n * RL_PG_NSTAT;
+	if ((rv = ops->alloc(ops, &tr->d_mem, n * (7 + RL_PG_NSTAT) * sizeof(float))) != 0)
+		return rv;
+	tr->d_old = tr->d_mem;
+	tr->d_beh = tr->d_old + n;
+	tr->d_ref = tr->d_beh + n;
+	tr->d_adv = tr->d_ref + n;
+	tr->d_w = tr->d_adv + n;
+	tr->d_dlp = tr->d_w + n;
+	tr->d_dent = tr->d_dlp + n;
+	tr->d_stats = tr->d_dent + n;
+	if (tr->m->vh_w >= 0) {
+		if (!(tr->h_vold = rl_try_calloc(4 * n, sizeof(float), "value buffers")))
+			return RL_ENOMEM;
+		tr->h_ret = tr->h_vold + n;
+		tr->h_v = tr->h_ret + n;
+		tr->h_dv = tr->h_v + n;
+		if ((rv = ops->alloc(ops, (void **)&tr->d_dval, n * sizeof(float))) != 0)
+			return rv;
+	}
+	return RL_OK;
+}
+
+/* This rank's contiguous share [*ra, *rb) of the mini-batch [a, b). */
+static void
+rank_share(const trainer *tr, int a, int b, int *ra, int *rb)
+{
+	*ra = a + (int)((long)(b - a) * tr->rank / tr->world);
+	*rb = a + (int)((long)(b - a) * (tr->rank + 1) / tr->world);
+}
+
+int
+rli_step_old(trainer *tr, int *recomputed)
+{
+	const rl_train_opts *o = tr->o;
+	int E = RL_MAX(o->ppo_epochs, 1), M = RL_MIN(RL_MAX(o->mini_batches, 1), tr->nseq), rv, n, ra, rb;
+	seqref *sq;
+
+	*recomputed = 0;
+	if (o->algo == RL_ALGO_PPO && !o->old_from_behaviour)
+		*recomputed = 1; /* the pass over the step for V_old gave π_old too */
+	if ((E == 1 && M == 1) || o->old_from_behaviour || *recomputed)
+		return RL_OK;
+	/* each rank needs pi_old of the sequences it trains only */
+	for (int mb = 0; mb < M; mb++) {
+		int a = (int)((long)tr->nseq * mb / M), b = (int)((long)tr->nseq * (mb + 1) / M);
+		rank_share(tr, a, b, &ra, &rb);
+		if ((rv = trained_seqs(tr, ra, rb, &sq, &n)) != 0 || (rv = recompute_old(tr, sq, 0, n)) != 0)
+			return rv;
+	}
+	*recomputed = 1;
+	return RL_OK;
+}
+
+/* The update of one mini-batch from its gradients: AdamW at the step's
+ * learning rate (ZeRO-1's sharded one with several ranks). */
+static int
+adamw(trainer *tr, float *gnorm, double *lr)
+{
+	const rl_train_opts *o = tr->o;
+	rl_adamw ad = { 0 };
+	int rv;
+
+	*lr = rl_lr_at(tr->m->step + 1, o->lr, o->warmup, o->total_steps, o->sched, o->min_lr_ratio);
+	ad.lr = (float)*lr;
+	ad.beta1 = o->beta1;
+	ad.beta2 = o->beta2;
+	ad.eps = o->adam_eps;
+	ad.weight_decay = o->weight_decay;
+	ad.max_grad_norm = o->grad_clip;
+	if (o->critic_lr > 0)
+		ad.aux_lr = (float)rl_lr_at(tr->m->step + 1, o->critic_lr, o->warmup, o->total_steps, o->sched,
+		    o->min_lr_ratio);
+	double t1 = rl_now();
+	rv = tr->zero ? rli_zero_step(tr, &ad, gnorm) : rl_model_step(tr->m, &ad, gnorm);
+	tr->t_model += rl_now() - t1;
+	return rv;
+}
+
+int
+rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double *lr, int *nupd)
+{
+	const rl_train_opts *o = tr->o;
+	int E = RL_MAX(o->ppo_epochs, 1), M = RL_MIN(RL_MAX(o->mini_batches, 1), tr->nseq), rv, n, ra, rb;
+	seqref *sq;
+
+	*nupd = 0;
+	for (int ep = 0; ep < E; ep++) {
+		for (int mb = 0; mb < M; mb++) {
+			int a = (int)((long)tr->nseq * mb / M), b = (int)((long)tr->nseq * (mb + 1) / M);
+			/* the weights of the whole mini-batch (global counts), on every rank */
+			if ((rv = mini_weights(tr, a, b)) != 0)
+				return rv;
+			/* this rank's contiguous share of the mini-batch, less what is skipped;
+			 * a rank left with nothing still takes part in the all-reduce */
+			rank_share(tr, a, b, &ra, &rb);
+			if ((rv = trained_seqs(tr, ra, rb, &sq, &n)) != 0)
+				return rv;
+			for (int s = 0; s < n;) {
+				int e = micro_end(tr, sq, s, n);
+				/* the last backward completes the gradients: buckets go out as layers finish */
+				if (tr->red && e == n) {
+					tr->m->grad_ready = rli_dp_grad_ready;
+					tr->m->grad_ready_ctx = tr->red;
+				}
+				rv = micro(tr, sq + s, e - s, recomputed, ms);
+				tr->m->grad_ready = NULL;
+				if (rv != 0)
+					return rv;
+				s = e;
+			}
+			if (tr->world > 1 && !tr->zero && (rv = rli_dp_allreduce_grads(tr)) != 0)
+				return rv;
+			if ((rv = adamw(tr, gnorm, lr)) != 0)
+				return rv;
+			(*nupd)++;
+		}
+	}
+	return RL_OK;
+}

@@ -1,0 +1,223 @@
+/*
+ * trainer.h — the learner's state shared by the files of lib/train that
+ * implement rl_train_run (train.h): train.c runs the loop, feed.c brings the
+ * records in and forms the step's groups, step.c computes the update,
+ * save.c writes and publishes checkpoints, metrics.c the metrics line, dp.c
+ * what data parallelism adds (gradient all-reduce, ZeRO-1, agreement checks).
+ * Internal to lib/train (and its unit tests): nothing here is a stable API.
+ *
+ * One trainer per rl_train_run; it owns every pointer in it (rli_train_fini
+ * frees them all, NULL ones included).  Not thread-safe.
+ */
+#ifndef RL_TRAINER_H
+#define RL_TRAINER_H
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <cjson/cJSON.h>
+
+#include "base/gset.h"
+#include "base/progress.h"
+#include "compute/comm.h"
+#include "compute/ops.h"
+#include "model/model.h"
+#include "queue/qclient.h"
+#include "queue/wstat.h"
+#include "stream/traj.h"
+#include "sync/wgroup.h"
+#include "sync/wckpt.h"
+#include "sync/wsync.h"
+#include "tok/tokenizer.h"
+#include "train/groups.h"
+#include "train/tfevents.h"
+#include "train/algo.h"
+#include "train/opts.h"
+
+/* One sequence of the step: a sample and where its values go. */
+typedef struct seqref {
+	rl_sample *s;
+	int toff;       /* offset of its response tokens in the step's token arrays */
+	float reward;   /* effective reward (KL-in-reward applied) */
+	int skip;       /* --skip-zero-adv: every advantage 0, no forward/backward */
+} seqref;
+
+typedef struct trainer {
+	const rl_train_opts *o;
+	rl_ops *ops;
+	rl_model *m, *ref;
+	rl_tokenizer *tok;
+	rl_grouper *gr;
+	rl_traj_reader *rd;
+	FILE *in;
+	FILE *metrics;
+	rl_tfevents *tf;
+	int agg;
+	/* the step's groups and sequences */
+	rl_group *groups;
+	int ngroups, cap_groups;
+	seqref *seq;
+	int nseq, cap_seq;
+	/* --skip-zero-adv (docs/train.md): sequences whose advantages are all 0
+	 * give an exactly zero gradient when the loss has no other term */
+	int skip_zero;           /* on for this run */
+	seqref *kseq;            /* the trained sequences of a range, compacted */
+	int cap_kseq;
+	int nskip;               /* sequences of the step skipped */
+	long tok_skip, tok_all;  /* their response tokens, and the step's */
+	float *adv_tok, *w_tok, *old_tok, *kl_tok; /* (step tokens) */
+	double reward_kl;        /* --kl-in-reward: mean over sequences of their token-mean KL */
+	int has_mask;         /* some record had a loss_mask: weight-0 tokens are left out of the metrics */
+	float *val_tok, *ret_tok; /* (step tokens) PPO: V_old and GAE returns */
+	int cap_tok;
+	/* micro-batch host buffers (max_tokens) */
+	int maxtok;
+	int32_t *h_tok, *h_tgt;
+	float *h_old, *h_beh, *h_ref, *h_adv, *h_w, *h_stats, *h_lp, *h_ent;
+	float *h_gspo;        /* gspo: the pi_old given to pg_loss (gspo_old) */
+	float *h_vold, *h_ret, *h_v, *h_dv;   /* PPO (max_tokens each, one allocation) */
+	float *d_dval;                         /* PPO: value gradient (max_tokens), backend */
+	/* backend buffers: one allocation */
+	void *d_mem;
+	float *d_old, *d_beh, *d_ref, *d_adv, *d_w, *d_dlp, *d_dent, *d_stats;
+	/* data position and counters */
+	uint64_t records, groups_used, skip_records;
+	/* --resume: records at or before skip_records still to read (ascending
+	 * positions, trainer_state.json "records_pending"), the next one at ipend */
+	uint64_t *pend;
+	size_t npend, ipend;
+	int groups_pending;      /* the final checkpoint: tr->groups were not trained */
+	/* groups done: trained, or consumed and dropped (bad, no signal, a skipped
+	 * step), never to be trained again; trainer_state.json "groups_done" */
+	rl_gset done;
+	/* --resume from a checkpoint with "groups_done" (the group rule): records
+	 * of those groups (skip) are skipped wherever they come in the input; those
+	 * of groups pending then (pend_groups) are read again, not counted as new */
+	int by_group;
+	rl_gset skip, pend_groups;
+	uint64_t skipped_done;   /* records skipped by the group rule */
+	uint64_t records_new;    /* records of groups neither done nor pending at the checkpoint */
+	uint64_t dropped_nosignal, dropped_stale;
+	uint64_t steps_skipped;  /* steps whose every update had a non-finite gradient norm */
+	double t_wait;
+	double t_model;  /* seconds in model forward/backward/AdamW this step */
+	double t_pub;    /* seconds publishing the step's checkpoint */
+	rl_wsync *ws;    /* --sync */
+	/* queue mode */
+	rl_qclient *qc;
+	rl_qlease lease;
+	rl_traj *qt;
+	struct { uint64_t id, lease; } *held;   /* leased records not yet acknowledged */
+	size_t nheld, capheld;
+	uint64_t q_late;
+	int last_gsize;          /* group size seen last (lease sizing) */
+	double idle_since;       /* when the last records came (--idle-exit) */
+	int qgone;               /* the broker stopped answering (--broker-timeout): rank 0's client
+	                          * said so, or rank 0's end message (dp_send_lease) */
+	rl_wstat *wst;           /* stats reported to the broker (wstat.h) */
+	rl_progress prog;        /* steps, on a terminal */
+	/* data parallelism */
+	rl_comm *comm;           /* NULL: one process */
+	rl_wgroup *wg;           /* --weights-group (rank 0) */
+	int rank, world;
+	int qfollow;             /* queue mode, rank > 0: records come from rank 0's leases */
+	rl_comm_reducer *red;    /* the bucketed gradient all-reduce */
+	int zero;                /* ZeRO-1: this rank keeps the AdamW state of [zlo, zhi) only */
+	size_t zlo, zhi;
+	float *zm, *zv;          /* (zhi - zlo) AdamW moments of the shard, backend memory */
+	double t_comm;           /* seconds in the gradient all-reduce this step */
+} trainer;
+
+/* A step's token statistics for the metrics line (sums over tokens). */
+typedef struct mstat {
+	double loss, clip, clip_lower, kl, ratio_logsum, ent, ce;
+	double ntok;
+	double vf_loss, vf_clip, vpred;  /* PPO */
+} mstat;
+
+/* SIGINT/SIGTERM seen (the signal number): stop at the next step boundary
+ * or record read (train.c sets the handler up through rli_train_on_signal). */
+extern volatile sig_atomic_t rli_train_stop;
+void rli_train_on_signal(int sig);
+/* Frees everything the trainer holds (each pointer may be NULL); returns
+ * rv, or when rv is RL_OK the status of closing the weights group. */
+int rli_train_fini(trainer *tr, int rv);
+
+/* ---- feed.c: records in, groups out ---- */
+/* The grouper and the input (queue lease, rank 0's leases, or file/stdin). */
+int rli_feed_open(trainer *tr);
+/* Collects the step's groups: RL_OK with ngroups == batch, RL_ENOENT at the
+ * end of the input (ngroups may be > 0: a partial last step is not trained). */
+int rli_feed_collect(trainer *tr);
+/* The group is done: never trained again, here or after a --resume. */
+int rli_feed_mark_done(trainer *tr, uint64_t group);
+/* Queue mode, before a step: renew every lease still held. */
+void rli_feed_renew(trainer *tr);
+/* Queue mode, after a step: acknowledge the trained records, one request
+ * per lease; the others stay held.  RL_ENOMEM, else RL_OK. */
+int rli_feed_ack(trainer *tr);
+/* Releases the step's groups (tr->groups stays allocated). */
+void rli_feed_free_groups(trainer *tr);
+/* Grows *p (of *cap elements of elt bytes) to hold need. */
+int rli_feed_grow(void **p, int *cap, int need, size_t elt);
+/* Hands back the records leased and not trained; closes the input. */
+void rli_feed_close(trainer *tr);
+
+/* ---- step.c: one optimizer step's computation ---- */
+/* Host and backend buffers for micro-batches of tr->maxtok tokens. */
+int rli_step_reserve(trainer *tr);
+/* Lays out the step's sequences (tr->groups) and computes advantages. */
+int rli_step_prepare(trainer *tr);
+/* pi_old where the step needs it (several epochs or mini-batches);
+ * *recomputed: tr->old_tok holds it. */
+int rli_step_old(trainer *tr, int *recomputed);
+/* The step's E x M AdamW updates; statistics into ms, the last update's
+ * gradient norm and learning rate, the number of updates. */
+int rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double *lr, int *nupd);
+
+/* ---- save.c: checkpoints ---- */
+/* Makes --out ready (rank 0): see the comment at its definition. */
+int rli_save_prepare_out(const rl_train_opts *o, int resume_step);
+/* --resume: the data position of trainer_state.json (state, from dir). */
+int rli_save_load_state(trainer *tr, const cJSON *state, const char *dir);
+/* Opens --sync and --weights-group (rank 0); on --resume rewinds rl-sync to
+ * the version resumed from (dir). */
+int rli_save_open(trainer *tr, const char *dir);
+/* Writes the step's checkpoint (full: with optimizer state and
+ * trainer_state.json); push: also to --sync and the weights group. */
+int rli_save_publish(trainer *tr, int full, int push);
+/* After a step's updates: its checkpoint (every rank takes part). */
+int rli_save_step(trainer *tr);
+/* The last full checkpoint, so that the run can be resumed. */
+int rli_save_final(trainer *tr, int start_step);
+
+/* ---- metrics.c ---- */
+/* Opens the metrics stream and --tfevents (rank 0). */
+int rli_metrics_open(trainer *tr);
+/* The statistics of the whole step: summed over ranks, averaged over the E
+ * passes. */
+int rli_metrics_gather(trainer *tr, mstat *ms, int E);
+/* Writes the step's metrics line (and tfevents scalars). */
+int rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t_step, double t_upd,
+    double t_wait, int nupdates);
+void rli_metrics_close(trainer *tr);
+
+/* ---- dp.c: data parallelism ---- */
+int rli_dp_reducer_open(trainer *tr);
+/* m->grad_ready for the last backward of an update (ctx: tr->red). */
+int rli_dp_grad_ready(void *ctx, size_t from);
+int rli_dp_allreduce_grads(trainer *tr);
+/* Every rank starts from rank 0's weights (and optimizer state), at the
+ * same step; ZeRO-1 shards the optimizer state. */
+int rli_dp_start(trainer *tr);
+/* Every rank's weights are bitwise rank 0's, or RL_ECHECKSUM. */
+int rli_dp_check_weights(trainer *tr);
+/* Every rank is about to train the same step, or all stop (*go = 0). */
+int rli_dp_agree_step(trainer *tr, int have, int *go);
+int rli_zero_full_alloc(trainer *tr);
+int rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm);
+int rli_zero_gather_opt(trainer *tr);
+void rli_zero_release_opt(trainer *tr);
+
+#endif
