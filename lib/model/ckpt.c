@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/io.h"
 #include "base/json.h"
 #include "model/safetensors.h"
 #include "sync/wsync.h"
@@ -124,25 +125,6 @@ copy_file(const char *src, const char *dst)
 		return RL_EIO;
 	}
 	return RL_OK;
-}
-
-static void
-remove_tree(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-
-	if (d != NULL) {
-		while ((e = readdir(d)) != NULL) {
-			if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-				continue;
-			char *p = join(dir, e->d_name);
-			unlink(p);
-			free(p);
-		}
-		closedir(d);
-	}
-	rmdir(dir);
 }
 
 /* The source directory's files a Hugging Face loader reads besides the weights.
@@ -301,7 +283,7 @@ save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer)
 		rl_error("cannot save to '%s': it exists", dir);
 		return RL_EEXIST;
 	}
-	remove_tree(tmp); /* a leftover of a crashed run with the same pid */
+	rl_io_remove_tree(tmp); /* a leftover of a crashed run with the same pid */
 	if (mkdir(tmp, 0755) != 0) {
 		rl_error("cannot create '%s': %s", tmp, strerror(errno));
 		return RL_EIO;
@@ -318,7 +300,7 @@ save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer)
 	free(parent);
 	return RL_OK;
 fail:
-	remove_tree(tmp);
+	rl_io_remove_tree(tmp);
 	return rv;
 }
 
@@ -576,7 +558,10 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 		goto out;
 	for (int i = 0; i < m->tt.n; i++)
 		maxn = RL_MAX(maxn, m->tt.t[i].n);
-	buf = rl_xmalloc(maxn * sizeof(float));
+	if ((buf = rl_try_malloc(maxn * sizeof(float), "optimizer buffer")) == NULL) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
 	/* the step is in the header metadata: re-read it */
 	{
 		const uint8_t *hp = f->map;
@@ -611,7 +596,11 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 			}
 			rl_st_to_f32(buf, st, 0, t->n);
 			if (t->flags & RL_T_TRANSPOSE) { /* file layout (in, out) -> ours */
-				float *tr = rl_xmalloc(t->n * sizeof(float));
+				float *tr = rl_try_malloc(t->n * sizeof(float), "optimizer transpose");
+				if (tr == NULL) {
+					rv = RL_ENOMEM;
+					goto out;
+				}
 				size_t R = (size_t)t->shape[0], C = (size_t)t->shape[1];
 				for (size_t r = 0; r < R; r++)
 					for (size_t c = 0; c < C; c++)

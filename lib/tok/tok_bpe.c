@@ -12,6 +12,7 @@
 
 #include "base/core.h"
 #include "tok/tok_impl.h"
+#include "base/hash.h"
 
 #define EMPTY UINT64_MAX
 #define CACHE_MAX_PIECE 256            /* longer pieces are not cached */
@@ -45,15 +46,6 @@ struct rli_bpe {
 };
 
 static inline uint64_t
-mix(uint64_t x)
-{
-	x ^= x >> 31;
-	x *= 0x9e3779b97f4a7c15ull;
-	x ^= x >> 29;
-	return x;
-}
-
-static inline uint64_t
 hash_bytes(const uint8_t *s, size_t n)
 {
 	uint64_t h = 0xcbf29ce484222325ull ^ n;
@@ -66,7 +58,7 @@ hash_bytes(const uint8_t *s, size_t n)
 	}
 	uint64_t w = 0;
 	memcpy(&w, s + i, n - i);
-	h = mix(h ^ w ^ ((uint64_t)(n - i) << 56));
+	h = rl_hash_mix(h ^ w ^ ((uint64_t)(n - i) << 56));
 	return h ? h : 1;
 }
 
@@ -85,7 +77,7 @@ mgrow(rli_bpe *b, size_t cap)
 	for (size_t i = 0; i < b->mcap; i++) {
 		if (b->mkey[i] == EMPTY)
 			continue;
-		size_t h = mix(b->mkey[i]) & (cap - 1);
+		size_t h = rl_hash_mix(b->mkey[i]) & (cap - 1);
 		while (k[h] != EMPTY)
 			h = (h + 1) & (cap - 1);
 		k[h] = b->mkey[i];
@@ -142,7 +134,7 @@ rli_bpe_add_merge(rli_bpe *b, int32_t left, int32_t right, int32_t merged)
 	int rv;
 	if ((b->mcount + 1) * 2 > b->mcap && (rv = mgrow(b, b->mcap * 2)) != 0)
 		return rv;
-	size_t h = mix(key) & (b->mcap - 1);
+	size_t h = rl_hash_mix(key) & (b->mcap - 1);
 	while (b->mkey[h] != EMPTY) {
 		if (b->mkey[h] == key)
 			return RL_EEXIST;
@@ -159,7 +151,7 @@ static inline uint64_t
 mfind(const rli_bpe *b, int32_t left, int32_t right)
 {
 	uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
-	size_t h = mix(key) & (b->mcap - 1);
+	size_t h = rl_hash_mix(key) & (b->mcap - 1);
 	for (;;) {
 		uint64_t k = b->mkey[h];
 		if (k == key)
