@@ -781,8 +781,8 @@ apply_config(rl_tokenizer *t, const cJSON *cfg, const char *path)
 /* The chat template saved beside tokenizer_config.json, which transformers
  * reads in its place: chat_template.jinja (the template's text; where
  * transformers >= 4.4x saves it), else chat_template.json's "chat_template"
- * (a processor's).  Without this a Qwen directory saved by a recent
- * transformers, whose tokenizer_config.json has no template, was plain. */
+ * (a processor's).  A Qwen directory saved by a recent transformers has its
+ * template only there: its tokenizer_config.json has none. */
 static int
 template_file(rl_tokenizer *t, const char *dir)
 {
