@@ -604,7 +604,8 @@ rli_model_norm_fwd(rl_model *m, void *out, float *mean, float *rstd, const void 
 
 /* x += t, then out = the norm of x (weights wi, bi): one kernel where the backend has it. */
 void
-rli_model_add_norm_fwd(rl_model *m, void *x, void *out, float *mean, float *rstd, const void *t, int wi, int bi, int N)
+rli_model_add_norm_fwd(rl_model *m, void *x, void *out, float *mean, float *rstd, const void *t, int wi, int bi,
+    int N)
 {
 	rl_ops *o = m->ops;
 	if (o->add_norm_fwd) {

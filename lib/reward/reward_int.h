@@ -12,11 +12,17 @@
 
 #include "reward/reward.h"
 
+/* *w = s when w is not NULL: the verifiers' optional reason */
 #define SET_WHY(w, s) do { if (w) *(w) = (s); } while (0)
 
 static inline int is_digit(int c) { return c >= '0' && c <= '9'; }
-static inline int is_space(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+static inline int
+is_space(int c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
+/* *s, *n: the text without the whitespace at either end */
 static inline void
 trim(const char **s, size_t *n)
 {
