@@ -216,7 +216,7 @@ int rlk_fused_qkv(void *stream, void *qkv, const void *x, const void *nw, const 
 
 /* The decode step's blocks in one kernel (kernels/step.cu).  One persistent launch runs every
  * transformer block of a decode step of B <= RLK_STEP_ROWS sequences (one new token each) and
- * the final norm and LM head: per layer the five stages of the fused path of lib/model/model.c
+ * the final norm and LM head: per layer the five stages of the fused path of lib/model/model_infer.c
  * (norm + QKV + RoPE + cache write; attention over the paged cache with its splits merged in
  * the kernel; o + residual; norm + up + GELU/SwiGLU; down + residual), a grid-wide barrier
  * between stages, and each stage's first weight chunks loaded before its barrier.  The grid is

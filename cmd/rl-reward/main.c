@@ -5,8 +5,11 @@
  * `rl-reward gen-arith` writes prompts for the synthetic arith task.
  *
  * This file parses options and maps errors to exit codes; the work is in
- * lib/reward/reward.c, lib/reward/reward_exec.c and lib/reward/synth.c.
+ * lib/reward/ (the verifiers, the scorer and its stream and queue loops,
+ * reward_exec.c's coprocesses, synth.c's arith prompts).  A usage error is
+ * base/cli.h's: its message and hint on stderr, exit status 2.
  */
+#include "base/cli.h"
 #include "base/core.h"
 #include "base/io.h"
 #include "queue/qclient.h"
@@ -16,7 +19,7 @@
 #include "reward/synth.h"
 #include "stream/traj.h"
 
-#include <errno.h>
+#include <float.h>
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
@@ -62,45 +65,6 @@ static const char usage_text[] =
 	"  -h, --help               this text\n"
 	"See rl-reward(1) for the exact rule of each task.\n";
 
-static void
-usage_error(const char *fmt, const char *arg)
-{
-	fprintf(stderr, "rl-reward: ");
-	fprintf(stderr, fmt, arg);
-	fprintf(stderr, "\nrl-reward: hint: rl-reward --help\n");
-	exit(2);
-}
-
-static long
-parse_long(const char *opt, const char *s, long lo, long hi)
-{
-	char *end;
-	long v;
-
-	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi) {
-		fprintf(stderr, "rl-reward: %s: '%s' is not a whole number from %ld to %ld\n", opt, s, lo, hi);
-		exit(2);
-	}
-	return v;
-}
-
-static double
-parse_double(const char *opt, const char *s, double lo)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || *end || !isfinite(v) || v < lo) {
-		fprintf(stderr, "rl-reward: %s: '%s' is not a number >= %g\n", opt, s, lo);
-		exit(2);
-	}
-	return v;
-}
-
 /* ---- gen-arith -------------------------------------------------------------------- */
 
 static int
@@ -121,23 +85,26 @@ gen_arith(int argc, char **argv)
 	static char prog[] = "rl-reward: gen-arith";
 
 	rl_synth_arith_init(&o);
+	rl_cli_init("rl-reward gen-arith", lo);
 	argv[0] = prog;   /* getopt's own messages: "rl-reward: gen-arith: unrecognized option ..." */
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "n:s:d:p:S:ro:h", lo, NULL)) != -1) {
 		switch (c) {
-		case 'n': n = parse_long("--n", optarg, 0, LONG_MAX); break;
-		case 's': {
-			char *end;
-			errno = 0;
-			o.seed = strtoull(optarg, &end, 10);
-			if (errno || end == optarg || *end || optarg[0] == '-')
-				usage_error("--seed: '%s' is not a whole number >= 0", optarg);
+		case 'n':
+			if ((rv = rl_cli_int(c, optarg, 0, LONG_MAX, &n)) != 0)
+				return rv;
 			break;
-		}
-		case 'd': o.digits = (int)parse_long("--digits", optarg, 1, 9); break;
+		case 's':
+			if ((rv = rl_cli_u64(c, optarg, &o.seed)) != 0)
+				return rv;
+			break;
+		case 'd':
+			if ((rv = rl_cli_int32(c, optarg, 1, 9, &o.digits)) != 0)
+				return rv;
+			break;
 		case 'p':
 			if (strlen(optarg) == 0 || strlen(optarg) >= sizeof o.ops || strspn(optarg, "+-*") != strlen(optarg))
-				usage_error("--ops: '%s' is not some of the operators + - *", optarg);
+				return rl_cli_usage("--ops: bad value '%s' (some of the operators + - *)", optarg);
 			strcpy(o.ops, optarg);
 			break;
 		case 'S':
@@ -148,16 +115,16 @@ gen_arith(int argc, char **argv)
 			else if (strcmp(optarg, "test") == 0)
 				o.split = RL_SPLIT_TEST;
 			else
-				usage_error("--split: '%s' is not all, train or test", optarg);
+				return rl_cli_usage("--split: bad value '%s' (all, train or test)", optarg);
 			break;
 		case 'r': o.reverse = 1; break;
 		case 'o': out = optarg; break;
 		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
-		default: fprintf(stderr, "rl-reward: hint: rl-reward --help\n"); return 2;
+		default: fputs("rl-reward: hint: rl-reward gen-arith --help lists the options\n", stderr); return 2;
 		}
 	}
 	if (optind < argc)
-		usage_error("gen-arith: unexpected argument '%s'", argv[optind]);
+		return rl_cli_usage("gen-arith: unexpected argument '%s'", argv[optind]);
 	if (strcmp(out, "-") != 0 && rl_io_fopen(&f, out, "w") != 0)
 		return 1;
 	rv = rl_synth_arith_write(f, &o, (uint64_t)n);
@@ -215,13 +182,14 @@ main(int argc, char **argv)
 	double idle_exit = 0, broker_timeout = RL_QCLIENT_BROKER_TIMEOUT_S;
 	FILE *of = NULL;
 	size_t ntasks = 0;
-	long batch = 0;
+	long long batch = 0, v;
 	int c, rv = 0, verbosity = RL_LOG_NORMAL, status = 0, has_length = 0;
 	double t0;
 
 	rl_log_init("rl-reward", RL_LOG_NORMAL);
 	if (argc > 1 && strcmp(argv[1], "gen-arith") == 0)
 		return gen_arith(argc - 1, argv + 1);
+	rl_cli_init("rl-reward", lo);
 
 	memset(&sc, 0, sizeof sc);
 	sc.exec_weight = 1.0;
@@ -231,59 +199,68 @@ main(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "t:e:j:o:qvh", lo, NULL)) != -1) {
 		switch (c) {
 		case 't':
-			if (ntasks == RL_REWARD_MAX_TASKS)
-				usage_error("at most %s tasks", "32");
+			if (ntasks == RL_REWARD_MAX_TASKS) {
+				rv = rl_cli_usage("at most %d tasks", RL_REWARD_MAX_TASKS);
+				goto usage;
+			}
 			if (rl_reward_task_parse(&tasks[ntasks], optarg, tasks, ntasks) != 0) {
-				fprintf(stderr, "rl-reward: hint: rl-reward --help\n");
-				return 2;
+				fputs("rl-reward: hint: rl-reward --help lists the options\n", stderr);
+				rv = 2;
+				goto usage;
 			}
 			has_length |= tasks[ntasks].kind == RL_TASK_LENGTH;
 			ntasks++;
 			break;
 		case 'e': exec_cmd = optarg; break;
-		case O_EXEC_WEIGHT: sc.exec_weight = parse_double("--exec-weight", optarg, -1e300); break;
-		case 'j': xo.workers = (int)parse_long("--jobs", optarg, 1, 1024); break;
+		case O_EXEC_WEIGHT: rv = rl_cli_double(c, optarg, -1e300, DBL_MAX, &sc.exec_weight); break;
+		case 'j': rv = rl_cli_int32(c, optarg, 1, 1024, &xo.workers); break;
 		case O_TIMEOUT:
-			xo.timeout_s = parse_double("--timeout", optarg, 0);
-			if (xo.timeout_s <= 0)
-				usage_error("--timeout: '%s' must be above 0", optarg);
+			if ((rv = rl_cli_double(c, optarg, 0, DBL_MAX, &xo.timeout_s)) == 0 && xo.timeout_s <= 0)
+				rv = rl_cli_usage("--timeout: bad value '%s' (a number above 0)", optarg);
 			break;
-		case O_BATCH: batch = parse_long("--batch", optarg, 1, 1 << 20); break;
+		case O_BATCH: rv = rl_cli_int(c, optarg, 1, 1 << 20, &batch); break;
 		case O_GSM8K_MODE:
 			if (strcmp(optarg, "strict") == 0)
 				sc.opts.gsm8k_mode = RL_GSM8K_STRICT;
 			else if (strcmp(optarg, "flexible") == 0)
 				sc.opts.gsm8k_mode = RL_GSM8K_FLEXIBLE;
 			else
-				usage_error("--gsm8k-mode: '%s' is not strict or flexible", optarg);
+				rv = rl_cli_usage("--gsm8k-mode: bad value '%s' (strict or flexible)", optarg);
 			break;
-		case O_MAX_LENGTH: sc.opts.max_length = parse_long("--max-length", optarg, 1, LONG_MAX); break;
+		case O_MAX_LENGTH:
+			if ((rv = rl_cli_int(c, optarg, 1, LONG_MAX, &v)) == 0)
+				sc.opts.max_length = (long)v;
+			break;
 		case O_LENGTH_UNIT:
 			if (strcmp(optarg, "tokens") == 0)
 				sc.opts.length_chars = 0;
 			else if (strcmp(optarg, "chars") == 0)
 				sc.opts.length_chars = 1;
 			else
-				usage_error("--length-unit: '%s' is not tokens or chars", optarg);
+				rv = rl_cli_usage("--length-unit: bad value '%s' (tokens or chars)", optarg);
 			break;
 		case 'o': out = optarg; break;
 		case O_JSONL: wo.format = RL_TRAJ_JSONL; break;
 		case O_QUEUE: queue_url = optarg; break;
-		case O_IDLE_EXIT: idle_exit = parse_double("--idle-exit", optarg, 0); break;
-		case O_BROKER_TIMEOUT: broker_timeout = parse_double("--broker-timeout", optarg, 0); break;
+		case O_IDLE_EXIT: rv = rl_cli_double(c, optarg, 0, DBL_MAX, &idle_exit); break;
+		case O_BROKER_TIMEOUT: rv = rl_cli_double(c, optarg, 0, DBL_MAX, &broker_timeout); break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity = RL_LOG_VERBOSE; break;
-		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
-		default: fprintf(stderr, "rl-reward: hint: rl-reward --help\n"); return 2;
+		case 'h': fputs(usage_text, stdout); status = rl_io_close_stdout() ? 1 : 0; goto done;
+		default: fputs("rl-reward: hint: rl-reward --help lists the options\n", stderr); rv = 2; break;
 		}
+		if (rv != 0)
+			goto usage;
 	}
 	rl_log_set_level(verbosity);
 	if (ntasks == 0 && !exec_cmd)
-		usage_error("nothing to score with: give --task NAME or --exec 'CMD'%s", "");
-	if (has_length && sc.opts.max_length <= 0)
-		usage_error("the length task needs --max-length N%s", "");
-	if (queue_url && (optind < argc || out || wo.format == RL_TRAJ_JSONL))
-		usage_error("--queue reads from and writes to the broker: no FILE, -o or --jsonl%s", "");
+		rv = rl_cli_usage("nothing to score with: give --task NAME or --exec 'CMD'");
+	else if (has_length && sc.opts.max_length <= 0)
+		rv = rl_cli_usage("the length task needs --max-length N");
+	else if (queue_url && (optind < argc || out || wo.format == RL_TRAJ_JSONL))
+		rv = rl_cli_usage("--queue reads from and writes to the broker: no FILE, -o or --jsonl");
+	if (rv != 0)
+		goto usage;
 	if (out && strcmp(out, "-") == 0)
 		out = NULL;
 	if (!queue_url && !out && wo.format == RL_TRAJ_BINARY && isatty(STDOUT_FILENO)) {
@@ -389,7 +366,11 @@ out:
 		else if (rl_io_close_stdout() != 0)
 			status = 1;
 	}
+done:
 	for (size_t i = 0; i < ntasks; i++)
 		rl_reward_task_fini(&tasks[i]);
 	return status;
+usage:
+	status = rv;
+	goto done;
 }

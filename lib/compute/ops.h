@@ -77,7 +77,7 @@ enum { RL_EP_NONE = 0, RL_EP_ADD, RL_EP_GELU, RL_EP_SWIGLU };
 #define RL_FUSE_ROWS 4
 
 /* A decode step's weights and buffers for decode_step (the end of rl_ops).  Per layer the
- * tensors of lib/model/model.c's block (NULL biases and ln*_b for none; fc (H, C), or (2H, C)
+ * tensors of lib/model/model_infer.c's block (NULL biases and ln*_b for none; fc (H, C), or (2H, C)
  * gate rows then up rows with SwiGLU) and its KV cache (NBLK, BS, NKV, HD). */
 typedef struct rl_step_layer {
 	const void *ln1_w, *ln1_b, *qkv_w, *qkv_b, *o_w, *o_b;
@@ -368,7 +368,7 @@ struct rl_ops {
 
 	/* Optional decode step in one go (NULL when absent or off): for B sequences of one new
 	 * token each (x holding their embedded tokens), the transformer blocks against the cache
-	 * and the final norm and LM head into d->logits, as lib/model/model.c's fused decode path
+	 * and the final norm and LM head into d->logits, as lib/model/model_infer.c's fused decode path
 	 * computes them (matmul_rope_kv_fwd, attn_decode, matmul_fused_fwd with RL_EP_ADD, the
 	 * norm + up + GELU/SwiGLU product, the down product with RL_EP_ADD, per layer; the final
 	 * norm + LM head), equal to it within act rounding (attention's sums may be taken in

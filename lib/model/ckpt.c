@@ -557,7 +557,10 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 		goto out;
 	for (int i = 0; i < m->tt.n; i++)
 		maxn = RL_MAX(maxn, m->tt.t[i].n);
-	buf = rl_xmalloc(maxn * sizeof(float));
+	if ((buf = rl_try_malloc(maxn * sizeof(float), "optimizer buffer")) == NULL) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
 	/* the step is in the header metadata: re-read it */
 	{
 		const uint8_t *hp = f->map;
@@ -592,7 +595,11 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 			}
 			rl_st_to_f32(buf, st, 0, t->n);
 			if (t->flags & RL_T_TRANSPOSE) { /* file layout (in, out) -> ours */
-				float *tr = rl_xmalloc(t->n * sizeof(float));
+				float *tr = rl_try_malloc(t->n * sizeof(float), "optimizer transpose");
+				if (tr == NULL) {
+					rv = RL_ENOMEM;
+					goto out;
+				}
 				size_t R = (size_t)t->shape[0], C = (size_t)t->shape[1];
 				for (size_t r = 0; r < R; r++)
 					for (size_t c = 0; c < C; c++)

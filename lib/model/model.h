@@ -57,8 +57,8 @@ typedef struct rl_decode_stats {
 	double t_wait;          /* seconds waiting for the device (the step's only sync) */
 } rl_decode_stats;
 
-typedef struct rl_model_act rl_model_act;   /* training activations (model.c) */
-typedef struct rl_model_inf rl_model_inf;   /* inference buffers (model.c) */
+typedef struct rl_model_act rl_model_act;   /* training activations (model_int.h) */
+typedef struct rl_model_inf rl_model_inf;   /* inference buffers (model_int.h) */
 
 struct rl_model {
 	rl_config cfg;

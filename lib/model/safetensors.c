@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/io.h"
+
 static int
 cmp_name(const void *a, const void *b)
 {
@@ -253,46 +255,24 @@ path_join(const char *dir, const char *name)
 	return p;
 }
 
-static int
-read_small_file(const char *path, char **buf, size_t *len, size_t limit)
-{
-	FILE *fp = fopen(path, "rb");
-	long n;
-	int rv = RL_EIO;
-
-	*buf = NULL;
-	if (fp == NULL) {
-		rl_error("cannot open '%s': %s", path, strerror(errno));
-		return errno == ENOENT ? RL_ENOENT : RL_EIO;
-	}
-	if (fseek(fp, 0, SEEK_END) != 0 || (n = ftell(fp)) < 0 || fseek(fp, 0, SEEK_SET) != 0) {
-		rl_error("cannot read '%s': %s", path, strerror(errno));
-		goto out;
-	}
-	if ((size_t)n > limit) {
-		rl_error("'%s': %ld bytes, over the limit of %zu", path, n, limit);
-		rv = RL_ETOOBIG;
-		goto out;
-	}
-	*buf = rl_xmalloc((size_t)n + 1);
-	if (fread(*buf, 1, (size_t)n, fp) != (size_t)n) {
-		rl_error("cannot read '%s': %s", path, strerror(errno));
-		free(*buf);
-		*buf = NULL;
-		goto out;
-	}
-	(*buf)[n] = 0;
-	*len = (size_t)n;
-	rv = RL_OK;
-out:
-	fclose(fp);
-	return rv;
-}
-
+/* path's bytes, NUL-terminated (rl_io_read_file); a file over limit is refused from its
+ * size before anything is read.  A path "-" is a file of that name here, not stdin. */
 int
 rli_read_file(const char *path, char **buf, size_t *len, size_t limit)
 {
-	return read_small_file(path, buf, len, limit);
+	struct stat st;
+
+	*buf = NULL;
+	if (stat(path, &st) != 0) {
+		int e = errno;
+		rl_error("cannot open '%s': %s", path, strerror(e));
+		return e == ENOENT ? RL_ENOENT : RL_EIO;
+	}
+	if (S_ISREG(st.st_mode) && (uint64_t)st.st_size > limit) {
+		rl_error("'%s': %lld bytes, over the limit of %zu", path, (long long)st.st_size, limit);
+		return RL_ETOOBIG;
+	}
+	return rl_io_read_file(strcmp(path, "-") == 0 ? "./-" : path, limit, buf, len);
 }
 
 void
@@ -340,7 +320,7 @@ rl_st_set_open(rl_st_set **out, const char *dir)
 		s->nfiles = 1;
 		goto done;
 	}
-	if ((rv = read_small_file(ipath, &buf, &len, (size_t)64 << 20)) != 0)
+	if ((rv = rli_read_file(ipath, &buf, &len, (size_t)64 << 20)) != 0)
 		goto out;
 	rv = RL_EFORMAT;
 	root = cJSON_ParseWithLength(buf, len);

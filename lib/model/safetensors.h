@@ -98,7 +98,8 @@ int rl_st_write(const char *path, const rl_st_entry *e, int n, const char *const
 int rl_st_write_mem(uint8_t **out, size_t *outn, const rl_st_entry *e, int n, const char *const *meta, int nmeta,
     rl_st_fill_fn fill, void *ctx);
 
-/* lib-private: read a whole small file (at most limit bytes), NUL-terminated;
+/* lib-private: read a whole small file (at most limit bytes, RL_ETOOBIG from its size
+ * before reading), NUL-terminated, with rl_io_read_file;
  * *buf is the caller's (free). Errors are logged naming the path. */
 int rli_read_file(const char *path, char **buf, size_t *len, size_t limit);
 

@@ -5,9 +5,14 @@
  *
  * Each verifier is a pure function of (response text, ground truth): no I/O,
  * no global state, thread-safe.  Scores are 0 or 1 except `length`, which is a
- * penalty in [-1, 0].  The exact rules are in docs/reward.md and rl-reward(1).
- * The scorer at the end applies them (and an --exec pool) to trajectory
- * records and streams.
+ * penalty in [-1, 0], and dapo's -1 for wrong.  The exact rules are in
+ * docs/reward.md and rl-reward(1).  The scorer at the end applies them (and an
+ * --exec pool) to trajectory records, to a stream and to the queue.
+ *
+ * Where each part is: gsm8k, exact, arith, length in reward.c; number scanning
+ * in scan.c; math and dapo in math.c; countdown in countdown.c; the task list,
+ * ground truth and `auto` in tasks.c; the scorer, the stream and queue loops and
+ * the summary in score.c (what they share: reward_int.h).
  *
  * Leaves out: the stream format itself (traj.h), the coprocess protocol
  * (reward_exec.h), learned reward models.

@@ -434,6 +434,153 @@ write_nosigpipe(int fd, const void *p, size_t n)
 	return w;
 }
 
+/* Hands records lines[*next..n) to idle workers, (re)starting them as needed; a worker
+ * that cannot be started fails its record (counted in *done). */
+static void
+hand_out(rl_reward_exec *x, rl_reward_exec_result *res, const char *const *lines, const size_t *lens,
+	 size_t n, size_t *next, size_t *done, double now)
+{
+	char why[256];
+
+	for (int i = 0; i < x->o.workers && *next < n; i++) {
+		worker *w = &x->w[i];
+		if (w->rec >= 0)
+			continue;
+		if (w->pid > 0 && w->rlen < w->rcap) {
+			/* pick up anything it wrote since its last reply */
+			ssize_t k = read(w->out_fd, w->rbuf + w->rlen, w->rcap - w->rlen);
+			if (k > 0)
+				w->rlen += (size_t)k;
+		}
+		if (w->pid > 0 && w->rlen > 0) {
+			/* it wrote more than one line for its last record: start
+			 * afresh so replies cannot slip out of step */
+			worker_kill(w);
+		}
+		if (w->pid <= 0 && worker_spawn(x, w, why, sizeof why) != 0) {
+			fail_rec(&res[*next], RL_EXEC_SPAWN, why);
+			(*next)++;
+			(*done)++;
+			i--; /* try this worker again for the next record */
+			continue;
+		}
+		w->rec = (long)*next;
+		w->wbuf = lines[*next];
+		w->wlen = lens[*next];
+		w->woff = 0;
+		w->deadline = now + x->o.timeout_s;
+		(*next)++;
+	}
+}
+
+/* The poll set of the busy workers (stdin while their record is unwritten, stdout),
+ * pf[i] belonging to worker owner[i]; *timeout_ms until the nearest deadline.
+ * Returns the number of entries. */
+static int
+poll_set(rl_reward_exec *x, struct pollfd *pf, int *owner, double now, int *timeout_ms)
+{
+	int np = 0;
+
+	*timeout_ms = -1;
+	for (int i = 0; i < x->o.workers; i++) {
+		worker *w = &x->w[i];
+		double ms;
+		if (w->rec < 0)
+			continue;
+		if (w->woff < w->wlen && w->in_fd >= 0) {
+			pf[np].fd = w->in_fd;
+			pf[np].events = POLLOUT;
+			owner[np++] = i;
+		}
+		pf[np].fd = w->out_fd;
+		pf[np].events = POLLIN;
+		owner[np++] = i;
+		ms = (w->deadline - now) * 1000.0;
+		if (ms < 0)
+			ms = 0;
+		if (*timeout_ms < 0 || ms + 1 < *timeout_ms)
+			*timeout_ms = (int)ms + 1;
+	}
+	return np;
+}
+
+/* Worker w's stdout is readable: reads, and settles its record (counted in *done) on a
+ * reply line, the end of its output, or a reply too long or too early.  0, or RL_ENOMEM. */
+static int
+on_readable(rl_reward_exec *x, worker *w, rl_reward_exec_result *res, size_t *done)
+{
+	char why[256];
+
+	if (w->rcap - w->rlen < 4096) {
+		size_t nc = w->rcap ? w->rcap * 2 : 8192;
+		char *nb = realloc(w->rbuf, nc);
+		if (!nb) {
+			rl_error("--exec: out of memory for a reply of %zu bytes", nc);
+			return RL_ENOMEM;
+		}
+		w->rbuf = nb;
+		w->rcap = nc;
+	}
+	ssize_t k = read(w->out_fd, w->rbuf + w->rlen, w->rcap - w->rlen);
+	if (k < 0) {
+		if (errno == EAGAIN || errno == EINTR)
+			return 0;
+		k = 0; /* treat a read error like the end */
+	}
+	long rec = w->rec;
+	if (k == 0) {
+		worker_reap(w, why, sizeof why);
+		fail_rec(&res[rec], RL_EXEC_CRASH, why);
+		(*done)++;
+		return 0;
+	}
+	w->rlen += (size_t)k;
+	char *nl = memchr(w->rbuf, '\n', w->rlen);
+	if (nl && w->woff < w->wlen) {
+		/* a reply before the record was written whole (it stopped
+		 * reading: EPIPE, or it never reads): not a reply to it */
+		snprintf(why, sizeof why, "replied after reading %zu of the record's %zu bytes",
+			 w->woff, w->wlen);
+		worker_kill(w);
+		fail_rec(&res[rec], RL_EXEC_JUNK, why);
+		(*done)++;
+	} else if (nl) {
+		size_t ln = (size_t)(nl - w->rbuf);
+		parse_reply(&res[rec], w->rbuf, ln);
+		memmove(w->rbuf, nl + 1, w->rlen - ln - 1);
+		w->rlen -= ln + 1;
+		w->rec = -1;
+		(*done)++;
+		if (res[rec].status != RL_EXEC_OK)
+			worker_kill(w);
+	} else if (w->rlen > x->o.max_reply) {
+		snprintf(why, sizeof why, "reply longer than %zu bytes", x->o.max_reply);
+		worker_kill(w);
+		fail_rec(&res[rec], RL_EXEC_JUNK, why);
+		(*done)++;
+	}
+	return 0;
+}
+
+/* Kills the workers past their deadline and fails their records (counted in *done). */
+static void
+check_deadlines(rl_reward_exec *x, rl_reward_exec_result *res, size_t *done)
+{
+	char why[256];
+	double now = rl_now();
+
+	for (int i = 0; i < x->o.workers; i++) {
+		worker *w = &x->w[i];
+		if (w->rec >= 0 && now >= w->deadline) {
+			long rec = w->rec;
+			snprintf(why, sizeof why, "no reply within %g s: worker killed", x->o.timeout_s);
+			worker_kill(w);
+			fail_rec(&res[rec], RL_EXEC_TIMEOUT, why);
+			(*done)++;
+		}
+	}
+}
+
 int
 rl_reward_exec_run(rl_reward_exec *x, rl_reward_exec_result *res, const char *const *lines, const size_t *lens,
 		   size_t n)
@@ -442,7 +589,6 @@ rl_reward_exec_run(rl_reward_exec *x, rl_reward_exec_result *res, const char *co
 	struct pollfd *pf = NULL;
 	int *owner = NULL;
 	size_t next = 0, done = 0;
-	char why[256];
 
 	pf = rl_try_calloc((size_t)nw * 2, sizeof *pf, "poll set");
 	owner = rl_try_calloc((size_t)nw * 2, sizeof *owner, "poll set");
@@ -451,61 +597,13 @@ rl_reward_exec_run(rl_reward_exec *x, rl_reward_exec_result *res, const char *co
 		goto out;
 	}
 	while (done < n) {
-		int np = 0, timeout_ms = -1;
+		int np, timeout_ms;
 		double now = rl_now();
 
-		/* hand records to idle workers, (re)starting them as needed */
-		for (int i = 0; i < nw && next < n; i++) {
-			worker *w = &x->w[i];
-			if (w->rec >= 0)
-				continue;
-			if (w->pid > 0 && w->rlen < w->rcap) {
-				/* pick up anything it wrote since its last reply */
-				ssize_t k = read(w->out_fd, w->rbuf + w->rlen, w->rcap - w->rlen);
-				if (k > 0)
-					w->rlen += (size_t)k;
-			}
-			if (w->pid > 0 && w->rlen > 0) {
-				/* it wrote more than one line for its last record: start
-				 * afresh so replies cannot slip out of step */
-				worker_kill(w);
-			}
-			if (w->pid <= 0 && worker_spawn(x, w, why, sizeof why) != 0) {
-				fail_rec(&res[next], RL_EXEC_SPAWN, why);
-				next++;
-				done++;
-				i--; /* try this worker again for the next record */
-				continue;
-			}
-			w->rec = (long)next;
-			w->wbuf = lines[next];
-			w->wlen = lens[next];
-			w->woff = 0;
-			w->deadline = now + x->o.timeout_s;
-			next++;
-		}
+		hand_out(x, res, lines, lens, n, &next, &done, now);
 		if (done >= n)
 			break;
-		for (int i = 0; i < nw; i++) {
-			worker *w = &x->w[i];
-			double ms;
-			if (w->rec < 0)
-				continue;
-			if (w->woff < w->wlen && w->in_fd >= 0) {
-				pf[np].fd = w->in_fd;
-				pf[np].events = POLLOUT;
-				owner[np++] = i;
-			}
-			pf[np].fd = w->out_fd;
-			pf[np].events = POLLIN;
-			owner[np++] = i;
-			ms = (w->deadline - now) * 1000.0;
-			if (ms < 0)
-				ms = 0;
-			if (timeout_ms < 0 || ms + 1 < timeout_ms)
-				timeout_ms = (int)ms + 1;
-		}
-		if (np == 0)
+		if ((np = poll_set(x, pf, owner, now, &timeout_ms)) == 0)
 			continue;
 		if (poll(pf, (nfds_t)np, timeout_ms) < 0) {
 			if (errno == EINTR)
@@ -528,70 +626,10 @@ rl_reward_exec_run(rl_reward_exec *x, rl_reward_exec_result *res, const char *co
 				}
 				continue;
 			}
-			if (pf[p].fd != w->out_fd)
-				continue;
-			if (w->rcap - w->rlen < 4096) {
-				size_t nc = w->rcap ? w->rcap * 2 : 8192;
-				char *nb = realloc(w->rbuf, nc);
-				if (!nb) {
-					rl_error("--exec: out of memory for a reply of %zu bytes", nc);
-					rv = RL_ENOMEM;
-					goto out;
-				}
-				w->rbuf = nb;
-				w->rcap = nc;
-			}
-			ssize_t k = read(w->out_fd, w->rbuf + w->rlen, w->rcap - w->rlen);
-			if (k < 0) {
-				if (errno == EAGAIN || errno == EINTR)
-					continue;
-				k = 0; /* treat a read error like the end */
-			}
-			long rec = w->rec;
-			if (k == 0) {
-				worker_reap(w, why, sizeof why);
-				fail_rec(&res[rec], RL_EXEC_CRASH, why);
-				done++;
-				continue;
-			}
-			w->rlen += (size_t)k;
-			char *nl = memchr(w->rbuf, '\n', w->rlen);
-			if (nl && w->woff < w->wlen) {
-				/* a reply before the record was written whole (it stopped
-				 * reading: EPIPE, or it never reads): not a reply to it */
-				snprintf(why, sizeof why, "replied after reading %zu of the record's %zu bytes",
-					 w->woff, w->wlen);
-				worker_kill(w);
-				fail_rec(&res[rec], RL_EXEC_JUNK, why);
-				done++;
-			} else if (nl) {
-				size_t ln = (size_t)(nl - w->rbuf);
-				parse_reply(&res[rec], w->rbuf, ln);
-				memmove(w->rbuf, nl + 1, w->rlen - ln - 1);
-				w->rlen -= ln + 1;
-				w->rec = -1;
-				done++;
-				if (res[rec].status != RL_EXEC_OK)
-					worker_kill(w);
-			} else if (w->rlen > x->o.max_reply) {
-				snprintf(why, sizeof why, "reply longer than %zu bytes", x->o.max_reply);
-				worker_kill(w);
-				fail_rec(&res[rec], RL_EXEC_JUNK, why);
-				done++;
-			}
+			if (pf[p].fd == w->out_fd && (rv = on_readable(x, w, res, &done)) != 0)
+				goto out;
 		}
-		/* deadlines */
-		now = rl_now();
-		for (int i = 0; i < nw; i++) {
-			worker *w = &x->w[i];
-			if (w->rec >= 0 && now >= w->deadline) {
-				long rec = w->rec;
-				snprintf(why, sizeof why, "no reply within %g s: worker killed", x->o.timeout_s);
-				worker_kill(w);
-				fail_rec(&res[rec], RL_EXEC_TIMEOUT, why);
-				done++;
-			}
-		}
+		check_deadlines(x, res, &done);
 	}
 out:
 	free(pf);

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "base/core.h"
+#include "base/io.h"
 #include "tok/tok_impl.h"
 
 enum { KIND_BPE = 1, KIND_BYTES };
@@ -71,42 +72,30 @@ rl_tokens_fini(rl_tokens *t)
 }
 
 /* ---- files ------------------------------------------------------------------------ */
+
+/* path's bytes, NUL-terminated (rl_io_read_file).  What is not a regular file, or is over
+ * RL_TOKENIZER_MAX_FILE, is refused from its stat before anything is read.  A path "-" is
+ * a file of that name here, not stdin. */
 static int
 read_file(const char *path, char **buf, size_t *len)
 {
 	struct stat st;
-	FILE *f = fopen(path, "rb");
-	int rv = 0;
-	if (!f) {
-		rl_error("cannot open '%s': %s", path, strerror(errno));
-		return errno == ENOENT ? RL_ENOENT : RL_EIO;
+
+	if (stat(path, &st) != 0) {
+		int e = errno;
+		rl_error("cannot open '%s': %s", path, strerror(e));
+		return e == ENOENT ? RL_ENOENT : RL_EIO;
 	}
-	if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+	if (!S_ISREG(st.st_mode)) {
 		rl_error("cannot read '%s': not a regular file", path);
-		fclose(f);
 		return RL_EIO;
 	}
 	if ((uint64_t)st.st_size > RL_TOKENIZER_MAX_FILE) {
 		rl_error("'%s' is %llu bytes, over the %zu byte limit for tokenizer files", path,
 			 (unsigned long long)st.st_size, RL_TOKENIZER_MAX_FILE);
-		fclose(f);
 		return RL_ETOOBIG;
 	}
-	*len = (size_t)st.st_size;
-	if (!(*buf = rl_try_malloc(*len + 1, path))) {
-		fclose(f);
-		return RL_ENOMEM;
-	}
-	if (fread(*buf, 1, *len, f) != *len) {
-		rl_error("cannot read '%s': %s", path, ferror(f) ? strerror(errno) : "short read");
-		free(*buf);
-		*buf = NULL;
-		rv = RL_EIO;
-	} else {
-		(*buf)[*len] = 0;
-	}
-	fclose(f);
-	return rv;
+	return rl_io_read_file(strcmp(path, "-") == 0 ? "./-" : path, RL_TOKENIZER_MAX_FILE, buf, len);
 }
 
 static int
@@ -792,8 +781,8 @@ apply_config(rl_tokenizer *t, const cJSON *cfg, const char *path)
 /* The chat template saved beside tokenizer_config.json, which transformers
  * reads in its place: chat_template.jinja (the template's text; where
  * transformers >= 4.4x saves it), else chat_template.json's "chat_template"
- * (a processor's).  Without this a Qwen directory saved by a recent
- * transformers, whose tokenizer_config.json has no template, was plain. */
+ * (a processor's).  A Qwen directory saved by a recent transformers has its
+ * template only there: its tokenizer_config.json has none. */
 static int
 template_file(rl_tokenizer *t, const char *dir)
 {

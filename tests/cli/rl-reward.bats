@@ -47,8 +47,12 @@ for l in open(sys.argv[1]):
 	[[ "$stderr" == *"--max-length"* ]]
 	run --separate-stderr rl-reward --task gsm8k --gsm8k-mode lenient "$FIX/gsm8k.jsonl"
 	[ "$status" -eq 2 ]
+	[[ "$stderr" == *"--gsm8k-mode: bad value 'lenient' (strict or flexible)"*"hint: rl-reward --help"* ]]
 	run --separate-stderr rl-reward --exec "$W" --jobs 0 "$FIX/gsm8k.jsonl"
 	[ "$status" -eq 2 ]
+	[[ "$stderr" == *"--jobs: bad value '0' (a whole number from 1 to 1024)"* ]]
+	run -2 --separate-stderr rl-reward gen-arith --seed -1
+	[[ "$stderr" == *"--seed: bad value '-1' (a whole number from 0 to 18446744073709551615)"* ]]
 	# an --exec that is no command line is a usage error too (a program that
 	# cannot run is a runtime one, exit 1: see "--exec without a shell")
 	run -2 --separate-stderr rl-reward --exec '  ' "$FIX/gsm8k.jsonl"

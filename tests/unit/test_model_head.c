@@ -1,5 +1,5 @@
 /*
- * test_model_head.c — the model's strided LM-head path (lib/model/model.c with a backend
+ * test_model_head.c — the model's strided LM-head path (lib/model/model_train.c with a backend
  * that has ops.h's matmul_fwd_ld / matmul_bwd_ld / logprob_fwd_ld / logprob_bwd_ld) on
  * the CPU, where no backend has it: a copy of the CPU table whose strided ops run the
  * CPU reference's plain ops row for row (logits (N, ld), ld = V rounded up to 64),

@@ -5,7 +5,7 @@
  *     (f32 act: the one rounding of the sum is the two-step one), dw and db accumulated
  *     (+=), db or dw NULL, rows across several of the reduction's chunks, C = 1 and odd;
  *   - the model's backward through them (the CPU backend's default) against the same
- *     backend with the two ops NULL (lib/model/model.c's old norm_bwd then add): every gradient
+ *     backend with the two ops NULL (lib/model/model_train.c's norm_bwd then add): every gradient
  *     bit for bit, for GPT-2 (LayerNorm with bias), Qwen2 (RMSNorm) and Qwen3 (RMSNorm
  *     beside q/k-norm), with and without activation recomputation, two passes (the second
  *     adds to the first's gradients), and the op called twice a layer per backward;
