@@ -27,6 +27,7 @@ ALLOW=" sync>model reward>queue "
 
 bad=0
 for f in lib/*; do
+	[ "$f" = lib/README.md ] && continue  # the floors in words
 	[ -d "$f" ] || { echo "lib/: '$f' is not in a subsystem folder"; bad=1; }
 done
 for f in lib/*/*.c lib/*/*.h; do
