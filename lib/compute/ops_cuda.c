@@ -724,8 +724,8 @@ cu_matmul_bwd(rl_ops *o, void *dinp, float *dw, float *dbias, const void *dout, 
  * already aligned (V rounded up to HEAD_LD_ALIGN), so the GEMMs read and write them in
  * place, with no padded scratch and no copy.  The output features are still split at a
  * multiple of 64 as in matmul_fwd_: with one GEMM each (the odd OC as the GEMM's m or
- * k) the whole GPT-2 head step took 26.9 ms against 7.3 on the H100 (session 6), and the
- * odd-k dinp GEMM rounded worse, so that variant was measured and removed. */
+ * k) the whole GPT-2 head step takes 26.9 ms against 7.3 on the H100, and the odd-k
+ * dinp GEMM rounds worse. */
 #define HEAD_LD_ALIGN 64
 
 static int
@@ -1280,7 +1280,7 @@ cu_kv_write(rl_ops *o, void *kc, void *vc, const void *qkv, const int32_t *slot,
  * blocks per multiprocessor in all, from B and NKV only (a graph holds the grid), at
  * most c->dec_splits: 32 splits x 4 warps x 8 keys in flight per warp cover 1,024 keys
  * in one round of the key-per-warp kernel, and more splits mostly add empty workers and
- * partials to merge (64 was the cap before session 6: RL_CUDA_DECODE_SPLITS=64). */
+ * partials to merge (RL_CUDA_DECODE_SPLITS=N sets another cap, up to 256). */
 static int
 decode_nsplit(const cuda_ctx *c, int B, int NKV)
 {
@@ -1337,7 +1337,7 @@ env_int(const char *var, int def, int lo, int hi)
  * with many splits (a few sequences) each worker has only a few keys and the
  * key-per-warp kernel spreads them wider (0.70 against 0.74 ms a GPT-2 step at one
  * slot).  RL_CUDA_DECODE_ATTN=lane or =split forces one; =wide takes k_decode_wide
- * (written in session 9 without a GPU, not measured yet: never the default). */
+ * (never run on a GPU yet, so never the default). */
 static int
 decode_kernel(const cuda_ctx *c, int nsplit)
 {
@@ -1837,7 +1837,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->flash2 = attn <= 0;
 	c->flash = attn == 2;
 	/* flash2's backward: fused3 (one pass, dQ by f32 atomics, 3 blocks per SM; the
-	 * default: fastest on the H100, session 6), det (two passes, bit-for-bit
+	 * default: fastest on the H100), det (two passes, bit-for-bit
 	 * reproducible), fused (one pass, 2 blocks per SM), fused32 (32-query tiles, 4
 	 * blocks per SM): docs/cuda.md */
 	int f2b = env_pick("RL_CUDA_FLASH_BWD", "det fused fused3 fused32");  /* RLK_F2_BWD_* order */
@@ -1861,15 +1861,15 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	c->dec_merge_sep = env_off("RL_CUDA_DECODE_MERGE");
 	c->dec_splits = env_int("RL_CUDA_DECODE_SPLITS", 32, 1, 256);
 	/* the splits a sequence's context takes of those: one per RL_CUDA_DECODE_SPLIT_KEYS keys
-	 * (0, the default: all).  H100, session 8: fewer splits are much slower at one slot
+	 * (0, the default: all).  H100: fewer splits are much slower at one slot
 	 * (GPT-2 2,528 tok/s with all, 2,320 at 32 keys a split, 1,513 at 256; Qwen 1,012 against
 	 * 575 at 256) and the same at 64 and 256 slots: spreading a short context over many
 	 * blocks beats the merge it costs.  A diagnostic. */
 	c->dec_keys = env_int("RL_CUDA_DECODE_SPLIT_KEYS", 0, 0, 1 << 20);
-	/* the decode step in one kernel: off unless RL_CUDA_DECODE_STEP=1 (session 8, H100:
+	/* the decode step in one kernel: off unless RL_CUDA_DECODE_STEP=1 (H100:
 	 * correct, but slower than the separate kernels; docs/cuda.md) */
 	c->dec_step = env_pick("RL_CUDA_DECODE_STEP", "0 1") == 1;
-	/* its diagnostics (session 8): a smaller grid, the barrier's poll, the stage profile */
+	/* its diagnostics: a smaller grid, the barrier's poll, the stage profile */
 	c->stp_grid = env_int("RL_CUDA_STEP_GRID", 0, 0, 1 << 20);
 	c->stp_keys = env_int("RL_CUDA_STEP_SPLIT_KEYS", 256, 0, 1 << 20);
 	{
@@ -1900,7 +1900,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 		}
 		rlk_set_pdl(major >= 9 && !env_off("RL_CUDA_PDL"));
 	}
-	/* fuse.cu's products (session 9, written without a GPU: off until measured):
+	/* fuse.cu's products (never run on a GPU yet: off until measured):
 	 * RL_CUDA_GEMV_SPLIT=auto|2|4|8 splits each output's weight row over warps,
 	 * RL_CUDA_GEMV_PF=1 prefetches the next tile in the head and residual products, =2 in
 	 * every product with the grid capped at one resident wave */
@@ -1976,7 +1976,7 @@ rl_ops_cuda_open(rl_ops **out, int device)
 	if (!env_off("RL_CUDA_ADD_NORM"))
 		o->add_norm_fwd = cu_add_norm_fwd;
 	/* the norm backwards added into the residual gradient: off unless RL_CUDA_NORM_BWD_ADD=1
-	 * (session 8, H100: correct, no faster beyond the run-to-run spread; docs/cuda.md) */
+	 * (H100: correct, no faster beyond the run-to-run spread; docs/cuda.md) */
 	if (env_pick("RL_CUDA_NORM_BWD_ADD", "0 1") == 1) {
 		o->layernorm_bwd_add = cu_layernorm_bwd_add;
 		o->rmsnorm_bwd_add = cu_rmsnorm_bwd_add;
