@@ -57,4 +57,23 @@ static const char *t_name = "test";
 		return t_fail ? 1 : 0;                                           \
 	} while (0)
 
+/* T_CAPTURE(expr, rvp, buf): runs *rvp = expr with fd 2 redirected to a
+ * temporary file, then puts what it wrote to stderr in the char array buf
+ * (NUL-terminated, cut to its size).  For checking error messages. */
+#define T_CAPTURE(expr, rvp, buf)                                              \
+	do {                                                                   \
+		FILE *tf_ = tmpfile();                                         \
+		int saved_ = dup(2);                                           \
+		fflush(stderr);                                                \
+		dup2(fileno(tf_), 2);                                          \
+		*(rvp) = (expr);                                               \
+		fflush(stderr);                                                \
+		dup2(saved_, 2);                                               \
+		close(saved_);                                                 \
+		rewind(tf_);                                                   \
+		size_t n_ = fread((buf), 1, sizeof(buf) - 1, tf_);             \
+		(buf)[n_] = 0;                                                 \
+		fclose(tf_);                                                   \
+	} while (0)
+
 #endif

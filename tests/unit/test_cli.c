@@ -11,23 +11,7 @@ static const struct option longopts[] = {
 	{NULL, 0, NULL, 0},
 };
 
-/* stderr of f() as a string (fd 2 redirected to a temporary file) */
 static char msg[1024];
-#define CAPTURE(expr, rvp)                                                     \
-	do {                                                                   \
-		FILE *tf_ = tmpfile();                                         \
-		int saved_ = dup(2);                                           \
-		fflush(stderr);                                                \
-		dup2(fileno(tf_), 2);                                          \
-		*(rvp) = (expr);                                               \
-		fflush(stderr);                                                \
-		dup2(saved_, 2);                                               \
-		close(saved_);                                                 \
-		rewind(tf_);                                                   \
-		size_t n_ = fread(msg, 1, sizeof msg - 1, tf_);                \
-		msg[n_] = 0;                                                   \
-		fclose(tf_);                                                   \
-	} while (0)
 
 int
 main(void)
@@ -48,7 +32,7 @@ main(void)
 	T_CLOSE(d, 0.5, 0, 0);
 	const char *bad_d[] = {"", "x", "0.5x", "2", "-0.1", "nan", "inf", "1e999"};
 	for (size_t k = 0; k < RL_ARRAY_LEN(bad_d); k++) {
-		CAPTURE(rl_cli_double('p', bad_d[k], 0, 1, &d), &rv);
+		T_CAPTURE(rl_cli_double('p', bad_d[k], 0, 1, &d), &rv, msg);
 		T_EQ_INT(rv, 2);
 		T_OK(strstr(msg, "rl-test: --top-p: bad value '") == msg, "%s", msg);
 		T_OK(strstr(msg, "rl-test: hint: rl-test sub --help lists the options\n") != NULL, "%s", msg);
@@ -59,7 +43,7 @@ main(void)
 	T_EQ_INT(i, -3);
 	const char *bad_i[] = {"2.5", "1e3", "6", "-6", "", "3 ", "99999999999999999999"};
 	for (size_t k = 0; k < RL_ARRAY_LEN(bad_i); k++) {
-		CAPTURE(rl_cli_int('n', bad_i[k], -5, 5, &i), &rv);
+		T_CAPTURE(rl_cli_int('n', bad_i[k], -5, 5, &i), &rv, msg);
 		T_EQ_INT(rv, 2);
 		T_OK(strstr(msg, "-n: bad value") != NULL, "%s", msg);
 	}
@@ -73,7 +57,7 @@ main(void)
 	T_OK(u == 9007199254740993ULL, "a seed keeps all its bits");
 	const char *bad_u[] = {"-1", "18446744073709551616", "1.0", " 1", ""};
 	for (size_t k = 0; k < RL_ARRAY_LEN(bad_u); k++) {
-		CAPTURE(rl_cli_u64(1000, bad_u[k], &u), &rv);
+		T_CAPTURE(rl_cli_u64(1000, bad_u[k], &u), &rv, msg);
 		T_EQ_INT(rv, 2);
 	}
 
@@ -86,7 +70,7 @@ main(void)
 	}
 	const char *bad_b[] = {"1T", "-1", "0.5", "4q", "2G", "", "k"};
 	for (size_t k = 0; k < RL_ARRAY_LEN(bad_b); k++) {
-		CAPTURE(rl_cli_bytes('n', bad_b[k], 0, 1ull << 30, &u), &rv);
+		T_CAPTURE(rl_cli_bytes('n', bad_b[k], 0, 1ull << 30, &u), &rv, msg);
 		T_EQ_INT(rv, 2);
 		T_OK(strstr(msg, "bad value") != NULL, "%s", msg);
 	}

@@ -16,23 +16,7 @@
 #include "tok/tokenizer.h"
 #include "t.h"
 
-/* stderr of expr as a string (fd 2 redirected to a temporary file) */
 static char msg[2048];
-#define CAPTURE(expr, rvp)                                                     \
-	do {                                                                   \
-		FILE *tf_ = tmpfile();                                         \
-		int saved_ = dup(2);                                           \
-		fflush(stderr);                                                \
-		dup2(fileno(tf_), 2);                                          \
-		*(rvp) = (expr);                                               \
-		fflush(stderr);                                                \
-		dup2(saved_, 2);                                               \
-		close(saved_);                                                 \
-		rewind(tf_);                                                   \
-		size_t n_ = fread(msg, 1, sizeof msg - 1, tf_);                \
-		msg[n_] = 0;                                                   \
-		fclose(tf_);                                                   \
-	} while (0)
 #define HAS(s) T_OK(strstr(msg, (s)) != NULL, "stderr \"%s\" lacks \"%s\"", msg, (s))
 
 static char tmpdir[] = "/tmp/rl-prompt-test.XXXXXX";
@@ -82,15 +66,15 @@ test_text(gen *g)
 		T_EQ_STR(p->meta, "{\"max_tokens\":5}");
 	}
 	rli_prompt_free(p);
-	CAPTURE(parse(g, "{\"prompt\": \"\"}", &p), &rv);
+	T_CAPTURE(parse(g, "{\"prompt\": \"\"}", &p), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("'p.jsonl': line 3: the prompt is empty");
 	T_OK(p == NULL, "%s", "no prompt");
-	CAPTURE(parse(g, "{\"prompt\": \"x\", \"max_tokens\": 2.5}", &p), &rv);
+	T_CAPTURE(parse(g, "{\"prompt\": \"x\", \"max_tokens\": 2.5}", &p), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("'p.jsonl': line 4: \"max_tokens\" must be an integer >= 1, not 2.5");
 	/* the context is 32 tokens here */
-	CAPTURE(parse(g, "{\"prompt\": \"0123456789abcdef0123456789abcdef\"}", &p), &rv);
+	T_CAPTURE(parse(g, "{\"prompt\": \"0123456789abcdef0123456789abcdef\"}", &p), &rv, msg);
 	T_EQ_INT(rv, RL_ETOOBIG);
 	HAS("'p.jsonl': line 5: the prompt has 32 tokens, the model's context is 32");
 }
@@ -127,13 +111,13 @@ test_chat(gen *g)
 		T_EQ_STR(p->text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
 	rli_prompt_free(p);
 	g->o.chat = 0;
-	CAPTURE(parse(g, "{\"prompt\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", &p), &rv);
+	T_CAPTURE(parse(g, "{\"prompt\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", &p), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("line 9: message 1: content part 1 is of type \"image_url\"; rlpipe renders text only");
-	CAPTURE(parse(g, "{\"prompt\": [{\"content\": \"x\"}]}", &p), &rv);
+	T_CAPTURE(parse(g, "{\"prompt\": [{\"content\": \"x\"}]}", &p), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("line 10: message 1 needs a string \"role\"");
-	CAPTURE(parse(g, "{\"prompt\": \"x\", \"chat_template_kwargs\": {\"enable_thinking\": false}}", &p), &rv);
+	T_CAPTURE(parse(g, "{\"prompt\": \"x\", \"chat_template_kwargs\": {\"enable_thinking\": false}}", &p), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("line 11: chat_template_kwargs on a text prompt");
 }
@@ -144,22 +128,22 @@ test_bad_lines(gen *g)
 	prompt *p = NULL;
 	int rv;
 
-	CAPTURE(parse(g, "[1, 2]", &p), &rv);
+	T_CAPTURE(parse(g, "[1, 2]", &p), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("'p.jsonl': line 12: not a JSON object");
-	CAPTURE(parse(g, "{\"prompt\": \"a\"} {}", &p), &rv);
+	T_CAPTURE(parse(g, "{\"prompt\": \"a\"} {}", &p), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("'p.jsonl': line 13: not a JSON object");
-	CAPTURE(parse(g, "{\"prompt\": \"a\", \"prompt\": \"b\"}", &p), &rv);
+	T_CAPTURE(parse(g, "{\"prompt\": \"a\", \"prompt\": \"b\"}", &p), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("'p.jsonl': line 14: key \"prompt\" appears twice");
-	CAPTURE(parse(g, "{\"prompt\": \"a\\u0000b\"}", &p), &rv);
+	T_CAPTURE(parse(g, "{\"prompt\": \"a\\u0000b\"}", &p), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("'p.jsonl': line 15: field 'prompt': \\u0000 (NUL) in its name or value");
-	CAPTURE(rli_prompt_parse_line(g, "{\"prompt\": \"a\0\"}", 16, &p), &rv);
+	T_CAPTURE(rli_prompt_parse_line(g, "{\"prompt\": \"a\0\"}", 16, &p), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("'p.jsonl': line 15: a NUL byte at byte 13, which JSON text cannot hold");
-	CAPTURE(parse(g, "{\"answer\": 1}", &p), &rv);
+	T_CAPTURE(parse(g, "{\"answer\": 1}", &p), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("'p.jsonl': line 16: no \"prompt\" key");
 }
@@ -220,15 +204,15 @@ test_line_to_traj(void)
 	T_EQ_INT(rl_traj_get_str(t, RL_TAG_META, &s, NULL), 0);
 	T_EQ_STR(s, "{\"prompt\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
 	l = "{\"prompt\": \"a\", \"answer\": 1, \"answer\": 2}";
-	CAPTURE(rl_prompt_line_to_traj(t, l, strlen(l), "line 3"), &rv);
+	T_CAPTURE(rl_prompt_line_to_traj(t, l, strlen(l), "line 3"), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("line 3: key \"answer\" appears twice");
 	l = "{\"prompt\": [3, 4]}";
-	CAPTURE(rl_prompt_line_to_traj(t, l, strlen(l), "line 4"), &rv);
+	T_CAPTURE(rl_prompt_line_to_traj(t, l, strlen(l), "line 4"), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("line 4: \"prompt\" must be a string or a list of message objects");
 	l = "{\"prompt\": \"a\", \"chat_template_kwargs\": {\"foo\": 1}}";
-	CAPTURE(rl_prompt_line_to_traj(t, l, strlen(l), "line 5"), &rv);
+	T_CAPTURE(rl_prompt_line_to_traj(t, l, strlen(l), "line 5"), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("line 5: chat_template_kwargs: \"foo\" is not one rlpipe knows (enable_thinking)");
 	rl_traj_destroy(t);
@@ -259,13 +243,13 @@ test_chat_line(void)
 	rl_prompt_chat_fini(&ch);
 	cJSON_Delete(root);
 	l = "{\"messages\": [], \"messages\": []}";
-	CAPTURE(rl_prompt_chat_line(&ch, &root, l, strlen(l), "line 3"), &rv);
+	T_CAPTURE(rl_prompt_chat_line(&ch, &root, l, strlen(l), "line 3"), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("line 3: key \"messages\" appears twice");
 	rl_prompt_chat_fini(&ch);
 	cJSON_Delete(root);
 	l = "{\"msgs\": []}";
-	CAPTURE(rl_prompt_chat_line(&ch, &root, l, strlen(l), "line 4"), &rv);
+	T_CAPTURE(rl_prompt_chat_line(&ch, &root, l, strlen(l), "line 4"), &rv, msg);
 	T_EQ_INT(rv, RL_EFORMAT);
 	HAS("line 4: expected a JSON array of messages or {\"messages\": [...]}");
 	rl_prompt_chat_fini(&ch);
