@@ -41,7 +41,7 @@ else
 HAVE_NCCL := 0
 endif
 
-PKGS      := libzstd libcjson
+PKGS      := libzstd libcjson yaml-0.1
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -126,10 +126,10 @@ $(B)/bench/%: $(B)/bench/%.o $(LIB)
 # gnuplot for its curve) and to test (DEB_PKGS); installed when missing.  A
 # package whose command is on PATH from elsewhere (npm bundled with
 # nodesource's nodejs) counts as present.
-BUILD_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev libpcre2-dev libutf8proc-dev
+BUILD_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev libpcre2-dev libutf8proc-dev libyaml-dev
 DEMO_PKGS := $(BUILD_PKGS) gnuplot-nox
 DEB_PKGS := $(BUILD_PKGS) zstd bats bats-assert bats-support mandoc gnuplot-nox python3 python3-torch \
-	python3-numpy npm chromium jq
+	python3-numpy python3-jinja2 libjs-chart.js npm chromium jq
 # $(call need_pkgs,PACKAGES): install the missing ones as root, else name them and fail
 need_pkgs = missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || \
 		{ [ $$p = npm ] && command -v npm >/dev/null; } || echo $$p; done); \
