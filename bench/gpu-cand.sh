@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench/gpu-cand.sh — the GPU paths written without a GPU (session 9), checked and timed on
+# bench/gpu-cand.sh — the GPU paths that have never run on a GPU (docs/cuda.md), checked and timed on
 # the GPU machine in one call: first the two CUDA tests that run them (test_cuda_ops: the
 # wide decode attention and the fused products with split rows and prefetch on every shape;
 # test_cuda_decode: the wide kernel inside the model and its graphs), op-by-op profiles of the

@@ -1,6 +1,6 @@
 #!/bin/bash
-# bench/gpu-step.sh — the one-kernel decode step's checks and diagnostics on the GPU machine
-# (session 8): its tests (test_cuda_step, test_cuda_decode), then one-slot generation
+# bench/gpu-step.sh — the one-kernel decode step's checks and diagnostics on the GPU machine:
+# its tests (test_cuda_step, test_cuda_decode), then one-slot generation
 # (bench/gpu_gen, graphs, 256 new tokens, GPT-2 and Qwen shapes) with the default fused path
 # and with RL_CUDA_DECODE_STEP=1 under each setting in STEPS, each without and with the stage
 # profile (RL_CUDA_STEP_PROFILE=1: per stage kind, the time from the first block starting it

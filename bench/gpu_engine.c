@@ -13,7 +13,7 @@
  * graph recordings and replays, host and wait ms per decode step.  Before the
  * timed runs of each size, one untimed run (op by op) sets up what every mode uses
  * once (the cache pool, scratch, cuBLAS heuristics), so the first mode timed does not
- * pay it (session 8: without it the first mode, graphs, lost 10-20%).
+ * pay it (without it the first mode, graphs, reads 10-20% slower).
  * RL_DECODE_GRAPH_AFTER=N: a batch size is recorded after N runs op by op (model.h);
  * GPU_ENGINE_STEPS=N: the engine's decode_steps (rl-rollout --decode-steps).
  *

@@ -9,8 +9,8 @@
  * one chunk, as rl_model_forward/backward run it with the logits kept): its GEMMs through
  * the plain ops (padded scratch + copies) and through the strided ops of lib/compute/ops.h (row
  * stride V rounded up to head_ld_align, no copies) with the output features split at a
- * multiple of 64 (RL_CUDA_HEAD_LD unset = split) and not (a second backend opened with
- * measured in session 6 and removed), and the whole head step (forward GEMM + log-prob, log-prob
+ * multiple of 64 (as the backend does: one unsplit GEMM each is 3.7x slower, docs/cuda.md),
+ * and the whole head step (forward GEMM + log-prob, log-prob
  * backward + backward GEMMs) each way.  One JSON line per op; each the mean of `iters`
  * runs after a warm-up, timed around ops->sync.
  */

@@ -21,13 +21,13 @@ cd "$root" || exit 1
 rc=0
 "$B/bench/gpu_kernels" || rc=1
 "$B/bench/gpu_train" all "${RL_BENCH_STEPS:-10}" || rc=1
-# the training paths of session 7, off by default (session 8: no faster): each alone ("switches" in the lines)
+# the training paths off by default (measured no faster): each alone ("switches" in the lines)
 RL_CUDA_NORM_BWD_ADD=1 "$B/bench/gpu_train" all "${RL_BENCH_STEPS:-10}" || rc=1
 RL_CUDA_BGRAD=1 "$B/bench/gpu_train" all "${RL_BENCH_STEPS:-10}" || rc=1
 "$B/bench/gpu_gen" all 256 || rc=1
 # multi-step decoding: 8 steps queued a call, the tokens fed back on the device (rl-rollout --decode-steps)
 "$B/bench/gpu_gen" all 256 graph 0 8 || rc=1
-# one slot with the decode step in one kernel (RL_CUDA_DECODE_STEP=1: off by default, slower in session 8)
+# one slot with the decode step in one kernel (RL_CUDA_DECODE_STEP=1: off by default, measured slower)
 RL_CUDA_DECODE_STEP=1 "$B/bench/gpu_gen" all 256 graph 1 || rc=1
 "$B/bench/gpu_engine" all || rc=1
 # the whole GRPO step of the GPT-2 shape through the programs (weights by the broadcast group)

@@ -124,7 +124,7 @@ k_decode_lane(bf16 *out, float *ws, float2 *wml, unsigned *cnt, const bf16 *qkv,
 }
 
 /* The same function for a few sequences, all keys of a round in flight at once
- * (RL_CUDA_DECODE_ATTN=wide; session 9, written without a GPU).  At one slot the split
+ * (RL_CUDA_DECODE_ATTN=wide; never run on a GPU yet: docs/cuda.md).  At one slot the split
  * kernels spend their time in a chain of dependent memory round trips (ncu, H100: 10 us a
  * GPT-2 layer at a context of 64-76 keys): the context length, then the block table, then
  * the K rows, then the V rows 8 or 16 at a time, then the partials, the fence, the counter

@@ -15,7 +15,7 @@
 #define DC_WARPS 4
 #define DC_GMAX 8
 #define DC_UNROLL 8
-/* k_decode_lane's V rows in flight with GQA (G > 1; DC_UNROLL without).  H100, session 6:
+/* k_decode_lane's V rows in flight with GQA (G > 1; DC_UNROLL without).  H100, 2026-11-23:
  * Qwen (G 7) at 256 slots 116-123K tok/s with 8 (6 runs), 121-126K with 16 (3), 113K
  * with 32; GPT-2 (G 1) 160-166K with 16 against 165-169K with 8. */
 #define DC_VUNROLL 16

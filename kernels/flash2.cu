@@ -759,8 +759,8 @@ k_f2_bwd_fused(bf16 *dqkv, float *part, float *dqacc, const float *Ds, const bf1
 			nk = f2_imin(F2_WARPS, (m0 + BM - 1 - k0) / 16 + 1);
 			if (warp < nk) {
 				/* S^T, dP^T, P^T and dS^T as in k_f2_bwd_dkv, written out again: one shared
-				 * forced-inline function for both raised ptxas's spills here (6 -> 24 bytes
-				 * in fused3, session 6) */
+				 * forced-inline function for both raises ptxas's spills here (6 -> 24 bytes
+				 * in fused3) */
 				float st[BM / 8][4], dpt[BM / 8][4];
 #pragma unroll
 				for (int j = 0; j < BM / 8; j++)

@@ -287,7 +287,7 @@ fu_gemv(bf16 *out, const bf16 *x, const bf16 *nw, const bf16 *nb, float eps, int
 }
 
 /* fu_gemv with each output's weight row split over ks warps of the block (ks 2, 4 or 8;
- * RL_CUDA_GEMV_SPLIT, session 9, written without a GPU): a block takes FU_WARPS / ks
+ * RL_CUDA_GEMV_SPLIT, never run on a GPU yet): a block takes FU_WARPS / ks
  * outputs, the grid covers every output (nblk FU_WARPS / ks >= NO: no strides), warp
  * part = wid % ks of group wid / ks sums the chunks [part per, (part + 1) per) of the
  * row (per = ceil(nch / ks)), its first round of loads in flight before the wait as in

@@ -37,7 +37,7 @@ void rlk_set_pdl(int on);
  * row (the default), 2, 4 or 8 warps a row wherever the grid covers every output, -1 by a
  * rule (enough blocks for the GPU, a round of loads a warp); pf 1: the head (norm, no
  * epilogue) and residual products load the next tile while summing one, 2: every product
- * does, its grid capped at the blocks resident at once.  Session 9, written without a GPU. */
+ * does, its grid capped at the blocks resident at once.  Never run on a GPU yet (docs/cuda.md). */
 void rlk_set_gemv(int ks, int pf);
 unsigned rlk_get_opts(void);
 
@@ -256,7 +256,7 @@ typedef struct rlk_step {
 	                                * every block is resident only while nothing else runs) */
 	unsigned long long *prof;      /* NULL, or the stage timings: RLK_STEP_PROF_U64(n_layer) */
 } rlk_step;
-/* The barrier's poll (diagnostics, session 8): with a 32 ns sleep between polls (the
+/* The barrier's poll (diagnostics): with a 32 ns sleep between polls (the
  * default), without, or acquire loads after a release add (no fences, no sleep). */
 enum { RLK_STEP_BAR_SLEEP = 0, RLK_STEP_BAR_SPIN, RLK_STEP_BAR_ACQ };
 /* The stage profile (RL_CUDA_STEP_PROFILE): per barrier k of 0 .. 5 n_layer + 1 (0: the

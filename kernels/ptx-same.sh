@@ -2,8 +2,8 @@
 # kernels/ptx-same.sh — which kernels a change leaves as they were: compiles kernels/*.cu of
 # REV (default HEAD) and of the working tree to PTX for one architecture and compares every
 # kernel of REV by name (a kernel that gained a defaulted template parameter is found under
-# its new name), with labels, comments, local-depot names and internal-name hashes ignored.  For a session without
-# a GPU: a kernel whose PTX is unchanged runs as it ran when it was last measured.
+# its new name), with labels, comments, local-depot names and internal-name hashes ignored.  For work
+# without a GPU: a kernel whose PTX is unchanged runs as it ran when it was last measured.
 #   sh kernels/ptx-same.sh [REV] [ARCH]      (ARCH default 90; nvcc needed)
 # Prints, per file, the kernels identical, changed, gone and new; exits 0.
 set -eu

@@ -46,7 +46,7 @@
  * several outputs has the next one's weights in flight while it sums the current one.
  *
  * Checked: kernels/emu/emu_step.cpp runs st_stage stage by stage against the CPU ops, and the
- * whole kernel over 4 blocks at once (its barrier) against that; on an H100 (session 8)
+ * whole kernel over 4 blocks at once (its barrier) against that; on an H100
  * tests/unit/test_cuda_step.c.  Measured there (bench/gpu-step.sh, RL_CUDA_STEP_PROFILE: the
  * stages timed from globaltimer stamps) it is slower than the separate kernels: a barrier
  * costs 0.6-1.5 us, but a stage is not faster than a kernel of its own (attention 9-10 us,

@@ -333,8 +333,8 @@ test_step(int gpt2, int C, int NH, int NKV, int HD, int H, int V, int ctx, int n
 	size_t bad = bad_count(lg1, rlog, V, mx / 128, 1.0 / 128, &worst, &nmse);
 	double xworst = 0, xnmse = 0;
 	size_t xbad = bad_count(x1, rx, C, mxx / 128, 1.0 / 128, &xworst, &xnmse);
-	/* the cache: the slot's rows of every layer within the same tolerance, every other row the
-	 * same bits as before */
+	/* the cache: the slot's rows of every layer within the same tolerance, every other row
+	 * untouched (the same bits as before the launch) */
 	size_t kbad = 0, other = 0;
 	double kworst = 0, knmse = 0;
 	for (int l = 0; l < L; l++) {

@@ -171,8 +171,8 @@ recipe_in() { # recipe_in OUT ARGS...: the recipe in another run directory
 	# make, the driver and its background jobs.  The jobs start with SIGINT
 	# ignored (a script's '&') and keep it so; the driver's trap stops the
 	# trainer, scorer and generator while the broker still answers, then the
-	# broker.  (They used to take the SIGINT too: the broker died with them and
-	# the workers spent ~20 s failing to hand their leases back.)
+	# broker.  (Were they to take the SIGINT too, the broker would die with them
+	# and the workers spend ~20 s failing to hand their leases back.)
 	rl-reward gen-arith --n 400 --seed 3 --split train > "$TD/int1.jsonl"
 	for i in 1 2 3 4 5 6 7 8 9 10; do cat "$TD/int1.jsonl"; done > "$TD/int.jsonl"
 	setsid env --default-signal=INT make --no-print-directory -C pipelines/gsm8k MODEL="$TD/m0" \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bats
 # pipelines/multi-gpu/run.sh with DEVICE=cpu (the wiring of a GPU node on the
 # CPU): a run of 2 trainer ranks and 1 generator finishes; a generator or the
-# scorer that fails at its start stops the run at once, naming its log (the
-# trainer ranks used to wait for records for ever).
+# scorer that fails at its start stops the run at once, naming its log (not
+# leaving the trainer ranks waiting for records for ever).
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'

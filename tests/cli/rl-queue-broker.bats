@@ -391,7 +391,7 @@ assert sorted(ids)==[11,12,21,22], ids'
 
 @test "a journal write past a file size limit: the put fails, the broker exits 1, nothing acknowledged is lost" {
 	# ulimit -f makes a write fail half way, as a full disk does; the broker
-	# used to die of SIGXFSZ without a word
+	# must not die of SIGXFSZ without a word
 	real=$(command -v rl-queue)
 	mkdir "$D/bin"
 	printf '#!/bin/sh\nulimit -f 64\nexec "%s" "$@"\n' "$real" > "$D/bin/rl-queue"

@@ -143,7 +143,7 @@ wait_latest() {
 	for _ in $(seq 100); do grep -q "weights version 2 loaded" "$T/rollout.log" && break; sleep 0.1; done
 	grep -q "went back to version 2 (a resumed trainer): replacing weights version 3" "$T/rollout.log"
 	grep -q "weights version 2 loaded" "$T/rollout.log"
-	# the run goes on: version 3 of the new line is pushed (it was refused as
+	# the run goes on: version 3 of the new line is pushed (not refused as
 	# "not newer than the latest, 3"), up to 8, and the generator follows
 	run -0 --separate-stderr rl-train --out "$T/ck" --resume --sync "$URL" --save-every 2 --batch 1 --lr 1e-3 \
 	    --metrics /dev/null "$T/scored.jsonl"

@@ -288,8 +288,8 @@ bump() {
 
 @test "a version that cannot be saved in --data-dir is refused to the pusher; the server keeps the one before" {
 	# a file size limit (4 MiB: sh counts 512-byte blocks) makes the write
-	# fail as a full disk does; the server used to die of SIGXFSZ and the
-	# pusher waited on it
+	# fail as a full disk does; the server must not die of SIGXFSZ and leave
+	# the pusher waiting on it
 	real=$(command -v rl-sync)
 	mkdir "$T/bin"
 	printf '#!/bin/sh\nulimit -f 8192\nexec "%s" "$@"\n' "$real" >"$T/bin/rl-sync"
@@ -321,8 +321,8 @@ bump() {
 	head -c 3000000 /dev/urandom >"$T/disk/data/.tmp-v000002-999999999-1/model.safetensors"
 	serve --data-dir "$T/disk/data"
 	bump ck2 "xy"
-	# it was removed only by the prune after a save that succeeded: every
-	# save failed for want of the room it took
+	# the leftover must not wait for the prune after a save that succeeds:
+	# every save would fail for want of the room it takes
 	run --separate-stderr rl-sync push "$URL" "$T/ck2" --version 2
 	echo "$stderr"
 	assert_success
@@ -340,9 +340,9 @@ bump() {
 	[[ $stderr == *'failed its checksum; asking again'* ]]
 	[[ $stderr == *'with re-sent chunks'* ]]
 	cmp "$T/ck/model.safetensors" "$T/out/latest/model.safetensors"
-	# this test was flaky: when the 3-byte tokenizer.json came first, the hook
-	# hit a reserved header byte nobody checked; now that case on its own,
-	# over REQ/REP (compressed) and over the bulk stream
+	# a 3-byte blob (tokenizer.json) on its own: the hook's flipped byte can be
+	# a reserved header byte, which must be checked too; over REQ/REP
+	# (compressed) and over the bulk stream
 	kill "$SPID"; wait "$SPID" || true
 	mkdir "$T/tiny"
 	cp "$T/ck/tokenizer.json" "$T/tiny/"

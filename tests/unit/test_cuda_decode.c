@@ -371,8 +371,8 @@ main(void)
 	} else {
 		T_OK(0, "cannot reopen the CUDA backend");
 	}
-	/* then decode.cu's wide kernel (RL_CUDA_DECODE_ATTN=wide: written in session 9 without
-	 * a GPU) inside the model and the graphs */
+	/* then decode.cu's wide kernel (RL_CUDA_DECODE_ATTN=wide: never run on a GPU yet)
+	 * inside the model and the graphs */
 	setenv("RL_CUDA_DECODE_ATTN", "wide", 1);
 	o = NULL;
 	if (cpu && rl_ops_cuda_open(&o, 0) == RL_OK) {

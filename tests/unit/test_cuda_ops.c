@@ -1480,8 +1480,8 @@ int
 main(void)
 {
 	T_BEGIN("test_cuda_ops");
-	/* the norm backwards added into dx are off by default until they have run on a GPU
-	 * (session 7): on here unless RL_CUDA_NORM_BWD_ADD is set (=0 leaves them out) */
+	/* the norm backwards added into dx are off by default (measured no faster): on here
+	 * unless RL_CUDA_NORM_BWD_ADD is set (=0 leaves them out) */
 	const char *nba = getenv("RL_CUDA_NORM_BWD_ADD");
 	int want_nba = nba == NULL || strcmp(nba, "1") == 0;
 	if (nba == NULL)
@@ -1628,8 +1628,8 @@ main(void)
 	test_errors();
 	rl_ops_close(g);
 
-	/* the cuBLAS attention path (the default before flash2) on the cases above, which
-	 * now run flash2 where it applies (HD 64 and 128) */
+	/* the cuBLAS attention path (RL_CUDA_ATTN=cublas) on the cases above, which run
+	 * flash2 by default where it applies (HD 64 and 128) */
 	if (with_env("RL_CUDA_ATTN", "cublas")) {
 		attn_cases();
 		end_env("RL_CUDA_ATTN");
@@ -1719,7 +1719,7 @@ main(void)
 		    "strided LM head off");
 		end_env("RL_CUDA_HEAD_LD");
 	}
-	/* the element-wise kernels, as before the vec forms: the same bits, then the CPU */
+	/* the element-wise kernels without the vec forms: the same bits, then the CPU */
 	if (rl_ops_cuda_open(&g, 0) == RL_OK) {
 		ew_bits_run(0);
 		rl_ops_close(g);
@@ -1755,14 +1755,14 @@ main(void)
 		T_OK(g->adamw_multi == NULL, "RL_CUDA_ADAMW_MULTI=0 leaves adamw_multi NULL");
 		end_env("RL_CUDA_ADAMW_MULTI");
 	}
-	/* the splits merged by the separate kernel (as before session 6) */
+	/* the splits merged by the separate kernel (RL_CUDA_DECODE_MERGE=0) */
 	if (with_env("RL_CUDA_DECODE_MERGE", "0")) {
 		test_decode(1, 14, 2, 64, 16, 64);
 		test_decode(2, 16, 2, 64, 16, 10);
 		test_decode(40, 8, 4, 128, 16, 20);
 		end_env("RL_CUDA_DECODE_MERGE");
 	}
-	/* 64 splits (the cap before session 6) at B = 1 and 2, merged in the kernel and, with
+	/* 64 splits (the in-kernel merge's most) at B = 1 and 2, merged in the kernel and, with
 	 * 100, by the separate kernel (more than the in-kernel merge takes) */
 	if (with_env("RL_CUDA_DECODE_SPLITS", "64")) {
 		test_decode(1, 14, 2, 64, 16, 64);
@@ -1776,12 +1776,12 @@ main(void)
 		test_decode(1, 8, 1, 128, 16, 64);
 		end_env("RL_CUDA_DECODE_SPLITS");
 	}
-	/* the sampler with one block per row only (k_sample, as before session 6) */
+	/* the sampler with one block per row only (k_sample, RL_CUDA_SAMPLE_SPLIT=0) */
 	if (with_env("RL_CUDA_SAMPLE_SPLIT", "0")) {
 		sample_cases();
 		end_env("RL_CUDA_SAMPLE_SPLIT");
 	}
-	/* matmul_fwd of a few rows through cuBLASLt, as before gemv.cu */
+	/* matmul_fwd of a few rows through cuBLASLt instead of gemv.cu */
 	if (with_env("RL_CUDA_GEMV", "0")) {
 		test_matmul(1, 768, 2304, 1, 0);
 		test_matmul(4, 4864, 896, 1, 0);
@@ -1802,7 +1802,7 @@ main(void)
 	}
 	/* fuse.cu's products with rows split over warps (by the rule, and 8 warps a row wherever
 	 * the grid covers the outputs) and with the prefetch (head and residual products; every
-	 * product on a resident grid): session 9, not the default */
+	 * product on a resident grid): never run on a GPU yet, not the default */
 	{
 		const char *gv[][2] = { { "RL_CUDA_GEMV_SPLIT", "auto" }, { "RL_CUDA_GEMV_SPLIT", "8" },
 			{ "RL_CUDA_GEMV_PF", "1" }, { "RL_CUDA_GEMV_PF", "2" } };
@@ -1833,8 +1833,8 @@ main(void)
 	} else {
 		T_OK(0, "cannot reopen the CUDA backend");
 	}
-	/* bias gradients from the dw GEMM's epilogue (off by default: never run on a GPU in
-	 * session 7), checked against the CPU and the column-sum path (g0: the default); =strict
+	/* bias gradients from the dw GEMM's epilogue (off by default: measured ~1% slower),
+	 * checked against the CPU and the column-sum path (g0: the default); =strict
 	 * makes a shape cuBLASLt refuses an error: GPT-2's shapes and the fallbacks only */
 	{
 		const char *bgv[] = { "1", "strict" };

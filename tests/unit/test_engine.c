@@ -222,8 +222,8 @@ main(void)
 		rl_engine_destroy(e);
 	}
 	/* ---- a prompt longer than the prefill packing budget: prefilled alone, the
-	 * buffers grown to it, the same samples as with a budget that holds it (it was
-	 * refused while the model's context held it) ---- */
+	 * buffers grown to it, the same samples as with a budget that holds it (not
+	 * refused while the model's context holds it) ---- */
 	{
 		rl_gen_opts go2;
 		static out big, small;
@@ -256,7 +256,7 @@ main(void)
 		T_OK(same, "a prompt longer than the prefill budget: other samples than with a budget that holds it");
 	}
 	/* ---- admission reserves what a group can use, no more: a pool of exactly that
-	 * many blocks takes the group (it was refused: up to two blocks more a sample),
+	 * many blocks takes the group (not up to two blocks more a sample),
 	 * and every sample runs to its limit in it, one step or four at a time ---- */
 	{
 		rl_gen_opts go2;

@@ -8,7 +8,7 @@
  * must give the same logits bit for bit at every prefill and decode step: a fused call with
  * the wrong norm weight, epilogue, scratch or residual shows as a difference.  GPT-2
  * (LayerNorm, GELU, no RoPE), Qwen2 (RMSNorm, qkv bias, SwiGLU, RoPE) and Qwen3 (q/k-norm);
- * batches of 1 to 4 sequences (fused) and 5 (the separate ops, as before) in one run.
+ * batches of 1 to 4 sequences (fused) and 5 (the separate ops) in one run.
  */
 #include <math.h>
 #include <string.h>

@@ -717,7 +717,7 @@ test_rope_llama3(void)
 	/* each region of the rule holds some of Llama 3.1's frequencies */
 	T_OK(reg[0] > 0 && reg[1] > 0 && reg[2] > 0, "rope_inv regions kept/divided/blended %d/%d/%d", reg[0],
 	    reg[1], reg[2]);
-	/* factor 0: the plain frequencies, the same bits as before the scaling existed */
+	/* factor 0: the plain frequencies theta^(-2i/HD), bit for bit */
 	diff = 0;
 	for (int i = 0; i < 64; i++) {
 		float v = rl_cpu_rope_inv((rl_rope){ .theta = 10000.0f }, i, 128);

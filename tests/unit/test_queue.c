@@ -492,9 +492,9 @@ test_journal(void)
 		globfree(&gl);
 	}
 
-	/* a file with no whole op at its start is not cut to nothing (it was
-	 * all dropped as a "torn tail"): a torn first write is shorter than
-	 * the head op, which is written alone */
+	/* a file with no whole op at its start is not cut to nothing (not all
+	 * dropped as a "torn tail"): a torn first write is shorter than the head
+	 * op, which is written alone */
 	{
 		char junk[5000];
 		for (size_t i = 0; i < sizeof junk; i++)
@@ -551,9 +551,9 @@ test_journal(void)
 
 /* A journal write that fails half way (here EFBIG past RLIMIT_FSIZE, as a
  * full disk would) leaves nothing behind it: the torn bytes are cut and no
- * later write goes in, even once there is room again.  A write that got
- * through after them turned the torn bytes into damage in the middle, and
- * the broker refused to start. */
+ * later write goes in, even once there is room again: a write that got
+ * through after them would turn the torn bytes into damage in the middle,
+ * and the broker would refuse to start. */
 static void
 test_journal_write_fails(void)
 {
@@ -610,8 +610,8 @@ test_journal_write_fails(void)
 
 /* A compaction that cannot be written (a full disk; here DIR/journal.tmp is
  * a directory) is postponed, not fatal: the journal stays whole and goes on
- * taking ops, and a restart replays it.  It used to stop the broker, and a
- * restart tried to compact first and could not start at all. */
+ * taking ops, and a restart replays it (rather than compact first and fail
+ * to start at all). */
 static void
 test_journal_compact_fails(void)
 {

@@ -198,7 +198,7 @@ test_bad_files(void)
 	CAPTURE(T_EQ_INT(rl_st_open(&f, p), RL_EFORMAT));
 	T_ERR_HAS("tensor 'a' appears twice");
 
-	/* found by tests/fuzz/fuzz_safetensors.c: a bad __metadata__ after a good tensor */
+	/* a bad __metadata__ after a good tensor (a tests/fuzz/fuzz_safetensors.c case) */
 	p = tpath("meta.safetensors");
 	craft(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"__metadata__\":[0]}", 4);
 	CAPTURE(T_EQ_INT(rl_st_open(&f, p), RL_EFORMAT));

@@ -585,8 +585,7 @@ test_bad(void)
 	rl_buf_append(&bad, "\x28\xb5\x2f\xfd", 4);
 	T_EQ_INT(read_all(bad.p, bad.len, NULL, &nrec), RL_EFORMAT);
 	T_EQ_INT(nrec, 5);
-	/* skippable frames: skipped; one longer than the input is truncation
-	 * (found by the fuzzer) */
+	/* skippable frames: skipped; one longer than the input is truncation */
 	rl_buf_reset(&bad);
 	rl_buf_append(&bad, "\x50\x2a\x4d\x18\x03\x00\x00\x00" "abc", 11);
 	rl_buf_append(&bad, good.p, good.len);

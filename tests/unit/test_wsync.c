@@ -80,7 +80,7 @@ test_codec(void)
 	}
 	/* every byte of an encoding is checked, the reserved ones of a segment
 	 * header too: a 3-byte stored chunk whose only bytes outside the data
-	 * are the header (the cause of a flaky CLI test) */
+	 * are the header */
 	{
 		const uint8_t small[3] = { '{', '}', '\n' };
 		uint8_t got[3];
@@ -1029,7 +1029,7 @@ test_rewind(void)
 	T_EQ_INT(pk.latest_lin, 1);
 	T_OK(pk.took < 4.0, "the parked wait took %.1f s", pk.took);
 	T_EQ_INT(rl_wsync_server_latest(srv), 2);
-	/* a worker without lines waits for a number above its own, as before */
+	/* a worker without lines waits for a number above its own */
 	T_EQ_INT(rl_wsync_poll(w, 4, 0, &l), RL_ETIMEDOUT);
 	T_EQ_INT(rl_wsync_poll_line(w, 2, 1, 0, &l, &ll), RL_ETIMEDOUT);
 	/* an ordinary push of an old number stays refused */
