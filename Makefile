@@ -102,6 +102,9 @@ $(B)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) lib/compute
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 
+# the dashboard page is built into qhttp_page.o with .incbin
+$(B)/lib/queue/qhttp_page.o: lib/queue/dashboard.html
+
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^

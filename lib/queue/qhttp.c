@@ -8,18 +8,21 @@
 #include "queue/qhttp.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <cjson/cJSON.h>
 #include <nng/nng.h>
 #include <nng/supplemental/http/http.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct rl_qhttp {
 	rl_qhttp_config cfg;
 	nng_http_server *srv;
 	int started;
 	char url[300];
+	rl_buf page;
 };
 
 /* ---- address ---------------------------------------------------------------------------------------- */
@@ -467,7 +470,10 @@ rl_qhttp_open(rl_qhttp **out, const rl_qhttp_config *cfg)
 		goto nfail;
 	if ((nrv = add(h, "/metrics", on_metrics)) != 0 || (nrv = add(h, "/api/stats", on_api_stats)) != 0)
 		goto nfail;
-	if ((nrv = nng_http_handler_alloc_static(&page, "/", rl_qhttp_page, strlen(rl_qhttp_page),
+	if ((rv = rl_qhttp_page_build(&h->page, NULL)) != 0)
+		goto fail;
+	rv = RL_ENET;
+	if ((nrv = nng_http_handler_alloc_static(&page, "/", h->page.p, h->page.len,
 	    "text/html; charset=utf-8")) != 0)
 		goto nfail;
 	if ((nrv = nng_http_server_add_handler(h->srv, page)) != 0) {
@@ -498,6 +504,51 @@ fail:
 	return rv;
 }
 
+int
+rl_qhttp_page_build(rl_buf *out, const char *chartjs)
+{
+	static const char marker[] = "<!--CHARTJS-->";
+	const char *at = strstr(rl_qhttp_page, marker), *path = chartjs;
+	char *js = NULL, why[600];
+	size_t jn = 0;
+	int rv;
+
+	if (path == NULL)
+		path = getenv("RL_CHARTJS") && *getenv("RL_CHARTJS") ? getenv("RL_CHARTJS") : RL_QHTTP_CHARTJS;
+	why[0] = 0;
+	if (access(path, R_OK) != 0 || rl_io_read_file(path, 16u << 20, &js, &jn) != RL_OK)
+		snprintf(why, sizeof why, "cannot read Chart.js from '%s' (%s): install libjs-chart.js or set RL_CHARTJS",
+		    path, strerror(errno));
+	else if (strstr(js, "</script") != NULL || strstr(js, "</SCRIPT") != NULL)
+		snprintf(why, sizeof why, "'%s' holds '</script' and cannot be put inline", path);
+	out->len = 0;
+	if (at == NULL)   /* the page is built with the marker; without it, as it is */
+		return rl_buf_append(out, rl_qhttp_page, strlen(rl_qhttp_page));
+	if ((rv = rl_buf_append(out, rl_qhttp_page, (size_t)(at - rl_qhttp_page))) != 0)
+		goto out;
+	if (why[0] == 0) {
+		if ((rv = rl_buf_printf(out, "<script>\n")) != 0 || (rv = rl_buf_append(out, js, jn)) != 0 ||
+		    (rv = rl_buf_printf(out, "\n</script>\n")) != 0)
+			goto out;
+	} else {
+		static int warned;
+		if (!warned++)
+			rl_warn("--http: the dashboard has no charts: %s", why);
+		/* the reason goes into a JS string: no quote, backslash or '<' from a path */
+		for (char *p = why; *p; p++)
+			if (*p == '"' || *p == '\\' || *p == '<' || *p == '>' || (unsigned char)*p < 0x20)
+				*p = '?';
+		if ((rv = rl_buf_printf(out, "<script>window.CHARTJS_MISSING = \"%s\";</script>\n", why)) != 0)
+			goto out;
+	}
+	rv = rl_buf_append(out, at + strlen(marker), strlen(at + strlen(marker)) + 1);
+	if (rv == 0)
+		out->len--;   /* the NUL is kept past the end */
+out:
+	free(js);
+	return rv;
+}
+
 const char *
 rl_qhttp_url(const rl_qhttp *h)
 {
@@ -514,5 +565,6 @@ rl_qhttp_close(rl_qhttp *h)
 			nng_http_server_stop(h->srv);
 		nng_http_server_release(h->srv);
 	}
+	rl_buf_fini(&h->page);
 	free(h);
 }

@@ -2,7 +2,8 @@
  * qhttp.h — rl-queue's HTTP listener (nng's HTTP server): /metrics
  * (Prometheus text exposition format 0.0.4), /api/stats (the JSON of
  * `rl-queue stat --json`) and / (a self-contained dashboard page that polls
- * /api/stats).  Every figure comes from one stats callback, so the three
+ * /api/stats, drawn with Chart.js from Debian's libjs-chart.js, put inline
+ * in the page).  Every figure comes from one stats callback, so the three
  * views and `rl-queue stat` agree.
  *
  * Binds to loopback addresses only unless allow_public is set: the
@@ -51,7 +52,20 @@ void rl_qhttp_close(rl_qhttp *h);
  * object), RL_ENOMEM. */
 int rl_qhttp_prometheus(rl_buf *out, const char *json);
 
-/* The dashboard page (HTML with inline CSS and JS, no external URL). */
+/* The dashboard page (lib/queue/dashboard.html: HTML with inline CSS and
+ * JS, no external URL), with the marker <!--CHARTJS--> where the listener
+ * puts Chart.js. */
 extern const char rl_qhttp_page[];
+
+/* Where the listener reads Chart.js (Debian's libjs-chart.js); RL_CHARTJS
+ * names another file. */
+#define RL_QHTTP_CHARTJS "/usr/share/javascript/chart.js/chart.min.js"
+
+/* rl_qhttp_page_build: the page as served: rl_qhttp_page with Chart.js read
+ * from chartjs (NULL: $RL_CHARTJS, else RL_QHTTP_CHARTJS) in an inline
+ * script at the marker.  A file that cannot be read, or holds "</script",
+ * gives the page without charts and a line saying why (on the page and,
+ * once, as a warning): the tables still work.  RL_ENOMEM. */
+int rl_qhttp_page_build(rl_buf *out, const char *chartjs);
 
 #endif

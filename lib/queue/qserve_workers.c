@@ -22,10 +22,28 @@ static const char *const roles[] = { "rollout", "reward", "train" };
 #define NROLES 3
 #define NSNAP 32
 
-enum { S_VERSION, S_REWARD, S_LEN, S_PPO_KL, S_KL_REF, S_ENTROPY, S_STEP_S, S_COUNT };
+enum { S_VERSION, S_REWARD, S_LEN, S_PPO_KL, S_KL_REF, S_ENTROPY, S_STEP_S, S_STALE_MEAN, S_STALE_MAX, S_COUNT };
 static const char *const step_key[S_COUNT] = {
-	"version", "reward_mean", "response_length", "ppo_kl", "kl_ref", "entropy", "step_s"
+	"version", "reward_mean", "response_length", "ppo_kl", "kl_ref", "entropy", "step_s", "staleness_mean",
+	"staleness_max"
 };
+/* stage history columns: wall time, then records/s and busy fraction per role */
+enum { H_T, H_RATE, H_BUSY = H_RATE + NROLES, H_COUNT = H_BUSY + NROLES };
+#define SERIES_COLS 10
+
+/* A whole run's history in RLI_WORKERS_POINTS points at most: each point is
+ * the mean of `width` consecutive entries (the last point may hold fewer);
+ * when the points are all used, neighbours merge in pairs and the width
+ * doubles.  A run of any length is drawn whole at a resolution that halves
+ * as it grows, in bounded memory, and a run shorter than the points is kept
+ * entry for entry.  A column is averaged over the entries that have it. */
+typedef struct series {
+	double sum[RLI_WORKERS_POINTS][SERIES_COLS];
+	int cnt[RLI_WORKERS_POINTS][SERIES_COLS];
+	int n[RLI_WORKERS_POINTS];   /* entries in each point */
+	int np, width, cols;
+	double entries;
+} series;
 
 typedef struct wrk {
 	char id[128], device[64], gpu_name[96];
@@ -35,6 +53,7 @@ typedef struct wrk {
 	double busy_frac, rec_rate, tok_rate;    /* over the last interval */
 	double gpu_index, gpu_util, gpu_mem_util, gpu_mem_used, gpu_mem_total;
 	float tl[RLI_WORKERS_TIMELINE];          /* busy fraction per report, oldest first */
+	float gtl[RLI_WORKERS_TIMELINE];         /* GPU utilisation per report (NaN: none reported) */
 	int ntl;
 	double snap[NSNAP][5];                   /* totals of the last reports: uptime, busy, idle, records, tokens */
 	int nsnap;
@@ -43,15 +62,15 @@ typedef struct wrk {
 struct rli_workers {
 	pthread_mutex_t mtx;
 	wrk w[RLI_WORKERS_MAX];
-	/* train step history: ring of RLI_WORKERS_HISTORY */
-	double hist[RLI_WORKERS_HISTORY][S_COUNT];
-	int hhead, hn;
+	/* the trainer's steps, the whole run */
+	series steps;
+	double last_step[S_COUNT];
 	double last_version;
 	char last_trainer[128];
 	double reports;
-	/* records/s per stage (live workers), sampled at most once a second as reports come */
-	double shist[RLI_WORKERS_HISTORY][NROLES + 1];   /* [0]: wall time, s */
-	int shead, sn;
+	/* records/s and busy fraction per stage (live workers), sampled at most
+	 * once a second as reports come, the whole run */
+	series stages;
 	double slast;
 };
 
@@ -65,6 +84,9 @@ rli_workers_create(rli_workers **out)
 		return RL_ENOMEM;
 	pthread_mutex_init(&ws->mtx, NULL);
 	ws->last_version = -1;
+	ws->steps.width = ws->stages.width = 1;
+	ws->steps.cols = S_COUNT;
+	ws->stages.cols = H_COUNT;
 	*out = ws;
 	return RL_OK;
 }
@@ -76,6 +98,46 @@ rli_workers_destroy(rli_workers *ws)
 		return;
 	pthread_mutex_destroy(&ws->mtx);
 	free(ws);
+}
+
+static void
+series_add(series *s, const double *v)
+{
+	int b;
+
+	if (s->np == 0 || s->n[s->np - 1] >= s->width) {
+		if (s->np == RLI_WORKERS_POINTS) {
+			for (int i = 0; i < RLI_WORKERS_POINTS / 2; i++) {
+				int a = 2 * i, c = 2 * i + 1;
+				for (int k = 0; k < s->cols; k++) {
+					s->sum[i][k] = s->sum[a][k] + s->sum[c][k];
+					s->cnt[i][k] = s->cnt[a][k] + s->cnt[c][k];
+				}
+				s->n[i] = s->n[a] + s->n[c];
+			}
+			s->np = RLI_WORKERS_POINTS / 2;
+			s->width *= 2;
+		}
+		b = s->np++;
+		memset(s->sum[b], 0, sizeof s->sum[b]);
+		memset(s->cnt[b], 0, sizeof s->cnt[b]);
+		s->n[b] = 0;
+	}
+	b = s->np - 1;
+	for (int k = 0; k < s->cols; k++)
+		if (!isnan(v[k])) {
+			s->sum[b][k] += v[k];
+			s->cnt[b][k]++;
+		}
+	s->n[b]++;
+	s->entries++;
+}
+
+/* Point i's column k, or NaN where none of its entries had it. */
+static double
+series_get(const series *s, int i, int k)
+{
+	return s->cnt[i][k] ? s->sum[i][k] / s->cnt[i][k] : NAN;
 }
 
 /* ---- validation ------------------------------------------------------------------------------------ */
@@ -328,8 +390,10 @@ rli_workers_report(rli_workers *ws, const char *json, size_t n, double now, char
 		}
 		if (w->ntl == RLI_WORKERS_TIMELINE) {
 			memmove(w->tl, w->tl + 1, sizeof w->tl[0] * (RLI_WORKERS_TIMELINE - 1));
+			memmove(w->gtl, w->gtl + 1, sizeof w->gtl[0] * (RLI_WORKERS_TIMELINE - 1));
 			w->ntl--;
 		}
+		w->gtl[w->ntl] = p->w.has_gpu ? (float)p->w.gpu_util : NAN;
 		w->tl[w->ntl++] = tlv;
 	}
 	w->uptime = p->w.uptime;
@@ -360,33 +424,44 @@ rli_workers_report(rli_workers *ws, const char *json, size_t n, double now, char
 		if (p->steps[i][S_VERSION] <= ws->last_version)
 			continue;
 		ws->last_version = p->steps[i][S_VERSION];
-		memcpy(ws->hist[(ws->hhead + ws->hn) % RLI_WORKERS_HISTORY], p->steps[i], sizeof ws->hist[0]);
-		if (ws->hn < RLI_WORKERS_HISTORY)
-			ws->hn++;
-		else
-			ws->hhead = (ws->hhead + 1) % RLI_WORKERS_HISTORY;
+		memcpy(ws->last_step, p->steps[i], sizeof ws->last_step);
+		series_add(&ws->steps, p->steps[i]);
 	}
 	ws->reports++;
-	if (now - ws->slast >= 1.0 || ws->sn == 0) {
-		double rsum[NROLES], tsum[NROLES], bsum[NROLES], *e;
+	if (now - ws->slast >= 1.0 || ws->stages.np == 0) {
+		double rsum[NROLES], tsum[NROLES], bsum[NROLES], e[SERIES_COLS];
 		int live[NROLES], all[NROLES];
 		/* a final report ends the worker's rate: record what it had */
 		if (w->final)
 			w->final = 0;
 		stage_sums(ws, now, rsum, tsum, bsum, live, all);
 		w->final = p->w.final;
-		e = ws->shist[(ws->shead + ws->sn) % RLI_WORKERS_HISTORY];
-		if (ws->sn < RLI_WORKERS_HISTORY)
-			ws->sn++;
-		else
-			ws->shead = (ws->shead + 1) % RLI_WORKERS_HISTORY;
-		e[0] = rl_wall();
-		for (int r = 0; r < NROLES; r++)
-			e[r + 1] = rsum[r];
+		e[H_T] = rl_wall();
+		for (int r = 0; r < NROLES; r++) {
+			e[H_RATE + r] = rsum[r];
+			e[H_BUSY + r] = live[r] ? bsum[r] / live[r] : NAN;
+		}
+		series_add(&ws->stages, e);
 		ws->slast = now;
 	}
 	pthread_mutex_unlock(&ws->mtx);
 	free(p);
+	return RL_OK;
+}
+
+/* obj[key]: column k of every point, null where a point has none. */
+static int
+series_json(cJSON *obj, const char *key, const series *s, int k)
+{
+	cJSON *a = cJSON_AddArrayToObject(obj, key);
+
+	if (a == NULL)
+		return RL_ENOMEM;
+	for (int i = 0; i < s->np; i++) {
+		double v = series_get(s, i, k);
+		if (!cJSON_AddItemToArray(a, isnan(v) ? cJSON_CreateNull() : cJSON_CreateNumber(v)))
+			return RL_ENOMEM;
+	}
 	return RL_OK;
 }
 
@@ -438,6 +513,10 @@ rli_workers_json(rli_workers *ws, void *obj, double now)
 		if ((tl = cJSON_AddArrayToObject(e, "timeline")) != NULL)
 			for (int k = 0; k < w->ntl; k++)
 				cJSON_AddItemToArray(tl, cJSON_CreateNumber(round(w->tl[k] * 1000) / 1000));
+		if (w->has_gpu && (tl = cJSON_AddArrayToObject(e, "gpu_timeline")) != NULL)
+			for (int k = 0; k < w->ntl; k++)
+				cJSON_AddItemToArray(tl, isnan(w->gtl[k]) ? cJSON_CreateNull() :
+				    cJSON_CreateNumber(round(w->gtl[k] * 1000) / 1000));
 		if (w->has_gpu) {
 			cJSON *g = cJSON_AddObjectToObject(e, "gpu");
 			if (g) {
@@ -463,34 +542,35 @@ rli_workers_json(rli_workers *ws, void *obj, double now)
 		if (live[r])
 			cJSON_AddNumberToObject(st[r], "busy_frac", bsum[r] / live[r]);
 	}
-	if (ws->sn > 0) {
-		cJSON *h = cJSON_AddObjectToObject(o, "stage_history"), *a;
+	if (ws->stages.np > 0) {
+		cJSON *h = cJSON_AddObjectToObject(o, "stage_history");
+		char key[32];
 		if (h == NULL)
 			goto nomem;
-		for (int r = -1; r < NROLES; r++) {
-			if ((a = cJSON_AddArrayToObject(h, r < 0 ? "t" : roles[r])) == NULL)
+		for (int k = 0; k < H_COUNT; k++) {
+			if (k == H_T)
+				snprintf(key, sizeof key, "t");
+			else if (k < H_BUSY)
+				snprintf(key, sizeof key, "%s", roles[k - H_RATE]);
+			else
+				snprintf(key, sizeof key, "%s_busy", roles[k - H_BUSY]);
+			if (series_json(h, key, &ws->stages, k) != 0)
 				goto nomem;
-			for (int i = 0; i < ws->sn; i++)
-				cJSON_AddItemToArray(a, cJSON_CreateNumber(ws->shist[(ws->shead + i) % RLI_WORKERS_HISTORY][r + 1]));
 		}
+		cJSON_AddNumberToObject(h, "samples_per_point", ws->stages.width);
 	}
-	if (ws->hn > 0) {
+	if (ws->steps.np > 0) {
 		cJSON *t = cJSON_AddObjectToObject(o, "train"), *h = cJSON_AddObjectToObject(o, "train_history");
-		const double *lastst = ws->hist[(ws->hhead + ws->hn - 1) % RLI_WORKERS_HISTORY];
 		if (t == NULL || h == NULL)
 			goto nomem;
 		for (int k = 0; k < S_COUNT; k++) {
-			cJSON *a;
-			if (!isnan(lastst[k]))
-				cJSON_AddNumberToObject(t, step_key[k], lastst[k]);
-			if ((a = cJSON_AddArrayToObject(h, step_key[k])) == NULL)
+			if (!isnan(ws->last_step[k]))
+				cJSON_AddNumberToObject(t, step_key[k], ws->last_step[k]);
+			if (series_json(h, step_key[k], &ws->steps, k) != 0)
 				goto nomem;
-			for (int i = 0; i < ws->hn; i++) {
-				double v = ws->hist[(ws->hhead + i) % RLI_WORKERS_HISTORY][k];
-				cJSON_AddItemToArray(a, isnan(v) ? cJSON_CreateNull() : cJSON_CreateNumber(v));
-			}
 		}
-		cJSON_AddNumberToObject(t, "steps_kept", ws->hn);
+		cJSON_AddNumberToObject(h, "steps_per_point", ws->steps.width);
+		cJSON_AddNumberToObject(t, "steps", ws->steps.entries);
 	}
 	pthread_mutex_unlock(&ws->mtx);
 	return RL_OK;

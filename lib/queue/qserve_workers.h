@@ -9,8 +9,11 @@
  * fractions of its last RLI_WORKERS_TIMELINE report intervals.  Workers not heard
  * from for RLI_WORKERS_TTL seconds are dropped (a final report marks a
  * worker exited; it stays listed until then); at most RLI_WORKERS_MAX are
- * kept (the longest silent one makes room).  Train steps from the reports
- * go into a history of the last RLI_WORKERS_HISTORY steps.
+ * kept (the longest silent one makes room).  The train steps from the
+ * reports and the stages' rates and busy fractions (sampled at most once a
+ * second) are kept for the whole run in at most RLI_WORKERS_POINTS points:
+ * when they are all used, neighbours merge and a point covers twice as many
+ * entries (the JSON says how many: steps_per_point, samples_per_point).
  *
  * Thread-safety: every function takes the table's own lock.
  */
@@ -26,7 +29,7 @@
 #define RLI_WORKERS_SILENT 15.0      /* seconds without a report: not counted in stage rates */
 #define RLI_WORKERS_WINDOW 10.0      /* seconds of reports the busy fraction and rates are taken over */
 #define RLI_WORKERS_TIMELINE 60
-#define RLI_WORKERS_HISTORY 300
+#define RLI_WORKERS_POINTS 512
 
 typedef struct rli_workers rli_workers;
 

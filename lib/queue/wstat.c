@@ -24,13 +24,14 @@
 #define STEPS_PER_REPORT 128
 
 /* train step fields, in report order */
-enum { S_VERSION, S_REWARD, S_LEN, S_PPO_KL, S_KL_REF, S_ENTROPY, S_STEP_S, S_COUNT };
+enum { S_VERSION, S_REWARD, S_LEN, S_PPO_KL, S_KL_REF, S_ENTROPY, S_STEP_S, S_STALE_MEAN, S_STALE_MAX, S_COUNT };
 static const char *const step_key[S_COUNT] = {
-	"version", "reward_mean", "response_length", "ppo_kl", "kl_ref", "entropy", "step_s"
+	"version", "reward_mean", "response_length", "ppo_kl", "kl_ref", "entropy", "step_s", "staleness_mean",
+	"staleness_max"
 };
 static const char *const step_metric[S_COUNT] = {
 	"step", "critic/score/mean", "response_length/mean", "actor/ppo_kl", "actor/kl_loss", "actor/entropy",
-	"timing_s/step"
+	"timing_s/step", "staleness/mean", "staleness/max"
 };
 
 typedef struct step {

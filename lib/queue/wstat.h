@@ -17,7 +17,8 @@
  *    "final": bool,
  *    "gpu": {"index", "name", "util", "mem_util", "mem_used", "mem_total"}  (only from NVML),
  *    "steps": [{"version", "reward_mean", "response_length", "ppo_kl", "kl_ref",
- *               "entropy", "step_s"}, ...]  (train: steps since the last report)}
+ *               "entropy", "step_s", "staleness_mean", "staleness_max"}, ...]
+ *               (train: steps since the last report)}
  * ID is RL_WORKER_ID, else HOST:PID; characters outside [A-Za-z0-9._:@/+-]
  * become '_'.
  *
@@ -58,7 +59,8 @@ void rl_wstat_add(rl_wstat *w, uint64_t records, uint64_t tokens);
 /* rl-train: one step's metrics line (the JSON object rl-train writes, as
  * text); the fields above are taken from it (verl names: step,
  * critic/score/mean, response_length/mean, actor/ppo_kl, actor/kl_loss,
- * actor/entropy, timing_s/step), absent or non-finite ones left out.  At
+ * actor/entropy, timing_s/step, staleness/mean, staleness/max), absent or
+ * non-finite ones left out.  At
  * most 256 steps wait for the next report; older ones are dropped. */
 void rl_wstat_train_metrics(rl_wstat *w, const char *json);
 

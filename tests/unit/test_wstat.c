@@ -409,12 +409,61 @@ test_broker(void)
 	rl_qserve_close(s);
 }
 
+/* A long run: 2000 steps in reports of 100 are kept whole in at most
+ * RLI_WORKERS_POINTS points, each the mean of the same number of steps (4
+ * once 2000 > 2 x 512), in order, the first and the last step included. */
+static void
+test_whole_run(void)
+{
+	rli_workers *ws;
+	char *buf = malloc(16384), why[200];
+	cJSON *o;
+	const cJSON *h, *ver, *rw, *st;
+	int n;
+
+	T_EQ_INT(rli_workers_create(&ws), RL_OK);
+	for (int r = 0; r < 20; r++) {
+		int len = snprintf(buf, 16384, "{\"role\":\"train\",\"worker\":\"t:1\",\"uptime_s\":%d,\"busy_s\":%d,"
+		    "\"idle_s\":0,\"records\":%d,\"tokens\":%d,\"steps\":[", r + 1, r + 1, r, r);
+		for (int i = 1; i <= 100; i++) {
+			int v = r * 100 + i;
+			len += snprintf(buf + len, 16384 - (size_t)len, "%s{\"version\":%d,\"reward_mean\":%g%s}",
+			    i > 1 ? "," : "", v, v / 1000.0, v % 2 ? ",\"staleness_max\":3" : "");
+		}
+		len += snprintf(buf + len, 16384 - (size_t)len, "]}");
+		T_EQ_INT(rli_workers_report(ws, buf, (size_t)len, 100 + r, why, sizeof why), RL_OK);
+	}
+	o = table_json(ws, 120);
+	h = cJSON_GetObjectItem(o, "train_history");
+	ver = cJSON_GetObjectItem(h, "version");
+	rw = cJSON_GetObjectItem(h, "reward_mean");
+	st = cJSON_GetObjectItem(h, "staleness_max");
+	n = cJSON_GetArraySize(ver);
+	T_EQ_INT(n, 500);
+	T_OK(n <= RLI_WORKERS_POINTS, "%d points", n);
+	T_CLOSE(jnum(h, "steps_per_point"), 4, 0, 0);
+	T_CLOSE(jnum(cJSON_GetObjectItem(o, "train"), "steps"), 2000, 0, 0);
+	T_CLOSE(jnum(cJSON_GetObjectItem(o, "train"), "version"), 2000, 0, 0);
+	for (int i = 0; i < n; i++) {
+		double want = 4.0 * i + 2.5;   /* the mean of steps 4i+1 .. 4i+4 */
+		T_CLOSE(cJSON_GetArrayItem(ver, i)->valuedouble, want, 1e-9, 0);
+		T_CLOSE(cJSON_GetArrayItem(rw, i)->valuedouble, want / 1000, 1e-12, 0);
+		T_CLOSE(cJSON_GetArrayItem(st, i)->valuedouble, 3, 0, 0);   /* the mean of the steps that have it */
+	}
+	T_OK(cJSON_GetObjectItem(o, "stage_history") != NULL && cJSON_GetObjectItem(cJSON_GetObjectItem(o,
+	    "stage_history"), "train_busy") != NULL, "stage busy fractions");
+	cJSON_Delete(o);
+	rli_workers_destroy(ws);
+	free(buf);
+}
+
 int
 main(void)
 {
 	T_BEGIN("wstat");
 	rl_log_init("test_wstat", RL_LOG_QUIET);
 	test_table();
+	test_whole_run();
 	test_client();
 	test_broker();
 	T_END();
