@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/cli.h"
 #include "base/core.h"
 #include "base/io.h"
 #include "rlq.h"
@@ -104,9 +105,10 @@ rlq_cat_main(int argc, char **argv)
 	unsigned long long nrec = 0;
 	int c, rv = RL_OK, verbosity = RL_LOG_NORMAL, status;
 	long long v;
-	char *end;
+	uint64_t sz;
 
 	rl_traj_limits_default(&lim);
+	rl_cli_init("rl-queue cat", opts);
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":sjo:b:l:qvh", opts, NULL)) != -1) {
 		switch (c) {
@@ -114,44 +116,29 @@ rlq_cat_main(int argc, char **argv)
 		case 'j': wo.format = RL_TRAJ_JSONL; break;
 		case 'o': output = optarg; break;
 		case 'b':
-			v = strtoll(optarg, &end, 10);
-			if (*optarg == 0 || *end || v < 1 || v > 1000000) {
-				rl_error("cat: --batch wants a number of records from 1 to 1000000, not '%s'", optarg);
-				return 2;
-			}
+			if ((rv = rl_cli_int(c, optarg, 1, 1000000, &v)) != 0)
+				return rv;
 			wo.batch_records = (size_t)v;
 			break;
 		case 'l':
-			v = strtoll(optarg, &end, 10);
-			if (*optarg == 0 || *end || v < -7 || v > 22) {
-				rl_error("cat: --level wants a zstd level from -7 to 22, not '%s'", optarg);
-				return 2;
-			}
+			if ((rv = rl_cli_int(c, optarg, -7, 22, &v)) != 0)
+				return rv;
 			wo.level = (int)v;
 			break;
 		case OPT_MAX_FRAME:
 		case OPT_MAX_RECORD:
-			if ((v = rlq_parse_size(optarg)) < 16) {
-				rl_error("cat: --%s wants a size of at least 16 bytes (k/M/G suffixes), not '%s'",
-				         c == OPT_MAX_FRAME ? "max-frame" : "max-record", optarg);
-				return 2;
-			}
+			if ((rv = rl_cli_bytes(c, optarg, 16, 1ULL << 62, &sz)) != 0)
+				return rv;
 			if (c == OPT_MAX_FRAME)
-				lim.max_frame = (size_t)v;
+				lim.max_frame = (size_t)sz;
 			else
-				lim.max_record = (size_t)v;
+				lim.max_record = (size_t)sz;
 			break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity++; break;
 		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
-		case ':':
-			rl_error("cat: option '%s' needs an argument", argv[optind - 1]);
-			fputs(usage_text, stderr);
-			return 2;
-		default:
-			rl_error("cat: unknown option '%s'", argv[optind - 1]);
-			fputs(usage_text, stderr);
-			return 2;
+		case ':': return rl_cli_usage("cat: option '%s' needs an argument", argv[optind - 1]);
+		default: return rl_cli_usage("cat: unknown option '%s'", argv[optind - 1]);
 		}
 	}
 	rl_log_set_level(verbosity);

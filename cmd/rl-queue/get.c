@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/cli.h"
 #include "base/core.h"
 #include "base/io.h"
 #include "queue/qclient.h"
@@ -39,32 +40,16 @@ static const char usage_text[] =
 
 enum { OPT_ACK = 256, OPT_RELEASE };
 
+/* Seconds from 0 to 86400 into milliseconds. */
 static int
-secs(const char *opt, const char *s, uint32_t *ms)
+secs(int c, const char *s, uint32_t *ms)
 {
-	char *end;
-	double d = strtod(s, &end);
+	double d;
+	int rv = rl_cli_double(c, s, 0, 86400, &d);
 
-	if (*s == 0 || *end || !(d >= 0 && d <= 86400)) {
-		rl_error("get: %s wants seconds from 0 to 86400, not '%s'", opt, s);
-		return -1;
-	}
-	*ms = (uint32_t)(d * 1000 + 0.5);
-	return 0;
-}
-
-static int
-count(const char *opt, const char *s, uint32_t *n)
-{
-	char *end;
-	long long v = strtoll(s, &end, 10);
-
-	if (*s == 0 || *end || v < 1 || v > 10000000) {
-		rl_error("get: %s wants a count from 1 to 10000000, not '%s'", opt, s);
-		return -1;
-	}
-	*n = (uint32_t)v;
-	return 0;
+	if (rv == 0)
+		*ms = (uint32_t)(d * 1000 + 0.5);
+	return rv;
 }
 
 int
@@ -98,42 +83,38 @@ rlq_get_main(int argc, char **argv)
 
 	rl_qclient_opts_default(&o);
 	rl_qlease_init(&l);
+	rl_cli_init("rl-queue get", opts);
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":s:n:m:w:t:g:SqvhH", opts, NULL)) != -1) {
 		switch (c) {
 		case 's':
-			if ((stage = rl_qstage_parse(optarg)) < 0) {
-				rl_error("get: --stage wants rollout, reward or train, not '%s'", optarg);
-				return 2;
-			}
+			if ((stage = rl_qstage_parse(optarg)) < 0)
+				return rl_cli_usage("--stage: bad value '%s' (rollout, reward or train)", optarg);
 			break;
-		case 'n': if (count("--count", optarg, &want)) return 2; break;
-		case 'm': if (count("--min", optarg, &req.min_records)) return 2; break;
-		case 'w': if (secs("--wait", optarg, &req.wait_ms)) return 2; break;
-		case 't': if (secs("--lease-timeout", optarg, &req.lease_ms)) return 2; break;
-		case 'g': if (count("--group-size", optarg, &req.group_hint)) return 2; break;
+		case 'n':
+		case 'm':
+		case 'g': {
+			int n;
+			if ((rv = rl_cli_int32(c, optarg, 1, 10000000, &n)) != 0)
+				return rv;
+			*(c == 'n' ? &want : c == 'm' ? &req.min_records : &req.group_hint) = (uint32_t)n;
+			break;
+		}
+		case 'w': if ((rv = secs(c, optarg, &req.wait_ms)) != 0) return rv; break;
+		case 't': if ((rv = secs(c, optarg, &req.lease_ms)) != 0) return rv; break;
 		case OPT_ACK: after = RL_QACK_DONE; break;
 		case OPT_RELEASE: after = RL_QACK_RELEASE; break;
 		case 'S': wo.format = RL_TRAJ_BINARY; break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity++; break;
 		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
-		case ':':
-			rl_error("get: option '%s' needs an argument", argv[optind - 1]);
-			fputs(usage_text, stderr);
-			return 2;
-		default:
-			rl_error("get: unknown option '%s'", argv[optind - 1]);
-			fputs(usage_text, stderr);
-			return 2;
+		case ':': return rl_cli_usage("get: option '%s' needs an argument", argv[optind - 1]);
+		default: return rl_cli_usage("get: unknown option '%s'", argv[optind - 1]);
 		}
 	}
-	if (optind != argc - 1 || stage < 0) {
-		rl_error(optind >= argc ? "get: missing the broker URL" : stage < 0 ? "get: --stage is required" :
-		    "get: too many arguments");
-		fputs(usage_text, stderr);
-		return 2;
-	}
+	if (optind != argc - 1 || stage < 0)
+		return rl_cli_usage("%s", optind >= argc ? "get: missing the broker URL" : stage < 0 ?
+		    "get: --stage is required" : "get: too many arguments");
 	rl_log_set_level(verbosity);
 	if (wo.format == RL_TRAJ_BINARY && isatty(STDOUT_FILENO)) {   /* before anything is leased */
 		rl_error("get: refusing to write a binary stream to a terminal");

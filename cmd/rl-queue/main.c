@@ -2,9 +2,7 @@
  * rl-queue — the data plane of rlpipe.  main.c only dispatches to the
  * subcommands listed in rlq.h; each parses its own options.
  */
-#include <errno.h>
 #include <getopt.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,35 +42,6 @@ usage(FILE *f)
 	for (size_t i = 0; i < RL_ARRAY_LEN(cmds); i++)
 		fprintf(f, "  %-8s %s\n", cmds[i].name, cmds[i].summary);
 	fprintf(f, "\nSee rl-trajectory(5) for the stream format.\n");
-}
-
-long long
-rlq_parse_size(const char *s)
-{
-	char *end;
-	long long v;
-	int sh;
-
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (end == s || v < 0 || errno)
-		return -1;
-	switch (*end) {
-	case 0: return v;
-	case 'k': case 'K': sh = 10; break;
-	case 'm': case 'M': sh = 20; break;
-	case 'g': case 'G': sh = 30; break;
-	default: return -1;
-	}
-	if (v > (LLONG_MAX >> sh))   /* would wrap: 17179869185G was 1 GiB */
-		return -1;
-	v <<= sh;
-	end++;
-	if (*end == 'i' && end[1] == 'B')
-		end += 2;
-	else if (*end == 'B')
-		end++;
-	return *end ? -1 : v;
 }
 
 int

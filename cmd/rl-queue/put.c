@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/cli.h"
 #include "base/core.h"
 #include "base/hash.h"
 #include "base/io.h"
@@ -51,45 +52,6 @@ show(unsigned long long nrec)
 	if (total_bytes > 0 && cur_file && (pos = ftell(cur_file)) >= 0)
 		frac = RL_MIN((bytes_before + (double)pos) / total_bytes, 0.999);
 	rl_progress_draw(&prog, frac, "%llu records, %.0f records/s", nrec, dt > 0 ? nrec / dt : 0.0);
-}
-
-/* The batch with ids (and prompt groups) filled in; *out is b itself when
- * nothing was missing, else fixed (a new batch). */
-static int
-fill_ids(rl_traj_batch *b, int stage, rl_traj_batch *fixed, rl_traj *t, rl_traj_batch **out)
-{
-	size_t n = rl_traj_batch_count(b), missing = 0;
-	int rv;
-
-	*out = b;
-	for (size_t i = 0; i < n; i++) {
-		if ((rv = rl_traj_batch_get(b, i, t)) != 0)
-			return rv;
-		if (!rl_traj_has(t, RL_TAG_ID) || (stage == RL_QSTAGE_PROMPT && !rl_traj_has(t, RL_TAG_GROUP)))
-			missing++;
-	}
-	if (missing == 0)
-		return RL_OK;
-	rl_traj_batch_clear(fixed);
-	for (size_t i = 0; i < n; i++) {
-		const void *rec;
-		size_t len;
-		uint64_t id;
-		if ((rv = rl_traj_batch_raw(b, i, &rec, &len)) != 0 || (rv = rl_traj_batch_get(b, i, t)) != 0)
-			return rv;
-		if (rl_traj_get_u64(t, RL_TAG_ID, &id) != 0) {
-			id = rl_fnv1a(RL_FNV1A_INIT, rec, len) & 0x7fffffffffffffffULL;
-			if ((rv = rl_traj_set_u64(t, RL_TAG_ID, id)) != 0)
-				return rv;
-		}
-		if (stage == RL_QSTAGE_PROMPT && !rl_traj_has(t, RL_TAG_GROUP) &&
-		    (rv = rl_traj_set_u64(t, RL_TAG_GROUP, id)) != 0)
-			return rv;
-		if ((rv = rl_traj_batch_add(fixed, t)) != 0)
-			return rv;
-	}
-	*out = fixed;
-	return RL_OK;
 }
 
 /* A stream that reads the text put peeked at (nws newlines, then a line)
@@ -198,7 +160,7 @@ put_prompt_lines(rl_qclient *cl, FILE *f, const char *path, const char *first, s
 			rl_traj_batch *fixed = NULL;
 			if ((rv = rl_traj_batch_create(&fixed)) != 0)
 				break;
-			if ((rv = fill_ids(b, RL_QSTAGE_PROMPT, fixed, t, &send)) == 0 &&
+			if ((rv = rl_traj_batch_fill_ids(&send, b, 1, fixed, t)) == 0 &&
 			    (rv = rl_qclient_put(cl, RL_QSTAGE_PROMPT, send, &res)) == 0) {
 				*nrec += rl_traj_batch_count(send);
 				*acc += res.accepted + res.replaced;
@@ -244,25 +206,20 @@ rlq_put_main(int argc, char **argv)
 	unsigned long long nrec = 0, acc = 0, dup = 0, rej = 0;
 	int c, stage = RL_QSTAGE_PROMPT, rv = RL_OK, verbosity = RL_LOG_NORMAL;
 	const char *url;
-	char *end;
 	double d;
 
 	rl_qclient_opts_default(&o);
+	rl_cli_init("rl-queue put", opts);
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":s:t:z:qvh", opts, NULL)) != -1) {
 		switch (c) {
 		case 's':
-			if ((stage = rl_qstage_parse(optarg)) < 0) {
-				rl_error("put: --stage wants prompt, generated or scored, not '%s'", optarg);
-				return 2;
-			}
+			if ((stage = rl_qstage_parse(optarg)) < 0)
+				return rl_cli_usage("--stage: bad value '%s' (prompt, generated or scored)", optarg);
 			break;
 		case 't':
-			d = strtod(optarg, &end);
-			if (*optarg == 0 || *end || !(d >= 0 && d <= 86400)) {
-				rl_error("put: --timeout wants seconds from 0 to 86400, not '%s'", optarg);
-				return 2;
-			}
+			if ((rv = rl_cli_double(c, optarg, 0, 86400, &d)) != 0)
+				return rv;
 			o.retry_ms = (int)(d * 1000);
 			o.timeout_ms = RL_MAX(1000, RL_MIN(o.timeout_ms, o.retry_ms));
 			break;
@@ -270,29 +227,18 @@ rlq_put_main(int argc, char **argv)
 			if (strcmp(optarg, "auto") == 0) o.compress = -1;
 			else if (strcmp(optarg, "on") == 0) o.compress = 1;
 			else if (strcmp(optarg, "off") == 0) o.compress = 0;
-			else {
-				rl_error("put: --compress wants auto, on or off, not '%s'", optarg);
-				return 2;
-			}
+			else
+				return rl_cli_usage("--compress: bad value '%s' (auto, on or off)", optarg);
 			break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity++; break;
 		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
-		case ':':
-			rl_error("put: option '%s' needs an argument", argv[optind - 1]);
-			fputs(usage_text, stderr);
-			return 2;
-		default:
-			rl_error("put: unknown option '%s'", argv[optind - 1]);
-			fputs(usage_text, stderr);
-			return 2;
+		case ':': return rl_cli_usage("put: option '%s' needs an argument", argv[optind - 1]);
+		default: return rl_cli_usage("put: unknown option '%s'", argv[optind - 1]);
 		}
 	}
-	if (optind >= argc) {
-		rl_error("put: missing the broker URL");
-		fputs(usage_text, stderr);
-		return 2;
-	}
+	if (optind >= argc)
+		return rl_cli_usage("put: missing the broker URL");
 	rl_log_set_level(verbosity);
 	url = argv[optind++];
 	if ((rv = rl_qclient_open(&cl, url, &o)) != 0)
@@ -365,7 +311,7 @@ rlq_put_main(int argc, char **argv)
 					break;
 				if (rl_traj_batch_count(b) == 0)
 					continue;
-				if ((rv = fill_ids(b, stage, fixed, t, &send)) != 0)
+				if ((rv = rl_traj_batch_fill_ids(&send, b, stage == RL_QSTAGE_PROMPT, fixed, t)) != 0)
 					break;
 				if ((rv = rl_qclient_put(cl, stage, send, &res)) != 0) {
 					rl_progress_done(&prog);

@@ -10,8 +10,4 @@
 #ifndef RLQ_H
 #define RLQ_H
 
-/* Parse a byte size with an optional k/M/G suffix (powers of 1024); -1 if bad
- * or past LLONG_MAX bytes. */
-long long rlq_parse_size(const char *s);
-
 #endif

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/cli.h"
 #include "base/core.h"
 #include "base/io.h"
 #include "queue/qhttp.h"
@@ -63,20 +64,6 @@ stats_cb(void *arg, char **json)
 
 enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER };
 
-static int
-parse_num(const char *opt, const char *s, double lo, double hi, double *out)
-{
-	char *end;
-	double v = strtod(s, &end);
-
-	if (*s == 0 || *end || !(v >= lo && v <= hi)) {
-		rl_error("serve: %s wants a number from %g to %g, not '%s'", opt, lo, hi, s);
-		return -1;
-	}
-	*out = v;
-	return 0;
-}
-
 int
 rlq_serve_main(int argc, char **argv)
 {
@@ -104,24 +91,26 @@ rlq_serve_main(int argc, char **argv)
 	rl_qserve *s = NULL;
 	rl_qhttp *hs = NULL;
 	int c, rv, http_public = 0, verbosity = RL_LOG_NORMAL;
-	long long sz;
+	long long v;
+	uint64_t sz;
 	double d;
 
 	rl_queue_config_default(&cfg.queue);
+	rl_cli_init("rl-queue serve", opts);
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":l:d:k:b:t:m:qvh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'l': cfg.listen = optarg; break;
 		case 'd': cfg.queue.data_dir = optarg; break;
 		case 'k':
-			if (parse_num("--max-staleness", optarg, 0, 1e6, &d) != 0)
-				return 2;
-			cfg.queue.max_staleness = (uint32_t)d;
+			if ((rv = rl_cli_int(c, optarg, 0, 1000000, &v)) != 0)
+				return rv;
+			cfg.queue.max_staleness = (uint32_t)v;
 			break;
 		case 'b':
-			if (parse_num("--train-batch", optarg, 0, 1e8, &d) != 0)
-				return 2;
-			cfg.queue.train_batch = (uint32_t)d;
+			if ((rv = rl_cli_int(c, optarg, 0, 100000000, &v)) != 0)
+				return rv;
+			cfg.queue.train_batch = (uint32_t)v;
 			break;
 		case OPT_STALE:
 			if (strcmp(optarg, "drop") == 0) {
@@ -129,34 +118,30 @@ rlq_serve_main(int argc, char **argv)
 			} else if (strcmp(optarg, "regen") == 0) {
 				cfg.queue.stale = RL_QSTALE_REGEN;
 			} else {
-				rl_error("serve: --stale wants 'drop' or 'regen', not '%s'", optarg);
-				return 2;
+				return rl_cli_usage("--stale: bad value '%s' (drop or regen)", optarg);
 			}
 			break;
 		case 't':
-			if (parse_num("--lease-timeout", optarg, 0.001, 86400 * 7, &d) != 0)
-				return 2;
+			if ((rv = rl_cli_double(c, optarg, 0.001, 86400 * 7, &d)) != 0)
+				return rv;
 			cfg.queue.lease_ms = (uint32_t)(d * 1000 + 0.5);
 			break;
 		case 'm':
 		case OPT_MAX_MSG:
 		case OPT_COMPACT:
-			if ((sz = rlq_parse_size(optarg)) < 1024) {
-				rl_error("serve: %s wants a size of at least 1k (k/M/G suffixes, below 2^63 bytes), not '%s'",
-				    c == 'm' ? "--max-bytes" : c == OPT_MAX_MSG ? "--max-msg" : "--compact-bytes", optarg);
-				return 2;
-			}
+			if ((rv = rl_cli_bytes(c, optarg, 1024, 1ULL << 62, &sz)) != 0)
+				return rv;
 			if (c == 'm')
-				cfg.queue.max_bytes = (uint64_t)sz;
+				cfg.queue.max_bytes = sz;
 			else if (c == OPT_MAX_MSG)
-				cfg.max_msg = (size_t)RL_MIN(sz, (long long)UINT32_MAX);
+				cfg.max_msg = (size_t)RL_MIN(sz, (uint64_t)UINT32_MAX);
 			else
-				cfg.queue.compact_bytes = (uint64_t)sz;
+				cfg.queue.compact_bytes = sz;
 			break;
 		case OPT_CONTEXTS:
-			if (parse_num("--contexts", optarg, 8, 4096, &d) != 0)
-				return 2;
-			cfg.nctx = (int)d;
+			if ((rv = rl_cli_int(c, optarg, 8, 4096, &v)) != 0)
+				return rv;
+			cfg.nctx = (int)v;
 			break;
 		case OPT_HTTP: http = optarg; break;
 		case OPT_HTTP_PUBLIC: http_public = 1; break;
@@ -164,29 +149,18 @@ rlq_serve_main(int argc, char **argv)
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity++; break;
 		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
-		case ':':
-			rl_error("serve: option '%s' needs an argument", argv[optind - 1]);
-			fputs(usage_text, stderr);
-			return 2;
-		default:
-			rl_error("serve: unknown option '%s'", argv[optind - 1]);
-			fputs(usage_text, stderr);
-			return 2;
+		case ':': return rl_cli_usage("serve: option '%s' needs an argument", argv[optind - 1]);
+		default: return rl_cli_usage("serve: unknown option '%s'", argv[optind - 1]);
 		}
 	}
-	if (optind < argc) {
-		rl_error("serve: unexpected argument '%s'", argv[optind]);
-		fputs(usage_text, stderr);
-		return 2;
-	}
+	if (optind < argc)
+		return rl_cli_usage("serve: unexpected argument '%s'", argv[optind]);
 	rl_log_set_level(verbosity);
 	if (http) {   /* refuse a bad or public address before anything listens */
 		char url[300];
 		int loop;
-		if (rl_qhttp_parse_addr(url, sizeof url, &loop, http) != 0) {
-			rl_error("serve: --http wants HOST:PORT, [IPV6]:PORT or :PORT, not '%s'", http);
-			return 2;
-		}
+		if (rl_qhttp_parse_addr(url, sizeof url, &loop, http) != 0)
+			return rl_cli_usage("--http: bad value '%s' (HOST:PORT, [IPV6]:PORT or :PORT)", http);
 		if (!loop && !http_public) {
 			rl_error("serve: refusing --http on '%s': not a loopback address", http);
 			rl_hint("the listener has no authentication; add --http-public to serve beyond this machine");

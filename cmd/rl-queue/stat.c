@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/cli.h"
 #include "base/core.h"
 #include "base/io.h"
 #include "queue/qclient.h"
@@ -162,20 +163,6 @@ on_signal(int sig)
 	stop_flag = 1;
 }
 
-static int
-parse_secs(const char *opt, const char *s, double lo, double hi, double *out)
-{
-	char *end;
-	double d = strtod(s, &end);
-
-	if (*s == 0 || *end || !(d >= lo && d <= hi)) {
-		rl_error("stat: %s wants seconds from %g to %g, not '%s'", opt, lo, hi, s);
-		return -1;
-	}
-	*out = d;
-	return 0;
-}
-
 /* Prints one refresh; returns 0 or an rl_err. */
 static int
 show(rl_qclient *cl, int js, int tty, int watch)
@@ -234,64 +221,49 @@ rlq_stat_main(int argc, char **argv)
 
 	rl_qclient_opts_default(&o);
 	o.timeout_ms = 5000;
+	rl_cli_init("rl-queue stat", opts);
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":jw::c:t:qvh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j': js = 1; break;
 		case 'w':
 			watch = 1;
-			if (optarg && parse_secs("--watch", optarg, 0.05, 86400, &every) != 0)
-				return 2;
+			if (optarg && (rv = rl_cli_double(c, optarg, 0.05, 86400, &every)) != 0)
+				return rv;
 			break;
 		case 'c': {
-			char *end;
-			errno = 0;
-			long long v = strtoll(optarg, &end, 10);
-			if (*optarg == 0 || *end || errno || v < 1 || v > 1000000000) {
-				rl_error("stat: --count wants a whole number of refreshes from 1 to 1000000000, not '%s'",
-				    optarg);
-				return 2;
-			}
+			long long v;
+			if ((rv = rl_cli_int(c, optarg, 1, 1000000000, &v)) != 0)
+				return rv;
 			count = (double)v;
 			break;
 		}
 		case 't':
-			if (parse_secs("--timeout", optarg, 0.001, 86400, &d) != 0)
-				return 2;
+			if ((rv = rl_cli_double(c, optarg, 0.001, 86400, &d)) != 0)
+				return rv;
 			o.timeout_ms = (int)(d * 1000);
 			break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity++; break;
 		case 'h': fputs(usage_text, stdout); return rl_io_close_stdout() ? 1 : 0;
-		case ':':
-			rl_error("stat: option '%s' needs an argument", argv[optind - 1]);
-			fputs(usage_text, stderr);
-			return 2;
-		default:
-			rl_error("stat: unknown option '%s'", argv[optind - 1]);
-			fputs(usage_text, stderr);
-			return 2;
+		case ':': return rl_cli_usage("stat: option '%s' needs an argument", argv[optind - 1]);
+		default: return rl_cli_usage("stat: unknown option '%s'", argv[optind - 1]);
 		}
 	}
 	/* `--watch 2`: getopt leaves the 2 among the operands; a URL is never a
 	 * bare number, so a numeric operand beside the URL is the interval */
 	if (watch && argc - optind == 2) {
 		int k = strspn(argv[optind], "0123456789.") == strlen(argv[optind]) ? optind : optind + 1;
-		if (parse_secs("--watch", argv[k], 0.05, 86400, &every) != 0)
-			return 2;
+		if ((rv = rl_cli_double('w', argv[k], 0.05, 86400, &every)) != 0)
+			return rv;
 		if (k == optind)
 			argv[optind] = argv[optind + 1];
 		argc--;
 	}
-	if (optind != argc - 1) {
-		rl_error(optind >= argc ? "stat: missing the broker URL" : "stat: too many arguments");
-		fputs(usage_text, stderr);
-		return 2;
-	}
-	if (count > 0 && !watch) {
-		rl_error("stat: --count goes with --watch");
-		return 2;
-	}
+	if (optind != argc - 1)
+		return rl_cli_usage("%s", optind >= argc ? "stat: missing the broker URL" : "stat: too many arguments");
+	if (count > 0 && !watch)
+		return rl_cli_usage("stat: --count goes with --watch");
 	rl_log_set_level(verbosity);
 	o.retry_ms = o.timeout_ms;   /* a lost connection is retried within the timeout */
 	if ((rv = rl_qclient_open(&cl, argv[optind], &o)) != 0)

@@ -121,7 +121,9 @@ rl_cli_bytes(int c, const char *arg, uint64_t lo, uint64_t hi, uint64_t *out)
 	case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
 	default: goto bad;
 	}
-	if (*end == 'B' || *end == 'b')
+	if (mul > 1 && end[0] == 'i' && end[1] == 'B')
+		end += 2;   /* 64MiB */
+	else if (*end == 'B' || *end == 'b')
 		end++;
 	/* a fraction of a byte is a typo, not a size */
 	if (*end || v * mul != floor(v * mul) || v * mul < (double)lo || v * mul > (double)hi)

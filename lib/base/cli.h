@@ -44,7 +44,8 @@ int rl_cli_int32(int c, const char *arg, int lo, int hi, int *out);
 /* Every one of 64 bits: seeds (a double keeps 53). */
 int rl_cli_u64(int c, const char *arg, uint64_t *out);
 /* A size in bytes in [lo, hi]: a whole number or a decimal with a k, M or G
- * suffix (powers of 1024) and an optional B: "512", "64M", "1.5GB". */
+ * suffix (powers of 1024) and an optional B or iB: "512", "64M", "1.5GB",
+ * "64MiB". */
 int rl_cli_bytes(int c, const char *arg, uint64_t lo, uint64_t hi, uint64_t *out);
 
 #endif

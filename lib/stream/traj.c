@@ -6,13 +6,13 @@
  * Leaves out: big-endian hosts (refused at compile time in traj_int.h).
  */
 #include "stream/traj_int.h"
-#include "base/json.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/hash.h"
 #include "base/json.h"
 
 /* ---- tags and dtypes -------------------------------------------------------------- */
@@ -1250,5 +1250,41 @@ rl_traj_batch_frame(const rl_traj_batch *b, const void **frame, size_t *n)
 		return RL_ENOENT;
 	*frame = b->frame.p;
 	*n = b->frame.len;
+	return RL_OK;
+}
+
+int
+rl_traj_batch_fill_ids(rl_traj_batch **out, rl_traj_batch *b, int with_group, rl_traj_batch *fixed, rl_traj *t)
+{
+	size_t n = rl_traj_batch_count(b), missing = 0;
+	int rv;
+
+	*out = b;
+	for (size_t i = 0; i < n; i++) {
+		if ((rv = rl_traj_batch_get(b, i, t)) != 0)
+			return rv;
+		if (!rl_traj_has(t, RL_TAG_ID) || (with_group && !rl_traj_has(t, RL_TAG_GROUP)))
+			missing++;
+	}
+	if (missing == 0)
+		return RL_OK;
+	rl_traj_batch_clear(fixed);
+	for (size_t i = 0; i < n; i++) {
+		const void *rec;
+		size_t len;
+		uint64_t id;
+		if ((rv = rl_traj_batch_raw(b, i, &rec, &len)) != 0 || (rv = rl_traj_batch_get(b, i, t)) != 0)
+			return rv;
+		if (rl_traj_get_u64(t, RL_TAG_ID, &id) != 0) {
+			id = rl_fnv1a(RL_FNV1A_INIT, rec, len) & 0x7fffffffffffffffULL;
+			if ((rv = rl_traj_set_u64(t, RL_TAG_ID, id)) != 0)
+				return rv;
+		}
+		if (with_group && !rl_traj_has(t, RL_TAG_GROUP) && (rv = rl_traj_set_u64(t, RL_TAG_GROUP, id)) != 0)
+			return rv;
+		if ((rv = rl_traj_batch_add(fixed, t)) != 0)
+			return rv;
+	}
+	*out = fixed;
 	return RL_OK;
 }

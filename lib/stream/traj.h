@@ -240,6 +240,14 @@ int rl_traj_batch_add_raw(rl_traj_batch *b, const void *rec, size_t n, const rl_
 int rl_traj_batch_get(const rl_traj_batch *b, size_t i, rl_traj *t);
 /* Record i's serialised bytes (borrowed). */
 int rl_traj_batch_raw(const rl_traj_batch *b, size_t i, const void **rec, size_t *n);
+/* Records without an id get one: the 64-bit FNV-1a hash of the record's
+ * serialised bytes with the top bit cleared (the same record always gets the
+ * same id, so a put sent twice is a duplicate, not a second prompt); with
+ * with_group, records without a group get their id as group (a prompt is its
+ * own group).  *out is b itself when no record lacked anything, else fixed,
+ * cleared and refilled (b unchanged).  t is scratch. */
+int rl_traj_batch_fill_ids(rl_traj_batch **out, rl_traj_batch *b, int with_group, rl_traj_batch *fixed,
+                           rl_traj *t);
 
 /* Encode: appends one zstd frame (content checksum and size set) holding the
  * batch to out.  level: zstd level (0: default 1; negative: faster; levels

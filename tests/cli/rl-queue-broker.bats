@@ -73,12 +73,13 @@ print(d)' "$@"
 	run -2 --separate-stderr rl-queue serve extra-argument
 	# sizes that would wrap (17179869185G << 30 was 1 GiB); the message names the option
 	run -2 --separate-stderr timeout 5 rl-queue serve -l "ipc://$D/w.sock" -m 17179869185G 3>&-
-	[[ "$stderr" == *"--max-bytes wants a size"*"not '17179869185G'"* ]]
+	[[ "$stderr" == *"--max-bytes: bad value '17179869185G'"* ]]
 	run -2 --separate-stderr rl-queue serve --max-msg 12
-	[[ "$stderr" == *"serve: --max-msg wants a size"*"not '12'"* ]]
+	[[ "$stderr" == *"--max-msg: bad value '12' (a size from 1024"* ]]
+	[[ "$stderr" == *"hint: rl-queue serve --help"* ]]
 	run -2 --separate-stderr rl-queue cat --max-frame 99999999999G /dev/null
 	run -2 --separate-stderr rl-queue stat -c 0 "$URL"
-	[[ "$stderr" == *"--count wants a whole number of refreshes"* ]]
+	[[ "$stderr" == *"--count: bad value '0' (a whole number from 1 to"* ]]
 	run -2 --separate-stderr rl-queue stat -w -c 1.5 "$URL"
 }
 

@@ -149,7 +149,7 @@ except urllib.error.HTTPError as e:
 	for a in nonsense 127.0.0.1 127.0.0.1:99999 https://127.0.0.1:9 127.0.0.1:9/x ::1:9; do
 		run --separate-stderr rl-queue serve --listen tcp://127.0.0.1:1 --http "$a"
 		assert_failure 2
-		[[ "$stderr" == *"--http wants HOST:PORT"* ]]
+		[[ "$stderr" == *"--http: bad value '$a' (HOST:PORT"* ]]
 	done
 	# an HTTP port already taken: exit 3, naming the address (again on another
 	# --listen port if that one was taken between free_port and the listen)

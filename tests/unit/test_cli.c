@@ -62,13 +62,13 @@ main(void)
 	}
 
 	struct { const char *s; uint64_t v; } ok_b[] = {
-		{"512", 512}, {"4k", 4096}, {"64M", 64ull << 20}, {"1.5GB", 3ull << 29}, {"2kb", 2048},
+		{"512", 512}, {"4k", 4096}, {"64M", 64ull << 20}, {"1.5GB", 3ull << 29}, {"2kb", 2048}, {"64MiB", 64ull << 20},
 	};
 	for (size_t k = 0; k < RL_ARRAY_LEN(ok_b); k++) {
 		T_EQ_INT(rl_cli_bytes('n', ok_b[k].s, 0, 1ull << 40, &u), 0);
 		T_OK(u == ok_b[k].v, "%s", ok_b[k].s);
 	}
-	const char *bad_b[] = {"1T", "-1", "0.5", "4q", "2G", "", "k"};
+	const char *bad_b[] = {"1T", "-1", "0.5", "4q", "2G", "", "k", "12iB", "4kiBB"};
 	for (size_t k = 0; k < RL_ARRAY_LEN(bad_b); k++) {
 		T_CAPTURE(rl_cli_bytes('n', bad_b[k], 0, 1ull << 30, &u), &rv, msg);
 		T_EQ_INT(rv, 2);

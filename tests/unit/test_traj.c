@@ -755,10 +755,70 @@ test_jsonl_batches(void)
 	free(text);
 }
 
+/* FNV-1a, 64 bits, from its published parameters: the reference the ids
+ * rl_traj_batch_fill_ids gives are checked against. */
+static uint64_t
+fnv1a_ref(const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	uint64_t h = 0xcbf29ce484222325ULL;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ULL;
+	return h;
+}
+
+/* Records without an id get the hash of their bytes; prompts also their id
+ * as group; a batch that lacks nothing is passed through as it is. */
+static void
+test_fill_ids(void)
+{
+	rl_traj_batch *b, *fixed, *out;
+	rl_traj *t;
+	const void *rec;
+	size_t len;
+	uint64_t id, g, want[3];
+
+	rl_traj_batch_create(&b);
+	rl_traj_batch_create(&fixed);
+	rl_traj_create(&t);
+	for (int i = 0; i < 3; i++) {
+		rl_traj_clear(t);
+		if (i == 1)
+			rl_traj_set_u64(t, RL_TAG_ID, 5);
+		rl_traj_set_str(t, RL_TAG_PROMPT_TEXT, i == 2 ? "two" : "zero or one");
+		rl_traj_batch_add(b, t);
+		T_OK(rl_traj_batch_raw(b, (size_t)i, &rec, &len) == 0);
+		want[i] = i == 1 ? 5 : fnv1a_ref(rec, len) & 0x7fffffffffffffffULL;
+	}
+	T_OK(want[0] != want[2] && want[0] >> 63 == 0);
+	T_EQ_INT(rl_traj_batch_fill_ids(&out, b, 1, fixed, t), 0);
+	T_OK(out == fixed && rl_traj_batch_count(out) == 3);
+	for (int i = 0; i < 3; i++) {
+		T_OK(rl_traj_batch_get(out, (size_t)i, t) == 0 && rl_traj_get_u64(t, RL_TAG_ID, &id) == 0);
+		T_OK(id == want[i], "record %d: id %llu, expected %llu", i, (unsigned long long)id,
+		     (unsigned long long)want[i]);
+		T_OK(rl_traj_get_u64(t, RL_TAG_GROUP, &g) == 0 && g == id, "record %d: its id as group", i);
+	}
+	/* the filled batch lacks nothing: passed through; without groups asked
+	 * for, a batch with ids lacks nothing either */
+	T_EQ_INT(rl_traj_batch_fill_ids(&out, fixed, 1, b, t), 0);
+	T_OK(out == fixed);
+	rl_traj_batch_clear(b);
+	rl_traj_clear(t);
+	rl_traj_set_u64(t, RL_TAG_ID, 9);
+	rl_traj_batch_add(b, t);
+	T_EQ_INT(rl_traj_batch_fill_ids(&out, b, 0, fixed, t), 0);
+	T_OK(out == b);
+	rl_traj_destroy(t);
+	rl_traj_batch_destroy(b);
+	rl_traj_batch_destroy(fixed);
+}
+
 int
 main(void)
 {
 	T_BEGIN("test_traj");
+	test_fill_ids();
 	rl_log_init("test_traj", RL_LOG_QUIET);
 	test_typed();
 	test_roundtrip();
