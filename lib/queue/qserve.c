@@ -342,25 +342,230 @@ stat_reply(rl_qserve *s, qctx *c)
 	free(txt);
 }
 
-/* Handles one request message (consumed).  Returns 1 when a reply is ready
- * in c, 0 when c now waits (long poll). */
-static int
-handle(rl_qserve *s, qctx *c, nng_msg *m)
+/* The request handlers below fill c's reply (or its error) from the request
+ * body (blen bytes) and add the waiters a change can serve to *ready. */
+
+/* PUT: a batch of records, plain (used in place) or zstd (inflated). */
+static void
+op_put(rl_qserve *s, qctx *c, const uint8_t *body, size_t blen, qctx **ready)
 {
-	const uint8_t *p = nng_msg_body(m);
-	size_t len = nng_msg_len(m), blen, batch_len = 0;
-	const uint8_t *body, *batch = NULL;
-	qctx *ready = NULL;
+	const uint8_t *batch;
+	size_t batch_len;
+	const void *frame = (c->h.flags & RL_QF_ZSTD) ? body : NULL;
+	size_t flen = blen;
+	rl_qput_result r;
 	uint8_t fb[32];
 	char why[160];
 	uint64_t t0;
 	int rv;
 
+	if (c->h.flags & RL_QF_ZSTD) {
+		t0 = ns_now();
+		rv = rl_qbody_get(&c->in, &c->h, body, blen, s->cfg.max_msg);
+		ADD_NS(t_decomp, t0);
+		batch = c->in.p;
+		batch_len = c->in.len;
+	} else {
+		rv = blen > s->cfg.max_msg ? RL_ETOOBIG : RL_OK;
+		batch = body;
+		batch_len = blen;
+	}
+	if (rv != 0) {
+		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+		reply_error(c, rv, rv == RL_ETOOBIG ? "request body over the size limit" : "bad request body");
+		return;
+	}
+	if (frame == NULL && s->has_journal) {
+		/* the journal wants a zstd frame: make it before taking the lock */
+		t0 = ns_now();
+		c->z.len = 0;
+		if (rl_qzstd_compress(&c->z, batch, batch_len, s->cfg.queue.journal_level) == 0) {
+			frame = c->z.p;
+			flen = c->z.len;
+		}
+		ADD_NS(t_comp, t0);
+	}
+	lock(s);
+	t0 = ns_now();
+	rv = rl_queue_put(s->q, (int)c->h.arg, batch, batch_len, frame, flen, wall_ms(), &r);
+	if (rv == 0 && s->nwait)
+		waiters_scan(s, 0, 0, ready);
+	c->seq = rl_queue_journal_seq(s->q);
+	ADD_NS(t_state, t0);
+	unlock(s);
+	if (rv != 0) {
+		snprintf(why, sizeof why, "put refused: %s", rl_strerror(rv));
+		if (rv != RL_EBUSY)
+			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+		reply_error(c, rv, why);
+		return;
+	}
+	rl_qput_result_encode(fb, &r);
+	rl_buf_append(&c->fixed, fb, RL_QPUT_RESULT_LEN);
+}
+
+/* LEASE: records of a stage now, or c waits for them (long poll) on the
+ * pipe of m.  Returns 1 when c now waits, 0 when its reply is ready. */
+static int
+op_lease(rl_qserve *s, qctx *c, nng_msg *m, const uint8_t *body, size_t blen, qctx **ready)
+{
+	uint64_t t0;
+
+	if (blen < RL_QLEASE_REQ_LEN) {
+		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+		reply_error(c, RL_EFORMAT, "short lease request");
+		return 0;
+	}
+	rl_qlease_req_decode(&c->lr, body);
+	if (c->lr.stage >= RL_QSTAGE_COUNT || c->lr.max_records == 0) {
+		reply_error(c, RL_EINVAL, "bad lease request (stage or count)");
+		return 0;
+	}
+	if (c->lr.wait_ms > 600000)
+		c->lr.wait_ms = 600000;
+	lock(s);
+	t0 = ns_now();
+	if (c->lr.ack_lease) {
+		/* piggybacked ack of the previous lease: one round trip per batch */
+		rl_qack_req ar = { .lease_id = c->lr.ack_lease, .kind = RL_QACK_DONE };
+		rl_qack_result res;
+		rl_queue_ack(s->q, &ar, NULL, wall_ms(), &res);
+		c->lr.ack_lease = 0;
+		if (s->nwait)
+			waiters_scan(s, 0, 0, ready);
+	}
+	c->wait_until = mono_ms() + c->lr.wait_ms;
+	if (try_lease(s, c, c->lr.wait_ms == 0)) {
+		ADD_NS(t_state, t0);
+		unlock(s);
+		return 0;
+	}
+	/* keep a few contexts free for puts and acks */
+	if (s->nwait + 4 >= s->nctx && s->whead) {
+		qctx *old = s->whead;
+		s->whead = old->wnext;
+		if (s->wtail == old)
+			s->wtail = NULL;
+		s->nwait--;
+		old->queued = 0;
+		try_lease(s, old, 1);
+		old->wnext = *ready;
+		*ready = old;
+	}
+	c->state = C_WAIT;
+	c->pipe = nng_msg_get_pipe(m);
+	waiter_add(s, c);
+	ADD_NS(t_state, t0);
+	unlock(s);
+	return 1;
+}
+
+/* ACK: done, release or drop of a lease, whole or by record ids. */
+static void
+op_ack(rl_qserve *s, qctx *c, const uint8_t *body, size_t blen, qctx **ready)
+{
+	rl_qack_req ar;
+	rl_qack_result res;
+	uint64_t *ids = NULL, t0;
+	uint8_t fb[32];
+	int rv;
+
+	if (blen < RL_QACK_REQ_LEN) {
+		reply_error(c, RL_EFORMAT, "short ack request");
+		return;
+	}
+	rl_qack_req_decode(&ar, body);
+	if ((blen - RL_QACK_REQ_LEN) / 8 < ar.n) {
+		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+		reply_error(c, RL_EFORMAT, "ack request shorter than its id count");
+		return;
+	}
+	if (ar.n) {
+		if ((ids = malloc((size_t)ar.n * 8)) == NULL) {
+			reply_error(c, RL_ENOMEM, "out of memory");
+			return;
+		}
+		for (uint32_t i = 0; i < ar.n; i++)
+			ids[i] = rl_le64_get(body + RL_QACK_REQ_LEN + 8 * i);
+	}
+	lock(s);
+	t0 = ns_now();
+	rv = rl_queue_ack(s->q, &ar, ids, wall_ms(), &res);
+	if (s->nwait)
+		waiters_scan(s, 0, 0, ready);
+	c->seq = rl_queue_journal_seq(s->q);
+	ADD_NS(t_state, t0);
+	unlock(s);
+	free(ids);
+	if (rv != 0 && rv != RL_ENOENT) {
+		reply_error(c, rv, "ack failed");
+		return;
+	}
+	c->status = (uint16_t)rv;   /* RL_ENOENT: unknown lease, with counts */
+	rl_qack_result_encode(fb, &res);
+	rl_buf_append(&c->fixed, fb, RL_QACK_RESULT_LEN);
+}
+
+/* VERSION: the trainer's weight version; waiters the staleness gate held
+ * may now be served. */
+static void
+op_version(rl_qserve *s, qctx *c, qctx **ready)
+{
+	uint64_t now;
+	int rv;
+
+	lock(s);
+	rv = rl_queue_set_version(s->q, c->h.arg, &now);
+	if (rv == 0 && s->nwait)
+		waiters_scan(s, 0, 0, ready);
+	c->seq = rl_queue_journal_seq(s->q);
+	unlock(s);
+	if (rv != 0) {
+		reply_error(c, rv, "cannot set version");
+		return;
+	}
+	c->arg = now;
+}
+
+/* REPORT: a stage's stats, small JSON, checked whole before it is stored. */
+static void
+op_report(rl_qserve *s, qctx *c, const uint8_t *body, size_t blen)
+{
+	char why[160];
+	int rv;
+
+	if ((c->h.flags & RL_QF_ZSTD) == 0 && blen > RL_QP_MAX_REPORT)
+		rv = RL_ETOOBIG;
+	else
+		rv = rl_qbody_get(&c->in, &c->h, body, blen, RL_QP_MAX_REPORT);
+	if (rv == 0)
+		rv = rli_workers_report(s->wk, (const char *)c->in.p, c->in.len, rl_now(), why, sizeof why);
+	else
+		snprintf(why, sizeof why, rv == RL_ETOOBIG ? "stats report over %zu bytes" : "bad stats report body",
+		    (size_t)RL_QP_MAX_REPORT);
+	if (rv != 0) {
+		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+		reply_error(c, rv, why);
+		return;
+	}
+	__atomic_add_fetch(&s->nreports, 1, __ATOMIC_RELAXED);
+}
+
+/* Handles one request message (consumed).  Returns 1 when a reply is ready
+ * in c, 0 when c now waits (long poll). */
+static int
+handle(rl_qserve *s, qctx *c, nng_msg *m)
+{
+	const uint8_t *p = nng_msg_body(m), *body;
+	size_t len = nng_msg_len(m), blen;
+	qctx *ready = NULL;
+	char why[160];
+	int rv, waits = 0;
+
 	__atomic_add_fetch(&s->nreq, 1, __ATOMIC_RELAXED);
 	reply_reset(c);
 	c->in.len = 0;
 	if ((rv = rl_qhdr_decode(&c->h, p, len)) != 0) {
-		c->h.op = c->h.op ? c->h.op : 0;
 		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
 		reply_error(c, rv, rv == RL_EVERSION ? "unsupported protocol version" : "malformed request header");
 		goto done;
@@ -368,185 +573,13 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 	body = p + c->h.hdr_len;
 	blen = len - c->h.hdr_len;
 	switch (c->h.op) {
-	case RL_QOP_PING:
-		break;
-	case RL_QOP_PUT:
-		/* a plain body is used in place (no copy); a zstd one is inflated */
-		if (c->h.flags & RL_QF_ZSTD) {
-			t0 = ns_now();
-			rv = rl_qbody_get(&c->in, &c->h, body, blen, s->cfg.max_msg);
-			ADD_NS(t_decomp, t0);
-			batch = c->in.p;
-			batch_len = c->in.len;
-		} else {
-			rv = blen > s->cfg.max_msg ? RL_ETOOBIG : RL_OK;
-			batch = body;
-			batch_len = blen;
-		}
-		if (rv != 0) {
-			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
-			reply_error(c, rv, rv == RL_ETOOBIG ? "request body over the size limit" : "bad request body");
-			break;
-		}
-		{
-			rl_qput_result r;
-			const void *frame = (c->h.flags & RL_QF_ZSTD) ? body : NULL;
-			size_t flen = blen;
-			if (frame == NULL && s->has_journal) {
-				/* the journal wants a zstd frame: make it before taking the lock */
-				t0 = ns_now();
-				c->z.len = 0;
-				if (rl_qzstd_compress(&c->z, batch, batch_len, s->cfg.queue.journal_level) == 0) {
-					frame = c->z.p;
-					flen = c->z.len;
-				}
-				ADD_NS(t_comp, t0);
-			}
-			lock(s);
-			t0 = ns_now();
-			rv = rl_queue_put(s->q, (int)c->h.arg, batch, batch_len, frame, flen, wall_ms(), &r);
-			if (rv == 0 && s->nwait)
-				waiters_scan(s, 0, 0, &ready);
-			c->seq = rl_queue_journal_seq(s->q);
-			ADD_NS(t_state, t0);
-			unlock(s);
-			if (rv != 0) {
-				snprintf(why, sizeof why, "put refused: %s", rl_strerror(rv));
-				if (rv != RL_EBUSY)
-					__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
-				reply_error(c, rv, why);
-				break;
-			}
-			rl_qput_result_encode(fb, &r);
-			rl_buf_append(&c->fixed, fb, RL_QPUT_RESULT_LEN);
-		}
-		break;
-	case RL_QOP_LEASE:
-		if (blen < RL_QLEASE_REQ_LEN) {
-			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
-			reply_error(c, RL_EFORMAT, "short lease request");
-			break;
-		}
-		rl_qlease_req_decode(&c->lr, body);
-		if (c->lr.stage >= RL_QSTAGE_COUNT || c->lr.max_records == 0) {
-			reply_error(c, RL_EINVAL, "bad lease request (stage or count)");
-			break;
-		}
-		if (c->lr.wait_ms > 600000)
-			c->lr.wait_ms = 600000;
-		lock(s);
-		t0 = ns_now();
-		if (c->lr.ack_lease) {
-			/* piggybacked ack of the previous lease: one round trip per batch */
-			rl_qack_req ar = { .lease_id = c->lr.ack_lease, .kind = RL_QACK_DONE };
-			rl_qack_result res;
-			rl_queue_ack(s->q, &ar, NULL, wall_ms(), &res);
-			c->lr.ack_lease = 0;
-			if (s->nwait)
-				waiters_scan(s, 0, 0, &ready);
-		}
-		c->wait_until = mono_ms() + c->lr.wait_ms;
-		if (!try_lease(s, c, c->lr.wait_ms == 0)) {
-			/* keep a few contexts free for puts and acks */
-			if (s->nwait + 4 >= s->nctx && s->whead) {
-				qctx *old = s->whead;
-				s->whead = old->wnext;
-				if (s->wtail == old)
-					s->wtail = NULL;
-				s->nwait--;
-				old->queued = 0;
-				try_lease(s, old, 1);
-				old->wnext = NULL;
-				ready = old;
-			}
-			c->state = C_WAIT;
-			c->pipe = nng_msg_get_pipe(m);
-			waiter_add(s, c);
-			ADD_NS(t_state, t0);
-			unlock(s);
-			nng_msg_free(m);
-			send_list(ready);
-			return 0;
-		}
-		ADD_NS(t_state, t0);
-		unlock(s);
-		break;
-	case RL_QOP_ACK: {
-		rl_qack_req ar;
-		rl_qack_result res;
-		uint64_t *ids = NULL;
-		if (blen < RL_QACK_REQ_LEN) {
-			reply_error(c, RL_EFORMAT, "short ack request");
-			break;
-		}
-		rl_qack_req_decode(&ar, body);
-		if ((blen - RL_QACK_REQ_LEN) / 8 < ar.n) {
-			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
-			reply_error(c, RL_EFORMAT, "ack request shorter than its id count");
-			break;
-		}
-		if (ar.n) {
-			if ((ids = malloc((size_t)ar.n * 8)) == NULL) {
-				reply_error(c, RL_ENOMEM, "out of memory");
-				break;
-			}
-			for (uint32_t i = 0; i < ar.n; i++)
-				ids[i] = rl_le64_get(body + RL_QACK_REQ_LEN + 8 * i);
-		}
-		lock(s);
-		t0 = ns_now();
-		rv = rl_queue_ack(s->q, &ar, ids, wall_ms(), &res);
-		if (s->nwait)
-			waiters_scan(s, 0, 0, &ready);
-		c->seq = rl_queue_journal_seq(s->q);
-		ADD_NS(t_state, t0);
-		unlock(s);
-		free(ids);
-		if (rv != 0 && rv != RL_ENOENT) {
-			reply_error(c, rv, "ack failed");
-			break;
-		}
-		c->status = (uint16_t)rv;   /* RL_ENOENT: unknown lease, with counts */
-		rl_qack_result_encode(fb, &res);
-		rl_buf_append(&c->fixed, fb, RL_QACK_RESULT_LEN);
-		break;
-	}
-	case RL_QOP_VERSION: {
-		uint64_t now;
-		lock(s);
-		rv = rl_queue_set_version(s->q, c->h.arg, &now);
-		if (rv == 0 && s->nwait)
-			waiters_scan(s, 0, 0, &ready);
-		c->seq = rl_queue_journal_seq(s->q);
-		unlock(s);
-		if (rv != 0) {
-			reply_error(c, rv, "cannot set version");
-			break;
-		}
-		c->arg = now;
-		break;
-	}
-	case RL_QOP_STAT:
-		stat_reply(s, c);
-		break;
-	case RL_QOP_REPORT:
-		/* a stage's stats: small JSON, checked whole before it is stored */
-		if ((c->h.flags & RL_QF_ZSTD) == 0 && blen > RL_QP_MAX_REPORT)
-			rv = RL_ETOOBIG;
-		else
-			rv = rl_qbody_get(&c->in, &c->h, body, blen, RL_QP_MAX_REPORT);
-		if (rv == 0)
-			rv = rli_workers_report(s->wk, (const char *)c->in.p, c->in.len, rl_now(), why, sizeof why);
-		else
-			snprintf(why, sizeof why, rv == RL_ETOOBIG ? "stats report over %zu bytes" : "bad stats report body",
-			    (size_t)RL_QP_MAX_REPORT);
-		if (rv != 0) {
-			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
-			reply_error(c, rv, why);
-			break;
-		}
-		__atomic_add_fetch(&s->nreports, 1, __ATOMIC_RELAXED);
-		break;
+	case RL_QOP_PING: break;
+	case RL_QOP_PUT: op_put(s, c, body, blen, &ready); break;
+	case RL_QOP_LEASE: waits = op_lease(s, c, m, body, blen, &ready); break;
+	case RL_QOP_ACK: op_ack(s, c, body, blen, &ready); break;
+	case RL_QOP_VERSION: op_version(s, c, &ready); break;
+	case RL_QOP_STAT: stat_reply(s, c); break;
+	case RL_QOP_REPORT: op_report(s, c, body, blen); break;
 	default:
 		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
 		snprintf(why, sizeof why, "unknown op %u", c->h.op);
@@ -556,7 +589,7 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 done:
 	nng_msg_free(m);
 	send_list(ready);
-	return 1;
+	return !waits;
 }
 
 static void

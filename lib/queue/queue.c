@@ -1798,125 +1798,93 @@ recover_at(rl_queue *q, const uint8_t *p, size_t n, size_t off, size_t k)
 	return rv;
 }
 
-/* Replays one journal file held in memory.  *good gets the offset after the
- * last complete op. */
+/* replay's outcome for a damaged op, beside 0 and the rl_err of an op that
+ * could not be applied. */
+#define REPLAY_DAMAGED (-1)
+
+/* An op followed by a zstd frame (J_PUT, J_SNAPENT) at p[*next..n): the
+ * frame is inflated into body and applied; *next moves past it. */
 static int
-replay(rl_queue *q, const uint8_t *p, size_t n, size_t *good)
+replay_frame_op(rl_queue *q, uint32_t type, uint32_t stage, uint64_t a, const uint8_t *p, size_t n, size_t *next,
+    rl_buf *body)
 {
-	size_t off = 0;
-	rl_buf body;
+	size_t fsz = ZSTD_findFrameCompressedSize(p + *next, n - *next);
+	unsigned long long csz;
+	rl_qhdr h = { .flags = RL_QF_ZSTD };
+	rl_qput_result r;
+
+	if (ZSTD_isError(fsz))
+		return REPLAY_DAMAGED;
+	csz = ZSTD_getFrameContentSize(p + *next, fsz);
+	if (csz == ZSTD_CONTENTSIZE_ERROR || csz == ZSTD_CONTENTSIZE_UNKNOWN || csz > UINT32_MAX)
+		return REPLAY_DAMAGED;
+	h.raw_len = (uint32_t)csz;
+	body->len = 0;
+	if (rl_qbody_get(body, &h, p + *next, fsz, (size_t)csz) != 0)
+		return REPLAY_DAMAGED;
+	*next += fsz;
+	if (type == J_PUT)
+		return apply_put(q, (int)stage, body->p, body->len, NULL, 0, &r);
+	return restore_ents(q, body->p, body->len, (uint32_t)a);
+}
+
+/* An op without a frame: its fixed fields a, b, c and cnt record ids at idp. */
+static int
+replay_plain_op(rl_queue *q, uint32_t type, uint32_t stage, uint64_t a, uint64_t b, uint64_t c, const uint8_t *idp,
+    uint32_t cnt)
+{
+	uint64_t *ids = NULL;
+	rl_qack_result ar;
 	int rv = RL_OK;
 
-	rl_buf_init(&body);
-	*good = 0;
-	while (off < n) {
-		uint32_t clen, type, stage, cnt;
-		uint64_t a, b, c;
-		const uint8_t *ct;
-		size_t next;
-
-		if (n - off < 8 || rl_le32_get(p + off) != J_SKIP_MAGIC)
-			goto bad;
-		clen = rl_le32_get(p + off + 4);
-		if (clen < J_FIXED + 4 || clen > n - off - 8)
-			goto bad;
-		ct = p + off + 8;
-		if (crc32(ct, clen - 4) != rl_le32_get(ct + clen - 4))
-			goto bad;
-		type = ct[0];
-		stage = ct[1];
-		cnt = rl_le32_get(ct + 4);
-		a = rl_le64_get(ct + 8);
-		b = rl_le64_get(ct + 16);
-		c = rl_le64_get(ct + 24);
-		if ((size_t)cnt * 8 != clen - 4 - J_FIXED)
-			goto bad;
-		next = off + 8 + clen;
-		if (type == J_PUT || type == J_SNAPENT) {
-			size_t fsz = ZSTD_findFrameCompressedSize(p + next, n - next);
-			unsigned long long csz;
-			rl_qhdr h = { .flags = RL_QF_ZSTD };
-			if (ZSTD_isError(fsz))
-				goto bad;
-			csz = ZSTD_getFrameContentSize(p + next, fsz);
-			if (csz == ZSTD_CONTENTSIZE_ERROR || csz == ZSTD_CONTENTSIZE_UNKNOWN || csz > UINT32_MAX)
-				goto bad;
-			h.raw_len = (uint32_t)csz;
-			body.len = 0;
-			if (rl_qbody_get(&body, &h, p + next, fsz, (size_t)csz) != 0)
-				goto bad;
-			next += fsz;
-			if (type == J_PUT) {
-				rl_qput_result r;
-				if ((rv = apply_put(q, (int)stage, body.p, body.len, NULL, 0, &r)) != 0)
-					goto fail;
-			} else if ((rv = restore_ents(q, body.p, body.len, (uint32_t)a)) != 0) {
-				goto fail;
-			}
-		} else {
-			const uint8_t *idp = ct + J_FIXED;
-			uint64_t *ids = NULL;
-			rl_qack_result ar;
-			if (cnt && (ids = rl_try_malloc((size_t)cnt * 8, "journal")) == NULL) {
-				rv = RL_ENOMEM;
-				goto fail;
-			}
-			for (uint32_t i = 0; i < cnt; i++)
-				ids[i] = rl_le64_get(idp + 8 * i);
-			switch (type) {
-			case J_HEAD:
-				if (a != 1) {
-					free(ids);
-					rl_error("'%s': journal format %llu is not supported", q->jpath,
-					    (unsigned long long)a);
-					rl_hint("this journal was written by a newer rl-queue");
-					rv = RL_EVERSION;
-					goto fail;
-				}
-				if (b > q->next_lid)
-					q->next_lid = b;
-				break;
-			case J_LEASE: rv = apply_lease(q, a, (int)stage, b, (uint32_t)c, ids, cnt); break;
-			case J_ACK: rv = apply_ack(q, a, (int)stage, b, ids, cnt, &ar); if (rv == RL_ENOENT) rv = 0; break;
-			case J_EXPIRE: rv = apply_expire(q, a); break;
-			case J_VERSION: rv = apply_version(q, a); break;
-			case J_STALE: rv = apply_stale(q, a, (int)stage); break;
-			case J_DEDUP:
-				for (uint32_t i = 0; i < cnt && rv == 0; i++)
-					rv = win_add(stage ? &q->done_groups : &q->done_ids, ids[i]);
-				break;
-			case J_SNAPLEASE: {
-				qlease *l;
-				rv = lease_new(q, a, (int)stage, b, &l);
-				break;
-			}
-			case J_SNAPGROUP: {
-				uint32_t gi;
-				if ((rv = group_get(q, a, &gi)) == 0)
-					q->grp[gi].ndone = (uint32_t)b;
-				break;
-			}
-			default:
-				free(ids);
-				goto bad;
-			}
-			free(ids);
-			if (rv != 0)
-				goto fail;
+	if (cnt && (ids = rl_try_malloc((size_t)cnt * 8, "journal")) == NULL)
+		return RL_ENOMEM;
+	for (uint32_t i = 0; i < cnt; i++)
+		ids[i] = rl_le64_get(idp + 8 * i);
+	switch (type) {
+	case J_HEAD:
+		if (a != 1) {
+			rl_error("'%s': journal format %llu is not supported", q->jpath, (unsigned long long)a);
+			rl_hint("this journal was written by a newer rl-queue");
+			rv = RL_EVERSION;
+		} else if (b > q->next_lid) {
+			q->next_lid = b;
 		}
-		off = next;
-		*good = off;
+		break;
+	case J_LEASE: rv = apply_lease(q, a, (int)stage, b, (uint32_t)c, ids, cnt); break;
+	case J_ACK: rv = apply_ack(q, a, (int)stage, b, ids, cnt, &ar); if (rv == RL_ENOENT) rv = 0; break;
+	case J_EXPIRE: rv = apply_expire(q, a); break;
+	case J_VERSION: rv = apply_version(q, a); break;
+	case J_STALE: rv = apply_stale(q, a, (int)stage); break;
+	case J_DEDUP:
+		for (uint32_t i = 0; i < cnt && rv == 0; i++)
+			rv = win_add(stage ? &q->done_groups : &q->done_ids, ids[i]);
+		break;
+	case J_SNAPLEASE: {
+		qlease *l;
+		rv = lease_new(q, a, (int)stage, b, &l);
+		break;
 	}
-	/* snapshot leases that kept no records */
-	for (size_t i = 1; i < q->nlease_slots; i++)
-		if (q->lease[i].used && q->lease[i].nlive == 0)
-			lease_free(q, q->lease[i].lid);
-	rl_buf_fini(&body);
-	return RL_OK;
-bad:
-	rl_buf_fini(&body);
-	/* a torn tail (crash during a write) ends the file; damage before an
-	 * intact op does not */
+	case J_SNAPGROUP: {
+		uint32_t gi;
+		if ((rv = group_get(q, a, &gi)) == 0)
+			q->grp[gi].ndone = (uint32_t)b;
+		break;
+	}
+	default:
+		rv = REPLAY_DAMAGED;
+		break;
+	}
+	free(ids);
+	return rv;
+}
+
+/* The journal is damaged at byte off: a torn tail (a crash during a write)
+ * ends the file and is dropped; damage before an intact op is an error, or
+ * recovered with --recover-journal. */
+static int
+replay_damaged(rl_queue *q, const uint8_t *p, size_t n, size_t off)
+{
 	for (size_t k = off + 1; k + 8 <= n; k++) {
 		if (rl_le32_get(p + k) == J_SKIP_MAGIC) {
 			uint32_t cl = rl_le32_get(p + k + 4);
@@ -1948,10 +1916,63 @@ bad:
 	rl_warn("'%s': dropping a damaged or torn tail of %zu bytes at byte %zu (a write cut by a crash, "
 	    "or damage to the last change, which may have been acknowledged)", q->jpath, n - off, off);
 	return RL_OK;
-fail:
+}
+
+/* Replays one journal file held in memory.  *good gets the offset after the
+ * last complete op. */
+static int
+replay(rl_queue *q, const uint8_t *p, size_t n, size_t *good)
+{
+	size_t off = 0;
+	rl_buf body;
+	int rv = RL_OK;
+
+	rl_buf_init(&body);
+	*good = 0;
+	while (off < n) {
+		uint32_t clen, type, stage, cnt;
+		const uint8_t *ct;
+		size_t next;
+
+		if (n - off < 8 || rl_le32_get(p + off) != J_SKIP_MAGIC)
+			break;
+		clen = rl_le32_get(p + off + 4);
+		if (clen < J_FIXED + 4 || clen > n - off - 8)
+			break;
+		ct = p + off + 8;
+		if (crc32(ct, clen - 4) != rl_le32_get(ct + clen - 4))
+			break;
+		type = ct[0];
+		stage = ct[1];
+		cnt = rl_le32_get(ct + 4);
+		if ((size_t)cnt * 8 != clen - 4 - J_FIXED)
+			break;
+		next = off + 8 + clen;
+		if (type == J_PUT || type == J_SNAPENT)
+			rv = replay_frame_op(q, type, stage, rl_le64_get(ct + 8), p, n, &next, &body);
+		else
+			rv = replay_plain_op(q, type, stage, rl_le64_get(ct + 8), rl_le64_get(ct + 16),
+			    rl_le64_get(ct + 24), ct + J_FIXED, cnt);
+		if (rv == REPLAY_DAMAGED) {
+			rv = RL_OK;
+			break;
+		}
+		if (rv != 0) {
+			rl_buf_fini(&body);
+			rl_error("'%s': cannot replay the journal at byte %zu: %s", q->jpath, off, rl_strerror(rv));
+			return rv;
+		}
+		off = next;
+		*good = off;
+	}
 	rl_buf_fini(&body);
-	rl_error("'%s': cannot replay the journal at byte %zu: %s", q->jpath, off, rl_strerror(rv));
-	return rv;
+	if (off < n)
+		return replay_damaged(q, p, n, off);
+	/* snapshot leases that kept no records */
+	for (size_t i = 1; i < q->nlease_slots; i++)
+		if (q->lease[i].used && q->lease[i].nlive == 0)
+			lease_free(q, q->lease[i].lid);
+	return RL_OK;
 }
 
 /* Two brokers appending to one journal lose data (one compacts, renaming a
