@@ -1192,16 +1192,64 @@ starts_ends(const char *s, const char *pre, const char *suf)
 	return n >= a && n >= b && memcmp(s, pre, a) == 0 && memcmp(s + n - b, suf, b) == 0;
 }
 
-/* The prompt as a list of steps: a special id, or text to encode. */
-static int
-chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int flags, rl_tokens *ids,
-	  rl_tokenizer *enc, sbuf *text)
+/* Where a rendered prompt goes: token ids (text is gathered in seg and
+ * encoded before each special id and at the end) and/or its text.  The
+ * first error sticks in rv and later calls do nothing, so a renderer writes
+ * its turns straight and checks rv once. */
+typedef struct chat_out {
+	const rl_tokenizer *t;
+	rl_tokens *ids;
+	rl_tokenizer *enc;
+	sbuf *text;
+	sbuf seg;
+	int flags;   /* encode flags (RL_TOK_SPECIAL) */
+	int rv;
+} chat_out;
+
+static void
+co_flush(chat_out *co)
 {
-	int32_t ims = find(t, "<|im_start|>"), ime = find(t, "<|im_end|>");
-	sbuf seg = { 0 };
-	int rv = 0, sys = 0, tools = 0, reason = 0, gen, nothink;
-	size_t lastq = n ? n - 1 : 0;
-	int autot = tpl == RL_CHAT_AUTO;
+	if (co->rv == 0 && co->seg.n && co->ids)
+		co->rv = rl_tokenizer_encode(co->ids, co->enc, co->seg.p, co->seg.n, co->flags);
+	co->seg.n = 0;
+}
+
+static void
+co_special(chat_out *co, int32_t id)
+{
+	size_t l = 0;
+	const char *s = rl_tokenizer_token(co->t, id, &l);
+
+	co_flush(co);
+	if (co->rv == 0 && co->ids)
+		co->rv = rli_tokens_push(co->ids, id);
+	if (co->rv == 0 && co->text)
+		co->rv = sb_add(co->text, s, l);
+}
+
+static void
+co_textn(chat_out *co, const char *s, size_t n)
+{
+	if (co->rv == 0 && co->ids)
+		co->rv = sb_add(&co->seg, s, n);
+	if (co->rv == 0 && co->text)
+		co->rv = sb_add(co->text, s, n);
+}
+
+static void co_text(chat_out *co, const char *s) { co_textn(co, s, strlen(s)); }
+
+/* The template to render (*tpl, resolved from RL_CHAT_AUTO) and what the
+ * model's own template adds: its system turn when the chat has none (*sys),
+ * tool turns (*tools), Qwen3's reasoning rules (*reason).  Errors: a template
+ * rlpipe does not render, a thinking switch the template lacks, ChatML on a
+ * tokenizer without its tokens. */
+static int
+chat_check(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int *tpl, int flags, int *sys, int *tools,
+	   int *reason)
+{
+	int autot = *tpl == RL_CHAT_AUTO;
+
+	*sys = *tools = *reason = 0;
 	if (autot) {
 		if (t->chat_foreign) {
 			if (t->chat_foreign == 2)
@@ -1214,30 +1262,64 @@ chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int fl
 			    "choose the chatml or plain template knowingly");
 			return RL_ENOTSUP;
 		}
-		tpl = t->chat;
-		/* the template's own system turn when the chat has none */
-		sys = tpl == RL_CHAT_CHATML && t->chat_system && (n == 0 || strcmp(m[0].role, "system") != 0);
-		tools = t->chat_tools;
-		reason = t->chat_reason;
+		*tpl = t->chat;
+		*sys = *tpl == RL_CHAT_CHATML && t->chat_system && (n == 0 || strcmp(m[0].role, "system") != 0);
+		*tools = t->chat_tools;
+		*reason = t->chat_reason;
 	}
-	if ((flags & RL_TOK_NO_THINKING) && !(reason && t->chat_switch)) {
+	if ((flags & RL_TOK_NO_THINKING) && !(*reason && t->chat_switch)) {
 		if (autot)
 			rl_error("enable_thinking=false: the model's chat template (%s%s%s) has no thinking switch",
 			    t->chat_src ? "'" : "", t->chat_src ? t->chat_src : "the tokenizer's own",
 			    t->chat_src ? "'" : "");
 		else
 			rl_error("enable_thinking=false: the %s template has no thinking switch (only the "
-			    "model's own Qwen3 template, --chat-template auto, has)", rl_chat_template_name(tpl));
+			    "model's own Qwen3 template, --chat-template auto, has)", rl_chat_template_name(*tpl));
 		rl_hint("the switch is Qwen3's (its template names enable_thinking); leave thinking on here");
 		return RL_EINVAL;
 	}
-	if (tpl == RL_CHAT_CHATML && (ims < 0 || ime < 0)) {
+	if (*tpl == RL_CHAT_CHATML && (find(t, "<|im_start|>") < 0 || find(t, "<|im_end|>") < 0)) {
 		rl_error("ChatML needs the tokens <|im_start|> and <|im_end|>, which this tokenizer lacks");
 		rl_hint("use the plain template (rl-rollout --chat-template plain, rl-rollout tokenize --template plain)");
 		return RL_ENOTSUP;
 	}
-	/* Qwen3: turns after the last user query (one that is not a tool response
-	 * in disguise) keep their reasoning */
+	return RL_OK;
+}
+
+/* One assistant turn under Qwen3's rules: turns after the last user query
+ * (lastq) keep their reasoning, in <think> ... </think>, when they are the
+ * last turn or have some. */
+static void
+chatml_assistant(chat_out *co, const rl_chat_msg *mi, int last, int after_query)
+{
+	const char *r, *c;
+	size_t rn, cn;
+
+	split_reasoning(mi, &r, &rn, &c, &cn);
+	if (after_query && (last || rn)) {
+		while (rn && *r == '\n')
+			r++, rn--;
+		while (rn && r[rn - 1] == '\n')
+			rn--;
+		while (cn && *c == '\n')
+			c++, cn--;
+		co_text(co, "<think>\n");
+		co_textn(co, r, rn);
+		co_text(co, "\n</think>\n\n");
+	}
+	co_textn(co, c, cn);
+}
+
+/* ChatML, with the model's system turn, tool turns and Qwen3's reasoning
+ * where its template has them (chat_check). */
+static int
+chat_chatml(chat_out *co, const rl_chat_msg *m, size_t n, int sys, int tools, int reason, int gen, int nothink)
+{
+	const rl_tokenizer *t = co->t;
+	int32_t ims = find(t, "<|im_start|>"), ime = find(t, "<|im_end|>");
+	size_t lastq = n ? n - 1 : 0;
+
+	/* Qwen3: the last user query is one that is not a tool response in disguise */
 	for (size_t i = n; reason && i-- > 0;) {
 		if (strcmp(m[i].role, "user") == 0 &&
 		    !starts_ends(m[i].content, "<tool_response>", "</tool_response>")) {
@@ -1245,111 +1327,89 @@ chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int fl
 			break;
 		}
 	}
-#define SPECIAL(id)                                                                       \
-	do {                                                                              \
-		size_t l_ = 0;                                                              \
-		const char *s_ = rl_tokenizer_token(t, (id), &l_);                        \
-		if (seg.n && ids && (rv = rl_tokenizer_encode(ids, enc, seg.p, seg.n, flags)) != 0) \
-			goto out;                                                         \
-		seg.n = 0;                                                                \
-		if ((ids && (rv = rli_tokens_push(ids, (id))) != 0) ||                    \
-		    (text && (rv = sb_add(text, s_, l_)) != 0))                           \
-			goto out;                                                         \
-	} while (0)
-#define TEXTN(s, l)                                                                     \
-	do {                                                                            \
-		if ((ids && (rv = sb_add(&seg, (s), (l))) != 0) || (text && (rv = sb_add(text, (s), (l))) != 0)) \
-			goto out;                                                       \
-	} while (0)
-#define TEXT(s) TEXTN((s), strlen(s))
-	gen = flags & RL_TOK_GEN_PROMPT;
-	nothink = flags & RL_TOK_NO_THINKING;
-	flags &= RL_TOK_SPECIAL;
+	if (sys) {
+		co_special(co, ims);
+		co_text(co, "system\n");
+		co_text(co, t->chat_system);
+		co_special(co, ime);
+		co_text(co, "\n");
+	}
+	for (size_t i = 0; i < n && co->rv == 0; i++) {
+		const char *role = m[i].role;
+		int tool = tools && strcmp(role, "tool") == 0;
+		if (tools && !tool && strcmp(role, "user") != 0 && strcmp(role, "system") != 0 &&
+		    strcmp(role, "assistant") != 0) {
+			/* the template would leave the turn out without a word */
+			rl_error("message %zu: role '%s' is not one the model's chat template renders "
+			    "(system, user, assistant, tool)", i + 1, role);
+			return RL_EINVAL;
+		}
+		if (tool) {
+			/* consecutive tool results are one user turn */
+			if (i == 0 || strcmp(m[i - 1].role, "tool") != 0) {
+				co_special(co, ims);
+				co_text(co, "user");
+			}
+			co_text(co, "\n<tool_response>\n");
+			co_text(co, m[i].content);
+			co_text(co, "\n</tool_response>");
+			if (i + 1 == n || strcmp(m[i + 1].role, "tool") != 0) {
+				co_special(co, ime);
+				co_text(co, "\n");
+			}
+			continue;
+		}
+		co_special(co, ims);
+		co_text(co, role);
+		co_text(co, "\n");
+		if (reason && strcmp(role, "assistant") == 0)
+			chatml_assistant(co, &m[i], i + 1 == n, i > lastq);
+		else
+			co_text(co, m[i].content);
+		co_special(co, ime);
+		co_text(co, "\n");
+	}
+	if (gen) {
+		co_special(co, ims);
+		co_text(co, "assistant\n");
+		if (reason && t->chat_genthink)
+			co_text(co, "<think>\n");
+		if (nothink)
+			co_text(co, "<think>\n\n</think>\n\n");
+	}
+	return co->rv;
+}
+
+/* The prompt as a list of steps: a special id, or text to encode. */
+static int
+chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int flags, rl_tokens *ids,
+	  rl_tokenizer *enc, sbuf *text)
+{
+	chat_out co = { .t = t, .ids = ids, .enc = enc, .text = text, .flags = flags & RL_TOK_SPECIAL };
+	int rv, sys, tools, reason, gen = flags & RL_TOK_GEN_PROMPT, nothink = flags & RL_TOK_NO_THINKING;
+
+	if ((rv = chat_check(t, m, n, &tpl, flags, &sys, &tools, &reason)) != 0)
+		return rv;
 	if (tpl == RL_CHAT_CHATML) {
-		if (sys) {
-			SPECIAL(ims);
-			TEXT("system\n");
-			TEXT(t->chat_system);
-			SPECIAL(ime);
-			TEXT("\n");
-		}
-		for (size_t i = 0; i < n; i++) {
-			const char *role = m[i].role, *r, *c;
-			size_t rn, cn;
-			int tool = tools && strcmp(role, "tool") == 0;
-			if (tools && !tool && strcmp(role, "user") != 0 && strcmp(role, "system") != 0 &&
-			    strcmp(role, "assistant") != 0) {
-				/* the template would leave the turn out without a word */
-				rl_error("message %zu: role '%s' is not one the model's chat template renders "
-				    "(system, user, assistant, tool)", i + 1, role);
-				rv = RL_EINVAL;
-				goto out;
-			}
-			if (tool) {
-				/* consecutive tool results are one user turn */
-				if (i == 0 || strcmp(m[i - 1].role, "tool") != 0) {
-					SPECIAL(ims);
-					TEXT("user");
-				}
-				TEXT("\n<tool_response>\n");
-				TEXT(m[i].content);
-				TEXT("\n</tool_response>");
-				if (i + 1 == n || strcmp(m[i + 1].role, "tool") != 0) {
-					SPECIAL(ime);
-					TEXT("\n");
-				}
-				continue;
-			}
-			SPECIAL(ims);
-			TEXT(role);
-			TEXT("\n");
-			if (reason && strcmp(role, "assistant") == 0) {
-				split_reasoning(&m[i], &r, &rn, &c, &cn);
-				if (i > lastq && (i + 1 == n || rn)) {
-					while (rn && *r == '\n')
-						r++, rn--;
-					while (rn && r[rn - 1] == '\n')
-						rn--;
-					while (cn && *c == '\n')
-						c++, cn--;
-					TEXT("<think>\n");
-					TEXTN(r, rn);
-					TEXT("\n</think>\n\n");
-				}
-				TEXTN(c, cn);
-			} else {
-				TEXT(m[i].content);
-			}
-			SPECIAL(ime);
-			TEXT("\n");
-		}
-		if (gen) {
-			SPECIAL(ims);
-			TEXT("assistant\n");
-			if (reason && t->chat_genthink)
-				TEXT("<think>\n");
-			if (nothink)
-				TEXT("<think>\n\n</think>\n\n");
-		}
+		rv = chat_chatml(&co, m, n, sys, tools, reason, gen, nothink);
 	} else {
 		if (t->bos >= 0)
-			SPECIAL(t->bos);
+			co_special(&co, t->bos);
 		for (size_t i = 0; i < n; i++) {
-			TEXT(m[i].role);
-			TEXT(": ");
-			TEXT(m[i].content);
-			TEXT("\n");
+			co_text(&co, m[i].role);
+			co_text(&co, ": ");
+			co_text(&co, m[i].content);
+			co_text(&co, "\n");
 		}
 		if (gen)
-			TEXT("assistant:");
+			co_text(&co, "assistant:");
+		rv = co.rv;
 	}
-	if (seg.n && ids)
-		rv = rl_tokenizer_encode(ids, enc, seg.p, seg.n, flags);
-#undef SPECIAL
-#undef TEXT
-#undef TEXTN
-out:
-	free(seg.p);
+	if (rv == 0) {
+		co_flush(&co);
+		rv = co.rv;
+	}
+	free(co.seg.p);
 	return rv;
 }
 
