@@ -6,7 +6,7 @@
  * [1,2], "meta": {...}); any other field as "t<tag>": {"dtype": "F64",
  * "data": [...]} (or {"dtype": N, "hex": "..."} for a dtype this build does
  * not know).  Numbers are printed so that they parse back to the same bits:
- * floats in the shortest form that round-trips, 64-bit integers beyond 2^53
+ * floats in the shortest form that round-trips, 64-bit integers from 2^53
  * as decimal strings, non-finite floats as "nan", "inf", "-inf".
  *
  * Leaves out: NaN payloads and signs (every NaN reads back as the default
@@ -123,14 +123,14 @@ put_elem(rl_buf *o, int dt, const uint8_t *p)
 	case RL_I64: {
 		int64_t v;
 		memcpy(&v, p, 8);
-		if (v >= -(int64_t)TWO53 && v <= (int64_t)TWO53)
+		if (v > -(int64_t)TWO53 && v < (int64_t)TWO53)
 			return rl_buf_printf(o, "%lld", (long long)v);
 		return rl_buf_printf(o, "\"%lld\"", (long long)v);
 	}
 	case RL_U64: {
 		uint64_t v;
 		memcpy(&v, p, 8);
-		if (v <= (uint64_t)TWO53)
+		if (v < (uint64_t)TWO53)
 			return rl_buf_printf(o, "%llu", (unsigned long long)v);
 		return rl_buf_printf(o, "\"%llu\"", (unsigned long long)v);
 	}
@@ -325,8 +325,10 @@ elem(void *dst, int dt, const cJSON *v, char *err, size_t errn)
 		snprintf(err, errn, "expected an integer, got %.17g", d);
 		return 0;
 	}
-	if (fabs(d) > TWO53) {
-		snprintf(err, errn, "integer beyond 2^53 must be written as a string");
+	/* 2^53 + 1 is read as the double 2^53: from 2^53 on, a number may
+	 * stand for several integers, so only a string says which */
+	if (fabs(d) >= TWO53) {
+		snprintf(err, errn, "integer of 2^53 or more must be written as a string");
 		return 0;
 	}
 	switch (dt) {

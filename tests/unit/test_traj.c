@@ -814,11 +814,59 @@ test_fill_ids(void)
 	rl_traj_batch_destroy(fixed);
 }
 
+/* 64-bit integers in JSONL: below 2^53 numbers, from 2^53 on strings.  A
+ * number from 2^53 on is refused (2^53 + 1 reads as the double 2^53, so two
+ * ids would become one); a string is exact. */
+static void
+test_json_2p53(void)
+{
+	struct { const char *line; int ok; uint64_t id; } c[] = {
+		{ "{\"id\":9007199254740991}", 1, 9007199254740991ULL },
+		{ "{\"id\":9007199254740992}", 0, 0 },
+		{ "{\"id\":9007199254740993}", 0, 0 },
+		{ "{\"id\":1e17}", 0, 0 },
+		{ "{\"id\":\"9007199254740993\"}", 1, 9007199254740993ULL },
+		{ "{\"id\":\"18446744073709551615\"}", 1, UINT64_MAX },
+	};
+	rl_traj *t;
+	rl_buf out = { 0 };
+	char msg[1024];
+	uint64_t id;
+	int rv;
+
+	rl_traj_create(&t);
+	for (size_t i = 0; i < RL_ARRAY_LEN(c); i++) {
+		rl_traj_clear(t);
+		T_CAPTURE(rl_traj_from_json(t, c[i].line, strlen(c[i].line), NULL, "in"), &rv, msg);
+		if (c[i].ok) {
+			T_OK(rv == 0 && rl_traj_get_u64(t, RL_TAG_ID, &id) == 0 && id == c[i].id, "%s", c[i].line);
+		} else {
+			T_OK(rv != 0, "%s: refused", c[i].line);
+			T_OK(strstr(msg, "2^53") != NULL && strstr(msg, "'id'") != NULL, "%s: %s", c[i].line, msg);
+		}
+	}
+	/* the writer: 2^53 - 1 a number, 2^53 a string, both read back exact */
+	for (uint64_t v = 9007199254740991ULL; v <= 9007199254740992ULL; v++) {
+		rl_traj_clear(t);
+		rl_traj_set_u64(t, RL_TAG_ID, v);
+		out.len = 0;
+		T_OK(rl_traj_to_json(&out, t) == 0);
+		T_OK(memchr(out.p, '"', out.len) != NULL && strstr((const char *)out.p, v < 9007199254740992ULL ?
+		    "\"id\":9007199254740991" : "\"id\":\"9007199254740992\"") != NULL, "%.*s", (int)out.len, out.p);
+		rl_traj_clear(t);
+		T_OK(rl_traj_from_json(t, (const char *)out.p, out.len - 1, NULL, "back") == 0 &&
+		     rl_traj_get_u64(t, RL_TAG_ID, &id) == 0 && id == v);
+	}
+	rl_buf_fini(&out);
+	rl_traj_destroy(t);
+}
+
 int
 main(void)
 {
 	T_BEGIN("test_traj");
 	test_fill_ids();
+	test_json_2p53();
 	rl_log_init("test_traj", RL_LOG_QUIET);
 	test_typed();
 	test_roundtrip();
