@@ -359,6 +359,11 @@ op_put(rl_qserve *s, qctx *c, const uint8_t *body, size_t blen, qctx **ready)
 	uint64_t t0;
 	int rv;
 
+	if (c->h.arg >= RL_QSTAGE_COUNT) {   /* not cut to an int first */
+		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+		reply_error(c, RL_EINVAL, "bad stage");
+		return;
+	}
 	if (c->h.flags & RL_QF_ZSTD) {
 		t0 = ns_now();
 		rv = rl_qbody_get(&c->in, &c->h, body, blen, s->cfg.max_msg);
@@ -521,7 +526,9 @@ op_version(rl_qserve *s, qctx *c, qctx **ready)
 	c->seq = rl_queue_journal_seq(s->q);
 	unlock(s);
 	if (rv != 0) {
-		reply_error(c, rv, "cannot set version");
+		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+		reply_error(c, rv, rv == RL_EINVAL ? "version out of range (versions are 0 to 2147483647, i32 in records)" :
+		    "cannot set version");
 		return;
 	}
 	c->arg = now;

@@ -875,24 +875,37 @@ apply_put(rl_queue *q, int stage, const uint8_t *batch, size_t n, const void *fr
 	if ((rv = parse_batch(q, batch, n, &nrec)) != 0)
 		return rv;
 	if (!q->replaying) {
+		/* new records, and the growth of generated records a scored put
+		 * replaces (below), are new bytes.  New records must leave an
+		 * eighth of --max-bytes free, which only replacements may take:
+		 * the reward -> train path drains when the queue is full of
+		 * generated records, and a scored put cannot store past the bound. */
+		uint64_t growth = 0, room = q->cfg.max_bytes - q->cfg.max_bytes / 8;
 		for (size_t i = 0; i < nrec; i++) {
 			const struct recmeta *m = &q->meta[i];
-			if (map_get(&q->byid, m->id) == NIL && !win_has(&q->done_ids, m->id))
+			uint32_t ei = map_get(&q->byid, m->id);
+			if (ei == NIL && !win_has(&q->done_ids, m->id)) {
 				newbytes += m->len + ENT_OVERHEAD;
+			} else if (ei != NIL && stage == RL_QSTAGE_SCORED && m->len > q->ent[ei].len) {
+				const qent *e = &q->ent[ei];
+				if (!e->is_prompt && (e->state == RL_QS_GENERATED || e->state == RL_QS_SCORING))
+					growth += m->len - e->len;
+			}
 		}
 		uint64_t slots = newbytes > 0 ? new_group_bytes(q, nrec, stage) : 0;
 		newbytes += slots;
-		if (newbytes > q->cfg.max_bytes) {
+		if (newbytes + growth > q->cfg.max_bytes || (newbytes > 0 && newbytes > room)) {
 			if (slots > 0)
 				rl_error("put: a batch of %zu bytes (%llu of them the sample slots of its new groups, "
 				    "4 bytes per group_size) can never fit in --max-bytes %llu", newbytes,
 				    (unsigned long long)slots, (unsigned long long)q->cfg.max_bytes);
 			else
-				rl_error("put: a batch of %zu bytes can never fit in --max-bytes %llu", newbytes,
-				    (unsigned long long)q->cfg.max_bytes);
+				rl_error("put: a batch of %llu new bytes can never fit in --max-bytes %llu",
+				    (unsigned long long)(newbytes + growth), (unsigned long long)q->cfg.max_bytes);
 			return RL_ETOOBIG;
 		}
-		if (newbytes > 0 && q->st.bytes + newbytes > q->cfg.max_bytes) {
+		if ((newbytes > 0 && q->st.bytes + newbytes + growth > room) ||
+		    (growth > 0 && q->st.bytes + growth > q->cfg.max_bytes)) {
 			q->st.busy++;
 			return RL_EBUSY;
 		}
@@ -1185,6 +1198,11 @@ choose(rl_queue *q, int stage, uint32_t hint, uint32_t max, uint64_t **ids_out, 
 
 	*ids_out = NULL;
 	*n_out = 0;
+	/* a lease takes at most every entry there is (one of a group larger
+	 * than that grows the list below): a request for 2^32 - 1 records must
+	 * not size the allocation */
+	if (max > q->nent)
+		max = (uint32_t)q->nent;
 	if (max == 0)
 		return RL_OK;
 	if (apply && (ids = rl_try_malloc((size_t)max * 8 + 8, "lease")) == NULL)
@@ -1322,7 +1340,7 @@ rl_queue_ack(rl_queue *q, const rl_qack_req *req, const uint64_t *ids, uint64_t 
 int
 rl_queue_set_version(rl_queue *q, uint64_t v, uint64_t *now)
 {
-	int rv = apply_version(q, v);
+	int rv = v > RL_QUEUE_MAX_VERSION ? RL_EINVAL : apply_version(q, v);
 	if (now)
 		*now = q->version;
 	return rv;
@@ -1854,7 +1872,15 @@ replay_plain_op(rl_queue *q, uint32_t type, uint32_t stage, uint64_t a, uint64_t
 	case J_LEASE: rv = apply_lease(q, a, (int)stage, b, (uint32_t)c, ids, cnt); break;
 	case J_ACK: rv = apply_ack(q, a, (int)stage, b, ids, cnt, &ar); if (rv == RL_ENOENT) rv = 0; break;
 	case J_EXPIRE: rv = apply_expire(q, a); break;
-	case J_VERSION: rv = apply_version(q, a); break;
+	case J_VERSION:
+		/* a journal written before versions were bounded may hold one past
+		 * the bound: it would make every group stale for ever */
+		if (a > RL_QUEUE_MAX_VERSION)
+			rl_warn("'%s': ignoring trainer version %llu (versions are 0 to %d)", q->jpath,
+			    (unsigned long long)a, RL_QUEUE_MAX_VERSION);
+		else
+			rv = apply_version(q, a);
+		break;
 	case J_STALE: rv = apply_stale(q, a, (int)stage); break;
 	case J_DEDUP:
 		for (uint32_t i = 0; i < cnt && rv == 0; i++)

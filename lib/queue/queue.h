@@ -104,8 +104,11 @@ uint64_t rl_queue_available(rl_queue *q, int stage, uint32_t group_hint, uint32_
 int rl_queue_ack(rl_queue *q, const rl_qack_req *req, const uint64_t *ids, uint64_t now_ms,
                  rl_qack_result *res);
 
+/* Versions are i32 in records: a trainer version above this is refused. */
+#define RL_QUEUE_MAX_VERSION 2147483647
 /* rl_queue_set_version: the trainer's policy version (may only grow; a
- * smaller one is ignored).  *now gets the version in force. */
+ * smaller one is ignored).  *now gets the version in force.  RL_EINVAL for
+ * one above RL_QUEUE_MAX_VERSION (the version is unchanged). */
 int rl_queue_set_version(rl_queue *q, uint64_t v, uint64_t *now);
 
 /* rl_queue_tick: expires leases whose deadline passed (their records return

@@ -538,3 +538,28 @@ b = bytearray(open(p, "rb").read()); b[at] ^= 0x55; open(p, "wb").write(b)' "$D/
 	assert_success
 	[ -z "$output" ]
 }
+
+@test "hostile requests: a version past i32 and a put's stage past 32 bits are refused, nothing changes" {
+	start_broker
+	# versions are i32 in records: 2^63 would make every group stale for ever
+	run python3 "$BATS_TEST_DIRNAME/rlq_raw.py" "$URL" version 9223372036854775808
+	assert_success
+	[[ "$output" != "0 "* && "$output" == *"version out of range (versions are 0 to 2147483647"* ]]
+	run python3 "$BATS_TEST_DIRNAME/rlq_raw.py" "$URL" version 18446744073709551615
+	[[ "$output" != "0 "* ]]
+	[ "$(rl-queue stat --json "$URL" | jget version)" = 0 ]
+	run python3 "$BATS_TEST_DIRNAME/rlq_raw.py" "$URL" version 2147483647
+	[[ "$output" == "0 "* ]]
+	rl-queue stat --json "$URL" | grep -q '"version":2147483647[,}]'
+	# a stage of 2^32 + 1 read as an int is 1 (generated): refused instead
+	printf '{"id":7,"group":7,"index":0,"group_size":1,"response":[1,2]}\n' > "$D/one.jsonl"
+	rl-queue cat -s -o "$D/one.zst" "$D/one.jsonl"
+	zstd -q -dc "$D/one.zst" > "$D/one.bin"
+	run python3 "$BATS_TEST_DIRNAME/rlq_raw.py" "$URL" put-stage 4294967297 "$D/one.bin"
+	[[ "$output" != "0 "* && "$output" == *"bad stage"* ]]
+	[ "$(rl-queue stat --json "$URL" | jget depth generated)" = 0 ]
+	# the same batch as stage 1 is taken: the refusal was the stage's
+	run python3 "$BATS_TEST_DIRNAME/rlq_raw.py" "$URL" put-stage 1 "$D/one.bin"
+	[[ "$output" == "0 "* ]]
+	[ "$(rl-queue stat --json "$URL" | jget depth generated)" = 1 ]
+}

@@ -6,11 +6,17 @@ oversized reports).
   python3 rlq_raw.py tcp://127.0.0.1:PORT report FILE [zstd-claim N]
       sends FILE's bytes as a REPORT body (raw length N if given, else the
       size); prints "STATUS MESSAGE" of the reply
+  python3 rlq_raw.py tcp://127.0.0.1:PORT version N
+      sends a VERSION request with the argument N (any 64-bit value)
+  python3 rlq_raw.py tcp://127.0.0.1:PORT put-stage N FILE
+      sends FILE's bytes (a batch payload) as a PUT with stage argument N
 """
 import socket
 import struct
 import sys
 
+OP_PUT = 2
+OP_VERSION = 5
 OP_REPORT = 7
 
 
@@ -24,7 +30,7 @@ def _recvn(s, n):
     return b
 
 
-def call(url, op, body, flags=0, raw_len=None):
+def call(url, op, body, flags=0, raw_len=None, arg=0):
     host, port = url[len("tcp://"):].rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=10)
     try:
@@ -33,7 +39,7 @@ def call(url, op, body, flags=0, raw_len=None):
         assert hs[:4] == b"\x00SP\x00" and struct.unpack(">H", hs[4:6])[0] == 0x31, hs  # REP v0
         hdr = b"RLQP" + bytes([1, op]) + struct.pack("<HHHI", flags, 32, 0,
                                                      len(body) if raw_len is None else raw_len)
-        hdr += struct.pack("<QQ", 7, 0)
+        hdr += struct.pack("<QQ", 7, arg)
         msg = struct.pack(">I", 0x80000001) + hdr + body
         s.sendall(struct.pack(">Q", len(msg)) + msg)
         n = struct.unpack(">Q", _recvn(s, 8))[0]
@@ -47,7 +53,14 @@ def call(url, op, body, flags=0, raw_len=None):
 
 
 if __name__ == "__main__":
-    url, what, path = sys.argv[1:4]
+    url, what = sys.argv[1:3]
+    if what == "version":
+        print(*call(url, OP_VERSION, b"", arg=int(sys.argv[3])))
+        sys.exit(0)
+    if what == "put-stage":
+        print(*call(url, OP_PUT, open(sys.argv[4], "rb").read(), arg=int(sys.argv[3])))
+        sys.exit(0)
+    path = sys.argv[3]
     assert what == "report"
     data = open(path, "rb").read()
     flags, raw = 0, None

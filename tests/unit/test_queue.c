@@ -720,11 +720,55 @@ test_journal_new_options(void)
 	T_EQ_INT(rmdir(dir), 0);
 }
 
+/* What a hostile client could do to the broker's state: a version past
+ * what records hold (every group stale for ever after), a lease asking for
+ * 2^32 - 1 records (an allocation sized by it), scored puts that grow their
+ * records past --max-bytes. */
+static void
+test_hostile(void)
+{
+	rl_queue_config cfg;
+	rl_queue *q;
+	rl_qput_result r;
+	rl_qlease_req lr = { .stage = RL_QSTAGE_GENERATED, .max_records = UINT32_MAX };
+	rl_qlease_info info;
+	rl_buf out;
+	uint64_t v = 0, lid, ids[256];
+
+	rl_queue_config_default(&cfg);
+	cfg.max_bytes = 8000;
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	T_EQ_INT(rl_queue_set_version(q, 1ULL << 63, &v), RL_EINVAL);
+	T_EQ_INT(rl_queue_set_version(q, UINT64_MAX, &v), RL_EINVAL);
+	T_EQ_INT(rl_queue_set_version(q, (uint64_t)RL_QUEUE_MAX_VERSION + 1, &v), RL_EINVAL);
+	T_OK(v == 0, "the version is unchanged: %llu", (unsigned long long)v);
+	/* three small generated records, then a lease for 2^32 - 1 of them */
+	T_EQ_INT(put(q, RL_QSTAGE_GENERATED, mk(1, 3, 0, 0, 1, 0, 4), &r), 0);
+	rl_buf_init(&out);
+	T_EQ_INT(rl_queue_lease(q, &lr, now, &info, &out), 0);
+	T_EQ_INT(info.n, 3);
+	rl_buf_fini(&out);
+	T_EQ_INT(ack(q, info.lease_id, RL_QACK_RELEASE, NULL), 0);
+	/* scored records 2,000 tokens long in place of 4-token ones: 24 KB more
+	 * than the 8 KB bound, refused; the stored bytes stay within it */
+	T_OK(put(q, RL_QSTAGE_SCORED, mk(1, 3, 0, 0, 1, 0, 2000), &r) != 0);
+	T_OK(st(q).bytes <= 8000, "%llu bytes stored", (unsigned long long)st(q).bytes);
+	T_EQ_INT(r.replaced, 0);
+	/* a growth that fits is taken */
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(1, 1, 0, 0, 1, 0, 40), &r), 0);
+	T_EQ_INT(r.replaced, 1);
+	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 8, 0, &lid, ids), 1);
+	T_EQ_INT(rl_queue_set_version(q, RL_QUEUE_MAX_VERSION, &v), 0);
+	T_OK(v == RL_QUEUE_MAX_VERSION);
+	rl_queue_close(q);
+}
+
 int
 main(void)
 {
 	T_BEGIN("test_queue");
 	rl_log_init("test_queue", RL_LOG_QUIET);
+	test_hostile();
 	test_lifecycle();
 	test_expiry_release();
 	test_gate();
