@@ -81,6 +81,8 @@ static const char usage_text[] =
     "      --on-bad error|skip   a bad record fails the run, or drops its group (default error)\n"
     "      --metrics FILE        one JSON object per step ('-' stdout; default stderr)\n"
     "      --tfevents DIR        also write TensorBoard event files\n"
+    "      --prom-file FILE      keep the last step's metrics in FILE as Prometheus text (for\n"
+    "                            node_exporter's textfile collector), replaced atomically\n"
     "      --sync URL            also push each version to rl-sync (tcp://, ipc://) or a directory\n"
     "      --sync-transport T    auto (shared memory to a server on this host, else deltas), shm,\n"
     "                            stream or nng (deltas over the socket), file (default auto)\n"
@@ -109,7 +111,7 @@ enum {
 	O_INIT = 256, O_TOKENIZER, O_SEED, O_DEVICE, O_ALGO, O_BATCH, O_AGG, O_NORMLEN, O_NOSTD,
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
-	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC,
+	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
 	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP, O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS,
 	O_SKIPZ, O_NOSKIPZ
@@ -137,6 +139,7 @@ static const struct option longopts[] = {
 	{ "save-every", required_argument, 0, O_SAVE }, { "keep", required_argument, 0, O_KEEP },
 	{ "resume", no_argument, 0, O_RESUME }, { "on-bad", required_argument, 0, O_ONBAD },
 	{ "metrics", required_argument, 0, O_METRICS }, { "tfevents", required_argument, 0, O_TFEV },
+	{ "prom-file", required_argument, 0, O_PROM },
 	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
 	{ "broker-timeout", required_argument, 0, O_BTIMEOUT },
 	{ "sync", required_argument, 0, O_SYNC }, { "ckpt-every", required_argument, 0, O_CKEVERY },
@@ -267,6 +270,7 @@ main(int argc, char **argv)
 			break;
 		case O_METRICS: o.metrics_path = a; break;
 		case O_TFEV: o.tfevents_dir = a; break;
+		case O_PROM: o.prom_path = a; break;
 		case O_QUEUE: o.queue_url = a; break;
 		case O_SYNC: o.sync_url = a; break;
 		case O_STRANS:

@@ -4,6 +4,7 @@
  * TensorBoard scalars (--tfevents) and in the stats reported to rl-queue.
  * Leaves out: computing the statistics (step.c sums them per token).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -12,7 +13,44 @@
 #include <unistd.h>
 
 #include "base/core.h"
+#include "base/io.h"
 #include "train/trainer.h"
+
+/* mean, min and max of a per-token array over the response tokens of the
+ * step's samples that the policy sampled (loss_mask 1), as verl takes its
+ * token statistics over response_mask; NaN when there are none. */
+static rl_stat3
+tok_stat(const trainer *tr, const float *v)
+{
+	rl_stat3 st = { 0, INFINITY, -INFINITY, 0 };
+	double sum = 0;
+
+	for (int i = 0; i < tr->nseq; i++) {
+		const rl_sample *s = tr->seq[i].s;
+		for (int t = 0; t < s->rlen; t++) {
+			float x = v[tr->seq[i].toff + t];
+			if (s->loss_mask && !s->loss_mask[t])
+				continue;
+			sum += x;
+			st.min = fmin(st.min, x);
+			st.max = fmax(st.max, x);
+			st.n++;
+		}
+	}
+	if (st.n == 0)
+		st.mean = st.min = st.max = NAN;
+	else
+		st.mean = sum / (double)st.n;
+	return st;
+}
+
+/* mean, min and max of per-sample values; NaN when n is 0. */
+typedef struct seqstat { double sum, min, max; int n; } seqstat;
+static void ss_add(seqstat *a, double x) { a->sum += x; a->min = fmin(a->min, x); a->max = fmax(a->max, x); a->n++; }
+static double ss_mean(const seqstat *a) { return a->n ? a->sum / a->n : NAN; }
+static double ss_min(const seqstat *a) { return a->n ? a->min : NAN; }
+static double ss_max(const seqstat *a) { return a->n ? a->max : NAN; }
+#define SEQSTAT_INIT { 0, INFINITY, -INFINITY, 0 }
 
 static void
 metric(cJSON *j, trainer *tr, int step, const char *name, double v)
@@ -25,6 +63,96 @@ metric(cJSON *j, trainer *tr, int step, const char *name, double v)
 		rl_tfevents_scalar(tr->tf, name, step, v, 0);
 }
 
+static void
+metric3(cJSON *j, trainer *tr, int step, const char *name, double mean, double max, double min)
+{
+	char k[96];
+
+	snprintf(k, sizeof k, "%s/mean", name);
+	metric(j, tr, step, k, mean);
+	snprintf(k, sizeof k, "%s/max", name);
+	metric(j, tr, step, k, max);
+	snprintf(k, sizeof k, "%s/min", name);
+	metric(j, tr, step, k, min);
+}
+
+/* The step's metrics as Prometheus text (exposition format 0.0.4), for
+ * node_exporter's textfile collector or any scraper of a file: one gauge per
+ * key, "rltrain_" and the key with every character outside [a-zA-Z0-9_]
+ * made '_' (actor/pg_loss -> rltrain_actor_pg_loss); null values left out.
+ * Replaced atomically, so a scrape never reads half a file. */
+static int
+prom_write(const cJSON *j, const char *path)
+{
+	rl_buf b;
+	const cJSON *e;
+	int rv = RL_OK;
+
+	rl_buf_init(&b);
+	cJSON_ArrayForEach(e, j) {
+		char name[160];
+		size_t k = 0;
+		if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble))
+			continue;
+		k = (size_t)snprintf(name, sizeof name, "rltrain_");
+		for (const char *c = e->string; *c && k + 1 < sizeof name; c++)
+			name[k++] = (isalnum((unsigned char)*c) || *c == '_') ? *c : '_';
+		name[k] = 0;
+		if ((rv = rl_buf_printf(&b, "# TYPE %s gauge\n%s %.17g\n", name, name, e->valuedouble)) != 0)
+			break;
+	}
+	if (rv == 0)
+		rv = rl_io_write_atomic(path, b.p, b.len, 0644);
+	rl_buf_fini(&b);
+	return rv;
+}
+
+/* verl's data metrics (trainer/ppo/metric_utils.py, compute_data_metrics):
+ * scores and rewards per sample over the samples with a response (an
+ * aborted sample, 0 tokens, is left out and counted), advantages and
+ * returns over the sampled response tokens, lengths per sample. */
+static void
+data_metrics(cJSON *j, trainer *tr, int step)
+{
+	const rl_train_opts *o = tr->o;
+	seqstat score = SEQSTAT_INIT, reward = SEQSTAT_INIT, rlen = SEQSTAT_INIT, plen = SEQSTAT_INIT,
+	    rlen_na = SEQSTAT_INIT;
+	int S = tr->nseq, aborted = 0, clipped = 0, clipped_na = 0, positive = 0;
+
+	for (int i = 0; i < S; i++) {
+		const rl_sample *s = tr->seq[i].s;
+		int clip = strcmp(s->finish, "length") == 0;
+		ss_add(&rlen, s->rlen);
+		ss_add(&plen, s->plen);
+		clipped += clip;
+		if (s->rlen == 0) {
+			aborted++;
+			continue;
+		}
+		ss_add(&rlen_na, s->rlen);
+		clipped_na += clip;
+		ss_add(&score, s->reward);
+		ss_add(&reward, tr->seq[i].reward);
+		positive += s->reward > 0;
+	}
+	if (o->algo != RL_ALGO_SFT) {
+		rl_stat3 adv = tok_stat(tr, tr->adv_tok), ret = o->algo == RL_ALGO_PPO ? tok_stat(tr, tr->ret_tok) : adv;
+		metric3(j, tr, step, "critic/score", ss_mean(&score), ss_max(&score), ss_min(&score));
+		metric(j, tr, step, "critic/score/positive_frac", score.n ? (double)positive / score.n : NAN);
+		metric3(j, tr, step, "critic/rewards", ss_mean(&reward), ss_max(&reward), ss_min(&reward));
+		metric3(j, tr, step, "critic/advantages", adv.mean, adv.max, adv.min);
+		/* the value targets: A + V_old under PPO, the advantages themselves
+		 * for the outcome estimators (verl sets returns = advantages) */
+		metric3(j, tr, step, "critic/returns", ret.mean, ret.max, ret.min);
+	}
+	metric3(j, tr, step, "response_length", ss_mean(&rlen), ss_max(&rlen), ss_min(&rlen));
+	metric(j, tr, step, "response_length/clip_ratio", S ? (double)clipped / S : NAN);
+	metric3(j, tr, step, "response_length_non_aborted", ss_mean(&rlen_na), ss_max(&rlen_na), ss_min(&rlen_na));
+	metric(j, tr, step, "response_length_non_aborted/clip_ratio", rlen_na.n ? (double)clipped_na / rlen_na.n : NAN);
+	metric(j, tr, step, "response/aborted_ratio", S ? (double)aborted / S : NAN);
+	metric3(j, tr, step, "prompt_length", ss_mean(&plen), ss_max(&plen), ss_min(&plen));
+}
+
 int
 rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t_step, double t_upd,
     double t_wait, int nupdates)
@@ -32,27 +160,16 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	const rl_train_opts *o = tr->o;
 	cJSON *j;
 	int step = tr->m->step, S = tr->nseq, err;
-	double rsum = 0, rmin = INFINITY, rmax = -INFINITY, lsum = 0, lmax = 0, amin = INFINITY, amax = -INFINITY,
-	    asum = 0, stal = 0, stalmax = 0, clipped = 0, acc = 0;
-	long ntok = 0;
+	double stal = 0, stalmax = 0;
+	long ntok = 0, nresp = 0;
 	char *txt;
 
 	if (!(j = cJSON_CreateObject()))
 		return RL_ENOMEM;
 	for (int i = 0; i < S; i++) {
 		rl_sample *s = tr->seq[i].s;
-		double a = s->rlen ? tr->adv_tok[tr->seq[i].toff] : 0;
-		rsum += s->reward;
-		rmin = fmin(rmin, s->reward);
-		rmax = fmax(rmax, s->reward);
-		acc += s->reward > 0;
-		lsum += s->rlen;
-		lmax = fmax(lmax, s->rlen);
 		ntok += s->plen + s->rlen;
-		clipped += strcmp(s->finish, "length") == 0;
-		asum += a;
-		amin = fmin(amin, a);
-		amax = fmax(amax, a);
+		nresp += s->rlen;
 		if (s->ver_first >= 0) {
 			/* the policy that generated it vs the one being updated (version = step before update) */
 			double d = (step - 1) - s->ver_first;
@@ -61,8 +178,8 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 		}
 	}
 	/* the token statistics cover the trained tokens (not the skipped ones);
-	 * none trained: 0 rather than null (the broker's charts and /metrics want numbers) */
-	double nt = ms->ntok > 0 ? ms->ntok : 1;
+	 * none trained: null, not a 0 that reads as a measured value */
+	double nt = ms->ntok > 0 ? ms->ntok : NAN;
 	cJSON_AddNumberToObject(j, "step", step);
 	metric(j, tr, step, "training/global_step", step);
 	if (o->algo == RL_ALGO_SFT) {
@@ -82,35 +199,21 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	metric(j, tr, step, "actor/entropy", ms->ent / nt);
 	metric(j, tr, step, "actor/grad_norm", gnorm);
 	metric(j, tr, step, "actor/lr", lr);
+	data_metrics(j, tr, step);
 	if (o->algo != RL_ALGO_SFT) {
-		metric(j, tr, step, "critic/score/mean", S ? rsum / S : NAN);
-		metric(j, tr, step, "critic/score/max", rmax);
-		metric(j, tr, step, "critic/score/min", rmin);
-		metric(j, tr, step, "critic/score/positive_frac", S ? acc / S : NAN);
-		metric(j, tr, step, "critic/advantages/mean", S ? asum / S : NAN);
-		metric(j, tr, step, "critic/advantages/max", amax);
-		metric(j, tr, step, "critic/advantages/min", amin);
 		/* --skip-zero-adv: the share of the step not run through the model */
 		metric(j, tr, step, "actor/skipped_seq_frac", S ? (double)tr->nskip / S : NAN);
 		metric(j, tr, step, "actor/skipped_token_frac", tr->tok_all ? (double)tr->tok_skip / tr->tok_all : NAN);
 	}
 	if (o->algo == RL_ALGO_PPO) {
 		int ntk = S ? tr->seq[S - 1].toff + tr->seq[S - 1].s->rlen : 0;
-		rl_stat3 vs = rl_stat_f32(tr->val_tok, (size_t)ntk), rs = rl_stat_f32(tr->ret_tok, (size_t)ntk);
+		rl_stat3 vs = tok_stat(tr, tr->val_tok);
 		metric(j, tr, step, "critic/vf_loss", ms->vf_loss / nupdates);
 		metric(j, tr, step, "critic/vf_clipfrac", ms->vf_clip / nt);
 		metric(j, tr, step, "critic/vpred_mean", ms->vpred / nt);
 		metric(j, tr, step, "critic/vf_explained_var", rl_explained_var(tr->val_tok, tr->ret_tok, ntk));
-		metric(j, tr, step, "critic/values/mean", vs.mean);
-		metric(j, tr, step, "critic/values/max", vs.max);
-		metric(j, tr, step, "critic/values/min", vs.min);
-		metric(j, tr, step, "critic/returns/mean", rs.mean);
-		metric(j, tr, step, "critic/returns/max", rs.max);
-		metric(j, tr, step, "critic/returns/min", rs.min);
+		metric3(j, tr, step, "critic/values", vs.mean, vs.max, vs.min);
 	}
-	metric(j, tr, step, "response_length/mean", S ? lsum / S : NAN);
-	metric(j, tr, step, "response_length/max", lmax);
-	metric(j, tr, step, "response_length/clip_ratio", S ? clipped / S : NAN);
 	metric(j, tr, step, "timing_s/gen", t_wait);
 	metric(j, tr, step, "timing_s/update_actor", t_upd);
 	metric(j, tr, step, "timing_s/model", tr->t_model);
@@ -141,13 +244,23 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	metric(j, tr, step, "perf/overhead_frac",
 	    t_upd + tr->t_pub > 0 ? (t_upd + tr->t_pub - tr->t_model) / (t_upd + tr->t_pub) : NAN);
 	metric(j, tr, step, "timing_s/step", t_step);
+	/* verl's compute_timing_metrics and compute_throughout_metrics: per
+	 * token, generation over response tokens and the update over all; the
+	 * throughput over the whole step, per rank (verl's per GPU) */
+	metric(j, tr, step, "timing_per_token_ms/gen", nresp ? t_wait * 1000 / (double)nresp : NAN);
+	metric(j, tr, step, "timing_per_token_ms/update_actor", ntok ? t_upd * 1000 / (double)ntok : NAN);
 	metric(j, tr, step, "perf/total_num_tokens", (double)ntok);
-	metric(j, tr, step, "perf/throughput", t_upd > 0 ? ntok / t_upd : NAN);
+	metric(j, tr, step, "perf/time_per_step", t_step);
+	metric(j, tr, step, "perf/throughput", t_step > 0 ? ntok / (t_step * (tr->world > 1 ? tr->world : 1)) : NAN);
 	metric(j, tr, step, "staleness/mean", S ? stal / S : NAN);
 	metric(j, tr, step, "staleness/max", stalmax);
 	metric(j, tr, step, "train/sequences", S);
 	metric(j, tr, step, "train/groups_dropped_no_signal", (double)tr->dropped_nosignal);
 	metric(j, tr, step, "train/steps_skipped", (double)tr->steps_skipped);
+	if (o->prom_path && (err = prom_write(j, o->prom_path)) != 0) {
+		cJSON_Delete(j);
+		return err;
+	}
 	txt = cJSON_PrintUnformatted(j);
 	cJSON_Delete(j);
 	if (!txt)

@@ -19,6 +19,7 @@ typedef struct rl_train_opts {
 	const char *input;         /* FILE or "-" */
 	const char *metrics_path;  /* --metrics FILE ("-" stdout); NULL: stderr */
 	const char *tfevents_dir;  /* --tfevents DIR or NULL */
+	const char *prom_path;     /* --prom-file FILE: the last step as Prometheus text, or NULL */
 	const char *sync_url;      /* --sync URL: also push each version to rl-sync (or a directory) */
 	int sync_transport;        /* --sync-transport: RL_WSYNC_T_* (0: auto) */
 	const char *wgroup_addr;   /* --weights-group HOST:PORT: broadcast each version (wgroup.h) */

@@ -98,8 +98,8 @@ train() {
 		    --save-every 1 --metrics "$TD/flat-$s.m" --$s-zero-adv "$TD/flat.jsonl"
 	done
 	[ "$(sed -n 2p "$TD/flat-skip.m" | grep -o '"actor/skipped_seq_frac":1,"actor/skipped_token_frac":1,')" ]
-	# step 2: zero gradient, no trained token (the token means are 0)
-	sed -n 2p "$TD/flat-skip.m" | grep -q '"actor/entropy":0,"actor/grad_norm":0,'
+	# step 2: zero gradient, no trained token (the token means are null: nothing was measured)
+	sed -n 2p "$TD/flat-skip.m" | grep -q '"actor/entropy":null,"actor/grad_norm":0,'
 	[ "$(readlink "$TD/flat-skip/latest")" = step-00000002 ]
 	! cmp -s "$TD/flat-skip/step-00000001/model.safetensors" "$TD/flat-skip/step-00000002/model.safetensors" || false
 	run -0 close "$TD/flat-skip/step-00000002/model.safetensors" "$TD/flat-no-skip/step-00000002/model.safetensors"

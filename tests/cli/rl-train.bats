@@ -273,3 +273,27 @@ for i, l in enumerate(open(sys.argv[1])):
 	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/lm6" --batch 2 --metrics /dev/null <(grep -v '"id": 3,' "$TD/badmask.jsonl")
 	[[ "$stderr" == *"'loss_mask' holds a value other than 0 and 1"* ]]
 }
+
+@test "--prom-file keeps the last step's metrics as strict Prometheus text, equal to its metrics line" {
+	rl-train -q -m "$TD/m0" --out "$TD/prom" --batch 4 --max-steps 2 --metrics "$TD/prom.m" \
+	    --prom-file "$TD/prom.txt" "$TD/scored.jsonl"
+	run -0 python3 - "$TD/prom.txt" "$TD/prom.m" "$BATS_TEST_DIRNAME" <<'PY'
+import json, re, sys
+sys.path.insert(0, sys.argv[3])
+from promparse import parse
+types, samples = parse(open(sys.argv[1]).read())
+last = [json.loads(l) for l in open(sys.argv[2])][-1]
+want = {"rltrain_" + re.sub(r"[^a-zA-Z0-9_]", "_", k): v for k, v in last.items() if isinstance(v, (int, float))}
+assert set(samples) == set(want), sorted(set(samples) ^ set(want))
+for k, v in want.items():
+    # the JSON line prints 15 significant digits where they read back, the file 17
+    assert types[k] == "gauge" and abs(samples[k] - v) <= 1e-13 * abs(v), (k, samples[k], v)
+assert samples["rltrain_step"] == 2 and "rltrain_actor_pg_loss" in samples
+print("ok", len(samples))
+PY
+	assert_output --partial "ok "
+	# a file that cannot be written stops the run, naming it
+	run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/prom2" --batch 4 --max-steps 1 \
+	    --metrics /dev/null --prom-file "$TD/no/such/dir/p.txt" "$TD/scored.jsonl"
+	[[ "$stderr" == *"$TD/no/such/dir/p.txt"* ]]
+}
