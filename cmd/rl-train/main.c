@@ -14,6 +14,8 @@
 #include "train/groups.h"
 #include "base/io.h"
 #include "train/train.h"
+#include "train/plan.h"
+#include "plan_print.h"
 #include "sync/wsync.h"
 
 static const char usage_text[] =
@@ -104,6 +106,13 @@ static const char usage_text[] =
     "      --dp-bucket-mb M      gradient all-reduce bucket size in MiB (default 25; also --bucket-mb)\n"
     "      --no-dp-overlap       all-reduce after the backward pass instead of during it\n"
     "      --zero 0|1            1: ZeRO-1, each rank keeps 1/N of the AdamW state (default 0)\n"
+    "\nMemory plan (prints, trains nothing; -m MODEL_DIR or --init CONFIG names the model):\n"
+    "      --plan[=json]         bytes per rank of weights, gradients, AdamW state, activations and\n"
+    "                            KV cache for --world, --zero (0-3), --device, --max-tokens-per-micro,\n"
+    "                            --recompute and --algo ppo's value head; ZeRO 2/3 and LoRA do not run yet\n"
+    "      --lora-rank R         plan LoRA adapters of rank R (with --lora-targets q,k,v,o,gate,up,down)\n"
+    "      --kv-tokens N         plan a colocated generator's KV cache of N tokens\n"
+    "      --gpu-mem SIZE        say whether the plan fits SIZE (e.g. 80G)\n"
     "  -q, --quiet, -v, --verbose\n"
     "  -h, --help\n";
 
@@ -113,7 +122,7 @@ enum {
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
-	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP, O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS,
+	O_PLAN, O_LORAR, O_LORAT, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP, O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS,
 	O_SKIPZ, O_NOSKIPZ
 };
 
@@ -149,6 +158,9 @@ static const struct option longopts[] = {
 	{ "comm-timeout", required_argument, 0, O_CTIME }, { "dp-check-every", required_argument, 0, O_DPCHECK },
 	{ "dp-bucket-mb", required_argument, 0, O_DPBUCKET }, { "bucket-mb", required_argument, 0, O_DPBUCKET },
 	{ "no-dp-overlap", no_argument, 0, O_DPNOOVL }, { "zero", required_argument, 0, O_ZERO },
+	{ "plan", optional_argument, 0, O_PLAN }, { "lora-rank", required_argument, 0, O_LORAR },
+	{ "lora-targets", required_argument, 0, O_LORAT }, { "kv-tokens", required_argument, 0, O_KVTOK },
+	{ "gpu-mem", required_argument, 0, O_GPUMEM },
 	{ "lambda", required_argument, 0, O_LAMBDA }, { "vf-coef", required_argument, 0, O_VFCOEF },
 	{ "value-clip", required_argument, 0, O_VCLIP }, { "critic-lr", required_argument, 0, O_CRITLR },
 	{ "no-whiten-adv", no_argument, 0, O_NOWHITEN }, { "recompute", no_argument, 0, O_RECOMP },
@@ -167,6 +179,8 @@ main(int argc, char **argv)
 	static char prog[64];
 	const char *init = NULL, *tokenizer = NULL;
 	int c, li = 0, verbosity = RL_LOG_NORMAL, clip_high_set = 0, clip_low_set = 0, kl_coef_set = 0, strans_set = 0;
+	int plan = 0, zero = 0;
+	rl_plan_opts po = { 0 };
 	double v;
 
 	rl_log_init("rl-train", RL_LOG_NORMAL);
@@ -303,10 +317,31 @@ main(int argc, char **argv)
 		case O_DPBUCKET: NUM(0.001, 1e6); o.dp_bucket_mb = v; break;
 		case O_DPNOOVL: o.dp_overlap = 0; break;
 		case O_ZERO:
-			if (strcmp(a, "0") && strcmp(a, "1"))
-				return rl_cli_usage("--zero takes 0 or 1 (ZeRO-1: optimizer state sharded), not '%s'", a);
-			o.zero = a[0] == '1';
+			if (strcmp(a, "0") && strcmp(a, "1") && strcmp(a, "2") && strcmp(a, "3"))
+				return rl_cli_usage("--zero takes 0 or 1 (ZeRO-1: optimizer state sharded; 2 and 3 in --plan "
+				    "only), not '%s'", a);
+			zero = a[0] - '0';
+			o.zero = zero == 1;
 			break;
+		case O_PLAN:
+			if (a && strcmp(a, "json") != 0)
+				return rl_cli_usage("--plan: bad value '%s' (--plan or --plan=json)", a);
+			plan = a ? 2 : 1;
+			break;
+		case O_LORAR: INT(1, 65536); po.lora_rank = (int)v; break;
+		case O_LORAT:
+			if ((po.lora_targets = lora_targets(a)) == 0)
+				return rl_cli_usage("--lora-targets: bad value '%s' (some of q,k,v,o,gate,up,down, or "
+				    "q_proj,... as peft names them)", a);
+			break;
+		case O_KVTOK: INT(0, 1e15); po.kv_tokens = (long long)v; break;
+		case O_GPUMEM: {
+			uint64_t b;
+			if (rl_cli_bytes(c, a, 1, 1ULL << 50, &b))
+				return 2;
+			po.gpu_bytes = (double)b;
+			break;
+		}
 		case 'q': verbosity = RL_LOG_QUIET; o.quiet = 1; break;
 		case 'v': verbosity++; break;
 		case 'h':
@@ -322,6 +357,11 @@ main(int argc, char **argv)
 #undef BETA
 	}
 	rl_log_set_level(verbosity);
+	if (plan)
+		return print_plan(&o, &po, co.world, zero, init, plan == 2);
+	if (zero > 1 || po.lora_rank || po.kv_tokens || po.gpu_bytes > 0)
+		return rl_cli_usage("--zero %d, --lora-rank, --kv-tokens and --gpu-mem are for --plan: ZeRO-2/3 and LoRA "
+		    "do not train yet", zero);
 	if (init) {
 		if (!o.out_dir)
 			return rl_cli_usage("--init needs --out DIR");

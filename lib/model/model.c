@@ -103,6 +103,23 @@ rl_model_nparams(const rl_model *m)
 	return n;
 }
 
+void
+rl_model_param_count(const rl_config *c, int value_head, size_t *n, size_t *slots)
+{
+	rl_model m = { 0 };
+
+	m.cfg = *c;   /* borrowed: not finalised here */
+	build_table(&m);
+	if (value_head) {   /* as rl_model_add_value_head adds it */
+		rl_ttable_add(&m.tt, "value_head.weight", RL_T_AUX, 1, c->hidden_size);
+		rl_ttable_add(&m.tt, "value_head.bias", RL_T_AUX, 1, 0);
+	}
+	*n = rl_model_nparams(&m);
+	*slots = m.tt.total;
+	rl_ttable_fini(&m.tt);
+	free(m.layer);
+}
+
 static int
 model_new(rl_model **out, const rl_config *cfg, rl_ops *ops)
 {

@@ -145,6 +145,21 @@ int rl_model_train_reserve(rl_model *m, int max_tokens);
 int rl_model_eval_reserve(rl_model *m, int max_tokens);
 /* Backend bytes of the activations reserved (0 before a reserve). */
 size_t rl_model_act_bytes(const rl_model *m);
+/* What rl_model_train_reserve (one_layer 0, or 1 with recompute) or
+ * rl_model_eval_reserve (one_layer 1) would reserve for a model of config c
+ * on a backend whose activations are act_size bytes, logits rows ld apart,
+ * chunk_bytes of logits at once, max_tokens rows; with value_head a value
+ * head's arrays.  Allocates nothing: for memory plans. */
+size_t rl_model_act_bytes_for(const rl_config *c, size_t act_size, int ld, size_t chunk_bytes, int max_tokens,
+                              int one_layer, int value_head);
+/* The default bytes of logits at once: act dtype f32 (the CPU), or not
+ * (the GPU: more when training, where they are kept for the backward). */
+size_t rl_model_logit_chunk_bytes(int act_f32, int training);
+/* The parameters of a model of config c without building it (with
+ * value_head, PPO's value head too): *n of them, in *slots floats (the
+ * tensor table's total, with its alignment), which is what each copy
+ * (weights, gradients, each AdamW moment) takes. */
+void rl_model_param_count(const rl_config *c, int value_head, size_t *n, size_t *slots);
 /* Training forward over B rows of T tokens.  Host inputs, i32:
  *   tok (B,T) token ids in [0, V) (padding too: use any valid id, e.g. 0);
  *   tgt (B,T) target id per position (the next token), < 0 = no log-prob (padding, last);

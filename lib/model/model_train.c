@@ -44,6 +44,17 @@ logit_chunk_bytes(const rl_model *m)
 	return m->grads != NULL ? LOGIT_KEEP_BYTES_GPU : LOGIT_CHUNK_BYTES_GPU;
 }
 
+/* Rows of logits in one chunk: chunk_bytes of them, at least one, at most
+ * the batch; whole GEMM tiles when the chunk does not cover the batch. */
+static int
+logit_chunk_rows(int max_tokens, int ld, size_t act_size, size_t chunk_bytes)
+{
+	int rows = (int)RL_MAX((size_t)1, RL_MIN((size_t)max_tokens, chunk_bytes / ((size_t)ld * act_size)));
+	if (rows < max_tokens && rows > 256)
+		rows &= ~127;
+	return rows;
+}
+
 /* The logits' row stride: V, or V rounded up to the backend's alignment when it has the
  * strided LM head (ops.h, matmul_fwd_ld and the rest). */
 static int
@@ -56,13 +67,15 @@ logits_ld(const rl_model *m)
 	return (int)(((size_t)V + al - 1) / al * al);
 }
 
+/* The activation arrays of a, in three carves: act dtype (elements of s
+ * bytes), f32 and i32.  With carves of NULL base, a dry run that only sizes
+ * them (rl_model_act_bytes_for). */
 static void
-carve_act(rl_model *m, rl_model_act *a, carve *ca, carve *cf, carve *ci)
+carve_act(const rl_config *c, int value_head, size_t s, rl_model_act *a, carve *ca, carve *cf, carve *ci)
 {
-	const rl_config *c = &m->cfg;
 	size_t N = (size_t)a->maxN, L = (size_t)c->n_layer, C = (size_t)c->hidden_size;
 	size_t QKV = (size_t)qkv_dim(c), AD = (size_t)c->n_head * c->head_dim, FC = (size_t)fc_dim(c);
-	size_t H = (size_t)c->intermediate_size, s = asz(m);
+	size_t H = (size_t)c->intermediate_size;
 	size_t R = (size_t)c->n_layer;
 
 	/* recompute: the per-layer arrays hold one layer (slot 0), rebuilt in backward */
@@ -77,8 +90,8 @@ carve_act(rl_model *m, rl_model_act *a, carve *ca, carve *cf, carve *ci)
 	a->fc = take(ca, L * N * FC, s);
 	a->h = take(ca, L * N * H, s);
 	a->lnf = take(ca, N * C, s);
-	a->vout = m->vh_w >= 0 ? take(ca, N, s) : NULL;
-	a->dvout = m->vh_w >= 0 ? take(ca, N, s) : NULL;
+	a->vout = value_head ? take(ca, N, s) : NULL;
+	a->dvout = value_head ? take(ca, N, s) : NULL;
 	a->logits = take(ca, (size_t)a->chunk * a->ld, s);
 	a->dres = take(ca, N * C, s);
 	a->dx = take(ca, N * C, s);
@@ -99,7 +112,7 @@ carve_act(rl_model *m, rl_model_act *a, carve *ca, carve *cf, carve *ci)
 	a->lp = take(cf, N, 4);
 	a->ent = take(cf, N, 4);
 	a->lse_out = take(cf, N, 4);
-	a->val = m->vh_w >= 0 ? take(cf, N, 4) : NULL;
+	a->val = value_head ? take(cf, N, 4) : NULL;
 	a->tok = take(ci, N, 4);
 	a->tgt = take(ci, N, 4);
 	a->seg = take(ci, N, 4);
@@ -154,12 +167,8 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 	a->maxN = max_tokens;
 	a->recompute = one;
 	a->ld = logits_ld(m);
-	a->chunk = (int)RL_MAX((size_t)1, RL_MIN((size_t)max_tokens,
-	    logit_chunk_bytes(m) / ((size_t)a->ld * asz(m))));
-	/* whole GEMM tiles when the chunk does not cover the batch */
-	if (a->chunk < max_tokens && a->chunk > 256)
-		a->chunk &= ~127;
-	carve_act(m, a, &ca, &cf, &ci);
+	a->chunk = logit_chunk_rows(max_tokens, a->ld, asz(m), logit_chunk_bytes(m));
+	carve_act(&m->cfg, m->vh_w >= 0, asz(m), a, &ca, &cf, &ci);
 	if ((rv = o->alloc(o, &a->amem, ca.off)) != 0 || (rv = o->alloc(o, (void **)&a->fmem, cf.off)) != 0 ||
 	    (rv = o->alloc(o, (void **)&a->imem, ci.off)) != 0) {
 		o->free(o, a->amem);
@@ -172,7 +181,7 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 	cf.base = (char *)a->fmem;
 	ci.base = (char *)a->imem;
 	ca.off = cf.off = ci.off = 0;
-	carve_act(m, a, &ca, &cf, &ci);
+	carve_act(&m->cfg, m->vh_w >= 0, asz(m), a, &ca, &cf, &ci);
 	a->hpos = rl_xcalloc((size_t)max_tokens, sizeof *a->hpos);
 	m->act = a;
 	m->lp = a->lp;
@@ -185,6 +194,29 @@ size_t
 rl_model_act_bytes(const rl_model *m)
 {
 	return m->act ? m->act->bytes : 0;
+}
+
+size_t
+rl_model_act_bytes_for(const rl_config *c, size_t act_size, int ld, size_t chunk_bytes, int max_tokens, int one_layer,
+    int value_head)
+{
+	rl_model_act a = { 0 };
+	carve ca = { 0 }, cf = { 0 }, ci = { 0 };
+
+	if (max_tokens <= 0)
+		return 0;
+	a.maxN = max_tokens;
+	a.recompute = one_layer;
+	a.ld = ld;
+	a.chunk = logit_chunk_rows(max_tokens, ld, act_size, chunk_bytes);
+	carve_act(c, value_head, act_size, &a, &ca, &cf, &ci);
+	return ca.off + cf.off + ci.off;
+}
+
+size_t
+rl_model_logit_chunk_bytes(int act_f32, int training)
+{
+	return act_f32 ? LOGIT_CHUNK_BYTES : training ? LOGIT_KEEP_BYTES_GPU : LOGIT_CHUNK_BYTES_GPU;
 }
 
 void

@@ -1,0 +1,96 @@
+/*
+ * plan_print.c — rl-train --plan (plan_print.h).
+ */
+#include "plan_print.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "base/cli.h"
+#include "base/core.h"
+#include "base/io.h"
+#include "model/config.h"
+
+unsigned
+lora_targets(const char *list)
+{
+	static const char *const names[7] = { "q", "k", "v", "o", "gate", "up", "down" };
+	unsigned bits = 0;
+	char buf[256], *save = NULL;
+
+	if (strlen(list) >= sizeof buf)
+		return 0;
+	strcpy(buf, list);
+	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		size_t n = strlen(t);
+		int k;
+		if (n > 5 && strcmp(t + n - 5, "_proj") == 0)
+			t[n - 5] = 0;
+		for (k = 0; k < 7 && strcmp(t, names[k]) != 0; k++)
+			;
+		if (k == 7)
+			return 0;
+		bits |= 1u << k;
+	}
+	return bits;
+}
+
+static double unit = 1024.0 * 1024 * 1024;
+static double gib(double b) { return b / unit; }
+
+int
+print_plan(const rl_train_opts *o, rl_plan_opts *po, int world, int zero, const char *init, int json)
+{
+	char path[4096];
+	rl_config cfg;
+	rl_plan p;
+	int rv;
+
+	if (!init && !o->model_dir)
+		return rl_cli_usage("--plan needs a model: -m MODEL_DIR or --init CONFIG");
+	if (init)
+		snprintf(path, sizeof path, "%s", init);
+	else
+		snprintf(path, sizeof path, "%s/config.json", o->model_dir);
+	if (rl_config_load(&cfg, path) != 0)
+		return 1;
+	po->world = world > 0 ? world : 1;   /* unset: one rank */
+	po->zero = zero;
+	po->cuda = o->device && strncmp(o->device, "cuda", 4) == 0;
+	po->max_tokens = o->max_tokens_micro;
+	po->recompute = o->recompute;
+	po->value_head = o->algo == RL_ALGO_PPO;
+	rv = rl_train_plan(&p, &cfg, po);
+	rl_config_fini(&cfg);
+	if (rv != 0)
+		return 1;
+	if (json) {
+		printf("{\"params\":%zu,\"trainable\":%zu,\"world\":%d,\"zero\":%d,\"device\":\"%s\",\"lora_rank\":%d,"
+		    "\"max_tokens\":%d,\"recompute\":%s,\"value_head\":%s,\"kv_tokens\":%lld,"
+		    "\"weights_bytes\":%.0f,\"grads_bytes\":%.0f,\"optim_bytes\":%.0f,\"acts_bytes\":%.0f,"
+		    "\"kv_bytes\":%.0f,\"total_bytes\":%.0f,\"runs\":%s",
+		    p.params, p.trainable, po->world, po->zero, po->cuda ? "cuda" : "cpu", po->lora_rank, po->max_tokens,
+		    po->recompute ? "true" : "false", po->value_head ? "true" : "false", po->kv_tokens, p.weights,
+		    p.grads, p.optim, p.acts, p.kv, p.total, p.runs ? "true" : "false");
+		if (po->gpu_bytes > 0)
+			printf(",\"gpu_bytes\":%.0f,\"fits\":%s", po->gpu_bytes, p.fits ? "true" : "false");
+		printf("}\n");
+	} else {
+		printf("%s: %zu parameters (%zu trained), %d rank%s, ZeRO-%d%s, %s, %d tokens a micro-batch%s\n", path,
+		    p.params, p.trainable, po->world, po->world > 1 ? "s" : "", po->zero,
+		    po->lora_rank ? ", LoRA" : "", po->cuda ? "cuda (bf16 compute)" : "cpu (f32)", po->max_tokens,
+		    po->recompute ? ", recomputed" : "");
+		const char *u = "GiB";
+		if (p.total < unit) {
+			unit = 1024.0 * 1024;
+			u = "MiB";
+		}
+		printf("  weights      %10.2f %s\n  gradients    %10.2f %s\n  AdamW state  %10.2f %s\n"
+		    "  activations  %10.2f %s\n  KV cache     %10.2f %s\n  total        %10.2f %s per rank",
+		    gib(p.weights), u, gib(p.grads), u, gib(p.optim), u, gib(p.acts), u, gib(p.kv), u, gib(p.total), u);
+		if (po->gpu_bytes > 0)
+			printf(" of %.2f %s: %s", gib(po->gpu_bytes), u, p.fits ? "fits" : "does not fit");
+		printf("\n%s", p.runs ? "" : "  (ZeRO-2/3 and LoRA are planned, not trained yet)\n");
+	}
+	return rl_io_close_stdout() ? 1 : 0;
+}
