@@ -97,6 +97,40 @@ int rl_adv_gae(float *adv_tok, float *ret_tok, const float *reward, const float 
     float kl_coef, const float *values, const int *toff, int S, float gamma, float lambda,
     int whiten);
 
+/* ---- multi-turn responses: a loss mask and token rewards --------------------------
+ * mask (toff[S], 0 or 1; NULL: every token 1) marks the tokens the policy
+ * sampled; 0 marks tokens inserted into the response (an environment's
+ * observation, a tool's output).  The estimators below treat the sampled
+ * tokens of a sequence as its whole trajectory: an inserted token is no step
+ * (no reward, no value, no discount), as verl's GAE skips observation tokens. */
+
+/* The token rewards trew (toff[S]) of the token-level estimators: at each
+ * sampled token -kl_coef * kl[t] (kl (toff[S]) may be NULL), plus tokrew[t]
+ * (toff[S], may be NULL: per-turn rewards), plus reward[s] at the sequence's
+ * last sampled token.  A token reward at an inserted token goes to the
+ * nearest sampled token before it (the action it answers), or when none is
+ * before it to the first one after it; inserted tokens get 0.  A sequence
+ * with no sampled token gets 0 everywhere.  trew may alias tokrew or kl.
+ * Returns RL_OK or RL_EINVAL (bad offsets). */
+int rl_tok_rewards(float *trew, const float *reward, const float *tokrew, const float *kl,
+    float kl_coef, const int *toff, int S, const uint8_t *mask);
+
+/* Reward-to-go over the sampled tokens: adv[t] = trew[t] + gamma * R(next
+ * sampled token), less base[s] when base (S) is given; 0 at inserted tokens.
+ * adv may alias trew. */
+int rl_adv_rtg_masked(float *adv, const float *trew, const float *base, const int *toff, int S,
+    float gamma, const uint8_t *mask);
+
+/* GAE over the sampled tokens (verl's multi-turn rule): delta_t = trew[t] +
+ * gamma V(next sampled) - V_t, A_t = delta_t + gamma lambda A(next sampled),
+ * ret_t = A_t + V_t; at inserted tokens adv 0 and ret = V.  adv may alias trew. */
+int rl_adv_gae_masked(float *adv, float *ret, const float *trew, const float *values, const int *toff,
+    int S, float gamma, float lambda, const uint8_t *mask);
+
+/* Whitens x (n) over the tokens whose mask is 1 (NULL: all): mean 0,
+ * unbiased std 1 (std + 1e-8); the others are set to 0. */
+void rl_whiten_masked(float *x, int n, const uint8_t *mask);
+
 /* PPO's clipped value loss (verl's compute_value_loss), per token n < N with
  * weight w[n] (aggregation x mask; 0 = ignored):
  *   vc = old + clamp(v - old, -clip, clip)   (clip <= 0: no clipping, vc = v)

@@ -41,13 +41,21 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 		return RL_ENOMEM;
 	for (int i = 0; i < S; i++) {
 		rl_sample *s = tr->seq[i].s;
-		double a = s->rlen ? tr->adv_tok[tr->seq[i].toff] : 0;
+		const uint8_t *mk = tr->mask_tok + tr->seq[i].toff;
+		int first = -1, len = 0;
+		/* the response's length and first token are the sampled ones' (loss_mask 1) */
+		for (int t = 0; t < s->rlen; t++)
+			if (mk[t]) {
+				first = first < 0 ? t : first;
+				len++;
+			}
+		double a = first >= 0 ? tr->adv_tok[tr->seq[i].toff + first] : 0;
 		rsum += s->reward;
 		rmin = fmin(rmin, s->reward);
 		rmax = fmax(rmax, s->reward);
 		acc += s->reward > 0;
-		lsum += s->rlen;
-		lmax = fmax(lmax, s->rlen);
+		lsum += len;
+		lmax = fmax(lmax, len);
 		ntok += s->plen + s->rlen;
 		clipped += strcmp(s->finish, "length") == 0;
 		asum += a;
@@ -96,6 +104,18 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	}
 	if (o->algo == RL_ALGO_PPO) {
 		int ntk = S ? tr->seq[S - 1].toff + tr->seq[S - 1].s->rlen : 0;
+		if (tr->has_mask) {
+			/* over the sampled tokens only: pack them to the front (V_old and the
+			 * returns are not used again after the step's updates) */
+			int k = 0;
+			for (int t = 0; t < ntk; t++)
+				if (tr->mask_tok[t]) {
+					tr->val_tok[k] = tr->val_tok[t];
+					tr->ret_tok[k] = tr->ret_tok[t];
+					k++;
+				}
+			ntk = k;
+		}
 		rl_stat3 vs = rl_stat_f32(tr->val_tok, (size_t)ntk), rs = rl_stat_f32(tr->ret_tok, (size_t)ntk);
 		metric(j, tr, step, "critic/vf_loss", ms->vf_loss / nupdates);
 		metric(j, tr, step, "critic/vf_clipfrac", ms->vf_clip / nt);
