@@ -405,6 +405,83 @@ rl_loss_weights_masked(float *w, const int *toff, int S, int agg, int norm_len, 
 	return RL_OK;
 }
 
+static const char *const dpo_names[RL_DPO_COUNT] = {
+	[RL_DPO_SIGMOID] = "sigmoid", [RL_DPO_IPO] = "ipo", [RL_DPO_HINGE] = "hinge",
+};
+
+const char *rl_dpo_loss_name(int t) { return t >= 0 && t < RL_DPO_COUNT ? dpo_names[t] : "?"; }
+
+int
+rl_dpo_loss_parse(const char *s)
+{
+	for (int i = 0; i < RL_DPO_COUNT; i++)
+		if (strcmp(s, dpo_names[i]) == 0)
+			return i;
+	return -1;
+}
+
+/* log sigmoid(x) without overflow either way */
+static double
+log_sigmoid(double x)
+{
+	return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x));
+}
+
+static double
+sigmoid(double x)
+{
+	return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
+}
+
+int
+rl_dpo_loss(double *dc, double *dr, rl_dpo_stats *st, const double *pc, const double *pr,
+    const double *rc, const double *rr, int P, int type, double beta, double ls)
+{
+	rl_dpo_stats acc = { 0 };
+
+	if (P < 1 || !(beta > 0) || !(ls >= 0 && ls < 0.5) || type < 0 || type >= RL_DPO_COUNT)
+		return RL_EINVAL;
+	for (int i = 0; i < P; i++) {
+		double z = (pc[i] - pr[i]) - (rc[i] - rr[i]), bz = beta * z, l, g;
+		switch (type) {
+		case RL_DPO_SIGMOID:
+			l = -(1 - ls) * log_sigmoid(bz) - ls * log_sigmoid(-bz);
+			g = beta * (-(1 - ls) * sigmoid(-bz) + ls * sigmoid(bz));
+			break;
+		case RL_DPO_HINGE:
+			l = 1 - bz > 0 ? 1 - bz : 0;
+			g = 1 - bz > 0 ? -beta : 0;
+			break;
+		default: /* ipo */
+			l = (z - 1 / (2 * beta)) * (z - 1 / (2 * beta));
+			g = 2 * (z - 1 / (2 * beta));
+			break;
+		}
+		if (dc)
+			dc[i] = g / P;
+		if (dr)
+			dr[i] = -g / P;
+		double cr = beta * (pc[i] - rc[i]), rj = beta * (pr[i] - rr[i]);
+		acc.loss += l;
+		acc.reward_chosen += cr;
+		acc.reward_rejected += rj;
+		acc.accuracy += cr > rj;
+		acc.margin += cr - rj;
+		acc.logp_chosen += pc[i];
+		acc.logp_rejected += pr[i];
+	}
+	if (st) {
+		st->loss = acc.loss / P;
+		st->reward_chosen = acc.reward_chosen / P;
+		st->reward_rejected = acc.reward_rejected / P;
+		st->accuracy = acc.accuracy / P;
+		st->margin = acc.margin / P;
+		st->logp_chosen = acc.logp_chosen / P;
+		st->logp_rejected = acc.logp_rejected / P;
+	}
+	return RL_OK;
+}
+
 int
 rl_groups_with_signal(int *keep, const float *reward, const int *goff, int G)
 {

@@ -158,6 +158,32 @@ int rl_loss_weights(float *w, const int *toff, int S, int agg, int norm_len);
  * sequence with none counts as an empty one), as verl's response_mask. */
 int rl_loss_weights_masked(float *w, const int *toff, int S, int agg, int norm_len, const uint8_t *mask);
 
+/* ---- DPO (preference pairs) ------------------------------------------------------
+ * TRL's DPOTrainer losses over P pairs, from the policy's and the reference's
+ * log-probs of the chosen and rejected completions (pc, pr, rc, rr: summed
+ * over each completion's tokens; for ipo the caller passes means over the
+ * tokens, as TRL's ipo averages them).  z = (pc - pr) - (rc - rr):
+ *   sigmoid  -(1 - ls) log sigmoid(beta z) - ls log sigmoid(-beta z)
+ *   hinge    max(0, 1 - beta z)
+ *   ipo      (z - 1 / (2 beta))^2
+ * loss = the mean over pairs.  dc[i], dr[i] (may be NULL) get d loss / d pc[i]
+ * and d loss / d pr[i] (the reference is constant); hinge's derivative is 0
+ * where 1 - beta z = 0 (as torch.relu's). */
+enum { RL_DPO_SIGMOID = 0, RL_DPO_IPO, RL_DPO_HINGE, RL_DPO_COUNT };
+const char *rl_dpo_loss_name(int t);
+int rl_dpo_loss_parse(const char *s);   /* -1: unknown */
+
+/* TRL's metrics of those pairs (means over pairs): rewards/chosen = beta (pc - rc),
+ * rewards/rejected = beta (pr - rr), rewards/accuracies (chosen > rejected),
+ * rewards/margins, logps/chosen = pc, logps/rejected = pr. */
+typedef struct rl_dpo_stats {
+	double loss, reward_chosen, reward_rejected, accuracy, margin, logp_chosen, logp_rejected;
+} rl_dpo_stats;
+
+/* Returns RL_OK, or RL_EINVAL (P < 1, beta <= 0, ls outside [0, 0.5), type unknown). */
+int rl_dpo_loss(double *dc, double *dr, rl_dpo_stats *st, const double *pc, const double *pr,
+    const double *rc, const double *rr, int P, int type, double beta, double ls);
+
 /* DAPO's dynamic sampling: keep[g] = 0 for groups whose rewards are all equal
  * (no learning signal), 1 otherwise; returns the number kept. */
 int rl_groups_with_signal(int *keep, const float *reward, const int *goff, int G);
