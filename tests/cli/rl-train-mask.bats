@@ -80,8 +80,8 @@ import json, sys
 with open(sys.argv[2], "w") as f:
     for line in open(sys.argv[1]):
         r = json.loads(line)
-        for k in ("logprobs", "ref_logprobs"):
-            r[k] = [v if m else -3.0 - 0.1 * t for t, (v, m) in enumerate(zip(r[k], r["loss_mask"]))]
+        for k, a, b in (("logprobs", -3.0, 0.1), ("ref_logprobs", -1.0, 0.3)):
+            r[k] = [v if m else a - b * t for t, (v, m) in enumerate(zip(r[k], r["loss_mask"]))]
         f.write(json.dumps(r) + "\n")
 PY
 	local args
