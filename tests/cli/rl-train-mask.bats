@@ -103,7 +103,7 @@ PY
 	done
 }
 
-@test "a token_rewards field of the wrong length or with NaN is a bad record, named" {
+@test "a token_rewards field of the wrong length is a bad record, named" {
 	head -n 1 "$REC" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); r["token_rewards"]=[0.5]; print(json.dumps(r))' > "$TD/bad.jsonl"
 	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/b" --batch 1 "$TD/bad.jsonl"
 	[[ "$stderr" == *"'token_rewards' length differs from 'response' length"* ]] || { echo "$stderr"; return 1; }
