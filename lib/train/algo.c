@@ -143,49 +143,118 @@ rl_adv_broadcast(float *adv_tok, const float *adv_seq, const int *toff, int S)
 			adv_tok[t] = adv_seq[s];
 }
 
-/* Whitens x (n) in place: mean 0, unbiased std 1. */
-static void
-whiten_f32(float *x, int n)
+void
+rl_whiten_masked(float *x, int n, const uint8_t *mask)
 {
 	double sum = 0, sq = 0, mean, sd;
+	long k = 0;
 
-	if (n == 0)
+	for (int i = 0; i < n; i++)
+		if (!mask || mask[i]) {
+			sum += x[i];
+			k++;
+		}
+	if (k == 0) {
+		for (int i = 0; i < n; i++)
+			x[i] = 0;
 		return;
+	}
+	mean = sum / k;
 	for (int i = 0; i < n; i++)
-		sum += x[i];
-	mean = sum / n;
+		if (!mask || mask[i])
+			sq += (x[i] - mean) * (x[i] - mean);
+	sd = k > 1 ? sqrt(sq / (k - 1)) : 0;
 	for (int i = 0; i < n; i++)
-		sq += (x[i] - mean) * (x[i] - mean);
-	sd = n > 1 ? sqrt(sq / (n - 1)) : 0;
-	for (int i = 0; i < n; i++)
-		x[i] = (float)((x[i] - mean) / (sd + 1e-8));
+		x[i] = !mask || mask[i] ? (float)((x[i] - mean) / (sd + 1e-8)) : 0.0f;
 }
 
-/* Token rewards: -kl_coef*kl, plus the outcome at the last token. */
-static float
-tok_reward(const float *reward, const float *kl, float kl_coef, const int *toff, int s, int t)
-{
-	float r = kl ? -kl_coef * kl[t] : 0.0f;
-	if (t == toff[s + 1] - 1)
-		r += reward[s];
-	return r;
-}
+#define SAMPLED(mask, t) ((mask) == NULL || (mask)[t] != 0)
 
-/* Per token: the reward-to-go of the token rewards discounted by gamma, less
- * base[s] when base is given. */
 static int
-reward_to_go(float *adv_tok, const float *reward, const float *base, const float *kl, float kl_coef,
-    const int *toff, int S, float gamma)
+check_offsets(const int *toff, int S)
 {
 	if (S < 0 || toff[0] != 0)
 		return RL_EINVAL;
-	for (int s = 0; s < S; s++) {
-		double ret = 0;
+	for (int s = 0; s < S; s++)
 		if (toff[s + 1] < toff[s])
 			return RL_EINVAL;
+	return RL_OK;
+}
+
+int
+rl_tok_rewards(float *trew, const float *reward, const float *tokrew, const float *kl,
+    float kl_coef, const int *toff, int S, const uint8_t *mask)
+{
+	if (check_offsets(toff, S) != RL_OK)
+		return RL_EINVAL;
+	for (int s = 0; s < S; s++) {
+		int a = toff[s], b = toff[s + 1], last = -1;
+		double carry = 0;    /* token rewards of inserted tokens before the first sampled one */
+		/* forward: each sampled token takes its own reward and those of the
+		 * inserted tokens after it, up to the next sampled one */
+		for (int t = a; t < b; t++) {
+			double r = tokrew ? tokrew[t] : 0.0;
+			if (SAMPLED(mask, t)) {
+				double v = r + (kl ? -(double)kl_coef * kl[t] : 0.0);
+				if (last < 0) {
+					v += carry;
+					carry = 0;
+				}
+				trew[t] = (float)v;
+				last = t;
+			} else {
+				trew[t] = 0.0f;
+				if (last >= 0)
+					trew[last] = (float)((double)trew[last] + r);
+				else
+					carry += r;
+			}
+		}
+		if (last >= 0)
+			trew[last] = (float)((double)trew[last] + reward[s]);
+	}
+	return RL_OK;
+}
+
+int
+rl_adv_rtg_masked(float *adv, const float *trew, const float *base, const int *toff, int S,
+    float gamma, const uint8_t *mask)
+{
+	if (check_offsets(toff, S) != RL_OK)
+		return RL_EINVAL;
+	for (int s = 0; s < S; s++) {
+		double ret = 0;
 		for (int t = toff[s + 1] - 1; t >= toff[s]; t--) {
-			ret = tok_reward(reward, kl, kl_coef, toff, s, t) + gamma * ret;
-			adv_tok[t] = (float)(base ? ret - base[s] : ret);
+			if (!SAMPLED(mask, t)) {
+				adv[t] = 0.0f;
+				continue;
+			}
+			ret = trew[t] + gamma * ret;
+			adv[t] = (float)(base ? ret - base[s] : ret);
+		}
+	}
+	return RL_OK;
+}
+
+int
+rl_adv_gae_masked(float *adv, float *ret, const float *trew, const float *values, const int *toff,
+    int S, float gamma, float lambda, const uint8_t *mask)
+{
+	if (check_offsets(toff, S) != RL_OK)
+		return RL_EINVAL;
+	for (int s = 0; s < S; s++) {
+		double a = 0, vnext = 0;
+		for (int t = toff[s + 1] - 1; t >= toff[s]; t--) {
+			if (!SAMPLED(mask, t)) {
+				adv[t] = 0.0f;
+				ret[t] = values[t];
+				continue;
+			}
+			double delta = trew[t] + gamma * vnext - values[t];
+			a = delta + gamma * lambda * a;
+			adv[t] = (float)a;
+			ret[t] = (float)(a + values[t]);
+			vnext = values[t];
 		}
 	}
 	return RL_OK;
@@ -195,16 +264,17 @@ int
 rl_adv_remax_tok(float *adv_tok, const float *reward, const float *baseline, const float *kl,
     float kl_coef, const int *toff, int S)
 {
-	return reward_to_go(adv_tok, reward, baseline, kl, kl_coef, toff, S, 1.0f);
+	int rv = rl_tok_rewards(adv_tok, reward, NULL, kl, kl_coef, toff, S, NULL);
+	return rv ? rv : rl_adv_rtg_masked(adv_tok, adv_tok, baseline, toff, S, 1.0f, NULL);
 }
 
 int
 rl_adv_reinforcepp(float *adv_tok, const float *reward, const float *kl, float kl_coef,
     const int *toff, int S, float gamma)
 {
-	int rv = reward_to_go(adv_tok, reward, NULL, kl, kl_coef, toff, S, gamma);
-	if (rv == RL_OK)
-		whiten_f32(adv_tok, toff[S]);
+	int rv = rl_tok_rewards(adv_tok, reward, NULL, kl, kl_coef, toff, S, NULL);
+	if (rv == RL_OK && (rv = rl_adv_rtg_masked(adv_tok, adv_tok, NULL, toff, S, gamma, NULL)) == RL_OK)
+		rl_whiten_masked(adv_tok, toff[S], NULL);
 	return rv;
 }
 
@@ -213,23 +283,11 @@ rl_adv_gae(float *adv_tok, float *ret_tok, const float *reward, const float *kl,
     float kl_coef, const float *values, const int *toff, int S, float gamma, float lambda,
     int whiten)
 {
-	if (S < 0 || toff[0] != 0)
-		return RL_EINVAL;
-	for (int s = 0; s < S; s++) {
-		double a = 0, vnext = 0;
-		if (toff[s + 1] < toff[s])
-			return RL_EINVAL;
-		for (int t = toff[s + 1] - 1; t >= toff[s]; t--) {
-			double delta = tok_reward(reward, kl, kl_coef, toff, s, t) + gamma * vnext - values[t];
-			a = delta + gamma * lambda * a;
-			adv_tok[t] = (float)a;
-			ret_tok[t] = (float)(a + values[t]);
-			vnext = values[t];
-		}
-	}
-	if (whiten)
-		whiten_f32(adv_tok, toff[S]);
-	return RL_OK;
+	int rv = rl_tok_rewards(adv_tok, reward, NULL, kl, kl_coef, toff, S, NULL);
+	if (rv == RL_OK && (rv = rl_adv_gae_masked(adv_tok, ret_tok, adv_tok, values, toff, S, gamma, lambda,
+	    NULL)) == RL_OK && whiten)
+		rl_whiten_masked(adv_tok, toff[S], NULL);
+	return rv;
 }
 
 double
@@ -343,6 +401,83 @@ rl_loss_weights_masked(float *w, const int *toff, int S, int agg, int norm_len, 
 		}
 		for (int t = toff[s]; t < toff[s + 1]; t++)
 			w[t] = mask == NULL || mask[t] ? (float)v : 0.0f;
+	}
+	return RL_OK;
+}
+
+static const char *const dpo_names[RL_DPO_COUNT] = {
+	[RL_DPO_SIGMOID] = "sigmoid", [RL_DPO_IPO] = "ipo", [RL_DPO_HINGE] = "hinge",
+};
+
+const char *rl_dpo_loss_name(int t) { return t >= 0 && t < RL_DPO_COUNT ? dpo_names[t] : "?"; }
+
+int
+rl_dpo_loss_parse(const char *s)
+{
+	for (int i = 0; i < RL_DPO_COUNT; i++)
+		if (strcmp(s, dpo_names[i]) == 0)
+			return i;
+	return -1;
+}
+
+/* log sigmoid(x) without overflow either way */
+static double
+log_sigmoid(double x)
+{
+	return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x));
+}
+
+static double
+sigmoid(double x)
+{
+	return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
+}
+
+int
+rl_dpo_loss(double *dc, double *dr, rl_dpo_stats *st, const double *pc, const double *pr,
+    const double *rc, const double *rr, int P, int type, double beta, double ls)
+{
+	rl_dpo_stats acc = { 0 };
+
+	if (P < 1 || !(beta > 0) || !(ls >= 0 && ls < 0.5) || type < 0 || type >= RL_DPO_COUNT)
+		return RL_EINVAL;
+	for (int i = 0; i < P; i++) {
+		double z = (pc[i] - pr[i]) - (rc[i] - rr[i]), bz = beta * z, l, g;
+		switch (type) {
+		case RL_DPO_SIGMOID:
+			l = -(1 - ls) * log_sigmoid(bz) - ls * log_sigmoid(-bz);
+			g = beta * (-(1 - ls) * sigmoid(-bz) + ls * sigmoid(bz));
+			break;
+		case RL_DPO_HINGE:
+			l = 1 - bz > 0 ? 1 - bz : 0;
+			g = 1 - bz > 0 ? -beta : 0;
+			break;
+		default: /* ipo */
+			l = (z - 1 / (2 * beta)) * (z - 1 / (2 * beta));
+			g = 2 * (z - 1 / (2 * beta));
+			break;
+		}
+		if (dc)
+			dc[i] = g / P;
+		if (dr)
+			dr[i] = -g / P;
+		double cr = beta * (pc[i] - rc[i]), rj = beta * (pr[i] - rr[i]);
+		acc.loss += l;
+		acc.reward_chosen += cr;
+		acc.reward_rejected += rj;
+		acc.accuracy += cr > rj;
+		acc.margin += cr - rj;
+		acc.logp_chosen += pc[i];
+		acc.logp_rejected += pr[i];
+	}
+	if (st) {
+		st->loss = acc.loss / P;
+		st->reward_chosen = acc.reward_chosen / P;
+		st->reward_rejected = acc.reward_rejected / P;
+		st->accuracy = acc.accuracy / P;
+		st->margin = acc.margin / P;
+		st->logp_chosen = acc.logp_chosen / P;
+		st->logp_rejected = acc.logp_rejected / P;
 	}
 	return RL_OK;
 }

@@ -97,6 +97,40 @@ int rl_adv_gae(float *adv_tok, float *ret_tok, const float *reward, const float 
     float kl_coef, const float *values, const int *toff, int S, float gamma, float lambda,
     int whiten);
 
+/* ---- multi-turn responses: a loss mask and token rewards --------------------------
+ * mask (toff[S], 0 or 1; NULL: every token 1) marks the tokens the policy
+ * sampled; 0 marks tokens inserted into the response (an environment's
+ * observation, a tool's output).  The estimators below treat the sampled
+ * tokens of a sequence as its whole trajectory: an inserted token is no step
+ * (no reward, no value, no discount), as verl's GAE skips observation tokens. */
+
+/* The token rewards trew (toff[S]) of the token-level estimators: at each
+ * sampled token -kl_coef * kl[t] (kl (toff[S]) may be NULL), plus tokrew[t]
+ * (toff[S], may be NULL: per-turn rewards), plus reward[s] at the sequence's
+ * last sampled token.  A token reward at an inserted token goes to the
+ * nearest sampled token before it (the action it answers), or when none is
+ * before it to the first one after it; inserted tokens get 0.  A sequence
+ * with no sampled token gets 0 everywhere.  trew may alias tokrew or kl.
+ * Returns RL_OK or RL_EINVAL (bad offsets). */
+int rl_tok_rewards(float *trew, const float *reward, const float *tokrew, const float *kl,
+    float kl_coef, const int *toff, int S, const uint8_t *mask);
+
+/* Reward-to-go over the sampled tokens: adv[t] = trew[t] + gamma * R(next
+ * sampled token), less base[s] when base (S) is given; 0 at inserted tokens.
+ * adv may alias trew. */
+int rl_adv_rtg_masked(float *adv, const float *trew, const float *base, const int *toff, int S,
+    float gamma, const uint8_t *mask);
+
+/* GAE over the sampled tokens (verl's multi-turn rule): delta_t = trew[t] +
+ * gamma V(next sampled) - V_t, A_t = delta_t + gamma lambda A(next sampled),
+ * ret_t = A_t + V_t; at inserted tokens adv 0 and ret = V.  adv may alias trew. */
+int rl_adv_gae_masked(float *adv, float *ret, const float *trew, const float *values, const int *toff,
+    int S, float gamma, float lambda, const uint8_t *mask);
+
+/* Whitens x (n) over the tokens whose mask is 1 (NULL: all): mean 0,
+ * unbiased std 1 (std + 1e-8); the others are set to 0. */
+void rl_whiten_masked(float *x, int n, const uint8_t *mask);
+
 /* PPO's clipped value loss (verl's compute_value_loss), per token n < N with
  * weight w[n] (aggregation x mask; 0 = ignored):
  *   vc = old + clamp(v - old, -clip, clip)   (clip <= 0: no clipping, vc = v)
@@ -123,6 +157,32 @@ int rl_loss_weights(float *w, const int *toff, int S, int agg, int norm_len);
  * others get weight 0 and do not count in the token or sequence counts (a
  * sequence with none counts as an empty one), as verl's response_mask. */
 int rl_loss_weights_masked(float *w, const int *toff, int S, int agg, int norm_len, const uint8_t *mask);
+
+/* ---- DPO (preference pairs) ------------------------------------------------------
+ * TRL's DPOTrainer losses over P pairs, from the policy's and the reference's
+ * log-probs of the chosen and rejected completions (pc, pr, rc, rr: summed
+ * over each completion's tokens; for ipo the caller passes means over the
+ * tokens, as TRL's ipo averages them).  z = (pc - pr) - (rc - rr):
+ *   sigmoid  -(1 - ls) log sigmoid(beta z) - ls log sigmoid(-beta z)
+ *   hinge    max(0, 1 - beta z)
+ *   ipo      (z - 1 / (2 beta))^2
+ * loss = the mean over pairs.  dc[i], dr[i] (may be NULL) get d loss / d pc[i]
+ * and d loss / d pr[i] (the reference is constant); hinge's derivative is 0
+ * where 1 - beta z = 0 (as torch.relu's). */
+enum { RL_DPO_SIGMOID = 0, RL_DPO_IPO, RL_DPO_HINGE, RL_DPO_COUNT };
+const char *rl_dpo_loss_name(int t);
+int rl_dpo_loss_parse(const char *s);   /* -1: unknown */
+
+/* TRL's metrics of those pairs (means over pairs): rewards/chosen = beta (pc - rc),
+ * rewards/rejected = beta (pr - rr), rewards/accuracies (chosen > rejected),
+ * rewards/margins, logps/chosen = pc, logps/rejected = pr. */
+typedef struct rl_dpo_stats {
+	double loss, reward_chosen, reward_rejected, accuracy, margin, logp_chosen, logp_rejected;
+} rl_dpo_stats;
+
+/* Returns RL_OK, or RL_EINVAL (P < 1, beta <= 0, ls outside [0, 0.5), type unknown). */
+int rl_dpo_loss(double *dc, double *dr, rl_dpo_stats *st, const double *pc, const double *pr,
+    const double *rc, const double *rr, int P, int type, double beta, double ls);
 
 /* DAPO's dynamic sampling: keep[g] = 0 for groups whose rewards are all equal
  * (no learning signal), 1 otherwise; returns the number kept. */

@@ -110,6 +110,7 @@ rl_sample_fini(rl_sample *s)
 	free(s->ref_logprobs);
 	free(s->values);
 	free(s->loss_mask);
+	free(s->token_rewards);
 	memset(s, 0, sizeof *s);
 }
 
@@ -354,6 +355,14 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, char *why, int
 		if (!all_finite(lp, nl))
 			return "'values' holds NaN or infinite values";
 		if ((*rvp = dup_arr((void **)&s->values, lp, nl, sizeof *lp)) != RL_OK)
+			return "out of memory";
+	}
+	if (rl_traj_get_f32s(t, RL_TAG_TOKEN_REWARDS, &lp, &nl) == RL_OK) {
+		if (nl != nr)
+			return "'token_rewards' length differs from 'response' length";
+		if (!all_finite(lp, nl))
+			return "'token_rewards' holds NaN or infinite values";
+		if ((*rvp = dup_arr((void **)&s->token_rewards, lp, nl, sizeof *lp)) != RL_OK)
 			return "out of memory";
 	}
 	{

@@ -32,6 +32,7 @@ typedef struct rl_sample {
 	float *values;        /* (rlen) or NULL */
 	uint8_t *loss_mask;   /* (rlen) 1 = trained on, 0 = not (a tool's output in a multi-turn
 	                       * response); NULL: every token */
+	float *token_rewards; /* (rlen) per-token rewards (an environment's per-turn rewards), or NULL */
 	int plen, rlen;
 	uint64_t pos;         /* 1-based record number in the input; 0 when unknown (a queue) */
 	float reward;

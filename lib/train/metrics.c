@@ -17,8 +17,8 @@
 #include "train/trainer.h"
 
 /* mean, min and max of a per-token array over the response tokens of the
- * step's samples that the policy sampled (loss_mask 1), as verl takes its
- * token statistics over response_mask; NaN when there are none. */
+ * step's samples that the policy sampled (tr->mask_tok: loss_mask 1), as
+ * verl takes its token statistics over response_mask; NaN when none. */
 static rl_stat3
 tok_stat(const trainer *tr, const float *v)
 {
@@ -29,7 +29,7 @@ tok_stat(const trainer *tr, const float *v)
 		const rl_sample *s = tr->seq[i].s;
 		for (int t = 0; t < s->rlen; t++) {
 			float x = v[tr->seq[i].toff + t];
-			if (s->loss_mask && !s->loss_mask[t])
+			if (!tr->mask_tok[tr->seq[i].toff + t])
 				continue;
 			sum += x;
 			st.min = fmin(st.min, x);
@@ -121,15 +121,20 @@ data_metrics(cJSON *j, trainer *tr, int step)
 
 	for (int i = 0; i < S; i++) {
 		const rl_sample *s = tr->seq[i].s;
-		int clip = strcmp(s->finish, "length") == 0;
-		ss_add(&rlen, s->rlen);
+		const uint8_t *mk = tr->mask_tok + tr->seq[i].toff;
+		int clip = strcmp(s->finish, "length") == 0, len = 0;
+		/* the response's length is its sampled tokens' (loss_mask 1): an
+		 * environment's inserted tokens are not the policy's */
+		for (int t = 0; t < s->rlen; t++)
+			len += mk[t] != 0;
+		ss_add(&rlen, len);
 		ss_add(&plen, s->plen);
 		clipped += clip;
 		if (s->rlen == 0) {
 			aborted++;
 			continue;
 		}
-		ss_add(&rlen_na, s->rlen);
+		ss_add(&rlen_na, len);
 		clipped_na += clip;
 		ss_add(&score, s->reward);
 		ss_add(&reward, tr->seq[i].reward);
@@ -208,6 +213,18 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	if (o->algo == RL_ALGO_PPO) {
 		int ntk = S ? tr->seq[S - 1].toff + tr->seq[S - 1].s->rlen : 0;
 		rl_stat3 vs = tok_stat(tr, tr->val_tok);
+		if (tr->has_mask) {
+			/* over the sampled tokens only: pack them to the front (V_old and the
+			 * returns are not used again after the step's updates) */
+			int k = 0;
+			for (int t = 0; t < ntk; t++)
+				if (tr->mask_tok[t]) {
+					tr->val_tok[k] = tr->val_tok[t];
+					tr->ret_tok[k] = tr->ret_tok[t];
+					k++;
+				}
+			ntk = k;
+		}
 		metric(j, tr, step, "critic/vf_loss", ms->vf_loss / nupdates);
 		metric(j, tr, step, "critic/vf_clipfrac", ms->vf_clip / nt);
 		metric(j, tr, step, "critic/vpred_mean", ms->vpred / nt);

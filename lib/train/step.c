@@ -87,7 +87,18 @@ layout(trainer *tr, int *ntok_out, int *G_out)
 				return RL_ENOMEM;
 			*arrs[i] = np;
 		}
+		uint8_t *nm = realloc(tr->mask_tok, (size_t)ncap);
+		if (!nm)
+			return RL_ENOMEM;
+		tr->mask_tok = nm;
 		tr->cap_tok = ncap;
+	}
+	tr->has_mask = 0;
+	for (int i = 0; i < tr->nseq; i++) {
+		const rl_sample *s = tr->seq[i].s;
+		for (int t = 0; t < s->rlen; t++)
+			tr->mask_tok[tr->seq[i].toff + t] = s->loss_mask ? s->loss_mask[t] : 1;
+		tr->has_mask |= s->loss_mask != NULL;
 	}
 	*ntok_out = ntok;
 	*G_out = G;
@@ -107,20 +118,24 @@ kl_penalty(trainer *tr)
 		return RL_OK;
 	for (int i = 0; i < tr->nseq; i++) {
 		rl_sample *s = tr->seq[i].s;
+		const uint8_t *mk = tr->mask_tok + tr->seq[i].toff;
 		double sum = 0;
+		int n = 0;
 		if (!s->logprobs || !s->ref_logprobs) {
 			rl_error("record %llu: --kl-in-reward needs 'logprobs' and 'ref_logprobs' in the records",
 			    (unsigned long long)s->id);
 			return RL_EFORMAT;
 		}
+		/* inserted tokens (loss_mask 0) were not sampled by the policy: no KL */
 		for (int t = 0; t < s->rlen; t++) {
-			float k = kl_est(o->kl_type, s->logprobs[t], s->ref_logprobs[t]);
+			float k = mk[t] ? kl_est(o->kl_type, s->logprobs[t], s->ref_logprobs[t]) : 0.0f;
 			tr->kl_tok[tr->seq[i].toff + t] = k;
 			sum += k;
+			n += mk[t];
 		}
 		tr->seq[i].reward = (float)(s->reward - o->kl_coef * sum);
-		if (s->rlen > 0) {
-			tr->reward_kl += sum / s->rlen;
+		if (n > 0) {
+			tr->reward_kl += sum / n;
 			nk++;
 		}
 	}
@@ -139,8 +154,22 @@ advantages(trainer *tr, const int *toff, const int *goff, const float *base, flo
 	const float *kl = o->kl_in_reward && o->kl_type ? tr->kl_tok : NULL;
 	int S = tr->nseq, rv;
 
+	const uint8_t *mask = tr->has_mask ? tr->mask_tok : NULL;
+
 	for (int i = 0; i < S; i++)
 		rew[i] = tr->seq[i].reward;
+	if (o->algo == RL_ALGO_REMAX || o->algo == RL_ALGO_REINFORCEPP || o->algo == RL_ALGO_PPO) {
+		/* token-level estimators: the token rewards (the outcome at the last
+		 * sampled token, per-turn token_rewards, the KL penalty) into adv_tok */
+		for (int i = 0; i < S; i++) {
+			const rl_sample *s = tr->seq[i].s;
+			rew[i] = s->reward;
+			for (int t = 0; t < s->rlen; t++)
+				tr->adv_tok[toff[i] + t] = s->token_rewards ? s->token_rewards[t] : 0.0f;
+		}
+		if ((rv = rl_tok_rewards(tr->adv_tok, rew, tr->adv_tok, kl, o->kl_coef, toff, S, mask)) != 0)
+			return rv;
+	}
 	switch (o->algo) {
 	case RL_ALGO_GRPO:
 	case RL_ALGO_DRGRPO:
@@ -156,30 +185,31 @@ advantages(trainer *tr, const int *toff, const int *goff, const float *base, flo
 		if ((rv = rl_adv_outcome(adv, rew, goff, G, &c)) == 0)
 			rl_adv_broadcast(tr->adv_tok, adv, toff, S);
 		free(adv);
+		for (int t = 0; mask && t < ntok; t++)
+			tr->adv_tok[t] = mask[t] ? tr->adv_tok[t] : 0.0f;
 		return rv;
 	}
 	case RL_ALGO_REMAX:
-		/* verl's: the reward-to-go of the token rewards (the KL penalty per
-		 * token when it is in the reward) minus the greedy sample's reward */
-		for (int i = 0; i < S; i++)
-			rew[i] = tr->seq[i].s->reward;
-		return rl_adv_remax_tok(tr->adv_tok, rew, base, kl, o->kl_coef, toff, S);
+		/* verl's: the reward-to-go of the token rewards minus the greedy sample's reward */
+		return rl_adv_rtg_masked(tr->adv_tok, tr->adv_tok, base, toff, S, 1.0f, mask);
 	case RL_ALGO_REINFORCEPP:
-		/* token-level: rewards with the KL penalty per token when it is in the reward */
-		for (int i = 0; i < S; i++)
-			rew[i] = tr->seq[i].s->reward;
-		return rl_adv_reinforcepp(tr->adv_tok, rew, kl, o->kl_coef, toff, S, o->gamma);
+		/* discounted returns over the sampled tokens, whitened over them */
+		if ((rv = rl_adv_rtg_masked(tr->adv_tok, tr->adv_tok, NULL, toff, S, o->gamma, mask)) == 0)
+			rl_whiten_masked(tr->adv_tok, ntok, mask);
+		return rv;
 	case RL_ALGO_PPO:
 		/* V_old and π_old of every sequence of the step (every rank: GAE and the
-		 * whitening need the whole step), then GAE on token rewards */
-		memset(tr->adv_tok, 0, sizeof(float) * (size_t)ntok);
+		 * whitening need the whole step), then GAE over the sampled tokens;
+		 * recompute_old's fill_rows reads adv_tok and w_tok, so the token
+		 * rewards wait in ret_tok meanwhile */
+		memcpy(tr->ret_tok, tr->adv_tok, sizeof(float) * (size_t)ntok);
 		memset(tr->w_tok, 0, sizeof(float) * (size_t)ntok);
 		if ((rv = recompute_old(tr, tr->seq, 0, S)) != 0)
 			return rv;
-		for (int i = 0; i < S; i++)
-			rew[i] = tr->seq[i].s->reward;
-		return rl_adv_gae(tr->adv_tok, tr->ret_tok, rew, kl, o->kl_coef, tr->val_tok, toff, S, o->gamma,
-		    o->lambda, o->whiten_adv);
+		if ((rv = rl_adv_gae_masked(tr->adv_tok, tr->ret_tok, tr->ret_tok, tr->val_tok, toff, S, o->gamma,
+		    o->lambda, mask)) == 0 && o->whiten_adv)
+			rl_whiten_masked(tr->adv_tok, ntok, mask);
+		return rv;
 	case RL_ALGO_SFT:
 		for (int t = 0; t < ntok; t++)
 			tr->adv_tok[t] = 1.0f;
@@ -259,39 +289,29 @@ out:
 	return rv;
 }
 
-/* Sequences [a, b) of the step form one mini-batch: per-token loss weights. */
+/* Sequences [a, b) of the step form one mini-batch: per-token loss weights.
+ * Tokens with loss_mask 0 get none and count nowhere, in seq-mean-token-sum-norm's
+ * default length either (the longest count of sampled tokens). */
 static int
 mini_weights(trainer *tr, int a, int b)
 {
-	int S = b - a, maxlen = 0, rv, masked = 0;
+	int S = b - a, maxlen = 0, rv;
 	int *toff = rl_try_malloc(sizeof(int) * (size_t)(S + 1), "sequence offsets");
-	uint8_t *mask = NULL;
+	int t0 = tr->seq[a].toff;
 
 	if (!toff)
 		return RL_ENOMEM;
 	for (int i = 0; i < S; i++) {
-		toff[i] = tr->seq[a + i].toff - tr->seq[a].toff;
-		maxlen = RL_MAX(maxlen, tr->seq[a + i].s->rlen);
-		masked |= tr->seq[a + i].s->loss_mask != NULL;
+		const seqref *q = &tr->seq[a + i];
+		int n = 0;
+		toff[i] = q->toff - t0;
+		for (int t = 0; t < q->s->rlen; t++)
+			n += tr->mask_tok[q->toff + t];
+		maxlen = RL_MAX(maxlen, n);
 	}
-	toff[S] = (b < tr->nseq ? tr->seq[b].toff : tr->seq[tr->nseq - 1].toff + tr->seq[tr->nseq - 1].s->rlen) -
-	    tr->seq[a].toff;
-	if (masked) {
-		/* records' loss_mask: their 0 tokens get no weight and do not count */
-		if ((mask = rl_try_malloc((size_t)toff[S] + 1, "loss mask")) == NULL) {
-			free(toff);
-			return RL_ENOMEM;
-		}
-		for (int i = 0; i < S; i++) {
-			const rl_sample *s = tr->seq[a + i].s;
-			for (int t = 0; t < s->rlen; t++)
-				mask[toff[i] + t] = s->loss_mask ? s->loss_mask[t] : 1;
-		}
-		tr->has_mask = 1;
-	}
-	rv = rl_loss_weights_masked(tr->w_tok + tr->seq[a].toff, toff, S, tr->agg,
-	    tr->o->norm_len > 0 ? tr->o->norm_len : RL_MAX(maxlen, 1), mask);
-	free(mask);
+	toff[S] = (b < tr->nseq ? tr->seq[b].toff : tr->seq[tr->nseq - 1].toff + tr->seq[tr->nseq - 1].s->rlen) - t0;
+	rv = rl_loss_weights_masked(tr->w_tok + t0, toff, S, tr->agg,
+	    tr->o->norm_len > 0 ? tr->o->norm_len : RL_MAX(maxlen, 1), tr->has_mask ? tr->mask_tok + t0 : NULL);
 	free(toff);
 	return rv;
 }
@@ -417,7 +437,8 @@ value_loss(trainer *tr, const seqref *sq, int B, int T, mstat *ms)
 			int n = r * T + q->s->plen - 1 + j;
 			tr->h_vold[n] = tr->val_tok[q->toff + j];
 			tr->h_ret[n] = tr->ret_tok[q->toff + j];
-			ms->vpred += tr->h_v[n];
+			if (tr->mask_tok[q->toff + j])
+				ms->vpred += tr->h_v[n];
 		}
 	}
 	/* h_w is 0 on padding: those tokens get no loss and no gradient */

@@ -349,6 +349,7 @@ rli_train_fini(trainer *tr, int rv)
 	free(tr->kl_tok);
 	free(tr->val_tok);
 	free(tr->ret_tok);
+	free(tr->mask_tok);
 	free(tr->h_vold);
 	if (tr->ops && tr->d_dval)
 		tr->ops->free(tr->ops, tr->d_dval);

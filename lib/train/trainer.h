@@ -69,6 +69,7 @@ typedef struct trainer {
 	float *adv_tok, *w_tok, *old_tok, *kl_tok; /* (step tokens) */
 	double reward_kl;        /* --kl-in-reward: mean over sequences of their token-mean KL */
 	int has_mask;         /* some record had a loss_mask: weight-0 tokens are left out of the metrics */
+	uint8_t *mask_tok;    /* (step tokens) 1 = sampled (trained on), 0 = inserted (loss_mask 0) */
 	float *val_tok, *ret_tok; /* (step tokens) PPO: V_old and GAE returns */
 	int cap_tok;
 	/* micro-batch host buffers (max_tokens) */

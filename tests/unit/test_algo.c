@@ -238,5 +238,71 @@ main(void)
 	T_CLOSE(rl_lr_at(110, 1e-3, 10, 110, RL_SCHED_COSINE, 0.1), 1e-4, 1e-12, 1e-9);
 	T_CLOSE(rl_lr_at(500, 1e-3, 10, 110, RL_SCHED_COSINE, 0.1), 1e-4, 1e-12, 1e-9);
 	T_CLOSE(rl_lr_at(500, 1e-3, 0, 0, RL_SCHED_CONSTANT, 0), 1e-3, 0, 0);
+	/* multi-turn: sequence 0 = [s s o o s o] (s sampled, o inserted), token
+	 * rewards .5 at t=2 (inserted, goes to t=1), 1 at t=5 (inserted, goes to
+	 * t=4), .25 at t=4; outcome 2 at t=4 (the last sampled token).  Sequence
+	 * 1 = [o s]: a token reward of 3 at t=0 goes to the first sampled (t=1),
+	 * outcome 1 there.  Sequence 2 = [o o]: nothing sampled, all 0. */
+	{
+		uint8_t mk[] = { 1, 1, 0, 0, 1, 0, 0, 1, 0, 0 };
+		float tokrew[] = { 0, 0, .5f, 0, .25f, 1, 3, 0, 7, 7 }, reward[] = { 2, 1, 5 };
+		float kl[] = { .1f, .2f, 9, 9, .3f, 9, 9, .4f, 9, 9 }, tr[10], a[10], rt[10];
+		float vals[] = { 1, 2, 50, 60, 3, 70, 80, 4, 90, 90 };
+		int toff[] = { 0, 6, 8, 10 };
+		T_EQ_INT(rl_tok_rewards(tr, reward, tokrew, NULL, 0, toff, 3, mk), RL_OK);
+		float want[] = { 0, .5f, 0, 0, 3.25f, 0, 0, 4, 0, 0 };
+		for (int t = 0; t < 10; t++)
+			T_CLOSE(tr[t], want[t], TOL, 0);
+		/* KL at sampled tokens only: -coef * kl */
+		T_EQ_INT(rl_tok_rewards(tr, reward, tokrew, kl, 0.5f, toff, 3, mk), RL_OK);
+		T_CLOSE(tr[0], -0.05, TOL, 0);
+		T_CLOSE(tr[1], 0.4, TOL, 0);
+		T_CLOSE(tr[4], 3.1, TOL, 0);
+		T_CLOSE(tr[7], 3.8, TOL, 0);
+		T_CLOSE(tr[5], 0, TOL, 0);
+		/* reward-to-go, gamma .5, over the sampled tokens of sequence 0:
+		 * R4 = 3.25, R1 = .5 + .5*3.25 = 2.125, R0 = 0 + .5*2.125 = 1.0625 */
+		rl_tok_rewards(tr, reward, tokrew, NULL, 0, toff, 3, mk);
+		T_EQ_INT(rl_adv_rtg_masked(a, tr, NULL, toff, 3, 0.5f, mk), RL_OK);
+		T_CLOSE(a[4], 3.25, TOL, 0);
+		T_CLOSE(a[1], 2.125, TOL, 0);
+		T_CLOSE(a[0], 1.0625, TOL, 0);
+		T_CLOSE(a[2], 0, TOL, 0);
+		T_CLOSE(a[7], 4, TOL, 0);
+		/* GAE, gamma .5, lambda .5, V = 1, 2, (50, 60), 3, (70):
+		 * t4: delta = 3.25 - 3 = .25, A = .25, ret 3.25
+		 * t1: delta = .5 + .5*3 - 2 = 0, A = 0 + .25*.25 = .0625, ret 2.0625
+		 * t0: delta = 0 + .5*2 - 1 = 0, A = .25*.0625 = .015625 */
+		T_EQ_INT(rl_adv_gae_masked(a, rt, tr, vals, toff, 3, 0.5f, 0.5f, mk), RL_OK);
+		T_CLOSE(a[4], .25, TOL, 0);
+		T_CLOSE(rt[4], 3.25, TOL, 0);
+		T_CLOSE(a[1], .0625, TOL, 0);
+		T_CLOSE(rt[1], 2.0625, TOL, 0);
+		T_CLOSE(a[0], .015625, TOL, 0);
+		T_CLOSE(a[2], 0, TOL, 0);
+		T_CLOSE(rt[2], 50, TOL, 0);
+		/* sequence 1: t7: delta = 4 - 4 = 0 */
+		T_CLOSE(a[7], 0, TOL, 0);
+		/* the old entry points agree with the masked ones without a mask */
+		float b1[10], b2[10];
+		T_EQ_INT(rl_adv_reinforcepp(b1, reward, kl, 0.5f, toff, 3, 0.9f), RL_OK);
+		rl_tok_rewards(b2, reward, NULL, kl, 0.5f, toff, 3, NULL);
+		rl_adv_rtg_masked(b2, b2, NULL, toff, 3, 0.9f, NULL);
+		rl_whiten_masked(b2, 10, NULL);
+		for (int t = 0; t < 10; t++)
+			T_CLOSE(b1[t], b2[t], 1e-6, 0);
+		/* masked whitening: x = 1, 3 on the sampled tokens: mean 2, std
+		 * sqrt(2) -> -+.70711; inserted tokens 0 */
+		float x[] = { 1, 100, 3, -100 };
+		uint8_t m2[] = { 1, 0, 1, 0 };
+		rl_whiten_masked(x, 4, m2);
+		T_CLOSE(x[0], -0.7071068, TOL, 0);
+		T_CLOSE(x[2], 0.7071068, TOL, 0);
+		T_CLOSE(x[1], 0, 0, 0);
+		T_CLOSE(x[3], 0, 0, 0);
+		int bad[] = { 0, 3, 2 };
+		T_EQ_INT(rl_tok_rewards(tr, reward, NULL, NULL, 0, bad, 2, NULL), RL_EINVAL);
+	}
+
 	T_END();
 }
