@@ -489,6 +489,7 @@ main(void)
 	test_fixture(o, "gpt2", 0, 0);
 	test_fixture(o, "llama", 5, 0);
 	test_fixture(o, "llama3", 5, 0);
+	test_fixture(o, "mistral", 5, 0);
 	/* activation recomputation: the same checks against the fixtures */
 	test_fixture(o, "qwen2", 5, 1);
 	test_fixture(o, "llama3", 0, 1);
