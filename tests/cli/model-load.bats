@@ -53,7 +53,7 @@ gen() { run bash -c 'ulimit -v 4000000; exec timeout 20 rl-rollout -q -m "$1" --
 	[[ "$output" != *"out of memory"* ]]
 }
 
-@test "a FIFO or a directory at config.json or model.safetensors is refused, not waited on" {
+@test "a FIFO or a directory at config.json, model.safetensors or a tokenizer file is refused, not waited on" {
 	for f in config.json model.safetensors; do
 		rm -rf "$TD/ff"; cp -r "$TD/m0" "$TD/ff"; rm "$TD/ff/$f"; mkfifo "$TD/ff/$f"
 		gen "$TD/ff"
@@ -72,6 +72,11 @@ gen() { run bash -c 'ulimit -v 4000000; exec timeout 20 rl-rollout -q -m "$1" --
 	gen "$TD/ff"
 	[ "$status" -ne 124 ] && [ "$status" -ne 0 ]
 	[[ "$output" == *"'$TD/ff/tokenizer_config.json'"*"not a regular file"* ]] || { echo "$output"; false; }
+	# generation_config.json is optional: a warning, and generation goes on
+	rm "$TD/ff/tokenizer_config.json"; mkfifo "$TD/ff/generation_config.json"
+	run timeout 20 rl-rollout -m "$TD/ff" --max-tokens 2 -o /dev/null "$TD/p.jsonl"
+	[ "$status" -eq 0 ]
+	[[ "$output" == *"'$TD/ff/generation_config.json' is not a regular file"* ]] || { echo "$output"; false; }
 }
 
 @test "-m ORG/NAME that does not exist: only local directories are read, and how to download" {
