@@ -186,22 +186,28 @@ model_new(rl_model **out, const rl_config *cfg, rl_ops *ops, const rl_st_set *se
 		goto fail;
 	if ((rv = rl_mul_size(&bytes, m->tt.total, sizeof(float))) != 0 ||
 	    (rv = ops->alloc(ops, (void **)&m->params, bytes)) != 0)
-		goto nomem;
+		goto fail;
 	ops->zero(ops, m->params, bytes);
 	if (ops->act_dtype == RL_F32) {
 		m->w = m->params;
 	} else {
 		bytes = m->tt.total * asz(m);
 		if ((rv = ops->alloc(ops, &m->w, bytes)) != 0)
-			goto nomem;
+			goto fail;
 		ops->zero(ops, m->w, bytes);
 	}
 	*out = m;
 	return RL_OK;
-nomem:
-	rl_error("%s%s%s: cannot allocate %zu bytes for the %zu parameters of the %d tensors, the first '%s'",
-	    dir ? "'" : "", dir ? dir : "model", dir ? "'" : "", bytes, m->tt.total, m->tt.n, m->tt.t[0].name);
 fail:
+	if (rv == RL_ENOMEM || rv == RL_ETOOBIG) {
+		int big = 0;
+		for (int i = 1; i < m->tt.n; i++)
+			if (m->tt.t[i].n > m->tt.t[big].n)
+				big = i;
+		rl_error("%s%s%s: cannot allocate %zu bytes for the %zu parameters of its %d tensors "
+		    "(the largest '%s', %zu elements)", set ? "'" : "", set ? set->files[0]->path : "model",
+		    set ? "'" : "", bytes, m->tt.total, m->tt.n, m->tt.t[big].name, m->tt.t[big].n);
+	}
 	rl_model_close(m);
 	return rv;
 }
