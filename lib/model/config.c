@@ -1,6 +1,7 @@
 /*
- * config.c — config.json <-> rl_config for Llama/Qwen2/Qwen3 and GPT-2.
- * Defaults are transformers' (LlamaConfig, Qwen2Config, Qwen3Config, GPT2Config).
+ * config.c — config.json <-> rl_config for Llama/Qwen2/Qwen3/Mistral and GPT-2.
+ * Defaults are transformers' (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig,
+ * GPT2Config).
  */
 #include "model/config.h"
 
@@ -257,6 +258,30 @@ get_rope(pctx *c, rl_config *cfg)
 	cfg->rope_theta = (float)theta;
 }
 
+/* Mistral's sliding_window W (MistralConfig's default 4096; null: none).  Query i attends
+ * to keys j with i - j < W, which is plain causal attention as long as no sequence is longer
+ * than W: the context is capped there (max_pos = min(max_position_embeddings, W)), so what
+ * would need the window is refused or cut at the length limit, never computed differently.
+ * The config's max_position_embeddings is kept for writing it back. */
+static void
+get_window(pctx *c, rl_config *cfg)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, "sliding_window");
+	int w = j == NULL ? 4096 : cJSON_IsNull(j) ? 0 : get_int(c, "sliding_window", 0, 0);
+
+	if (c->rv != 0)
+		return;
+	if (w < 0 || (j != NULL && !cJSON_IsNull(j) && w == 0)) {
+		rl_error("%s: key \"sliding_window\" is %d, not a positive window or null", c->what, w);
+		c->rv = RL_EFORMAT;
+		return;
+	}
+	cfg->sliding_window = w;
+	cfg->max_pos_config = cfg->max_pos;
+	if (w > 0 && w < cfg->max_pos)
+		cfg->max_pos = w;
+}
+
 void
 rl_config_fini(rl_config *cfg)
 {
@@ -315,8 +340,10 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 		if (get_bool(&c, "scale_attn_by_inverse_layer_idx", 0) ||
 		    !get_bool(&c, "scale_attn_weights", 1))
 			unsupported(&c, "GPT-2 attention scaling other than 1/sqrt(head_dim)");
-	} else if (strcmp(mt, "llama") == 0 || strcmp(mt, "qwen2") == 0 || strcmp(mt, "qwen3") == 0) {
+	} else if (strcmp(mt, "llama") == 0 || strcmp(mt, "qwen2") == 0 || strcmp(mt, "qwen3") == 0 ||
+	    strcmp(mt, "mistral") == 0) {
 		int qwen2 = strcmp(mt, "qwen2") == 0, qwen3 = strcmp(mt, "qwen3") == 0;
+		int mistral = strcmp(mt, "mistral") == 0;
 		cfg->arch = RL_ARCH_LLAMA;
 		cfg->vocab_size = get_int(&c, "vocab_size", 1, 0);
 		cfg->hidden_size = get_int(&c, "hidden_size", 1, 0);
@@ -327,7 +354,10 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 		/* Qwen3Config defaults head_dim to 128, not hidden/heads as Llama and Qwen2 do */
 		cfg->head_dim = get_int(&c, "head_dim", 0,
 		    qwen3 ? 128 : cfg->n_head > 0 ? cfg->hidden_size / cfg->n_head : 0);
-		cfg->max_pos = get_int(&c, "max_position_embeddings", 0, qwen2 || qwen3 ? 32768 : 2048);
+		cfg->max_pos = get_int(&c, "max_position_embeddings", 0,
+		    qwen2 || qwen3 ? 32768 : mistral ? 4096 * 32 : 2048);
+		if (mistral)
+			get_window(&c, cfg);
 		get_rope(&c, cfg);
 		cfg->norm_eps = (float)get_num(&c, "rms_norm_eps", 1e-6);
 		cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", 0);
@@ -335,6 +365,9 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 		get_eos(&c, cfg);
 		if (qwen2) {
 			cfg->qkv_bias = 1;
+		} else if (mistral) {
+			/* MistralAttention's projections have no bias; MistralConfig has no attention_bias */
+			cfg->qkv_bias = cfg->o_bias = 0;
 		} else {
 			cfg->qkv_bias = cfg->o_bias = get_bool(&c, "attention_bias", 0);
 		}
@@ -348,7 +381,7 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 			unsupported(&c, "use_sliding_window");
 	} else {
 		rl_error("%s: model_type '%s' is not supported", what, mt);
-		rl_hint("supported: llama, qwen2, qwen3, gpt2");
+		rl_hint("supported: llama, qwen2, qwen3, mistral, gpt2");
 		c.rv = RL_ENOTSUP;
 		goto out;
 	}
@@ -426,9 +459,15 @@ rl_config_check(const rl_config *c, const char *what)
 	else if (c->arch == RL_ARCH_LLAMA && (strcmp(c->model_type, "llama") == 0 || c->model_type[0] == 0) &&
 	    (c->qk_norm || c->qkv_bias != c->o_bias))
 		bad = "Llama has no q/k norm and attention_bias on q/k/v/o alike";
+	else if (c->arch == RL_ARCH_LLAMA && strcmp(c->model_type, "mistral") == 0 &&
+	    (c->qk_norm || c->qkv_bias || c->o_bias))
+		bad = "Mistral has no q/k norm and no attention biases";
 	else if (c->arch == RL_ARCH_LLAMA && c->model_type[0] != 0 && strcmp(c->model_type, "llama") != 0 &&
-	    strcmp(c->model_type, "qwen2") != 0 && strcmp(c->model_type, "qwen3") != 0)
-		bad = "model_type must be llama, qwen2 or qwen3";
+	    strcmp(c->model_type, "qwen2") != 0 && strcmp(c->model_type, "qwen3") != 0 &&
+	    strcmp(c->model_type, "mistral") != 0)
+		bad = "model_type must be llama, qwen2, qwen3 or mistral";
+	else if (c->sliding_window < 0 || (c->sliding_window > 0 && c->max_pos > c->sliding_window))
+		bad = "the context (max positions) must not exceed sliding_window";
 	if (bad != NULL) {
 		rl_error("%s: %s", what ? what : "config", bad);
 		return RL_EFORMAT;
@@ -449,7 +488,8 @@ arch_class(const rl_config *c)
 	if (c->arch == RL_ARCH_GPT2)
 		return "GPT2LMHeadModel";
 	return strcmp(c->model_type, "qwen2") == 0 ? "Qwen2ForCausalLM" :
-	    strcmp(c->model_type, "qwen3") == 0 ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
+	    strcmp(c->model_type, "qwen3") == 0 ? "Qwen3ForCausalLM" :
+	    strcmp(c->model_type, "mistral") == 0 ? "MistralForCausalLM" : "LlamaForCausalLM";
 }
 
 char *
@@ -501,7 +541,14 @@ rl_config_to_json(const rl_config *c)
 		cJSON_AddNumberToObject(root, "num_key_value_heads", c->n_kv_head);
 		cJSON_AddNumberToObject(root, "head_dim", c->head_dim);
 		cJSON_AddNumberToObject(root, "intermediate_size", c->intermediate_size);
-		cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_pos);
+		cJSON_AddNumberToObject(root, "max_position_embeddings",
+		    c->max_pos_config > 0 ? c->max_pos_config : c->max_pos);
+		if (strcmp(c->model_type, "mistral") == 0) {
+			if (c->sliding_window > 0)
+				cJSON_AddNumberToObject(root, "sliding_window", c->sliding_window);
+			else
+				cJSON_AddNullToObject(root, "sliding_window");
+		}
 		cJSON_AddNumberToObject(root, "rope_theta", c->rope_theta);
 		if (c->rope_factor > 0) {
 			cJSON *r = cJSON_AddObjectToObject(root, "rope_scaling");
@@ -513,7 +560,7 @@ rl_config_to_json(const rl_config *c)
 		}
 		cJSON_AddNumberToObject(root, "rms_norm_eps", c->norm_eps);
 		cJSON_AddStringToObject(root, "hidden_act", "silu");
-		if (strcmp(c->model_type, "qwen2") != 0)
+		if (strcmp(c->model_type, "qwen2") != 0 && strcmp(c->model_type, "mistral") != 0)
 			cJSON_AddBoolToObject(root, "attention_bias", c->qkv_bias);
 	}
 	cJSON_AddBoolToObject(root, "tie_word_embeddings", c->tie_embeddings);

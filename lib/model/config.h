@@ -1,6 +1,6 @@
 /*
  * config.h — a model's hyper-parameters from a Hugging Face config.json, for
- * the Llama family (model_type "llama", "qwen2", "qwen3") and GPT-2 ("gpt2"),
+ * the Llama family (model_type "llama", "qwen2", "qwen3", "mistral") and GPT-2 ("gpt2"),
  * and back to a config.json that transformers loads.
  *
  * Keys read (HF names): Llama family: vocab_size, hidden_size, num_hidden_layers,
@@ -10,7 +10,10 @@
  * rope_parameters (transformers 5: rope_type and rope_theta in one object),
  * use_sliding_window, bos_token_id, eos_token_id, torch_dtype (optional, HF's
  * defaults).  Qwen2 always has q/k/v biases and no o_proj bias; Qwen3 always
- * has q/k RMSNorm.  GPT-2: vocab_size, n_embd, n_layer, n_head, n_positions
+ * has q/k RMSNorm.  Mistral has no attention biases and a sliding_window W
+ * (default 4096, null for none): the context is capped at W, where the window
+ * does not bind yet, so longer sequences are refused rather than computed
+ * without the window.  GPT-2: vocab_size, n_embd, n_layer, n_head, n_positions
  * (required); n_inner, layer_norm_epsilon, activation_function,
  * tie_word_embeddings, bos/eos.  rope_type "default" and "llama3" (Llama 3.1 /
  * 3.2: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
@@ -30,7 +33,7 @@ typedef enum rl_arch { RL_ARCH_LLAMA = 0, RL_ARCH_GPT2 = 1 } rl_arch;
 
 typedef struct rl_config {
 	int arch;               /* rl_arch */
-	char model_type[16];    /* "llama", "qwen2", "qwen3", "gpt2" */
+	char model_type[16];    /* "llama", "qwen2", "qwen3", "mistral", "gpt2" */
 	int vocab_size;         /* V */
 	int hidden_size;        /* C */
 	int n_layer;            /* L */
@@ -38,7 +41,10 @@ typedef struct rl_config {
 	int n_kv_head;          /* NKV (GPT-2: NH) */
 	int head_dim;           /* HD */
 	int intermediate_size;  /* H (GPT-2: n_inner or 4C) */
-	int max_pos;            /* max_position_embeddings / n_positions */
+	int max_pos;            /* the longest context computed: max_position_embeddings / n_positions,
+				 * Mistral: at most sliding_window */
+	int max_pos_config;     /* Mistral: the config's max_position_embeddings (0: max_pos) */
+	int sliding_window;     /* Mistral: W, each query sees the last W positions (0: no window) */
 	float rope_theta;
 	float rope_factor;      /* rope_type "llama3": factor; 0 for no scaling (then the next three 0) */
 	float rope_low_freq;    /* low_freq_factor */

@@ -9,10 +9,12 @@
  */
 #include "model/model.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/rng.h"
@@ -120,17 +122,85 @@ rl_model_param_count(const rl_config *c, int value_head, size_t *n, size_t *slot
 	free(m.layer);
 }
 
+/* Every tensor of m's table is in set with the shape config.json implies and a float
+ * dtype.  Run before anything is allocated from the config: a config.json that does not
+ * belong to the weights is then a shape error, whatever sizes it names, and what is
+ * allocated afterwards is bounded by the files' sizes. */
 static int
-model_new(rl_model **out, const rl_config *cfg, rl_ops *ops)
+check_files(const rl_model *m, const rl_st_set *set, const char *dir)
 {
-	rl_model *m = rl_xcalloc(1, sizeof *m);
-	size_t bytes;
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		const char *file = NULL, *name = t->name;
+		const rl_st_tensor *st = rl_st_set_find(set, name, &file);
+		int64_t shp[2];
+		int nd = rl_tensor_file_shape(t, shp);
+
+		if (st == NULL && strncmp(name, "transformer.", 12) == 0)
+			st = rl_st_set_find(set, name + 12, &file);
+		if (st == NULL) {
+			rl_error("'%s': no tensor '%s' in %s", dir, name,
+			    set->nfiles > 1 ? "its shards" : "model.safetensors");
+			return RL_ENOENT;
+		}
+		if (st->ndim != nd || st->shape[0] != shp[0] || (nd == 2 && st->shape[1] != shp[1])) {
+			char got[64] = "", want[64];
+			for (int d = 0; d < st->ndim && strlen(got) < 40; d++)
+				snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
+				    (long long)st->shape[d]);
+			if (nd == 2)
+				snprintf(want, sizeof want, "%lld, %lld", (long long)shp[0], (long long)shp[1]);
+			else
+				snprintf(want, sizeof want, "%lld", (long long)shp[0]);
+			rl_error("'%s': tensor '%s' has shape [%s], config.json implies [%s]", file, st->name,
+			    got, want);
+			return RL_ESHAPE;
+		}
+		if (st->dtype != RL_F32 && st->dtype != RL_BF16 && st->dtype != RL_F16 && st->dtype != RL_F64) {
+			rl_error("'%s': tensor '%s' has dtype %s, not a float type", file, st->name,
+			    rl_dtype_name(st->dtype));
+			return RL_ESHAPE;
+		}
+	}
+	return RL_OK;
+}
+
+/* The number of layers bounds the table build_table makes: no more than the files hold
+ * tensors (each layer has several), checked before the table is built. */
+static int
+check_layers(const rl_config *cfg, const rl_st_set *set, const char *dir)
+{
+	size_t total = 0;
+
+	for (int f = 0; f < set->nfiles; f++)
+		total += (size_t)set->files[f]->n;
+	if ((size_t)cfg->n_layer <= total)
+		return RL_OK;
+	rl_error("'%s/config.json': \"%s\" is %d, but the model's safetensors files (%s) hold %zu tensors in all",
+	    dir, cfg->arch == RL_ARCH_GPT2 ? "n_layer" : "num_hidden_layers", cfg->n_layer,
+	    set->files[0]->path, total);
+	rl_hint("config.json does not belong to these weights");
+	return RL_ESHAPE;
+}
+
+/* A model of cfg with zeroed weights; with set (loading dir), its tensors are checked
+ * against the files' headers first (check_files). */
+static int
+model_new(rl_model **out, const rl_config *cfg, rl_ops *ops, const rl_st_set *set, const char *dir)
+{
+	rl_model *m;
+	size_t bytes = 0;
 	int rv;
 
 	*out = NULL;
+	if (set != NULL && (rv = check_layers(cfg, set, dir)) != 0)
+		return rv;
+	m = rl_xcalloc(1, sizeof *m);
 	rl_config_copy(&m->cfg, cfg);
 	m->ops = ops;
 	build_table(m);
+	if (set != NULL && (rv = check_files(m, set, dir)) != 0)
+		goto fail;
 	if ((rv = rl_mul_size(&bytes, m->tt.total, sizeof(float))) != 0 ||
 	    (rv = ops->alloc(ops, (void **)&m->params, bytes)) != 0)
 		goto fail;
@@ -138,13 +208,23 @@ model_new(rl_model **out, const rl_config *cfg, rl_ops *ops)
 	if (ops->act_dtype == RL_F32) {
 		m->w = m->params;
 	} else {
-		if ((rv = ops->alloc(ops, &m->w, m->tt.total * asz(m))) != 0)
+		bytes = m->tt.total * asz(m);
+		if ((rv = ops->alloc(ops, &m->w, bytes)) != 0)
 			goto fail;
-		ops->zero(ops, m->w, m->tt.total * asz(m));
+		ops->zero(ops, m->w, bytes);
 	}
 	*out = m;
 	return RL_OK;
 fail:
+	if (rv == RL_ENOMEM || rv == RL_ETOOBIG) {
+		int big = 0;
+		for (int i = 1; i < m->tt.n; i++)
+			if (m->tt.t[i].n > m->tt.t[big].n)
+				big = i;
+		rl_error("%s%s%s: cannot allocate %zu bytes for the %zu parameters of its %d tensors "
+		    "(the largest '%s', %zu elements)", set ? "'" : "", set ? set->files[0]->path : "model",
+		    set ? "'" : "", bytes, m->tt.total, m->tt.n, m->tt.t[big].name, m->tt.t[big].n);
+	}
 	rl_model_close(m);
 	return rv;
 }
@@ -295,7 +375,7 @@ rl_model_init_random(rl_model **out, const rl_config *cfg, rl_ops *ops, uint64_t
 	int rv;
 
 	*out = NULL;
-	if ((rv = rl_config_check(cfg, "config")) != 0 || (rv = model_new(&m, cfg, ops)) != 0)
+	if ((rv = rl_config_check(cfg, "config")) != 0 || (rv = model_new(&m, cfg, ops, NULL, NULL)) != 0)
 		return rv;
 	for (int i = 0; i < m->tt.n; i++)
 		maxn = RL_MAX(maxn, m->tt.t[i].n);
@@ -509,6 +589,26 @@ rl_check_finite(const float *x, size_t n, const char *file, const char *name)
 	return RL_EFORMAT;
 }
 
+/* A missing dir spelled as a Hugging Face Hub id (ORG/NAME: one slash, neither part
+ * starting with '.', only the characters the Hub allows) is most likely one: say that only
+ * local directories are read and how people download one. */
+static int
+check_hub_id(const char *dir)
+{
+	const char *sl = strchr(dir, '/');
+	struct stat st;
+
+	if (stat(dir, &st) == 0 || errno != ENOENT || sl == NULL || sl == dir || sl[1] == 0 ||
+	    strchr(sl + 1, '/') != NULL || dir[0] == '.' || sl[1] == '.' ||
+	    strspn(dir, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_./") != strlen(dir))
+		return RL_OK;
+	rl_error("'%s': no such directory; models are read from local directories only, not from "
+	    "the Hugging Face Hub", dir);
+	rl_hint("download it first, then pass the directory: huggingface-cli download %s --local-dir DIR "
+	    "(or, with huggingface_hub >= 0.34: hf download %s --local-dir DIR)", dir, dir);
+	return RL_ENOENT;
+}
+
 int
 rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 {
@@ -518,22 +618,29 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 	float *buf = NULL;
 	char *path = NULL;
 	size_t maxn = 0, plen = strlen(dir) + 32;
-	int rv, used = 0, total = 0;
+	int rv, used = 0, total = 0, big = 0;
 	const char *unknown = NULL;
 
 	*out = NULL;
+	if ((rv = check_hub_id(dir)) != 0)
+		return rv;
 	path = rl_xmalloc(plen);
 	snprintf(path, plen, "%s/config.json", dir);
 	if ((rv = rl_config_load(&cfg, path)) != 0)
 		goto out;
 	if ((rv = rl_st_set_open(&set, dir)) != 0)
 		goto out;
-	if ((rv = model_new(&m, &cfg, ops)) != 0)
+	if ((rv = model_new(&m, &cfg, ops, set, dir)) != 0)
 		goto out;
 	m->src_dir = rl_xstrdup(dir);
 	for (int i = 0; i < m->tt.n; i++)
-		maxn = RL_MAX(maxn, m->tt.t[i].n);
-	if ((buf = rl_try_malloc(maxn * sizeof(float), "load buffer")) == NULL) {
+		if (m->tt.t[i].n > maxn) {
+			maxn = m->tt.t[i].n;
+			big = i;
+		}
+	if ((buf = rl_try_malloc(maxn * sizeof(float), "the load buffer")) == NULL) {
+		rl_error("'%s': cannot allocate the %zu bytes of tensor '%s'", dir, maxn * sizeof(float),
+		    m->tt.t[big].name);
 		rv = RL_ENOMEM;
 		goto out;
 	}
@@ -541,31 +648,10 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 		const rl_tensor *t = &m->tt.t[i];
 		const char *file = NULL, *name = t->name;
 		const rl_st_tensor *st = rl_st_set_find(set, name, &file);
-		int64_t shp[2];
-		int nd = rl_tensor_file_shape(t, shp);
 
 		if (st == NULL && strncmp(name, "transformer.", 12) == 0)
 			st = rl_st_set_find(set, name + 12, &file);
-		if (st == NULL) {
-			rl_error("'%s': no tensor '%s' in %s", dir, name,
-			    set->nfiles > 1 ? "its shards" : "model.safetensors");
-			rv = RL_ENOENT;
-			goto out;
-		}
-		if (st->ndim != nd || st->shape[0] != shp[0] || (nd == 2 && st->shape[1] != shp[1])) {
-			char got[64] = "", want[64];
-			for (int d = 0; d < st->ndim && strlen(got) < 40; d++)
-				snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
-				    (long long)st->shape[d]);
-			if (nd == 2)
-				snprintf(want, sizeof want, "%lld, %lld", (long long)shp[0], (long long)shp[1]);
-			else
-				snprintf(want, sizeof want, "%lld", (long long)shp[0]);
-			rl_error("'%s': tensor '%s' has shape [%s], config.json implies [%s]", file, st->name,
-			    got, want);
-			rv = RL_ESHAPE;
-			goto out;
-		}
+		/* found, with the shape and dtype config.json implies: check_files */
 		if ((rv = rl_st_to_f32(buf, st, 0, st->nelem)) != 0) {
 			rl_error("'%s': tensor '%s' has dtype %s, not a float type", file, st->name,
 			    rl_dtype_name(st->dtype));

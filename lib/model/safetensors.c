@@ -191,9 +191,16 @@ rl_st_open(rl_st_file **out, const char *path)
 
 	*out = NULL;
 	f->path = rl_xstrdup(path);
-	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fd, &st) != 0) {
+	/* O_NONBLOCK: opening a FIFO for reading would wait for a writer for ever;
+	 * anything but a regular file is refused from its fstat */
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)) < 0 || fstat(fd, &st) != 0) {
 		rv = errno == ENOENT ? RL_ENOENT : RL_EIO;
 		rl_error("cannot open '%s': %s", path, strerror(errno));
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		rv = RL_EIO;
+		rl_error("cannot read '%s': not a regular file", path);
 		goto out;
 	}
 	f->size = (size_t)st.st_size;
@@ -255,8 +262,9 @@ path_join(const char *dir, const char *name)
 	return p;
 }
 
-/* path's bytes, NUL-terminated (rl_io_read_file); a file over limit is refused from its
- * size before anything is read.  A path "-" is a file of that name here, not stdin. */
+/* path's bytes, NUL-terminated (rl_io_read_file); what is not a regular file (a FIFO would
+ * block the open for ever) or is over limit is refused from its stat before anything is
+ * read.  A path "-" is a file of that name here, not stdin. */
 int
 rli_read_file(const char *path, char **buf, size_t *len, size_t limit)
 {
@@ -268,7 +276,11 @@ rli_read_file(const char *path, char **buf, size_t *len, size_t limit)
 		rl_error("cannot open '%s': %s", path, strerror(e));
 		return e == ENOENT ? RL_ENOENT : RL_EIO;
 	}
-	if (S_ISREG(st.st_mode) && (uint64_t)st.st_size > limit) {
+	if (!S_ISREG(st.st_mode)) {
+		rl_error("cannot read '%s': not a regular file", path);
+		return RL_EIO;
+	}
+	if ((uint64_t)st.st_size > limit) {
 		rl_error("'%s': %lld bytes, over the limit of %zu", path, (long long)st.st_size, limit);
 		return RL_ETOOBIG;
 	}

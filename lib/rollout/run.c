@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -92,6 +93,7 @@ rli_eos_set(gen *g)
 {
 	char path[4200];
 	cJSON *j = NULL;
+	struct stat st;
 
 	g->o.go.eos_id = g->m->cfg.eos_id >= 0 ? g->m->cfg.eos_id : rl_tokenizer_eos_id(g->tok);
 	g->o.go.eos_more = g->eos_more;
@@ -100,8 +102,13 @@ rli_eos_set(gen *g)
 		eos_add(g, g->m->cfg.eos_more[i]);
 	eos_add(g, rl_tokenizer_eos_id(g->tok));
 	snprintf(path, sizeof path, "%s/generation_config.json", g->o.model_dir);
-	if (access(path, F_OK) != 0)
+	if (stat(path, &st) != 0)
 		return;
+	/* a FIFO would block the open for ever */
+	if (!S_ISREG(st.st_mode)) {
+		rl_warn("'%s' is not a regular file: its eos_token_id does not end sequences", path);
+		return;
+	}
 	if (rl_json_load(&j, path, 0) != RL_OK) {
 		rl_warn("'%s' cannot be read: its eos_token_id does not end sequences", path);
 		return;

@@ -117,11 +117,13 @@ parse_json(cJSON **out, const char *path)
 	return rv;
 }
 
+/* Present, whatever its type: a FIFO or directory under a tokenizer file's name is then
+ * refused by read_file, naming it, rather than skipped as if absent. */
 static int
 file_exists(const char *path)
 {
 	struct stat st;
-	return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+	return stat(path, &st) == 0;
 }
 
 static char *

@@ -347,12 +347,14 @@ main(void)
 	round_trip(o, "gpt2", "g2");
 	round_trip(o, "llama", "ll"); /* two f16 shards in, one f16 file out */
 	round_trip(o, "llama3", "l3"); /* rope_scaling "llama3": the saved config keeps it */
+	round_trip(o, "mistral", "mi"); /* sliding_window and max_position_embeddings kept */
 	/* What HF would load: the PyTorch reference, reading parameters by their HF
 	 * names and layouts only, reproduces the fixtures' logits from what we saved. */
 	if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {
 		char py[1024];
 		snprintf(py, sizeof py, "/usr/bin/python3 tests/fixtures/check_saved.py qwen2_tied=%s/q2t "
-		    "qwen2=%s/q2 qwen3=%s/q3 gpt2=%s/g2 llama=%s/ll llama3=%s/l3", tmpd, tmpd, tmpd, tmpd, tmpd, tmpd);
+		    "qwen2=%s/q2 qwen3=%s/q3 gpt2=%s/g2 llama=%s/ll llama3=%s/l3 mistral=%s/mi", tmpd, tmpd, tmpd, tmpd,
+		    tmpd, tmpd, tmpd);
 		T_EQ_INT(system(py), 0);
 	} else {
 		printf("test_ckpt: no PyTorch at /usr/bin/python3; HF layout check by the reference skipped\n");

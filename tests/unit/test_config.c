@@ -1,5 +1,5 @@
 /* test_config.c — model/config.h: config.json as Hugging Face writes it for each
- * supported family (Llama 3.2 with its llama3 rope_scaling, Qwen2.5, Qwen3, GPT-2;
+ * supported family (Llama 3.2 with its llama3 rope_scaling, Qwen2.5, Qwen3, Mistral 7B, GPT-2;
  * the published configs of Llama-3.2-1B, Qwen2.5-0.5B, Qwen3-0.6B and gpt2, trimmed
  * of most keys the parser does not read) read into the fields the model uses; the
  * defaults transformers applies when a key is absent (Qwen3's head_dim of 128, not
@@ -286,7 +286,8 @@ test_refused(void)
 	T_EQ_INT(parse_rv("[1, 2]"), RL_EFORMAT);
 	T_EQ_INT(parse_rv(edit(gpt2, "\"model_type\": \"gpt2\", ", "")), RL_EFORMAT);
 	/* another family */
-	T_EQ_INT(parse_rv(edit(llama32, "\"llama\"", "\"mistral\"")), RL_ENOTSUP);
+	T_EQ_INT(parse_rv(edit(llama32, "\"llama\"", "\"gemma2\"")), RL_ENOTSUP);
+	T_EQ_INT(parse_rv(edit(llama32, "\"llama\"", "\"qwen3_moe\"")), RL_ENOTSUP);
 	/* a required key missing, per family */
 	T_EQ_INT(parse_rv(edit(llama32, "\"hidden_size\": 2048, ", "")), RL_EFORMAT);
 	T_EQ_INT(parse_rv(edit(llama32, "\"vocab_size\": 128256", "\"vocab_size\": null")), RL_EFORMAT);
@@ -402,6 +403,65 @@ test_load_and_json(void)
 	rmdir(dir);
 }
 
+/* Mistral-7B-v0.1's published config.json (trimmed): a 4096-token sliding window */
+static const char mistral01[] =
+	"{\"architectures\": [\"MistralForCausalLM\"], \"bos_token_id\": 1, \"eos_token_id\": 2,"
+	" \"hidden_act\": \"silu\", \"hidden_size\": 4096, \"initializer_range\": 0.02,"
+	" \"intermediate_size\": 14336, \"max_position_embeddings\": 32768, \"model_type\": \"mistral\","
+	" \"num_attention_heads\": 32, \"num_hidden_layers\": 32, \"num_key_value_heads\": 8,"
+	" \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"sliding_window\": 4096,"
+	" \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"vocab_size\": 32000}";
+
+/* Mistral: Llama's layout without biases; the context capped at sliding_window (where
+ * the window starts to bind), the config's max_position_embeddings written back. */
+static void
+test_mistral(void)
+{
+	rl_config c;
+	char *js;
+
+	T_EQ_INT(parse(&c, mistral01), 0);
+	T_EQ_INT(c.arch, RL_ARCH_LLAMA);
+	T_EQ_STR(c.model_type, "mistral");
+	T_EQ_INT(c.head_dim, 128);
+	T_EQ_INT(c.n_kv_head, 8);
+	T_EQ_INT(c.qkv_bias + c.o_bias + c.qk_norm, 0);
+	T_EQ_INT(c.sliding_window, 4096);
+	T_EQ_INT(c.max_pos, 4096);
+	T_EQ_INT(c.max_pos_config, 32768);
+	T_OK(c.rope_theta == 10000.0f, "mistral");
+	free(c.raw);
+	c.raw = NULL;
+	js = rl_config_to_json(&c);
+	T_OK(strstr(js, "\"max_position_embeddings\":\t32768") != NULL, "mistral");
+	T_OK(strstr(js, "\"sliding_window\":\t4096") != NULL, "mistral");
+	T_OK(strstr(js, "MistralForCausalLM") != NULL, "mistral");
+	T_OK(strstr(js, "attention_bias") == NULL, "mistral");
+	rl_config_fini(&c);
+	free(js);
+	/* v0.2 / v0.3: no window, the whole context */
+	T_EQ_INT(parse(&c, edit(mistral01, "\"sliding_window\": 4096", "\"sliding_window\": null")), 0);
+	T_EQ_INT(c.sliding_window, 0);
+	T_EQ_INT(c.max_pos, 32768);
+	rl_config_fini(&c);
+	/* MistralConfig's defaults: window 4096, 4096 * 32 positions, head_dim hidden/heads */
+	T_EQ_INT(parse(&c, edit(edit(mistral01, "\"sliding_window\": 4096, ", ""),
+	    "\"max_position_embeddings\": 32768, ", "")), 0);
+	T_EQ_INT(c.sliding_window, 4096);
+	T_EQ_INT(c.max_pos, 4096);
+	T_EQ_INT(c.max_pos_config, 131072);
+	rl_config_fini(&c);
+	/* a window wider than the context never binds */
+	T_EQ_INT(parse(&c, edit(mistral01, "\"sliding_window\": 4096", "\"sliding_window\": 65536")), 0);
+	T_EQ_INT(c.max_pos, 32768);
+	rl_config_fini(&c);
+	T_EQ_INT(parse_rv(edit(mistral01, "\"sliding_window\": 4096", "\"sliding_window\": 0")), RL_EFORMAT);
+	T_EQ_INT(parse_rv(edit(mistral01, "\"sliding_window\": 4096", "\"sliding_window\": -1")), RL_EFORMAT);
+	T_EQ_INT(parse_rv(edit(mistral01, "\"sliding_window\": 4096", "\"sliding_window\": \"x\"")), RL_EFORMAT);
+	T_EQ_INT(parse_rv(edit(mistral01, "\"rope_theta\": 10000.0", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}")),
+	    RL_ENOTSUP);
+}
+
 int
 main(void)
 {
@@ -412,6 +472,7 @@ main(void)
 	test_gpt2();
 	test_rope();
 	test_refused();
+	test_mistral();
 	test_load_and_json();
 	T_END();
 }

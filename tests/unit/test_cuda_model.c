@@ -313,7 +313,7 @@ main(void)
 	T_EQ_INT(rl_ops_cpu_open(&cpu), RL_OK);
 	if (!cpu || !gpu)
 		T_END();
-	const char *names[] = { "gpt2", "qwen2", "qwen2_tied", "qwen3" };
+	const char *names[] = { "gpt2", "qwen2", "qwen2_tied", "qwen3", "mistral" };
 	for (size_t i = 0; i < RL_ARRAY_LEN(names); i++)
 		run(cpu, gpu, names[i]);
 	if (!(getenv("RL_CUDA_HEAD_LD") && strcmp(getenv("RL_CUDA_HEAD_LD"), "0") == 0))

@@ -472,6 +472,35 @@ out:
 	ex = NULL;
 }
 
+static int
+fail_alloc(rl_ops *o, void **p, size_t bytes)
+{
+	(void)o;
+	(void)bytes;
+	*p = NULL;
+	return RL_ENOMEM;
+}
+
+/* A backend that cannot allocate the parameters: RL_ENOMEM, the message naming the
+ * weights file and the largest tensor. */
+static void
+test_open_nomem(rl_ops *o)
+{
+	rl_ops failing = *o;
+	rl_model *m = NULL;
+	char msg[1024];
+	int rv;
+
+	failing.alloc = fail_alloc;
+	rl_log_init("test_model", RL_LOG_NORMAL);
+	T_CAPTURE(rl_model_open(&m, "tests/fixtures/mistral", &failing), &rv, msg);
+	T_EQ_INT(rv, RL_ENOMEM);
+	T_OK(m == NULL, "no model");
+	T_OK(strstr(msg, "'tests/fixtures/mistral/model.safetensors': cannot allocate 86656 bytes for the "
+	    "21664 parameters of its 21 tensors (the largest 'model.embed_tokens.weight', 3072 elements)") != NULL,
+	    "message: %s", msg);
+}
+
 int
 main(void)
 {
@@ -489,6 +518,7 @@ main(void)
 	test_fixture(o, "gpt2", 0, 0);
 	test_fixture(o, "llama", 5, 0);
 	test_fixture(o, "llama3", 5, 0);
+	test_fixture(o, "mistral", 5, 0);
 	/* activation recomputation: the same checks against the fixtures */
 	test_fixture(o, "qwen2", 5, 1);
 	test_fixture(o, "llama3", 0, 1);
@@ -498,6 +528,7 @@ main(void)
 	test_recompute(o, "gpt2");
 	test_no_alloc(o, "qwen3", 0);
 	test_no_alloc(o, "gpt2", 1);
+	test_open_nomem(o);
 	rl_ops_close(o);
 	T_END();
 }
