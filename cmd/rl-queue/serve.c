@@ -41,6 +41,7 @@ static const char usage_text[] =
 	"      --http-public        allow --http on a non-loopback address\n"
 	"  -q, --quiet              print errors only\n"
 	"  -v, --verbose            print more\n"
+	"      --config FILE        options from a YAML file (keys: long options)\n"
 	"  -h, --help               print this help and exit\n"
 	"\n"
 	"Exit status: 0 stopped by a signal, 1 runtime failure, 2 usage error\n"
@@ -97,8 +98,10 @@ rlq_serve_main(int argc, char **argv)
 
 	rl_queue_config_default(&cfg.queue);
 	rl_cli_init("rl-queue serve", opts);
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":l:d:k:b:t:m:qvh", opts, NULL)) != -1) {
+	while ((c = rl_cli_getopt(argc, argv, ":l:d:k:b:t:m:qvh", NULL)) != -1) {
 		switch (c) {
 		case 'l': cfg.listen = optarg; break;
 		case 'd': cfg.queue.data_dir = optarg; break;

@@ -69,6 +69,7 @@ static const char usage_text[] =
     "      --idle-exit S       queue mode: exit after S seconds without work (default: run until signalled)\n"
     "      --broker-timeout S  queue mode: exit 1 after S seconds without a reply from the broker\n"
     "                          (default 300; 0 never)\n"
+    "      --config FILE       options from a YAML file (keys: long options; the command line wins)\n"
     "  -q, --quiet, -v, --verbose, -h, --help\n";
 
 enum {
@@ -235,9 +236,13 @@ rl_cmd_generate(int argc, char **argv)
 	int c, rv, verbosity = RL_LOG_NORMAL;
 
 	rl_rollout_opts_default(&o);
+	static const char *const lists[] = { "stop", "stop-id", NULL };
 	rl_cli_init("rl-rollout", longopts);
+	rl_cli_repeatable(lists);
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "m:n:o:qvh", longopts, NULL)) != -1)
+	while ((c = rl_cli_getopt(argc, argv, "m:n:o:qvh", NULL)) != -1)
 		if ((rv = parse_opt(&o, c, optarg, &verbosity)) != 0)
 			return rv == 1 ? (rl_io_close_stdout() ? 1 : 0) : rv;
 	rl_log_set_level(verbosity);

@@ -78,6 +78,7 @@ static const char help_text[] =
 	"  -P, --parallel N       chunks in flight (default 4)\n"
 	"  -q, --quiet            errors only\n"
 	"  -v, --verbose          more messages\n"
+	"      --config FILE      options from a YAML file (keys: long options)\n"
 	"  -h, --help             this text\n";
 
 static const struct option longopts[] = {
@@ -366,7 +367,9 @@ main(int argc, char **argv)
 	mallopt(M_MMAP_THRESHOLD, 128 << 20);
 	mallopt(M_TRIM_THRESHOLD, 512 << 20);
 	cli_init(argc, argv);
-	while ((opt = getopt_long(argc, argv, "l:d:pt:n:D:RL:c:o:wfk:jSZT:P:qvhx:M", longopts, NULL)) != -1) {
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
+	while ((opt = rl_cli_getopt(argc, argv, "l:d:pt:n:D:RL:c:o:wfk:jSZT:P:qvhx:M", NULL)) != -1) {
 		switch (opt) {
 		case 'l': c.listen = optarg; break;
 		case 'd': c.data_dir = optarg; break;

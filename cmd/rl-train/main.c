@@ -104,6 +104,7 @@ static const char usage_text[] =
     "      --dp-bucket-mb M      gradient all-reduce bucket size in MiB (default 25; also --bucket-mb)\n"
     "      --no-dp-overlap       all-reduce after the backward pass instead of during it\n"
     "      --zero 0|1            1: ZeRO-1, each rank keeps 1/N of the AdamW state (default 0)\n"
+    "      --config FILE         options from a YAML file (keys: long options; the command line wins)\n"
     "  -q, --quiet, -v, --verbose\n"
     "  -h, --help\n";
 
@@ -171,9 +172,11 @@ main(int argc, char **argv)
 
 	rl_log_init("rl-train", RL_LOG_NORMAL);
 	rl_cli_init("rl-train", longopts);
+	if ((c = rl_cli_config(&argc, &argv)) != 0)
+		return c;
 	rl_train_opts_default(&o);
 	rl_comm_opts_default(&co);
-	while ((c = getopt_long(argc, argv, "m:o:qvh", longopts, &li)) != -1) {
+	while ((c = rl_cli_getopt(argc, argv, "m:o:qvh", &li)) != -1) {
 		const char *a = optarg;
 #define NUM(lo, hi) do { if (rl_cli_double(c, a, lo, hi, &v)) return 2; } while (0)
 #define INT(lo, hi) do { long long n_; if (rl_cli_int(c, a, lo, hi, &n_)) return 2; v = (double)n_; } while (0)
