@@ -77,7 +77,9 @@ static const char usage_text[] =
     "      --keep K              keep the newest K step directories (default 3; 0 all)\n"
     "      --ckpt-every N        with --sync: a step directory every N steps (default 1); the\n"
     "                            versions between reach --sync from memory only\n"
-    "      --resume              continue from the newest full checkpoint in --out\n"
+    "      --resume              continue from the newest full checkpoint in --out; refused when an\n"
+    "                            option of the algorithm differs from OUT/run.yaml (naming each)\n"
+    "      --allow-change        resume even so (the differences are printed as warnings)\n"
     "      --on-bad error|skip   a bad record fails the run, or drops its group (default error)\n"
     "      --metrics FILE        one JSON object per step ('-' stdout; default stderr)\n"
     "      --tfevents DIR        also write TensorBoard event files\n"
@@ -115,7 +117,7 @@ enum {
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
 	O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP, O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS,
-	O_SKIPZ, O_NOSKIPZ
+	O_SKIPZ, O_NOSKIPZ, O_ALLOWCH
 };
 
 static const struct option longopts[] = {
@@ -138,7 +140,7 @@ static const struct option longopts[] = {
 	{ "beta2", required_argument, 0, O_B2 }, { "adam-eps", required_argument, 0, O_AEPS },
 	{ "grad-clip", required_argument, 0, O_CLIP }, { "max-steps", required_argument, 0, O_MAXSTEPS },
 	{ "save-every", required_argument, 0, O_SAVE }, { "keep", required_argument, 0, O_KEEP },
-	{ "resume", no_argument, 0, O_RESUME }, { "on-bad", required_argument, 0, O_ONBAD },
+	{ "resume", no_argument, 0, O_RESUME }, { "allow-change", no_argument, 0, O_ALLOWCH }, { "on-bad", required_argument, 0, O_ONBAD },
 	{ "metrics", required_argument, 0, O_METRICS }, { "tfevents", required_argument, 0, O_TFEV },
 	{ "prom-file", required_argument, 0, O_PROM },
 	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
@@ -266,6 +268,7 @@ main(int argc, char **argv)
 		case O_KEEP: INT(0, 1e9); o.keep = (int)v; break;
 		case O_CKEVERY: INT(1, 1e9); o.ckpt_every = (int)v; break;
 		case O_RESUME: o.resume = 1; break;
+		case O_ALLOWCH: o.allow_change = 1; break;
 		case O_ONBAD:
 			if (strcmp(a, "error") == 0) o.on_bad = RL_BAD_ERROR;
 			else if (strcmp(a, "skip") == 0) o.on_bad = RL_BAD_SKIP;

@@ -192,7 +192,9 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 	}
 	if (o->resume) {
 		if ((rv = rl_ckpt_find_full(o->out_dir, dir, dirsz, &rstep, state, 0)) != 0 ||
+		    (tr->rank == 0 && (rv = rli_runfile_check(o)) != 0) ||
 		    (tr->rank == 0 && (rv = rli_save_prepare_out(o, rstep)) != 0) ||
+		    (tr->rank == 0 && (rv = rli_runfile_write(o)) != 0) ||
 		    (rv = rl_model_open(&tr->m, dir, tr->ops)) != 0)
 			return rv;
 	} else {
@@ -201,6 +203,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 			return RL_EINVAL;
 		}
 		if ((tr->rank == 0 && (rv = rli_save_prepare_out(o, -1)) != 0) ||
+		    (tr->rank == 0 && (rv = rli_runfile_write(o)) != 0) ||
 		    (rv = rl_model_open(&tr->m, o->model_dir, tr->ops)) != 0)
 			return rv;
 	}
