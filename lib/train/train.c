@@ -33,7 +33,7 @@ void
 rl_train_opts_default(rl_train_opts *o)
 {
 	memset(o, 0, sizeof *o);
-	o->device = "cpu";
+	o->device = "auto";
 	o->input = "-";
 	o->algo = RL_ALGO_GRPO;
 	o->agg = -1;
@@ -179,8 +179,8 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 	int rv, rstep;
 
 	/* several ranks on "cuda": each on the GPU of its LOCAL_RANK */
-	if (tr->world > 1 && strcmp(d, "cuda") == 0) {
-		snprintf(dev, sizeof dev, "cuda:%d", o->comm->local_rank);
+	if (tr->world > 1 && (strcmp(d, "cuda") == 0 || strcmp(d, "auto") == 0)) {
+		snprintf(dev, sizeof dev, "%s:%d", d, o->comm->local_rank);
 		d = dev;
 	}
 	if ((rv = rl_ops_open(&tr->ops, d)) != 0)
