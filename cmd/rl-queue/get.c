@@ -34,6 +34,7 @@ static const char usage_text[] =
 	"  -q, --quiet            print errors only\n"
 	"  -v, --verbose          print more (lease ids)\n"
 	"      --config FILE      options from a YAML file (keys: long options)\n"
+	"      --version          print the program version and exit\n"
 	"  -h, --help             print this help and exit\n"
 	"\n"
 	"Exit status: 0 success (also when nothing was leased), 1 failure,\n"

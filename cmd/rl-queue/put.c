@@ -33,6 +33,7 @@ static const char usage_text[] =
 	"  -q, --quiet          print errors only\n"
 	"  -v, --verbose        print more\n"
 	"      --config FILE    options from a YAML file (keys: long options)\n"
+	"      --version        print the program version and exit\n"
 	"  -h, --help           print this help and exit\n"
 	"\n"
 	"Exit status: 0 success, 1 bad input or refused, 2 usage error,\n"

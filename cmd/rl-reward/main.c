@@ -63,6 +63,7 @@ static const char usage_text[] =
 	"  -q, --quiet              no summary\n"
 	"  -v, --verbose            say why each failed record failed\n"
 	"      --config FILE        options from a YAML file (keys: long options)\n"
+	"      --version            print the program version and exit\n"
 	"  -h, --help               this text\n"
 	"See rl-reward(1) for the exact rule of each task.\n";
 
@@ -190,6 +191,8 @@ main(int argc, char **argv)
 	double t0;
 
 	rl_log_init("rl-reward", RL_LOG_NORMAL);
+	if (rl_cli_wants_version(argc, argv))
+		return rl_cli_print_version();
 	if (argc > 1 && strcmp(argv[1], "gen-arith") == 0)
 		return gen_arith(argc - 1, argv + 1);
 	static const char *const lists[] = { "task", NULL };

@@ -71,6 +71,7 @@ static const char usage_text[] =
     "      --broker-timeout S  queue mode: exit 1 after S seconds without a reply from the broker\n"
     "                          (default 300; 0 never)\n"
     "      --config FILE       options from a YAML file (keys: long options; the command line wins)\n"
+    "      --version           print the program version and exit\n"
     "  -q, --quiet, -v, --verbose, -h, --help\n";
 
 enum {

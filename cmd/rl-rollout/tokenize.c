@@ -52,6 +52,7 @@ static const char usage_text[] =
 	"  -q, --quiet              errors only\n"
 	"  -v, --verbose            more messages\n"
 	"      --config FILE        options from a YAML file (keys: long options)\n"
+	"      --version            print the program version and exit\n"
 	"  -h, --help               this help\n";
 
 static void

@@ -108,6 +108,7 @@ static const char usage_text[] =
     "      --no-dp-overlap       all-reduce after the backward pass instead of during it\n"
     "      --zero 0|1            1: ZeRO-1, each rank keeps 1/N of the AdamW state (default 0)\n"
     "      --config FILE         options from a YAML file (keys: long options; the command line wins)\n"
+    "      --version             print the program version and exit\n"
     "  -q, --quiet, -v, --verbose\n"
     "  -h, --help\n";
 
@@ -174,6 +175,8 @@ main(int argc, char **argv)
 	double v;
 
 	rl_log_init("rl-train", RL_LOG_NORMAL);
+	if (rl_cli_wants_version(argc, argv))
+		return rl_cli_print_version();
 	rl_cli_init("rl-train", longopts);
 	if ((c = rl_cli_config(&argc, &argv)) != 0)
 		return c;

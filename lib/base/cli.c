@@ -5,6 +5,7 @@
  */
 #include "base/cli.h"
 #include "base/conf.h"
+#include "base/io.h"
 
 #include <errno.h>
 #include <math.h>
@@ -350,4 +351,30 @@ out:
 	}
 	rl_conf_fini(&c);
 	return rv;
+}
+
+#ifndef RL_VERSION
+#define RL_VERSION "unknown"
+#endif
+
+const char *
+rl_cli_version(void)
+{
+	return RL_VERSION;
+}
+
+int
+rl_cli_wants_version(int argc, char **argv)
+{
+	for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+		if (strcmp(argv[i], "--version") == 0)
+			return 1;
+	return 0;
+}
+
+int
+rl_cli_print_version(void)
+{
+	printf("%s (rlpipe) %s\n", rl_log_prog(), RL_VERSION);
+	return rl_io_close_stdout() ? 1 : 0;
 }

@@ -54,6 +54,14 @@ void rl_cli_repeatable(const char *const *names);
  * argument is being parsed, for the file-and-line prefix of usage errors. */
 int rl_cli_getopt(int argc, char *const *argv, const char *shortopts, int *longindex);
 
+/* --version: "PROG (rlpipe) VERSION" on stdout, VERSION from git describe
+ * at build time (else the Makefile's VERSION); returns the exit status (1
+ * when stdout cannot be written).  rl_cli_version is VERSION alone. */
+int rl_cli_print_version(void);
+const char *rl_cli_version(void);
+/* 1 when argv[1..] holds --version before any "--". */
+int rl_cli_wants_version(int argc, char **argv);
+
 /* Prints "PROG: <message>" and the hint line; returns 2.  While the loop
  * parses an option from a --config file: "PROG: 'FILE': line L: <message>". */
 int rl_cli_usage(const char *fmt, ...) RL_PRINTF(1, 2);
