@@ -14,6 +14,7 @@ PREFIX   ?= /usr/local
 BINDIR   ?= $(PREFIX)/bin
 MANDIR   ?= $(PREFIX)/share/man
 DATADIR  ?= $(PREFIX)/share/rlpipe
+COMPDIR  ?= $(PREFIX)/share/bash-completion/completions
 CC       ?= cc
 CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
@@ -40,6 +41,13 @@ HAVE_NCCL := $(shell printf '#include <nccl.h>\nint main(void){int v;return nccl
 else
 HAVE_NCCL := 0
 endif
+
+# The programs' --version: git describe of this tree at build time, else
+# VERSION (a release tarball).  Only lib/base/cli.o is rebuilt when it changes.
+VERSION   := 0.1.0
+VERSION_NOW := $(shell git describe --always --dirty 2>/dev/null || echo $(VERSION))
+VERSION_STAMP := $(B)/.version
+$(shell mkdir -p $(B) && (printf '%s\n' '$(VERSION_NOW)' | cmp -s - $(VERSION_STAMP) || printf '%s\n' '$(VERSION_NOW)' > $(VERSION_STAMP)))
 
 PKGS      := libzstd libcjson yaml-0.1
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -97,6 +105,9 @@ features:
 $(B)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(RL_CFLAGS) -MMD -MP -c -o $@ $<
+
+$(B)/lib/base/cli.o: $(VERSION_STAMP)
+$(B)/lib/base/cli.o: RL_CFLAGS += -DRL_VERSION='"$(VERSION_NOW)"'
 
 $(B)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) lib/compute/ops.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
@@ -185,11 +196,16 @@ install: all
 	for m in $(MANS); do s=$${m##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s; install -m 644 $$m $(DESTDIR)$(MANDIR)/man$$s/; done
 	install -d $(DESTDIR)$(DATADIR)
 	install -m 755 pipelines/lib/verl_reward.py pipelines/lib/trl_reward.py $(DESTDIR)$(DATADIR)/
+	install -d $(DESTDIR)$(COMPDIR)
+	install -m 644 completions/rlpipe.bash $(DESTDIR)$(COMPDIR)/rlpipe
+	for b in $(CMDS); do ln -sf rlpipe $(DESTDIR)$(COMPDIR)/$$b; done
 
 uninstall:
 	for b in $(CMDS); do rm -f $(DESTDIR)$(BINDIR)/$$b; done
 	for m in $(MANS); do s=$${m##*.}; rm -f $(DESTDIR)$(MANDIR)/man$$s/$${m##*/}; done
 	rm -f $(DESTDIR)$(DATADIR)/verl_reward.py $(DESTDIR)$(DATADIR)/trl_reward.py
+	rm -f $(DESTDIR)$(COMPDIR)/rlpipe
+	for b in $(CMDS); do rm -f $(DESTDIR)$(COMPDIR)/$$b; done
 	-rmdir $(DESTDIR)$(DATADIR) 2>/dev/null
 
 clean:

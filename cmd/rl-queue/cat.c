@@ -33,6 +33,8 @@ static const char usage_text[] =
 	"      --max-record SIZE refuse records larger than SIZE (default 64M)\n"
 	"  -q, --quiet          print errors only\n"
 	"  -v, --verbose        print more\n"
+	"      --config FILE    options from a YAML file (keys: long options)\n"
+	"      --version        print the program version and exit\n"
 	"  -h, --help           print this help and exit\n"
 	"\n"
 	"Exit status: 0 success, 1 bad input or I/O error, 2 usage error.\n"
@@ -109,8 +111,10 @@ rlq_cat_main(int argc, char **argv)
 
 	rl_traj_limits_default(&lim);
 	rl_cli_init("rl-queue cat", opts);
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":sjo:b:l:qvh", opts, NULL)) != -1) {
+	while ((c = rl_cli_getopt(argc, argv, ":sjo:b:l:qvh", NULL)) != -1) {
 		switch (c) {
 		case 's': wo.format = RL_TRAJ_BINARY; break;
 		case 'j': wo.format = RL_TRAJ_JSONL; break;

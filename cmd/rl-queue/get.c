@@ -33,6 +33,8 @@ static const char usage_text[] =
 	"  -S, --stream           print binary zstd frames instead of JSONL\n"
 	"  -q, --quiet            print errors only\n"
 	"  -v, --verbose          print more (lease ids)\n"
+	"      --config FILE      options from a YAML file (keys: long options)\n"
+	"      --version          print the program version and exit\n"
 	"  -h, --help             print this help and exit\n"
 	"\n"
 	"Exit status: 0 success (also when nothing was leased), 1 failure,\n"
@@ -84,8 +86,10 @@ rlq_get_main(int argc, char **argv)
 	rl_qclient_opts_default(&o);
 	rl_qlease_init(&l);
 	rl_cli_init("rl-queue get", opts);
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":s:n:m:w:t:g:SqvhH", opts, NULL)) != -1) {
+	while ((c = rl_cli_getopt(argc, argv, ":s:n:m:w:t:g:SqvhH", NULL)) != -1) {
 		switch (c) {
 		case 's':
 			if ((stage = rl_qstage_parse(optarg)) < 0)

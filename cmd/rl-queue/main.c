@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/cli.h"
 #include "base/core.h"
 #include "base/io.h"
 #include "rlq.h"
@@ -38,7 +39,8 @@ static void
 usage(FILE *f)
 {
 	fprintf(f, "usage: rl-queue COMMAND [OPTION]... [ARG]...\n"
-	           "       rl-queue COMMAND --help\n\ncommands:\n");
+	           "       rl-queue COMMAND --help\n"
+	           "       rl-queue --version\n\ncommands:\n");
 	for (size_t i = 0; i < RL_ARRAY_LEN(cmds); i++)
 		fprintf(f, "  %-8s %s\n", cmds[i].name, cmds[i].summary);
 	fprintf(f, "\nSee rl-trajectory(5) for the stream format.\n");
@@ -48,6 +50,8 @@ int
 main(int argc, char **argv)
 {
 	rl_log_init("rl-queue", RL_LOG_NORMAL);
+	if (rl_cli_wants_version(argc, argv))
+		return rl_cli_print_version();
 	if (argc < 2) {
 		usage(stderr);
 		return 2;

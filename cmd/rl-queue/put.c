@@ -32,6 +32,8 @@ static const char usage_text[] =
 	"  -z, --compress MODE  auto (default: off on loopback), on or off\n"
 	"  -q, --quiet          print errors only\n"
 	"  -v, --verbose        print more\n"
+	"      --config FILE    options from a YAML file (keys: long options)\n"
+	"      --version        print the program version and exit\n"
 	"  -h, --help           print this help and exit\n"
 	"\n"
 	"Exit status: 0 success, 1 bad input or refused, 2 usage error,\n"
@@ -210,8 +212,10 @@ rlq_put_main(int argc, char **argv)
 
 	rl_qclient_opts_default(&o);
 	rl_cli_init("rl-queue put", opts);
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":s:t:z:qvh", opts, NULL)) != -1) {
+	while ((c = rl_cli_getopt(argc, argv, ":s:t:z:qvh", NULL)) != -1) {
 		switch (c) {
 		case 's':
 			if ((stage = rl_qstage_parse(optarg)) < 0)

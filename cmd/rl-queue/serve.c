@@ -26,7 +26,8 @@ static const char usage_text[] =
 	"                           at start (default: in memory only)\n"
 	"  -k, --max-staleness K    trainer never gets samples older than version v-K;\n"
 	"                           prompts leased while in flight <= (K+1) x batch (0)\n"
-	"  -b, --train-batch B      samples per trainer step, for the gate (0: no gate)\n"
+	"  -b, --train-batch B      groups per trainer step, for the gate: rl-rollout's\n"
+	"                           --train-batch, rl-train's --batch (default 8; 0: no gate)\n"
 	"      --stale drop|regen   what happens to a stale group (default drop)\n"
 	"  -t, --lease-timeout S    seconds a lease lasts unless renewed (default 60)\n"
 	"  -m, --max-bytes SIZE     memory bound on stored records; producers are\n"
@@ -41,6 +42,8 @@ static const char usage_text[] =
 	"      --http-public        allow --http on a non-loopback address\n"
 	"  -q, --quiet              print errors only\n"
 	"  -v, --verbose            print more\n"
+	"      --config FILE        options from a YAML file (keys: long options)\n"
+	"      --version            print the program version and exit\n"
 	"  -h, --help               print this help and exit\n"
 	"\n"
 	"Exit status: 0 stopped by a signal, 1 runtime failure, 2 usage error\n"
@@ -96,9 +99,14 @@ rlq_serve_main(int argc, char **argv)
 	double d;
 
 	rl_queue_config_default(&cfg.queue);
+	/* rl-rollout's and rl-train's default: without a gate, samples pile up
+	 * at old versions and K = 0 drops nearly all of them as stale */
+	cfg.queue.train_batch = 8;
 	rl_cli_init("rl-queue serve", opts);
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":l:d:k:b:t:m:qvh", opts, NULL)) != -1) {
+	while ((c = rl_cli_getopt(argc, argv, ":l:d:k:b:t:m:qvh", NULL)) != -1) {
 		switch (c) {
 		case 'l': cfg.listen = optarg; break;
 		case 'd': cfg.queue.data_dir = optarg; break;
@@ -156,6 +164,10 @@ rlq_serve_main(int argc, char **argv)
 	if (optind < argc)
 		return rl_cli_usage("serve: unexpected argument '%s'", argv[optind]);
 	rl_log_set_level(verbosity);
+	if (cfg.queue.train_batch == 0)
+		rl_warn("serve: --train-batch 0: no admission gate; groups generated more than %u versions "
+		    "before the trainer's are %s", cfg.queue.max_staleness,
+		    cfg.queue.stale == RL_QSTALE_DROP ? "dropped" : "generated again");
 	if (http) {   /* refuse a bad or public address before anything listens */
 		char url[300];
 		int loop;

@@ -32,6 +32,8 @@ static const char usage_text[] =
 	"  -t, --timeout S      wait S seconds for the broker (default 5)\n"
 	"  -q, --quiet          print errors only\n"
 	"  -v, --verbose        print more\n"
+	"      --config FILE    options from a YAML file (keys: long options)\n"
+	"      --version        print the program version and exit\n"
 	"  -h, --help           print this help and exit\n"
 	"\n"
 	"Exit status: 0 success, 1 failure, 2 usage error, 3 broker unreachable.\n";
@@ -222,8 +224,10 @@ rlq_stat_main(int argc, char **argv)
 	rl_qclient_opts_default(&o);
 	o.timeout_ms = 5000;
 	rl_cli_init("rl-queue stat", opts);
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":jw::c:t:qvh", opts, NULL)) != -1) {
+	while ((c = rl_cli_getopt(argc, argv, ":jw::c:t:qvh", NULL)) != -1) {
 		switch (c) {
 		case 'j': js = 1; break;
 		case 'w':

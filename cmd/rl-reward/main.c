@@ -62,6 +62,8 @@ static const char usage_text[] =
 	"      --jsonl              write JSONL instead of the binary stream\n"
 	"  -q, --quiet              no summary\n"
 	"  -v, --verbose            say why each failed record failed\n"
+	"      --config FILE        options from a YAML file (keys: long options)\n"
+	"      --version            print the program version and exit\n"
 	"  -h, --help               this text\n"
 	"See rl-reward(1) for the exact rule of each task.\n";
 
@@ -87,8 +89,10 @@ gen_arith(int argc, char **argv)
 	rl_synth_arith_init(&o);
 	rl_cli_init("rl-reward gen-arith", lo);
 	argv[0] = prog;   /* getopt's own messages: "rl-reward: gen-arith: unrecognized option ..." */
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "n:s:d:p:S:ro:h", lo, NULL)) != -1) {
+	while ((c = rl_cli_getopt(argc, argv, "n:s:d:p:S:ro:h", NULL)) != -1) {
 		switch (c) {
 		case 'n':
 			if ((rv = rl_cli_int(c, optarg, 0, LONG_MAX, &n)) != 0)
@@ -187,16 +191,22 @@ main(int argc, char **argv)
 	double t0;
 
 	rl_log_init("rl-reward", RL_LOG_NORMAL);
+	if (rl_cli_wants_version(argc, argv))
+		return rl_cli_print_version();
 	if (argc > 1 && strcmp(argv[1], "gen-arith") == 0)
 		return gen_arith(argc - 1, argv + 1);
+	static const char *const lists[] = { "task", NULL };
 	rl_cli_init("rl-reward", lo);
+	rl_cli_repeatable(lists);
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
 
 	memset(&sc, 0, sizeof sc);
 	sc.exec_weight = 1.0;
 	sc.opts.gsm8k_mode = RL_GSM8K_STRICT;
 	rl_reward_exec_opts_default(&xo);
 	wo.format = RL_TRAJ_BINARY;
-	while ((c = getopt_long(argc, argv, "t:e:j:o:qvh", lo, NULL)) != -1) {
+	while ((c = rl_cli_getopt(argc, argv, "t:e:j:o:qvh", NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (ntasks == RL_REWARD_MAX_TASKS) {

@@ -48,7 +48,8 @@ static const char usage_text[] =
     "      --slots N           sequences decoded together (default 64)\n"
     "      --kv-mem BYTES      KV cache budget, suffixes K M G (default 256M)\n"
     "      --decode-steps N    decode steps queued at once while no prompt waits (default 1)\n"
-    "      --device D          cpu, cuda, cuda:N or auto (default cpu)\n"
+    "      --device D          cpu, cuda, cuda:N or auto (default auto: CUDA when\n"
+    "                          a GPU is usable, else the cpu with one line on stderr)\n"
     "      --weights-from DIR  load new weight versions from DIR/latest as they appear\n"
     "      --max-staleness K   wait for version >= batches emitted - K (with --weights-from)\n"
     "      --resume DIR        continue the run rl-train --out DIR checkpointed: start from its newest\n"
@@ -69,6 +70,8 @@ static const char usage_text[] =
     "      --idle-exit S       queue mode: exit after S seconds without work (default: run until signalled)\n"
     "      --broker-timeout S  queue mode: exit 1 after S seconds without a reply from the broker\n"
     "                          (default 300; 0 never)\n"
+    "      --config FILE       options from a YAML file (keys: long options; the command line wins)\n"
+    "      --version           print the program version and exit\n"
     "  -q, --quiet, -v, --verbose, -h, --help\n";
 
 enum {
@@ -235,9 +238,13 @@ rl_cmd_generate(int argc, char **argv)
 	int c, rv, verbosity = RL_LOG_NORMAL;
 
 	rl_rollout_opts_default(&o);
+	static const char *const lists[] = { "stop", "stop-id", NULL };
 	rl_cli_init("rl-rollout", longopts);
+	rl_cli_repeatable(lists);
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "m:n:o:qvh", longopts, NULL)) != -1)
+	while ((c = rl_cli_getopt(argc, argv, "m:n:o:qvh", NULL)) != -1)
 		if ((rv = parse_opt(&o, c, optarg, &verbosity)) != 0)
 			return rv == 1 ? (rl_io_close_stdout() ? 1 : 0) : rv;
 	rl_log_set_level(verbosity);

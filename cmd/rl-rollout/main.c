@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cmd.h"
+#include "base/cli.h"
 #include "base/core.h"
 
 static const struct subcmd {
@@ -21,6 +22,8 @@ int
 main(int argc, char **argv)
 {
 	rl_log_init("rl-rollout", RL_LOG_NORMAL);
+	if (rl_cli_wants_version(argc, argv))
+		return rl_cli_print_version();
 	/* a subcommand by name; anything else is generation (rl-rollout -m MODEL ...) */
 	if (argc >= 2)
 		for (size_t i = 0; i < RL_ARRAY_LEN(subcmds); i++)

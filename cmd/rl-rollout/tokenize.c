@@ -51,6 +51,8 @@ static const char usage_text[] =
 	"                           lines always end with newline\n"
 	"  -q, --quiet              errors only\n"
 	"  -v, --verbose            more messages\n"
+	"      --config FILE        options from a YAML file (keys: long options)\n"
+	"      --version            print the program version and exit\n"
 	"  -h, --help               this help\n";
 
 static void
@@ -207,8 +209,10 @@ rl_cmd_tokenize(int argc, char **argv)
 
 	rl_cli_init("rl-rollout tokenize", opts);
 	argv[0] = prog;   /* getopt's own messages: "rl-rollout: tokenize: unrecognized option ..." */
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
 	optind = 1;
-	while ((o = getopt_long(argc, argv, "m:ct:GdS0qvh", opts, NULL)) != -1) {
+	while ((o = rl_cli_getopt(argc, argv, "m:ct:GdS0qvh", NULL)) != -1) {
 		switch (o) {
 		case 'm': c.model = optarg; break;
 		case 'c': c.chat = 1; break;

@@ -78,6 +78,8 @@ static const char help_text[] =
 	"  -P, --parallel N       chunks in flight (default 4)\n"
 	"  -q, --quiet            errors only\n"
 	"  -v, --verbose          more messages\n"
+	"      --config FILE      options from a YAML file (keys: long options)\n"
+	"      --version          print the program version and exit (alone, before a command)\n"
 	"  -h, --help             this text\n";
 
 static const struct option longopts[] = {
@@ -361,12 +363,18 @@ main(int argc, char **argv)
 
 	c.verbosity = RL_LOG_NORMAL;
 	rl_log_init("rl-sync", RL_LOG_NORMAL);
+	/* alone, before a command: the program's version; after one (pull
+	 * --version N) it stays the weight version it always was */
+	if (argc == 2 && strcmp(argv[1], "--version") == 0)
+		return rl_cli_print_version();
 	/* chunk-sized messages (4-64 MiB) come and go all the time: keep them in
 	 * the heap instead of fresh, page-faulted mappings each time */
 	mallopt(M_MMAP_THRESHOLD, 128 << 20);
 	mallopt(M_TRIM_THRESHOLD, 512 << 20);
 	cli_init(argc, argv);
-	while ((opt = getopt_long(argc, argv, "l:d:pt:n:D:RL:c:o:wfk:jSZT:P:qvhx:M", longopts, NULL)) != -1) {
+	if ((rv = rl_cli_config(&argc, &argv)) != 0)
+		return rv;
+	while ((opt = rl_cli_getopt(argc, argv, "l:d:pt:n:D:RL:c:o:wfk:jSZT:P:qvhx:M", NULL)) != -1) {
 		switch (opt) {
 		case 'l': c.listen = optarg; break;
 		case 'd': c.data_dir = optarg; break;

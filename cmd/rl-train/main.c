@@ -32,7 +32,8 @@ static const char usage_text[] =
     "      --init CONFIG.json    write a randomly initialised model to --out and exit\n"
     "      --tokenizer T         with --init: 'bytes' or a tokenizer.json\n"
     "      --seed S              random seed (default 0)\n"
-    "      --device D            cpu, cuda, cuda:N or auto (default cpu)\n"
+    "      --device D            cpu, cuda, cuda:N or auto (default auto: CUDA when\n"
+    "                            a GPU is usable, else the cpu with one line on stderr)\n"
     "algorithm:\n"
     "      --algo A              grpo, dr-grpo, dapo, gspo, rloo, reinforce++, remax, ppo, sft (default grpo)\n"
     "      --batch G             groups per step (default 8)\n"
@@ -79,7 +80,9 @@ static const char usage_text[] =
     "      --keep K              keep the newest K step directories (default 3; 0 all)\n"
     "      --ckpt-every N        with --sync: a step directory every N steps (default 1); the\n"
     "                            versions between reach --sync from memory only\n"
-    "      --resume              continue from the newest full checkpoint in --out\n"
+    "      --resume              continue from the newest full checkpoint in --out; refused when an\n"
+    "                            option of the algorithm differs from OUT/run.yaml (naming each)\n"
+    "      --allow-change        resume even so (the differences are printed as warnings)\n"
     "      --on-bad error|skip   a bad record fails the run, or drops its group (default error)\n"
     "      --metrics FILE        one JSON object per step ('-' stdout; default stderr)\n"
     "      --tfevents DIR        also write TensorBoard event files\n"
@@ -113,6 +116,8 @@ static const char usage_text[] =
     "      --lora-rank R         plan LoRA adapters of rank R (with --lora-targets q,k,v,o,gate,up,down)\n"
     "      --kv-tokens N         plan a colocated generator's KV cache of N tokens\n"
     "      --gpu-mem SIZE        say whether the plan fits SIZE (e.g. 80G)\n"
+    "      --config FILE         options from a YAML file (keys: long options; the command line wins)\n"
+    "      --version             print the program version and exit\n"
     "  -q, --quiet, -v, --verbose\n"
     "  -h, --help\n";
 
@@ -122,8 +127,8 @@ enum {
 	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
-	O_PLAN, O_LORAR, O_LORAT, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP, O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS,
-	O_SKIPZ, O_NOSKIPZ
+	O_PLAN, O_LORAR, O_LORAT, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
+	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH
 };
 
 static const struct option longopts[] = {
@@ -146,7 +151,7 @@ static const struct option longopts[] = {
 	{ "beta2", required_argument, 0, O_B2 }, { "adam-eps", required_argument, 0, O_AEPS },
 	{ "grad-clip", required_argument, 0, O_CLIP }, { "max-steps", required_argument, 0, O_MAXSTEPS },
 	{ "save-every", required_argument, 0, O_SAVE }, { "keep", required_argument, 0, O_KEEP },
-	{ "resume", no_argument, 0, O_RESUME }, { "on-bad", required_argument, 0, O_ONBAD },
+	{ "resume", no_argument, 0, O_RESUME }, { "allow-change", no_argument, 0, O_ALLOWCH }, { "on-bad", required_argument, 0, O_ONBAD },
 	{ "metrics", required_argument, 0, O_METRICS }, { "tfevents", required_argument, 0, O_TFEV },
 	{ "prom-file", required_argument, 0, O_PROM },
 	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
@@ -184,10 +189,14 @@ main(int argc, char **argv)
 	double v;
 
 	rl_log_init("rl-train", RL_LOG_NORMAL);
+	if (rl_cli_wants_version(argc, argv))
+		return rl_cli_print_version();
 	rl_cli_init("rl-train", longopts);
+	if ((c = rl_cli_config(&argc, &argv)) != 0)
+		return c;
 	rl_train_opts_default(&o);
 	rl_comm_opts_default(&co);
-	while ((c = getopt_long(argc, argv, "m:o:qvh", longopts, &li)) != -1) {
+	while ((c = rl_cli_getopt(argc, argv, "m:o:qvh", &li)) != -1) {
 		const char *a = optarg;
 #define NUM(lo, hi) do { if (rl_cli_double(c, a, lo, hi, &v)) return 2; } while (0)
 #define INT(lo, hi) do { long long n_; if (rl_cli_int(c, a, lo, hi, &n_)) return 2; v = (double)n_; } while (0)
@@ -277,6 +286,7 @@ main(int argc, char **argv)
 		case O_KEEP: INT(0, 1e9); o.keep = (int)v; break;
 		case O_CKEVERY: INT(1, 1e9); o.ckpt_every = (int)v; break;
 		case O_RESUME: o.resume = 1; break;
+		case O_ALLOWCH: o.allow_change = 1; break;
 		case O_ONBAD:
 			if (strcmp(a, "error") == 0) o.on_bad = RL_BAD_ERROR;
 			else if (strcmp(a, "skip") == 0) o.on_bad = RL_BAD_SKIP;

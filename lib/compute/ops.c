@@ -43,14 +43,19 @@ rl_ops_open(rl_ops **out, const char *device)
 	*out = NULL;
 	if (device == NULL || strcmp(device, "cpu") == 0)
 		return rl_ops_cpu_open(out);
-	if (strcmp(device, "auto") == 0) {
-		rv = rl_ops_cuda_open(out, 0);
-		if (rv == RL_ENODEV || (rv == RL_ENOTSUP && HAVE_CUDA)) {
-			rl_info("no usable CUDA device (%s), using the cpu", rl_strerror(rv));
+	if (strcmp(device, "auto") == 0 || strncmp(device, "auto:", 5) == 0) {
+		/* "auto:N" is how a data-parallel rank asks for its own GPU */
+		int n = device[4] == ':' ? atoi(device + 5) : 0;
+		rv = rl_ops_cuda_open(out, n);
+		/* the one line a GPU user needs to see that the run is on the CPU */
+		if (rv == RL_ENOTSUP && !HAVE_CUDA) {
+			rl_info("--device auto: this build has no CUDA support, using the cpu");
 			return rl_ops_cpu_open(out);
 		}
-		if (rv == RL_ENOTSUP)   /* a build without CUDA: the CPU is the only choice */
+		if (rv == RL_ENODEV || rv == RL_ENOTSUP) {
+			rl_info("--device auto: no usable CUDA device (%s), using the cpu", rl_strerror(rv));
 			return rl_ops_cpu_open(out);
+		}
 		return rv;
 	}
 	if (strncmp(device, "cuda", 4) == 0 && (device[4] == '\0' || device[4] == ':')) {

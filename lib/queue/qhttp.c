@@ -107,7 +107,7 @@ typedef struct metric {
 static const metric metrics[] = {
 	{ "version", "rlqueue_trainer_version", M_GAUGE, "Policy version the trainer last reported.", NULL },
 	{ "max_staleness", "rlqueue_max_staleness", M_GAUGE, "Staleness bound K (versions).", NULL },
-	{ "train_batch", "rlqueue_train_batch", M_GAUGE, "Samples per trainer step, for the gate (0: no gate).", NULL },
+	{ "train_batch", "rlqueue_train_batch", M_GAUGE, "Groups per trainer step, for the gate (0: no gate).", NULL },
 	{ "inflight", "rlqueue_inflight_samples", M_GAUGE, "Samples in flight and buffered, counted by the gate.", NULL },
 	{ "inflight_cap", "rlqueue_inflight_cap_samples", M_GAUGE, "Gate bound (K+1) x batch (0: none).", NULL },
 	{ "bytes", "rlqueue_memory_bytes", M_GAUGE, "Bytes of stored records.", NULL },

@@ -204,6 +204,7 @@ struct rl_queue {
 	qlist prompts, generated, ready;
 
 	uint64_t version, next_lid, inflight;
+	uint32_t gate_gsize;   /* the group size of the last prompt leased, for the stats' cap */
 	rl_queue_stats st;
 
 	rl_traj *tmp;
@@ -1011,6 +1012,7 @@ apply_lease(rl_queue *q, uint64_t lid, int stage, uint64_t deadline, uint32_t hi
 		g = &q->grp[e->grp];
 		if (stage == RL_QSTAGE_PROMPT && e->state == RL_QS_PROMPT) {
 			e->hint = RL_MAX(RL_MAX(e->gsize, hint), 1u);
+			q->gate_gsize = e->hint;
 			ent_set_state(q, ei, RL_QS_LEASED, 0);
 			g->expect = e->hint > g->nsamples ? e->hint - g->nsamples : 0;
 			q->inflight += g->expect;
@@ -1166,10 +1168,14 @@ rl_queue_put(rl_queue *q, int stage, const void *batch, size_t n, const void *fr
 	return apply_put(q, stage, batch, n, frame, fn, res);
 }
 
+/* The gate's bound in samples for prompts of gsize samples each: (K+1)
+ * trainer steps of B groups.  B counts groups, as rl-rollout's --train-batch
+ * and rl-train's --batch do; the samples in flight are what the broker can
+ * count, so the bound is converted with the prompt's group size. */
 static uint64_t
-gate_cap(const rl_queue *q)
+gate_cap(const rl_queue *q, uint32_t gsize)
 {
-	return q->cfg.train_batch ? ((uint64_t)q->cfg.max_staleness + 1) * q->cfg.train_batch : 0;
+	return q->cfg.train_batch ? ((uint64_t)q->cfg.max_staleness + 1) * q->cfg.train_batch * RL_MAX(gsize, 1u) : 0;
 }
 
 static int
@@ -1192,7 +1198,7 @@ group_is_stale(const rl_queue *q, const qgrp *g)
 static int
 choose(rl_queue *q, int stage, uint32_t hint, uint32_t max, uint64_t **ids_out, uint32_t *n_out, int apply)
 {
-	uint64_t *ids = NULL, inflight = q->inflight, cap = gate_cap(q);
+	uint64_t *ids = NULL, inflight = q->inflight, cap;
 	uint32_t n = 0;
 	int rv = RL_OK, blocked = 0;
 
@@ -1212,6 +1218,7 @@ choose(rl_queue *q, int stage, uint32_t hint, uint32_t max, uint64_t **ids_out, 
 			qent *e = &q->ent[ei];
 			uint32_t want = RL_MAX(RL_MAX(e->gsize, hint), 1u), have = q->grp[e->grp].nsamples;
 			uint64_t need = want > have ? want - have : 0;
+			cap = gate_cap(q, want);
 			if (cap && inflight + need > cap && !(inflight == 0 && n == 0)) {
 				blocked = 1;
 				break;
@@ -1388,7 +1395,7 @@ rl_queue_get_stats(const rl_queue *q, rl_queue_stats *s)
 {
 	*s = q->st;
 	s->inflight = q->inflight;
-	s->cap = gate_cap(q);
+	s->cap = q->gate_gsize ? gate_cap(q, q->gate_gsize) : 0;
 	s->max_bytes = q->cfg.max_bytes;
 	s->version = q->version;
 	s->journal_bytes = __atomic_load_n(&q->jbytes, __ATOMIC_RELAXED);

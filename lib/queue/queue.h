@@ -50,7 +50,8 @@ enum rl_qstale { RL_QSTALE_DROP = 0, RL_QSTALE_REGEN = 1 };
 
 typedef struct rl_queue_config {
 	uint32_t max_staleness;   /* K */
-	uint32_t train_batch;     /* B, in samples; 0 turns the admission gate off */
+	uint32_t train_batch;     /* B, in groups per trainer step (rl-rollout's --train-batch,
+	                           * rl-train's --batch); 0 turns the admission gate off */
 	uint32_t lease_ms;        /* default lease duration; 60000 */
 	uint64_t max_bytes;       /* bound on stored records (+ per-record overhead); 1 GiB */
 	int stale;                /* RL_QSTALE_DROP (default) or RL_QSTALE_REGEN */
@@ -122,7 +123,8 @@ uint64_t rl_queue_next_deadline(const rl_queue *q);
 typedef struct rl_queue_stats {
 	uint64_t depth[RL_QS_COUNT];
 	uint64_t groups, ready_groups, ready_samples, leases;
-	uint64_t inflight, cap;          /* gate: samples in flight and its bound (0: none) */
+	uint64_t inflight, cap;          /* gate: samples in flight and its bound, (K+1) x B groups
+	                                  * x the group size of the last prompt leased (0: none) */
 	uint64_t bytes, max_bytes;
 	uint64_t version;
 	uint64_t put[RL_QSTAGE_COUNT], leased[RL_QSTAGE_COUNT];

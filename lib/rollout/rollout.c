@@ -22,7 +22,7 @@ rl_rollout_opts_default(rl_rollout_opts *o)
 	memset(o, 0, sizeof(*o));
 	rl_gen_opts_default(&o->go);
 	o->n = 1;
-	o->device = "cpu";
+	o->device = "auto";
 	o->input = "-";
 	o->tmpl = RL_CHAT_AUTO;
 	o->max_staleness = -1;

@@ -62,6 +62,7 @@ typedef struct rl_train_opts {
 	int ckpt_every;            /* with sync_url: a step directory every N steps (0, 1: every step);
 	                            * the versions between go to sync_url from memory only */
 	int resume;                /* continue from out_dir/latest */
+	int allow_change;          /* --resume with options that change the algorithm (run.yaml differs) */
 	int on_bad;                /* RL_BAD_ERROR or RL_BAD_SKIP */
 	uint64_t seed;
 	int quiet;

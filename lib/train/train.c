@@ -33,7 +33,7 @@ void
 rl_train_opts_default(rl_train_opts *o)
 {
 	memset(o, 0, sizeof *o);
-	o->device = "cpu";
+	o->device = "auto";
 	o->input = "-";
 	o->algo = RL_ALGO_GRPO;
 	o->agg = -1;
@@ -179,8 +179,8 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 	int rv, rstep;
 
 	/* several ranks on "cuda": each on the GPU of its LOCAL_RANK */
-	if (tr->world > 1 && strcmp(d, "cuda") == 0) {
-		snprintf(dev, sizeof dev, "cuda:%d", o->comm->local_rank);
+	if (tr->world > 1 && (strcmp(d, "cuda") == 0 || strcmp(d, "auto") == 0)) {
+		snprintf(dev, sizeof dev, "%s:%d", d, o->comm->local_rank);
 		d = dev;
 	}
 	if ((rv = rl_ops_open(&tr->ops, d)) != 0)
@@ -192,7 +192,9 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 	}
 	if (o->resume) {
 		if ((rv = rl_ckpt_find_full(o->out_dir, dir, dirsz, &rstep, state, 0)) != 0 ||
+		    (tr->rank == 0 && (rv = rli_runfile_check(o)) != 0) ||
 		    (tr->rank == 0 && (rv = rli_save_prepare_out(o, rstep)) != 0) ||
+		    (tr->rank == 0 && (rv = rli_runfile_write(o)) != 0) ||
 		    (rv = rl_model_open(&tr->m, dir, tr->ops)) != 0)
 			return rv;
 	} else {
@@ -201,6 +203,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 			return RL_EINVAL;
 		}
 		if ((tr->rank == 0 && (rv = rli_save_prepare_out(o, -1)) != 0) ||
+		    (tr->rank == 0 && (rv = rli_runfile_write(o)) != 0) ||
 		    (rv = rl_model_open(&tr->m, o->model_dir, tr->ops)) != 0)
 			return rv;
 	}

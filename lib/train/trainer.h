@@ -180,6 +180,11 @@ int rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double
 /* ---- save.c: checkpoints ---- */
 /* Makes --out ready (rank 0): see the comment at its definition. */
 int rli_save_prepare_out(const rl_train_opts *o, int resume_step);
+/* OUT/run.yaml (runfile.c): write o's effective options; on --resume, compare
+ * the algorithm's options with the run's, naming each difference, and refuse
+ * (RL_EINVAL) unless o->allow_change.  A run without run.yaml is a warning. */
+int rli_runfile_write(const rl_train_opts *o);
+int rli_runfile_check(const rl_train_opts *o);
 /* --resume: the data position of trainer_state.json (state, from dir). */
 int rli_save_load_state(trainer *tr, const cJSON *state, const char *dir);
 /* Opens --sync and --weights-group (rank 0); on --resume rewinds rl-sync to

@@ -83,6 +83,29 @@ print(d)' "$@"
 	run -2 --separate-stderr rl-queue stat -w -c 1.5 "$URL"
 }
 
+@test "--train-batch counts groups, as rl-rollout's and rl-train's; the default gate is theirs (8)" {
+	python3 -c 'import json
+for i in range(20): print(json.dumps({"prompt": "p%d" % i}))' > "$D/p20.jsonl"
+	start_broker --train-batch 2
+	rl-queue put -q "$URL" "$D/p20.jsonl"
+	# K = 0, B = 2 groups of 8 samples: two prompts, not the one that 2 samples would allow
+	run -0 --separate-stderr rl-queue get --stage rollout -n 10 --group-size 8 "$URL"
+	[ "${#lines[@]}" -eq 2 ]
+	[ "$(rl-queue stat --json "$URL" | jget train_batch)" = 2 ]
+	[ "$(rl-queue stat --json "$URL" | jget inflight_cap)" = 16 ]
+	kill "$BROKER"; wait "$BROKER" 2>/dev/null || true
+	# no --train-batch: 8 groups (before, 0: no gate, and K = 0 dropped almost every group)
+	start_broker
+	rl-queue put -q "$URL" "$D/p20.jsonl"
+	run -0 --separate-stderr rl-queue get --stage rollout -n 20 --group-size 4 "$URL"
+	[ "${#lines[@]}" -eq 8 ]
+	[ "$(rl-queue stat --json "$URL" | jget train_batch)" = 8 ]
+	# 0 still turns the gate off, with a warning saying what it costs
+	run -2 --separate-stderr rl-queue serve --train-batch -1
+	run -124 --separate-stderr timeout -s INT 1 rl-queue serve --listen "ipc://$D/tb0.sock" --train-batch 0 3>&-
+	[[ "$stderr" == *"warning: serve: --train-batch 0: no admission gate"*"dropped"* ]]
+}
+
 @test "records pass through every stage; puts are idempotent" {
 	start_broker --max-staleness 1 --train-batch 4
 	run --separate-stderr rl-queue put "$URL" "$D/prompts.jsonl"
@@ -92,7 +115,7 @@ print(d)' "$@"
 	assert_success
 	[[ "$stderr" == *"0 accepted, 3 duplicates"* ]]
 	[ "$(rl-queue stat --json "$URL" | jget depth prompt)" = 3 ]
-	# the gate: (K+1) x B = 8 samples, 2 per prompt: all 3 prompts fit
+	# the gate: (K+1) x B = 8 groups: all 3 prompts fit
 	run --separate-stderr rl-queue get --stage rollout -n 5 "$URL"
 	assert_success
 	[ "${#lines[@]}" = 3 ]

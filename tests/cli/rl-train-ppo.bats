@@ -94,7 +94,11 @@ assert j["critic/returns/max"] > 1.0, j["critic/returns/max"]' "${lines[0]}"
 	! cmp -s "$TD/a/step-00000002/value_head.safetensors" "$TD/a/step-00000004/value_head.safetensors" || false
 	# a grpo run cannot be resumed as ppo (no value head state): said with a hint
 	rl-train -q -m "$TD/m0" --out "$TD/g" --batch 2 --lr 1e-3 --max-steps 1 --metrics /dev/null "$TD/scored.jsonl"
-	run -1 --separate-stderr rl-train --out "$TD/g" --algo ppo --batch 2 --resume --metrics /dev/null "$TD/scored.jsonl"
+	run -1 --separate-stderr rl-train --out "$TD/g" --algo ppo --batch 2 --lr 1e-3 --resume --metrics /dev/null "$TD/scored.jsonl"
+	[[ "$stderr" == *"--algo: grpo in the run"*"ppo now"*"hint:"*"--allow-change"* ]]
+	# and with --allow-change, the checkpoint itself has no value head state
+	run -1 --separate-stderr rl-train --out "$TD/g" --algo ppo --batch 2 --lr 1e-3 --resume --allow-change \
+	    --metrics /dev/null "$TD/scored.jsonl"
 	[[ "$stderr" == *"trained with --algo grpo"*"hint:"* ]]
 }
 

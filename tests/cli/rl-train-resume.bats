@@ -76,7 +76,7 @@ open(p, 'w').write(json.dumps(j))" "$TD/gc/step-00000003/trainer_state.json"
 	# a groups_done that is not ranges of decimal ids: refused, naming the file
 	cp -r "$TD/gb" "$TD/gd"
 	sed -i 's/"groups_done":\["0-7"\]/"groups_done":[7]/' "$TD/gd/latest/trainer_state.json"
-	run -1 --separate-stderr rl-train --out "$TD/gd" --batch 1 --resume --metrics /dev/null "$TD/rev.jsonl"
+	run -1 --separate-stderr rl-train --out "$TD/gd" --batch 1 --lr 1e-3 --resume --metrics /dev/null "$TD/rev.jsonl"
 	[[ "$stderr" == *"trainer_state.json': groups_done: element 0: not \"N\" or \"LO-HI\""* ]]
 }
 

@@ -242,10 +242,25 @@ test_gate(void)
 	rl_queue *q;
 	uint64_t lid, plid, ids[256], v;
 
-	/* K = 0, B = 4, groups of 4: one prompt at a time (strictly on-policy) */
+	/* B counts groups, as rl-rollout's --train-batch and rl-train's --batch:
+	 * K = 0, B = 2 admits two prompts whether their groups hold 4 or 8
+	 * samples (counted in samples, B = 2 would not even admit one group) */
+	for (uint32_t gs = 4; gs <= 8; gs += 4) {
+		rl_queue_config_default(&cfg);
+		cfg.max_staleness = 0;
+		cfg.train_batch = 2;
+		T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+		T_EQ_INT(put(q, RL_QSTAGE_PROMPT, mk(1, 5, 0, 0, gs, -1, 0), NULL), 0);
+		T_EQ_INT(lease(q, RL_QSTAGE_PROMPT, 10, 0, &plid, ids), 2);
+		T_EQ_INT(st(q).cap, 2 * gs);
+		T_EQ_INT(lease(q, RL_QSTAGE_PROMPT, 10, 0, &lid, ids), 0);
+		rl_queue_close(q);
+	}
+
+	/* K = 0, B = 1 group of 4: one prompt at a time (strictly on-policy) */
 	rl_queue_config_default(&cfg);
 	cfg.max_staleness = 0;
-	cfg.train_batch = 4;
+	cfg.train_batch = 1;
 	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
 	T_EQ_INT(put(q, RL_QSTAGE_PROMPT, mk(1, 3, 0, 0, 4, -1, 0), NULL), 0);
 	T_EQ_INT(lease(q, RL_QSTAGE_PROMPT, 10, 0, &plid, ids), 1);
