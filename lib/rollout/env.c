@@ -71,6 +71,7 @@ struct rli_env {
 	rli_episode *qhead, *qtail; /* episodes waiting for a process */
 	int pending;          /* episodes not in the engine: queued or resetting */
 	int fails;            /* episodes failed since the last valid answer */
+	uint64_t answers, episodes; /* valid answers, episodes started */
 	int32_t im_end;       /* ChatML framing: the end-of-turn token (-1: plain text) */
 	struct pollfd *pfd;
 	int *pidx;
@@ -217,7 +218,7 @@ ep_emit_failed(gen *g, rli_episode *ep)
 /* Fails ep with a reason; its process (if any) is stopped.  The episode's
  * record goes out now, or at its turn's end while it is being decoded. */
 static int
-ep_fail(gen *g, rli_episode *ep, const char *fmt, ...)
+ep_fail(gen *g, int say_exit, rli_episode *ep, const char *fmt, ...)
 {
 	char msg[600], how[80] = "";
 	va_list ap;
@@ -227,7 +228,8 @@ ep_fail(gen *g, rli_episode *ep, const char *fmt, ...)
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
 	if (pr) {
-		proc_stop(pr, how, sizeof how);
+		/* how it ended, when that is the failure (else it was stopped for it) */
+		proc_stop(pr, say_exit ? how : NULL, sizeof how);
 		pr->ep = NULL;
 		ep->proc = -1;
 	}
@@ -272,8 +274,20 @@ rli_env_start(gen *g, prompt *p, const char *line, size_t len)
 			g->env->qhead = ep;
 		g->env->qtail = ep;
 		g->env->pending++;
+		g->env->episodes++;
 	}
 	return RL_OK;
+}
+
+int
+rli_env_finish(gen *g)
+{
+	if (!g->env || g->env->episodes == 0 || g->env->answers > 0)
+		return RL_OK;
+	rl_error("--env: no environment process ever answered ('%s'): all %llu episodes failed", g->o.env_cmd,
+	    (unsigned long long)g->env->episodes);
+	rl_hint("run the command by hand and send it a reset line (rl-env(5))");
+	return RL_EIO;
 }
 
 int
@@ -318,9 +332,9 @@ on_reset(gen *g, rli_episode *ep, const char *obs, int done)
 	int rv;
 
 	if (done)
-		return ep_fail(g, ep, "the reset's answer has \"done\": true: an episode needs a model turn");
+		return ep_fail(g, 0, ep, "the reset's answer has \"done\": true: an episode needs a model turn");
 	if (g->env->im_end >= 0 && obs[0])
-		return ep_fail(g, ep, "the reset's observation must be \"\" with ChatML framing (the prompt "
+		return ep_fail(g, 0, ep, "the reset's observation must be \"\" with ChatML framing (the prompt "
 		    "line holds the conversation)");
 	if (!(ids.ids = rl_try_malloc(sizeof(int32_t) * (size_t)(p->nids + 1), "episode prompt")))
 		return RL_ENOMEM;
@@ -332,7 +346,7 @@ on_reset(gen *g, rli_episode *ep, const char *obs, int done)
 	rv = rl_engine_submit_episode(g->e, ids.ids, (int)ids.n, p->nids, ep->index,
 	    rl_rng_u64(g->o.seed, p->line), ep);
 	if (rv == RL_ETOOBIG || rv == RL_EINVAL) {
-		rv = ep_fail(g, ep, "the prompt and first observation (%zu tokens) leave no room for the model",
+		rv = ep_fail(g, 0, ep, "the prompt and first observation (%zu tokens) leave no room for the model",
 		    ids.n);
 		goto out;
 	}
@@ -399,7 +413,7 @@ on_line(gen *g, eproc *pr, char *line, size_t n)
 		char how[80] = "";
 		rl_warn("--env: an environment process wrote a line nobody asked for: '%.80s'; it is restarted", line);
 		if (ep)
-			return ep_fail(g, ep, "the environment wrote a line nobody asked for: '%.80s'", line);
+			return ep_fail(g, 0, ep, "the environment wrote a line nobody asked for: '%.80s'", line);
 		proc_stop(pr, how, sizeof how);
 		return RL_OK;
 	}
@@ -407,11 +421,11 @@ on_line(gen *g, eproc *pr, char *line, size_t n)
 	j = cJSON_ParseWithLength(line, n);
 	if (!j || !cJSON_IsObject(j)) {
 		cJSON_Delete(j);
-		return ep_fail(g, ep, "protocol error: the answer to %s is not a JSON object: '%.80s'",
+		return ep_fail(g, 0, ep, "protocol error: the answer to %s is not a JSON object: '%.80s'",
 		    ep->state == EP_RESET ? "reset" : "step", line);
 	}
 	if ((err = cJSON_GetObjectItemCaseSensitive(j, "error"))) {
-		rv = ep_fail(g, ep, "the environment answered %s with an error: %.300s",
+		rv = ep_fail(g, 0, ep, "the environment answered %s with an error: %.300s",
 		    ep->state == EP_RESET ? "reset" : "step", cJSON_IsString(err) ? err->valuestring : "(not a string)");
 		goto out;
 	}
@@ -425,15 +439,16 @@ on_line(gen *g, eproc *pr, char *line, size_t n)
 		    "\"observation\" is not a string" : !done ? "missing field \"done\"" : !cJSON_IsBool(done) ?
 		    "\"done\" is not true or false" : rew && !cJSON_IsNumber(rew) ? "\"reward\" is not a number" :
 		    "\"role\" is not a string";
-		rv = ep_fail(g, ep, "protocol error: the answer to %s: %s: '%.80s'",
+		rv = ep_fail(g, 0, ep, "protocol error: the answer to %s: %s: '%.80s'",
 		    ep->state == EP_RESET ? "reset" : "step", what, line);
 		goto out;
 	}
 	if (role && strcmp(role->valuestring, "user") && strcmp(role->valuestring, "tool")) {
-		rv = ep_fail(g, ep, "protocol error: \"role\" is \"%.40s\", not \"user\" or \"tool\"", role->valuestring);
+		rv = ep_fail(g, 0, ep, "protocol error: \"role\" is \"%.40s\", not \"user\" or \"tool\"", role->valuestring);
 		goto out;
 	}
 	g->env->fails = 0;
+	g->env->answers++;
 	if (ep->state == EP_RESET)
 		rv = on_reset(g, ep, obs->valuestring, cJSON_IsTrue(done));
 	else
@@ -466,7 +481,7 @@ proc_read(gen *g, eproc *pr)
 			rli_episode *ep = pr->ep;
 			char how[80] = "";
 			if (ep)
-				return ep_fail(g, ep, "the environment process closed its output");
+				return ep_fail(g, 1, ep, "the environment process closed its output");
 			proc_stop(pr, how, sizeof how);
 			return RL_OK;
 		}
@@ -493,7 +508,7 @@ proc_read(gen *g, eproc *pr)
 	}
 flood:
 	if (pr->ep)
-		return ep_fail(g, pr->ep, "the environment wrote a line of more than %zu bytes", RLI_ENV_MAX_LINE);
+		return ep_fail(g, 0, pr->ep, "the environment wrote a line of more than %zu bytes", RLI_ENV_MAX_LINE);
 	proc_stop(pr, NULL, 0);
 	return RL_OK;
 }
@@ -636,7 +651,7 @@ rli_env_poll(gen *g, int timeout_ms)
 				if (pr->woff == pr->wn)
 					pr->woff = pr->wn = 0;
 			} else if (w < 0 && errno != EAGAIN && errno != EINTR && pr->ep) {
-				if ((rv = ep_fail(g, pr->ep, "cannot write to the environment: %s", strerror(errno))) != 0)
+				if ((rv = ep_fail(g, 0, pr->ep, "cannot write to the environment: %s", strerror(errno))) != 0)
 					return rv;
 			}
 		} else if ((rv = proc_read(g, pr)) != 0) {
@@ -647,7 +662,7 @@ rli_env_poll(gen *g, int timeout_ms)
 	for (int i = 0; i < v->np; i++) {
 		eproc *pr = &v->pr[i];
 		if (pr->pid > 0 && pr->ep && pr->deadline > 0 && now > pr->deadline &&
-		    (rv = ep_fail(g, pr->ep, "no answer in %g s (--env-timeout)", g->o.env_timeout)) != 0)
+		    (rv = ep_fail(g, 0, pr->ep, "no answer in %g s (--env-timeout)", g->o.env_timeout)) != 0)
 			return rv;
 	}
 	if (v->fails >= 2 * v->np) {

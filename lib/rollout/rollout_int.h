@@ -120,7 +120,8 @@ typedef struct rli_episode rli_episode;
 int rli_env_open(gen *g);
 void rli_env_close(gen *g);
 int rli_env_start(gen *g, prompt *p, const char *line, size_t len);  /* o.n episodes of p */
-int rli_env_pending(const gen *g);     /* episodes not in the engine yet */
+int rli_env_pending(const gen *g);
+int rli_env_finish(gen *g);          /* at the end: RL_EIO when no environment ever answered */     /* episodes not in the engine yet */
 int rli_env_poll(gen *g, int timeout_ms);
 int rli_env_turn(void *ctx, const rl_gen_sample *s);
 prompt *rli_env_prompt(void *user);

@@ -149,6 +149,12 @@ progress(gen *g, int end)
 		if (g->o.resume_dir && !g->o.quiet)
 			rl_info("%llu prompts not generated: their groups were done in '%s'",
 			    (unsigned long long)g->skipped, g->resume_path);
+		if (g->e) {
+			const rl_engine_stats *st = rl_engine_stats_get(g->e);
+			rl_verbose("tokens: %llu prefilled, %llu sampled, %llu inserted by environments (fed by decode steps)",
+			    (unsigned long long)st->prefill_tokens, (unsigned long long)st->gen_tokens,
+			    (unsigned long long)st->fed_tokens);
+		}
 		rl_verbose("time: decoding %.2f s, new weights %.2f s (%d loaded), waiting for weights %.2f s, "
 		    "leases %.2f s, puts %.2f s, output %.2f s, other %.2f s", g->t_engine, g->t_weights, g->nloads,
 		    g->t_wait, g->t_lease, g->t_put, g->t_write,
@@ -279,6 +285,8 @@ rli_run_generate(gen *g)
 	rv = rl_traj_writer_flush(g->w);
 	if (rv == RL_OK)
 		rv = fail;
+	if (rv == RL_OK)
+		rv = rli_env_finish(g);
 out:
 	progress(g, 1);
 	free(line);
