@@ -163,3 +163,34 @@ for l in sys.stdin:
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" --env "$ENV" --env-framing xml "$TD/p.jsonl"
 	[[ "$stderr" == *"--env-framing: want auto, plain or chatml, not 'xml'"* ]]
 }
+
+@test "the binary stream and rl-queue cat carry the episode fields" {
+	rl-rollout -q -m "$TD/m0" --max-tokens 3 --jsonl --env "$ENV" "$TD/p.jsonl" > "$TD/j.jsonl"
+	rl-rollout -q -m "$TD/m0" --max-tokens 3 -o "$TD/b.rlt" --env "$ENV" "$TD/p.jsonl"
+	run -0 --separate-stderr rl-queue cat --jsonl "$TD/b.rlt"
+	printf '%s\n' "${lines[@]}" > "$TD/b.jsonl"
+	# the same seed: the same episodes, whichever form they were written in
+	python3 - "$TD/j.jsonl" "$TD/b.jsonl" <<'PY'
+import json, sys
+key = lambda r: (r["prompt_text"], r["index"])  # episodes end in any order
+a = sorted((json.loads(l) for l in open(sys.argv[1])), key=key)
+b = sorted((json.loads(l) for l in open(sys.argv[2])), key=key)
+assert len(a) == len(b) == 3
+for x, y in zip(a, b):
+    for k in ("response", "loss_mask", "turns", "turn_versions", "turn_rewards", "logprobs"):
+        assert x[k] == y[k], k
+PY
+}
+
+@test "pipelines/agent: the calculator environments in Python and shell run episodes" {
+	python3 "$BATS_TEST_DIRNAME/../../pipelines/agent/make_prompts.py" 3 > "$TD/calc.jsonl"
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" --chat --chat-template chatml --max-tokens 8 --max-turns 2 \
+	    --jsonl --env "/usr/bin/python3 $BATS_TEST_DIRNAME/../../pipelines/agent/calc_env.py" "$TD/calc.jsonl"
+	[ "${#lines[@]}" -eq 3 ]
+	[[ "${lines[0]}" == *'"turn_rewards":['* ]] && [[ "${lines[0]}" != *env_error* ]]
+	command -v jq >/dev/null || skip "jq is not installed"
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 8 --max-turns 2 --jsonl \
+	    --env "sh $BATS_TEST_DIRNAME/../../pipelines/agent/calc_env.sh" "$TD/calc.jsonl"
+	[ "${#lines[@]}" -eq 3 ]
+	[[ "${lines[2]}" == *'"reward":0'* ]] && [[ "${lines[2]}" != *env_error* ]]
+}
