@@ -194,3 +194,10 @@ PY
 	[ "${#lines[@]}" -eq 3 ]
 	[[ "${lines[2]}" == *'"reward":0'* ]] && [[ "${lines[2]}" != *env_error* ]]
 }
+
+@test "the pipe wiring: rl-rollout --env | rl-train trains on the episodes" {
+	rl-rollout -q -m "$TD/m0" -n 2 --max-tokens 3 --env "$ENV" "$TD/p.jsonl" | \
+	    rl-train -q -m "$TD/m0" --out "$TD/ck" --batch 3 --metrics "$TD/metrics.jsonl" -
+	[ -d "$TD/ck/step-00000001" ]
+	[[ "$(head -1 "$TD/metrics.jsonl")" == *'"train/sequences":6'* ]]
+}
