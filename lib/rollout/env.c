@@ -192,6 +192,11 @@ proc_send(gen *g, eproc *pr, const char *msg, size_t n)
 	memcpy(pr->wb + pr->wn, msg, n);
 	pr->wn += n;
 	pr->deadline = rl_now() + (g->o.env_timeout > 0 ? g->o.env_timeout : 1e9);
+	/* written now when the pipe takes it (the usual case): the environment starts
+	 * on it while the engine steps; the rest waits for poll's POLLOUT */
+	ssize_t w = write(pr->wfd, pr->wb + pr->woff, pr->wn - pr->woff);
+	if (w > 0 && (pr->woff += (size_t)w) == pr->wn)
+		pr->woff = pr->wn = 0;
 	return RL_OK;
 }
 
