@@ -91,6 +91,16 @@ ep_free(rli_episode *ep)
 	free(ep);
 }
 
+/* An episode that never reaches the engine (a run that stopped early): its
+ * prompt goes with its last such episode. */
+static void
+ep_drop(rli_episode *ep)
+{
+	if (--ep->p->remaining == 0)
+		rli_prompt_free(ep->p);
+	ep_free(ep);
+}
+
 prompt *
 rli_env_prompt(void *user)
 {
@@ -719,13 +729,16 @@ rli_env_close(gen *g)
 	if (!v)
 		return;
 	for (int i = 0; v->pr && i < v->np; i++) {
+		/* a run that stopped early: an episode being reset is in no engine request */
+		if (v->pr[i].ep && v->pr[i].ep->state == EP_RESET)
+			ep_drop(v->pr[i].ep);
 		proc_stop(&v->pr[i], NULL, 0);
 		free(v->pr[i].rb);
 		free(v->pr[i].wb);
 	}
 	for (rli_episode *ep = v->qhead, *nx; ep; ep = nx) {
 		nx = ep->next;
-		ep_free(ep);
+		ep_drop(ep);
 	}
 	free(v->pr);
 	free(v->pfd);
