@@ -77,7 +77,8 @@ static const char usage_text[] =
     "                          plain or chatml\n"
     "      --max-turns N       model turns per episode at most (default 0: no limit)\n"
     "      --max-episode-tokens N  tokens after the prompt per episode, the environment's included\n"
-    "                          (default: the model's context); --max-tokens limits each model turn\n"
+    "                          (default: the model's context, at most 1024); --max-tokens limits\n"
+    "                          each model turn\n"
     "  -q, --quiet, -v, --verbose, -h, --help\n";
 
 enum {

@@ -355,6 +355,12 @@ rl_engine_submit_episode(rl_engine *e, const int32_t *prompt, int plen, int resp
 		    plen - resp_from, resp_from, limit);
 		return RL_ETOOBIG;
 	}
+	if (plen < e->m->cfg.max_pos && group_reserve(e, plen, 1, limit - (plen - resp_from)) > e->kv->nblk) {
+		rl_error("the KV cache (%d blocks of %d tokens) cannot hold an episode of %d tokens after a "
+		    "%d-token prompt", e->kv->nblk, e->kv->BS, limit, resp_from);
+		rl_hint("raise --kv-mem or lower --max-episode-tokens");
+		return RL_ETOOBIG;
+	}
 	if ((rv = submit(e, prompt, plen, 1, 0, limit - (plen - resp_from), seed, user, &r)) != 0)
 		return rv;
 	r->resp_from = resp_from;
@@ -362,6 +368,13 @@ rl_engine_submit_episode(rl_engine *e, const int32_t *prompt, int plen, int resp
 	r->episode = 1;
 	enqueue(e, r);
 	return RL_OK;
+}
+
+int
+rl_engine_episode_fits(const rl_engine *e, int plen)
+{
+	int limit = e->o.max_episode > 0 ? e->o.max_episode : e->o.max_new;
+	return plen < e->m->cfg.max_pos && group_reserve(e, plen, 1, limit) <= e->kv->nblk;
 }
 
 void

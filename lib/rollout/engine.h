@@ -120,6 +120,8 @@ int rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx);
  * rl_engine_end finishes it.  Errors as rl_engine_submit. */
 int rl_engine_submit_episode(rl_engine *e, const int32_t *prompt, int plen, int resp_from, int index,
     uint64_t seed, void *user);
+/* 1 when the cache can hold an episode after a plen-token prompt, else 0. */
+int rl_engine_episode_fits(const rl_engine *e, int plen);
 /* The turn callback (called from rl_engine_step; a non-zero return stops it and is returned). */
 void rl_engine_set_turn(rl_engine *e, rl_gen_done_fn turn, void *ctx);
 /* Appends ids (n >= 0, loss mask 0, log-prob 0) to the waiting sequence of

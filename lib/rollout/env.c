@@ -361,8 +361,8 @@ on_reset(gen *g, rli_episode *ep, const char *obs, int done)
 	rv = rl_engine_submit_episode(g->e, ids.ids, (int)ids.n, p->nids, ep->index,
 	    rl_rng_u64(g->o.seed, p->line), ep);
 	if (rv == RL_ETOOBIG || rv == RL_EINVAL) {
-		rv = ep_fail(g, 0, ep, "the prompt and first observation (%zu tokens) leave no room for the model",
-		    ids.n);
+		rv = ep_fail(g, 0, ep, "the prompt and first observation (%zu tokens) cannot be generated for "
+		    "(see the error above)", ids.n);
 		goto out;
 	}
 	if (rv != RL_OK)
@@ -716,6 +716,12 @@ rli_env_open(gen *g)
 			rl_error("--env-framing chatml: the tokenizer has no <|im_start|> and <|im_end|> tokens");
 			return RL_EINVAL;
 		}
+	}
+	if (!rl_engine_episode_fits(g->e, 1)) {
+		rl_error("--env: the KV cache (--kv-mem) cannot hold one episode of %d tokens "
+		    "(--max-episode-tokens)", g->o.go.max_episode);
+		rl_hint("raise --kv-mem or lower --max-episode-tokens");
+		return RL_EINVAL;
 	}
 	rl_engine_set_turn(g->e, rli_env_turn, g);
 	return RL_OK;

@@ -226,8 +226,10 @@ rollout(const rl_rollout_opts *opts, int score)
 		rv = rli_run_score(g);
 		goto out;
 	}
+	/* an episode reserves cache for all of it at admission: a default of the whole
+	 * context (32k for many models) would let few episodes run at once */
 	if (g->o.env_cmd && g->o.go.max_episode <= 0)
-		g->o.go.max_episode = g->m->cfg.max_pos;
+		g->o.go.max_episode = RL_MIN(g->m->cfg.max_pos, 1024);
 	if ((rv = rl_engine_create(&g->e, g->m, g->tok, &g->o.go)) != 0 || (rv = open_weights(g)) != 0)
 		goto out;
 	if (g->o.env_cmd && (rv = rli_env_open(g)) != 0)

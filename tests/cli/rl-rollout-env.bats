@@ -153,13 +153,15 @@ for l in sys.stdin:
 	[[ "$stderr" == *"no environment process ever answered"* ]]
 }
 
-@test "refused: --env with --queue, --score or --greedy-baseline; --max-turns without --env" {
+@test "refused: --env with --queue, --score or --greedy-baseline; --max-turns without --env; a cache too small for an episode" {
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" --env "$ENV" --queue tcp://127.0.0.1:1 
 	[[ "$stderr" == *"--env runs episodes in pipe mode"*"--queue"* ]]
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" --env "$ENV" --greedy-baseline "$TD/p.jsonl"
 	[[ "$stderr" == *"--greedy-baseline"* ]]
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" --max-turns 3 "$TD/p.jsonl"
 	[[ "$stderr" == *"need --env CMD"* ]]
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --env "$ENV" --kv-mem 8K "$TD/p.jsonl"
+	[[ "$stderr" == *"--env: the KV cache (--kv-mem) cannot hold one episode of 256 tokens (--max-episode-tokens)"* ]]
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" --env "$ENV" --env-framing xml "$TD/p.jsonl"
 	[[ "$stderr" == *"--env-framing: want auto, plain or chatml, not 'xml'"* ]]
 }
