@@ -20,6 +20,8 @@ typedef struct req {
 	int resp_from;    /* multi-turn: prompt[resp_from..plen) opens the response (else plen) */
 	int first_index;  /* multi-turn: the sample's index in its group */
 	int episode;      /* a multi-turn request */
+	const char *const *xstop; /* multi-turn: the episode's own stop strings (borrowed) */
+	int nxstop;
 	uint64_t seed;
 	void *user;
 	struct req *next;
@@ -345,7 +347,7 @@ rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greed
  * no running one runs out of them. */
 int
 rl_engine_submit_episode(rl_engine *e, const int32_t *prompt, int plen, int resp_from, int index,
-    uint64_t seed, void *user)
+    uint64_t seed, const char *const *stop, int nstop, void *user)
 {
 	req *r;
 	int rv, limit = e->o.max_episode > 0 ? e->o.max_episode : e->o.max_new;
@@ -354,6 +356,10 @@ rl_engine_submit_episode(rl_engine *e, const int32_t *prompt, int plen, int resp
 		rl_error("episode: %d inserted tokens after a %d-token prompt leave no room in %d tokens",
 		    plen - resp_from, resp_from, limit);
 		return RL_ETOOBIG;
+	}
+	if (nstop > 0 && !e->tok) {
+		rl_error("stop strings need the model's tokenizer");
+		return RL_EINVAL;
 	}
 	if (plen < e->m->cfg.max_pos && group_reserve(e, plen, 1, limit - (plen - resp_from)) > e->kv->nblk) {
 		rl_error("the KV cache (%d blocks of %d tokens) cannot hold an episode of %d tokens after a "
@@ -366,6 +372,8 @@ rl_engine_submit_episode(rl_engine *e, const int32_t *prompt, int plen, int resp
 	r->resp_from = resp_from;
 	r->first_index = index;
 	r->episode = 1;
+	r->xstop = stop;
+	r->nxstop = nstop;
 	enqueue(e, r);
 	return RL_OK;
 }
@@ -485,7 +493,7 @@ append(rl_engine *e, seq *q, int32_t t, float lp)
 	q->ver_last = e->version;
 	if (stop_tok)
 		return stop_tok;
-	if (e->o.nstop > 0) {
+	if (e->o.nstop > 0 || q->r->nxstop > 0) {
 		size_t bl = 0;
 		/* stop strings are looked for in the text, where special tokens do not show */
 		const char *b = rl_tokenizer_is_special(e->tok, t) ? NULL : rl_tokenizer_token(e->tok, t, &bl);
@@ -502,10 +510,14 @@ append(rl_engine *e, seq *q, int32_t t, float lp)
 			q->tlen += bl;
 			q->text[q->tlen] = 0;
 			/* a stop string can only end inside the bytes just added */
-			size_t from = q->tlen > bl + e->maxstop ? q->tlen - bl - e->maxstop : 0;
-			for (int i = 0; i < e->o.nstop; i++) {
-				size_t sl = strlen(e->o.stop[i]);
-				if (sl && memmem(q->text + from, q->tlen - from, e->o.stop[i], sl))
+			size_t ms = e->maxstop;
+			for (int i = 0; i < q->r->nxstop; i++)
+				ms = RL_MAX(ms, strlen(q->r->xstop[i]));
+			size_t from = q->tlen > bl + ms ? q->tlen - bl - ms : 0;
+			for (int i = 0; i < e->o.nstop + q->r->nxstop; i++) {
+				const char *st = i < e->o.nstop ? e->o.stop[i] : q->r->xstop[i - e->o.nstop];
+				size_t sl = strlen(st);
+				if (sl && memmem(q->text + from, q->tlen - from, st, sl))
 					return RL_FINISH_STOP;
 			}
 		}

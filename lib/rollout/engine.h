@@ -117,9 +117,11 @@ int rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx);
  * (EOS, a stop, max_new, no room) does not finish the sample: the turn
  * callback (rl_engine_set_turn) gets it, and the sequence waits, keeping its
  * slot and KV cache, until rl_engine_feed appends the next observation or
- * rl_engine_end finishes it.  Errors as rl_engine_submit. */
+ * rl_engine_end finishes it.  stop: nstop more stop strings of this episode's
+ * turns (borrowed until it finishes; need the tokenizer).  Errors as
+ * rl_engine_submit. */
 int rl_engine_submit_episode(rl_engine *e, const int32_t *prompt, int plen, int resp_from, int index,
-    uint64_t seed, void *user);
+    uint64_t seed, const char *const *stop, int nstop, void *user);
 /* 1 when the cache can hold an episode after a plen-token prompt, else 0. */
 int rl_engine_episode_fits(const rl_engine *e, int plen);
 /* The turn callback (called from rl_engine_step; a non-zero return stops it and is returned). */

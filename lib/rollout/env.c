@@ -18,7 +18,7 @@
  * in between (twice the pool), the run stops.
  *
  * Leaves out: messages in chat mode (reset's "messages", step's "tool_calls"),
- * stop strings given by the environment, the queue wiring.
+ * the queue wiring.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,6 +37,7 @@
 #include "rollout/rollout_int.h"
 
 #define RLI_ENV_MAX_LINE ((size_t)1 << 20)
+#define RLI_ENV_MAX_STOPS 16
 
 enum { EP_QUEUED, EP_RESET, EP_RUN, EP_STEP };
 
@@ -51,6 +52,8 @@ struct rli_episode {
 	float *trew;          /* (nturn) the environment's reward after each turn (0: none given) */
 	int nturn, cap, nreward, full, last_finish, last_tok;
 	char *error;          /* why the episode failed (NULL: it did not) */
+	char *stop[RLI_ENV_MAX_STOPS]; /* the reset answer's stop strings */
+	int nstop;
 	struct rli_episode *next;
 };
 
@@ -88,6 +91,8 @@ ep_free(rli_episode *ep)
 	free(ep->tver);
 	free(ep->trew);
 	free(ep->error);
+	for (int i = 0; i < ep->nstop; i++)
+		free(ep->stop[i]);
 	free(ep);
 }
 
@@ -359,7 +364,7 @@ on_reset(gen *g, rli_episode *ep, const char *obs, int done)
 	if (obs[0] && (rv = rl_tokenizer_encode(&ids, g->tok, obs, strlen(obs), 0)) != 0)
 		goto out;
 	rv = rl_engine_submit_episode(g->e, ids.ids, (int)ids.n, p->nids, ep->index,
-	    rl_rng_u64(g->o.seed, p->line), ep);
+	    rl_rng_u64(g->o.seed, p->line), (const char *const *)ep->stop, ep->nstop, ep);
 	if (rv == RL_ETOOBIG || rv == RL_EINVAL) {
 		rv = ep_fail(g, 0, ep, "the prompt and first observation (%zu tokens) cannot be generated for "
 		    "(see the error above)", ids.n);
@@ -461,6 +466,23 @@ on_line(gen *g, eproc *pr, char *line, size_t n)
 	if (role && strcmp(role->valuestring, "user") && strcmp(role->valuestring, "tool")) {
 		rv = ep_fail(g, 0, ep, "protocol error: \"role\" is \"%.40s\", not \"user\" or \"tool\"", role->valuestring);
 		goto out;
+	}
+	const cJSON *stop = ep->state == EP_RESET ? cJSON_GetObjectItemCaseSensitive(j, "stop") : NULL, *it;
+	if (stop) {
+		/* the episode's own stop strings: an array of non-empty strings */
+		int bad = !cJSON_IsArray(stop) || cJSON_GetArraySize(stop) > RLI_ENV_MAX_STOPS;
+		cJSON_ArrayForEach(it, stop)
+			bad |= !cJSON_IsString(it) || !it->valuestring[0] || strlen(it->valuestring) > 256;
+		if (bad) {
+			rv = ep_fail(g, 0, ep, "protocol error: the answer to reset: \"stop\" is not an array of at most "
+			    "%d strings of 1 to 256 bytes", RLI_ENV_MAX_STOPS);
+			goto out;
+		}
+		cJSON_ArrayForEach(it, stop)
+			if (!(ep->stop[ep->nstop++] = strdup(it->valuestring))) {
+				rv = RL_ENOMEM;
+				goto out;
+			}
 	}
 	g->env->fails = 0;
 	g->env->answers++;

@@ -10,6 +10,7 @@
 #   extra:    answers the reset with two lines
 #   error:    answers the first step with {"error": "unknown op frobnicate"}
 #   nofield:  answers the first step without "done"
+# A line's "stop" is passed on in the reset's answer.
 # With RL_ENV_PIDS set, appends its pid to that file when it starts.
 import json, os, sys, time
 
@@ -24,7 +25,10 @@ for line in sys.stdin:
     m = json.loads(line)
     if m["op"] == "reset":
         eps[m["id"]] = [m["line"].get("mode", "ok"), 0, m["line"].get("turns", 3)]
-        first = json.dumps({"observation": m["line"].get("first", "<"), "done": False}) + "\n"
+        ans = {"observation": m["line"].get("first", "<"), "done": False}
+        if "stop" in m["line"]:  # the episode's own stop strings
+            ans["stop"] = m["line"]["stop"]
+        first = json.dumps(ans) + "\n"
         if eps[m["id"]][0] == "extra":  # both lines in one write: they arrive together
             first += json.dumps({"observation": "again", "done": False}) + "\n"
         sys.stdout.write(first)

@@ -203,3 +203,29 @@ PY
 	[ -d "$TD/ck/step-00000001" ]
 	[[ "$(head -1 "$TD/metrics.jsonl")" == *'"train/sequences":6'* ]]
 }
+
+@test "stop strings given by the environment end that episode's turns" {
+	echo '{"prompt":"q"}' > "$TD/q.jsonl"
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" --seed 3 --max-tokens 12 --max-turns 1 --jsonl \
+	    --env "$ENV" "$TD/q.jsonl"
+	# a printable ASCII token of the turn, past its first: the stop string (the same seed
+	# gives the same tokens up to it)
+	stop=$(printf '%s\n' "${lines[0]}" | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+t = r["response"][r["turns"][0]:r["turns"][1]]
+c = [i for i in range(1, len(t)) if 33 <= t[i] < 127 and chr(t[i]) not in "\\\"" and t[i] not in t[:i]]
+print("%d %s" % (c[0] + 1, chr(t[c[0]])) if c else "")')
+	[ -n "$stop" ] || skip "no printable token in the turn of this model"
+	printf '{"prompt":"q","stop":["%s"]}\n' "${stop#* }" > "$TD/qs.jsonl"
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" --seed 3 --max-tokens 12 --max-turns 1 --jsonl \
+	    --env "$ENV" "$TD/qs.jsonl"
+	printf '%s\n' "${lines[0]}" | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+assert r["turns"][1] - r["turns"][0] == int(sys.argv[1]), (r["turns"], sys.argv[1])' "${stop% *}"
+	echo '{"prompt":"q","stop":"x"}' > "$TD/qb.jsonl"
+	# its only episode failed: no environment ever answered validly, the run fails
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --max-tokens 4 --jsonl --env "$ENV" "$TD/qb.jsonl"
+	[[ "${lines[0]}" == *'"env_error":"protocol error: the answer to reset: \"stop\" is not an array'* ]]
+}

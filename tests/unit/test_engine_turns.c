@@ -90,7 +90,7 @@ main(void)
 	T_EQ_INT(rl_engine_create(&e, m, NULL, &go), RL_OK);
 	rl_engine_set_turn(e, on_turn, &x);
 	/* user 1: prompt pa[0..5) and a 2-token first observation; user 2: single-turn */
-	T_EQ_INT(rl_engine_submit_episode(e, pa, 7, 5, 1, 3, (void *)1), RL_OK);
+	T_EQ_INT(rl_engine_submit_episode(e, pa, 7, 5, 1, 3, NULL, 0, (void *)1), RL_OK);
 	T_EQ_INT(rl_engine_submit(e, pb, 3, 1, 0, 4, 5, (void *)2), RL_OK);
 	T_EQ_INT(rl_engine_feed(e, 0, obs, 3), RL_EINVAL);  /* nothing waits yet */
 	for (int guard = 0; (rl_engine_active(e) || rl_engine_waiting(e)) && guard < 1000; guard++) {
