@@ -70,6 +70,16 @@ static const char usage_text[] =
     "      --idle-exit S       queue mode: exit after S seconds without work (default: run until signalled)\n"
     "      --broker-timeout S  queue mode: exit 1 after S seconds without a reply from the broker\n"
     "                          (default 300; 0 never)\n"
+    "      --env CMD           multi-turn episodes: a pool of environment processes (sh -c CMD)\n"
+    "                          speaking rl-env(5); one episode per sample\n"
+    "      --env-procs N       environment processes (default: --slots)\n"
+    "      --env-timeout S     an environment's answer may take S seconds (default 60; 0 no limit)\n"
+    "      --env-framing F     observations as plain text or ChatML turns: auto (chatml with --chat),\n"
+    "                          plain or chatml\n"
+    "      --max-turns N       model turns per episode at most (default 0: no limit)\n"
+    "      --max-episode-tokens N  tokens after the prompt per episode, the environment's included\n"
+    "                          (default: the model's context, at most 1024); --max-tokens limits\n"
+    "                          each model turn\n"
     "      --config FILE       options from a YAML file (keys: long options; the command line wins)\n"
     "      --version           print the program version and exit\n"
     "  -q, --quiet, -v, --verbose, -h, --help\n";
@@ -78,7 +88,7 @@ enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
 	O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE, O_WGBACK, O_DSTEPS, O_RESUME,
-	O_NOTHINK, O_BTIMEOUT
+	O_NOTHINK, O_BTIMEOUT, O_ENV, O_ENVPROCS, O_ENVTIMEOUT, O_ENVFRAME, O_MAXTURNS, O_MAXEP
 };
 
 static const struct option longopts[] = {
@@ -102,6 +112,9 @@ static const struct option longopts[] = {
 	{ "weights-group", required_argument, 0, O_WGROUP }, { "weights-group-rank", required_argument, 0, O_WGRANK },
 	{ "weights-group-size", required_argument, 0, O_WGSIZE },
 	{ "weights-group-backend", required_argument, 0, O_WGBACK },
+	{ "env", required_argument, 0, O_ENV }, { "env-procs", required_argument, 0, O_ENVPROCS },
+	{ "env-timeout", required_argument, 0, O_ENVTIMEOUT }, { "env-framing", required_argument, 0, O_ENVFRAME },
+	{ "max-turns", required_argument, 0, O_MAXTURNS }, { "max-episode-tokens", required_argument, 0, O_MAXEP },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -127,6 +140,11 @@ check_opts(const rl_rollout_opts *o)
 	if (o->wgo.addr && (o->weights_from || o->sync_url))
 		return rl_cli_usage("--weights-group is a third way to get weights: choose one of it, "
 		    "--weights-from and --sync");
+	if (!o->env_cmd && (o->env_procs || o->max_turns || o->go.max_episode || o->env_framing))
+		return rl_cli_usage("--env-procs, --env-framing, --max-turns and --max-episode-tokens need --env CMD");
+	if (o->env_cmd && (o->queue_url || o->score_field || o->greedy))
+		return rl_cli_usage("--env runs episodes in pipe mode (prompt lines in, records out): not with %s",
+		    o->queue_url ? "--queue" : o->score_field ? "--score" : "--greedy-baseline");
 	if (o->sync_transport && !o->sync_url)
 		return rl_cli_usage("--sync-transport needs --sync URL");
 	if (o->weights_from && o->sync_url)
@@ -218,6 +236,21 @@ parse_opt(rl_rollout_opts *o, int c, const char *a, int *verbosity)
 	case O_STRANS:
 		if (rl_wsync_transport_parse(a, &o->sync_transport) != 0)
 			return rl_cli_usage("--sync-transport: want auto, shm, stream, nng or file, not '%s'", a);
+		break;
+	case O_ENV: o->env_cmd = a; break;
+	case O_ENVPROCS: rv = rl_cli_int32(c, a, 1, 4096, &o->env_procs); break;
+	case O_ENVTIMEOUT: rv = rl_cli_double(c, a, 0, 1e9, &o->env_timeout); break;
+	case O_MAXTURNS: rv = rl_cli_int32(c, a, 0, 1000000000, &o->max_turns); break;
+	case O_MAXEP: rv = rl_cli_int32(c, a, 1, 1000000000, &o->go.max_episode); break;
+	case O_ENVFRAME:
+		if (strcmp(a, "auto") == 0)
+			o->env_framing = RL_ENV_FRAME_AUTO;
+		else if (strcmp(a, "plain") == 0)
+			o->env_framing = RL_ENV_FRAME_PLAIN;
+		else if (strcmp(a, "chatml") == 0)
+			o->env_framing = RL_ENV_FRAME_CHATML;
+		else
+			return rl_cli_usage("--env-framing: want auto, plain or chatml, not '%s'", a);
 		break;
 	case 'q': *verbosity = RL_LOG_QUIET; o->quiet = 1; break;
 	case 'v': (*verbosity)++; break;

@@ -17,6 +17,11 @@
 typedef struct req {
 	int32_t *prompt;
 	int plen, n, greedy, running, reserve, max_new;
+	int resp_from;    /* multi-turn: prompt[resp_from..plen) opens the response (else plen) */
+	int first_index;  /* multi-turn: the sample's index in its group */
+	int episode;      /* a multi-turn request */
+	const char *const *xstop; /* multi-turn: the episode's own stop strings (borrowed) */
+	int nxstop;
 	uint64_t seed;
 	void *user;
 	struct req *next;
@@ -27,9 +32,14 @@ typedef struct seq {
 	req *r;
 	int index, greedy;
 	rl_kvseq kv;
-	int32_t *tok;     /* (max_new) */
-	float *logp;      /* (max_new) */
+	int32_t *tok;     /* (cap) */
+	float *logp;      /* (cap) */
+	uint8_t *mask;    /* (cap) multi-turn: 1 sampled, 0 inserted */
 	int n, max_n;
+	int base;         /* tokens in the cache before tok[0] */
+	int fed;          /* tok[0 .. fed) are in the cache; fed < n - 1: inserted tokens still to feed */
+	int waiting;      /* multi-turn: the turn ended, waiting for rl_engine_feed / rl_engine_end */
+	int turn_start, turn_ver;
 	uint64_t seed;
 	int ver_first, ver_last;
 	double t_start;
@@ -66,6 +76,9 @@ struct rl_engine {
 	rl_kvseq **bseq;        /* (slots) */
 	int *bidx;              /* (slots) slot index of batch row */
 	rl_engine_stats st;
+	rl_gen_done_fn turn;    /* multi-turn: the turn callback */
+	void *turn_ctx;
+	int cap;                /* response tokens a slot holds: max(max_new, max_episode) */
 };
 
 static const char *const finish_names[] = { "", "eos", "stop", "length", "abort" };
@@ -120,11 +133,13 @@ rl_engine_create(rl_engine **out, rl_model *m, rl_tokenizer *tok, const rl_gen_o
 	if ((rv = rl_model_infer_reserve(m, RL_MAX(o->max_prefill_tokens, 1), S)) != 0)
 		goto fail;
 	e->prefill_cap = RL_MAX(o->max_prefill_tokens, 1);
+	e->cap = RL_MAX(RL_MAX(o->max_new, o->max_episode), 1);
 	e->s = rl_xcalloc((size_t)S, sizeof *e->s);
 	for (int i = 0; i < S; i++) {
-		e->s[i].tok = rl_try_malloc(sizeof(int32_t) * (size_t)RL_MAX(o->max_new, 1), "response tokens");
-		e->s[i].logp = rl_try_malloc(sizeof(float) * (size_t)RL_MAX(o->max_new, 1), "response log-probs");
-		if (!e->s[i].tok || !e->s[i].logp) {
+		e->s[i].tok = rl_try_malloc(sizeof(int32_t) * (size_t)e->cap, "response tokens");
+		e->s[i].logp = rl_try_malloc(sizeof(float) * (size_t)e->cap, "response log-probs");
+		e->s[i].mask = o->max_episode > 0 ? rl_try_malloc((size_t)e->cap, "loss mask") : NULL;
+		if (!e->s[i].tok || !e->s[i].logp || (o->max_episode > 0 && !e->s[i].mask)) {
 			rv = RL_ENOMEM;
 			goto fail;
 		}
@@ -171,6 +186,7 @@ rl_engine_destroy(rl_engine *e)
 				rl_kvcache_release(e->kv, &e->s[i].kv);
 			free(e->s[i].tok);
 			free(e->s[i].logp);
+			free(e->s[i].mask);
 			free(e->s[i].text);
 		}
 	}
@@ -252,16 +268,14 @@ grow_prefill(rl_engine *e, int plen)
 	return rv;
 }
 
-int
-rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greedy_extra, int max_new,
-    uint64_t seed, void *user)
+static int
+submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greedy_extra, int max_new,
+    uint64_t seed, void *user, req **out)
 {
 	req *r;
 	int nseq = n + (greedy_extra ? 1 : 0), rv;
 
-	if (max_new <= 0 || max_new > e->o.max_new)
-		max_new = e->o.max_new;
-
+	*out = NULL;
 	if (plen < 1 || n < 0 || nseq < 1) {
 		rl_error("generation request: empty prompt or no samples");
 		return RL_EINVAL;
@@ -297,13 +311,94 @@ rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greed
 	r->user = user;
 	r->max_new = max_new;
 	r->reserve = group_reserve(e, plen, nseq, max_new);
+	r->resp_from = plen;
+	*out = r;
+	return RL_OK;
+}
+
+static void
+enqueue(rl_engine *e, req *r)
+{
 	if (e->tail)
 		e->tail->next = r;
 	else
 		e->head = r;
 	e->tail = r;
 	e->nwaiting++;
+}
+
+int
+rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greedy_extra, int max_new,
+    uint64_t seed, void *user)
+{
+	req *r;
+	int rv;
+
+	if (max_new <= 0 || max_new > e->o.max_new)
+		max_new = e->o.max_new;
+	if ((rv = submit(e, prompt, plen, n, greedy_extra, max_new, seed, user, &r)) != 0)
+		return rv;
+	enqueue(e, r);
 	return RL_OK;
+}
+
+/* The cache is reserved for the whole episode (max_episode tokens after the
+ * prompt): a sequence waiting on its environment never loses its blocks, and
+ * no running one runs out of them. */
+int
+rl_engine_submit_episode(rl_engine *e, const int32_t *prompt, int plen, int resp_from, int index,
+    uint64_t seed, const char *const *stop, int nstop, void *user)
+{
+	req *r;
+	int rv, limit = e->o.max_episode > 0 ? e->o.max_episode : e->o.max_new;
+
+	if (resp_from < 1 || resp_from > plen || plen - resp_from >= limit) {
+		rl_error("episode: %d inserted tokens after a %d-token prompt leave no room in %d tokens",
+		    plen - resp_from, resp_from, limit);
+		return RL_ETOOBIG;
+	}
+	if (nstop > 0 && !e->tok) {
+		rl_error("stop strings need the model's tokenizer");
+		return RL_EINVAL;
+	}
+	if (plen < e->m->cfg.max_pos && group_reserve(e, plen, 1, limit - (plen - resp_from)) > e->kv->nblk) {
+		rl_error("the KV cache (%d blocks of %d tokens) cannot hold an episode of %d tokens after a "
+		    "%d-token prompt", e->kv->nblk, e->kv->BS, limit, resp_from);
+		rl_hint("raise --kv-mem or lower --max-episode-tokens");
+		return RL_ETOOBIG;
+	}
+	if ((rv = submit(e, prompt, plen, 1, 0, limit - (plen - resp_from), seed, user, &r)) != 0)
+		return rv;
+	r->resp_from = resp_from;
+	r->first_index = index;
+	r->episode = 1;
+	r->xstop = stop;
+	r->nxstop = nstop;
+	enqueue(e, r);
+	return RL_OK;
+}
+
+int
+rl_engine_episode_fits(const rl_engine *e, int plen)
+{
+	int limit = e->o.max_episode > 0 ? e->o.max_episode : e->o.max_new;
+	return plen < e->m->cfg.max_pos && group_reserve(e, plen, 1, limit) <= e->kv->nblk;
+}
+
+void
+rl_engine_set_turn(rl_engine *e, rl_gen_done_fn turn, void *ctx)
+{
+	e->turn = turn;
+	e->turn_ctx = ctx;
+}
+
+int
+rl_engine_runnable(const rl_engine *e)
+{
+	int n = 0;
+	for (int i = 0; i < e->slots; i++)
+		n += e->s[i].used && !e->s[i].done && !e->s[i].waiting;
+	return n;
 }
 
 int rl_engine_active(const rl_engine *e)
@@ -355,10 +450,16 @@ finish(rl_engine *e, seq *q, int why, rl_gen_done_fn done, void *ctx)
 	gs.t_start = q->t_start;
 	gs.t_end = rl_wall();
 	gs.last_of_request = r->running == 1;
+	gs.mask = r->episode ? q->mask : NULL;
+	gs.slot = (int)(q - e->s);
+	gs.turn_start = q->turn_start;
+	gs.turn_ver_first = q->turn_ver;
+	gs.full = 0;
 	e->st.samples++;
 	rv = done ? done(ctx, &gs) : RL_OK;
 	rl_kvcache_release(e->kv, &q->kv);
 	q->used = 0;
+	q->waiting = 0;
 	q->r = NULL;
 	if (--r->running == 0) {
 		e->committed -= r->reserve;
@@ -381,15 +482,18 @@ append(rl_engine *e, seq *q, int32_t t, float lp)
 	for (int i = 0; !stop_tok && i < e->o.nstop_ids; i++)
 		if (t == e->o.stop_ids[i])
 			stop_tok = RL_FINISH_STOP;
-	if (!stop_tok || e->o.include_stop) {
+	if (!stop_tok || e->o.include_stop || q->r->episode) {
+		/* a turn's end-of-turn token stays: the next turn's context holds it */
 		q->tok[q->n] = t;
 		q->logp[q->n] = lp;
+		if (q->mask)
+			q->mask[q->n] = 1;
 		q->n++;
 	}
 	q->ver_last = e->version;
 	if (stop_tok)
 		return stop_tok;
-	if (e->o.nstop > 0) {
+	if (e->o.nstop > 0 || q->r->nxstop > 0) {
 		size_t bl = 0;
 		/* stop strings are looked for in the text, where special tokens do not show */
 		const char *b = rl_tokenizer_is_special(e->tok, t) ? NULL : rl_tokenizer_token(e->tok, t, &bl);
@@ -406,17 +510,84 @@ append(rl_engine *e, seq *q, int32_t t, float lp)
 			q->tlen += bl;
 			q->text[q->tlen] = 0;
 			/* a stop string can only end inside the bytes just added */
-			size_t from = q->tlen > bl + e->maxstop ? q->tlen - bl - e->maxstop : 0;
-			for (int i = 0; i < e->o.nstop; i++) {
-				size_t sl = strlen(e->o.stop[i]);
-				if (sl && memmem(q->text + from, q->tlen - from, e->o.stop[i], sl))
+			size_t ms = e->maxstop;
+			for (int i = 0; i < q->r->nxstop; i++)
+				ms = RL_MAX(ms, strlen(q->r->xstop[i]));
+			size_t from = q->tlen > bl + ms ? q->tlen - bl - ms : 0;
+			for (int i = 0; i < e->o.nstop + q->r->nxstop; i++) {
+				const char *st = i < e->o.nstop ? e->o.stop[i] : q->r->xstop[i - e->o.nstop];
+				size_t sl = strlen(st);
+				if (sl && memmem(q->text + from, q->tlen - from, st, sl))
 					return RL_FINISH_STOP;
 			}
 		}
 	}
-	if (q->n >= q->max_n || q->r->plen + q->n >= e->m->cfg.max_pos)
+	if (q->n >= q->max_n || q->base + q->n >= e->m->cfg.max_pos)
+		return RL_FINISH_LENGTH;
+	if (q->r->episode && q->n - q->turn_start >= e->o.max_new)
 		return RL_FINISH_LENGTH;
 	return 0;
+}
+
+/* A sequence's turn or the whole sample ended with reason why. */
+static int
+ended(rl_engine *e, seq *q, int why, rl_gen_done_fn done, void *ctx)
+{
+	rl_gen_sample gs;
+
+	if (!q->r->episode || !e->turn)
+		return finish(e, q, why, done, ctx);
+	q->waiting = 1;
+	memset(&gs, 0, sizeof gs);
+	gs.user = q->r->user;
+	gs.index = q->index;
+	gs.tok = q->tok;
+	gs.logp = q->logp;
+	gs.mask = q->mask;
+	gs.n = q->n;
+	gs.finish = why;
+	gs.ver_first = q->ver_first;
+	gs.ver_last = q->ver_last;
+	gs.seed = q->seed;
+	gs.t_start = q->t_start;
+	gs.t_end = rl_wall();
+	gs.slot = (int)(q - e->s);
+	gs.turn_start = q->turn_start;
+	gs.turn_ver_first = q->turn_ver;
+	gs.full = q->n + 1 >= q->max_n || q->base + q->n + 1 >= e->m->cfg.max_pos;
+	return e->turn(e->turn_ctx, &gs);
+}
+
+int
+rl_engine_feed(rl_engine *e, int slot, const int32_t *ids, int n)
+{
+	seq *q;
+
+	if (slot < 0 || slot >= e->slots || !(q = &e->s[slot])->used || !q->waiting || n < 0)
+		return RL_EINVAL;
+	if (q->n + n >= q->max_n || q->base + q->n + n >= e->m->cfg.max_pos)
+		return RL_ETOOBIG;
+	for (int i = 0; i < n; i++) {
+		q->tok[q->n + i] = ids[i];
+		q->logp[q->n + i] = 0.0f;
+		q->mask[q->n + i] = 0;
+	}
+	q->n += n;
+	q->waiting = 0;
+	q->turn_start = q->n;
+	q->turn_ver = e->version;
+	q->tlen = 0;  /* stop strings are looked for in the new turn's text only */
+	return RL_OK;
+}
+
+int
+rl_engine_end(rl_engine *e, int slot, int why, rl_gen_done_fn done, void *ctx)
+{
+	seq *q;
+
+	if (slot < 0 || slot >= e->slots || !(q = &e->s[slot])->used || !q->waiting)
+		return RL_EINVAL;
+	return finish(e, q, why, done, ctx);
 }
 
 /* Samples one token for batch rows [0, B) whose logits start at `logits`;
@@ -455,9 +626,14 @@ take_tokens(rl_engine *e, int B, rl_gen_done_fn done, void *ctx)
 
 	for (int b = 0; b < B; b++) {
 		seq *q = &e->s[e->bidx[b]];
+		if (q->fed < q->n) {
+			/* an inserted token was fed: the model's next token comes after the last */
+			e->st.fed_tokens++;
+			continue;
+		}
 		int why = append(e, q, e->h_tok[b], e->h_logp[b]);
 		e->st.gen_tokens++;
-		if (why && (rv = finish(e, q, why, done, ctx)) != 0)
+		if (why && (rv = ended(e, q, why, done, ctx)) != 0)
 			return rv;
 	}
 	return RL_OK;
@@ -542,13 +718,23 @@ admit(rl_engine *e, rl_gen_done_fn done, void *ctx)
 					q->done = 0;
 					q->r = r;
 				}
-				q->index = j;
+				q->index = j + r->first_index;
 				q->greedy = pass == 1;
-				q->n = 0;
+				q->base = r->resp_from;
+				q->n = r->plen - r->resp_from;
+				memcpy(q->tok, r->prompt + r->resp_from, sizeof(int32_t) * (size_t)q->n);
+				for (int t = 0; t < q->n; t++) {
+					q->logp[t] = 0.0f;
+					if (q->mask)
+						q->mask[t] = 0;
+				}
+				q->fed = q->n;
+				q->waiting = 0;
+				q->turn_start = q->n;
 				q->tlen = 0;
-				q->max_n = RL_MAX(1, RL_MIN(r->max_new, e->m->cfg.max_pos - r->plen));
-				q->seed = sample_seed(r->seed, j);
-				q->ver_first = q->ver_last = e->version;
+				q->max_n = q->n + RL_MAX(1, RL_MIN(r->max_new, e->m->cfg.max_pos - r->plen));
+				q->seed = sample_seed(r->seed, j + r->first_index);
+				q->ver_first = q->ver_last = q->turn_ver = e->version;
 				q->t_start = rl_wall();
 				r->running++;
 				e->ops->copy(e->ops, (char *)e->d_rows + (size_t)B * e->V * e->asz,
@@ -579,10 +765,10 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	for (int pass = 0; pass < 2; pass++) {
 		for (int k = 0; k < e->slots; k++) {
 			seq *q = &e->s[k];
-			if (q->used && !q->done && q->greedy == pass) {
+			if (q->used && !q->done && !q->waiting && q->greedy == pass) {
 				e->bidx[B] = k;
 				e->bseq[B] = &q->kv;
-				e->h_tok[B] = q->tok[q->n - 1];
+				e->h_tok[B] = q->tok[q->fed++];
 				B++;
 			}
 		}
@@ -597,7 +783,7 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	/* multi-step decoding while no waiting request could take a slot: n steps, none past a
 	 * sequence's token limit */
 	int n = 1;
-	if (!e->legacy && e->o.decode_steps > 1 && (e->head == NULL || e->hold || free_slots(e) == 0)) {
+	if (!e->legacy && e->o.decode_steps > 1 && !e->turn && (e->head == NULL || e->hold || free_slots(e) == 0)) {
 		n = e->o.decode_steps;
 		for (int b = 0; b < B; b++) {
 			seq *q = &e->s[e->bidx[b]];
@@ -635,6 +821,8 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 				if (!q->used || q->done)
 					continue;
 				int why = append(e, q, e->h_mtok[(size_t)k * B + b], e->h_mlogp[(size_t)k * B + b]);
+				if (k + 1 < n)
+					q->fed++;  /* fed by step k + 1 */
 				e->st.gen_tokens++;
 				if (why && (rv = finish(e, q, why, done, ctx)) != 0)
 					return rv;

@@ -56,6 +56,8 @@ typedef struct rl_gen_opts {
 	                             * them); at most RL_GEN_MAX_STEPS, and never past a
 	                             * sequence's token limit; a sequence that stops inside them
 	                             * has its later tokens dropped.  Default 1: every step alone */
+	int max_episode;            /* multi-turn requests (rl_engine_submit_episode): tokens after the
+	                             * prompt at most, the inserted ones included (0: max_new) */
 } rl_gen_opts;
 #define RL_GEN_MAX_STEPS 64
 
@@ -74,6 +76,12 @@ typedef struct rl_gen_sample {
 	uint64_t seed;              /* the sample's seed */
 	double t_start, t_end;      /* wall seconds */
 	int last_of_request;        /* 1 when the request has no sample left running */
+	/* multi-turn requests only (single-turn: mask NULL) */
+	const uint8_t *mask;        /* (n) 1: sampled, 0: inserted (rl_engine_feed, the prefix) */
+	int slot;                   /* the sequence's slot, for rl_engine_feed / rl_engine_end */
+	int turn_start;             /* turn callback: index of the turn's first token */
+	int turn_ver_first;         /* turn callback: the weight version of the turn's first token */
+	int full;                   /* turn callback: no room for another turn (episode or context) */
 } rl_gen_sample;
 
 typedef int (*rl_gen_done_fn)(void *ctx, const rl_gen_sample *s);
@@ -101,6 +109,35 @@ int rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int g
  * Returns RL_OK or an error. */
 int rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx);
 
+/* Multi-turn: one sample whose response starts with prompt[resp_from .. plen)
+ * (inserted tokens, loss mask 0: an environment's first observation; resp_from
+ * == plen: none), index `index` of its group (its seed as sample `index` of a
+ * request with seed `seed`), at most max_episode tokens after
+ * prompt[0 .. resp_from), each model turn at most max_new.  A turn that ends
+ * (EOS, a stop, max_new, no room) does not finish the sample: the turn
+ * callback (rl_engine_set_turn) gets it, and the sequence waits, keeping its
+ * slot and KV cache, until rl_engine_feed appends the next observation or
+ * rl_engine_end finishes it.  stop: nstop more stop strings of this episode's
+ * turns (borrowed until it finishes; need the tokenizer).  Errors as
+ * rl_engine_submit. */
+int rl_engine_submit_episode(rl_engine *e, const int32_t *prompt, int plen, int resp_from, int index,
+    uint64_t seed, const char *const *stop, int nstop, void *user);
+/* 1 when the cache can hold an episode after a plen-token prompt, else 0. */
+int rl_engine_episode_fits(const rl_engine *e, int plen);
+/* The turn callback (called from rl_engine_step; a non-zero return stops it and is returned). */
+void rl_engine_set_turn(rl_engine *e, rl_gen_done_fn turn, void *ctx);
+/* Appends ids (n >= 0, loss mask 0, log-prob 0) to the waiting sequence of
+ * `slot`; they are fed through the following decode steps, one a step, into the
+ * cache it already has (nothing is prefilled again), and the model's next turn
+ * starts after them.  RL_ETOOBIG (nothing appended, not logged) when they leave
+ * no room for a sampled token; RL_EINVAL when slot is not waiting. */
+int rl_engine_feed(rl_engine *e, int slot, const int32_t *ids, int n);
+/* Finishes the waiting sequence of `slot` with reason finish (RL_FINISH_*):
+ * the done callback gets it, its slot and cache are freed. */
+int rl_engine_end(rl_engine *e, int slot, int finish, rl_gen_done_fn done, void *ctx);
+/* Sequences that a decode step would advance (active, not waiting on a feed). */
+int rl_engine_runnable(const rl_engine *e);
+
 int rl_engine_active(const rl_engine *e);    /* sequences being decoded */
 int rl_engine_waiting(const rl_engine *e);   /* requests not yet admitted */
 /* The weight version attributed to tokens generated from now on. */
@@ -110,6 +147,7 @@ void rl_engine_hold(rl_engine *e, int hold);
 
 typedef struct rl_engine_stats {
 	uint64_t prefill_tokens, gen_tokens, steps, samples;
+	uint64_t fed_tokens;                   /* inserted tokens fed by decode steps (rl_engine_feed) */
 	double t_prefill, t_decode, t_sample;  /* seconds; decode steps sample inside t_decode
 	                                        * (t_sample: after prefills, and RL_DECODE_LEGACY=1) */
 } rl_engine_stats;

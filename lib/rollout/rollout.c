@@ -28,6 +28,7 @@ rl_rollout_opts_default(rl_rollout_opts *o)
 	o->max_staleness = -1;
 	o->train_batch = 8;
 	o->weights_timeout = 600;
+	o->env_timeout = 60;
 	o->broker_timeout = RL_QCLIENT_BROKER_TIMEOUT_S;
 }
 
@@ -180,6 +181,7 @@ finish(gen *g, int rv)
 		if (!rv)
 			rv = r2;
 	}
+	rli_env_close(g);
 	rl_engine_destroy(g->e);
 	rl_gset_fini(&g->done);
 	rl_ckpt_leftovers_fini(&g->left);
@@ -224,7 +226,13 @@ rollout(const rl_rollout_opts *opts, int score)
 		rv = rli_run_score(g);
 		goto out;
 	}
+	/* an episode reserves cache for all of it at admission: a default of the whole
+	 * context (32k for many models) would let few episodes run at once */
+	if (g->o.env_cmd && g->o.go.max_episode <= 0)
+		g->o.go.max_episode = RL_MIN(g->m->cfg.max_pos, 1024);
 	if ((rv = rl_engine_create(&g->e, g->m, g->tok, &g->o.go)) != 0 || (rv = open_weights(g)) != 0)
+		goto out;
+	if (g->o.env_cmd && (rv = rli_env_open(g)) != 0)
 		goto out;
 	rv = g->o.queue_url ? rli_run_queue(g) : rli_run_generate(g);
 out:

@@ -54,7 +54,17 @@ typedef struct rl_rollout_opts {
 	int32_t stop_ids[RL_ROLLOUT_MAX_STOPS];
 	int nstop_ids;
 	int quiet;
+	/* multi-turn episodes with environment processes (rl-env(5)) */
+	const char *env_cmd;       /* --env CMD (sh -c): NULL: single-turn */
+	int env_procs;             /* processes in the pool (0: --slots) */
+	double env_timeout;        /* seconds an answer may take (0: no limit) */
+	int max_turns;             /* model turns per episode (0: no limit) */
+	int env_framing;           /* RL_ENV_FRAME_* */
 } rl_rollout_opts;
+
+/* How observations are framed: AUTO is CHATML when prompts go through a
+ * ChatML template (--chat), else PLAIN (the observation's text as it is). */
+enum { RL_ENV_FRAME_AUTO = 0, RL_ENV_FRAME_PLAIN, RL_ENV_FRAME_CHATML };
 
 /* The defaults of rl-rollout's options. */
 void rl_rollout_opts_default(rl_rollout_opts *o);

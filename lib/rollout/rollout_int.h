@@ -69,6 +69,7 @@ typedef struct gen {
 	int left_after;        /* that checkpoint's step (-1: none, and then no leftovers) */
 	char left_warned[4096];
 	int eos_more[24];      /* ids ending a sequence as EOS besides go.eos_id (rli_eos_set) */
+	struct rli_env *env;   /* --env: the environment pool and its episodes (env.c) */
 } gen;
 
 /* One prompt in flight: what its records need besides the tokens. */
@@ -108,6 +109,23 @@ void rli_eos_set(gen *g);
 int rli_run_generate(gen *g);
 int rli_run_queue(gen *g);
 int rli_resume_open(gen *g);
+
+/* run.c: the engine's done callback (ctx: the gen) */
+int rli_sample_done_cb(void *ctx, const rl_gen_sample *s);
+
+/* env.c: --env, the environment processes and their episodes (user pointers
+ * of the engine's multi-turn requests) */
+typedef struct rli_env rli_env;
+typedef struct rli_episode rli_episode;
+int rli_env_open(gen *g);
+void rli_env_close(gen *g);
+int rli_env_start(gen *g, prompt *p, const char *line, size_t len);  /* o.n episodes of p */
+int rli_env_pending(const gen *g);
+int rli_env_finish(gen *g);          /* at the end: RL_EIO when no environment ever answered */     /* episodes not in the engine yet */
+int rli_env_poll(gen *g, int timeout_ms);
+int rli_env_turn(void *ctx, const rl_gen_sample *s);
+prompt *rli_env_prompt(void *user);
+int rli_env_record(rl_traj *t, gen *g, void *user, const rl_gen_sample *s);
 
 /* score.c */
 int rli_run_score(gen *g);

@@ -24,17 +24,24 @@
 
 /* The engine's done callback: the sample's record goes out (queue mode:
  * into its group's batch, put when the group is complete). */
-static int
-on_done(void *ctx, const rl_gen_sample *s)
+int
+rli_sample_done_cb(void *ctx, const rl_gen_sample *s)
 {
 	gen *g = ctx;
-	prompt *p = s->user;
+	prompt *p = g->env ? rli_env_prompt(s->user) : s->user;
 	rl_traj *t = NULL;
 	int rv;
 
 	if ((rv = rl_traj_create(&t)) != 0)
 		return rv;
-	if ((rv = rli_record_build(t, g, p, s)) != RL_OK)
+	rv = rli_record_build(t, g, p, s);
+	if (g->env) {
+		/* an episode's fields; the episode is freed */
+		int rv2 = rli_env_record(t, g, s->user, s);
+		if (rv == RL_OK)
+			rv = rv2;
+	}
+	if (rv != RL_OK)
 		goto out;
 	if (g->qc) {
 		if ((rv = rl_traj_batch_add(p->out, t)) != 0)
@@ -128,7 +135,7 @@ static int
 engine_step(gen *g)
 {
 	double t = rl_now(), io = g->t_put + g->t_write;
-	int rv = rl_engine_step(g->e, on_done, g);
+	int rv = rl_engine_step(g->e, rli_sample_done_cb, g);
 	g->t_engine += rl_now() - t - (g->t_put + g->t_write - io);
 	return rv;
 }
@@ -149,6 +156,12 @@ progress(gen *g, int end)
 		if (g->o.resume_dir && !g->o.quiet)
 			rl_info("%llu prompts not generated: their groups were done in '%s'",
 			    (unsigned long long)g->skipped, g->resume_path);
+		if (g->e) {
+			const rl_engine_stats *st = rl_engine_stats_get(g->e);
+			rl_verbose("tokens: %llu prefilled, %llu sampled, %llu inserted by environments (fed by decode steps)",
+			    (unsigned long long)st->prefill_tokens, (unsigned long long)st->gen_tokens,
+			    (unsigned long long)st->fed_tokens);
+		}
 		rl_verbose("time: decoding %.2f s, new weights %.2f s (%d loaded), waiting for weights %.2f s, "
 		    "leases %.2f s, puts %.2f s, output %.2f s, other %.2f s", g->t_engine, g->t_weights, g->nloads,
 		    g->t_wait, g->t_lease, g->t_put, g->t_write,
@@ -175,7 +188,8 @@ rli_run_generate(gen *g)
 	rl_progress_init(&g->prog, g->o.quiet);
 	for (;;) {
 		/* keep enough requests waiting to refill every free slot */
-		while (!eof && rl_engine_waiting(g->e) * RL_MAX(g->o.n, 1) < g->o.go.slots) {
+		while (!eof && (g->env ? rl_engine_waiting(g->e) + rli_env_pending(g) :
+		    rl_engine_waiting(g->e) * RL_MAX(g->o.n, 1)) < g->o.go.slots) {
 			prompt *p;
 			if (!have_line) {
 				errno = 0;
@@ -197,7 +211,7 @@ rli_run_generate(gen *g)
 				 * (groups skipped by --resume count as emitted) */
 				int need = (int)(g->groups / (uint64_t)g->o.train_batch) - g->o.max_staleness;
 				if (g->version < need) {
-					if (rl_engine_active(g->e) > 0 || rl_engine_waiting(g->e) > 0)
+					if (rl_engine_active(g->e) > 0 || rl_engine_waiting(g->e) > 0 || rli_env_pending(g) > 0)
 						break; /* generate what we have, check again next step */
 					if ((rv = rl_traj_writer_flush(g->w)) != 0 || (rv = rli_wait_version(g, need)) != 0)
 						goto out;
@@ -230,6 +244,13 @@ rli_run_generate(gen *g)
 				continue;
 			}
 			p->remaining = p->gsize = g->o.n + (g->o.greedy ? 1 : 0);
+			if (g->env) {
+				/* one episode a sample, started when an environment answers its reset */
+				if ((rv = rli_env_start(g, p, line, (size_t)len)) != 0)
+					goto out;
+				g->groups++;
+				continue;
+			}
 			rv = rl_engine_submit(g->e, p->ids, p->nids, g->o.n, g->o.greedy, p->max_new,
 			    rl_rng_u64(g->o.seed, p->line), p);
 			if (rv != RL_OK) {
@@ -248,7 +269,15 @@ rli_run_generate(gen *g)
 		}
 		if ((rv = rli_poll_weights(g, 0)) != 0)
 			goto out;
-		if (rl_engine_active(g->e) == 0 && rl_engine_waiting(g->e) == 0) {
+		/* environments: answers taken, resets sent; wait on them only when no
+		 * sequence can be decoded */
+		if (g->env) {
+			int busy = rl_engine_runnable(g->e) > 0 ||
+			    (rl_engine_waiting(g->e) > 0 && rl_engine_active(g->e) < g->o.go.slots);
+			if ((rv = rli_env_poll(g, busy ? 0 : 20)) != 0)
+				goto out;
+		}
+		if (rl_engine_active(g->e) == 0 && rl_engine_waiting(g->e) == 0 && rli_env_pending(g) == 0) {
 			if (eof)
 				break;
 			continue;
@@ -263,6 +292,8 @@ rli_run_generate(gen *g)
 	rv = rl_traj_writer_flush(g->w);
 	if (rv == RL_OK)
 		rv = fail;
+	if (rv == RL_OK)
+		rv = rli_env_finish(g);
 out:
 	progress(g, 1);
 	free(line);

@@ -53,6 +53,10 @@ static const struct tagdef {
 	{ RL_TAG_TS_GEN_END, RL_F64, 1, "ts_gen_end" },
 	{ RL_TAG_TS_SCORED, RL_F64, 1, "ts_scored" },
 	{ RL_TAG_TS_TRAINED, RL_F64, 1, "ts_trained" },
+	{ RL_TAG_TURNS, RL_I32, 0, "turns" },
+	{ RL_TAG_TURN_VERSIONS, RL_I32, 0, "turn_versions" },
+	{ RL_TAG_TURN_REWARDS, RL_F32, 0, "turn_rewards" },
+	{ RL_TAG_ENV_ERROR, RL_TRAJ_STR, 0, "env_error" },
 };
 
 static const struct tagdef *

@@ -88,6 +88,12 @@ enum rl_traj_tag {
 	RL_TAG_TS_GEN_END = 34,    /* F64 scalar       "ts_gen_end" */
 	RL_TAG_TS_SCORED = 35,     /* F64 scalar       "ts_scored" */
 	RL_TAG_TS_TRAINED = 36,    /* F64 scalar       "ts_trained" */
+	/* multi-turn episodes (rl-rollout --env): a response holds the model's turns and the
+	 * environment's observations between them (loss_mask 0) */
+	RL_TAG_TURNS = 37,         /* I32 (2T)         "turns": [start, end) of each model turn in response */
+	RL_TAG_TURN_VERSIONS = 38, /* I32 (2T)         "turn_versions": [first, last] version of each turn */
+	RL_TAG_TURN_REWARDS = 39,  /* F32 (T)          "turn_rewards": the environment's reward per turn */
+	RL_TAG_ENV_ERROR = 40,     /* STR              "env_error": why the episode failed */
 	RL_TAG_CORE_MAX = 1023,
 	RL_TAG_STAGE_MIN = 1024,
 	RL_TAG_USER_MIN = 32768,

@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+# tests/cli/env_scripted.py — a scripted environment for rl-rollout --env
+# (rl-env(5)): the prompt line's "mode" says how it behaves for that episode.
+#   ok (default): reset -> the line's "first" (default "<"); step k -> "[k]" (reward k / 10), done after
+#                 the line's "turns" (default 3) steps
+#   tool:     like ok, observations answered with "role": "tool"
+#   crash:    exits at the first step;   hang: sleeps at the first step
+#   garbage:  answers the first step with a line that is not JSON
+#   flood:    answers the first step with a 2 MiB line
+#   extra:    answers the reset with two lines
+#   error:    answers the first step with {"error": "unknown op frobnicate"}
+#   nofield:  answers the first step without "done"
+# A line's "stop" is passed on in the reset's answer.
+# With RL_ENV_PIDS set, appends its pid to that file when it starts.
+import json, os, sys, time
+
+if os.environ.get("RL_ENV_PIDS"):
+    with open(os.environ["RL_ENV_PIDS"], "a") as f:
+        f.write("%d\n" % os.getpid())
+eps = {}
+def say(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    if m["op"] == "reset":
+        eps[m["id"]] = [m["line"].get("mode", "ok"), 0, m["line"].get("turns", 3)]
+        ans = {"observation": m["line"].get("first", "<"), "done": False}
+        if "stop" in m["line"]:  # the episode's own stop strings
+            ans["stop"] = m["line"]["stop"]
+        first = json.dumps(ans) + "\n"
+        if eps[m["id"]][0] == "extra":  # both lines in one write: they arrive together
+            first += json.dumps({"observation": "again", "done": False}) + "\n"
+        sys.stdout.write(first)
+        sys.stdout.flush()
+        continue
+    if m["op"] != "step":
+        say({"error": "unknown op " + m["op"]})
+        continue
+    ep = eps[m["id"]]
+    ep[1] += 1
+    mode = ep[0]
+    if mode == "crash":
+        sys.exit(3)
+    if mode == "hang":
+        time.sleep(3600)
+    if mode == "garbage":
+        sys.stdout.write("this is not json\n"); sys.stdout.flush(); continue
+    if mode == "flood":
+        sys.stdout.write("x" * (2 << 20) + "\n"); sys.stdout.flush(); continue
+    if mode == "error":
+        say({"error": "unknown op frobnicate"}); continue
+    if mode == "nofield":
+        say({"observation": "x"}); continue
+    out = {"observation": "[%d]" % ep[1], "reward": ep[1] / 10, "done": ep[1] >= ep[2]}
+    if mode == "tool":
+        out["role"] = "tool"
+    say(out)
