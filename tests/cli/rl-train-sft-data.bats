@@ -102,3 +102,16 @@ print("rows", len(ref), "masked", masked, "differ", bad)' "$TD/ours.jsonl" "$TD/
 	chk '{"messages": [{"role": "user", "content": "q"}]}' "no assistant message"
 	chk '{"messages": [{"role": "user"}, {"role": "assistant", "content": "a"}]}' "message 1: \"content\" must be text"
 }
+
+@test "--resume continues TRL rows where it stopped (a row's id is its line number)" {
+	for i in 1 2 3 4 5 6; do
+		echo "{\"prompt\": \"q$i\", \"completion\": \"a$i\"}"
+		echo "{\"messages\": [{\"role\": \"user\", \"content\": \"u$i\"}, {\"role\": \"assistant\", \"content\": \"b$i\"}]}"
+	done > "$TD/r.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/res" --algo sft --batch 2 --max-steps 3 --metrics /dev/null "$TD/r.jsonl"
+	jq -c .groups_done "$TD/res/latest/trainer_state.json" | grep -qx '\["1-6"\]'
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/res" --algo sft --batch 2 --resume --metrics - "$TD/r.jsonl"
+	[ "${#lines[@]}" -eq 3 ]
+	[[ "$stderr" == *"6 records skipped: their groups were done before --resume"* ]]
+	jq -c .groups_done "$TD/res/latest/trainer_state.json" | grep -qx '\["1-12"\]'
+}
