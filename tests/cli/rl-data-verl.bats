@@ -72,3 +72,28 @@ import json, sys
 rs = sorted((r["meta"]["extra_info"]["index"], r["index"], r["reward"]) for r in map(json.loads, sys.stdin))
 print(*[x[2] for x in rs])' <<< "$output")" = "1 0 1 0" ]
 }
+
+@test "verl gsm8k rows: rl-queue put keeps the messages and every column for rl-rollout --queue" {
+	url="ipc://$BATS_TEST_TMPDIR/q.sock"
+	rl-queue serve --listen "$url" -q 3>&- &
+	broker=$!
+	for _ in $(seq 100); do
+		rl-queue stat --timeout 0.2 "$url" >/dev/null 2>&1 && break
+		sleep 0.05
+	done
+	rl-queue put -q "$url" "$TD/train.jsonl"
+	run --separate-stderr rl-queue get --stage rollout -n 5 "$url"
+	kill "$broker"
+	[ "$status" = 0 ]
+	echo "$output" > "$TD/leased.jsonl"
+	run -0 python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+recs = [json.loads(l) for l in open(sys.argv[2])]
+for r in recs:
+    m = r["meta"]
+    row = rows[m["extra_info"]["index"]]
+    assert m == row, (m, row)   # the messages stay in meta.prompt
+print("ok", len(recs))' "$TD/train.jsonl" "$TD/leased.jsonl"
+	assert_output "ok 2"
+}
