@@ -333,6 +333,12 @@ rli_sft_line(void *ctx, rl_traj *t, const char *line, size_t n, const char *what
 		rv = RL_ENOENT;
 		goto out;
 	}
+	if (rl_json_nul_member(line, n) >= 0) {
+		/* cJSON's strings end at a NUL: the text would be cut there */
+		rl_error("%s: \\u0000 in the row, which rlpipe's text cannot hold", what);
+		rv = RL_EFORMAT;
+		goto out;
+	}
 	if ((rv = rli_feed_tok(tr)) != 0 || (rv = row_convert(&r, tr->tok, j, kind, what)) != 0)
 		goto out;
 	if (r.ids.n <= r.nprompt) {

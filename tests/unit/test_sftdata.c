@@ -120,6 +120,7 @@ test_bad(trainer *tr, rl_traj *t)
 	    "field 'completion': message 1 needs a string \"role\"");
 	bad(tr, t, "{\"text\": 5}", "field 'text': expected a string, got a number");
 	bad(tr, t, "{\"text\": \"\"}", "field 'text' is empty");
+	bad(tr, t, "{\"text\": \"a\\u0000b\"}", "\\u0000 in the row");
 	bad(tr, t, "{\"messages\": \"hi\"}", "field 'messages': expected a non-empty list");
 	bad(tr, t, "{\"messages\": []}", "an empty list");
 	bad(tr, t, "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}", "has no assistant message");
