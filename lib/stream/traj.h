@@ -298,6 +298,14 @@ int rl_traj_reader_next(rl_traj_reader *r, rl_traj **t);
  * before a bad line: its records come out and the error is returned by the
  * next call.  Do not mix with _next on one reader. */
 int rl_traj_reader_next_batch(rl_traj_reader *r, rl_traj_batch **b);
+/* JSONL lines in another schema: FN is called with each non-blank line (n
+ * bytes, not NUL-terminated), its name for messages ("'FILE': line N") and
+ * its number, and T cleared; it fills T and returns RL_OK, returns RL_ENOENT
+ * to leave the line to the record parser, or an error (logged) that stops
+ * the reader as a bad line does.  rl-train reads TRL's SFT rows this way. */
+typedef int (*rl_traj_line_fn)(void *ctx, rl_traj *t, const char *line, size_t n, const char *what,
+                               uint64_t lineno);
+void rl_traj_reader_set_line_fn(rl_traj_reader *r, rl_traj_line_fn fn, void *ctx);
 /* RL_TRAJ_BINARY / RL_TRAJ_JSONL once detected (after the first _next), else 0. */
 int rl_traj_reader_format(const rl_traj_reader *r);
 /* Byte offset of the input consumed so far. */

@@ -42,6 +42,8 @@ struct rl_traj_reader {
 	size_t next;         /* _next: next record of batch */
 	rl_traj *cur;
 	char what[512];
+	rl_traj_line_fn line_fn; /* JSONL: a converter tried before the record parser */
+	void *line_ctx;
 };
 
 static void
@@ -120,6 +122,13 @@ rl_traj_reader_close(rl_traj_reader *r)
 }
 
 int rl_traj_reader_format(const rl_traj_reader *r) { return r->fmt; }
+
+void
+rl_traj_reader_set_line_fn(rl_traj_reader *r, rl_traj_line_fn fn, void *ctx)
+{
+	r->line_fn = fn;
+	r->line_ctx = ctx;
+}
 uint64_t rl_traj_reader_offset(const rl_traj_reader *r) { return r->base + r->pos; }
 
 int
@@ -468,6 +477,12 @@ next_json(rl_traj_reader *r)
 			return RL_ECLOSED;
 	} while (blank(line, n));
 	snprintf(r->what, sizeof r->what, "'%s': line %llu", r->name, (unsigned long long)r->line);
+	if (r->line_fn) {
+		rl_traj_clear(r->cur);
+		rv = r->line_fn(r->line_ctx, r->cur, line, n, r->what, r->line);
+		if (rv != RL_ENOENT)
+			return rv;
+	}
 	return rl_traj_from_json(r->cur, line, n, &r->lim, r->what);
 }
 

@@ -20,6 +20,18 @@ static int dp_send_lease(trainer *tr, int end);
 static int dp_end_lease(trainer *tr);
 static int dp_follow_lease(trainer *tr);
 
+int
+rli_feed_tok(trainer *tr)
+{
+	int rv;
+
+	if (tr->tok)
+		return RL_OK;
+	if ((rv = rl_tokenizer_open(&tr->tok, tr->m->src_dir ? tr->m->src_dir : tr->o->model_dir)) != 0)
+		rl_hint("records without token ids need the model's tokenizer.json");
+	return rv;
+}
+
 /* Records that carry text but no token ids (hand-written SFT data, say) are
  * tokenized with the model's tokenizer; SFT responses get the EOS token. */
 static int
@@ -35,12 +47,8 @@ tokenize_if_needed(trainer *tr, const rl_traj *in, rl_traj **out)
 	if (rl_traj_get_str(in, RL_TAG_PROMPT_TEXT, &pt, NULL) != RL_OK ||
 	    rl_traj_get_str(in, RL_TAG_RESPONSE_TEXT, &rt, NULL) != RL_OK)
 		return RL_OK; /* the grouper names what is missing */
-	if (!tr->tok) {
-		if ((rv = rl_tokenizer_open(&tr->tok, tr->m->src_dir ? tr->m->src_dir : tr->o->model_dir)) != 0) {
-			rl_hint("records without token ids need the model's tokenizer.json");
-			return rv;
-		}
-	}
+	if ((rv = rli_feed_tok(tr)) != 0)
+		return rv;
 	if ((rv = rl_tokenizer_encode(&p, tr->tok, pt, strlen(pt), RL_TOK_SPECIAL)) != 0 ||
 	    (rv = rl_tokenizer_encode(&r, tr->tok, rt, strlen(rt), RL_TOK_SPECIAL)) != 0)
 		goto out;
@@ -390,6 +398,8 @@ rli_feed_open(trainer *tr)
 			return rv;
 		if ((rv = rl_traj_reader_open_file(&tr->rd, tr->in, o->input, NULL)) != 0)
 			return rv;
+		if (o->algo == RL_ALGO_SFT)
+			rl_traj_reader_set_line_fn(tr->rd, rli_sft_line, tr);
 	}
 	return RL_OK;
 }

@@ -164,6 +164,16 @@ void rli_feed_free_groups(trainer *tr);
 int rli_feed_grow(void **p, int *cap, int need, size_t elt);
 /* Hands back the records leased and not trained; closes the input. */
 void rli_feed_close(trainer *tr);
+/* tr->tok, opened from the model's directory on first use. */
+int rli_feed_tok(trainer *tr);
+
+/* ---- sftdata.c: TRL's SFT rows (docs/train.md, "SFT data") ---- */
+/* An rl_traj_line_fn (CTX the trainer): a JSONL line in one of TRL's SFT
+ * forms ({"text"}, {"prompt","completion"} as text or messages,
+ * {"messages"}) becomes a record of token ids, with a loss_mask where only
+ * the assistant turns train; RL_ENOENT for any other line (an rlpipe
+ * record); RL_EFORMAT (logged with WHAT) for a bad row. */
+int rli_sft_line(void *ctx, rl_traj *t, const char *line, size_t n, const char *what, uint64_t lineno);
 
 /* ---- step.c: one optimizer step's computation ---- */
 /* Host and backend buffers for micro-batches of tr->maxtok tokens. */
