@@ -31,7 +31,7 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 {
 	const rl_train_opts *o = tr->o;
 	cJSON *j;
-	int step = tr->m->step, S = tr->nseq, err;
+	int step = tr->m->version, S = tr->nseq, err;
 	double rsum = 0, rmin = INFINITY, rmax = -INFINITY, lsum = 0, lmax = 0, amin = INFINITY, amax = -INFINITY,
 	    asum = 0, stal = 0, stalmax = 0, clipped = 0, acc = 0;
 	long ntok = 0;
