@@ -229,7 +229,7 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 		free(p);
 		p = join(tmp, "trainer_state.json");
 		char st[64];
-		snprintf(st, sizeof st, "{\"global_step\": %d}", m->step);
+		snprintf(st, sizeof st, "{\"global_step\": %d}", m->version);
 		if ((rv = write_text(p, st)) != 0)
 			goto out;
 	}
@@ -331,7 +331,7 @@ rl_ckpt_save(rl_model *m, const char *root, int with_optimizer, char *path, size
 		rl_error("cannot create '%s': %s", root, strerror(errno));
 		return RL_EIO;
 	}
-	snprintf(name, sizeof name, "step-%08d", m->step);
+	snprintf(name, sizeof name, "step-%08d", m->version);
 	dir = join(root, name);
 	tmp = rl_xmalloc(n);
 	snprintf(tmp, n, "%s/.%s.tmp.%ld", root, name, (long)getpid());

@@ -36,7 +36,8 @@
 
 /* Writes ROOT/step-%08d (ROOT created if missing) with the model and, when
  * with_optimizer and m has AdamW state, the optimizer; then points ROOT/latest
- * at it.  The step number is m->step.  path (optional, size len) receives the
+ * at it.  The step number is m->version (optimizer.safetensors keeps m->step,
+ * the AdamW update count, in its metadata).  path (optional, size len) receives the
  * directory written.  RL_EEXIST when that step was already saved. */
 int rl_ckpt_save(rl_model *m, const char *root, int with_optimizer, char *path, size_t len);
 /* Resolves ROOT/latest to the directory path (size len); RL_ENOENT when there

@@ -71,7 +71,10 @@ struct rl_model {
 	void *w;                /* compute weights in act dtype: == params on an f32 backend */
 	float *grads;           /* (tt.total) f32, accumulated by backward; NULL until train_reserve */
 	float *m, *v;           /* (tt.total) f32 AdamW moments; NULL until train_reserve */
-	int step;               /* AdamW steps taken */
+	int step;               /* AdamW updates taken (bias correction, optimizer.safetensors) */
+	int version;            /* trainer steps taken: the weight version and the checkpoint's
+	                         * step-N (rl_ckpt_save); rl-train advances it once per step,
+	                         * whatever the updates in it (--ppo-epochs x --mini-batches) */
 	/* Results of the last rl_model_forward, backend memory, (N) f32 each. */
 	float *lp, *ent;
 	/* Values of the last rl_model_forward when the model has a value head, backend

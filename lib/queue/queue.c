@@ -168,7 +168,9 @@ typedef struct qent {
 	int64_t version;        /* first policy version that generated it; -1 unknown */
 	uint8_t *data;          /* owned serialised record */
 	uint32_t len, index, gsize;
-	uint32_t hint;          /* prompt: samples expected for its group */
+	uint32_t hint;          /* prompt: samples expected for its group; a sample leased
+	                         * to a trainer: the broker's version then (versions fit:
+	                         * RL_QUEUE_MAX_VERSION), kept by snapshots */
 	uint32_t prev, next;    /* FIFO links (prompt or generated FIFO) */
 	uint32_t grp;
 	uint8_t state, is_prompt, used;
@@ -978,14 +980,20 @@ apply_put(rl_queue *q, int stage, const uint8_t *batch, size_t n, const void *fr
 	return RL_OK;
 }
 
+/* The staleness of a trained sample: the broker's version when a trainer
+ * leased it (e->hint) less the version that generated it.  Counted when the
+ * trainer acknowledges it done, so a sample leased, released or expired and
+ * leased again counts once. */
 static void
 hist_add(rl_queue *q, const qent *e)
 {
+	uint64_t at = e->hint;
+
 	if (e->version < 0) {
 		q->st.unversioned++;
 		return;
 	}
-	uint64_t d = q->version > (uint64_t)e->version ? q->version - (uint64_t)e->version : 0;
+	uint64_t d = at > (uint64_t)e->version ? at - (uint64_t)e->version : 0;
 	q->st.staleness[d > 8 ? 8 : d]++;
 	q->st.staleness_sum += d;
 }
@@ -1020,7 +1028,7 @@ apply_lease(rl_queue *q, uint64_t lid, int stage, uint64_t deadline, uint32_t hi
 			ent_set_state(q, ei, RL_QS_SCORING, 0);
 		} else if (stage == RL_QSTAGE_SCORED && e->state == RL_QS_SCORED) {
 			ent_set_state(q, ei, RL_QS_TRAINING, 0);
-			hist_add(q, e);
+			e->hint = (uint32_t)q->version;
 		} else {
 			continue;
 		}
@@ -1077,6 +1085,7 @@ apply_ack(rl_queue *q, uint64_t lid, int kind, uint64_t deadline, const uint64_t
 			return_to_pool(q, ei);
 			q->st.released++;
 		} else if (e->state == RL_QS_TRAINING) {
+			hist_add(q, e);
 			sample_done(q, ei);
 		} else if (e->state == RL_QS_LEASED) {
 			prompt_expand(q, e->grp);

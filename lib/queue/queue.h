@@ -131,8 +131,9 @@ typedef struct rl_queue_stats {
 	uint64_t done, duplicates, rejected, replaced;
 	uint64_t expired_leases, expired_records, released, late_acks;
 	uint64_t busy, gate_blocked, stale_dropped, stale_regen, unversioned;
-	uint64_t staleness[9];           /* samples handed to trainers by v - version: 0..7, 8+ */
-	uint64_t staleness_sum;          /* sum of v - version over those samples */
+	uint64_t staleness[9];           /* samples trained (acked done), by the version when
+	                                  * leased less theirs: 0..7, 8+; each once */
+	uint64_t staleness_sum;          /* the sum of those differences */
 	uint64_t journal_bytes, journal_syncs, compactions;
 } rl_queue_stats;
 void rl_queue_get_stats(const rl_queue *q, rl_queue_stats *s);

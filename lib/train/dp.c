@@ -258,13 +258,13 @@ rli_dp_check_weights(trainer *tr)
 	for (int r = 1; rv == 0 && r < tr->world; r++)
 		if (all[r] != all[0]) {
 			rl_error("after step %d the weights of rank %d differ from rank 0's (the ranks diverged)",
-			    tr->m->step, r);
+			    tr->m->version, r);
 			rl_hint("every rank must run with the same options and input");
 			rv = RL_ECHECKSUM;
 		}
 	free(all);
 	if (rv == 0)
-		rl_verbose("step %d: weights identical on all %d ranks (checksum %016llx)", tr->m->step, tr->world,
+		rl_verbose("step %d: weights identical on all %d ranks (checksum %016llx)", tr->m->version, tr->world,
 		    (unsigned long long)mine);
 	return rv;
 }
@@ -300,7 +300,7 @@ rli_dp_agree_step(trainer *tr, int have, int *go)
 		for (int r = 0; r < tr->world; r++)
 			if (all[2 * r] == 0) {
 				rl_error("rank %d ran out of input before step %d while rank %d has a full step", r,
-				    tr->m->step + 1, all[0] ? 0 : (r + 1) % tr->world);
+				    tr->m->version + 1, all[0] ? 0 : (r + 1) % tr->world);
 				break;
 			}
 		rl_hint("with several ranks every rank reads the whole input (the same file or stream)");
@@ -308,7 +308,7 @@ rli_dp_agree_step(trainer *tr, int have, int *go)
 	} else {
 		for (int r = 1; r < tr->world; r++)
 			if (all[2 * r + 1] != all[1]) {
-				rl_error("step %d: rank %d has other groups than rank 0", tr->m->step + 1, r);
+				rl_error("step %d: rank %d has other groups than rank 0", tr->m->version + 1, r);
 				rl_hint("with several ranks every rank reads the whole input (the same file or stream)");
 				rv = RL_EINVAL;
 				break;

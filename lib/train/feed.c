@@ -385,7 +385,7 @@ rli_feed_open(trainer *tr)
 			return rv;
 		rl_qclient_set_stop(tr->qc, &rli_train_stop);
 		/* the broker's staleness gate starts from our version */
-		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->step, NULL);
+		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
 		if (rl_wstat_open(&tr->wst, o->queue_url, "train", strcmp(tr->ops->name, "cpu") == 0 ? "cpu" :
 		    o->device) != 0)
 			rl_warn("no stats reports to the broker");

@@ -164,7 +164,7 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 {
 	const rl_train_opts *o = tr->o;
 	cJSON *j;
-	int step = tr->m->step, S = tr->nseq, err;
+	int step = tr->m->version, S = tr->nseq, err;
 	double stal = 0, stalmax = 0;
 	long ntok = 0, nresp = 0;
 	char *txt;

@@ -103,8 +103,8 @@ write_state(trainer *tr, const char *dir)
 		cJSON_Delete(j);
 		return rv;
 	}
-	ok = cJSON_AddNumberToObject(j, "global_step", tr->m->step) != NULL;
-	ok &= cJSON_AddNumberToObject(j, "version", tr->m->step) != NULL;
+	ok = cJSON_AddNumberToObject(j, "global_step", tr->m->version) != NULL;
+	ok &= cJSON_AddNumberToObject(j, "version", tr->m->version) != NULL;
 	ok &= cJSON_AddNumberToObject(j, "records_consumed", (double)RL_MAX(tr->records, tr->skip_records)) != NULL;
 	ok &= (pj = cJSON_AddArrayToObject(j, "records_pending")) != NULL;
 	for (size_t i = 0; ok && i < npend; i++) {
@@ -190,7 +190,7 @@ check_finite(trainer *tr)
 	if (isfinite(ss))
 		return RL_OK;
 	rl_error("step %d: the weights are not finite (NaN or infinite); version %d not published",
-	    tr->m->step, tr->m->step);
+	    tr->m->version, tr->m->version);
 	rl_hint("the update diverged: lower --lr, or check --beta1, --beta2 and --adam-eps");
 	return RL_EINVAL;
 }
@@ -206,18 +206,18 @@ rli_save_publish(trainer *tr, int full, int push)
 	if ((rv = check_finite(tr)) != 0)
 		return rv;
 	/* the weights group: straight from the parameters, before any file */
-	if (push && tr->wg && (rv = rl_wgroup_send(tr->wg, tr->m->step)) != 0)
+	if (push && tr->wg && (rv = rl_wgroup_send(tr->wg, tr->m->version)) != 0)
 		return rv;
-	if (push && (tr->ws || tr->wg) && every > 1 && !full && tr->m->step % every != 0) {
+	if (push && (tr->ws || tr->wg) && every > 1 && !full && tr->m->version % every != 0) {
 		/* --ckpt-every: rl-sync or the group carries this version; no directory, no fsync */
 		rl_wver *v = NULL;
 		if (!tr->ws)
 			return RL_OK;
-		if ((rv = rl_wver_from_ckpt(&v, tr->m, (uint64_t)tr->m->step)) == 0)
+		if ((rv = rl_wver_from_ckpt(&v, tr->m, (uint64_t)tr->m->version)) == 0)
 			rv = rl_wsync_publish(tr->ws, v, 1);
 		rl_wver_destroy(v);
 		if (rv != 0)
-			rl_error("cannot publish version %d to '%s'", tr->m->step, tr->o->sync_url);
+			rl_error("cannot publish version %d to '%s'", tr->m->version, tr->o->sync_url);
 		return rv;
 	}
 	if ((rv = rl_ckpt_save(tr->m, tr->o->out_dir, full, dir, sizeof dir)) != 0)
@@ -225,12 +225,12 @@ rli_save_publish(trainer *tr, int full, int push)
 	if (full && (rv = write_state(tr, dir)) != 0)
 		return rv;
 	/* rl-sync: the new version goes out as a delta against the last one */
-	if (push && tr->ws && (rv = rl_wsync_publish_dir(tr->ws, dir, (uint64_t)tr->m->step, 1)) != 0) {
-		rl_error("cannot publish version %d to '%s'", tr->m->step, tr->o->sync_url);
+	if (push && tr->ws && (rv = rl_wsync_publish_dir(tr->ws, dir, (uint64_t)tr->m->version, 1)) != 0) {
+		rl_error("cannot publish version %d to '%s'", tr->m->version, tr->o->sync_url);
 		return rv;
 	}
 	prune(tr);
-	rl_verbose("published version %d in '%s'%s", tr->m->step, dir, full ? " (with optimizer)" : "");
+	rl_verbose("published version %d in '%s'%s", tr->m->version, dir, full ? " (with optimizer)" : "");
 	return RL_OK;
 }
 
@@ -332,7 +332,7 @@ rli_save_load_state(trainer *tr, const cJSON *state, const char *dir)
 		tr->groups_used = (uint64_t)cJSON_GetObjectItem(state, "groups_consumed")->valuedouble;
 	if (!cJSON_GetObjectItem(state, "groups_done")) {
 		rl_info("resuming from '%s' at step %d (skipping %llu records already consumed)", dir,
-		    tr->m->step, (unsigned long long)(tr->skip_records - tr->npend));
+		    tr->m->version, (unsigned long long)(tr->skip_records - tr->npend));
 		return RL_OK;
 	}
 	/* the group rule: whatever order the records come in */
@@ -346,7 +346,7 @@ rli_save_load_state(trainer *tr, const cJSON *state, const char *dir)
 		return rv;
 	tr->by_group = 1;
 	rl_info("resuming from '%s' at step %d (skipping the records of the %llu groups done)", dir,
-	    tr->m->step, (unsigned long long)rl_gset_count(&tr->done));
+	    tr->m->version, (unsigned long long)rl_gset_count(&tr->done));
 	return RL_OK;
 }
 
@@ -361,14 +361,14 @@ rli_save_open(trainer *tr, const char *dir)
 	/* versions pushed after the checkpoint resumed from are lost with the
 	 * run that made them: rl-sync goes back to this one, and the workers
 	 * that loaded them move to it */
-	if (tr->ws && o->resume && (rv = rl_wsync_rewind_dir(tr->ws, dir, (uint64_t)tr->m->step)) != 0) {
-		rl_error("cannot rewind '%s' to version %d, the checkpoint resumed from", o->sync_url, tr->m->step);
+	if (tr->ws && o->resume && (rv = rl_wsync_rewind_dir(tr->ws, dir, (uint64_t)tr->m->version)) != 0) {
+		rl_error("cannot rewind '%s' to version %d, the checkpoint resumed from", o->sync_url, tr->m->version);
 		return rv;
 	}
 	if (tr->rank == 0 && o->wgroup_addr) {
 		/* the rollout workers start from this trainer's weights (a resumed run's too) */
 		rl_wgroup_opts wo = { o->wgroup_addr, 0, o->wgroup_size, o->wgroup_backend, 0 };
-		if ((rv = rl_wgroup_open(&tr->wg, &wo, tr->m)) != 0 || (rv = rl_wgroup_send(tr->wg, tr->m->step)) != 0)
+		if ((rv = rl_wgroup_open(&tr->wg, &wo, tr->m)) != 0 || (rv = rl_wgroup_send(tr->wg, tr->m->version)) != 0)
 			return rv;
 	}
 	return RL_OK;
@@ -378,8 +378,8 @@ int
 rli_save_step(trainer *tr)
 {
 	const rl_train_opts *o = tr->o;
-	int rv, full = (o->save_every > 0 && tr->m->step % o->save_every == 0) ||
-	    (o->max_steps > 0 && tr->m->step >= o->max_steps);
+	int rv, full = (o->save_every > 0 && tr->m->version % o->save_every == 0) ||
+	    (o->max_steps > 0 && tr->m->version >= o->max_steps);
 	double t_pub = rl_now();
 
 	if (tr->zero && full && (rv = rli_zero_gather_opt(tr)) != 0)
@@ -398,9 +398,9 @@ rli_save_final(trainer *tr, int start_step)
 	char dir[4096];
 	int need = 0, rv;
 
-	if (tr->m->step > start_step && tr->rank == 0) {
+	if (tr->m->version > start_step && tr->rank == 0) {
 		char opt[4096];
-		snprintf(opt, sizeof opt, "%s/step-%08d/optimizer.safetensors", o->out_dir, tr->m->step);
+		snprintf(opt, sizeof opt, "%s/step-%08d/optimizer.safetensors", o->out_dir, tr->m->version);
 		need = access(opt, R_OK) != 0;
 	}
 	/* ZeRO: every rank sends its share of the optimizer state */
@@ -408,7 +408,7 @@ rli_save_final(trainer *tr, int start_step)
 	    (need && (rv = rli_zero_gather_opt(tr)) != 0)))
 		return rv;
 	if (need && tr->rank == 0) {
-		snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr->m->step);
+		snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr->m->version);
 		rl_io_remove_tree(dir);
 		tr->groups_pending = 1;
 		if ((rv = rli_save_publish(tr, 1, 0)) != 0)

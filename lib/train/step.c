@@ -691,7 +691,7 @@ adamw(trainer *tr, float *gnorm, double *lr)
 	rl_adamw ad = { 0 };
 	int rv;
 
-	*lr = rl_lr_at(tr->m->step + 1, o->lr, o->warmup, o->total_steps, o->sched, o->min_lr_ratio);
+	*lr = rl_lr_at(tr->m->version + 1, o->lr, o->warmup, o->total_steps, o->sched, o->min_lr_ratio);
 	ad.lr = (float)*lr;
 	ad.beta1 = o->beta1;
 	ad.beta2 = o->beta2;
@@ -699,7 +699,7 @@ adamw(trainer *tr, float *gnorm, double *lr)
 	ad.weight_decay = o->weight_decay;
 	ad.max_grad_norm = o->grad_clip;
 	if (o->critic_lr > 0)
-		ad.aux_lr = (float)rl_lr_at(tr->m->step + 1, o->critic_lr, o->warmup, o->total_steps, o->sched,
+		ad.aux_lr = (float)rl_lr_at(tr->m->version + 1, o->critic_lr, o->warmup, o->total_steps, o->sched,
 		    o->min_lr_ratio);
 	double t1 = rl_now();
 	rv = tr->zero ? rli_zero_step(tr, &ad, gnorm) : rl_model_step(tr->m, &ad, gnorm);

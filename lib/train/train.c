@@ -126,14 +126,17 @@ train_step(trainer *tr)
 		tr->steps_skipped++;
 		return tr->qc ? rli_feed_ack(tr) : RL_OK;
 	}
+	/* one version per trainer step, whatever its AdamW updates (E x M): the
+	 * staleness gates, --max-steps and the step-N names all count these */
+	tr->m->version++;
 	if ((rv = rli_save_step(tr)) != 0)
 		return rv;
-	if (tr->world > 1 && o->dp_check_every > 0 && tr->m->step % o->dp_check_every == 0 &&
+	if (tr->world > 1 && o->dp_check_every > 0 && tr->m->version % o->dp_check_every == 0 &&
 	    (rv = rli_dp_check_weights(tr)) != 0)
 		return rv;
 	if (tr->qc) {
 		/* the new version first, so the broker's gate judges later groups by it */
-		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->step, NULL);
+		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
 		if ((rv = rli_feed_ack(tr)) != 0)
 			return rv;
 	}
@@ -176,7 +179,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 	const rl_train_opts *o = tr->o;
 	char dev[32];
 	const char *d = o->device;
-	int rv, rstep;
+	int rv, rstep = 0;
 
 	/* several ranks on "cuda": each on the GPU of its LOCAL_RANK */
 	if (tr->world > 1 && (strcmp(d, "cuda") == 0 || strcmp(d, "auto") == 0)) {
@@ -233,13 +236,15 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 		return RL_OK;
 	if (tr->m->no_adam_state && (rv = rli_zero_full_alloc(tr)) != 0)
 		return rv;
+	/* the version is the directory's step-N; the AdamW count is the file's */
+	tr->m->version = rstep;
 	return rl_ckpt_load_optimizer(tr->m, dir);
 }
 
 static void
 draw_progress(trainer *tr, int start_step)
 {
-	int max = tr->o->max_steps, done = tr->m->step - start_step, todo = max - start_step;
+	int max = tr->o->max_steps, done = tr->m->version - start_step, todo = max - start_step;
 	double dt = rl_progress_elapsed(&tr->prog), rate = dt > 0 ? done / dt : 0.0;
 
 	if (max > 0)
@@ -257,7 +262,7 @@ run_steps(trainer *tr, int start_step)
 	int rv, have;
 
 	for (;;) {
-		if (o->max_steps > 0 && tr->m->step >= o->max_steps)
+		if (o->max_steps > 0 && tr->m->version >= o->max_steps)
 			return RL_OK;
 		if (rli_train_stop && !tr->qc && !tr->qfollow)
 			return RL_OK;
@@ -300,7 +305,7 @@ finish(trainer *tr, int start_step)
 		    (unsigned long long)tr->steps_skipped);
 	if (!o->quiet && tr->rank == 0)
 		rl_info("%d steps; %llu records, %llu duplicates dropped, %llu bad records, %llu groups "
-		    "dropped (bad), %llu (no signal), %llu incomplete", tr->m->step - start_step,
+		    "dropped (bad), %llu (no signal), %llu incomplete", tr->m->version - start_step,
 		    (unsigned long long)st->records, (unsigned long long)st->duplicates,
 		    (unsigned long long)st->bad_records, (unsigned long long)st->bad_groups,
 		    (unsigned long long)tr->dropped_nosignal, (unsigned long long)st->incomplete);
@@ -313,14 +318,14 @@ finish(trainer *tr, int start_step)
 		 * full one); what was leased and not trained expires there */
 		if (tr->rank == 0)
 			rl_error("stopped after step %d: the broker at '%s' did not answer; --resume continues from "
-			    "the last checkpoint", tr->m->step, o->queue_url);
+			    "the last checkpoint", tr->m->version, o->queue_url);
 		return RL_ETIMEDOUT;
 	}
 	/* file or pipe input that ended before one step: a failure, not a run
 	 * (a generator that died at its start closed the pipe; a Makefile or a
 	 * pipeline's status must not take it for a trained policy).  A --resume
 	 * that finds no record past its checkpoint has nothing left to do. */
-	if (!tr->qc && !tr->qfollow && !rli_train_stop && tr->m->step == start_step &&
+	if (!tr->qc && !tr->qfollow && !rli_train_stop && tr->m->version == start_step &&
 	    !(o->max_steps > 0 && start_step >= o->max_steps) &&
 	    (!o->resume || (tr->by_group ? tr->records_new > 0 : tr->records > tr->skip_records))) {
 		if (tr->rank == 0) {
@@ -396,7 +401,7 @@ rl_train_run(const rl_train_opts *o)
 	    (o->resume && (rv = rli_save_load_state(&tr, state, dir)) != 0) ||
 	    (tr.world > 1 && (rv = rli_dp_start(&tr)) != 0))
 		goto out;
-	start_step = tr.m->step;
+	start_step = tr.m->version;
 	rl_progress_init(&tr.prog, o->quiet);
 	if ((rv = rli_feed_open(&tr)) != 0 || (rv = rli_metrics_open(&tr)) != 0 || (rv = rli_save_open(&tr, dir)) != 0)
 		goto out;
@@ -410,7 +415,7 @@ rl_train_run(const rl_train_opts *o)
 	if (rli_train_stop && !tr.qc && !tr.qfollow) {
 		train_stop_file = rli_train_stop;
 		if (tr.rank == 0)
-			rl_info("stopped by a signal after step %d: --resume continues from its checkpoint", tr.m->step);
+			rl_info("stopped by a signal after step %d: --resume continues from its checkpoint", tr.m->version);
 	}
 	if ((rv = rli_save_final(&tr, start_step)) != 0)
 		goto out;

@@ -291,8 +291,26 @@ test_gate(void)
 	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 8, 0, &lid, ids), 2);
 	T_EQ_INT(ids[0], 20);
 	T_EQ_INT(st(q).stale_dropped, 2);
-	T_EQ_INT(st(q).staleness[1], 2);
+	T_EQ_INT(st(q).staleness[1], 0);   /* leased, not yet trained */
 	T_EQ_INT(st(q).groups, 1);
+	/* released, expired and leased again: each sample counts once, when
+	 * acknowledged, at the version of the lease that trained it */
+	T_EQ_INT(ack(q, lid, RL_QACK_RELEASE, NULL), 0);
+	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 8, 10, &lid, ids), 2);
+	now += 20;
+	T_EQ_INT(rl_queue_tick(q, now, NULL), 0);
+	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 8, 0, &lid, ids), 2);
+	T_EQ_INT(st(q).staleness[1], 0);
+	T_EQ_INT(ack(q, lid, RL_QACK_DONE, NULL), 0);
+	T_EQ_INT(st(q).staleness[1], 2);
+	T_EQ_INT(st(q).staleness_sum, 2);
+	{
+		uint64_t tot = 0;
+		for (int i = 0; i < 9; i++)
+			tot += st(q).staleness[i];
+		T_EQ_INT(tot, 2);
+	}
+	T_EQ_INT(st(q).groups, 0);
 	rl_queue_close(q);
 
 	/* regen: the prompt goes back to the pool, the stale samples go */
@@ -310,6 +328,7 @@ test_gate(void)
 	/* regenerated samples (same ids) are accepted, at the new version */
 	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(10, 2, 1, 0, 2, 3, 4), NULL), 0);
 	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 8, 0, &lid, ids), 2);
+	T_EQ_INT(ack(q, lid, RL_QACK_DONE, NULL), 0);
 	T_EQ_INT(st(q).staleness[0], 2);
 	rl_queue_close(q);
 }
