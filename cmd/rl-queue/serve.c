@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/core.h"
+#include "base/nngx.h"
 #include "base/io.h"
 #include "queue/qhttp.h"
 #include "queue/qserve.h"
@@ -38,12 +39,15 @@ static const char usage_text[] =
 	"      --http ADDR          serve /metrics (Prometheus), /api/stats (JSON) and\n"
 	"                           a live dashboard at / on ADDR (HOST:PORT, :PORT)\n"
 	"      --http-public        allow --http on a non-loopback address\n"
+	"      --listen-public      allow --listen on a non-loopback address without\n"
+	"                           TLS or an auth key\n"
 	"  -q, --quiet              print errors only\n"
 	"  -v, --verbose            print more\n"
 	"  -h, --help               print this help and exit\n"
 	"\n"
 	"Exit status: 0 stopped by a signal, 1 runtime failure, 2 usage error\n"
-	"(a public --http address without --http-public too), 3 cannot listen on\n"
+	"(a public --http address without --http-public, a public --listen address\n"
+	"without --listen-public too), 3 cannot listen on\n"
 	"URL or on the --http address.\n";
 
 static volatile sig_atomic_t stop_flag;
@@ -61,7 +65,8 @@ stats_cb(void *arg, char **json)
 	return rl_qserve_stats_json(arg, json);
 }
 
-enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER };
+enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER,
+       OPT_LISTEN_PUBLIC };
 
 static int
 parse_num(const char *opt, const char *s, double lo, double hi, double *out)
@@ -93,6 +98,7 @@ rlq_serve_main(int argc, char **argv)
 		{ "contexts", required_argument, NULL, OPT_CONTEXTS },
 		{ "http", required_argument, NULL, OPT_HTTP },
 		{ "http-public", no_argument, NULL, OPT_HTTP_PUBLIC },
+		{ "listen-public", no_argument, NULL, OPT_LISTEN_PUBLIC },
 		{ "recover-journal", no_argument, NULL, OPT_RECOVER },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -103,7 +109,7 @@ rlq_serve_main(int argc, char **argv)
 	const char *http = NULL;
 	rl_qserve *s = NULL;
 	rl_qhttp *hs = NULL;
-	int c, rv, http_public = 0, verbosity = RL_LOG_NORMAL;
+	int c, rv, http_public = 0, listen_public = 0, verbosity = RL_LOG_NORMAL;
 	long long sz;
 	double d;
 
@@ -160,6 +166,7 @@ rlq_serve_main(int argc, char **argv)
 			break;
 		case OPT_HTTP: http = optarg; break;
 		case OPT_HTTP_PUBLIC: http_public = 1; break;
+		case OPT_LISTEN_PUBLIC: listen_public = 1; break;
 		case OPT_RECOVER: cfg.queue.recover = 1; break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity++; break;
@@ -180,6 +187,8 @@ rlq_serve_main(int argc, char **argv)
 		return 2;
 	}
 	rl_log_set_level(verbosity);
+	if (rli_listen_policy("serve", cfg.listen, 0, listen_public) != 0)
+		return 2;
 	if (http) {   /* refuse a bad or public address before anything listens */
 		char url[300];
 		int loop;

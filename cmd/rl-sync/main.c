@@ -14,6 +14,7 @@
 #include "base/core.h"
 #include "base/cli.h"
 #include "base/io.h"
+#include "base/nngx.h"
 #include "sync/wdir.h"
 #include "sync/wsync.h"
 
@@ -52,6 +53,7 @@ static const char help_text[] =
 	"  -p, --keep-previous    serve: also hold and serve the previous version\n"
 	"  -t, --threads N        serve: worker threads (default 4)\n"
 	"  -M, --no-shm           serve: no shared memory for workers on this host\n"
+	"      --listen-public    serve: allow a non-loopback --listen without TLS or a key\n"
 	"  -n, --version N        push/publish: version number (push default: server's latest + 1);\n"
 	"                         pull: fetch version N instead of the latest\n"
 	"  -D, --delta BASE_DIR   push: send only the XOR against BASE_DIR, the server's latest version\n"
@@ -80,6 +82,8 @@ static const char help_text[] =
 	"  -v, --verbose          more messages\n"
 	"  -h, --help             this text\n";
 
+enum { OPT_LISTEN_PUBLIC = 256 };
+
 static const struct option longopts[] = {
 	{ "listen", required_argument, NULL, 'l' },
 	{ "data-dir", required_argument, NULL, 'd' },
@@ -104,13 +108,14 @@ static const struct option longopts[] = {
 	{ "quiet", no_argument, NULL, 'q' },
 	{ "verbose", no_argument, NULL, 'v' },
 	{ "help", no_argument, NULL, 'h' },
+	{ "listen-public", no_argument, NULL, OPT_LISTEN_PUBLIC },
 	{ NULL, 0, NULL, 0 },
 };
 
 typedef struct cfg {
 	const char *cmd, *url, *dir, *ckpt, *listen, *data_dir, *out, *delta;
 	int keep_previous, threads, level, wait, follow, keep, json, stored, timeout, parallel, verbosity;
-	int transport, no_shm, rewind;
+	int transport, no_shm, rewind, listen_public;
 	unsigned long long version;
 	size_t chunk;
 } cfg;
@@ -146,6 +151,8 @@ cmd_serve(const cfg *c)
 	o.keep_previous = c->keep_previous;
 	o.threads = c->threads;
 	o.shm = c->no_shm ? -1 : 0;
+	if (c->listen && rli_listen_policy("serve", c->listen, 0, c->listen_public) != 0)
+		return 2;
 	install_signals();
 	if ((rv = rl_wsync_server_open(&s, &o)) != 0)
 		return exit_code(rv);
@@ -407,6 +414,7 @@ main(int argc, char **argv)
 				return rl_cli_usage("--transport: bad value '%s' (auto, shm, stream or nng)", optarg);
 			break;
 		case 'M': c.no_shm = 1; break;
+		case OPT_LISTEN_PUBLIC: c.listen_public = 1; break;
 		case 'S': c.stored = 1; break;
 		case 'Z': c.stored = -1; break;
 		case 'T':

@@ -3,6 +3,8 @@
  */
 #include "base/nngx.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,3 +117,65 @@ port_check(const char *url, long lo)
 
 int rli_url_port_check(const char *url) { return port_check(url, 1); }
 int rli_url_port_check_listen(const char *url) { return port_check(url, 0); }
+
+/* the host of scheme://HOST:PORT[/...]: "" for none or a wildcard */
+static void
+url_host(const char *url, char *host, size_t n)
+{
+	const char *hp = strstr(url, "://"), *e;
+	size_t k;
+
+	host[0] = 0;
+	if (hp == NULL)
+		return;
+	hp += 3;
+	if (*hp == '[') {
+		hp++;
+		e = strchr(hp, ']');
+	} else {
+		const char *slash = strchr(hp, '/');
+		e = strrchr(hp, ':');
+		if (e == NULL || (slash && e > slash))
+			e = slash ? slash : hp + strlen(hp);
+	}
+	if (e == NULL)
+		return;
+	k = (size_t)(e - hp);
+	if (k >= n)
+		k = n - 1;
+	memcpy(host, hp, k);
+	host[k] = 0;
+	if (strcmp(host, "*") == 0)
+		host[0] = 0;
+}
+
+int
+rli_url_is_local(const char *url)
+{
+	char host[256];
+	struct in_addr a4;
+	struct in6_addr a6;
+
+	if (strncmp(url, "ipc://", 6) == 0 || strncmp(url, "inproc://", 9) == 0 ||
+	    strncmp(url, "abstract://", 11) == 0)
+		return 1;
+	url_host(url, host, sizeof host);
+	if (strcmp(host, "localhost") == 0)
+		return 1;
+	if (inet_pton(AF_INET, host, &a4) == 1)
+		return (ntohl(a4.s_addr) >> 24) == 127;
+	if (inet_pton(AF_INET6, host, &a6) == 1)
+		return IN6_IS_ADDR_LOOPBACK(&a6);
+	return 0; /* a wildcard, another address or a name that may resolve to any */
+}
+
+int
+rli_listen_policy(const char *prog, const char *url, int secured, int allow_public)
+{
+	if (rli_url_is_local(url) || secured || allow_public)
+		return RL_OK;
+	rl_error("%s: refusing to listen on '%s': not a loopback address", prog, url);
+	rl_hint("nothing on this listener is authenticated: anyone who reaches it could lease, acknowledge, drop or "
+		"push; add --listen-public to serve it anyway (on a network you trust)");
+	return RL_EINVAL;
+}

@@ -24,4 +24,14 @@ int rli_url_port_check(const char *url);
  * too; a missing port is not (nng would take it for 0). */
 int rli_url_port_check_listen(const char *url);
 
+/* rli_url_is_local: 1 for ipc://, inproc:// and a URL whose host is a
+ * loopback address (127.0.0.0/8, ::1, localhost); 0 for a wildcard
+ * (tcp://0.0.0.0:P, tcp://[*]:P, tcp://:P), another address or a host name. */
+int rli_url_is_local(const char *url);
+/* rli_listen_policy: a server listens beyond this machine only when its
+ * requests are protected (secured: TLS or a shared key) or the user said so
+ * (allow_public: --listen-public).  RL_OK, or RL_EINVAL logged with a hint
+ * (prog names the command). */
+int rli_listen_policy(const char *prog, const char *url, int secured, int allow_public);
+
 #endif
