@@ -40,7 +40,10 @@ static const char usage_text[] =
 	"                           a live dashboard at / on ADDR (HOST:PORT, :PORT)\n"
 	"      --http-public        allow --http on a non-loopback address\n"
 	"      --listen-public      allow --listen on a non-loopback address without\n"
-	"                           TLS or an auth key\n"
+	"                           TLS client certificates\n"
+	"      --tls-cert FILE      tls+tcp://: this server's certificate (PEM)\n"
+	"      --tls-key FILE       its private key (PEM)\n"
+	"      --tls-ca FILE        require client certificates signed by this CA\n"
 	"  -q, --quiet              print errors only\n"
 	"  -v, --verbose            print more\n"
 	"  -h, --help               print this help and exit\n"
@@ -66,7 +69,7 @@ stats_cb(void *arg, char **json)
 }
 
 enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER,
-       OPT_LISTEN_PUBLIC };
+       OPT_LISTEN_PUBLIC, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA };
 
 static int
 parse_num(const char *opt, const char *s, double lo, double hi, double *out)
@@ -99,6 +102,9 @@ rlq_serve_main(int argc, char **argv)
 		{ "http", required_argument, NULL, OPT_HTTP },
 		{ "http-public", no_argument, NULL, OPT_HTTP_PUBLIC },
 		{ "listen-public", no_argument, NULL, OPT_LISTEN_PUBLIC },
+		{ "tls-cert", required_argument, NULL, OPT_TLS_CERT },
+		{ "tls-key", required_argument, NULL, OPT_TLS_KEY },
+		{ "tls-ca", required_argument, NULL, OPT_TLS_CA },
 		{ "recover-journal", no_argument, NULL, OPT_RECOVER },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -106,7 +112,7 @@ rlq_serve_main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	rl_qserve_config cfg = { .listen = "tcp://127.0.0.1:7400" };
-	const char *http = NULL;
+	const char *http = NULL, *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
 	rl_qserve *s = NULL;
 	rl_qhttp *hs = NULL;
 	int c, rv, http_public = 0, listen_public = 0, verbosity = RL_LOG_NORMAL;
@@ -167,6 +173,9 @@ rlq_serve_main(int argc, char **argv)
 		case OPT_HTTP: http = optarg; break;
 		case OPT_HTTP_PUBLIC: http_public = 1; break;
 		case OPT_LISTEN_PUBLIC: listen_public = 1; break;
+		case OPT_TLS_CERT: tls_cert = optarg; break;
+		case OPT_TLS_KEY: tls_key = optarg; break;
+		case OPT_TLS_CA: tls_ca = optarg; break;
 		case OPT_RECOVER: cfg.queue.recover = 1; break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity++; break;
@@ -187,7 +196,11 @@ rlq_serve_main(int argc, char **argv)
 		return 2;
 	}
 	rl_log_set_level(verbosity);
-	if (rli_listen_policy("serve", cfg.listen, 0, listen_public) != 0)
+	if ((tls_cert || tls_key || tls_ca) && rli_nng_tls_files(tls_cert, tls_key, tls_ca) != 0)
+		return 2;
+	/* TLS that checks client certificates protects the socket */
+	if (rli_listen_policy("serve", cfg.listen, strncmp(cfg.listen, "tls+", 4) == 0 && rli_nng_tls_authenticates(),
+			      listen_public) != 0)
 		return 2;
 	if (http) {   /* refuse a bad or public address before anything listens */
 		char url[300];

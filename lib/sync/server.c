@@ -1577,7 +1577,7 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 		nng_listener l;
 		nng_sockaddr sa;
 		size_t n = strlen(url);
-		if ((r = nng_listen(s->sock, url, &l, 0)) != 0) {
+		if ((r = rli_nng_listen(s->sock, url, &l)) != 0) {
 			rv = rli_ws_nng_err(r, "cannot listen on", url);
 			goto fail;
 		}
