@@ -150,16 +150,11 @@ seen_add(seen *s, uint64_t id)
 }
 
 /* ---- open / close ---------------------------------------------------------------- */
+/* loopback tcp:// or tls+tcp://, ipc://, inproc:// */
 static int
 is_local(const char *url)
 {
-	static const char *const pfx[] = {
-		"ipc://", "inproc://", "tcp://127.", "tcp://localhost:", "tcp://[::1]:", "tcp4://127.", "tcp6://[::1]:"
-	};
-	for (size_t i = 0; i < RL_ARRAY_LEN(pfx); i++)
-		if (strncmp(url, pfx[i], strlen(pfx[i])) == 0)
-			return 1;
-	return 0;
+	return rli_url_is_local(url);
 }
 
 int
