@@ -215,6 +215,22 @@ rli_nng_tls_files(const char *cert, const char *key, const char *ca)
 }
 
 int
+rli_nng_tls_opt(int which, const char *path)
+{
+	char **slot = which == 'c' ? &tls_cert : which == 'k' ? &tls_key : &tls_ca;
+	char *p = strdup(path);
+
+	if (p == NULL)
+		return RL_ENOMEM;
+	pthread_mutex_lock(&tls_mu);
+	free(*slot);
+	*slot = p;
+	tls_set = 1;
+	pthread_mutex_unlock(&tls_mu);
+	return RL_OK;
+}
+
+int
 rli_nng_tls_authenticates(void)
 {
 	int r;
@@ -257,7 +273,10 @@ tls_config(nng_tls_config **out, int server, const char *url)
 		tls_ca = ea && *ea ? strdup(ea) : NULL;
 		tls_set = 1;
 	}
-	if (server && (tls_cert == NULL || tls_key == NULL)) {
+	if ((tls_cert == NULL) != (tls_key == NULL)) {
+		rl_error("'%s': --tls-cert and --tls-key go together (the certificate and its private key)", url);
+		rv = RL_EINVAL;
+	} else if (server && (tls_cert == NULL || tls_key == NULL)) {
 		rl_error("'%s': a TLS listener needs --tls-cert and --tls-key", url);
 		rv = RL_EINVAL;
 	} else if (!server && tls_ca == NULL) {

@@ -46,6 +46,9 @@ int rli_listen_policy(const char *prog, const char *url, int secured, int allow_
  * from the environment are used at the first tls+ URL.  RL_EINVAL (logged)
  * for a cert without a key or the other way round. */
 int rli_nng_tls_files(const char *cert, const char *key, const char *ca);
+/* one of them (which: 'c' cert, 'k' key, 'a' CA), for a client's option
+ * parser; the pairing of cert and key is checked at the first tls+ URL */
+int rli_nng_tls_opt(int which, const char *path);
 /* 1 when a TLS listener of this process would require client certificates */
 int rli_nng_tls_authenticates(void);
 /* nng_listen / nng_dial that configure TLS for tls+ URLs (others unchanged).

@@ -121,3 +121,20 @@ start_tls_broker() {
 	run -0 --separate-stderr rl-sync pull "${CLI[@]}" --transport stream "$U" --out "$D/out"
 	cmp "$D/out/v000008/model.safetensors" "$D/ck/model.safetensors"
 }
+
+@test "rl-reward --queue takes --tls-cert/--tls-key/--tls-ca: scores over TLS; without its certificate it is refused and leases nothing" {
+	start_tls_broker
+	for i in 1 2; do
+		printf '{"id":%d,"group":%d,"index":0,"group_size":1,"version":[0,0],"prompt_text":"1+1","response_text":"#### 2","meta":{"answer":"2"}}\n' $i $i
+	done > "$D/gen.jsonl"
+	run -0 --separate-stderr with_cert rl-queue put -q -s generated "$URL" "$D/gen.jsonl"
+	run -1 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 --tls-ca "$C/ca.pem"
+	[[ $stderr == *"TLS handshake failed"* ]]
+	run -1 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 --tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem"
+	[[ $stderr == *"--tls-cert and --tls-key go together"* ]]
+	run -0 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 \
+		--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.key"
+	[[ $stderr == *"2 records"* ]]
+	with_cert rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 2 ' "$D/st"
+}
