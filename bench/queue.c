@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/nngx.h"
 #include "queue/qclient.h"
 #include "stream/traj.h"
 
@@ -27,6 +28,8 @@
 #define RESPONSE 512
 
 static char url[64];
+static const char *tls_dir;  /* RLQ_BENCH_TLS */
+static const char *tls_file(const char *name);
 static double duration = 4;
 static volatile int running;
 static uint64_t next_group[2];
@@ -230,9 +233,13 @@ run(const char *bin, const char *dir)
 	rl_qclient *c;
 	char *json = NULL;
 
-	snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port + (dir ? 1 : 0) + (compress > 0 ? 2 : 0));
+	snprintf(url, sizeof url, "%s://127.0.0.1:%d", tls_dir ? "tls+tcp" : "tcp",
+		 port + (dir ? 1 : 0) + (compress > 0 ? 2 : 0) + (tls_dir ? 4 : 0));
 	if ((pid = fork()) == 0) {
-		if (dir)
+		if (tls_dir)
+			execl(bin, bin, "serve", "-q", "--listen", url, "--max-bytes", "2G", "--tls-cert", tls_file("srv.pem"),
+			      "--tls-key", tls_file("srv.key"), "--tls-ca", tls_file("ca.pem"), (char *)NULL);
+		else if (dir)
 			execl(bin, bin, "serve", "-q", "--listen", url, "--data-dir", dir, "--max-bytes", "2G", (char *)NULL);
 		else
 			execl(bin, bin, "serve", "-q", "--listen", url, "--max-bytes", "2G", (char *)NULL);
@@ -276,13 +283,13 @@ run(const char *bin, const char *dir)
 		for (size_t k = 0; k < w[i].nlat; k++)
 			all[nall++] = w[i].lat[k];
 	qsort(all, nall, sizeof *all, cmp);
-	printf("{\"bench\":\"queue\",\"data_dir\":%s,\"wire_zstd\":%s,\"seconds\":%.2f,\"record_bytes\":%d,\"batch\":%d,"
+	printf("{\"bench\":\"queue\",\"tls\":%s,\"data_dir\":%s,\"wire_zstd\":%s,\"seconds\":%.2f,\"record_bytes\":%d,\"batch\":%d,"
 	    "\"put_records\":%llu,\"trained_records\":%llu,\"records_per_s\":%.0f,\"mb_per_s\":%.1f,"
 	    "\"lease_p50_ms\":%.3f,\"lease_p99_ms\":%.3f,\"leases\":%zu,"
 	    "\"broker_cpu_cores\":%.2f,\"broker_cpu_share\":%.2f,\"clients_cpu_cores\":%.2f,"
 	    "\"broker_time_s\":{\"state\":%.3f,\"decompress\":%.3f,\"compress\":%.3f,\"journal\":%.3f,\"lock_wait\":%.3f},"
 	    "\"journal_syncs\":%.0f}\n",
-	    dir ? "true" : "false", compress > 0 ? "true" : "false", t1 - t0, (int)rec_bytes, BATCH, (unsigned long long)put, (unsigned long long)got,
+	    tls_dir ? "true" : "false", dir ? "true" : "false", compress > 0 ? "true" : "false", t1 - t0, (int)rec_bytes, BATCH, (unsigned long long)put, (unsigned long long)got,
 	    (double)got / (t1 - t0), (double)got * (double)rec_bytes / 1e6 / (t1 - t0),
 	    nall ? all[nall / 2] * 1e3 : 0, nall ? all[(size_t)(nall * 0.99)] * 1e3 : 0, nall,
 	    (c1 - c0) / (t1 - t0), (c1 - c0) / ((c1 - c0) + (s1 - s0) + 1e-9), (s1 - s0) / (t1 - t0),
@@ -295,6 +302,18 @@ run(const char *bin, const char *dir)
 	free(w[2].lat);
 	free(w[3].lat);
 	return 0;
+}
+
+/* RLQ_BENCH_TLS=DIR (ca.pem, srv.pem/key, cli.pem/key): plain tcp:// and
+ * tls+tcp:// with client certificates, each without --data-dir */
+static const char *
+tls_file(const char *name)
+{
+	static char buf[8][600];
+	static int k;
+	char *b = buf[k++ % 8];
+	snprintf(b, 600, "%s/%s", tls_dir, name);
+	return b;
 }
 
 int
@@ -313,6 +332,15 @@ main(int argc, char **argv)
 		return 1;
 	}
 	compress = -1;
+	if (getenv("RLQ_BENCH_TLS")) {
+		const char *d = getenv("RLQ_BENCH_TLS");
+		rv = run(bin, NULL);
+		tls_dir = d;
+		if (rli_nng_tls_files(tls_file("cli.pem"), tls_file("cli.key"), tls_file("ca.pem")) != 0)
+			return 1;
+		rv |= run(bin, NULL);
+		return rv;
+	}
 	rv = run(bin, NULL);
 	if (mkdtemp(dir) == NULL)
 		return 1;

@@ -11,6 +11,7 @@
 
 #include "base/cli.h"
 #include "base/core.h"
+#include "base/nngx.h"
 #include "base/io.h"
 #include "queue/qhttp.h"
 #include "queue/qserve.h"
@@ -40,6 +41,11 @@ static const char usage_text[] =
 	"      --http ADDR          serve /metrics (Prometheus), /api/stats (JSON) and\n"
 	"                           a live dashboard at / on ADDR (HOST:PORT, :PORT)\n"
 	"      --http-public        allow --http on a non-loopback address\n"
+	"      --listen-public      allow --listen on a non-loopback address without\n"
+	"                           TLS client certificates\n"
+	"      --tls-cert FILE      tls+tcp://: this server's certificate (PEM)\n"
+	"      --tls-key FILE       its private key (PEM)\n"
+	"      --tls-ca FILE        require client certificates signed by this CA\n"
 	"  -q, --quiet              print errors only\n"
 	"  -v, --verbose            print more\n"
 	"      --config FILE        options from a YAML file (keys: long options)\n"
@@ -47,7 +53,8 @@ static const char usage_text[] =
 	"  -h, --help               print this help and exit\n"
 	"\n"
 	"Exit status: 0 stopped by a signal, 1 runtime failure, 2 usage error\n"
-	"(a public --http address without --http-public too), 3 cannot listen on\n"
+	"(a public --http address without --http-public, a public --listen address\n"
+	"without --listen-public too), 3 cannot listen on\n"
 	"URL or on the --http address.\n";
 
 static volatile sig_atomic_t stop_flag;
@@ -65,7 +72,8 @@ stats_cb(void *arg, char **json)
 	return rl_qserve_stats_json(arg, json);
 }
 
-enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER };
+enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER,
+       OPT_LISTEN_PUBLIC, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA };
 
 int
 rlq_serve_main(int argc, char **argv)
@@ -83,6 +91,10 @@ rlq_serve_main(int argc, char **argv)
 		{ "contexts", required_argument, NULL, OPT_CONTEXTS },
 		{ "http", required_argument, NULL, OPT_HTTP },
 		{ "http-public", no_argument, NULL, OPT_HTTP_PUBLIC },
+		{ "listen-public", no_argument, NULL, OPT_LISTEN_PUBLIC },
+		{ "tls-cert", required_argument, NULL, OPT_TLS_CERT },
+		{ "tls-key", required_argument, NULL, OPT_TLS_KEY },
+		{ "tls-ca", required_argument, NULL, OPT_TLS_CA },
 		{ "recover-journal", no_argument, NULL, OPT_RECOVER },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -90,10 +102,10 @@ rlq_serve_main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	rl_qserve_config cfg = { .listen = "tcp://127.0.0.1:7400" };
-	const char *http = NULL;
+	const char *http = NULL, *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
 	rl_qserve *s = NULL;
 	rl_qhttp *hs = NULL;
-	int c, rv, http_public = 0, verbosity = RL_LOG_NORMAL;
+	int c, rv, http_public = 0, listen_public = 0, verbosity = RL_LOG_NORMAL;
 	long long v;
 	uint64_t sz;
 	double d;
@@ -153,6 +165,10 @@ rlq_serve_main(int argc, char **argv)
 			break;
 		case OPT_HTTP: http = optarg; break;
 		case OPT_HTTP_PUBLIC: http_public = 1; break;
+		case OPT_LISTEN_PUBLIC: listen_public = 1; break;
+		case OPT_TLS_CERT: tls_cert = optarg; break;
+		case OPT_TLS_KEY: tls_key = optarg; break;
+		case OPT_TLS_CA: tls_ca = optarg; break;
 		case OPT_RECOVER: cfg.queue.recover = 1; break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity++; break;
@@ -168,6 +184,12 @@ rlq_serve_main(int argc, char **argv)
 		rl_warn("serve: --train-batch 0: no admission gate; groups generated more than %u versions "
 		    "before the trainer's are %s", cfg.queue.max_staleness,
 		    cfg.queue.stale == RL_QSTALE_DROP ? "dropped" : "generated again");
+	if ((tls_cert || tls_key || tls_ca) && rli_nng_tls_files(tls_cert, tls_key, tls_ca) != 0)
+		return 2;
+	/* TLS that checks client certificates protects the socket */
+	if (rli_listen_policy("serve", cfg.listen, strncmp(cfg.listen, "tls+", 4) == 0 && rli_nng_tls_authenticates(),
+			      listen_public) != 0)
+		return 2;
 	if (http) {   /* refuse a bad or public address before anything listens */
 		char url[300];
 		int loop;

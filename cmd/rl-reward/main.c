@@ -9,6 +9,7 @@
  * reward_exec.c's coprocesses, synth.c's arith prompts).  A usage error is
  * base/cli.h's: its message and hint on stderr, exit status 2.
  */
+#include "base/nngx.h"
 #include "base/cli.h"
 #include "base/core.h"
 #include "base/io.h"
@@ -50,6 +51,8 @@ static const char usage_text[] =
 	"      --timeout SEC        per-record --exec timeout (default 30)\n"
 	"      --batch N            records per scoring round with --exec (default 64 x jobs)\n"
 	"                           or per lease with --queue (default 256)\n"
+	"      --tls-cert F, --tls-key F, --tls-ca F  for a tls+tcp:// --queue URL: this client's\n"
+	"                           certificate and key, the CA of the broker's (PEM)\n"
 	"      --queue URL          lease generated records from rl-queue at URL, put them back\n"
 	"                           scored; runs until SIGINT/SIGTERM\n"
 	"      --idle-exit SEC      with --queue: exit after SEC seconds with nothing to score\n"
@@ -156,7 +159,7 @@ int
 main(int argc, char **argv)
 {
 	enum { O_EXEC_WEIGHT = 256, O_TIMEOUT, O_BATCH, O_GSM8K_MODE, O_MAX_LENGTH, O_LENGTH_UNIT, O_JSONL,
-	       O_QUEUE, O_IDLE_EXIT, O_BROKER_TIMEOUT };
+	       O_QUEUE, O_IDLE_EXIT, O_BROKER_TIMEOUT, O_TLS_CERT, O_TLS_KEY, O_TLS_CA };
 	static const struct option lo[] = {
 		{ "task", required_argument, 0, 't' },
 		{ "exec", required_argument, 0, 'e' },
@@ -170,6 +173,9 @@ main(int argc, char **argv)
 		{ "output", required_argument, 0, 'o' },
 		{ "jsonl", no_argument, 0, O_JSONL },
 		{ "queue", required_argument, 0, O_QUEUE },
+		{ "tls-cert", required_argument, 0, O_TLS_CERT },
+		{ "tls-key", required_argument, 0, O_TLS_KEY },
+		{ "tls-ca", required_argument, 0, O_TLS_CA },
 		{ "idle-exit", required_argument, 0, O_IDLE_EXIT },
 		{ "broker-timeout", required_argument, 0, O_BROKER_TIMEOUT },
 		{ "quiet", no_argument, 0, 'q' },
@@ -252,6 +258,9 @@ main(int argc, char **argv)
 		case 'o': out = optarg; break;
 		case O_JSONL: wo.format = RL_TRAJ_JSONL; break;
 		case O_QUEUE: queue_url = optarg; break;
+		case O_TLS_CERT: rli_nng_tls_opt('c', optarg); break;
+		case O_TLS_KEY: rli_nng_tls_opt('k', optarg); break;
+		case O_TLS_CA: rli_nng_tls_opt('a', optarg); break;
 		case O_IDLE_EXIT: rv = rl_cli_double(c, optarg, 0, DBL_MAX, &idle_exit); break;
 		case O_BROKER_TIMEOUT: rv = rl_cli_double(c, optarg, 0, DBL_MAX, &broker_timeout); break;
 		case 'q': verbosity = RL_LOG_QUIET; break;

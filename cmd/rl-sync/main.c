@@ -14,6 +14,7 @@
 #include "base/core.h"
 #include "base/cli.h"
 #include "base/io.h"
+#include "base/nngx.h"
 #include "sync/wdir.h"
 #include "sync/wsync.h"
 
@@ -52,6 +53,12 @@ static const char help_text[] =
 	"  -p, --keep-previous    serve: also hold and serve the previous version\n"
 	"  -t, --threads N        serve: worker threads (default 4)\n"
 	"  -M, --no-shm           serve: no shared memory for workers on this host\n"
+	"      --listen-public    serve: allow a non-loopback --listen without TLS client\n"
+	"                         certificates\n"
+	"      --tls-cert FILE    tls+tcp://: this end's certificate (PEM)\n"
+	"      --tls-key FILE     its private key (PEM)\n"
+	"      --tls-ca FILE      the CA the other end's certificate must be signed by\n"
+	"                         (serve: clients must present one)\n"
 	"  -n, --version N        push/publish: version number (push default: server's latest + 1);\n"
 	"                         pull: fetch version N instead of the latest\n"
 	"  -D, --delta BASE_DIR   push: send only the XOR against BASE_DIR, the server's latest version\n"
@@ -82,6 +89,8 @@ static const char help_text[] =
 	"      --version          print the program version and exit (alone, before a command)\n"
 	"  -h, --help             this text\n";
 
+enum { OPT_LISTEN_PUBLIC = 256, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA };
+
 static const struct option longopts[] = {
 	{ "listen", required_argument, NULL, 'l' },
 	{ "data-dir", required_argument, NULL, 'd' },
@@ -106,13 +115,17 @@ static const struct option longopts[] = {
 	{ "quiet", no_argument, NULL, 'q' },
 	{ "verbose", no_argument, NULL, 'v' },
 	{ "help", no_argument, NULL, 'h' },
+	{ "listen-public", no_argument, NULL, OPT_LISTEN_PUBLIC },
+	{ "tls-cert", required_argument, NULL, OPT_TLS_CERT },
+	{ "tls-key", required_argument, NULL, OPT_TLS_KEY },
+	{ "tls-ca", required_argument, NULL, OPT_TLS_CA },
 	{ NULL, 0, NULL, 0 },
 };
 
 typedef struct cfg {
 	const char *cmd, *url, *dir, *ckpt, *listen, *data_dir, *out, *delta;
 	int keep_previous, threads, level, wait, follow, keep, json, stored, timeout, parallel, verbosity;
-	int transport, no_shm, rewind;
+	int transport, no_shm, rewind, listen_public;
 	unsigned long long version;
 	size_t chunk;
 } cfg;
@@ -148,6 +161,10 @@ cmd_serve(const cfg *c)
 	o.keep_previous = c->keep_previous;
 	o.threads = c->threads;
 	o.shm = c->no_shm ? -1 : 0;
+	if (c->listen && rli_listen_policy("serve", c->listen,
+					   strncmp(c->listen, "tls+", 4) == 0 && rli_nng_tls_authenticates(),
+					   c->listen_public) != 0)
+		return 2;
 	install_signals();
 	if ((rv = rl_wsync_server_open(&s, &o)) != 0)
 		return exit_code(rv);
@@ -360,6 +377,7 @@ main(int argc, char **argv)
 	cfg c = { 0 };
 	int opt, nargs, rv;
 	long long v;
+	const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
 
 	c.verbosity = RL_LOG_NORMAL;
 	rl_log_init("rl-sync", RL_LOG_NORMAL);
@@ -415,6 +433,10 @@ main(int argc, char **argv)
 				return rl_cli_usage("--transport: bad value '%s' (auto, shm, stream or nng)", optarg);
 			break;
 		case 'M': c.no_shm = 1; break;
+		case OPT_LISTEN_PUBLIC: c.listen_public = 1; break;
+		case OPT_TLS_CERT: tls_cert = optarg; break;
+		case OPT_TLS_KEY: tls_key = optarg; break;
+		case OPT_TLS_CA: tls_ca = optarg; break;
 		case 'S': c.stored = 1; break;
 		case 'Z': c.stored = -1; break;
 		case 'T':
@@ -436,6 +458,8 @@ main(int argc, char **argv)
 		}
 	}
 	rl_log_set_level(c.verbosity);
+	if ((tls_cert || tls_key || tls_ca) && rli_nng_tls_files(tls_cert, tls_key, tls_ca) != 0)
+		return 2;
 	if (optind >= argc)
 		return rl_cli_usage("missing command (serve, push, pull, status or publish)");
 	c.cmd = argv[optind++];

@@ -24,4 +24,39 @@ int rli_url_port_check(const char *url);
  * too; a missing port is not (nng would take it for 0). */
 int rli_url_port_check_listen(const char *url);
 
+/* rli_url_is_local: 1 for ipc://, inproc:// and a URL whose host is a
+ * loopback address (127.0.0.0/8, ::1, localhost); 0 for a wildcard
+ * (tcp://0.0.0.0:P, tcp://[*]:P, tcp://:P), another address or a host name. */
+int rli_url_is_local(const char *url);
+/* rli_listen_policy: a server listens beyond this machine only when its
+ * requests are protected (secured: TLS or a shared key) or the user said so
+ * (allow_public: --listen-public).  RL_OK, or RL_EINVAL logged with a hint
+ * (prog names the command). */
+int rli_listen_policy(const char *prog, const char *url, int secured, int allow_public);
+
+/* TLS for tls+tcp:// URLs (nng's TLS, mbedTLS in Debian's build).
+ * rli_nng_tls_files sets the process's files: cert and key (PEM; together)
+ * are this end's certificate, ca (PEM) the CA the other end's must be signed
+ * by.  A listener needs cert and key; with ca it also requires and checks a
+ * client certificate (the clients are authenticated).  A dialer needs ca
+ * (the server is checked, its name against the URL's host when that is a
+ * name; for an IP address only the chain, as mbedTLS 2.28 matches DNS names
+ * only) and presents
+ * cert and key when given.  Not called: RL_TLS_CERT, RL_TLS_KEY, RL_TLS_CA
+ * from the environment are used at the first tls+ URL.  RL_EINVAL (logged)
+ * for a cert without a key or the other way round. */
+int rli_nng_tls_files(const char *cert, const char *key, const char *ca);
+/* one of them (which: 'c' cert, 'k' key, 'a' CA), for a client's option
+ * parser; the pairing of cert and key is checked at the first tls+ URL */
+int rli_nng_tls_opt(int which, const char *path);
+/* 1 when a TLS listener of this process would require client certificates */
+int rli_nng_tls_authenticates(void);
+/* nng_listen / nng_dial that configure TLS for tls+ URLs (others unchanged).
+ * The dial of a tls+ URL connects once first: a failed handshake is logged
+ * and returned (NNG_ECRYPTO, NNG_EPEERAUTH, ...) rather than retried in the
+ * background; with NNG_FLAG_NONBLOCK a server not up yet is dialled again in
+ * the background.  Missing or unreadable files: logged, NNG_EINVAL. */
+int rli_nng_listen(nng_socket s, const char *url, nng_listener *l);
+int rli_nng_dial(nng_socket s, const char *url, nng_dialer *d, int flags);
+
 #endif

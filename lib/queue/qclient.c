@@ -150,16 +150,11 @@ seen_add(seen *s, uint64_t id)
 }
 
 /* ---- open / close ---------------------------------------------------------------- */
+/* loopback tcp:// or tls+tcp://, ipc://, inproc:// */
 static int
 is_local(const char *url)
 {
-	static const char *const pfx[] = {
-		"ipc://", "inproc://", "tcp://127.", "tcp://localhost:", "tcp://[::1]:", "tcp4://127.", "tcp6://[::1]:"
-	};
-	for (size_t i = 0; i < RL_ARRAY_LEN(pfx); i++)
-		if (strncmp(url, pfx[i], strlen(pfx[i])) == 0)
-			return 1;
-	return 0;
+	return rli_url_is_local(url);
 }
 
 int
@@ -207,7 +202,7 @@ rl_qclient_open(rl_qclient **out, const char *url, const rl_qclient_opts *o)
 	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 500);
 	nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO, c->o.timeout_ms);
 	nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, c->o.max_msg + 4096);
-	if ((nrv = nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+	if ((nrv = rli_nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
 		rl_error("cannot connect to '%s': %s", url, nng_strerror(nrv));
 		if (nrv == NNG_EADDRINVAL || nrv == NNG_ENOTSUP)
 			rl_hint("a broker URL looks like tcp://127.0.0.1:7400 or ipc:///tmp/q.sock");

@@ -8,6 +8,7 @@
  */
 #include "queue/qserve.h"
 #include "queue/qserve_workers.h"
+#include "base/nngx.h"
 
 #include <cjson/cJSON.h>
 #include <nng/nng.h>
@@ -678,7 +679,7 @@ rl_qserve_open(rl_qserve **out, const rl_qserve_config *cfg)
 			goto fail;
 		}
 	}
-	if ((nrv = nng_listen(s->sock, cfg->listen, &s->lst, 0)) != 0) {
+	if ((nrv = rli_nng_listen(s->sock, cfg->listen, &s->lst)) != 0) {
 		rl_error("cannot listen on '%s': %s", cfg->listen, nng_strerror(nrv));
 		if (nrv == NNG_EADDRINUSE)
 			rl_hint("another process listens there; pick another port");
@@ -724,7 +725,7 @@ probe_listener(rl_qserve *s)
 	}
 	/* a new connection each time: an old one keeps working when the
 	 * listener is stuck */
-	if ((rv = nng_dial(s->probe, s->cfg.listen, &d, NNG_FLAG_NONBLOCK)) != 0)
+	if ((rv = rli_nng_dial(s->probe, s->cfg.listen, &d, NNG_FLAG_NONBLOCK)) != 0)
 		return;
 	rl_qhdr_encode(hb, &h);
 	rv = nng_send(s->probe, hb, sizeof hb, 0);
@@ -741,7 +742,7 @@ probe_listener(rl_qserve *s)
 		return;
 	rl_warn("'%s' stopped accepting connections (nng bug #1518); listening again", s->cfg.listen);
 	nng_listener_close(s->lst);
-	if ((rv = nng_listen(s->sock, s->cfg.listen, &s->lst, 0)) != 0) {
+	if ((rv = rli_nng_listen(s->sock, s->cfg.listen, &s->lst)) != 0) {
 		rl_error("cannot listen again on '%s': %s", s->cfg.listen, nng_strerror(rv));
 		s->failed = 1;
 	}

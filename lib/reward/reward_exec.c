@@ -2,12 +2,21 @@
  * reward_exec.c — coprocess reward workers: spawn, feed one line, read one
  * line, and kill/restart on crash, junk or timeout (see reward_exec.h).
  *
- * One poll(2) loop over every worker's two pipe ends; all fds non-blocking
- * and close-on-exec on our side.  Each worker is its own process group so a
- * `sh -c` wrapper and its children die together.
+ * One poll(2) loop over every worker's two pipe ends and its pidfd; all fds
+ * non-blocking and close-on-exec on our side.  The pidfd tells a worker's
+ * exit even while a child it left behind holds its stdout open.  Each worker
+ * is its own process group so a `sh -c` wrapper and its children die
+ * together.  Between runs a small thread waits on the idle workers' pidfds
+ * and reaps one that exits, so none stays a zombie while the caller waits
+ * for input.  With opts.subreaper the process is a child subreaper: a
+ * descendant that left its worker's group (setsid) and was orphaned becomes
+ * our child; dead ones are reaped after each run and when a worker is
+ * reaped, live ones are killed when the pool is destroyed.
  *
  * Leaves out: passing the caller's stdin to workers, shells, retries of a
- * failed record (it is reported, not retried).
+ * failed record (it is reported, not retried); descendants of a live worker
+ * that left its group are not killed before the pool is destroyed, and
+ * nothing is cleaned up if the caller itself is killed with SIGKILL.
  */
 #include "reward/reward_exec.h"
 
@@ -18,12 +27,17 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <dirent.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,6 +46,7 @@ extern char **environ;
 
 typedef struct worker {
 	pid_t pid;          /* 0: not running */
+	int pidfd;          /* readable when pid exits; -1 if the kernel has none */
 	int in_fd;          /* our end of its stdin, -1 when closed */
 	int out_fd;         /* our end of its stdout */
 	long rec;           /* record index being scored, -1 when idle */
@@ -48,6 +63,12 @@ struct rl_reward_exec {
 	worker *w;
 	size_t restarts;
 	int started;        /* workers ever started: the first spawn counts no restart */
+	/* the reaper thread: it and the runs take mu around every waitpid */
+	pthread_mutex_t mu;
+	pthread_t reaper;
+	int reaper_up;
+	int efd;            /* eventfd: wakes the reaper to look again or stop */
+	int stop;
 };
 
 static const char *const status_names[RL_EXEC_STATUS_COUNT] = {
@@ -66,6 +87,7 @@ rl_reward_exec_opts_default(rl_reward_exec_opts *o)
 	o->workers = 1;
 	o->timeout_s = 30;
 	o->max_reply = 1 << 20;
+	o->subreaper = 1;
 }
 
 size_t
@@ -159,6 +181,79 @@ close_fd(int *fd)
 	}
 }
 
+static int
+pidfd_of(pid_t pid)
+{
+#ifdef SYS_pidfd_open
+	return (int)syscall(SYS_pidfd_open, pid, 0); /* close-on-exec by default */
+#else
+	(void)pid;
+	return -1;
+#endif
+}
+
+static int
+is_worker(const rl_reward_exec *x, pid_t pid)
+{
+	for (int i = 0; i < x->o.workers; i++)
+		if (x->w[i].pid == pid)
+			return 1;
+	return 0;
+}
+
+/* Our children that are not workers: descendants orphaned to us as the
+ * subreaper.  Dead ones are reaped; with kill_them live ones are killed
+ * (with their groups) and reaped, a few rounds, as killing one may orphan
+ * its own children to us. */
+static void
+reap_orphans(rl_reward_exec *x, int kill_them)
+{
+	for (int round = 0; round < 8; round++) {
+		DIR *d = opendir("/proc/self/task");
+		struct dirent *e;
+		int others = 0;
+
+		if (d == NULL)
+			return;
+		while ((e = readdir(d)) != NULL) {
+			char path[300];
+			FILE *f;
+			long pid;
+			if (e->d_name[0] == '.')
+				continue;
+			snprintf(path, sizeof path, "/proc/self/task/%s/children", e->d_name);
+			if ((f = fopen(path, "r")) == NULL)
+				continue;
+			while (fscanf(f, "%ld", &pid) == 1) {
+				if (pid <= 0 || is_worker(x, (pid_t)pid))
+					continue;
+				others++;
+				if (kill_them) {
+					kill(-(pid_t)pid, SIGKILL);
+					kill((pid_t)pid, SIGKILL);
+					while (waitpid((pid_t)pid, NULL, 0) < 0 && errno == EINTR)
+						;
+				} else {
+					waitpid((pid_t)pid, NULL, WNOHANG);
+				}
+			}
+			fclose(f);
+		}
+		closedir(d);
+		if (!kill_them || others == 0)
+			return;
+	}
+}
+
+/* Reaps the members of a killed worker's process group that were orphaned
+ * to us (the subreaper); ECHILD at once when there are none. */
+static void
+reap_group(pid_t pgid)
+{
+	while (waitpid(-pgid, NULL, 0) > 0 || errno == EINTR)
+		;
+}
+
 /* Kills the worker's process group and reaps it. */
 static void
 worker_kill(worker *w)
@@ -167,11 +262,13 @@ worker_kill(worker *w)
 
 	close_fd(&w->in_fd);
 	close_fd(&w->out_fd);
+	close_fd(&w->pidfd);
 	if (w->pid > 0) {
 		kill(-w->pid, SIGKILL);
 		kill(w->pid, SIGKILL);
 		while (waitpid(w->pid, &st, 0) < 0 && errno == EINTR)
 			;
+		reap_group(w->pid);
 		w->pid = 0;
 	}
 	w->rlen = 0;
@@ -189,6 +286,7 @@ worker_reap(worker *w, char *why, size_t cap)
 
 	close_fd(&w->in_fd);
 	close_fd(&w->out_fd);
+	close_fd(&w->pidfd);
 	/* A worker that closed stdout is usually exiting: give it a moment so the
 	 * reason names its status rather than our kill. */
 	while ((r = waitpid(w->pid, &st, WNOHANG)) == 0 && rl_now() < until) {
@@ -210,6 +308,7 @@ worker_reap(worker *w, char *why, size_t cap)
 	}
 	/* its children may linger in the group */
 	kill(-w->pid, SIGKILL);
+	reap_group(w->pid);
 	w->pid = 0;
 	w->rlen = 0;
 	w->rec = -1;
@@ -273,6 +372,7 @@ worker_spawn(rl_reward_exec *x, worker *w, char *why, size_t cap)
 		return rv;
 	}
 	w->pid = pid;
+	w->pidfd = pidfd_of(pid);
 	w->in_fd = in[1];
 	w->out_fd = out[0];
 	w->rec = -1;
@@ -280,6 +380,77 @@ worker_spawn(rl_reward_exec *x, worker *w, char *why, size_t cap)
 	if (x->started++ >= x->o.workers)
 		x->restarts++;
 	return 0;
+}
+
+/* Idle workers that exited (after their last reply) are reaped, with
+ * what is left of their group; the next record restarts them.  Called
+ * with mu held. */
+static void
+reap_idle(rl_reward_exec *x, int orphans)
+{
+	int any = 0;
+
+	for (int i = 0; i < x->o.workers; i++) {
+		worker *w = &x->w[i];
+		if (w->pid > 0 && w->rec < 0 && waitpid(w->pid, NULL, WNOHANG) == w->pid) {
+			close_fd(&w->in_fd);
+			close_fd(&w->out_fd);
+			close_fd(&w->pidfd);
+			kill(-w->pid, SIGKILL);
+			reap_group(w->pid);
+			w->pid = 0;
+			w->rlen = 0;
+			any = 1;
+		}
+	}
+	if (x->o.subreaper && (orphans || any))
+		reap_orphans(x, 0);
+}
+
+/* Between runs: waits on the idle workers' pidfds and reaps a worker that
+ * exits, so it is not left a zombie while the caller waits for input. */
+static void *
+reaper_main(void *arg)
+{
+	rl_reward_exec *x = arg;
+	struct pollfd *pf = calloc((size_t)x->o.workers + 1, sizeof *pf);
+
+	if (pf == NULL)
+		return NULL;
+	pthread_mutex_lock(&x->mu);
+	while (!x->stop) {
+		int n = 0;
+		uint64_t u;
+		pf[n].fd = x->efd;
+		pf[n++].events = POLLIN;
+		for (int i = 0; i < x->o.workers; i++)
+			if (x->w[i].pid > 0 && x->w[i].rec < 0 && x->w[i].pidfd >= 0) {
+				pf[n].fd = x->w[i].pidfd;
+				pf[n++].events = POLLIN;
+			}
+		pthread_mutex_unlock(&x->mu);
+		if (poll(pf, (nfds_t)n, -1) < 0 && errno != EINTR) {
+			pthread_mutex_lock(&x->mu);
+			break;
+		}
+		if (pf[0].revents)
+			(void)!read(x->efd, &u, sizeof u); /* EAGAIN: another read took it */
+		pthread_mutex_lock(&x->mu);
+		if (!x->stop)
+			reap_idle(x, 1);
+	}
+	pthread_mutex_unlock(&x->mu);
+	free(pf);
+	return NULL;
+}
+
+static void
+reaper_wake(rl_reward_exec *x)
+{
+	uint64_t one = 1;
+
+	if (x->reaper_up && write(x->efd, &one, sizeof one) < 0)
+		rl_debug("--exec: cannot wake the reaper: %s", strerror(errno));
 }
 
 int
@@ -293,6 +464,8 @@ rl_reward_exec_create(rl_reward_exec **out, const char *cmd, const rl_reward_exe
 	x = rl_try_calloc(1, sizeof *x, "exec pool");
 	if (!x)
 		return RL_ENOMEM;
+	x->efd = -1;
+	pthread_mutex_init(&x->mu, NULL);
 	if (o)
 		x->o = *o;
 	else
@@ -311,9 +484,13 @@ rl_reward_exec_create(rl_reward_exec **out, const char *cmd, const rl_reward_exe
 		goto fail;
 	}
 	for (int i = 0; i < x->o.workers; i++) {
-		x->w[i].in_fd = x->w[i].out_fd = -1;
+		x->w[i].in_fd = x->w[i].out_fd = x->w[i].pidfd = -1;
 		x->w[i].rec = -1;
 	}
+	/* descendants that leave a worker's process group (setsid) are
+	 * orphaned to us, not to init, so they can be reaped and killed */
+	if (x->o.subreaper && prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+		rl_debug("--exec: not a child subreaper: %s", strerror(errno));
 	for (int i = 0; i < x->o.workers; i++) {
 		int e = worker_spawn(x, &x->w[i], why, sizeof why);
 		if (e != 0) {
@@ -324,6 +501,11 @@ rl_reward_exec_create(rl_reward_exec **out, const char *cmd, const rl_reward_exe
 			goto fail;
 		}
 	}
+	if ((x->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0 ||
+	    pthread_create(&x->reaper, NULL, reaper_main, x) != 0)
+		rl_debug("--exec: no reaper thread: exited idle workers are reaped at the next run");
+	else
+		x->reaper_up = 1;
 	*out = x;
 	return 0;
 fail:
@@ -338,6 +520,14 @@ rl_reward_exec_destroy(rl_reward_exec *x)
 
 	if (!x)
 		return;
+	if (x->reaper_up) {
+		pthread_mutex_lock(&x->mu);
+		x->stop = 1;
+		pthread_mutex_unlock(&x->mu);
+		reaper_wake(x);
+		pthread_join(x->reaper, NULL);
+	}
+	close_fd(&x->efd);
 	if (x->w) {
 		for (int i = 0; i < x->o.workers; i++)
 			close_fd(&x->w[i].in_fd);
@@ -356,13 +546,18 @@ rl_reward_exec_destroy(rl_reward_exec *x)
 				kill(w->pid, SIGKILL);
 				waitpid(w->pid, NULL, 0);
 			}
+			reap_group(w->pid);
 			w->pid = 0;
 		}
+		if (x->o.subreaper)
+			reap_orphans(x, 1);
 		for (int i = 0; i < x->o.workers; i++) {
 			close_fd(&x->w[i].out_fd);
+			close_fd(&x->w[i].pidfd);
 			free(x->w[i].rbuf);
 		}
 	}
+	pthread_mutex_destroy(&x->mu);
 	free(x->w);
 	free(x->argv);
 	free(x);
@@ -495,9 +690,16 @@ poll_set(rl_reward_exec *x, struct pollfd *pf, int *owner, double now, int *time
 		pf[np].fd = w->out_fd;
 		pf[np].events = POLLIN;
 		owner[np++] = i;
+		if (w->pidfd >= 0) {
+			pf[np].fd = w->pidfd;
+			pf[np].events = POLLIN;
+			owner[np++] = i;
+		}
 		ms = (w->deadline - now) * 1000.0;
 		if (ms < 0)
 			ms = 0;
+		if (w->pidfd < 0 && ms > 50) /* no pidfd: look for its exit often */
+			ms = 50;
 		if (*timeout_ms < 0 || ms + 1 < *timeout_ms)
 			*timeout_ms = (int)ms + 1;
 	}
@@ -562,6 +764,41 @@ on_readable(rl_reward_exec *x, worker *w, rl_reward_exec_result *res, size_t *do
 	return 0;
 }
 
+/* Busy workers that exited: what they wrote before is read (a reply
+ * settles the record as usual); with no reply the record fails as a crash
+ * at once, even if a child left behind still holds the worker's stdout (no
+ * end of file comes then).  0, or RL_ENOMEM. */
+static int
+check_exited(rl_reward_exec *x, rl_reward_exec_result *res, size_t *done)
+{
+	char why[256];
+
+	for (int i = 0; i < x->o.workers; i++) {
+		worker *w = &x->w[i];
+		siginfo_t si;
+		int rv;
+		if (w->rec < 0 || w->pid <= 0)
+			continue;
+		memset(&si, 0, sizeof si);
+		if (waitid(P_PID, (id_t)w->pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid != w->pid)
+			continue;
+		for (;;) {
+			size_t before = w->rlen;
+			if ((rv = on_readable(x, w, res, done)) != 0)
+				return rv;
+			if (w->rec < 0 || w->pid <= 0 || w->out_fd < 0 || w->rlen == before)
+				break;
+		}
+		if (w->rec >= 0 && w->pid > 0) {
+			long rec = w->rec;
+			worker_reap(w, why, sizeof why);
+			fail_rec(&res[rec], RL_EXEC_CRASH, why);
+			(*done)++;
+		}
+	}
+	return 0;
+}
+
 /* Kills the workers past their deadline and fails their records (counted in *done). */
 static void
 check_deadlines(rl_reward_exec *x, rl_reward_exec_result *res, size_t *done)
@@ -585,17 +822,19 @@ int
 rl_reward_exec_run(rl_reward_exec *x, rl_reward_exec_result *res, const char *const *lines, const size_t *lens,
 		   size_t n)
 {
-	int nw = x->o.workers, rv = 0;
+	int nw = x->o.workers, rv = 0, locked = 0;
 	struct pollfd *pf = NULL;
 	int *owner = NULL;
 	size_t next = 0, done = 0;
 
-	pf = rl_try_calloc((size_t)nw * 2, sizeof *pf, "poll set");
-	owner = rl_try_calloc((size_t)nw * 2, sizeof *owner, "poll set");
+	pf = rl_try_calloc((size_t)nw * 3, sizeof *pf, "poll set");
+	owner = rl_try_calloc((size_t)nw * 3, sizeof *owner, "poll set");
 	if (!pf || !owner) {
 		rv = RL_ENOMEM;
 		goto out;
 	}
+	pthread_mutex_lock(&x->mu);
+	locked = 1;
 	while (done < n) {
 		int np, timeout_ms;
 		double now = rl_now();
@@ -629,9 +868,17 @@ rl_reward_exec_run(rl_reward_exec *x, rl_reward_exec_result *res, const char *co
 			if (pf[p].fd == w->out_fd && (rv = on_readable(x, w, res, &done)) != 0)
 				goto out;
 		}
+		if ((rv = check_exited(x, res, &done)) != 0)
+			goto out;
 		check_deadlines(x, res, &done);
+		reap_idle(x, 0);
 	}
 out:
+	if (locked) {
+		reap_idle(x, 1);
+		pthread_mutex_unlock(&x->mu);
+		reaper_wake(x);
+	}
 	free(pf);
 	free(owner);
 	return rv;

@@ -44,6 +44,11 @@ typedef struct rl_reward_exec_opts {
 	int workers;        /* >= 1; default 1 */
 	double timeout_s;   /* per record, from when it is handed to a worker; default 30 */
 	size_t max_reply;   /* bytes of one reply line; default 1 MiB */
+	int subreaper;      /* default 1: make the process a child subreaper
+	                     * (prctl PR_SET_CHILD_SUBREAPER), so descendants that
+	                     * leave a worker's process group are reaped, and killed
+	                     * when the pool is destroyed; 0 for a process that
+	                     * runs other children of its own */
 } rl_reward_exec_opts;
 
 void rl_reward_exec_opts_default(rl_reward_exec_opts *o);

@@ -120,7 +120,7 @@ rl_wsync_client_open(rl_wsync_client **out, const char *url, const rl_wsync_clie
 	nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, 600000);
 	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 20);
 	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 500);
-	if ((r = nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+	if ((r = rli_nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
 		rv = rli_ws_nng_err(r, "cannot dial", url);
 		goto fail;
 	}

@@ -492,6 +492,7 @@ do_push_chunk(rl_wsync_server *s, const whdr *h)
 	uint32_t flags;
 	nng_msg *m = NULL;
 	enc e = { 0 };
+	uint8_t *tmp = NULL;
 	int rv;
 
 	sver *bx = NULL;
@@ -526,8 +527,18 @@ do_push_chunk(rl_wsync_server *s, const whdr *h)
 	}
 	if (flags & RL_WENC_DELTA)
 		base = bx->v->blobs[c->blob].data + c->off;
-	rv = rli_ws_decode_chunk(b->data + c->off, c->len, h->body + CB_HDR, h->bodyn - CB_HDR, flags, base, b->elem,
-			  b->pieces + c->off / RL_WSYNC_PIECE);
+	/* decoded aside and copied in only once every piece matched: a chunk
+	 * sent again with a bad byte after a good one must not reach the
+	 * staged blob, whose chunk is already counted as received */
+	if ((tmp = rl_try_malloc(c->len ? c->len : 1, "pushed chunk")) == NULL) {
+		m = reply_err(OP_PUSH_CHUNK, RL_ENOMEM, h->version, "out of memory for chunk %llu",
+			      (unsigned long long)h->a);
+		goto out;
+	}
+	rv = rli_ws_decode_chunk(tmp, c->len, h->body + CB_HDR, h->bodyn - CB_HDR, flags, base, b->elem,
+				 b->pieces + c->off / RL_WSYNC_PIECE);
+	if (rv == 0)
+		memcpy(b->data + c->off, tmp, c->len);
 	if (rv != 0) {
 		pthread_mutex_lock(&s->mu);
 		s->n_bad_push++;
@@ -558,6 +569,7 @@ do_push_chunk(rl_wsync_server *s, const whdr *h)
 	free(e.p);
 	m = reply_new(OP_PUSH_CHUNK, RL_OK, h->version, h->a, 0, NULL, 0);
 out:
+	free(tmp);
 	pthread_mutex_lock(&s->mu);
 	x->writers--;
 	sver_unref_locked(bx);
@@ -1391,20 +1403,14 @@ rl_wsync_server_publish(rl_wsync_server *s, rl_wver *v)
 	return RL_OK;
 }
 
-/* Loads one stored version and installs it (verified against rlsync.json). */
+/* Installs one version read from the data directory. */
 static int
-load_one(rl_wsync_server *s, uint64_t ver, const char *path)
+install_loaded(rl_wsync_server *s, rl_wver *v, uint64_t ver, const char *path)
 {
-	rl_wver *v = NULL;
 	sver *x;
-	uint32_t ck;
+	uint32_t ck = v->chunk;
 	int rv;
 
-	if ((rv = rl_wver_read_dir(&v, path, 0)) != 0) {
-		rl_error("cannot load version %llu from '%s': %s", (unsigned long long)ver, path, rl_strerror(rv));
-		return rv;
-	}
-	ck = v->chunk;
 	if (ck < RL_WSYNC_PIECE || ck > RL_WSYNC_CHUNK_MAX || ck % RL_WSYNC_PIECE)
 		ck = RL_WSYNC_CHUNK_DEFAULT;
 	if ((rv = sver_make(&x, v, ck)) != 0) {
@@ -1417,14 +1423,57 @@ load_one(rl_wsync_server *s, uint64_t ver, const char *path)
 	return RL_OK;
 }
 
+/* A stored version that does not read back whole (a damaged disk, a
+ * version saved by an older server that published bad bytes) is moved
+ * aside as bad-vNNNNNN, kept for inspection and no longer listed, so the
+ * next older one is served and a new push may reuse the number. */
+static void
+set_aside(const char *dir, uint64_t ver, const char *path, int why)
+{
+	char bad[4200];
+
+	snprintf(bad, sizeof bad, "%s/bad-v%06llu.%ld", dir, (unsigned long long)ver, (long)time(NULL));
+	if (rename(path, bad) == 0)
+		rl_error("refusing stored version %llu ('%s': %s): moved to '%s'; serving the one before it",
+			 (unsigned long long)ver, path, rl_strerror(why), bad);
+	else
+		rl_error("refusing stored version %llu ('%s': %s), and cannot move it aside: %s",
+			 (unsigned long long)ver, path, rl_strerror(why), strerror(errno));
+}
+
+/* The newest stored version that reads back whole and matches its
+ * checksums (rl_wver_read_dir verifies); damaged ones are set aside.
+ * RL_ENOENT when none is left. */
+static int
+load_good(rl_wsync_server *s, rl_wver **out, uint64_t *ver, char *path, size_t pathsz)
+{
+	uint64_t below = UINT64_MAX;
+	int rv;
+
+	*out = NULL;
+	for (;;) {
+		rv = below == UINT64_MAX ? rl_wdir_latest(s->data_dir, ver, path, pathsz)
+					 : rl_wdir_before(s->data_dir, below, ver, path, pathsz);
+		if (rv != 0)
+			return rv;
+		if ((rv = rl_wver_read_dir(out, path, 0)) == RL_OK)
+			return RL_OK;
+		if (rv == RL_ENOMEM)
+			return rv;
+		set_aside(s->data_dir, *ver, path, rv);
+		below = *ver;
+	}
+}
+
 static int
 server_load(rl_wsync_server *s)
 {
 	uint64_t ver, prev;
 	char path[4096], ppath[4096];
+	rl_wver *v = NULL, *pv = NULL;
 	int rv;
 
-	if ((rv = rl_wdir_latest(s->data_dir, &ver, path, sizeof path)) == RL_ENOENT)
+	if ((rv = load_good(s, &v, &ver, path, sizeof path)) == RL_ENOENT)
 		return RL_OK;
 	if (rv != 0)
 		return rv;
@@ -1432,10 +1481,12 @@ server_load(rl_wsync_server *s)
 	 * two); installed first, it becomes the held previous and the base
 	 * for deltas, as before the restart.  It is optional: one that cannot
 	 * be read is left out with a warning. */
-	if (s->o.keep_previous && rl_wdir_before(s->data_dir, ver, &prev, ppath, sizeof ppath) == RL_OK &&
-	    load_one(s, prev, ppath) != RL_OK)
-		rl_warn("not holding version %llu as the previous one", (unsigned long long)prev);
-	return load_one(s, ver, path);
+	if (s->o.keep_previous && rl_wdir_before(s->data_dir, ver, &prev, ppath, sizeof ppath) == RL_OK) {
+		if ((rv = rl_wver_read_dir(&pv, ppath, 0)) != RL_OK || install_loaded(s, pv, prev, ppath) != RL_OK)
+			rl_warn("not holding version %llu as the previous one%s%s", (unsigned long long)prev,
+				rv ? ": " : "", rv ? rl_strerror(rv) : "");
+	}
+	return install_loaded(s, v, ver, path);
 }
 
 void
@@ -1526,7 +1577,7 @@ rl_wsync_server_open(rl_wsync_server **out, const rl_wsync_server_opts *o)
 		nng_listener l;
 		nng_sockaddr sa;
 		size_t n = strlen(url);
-		if ((r = nng_listen(s->sock, url, &l, 0)) != 0) {
+		if ((r = rli_nng_listen(s->sock, url, &l)) != 0) {
 			rv = rli_ws_nng_err(r, "cannot listen on", url);
 			goto fail;
 		}

@@ -360,7 +360,7 @@ rli_feed_open(trainer *tr)
 	rl_grouper_opts go = { 0 };
 	int rv;
 
-	go.on_bad = o->on_bad;
+	go.on_bad = o->on_bad != RL_BAD_AUTO ? o->on_bad : o->queue_url ? RL_BAD_SKIP : RL_BAD_ERROR;
 	go.sft = o->algo == RL_ALGO_SFT;
 	go.need_logprobs = o->old_from_behaviour || o->tis_cap > 0;
 	go.vocab = tr->m->cfg.vocab_size;

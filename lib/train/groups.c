@@ -243,7 +243,13 @@ bad(rl_grouper *g, const char *where, uint64_t id, const char *why)
 		rl_hint("--on-bad skip drops such groups and counts them");
 		return RL_EFORMAT;
 	}
-	rl_verbose("%s (id %llu): %s; group dropped", where, (unsigned long long)id, why);
+	/* said, not only counted: the first ten, then one in a thousand */
+	if (g->st.bad_records <= 10 || g->st.bad_records % 1000 == 0)
+		rl_warn("%s (id %llu): %s; its group is dropped (%llu bad records so far%s)", where,
+			(unsigned long long)id, why, (unsigned long long)g->st.bad_records,
+			g->st.bad_records == 10 ? "; from now on one in 1000 is shown" : "");
+	else
+		rl_verbose("%s (id %llu): %s; group dropped", where, (unsigned long long)id, why);
 	return RL_OK;
 }
 

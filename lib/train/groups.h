@@ -53,7 +53,9 @@ typedef struct rl_group {
 
 void rl_group_fini(rl_group *g);
 
-enum { RL_BAD_ERROR = 0, RL_BAD_SKIP = 1 };
+/* RL_BAD_AUTO (rl_train_opts only): skip under --queue, where one failed
+ * reward must not stop a long run, error on a file or a pipe */
+enum { RL_BAD_ERROR = 0, RL_BAD_SKIP = 1, RL_BAD_AUTO = 2 };
 
 typedef struct rl_grouper_opts {
 	int on_bad;           /* RL_BAD_ERROR (default) or RL_BAD_SKIP */

@@ -63,7 +63,8 @@ typedef struct rl_train_opts {
 	                            * the versions between go to sync_url from memory only */
 	int resume;                /* continue from out_dir/latest */
 	int allow_change;          /* --resume with options that change the algorithm (run.yaml differs) */
-	int on_bad;                /* RL_BAD_ERROR or RL_BAD_SKIP */
+	int on_bad;                /* RL_BAD_ERROR, RL_BAD_SKIP or RL_BAD_AUTO (default: skip with
+	                            * --queue, error otherwise) */
 	uint64_t seed;
 	int quiet;
 	/* data parallelism */

@@ -60,7 +60,7 @@ rl_train_opts_default(rl_train_opts *o)
 	o->min_lr_ratio = 0.0f;
 	o->sched = RL_SCHED_CONSTANT;
 	o->keep = 3;
-	o->on_bad = RL_BAD_ERROR;
+	o->on_bad = RL_BAD_AUTO;
 	o->dp_check_every = 10;
 	o->dp_bucket_mb = 25;
 	o->dp_overlap = 1;
@@ -300,6 +300,9 @@ finish(trainer *tr, int start_step)
 	const rl_train_opts *o = tr->o;
 	const rl_grouper_stats *st = rl_grouper_stats_get(tr->gr);
 
+	if (st->bad_groups && tr->rank == 0)
+		rl_warn("%llu groups dropped as bad (%llu bad records): not trained (--on-bad error stops at the first)",
+			(unsigned long long)st->bad_groups, (unsigned long long)st->bad_records);
 	if (tr->steps_skipped && tr->rank == 0)
 		rl_warn("%llu steps skipped (non-finite gradient norm): their groups were consumed, not trained",
 		    (unsigned long long)tr->steps_skipped);

@@ -98,6 +98,21 @@ assert s["version"] == 1, s["version"]
 	grep -q "12 of 12 leased records not trained could not be handed back" "$TD/tr3.log"
 }
 
+@test "with default options a failed reward (an --exec worker's NaN) drops its group with a warning, and the run goes on" {
+	rl-queue put -q "$URL" "$TD/prompts.jsonl"
+	rl-rollout -q -m "$TD/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1
+	# the first record scored gets NaN (junk: the worker is restarted), every other one 1
+	rm -f "$TD/nan-once"
+	printf '%s\n' "while read l; do if [ -e '$TD/nan-once' ]; then echo 1; else touch '$TD/nan-once'; echo nan; fi; done" > "$TD/w.sh"
+	run -0 --separate-stderr timeout 60 rl-reward --queue "$URL" --exec "sh $TD/w.sh" --idle-exit 1
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/ckbad" --batch 5 --queue "$URL" --idle-exit 1 --metrics "$TD/mbad.jsonl"
+	[ "$(wc -l < "$TD/mbad.jsonl")" -eq 1 ]
+	[[ "$stderr" == *"warning: "*"its group is dropped (1 bad records so far)"* ]]
+	[[ "$stderr" == *"warning: 1 groups dropped as bad (1 bad records)"* ]]
+	rl-queue stat "$URL" > "$TD/stbad"
+	grep -q ' training 0 ' "$TD/stbad"
+}
+
 @test "--queue and an input file together is a usage error" {
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --queue "$URL" "$TD/prompts.jsonl"
 }

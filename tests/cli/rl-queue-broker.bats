@@ -46,6 +46,20 @@ for k in sys.argv[1:]: d=d[k]
 print(d)' "$@"
 }
 
+@test "serve: a non-loopback --listen is refused (exit 2, nothing listens) unless --listen-public" {
+	p=$(free_port)
+	for u in tcp://0.0.0.0:$p "tcp://*:$p" tcp://:$p "tcp://[::]:$p" tcp://192.0.2.1:$p tcp://example.org:$p; do
+		run -2 --separate-stderr timeout 5 rl-queue serve --listen "$u"
+		[[ $stderr == *"refusing to listen on '$u': not a loopback address"* ]]
+		[[ $stderr == *"--listen-public"* ]]
+		run -3 --separate-stderr rl-queue stat --timeout 0.2 "tcp://127.0.0.1:$p"
+	done
+	rl-queue serve --listen "tcp://0.0.0.0:$p" --listen-public -q 3>&- &
+	PIDS="$PIDS $!"
+	for _ in $(seq 100); do rl-queue stat --timeout 0.2 "tcp://127.0.0.1:$p" >/dev/null 2>&1 && break; sleep 0.05; done
+	run -0 rl-queue stat --timeout 1 "tcp://127.0.0.1:$p"
+}
+
 @test "help goes to stdout with exit 0 for every subcommand" {
 	for c in serve put get stat; do
 		run --separate-stderr rl-queue $c --help

@@ -71,6 +71,20 @@ bump() {
 	assert_output --partial 'latest: 3'
 }
 
+@test "serve: a non-loopback --listen is refused (exit 2, nothing listens) unless --listen-public" {
+	for u in tcp://0.0.0.0:$PORT "tcp://*:$PORT" tcp://:$PORT "tcp://[::]:$PORT" tcp://192.0.2.1:$PORT tcp://example.org:$PORT; do
+		run -2 --separate-stderr timeout 5 rl-sync serve --listen "$u"
+		[[ $stderr == *"refusing to listen on '$u': not a loopback address"* ]]
+		[[ $stderr == *"--listen-public"* ]]
+	done
+	rl-sync serve --listen "tcp://0.0.0.0:$PORT" --listen-public 3>&- 2>"$T/pub.err" &
+	PIDS="$PIDS $!"
+	for _ in $(seq 50); do grep -q 'listening on' "$T/pub.err" && break; sleep 0.1; done
+	rl-sync push -q "tcp://127.0.0.1:$PORT" "$T/ck" --version 4
+	run -0 rl-sync status "tcp://127.0.0.1:$PORT"
+	assert_output --partial 'latest: 4'
+}
+
 @test "serve on an address in use fails with a hint" {
 	serve
 	run --separate-stderr -1 rl-sync serve --listen "$URL"

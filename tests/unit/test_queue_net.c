@@ -743,7 +743,8 @@ static void
 scenario_staleness(int K)
 {
 	char url[64], ks[8], line[32];
-	const char *extra[] = { "--max-staleness", ks, "--train-batch", "8", NULL };
+	/* the gate in samples: (K+1) x 2 groups x 4 samples = (K+1) x 8 */
+	const char *extra[] = { "--max-staleness", ks, "--train-batch", "2", NULL };
 	int port = 0, rp[2], worst = 0, steps = 12, bad = 0;
 	pid_t b, r;
 	rl_qclient *c;

@@ -6,6 +6,10 @@
 #include "reward/reward_exec.h"
 #include "t.h"
 
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+
 static void
 split(void)
 {
@@ -130,6 +134,121 @@ big_records(void)
 	free(big);
 }
 
+/* "Z" when pid is a zombie, "" when it is gone, else its state letter */
+static void
+proc_state(pid_t pid, char *st)
+{
+	char path[64], buf[512], *p;
+	FILE *f;
+
+	st[0] = 0;
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	if ((f = fopen(path, "r")) == NULL)
+		return;
+	if (fgets(buf, sizeof buf, f) && (p = strrchr(buf, ')')) != NULL && p[1] == ' ') {
+		st[0] = p[2];
+		st[1] = 0;
+	}
+	fclose(f);
+}
+
+/* the number of our children in state Z (ps, an independent look) */
+static int
+zombies(void)
+{
+	char cmd[128], line[64];
+	int n = 0;
+	FILE *f;
+
+	snprintf(cmd, sizeof cmd, "ps -o stat= --ppid %d", (int)getpid());
+	if ((f = popen(cmd, "r")) == NULL)
+		return -1;
+	while (fgets(line, sizeof line, f))
+		n += line[0] == 'Z';
+	pclose(f);
+	return n;
+}
+
+static pid_t
+read_pid(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	int pid = 0;
+
+	if (f) {
+		if (fscanf(f, "%d", &pid) != 1)
+			pid = 0;
+		fclose(f);
+	}
+	return (pid_t)pid;
+}
+
+/* a worker's exit is seen at once (not at the timeout) even while a
+ * background child holds its stdout; a worker that replies and exits is
+ * reaped while the caller is away; a setsid child does not outlive the pool */
+static void
+lifetimes(void)
+{
+	const char *line = "{\"n\":0}\n";
+	size_t len = strlen(line);
+	rl_reward_exec_result res;
+	rl_reward_exec_opts o;
+	rl_reward_exec *x = NULL;
+	char tmp[] = "/tmp/test_reward_exec.XXXXXX", cmd[600], pf[300], st[4];
+	double t0;
+	pid_t bg;
+
+	if (mkdtemp(tmp) == NULL) {
+		T_OK(0, "mkdtemp");
+		return;
+	}
+	snprintf(pf, sizeof pf, "%s/bg.pid", tmp);
+	rl_reward_exec_opts_default(&o);
+	o.timeout_s = 20;
+	/* crash with a background child holding stdout */
+	snprintf(cmd, sizeof cmd, "sh -c 'read l; sleep 60 & echo $! > %s; exit 3'", pf);
+	T_EQ_INT(rl_reward_exec_create(&x, cmd, &o), 0);
+	t0 = rl_now();
+	T_EQ_INT(rl_reward_exec_run(x, &res, &line, &len, 1), 0);
+	T_OK(rl_now() - t0 < 5, "crash seen after %.1f s (timeout 20 s)", rl_now() - t0);
+	T_EQ_INT(res.status, RL_EXEC_CRASH);
+	T_OK(strstr(res.reason, "status 3") != NULL, "reason: %s", res.reason);
+	bg = read_pid(pf);
+	T_OK(bg > 0);
+	proc_state(bg, st);
+	T_EQ_STR(st, ""); /* killed with the worker's group, and reaped */
+	T_EQ_INT(zombies(), 0);
+	rl_reward_exec_destroy(x);
+	/* replies, then exits: reaped while no run is going on */
+	T_EQ_INT(rl_reward_exec_create(&x, "sh -c 'read l; echo 1; exit 0'", &o), 0);
+	T_EQ_INT(rl_reward_exec_run(x, &res, &line, &len, 1), 0);
+	T_EQ_INT(res.status, RL_EXEC_OK);
+	usleep(300000);
+	T_EQ_INT(zombies(), 0);
+	/* and restarted for the next record */
+	T_EQ_INT(rl_reward_exec_run(x, &res, &line, &len, 1), 0);
+	T_EQ_INT(res.status, RL_EXEC_OK);
+	rl_reward_exec_destroy(x);
+	/* a setsid child (its own session and group) dies with the pool */
+	unlink(pf);
+	snprintf(cmd, sizeof cmd, "sh -c 'setsid sleep 60 & echo $! > %s; while read l; do echo 1; done'", pf);
+	T_EQ_INT(rl_reward_exec_create(&x, cmd, &o), 0);
+	T_EQ_INT(rl_reward_exec_run(x, &res, &line, &len, 1), 0);
+	T_EQ_INT(res.status, RL_EXEC_OK);
+	bg = read_pid(pf);
+	T_OK(bg > 0);
+	proc_state(bg, st);
+	T_OK(st[0] != 0 && st[0] != 'Z', "setsid child state '%s' before destroy", st);
+	rl_reward_exec_destroy(x);
+	proc_state(bg, st);
+	T_EQ_STR(st, "");
+	T_EQ_INT(zombies(), 0);
+	if (bg > 0 && st[0])
+		kill(bg, SIGKILL);
+	unlink(pf);
+	rmdir(tmp);
+}
+
 int
 main(void)
 {
@@ -139,5 +258,6 @@ main(void)
 	misbehaving(3);
 	bad_command();
 	big_records();
+	lifetimes();
 	T_END();
 }

@@ -8,6 +8,7 @@
 #include "t_port.h"
 #include "sync/wdir.h"
 #include "sync/wsync.h"
+#include "sync/wsync_int.h" /* hand-made pushes: the wire format's helpers */
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -1159,6 +1160,119 @@ test_commit_twice(void)
 	rl_wsync_server_close(srv);
 }
 
+/* one PUSH_CHUNK of chunk i of v, stored (no compression), with byte
+ * `flip` of the payload xor'd (-1: none); the reply's status */
+static int32_t
+push_raw_chunk(nng_socket sk, const rl_wver *v, const cref *c, size_t i, long flip)
+{
+	const rl_wblob *b = &v->blobs[c->blob];
+	size_t n = WS_HDR + CB_HDR + SEG_HDR + c->len, rn = 600;
+	uint8_t *m = calloc(1, n), rep[600];
+	int32_t st = -999;
+
+	rli_ws_hdr_fill(m, OP_PUSH_CHUNK, 0, v->version, i, 0);
+	put32(m + WS_HDR, 0);
+	put32(m + WS_HDR + 4, (uint32_t)b->elem);
+	put64(m + WS_HDR + 8, c->len);
+	put32(m + WS_HDR + CB_HDR, (uint32_t)c->len); /* one stored segment */
+	memcpy(m + WS_HDR + CB_HDR + SEG_HDR, b->data + c->off, c->len);
+	if (flip >= 0)
+		m[WS_HDR + CB_HDR + SEG_HDR + flip] ^= 0x01;
+	if (raw_req(sk, m, n, rep, &rn) == 0 && rn >= WS_HDR)
+		st = rep_status(rep);
+	free(m);
+	return st;
+}
+
+/* a push that sends every chunk right, then chunk 0 again with one byte
+ * flipped (refused), then commits: what is published is the right bytes;
+ * a version damaged on disk is set aside when the server starts, which
+ * serves the one before it */
+static void
+test_bad_resend(void)
+{
+	rl_wsync_server *srv = NULL;
+	rl_wsync_server_opts so = { .listen = "tcp://127.0.0.1:0", .bulk = -1, .shm = -1, .keep_previous = 1 };
+	rl_wsync_client *c = NULL;
+	rl_wsync_client_opts co = { .timeout_ms = 5000, .transport = RL_WSYNC_T_STREAM };
+	rl_wver *v1 = make_ver(1, 300000), *v2 = make_ver(2, 300000), *got = NULL;
+	char dd[400], u[128], path[600], cmd[1400];
+	uint8_t hdr[WS_HDR], *man, *m, rep[600];
+	size_t mn, nch, rn;
+	cref *ch = NULL;
+	nng_socket sk;
+	FILE *f;
+
+	snprintf(dd, sizeof dd, "%s/badresend", tmpd);
+	so.data_dir = dd;
+	T_EQ_INT(rl_wsync_server_open(&srv, &so), RL_OK);
+	if (srv == NULL)
+		return;
+	snprintf(u, sizeof u, "%s", rl_wsync_server_url(srv));
+	T_EQ_INT(nng_req0_open(&sk), 0);
+	nng_socket_set_ms(sk, NNG_OPT_RECVTIMEO, 5000);
+	nng_socket_set_size(sk, NNG_OPT_RECVMAXSZ, 0);
+	T_EQ_INT(nng_dial(sk, u, NULL, 0), 0);
+	T_EQ_INT(rli_ws_manifest_encode(&man, &mn, v1, RL_WSYNC_CHUNK_DEFAULT, 0), RL_OK);
+	m = malloc(WS_HDR + mn);
+	rli_ws_hdr_fill(m, OP_PUSH_BEGIN, 0, 1, 0, 0);
+	memcpy(m + WS_HDR, man, mn);
+	rn = sizeof rep;
+	T_EQ_INT(raw_req(sk, m, WS_HDR + mn, rep, &rn), 0);
+	T_EQ_INT(rep_status(rep), RL_OK);
+	free(m);
+	free(man);
+	T_EQ_INT(rli_ws_chunk_table(&ch, &nch, v1, RL_WSYNC_CHUNK_DEFAULT), RL_OK);
+	for (size_t i = 0; i < nch; i++)
+		T_EQ_INT(push_raw_chunk(sk, v1, &ch[i], i, -1), RL_OK);
+	T_EQ_INT(push_raw_chunk(sk, v1, &ch[0], 0, (long)ch[0].len / 2), RL_ECHECKSUM);
+	rli_ws_hdr_fill(hdr, OP_PUSH_COMMIT, 0, 1, 0, 0);
+	rn = sizeof rep;
+	T_EQ_INT(raw_req(sk, hdr, WS_HDR, rep, &rn), 0);
+	T_EQ_INT(rep_status(rep), RL_OK);
+	free(ch);
+	rli_nng_close_timed(sk, "test socket");
+	/* what was published is v1's bytes, and verifies */
+	T_EQ_INT(rl_wsync_client_open(&c, u, &co), RL_OK);
+	T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_OK);
+	T_OK(got && same_content(got, v1) && rl_wver_verify(got) == RL_OK, "published bytes differ from the push");
+	rl_wver_destroy(got);
+	got = NULL;
+	T_EQ_INT(rl_wsync_push(c, v2, NULL), RL_OK);
+	rl_wsync_client_close(c);
+	rl_wsync_server_close(srv);
+	/* version 2 damaged on disk: the server starts, serves 1, keeps 2 aside */
+	snprintf(path, sizeof path, "%s/v000002/model.safetensors", dd);
+	f = fopen(path, "r+b");
+	T_OK(f != NULL, "%s", path);
+	if (f) {
+		int ch0;
+		fseek(f, 1000, SEEK_SET);
+		ch0 = fgetc(f);
+		fseek(f, 1000, SEEK_SET);
+		fputc(ch0 ^ 0x10, f);
+		fclose(f);
+	}
+	srv = NULL;
+	so.listen = u;
+	T_EQ_INT(rl_wsync_server_open(&srv, &so), RL_OK);
+	T_EQ_INT(srv ? rl_wsync_server_latest(srv) : 0, 1);
+	snprintf(cmd, sizeof cmd, "ls -d '%s'/bad-v000002.* >/dev/null 2>&1 && test ! -e '%s/v000002'", dd, dd);
+	T_EQ_INT(system(cmd), 0);
+	if (srv) {
+		T_EQ_INT(rl_wsync_client_open(&c, u, &co), RL_OK);
+		T_EQ_INT(rl_wsync_fetch(c, &got, 0, NULL), RL_OK);
+		T_OK(got && same_content(got, v1));
+		rl_wver_destroy(got);
+		/* the number is free again: the trainer's push of 2 is taken */
+		T_EQ_INT(rl_wsync_push(c, v2, NULL), RL_OK);
+		rl_wsync_client_close(c);
+	}
+	rl_wsync_server_close(srv);
+	rl_wver_destroy(v1);
+	rl_wver_destroy(v2);
+}
+
 int
 main(void)
 {
@@ -1173,6 +1287,7 @@ main(void)
 	test_service();
 	test_rewind();
 	test_commit_twice();
+	test_bad_resend();
 	{
 		char cmd[400];
 		snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpd);

@@ -1,0 +1,140 @@
+#!/usr/bin/env bats
+# tls+tcp:// on rl-queue and rl-sync with a CA, a server and a client
+# certificate made here with openssl: clients with the certificates work; a
+# client without the CA, with a certificate of another CA or with none is
+# refused with a clear error and nothing is leased or pushed; a public TLS
+# listen that checks client certificates needs no --listen-public.
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+load queue_helper
+
+setup_file() {
+	command -v openssl >/dev/null || skip "no openssl"
+	local d=$BATS_FILE_TMPDIR
+	export C=$d/pki
+	mkdir -p "$C"
+	(
+		cd "$C"
+		openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=rlpipe-test-ca
+		openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=localhost
+		printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > srv.ext
+		openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile srv.ext
+		openssl req -newkey rsa:2048 -nodes -keyout cli.key -out cli.csr -subj /CN=trainer
+		openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out cli.pem -days 2
+		# another CA and a client certificate it signed
+		openssl req -x509 -newkey rsa:2048 -nodes -keyout evil.key -out evil.pem -days 2 -subj /CN=someone-else
+	) >/dev/null 2>&1
+}
+
+setup() {
+	D=$(mktemp -d /tmp/rltls-bats.XXXXXX)
+	PIDS=""
+	write_records "$D"
+	SRV=(--tls-cert "$C/srv.pem" --tls-key "$C/srv.key" --tls-ca "$C/ca.pem")
+}
+
+teardown() {
+	kill_pids
+	rm -rf "$D"
+}
+
+# the client's files, as the environment gives them to rl-queue's subcommands
+with_cert() { RL_TLS_CA=$C/ca.pem RL_TLS_CERT=$C/cli.pem RL_TLS_KEY=$C/cli.key "$@"; }
+
+start_tls_broker() {
+	for _ in $(seq 5); do
+		URL="tls+tcp://127.0.0.1:$(free_port)"
+		rl-queue serve --listen "$URL" -q "${SRV[@]}" "$@" 3>&- &
+		BROKER=$!
+		PIDS="$PIDS $BROKER"
+		for _ in $(seq 100); do
+			kill -0 "$BROKER" 2>/dev/null || break
+			with_cert rl-queue stat --timeout 0.5 "$URL" >/dev/null 2>&1 && return 0
+			sleep 0.05
+		done
+	done
+	echo "broker did not start" >&2
+	return 1
+}
+
+@test "rl-queue over tls+tcp://: the certified client puts and leases; without the CA, with another CA's certificate or without one it is refused and leases nothing" {
+	start_tls_broker
+	run -0 --separate-stderr with_cert rl-queue put -q -s scored "$URL" "$D/scored.jsonl"
+	# no CA: refused before connecting, naming the option
+	run -1 --separate-stderr rl-queue get "$URL" -s train -n 10
+	[[ $stderr == *"a TLS connection needs --tls-ca"* ]]
+	# a CA that did not sign the server's certificate
+	run -1 --separate-stderr env RL_TLS_CA="$C/evil.pem" RL_TLS_CERT="$C/cli.pem" RL_TLS_KEY="$C/cli.key" \
+		rl-queue get "$URL" -s train -n 10
+	[[ $stderr == *"TLS handshake failed"* ]]
+	# the right CA, but no client certificate, or one of another CA
+	run -1 --separate-stderr env RL_TLS_CA="$C/ca.pem" rl-queue get "$URL" -s train -n 10
+	[[ $stderr == *"TLS handshake failed"* ]]
+	run -1 --separate-stderr env RL_TLS_CA="$C/ca.pem" RL_TLS_CERT="$C/evil.pem" RL_TLS_KEY="$C/evil.key" \
+		rl-queue get "$URL" -s train -n 10
+	[[ $stderr == *"TLS handshake failed"* ]]
+	# plain tcp:// to the TLS port: no reply
+	run -3 --separate-stderr rl-queue stat --timeout 0.5 "tcp://${URL#tls+tcp://}"
+	# nothing was leased: all four records are still there for the trainer
+	with_cert rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 4 training 0' "$D/st"
+	run -0 --separate-stderr with_cert rl-queue get "$URL" -s train -n 10
+	[ "$(printf '%s\n' "$output" | grep -c '"group"')" -eq 4 ]
+}
+
+@test "rl-queue serve: a public TLS listen that checks client certificates needs no --listen-public; without --tls-ca it does" {
+	p=$(free_port)
+	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://0.0.0.0:$p" --tls-cert "$C/srv.pem" --tls-key "$C/srv.key"
+	[[ $stderr == *"not a loopback address"* ]]
+	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$p" --tls-cert "$C/srv.pem"
+	[[ $stderr == *"--tls-cert and --tls-key go together"* ]]
+	rl-queue serve --listen "tls+tcp://0.0.0.0:$p" -q "${SRV[@]}" 3>&- &
+	PIDS="$PIDS $!"
+	for _ in $(seq 100); do with_cert rl-queue stat --timeout 0.5 "tls+tcp://127.0.0.1:$p" >/dev/null 2>&1 && break; sleep 0.05; done
+	run -0 with_cert rl-queue stat --timeout 1 "tls+tcp://localhost:$p"
+	# a listener without a certificate is refused before it listens
+	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)"
+	[[ $stderr == *"a TLS listener needs --tls-cert and --tls-key"* ]]
+}
+
+@test "rl-sync over tls+tcp://: push and pull with certificates; a push without a client certificate or with another CA's is refused and nothing is published" {
+	mkdir -p "$D/ck"
+	head -c 300000 /dev/urandom > "$D/ck/model.safetensors"
+	echo '{"model_type":"gpt2"}' > "$D/ck/config.json"
+	CLI=(--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.key")
+	for _ in 1 2 3; do
+		U="tls+tcp://127.0.0.1:$(free_port)"
+		rl-sync serve --listen "$U" "${SRV[@]}" --no-shm 3>&- 2>"$D/serve.err" &
+		PIDS="$PIDS $!"
+		for _ in $(seq 50); do rl-sync status "${CLI[@]}" --timeout 300 "$U" >/dev/null 2>&1 && break 2; sleep 0.1; done
+	done
+	run -1 --separate-stderr rl-sync push --tls-ca "$C/ca.pem" "$U" "$D/ck" --version 5
+	[[ $stderr == *"TLS handshake failed"* ]]
+	run -1 --separate-stderr rl-sync push --tls-ca "$C/ca.pem" --tls-cert "$C/evil.pem" --tls-key "$C/evil.key" "$U" "$D/ck" --version 6
+	[[ $stderr == *"TLS handshake failed"* ]]
+	run -1 --separate-stderr rl-sync push "$U" "$D/ck" --version 7
+	[[ $stderr == *"needs --tls-ca"* ]]
+	run -0 rl-sync status "${CLI[@]}" "$U"
+	assert_output --partial 'latest: 0'
+	run -0 --separate-stderr rl-sync push "${CLI[@]}" "$U" "$D/ck" --version 8
+	run -0 --separate-stderr rl-sync pull "${CLI[@]}" --transport stream "$U" --out "$D/out"
+	cmp "$D/out/v000008/model.safetensors" "$D/ck/model.safetensors"
+}
+
+@test "rl-reward --queue takes --tls-cert/--tls-key/--tls-ca: scores over TLS; without its certificate it is refused and leases nothing" {
+	start_tls_broker
+	for i in 1 2; do
+		printf '{"id":%d,"group":%d,"index":0,"group_size":1,"version":[0,0],"prompt_text":"1+1","response_text":"#### 2","meta":{"answer":"2"}}\n' $i $i
+	done > "$D/gen.jsonl"
+	run -0 --separate-stderr with_cert rl-queue put -q -s generated "$URL" "$D/gen.jsonl"
+	run -1 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 --tls-ca "$C/ca.pem"
+	[[ $stderr == *"TLS handshake failed"* ]]
+	run -1 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 --tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem"
+	[[ $stderr == *"--tls-cert and --tls-key go together"* ]]
+	run -0 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 \
+		--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.key"
+	[[ $stderr == *"2 records"* ]]
+	with_cert rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 2 ' "$D/st"
+}
