@@ -67,7 +67,7 @@ arena_free(arena *a)
 
 /* ---- values ------------------------------------------------------------------------ */
 
-enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_MACRO, V_FUNC };
+enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_MACRO, V_FUNC, V_LOOP };
 
 typedef struct list list;
 typedef struct dict dict;
@@ -86,8 +86,15 @@ typedef struct val {
 		list *l;
 		dict *d;
 		const node *m;
+		const struct loopst *lp;
 	};
 } val;
+
+/* a for loop's `loop`: its fields are computed when read */
+typedef struct loopst {
+	const struct list *items;
+	size_t i;
+} loopst;
 
 struct list {
 	val *v;
@@ -1528,7 +1535,7 @@ static const char *
 tname(val v)
 {
 	static const char *n[] = { "undefined", "none", "bool", "int", "float", "string", "list", "dict", "macro",
-				   "function" };
+				   "function", "loop" };
 	return v.t == V_LIST && v.flag ? "tuple" : v.t == V_DICT && v.flag ? "namespace" : n[v.t];
 }
 
@@ -1689,6 +1696,19 @@ getattr(rs *r, val o, const char *name, int line)
 	if (o.t == V_DICT) {
 		val *x = dget(o.d, name, strlen(name));
 		return x ? *x : vundef(NULL);
+	}
+	if (o.t == V_LOOP) {
+		size_t i = o.lp->i, n = o.lp->items->n;
+		if (!strcmp(name, "index")) return vint((int64_t)i + 1);
+		if (!strcmp(name, "index0")) return vint((int64_t)i);
+		if (!strcmp(name, "revindex")) return vint((int64_t)(n - i));
+		if (!strcmp(name, "revindex0")) return vint((int64_t)(n - i - 1));
+		if (!strcmp(name, "first")) return vbool(i == 0);
+		if (!strcmp(name, "last")) return vbool(i + 1 == n);
+		if (!strcmp(name, "length")) return vint((int64_t)n);
+		if (!strcmp(name, "previtem")) return i ? o.lp->items->v[i - 1] : vundef(NULL);
+		if (!strcmp(name, "nextitem")) return i + 1 < n ? o.lp->items->v[i + 1] : vundef(NULL);
+		return vundef(NULL);
 	}
 	if (o.t == V_UNDEF)
 		rfail(r, RL_EINVAL, line, "'%s' is undefined (reading its attribute '%s')", o.s.p ? o.s.p : "value",
@@ -2505,48 +2525,46 @@ bind(rs *r, frame *f, const node *n, val v)
 		fset(r, f, n->names[i], v.l->v[i]);
 }
 
-static val
-loop_obj(rs *r, list *items, size_t i)
-{
-	static const char *k[] = { "index", "index0", "revindex", "revindex0", "first", "last", "length",
-				   "previtem", "nextitem" };
-	size_t n = items->n;
-	val vs[9] = { vint((int64_t)i + 1), vint((int64_t)i), vint((int64_t)(n - i)), vint((int64_t)(n - i - 1)),
-		      vbool(i == 0), vbool(i + 1 == n), vint((int64_t)n), i ? items->v[i - 1] : vundef(NULL),
-		      i + 1 < n ? items->v[i + 1] : vundef(NULL) };
-	val d = { .t = V_DICT };
-	d.d = newdict(r);
-	for (int j = 0; j < 9; j++) {
-		val key = { .t = V_STR };
-		key.s.p = k[j], key.s.n = strlen(k[j]);
-		dset(r, d.d, key, vs[j]);
-	}
-	return d;
-}
-
+/* One frame serves every iteration: it is cut back to the loop's own names
+ * before each (assignments in the body do not carry over, as in jinja2), and
+ * the `loop` object is updated in place, so a loop allocates nothing per
+ * iteration itself. */
 static int
 exec_for(rs *r, const node *n, frame *f)
 {
 	list *all = iter_list(r, eval(r, n->a, f), n->line), *items = all;
+	frame *t = push_frame(r, f);
 	if (n->d) { /* the loop's "if" filters before loop.* counts */
 		items = newlist(r, all->n);
 		for (size_t i = 0; i < all->n; i++) {
-			frame *t = push_frame(r, f);
+			if (++r->iters > r->max_iter)
+				rfail(r, RL_ETOOBIG, n->line, "more than %zu loop iterations (the cap)", r->max_iter);
+			var *keep = t->vars;
 			bind(r, t, n, all->v[i]);
 			if (truthy(eval(r, n->d, t)))
 				lpush(r, items, all->v[i]);
+			if (!keep)
+				keep = t->vars;
+			t->vars = keep;
 		}
 	}
 	if (!items->n)
 		return n->c ? exec_list(r, n->c, f) : 0;
+	loopst *ls = ralloc(r, sizeof *ls);
+	val lv = { .t = V_LOOP };
+	var *base = NULL;
+	t->vars = NULL;
+	ls->items = items;
+	lv.lp = ls;
 	for (size_t i = 0; i < items->n; i++) {
 		if (++r->iters > r->max_iter)
 			rfail(r, RL_ETOOBIG, n->line, "more than %zu loop iterations (the cap)", r->max_iter);
-		frame *t = push_frame(r, f);
+		ls->i = i;
+		t->vars = base;
 		bind(r, t, n, items->v[i]);
-		fset(r, t, "loop", loop_obj(r, items, i));
-		int rv = exec_list(r, n->b, t);
-		if (rv == FLOW_BREAK)
+		fset(r, t, "loop", lv);
+		base = t->vars;
+		if (exec_list(r, n->b, t) == FLOW_BREAK)
 			break;
 	}
 	return 0;
