@@ -169,7 +169,7 @@ pfail(ps *s, int line, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(m, sizeof m, fmt, ap);
 	va_end(ap);
-	rl_error("%s: line %d: %s", s->name, line, m);
+	rl_error("'%s': line %d: %s", s->name, line, m);
 	s->rv = RL_EFORMAT;
 	longjmp(s->jb, 1);
 }
@@ -179,7 +179,7 @@ palloc(ps *s, size_t n)
 {
 	void *p = arena_get(s->a, n);
 	if (!p) {
-		rl_error("%s: out of memory parsing the template", s->name);
+		rl_error("'%s': out of memory parsing the template", s->name);
 		s->rv = RL_ENOMEM;
 		longjmp(s->jb, 1);
 	}
@@ -606,6 +606,8 @@ p_primary(ps *s)
 		}
 		return n;
 	}
+	if (s->tk == T_END)
+		pfail(s, line, "an expression is missing at the end of the tag");
 	pfail(s, line, "unexpected '%.*s'", (int)s->tn, s->tp);
 	return NULL;
 }
@@ -1152,7 +1154,7 @@ rfail(rs *r, int rv, int line, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(m, sizeof m, fmt, ap);
 	va_end(ap);
-	rl_error("%s: line %d: %s", r->name, line ? line : r->line, m);
+	rl_error("'%s': line %d: %s", r->name, line ? line : r->line, m);
 	r->rv = rv;
 	longjmp(r->jb, 1);
 }
@@ -1162,7 +1164,7 @@ ralloc(rs *r, size_t n)
 {
 	void *p = arena_get(&r->a, n ? n : 1);
 	if (!p) {
-		rl_error("%s: the render needs more than %zu MiB of memory", r->name, r->a.max >> 20);
+		rl_error("'%s': the render needs more than %zu MiB of memory", r->name, r->a.max >> 20);
 		r->rv = r->a.total + n > r->a.max ? RL_ETOOBIG : RL_ENOMEM;
 		longjmp(r->jb, 1);
 	}

@@ -38,13 +38,13 @@ typedef struct rl_jinja_opts {
 
 /* Parse LEN bytes of SRC.  NAME (copied) names the template in messages.  On
  * success *out owns the template (rl_jinja_free).  RL_EFORMAT, logged as
- * "NAME: line N: what", for a syntax error or a construct left out; RL_ENOMEM. */
+ * "'NAME': line N: what", for a syntax error or a construct left out; RL_ENOMEM. */
 int rl_jinja_parse(rl_jinja **out, const char *src, size_t len, const char *name);
 void rl_jinja_free(rl_jinja *t); /* accepts NULL */
 
 /* Render T with the variables of the JSON object CTX (borrowed; NULL for
  * none).  *text (caller frees, NUL-terminated) and *len get the output.
- * Errors are logged as "NAME: line N: what": RL_EINVAL (a type error, an
+ * Errors are logged as "'NAME': line N: what": RL_EINVAL (a type error, an
  * undefined name called, raise_exception's message, a refused attribute),
  * RL_ETOOBIG (a limit of OPTS; OPTS may be NULL), RL_ENOMEM.  A template is
  * read-only while rendering: any number of threads may render it at once. */

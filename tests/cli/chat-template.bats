@@ -38,8 +38,8 @@ need_templates() {
 	printf 'ok\n{%% for i in range(10) %%}{%% for j in range(1000000) %%}{%% endfor %%}{%% endfor %%}\n' >"$BATS_TEST_TMPDIR/loop.jinja"
 	echo '{}' >"$BATS_TEST_TMPDIR/c.json"
 	run -3 "$B/tests/test_jinja" --render "$BATS_TEST_TMPDIR/loop.jinja" "$BATS_TEST_TMPDIR/c.json"
-	assert_output --partial "loop.jinja: line 2: more than 1000000 loop iterations"
+	assert_output --partial "loop.jinja': line 2: more than 1000000 loop iterations"
 	printf '{{ messages.__class__.__mro__ }}' >"$BATS_TEST_TMPDIR/walk.jinja"
 	run -3 "$B/tests/test_jinja" --render "$BATS_TEST_TMPDIR/walk.jinja" "$BATS_TEST_TMPDIR/c.json"
-	assert_output --partial "walk.jinja: line 1: access to attribute '__class__'"
+	assert_output --partial "walk.jinja': line 1: access to attribute '__class__'"
 }

@@ -175,7 +175,7 @@ main(int argc, char **argv)
 		char buf[2048], *o;
 		T_CAPTURE(render("a\n\n{{ raise_exception('bad role: ' ~ r) }}", "{\"r\":\"x\"}"), &o, buf);
 		free(o);
-		T_OK(strstr(buf, "t.jinja: line 3: raise_exception: bad role: x") != NULL, "%s", buf);
+		T_OK(strstr(buf, "'t.jinja': line 3: raise_exception: bad role: x") != NULL, "%s", buf);
 		T_CAPTURE(render("\n{{ ''.__class__ }}", NULL), &o, buf);
 		free(o);
 		T_OK(strstr(buf, "line 2: access to attribute '__class__'") != NULL, "%s", buf);
