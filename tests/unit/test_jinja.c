@@ -129,6 +129,7 @@ main(int argc, char **argv)
 	R("{% set b %}in{{ 1 }}{% endset %}[{{ b }}]", NULL, "[in1]");
 	R("{% macro m(a, b='d') %}<{{ a }}{{ b }}>{% endmacro %}{{ m(1) }}{{ m(2, b='x') }}", NULL, "<1d><2x>");
 	R("{% raw %}{{ x }}{% endraw %}", NULL, "{{ x }}");
+	R("a{% generation %}b{{ 1 }}{% endgeneration %}c", NULL, "ab1c");
 	R("{{ 'b' if x else 'c' }}{{ 'd' if not x }}", "{\"x\":false}", "cd");
 	R("{{ 'ab' in 'xaby' }}{{ 2 in [1,2] }}{{ 'k' in d }}{{ 3 not in [3] }}", "{\"d\":{\"k\":1}}", "TrueTrueTrueFalse");
 	R("{{ s[1:3] }}{{ s[::-1] }}{{ s[-1] }}{{ xs[1:] }}{{ xs[-2:] }}", "{\"s\":\"héllo\",\"xs\":[1,2,3]}",
@@ -147,6 +148,16 @@ main(int argc, char **argv)
 	  "{\"d\":{\"a\":1}}", "15a1['a']");
 	R("{{ xs|selectattr('a', 'equalto', 1)|list|length }}{{ xs|map(attribute='a')|join }}{{ [0,1,2]|select('odd')|list }}",
 	  "{\"xs\":[{\"a\":1},{\"a\":2}]}", "112[1]");
+	R("{{ s|tojson(ensure_ascii=True) }}{{ d|tojson(sort_keys=True) }}", "{\"s\":\"é🎉\",\"d\":{\"b\":1,\"a\":[]}}",
+	  "\"\\u00e9\\ud83c\\udf89\"{\"a\": [], \"b\": 1}");
+	R("{% for x in 'abc' %}{{ loop.previtem|default('-') }}{{ x }}{{ loop.nextitem|default('-') }}{{ loop.revindex }} {% endfor %}",
+	  NULL, "-ab3 abc2 bc-1 ");
+	R("{{ 9 is divisibleby 3 }}{{ 2 is even }}{{ x is not defined }}{{ (1, 2)|list }}{{ (1,) }}", NULL,
+	  "TrueTrueTrue[1, 2](1,)");
+	R("{{ 'a,b,c'.split(',', 1) }}{{ 'x'.join(['1', '2']) }}{{ 'aXbX'.rstrip('X') }}{{ ' '|length }}", NULL,
+	  "['a', 'b,c']1x2aXb1");
+	R("{% macro m(a) %}{{ a }}{% endmacro %}{{ m(b=1) }}", NULL, "ERR:1");
+	R("{{ 1 < 'a' }}", NULL, "ERR:1");
 	R("{{ strftime_now('%Y-%m-%d %b') }}", NULL, "2025-07-31 Jul");
 	R("{{ 0.1 + 0.2 }} {{ 1e20 * 1.0 }} {{ 1e-5 * 1.0 }} {{ 10 / 4 }}", NULL, "0.30000000000000004 1e+20 1e-05 2.5");
 	/* whitespace control: trim_blocks, lstrip_blocks, -, + */
