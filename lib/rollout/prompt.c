@@ -229,8 +229,10 @@ rli_prompt_parse_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids
 			flags |= RL_TOK_NO_THINKING;
 		/* --chat-template auto: the model's own template's system turn is put in
 		 * when the chat has none; a template neither ChatML nor plain is
-		 * refused (RL_ENOTSUP, which stops the run: no chat prompt can be
-		 * used); lib/tok/tokenizer.c */
+		 * rendered by the Jinja engine, and one that does not parse is
+		 * RL_ENOTSUP, which stops the run (no chat prompt can be used), while
+		 * one chat it refuses (raise_exception) is this line's error;
+		 * lib/tok/tokenizer.c */
 		if (rv == 0 &&
 		    ((rv = rl_tokenizer_apply_chat(&ids, g->tok, ch.msgs, ch.n, g->o.tmpl, flags)) != 0 ||
 		     (rv = rl_tokenizer_render_chat(&text, &tlen, g->tok, ch.msgs, ch.n, g->o.tmpl, flags)) != 0)) {

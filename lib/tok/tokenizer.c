@@ -20,6 +20,7 @@
 
 #include "base/core.h"
 #include "base/io.h"
+#include "tok/jinja.h"
 #include "tok/tok_impl.h"
 
 enum { KIND_BPE = 1, KIND_BYTES };
@@ -58,6 +59,7 @@ struct rl_tokenizer {
 	int chat_tools, chat_reason, chat_switch, chat_genthink;
 	char *chat_system;
 	char *chat_src;
+	char *chat_text; /* the template's Jinja text, kept where the engine renders it (chat_foreign) */
 	uint32_t *ends;         /* scratch: piece ends of one section */
 	size_t n_ends, cap_ends;
 };
@@ -726,6 +728,8 @@ set_template(rl_tokenizer *t, const char *tpl, const char *src)
 	t->chat_system = NULL;
 	free(t->chat_src);
 	t->chat_src = rl_xstrdup(src);
+	free(t->chat_text);
+	t->chat_text = t->chat_foreign ? rl_xstrdup(tpl) : NULL;
 	for (const char *p = strstr(tpl, open_); chatml && p && !t->chat_system; p = strstr(p + 1, open_)) {
 		char *lit;
 		size_t n;
@@ -921,6 +925,7 @@ rl_tokenizer_close(rl_tokenizer *t)
 	rli_bpe_destroy(t->bpe);
 	free(t->ends);
 	free(t->chat_system);
+	free(t->chat_text);
 	free(t->chat_src);
 	free(t);
 }
@@ -1122,7 +1127,9 @@ rl_tokenizer_chat_template(const rl_tokenizer *t)
 int
 rl_tokenizer_chat_thinking(const rl_tokenizer *t)
 {
-	return t->chat_reason && t->chat_switch && !t->chat_foreign;
+	if (t->chat_foreign)
+		return t->chat_text && strstr(t->chat_text, "enable_thinking") != NULL;
+	return t->chat_reason && t->chat_switch;
 }
 
 /* A growable byte string. */
@@ -1253,17 +1260,6 @@ chat_check(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int *tpl, int 
 
 	*sys = *tools = *reason = 0;
 	if (autot) {
-		if (t->chat_foreign) {
-			if (t->chat_foreign == 2)
-				rl_error("the model's chat template ('%s') has reasoning rules (<think>) that rlpipe does "
-				    "not know; it renders ChatML, Qwen3's and plain templates", t->chat_src);
-			else
-				rl_error("the model's chat template ('%s') is neither ChatML nor plain, the only ones "
-				    "rlpipe renders", t->chat_src);
-			rl_hint("render the chats into text prompts beforehand with the model's own template, or "
-			    "choose the chatml or plain template knowingly");
-			return RL_ENOTSUP;
-		}
 		*tpl = t->chat;
 		*sys = *tpl == RL_CHAT_CHATML && t->chat_system && (n == 0 || strcmp(m[0].role, "system") != 0);
 		*tools = t->chat_tools;
@@ -1383,6 +1379,66 @@ chat_chatml(chat_out *co, const rl_chat_msg *m, size_t n, int sys, int tools, in
 }
 
 /* The prompt as a list of steps: a special id, or text to encode. */
+/* A template rlpipe has no rules of its own for, rendered by the Jinja engine
+ * as transformers' apply_chat_template renders it: messages (role, content,
+ * reasoning_content), add_generation_prompt, bos_token, eos_token, and
+ * enable_thinking=false under RL_TOK_NO_THINKING.  The ids are the text
+ * encoded with special tokens matched, as transformers tokenizes a rendered
+ * chat (the template writes its markers as text). */
+static int
+chat_jinja(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int flags, rl_tokens *ids, rl_tokenizer *enc,
+	   sbuf *text)
+{
+	cJSON *ctx = cJSON_CreateObject(), *ms = ctx ? cJSON_AddArrayToObject(ctx, "messages") : NULL;
+	rl_jinja *j = NULL;
+	char *out = NULL;
+	size_t len = 0;
+	int rv = RL_ENOMEM;
+
+	if (!ms)
+		goto out;
+	for (size_t i = 0; i < n; i++) {
+		cJSON *o = cJSON_CreateObject();
+		if (!o || !cJSON_AddItemToArray(ms, o) || !cJSON_AddStringToObject(o, "role", m[i].role) ||
+		    !cJSON_AddStringToObject(o, "content", m[i].content) ||
+		    (m[i].reasoning && !cJSON_AddStringToObject(o, "reasoning_content", m[i].reasoning)))
+			goto out;
+	}
+	if (!cJSON_AddBoolToObject(ctx, "add_generation_prompt", (flags & RL_TOK_GEN_PROMPT) != 0) ||
+	    ((flags & RL_TOK_NO_THINKING) && !cJSON_AddFalseToObject(ctx, "enable_thinking")))
+		goto out;
+	const char *names[2] = { "bos_token", "eos_token" };
+	int32_t tids[2] = { t->bos, t->eos };
+	for (int k = 0; k < 2; k++) {
+		size_t l = 0;
+		const char *s = tids[k] >= 0 ? rl_tokenizer_token(t, tids[k], &l) : "";
+		char *c = strndup(s ? s : "", l);
+		cJSON *v = c ? cJSON_CreateString(c) : NULL;
+		free(c);
+		if (!v || !cJSON_AddItemToObject(ctx, names[k], v)) {
+			cJSON_Delete(v);
+			goto out;
+		}
+	}
+	/* a template that does not parse fails every chat: RL_ENOTSUP, as for a
+	 * template rlpipe cannot render, not one chat's RL_EFORMAT */
+	if ((rv = rl_jinja_parse(&j, t->chat_text, strlen(t->chat_text), t->chat_src)) != 0) {
+		rv = rv == RL_EFORMAT ? RL_ENOTSUP : rv;
+		goto out;
+	}
+	if ((rv = rl_jinja_render(&out, &len, j, ctx, NULL)) != 0)
+		goto out;
+	if (ids && (rv = rl_tokenizer_encode(ids, enc, out, len, RL_TOK_SPECIAL)) != 0)
+		goto out;
+	if (text)
+		rv = sb_add(text, out, len);
+out:
+	free(out);
+	rl_jinja_free(j);
+	cJSON_Delete(ctx);
+	return rv;
+}
+
 static int
 chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int flags, rl_tokens *ids,
 	  rl_tokenizer *enc, sbuf *text)
@@ -1390,6 +1446,15 @@ chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int fl
 	chat_out co = { .t = t, .ids = ids, .enc = enc, .text = text, .flags = flags & RL_TOK_SPECIAL };
 	int rv, sys, tools, reason, gen = flags & RL_TOK_GEN_PROMPT, nothink = flags & RL_TOK_NO_THINKING;
 
+	if (tpl == RL_CHAT_AUTO && t->chat_foreign && t->chat_text) {
+		if ((flags & RL_TOK_NO_THINKING) && !rl_tokenizer_chat_thinking(t)) {
+			rl_error("enable_thinking=false: the model's chat template ('%s') has no thinking switch",
+			    t->chat_src);
+			rl_hint("the switch is a template's enable_thinking variable; leave thinking on here");
+			return RL_EINVAL;
+		}
+		return chat_jinja(t, m, n, flags, ids, enc, text);
+	}
 	if ((rv = chat_check(t, m, n, &tpl, flags, &sys, &tools, &reason)) != 0)
 		return rv;
 	if (tpl == RL_CHAT_CHATML) {

@@ -7,7 +7,8 @@
  * tokenizer (256 byte ids plus a few specials, `"model": {"type": "rlpipe-bytes"}`).
  * Added/special tokens are matched before BPE and never split; NFC is applied
  * where the file asks for it; decoding gives back the exact bytes, including
- * invalid UTF-8.  Chat prompts: ChatML and a plain template (no Jinja).
+ * invalid UTF-8.  Chat prompts: ChatML and a plain template rendered by rlpipe's
+ * own rules, any other model template by the Jinja engine (tok/jinja.h).
  *
  * Leaves out: SentencePiece/Unigram/WordPiece models, byte_fallback BPE,
  * pre-tokenizers other than Split/ByteLevel, normalizers other than NFC,
@@ -98,9 +99,17 @@ int32_t rl_tokenizer_lookup(const rl_tokenizer *tok, const char *s, size_t len);
  * render_chat writes the same prompt as text (*TEXT caller frees).
  * RL_CHAT_AUTO also puts in the system turn the model's ChatML template opens
  * a chat without one with (Qwen2/2.5's), as Hugging Face's apply_chat_template
- * does, and refuses (RL_ENOTSUP, logged) a model template that is neither
- * ChatML nor plain (Llama-3's, Gemma's, ...): rendering it as plain would give
- * a prompt the model never saw.
+ * does.  A model template that is neither ChatML nor plain (Llama 3's,
+ * Gemma's, DeepSeek's, ...), or a ChatML one with <think> rules other than
+ * Qwen3's (QwQ's, ...), is rendered by the Jinja engine as transformers
+ * renders it (messages with role, content and reasoning_content,
+ * add_generation_prompt, bos_token, eos_token, enable_thinking=false under
+ * RL_TOK_NO_THINKING); its ids are that text encoded with special tokens
+ * matched, as transformers tokenizes it, so there message text spelling a
+ * special token is not kept apart.  A template error is logged with the
+ * template's file and line: RL_ENOTSUP when the template does not parse (or
+ * uses what the engine leaves out), RL_EINVAL when this chat fails to render
+ * (raise_exception, a type error, a sandbox refusal), RL_ETOOBIG at a limit.
  * RL_CHAT_AUTO with a Qwen template follows its rules too (templates that
  * name <tool_response>, Qwen2.5's and Qwen3's): consecutive "tool" messages
  * are one user turn of <tool_response> blocks, and a role the template does
@@ -111,8 +120,7 @@ int32_t rl_tokenizer_lookup(const rl_tokenizer *tok, const char *s, size_t len);
  * query, and dropped before it; a template with the enable_thinking switch
  * follows the generation prompt with "<think>\n\n</think>\n\n" under
  * RL_TOK_NO_THINKING, and RL_TOK_NO_THINKING on any other template (or an
- * explicit chatml/plain) is RL_EINVAL, logged.  A ChatML template that names
- * <think> without Qwen3's rules (QwQ's, ...) is refused as foreign.
+ * explicit chatml/plain) is RL_EINVAL, logged.
  * RL_ENOTSUP: ChatML on a tokenizer without <|im_start|>/<|im_end|>. */
 int rl_tokenizer_apply_chat(rl_tokens *out, rl_tokenizer *tok, const rl_chat_msg *msgs, size_t n,
 			    int template_, int flags);
@@ -123,8 +131,9 @@ int rl_tokenizer_render_chat(char **text, size_t *len, const rl_tokenizer *tok, 
  * chat_template, as transformers reads them) contains "<|im_start|>" (or the
  * bytes tokenizer says "chatml"), else plain. */
 int rl_tokenizer_chat_template(const rl_tokenizer *tok);
-/* 1 when the model's chat template has the enable_thinking switch (Qwen3's),
- * so RL_TOK_NO_THINKING can be used with RL_CHAT_AUTO; else 0. */
+/* 1 when the model's chat template has the enable_thinking switch (Qwen3's,
+ * or a template the Jinja engine renders that names enable_thinking), so
+ * RL_TOK_NO_THINKING can be used with RL_CHAT_AUTO; else 0. */
 int rl_tokenizer_chat_thinking(const rl_tokenizer *tok);
 const char *rl_chat_template_name(int template_); /* "chatml", "plain", "auto" */
 int rl_chat_template_parse(const char *name);    /* inverse; -1 if unknown */

