@@ -87,7 +87,8 @@ EOF
 	RL_WORKER_ID=score-1 rl-reward -q --queue "$FURL" --task length --max-length 8 --idle-exit 1.2 3>&- &
 	W=$!
 	PIDS="$PIDS $R $W $B"
-	RL_WORKER_ID=learn-1 timeout 60 rl-train -q -m "$TD/m0" --out "$D/ck" --batch 2 --queue "$FURL" \
+	# every sequence trained (equal rewards would skip them all: no token means to draw)
+	RL_WORKER_ID=learn-1 timeout 60 rl-train -q -m "$TD/m0" --out "$D/ck" --batch 2 --no-skip-zero-adv --queue "$FURL" \
 		--idle-exit 1.5 --metrics "$D/m.jsonl"
 	wait "$R"
 	wait "$W"

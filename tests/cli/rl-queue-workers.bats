@@ -53,7 +53,8 @@ report() {
 	RL_WORKER_ID=score-1 rl-reward -q --queue "$URL" --task length --max-length 8 --idle-exit 2 3>&- &
 	W=$!
 	PIDS="$PIDS $R $W"
-	RL_WORKER_ID=learn-1 run -0 --separate-stderr timeout 60 rl-train -q -m "$TD/m0" --out "$D/ck" --batch 2 \
+	# --no-skip-zero-adv: equal rewards would skip every sequence, leaving the token means null
+	RL_WORKER_ID=learn-1 run -0 --separate-stderr timeout 60 rl-train -q -m "$TD/m0" --out "$D/ck" --batch 2 --no-skip-zero-adv \
 		--queue "$URL" --idle-exit 2.5 --metrics "$D/m.jsonl"
 	wait "$R"
 	wait "$W"
