@@ -428,6 +428,30 @@ take_slot(rl_engine *e)
 	return -1;
 }
 
+/* What a sequence reports, at the end of the sample or of a turn: its
+ * tokens so far, why it stopped, versions, seed and times. */
+static void
+sample_of(const rl_engine *e, const seq *q, int why, rl_gen_sample *gs)
+{
+	memset(gs, 0, sizeof *gs);
+	gs->user = q->r->user;
+	gs->index = q->index;
+	gs->greedy = q->greedy;
+	gs->tok = q->tok;
+	gs->logp = q->logp;
+	gs->mask = q->r->episode ? q->mask : NULL;
+	gs->n = q->n;
+	gs->finish = why;
+	gs->ver_first = q->ver_first;
+	gs->ver_last = q->ver_last;
+	gs->seed = q->seed;
+	gs->t_start = q->t_start;
+	gs->t_end = rl_wall();
+	gs->slot = (int)(q - e->s);
+	gs->turn_start = q->turn_start;
+	gs->turn_ver_first = q->turn_ver;
+}
+
 /* Releases a finished sequence and reports it. */
 static int
 finish(rl_engine *e, seq *q, int why, rl_gen_done_fn done, void *ctx)
@@ -437,24 +461,8 @@ finish(rl_engine *e, seq *q, int why, rl_gen_done_fn done, void *ctx)
 	int rv;
 
 	q->done = 1;
-	gs.user = r->user;
-	gs.index = q->index;
-	gs.greedy = q->greedy;
-	gs.tok = q->tok;
-	gs.logp = q->logp;
-	gs.n = q->n;
-	gs.finish = why;
-	gs.ver_first = q->ver_first;
-	gs.ver_last = q->ver_last;
-	gs.seed = q->seed;
-	gs.t_start = q->t_start;
-	gs.t_end = rl_wall();
+	sample_of(e, q, why, &gs);
 	gs.last_of_request = r->running == 1;
-	gs.mask = r->episode ? q->mask : NULL;
-	gs.slot = (int)(q - e->s);
-	gs.turn_start = q->turn_start;
-	gs.turn_ver_first = q->turn_ver;
-	gs.full = 0;
 	e->st.samples++;
 	rv = done ? done(ctx, &gs) : RL_OK;
 	rl_kvcache_release(e->kv, &q->kv);
@@ -538,22 +546,7 @@ ended(rl_engine *e, seq *q, int why, rl_gen_done_fn done, void *ctx)
 	if (!q->r->episode || !e->turn)
 		return finish(e, q, why, done, ctx);
 	q->waiting = 1;
-	memset(&gs, 0, sizeof gs);
-	gs.user = q->r->user;
-	gs.index = q->index;
-	gs.tok = q->tok;
-	gs.logp = q->logp;
-	gs.mask = q->mask;
-	gs.n = q->n;
-	gs.finish = why;
-	gs.ver_first = q->ver_first;
-	gs.ver_last = q->ver_last;
-	gs.seed = q->seed;
-	gs.t_start = q->t_start;
-	gs.t_end = rl_wall();
-	gs.slot = (int)(q - e->s);
-	gs.turn_start = q->turn_start;
-	gs.turn_ver_first = q->turn_ver;
+	sample_of(e, q, why, &gs);
 	gs.full = q->n + 1 >= q->max_n || q->base + q->n + 1 >= e->m->cfg.max_pos;
 	return e->turn(e->turn_ctx, &gs);
 }
