@@ -56,7 +56,7 @@ serve() {
 	for v in 1 2 3 4 6 7 19; do grep -q "weights version $v loaded from '$URL/v$v'" "$TD/rollout.log"; done
 	grep -q 'time: decoding' "$TD/rollout.log"
 	# step directories only every 5 steps; the last one is a full checkpoint
-	[ "$(ls "$TD/ck" | tr '\n' ' ')" = "latest step-00000005 step-00000010 step-00000015 step-00000020 " ]
+	[ "$(ls "$TD/ck" | grep -v "^run.yaml$" | tr '\n' ' ')" = "latest step-00000005 step-00000010 step-00000015 step-00000020 " ]
 	[ -f "$TD/ck/step-00000020/optimizer.safetensors" ]
 	python3 -c '
 import json, sys
