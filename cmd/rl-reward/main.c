@@ -23,6 +23,7 @@
 #include <float.h>
 #include <getopt.h>
 #include <limits.h>
+#include <stdint.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -61,6 +62,10 @@ static const char usage_text[] =
 	"      --gsm8k-mode MODE    strict (number after the last ####, default) or flexible (last number)\n"
 	"      --max-length N       length task: budget in tokens (or characters)\n"
 	"      --length-unit UNIT   tokens (default; characters when a record has no tokens) or chars\n"
+	"      --overlong-buffer N  DAPO's soft overlong penalty (verl's overlong_buffer.len): add\n"
+	"                           min(-(len - (max - N)) / N * F, 0) to the reward, len the response tokens\n"
+	"      --overlong-penalty F its factor (verl's penalty_factor; default 1)\n"
+	"      --max-response-len M the budget max (default: each record's max_tokens)\n"
 	"  -o, --output FILE        write here instead of stdout\n"
 	"      --jsonl              write JSONL instead of the binary stream\n"
 	"  -q, --quiet              no summary\n"
@@ -159,7 +164,8 @@ int
 main(int argc, char **argv)
 {
 	enum { O_EXEC_WEIGHT = 256, O_TIMEOUT, O_BATCH, O_GSM8K_MODE, O_MAX_LENGTH, O_LENGTH_UNIT, O_JSONL,
-	       O_QUEUE, O_IDLE_EXIT, O_BROKER_TIMEOUT, O_TLS_CERT, O_TLS_KEY, O_TLS_CA };
+	       O_QUEUE, O_IDLE_EXIT, O_BROKER_TIMEOUT, O_TLS_CERT, O_TLS_KEY, O_TLS_CA,
+	       O_OVERLONG_BUFFER, O_OVERLONG_PENALTY, O_MAX_RESPONSE_LEN };
 	static const struct option lo[] = {
 		{ "task", required_argument, 0, 't' },
 		{ "exec", required_argument, 0, 'e' },
@@ -170,6 +176,9 @@ main(int argc, char **argv)
 		{ "gsm8k-mode", required_argument, 0, O_GSM8K_MODE },
 		{ "max-length", required_argument, 0, O_MAX_LENGTH },
 		{ "length-unit", required_argument, 0, O_LENGTH_UNIT },
+		{ "overlong-buffer", required_argument, 0, O_OVERLONG_BUFFER },
+		{ "overlong-penalty", required_argument, 0, O_OVERLONG_PENALTY },
+		{ "max-response-len", required_argument, 0, O_MAX_RESPONSE_LEN },
 		{ "output", required_argument, 0, 'o' },
 		{ "jsonl", no_argument, 0, O_JSONL },
 		{ "queue", required_argument, 0, O_QUEUE },
@@ -193,7 +202,7 @@ main(int argc, char **argv)
 	FILE *of = NULL;
 	size_t ntasks = 0;
 	long long batch = 0, v;
-	int c, rv = 0, verbosity = RL_LOG_NORMAL, status = 0, has_length = 0;
+	int c, rv = 0, verbosity = RL_LOG_NORMAL, status = 0, has_length = 0, has_overlong_opt = 0;
 	double t0;
 
 	rl_log_init("rl-reward", RL_LOG_NORMAL);
@@ -210,6 +219,7 @@ main(int argc, char **argv)
 	memset(&sc, 0, sizeof sc);
 	sc.exec_weight = 1.0;
 	sc.opts.gsm8k_mode = RL_GSM8K_STRICT;
+	sc.opts.overlong_penalty = 1.0;
 	rl_reward_exec_opts_default(&xo);
 	wo.format = RL_TRAJ_BINARY;
 	while ((c = rl_cli_getopt(argc, argv, "t:e:j:o:qvh", NULL)) != -1) {
@@ -255,6 +265,19 @@ main(int argc, char **argv)
 			else
 				rv = rl_cli_usage("--length-unit: bad value '%s' (tokens or chars)", optarg);
 			break;
+		case O_OVERLONG_BUFFER:
+			if ((rv = rl_cli_int(c, optarg, 1, INT32_MAX, &v)) == 0)
+				sc.opts.overlong_buffer = (long)v;
+			break;
+		case O_OVERLONG_PENALTY:
+			rv = rl_cli_double(c, optarg, 0, 1e30, &sc.opts.overlong_penalty);
+			has_overlong_opt = 1;
+			break;
+		case O_MAX_RESPONSE_LEN:
+			if ((rv = rl_cli_int(c, optarg, 1, INT32_MAX, &v)) == 0)
+				sc.opts.max_resp_len = (long)v;
+			has_overlong_opt = 1;
+			break;
 		case 'o': out = optarg; break;
 		case O_JSONL: wo.format = RL_TRAJ_JSONL; break;
 		case O_QUEUE: queue_url = optarg; break;
@@ -276,6 +299,11 @@ main(int argc, char **argv)
 		rv = rl_cli_usage("nothing to score with: give --task NAME or --exec 'CMD'");
 	else if (has_length && sc.opts.max_length <= 0)
 		rv = rl_cli_usage("the length task needs --max-length N");
+	else if (has_overlong_opt && sc.opts.overlong_buffer <= 0)
+		rv = rl_cli_usage("--overlong-penalty and --max-response-len need --overlong-buffer N");
+	else if (sc.opts.max_resp_len > 0 && sc.opts.max_resp_len < sc.opts.overlong_buffer)
+		rv = rl_cli_usage("--max-response-len %ld is shorter than --overlong-buffer %ld",
+				  sc.opts.max_resp_len, sc.opts.overlong_buffer);
 	else if (queue_url && (optind < argc || out || wo.format == RL_TRAJ_JSONL))
 		rv = rl_cli_usage("--queue reads from and writes to the broker: no FILE, -o or --jsonl");
 	if (rv != 0)

@@ -47,6 +47,8 @@ static const char usage_text[] =
     "      --dual-clip C         dual-clip constant for negative advantages, above 1 (off)\n"
     "      --tis-cap C           truncated importance sampling cap vs behaviour log-probs (off)\n"
     "      --old-from-behaviour  ratio against the records' log-probs (off-policy records)\n"
+    "      --overlong-filter     DAPO's overlong filtering: responses cut at max_tokens (finish\n"
+    "                            \"length\") are left out of the loss (still in their group's baseline)\n"
     "      --skip-zero-adv       no forward/backward for sequences whose advantages are all 0\n"
     "                            (default: on wherever the update stays the same; an error\n"
     "                            with ppo, a KL loss term or --ent-coef)\n"
@@ -133,7 +135,7 @@ enum {
 	O_TLS_CERT, O_TLS_KEY, O_TLS_CA,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
 	O_PLAN, O_LORAR, O_LORAT, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
-	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH
+	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH, O_OVERLONG
 };
 
 static const struct option longopts[] = {
@@ -178,6 +180,7 @@ static const struct option longopts[] = {
 	{ "no-whiten-adv", no_argument, 0, O_NOWHITEN }, { "recompute", no_argument, 0, O_RECOMP },
 	{ "weights-group", required_argument, 0, O_WGROUP }, { "weights-group-size", required_argument, 0, O_WGSIZE },
 	{ "weights-group-backend", required_argument, 0, O_WGBACK },
+	{ "overlong-filter", no_argument, 0, O_OVERLONG },
 	{ "skip-zero-adv", no_argument, 0, O_SKIPZ }, { "no-skip-zero-adv", no_argument, 0, O_NOSKIPZ },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
@@ -269,6 +272,7 @@ main(int argc, char **argv)
 		case O_CRITLR: NUM(0, 10); o.critic_lr = (float)v; break;
 		case O_NOWHITEN: o.whiten_adv = 0; break;
 		case O_SKIPZ: o.skip_zero_adv = 1; break;
+		case O_OVERLONG: o.overlong_filter = 1; break;
 		case O_NOSKIPZ: o.skip_zero_adv = 0; break;
 		case O_EPOCHS: INT(1, 1000); o.ppo_epochs = (int)v; break;
 		case O_MINI: INT(1, 1e6); o.mini_batches = (int)v; break;

@@ -150,7 +150,18 @@ typedef struct rl_reward_opts {
 	int gsm8k_mode;   /* RL_GSM8K_STRICT (default) or RL_GSM8K_FLEXIBLE */
 	long max_length;  /* length task: the budget (> 0 when that task is used) */
 	int length_chars; /* 1: count UTF-8 characters; 0: response tokens when the record has them */
+	/* DAPO's soft overlong penalty (verl's overlong_buffer), added to the reward when
+	 * overlong_buffer > 0: see rl_reward_overlong */
+	long overlong_buffer;    /* buffer length in tokens; 0: off */
+	double overlong_penalty; /* penalty_factor (rl-reward's default 1) */
+	long max_resp_len;       /* the response budget; 0: each record's max_tokens */
 } rl_reward_opts;
+
+/* DAPO's soft overlong punishment as verl's DAPO reward manager computes it:
+ * min(-(len - (max_len - buffer)) / buffer * factor, 0) -- 0 up to
+ * max_len - buffer tokens, then falling linearly to -factor at max_len.
+ * len is the response's token count; buffer > 0. */
+double rl_reward_overlong(long len, long max_len, long buffer, double factor);
 
 /* Parses a --task argument into t: "NAME[:WEIGHT]" for gsm8k, math,
  * countdown, exact, length, arith, auto; "regex[:WEIGHT]:PATTERN" and
@@ -191,6 +202,10 @@ int rl_reward_task_score(double *score, const char **why, const rl_reward_task *
  *            failure); meta.scores.NAME gets each component's score (null when
  *            it failed), meta.reward_error says what failed ("exec: timeout: ...")
  *            and is removed from records that score cleanly; ts_scored is set.
+ *            With opts.overlong_buffer the overlong penalty is added to the sum
+ *            and kept in meta.scores.overlong; a record without response tokens,
+ *            or without a budget (max_tokens or opts.max_resp_len) at least the
+ *            buffer, fails (NaN).
  * A record whose meta is not a JSON object keeps its meta and gets NaN.
  * Not thread-safe; the scorer borrows tasks and exec. */
 #define RL_REWARD_MAX_TASKS 32
@@ -204,6 +219,9 @@ typedef struct rl_reward_stats {
 	double reward_sum;      /* over records that did not fail */
 	double comp_sum[RL_REWARD_MAX_TASKS + 1]; /* per task, then exec */
 	size_t comp_n[RL_REWARD_MAX_TASKS + 1];
+	size_t overlong_failed; /* ... records without a length budget for the overlong penalty */
+	size_t overlong_n;      /* records the overlong penalty lowered */
+	double overlong_sum;    /* the sum of their penalties */
 } rl_reward_stats;
 
 typedef struct rl_reward_scorer {

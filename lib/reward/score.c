@@ -32,6 +32,35 @@ add_reason(char *err, size_t cap, const char *name, const char *why)
 	snprintf(err + k, cap - k, "%s%s: %s", k ? "; " : "", name, why);
 }
 
+double
+rl_reward_overlong(long len, long max_len, long buffer, double factor)
+{
+	double exceed = (double)len - (double)(max_len - buffer);
+	double p = -exceed / (double)buffer * factor;
+
+	return p < 0 ? p : 0.0;
+}
+
+/* The overlong penalty of t into *pen, or a reason why there is none. */
+static const char *
+overlong_of(const rl_reward_scorer *s, const rl_traj *t, long ntokens, double *pen)
+{
+	long max_len = s->opts.max_resp_len;
+	int32_t mt;
+
+	if (ntokens < 0)
+		return "record has no response tokens";
+	if (max_len <= 0) {
+		if (rl_traj_get_i32(t, RL_TAG_MAX_TOKENS, &mt) != 0 || mt <= 0)
+			return "record has no max_tokens (give --max-response-len N)";
+		max_len = mt;
+	}
+	if (max_len < s->opts.overlong_buffer)
+		return "the response budget is shorter than --overlong-buffer";
+	*pen = rl_reward_overlong(ntokens, max_len, s->opts.overlong_buffer, s->opts.overlong_penalty);
+	return NULL;
+}
+
 /* Scores one record; er is its --exec result or NULL. */
 static int
 score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
@@ -42,8 +71,8 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 	long ntokens = -1;
 	cJSON *meta = NULL, *scores;
 	char err[1024] = "", *text = NULL;
-	double total = 0, sc[RL_REWARD_MAX_TASKS + 1];
-	int ok[RL_REWARD_MAX_TASKS + 1] = { 0 }, failed = 0, bad_truth = 0, rv = 0;
+	double total = 0, sc[RL_REWARD_MAX_TASKS + 1], pen = 0;
+	int ok[RL_REWARD_MAX_TASKS + 1] = { 0 }, failed = 0, bad_truth = 0, rv = 0, has_pen = 0;
 
 	if (rl_traj_get_str(t, RL_TAG_RESPONSE_TEXT, &resp, &rn) != 0)
 		resp = NULL;
@@ -98,6 +127,18 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 		}
 		s->st.exec_failed[er->status]++;
 	}
+	if (s->opts.overlong_buffer > 0) {
+		if ((why = overlong_of(s, t, ntokens, &pen)) != NULL) {
+			add_reason(err, sizeof err, "overlong", why);
+			failed = 1;
+			s->st.overlong_failed++;
+		} else {
+			has_pen = 1;
+			total += pen;
+			s->st.overlong_n += pen < 0;
+			s->st.overlong_sum += pen;
+		}
+	}
 	if (!failed && !isfinite((float)total)) {
 		/* the record's reward is an f32: 1e300 from a worker, or a weight of 1e39,
 		 * would become inf */
@@ -127,6 +168,18 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 				cJSON_ReplaceItemInObjectCaseSensitive(scores, name, v);
 			else
 				cJSON_AddItemToObject(scores, name, v);
+		}
+		if (has_pen) {
+			cJSON *v = cJSON_CreateNumber(pen);
+			if (!scores || !v) {
+				cJSON_Delete(v);
+				rv = RL_ENOMEM;
+				goto out;
+			}
+			if (cJSON_GetObjectItemCaseSensitive(scores, "overlong"))
+				cJSON_ReplaceItemInObjectCaseSensitive(scores, "overlong", v);
+			else
+				cJSON_AddItemToObject(scores, "overlong", v);
 		}
 		cJSON_DeleteItemFromObjectCaseSensitive(meta, "reward_error");
 		if (failed && !cJSON_AddStringToObject(meta, "reward_error", err)) {
@@ -388,6 +441,9 @@ rl_reward_stats_print(const rl_reward_scorer *s, double seconds)
 		if (st->out_of_range && k < sizeof line)
 			k += (size_t)snprintf(line + k, sizeof line - k, " %zu with a weighted sum outside the f32 range,",
 					      st->out_of_range);
+		if (st->overlong_failed && k < sizeof line)
+			k += (size_t)snprintf(line + k, sizeof line - k, " %zu without a length budget for the overlong penalty,",
+					      st->overlong_failed);
 		for (int e = 1; e < RL_EXEC_STATUS_COUNT; e++)
 			if (st->exec_failed[e] && k < sizeof line)
 				k += (size_t)snprintf(line + k, sizeof line - k, " %zu %s,", st->exec_failed[e],
@@ -411,6 +467,9 @@ rl_reward_stats_print(const rl_reward_scorer *s, double seconds)
 			k += (size_t)snprintf(line + k, sizeof line - k, "%s%s n/a", k ? ", " : "", name);
 	}
 	rl_info("mean per component: %s", line);
+	if (s->opts.overlong_buffer > 0)
+		rl_info("overlong penalty on %zu records, mean %.4f over them", st->overlong_n,
+			st->overlong_n ? st->overlong_sum / (double)st->overlong_n : 0.0);
 	if (s->exec)
 		rl_info("exec: %zu timeouts, %zu crashes, %zu junk replies, %zu worker restarts",
 			st->exec_failed[RL_EXEC_TIMEOUT], st->exec_failed[RL_EXEC_CRASH], st->exec_failed[RL_EXEC_JUNK],

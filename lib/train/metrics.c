@@ -121,12 +121,13 @@ data_metrics(cJSON *j, trainer *tr, int step)
 
 	for (int i = 0; i < S; i++) {
 		const rl_sample *s = tr->seq[i].s;
-		const uint8_t *mk = tr->mask_tok + tr->seq[i].toff;
+		const uint8_t *mk = s->loss_mask;
 		int clip = strcmp(s->finish, "length") == 0, len = 0;
 		/* the response's length is its sampled tokens' (loss_mask 1): an
-		 * environment's inserted tokens are not the policy's */
+		 * environment's inserted tokens are not the policy's; the record's
+		 * mask, as --overlong-filter's does not shorten a response */
 		for (int t = 0; t < s->rlen; t++)
-			len += mk[t] != 0;
+			len += mk ? mk[t] != 0 : 1;
 		ss_add(&rlen, len);
 		ss_add(&plen, s->plen);
 		clipped += clip;
@@ -155,6 +156,8 @@ data_metrics(cJSON *j, trainer *tr, int step)
 	metric3(j, tr, step, "response_length_non_aborted", ss_mean(&rlen_na), ss_max(&rlen_na), ss_min(&rlen_na));
 	metric(j, tr, step, "response_length_non_aborted/clip_ratio", rlen_na.n ? (double)clipped_na / rlen_na.n : NAN);
 	metric(j, tr, step, "response/aborted_ratio", S ? (double)aborted / S : NAN);
+	if (o->overlong_filter)
+		metric(j, tr, step, "response/overlong_filtered_ratio", S ? (double)tr->noverlong / S : NAN);
 	metric3(j, tr, step, "prompt_length", ss_mean(&plen), ss_max(&plen), ss_min(&plen));
 }
 

@@ -50,6 +50,8 @@ typedef struct rl_train_opts {
 	float critic_lr;           /* lr of the value head (0: --lr), same schedule */
 	int whiten_adv;            /* whiten GAE advantages over the step (1) */
 	int old_from_behaviour;    /* ratio against the records' log-probs instead of recomputing */
+	int overlong_filter;       /* DAPO's overlong filtering: samples cut at max_tokens (finish
+	                            * "length") get loss_mask 0 on every token */
 	int skip_zero_adv;         /* no forward/backward for sequences whose advantages are all 0:
 	                            * -1 where exact (default), 0 off, 1 on (RL_EINVAL where not exact) */
 	/* optimizer */

@@ -63,6 +63,8 @@ entries(entry *e, int cap, const rl_train_opts *o)
 	F("dual-clip", o->dual_clip);
 	F("tis-cap", o->tis_cap);
 	B("old-from-behaviour", o->old_from_behaviour);
+	if (o->overlong_filter)   /* absent from run files written before the option */
+		B("overlong-filter", 1);
 	if (o->kl_type > 0) {   /* rl-train refuses the other KL options without --kl */
 		snprintf(ADD("kl", 1), VAL_SZ, "k%d", o->kl_type);
 		F("kl-coef", o->kl_coef);

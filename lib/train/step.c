@@ -94,11 +94,17 @@ layout(trainer *tr, int *ntok_out, int *G_out)
 		tr->cap_tok = ncap;
 	}
 	tr->has_mask = 0;
+	tr->noverlong = 0;
 	for (int i = 0; i < tr->nseq; i++) {
 		const rl_sample *s = tr->seq[i].s;
+		/* --overlong-filter: a truncated response's reward says little about it
+		 * (DAPO): it still counts in its group's baseline, but none of its tokens
+		 * in the loss */
+		int cut = tr->o->overlong_filter && strcmp(s->finish, "length") == 0;
 		for (int t = 0; t < s->rlen; t++)
-			tr->mask_tok[tr->seq[i].toff + t] = s->loss_mask ? s->loss_mask[t] : 1;
-		tr->has_mask |= s->loss_mask != NULL;
+			tr->mask_tok[tr->seq[i].toff + t] = cut ? 0 : s->loss_mask ? s->loss_mask[t] : 1;
+		tr->has_mask |= s->loss_mask != NULL || cut;
+		tr->noverlong += cut;
 	}
 	*ntok_out = ntok;
 	*G_out = G;

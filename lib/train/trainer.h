@@ -65,6 +65,7 @@ typedef struct trainer {
 	seqref *kseq;            /* the trained sequences of a range, compacted */
 	int cap_kseq;
 	int nskip;               /* sequences of the step skipped */
+	int noverlong;           /* sequences of the step --overlong-filter masked out */
 	long tok_skip, tok_all;  /* their response tokens, and the step's */
 	float *adv_tok, *w_tok, *old_tok, *kl_tok; /* (step tokens) */
 	double reward_kl;        /* --kl-in-reward: mean over sequences of their token-mean KL */
