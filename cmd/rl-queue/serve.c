@@ -4,6 +4,7 @@
  * (lib/queue/qhttp.c) beside it when --http is given.
  */
 #include <getopt.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,13 @@ static const char usage_text[] =
 	"                           at start (default: in memory only)\n"
 	"  -k, --max-staleness K    trainer never gets samples older than version v-K;\n"
 	"                           prompts leased while in flight <= (K+1) x batch (0)\n"
+	"  -k auto[:MAX]            K chosen between 0 and MAX (default 4) from the\n"
+	"                           trainer's and generators' idle time and the drift\n"
+	"      --auto-hold N        auto: trainer steps between decisions (default 3)\n"
+	"      --auto-bubble F      auto: raise K above this idle fraction of the\n"
+	"                           bottleneck stage (default 0.1)\n"
+	"      --auto-drift LO:HI   auto: raise only below LO, lower above HI, the mean\n"
+	"                           |actor/ppo_kl| of the window (default 0.01:0.03)\n"
 	"  -b, --train-batch B      groups per trainer step, for the gate: rl-rollout's\n"
 	"                           --train-batch, rl-train's --batch (default 8; 0: no gate)\n"
 	"      --stale drop|regen   what happens to a stale group (default drop)\n"
@@ -73,7 +81,32 @@ stats_cb(void *arg, char **json)
 }
 
 enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER,
-       OPT_LISTEN_PUBLIC, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA };
+       OPT_LISTEN_PUBLIC, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_AUTO_HOLD, OPT_AUTO_BUBBLE,
+       OPT_AUTO_DRIFT };
+
+/* --max-staleness K or auto[:MAX] */
+static int
+parse_staleness(const char *arg, rl_qserve_config *cfg)
+{
+	long long v;
+	int rv;
+
+	if (strncmp(arg, "auto", 4) == 0 && (arg[4] == 0 || arg[4] == ':')) {
+		v = 4;
+		if (arg[4] == ':' && (rv = rl_cli_int('k', arg + 5, 0, 1000000, &v)) != 0)
+			return rv;
+		cfg->queue.auto_k = 1;
+		cfg->queue.auto_kmax = (uint32_t)v;
+		cfg->queue.max_staleness = 0;   /* on-policy until measured otherwise */
+		cfg->autok.kmax = (uint32_t)v;
+		return RL_OK;
+	}
+	if ((rv = rl_cli_int('k', arg, 0, 1000000, &v)) != 0)
+		return rv;
+	cfg->queue.auto_k = 0;
+	cfg->queue.max_staleness = (uint32_t)v;
+	return RL_OK;
+}
 
 int
 rlq_serve_main(int argc, char **argv)
@@ -96,6 +129,9 @@ rlq_serve_main(int argc, char **argv)
 		{ "tls-key", required_argument, NULL, OPT_TLS_KEY },
 		{ "tls-ca", required_argument, NULL, OPT_TLS_CA },
 		{ "recover-journal", no_argument, NULL, OPT_RECOVER },
+		{ "auto-hold", required_argument, NULL, OPT_AUTO_HOLD },
+		{ "auto-bubble", required_argument, NULL, OPT_AUTO_BUBBLE },
+		{ "auto-drift", required_argument, NULL, OPT_AUTO_DRIFT },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
@@ -105,12 +141,13 @@ rlq_serve_main(int argc, char **argv)
 	const char *http = NULL, *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
 	rl_qserve *s = NULL;
 	rl_qhttp *hs = NULL;
-	int c, rv, http_public = 0, listen_public = 0, verbosity = RL_LOG_NORMAL;
+	int c, rv, http_public = 0, listen_public = 0, verbosity = RL_LOG_NORMAL, auto_opts = 0;
 	long long v;
 	uint64_t sz;
 	double d;
 
 	rl_queue_config_default(&cfg.queue);
+	rl_autok_config_default(&cfg.autok, 4);
 	/* rl-rollout's and rl-train's default: without a gate, samples pile up
 	 * at old versions and K = 0 drops nearly all of them as stale */
 	cfg.queue.train_batch = 8;
@@ -123,10 +160,30 @@ rlq_serve_main(int argc, char **argv)
 		case 'l': cfg.listen = optarg; break;
 		case 'd': cfg.queue.data_dir = optarg; break;
 		case 'k':
-			if ((rv = rl_cli_int(c, optarg, 0, 1000000, &v)) != 0)
+			if ((rv = parse_staleness(optarg, &cfg)) != 0)
 				return rv;
-			cfg.queue.max_staleness = (uint32_t)v;
 			break;
+		case OPT_AUTO_HOLD:
+			if ((rv = rl_cli_int(c, optarg, 1, 1000000, &v)) != 0)
+				return rv;
+			cfg.autok.hold = (uint32_t)v;
+			auto_opts = 1;
+			break;
+		case OPT_AUTO_BUBBLE:
+			if ((rv = rl_cli_double(c, optarg, 0, 1, &cfg.autok.bubble)) != 0)
+				return rv;
+			auto_opts = 1;
+			break;
+		case OPT_AUTO_DRIFT: {
+			char *end;
+			cfg.autok.drift_low = strtod(optarg, &end);
+			if (end == optarg || *end != ':' || (cfg.autok.drift_high = strtod(end + 1, &end), *end != 0) ||
+			    !(cfg.autok.drift_low >= 0) || !(cfg.autok.drift_high > cfg.autok.drift_low) ||
+			    !isfinite(cfg.autok.drift_high))
+				return rl_cli_usage("--auto-drift: bad value '%s' (LO:HI, 0 <= LO < HI)", optarg);
+			auto_opts = 1;
+			break;
+		}
 		case 'b':
 			if ((rv = rl_cli_int(c, optarg, 0, 100000000, &v)) != 0)
 				return rv;
@@ -179,6 +236,8 @@ rlq_serve_main(int argc, char **argv)
 	}
 	if (optind < argc)
 		return rl_cli_usage("serve: unexpected argument '%s'", argv[optind]);
+	if (auto_opts && !cfg.queue.auto_k)
+		return rl_cli_usage("--auto-hold, --auto-bubble and --auto-drift need --max-staleness auto[:MAX]");
 	rl_log_set_level(verbosity);
 	if (cfg.queue.train_batch == 0)
 		rl_warn("serve: --train-batch 0: no admission gate; groups generated more than %u versions "

@@ -15,6 +15,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/util/platform.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +57,10 @@ struct rl_qserve {
 	/* where the time goes (ns, atomic) */
 	uint64_t t_decomp, t_comp, t_state, t_journal, t_lockwait, nreq, nbad, nreports;
 	rli_workers *wk;       /* stage workers' reports (own lock) */
+	rl_autok ak;           /* --max-staleness auto (under mtx) */
+	double khist[256][2];  /* its K from each trainer version on: the start, then each change
+	                        * (past 256, the oldest changes after the start are dropped) */
+	int nkhist;
 };
 
 static uint64_t
@@ -320,6 +325,40 @@ rl_qserve_stats_json(rl_qserve *s, char **out)
 		cJSON_AddNumberToObject(sv, "lock_wait_s", __atomic_load_n(&s->t_lockwait, __ATOMIC_RELAXED) / 1e9);
 		cJSON_AddNumberToObject(sv, "reports", (double)__atomic_load_n(&s->nreports, __ATOMIC_RELAXED));
 	}
+	if (s->cfg.queue.auto_k && (sv = cJSON_AddObjectToObject(o, "autok")) != NULL) {
+		cJSON *h, *hv, *hk;
+		lock(s);
+		rl_autok ak = s->ak;
+		int nh = s->nkhist;
+		double kh[256][2];
+		memcpy(kh, s->khist, sizeof kh[0] * (size_t)nh);
+		unlock(s);
+		cJSON_AddNumberToObject(sv, "k", ak.k);
+		cJSON_AddNumberToObject(sv, "max", ak.cfg.kmax);
+		cJSON_AddNumberToObject(sv, "changes", (double)ak.changes);
+		cJSON_AddNumberToObject(sv, "windows", (double)ak.windows);
+		cJSON_AddNumberToObject(sv, "hold_steps", ak.cfg.hold);
+		cJSON_AddNumberToObject(sv, "bubble_threshold", ak.cfg.bubble);
+		cJSON_AddNumberToObject(sv, "drift_low", ak.cfg.drift_low);
+		cJSON_AddNumberToObject(sv, "drift_high", ak.cfg.drift_high);
+		/* NaN until a window had the measurement: left out (JSON has no NaN) */
+		if (!isnan(ak.train_idle))
+			cJSON_AddNumberToObject(sv, "train_idle_frac", ak.train_idle);
+		if (!isnan(ak.gen_idle))
+			cJSON_AddNumberToObject(sv, "rollout_idle_frac", ak.gen_idle);
+		if (!isnan(ak.bubble))
+			cJSON_AddNumberToObject(sv, "bubble", ak.bubble);
+		if (!isnan(ak.drift))
+			cJSON_AddNumberToObject(sv, "drift", ak.drift);
+		cJSON_AddStringToObject(sv, "last", ak.why);
+		if ((h = cJSON_AddObjectToObject(sv, "history")) != NULL && (hv = cJSON_AddArrayToObject(h, "version")) != NULL &&
+		    (hk = cJSON_AddArrayToObject(h, "k")) != NULL) {
+			for (int i = 0; i < nh; i++) {
+				cJSON_AddItemToArray(hv, cJSON_CreateNumber(kh[i][0]));
+				cJSON_AddItemToArray(hk, cJSON_CreateNumber(kh[i][1]));
+			}
+		}
+	}
 	if (rli_workers_json(s->wk, o, rl_now()) != 0) {
 		cJSON_Delete(o);
 		return RL_ENOMEM;
@@ -535,6 +574,48 @@ op_version(rl_qserve *s, qctx *c, qctx **ready)
 	c->arg = now;
 }
 
+/* --max-staleness auto: the rule on the totals after a report; a new K is
+ * journaled (durable before the report's reply, as every op) and logged. */
+static void
+khist_add(rl_qserve *s, double version, uint32_t k)
+{
+	if (s->nkhist == 256) {
+		memmove(s->khist[1], s->khist[2], sizeof s->khist[0] * 254);
+		s->nkhist--;
+	}
+	s->khist[s->nkhist][0] = version;
+	s->khist[s->nkhist++][1] = k;
+}
+
+static void
+autok_step(rl_qserve *s, qctx *c)
+{
+	rl_autok_totals t;
+	rl_queue_stats qs;
+	uint32_t k0;
+	int changed, rv = RL_OK;
+	char why[sizeof s->ak.why];
+
+	rli_workers_totals(s->wk, rl_now(), &t.train_busy, &t.train_idle, &t.gen_busy, &t.gen_idle, &t.drift_sum,
+	    &t.drift_n);
+	lock(s);
+	rl_queue_get_stats(s->q, &qs);
+	t.version = (double)qs.version;
+	k0 = s->ak.k;
+	changed = rl_autok_update(&s->ak, &t);
+	if (changed && (rv = rl_queue_set_max_staleness(s->q, s->ak.k)) != 0)
+		s->ak.k = k0;   /* not journaled: K stays as in force */
+	else if (changed)
+		khist_add(s, t.version, s->ak.k);
+	c->seq = rl_queue_journal_seq(s->q);
+	memcpy(why, s->ak.why, sizeof why);
+	unlock(s);
+	if (changed && rv == 0)
+		rl_info("max-staleness auto: %s", why);
+	else if (changed)
+		rl_warn("max-staleness auto: K stays %u: the change could not be journaled", k0);
+}
+
 /* REPORT: a stage's stats, small JSON, checked whole before it is stored. */
 static void
 op_report(rl_qserve *s, qctx *c, const uint8_t *body, size_t blen)
@@ -557,6 +638,8 @@ op_report(rl_qserve *s, qctx *c, const uint8_t *body, size_t blen)
 		return;
 	}
 	__atomic_add_fetch(&s->nreports, 1, __ATOMIC_RELAXED);
+	if (s->cfg.queue.auto_k)
+		autok_step(s, c);
 }
 
 /* Handles one request message (consumed).  Returns 1 when a reply is ready
@@ -660,6 +743,14 @@ rl_qserve_open(rl_qserve **out, const rl_qserve_config *cfg)
 		goto fail;
 	s->has_journal = cfg->queue.data_dir != NULL;
 	s->durable = rl_queue_journal_seq(s->q);
+	if (cfg->queue.auto_k) {
+		/* a journal replayed: the K it reached, not the starting one */
+		rl_queue_stats qs;
+		rl_autok_init(&s->ak, &cfg->autok, rl_queue_max_staleness(s->q));
+		rl_queue_get_stats(s->q, &qs);
+		khist_add(s, (double)qs.version, s->ak.k);
+		rl_info("max-staleness auto: K starts at %u (0 to %u)", s->ak.k, cfg->autok.kmax);
+	}
 	if ((nrv = nng_rep0_open(&s->sock)) != 0 ||
 	    (nrv = nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, s->cfg.max_msg + 4096)) != 0) {
 		rl_error("cannot open the broker socket: %s", nng_strerror(nrv));

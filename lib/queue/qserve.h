@@ -15,6 +15,7 @@
 #include <stddef.h>
 
 #include "base/core.h"
+#include "queue/autok.h"
 #include "queue/queue.h"
 
 typedef struct rl_qserve_config {
@@ -23,6 +24,8 @@ typedef struct rl_qserve_config {
 	size_t max_msg;          /* NNG_OPT_RECVMAXSZ and decompressed-body bound; 0: RL_QP_MAX_MSG */
 	int nctx;                /* concurrent requests (contexts); 0: 64 */
 	int level;               /* zstd level of reply bodies for clients that accept zstd; 0: 1 */
+	rl_autok_config autok;   /* with queue.auto_k: the rule that moves K (autok.h), evaluated
+	                          * as stats reports arrive; each change logged and journaled */
 } rl_qserve_config;
 
 typedef struct rl_qserve rl_qserve;

@@ -66,6 +66,7 @@ struct rli_workers {
 	series steps;
 	double last_step[S_COUNT];
 	double last_version;
+	double drift_sum, drift_n;   /* |ppo_kl| of every step taken, for --max-staleness auto */
 	char last_trainer[128];
 	double reports;
 	/* records/s and busy fraction per stage (live workers), sampled at most
@@ -424,6 +425,10 @@ rli_workers_report(rli_workers *ws, const char *json, size_t n, double now, char
 		if (p->steps[i][S_VERSION] <= ws->last_version)
 			continue;
 		ws->last_version = p->steps[i][S_VERSION];
+		if (!isnan(p->steps[i][S_PPO_KL])) {
+			ws->drift_sum += fabs(p->steps[i][S_PPO_KL]);
+			ws->drift_n++;
+		}
 		memcpy(ws->last_step, p->steps[i], sizeof ws->last_step);
 		series_add(&ws->steps, p->steps[i]);
 	}
@@ -577,4 +582,28 @@ rli_workers_json(rli_workers *ws, void *obj, double now)
 nomem:
 	pthread_mutex_unlock(&ws->mtx);
 	return RL_ENOMEM;
+}
+
+void
+rli_workers_totals(rli_workers *ws, double now, double *train_busy, double *train_idle, double *gen_busy,
+    double *gen_idle, double *drift_sum, double *drift_n)
+{
+	*train_busy = *train_idle = *gen_busy = *gen_idle = 0;
+	pthread_mutex_lock(&ws->mtx);
+	expire(ws, now);
+	for (int i = 0; i < RLI_WORKERS_MAX; i++) {
+		const wrk *w = &ws->w[i];
+		if (!w->used)
+			continue;
+		if (strcmp(roles[w->role], "train") == 0) {
+			*train_busy += w->busy;
+			*train_idle += w->idle;
+		} else if (strcmp(roles[w->role], "rollout") == 0) {
+			*gen_busy += w->busy;
+			*gen_idle += w->idle;
+		}
+	}
+	*drift_sum = ws->drift_sum;
+	*drift_n = ws->drift_n;
+	pthread_mutex_unlock(&ws->mtx);
 }

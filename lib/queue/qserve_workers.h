@@ -42,6 +42,13 @@ void rli_workers_destroy(rli_workers *ws);   /* accepts NULL */
  * malformed: the table is then unchanged.  RL_ENOMEM. */
 int rli_workers_report(rli_workers *ws, const char *json, size_t n, double now, char *why, size_t whylen);
 
+/* rli_workers_totals: the busy and idle seconds of the trainers and of the
+ * rollout workers in the table, summed (workers past the TTL dropped first),
+ * and the sum and count of |ppo_kl| over every train step taken; the inputs
+ * of --max-staleness auto (autok.h). */
+void rli_workers_totals(rli_workers *ws, double now, double *train_busy, double *train_idle, double *gen_busy,
+    double *gen_idle, double *drift_sum, double *drift_n);
+
 /* rli_workers_json: adds "workers", "stages" and, once a train step was
  * reported, "train" and "train_history" to obj (a cJSON object, passed as
  * void * to keep cJSON out of this header).  Drops workers past the TTL. */

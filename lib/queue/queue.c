@@ -490,7 +490,7 @@ lease_detach(rl_queue *q, uint32_t ei)
 
 /* ---- journal ops -------------------------------------------------------------------------- */
 enum { J_HEAD = 1, J_PUT, J_LEASE, J_ACK, J_EXPIRE, J_VERSION, J_STALE, J_DEDUP, J_SNAPENT, J_SNAPLEASE,
-       J_SNAPGROUP };
+       J_SNAPGROUP, J_MAXSTALE };
 #define J_SKIP_MAGIC 0x184D2A5Eu
 #define J_FIXED 32u   /* type, stage, pad, n, a, b, c */
 
@@ -1142,6 +1142,23 @@ apply_version(rl_queue *q, uint64_t v)
 	return RL_OK;
 }
 
+static int
+apply_max_staleness(rl_queue *q, uint64_t k)
+{
+	int rv;
+
+	/* a journal of an auto run replayed by a broker given a fixed K: the
+	 * command line decides */
+	if (!q->cfg.auto_k)
+		return RL_OK;
+	if (k > q->cfg.auto_kmax)
+		k = q->cfg.auto_kmax;
+	if ((rv = jop(q, J_MAXSTALE, 0, k, 0, 0, NULL, 0)) != 0)
+		return rv;
+	q->cfg.max_staleness = (uint32_t)k;
+	return RL_OK;
+}
+
 /* A stale group: drop it, or send its prompt back for regeneration. */
 static int
 apply_stale(rl_queue *q, uint64_t gid, int mode)
@@ -1360,6 +1377,22 @@ rl_queue_set_version(rl_queue *q, uint64_t v, uint64_t *now)
 	if (now)
 		*now = q->version;
 	return rv;
+}
+
+int
+rl_queue_set_max_staleness(rl_queue *q, uint32_t k)
+{
+	if (!q->cfg.auto_k || k > q->cfg.auto_kmax)
+		return RL_EINVAL;
+	if (k == q->cfg.max_staleness)
+		return RL_OK;
+	return apply_max_staleness(q, k);
+}
+
+uint32_t
+rl_queue_max_staleness(const rl_queue *q)
+{
+	return q->cfg.max_staleness;
 }
 
 uint64_t
@@ -1601,6 +1634,8 @@ snapshot(rl_queue *q, rl_buf *out)
 	if ((rv = jop_to(out, J_HEAD, 0, 1, q->next_lid, q->version, NULL, 0)) != 0)
 		goto out;
 	if ((rv = jop_to(out, J_VERSION, 0, q->version, 0, 0, NULL, 0)) != 0)
+		goto out;
+	if (q->cfg.auto_k && (rv = jop_to(out, J_MAXSTALE, 0, q->cfg.max_staleness, 0, 0, NULL, 0)) != 0)
 		goto out;
 	for (int w = 0; w < 2; w++) {
 		qwin *win = w ? &q->done_groups : &q->done_ids;
@@ -1898,6 +1933,7 @@ replay_plain_op(rl_queue *q, uint32_t type, uint32_t stage, uint64_t a, uint64_t
 			rv = apply_version(q, a);
 		break;
 	case J_STALE: rv = apply_stale(q, a, (int)stage); break;
+	case J_MAXSTALE: rv = apply_max_staleness(q, a); break;
 	case J_DEDUP:
 		for (uint32_t i = 0; i < cnt && rv == 0; i++)
 			rv = win_add(stage ? &q->done_groups : &q->done_ids, ids[i]);

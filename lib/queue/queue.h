@@ -49,7 +49,10 @@ const char *rl_qstate_name(int s);
 enum rl_qstale { RL_QSTALE_DROP = 0, RL_QSTALE_REGEN = 1 };
 
 typedef struct rl_queue_config {
-	uint32_t max_staleness;   /* K */
+	uint32_t max_staleness;   /* K (with auto_k: where it starts) */
+	int auto_k;               /* K is changed by rl_queue_set_max_staleness (--max-staleness
+	                           * auto): its changes are journaled and replayed, up to auto_kmax */
+	uint32_t auto_kmax;
 	uint32_t train_batch;     /* B, in groups per trainer step (rl-rollout's --train-batch,
 	                           * rl-train's --batch); 0 turns the admission gate off */
 	uint32_t lease_ms;        /* default lease duration; 60000 */
@@ -111,6 +114,16 @@ int rl_queue_ack(rl_queue *q, const rl_qack_req *req, const uint64_t *ids, uint6
  * smaller one is ignored).  *now gets the version in force.  RL_EINVAL for
  * one above RL_QUEUE_MAX_VERSION (the version is unchanged). */
 int rl_queue_set_version(rl_queue *q, uint64_t v, uint64_t *now);
+
+/* rl_queue_set_max_staleness: K from now on (journaled).  The bound holds at
+ * every lease after the call: a group is checked against the K in force when
+ * it is handed to a trainer, so lowering K drops (or regenerates) what was
+ * generated or buffered under the larger one; the admission gate's cap
+ * follows at the next prompt lease.  Groups already leased to a trainer were
+ * within the K of their lease.  RL_EINVAL unless cfg.auto_k, or for k above
+ * auto_kmax. */
+int rl_queue_set_max_staleness(rl_queue *q, uint32_t k);
+uint32_t rl_queue_max_staleness(const rl_queue *q);
 
 /* rl_queue_tick: expires leases whose deadline passed (their records return
  * to the pool) and samples throughput.  *expired (may be NULL) gets the count

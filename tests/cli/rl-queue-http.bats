@@ -313,6 +313,7 @@ function done() {
 		depth: npts("c_depth"),
 		stale: charts.c_stale.data.datasets[0].data,
 		staleLabels: charts.c_stale.data.labels,
+		staleT: charts.c_stale_t.data.datasets.map((d) => [d.label, d.data.length]),
 		totals: text(el("totals")),
 	};
 	console.log(JSON.stringify(out));
@@ -330,6 +331,7 @@ assert o["rate"] > 0 and o["depth"] > 0, o
 b = o["stale"]   # buckets 0..7, 8+
 assert len(b) == 9 and b[0] > 0 and sum(b[1:]) == 0 and o["staleLabels"][-1] == "8+", o
 assert "done" in o["totals"] and "4" in o["totals"], o["totals"]
+assert [l for l, n in o["staleT"]] == ["mean", "max", "K"], o["staleT"]   # the fixed bound drawn too
 print("ok")' <<< "$output"
 	assert_output "ok"
 }
