@@ -43,7 +43,7 @@ int
 rl_autok_update(rl_autok *a, const rl_autok_totals *t)
 {
 	const rl_autok_totals *b = &a->base;
-	double tb, ti, gb, gi, dn, ds;
+	double tb, ti, gb, gi, dn, ds, dt, dd, waste;
 	uint32_t k = a->k;
 
 	if (!a->have_base) {
@@ -66,14 +66,19 @@ rl_autok_update(rl_autok *a, const rl_autok_totals *t)
 	gb = t->gen_busy - b->gen_busy, gi = t->gen_idle - b->gen_idle;
 	dn = t->drift_n - b->drift_n;
 	ds = t->drift_sum - b->drift_sum;
+	dt = t->trained - b->trained;
+	dd = t->dropped - b->dropped;
 	a->base = *t;   /* b is &a->base: every difference is taken above */
-	if (tb < 0 || ti < 0 || gb < 0 || gi < 0 || dn < 0) {
+	if (tb < 0 || ti < 0 || gb < 0 || gi < 0 || dn < 0 || dt < 0 || dd < 0) {
 		snprintf(a->why, sizeof a->why, "worker totals went back (a worker left): new window");
 		return 0;
 	}
 	a->windows++;
 	a->train_idle = idle_frac(tb, ti);
-	a->gen_idle = idle_frac(gb, gi);
+	/* generation the bound then dropped was time lost all the same */
+	waste = dd + dt > 0 ? dd / (dd + dt) : 0;
+	a->waste = waste;
+	a->gen_idle = idle_frac(gb * (1 - waste), gi + gb * waste);
 	a->bubble = fmin(a->train_idle, a->gen_idle);
 	if (isnan(a->train_idle) || isnan(a->gen_idle))
 		a->bubble = NAN;

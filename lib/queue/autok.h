@@ -8,7 +8,10 @@
  * of the |actor/ppo_kl| of the trainer's steps (the policy drift).
  *
  * The rule, once per window of at least `hold` trainer steps:
- *   bubble = min(trainer idle fraction, rollout idle fraction)
+ *   bubble = min(trainer idle fraction, rollout idle fraction), where the
+ *            rollout workers' time spent on samples the bound then dropped
+ *            (dropped / (dropped + trained) of their busy time) counts as
+ *            idle: generation the bound threw away
  *   drift  = mean |ppo_kl| of the window's steps
  *   drift > drift_high and K > 0                 -> K - 1
  *   drift < drift_low, bubble > bubble, K < MAX  -> K + 1 (after a lowering
@@ -50,6 +53,7 @@ typedef struct rl_autok_totals {
 	double train_busy, train_idle;   /* seconds, summed over the trainers */
 	double gen_busy, gen_idle;       /* seconds, summed over the rollout workers */
 	double drift_sum, drift_n;       /* sum of |ppo_kl| over the trainer's steps, and their count */
+	double trained, dropped;         /* samples trained, and dropped or regenerated as stale */
 } rl_autok_totals;
 
 typedef struct rl_autok {
@@ -59,7 +63,7 @@ typedef struct rl_autok {
 	rl_autok_totals base;
 	uint64_t changes, windows;
 	/* the last window's measurements (NaN when it had none) */
-	double train_idle, gen_idle, bubble, drift;
+	double train_idle, gen_idle, bubble, drift, waste;
 	char why[192];   /* the last decision, for the log and the stats */
 } rl_autok;
 

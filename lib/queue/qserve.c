@@ -350,6 +350,7 @@ rl_qserve_stats_json(rl_qserve *s, char **out)
 			cJSON_AddNumberToObject(sv, "bubble", ak.bubble);
 		if (!isnan(ak.drift))
 			cJSON_AddNumberToObject(sv, "drift", ak.drift);
+		cJSON_AddNumberToObject(sv, "stale_waste_frac", ak.waste);
 		cJSON_AddStringToObject(sv, "last", ak.why);
 		if ((h = cJSON_AddObjectToObject(sv, "history")) != NULL && (hv = cJSON_AddArrayToObject(h, "version")) != NULL &&
 		    (hk = cJSON_AddArrayToObject(h, "k")) != NULL) {
@@ -601,6 +602,10 @@ autok_step(rl_qserve *s, qctx *c)
 	lock(s);
 	rl_queue_get_stats(s->q, &qs);
 	t.version = (double)qs.version;
+	t.trained = 0;
+	for (int i = 0; i < 9; i++)
+		t.trained += (double)qs.staleness[i];
+	t.dropped = (double)(qs.stale_dropped + qs.stale_regen);
 	k0 = s->ak.k;
 	changed = rl_autok_update(&s->ak, &t);
 	if (changed && (rv = rl_queue_set_max_staleness(s->q, s->ak.k)) != 0)

@@ -72,6 +72,15 @@ test_rule(void)
 	T_EQ_INT(rl_autok_update(&a, &t), 0);
 	T_EQ_INT(a.k, 1);
 	T_CLOSE(a.drift, 0.02, 1e-12, 0);
+	/* generators busy all the time, but a third of what they made was dropped
+	 * as stale: that third of their time counts as idle, a bubble of 1/3 */
+	t.trained += 20;
+	t.dropped += 10;
+	window(&t, 3, 5, 5, 9, 0, 0.02);
+	T_EQ_INT(rl_autok_update(&a, &t), 0);   /* drift in the dead band */
+	T_CLOSE(a.waste, 1.0 / 3, 1e-12, 0);
+	T_CLOSE(a.gen_idle, 1.0 / 3, 1e-12, 0);
+	T_CLOSE(a.bubble, 1.0 / 3, 1e-12, 0);
 	/* a bubble under the threshold: K stays */
 	window(&t, 3, 19, 1, 5, 5, 0.001);
 	T_EQ_INT(rl_autok_update(&a, &t), 0);
