@@ -575,8 +575,7 @@ op_version(rl_qserve *s, qctx *c, qctx **ready)
 	c->arg = now;
 }
 
-/* --max-staleness auto: the rule on the totals after a report; a new K is
- * journaled (durable before the report's reply, as every op) and logged. */
+/* the K of --max-staleness auto from a trainer version on, for the dashboard */
 static void
 khist_add(rl_qserve *s, double version, uint32_t k)
 {
@@ -588,6 +587,8 @@ khist_add(rl_qserve *s, double version, uint32_t k)
 	s->khist[s->nkhist++][1] = k;
 }
 
+/* --max-staleness auto: the rule on the totals after a report; a new K is
+ * journaled (durable before the report's reply, as every op) and logged. */
 static void
 autok_step(rl_qserve *s, qctx *c)
 {
