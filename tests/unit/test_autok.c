@@ -290,6 +290,7 @@ train_tick(sim *s, double train_s, double drift)
 		s->tot.drift_sum += drift;
 		s->tot.drift_n += 1;
 		int ch = rl_autok_update(&s->ak, &s->tot);
+		/* AUTOK_TRACE=1: each step's decision on stderr, to see the run */
 		if (getenv("AUTOK_TRACE"))
 			fprintf(stderr, "v %llu K %u: %s\n", (unsigned long long)v, s->ak.k, s->ak.why);
 		if (ch && rl_queue_set_max_staleness(s->q, s->ak.k) != 0)
