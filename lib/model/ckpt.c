@@ -178,7 +178,7 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 	if ((rv = write_text(p, js)) != 0)
 		goto out;
 	/* the Hugging Face tensors; RL_T_AUX ones (the value head) follow them */
-	while (nhf < n && !(m->tt.t[nhf].flags & RL_T_AUX))
+	while (nhf < n && !(m->tt.t[nhf].flags & (RL_T_AUX | RL_T_LORA)))
 		nhf++;
 	for (int i = 0; i < n; i++) {
 		e[i].name = m->tt.t[i].name;
@@ -669,7 +669,7 @@ rl_ckpt_weight_files(rl_ckpt_file **out, int *nout, rl_model *m)
 	/* the Hugging Face tensors only, as in model.safetensors of a directory:
 	 * RL_T_AUX ones (the value head) stay with the trainer */
 	int nhf = 0;
-	while (nhf < n && !(m->tt.t[nhf].flags & RL_T_AUX))
+	while (nhf < n && !(m->tt.t[nhf].flags & (RL_T_AUX | RL_T_LORA)))
 		nhf++;
 	if ((rv = rl_st_write_mem(&img, &nimg, e, nhf, meta, 1, fill, &fc)) != 0)
 		goto out;

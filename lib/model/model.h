@@ -59,6 +59,7 @@ typedef struct rl_decode_stats {
 
 typedef struct rl_model_act rl_model_act;   /* training activations (model_int.h) */
 typedef struct rl_model_inf rl_model_inf;   /* inference buffers (model_int.h) */
+typedef struct rl_lora rl_lora;             /* LoRA adapters (lora.h, model_int.h) */
 
 struct rl_model {
 	rl_config cfg;
@@ -89,6 +90,7 @@ struct rl_model {
 	                           * 256 MiB forward only; set before rl_model_train_reserve */
 	rl_model_act *act;
 	rl_model_inf *inf;
+	rl_lora *lora;          /* adapters (rl_model_add_lora), NULL when none */
 	/* Optional (data parallel: overlap of the gradient all-reduce): called by
 	 * rl_model_backward each time the gradients at element offsets
 	 * [from, tt.total) are final for this pass (after the lm_head and final

@@ -1,0 +1,381 @@
+/*
+ * lora.c — LoRA adapters on a Llama-family model (lora.h): adding them to the
+ * tensor table with PEFT's names and initialisation, their share of the
+ * training forward and backward at the four places a layer's GEMMs write
+ * (fused q|k|v, o_proj, fused gate|up, down_proj), dropout on their input,
+ * and merging them into the base weights.
+ *
+ * Leaves out: the base GEMMs (model_train.c), the frozen base's missing
+ * gradients (GT in model_int.h), checkpoints (ckpt.c), the CUDA backend: the
+ * adapter's GEMMs go through ops->matmul_*, but its output lands in a column
+ * slice of a fused GEMM's output, which is added here by host loops.
+ */
+#include "model/lora.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/rng.h"
+#include "model/model_int.h"
+
+static const char *const mod_names[RL_LORA_NMOD] = {
+	"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+};
+
+const char *
+rl_lora_module_name(int k)
+{
+	return k >= 0 && k < RL_LORA_NMOD ? mod_names[k] : "?";
+}
+
+int
+rl_lora_targets_parse(const char *list, unsigned *mask)
+{
+	const char *p = list;
+
+	*mask = 0;
+	if (list == NULL || *list == 0) {
+		rl_error("LoRA targets: empty list (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all-linear)");
+		return RL_EINVAL;
+	}
+	while (*p) {
+		size_t n = strcspn(p, ",");
+		int k = -1;
+		for (int j = 0; j < RL_LORA_NMOD; j++)
+			if (strlen(mod_names[j]) == n && strncmp(p, mod_names[j], n) == 0)
+				k = j;
+		if (k >= 0)
+			*mask |= 1u << k;
+		else if (n == 10 && strncmp(p, "all-linear", n) == 0)
+			*mask |= RL_LORA_ALL;
+		else {
+			rl_error("LoRA targets: '%.*s' is not a module (q_proj, k_proj, v_proj, o_proj, gate_proj, "
+			    "up_proj, down_proj, or all-linear)", (int)n, p);
+			return RL_EINVAL;
+		}
+		p += n;
+		if (*p == ',')
+			p++;
+	}
+	return RL_OK;
+}
+
+/* Module k of a layer: its input and output widths, the column its output starts at
+ * in the fused GEMM's output, and that output's row width. */
+static void
+geom(const rl_config *c, int k, int *in, int *out, int *col, int *ld)
+{
+	const int C = c->hidden_size, QD = c->n_head * c->head_dim, KD = c->n_kv_head * c->head_dim;
+	const int H = c->intermediate_size;
+	switch (k) {
+	case RL_LORA_Q: *in = C, *out = QD, *col = 0, *ld = QD + 2 * KD; break;
+	case RL_LORA_K: *in = C, *out = KD, *col = QD, *ld = QD + 2 * KD; break;
+	case RL_LORA_V: *in = C, *out = KD, *col = QD + KD, *ld = QD + 2 * KD; break;
+	case RL_LORA_O: *in = QD, *out = C, *col = 0, *ld = C; break;
+	case RL_LORA_GATE: *in = C, *out = H, *col = 0, *ld = 2 * H; break;
+	case RL_LORA_UP: *in = C, *out = H, *col = H, *ld = 2 * H; break;
+	default: *in = H, *out = C, *col = 0, *ld = C; break;
+	}
+}
+
+/* The modules a site's GEMM covers: [k0, k1). */
+static void
+site_mods(int site, int *k0, int *k1)
+{
+	static const int r[4][2] = {
+		[RLI_LORA_QKV] = { RL_LORA_Q, RL_LORA_V + 1 }, [RLI_LORA_O] = { RL_LORA_O, RL_LORA_O + 1 },
+		[RLI_LORA_FC] = { RL_LORA_GATE, RL_LORA_UP + 1 }, [RLI_LORA_DOWN] = { RL_LORA_DOWN, RL_LORA_DOWN + 1 },
+	};
+	*k0 = r[site][0];
+	*k1 = r[site][1];
+}
+
+/* The base tensor module k of layer l adapts. */
+static int
+base_index(const rl_model *m, int l, int k)
+{
+	const rl_layer_idx *y = &m->layer[l];
+	switch (k) {
+	case RL_LORA_Q: return y->qkv_w;
+	case RL_LORA_K: return y->qkv_w + 1;
+	case RL_LORA_V: return y->qkv_w + 2;
+	case RL_LORA_O: return y->o_w;
+	case RL_LORA_GATE: return y->fc_w;
+	case RL_LORA_UP: return y->fc_w + 1;
+	default: return y->proj_w;
+	}
+}
+
+/* PEFT's name of an adapter matrix: "base_model.model." + the base module's path +
+ * ".lora_A.weight" (or lora_B). */
+static void
+peft_name(char *buf, size_t n, const char *base, int b)
+{
+	size_t len = strlen(base);
+	if (len > 7 && strcmp(base + len - 7, ".weight") == 0)
+		len -= 7;
+	snprintf(buf, n, "base_model.model.%.*s.lora_%c.weight", (int)len, base, b ? 'B' : 'A');
+}
+
+int
+rl_model_add_lora(rl_model *m, const rl_lora_opts *lo)
+{
+	const rl_config *c = &m->cfg;
+	const int L = c->n_layer;
+	size_t old = m->tt.total, maxin = 0;
+	float *buf = NULL;
+	rl_lora *lr;
+	int rv = RL_OK;
+
+	if (m->cfg.arch != RL_ARCH_LLAMA) {
+		rl_error("LoRA: only Llama-family models (Llama, Qwen2/3, Mistral); GPT-2's Conv1D layers are not supported");
+		return RL_ENOTSUP;
+	}
+	if (m->ops->device >= 0 || m->ops->act_dtype != RL_F32) {
+		rl_error("LoRA runs on the CPU backend only (--device cpu); backend '%s' is not supported",
+		    m->ops->name);
+		return RL_ENOTSUP;
+	}
+	if (m->lora != NULL || m->grads != NULL || m->act != NULL) {
+		rl_error("LoRA: add the adapters once, before reserving training buffers");
+		return RL_EINVAL;
+	}
+	if (lo->r < 1 || !(lo->alpha > 0) || !(lo->dropout >= 0 && lo->dropout < 1) || lo->targets == 0 ||
+	    (lo->targets & ~RL_LORA_ALL)) {
+		rl_error("LoRA: rank %d, alpha %g, dropout %g, targets 0x%x: want rank >= 1, alpha > 0, dropout in "
+		    "[0, 1) and at least one target", lo->r, lo->alpha, lo->dropout, lo->targets);
+		return RL_EINVAL;
+	}
+	if ((lr = rl_try_calloc(1, sizeof *lr, "LoRA")) == NULL)
+		return RL_ENOMEM;
+	if ((lr->ix = rl_try_calloc((size_t)L, sizeof *lr->ix, "LoRA table")) == NULL) {
+		free(lr);
+		return RL_ENOMEM;
+	}
+	lr->o = *lo;
+	lr->scale = lo->alpha / (float)lo->r;
+	for (int l = 0; l < L; l++)
+		for (int k = 0; k < RL_LORA_NMOD; k++) {
+			int in, out, col, ld;
+			char name[RL_TT_NAME];
+			lr->ix[l][k][0] = lr->ix[l][k][1] = -1;
+			if (!(lo->targets & (1u << k)))
+				continue;
+			geom(c, k, &in, &out, &col, &ld);
+			maxin = RL_MAX(maxin, (size_t)in * lo->r);
+			peft_name(name, sizeof name, m->tt.t[base_index(m, l, k)].name, 0);
+			lr->ix[l][k][0] = rl_ttable_add(&m->tt, name, RL_T_LORA | RL_T_DECAY, lo->r, in);
+			peft_name(name, sizeof name, m->tt.t[base_index(m, l, k)].name, 1);
+			lr->ix[l][k][1] = rl_ttable_add(&m->tt, name, RL_T_LORA | RL_T_DECAY, out, lo->r);
+		}
+	m->lora = lr;
+	if ((rv = rli_model_grow_params(m, old)) != 0)
+		return rv;
+	if ((buf = rl_try_malloc(RL_MAX(maxin, (size_t)1) * sizeof *buf, "LoRA init")) == NULL)
+		return RL_ENOMEM;
+	/* PEFT: kaiming_uniform_(A, a=sqrt(5)), whose bound gain * sqrt(3 / fan_in) with
+	 * gain sqrt(2 / (1 + 5)) is 1/sqrt(in); B stays zero (the table's new memory is) */
+	for (int l = 0; l < L && rv == 0; l++)
+		for (int k = 0; k < RL_LORA_NMOD && rv == 0; k++) {
+			int ia = lr->ix[l][k][0];
+			if (ia < 0)
+				continue;
+			const rl_tensor *t = &m->tt.t[ia];
+			double bound = 1.0 / sqrt((double)t->shape[1]);
+			uint64_t s = rl_rng_u64(lo->seed, (uint64_t)l * RL_LORA_NMOD + k);
+			for (size_t i = 0; i < t->n; i++)
+				buf[i] = (float)((2 * rl_rng_uniform(s, i) - 1) * bound);
+			rv = rl_model_set(m, ia, buf);
+		}
+	free(buf);
+	return rv;
+}
+
+const rl_lora_opts *
+rl_model_lora(const rl_model *m)
+{
+	return m->lora ? &m->lora->o : NULL;
+}
+
+int
+rl_model_lora_tensor(const rl_model *m, int l, int k, int b)
+{
+	if (m->lora == NULL || l < 0 || l >= m->cfg.n_layer || k < 0 || k >= RL_LORA_NMOD)
+		return -1;
+	return m->lora->ix[l][k][b ? 1 : 0];
+}
+
+void
+rli_lora_free(rl_model *m)
+{
+	rl_lora *lr = m->lora;
+	if (lr == NULL)
+		return;
+	free(lr->ix);
+	free(lr->u);
+	free(lr->du);
+	free(lr->d);
+	free(lr->xa);
+	free(lr->xd);
+	free(lr);
+	m->lora = NULL;
+}
+
+int
+rli_lora_reserve(rl_model *m, int N)
+{
+	rl_lora *lr = m->lora;
+	const rl_config *c = &m->cfg;
+	size_t r, w;
+
+	if (lr == NULL || N <= lr->maxN)
+		return RL_OK;
+	r = (size_t)N * lr->o.r;
+	w = (size_t)N * RL_MAX(RL_MAX(c->hidden_size, c->intermediate_size), qkv_dim(c));
+	free(lr->u), free(lr->du), free(lr->d), free(lr->xa), free(lr->xd);
+	lr->u = rl_try_malloc(r * sizeof(float), "LoRA scratch");
+	lr->du = rl_try_malloc(r * sizeof(float), "LoRA scratch");
+	lr->d = rl_try_malloc(w * sizeof(float), "LoRA scratch");
+	lr->xa = rl_try_malloc(w * sizeof(float), "LoRA scratch");
+	lr->xd = rl_try_malloc(w * sizeof(float), "LoRA scratch");
+	if (!lr->u || !lr->du || !lr->d || !lr->xa || !lr->xd) {
+		lr->maxN = 0;
+		return RL_ENOMEM;
+	}
+	lr->maxN = N;
+	return RL_OK;
+}
+
+/* out (N, in) = x with module k of layer l's dropout mask applied (x * keep / (1 - p));
+ * the mask is a function of (seed, pass, l, k, element), so the backward and a
+ * recomputed forward draw the same one.  In place allowed. */
+static void
+drop_mask(const rl_lora *lr, int l, int k, const float *x, float *out, int N, int in)
+{
+	const float p = lr->o.dropout, keep = 1.0f / (1.0f - p);
+	uint64_t s = rl_rng_u64(rl_rng_u64(lr->o.seed ^ 0x6c6f7261ULL, lr->pass), (uint64_t)l * RL_LORA_NMOD + k);
+	size_t n = (size_t)N * in;
+
+	for (size_t i = 0; i < n; i++)
+		out[i] = rl_rng_uniform(s, i) < p ? 0.0f : x[i] * keep;
+}
+
+void
+rli_lora_fwd(rl_model *m, int l, int site, const void *x, void *out, int N)
+{
+	rl_lora *lr = m->lora;
+	rl_ops *o = m->ops;
+	int k0, k1;
+
+	site_mods(site, &k0, &k1);
+	for (int k = k0; k < k1; k++) {
+		int ia = lr->ix[l][k][0], ib = lr->ix[l][k][1], in, od, col, ld;
+		const float *xin = x;
+		if (ia < 0)
+			continue;
+		geom(&m->cfg, k, &in, &od, &col, &ld);
+		if (lr->drop) {
+			drop_mask(lr, l, k, x, lr->xd, N, in);
+			xin = lr->xd;
+		}
+		o->matmul_fwd(o, lr->u, xin, W(m, ia), NULL, N, in, lr->o.r);
+		o->matmul_fwd(o, lr->d, lr->u, W(m, ib), NULL, N, lr->o.r, od);
+		/* PEFT: result + lora_B(lora_A(dropout(x))) * scaling */
+		for (int n = 0; n < N; n++) {
+			float *y = (float *)out + (size_t)n * ld + col;
+			const float *d = lr->d + (size_t)n * od;
+			for (int j = 0; j < od; j++)
+				y[j] += d[j] * lr->scale;
+		}
+	}
+}
+
+void
+rli_lora_bwd(rl_model *m, int l, int site, const void *x, const void *dout, void *dx, int N)
+{
+	rl_lora *lr = m->lora;
+	rl_ops *o = m->ops;
+	const int r = lr->o.r;
+	int k0, k1;
+
+	site_mods(site, &k0, &k1);
+	for (int k = k0; k < k1; k++) {
+		int ia = lr->ix[l][k][0], ib = lr->ix[l][k][1], in, od, col, ld;
+		const float *xin = x;
+		if (ia < 0)
+			continue;
+		geom(&m->cfg, k, &in, &od, &col, &ld);
+		for (int n = 0; n < N; n++) {
+			const float *g = (const float *)dout + (size_t)n * ld + col;
+			float *d = lr->d + (size_t)n * od;
+			for (int j = 0; j < od; j++)
+				d[j] = g[j] * lr->scale;
+		}
+		if (lr->drop) {
+			drop_mask(lr, l, k, x, lr->xd, N, in);
+			xin = lr->xd;
+		}
+		/* u = A x again (r columns: cheaper than keeping it per layer) */
+		o->matmul_fwd(o, lr->u, xin, W(m, ia), NULL, N, in, r);
+		o->matmul_bwd(o, lr->du, G(m, ib), NULL, lr->d, lr->u, W(m, ib), N, r, od);
+		o->matmul_bwd(o, lr->xa, G(m, ia), NULL, lr->du, xin, W(m, ia), N, in, r);
+		if (lr->drop)
+			drop_mask(lr, l, k, lr->xa, lr->xa, N, in);
+		float *dxf = dx;
+		for (size_t i = 0; i < (size_t)N * in; i++)
+			dxf[i] += lr->xa[i];
+	}
+}
+
+int
+rl_model_lora_merge(rl_model *m)
+{
+	rl_lora *lr = m->lora;
+	float *w = NULL, *a = NULL, *b = NULL;
+	size_t maxw = 0, maxa = 0, maxb = 0;
+	int rv = RL_OK;
+
+	if (lr == NULL)
+		return RL_OK;
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		maxw = RL_MAX(maxw, t->n);
+	}
+	maxa = maxb = maxw;
+	if ((w = rl_try_malloc(maxw * sizeof *w, "LoRA merge")) == NULL ||
+	    (a = rl_try_malloc(maxa * sizeof *a, "LoRA merge")) == NULL ||
+	    (b = rl_try_malloc(maxb * sizeof *b, "LoRA merge")) == NULL) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
+	for (int l = 0; l < m->cfg.n_layer; l++)
+		for (int k = 0; k < RL_LORA_NMOD; k++) {
+			int ia = lr->ix[l][k][0], ib = lr->ix[l][k][1], iw = base_index(m, l, k);
+			int in, od, col, ld;
+			if (ia < 0)
+				continue;
+			geom(&m->cfg, k, &in, &od, &col, &ld);
+			if ((rv = rl_model_get(m, iw, RL_MODEL_PARAM, w)) != 0 ||
+			    (rv = rl_model_get(m, ia, RL_MODEL_PARAM, a)) != 0 ||
+			    (rv = rl_model_get(m, ib, RL_MODEL_PARAM, b)) != 0)
+				goto out;
+			/* W (out, in) += scale * B (out, r) A (r, in), the sum in double */
+			for (int i = 0; i < od; i++)
+				for (int j = 0; j < in; j++) {
+					double s = 0;
+					for (int q = 0; q < lr->o.r; q++)
+						s += (double)b[(size_t)i * lr->o.r + q] * a[(size_t)q * in + j];
+					w[(size_t)i * in + j] += (float)(s * lr->scale);
+				}
+			memset(b, 0, (size_t)od * lr->o.r * sizeof *b);
+			if ((rv = rl_model_set(m, iw, w)) != 0 || (rv = rl_model_set(m, ib, b)) != 0)
+				goto out;
+		}
+out:
+	free(w);
+	free(a);
+	free(b);
+	return rv;
+}
