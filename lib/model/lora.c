@@ -17,8 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
+#include "base/io.h"
 #include "base/rng.h"
 #include "model/model_int.h"
+#include "model/safetensors.h"
 
 static const char *const mod_names[RL_LORA_NMOD] = {
 	"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
@@ -249,13 +253,15 @@ rli_lora_reserve(rl_model *m, int N)
 }
 
 /* out (N, in) = x with module k of layer l's dropout mask applied (x * keep / (1 - p));
- * the mask is a function of (seed, pass, l, k, element), so the backward and a
- * recomputed forward draw the same one.  In place allowed. */
+ * the mask is a function of (seed, AdamW step, forward in that step, l, k, element),
+ * so the backward, a recomputed forward and a resumed run draw the same one.  In place
+ * allowed. */
 static void
 drop_mask(const rl_lora *lr, int l, int k, const float *x, float *out, int N, int in)
 {
 	const float p = lr->o.dropout, keep = 1.0f / (1.0f - p);
-	uint64_t s = rl_rng_u64(rl_rng_u64(lr->o.seed ^ 0x6c6f7261ULL, lr->pass), (uint64_t)l * RL_LORA_NMOD + k);
+	uint64_t key = (uint64_t)(uint32_t)lr->pass_step << 32 | (uint32_t)lr->pass;
+	uint64_t s = rl_rng_u64(rl_rng_u64(lr->o.seed ^ 0x6c6f7261ULL, key), (uint64_t)l * RL_LORA_NMOD + k);
 	size_t n = (size_t)N * in;
 
 	for (size_t i = 0; i < n; i++)
@@ -373,9 +379,213 @@ rl_model_lora_merge(rl_model *m)
 			if ((rv = rl_model_set(m, iw, w)) != 0 || (rv = rl_model_set(m, ib, b)) != 0)
 				goto out;
 		}
+	rli_lora_free(m); /* the tensors stay in the table (B zero), outside the model's files */
 out:
 	free(w);
 	free(a);
 	free(b);
+	return rv;
+}
+
+char *
+rl_lora_config_json(const rl_model *m)
+{
+	const rl_lora *lr = m->lora;
+	cJSON *root, *tm;
+	char *js;
+
+	if (lr == NULL)
+		return NULL;
+	root = cJSON_CreateObject();
+	/* PEFT's LoraConfig keys; the ones without a counterpart here at its defaults */
+	cJSON_AddObjectToObject(root, "alpha_pattern");
+	cJSON_AddNullToObject(root, "auto_mapping");
+	if (m->src_dir != NULL)
+		cJSON_AddStringToObject(root, "base_model_name_or_path", m->src_dir);
+	else
+		cJSON_AddNullToObject(root, "base_model_name_or_path");
+	cJSON_AddStringToObject(root, "bias", "none");
+	cJSON_AddNullToObject(root, "exclude_modules");
+	cJSON_AddFalseToObject(root, "fan_in_fan_out");
+	cJSON_AddTrueToObject(root, "inference_mode");
+	cJSON_AddTrueToObject(root, "init_lora_weights");
+	cJSON_AddNullToObject(root, "layers_pattern");
+	cJSON_AddNullToObject(root, "layers_to_transform");
+	cJSON_AddNumberToObject(root, "lora_alpha", lr->o.alpha);
+	cJSON_AddFalseToObject(root, "lora_bias");
+	cJSON_AddNumberToObject(root, "lora_dropout", lr->o.dropout);
+	cJSON_AddNullToObject(root, "modules_to_save");
+	cJSON_AddStringToObject(root, "peft_type", "LORA");
+	cJSON_AddNumberToObject(root, "r", lr->o.r);
+	cJSON_AddObjectToObject(root, "rank_pattern");
+	cJSON_AddNullToObject(root, "revision");
+	tm = cJSON_AddArrayToObject(root, "target_modules");
+	for (int k = 0; k < RL_LORA_NMOD; k++)
+		if (lr->o.targets & (1u << k))
+			cJSON_AddItemToArray(tm, cJSON_CreateString(mod_names[k]));
+	cJSON_AddStringToObject(root, "task_type", "CAUSAL_LM");
+	cJSON_AddFalseToObject(root, "use_dora");
+	cJSON_AddFalseToObject(root, "use_rslora");
+	js = cJSON_Print(root);
+	cJSON_Delete(root);
+	return js;
+}
+
+/* RL_EFORMAT naming path and key unless key is absent, null, or a JSON boolean false
+ * (want_false) / an empty object (!want_false). */
+static int
+cfg_default(const char *path, const cJSON *root, const char *key, int want_false)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+	if (v == NULL || cJSON_IsNull(v) || (want_false && cJSON_IsFalse(v)) ||
+	    (!want_false && cJSON_IsObject(v) && v->child == NULL))
+		return RL_OK;
+	rl_error("'%s': \"%s\" is set; LoRA here supports only %s", path, key,
+	    want_false ? "false" : "an empty object (one rank and alpha for every module)");
+	return RL_EFORMAT;
+}
+
+int
+rl_lora_config_read(const char *dir, rl_lora_opts *lo, char **base)
+{
+	size_t n = strlen(dir) + sizeof RL_LORA_CONFIG_FILE + 2, len = 0;
+	char *path = rl_xmalloc(n), *text = NULL;
+	cJSON *root = NULL;
+	const cJSON *v;
+	int rv;
+
+	snprintf(path, n, "%s/%s", dir, RL_LORA_CONFIG_FILE);
+	memset(lo, 0, sizeof *lo);
+	if (base != NULL)
+		*base = NULL;
+	if ((rv = rl_io_read_file(path, (size_t)1 << 20, &text, &len)) != 0) {
+		rl_error("cannot read '%s': %s", path, rl_strerror(rv));
+		goto out;
+	}
+	rv = RL_EFORMAT;
+	if ((root = cJSON_ParseWithLength(text, len)) == NULL || !cJSON_IsObject(root)) {
+		rl_error("'%s': not a JSON object", path);
+		goto out;
+	}
+	v = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
+	if (!cJSON_IsString(v) || strcmp(v->valuestring, "LORA") != 0) {
+		rl_error("'%s': \"peft_type\" is %s, not \"LORA\"", path, cJSON_IsString(v) ? v->valuestring : "missing");
+		goto out;
+	}
+	v = cJSON_GetObjectItemCaseSensitive(root, "r");
+	if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble != (int)v->valuedouble) {
+		rl_error("'%s': \"r\" is not a positive integer", path);
+		goto out;
+	}
+	lo->r = v->valueint;
+	v = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
+	lo->alpha = cJSON_IsNumber(v) ? (float)v->valuedouble : 8.0f; /* PEFT's default */
+	if (!(lo->alpha > 0)) {
+		rl_error("'%s': \"lora_alpha\" is not a positive number", path);
+		goto out;
+	}
+	v = cJSON_GetObjectItemCaseSensitive(root, "lora_dropout");
+	lo->dropout = cJSON_IsNumber(v) ? (float)v->valuedouble : 0.0f;
+	if (!(lo->dropout >= 0 && lo->dropout < 1)) {
+		rl_error("'%s': \"lora_dropout\" is not in [0, 1)", path);
+		goto out;
+	}
+	v = cJSON_GetObjectItemCaseSensitive(root, "bias");
+	if (v != NULL && !cJSON_IsNull(v) && (!cJSON_IsString(v) || strcmp(v->valuestring, "none") != 0)) {
+		rl_error("'%s': \"bias\" is not \"none\"; adapters with biases are not supported", path);
+		goto out;
+	}
+	if (cfg_default(path, root, "use_dora", 1) || cfg_default(path, root, "use_rslora", 1) ||
+	    cfg_default(path, root, "fan_in_fan_out", 1) || cfg_default(path, root, "lora_bias", 1) ||
+	    cfg_default(path, root, "rank_pattern", 0) || cfg_default(path, root, "alpha_pattern", 0))
+		goto out;
+	v = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
+	if (cJSON_IsString(v)) {
+		if ((rv = rl_lora_targets_parse(v->valuestring, &lo->targets)) != 0) {
+			rl_error("'%s': \"target_modules\"", path);
+			goto out;
+		}
+		rv = RL_EFORMAT;
+	} else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) {
+		const cJSON *e;
+		cJSON_ArrayForEach(e, v) {
+			unsigned k = 0;
+			if (!cJSON_IsString(e) || rl_lora_targets_parse(e->valuestring, &k) != 0) {
+				rl_error("'%s': \"target_modules\" holds an entry that is not one of lora.h's modules", path);
+				goto out;
+			}
+			lo->targets |= k;
+		}
+	} else {
+		rl_error("'%s': \"target_modules\" is not a list of module names", path);
+		goto out;
+	}
+	v = cJSON_GetObjectItemCaseSensitive(root, "base_model_name_or_path");
+	if (base != NULL && cJSON_IsString(v))
+		*base = rl_xstrdup(v->valuestring);
+	rv = RL_OK;
+out:
+	cJSON_Delete(root);
+	free(text);
+	free(path);
+	return rv;
+}
+
+int
+rl_model_lora_load(rl_model *m, const char *dir)
+{
+	size_t n = strlen(dir) + sizeof RL_LORA_WEIGHTS_FILE + 2, maxn = 0;
+	char *path = rl_xmalloc(n);
+	rl_st_file *f = NULL;
+	float *buf = NULL;
+	int rv, want = 0;
+
+	snprintf(path, n, "%s/%s", dir, RL_LORA_WEIGHTS_FILE);
+	if (m->lora == NULL) {
+		rl_error("'%s': the model has no adapters to load into", path);
+		rv = RL_EINVAL;
+		goto out;
+	}
+	if ((rv = rl_st_open(&f, path)) != 0)
+		goto out;
+	for (int i = 0; i < m->tt.n; i++)
+		if (m->tt.t[i].flags & RL_T_LORA) {
+			maxn = RL_MAX(maxn, m->tt.t[i].n);
+			want++;
+		}
+	if ((buf = rl_try_malloc(RL_MAX(maxn, (size_t)1) * sizeof *buf, "adapter")) == NULL) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		const rl_st_tensor *st;
+		if (!(t->flags & RL_T_LORA))
+			continue;
+		if ((st = rl_st_find(f, t->name)) == NULL) {
+			rl_error("'%s': no tensor '%s' (the adapter's config names its module)", path, t->name);
+			rv = RL_ENOENT;
+			goto out;
+		}
+		if (st->ndim != 2 || st->shape[0] != t->shape[0] || st->shape[1] != t->shape[1]) {
+			rl_error("'%s': tensor '%s' has %d dimensions [%lld, %lld], want [%lld, %lld]", path, t->name,
+			    st->ndim, (long long)st->shape[0], (long long)(st->ndim > 1 ? st->shape[1] : 0),
+			    (long long)t->shape[0], (long long)t->shape[1]);
+			rv = RL_ESHAPE;
+			goto out;
+		}
+		if ((rv = rl_st_to_f32(buf, st, 0, t->n)) != 0 ||
+		    (rv = rl_check_finite(buf, t->n, path, t->name)) != 0 || (rv = rl_model_set(m, i, buf)) != 0)
+			goto out;
+	}
+	if (f->n != want) {
+		rl_error("'%s': %d tensors, but the adapter's config implies %d (a module or layer it does not name?)",
+		    path, f->n, want);
+		rv = RL_EINVAL;
+	}
+out:
+	free(buf);
+	free(path);
+	rl_st_close(f);
 	return rv;
 }

@@ -50,9 +50,32 @@ int rl_model_add_lora(rl_model *m, const rl_lora_opts *lo);
 const rl_lora_opts *rl_model_lora(const rl_model *m);
 /* Index in m->tt of layer l's module k's A (b = 0) or B (b = 1), or -1. */
 int rl_model_lora_tensor(const rl_model *m, int l, int k, int b);
-/* Folds every adapter into its base weight, W += (alpha/r) B A (in f32),
- * and zeroes B: the model computes the same and its base tensors are the
- * merged model's (rl_model_save then writes a merged checkpoint). */
+/* Folds every adapter into its base weight, W += (alpha/r) B A (the sum in
+ * double), and removes the adapters: the model computes the same, as a plain
+ * model (rl_model_lora NULL; rl_model_save then writes the merged model; the
+ * adapters' tensors stay at the end of the table, B zeroed, in no file). */
 int rl_model_lora_merge(rl_model *m);
+
+/* ---- PEFT's files (docs/lora.md) ----------------------------------------------------------
+ * DIR/adapter_config.json: peft_type "LORA", r, lora_alpha, lora_dropout,
+ * target_modules, base_model_name_or_path, task_type "CAUSAL_LM", bias "none",
+ * fan_in_fan_out false, use_rslora false, use_dora false, and PEFT's other keys
+ * at their defaults; DIR/adapter_model.safetensors: every A and B in f32 under
+ * "base_model.model.<module>.lora_A.weight" (lora_B). */
+#define RL_LORA_CONFIG_FILE "adapter_config.json"
+#define RL_LORA_WEIGHTS_FILE "adapter_model.safetensors"
+/* adapter_config.json of m's adapters (cJSON_free; NULL when m has none). */
+char *rl_lora_config_json(const rl_model *m);
+/* Reads DIR/adapter_config.json into *lo (seed 0) and, when base is non-NULL,
+ * base_model_name_or_path into *base (the caller's, NULL when absent).
+ * RL_ENOENT without the file; RL_EFORMAT naming the file and the field for
+ * what it cannot represent here: another peft_type, use_dora, use_rslora,
+ * bias other than "none", fan_in_fan_out, per-layer rank_pattern or
+ * alpha_pattern, a target outside lora.h's modules. */
+int rl_lora_config_read(const char *dir, rl_lora_opts *lo, char **base);
+/* Sets m's adapters from DIR/adapter_model.safetensors (any float dtype):
+ * every A and B of m must be there with its shape (RL_ENOENT / RL_ESHAPE naming
+ * the file and the tensor), and no adapter that m lacks (RL_EINVAL). */
+int rl_model_lora_load(rl_model *m, const char *dir);
 
 #endif

@@ -102,7 +102,9 @@ struct rl_lora {
 	int maxN;
 	float *u, *du;          /* (maxN, r) */
 	float *d, *xa, *xd;     /* (maxN, widest out), (maxN, widest in) x 2 */
-	uint64_t pass;          /* training forwards so far: the dropout masks' key */
+	uint64_t pass;          /* training forwards since AdamW update pass_step: with it, the
+	                         * dropout masks' key (so that --resume draws the same ones) */
+	int pass_step;
 	int drop;               /* the last forward applied dropout */
 };
 

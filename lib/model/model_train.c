@@ -385,6 +385,10 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	if (m->lora) {
 		/* dropout in the passes of the model being trained (train mode), each its own masks */
 		m->lora->drop = m->lora->o.dropout > 0 && m->grads != NULL;
+		if (m->lora->pass_step != m->step) {
+			m->lora->pass_step = m->step;
+			m->lora->pass = 0;
+		}
 		m->lora->pass += m->lora->drop;
 	}
 

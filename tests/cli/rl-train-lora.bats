@@ -1,0 +1,151 @@
+#!/usr/bin/env bats
+# rl-train --lora-rank: adapters trained on the frozen policy (docs/lora.md),
+# checkpoints in PEFT's layout, --resume, --merge-adapter, and bad options.
+# PEFT's layout as its get_peft_model_state_dict and LoraConfig write it:
+# "base_model.model.<module path>.lora_A.weight" (r, in) and lora_B (out, r),
+# adapter_config.json with peft_type LORA, r, lora_alpha, target_modules ...
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+load model_helper
+
+setup_file() {
+	export TD="$BATS_FILE_TMPDIR"
+	train_model "$TD"
+	python3 tests/fixtures/train/mkscored.py 8 4 0 > "$TD/s.jsonl"
+}
+
+# st_names FILE: "name dtype shape" lines of a safetensors file, sorted
+st_names() {
+	python3 - "$1" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+for k in sorted(h):
+    print(k, h[k]["dtype"], "x".join(map(str, h[k]["shape"])))
+PY
+}
+
+@test "LoRA: GRPO steps write PEFT's adapter directory; only the adapters train" {
+	rl-train -q -m "$TD/m0" --out "$TD/a" --batch 2 --lr 1e-2 --lora-rank 4 --lora-alpha 8 \
+	    --lora-targets q_proj,v_proj,down_proj --max-steps 3 --metrics "$TD/a.m" "$TD/s.jsonl"
+	d="$TD/a/step-00000003"
+	[ -f "$d/adapter_config.json" ] && [ -f "$d/adapter_model.safetensors" ]
+	[ -f "$d/optimizer.safetensors" ] && [ -f "$d/trainer_state.json" ]
+	[ ! -e "$d/model.safetensors" ]   # the base is frozen: adapter_config.json names it
+	c="$d/adapter_config.json"
+	[ "$(jq -r .peft_type "$c")" = LORA ]
+	[ "$(jq -r .task_type "$c")" = CAUSAL_LM ]
+	[ "$(jq -r .bias "$c")" = none ]
+	[ "$(jq .r "$c")" = 4 ] && [ "$(jq .lora_alpha "$c")" = 8 ] && [ "$(jq .lora_dropout "$c")" = 0 ]
+	[ "$(jq .fan_in_fan_out "$c")" = false ] && [ "$(jq .use_rslora "$c")" = false ]
+	[ "$(jq -c .target_modules "$c")" = '["q_proj","v_proj","down_proj"]' ]
+	[ "$(jq -r .base_model_name_or_path "$c")" = "$TD/m0" ]
+	# hidden 32, 4 heads x 8, 2 kv heads x 8, intermediate 64, 2 layers; f32
+	run -0 st_names "$d/adapter_model.safetensors"
+	want=""
+	for l in 0 1; do
+		want+="base_model.model.model.layers.$l.mlp.down_proj.lora_A.weight F32 4x64"$'\n'
+		want+="base_model.model.model.layers.$l.mlp.down_proj.lora_B.weight F32 32x4"$'\n'
+		want+="base_model.model.model.layers.$l.self_attn.q_proj.lora_A.weight F32 4x32"$'\n'
+		want+="base_model.model.model.layers.$l.self_attn.q_proj.lora_B.weight F32 32x4"$'\n'
+		want+="base_model.model.model.layers.$l.self_attn.v_proj.lora_A.weight F32 4x32"$'\n'
+		want+="base_model.model.model.layers.$l.self_attn.v_proj.lora_B.weight F32 16x4"$'\n'
+	done
+	[ "$output" = "${want%$'\n'}" ]
+	# the optimizer holds the adapters' moments only
+	run -0 st_names "$d/optimizer.safetensors"
+	[ "${#lines[@]}" = 24 ]
+	[[ "$output" != *"model.layers.0.self_attn.q_proj.weight"* ]]
+	# trained: B left zero, A left its init; the metrics name the trained parameters
+	python3 - "$d/adapter_model.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+for k, v in h.items():
+    s, e = v["data_offsets"]
+    x = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
+    assert max(abs(t) for t in x) > 0, k
+PY
+}
+
+@test "LoRA: --merge-adapter writes base + scale B A; other tensors bit for bit" {
+	[ -d "$TD/a/step-00000003" ] || skip "needs the first test's run"
+	rl-train -q --merge-adapter "$TD/a/step-00000003" --out "$TD/merged"
+	[ -f "$TD/merged/model.safetensors" ] && [ -f "$TD/merged/config.json" ]
+	[ ! -e "$TD/merged/adapter_config.json" ]
+	/usr/bin/python3 -c 'import torch' 2>/dev/null || skip "no PyTorch at /usr/bin/python3"
+	/usr/bin/python3 - "$TD/m0" "$TD/a/step-00000003" "$TD/merged" <<'PY'
+import json, os, sys
+sys.path.insert(0, "tests/fixtures")
+from check_saved import read_st
+base, ad, merged = sys.argv[1:]
+_, b = read_st(os.path.join(base, "model.safetensors"))
+_, a = read_st(os.path.join(ad, "adapter_model.safetensors"))
+_, m = read_st(os.path.join(merged, "model.safetensors"))
+cfg = json.load(open(os.path.join(ad, "adapter_config.json")))
+scale = cfg["lora_alpha"] / cfg["r"]
+assert set(b) == set(m), set(b) ^ set(m)
+adapted = 0
+for k, (w, _) in b.items():
+    mod = "base_model.model." + k[:-len(".weight")]
+    if mod + ".lora_A.weight" in a:
+        A, B = a[mod + ".lora_A.weight"][0].double(), a[mod + ".lora_B.weight"][0].double()
+        want = w.double() + scale * (B @ A)
+        err = (m[k][0].double() - want).abs().max().item()
+        assert err < 1e-6, (k, err)
+        assert (m[k][0] != w).any(), k
+        adapted += 1
+    else:
+        assert (m[k][0] == w).all(), k
+assert adapted == 6, adapted
+PY
+}
+
+@test "LoRA: --resume continues bit for bit from the adapter checkpoint" {
+	rl-train -q -m "$TD/m0" --out "$TD/ra" --batch 1 --lr 1e-2 --lora-rank 4 --lora-dropout 0.1 \
+	    --max-steps 4 --metrics /dev/null "$TD/s.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/rb" --batch 1 --lr 1e-2 --lora-rank 4 --lora-dropout 0.1 \
+	    --max-steps 2 --metrics /dev/null "$TD/s.jsonl"
+	rl-train -q --out "$TD/rb" --batch 1 --lr 1e-2 --lora-rank 4 --lora-dropout 0.1 --max-steps 4 --resume \
+	    --metrics /dev/null "$TD/s.jsonl"
+	cmp "$TD/ra/step-00000004/adapter_model.safetensors" "$TD/rb/step-00000004/adapter_model.safetensors"
+	cmp "$TD/ra/step-00000004/optimizer.safetensors" "$TD/rb/step-00000004/optimizer.safetensors"
+	# another rank is another run: refused, named
+	run -1 --separate-stderr rl-train --out "$TD/rb" --batch 1 --lr 1e-2 --lora-rank 8 --lora-dropout 0.1 \
+	    --max-steps 5 --resume "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank: 4 in the run"* ]]
+}
+
+@test "LoRA: bad options and adapters are refused, named" {
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-targets q_proj "$TD/s.jsonl"
+	[[ "$stderr" == *"need --lora-rank"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --lora-targets q_proj,nope "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-targets: bad value 'q_proj,nope'"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --lora-dropout 1 "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-dropout"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 0 "$TD/s.jsonl"
+	# GPT-2 has no LoRA here
+	cat > "$TD/g.json" <<'JSON'
+{"model_type":"gpt2","vocab_size":261,"n_embd":32,"n_layer":1,"n_head":2,"n_positions":64}
+JSON
+	rl-train -q --init "$TD/g.json" --tokenizer bytes --out "$TD/g0"
+	run -1 --separate-stderr rl-train -m "$TD/g0" --out "$TD/x" --lora-rank 4 "$TD/s.jsonl"
+	[[ "$stderr" == *"GPT-2"* ]]
+	# adapters: no config, a DoRA one, a tensor missing
+	run -1 --separate-stderr rl-train --merge-adapter "$TD" --out "$TD/x2"
+	[[ "$stderr" == *"$TD/adapter_config.json"* ]]
+	[ -d "$TD/a/step-00000003" ] || skip "needs the first test's run"
+	mkdir -p "$TD/dora"
+	cp "$TD/a/step-00000003/adapter_model.safetensors" "$TD/dora/"
+	jq '.use_dora = true' "$TD/a/step-00000003/adapter_config.json" > "$TD/dora/adapter_config.json"
+	run -1 --separate-stderr rl-train --merge-adapter "$TD/dora" --out "$TD/x3"
+	[[ "$stderr" == *"dora/adapter_config.json': \"use_dora\" is set"* ]]
+	jq '.target_modules = ["q_proj","v_proj","down_proj","o_proj"]' "$TD/a/step-00000003/adapter_config.json" \
+	    > "$TD/dora/adapter_config.json"
+	run -1 --separate-stderr rl-train --merge-adapter "$TD/dora" --out "$TD/x4"
+	[[ "$stderr" == *"no tensor 'base_model.model.model.layers.0.self_attn.o_proj.lora_A.weight'"* ]]
+	[ ! -e "$TD/x4" ]
+}
