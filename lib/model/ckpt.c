@@ -714,7 +714,7 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 				memcpy(buf, tr, t->n * sizeof(float));
 				free(tr);
 			}
-			m->ops->upload(m->ops, (k == 0 ? m->m : k == 1 ? m->v : m->params) + t->off, buf,
+			m->ops->upload(m->ops, k == 2 ? m->params + t->off : (k == 0 ? m->m : m->v) + (t->off - m->goff), buf,
 			    t->n * sizeof(float));
 			if (k == 2 && m->w != m->params)
 				m->ops->cast(m->ops, (char *)m->w + t->off * rl_dtype_size(m->ops->act_dtype),

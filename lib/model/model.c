@@ -287,6 +287,7 @@ rl_model_close(rl_model *m)
 		m->ops->free(m->ops, m->w);
 	m->ops->free(m->ops, m->params);
 	m->ops->free(m->ops, m->grads);
+	m->ops->free(m->ops, m->gsink);
 	m->ops->free(m->ops, m->m);
 	m->ops->free(m->ops, m->v);
 	rl_ttable_fini(&m->tt);
@@ -325,6 +326,14 @@ rl_model_get(rl_model *m, int i, int kind, float *out)
 
 	if (src == NULL)
 		return RL_EINVAL;
+	if (kind != RL_MODEL_PARAM) {
+		/* gradients and moments start at table element goff; the frozen have none */
+		if (t->off < m->goff) {
+			memset(out, 0, t->n * sizeof(float));
+			return RL_OK;
+		}
+		src -= m->goff;
+	}
 	if (!(t->flags & RL_T_TRANSPOSE)) {
 		m->ops->download(m->ops, out, src + t->off, t->n * sizeof(float));
 		return check_ops(m, "download");

@@ -70,8 +70,12 @@ struct rl_model {
 	int vh_w, vh_b;         /* value head (1, C), (1): RL_T_AUX, -1 when absent */
 	float *params;          /* (tt.total) f32 master weights, backend memory */
 	void *w;                /* compute weights in act dtype: == params on an f32 backend */
-	float *grads;           /* (tt.total) f32, accumulated by backward; NULL until train_reserve */
-	float *m, *v;           /* (tt.total) f32 AdamW moments; NULL until train_reserve */
+	float *grads;           /* (tt.total - goff) f32, accumulated by backward; NULL until train_reserve */
+	float *m, *v;           /* (tt.total - goff) f32 AdamW moments; NULL until train_reserve */
+	size_t goff;            /* grads, m, v hold table elements [goff, tt.total), element e at
+	                         * e - goff: 0, or with LoRA the first trained tensor's offset (the
+	                         * frozen base has no gradient or AdamW state); set by train_reserve */
+	float *gsink;           /* with LoRA: where the frozen norms' weight gradients go (unused) */
 	int step;               /* AdamW updates taken (bias correction, optimizer.safetensors) */
 	int version;            /* trainer steps taken: the weight version and the checkpoint's
 	                         * step-N (rl_ckpt_save); rl-train advances it once per step,
@@ -273,7 +277,8 @@ int rl_model_decode_multi(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, co
 /* ---- host access to tensors (checkpoints, tests, weight sync) ----------------- */
 enum { RL_MODEL_PARAM = 0, RL_MODEL_GRAD, RL_MODEL_ADAM_M, RL_MODEL_ADAM_V };
 /* Copy tensor i of the given kind to host f32 out (t->n) in the FILE layout
- * (GPT-2 Conv1D transposed back to (in, out)). */
+ * (GPT-2 Conv1D transposed back to (in, out)).  The gradient or AdamW state of
+ * a frozen tensor (LoRA's base) is zero. */
 int rl_model_get(rl_model *m, int i, int kind, float *out);
 /* Set tensor i's parameters from host f32 in (file layout). */
 int rl_model_set(rl_model *m, int i, const float *in);

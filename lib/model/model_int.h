@@ -141,12 +141,17 @@ W(const rl_model *m, int i)
 {
 	return i < 0 ? NULL : (char *)m->w + m->tt.t[i].off * asz(m);
 }
-static inline float *G(const rl_model *m, int i) { return i < 0 ? NULL : m->grads + m->tt.t[i].off; }
 /* Tensor i frozen: with adapters every base tensor is (the value head is not). */
 static inline int
 frozen(const rl_model *m, int i)
 {
 	return m->lora != NULL && !(m->tt.t[i].flags & (RL_T_LORA | RL_T_AUX));
+}
+/* Tensor i's gradient; a frozen norm's goes to the sink (its ops always write one). */
+static inline float *
+G(const rl_model *m, int i)
+{
+	return i < 0 ? NULL : frozen(m, i) ? m->gsink : m->grads + (m->tt.t[i].off - m->goff);
 }
 /* G for a GEMM's weight or bias: NULL (no gradient computed) when frozen. */
 static inline float *GT(const rl_model *m, int i) { return i < 0 || frozen(m, i) ? NULL : G(m, i); }

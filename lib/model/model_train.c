@@ -119,15 +119,41 @@ carve_act(const rl_config *c, int value_head, size_t s, rl_model_act *a, carve *
 	a->pos = take(ci, N, 4);
 }
 
+/* With LoRA only the trained tensors, at the end of the table, have gradients and
+ * AdamW state: goff is where they start; the sink takes the frozen norms'. */
+static int
+lora_grad_layout(rl_model *m)
+{
+	size_t sink = 1;
+
+	m->goff = m->tt.total;
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		if (!frozen(m, i))
+			m->goff = RL_MIN(m->goff, t->off);
+		else if (t->ndim == 1)
+			sink = RL_MAX(sink, t->n);
+	}
+	for (int i = 0; i < m->tt.n; i++)
+		if (frozen(m, i) && m->tt.t[i].off >= m->goff) {
+			rl_error("LoRA: frozen tensor '%s' after the trained ones", m->tt.t[i].name);
+			return RL_EINVAL;
+		}
+	return m->ops->alloc(m->ops, (void **)&m->gsink, sink * sizeof(float));
+}
+
 int
 rl_model_train_reserve(rl_model *m, int max_tokens)
 {
 	rl_ops *o = m->ops;
-	size_t bytes = m->tt.total * sizeof(float);
+	size_t bytes;
 	int rv;
 
 	if (max_tokens <= 0)
 		return RL_EINVAL;
+	if (m->grads == NULL && m->lora != NULL && (rv = lora_grad_layout(m)) != 0)
+		return rv;
+	bytes = (m->tt.total - m->goff) * sizeof(float);
 	if (m->grads == NULL) {
 		if ((rv = o->alloc(o, (void **)&m->grads, bytes)) != 0)
 			return rv;
@@ -225,7 +251,7 @@ void
 rl_model_zero_grad(rl_model *m)
 {
 	if (m->grads != NULL)
-		m->ops->zero(m->ops, m->grads, m->tt.total * sizeof(float));
+		m->ops->zero(m->ops, m->grads, (m->tt.total - m->goff) * sizeof(float));
 }
 
 static void
@@ -430,6 +456,10 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 static int
 grads_final(rl_model *m, int i)
 {
+	/* with LoRA the trained tensors are not in layer order at the end of the
+	 * table: all of them are final at the end only */
+	if (m->lora != NULL && i >= 0)
+		return RL_OK;
 	return m->grad_ready ? m->grad_ready(m->grad_ready_ctx, i < 0 ? 0 : m->tt.t[i].off) : RL_OK;
 }
 
@@ -579,13 +609,14 @@ step_multi(rl_model *m, const rl_adamw *p, float scale)
 		int k = ((t->flags & RL_T_DECAY) ? 1 : 0) | ((t->flags & RL_T_AUX) ? 2 : 0);
 		if (frozen(m, i))
 			continue;
-		seg[ns].off = t->off;
+		seg[ns].off = t->off - m->goff;
 		seg[ns].n = t->n;
 		seg[ns++].cls = k;
 		lr[k] = rl_adamw_lr(p, t);
 		wd[k] = (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f;
 	}
-	o->adamw_multi(o, m->params, m->w != m->params ? m->w : NULL, m->grads, m->m, m->v, seg, ns, lr,
+	o->adamw_multi(o, m->params + m->goff, m->w != m->params ? (char *)m->w + m->goff * asz(m) : NULL, m->grads,
+	    m->m, m->v, seg, ns, lr,
 	    wd, p->beta1, p->beta2, p->eps, m->step, scale);
 	free(seg);
 	return RL_OK;
@@ -631,8 +662,8 @@ rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm)
 		const rl_tensor *t = &m->tt.t[i];
 		if (frozen(m, i))
 			continue;
-		o->adamw(o, m->params + t->off, m->w != m->params ? W(m, i) : NULL, m->grads + t->off,
-		    m->m + t->off, m->v + t->off, t->n, rl_adamw_lr(p, t), p->beta1, p->beta2, p->eps,
+		o->adamw(o, m->params + t->off, m->w != m->params ? W(m, i) : NULL, G(m, i),
+		    m->m + (t->off - m->goff), m->v + (t->off - m->goff), t->n, rl_adamw_lr(p, t), p->beta1, p->beta2, p->eps,
 		    (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
 	}
 	rl_model_zero_grad(m);

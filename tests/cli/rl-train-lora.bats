@@ -9,6 +9,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
+load port_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -117,6 +118,34 @@ PY
 	run -1 --separate-stderr rl-train --out "$TD/rb" --batch 1 --lr 1e-2 --lora-rank 8 --lora-dropout 0.1 \
 	    --max-steps 5 --resume "$TD/s.jsonl"
 	[[ "$stderr" == *"--lora-rank: 4 in the run"* ]]
+}
+
+@test "LoRA: 2 ranks give the adapters of 1 rank; the memory is what --plan says" {
+	export RL_COMM_TIMEOUT=60
+	PIDS=""
+	PORT=$(free_port)
+	args=(--batch 4 --lr 1e-2 --loss-agg token-mean --lora-rank 4 --lora-targets all-linear)
+	rl-train -q -m "$TD/m0" --out "$TD/d1" --metrics "$TD/d1.m" "${args[@]}" "$TD/s.jsonl"
+	train_world 2 "$TD/d2" "${args[@]}"
+	# reduction order: fp32 sums ~1e-7 relative, through AdamW at lr 1e-2 (rl-train-dp.bats)
+	run -0 python3 tests/fixtures/parallel/st_close.py "$TD/d2/latest/adapter_model.safetensors" \
+	    "$TD/d1/latest/adapter_model.safetensors" 2e-5 1e-4
+	run -1 python3 tests/fixtures/parallel/st_close.py "$TD/d2/step-00000001/adapter_model.safetensors" \
+	    "$TD/d1/latest/adapter_model.safetensors" 2e-5 1e-4
+	# gradients and AdamW moments of the adapters only: the plan's figures (weights: the
+	# base and the adapters in f32, each tensor on 16-element boundaries)
+	run -0 rl-train --plan=json -m "$TD/m0" --lora-rank 4 --max-tokens-per-micro 8192
+	plan=$output
+	python3 - "$plan" "$TD/d1.m" <<'PY'
+import json, sys
+p = json.loads(sys.argv[1]); m = json.loads(open(sys.argv[2]).readline())
+MB = 1 << 20
+assert p["runs"] is True, p
+assert abs(m["memory/grads_mb"] * MB - p["grads_bytes"]) < 1, (m["memory/grads_mb"] * MB, p["grads_bytes"])
+assert abs(m["memory/optimizer_state_mb"] * MB - p["optim_bytes"]) < 1, (m["memory/optimizer_state_mb"], p)
+assert abs(m["memory/weights_mb"] * MB - p["weights_bytes"]) < 64 * 4 * 28, (m["memory/weights_mb"] * MB, p)
+assert p["grads_bytes"] == 4 * p["trainable"], p
+PY
 }
 
 @test "LoRA: bad options and adapters are refused, named" {

@@ -203,6 +203,8 @@ case_model(rl_ops *o, const char *dir, int recompute)
 			nz += buf[k] != 0;
 	}
 	T_EQ_INT(nz, 0);
+	/* gradients and AdamW state only for the adapters: from the first one on */
+	T_EQ_INT(m->goff, m->tt.t[rl_model_lora_tensor(m, 0, RL_LORA_Q, 0)].off);
 
 	/* AdamW: adapters move, the base stays bit for bit */
 	rl_adamw p = { .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
