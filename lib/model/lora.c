@@ -335,48 +335,65 @@ rli_lora_bwd(rl_model *m, int l, int site, const void *x, const void *dout, void
 	}
 }
 
+/* W (out, in) of tensor iw += scale * B (out, r) A (r, in), the sum in double; w is
+ * scratch of W's size. */
+static int
+fold(rl_model *m, int iw, const float *a, const float *b, int r, int in, int od, float scale, float *w)
+{
+	int rv;
+
+	if ((rv = rl_model_get(m, iw, RL_MODEL_PARAM, w)) != 0)
+		return rv;
+	for (int i = 0; i < od; i++)
+		for (int j = 0; j < in; j++) {
+			double s = 0;
+			for (int q = 0; q < r; q++)
+				s += (double)b[(size_t)i * r + q] * a[(size_t)q * in + j];
+			w[(size_t)i * in + j] += (float)(s * scale);
+		}
+	return rl_model_set(m, iw, w);
+}
+
+/* Largest tensor of m's table, in elements. */
+static size_t
+max_tensor(const rl_model *m)
+{
+	size_t n = 1;
+	for (int i = 0; i < m->tt.n; i++)
+		n = RL_MAX(n, m->tt.t[i].n);
+	return n;
+}
+
 int
 rl_model_lora_merge(rl_model *m)
 {
 	rl_lora *lr = m->lora;
 	float *w = NULL, *a = NULL, *b = NULL;
-	size_t maxw = 0, maxa = 0, maxb = 0;
+	size_t maxw;
 	int rv = RL_OK;
 
 	if (lr == NULL)
 		return RL_OK;
-	for (int i = 0; i < m->tt.n; i++) {
-		const rl_tensor *t = &m->tt.t[i];
-		maxw = RL_MAX(maxw, t->n);
-	}
-	maxa = maxb = maxw;
+	maxw = max_tensor(m);
 	if ((w = rl_try_malloc(maxw * sizeof *w, "LoRA merge")) == NULL ||
-	    (a = rl_try_malloc(maxa * sizeof *a, "LoRA merge")) == NULL ||
-	    (b = rl_try_malloc(maxb * sizeof *b, "LoRA merge")) == NULL) {
+	    (a = rl_try_malloc(maxw * sizeof *a, "LoRA merge")) == NULL ||
+	    (b = rl_try_malloc(maxw * sizeof *b, "LoRA merge")) == NULL) {
 		rv = RL_ENOMEM;
 		goto out;
 	}
 	for (int l = 0; l < m->cfg.n_layer; l++)
 		for (int k = 0; k < RL_LORA_NMOD; k++) {
-			int ia = lr->ix[l][k][0], ib = lr->ix[l][k][1], iw = base_index(m, l, k);
+			int ia = lr->ix[l][k][0], ib = lr->ix[l][k][1];
 			int in, od, col, ld;
 			if (ia < 0)
 				continue;
 			geom(&m->cfg, k, &in, &od, &col, &ld);
-			if ((rv = rl_model_get(m, iw, RL_MODEL_PARAM, w)) != 0 ||
-			    (rv = rl_model_get(m, ia, RL_MODEL_PARAM, a)) != 0 ||
-			    (rv = rl_model_get(m, ib, RL_MODEL_PARAM, b)) != 0)
+			if ((rv = rl_model_get(m, ia, RL_MODEL_PARAM, a)) != 0 ||
+			    (rv = rl_model_get(m, ib, RL_MODEL_PARAM, b)) != 0 ||
+			    (rv = fold(m, base_index(m, l, k), a, b, lr->o.r, in, od, lr->scale, w)) != 0)
 				goto out;
-			/* W (out, in) += scale * B (out, r) A (r, in), the sum in double */
-			for (int i = 0; i < od; i++)
-				for (int j = 0; j < in; j++) {
-					double s = 0;
-					for (int q = 0; q < lr->o.r; q++)
-						s += (double)b[(size_t)i * lr->o.r + q] * a[(size_t)q * in + j];
-					w[(size_t)i * in + j] += (float)(s * lr->scale);
-				}
 			memset(b, 0, (size_t)od * lr->o.r * sizeof *b);
-			if ((rv = rl_model_set(m, iw, w)) != 0 || (rv = rl_model_set(m, ib, b)) != 0)
+			if ((rv = rl_model_set(m, ib, b)) != 0)
 				goto out;
 		}
 	rli_lora_free(m); /* the tensors stay in the table (B zero), outside the model's files */
@@ -384,6 +401,94 @@ out:
 	free(w);
 	free(a);
 	free(b);
+	return rv;
+}
+
+/* Tensor name of st (r, in) or (out, r) from f into buf (n floats), checked. */
+static int
+read_factor(const rl_st_file *f, const char *name, int64_t d0, int64_t d1, float *buf)
+{
+	const rl_st_tensor *st = rl_st_find(f, name);
+	int rv;
+
+	if (st == NULL) {
+		rl_error("'%s': no tensor '%s' (the adapter's config names its module)", f->path, name);
+		return RL_ENOENT;
+	}
+	if (st->ndim != 2 || st->shape[0] != d0 || st->shape[1] != d1) {
+		rl_error("'%s': tensor '%s' has %d dimensions [%lld, %lld], want [%lld, %lld]", f->path, name, st->ndim,
+		    (long long)st->shape[0], (long long)(st->ndim > 1 ? st->shape[1] : 0), (long long)d0,
+		    (long long)d1);
+		return RL_ESHAPE;
+	}
+	if ((rv = rl_st_to_f32(buf, st, 0, st->nelem)) != 0) {
+		rl_error("'%s': tensor '%s' has dtype %s, not a float type", f->path, name, rl_dtype_name(st->dtype));
+		return rv;
+	}
+	return rl_check_finite(buf, st->nelem, f->path, name);
+}
+
+int
+rl_model_apply_adapter(rl_model *m, const char *dir)
+{
+	size_t n = strlen(dir) + sizeof RL_LORA_WEIGHTS_FILE + 2, maxw;
+	char *path = rl_xmalloc(n), name[RL_TT_NAME];
+	float *w = NULL, *a = NULL, *b = NULL;
+	rl_st_file *f = NULL;
+	rl_lora_opts lo;
+	int rv, used = 0;
+
+	snprintf(path, n, "%s/%s", dir, RL_LORA_WEIGHTS_FILE);
+	if ((rv = rl_lora_config_read(dir, &lo, NULL)) != 0)
+		goto out;
+	if (m->cfg.arch != RL_ARCH_LLAMA || m->lora != NULL) {
+		rl_error("'%s': %s", dir, m->lora ? "the model has adapters of its own" :
+		    "LoRA adapters are for Llama-family models; GPT-2's Conv1D layers are not supported");
+		rv = RL_ENOTSUP;
+		goto out;
+	}
+	if ((rv = rl_st_open(&f, path)) != 0)
+		goto out;
+	maxw = max_tensor(m);
+	if ((w = rl_try_malloc(maxw * sizeof *w, "adapter")) == NULL ||
+	    (a = rl_try_malloc(maxw * sizeof *a, "adapter")) == NULL ||
+	    (b = rl_try_malloc(maxw * sizeof *b, "adapter")) == NULL) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
+	for (int l = 0; l < m->cfg.n_layer; l++)
+		for (int k = 0; k < RL_LORA_NMOD; k++) {
+			int in, od, col, ld, iw = base_index(m, l, k);
+			if (!(lo.targets & (1u << k)))
+				continue;
+			geom(&m->cfg, k, &in, &od, &col, &ld);
+			if ((size_t)lo.r * RL_MAX(in, od) > maxw) {
+				rl_error("'%s': rank %d is larger than the model's matrices", path, lo.r);
+				rv = RL_ESHAPE;
+				goto out;
+			}
+			peft_name(name, sizeof name, m->tt.t[iw].name, 0);
+			if ((rv = read_factor(f, name, lo.r, in, a)) != 0)
+				goto out;
+			peft_name(name, sizeof name, m->tt.t[iw].name, 1);
+			if ((rv = read_factor(f, name, od, lo.r, b)) != 0 ||
+			    (rv = fold(m, iw, a, b, lo.r, in, od, lo.alpha / (float)lo.r, w)) != 0)
+				goto out;
+			used += 2;
+		}
+	if (f->n != used) {
+		rl_error("'%s': %d tensors, but the adapter's config implies %d (a module or layer it does not name?)",
+		    path, f->n, used);
+		rv = RL_EINVAL;
+		goto out;
+	}
+	rl_verbose("adapter '%s' (rank %d, alpha %g) merged into the model", dir, lo.r, lo.alpha);
+out:
+	free(w);
+	free(a);
+	free(b);
+	free(path);
+	rl_st_close(f);
 	return rv;
 }
 

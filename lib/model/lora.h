@@ -73,6 +73,11 @@ char *rl_lora_config_json(const rl_model *m);
  * bias other than "none", fan_in_fan_out, per-layer rank_pattern or
  * alpha_pattern, a target outside lora.h's modules. */
 int rl_lora_config_read(const char *dir, rl_lora_opts *lo, char **base);
+/* Folds the adapter in DIR (adapter_config.json, adapter_model.safetensors)
+ * into m's weights, W += (alpha/r) B A: base + adapter as one model, on any
+ * backend (the arithmetic is on the host).  m has no adapters of its own.
+ * Errors as rl_lora_config_read and rl_model_lora_load; RL_ENOTSUP for GPT-2. */
+int rl_model_apply_adapter(rl_model *m, const char *dir);
 /* Sets m's adapters from DIR/adapter_model.safetensors (any float dtype):
  * every A and B of m must be there with its shape (RL_ENOENT / RL_ESHAPE naming
  * the file and the tensor), and no adapter that m lacks (RL_EINVAL). */

@@ -105,6 +105,48 @@ assert adapted == 6, adapted
 PY
 }
 
+# field values of a JSONL stream, one line per record: fields KEY...
+fields() { python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    print(" ".join(json.dumps(r.get(k)) for k in sys.argv[1:]))' "$@"; }
+
+@test "LoRA: rl-rollout --adapter generates as the merged model, a zero adapter as the base" {
+	[ -d "$TD/merged" ] || skip "needs the merge test's model"
+	printf '%s\n' '{"prompt":"12+34=","answer":"46"}' '{"prompt":"7*6=","answer":"42"}' > "$TD/p.jsonl"
+	gen() { rl-rollout -q --device cpu -n 3 --max-tokens 8 --jsonl --seed 5 "$@" "$TD/p.jsonl" |
+	    fields prompt_text index response logprobs | sort; }
+	gen -m "$TD/m0" > "$TD/g.base"
+	gen -m "$TD/m0" --adapter "$TD/a/step-00000003" > "$TD/g.ad"
+	gen -m "$TD/merged" > "$TD/g.merged"
+	cmp "$TD/g.ad" "$TD/g.merged"
+	! cmp -s "$TD/g.ad" "$TD/g.base"
+	# B = 0 (as PEFT initialises it): exactly the base model
+	mkdir -p "$TD/zero"
+	cp "$TD/a/step-00000003/adapter_config.json" "$TD/zero/"
+	python3 - "$TD/a/step-00000003/adapter_model.safetensors" "$TD/zero/adapter_model.safetensors" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read()); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+for k, v in h.items():
+    if k.endswith("lora_B.weight"):
+        s, e = v["data_offsets"]
+        b[8 + n + s:8 + n + e] = bytes(e - s)
+open(sys.argv[2], "wb").write(b)
+PY
+	gen -m "$TD/m0" --adapter "$TD/zero" > "$TD/g.zero"
+	cmp "$TD/g.zero" "$TD/g.base"
+	# a LoRA run's checkpoints as weight versions: each the adapter on -m
+	rl-rollout -q --device cpu -n 3 --max-tokens 8 --jsonl --seed 5 -m "$TD/m0" --weights-from "$TD/a" \
+	    "$TD/p.jsonl" > "$TD/g.wf"
+	[ "$(fields version < "$TD/g.wf" | sort -u)" = "[3, 3]" ]
+	fields prompt_text index response logprobs < "$TD/g.wf" | sort | cmp - "$TD/g.ad"
+	# an adapter as -m, a bad adapter: named
+	run -1 --separate-stderr rl-rollout --device cpu -m "$TD/m0" --adapter "$TD/dora" "$TD/p.jsonl"
+	[[ "$stderr" == *"$TD/dora/adapter_config.json"* ]]
+}
+
 @test "LoRA: --resume continues bit for bit from the adapter checkpoint" {
 	rl-train -q -m "$TD/m0" --out "$TD/ra" --batch 1 --lr 1e-2 --lora-rank 4 --lora-dropout 0.1 \
 	    --max-steps 4 --metrics /dev/null "$TD/s.jsonl"
