@@ -409,6 +409,9 @@ main(int argc, char **argv)
 	}
 	if (!o.lora_rank && (o.lora_alpha != 16.0f || o.lora_dropout != 0 || o.lora_targets != RL_LORA_ALL))
 		return rl_cli_usage("--lora-alpha, --lora-dropout and --lora-targets need --lora-rank R");
+	if (o.lora_rank && o.device && strncmp(o.device, "cuda", 4) == 0)
+		return rl_cli_usage("--lora-rank trains on --device cpu only: the adapters' CUDA path is not written "
+		    "(rl-rollout --adapter runs on CUDA)");
 	if (init) {
 		if (!o.out_dir)
 			return rl_cli_usage("--init needs --out DIR");

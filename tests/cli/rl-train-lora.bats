@@ -198,6 +198,12 @@ PY
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --lora-dropout 1 "$TD/s.jsonl"
 	[[ "$stderr" == *"--lora-dropout"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 0 "$TD/s.jsonl"
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --device cuda "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank trains on --device cpu only"* ]]
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --sync "$TD/sy" "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank with --sync"* ]]
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --zero 1 "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank with --zero 1"* ]]
 	# GPT-2 has no LoRA here
 	cat > "$TD/g.json" <<'JSON'
 {"model_type":"gpt2","vocab_size":261,"n_embd":32,"n_layer":1,"n_head":2,"n_positions":64}
