@@ -1,9 +1,11 @@
 /*
  * lora.c — LoRA against full fine-tuning on the CPU, on one model and batch:
  * a training step's time (forward + backward, and the AdamW step), the
- * gradient and AdamW bytes, and the bytes of what a step publishes (the full
- * model's model.safetensors against the adapter's adapter_model.safetensors,
- * both written by rl_ckpt_save).  JSON lines on stdout, one per mode.
+ * gradient and AdamW bytes, and the bytes of what a step publishes: the full
+ * model's model.safetensors against the adapter's adapter_model.safetensors
+ * (both written by rl_ckpt_save), and the whole rl-sync version
+ * (rl_wver_from_ckpt: every file of it, before deltas and compression).  JSON
+ * lines on stdout, one per mode.
  *
  * Usage: lora [--layers L] [--hidden C] [--heads NH] [--kv-heads NKV] [--ffn H]
  *             [--vocab V] [--batch B] [--seq T] [--steps N] [--rank R]
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/io.h"
@@ -23,9 +26,19 @@
 #include "model/ckpt.h"
 #include "model/lora.h"
 #include "model/model.h"
+#include "sync/wckpt.h"
 
 static int L = 10, C = 256, NH = 8, NKV = 4, H = 768, V = 8192, B = 4, T = 256, STEPS = 3, R = 16;
 static const char *targets = "all-linear";
+
+/* CPU seconds of the process (all threads): on a shared machine steadier than wall time. */
+static double
+cpu_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static long long
 file_size(const char *dir, const char *name)
@@ -47,7 +60,7 @@ run(const rl_config *cfg, int rank, unsigned mask)
 	const int N = B * T;
 	int32_t *tok = rl_xmalloc((size_t)N * 4), *tgt = rl_xmalloc((size_t)N * 4);
 	float *dlp = rl_xmalloc((size_t)N * 4);
-	double tfb = 0, tst = 0;
+	double tfb = 0, tst = 0, tcpu = 0;
 	char tmpl[] = "/tmp/rl-bench-lora.XXXXXX", dir[4200];
 	int rv;
 
@@ -66,7 +79,7 @@ run(const rl_config *cfg, int rank, unsigned mask)
 	if ((rv = rl_model_train_reserve(m, N)) != 0)
 		goto out;
 	for (int s = 0; s <= STEPS; s++) { /* step 0 warms up */
-		double t0 = rl_now();
+		double t0 = rl_now(), c0 = cpu_now();
 		if ((rv = rl_model_forward(m, NULL, NULL, tok, tgt, NULL, NULL, B, T, 1.0f)) != 0 ||
 		    (rv = rl_model_backward(m, dlp, NULL)) != 0)
 			goto out;
@@ -76,6 +89,7 @@ run(const rl_config *cfg, int rank, unsigned mask)
 		if (s > 0) {
 			tfb += t1 - t0;
 			tst += rl_now() - t1;
+			tcpu += cpu_now() - c0;
 		}
 	}
 	if (mkdtemp(tmpl) == NULL) {
@@ -85,11 +99,16 @@ run(const rl_config *cfg, int rank, unsigned mask)
 	if ((rv = rl_ckpt_save(m, tmpl, 0, dir, sizeof dir)) != 0)
 		goto out;
 	size_t trained = m->tt.total - m->goff;
+	rl_wver *ver = NULL;
+	if ((rv = rl_wver_from_ckpt(&ver, m, 1)) != 0)
+		goto out;
+	unsigned long long sync_bytes = (unsigned long long)rl_wver_total(ver);
+	rl_wver_destroy(ver);
 	printf("{\"bench\":\"lora\",\"mode\":\"%s\",\"rank\":%d,\"params\":%zu,\"trained\":%zu,\"B\":%d,\"T\":%d,"
-	    "\"steps\":%d,\"step_ms\":%.1f,\"fwd_bwd_ms\":%.1f,\"adamw_ms\":%.2f,\"grad_adam_bytes\":%zu,"
-	    "\"version_bytes\":%lld}\n", rank ? "lora" : "full", rank, rl_model_nparams(m), trained, B, T, STEPS,
-	    1e3 * (tfb + tst) / STEPS, 1e3 * tfb / STEPS, 1e3 * tst / STEPS, 3 * trained * sizeof(float),
-	    file_size(dir, rank ? RL_LORA_WEIGHTS_FILE : "model.safetensors"));
+	    "\"steps\":%d,\"step_ms\":%.1f,\"step_cpu_ms\":%.1f,\"fwd_bwd_ms\":%.1f,\"adamw_ms\":%.2f,\"grad_adam_bytes\":%zu,"
+	    "\"version_bytes\":%lld,\"sync_version_bytes\":%llu}\n", rank ? "lora" : "full", rank, rl_model_nparams(m), trained, B, T, STEPS,
+	    1e3 * (tfb + tst) / STEPS, 1e3 * tcpu / STEPS, 1e3 * tfb / STEPS, 1e3 * tst / STEPS, 3 * trained * sizeof(float),
+	    file_size(dir, rank ? RL_LORA_WEIGHTS_FILE : "model.safetensors"), sync_bytes);
 	fflush(stdout);
 	rl_io_remove_tree(tmpl);
 out:

@@ -765,6 +765,33 @@ rl_ckpt_weight_files(rl_ckpt_file **out, int *nout, rl_model *m)
 		e[i].dtype = fc.dtype;
 		e[i].ndim = rl_tensor_file_shape(&m->tt.t[i], e[i].shape);
 	}
+	if (m->lora != NULL) {
+		/* the adapter's files as write_lora_dir writes them: the frozen base is
+		 * the receiver's already (adapter_config.json names it) */
+		int *ia = rl_xcalloc((size_t)n, sizeof *ia), na = 0;
+		js = rl_lora_config_json(m);
+		size_t njs = strlen(js);
+		char *cfg = rl_xmalloc(njs + 2);
+		memcpy(cfg, js, njs);
+		cfg[njs] = '\n';
+		f[nf++] = (rl_ckpt_file){ RL_LORA_CONFIG_FILE, (uint8_t *)cfg, njs + 1 };
+		for (int i = 0; i < n; i++)
+			if (m->tt.t[i].flags & RL_T_LORA) {
+				ia[na] = i;
+				e[na].name = m->tt.t[i].name;
+				e[na].dtype = RL_F32;
+				e[na].ndim = rl_tensor_file_shape(&m->tt.t[i], e[na].shape);
+				na++;
+			}
+		fill_ctx ac = { .m = m, .buf = fc.buf, .dtype = RL_F32, .idx = ia };
+		rv = rl_st_write_mem(&img, &nimg, e, na, meta, 1, fill, &ac);
+		free(ia);
+		if (rv != 0)
+			goto out;
+		f[nf++] = (rl_ckpt_file){ RL_LORA_WEIGHTS_FILE, img, nimg };
+		img = NULL;
+		goto tokenizer;
+	}
 	/* the files of a weights-only checkpoint directory, in the same bytes
 	 * (config.json ends with a newline there) */
 	js = rl_config_to_json(&m->cfg);
@@ -793,6 +820,7 @@ rl_ckpt_weight_files(rl_ckpt_file **out, int *nout, rl_model *m)
 		cJSON_free(ix);
 		f[nf++] = (rl_ckpt_file){ "model.safetensors.index.json", (uint8_t *)ixn, nix + 1 };
 	}
+tokenizer:
 	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
 		char *src = join(m->src_dir, tok_files[k]);
 		if (access(src, R_OK) == 0) {

@@ -260,7 +260,8 @@ poll_weights_(gen *g, int force)
 			} else if (!g->ws) {
 				rv = rli_load_weights(g, g->pending_path, g->pending_version);
 			} else if ((rv = load_weights_ver(g, g->wbase, g->pending_path)) == RL_ENOENT) {
-				/* no single model.safetensors (shards): through a directory,
+				/* no single model.safetensors (shards, or a LoRA run's adapter):
+				 * through a directory,
 				 * made only for that and removed at once */
 				snprintf(path, sizeof path, "%s/v%d", g->sync_dir, g->pending_version);
 				if ((rv = rl_io_mkdir_p(g->sync_dir, 0700)) == RL_OK &&

@@ -186,11 +186,9 @@ open_lora(trainer *tr, const char *dir)
 		rl_error("--lora-rank with --zero 1: the adapters' AdamW state is not sharded (it is small)");
 		return RL_ENOTSUP;
 	}
-	if (o->sync_url || o->wgroup_addr) {
-		/* a version is a whole model (rl_wver_from_ckpt): the frozen base alone would go */
-		rl_error("--lora-rank with %s: weight versions of adapters are not published yet", o->sync_url ?
-		    "--sync" : "--weights-group");
-		rl_hint("generate with rl-rollout -m BASE --adapter OUT/latest, or merge with rl-train --merge-adapter");
+	if (o->wgroup_addr) {
+		/* the group broadcasts the parameter buffer: the frozen base would go, not the adapters */
+		rl_error("--lora-rank with --weights-group: the group sends whole models; use --sync (adapter versions)");
 		return RL_ENOTSUP;
 	}
 	if (dir != NULL) {

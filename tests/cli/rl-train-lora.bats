@@ -147,6 +147,31 @@ PY
 	[[ "$stderr" == *"$TD/dora/adapter_config.json"* ]]
 }
 
+@test "LoRA: on-policy through --sync: the generator gets adapter versions, a fraction of the model's bytes" {
+	[ -d "$TD/merged" ] || skip "needs the merge test's model"
+	python3 -c '
+import json
+for i in range(16): print(json.dumps({"prompt": "%d+%d=" % (i, i + 1), "answer": str(2 * i + 1)}))' > "$TD/p16.jsonl"
+	rl-rollout -v --device cpu -m "$TD/m0" --sync "$TD/wd" --max-staleness 0 --train-batch 4 -n 4 --max-tokens 2 \
+	    --seed 1 --weights-timeout 20 "$TD/p16.jsonl" 2>"$TD/wd.log" \
+	  | rl-reward -q --task 'format:^[0-9]' \
+	  | rl-train -q -m "$TD/m0" --out "$TD/ck-wd" --sync "$TD/wd" --ckpt-every 2 --batch 4 --lr 3e-2 \
+	    --lora-rank 4 --metrics /dev/null
+	for v in 1 2 3; do grep -q "weights version $v loaded" "$TD/wd.log"; done
+	# the directory keeps the last two versions: 3 from memory (--ckpt-every 2), 4 from step-4
+	for v in 000003 000004; do
+		[ -f "$TD/wd/v$v/adapter_model.safetensors" ]
+		[ -f "$TD/wd/v$v/adapter_config.json" ]
+		[ ! -e "$TD/wd/v$v/model.safetensors" ]
+	done
+	[ ! -e "$TD/ck-wd/step-00000003" ]
+	cmp "$TD/wd/v000004/adapter_model.safetensors" "$TD/ck-wd/step-00000004/adapter_model.safetensors"
+	ad=$(stat -c %s "$TD/wd/v000004/adapter_model.safetensors")
+	full=$(stat -c %s "$TD/m0/model.safetensors")
+	echo "# adapter version: $ad bytes, the model: $full bytes" >&3
+	[ $((ad * 4)) -lt "$full" ]
+}
+
 @test "LoRA: --resume continues bit for bit from the adapter checkpoint" {
 	rl-train -q -m "$TD/m0" --out "$TD/ra" --batch 1 --lr 1e-2 --lora-rank 4 --lora-dropout 0.1 \
 	    --max-steps 4 --metrics /dev/null "$TD/s.jsonl"
@@ -200,8 +225,9 @@ PY
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 0 "$TD/s.jsonl"
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --device cuda "$TD/s.jsonl"
 	[[ "$stderr" == *"--lora-rank trains on --device cpu only"* ]]
-	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --sync "$TD/sy" "$TD/s.jsonl"
-	[[ "$stderr" == *"--lora-rank with --sync"* ]]
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --weights-group 127.0.0.1:1 \
+	    --weights-group-size 2 "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank with --weights-group"* ]]
 	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --zero 1 "$TD/s.jsonl"
 	[[ "$stderr" == *"--lora-rank with --zero 1"* ]]
 	# GPT-2 has no LoRA here
