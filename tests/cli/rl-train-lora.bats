@@ -72,6 +72,27 @@ for k, v in h.items():
 PY
 }
 
+@test "LoRA: SFT and PPO train adapters (PPO's value head beside them); SFT's loss goes down" {
+	python3 -c '
+import json
+for k in range(4):
+    for i in range(8): print(json.dumps({"prompt": "%d+%d=" % (i, i), "completion": str(2 * i)}))' > "$TD/rows.jsonl"
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/sft" --algo sft --batch 8 --lr 5e-2 --lora-rank 8 \
+	    --metrics - "$TD/rows.jsonl"
+	first=$(sed -n 's/.*"actor\/sft_loss":\([0-9.e-]*\).*/\1/p' <<< "${lines[0]}")
+	last=$(sed -n 's/.*"actor\/sft_loss":\([0-9.e-]*\).*/\1/p' <<< "${lines[3]}")
+	echo "sft loss $first -> $last"
+	awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'
+	[ -f "$TD/sft/step-00000004/adapter_model.safetensors" ]
+	rl-train -q -m "$TD/m0" --out "$TD/ppo" --algo ppo --batch 2 --lr 1e-2 --lora-rank 4 --max-steps 2 \
+	    --metrics /dev/null "$TD/s.jsonl"
+	run -0 st_names "$TD/ppo/step-00000002/value_head.safetensors"
+	[ "$output" = $'value_head.bias F32 1\nvalue_head.weight F32 1x32' ]
+	run -0 st_names "$TD/ppo/step-00000002/optimizer.safetensors"
+	[[ "$output" == *"value_head.weight.exp_avg F32"* ]]
+	[[ "$output" == *"lora_A.weight.exp_avg F32"* ]]
+}
+
 @test "LoRA: --merge-adapter writes base + scale B A; other tensors bit for bit" {
 	[ -d "$TD/a/step-00000003" ] || skip "needs the first test's run"
 	rl-train -q --merge-adapter "$TD/a/step-00000003" --out "$TD/merged"
