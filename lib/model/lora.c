@@ -404,7 +404,8 @@ out:
 	return rv;
 }
 
-/* Tensor name of st (r, in) or (out, r) from f into buf (n floats), checked. */
+/* Tensor name of f, of shape (d0, d1), into buf as f32; missing, misshapen, not float or
+ * not finite: an error naming the file and the tensor. */
 static int
 read_factor(const rl_st_file *f, const char *name, int64_t d0, int64_t d1, float *buf)
 {
@@ -664,23 +665,10 @@ rl_model_lora_load(rl_model *m, const char *dir)
 	}
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
-		const rl_st_tensor *st;
 		if (!(t->flags & RL_T_LORA))
 			continue;
-		if ((st = rl_st_find(f, t->name)) == NULL) {
-			rl_error("'%s': no tensor '%s' (the adapter's config names its module)", path, t->name);
-			rv = RL_ENOENT;
-			goto out;
-		}
-		if (st->ndim != 2 || st->shape[0] != t->shape[0] || st->shape[1] != t->shape[1]) {
-			rl_error("'%s': tensor '%s' has %d dimensions [%lld, %lld], want [%lld, %lld]", path, t->name,
-			    st->ndim, (long long)st->shape[0], (long long)(st->ndim > 1 ? st->shape[1] : 0),
-			    (long long)t->shape[0], (long long)t->shape[1]);
-			rv = RL_ESHAPE;
-			goto out;
-		}
-		if ((rv = rl_st_to_f32(buf, st, 0, t->n)) != 0 ||
-		    (rv = rl_check_finite(buf, t->n, path, t->name)) != 0 || (rv = rl_model_set(m, i, buf)) != 0)
+		if ((rv = read_factor(f, t->name, t->shape[0], t->shape[1], buf)) != 0 ||
+		    (rv = rl_model_set(m, i, buf)) != 0)
 			goto out;
 	}
 	if (f->n != want) {
