@@ -51,7 +51,10 @@ static const char usage_text[] =
     "      --decode-steps N    decode steps queued at once while no prompt waits (default 1)\n"
     "      --device D          cpu, cuda, cuda:N or auto (default auto: CUDA when\n"
     "                          a GPU is usable, else the cpu with one line on stderr)\n"
-    "      --weights-from DIR  load new weight versions from DIR/latest as they appear\n"
+    "      --adapter DIR       a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors)\n"
+    "                          merged into -m's weights at load\n"
+    "      --weights-from DIR  load new weight versions from DIR/latest as they appear (a LoRA\n"
+    "                          run's adapter checkpoints: each merged into -m's weights)\n"
     "      --max-staleness K   wait for version >= batches emitted - K (with --weights-from)\n"
     "      --resume DIR        continue the run rl-train --out DIR checkpointed: start from its newest\n"
     "                          full checkpoint's weights, skip the prompts of the groups done there\n"
@@ -92,7 +95,7 @@ enum {
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
 	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE,
 	O_WGBACK, O_DSTEPS, O_RESUME, O_NOTHINK, O_BTIMEOUT, O_ENV, O_ENVPROCS, O_ENVTIMEOUT, O_ENVFRAME, O_MAXTURNS,
-	O_MAXEP
+	O_MAXEP, O_ADAPTER
 };
 
 static const struct option longopts[] = {
@@ -106,6 +109,7 @@ static const struct option longopts[] = {
 	{ "slots", required_argument, 0, O_SLOTS }, { "kv-mem", required_argument, 0, O_KVMEM },
 	{ "decode-steps", required_argument, 0, O_DSTEPS }, { "no-thinking", no_argument, 0, O_NOTHINK },
 	{ "device", required_argument, 0, O_DEVICE }, { "weights-from", required_argument, 0, O_WFROM },
+	{ "adapter", required_argument, 0, O_ADAPTER },
 	{ "resume", required_argument, 0, O_RESUME },
 	{ "max-staleness", required_argument, 0, O_STALE }, { "train-batch", required_argument, 0, O_TBATCH },
 	{ "partial", no_argument, 0, O_PARTIAL }, { "skip-bad", no_argument, 0, O_SKIPBAD },
@@ -220,6 +224,7 @@ parse_opt(rl_rollout_opts *o, int c, const char *a, int *verbosity)
 		o->device = a;
 		break;
 	case O_WFROM: o->weights_from = a; break;
+	case O_ADAPTER: o->adapter_dir = a; break;
 	case O_RESUME: o->resume_dir = a; break;
 	case O_STALE: rv = rl_cli_int32(c, a, 0, 1000000000, &o->max_staleness); break;
 	case O_TBATCH: rv = rl_cli_int32(c, a, 1, 1000000000, &o->train_batch); break;

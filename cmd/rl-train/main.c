@@ -16,6 +16,7 @@
 #include "base/io.h"
 #include "train/train.h"
 #include "train/plan.h"
+#include "model/lora.h"
 #include "plan_print.h"
 #include "sync/wsync.h"
 
@@ -115,11 +116,18 @@ static const char usage_text[] =
     "      --dp-bucket-mb M      gradient all-reduce bucket size in MiB (default 25; also --bucket-mb)\n"
     "      --no-dp-overlap       all-reduce after the backward pass instead of during it\n"
     "      --zero 0|1            1: ZeRO-1, each rank keeps 1/N of the AdamW state (default 0)\n"
+    "LoRA (docs/lora.md; --device cpu; checkpoints in PEFT's layout):\n"
+    "      --lora-rank R         train rank-R adapters on the frozen policy (default 0: full fine-tuning)\n"
+    "      --lora-alpha A        scaling A/R (default 16)\n"
+    "      --lora-targets LIST   q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (or q,k,...),\n"
+    "                            or all-linear (default)\n"
+    "      --lora-dropout P      dropout on the adapters' input in training passes (default 0)\n"
+    "      --merge-adapter DIR   write base + adapter DIR merged as a model directory --out (base: -m,\n"
+    "                            else the adapter's base_model_name_or_path); trains nothing\n"
     "\nMemory plan (prints, trains nothing; -m MODEL_DIR or --init CONFIG names the model):\n"
     "      --plan[=json]         bytes per rank of weights, gradients, AdamW state, activations and\n"
     "                            KV cache for --world, --zero (0-3), --device, --max-tokens-per-micro,\n"
-    "                            --recompute and --algo ppo's value head; ZeRO 2/3 and LoRA do not run yet\n"
-    "      --lora-rank R         plan LoRA adapters of rank R (with --lora-targets q,k,v,o,gate,up,down)\n"
+    "                            --recompute, --algo ppo's value head and --lora-rank; ZeRO 2/3 do not run yet\n"
     "      --kv-tokens N         plan a colocated generator's KV cache of N tokens\n"
     "      --gpu-mem SIZE        say whether the plan fits SIZE (e.g. 80G)\n"
     "      --config FILE         options from a YAML file (keys: long options; the command line wins)\n"
@@ -134,7 +142,7 @@ enum {
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC,
 	O_TLS_CERT, O_TLS_KEY, O_TLS_CA,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
-	O_PLAN, O_LORAR, O_LORAT, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
+	O_PLAN, O_LORAR, O_LORAT, O_LORAA, O_LORAD, O_MERGE, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
 	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH, O_OVERLONG
 };
 
@@ -174,6 +182,8 @@ static const struct option longopts[] = {
 	{ "no-dp-overlap", no_argument, 0, O_DPNOOVL }, { "zero", required_argument, 0, O_ZERO },
 	{ "plan", optional_argument, 0, O_PLAN }, { "lora-rank", required_argument, 0, O_LORAR },
 	{ "lora-targets", required_argument, 0, O_LORAT }, { "kv-tokens", required_argument, 0, O_KVTOK },
+	{ "lora-alpha", required_argument, 0, O_LORAA }, { "lora-dropout", required_argument, 0, O_LORAD },
+	{ "merge-adapter", required_argument, 0, O_MERGE },
 	{ "gpu-mem", required_argument, 0, O_GPUMEM },
 	{ "lambda", required_argument, 0, O_LAMBDA }, { "vf-coef", required_argument, 0, O_VFCOEF },
 	{ "value-clip", required_argument, 0, O_VCLIP }, { "critic-lr", required_argument, 0, O_CRITLR },
@@ -195,6 +205,7 @@ main(int argc, char **argv)
 	const char *init = NULL, *tokenizer = NULL;
 	int c, li = 0, verbosity = RL_LOG_NORMAL, clip_high_set = 0, clip_low_set = 0, kl_coef_set = 0, strans_set = 0;
 	int plan = 0, zero = 0;
+	const char *merge = NULL;
 	rl_plan_opts po = { 0 };
 	double v;
 
@@ -352,9 +363,17 @@ main(int argc, char **argv)
 				return rl_cli_usage("--plan: bad value '%s' (--plan or --plan=json)", a);
 			plan = a ? 2 : 1;
 			break;
-		case O_LORAR: INT(1, 65536); po.lora_rank = (int)v; break;
+		case O_LORAR: INT(1, 65536); po.lora_rank = o.lora_rank = (int)v; break;
+		case O_LORAA: NUM(1e-6, 1e6); o.lora_alpha = (float)v; break;
+		case O_LORAD:
+			NUM(0, 1);
+			if (v >= 1)
+				return rl_cli_usage("--lora-dropout takes a probability in [0, 1), not '%s'", a);
+			o.lora_dropout = (float)v;
+			break;
+		case O_MERGE: merge = a; break;
 		case O_LORAT:
-			if ((po.lora_targets = lora_targets(a)) == 0)
+			if ((o.lora_targets = po.lora_targets = lora_targets(a)) == 0)
 				return rl_cli_usage("--lora-targets: bad value '%s' (some of q,k,v,o,gate,up,down, or "
 				    "q_proj,... as peft names them)", a);
 			break;
@@ -383,9 +402,20 @@ main(int argc, char **argv)
 	rl_log_set_level(verbosity);
 	if (plan)
 		return print_plan(&o, &po, co.world, zero, init, plan == 2);
-	if (zero > 1 || po.lora_rank || po.kv_tokens || po.gpu_bytes > 0)
-		return rl_cli_usage("--zero %d, --lora-rank, --kv-tokens and --gpu-mem are for --plan: ZeRO-2/3 and LoRA "
-		    "do not train yet", zero);
+	if (zero > 1 || po.kv_tokens || po.gpu_bytes > 0)
+		return rl_cli_usage("--zero %d, --kv-tokens and --gpu-mem are for --plan: ZeRO-2/3 do not train yet", zero);
+	if (merge) {
+		if (!o.out_dir)
+			return rl_cli_usage("--merge-adapter needs --out DIR (the merged model directory)");
+		if (optind < argc)
+			return rl_cli_usage("unexpected argument '%s' with --merge-adapter", argv[optind]);
+		return rl_train_merge_adapter(merge, o.model_dir, o.out_dir) ? 1 : 0;
+	}
+	if (!o.lora_rank && (o.lora_alpha != 16.0f || o.lora_dropout != 0 || o.lora_targets != RL_LORA_ALL))
+		return rl_cli_usage("--lora-alpha, --lora-dropout and --lora-targets need --lora-rank R");
+	if (o.lora_rank && o.device && strncmp(o.device, "cuda", 4) == 0)
+		return rl_cli_usage("--lora-rank trains on --device cpu only: the adapters' CUDA path is not written "
+		    "(rl-rollout --adapter runs on CUDA)");
 	if (init) {
 		if (!o.out_dir)
 			return rl_cli_usage("--init needs --out DIR");

@@ -21,6 +21,8 @@ lora_targets(const char *list)
 	if (strlen(list) >= sizeof buf)
 		return 0;
 	strcpy(buf, list);
+	if (strcmp(buf, "all-linear") == 0)
+		return 127;
 	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
 		size_t n = strlen(t);
 		int k;

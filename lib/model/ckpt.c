@@ -17,6 +17,8 @@
 
 #include "base/io.h"
 #include "base/json.h"
+#include "model/lora.h"
+#include "model/model_int.h"
 #include "model/safetensors.h"
 
 typedef struct fill_ctx {
@@ -25,6 +27,7 @@ typedef struct fill_ctx {
 	int dtype;              /* file dtype */
 	int opt;                /* optimizer file: opt entries per tensor: m, v (, f32 master) */
 	int base;               /* tensor index of entry 0 (the value head file) */
+	const int *idx;         /* when non-NULL: the tensor index of each entry (after base) */
 } fill_ctx;
 
 static int
@@ -32,7 +35,7 @@ fill(void *vctx, int e, void *out, size_t nbytes)
 {
 	fill_ctx *c = vctx;
 	static const int kinds[3] = { RL_MODEL_ADAM_M, RL_MODEL_ADAM_V, RL_MODEL_PARAM };
-	int i = c->base + (c->opt ? e / c->opt : e), rv;
+	int j = c->opt ? e / c->opt : e, i = c->idx ? c->idx[j] : c->base + j, rv;
 	int kind = c->opt ? kinds[e % c->opt] : RL_MODEL_PARAM;
 	size_t n = c->m->tt.t[i].n;
 
@@ -156,6 +159,104 @@ index_json(const rl_model *m, int nhf, int dtype)
 	return js;
 }
 
+/* Writes the tensors idx[0..n) (file names e[], dtypes set here to f32) as path;
+ * with opt, their AdamW moments ("<name>.exp_avg", ".exp_avg_sq") instead. */
+static int
+write_sel(rl_model *m, const char *path, const int *idx, int n, int opt, rl_st_entry *e,
+    char (*names)[RL_TT_NAME + 16], float *buf, const char *step)
+{
+	static const char *const sfx[2] = { "exp_avg", "exp_avg_sq" };
+	const char *meta[] = { "format", "pt", "step", step };
+	fill_ctx fc = { .m = m, .buf = buf, .dtype = RL_F32, .opt = opt ? 2 : 0, .idx = idx };
+	int ne = opt ? 2 * n : n;
+
+	for (int k = 0; k < ne; k++) {
+		const rl_tensor *t = &m->tt.t[idx[opt ? k / 2 : k]];
+		if (opt) {
+			snprintf(names[k], sizeof names[k], "%s.%s", t->name, sfx[k % 2]);
+			e[k].name = names[k];
+		} else {
+			e[k].name = t->name;
+		}
+		e[k].dtype = RL_F32;
+		e[k].ndim = rl_tensor_file_shape(t, e[k].shape);
+	}
+	return rl_st_write(path, e, ne, meta, opt ? 2 : 1, fill, &fc);
+}
+
+/* A run with LoRA adapters: PEFT's adapter directory (adapter_config.json,
+ * adapter_model.safetensors in f32), the value head, and with_optimizer the
+ * AdamW state of the trained tensors only; the frozen base is not written
+ * (adapter_config.json names where it is). */
+static int
+write_lora_dir(rl_model *m, const char *tmp, int with_optimizer, float *buf)
+{
+	int n = m->tt.n, na = 0, nv = 0, rv;
+	int *ia = rl_xcalloc((size_t)n, sizeof *ia), *iv = rl_xcalloc((size_t)n, sizeof *iv);
+	int *it = rl_xcalloc((size_t)n, sizeof *it);
+	rl_st_entry *e = rl_xcalloc(2 * (size_t)n, sizeof *e);
+	char (*names)[RL_TT_NAME + 16] = rl_xcalloc(2 * (size_t)n, sizeof *names);
+	char *js = rl_lora_config_json(m), *p = join(tmp, RL_LORA_CONFIG_FILE), stepbuf[32];
+
+	for (int i = 0; i < n; i++) {
+		if (m->tt.t[i].flags & RL_T_LORA)
+			ia[na++] = i;
+		if (m->tt.t[i].flags & RL_T_AUX)
+			iv[nv++] = i;
+	}
+	for (int i = 0; i < na; i++)
+		it[i] = ia[i];
+	for (int i = 0; i < nv; i++)
+		it[na + i] = iv[i];
+	snprintf(stepbuf, sizeof stepbuf, "%d", m->step);
+	if ((rv = write_text(p, js)) != 0)
+		goto out;
+	free(p);
+	p = join(tmp, RL_LORA_WEIGHTS_FILE);
+	if ((rv = write_sel(m, p, ia, na, 0, e, names, buf, NULL)) != 0)
+		goto out;
+	free(p);
+	p = join(tmp, RL_VALUE_HEAD_FILE);
+	if (nv > 0 && (rv = write_sel(m, p, iv, nv, 0, e, names, buf, NULL)) != 0)
+		goto out;
+	if (with_optimizer && m->m != NULL) {
+		char st[64];
+		free(p);
+		p = join(tmp, "optimizer.safetensors");
+		if ((rv = write_sel(m, p, it, na + nv, 1, e, names, buf, stepbuf)) != 0)
+			goto out;
+		free(p);
+		p = join(tmp, "trainer_state.json");
+		snprintf(st, sizeof st, "{\"global_step\": %d}", m->version);
+		if ((rv = write_text(p, st)) != 0)
+			goto out;
+	}
+	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
+		char *src = join(m->src_dir, tok_files[k]);
+		if (access(src, R_OK) == 0) {
+			free(p);
+			p = join(tmp, tok_files[k]);
+			rv = copy_file(src, p);
+		}
+		free(src);
+		if (rv != 0)
+			goto out;
+	}
+	if (fsync_path(tmp) != 0) {
+		rl_error("cannot sync '%s': %s", tmp, strerror(errno));
+		rv = RL_EIO;
+	}
+out:
+	cJSON_free(js);
+	free(p);
+	free(e);
+	free(names);
+	free(ia);
+	free(iv);
+	free(it);
+	return rv;
+}
+
 int
 rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 {
@@ -172,13 +273,18 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 		maxn = RL_MAX(maxn, m->tt.t[i].n);
 	if ((fc.buf = rl_try_malloc(maxn * sizeof(float), "checkpoint buffer")) == NULL)
 		return RL_ENOMEM;
+	if (m->lora != NULL) {
+		rv = write_lora_dir(m, tmp, with_optimizer, fc.buf);
+		free(fc.buf);
+		return rv;
+	}
 	e = rl_xcalloc(3 * (size_t)n, sizeof *e);
 	js = rl_config_to_json(&m->cfg);
 	p = join(tmp, "config.json");
 	if ((rv = write_text(p, js)) != 0)
 		goto out;
 	/* the Hugging Face tensors; RL_T_AUX ones (the value head) follow them */
-	while (nhf < n && !(m->tt.t[nhf].flags & RL_T_AUX))
+	while (nhf < n && !(m->tt.t[nhf].flags & (RL_T_AUX | RL_T_LORA)))
 		nhf++;
 	for (int i = 0; i < n; i++) {
 		e[i].name = m->tt.t[i].name;
@@ -192,15 +298,14 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 		if ((rv = rl_st_write(p, e, nhf, meta, 1, fill, &fc)) != 0)
 			goto out;
 	}
-	if (nhf < n) {
-		/* in f32 whatever cfg.dtype: tiny, and exact for --resume */
-		const char *meta[] = { "format", "pt" };
-		fill_ctx vc = { .m = m, .buf = fc.buf, .dtype = RL_F32, .base = nhf };
-		for (int i = nhf; i < n; i++)
-			e[i].dtype = RL_F32;
+	if (m->vh_w >= 0) {
+		/* in f32 whatever cfg.dtype: tiny, and exact for --resume (the value
+		 * head's tensors only: a merged model's spent adapters may follow) */
+		int iv[2] = { m->vh_w, m->vh_b };
+		char (*nm)[RL_TT_NAME + 16] = NULL;
 		free(p);
 		p = join(tmp, RL_VALUE_HEAD_FILE);
-		if ((rv = rl_st_write(p, e + nhf, n - nhf, meta, 1, fill, &vc)) != 0)
+		if ((rv = write_sel(m, p, iv, 2, 0, e, nm, fc.buf, NULL)) != 0)
 			goto out;
 	}
 	if (with_optimizer && m->m != NULL) {
@@ -581,6 +686,8 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 	}
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
+		if (frozen(m, i))
+			continue; /* with adapters only the trained tensors have state */
 		for (int k = 0; k < 3; k++) {
 			static const char *const sfx[3] = { "exp_avg", "exp_avg_sq", "master" };
 			snprintf(key, sizeof key, "%s.%s", t->name, sfx[k]);
@@ -607,7 +714,7 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 				memcpy(buf, tr, t->n * sizeof(float));
 				free(tr);
 			}
-			m->ops->upload(m->ops, (k == 0 ? m->m : k == 1 ? m->v : m->params) + t->off, buf,
+			m->ops->upload(m->ops, k == 2 ? m->params + t->off : (k == 0 ? m->m : m->v) + (t->off - m->goff), buf,
 			    t->n * sizeof(float));
 			if (k == 2 && m->w != m->params)
 				m->ops->cast(m->ops, (char *)m->w + t->off * rl_dtype_size(m->ops->act_dtype),
@@ -658,6 +765,33 @@ rl_ckpt_weight_files(rl_ckpt_file **out, int *nout, rl_model *m)
 		e[i].dtype = fc.dtype;
 		e[i].ndim = rl_tensor_file_shape(&m->tt.t[i], e[i].shape);
 	}
+	if (m->lora != NULL) {
+		/* the adapter's files as write_lora_dir writes them: the frozen base is
+		 * the receiver's already (adapter_config.json names it) */
+		int *ia = rl_xcalloc((size_t)n, sizeof *ia), na = 0;
+		js = rl_lora_config_json(m);
+		size_t njs = strlen(js);
+		char *cfg = rl_xmalloc(njs + 2);
+		memcpy(cfg, js, njs);
+		cfg[njs] = '\n';
+		f[nf++] = (rl_ckpt_file){ RL_LORA_CONFIG_FILE, (uint8_t *)cfg, njs + 1 };
+		for (int i = 0; i < n; i++)
+			if (m->tt.t[i].flags & RL_T_LORA) {
+				ia[na] = i;
+				e[na].name = m->tt.t[i].name;
+				e[na].dtype = RL_F32;
+				e[na].ndim = rl_tensor_file_shape(&m->tt.t[i], e[na].shape);
+				na++;
+			}
+		fill_ctx ac = { .m = m, .buf = fc.buf, .dtype = RL_F32, .idx = ia };
+		rv = rl_st_write_mem(&img, &nimg, e, na, meta, 1, fill, &ac);
+		free(ia);
+		if (rv != 0)
+			goto out;
+		f[nf++] = (rl_ckpt_file){ RL_LORA_WEIGHTS_FILE, img, nimg };
+		img = NULL;
+		goto tokenizer;
+	}
 	/* the files of a weights-only checkpoint directory, in the same bytes
 	 * (config.json ends with a newline there) */
 	js = rl_config_to_json(&m->cfg);
@@ -669,7 +803,7 @@ rl_ckpt_weight_files(rl_ckpt_file **out, int *nout, rl_model *m)
 	/* the Hugging Face tensors only, as in model.safetensors of a directory:
 	 * RL_T_AUX ones (the value head) stay with the trainer */
 	int nhf = 0;
-	while (nhf < n && !(m->tt.t[nhf].flags & RL_T_AUX))
+	while (nhf < n && !(m->tt.t[nhf].flags & (RL_T_AUX | RL_T_LORA)))
 		nhf++;
 	if ((rv = rl_st_write_mem(&img, &nimg, e, nhf, meta, 1, fill, &fc)) != 0)
 		goto out;
@@ -686,6 +820,7 @@ rl_ckpt_weight_files(rl_ckpt_file **out, int *nout, rl_model *m)
 		cJSON_free(ix);
 		f[nf++] = (rl_ckpt_file){ "model.safetensors.index.json", (uint8_t *)ixn, nix + 1 };
 	}
+tokenizer:
 	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
 		char *src = join(m->src_dir, tok_files[k]);
 		if (access(src, R_OK) == 0) {

@@ -282,10 +282,12 @@ rl_model_close(rl_model *m)
 		return;
 	rli_model_free_act(m);
 	rli_model_free_inf(m);
+	rli_lora_free(m);
 	if (m->w != m->params)
 		m->ops->free(m->ops, m->w);
 	m->ops->free(m->ops, m->params);
 	m->ops->free(m->ops, m->grads);
+	m->ops->free(m->ops, m->gsink);
 	m->ops->free(m->ops, m->m);
 	m->ops->free(m->ops, m->v);
 	rl_ttable_fini(&m->tt);
@@ -324,6 +326,14 @@ rl_model_get(rl_model *m, int i, int kind, float *out)
 
 	if (src == NULL)
 		return RL_EINVAL;
+	if (kind != RL_MODEL_PARAM) {
+		/* gradients and moments start at table element goff; the frozen have none */
+		if (t->off < m->goff) {
+			memset(out, 0, t->n * sizeof(float));
+			return RL_OK;
+		}
+		src -= m->goff;
+	}
 	if (!(t->flags & RL_T_TRANSPOSE)) {
 		m->ops->download(m->ops, out, src + t->off, t->n * sizeof(float));
 		return check_ops(m, "download");
@@ -431,6 +441,20 @@ grow_buf(rl_model *m, void **p, size_t old_n, size_t new_n, size_t esz)
 	o->free(o, *p);
 	*p = np;
 	return check_ops(m, "value head");
+}
+
+int
+rli_model_grow_params(rl_model *m, size_t old_n)
+{
+	int rv;
+
+	if (m->w != m->params && (rv = grow_buf(m, &m->w, old_n, m->tt.total, asz(m))) != 0)
+		return rv;
+	if ((rv = grow_buf(m, (void **)&m->params, old_n, m->tt.total, sizeof(float))) != 0)
+		return rv;
+	if (m->ops->act_dtype == RL_F32)
+		m->w = m->params;
+	return RL_OK;
 }
 
 /* Reads the head from path into buf (C + 1): weight then bias. */

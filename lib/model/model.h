@@ -59,6 +59,7 @@ typedef struct rl_decode_stats {
 
 typedef struct rl_model_act rl_model_act;   /* training activations (model_int.h) */
 typedef struct rl_model_inf rl_model_inf;   /* inference buffers (model_int.h) */
+typedef struct rl_lora rl_lora;             /* LoRA adapters (lora.h, model_int.h) */
 
 struct rl_model {
 	rl_config cfg;
@@ -69,8 +70,12 @@ struct rl_model {
 	int vh_w, vh_b;         /* value head (1, C), (1): RL_T_AUX, -1 when absent */
 	float *params;          /* (tt.total) f32 master weights, backend memory */
 	void *w;                /* compute weights in act dtype: == params on an f32 backend */
-	float *grads;           /* (tt.total) f32, accumulated by backward; NULL until train_reserve */
-	float *m, *v;           /* (tt.total) f32 AdamW moments; NULL until train_reserve */
+	float *grads;           /* (tt.total - goff) f32, accumulated by backward; NULL until train_reserve */
+	float *m, *v;           /* (tt.total - goff) f32 AdamW moments; NULL until train_reserve */
+	size_t goff;            /* grads, m, v hold table elements [goff, tt.total), element e at
+	                         * e - goff: 0, or with LoRA the first trained tensor's offset (the
+	                         * frozen base has no gradient or AdamW state); set by train_reserve */
+	float *gsink;           /* with LoRA: where the frozen norms' weight gradients go (unused) */
 	int step;               /* AdamW updates taken (bias correction, optimizer.safetensors) */
 	int version;            /* trainer steps taken: the weight version and the checkpoint's
 	                         * step-N (rl_ckpt_save); rl-train advances it once per step,
@@ -89,6 +94,7 @@ struct rl_model {
 	                           * 256 MiB forward only; set before rl_model_train_reserve */
 	rl_model_act *act;
 	rl_model_inf *inf;
+	rl_lora *lora;          /* adapters (rl_model_add_lora), NULL when none */
 	/* Optional (data parallel: overlap of the gradient all-reduce): called by
 	 * rl_model_backward each time the gradients at element offsets
 	 * [from, tt.total) are final for this pass (after the lm_head and final
@@ -271,7 +277,8 @@ int rl_model_decode_multi(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, co
 /* ---- host access to tensors (checkpoints, tests, weight sync) ----------------- */
 enum { RL_MODEL_PARAM = 0, RL_MODEL_GRAD, RL_MODEL_ADAM_M, RL_MODEL_ADAM_V };
 /* Copy tensor i of the given kind to host f32 out (t->n) in the FILE layout
- * (GPT-2 Conv1D transposed back to (in, out)). */
+ * (GPT-2 Conv1D transposed back to (in, out)).  The gradient or AdamW state of
+ * a frozen tensor (LoRA's base) is zero. */
 int rl_model_get(rl_model *m, int i, int kind, float *out);
 /* Set tensor i's parameters from host f32 in (file layout). */
 int rl_model_set(rl_model *m, int i, const float *in);

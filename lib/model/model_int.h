@@ -10,6 +10,7 @@
 #define RL_MODEL_INT_H
 
 #include "model/model.h"
+#include "model/lora.h"
 
 struct rl_model_act {
 	int maxN, chunk;
@@ -92,6 +93,24 @@ typedef struct dgraph {
 	int kvBS, kvnblk;
 } dgraph;
 
+/* LoRA adapters (lora.h): the options, each layer's tensors, and host scratch for
+ * the adapter's passes (CPU backend only: plain f32 memory). */
+struct rl_lora {
+	rl_lora_opts o;
+	float scale;            /* alpha / r */
+	int (*ix)[RL_LORA_NMOD][2];     /* (L): tt index of A, B; -1 when not targeted */
+	int maxN;
+	float *u, *du;          /* (maxN, r) */
+	float *d, *xa, *xd;     /* (maxN, widest out), (maxN, widest in) x 2 */
+	uint64_t pass;          /* training forwards since AdamW update pass_step: with it, the
+	                         * dropout masks' key (so that --resume draws the same ones) */
+	int pass_step;
+	int drop;               /* the last forward applied dropout */
+};
+
+/* Where in a layer an adapter adds to a base GEMM's output. */
+enum { RLI_LORA_QKV, RLI_LORA_O, RLI_LORA_FC, RLI_LORA_DOWN };
+
 /* ---- small helpers -------------------------------------------------------- */
 
 static inline size_t asz(const rl_model *m) { return rl_dtype_size(m->ops->act_dtype); }
@@ -122,7 +141,20 @@ W(const rl_model *m, int i)
 {
 	return i < 0 ? NULL : (char *)m->w + m->tt.t[i].off * asz(m);
 }
-static inline float *G(const rl_model *m, int i) { return i < 0 ? NULL : m->grads + m->tt.t[i].off; }
+/* Tensor i frozen: with adapters every base tensor is (the value head is not). */
+static inline int
+frozen(const rl_model *m, int i)
+{
+	return m->lora != NULL && !(m->tt.t[i].flags & (RL_T_LORA | RL_T_AUX));
+}
+/* Tensor i's gradient; a frozen norm's goes to the sink (its ops always write one). */
+static inline float *
+G(const rl_model *m, int i)
+{
+	return i < 0 ? NULL : frozen(m, i) ? m->gsink : m->grads + (m->tt.t[i].off - m->goff);
+}
+/* G for a GEMM's weight or bias: NULL (no gradient computed) when frozen. */
+static inline float *GT(const rl_model *m, int i) { return i < 0 || frozen(m, i) ? NULL : G(m, i); }
 static inline void *at(void *base, size_t idx, size_t sz) { return (char *)base + idx * sz; }
 
 /* Bump allocation over one buffer: measure with base NULL, then assign. */
@@ -158,6 +190,21 @@ void rli_model_add_norm_fwd(rl_model *m, void *x, void *out, float *mean, float 
     int wi, int bi, int N);
 /* fc = up projection of xn, h = activation of fc. */
 void rli_model_mlp_up_fwd(rl_model *m, void *h, void *fc, const void *xn, const rl_layer_idx *y, int N);
+
+/* Buffers of m's buffers grown from old_n to new_n elements of esz bytes, zeroed past
+ * old_n (m->params and the compute copy after tensors were appended to the table). */
+int rli_model_grow_params(rl_model *m, size_t old_n);
+
+/* ---- in lora.c ----------------------------------------------------------------------- */
+
+/* Scratch for passes of up to N rows. */
+int rli_lora_reserve(rl_model *m, int N);
+void rli_lora_free(rl_model *m);
+/* out (N, ld) += the adapters of layer l at site (x (N, in): the GEMM's input). */
+void rli_lora_fwd(rl_model *m, int l, int site, const void *x, void *out, int N);
+/* Backward of rli_lora_fwd: dout (N, ld) the gradient of out; dA, dB accumulated,
+ * dx (N, in) += the adapters' input gradient. */
+void rli_lora_bwd(rl_model *m, int l, int site, const void *x, const void *dout, void *dx, int N);
 
 /* ---- in model_train.c --------------------------------------------------------------- */
 

@@ -119,15 +119,41 @@ carve_act(const rl_config *c, int value_head, size_t s, rl_model_act *a, carve *
 	a->pos = take(ci, N, 4);
 }
 
+/* With LoRA only the trained tensors, at the end of the table, have gradients and
+ * AdamW state: goff is where they start; the sink takes the frozen norms'. */
+static int
+lora_grad_layout(rl_model *m)
+{
+	size_t sink = 1;
+
+	m->goff = m->tt.total;
+	for (int i = 0; i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		if (!frozen(m, i))
+			m->goff = RL_MIN(m->goff, t->off);
+		else if (t->ndim == 1)
+			sink = RL_MAX(sink, t->n);
+	}
+	for (int i = 0; i < m->tt.n; i++)
+		if (frozen(m, i) && m->tt.t[i].off >= m->goff) {
+			rl_error("LoRA: frozen tensor '%s' after the trained ones", m->tt.t[i].name);
+			return RL_EINVAL;
+		}
+	return m->ops->alloc(m->ops, (void **)&m->gsink, sink * sizeof(float));
+}
+
 int
 rl_model_train_reserve(rl_model *m, int max_tokens)
 {
 	rl_ops *o = m->ops;
-	size_t bytes = m->tt.total * sizeof(float);
+	size_t bytes;
 	int rv;
 
 	if (max_tokens <= 0)
 		return RL_EINVAL;
+	if (m->grads == NULL && m->lora != NULL && (rv = lora_grad_layout(m)) != 0)
+		return rv;
+	bytes = (m->tt.total - m->goff) * sizeof(float);
 	if (m->grads == NULL) {
 		if ((rv = o->alloc(o, (void **)&m->grads, bytes)) != 0)
 			return rv;
@@ -184,6 +210,8 @@ rl_model_eval_reserve(rl_model *m, int max_tokens)
 	carve_act(&m->cfg, m->vh_w >= 0, asz(m), a, &ca, &cf, &ci);
 	a->hpos = rl_xcalloc((size_t)max_tokens, sizeof *a->hpos);
 	m->act = a;
+	if ((rv = rli_lora_reserve(m, max_tokens)) != 0)
+		return rv;
 	m->lp = a->lp;
 	m->ent = a->ent;
 	m->val = a->val;
@@ -223,7 +251,7 @@ void
 rl_model_zero_grad(rl_model *m)
 {
 	if (m->grads != NULL)
-		m->ops->zero(m->ops, m->grads, m->tt.total * sizeof(float));
+		m->ops->zero(m->ops, m->grads, (m->tt.total - m->goff) * sizeof(float));
 }
 
 static void
@@ -307,10 +335,14 @@ layer_fwd(rl_model *m, int l)
 	if (c->qk_norm) {
 		void *raw = at(a->qkv_raw, k * sN * QKV, s);
 		o->matmul_fwd(o, raw, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
+		if (m->lora)
+			rli_lora_fwd(m, l, RLI_LORA_QKV, ln1, raw, N);
 		o->qknorm_fwd(o, qkv, a->qk_rstd + k * sN * (NH + NKV), raw, W(m, y->qn_w),
 		    W(m, y->kn_w), N, NH, NKV, HD, c->norm_eps);
 	} else {
 		o->matmul_fwd(o, qkv, ln1, W(m, y->qkv_w), W(m, y->qkv_b), N, C, QKV);
+		if (m->lora)
+			rli_lora_fwd(m, l, RLI_LORA_QKV, ln1, qkv, N);
 	}
 	if (c->arch == RL_ARCH_LLAMA)
 		o->rope_fwd(o, qkv, a->pos, N, NH, NKV, HD, cfg_rope(c));
@@ -321,14 +353,26 @@ layer_fwd(rl_model *m, int l)
 		o->matmul_fwd(o, mid, att, W(m, y->o_w), W(m, y->o_b), N, AD, C);
 		o->add(o, mid, mid, res, NC);
 	}
+	if (m->lora)
+		rli_lora_fwd(m, l, RLI_LORA_O, att, mid, N);
 	rli_model_norm_fwd(m, ln2, a->ln2_mean + k * sN, a->ln2_rstd + k * sN, mid, y->ln2_w, y->ln2_b, N);
-	rli_model_mlp_up_fwd(m, h, fc, ln2, y, N);
+	if (m->lora) {
+		/* as rli_model_mlp_up_fwd does for Llama (LoRA's only family), with the
+		 * adapters between the GEMM and the activation */
+		o->matmul_fwd(o, fc, ln2, W(m, y->fc_w), W(m, y->fc_b), N, C, FC);
+		rli_lora_fwd(m, l, RLI_LORA_FC, ln2, fc, N);
+		o->swiglu_fwd(o, h, fc, N, H);
+	} else {
+		rli_model_mlp_up_fwd(m, h, fc, ln2, y, N);
+	}
 	if (o->matmul_add_fwd) {
 		o->matmul_add_fwd(o, res_out, h, W(m, y->proj_w), W(m, y->proj_b), mid, N, H, C);
 	} else {
 		o->matmul_fwd(o, res_out, h, W(m, y->proj_w), W(m, y->proj_b), N, H, C);
 		o->add(o, res_out, res_out, mid, NC);
 	}
+	if (m->lora)
+		rli_lora_fwd(m, l, RLI_LORA_DOWN, h, res_out, N);
 }
 
 int
@@ -364,6 +408,15 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	a->has_seg = seg != NULL;
 	a->inv_temp = 1.0f / temperature;
 	const size_t sN = (size_t)a->maxN;
+	if (m->lora) {
+		/* dropout in the passes of the model being trained (train mode), each its own masks */
+		m->lora->drop = m->lora->o.dropout > 0 && m->grads != NULL;
+		if (m->lora->pass_step != m->step) {
+			m->lora->pass_step = m->step;
+			m->lora->pass = 0;
+		}
+		m->lora->pass += m->lora->drop;
+	}
 
 	o->embed_fwd(o, a->res, a->tok, a->pos, W(m, m->wte), W(m, m->wpe), N, C);
 	for (int l = 0; l < c->n_layer; l++)
@@ -403,6 +456,10 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 static int
 grads_final(rl_model *m, int i)
 {
+	/* with LoRA the trained tensors are not in layer order at the end of the
+	 * table: all of them are final at the end only */
+	if (m->lora != NULL && i >= 0)
+		return RL_OK;
 	return m->grad_ready ? m->grad_ready(m->grad_ready_ctx, i < 0 ? 0 : m->tt.t[i].off) : RL_OK;
 }
 
@@ -445,7 +502,7 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 				o->matmul_fwd_ld(o, a->logits, a->ld, x, W(m, m->lm_w), n, C, V);
 			o->logprob_bwd_ld(o, a->logits, a->logits, a->ld, a->tgt + r0, a->lse_out + r0, dlp + r0,
 			    dent ? dent + r0 : NULL, n, V, a->inv_temp);
-			o->matmul_bwd_ld(o, at(a->dx, (size_t)r0 * C, s), G(m, m->lm_w), a->logits, a->ld, x,
+			o->matmul_bwd_ld(o, at(a->dx, (size_t)r0 * C, s), GT(m, m->lm_w), a->logits, a->ld, x,
 			    W(m, m->lm_w), n, C, V);
 			continue;
 		}
@@ -453,7 +510,7 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 			o->matmul_fwd(o, a->logits, x, W(m, m->lm_w), NULL, n, C, V);
 		o->logprob_bwd(o, a->logits, a->logits, a->tgt + r0, a->lse_out + r0, dlp + r0,
 		    dent ? dent + r0 : NULL, n, V, a->inv_temp);
-		o->matmul_bwd(o, at(a->dx, (size_t)r0 * C, s), G(m, m->lm_w), NULL, a->logits, x,
+		o->matmul_bwd(o, at(a->dx, (size_t)r0 * C, s), GT(m, m->lm_w), NULL, a->logits, x,
 		    W(m, m->lm_w), n, C, V);
 	}
 	if (dval != NULL) {
@@ -487,18 +544,24 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 			o->matmul_dgelu_bwd(o, a->dfc, G(m, y->proj_w), G(m, y->proj_b), a->dres, h, W(m, y->proj_w),
 			    fc, N, H, C);
 		} else {
-			o->matmul_bwd(o, a->dh, G(m, y->proj_w), G(m, y->proj_b), a->dres, h, W(m, y->proj_w), N, H,
-			    C);
+			o->matmul_bwd(o, a->dh, GT(m, y->proj_w), GT(m, y->proj_b), a->dres, h, W(m, y->proj_w), N,
+			    H, C);
+			if (m->lora)
+				rli_lora_bwd(m, l, RLI_LORA_DOWN, h, a->dres, a->dh, N);
 			if (c->arch == RL_ARCH_GPT2)
 				o->gelu_bwd(o, a->dfc, a->dh, fc, (size_t)N * H);
 			else
 				o->swiglu_bwd(o, a->dfc, a->dh, fc, N, H);
 		}
-		o->matmul_bwd(o, a->dx, G(m, y->fc_w), G(m, y->fc_b), a->dfc, ln2, W(m, y->fc_w), N, C, FC);
+		o->matmul_bwd(o, a->dx, GT(m, y->fc_w), GT(m, y->fc_b), a->dfc, ln2, W(m, y->fc_w), N, C, FC);
+		if (m->lora)
+			rli_lora_bwd(m, l, RLI_LORA_FC, ln2, a->dfc, a->dx, N);
 		norm_bwd_add(m, a->dres, a->dx2, a->dx, mid, a->ln2_mean + k * sN, a->ln2_rstd + k * sN, y->ln2_w,
 		    y->ln2_b, N);
 		/* mid = res + o(attn(rope(qknorm(qkv(norm1(res)))))) */
-		o->matmul_bwd(o, a->datt, G(m, y->o_w), G(m, y->o_b), a->dres, att, W(m, y->o_w), N, AD, C);
+		o->matmul_bwd(o, a->datt, GT(m, y->o_w), GT(m, y->o_b), a->dres, att, W(m, y->o_w), N, AD, C);
+		if (m->lora)
+			rli_lora_bwd(m, l, RLI_LORA_O, att, a->dres, a->datt, N);
 		o->attn_bwd(o, a->dqkv, a->datt, att, lse, qkv, dseg, B, T, NH, NKV, HD);
 		if (c->arch == RL_ARCH_LLAMA)
 			o->rope_bwd(o, a->dqkv, a->pos, N, NH, NKV, HD, cfg_rope(c));
@@ -509,13 +572,16 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 			    a->qk_rstd + k * sN * (NH + NKV), N, NH, NKV, HD);
 			dq = a->dqkv2;
 		}
-		o->matmul_bwd(o, a->dx, G(m, y->qkv_w), G(m, y->qkv_b), dq, ln1, W(m, y->qkv_w), N, C, QKV);
+		o->matmul_bwd(o, a->dx, GT(m, y->qkv_w), GT(m, y->qkv_b), dq, ln1, W(m, y->qkv_w), N, C, QKV);
+		if (m->lora)
+			rli_lora_bwd(m, l, RLI_LORA_QKV, ln1, dq, a->dx, N);
 		norm_bwd_add(m, a->dres, a->dx2, a->dx, res, a->ln1_mean + k * sN, a->ln1_rstd + k * sN, y->ln1_w,
 		    y->ln1_b, N);
 		if ((rv = grads_final(m, y->ln1_w)) != 0)
 			return rv;
 	}
-	o->embed_bwd(o, G(m, m->wte), G(m, m->wpe), a->dres, a->tok, a->pos, N, C);
+	if (!frozen(m, m->wte))
+		o->embed_bwd(o, G(m, m->wte), G(m, m->wpe), a->dres, a->tok, a->pos, N, C);
 	if ((rv = check_ops(m, "model backward")) != 0 || (rv = grads_final(m, -1)) != 0)
 		return rv;
 	return RL_OK;
@@ -530,6 +596,7 @@ step_multi(rl_model *m, const rl_adamw *p, float scale)
 	rl_ops *o = m->ops;
 	float lr[RL_ADAMW_NCLS], wd[RL_ADAMW_NCLS];
 	rl_adamw_seg *seg = rl_try_calloc((size_t)RL_MAX(m->tt.n, 1), sizeof *seg, "adamw segments");
+	int ns = 0;
 
 	if (seg == NULL)
 		return RL_ENOMEM;
@@ -540,13 +607,16 @@ step_multi(rl_model *m, const rl_adamw *p, float scale)
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
 		int k = ((t->flags & RL_T_DECAY) ? 1 : 0) | ((t->flags & RL_T_AUX) ? 2 : 0);
-		seg[i].off = t->off;
-		seg[i].n = t->n;
-		seg[i].cls = k;
+		if (frozen(m, i))
+			continue;
+		seg[ns].off = t->off - m->goff;
+		seg[ns].n = t->n;
+		seg[ns++].cls = k;
 		lr[k] = rl_adamw_lr(p, t);
 		wd[k] = (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f;
 	}
-	o->adamw_multi(o, m->params, m->w != m->params ? m->w : NULL, m->grads, m->m, m->v, seg, m->tt.n, lr,
+	o->adamw_multi(o, m->params + m->goff, m->w != m->params ? (char *)m->w + m->goff * asz(m) : NULL, m->grads,
+	    m->m, m->v, seg, ns, lr,
 	    wd, p->beta1, p->beta2, p->eps, m->step, scale);
 	free(seg);
 	return RL_OK;
@@ -563,8 +633,17 @@ rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm)
 		rl_error("optimizer step: call rl_model_train_reserve first");
 		return RL_EINVAL;
 	}
-	/* padding between tensors is zero in grads, so one sum covers them all */
-	norm = sqrt(o->sumsq(o, m->grads, m->tt.total));
+	/* padding between tensors is zero in grads, so one sum covers them all; with
+	 * adapters, the trained tensors' (a frozen norm's gradient is computed, unused) */
+	if (m->lora == NULL) {
+		norm = sqrt(o->sumsq(o, m->grads, m->tt.total));
+	} else {
+		norm = 0;
+		for (int i = 0; i < m->tt.n; i++)
+			if (!frozen(m, i))
+				norm += o->sumsq(o, G(m, i), m->tt.t[i].n);
+		norm = sqrt(norm);
+	}
 	if (grad_norm != NULL)
 		*grad_norm = (float)norm;
 	if (!isfinite(norm)) {
@@ -581,8 +660,10 @@ rl_model_step(rl_model *m, const rl_adamw *p, float *grad_norm)
 	}
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
-		o->adamw(o, m->params + t->off, m->w != m->params ? W(m, i) : NULL, m->grads + t->off,
-		    m->m + t->off, m->v + t->off, t->n, rl_adamw_lr(p, t), p->beta1, p->beta2, p->eps,
+		if (frozen(m, i))
+			continue;
+		o->adamw(o, m->params + t->off, m->w != m->params ? W(m, i) : NULL, G(m, i),
+		    m->m + (t->off - m->goff), m->v + (t->off - m->goff), t->n, rl_adamw_lr(p, t), p->beta1, p->beta2, p->eps,
 		    (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
 	}
 	rl_model_zero_grad(m);

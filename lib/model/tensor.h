@@ -28,6 +28,8 @@ enum {
 	RL_T_DECAY = 1 << 2,    /* AdamW weight decay applies (2-D projections, untied lm_head) */
 	RL_T_AUX = 1 << 3,      /* not part of the HF model: the PPO value head, kept at the end of the
 	                         * table and saved to its own file (ckpt.h) */
+	RL_T_LORA = 1 << 4,     /* a LoRA adapter (lora.h): after the model's tensors, trained while
+	                         * they are frozen, saved in PEFT's layout */
 };
 
 typedef struct rl_tensor {

@@ -14,6 +14,7 @@
 #include "base/core.h"
 #include "base/io.h"
 #include "base/rng.h"
+#include "model/lora.h"
 #include "rollout/rollout_int.h"
 
 void
@@ -40,6 +41,7 @@ open_model(gen *g)
 	int rv;
 
 	if ((rv = rl_ops_open(&g->ops, o->device)) != 0 || (rv = rl_model_open(&g->m, o->model_dir, g->ops)) != 0 ||
+	    (o->adapter_dir && (rv = rl_model_apply_adapter(g->m, o->adapter_dir)) != 0) ||
 	    (rv = rl_tokenizer_open(&g->tok, o->model_dir)) != 0)
 		return rv;
 	if (o->no_think && (o->tmpl != RL_CHAT_AUTO || !rl_tokenizer_chat_thinking(g->tok))) {

@@ -21,6 +21,7 @@
 typedef struct rl_rollout_opts {
 	/* where from, where to (strings borrowed for the run) */
 	const char *model_dir;     /* -m: the policy; NULL: resume_dir's checkpoint */
+	const char *adapter_dir;   /* --adapter: a PEFT LoRA adapter merged into -m at load (NULL: none) */
 	const char *out_path;      /* -o FILE; NULL or "-": stdout */
 	const char *device;        /* cpu, cuda, cuda:N, auto */
 	const char *input;         /* prompt lines (records in score mode); "-": stdin */

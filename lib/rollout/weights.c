@@ -15,6 +15,7 @@
 
 #include "base/core.h"
 #include "base/io.h"
+#include "model/lora.h"
 #include "model/safetensors.h"
 #include "rollout/rollout_int.h"
 
@@ -97,17 +98,28 @@ out:
 	return rv;
 }
 
-/* Replaces the model's weights in place with those in dir (same shapes). */
+/* Replaces the model's weights in place with those in dir (same shapes).  A LoRA
+ * run's checkpoint (adapter_config.json, no model) is an adapter on -m: the base
+ * weights are read again from -m, then the adapter folded in. */
 int
 rli_load_weights(gen *g, const char *dir, int ver)
 {
 	rl_st_set *set = NULL;
-	int rv;
+	char cfg[4200];
+	int rv, adapter;
 
-	if ((rv = rl_st_set_open(&set, dir)) != 0)
+	snprintf(cfg, sizeof cfg, "%s/%s", dir, RL_LORA_CONFIG_FILE);
+	adapter = access(cfg, F_OK) == 0;
+	if (adapter && strcmp(g->o.model_dir, dir) == 0) {
+		rl_error("'%s' is a LoRA adapter: give its base model with -m BASE", dir);
+		return RL_EINVAL;
+	}
+	if ((rv = rl_st_set_open(&set, adapter ? g->o.model_dir : dir)) != 0)
 		return rv;
-	rv = load_set(g, set, dir, ver);
+	rv = load_set(g, set, adapter ? g->o.model_dir : dir, ver);
 	rl_st_set_close(set);
+	if (rv == 0 && adapter && (rv = rl_model_apply_adapter(g->m, dir)) == 0)
+		rl_verbose("weights version %d: the adapter in '%s' on '%s'", ver, dir, g->o.model_dir);
 	return rv;
 }
 
@@ -248,7 +260,8 @@ poll_weights_(gen *g, int force)
 			} else if (!g->ws) {
 				rv = rli_load_weights(g, g->pending_path, g->pending_version);
 			} else if ((rv = load_weights_ver(g, g->wbase, g->pending_path)) == RL_ENOENT) {
-				/* no single model.safetensors (shards): through a directory,
+				/* no single model.safetensors (shards, or a LoRA run's adapter):
+				 * through a directory,
 				 * made only for that and removed at once */
 				snprintf(path, sizeof path, "%s/v%d", g->sync_dir, g->pending_version);
 				if ((rv = rl_io_mkdir_p(g->sync_dir, 0700)) == RL_OK &&

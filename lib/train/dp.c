@@ -41,7 +41,7 @@ rli_dp_grad_ready(void *ctx, size_t from)
 int
 rli_dp_reducer_open(trainer *tr)
 {
-	size_t total = tr->m->tt.total;
+	size_t total = tr->m->tt.total - tr->m->goff;   /* the gradients there are (LoRA: adapters') */
 	size_t bucket = (size_t)(tr->o->dp_bucket_mb * (1 << 20)) / sizeof(float);
 	int rv;
 
@@ -322,13 +322,13 @@ out:
 int
 rli_dp_start(trainer *tr)
 {
-	size_t nb = tr->m->tt.total * sizeof(float);
+	size_t nb = tr->m->tt.total * sizeof(float), nob = (tr->m->tt.total - tr->m->goff) * sizeof(float);
 	int rv, st = tr->m->step, *steps;
 
 	/* one starting point: rank 0's weights (and optimizer state on --resume) */
 	if ((rv = rl_comm_broadcast(tr->comm, tr->m->params, nb, 0)) != 0 ||
-	    (tr->o->resume && ((rv = rl_comm_broadcast(tr->comm, tr->m->m, nb, 0)) != 0 ||
-	    (rv = rl_comm_broadcast(tr->comm, tr->m->v, nb, 0)) != 0)))
+	    (tr->o->resume && ((rv = rl_comm_broadcast(tr->comm, tr->m->m, nob, 0)) != 0 ||
+	    (rv = rl_comm_broadcast(tr->comm, tr->m->v, nob, 0)) != 0)))
 		return rv;
 	if ((rv = rl_model_params_changed(tr->m)) != 0)
 		return rv;

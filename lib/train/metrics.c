@@ -249,7 +249,7 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	{
 		/* this rank's AdamW state, resident memory now and at its peak */
 		struct rusage ru;
-		size_t nopt = tr->zero ? tr->zhi - tr->zlo : tr->m->tt.total;
+		size_t nopt = tr->zero ? tr->zhi - tr->zlo : tr->m->tt.total - tr->m->goff;
 		metric(j, tr, step, "memory/optimizer_state_mb", 2.0 * (double)nopt * sizeof(float) / (1 << 20));
 		/* what this process allocated for the model, as rl-train --plan counts it */
 		size_t slots = tr->m->tt.total;
@@ -257,7 +257,7 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 		if (tr->m->w != (void *)tr->m->params)
 			wb += (double)slots * (double)rl_dtype_size(tr->m->ops->act_dtype);
 		metric(j, tr, step, "memory/weights_mb", wb / (1 << 20));
-		metric(j, tr, step, "memory/grads_mb", tr->m->grads ? 4.0 * (double)slots / (1 << 20) : 0);
+		metric(j, tr, step, "memory/grads_mb", tr->m->grads ? 4.0 * (double)(slots - tr->m->goff) / (1 << 20) : 0);
 		metric(j, tr, step, "memory/activations_mb", (double)rl_model_act_bytes(tr->m) / (1 << 20));
 		long pages = 0;
 		FILE *f = fopen("/proc/self/statm", "r");

@@ -75,6 +75,11 @@ typedef struct rl_train_opts {
 	double dp_bucket_mb;       /* gradient all-reduce bucket (MiB; default 25) */
 	int dp_overlap;            /* all-reduce buckets while the backward pass goes on (1) */
 	int zero;                  /* 1: ZeRO-1, AdamW state sharded across the ranks (0 off) */
+	/* LoRA (model/lora.h, docs/lora.md): adapters trained on the frozen policy */
+	int lora_rank;             /* 0: full fine-tuning */
+	float lora_alpha;          /* scaling alpha / rank (PEFT's default 8) */
+	float lora_dropout;        /* on the adapters' input (0) */
+	unsigned lora_targets;     /* bits RL_LORA_Q.. (PEFT's default for Llama/Qwen: q_proj, v_proj) */
 } rl_train_opts;
 
 #endif

@@ -11,7 +11,8 @@
  *   KV cache     tokens x layers x 2 x kv heads x head size, in the act dtype
  * With LoRA the base weights are frozen (bf16 on CUDA, f32 on the CPU;
  * ZeRO-3 shards them too) and only the adapters (rank r: r (in + out) per target matrix and layer) have
- * master weights, gradients and AdamW state.
+ * master weights, gradients and AdamW state: on the CPU what rl-train allocates
+ * (model.h's goff), each adapter tensor rounded up to RL_TT_ALIGN elements.
  */
 #include "train/plan.h"
 
@@ -84,7 +85,8 @@ rl_train_plan(rl_plan *p, const rl_config *c, const rl_plan_opts *o)
 	    o->max_tokens, o->recompute, o->value_head);
 	p->kv = (double)o->kv_tokens * c->n_layer * 2.0 * c->n_kv_head * c->head_dim * act;
 	p->total = p->weights + p->grads + p->optim + p->acts + p->kv;
-	p->runs = o->zero <= 1 && o->lora_rank == 0;
+	/* LoRA trains on the CPU backend, without ZeRO (docs/lora.md) */
+	p->runs = o->lora_rank == 0 ? o->zero <= 1 : o->zero == 0 && !o->cuda;
 	p->fits = o->gpu_bytes > 0 && p->total <= o->gpu_bytes;
 	return RL_OK;
 }

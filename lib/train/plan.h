@@ -7,9 +7,10 @@
  * The model's own functions size the parts (rl_model_param_count,
  * rl_model_act_bytes_for), so the plan is the program's accounting, not a
  * formula beside it: for what runs (ZeRO 0 and 1, no LoRA) it equals what
- * rl-train then allocates (the memory/... metrics; tests/cli/rl-train-plan.bats).
- * ZeRO 2 and 3 and LoRA are planned as they are specified (issue 32) but do
- * not run yet; the plan says so.
+ * rl-train then allocates (the memory/... metrics; tests/cli/rl-train-plan.bats),
+ * and for LoRA on the CPU too (tests/cli/rl-train-lora.bats).  ZeRO 2 and 3 and
+ * LoRA on CUDA are planned as they are specified (issue 32) but do not run yet;
+ * the plan says so.
  *
  * Leaves out: allocator slack and fragmentation, cuBLAS workspaces and CUDA
  * graphs (tens of MiB), the CUDA context (~500 MiB), NCCL buffers, and a

@@ -17,6 +17,7 @@
 #include "base/conf.h"
 #include "base/core.h"
 #include "base/io.h"
+#include "model/lora.h"
 #include "train/algo.h"
 #include "train/trainer.h"
 
@@ -89,6 +90,16 @@ entries(entry *e, int cap, const rl_train_opts *o)
 	I("warmup", o->warmup);
 	I("total-steps", o->total_steps);
 	snprintf(ADD("schedule", 1), VAL_SZ, "%s", o->sched == RL_SCHED_COSINE ? "cosine" : "constant");
+	if (o->lora_rank > 0) {
+		char *v;
+		I("lora-rank", o->lora_rank);
+		F("lora-alpha", o->lora_alpha);
+		F("lora-dropout", o->lora_dropout);
+		v = ADD("lora-targets", 1);
+		for (int k = 0; k < RL_LORA_NMOD; k++)
+			if (o->lora_targets & (1u << k))
+				snprintf(v + strlen(v), VAL_SZ - strlen(v), "%s%s", v[0] ? "," : "", rl_lora_module_name(k));
+	}
 	/* information: a change is allowed without --allow-change */
 	snprintf(ADD("seed", 0), VAL_SZ, "%llu", (unsigned long long)o->seed);
 	I("max-tokens-per-micro", o->max_tokens_micro);

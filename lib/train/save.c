@@ -19,6 +19,7 @@
 #include "base/io.h"
 #include "base/json.h"
 #include "model/ckpt.h"
+#include "model/lora.h"
 #include "train/trainer.h"
 
 static int
@@ -416,4 +417,36 @@ rli_save_final(trainer *tr, int start_step)
 	}
 	rli_zero_release_opt(tr);
 	return RL_OK;
+}
+
+int
+rl_train_merge_adapter(const char *adapter_dir, const char *base_dir, const char *out_dir)
+{
+	rl_lora_opts lo;
+	rl_ops *ops = NULL;
+	rl_model *m = NULL;
+	char *base = NULL;
+	int rv;
+
+	if ((rv = rl_lora_config_read(adapter_dir, &lo, &base)) != 0)
+		return rv;
+	if (base_dir != NULL) {
+		free(base);
+		base = rl_xstrdup(base_dir);
+	}
+	if (base == NULL) {
+		rl_error("'%s/%s' names no base model: give it with -m BASE", adapter_dir, RL_LORA_CONFIG_FILE);
+		return RL_EINVAL;
+	}
+	/* the merge is host arithmetic on f32 weights: on the CPU */
+	if ((rv = rl_ops_open(&ops, "cpu")) != 0 || (rv = rl_model_open(&m, base, ops)) != 0 ||
+	    (rv = rl_model_add_lora(m, &lo)) != 0 || (rv = rl_model_lora_load(m, adapter_dir)) != 0 ||
+	    (rv = rl_model_lora_merge(m)) != 0 || (rv = rl_model_save(m, out_dir)) != 0)
+		goto out;
+	rl_info("merged '%s' (rank %d, alpha %g) into '%s': '%s'", adapter_dir, lo.r, lo.alpha, base, out_dir);
+out:
+	rl_model_close(m);
+	rl_ops_close(ops);
+	free(base);
+	return rv;
 }

@@ -25,6 +25,7 @@
 #include "base/core.h"
 #include "base/io.h"
 #include "model/ckpt.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "tok/tokenizer.h"
 #include "train/trainer.h"
@@ -65,6 +66,8 @@ rl_train_opts_default(rl_train_opts *o)
 	o->dp_bucket_mb = 25;
 	o->dp_overlap = 1;
 	o->skip_zero_adv = -1;
+	o->lora_alpha = 16.0f;          /* verl's lora_alpha and target_modules defaults */
+	o->lora_targets = RL_LORA_ALL;
 }
 
 const char *
@@ -169,6 +172,48 @@ setup(trainer *tr, const rl_train_opts *o)
 	return RL_OK;
 }
 
+/* LoRA: the frozen base and the adapters on it, new (dir NULL) or from the
+ * adapter checkpoint dir, whose adapter_config.json names the base (else -m). */
+static int
+open_lora(trainer *tr, const char *dir)
+{
+	const rl_train_opts *o = tr->o;
+	rl_lora_opts lo = { o->lora_rank, o->lora_alpha, o->lora_dropout, o->lora_targets, o->seed };
+	char *base = NULL;
+	int rv;
+
+	if (o->zero) {
+		rl_error("--lora-rank with --zero 1: the adapters' AdamW state is not sharded (it is small)");
+		return RL_ENOTSUP;
+	}
+	if (o->wgroup_addr) {
+		/* the group broadcasts the parameter buffer: the frozen base would go, not the adapters */
+		rl_error("--lora-rank with --weights-group: the group sends whole models; use --sync (adapter versions)");
+		return RL_ENOTSUP;
+	}
+	if (dir != NULL) {
+		rl_lora_opts was;
+		if ((rv = rl_lora_config_read(dir, &was, &base)) != 0)
+			return rv;
+		if (base == NULL && o->model_dir != NULL)
+			base = rl_xstrdup(o->model_dir);
+		if (base == NULL) {
+			rl_error("'%s/%s' names no base model: give it with -m BASE", dir, RL_LORA_CONFIG_FILE);
+			return RL_EINVAL;
+		}
+	}
+	rv = rl_model_open(&tr->m, base ? base : o->model_dir, tr->ops);
+	if (rv == 0)
+		rv = rl_model_add_lora(tr->m, &lo);
+	if (rv == 0 && dir != NULL)
+		rv = rl_model_lora_load(tr->m, dir);
+	if (rv == 0)
+		rl_verbose("LoRA: rank %d, alpha %g, dropout %g on '%s'", lo.r, lo.alpha, lo.dropout,
+		    base ? base : o->model_dir);
+	free(base);
+	return rv;
+}
+
 /* The backend and the communicator; the policy from -m, or on --resume from
  * the newest full checkpoint in --out (its directory to dir, its
  * trainer_state.json to *state) with its optimizer state; PPO's value head,
@@ -198,7 +243,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 		    (tr->rank == 0 && (rv = rli_runfile_check(o)) != 0) ||
 		    (tr->rank == 0 && (rv = rli_save_prepare_out(o, rstep)) != 0) ||
 		    (tr->rank == 0 && (rv = rli_runfile_write(o)) != 0) ||
-		    (rv = rl_model_open(&tr->m, dir, tr->ops)) != 0)
+		    (rv = o->lora_rank > 0 ? open_lora(tr, dir) : rl_model_open(&tr->m, dir, tr->ops)) != 0)
 			return rv;
 	} else {
 		if (!o->model_dir) {
@@ -207,7 +252,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 		}
 		if ((tr->rank == 0 && (rv = rli_save_prepare_out(o, -1)) != 0) ||
 		    (tr->rank == 0 && (rv = rli_runfile_write(o)) != 0) ||
-		    (rv = rl_model_open(&tr->m, o->model_dir, tr->ops)) != 0)
+		    (rv = o->lora_rank > 0 ? open_lora(tr, NULL) : rl_model_open(&tr->m, o->model_dir, tr->ops)) != 0)
 			return rv;
 	}
 	if (o->resume && o->algo == RL_ALGO_PPO) {

@@ -81,6 +81,11 @@ int rl_train_stopped_by(void);
 /* rl-train --init: writes a randomly initialised model directory out_dir from
  * a config.json (HF keys) and a tokenizer ("bytes" for rlpipe's bytes
  * tokenizer, or a tokenizer.json path, copied). */
+/* rl-train --merge-adapter: the base model (base_dir, else adapter_dir's
+ * adapter_config.json base_model_name_or_path) with adapter_dir's LoRA
+ * adapters folded into its weights (on the CPU), saved as the Hugging Face
+ * directory out_dir (atomic; RL_EEXIST when it exists). */
+int rl_train_merge_adapter(const char *adapter_dir, const char *base_dir, const char *out_dir);
 int rl_train_init_model(const char *config_path, const char *tokenizer, const char *out_dir,
     uint64_t seed);
 

@@ -1,0 +1,275 @@
+#!/usr/bin/env bats
+# rl-train --lora-rank: adapters trained on the frozen policy (docs/lora.md),
+# checkpoints in PEFT's layout, --resume, --merge-adapter, and bad options.
+# PEFT's layout as its get_peft_model_state_dict and LoraConfig write it:
+# "base_model.model.<module path>.lora_A.weight" (r, in) and lora_B (out, r),
+# adapter_config.json with peft_type LORA, r, lora_alpha, target_modules ...
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+load model_helper
+load port_helper
+
+setup_file() {
+	export TD="$BATS_FILE_TMPDIR"
+	train_model "$TD"
+	python3 tests/fixtures/train/mkscored.py 8 4 0 > "$TD/s.jsonl"
+}
+
+# st_names FILE: "name dtype shape" lines of a safetensors file, sorted
+st_names() {
+	python3 - "$1" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+for k in sorted(h):
+    print(k, h[k]["dtype"], "x".join(map(str, h[k]["shape"])))
+PY
+}
+
+@test "LoRA: GRPO steps write PEFT's adapter directory; only the adapters train" {
+	rl-train -q -m "$TD/m0" --out "$TD/a" --batch 2 --lr 1e-2 --lora-rank 4 --lora-alpha 8 \
+	    --lora-targets q_proj,v_proj,down_proj --max-steps 3 --metrics "$TD/a.m" "$TD/s.jsonl"
+	d="$TD/a/step-00000003"
+	[ -f "$d/adapter_config.json" ] && [ -f "$d/adapter_model.safetensors" ]
+	[ -f "$d/optimizer.safetensors" ] && [ -f "$d/trainer_state.json" ]
+	[ ! -e "$d/model.safetensors" ]   # the base is frozen: adapter_config.json names it
+	c="$d/adapter_config.json"
+	[ "$(jq -r .peft_type "$c")" = LORA ]
+	[ "$(jq -r .task_type "$c")" = CAUSAL_LM ]
+	[ "$(jq -r .bias "$c")" = none ]
+	[ "$(jq .r "$c")" = 4 ] && [ "$(jq .lora_alpha "$c")" = 8 ] && [ "$(jq .lora_dropout "$c")" = 0 ]
+	[ "$(jq .fan_in_fan_out "$c")" = false ] && [ "$(jq .use_rslora "$c")" = false ]
+	[ "$(jq -c .target_modules "$c")" = '["q_proj","v_proj","down_proj"]' ]
+	[ "$(jq -r .base_model_name_or_path "$c")" = "$TD/m0" ]
+	# hidden 32, 4 heads x 8, 2 kv heads x 8, intermediate 64, 2 layers; f32
+	run -0 st_names "$d/adapter_model.safetensors"
+	want=""
+	for l in 0 1; do
+		want+="base_model.model.model.layers.$l.mlp.down_proj.lora_A.weight F32 4x64"$'\n'
+		want+="base_model.model.model.layers.$l.mlp.down_proj.lora_B.weight F32 32x4"$'\n'
+		want+="base_model.model.model.layers.$l.self_attn.q_proj.lora_A.weight F32 4x32"$'\n'
+		want+="base_model.model.model.layers.$l.self_attn.q_proj.lora_B.weight F32 32x4"$'\n'
+		want+="base_model.model.model.layers.$l.self_attn.v_proj.lora_A.weight F32 4x32"$'\n'
+		want+="base_model.model.model.layers.$l.self_attn.v_proj.lora_B.weight F32 16x4"$'\n'
+	done
+	[ "$output" = "${want%$'\n'}" ]
+	# the optimizer holds the adapters' moments only
+	run -0 st_names "$d/optimizer.safetensors"
+	[ "${#lines[@]}" = 24 ]
+	[[ "$output" != *"model.layers.0.self_attn.q_proj.weight"* ]]
+	# trained: B left zero, A left its init; the metrics name the trained parameters
+	python3 - "$d/adapter_model.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+for k, v in h.items():
+    s, e = v["data_offsets"]
+    x = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
+    assert max(abs(t) for t in x) > 0, k
+PY
+}
+
+@test "LoRA: SFT and PPO train adapters (PPO's value head beside them); SFT's loss goes down" {
+	python3 -c '
+import json
+for k in range(4):
+    for i in range(8): print(json.dumps({"prompt": "%d+%d=" % (i, i), "completion": str(2 * i)}))' > "$TD/rows.jsonl"
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/sft" --algo sft --batch 8 --lr 5e-2 --lora-rank 8 \
+	    --metrics - "$TD/rows.jsonl"
+	first=$(sed -n 's/.*"actor\/sft_loss":\([0-9.e-]*\).*/\1/p' <<< "${lines[0]}")
+	last=$(sed -n 's/.*"actor\/sft_loss":\([0-9.e-]*\).*/\1/p' <<< "${lines[3]}")
+	echo "sft loss $first -> $last"
+	awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'
+	[ -f "$TD/sft/step-00000004/adapter_model.safetensors" ]
+	rl-train -q -m "$TD/m0" --out "$TD/ppo" --algo ppo --batch 2 --lr 1e-2 --lora-rank 4 --max-steps 2 \
+	    --metrics /dev/null "$TD/s.jsonl"
+	run -0 st_names "$TD/ppo/step-00000002/value_head.safetensors"
+	[ "$output" = $'value_head.bias F32 1\nvalue_head.weight F32 1x32' ]
+	run -0 st_names "$TD/ppo/step-00000002/optimizer.safetensors"
+	[[ "$output" == *"value_head.weight.exp_avg F32"* ]]
+	[[ "$output" == *"lora_A.weight.exp_avg F32"* ]]
+}
+
+@test "LoRA: --merge-adapter writes base + scale B A; other tensors bit for bit" {
+	[ -d "$TD/a/step-00000003" ] || skip "needs the first test's run"
+	rl-train -q --merge-adapter "$TD/a/step-00000003" --out "$TD/merged"
+	[ -f "$TD/merged/model.safetensors" ] && [ -f "$TD/merged/config.json" ]
+	[ ! -e "$TD/merged/adapter_config.json" ]
+	/usr/bin/python3 -c 'import torch' 2>/dev/null || skip "no PyTorch at /usr/bin/python3"
+	/usr/bin/python3 - "$TD/m0" "$TD/a/step-00000003" "$TD/merged" <<'PY'
+import json, os, sys
+sys.path.insert(0, "tests/fixtures")
+from check_saved import read_st
+base, ad, merged = sys.argv[1:]
+_, b = read_st(os.path.join(base, "model.safetensors"))
+_, a = read_st(os.path.join(ad, "adapter_model.safetensors"))
+_, m = read_st(os.path.join(merged, "model.safetensors"))
+cfg = json.load(open(os.path.join(ad, "adapter_config.json")))
+scale = cfg["lora_alpha"] / cfg["r"]
+assert set(b) == set(m), set(b) ^ set(m)
+adapted = 0
+for k, (w, _) in b.items():
+    mod = "base_model.model." + k[:-len(".weight")]
+    if mod + ".lora_A.weight" in a:
+        A, B = a[mod + ".lora_A.weight"][0].double(), a[mod + ".lora_B.weight"][0].double()
+        want = w.double() + scale * (B @ A)
+        err = (m[k][0].double() - want).abs().max().item()
+        assert err < 1e-6, (k, err)
+        assert (m[k][0] != w).any(), k
+        adapted += 1
+    else:
+        assert (m[k][0] == w).all(), k
+assert adapted == 6, adapted
+PY
+}
+
+# field values of a JSONL stream, one line per record: fields KEY...
+fields() { python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    print(" ".join(json.dumps(r.get(k)) for k in sys.argv[1:]))' "$@"; }
+
+@test "LoRA: rl-rollout --adapter generates as the merged model, a zero adapter as the base" {
+	[ -d "$TD/merged" ] || skip "needs the merge test's model"
+	printf '%s\n' '{"prompt":"12+34=","answer":"46"}' '{"prompt":"7*6=","answer":"42"}' > "$TD/p.jsonl"
+	gen() { rl-rollout -q --device cpu -n 3 --max-tokens 8 --jsonl --seed 5 "$@" "$TD/p.jsonl" |
+	    fields prompt_text index response logprobs | sort; }
+	gen -m "$TD/m0" > "$TD/g.base"
+	gen -m "$TD/m0" --adapter "$TD/a/step-00000003" > "$TD/g.ad"
+	gen -m "$TD/merged" > "$TD/g.merged"
+	cmp "$TD/g.ad" "$TD/g.merged"
+	! cmp -s "$TD/g.ad" "$TD/g.base"
+	# B = 0 (as PEFT initialises it): exactly the base model
+	mkdir -p "$TD/zero"
+	cp "$TD/a/step-00000003/adapter_config.json" "$TD/zero/"
+	python3 - "$TD/a/step-00000003/adapter_model.safetensors" "$TD/zero/adapter_model.safetensors" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read()); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+for k, v in h.items():
+    if k.endswith("lora_B.weight"):
+        s, e = v["data_offsets"]
+        b[8 + n + s:8 + n + e] = bytes(e - s)
+open(sys.argv[2], "wb").write(b)
+PY
+	gen -m "$TD/m0" --adapter "$TD/zero" > "$TD/g.zero"
+	cmp "$TD/g.zero" "$TD/g.base"
+	# a LoRA run's checkpoints as weight versions: each the adapter on -m
+	rl-rollout -q --device cpu -n 3 --max-tokens 8 --jsonl --seed 5 -m "$TD/m0" --weights-from "$TD/a" \
+	    "$TD/p.jsonl" > "$TD/g.wf"
+	[ "$(fields version < "$TD/g.wf" | sort -u)" = "[3, 3]" ]
+	fields prompt_text index response logprobs < "$TD/g.wf" | sort | cmp - "$TD/g.ad"
+	# an adapter as -m, a bad adapter: named
+	run -1 --separate-stderr rl-rollout --device cpu -m "$TD/m0" --adapter "$TD/dora" "$TD/p.jsonl"
+	[[ "$stderr" == *"$TD/dora/adapter_config.json"* ]]
+}
+
+@test "LoRA: on-policy through --sync: the generator gets adapter versions, a fraction of the model's bytes" {
+	[ -d "$TD/merged" ] || skip "needs the merge test's model"
+	python3 -c '
+import json
+for i in range(16): print(json.dumps({"prompt": "%d+%d=" % (i, i + 1), "answer": str(2 * i + 1)}))' > "$TD/p16.jsonl"
+	rl-rollout -v --device cpu -m "$TD/m0" --sync "$TD/wd" --max-staleness 0 --train-batch 4 -n 4 --max-tokens 2 \
+	    --seed 1 --weights-timeout 20 "$TD/p16.jsonl" 2>"$TD/wd.log" \
+	  | rl-reward -q --task 'format:^[0-9]' \
+	  | rl-train -q -m "$TD/m0" --out "$TD/ck-wd" --sync "$TD/wd" --ckpt-every 2 --batch 4 --lr 3e-2 \
+	    --lora-rank 4 --metrics /dev/null
+	for v in 1 2 3; do grep -q "weights version $v loaded" "$TD/wd.log"; done
+	# the directory keeps the last two versions: 3 from memory (--ckpt-every 2), 4 from step-4
+	for v in 000003 000004; do
+		[ -f "$TD/wd/v$v/adapter_model.safetensors" ]
+		[ -f "$TD/wd/v$v/adapter_config.json" ]
+		[ ! -e "$TD/wd/v$v/model.safetensors" ]
+	done
+	[ ! -e "$TD/ck-wd/step-00000003" ]
+	cmp "$TD/wd/v000004/adapter_model.safetensors" "$TD/ck-wd/step-00000004/adapter_model.safetensors"
+	ad=$(stat -c %s "$TD/wd/v000004/adapter_model.safetensors")
+	full=$(stat -c %s "$TD/m0/model.safetensors")
+	echo "# adapter version: $ad bytes, the model: $full bytes" >&3
+	[ $((ad * 4)) -lt "$full" ]
+}
+
+@test "LoRA: --resume continues bit for bit from the adapter checkpoint" {
+	rl-train -q -m "$TD/m0" --out "$TD/ra" --batch 1 --lr 1e-2 --lora-rank 4 --lora-dropout 0.1 \
+	    --max-steps 4 --metrics /dev/null "$TD/s.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/rb" --batch 1 --lr 1e-2 --lora-rank 4 --lora-dropout 0.1 \
+	    --max-steps 2 --metrics /dev/null "$TD/s.jsonl"
+	rl-train -q --out "$TD/rb" --batch 1 --lr 1e-2 --lora-rank 4 --lora-dropout 0.1 --max-steps 4 --resume \
+	    --metrics /dev/null "$TD/s.jsonl"
+	cmp "$TD/ra/step-00000004/adapter_model.safetensors" "$TD/rb/step-00000004/adapter_model.safetensors"
+	cmp "$TD/ra/step-00000004/optimizer.safetensors" "$TD/rb/step-00000004/optimizer.safetensors"
+	# another rank is another run: refused, named
+	run -1 --separate-stderr rl-train --out "$TD/rb" --batch 1 --lr 1e-2 --lora-rank 8 --lora-dropout 0.1 \
+	    --max-steps 5 --resume "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank: 4 in the run"* ]]
+}
+
+@test "LoRA: 2 ranks give the adapters of 1 rank; the memory is what --plan says" {
+	export RL_COMM_TIMEOUT=60
+	PIDS=""
+	PORT=$(free_port)
+	args=(--batch 4 --lr 1e-2 --loss-agg token-mean --lora-rank 4 --lora-targets all-linear)
+	rl-train -q -m "$TD/m0" --out "$TD/d1" --metrics "$TD/d1.m" "${args[@]}" "$TD/s.jsonl"
+	train_world 2 "$TD/d2" "${args[@]}"
+	# reduction order: fp32 sums ~1e-7 relative, through AdamW at lr 1e-2 (rl-train-dp.bats)
+	run -0 python3 tests/fixtures/parallel/st_close.py "$TD/d2/latest/adapter_model.safetensors" \
+	    "$TD/d1/latest/adapter_model.safetensors" 2e-5 1e-4
+	run -1 python3 tests/fixtures/parallel/st_close.py "$TD/d2/step-00000001/adapter_model.safetensors" \
+	    "$TD/d1/latest/adapter_model.safetensors" 2e-5 1e-4
+	# gradients and AdamW moments of the adapters only: the plan's figures (weights: the
+	# base and the adapters in f32, each tensor on 16-element boundaries)
+	run -0 rl-train --plan=json -m "$TD/m0" --lora-rank 4 --max-tokens-per-micro 8192
+	plan=$output
+	python3 - "$plan" "$TD/d1.m" <<'PY'
+import json, sys
+p = json.loads(sys.argv[1]); m = json.loads(open(sys.argv[2]).readline())
+MB = 1 << 20
+assert p["runs"] is True, p
+assert abs(m["memory/grads_mb"] * MB - p["grads_bytes"]) < 1, (m["memory/grads_mb"] * MB, p["grads_bytes"])
+assert abs(m["memory/optimizer_state_mb"] * MB - p["optim_bytes"]) < 1, (m["memory/optimizer_state_mb"], p)
+assert abs(m["memory/weights_mb"] * MB - p["weights_bytes"]) < 64 * 4 * 28, (m["memory/weights_mb"] * MB, p)
+assert p["grads_bytes"] == 4 * p["trainable"], p
+PY
+}
+
+@test "LoRA: bad options and adapters are refused, named" {
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-targets q_proj "$TD/s.jsonl"
+	[[ "$stderr" == *"need --lora-rank"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --lora-targets q_proj,nope "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-targets: bad value 'q_proj,nope'"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --lora-dropout 1 "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-dropout"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 0 "$TD/s.jsonl"
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --device cuda "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank trains on --device cpu only"* ]]
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --weights-group 127.0.0.1:1 \
+	    --weights-group-size 2 "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank with --weights-group"* ]]
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --zero 1 "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank with --zero 1"* ]]
+	# GPT-2 has no LoRA here
+	cat > "$TD/g.json" <<'JSON'
+{"model_type":"gpt2","vocab_size":261,"n_embd":32,"n_layer":1,"n_head":2,"n_positions":64}
+JSON
+	rl-train -q --init "$TD/g.json" --tokenizer bytes --out "$TD/g0"
+	run -1 --separate-stderr rl-train -m "$TD/g0" --out "$TD/x" --lora-rank 4 "$TD/s.jsonl"
+	[[ "$stderr" == *"GPT-2"* ]]
+	# adapters: no config, a DoRA one, a tensor missing
+	run -1 --separate-stderr rl-train --merge-adapter "$TD" --out "$TD/x2"
+	[[ "$stderr" == *"$TD/adapter_config.json"* ]]
+	[ -d "$TD/a/step-00000003" ] || skip "needs the first test's run"
+	mkdir -p "$TD/dora"
+	cp "$TD/a/step-00000003/adapter_model.safetensors" "$TD/dora/"
+	jq '.use_dora = true' "$TD/a/step-00000003/adapter_config.json" > "$TD/dora/adapter_config.json"
+	run -1 --separate-stderr rl-train --merge-adapter "$TD/dora" --out "$TD/x3"
+	[[ "$stderr" == *"dora/adapter_config.json': \"use_dora\" is set"* ]]
+	jq '.target_modules = ["q_proj","v_proj","down_proj","o_proj"]' "$TD/a/step-00000003/adapter_config.json" \
+	    > "$TD/dora/adapter_config.json"
+	run -1 --separate-stderr rl-train --merge-adapter "$TD/dora" --out "$TD/x4"
+	[[ "$stderr" == *"no tensor 'base_model.model.model.layers.0.self_attn.o_proj.lora_A.weight'"* ]]
+	[ ! -e "$TD/x4" ]
+}
