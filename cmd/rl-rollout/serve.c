@@ -36,6 +36,12 @@ static const char usage_text[] =
     "      --jsonl             write the records as JSONL instead of the binary stream\n"
     "      --episode-timeout S an episode idle for S seconds is written without a reward\n"
     "                          (default 600; 0 never)\n"
+    "      --weights-from DIR  load new weight versions from DIR/latest as they appear\n"
+    "      --sync URL          new weight versions from rl-sync (tcp://, ipc://) or a directory\n"
+    "      --partial           new weights apply to sequences already running\n"
+    "      --max-staleness K   refuse new episodes (429) while the episodes started make more\n"
+    "                          batches of --train-batch than weights version + K\n"
+    "      --train-batch G     episodes per trainer step, for --max-staleness (default 8)\n"
     "      --max-tokens N      response tokens at most per request (default 256); a larger\n"
     "                          max_tokens is cut to it\n"
     "      --stop STR          a stop string for every request (repeatable)\n"
@@ -49,7 +55,7 @@ static const char usage_text[] =
 
 enum {
 	O_LISTEN = 256, O_PUBLIC, O_KEY, O_KEYFILE, O_NAME, O_MAXREQ, O_MAXBODY, O_MAXTOK, O_STOP, O_TMPL,
-	O_NOTHINK, O_SLOTS, O_KVMEM, O_DEVICE, O_JSONL, O_EPTIMEOUT
+	O_NOTHINK, O_SLOTS, O_KVMEM, O_DEVICE, O_JSONL, O_EPTIMEOUT, O_WFROM, O_SYNC, O_PARTIAL, O_STALE, O_TBATCH
 };
 
 static const struct option longopts[] = {
@@ -62,6 +68,9 @@ static const struct option longopts[] = {
 	{ "slots", required_argument, 0, O_SLOTS }, { "kv-mem", required_argument, 0, O_KVMEM },
 	{ "device", required_argument, 0, O_DEVICE }, { "output", required_argument, 0, 'o' },
 	{ "jsonl", no_argument, 0, O_JSONL }, { "episode-timeout", required_argument, 0, O_EPTIMEOUT },
+	{ "weights-from", required_argument, 0, O_WFROM }, { "sync", required_argument, 0, O_SYNC },
+	{ "partial", no_argument, 0, O_PARTIAL }, { "max-staleness", required_argument, 0, O_STALE },
+	{ "train-batch", required_argument, 0, O_TBATCH },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -105,6 +114,11 @@ parse_opt(rl_rollout_opts *o, int c, const char *a, int *verbosity)
 	case O_LISTEN: o->listen = a; break;
 	case 'o': o->out_path = a; break;
 	case O_JSONL: o->jsonl = 1; break;
+	case O_WFROM: o->weights_from = a; break;
+	case O_SYNC: o->sync_url = a; break;
+	case O_PARTIAL: o->partial = 1; break;
+	case O_STALE: rv = rl_cli_int32(c, a, 0, 1000000000, &o->max_staleness); break;
+	case O_TBATCH: rv = rl_cli_int32(c, a, 1, 1000000000, &o->train_batch); break;
 	case O_EPTIMEOUT: rv = rl_cli_double(c, a, 0, 1e9, &o->episode_timeout); break;
 	case O_PUBLIC: o->listen_public = 1; break;
 	case O_KEY:
@@ -181,6 +195,10 @@ rl_cmd_serve(int argc, char **argv)
 		return rl_cli_usage("no model: -m MODEL_DIR");
 	if (optind < argc)
 		return rl_cli_usage("unexpected argument '%s'", argv[optind]);
+	if (o.weights_from && o.sync_url)
+		return rl_cli_usage("--weights-from and --sync are two ways to get weights: choose one");
+	if (o.max_staleness >= 0 && !o.weights_from && !o.sync_url)
+		return rl_cli_usage("--max-staleness needs --weights-from DIR or --sync URL");
 	if (!o.jsonl && (!o.out_path || strcmp(o.out_path, "-") == 0) && isatty(STDOUT_FILENO)) {
 		rl_error("refusing to write episode records (a binary stream) to a terminal");
 		rl_hint("add --jsonl, -o FILE, or pipe into rl-reward / rl-train");

@@ -9,8 +9,8 @@
  * over (nng_http_hijack) and gets server-sent events as tokens come; a write
  * that fails (the client is gone) drops the request from the engine.
  *
- * Leaves out: TLS, tools, weight updates while
- * serving (the weights are those loaded at the start).
+ * New weights (--weights-from, --sync, --weights-group) are polled between
+ * steps and loaded as in generation.  Leaves out: TLS, tools.
  */
 #include "rollout/serve_int.h"
 
@@ -330,6 +330,28 @@ reward(serve *s, sv_req *r)
 	r->done = 1;
 }
 
+/* --max-staleness K (AReaL's rule, as in generation): a new episode is refused
+ * while the episodes started (written and open) make more batches of
+ * --train-batch than the trainer's version + K would take. */
+static int
+stale(serve *s, sv_req *r, char *msg, size_t ml)
+{
+	const rl_rollout_opts *o = &s->g->o;
+	uint64_t started = s->n_ep_written + (uint64_t)s->neps;
+	int batches;
+
+	if (o->max_staleness < 0 || sv_ep_open(s, r->episode))
+		return 0;
+	batches = (int)(started / (uint64_t)RL_MAX(o->train_batch, 1));
+	if (batches <= s->g->version + o->max_staleness)
+		return 0;
+	snprintf(msg, ml, "new episodes wait for the trainer: %llu episodes started make %d batches of %d, more "
+	    "than weights version %d + --max-staleness %d allows; retry when the trainer catches up",
+	    (unsigned long long)started, batches, o->train_batch, s->g->version, o->max_staleness);
+	count(s, &s->n_stale);
+	return 1;
+}
+
 /* Tokenizes and submits a new request, or answers its error. */
 static void
 start(serve *s, sv_req *r)
@@ -344,6 +366,10 @@ start(serve *s, sv_req *r)
 	}
 	if ((st = tokenize(s, r, msg, sizeof msg)) != 0) {
 		req_error(s, r, st, msg, r->kind == SV_CHAT ? "messages" : "prompt");
+		return;
+	}
+	if (r->episode[0] && stale(s, r, msg, sizeof msg)) {
+		req_error(s, r, 429, msg, NULL);
 		return;
 	}
 	if (r->episode[0] && (st = sv_ep_begin(s, r, r->ptext, r->ptlen, msg, sizeof msg)) != 0) {
@@ -488,6 +514,10 @@ metrics(serve *s, nng_aio *aio)
 	    "# TYPE rlserve_episode_mismatch_total counter\nrlserve_episode_mismatch_total %llu\n"
 	    "# HELP rlserve_episodes_written_total Episode records written.\n"
 	    "# TYPE rlserve_episodes_written_total counter\nrlserve_episodes_written_total %llu\n"
+	    "# HELP rlserve_weights_version Weight version generating now.\n"
+	    "# TYPE rlserve_weights_version gauge\nrlserve_weights_version %d\n"
+	    "# HELP rlserve_stale_refused_total New episodes refused by --max-staleness.\n"
+	    "# TYPE rlserve_stale_refused_total counter\nrlserve_stale_refused_total %llu\n"
 	    "# HELP rlserve_requests_in_flight Requests read and not yet answered.\n"
 	    "# TYPE rlserve_requests_in_flight gauge\nrlserve_requests_in_flight %d\n"
 	    "# HELP rlserve_running_sequences Sequences holding an engine slot.\n"
@@ -496,7 +526,8 @@ metrics(serve *s, nng_aio *aio)
 	    "# TYPE rlserve_queued_requests gauge\nrlserve_queued_requests %d\n",
 	    (unsigned long long)s->n_requests, (unsigned long long)s->n_errors, (unsigned long long)s->n_cancelled,
 	    (unsigned long long)s->gen_tokens, (unsigned long long)s->steps, s->neps_seen,
-	    (unsigned long long)s->n_ep_mismatch, (unsigned long long)s->n_ep_written, s->nreq, s->running, s->queued);
+	    (unsigned long long)s->n_ep_mismatch, (unsigned long long)s->n_ep_written, s->version,
+	    (unsigned long long)s->n_stale, s->nreq, s->running, s->queued);
 	nng_mtx_unlock(s->mu);
 	if (b.len == 0 || nng_http_res_alloc(&res) != 0) {
 		rl_buf_fini(&b);
@@ -876,6 +907,16 @@ rli_serve_run(gen *g)
 		goto out;
 	rl_info("serving '%s' at %s/v1", s->name, s->url);
 	while (!rli_stop_requested()) {
+		/* new weights: loaded between steps once the running sequences are done
+		 * (rl_engine_hold drains them), or at once with --partial */
+		if ((g->o.weights_from || g->o.sync_url || g->wg) && (rv = rli_poll_weights(g, 0)) != 0) {
+			rl_error("new weights could not be loaded: %s", rl_strerror(rv));
+			s->failed = 1;
+			break;
+		}
+		nng_mtx_lock(s->mu);
+		s->version = g->version;
+		nng_mtx_unlock(s->mu);
 		if (!tend(s)) {
 			nng_mtx_lock(s->mu);
 			if (!s->inbox)

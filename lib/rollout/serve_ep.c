@@ -50,6 +50,12 @@ find(serve *s, const char *id)
 	return NULL;
 }
 
+int
+sv_ep_open(serve *s, const char *id)
+{
+	return find(s, id) != NULL;
+}
+
 static void
 ep_free(sv_episode *e)
 {

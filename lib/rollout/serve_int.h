@@ -98,7 +98,8 @@ typedef struct serve {
 	uint64_t gen_tokens, steps;
 	sv_episode *eps;           /* open episodes (engine thread) */
 	int neps, neps_seen;       /* open episodes; as of the last pass, for /metrics */
-	uint64_t n_ep_mismatch, n_ep_written;
+	uint64_t n_ep_mismatch, n_ep_written, n_stale;
+	int version;               /* the weights' version, for /metrics */
 } serve;
 
 /* serve_api.c */
@@ -131,6 +132,7 @@ int sv_ep_begin(serve *s, sv_req *r, const char *text, size_t tlen, char *msg, s
 void sv_ep_end(serve *s, sv_req *r, const rl_gen_sample *gs, const char *text, size_t tlen, int ok);
 int sv_ep_reward(serve *s, const char *id, double reward, char *msg, size_t ml, int *tokens, int *turns);
 int sv_ep_expire(serve *s, double timeout, int all);
+int sv_ep_open(serve *s, const char *id);  /* 1 when the episode is open */
 
 /* 1 when the Authorization header carries the key (constant time). */
 int sv_auth_ok(const serve *s, const char *authz);

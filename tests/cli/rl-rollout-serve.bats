@@ -400,3 +400,37 @@ PY
 	[ "${lines[1]}" = '["idle","timeout",null,2]' ]
 	[ "${lines[2]}" = '["open","shutdown",null,2]' ]
 }
+
+@test "--weights-from: new versions are loaded while serving, recorded per turn; --max-staleness refuses new episodes with 429 until the trainer catches up" {
+	mkdir -p "$TD/w"
+	rl-train -q --init "$TD/cfg.json" --tokenizer bytes --out "$TD/other" --seed 2
+	# what the other weights answer, from a server of their own
+	start_serve -m "$TD/other"
+	[ "$(post /v1/completions '{"model":"other","prompt":"abc","max_tokens":8,"temperature":0}')" = 200 ]
+	want=$(jq -c '.choices[0].text' "$TD/body")
+	kill "$SPID"; wait "$SPID" || true
+
+	start_serve -m "$TD/m0" --weights-from "$TD/w" --max-staleness 0 --train-batch 1 --jsonl -o "$TD/wep.jsonl"
+	[ "$(post /v1/completions '{"model":"m0","prompt":"abc","max_tokens":8,"temperature":0}')" = 200 ]
+	[ "$(jq -c '.choices[0].text' "$TD/body")" != "$want" ]
+	[ "$(metric rlserve_weights_version)" = 0 ]
+	req='"model":"m0","max_tokens":4'
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: e1' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 200 ]
+	c1=$(jq '.choices[0].message.content' "$TD/body")
+	# one episode started, a batch of 1, version 0, K 0: the next new one waits
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: e2' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 429 ]
+	jq -e '.error.message | test("wait for the trainer")' "$TD/body"
+	[ "$(metric rlserve_stale_refused_total)" = 1 ]
+	# the trainer publishes version 1
+	cp -r "$TD/other" "$TD/w/step-00000001"
+	ln -s step-00000001 "$TD/w/latest"
+	for _ in $(seq 100); do [ "$(metric rlserve_weights_version)" = 1 ] && break; sleep 0.05; done
+	[ "$(metric rlserve_weights_version)" = 1 ]
+	[ "$(post /v1/completions '{"model":"m0","prompt":"abc","max_tokens":8,"temperature":0}')" = 200 ]
+	[ "$(jq -c '.choices[0].text' "$TD/body")" = "$want" ]
+	# e1 goes on under version 1; e2 is let in
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: e1' --data-binary "{$req,\"messages\":$(chat "$c1")}" "$SURL/v1/chat/completions")" = 200 ]
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: e2' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 200 ]
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' --data-binary '{"reward": 1}' "$SURL/rl/episodes/e1/reward")" = 200 ]
+	jq -ce '.turn_versions == [0,0,1,1] and .version == [0,1]' "$TD/wep.jsonl"
+}
