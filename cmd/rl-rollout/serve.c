@@ -42,6 +42,8 @@ static const char usage_text[] =
     "      --max-staleness K   refuse new episodes (429) while the episodes started make more\n"
     "                          batches of --train-batch than weights version + K\n"
     "      --train-batch G     episodes per trainer step, for --max-staleness (default 8)\n"
+    "      --body-timeout S    a request body must arrive within S seconds, else the connection\n"
+    "                          is closed (default 30)\n"
     "      --max-tokens N      response tokens at most per request (default 256); a larger\n"
     "                          max_tokens is cut to it\n"
     "      --stop STR          a stop string for every request (repeatable)\n"
@@ -55,7 +57,7 @@ static const char usage_text[] =
 
 enum {
 	O_LISTEN = 256, O_PUBLIC, O_KEY, O_KEYFILE, O_NAME, O_MAXREQ, O_MAXBODY, O_MAXTOK, O_STOP, O_TMPL,
-	O_NOTHINK, O_SLOTS, O_KVMEM, O_DEVICE, O_JSONL, O_EPTIMEOUT, O_WFROM, O_SYNC, O_PARTIAL, O_STALE, O_TBATCH
+	O_NOTHINK, O_SLOTS, O_KVMEM, O_DEVICE, O_JSONL, O_EPTIMEOUT, O_WFROM, O_SYNC, O_PARTIAL, O_STALE, O_TBATCH, O_BODYTO
 };
 
 static const struct option longopts[] = {
@@ -70,7 +72,7 @@ static const struct option longopts[] = {
 	{ "jsonl", no_argument, 0, O_JSONL }, { "episode-timeout", required_argument, 0, O_EPTIMEOUT },
 	{ "weights-from", required_argument, 0, O_WFROM }, { "sync", required_argument, 0, O_SYNC },
 	{ "partial", no_argument, 0, O_PARTIAL }, { "max-staleness", required_argument, 0, O_STALE },
-	{ "train-batch", required_argument, 0, O_TBATCH },
+	{ "train-batch", required_argument, 0, O_TBATCH }, { "body-timeout", required_argument, 0, O_BODYTO },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -119,6 +121,7 @@ parse_opt(rl_rollout_opts *o, int c, const char *a, int *verbosity)
 	case O_PARTIAL: o->partial = 1; break;
 	case O_STALE: rv = rl_cli_int32(c, a, 0, 1000000000, &o->max_staleness); break;
 	case O_TBATCH: rv = rl_cli_int32(c, a, 1, 1000000000, &o->train_batch); break;
+	case O_BODYTO: rv = rl_cli_double(c, a, 0.01, 3600, &o->body_timeout); break;
 	case O_EPTIMEOUT: rv = rl_cli_double(c, a, 0, 1e9, &o->episode_timeout); break;
 	case O_PUBLIC: o->listen_public = 1; break;
 	case O_KEY:

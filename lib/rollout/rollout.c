@@ -33,6 +33,7 @@ rl_rollout_opts_default(rl_rollout_opts *o)
 	o->max_requests = 256;
 	o->max_body = (size_t)4 << 20;
 	o->episode_timeout = 600;
+	o->body_timeout = 30;
 }
 
 /* The model, its tokenizer, the stop and EOS ids.  RL_OK or an error (logged). */

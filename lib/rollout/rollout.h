@@ -67,6 +67,7 @@ typedef struct rl_rollout_opts {
 	const char *served_name;   /* the model's id in the API (NULL: the model directory's name) */
 	int max_requests;          /* requests in flight at most; more get 429 */
 	size_t max_body;           /* request bodies at most (bytes); larger get 413 */
+	double body_timeout;       /* seconds a request body may take to arrive (slowloris); then 408 */
 	double episode_timeout;    /* seconds an episode may stay idle before it is written unrewarded */
 } rl_rollout_opts;
 

@@ -563,10 +563,11 @@ on_body(void *arg)
 	int st, rv;
 
 	if ((rv = nng_aio_result(r->raio)) != 0) {
+		/* a body that did not come in time (or a client gone): nng's connection is
+		 * closed by the failed read, so there is no one to answer */
 		if (rv == NNG_ETIMEDOUT)
-			respond_error(r->aio, 408, "the request body did not arrive in time", NULL, 1);
-		else
-			nng_aio_finish(r->aio, rv);
+			rl_verbose("a request body did not arrive within --body-timeout: connection closed");
+		nng_aio_finish(r->aio, rv);
 		r->aio = NULL;
 		r->done = 1;
 		goto queue;
@@ -673,7 +674,7 @@ start_post(serve *s, nng_aio *aio, nng_http_req *req, nng_http_conn *conn, int k
 	iov.iov_len = (size_t)len;
 	nng_aio_set_iov(r->raio, 1, &iov);
 	/* a body that trickles in (slowloris) does not hold its request for ever */
-	nng_aio_set_timeout(r->raio, 30000);
+	nng_aio_set_timeout(r->raio, (nng_duration)(s->g->o.body_timeout * 1000));
 	nng_http_conn_read_all(conn, r->raio);
 }
 

@@ -284,6 +284,28 @@ PY
 	[ "$(post /v1/completions '{"model":"m0","prompt":"y","max_tokens":3}')" = 200 ]
 }
 
+@test "a body that does not arrive (slowloris) has its connection closed after --body-timeout; the server goes on" {
+	start_serve -m "$TD/m0" --body-timeout 1
+	port=${SURL##*:}
+	run -0 timeout 20 python3 - "$port" <<'PY'
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":")
+t0 = time.time()
+data = b""
+while True:
+    b = s.recv(4096)
+    if not b:
+        break
+    data += b
+print(len(data), time.time() - t0)
+PY
+	read -r got secs <<<"$output"
+	[ "$got" = 0 ]
+	python3 -c "import sys; assert 0.8 < $secs < 5, $secs"
+	[ "$(post /v1/completions '{"model":"m0","prompt":"a","max_tokens":1}')" = 200 ]
+}
+
 @test "--listen: loopback only unless --listen-public; bad options are usage errors" {
 	run -1 rl-rollout serve -m "$TD/m0" --listen 0.0.0.0:1
 	[[ "$output" == *"not a loopback address"* ]]
