@@ -2,9 +2,11 @@
 // each sending R streamed completions one after the other (Node's own fetch,
 // no package).  Prints one JSON line: requests, tokens, wall seconds, tokens/s,
 // time to first token (first event) and whole-request latency, p50 and p90.
-// Usage: node bench/serve_load.js BASE_URL MODEL C R MAX_TOKENS
+// Usage: node bench/serve_load.js BASE_URL MODEL C R MAX_TOKENS [STREAM]
+// (STREAM 0: whole answers; time to first token is then the latency)
 'use strict';
-const [base, model, C, R, maxTok] = process.argv.slice(2);
+const [base, model, C, R, maxTok, streamArg] = process.argv.slice(2);
+const stream = streamArg !== '0';
 const nc = +C, nr = +R, mt = +maxTok;
 
 async function one(client, i) {
@@ -13,9 +15,14 @@ async function one(client, i) {
     method: 'POST',
     headers: { 'Content-Type': 'application/json' },
     body: JSON.stringify({ model, prompt: `client ${client} request ${i}: `, max_tokens: mt,
-      temperature: 1, seed: client * 1000 + i, stream: true, stream_options: { include_usage: true } }),
+      temperature: 1, seed: client * 1000 + i, stream, ...(stream ? { stream_options: { include_usage: true } } : {}) }),
   });
   if (res.status !== 200) throw new Error(`status ${res.status}: ${await res.text()}`);
+  if (!stream) {
+    const j = await res.json();
+    const t = performance.now() - t0;
+    return { ttft: t, total: t, tokens: j.usage.completion_tokens };
+  }
   let ttft = null, tokens = 0, buf = '';
   const dec = new TextDecoder();
   for await (const part of res.body) {
@@ -48,7 +55,7 @@ async function main() {
   const tokens = res.reduce((a, r) => a + r.tokens, 0);
   const r3 = (x) => Math.round(x * 1000) / 1000;
   console.log(JSON.stringify({
-    bench: 'serve', clients: nc, requests: res.length, max_tokens: mt, tokens, wall_s: r3(wall),
+    bench: 'serve', stream, clients: nc, requests: res.length, max_tokens: mt, tokens, wall_s: r3(wall),
     tokens_per_s: Math.round(tokens / wall),
     ttft_p50_ms: r3(pct(res.map((r) => r.ttft), 0.5)), ttft_p90_ms: r3(pct(res.map((r) => r.ttft), 0.9)),
     latency_p50_ms: r3(pct(res.map((r) => r.total), 0.5)), latency_p90_ms: r3(pct(res.map((r) => r.total), 0.9)),
