@@ -100,13 +100,12 @@ max_stop(const sv_req *r)
 	return m;
 }
 
-size_t
-sv_text_end(const sv_req *r, const sv_choice *c)
+/* Where the first stop string in c's text starts (its length when none). */
+static size_t
+first_stop(const sv_req *r, const sv_choice *c)
 {
 	size_t end = c->raw.len;
 
-	if (c->finish != RL_FINISH_STOP)
-		return end;
 	for (int i = 0; i < r->nstop + r->sv->g->o.nstop; i++) {
 		const char *st = i < r->nstop ? r->stop[i] : r->sv->g->o.stops[i - r->nstop];
 		const uint8_t *at = *st ? memmem(c->raw.p, c->raw.len, st, strlen(st)) : NULL;
@@ -114,6 +113,12 @@ sv_text_end(const sv_req *r, const sv_choice *c)
 			end = (size_t)(at - c->raw.p);
 	}
 	return end;
+}
+
+size_t
+sv_text_end(const sv_req *r, const sv_choice *c)
+{
+	return c->finish == RL_FINISH_STOP ? first_stop(r, c) : c->raw.len;
 }
 
 size_t
@@ -125,7 +130,12 @@ sv_ready_len(const sv_req *r, const sv_choice *c)
 		return sv_text_end(r, c);
 	n -= utf8_open_tail(c->raw.p, n);
 	ms = max_stop(r);
-	return ms > 1 ? (n > ms - 1 ? n - (ms - 1) : 0) : n;
+	if (ms == 0)
+		return n;
+	/* the token callback runs before the engine looks for stop strings: a stop
+	 * string the last token completed is in the text already, and never goes out */
+	n = RL_MIN(n, first_stop(r, c));
+	return n > ms - 1 ? n - (ms - 1) : 0;
 }
 
 char *

@@ -114,6 +114,15 @@ for i in range(1, len(t)):
 	stop=$(jq -r '.[0]' <<<"$pick")
 	[ "$(post /v1/completions "{\"model\":\"toy\",\"prompt\":\"$p\",\"max_tokens\":40,\"temperature\":0,\"stop\":[\"$stop\"]}")" = 200 ]
 	[ "$(jq -c '[.choices[0].text, .choices[0].finish_reason]' "$TD/body")" = "$(jq -c '[.[1], "stop"]' <<<"$pick")" ]
+	# streamed, the text held back while it may start the stop string never shows it
+	curl -sN -X POST --data-binary "{\"model\":\"toy\",\"prompt\":\"$p\",\"max_tokens\":40,\"temperature\":0,\"stream\":true,\"stop\":[\"$stop\"]}" \
+	    "$SURL/v1/completions" > "$TD/sse-stop"
+	run -0 python3 -c '
+import json, sys
+ev = open(sys.argv[1], encoding="utf-8").read().split("\n\n")[:-2]
+ch = [json.loads(e[6:])["choices"][0] for e in ev]
+print(json.dumps(["".join(c["text"] for c in ch), ch[-1]["finish_reason"]]))' "$TD/sse-stop"
+	[ "$(jq -c . <<<"$output")" = "$(jq -c '[.[1], "stop"]' <<<"$pick")" ]
 }
 
 @test "temperature 0 is deterministic, a seed reproduces, and answers do not depend on the batch" {
@@ -265,16 +274,32 @@ PY
 
 @test "too many requests in flight get 429; a client that disconnects mid-stream frees its slot" {
 	start_serve -m "$TD/slow/m0" --max-tokens 4000 --max-requests 1
-	curl -s -X POST --data-binary '{"model":"m0","prompt":"x","max_tokens":4000,"temperature":0,"stream":true}' \
-	    "$SURL/v1/completions" | head -c 600 > "$TD/part" &
-	head_pid=$!
-	for _ in $(seq 100); do [ "$(metric rlserve_running_sequences)" = 1 ] && break; sleep 0.05; done
+	port=${SURL##*:}
+	# a client that reads the first event, then holds the stream until told to leave
+	python3 - "$port" "$TD" <<'PY' &
+import os, socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+body = b'{"model":"m0","prompt":"x","max_tokens":4000,"temperature":0,"stream":true}'
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+data = b""
+while b"\ndata: {" not in data:
+    data += s.recv(4096)
+open(sys.argv[2] + "/part", "wb").write(data)
+for _ in range(400):
+    if os.path.exists(sys.argv[2] + "/go"):
+        break
+    time.sleep(0.05)
+s.close()
+PY
+	client=$!
+	for _ in $(seq 200); do [ -s "$TD/part" ] && break; sleep 0.05; done
+	grep -q '^data: {' "$TD/part"
 	[ "$(metric rlserve_running_sequences)" = 1 ]
 	[ "$(post /v1/completions '{"model":"m0","prompt":"y","max_tokens":1}')" = 429 ]
 	jq -e '.error.code == "rate_limit_exceeded"' "$TD/body"
-	# head took 600 bytes and left: the server's next writes fail and the request is dropped
-	wait "$head_pid" || true
-	grep -q '^data: {' "$TD/part"
+	# the client leaves: the server's next writes fail and the request is dropped
+	touch "$TD/go"
+	wait "$client"
 	for _ in $(seq 100); do [ "$(metric rlserve_cancelled_total)" = 1 ] && break; sleep 0.05; done
 	[ "$(metric rlserve_cancelled_total)" = 1 ]
 	[ "$(metric rlserve_running_sequences)" = 0 ]
