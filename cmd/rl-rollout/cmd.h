@@ -6,6 +6,7 @@
 #define RL_ROLLOUT_CMD_H
 
 int rl_cmd_tokenize(int argc, char **argv);
+int rl_cmd_serve(int argc, char **argv);
 /* generation and --score: argv[0] is the program name */
 int rl_cmd_generate(int argc, char **argv);
 

@@ -25,6 +25,7 @@ static const char usage_text[] =
     "usage: rl-rollout -m MODEL_DIR [-n G] [options] [PROMPTS.jsonl|-]\n"
     "       rl-rollout --score FIELD -m MODEL_DIR [options] [TRAJECTORIES|-]\n"
     "       rl-rollout tokenize -m MODEL_DIR [--chat] [--decode] [FILE|-]\n"
+    "       rl-rollout serve -m MODEL_DIR [--listen ADDR] [options]  (an OpenAI-compatible server)\n"
     "\n"
     "Generates G samples per prompt line and writes trajectory records (binary\n"
     "stream, or JSONL with --jsonl).  A prompt line is {\"prompt\": TEXT or\n"

@@ -15,6 +15,7 @@ static const struct subcmd {
 	const char *summary;
 } subcmds[] = {
 	{ "tokenize", rl_cmd_tokenize, "encode text or chats to token ids, or decode ids (debugging prompts)" },
+	{ "serve", rl_cmd_serve, "serve the model behind an OpenAI-compatible HTTP API" },
 };
 
 

@@ -20,10 +20,11 @@ typedef struct req {
 	int resp_from;    /* multi-turn: prompt[resp_from..plen) opens the response (else plen) */
 	int first_index;  /* multi-turn: the sample's index in its group */
 	int episode;      /* a multi-turn request */
-	const char *const *xstop; /* multi-turn: the episode's own stop strings (borrowed) */
+	const char *const *xstop; /* the request's or episode's own stop strings (borrowed) */
 	int nxstop;
 	uint64_t seed;
 	void *user;
+	rl_sample_params sp;  /* its sampling parameters (the engine's unless submitted with its own) */
 	struct req *next;
 } req;
 
@@ -78,6 +79,10 @@ struct rl_engine {
 	rl_engine_stats st;
 	rl_gen_done_fn turn;    /* multi-turn: the turn callback */
 	void *turn_ctx;
+	rl_gen_token_fn tokfn;  /* every sampled token (rl_engine_set_token) */
+	void *tok_ctx;
+	int own_sp;             /* a request with its own sampling parameters was submitted */
+	int sp_turn;            /* the slot whose parameter set the last step decoded */
 	int cap;                /* response tokens a slot holds: max(max_new, max_episode) */
 };
 
@@ -312,6 +317,7 @@ submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greedy_extra, i
 	r->max_new = max_new;
 	r->reserve = group_reserve(e, plen, nseq, max_new);
 	r->resp_from = plen;
+	r->sp = e->o.sp;
 	*out = r;
 	return RL_OK;
 }
@@ -376,6 +382,37 @@ rl_engine_submit_episode(rl_engine *e, const int32_t *prompt, int plen, int resp
 	r->nxstop = nstop;
 	enqueue(e, r);
 	return RL_OK;
+}
+
+int
+rl_engine_submit_req(rl_engine *e, const rl_gen_req *q)
+{
+	req *r;
+	int rv, max_new = q->max_new;
+
+	if (q->nstop > 0 && !e->tok) {
+		rl_error("stop strings need the model's tokenizer");
+		return RL_EINVAL;
+	}
+	if (max_new <= 0 || max_new > e->o.max_new)
+		max_new = e->o.max_new;
+	if ((rv = submit(e, q->prompt, q->plen, q->n, q->greedy_extra, max_new, q->seed, q->user, &r)) != 0)
+		return rv;
+	if (q->sp) {
+		r->sp = *q->sp;
+		e->own_sp = 1;
+	}
+	r->xstop = q->stop;
+	r->nxstop = q->nstop;
+	enqueue(e, r);
+	return RL_OK;
+}
+
+void
+rl_engine_set_token(rl_engine *e, rl_gen_token_fn fn, void *ctx)
+{
+	e->tokfn = fn;
+	e->tok_ctx = ctx;
 }
 
 int
@@ -497,6 +534,8 @@ append(rl_engine *e, seq *q, int32_t t, float lp)
 		if (q->mask)
 			q->mask[q->n] = 1;
 		q->n++;
+		if (e->tokfn)
+			e->tokfn(e->tok_ctx, q->r->user, q->index, t, lp);
 	}
 	q->ver_last = e->version;
 	if (stop_tok)
@@ -583,6 +622,38 @@ rl_engine_end(rl_engine *e, int slot, int why, rl_gen_done_fn done, void *ctx)
 	return finish(e, q, why, done, ctx);
 }
 
+int
+rl_engine_cancel(rl_engine *e, void *user, rl_gen_done_fn done, void *ctx)
+{
+	req *prev = NULL;
+	int rv;
+
+	for (req *r = e->head; r; prev = r, r = r->next) {
+		if (r->user != user)
+			continue;
+		if (prev)
+			prev->next = r->next;
+		else
+			e->head = r->next;
+		if (e->tail == r)
+			e->tail = prev;
+		e->nwaiting--;
+		free_req(r);
+		return 1;
+	}
+	for (int k = 0; k < e->slots; k++)
+		if (e->s[k].used && !e->s[k].done && e->s[k].r->user == user &&
+		    (rv = finish(e, &e->s[k], RL_FINISH_ABORT, done, ctx)) != 0)
+			return rv;
+	return 0;
+}
+
+static int
+same_sp(const rl_sample_params *a, const rl_sample_params *b)
+{
+	return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p;
+}
+
 /* Samples one token for batch rows [0, B) whose logits start at `logits`;
  * rows b use sequences e->s[e->bidx[b]].  Greedy rows come last (from g). */
 static int
@@ -599,8 +670,14 @@ sample_rows(rl_engine *e, const void *logits, int B, int g)
 	}
 	o->upload(o, e->d_seed, e->h_seed, (size_t)B * 8);
 	o->upload(o, e->d_ctr, e->h_ctr, (size_t)B * 8);
-	if (g > 0)
-		o->sample(o, e->d_tok, e->d_logp, logits, e->d_seed, e->d_ctr, g, e->V, &e->o.sp);
+	/* sampled rows in runs of one parameter set (one run unless requests bring their own) */
+	for (int b0 = 0, b1; b0 < g; b0 = b1) {
+		const rl_sample_params *sp = &e->s[e->bidx[b0]].r->sp;
+		for (b1 = b0 + 1; b1 < g && same_sp(&e->s[e->bidx[b1]].r->sp, sp); b1++)
+			;
+		o->sample(o, e->d_tok + b0, e->d_logp + b0, (const char *)logits + (size_t)b0 * e->V * e->asz,
+		    e->d_seed + b0, e->d_ctr + b0, b1 - b0, e->V, sp);
+	}
 	if (B > g)
 		o->sample(o, e->d_tok + g, e->d_logp + g, (const char *)logits + (size_t)g * e->V * e->asz,
 		    e->d_seed + g, e->d_ctr + g, B - g, e->V, &greedy);
@@ -743,6 +820,32 @@ admit(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	return take_tokens(e, B, done, ctx);
 }
 
+/* A sequence decoded as a greedy row: the greedy baseline, or a request at temperature 0
+ * (the same draw: the first maximum, its log-prob at temperature 1). */
+static int
+is_greedy(const seq *q)
+{
+	return q->greedy || q->r->sp.temperature == 0.0f;
+}
+
+/* The parameter set this step decodes: the engine's, or with requests of their own, that
+ * of the first sampled runnable sequence after the one the last step took. */
+static const rl_sample_params *
+step_params(rl_engine *e)
+{
+	if (!e->own_sp)
+		return &e->o.sp;
+	for (int i = 1; i <= e->slots; i++) {
+		int k = (e->sp_turn + i) % e->slots;
+		seq *q = &e->s[k];
+		if (q->used && !q->done && !q->waiting && !is_greedy(q)) {
+			e->sp_turn = k;
+			return &q->r->sp;
+		}
+	}
+	return &e->o.sp;
+}
+
 int
 rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 {
@@ -754,11 +857,14 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	}
 	if ((rv = admit(e, done, ctx)) != 0)
 		return rv;
-	/* decode: sampled sequences first, greedy ones last */
+	/* decode: sampled sequences first, greedy ones last; with requests of their own
+	 * parameters, the sampled ones of one set (the sets in turn, from sp_turn) */
+	const rl_sample_params *sp = step_params(e);
 	for (int pass = 0; pass < 2; pass++) {
 		for (int k = 0; k < e->slots; k++) {
 			seq *q = &e->s[k];
-			if (q->used && !q->done && !q->waiting && q->greedy == pass) {
+			if (q->used && !q->done && !q->waiting && is_greedy(q) == pass &&
+			    (pass == 1 || same_sp(&q->r->sp, sp))) {
 				e->bidx[B] = k;
 				e->bseq[B] = &q->kv;
 				e->h_tok[B] = q->tok[q->fed++];
@@ -794,10 +900,10 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 			e->h_ctr[b] = (uint64_t)q->n;
 		}
 		if (n > 1)
-			rv = rl_model_decode_multi(e->m, e->kv, e->bseq, feed, e->h_seed, e->h_ctr, B, g, &e->o.sp, n,
+			rv = rl_model_decode_multi(e->m, e->kv, e->bseq, feed, e->h_seed, e->h_ctr, B, g, sp, n,
 			    e->h_mtok, e->h_mlogp);
 		else
-			rv = rl_model_decode_sample(e->m, e->kv, e->bseq, feed, e->h_seed, e->h_ctr, B, g, &e->o.sp,
+			rv = rl_model_decode_sample(e->m, e->kv, e->bseq, feed, e->h_seed, e->h_ctr, B, g, sp,
 			    e->h_tok, e->h_logp);
 	}
 	e->st.t_decode += rl_now() - t0;

@@ -18,6 +18,12 @@
  * on what else is in the batch (the logits may, in their last bits, when a
  * kernel sums in another order for another batch size).
  *
+ * A request may carry its own sampling parameters and stop strings
+ * (rl_engine_submit_req, the OpenAI server's requests): a decode step
+ * decodes the sequences of one parameter set (greedy ones ride along with
+ * any), taking the sets in turn, so requests with different temperatures
+ * share the engine at the cost of more, smaller steps.
+ *
  * Leaves out: I/O, tokenizing prompts, weight updates (the caller swaps
  * weights between steps with rl_model_set), preemption.  Not thread-safe.
  */
@@ -102,6 +108,29 @@ void rl_engine_destroy(rl_engine *e);
  * then. */
 int rl_engine_submit(rl_engine *e, const int32_t *prompt, int plen, int n, int greedy_extra,
     int max_new, uint64_t seed, void *user);
+
+/* A request with its own settings (rl_engine_submit's arguments, and): */
+typedef struct rl_gen_req {
+	const int32_t *prompt;      /* (plen) copied */
+	int plen, n, greedy_extra, max_new;
+	uint64_t seed;
+	void *user;
+	const rl_sample_params *sp; /* NULL: the engine's (copied) */
+	const char *const *stop;    /* more stop strings (borrowed until its last sample finished) */
+	int nstop;
+} rl_gen_req;
+int rl_engine_submit_req(rl_engine *e, const rl_gen_req *q);
+
+/* Called for every sampled token appended to a sequence (from
+ * rl_engine_step), before the done or turn callback of the same token. */
+typedef void (*rl_gen_token_fn)(void *ctx, void *user, int index, int32_t tok, float logp);
+void rl_engine_set_token(rl_engine *e, rl_gen_token_fn fn, void *ctx);
+
+/* Drops the request whose user pointer is `user`: queued, it is removed
+ * (no callback); running, each of its sequences finishes with
+ * RL_FINISH_ABORT through done.  Returns 1 when it was found queued, else
+ * 0 (or a non-zero return of done, as an error). */
+int rl_engine_cancel(rl_engine *e, void *user, rl_gen_done_fn done, void *ctx);
 
 /* One iteration: admits waiting requests while slots and cache allow, then
  * decodes one token for every active sequence; calls done for each sample

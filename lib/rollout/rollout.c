@@ -31,6 +31,10 @@ rl_rollout_opts_default(rl_rollout_opts *o)
 	o->weights_timeout = 600;
 	o->env_timeout = 60;
 	o->broker_timeout = RL_QCLIENT_BROKER_TIMEOUT_S;
+	o->max_requests = 256;
+	o->max_body = (size_t)4 << 20;
+	o->episode_timeout = 600;
+	o->body_timeout = 30;
 }
 
 /* The model, its tokenizer, the stop and EOS ids.  RL_OK or an error (logged). */
@@ -236,7 +240,7 @@ rollout(const rl_rollout_opts *opts, int score)
 		goto out;
 	if (g->o.env_cmd && (rv = rli_env_open(g)) != 0)
 		goto out;
-	rv = g->o.queue_url ? rli_run_queue(g) : rli_run_generate(g);
+	rv = g->o.listen ? rli_serve_run(g) : g->o.queue_url ? rli_run_queue(g) : rli_run_generate(g);
 out:
 	rv = finish(g, rv);
 	free(g);
@@ -247,6 +251,16 @@ int
 rl_rollout_run(const rl_rollout_opts *o)
 {
 	return rollout(o, o->score_field != NULL);
+}
+
+int
+rl_rollout_serve(const rl_rollout_opts *o)
+{
+	if (!o->listen) {
+		rl_error("serve mode needs an address to listen on");
+		return RL_EINVAL;
+	}
+	return rollout(o, 0);
 }
 
 int

@@ -61,6 +61,15 @@ typedef struct rl_rollout_opts {
 	double env_timeout;        /* seconds an answer may take (0: no limit) */
 	int max_turns;             /* model turns per episode (0: no limit) */
 	int env_framing;           /* RL_ENV_FRAME_* */
+	/* serve mode: an OpenAI-compatible HTTP server (rl_rollout_serve) */
+	const char *listen;        /* HOST:PORT, [V6]:PORT or :PORT (NULL: not serve mode) */
+	int listen_public;         /* bind beyond loopback */
+	const char *api_key;       /* require Authorization: Bearer KEY (NULL: none) */
+	const char *served_name;   /* the model's id in the API (NULL: the model directory's name) */
+	int max_requests;          /* requests in flight at most; more get 429 */
+	size_t max_body;           /* request bodies at most (bytes); larger get 413 */
+	double body_timeout;       /* seconds a request body may take to arrive (slowloris); then 408 */
+	double episode_timeout;    /* seconds an episode may stay idle before it is written unrewarded */
 } rl_rollout_opts;
 
 /* How observations are framed: AUTO is CHATML when prompts go through a
@@ -81,6 +90,11 @@ int rl_rollout_run(const rl_rollout_opts *o);
  * tokens under o->model_dir into field o->score_field; the records are
  * written otherwise unchanged.  Returns RL_OK or the first error (logged). */
 int rl_rollout_score(const rl_rollout_opts *o);
+
+/* Serve mode: the model behind an OpenAI-compatible HTTP API on o->listen
+ * (rl-rollout(1), `rl-rollout serve`) until rl_rollout_stop.  RL_OK, or the
+ * error that stopped it (logged). */
+int rl_rollout_serve(const rl_rollout_opts *o);
 
 /* Asks a running queue-mode rl_rollout_run to stop leasing, finish what it
  * has, and return.  Async-signal-safe: a command's SIGINT/SIGTERM handler

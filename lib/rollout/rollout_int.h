@@ -127,6 +127,12 @@ int rli_env_turn(void *ctx, const rl_gen_sample *s);
 prompt *rli_env_prompt(void *user);
 int rli_env_record(rl_traj *t, gen *g, void *user, const rl_gen_sample *s);
 
+/* run.c: rl_rollout_stop was called */
+int rli_stop_requested(void);
+
+/* serve.c: rl-rollout serve, until rl_rollout_stop */
+int rli_serve_run(gen *g);
+
 /* score.c */
 int rli_run_score(gen *g);
 

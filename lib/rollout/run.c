@@ -310,6 +310,12 @@ rl_rollout_stop(void)
 	stop_requested = 1;
 }
 
+int
+rli_stop_requested(void)
+{
+	return stop_requested != 0;
+}
+
 
 int
 rli_run_queue(gen *g)

@@ -24,7 +24,7 @@ help_opts() { "$@" --help | grep -o -- '--[a-z][a-z0-9-]*' | sed 's/^--//'; }
 		[ "${#man}" -gt 2000 ]
 		opts=$(src_opts "$p"; help_opts "$p")
 		case $p in
-		rl-rollout) opts="$opts $(help_opts rl-rollout tokenize)" ;;
+		rl-rollout) opts="$opts $(help_opts rl-rollout tokenize) $(help_opts rl-rollout serve)" ;;
 		rl-queue) for c in cat serve put get stat; do opts="$opts $(help_opts rl-queue $c)"; done ;;
 		esac
 		for o in $(printf '%s\n' $opts | sort -u); do
@@ -39,7 +39,7 @@ help_opts() { "$@" --help | grep -o -- '--[a-z][a-z0-9-]*' | sed 's/^--//'; }
 
 @test "--help of every program and subcommand: usage on stdout, exit 0; exit 1 when stdout cannot be written" {
 	n=0
-	for c in rl-rollout "rl-rollout tokenize" rl-reward "rl-reward gen-arith" rl-train rl-sync "rl-sync serve" \
+	for c in rl-rollout "rl-rollout tokenize" "rl-rollout serve" rl-reward "rl-reward gen-arith" rl-train rl-sync "rl-sync serve" \
 	    "rl-sync push" "rl-sync pull" "rl-sync status" "rl-sync publish" rl-queue "rl-queue cat" "rl-queue serve" \
 	    "rl-queue put" "rl-queue get" "rl-queue stat"; do
 		run -0 --separate-stderr $c --help
@@ -50,7 +50,7 @@ help_opts() { "$@" --help | grep -o -- '--[a-z][a-z0-9-]*' | sed 's/^--//'; }
 		[ "$st" -eq 1 ] || { echo "$c --help > /dev/full: exit $st"; false; }
 		n=$((n + 1))
 	done
-	[ "$n" -eq 17 ] || [ ! -w /dev/full ]
+	[ "$n" -eq 18 ] || [ ! -w /dev/full ]
 }
 
 @test "no man page renders ordinary words as flags (.Fl x the next words)" {

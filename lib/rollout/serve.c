@@ -1,0 +1,945 @@
+/*
+ * serve.c — `rl-rollout serve`: the policy behind an OpenAI-compatible HTTP
+ * API (rl-rollout(1)).  nng's HTTP server runs the handlers on its threads;
+ * they check the key, route, read the body and parse the fields
+ * (serve_api.c), and put the request in an inbox.  One engine thread (the
+ * caller's) owns the engine: it tokenizes what comes in, submits it, steps
+ * the engine, and answers as samples finish, so concurrent requests share
+ * its continuous batching.  A stream (`"stream": true`) takes the connection
+ * over (nng_http_hijack) and gets server-sent events as tokens come; a write
+ * that fails (the client is gone) drops the request from the engine.
+ *
+ * New weights (--weights-from, --sync, --weights-group) are polled between
+ * steps and loaded as in generation.  Leaves out: TLS, tools.
+ */
+#include "rollout/serve_int.h"
+
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/core.h"
+#include "base/json.h"
+#include "base/rng.h"
+#include "queue/qhttp.h"
+#include "tok/chat_json.h"
+
+static void
+count(serve *s, uint64_t *c)
+{
+	nng_mtx_lock(s->mu);
+	(*c)++;
+	nng_mtx_unlock(s->mu);
+}
+
+/* ---- answers ---------------------------------------------------------------------------------------- */
+
+static const char *
+reason(int status)
+{
+	switch (status) {
+	case 200: return "OK";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 408: return "Request Timeout";
+	case 413: return "Payload Too Large";
+	case 429: return "Too Many Requests";
+	case 503: return "Service Unavailable";
+	default: return status >= 500 ? "Internal Server Error" : "Error";
+	}
+}
+
+static void
+respond(nng_aio *aio, int status, const char *json, int close)
+{
+	nng_http_res *res;
+	int rv;
+
+	if ((rv = nng_http_res_alloc(&res)) != 0) {
+		nng_aio_finish(aio, rv);
+		return;
+	}
+	if ((rv = nng_http_res_set_status(res, (uint16_t)status)) != 0 ||
+	    (rv = nng_http_res_set_reason(res, reason(status))) != 0 ||
+	    (rv = nng_http_res_set_header(res, "Content-Type", "application/json")) != 0 ||
+	    (close && (rv = nng_http_res_set_header(res, "Connection", "close")) != 0) ||
+	    (rv = nng_http_res_copy_data(res, json, strlen(json))) != 0) {
+		nng_http_res_free(res);
+		nng_aio_finish(aio, rv);
+		return;
+	}
+	nng_aio_set_output(aio, 0, res);
+	nng_aio_finish(aio, 0);
+}
+
+static void
+respond_error(nng_aio *aio, int status, const char *msg, const char *param, int close)
+{
+	char *j = sv_error_json(status, msg, param);
+
+	if (!j) {
+		nng_aio_finish(aio, NNG_ENOMEM);
+		return;
+	}
+	respond(aio, status, j, close);
+	free(j);
+}
+
+/* A request's error, before or after the engine: as JSON on its handler's aio,
+ * or (a stream whose headers went out) as an error event. */
+static void
+req_error(serve *s, sv_req *r, int status, const char *msg, const char *param)
+{
+	count(s, &s->n_errors);
+	if (r->aio) {
+		respond_error(r->aio, status, msg, param, 0);
+		r->aio = NULL;
+	}
+	r->done = 1;
+}
+
+/* ---- streams ---------------------------------------------------------------------------------------- */
+
+/* Starts the next write of a stream (under mu). */
+static void
+kick(sv_req *r)
+{
+	nng_iov iov;
+	rl_buf t;
+
+	if (r->writing || r->dead || r->pend.len == 0)
+		return;
+	t = r->cur;
+	r->cur = r->pend;
+	r->pend = t;
+	r->pend.len = 0;
+	iov.iov_buf = r->cur.p;
+	iov.iov_len = r->cur.len;
+	nng_aio_set_iov(r->waio, 1, &iov);
+	r->writing = 1;
+	nng_http_conn_write_all(r->conn, r->waio);
+}
+
+static void
+on_write(void *arg)
+{
+	sv_req *r = arg;
+	serve *s = r->sv;
+
+	nng_mtx_lock(s->mu);
+	r->writing = 0;
+	if (nng_aio_result(r->waio) != 0) {
+		r->dead = 1;
+		r->cancel = 1;
+	} else {
+		kick(r);
+	}
+	nng_cv_wake(s->cv);
+	nng_mtx_unlock(s->mu);
+}
+
+/* Queues bytes on a stream (engine thread). */
+static void
+stream_put(serve *s, sv_req *r, rl_buf *b)
+{
+	nng_mtx_lock(s->mu);
+	if (!r->dead && rl_buf_append(&r->pend, b->p, b->len) == 0)
+		kick(r);
+	nng_mtx_unlock(s->mu);
+	b->len = 0;
+}
+
+/* ---- the engine thread ------------------------------------------------------------------------------ */
+
+static void
+on_token(void *ctx, void *user, int index, int32_t t, float lp)
+{
+	serve *s = ctx;
+	sv_req *r = user;
+	sv_choice *c;
+	size_t bl = 0;
+	const char *b;
+
+	if (index < 0 || index >= r->n)
+		return;
+	c = &r->ch[index];
+	if (c->n == c->cap) {
+		int nc = c->cap ? c->cap * 2 : 64;
+		int32_t *nt = realloc(c->tok, sizeof *nt * (size_t)nc);
+		float *nl = nt ? realloc(c->logp, sizeof *nl * (size_t)nc) : NULL;
+		if (nt)
+			c->tok = nt;
+		if (!nl)
+			return;
+		c->logp = nl;
+		c->cap = nc;
+	}
+	c->tok[c->n] = t;
+	c->logp[c->n] = lp;
+	c->n++;
+	/* the text leaves special tokens out, as skip_special_tokens does */
+	if (!rl_tokenizer_is_special(s->g->tok, t) && (b = rl_tokenizer_token(s->g->tok, t, &bl)) && bl)
+		rl_buf_append(&c->raw, b, bl);
+	if (r->stream && !r->cancel) {
+		rl_buf out;
+		rl_buf_init(&out);
+		if (sv_stream_chunks(s, r, index, &out) == 0)
+			stream_put(s, r, &out);
+		rl_buf_fini(&out);
+	}
+}
+
+static int
+on_done(void *ctx, const rl_gen_sample *gs)
+{
+	serve *s = ctx;
+	sv_req *r = gs->user;
+	rl_buf out;
+	char *j;
+
+	if (gs->index >= 0 && gs->index < r->n)
+		r->ch[gs->index].finish = gs->finish;
+	rl_buf_init(&out);
+	if (r->stream && !r->cancel && gs->index < r->n)
+		sv_stream_chunks(s, r, gs->index, &out);
+	if (--r->remaining > 0 || !gs->last_of_request) {
+		if (out.len)
+			stream_put(s, r, &out);
+		rl_buf_fini(&out);
+		return RL_OK;
+	}
+	r->in_engine = 0;
+	if (r->ep) {
+		/* the text the client gets, which its next call repeats */
+		char *txt = r->cancel ? NULL : sv_final_text(r, &r->ch[0], 0, sv_text_end(r, &r->ch[0]));
+		sv_ep_end(s, r, gs, txt, txt ? strlen(txt) : 0, txt != NULL && gs->finish != RL_FINISH_ABORT);
+		free(txt);
+	}
+	if (r->cancel) {
+		count(s, &s->n_cancelled);
+		r->done = 1;
+	} else if (r->stream) {
+		sv_stream_end(s, r, &out);
+		stream_put(s, r, &out);
+		r->done = 1;
+	} else if ((j = sv_answer_json(s, r)) != NULL) {
+		respond(r->aio, 200, j, 0);
+		r->aio = NULL;
+		r->done = 1;
+		free(j);
+	} else {
+		req_error(s, r, 500, "out of memory building the answer", NULL);
+	}
+	rl_buf_fini(&out);
+	return RL_OK;
+}
+
+/* The prompt's token ids: chat messages through the model's chat template, a
+ * completion's text as a prompt line's, or its ids as given.  0 or an HTTP status. */
+static int
+tokenize(serve *s, sv_req *r, char *msg, size_t ml)
+{
+	const cJSON *b = r->body, *v;
+	rl_tokens ids = { 0 };
+	int rv = 0;
+
+	if (r->kind == SV_CHAT) {
+		rl_prompt_chat ch = { 0 };
+		int flags = RL_TOK_GEN_PROMPT;
+		v = cJSON_GetObjectItemCaseSensitive(b, "messages");
+		rv = rl_prompt_chat_parse(&ch, v, cJSON_GetObjectItemCaseSensitive(b, "chat_template_kwargs"), "messages");
+		if (rv == 0 && (ch.thinking < 0 ? !s->g->o.no_think : ch.thinking) == 0)
+			flags |= RL_TOK_NO_THINKING;
+		if (rv == 0)
+			rv = rl_tokenizer_apply_chat(&ids, s->g->tok, ch.msgs, ch.n, s->g->o.tmpl, flags);
+		/* an episode's calls are matched on the rendered text */
+		if (rv == 0 && r->episode[0])
+			rv = rl_tokenizer_render_chat(&r->ptext, &r->ptlen, s->g->tok, ch.msgs, ch.n, s->g->o.tmpl, flags);
+		rl_prompt_chat_fini(&ch);
+		if (rv) {
+			snprintf(msg, ml, "'messages' cannot be rendered with the model's chat template (%s; the "
+			    "server's log says where)", rl_strerror(rv));
+			rv = 400;
+		}
+	} else if (cJSON_IsString(v = cJSON_GetObjectItemCaseSensitive(b, "prompt"))) {
+		if (r->episode[0] && !(r->ptext = strdup(v->valuestring)))
+			rv = 500;
+		r->ptlen = r->ptext ? strlen(r->ptext) : 0;
+		if (rv == 0 && rl_tokenizer_encode(&ids, s->g->tok, v->valuestring, strlen(v->valuestring), RL_TOK_SPECIAL) != 0) {
+			snprintf(msg, ml, "out of memory encoding the prompt");
+			rv = 500;
+		}
+	} else {
+		const cJSON *it;
+		int i = 0;
+		cJSON_ArrayForEach(it, v) {
+			if (!cJSON_IsNumber(it) || it->valuedouble != (int)it->valuedouble || it->valuedouble < 0 ||
+			    it->valuedouble >= s->g->m->cfg.vocab_size) {
+				snprintf(msg, ml, "'prompt'[%d] is not a token id of the model's vocabulary [0, %d)", i,
+				    s->g->m->cfg.vocab_size);
+				rv = 400;
+				break;
+			}
+			int32_t id = (int32_t)it->valuedouble;
+			if (ids.n == ids.cap) {
+				size_t nc = ids.cap ? ids.cap * 2 : 64;
+				int32_t *n2 = realloc(ids.ids, nc * sizeof *n2);
+				if (!n2) {
+					rv = 500;
+					break;
+				}
+				ids.ids = n2;
+				ids.cap = nc;
+			}
+			ids.ids[ids.n++] = id;
+			i++;
+		}
+	}
+	if (rv == 0 && ids.n == 0) {
+		snprintf(msg, ml, "the prompt is empty");
+		rv = 400;
+	}
+	if (rv == 0) {
+		r->prompt = ids.ids;
+		r->plen = (int)ids.n;
+		ids.ids = NULL;
+	}
+	rl_tokens_fini(&ids);
+	return rv;
+}
+
+/* POST /rl/episodes/ID/reward: the episode's record written, or the error. */
+static void
+reward(serve *s, sv_req *r)
+{
+	char msg[400], ok[600];
+	int st, tokens = 0, turns = 0;
+
+	if ((st = sv_ep_reward(s, r->episode, r->reward, msg, sizeof msg, &tokens, &turns)) != 0) {
+		req_error(s, r, st, msg, NULL);
+		return;
+	}
+	snprintf(ok, sizeof ok, "{\"episode_id\":\"%s\",\"reward\":%.17g,\"tokens\":%d,\"turns\":%d}", r->episode,
+	    r->reward, tokens, turns);
+	respond(r->aio, 200, ok, 0);
+	r->aio = NULL;
+	r->done = 1;
+}
+
+/* --max-staleness K (AReaL's rule, as in generation): a new episode is refused
+ * while the episodes started (written and open) make more batches of
+ * --train-batch than the trainer's version + K would take. */
+static int
+stale(serve *s, sv_req *r, char *msg, size_t ml)
+{
+	const rl_rollout_opts *o = &s->g->o;
+	uint64_t started = s->n_ep_written + (uint64_t)s->neps;
+	int batches;
+
+	if (o->max_staleness < 0 || sv_ep_open(s, r->episode))
+		return 0;
+	batches = (int)(started / (uint64_t)RL_MAX(o->train_batch, 1));
+	if (batches <= s->g->version + o->max_staleness)
+		return 0;
+	snprintf(msg, ml, "new episodes wait for the trainer: %llu episodes started make %d batches of %d, more "
+	    "than weights version %d + --max-staleness %d allows; retry when the trainer catches up",
+	    (unsigned long long)started, batches, o->train_batch, s->g->version, o->max_staleness);
+	count(s, &s->n_stale);
+	return 1;
+}
+
+/* Tokenizes and submits a new request, or answers its error. */
+static void
+start(serve *s, sv_req *r)
+{
+	char msg[512];
+	rl_gen_req q;
+	int st, rv;
+
+	if (r->kind == SV_REWARD) {
+		reward(s, r);
+		return;
+	}
+	if ((st = tokenize(s, r, msg, sizeof msg)) != 0) {
+		req_error(s, r, st, msg, r->kind == SV_CHAT ? "messages" : "prompt");
+		return;
+	}
+	if (r->episode[0] && stale(s, r, msg, sizeof msg)) {
+		req_error(s, r, 429, msg, NULL);
+		return;
+	}
+	if (r->episode[0] && (st = sv_ep_begin(s, r, r->ptext, r->ptlen, msg, sizeof msg)) != 0) {
+		req_error(s, r, st, st == 500 ? "out of memory" : msg, NULL);
+		return;
+	}
+	if (!(r->ch = rl_try_calloc((size_t)r->n, sizeof *r->ch, "choices"))) {
+		req_error(s, r, 500, "out of memory", NULL);
+		return;
+	}
+	memset(&q, 0, sizeof q);
+	q.prompt = r->prompt;
+	q.plen = r->plen;
+	q.n = r->n;
+	q.max_new = r->max_tokens;
+	q.seed = r->has_seed ? r->seed : rl_rng_mix(s->next_id * 0x9e3779b97f4a7c15ULL ^ (uint64_t)(rl_wall() * 1e6));
+	q.user = r;
+	q.sp = &r->sp;
+	q.stop = r->stop;
+	q.nstop = r->nstop;
+	if ((rv = rl_engine_submit_req(s->g->e, &q)) != 0) {
+		if (rv == RL_ETOOBIG)
+			snprintf(msg, sizeof msg, "the prompt of %d tokens and n=%d do not fit: the model's context is "
+			    "%d tokens, the server has %d slots", r->plen, r->n, s->g->m->cfg.max_pos, s->g->o.go.slots);
+		else
+			snprintf(msg, sizeof msg, "cannot queue the request: %s", rl_strerror(rv));
+		if (r->ep)
+			sv_ep_end(s, r, NULL, NULL, 0, 0);
+		req_error(s, r, rv == RL_ETOOBIG ? 400 : 500, msg, rv == RL_ETOOBIG ? "prompt" : NULL);
+		return;
+	}
+	r->remaining = r->n;
+	r->in_engine = 1;
+	count(s, &s->n_requests);
+}
+
+static void
+req_free(serve *s, sv_req *r)
+{
+	if (r->raio)
+		nng_aio_free(r->raio);
+	if (r->waio)
+		nng_aio_free(r->waio);
+	if (r->conn && r->stream)
+		nng_http_conn_close(r->conn);
+	if (r->hreq)
+		nng_http_req_free(r->hreq);
+	for (int i = 0; r->ch && i < r->n; i++) {
+		free(r->ch[i].tok);
+		free(r->ch[i].logp);
+		rl_buf_fini(&r->ch[i].raw);
+	}
+	free(r->ch);
+	free(r->prompt);
+	free(r->ptext);
+	free(r->bodybuf);
+	rl_buf_fini(&r->pend);
+	rl_buf_fini(&r->cur);
+	cJSON_Delete(r->body);
+	free(r);
+	nng_mtx_lock(s->mu);
+	s->nreq--;
+	nng_mtx_unlock(s->mu);
+}
+
+/* One pass of the engine thread: new requests in, cancelled ones out, the
+ * answered ones freed.  Returns 1 when the engine has work. */
+static int
+tend(serve *s)
+{
+	sv_req *in, **pp;
+
+	nng_mtx_lock(s->mu);
+	in = s->inbox;
+	s->inbox = NULL;
+	nng_mtx_unlock(s->mu);
+	while (in) {
+		sv_req *r = in;
+		in = in->next;
+		if (!r->done)
+			start(s, r);
+		r->next = s->live;
+		s->live = r;
+	}
+	for (pp = &s->live; *pp;) {
+		sv_req *r = *pp;
+		int cancel, busy;
+		nng_mtx_lock(s->mu);
+		cancel = r->cancel;
+		busy = r->writing || (r->stream && r->pend.len > 0 && !r->dead);
+		nng_mtx_unlock(s->mu);
+		if (cancel && r->in_engine) {
+			if (rl_engine_cancel(s->g->e, r, on_done, s) == 1) {
+				if (r->ep)
+					sv_ep_end(s, r, NULL, NULL, 0, 0);
+				r->in_engine = 0;
+				r->done = 1;
+				count(s, &s->n_cancelled);
+			}
+		}
+		if (r->done && !busy) {
+			*pp = r->next;
+			req_free(s, r);
+			continue;
+		}
+		pp = &r->next;
+	}
+	if (s->g->o.episode_timeout > 0 && s->eps)
+		sv_ep_expire(s, s->g->o.episode_timeout, 0);
+	nng_mtx_lock(s->mu);
+	s->running = rl_engine_active(s->g->e);
+	s->queued = rl_engine_waiting(s->g->e);
+	s->gen_tokens = rl_engine_stats_get(s->g->e)->gen_tokens;
+	s->steps = rl_engine_stats_get(s->g->e)->steps;
+	s->neps_seen = s->neps;
+	nng_mtx_unlock(s->mu);
+	return s->running > 0 || s->queued > 0;
+}
+
+/* Prometheus text of the server's counters (GET /metrics). */
+static void
+metrics(serve *s, nng_aio *aio)
+{
+	rl_buf b;
+	nng_http_res *res;
+
+	rl_buf_init(&b);
+	nng_mtx_lock(s->mu);
+	rl_buf_printf(&b, "# HELP rlserve_requests_total Generation requests submitted to the engine.\n"
+	    "# TYPE rlserve_requests_total counter\nrlserve_requests_total %llu\n"
+	    "# HELP rlserve_errors_total Requests answered with an error.\n"
+	    "# TYPE rlserve_errors_total counter\nrlserve_errors_total %llu\n"
+	    "# HELP rlserve_cancelled_total Requests dropped because their client went away.\n"
+	    "# TYPE rlserve_cancelled_total counter\nrlserve_cancelled_total %llu\n"
+	    "# HELP rlserve_generated_tokens_total Tokens sampled.\n"
+	    "# TYPE rlserve_generated_tokens_total counter\nrlserve_generated_tokens_total %llu\n"
+	    "# HELP rlserve_decode_steps_total Engine decode steps (one token for every sequence decoded together).\n"
+	    "# TYPE rlserve_decode_steps_total counter\nrlserve_decode_steps_total %llu\n"
+	    "# HELP rlserve_episodes_open Episodes with calls and no reward yet.\n"
+	    "# TYPE rlserve_episodes_open gauge\nrlserve_episodes_open %d\n"
+	    "# HELP rlserve_episode_mismatch_total Episode calls whose prompt did not continue the episode's text.\n"
+	    "# TYPE rlserve_episode_mismatch_total counter\nrlserve_episode_mismatch_total %llu\n"
+	    "# HELP rlserve_episodes_written_total Episode records written.\n"
+	    "# TYPE rlserve_episodes_written_total counter\nrlserve_episodes_written_total %llu\n"
+	    "# HELP rlserve_weights_version Weight version generating now.\n"
+	    "# TYPE rlserve_weights_version gauge\nrlserve_weights_version %d\n"
+	    "# HELP rlserve_stale_refused_total New episodes refused by --max-staleness.\n"
+	    "# TYPE rlserve_stale_refused_total counter\nrlserve_stale_refused_total %llu\n"
+	    "# HELP rlserve_requests_in_flight Requests read and not yet answered.\n"
+	    "# TYPE rlserve_requests_in_flight gauge\nrlserve_requests_in_flight %d\n"
+	    "# HELP rlserve_running_sequences Sequences holding an engine slot.\n"
+	    "# TYPE rlserve_running_sequences gauge\nrlserve_running_sequences %d\n"
+	    "# HELP rlserve_queued_requests Requests waiting for a slot.\n"
+	    "# TYPE rlserve_queued_requests gauge\nrlserve_queued_requests %d\n",
+	    (unsigned long long)s->n_requests, (unsigned long long)s->n_errors, (unsigned long long)s->n_cancelled,
+	    (unsigned long long)s->gen_tokens, (unsigned long long)s->steps, s->neps_seen,
+	    (unsigned long long)s->n_ep_mismatch, (unsigned long long)s->n_ep_written, s->version,
+	    (unsigned long long)s->n_stale, s->nreq, s->running, s->queued);
+	nng_mtx_unlock(s->mu);
+	if (b.len == 0 || nng_http_res_alloc(&res) != 0) {
+		rl_buf_fini(&b);
+		nng_aio_finish(aio, NNG_ENOMEM);
+		return;
+	}
+	if (nng_http_res_set_header(res, "Content-Type", "text/plain; version=0.0.4; charset=utf-8") != 0 ||
+	    nng_http_res_copy_data(res, b.p, b.len) != 0) {
+		nng_http_res_free(res);
+		rl_buf_fini(&b);
+		nng_aio_finish(aio, NNG_ENOMEM);
+		return;
+	}
+	rl_buf_fini(&b);
+	nng_aio_set_output(aio, 0, res);
+	nng_aio_finish(aio, 0);
+}
+
+/* ---- HTTP ------------------------------------------------------------------------------------------- */
+
+static const char sse_head[] =
+    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+    "Connection: close\r\nX-Accel-Buffering: no\r\n\r\n";
+
+/* The body has been read: parse it, answer errors, hand the request to the engine thread. */
+static void
+on_body(void *arg)
+{
+	sv_req *r = arg;
+	serve *s = r->sv;
+	char msg[512], param[64];
+	const char *end = NULL;
+	int st, rv;
+
+	if ((rv = nng_aio_result(r->raio)) != 0) {
+		/* a body that did not come in time (or a client gone): nng's connection is
+		 * closed by the failed read, so there is no one to answer */
+		if (rv == NNG_ETIMEDOUT)
+			rl_verbose("a request body did not arrive within --body-timeout: connection closed");
+		nng_aio_finish(r->aio, rv);
+		r->aio = NULL;
+		r->done = 1;
+		goto queue;
+	}
+	r->body = cJSON_ParseWithLengthOpts(r->bodybuf, r->bodylen, &end, 0);
+	if (!r->body) {
+		snprintf(msg, sizeof msg, "the request body is not valid JSON (at byte %ld)",
+		    end ? (long)(end - r->bodybuf) : 0L);
+		req_error(s, r, 400, msg, NULL);
+		goto queue;
+	}
+	if (r->kind == SV_REWARD) {
+		const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->body, "reward");
+		if (!cJSON_IsNumber(v) || v->valuedouble != v->valuedouble) {
+			req_error(s, r, 400, "the body must be {\"reward\": NUMBER}", "reward");
+			goto queue;
+		}
+		r->reward = v->valuedouble;
+	} else if ((st = sv_parse(s, r, msg, sizeof msg, param, sizeof param)) != 0) {
+		req_error(s, r, st, msg, param);
+		goto queue;
+	}
+	if (s->failed || s->stop) {
+		req_error(s, r, 503, "the server is stopping or its engine failed", NULL);
+		goto queue;
+	}
+	if (r->stream) {
+		/* the connection is ours from here: the events go out as they come */
+		if ((rv = nng_aio_alloc(&r->waio, on_write, r)) != 0 ||
+		    (rv = rl_buf_append(&r->pend, sse_head, sizeof sse_head - 1)) != 0) {
+			req_error(s, r, 500, "out of memory", NULL);
+			goto queue;
+		}
+		r->hreq = nng_aio_get_input(r->aio, 0);
+		nng_http_hijack(r->conn);
+		nng_aio_finish(r->aio, 0);
+		r->aio = NULL;
+	}
+queue:
+	nng_mtx_lock(s->mu);
+	r->next = s->inbox;
+	s->inbox = r;
+	nng_cv_wake(s->cv);
+	nng_mtx_unlock(s->mu);
+}
+
+/* POST to a generation route: the body is read without nng's collector, whose
+ * refusal of a large body is a 400 HTML page. */
+static void
+start_post(serve *s, nng_aio *aio, nng_http_req *req, nng_http_conn *conn, int kind, const char *episode)
+{
+	const char *cl = nng_http_req_get_header(req, "Content-Length");
+	char *end = NULL;
+	unsigned long long len = cl ? strtoull(cl, &end, 10) : 0;
+	sv_req *r;
+	nng_iov iov;
+
+	if (!cl || !end || *end || end == cl) {
+		respond_error(aio, 400, "a JSON body with a Content-Length header is required", NULL, 1);
+		return;
+	}
+	if (len > s->max_body) {
+		char msg[200];
+		snprintf(msg, sizeof msg, "the request body of %llu bytes is larger than the server's limit of %zu "
+		    "(--max-body)", len, s->max_body);
+		respond_error(aio, 413, msg, NULL, 1);
+		return;
+	}
+	nng_mtx_lock(s->mu);
+	if (s->nreq >= s->max_requests) {
+		nng_mtx_unlock(s->mu);
+		respond_error(aio, 429, "too many requests in flight; retry later", NULL, 0);
+		return;
+	}
+	s->nreq++;
+	nng_mtx_unlock(s->mu);
+	if (!(r = calloc(1, sizeof *r)) || !(r->bodybuf = malloc(len + 1)) ||
+	    nng_aio_alloc(&r->raio, on_body, r) != 0) {
+		if (r)
+			free(r->bodybuf);
+		free(r);
+		nng_mtx_lock(s->mu);
+		s->nreq--;
+		nng_mtx_unlock(s->mu);
+		respond_error(aio, 500, "out of memory", NULL, 1);
+		return;
+	}
+	r->sv = s;
+	r->kind = kind;
+	snprintf(r->episode, sizeof r->episode, "%s", episode ? episode : "");
+	r->aio = aio;
+	r->conn = conn;
+	r->bodylen = (size_t)len;
+	r->created = (long)time(NULL);
+	nng_mtx_lock(s->mu);
+	snprintf(r->id, sizeof r->id, "%s-%016llx", kind == SV_CHAT ? "chatcmpl" : kind == SV_REWARD ? "reward" : "cmpl",
+	    (unsigned long long)rl_rng_mix(++s->next_id ^ (uint64_t)r->created << 20));
+	nng_mtx_unlock(s->mu);
+	if (len == 0) {
+		nng_aio_finish(r->raio, 0);
+		return;
+	}
+	iov.iov_buf = r->bodybuf;
+	iov.iov_len = (size_t)len;
+	nng_aio_set_iov(r->raio, 1, &iov);
+	/* a body that trickles in (slowloris) does not hold its request for ever */
+	nng_aio_set_timeout(r->raio, (nng_duration)(s->g->o.body_timeout * 1000));
+	nng_http_conn_read_all(conn, r->raio);
+}
+
+/* Episode ids go into records and logs: a short, plain alphabet. */
+static int
+episode_id_ok(const char *id)
+{
+	size_t n = strlen(id);
+
+	if (n == 0 || n > SV_EPISODE_ID_MAX)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!((id[i] >= 'a' && id[i] <= 'z') || (id[i] >= 'A' && id[i] <= 'Z') || (id[i] >= '0' && id[i] <= '9') ||
+		    id[i] == '.' || id[i] == '_' || id[i] == ':' || id[i] == '-'))
+			return 0;
+	return 1;
+}
+
+static void
+on_http(nng_aio *aio)
+{
+	nng_http_req *req = nng_aio_get_input(aio, 0);
+	nng_http_handler *h = nng_aio_get_input(aio, 1);
+	nng_http_conn *conn = nng_aio_get_input(aio, 2);
+	serve *s = nng_http_handler_get_data(h);
+	const char *method = nng_http_req_get_method(req);
+	char path[256], msg[400];
+	int post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+	char *j;
+
+	snprintf(path, sizeof path, "%s", nng_http_req_get_uri(req));
+	path[strcspn(path, "?#")] = 0;
+	if (strcmp(path, "/metrics") == 0 && get) {
+		metrics(s, aio);
+		return;
+	}
+	if (strcmp(path, "/health") == 0 && get) {
+		respond(aio, s->failed ? 503 : 200, "{}", 0);
+		return;
+	}
+	if ((strncmp(path, "/v1/", 4) == 0 || strncmp(path, "/rl/", 4) == 0) &&
+	    !sv_auth_ok(s, nng_http_req_get_header(req, "Authorization"))) {
+		respond_error(aio, 401, "Incorrect API key provided (Authorization: Bearer KEY)", NULL, 0);
+		return;
+	}
+	if ((strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0) && post) {
+		const char *ep = nng_http_req_get_header(req, "X-Episode-Id");
+		if (ep && !episode_id_ok(ep)) {
+			respond_error(aio, 400, "X-Episode-Id: want 1 to 128 characters of A-Z a-z 0-9 . _ : -", NULL, 1);
+			return;
+		}
+		return start_post(s, aio, req, conn, strcmp(path, "/v1/chat/completions") == 0 ? SV_CHAT : SV_COMPLETIONS, ep);
+	}
+	if (strncmp(path, "/rl/episodes/", 13) == 0 && post) {
+		char id[SV_EPISODE_ID_MAX + 2];
+		size_t il = strcspn(path + 13, "/");
+		if (il < sizeof id && strcmp(path + 13 + il, "/reward") == 0) {
+			memcpy(id, path + 13, il);
+			id[il] = 0;
+			if (episode_id_ok(id))
+				return start_post(s, aio, req, conn, SV_REWARD, id);
+		}
+	}
+	if ((strcmp(path, "/v1/models") == 0 || (strncmp(path, "/v1/models/", 11) == 0)) && get) {
+		int one = path[10] == '/';
+		if (one && strcmp(path + 11, s->name) != 0) {
+			snprintf(msg, sizeof msg, "The model '%.200s' does not exist", path + 11);
+			respond_error(aio, 404, msg, "model", 0);
+			return;
+		}
+		if (!(j = sv_models_json(s, one))) {
+			nng_aio_finish(aio, NNG_ENOMEM);
+			return;
+		}
+		respond(aio, 200, j, 0);
+		free(j);
+		return;
+	}
+	if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0 ||
+	    strcmp(path, "/v1/models") == 0) {
+		snprintf(msg, sizeof msg, "Method %s is not allowed on %s", method, path);
+		respond_error(aio, 405, msg, NULL, 1);
+		return;
+	}
+	snprintf(msg, sizeof msg, "Invalid URL (%s %s)", method, path);
+	respond_error(aio, 404, msg, NULL, 1);
+}
+
+/* Listens on o.listen (loopback unless --listen-public or a key protects it). */
+static int
+listen_http(serve *s)
+{
+	nng_url *u = NULL;
+	nng_http_handler *h = NULL;
+	nng_sockaddr sa;
+	int loop, nrv, rv;
+
+	if (rl_qhttp_parse_addr(s->url, sizeof s->url, &loop, s->g->o.listen) != 0) {
+		rl_error("--listen: '%s' is not HOST:PORT, [IPV6]:PORT or :PORT", s->g->o.listen);
+		return RL_EINVAL;
+	}
+	if (!loop && !s->g->o.listen_public) {
+		rl_error("--listen: refusing to serve on '%s': not a loopback address", s->g->o.listen);
+		rl_hint("add --listen-public to serve beyond this machine (with --api-key, or anyone can use it)");
+		return RL_EINVAL;
+	}
+	if (!loop && !s->key[0])
+		rl_warn("--listen: serving the model without an API key on '%s'", s->url);
+	if ((nrv = nng_url_parse(&u, s->url)) != 0 || (nrv = nng_http_server_hold(&s->srv, u)) != 0 ||
+	    (nrv = nng_http_handler_alloc(&h, "/", on_http)) != 0)
+		goto fail;
+	if ((nrv = nng_http_handler_set_method(h, NULL)) != 0 || (nrv = nng_http_handler_set_tree(h)) != 0 ||
+	    (nrv = nng_http_handler_collect_body(h, false, 0)) != 0 ||
+	    (nrv = nng_http_handler_set_data(h, s, NULL)) != 0 || (nrv = nng_http_server_add_handler(s->srv, h)) != 0) {
+		nng_http_handler_free(h);
+		goto fail;
+	}
+	if ((nrv = nng_http_server_start(s->srv)) != 0)
+		goto fail;
+	if (nng_http_server_get_addr(s->srv, &sa) == 0 && u->u_port && strcmp(u->u_port, "0") == 0) {
+		int port = sa.s_family == NNG_AF_INET6 ? ntohs(sa.s_in6.sa_port) : ntohs(sa.s_in.sa_port);
+		char *colon = strrchr(s->url, ':');
+		snprintf(colon + 1, sizeof s->url - (size_t)(colon + 1 - s->url), "%d", port);
+	}
+	nng_url_free(u);
+	return RL_OK;
+fail:
+	rl_error("--listen: cannot listen on '%s': %s", s->url, nng_strerror(nrv));
+	if (nrv == NNG_EADDRINUSE)
+		rl_hint("another process listens there; pick another port");
+	rv = nrv == NNG_ENOMEM ? RL_ENOMEM : RL_ENET;
+	if (u)
+		nng_url_free(u);
+	if (s->srv) {
+		nng_http_server_release(s->srv);
+		s->srv = NULL;
+	}
+	return rv;
+}
+
+static int
+read_key(serve *s)
+{
+	const rl_rollout_opts *o = &s->g->o;
+	size_t n = o->api_key ? strlen(o->api_key) : 0;
+
+	if (!o->api_key)
+		return RL_OK;
+	while (n > 0 && (o->api_key[n - 1] == '\n' || o->api_key[n - 1] == '\r' || o->api_key[n - 1] == ' '))
+		n--;
+	if (n == 0 || n >= sizeof s->key) {
+		rl_error("--api-key: the key is empty or longer than %zu bytes", sizeof s->key - 1);
+		return RL_EINVAL;
+	}
+	memcpy(s->key, o->api_key, n);
+	s->key[n] = 0;
+	return RL_OK;
+}
+
+/* Stops the listener and answers, closes and frees every request left. */
+static void
+shut(serve *s)
+{
+	nng_mtx_lock(s->mu);
+	s->stop = 1;
+	nng_mtx_unlock(s->mu);
+	/* handler aios held by requests are answered first: the server's stop waits for them */
+	tend(s);
+	for (sv_req *r = s->live; r; r = r->next) {
+		if (r->in_engine)
+			rl_engine_cancel(s->g->e, r, NULL, NULL);
+		if (r->ep)
+			sv_ep_end(s, r, NULL, NULL, 0, 0);
+		r->in_engine = 0;
+		if (r->aio) {
+			respond_error(r->aio, 503, "the server is stopping", NULL, 1);
+			r->aio = NULL;
+		}
+		nng_mtx_lock(s->mu);
+		r->dead = 1;
+		nng_mtx_unlock(s->mu);
+		if (r->stream && r->conn)
+			nng_http_conn_close(r->conn);
+		r->conn = NULL;
+		r->done = 1;
+	}
+	/* open episodes are written, unrewarded: nothing generated is lost */
+	sv_ep_expire(s, 0, 1);
+	/* the server's stop closes every connection at once: the 503s just queued get
+	 * a moment to go out first */
+	nng_msleep(200);
+	if (s->srv) {
+		nng_http_server_stop(s->srv);
+		nng_http_server_release(s->srv);
+	}
+	while (s->live || s->inbox) {
+		tend(s);
+		nng_msleep(5);
+	}
+}
+
+int
+rli_serve_run(gen *g)
+{
+	serve *s = rl_try_calloc(1, sizeof *s, "server");
+	const char *slash;
+	int rv;
+
+	if (!s)
+		return RL_ENOMEM;
+	s->g = g;
+	s->max_body = g->o.max_body;
+	s->max_requests = g->o.max_requests;
+	slash = strrchr(g->o.model_dir, '/');
+	while (slash && slash[1] == 0 && slash > g->o.model_dir) {
+		/* "dir/" names dir */
+		const char *p = slash - 1;
+		while (p > g->o.model_dir && *p != '/')
+			p--;
+		slash = *p == '/' ? p : NULL;
+	}
+	s->name = g->o.served_name ? g->o.served_name : slash ? slash + 1 : g->o.model_dir;
+	if ((rv = read_key(s)) != 0)
+		goto out;
+	if (nng_mtx_alloc(&s->mu) != 0 || nng_cv_alloc(&s->cv, s->mu) != 0) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
+	rl_engine_set_token(g->e, on_token, s);
+	if ((rv = listen_http(s)) != 0)
+		goto out;
+	rl_info("serving '%s' at %s/v1", s->name, s->url);
+	while (!rli_stop_requested()) {
+		/* new weights: loaded between steps once the running sequences are done
+		 * (rl_engine_hold drains them), or at once with --partial */
+		if ((g->o.weights_from || g->o.sync_url || g->wg) && (rv = rli_poll_weights(g, 0)) != 0) {
+			rl_error("new weights could not be loaded: %s", rl_strerror(rv));
+			s->failed = 1;
+			break;
+		}
+		nng_mtx_lock(s->mu);
+		s->version = g->version;
+		nng_mtx_unlock(s->mu);
+		if (!tend(s)) {
+			nng_mtx_lock(s->mu);
+			if (!s->inbox)
+				nng_cv_until(s->cv, nng_clock() + 100);
+			nng_mtx_unlock(s->mu);
+			continue;
+		}
+		if ((rv = rl_engine_step(g->e, on_done, s)) != 0) {
+			rl_error("the engine failed: %s", rl_strerror(rv));
+			s->failed = 1;
+			break;
+		}
+	}
+	rl_info("served %llu requests (%llu errors, %llu dropped by their clients)",
+	    (unsigned long long)s->n_requests, (unsigned long long)s->n_errors, (unsigned long long)s->n_cancelled);
+out:
+	if (s->mu)
+		shut(s);
+	if (s->cv)
+		nng_cv_free(s->cv);
+	if (s->mu)
+		nng_mtx_free(s->mu);
+	free(s);
+	return rv;
+}

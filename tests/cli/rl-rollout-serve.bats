@@ -1,0 +1,483 @@
+#!/usr/bin/env bats
+# rl-rollout serve: the OpenAI-compatible server on tiny random models.
+# curl for the raw JSON and the server-sent events' framing; the official
+# `openai` npm client (tests/cli/serve_client.js; skipped offline); log-probs
+# against rl-rollout --score (the training forward) over the same tokens;
+# bad input: malformed JSON, unknown model and route, oversized body, wrong
+# key, too many requests, a client that disconnects mid-stream.  Everything
+# on 127.0.0.1; servers are killed by pid in teardown.
+
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+
+load model_helper
+load port_helper
+
+setup_file() {
+	export TD=$(mktemp -d /tmp/rl-serve-bats.XXXXXX)
+	toy_model "$TD" 1 256
+	# a slower one (4096 positions, wider): a long answer takes seconds on the cpu
+	mkdir -p "$TD/slow"
+	cat > "$TD/slow/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":261,"hidden_size":128,"num_hidden_layers":2,"num_attention_heads":2,
+ "num_key_value_heads":1,"intermediate_size":256,"max_position_embeddings":4096,"torch_dtype":"float32"}
+JSON
+	rl-train -q --init "$TD/slow/cfg.json" --tokenizer bytes --out "$TD/slow/m0" --seed 1
+}
+
+teardown_file() {
+	rm -rf "$TD"
+}
+
+setup() {
+	bats_require_minimum_version 1.5.0
+	PIDS=""
+}
+
+teardown() {
+	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
+	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+}
+
+# start_serve ARGS...: rl-rollout serve ARGS on a free loopback port; sets
+# SURL (http://127.0.0.1:P) and SPID once /health answers; stderr in $TD/serve.err
+start_serve() {
+	local port
+	for _ in $(seq 5); do
+		port=$(free_port)
+		rl-rollout serve --listen "127.0.0.1:$port" "$@" 2> "$TD/serve.err" &
+		SPID=$!
+		PIDS="$PIDS $SPID"
+		for _ in $(seq 100); do
+			kill -0 "$SPID" 2>/dev/null || break
+			if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
+				SURL="http://127.0.0.1:$port"
+				return 0
+			fi
+			sleep 0.05
+		done
+	done
+	cat "$TD/serve.err" >&2
+	return 1
+}
+
+# post PATH JSON: the status line's code, then the body (curl -s -w)
+post() {
+	curl -s -o "$TD/body" -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
+	    ${KEY:+-H "Authorization: Bearer $KEY"} --data-binary "$2" "$SURL$1"
+}
+
+metric() {
+	curl -s "$SURL/metrics" | awk -v m="$1" '$1 == m { print $2 }'
+}
+
+@test "GET /v1/models, POST /v1/completions and /v1/chat/completions: OpenAI's JSON, usage counts" {
+	start_serve -m "$TD/m0" --served-model-name toy
+	run -0 curl -sf "$SURL/v1/models"
+	[ "$(jq -c '[.object, .data[0].id, .data[0].object]' <<<"$output")" = '["list","toy","model"]' ]
+	run -0 curl -sf "$SURL/v1/models/toy"
+	[ "$(jq -r .id <<<"$output")" = toy ]
+
+	[ "$(post /v1/completions '{"model":"toy","prompt":"abc","max_tokens":7,"n":3,"seed":5,"logprobs":0}')" = 200 ]
+	run -0 jq -c '[.object, (.id|startswith("cmpl-")), (.choices|length), .usage.prompt_tokens,
+	    .usage.completion_tokens == ([.choices[].logprobs.token_logprobs|length]|add),
+	    .usage.total_tokens == .usage.prompt_tokens + .usage.completion_tokens,
+	    ([.choices[].finish_reason] - ["stop","length"] | length),
+	    ([.choices[].logprobs.token_logprobs[]] | all(. <= 0))]' "$TD/body"
+	[ "$output" = '["text_completion",true,3,3,true,true,0,true]' ]
+
+	[ "$(post /v1/chat/completions '{"model":"toy","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":4,"temperature":0}')" = 200 ]
+	run -0 jq -c '[.object, (.id|startswith("chatcmpl-")), .choices[0].message.role, (.choices[0].message.content|type),
+	    .choices[0].logprobs, .usage.completion_tokens <= 4]' "$TD/body"
+	[ "$output" = '["chat.completion",true,"assistant","string",null,true]' ]
+	# the prompt is the chat template's rendering (rl-rollout tokenize --chat is the same renderer)
+	plen=$(jq .usage.prompt_tokens "$TD/body")
+	run -0 rl-rollout tokenize -m "$TD/m0" --chat <<<'[{"role":"user","content":"hi"}]'
+	[ "$(jq '.ids|length' <<<"$output")" = "$plen" ]
+
+	# max_tokens caps the answer
+	[ "$(post /v1/completions '{"model":"toy","prompt":"abc","max_tokens":2}')" = 200 ]
+	[ "$(jq .usage.completion_tokens "$TD/body")" -le 2 ]
+	# a stop string ends the answer, which stops before it: a greedy answer's first
+	# printable ASCII character (past the first) that did not appear before it
+	for p in abc def ghi jkl mno pqr; do
+		[ "$(post /v1/completions "{\"model\":\"toy\",\"prompt\":\"$p\",\"max_tokens\":40,\"temperature\":0}")" = 200 ]
+		pick=$(jq -r '.choices[0].text' "$TD/body" | python3 -c '
+import sys, json
+t = sys.stdin.read()[:-1]
+for i in range(1, len(t)):
+    if 33 <= ord(t[i]) < 127 and t[i] not in t[:i] and t[i] not in "\\\"":
+        print(json.dumps([t[i], t[:i]])); break')
+		[ -n "$pick" ] && break
+	done
+	[ -n "$pick" ]
+	stop=$(jq -r '.[0]' <<<"$pick")
+	[ "$(post /v1/completions "{\"model\":\"toy\",\"prompt\":\"$p\",\"max_tokens\":40,\"temperature\":0,\"stop\":[\"$stop\"]}")" = 200 ]
+	[ "$(jq -c '[.choices[0].text, .choices[0].finish_reason]' "$TD/body")" = "$(jq -c '[.[1], "stop"]' <<<"$pick")" ]
+	# streamed, the text held back while it may start the stop string never shows it
+	curl -sN -X POST --data-binary "{\"model\":\"toy\",\"prompt\":\"$p\",\"max_tokens\":40,\"temperature\":0,\"stream\":true,\"stop\":[\"$stop\"]}" \
+	    "$SURL/v1/completions" > "$TD/sse-stop"
+	run -0 python3 -c '
+import json, sys
+ev = open(sys.argv[1], encoding="utf-8").read().split("\n\n")[:-2]
+ch = [json.loads(e[6:])["choices"][0] for e in ev]
+print(json.dumps(["".join(c["text"] for c in ch), ch[-1]["finish_reason"]]))' "$TD/sse-stop"
+	[ "$(jq -c . <<<"$output")" = "$(jq -c '[.[1], "stop"]' <<<"$pick")" ]
+}
+
+@test "temperature 0 is deterministic, a seed reproduces, and answers do not depend on the batch" {
+	start_serve -m "$TD/m0"
+	body='{"model":"m0","prompt":"xyz","max_tokens":12,"n":2,"seed":42,"temperature":0.8}'
+	[ "$(post /v1/completions "$body")" = 200 ]
+	alone=$(jq -c '[.choices[].text]' "$TD/body")
+	# the same request among seven others with other settings at once
+	cp=""
+	for i in 1 2 3 4 5 6 7; do
+		curl -s -X POST --data-binary "{\"model\":\"m0\",\"prompt\":\"q$i\",\"max_tokens\":30,\"temperature\":0.$i}" \
+		    "$SURL/v1/completions" -o "$TD/o$i" &
+		cp="$cp $!"
+	done
+	curl -s -X POST --data-binary "$body" "$SURL/v1/completions" -o "$TD/again"
+	for p in $cp; do wait "$p"; done
+	[ "$(jq -c '[.choices[].text]' "$TD/again")" = "$alone" ]
+	for i in 1 2 3 4 5 6 7; do [ "$(jq -r '.choices[0].finish_reason' "$TD/o$i")" != null ]; done
+}
+
+@test "concurrent requests share decode steps (continuous batching)" {
+	start_serve -m "$TD/slow/m0" --max-tokens 300 --slots 8
+	cp=""
+	for i in 1 2 3 4 5 6 7 8; do
+		curl -s -X POST --data-binary "{\"model\":\"m0\",\"prompt\":\"p$i\",\"max_tokens\":300,\"temperature\":0}" \
+		    "$SURL/v1/completions" -o "$TD/c$i" &
+		cp="$cp $!"
+	done
+	for p in $cp; do wait "$p"; done
+	tokens=0
+	for i in 1 2 3 4 5 6 7 8; do tokens=$((tokens + $(jq .usage.completion_tokens "$TD/c$i"))); done
+	steps=$(metric rlserve_decode_steps_total)
+	echo "tokens $tokens steps $steps" >&3
+	# one request after the other would take a step per token
+	[ "$tokens" -gt 1000 ]
+	[ "$steps" -lt $((tokens / 2)) ]
+}
+
+@test "stream: server-sent events, chunks of text_completion / chat.completion.chunk, data: [DONE]; the deltas make the whole answer" {
+	start_serve -m "$TD/m0"
+	curl -sN -X POST --data-binary '{"model":"m0","prompt":"abc","max_tokens":9,"temperature":0,"stream":true}' \
+	    -D "$TD/head" "$SURL/v1/completions" > "$TD/sse"
+	grep -qi '^content-type: text/event-stream' "$TD/head"
+	# framing: every event is one "data: " line and a blank line; the last is [DONE]
+	python3 - "$TD/sse" <<'PY'
+import json, sys
+raw = open(sys.argv[1], encoding="utf-8").read()
+assert raw.endswith("data: [DONE]\n\n"), repr(raw[-40:])
+events = raw.split("\n\n")[:-1]
+assert all(e.startswith("data: ") and "\n" not in e for e in events), events
+chunks = [json.loads(e[6:]) for e in events[:-1]]
+assert all(c["object"] == "text_completion" for c in chunks)
+assert len({c["id"] for c in chunks}) == 1
+assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+print("".join(c["choices"][0]["text"] for c in chunks), end="")
+PY
+	streamed=$(python3 -c 'import json,sys; print("".join(json.loads(e[6:])["choices"][0]["text"] for e in open(sys.argv[1]).read().split("\n\n")[:-2]), end="")' "$TD/sse")
+	[ "$(post /v1/completions '{"model":"m0","prompt":"abc","max_tokens":9,"temperature":0}')" = 200 ]
+	[ "$streamed" = "$(jq -j '.choices[0].text' "$TD/body")" ]
+
+	curl -sN -X POST --data-binary '{"model":"m0","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"n":2,"stream":true,"stream_options":{"include_usage":true}}' \
+	    "$SURL/v1/chat/completions" > "$TD/sse2"
+	run -0 python3 - "$TD/sse2" <<'PY'
+import json, sys
+events = open(sys.argv[1], encoding="utf-8").read().split("\n\n")
+assert events[-2] == "data: [DONE]" and events[-1] == ""
+chunks = [json.loads(e[6:]) for e in events[:-2]]
+assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+roles = [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["delta"].get("role") == "assistant"]
+fins = sorted(c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
+assert sorted(roles) == [0, 1] and fins == [0, 1], (roles, fins)
+assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] <= 8
+print("ok")
+PY
+}
+
+@test "the official openai npm client: chat, completions, streaming, logprobs, errors" {
+	nm=$(sh tests/cli/serve_fetch.sh) || skip "the openai npm package cannot be installed (offline?)"
+	start_serve -m "$TD/m0" --api-key 'k-123'
+	run -0 env NODE_PATH="$nm" node tests/cli/serve_client.js "$SURL/v1" k-123 m0
+	echo "$output"
+	[[ "$output" == *"ok wrong key (401"* ]]
+}
+
+@test "log-probs are the model's: equal to rl-rollout --score over the same tokens" {
+	start_serve -m "$TD/m0"
+	[ "$(post /v1/completions '{"model":"m0","prompt":[97,98,99,100],"max_tokens":20,"n":3,"seed":3,"logprobs":0,"return_tokens_as_token_ids":true}')" = 200 ]
+	jq -c '.choices[] | {id: (.index + 1), prompt: [97,98,99,100],
+	    response: [.logprobs.tokens[] | ltrimstr("token_id:") | tonumber], meta: {served: .logprobs.token_logprobs}}' \
+	    "$TD/body" > "$TD/served.jsonl"
+	[ "$(wc -l < "$TD/served.jsonl")" = 3 ]
+	rl-rollout -q --score ref_logprobs -m "$TD/m0" --jsonl "$TD/served.jsonl" > "$TD/scored.jsonl"
+	python3 - "$TD/scored.jsonl" <<'PY'
+import json, sys
+n = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    served, ref = r["meta"]["served"], r["ref_logprobs"]
+    assert len(served) == len(ref) > 0, (len(served), len(ref))
+    for a, b in zip(served, ref):
+        assert abs(a - b) < 1e-4, (a, b)
+    n += len(ref)
+assert n > 0
+PY
+}
+
+@test "errors are OpenAI's JSON with the right status: 400, 401, 404, 405, 413" {
+	echo 'the-key' > "$TD/key"
+	start_serve -m "$TD/m0" --api-key-file "$TD/key" --max-body 2K
+	KEY=the-key
+	shape='.error | [(.message|type), (.type|type), has("param"), has("code")] == ["string","string",true,true]'
+
+	[ "$(post /v1/completions '{"model":"m0",')" = 400 ]
+	jq -e "$shape" "$TD/body"
+	jq -e '.error.message | test("not valid JSON")' "$TD/body"
+
+	[ "$(post /v1/completions '{"model":"gpt-4","prompt":"a"}')" = 404 ]
+	jq -e '.error.code == "model_not_found" and .error.param == "model"' "$TD/body"
+
+	[ "$(post /v1/completions '{"model":"m0","prompt":"a","temperature":"hot"}')" = 400 ]
+	jq -e '.error.param == "temperature"' "$TD/body"
+	[ "$(post /v1/chat/completions '{"model":"m0","messages":[]}')" = 400 ]
+	jq -e '.error.param == "messages"' "$TD/body"
+	[ "$(post /v1/completions '{"model":"m0","prompt":[1,2,99999]}')" = 400 ]
+	jq -e '.error.message | test("prompt.\\[2\\]")' "$TD/body"
+	[ "$(post /v1/completions '{"model":"m0","prompt":"a","n":1000}')" = 400 ]
+	[ "$(post /v1/completions '{"model":"m0","prompt":"a","stop":["a","b","c","d","e"]}')" = 400 ]
+	[ "$(post /v1/completions "{\"model\":\"m0\",\"prompt\":\"$(head -c 300 /dev/zero | tr '\0' a)\",\"max_tokens\":1}")" = 400 ]
+	jq -e '.error.message | test("context")' "$TD/body"
+
+	big=$(head -c 5000 /dev/zero | tr '\0' a)
+	[ "$(post /v1/completions "{\"model\":\"m0\",\"prompt\":\"$big\"}")" = 413 ]
+	jq -e "$shape" "$TD/body"
+
+	[ "$(post /v1/nothing '{}')" = 404 ]
+	jq -e '.error.message | test("Invalid URL")' "$TD/body"
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'Authorization: Bearer the-key' "$SURL/v1/completions")" = 405 ]
+
+	KEY=wrong
+	[ "$(post /v1/completions '{"model":"m0","prompt":"a"}')" = 401 ]
+	jq -e '.error.code == "invalid_api_key"' "$TD/body"
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' "$SURL/v1/models")" = 401 ]
+	# the server still answers
+	KEY=the-key
+	[ "$(post /v1/completions '{"model":"m0","prompt":"a","max_tokens":1}')" = 200 ]
+	[ "$(metric rlserve_errors_total)" -ge 8 ]
+}
+
+@test "too many requests in flight get 429; a client that disconnects mid-stream frees its slot" {
+	start_serve -m "$TD/slow/m0" --max-tokens 4000 --max-requests 1
+	port=${SURL##*:}
+	# a client that reads the first event, then holds the stream until told to leave
+	python3 - "$port" "$TD" <<'PY' &
+import os, socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+body = b'{"model":"m0","prompt":"x","max_tokens":4000,"temperature":0,"stream":true}'
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+data = b""
+while b"\ndata: {" not in data:
+    data += s.recv(4096)
+open(sys.argv[2] + "/part", "wb").write(data)
+for _ in range(400):
+    if os.path.exists(sys.argv[2] + "/go"):
+        break
+    time.sleep(0.05)
+s.close()
+PY
+	client=$!
+	for _ in $(seq 200); do [ -s "$TD/part" ] && break; sleep 0.05; done
+	grep -q '^data: {' "$TD/part"
+	[ "$(metric rlserve_running_sequences)" = 1 ]
+	[ "$(post /v1/completions '{"model":"m0","prompt":"y","max_tokens":1}')" = 429 ]
+	jq -e '.error.code == "rate_limit_exceeded"' "$TD/body"
+	# the client leaves: the server's next writes fail and the request is dropped
+	touch "$TD/go"
+	wait "$client"
+	for _ in $(seq 100); do [ "$(metric rlserve_cancelled_total)" = 1 ] && break; sleep 0.05; done
+	[ "$(metric rlserve_cancelled_total)" = 1 ]
+	[ "$(metric rlserve_running_sequences)" = 0 ]
+	# well under the 4000 tokens it would have generated
+	[ "$(metric rlserve_generated_tokens_total)" -lt 3000 ]
+	# and the slot serves the next request
+	[ "$(post /v1/completions '{"model":"m0","prompt":"y","max_tokens":3}')" = 200 ]
+}
+
+@test "a body that does not arrive (slowloris) has its connection closed after --body-timeout; the server goes on" {
+	start_serve -m "$TD/m0" --body-timeout 1
+	port=${SURL##*:}
+	run -0 timeout 20 python3 - "$port" <<'PY'
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":")
+t0 = time.time()
+data = b""
+while True:
+    b = s.recv(4096)
+    if not b:
+        break
+    data += b
+print(len(data), time.time() - t0)
+PY
+	read -r got secs <<<"$output"
+	[ "$got" = 0 ]
+	python3 -c "import sys; assert 0.8 < $secs < 5, $secs"
+	[ "$(post /v1/completions '{"model":"m0","prompt":"a","max_tokens":1}')" = 200 ]
+}
+
+@test "--listen: loopback only unless --listen-public; bad options are usage errors" {
+	run -1 rl-rollout serve -m "$TD/m0" --listen 0.0.0.0:1
+	[[ "$output" == *"not a loopback address"* ]]
+	[[ "$output" == *"--listen-public"* ]]
+	run -1 rl-rollout serve -m "$TD/m0" --listen nonsense
+	[[ "$output" == *"HOST:PORT"* ]]
+	run -2 rl-rollout serve -m "$TD/m0" --api-key a --api-key-file /dev/null
+	: > "$TD/empty"
+	run -2 rl-rollout serve -m "$TD/m0" --api-key-file "$TD/empty"
+	[[ "$output" == *"no key"* ]]
+	run -2 rl-rollout serve --listen 127.0.0.1:1
+	[[ "$output" == *"no model"* ]]
+	run -0 rl-rollout serve --help
+	[[ "$output" == *"--api-key-file"* ]]
+}
+
+@test "SIGTERM stops the server cleanly, answering what is in flight" {
+	start_serve -m "$TD/slow/m0" --max-tokens 4000
+	curl -s -o "$TD/late" -w '%{http_code}' -X POST --data-binary '{"model":"m0","prompt":"x","max_tokens":4000}' \
+	    "$SURL/v1/completions" > "$TD/late.code" &
+	cpid=$!
+	for _ in $(seq 100); do [ "$(metric rlserve_running_sequences)" = 1 ] && break; sleep 0.05; done
+	kill -TERM "$SPID"
+	rc=0
+	wait "$SPID" || rc=$?
+	[ "$rc" = 0 ]
+	wait "$cpid"
+	[ "$(cat "$TD/late.code")" = 503 ]
+	jq -e '.error.code == "service_unavailable"' "$TD/late"
+}
+
+# chat CONTENT...: the messages of a chat whose user turns are u1, u2, ... and
+# whose assistant turns are the contents given (JSON strings)
+chat() {
+	local i=1 m='[{"role":"user","content":"u1"}'
+	for c in "$@"; do i=$((i + 1)); m="$m,{\"role\":\"assistant\",\"content\":$c},{\"role\":\"user\",\"content\":\"u$i\"}"; done
+	echo "$m]"
+}
+
+@test "episodes: the calls of one X-Episode-Id become one multi-turn record; its tokens are the calls', its log-probs the model's" {
+	start_serve -m "$TD/m0" --jsonl -o "$TD/ep.jsonl"
+	req='"model":"m0","max_tokens":6,"logprobs":true,"return_tokens_as_token_ids":true,"temperature":1'
+	ids() { jq -c '[.choices[0].logprobs.content[].token | ltrimstr("token_id:") | tonumber]' "$TD/body"; }
+	contents=()
+	: > "$TD/calls"
+	for call in 1 2 3; do
+		[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: ep-1' \
+		    --data-binary "{$req,\"messages\":$(chat "${contents[@]}")}" "$SURL/v1/chat/completions")" = 200 ]
+		ids >> "$TD/calls"
+		contents+=("$(jq '.choices[0].message.content' "$TD/body")")
+	done
+	[ "$(metric rlserve_episodes_open)" = 1 ]
+	[ "$(metric rlserve_episode_mismatch_total)" = 0 ]
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' --data-binary '{"reward": 0.25}' "$SURL/rl/episodes/ep-1/reward")" = 200 ]
+	jq -e '.turns == 3 and .reward == 0.25' "$TD/body"
+	[ "$(wc -l < "$TD/ep.jsonl")" = 1 ]
+	# the prompt is the first call's rendering; the sampled tokens (loss_mask 1) are the
+	# calls' tokens in order, the turns cover them; the rest (loss_mask 0) is the
+	# template's text between them
+	run -0 rl-rollout tokenize -m "$TD/m0" --chat <<<'[{"role":"user","content":"u1"}]'
+	python3 - "$TD/ep.jsonl" "$TD/calls" "$(jq -c .ids <<<"$output")" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).read())
+calls = [json.loads(l) for l in open(sys.argv[2])]
+assert r["prompt"] == json.loads(sys.argv[3]), r["prompt"]
+resp, mask, turns = r["response"], r["loss_mask"], r["turns"]
+assert len(mask) == len(resp) == len(r["logprobs"])
+assert [resp[i] for i in range(len(resp)) if mask[i]] == sum(calls, [])
+assert len(turns) == 6 and [resp[turns[2 * k]:turns[2 * k + 1]] for k in range(3)] == calls
+assert all(mask[i] == (any(turns[2 * k] <= i < turns[2 * k + 1] for k in range(3))) for i in range(len(resp)))
+assert r["reward"] == 0.25 and r["meta"] == {"episode_id": "ep-1", "calls": 3}
+assert r["turn_versions"] == [0] * 6
+PY
+	# log-probs: the training forward over the record (rl-rollout --score)
+	rl-rollout -q --score ref_logprobs -m "$TD/m0" --jsonl "$TD/ep.jsonl" > "$TD/scored.jsonl"
+	python3 - "$TD/scored.jsonl" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).read())
+n = 0
+for lp, ref, m in zip(r["logprobs"], r["ref_logprobs"], r["loss_mask"]):
+    if m:
+        assert abs(lp - ref) < 1e-4, (lp, ref)
+        n += 1
+assert n == sum(r["loss_mask"]) >= 3, n
+PY
+	# an ended episode is gone
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' --data-binary '{"reward": 1}' "$SURL/rl/episodes/ep-1/reward")" = 404 ]
+}
+
+@test "episodes: a history that differs is counted and starts the episode again; bad rewards; timeout and shutdown write unrewarded records" {
+	start_serve -m "$TD/m0" --jsonl -o "$TD/ep2.jsonl" --episode-timeout 3
+	req='"model":"m0","max_tokens":4'
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: a' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 200 ]
+	# the client edits the answer: not what was generated
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: a' --data-binary "{$req,\"messages\":$(chat '"edited"')}" "$SURL/v1/chat/completions")" = 200 ]
+	[ "$(metric rlserve_episode_mismatch_total)" = 1 ]
+	grep -q "episode 'a': the prompt does not continue" "$TD/serve.err"
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' --data-binary '{"reward": "high"}' "$SURL/rl/episodes/a/reward")" = 400 ]
+	jq -e '.error.param == "reward"' "$TD/body"
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' --data-binary '{"reward": 1}' "$SURL/rl/episodes/nope/reward")" = 404 ]
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: bad id!' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 400 ]
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: b' --data-binary "{$req,\"n\":2,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 400 ]
+	[ "$(curl -s -o "$TD/body" -w "%{http_code}" --data-binary "{\"reward\": 2}" "$SURL/rl/episodes/a/reward")" = 200 ] || { cat "$TD/body"; false; }
+	jq -e '.turns == 1' "$TD/body"
+	# idle past --episode-timeout: written without a reward
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: idle' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 200 ]
+	for _ in $(seq 80); do [ "$(wc -l < "$TD/ep2.jsonl")" = 2 ] && break; sleep 0.1; done
+	# open at shutdown: written too
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: open' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 200 ]
+	kill -TERM "$SPID"
+	wait "$SPID"
+	run -0 jq -c '[.meta.episode_id, .meta.end, .reward, (.turns|length)]' "$TD/ep2.jsonl"
+	[ "${lines[0]}" = '["a",null,2,2]' ]
+	[ "${lines[1]}" = '["idle","timeout",null,2]' ]
+	[ "${lines[2]}" = '["open","shutdown",null,2]' ]
+}
+
+@test "--weights-from: new versions are loaded while serving, recorded per turn; --max-staleness refuses new episodes with 429 until the trainer catches up" {
+	mkdir -p "$TD/w"
+	rl-train -q --init "$TD/cfg.json" --tokenizer bytes --out "$TD/other" --seed 2
+	# what the other weights answer, from a server of their own
+	start_serve -m "$TD/other"
+	[ "$(post /v1/completions '{"model":"other","prompt":"abc","max_tokens":8,"temperature":0}')" = 200 ]
+	want=$(jq -c '.choices[0].text' "$TD/body")
+	kill "$SPID"; wait "$SPID" || true
+
+	start_serve -m "$TD/m0" --weights-from "$TD/w" --max-staleness 0 --train-batch 1 --jsonl -o "$TD/wep.jsonl"
+	[ "$(post /v1/completions '{"model":"m0","prompt":"abc","max_tokens":8,"temperature":0}')" = 200 ]
+	[ "$(jq -c '.choices[0].text' "$TD/body")" != "$want" ]
+	[ "$(metric rlserve_weights_version)" = 0 ]
+	req='"model":"m0","max_tokens":4'
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: e1' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 200 ]
+	c1=$(jq '.choices[0].message.content' "$TD/body")
+	# one episode started, a batch of 1, version 0, K 0: the next new one waits
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: e2' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 429 ]
+	jq -e '.error.message | test("wait for the trainer")' "$TD/body"
+	[ "$(metric rlserve_stale_refused_total)" = 1 ]
+	# the trainer publishes version 1
+	cp -r "$TD/other" "$TD/w/step-00000001"
+	ln -s step-00000001 "$TD/w/latest"
+	for _ in $(seq 100); do [ "$(metric rlserve_weights_version)" = 1 ] && break; sleep 0.05; done
+	[ "$(metric rlserve_weights_version)" = 1 ]
+	[ "$(post /v1/completions '{"model":"m0","prompt":"abc","max_tokens":8,"temperature":0}')" = 200 ]
+	[ "$(jq -c '.choices[0].text' "$TD/body")" = "$want" ]
+	# e1 goes on under version 1; e2 is let in
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: e1' --data-binary "{$req,\"messages\":$(chat "$c1")}" "$SURL/v1/chat/completions")" = 200 ]
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: e2' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 200 ]
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' --data-binary '{"reward": 1}' "$SURL/rl/episodes/e1/reward")" = 200 ]
+	jq -ce '.turn_versions == [0,0,1,1] and .version == [0,1]' "$TD/wep.jsonl"
+}

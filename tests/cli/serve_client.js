@@ -1,0 +1,107 @@
+// tests/cli/serve_client.js — drives `rl-rollout serve` with the official
+// `openai` npm client (NODE_PATH points at the cache tests/cli/serve_fetch.sh
+// fills).  Usage: node serve_client.js BASE_URL API_KEY MODEL
+// Checks what the client itself parses and raises; prints "ok NAME" per
+// check and exits 1 at the first failure.
+'use strict';
+const OpenAI = require('openai');
+const assert = require('assert');
+
+const [base, key, model] = process.argv.slice(2);
+const client = new OpenAI({ baseURL: base, apiKey: key, maxRetries: 0, timeout: 60000 });
+
+async function expectError(name, status, fn) {
+  try {
+    await fn();
+  } catch (e) {
+    assert.ok(e instanceof OpenAI.APIError, `${name}: not an APIError: ${e}`);
+    assert.strictEqual(e.status, status, `${name}: status ${e.status}`);
+    assert.ok(typeof e.message === 'string' && e.message.length > 0, `${name}: no message`);
+    console.log(`ok ${name} (${e.status} ${e.type} ${e.code})`);
+    return e;
+  }
+  throw new Error(`${name}: no error`);
+}
+
+async function main() {
+  const models = await client.models.list();
+  assert.deepStrictEqual(models.data.map((m) => m.id), [model]);
+  console.log('ok models.list');
+
+  const chat = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'hi' }], max_tokens: 6, n: 2, seed: 7, logprobs: true,
+  });
+  assert.strictEqual(chat.object, 'chat.completion');
+  assert.strictEqual(chat.choices.length, 2);
+  for (const c of chat.choices) {
+    assert.strictEqual(c.message.role, 'assistant');
+    assert.strictEqual(typeof c.message.content, 'string');
+    assert.ok(['stop', 'length'].includes(c.finish_reason));
+    assert.ok(c.logprobs.content.length >= 1);
+    for (const t of c.logprobs.content) assert.ok(t.logprob <= 0 && Array.isArray(t.bytes));
+  }
+  const gen = chat.choices.reduce((a, c) => a + c.logprobs.content.length, 0);
+  assert.strictEqual(chat.usage.completion_tokens, gen);
+  assert.strictEqual(chat.usage.total_tokens, chat.usage.prompt_tokens + gen);
+  console.log('ok chat.completions n=2 logprobs usage');
+
+  // the same seed and settings give the same answer
+  const again = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'hi' }], max_tokens: 6, n: 2, seed: 7, logprobs: true,
+  });
+  assert.deepStrictEqual(again.choices.map((c) => c.message.content), chat.choices.map((c) => c.message.content));
+  console.log('ok seed reproducible');
+
+  const cmpl = await client.completions.create({ model, prompt: 'abc', max_tokens: 5, temperature: 0, logprobs: 0 });
+  assert.strictEqual(cmpl.object, 'text_completion');
+  assert.strictEqual(cmpl.choices[0].logprobs.token_logprobs.length, cmpl.usage.completion_tokens);
+  assert.strictEqual(cmpl.usage.prompt_tokens, 3);
+  console.log('ok completions greedy logprobs');
+
+  // streaming: the deltas put together are the greedy answer given whole
+  const stream = await client.completions.create({ model, prompt: 'abc', max_tokens: 5, temperature: 0, stream: true });
+  let text = '', fin = null;
+  for await (const ch of stream) {
+    assert.strictEqual(ch.object, 'text_completion');
+    text += ch.choices[0].text;
+    if (ch.choices[0].finish_reason) fin = ch.choices[0].finish_reason;
+  }
+  assert.strictEqual(text, cmpl.choices[0].text);
+  assert.strictEqual(fin, cmpl.choices[0].finish_reason);
+  console.log('ok completions stream = whole');
+
+  const cs = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'hi' }], max_tokens: 6, temperature: 0, stream: true,
+    stream_options: { include_usage: true },
+  });
+  let ctext = '', role = null, usage = null, cfin = null;
+  for await (const ch of cs) {
+    assert.strictEqual(ch.object, 'chat.completion.chunk');
+    if (ch.usage) usage = ch.usage;
+    for (const c of ch.choices) {
+      if (c.delta.role) role = c.delta.role;
+      if (c.delta.content) ctext += c.delta.content;
+      if (c.finish_reason) cfin = c.finish_reason;
+    }
+  }
+  const whole = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'hi' }], max_tokens: 6, temperature: 0,
+  });
+  assert.strictEqual(role, 'assistant');
+  assert.strictEqual(ctext, whole.choices[0].message.content);
+  assert.strictEqual(cfin, whole.choices[0].finish_reason);
+  assert.strictEqual(usage.completion_tokens, whole.usage.completion_tokens);
+  console.log('ok chat stream = whole, usage chunk');
+
+  await expectError('unknown model', 404, () => client.chat.completions.create({
+    model: 'no-such-model', messages: [{ role: 'user', content: 'hi' }] }));
+  const e = await expectError('bad field', 400, () => client.completions.create({ model, prompt: 'a', temperature: 7 }));
+  assert.strictEqual(e.param, 'temperature');
+  await expectError('unsupported tools', 400, () => client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'hi' }],
+    tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }] }));
+  const bad = new OpenAI({ baseURL: base, apiKey: key + 'x', maxRetries: 0 });
+  if (key !== 'none') await expectError('wrong key', 401, () => bad.models.list());
+}
+
+main().catch((e) => { console.error('FAIL', e && e.stack ? e.stack : e); process.exit(1); });
