@@ -1,8 +1,10 @@
 /*
  * step.c — one optimizer step's computation (trainer.h): the step's
  * sequences laid out, advantages and loss weights on the host (algo.h), then
- * per micro-batch: rows padded, forward (model.h), per-token loss and its
- * gradient (ops->pg_loss, PPO's value loss), backward; AdamW per mini-batch.
+ * per micro-batch: rows padded, or sequences packed into one row with segment
+ * and position ids (--micro-tokens, pack_plan), forward (model.h), per-token loss
+ * and its gradient (ops->pg_loss, PPO's value loss), backward; AdamW per
+ * mini-batch.
  *
  * Host arrays hold per-token values in the micro-batch's (B, T) layout; the
  * backend copies live in one allocation reserved once (rli_step_reserve), so
@@ -414,39 +416,41 @@ micro_end(trainer *tr, const seqref *sq, int a, int b)
  * 11/9 OPT + 1 micro-batches; verl's Karmarkar-Karp split balances their sums instead,
  * which only matters for ranks that wait on each other, not for the results. */
 static int
+by_length(const void *a, const void *b)
+{
+	const int *x = a, *y = b;
+	/* longest first; equal lengths in the records' order */
+	return x[0] != y[0] ? (x[0] < y[0]) - (x[0] > y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+static int
 pack_plan(trainer *tr, const seqref *sq, int n, int *nbin)
 {
 	int N = tr->maxtok, nb = 0, *room, *bin, *ord, *cnt, *first;
 
-	room = rl_try_malloc(sizeof(int) * (size_t)(n + 1) * 5, "micro-batch plan");
+	room = rl_try_malloc(sizeof(int) * (size_t)(n + 1) * 6, "micro-batch plan");
 	if (room == NULL)
 		return RL_ENOMEM;
 	bin = room + n + 1;   /* bin of each sequence */
-	ord = bin + n + 1;    /* sequences, longest first */
-	cnt = ord + n + 1;    /* sequences per bin, then their start */
+	cnt = bin + n + 1;    /* sequences per bin, then their start */
 	first = cnt + n + 1;  /* each bin's first sequence (its temperature) */
-	for (int i = 0; i < n; i++)
-		ord[i] = i;
-	/* insertion sort, stable: the order within equal lengths stays the records' */
-	for (int i = 1; i < n; i++) {
-		int k = ord[i], L = seq_positions(sq[k].s), j = i;
-		while (j > 0 && seq_positions(sq[ord[j - 1]].s) < L) {
-			ord[j] = ord[j - 1];
-			j--;
-		}
-		ord[j] = k;
-	}
+	ord = first + n + 1;  /* (positions, sequence) pairs, longest first */
 	for (int i = 0; i < n; i++) {
-		const rl_sample *s = sq[ord[i]].s;
-		int L = seq_positions(s), b = 0;
+		ord[2 * i] = seq_positions(sq[i].s);
+		ord[2 * i + 1] = i;
+	}
+	qsort(ord, (size_t)n, 2 * sizeof(int), by_length);
+	for (int i = 0; i < n; i++) {
+		const rl_sample *s = sq[ord[2 * i + 1]].s;
+		int L = ord[2 * i], b = 0;
 		while (b < nb && (room[b] < L || sq[first[b]].s->temperature != s->temperature))
 			b++;
 		if (b == nb) {
 			room[nb] = N;
-			first[nb++] = ord[i];
+			first[nb++] = ord[2 * i + 1];
 		}
 		room[b] -= L;
-		bin[ord[i]] = b;
+		bin[ord[2 * i + 1]] = b;
 	}
 	memset(cnt, 0, sizeof(int) * (size_t)(nb + 1));
 	for (int i = 0; i < n; i++)
