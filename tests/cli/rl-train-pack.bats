@@ -34,13 +34,20 @@ with open(sys.argv[1], "w") as f:
 PY
 }
 
+# The runs below take --adam-eps 1e-4: with AdamW's default 1e-8 a gradient
+# element that is rounding noise (~1e-9, exactly 0 in exact arithmetic) moves its
+# weight by a sizeable part of lr, differently in each layout (measured 4e-5 at
+# lr 1e-2 for seq-mean-token-mean); 1e-4 keeps the noise out of the weights and
+# the real gradients (1e-4 and up) in.
+
 # same_run A B: metrics lines of A and B agree on the loss terms and gradient norm
 # (relative 1e-4), and their last checkpoints' tensors within 1e-5 + 1e-3 relative
 same_run() {
 	python3 - "$1" "$2" <<'PY'
 import array, json, os, struct, sys
 a, b = sys.argv[1], sys.argv[2]
-keys = ["actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/vf_loss", "actor/sft_loss"]
+keys = ["actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/vf_loss", "actor/sft_loss", "actor/kl_loss",
+        "actor/ppo_kl", "actor/pg_clipfrac"]
 la = [json.loads(l) for l in open(a + ".metrics")]
 lb = [json.loads(l) for l in open(b + ".metrics")]
 assert len(la) == len(lb) and la, (len(la), len(lb))
@@ -81,7 +88,7 @@ PY
 @test "packed equals padded: grpo, token-mean over the mini-batch, 2 mini-batches x 2 epochs" {
 	for m in pad pack; do
 		opt="--max-tokens-per-micro 200"; [ $m = pack ] && opt="--micro-tokens 60"
-		run -0 rl-train -q -m "$TD/m0" --out "$TD/grpo-$m" --algo grpo --batch 3 --lr 1e-2 --mini-batches 2 \
+		run -0 rl-train -q -m "$TD/m0" --out "$TD/grpo-$m" --algo grpo --batch 3 --lr 1e-2 --adam-eps 1e-4 --mini-batches 2 \
 		    --ppo-epochs 2 $opt --metrics "$TD/grpo-$m.metrics" "$TD/tail.jsonl"
 	done
 	run -0 same_run "$TD/grpo-pad" "$TD/grpo-pack"
@@ -93,12 +100,25 @@ PY
 	for a in ppo sft; do
 		for m in pad pack; do
 			opt="--max-tokens-per-micro 200"; [ $m = pack ] && opt="--micro-tokens 50"
-			run -0 rl-train -q -m "$TD/m0" --out "$TD/$a-$m" --algo $a --batch 3 --lr 1e-2 $opt \
+			run -0 rl-train -q -m "$TD/m0" --out "$TD/$a-$m" --algo $a --batch 3 --lr 1e-2 --adam-eps 1e-4 $opt \
 			    --metrics "$TD/$a-$m.metrics" "$TD/tail.jsonl"
 		done
 		run -0 same_run "$TD/$a-pad" "$TD/$a-pack"
 		assert_output same
 	done
+}
+
+@test "packed equals padded: gspo over 2 epochs, a reference model's KL loss, --recompute, entropy bonus" {
+	for m in pad pack; do
+		opt="--max-tokens-per-micro 200"; [ $m = pack ] && opt="--micro-tokens 64"
+		run -0 rl-train -q -m "$TD/m0" --out "$TD/gspo-$m" --algo gspo --batch 3 --lr 1e-2 --adam-eps 1e-4 --ppo-epochs 2 \
+		    --ref "$TD/m0" --kl k3 --kl-coef 0.1 --ent-coef 0.01 --recompute $opt \
+		    --metrics "$TD/gspo-$m.metrics" "$TD/tail.jsonl"
+	done
+	run -0 same_run "$TD/gspo-pad" "$TD/gspo-pack"
+	assert_output same
+	python3 -c 'import json, sys; assert json.loads(open(sys.argv[1]).readline())["actor/kl_loss"] != 0' \
+	    "$TD/gspo-pack.metrics"
 }
 
 @test "--micro-tokens: a record longer than the budget is refused, or dropped with --on-bad skip" {
@@ -123,7 +143,7 @@ PY
 	export RL_COMM_TIMEOUT=60
 	PIDS=""
 	PORT=$(free_port)
-	args=(--algo grpo --batch 2 --lr 1e-2 --loss-agg token-mean --mini-batches 2)
+	args=(--algo grpo --batch 2 --lr 1e-2 --adam-eps 1e-4 --loss-agg token-mean --mini-batches 2)
 	rl-train -q -m "$TD/m0" --out "$TD/dp-one" --max-tokens-per-micro 200 "${args[@]}" "$TD/tail.jsonl"
 	TRAIN_WORLD_DATA="$TD/tail.jsonl" train_world 2 "$TD/dp-two" --micro-tokens 50 "${args[@]}"
 	[ "$(readlink "$TD/dp-two/latest")" = step-00000003 ]
