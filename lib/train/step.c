@@ -409,20 +409,22 @@ micro_end(trainer *tr, const seqref *sq, int a, int b)
 	return e;
 }
 
-/* Packed micro-batches (--micro-tokens N) by first-fit decreasing: the sequences longest
- * first, each into the first micro-batch of the same temperature with room for its
- * positions, else a new one.  Every micro-batch holds at most N positions; a sequence
- * longer than N never gets here (the grouper and layout() refuse it).  FFD uses at most
- * 11/9 OPT + 1 micro-batches; verl's Karmarkar-Karp split balances their sums instead,
- * which only matters for ranks that wait on each other, not for the results. */
+/* qsort order of (positions, index) pairs: longest first, equal lengths in the records'
+ * order (the same plan on every run). */
 static int
 by_length(const void *a, const void *b)
 {
 	const int *x = a, *y = b;
-	/* longest first; equal lengths in the records' order */
 	return x[0] != y[0] ? (x[0] < y[0]) - (x[0] > y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
 }
 
+/* Packed micro-batches (--micro-tokens N) of sq[0, n) by first-fit decreasing into tr->pseq
+ * and tr->pbin (micro_plan): the sequences longest first, each into the first micro-batch
+ * of the same temperature with room for its positions, else a new one.  Every micro-batch
+ * holds at most N positions; a sequence longer than N never gets here (the grouper and
+ * layout() refuse it).  FFD uses at most 11/9 OPT + 1 micro-batches; verl's Karmarkar-Karp
+ * split balances their sums instead, which matters for ranks that wait on each other at
+ * every micro-batch, not for the results. */
 static int
 pack_plan(trainer *tr, const seqref *sq, int n, int *nbin)
 {

@@ -82,7 +82,7 @@ typedef struct trainer {
 	int *pbin;               /* micro-batch k is pseq[pbin[k], pbin[k + 1]) */
 	int cap_pseq;
 	int nbin;                /* micro-batches of the last micro_plan */
-	int maxrow;              /* positions of the longest micro-batch row so far (tests, bench) */
+	int maxrow;              /* positions of the longest micro-batch row so far (tests) */
 	float *h_old, *h_beh, *h_ref, *h_adv, *h_w, *h_stats, *h_lp, *h_ent;
 	float *h_gspo;        /* gspo: the pi_old given to pg_loss (gspo_old) */
 	float *h_vold, *h_ret, *h_v, *h_dv;   /* PPO (max_tokens each, one allocation) */
