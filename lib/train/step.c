@@ -612,6 +612,11 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 	rl_ops *ops = tr->ops;
 	int T = fill_rows(tr, sq, B), R = tr->pack ? 1 : B, N = R * T, rv;
 	const int32_t *seg = tr->pack ? tr->h_seg : NULL, *pos = tr->pack ? tr->h_pos : NULL;
+
+	ms->npos += N;
+	for (int i = 0; i < B; i++)
+		ms->npad -= seq_positions(sq[i].s);
+	ms->npad += N;
 	float temp = sq[0].s->temperature;
 	rl_pg_params p = { 0 };
 	const float *ref = NULL, *beh = NULL, *old;

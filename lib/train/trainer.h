@@ -143,6 +143,7 @@ typedef struct mstat {
 	double loss, clip, clip_lower, kl, ratio_logsum, ent, ce;
 	double ntok;
 	double vf_loss, vf_clip, vpred;  /* PPO */
+	double npos, npad;               /* positions the training passes ran; those of padding */
 } mstat;
 
 /* SIGINT/SIGTERM seen (the signal number): stop at the next step boundary

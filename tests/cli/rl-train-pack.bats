@@ -1,10 +1,10 @@
 #!/usr/bin/env bats
 # rl-train --micro-tokens: packed micro-batches against the padded layout
 # (--max-tokens-per-micro) on records with a long tail of lengths: the same
-# metrics (loss, gradient norm, value loss) and the same weights after the run,
-# for GRPO, PPO (value head) and SFT, and 2 data-parallel ranks packing their
-# shares against 1 rank padded; a record longer than the budget refused or
-# dropped (--on-bad); the option in the run file and the memory plan.
+# metrics (loss, gradient norm, value loss) and the same weights after the run
+# for GRPO, PPO (value head), SFT and GSPO, and 2 data-parallel ranks packing
+# their shares against 1 rank padded; perf/pad_frac; a record longer than the
+# budget refused or dropped (--on-bad); the option in the run file and the plan.
 # The per-parameter gradients are compared in tests/unit/test_pack.c.
 
 bats_require_minimum_version 1.5.0
@@ -94,6 +94,13 @@ PY
 	run -0 same_run "$TD/grpo-pad" "$TD/grpo-pack"
 	assert_output same
 	grep -q '^micro-tokens: 60$' "$TD/grpo-pack/run.yaml"
+	# perf/pad_frac: the padded layout's share of padding positions; none packed
+	python3 - "$TD/grpo-pad.metrics" "$TD/grpo-pack.metrics" <<'PY'
+import json, sys
+pad = [json.loads(l)["perf/pad_frac"] for l in open(sys.argv[1])]
+pack = [json.loads(l)["perf/pad_frac"] for l in open(sys.argv[2])]
+assert all(0 < x < 1 for x in pad) and max(pad) > 0.3 and all(x == 0 for x in pack), (pad, pack)
+PY
 }
 
 @test "packed equals padded: ppo with its value head, and sft" {
