@@ -68,6 +68,9 @@ static const char usage_text[] =
     "      --ppo-epochs E        passes over each step's data (default 1)\n"
     "      --mini-batches M      optimizer updates per pass (default 1)\n"
     "      --max-tokens-per-micro N  token budget of a micro-batch (default 8192)\n"
+    "      --micro-tokens N      packed micro-batches: sequences share rows, attention kept\n"
+    "                            within each, no padding; at most N tokens each (replaces\n"
+    "                            --max-tokens-per-micro)\n"
     "      --recompute           keep one layer's activations, recompute the rest in backward\n"
     "optimizer:\n"
     "      --lr LR               learning rate (default 1e-6)\n"
@@ -138,7 +141,7 @@ static const char usage_text[] =
 enum {
 	O_INIT = 256, O_TOKENIZER, O_SEED, O_DEVICE, O_ALGO, O_BATCH, O_AGG, O_NORMLEN, O_NOSTD,
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
-	O_EPOCHS, O_MINI, O_MICRO, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
+	O_EPOCHS, O_MINI, O_MICRO, O_PACK, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC,
 	O_TLS_CERT, O_TLS_KEY, O_TLS_CA,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
@@ -159,7 +162,7 @@ static const struct option longopts[] = {
 	{ "kl-in-reward", no_argument, 0, O_KLREW }, { "ref", required_argument, 0, O_REF },
 	{ "ent-coef", required_argument, 0, O_ENT }, { "gamma", required_argument, 0, O_GAMMA },
 	{ "ppo-epochs", required_argument, 0, O_EPOCHS }, { "mini-batches", required_argument, 0, O_MINI },
-	{ "max-tokens-per-micro", required_argument, 0, O_MICRO }, { "lr", required_argument, 0, O_LR },
+	{ "max-tokens-per-micro", required_argument, 0, O_MICRO }, { "micro-tokens", required_argument, 0, O_PACK }, { "lr", required_argument, 0, O_LR },
 	{ "warmup", required_argument, 0, O_WARMUP }, { "schedule", required_argument, 0, O_SCHED },
 	{ "total-steps", required_argument, 0, O_TOTAL }, { "min-lr-ratio", required_argument, 0, O_MINLR },
 	{ "weight-decay", required_argument, 0, O_WD }, { "beta1", required_argument, 0, O_B1 },
@@ -288,6 +291,7 @@ main(int argc, char **argv)
 		case O_EPOCHS: INT(1, 1000); o.ppo_epochs = (int)v; break;
 		case O_MINI: INT(1, 1e6); o.mini_batches = (int)v; break;
 		case O_MICRO: INT(1, 1e9); o.max_tokens_micro = (int)v; break;
+		case O_PACK: INT(1, 1e9); o.micro_tokens = (int)v; break;
 		case O_RECOMP: o.recompute = 1; break;
 		case O_LR: NUM(0, 10); o.lr = (float)v; break;
 		case O_WARMUP: INT(0, 1e9); o.warmup = (int)v; break;

@@ -765,10 +765,47 @@ rl_cpu_rope_bwd(rl_ops *o, void *dqkv, const int32_t *pos, int N, int NH, int NK
 /*
  * Attention runs per (row, head) task over blocks of ATT_QB queries, with the
  * GEMM tiles doing the products (serially: the tasks are the parallel loop):
- *   S = Q K^T (qb, kmax), softmax over the visible keys, O = P V.
+ *   S = Q K^T (qb, kmax - kmin), softmax over the visible keys, O = P V.
  * kmax = the block's last query + 1 (causality); invisible keys get p = 0.
+ * kmin = 0, or in a packed row (segment ids that never decrease along it) the
+ * start of the block's first sequence: keys of earlier sequences are never
+ * visible, so a row of packed sequences costs about the sum of their squared
+ * lengths (plus a block's width per sequence), not the row's squared length.
  */
 enum { ATT_QB = 64 };
+
+/* Whether the row's segment ids (padding, < 0, aside) never decrease: each
+ * sequence is then one run of the row. */
+static int
+att_monotone(const int32_t *sg, int T)
+{
+	int32_t last = -1;
+	for (int t = 0; sg != NULL && t < T; t++) {
+		if (sg[t] < 0)
+			continue;
+		if (sg[t] < last)
+			return 0;
+		last = sg[t];
+	}
+	return 1;
+}
+
+/* The first key a query of [t0, t0 + qb) can see: see above; mono from att_monotone. */
+static int
+att_kmin(const int32_t *sg, int mono, int t0, int qb)
+{
+	int q = t0, s;
+
+	if (sg == NULL || !mono)
+		return 0;
+	while (q < t0 + qb && sg[q] < 0)
+		q++;
+	if (q == t0 + qb)
+		return t0; /* all padding: no key is read */
+	for (s = q; s > 0 && (sg[s - 1] == sg[q] || sg[s - 1] < 0); s--)
+		;
+	return s;
+}
 
 /* c (M,N) (+)= A B in one thread, K cut into GEMM_KC slices (see gemm()) */
 static void
@@ -843,20 +880,21 @@ att_pad(int n, long ld, const int32_t *sg)
 	return sg != NULL || np > ld ? n : np;
 }
 
-/* P (qb, kmax) <- softmax rows of scale * S for queries t0.., in place;
- * returns per row the lse (0 for padding).  sg: the row's segment ids or NULL. */
+/* P (qb, kmax - kmin) <- softmax rows of scale * S for queries t0.., keys from
+ * kmin, in place; returns per row the lse (0 for padding).  sg: the row's segment
+ * ids or NULL (then kmin is 0). */
 static void
-softmax_block(float *P, long ldp, float *lse_out, const int32_t *sg, int t0, int qb, float scale)
+softmax_block(float *P, long ldp, float *lse_out, const int32_t *sg, int t0, int qb, int kmin, float scale)
 {
 	for (int i = 0; i < qb; i++) {
-		int t = t0 + i;
+		int t = t0 + i, n = t + 1 - kmin;
 		float *p = P + (long)i * ldp;
 		if (sg != NULL && sg[t] < 0) {
-			memset(p, 0, (size_t)(t + 1) * sizeof(float));
+			memset(p, 0, (size_t)n * sizeof(float));
 			lse_out[i] = 0;
 			continue;
 		}
-		lse_out[i] = softmax_row(p, t + 1, att_pad(t + 1, ldp, sg), sg, sg ? sg[t] : 0, scale);
+		lse_out[i] = softmax_row(p, n, att_pad(n, ldp, sg), sg ? sg + kmin : NULL, sg ? sg[t] : 0, scale);
 	}
 }
 
@@ -915,17 +953,19 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 				const float *base = qkv + (size_t)b * T * W;
 				const float *K = base + (size_t)(NH + h / G) * HD, *Vv = base + (size_t)(NH + NKV + h / G) * HD;
 				const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
+				int mono = att_monotone(sg, T);
 				for (int t0 = 0; t0 < T; t0 += ATT_QB) {
-					int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb;
+					int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb, k0 = att_kmin(sg, mono, t0, qb);
 					const float *Q = base + (size_t)t0 * W + (size_t)h * HD;
-					/* S = Q K^T over keys 0..kmax-1 (the part right of the diagonal is ignored) */
-					gemm_serial(g, P, TP, Q, W, 1, K, W, 1, qb, kmax, HD, 0, bbuf);
-					softmax_block(P, TP, lb, sg, t0, qb, scale);
-					/* zero the masked upper triangle so O = P V can run over kmax keys */
+					/* S = Q K^T over keys k0..kmax-1 (the part right of the diagonal is ignored) */
+					gemm_serial(g, P, TP, Q, W, 1, K + (size_t)k0 * W, W, 1, qb, kmax - k0, HD, 0, bbuf);
+					softmax_block(P, TP, lb, sg, t0, qb, k0, scale);
+					/* zero the masked upper triangle so O = P V can run over kmax - k0 keys */
 					for (int i = 0; i < qb; i++)
-						memset(P + (size_t)i * TP + t0 + i + 1, 0, (size_t)(qb - i - 1) * sizeof(float));
+						memset(P + (size_t)i * TP + t0 + i + 1 - k0, 0, (size_t)(qb - i - 1) * sizeof(float));
 					float *O = out + ((size_t)b * T + t0) * NH * HD + (size_t)h * HD;
-					gemm_serial(g, O, (long)NH * HD, P, TP, 1, Vv, W, 0, qb, HD, kmax, 0, bbuf);
+					gemm_serial(g, O, (long)NH * HD, P, TP, 1, Vv + (size_t)k0 * W, W, 0, qb, HD, kmax - k0, 0,
+					    bbuf);
 					for (int i = 0; i < qb; i++)
 						lse[((size_t)b * NH + h) * T + t0 + i] = lb[i];
 				}
@@ -973,37 +1013,40 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 				const float *K = base + (size_t)(NH + kvh) * HD, *Vv = base + (size_t)(NH + NKV + kvh) * HD;
 				float *dbase = dqkv + (size_t)b * T * W;
 				const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
+				int mono = att_monotone(sg, T);
 				memset(dK, 0, (size_t)2 * T * HD * sizeof(float));
 				for (int h = kvh * G; h < (kvh + 1) * G; h++) {
 					for (int t0 = 0; t0 < T; t0 += ATT_QB) {
-						int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb;
+						int qb = RL_MIN(ATT_QB, T - t0), k0 = att_kmin(sg, mono, t0, qb), kmax = t0 + qb;
+						int nk = kmax - k0;
+						const float *Kk = K + (size_t)k0 * W, *Vk = Vv + (size_t)k0 * W;
 						const float *Q = base + (size_t)t0 * W + (size_t)h * HD;
 						const float *dO = dout + ((size_t)b * T + t0) * OW + (size_t)h * HD;
 						const float *Ob = out + ((size_t)b * T + t0) * OW + (size_t)h * HD;
 						const float *L = lse + ((size_t)b * NH + h) * T + t0;
-						gemm_serial(g, P, TP, Q, W, 1, K, W, 1, qb, kmax, HD, 0, bbuf);
-						gemm_serial(g, dP, TP, dO, OW, 1, Vv, W, 1, qb, kmax, HD, 0, bbuf);
+						gemm_serial(g, P, TP, Q, W, 1, Kk, W, 1, qb, nk, HD, 0, bbuf);
+						gemm_serial(g, dP, TP, dO, OW, 1, Vk, W, 1, qb, nk, HD, 0, bbuf);
 						/* P = exp(scale S - lse) on visible keys, 0 elsewhere;
 						 * dS = P (dP - D) scale with D = dO . O, written over dP */
 						for (int i = 0; i < qb; i++) {
-							int t = t0 + i, n = t + 1;
+							int t = t0 + i, n = t + 1 - k0;
 							float *p = P + (size_t)i * TP, *dp = dP + (size_t)i * TP;
 							if (sg != NULL && sg[t] < 0) {
 								n = 0;  /* padding query: no gradient */
 							} else {
 								float D = dotf(dO + (size_t)i * OW, Ob + (size_t)i * OW, HD);
-								dsoftmax_row(p, dp, n, att_pad(n, TP, sg), sg, sg ? sg[t] : 0, scale,
-								    L[i], D);
+								dsoftmax_row(p, dp, n, att_pad(n, TP, sg), sg ? sg + k0 : NULL,
+								    sg ? sg[t] : 0, scale, L[i], D);
 							}
 							/* keys after the query (and all of a padding row) */
-							memset(p + n, 0, (size_t)(kmax - n) * sizeof(float));
-							memset(dp + n, 0, (size_t)(kmax - n) * sizeof(float));
+							memset(p + n, 0, (size_t)(nk - n) * sizeof(float));
+							memset(dp + n, 0, (size_t)(nk - n) * sizeof(float));
 						}
-						/* dQ = dS K; dK += dS^T Q; dV += P^T dO */
-						gemm_serial(g, dbase + (size_t)t0 * W + (size_t)h * HD, W, dP, TP, 1, K, W, 0,
-						    qb, HD, kmax, 0, bbuf);
-						gemm_serial(g, dK, HD, dP, 1, TP, Q, W, 0, kmax, HD, qb, 1, bbuf);
-						gemm_serial(g, dV, HD, P, 1, TP, dO, OW, 0, kmax, HD, qb, 1, bbuf);
+						/* dQ = dS K; dK += dS^T Q; dV += P^T dO (keys k0..kmax-1) */
+						gemm_serial(g, dbase + (size_t)t0 * W + (size_t)h * HD, W, dP, TP, 1, Kk, W, 0,
+						    qb, HD, nk, 0, bbuf);
+						gemm_serial(g, dK + (size_t)k0 * HD, HD, dP, 1, TP, Q, W, 0, nk, HD, qb, 1, bbuf);
+						gemm_serial(g, dV + (size_t)k0 * HD, HD, P, 1, TP, dO, OW, 0, nk, HD, qb, 1, bbuf);
 					}
 				}
 				for (int s = 0; s < T; s++) {

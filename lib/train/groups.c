@@ -315,7 +315,7 @@ extract(rl_sample *s, const rl_traj *t, const rl_grouper_opts *o, char *why, int
 		return "empty 'prompt' (its first token is never predicted)";
 	if (o->max_tokens > 0 && np + nr > (size_t)o->max_tokens) {
 		snprintf(why, RL_WHY_LEN, "%zu prompt + %zu response tokens exceed %d (the model's positions, "
-		    "or --max-tokens-per-micro + 1)", np, nr, o->max_tokens);
+		    "or --max-tokens-per-micro or --micro-tokens, + 1)", np, nr, o->max_tokens);
 		return why;
 	}
 	if (o->vocab > 0) {

@@ -271,6 +271,8 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	/* the share of the step (update + publish) spent outside the model's compute */
 	metric(j, tr, step, "perf/overhead_frac",
 	    t_upd + tr->t_pub > 0 ? (t_upd + tr->t_pub - tr->t_model) / (t_upd + tr->t_pub) : NAN);
+	/* what --micro-tokens would save: the padding positions of the step's training passes */
+	metric(j, tr, step, "perf/pad_frac", ms->npos > 0 ? ms->npad / ms->npos : 0);
 	metric(j, tr, step, "timing_s/step", t_step);
 	/* verl's compute_timing_metrics and compute_throughout_metrics: per
 	 * token, generation over response tokens and the update over all; the
@@ -340,11 +342,12 @@ rli_metrics_gather(trainer *tr, mstat *ms, int E)
 
 	if (tr->world > 1) {
 		/* the metrics of the whole step: every rank's token statistics summed */
-		double v[8] = { ms->loss, ms->clip, ms->kl, ms->ratio_logsum, ms->ent, ms->ce, ms->ntok, ms->clip_lower };
-		if ((rv = rl_comm_host_allreduce_f64(tr->comm, v, 8)) != 0)
+		double v[10] = { ms->loss, ms->clip, ms->kl, ms->ratio_logsum, ms->ent, ms->ce, ms->ntok, ms->clip_lower,
+			ms->npos, ms->npad };
+		if ((rv = rl_comm_host_allreduce_f64(tr->comm, v, 10)) != 0)
 			return rv;
 		ms->loss = v[0], ms->clip = v[1], ms->kl = v[2], ms->ratio_logsum = v[3], ms->ent = v[4], ms->ce = v[5];
-		ms->ntok = v[6], ms->clip_lower = v[7];
+		ms->ntok = v[6], ms->clip_lower = v[7], ms->npos = v[8], ms->npad = v[9];
 	}
 	if (tr->world > 1 && tr->o->algo == RL_ALGO_PPO) {
 		double v[3] = { ms->vf_loss, ms->vf_clip, ms->vpred };

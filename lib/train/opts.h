@@ -37,6 +37,9 @@ typedef struct rl_train_opts {
 	int batch;                 /* groups per step */
 	int ppo_epochs, mini_batches;
 	int max_tokens_micro;      /* token budget of one micro-batch (rows x T) */
+	int micro_tokens;          /* > 0: packed micro-batches of at most this many tokens, one row
+	                            * of sequences kept apart (segments), no padding; replaces
+	                            * max_tokens_micro (docs/train.md, "Packed micro-batches") */
 	int recompute;             /* activation recomputation (rl_model.recompute) */
 	float clip_low, clip_high, dual_clip, tis_cap;
 	int kl_type;               /* 0 off, 1..3 k1/k2/k3 */

@@ -104,6 +104,11 @@ entries(entry *e, int cap, const rl_train_opts *o)
 	snprintf(ADD("seed", 0), VAL_SZ, "%llu", (unsigned long long)o->seed);
 	I("max-tokens-per-micro", o->max_tokens_micro);
 	e[n - 1].meaning = 0;
+	if (o->micro_tokens > 0) {
+		/* packing changes the sums' order, not the update: as max-tokens-per-micro */
+		I("micro-tokens", o->micro_tokens);
+		e[n - 1].meaning = 0;
+	}
 	I("save-every", o->save_every);
 	e[n - 1].meaning = 0;
 	I("max-steps", o->max_steps);

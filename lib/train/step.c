@@ -1,8 +1,10 @@
 /*
  * step.c — one optimizer step's computation (trainer.h): the step's
  * sequences laid out, advantages and loss weights on the host (algo.h), then
- * per micro-batch: rows padded, forward (model.h), per-token loss and its
- * gradient (ops->pg_loss, PPO's value loss), backward; AdamW per mini-batch.
+ * per micro-batch: rows padded, or sequences packed into one row with segment
+ * and position ids (--micro-tokens, pack_plan), forward (model.h), per-token loss
+ * and its gradient (ops->pg_loss, PPO's value loss), backward; AdamW per
+ * mini-batch.
  *
  * Host arrays hold per-token values in the micro-batch's (B, T) layout; the
  * backend copies live in one allocation reserved once (rli_step_reserve), so
@@ -68,8 +70,8 @@ layout(trainer *tr, int *ntok_out, int *G_out)
 			}
 			if (s->plen + s->rlen - 1 > tr->maxtok || s->plen + s->rlen > tr->m->cfg.max_pos) {
 				rl_error("record %llu: %d prompt + %d response tokens exceed the model's %d "
-				    "positions or --max-tokens-per-micro %d", (unsigned long long)s->id,
-				    s->plen, s->rlen, tr->m->cfg.max_pos, tr->maxtok);
+				    "positions or %s %d", (unsigned long long)s->id, s->plen, s->rlen,
+				    tr->m->cfg.max_pos, tr->pack ? "--micro-tokens" : "--max-tokens-per-micro", tr->maxtok);
 				return RL_ETOOBIG;
 			}
 			tr->seq[tr->nseq] = (seqref){ s, ntok, s->reward, 0 };
@@ -322,20 +324,39 @@ mini_weights(trainer *tr, int a, int b)
 	return rv;
 }
 
-/* Fills the host (B, T) buffers for the B sequences sq; returns T. */
+/* Positions a sequence takes in a micro-batch: its tokens but the last (never an input),
+ * at least one. */
+static int
+seq_positions(const rl_sample *s)
+{
+	return RL_MAX(1, s->plen + s->rlen - 1);
+}
+
+/* Fills the host buffers for the B sequences sq and returns the row length T: padded, B rows
+ * of T, sequence r from r * T; packed (tr->pack), one row of T = their positions, sequence r
+ * from h_off[r] as segment r with positions from 0.  h_off[r] is where it starts either way. */
 static int
 fill_rows(trainer *tr, const seqref *sq, int B)
 {
 	int T = 0;
 
-	for (int i = 0; i < B; i++)
-		T = RL_MAX(T, sq[i].s->plen + sq[i].s->rlen - 1);
+	for (int i = 0; i < B; i++) {
+		tr->h_off[i] = tr->pack ? T : 0;
+		T = tr->pack ? T + seq_positions(sq[i].s) : RL_MAX(T, sq[i].s->plen + sq[i].s->rlen - 1);
+	}
+	tr->maxrow = RL_MAX(tr->maxrow, T);
 	for (int r = 0; r < B; r++) {
 		const seqref *q = &sq[r];
 		rl_sample *s = q->s;
-		int L = s->plen + s->rlen;
-		for (int t = 0; t < T; t++) {
-			int n = r * T + t, j = t - (s->plen - 1); /* response token index predicted at t */
+		int L = s->plen + s->rlen, n0 = tr->pack ? tr->h_off[r] : r * T;
+		int span = tr->pack ? seq_positions(s) : T;
+		tr->h_off[r] = n0;
+		for (int t = 0; t < span; t++) {
+			int n = n0 + t, j = t - (s->plen - 1); /* response token index predicted at t */
+			if (tr->pack) {
+				tr->h_seg[n] = r;
+				tr->h_pos[n] = t;
+			}
 			tr->h_tok[n] = t < s->plen ? s->prompt[t] : (t < L ? s->response[t - s->plen] : 0);
 			if (j >= 0 && j < s->rlen) {
 				tr->h_tgt[n] = s->response[j];
@@ -394,45 +415,136 @@ micro_end(trainer *tr, const seqref *sq, int a, int b)
 	return e;
 }
 
+/* qsort order of (positions, index) pairs: longest first, equal lengths in the records'
+ * order (the same plan on every run). */
+static int
+by_length(const void *a, const void *b)
+{
+	const int *x = a, *y = b;
+	return x[0] != y[0] ? (x[0] < y[0]) - (x[0] > y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* Packed micro-batches (--micro-tokens N) of sq[0, n) by first-fit decreasing into tr->pseq
+ * and tr->pbin (micro_plan): the sequences longest first, each into the first micro-batch
+ * of the same temperature with room for its positions, else a new one.  Every micro-batch
+ * holds at most N positions; a sequence longer than N never gets here (the grouper and
+ * layout() refuse it).  FFD uses at most 11/9 OPT + 1 micro-batches; verl's Karmarkar-Karp
+ * split balances their sums instead, which matters for ranks that wait on each other at
+ * every micro-batch, not for the results. */
+static int
+pack_plan(trainer *tr, const seqref *sq, int n, int *nbin)
+{
+	int N = tr->maxtok, nb = 0, *room, *bin, *ord, *cnt, *first;
+
+	room = rl_try_malloc(sizeof(int) * (size_t)(n + 1) * 6, "micro-batch plan");
+	if (room == NULL)
+		return RL_ENOMEM;
+	bin = room + n + 1;   /* bin of each sequence */
+	cnt = bin + n + 1;    /* sequences per bin, then their start */
+	first = cnt + n + 1;  /* each bin's first sequence (its temperature) */
+	ord = first + n + 1;  /* (positions, sequence) pairs, longest first */
+	for (int i = 0; i < n; i++) {
+		ord[2 * i] = seq_positions(sq[i].s);
+		ord[2 * i + 1] = i;
+	}
+	qsort(ord, (size_t)n, 2 * sizeof(int), by_length);
+	for (int i = 0; i < n; i++) {
+		const rl_sample *s = sq[ord[2 * i + 1]].s;
+		int L = ord[2 * i], b = 0;
+		while (b < nb && (room[b] < L || sq[first[b]].s->temperature != s->temperature))
+			b++;
+		if (b == nb) {
+			room[nb] = N;
+			first[nb++] = ord[2 * i + 1];
+		}
+		room[b] -= L;
+		bin[ord[2 * i + 1]] = b;
+	}
+	memset(cnt, 0, sizeof(int) * (size_t)(nb + 1));
+	for (int i = 0; i < n; i++)
+		cnt[bin[i] + 1]++;
+	for (int b = 0; b < nb; b++)
+		cnt[b + 1] += cnt[b];
+	memcpy(tr->pbin, cnt, sizeof(int) * (size_t)(nb + 1));
+	/* within a bin, the records' order */
+	for (int i = 0; i < n; i++)
+		tr->pseq[cnt[bin[i]]++] = sq[i];
+	*nbin = nb;
+	free(room);
+	return RL_OK;
+}
+
+/* The micro-batches of sq[0, n): *out (tr->pseq, valid until the next call) holds the
+ * sequences in micro-batch order, micro-batch k being (*out)[tr->pbin[k], tr->pbin[k + 1]);
+ * padded rows by micro_end in the records' order, or packed by pack_plan. */
+static int
+micro_plan(trainer *tr, const seqref *sq, int n, seqref **out, int *nbin)
+{
+	int rv, nb = 0;
+
+	if ((rv = rli_feed_grow((void **)&tr->pseq, &tr->cap_pseq, RL_MAX(n, 1), sizeof(seqref))) != 0)
+		return rv;
+	free(tr->pbin);
+	if ((tr->pbin = rl_try_malloc(sizeof(int) * (size_t)(n + 1), "micro-batch plan")) == NULL)
+		return RL_ENOMEM;
+	*out = tr->pseq;
+	if (tr->pack) {
+		rv = pack_plan(tr, sq, n, nbin);
+		tr->nbin = *nbin;
+		return rv;
+	}
+	memcpy(tr->pseq, sq, sizeof(seqref) * (size_t)n);
+	tr->pbin[0] = 0;
+	for (int a = 0; a < n; a = tr->pbin[nb])
+		tr->pbin[++nb] = micro_end(tr, sq, a, n);
+	*nbin = tr->nbin = nb;
+	return RL_OK;
+}
+
 /* Recompute the old log-probs of sequences sq[a0, b0) with the current
  * weights (and with a value head, their values V_old). */
 static int
 recompute_old(trainer *tr, const seqref *sq, int a0, int b0)
 {
-	int rv;
-	for (int a = a0; a < b0;) {
-		int e = micro_end(tr, sq, a, b0), B = e - a, T = fill_rows(tr, sq + a, B);
+	int rv, nb;
+	seqref *ps;
+
+	if ((rv = micro_plan(tr, sq + a0, b0 - a0, &ps, &nb)) != 0)
+		return rv;
+	for (int k = 0; k < nb; k++) {
+		const seqref *mq = ps + tr->pbin[k];
+		int B = tr->pbin[k + 1] - tr->pbin[k], T = fill_rows(tr, mq, B), R = tr->pack ? 1 : B;
 		double t0 = rl_now();
-		rv = rl_model_forward(tr->m, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T,
-		    sq[a].s->temperature);
+		rv = rl_model_forward(tr->m, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, tr->pack ? tr->h_seg : NULL,
+		    tr->pack ? tr->h_pos : NULL, R, T, mq[0].s->temperature);
 		tr->t_model += rl_now() - t0;
 		if (rv != 0)
 			return rv;
 		if (tr->m->val) {
-			tr->ops->download(tr->ops, tr->h_v, tr->m->val, sizeof(float) * (size_t)B * T);
+			tr->ops->download(tr->ops, tr->h_v, tr->m->val, sizeof(float) * (size_t)R * T);
 			if ((rv = tr->ops->status(tr->ops)) != 0)
 				return rv;
 		}
 		for (int r = 0; r < B; r++) {
-			rl_sample *s = sq[a + r].s;
+			rl_sample *s = mq[r].s;
 			for (int j = 0; j < s->rlen; j++) {
-				tr->old_tok[sq[a + r].toff + j] = tr->h_lp[r * T + s->plen - 1 + j];
+				int n = tr->h_off[r] + s->plen - 1 + j;
+				tr->old_tok[mq[r].toff + j] = tr->h_lp[n];
 				if (tr->m->val)
-					tr->val_tok[sq[a + r].toff + j] = tr->h_v[r * T + s->plen - 1 + j];
+					tr->val_tok[mq[r].toff + j] = tr->h_v[n];
 			}
 		}
-		a = e;
 	}
 	return RL_OK;
 }
 
-/* PPO: the clipped value loss of the micro-batch sq[0, B) laid out in rows
- * of T by fill_rows, after its forward; its gradient (times vf_coef) to d_dval. */
+/* PPO: the clipped value loss of the micro-batch sq[0, B) laid out by fill_rows in N
+ * positions, after its forward; its gradient (times vf_coef) to d_dval. */
 static int
-value_loss(trainer *tr, const seqref *sq, int B, int T, mstat *ms)
+value_loss(trainer *tr, const seqref *sq, int B, int N, mstat *ms)
 {
 	const rl_train_opts *o = tr->o;
-	int N = B * T, nclip = 0;
+	int nclip = 0;
 
 	tr->ops->download(tr->ops, tr->h_v, tr->m->val, sizeof(float) * (size_t)N);
 	memset(tr->h_vold, 0, sizeof(float) * (size_t)N);
@@ -440,7 +552,7 @@ value_loss(trainer *tr, const seqref *sq, int B, int T, mstat *ms)
 	for (int r = 0; r < B; r++) {
 		const seqref *q = &sq[r];
 		for (int j = 0; j < q->s->rlen; j++) {
-			int n = r * T + q->s->plen - 1 + j;
+			int n = tr->h_off[r] + q->s->plen - 1 + j;
 			tr->h_vold[n] = tr->val_tok[q->toff + j];
 			tr->h_ret[n] = tr->ret_tok[q->toff + j];
 			if (tr->mask_tok[q->toff + j])
@@ -465,10 +577,10 @@ value_loss(trainer *tr, const seqref *sq, int B, int T, mstat *ms)
  * at 10 as verl caps the log-ratio.  old_h is the host pi_old (N); the result
  * goes to d_old. */
 static int
-gspo_old(trainer *tr, const seqref *sq, int B, int T, const float *old_h)
+gspo_old(trainer *tr, const seqref *sq, int B, int N, const float *old_h)
 {
 	rl_ops *ops = tr->ops;
-	size_t nb = (size_t)B * T * sizeof(float);
+	size_t nb = (size_t)N * sizeof(float);
 
 	ops->download(ops, tr->h_lp, tr->m->lp, nb);
 	if (ops->status(ops) != 0)
@@ -479,7 +591,7 @@ gspo_old(trainer *tr, const seqref *sq, int B, int T, const float *old_h)
 		double sum = 0;
 		int cnt = 0;
 		for (int j = 0; j < smp->rlen; j++) {
-			int n = r * T + smp->plen - 1 + j;
+			int n = tr->h_off[r] + smp->plen - 1 + j;
 			if (tr->has_mask && tr->h_w[n] == 0.0f)
 				continue;
 			sum += (double)tr->h_lp[n] - old_h[n];
@@ -489,7 +601,7 @@ gspo_old(trainer *tr, const seqref *sq, int B, int T, const float *old_h)
 		if (mean > 10)
 			mean = 10;
 		for (int j = 0; j < smp->rlen; j++) {
-			int n = r * T + smp->plen - 1 + j;
+			int n = tr->h_off[r] + smp->plen - 1 + j;
 			tr->h_gspo[n] = (float)((double)tr->h_lp[n] - mean);
 		}
 	}
@@ -504,14 +616,20 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 {
 	const rl_train_opts *o = tr->o;
 	rl_ops *ops = tr->ops;
-	int T = fill_rows(tr, sq, B), N = B * T, rv;
+	int T = fill_rows(tr, sq, B), R = tr->pack ? 1 : B, N = R * T, rv;
+	const int32_t *seg = tr->pack ? tr->h_seg : NULL, *pos = tr->pack ? tr->h_pos : NULL;
+
+	ms->npos += N;
+	for (int i = 0; i < B; i++)
+		ms->npad -= seq_positions(sq[i].s);
+	ms->npad += N;
 	float temp = sq[0].s->temperature;
 	rl_pg_params p = { 0 };
 	const float *ref = NULL, *beh = NULL, *old;
 	int want_ent = o->ent_coef != 0;
 
 	double t0 = rl_now();
-	rv = rl_model_forward(tr->m, NULL, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, temp);
+	rv = rl_model_forward(tr->m, NULL, NULL, tr->h_tok, tr->h_tgt, seg, pos, R, T, temp);
 	tr->t_model += rl_now() - t0;
 	if (rv != 0)
 		return rv;
@@ -528,7 +646,7 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 		old = tr->m->lp; /* one pass: pi_old is the current policy (gspo's ratio is 1 too) */
 	}
 	if (o->algo == RL_ALGO_GSPO && old == tr->d_old &&
-	    (rv = gspo_old(tr, sq, B, T, o->old_from_behaviour ? tr->h_beh : tr->h_old)) != 0)
+	    (rv = gspo_old(tr, sq, B, N, o->old_from_behaviour ? tr->h_beh : tr->h_old)) != 0)
 		return rv;
 	if (o->tis_cap > 0 && !o->old_from_behaviour) {
 		for (int i = 0; i < B; i++)
@@ -542,7 +660,7 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 	}
 	if (o->kl_type && !o->kl_in_reward) {
 		if (tr->ref) {
-			if ((rv = rl_model_forward(tr->ref, NULL, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, temp)) != 0)
+			if ((rv = rl_model_forward(tr->ref, NULL, NULL, tr->h_tok, tr->h_tgt, seg, pos, R, T, temp)) != 0)
 				return rv;
 			ref = tr->ref->lp;
 		} else {
@@ -565,7 +683,7 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 	p.ent_coef = o->ent_coef;
 	ops->pg_loss(ops, tr->d_dlp, want_ent ? tr->d_dent : NULL, tr->d_stats, tr->m->lp, old, beh, ref,
 	    want_ent ? tr->m->ent : NULL, tr->d_adv, tr->d_w, N, &p);
-	if (o->algo == RL_ALGO_PPO && (rv = value_loss(tr, sq, B, T, ms)) != 0)
+	if (o->algo == RL_ALGO_PPO && (rv = value_loss(tr, sq, B, N, ms)) != 0)
 		return rv;
 	t0 = rl_now();
 	rv = rl_model_backward_value(tr->m, tr->d_dlp, want_ent ? tr->d_dent : NULL,
@@ -625,8 +743,11 @@ rli_step_reserve(trainer *tr)
 	tr->h_tok = rl_try_calloc(n, sizeof(int32_t), "token rows");
 	tr->h_tgt = rl_try_calloc(n, sizeof(int32_t), "target rows");
 	tr->h_old = rl_try_calloc(n * (8 + RL_PG_NSTAT), sizeof(float), "per-token buffers");
-	if (!tr->h_tok || !tr->h_tgt || !tr->h_old)
+	tr->h_seg = rl_try_calloc(2 * n, sizeof(int32_t), "segment rows");
+	tr->h_off = rl_try_calloc(n, sizeof(int), "sequence offsets");
+	if (!tr->h_tok || !tr->h_tgt || !tr->h_old || !tr->h_seg || !tr->h_off)
 		return RL_ENOMEM;
+	tr->h_pos = tr->h_seg + n;
 	tr->h_beh = tr->h_old + n;
 	tr->h_ref = tr->h_beh + n;
 	tr->h_adv = tr->h_ref + n;
@@ -717,7 +838,7 @@ int
 rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double *lr, int *nupd)
 {
 	const rl_train_opts *o = tr->o;
-	int E = RL_MAX(o->ppo_epochs, 1), M = RL_MIN(RL_MAX(o->mini_batches, 1), tr->nseq), rv, n, ra, rb;
+	int E = RL_MAX(o->ppo_epochs, 1), M = RL_MIN(RL_MAX(o->mini_batches, 1), tr->nseq), rv, n, ra, rb, nb;
 	seqref *sq;
 
 	*nupd = 0;
@@ -732,18 +853,18 @@ rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double *lr
 			rank_share(tr, a, b, &ra, &rb);
 			if ((rv = trained_seqs(tr, ra, rb, &sq, &n)) != 0)
 				return rv;
-			for (int s = 0; s < n;) {
-				int e = micro_end(tr, sq, s, n);
+			if ((rv = micro_plan(tr, sq, n, &sq, &nb)) != 0)
+				return rv;
+			for (int k = 0; k < nb; k++) {
 				/* the last backward completes the gradients: buckets go out as layers finish */
-				if (tr->red && e == n) {
+				if (tr->red && k == nb - 1) {
 					tr->m->grad_ready = rli_dp_grad_ready;
 					tr->m->grad_ready_ctx = tr->red;
 				}
-				rv = micro(tr, sq + s, e - s, recomputed, ms);
+				rv = micro(tr, sq + tr->pbin[k], tr->pbin[k + 1] - tr->pbin[k], recomputed, ms);
 				tr->m->grad_ready = NULL;
 				if (rv != 0)
 					return rv;
-				s = e;
 			}
 			if (tr->world > 1 && !tr->zero && (rv = rli_dp_allreduce_grads(tr)) != 0)
 				return rv;

@@ -162,7 +162,8 @@ setup(trainer *tr, const rl_train_opts *o)
 		return RL_EINVAL;
 	}
 	tr->skip_zero = o->skip_zero_adv != 0 && !why && o->algo != RL_ALGO_SFT;
-	tr->maxtok = o->max_tokens_micro;
+	tr->pack = o->micro_tokens > 0;
+	tr->maxtok = tr->pack ? o->micro_tokens : o->max_tokens_micro;
 	if (!o->out_dir) {
 		rl_error("no output directory (--out DIR)");
 		return RL_EINVAL;
@@ -399,6 +400,10 @@ rli_train_fini(trainer *tr, int rv)
 	rl_gset_fini(&tr->pend_groups);
 	free(tr->seq);
 	free(tr->kseq);
+	free(tr->pseq);
+	free(tr->pbin);
+	free(tr->h_seg);
+	free(tr->h_off);
 	free(tr->adv_tok);
 	free(tr->w_tok);
 	free(tr->old_tok);

@@ -46,7 +46,8 @@
  * the "old" log-probs of the ratio are then recomputed once at the start
  * of the step (π_old); with E = M = 1 they equal the current log-probs and
  * cost nothing.  Micro-batches: sequences padded into rows, at most
- * max_tokens_micro = rows x longest row tokens, gradients accumulated.
+ * max_tokens_micro = rows x longest row tokens, or with micro_tokens packed
+ * into one row of at most that many tokens; gradients accumulated.
  *
  * Not thread-safe.
  */

@@ -75,7 +75,15 @@ typedef struct trainer {
 	int cap_tok;
 	/* micro-batch host buffers (max_tokens) */
 	int maxtok;
+	int pack;                /* --micro-tokens: packed rows (step.c, pack_plan) */
 	int32_t *h_tok, *h_tgt;
+	int32_t *h_seg, *h_pos;  /* packed: segment and position ids (max_tokens) */
+	int *h_off;              /* index of each sequence's first position in the micro-batch */
+	seqref *pseq;            /* the sequences of a range in micro-batch order (micro_plan) */
+	int *pbin;               /* micro-batch k is pseq[pbin[k], pbin[k + 1]) */
+	int cap_pseq;
+	int nbin;                /* micro-batches of the last micro_plan */
+	int maxrow;              /* positions of the longest micro-batch row so far (tests) */
 	float *h_old, *h_beh, *h_ref, *h_adv, *h_w, *h_stats, *h_lp, *h_ent;
 	float *h_gspo;        /* gspo: the pi_old given to pg_loss (gspo_old) */
 	float *h_vold, *h_ret, *h_v, *h_dv;   /* PPO (max_tokens each, one allocation) */
@@ -136,6 +144,7 @@ typedef struct mstat {
 	double loss, clip, clip_lower, kl, ratio_logsum, ent, ce;
 	double ntok;
 	double vf_loss, vf_clip, vpred;  /* PPO */
+	double npos, npad;               /* positions the training passes ran; those of padding */
 } mstat;
 
 /* SIGINT/SIGTERM seen (the signal number): stop at the next step boundary
