@@ -1,7 +1,8 @@
 #!/usr/bin/env bats
 # rl-rollout --env in the queue wiring: prompts leased from rl-queue run as
 # episodes; their records go to the trainers (the environment scored them),
-# carry the turns, and their version is the first turn's.
+# carry the turns, and their version is the first turn's; with --partial new
+# weights apply between turns (turn_versions), without it they wait.
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
@@ -82,4 +83,61 @@ PY
 	rl-queue get "$URL" -s train -n 100 --release > "$TD/f-out.jsonl"
 	[ "$(grep -c env_error "$TD/f-out.jsonl")" -eq 2 ]
 	[ "$(wc -l < "$TD/f-out.jsonl")" -eq 4 ]
+}
+
+# an environment that publishes weights version 1 (W/latest -> V1) at its first
+# step and answers 0.5 s later, so the generator sees the new version mid-episode
+publishing_env() {
+	cat > "$TD/pub_env.py" <<'PY'
+import json, os, sys, time
+w, v1 = sys.argv[1], sys.argv[2]
+for line in sys.stdin:
+    m = json.loads(line)
+    if m["op"] == "reset":
+        n = 0
+        print(json.dumps({"observation": "<", "done": False}), flush=True)
+        continue
+    n += 1
+    if n == 1:
+        os.symlink(v1, w + "/latest.tmp")
+        os.replace(w + "/latest.tmp", w + "/latest")
+        time.sleep(0.5)
+    print(json.dumps({"observation": "[%d]" % n, "reward": 0.5, "done": n >= 2}), flush=True)
+PY
+	mkdir -p "$TD/$1/w" "$TD/$1/v"
+	cp -r "$TD/m0" "$TD/$1/v/step-00000001"
+	echo "/usr/bin/python3 $TD/pub_env.py $TD/$1/w $TD/$1/v/step-00000001"
+}
+
+@test "--partial: new weights apply between turns, turn_versions say so and the record's version is the first turn's" {
+	echo '{"prompt":"p"}' > "$TD/one.jsonl"
+	rl-queue put -q "$URL" "$TD/one.jsonl"
+	env=$(publishing_env part)
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 1 --max-tokens 3 --env "$env" --env-procs 1 \
+	    --weights-from "$TD/part/w" --partial --queue "$URL" --idle-exit 1.5
+	rl-queue get "$URL" -s train -n 10 --release > "$TD/part.jsonl"
+	python3 - "$TD/part.jsonl" <<'PY'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+assert len(r) == 1, r
+r = r[0]
+assert r["turn_versions"] == [0, 0, 1, 1], r["turn_versions"]
+assert r["version"] == [0, 1], r["version"]
+PY
+}
+
+@test "without --partial new weights wait for the running episode: one version throughout" {
+	echo '{"prompt":"p"}' > "$TD/one.jsonl"
+	rl-queue put -q "$URL" "$TD/one.jsonl"
+	env=$(publishing_env whole)
+	run -0 --separate-stderr rl-rollout -m "$TD/m0" -n 1 --max-tokens 3 --env "$env" --env-procs 1 \
+	    --weights-from "$TD/whole/w" --queue "$URL" --idle-exit 1.5
+	rl-queue get "$URL" -s train -n 10 --release > "$TD/whole.jsonl"
+	python3 - "$TD/whole.jsonl" <<'PY'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+assert len(r) == 1, r
+assert r[0]["turn_versions"] == [0, 0, 0, 0], r[0]["turn_versions"]
+assert r[0]["version"] == [0, 0], r[0]["version"]
+PY
 }
