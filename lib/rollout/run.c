@@ -159,7 +159,7 @@ progress(gen *g, int end)
 			    (unsigned long long)g->skipped, g->resume_path);
 		if (g->e) {
 			const rl_engine_stats *st = rl_engine_stats_get(g->e);
-			rl_verbose("tokens: %llu prefilled, %llu sampled, %llu inserted by environments (fed by decode steps)",
+			rl_verbose("tokens: %llu prefilled, %llu sampled, %llu inserted by environments",
 			    (unsigned long long)st->prefill_tokens, (unsigned long long)st->gen_tokens,
 			    (unsigned long long)st->fed_tokens);
 		}
