@@ -93,7 +93,7 @@ BENCHES  := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 MANS     := $(wildcard man/*.[1-9])
 DEPS     := $(LIB_OBJ:.o=.d) $(wildcard $(B)/cmd/*/*.d $(B)/tests/unit/*.d $(B)/bench/*.d)
 
-.PHONY: all features deps demo-deps vocab check unit cli mancheck gpucheck bench bench-gpu fuzz demo install uninstall clean
+.PHONY: all features deps demo-deps vocab check unit cli mancheck gpucheck bench bench-gpu fuzz demo demo-agent install uninstall clean
 all: features $(LIB) $(BINS)
 
 features:
@@ -188,6 +188,11 @@ fuzz:
 demo: demo-deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory -C pipelines/demo BUILD=$(abspath $(B)) $(if $(DEVICE),DEVICE=$(DEVICE))
+
+# a tiny model learns by RL to call a calculator tool (multi-turn episodes, CPU)
+demo-agent:
+	@$(MAKE) --no-print-directory all
+	@PATH="$(abspath $(B))/bin:$$PATH" sh pipelines/agent/demo.sh
 
 # ---- install ---------------------------------------------------------------------
 install: all

@@ -153,9 +153,9 @@ check_opts(const rl_rollout_opts *o)
 		    "--weights-from and --sync");
 	if (!o->env_cmd && (o->env_procs || o->max_turns || o->go.max_episode || o->env_framing))
 		return rl_cli_usage("--env-procs, --env-framing, --max-turns and --max-episode-tokens need --env CMD");
-	if (o->env_cmd && (o->queue_url || o->score_field || o->greedy))
-		return rl_cli_usage("--env runs episodes in pipe mode (prompt lines in, records out): not with %s",
-		    o->queue_url ? "--queue" : o->score_field ? "--score" : "--greedy-baseline");
+	if (o->env_cmd && (o->score_field || o->greedy))
+		return rl_cli_usage("--env runs episodes (records of sampled turns): not with %s",
+		    o->score_field ? "--score" : "--greedy-baseline");
 	if (o->sync_transport && !o->sync_url)
 		return rl_cli_usage("--sync-transport needs --sync URL");
 	if (o->weights_from && o->sync_url)

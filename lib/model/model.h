@@ -240,6 +240,15 @@ int rl_model_infer_reserve(rl_model *m, int max_tokens, int max_batch);
  * f32.  RL_EBUSY if the cache is out of blocks (no sequence changed).  */
 int rl_model_prefill(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs,
     const int32_t *const *tokens, const int *ntok, int nseq, float *logits);
+/* Appends tokens[i][0 .. ntok[i]) (ntok[i] >= 0, host) to sequences of any
+ * lengths in forwards of up to max_batch rows, one row a token, with the decode
+ * kernels (no new kernel: the same values as feeding them one a decode step) and
+ * no logits: the caller decodes the next token after them.  Observations of a
+ * multi-turn episode come in this way.  RL_EBUSY when the cache is out of blocks
+ * (no length changed; blocks may stay reserved), RL_ETOOBIG past the model's
+ * positions. */
+int rl_model_extend(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *const *tokens,
+    const int *ntok, int nseq);
 /* One decode step: appends tok[b] (host) to seqs[b] at position seqs[b]->len
  * for b < B, and returns the next-token logits in m->logits (B, V) and, when
  * non-NULL, host logits (B, V) f32.  Sequences of any lengths.  RL_EBUSY when

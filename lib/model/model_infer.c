@@ -331,6 +331,100 @@ undo:
 	return rv;
 }
 
+/* Block tables as wide as this cache's, one row per decode row (maxB): allocated
+ * when a new cache shape is seen. */
+static int
+bt_tables(rl_model *m, const rl_kvcache *kv)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	int rv;
+
+	if (f->btcols == kv->maxblk)
+		return RL_OK;
+	o->free(o, f->bt);
+	free(f->hbt);
+	f->bt = NULL;
+	f->hbt = NULL;
+	f->btcols = 0;
+	if ((rv = o->alloc(o, (void **)&f->bt, (size_t)f->maxB * kv->maxblk * 4)) != 0)
+		return rv;
+	f->hbt = rl_xcalloc((size_t)f->maxB * kv->maxblk, sizeof *f->hbt);
+	f->btcols = kv->maxblk;
+	return RL_OK;
+}
+
+/* One forward of the R rows staged in f's host buffers (tok, pos, ctx, slot,
+ * block tables): the decode kernels with one row per token.  Every layer writes
+ * all rows' K/V before its attention reads the cache, so a row sees the rows of
+ * its sequence before it. */
+static int
+extend_run(rl_model *m, rl_kvcache *kv, int R)
+{
+	rl_ops *o = m->ops;
+	rl_model_inf *f = m->inf;
+	int rv;
+
+	if ((rv = rli_model_check_inputs(m, f->htok, NULL, f->hpos, R, "model extend")) != 0)
+		return rv;
+	o->upload(o, f->tok, f->htok, (size_t)R * 4);
+	o->upload(o, f->pos, f->hpos, (size_t)R * 4);
+	o->upload(o, f->ctx, f->hseg, (size_t)R * 4);
+	o->upload(o, f->slot, f->hslot, (size_t)R * 4);
+	o->upload(o, f->bt, f->hbt, (size_t)R * f->btcols * 4);
+	o->embed_fwd(o, f->x, f->tok, f->pos, W(m, m->wte), W(m, m->wpe), R, m->cfg.hidden_size);
+	infer_blocks(m, kv, R, 1, R);
+	return check_ops(m, "model extend");
+}
+
+int
+rl_model_extend(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *const *tokens,
+    const int *ntok, int nseq)
+{
+	rl_model_inf *f = m->inf;
+	int rv, R = 0, total = 0;
+
+	if (f == NULL || nseq < 0) {
+		rl_error("model extend: no inference buffers");
+		return RL_EINVAL;
+	}
+	for (int i = 0; i < nseq; i++) {
+		if (ntok[i] < 0 || seqs[i]->len + ntok[i] > m->cfg.max_pos) {
+			rl_error("model extend: sequence %d: %d tokens after %d pass the model's %d positions", i,
+			    ntok[i], seqs[i]->len, m->cfg.max_pos);
+			return RL_ETOOBIG;
+		}
+		total += ntok[i];
+	}
+	if (total == 0)
+		return RL_OK;
+	if ((rv = bt_tables(m, kv)) != 0)
+		return rv;
+	for (int i = 0; i < nseq; i++)
+		if ((rv = rl_kvcache_reserve(kv, seqs[i], ntok[i])) != 0)
+			return rv;
+	/* rows in chunks of maxB (the block tables' rows); a sequence may span two chunks: its
+	 * earlier tokens are in the cache by then */
+	for (int i = 0; i < nseq; i++) {
+		for (int j = 0; j < ntok[i]; j++) {
+			int p = seqs[i]->len + j;
+			f->htok[R] = tokens[i][j];
+			f->hpos[R] = p;
+			f->hseg[R] = p + 1;
+			f->hslot[R] = rl_kvcache_slot(kv, seqs[i], p);
+			memcpy(f->hbt + (size_t)R * f->btcols, seqs[i]->blocks, (size_t)seqs[i]->nblk * 4);
+			if (++R == f->maxB && (rv = extend_run(m, kv, R)) != 0)
+				return rv;
+			R %= f->maxB;
+		}
+	}
+	if (R > 0 && (rv = extend_run(m, kv, R)) != 0)
+		return rv;
+	for (int i = 0; i < nseq; i++)
+		seqs[i]->len += ntok[i];
+	return RL_OK;
+}
+
 int
 rl_model_decode(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_t *tok, int B,
     float *logits)
@@ -344,18 +438,8 @@ rl_model_decode(rl_model *m, rl_kvcache *kv, rl_kvseq *const *seqs, const int32_
 		rl_error("model decode: batch of %d (reserved for %d)", B, f ? f->maxB : 0);
 		return RL_EINVAL;
 	}
-	if (f->btcols != kv->maxblk) {
-		/* block tables as wide as this cache's: allocated when a new cache shape is seen */
-		o->free(o, f->bt);
-		free(f->hbt);
-		f->bt = NULL;
-		f->hbt = NULL;
-		f->btcols = 0;
-		if ((rv = o->alloc(o, (void **)&f->bt, (size_t)f->maxB * kv->maxblk * 4)) != 0)
-			return rv;
-		f->hbt = rl_xcalloc((size_t)f->maxB * kv->maxblk, sizeof *f->hbt);
-		f->btcols = kv->maxblk;
-	}
+	if ((rv = bt_tables(m, kv)) != 0)
+		return rv;
 	for (int b = 0; b < B; b++) {
 		f->htok[b] = tok[b];
 		f->hpos[b] = seqs[b]->len;

@@ -846,6 +846,45 @@ step_params(rl_engine *e)
 	return &e->o.sp;
 }
 
+/* Observations appended by rl_engine_feed go into the cache in one forward (a
+ * row a token, rl_model_extend) rather than one a decode step: all but the
+ * last, which the decode step feeds as the one before the model's turn, so the
+ * token counter the sampler draws with is what it was. */
+static int
+feed_observations(rl_engine *e)
+{
+	int nb = 0, rv;
+
+	for (int k = 0; k < e->slots; k++) {
+		seq *q = &e->s[k];
+		if (q->used && !q->done && !q->waiting && q->fed < q->n - 1) {
+			e->bseq[nb] = &q->kv;
+			e->bidx[nb] = k;
+			nb++;
+		}
+	}
+	if (nb == 0)
+		return RL_OK;
+	const int32_t **tok = rl_xmalloc(sizeof *tok * (size_t)nb);
+	int *ntok = rl_xmalloc(sizeof *ntok * (size_t)nb);
+	for (int b = 0; b < nb; b++) {
+		seq *q = &e->s[e->bidx[b]];
+		tok[b] = q->tok + q->fed;
+		ntok[b] = q->n - 1 - q->fed;
+	}
+	double t0 = rl_now();
+	rv = rl_model_extend(e->m, e->kv, e->bseq, tok, ntok, nb);
+	e->st.t_prefill += rl_now() - t0;
+	if (rv == RL_OK)
+		for (int b = 0; b < nb; b++) {
+			e->s[e->bidx[b]].fed += ntok[b];
+			e->st.fed_tokens += (uint64_t)ntok[b];
+		}
+	free(tok);
+	free(ntok);
+	return rv;
+}
+
 int
 rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 {
@@ -856,6 +895,8 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 		return RL_ENOMEM;
 	}
 	if ((rv = admit(e, done, ctx)) != 0)
+		return rv;
+	if (e->turn && (rv = feed_observations(e)) != 0)
 		return rv;
 	/* decode: sampled sequences first, greedy ones last; with requests of their own
 	 * parameters, the sampled ones of one set (the sets in turn, from sp_turn) */

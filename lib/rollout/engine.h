@@ -156,8 +156,9 @@ int rl_engine_episode_fits(const rl_engine *e, int plen);
 /* The turn callback (called from rl_engine_step; a non-zero return stops it and is returned). */
 void rl_engine_set_turn(rl_engine *e, rl_gen_done_fn turn, void *ctx);
 /* Appends ids (n >= 0, loss mask 0, log-prob 0) to the waiting sequence of
- * `slot`; they are fed through the following decode steps, one a step, into the
- * cache it already has (nothing is prefilled again), and the model's next turn
+ * `slot`; the next step feeds them into the cache it already has (nothing is
+ * prefilled again): all but the last in one forward with the other slots'
+ * (rl_model_extend), the last by its decode step, and the model's next turn
  * starts after them.  RL_ETOOBIG (nothing appended, not logged) when they leave
  * no room for a sampled token; RL_EINVAL when slot is not waiting. */
 int rl_engine_feed(rl_engine *e, int slot, const int32_t *ids, int n);
@@ -176,7 +177,8 @@ void rl_engine_hold(rl_engine *e, int hold);
 
 typedef struct rl_engine_stats {
 	uint64_t prefill_tokens, gen_tokens, steps, samples;
-	uint64_t fed_tokens;                   /* inserted tokens fed by decode steps (rl_engine_feed) */
+	uint64_t fed_tokens;                   /* inserted tokens fed (rl_engine_feed); t_prefill has
+	                                        * their forwards but for each one's last token */
 	double t_prefill, t_decode, t_sample;  /* seconds; decode steps sample inside t_decode
 	                                        * (t_sample: after prefills, and RL_DECODE_LEGACY=1) */
 } rl_engine_stats;

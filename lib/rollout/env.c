@@ -17,8 +17,10 @@
  * again for the next episode.  When episodes keep failing with no valid answer
  * in between (twice the pool), the run stops.
  *
- * Leaves out: messages in chat mode (reset's "messages", step's "tool_calls"),
- * the queue wiring.
+ * Queue mode (run.c): a leased prompt's episodes start the same way; the
+ * reset's "line" is rebuilt from the record (its meta's fields and "prompt").
+ *
+ * Leaves out: messages in chat mode (reset's "messages", step's "tool_calls").
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -364,7 +366,7 @@ on_reset(gen *g, rli_episode *ep, const char *obs, int done)
 	if (obs[0] && (rv = rl_tokenizer_encode(&ids, g->tok, obs, strlen(obs), 0)) != 0)
 		goto out;
 	rv = rl_engine_submit_episode(g->e, ids.ids, (int)ids.n, p->nids, ep->index,
-	    rl_rng_u64(g->o.seed, p->line), (const char *const *)ep->stop, ep->nstop, ep);
+	    rl_rng_u64(g->o.seed, g->qc ? p->group : p->line), (const char *const *)ep->stop, ep->nstop, ep);
 	if (rv == RL_ETOOBIG || rv == RL_EINVAL) {
 		rv = ep_fail(g, 0, ep, "the prompt and first observation (%zu tokens) cannot be generated for "
 		    "(see the error above)", ids.n);

@@ -56,8 +56,9 @@ rli_sample_done_cb(void *ctx, const rl_gen_sample *s)
 		if (g->qc) {
 			rl_qput_result res;
 			double tp = rl_now();
-			/* the put completes the prompt's lease; retried while the broker is busy */
-			rv = rl_qclient_put_generated(g->qc, p->out, &res);
+			/* the put completes the prompt's lease; retried while the broker is busy.
+			 * Episodes were scored by their environment: they go to the trainers */
+			rv = g->env ? rl_qclient_put_scored(g->qc, p->out, &res) : rl_qclient_put_generated(g->qc, p->out, &res);
 			g->t_put += rl_now() - tp;
 			if (rv == RL_OK)
 				g->q_put += res.accepted;
@@ -158,7 +159,7 @@ progress(gen *g, int end)
 			    (unsigned long long)g->skipped, g->resume_path);
 		if (g->e) {
 			const rl_engine_stats *st = rl_engine_stats_get(g->e);
-			rl_verbose("tokens: %llu prefilled, %llu sampled, %llu inserted by environments (fed by decode steps)",
+			rl_verbose("tokens: %llu prefilled, %llu sampled, %llu inserted by environments",
 			    (unsigned long long)st->prefill_tokens, (unsigned long long)st->gen_tokens,
 			    (unsigned long long)st->fed_tokens);
 		}
@@ -317,6 +318,54 @@ rli_stop_requested(void)
 }
 
 
+/* --env in queue mode: the reset's "line" for a leased prompt record, as the
+ * prompt line looked in pipe mode: its meta's fields and "prompt" (its text).
+ * rl-queue put keeps a line's other fields as meta, so an environment reads
+ * them where it would read them from the file. */
+static int
+queue_env_line(const rl_traj *t, char **out)
+{
+	const char *metas = NULL, *ptext = NULL;
+	cJSON *j = NULL;
+
+	*out = NULL;
+	if (rl_traj_get_str(t, RL_TAG_META, &metas, NULL) == RL_OK)
+		j = cJSON_Parse(metas);
+	if (!j || !cJSON_IsObject(j)) {
+		cJSON_Delete(j);
+		if (!(j = cJSON_CreateObject()))
+			return RL_ENOMEM;
+	}
+	if (rl_traj_get_str(t, RL_TAG_PROMPT_TEXT, &ptext, NULL) == RL_OK) {
+		cJSON_DeleteItemFromObjectCaseSensitive(j, "prompt");
+		if (!cJSON_AddStringToObject(j, "prompt", ptext)) {
+			cJSON_Delete(j);
+			return RL_ENOMEM;
+		}
+	}
+	*out = rl_json_print(j);
+	cJSON_Delete(j);
+	return *out ? RL_OK : RL_ENOMEM;
+}
+
+/* Submits a leased prompt: a group to the engine, or with --env one episode
+ * a sample, started when an environment answers its reset.  Not RL_OK: the
+ * prompt cannot be generated for (RL_ENOMEM: nothing can). */
+static int
+queue_submit(gen *g, const rl_traj *t, prompt *p)
+{
+	char *line = NULL;
+	int rv;
+
+	if (!g->env)
+		return rl_engine_submit(g->e, p->ids, p->nids, g->o.n, g->o.greedy, p->max_new,
+		    rl_rng_u64(g->o.seed, p->group), p);
+	if ((rv = queue_env_line(t, &line)) == RL_OK)
+		rv = rli_env_start(g, p, line, strlen(line));
+	free(line);
+	return rv;
+}
+
 int
 rli_run_queue(gen *g)
 {
@@ -339,9 +388,11 @@ rli_run_queue(gen *g)
 	g->t0 = rl_now();
 	rl_progress_init(&g->prog, g->o.quiet);
 	for (;;) {
-		int room = g->o.go.slots - rl_engine_active(g->e) - rl_engine_waiting(g->e) * G;
+		/* --env: an episode is one sequence, and those at their environments count */
+		int room = g->env ? g->o.go.slots - rl_engine_active(g->e) - rl_engine_waiting(g->e) - rli_env_pending(g) :
+		    g->o.go.slots - rl_engine_active(g->e) - rl_engine_waiting(g->e) * G;
 		uint64_t s0 = g->samples, k0 = g->tokens;
-		int busy = rl_engine_active(g->e) > 0;
+		int busy = rl_engine_active(g->e) > 0 || rli_env_pending(g) > 0;
 		/* new weights are fetched and loaded while nothing is generated: idle */
 		rl_wstat_phase(g->wst, RL_WSTAT_IDLE);
 		if ((rv = rli_poll_weights(g, 0)) != 0)
@@ -383,8 +434,16 @@ rli_run_queue(gen *g)
 				}
 				p->remaining = p->gsize = G;
 				rl_traj_batch_create(&p->out);
-				if (rl_engine_submit(g->e, p->ids, p->nids, g->o.n, g->o.greedy, p->max_new,
-				    rl_rng_u64(g->o.seed, p->group), p) != RL_OK) {
+				if ((prv = queue_submit(g, t, p)) == RL_ENOMEM) {
+					/* episodes queued before it hold p: the run ends, they are dropped with it */
+					if (!g->env) {
+						rl_traj_batch_destroy(p->out);
+						rli_prompt_free(p);
+					}
+					rv = prv;
+					goto out;
+				}
+				if (prv != RL_OK) {
 					uint64_t id = 0;
 					rl_traj_get_u64(t, RL_TAG_ID, &id);
 					rl_qclient_ack_ids(g->qc, lease.id, RL_QACK_DONE, &id, 1, &ares);
@@ -396,7 +455,13 @@ rli_run_queue(gen *g)
 				g->groups++;
 			}
 		}
-		if (rl_engine_active(g->e) == 0 && rl_engine_waiting(g->e) == 0) {
+		if (g->env) {
+			int run = rl_engine_runnable(g->e) > 0 ||
+			    (rl_engine_waiting(g->e) > 0 && rl_engine_active(g->e) < g->o.go.slots);
+			if ((rv = rli_env_poll(g, run ? 0 : 20)) != 0)
+				goto out;
+		}
+		if (rl_engine_active(g->e) == 0 && rl_engine_waiting(g->e) == 0 && rli_env_pending(g) == 0) {
 			if (stop_requested)
 				break;
 			if (g->o.idle_exit > 0 && rl_now() - idle_since > g->o.idle_exit)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# The demo (pipelines/demo), shortened: a tiny SFT, 4 GRPO steps of 4 prompts x
+# The demos (pipelines/demo, pipelines/agent), shortened: a tiny SFT, 4 GRPO steps of 4 prompts x
 # 4 samples, in both wirings.  Checks that records flow end to end, weight
 # versions advance, metrics are written and every process exits cleanly.  The
 # learning claim is the full demo's own check (it exits 1 when not met).
@@ -129,4 +129,17 @@ check_run() {
 	run -1 timeout 60 env WIRING=sync WARM="$BATS_TEST_TMPDIR/notamodel" RUN="$BATS_TEST_TMPDIR/r" QUIET=1 \
 	    sh pipelines/demo/demo.sh
 	assert_output --partial "demo: evaluating $BATS_TEST_TMPDIR/notamodel failed; see $BATS_TEST_TMPDIR/r/logs/eval.log"
+}
+
+@test "agent demo (pipelines/agent), shortened: episodes flow from SFT through GRPO; the promise is checked" {
+	# 3 GRPO steps learn nothing much: an unreachable goal must exit 1 and say so
+	run -1 --separate-stderr timeout 90 env SFT_STEPS=60 RL_STEPS=3 PROMPTS=4 SAMPLES=4 TEST_N=16 PLOT=0 \
+	    GOAL=1 GOAL_MIN=1.01 RUN="$TD/agent" sh pipelines/agent/demo.sh
+	[[ "$stderr" == *"agent demo: promise NOT met: held-out success"* ]]
+	[ "$(wc -l < "$TD/agent/metrics.jsonl")" -eq 3 ]
+	[ "$(readlink "$TD/agent/ckpt/latest")" = step-00000003 ]
+	grep -q '"rl_steps":3' "$TD/agent/summary.json"
+	# the trainer got whole groups of episodes with their masks
+	grep -q 'rl-train: 3 steps; 48 records' "$TD/agent/logs/train.log"
+	no_leftovers "$TD/agent"
 }

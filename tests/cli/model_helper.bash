@@ -52,3 +52,41 @@ train_world() {
 		return 0
 	done
 }
+
+# verl_cases EXPECTED RECORDS FILTER: rl-train's first step on RECORDS for every
+# case of EXPECTED (JSON lines: "args", then the metrics verl's definitions
+# give) whose args match the grep -E pattern FILTER ('' : all), with $TD/m0
+# ($TD/m0-ppo for --algo ppo: it has a value head); prints each metric that
+# differs (1e-5 + 1e-4 relative) and the number of cases, which it leaves in
+# VERL_CASES; returns 1 when a case failed or differed.
+verl_cases() {
+	local exp=$1 rec=$2 filter=$3 i=0 n=0 fail=0 args m line
+	while IFS= read -r line; do
+		i=$((i + 1))
+		args=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["args"])' "$line")
+		grep -Eq -- "$filter" <<< "$args" || continue
+		n=$((n + 1))
+		m="$TD/m0"
+		[[ "$args" == *"--algo ppo"* ]] && m="$TD/m0-ppo"
+		# shellcheck disable=SC2086
+		rl-train -q -m "$m" --out "$TD/c$i.$BATS_TEST_NUMBER" --batch 4 --max-steps 1 --lr 1e-3 --grad-clip 1e9 \
+		    --metrics "$TD/c$i.$BATS_TEST_NUMBER.json" $args "$rec" || { echo "case $i ($args): exit $?"; fail=1; continue; }
+		python3 - "$line" "$TD/c$i.$BATS_TEST_NUMBER.json" <<'PY' || fail=1
+import json, sys
+want = json.loads(sys.argv[1])
+got = json.loads(open(sys.argv[2]).read())
+bad = 0
+for k, v in want.items():
+    if k == "args":
+        continue
+    g = got.get(k)
+    if g is None or abs(g - v) > 1e-5 + 1e-4 * abs(v):
+        print("%s: %s: want %.9g, got %s" % (want["args"], k, v, g))
+        bad = 1
+sys.exit(bad)
+PY
+	done < "$exp"
+	echo "$n cases"
+	VERL_CASES=$n
+	[ "$fail" -eq 0 ]
+}

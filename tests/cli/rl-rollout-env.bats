@@ -153,9 +153,9 @@ for l in sys.stdin:
 	[[ "$stderr" == *"no environment process ever answered"* ]]
 }
 
-@test "refused: --env with --queue, --score or --greedy-baseline; --max-turns without --env; a cache too small for an episode" {
-	run -2 --separate-stderr rl-rollout -m "$TD/m0" --env "$ENV" --queue tcp://127.0.0.1:1 
-	[[ "$stderr" == *"--env runs episodes in pipe mode"*"--queue"* ]]
+@test "refused: --env with --score or --greedy-baseline; --max-turns without --env; a cache too small for an episode" {
+	run -2 --separate-stderr rl-rollout -m "$TD/m0" --env "$ENV" --score reward "$TD/p.jsonl"
+	[[ "$stderr" == *"--env runs episodes"*"not with --score"* ]]
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" --env "$ENV" --greedy-baseline "$TD/p.jsonl"
 	[[ "$stderr" == *"--greedy-baseline"* ]]
 	run -2 --separate-stderr rl-rollout -m "$TD/m0" --max-turns 3 "$TD/p.jsonl"

@@ -33,31 +33,8 @@ model_for() {
 }
 
 @test "every algorithm's first step on multi-turn records matches verl's with the mask as its response_mask" {
-	local i=0 n=0 fail=0 args
-	while IFS= read -r line; do
-		i=$((i + 1))
-		args=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["args"])' "$line")
-		n=$((n + 1))
-		# shellcheck disable=SC2086
-		rl-train -q -m "$(model_for "$args")" --out "$TD/c$i" --batch 4 --max-steps 1 --lr 1e-3 --grad-clip 1e9 \
-		    --metrics "$TD/c$i.json" $args "$REC" || { echo "case $i ($args): exit $?"; fail=1; continue; }
-		python3 - "$line" "$TD/c$i.json" <<'PY' || fail=1
-import json, sys
-want = json.loads(sys.argv[1])
-got = json.loads(open(sys.argv[2]).read())
-bad = 0
-for k, v in want.items():
-    if k == "args":
-        continue
-    g = got.get(k)
-    if g is None or abs(g - v) > 1e-5 + 1e-4 * abs(v):
-        print("%s: %s: want %.9g, got %s" % (want["args"], k, v, g))
-        bad = 1
-sys.exit(bad)
-PY
-	done < "$FX/verl_masked_expected.jsonl"
-	echo "$n cases"
-	[ "$n" -ge 16 ] && [ "$fail" -eq 0 ]
+	verl_cases "$FX/verl_masked_expected.jsonl" "$REC" ''
+	[ "$VERL_CASES" -ge 16 ]
 }
 
 @test "the gradient of a GRPO and a PPO step on multi-turn records equals PyTorch's, element by element" {

@@ -27,37 +27,11 @@ setup_file() {
 	cp "$FX/verl_value_head.safetensors" "$TD/m0-ppo/value_head.safetensors"
 }
 
-# run_cases FILTER: every case of verl_expected.jsonl whose options match the
-# grep -E pattern FILTER; prints each difference, fails if there is one
+# run_cases FILTER: the cases of verl_expected.jsonl whose options match FILTER
+# (verl_cases, model_helper.bash); at least one
 run_cases() {
-	local i=0 n=0 fail=0 args m
-	while IFS= read -r line; do
-		i=$((i + 1))
-		args=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["args"])' "$line")
-		grep -Eq -- "$1" <<< "$args" || continue
-		n=$((n + 1))
-		m="$TD/m0"
-		[[ "$args" == *"--algo ppo"* ]] && m="$TD/m0-ppo"
-		# shellcheck disable=SC2086
-		rl-train -q -m "$m" --out "$TD/c$i.$BATS_TEST_NUMBER" --batch 4 --max-steps 1 --lr 1e-3 --grad-clip 1e9 \
-		    --metrics "$TD/c$i.$BATS_TEST_NUMBER.json" $args "$FX/verl_records.jsonl" || { echo "case $i ($args): exit $?"; fail=1; continue; }
-		python3 - "$line" "$TD/c$i.$BATS_TEST_NUMBER.json" <<'PY' || fail=1
-import json, sys
-want = json.loads(sys.argv[1])
-got = json.loads(open(sys.argv[2]).read())
-bad = 0
-for k, v in want.items():
-    if k == "args":
-        continue
-    g = got.get(k)
-    if g is None or abs(g - v) > 1e-5 + 1e-4 * abs(v):
-        print("%s: %s: want %.9g, got %s" % (want["args"], k, v, g))
-        bad = 1
-sys.exit(bad)
-PY
-	done < "$FX/verl_expected.jsonl"
-	echo "$n cases"
-	[ "$n" -gt 0 ] && [ "$fail" -eq 0 ]
+	verl_cases "$FX/verl_expected.jsonl" "$FX/verl_records.jsonl" "$1"
+	[ "$VERL_CASES" -gt 0 ]
 }
 
 @test "grpo, dr-grpo, rloo, dapo and the loss aggregations match verl's first step" {

@@ -6,8 +6,9 @@
  *   where it is 0;
  * - every sampled token's log-prob equals the training forward's over the
  *   whole sequence (prompt + response) at the sampling temperature (2e-5):
- *   feeding through decode steps puts the tokens in the cache where one
- *   forward would have them;
+ *   feeding an observation in one forward (rl_model_extend, here in two
+ *   chunks: 6 rows on 4 slots) puts the tokens in the cache where one forward
+ *   would have them;
  * - only prompt + prefix are prefilled; the fed tokens are counted as such;
  * - an empty feed resumes at once; a feed past the episode limit is
  *   RL_ETOOBIG, one to a slot not waiting RL_EINVAL;
@@ -66,7 +67,7 @@ main(void)
 	rl_engine *e;
 	rl_gen_opts go;
 	static ctx x;
-	int32_t pa[] = { 5, 17, 99, 3, 42, 11, 12 }, pb[] = { 7, 8, 9 }, obs[] = { 20, 21, 22 };
+	int32_t pa[] = { 5, 17, 99, 3, 42, 11, 12 }, pb[] = { 7, 8, 9 }, obs[] = { 20, 21, 22, 23, 24, 25 };
 
 	T_BEGIN("test_engine_turns");
 	rl_log_init("test_engine_turns", RL_LOG_QUIET);
@@ -98,7 +99,7 @@ main(void)
 		for (int i = 0; i < x.nwait; i++) {
 			int slot = x.waiting[i] / 4, u = x.waiting[i] % 4;
 			if (x.turns[u] == 1) {
-				T_EQ_INT(rl_engine_feed(e, slot, obs, 3), RL_OK);
+				T_EQ_INT(rl_engine_feed(e, slot, obs, 6), RL_OK);
 			} else if (x.turns[u] == 2) {
 				T_EQ_INT(rl_engine_feed(e, slot, obs, 0), RL_OK);  /* straight on */
 			} else if (x.turns[u] == 3) {
@@ -115,21 +116,21 @@ main(void)
 	T_EQ_INT(x.turns[1], 4);
 	T_EQ_INT(x.turns[2], 0);
 	T_OK(!x.has_mask[2] && x.n[2] == 4, "single-turn: n %d", x.n[2]);
-	/* prefix 2, turn 5, obs 3, turn 5, (nothing), turn 5, obs 1, turn 5 */
-	T_EQ_INT(x.n[1], 2 + 5 + 3 + 5 + 5 + 1 + 5);
+	/* prefix 2, turn 5, obs 6, turn 5, (nothing), turn 5, obs 1, turn 5 */
+	T_EQ_INT(x.n[1], 2 + 5 + 6 + 5 + 5 + 1 + 5);
 	{
-		static const int runs[][2] = { { 0, 2 }, { 1, 5 }, { 0, 3 }, { 1, 10 }, { 0, 1 }, { 1, 5 } };
+		static const int runs[][2] = { { 0, 2 }, { 1, 5 }, { 0, 6 }, { 1, 10 }, { 0, 1 }, { 1, 5 } };
 		int pos = 0, bad = 0;
 		for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++)
 			for (int k = 0; k < runs[r][1]; k++, pos++)
 				bad += x.mask[1][pos] != runs[r][0] || (!runs[r][0] && x.lp[1][pos] != 0.0f);
 		T_EQ_INT(bad, 0);
-		T_OK(x.tok[1][0] == 11 && x.tok[1][1] == 12 && x.tok[1][7] == 20 && x.tok[1][9] == 22 &&
-		    x.tok[1][20] == 22, "inserted tokens in place");
+		T_OK(x.tok[1][0] == 11 && x.tok[1][1] == 12 && x.tok[1][7] == 20 && x.tok[1][12] == 25 &&
+		    x.tok[1][23] == 22, "inserted tokens in place");
 	}
 	const rl_engine_stats *st = rl_engine_stats_get(e);
 	T_EQ_INT((int)st->prefill_tokens, 7 + 3);
-	T_EQ_INT((int)st->fed_tokens, 3 + 1);
+	T_EQ_INT((int)st->fed_tokens, 6 + 1);
 	rl_engine_destroy(e);
 
 	/* the sampled tokens' log-probs: one training forward over the whole episode */
