@@ -15,6 +15,9 @@
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +76,9 @@ struct rl_tokenizer {
 	char *chat_system;
 	char *chat_src;
 	char *chat_text; /* the template's Jinja text, kept where the engine renders it (chat_foreign) */
+	rl_jinja *chat_jinja; /* chat_text parsed once, at open */
+	char *chat_err;       /* why chat_text does not parse (reported at each render), or NULL */
+	int chat_err_rv;
 	uint32_t *ends;         /* scratch: piece ends of one section */
 	size_t n_ends, cap_ends;
 	uint32_t *ends2;        /* scratch: the pieces the next Split cuts again */
@@ -881,6 +887,27 @@ jinja_literal(const char *q)
  * models).  A ChatML template that names <think> without the reasoning rule
  * (QwQ's, or a fine-tune's) is foreign: which turns keep their reasoning
  * is not known. */
+/* Parse the Jinja template once.  A template that does not parse fails every
+ * chat with the parser's message (RL_ENOTSUP, as for a template rlpipe cannot
+ * render), while text still encodes and explicit chatml/plain still work. */
+static void
+parse_template(rl_tokenizer *t)
+{
+	char err[512];
+	rl_jinja_free(t->chat_jinja);
+	t->chat_jinja = NULL;
+	free(t->chat_err);
+	t->chat_err = NULL;
+	if (!t->chat_text)
+		return;
+	int rv = rl_jinja_parse_msg(&t->chat_jinja, t->chat_text, strlen(t->chat_text), t->chat_src, err,
+				    sizeof err);
+	if (rv) {
+		t->chat_err_rv = rv == RL_EFORMAT ? RL_ENOTSUP : rv;
+		t->chat_err = strdup(err[0] ? err : "cannot parse the chat template");
+	}
+}
+
 static void
 set_template(rl_tokenizer *t, const char *tpl, const char *src)
 {
@@ -903,6 +930,7 @@ set_template(rl_tokenizer *t, const char *tpl, const char *src)
 	t->chat_src = rl_xstrdup(src);
 	free(t->chat_text);
 	t->chat_text = t->chat_foreign ? rl_xstrdup(tpl) : NULL;
+	parse_template(t);
 	for (const char *p = strstr(tpl, open_); chatml && p && !t->chat_system; p = strstr(p + 1, open_)) {
 		char *lit;
 		size_t n;
@@ -1075,6 +1103,14 @@ out:
 	*out = t;
 	cJSON_Delete(root);
 	cJSON_Delete(cfg);
+#ifdef __GLIBC__
+	/* A large tokenizer.json is millions of small cJSON nodes, freed just now
+	 * into glibc's fast bins; the first larger allocation after this would
+	 * merge them all (0.3-0.4 s for Gemma 3's 33 MB file), inside whatever call
+	 * comes first (a chat render, an encode).  Do it here, as part of opening. */
+	if (root)
+		malloc_trim(0);
+#endif
 	free(dir);
 	free(tj);
 	free(enc);
@@ -1103,6 +1139,8 @@ rl_tokenizer_close(rl_tokenizer *t)
 	free(t->chat_system);
 	free(t->chat_text);
 	free(t->chat_src);
+	rl_jinja_free(t->chat_jinja);
+	free(t->chat_err);
 	free(t);
 }
 
@@ -1633,7 +1671,6 @@ chat_jinja(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int flags, rl_
 	   sbuf *text)
 {
 	cJSON *ctx = cJSON_CreateObject(), *ms = ctx ? cJSON_AddArrayToObject(ctx, "messages") : NULL;
-	rl_jinja *j = NULL;
 	char *out = NULL;
 	size_t len = 0;
 	int rv = RL_ENOMEM;
@@ -1663,13 +1700,12 @@ chat_jinja(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int flags, rl_
 			goto out;
 		}
 	}
-	/* a template that does not parse fails every chat: RL_ENOTSUP, as for a
-	 * template rlpipe cannot render, not one chat's RL_EFORMAT */
-	if ((rv = rl_jinja_parse(&j, t->chat_text, strlen(t->chat_text), t->chat_src)) != 0) {
-		rv = rv == RL_EFORMAT ? RL_ENOTSUP : rv;
+	if (!t->chat_jinja) {
+		rl_error("%s", t->chat_err ? t->chat_err : "the chat template was not parsed");
+		rv = t->chat_err ? t->chat_err_rv : RL_ENOTSUP;
 		goto out;
 	}
-	if ((rv = rl_jinja_render(&out, &len, j, ctx, NULL)) != 0)
+	if ((rv = rl_jinja_render(&out, &len, t->chat_jinja, ctx, NULL)) != 0)
 		goto out;
 	if (ids && (rv = rl_tokenizer_encode(ids, enc, out, len, RL_TOK_SPECIAL)) != 0)
 		goto out;
@@ -1677,7 +1713,6 @@ chat_jinja(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int flags, rl_
 		rv = sb_add(text, out, len);
 out:
 	free(out);
-	rl_jinja_free(j);
 	cJSON_Delete(ctx);
 	return rv;
 }

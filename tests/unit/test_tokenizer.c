@@ -665,6 +665,32 @@ test_template_jinja(void)
 	text = NULL;
 	T_EQ_INT(rl_tokenizer_render_chat(&text, &n, t, m, 2, RL_CHAT_AUTO, RL_TOK_NO_THINKING), RL_EINVAL);
 	free(text);
+	/* the template is parsed once, at open: renders reuse it, and several at
+	 * once on one handle give the same text */
+	for (int k = 0; k < 3; k++) {
+		text = NULL;
+		T_EQ_INT(rl_tokenizer_render_chat(&text, &n, t, m, 2, RL_CHAT_AUTO, RL_TOK_GEN_PROMPT), 0);
+		T_EQ_STR(text ? text : "", "<|bos|>[USER] hi<|eos|>[ASSISTANT] 4(2+2)<|eos|>[ASSISTANT]");
+		free(text);
+	}
+	rl_tokens_fini(&ids);
+	rl_tokenizer_close(t);
+	/* a template that does not parse: the tokenizer opens (text encodes, an
+	 * explicit template renders), every chat with it fails as RL_ENOTSUP */
+	static const char broken[] = "{\"chat_template\": \"{% for m in messages %}{{ m.content }\"}";
+	write_file(tpath("tj", "tokenizer_config.json"), broken, strlen(broken));
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("tj", "")), 0);
+	if (!t)
+		return;
+	T_EQ_INT(rl_tokenizer_encode(&ids, t, "hi", 2, 0), 0);
+	T_EQ_INT(ids.n, 2);
+	for (int k = 0; k < 2; k++) {
+		text = NULL;
+		T_EQ_INT(rl_tokenizer_render_chat(&text, &n, t, m, 2, RL_CHAT_AUTO, RL_TOK_GEN_PROMPT), RL_ENOTSUP);
+		T_OK(text == NULL, "%s", "no text");
+	}
+	T_EQ_INT(rl_tokenizer_render_chat(&text, &n, t, m, 1, RL_CHAT_CHATML, 0), 0);
+	free(text);
 	rl_tokens_fini(&ids);
 	rl_tokenizer_close(t);
 }
