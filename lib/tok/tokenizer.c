@@ -51,6 +51,11 @@ struct rl_tokenizer {
 	added_tok *added;
 	size_t n_added;
 	uint8_t first[256];     /* bit 1: an added token starts with this byte, bit 2: a special one */
+	/* added tokens by their text (index_added): open addressing over indices
+	 * into added; per first byte, the distinct lengths, longest first */
+	int32_t *ahslot;
+	size_t ahcap;
+	uint32_t *alens, alen_at[257];
 	rli_splitter split[MAX_SPLIT];
 	int n_split;
 	int nfc, prefix_space;
@@ -1023,6 +1028,8 @@ find(const rl_tokenizer *t, const char *s)
 	return rl_tokenizer_lookup(t, s, strlen(s));
 }
 
+static int index_added(rl_tokenizer *t);
+
 int
 rl_tokenizer_open(rl_tokenizer **out, const char *path)
 {
@@ -1076,6 +1083,8 @@ rl_tokenizer_open(rl_tokenizer **out, const char *path)
 			goto out;
 	}
 
+	if ((rv = index_added(t)) != 0)
+		goto out;
 	/* Defaults, then the model's own statements. */
 	t->eos = find(t, "<|endoftext|>") >= 0 ? find(t, "<|endoftext|>") : find(t, "<|eos|>");
 	t->bos = find(t, "<|bos|>");
@@ -1130,6 +1139,8 @@ rl_tokenizer_close(rl_tokenizer *t)
 	free(t->arena);
 	free(t->hslot);
 	free(t->added);
+	free(t->ahslot);
+	free(t->alens);
 	for (int k = 0; k < MAX_SPLIT; k++)
 		rli_splitter_fini(&t->split[k]);
 	rli_bpe_destroy(t->bpe);
@@ -1267,19 +1278,79 @@ out:
 	return rv;
 }
 
+static int
+cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Index the added tokens by their text, and their lengths by first byte, so
+ * that finding the longest at a position costs one probe per length rather
+ * than a pass over all of them (Gemma 3 has 6,415). */
+static int
+index_added(rl_tokenizer *t)
+{
+	size_t cap = 16, m = 0, k = 0;
+	while (cap < t->n_added * 2)
+		cap *= 2;
+	uint64_t *key = rl_try_malloc((t->n_added + 1) * sizeof(uint64_t), "added-token index");
+	t->ahslot = rl_try_malloc(cap * sizeof(int32_t), "added-token index");
+	t->alens = rl_try_malloc((t->n_added + 1) * sizeof(uint32_t), "added-token index");
+	if (!key || !t->ahslot || !t->alens) {
+		free(key);
+		return RL_ENOMEM;
+	}
+	t->ahcap = cap;
+	for (size_t i = 0; i < cap; i++)
+		t->ahslot[i] = -1;
+	for (size_t j = 0; j < t->n_added; j++) {
+		const added_tok *a = &t->added[j];
+		const uint8_t *c = t->arena + a->off;
+		size_t h = hbytes(c, a->len) & (cap - 1);
+		int dup = !a->len;
+		for (; !dup && t->ahslot[h] >= 0; h = (h + 1) & (cap - 1)) {
+			const added_tok *o = &t->added[t->ahslot[h]];
+			dup = o->len == a->len && memcmp(t->arena + o->off, c, a->len) == 0;
+		}
+		if (dup)
+			continue; /* the first of equal texts wins, as the linear scan had it */
+		t->ahslot[h] = (int32_t)j;
+		/* first byte ascending, then length descending */
+		key[m++] = (uint64_t)c[0] << 32 | (UINT32_MAX - a->len);
+	}
+	qsort(key, m, sizeof(*key), cmp_u64);
+	for (size_t i = 0, b = 0; b < 256; b++) {
+		t->alen_at[b] = (uint32_t)k;
+		for (; i < m && (key[i] >> 32) == b; i++) {
+			uint32_t l = UINT32_MAX - (uint32_t)key[i];
+			if (k == t->alen_at[b] || t->alens[k - 1] != l)
+				t->alens[k++] = l;
+		}
+	}
+	t->alen_at[256] = (uint32_t)k;
+	free(key);
+	return 0;
+}
+
 /* Longest added token at S[0..N) that FLAGS allows, or NULL. */
 static const added_tok *
 match_added(const rl_tokenizer *t, const uint8_t *s, size_t n, int flags)
 {
-	const added_tok *best = NULL;
-	for (size_t k = 0; k < t->n_added; k++) {
-		const added_tok *a = &t->added[k];
-		if (a->len > n || (a->special && !(flags & RL_TOK_SPECIAL)))
+	for (uint32_t j = t->alen_at[s[0]]; j < t->alen_at[s[0] + 1]; j++) {
+		size_t l = t->alens[j];
+		if (l > n)
 			continue;
-		if ((!best || a->len > best->len) && memcmp(t->arena + a->off, s, a->len) == 0)
-			best = a;
+		for (size_t h = hbytes(s, l) & (t->ahcap - 1); t->ahslot[h] >= 0; h = (h + 1) & (t->ahcap - 1)) {
+			const added_tok *a = &t->added[t->ahslot[h]];
+			if (a->len == l && memcmp(t->arena + a->off, s, l) == 0) {
+				if (!a->special || (flags & RL_TOK_SPECIAL))
+					return a;
+				break;
+			}
+		}
 	}
-	return best;
+	return NULL;
 }
 
 static size_t
