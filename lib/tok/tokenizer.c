@@ -1162,10 +1162,10 @@ rl_tokenizer_close(rl_tokenizer *t)
 static int
 encode_spm(rl_tokens *out, rl_tokenizer *t, const uint8_t *s, size_t n)
 {
-	size_t k = 0;
-	if (n > t->cap_syms) {
+	size_t k = 0, need = n * 3; /* a space may become 3 byte symbols */
+	if (need > t->cap_syms) {
 		size_t c = t->cap_syms ? t->cap_syms : 256;
-		while (c < n)
+		while (c < need)
 			c *= 2;
 		int32_t *p = rl_try_malloc(c * sizeof(int32_t), "symbols");
 		if (!p)
@@ -1184,6 +1184,10 @@ encode_spm(rl_tokens *out, rl_tokenizer *t, const uint8_t *s, size_t n)
 			id = rl_tokenizer_lookup(t, (const char *)s + i, (size_t)l);
 		if (id >= 0) {
 			t->syms[k++] = id;
+		} else if (l && (cp == ' ' || cp == 0x2581)) {
+			/* no U+2581 token: the normalised character's three bytes */
+			for (int j = 0; j < 3; j++)
+				t->syms[k++] = t->spm_byte[(uint8_t)"\xe2\x96\x81"[j]];
 		} else {
 			for (int j = 0; j < (l ? l : 1); j++)
 				t->syms[k++] = t->spm_byte[s[i + (size_t)j]];
