@@ -370,6 +370,9 @@ def put(name, **kw):
     t.update(kw)
     json.dump(t, open(f"{d}/{name}.json", "w"))
 put("ok")
+nospace = json.loads(json.dumps(base))
+del nospace["model"]["vocab"]["\u2581"]
+json.dump(nospace, open(f"{d}/nospace.json", "w"))
 put("lower", normalizer={"type": "Lowercase"})
 put("meta", pre_tokenizer={"type": "Metaspace", "replacement": "\u2581"})
 put("strip", decoder={"type": "Strip", "content": " ", "start": 1, "stop": 0})
@@ -381,6 +384,9 @@ json.dump(bl, open(f"{d}/nfkc.json", "w"))
 PY
 	run -0 --separate-stderr sh -c "printf 'a a\n' | rl-rollout tokenize -m '$T/spm/ok.json'"
 	assert_output '{"ids":[2,1,2]}'
+	# without a U+2581 token, a space is the bytes of U+2581 (the normalised text), 3 + byte
+	run -0 --separate-stderr sh -c "printf 'a a\n' | rl-rollout tokenize -m '$T/spm/nospace.json'"
+	assert_output '{"ids":[2,229,153,132,2]}'
 	for c in "lower:normalizer 'Lowercase'" "meta:pre-tokenizer 'Metaspace'" "strip:decoder 'Strip'" \
 		"unigram:model type 'Unigram'" "wp:model type 'WordPiece'" "nfkc:normalizer 'NFKC'"; do
 		f=${c%%:*} want=${c#*:}
