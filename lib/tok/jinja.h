@@ -40,6 +40,10 @@ typedef struct rl_jinja_opts {
  * success *out owns the template (rl_jinja_free).  RL_EFORMAT, logged as
  * "'NAME': line N: what", for a syntax error or a construct left out; RL_ENOMEM. */
 int rl_jinja_parse(rl_jinja **out, const char *src, size_t len, const char *name);
+/* The same, with the message of a failure written to ERR (ERRLEN bytes,
+ * NUL-terminated) instead of the log: for a caller that parses ahead of use
+ * and reports the error when the template is wanted. */
+int rl_jinja_parse_msg(rl_jinja **out, const char *src, size_t len, const char *name, char *err, size_t errlen);
 void rl_jinja_free(rl_jinja *t); /* accepts NULL */
 
 /* Render T with the variables of the JSON object CTX (borrowed; NULL for

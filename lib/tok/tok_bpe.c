@@ -5,7 +5,10 @@
  * O(n log n) in the piece length, the order Hugging Face tokenizers use), and a
  * cache of recently seen pieces.
  *
- * Leaves out: dropout, unk tokens, byte_fallback, continuing-subword prefixes.
+ * rli_bpe_merge_ids runs the same loop from given symbols (SentencePiece-style
+ * BPE, whose symbols are characters or byte-fallback tokens).
+ *
+ * Leaves out: dropout, unk tokens, continuing-subword prefixes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -268,16 +271,14 @@ push_pair(rli_bpe *b, size_t *hn, int32_t pos)
 		heap_push(b->heap, hn, (m & 0xffffffff00000000ull) | (uint32_t)pos);
 }
 
+/* The merge loop over the N symbols already in b->id. */
 static int
-merge(rli_bpe *b, rl_tokens *out, const uint8_t *s, size_t n)
+merge_loop(rli_bpe *b, rl_tokens *out, size_t n)
 {
 	size_t hn = 0;
 	int rv;
-	if ((rv = scratch(b, n)) != 0)
-		return rv;
 	int32_t *id = b->id, *nxt = b->nxt, *prv = b->prv;
 	for (size_t i = 0; i < n; i++) {
-		id[i] = b->byte_id[s[i]];
 		nxt[i] = i + 1 < n ? (int32_t)(i + 1) : -1;
 		prv[i] = (int32_t)i - 1;
 	}
@@ -309,6 +310,29 @@ merge(rli_bpe *b, rl_tokens *out, const uint8_t *s, size_t n)
 	for (int32_t p = 0; p >= 0; p = nxt[p])
 		out->ids[out->n++] = id[p];
 	return 0;
+}
+
+static int
+merge(rli_bpe *b, rl_tokens *out, const uint8_t *s, size_t n)
+{
+	int rv;
+	if ((rv = scratch(b, n)) != 0)
+		return rv;
+	for (size_t i = 0; i < n; i++)
+		b->id[i] = b->byte_id[s[i]];
+	return merge_loop(b, out, n);
+}
+
+int
+rli_bpe_merge_ids(rli_bpe *b, rl_tokens *out, const int32_t *ids, size_t n)
+{
+	int rv;
+	if (n == 0)
+		return 0;
+	if ((rv = scratch(b, n)) != 0)
+		return rv;
+	memcpy(b->id, ids, n * sizeof(int32_t));
+	return merge_loop(b, out, n);
 }
 
 static void

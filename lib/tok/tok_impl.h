@@ -62,6 +62,8 @@ int rli_bpe_add_merge(rli_bpe *b, int32_t left, int32_t right, int32_t merged); 
 void rli_bpe_destroy(rli_bpe *b);
 /* BPE-encode one piece of raw bytes, appending ids. */
 int rli_bpe_encode(rli_bpe *b, rl_tokens *out, const uint8_t *s, size_t n);
+/* Merge the N symbols IDS (not cached), appending the result. */
+int rli_bpe_merge_ids(rli_bpe *b, rl_tokens *out, const int32_t *ids, size_t n);
 
 int rli_tokens_push(rl_tokens *t, int32_t id);
 

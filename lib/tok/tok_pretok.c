@@ -298,6 +298,59 @@ push_end(uint32_t **ends, size_t *n_ends, size_t *cap, size_t e)
 	return 0;
 }
 
+static int split_pcre2(const rli_splitter *sp, const uint8_t *s, size_t n, uint32_t **ends, size_t *n_ends,
+		       size_t *cap_ends);
+
+/* PCRE2 cannot match an invalid UTF-8 byte against any class, while the rule
+ * of this module (and of the oracles) is that such a byte splits as U+FFFD
+ * would.  Text with invalid bytes is therefore matched as a copy with U+FFFD
+ * in their place, and the piece ends are mapped back. */
+static int
+split_invalid(const rli_splitter *sp, const uint8_t *s, size_t n, uint32_t **ends, size_t *n_ends,
+	      size_t *cap_ends)
+{
+	size_t bad = 0, k = 0, from = *n_ends;
+	uint32_t cp;
+	int rv;
+	for (size_t i = 0; i < n;) {
+		int l = rli_utf8_char(s + i, n - i, &cp);
+		bad += !l;
+		i += l ? (size_t)l : 1;
+	}
+	if (!bad)
+		return split_pcre2(sp, s, n, ends, n_ends, cap_ends);
+	uint8_t *c = rl_try_malloc(n + 2 * bad + 1, "split copy");
+	uint32_t *map = rl_try_malloc((n + 2 * bad + 1) * sizeof(uint32_t), "split copy");
+	if (!c || !map) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < n;) {
+		int l = rli_utf8_char(s + i, n - i, &cp);
+		if (!l) {
+			map[k] = (uint32_t)i;
+			memcpy(c + k, "\xef\xbf\xbd", 3);
+			k += 3;
+			i++;
+			continue;
+		}
+		for (int j = 0; j < l; j++) {
+			map[k] = (uint32_t)(i + (size_t)j);
+			c[k++] = s[i + (size_t)j];
+		}
+		i += (size_t)l;
+	}
+	map[k] = (uint32_t)n;
+	if ((rv = split_pcre2(sp, c, k, ends, n_ends, cap_ends)) != 0)
+		goto out;
+	for (size_t q = from; q < *n_ends; q++)
+		(*ends)[q] = map[(*ends)[q]];
+out:
+	free(c);
+	free(map);
+	return rv;
+}
+
 int
 rli_split(const rli_splitter *sp, const uint8_t *s, size_t n, uint32_t **ends, size_t *n_ends,
 	  size_t *cap_ends)
@@ -317,8 +370,16 @@ rli_split(const rli_splitter *sp, const uint8_t *s, size_t n, uint32_t **ends, s
 	}
 	if (sp->kind == RLI_SPLIT_NONE)
 		return n ? push_end(ends, n_ends, cap_ends, n) : 0;
-	/* PCRE2: gaps between matches are pieces too; an empty match moves the
-	 * search on by one character without cutting the text there. */
+	return split_invalid(sp, s, n, ends, n_ends, cap_ends);
+}
+
+/* PCRE2: gaps between matches are pieces too; an empty match moves the
+ * search on by one character without cutting the text there. */
+static int
+split_pcre2(const rli_splitter *sp, const uint8_t *s, size_t n, uint32_t **ends, size_t *n_ends,
+	    size_t *cap_ends)
+{
+	int rv;
 	size_t prev = 0, at = 0;
 	while (at <= n) {
 		int rc = pcre2_match((pcre2_code *)sp->re, s, n, at, 0, (pcre2_match_data *)sp->md, NULL);
@@ -343,6 +404,59 @@ rli_split(const rli_splitter *sp, const uint8_t *s, size_t n, uint32_t **ends, s
 	return 0;
 }
 
+/* The ECMAScript \s set (rli_is_space), as PCRE2 class contents. */
+#define JS_SPACE "\\x{9}-\\x{d}\\x{20}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}\\x{feff}"
+
+/* PATTERN with \s (and \S outside a class) spelt as the ECMAScript set, which
+ * the hand matchers and the JavaScript oracles use; PCRE2's own \s differs on
+ * U+0085, U+180E and U+FEFF.  \S inside a class is left to PCRE2.  The
+ * position of a bad-pattern error then refers to this text. */
+static char *
+js_space(const char *p)
+{
+	size_t n = strlen(p), cnt = 0, k = 0;
+	int in_class = 0;
+	for (size_t i = 0; i < n; i++)
+		cnt += p[i] == '\\';
+	char *o = rl_try_malloc(n + cnt * (sizeof(JS_SPACE) + 4) + 1, "split pattern");
+	if (!o)
+		return NULL;
+	for (size_t i = 0; i < n; i++) {
+		if (p[i] == '\\' && i + 1 < n) {
+			char c = p[i + 1];
+			const char *put = NULL;
+			if (c == 's')
+				put = in_class ? JS_SPACE : "[" JS_SPACE "]";
+			else if (c == 'S' && !in_class)
+				put = "[^" JS_SPACE "]";
+			if (put) {
+				memcpy(o + k, put, strlen(put));
+				k += strlen(put);
+			} else {
+				o[k++] = p[i];
+				o[k++] = c;
+			}
+			i++;
+			continue;
+		}
+		if (p[i] == '[' && !in_class) {
+			in_class = 1;
+			o[k++] = p[i];
+			/* a ']' (or '^]') right after '[' is a literal */
+			if (i + 1 < n && p[i + 1] == '^')
+				o[k++] = p[++i];
+			if (i + 1 < n && p[i + 1] == ']')
+				o[k++] = p[++i];
+			continue;
+		}
+		if (p[i] == ']' && in_class)
+			in_class = 0;
+		o[k++] = p[i];
+	}
+	o[k] = 0;
+	return o;
+}
+
 int
 rli_splitter_init(rli_splitter *sp, const char *pattern, int force_pcre2)
 {
@@ -358,8 +472,12 @@ rli_splitter_init(rli_splitter *sp, const char *pattern, int force_pcre2)
 	}
 	int err;
 	PCRE2_SIZE off;
-	pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+	char *js = js_space(pattern);
+	if (!js)
+		return RL_ENOMEM;
+	pcre2_code *re = pcre2_compile((PCRE2_SPTR)js, PCRE2_ZERO_TERMINATED,
 				       PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, NULL);
+	free(js);
 	if (!re) {
 		PCRE2_UCHAR msg[256];
 		pcre2_get_error_message(err, msg, sizeof(msg));

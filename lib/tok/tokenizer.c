@@ -7,12 +7,17 @@
  * Encoding follows the reference pipeline: added tokens are found first
  * (leftmost, longest; special ones only with RL_TOK_SPECIAL), then each text
  * section between them is NFC-normalised (when the file asks), split by the
- * pre-tokenizer pattern, and every piece is BPE-merged over its raw bytes.
+ * pre-tokenizer patterns (one or more Splits in turn), and every piece is
+ * BPE-merged over its raw bytes.  SentencePiece-style BPE (byte_fallback,
+ * Gemma 3's form) merges each section whole from its characters instead.
  *
  * Leaves out: see tokenizer.h.  docs/tokenizer.md has the design notes.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +29,8 @@
 #include "tok/tok_impl.h"
 
 enum { KIND_BPE = 1, KIND_BYTES };
-enum { T_PRESENT = 1, T_ADDED = 2, T_SPECIAL = 4 };
+enum { T_PRESENT = 1, T_ADDED = 2, T_SPECIAL = 4, T_BYTE = 8 /* a byte-fallback token <0xNN> */ };
+#define MAX_SPLIT 4   /* Split pre-tokenizers applied in turn (DeepSeek V3 has three) */
 #define MAX_ID (1 << 24) /* ids above this are refused as malformed */
 
 typedef struct added_tok {
@@ -45,8 +51,23 @@ struct rl_tokenizer {
 	added_tok *added;
 	size_t n_added;
 	uint8_t first[256];     /* bit 1: an added token starts with this byte, bit 2: a special one */
-	rli_splitter split;
+	/* added tokens by their text (index_added): open addressing over indices
+	 * into added; per first byte, the distinct lengths, longest first */
+	int32_t *ahslot;
+	size_t ahcap;
+	uint32_t *alens, alen_at[257];
+	rli_splitter split[MAX_SPLIT];
+	int n_split;
 	int nfc, prefix_space;
+	/* SentencePiece-style BPE (BPE with byte_fallback, Gemma's): symbols are
+	 * characters, a space and U+2581 are the same symbol (the file's normalizer
+	 * makes them so), a character outside the vocabulary is its <0xNN> tokens.
+	 * The table holds tokens decoded (U+2581 as a space, <0xNN> as its byte). */
+	int spm;
+	int32_t spm_space;      /* the token of U+2581, or -1 */
+	int32_t spm_byte[256];
+	int32_t *syms;          /* scratch: the symbols of one section */
+	size_t cap_syms;
 	int ignore_merges;      /* BPE "ignore_merges" (Llama 3): a piece in the vocabulary is one token */
 	rli_bpe *bpe;
 	int32_t eos, bos, pad;
@@ -60,8 +81,13 @@ struct rl_tokenizer {
 	char *chat_system;
 	char *chat_src;
 	char *chat_text; /* the template's Jinja text, kept where the engine renders it (chat_foreign) */
+	rl_jinja *chat_jinja; /* chat_text parsed once, at open */
+	char *chat_err;       /* why chat_text does not parse (reported at each render), or NULL */
+	int chat_err_rv;
 	uint32_t *ends;         /* scratch: piece ends of one section */
 	size_t n_ends, cap_ends;
+	uint32_t *ends2;        /* scratch: the pieces the next Split cuts again */
+	size_t n_ends2, cap_ends2;
 };
 
 void
@@ -194,7 +220,7 @@ table_index(rl_tokenizer *t)
 	for (size_t i = 0; i < cap; i++)
 		t->hslot[i] = -1;
 	for (int32_t id = 0; id < t->ntok; id++) {
-		if (!(t->tflags[id] & T_PRESENT))
+		if (!(t->tflags[id] & T_PRESENT) || (t->tflags[id] & T_BYTE))
 			continue;
 		const uint8_t *s = t->arena + t->off[id];
 		size_t n = t->len[id], h = hbytes(s, n) & (cap - 1);
@@ -247,6 +273,42 @@ unbyte(const char *s, uint8_t *out)
 	return k;
 }
 
+/* A SentencePiece vocabulary string -> the bytes it decodes to (U+2581 is a
+ * space).  Returns the length; *BYTE is 0..255 for a byte-fallback token
+ * "<0xNN>" (whose length is then 1), else -1. */
+static long
+unspm(const char *s, uint8_t *out, int *byte)
+{
+	size_t n = strlen(s), k = 0;
+	unsigned v;
+	char tail;
+	*byte = -1;
+	if (n == 6 && s[0] == '<' && s[1] == '0' && s[2] == 'x' && s[5] == '>' &&
+	    sscanf(s + 3, "%2X%c", &v, &tail) == 2 && tail == '>' && strchr("0123456789ABCDEF", s[3]) &&
+	    strchr("0123456789ABCDEF", s[4])) {
+		*byte = (int)v;
+		out[0] = (uint8_t)v;
+		return 1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if ((uint8_t)s[i] == 0xe2 && i + 2 < n && (uint8_t)s[i + 1] == 0x96 && (uint8_t)s[i + 2] == 0x81) {
+			out[k++] = ' ';
+			i += 2;
+		} else {
+			out[k++] = (uint8_t)s[i];
+		}
+	}
+	return (long)k;
+}
+
+/* A vocabulary or merge string -> token bytes, as the model spells them. */
+static long
+tok_bytes(const rl_tokenizer *t, const char *s, uint8_t *out, int *byte)
+{
+	*byte = -1;
+	return t->spm ? unspm(s, out, byte) : unbyte(s, out);
+}
+
 static int
 add_added(rl_tokenizer *t, int32_t id, const char *content, size_t n, int special, int lstrip, int rstrip)
 {
@@ -255,10 +317,26 @@ add_added(rl_tokenizer *t, int32_t id, const char *content, size_t n, int specia
 	if (!a)
 		return RL_ENOMEM;
 	t->added = a;
-	if ((rv = table_set(t, id, (const uint8_t *)content, n, T_ADDED | (special ? T_SPECIAL : 0))) != 0)
+	int fl = T_ADDED | (special ? T_SPECIAL : 0);
+	if ((rv = table_set(t, id, (const uint8_t *)content, n, fl)) != 0)
 		return rv;
 	a[t->n_added++] = (added_tok){ id, t->off[id], (uint32_t)n, (uint8_t)!!special, (uint8_t)!!lstrip,
 				       (uint8_t)!!rstrip };
+	/* SentencePiece-style: matched as written (Gemma's added "U+2581 U+2581" matches
+	 * those characters, not spaces), decoded as the decoder makes it (spaces) */
+	if (t->spm && memchr(content, 0xe2, n)) {
+		uint8_t *d = rl_try_malloc(n + 1, "added token");
+		char *z = strndup(content, n);
+		int byte;
+		if (!d || !z)
+			rv = RL_ENOMEM;
+		else
+			rv = table_set(t, id, d, (size_t)unspm(z, d, &byte), fl);
+		free(d);
+		free(z);
+		if (rv)
+			return rv;
+	}
 	if (n)
 		t->first[(uint8_t)content[0]] |= special ? 2 : 1;
 	return 0;
@@ -285,8 +363,9 @@ static int
 resolve_part(rl_tokenizer *t, const char *path, size_t rank, const char *part, uint8_t *buf, long *n,
 	     int32_t *id)
 {
-	*n = unbyte(part, buf);
-	if (*n < 0 || (*id = rl_tokenizer_lookup(t, (const char *)buf, (size_t)*n)) < 0) {
+	int byte;
+	*n = tok_bytes(t, part, buf, &byte);
+	if (*n < 0 || byte >= 0 || (*id = rl_tokenizer_lookup(t, (const char *)buf, (size_t)*n)) < 0) {
 		rl_error("'%s': merge %zu names unknown token '%s'", path, rank, part);
 		return RL_EFORMAT;
 	}
@@ -297,7 +376,7 @@ static int
 add_merge(rl_tokenizer *t, const char *path, size_t rank, const char *a, const char *b)
 {
 	size_t la = strlen(a), lb = strlen(b);
-	uint8_t *buf = rl_try_malloc(la + lb + 2, "merge");
+	uint8_t *buf = rl_try_malloc(la + lb + 2, "merge"); /* decoding never lengthens a string */
 	int32_t ia, ib, im;
 	long na, nb;
 	int rv;
@@ -337,6 +416,15 @@ static int
 bpe_create(rl_tokenizer *t, const char *path, size_t n_merges)
 {
 	int32_t byte_id[256];
+	if (t->spm) {
+		for (int b = 0; b < 256; b++)
+			if (t->spm_byte[b] < 0) {
+				rl_error("'%s': BPE with byte_fallback, but the vocabulary has no token <0x%02X>", path, b);
+				return RL_EFORMAT;
+			}
+		t->spm_space = rl_tokenizer_lookup(t, " ", 1);
+		return rli_bpe_create(&t->bpe, t->spm_byte, n_merges);
+	}
 	for (int b = 0; b < 256; b++) {
 		char c = (char)b;
 		if ((byte_id[b] = rl_tokenizer_lookup(t, &c, 1)) < 0) {
@@ -350,7 +438,22 @@ bpe_create(rl_tokenizer *t, const char *path, size_t n_merges)
 
 /* vocab: {"token": id, ...} in byte-level spelling.  Fills the table. */
 static int
-load_vocab(rl_tokenizer *t, const char *path, const cJSON *vocab)
+is_added(const cJSON *added, const char *s, int32_t id)
+{
+	for (const cJSON *a = added ? added->child : NULL; a; a = a->next) {
+		const cJSON *c = cJSON_GetObjectItemCaseSensitive(a, "content");
+		int32_t aid;
+		if (cJSON_IsString(c) && strcmp(c->valuestring, s) == 0 &&
+		    json_id(cJSON_GetObjectItemCaseSensitive(a, "id"), &aid) == 0 && aid == id)
+			return 1;
+	}
+	return 0;
+}
+
+/* Vocabulary entries that are added tokens too (DeepSeek V3's specials) may
+ * be spelt as written rather than byte-level: ADDED defines them. */
+static int
+load_vocab(rl_tokenizer *t, const char *path, const cJSON *vocab, const cJSON *added)
 {
 	uint8_t *buf = NULL;
 	size_t cap = 0;
@@ -371,7 +474,10 @@ load_vocab(rl_tokenizer *t, const char *path, const cJSON *vocab)
 				break;
 			}
 		}
-		long k = unbyte(v->string, buf);
+		int byte;
+		long k = tok_bytes(t, v->string, buf, &byte);
+		if (k < 0 && is_added(added, v->string, id))
+			continue;
 		if (k < 0) {
 			rl_error("'%s': vocabulary entry '%s' (id %d) is not in byte-level form", path, v->string,
 				 (int)id);
@@ -384,8 +490,10 @@ load_vocab(rl_tokenizer *t, const char *path, const cJSON *vocab)
 			rv = RL_EFORMAT;
 			break;
 		}
-		if ((rv = table_set(t, id, buf, (size_t)k, 0)) != 0)
+		if ((rv = table_set(t, id, buf, (size_t)k, byte >= 0 ? T_BYTE : 0)) != 0)
 			break;
+		if (byte >= 0 && t->spm_byte[byte] < 0)
+			t->spm_byte[byte] = id;
 	}
 	free(buf);
 	return rv;
@@ -473,9 +581,10 @@ load_pretok(rl_tokenizer *t, const char *path, const cJSON *p, int *bytelevel)
 		*bytelevel = 1;
 		t->prefix_space |= json_bool(p, "add_prefix_space");
 		if (!cJSON_IsFalse(ur)) {
-			if (t->split.kind != RLI_SPLIT_NONE)
+			if (t->n_split)
 				goto unsupported;
-			return rli_splitter_init(&t->split, rli_tok_gpt2_pattern, 0);
+			t->n_split = 1;
+			return rli_splitter_init(&t->split[0], rli_tok_gpt2_pattern, 0);
 		}
 		return 0;
 	}
@@ -483,10 +592,10 @@ load_pretok(rl_tokenizer *t, const char *path, const cJSON *p, int *bytelevel)
 		const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
 		const cJSON *re = pat ? cJSON_GetObjectItemCaseSensitive(pat, "Regex") : NULL;
 		const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
-		if (!cJSON_IsString(re) || t->split.kind != RLI_SPLIT_NONE || json_bool(p, "invert") ||
+		if (!cJSON_IsString(re) || t->n_split == MAX_SPLIT || *bytelevel || json_bool(p, "invert") ||
 		    (beh && (!cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated") != 0)))
 			goto unsupported;
-		if ((rv = rli_splitter_init(&t->split, re->valuestring, 0)) != 0)
+		if ((rv = rli_splitter_init(&t->split[t->n_split++], re->valuestring, 0)) != 0)
 			rl_error("'%s': cannot use the Split pattern", path);
 		return rv;
 	}
@@ -499,7 +608,66 @@ load_pretok(rl_tokenizer *t, const char *path, const cJSON *p, int *bytelevel)
 	}
 unsupported:
 	rl_error("'%s': pre-tokenizer '%s' (in this form) is not supported", path, ty);
-	rl_hint("supported: ByteLevel, and Sequence[Split(Regex, Isolated), ByteLevel(use_regex=false)]");
+	rl_hint("supported: ByteLevel, and Sequence[Split(Regex, Isolated) (up to %d), ByteLevel(use_regex=false)]",
+		MAX_SPLIT);
+	return RL_ENOTSUP;
+}
+
+/* A Replace of a String with a String, FROM -> TO. */
+static int
+is_replace(const cJSON *o, const char *from, const char *to)
+{
+	const cJSON *pat = cJSON_GetObjectItemCaseSensitive(o, "pattern");
+	const cJSON *ps = pat ? cJSON_GetObjectItemCaseSensitive(pat, "String") : NULL;
+	const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "content");
+	return strcmp(jtype(o), "Replace") == 0 && cJSON_IsString(ps) && cJSON_IsString(c) &&
+	       strcmp(ps->valuestring, from) == 0 && strcmp(c->valuestring, to) == 0;
+}
+
+/* SentencePiece-style BPE as Gemma's tokenizer.json has it: the normalizer
+ * Replace(" " -> U+2581), no pre-tokenizer or a Split on the String " " (a no-op
+ * once spaces are U+2581: the whole section is one piece), the decoder
+ * Sequence[Replace(U+2581 -> " "), ByteFallback, Fuse].  Anything else (Llama 2's
+ * Prepend and Strip, Metaspace) is refused, naming it. */
+static int
+check_spm(const char *path, const cJSON *root)
+{
+	const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
+	const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+	const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+	const char *what = NULL, *ty = "";
+	if (n && strcmp(jtype(n), "Sequence") == 0) {
+		const cJSON *l = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
+		n = cJSON_GetArraySize(l) == 1 ? l->child : n;
+	}
+	if (!n || !is_replace(n, " ", "\xe2\x96\x81")) {
+		what = "normalizer";
+		ty = n ? jtype(n) : "none";
+	}
+	if (!what && p && !cJSON_IsNull(p)) {
+		const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
+		const cJSON *ps = pat ? cJSON_GetObjectItemCaseSensitive(pat, "String") : NULL;
+		if (strcmp(jtype(p), "Split") != 0 || !cJSON_IsString(ps) || strcmp(ps->valuestring, " ") != 0 ||
+		    json_bool(p, "invert")) {
+			what = "pre-tokenizer";
+			ty = jtype(p);
+		}
+	}
+	if (!what && d && !cJSON_IsNull(d)) {
+		const cJSON *l = strcmp(jtype(d), "Sequence") == 0 ? cJSON_GetObjectItemCaseSensitive(d, "decoders") : NULL;
+		for (const cJSON *x = l ? l->child : d; x; x = l ? x->next : NULL)
+			if (!is_replace(x, "\xe2\x96\x81", " ") && strcmp(jtype(x), "ByteFallback") != 0 &&
+			    strcmp(jtype(x), "Fuse") != 0) {
+				what = "decoder";
+				ty = jtype(x);
+				break;
+			}
+	}
+	if (!what)
+		return 0;
+	rl_error("'%s': BPE with byte_fallback: %s '%s' (in this form) is not supported", path, what, ty);
+	rl_hint("supported: SentencePiece-style BPE as Gemma 3 has it: normalizer Replace(' ' -> '\xe2\x96\x81'), "
+		"no pre-tokenizer or Split(' '), decoder Replace('\xe2\x96\x81' -> ' '), ByteFallback, Fuse");
 	return RL_ENOTSUP;
 }
 
@@ -545,17 +713,32 @@ bytes_out:
 		rl_error("'%s': the BPE model needs a \"vocab\" object and a \"merges\" array", path);
 		return RL_EFORMAT;
 	}
-	if (json_bool(model, "byte_fallback")) {
-		rl_error("'%s': BPE with byte_fallback is not supported", path);
-		return RL_ENOTSUP;
+	for (const char *const *k = (const char *const[]){ "continuing_subword_prefix", "end_of_word_suffix", NULL };
+	     *k; k++) {
+		const cJSON *x = cJSON_GetObjectItemCaseSensitive(model, *k);
+		if (x && !cJSON_IsNull(x) && !(cJSON_IsString(x) && !x->valuestring[0])) {
+			rl_error("'%s': BPE with a %s is not supported", path, *k);
+			return RL_ENOTSUP;
+		}
 	}
 	t->ignore_merges = json_bool(model, "ignore_merges");
-	if ((rv = load_normalizer(t, path, cJSON_GetObjectItemCaseSensitive(root, "normalizer"))) != 0 ||
-	    (rv = load_pretok(t, path, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), &bytelevel)) != 0)
+	t->spm = json_bool(model, "byte_fallback");
+	for (int b = 0; b < 256; b++)
+		t->spm_byte[b] = -1;
+	t->spm_space = -1;
+	if (t->spm && t->ignore_merges) {
+		rl_error("'%s': BPE with both byte_fallback and ignore_merges is not supported", path);
+		return RL_ENOTSUP;
+	}
+	if (t->spm && (rv = check_spm(path, root)) != 0)
+		return rv;
+	if (!t->spm &&
+	    ((rv = load_normalizer(t, path, cJSON_GetObjectItemCaseSensitive(root, "normalizer"))) != 0 ||
+	     (rv = load_pretok(t, path, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), &bytelevel)) != 0))
 		return rv;
 	if (strcmp(jtype(cJSON_GetObjectItemCaseSensitive(root, "decoder")), "ByteLevel") == 0)
 		bytelevel = 1;
-	if (!bytelevel) {
+	if (!bytelevel && !t->spm) {
 		rl_error("'%s': not a byte-level BPE tokenizer (no ByteLevel pre-tokenizer or decoder)", path);
 		return RL_ENOTSUP;
 	}
@@ -565,7 +748,7 @@ bytes_out:
 		return RL_EFORMAT;
 	}
 	t->kind = KIND_BPE;
-	if ((rv = table_alloc(t, m + 1)) != 0 || (rv = load_vocab(t, path, vocab)) != 0 ||
+	if ((rv = table_alloc(t, m + 1)) != 0 || (rv = load_vocab(t, path, vocab, added)) != 0 ||
 	    (rv = load_added(t, path, added, 0)) != 0 || (rv = table_index(t)) != 0 ||
 	    (rv = bpe_create(t, path, (size_t)cJSON_GetArraySize(merges))) != 0)
 		return rv;
@@ -616,7 +799,7 @@ load_gpt2(rl_tokenizer *t, const char *enc_path, const char *bpe_path)
 		rv = RL_EFORMAT;
 		goto out;
 	}
-	if ((rv = table_alloc(t, m + 1)) != 0 || (rv = load_vocab(t, enc_path, enc)) != 0)
+	if ((rv = table_alloc(t, m + 1)) != 0 || (rv = load_vocab(t, enc_path, enc, NULL)) != 0)
 		goto out;
 	int32_t eot = -1;
 	for (int32_t id = 0; id < t->ntok; id++)
@@ -624,7 +807,8 @@ load_gpt2(rl_tokenizer *t, const char *enc_path, const char *bpe_path)
 			eot = id;
 	if (eot >= 0 && (rv = add_added(t, eot, "<|endoftext|>", 13, 1, 0, 0)) != 0)
 		goto out;
-	if ((rv = table_index(t)) != 0 || (rv = rli_splitter_init(&t->split, rli_tok_gpt2_pattern, 0)) != 0 ||
+	t->n_split = 1;
+	if ((rv = table_index(t)) != 0 || (rv = rli_splitter_init(&t->split[0], rli_tok_gpt2_pattern, 0)) != 0 ||
 	    (rv = read_file(bpe_path, &text, &len)) != 0 || (rv = bpe_create(t, bpe_path, 65536)) != 0)
 		goto out;
 	for (char *p = text, *nl; p < text + len; p = nl + 1, line++) {
@@ -708,6 +892,27 @@ jinja_literal(const char *q)
  * models).  A ChatML template that names <think> without the reasoning rule
  * (QwQ's, or a fine-tune's) is foreign: which turns keep their reasoning
  * is not known. */
+/* Parse the Jinja template once.  A template that does not parse fails every
+ * chat with the parser's message (RL_ENOTSUP, as for a template rlpipe cannot
+ * render), while text still encodes and explicit chatml/plain still work. */
+static void
+parse_template(rl_tokenizer *t)
+{
+	char err[512];
+	rl_jinja_free(t->chat_jinja);
+	t->chat_jinja = NULL;
+	free(t->chat_err);
+	t->chat_err = NULL;
+	if (!t->chat_text)
+		return;
+	int rv = rl_jinja_parse_msg(&t->chat_jinja, t->chat_text, strlen(t->chat_text), t->chat_src, err,
+				    sizeof err);
+	if (rv) {
+		t->chat_err_rv = rv == RL_EFORMAT ? RL_ENOTSUP : rv;
+		t->chat_err = strdup(err[0] ? err : "cannot parse the chat template");
+	}
+}
+
 static void
 set_template(rl_tokenizer *t, const char *tpl, const char *src)
 {
@@ -730,6 +935,7 @@ set_template(rl_tokenizer *t, const char *tpl, const char *src)
 	t->chat_src = rl_xstrdup(src);
 	free(t->chat_text);
 	t->chat_text = t->chat_foreign ? rl_xstrdup(tpl) : NULL;
+	parse_template(t);
 	for (const char *p = strstr(tpl, open_); chatml && p && !t->chat_system; p = strstr(p + 1, open_)) {
 		char *lit;
 		size_t n;
@@ -822,6 +1028,8 @@ find(const rl_tokenizer *t, const char *s)
 	return rl_tokenizer_lookup(t, s, strlen(s));
 }
 
+static int index_added(rl_tokenizer *t);
+
 int
 rl_tokenizer_open(rl_tokenizer **out, const char *path)
 {
@@ -875,6 +1083,8 @@ rl_tokenizer_open(rl_tokenizer **out, const char *path)
 			goto out;
 	}
 
+	if ((rv = index_added(t)) != 0)
+		goto out;
 	/* Defaults, then the model's own statements. */
 	t->eos = find(t, "<|endoftext|>") >= 0 ? find(t, "<|endoftext|>") : find(t, "<|eos|>");
 	t->bos = find(t, "<|bos|>");
@@ -902,6 +1112,14 @@ out:
 	*out = t;
 	cJSON_Delete(root);
 	cJSON_Delete(cfg);
+#ifdef __GLIBC__
+	/* A large tokenizer.json is millions of small cJSON nodes, freed just now
+	 * into glibc's fast bins; the first larger allocation after this would
+	 * merge them all (0.3-0.4 s for Gemma 3's 33 MB file), inside whatever call
+	 * comes first (a chat render, an encode).  Do it here, as part of opening. */
+	if (root)
+		malloc_trim(0);
+#endif
 	free(dir);
 	free(tj);
 	free(enc);
@@ -921,16 +1139,91 @@ rl_tokenizer_close(rl_tokenizer *t)
 	free(t->arena);
 	free(t->hslot);
 	free(t->added);
-	rli_splitter_fini(&t->split);
+	free(t->ahslot);
+	free(t->alens);
+	for (int k = 0; k < MAX_SPLIT; k++)
+		rli_splitter_fini(&t->split[k]);
 	rli_bpe_destroy(t->bpe);
 	free(t->ends);
+	free(t->ends2);
+	free(t->syms);
 	free(t->chat_system);
 	free(t->chat_text);
 	free(t->chat_src);
+	rl_jinja_free(t->chat_jinja);
+	free(t->chat_err);
 	free(t);
 }
 
 /* ---- encoding ---------------------------------------------------------------------- */
+/* SentencePiece-style: one piece per section, its symbols the characters (a
+ * space or U+2581 the U+2581 token), a character outside the vocabulary (or an
+ * invalid UTF-8 byte) its byte-fallback tokens; then the merges. */
+static int
+encode_spm(rl_tokens *out, rl_tokenizer *t, const uint8_t *s, size_t n)
+{
+	size_t k = 0, need = n * 3; /* a space may become 3 byte symbols */
+	if (need > t->cap_syms) {
+		size_t c = t->cap_syms ? t->cap_syms : 256;
+		while (c < need)
+			c *= 2;
+		int32_t *p = rl_try_malloc(c * sizeof(int32_t), "symbols");
+		if (!p)
+			return RL_ENOMEM;
+		free(t->syms);
+		t->syms = p;
+		t->cap_syms = c;
+	}
+	for (size_t i = 0; i < n;) {
+		uint32_t cp;
+		int l = rli_utf8_char(s + i, n - i, &cp);
+		int32_t id = -1;
+		if (l && (cp == ' ' || cp == 0x2581))
+			id = t->spm_space;
+		else if (l)
+			id = rl_tokenizer_lookup(t, (const char *)s + i, (size_t)l);
+		if (id >= 0) {
+			t->syms[k++] = id;
+		} else if (l && (cp == ' ' || cp == 0x2581)) {
+			/* no U+2581 token: the normalised character's three bytes */
+			for (int j = 0; j < 3; j++)
+				t->syms[k++] = t->spm_byte[(uint8_t)"\xe2\x96\x81"[j]];
+		} else {
+			for (int j = 0; j < (l ? l : 1); j++)
+				t->syms[k++] = t->spm_byte[s[i + (size_t)j]];
+		}
+		i += (size_t)(l ? l : 1);
+	}
+	return rli_bpe_merge_ids(t->bpe, out, t->syms, k);
+}
+
+/* Cut the pieces in t->ends again with each further Split, in turn. */
+static int
+split_more(rl_tokenizer *t, const uint8_t *s)
+{
+	int rv;
+	for (int k = 1; k < t->n_split; k++) {
+		uint32_t *e = t->ends2;
+		size_t c = t->cap_ends2;
+		t->ends2 = t->ends;
+		t->cap_ends2 = t->cap_ends;
+		t->n_ends2 = t->n_ends;
+		t->ends = e;
+		t->cap_ends = c;
+		t->n_ends = 0;
+		for (size_t j = 0, start = 0; j < t->n_ends2; j++) {
+			size_t from = t->n_ends, end = t->ends2[j];
+			if ((rv = rli_split(&t->split[k], s + start, end - start, &t->ends, &t->n_ends,
+					    &t->cap_ends)) != 0)
+				return rv;
+			for (size_t q = from; q < t->n_ends; q++)
+				t->ends[q] += (uint32_t)start;
+			start = end;
+		}
+	}
+	return 0;
+}
+
 static int
 encode_section(rl_tokens *out, rl_tokenizer *t, const uint8_t *s, size_t n)
 {
@@ -945,6 +1238,8 @@ encode_section(rl_tokens *out, rl_tokenizer *t, const uint8_t *s, size_t n)
 				return rv;
 		return 0;
 	}
+	if (t->spm)
+		return encode_spm(out, t, s, n);
 	if (t->nfc) {
 		int r = rli_nfc(s, n, &norm, &nl);
 		if (r < 0)
@@ -965,7 +1260,8 @@ encode_section(rl_tokens *out, rl_tokenizer *t, const uint8_t *s, size_t n)
 		n++;
 	}
 	t->n_ends = 0;
-	if ((rv = rli_split(&t->split, s, n, &t->ends, &t->n_ends, &t->cap_ends)) != 0)
+	if ((rv = rli_split(&t->split[0], s, n, &t->ends, &t->n_ends, &t->cap_ends)) != 0 ||
+	    (rv = split_more(t, s)) != 0)
 		goto out;
 	for (size_t k = 0, start = 0; k < t->n_ends; k++) {
 		int32_t id;
@@ -986,19 +1282,79 @@ out:
 	return rv;
 }
 
+static int
+cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Index the added tokens by their text, and their lengths by first byte, so
+ * that finding the longest at a position costs one probe per length rather
+ * than a pass over all of them (Gemma 3 has 6,415). */
+static int
+index_added(rl_tokenizer *t)
+{
+	size_t cap = 16, m = 0, k = 0;
+	while (cap < t->n_added * 2)
+		cap *= 2;
+	uint64_t *key = rl_try_malloc((t->n_added + 1) * sizeof(uint64_t), "added-token index");
+	t->ahslot = rl_try_malloc(cap * sizeof(int32_t), "added-token index");
+	t->alens = rl_try_malloc((t->n_added + 1) * sizeof(uint32_t), "added-token index");
+	if (!key || !t->ahslot || !t->alens) {
+		free(key);
+		return RL_ENOMEM;
+	}
+	t->ahcap = cap;
+	for (size_t i = 0; i < cap; i++)
+		t->ahslot[i] = -1;
+	for (size_t j = 0; j < t->n_added; j++) {
+		const added_tok *a = &t->added[j];
+		const uint8_t *c = t->arena + a->off;
+		size_t h = hbytes(c, a->len) & (cap - 1);
+		int dup = !a->len;
+		for (; !dup && t->ahslot[h] >= 0; h = (h + 1) & (cap - 1)) {
+			const added_tok *o = &t->added[t->ahslot[h]];
+			dup = o->len == a->len && memcmp(t->arena + o->off, c, a->len) == 0;
+		}
+		if (dup)
+			continue; /* the first of equal texts wins, as the linear scan had it */
+		t->ahslot[h] = (int32_t)j;
+		/* first byte ascending, then length descending */
+		key[m++] = (uint64_t)c[0] << 32 | (UINT32_MAX - a->len);
+	}
+	qsort(key, m, sizeof(*key), cmp_u64);
+	for (size_t i = 0, b = 0; b < 256; b++) {
+		t->alen_at[b] = (uint32_t)k;
+		for (; i < m && (key[i] >> 32) == b; i++) {
+			uint32_t l = UINT32_MAX - (uint32_t)key[i];
+			if (k == t->alen_at[b] || t->alens[k - 1] != l)
+				t->alens[k++] = l;
+		}
+	}
+	t->alen_at[256] = (uint32_t)k;
+	free(key);
+	return 0;
+}
+
 /* Longest added token at S[0..N) that FLAGS allows, or NULL. */
 static const added_tok *
 match_added(const rl_tokenizer *t, const uint8_t *s, size_t n, int flags)
 {
-	const added_tok *best = NULL;
-	for (size_t k = 0; k < t->n_added; k++) {
-		const added_tok *a = &t->added[k];
-		if (a->len > n || (a->special && !(flags & RL_TOK_SPECIAL)))
+	for (uint32_t j = t->alen_at[s[0]]; j < t->alen_at[s[0] + 1]; j++) {
+		size_t l = t->alens[j];
+		if (l > n)
 			continue;
-		if ((!best || a->len > best->len) && memcmp(t->arena + a->off, s, a->len) == 0)
-			best = a;
+		for (size_t h = hbytes(s, l) & (t->ahcap - 1); t->ahslot[h] >= 0; h = (h + 1) & (t->ahcap - 1)) {
+			const added_tok *a = &t->added[t->ahslot[h]];
+			if (a->len == l && memcmp(t->arena + a->off, s, l) == 0) {
+				if (!a->special || (flags & RL_TOK_SPECIAL))
+					return a;
+				break;
+			}
+		}
 	}
-	return best;
+	return NULL;
 }
 
 static size_t
@@ -1390,7 +1746,6 @@ chat_jinja(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int flags, rl_
 	   sbuf *text)
 {
 	cJSON *ctx = cJSON_CreateObject(), *ms = ctx ? cJSON_AddArrayToObject(ctx, "messages") : NULL;
-	rl_jinja *j = NULL;
 	char *out = NULL;
 	size_t len = 0;
 	int rv = RL_ENOMEM;
@@ -1420,13 +1775,12 @@ chat_jinja(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int flags, rl_
 			goto out;
 		}
 	}
-	/* a template that does not parse fails every chat: RL_ENOTSUP, as for a
-	 * template rlpipe cannot render, not one chat's RL_EFORMAT */
-	if ((rv = rl_jinja_parse(&j, t->chat_text, strlen(t->chat_text), t->chat_src)) != 0) {
-		rv = rv == RL_EFORMAT ? RL_ENOTSUP : rv;
+	if (!t->chat_jinja) {
+		rl_error("%s", t->chat_err ? t->chat_err : "the chat template was not parsed");
+		rv = t->chat_err ? t->chat_err_rv : RL_ENOTSUP;
 		goto out;
 	}
-	if ((rv = rl_jinja_render(&out, &len, j, ctx, NULL)) != 0)
+	if ((rv = rl_jinja_render(&out, &len, t->chat_jinja, ctx, NULL)) != 0)
 		goto out;
 	if (ids && (rv = rl_tokenizer_encode(ids, enc, out, len, RL_TOK_SPECIAL)) != 0)
 		goto out;
@@ -1434,7 +1788,6 @@ chat_jinja(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int flags, rl_
 		rv = sb_add(text, out, len);
 out:
 	free(out);
-	rl_jinja_free(j);
 	cJSON_Delete(ctx);
 	return rv;
 }

