@@ -48,6 +48,7 @@ rl_train_opts_default(rl_train_opts *o)
 	o->kl_coef = 0.0f;
 	o->gamma = 1.0f;
 	o->lambda = 1.0f;
+	o->dpo_beta = 0.1f;
 	o->vf_coef = 0.1f;
 	o->value_clip = 0.5f;
 	o->whiten_adv = 1;
@@ -158,7 +159,7 @@ setup(trainer *tr, const rl_train_opts *o)
 		rl_hint("leave it out: it is on by default wherever it is exact (--no-skip-zero-adv turns it off)");
 		return RL_EINVAL;
 	}
-	tr->skip_zero = o->skip_zero_adv != 0 && !why && o->algo != RL_ALGO_SFT;
+	tr->skip_zero = o->skip_zero_adv != 0 && !why && o->algo != RL_ALGO_SFT && o->algo != RL_ALGO_DPO;
 	tr->maxtok = o->max_tokens_micro;
 	if (!o->out_dir) {
 		rl_error("no output directory (--out DIR)");
