@@ -36,7 +36,7 @@ static const char usage_text[] =
     "      --device D            cpu, cuda, cuda:N or auto (default auto: CUDA when\n"
     "                            a GPU is usable, else the cpu with one line on stderr)\n"
     "algorithm:\n"
-    "      --algo A              grpo, dr-grpo, dapo, gspo, rloo, reinforce++, remax, ppo, sft, dpo (default grpo)\n"
+    "      --algo A              grpo, dr-grpo, dapo, gspo, rloo, reinforce++, remax, ppo, sft, dpo, rm (default grpo)\n"
     "      --batch G             groups per step (default 8)\n"
     "      --loss-agg MODE       token-mean, seq-mean-token-sum, seq-mean-token-mean,\n"
     "                            seq-mean-token-sum-norm (default: the algorithm's)\n"
@@ -454,6 +454,8 @@ main(int argc, char **argv)
 	if (o.algo == RL_ALGO_DPO && (o.kl_type || o.kl_in_reward || kl_coef_set))
 		return rl_cli_usage("%s", "--kl with --algo dpo: DPO's beta (--beta) is its KL weight; the "
 		    "reference is --ref, the records' ref_logprobs or the initial policy");
+	if (o.algo == RL_ALGO_RM && (o.kl_type || o.kl_in_reward || kl_coef_set || o.ref_dir))
+		return rl_cli_usage("%s", "--kl and --ref with --algo rm: a reward model has no reference policy");
 	if (o.algo == RL_ALGO_DPO && o.label_smoothing > 0 && o.dpo_loss != RL_DPO_SIGMOID)
 		return rl_cli_usage("--label-smoothing with --dpo-loss %s: only sigmoid has it (TRL's cDPO)",
 		    rl_dpo_loss_name(o.dpo_loss));

@@ -405,7 +405,7 @@ rli_feed_open(trainer *tr)
 			return rv;
 		if (o->algo == RL_ALGO_SFT)
 			rl_traj_reader_set_line_fn(tr->rd, rli_sft_line, tr);
-		else if (o->algo == RL_ALGO_DPO)
+		else if (o->algo == RL_ALGO_DPO || o->algo == RL_ALGO_RM)
 			rl_traj_reader_set_line_fn(tr->rd, rli_dpo_line, tr);
 	}
 	return RL_OK;

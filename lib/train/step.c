@@ -41,18 +41,20 @@ dpo_pair_order(trainer *tr, const rl_group *g, int *swap)
 	int T;
 
 	if (g->size != 2) {
-		rl_error("group %llu has %d samples: --algo dpo trains pairs (groups of 2)",
-		    (unsigned long long)g->group, g->size);
+		rl_error("group %llu has %d samples: --algo %s trains pairs (groups of 2)",
+		    (unsigned long long)g->group, g->size, rl_algo_name(tr->o->algo));
 		rl_hint("pair lines {\"prompt\", \"chosen\", \"rejected\"}, or records generated with rl-rollout -n 2");
 		return RL_EFORMAT;
 	}
 	if (g->s[0].reward == g->s[1].reward) {
-		rl_error("group %llu: both samples have reward %g, so neither is the chosen one (--algo dpo)",
-		    (unsigned long long)g->group, (double)g->s[0].reward);
+		rl_error("group %llu: both samples have reward %g, so neither is the chosen one (--algo %s)",
+		    (unsigned long long)g->group, (double)g->s[0].reward, rl_algo_name(tr->o->algo));
 		return RL_EFORMAT;
 	}
 	*swap = g->s[1].reward > g->s[0].reward;
-	T = RL_MAX(g->s[0].plen + g->s[0].rlen, g->s[1].plen + g->s[1].rlen) - 1;
+	/* dpo's rows end before the last token (its log-prob is the last
+	 * predicted); rm's hold it (the score is read there) */
+	T = RL_MAX(g->s[0].plen + g->s[0].rlen, g->s[1].plen + g->s[1].rlen) - (tr->o->algo == RL_ALGO_DPO);
 	if (2 * T > tr->maxtok) {
 		rl_error("group %llu: the pair's rows (2 x %d tokens) exceed --max-tokens-per-micro %d",
 		    (unsigned long long)g->group, T, tr->maxtok);
@@ -85,7 +87,7 @@ layout(trainer *tr, int *ntok_out, int *G_out)
 			}
 		}
 		int swap = 0;
-		if (o->algo == RL_ALGO_DPO && (rv = dpo_pair_order(tr, g, &swap)) != 0)
+		if ((o->algo == RL_ALGO_DPO || o->algo == RL_ALGO_RM) && (rv = dpo_pair_order(tr, g, &swap)) != 0)
 			return rv;
 		for (int i = 0; i < g->size; i++) {
 			rl_sample *s = &g->s[swap ? 1 - i : i];
@@ -247,6 +249,7 @@ advantages(trainer *tr, const int *toff, const int *goff, const float *base, flo
 			tr->adv_tok[t] = 1.0f;
 		return RL_OK;
 	case RL_ALGO_DPO:
+	case RL_ALGO_RM:
 		/* no advantages: the loss is the pair's (dpo_update); the trained
 		 * tokens of each side, which ipo's means and RPO's NLL count */
 		memset(tr->adv_tok, 0, sizeof(float) * (size_t)ntok);
@@ -709,8 +712,8 @@ rli_step_old(trainer *tr, int *recomputed)
 	seqref *sq;
 
 	*recomputed = 0;
-	if (o->algo == RL_ALGO_DPO)
-		return RL_OK; /* no ratio: the reference is the fixed point */
+	if (o->algo == RL_ALGO_DPO || o->algo == RL_ALGO_RM)
+		return RL_OK; /* no ratio: dpo's reference is the fixed point */
 	if (o->algo == RL_ALGO_PPO && !o->old_from_behaviour)
 		*recomputed = 1; /* the pass over the step for V_old gave π_old too */
 	if ((E == 1 && M == 1) || o->old_from_behaviour || *recomputed)
@@ -765,7 +768,8 @@ dpo_micro_end(trainer *tr, const seqref *sq, int a, int b)
 	int T = 0, e = a;
 
 	while (e < b) {
-		int nT = RL_MAX(T, RL_MAX(sq[e].s->plen + sq[e].s->rlen, sq[e + 1].s->plen + sq[e + 1].s->rlen) - 1);
+		int nT = RL_MAX(T, RL_MAX(sq[e].s->plen + sq[e].s->rlen, sq[e + 1].s->plen + sq[e + 1].s->rlen) -
+		    (tr->o->algo == RL_ALGO_DPO));
 		if (e > a && (e - a + 2) * nT > tr->maxtok)
 			break;
 		T = nT;
@@ -895,8 +899,68 @@ out:
 	return rv;
 }
 
-/* The step's E x M updates over pairs: mini-batches and ranks' shares are
- * whole pairs. */
+/* ---- rm: a Bradley-Terry reward model (docs/train.md, "Reward models") ----
+ * The score of a sequence is the score head (the value head's linear layer,
+ * rl_model_add_value_head) on the final hidden state of its last token, as
+ * transformers' ...ForSequenceClassification reads the last non-pad token;
+ * a pair's loss is -log sigmoid(s_chosen - s_rejected), the mean over the
+ * update's P pairs.  Rows hold every token (no next-token targets). */
+static int
+rm_micro(trainer *tr, const seqref *sq, int B, int P, mstat *ms)
+{
+	rl_ops *ops = tr->ops;
+	int T = 0, N, rv;
+
+	for (int r = 0; r < B; r++)
+		T = RL_MAX(T, sq[r].s->plen + sq[r].s->rlen);
+	N = B * T;
+	for (int r = 0; r < B; r++) {
+		const rl_sample *s = sq[r].s;
+		for (int t = 0; t < T; t++) {
+			int n = r * T + t;
+			tr->h_tok[n] = t < s->plen ? s->prompt[t] : t < s->plen + s->rlen ? s->response[t - s->plen] : 0;
+			tr->h_tgt[n] = -1;
+		}
+	}
+	double t0 = rl_now();
+	rv = rl_model_forward(tr->m, NULL, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, 1.0f);
+	tr->t_model += rl_now() - t0;
+	if (rv != 0)
+		return rv;
+	ops->download(ops, tr->h_v, tr->m->val, sizeof(float) * (size_t)N);
+	if ((rv = ops->status(ops)) != 0)
+		return rv;
+	memset(tr->h_dv, 0, sizeof(float) * (size_t)N);
+	memset(tr->h_adv, 0, sizeof(float) * (size_t)N);
+	for (int r = 0; r < B; r += 2) {
+		int kc = r * T + sq[r].s->plen + sq[r].s->rlen - 1;
+		int kr = (r + 1) * T + sq[r + 1].s->plen + sq[r + 1].s->rlen - 1;
+		double sc = tr->h_v[kc], sr = tr->h_v[kr], m = sc - sr;
+		/* -log sigmoid(m) = log1p(exp(-m)), stable on both sides */
+		double loss = m > 0 ? log1p(exp(-m)) : -m + log1p(exp(m));
+		double d = -1.0 / (1.0 + exp(m)) / P;   /* d loss / d sc; -d for sr */
+		tr->h_dv[kc] = (float)d;
+		tr->h_dv[kr] = (float)-d;
+		ms->dpo[0] += loss;
+		ms->dpo[1] += sc;
+		ms->dpo[2] += sr;
+		ms->dpo[3] += sc > sr;
+		ms->dpo[4] += m;
+		ms->npairs += 1;
+		ms->ntok += sq[r].s->rlen + sq[r + 1].s->rlen;
+	}
+	/* the language-model head gets no gradient: dlp 0 */
+	ops->upload(ops, tr->d_dlp, tr->h_adv, sizeof(float) * (size_t)N);
+	ops->upload(ops, tr->d_dval, tr->h_dv, sizeof(float) * (size_t)N);
+	t0 = rl_now();
+	if ((rv = ops->status(ops)) == 0 && (rv = rl_model_backward_value(tr->m, tr->d_dlp, NULL, tr->d_dval)) == 0)
+		rv = ops->sync(ops);
+	tr->t_model += rl_now() - t0;
+	return rv;
+}
+
+/* The step's E x M updates over pairs (dpo, rm): mini-batches and ranks'
+ * shares are whole pairs. */
 static int
 dpo_update(trainer *tr, mstat *ms, float *gnorm, double *lr, int *nupd)
 {
@@ -912,7 +976,7 @@ dpo_update(trainer *tr, mstat *ms, float *gnorm, double *lr, int *nupd)
 			seqref *sq = tr->seq + ra;
 			for (int i = 2 * pa; i < 2 * pb; i += 2)
 				nchosen += tr->seq[i].ntrain;
-			if (ep == 0 && (rv = dpo_ref(tr, sq, rb - ra)) != 0)
+			if (ep == 0 && o->algo == RL_ALGO_DPO && (rv = dpo_ref(tr, sq, rb - ra)) != 0)
 				return rv;
 			for (int s = 0; s < rb - ra;) {
 				int e = dpo_micro_end(tr, sq, s, rb - ra);
@@ -920,7 +984,8 @@ dpo_update(trainer *tr, mstat *ms, float *gnorm, double *lr, int *nupd)
 					tr->m->grad_ready = rli_dp_grad_ready;
 					tr->m->grad_ready_ctx = tr->red;
 				}
-				rv = dpo_micro(tr, sq + s, e - s, P, RL_MAX(nchosen, 1), ms);
+				rv = o->algo == RL_ALGO_RM ? rm_micro(tr, sq + s, e - s, P, ms) :
+				    dpo_micro(tr, sq + s, e - s, P, RL_MAX(nchosen, 1), ms);
 				tr->m->grad_ready = NULL;
 				if (rv != 0)
 					return rv;
@@ -944,7 +1009,7 @@ rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double *lr
 	seqref *sq;
 
 	*nupd = 0;
-	if (o->algo == RL_ALGO_DPO)
+	if (o->algo == RL_ALGO_DPO || o->algo == RL_ALGO_RM)
 		return dpo_update(tr, ms, gnorm, lr, nupd);
 	for (int ep = 0; ep < E; ep++) {
 		for (int mb = 0; mb < M; mb++) {

@@ -159,7 +159,8 @@ setup(trainer *tr, const rl_train_opts *o)
 		rl_hint("leave it out: it is on by default wherever it is exact (--no-skip-zero-adv turns it off)");
 		return RL_EINVAL;
 	}
-	tr->skip_zero = o->skip_zero_adv != 0 && !why && o->algo != RL_ALGO_SFT && o->algo != RL_ALGO_DPO;
+	tr->skip_zero = o->skip_zero_adv != 0 && !why && o->algo != RL_ALGO_SFT && o->algo != RL_ALGO_DPO &&
+	    o->algo != RL_ALGO_RM;
 	tr->maxtok = o->max_tokens_micro;
 	if (!o->out_dir) {
 		rl_error("no output directory (--out DIR)");
@@ -211,10 +212,10 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 		    (rv = rl_model_open(&tr->m, o->model_dir, tr->ops)) != 0)
 			return rv;
 	}
-	if (o->resume && o->algo == RL_ALGO_PPO) {
+	if (o->resume && (o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM)) {
 		/* the optimizer state of a value head is only in a ppo run's checkpoint */
 		cJSON *alg = cJSON_GetObjectItem(*state, "algo");
-		if (cJSON_IsString(alg) && strcmp(alg->valuestring, "ppo") != 0) {
+		if (cJSON_IsString(alg) && strcmp(alg->valuestring, rl_algo_name(o->algo)) != 0) {
 			rl_error("cannot resume '%s' with --algo ppo: it was trained with --algo %s", dir,
 			    alg->valuestring);
 			rl_hint("start a ppo run from it with -m '%s' (a new --out) instead", dir);
@@ -222,7 +223,8 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 		}
 	}
 	/* PPO's value head: from the directory the policy came from, else new */
-	if (o->algo == RL_ALGO_PPO &&
+	/* rm's score head is the same linear layer on the last hidden state */
+	if ((o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM) &&
 	    (rv = rl_model_add_value_head(tr->m, o->resume ? dir : o->model_dir, o->seed)) != 0)
 		return rv;
 	if (o->ref_dir && (rv = rl_model_open(&tr->ref, o->ref_dir, tr->ops)) != 0)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bats
-# rl-train --algo dpo end to end on a tiny model: the first step's TRL
+# rl-train --algo dpo and --algo rm end to end on a tiny model: the first step's TRL
 # metrics and gradient against a float64 PyTorch restatement
 # (tests/fixtures/train/dpo_step_ref.py) for every loss type, label smoothing,
 # RPO, the reference from the records, from --ref and from the initial
 # policy; pair lines through the chat tokenizer; --resume; 2 ranks; bad pairs
-# named by line.
+# named by line.  --algo rm: the Bradley-Terry loss on the score head at the
+# last token, its metrics and gradient (score head included) against the same
+# script; --resume.
 #
 # Tolerances: metrics |got - want| <= 1e-6 + 1e-5 |want| (fp32 log-probs of
 # 10-token completions against float64; seen: 4e-8); gradients as
@@ -24,6 +26,9 @@ setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
 	train_model "$TD"
 	rl-train -q --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m1" --seed 2
+	# --algo rm: m0 with a known score head (verl_ref.py's value head)
+	cp -r "$TD/m0" "$TD/m0rm"
+	cp tests/fixtures/train/verl_value_head.safetensors "$TD/m0rm/value_head.safetensors"
 	# 16 pair lines of text (TRL's standard form)
 	python3 - > "$TD/pairs.jsonl" <<'PY'
 import json, random
@@ -45,22 +50,22 @@ setup() {
 	PORT=$(free_port)
 }
 
-# run_case DATA ARGS: the first step twice (metrics at --lr 1e-3; the
+# run_case DATA ARGS: (the model $TD/$M, default m0; ARGS after --algo dpo) the first step twice (metrics at --lr 1e-3; the
 # gradient read back from AdamW's first update at --lr 1), a line for check
 run_case() {
 	local data=$1 args=$2 n=$BATS_TEST_NUMBER.$RANDOM
 	# shellcheck disable=SC2086
-	rl-train -q -m "$TD/m0" --out "$TD/c$n" --algo dpo --batch 4 --max-steps 1 --lr 1e-3 --grad-clip 1e9 \
+	rl-train -q -m "$TD/${M:-m0}" --out "$TD/c$n" --algo dpo --batch 4 --max-steps 1 --lr 1e-3 --grad-clip 1e9 \
 	    --metrics "$TD/c$n.json" $args "$data"
 	# shellcheck disable=SC2086
-	rl-train -q -m "$TD/m0" --out "$TD/g$n" --algo dpo --batch 4 --max-steps 1 --lr 1 --adam-eps 1 \
+	rl-train -q -m "$TD/${M:-m0}" --out "$TD/g$n" --algo dpo --batch 4 --max-steps 1 --lr 1 --adam-eps 1 \
 	    --weight-decay 0 --grad-clip 1e9 $args "$data"
 	printf '%s\t%s\t%s\t%s\n' "$data" "$TD/c$n.json" "$TD/g$n/step-00000001" "$args" >> "$TD/cases.$BATS_TEST_NUMBER"
 }
 
 # check: every case of the test against dpo_step_ref.py (one PyTorch process)
 check() {
-	"$REF" check "$TD/m0" < "$TD/cases.$BATS_TEST_NUMBER"
+	"$REF" check "$TD/${M:-m0}" < "$TD/cases.$BATS_TEST_NUMBER"
 }
 
 @test "dpo: sigmoid, ipo, hinge, label smoothing and RPO (records' ref_logprobs) match TRL's loss, metrics and gradient" {
@@ -81,17 +86,25 @@ check() {
 	[ "$output" = true ]
 }
 
-@test "dpo: pair lines train; --resume continues identically; 2 ranks give 1 rank's weights" {
+@test "dpo: pair lines train; --resume continues identically; micro-batches and 2 ranks give the same weights" {
 	args=(--algo dpo --batch 4 --lr 1e-2)
 	rl-train -q -m "$TD/m0" --out "$TD/p" --metrics "$TD/p.json" "${args[@]}" "$TD/pairs.jsonl"
 	[ "$(readlink "$TD/p/latest")" = step-00000004 ]
 	run -0 jq -s '[.[] | .["actor/dpo_loss"]] | (.[0] - (2 | log) | fabs) < 1e-9 and .[3] < .[0]' "$TD/p.json"
 	[ "$output" = true ]
-	grep -q '^dpo-loss: sigmoid' "$TD/p/run.yaml" || grep -q 'dpo-loss' "$TD/p/run.yaml"
+	grep -qx 'dpo-loss: sigmoid' "$TD/p/run.yaml"
+	grep -qx 'beta: 0.1' "$TD/p/run.yaml"
 	# stopped after 2 steps, resumed: bitwise the same weights
 	rl-train -q -m "$TD/m0" --out "$TD/r" --max-steps 2 "${args[@]}" "$TD/pairs.jsonl"
 	rl-train -q -m "$TD/m0" --out "$TD/r" --resume "${args[@]}" "$TD/pairs.jsonl"
 	cmp "$TD/r/step-00000004/model.safetensors" "$TD/p/step-00000004/model.safetensors"
+	# a resume that changes beta is refused, naming it
+	run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/r" --resume "${args[@]}" --beta 0.5 "$TD/pairs.jsonl"
+	[[ "$stderr" == *beta* ]]
+	# one pair per micro-batch (gradient accumulation): the same weights
+	rl-train -q -m "$TD/m0" --out "$TD/a" --max-tokens-per-micro 64 "${args[@]}" "$TD/pairs.jsonl"
+	run -0 /usr/bin/python3 tests/fixtures/parallel/st_close.py "$TD/a/step-00000004/model.safetensors" \
+	    "$TD/p/step-00000004/model.safetensors" 2e-5 1e-4
 	# 2 ranks, 2 pairs each: fp32 reduction order only (seen 5e-6 after 4 AdamW
 	# steps of lr 1e-2; the same bound as rl-train-dp.bats)
 	TRAIN_WORLD_DATA="$TD/pairs.jsonl" train_world 2 "$TD/two" "${args[@]}"
@@ -125,4 +138,23 @@ check() {
 	[[ "$stderr" == *"--label-smoothing with --dpo-loss ipo"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/o9" --algo dpo --dpo-loss kto "$TD/b1"
 	[[ "$stderr" == *"unknown loss 'kto'"* ]]
+}
+
+@test "rm: the Bradley-Terry loss on the last token's score, metrics and gradient match PyTorch; --resume; a causal LM starts one" {
+	M=m0rm run_case "$TD/recs.jsonl" "--algo rm"
+	M=m0rm check
+	args=(--algo rm --batch 4 --lr 1e-2)
+	rl-train -q -m "$TD/m0rm" --out "$TD/rm" --metrics "$TD/rm.json" "${args[@]}" "$TD/pairs.jsonl"
+	[ -s "$TD/rm/step-00000004/value_head.safetensors" ]
+	run -0 jq -s '.[3]["actor/rm_loss"] < .[0]["actor/rm_loss"]' "$TD/rm.json"
+	[ "$output" = true ]
+	rl-train -q -m "$TD/m0rm" --out "$TD/rr" --max-steps 2 "${args[@]}" "$TD/pairs.jsonl"
+	rl-train -q -m "$TD/m0rm" --out "$TD/rr" --resume "${args[@]}" "$TD/pairs.jsonl"
+	cmp "$TD/rr/step-00000004/model.safetensors" "$TD/rm/step-00000004/model.safetensors"
+	cmp "$TD/rr/step-00000004/value_head.safetensors" "$TD/rm/step-00000004/value_head.safetensors"
+	# from a causal LM (no score head): a new head, trained
+	rl-train -q -m "$TD/m0" --out "$TD/rn" --max-steps 1 "${args[@]}" "$TD/pairs.jsonl"
+	[ -s "$TD/rn/step-00000001/value_head.safetensors" ]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/rk" --algo rm --ref "$TD/m1" "$TD/pairs.jsonl"
+	[[ "$stderr" == *"--algo rm: a reward model has no reference policy"* ]]
 }
