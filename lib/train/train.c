@@ -213,12 +213,13 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 			return rv;
 	}
 	if (o->resume && (o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM)) {
-		/* the optimizer state of a value head is only in a ppo run's checkpoint */
+		/* the optimizer state of a value (rm: score) head is only in a
+		 * checkpoint of the same algorithm */
 		cJSON *alg = cJSON_GetObjectItem(*state, "algo");
 		if (cJSON_IsString(alg) && strcmp(alg->valuestring, rl_algo_name(o->algo)) != 0) {
-			rl_error("cannot resume '%s' with --algo ppo: it was trained with --algo %s", dir,
-			    alg->valuestring);
-			rl_hint("start a ppo run from it with -m '%s' (a new --out) instead", dir);
+			rl_error("cannot resume '%s' with --algo %s: it was trained with --algo %s", dir,
+			    rl_algo_name(o->algo), alg->valuestring);
+			rl_hint("start a %s run from it with -m '%s' (a new --out) instead", rl_algo_name(o->algo), dir);
 			return RL_EINVAL;
 		}
 	}
