@@ -37,7 +37,10 @@ _rlpipe()
 		COMPREPLY=($(compgen -W "auto cpu cuda" -- "$cur"))
 		return 0 ;;
 	--algo)
-		COMPREPLY=($(compgen -W "grpo dr-grpo dapo gspo rloo reinforce++ remax ppo sft" -- "$cur"))
+		COMPREPLY=($(compgen -W "grpo dr-grpo dapo gspo rloo reinforce++ remax ppo sft dpo rm" -- "$cur"))
+		return 0 ;;
+	--dpo-loss)
+		COMPREPLY=($(compgen -W "sigmoid ipo hinge" -- "$cur"))
 		return 0 ;;
 	esac
 	if [[ $cur == -* ]]; then

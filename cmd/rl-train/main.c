@@ -37,7 +37,7 @@ static const char usage_text[] =
     "      --device D            cpu, cuda, cuda:N or auto (default auto: CUDA when\n"
     "                            a GPU is usable, else the cpu with one line on stderr)\n"
     "algorithm:\n"
-    "      --algo A              grpo, dr-grpo, dapo, gspo, rloo, reinforce++, remax, ppo, sft (default grpo)\n"
+    "      --algo A              grpo, dr-grpo, dapo, gspo, rloo, reinforce++, remax, ppo, sft, dpo, rm (default grpo)\n"
     "      --batch G             groups per step (default 8)\n"
     "      --loss-agg MODE       token-mean, seq-mean-token-sum, seq-mean-token-mean,\n"
     "                            seq-mean-token-sum-norm (default: the algorithm's)\n"
@@ -57,7 +57,12 @@ static const char usage_text[] =
     "      --kl k1|k2|k3         KL estimator to the reference policy (off; the options below need it)\n"
     "      --kl-coef B           KL coefficient (default 0.001 when --kl is given)\n"
     "      --kl-in-reward        KL as a token-level reward penalty instead of a loss term\n"
-    "      --ref DIR             frozen reference model (else the records' ref_logprobs)\n"
+    "      --ref DIR             frozen reference model (else the records' ref_logprobs;\n"
+    "                            dpo: else the initial policy -m)\n"
+    "      --beta B              dpo: the DPO temperature beta (default 0.1)\n"
+    "      --dpo-loss L          dpo: sigmoid, ipo or hinge (default sigmoid)\n"
+    "      --label-smoothing E   dpo: sigmoid's label smoothing, 0 to 0.5 excluded (default 0)\n"
+    "      --rpo-alpha A         dpo: add A times the NLL of the chosen completions (RPO; off)\n"
     "      --ent-coef C          entropy bonus (off)\n"
     "      --gamma G             discount for reinforce++ and ppo's GAE (default 1)\n"
     "      --lambda L            ppo: GAE lambda (default 1)\n"
@@ -146,7 +151,8 @@ enum {
 	O_TLS_CERT, O_TLS_KEY, O_TLS_CA,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
 	O_PLAN, O_LORAR, O_LORAT, O_LORAA, O_LORAD, O_MERGE, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
-	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH, O_OVERLONG
+	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH, O_OVERLONG,
+	O_DPOBETA, O_DPOLOSS, O_LSMOOTH, O_RPO
 };
 
 static const struct option longopts[] = {
@@ -195,6 +201,8 @@ static const struct option longopts[] = {
 	{ "weights-group-backend", required_argument, 0, O_WGBACK },
 	{ "overlong-filter", no_argument, 0, O_OVERLONG },
 	{ "skip-zero-adv", no_argument, 0, O_SKIPZ }, { "no-skip-zero-adv", no_argument, 0, O_NOSKIPZ },
+	{ "beta", required_argument, 0, O_DPOBETA }, { "dpo-loss", required_argument, 0, O_DPOLOSS },
+	{ "label-smoothing", required_argument, 0, O_LSMOOTH }, { "rpo-alpha", required_argument, 0, O_RPO },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -209,6 +217,7 @@ main(int argc, char **argv)
 	int c, li = 0, verbosity = RL_LOG_NORMAL, clip_high_set = 0, clip_low_set = 0, kl_coef_set = 0, strans_set = 0;
 	int plan = 0, zero = 0;
 	const char *merge = NULL;
+	const char *dpo_set = NULL;
 	rl_plan_opts po = { 0 };
 	double v;
 
@@ -278,6 +287,26 @@ main(int argc, char **argv)
 		case O_KLCOEF: NUM(0, 1e9); o.kl_coef = (float)v; kl_coef_set = 1; break;
 		case O_KLREW: o.kl_in_reward = 1; break;
 		case O_REF: o.ref_dir = a; break;
+		case O_DPOBETA:
+			NUM(0, 1e6);
+			if (!(v > 0))
+				return rl_cli_usage("--beta %s: beta must be above 0", a);
+			o.dpo_beta = (float)v;
+			dpo_set = "--beta";
+			break;
+		case O_DPOLOSS:
+			if ((o.dpo_loss = rl_dpo_loss_parse(a)) < 0)
+				return rl_cli_usage("--dpo-loss: unknown loss '%s' (sigmoid, ipo, hinge)", a);
+			dpo_set = "--dpo-loss";
+			break;
+		case O_LSMOOTH:
+			NUM(0, 0.5);
+			if (v >= 0.5)
+				return rl_cli_usage("--label-smoothing %s: want 0 <= E < 0.5", a);
+			o.label_smoothing = (float)v;
+			dpo_set = "--label-smoothing";
+			break;
+		case O_RPO: NUM(0, 1e6); o.rpo_alpha = (float)v; dpo_set = "--rpo-alpha"; break;
 		case O_ENT: NUM(-1e9, 1e9); o.ent_coef = (float)v; break;
 		case O_GAMMA: NUM(0, 1); o.gamma = (float)v; break;
 		case O_LAMBDA: NUM(0, 1); o.lambda = (float)v; break;
@@ -458,9 +487,24 @@ main(int argc, char **argv)
 			return rl_cli_usage("%s with --algo gspo: a bound on the token ratio; gspo's ratio is the "
 			    "sequence's", o.dual_clip > 0 ? "--dual-clip" : "--tis-cap");
 	}
+	if (dpo_set && o.algo != RL_ALGO_DPO)
+		return rl_cli_usage("%s is an option of --algo dpo", dpo_set);
+	/* dpo and rm read a pair as two padded rows (step.c); packing lays rows out
+	 * otherwise */
+	if (o.micro_tokens > 0 && (o.algo == RL_ALGO_DPO || o.algo == RL_ALGO_RM))
+		return rl_cli_usage("--micro-tokens (packed rows) is not available with --algo %s; use --max-tokens-per-micro",
+		    o.algo == RL_ALGO_DPO ? "dpo" : "rm");
+	if (o.algo == RL_ALGO_DPO && (o.kl_type || o.kl_in_reward || kl_coef_set))
+		return rl_cli_usage("%s", "--kl with --algo dpo: DPO's beta (--beta) is its KL weight; the "
+		    "reference is --ref, the records' ref_logprobs or the initial policy");
+	if (o.algo == RL_ALGO_RM && (o.kl_type || o.kl_in_reward || kl_coef_set || o.ref_dir))
+		return rl_cli_usage("%s", "--kl and --ref with --algo rm: a reward model has no reference policy");
+	if (o.algo == RL_ALGO_DPO && o.label_smoothing > 0 && o.dpo_loss != RL_DPO_SIGMOID)
+		return rl_cli_usage("--label-smoothing with --dpo-loss %s: only sigmoid has it (TRL's cDPO)",
+		    rl_dpo_loss_name(o.dpo_loss));
 	/* the KL term exists only with an estimator: without one these options
 	 * were ignored, and the run trained with no KL at all */
-	if (!o.kl_type && (o.kl_in_reward || kl_coef_set || o.ref_dir))
+	if (!o.kl_type && o.algo != RL_ALGO_DPO && (o.kl_in_reward || kl_coef_set || o.ref_dir))
 		return rl_cli_usage("%s needs --kl k1|k2|k3 (the KL estimator; verl's default is k1)",
 		    o.kl_in_reward ? "--kl-in-reward" : kl_coef_set ? "--kl-coef" : "--ref");
 	if (o.kl_in_reward && o.ref_dir)

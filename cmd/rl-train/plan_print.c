@@ -61,7 +61,7 @@ print_plan(const rl_train_opts *o, rl_plan_opts *po, int world, int zero, const 
 	po->cuda = o->device && strncmp(o->device, "cuda", 4) == 0;
 	po->max_tokens = o->micro_tokens > 0 ? o->micro_tokens : o->max_tokens_micro;
 	po->recompute = o->recompute;
-	po->value_head = o->algo == RL_ALGO_PPO;
+	po->value_head = o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM;
 	rv = rl_train_plan(&p, &cfg, po);
 	rl_config_fini(&cfg);
 	if (rv != 0)

@@ -13,7 +13,8 @@
 static const char *const algo_names[RL_ALGO_COUNT] = {
 	[RL_ALGO_GRPO] = "grpo", [RL_ALGO_DRGRPO] = "dr-grpo", [RL_ALGO_DAPO] = "dapo",
 	[RL_ALGO_RLOO] = "rloo", [RL_ALGO_REINFORCEPP] = "reinforce++", [RL_ALGO_REMAX] = "remax",
-	[RL_ALGO_PPO] = "ppo", [RL_ALGO_SFT] = "sft", [RL_ALGO_GSPO] = "gspo",
+	[RL_ALGO_PPO] = "ppo", [RL_ALGO_SFT] = "sft", [RL_ALGO_GSPO] = "gspo", [RL_ALGO_DPO] = "dpo",
+	[RL_ALGO_RM] = "rm",
 };
 
 static const char *const agg_names[RL_AGG_COUNT] = {

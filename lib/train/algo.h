@@ -30,6 +30,8 @@ typedef enum rl_algo {
 	RL_ALGO_SFT,        /* cross-entropy on given completions */
 	RL_ALGO_GSPO,       /* GRPO advantage, the sequence's importance ratio at every token
 	                     * (Qwen's GSPO; verl's loss mode "gspo"), seq-mean-token-mean */
+	RL_ALGO_DPO,        /* preference pairs: TRL's DPO losses (rl_dpo_loss) */
+	RL_ALGO_RM,         /* preference pairs: a Bradley-Terry reward model (a score head) */
 	RL_ALGO_COUNT
 } rl_algo;
 

@@ -232,8 +232,13 @@ next_group(trainer *tr, rl_group *g)
 			tr->t_wait += rl_now() - t0;
 			return RL_ENOENT;
 		}
-		if ((rv = rl_traj_reader_next(tr->rd, &t)) != RL_OK)
+		if (tr->pair_ready) {
+			/* the rejected side of the pair line read last */
+			tr->pair_ready = 0;
+			t = tr->pair_rej;
+		} else if ((rv = rl_traj_reader_next(tr->rd, &t)) != RL_OK) {
 			return rv;
+		}
 		if (t == NULL) {
 			if (rli_train_stop)
 				return RL_ENOENT; /* what is held stays pending */
@@ -400,6 +405,8 @@ rli_feed_open(trainer *tr)
 			return rv;
 		if (o->algo == RL_ALGO_SFT)
 			rl_traj_reader_set_line_fn(tr->rd, rli_sft_line, tr);
+		else if (o->algo == RL_ALGO_DPO || o->algo == RL_ALGO_RM)
+			rl_traj_reader_set_line_fn(tr->rd, rli_dpo_line, tr);
 	}
 	return RL_OK;
 }
@@ -447,6 +454,9 @@ rli_feed_close(trainer *tr)
 	rl_qlease_fini(&tr->lease);
 	rl_traj_destroy(tr->qt);
 	tr->qt = NULL;
+	rl_traj_destroy(tr->pair_rej);
+	tr->pair_rej = NULL;
+	tr->pair_ready = 0;
 	free(tr->held);
 	tr->held = NULL;
 	tr->nheld = tr->capheld = 0;

@@ -141,7 +141,7 @@ data_metrics(cJSON *j, trainer *tr, int step)
 		ss_add(&reward, tr->seq[i].reward);
 		positive += s->reward > 0;
 	}
-	if (o->algo != RL_ALGO_SFT) {
+	if (o->algo != RL_ALGO_SFT && o->algo != RL_ALGO_DPO && o->algo != RL_ALGO_RM) {
 		rl_stat3 adv = tok_stat(tr, tr->adv_tok), ret = o->algo == RL_ALGO_PPO ? tok_stat(tr, tr->ret_tok) : adv;
 		metric3(j, tr, step, "critic/score", ss_mean(&score), ss_max(&score), ss_min(&score));
 		metric(j, tr, step, "critic/score/positive_frac", score.n ? (double)positive / score.n : NAN);
@@ -192,6 +192,22 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	metric(j, tr, step, "training/global_step", step);
 	if (o->algo == RL_ALGO_SFT) {
 		metric(j, tr, step, "actor/sft_loss", ms->ce / nt);
+	} else if (o->algo == RL_ALGO_DPO) {
+		/* TRL's DPOTrainer names, means over the step's pairs (and passes) */
+		static const char *const dn[7] = { "actor/dpo_loss", "rewards/chosen", "rewards/rejected",
+			"rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected" };
+		double npair = ms->npairs > 0 ? ms->npairs : NAN;
+		for (int i = 0; i < 7; i++)
+			metric(j, tr, step, dn[i], ms->dpo[i] / npair);
+		if (o->rpo_alpha > 0)
+			metric(j, tr, step, "nll_loss", ms->nll / (ms->nll_tok > 0 ? ms->nll_tok : NAN));
+	} else if (o->algo == RL_ALGO_RM) {
+		/* the scores of the chosen and rejected sides, means over the pairs */
+		static const char *const rn[5] = { "actor/rm_loss", "rewards/chosen", "rewards/rejected",
+			"rewards/accuracies", "rewards/margins" };
+		double npair = ms->npairs > 0 ? ms->npairs : NAN;
+		for (int i = 0; i < 5; i++)
+			metric(j, tr, step, rn[i], ms->dpo[i] / npair);
 	} else {
 		metric(j, tr, step, "actor/pg_loss", ms->loss / nupdates);
 		metric(j, tr, step, "actor/pg_clipfrac", ms->clip / nt);
@@ -204,11 +220,12 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 			metric(j, tr, step, "actor/reward_kl_penalty_coeff", o->kl_coef);
 		}
 	}
-	metric(j, tr, step, "actor/entropy", ms->ent / nt);
+	if (o->algo != RL_ALGO_DPO && o->algo != RL_ALGO_RM)   /* no entropy computed */
+		metric(j, tr, step, "actor/entropy", ms->ent / nt);
 	metric(j, tr, step, "actor/grad_norm", gnorm);
 	metric(j, tr, step, "actor/lr", lr);
 	data_metrics(j, tr, step);
-	if (o->algo != RL_ALGO_SFT) {
+	if (o->algo != RL_ALGO_SFT && o->algo != RL_ALGO_DPO && o->algo != RL_ALGO_RM) {
 		/* --skip-zero-adv: the share of the step not run through the model */
 		metric(j, tr, step, "actor/skipped_seq_frac", S ? (double)tr->nskip / S : NAN);
 		metric(j, tr, step, "actor/skipped_token_frac", tr->tok_all ? (double)tr->tok_skip / tr->tok_all : NAN);
@@ -348,6 +365,15 @@ rli_metrics_gather(trainer *tr, mstat *ms, int E)
 			return rv;
 		ms->loss = v[0], ms->clip = v[1], ms->kl = v[2], ms->ratio_logsum = v[3], ms->ent = v[4], ms->ce = v[5];
 		ms->ntok = v[6], ms->clip_lower = v[7], ms->npos = v[8], ms->npad = v[9];
+	}
+	if (tr->world > 1 && (tr->o->algo == RL_ALGO_DPO || tr->o->algo == RL_ALGO_RM)) {
+		double v[10];
+		memcpy(v, ms->dpo, sizeof ms->dpo);
+		v[7] = ms->npairs, v[8] = ms->nll, v[9] = ms->nll_tok;
+		if ((rv = rl_comm_host_allreduce_f64(tr->comm, v, 10)) != 0)
+			return rv;
+		memcpy(ms->dpo, v, sizeof ms->dpo);
+		ms->npairs = v[7], ms->nll = v[8], ms->nll_tok = v[9];
 	}
 	if (tr->world > 1 && tr->o->algo == RL_ALGO_PPO) {
 		double v[3] = { ms->vf_loss, ms->vf_clip, ms->vpred };

@@ -47,6 +47,11 @@ typedef struct rl_train_opts {
 	int kl_in_reward;          /* KL as a token-level reward penalty instead of a loss term */
 	float ent_coef;
 	float gamma, lambda;
+	/* DPO (docs/train.md, "DPO") */
+	float dpo_beta;            /* --beta (0.1) */
+	int dpo_loss;              /* --dpo-loss: RL_DPO_* */
+	float label_smoothing;     /* --label-smoothing (sigmoid only) */
+	float rpo_alpha;           /* --rpo-alpha: weight of the NLL of the chosen completions (0 off) */
 	/* PPO */
 	float vf_coef;             /* weight of the value loss in the total loss (0.1) */
 	float value_clip;          /* value clip range around V_old (0.5; <= 0 off) */

@@ -71,6 +71,12 @@ entries(entry *e, int cap, const rl_train_opts *o)
 		F("kl-coef", o->kl_coef);
 		B("kl-in-reward", o->kl_in_reward);
 	}
+	if (o->algo == RL_ALGO_DPO) {
+		F("beta", o->dpo_beta);
+		snprintf(ADD("dpo-loss", 1), VAL_SZ, "%s", rl_dpo_loss_name(o->dpo_loss));
+		F("label-smoothing", o->label_smoothing);
+		F("rpo-alpha", o->rpo_alpha);
+	}
 	F("ent-coef", o->ent_coef);
 	F("gamma", o->gamma);
 	F("lambda", o->lambda);

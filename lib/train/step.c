@@ -34,6 +34,37 @@ kl_est(int type, float lp, float ref)
 
 static int recompute_old(trainer *tr, const seqref *sq, int a0, int b0);
 
+/* DPO: a group is a pair, the higher reward the chosen side, which the
+ * step lays out first (*swap: the group's sample 1 is it); both sides must
+ * fit one micro-batch together, since the loss of a pair needs both. */
+static int
+dpo_pair_order(trainer *tr, const rl_group *g, int *swap)
+{
+	int T;
+
+	if (g->size != 2) {
+		rl_error("group %llu has %d samples: --algo %s trains pairs (groups of 2)",
+		    (unsigned long long)g->group, g->size, rl_algo_name(tr->o->algo));
+		rl_hint("pair lines {\"prompt\", \"chosen\", \"rejected\"}, or records generated with rl-rollout -n 2");
+		return RL_EFORMAT;
+	}
+	if (g->s[0].reward == g->s[1].reward) {
+		rl_error("group %llu: both samples have reward %g, so neither is the chosen one (--algo %s)",
+		    (unsigned long long)g->group, (double)g->s[0].reward, rl_algo_name(tr->o->algo));
+		return RL_EFORMAT;
+	}
+	*swap = g->s[1].reward > g->s[0].reward;
+	/* dpo's rows end before the last token (its log-prob is the last
+	 * predicted); rm's hold it (the score is read there) */
+	T = RL_MAX(g->s[0].plen + g->s[0].rlen, g->s[1].plen + g->s[1].rlen) - (tr->o->algo == RL_ALGO_DPO);
+	if (2 * T > tr->maxtok) {
+		rl_error("group %llu: the pair's rows (2 x %d tokens) exceed --max-tokens-per-micro %d",
+		    (unsigned long long)g->group, T, tr->maxtok);
+		return RL_ETOOBIG;
+	}
+	return RL_OK;
+}
+
 /* The step's training sequences (ReMax baselines taken out), their token
  * offsets, and room for their per-token values; *ntok tokens, *G groups. */
 static int
@@ -57,8 +88,11 @@ layout(trainer *tr, int *ntok_out, int *G_out)
 				return RL_EFORMAT;
 			}
 		}
+		int swap = 0;
+		if ((o->algo == RL_ALGO_DPO || o->algo == RL_ALGO_RM) && (rv = dpo_pair_order(tr, g, &swap)) != 0)
+			return rv;
 		for (int i = 0; i < g->size; i++) {
-			rl_sample *s = &g->s[i];
+			rl_sample *s = &g->s[swap ? 1 - i : i];
 			if (s->is_baseline)
 				continue;
 			if ((rv = rli_feed_grow((void **)&tr->seq, &tr->cap_seq, tr->nseq + 1, sizeof(seqref))) != 0)
@@ -74,7 +108,7 @@ layout(trainer *tr, int *ntok_out, int *G_out)
 				    tr->m->cfg.max_pos, tr->pack ? "--micro-tokens" : "--max-tokens-per-micro", tr->maxtok);
 				return RL_ETOOBIG;
 			}
-			tr->seq[tr->nseq] = (seqref){ s, ntok, s->reward, 0 };
+			tr->seq[tr->nseq] = (seqref){ s, ntok, s->reward, 0, 0, 0 };
 			tr->nseq++;
 			ntok += s->rlen;
 		}
@@ -221,6 +255,17 @@ advantages(trainer *tr, const int *toff, const int *goff, const float *base, flo
 	case RL_ALGO_SFT:
 		for (int t = 0; t < ntok; t++)
 			tr->adv_tok[t] = 1.0f;
+		return RL_OK;
+	case RL_ALGO_DPO:
+	case RL_ALGO_RM:
+		/* no advantages: the loss is the pair's (dpo_update); the trained
+		 * tokens of each side, which ipo's means and RPO's NLL count */
+		memset(tr->adv_tok, 0, sizeof(float) * (size_t)ntok);
+		for (int i = 0; i < S; i++) {
+			tr->seq[i].ntrain = 0;
+			for (int t = 0; t < tr->seq[i].s->rlen; t++)
+				tr->seq[i].ntrain += mask ? mask[toff[i] + t] : 1;
+		}
 		return RL_OK;
 	default:
 		return RL_ENOTSUP;
@@ -794,6 +839,8 @@ rli_step_old(trainer *tr, int *recomputed)
 	seqref *sq;
 
 	*recomputed = 0;
+	if (o->algo == RL_ALGO_DPO || o->algo == RL_ALGO_RM)
+		return RL_OK; /* no ratio: dpo's reference is the fixed point */
 	if (o->algo == RL_ALGO_PPO && !o->old_from_behaviour)
 		*recomputed = 1; /* the pass over the step for V_old gave π_old too */
 	if ((E == 1 && M == 1) || o->old_from_behaviour || *recomputed)
@@ -834,6 +881,253 @@ adamw(trainer *tr, float *gnorm, double *lr)
 	return rv;
 }
 
+/* ---- DPO (docs/train.md, "DPO") ----
+ * A micro-batch holds whole pairs, chosen then rejected: its one forward
+ * gives both sides' log-probs, rl_dpo_loss the gradient with respect to
+ * each side's summed log-prob, which every trained token of that side
+ * takes as its d loss / d lp; one backward.  A pass costs what SFT's costs
+ * on the same tokens. */
+
+/* Micro-batch boundaries within the pairs sq[a, b) (a, b even). */
+static int
+dpo_micro_end(trainer *tr, const seqref *sq, int a, int b)
+{
+	int T = 0, e = a;
+
+	while (e < b) {
+		int nT = RL_MAX(T, RL_MAX(sq[e].s->plen + sq[e].s->rlen, sq[e + 1].s->plen + sq[e + 1].s->rlen) -
+		    (tr->o->algo == RL_ALGO_DPO));
+		if (e > a && (e - a + 2) * nT > tr->maxtok)
+			break;
+		T = nT;
+		e += 2;
+	}
+	return e;
+}
+
+/* Sum of the trained tokens' values lp (rows of T, from fill_rows) of row r. */
+static double
+row_sum(const trainer *tr, const seqref *q, const float *lp, int r, int T)
+{
+	double sum = 0;
+
+	for (int j = 0; j < q->s->rlen; j++)
+		if (tr->mask_tok[q->toff + j])
+			sum += lp[r * T + q->s->plen - 1 + j];
+	return sum;
+}
+
+/* The reference's log-prob of each sequence of sq[0, n): the records'
+ * ref_logprobs, or (with --ref, or where a record has none) the reference
+ * model's, computed once per step: the initial policy (-m) unless --ref. */
+static int
+dpo_ref(trainer *tr, seqref *sq, int n)
+{
+	const rl_train_opts *o = tr->o;
+	int rv;
+
+	for (int a = 0; a < n;) {
+		int e = dpo_micro_end(tr, sq, a, n), need = 0;
+		for (int i = a; i < e; i++) {
+			const rl_sample *s = sq[i].s;
+			need |= o->ref_dir || !s->ref_logprobs;
+			sq[i].ref_lp = 0;
+			for (int j = 0; s->ref_logprobs && j < s->rlen; j++)
+				sq[i].ref_lp += tr->mask_tok[sq[i].toff + j] ? s->ref_logprobs[j] : 0.0;
+		}
+		if (need && !tr->ref) {
+			if (!o->model_dir) {
+				rl_error("record %llu has no 'ref_logprobs' and there is no reference model",
+				    (unsigned long long)sq[a].s->id);
+				rl_hint("give --ref DIR, or -m with the initial policy (the reference by default)");
+				return RL_EINVAL;
+			}
+			if ((rv = rl_model_open(&tr->ref, o->model_dir, tr->ops)) != 0 ||
+			    (rv = rl_model_eval_reserve(tr->ref, tr->maxtok)) != 0)
+				return rv;
+		}
+		if (need) {
+			int B = e - a, T = fill_rows(tr, sq + a, B);
+			double t0 = rl_now();
+			rv = rl_model_forward(tr->ref, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, 1.0f);
+			tr->t_model += rl_now() - t0;
+			if (rv != 0)
+				return rv;
+			for (int r = 0; r < B; r++)
+				if (o->ref_dir || !sq[a + r].s->ref_logprobs)
+					sq[a + r].ref_lp = row_sum(tr, &sq[a + r], tr->h_lp, r, T);
+		}
+		a = e;
+	}
+	return RL_OK;
+}
+
+/* One micro-batch of B / 2 pairs of a mini-batch of P pairs (nchosen trained
+ * chosen tokens): forward, the pairs' loss, backward; statistics into ms. */
+static int
+dpo_micro(trainer *tr, const seqref *sq, int B, int P, long nchosen, mstat *ms)
+{
+	const rl_train_opts *o = tr->o;
+	int T = fill_rows(tr, sq, B), np = B / 2, ipo = o->dpo_loss == RL_DPO_IPO, rv;
+	double *v = rl_try_malloc(sizeof(double) * 6 * (size_t)np, "pair log-probs");
+	double *pc = v, *pr = v + np, *rc = v + 2 * np, *rr = v + 3 * np, *dc = v + 4 * np, *dr = v + 5 * np;
+	rl_dpo_stats st;
+
+	if (!v)
+		return RL_ENOMEM;
+	double t0 = rl_now();
+	rv = rl_model_forward(tr->m, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, 1.0f);
+	tr->t_model += rl_now() - t0;
+	if (rv != 0)
+		goto out;
+	for (int r = 0; r < B; r++) {
+		double n = ipo ? sq[r].ntrain : 1;
+		if (n == 0) {
+			rl_error("record %llu: no trained tokens (its loss_mask is all 0), no mean log-prob for ipo",
+			    (unsigned long long)sq[r].s->id);
+			rv = RL_EFORMAT;
+			goto out;
+		}
+		(r % 2 ? pr : pc)[r / 2] = row_sum(tr, &sq[r], tr->h_lp, r, T) / n;
+		(r % 2 ? rr : rc)[r / 2] = sq[r].ref_lp / n;
+	}
+	if ((rv = rl_dpo_loss(dc, dr, &st, pc, pr, rc, rr, np, o->dpo_loss, o->dpo_beta, o->label_smoothing)) != 0)
+		goto out;
+	/* rl_dpo_loss is the mean over these pairs; the update's over all P */
+	memset(tr->h_adv, 0, sizeof(float) * (size_t)B * T);
+	for (int r = 0; r < B; r++) {
+		double d = (r % 2 ? dr : dc)[r / 2] * np / P / (ipo ? sq[r].ntrain : 1);
+		for (int j = 0; j < sq[r].s->rlen; j++) {
+			int k = r * T + sq[r].s->plen - 1 + j;
+			if (!tr->mask_tok[sq[r].toff + j])
+				continue;
+			/* RPO: the NLL of the chosen tokens, a mean over the update's */
+			tr->h_adv[k] = (float)(d - (r % 2 == 0 && o->rpo_alpha > 0 ? o->rpo_alpha / (double)nchosen : 0));
+			if (r % 2 == 0) {
+				ms->nll -= tr->h_lp[k];
+				ms->nll_tok += 1;
+			}
+			ms->ce -= tr->h_lp[k];
+			ms->ntok += 1;
+		}
+	}
+	double s7[7] = { st.loss, st.reward_chosen, st.reward_rejected, st.accuracy, st.margin, st.logp_chosen,
+		st.logp_rejected };
+	for (int i = 0; i < 7; i++)
+		ms->dpo[i] += s7[i] * np;
+	ms->npairs += np;
+	tr->ops->upload(tr->ops, tr->d_dlp, tr->h_adv, sizeof(float) * (size_t)B * T);
+	t0 = rl_now();
+	if ((rv = tr->ops->status(tr->ops)) == 0 && (rv = rl_model_backward(tr->m, tr->d_dlp, NULL)) == 0)
+		rv = tr->ops->sync(tr->ops);
+	tr->t_model += rl_now() - t0;
+out:
+	free(v);
+	return rv;
+}
+
+/* ---- rm: a Bradley-Terry reward model (docs/train.md, "Reward models") ----
+ * The score of a sequence is the score head (the value head's linear layer,
+ * rl_model_add_value_head) on the final hidden state of its last token, as
+ * transformers' ...ForSequenceClassification reads the last non-pad token;
+ * a pair's loss is -log sigmoid(s_chosen - s_rejected), the mean over the
+ * update's P pairs.  Rows hold every token (no next-token targets). */
+static int
+rm_micro(trainer *tr, const seqref *sq, int B, int P, mstat *ms)
+{
+	rl_ops *ops = tr->ops;
+	int T = 0, N, rv;
+
+	for (int r = 0; r < B; r++)
+		T = RL_MAX(T, sq[r].s->plen + sq[r].s->rlen);
+	N = B * T;
+	for (int r = 0; r < B; r++) {
+		const rl_sample *s = sq[r].s;
+		for (int t = 0; t < T; t++) {
+			int n = r * T + t;
+			tr->h_tok[n] = t < s->plen ? s->prompt[t] : t < s->plen + s->rlen ? s->response[t - s->plen] : 0;
+			tr->h_tgt[n] = -1;
+		}
+	}
+	double t0 = rl_now();
+	rv = rl_model_forward(tr->m, NULL, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, 1.0f);
+	tr->t_model += rl_now() - t0;
+	if (rv != 0)
+		return rv;
+	ops->download(ops, tr->h_v, tr->m->val, sizeof(float) * (size_t)N);
+	if ((rv = ops->status(ops)) != 0)
+		return rv;
+	memset(tr->h_dv, 0, sizeof(float) * (size_t)N);
+	memset(tr->h_adv, 0, sizeof(float) * (size_t)N);
+	for (int r = 0; r < B; r += 2) {
+		int kc = r * T + sq[r].s->plen + sq[r].s->rlen - 1;
+		int kr = (r + 1) * T + sq[r + 1].s->plen + sq[r + 1].s->rlen - 1;
+		double sc = tr->h_v[kc], sr = tr->h_v[kr], m = sc - sr;
+		/* -log sigmoid(m) = log1p(exp(-m)), stable on both sides */
+		double loss = m > 0 ? log1p(exp(-m)) : -m + log1p(exp(m));
+		double d = -1.0 / (1.0 + exp(m)) / P;   /* d loss / d sc; -d for sr */
+		tr->h_dv[kc] = (float)d;
+		tr->h_dv[kr] = (float)-d;
+		ms->dpo[0] += loss;
+		ms->dpo[1] += sc;
+		ms->dpo[2] += sr;
+		ms->dpo[3] += sc > sr;
+		ms->dpo[4] += m;
+		ms->npairs += 1;
+		ms->ntok += sq[r].s->rlen + sq[r + 1].s->rlen;
+	}
+	/* the language-model head gets no gradient: dlp 0 */
+	ops->upload(ops, tr->d_dlp, tr->h_adv, sizeof(float) * (size_t)N);
+	ops->upload(ops, tr->d_dval, tr->h_dv, sizeof(float) * (size_t)N);
+	t0 = rl_now();
+	if ((rv = ops->status(ops)) == 0 && (rv = rl_model_backward_value(tr->m, tr->d_dlp, NULL, tr->d_dval)) == 0)
+		rv = ops->sync(ops);
+	tr->t_model += rl_now() - t0;
+	return rv;
+}
+
+/* The step's E x M updates over pairs (dpo, rm): mini-batches and ranks'
+ * shares are whole pairs. */
+static int
+dpo_update(trainer *tr, mstat *ms, float *gnorm, double *lr, int *nupd)
+{
+	const rl_train_opts *o = tr->o;
+	int NP = tr->nseq / 2, E = RL_MAX(o->ppo_epochs, 1), M = RL_MIN(RL_MAX(o->mini_batches, 1), NP), rv;
+
+	for (int ep = 0; ep < E; ep++) {
+		for (int mb = 0; mb < M; mb++) {
+			int pa = (int)((long)NP * mb / M), pb = (int)((long)NP * (mb + 1) / M), P = pb - pa;
+			int ra = 2 * (pa + (int)((long)P * tr->rank / tr->world));
+			int rb = 2 * (pa + (int)((long)P * (tr->rank + 1) / tr->world));
+			long nchosen = 0;
+			seqref *sq = tr->seq + ra;
+			for (int i = 2 * pa; i < 2 * pb; i += 2)
+				nchosen += tr->seq[i].ntrain;
+			if (ep == 0 && o->algo == RL_ALGO_DPO && (rv = dpo_ref(tr, sq, rb - ra)) != 0)
+				return rv;
+			for (int s = 0; s < rb - ra;) {
+				int e = dpo_micro_end(tr, sq, s, rb - ra);
+				if (tr->red && e == rb - ra) {
+					tr->m->grad_ready = rli_dp_grad_ready;
+					tr->m->grad_ready_ctx = tr->red;
+				}
+				rv = o->algo == RL_ALGO_RM ? rm_micro(tr, sq + s, e - s, P, ms) :
+				    dpo_micro(tr, sq + s, e - s, P, RL_MAX(nchosen, 1), ms);
+				tr->m->grad_ready = NULL;
+				if (rv != 0)
+					return rv;
+				s = e;
+			}
+			if (tr->world > 1 && !tr->zero && (rv = rli_dp_allreduce_grads(tr)) != 0)
+				return rv;
+			if ((rv = adamw(tr, gnorm, lr)) != 0)
+				return rv;
+			(*nupd)++;
+		}
+	}
+	return RL_OK;
+}
+
 int
 rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double *lr, int *nupd)
 {
@@ -842,6 +1136,8 @@ rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double *lr
 	seqref *sq;
 
 	*nupd = 0;
+	if (o->algo == RL_ALGO_DPO || o->algo == RL_ALGO_RM)
+		return dpo_update(tr, ms, gnorm, lr, nupd);
 	for (int ep = 0; ep < E; ep++) {
 		for (int mb = 0; mb < M; mb++) {
 			int a = (int)((long)tr->nseq * mb / M), b = (int)((long)tr->nseq * (mb + 1) / M);

@@ -49,6 +49,7 @@ rl_train_opts_default(rl_train_opts *o)
 	o->kl_coef = 0.0f;
 	o->gamma = 1.0f;
 	o->lambda = 1.0f;
+	o->dpo_beta = 0.1f;
 	o->vf_coef = 0.1f;
 	o->value_clip = 0.5f;
 	o->whiten_adv = 1;
@@ -161,7 +162,8 @@ setup(trainer *tr, const rl_train_opts *o)
 		rl_hint("leave it out: it is on by default wherever it is exact (--no-skip-zero-adv turns it off)");
 		return RL_EINVAL;
 	}
-	tr->skip_zero = o->skip_zero_adv != 0 && !why && o->algo != RL_ALGO_SFT;
+	tr->skip_zero = o->skip_zero_adv != 0 && !why && o->algo != RL_ALGO_SFT && o->algo != RL_ALGO_DPO &&
+	    o->algo != RL_ALGO_RM;
 	tr->pack = o->micro_tokens > 0;
 	tr->maxtok = tr->pack ? o->micro_tokens : o->max_tokens_micro;
 	if (!o->out_dir) {
@@ -256,18 +258,20 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 		    (rv = o->lora_rank > 0 ? open_lora(tr, NULL) : rl_model_open(&tr->m, o->model_dir, tr->ops)) != 0)
 			return rv;
 	}
-	if (o->resume && o->algo == RL_ALGO_PPO) {
-		/* the optimizer state of a value head is only in a ppo run's checkpoint */
+	if (o->resume && (o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM)) {
+		/* the optimizer state of a value (rm: score) head is only in a
+		 * checkpoint of the same algorithm */
 		cJSON *alg = cJSON_GetObjectItem(*state, "algo");
-		if (cJSON_IsString(alg) && strcmp(alg->valuestring, "ppo") != 0) {
-			rl_error("cannot resume '%s' with --algo ppo: it was trained with --algo %s", dir,
-			    alg->valuestring);
-			rl_hint("start a ppo run from it with -m '%s' (a new --out) instead", dir);
+		if (cJSON_IsString(alg) && strcmp(alg->valuestring, rl_algo_name(o->algo)) != 0) {
+			rl_error("cannot resume '%s' with --algo %s: it was trained with --algo %s", dir,
+			    rl_algo_name(o->algo), alg->valuestring);
+			rl_hint("start a %s run from it with -m '%s' (a new --out) instead", rl_algo_name(o->algo), dir);
 			return RL_EINVAL;
 		}
 	}
 	/* PPO's value head: from the directory the policy came from, else new */
-	if (o->algo == RL_ALGO_PPO &&
+	/* rm's score head is the same linear layer on the last hidden state */
+	if ((o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM) &&
 	    (rv = rl_model_add_value_head(tr->m, o->resume ? dir : o->model_dir, o->seed)) != 0)
 		return rv;
 	if (o->ref_dir && (rv = rl_model_open(&tr->ref, o->ref_dir, tr->ops)) != 0)

@@ -41,6 +41,8 @@ typedef struct seqref {
 	int toff;       /* offset of its response tokens in the step's token arrays */
 	float reward;   /* effective reward (KL-in-reward applied) */
 	int skip;       /* --skip-zero-adv: every advantage 0, no forward/backward */
+	double ref_lp;  /* DPO: the reference's log-prob of the response (summed over trained tokens) */
+	int ntrain;     /* DPO: its trained tokens (loss_mask 1) */
 } seqref;
 
 typedef struct trainer {
@@ -137,6 +139,9 @@ typedef struct trainer {
 	size_t zlo, zhi;
 	float *zm, *zv;          /* (zhi - zlo) AdamW moments of the shard, backend memory */
 	double t_comm;           /* seconds in the gradient all-reduce this step */
+	/* DPO: a pair line gives two records; the rejected one waits here */
+	rl_traj *pair_rej;
+	int pair_ready;
 } trainer;
 
 /* A step's token statistics for the metrics line (sums over tokens). */
@@ -145,6 +150,10 @@ typedef struct mstat {
 	double ntok;
 	double vf_loss, vf_clip, vpred;  /* PPO */
 	double npos, npad;               /* positions the training passes ran; those of padding */
+	/* DPO: sums over pairs of rl_dpo_stats' fields (loss, rewards/chosen,
+	 * rewards/rejected, accuracies, margins, logps/chosen, logps/rejected), the
+	 * pairs, and the RPO term's NLL summed over the chosen tokens */
+	double dpo[7], npairs, nll, nll_tok;
 } mstat;
 
 /* SIGINT/SIGTERM seen (the signal number): stop at the next step boundary
@@ -184,6 +193,14 @@ int rli_feed_tok(trainer *tr);
  * the assistant turns train; RL_ENOENT for any other line (an rlpipe
  * record); RL_EFORMAT (logged with WHAT) for a bad row. */
 int rli_sft_line(void *ctx, rl_traj *t, const char *line, size_t n, const char *what, uint64_t lineno);
+
+/* ---- dpodata.c: preference pairs as records (docs/train.md, "DPO") ---- */
+/* An rl_traj_line_fn (CTX the trainer): a pair line (rl_pref_parse) becomes
+ * the chosen record in T (group = the line number, index 0, reward 1) and the
+ * rejected one in tr->pair_rej (index 1, reward 0), tr->pair_ready set;
+ * RL_ENOENT for a line that is an rlpipe record (it has "group" or token
+ * ids); RL_EFORMAT for a bad pair (logged with WHAT). */
+int rli_dpo_line(void *ctx, rl_traj *t, const char *line, size_t n, const char *what, uint64_t lineno);
 
 /* ---- step.c: one optimizer step's computation ---- */
 /* Host and backend buffers for micro-batches of tr->maxtok tokens. */
