@@ -218,6 +218,12 @@ rollout(const rl_rollout_opts *opts, int score)
 		free(g);
 		return rv;
 	}
+	if (!g->o.model_dir && !g->o.resume_dir) {
+		rl_error("no model (-m MODEL_DIR) and no checkpoint to resume in '%s'", opts->resume_dir ? opts->resume_dir : "-");
+		rl_gset_fini(&g->done);
+		free(g);
+		return RL_EINVAL;
+	}
 	if (!g->o.model_dir)
 		g->o.model_dir = g->resume_path;
 	if ((rv = open_model(g)) != 0 || (rv = open_output(g)) != 0)

@@ -361,7 +361,7 @@ rli_save_open(trainer *tr, const char *dir)
 	/* versions pushed after the checkpoint resumed from are lost with the
 	 * run that made them: rl-sync goes back to this one, and the workers
 	 * that loaded them move to it */
-	if (tr->ws && o->resume && (rv = rl_wsync_rewind_dir(tr->ws, dir, (uint64_t)tr->m->version)) != 0) {
+	if (tr->ws && tr->resumed && (rv = rl_wsync_rewind_dir(tr->ws, dir, (uint64_t)tr->m->version)) != 0) {
 		rl_error("cannot rewind '%s' to version %d, the checkpoint resumed from", o->sync_url, tr->m->version);
 		return rv;
 	}
@@ -374,19 +374,39 @@ rli_save_open(trainer *tr, const char *dir)
 	return RL_OK;
 }
 
+/* Whether this step's checkpoint is a full one: every --save-every steps,
+ * when --save-minutes passed since the last, and at --max-steps.  Rank 0's
+ * clock decides for all: ZeRO gathers the optimizer state from every rank,
+ * and every rank must know the same steps as saved. */
+static int
+full_due(trainer *tr, int *full)
+{
+	const rl_train_opts *o = tr->o;
+
+	*full = (o->save_every > 0 && tr->m->version % o->save_every == 0) ||
+	    (o->max_steps > 0 && tr->m->version >= o->max_steps);
+	if (o->save_minutes <= 0)
+		return RL_OK;
+	if (tr->rank == 0 && rl_now() - tr->t_full >= o->save_minutes * 60)
+		*full = 1;
+	return tr->world > 1 ? rl_comm_host_broadcast(tr->comm, full, sizeof *full, 0) : RL_OK;
+}
+
 int
 rli_save_step(trainer *tr)
 {
-	const rl_train_opts *o = tr->o;
-	int rv, full = (o->save_every > 0 && tr->m->version % o->save_every == 0) ||
-	    (o->max_steps > 0 && tr->m->version >= o->max_steps);
+	int rv, full;
 	double t_pub = rl_now();
 
+	if ((rv = full_due(tr, &full)) != 0)
+		return rv;
 	if (tr->zero && full && (rv = rli_zero_gather_opt(tr)) != 0)
 		return rv;
 	if (tr->rank == 0 && (rv = rli_save_publish(tr, full, 1)) != 0)
 		return rv;
 	rli_zero_release_opt(tr);
+	if (full)
+		tr->t_full = rl_now();
 	tr->t_pub = rl_now() - t_pub;
 	return RL_OK;
 }

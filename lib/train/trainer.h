@@ -89,6 +89,8 @@ typedef struct trainer {
 	uint64_t *pend;
 	size_t npend, ipend;
 	int groups_pending;      /* the final checkpoint: tr->groups were not trained */
+	int resumed;             /* this run continues a checkpoint of --out (--resume, or auto) */
+	double t_full;           /* rl_now() of the last full checkpoint (or of the start) */
 	/* groups done: trained, or consumed and dropped (bad, no signal, a skipped
 	 * step), never to be trained again; trainer_state.json "groups_done" */
 	rl_gset done;
