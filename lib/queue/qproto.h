@@ -19,7 +19,7 @@
  *                         / fixed rl_qput_result (16 bytes)
  *   LEASE    fixed rl_qlease_req (32 bytes) / fixed lease part (32 bytes) + batch
  *   ACK      fixed (16 bytes) + u64 ids[n] / fixed (16 bytes)
- *   VERSION  arg = trainer version / arg = version now in force
+ *   VERSION  arg = trainer version (RL_QF_REWIND: also lower) / arg = version now in force
  *   STAT     -            / body = JSON object
  *   REPORT   body = JSON object (a stage's stats, see wstat.h; at most
  *            RL_QP_MAX_REPORT bytes decompressed) / -
@@ -60,7 +60,9 @@ enum rl_qop {
 
 enum rl_qflag {
 	RL_QF_ZSTD = 1,        /* the body is one zstd frame */
-	RL_QF_ACCEPT_ZSTD = 2  /* request: the reply body may be compressed */
+	RL_QF_ACCEPT_ZSTD = 2, /* request: the reply body may be compressed */
+	RL_QF_REWIND = 4       /* VERSION request: arg is the version, even below the broker's
+	                        * (a trainer resumed from an older checkpoint) */
 };
 
 /* Stages name the state a put moves records into and the state a lease takes

@@ -1362,6 +1362,20 @@ rl_queue_set_version(rl_queue *q, uint64_t v, uint64_t *now)
 	return rv;
 }
 
+int
+rl_queue_rewind_version(rl_queue *q, uint64_t v, uint64_t *now)
+{
+	int rv = RL_OK;
+
+	if (v > RL_QUEUE_MAX_VERSION)
+		rv = RL_EINVAL;
+	else if (v != q->version && (rv = jop(q, J_VERSION, 1, v, 0, 0, NULL, 0)) == 0)
+		q->version = v;
+	if (now)
+		*now = q->version;
+	return rv;
+}
+
 uint64_t
 rl_queue_next_deadline(const rl_queue *q)
 {
@@ -1894,6 +1908,8 @@ replay_plain_op(rl_queue *q, uint32_t type, uint32_t stage, uint64_t a, uint64_t
 		if (a > RL_QUEUE_MAX_VERSION)
 			rl_warn("'%s': ignoring trainer version %llu (versions are 0 to %d)", q->jpath,
 			    (unsigned long long)a, RL_QUEUE_MAX_VERSION);
+		else if (stage == 1)
+			q->version = a; /* a rewind (rl_queue_rewind_version) */
 		else
 			rv = apply_version(q, a);
 		break;

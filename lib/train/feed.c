@@ -3,8 +3,8 @@
  * from rl-queue leases, or (data parallel, queue mode, ranks > 0) from rank
  * 0's leases; into the grouper (groups.h), out as the step's groups.  Keeps
  * the --resume rules of what to skip (docs/train.md) and the queue's lease
- * bookkeeping: acknowledged after the step that trained them, renewed across
- * long steps, handed back at the end.
+ * bookkeeping: acknowledged once a full checkpoint covers the step that
+ * trained them, renewed until then, handed back at the end.
  * Leaves out: what a group becomes in the step (step.c), the checkpoint's
  * record of the position (save.c).
  */
@@ -19,6 +19,7 @@
 static int dp_send_lease(trainer *tr, int end);
 static int dp_end_lease(trainer *tr);
 static int dp_follow_lease(trainer *tr);
+static int group_done(trainer *tr, const rl_traj *t);
 
 int
 rli_feed_tok(trainer *tr)
@@ -98,6 +99,9 @@ lease_more(trainer *tr)
 	}
 	req.min_records = 1;
 	req.wait_ms = 500;
+	/* the leases held outlive a wait for records (a tenth of the broker's default) */
+	if (tr->nheld && rl_now() - tr->t_renew > 6)
+		rli_feed_renew(tr);
 	rl_wstat_phase(tr->wst, RL_WSTAT_IDLE);
 	rv = rl_qclient_lease(tr->qc, &req, &tr->lease);
 	rl_wstat_phase(tr->wst, RL_WSTAT_BUSY);
@@ -140,8 +144,13 @@ lease_more(trainer *tr)
 		}
 		tr->held[tr->nheld].id = id;
 		tr->held[tr->nheld].lease = tr->lease.id;
+		tr->held[tr->nheld].trained = group_done(tr, tr->qt);
 		tr->nheld++;
 		tr->records++;
+		if (tr->held[tr->nheld - 1].trained) {
+			tr->skipped_done++;
+			continue;
+		}
 		snprintf(where, sizeof where, "'%s': lease %llu record %zu", o->queue_url,
 		    (unsigned long long)tr->lease.id, i);
 		if ((rv = rl_grouper_add(tr->gr, tr->qt, where)) != RL_OK)
@@ -150,33 +159,52 @@ lease_more(trainer *tr)
 	return RL_OK;
 }
 
+/* A record of a group done (trained here, or in the checkpoint resumed
+ * from): a broker that lost an acknowledgement (restarted, or a lease that
+ * expired) hands it out again; it is never trained twice. */
+static int
+group_done(trainer *tr, const rl_traj *t)
+{
+	uint64_t grp;
+
+	return rl_grouper_group_of(tr->gr, t, &grp) == RL_OK && rl_gset_has(&tr->done, grp);
+}
+
 int
-rli_feed_ack(trainer *tr)
+rli_feed_ack(trainer *tr, int mark, int covered)
 {
 	size_t keep = 0, n = 0;
-	uint64_t *ids = rl_try_malloc(sizeof(uint64_t) * (tr->nheld + 1), "acknowledged ids");
-	uint8_t *done = rl_try_calloc(tr->nheld + 1, 1, "acknowledged records");
+	uint64_t *ids = NULL;
+	uint8_t *done = NULL;
 	int rv = RL_OK;
 
+	for (size_t i = 0; mark && i < tr->nheld; i++)
+		for (int gi = 0; gi < tr->ngroups && !tr->held[i].trained; gi++)
+			for (int k = 0; k < tr->groups[gi].size; k++)
+				if (tr->groups[gi].s[k].id == tr->held[i].id)
+					tr->held[i].trained = 1;
+	/* exactly once: only a full checkpoint makes a trained group survive a
+	 * crash; until then its lease is renewed, and a trainer killed before
+	 * gets it back through the lease's expiry */
+	if (!covered || !tr->nheld)
+		return RL_OK;
+	ids = rl_try_malloc(sizeof(uint64_t) * tr->nheld, "acknowledged ids");
+	done = rl_try_calloc(tr->nheld, 1, "acknowledged records");
 	if (!ids || !done) {
 		rv = RL_ENOMEM;
 		goto out;
 	}
-	for (size_t i = 0; i < tr->nheld; i++)
-		for (int gi = 0; gi < tr->ngroups && !done[i]; gi++)
-			for (int k = 0; k < tr->groups[gi].size; k++)
-				if (tr->groups[gi].s[k].id == tr->held[i].id)
-					done[i] = 1;
-	/* one acknowledgement per lease; a failed one leaves the lease to expire
-	 * and the broker to deliver its records again (at-least-once) */
+	/* one acknowledgement per lease; a failed one (a broker restarted
+	 * meanwhile) is not retried: the broker hands the records out again and
+	 * group_done acknowledges them at the next full checkpoint */
 	for (size_t i = 0; i < tr->nheld; i++) {
-		if (done[i] != 1)
+		if (!tr->held[i].trained || done[i])
 			continue;
 		n = 0;
 		for (size_t k = i; k < tr->nheld; k++)
-			if (done[k] == 1 && tr->held[k].lease == tr->held[i].lease) {
+			if (tr->held[k].trained && !done[k] && tr->held[k].lease == tr->held[i].lease) {
 				ids[n++] = tr->held[k].id;
-				done[k] = 2;
+				done[k] = 1;
 			}
 		rl_qack_result res = { 0 };
 		if (tr->qc && rl_qclient_ack_ids(tr->qc, tr->held[i].lease, RL_QACK_DONE, ids, (uint32_t)n, &res) == RL_OK)
@@ -197,15 +225,14 @@ out:
 void
 rli_feed_renew(trainer *tr)
 {
-	/* a step can outlast a lease */
+	/* a step can outlast a lease, and trained records wait for the next
+	 * full checkpoint; one lease's records are next to each other */
 	for (size_t i = 0; tr->qc && i < tr->nheld; i++) {
-		int seen = 0;
-		for (size_t k = 0; k < i && !seen; k++)
-			seen = tr->held[k].lease == tr->held[i].lease;
 		rl_qack_result res;
-		if (!seen)
+		if (i == 0 || tr->held[i - 1].lease != tr->held[i].lease)
 			rl_qclient_ack_ids(tr->qc, tr->held[i].lease, RL_QACK_EXTEND, NULL, 0, &res);
 	}
+	tr->t_renew = rl_now();
 }
 
 /* Reads records until a complete group pops out: RL_OK, RL_ENOENT at the end. */
@@ -384,8 +411,12 @@ rli_feed_open(trainer *tr)
 		if ((rv = rl_qclient_open(&tr->qc, o->queue_url, &qo)) != 0 || (rv = rl_traj_create(&tr->qt)) != 0)
 			return rv;
 		rl_qclient_set_stop(tr->qc, &rli_train_stop);
-		/* the broker's staleness gate starts from our version */
-		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
+		/* the broker's staleness gate starts from our version; a resumed
+		 * run's records generated for the versions it lost are not stale */
+		if (tr->resumed)
+			rl_qclient_rewind_version(tr->qc, (uint64_t)tr->m->version, NULL);
+		else
+			rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
 		if (rl_wstat_open(&tr->wst, o->queue_url, "train", strcmp(tr->ops->name, "cpu") == 0 ? "cpu" :
 		    o->device) != 0)
 			rl_warn("no stats reports to the broker");
@@ -541,6 +572,8 @@ dp_follow_lease(trainer *tr)
 		if (rl_traj_get_i32(tr->qt, RL_TAG_GROUP_SIZE, &gs) == RL_OK && gs > 0)
 			tr->last_gsize = gs;
 		tr->records++;
+		if (group_done(tr, tr->qt))
+			continue; /* as rank 0 does */
 		snprintf(where, sizeof where, "'%s' (through rank 0): record %zu", tr->o->queue_url, i);
 		rv = rl_grouper_add(tr->gr, tr->qt, where);
 	}

@@ -407,6 +407,7 @@ rli_save_step(trainer *tr)
 	rli_zero_release_opt(tr);
 	if (full)
 		tr->t_full = rl_now();
+	tr->last_full = full;
 	tr->t_pub = rl_now() - t_pub;
 	return RL_OK;
 }

@@ -126,7 +126,7 @@ train_step(trainer *tr)
 		 * weights did not change, so there is no new version to publish; the
 		 * step's groups are consumed, as verl and TRL skip such a step */
 		tr->steps_skipped++;
-		return tr->qc ? rli_feed_ack(tr) : RL_OK;
+		return tr->qc ? rli_feed_ack(tr, 1, 0) : RL_OK;
 	}
 	/* one version per trainer step, whatever its AdamW updates (E x M): the
 	 * staleness gates, --max-steps and the step-N names all count these */
@@ -139,7 +139,7 @@ train_step(trainer *tr)
 	if (tr->qc) {
 		/* the new version first, so the broker's gate judges later groups by it */
 		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
-		if ((rv = rli_feed_ack(tr)) != 0)
+		if ((rv = rli_feed_ack(tr, 1, tr->last_full)) != 0)
 			return rv;
 	}
 	if (tr->rank != 0)
@@ -473,6 +473,9 @@ rl_train_run(const rl_train_opts *o)
 			rl_info("stopped by a signal after step %d: --resume continues from its checkpoint", tr.m->version);
 	}
 	if ((rv = rli_save_final(&tr, start_step)) != 0)
+		goto out;
+	/* what was trained since the last full checkpoint is covered now */
+	if (tr.qc && (rv = rli_feed_ack(&tr, 0, 1)) != 0)
 		goto out;
 	if (tr.world > 1 && ((rv = rli_dp_check_weights(&tr)) != 0 || (rv = rl_comm_finish(tr.comm)) != 0))
 		goto out;

@@ -111,7 +111,11 @@ typedef struct trainer {
 	rl_qclient *qc;
 	rl_qlease lease;
 	rl_traj *qt;
-	struct { uint64_t id, lease; } *held;   /* leased records not yet acknowledged */
+	/* leased records not yet acknowledged; trained: in a group done, waiting
+	 * for the full checkpoint that covers it (docs/queue.md, exactly once) */
+	struct { uint64_t id, lease; int trained; } *held;
+	double t_renew;          /* rl_now() of the last renewal of the leases held */
+	int last_full;           /* the last step's checkpoint was a full one */
 	size_t nheld, capheld;
 	uint64_t q_late;
 	int last_gsize;          /* group size seen last (lease sizing) */
@@ -157,9 +161,11 @@ int rli_feed_collect(trainer *tr);
 int rli_feed_mark_done(trainer *tr, uint64_t group);
 /* Queue mode, before a step: renew every lease still held. */
 void rli_feed_renew(trainer *tr);
-/* Queue mode, after a step: acknowledge the trained records, one request
- * per lease; the others stay held.  RL_ENOMEM, else RL_OK. */
-int rli_feed_ack(trainer *tr);
+/* Queue mode, after a step: the step's records are trained (mark); when covered
+ * (the step's checkpoint was a full one) every trained record held is
+ * acknowledged, one request per lease; the others stay held.  RL_ENOMEM,
+ * else RL_OK. */
+int rli_feed_ack(trainer *tr, int mark, int covered);
 /* Releases the step's groups (tr->groups stays allocated). */
 void rli_feed_free_groups(trainer *tr);
 /* Grows *p (of *cap elements of elt bytes) to hold need. */

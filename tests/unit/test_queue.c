@@ -415,6 +415,43 @@ journal_state(rl_queue *q, uint64_t *out)
 	out[RL_QS_COUNT + 4] = s.bytes;
 }
 
+/* A resumed trainer sets the version back to its checkpoint's: a group
+ * generated for a version the killed trainer reached is not stale then, and
+ * the rewind survives a restart from the journal. */
+static void
+test_rewind(void)
+{
+	rl_queue_config cfg;
+	rl_queue *q;
+	uint64_t v, lid, ids[16];
+
+	snprintf(dir, sizeof dir, "/tmp/rlq-rewind.%d", (int)getpid());
+	rl_queue_config_default(&cfg);
+	cfg.data_dir = dir;
+	cfg.fsync = 0;
+	cfg.max_staleness = 1;
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(10, 2, 1, 0, 2, 3, 16), NULL), 0);
+	T_EQ_INT(rl_queue_set_version(q, 6, &v), 0);
+	T_EQ_INT(v, 6);
+	T_EQ_INT(rl_queue_set_version(q, 4, &v), 0);
+	T_EQ_INT(v, 6);   /* a plain version never goes back */
+	T_EQ_INT(rl_queue_rewind_version(q, 4, &v), 0);
+	T_EQ_INT(v, 4);
+	T_EQ_INT(rl_queue_rewind_version(q, (uint64_t)RL_QUEUE_MAX_VERSION + 1, &v), RL_EINVAL);
+	T_EQ_INT(v, 4);
+	T_EQ_INT(rl_queue_journal_sync(q), 0);
+	rl_queue_close(q);
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	T_EQ_INT(rl_queue_set_version(q, 0, &v), 0);
+	T_EQ_INT(v, 4);
+	/* version 3 at version 4, K = 1: leased, not dropped as stale (at 6 it was) */
+	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 2, 0, &lid, ids), 2);
+	T_EQ_INT(st(q).stale_dropped, 0);
+	rl_queue_close(q);
+	rl_io_remove_tree(dir);
+}
+
 static void
 test_journal(void)
 {
@@ -808,6 +845,7 @@ main(void)
 	test_gate();
 	test_bad_and_busy();
 	test_journal();
+	test_rewind();
 	test_journal_write_fails();
 	test_journal_compact_fails();
 	test_journal_new_options();
