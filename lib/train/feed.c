@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/core.h"
 #include "base/io.h"
@@ -84,7 +85,8 @@ lease_more(trainer *tr)
 	const rl_train_opts *o = tr->o;
 	rl_qlease_req req = { 0 };
 	char where[128];
-	int rv;
+	double renew;
+	int rv, fresh = 0;
 
 	if (tr->idle_since == 0)
 		tr->idle_since = rl_now();
@@ -98,9 +100,10 @@ lease_more(trainer *tr)
 		req.max_records = (uint32_t)RL_MAX(need, 1) * (uint32_t)RL_MAX(tr->last_gsize, 1);
 	}
 	req.min_records = 1;
-	req.wait_ms = 500;
-	/* the leases held outlive a wait for records (a tenth of the broker's default) */
-	if (tr->nheld && rl_now() - tr->t_renew > 6)
+	/* the leases held outlive a wait for records */
+	renew = tr->renew_s > 0 ? tr->renew_s : 6;
+	req.wait_ms = (uint32_t)(RL_MIN(renew, 0.5) * 1000);
+	if (tr->nheld && rl_now() - tr->t_renew >= renew)
 		rli_feed_renew(tr);
 	rl_wstat_phase(tr->wst, RL_WSTAT_IDLE);
 	rv = rl_qclient_lease(tr->qc, &req, &tr->lease);
@@ -123,7 +126,13 @@ lease_more(trainer *tr)
 	}
 	if ((rv = dp_send_lease(tr, 0)) != RL_OK)
 		return rv;
-	tr->idle_since = rl_now();
+	{
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		double left = tr->lease.deadline_ms / 1000.0 - (ts.tv_sec + ts.tv_nsec / 1e9);
+		if (left > 0)
+			tr->renew_s = RL_MAX(left / 3, 0.05);
+	}
 	for (size_t i = 0; i < n; i++) {
 		uint64_t id = 0;
 		if ((rv = rl_traj_batch_get(tr->lease.batch, i, tr->qt)) != 0)
@@ -151,11 +160,15 @@ lease_more(trainer *tr)
 			tr->skipped_done++;
 			continue;
 		}
+		fresh = 1;
 		snprintf(where, sizeof where, "'%s': lease %llu record %zu", o->queue_url,
 		    (unsigned long long)tr->lease.id, i);
 		if ((rv = rl_grouper_add(tr->gr, tr->qt, where)) != RL_OK)
 			return rv;
 	}
+	/* records of groups done only (handed out again) are no work: --idle-exit runs on */
+	if (fresh)
+		tr->idle_since = rl_now();
 	return RL_OK;
 }
 

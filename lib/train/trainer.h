@@ -115,6 +115,7 @@ typedef struct trainer {
 	 * for the full checkpoint that covers it (docs/queue.md, exactly once) */
 	struct { uint64_t id, lease; int trained; } *held;
 	double t_renew;          /* rl_now() of the last renewal of the leases held */
+	double renew_s;          /* renew them this often: a third of the broker's lease (0: not known yet) */
 	int last_full;           /* the last step's checkpoint was a full one */
 	size_t nheld, capheld;
 	uint64_t q_late;
