@@ -79,7 +79,7 @@ static const char usage_text[] =
     "      --max-steps N         stop after N steps in total\n"
     "      --save-every N        also a full checkpoint (with optimizer) every N steps (default 0: off)\n"
     "      --save-minutes M      a full checkpoint when M minutes passed since the last (default 10;\n"
-    "                            0 off); the last step of a run is always saved in full\n"
+    "                            0 off); a new run's first step and the last are always full\n"
     "      --keep K              keep the newest K step directories (default 3; 0 all)\n"
     "      --ckpt-every N        with --sync: a step directory every N steps (default 1); the\n"
     "                            versions between reach --sync from memory only\n"

@@ -71,7 +71,10 @@ enum rl_qflag {
 enum rl_qstage { RL_QSTAGE_PROMPT = 0, RL_QSTAGE_GENERATED = 1, RL_QSTAGE_SCORED = 2, RL_QSTAGE_COUNT };
 
 /* Ack kinds (ACK fixed part). */
-enum rl_qack { RL_QACK_DONE = 0, RL_QACK_RELEASE = 1, RL_QACK_EXTEND = 2 };
+/* TRAINED: the trainer trained these records but holds their lease until a
+ * full checkpoint covers them (docs/queue.md, "Exactly once"): they no
+ * longer count as in flight for the staleness gate; the lease is renewed. */
+enum rl_qack { RL_QACK_DONE = 0, RL_QACK_RELEASE = 1, RL_QACK_EXTEND = 2, RL_QACK_TRAINED = 3 };
 
 typedef struct rl_qhdr {
 	uint8_t op, version;

@@ -199,7 +199,13 @@ rli_feed_ack(trainer *tr, int mark, int covered)
 	/* exactly once: only a full checkpoint makes a trained group survive a
 	 * crash; until then its lease is renewed, and a trainer killed before
 	 * gets it back through the lease's expiry */
-	if (!covered || !tr->nheld)
+	if (!covered) {
+		/* the broker's staleness gate counts them out of flight */
+		if (mark)
+			rli_feed_renew(tr);
+		return RL_OK;
+	}
+	if (!tr->nheld)
 		return RL_OK;
 	ids = rl_try_malloc(sizeof(uint64_t) * tr->nheld, "acknowledged ids");
 	done = rl_try_calloc(tr->nheld, 1, "acknowledged records");
@@ -239,12 +245,24 @@ void
 rli_feed_renew(trainer *tr)
 {
 	/* a step can outlast a lease, and trained records wait for the next
-	 * full checkpoint; one lease's records are next to each other */
-	for (size_t i = 0; tr->qc && i < tr->nheld; i++) {
+	 * full checkpoint: every lease renewed, its trained records marked
+	 * (again: a broker restarted from a snapshot has forgotten the marks);
+	 * one lease's records are next to each other */
+	size_t i = 0;
+	uint64_t *ids = tr->nheld ? malloc(tr->nheld * sizeof *ids) : NULL;
+
+	while (tr->qc && i < tr->nheld) {
+		size_t j = i, n = 0;
 		rl_qack_result res;
-		if (i == 0 || tr->held[i - 1].lease != tr->held[i].lease)
-			rl_qclient_ack_ids(tr->qc, tr->held[i].lease, RL_QACK_EXTEND, NULL, 0, &res);
+		for (; j < tr->nheld && tr->held[j].lease == tr->held[i].lease; j++)
+			if (tr->held[j].trained && ids)
+				ids[n++] = tr->held[j].id;
+		/* without memory for the ids: a plain renewal, the gate counts them a while longer */
+		rl_qclient_ack_ids(tr->qc, tr->held[i].lease, n ? RL_QACK_TRAINED : RL_QACK_EXTEND, n ? ids : NULL,
+		    (uint32_t)n, &res);
+		i = j;
 	}
+	free(ids);
 	tr->t_renew = rl_now();
 }
 

@@ -374,7 +374,8 @@ rli_save_open(trainer *tr, const char *dir)
 	return RL_OK;
 }
 
-/* Whether this step's checkpoint is a full one: every --save-every steps,
+/* Whether this step's checkpoint is a full one: the first of a new run (a
+ * crash from then on has something to resume), every --save-every steps,
  * when --save-minutes passed since the last, and at --max-steps.  Rank 0's
  * clock decides for all: ZeRO gathers the optimizer state from every rank,
  * and every rank must know the same steps as saved. */
@@ -383,7 +384,7 @@ full_due(trainer *tr, int *full)
 {
 	const rl_train_opts *o = tr->o;
 
-	*full = (o->save_every > 0 && tr->m->version % o->save_every == 0) ||
+	*full = !tr->have_full || (o->save_every > 0 && tr->m->version % o->save_every == 0) ||
 	    (o->max_steps > 0 && tr->m->version >= o->max_steps);
 	if (o->save_minutes <= 0)
 		return RL_OK;
@@ -405,8 +406,10 @@ rli_save_step(trainer *tr)
 	if (tr->rank == 0 && (rv = rli_save_publish(tr, full, 1)) != 0)
 		return rv;
 	rli_zero_release_opt(tr);
-	if (full)
+	if (full) {
 		tr->t_full = rl_now();
+		tr->have_full = 1;
+	}
 	tr->last_full = full;
 	tr->t_pub = rl_now() - t_pub;
 	return RL_OK;

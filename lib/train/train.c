@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -235,6 +236,15 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 			return rv;
 		rl_verbose("data parallel: rank %d of %d, %s backend", tr->rank, tr->world, rl_comm_backend(tr->comm));
 	}
+	if (tr->rank == 0) {
+		/* one trainer per --out (and rl-rollout tells a live one's steps from leftovers) */
+		int fd;
+		if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST)
+			fd = -1; /* rli_save_prepare_out says why */
+		else if ((rv = rl_ckpt_lock_run(o->out_dir, &fd)) != 0)
+			return rv;
+		tr->lockfd = fd + 1;
+	}
 	if (o->resume == RL_RESUME_YES)
 		tr->resumed = 1;
 	else if (o->resume == RL_RESUME_AUTO && tr->rank == 0 && (rv = resume_auto(o, &tr->resumed)) != 0)
@@ -437,6 +447,8 @@ rli_train_fini(trainer *tr, int rv)
 	rl_model_close(tr->m);
 	rl_comm_close(tr->comm);
 	rl_ops_close(tr->ops);
+	if (tr->lockfd > 0)
+		close(tr->lockfd - 1);
 	memset(tr, 0, sizeof *tr);
 	return rv;
 }
@@ -457,6 +469,7 @@ rl_train_run(const rl_train_opts *o)
 		goto out;
 	start_step = tr.m->version;
 	tr.t_full = rl_now();
+	tr.have_full = tr.resumed;
 	rl_progress_init(&tr.prog, o->quiet);
 	if ((rv = rli_feed_open(&tr)) != 0 || (rv = rli_metrics_open(&tr)) != 0 || (rv = rli_save_open(&tr, dir)) != 0)
 		goto out;

@@ -117,6 +117,8 @@ typedef struct trainer {
 	double t_renew;          /* rl_now() of the last renewal of the leases held */
 	double renew_s;          /* renew them this often: a third of the broker's lease (0: not known yet) */
 	int last_full;           /* the last step's checkpoint was a full one */
+	int lockfd;              /* 1 + the descriptor of rl_ckpt_lock_run on --out (0: none) */
+	int have_full;           /* --out holds a full checkpoint of this run (resumed, or saved) */
 	size_t nheld, capheld;
 	uint64_t q_late;
 	int last_gsize;          /* group size seen last (lease sizing) */
