@@ -249,7 +249,7 @@ rli_feed_renew(trainer *tr)
 	 * (again: a broker restarted from a snapshot has forgotten the marks);
 	 * one lease's records are next to each other */
 	size_t i = 0;
-	uint64_t *ids = tr->nheld ? malloc(tr->nheld * sizeof *ids) : NULL;
+	uint64_t *ids = tr->nheld ? rl_try_malloc(tr->nheld * sizeof *ids, "trained ids") : NULL;
 
 	while (tr->qc && i < tr->nheld) {
 		size_t j = i, n = 0;
