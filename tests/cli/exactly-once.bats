@@ -58,8 +58,8 @@ kill_at() {
 	(trainer "$O") 2> "$O.err1" &
 	T=$!
 	PIDS="$PIDS $T"
-	for i in $(seq 1500); do [ -e "$O/step-$(printf %08d $k)" ] && break; sleep 0.02; done
-	[ -e "$O/step-$(printf %08d $k)" ] || { echo "seed $seed: step $k never came" >&3; return 1; }
+	for i in $(seq 3000); do [ -e "$O/step-$(printf %08d $k)" ] && break; sleep 0.02; done
+	[ -e "$O/step-$(printf %08d $k)" ] || { echo "seed $seed: step $k never came" >&3; cat "$O.err1" >&3; ls "$O" >&3; rl-queue stat "$URL" >&3; return 1; }
 	kill -KILL "$T"
 	if [ "$2" = 1 ]; then kill -KILL "$QPID"; wait "$QPID" 2>/dev/null || true; broker "$O.q"; fi
 	wait "$T" 2>/dev/null || true
