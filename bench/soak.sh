@@ -43,7 +43,7 @@ fail() {
 }
 
 stop_all() {
-	for s in train gen rew broker; do
+	for s in feed train gen rew broker; do
 		[ -n "${PID[$s]:-}" ] && kill -KILL "${PID[$s]}" 2>/dev/null
 		[ -n "${PID[$s]:-}" ] && wait "${PID[$s]}" 2>/dev/null
 		PID[$s]=""
@@ -82,7 +82,17 @@ wait_broker() {
 t0=$(date +%s.%N)
 start broker
 wait_broker
-rl-queue put -q "$URL" "$W/p.jsonl" || fail "rl-queue put"
+# the prompts come a step's worth every 50 ms (a run paced by its input, so
+# that the kills fall all along it); each put is retried until the broker,
+# maybe being restarted, takes it (a put again is dropped as duplicates)
+(
+	for ((i = 1; i <= N; i += BATCH)); do
+		sed -n "${i},$((i + BATCH - 1))p" "$W/p.jsonl" > "$W/chunk.jsonl"
+		until rl-queue put -q "$URL" "$W/chunk.jsonl" 2>/dev/null; do sleep 0.1; done
+		sleep 0.05
+	done
+) &
+PID[feed]=$!
 start gen
 start rew
 start train

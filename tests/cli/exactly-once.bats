@@ -45,6 +45,23 @@ broker() {
 	return 1
 }
 
+# feed: the scored groups, one every 0.1 s, each put until the broker (maybe
+# restarted) takes it (a put again is dropped as duplicates); then a mark
+feed() {
+	rm -f "$TD/fed"
+	for g in $(seq 1 30); do
+		sed -n "$((2 * g - 1)),$((2 * g))p" "$TD/scored.jsonl" > "$TD/one.jsonl"
+		until rl-queue put -q -s scored "$URL" "$TD/one.jsonl" 2>/dev/null; do sleep 0.1; done
+		sleep 0.1
+	done
+	touch "$TD/fed"
+}
+
+wait_fed() {
+	for i in $(seq 600); do [ -e "$TD/fed" ] && return 0; sleep 0.1; done
+	return 1
+}
+
 trainer() {
 	exec rl-train -m "$TD/m0" --out "$1" --queue "$URL" --batch 2 --save-every 4 --lr 1e-2 --idle-exit 3 \
 	    --metrics "$1.m" 3>&-
@@ -58,10 +75,14 @@ kill_at() {
 	(trainer "$O") 2> "$O.err1" &
 	T=$!
 	PIDS="$PIDS $T"
-	for i in $(seq 3000); do [ -e "$O/step-$(printf %08d $k)" ] && break; sleep 0.02; done
-	[ -e "$O/step-$(printf %08d $k)" ] || { echo "seed $seed: step $k never came" >&3; cat "$O.err1" >&3; ls "$O" >&3; rl-queue stat "$URL" >&3; return 1; }
+	# the metrics file has a line per step trained (step directories are pruned by --keep)
+	for i in $(seq 3000); do [ "$(cat "$O.m" 2>/dev/null | wc -l)" -ge "$k" ] && break; sleep 0.02; done
+	[ "$(cat "$O.m" 2>/dev/null | wc -l)" -ge "$k" ] || { echo "seed $seed: step $k never came" >&3; cat "$O.err1" >&3
+		ls "$O" >&3; rl-queue stat "$URL" >&3; return 1; }
+	# mid-run: the records come one group every 0.1 s (feed), so it is still waiting for more
+	kill -0 "$T" || { echo "seed $seed: the trainer ended before the kill" >&3; return 1; }
 	kill -KILL "$T"
-	if [ "$2" = 1 ]; then kill -KILL "$QPID"; wait "$QPID" 2>/dev/null || true; broker "$O.q"; fi
+	if [ "$2" = 1 ]; then kill -KILL "$QPID"; wait "$QPID" 2>/dev/null || true; broker "$O.q" || return 1; fi
 	wait "$T" 2>/dev/null || true
 	echo "seed $seed" > "$O.seed"
 }
@@ -77,7 +98,8 @@ for r in s["groups_done"]:
 assert done == set(range(1, 31)), sorted(done)
 assert s["global_step"] * 2 == 30, s["global_step"]
 PY
-	rl-queue stat --json "$URL" > "$1.stat"
+	[ $? -eq 0 ] || return 1   # (called after ||: no errexit in here)
+	rl-queue stat --json "$URL" > "$1.stat" || return 1
 	python3 - "$1.stat" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
@@ -90,9 +112,11 @@ PY
 run_case() {
 	local O="$TD/$1"
 	URL="tcp://127.0.0.1:$(free_port)"
-	broker "$O.q"
-	rl-queue put -q -s scored "$URL" "$TD/scored.jsonl"
+	broker "$O.q" || return 1
+	feed &
+	PIDS="$PIDS $!"
 	kill_at "$O" "$2" || return 1
+	wait_fed || return 1
 	run --separate-stderr bash -c "$(declare -f trainer); URL=$URL TD=$TD trainer $O"
 	[ "$status" -eq 0 ] || { echo "status $status: $stderr" >&3; cat "$O.seed" >&3; return 1; }
 	[[ "$stderr" == *"'$O' holds a run: resuming it from step"* ]] || { echo "$stderr" >&3; cat "$O.seed" >&3; return 1; }
