@@ -2,8 +2,9 @@
  * save.c — the trainer's checkpoints (trainer.h): --out made ready (and
  * rewound on --resume), a step directory per step (ckpt.h) with
  * trainer_state.json in the full ones (the data position --resume reads
- * back), the newest --keep kept, each version also pushed to --sync and the
- * weights group; the last full checkpoint at the end of a run.
+ * back) at a new run's first step, every --save-minutes and --save-every
+ * and at the end, the newest --keep kept, each version also pushed to --sync
+ * and the weights group.
  * Leaves out: the checkpoint format itself (model/ckpt.c).
  */
 #include <dirent.h>
