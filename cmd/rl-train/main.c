@@ -88,12 +88,17 @@ static const char usage_text[] =
     "      --grad-clip N         global-norm clipping (default 1; 0 off)\n"
     "run:\n"
     "      --max-steps N         stop after N steps in total\n"
-    "      --save-every N        full checkpoint (with optimizer) every N steps (default: last)\n"
+    "      --save-every N        also a full checkpoint (with optimizer) every N steps (default 0: off)\n"
+    "      --save-minutes M      a full checkpoint when M minutes passed since the last (default 10;\n"
+    "                            0 off); a new run's first step and the last are always full\n"
     "      --keep K              keep the newest K step directories (default 3; 0 all)\n"
     "      --ckpt-every N        with --sync: a step directory every N steps (default 1); the\n"
     "                            versions between reach --sync from memory only\n"
-    "      --resume              continue from the newest full checkpoint in --out; refused when an\n"
-    "                            option of the algorithm differs from OUT/run.yaml (naming each)\n"
+    "      --resume [auto]       continue from the newest full checkpoint in --out; refused when an\n"
+    "                            option of the algorithm differs from OUT/run.yaml (naming each).\n"
+    "                            Default (auto): resume when --out holds a full checkpoint, start\n"
+    "                            fresh when it holds no step directory, else refuse\n"
+    "      --fresh, --no-resume  never resume: refused when --out holds step directories\n"
     "      --allow-change        resume even so (the differences are printed as warnings)\n"
     "      --on-bad error|skip   a bad record fails the run, or drops its group with a warning\n"
     "                            (default: skip with --queue, error otherwise)\n"
@@ -152,7 +157,7 @@ enum {
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
 	O_PLAN, O_LORAR, O_LORAT, O_LORAA, O_LORAD, O_MERGE, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
 	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH, O_OVERLONG,
-	O_DPOBETA, O_DPOLOSS, O_LSMOOTH, O_RPO
+	O_DPOBETA, O_DPOLOSS, O_LSMOOTH, O_RPO, O_SAVEMIN, O_FRESH
 };
 
 static const struct option longopts[] = {
@@ -175,7 +180,9 @@ static const struct option longopts[] = {
 	{ "beta2", required_argument, 0, O_B2 }, { "adam-eps", required_argument, 0, O_AEPS },
 	{ "grad-clip", required_argument, 0, O_CLIP }, { "max-steps", required_argument, 0, O_MAXSTEPS },
 	{ "save-every", required_argument, 0, O_SAVE }, { "keep", required_argument, 0, O_KEEP },
-	{ "resume", no_argument, 0, O_RESUME }, { "allow-change", no_argument, 0, O_ALLOWCH }, { "on-bad", required_argument, 0, O_ONBAD },
+	{ "resume", optional_argument, 0, O_RESUME },
+	{ "save-minutes", required_argument, 0, O_SAVEMIN }, { "fresh", no_argument, 0, O_FRESH },
+	{ "no-resume", no_argument, 0, O_FRESH }, { "allow-change", no_argument, 0, O_ALLOWCH }, { "on-bad", required_argument, 0, O_ONBAD },
 	{ "metrics", required_argument, 0, O_METRICS }, { "tfevents", required_argument, 0, O_TFEV },
 	{ "prom-file", required_argument, 0, O_PROM },
 	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
@@ -340,7 +347,13 @@ main(int argc, char **argv)
 		case O_SAVE: INT(0, 1e9); o.save_every = (int)v; break;
 		case O_KEEP: INT(0, 1e9); o.keep = (int)v; break;
 		case O_CKEVERY: INT(1, 1e9); o.ckpt_every = (int)v; break;
-		case O_RESUME: o.resume = 1; break;
+		case O_RESUME:
+			if (!a || strcmp(a, "yes") == 0) o.resume = RL_RESUME_YES;
+			else if (strcmp(a, "auto") == 0) o.resume = RL_RESUME_AUTO;
+			else return rl_cli_usage("--resume: bad value '%s' (--resume or --resume=auto)", a);
+			break;
+		case O_FRESH: o.resume = RL_RESUME_NO; break;
+		case O_SAVEMIN: NUM(0, 1e9); o.save_minutes = v; break;
 		case O_ALLOWCH: o.allow_change = 1; break;
 		case O_ONBAD:
 			if (strcmp(a, "error") == 0) o.on_bad = RL_BAD_ERROR;
@@ -467,7 +480,7 @@ main(int argc, char **argv)
 		return rl_cli_usage("with --queue the records come from the broker, not '%s'", argv[optind]);
 	if (!o.out_dir)
 		return rl_cli_usage("no output directory: --out DIR");
-	if (!o.model_dir && !o.resume)
+	if (!o.model_dir && o.resume == RL_RESUME_NO)
 		return rl_cli_usage("no model: -m MODEL_DIR (or --resume)");
 	if (strans_set && !o.sync_url)
 		return rl_cli_usage("--sync-transport needs --sync URL");

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -846,4 +847,38 @@ out:
 	free(e);
 	free(fc.buf);
 	return rv;
+}
+
+int
+rl_ckpt_lock_run(const char *root, int *fd)
+{
+	char p[4200];
+
+	*fd = -1;
+	snprintf(p, sizeof p, "%s/.rl-train.lock", root);
+	if ((*fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0)
+		return RL_OK;
+	if (flock(*fd, LOCK_EX | LOCK_NB) == 0)
+		return RL_OK;
+	close(*fd);
+	*fd = -1;
+	if (errno != EWOULDBLOCK)
+		return RL_OK;
+	rl_error("'%s' is in use by a running rl-train (it holds '%s')", root, p);
+	rl_hint("one trainer per --out: wait for it to end, stop it, or give a new --out");
+	return RL_EEXIST;
+}
+
+int
+rl_ckpt_run_live(const char *root)
+{
+	char p[4200];
+	int fd, live;
+
+	snprintf(p, sizeof p, "%s/.rl-train.lock", root);
+	if ((fd = open(p, O_RDONLY | O_CLOEXEC)) < 0)
+		return 0;
+	live = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+	close(fd); /* releases a shared lock taken here */
+	return live;
 }

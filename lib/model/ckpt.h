@@ -73,6 +73,15 @@ typedef struct rl_ckpt_leftovers {
 /* Records the step directories of ROOT numbered above after_step (-1: all)
  * into *l (zeroed first).  RL_OK (none, or ROOT missing: n is 0) or RL_ENOMEM. */
 int rl_ckpt_leftovers_scan(rl_ckpt_leftovers *l, const char *root, int after_step);
+
+/* The running trainer's lock on root (root/.rl-train.lock, an flock held
+ * for the run's life and released by the kernel when the process dies, even
+ * by kill -9).  rl_ckpt_lock_run takes it (*fd: the descriptor, to close at
+ * the end): RL_EEXIST, logged, when another process holds it.  RL_OK with
+ * *fd = -1 when root cannot hold the file (rl-train's checks of --out say
+ * why).  rl_ckpt_run_live: 1 when a live process holds it. */
+int rl_ckpt_lock_run(const char *root, int *fd);
+int rl_ckpt_run_live(const char *root);
 /* 1 when dir is one of them, or cannot be looked at (it is being removed);
  * 0 when it is another directory. */
 int rl_ckpt_leftovers_has(const rl_ckpt_leftovers *l, const char *dir);

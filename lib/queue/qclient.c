@@ -689,18 +689,30 @@ int rl_qclient_ack(rl_qclient *c, const rl_qlease *l, rl_qack_result *res) { ret
 int rl_qclient_release(rl_qclient *c, const rl_qlease *l, rl_qack_result *res) { return ack_lease(c, l, RL_QACK_RELEASE, res); }
 int rl_qclient_extend(rl_qclient *c, const rl_qlease *l, rl_qack_result *res) { return ack_lease(c, l, RL_QACK_EXTEND, res); }
 
-int
-rl_qclient_set_version(rl_qclient *c, uint64_t v, uint64_t *now)
+static int
+version_call(rl_qclient *c, uint16_t flags, uint64_t v, uint64_t *now)
 {
 	rl_qhdr rh;
 	nng_msg *r = NULL;
-	int rv = call(c, RL_QOP_VERSION, 0, v, NULL, 0, NULL, 0, 0, 0, 1, &rh, &r);
+	int rv = call(c, RL_QOP_VERSION, flags, v, NULL, 0, NULL, 0, 0, 0, 1, &rh, &r);
 
 	if (rv == 0 && now)
 		*now = rh.arg;
 	if (r)
 		nng_msg_free(r);
 	return rv;
+}
+
+int
+rl_qclient_set_version(rl_qclient *c, uint64_t v, uint64_t *now)
+{
+	return version_call(c, 0, v, now);
+}
+
+int
+rl_qclient_rewind_version(rl_qclient *c, uint64_t v, uint64_t *now)
+{
+	return version_call(c, RL_QF_REWIND, v, now);
 }
 
 int

@@ -140,6 +140,9 @@ int rl_qclient_ack_ids(rl_qclient *c, uint64_t lease_id, int kind, const uint64_
 /* rl_qclient_set_version: the trainer's policy version is now v; *now (may
  * be NULL) gets the broker's (the larger of the two). */
 int rl_qclient_set_version(rl_qclient *c, uint64_t v, uint64_t *now);
+/* The same, with the version also going down (a resumed trainer: see
+ * rl_queue_rewind_version); a broker older than this sets max(v, its). */
+int rl_qclient_rewind_version(rl_qclient *c, uint64_t v, uint64_t *now);
 /* rl_qclient_stats: the broker's stats as JSON text (*json malloc'd, caller frees). */
 int rl_qclient_stats(rl_qclient *c, char **json);
 int rl_qclient_ping(rl_qclient *c);

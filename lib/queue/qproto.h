@@ -19,7 +19,7 @@
  *                         / fixed rl_qput_result (16 bytes)
  *   LEASE    fixed rl_qlease_req (32 bytes) / fixed lease part (32 bytes) + batch
  *   ACK      fixed (16 bytes) + u64 ids[n] / fixed (16 bytes)
- *   VERSION  arg = trainer version / arg = version now in force
+ *   VERSION  arg = trainer version (RL_QF_REWIND: also lower) / arg = version now in force
  *   STAT     -            / body = JSON object
  *   REPORT   body = JSON object (a stage's stats, see wstat.h; at most
  *            RL_QP_MAX_REPORT bytes decompressed) / -
@@ -60,7 +60,9 @@ enum rl_qop {
 
 enum rl_qflag {
 	RL_QF_ZSTD = 1,        /* the body is one zstd frame */
-	RL_QF_ACCEPT_ZSTD = 2  /* request: the reply body may be compressed */
+	RL_QF_ACCEPT_ZSTD = 2, /* request: the reply body may be compressed */
+	RL_QF_REWIND = 4       /* VERSION request: arg is the version, even below the broker's
+	                        * (a trainer resumed from an older checkpoint) */
 };
 
 /* Stages name the state a put moves records into and the state a lease takes
@@ -69,7 +71,10 @@ enum rl_qflag {
 enum rl_qstage { RL_QSTAGE_PROMPT = 0, RL_QSTAGE_GENERATED = 1, RL_QSTAGE_SCORED = 2, RL_QSTAGE_COUNT };
 
 /* Ack kinds (ACK fixed part). */
-enum rl_qack { RL_QACK_DONE = 0, RL_QACK_RELEASE = 1, RL_QACK_EXTEND = 2 };
+/* TRAINED: the trainer trained these records but holds their lease until a
+ * full checkpoint covers them (docs/queue.md, "Exactly once"): they no
+ * longer count as in flight for the staleness gate; the lease is renewed. */
+enum rl_qack { RL_QACK_DONE = 0, RL_QACK_RELEASE = 1, RL_QACK_EXTEND = 2, RL_QACK_TRAINED = 3 };
 
 typedef struct rl_qhdr {
 	uint8_t op, version;

@@ -561,7 +561,8 @@ op_version(rl_qserve *s, qctx *c, qctx **ready)
 	int rv;
 
 	lock(s);
-	rv = rl_queue_set_version(s->q, c->h.arg, &now);
+	rv = (c->h.flags & RL_QF_REWIND) ? rl_queue_rewind_version(s->q, c->h.arg, &now) :
+	    rl_queue_set_version(s->q, c->h.arg, &now);
 	if (rv == 0 && s->nwait)
 		waiters_scan(s, 0, 0, ready);
 	c->seq = rl_queue_journal_seq(s->q);

@@ -174,6 +174,7 @@ typedef struct qent {
 	uint32_t prev, next;    /* FIFO links (prompt or generated FIFO) */
 	uint32_t grp;
 	uint8_t state, is_prompt, used;
+	uint8_t trained;        /* RL_QACK_TRAINED: leased to a trainer that trained it; not in flight */
 } qent;
 
 typedef struct qgrp {
@@ -338,9 +339,10 @@ ent_set_state(rl_queue *q, uint32_t i, int s, int at_head)
 			LIST_REMOVE(q->ent, q->generated, i);
 		else if (old == RL_QS_SCORED)
 			g->nscored--;
-		if (is_sample_state(old))
+		if (is_sample_state(old) && !e->trained)
 			q->inflight--;
 	}
+	e->trained = 0;
 	e->state = (uint8_t)s;
 	if (s < RL_QS_COUNT) {
 		q->st.depth[s]++;
@@ -1063,6 +1065,24 @@ apply_ack(rl_queue *q, uint64_t lid, int kind, uint64_t deadline, const uint64_t
 		res->done = n ? n : l->nlive;
 		return RL_OK;
 	}
+	if (kind == RL_QACK_TRAINED) {
+		/* renews the lease too; marking twice (a renewal) changes nothing */
+		l->deadline = deadline;
+		res->deadline_ms = deadline;
+		for (uint32_t i = 0; i < n; i++) {
+			uint32_t ei = map_get(&q->byid, ids[i]);
+			if (ei == NIL || q->ent[ei].lease != lid || q->ent[ei].state != RL_QS_TRAINING) {
+				res->late++;
+				continue;
+			}
+			if (!q->ent[ei].trained) {
+				q->ent[ei].trained = 1;
+				q->inflight--;
+			}
+			res->done++;
+		}
+		return RL_OK;
+	}
 	if (n == 0) {
 		/* every record of the lease: copy, the lease may go away underneath */
 		if ((all = rl_try_malloc((size_t)l->n * 8 + 8, "ack")) == NULL)
@@ -1361,9 +1381,9 @@ rl_queue_ack(rl_queue *q, const rl_qack_req *req, const uint64_t *ids, uint64_t 
 {
 	uint64_t deadline = 0;
 
-	if (req->kind > RL_QACK_EXTEND)
+	if (req->kind > RL_QACK_TRAINED)
 		return RL_EINVAL;
-	if (req->kind == RL_QACK_EXTEND) {
+	if (req->kind == RL_QACK_EXTEND || req->kind == RL_QACK_TRAINED) {
 		qlease *l = lease_find(q, req->lease_id);
 		deadline = now_ms + (l && l->stage < RL_QSTAGE_COUNT ? q->cfg.lease_ms : 0);
 	}
@@ -1393,6 +1413,20 @@ uint32_t
 rl_queue_max_staleness(const rl_queue *q)
 {
 	return q->cfg.max_staleness;
+}
+
+int
+rl_queue_rewind_version(rl_queue *q, uint64_t v, uint64_t *now)
+{
+	int rv = RL_OK;
+
+	if (v > RL_QUEUE_MAX_VERSION)
+		rv = RL_EINVAL;
+	else if (v != q->version && (rv = jop(q, J_VERSION, 1, v, 0, 0, NULL, 0)) == 0)
+		q->version = v;
+	if (now)
+		*now = q->version;
+	return rv;
 }
 
 uint64_t
@@ -1929,6 +1963,8 @@ replay_plain_op(rl_queue *q, uint32_t type, uint32_t stage, uint64_t a, uint64_t
 		if (a > RL_QUEUE_MAX_VERSION)
 			rl_warn("'%s': ignoring trainer version %llu (versions are 0 to %d)", q->jpath,
 			    (unsigned long long)a, RL_QUEUE_MAX_VERSION);
+		else if (stage == 1)
+			q->version = a; /* a rewind (rl_queue_rewind_version) */
 		else
 			rv = apply_version(q, a);
 		break;

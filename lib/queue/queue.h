@@ -114,6 +114,10 @@ int rl_queue_ack(rl_queue *q, const rl_qack_req *req, const uint64_t *ids, uint6
  * smaller one is ignored).  *now gets the version in force.  RL_EINVAL for
  * one above RL_QUEUE_MAX_VERSION (the version is unchanged). */
 int rl_queue_set_version(rl_queue *q, uint64_t v, uint64_t *now);
+/* rl_queue_rewind_version: the version is v, also below the one in force (a
+ * trainer resumed from a checkpoint older than its last step: the records
+ * generated for the versions it lost are not stale); journaled. */
+int rl_queue_rewind_version(rl_queue *q, uint64_t v, uint64_t *now);
 
 /* rl_queue_set_max_staleness: K from now on (journaled).  The bound holds at
  * every lease after the call: a group is checked against the K in force when

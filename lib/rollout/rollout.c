@@ -142,9 +142,11 @@ open_weights(gen *g)
 		char path[4096];
 		cJSON *st = NULL;
 		/* a resuming trainer removes what is newer than its checkpoint: remember
-		 * those directories now, before it can have removed them */
-		if (rl_ckpt_find_full(o->weights_from, path, sizeof path, &g->left_after, &st, 1) != RL_OK)
-			g->left_after = -1;
+		 * those directories now, before it can have removed them (none while a
+		 * trainer runs there: a generator restarted beside it loads its newest) */
+		if (rl_ckpt_run_live(o->weights_from) ||
+		    rl_ckpt_find_full(o->weights_from, path, sizeof path, &g->left_after, &st, 1) != RL_OK)
+			g->left_after = -1; /* a live trainer's steps are not leftovers */
 		cJSON_Delete(st);
 		/* without a full checkpoint no trainer can resume there (and a new run
 		 * into it is refused): its steps are a live trainer's, not leftovers */
@@ -223,6 +225,12 @@ rollout(const rl_rollout_opts *opts, int score)
 		rl_gset_fini(&g->done);
 		free(g);
 		return rv;
+	}
+	if (!g->o.model_dir && !g->o.resume_dir) {
+		rl_error("no model (-m MODEL_DIR) and no checkpoint to resume in '%s'", opts->resume_dir ? opts->resume_dir : "-");
+		rl_gset_fini(&g->done);
+		free(g);
+		return RL_EINVAL;
 	}
 	if (!g->o.model_dir)
 		g->o.model_dir = g->resume_path;

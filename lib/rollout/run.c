@@ -6,6 +6,7 @@
  * as EOS, and --resume's checkpoint state.  Records are built in record.c,
  * weights polled in weights.c.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -492,6 +493,22 @@ out:
 	return rv;
 }
 
+/* Whether dir holds a step directory: absent or empty, there is no run yet. */
+static int
+has_steps(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return errno != ENOENT; /* unreadable: rl_ckpt_find_full names the error */
+	while (!n && (e = readdir(d)) != NULL)
+		n = rl_ckpt_step_num(e->d_name) >= 0;
+	closedir(d);
+	return n;
+}
+
 /* --resume DIR: the checkpoint rl-train --resume takes, its groups done, and
  * the nonce they were generated under (kept, so that the counter gives every
  * prompt the group it had).  RL_OK, or an error (logged). */
@@ -503,6 +520,12 @@ rli_resume_open(gen *g)
 	uint64_t nonce = 0;
 	int rv, have = 0;
 
+	if (!has_steps(g->o.resume_dir)) {
+		/* the same command line starts a run and continues it (rl-train resumes by default) */
+		rl_info("nothing to resume in '%s' (no step directory): generating from the first prompt", g->o.resume_dir);
+		g->o.resume_dir = NULL;
+		return RL_OK;
+	}
 	if ((rv = rl_ckpt_find_full(g->o.resume_dir, g->resume_path, sizeof g->resume_path, &g->resume_step, &state,
 	    0)) != 0) {
 		rl_hint("--resume takes rl-train's --out directory of the run to continue");

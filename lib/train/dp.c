@@ -327,7 +327,7 @@ rli_dp_start(trainer *tr)
 
 	/* one starting point: rank 0's weights (and optimizer state on --resume) */
 	if ((rv = rl_comm_broadcast(tr->comm, tr->m->params, nb, 0)) != 0 ||
-	    (tr->o->resume && ((rv = rl_comm_broadcast(tr->comm, tr->m->m, nob, 0)) != 0 ||
+	    (tr->resumed && ((rv = rl_comm_broadcast(tr->comm, tr->m->m, nob, 0)) != 0 ||
 	    (rv = rl_comm_broadcast(tr->comm, tr->m->v, nob, 0)) != 0)))
 		return rv;
 	if ((rv = rl_model_params_changed(tr->m)) != 0)

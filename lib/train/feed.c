@@ -3,14 +3,15 @@
  * from rl-queue leases, or (data parallel, queue mode, ranks > 0) from rank
  * 0's leases; into the grouper (groups.h), out as the step's groups.  Keeps
  * the --resume rules of what to skip (docs/train.md) and the queue's lease
- * bookkeeping: acknowledged after the step that trained them, renewed across
- * long steps, handed back at the end.
+ * bookkeeping: acknowledged once a full checkpoint covers the step that
+ * trained them, renewed until then, handed back at the end.
  * Leaves out: what a group becomes in the step (step.c), the checkpoint's
  * record of the position (save.c).
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/core.h"
 #include "base/io.h"
@@ -19,6 +20,7 @@
 static int dp_send_lease(trainer *tr, int end);
 static int dp_end_lease(trainer *tr);
 static int dp_follow_lease(trainer *tr);
+static int group_done(trainer *tr, const rl_traj *t);
 
 int
 rli_feed_tok(trainer *tr)
@@ -83,7 +85,8 @@ lease_more(trainer *tr)
 	const rl_train_opts *o = tr->o;
 	rl_qlease_req req = { 0 };
 	char where[128];
-	int rv;
+	double renew;
+	int rv, fresh = 0;
 
 	if (tr->idle_since == 0)
 		tr->idle_since = rl_now();
@@ -97,7 +100,11 @@ lease_more(trainer *tr)
 		req.max_records = (uint32_t)RL_MAX(need, 1) * (uint32_t)RL_MAX(tr->last_gsize, 1);
 	}
 	req.min_records = 1;
-	req.wait_ms = 500;
+	/* the leases held outlive a wait for records */
+	renew = tr->renew_s > 0 ? tr->renew_s : 6;
+	req.wait_ms = (uint32_t)(RL_MIN(renew, 0.5) * 1000);
+	if (tr->nheld && rl_now() - tr->t_renew >= renew)
+		rli_feed_renew(tr);
 	rl_wstat_phase(tr->wst, RL_WSTAT_IDLE);
 	rv = rl_qclient_lease(tr->qc, &req, &tr->lease);
 	rl_wstat_phase(tr->wst, RL_WSTAT_BUSY);
@@ -119,7 +126,13 @@ lease_more(trainer *tr)
 	}
 	if ((rv = dp_send_lease(tr, 0)) != RL_OK)
 		return rv;
-	tr->idle_since = rl_now();
+	{
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		double left = tr->lease.deadline_ms / 1000.0 - (ts.tv_sec + ts.tv_nsec / 1e9);
+		if (left > 0)
+			tr->renew_s = RL_MAX(left / 3, 0.05);
+	}
 	for (size_t i = 0; i < n; i++) {
 		uint64_t id = 0;
 		if ((rv = rl_traj_batch_get(tr->lease.batch, i, tr->qt)) != 0)
@@ -140,43 +153,77 @@ lease_more(trainer *tr)
 		}
 		tr->held[tr->nheld].id = id;
 		tr->held[tr->nheld].lease = tr->lease.id;
+		tr->held[tr->nheld].trained = group_done(tr, tr->qt);
 		tr->nheld++;
 		tr->records++;
+		if (tr->held[tr->nheld - 1].trained) {
+			tr->skipped_done++;
+			continue;
+		}
+		fresh = 1;
 		snprintf(where, sizeof where, "'%s': lease %llu record %zu", o->queue_url,
 		    (unsigned long long)tr->lease.id, i);
 		if ((rv = rl_grouper_add(tr->gr, tr->qt, where)) != RL_OK)
 			return rv;
 	}
+	/* records of groups done only (handed out again) are no work: --idle-exit runs on */
+	if (fresh)
+		tr->idle_since = rl_now();
 	return RL_OK;
 }
 
+/* A record of a group done (trained here, or in the checkpoint resumed
+ * from): a broker that lost an acknowledgement (restarted, or a lease that
+ * expired) hands it out again; it is never trained twice. */
+static int
+group_done(trainer *tr, const rl_traj *t)
+{
+	uint64_t grp;
+
+	return rl_grouper_group_of(tr->gr, t, &grp) == RL_OK && rl_gset_has(&tr->done, grp);
+}
+
 int
-rli_feed_ack(trainer *tr)
+rli_feed_ack(trainer *tr, int mark, int covered)
 {
 	size_t keep = 0, n = 0;
-	uint64_t *ids = rl_try_malloc(sizeof(uint64_t) * (tr->nheld + 1), "acknowledged ids");
-	uint8_t *done = rl_try_calloc(tr->nheld + 1, 1, "acknowledged records");
+	uint64_t *ids = NULL;
+	uint8_t *done = NULL;
 	int rv = RL_OK;
 
+	for (size_t i = 0; mark && i < tr->nheld; i++)
+		for (int gi = 0; gi < tr->ngroups && !tr->held[i].trained; gi++)
+			for (int k = 0; k < tr->groups[gi].size; k++)
+				if (tr->groups[gi].s[k].id == tr->held[i].id)
+					tr->held[i].trained = 1;
+	/* exactly once: only a full checkpoint makes a trained group survive a
+	 * crash; until then its lease is renewed, and a trainer killed before
+	 * gets it back through the lease's expiry */
+	if (!covered) {
+		/* the broker's staleness gate counts them out of flight */
+		if (mark)
+			rli_feed_renew(tr);
+		return RL_OK;
+	}
+	if (!tr->nheld)
+		return RL_OK;
+	ids = rl_try_malloc(sizeof(uint64_t) * tr->nheld, "acknowledged ids");
+	done = rl_try_calloc(tr->nheld, 1, "acknowledged records");
 	if (!ids || !done) {
 		rv = RL_ENOMEM;
 		goto out;
 	}
-	for (size_t i = 0; i < tr->nheld; i++)
-		for (int gi = 0; gi < tr->ngroups && !done[i]; gi++)
-			for (int k = 0; k < tr->groups[gi].size; k++)
-				if (tr->groups[gi].s[k].id == tr->held[i].id)
-					done[i] = 1;
-	/* one acknowledgement per lease; a failed one leaves the lease to expire
-	 * and the broker to deliver its records again (at-least-once) */
+	/* one acknowledgement per lease; a failed one (a broker restarted
+	 * meanwhile) is not retried: the broker hands the records out again and
+	 * group_done acknowledges them at the next full checkpoint */
 	for (size_t i = 0; i < tr->nheld; i++) {
-		if (done[i] != 1)
+		if (!tr->held[i].trained || done[i])
 			continue;
 		n = 0;
 		for (size_t k = i; k < tr->nheld; k++)
-			if (done[k] == 1 && tr->held[k].lease == tr->held[i].lease) {
+			if (tr->held[k].trained && !done[k] && tr->held[k].lease == tr->held[i].lease) {
 				ids[n++] = tr->held[k].id;
-				done[k] = 2;
+				done[k] = 1;
 			}
 		rl_qack_result res = { 0 };
 		if (tr->qc && rl_qclient_ack_ids(tr->qc, tr->held[i].lease, RL_QACK_DONE, ids, (uint32_t)n, &res) == RL_OK)
@@ -197,15 +244,26 @@ out:
 void
 rli_feed_renew(trainer *tr)
 {
-	/* a step can outlast a lease */
-	for (size_t i = 0; tr->qc && i < tr->nheld; i++) {
-		int seen = 0;
-		for (size_t k = 0; k < i && !seen; k++)
-			seen = tr->held[k].lease == tr->held[i].lease;
+	/* a step can outlast a lease, and trained records wait for the next
+	 * full checkpoint: every lease renewed, its trained records marked
+	 * (again: a broker restarted from a snapshot has forgotten the marks);
+	 * one lease's records are next to each other */
+	size_t i = 0;
+	uint64_t *ids = tr->nheld ? rl_try_malloc(tr->nheld * sizeof *ids, "trained ids") : NULL;
+
+	while (tr->qc && i < tr->nheld) {
+		size_t j = i, n = 0;
 		rl_qack_result res;
-		if (!seen)
-			rl_qclient_ack_ids(tr->qc, tr->held[i].lease, RL_QACK_EXTEND, NULL, 0, &res);
+		for (; j < tr->nheld && tr->held[j].lease == tr->held[i].lease; j++)
+			if (tr->held[j].trained && ids)
+				ids[n++] = tr->held[j].id;
+		/* without memory for the ids: a plain renewal, the gate counts them a while longer */
+		rl_qclient_ack_ids(tr->qc, tr->held[i].lease, n ? RL_QACK_TRAINED : RL_QACK_EXTEND, n ? ids : NULL,
+		    (uint32_t)n, &res);
+		i = j;
 	}
+	free(ids);
+	tr->t_renew = rl_now();
 }
 
 /* Reads records until a complete group pops out: RL_OK, RL_ENOENT at the end. */
@@ -389,8 +447,12 @@ rli_feed_open(trainer *tr)
 		if ((rv = rl_qclient_open(&tr->qc, o->queue_url, &qo)) != 0 || (rv = rl_traj_create(&tr->qt)) != 0)
 			return rv;
 		rl_qclient_set_stop(tr->qc, &rli_train_stop);
-		/* the broker's staleness gate starts from our version */
-		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
+		/* the broker's staleness gate starts from our version; a resumed
+		 * run's records generated for the versions it lost are not stale */
+		if (tr->resumed)
+			rl_qclient_rewind_version(tr->qc, (uint64_t)tr->m->version, NULL);
+		else
+			rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
 		if (rl_wstat_open(&tr->wst, o->queue_url, "train", strcmp(tr->ops->name, "cpu") == 0 ? "cpu" :
 		    o->device) != 0)
 			rl_warn("no stats reports to the broker");
@@ -551,6 +613,8 @@ dp_follow_lease(trainer *tr)
 		if (rl_traj_get_i32(tr->qt, RL_TAG_GROUP_SIZE, &gs) == RL_OK && gs > 0)
 			tr->last_gsize = gs;
 		tr->records++;
+		if (group_done(tr, tr->qt))
+			continue; /* as rank 0 does */
 		snprintf(where, sizeof where, "'%s' (through rank 0): record %zu", tr->o->queue_url, i);
 		rv = rl_grouper_add(tr->gr, tr->qt, where);
 	}

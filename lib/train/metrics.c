@@ -340,7 +340,7 @@ rli_metrics_open(trainer *tr)
 	if (tr->rank != 0) {
 		tr->metrics = NULL; /* rank 0 writes the metrics of the whole step */
 	} else if (o->metrics_path && strcmp(o->metrics_path, "-") != 0) {
-		if (!(tr->metrics = fopen(o->metrics_path, o->resume ? "a" : "w"))) {
+		if (!(tr->metrics = fopen(o->metrics_path, tr->resumed ? "a" : "w"))) {
 			rl_error("cannot open '%s': %s", o->metrics_path, strerror(errno));
 			return RL_EIO;
 		}

@@ -10,6 +10,11 @@
 
 #include "compute/comm.h"
 
+/* rl_train_opts.resume: AUTO resumes when --out holds a full checkpoint and
+ * starts fresh when it holds no step directory; YES must resume; NO must not
+ * (and refuses an --out with step directories). */
+enum { RL_RESUME_AUTO = 0, RL_RESUME_YES = 1, RL_RESUME_NO = 2 };
+
 typedef struct rl_train_opts {
 	/* model and output */
 	const char *model_dir;     /* -m: initial policy (ignored on --resume with a checkpoint) */
@@ -67,11 +72,12 @@ typedef struct rl_train_opts {
 	int warmup, total_steps, sched;
 	/* run control */
 	int max_steps;             /* stop after this many steps in total (0: end of input) */
-	int save_every;            /* full checkpoint (with optimizer) every N steps; 0: last only */
+	int save_every;            /* full checkpoint (with optimizer) every N steps (0: by time only) */
+	double save_minutes;       /* also a full checkpoint when M minutes passed since the last (0: off) */
 	int keep;                  /* keep the newest K step directories (0: all) */
 	int ckpt_every;            /* with sync_url: a step directory every N steps (0, 1: every step);
 	                            * the versions between go to sync_url from memory only */
-	int resume;                /* continue from out_dir/latest */
+	int resume;                /* RL_RESUME_AUTO (default), RL_RESUME_YES or RL_RESUME_NO */
 	int allow_change;          /* --resume with options that change the algorithm (run.yaml differs) */
 	int on_bad;                /* RL_BAD_ERROR, RL_BAD_SKIP or RL_BAD_AUTO (default: skip with
 	                            * --queue, error otherwise) */

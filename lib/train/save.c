@@ -2,8 +2,9 @@
  * save.c — the trainer's checkpoints (trainer.h): --out made ready (and
  * rewound on --resume), a step directory per step (ckpt.h) with
  * trainer_state.json in the full ones (the data position --resume reads
- * back), the newest --keep kept, each version also pushed to --sync and the
- * weights group; the last full checkpoint at the end of a run.
+ * back) at a new run's first step, every --save-minutes and --save-every
+ * and at the end, the newest --keep kept, each version also pushed to --sync
+ * and the weights group.
  * Leaves out: the checkpoint format itself (model/ckpt.c).
  */
 #include <dirent.h>
@@ -362,7 +363,7 @@ rli_save_open(trainer *tr, const char *dir)
 	/* versions pushed after the checkpoint resumed from are lost with the
 	 * run that made them: rl-sync goes back to this one, and the workers
 	 * that loaded them move to it */
-	if (tr->ws && o->resume && (rv = rl_wsync_rewind_dir(tr->ws, dir, (uint64_t)tr->m->version)) != 0) {
+	if (tr->ws && tr->resumed && (rv = rl_wsync_rewind_dir(tr->ws, dir, (uint64_t)tr->m->version)) != 0) {
 		rl_error("cannot rewind '%s' to version %d, the checkpoint resumed from", o->sync_url, tr->m->version);
 		return rv;
 	}
@@ -375,19 +376,43 @@ rli_save_open(trainer *tr, const char *dir)
 	return RL_OK;
 }
 
+/* Whether this step's checkpoint is a full one: the first of a new run (a
+ * crash from then on has something to resume), every --save-every steps,
+ * when --save-minutes passed since the last, and at --max-steps.  Rank 0's
+ * clock decides for all: ZeRO gathers the optimizer state from every rank,
+ * and every rank must know the same steps as saved. */
+static int
+full_due(trainer *tr, int *full)
+{
+	const rl_train_opts *o = tr->o;
+
+	*full = !tr->have_full || (o->save_every > 0 && tr->m->version % o->save_every == 0) ||
+	    (o->max_steps > 0 && tr->m->version >= o->max_steps);
+	if (o->save_minutes <= 0)
+		return RL_OK;
+	if (tr->rank == 0 && rl_now() - tr->t_full >= o->save_minutes * 60)
+		*full = 1;
+	return tr->world > 1 ? rl_comm_host_broadcast(tr->comm, full, sizeof *full, 0) : RL_OK;
+}
+
 int
 rli_save_step(trainer *tr)
 {
-	const rl_train_opts *o = tr->o;
-	int rv, full = (o->save_every > 0 && tr->m->version % o->save_every == 0) ||
-	    (o->max_steps > 0 && tr->m->version >= o->max_steps);
+	int rv, full;
 	double t_pub = rl_now();
 
+	if ((rv = full_due(tr, &full)) != 0)
+		return rv;
 	if (tr->zero && full && (rv = rli_zero_gather_opt(tr)) != 0)
 		return rv;
 	if (tr->rank == 0 && (rv = rli_save_publish(tr, full, 1)) != 0)
 		return rv;
 	rli_zero_release_opt(tr);
+	if (full) {
+		tr->t_full = rl_now();
+		tr->have_full = 1;
+	}
+	tr->last_full = full;
 	tr->t_pub = rl_now() - t_pub;
 	return RL_OK;
 }

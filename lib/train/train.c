@@ -14,10 +14,12 @@
  */
 #include "train/train.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -62,6 +64,7 @@ rl_train_opts_default(rl_train_opts *o)
 	o->min_lr_ratio = 0.0f;
 	o->sched = RL_SCHED_CONSTANT;
 	o->keep = 3;
+	o->save_minutes = 10;
 	o->on_bad = RL_BAD_AUTO;
 	o->dp_check_every = 10;
 	o->dp_bucket_mb = 25;
@@ -128,7 +131,7 @@ train_step(trainer *tr)
 		 * weights did not change, so there is no new version to publish; the
 		 * step's groups are consumed, as verl and TRL skip such a step */
 		tr->steps_skipped++;
-		return tr->qc ? rli_feed_ack(tr) : RL_OK;
+		return tr->qc ? rli_feed_ack(tr, 1, 0) : RL_OK;
 	}
 	/* one version per trainer step, whatever its AdamW updates (E x M): the
 	 * staleness gates, --max-steps and the step-N names all count these */
@@ -141,7 +144,7 @@ train_step(trainer *tr)
 	if (tr->qc) {
 		/* the new version first, so the broker's gate judges later groups by it */
 		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
-		if ((rv = rli_feed_ack(tr)) != 0)
+		if ((rv = rli_feed_ack(tr, 1, tr->last_full)) != 0)
 			return rv;
 	}
 	if (tr->rank != 0)
@@ -217,6 +220,46 @@ open_lora(trainer *tr, const char *dir)
 	return rv;
 }
 
+/* --resume auto (the default): resume when --out holds a full checkpoint,
+ * start fresh when it is absent or holds no step directory; step
+ * directories without any full checkpoint (a run killed before its first)
+ * are refused by name rather than overwritten or silently trained over. */
+static int
+resume_auto(const rl_train_opts *o, int *resume)
+{
+	DIR *d;
+	struct dirent *e;
+	char dir[4096];
+	cJSON *st = NULL;
+	int n = 0, lo = -1, hi = -1, step;
+
+	*resume = 0;
+	if (!(d = opendir(o->out_dir)))
+		return RL_OK; /* absent (created fresh), or not a directory: rli_save_prepare_out says so */
+	while ((e = readdir(d)) != NULL) {
+		int s = rl_ckpt_step_num(e->d_name);
+		if (s < 0)
+			continue;
+		n++;
+		lo = lo < 0 || s < lo ? s : lo;
+		hi = s > hi ? s : hi;
+	}
+	closedir(d);
+	if (n == 0)
+		return RL_OK;
+	if (rl_ckpt_find_full(o->out_dir, dir, sizeof dir, &step, &st, 1) == RL_OK) {
+		cJSON_Delete(st);
+		*resume = 1;
+		rl_info("'%s' holds a run: resuming it from step %d (--fresh refuses instead)", o->out_dir, step);
+		return RL_OK;
+	}
+	rl_error("'%s' holds %d step directories (step-%08d to step-%08d) but no full checkpoint to resume from "
+	    "(optimizer.safetensors and trainer_state.json)", o->out_dir, n, lo, hi);
+	rl_hint("a run killed before its first full checkpoint (--save-minutes, --save-every) leaves these: "
+	    "remove them to start over, or give a new --out");
+	return RL_EEXIST;
+}
+
 /* The backend and the communicator; the policy from -m, or on --resume from
  * the newest full checkpoint in --out (its directory to dir, its
  * trainer_state.json to *state) with its optimizer state; PPO's value head,
@@ -241,7 +284,24 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 			return rv;
 		rl_verbose("data parallel: rank %d of %d, %s backend", tr->rank, tr->world, rl_comm_backend(tr->comm));
 	}
-	if (o->resume) {
+	if (tr->rank == 0) {
+		/* one trainer per --out (and rl-rollout tells a live one's steps from leftovers) */
+		int fd;
+		if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST)
+			fd = -1; /* rli_save_prepare_out says why */
+		else if ((rv = rl_ckpt_lock_run(o->out_dir, &fd)) != 0)
+			return rv;
+		tr->lockfd = fd + 1;
+	}
+	if (o->resume == RL_RESUME_YES)
+		tr->resumed = 1;
+	else if (o->resume == RL_RESUME_AUTO && tr->rank == 0 && (rv = resume_auto(o, &tr->resumed)) != 0)
+		return rv;
+	/* every rank follows rank 0's choice (the ranks may see --out at different moments) */
+	if (tr->world > 1 && o->resume == RL_RESUME_AUTO &&
+	    (rv = rl_comm_host_broadcast(tr->comm, &tr->resumed, sizeof tr->resumed, 0)) != 0)
+		return rv;
+	if (tr->resumed) {
 		if ((rv = rl_ckpt_find_full(o->out_dir, dir, dirsz, &rstep, state, 0)) != 0 ||
 		    (tr->rank == 0 && (rv = rli_runfile_check(o)) != 0) ||
 		    (tr->rank == 0 && (rv = rli_save_prepare_out(o, rstep)) != 0) ||
@@ -250,7 +310,8 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 			return rv;
 	} else {
 		if (!o->model_dir) {
-			rl_error("no model (-m MODEL_DIR)");
+			rl_error("no model (-m MODEL_DIR)%s", o->resume == RL_RESUME_AUTO ?
+			    " and no checkpoint to resume in --out" : "");
 			return RL_EINVAL;
 		}
 		if ((tr->rank == 0 && (rv = rli_save_prepare_out(o, -1)) != 0) ||
@@ -258,7 +319,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 		    (rv = o->lora_rank > 0 ? open_lora(tr, NULL) : rl_model_open(&tr->m, o->model_dir, tr->ops)) != 0)
 			return rv;
 	}
-	if (o->resume && (o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM)) {
+	if (tr->resumed && (o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM)) {
 		/* the optimizer state of a value (rm: score) head is only in a
 		 * checkpoint of the same algorithm */
 		cJSON *alg = cJSON_GetObjectItem(*state, "algo");
@@ -272,7 +333,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 	/* PPO's value head: from the directory the policy came from, else new */
 	/* rm's score head is the same linear layer on the last hidden state */
 	if ((o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM) &&
-	    (rv = rl_model_add_value_head(tr->m, o->resume ? dir : o->model_dir, o->seed)) != 0)
+	    (rv = rl_model_add_value_head(tr->m, tr->resumed ? dir : o->model_dir, o->seed)) != 0)
 		return rv;
 	if (o->ref_dir && (rv = rl_model_open(&tr->ref, o->ref_dir, tr->ops)) != 0)
 		return rv;
@@ -282,7 +343,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 		return rv;
 	if (tr->world > 1 && !o->zero && (rv = rli_dp_reducer_open(tr)) != 0)
 		return rv;
-	if (!o->resume)
+	if (!tr->resumed)
 		return RL_OK;
 	if (tr->m->no_adam_state && (rv = rli_zero_full_alloc(tr)) != 0)
 		return rv;
@@ -380,7 +441,7 @@ finish(trainer *tr, int start_step)
 	 * that finds no record past its checkpoint has nothing left to do. */
 	if (!tr->qc && !tr->qfollow && !rli_train_stop && tr->m->version == start_step &&
 	    !(o->max_steps > 0 && start_step >= o->max_steps) &&
-	    (!o->resume || (tr->by_group ? tr->records_new > 0 : tr->records > tr->skip_records))) {
+	    (!tr->resumed || (tr->by_group ? tr->records_new > 0 : tr->records > tr->skip_records))) {
 		if (tr->rank == 0) {
 			rl_error("'%s' ended before the first step: %llu records, %d complete groups (--batch %d)",
 			    o->input ? o->input : "-", (unsigned long long)(tr->by_group ? tr->records_new :
@@ -440,6 +501,8 @@ rli_train_fini(trainer *tr, int rv)
 	rl_model_close(tr->m);
 	rl_comm_close(tr->comm);
 	rl_ops_close(tr->ops);
+	if (tr->lockfd > 0)
+		close(tr->lockfd - 1);
 	memset(tr, 0, sizeof *tr);
 	return rv;
 }
@@ -455,10 +518,12 @@ rl_train_run(const rl_train_opts *o)
 	if ((rv = setup(&tr, o)) != 0)
 		return rv;
 	if ((rv = open_model(&tr, dir, sizeof dir, &state)) != 0 ||
-	    (o->resume && (rv = rli_save_load_state(&tr, state, dir)) != 0) ||
+	    (tr.resumed && (rv = rli_save_load_state(&tr, state, dir)) != 0) ||
 	    (tr.world > 1 && (rv = rli_dp_start(&tr)) != 0))
 		goto out;
 	start_step = tr.m->version;
+	tr.t_full = rl_now();
+	tr.have_full = tr.resumed;
 	rl_progress_init(&tr.prog, o->quiet);
 	if ((rv = rli_feed_open(&tr)) != 0 || (rv = rli_metrics_open(&tr)) != 0 || (rv = rli_save_open(&tr, dir)) != 0)
 		goto out;
@@ -475,6 +540,9 @@ rl_train_run(const rl_train_opts *o)
 			rl_info("stopped by a signal after step %d: --resume continues from its checkpoint", tr.m->version);
 	}
 	if ((rv = rli_save_final(&tr, start_step)) != 0)
+		goto out;
+	/* what was trained since the last full checkpoint is covered now */
+	if (tr.qc && (rv = rli_feed_ack(&tr, 0, 1)) != 0)
 		goto out;
 	if (tr.world > 1 && ((rv = rli_dp_check_weights(&tr)) != 0 || (rv = rl_comm_finish(tr.comm)) != 0))
 		goto out;

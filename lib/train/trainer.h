@@ -100,6 +100,8 @@ typedef struct trainer {
 	uint64_t *pend;
 	size_t npend, ipend;
 	int groups_pending;      /* the final checkpoint: tr->groups were not trained */
+	int resumed;             /* this run continues a checkpoint of --out (--resume, or auto) */
+	double t_full;           /* rl_now() of the last full checkpoint (or of the start) */
 	/* groups done: trained, or consumed and dropped (bad, no signal, a skipped
 	 * step), never to be trained again; trainer_state.json "groups_done" */
 	rl_gset done;
@@ -120,7 +122,14 @@ typedef struct trainer {
 	rl_qclient *qc;
 	rl_qlease lease;
 	rl_traj *qt;
-	struct { uint64_t id, lease; } *held;   /* leased records not yet acknowledged */
+	/* leased records not yet acknowledged; trained: in a group done, waiting
+	 * for the full checkpoint that covers it (docs/queue.md, exactly once) */
+	struct { uint64_t id, lease; int trained; } *held;
+	double t_renew;          /* rl_now() of the last renewal of the leases held */
+	double renew_s;          /* renew them this often: a third of the broker's lease (0: not known yet) */
+	int last_full;           /* the last step's checkpoint was a full one */
+	int lockfd;              /* 1 + the descriptor of rl_ckpt_lock_run on --out (0: none) */
+	int have_full;           /* --out holds a full checkpoint of this run (resumed, or saved) */
 	size_t nheld, capheld;
 	uint64_t q_late;
 	int last_gsize;          /* group size seen last (lease sizing) */
@@ -174,9 +183,11 @@ int rli_feed_collect(trainer *tr);
 int rli_feed_mark_done(trainer *tr, uint64_t group);
 /* Queue mode, before a step: renew every lease still held. */
 void rli_feed_renew(trainer *tr);
-/* Queue mode, after a step: acknowledge the trained records, one request
- * per lease; the others stay held.  RL_ENOMEM, else RL_OK. */
-int rli_feed_ack(trainer *tr);
+/* Queue mode, after a step: the step's records are trained (mark); when covered
+ * (the step's checkpoint was a full one) every trained record held is
+ * acknowledged, one request per lease; the others stay held.  RL_ENOMEM,
+ * else RL_OK. */
+int rli_feed_ack(trainer *tr, int mark, int covered);
 /* Releases the step's groups (tr->groups stays allocated). */
 void rli_feed_free_groups(trainer *tr);
 /* Grows *p (of *cap elements of elt bytes) to hold need. */

@@ -6,8 +6,11 @@
 #     runs says so and exits 0 (cron);
 #   - idempotent: a run whose checkpoint has reached STEPS does nothing;
 #   - resumable: the broker journals to OUT/queue (--data-dir), so a restarted
-#     run replays what was put, generated and scored; rl-train --resume goes on
-#     from the newest full checkpoint (optimizer included, --save-every);
+#     run replays what was put, generated and scored; rl-train (its default
+#     --resume auto) goes on from the newest full checkpoint (optimizer
+#     included; one every 10 minutes by default, or SAVE_EVERY steps), and
+#     acknowledges groups to the broker only once a full checkpoint holds
+#     them, so every group is trained exactly once (docs/queue.md);
 #     prompts are put once (ids are the line numbers, so a second put of the
 #     same file is dropped by the broker as duplicates anyway);
 #   - logs under OUT/logs/<start time>/, metrics appended to OUT/metrics.jsonl;
@@ -22,13 +25,14 @@
 #     resumes; so do workers that a driver killed with -9 left behind;
 #   - a run killed between full checkpoints restarts from the last full one
 #     (the newer step directories are removed before anything starts; when
-#     the broker's journal holds a trainer version more than STALENESS beyond
-#     it, which would make every new sample stale, the journal starts over).
+#     the resumed trainer sets the broker's version back to its checkpoint's,
+#     so the samples generated meanwhile are not stale).
 #
 # Environment (the recipe Makefiles set these): MODEL (Hugging Face directory),
 # PROMPTS (JSONL prompt lines), OUT, TASK (rl-reward --task spec), STEPS,
 # BATCH (prompts per step), SAMPLES, LR, TEMP, MAX_TOKENS, DEVICE,
-# GEN_DEVICE, STALENESS, SAVE_EVERY, CHAT (1: chat template), EXTRA_TRAIN,
+# GEN_DEVICE, STALENESS, SAVE_EVERY (unset: rl-train's default, a full
+# checkpoint every 10 minutes), SAVE_MINUTES, CHAT (1: chat template), EXTRA_TRAIN,
 # EXTRA_GEN.  Calls only rl-* programs, sh, awk and flock.
 set -eu
 : "${MODEL:?set MODEL to a Hugging Face model directory}"
@@ -44,7 +48,8 @@ MAX_TOKENS=${MAX_TOKENS:-512}
 DEVICE=${DEVICE:-cuda}
 GEN_DEVICE=${GEN_DEVICE:-$DEVICE}
 STALENESS=${STALENESS:-1}
-SAVE_EVERY=${SAVE_EVERY:-10}
+SAVE_EVERY=${SAVE_EVERY:-}
+SAVE_MINUTES=${SAVE_MINUTES:-}
 CHAT=${CHAT:-1}
 EXTRA_TRAIN=${EXTRA_TRAIN:-}
 EXTRA_GEN=${EXTRA_GEN:-}
@@ -95,8 +100,8 @@ fi
 IDLE_EXIT=${IDLE_EXIT:-1800}
 
 CK=$OUT/ckpt
-# a run killed between full checkpoints (--save-every) leaves newer step
-# directories without optimizer state: rl-train --resume goes on from the
+# a run killed between full checkpoints leaves newer step directories
+# without optimizer state: rl-train goes on from the
 # newest full one and drops those, so they go now, before the generator could
 # load one of them as a version outside the trained lineage
 stepnum() { echo "$1" | sed 's/^.*step-0*//; s/^$/0/'; }
@@ -164,19 +169,6 @@ done
 [ -n "$URL" ] || { echo "recipe: could not start rl-queue serve (see $L/queue.log)" >&2; exit 1; }
 }
 start_broker
-# the trainer version in the journal is never lowered: one beyond the step
-# resumed from + STALENESS (a run killed more than STALENESS steps after its
-# last full checkpoint, whose newer steps went above) makes every sample the
-# resumed run generates stale, regenerated for ever while rl-train waits.
-# Then the journal starts over, and the prompts are put again.
-qv=$(rl-queue stat --json "$URL" 2>/dev/null | sed -n 's/^{"version":\([0-9]*\).*/\1/p')
-if [ "${qv:-0}" -gt $((done_steps + STALENESS)) ]; then
-	echo "recipe: the broker's journal is at version $qv, beyond step $done_steps + STALENESS $STALENESS:" \
-		"starting it over (the prompts are put again)"
-	kill "$Q" 2>/dev/null || true; wait "$Q" 2>/dev/null || true
-	rm -rf "$OUT/queue" "$OUT/.prompts-put"
-	start_broker
-fi
 PIDS="$PIDS $Q"
 echo "$URL" > "$OUT/queue.url"
 echo "$Q" >> "$OUT/pids"
@@ -187,8 +179,6 @@ if [ ! -f "$OUT/.prompts-put" ]; then
 	: > "$OUT/.prompts-put"
 fi
 
-resume=""
-[ "$done_steps" -gt 0 ] && resume=--resume
 chat=""
 [ "$CHAT" = 1 ] && chat=--chat
 # the generator starts from the newest weights there are
@@ -203,8 +193,9 @@ PIDS="$PIDS $!"; REW=$!
 echo "$GEN $REW" >> "$OUT/pids"
 echo "recipe: $(date -u +%FT%TZ) run in $OUT from step $done_steps to $STEPS; logs in $L"
 rc=0
-rl-train -m "$MODEL" --out "$CK" --queue "$URL" $resume --algo grpo --device "$DEVICE" \
-	--batch "$BATCH" --lr "$LR" --max-steps "$STEPS" --save-every "$SAVE_EVERY" --idle-exit "$IDLE_EXIT" \
+rl-train -m "$MODEL" --out "$CK" --queue "$URL" --algo grpo --device "$DEVICE" \
+	--batch "$BATCH" --lr "$LR" --max-steps "$STEPS" ${SAVE_EVERY:+--save-every "$SAVE_EVERY"} \
+	${SAVE_MINUTES:+--save-minutes "$SAVE_MINUTES"} --idle-exit "$IDLE_EXIT" \
 	--metrics "$L/metrics.jsonl" $EXTRA_TRAIN 2>>"$L/train.log" 9>&- &
 TRN=$!
 PIDS="$PIDS $TRN"

@@ -24,7 +24,8 @@ SAMPLES    ?= 8
 LR         ?= 1e-6
 TEMP       ?= 1
 STALENESS  ?= 1
-SAVE_EVERY ?= 10
+SAVE_EVERY ?=
+SAVE_MINUTES ?=
 CHAT       ?= 1
 
 .PHONY: all train eval status clean
@@ -33,7 +34,7 @@ all: train
 train:
 	@MODEL='$(MODEL)' PROMPTS='$(DATA)' OUT='$(OUT)' TASK='$(TASK)' STEPS='$(STEPS)' \
 	 BATCH='$(BATCH)' SAMPLES='$(SAMPLES)' LR='$(LR)' TEMP='$(TEMP)' MAX_TOKENS='$(MAX_TOKENS)' \
-	 DEVICE='$(DEVICE)' STALENESS='$(STALENESS)' SAVE_EVERY='$(SAVE_EVERY)' CHAT='$(CHAT)' \
+	 DEVICE='$(DEVICE)' STALENESS='$(STALENESS)' SAVE_EVERY='$(SAVE_EVERY)' SAVE_MINUTES='$(SAVE_MINUTES)' CHAT='$(CHAT)' \
 	 sh $(TOP)/pipelines/lib/grpo-queue.sh
 
 eval:

@@ -153,7 +153,8 @@ for i in range(4):
 	P=$!; PIDS="$PIDS $P"
 	for i in $(seq 300); do [ -s "$TD/m.jsonl" ] && break; sleep 0.1; done
 	[ -s "$TD/m.jsonl" ]
-	[ ! -e "$TD/ck/step-00000001/optimizer.safetensors" ]   # a step writes weights only (--save-every: last)
+	# the first step of a run is a full checkpoint; the final one rewrites it with the groups held
+	[ -e "$TD/ck/step-00000001/optimizer.safetensors" ]
 	kill_broker
 	ends "$P" 60
 	[ "$ST" -eq 1 ]

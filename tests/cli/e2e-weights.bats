@@ -55,8 +55,10 @@ serve() {
 	# on-policy needs every version: 1..19 came from rl-sync (loaded from memory)
 	for v in 1 2 3 4 6 7 19; do grep -q "weights version $v loaded from '$URL/v$v'" "$TD/rollout.log"; done
 	grep -q 'time: decoding' "$TD/rollout.log"
-	# step directories only every 5 steps; the last one is a full checkpoint
-	[ "$(ls "$TD/ck" | grep -v "^run.yaml$" | tr '\n' ' ')" = "latest step-00000005 step-00000010 step-00000015 step-00000020 " ]
+	# step directories only every 5 steps, and the first (a new run's first full
+	# checkpoint); the last one is a full checkpoint
+	[ "$(ls "$TD/ck" | grep -v "^run.yaml$" | tr '\n' ' ')" = "latest step-00000001 step-00000005 step-00000010 step-00000015 step-00000020 " ]
+	[ -f "$TD/ck/step-00000001/optimizer.safetensors" ]
 	[ -f "$TD/ck/step-00000020/optimizer.safetensors" ]
 	python3 -c '
 import json, sys

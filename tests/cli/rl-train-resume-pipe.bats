@@ -125,14 +125,63 @@ for l in open(sys.argv[1]):
 	once "$O"
 }
 
-@test "rl-rollout --resume: no checkpoint, an older rl-train's checkpoint, groups of several nonces: an error naming it" {
+@test "kill -9 of rl-train in the pipe wiring, then the same command line: resumed from the last full checkpoint, every group trained once" {
+	local O="$TD/k9"
+	# one command line for the start and the restart: rl-rollout --resume and
+	# rl-train's default (--resume auto) start fresh on an empty --out and
+	# continue it after a crash; full checkpoints by time (--save-minutes)
+	cat > "$TD/k9.sh" <<EOF
+python3 -c "
+import sys, time
+for l in open(sys.argv[1]):
+    sys.stdout.write(l); sys.stdout.flush(); time.sleep(0.04)" "$TD/p.jsonl" \\
+  | rl-rollout -m "$TD/m0" --resume "$O" --weights-from "$O" --max-staleness 0 --train-batch 2 -n 4 \\
+      --max-tokens 2 --seed 1 --weights-timeout 60 - \\
+  | rl-reward -q --task 'format:^[a-z]' \\
+  | rl-train -m "$TD/m0" --out "$O" --batch 2 --save-minutes 0.004 --lr 1e-2 --metrics "$O.m"
+EOF
+	setsid bash "$TD/k9.sh" 2> "$O.err1" 3>&- &
+	PIDS="$!"
+	# a full checkpoint, and steps past it
+	for i in $(seq 300); do
+		ls "$O"/step-*/optimizer.safetensors >/dev/null 2>&1 && [ -e "$O/step-00000009" ] && break
+		sleep 0.05
+	done
+	local T
+	T=$(pgrep -f "rl-train -m $TD/m0 --out $O " | head -1)
+	kill -KILL "$T"
+	wait "$PIDS" || true
+	PIDS=""
+	grep -q "nothing to resume in '$O'" "$O.err1"
+	local full
+	full=$(ls -d "$O"/step-*/optimizer.safetensors | tail -1)
+	full=${full%/optimizer.safetensors}
+	full=$((10#${full##*/step-}))
+	[ "$full" -ge 1 ] && [ "$full" -lt 32 ]
+	run -0 --separate-stderr bash "$TD/k9.sh"
+	[[ "$stderr" == *"rl-train: '$O' holds a run: resuming it from step $full"* ]]
+	[[ "$stderr" == *"rl-rollout: resuming from '$O/step-"* ]]
+	once "$O"
+	# time-based saves happened in the restarted run too
+	[ -e "$O/step-00000032/optimizer.safetensors" ]
+}
+
+@test "rl-rollout --resume: nothing to resume starts from the first prompt; step directories without a checkpoint, an older rl-train's checkpoint, groups of several nonces: an error naming it" {
 	mkdir -p "$TD/empty"
-	run -1 --separate-stderr rl-rollout -m "$TD/m0" --resume "$TD/empty" --jsonl "$TD/p.jsonl"
-	[[ "$stderr" == *"rl-rollout: cannot resume: no complete training checkpoint in '$TD/empty'"* ]]
+	# an empty or absent DIR: the run's first start (the same command line resumes it later)
+	for d in empty nothere; do
+		run -0 --separate-stderr rl-rollout -m "$TD/m0" --resume "$TD/$d" --jsonl --max-tokens 1 "$TD/p.jsonl"
+		[[ "$stderr" == *"nothing to resume in '$TD/$d' (no step directory): generating from the first prompt"* ]]
+		[ "$(wc -l <<< "$output")" -eq 64 ]
+	done
+	run -1 --separate-stderr rl-rollout --resume "$TD/empty" --jsonl "$TD/p.jsonl"
+	[[ "$stderr" == *"no model"* ]]
+	# step directories without any full checkpoint: refused
+	mkdir -p "$TD/nofull/step-00000002"
+	run -1 --separate-stderr rl-rollout -m "$TD/m0" --resume "$TD/nofull" --jsonl "$TD/p.jsonl"
+	[[ "$stderr" == *"rl-rollout: cannot resume: no complete training checkpoint in '$TD/nofull'"* ]]
 	[[ "$stderr" == *"hint:"* ]]
 	[ -z "$output" ]
-	run -1 --separate-stderr rl-rollout -m "$TD/m0" --resume "$TD/nothere" --jsonl "$TD/p.jsonl"
-	[[ "$stderr" == *"cannot resume: cannot open '$TD/nothere'"* ]]
 	# a finished run's checkpoint, edited
 	local O="$TD/n"
 	pipe "$O" "" "-q" 2>/dev/null

@@ -144,13 +144,39 @@ sys.stdout.writelines(open(sys.argv[1]).readlines()[:22]); sys.stdout.flush(); t
 	cmp "$TD/ta/step-00000008/model.safetensors" "$TD/tb/step-00000008/model.safetensors"
 }
 
-@test "a new run into an --out holding an earlier run's steps, or into a file, is refused before training" {
+@test "--out holding an earlier run: resumed by default; --fresh refuses it; step directories without a full checkpoint, or a file, are refused before training" {
 	rl-train -q -m "$TD/m0" --out "$TD/old" --batch 2 --max-steps 1 --metrics /dev/null "$TD/scored.jsonl"
-	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/old" --batch 2 --metrics "$TD/old.jsonl" "$TD/scored.jsonl"
-	[[ "$stderr" == *"'$TD/old' already holds 1 step directories of an earlier run (step-00000001, ...)"* ]]
-	[[ "$stderr" == *"hint: continue that run with --resume"* ]]
-	[ ! -s "$TD/old.jsonl" ]
-	[ "$(readlink "$TD/old/latest")" = step-00000001 ]
+	[ -f "$TD/old/step-00000001/optimizer.safetensors" ]
+	# --fresh (--no-resume): never resumes, never trains over the run
+	for f in --fresh --no-resume; do
+		run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/old" --batch 2 $f --metrics "$TD/old.jsonl" "$TD/scored.jsonl"
+		[[ "$stderr" == *"'$TD/old' already holds 1 step directories of an earlier run (step-00000001, ...)"* ]]
+		[[ "$stderr" == *"hint: continue that run with --resume"* ]]
+		[ ! -s "$TD/old.jsonl" ]
+		[ "$(readlink "$TD/old/latest")" = step-00000001 ]
+	done
+	# the default (--resume auto): the same command line continues the run
+	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/old" --batch 2 --max-steps 2 --metrics "$TD/old.jsonl" "$TD/scored.jsonl"
+	[[ "$stderr" == *"'$TD/old' holds a run: resuming it from step 1"* ]]
+	[ "$(wc -l < "$TD/old.jsonl")" -eq 1 ]
+	[ "$(jq -r .step "$TD/old.jsonl")" -eq 2 ]
+	[ "$(readlink "$TD/old/latest")" = step-00000002 ]
+	# and refuses a change of the algorithm's options, as --resume does
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/old" --batch 2 --lr 0.5 --metrics /dev/null "$TD/scored.jsonl"
+	[[ "$stderr" == *"--lr: "*"in the run"* ]]
+	# steps of a run killed before its first full checkpoint: named, kept
+	rm "$TD"/old/step-*/optimizer.safetensors
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/old" --batch 2 --metrics "$TD/old2.jsonl" "$TD/scored.jsonl"
+	[[ "$stderr" == *"'$TD/old' holds 2 step directories (step-00000001 to step-00000002) but no full checkpoint to resume from"* ]]
+	[[ "$stderr" == *"hint: a run killed before its first full checkpoint"* ]]
+	[ ! -s "$TD/old2.jsonl" ]
+	[ -d "$TD/old/step-00000001" ] && [ -d "$TD/old/step-00000002" ]
+	# an explicit --resume still says it finds nothing
+	run -1 --separate-stderr rl-train --out "$TD/old" --batch 2 --resume --metrics /dev/null "$TD/scored.jsonl"
+	[[ "$stderr" == *"no complete training checkpoint"* || "$stderr" == *"cannot resume"* ]]
+	# absent --out: a fresh run; no -m and nothing to resume: named
+	run -1 --separate-stderr rl-train --out "$TD/none" --batch 2 --metrics /dev/null "$TD/scored.jsonl"
+	[[ "$stderr" == *"no model (-m MODEL_DIR) and no checkpoint to resume in --out"* ]]
 	echo hi > "$TD/afile"
 	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/afile" --batch 2 --metrics "$TD/af.jsonl" "$TD/scored.jsonl"
 	[[ "$stderr" == *"--out '$TD/afile' is not a directory"* ]]

@@ -415,6 +415,82 @@ journal_state(rl_queue *q, uint64_t *out)
 	out[RL_QS_COUNT + 4] = s.bytes;
 }
 
+/* RL_QACK_TRAINED: records a trainer trained and holds until a full
+ * checkpoint leave the in-flight count (the staleness gate) once, stay
+ * leased (renewed), and count again when they come back (an expiry). */
+static void
+test_trained(void)
+{
+	rl_queue_config cfg;
+	rl_queue *q;
+	uint64_t lid, lid2, ids[16];
+	rl_qack_result res;
+
+	rl_queue_config_default(&cfg);
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(10, 2, 1, 0, 2, 0, 4), NULL), 0);
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(20, 2, 2, 0, 2, 0, 4), NULL), 0);
+	T_EQ_INT(st(q).inflight, 4);
+	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 2, 1000, &lid, ids), 2);
+	rl_qack_req a = { .lease_id = lid, .kind = RL_QACK_TRAINED, .n = 2 };
+	T_EQ_INT(rl_queue_ack(q, &a, ids, now, &res), 0);
+	T_EQ_INT(res.done, 2);
+	T_OK(res.deadline_ms >= now + cfg.lease_ms, "renewed");
+	T_EQ_INT(st(q).inflight, 2);
+	T_EQ_INT(rl_queue_ack(q, &a, ids, now, &res), 0);   /* a renewal marks again: no change */
+	T_EQ_INT(st(q).inflight, 2);
+	T_EQ_INT(st(q).depth[RL_QS_TRAINING], 2);
+	T_EQ_INT(ack(q, lid, RL_QACK_DONE, NULL), 0);
+	T_EQ_INT(st(q).inflight, 2);
+	T_EQ_INT(st(q).done, 2);
+	/* the other group: trained, then its trainer dies and the lease expires */
+	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 2, 1000, &lid2, ids), 2);
+	a.lease_id = lid2;
+	T_EQ_INT(rl_queue_ack(q, &a, ids, now, &res), 0);
+	T_EQ_INT(st(q).inflight, 0);
+	T_EQ_INT(rl_queue_tick(q, now + 10 * (uint64_t)cfg.lease_ms, NULL), 0);
+	T_EQ_INT(st(q).depth[RL_QS_SCORED], 2);
+	T_EQ_INT(st(q).inflight, 2);
+	rl_queue_close(q);
+}
+
+/* A resumed trainer sets the version back to its checkpoint's: a group
+ * generated for a version the killed trainer reached is not stale then, and
+ * the rewind survives a restart from the journal. */
+static void
+test_rewind(void)
+{
+	rl_queue_config cfg;
+	rl_queue *q;
+	uint64_t v, lid, ids[16];
+
+	snprintf(dir, sizeof dir, "/tmp/rlq-rewind.%d", (int)getpid());
+	rl_queue_config_default(&cfg);
+	cfg.data_dir = dir;
+	cfg.fsync = 0;
+	cfg.max_staleness = 1;
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	T_EQ_INT(put(q, RL_QSTAGE_SCORED, mk(10, 2, 1, 0, 2, 3, 16), NULL), 0);
+	T_EQ_INT(rl_queue_set_version(q, 6, &v), 0);
+	T_EQ_INT(v, 6);
+	T_EQ_INT(rl_queue_set_version(q, 4, &v), 0);
+	T_EQ_INT(v, 6);   /* a plain version never goes back */
+	T_EQ_INT(rl_queue_rewind_version(q, 4, &v), 0);
+	T_EQ_INT(v, 4);
+	T_EQ_INT(rl_queue_rewind_version(q, (uint64_t)RL_QUEUE_MAX_VERSION + 1, &v), RL_EINVAL);
+	T_EQ_INT(v, 4);
+	T_EQ_INT(rl_queue_journal_sync(q), 0);
+	rl_queue_close(q);
+	T_EQ_INT(rl_queue_open(&q, &cfg, now), 0);
+	T_EQ_INT(rl_queue_set_version(q, 0, &v), 0);
+	T_EQ_INT(v, 4);
+	/* version 3 at version 4, K = 1: leased, not dropped as stale (at 6 it was) */
+	T_EQ_INT(lease(q, RL_QSTAGE_SCORED, 2, 0, &lid, ids), 2);
+	T_EQ_INT(st(q).stale_dropped, 0);
+	rl_queue_close(q);
+	rl_io_remove_tree(dir);
+}
+
 static void
 test_journal(void)
 {
@@ -808,6 +884,8 @@ main(void)
 	test_gate();
 	test_bad_and_busy();
 	test_journal();
+	test_rewind();
+	test_trained();
 	test_journal_write_fails();
 	test_journal_compact_fails();
 	test_journal_new_options();

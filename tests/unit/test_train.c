@@ -137,7 +137,12 @@ test_feed(void)
 	tr.held[1].id = 99, tr.held[1].lease = 7;
 	tr.held[2].id = 4, tr.held[2].lease = 8;
 	tr.held[3].id = 98, tr.held[3].lease = 9;
-	T_EQ_INT(rli_feed_ack(&tr), RL_OK);
+	/* not covered by a full checkpoint: trained, still held */
+	T_EQ_INT(rli_feed_ack(&tr, 1, 0), RL_OK);
+	T_EQ_INT(tr.nheld, 4);
+	T_OK(tr.held[0].trained && !tr.held[1].trained && tr.held[2].trained && !tr.held[3].trained);
+	/* covered: acknowledged (no broker here), the others stay in order */
+	T_EQ_INT(rli_feed_ack(&tr, 0, 1), RL_OK);
 	T_EQ_INT(tr.nheld, 2);
 	T_EQ_INT(tr.held[0].id, 99);
 	T_EQ_INT(tr.held[1].id, 98);

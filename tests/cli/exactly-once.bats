@@ -1,0 +1,132 @@
+#!/usr/bin/env bats
+# Exactly once in the queue wiring (docs/queue.md): rl-train acknowledges a
+# group only when a full checkpoint covers it.  kill -9 of the trainer (and
+# of the broker, restarted on its --data-dir) at a seeded random step, then
+# the same command lines again: every group trained exactly once.
+#
+# The count is read off the last checkpoint: grpo drops no group, so the
+# groups trained over the surviving steps number global_step x --batch; with
+# groups_done holding all N groups put and global_step x batch = N, no group
+# was trained twice and none was lost.  The broker agrees: every record done.
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+load model_helper
+load port_helper
+
+setup_file() {
+	export TD="$BATS_FILE_TMPDIR"
+	toy_model "$TD" 3
+	# 30 scored groups of 2 (ids g*10+1, g*10+2), rewards 0 and 1
+	for g in $(seq 1 30); do
+		for i in 0 1; do
+			printf '{"id":%d,"group":%d,"index":%d,"group_size":2,"version":[0,0],"prompt":[1,2],"response":[3,4,5],"reward":%d}\n' \
+			    $((g * 10 + i + 1)) "$g" "$i" "$i"
+		done
+	done > "$TD/scored.jsonl"
+}
+
+setup() {
+	PIDS=""
+}
+
+teardown() {
+	for p in $PIDS; do kill -KILL "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+}
+
+# broker DIR: rl-queue serve on its journal (leases of 1 s, so a killed
+# trainer's come back soon), no staleness gate to hide a count
+broker() {
+	rl-queue serve -q -l "$URL" --data-dir "$1" -k 1000 -t 1 3>&- &
+	QPID=$!
+	PIDS="$PIDS $QPID"
+	for i in $(seq 100); do rl-queue stat --timeout 0.2 "$URL" >/dev/null 2>&1 && return 0; sleep 0.05; done
+	return 1
+}
+
+# feed: the scored groups, one every 0.1 s, each put until the broker (maybe
+# restarted) takes it (a put again is dropped as duplicates); then a mark
+feed() {
+	rm -f "$TD/fed"
+	for g in $(seq 1 30); do
+		sed -n "$((2 * g - 1)),$((2 * g))p" "$TD/scored.jsonl" > "$TD/one.jsonl"
+		until rl-queue put -q -s scored "$URL" "$TD/one.jsonl" 2>/dev/null; do sleep 0.1; done
+		sleep 0.1
+	done
+	touch "$TD/fed"
+}
+
+wait_fed() {
+	for i in $(seq 600); do [ -e "$TD/fed" ] && return 0; sleep 0.1; done
+	return 1
+}
+
+trainer() {
+	exec rl-train -m "$TD/m0" --out "$1" --queue "$URL" --batch 2 --save-every 4 --lr 1e-2 --idle-exit 3 \
+	    --metrics "$1.m" 3>&-
+}
+
+# kill_at O BROKER_TOO: kill -9 the trainer (and the broker) at a seeded step
+kill_at() {
+	local seed=${RL_TEST_SEED:-$RANDOM} O=$1 k
+	k=$((5 + seed % 7))
+	echo "seed $seed: kill -9 at step $k" >&3
+	(trainer "$O") 2> "$O.err1" &
+	T=$!
+	PIDS="$PIDS $T"
+	# the metrics file has a line per step trained (step directories are pruned by --keep)
+	for i in $(seq 3000); do [ "$(cat "$O.m" 2>/dev/null | wc -l)" -ge "$k" ] && break; sleep 0.02; done
+	[ "$(cat "$O.m" 2>/dev/null | wc -l)" -ge "$k" ] || { echo "seed $seed: step $k never came" >&3; cat "$O.err1" >&3
+		ls "$O" >&3; rl-queue stat "$URL" >&3; return 1; }
+	# mid-run: the records come one group every 0.1 s (feed), so it is still waiting for more
+	kill -0 "$T" || { echo "seed $seed: the trainer ended before the kill" >&3; return 1; }
+	kill -KILL "$T"
+	if [ "$2" = 1 ]; then kill -KILL "$QPID"; wait "$QPID" 2>/dev/null || true; broker "$O.q" || return 1; fi
+	wait "$T" 2>/dev/null || true
+	echo "seed $seed" > "$O.seed"
+}
+
+check_once() {
+	python3 - "$1/latest/trainer_state.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+done = set()
+for r in s["groups_done"]:
+    lo, _, hi = r.partition("-")
+    done.update(range(int(lo), int(hi or lo) + 1))
+assert done == set(range(1, 31)), sorted(done)
+assert s["global_step"] * 2 == 30, s["global_step"]
+PY
+	[ $? -eq 0 ] || return 1   # (called after ||: no errexit in here)
+	rl-queue stat --json "$URL" > "$1.stat" || return 1
+	python3 - "$1.stat" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+t = s["total"]
+assert t["done"] == 60 and t["put_scored"] == 60, t
+assert t["stale_dropped"] == 0 and s["depth"]["scored"] == 0 and s["depth"]["training"] == 0, s
+PY
+}
+
+run_case() {
+	local O="$TD/$1"
+	URL="tcp://127.0.0.1:$(free_port)"
+	broker "$O.q" || return 1
+	feed &
+	PIDS="$PIDS $!"
+	kill_at "$O" "$2" || return 1
+	wait_fed || return 1
+	run --separate-stderr bash -c "$(declare -f trainer); URL=$URL TD=$TD trainer $O"
+	[ "$status" -eq 0 ] || { echo "status $status: $stderr" >&3; cat "$O.seed" >&3; return 1; }
+	[[ "$stderr" == *"'$O' holds a run: resuming it from step"* ]] || { echo "$stderr" >&3; cat "$O.seed" >&3; return 1; }
+	check_once "$O" || { cat "$O.seed" >&3; return 1; }
+}
+
+@test "kill -9 of rl-train between full checkpoints, restarted with the same options: every group trained exactly once" {
+	run_case t 0
+}
+
+@test "kill -9 of rl-train and of the broker, both restarted (the broker on its journal): every group trained exactly once" {
+	run_case tb 1
+}
