@@ -61,6 +61,55 @@ overlong_of(const rl_reward_scorer *s, const rl_traj *t, long ntokens, double *p
 	return NULL;
 }
 
+/* Sets obj[name] = v (v owned by obj after, freed on failure). */
+static int
+put_item(cJSON *obj, const char *name, cJSON *v)
+{
+	if (!obj || !v) {
+		cJSON_Delete(v);
+		return RL_ENOMEM;
+	}
+	if (cJSON_GetObjectItemCaseSensitive(obj, name))
+		cJSON_ReplaceItemInObjectCaseSensitive(obj, name, v);
+	else
+		cJSON_AddItemToObject(obj, name, v);
+	return RL_OK;
+}
+
+/* The record's meta with meta.scores.NAME for each component (null when it
+ * failed), meta.scores.overlong when pen is given, and meta.reward_error
+ * when err is. */
+static int
+write_scores(rl_reward_scorer *s, rl_traj *t, cJSON *meta, const double *sc, const int *ok, const double *pen,
+    const char *err)
+{
+	size_t nc = s->ntasks;
+	cJSON *scores = cJSON_GetObjectItemCaseSensitive(meta, "scores");
+	char *text;
+	int rv;
+
+	if (!cJSON_IsObject(scores)) {
+		cJSON_DeleteItemFromObjectCaseSensitive(meta, "scores");
+		scores = cJSON_AddObjectToObject(meta, "scores");
+	}
+	for (size_t i = 0; i < nc + (s->exec != NULL); i++) {
+		const char *name = i < nc ? s->tasks[i].name : "exec";
+		if ((rv = put_item(scores, name, ok[i] ? cJSON_CreateNumber(sc[i]) : cJSON_CreateNull())) != 0)
+			return rv;
+	}
+	if (pen && (rv = put_item(scores, "overlong", cJSON_CreateNumber(*pen))) != 0)
+		return rv;
+	cJSON_DeleteItemFromObjectCaseSensitive(meta, "reward_error");
+	if (err && !cJSON_AddStringToObject(meta, "reward_error", err))
+		return RL_ENOMEM;
+	if (!(text = rl_json_print(meta)))
+		return RL_ENOMEM;
+	/* cJSON printed it: compact, valid JSON, no need to parse it again */
+	rv = rl_traj_set(t, RL_TAG_META, RL_TRAJ_JSON, text, strlen(text));
+	free(text);
+	return rv;
+}
+
 /* Scores one record; er is its --exec result or NULL. */
 static int
 score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
@@ -69,8 +118,8 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 	size_t rn = 0, mn = 0, ntok = 0, nc = s->ntasks;
 	const int32_t *tok;
 	long ntokens = -1;
-	cJSON *meta = NULL, *scores;
-	char err[1024] = "", *text = NULL;
+	cJSON *meta = NULL;
+	char err[1024] = "";
 	double total = 0, sc[RL_REWARD_MAX_TASKS + 1], pen = 0;
 	int ok[RL_REWARD_MAX_TASKS + 1] = { 0 }, failed = 0, bad_truth = 0, rv = 0, has_pen = 0;
 
@@ -150,50 +199,8 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 	}
 
 	/* meta.scores.NAME, meta.reward_error */
-	if (meta) {
-		scores = cJSON_GetObjectItemCaseSensitive(meta, "scores");
-		if (!cJSON_IsObject(scores)) {
-			cJSON_DeleteItemFromObjectCaseSensitive(meta, "scores");
-			scores = cJSON_AddObjectToObject(meta, "scores");
-		}
-		for (size_t i = 0; i < nc + (s->exec != NULL); i++) {
-			const char *name = i < nc ? s->tasks[i].name : "exec";
-			cJSON *v = ok[i] ? cJSON_CreateNumber(sc[i]) : cJSON_CreateNull();
-			if (!scores || !v) {
-				cJSON_Delete(v);
-				rv = RL_ENOMEM;
-				goto out;
-			}
-			if (cJSON_GetObjectItemCaseSensitive(scores, name))
-				cJSON_ReplaceItemInObjectCaseSensitive(scores, name, v);
-			else
-				cJSON_AddItemToObject(scores, name, v);
-		}
-		if (has_pen) {
-			cJSON *v = cJSON_CreateNumber(pen);
-			if (!scores || !v) {
-				cJSON_Delete(v);
-				rv = RL_ENOMEM;
-				goto out;
-			}
-			if (cJSON_GetObjectItemCaseSensitive(scores, "overlong"))
-				cJSON_ReplaceItemInObjectCaseSensitive(scores, "overlong", v);
-			else
-				cJSON_AddItemToObject(scores, "overlong", v);
-		}
-		cJSON_DeleteItemFromObjectCaseSensitive(meta, "reward_error");
-		if (failed && !cJSON_AddStringToObject(meta, "reward_error", err)) {
-			rv = RL_ENOMEM;
-			goto out;
-		}
-		if (!(text = rl_json_print(meta))) {
-			rv = RL_ENOMEM;
-			goto out;
-		}
-		/* cJSON printed it: compact, valid JSON, no need to parse it again */
-		if ((rv = rl_traj_set(t, RL_TAG_META, RL_TRAJ_JSON, text, strlen(text))) != 0)
-			goto out;
-	}
+	if (meta && (rv = write_scores(s, t, meta, sc, ok, has_pen ? &pen : NULL, failed ? err : NULL)) != 0)
+		goto out;
 	if ((rv = rl_traj_set_f32(t, RL_TAG_REWARD, failed ? NAN : (float)total)) != 0 ||
 	    (rv = rl_traj_set_f64(t, RL_TAG_TS_SCORED, rl_wall())) != 0)
 		goto out;
@@ -217,7 +224,6 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 		}
 	}
 out:
-	free(text);
 	cJSON_Delete(meta);
 	return rv;
 }
