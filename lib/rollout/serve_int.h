@@ -45,6 +45,8 @@ typedef struct sv_req {
 	cJSON *body;               /* owned */
 	int n, max_tokens, stream, logprobs, include_usage, has_seed;
 	int token_ids;              /* return_tokens_as_token_ids (vLLM's) */
+	const cJSON *tools;        /* chat "tools" (borrowed from body), or NULL */
+	int tool_parse;            /* parse <tool_call> blocks of the answer (tools, tool_choice "auto") */
 	uint64_t seed;
 	rl_sample_params sp;
 	const char *stop[SV_MAX_STOP]; /* borrowed from body */
