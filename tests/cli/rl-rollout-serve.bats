@@ -551,6 +551,12 @@ PY
 	jq -e '.error.param == "tools"' "$TD/body"
 	[ "$(post /v1/chat/completions '{"model":"toy","max_tokens":1,"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function","function":{}}]}]}')" = 400 ]
 	jq -e '.error.param == "messages"' "$TD/body"
+	# the official openai client: the same round trip in its own types
+	if nm=$(sh tests/cli/serve_fetch.sh); then
+		run -0 env NODE_PATH="$nm" node tests/cli/serve_client.js "$SURL/v1" none toy tools
+		echo "$output"
+		[[ "$output" == *"ok tool_choice required (400"* ]]
+	fi
 }
 
 @test "tools on a model without a chat template of its own: 400, named" {
