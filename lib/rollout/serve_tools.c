@@ -6,8 +6,8 @@
  * parsed back into OpenAI's `tool_calls` as vLLM's hermes tool parser does:
  * the text before the first <tool_call> is the content (null when empty), a
  * last block the model did not close is still read, and when any block is
- * not a JSON object with a string "name" the whole text stays content with
- * no tool calls.
+ * not a JSON object with a string "name" and an "arguments" the whole text
+ * stays content with no tool calls.
  * Leaves out: other families' formats (Llama 3's JSON, Mistral's
  * [TOOL_CALLS], ...), and streaming the calls as they are generated.
  */
@@ -34,11 +34,12 @@ one_call(const char *block, size_t n, const char *rid, int k)
 	free(txt);
 	name = cJSON_GetObjectItemCaseSensitive(j, "name");
 	args = cJSON_GetObjectItemCaseSensitive(j, "arguments");
-	if (!cJSON_IsObject(j) || !cJSON_IsString(name))
+	/* vLLM reads call["name"] and call["arguments"]: either missing fails the parse */
+	if (!cJSON_IsObject(j) || !cJSON_IsString(name) || !args)
 		goto out;
-	/* vLLM writes json.dumps(arguments): a missing one is "null" there too */
-	astr = args ? cJSON_PrintUnformatted(args) : strdup("null");
-	if (!astr)
+	/* the same JSON value, compact as OpenAI writes arguments (vLLM's
+	 * json.dumps puts spaces after ':' and ','; a client parses either) */
+	if (!(astr = cJSON_PrintUnformatted(args)))
 		goto out;
 	/* a stable id per request and position, so a replayed answer is the same */
 	uint64_t h = rl_hash64(rid, strlen(rid), (uint64_t)k + 1);
