@@ -22,12 +22,25 @@
 
 static const char open_tag[] = "<tool_call>", close_tag[] = "</tool_call>";
 
+/* p[0..n) as a new string, or NULL (logged) when there is no memory for it. */
+static char *
+copy(const char *p, size_t n)
+{
+	char *o = rl_try_malloc(n + 1, "tool call text");
+
+	if (o) {
+		memcpy(o, p, n);
+		o[n] = 0;
+	}
+	return o;
+}
+
 /* One call as OpenAI writes it; NULL when BLOCK[0..n) is not a Hermes call
  * (or on no memory: either way the text stays content). */
 static cJSON *
 one_call(const char *block, size_t n, const char *rid, int k)
 {
-	char *txt = strndup(block, n), id[40];
+	char *txt = copy(block, n), id[40];
 	cJSON *j = txt ? cJSON_Parse(txt) : NULL, *name, *args, *o = NULL, *f;
 	char *astr = NULL;
 
@@ -83,10 +96,10 @@ sv_tools_parse(const char *text, const char *rid, char **content, cJSON **calls)
 		}
 	}
 	if (!first) {
-		if (!(*content = strdup(text)))
+		if (!(*content = copy(text, strlen(text))))
 			return RL_ENOMEM;
 	} else if (first > text) {
-		if (!(*content = strndup(text, (size_t)(first - text)))) {
+		if (!(*content = copy(text, (size_t)(first - text)))) {
 			cJSON_Delete(arr);
 			return RL_ENOMEM;
 		}
