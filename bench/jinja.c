@@ -64,8 +64,8 @@ bench_tokenizer(const char *dir, const cJSON *ctx, int repeat, double *render_us
 	const cJSON *x;
 	cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(ctx, "messages"))
 		if (n < 16)
-			m[n++] = (rl_chat_msg){ cJSON_GetObjectItemCaseSensitive(x, "role")->valuestring,
-						cJSON_GetObjectItemCaseSensitive(x, "content")->valuestring, NULL };
+			m[n++] = (rl_chat_msg){ .role = cJSON_GetObjectItemCaseSensitive(x, "role")->valuestring,
+						.content = cJSON_GetObjectItemCaseSensitive(x, "content")->valuestring };
 	rl_tokens ids = { 0 };
 	double t0 = rl_now();
 	for (int i = 0; i < repeat && !rv; i++) {

@@ -222,7 +222,7 @@ rli_prompt_parse_obj(gen *g, cJSON *j, const char *where, const int32_t *pre_ids
 				rv = RL_ENOMEM;
 				goto out;
 			}
-			ch.msgs[0] = (rl_chat_msg){ "user", pr->valuestring, NULL };
+			ch.msgs[0] = (rl_chat_msg){ "user", pr->valuestring, NULL, NULL };
 			ch.n = 1;
 		}
 		if (rv == 0 && (ch.thinking < 0 ? !g->o.no_think : ch.thinking) == 0)
@@ -391,7 +391,7 @@ rl_prompt_chat_line(rl_prompt_chat *ch, cJSON **root, const char *line, size_t l
 	if (*p != '[' && *p != '{') {
 		if (!(ch->msgs = rl_try_calloc(1, sizeof(*ch->msgs), "chat")))
 			return RL_ENOMEM;
-		ch->msgs[0] = (rl_chat_msg){ "user", line, NULL };
+		ch->msgs[0] = (rl_chat_msg){ "user", line, NULL, NULL };
 		ch->n = 1;
 		return 0;
 	}

@@ -10,7 +10,7 @@
  * that fails (the client is gone) drops the request from the engine.
  *
  * New weights (--weights-from, --sync, --weights-group) are polled between
- * steps and loaded as in generation.  Leaves out: TLS, tools.
+ * steps and loaded as in generation.  Leaves out: TLS.
  */
 #include "rollout/serve_int.h"
 
@@ -255,10 +255,11 @@ tokenize(serve *s, sv_req *r, char *msg, size_t ml)
 		if (rv == 0 && (ch.thinking < 0 ? !s->g->o.no_think : ch.thinking) == 0)
 			flags |= RL_TOK_NO_THINKING;
 		if (rv == 0)
-			rv = rl_tokenizer_apply_chat(&ids, s->g->tok, ch.msgs, ch.n, s->g->o.tmpl, flags);
+			rv = rl_tokenizer_apply_chat_tools(&ids, s->g->tok, ch.msgs, ch.n, r->tools, s->g->o.tmpl, flags);
 		/* an episode's calls are matched on the rendered text */
 		if (rv == 0 && r->episode[0])
-			rv = rl_tokenizer_render_chat(&r->ptext, &r->ptlen, s->g->tok, ch.msgs, ch.n, s->g->o.tmpl, flags);
+			rv = rl_tokenizer_render_chat_tools(&r->ptext, &r->ptlen, s->g->tok, ch.msgs, ch.n, r->tools,
+			    s->g->o.tmpl, flags);
 		rl_prompt_chat_fini(&ch);
 		if (rv) {
 			snprintf(msg, ml, "'messages' cannot be rendered with the model's chat template (%s; the "

@@ -4,8 +4,12 @@
  * JSON of answers, stream chunks, model lists and errors, shaped as OpenAI's
  * API documents them (and the `openai` clients read them).
  *
- * Leaves out: tools and tool_choice, top log-probs (top_logprobs > 0, or
- * completions' logprobs > 0), penalties, logit_bias, echo, best_of, suffix,
+ * Tools: the request's "tools" go to the chat template, and with tool_choice
+ * "auto" (the default) the answer's Hermes <tool_call> blocks come back as
+ * tool_calls (serve_tools.c); "none" renders the tools and parses nothing.
+ *
+ * Leaves out: tool_choice "required" or a named function, top log-probs
+ * (top_logprobs > 0, or completions' logprobs > 0), penalties, logit_bias, echo, best_of, suffix,
  * a list of prompts: each is refused with 400 naming the field rather than
  * ignored.
  */
@@ -218,8 +222,6 @@ unsupported(const cJSON *b, char *msg, size_t ml, char *param, size_t pl)
 			FAIL(400, zero_ok[i], "'%s' is not supported by this server (only 0)", zero_ok[i]);
 	if (is_set(v = cJSON_GetObjectItemCaseSensitive(b, "logit_bias")) && cJSON_GetArraySize(v) > 0)
 		FAIL(400, "logit_bias", "'logit_bias' is not supported by this server");
-	if (is_set(v = cJSON_GetObjectItemCaseSensitive(b, "tools")) && cJSON_GetArraySize(v) > 0)
-		FAIL(400, "tools", "'tools' is not supported by this server");
 	if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(b, "echo")))
 		FAIL(400, "echo", "'echo' is not supported by this server");
 	if (is_set(v = cJSON_GetObjectItemCaseSensitive(b, "best_of")) && (!cJSON_IsNumber(v) || v->valuedouble != 1))
@@ -281,6 +283,52 @@ parse_stop(sv_req *r, const cJSON *v, char *msg, size_t ml, char *param, size_t 
 		if (*it->valuestring)
 			r->stop[r->nstop++] = it->valuestring;
 	}
+	return 0;
+}
+
+/* tools / tool_choice, as OpenAI's chat API takes them. */
+static int
+parse_tools(sv_req *r, const cJSON *b, char *msg, size_t ml, char *param, size_t pl)
+{
+	const cJSON *t = cJSON_GetObjectItemCaseSensitive(b, "tools");
+	const cJSON *c = cJSON_GetObjectItemCaseSensitive(b, "tool_choice"), *it;
+	int i = 0;
+
+	if (is_set(t) && r->kind != SV_CHAT)
+		FAIL(400, "tools", "'tools' is a field of /v1/chat/completions");
+	if (is_set(c) && r->kind != SV_CHAT)
+		FAIL(400, "tool_choice", "'tool_choice' is a field of /v1/chat/completions");
+	if (is_set(t)) {
+		if (!cJSON_IsArray(t))
+			FAIL(400, "tools", "'tools' must be a list of tools");
+		cJSON_ArrayForEach(it, t) {
+			const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type");
+			const cJSON *f = cJSON_GetObjectItemCaseSensitive(it, "function");
+			if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") != 0)
+				FAIL(400, "tools", "'tools'[%d]: \"type\" must be \"function\"", i);
+			if (!cJSON_IsObject(f) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(f, "name")))
+				FAIL(400, "tools", "'tools'[%d]: \"function\" must be an object with a string \"name\"", i);
+			i++;
+		}
+		if (i > 0)
+			r->tools = t;
+	}
+	if (is_set(c)) {
+		if (cJSON_IsObject(c))
+			FAIL(400, "tool_choice", "'tool_choice' naming a function is not supported by this server "
+			    "(only \"auto\" and \"none\")");
+		if (!cJSON_IsString(c))
+			FAIL(400, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or an object");
+		if (strcmp(c->valuestring, "required") == 0)
+			FAIL(400, "tool_choice", "'tool_choice' \"required\" is not supported by this server (only "
+			    "\"auto\" and \"none\")");
+		if (strcmp(c->valuestring, "auto") != 0 && strcmp(c->valuestring, "none") != 0)
+			FAIL(400, "tool_choice", "'tool_choice' is \"%.40s\"; it must be \"auto\" or \"none\"",
+			    c->valuestring);
+		if (strcmp(c->valuestring, "auto") == 0 && !r->tools)
+			FAIL(400, "tool_choice", "'tool_choice' \"auto\" needs 'tools'");
+	}
+	r->tool_parse = r->tools && !(cJSON_IsString(c) && strcmp(c->valuestring, "none") == 0);
 	return 0;
 }
 
@@ -366,7 +414,8 @@ sv_parse(serve *s, sv_req *r, char *msg, size_t ml, char *param, size_t pl)
 		r->has_seed = 1;
 	}
 	if ((st = parse_stop(r, cJSON_GetObjectItemCaseSensitive(b, "stop"), msg, ml, param, pl)) != 0 ||
-	    (st = parse_logprobs(r, b, msg, ml, param, pl)) != 0)
+	    (st = parse_logprobs(r, b, msg, ml, param, pl)) != 0 ||
+	    (st = parse_tools(r, b, msg, ml, param, pl)) != 0)
 		return st;
 	v = cJSON_GetObjectItemCaseSensitive(b, "return_tokens_as_token_ids");
 	if (is_set(v) && !cJSON_IsBool(v))
@@ -474,10 +523,25 @@ sv_answer_json(serve *s, sv_req *r)
 		cJSON *e = cJSON_CreateObject();
 		char *txt = sv_final_text(r, c, 0, sv_text_end(r, c));
 		cJSON_AddNumberToObject(e, "index", i);
+		cJSON *calls = NULL;
 		if (r->kind == SV_CHAT) {
 			cJSON *m = cJSON_AddObjectToObject(e, "message");
+			char *content = NULL;
 			cJSON_AddStringToObject(m, "role", "assistant");
-			cJSON_AddStringToObject(m, "content", txt ? txt : "");
+			if (r->tool_parse && txt && sv_tools_parse(txt, r->id, &content, &calls) == 0) {
+				if (content)
+					cJSON_AddStringToObject(m, "content", content);
+				else
+					cJSON_AddNullToObject(m, "content");
+				free(content);
+			} else {
+				cJSON_AddStringToObject(m, "content", txt ? txt : "");
+			}
+			/* vLLM answers an empty list when tools were offered and none called */
+			if (calls)
+				cJSON_AddItemToObject(m, "tool_calls", calls);
+			else if (r->tools)
+				cJSON_AddArrayToObject(m, "tool_calls");
 		} else {
 			cJSON_AddStringToObject(e, "text", txt ? txt : "");
 		}
@@ -486,7 +550,7 @@ sv_answer_json(serve *s, sv_req *r)
 			cJSON_AddItemToObject(e, "logprobs", logprobs_json(s, r, c, 0, c->n));
 		else
 			cJSON_AddNullToObject(e, "logprobs");
-		cJSON_AddStringToObject(e, "finish_reason", finish_reason(c->finish));
+		cJSON_AddStringToObject(e, "finish_reason", calls ? "tool_calls" : finish_reason(c->finish));
 		cJSON_AddItemToArray(chs, e);
 	}
 	add_usage(o, r);
@@ -563,12 +627,65 @@ chunk(serve *s, sv_req *r, int i, int role, const char *text, int lf, int lt, co
 	return put_event(out, o);
 }
 
+/* Bytes of raw[0..n) that may go out as content when tool calls are parsed:
+ * none from the first "<tool_call>" on, nor a tail that may begin one. */
+static size_t
+tool_hold(const uint8_t *p, size_t n)
+{
+	static const char tag[] = "<tool_call>";
+	size_t tl = sizeof tag - 1;
+
+	for (size_t i = 0; i < n; i++) {
+		size_t k = RL_MIN(tl, n - i);
+		if (p[i] == '<' && memcmp(p + i, tag, k) == 0)
+			return i;
+	}
+	return n;
+}
+
+/* The final chunk of a stream whose answer holds tool calls: all the calls
+ * in one delta, each with its index, id, name and whole arguments (the shape
+ * of OpenAI's first delta of a call, the arguments not split). */
+static int
+tool_chunk(serve *s, sv_req *r, int i, cJSON *calls, rl_buf *out)
+{
+	cJSON *o = head(s, r, "chat.completion.chunk"), *e = cJSON_CreateObject(), *d, *it;
+	int k = 0;
+
+	cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), e);
+	cJSON_AddNumberToObject(e, "index", i);
+	d = cJSON_AddObjectToObject(e, "delta");
+	cJSON_ArrayForEach(it, calls)
+		cJSON_AddNumberToObject(it, "index", k++);
+	cJSON_AddItemToObject(d, "tool_calls", calls);
+	cJSON_AddNullToObject(e, "logprobs");
+	cJSON_AddStringToObject(e, "finish_reason", "tool_calls");
+	return put_event(out, o);
+}
+
 int
 sv_stream_chunks(serve *s, sv_req *r, int i, rl_buf *out)
 {
 	sv_choice *c = &r->ch[i];
-	size_t ready = sv_ready_len(r, c);
+	size_t ready = sv_ready_len(r, c), end = ready;
+	cJSON *calls = NULL;
 	int rv = RL_OK;
+
+	if (r->tool_parse) {
+		ready = tool_hold(c->raw.p, ready);
+		if (c->finish && ready < end) {
+			char *txt = sv_final_text(r, c, 0, end), *content = NULL;
+			if (!txt || sv_tools_parse(txt, r->id, &content, &calls) != 0) {
+				free(txt);
+				return RL_ENOMEM;
+			}
+			free(txt);
+			free(content);
+			/* no call parsed: the held text goes out as content */
+			if (!calls)
+				ready = end;
+		}
+	}
 
 	if (!c->started && r->kind == SV_CHAT)
 		rv = chunk(s, r, i, 1, "", 0, 0, NULL, out);
@@ -582,6 +699,9 @@ sv_stream_chunks(serve *s, sv_req *r, int i, rl_buf *out)
 		c->sent = RL_MAX(ready, c->sent);
 		c->lp_sent = c->n;
 	}
+	if (rv == 0 && calls)
+		return tool_chunk(s, r, i, calls, out);
+	cJSON_Delete(calls);
 	if (rv == 0 && c->finish)
 		rv = chunk(s, r, i, 0, r->kind == SV_CHAT ? NULL : "", 0, 0, finish_reason(c->finish), out);
 	return rv;

@@ -45,6 +45,8 @@ typedef struct sv_req {
 	cJSON *body;               /* owned */
 	int n, max_tokens, stream, logprobs, include_usage, has_seed;
 	int token_ids;              /* return_tokens_as_token_ids (vLLM's) */
+	const cJSON *tools;        /* chat "tools" (borrowed from body), or NULL */
+	int tool_parse;            /* parse <tool_call> blocks of the answer (tools, tool_choice "auto") */
 	uint64_t seed;
 	rl_sample_params sp;
 	const char *stop[SV_MAX_STOP]; /* borrowed from body */
@@ -125,6 +127,14 @@ size_t sv_ready_len(const sv_req *r, const sv_choice *c);
 char *sv_final_text(const sv_req *r, const sv_choice *c, size_t from, size_t to);
 /* The end of c's text: before the first stop string when it stopped on one. */
 size_t sv_text_end(const sv_req *r, const sv_choice *c);
+
+/* serve_tools.c */
+/* Hermes <tool_call> blocks of a chat answer's TEXT into *CALLS (OpenAI's
+ * tool_calls array; NULL when there are none or one is malformed, as vLLM's
+ * hermes parser answers) and *CONTENT (the text before the first block, or
+ * the whole text when there are no calls; NULL when that text before is empty).  RID seeds the call ids.
+ * 0 or RL_ENOMEM; the caller frees both. */
+int sv_tools_parse(const char *text, const char *rid, char **content, cJSON **calls);
 
 /* serve_ep.c (engine thread) */
 int sv_ep_begin(serve *s, sv_req *r, const char *text, size_t tlen, char *msg, size_t ml);

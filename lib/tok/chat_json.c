@@ -123,7 +123,9 @@ rl_prompt_chat_parse(rl_prompt_chat *c, const cJSON *msgs, const cJSON *kwargs, 
 			return RL_EFORMAT;
 		}
 		o->role = role->valuestring;
-		if (cJSON_IsString(content)) {
+		if (cJSON_IsArray(tc) && cJSON_GetArraySize(tc) > 0 && (!content || cJSON_IsNull(content))) {
+			o->content = ""; /* a turn of tool calls alone */
+		} else if (cJSON_IsString(content)) {
 			o->content = content->valuestring;
 		} else if (cJSON_IsArray(content)) {
 			int jrv = join_parts(&c->own[c->n], content, what, k);
@@ -143,9 +145,22 @@ rl_prompt_chat_parse(rl_prompt_chat *c, const cJSON *msgs, const cJSON *kwargs, 
 			o->reasoning = rc->valuestring;
 		}
 		if (tc && !cJSON_IsNull(tc) && !(cJSON_IsArray(tc) && cJSON_GetArraySize(tc) == 0)) {
-			rl_error("%s: message %zu: tool calls are not rendered by rlpipe's chat templates", what, k);
-			rl_hint("render such chats beforehand with the model's own template and give the text");
-			return RL_EFORMAT;
+			const cJSON *it;
+			int j = 0;
+			if (!cJSON_IsArray(tc)) {
+				rl_error("%s: message %zu: \"tool_calls\" must be a list", what, k);
+				return RL_EFORMAT;
+			}
+			cJSON_ArrayForEach(it, tc) {
+				const cJSON *f = cJSON_GetObjectItemCaseSensitive(it, "function");
+				j++;
+				if (!cJSON_IsObject(f) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(f, "name"))) {
+					rl_error("%s: message %zu: tool call %d needs a \"function\" with a string \"name\"",
+					    what, k, j);
+					return RL_EFORMAT;
+				}
+			}
+			o->tool_calls = tc;
 		}
 		c->n++;
 	}

@@ -2,8 +2,9 @@
  * chat_json.h — chat messages as JSON datasets write them, parsed into the
  * rl_chat_msg list the chat templates render: prompt lines (lib/rollout) and
  * SFT conversations (lib/train) read them through this one parser.
- * Leaves out: rendering (tokenizer.h), images and other non-text parts, tool
- * calls.
+ * Leaves out: rendering (tokenizer.h), images and other non-text parts.  An
+ * assistant turn's "tool_calls" list is kept as it is (its content may then be
+ * null) for the model's own template to render.
  */
 #ifndef RL_CHAT_JSON_H
 #define RL_CHAT_JSON_H
@@ -36,7 +37,7 @@ typedef struct rl_prompt_chat {
  * and the message and part number, for anything rlpipe cannot render as
  * text: a message without a string "role", a content that is neither text
  * nor a list of parts, a part that is not text (an image_url, audio, ...,
- * named), tool calls, an unknown chat_template_kwargs key.  c is zeroed
+ * named), a tool call without a function name, an unknown chat_template_kwargs key.  c is zeroed
  * first; rl_prompt_chat_fini frees it either way. */
 int rl_prompt_chat_parse(rl_prompt_chat *c, const cJSON *msgs, const cJSON *kwargs, const char *what);
 void rl_prompt_chat_fini(rl_prompt_chat *c); /* accepts NULL */

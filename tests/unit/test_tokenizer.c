@@ -183,7 +183,7 @@ test_bytes(void)
 	T_OK(rl_tokenizer_is_special(t, 259) && !rl_tokenizer_is_special(t, 'a'), "%s", "check");
 	T_OK(roundtrip(t, "\xff\x00\xc3(\xe2\x82 ok <|im_end|>", 21, RL_TOK_SPECIAL), "%s", "check");
 
-	rl_chat_msg m[2] = { { "system", "be brief", NULL }, { "user", "hi <|im_end|>", NULL } };
+	rl_chat_msg m[2] = { { "system", "be brief", NULL , NULL }, { "user", "hi <|im_end|>", NULL , NULL } };
 	rl_tokens v = { 0 };
 	char *text = NULL;
 	size_t len;
@@ -645,7 +645,7 @@ test_template_jinja(void)
 	    "\"{{ bos_token }}{% for m in messages %}[{{ m.role|upper }}] {{ m.content|trim }}{% if m.reasoning_content is "
 	    "defined %}({{ m.reasoning_content }}){% endif %}<|eos|>{% endfor %}{% if add_generation_prompt %}[ASSISTANT]"
 	    "{% endif %}\"}]}";
-	const rl_chat_msg m[2] = { { "user", " hi ", NULL }, { "assistant", "4", "2+2" } };
+	const rl_chat_msg m[2] = { { "user", " hi ", NULL , NULL }, { "assistant", "4", "2+2" , NULL } };
 	rl_tokenizer *t = NULL;
 	char *text = NULL;
 	size_t n = 0;
@@ -716,13 +716,13 @@ test_qwen_rules(void)
 	static const char q3think[] = "<|im_start|> reasoning_content last_query_index </think> "
 				      "'<|im_start|>assistant\\n<think>\\n'";
 	const rl_chat_msg m[] = {
-		{ "user", "q1", NULL },
-		{ "assistant", "<think>\nold\n</think>\n\na1", NULL },
-		{ "user", "q2", NULL },
-		{ "assistant", "\n\nx</think>\n\na2", NULL },
-		{ "tool", "r1", NULL },
-		{ "tool", "r2", NULL },
-		{ "assistant", "a3", "\nwhy\n" },
+		{ "user", "q1", NULL , NULL },
+		{ "assistant", "<think>\nold\n</think>\n\na1", NULL , NULL },
+		{ "user", "q2", NULL , NULL },
+		{ "assistant", "\n\nx</think>\n\na2", NULL , NULL },
+		{ "tool", "r1", NULL , NULL },
+		{ "tool", "r2", NULL , NULL },
+		{ "assistant", "a3", "\nwhy\n" , NULL },
 	};
 	rl_tokenizer *t = NULL;
 	char *s;
@@ -741,7 +741,7 @@ test_qwen_rules(void)
 		    "<|im_start|>assistant\n<think>\n\n</think>\n\n");
 	free(s);
 	/* a role the template would drop */
-	const rl_chat_msg dev[] = { { "developer", "x", NULL } };
+	const rl_chat_msg dev[] = { { "developer", "x", NULL , NULL } };
 	T_OK(render(t, dev, 1, 0) == NULL, "%s", "developer refused");
 	/* explicit chatml: no Qwen rules, no switch */
 	char *text = NULL;

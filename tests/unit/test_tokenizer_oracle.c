@@ -216,7 +216,7 @@ check_qwen_extras(const char *model)
 	}
 	T_EQ_INT(special, 0);
 	T_EQ_INT(think, 1);
-	rl_chat_msg m[2] = { { "system", "You are terse.", NULL }, { "user", "2+2?", NULL } };
+	rl_chat_msg m[2] = { { "system", "You are terse.", NULL , NULL }, { "user", "2+2?", NULL , NULL } };
 	v.n = 0;
 	T_EQ_INT(rl_tokenizer_apply_chat(&v, t, m, 2, RL_CHAT_AUTO, RL_TOK_GEN_PROMPT), 0);
 	T_OK(v.n > 6 && v.ids[0] == 151644 && v.ids[v.n - 3] == 151644, "ChatML prompt shape");
