@@ -185,6 +185,29 @@ write_sel(rl_model *m, const char *path, const int *idx, int n, int opt, rl_st_e
 	return rl_st_write(path, e, ne, meta, opt ? 2 : 1, fill, &fc);
 }
 
+/* The last of writing a model directory: the tokenizer files of the model's
+ * source directory copied beside the weights, then the directory synced. */
+static int
+finish_dir(const rl_model *m, const char *tmp)
+{
+	int rv = RL_OK;
+
+	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files) && rv == RL_OK; k++) {
+		char *src = join(m->src_dir, tok_files[k]);
+		if (access(src, R_OK) == 0) {
+			char *dst = join(tmp, tok_files[k]);
+			rv = copy_file(src, dst);
+			free(dst);
+		}
+		free(src);
+	}
+	if (rv == RL_OK && fsync_path(tmp) != 0) {
+		rl_error("cannot sync '%s': %s", tmp, strerror(errno));
+		rv = RL_EIO;
+	}
+	return rv;
+}
+
 /* A run with LoRA adapters: PEFT's adapter directory (adapter_config.json,
  * adapter_model.safetensors in f32), the value head, and with_optimizer the
  * AdamW state of the trained tensors only; the frozen base is not written
@@ -232,21 +255,7 @@ write_lora_dir(rl_model *m, const char *tmp, int with_optimizer, float *buf)
 		if ((rv = write_text(p, st)) != 0)
 			goto out;
 	}
-	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
-		char *src = join(m->src_dir, tok_files[k]);
-		if (access(src, R_OK) == 0) {
-			free(p);
-			p = join(tmp, tok_files[k]);
-			rv = copy_file(src, p);
-		}
-		free(src);
-		if (rv != 0)
-			goto out;
-	}
-	if (fsync_path(tmp) != 0) {
-		rl_error("cannot sync '%s': %s", tmp, strerror(errno));
-		rv = RL_EIO;
-	}
+	rv = finish_dir(m, tmp);
 out:
 	cJSON_free(js);
 	free(p);
@@ -353,21 +362,7 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 		if (rv != 0)
 			goto out;
 	}
-	for (size_t k = 0; m->src_dir != NULL && k < RL_ARRAY_LEN(tok_files); k++) {
-		char *src = join(m->src_dir, tok_files[k]);
-		if (access(src, R_OK) == 0) {
-			free(p);
-			p = join(tmp, tok_files[k]);
-			rv = copy_file(src, p);
-		}
-		free(src);
-		if (rv != 0)
-			goto out;
-	}
-	if (fsync_path(tmp) != 0) {
-		rl_error("cannot sync '%s': %s", tmp, strerror(errno));
-		rv = RL_EIO;
-	}
+	rv = finish_dir(m, tmp);
 out:
 	cJSON_free(js);
 	free(p);
