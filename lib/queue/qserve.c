@@ -8,6 +8,7 @@
  */
 #include "queue/qserve.h"
 #include "queue/qserve_workers.h"
+#include "base/auth.h"
 #include "base/nngx.h"
 
 #include <cjson/cJSON.h>
@@ -666,6 +667,16 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 		__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
 		reply_error(c, rv, rv == RL_EVERSION ? "unsupported protocol version" : "malformed request header");
 		goto done;
+	}
+	{
+		const char *no;
+		if (rl_qauth_check(p, len, &c->h, &no) != 0) {
+			/* refused before the op: nothing is put, leased or acked */
+			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+			rl_warn("refused a %s request: %s", rl_qop_name(c->h.op), no);
+			reply_error(c, RL_EINVAL, no);
+			goto done;
+		}
 	}
 	body = p + c->h.hdr_len;
 	blen = len - c->h.hdr_len;

@@ -1,0 +1,101 @@
+#!/usr/bin/env bats
+# --auth-key-file on rl-queue: a client with the broker's key puts and leases;
+# one without a key, with another key, a replayed or a stale request is
+# refused with a clear error on both sides and nothing is leased; a key file
+# group or others can read is refused; a key allows a public listen.
+# Requests are also signed by rlq_auth.py with Python's hmac, so the format
+# is checked against an implementation other than lib/base/auth.c.
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+load queue_helper
+
+setup() {
+	D=$(mktemp -d /tmp/rlauth-bats.XXXXXX)
+	PIDS=""
+	write_records "$D"
+	printf 'correct horse battery staple 1\n' > "$D/key"
+	printf 'some other key of enough length\n' > "$D/other"
+	chmod 600 "$D/key" "$D/other"
+}
+
+teardown() {
+	kill_pids
+	rm -rf "$D"
+}
+
+with_key() { RL_AUTH_KEY_FILE=$D/key "$@"; }
+
+start_auth_broker() {
+	for _ in $(seq 5); do
+		URL="tcp://127.0.0.1:$(free_port)"
+		rl-queue serve --listen "$URL" --auth-key-file "$D/key" "$@" 2> "$D/broker.err" 3>&- &
+		BROKER=$!
+		PIDS="$PIDS $BROKER"
+		for _ in $(seq 100); do
+			kill -0 "$BROKER" 2>/dev/null || break
+			with_key rl-queue stat --timeout 0.5 "$URL" >/dev/null 2>&1 && return 0
+			sleep 0.05
+		done
+	done
+	echo "broker did not start" >&2
+	return 1
+}
+
+@test "rl-queue --auth-key-file: the right key puts and leases; no key or a wrong key is refused on both sides and leases nothing" {
+	start_auth_broker
+	run -0 --separate-stderr with_key rl-queue put -q -s scored "$URL" "$D/scored.jsonl"
+	run -1 --separate-stderr rl-queue get "$URL" -s train -n 10
+	[[ $stderr == *"requires a shared key"*"--auth-key-file"* ]]
+	run -1 --separate-stderr env RL_AUTH_KEY_FILE="$D/other" rl-queue get "$URL" -s train -n 10
+	[[ $stderr == *"wrong shared key"* ]]
+	run -1 --separate-stderr rl-queue put -q -s scored "$URL" "$D/scored.jsonl"
+	[[ $stderr == *"requires a shared key"* ]]
+	grep -q 'refused a lease request: this broker requires a shared key' "$D/broker.err"
+	grep -q 'refused a lease request: wrong shared key' "$D/broker.err"
+	# nothing leased or put twice: the four records are still there
+	with_key rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 4 training 0' "$D/st"
+	run -0 --separate-stderr with_key rl-queue get "$URL" -s train -n 10
+	[ "$(printf '%s\n' "$output" | grep -c '"group"')" -eq 4 ]
+}
+
+@test "rl-queue --auth-key-file: a request signed by Python's hmac is accepted; its replay, a stale one and one with another key are refused" {
+	start_auth_broker
+	run -0 python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/key" replay
+	[[ ${lines[0]} == "0 "*" bytes" ]]
+	[[ ${lines[1]} == "1 the request was seen before (a replay)" ]]
+	run -0 python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/key" stale
+	[[ $output == "1 the request's time is more than 300 s away"* ]]
+	run -0 python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/other" stat
+	[[ $output == "1 wrong shared key"* ]]
+}
+
+@test "rl-queue --auth-key-file: a key file group or others can read is refused, naming the file and the mode" {
+	chmod 644 "$D/key"
+	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tcp://127.0.0.1:$(free_port)" --auth-key-file "$D/key"
+	[[ $stderr == *"'$D/key': permissions 0644 are too open"* ]]
+	chmod 640 "$D/key"
+	run -2 --separate-stderr timeout 5 rl-reward --queue "tcp://127.0.0.1:1" --auth-key-file "$D/key"
+	[[ $stderr == *"'$D/key': permissions 0640 are too open"* ]]
+	chmod 600 "$D/key"
+	printf 'short\n' > "$D/short"
+	chmod 600 "$D/short"
+	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tcp://127.0.0.1:$(free_port)" --auth-key-file "$D/short"
+	[[ $stderr == *"'$D/short': the key has 5 bytes; at least 16"* ]]
+	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tcp://127.0.0.1:$(free_port)" --auth-key-file "$D/none"
+	[[ $stderr == *"'$D/none': No such file"* ]]
+}
+
+@test "rl-queue serve: a key is enough for a public listen; without one it is refused" {
+	p=$(free_port)
+	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tcp://0.0.0.0:$p"
+	[[ $stderr == *"not a loopback address"* ]]
+	rl-queue serve --listen "tcp://0.0.0.0:$p" -q --auth-key-file "$D/key" 3>&- &
+	PIDS="$PIDS $!"
+	for _ in $(seq 100); do
+		with_key rl-queue stat --timeout 0.5 "tcp://127.0.0.1:$p" >/dev/null 2>&1 && break
+		sleep 0.05
+	done
+	run -0 with_key rl-queue stat --timeout 0.5 "tcp://127.0.0.1:$p"
+}
