@@ -99,3 +99,43 @@ start_auth_broker() {
 	done
 	run -0 with_key rl-queue stat --timeout 0.5 "tcp://127.0.0.1:$p"
 }
+
+# status code and body of GET http://$1$2, with header $3 when given
+http_code() {
+	python3 - "http://$1$2" "${3:-}" <<'PY'
+import sys, urllib.error, urllib.request
+req = urllib.request.Request(sys.argv[1])
+if sys.argv[2]:
+    k, v = sys.argv[2].split(": ", 1)
+    req.add_header(k, v)
+try:
+    with urllib.request.urlopen(req, timeout=5) as r:
+        print(r.status, r.read()[:40].decode("utf-8", "replace").replace("\n", " "))
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode("utf-8", "replace").strip())
+PY
+}
+
+@test "rl-queue --http with --auth-key-file: /api/stats and /metrics need the key as a bearer token; the page does not" {
+	for _ in $(seq 5); do
+		URL="tcp://127.0.0.1:$(free_port)"
+		HTTP="127.0.0.1:$(free_port)"
+		rl-queue serve --listen "$URL" --http "$HTTP" -q --auth-key-file "$D/key" 3>&- &
+		PIDS="$PIDS $!"
+		for _ in $(seq 100); do
+			http_code "$HTTP" / 2>/dev/null | grep -q '^200' && break 2
+			sleep 0.05
+		done
+	done
+	key=$(head -n 1 "$D/key")
+	run -0 http_code "$HTTP" /api/stats
+	[[ $output == "401 this broker has a shared key: send 'Authorization: Bearer KEY'"* ]]
+	run -0 http_code "$HTTP" /metrics "Authorization: Bearer wrong key of some length"
+	[[ $output == "401 "* ]]
+	run -0 http_code "$HTTP" /api/stats "Authorization: Bearer $key"
+	[[ $output == "200 {"* ]]
+	run -0 http_code "$HTTP" /metrics "Authorization: bearer $key"
+	[[ $output == "200 #"* ]]
+	run -0 http_code "$HTTP" /
+	[[ $output == "200 "* ]]
+}
