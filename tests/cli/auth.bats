@@ -76,8 +76,10 @@ start_auth_broker() {
 	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tcp://127.0.0.1:$(free_port)" --auth-key-file "$D/key"
 	[[ $stderr == *"'$D/key': permissions 0644 are too open"* ]]
 	chmod 640 "$D/key"
-	run -2 --separate-stderr timeout 5 rl-reward --queue "tcp://127.0.0.1:1" --auth-key-file "$D/key"
-	[[ $stderr == *"'$D/key': permissions 0640 are too open"* ]]
+	for c in rl-reward rl-train rl-rollout; do
+		run -2 --separate-stderr timeout 5 $c --queue "tcp://127.0.0.1:1" --auth-key-file "$D/key"
+		[[ $stderr == *"'$D/key': permissions 0640 are too open"* ]]
+	done
 	chmod 600 "$D/key"
 	printf 'short\n' > "$D/short"
 	chmod 600 "$D/short"
