@@ -141,3 +141,20 @@ PY
 	run -0 http_code "$HTTP" /
 	[[ $output == "200 "* ]]
 }
+
+@test "rl-reward --auth-key-file: scores a keyed broker's records; without the key it exits 1 and nothing is leased" {
+	start_auth_broker
+	python3 -c '
+import json
+for i in range(4):
+    print(json.dumps({"id": 100 + i, "group": 7, "index": i, "group_size": 4,
+                      "response_text": "%d" % i, "meta": {"answer": "2", "task": "arith"}}))' > "$D/g4.jsonl"
+	with_key rl-queue put -q --stage generated "$URL" "$D/g4.jsonl"
+	run -1 --separate-stderr timeout 30 rl-reward --queue "$URL" -t arith --idle-exit 2
+	[[ $stderr == *"requires a shared key"* ]]
+	with_key rl-queue stat "$URL" > "$D/st"
+	grep -q 'generated 4 ' "$D/st"
+	run -0 --separate-stderr timeout 30 rl-reward --queue "$URL" -t arith --idle-exit 2 --auth-key-file "$D/key"
+	with_key rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 4 ' "$D/st"
+}
