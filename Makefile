@@ -140,7 +140,7 @@ $(B)/bench/%: $(B)/bench/%.o $(LIB)
 # gnuplot for its curve) and to test (DEB_PKGS); installed when missing.  A
 # package whose command is on PATH from elsewhere (npm bundled with
 # nodesource's nodejs) counts as present.
-BUILD_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev libpcre2-dev libutf8proc-dev libyaml-dev
+BUILD_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev libpcre2-dev libutf8proc-dev libyaml-dev libssl-dev
 DEMO_PKGS := $(BUILD_PKGS) gnuplot-nox
 DEB_PKGS := $(BUILD_PKGS) zstd bats bats-assert bats-support mandoc gnuplot-nox python3 python3-torch \
 	python3-numpy python3-jinja2 libjs-chart.js npm chromium jq
