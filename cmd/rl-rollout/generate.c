@@ -73,7 +73,7 @@ static const char usage_text[] =
     "      --skip-bad          skip bad prompt lines (counted) instead of stopping\n"
     "      --score FIELD       score mode: write per-token log-probs into FIELD\n"
     "      --queue URL         lease prompts from rl-queue and put the trajectories back\n"
-    "      --auth-key-file F   the broker's shared key (a file of mode 600)\n"
+    "      --auth-key-file F   the shared key (mode 600) of the broker and rl-sync\n"
     "      --tls-cert F, --tls-key F, --tls-ca F  for tls+tcp:// --queue and --sync URLs: this\n"
     "                          client's certificate and key, the CA of the server's (PEM)\n"
     "      --idle-exit S       queue mode: exit after S seconds without work (default: run until signalled)\n"

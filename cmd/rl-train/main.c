@@ -102,7 +102,7 @@ static const char usage_text[] =
     "      --weights-group-backend B  auto, cpu, nccl or ipc (default auto: on a loopback address with\n"
     "                                 CUDA: ipc; else nccl on CUDA with NCCL; else cpu)\n"
     "      --queue URL           lease scored groups from rl-queue (acknowledged after each step)\n"
-    "      --auth-key-file F   the broker's shared key (a file of mode 600)\n"
+    "      --auth-key-file F   the shared key (mode 600) of the broker and rl-sync\n"
     "      --tls-cert F, --tls-key F, --tls-ca F  for tls+tcp:// --queue and --sync URLs: this\n"
     "                            client's certificate and key, the CA of the server's (PEM)\n"
     "      --idle-exit S         queue mode: stop after S seconds without records\n"

@@ -158,3 +158,30 @@ for i in range(4):
 	with_key rl-queue stat "$URL" > "$D/st"
 	grep -q 'scored 4 ' "$D/st"
 }
+
+@test "rl-sync --auth-key-file: push and pull with the key; without it or with another key refused on both sides and nothing published" {
+	mkdir -p "$D/ck"
+	head -c 300000 /dev/urandom > "$D/ck/model.safetensors"
+	echo '{"model_type":"gpt2"}' > "$D/ck/config.json"
+	K=(--auth-key-file "$D/key")
+	for _ in 1 2 3; do
+		U="tcp://127.0.0.1:$(free_port)"
+		rl-sync serve --listen "$U" "${K[@]}" --no-shm 3>&- 2>"$D/serve.err" &
+		PIDS="$PIDS $!"
+		for _ in $(seq 50); do rl-sync status "${K[@]}" --timeout 300 "$U" >/dev/null 2>&1 && break 2; sleep 0.1; done
+	done
+	run -1 --separate-stderr rl-sync push "$U" "$D/ck" --version 5
+	[[ $stderr == *"requires a shared key"*"--auth-key-file"* ]]
+	run -1 --separate-stderr rl-sync push --auth-key-file "$D/other" "$U" "$D/ck" --version 6
+	[[ $stderr == *"wrong shared key"* ]]
+	grep -q "refused a request (op .*): this rl-sync server requires a shared key" "$D/serve.err"
+	grep -q "refused a request (op .*): wrong shared key" "$D/serve.err"
+	run -0 rl-sync status "${K[@]}" "$U"
+	assert_output --partial 'latest: 0'
+	run -0 --separate-stderr rl-sync push "${K[@]}" "$U" "$D/ck" --version 8
+	run -1 --separate-stderr rl-sync pull --transport stream "$U" --out "$D/out0"
+	[[ $stderr == *"requires a shared key"* ]]
+	[ ! -e "$D/out0/v000008/model.safetensors" ]
+	run -0 --separate-stderr rl-sync pull "${K[@]}" --transport stream "$U" --out "$D/out"
+	cmp "$D/out/v000008/model.safetensors" "$D/ck/model.safetensors"
+}
