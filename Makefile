@@ -55,7 +55,7 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 RL_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -Ilib -I. $(PKG_CFLAGS) \
 	-DHAVE_CUDA=$(HAVE_CUDA) -DHAVE_NCCL=$(HAVE_NCCL)
-RL_LIBS   := -lnng $(PKG_LIBS) -lpcre2-8 -lutf8proc -lm -lpthread -fopenmp
+RL_LIBS   := -lnng -lcrypto $(PKG_LIBS) -lpcre2-8 -lutf8proc -lm -lpthread -fopenmp
 ifeq ($(HAVE_CUDA),1)
 RL_CFLAGS += -I$(CUDA_HOME)/include
 RL_LIBS   += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++
@@ -140,7 +140,7 @@ $(B)/bench/%: $(B)/bench/%.o $(LIB)
 # gnuplot for its curve) and to test (DEB_PKGS); installed when missing.  A
 # package whose command is on PATH from elsewhere (npm bundled with
 # nodesource's nodejs) counts as present.
-BUILD_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev libpcre2-dev libutf8proc-dev libyaml-dev
+BUILD_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev libpcre2-dev libutf8proc-dev libyaml-dev libssl-dev
 DEMO_PKGS := $(BUILD_PKGS) gnuplot-nox
 DEB_PKGS := $(BUILD_PKGS) zstd bats bats-assert bats-support mandoc gnuplot-nox python3 python3-torch \
 	python3-numpy python3-jinja2 libjs-chart.js npm chromium jq

@@ -7,6 +7,9 @@
  * p50/p99 lease latency, the broker's CPU (cores, and share of all CPU
  * used), and where the broker's time goes (its stats).
  *
+ * RLQ_BENCH_AUTH=KEYFILE: the plain run, then the same with --auth-key-file
+ * on the broker and the clients (what the HMAC of every request costs).
+ *
  * usage: queue [SECONDS] [BIN]   (default 4 s, build/bin/rl-queue)
  */
 #include <pthread.h>
@@ -18,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/auth.h"
 #include "base/nngx.h"
 #include "queue/qclient.h"
 #include "stream/traj.h"
@@ -29,6 +33,7 @@
 
 static char url[64];
 static const char *tls_dir;  /* RLQ_BENCH_TLS */
+static const char *auth_file;  /* RLQ_BENCH_AUTH: a key file for broker and clients */
 static const char *tls_file(const char *name);
 static double duration = 4;
 static volatile int running;
@@ -46,6 +51,8 @@ typedef struct {
 
 /* offsets of the id and group values within each record of a payload */
 static size_t id_off[BATCH], group_off[BATCH];
+static pthread_mutex_t offsets_mtx = PTHREAD_MUTEX_INITIALIZER;
+static int offsets_found;
 
 static void
 find_offsets(const uint8_t *p, size_t n)
@@ -112,10 +119,15 @@ producer(void *arg)
 	rl_traj_batch_payload(b, &pp, &n);
 	p = malloc(n);
 	memcpy(p, pp, n);
-	if (w->k == 0) {
+	/* every producer waits for the offsets: one that wrote ids before they
+	 * were found would overwrite the batch's magic */
+	pthread_mutex_lock(&offsets_mtx);
+	if (!offsets_found) {
 		find_offsets(p, n);
 		rec_bytes = (n - RL_TRAJ_HEADER_LEN) / BATCH;
+		offsets_found = 1;
 	}
+	pthread_mutex_unlock(&offsets_mtx);
 	while (running) {
 		rl_qput_result res;
 		uint64_t g0 = __atomic_fetch_add(&next_group[0], BATCH / GROUP, __ATOMIC_RELAXED);
@@ -234,11 +246,14 @@ run(const char *bin, const char *dir)
 	char *json = NULL;
 
 	snprintf(url, sizeof url, "%s://127.0.0.1:%d", tls_dir ? "tls+tcp" : "tcp",
-		 port + (dir ? 1 : 0) + (compress > 0 ? 2 : 0) + (tls_dir ? 4 : 0));
+		 port + (dir ? 1 : 0) + (compress > 0 ? 2 : 0) + (tls_dir ? 4 : 0) + (auth_file ? 5 : 0));
 	if ((pid = fork()) == 0) {
 		if (tls_dir)
 			execl(bin, bin, "serve", "-q", "--listen", url, "--max-bytes", "2G", "--tls-cert", tls_file("srv.pem"),
 			      "--tls-key", tls_file("srv.key"), "--tls-ca", tls_file("ca.pem"), (char *)NULL);
+		else if (auth_file)
+			execl(bin, bin, "serve", "-q", "--listen", url, "--max-bytes", "2G", "--auth-key-file", auth_file,
+			      (char *)NULL);
 		else if (dir)
 			execl(bin, bin, "serve", "-q", "--listen", url, "--data-dir", dir, "--max-bytes", "2G", (char *)NULL);
 		else
@@ -283,13 +298,13 @@ run(const char *bin, const char *dir)
 		for (size_t k = 0; k < w[i].nlat; k++)
 			all[nall++] = w[i].lat[k];
 	qsort(all, nall, sizeof *all, cmp);
-	printf("{\"bench\":\"queue\",\"tls\":%s,\"data_dir\":%s,\"wire_zstd\":%s,\"seconds\":%.2f,\"record_bytes\":%d,\"batch\":%d,"
+	printf("{\"bench\":\"queue\",\"auth\":%s,\"tls\":%s,\"data_dir\":%s,\"wire_zstd\":%s,\"seconds\":%.2f,\"record_bytes\":%d,\"batch\":%d,"
 	    "\"put_records\":%llu,\"trained_records\":%llu,\"records_per_s\":%.0f,\"mb_per_s\":%.1f,"
 	    "\"lease_p50_ms\":%.3f,\"lease_p99_ms\":%.3f,\"leases\":%zu,"
 	    "\"broker_cpu_cores\":%.2f,\"broker_cpu_share\":%.2f,\"clients_cpu_cores\":%.2f,"
 	    "\"broker_time_s\":{\"state\":%.3f,\"decompress\":%.3f,\"compress\":%.3f,\"journal\":%.3f,\"lock_wait\":%.3f},"
 	    "\"journal_syncs\":%.0f}\n",
-	    tls_dir ? "true" : "false", dir ? "true" : "false", compress > 0 ? "true" : "false", t1 - t0, (int)rec_bytes, BATCH, (unsigned long long)put, (unsigned long long)got,
+	    auth_file ? "true" : "false", tls_dir ? "true" : "false", dir ? "true" : "false", compress > 0 ? "true" : "false", t1 - t0, (int)rec_bytes, BATCH, (unsigned long long)put, (unsigned long long)got,
 	    (double)got / (t1 - t0), (double)got * (double)rec_bytes / 1e6 / (t1 - t0),
 	    nall ? all[nall / 2] * 1e3 : 0, nall ? all[(size_t)(nall * 0.99)] * 1e3 : 0, nall,
 	    (c1 - c0) / (t1 - t0), (c1 - c0) / ((c1 - c0) + (s1 - s0) + 1e-9), (s1 - s0) / (t1 - t0),
@@ -332,6 +347,15 @@ main(int argc, char **argv)
 		return 1;
 	}
 	compress = -1;
+	if (getenv("RLQ_BENCH_AUTH")) {
+		/* the shared key against none: the same run twice */
+		rv = run(bin, NULL);
+		auth_file = getenv("RLQ_BENCH_AUTH");
+		if (rli_auth_set_file(auth_file) != 0)
+			return 1;
+		rv |= run(bin, NULL);
+		return rv;
+	}
 	if (getenv("RLQ_BENCH_TLS")) {
 		const char *d = getenv("RLQ_BENCH_TLS");
 		rv = run(bin, NULL);

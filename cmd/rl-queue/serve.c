@@ -12,6 +12,7 @@
 
 #include "base/cli.h"
 #include "base/core.h"
+#include "base/auth.h"
 #include "base/nngx.h"
 #include "base/io.h"
 #include "queue/qhttp.h"
@@ -54,6 +55,8 @@ static const char usage_text[] =
 	"      --tls-cert FILE      tls+tcp://: this server's certificate (PEM)\n"
 	"      --tls-key FILE       its private key (PEM)\n"
 	"      --tls-ca FILE        require client certificates signed by this CA\n"
+	"      --auth-key-file FILE every request must carry an HMAC of this shared key\n"
+	"                           (mode 600; allows a non-loopback --listen)\n"
 	"  -q, --quiet              print errors only\n"
 	"  -v, --verbose            print more\n"
 	"      --config FILE        options from a YAML file (keys: long options)\n"
@@ -81,7 +84,7 @@ stats_cb(void *arg, char **json)
 }
 
 enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER,
-       OPT_LISTEN_PUBLIC, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_AUTO_HOLD, OPT_AUTO_BUBBLE,
+       OPT_LISTEN_PUBLIC, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_AUTH_KEY, OPT_AUTO_HOLD, OPT_AUTO_BUBBLE,
        OPT_AUTO_DRIFT };
 
 /* --max-staleness K or auto[:MAX] */
@@ -128,6 +131,7 @@ rlq_serve_main(int argc, char **argv)
 		{ "tls-cert", required_argument, NULL, OPT_TLS_CERT },
 		{ "tls-key", required_argument, NULL, OPT_TLS_KEY },
 		{ "tls-ca", required_argument, NULL, OPT_TLS_CA },
+		{ "auth-key-file", required_argument, NULL, OPT_AUTH_KEY },
 		{ "recover-journal", no_argument, NULL, OPT_RECOVER },
 		{ "auto-hold", required_argument, NULL, OPT_AUTO_HOLD },
 		{ "auto-bubble", required_argument, NULL, OPT_AUTO_BUBBLE },
@@ -138,7 +142,7 @@ rlq_serve_main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	rl_qserve_config cfg = { .listen = "tcp://127.0.0.1:7400" };
-	const char *http = NULL, *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
+	const char *http = NULL, *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL, *auth_key = NULL;
 	rl_qserve *s = NULL;
 	rl_qhttp *hs = NULL;
 	int c, rv, http_public = 0, listen_public = 0, verbosity = RL_LOG_NORMAL, auto_opts = 0;
@@ -226,6 +230,7 @@ rlq_serve_main(int argc, char **argv)
 		case OPT_TLS_CERT: tls_cert = optarg; break;
 		case OPT_TLS_KEY: tls_key = optarg; break;
 		case OPT_TLS_CA: tls_ca = optarg; break;
+		case OPT_AUTH_KEY: auth_key = optarg; break;
 		case OPT_RECOVER: cfg.queue.recover = 1; break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
 		case 'v': verbosity++; break;
@@ -245,8 +250,11 @@ rlq_serve_main(int argc, char **argv)
 		    cfg.queue.stale == RL_QSTALE_DROP ? "dropped" : "generated again");
 	if ((tls_cert || tls_key || tls_ca) && rli_nng_tls_files(tls_cert, tls_key, tls_ca) != 0)
 		return 2;
-	/* TLS that checks client certificates protects the socket */
-	if (rli_listen_policy("serve", cfg.listen, strncmp(cfg.listen, "tls+", 4) == 0 && rli_nng_tls_authenticates(),
+	if (auth_key && rli_auth_set_file(auth_key) != 0)
+		return 2;
+	/* TLS that checks client certificates, or the shared key, protects the socket */
+	if (rli_listen_policy("serve", cfg.listen,
+			      rli_auth_key(NULL) || (strncmp(cfg.listen, "tls+", 4) == 0 && rli_nng_tls_authenticates()),
 			      listen_public) != 0)
 		return 2;
 	if (http) {   /* refuse a bad or public address before anything listens */

@@ -9,6 +9,7 @@
  * reward_exec.c's coprocesses, synth.c's arith prompts).  A usage error is
  * base/cli.h's: its message and hint on stderr, exit status 2.
  */
+#include "base/auth.h"
 #include "base/nngx.h"
 #include "base/cli.h"
 #include "base/core.h"
@@ -52,6 +53,7 @@ static const char usage_text[] =
 	"      --timeout SEC        per-record --exec timeout (default 30)\n"
 	"      --batch N            records per scoring round with --exec (default 64 x jobs)\n"
 	"                           or per lease with --queue (default 256)\n"
+	"      --auth-key-file F   the broker's shared key (a file of mode 600)\n"
 	"      --tls-cert F, --tls-key F, --tls-ca F  for a tls+tcp:// --queue URL: this client's\n"
 	"                           certificate and key, the CA of the broker's (PEM)\n"
 	"      --queue URL          lease generated records from rl-queue at URL, put them back\n"
@@ -164,7 +166,7 @@ int
 main(int argc, char **argv)
 {
 	enum { O_EXEC_WEIGHT = 256, O_TIMEOUT, O_BATCH, O_GSM8K_MODE, O_MAX_LENGTH, O_LENGTH_UNIT, O_JSONL,
-	       O_QUEUE, O_IDLE_EXIT, O_BROKER_TIMEOUT, O_TLS_CERT, O_TLS_KEY, O_TLS_CA,
+	       O_QUEUE, O_IDLE_EXIT, O_BROKER_TIMEOUT, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY,
 	       O_OVERLONG_BUFFER, O_OVERLONG_PENALTY, O_MAX_RESPONSE_LEN };
 	static const struct option lo[] = {
 		{ "task", required_argument, 0, 't' },
@@ -185,6 +187,7 @@ main(int argc, char **argv)
 		{ "tls-cert", required_argument, 0, O_TLS_CERT },
 		{ "tls-key", required_argument, 0, O_TLS_KEY },
 		{ "tls-ca", required_argument, 0, O_TLS_CA },
+	{ "auth-key-file", required_argument, 0, O_AUTH_KEY },
 		{ "idle-exit", required_argument, 0, O_IDLE_EXIT },
 		{ "broker-timeout", required_argument, 0, O_BROKER_TIMEOUT },
 		{ "quiet", no_argument, 0, 'q' },
@@ -284,6 +287,7 @@ main(int argc, char **argv)
 		case O_TLS_CERT: rli_nng_tls_opt('c', optarg); break;
 		case O_TLS_KEY: rli_nng_tls_opt('k', optarg); break;
 		case O_TLS_CA: rli_nng_tls_opt('a', optarg); break;
+		case O_AUTH_KEY: rv = rli_auth_set_file(optarg) != 0 ? 2 : 0; break;
 		case O_IDLE_EXIT: rv = rl_cli_double(c, optarg, 0, DBL_MAX, &idle_exit); break;
 		case O_BROKER_TIMEOUT: rv = rl_cli_double(c, optarg, 0, DBL_MAX, &broker_timeout); break;
 		case 'q': verbosity = RL_LOG_QUIET; break;

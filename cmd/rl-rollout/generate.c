@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cmd.h"
+#include "base/auth.h"
 #include "base/nngx.h"
 #include "base/cli.h"
 #include "base/core.h"
@@ -72,6 +73,7 @@ static const char usage_text[] =
     "      --skip-bad          skip bad prompt lines (counted) instead of stopping\n"
     "      --score FIELD       score mode: write per-token log-probs into FIELD\n"
     "      --queue URL         lease prompts from rl-queue and put the trajectories back\n"
+    "      --auth-key-file F   the shared key (mode 600) of the broker and rl-sync\n"
     "      --tls-cert F, --tls-key F, --tls-ca F  for tls+tcp:// --queue and --sync URLs: this\n"
     "                          client's certificate and key, the CA of the server's (PEM)\n"
     "      --idle-exit S       queue mode: exit after S seconds without work (default: run until signalled)\n"
@@ -94,7 +96,7 @@ static const char usage_text[] =
 enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
-	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE,
+	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY, O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE,
 	O_WGBACK, O_DSTEPS, O_RESUME, O_NOTHINK, O_BTIMEOUT, O_ENV, O_ENVPROCS, O_ENVTIMEOUT, O_ENVFRAME, O_MAXTURNS,
 	O_MAXEP, O_ADAPTER
 };
@@ -117,6 +119,7 @@ static const struct option longopts[] = {
 	{ "score", required_argument, 0, O_SCORE }, { "queue", required_argument, 0, O_QUEUE },
 	{ "tls-cert", required_argument, 0, O_TLS_CERT }, { "tls-key", required_argument, 0, O_TLS_KEY },
 	{ "tls-ca", required_argument, 0, O_TLS_CA },
+	{ "auth-key-file", required_argument, 0, O_AUTH_KEY },
 	{ "idle-exit", required_argument, 0, O_IDLE }, { "broker-timeout", required_argument, 0, O_BTIMEOUT },
 	{ "weights-timeout", required_argument, 0, O_WTIMEOUT }, { "sync", required_argument, 0, O_SYNC },
 	{ "sync-transport", required_argument, 0, O_STRANS },
@@ -236,6 +239,7 @@ parse_opt(rl_rollout_opts *o, int c, const char *a, int *verbosity)
 	case O_TLS_CERT: rli_nng_tls_opt('c', a); break;
 	case O_TLS_KEY: rli_nng_tls_opt('k', a); break;
 	case O_TLS_CA: rli_nng_tls_opt('a', a); break;
+	case O_AUTH_KEY: rv = rli_auth_set_file(a) != 0 ? 2 : 0; break;
 	case O_IDLE: rv = rl_cli_double(c, a, 0, 1e9, &o->idle_exit); break;
 	case O_BTIMEOUT: rv = rl_cli_double(c, a, 0, 1e9, &o->broker_timeout); break;
 	case O_WTIMEOUT: rv = rl_cli_double(c, a, 0, 1e9, &o->weights_timeout); break;

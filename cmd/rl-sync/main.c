@@ -14,6 +14,7 @@
 #include "base/core.h"
 #include "base/cli.h"
 #include "base/io.h"
+#include "base/auth.h"
 #include "base/nngx.h"
 #include "sync/wdir.h"
 #include "sync/wsync.h"
@@ -59,6 +60,8 @@ static const char help_text[] =
 	"      --tls-key FILE     its private key (PEM)\n"
 	"      --tls-ca FILE      the CA the other end's certificate must be signed by\n"
 	"                         (serve: clients must present one)\n"
+	"      --auth-key-file F  a shared key (mode 600): serve refuses requests without\n"
+	"                         its HMAC; clients sign theirs (allows a public --listen)\n"
 	"  -n, --version N        push/publish: version number (push default: server's latest + 1);\n"
 	"                         pull: fetch version N instead of the latest\n"
 	"  -D, --delta BASE_DIR   push: send only the XOR against BASE_DIR, the server's latest version\n"
@@ -89,7 +92,7 @@ static const char help_text[] =
 	"      --version          print the program version and exit (alone, before a command)\n"
 	"  -h, --help             this text\n";
 
-enum { OPT_LISTEN_PUBLIC = 256, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA };
+enum { OPT_LISTEN_PUBLIC = 256, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_AUTH_KEY };
 
 static const struct option longopts[] = {
 	{ "listen", required_argument, NULL, 'l' },
@@ -119,6 +122,7 @@ static const struct option longopts[] = {
 	{ "tls-cert", required_argument, NULL, OPT_TLS_CERT },
 	{ "tls-key", required_argument, NULL, OPT_TLS_KEY },
 	{ "tls-ca", required_argument, NULL, OPT_TLS_CA },
+	{ "auth-key-file", required_argument, NULL, OPT_AUTH_KEY },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -162,7 +166,7 @@ cmd_serve(const cfg *c)
 	o.threads = c->threads;
 	o.shm = c->no_shm ? -1 : 0;
 	if (c->listen && rli_listen_policy("serve", c->listen,
-					   strncmp(c->listen, "tls+", 4) == 0 && rli_nng_tls_authenticates(),
+					   rli_auth_key(NULL) || (strncmp(c->listen, "tls+", 4) == 0 && rli_nng_tls_authenticates()),
 					   c->listen_public) != 0)
 		return 2;
 	install_signals();
@@ -377,7 +381,7 @@ main(int argc, char **argv)
 	cfg c = { 0 };
 	int opt, nargs, rv;
 	long long v;
-	const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
+	const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL, *auth_key = NULL;
 
 	c.verbosity = RL_LOG_NORMAL;
 	rl_log_init("rl-sync", RL_LOG_NORMAL);
@@ -437,6 +441,7 @@ main(int argc, char **argv)
 		case OPT_TLS_CERT: tls_cert = optarg; break;
 		case OPT_TLS_KEY: tls_key = optarg; break;
 		case OPT_TLS_CA: tls_ca = optarg; break;
+		case OPT_AUTH_KEY: auth_key = optarg; break;
 		case 'S': c.stored = 1; break;
 		case 'Z': c.stored = -1; break;
 		case 'T':
@@ -459,6 +464,8 @@ main(int argc, char **argv)
 	}
 	rl_log_set_level(c.verbosity);
 	if ((tls_cert || tls_key || tls_ca) && rli_nng_tls_files(tls_cert, tls_key, tls_ca) != 0)
+		return 2;
+	if (auth_key && rli_auth_set_file(auth_key) != 0)
 		return 2;
 	if (optind >= argc)
 		return rl_cli_usage("missing command (serve, push, pull, status or publish)");

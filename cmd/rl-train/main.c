@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/auth.h"
 #include "base/nngx.h"
 #include "base/cli.h"
 #include "train/algo.h"
@@ -114,6 +115,7 @@ static const char usage_text[] =
     "      --weights-group-backend B  auto, cpu, nccl or ipc (default auto: on a loopback address with\n"
     "                                 CUDA: ipc; else nccl on CUDA with NCCL; else cpu)\n"
     "      --queue URL           lease scored groups from rl-queue (acknowledged after each step)\n"
+    "      --auth-key-file F   the shared key (mode 600) of the broker and rl-sync\n"
     "      --tls-cert F, --tls-key F, --tls-ca F  for tls+tcp:// --queue and --sync URLs: this\n"
     "                            client's certificate and key, the CA of the server's (PEM)\n"
     "      --idle-exit S         queue mode: stop after S seconds without records\n"
@@ -153,7 +155,7 @@ enum {
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_PACK, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC,
-	O_TLS_CERT, O_TLS_KEY, O_TLS_CA,
+	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
 	O_PLAN, O_LORAR, O_LORAT, O_LORAA, O_LORAD, O_MERGE, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
 	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH, O_OVERLONG,
@@ -188,6 +190,7 @@ static const struct option longopts[] = {
 	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
 	{ "tls-cert", required_argument, 0, O_TLS_CERT }, { "tls-key", required_argument, 0, O_TLS_KEY },
 	{ "tls-ca", required_argument, 0, O_TLS_CA },
+	{ "auth-key-file", required_argument, 0, O_AUTH_KEY },
 	{ "broker-timeout", required_argument, 0, O_BTIMEOUT },
 	{ "sync", required_argument, 0, O_SYNC }, { "ckpt-every", required_argument, 0, O_CKEVERY },
 	{ "sync-transport", required_argument, 0, O_STRANS },
@@ -367,6 +370,7 @@ main(int argc, char **argv)
 		case O_TLS_CERT: rli_nng_tls_opt('c', a); break;
 		case O_TLS_KEY: rli_nng_tls_opt('k', a); break;
 		case O_TLS_CA: rli_nng_tls_opt('a', a); break;
+		case O_AUTH_KEY: if (rli_auth_set_file(a) != 0) return 2; break;
 		case O_SYNC: o.sync_url = a; break;
 		case O_STRANS:
 			if (rl_wsync_transport_parse(a, &o.sync_transport) != 0)

@@ -4,6 +4,7 @@
  */
 #include "queue/qclient.h"
 #include "base/hash.h"
+#include "base/auth.h"
 #include "base/nngx.h"
 
 #include <nng/nng.h>
@@ -245,7 +246,8 @@ static int
 call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, size_t flen, const void *body,
      size_t blen, uint32_t raw_len, int wait_ms, int retry, rl_qhdr *rh, nng_msg **rep)
 {
-	uint8_t hb[RL_QP_HDR_LEN];
+	uint8_t hb[RL_QP_HDR_LEN], zero[RL_QP_AUTH_HDR_LEN - RL_QP_HDR_LEN] = { 0 };
+	int authed = rli_auth_key(NULL) != NULL;
 	rl_qhdr h = { 0 };
 	nng_msg *m = NULL, *r = NULL;
 	double t_heard = rl_now();   /* the request sent, or the last reply to it (busy) */
@@ -267,9 +269,14 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 	h.arg = arg;
 	h.raw_len = raw_len;
 	h.req_id = ++c->next_req;
+	if (authed) {
+		h.flags |= RL_QF_AUTH;
+		h.hdr_len = RL_QP_AUTH_HDR_LEN;
+	}
 	rl_qhdr_encode(hb, &h);
-	if (nng_msg_alloc(&m, 0) != 0 || nng_msg_reserve(m, sizeof hb + flen + blen) != 0 ||
-	    nng_msg_append(m, hb, sizeof hb) != 0 || (flen && nng_msg_append(m, fixed, flen) != 0) ||
+	if (nng_msg_alloc(&m, 0) != 0 || nng_msg_reserve(m, sizeof hb + sizeof zero + flen + blen) != 0 ||
+	    nng_msg_append(m, hb, sizeof hb) != 0 || (authed && nng_msg_append(m, zero, sizeof zero) != 0) ||
+	    (flen && nng_msg_append(m, fixed, flen) != 0) ||
 	    (blen && nng_msg_append(m, body, blen) != 0)) {
 		if (m)
 			nng_msg_free(m);
@@ -287,6 +294,8 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 		nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, (nng_duration)RL_MAX(1.0, RL_MIN(tmo, left * 1000.0)));
 		nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO,
 		    (nng_duration)RL_MAX(1.0, RL_MIN(c->o.timeout_ms, left * 1000.0)));
+		if (authed)
+			rl_qauth_sign(nng_msg_body(m), nng_msg_len(m));
 		if ((nrv = nng_msg_dup(&send, m)) != 0) {
 			rv = RL_ENOMEM;
 			break;

@@ -6,6 +6,7 @@
  * call the stats callback, which takes the broker's lock briefly.
  */
 #include "queue/qhttp.h"
+#include "base/auth.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 struct rl_qhttp {
@@ -398,6 +400,33 @@ respond(nng_aio *aio, uint16_t status, const char *type, const void *body, size_
 	nng_aio_finish(aio, 0);
 }
 
+/* With a shared key, the data routes (/api/stats, /metrics) need
+ * "Authorization: Bearer KEY"; the page itself holds no data. */
+static int
+authorized(nng_http_req *req)
+{
+	size_t klen, n;
+	const uint8_t *key = rli_auth_key(&klen);
+	const char *v;
+	uint8_t want[RLI_AUTH_MAC_LEN], got[RLI_AUTH_MAC_LEN];
+
+	if (!key)
+		return 1;
+	if (!req || (v = nng_http_req_get_header(req, "Authorization")) == NULL || strncasecmp(v, "Bearer ", 7) != 0)
+		return 0;
+	v += 7;
+	while (*v == ' ')
+		v++;
+	n = strlen(v);
+	while (n && (v[n - 1] == ' ' || v[n - 1] == '\r'))
+		n--;
+	/* compare MACs of both, so the time depends on neither the key's length
+	 * nor where the two differ */
+	rli_auth_mac(want, key, klen, NULL, 0);
+	rli_auth_mac(got, v, n, NULL, 0);
+	return rli_auth_equal(want, got, sizeof want);
+}
+
 static void
 serve_stats(nng_aio *aio, int prom)
 {
@@ -407,6 +436,12 @@ serve_stats(nng_aio *aio, int prom)
 	rl_buf b;
 	int rv;
 
+	if (!authorized(nng_aio_get_input(aio, 0))) {
+		static const char msg[] = "this broker has a shared key: send 'Authorization: Bearer KEY' "
+		    "(the contents of its --auth-key-file)\n";
+		respond(aio, NNG_HTTP_STATUS_UNAUTHORIZED, "text/plain; charset=utf-8", msg, sizeof msg - 1);
+		return;
+	}
 	if ((rv = h->cfg.stats(h->cfg.arg, &json)) != 0) {
 		const char *msg = rl_strerror(rv);
 		respond(aio, NNG_HTTP_STATUS_INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8", msg, strlen(msg));

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <zstd.h>
 
+#include "base/auth.h"
+
 void
 rl_qhdr_encode(uint8_t out[RL_QP_HDR_LEN], const rl_qhdr *h)
 {
@@ -15,7 +17,7 @@ rl_qhdr_encode(uint8_t out[RL_QP_HDR_LEN], const rl_qhdr *h)
 	out[4] = RL_QP_VERSION;
 	out[5] = h->op;
 	rl_le16_put(out + 6, h->flags);
-	rl_le16_put(out + 8, RL_QP_HDR_LEN);
+	rl_le16_put(out + 8, h->hdr_len > RL_QP_HDR_LEN ? h->hdr_len : RL_QP_HDR_LEN);
 	rl_le16_put(out + 10, h->status);
 	rl_le32_put(out + 12, h->raw_len);
 	rl_le64_put(out + 16, h->req_id);
@@ -244,4 +246,36 @@ rl_qop_name(int op)
 	case RL_QOP_REPORT: return "report";
 	default: return "?";
 	}
+}
+
+void
+rl_qauth_sign(uint8_t *msg, size_t len)
+{
+	uint64_t t, nonce;
+
+	rli_auth_stamp(&t, &nonce);
+	rl_le64_put(msg + RL_QP_HDR_LEN, t);
+	rl_le64_put(msg + RL_QP_HDR_LEN + 8, nonce);
+	rli_auth_mac(msg + RL_QP_HDR_LEN + 16, msg, RL_QP_HDR_LEN + 16, msg + RL_QP_AUTH_HDR_LEN,
+	    len - RL_QP_AUTH_HDR_LEN);
+}
+
+int
+rl_qauth_check(const uint8_t *msg, size_t len, const rl_qhdr *h, const char **why)
+{
+	uint8_t mac[RLI_AUTH_MAC_LEN];
+
+	if (!rli_auth_key(NULL))
+		return RL_OK;
+	if (!(h->flags & RL_QF_AUTH) || h->hdr_len < RL_QP_AUTH_HDR_LEN || len < RL_QP_AUTH_HDR_LEN) {
+		*why = "this broker requires a shared key: start the client with --auth-key-file (the same key as the "
+		    "broker's; clients older than the key do not have the option)";
+		return RL_EINVAL;
+	}
+	rli_auth_mac(mac, msg, RL_QP_HDR_LEN + 16, msg + RL_QP_AUTH_HDR_LEN, len - RL_QP_AUTH_HDR_LEN);
+	if (!rli_auth_equal(mac, msg + RL_QP_HDR_LEN + 16, sizeof mac)) {
+		*why = "wrong shared key: the request's HMAC does not match this broker's --auth-key-file";
+		return RL_EINVAL;
+	}
+	return rli_auth_fresh(rl_le64_get(msg + RL_QP_HDR_LEN), rl_le64_get(msg + RL_QP_HDR_LEN + 8), why);
 }

@@ -27,6 +27,14 @@
  *            client then stops reporting; nothing else changes.
  * An error reply has status != 0 and a UTF-8 message as body.
  *
+ * Shared key (--auth-key-file): a request sets RL_QF_AUTH and header length
+ * 80; header bytes 32..79 are u64 time (Unix ns), u64 nonce (random), u8[32]
+ * HMAC-SHA256 with the key over bytes 0..47 then everything from byte 80 (the
+ * fixed part and the body).  A broker with a key refuses a request without
+ * the flag, with a wrong HMAC, a time more than 300 s from its clock or a
+ * (time, nonce) pair it has seen (auth.h), before the op is looked at.  The
+ * version stays 1: a broker without a key skips the longer header.
+ *
  * Leaves out: sockets (qclient.c, qserve.c) and what records mean (queue.c).
  * Everything here is pure and thread-safe.
  */
@@ -42,6 +50,8 @@
 #define RL_QP_MAGIC "RLQP"
 #define RL_QP_VERSION 1
 #define RL_QP_HDR_LEN 32
+/* the header of a request that carries the shared key's proof */
+#define RL_QP_AUTH_HDR_LEN 80
 /* Default bound on one message and on one decompressed body. */
 #define RL_QP_MAX_MSG ((size_t)64 << 20)
 /* Bound on a REPORT body (decompressed): larger ones are refused. */
@@ -61,8 +71,9 @@ enum rl_qop {
 enum rl_qflag {
 	RL_QF_ZSTD = 1,        /* the body is one zstd frame */
 	RL_QF_ACCEPT_ZSTD = 2, /* request: the reply body may be compressed */
-	RL_QF_REWIND = 4       /* VERSION request: arg is the version, even below the broker's
+	RL_QF_REWIND = 4,      /* VERSION request: arg is the version, even below the broker's
 	                        * (a trainer resumed from an older checkpoint) */
+	RL_QF_AUTH = 8         /* request: header bytes 32..79 carry the key's proof */
 };
 
 /* Stages name the state a put moves records into and the state a lease takes
@@ -166,5 +177,13 @@ const char *rl_qstage_name(int stage);   /* "prompt", "generated", "scored"; "?"
  * ("rollout" = prompt, "reward" = generated, "train" = scored); -1 if unknown. */
 int rl_qstage_parse(const char *s);
 const char *rl_qop_name(int op);
+
+/* rl_qauth_sign fills in the proof of a request built with header length
+ * RL_QP_AUTH_HDR_LEN (a fresh time and nonce each call: a retry is signed
+ * anew).  rl_qauth_check: RL_OK when this process has no key or the request's
+ * proof is good and fresh, else RL_EINVAL with why set (a message for the
+ * client). */
+void rl_qauth_sign(uint8_t *msg, size_t len);
+int rl_qauth_check(const uint8_t *msg, size_t len, const rl_qhdr *h, const char **why);
 
 #endif

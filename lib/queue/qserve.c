@@ -8,6 +8,7 @@
  */
 #include "queue/qserve.h"
 #include "queue/qserve_workers.h"
+#include "base/auth.h"
 #include "base/nngx.h"
 
 #include <cjson/cJSON.h>
@@ -668,6 +669,16 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 		reply_error(c, rv, rv == RL_EVERSION ? "unsupported protocol version" : "malformed request header");
 		goto done;
 	}
+	{
+		const char *no;
+		if (rl_qauth_check(p, len, &c->h, &no) != 0) {
+			/* refused before the op: nothing is put, leased or acked */
+			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
+			rl_warn("refused a %s request: %s", rl_qop_name(c->h.op), no);
+			reply_error(c, RL_EINVAL, no);
+			goto done;
+		}
+	}
 	body = p + c->h.hdr_len;
 	blen = len - c->h.hdr_len;
 	switch (c->h.op) {
@@ -802,7 +813,7 @@ fail:
 static void
 probe_listener(rl_qserve *s)
 {
-	uint8_t hb[RL_QP_HDR_LEN];
+	uint8_t hb[RL_QP_HDR_LEN], ahb[RL_QP_AUTH_HDR_LEN] = { 0 };
 	rl_qhdr h = { .op = RL_QOP_PING };
 	nng_msg *m = NULL;
 	nng_dialer d;
@@ -825,8 +836,15 @@ probe_listener(rl_qserve *s)
 	 * listener is stuck */
 	if ((rv = rli_nng_dial(s->probe, s->cfg.listen, &d, NNG_FLAG_NONBLOCK)) != 0)
 		return;
+	if (rli_auth_key(NULL)) {   /* a keyed broker would refuse its own unsigned ping */
+		h.flags = RL_QF_AUTH;
+		h.hdr_len = RL_QP_AUTH_HDR_LEN;
+	}
 	rl_qhdr_encode(hb, &h);
-	rv = nng_send(s->probe, hb, sizeof hb, 0);
+	memcpy(ahb, hb, sizeof hb);
+	if (h.hdr_len)
+		rl_qauth_sign(ahb, sizeof ahb);
+	rv = nng_send(s->probe, ahb, h.hdr_len ? sizeof ahb : sizeof hb, 0);
 	if (rv == 0)
 		rv = nng_recvmsg(s->probe, &m, 0);
 	if (m)

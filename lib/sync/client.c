@@ -6,6 +6,7 @@
  * Leaves out: the service (server.c), the chunk codec (codec.c), the wire
  * helpers both sides use (wire.c).
  */
+#include "base/auth.h"
 #include "base/nngx.h"
 #include "sync/wsync.h"
 #include "sync/wsync_int.h"
@@ -164,24 +165,40 @@ rl_wsync_client_stats(rl_wsync_client *c, rl_wsync_stats *st, int reset)
 /* one request and its reply on (ctx, aio).  *rep holds the reply message
  * (caller frees) when the return is RL_OK or the server's status; h points
  * into it.  Network failures return RL_ETIMEDOUT / RL_ENET, logged by caller. */
+/* 1 for a server's refusal of the shared key (wire.c's messages) */
+static int
+n_auth_refusal(const whdr *h)
+{
+	static const char *const pre[] = { "this rl-sync server requires a shared key", "wrong shared key",
+		"the request was seen before", "the request's time is" };
+
+	for (size_t i = 0; i < sizeof pre / sizeof *pre; i++)
+		if (h->bodyn >= strlen(pre[i]) && memcmp(h->body, pre[i], strlen(pre[i])) == 0)
+			return 1;
+	return 0;
+}
+
 static int
 rpc(rl_wsync_client *c, nng_ctx ctx, nng_aio *aio, uint16_t op, uint64_t version, uint64_t a, uint64_t b,
     const void *b1, size_t n1, const void *b2, size_t n2, int timeout_ms, nng_msg **rep, whdr *h)
 {
 	nng_msg *m;
-	uint8_t hd[WS_HDR];
+	uint8_t hd[WS_HDR], zero[WS_AUTH_HDR - WS_HDR] = { 0 };
 	const char *why;
-	int r, rv;
+	int r, rv, authed = rli_auth_key(NULL) != NULL;
 
 	*rep = NULL;
 	if (nng_msg_alloc(&m, 0) != 0)
 		return RL_ENOMEM;
 	rli_ws_hdr_fill(hd, op, 0, version, a, b);
-	if (nng_msg_reserve(m, WS_HDR + n1 + n2) != 0 || nng_msg_append(m, hd, WS_HDR) != 0 ||
+	if (nng_msg_reserve(m, WS_AUTH_HDR + n1 + n2) != 0 || nng_msg_append(m, hd, WS_HDR) != 0 ||
+	    (authed && nng_msg_append(m, zero, sizeof zero) != 0) ||
 	    (n1 && nng_msg_append(m, b1, n1) != 0) || (n2 && nng_msg_append(m, b2, n2) != 0)) {
 		nng_msg_free(m);
 		return RL_ENOMEM;
 	}
+	if (authed)
+		rli_ws_auth_sign(nng_msg_body(m), nng_msg_len(m));
 	nng_aio_set_timeout(aio, timeout_ms < 0 ? NNG_DURATION_INFINITE : timeout_ms);
 	nng_aio_set_msg(aio, m);
 	nng_ctx_send(ctx, aio);
@@ -210,6 +227,10 @@ rpc(rl_wsync_client *c, nng_ctx ctx, nng_aio *aio, uint16_t op, uint64_t version
 	*rep = m;
 	if (h->status < 0 || h->status >= RL_ERR_COUNT)
 		return RL_EFORMAT;
+	if (h->status == RL_EINVAL && n_auth_refusal(h)) {
+		/* callers name only the op; the server's reason is what to fix */
+		rl_error("'%s': %.*s", c->url, (int)RL_MIN(h->bodyn, (size_t)300), (const char *)h->body);
+	}
 	return h->status;
 }
 

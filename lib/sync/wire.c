@@ -8,6 +8,7 @@
  */
 #include "sync/wsync.h"
 #include "sync/wsync_int.h"
+#include "base/auth.h"
 #include "base/core.h"
 
 #include <errno.h>
@@ -319,4 +320,36 @@ rli_ws_nng_err(int r, const char *what, const char *url)
 	if (r == NNG_EADDRINUSE)
 		rl_hint("another process listens there; pick another port with --listen");
 	return r == NNG_ENOMEM ? RL_ENOMEM : r == NNG_EADDRINVAL || r == NNG_ENOTSUP ? RL_EINVAL : RL_ENET;
+}
+
+void
+rli_ws_auth_sign(uint8_t *msg, size_t len)
+{
+	uint64_t t, nonce;
+
+	put32(msg + 8, WS_AUTH_HDR);
+	rli_auth_stamp(&t, &nonce);
+	put64(msg + WS_HDR, t);
+	put64(msg + WS_HDR + 8, nonce);
+	rli_auth_mac(msg + WS_HDR + 16, msg, WS_HDR + 16, msg + WS_AUTH_HDR, len - WS_AUTH_HDR);
+}
+
+int
+rli_ws_auth_check(const uint8_t *msg, size_t len, const char **why)
+{
+	uint8_t mac[RLI_AUTH_MAC_LEN];
+
+	if (!rli_auth_key(NULL))
+		return RL_OK;
+	if (len < WS_AUTH_HDR || get32(msg + 8) < WS_AUTH_HDR) {
+		*why = "this rl-sync server requires a shared key: start the client with --auth-key-file (the same key "
+		    "as the server's; clients older than the key do not have the option)";
+		return RL_EINVAL;
+	}
+	rli_auth_mac(mac, msg, WS_HDR + 16, msg + WS_AUTH_HDR, len - WS_AUTH_HDR);
+	if (!rli_auth_equal(mac, msg + WS_HDR + 16, sizeof mac)) {
+		*why = "wrong shared key: the request's HMAC does not match this rl-sync server's --auth-key-file";
+		return RL_EINVAL;
+	}
+	return rli_auth_fresh(get64(msg + WS_HDR), get64(msg + WS_HDR + 8), why);
 }

@@ -25,6 +25,15 @@
 #define WS_MAGIC 0x59534c52u /* "RLSY" little-endian */
 #define WS_PROTO 1
 #define WS_HDR 40
+/* A request made with a shared key (--auth-key-file) has header length 88:
+ * bytes 40..47 u64 time (Unix ns), 48..55 u64 nonce, 56..87 HMAC-SHA256
+ * with the key over bytes 0..55 then everything from byte 88.  A keyed
+ * server refuses a request with a shorter header, a wrong HMAC, a stale time
+ * or a seen (time, nonce) (base/auth.h); the protocol version stays 1, as a
+ * server without a key skips the longer header. */
+#define WS_AUTH_HDR 88
+void rli_ws_auth_sign(uint8_t *msg, size_t len);
+int rli_ws_auth_check(const uint8_t *msg, size_t len, const char **why);
 #define WM_MAGIC 0x4d574c52u /* "RLWM": manifest */
 #define WS_WAIT_MAX_MS 30000 /* a parked long-poll is answered at least this often */
 enum { OP_STATUS = 1, OP_WAIT, OP_MANIFEST, OP_CHUNK, OP_PUSH_BEGIN, OP_PUSH_CHUNK, OP_PUSH_COMMIT, OP_DATA,

@@ -1,0 +1,48 @@
+#!/bin/sh
+# bench/auth.sh — what --auth-key-file costs against no key on loopback: the
+# broker's throughput (bench/queue.c, RLQ_BENCH_AUTH) and rl-sync's push and
+# pull bandwidth of a checkpoint (the CLI, stored chunks, no shared memory,
+# best of 3).  JSON lines on stdout.
+# usage: sh bench/auth.sh [SECONDS_PER_QUEUE_RUN] [CHECKPOINT_MB]   (from the repository root)
+set -eu
+SECS=${1:-4}
+MB=${2:-256}
+B=${RL_BUILD:-build}
+T=$(mktemp -d /tmp/rl-auth-bench.XXXXXX)
+PIDS=""
+trap 'for p in $PIDS; do kill "$p" 2>/dev/null || true; done; rm -rf "$T"' EXIT
+
+head -c 32 /dev/urandom | base64 > "$T/key"
+chmod 600 "$T/key"
+RLQ_BENCH_AUTH=$T/key "$B/bench/queue" "$SECS" "$B/bin/rl-queue"
+
+mkdir -p "$T/ck"
+head -c $((MB * 1048576)) /dev/urandom > "$T/ck/model.safetensors"
+echo '{"model_type":"gpt2"}' > "$T/ck/config.json"
+port=$((30000 + $$ % 20000))
+for mode in none key; do
+	port=$((port + 1))
+	U=tcp://127.0.0.1:$port
+	C=""
+	[ $mode = key ] && C="--auth-key-file $T/key"
+	"$B/bin/rl-sync" serve -q --no-shm --listen "$U" $C 3>&- &
+	PIDS="$PIDS $!"
+	i=0
+	until "$B/bin/rl-sync" status $C --timeout 300 "$U" >/dev/null 2>&1; do
+		i=$((i + 1)); [ $i -lt 100 ] || { echo "auth bench: rl-sync serve did not start" >&2; exit 1; }
+		sleep 0.1
+	done
+	best_push=0 best_pull=0
+	for v in 1 2 3; do
+		t0=$(date +%s.%N)
+		"$B/bin/rl-sync" push -q $C --stored --transport stream "$U" "$T/ck" --version $v
+		t1=$(date +%s.%N)
+		rm -rf "$T/out"
+		"$B/bin/rl-sync" pull -q $C --transport stream "$U" --out "$T/out"
+		t2=$(date +%s.%N)
+		cmp -s "$T/out/v$(printf %06d $v)/model.safetensors" "$T/ck/model.safetensors" || { echo "auth bench: pulled bytes differ" >&2; exit 1; }
+		best_push=$(echo "$t0 $t1 $best_push" | awk '{d=$2-$1; print ($3==0||d<$3)?d:$3}')
+		best_pull=$(echo "$t1 $t2 $best_pull" | awk '{d=$2-$1; print ($3==0||d<$3)?d:$3}')
+	done
+	echo "$mode $MB $best_push $best_pull" | awk '{printf "{\"bench\":\"sync-auth\",\"key\":%s,\"mb\":%d,\"push_s\":%.3f,\"pull_s\":%.3f,\"push_mb_per_s\":%.0f,\"pull_mb_per_s\":%.0f}\n", ($1=="key")?"true":"false", $2, $3, $4, $2/$3, $2/$4}'
+done

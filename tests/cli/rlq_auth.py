@@ -1,0 +1,69 @@
+"""rlq_auth.py — signs rl-queue requests with Python's hmac/hashlib (an
+implementation independent of lib/base/auth.c) for tests of --auth-key-file.
+
+  python3 rlq_auth.py tcp://127.0.0.1:PORT KEYFILE stat
+      one STAT request signed with the key; prints "STATUS MESSAGE-or-size"
+  python3 rlq_auth.py tcp://127.0.0.1:PORT KEYFILE replay
+      the same signed STAT request sent twice, byte for byte; prints both
+  python3 rlq_auth.py tcp://127.0.0.1:PORT KEYFILE stale
+      a STAT request signed with a time 10 minutes ago
+"""
+import hashlib
+import hmac
+import os
+import socket
+import struct
+import sys
+import time
+
+OP_STAT = 6
+FLAG_AUTH = 8
+
+
+def _recvn(s, n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise ConnectionError("closed by the broker")
+        b += c
+    return b
+
+
+def signed(key, op, body=b"", t_ns=None):
+    t_ns = time.time_ns() if t_ns is None else t_ns
+    hdr = b"RLQP" + bytes([1, op]) + struct.pack("<HHHI", FLAG_AUTH, 80, 0, len(body))
+    hdr += struct.pack("<QQ", 7, 0) + struct.pack("<QQ", t_ns, int.from_bytes(os.urandom(8), "little"))
+    mac = hmac.new(key, hdr + body, hashlib.sha256).digest()
+    return hdr + mac + body
+
+
+def send(s, msg, rid):
+    m = struct.pack(">I", 0x80000000 | rid) + msg
+    s.sendall(struct.pack(">Q", len(m)) + m)
+    n = struct.unpack(">Q", _recvn(s, 8))[0]
+    rep = _recvn(s, n)[4:]
+    hl = struct.unpack("<H", rep[8:10])[0]
+    status = struct.unpack("<H", rep[10:12])[0]
+    body = rep[hl:]
+    return status, body.decode("utf-8", "replace") if status else "%d bytes" % len(body)
+
+
+def main():
+    url, keyfile, what = sys.argv[1:4]
+    key = open(keyfile, "rb").read().rstrip(b"\r\n")
+    host, port = url[len("tcp://"):].rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(b"\x00SP\x00" + struct.pack(">H", 0x30) + b"\x00\x00")
+    _recvn(s, 8)
+    if what == "stale":
+        msg = signed(key, OP_STAT, t_ns=time.time_ns() - 600 * 10**9)
+    else:
+        msg = signed(key, OP_STAT)
+    print(*send(s, msg, 1))
+    if what == "replay":
+        print(*send(s, msg, 2))
+    s.close()
+
+
+main()

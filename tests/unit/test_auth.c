@@ -1,0 +1,110 @@
+/*
+ * test_auth.c — lib/base/auth.c: the HMAC against RFC 4231's published
+ * HMAC-SHA256 vectors, the key file's checks, the replay guard.
+ */
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/auth.h"
+#include "base/core.h"
+#include "t.h"
+
+static void
+write_key(const char *path, const void *p, size_t n, mode_t mode)
+{
+	FILE *f = fopen(path, "wb");
+
+	fwrite(p, 1, n, f);
+	fclose(f);
+	chmod(path, mode);
+}
+
+static void
+hex(char *out, const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		sprintf(out + 2 * i, "%02x", p[i]);
+}
+
+int
+main(void)
+{
+	char dir[] = "/tmp/rl-test-auth.XXXXXX", path[128], msg[512], hx[65];
+	uint8_t key1[20], mac[RLI_AUTH_MAC_LEN];
+	const char *why = NULL;
+	uint64_t t, n;
+	struct timespec ts;
+	int rv;
+
+	T_BEGIN("auth");
+	rl_log_set_level(RL_LOG_QUIET);
+	T_OK(mkdtemp(dir) != NULL, "mkdtemp");
+	snprintf(path, sizeof path, "%s/key", dir);
+
+	/* RFC 4231 test case 1: key 0x0b x 20, "Hi There" */
+	memset(key1, 0x0b, sizeof key1);
+	write_key(path, key1, sizeof key1, 0600);
+	T_EQ_INT(rli_auth_set_file(path), RL_OK);
+	rli_auth_mac(mac, "Hi ", 3, "There", 5);
+	hex(hx, mac, sizeof mac);
+	T_EQ_STR(hx, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+	/* test case 6: a 131-byte key (longer than the block), one part only */
+	{
+		uint8_t k6[131];
+		const char *d6 = "Test Using Larger Than Block-Size Key - Hash Key First";
+		memset(k6, 0xaa, sizeof k6);
+		write_key(path, k6, sizeof k6, 0400);
+		T_EQ_INT(rli_auth_set_file(path), RL_OK);
+		rli_auth_mac(mac, d6, strlen(d6), NULL, 0);
+		hex(hx, mac, sizeof mac);
+		T_EQ_STR(hx, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+	}
+
+	/* the file's mode, as ssh checks a private key */
+	write_key(path, "0123456789abcdef0123\n", 21, 0644);
+	msg[0] = 0;
+	rl_log_set_level(RL_LOG_NORMAL);
+	T_CAPTURE(rli_auth_set_file(path), &rv, msg);
+	T_EQ_INT(rv, RL_EINVAL);
+	T_OK(strstr(msg, path) && strstr(msg, "permissions 0644 are too open"), "message: %s", msg);
+	chmod(path, 0620);
+	T_CAPTURE(rli_auth_set_file(path), &rv, msg);
+	T_EQ_INT(rv, RL_EINVAL);
+	T_OK(strstr(msg, "permissions 0620"), "message: %s", msg);
+	write_key(path, "short\n", 6, 0600);
+	T_CAPTURE(rli_auth_set_file(path), &rv, msg);
+	T_EQ_INT(rv, RL_EFORMAT);
+	snprintf(path, sizeof path, "%s/none", dir);
+	T_CAPTURE(rli_auth_set_file(path), &rv, msg);
+	T_EQ_INT(rv, RL_ENOENT);
+	rl_log_set_level(RL_LOG_QUIET);
+
+	/* constant-time compare */
+	T_OK(rli_auth_equal("abcd", "abcd", 4), "equal");
+	T_OK(!rli_auth_equal("abcd", "abce", 4), "last byte differs");
+	T_OK(!rli_auth_equal("xbcd", "abcd", 4), "first byte differs");
+
+	/* replay guard: a pair once, a stale time never */
+	rli_auth_stamp(&t, &n);
+	T_EQ_INT(rli_auth_fresh(t, n, &why), RL_OK);
+	T_EQ_INT(rli_auth_fresh(t, n, &why), RL_EINVAL);
+	T_OK(why && strstr(why, "replay"), "why: %s", why ? why : "");
+	T_EQ_INT(rli_auth_fresh(t, n + 1, &why), RL_OK);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	T_EQ_INT(rli_auth_fresh((uint64_t)(ts.tv_sec - 400) * 1000000000ull, 5, &why), RL_EINVAL);
+	T_OK(why && strstr(why, "300 s"), "why: %s", why ? why : "");
+	T_EQ_INT(rli_auth_fresh((uint64_t)(ts.tv_sec + 400) * 1000000000ull, 6, &why), RL_EINVAL);
+
+	rli_auth_clear();
+	T_OK(rli_auth_key(NULL) == NULL, "cleared");
+	snprintf(path, sizeof path, "%s/key", dir);
+	unlink(path);
+	rmdir(dir);
+	T_END();
+}
