@@ -185,3 +185,23 @@ for i in range(4):
 	run -0 --separate-stderr rl-sync pull "${K[@]}" --transport stream "$U" --out "$D/out"
 	cmp "$D/out/v000008/model.safetensors" "$D/ck/model.safetensors"
 }
+
+@test "the queue wiring with a key: rl-rollout, rl-reward and rl-train train a step; rl-rollout and rl-train without it are refused and lease nothing" {
+	start_auth_broker
+	write_model "$D"
+	head -4 "$D/prompts.jsonl" > "$D/p.jsonl"
+	with_key rl-queue put -q "$URL" "$D/p.jsonl"
+	run -1 --separate-stderr timeout 60 rl-rollout -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1
+	[[ $stderr == *"requires a shared key"* ]]
+	with_key rl-queue stat "$URL" > "$D/st"
+	grep -q 'prompt 4 ' "$D/st"
+	timeout 60 rl-rollout -q -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1 --auth-key-file "$D/key"
+	timeout 60 rl-reward -q --queue "$URL" -t arith --idle-exit 1 --auth-key-file "$D/key"
+	run -1 --separate-stderr timeout 60 rl-train -m "$D/m0" --out "$D/ck0" --batch 2 --queue "$URL" --idle-exit 1
+	[[ $stderr == *"requires a shared key"* ]]
+	with_key rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 8 ' "$D/st"
+	run -0 --separate-stderr timeout 120 rl-train -m "$D/m0" --out "$D/ck" --batch 2 --queue "$URL" --idle-exit 1 \
+	    --no-skip-zero-adv --metrics "$D/m.jsonl" --auth-key-file "$D/key"
+	[ "$(wc -l < "$D/m.jsonl")" -ge 1 ]
+}
