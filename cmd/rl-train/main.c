@@ -19,6 +19,7 @@
 #include "train/plan.h"
 #include "model/lora.h"
 #include "plan_print.h"
+#include "eval.h"
 #include "sync/wsync.h"
 
 static const char usage_text[] =
@@ -107,6 +108,12 @@ static const char usage_text[] =
     "      --tfevents DIR        also write TensorBoard event files\n"
     "      --prom-file FILE      keep the last step's metrics in FILE as Prometheus text (for\n"
     "                            node_exporter's textfile collector), replaced atomically\n"
+    "validation (verl's val-core metrics, on the checkpoint just written):\n"
+    "      --eval-prompts FILE   held-out prompt lines (rl-rollout's format), generated greedily\n"
+    "      --eval-task T         the reward task that scores them (rl-reward --task; required)\n"
+    "      --eval-every N        validate every N steps (default 0: only at --max-steps)\n"
+    "      --eval-max-tokens N   response tokens at most (default 256)\n"
+    "      --eval-samples N      validate on the first N prompt lines (default 0: all)\n"
     "      --sync URL            also push each version to rl-sync (tcp://, ipc://) or a directory\n"
     "      --sync-transport T    auto (shared memory to a server on this host, else deltas), shm,\n"
     "                            stream or nng (deltas over the socket), file (default auto)\n"
@@ -159,7 +166,8 @@ enum {
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
 	O_PLAN, O_LORAR, O_LORAT, O_LORAA, O_LORAD, O_MERGE, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
 	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH, O_OVERLONG,
-	O_DPOBETA, O_DPOLOSS, O_LSMOOTH, O_RPO, O_SAVEMIN, O_FRESH
+	O_DPOBETA, O_DPOLOSS, O_LSMOOTH, O_RPO, O_SAVEMIN, O_FRESH,
+	O_EVALP, O_EVALT, O_EVALE, O_EVALM, O_EVALN
 };
 
 static const struct option longopts[] = {
@@ -210,6 +218,9 @@ static const struct option longopts[] = {
 	{ "weights-group", required_argument, 0, O_WGROUP }, { "weights-group-size", required_argument, 0, O_WGSIZE },
 	{ "weights-group-backend", required_argument, 0, O_WGBACK },
 	{ "overlong-filter", no_argument, 0, O_OVERLONG },
+	{ "eval-prompts", required_argument, 0, O_EVALP }, { "eval-task", required_argument, 0, O_EVALT },
+	{ "eval-every", required_argument, 0, O_EVALE }, { "eval-max-tokens", required_argument, 0, O_EVALM },
+	{ "eval-samples", required_argument, 0, O_EVALN },
 	{ "skip-zero-adv", no_argument, 0, O_SKIPZ }, { "no-skip-zero-adv", no_argument, 0, O_NOSKIPZ },
 	{ "beta", required_argument, 0, O_DPOBETA }, { "dpo-loss", required_argument, 0, O_DPOLOSS },
 	{ "label-smoothing", required_argument, 0, O_LSMOOTH }, { "rpo-alpha", required_argument, 0, O_RPO },
@@ -230,6 +241,9 @@ main(int argc, char **argv)
 	const char *dpo_set = NULL;
 	rl_plan_opts po = { 0 };
 	double v;
+	static eval_cfg ev = { .max_tokens = 256 };
+	const char *eval_task = NULL;
+	int eval_every = -1, rc;
 
 	rl_log_init("rl-train", RL_LOG_NORMAL);
 	if (rl_cli_wants_version(argc, argv))
@@ -366,6 +380,11 @@ main(int argc, char **argv)
 		case O_METRICS: o.metrics_path = a; break;
 		case O_TFEV: o.tfevents_dir = a; break;
 		case O_PROM: o.prom_path = a; break;
+		case O_EVALP: ev.prompts = a; break;
+		case O_EVALT: eval_task = a; break;
+		case O_EVALE: INT(0, 1e9); eval_every = (int)v; break;
+		case O_EVALM: INT(1, 1e7); ev.max_tokens = (int)v; break;
+		case O_EVALN: INT(0, 1e9); ev.samples = (int)v; break;
 		case O_QUEUE: o.queue_url = a; break;
 		case O_TLS_CERT: rli_nng_tls_opt('c', a); break;
 		case O_TLS_KEY: rli_nng_tls_opt('k', a); break;
@@ -543,7 +562,16 @@ main(int argc, char **argv)
 		rl_log_init(prog, verbosity);
 		o.comm = &co;
 	}
-	if (rl_train_run(&o) != RL_OK)
+	if (ev.prompts) {
+		if ((rc = eval_setup(&ev, &o, eval_task, eval_every)) != 0)
+			return rc;
+	} else if (eval_task || eval_every >= 0) {
+		return rl_cli_usage("%s needs --eval-prompts FILE", eval_task ? "--eval-task" : "--eval-every");
+	}
+	rc = rl_train_run(&o);
+	if (ev.prompts)
+		eval_fini(&ev);
+	if (rc != RL_OK)
 		return 1;
 	if (rl_io_close_stdout() != 0)
 		return 1;

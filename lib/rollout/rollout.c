@@ -198,7 +198,9 @@ finish(gen *g, int rv)
 	rl_tokenizer_close(g->tok);
 	rl_model_close(g->m);
 	rl_ops_close(g->ops);
-	if (!rv && !stdout_closed && rl_io_close_stdout())
+	/* only when the records went there (rollout.h): a caller with its own
+	 * output on stdout (rl-train's validation) keeps it */
+	if (!rv && !stdout_closed && g->out == stdout && rl_io_close_stdout())
 		rv = RL_EIO;
 	return rv;
 }

@@ -76,6 +76,15 @@ metric3(cJSON *j, trainer *tr, int step, const char *name, double mean, double m
 	metric(j, tr, step, k, min);
 }
 
+/* The validation hook's metrics go where the step's do. */
+struct eval_put { cJSON *j; trainer *tr; int step; };
+static void
+eval_put(void *pctx, const char *name, double v)
+{
+	struct eval_put *ep = pctx;
+	metric(ep->j, ep->tr, ep->step, name, v);
+}
+
 /* The step's metrics as Prometheus text (exposition format 0.0.4), for
  * node_exporter's textfile collector or any scraper of a file: one gauge per
  * key, "rltrain_" and the key with every character outside [a-zA-Z0-9_]
@@ -304,6 +313,16 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	metric(j, tr, step, "train/sequences", S);
 	metric(j, tr, step, "train/groups_dropped_no_signal", (double)tr->dropped_nosignal);
 	metric(j, tr, step, "train/steps_skipped", (double)tr->steps_skipped);
+	if (o->eval_fn && tr->rank == 0 && ((o->eval_every > 0 && step % o->eval_every == 0) ||
+	    (o->max_steps > 0 && step == o->max_steps))) {
+		char dir[4096];
+		struct eval_put ep = { j, tr, step };
+		snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, step);
+		if ((err = o->eval_fn(o->eval_ctx, step, dir, eval_put, &ep)) != 0) {
+			cJSON_Delete(j);
+			return err;
+		}
+	}
 	if (o->prom_path && (err = prom_write(j, o->prom_path)) != 0) {
 		cJSON_Delete(j);
 		return err;

@@ -15,6 +15,14 @@
  * (and refuses an --out with step directories). */
 enum { RL_RESUME_AUTO = 0, RL_RESUME_YES = 1, RL_RESUME_NO = 2 };
 
+/* Validation hook (docs/train.md, "Validation"): called on rank 0 after step
+ * `step`'s checkpoint ckpt_dir is written, every eval_every steps and at
+ * --max-steps; it adds its metrics (val-core/...) to the step's line through
+ * put.  lib/train does not generate: the command supplies the generator. */
+typedef void (*rl_train_put_fn)(void *pctx, const char *name, double v);
+typedef int (*rl_train_eval_fn)(void *ctx, int step, const char *ckpt_dir, rl_train_put_fn put,
+    void *pctx);
+
 typedef struct rl_train_opts {
 	/* model and output */
 	const char *model_dir;     /* -m: initial policy (ignored on --resume with a checkpoint) */
@@ -93,6 +101,10 @@ typedef struct rl_train_opts {
 	int lora_rank;             /* 0: full fine-tuning */
 	float lora_alpha;          /* scaling alpha / rank (PEFT's default 8) */
 	float lora_dropout;        /* on the adapters' input (0) */
+	/* validation (eval_fn NULL: none) */
+	rl_train_eval_fn eval_fn;
+	void *eval_ctx;
+	int eval_every;            /* steps between validations (0: at --max-steps only) */
 	unsigned lora_targets;     /* bits RL_LORA_Q.. (PEFT's default for Llama/Qwen: q_proj, v_proj) */
 } rl_train_opts;
 
