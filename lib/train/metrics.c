@@ -170,35 +170,39 @@ data_metrics(cJSON *j, trainer *tr, int step)
 	metric3(j, tr, step, "prompt_length", ss_mean(&plen), ss_max(&plen), ss_min(&plen));
 }
 
-int
-rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t_step, double t_upd,
-    double t_wait, int nupdates)
+/* This rank's AdamW state and what it allocated for the model (as rl-train
+ * --plan counts it), resident memory now and at its peak. */
+static void
+memory_metrics(cJSON *j, trainer *tr, int step)
+{
+	struct rusage ru;
+	size_t nopt = tr->zero ? tr->zhi - tr->zlo : tr->m->tt.total - tr->m->goff;
+	metric(j, tr, step, "memory/optimizer_state_mb", 2.0 * (double)nopt * sizeof(float) / (1 << 20));
+	size_t slots = tr->m->tt.total;
+	double wb = 4.0 * (double)slots;
+	if (tr->m->w != (void *)tr->m->params)
+		wb += (double)slots * (double)rl_dtype_size(tr->m->ops->act_dtype);
+	metric(j, tr, step, "memory/weights_mb", wb / (1 << 20));
+	metric(j, tr, step, "memory/grads_mb", tr->m->grads ? 4.0 * (double)(slots - tr->m->goff) / (1 << 20) : 0);
+	metric(j, tr, step, "memory/activations_mb", (double)rl_model_act_bytes(tr->m) / (1 << 20));
+	long pages = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+	if (f && fscanf(f, "%*s %ld", &pages) == 1)
+		metric(j, tr, step, "memory/rss_mb", (double)pages * (double)sysconf(_SC_PAGESIZE) / (1 << 20));
+	if (f)
+		fclose(f);
+	if (getrusage(RUSAGE_SELF, &ru) == 0)
+		metric(j, tr, step, "memory/max_rss_mb", ru.ru_maxrss / 1024.0);
+}
+
+/* The loss terms of the step, under the names of verl (policy gradient, PPO's
+ * critic), TRL (dpo, rm) or rlpipe (sft); nt is the trained token count (NaN
+ * when none). */
+static void
+loss_metrics(cJSON *j, trainer *tr, int step, const mstat *ms, int nupdates, double nt)
 {
 	const rl_train_opts *o = tr->o;
-	cJSON *j;
-	int step = tr->m->version, S = tr->nseq, err;
-	double stal = 0, stalmax = 0;
-	long ntok = 0, nresp = 0;
-	char *txt;
 
-	if (!(j = cJSON_CreateObject()))
-		return RL_ENOMEM;
-	for (int i = 0; i < S; i++) {
-		rl_sample *s = tr->seq[i].s;
-		ntok += s->plen + s->rlen;
-		nresp += s->rlen;
-		if (s->ver_first >= 0) {
-			/* the policy that generated it vs the one being updated (version = step before update) */
-			double d = (step - 1) - s->ver_first;
-			stal += d;
-			stalmax = fmax(stalmax, d);
-		}
-	}
-	/* the token statistics cover the trained tokens (not the skipped ones);
-	 * none trained: null, not a 0 that reads as a measured value */
-	double nt = ms->ntok > 0 ? ms->ntok : NAN;
-	cJSON_AddNumberToObject(j, "step", step);
-	metric(j, tr, step, "training/global_step", step);
 	if (o->algo == RL_ALGO_SFT) {
 		metric(j, tr, step, "actor/sft_loss", ms->ce / nt);
 	} else if (o->algo == RL_ALGO_DPO) {
@@ -231,34 +235,74 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	}
 	if (o->algo != RL_ALGO_DPO && o->algo != RL_ALGO_RM)   /* no entropy computed */
 		metric(j, tr, step, "actor/entropy", ms->ent / nt);
+}
+
+/* PPO's critic: value loss and clipping, and the values over the sampled
+ * tokens; runs after data_metrics, since it packs val_tok/ret_tok in place. */
+static void
+critic_metrics(cJSON *j, trainer *tr, int step, const mstat *ms, int nupdates, double nt)
+{
+	int S = tr->nseq, ntk = S ? tr->seq[S - 1].toff + tr->seq[S - 1].s->rlen : 0;
+	rl_stat3 vs = tok_stat(tr, tr->val_tok);
+
+	if (tr->has_mask) {
+		/* over the sampled tokens only: pack them to the front (V_old and the
+		 * returns are not used again after the step's updates) */
+		int k = 0;
+		for (int t = 0; t < ntk; t++)
+			if (tr->mask_tok[t]) {
+				tr->val_tok[k] = tr->val_tok[t];
+				tr->ret_tok[k] = tr->ret_tok[t];
+				k++;
+			}
+		ntk = k;
+	}
+	metric(j, tr, step, "critic/vf_loss", ms->vf_loss / nupdates);
+	metric(j, tr, step, "critic/vf_clipfrac", ms->vf_clip / nt);
+	metric(j, tr, step, "critic/vpred_mean", ms->vpred / nt);
+	metric(j, tr, step, "critic/vf_explained_var", rl_explained_var(tr->val_tok, tr->ret_tok, ntk));
+	metric3(j, tr, step, "critic/values", vs.mean, vs.max, vs.min);
+}
+
+int
+rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t_step, double t_upd,
+    double t_wait, int nupdates)
+{
+	const rl_train_opts *o = tr->o;
+	cJSON *j;
+	int step = tr->m->version, S = tr->nseq, err;
+	double stal = 0, stalmax = 0;
+	long ntok = 0, nresp = 0;
+	char *txt;
+
+	if (!(j = cJSON_CreateObject()))
+		return RL_ENOMEM;
+	for (int i = 0; i < S; i++) {
+		rl_sample *s = tr->seq[i].s;
+		ntok += s->plen + s->rlen;
+		nresp += s->rlen;
+		if (s->ver_first >= 0) {
+			/* the policy that generated it vs the one being updated (version = step before update) */
+			double d = (step - 1) - s->ver_first;
+			stal += d;
+			stalmax = fmax(stalmax, d);
+		}
+	}
+	/* the token statistics cover the trained tokens (not the skipped ones);
+	 * none trained: null, not a 0 that reads as a measured value */
+	double nt = ms->ntok > 0 ? ms->ntok : NAN;
+	cJSON_AddNumberToObject(j, "step", step);
+	metric(j, tr, step, "training/global_step", step);
+	loss_metrics(j, tr, step, ms, nupdates, nt);
 	metric(j, tr, step, "actor/grad_norm", gnorm);
 	metric(j, tr, step, "actor/lr", lr);
 	data_metrics(j, tr, step);
+	if (o->algo == RL_ALGO_PPO)
+		critic_metrics(j, tr, step, ms, nupdates, nt);
 	if (o->algo != RL_ALGO_SFT && o->algo != RL_ALGO_DPO && o->algo != RL_ALGO_RM) {
 		/* --skip-zero-adv: the share of the step not run through the model */
 		metric(j, tr, step, "actor/skipped_seq_frac", S ? (double)tr->nskip / S : NAN);
 		metric(j, tr, step, "actor/skipped_token_frac", tr->tok_all ? (double)tr->tok_skip / tr->tok_all : NAN);
-	}
-	if (o->algo == RL_ALGO_PPO) {
-		int ntk = S ? tr->seq[S - 1].toff + tr->seq[S - 1].s->rlen : 0;
-		rl_stat3 vs = tok_stat(tr, tr->val_tok);
-		if (tr->has_mask) {
-			/* over the sampled tokens only: pack them to the front (V_old and the
-			 * returns are not used again after the step's updates) */
-			int k = 0;
-			for (int t = 0; t < ntk; t++)
-				if (tr->mask_tok[t]) {
-					tr->val_tok[k] = tr->val_tok[t];
-					tr->ret_tok[k] = tr->ret_tok[t];
-					k++;
-				}
-			ntk = k;
-		}
-		metric(j, tr, step, "critic/vf_loss", ms->vf_loss / nupdates);
-		metric(j, tr, step, "critic/vf_clipfrac", ms->vf_clip / nt);
-		metric(j, tr, step, "critic/vpred_mean", ms->vpred / nt);
-		metric(j, tr, step, "critic/vf_explained_var", rl_explained_var(tr->val_tok, tr->ret_tok, ntk));
-		metric3(j, tr, step, "critic/values", vs.mean, vs.max, vs.min);
 	}
 	metric(j, tr, step, "timing_s/gen", t_wait);
 	metric(j, tr, step, "timing_s/update_actor", t_upd);
@@ -272,28 +316,7 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 		metric(j, tr, step, "dp/buckets_overlapped_frac", nb ? (double)early / nb : NAN);
 		metric(j, tr, step, "dp/zero_stage", tr->zero);
 	}
-	{
-		/* this rank's AdamW state, resident memory now and at its peak */
-		struct rusage ru;
-		size_t nopt = tr->zero ? tr->zhi - tr->zlo : tr->m->tt.total - tr->m->goff;
-		metric(j, tr, step, "memory/optimizer_state_mb", 2.0 * (double)nopt * sizeof(float) / (1 << 20));
-		/* what this process allocated for the model, as rl-train --plan counts it */
-		size_t slots = tr->m->tt.total;
-		double wb = 4.0 * (double)slots;
-		if (tr->m->w != (void *)tr->m->params)
-			wb += (double)slots * (double)rl_dtype_size(tr->m->ops->act_dtype);
-		metric(j, tr, step, "memory/weights_mb", wb / (1 << 20));
-		metric(j, tr, step, "memory/grads_mb", tr->m->grads ? 4.0 * (double)(slots - tr->m->goff) / (1 << 20) : 0);
-		metric(j, tr, step, "memory/activations_mb", (double)rl_model_act_bytes(tr->m) / (1 << 20));
-		long pages = 0;
-		FILE *f = fopen("/proc/self/statm", "r");
-		if (f && fscanf(f, "%*s %ld", &pages) == 1)
-			metric(j, tr, step, "memory/rss_mb", (double)pages * (double)sysconf(_SC_PAGESIZE) / (1 << 20));
-		if (f)
-			fclose(f);
-		if (getrusage(RUSAGE_SELF, &ru) == 0)
-			metric(j, tr, step, "memory/max_rss_mb", ru.ru_maxrss / 1024.0);
-	}
+	memory_metrics(j, tr, step);
 	/* the share of the step (update + publish) spent outside the model's compute */
 	metric(j, tr, step, "perf/overhead_frac",
 	    t_upd + tr->t_pub > 0 ? (t_upd + tr->t_pub - tr->t_model) / (t_upd + tr->t_pub) : NAN);
