@@ -61,10 +61,9 @@ n = 0
 for l in open(sys.argv[3]):
     r = json.loads(l)
     assert "env_error" not in r, r.get("env_error")
-    line = lines[r["prompt_text"]] if r.get("prompt_text") in lines else None
     resp, turns, mask = r["response"], r["turns"], r["loss_mask"]
     T = len(turns) // 2
-    line = [v for k, v in lines.items() if text(r["prompt"]).find(k) >= 0][0]
+    line = [v for k, v in lines.items() if "user\n%s<|im_end|>" % k in text(r["prompt"])][0]
     assert T == line["turns"], (T, line["turns"])
     # the conversation: the prompt, each model turn as an assistant message
     # (its text, without its end-of-turn token), then the environment's turns
