@@ -20,7 +20,12 @@
  * Queue mode (run.c): a leased prompt's episodes start the same way; the
  * reset's "line" is rebuilt from the record (its meta's fields and "prompt").
  *
- * Leaves out: messages in chat mode (reset's "messages", step's "tool_calls").
+ * Chat framing: a step carries the turn's Hermes <tool_call> blocks as
+ * "tool_calls" (serve_tools.c's parser), and an answer may give its turns as
+ * "messages" (user and tool) instead of "observation" text.
+ *
+ * Leaves out: messages at reset (the prompt line holds the conversation),
+ * other roles than user and tool, other tool-call formats than Hermes'.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +39,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/core.h"
+#include "base/io.h"
 #include "base/json.h"
 #include "base/rng.h"
 #include "rollout/rollout_int.h"
@@ -318,29 +324,54 @@ rli_env_pending(const gen *g)
 	return g->env ? g->env->pending : 0;
 }
 
-/* Ids of an observation, framed: plain text as it is; ChatML as the template
- * renders a user turn (a tool turn: Qwen's and Hermes' <tool_response>)
- * after the assistant's: <|im_end|> when the turn did not end with it, then
- * "\n<|im_start|>user\n" TEXT "<|im_end|>\n<|im_start|>assistant\n".  The
- * observation's own text is encoded without special tokens: an environment
- * cannot write a turn of its own. */
-static int
-frame(gen *g, rl_tokens *ids, const char *obs, int tool, int last_tok)
-{
-	int rv;
-	char *body = NULL;
-	size_t n = strlen(obs);
+/* One turn the environment adds: a user or tool message's content. */
+typedef struct obsmsg {
+	const char *text;
+	int tool;
+} obsmsg;
 
+/* Ids of the environment's turns m[0..n), framed: plain text as it is (one
+ * turn); ChatML as Qwen's and Hermes' templates render user and tool turns
+ * after the assistant's: <|im_end|> when the turn did not end with it, then
+ * "\n<|im_start|>" and each turn: "user\n" TEXT, or for a run of consecutive
+ * tool messages one user turn "user" + "\n<tool_response>\n" TEXT
+ * "\n</tool_response>" per message; turns are joined by
+ * "<|im_end|>\n<|im_start|>" and closed by "<|im_end|>\n<|im_start|>assistant\n".
+ * Each turn's text between special tokens is encoded as one piece, as the
+ * tokenizer splits a whole rendering at special tokens; it is encoded
+ * without special tokens: an environment cannot write a turn of its own. */
+static int
+frame(gen *g, rl_tokens *ids, const obsmsg *m, int n, int last_tok)
+{
+	int rv = RL_OK;
+	rl_buf body;
+
+	if (n == 0)
+		return RL_OK;
 	if (g->env->im_end < 0)
-		return rl_tokenizer_encode(ids, g->tok, obs, n, 0);
+		return rl_tokenizer_encode(ids, g->tok, m[0].text, strlen(m[0].text), 0);
 	const char *pre = last_tok == g->env->im_end ? "\n<|im_start|>" : "<|im_end|>\n<|im_start|>";
-	if (!(body = rl_try_malloc(n + 64, "observation")))
-		return RL_ENOMEM;
-	snprintf(body, n + 64, tool ? "user\n<tool_response>\n%s\n</tool_response>" : "user\n%s", obs);
-	if ((rv = rl_tokenizer_encode(ids, g->tok, pre, strlen(pre), RL_TOK_SPECIAL)) == 0 &&
-	    (rv = rl_tokenizer_encode(ids, g->tok, body, strlen(body), 0)) == 0)
-		rv = rl_tokenizer_encode(ids, g->tok, "<|im_end|>\n<|im_start|>assistant\n", 33, RL_TOK_SPECIAL);
-	free(body);
+	if ((rv = rl_tokenizer_encode(ids, g->tok, pre, strlen(pre), RL_TOK_SPECIAL)) != 0)
+		return rv;
+	rl_buf_init(&body);
+	for (int i = 0, j; i < n; i = j) {
+		rl_buf_reset(&body);
+		j = i + 1;
+		if (!m[i].tool) {
+			rv = rl_buf_printf(&body, "user\n%s", m[i].text);
+		} else {
+			rv = rl_buf_append(&body, "user", 4);
+			for (j = i; rv == 0 && j < n && m[j].tool; j++)
+				rv = rl_buf_printf(&body, "\n<tool_response>\n%s\n</tool_response>", m[j].text);
+		}
+		if (rv != 0 || (rv = rl_tokenizer_encode(ids, g->tok, (const char *)body.p, body.len, 0)) != 0)
+			goto out;
+		const char *sep = j < n ? "<|im_end|>\n<|im_start|>" : "<|im_end|>\n<|im_start|>assistant\n";
+		if ((rv = rl_tokenizer_encode(ids, g->tok, sep, strlen(sep), RL_TOK_SPECIAL)) != 0)
+			goto out;
+	}
+out:
+	rl_buf_fini(&body);
 	return rv;
 }
 
@@ -396,7 +427,7 @@ ep_end(gen *g, rli_episode *ep, int why)
 
 /* A step's answer: the turn's reward; the next observation fed, or the end. */
 static int
-on_step(gen *g, rli_episode *ep, const char *obs, int done, int has_reward, double reward, int tool)
+on_step(gen *g, rli_episode *ep, const obsmsg *m, int nm, int done, int has_reward, double reward)
 {
 	rl_tokens ids = { 0 };
 	int rv;
@@ -407,7 +438,7 @@ on_step(gen *g, rli_episode *ep, const char *obs, int done, int has_reward, doub
 		return ep_end(g, ep, ep->last_finish);
 	if (ep->full || (g->o.max_turns > 0 && ep->nturn >= g->o.max_turns))
 		return ep_end(g, ep, RL_FINISH_LENGTH);
-	if ((rv = frame(g, &ids, obs, tool, ep->last_tok)) != 0)
+	if ((rv = frame(g, &ids, m, nm, ep->last_tok)) != 0)
 		goto out;
 	/* an empty observation (plain text): the model's next turn follows its last at once */
 	rv = rl_engine_feed(g->e, ep->slot, ids.ids, (int)ids.n);
@@ -422,14 +453,68 @@ out:
 	return rv;
 }
 
+/* An answer's "messages" (chat framing): a list of {"role": "user" or
+ * "tool", "content": STRING} into *m (borrowing the strings).  A reset's
+ * list must be empty (the prompt line holds the conversation, and its
+ * rendering already ends with the assistant's turn); a step's may be empty
+ * only with "done".  On a bad list, why says what and where (else it is "",
+ * and the failure is RL_ENOMEM). */
+static int
+read_msgs(gen *g, const rli_episode *ep, const cJSON *msgs, int done, obsmsg **m, int *nm, char *why, size_t wl)
+{
+	const cJSON *it;
+	int k = 0;
+
+	why[0] = 0;
+	if (g->env->im_end < 0)
+		snprintf(why, wl, "\"messages\" needs chat framing (--env-framing chatml, or --chat with a chat template)");
+	else if (!cJSON_IsArray(msgs))
+		snprintf(why, wl, "\"messages\" is not a list");
+	else if (ep->state == EP_RESET && cJSON_GetArraySize(msgs) > 0)
+		snprintf(why, wl, "the reset's \"messages\" must be [] (the prompt line holds the conversation)");
+	else if (ep->state == EP_STEP && !done && cJSON_GetArraySize(msgs) == 0)
+		snprintf(why, wl, "\"messages\" is empty and \"done\" is false: the next model turn needs a turn before it");
+	if (why[0])
+		return RL_EINVAL;
+	if (!(*m = rl_try_calloc((size_t)cJSON_GetArraySize(msgs) + 1, sizeof **m, "messages")))
+		return RL_ENOMEM;
+	cJSON_ArrayForEach(it, msgs) {
+		const cJSON *r = cJSON_GetObjectItemCaseSensitive(it, "role");
+		const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+		if (!cJSON_IsObject(it))
+			snprintf(why, wl, "\"messages\"[%d] is not an object", k);
+		else if (!r)
+			snprintf(why, wl, "\"messages\"[%d]: missing field \"role\"", k);
+		else if (!cJSON_IsString(r) || (strcmp(r->valuestring, "user") && strcmp(r->valuestring, "tool")))
+			snprintf(why, wl, "\"messages\"[%d].role is %.40s%s%s, not \"user\" or \"tool\"", k,
+			    cJSON_IsString(r) ? "\"" : "", cJSON_IsString(r) ? r->valuestring : "not a string",
+			    cJSON_IsString(r) ? "\"" : "");
+		else if (!c)
+			snprintf(why, wl, "\"messages\"[%d]: missing field \"content\"", k);
+		else if (!cJSON_IsString(c))
+			snprintf(why, wl, "\"messages\"[%d].content is not a string", k);
+		if (why[0]) {
+			free(*m);
+			*m = NULL;
+			return RL_EINVAL;
+		}
+		(*m)[k].text = c->valuestring;
+		(*m)[k].tool = r->valuestring[0] == 't';
+		k++;
+	}
+	*nm = k;
+	return RL_OK;
+}
+
 /* One line from pr: the answer to its episode's request. */
 static int
 on_line(gen *g, eproc *pr, char *line, size_t n)
 {
 	rli_episode *ep = pr->ep;
 	cJSON *j = NULL;
-	const cJSON *obs, *done, *rew, *err, *role;
-	int rv;
+	const cJSON *obs, *msgs, *done, *rew, *err, *role;
+	obsmsg one, *m = NULL;
+	int rv, nm = 0;
 
 	if (!ep || (ep->state != EP_RESET && ep->state != EP_STEP)) {
 		char how[80] = "";
@@ -452,12 +537,15 @@ on_line(gen *g, eproc *pr, char *line, size_t n)
 		goto out;
 	}
 	obs = cJSON_GetObjectItemCaseSensitive(j, "observation");
+	msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
 	done = cJSON_GetObjectItemCaseSensitive(j, "done");
 	rew = cJSON_GetObjectItemCaseSensitive(j, "reward");
 	role = cJSON_GetObjectItemCaseSensitive(j, "role");
-	if (!cJSON_IsString(obs) || (ep->state == EP_STEP && !cJSON_IsBool(done)) || (done && !cJSON_IsBool(done)) ||
-	    (rew && !cJSON_IsNumber(rew)) || (role && !cJSON_IsString(role))) {
-		const char *what = !obs ? "missing field \"observation\"" : !cJSON_IsString(obs) ?
+	if ((!msgs && !cJSON_IsString(obs)) || (ep->state == EP_STEP && !cJSON_IsBool(done)) ||
+	    (done && !cJSON_IsBool(done)) || (rew && !cJSON_IsNumber(rew)) || (role && !cJSON_IsString(role)) ||
+	    (msgs && obs)) {
+		const char *what = msgs && obs ? "both \"observation\" and \"messages\" (give one)" :
+		    !obs && !msgs ? "missing field \"observation\" (or \"messages\")" : !msgs && !cJSON_IsString(obs) ?
 		    "\"observation\" is not a string" : !done ? "missing field \"done\"" : !cJSON_IsBool(done) ?
 		    "\"done\" is not true or false" : rew && !cJSON_IsNumber(rew) ? "\"reward\" is not a number" :
 		    "\"role\" is not a string";
@@ -468,6 +556,17 @@ on_line(gen *g, eproc *pr, char *line, size_t n)
 	if (role && strcmp(role->valuestring, "user") && strcmp(role->valuestring, "tool")) {
 		rv = ep_fail(g, 0, ep, "protocol error: \"role\" is \"%.40s\", not \"user\" or \"tool\"", role->valuestring);
 		goto out;
+	}
+	if (msgs) {
+		char why[160];
+		if (read_msgs(g, ep, msgs, cJSON_IsTrue(done), &m, &nm, why, sizeof why) != 0) {
+			rv = why[0] ? ep_fail(g, 0, ep, "protocol error: the answer to %s: %s",
+			    ep->state == EP_RESET ? "reset" : "step", why) : RL_ENOMEM;
+			goto out;
+		}
+	} else {
+		one.text = obs->valuestring;
+		one.tool = role && strcmp(role->valuestring, "tool") == 0;
 	}
 	const cJSON *stop = ep->state == EP_RESET ? cJSON_GetObjectItemCaseSensitive(j, "stop") : NULL, *it;
 	if (stop) {
@@ -489,11 +588,12 @@ on_line(gen *g, eproc *pr, char *line, size_t n)
 	g->env->fails = 0;
 	g->env->answers++;
 	if (ep->state == EP_RESET)
-		rv = on_reset(g, ep, obs->valuestring, cJSON_IsTrue(done));
+		rv = on_reset(g, ep, msgs ? "" : obs->valuestring, cJSON_IsTrue(done));
 	else
-		rv = on_step(g, ep, obs->valuestring, cJSON_IsTrue(done), rew != NULL, rew ? rew->valuedouble : 0.0,
-		    role && strcmp(role->valuestring, "tool") == 0);
+		rv = on_step(g, ep, msgs ? m : &one, msgs ? nm : 1, cJSON_IsTrue(done), rew != NULL,
+		    rew ? rew->valuedouble : 0.0);
 out:
+	free(m);
 	cJSON_Delete(j);
 	return rv;
 }
@@ -586,6 +686,44 @@ assign(gen *g)
 	return RL_OK;
 }
 
+int
+rli_env_step_msg(char **msg, const char *id, int turn, const char *text, int chat)
+{
+	cJSON *j = NULL, *calls = NULL;
+	char *content = NULL, *s = NULL, rid[48];
+	int rv = RL_ENOMEM;
+
+	*msg = NULL;
+	/* ids unique in the episode: its id and the turn */
+	snprintf(rid, sizeof rid, "%s-%d", id, turn);
+	if (chat && (rv = sv_tools_parse(text, rid, &content, &calls)) != 0)
+		goto out;
+	rv = RL_ENOMEM;
+	if (!(j = cJSON_CreateObject()) || !cJSON_AddStringToObject(j, "op", "step") ||
+	    !cJSON_AddStringToObject(j, "id", id) || !cJSON_AddStringToObject(j, "action", text))
+		goto out;
+	if (calls) {
+		if (!cJSON_AddItemToObject(j, "tool_calls", calls))
+			goto out;
+		calls = NULL;
+	}
+	if (!(s = rl_json_print(j)))
+		goto out;
+	size_t n = strlen(s);
+	if (!(*msg = rl_try_malloc(n + 2, "step")))
+		goto out;
+	memcpy(*msg, s, n);
+	(*msg)[n] = '\n';
+	(*msg)[n + 1] = 0;
+	rv = RL_OK;
+out:
+	free(s);
+	free(content);
+	cJSON_Delete(calls);
+	cJSON_Delete(j);
+	return rv;
+}
+
 /* The engine's turn callback: the turn is kept, its text sent as a step. */
 int
 rli_env_turn(void *ctx, const rl_gen_sample *s)
@@ -594,7 +732,6 @@ rli_env_turn(void *ctx, const rl_gen_sample *s)
 	rli_episode *ep = s->user;
 	char *text = NULL, *msg = NULL;
 	size_t tlen = 0;
-	cJSON *j = NULL;
 	int rv;
 
 	ep->slot = s->slot;
@@ -628,18 +765,10 @@ rli_env_turn(void *ctx, const rl_gen_sample *s)
 	    RL_TOK_SKIP_SPECIAL)) != 0)
 		goto out;
 	rl_utf8_fix(text, tlen);
-	if (!(j = cJSON_CreateObject()) || !cJSON_AddStringToObject(j, "op", "step") ||
-	    !cJSON_AddStringToObject(j, "id", ep->id) || !cJSON_AddStringToObject(j, "action", text) ||
-	    !(msg = rl_json_print(j))) {
-		rv = RL_ENOMEM;
+	if ((rv = rli_env_step_msg(&msg, ep->id, ep->nturn - 1, text, g->env->im_end >= 0)) != 0)
 		goto out;
-	}
-	size_t n = strlen(msg);
-	msg[n] = '\n';  /* rl_json_print's buffer ends in a NUL we may replace: re-terminate below */
-	rv = proc_send(g, &g->env->pr[ep->proc], msg, n + 1);
-	msg[n] = 0;
+	rv = proc_send(g, &g->env->pr[ep->proc], msg, strlen(msg));
 out:
-	cJSON_Delete(j);
 	free(msg);
 	free(text);
 	return rv;

@@ -126,6 +126,18 @@ int rli_env_poll(gen *g, int timeout_ms);
 int rli_env_turn(void *ctx, const rl_gen_sample *s);
 prompt *rli_env_prompt(void *user);
 int rli_env_record(rl_traj *t, gen *g, void *user, const rl_gen_sample *s);
+/* The step line (with its '\n') for model turn TURN (from 0) of episode ID
+ * whose text is TEXT: "action", and with CHAT the turn's Hermes <tool_call>
+ * blocks as "tool_calls" (absent when it has none).  0 or RL_ENOMEM. */
+int rli_env_step_msg(char **msg, const char *id, int turn, const char *text, int chat);
+
+/* serve_tools.c (rl-rollout serve's answers and env.c's steps) */
+/* Hermes <tool_call> blocks of a chat answer's TEXT into *CALLS (OpenAI's
+ * tool_calls array; NULL when there are none or one is malformed, as vLLM's
+ * hermes parser answers) and *CONTENT (the text before the first block, or
+ * the whole text when there are no calls; NULL when that text before is empty).  RID seeds the call ids.
+ * 0 or RL_ENOMEM; the caller frees both. */
+int sv_tools_parse(const char *text, const char *rid, char **content, cJSON **calls);
 
 /* run.c: rl_rollout_stop was called */
 int rli_stop_requested(void);

@@ -128,14 +128,6 @@ char *sv_final_text(const sv_req *r, const sv_choice *c, size_t from, size_t to)
 /* The end of c's text: before the first stop string when it stopped on one. */
 size_t sv_text_end(const sv_req *r, const sv_choice *c);
 
-/* serve_tools.c */
-/* Hermes <tool_call> blocks of a chat answer's TEXT into *CALLS (OpenAI's
- * tool_calls array; NULL when there are none or one is malformed, as vLLM's
- * hermes parser answers) and *CONTENT (the text before the first block, or
- * the whole text when there are no calls; NULL when that text before is empty).  RID seeds the call ids.
- * 0 or RL_ENOMEM; the caller frees both. */
-int sv_tools_parse(const char *text, const char *rid, char **content, cJSON **calls);
-
 /* serve_ep.c (engine thread) */
 int sv_ep_begin(serve *s, sv_req *r, const char *text, size_t tlen, char *msg, size_t ml);
 /* gs and text may be NULL when !ok */
