@@ -65,6 +65,8 @@ static const char usage_text[] =
     "      --dpo-loss L          dpo: sigmoid, ipo or hinge (default sigmoid)\n"
     "      --label-smoothing E   dpo: sigmoid's label smoothing, 0 to 0.5 excluded (default 0)\n"
     "      --rpo-alpha A         dpo: add A times the NLL of the chosen completions (RPO; off)\n"
+    "      --online              dpo, rm: each scored group of n >= 2 gives one pair, its highest\n"
+    "                            reward chosen and its lowest rejected; equal rewards: no pair\n"
     "      --ent-coef C          entropy bonus (off)\n"
     "      --gamma G             discount for reinforce++ and ppo's GAE (default 1)\n"
     "      --lambda L            ppo: GAE lambda (default 1)\n"
@@ -166,7 +168,7 @@ enum {
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
 	O_PLAN, O_LORAR, O_LORAT, O_LORAA, O_LORAD, O_MERGE, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
 	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH, O_OVERLONG,
-	O_DPOBETA, O_DPOLOSS, O_LSMOOTH, O_RPO, O_SAVEMIN, O_FRESH,
+	O_DPOBETA, O_DPOLOSS, O_LSMOOTH, O_RPO, O_ONLINE, O_SAVEMIN, O_FRESH,
 	O_EVALP, O_EVALT, O_EVALE, O_EVALM, O_EVALN
 };
 
@@ -224,6 +226,7 @@ static const struct option longopts[] = {
 	{ "skip-zero-adv", no_argument, 0, O_SKIPZ }, { "no-skip-zero-adv", no_argument, 0, O_NOSKIPZ },
 	{ "beta", required_argument, 0, O_DPOBETA }, { "dpo-loss", required_argument, 0, O_DPOLOSS },
 	{ "label-smoothing", required_argument, 0, O_LSMOOTH }, { "rpo-alpha", required_argument, 0, O_RPO },
+	{ "online", no_argument, 0, O_ONLINE },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -331,6 +334,7 @@ main(int argc, char **argv)
 			dpo_set = "--label-smoothing";
 			break;
 		case O_RPO: NUM(0, 1e6); o.rpo_alpha = (float)v; dpo_set = "--rpo-alpha"; break;
+		case O_ONLINE: o.online = 1; break;
 		case O_ENT: NUM(-1e9, 1e9); o.ent_coef = (float)v; break;
 		case O_GAMMA: NUM(0, 1); o.gamma = (float)v; break;
 		case O_LAMBDA: NUM(0, 1); o.lambda = (float)v; break;
@@ -525,6 +529,8 @@ main(int argc, char **argv)
 	}
 	if (dpo_set && o.algo != RL_ALGO_DPO)
 		return rl_cli_usage("%s is an option of --algo dpo", dpo_set);
+	if (o.online && o.algo != RL_ALGO_DPO && o.algo != RL_ALGO_RM)
+		return rl_cli_usage("--online is an option of --algo dpo and rm (pairs formed from scored groups)");
 	/* dpo and rm read a pair as two padded rows (step.c); packing lays rows out
 	 * otherwise */
 	if (o.micro_tokens > 0 && (o.algo == RL_ALGO_DPO || o.algo == RL_ALGO_RM))

@@ -65,6 +65,8 @@ typedef struct rl_train_opts {
 	int dpo_loss;              /* --dpo-loss: RL_DPO_* */
 	float label_smoothing;     /* --label-smoothing (sigmoid only) */
 	float rpo_alpha;           /* --rpo-alpha: weight of the NLL of the chosen completions (0 off) */
+	int online;                /* --online (dpo, rm): a scored group of any size gives the pair
+	                            * (highest reward, lowest); a group of equal rewards none */
 	/* PPO */
 	float vf_coef;             /* weight of the value loss in the total loss (0.1) */
 	float value_clip;          /* value clip range around V_old (0.5; <= 0 off) */
