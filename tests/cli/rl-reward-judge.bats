@@ -13,6 +13,7 @@ load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
 load port_helper
+load json_helper
 
 setup() {
 	TMP="$BATS_TEST_TMPDIR"
@@ -43,16 +44,6 @@ start_fake() {
 	JURL="http://127.0.0.1:$FPORT/v1"
 }
 
-# field FILE ID EXPR: a Python expression on record ID (r) of a JSONL file
-field() {
-	python3 -c '
-import json, sys
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    if r.get("id") == int(sys.argv[2]):
-        v = eval(sys.argv[3])
-        print(*v) if isinstance(v, tuple) else print(v)' "$@"
-}
 
 @test "--judge: the template rendered per record, the verdict parsed, failures labelled and counted, order kept" {
 	start_fake
