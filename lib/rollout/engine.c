@@ -7,6 +7,7 @@
  */
 #include "rollout/engine.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,7 @@ typedef struct req {
 	uint64_t seed;
 	void *user;
 	rl_sample_params sp;  /* its sampling parameters (the engine's unless submitted with its own) */
+	int top;          /* top log-probs asked for (rl_gen_req.top) */
 	struct req *next;
 } req;
 
@@ -84,6 +86,13 @@ struct rl_engine {
 	int own_sp;             /* a request with its own sampling parameters was submitted */
 	int sp_turn;            /* the slot whose parameter set the last step decoded */
 	int cap;                /* response tokens a slot holds: max(max_new, max_episode) */
+	rl_gen_top_fn topfn;    /* top log-probs (rl_engine_set_top) */
+	void *top_ctx;
+	float *d_topf, *h_topf; /* (slots, V) f32: logits of the rows that want top log-probs */
+	int top_ready;          /* h_topf holds this step's rows */
+	int32_t top_id[RL_GEN_MAX_TOP]; /* the token being appended: its top list */
+	float top_lp[RL_GEN_MAX_TOP];
+	int top_n;
 };
 
 static const char *const finish_names[] = { "", "eos", "stop", "length", "abort" };
@@ -211,7 +220,9 @@ rl_engine_destroy(rl_engine *e)
 		e->ops->free(e->ops, e->d_logp);
 		e->ops->free(e->ops, e->d_seed);
 		e->ops->free(e->ops, e->d_ctr);
+		e->ops->free(e->ops, e->d_topf);
 	}
+	free(e->h_topf);
 	rl_kvcache_close(e->kv);
 	free(e->h_tok);
 	free(e->h_logp);
@@ -404,6 +415,18 @@ rl_engine_submit_req(rl_engine *e, const rl_gen_req *q)
 	}
 	r->xstop = q->stop;
 	r->nxstop = q->nstop;
+	r->top = RL_MAX(0, RL_MIN(q->top, RL_MIN(RL_GEN_MAX_TOP, e->V)));
+	if (r->top > 0 && !e->h_topf) {
+		/* the logits of a whole batch as f32, on the backend and on the host */
+		size_t bytes = (size_t)e->slots * e->V * 4;
+		if ((e->h_topf = rl_try_malloc(bytes, "top log-probs")) == NULL ||
+		    (rv = e->ops->alloc(e->ops, (void **)&e->d_topf, bytes)) != 0) {
+			free(e->h_topf);
+			e->h_topf = NULL;
+			free_req(r);
+			return rv ? rv : RL_ENOMEM;
+		}
+	}
 	enqueue(e, r);
 	return RL_OK;
 }
@@ -413,6 +436,63 @@ rl_engine_set_token(rl_engine *e, rl_gen_token_fn fn, void *ctx)
 {
 	e->tokfn = fn;
 	e->tok_ctx = ctx;
+}
+
+void
+rl_engine_set_top(rl_engine *e, rl_gen_top_fn fn, void *ctx)
+{
+	e->topfn = fn;
+	e->top_ctx = ctx;
+}
+
+/* The logits of batch rows [0, B) down to the host as f32 when a row's request asks for
+ * top log-probs (the rows are few and V long: one cast and one copy, not a kernel). */
+static int
+fetch_top(rl_engine *e, const void *logits, int B)
+{
+	rl_ops *o = e->ops;
+	int want = 0;
+
+	e->top_ready = 0;
+	for (int b = 0; b < B && !want; b++)
+		want = e->s[e->bidx[b]].r->top > 0;
+	if (!want || !e->h_topf)
+		return RL_OK;
+	o->cast(o, e->d_topf, RL_F32, logits, o->act_dtype, (size_t)B * e->V);
+	o->download(o, e->h_topf, e->d_topf, (size_t)B * e->V * 4);
+	e->top_ready = 1;
+	return o->status(o);
+}
+
+/* The k likeliest tokens of row `row` of h_topf under log_softmax(z / temp), into
+ * e->top_id / top_lp (likeliest first, ties to the lower id). */
+static void
+top_of(rl_engine *e, int row, int k, float temp)
+{
+	const float *z = e->h_topf + (size_t)row * e->V;
+	const double inv = temp > 0.0f ? 1.0 / temp : 1.0;
+	double mx = -1e300, sum = 0.0;
+	int n = 0;
+
+	for (int v = 0; v < e->V; v++)
+		mx = RL_MAX(mx, (double)z[v] * inv);
+	for (int v = 0; v < e->V; v++)
+		sum += exp((double)z[v] * inv - mx);
+	for (int v = 0; v < e->V; v++) {
+		float x = z[v];
+		int j;
+		if (n == k && !(x > z[e->top_id[k - 1]]))
+			continue;
+		/* insertion into the sorted list; equal values keep the earlier (lower) id first */
+		for (j = n < k ? n : k - 1; j > 0 && x > z[e->top_id[j - 1]]; j--)
+			e->top_id[j] = e->top_id[j - 1];
+		e->top_id[j] = v;
+		if (n < k)
+			n++;
+	}
+	for (int j = 0; j < n; j++)
+		e->top_lp[j] = (float)((double)z[e->top_id[j]] * inv - mx - log(sum));
+	e->top_n = n;
 }
 
 int
@@ -534,6 +614,8 @@ append(rl_engine *e, seq *q, int32_t t, float lp)
 		if (q->mask)
 			q->mask[q->n] = 1;
 		q->n++;
+		if (e->topfn && e->top_n > 0)
+			e->topfn(e->top_ctx, q->r->user, q->index, e->top_id, e->top_lp, e->top_n);
 		if (e->tokfn)
 			e->tokfn(e->tok_ctx, q->r->user, q->index, t, lp);
 	}
@@ -687,6 +769,14 @@ sample_rows(rl_engine *e, const void *logits, int B, int g)
 	return o->status(o);
 }
 
+/* A sequence decoded as a greedy row: the greedy baseline, or a request at temperature 0
+ * (the same draw: the first maximum, its log-prob at temperature 1). */
+static int
+is_greedy(const seq *q)
+{
+	return q->greedy || q->r->sp.temperature == 0.0f;
+}
+
 /* Appends the sampled token of each batch row to its sequence; reports the
  * ones that finished. */
 static int
@@ -701,7 +791,11 @@ take_tokens(rl_engine *e, int B, rl_gen_done_fn done, void *ctx)
 			e->st.fed_tokens++;
 			continue;
 		}
+		e->top_n = 0;
+		if (e->top_ready && q->r->top > 0)
+			top_of(e, b, q->r->top, is_greedy(q) ? 1.0f : q->r->sp.temperature);
 		int why = append(e, q, e->h_tok[b], e->h_logp[b]);
+		e->top_n = 0;
 		e->st.gen_tokens++;
 		if (why && (rv = ended(e, q, why, done, ctx)) != 0)
 			return rv;
@@ -815,18 +909,11 @@ admit(rl_engine *e, rl_gen_done_fn done, void *ctx)
 		if (pass == 0)
 			g = B;
 	}
-	if ((rv = sample_rows(e, e->d_rows, B, g)) != 0)
+	if ((rv = sample_rows(e, e->d_rows, B, g)) != 0 || (rv = fetch_top(e, e->d_rows, B)) != 0)
 		return rv;
 	return take_tokens(e, B, done, ctx);
 }
 
-/* A sequence decoded as a greedy row: the greedy baseline, or a request at temperature 0
- * (the same draw: the first maximum, its log-prob at temperature 1). */
-static int
-is_greedy(const seq *q)
-{
-	return q->greedy || q->r->sp.temperature == 0.0f;
-}
 
 /* The parameter set this step decodes: the engine's, or with requests of their own, that
  * of the first sampled runnable sequence after the one the last step took. */
@@ -923,7 +1010,11 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	/* multi-step decoding while no waiting request could take a slot: n steps, none past a
 	 * sequence's token limit */
 	int n = 1;
-	if (!e->legacy && e->o.decode_steps > 1 && !e->turn && (e->head == NULL || e->hold || free_slots(e) == 0)) {
+	int top = 0;
+	for (int b = 0; b < B && !top; b++)
+		top = e->s[e->bidx[b]].r->top > 0;
+	if (!e->legacy && e->o.decode_steps > 1 && !e->turn && !top &&
+	    (e->head == NULL || e->hold || free_slots(e) == 0)) {
 		n = e->o.decode_steps;
 		for (int b = 0; b < B; b++) {
 			seq *q = &e->s[e->bidx[b]];
@@ -973,6 +1064,8 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	}
 	e->st.steps++;
 	if (e->legacy && (rv = sample_rows(e, e->m->logits, B, g)) != 0)
+		return rv;
+	if ((rv = fetch_top(e, e->m->logits, B)) != 0)
 		return rv;
 	return take_tokens(e, B, done, ctx);
 }

@@ -118,13 +118,29 @@ typedef struct rl_gen_req {
 	const rl_sample_params *sp; /* NULL: the engine's (copied) */
 	const char *const *stop;    /* more stop strings (borrowed until its last sample finished) */
 	int nstop;
+	int top;                    /* 0..RL_GEN_MAX_TOP: the top callback gets the `top` likeliest
+	                             * tokens of each sampled position (rl_engine_set_top) */
 } rl_gen_req;
+#define RL_GEN_MAX_TOP 20
 int rl_engine_submit_req(rl_engine *e, const rl_gen_req *q);
 
 /* Called for every sampled token appended to a sequence (from
  * rl_engine_step), before the done or turn callback of the same token. */
 typedef void (*rl_gen_token_fn)(void *ctx, void *user, int index, int32_t tok, float logp);
 void rl_engine_set_token(rl_engine *e, rl_gen_token_fn fn, void *ctx);
+
+/* Called, for a request submitted with top > 0, just before the token
+ * callback of each sampled token: the n (= top, at most the vocabulary)
+ * likeliest tokens of that position, ids[k] with log-prob lp[k], likeliest
+ * first (ties: lower id first).  The distribution is the one the sampled
+ * token's log-prob comes from: log_softmax(logits / temperature) over the
+ * whole vocabulary (greedy rows: temperature 1), before top-k/top-p, so the
+ * sampled token, when among them, has the same log-prob (up to the rounding
+ * of the backend's sampler).  The logits go down to the host for those rows
+ * (one cast and one copy a step while such a request runs); multi-step
+ * decoding is off meanwhile. */
+typedef void (*rl_gen_top_fn)(void *ctx, void *user, int index, const int32_t *ids, const float *lp, int n);
+void rl_engine_set_top(rl_engine *e, rl_gen_top_fn fn, void *ctx);
 
 /* Drops the request whose user pointer is `user`: queued, it is removed
  * (no callback); running, each of its sequences finishes with

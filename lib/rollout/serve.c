@@ -155,6 +155,55 @@ stream_put(serve *s, sv_req *r, rl_buf *b)
 
 /* ---- the engine thread ------------------------------------------------------------------------------ */
 
+/* Room in c for one more token (and its top list when the request asks for one). */
+static int
+choice_room(sv_choice *c, int top)
+{
+	int nc;
+
+	if (c->n < c->cap)
+		return RL_OK;
+	nc = c->cap ? c->cap * 2 : 64;
+	int32_t *nt = realloc(c->tok, sizeof *nt * (size_t)nc);
+	if (nt)
+		c->tok = nt;
+	float *nl = nt ? realloc(c->logp, sizeof *nl * (size_t)nc) : NULL;
+	if (nl)
+		c->logp = nl;
+	if (nl && top > 0) {
+		int32_t *ti = realloc(c->top_id, sizeof *ti * (size_t)nc * top);
+		if (ti)
+			c->top_id = ti;
+		float *tl = ti ? realloc(c->top_lp, sizeof *tl * (size_t)nc * top) : NULL;
+		if (!tl)
+			return RL_ENOMEM;
+		c->top_lp = tl;
+	}
+	if (!nl)
+		return RL_ENOMEM;
+	c->cap = nc;
+	return RL_OK;
+}
+
+/* The top log-probs of the token about to come (on_token follows for it). */
+static void
+on_top(void *ctx, void *user, int index, const int32_t *ids, const float *lp, int n)
+{
+	sv_req *r = user;
+	sv_choice *c;
+
+	(void)ctx;
+	if (index < 0 || index >= r->n || r->top <= 0)
+		return;
+	c = &r->ch[index];
+	if (choice_room(c, r->top) != 0)
+		return;
+	for (int k = 0; k < r->top; k++) {
+		c->top_id[(size_t)c->n * r->top + k] = k < n ? ids[k] : -1;
+		c->top_lp[(size_t)c->n * r->top + k] = k < n ? lp[k] : 0.0f;
+	}
+}
+
 static void
 on_token(void *ctx, void *user, int index, int32_t t, float lp)
 {
@@ -167,17 +216,8 @@ on_token(void *ctx, void *user, int index, int32_t t, float lp)
 	if (index < 0 || index >= r->n)
 		return;
 	c = &r->ch[index];
-	if (c->n == c->cap) {
-		int nc = c->cap ? c->cap * 2 : 64;
-		int32_t *nt = realloc(c->tok, sizeof *nt * (size_t)nc);
-		float *nl = nt ? realloc(c->logp, sizeof *nl * (size_t)nc) : NULL;
-		if (nt)
-			c->tok = nt;
-		if (!nl)
-			return;
-		c->logp = nl;
-		c->cap = nc;
-	}
+	if (choice_room(c, r->top) != 0)
+		return;
 	c->tok[c->n] = t;
 	c->logp[c->n] = lp;
 	c->n++;
@@ -391,6 +431,7 @@ start(serve *s, sv_req *r)
 	q.sp = &r->sp;
 	q.stop = r->stop;
 	q.nstop = r->nstop;
+	q.top = r->top;
 	if ((rv = rl_engine_submit_req(s->g->e, &q)) != 0) {
 		if (rv == RL_ETOOBIG)
 			snprintf(msg, sizeof msg, "the prompt of %d tokens and n=%d do not fit: the model's context is "
@@ -421,6 +462,8 @@ req_free(serve *s, sv_req *r)
 	for (int i = 0; r->ch && i < r->n; i++) {
 		free(r->ch[i].tok);
 		free(r->ch[i].logp);
+		free(r->ch[i].top_id);
+		free(r->ch[i].top_lp);
 		rl_buf_fini(&r->ch[i].raw);
 	}
 	free(r->ch);
@@ -905,6 +948,7 @@ rli_serve_run(gen *g)
 		goto out;
 	}
 	rl_engine_set_token(g->e, on_token, s);
+	rl_engine_set_top(g->e, on_top, s);
 	if ((rv = listen_http(s)) != 0)
 		goto out;
 	rl_info("serving '%s' at %s/v1", s->name, s->url);

@@ -27,6 +27,8 @@ typedef struct sv_episode sv_episode;
 typedef struct sv_choice {
 	int32_t *tok;
 	float *logp;
+	int32_t *top_id;    /* (cap, top) the top log-probs of each token (top > 0) */
+	float *top_lp;
 	int n, cap;
 	rl_buf raw;         /* the response's bytes (special tokens left out) */
 	size_t sent;        /* stream: bytes of raw already sent */
@@ -44,6 +46,7 @@ typedef struct sv_req {
 	/* the request's fields (serve_api.c) */
 	cJSON *body;               /* owned */
 	int n, max_tokens, stream, logprobs, include_usage, has_seed;
+	int top;                   /* top_logprobs (chat) or logprobs: N (completions), 0..20 */
 	int token_ids;              /* return_tokens_as_token_ids (vLLM's) */
 	const cJSON *tools;        /* chat "tools" (borrowed from body), or NULL */
 	int tool_parse;            /* parse <tool_call> blocks of the answer (tools, tool_choice "auto") */

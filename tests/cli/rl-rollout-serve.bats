@@ -230,6 +230,80 @@ assert n > 0
 PY
 }
 
+@test "top log-probs: the N likeliest tokens of each position, equal to rl-rollout --score over the whole vocabulary" {
+	start_serve -m "$TD/m0"
+	# completions' logprobs N at temperature 0.7: every position's top 5 against the training
+	# forward's log-probs of all 261 tokens there, divided by the temperature and renormalised
+	[ "$(post /v1/completions '{"model":"m0","prompt":[97,98,99,100],"max_tokens":6,"seed":4,"temperature":0.7,"logprobs":5,"return_tokens_as_token_ids":true}')" = 200 ]
+	cp "$TD/body" "$TD/cmpl.json"
+	# chat's top_logprobs 20 (greedy: temperature 1), the same check at its positions
+	[ "$(post /v1/chat/completions '{"model":"m0","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"logprobs":true,"top_logprobs":20,"return_tokens_as_token_ids":true}')" = 200 ]
+	cp "$TD/body" "$TD/chat.json"
+	run -0 rl-rollout tokenize -m "$TD/m0" --chat <<<'[{"role":"user","content":"hi"}]'
+	jq -c .ids <<<"$output" > "$TD/chat_prompt.json"
+	python3 - "$TD" <<'PY'
+import json, sys
+td = sys.argv[1]
+tid = lambda s: int(s[len("token_id:"):])
+c = json.load(open(td + "/cmpl.json"))["choices"][0]["logprobs"]
+ch = json.load(open(td + "/chat.json"))["choices"][0]["logprobs"]["content"]
+cases = [([97, 98, 99, 100], [tid(t) for t in c["tokens"]], c["token_logprobs"],
+          [{tid(k): v for k, v in d.items()} for d in c["top_logprobs"]], 0.7, 5),
+         (json.load(open(td + "/chat_prompt.json")), [tid(e["token"]) for e in ch], [e["logprob"] for e in ch],
+          [{tid(t["token"]): t["logprob"] for t in e["top_logprobs"]} for e in ch], 1.0, 20)]
+with open(td + "/alts.jsonl", "w") as f:
+    k = 0
+    for ci, (prompt, resp, _, _, _, _) in enumerate(cases):
+        for i in range(len(resp)):
+            for v in range(261):
+                k += 1
+                f.write(json.dumps({"id": k, "prompt": prompt, "response": resp[:i] + [v],
+                                    "meta": {"case": ci, "pos": i, "v": v}}) + "\n")
+json.dump([[p, r, l, [list(d.items()) for d in t], T, n] for p, r, l, t, T, n in cases], open(td + "/cases.json", "w"))
+PY
+	rl-rollout -q --score ref_logprobs -m "$TD/m0" --jsonl "$TD/alts.jsonl" > "$TD/alts_scored.jsonl"
+	python3 - "$TD" <<'PY'
+import json, math, sys
+td = sys.argv[1]
+cases = json.load(open(td + "/cases.json"))
+ref = {}
+for line in open(td + "/alts_scored.jsonl"):
+    r = json.loads(line)
+    m = r["meta"]
+    ref.setdefault((m["case"], m["pos"]), [0.0] * 261)[m["v"]] = r["ref_logprobs"][-1]
+checked = 0
+for ci, (prompt, resp, lps, tops, T, n) in enumerate(cases):
+    assert len(resp) == len(tops) == len(lps) > 0
+    for i, top in enumerate(tops):
+        z = [x / T for x in ref[(ci, i)]]
+        mx = max(z)
+        lse = mx + math.log(sum(math.exp(x - mx) for x in z))
+        want = sorted(((x - lse, v) for v, x in enumerate(z)), key=lambda p: (-p[0], p[1]))[:n]
+        assert len(top) == n, (ci, i, len(top))
+        got = sorted(((lp, int(v)) for v, lp in top), key=lambda p: (-p[0], p[1]))
+        for (a, va), (b, vb) in zip(got, want):
+            assert abs(a - b) < 1e-4, (ci, i, a, b)
+            # a different id only where two log-probs tie within rounding
+            assert va == vb or abs(a - b) < 1e-4 and any(abs(a - w) < 1e-4 for w, u in want if u == va), (ci, i, va, vb)
+        # the sampled token: its log-prob is the same distribution's
+        assert abs(lps[i] - (z[resp[i]] - lse)) < 1e-4, (ci, i, lps[i], z[resp[i]] - lse)
+        checked += 1
+assert checked >= 6, checked
+print("checked", checked)
+PY
+	# more than 20 is refused, naming the field
+	[ "$(post /v1/chat/completions '{"model":"m0","messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21}')" = 400 ]
+	[ "$(jq -r .error.param "$TD/body")" = top_logprobs ]
+	[ "$(post /v1/completions '{"model":"m0","prompt":"abc","logprobs":21}')" = 400 ]
+	[ "$(jq -r .error.param "$TD/body")" = logprobs ]
+	# streamed: each chunk's tokens carry their top lists
+	curl -sN -X POST -H 'Content-Type: application/json' --data-binary \
+	    '{"model":"m0","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"logprobs":true,"top_logprobs":3,"stream":true}' \
+	    "$SURL/v1/chat/completions" > "$TD/sse"
+	run -0 bash -c "grep '^data: {' '$TD/sse' | sed 's/^data: //' | jq -s '[.[].choices[0].logprobs.content // [] | .[] | .top_logprobs | length] | (length > 0) and all(. == 3)'"
+	[ "$output" = true ]
+}
+
 @test "errors are OpenAI's JSON with the right status: 400, 401, 404, 405, 413" {
 	echo 'the-key' > "$TD/key"
 	start_serve -m "$TD/m0" --api-key-file "$TD/key" --max-body 2K
