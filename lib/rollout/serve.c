@@ -432,6 +432,7 @@ start(serve *s, sv_req *r)
 	q.stop = r->stop;
 	q.nstop = r->nstop;
 	q.top = r->top;
+	q.keep_key = r->ep ? sv_ep_key(r->episode) : 0;
 	if ((rv = rl_engine_submit_req(s->g->e, &q)) != 0) {
 		if (rv == RL_ETOOBIG)
 			snprintf(msg, sizeof msg, "the prompt of %d tokens and n=%d do not fit: the model's context is "
@@ -528,6 +529,11 @@ tend(serve *s)
 	s->queued = rl_engine_waiting(s->g->e);
 	s->gen_tokens = rl_engine_stats_get(s->g->e)->gen_tokens;
 	s->steps = rl_engine_stats_get(s->g->e)->steps;
+	s->prefilled = rl_engine_stats_get(s->g->e)->prefill_tokens + rl_engine_stats_get(s->g->e)->fed_tokens +
+	    rl_engine_stats_get(s->g->e)->reused_seqs;
+	s->reused = rl_engine_stats_get(s->g->e)->reused_tokens;
+	s->evicted = rl_engine_stats_get(s->g->e)->kept_evicted;
+	rl_engine_kept(s->g->e, &s->kept, &s->kept_blk);
 	s->neps_seen = s->neps;
 	nng_mtx_unlock(s->mu);
 	return s->running > 0 || s->queued > 0;
@@ -567,11 +573,23 @@ metrics(serve *s, nng_aio *aio)
 	    "# HELP rlserve_running_sequences Sequences holding an engine slot.\n"
 	    "# TYPE rlserve_running_sequences gauge\nrlserve_running_sequences %d\n"
 	    "# HELP rlserve_queued_requests Requests waiting for a slot.\n"
-	    "# TYPE rlserve_queued_requests gauge\nrlserve_queued_requests %d\n",
+	    "# TYPE rlserve_queued_requests gauge\nrlserve_queued_requests %d\n"
+	    "# HELP rlserve_prompt_tokens_forwarded_total Prompt tokens run through the model (prefills, and the new "
+	    "tokens after a kept cache).\n"
+	    "# TYPE rlserve_prompt_tokens_forwarded_total counter\nrlserve_prompt_tokens_forwarded_total %llu\n"
+	    "# HELP rlserve_prompt_tokens_reused_total Prompt tokens an episode's kept KV cache already held.\n"
+	    "# TYPE rlserve_prompt_tokens_reused_total counter\nrlserve_prompt_tokens_reused_total %llu\n"
+	    "# HELP rlserve_kv_kept_evicted_total Kept episode caches dropped for room.\n"
+	    "# TYPE rlserve_kv_kept_evicted_total counter\nrlserve_kv_kept_evicted_total %llu\n"
+	    "# HELP rlserve_kv_kept_caches Episode KV caches kept between calls.\n"
+	    "# TYPE rlserve_kv_kept_caches gauge\nrlserve_kv_kept_caches %d\n"
+	    "# HELP rlserve_kv_kept_blocks KV cache blocks they hold.\n"
+	    "# TYPE rlserve_kv_kept_blocks gauge\nrlserve_kv_kept_blocks %d\n",
 	    (unsigned long long)s->n_requests, (unsigned long long)s->n_errors, (unsigned long long)s->n_cancelled,
 	    (unsigned long long)s->gen_tokens, (unsigned long long)s->steps, s->neps_seen,
 	    (unsigned long long)s->n_ep_mismatch, (unsigned long long)s->n_ep_written, s->version,
-	    (unsigned long long)s->n_stale, s->nreq, s->running, s->queued);
+	    (unsigned long long)s->n_stale, s->nreq, s->running, s->queued, (unsigned long long)s->prefilled,
+	    (unsigned long long)s->reused, (unsigned long long)s->evicted, s->kept, s->kept_blk);
 	nng_mtx_unlock(s->mu);
 	if (b.len == 0 || nng_http_res_alloc(&res) != 0) {
 		rl_buf_fini(&b);

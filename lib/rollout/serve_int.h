@@ -101,6 +101,8 @@ typedef struct serve {
 	uint64_t n_requests, n_errors, n_cancelled; /* written by the engine thread under mu */
 	int running, queued;       /* the engine's, as of the engine thread's last pass */
 	uint64_t gen_tokens, steps;
+	uint64_t prefilled, reused, evicted; /* the engine's prompt tokens forwarded / reused, kept caches evicted */
+	int kept, kept_blk;        /* kept episode caches and their blocks */
 	sv_episode *eps;           /* open episodes (engine thread) */
 	int neps, neps_seen;       /* open episodes; as of the last pass, for /metrics */
 	uint64_t n_ep_mismatch, n_ep_written, n_stale;
@@ -138,6 +140,8 @@ void sv_ep_end(serve *s, sv_req *r, const rl_gen_sample *gs, const char *text, s
 int sv_ep_reward(serve *s, const char *id, double reward, char *msg, size_t ml, int *tokens, int *turns);
 int sv_ep_expire(serve *s, double timeout, int all);
 int sv_ep_open(serve *s, const char *id);  /* 1 when the episode is open */
+/* The engine's keep_key of an episode's calls (non-zero). */
+uint64_t sv_ep_key(const char *id);
 
 /* 1 when the Authorization header carries the key (constant time). */
 int sv_auth_ok(const serve *s, const char *authz);

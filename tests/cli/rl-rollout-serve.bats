@@ -498,6 +498,68 @@ PY
 	[ "$(curl -s -o "$TD/body" -w '%{http_code}' --data-binary '{"reward": 1}' "$SURL/rl/episodes/ep-1/reward")" = 404 ]
 }
 
+# episode_run TAG ARGS...: two episodes (ep-a, ep-b) of 4 calls each, interleaved, seeded,
+# against a server started with ARGS; each call's ids and log-probs in $TD/TAG.calls, the
+# records in $TD/TAG.jsonl, the prompt-token counters in $TD/TAG.metrics
+episode_run() {
+	local tag=$1 call ep c
+	shift
+	start_serve -m "$TD/m0" --jsonl -o "$TD/$tag.jsonl" "$@"
+	declare -A hist=([ep-a]="" [ep-b]="")
+	: > "$TD/$tag.calls"
+	for call in 1 2 3 4; do
+		for ep in ep-a ep-b; do
+			local -a contents=()
+			[ -n "${hist[$ep]}" ] && mapfile -t contents <<<"${hist[$ep]}"
+			[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H "X-Episode-Id: $ep" --data-binary \
+			    "{\"model\":\"m0\",\"max_tokens\":8,\"logprobs\":true,\"return_tokens_as_token_ids\":true,\"temperature\":1,\"seed\":$call,\"messages\":$(chat "${contents[@]}")}" \
+			    "$SURL/v1/chat/completions")" = 200 ]
+			jq -c '[$ep, [.choices[0].logprobs.content[].token | ltrimstr("token_id:") | tonumber],
+			    [.choices[0].logprobs.content[].logprob]]' --arg ep "$ep" "$TD/body" >> "$TD/$tag.calls"
+			c=$(jq -c '.choices[0].message.content' "$TD/body")
+			hist[$ep]="${hist[$ep]:+${hist[$ep]}$'\n'}$c"
+		done
+	done
+	for ep in ep-a ep-b; do
+		[ "$(curl -s -o /dev/null -w '%{http_code}' --data-binary '{"reward": 1}' "$SURL/rl/episodes/$ep/reward")" = 200 ]
+	done
+	[ "$(metric rlserve_episode_mismatch_total)" = 0 ]
+	echo "$(metric rlserve_prompt_tokens_forwarded_total) $(metric rlserve_prompt_tokens_reused_total) $(metric rlserve_kv_kept_evicted_total) $(metric rlserve_kv_kept_caches)" > "$TD/$tag.metrics"
+	kill "$SPID"
+	wait "$SPID" || true
+}
+
+@test "episodes: a follow-up call extends the episode's kept KV cache instead of prefilling its history; the same tokens and log-probs as --no-kv-reuse" {
+	episode_run on
+	episode_run off --no-kv-reuse
+	# a budget that holds one episode's cache but not both: kept caches are evicted
+	episode_run small --kv-reuse-mem 24K
+	cat "$TD"/{on,off,small}.metrics
+	python3 - "$TD" <<'PY'
+import json, sys
+td = sys.argv[1]
+calls = {t: [json.loads(l) for l in open(f"{td}/{t}.calls")] for t in ("on", "off", "small")}
+recs = {t: [json.loads(l) for l in open(f"{td}/{t}.jsonl")] for t in ("on", "off", "small")}
+met = {t: [int(x) for x in open(f"{td}/{t}.metrics").read().split()] for t in ("on", "off", "small")}
+assert len(calls["off"]) == 8
+for t in ("on", "small"):
+    for a, b in zip(calls[t], calls["off"]):
+        assert a[0] == b[0] and a[1] == b[1], (t, a, b)          # the same tokens
+        assert all(abs(x - y) < 1e-4 for x, y in zip(a[2], b[2])), (t, a[2], b[2])
+    for a, b in zip(recs[t], recs["off"]):
+        assert a["prompt"] == b["prompt"] and a["response"] == b["response"] and a["loss_mask"] == b["loss_mask"]
+fwd_on, reused_on, _, kept_on = met["on"]
+fwd_off, reused_off, _, _ = met["off"]
+fwd_small, reused_small, evicted_small, _ = met["small"]
+# every prompt token is either forwarded or was in a kept cache
+assert fwd_on + reused_on == fwd_off and fwd_small + reused_small == fwd_off, met
+assert reused_off == 0 and reused_on > fwd_on, met      # most of each follow-up call's prompt is reused
+assert kept_on == 0, met                                # the rewards ended both episodes: nothing kept
+assert evicted_small > 0 and reused_small < reused_on, met
+print("forwarded prompt tokens: reuse", fwd_on, "of", fwd_off, "; small budget", fwd_small)
+PY
+}
+
 @test "episodes: a history that differs is counted and starts the episode again; bad rewards; timeout and shutdown write unrewarded records" {
 	start_serve -m "$TD/m0" --jsonl -o "$TD/ep2.jsonl" --episode-timeout 3
 	req='"model":"m0","max_tokens":4'
