@@ -417,8 +417,11 @@ PY
 	[[ "$output" == *"no key"* ]]
 	run -2 rl-rollout serve --listen 127.0.0.1:1
 	[[ "$output" == *"no model"* ]]
+	run -2 rl-rollout serve -m "$TD/m0" --kv-reuse-mem lots
+	[[ "$output" == *"--kv-reuse-mem"* ]]
 	run -0 rl-rollout serve --help
 	[[ "$output" == *"--api-key-file"* ]]
+	[[ "$output" == *"--no-kv-reuse"* ]]
 }
 
 @test "SIGTERM stops the server cleanly, answering what is in flight" {
