@@ -527,6 +527,8 @@ episode_run() {
 		[ "$(curl -s -o /dev/null -w '%{http_code}' --data-binary '{"reward": 1}' "$SURL/rl/episodes/$ep/reward")" = 200 ]
 	done
 	[ "$(metric rlserve_episode_mismatch_total)" = 0 ]
+	# the gauges are updated between engine steps, just after the answers
+	for _ in $(seq 40); do [ "$(metric rlserve_kv_kept_caches)" = 0 ] && break; sleep 0.05; done
 	echo "$(metric rlserve_prompt_tokens_forwarded_total) $(metric rlserve_prompt_tokens_reused_total) $(metric rlserve_kv_kept_evicted_total) $(metric rlserve_kv_kept_caches)" > "$TD/$tag.metrics"
 	kill "$SPID"
 	wait "$SPID" || true
@@ -567,9 +569,16 @@ PY
 	start_serve -m "$TD/m0" --jsonl -o "$TD/ep2.jsonl" --episode-timeout 3
 	req='"model":"m0","max_tokens":4'
 	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: a' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 200 ]
+	# (the gauges are updated between engine steps, just after the answer)
+	for _ in $(seq 40); do [ "$(metric rlserve_kv_kept_caches)" = 1 ] && break; sleep 0.05; done
+	[ "$(metric rlserve_kv_kept_caches)" = 1 ]
+	fwd=$(metric rlserve_prompt_tokens_forwarded_total)
 	# the client edits the answer: not what was generated
 	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: a' --data-binary "{$req,\"messages\":$(chat '"edited"')}" "$SURL/v1/chat/completions")" = 200 ]
 	[ "$(metric rlserve_episode_mismatch_total)" = 1 ]
+	# its kept cache was dropped with the history: the call was prefilled whole
+	[ "$(metric rlserve_prompt_tokens_reused_total)" = 0 ]
+	[ "$(metric rlserve_prompt_tokens_forwarded_total)" = $((fwd + $(jq .usage.prompt_tokens "$TD/body"))) ]
 	grep -q "episode 'a': the prompt does not continue" "$TD/serve.err"
 	[ "$(curl -s -o "$TD/body" -w '%{http_code}' --data-binary '{"reward": "high"}' "$SURL/rl/episodes/a/reward")" = 400 ]
 	jq -e '.error.param == "reward"' "$TD/body"
