@@ -4,7 +4,7 @@
  * trainer_state.json in the full ones (the data position --resume reads
  * back) at a new run's first step, every --save-minutes and --save-every
  * and at the end, the newest --keep kept, each version also pushed to --sync
- * and the weights group.
+ * and the weights group; with ZeRO the AdamW state as one file per rank.
  * Leaves out: the checkpoint format itself (model/ckpt.c).
  */
 #include <dirent.h>
@@ -222,8 +222,17 @@ rli_save_publish(trainer *tr, int full, int push)
 			rl_error("cannot publish version %d to '%s'", tr->m->version, tr->o->sync_url);
 		return rv;
 	}
-	if ((rv = rl_ckpt_save(tr->m, tr->o->out_dir, full, dir, sizeof dir)) != 0)
+	if (tr->shard_pending && full) {
+		/* ZeRO: the index here, every rank's shard beside it, then the
+		 * state that makes the directory a full checkpoint */
+		rl_ckpt_shards sh = { tr->world, tr->ckpt_id };
+		rv = rl_ckpt_save_sharded(tr->m, tr->o->out_dir, &sh, dir, sizeof dir);
+		int r2 = rli_zero_save_shards(tr, rv == 0);
+		if ((rv = rv ? rv : r2) != 0)
+			return rv;
+	} else if ((rv = rl_ckpt_save(tr->m, tr->o->out_dir, full, dir, sizeof dir)) != 0) {
 		return rv;
+	}
 	if (full && (rv = write_state(tr, dir)) != 0)
 		return rv;
 	/* rl-sync: the new version goes out as a delta against the last one */
@@ -403,11 +412,19 @@ rli_save_step(trainer *tr)
 
 	if ((rv = full_due(tr, &full)) != 0)
 		return rv;
-	if (tr->zero && full && (rv = rli_zero_gather_opt(tr)) != 0)
+	if (tr->zero && full && (rv = rli_zero_ckpt_id(tr)) != 0)
 		return rv;
-	if (tr->rank == 0 && (rv = rli_save_publish(tr, full, 1)) != 0)
+	tr->shard_pending = tr->zero && full;
+	if (tr->rank == 0)
+		rv = rli_save_publish(tr, full, 1);
+	/* the other ranks write their shards when rank 0 has the directory
+	 * (or learn that it failed) */
+	if (tr->shard_pending) {
+		int r2 = rli_zero_save_shards(tr, tr->rank != 0 || rv == 0);
+		rv = rv ? rv : r2;
+	}
+	if (rv != 0)
 		return rv;
-	rli_zero_release_opt(tr);
 	if (full) {
 		tr->t_full = rl_now();
 		tr->have_full = 1;
@@ -429,19 +446,25 @@ rli_save_final(trainer *tr, int start_step)
 		snprintf(opt, sizeof opt, "%s/step-%08d/optimizer.safetensors", o->out_dir, tr->m->version);
 		need = access(opt, R_OK) != 0;
 	}
-	/* ZeRO: every rank sends its share of the optimizer state */
+	/* ZeRO: every rank writes its shard of the optimizer state */
 	if (tr->zero && ((rv = rl_comm_host_broadcast(tr->comm, &need, sizeof need, 0)) != 0 ||
-	    (need && (rv = rli_zero_gather_opt(tr)) != 0)))
+	    (need && (rv = rli_zero_ckpt_id(tr)) != 0)))
 		return rv;
-	if (need && tr->rank == 0) {
+	if (!need)
+		return RL_OK;
+	tr->shard_pending = tr->zero;
+	rv = RL_OK;
+	if (tr->rank == 0) {
 		snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr->m->version);
 		rl_io_remove_tree(dir);
 		tr->groups_pending = 1;
-		if ((rv = rli_save_publish(tr, 1, 0)) != 0)
-			return rv;
+		rv = rli_save_publish(tr, 1, 0);
 	}
-	rli_zero_release_opt(tr);
-	return RL_OK;
+	if (tr->shard_pending) {
+		int r2 = rli_zero_save_shards(tr, tr->rank != 0 || rv == 0);
+		rv = rv ? rv : r2;
+	}
+	return rv;
 }
 
 int
