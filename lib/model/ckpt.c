@@ -954,3 +954,113 @@ rl_ckpt_run_live(const char *root)
 	close(fd); /* releases a shared lock taken here */
 	return live;
 }
+
+/* The part a tensor goes to: by where its first byte falls in the Hugging
+ * Face tensors' bytes, so each part carries about 1/nparts of them, whole
+ * tensors only, in table order. */
+static int
+part_of(size_t before, size_t total, int nparts)
+{
+	return total ? (int)((unsigned __int128)before * (unsigned)nparts / total) : 0;
+}
+
+int
+rl_ckpt_part_files(rl_ckpt_file **out, int *nout, rl_model *m, int part, int nparts)
+{
+	rl_ckpt_file *all = NULL, *f = NULL;
+	rl_st_entry *e = NULL;
+	uint8_t *img = NULL;
+	size_t nimg = 0, total = 0, before = 0, maxn = 0;
+	int rv, n = m->tt.n, nall = 0, nf = 0, nhf = 0, ne = 0, *idx = NULL, dtype = m->cfg.dtype;
+	char fname[64];
+	const char *meta[] = { "format", "pt" };
+	cJSON *root = NULL, *wm;
+
+	*out = NULL;
+	*nout = 0;
+	if (m->lora != NULL || part < 0 || part >= nparts) {
+		rl_error("%s", m->lora ? "a version in parts of LoRA adapters: not supported (they are small)" :
+		    "bad part");
+		return RL_EINVAL;
+	}
+	if (dtype != RL_F32 && dtype != RL_BF16 && dtype != RL_F16)
+		dtype = RL_F32;
+	while (nhf < n && !(m->tt.t[nhf].flags & (RL_T_AUX | RL_T_LORA)))
+		nhf++;
+	for (int i = 0; i < nhf; i++) {
+		total += m->tt.t[i].n * rl_dtype_size(dtype);
+		maxn = RL_MAX(maxn, m->tt.t[i].n);
+	}
+	e = rl_xcalloc((size_t)nhf + 1, sizeof *e);
+	idx = rl_xcalloc((size_t)nhf + 1, sizeof *idx);
+	root = cJSON_CreateObject();
+	cJSON_AddNumberToObject(cJSON_AddObjectToObject(root, "metadata"), "total_size", (double)total);
+	wm = cJSON_AddObjectToObject(root, "weight_map");
+	for (int i = 0; i < nhf; i++) {
+		int p = part_of(before, total, nparts);
+		before += m->tt.t[i].n * rl_dtype_size(dtype);
+		snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", p + 1, nparts);
+		cJSON_AddStringToObject(wm, m->tt.t[i].name, fname);
+		if (p != part)
+			continue;
+		idx[ne] = i;
+		e[ne].name = m->tt.t[i].name;
+		e[ne].dtype = dtype;
+		e[ne].ndim = rl_tensor_file_shape(&m->tt.t[i], e[ne].shape);
+		ne++;
+	}
+	/* the part's file name lives behind the entries: freed with them */
+	f = rl_xcalloc(1, 16 * sizeof *f + 64);
+	{
+		fill_ctx fc = { .m = m, .dtype = dtype, .idx = idx };
+		if ((fc.buf = rl_try_malloc((maxn ? maxn : 1) * sizeof(float), "checkpoint buffer")) == NULL) {
+			rv = RL_ENOMEM;
+			goto out;
+		}
+		rv = rl_st_write_mem(&img, &nimg, e, ne, meta, 1, fill, &fc);
+		free(fc.buf);
+		if (rv != 0)
+			goto out;
+	}
+	snprintf((char *)(f + 16), 64, "model-%05d-of-%05d.safetensors", part + 1, nparts);
+	f[nf].name = (const char *)(f + 16);
+	f[nf].data = img;
+	f[nf++].size = nimg;
+	img = NULL;
+	if (part == 0) {
+		/* the rest of the directory: config, the index naming every
+		 * tensor's file, the tokenizer (those of the whole version's files) */
+		char *ix = cJSON_Print(root);
+		size_t nix = strlen(ix);
+		char *ixn = rl_xmalloc(nix + 2);
+		memcpy(ixn, ix, nix);
+		ixn[nix] = '\n';
+		cJSON_free(ix);
+		f[nf].name = "model.safetensors.index.json";
+		f[nf].data = (uint8_t *)ixn;
+		f[nf++].size = nix + 1;
+		if ((rv = rl_ckpt_weight_files(&all, &nall, m)) != 0)
+			goto out;
+		for (int k = 0; k < nall && nf < 16; k++) {
+			if (strcmp(all[k].name, "model.safetensors") == 0 ||
+			    strcmp(all[k].name, "model.safetensors.index.json") == 0)
+				continue;
+			f[nf].name = all[k].name;
+			f[nf].data = all[k].data;
+			f[nf++].size = all[k].size;
+			all[k].data = NULL;
+		}
+	}
+	*out = f;
+	*nout = nf;
+	f = NULL;
+	rv = RL_OK;
+out:
+	rl_ckpt_files_free(all, nall);
+	rl_ckpt_files_free(f, nf);
+	free(img);
+	free(e);
+	free(idx);
+	cJSON_Delete(root);
+	return rv;
+}

@@ -113,6 +113,14 @@ typedef struct rl_ckpt_file {
 } rl_ckpt_file;
 int rl_ckpt_weight_files(rl_ckpt_file **out, int *n, rl_model *m);
 void rl_ckpt_files_free(rl_ckpt_file *f, int n); /* NULL ok */
+/* rl_ckpt_part_files: part `part` of `nparts` of those files, as a sharded
+ * Hugging Face directory: model-PPPPP-of-NNNNN.safetensors (1-based) with
+ * the tensors whose first byte falls in the part's 1/nparts of the model's
+ * bytes (whole tensors, table order); part 0 also config.json,
+ * model.safetensors.index.json (every tensor's file) and the tokenizer
+ * files.  Together the parts are a directory transformers and rl_model_open
+ * load.  Not with LoRA adapters. */
+int rl_ckpt_part_files(rl_ckpt_file **out, int *n, rl_model *m, int part, int nparts);
 
 /* Sharded AdamW state (ckpt_shard.c).  A save's id is in every file of
  * it, so that pieces of another run or step are refused. */

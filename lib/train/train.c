@@ -509,6 +509,8 @@ rli_train_fini(trainer *tr, int rv)
 	rl_progress_done(&tr->prog);
 	rli_metrics_close(tr);
 	rl_wsync_close(tr->ws);
+	rl_wsync_client_close(tr->wpc);
+	rl_wver_destroy(tr->wpart);
 	/* the group's end: the workers go on with the last version */
 	r2 = rl_wgroup_close(tr->wg, rv == 0);
 	if (rv == 0)

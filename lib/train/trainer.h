@@ -118,6 +118,8 @@ typedef struct trainer {
 	double t_model;  /* seconds in model forward/backward/AdamW this step */
 	double t_pub;    /* seconds publishing the step's checkpoint */
 	rl_wsync *ws;    /* --sync */
+	rl_wsync_client *wpc;    /* --push-parts: this rank's client */
+	rl_wver *wpart;          /* --push-parts: the part pushed last, the next one's delta base */
 	/* queue mode */
 	rl_qclient *qc;
 	rl_qlease lease;
