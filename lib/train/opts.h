@@ -35,6 +35,7 @@ typedef struct rl_train_opts {
 	const char *prom_path;     /* --prom-file FILE: the last step as Prometheus text, or NULL */
 	const char *sync_url;      /* --sync URL: also push each version to rl-sync (or a directory) */
 	int sync_transport;        /* --sync-transport: RL_WSYNC_T_* (0: auto) */
+	int push_parts;            /* --push-parts: every rank pushes its part of each version */
 	const char *wgroup_addr;   /* --weights-group HOST:PORT: broadcast each version (wgroup.h) */
 	int wgroup_size;           /* its size: this trainer + the rollout workers */
 	const char *wgroup_backend; /* auto, cpu, nccl */
