@@ -35,6 +35,12 @@ typedef struct gen {
 	rl_wstat *wst;         /* queue mode: stats reported to the broker */
 	rl_progress prog;
 	uint64_t q_bad, q_put;
+	/* queue mode: prompts being generated, so that those the broker's early
+	 * stop aborted (rl_qlease_info.aborts moved) are found and cancelled */
+	struct prompt **qlive;
+	size_t nqlive, capqlive;
+	uint32_t q_aborts;     /* the broker's early-stop count last seen */
+	uint64_t q_aborted;    /* prompts cancelled so */
 	/* state */
 	rl_ops *ops;
 	rl_model *m;
@@ -84,6 +90,7 @@ typedef struct prompt {
 	int remaining;
 	int gsize;       /* samples in its group */
 	rl_traj_batch *out; /* queue mode: the group's records, put when complete */
+	uint64_t qlease, qid; /* queue mode: the prompt record's lease and id */
 } prompt;
 
 void rli_prompt_free(prompt *p); /* accepts NULL; not p->out */
