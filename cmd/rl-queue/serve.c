@@ -42,8 +42,10 @@ static const char usage_text[] =
 	"      --oversample F       over-sampling with early stop: admit F x the gate's\n"
 	"                           groups (F > 1, at most 16); once (K+1) x batch groups\n"
 	"                           are complete, abort the prompts still generating\n"
-	"      --stragglers requeue|drop  what early stop does with an aborted prompt:\n"
-	"                           back to the head of the prompts (default), or dropped\n"
+	"      --stragglers requeue|drop|continue  what early stop does with a prompt\n"
+	"                           still generating: aborted and put back at the head of\n"
+	"                           the prompts (default), aborted and dropped, or left to\n"
+	"                           its generator (rl-rollout --partial: new weights)\n"
 	"  -t, --lease-timeout S    seconds a lease lasts unless renewed (default 60)\n"
 	"  -m, --max-bytes SIZE     memory bound on stored records; producers are\n"
 	"                           told busy above it (k/M/G suffixes; default 1G)\n"
@@ -218,8 +220,10 @@ rlq_serve_main(int argc, char **argv)
 				cfg.queue.stragglers = RL_QSTRAG_REQUEUE;
 			else if (strcmp(optarg, "drop") == 0)
 				cfg.queue.stragglers = RL_QSTRAG_DROP;
+			else if (strcmp(optarg, "continue") == 0)
+				cfg.queue.stragglers = RL_QSTRAG_CONTINUE;
 			else
-				return rl_cli_usage("--stragglers: bad value '%s' (requeue or drop)", optarg);
+				return rl_cli_usage("--stragglers: bad value '%s' (requeue, drop or continue)", optarg);
 			straggler_opt = 1;
 			break;
 		case 't':
@@ -268,6 +272,11 @@ rlq_serve_main(int argc, char **argv)
 	if (cfg.queue.oversample > 1 && cfg.queue.train_batch == 0)
 		return rl_cli_usage("--oversample needs the gate: --train-batch above 0");
 	rl_log_set_level(verbosity);
+	if (cfg.queue.oversample > 1 && cfg.queue.stragglers == RL_QSTRAG_CONTINUE && cfg.queue.max_staleness == 0 &&
+	    !cfg.queue.auto_k)
+		rl_warn("serve: --stragglers continue with --max-staleness 0: a straggler that finishes after its "
+		    "step is older than the next version, and %s", cfg.queue.stale == RL_QSTALE_DROP ? "dropped" :
+		    "generated again");
 	if (cfg.queue.train_batch == 0)
 		rl_warn("serve: --train-batch 0: no admission gate; groups generated more than %u versions "
 		    "before the trainer's are %s", cfg.queue.max_staleness,

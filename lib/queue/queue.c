@@ -1336,7 +1336,8 @@ step_closed(const rl_queue *q)
 }
 
 /* After a put or a new version: the stragglers are aborted (journaled):
- * when the step closed, every leased prompt whose group is not complete;
+ * when the step closed, every leased prompt whose group is not complete
+ * (not with --stragglers continue);
  * always, a prompt leased more than K versions ago, whose group could only
  * be dropped as stale (a generator may run newer weights than the broker's
  * version at the lease; the lease's version is what the broker knows). */
@@ -1349,7 +1350,7 @@ early_stop(rl_queue *q)
 
 	if (!oversampling(q) || q->st.depth[RL_QS_LEASED] == 0)
 		return RL_OK;
-	closed = step_closed(q);
+	closed = q->cfg.stragglers != RL_QSTRAG_CONTINUE && step_closed(q);
 	if (!closed && q->version <= K)
 		return RL_OK;
 	if ((ids = rl_try_malloc(q->st.depth[RL_QS_LEASED] * 8, "early stop")) == NULL)
@@ -1360,7 +1361,7 @@ early_stop(rl_queue *q)
 		    (closed || (e->version >= 0 && (uint64_t)e->version + K < q->version)))
 			ids[n++] = e->id;
 	}
-	rv = n ? apply_abort(q, q->cfg.stragglers, ids, n) : RL_OK;
+	rv = n ? apply_abort(q, q->cfg.stragglers == RL_QSTRAG_DROP ? RL_QSTRAG_DROP : RL_QSTRAG_REQUEUE, ids, n) : RL_OK;
 	free(ids);
 	return rv;
 }

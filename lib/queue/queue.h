@@ -47,8 +47,10 @@ enum rl_qstate {
 const char *rl_qstate_name(int s);
 
 enum rl_qstale { RL_QSTALE_DROP = 0, RL_QSTALE_REGEN = 1 };
-/* What early stop does with a straggler's prompt (--stragglers). */
-enum rl_qstrag { RL_QSTRAG_REQUEUE = 0, RL_QSTRAG_DROP = 1 };
+/* What early stop does with a straggler's prompt (--stragglers): re-queue
+ * it, drop it, or leave it to its generator (continue: only the admission
+ * stops; with rl-rollout --partial it goes on with the new weights). */
+enum rl_qstrag { RL_QSTRAG_REQUEUE = 0, RL_QSTRAG_DROP = 1, RL_QSTRAG_CONTINUE = 2 };
 
 typedef struct rl_queue_config {
 	uint32_t max_staleness;   /* K (with auto_k: where it starts) */
@@ -65,7 +67,9 @@ typedef struct rl_queue_config {
 	                           * buffered, no prompt is admitted and every leased prompt whose
 	                           * group is incomplete is aborted.  0 or 1: off */
 	int stragglers;           /* RL_QSTRAG_REQUEUE (default): an aborted prompt goes back to the
-	                           * head of the prompts; RL_QSTRAG_DROP: it is finished, not trained */
+	                           * head of the prompts; RL_QSTRAG_DROP: it is finished, not trained;
+	                           * RL_QSTRAG_CONTINUE: not aborted when the step closes (a lease
+	                           * older than K versions is still aborted, and re-queued) */
 	const char *data_dir;     /* borrowed; NULL: no journal */
 	uint64_t compact_bytes;   /* compact when the journal passes max(this, 2 x live bytes); 256 MiB */
 	uint32_t dedup_window;    /* finished record ids (and group ids) remembered; 1M */
