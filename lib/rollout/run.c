@@ -199,6 +199,8 @@ rli_run_generate(gen *g)
 
 	if ((rv = rl_io_fopen(&in, g->o.input, "r")) != 0)
 		return rv;
+	if (g->o.auto_k)
+		rli_autok_init(g);
 	g->t0 = rl_now();
 	rl_progress_init(&g->prog, g->o.quiet);
 	for (;;) {
@@ -223,7 +225,10 @@ rli_run_generate(gen *g)
 			int done = g->o.resume_dir && rl_gset_has(&g->done, g->nonce | (g->groups & 0xffffffffULL));
 			if (!done && (g->o.weights_from || g->ws || g->wg) && g->o.max_staleness >= 0) {
 				/* the staleness gate: group k belongs to trainer batch k / train_batch
-				 * (groups skipped by --resume count as emitted) */
+				 * (groups skipped by --resume count as emitted); auto: K as the
+				 * rule has it now */
+				if ((rv = rli_autok_poll(g)) != 0)
+					goto out;
 				int need = (int)(g->groups / (uint64_t)g->o.train_batch) - g->o.max_staleness;
 				if (g->version < need) {
 					if (rl_engine_active(g->e) > 0 || rl_engine_waiting(g->e) > 0 || rli_env_pending(g) > 0)
@@ -311,6 +316,9 @@ rli_run_generate(gen *g)
 		rv = rli_env_finish(g);
 out:
 	progress(g, 1);
+	if (g->o.auto_k && !g->o.quiet)
+		rl_info("max-staleness auto: K %u at the end, %llu changes over %llu windows", g->ak.k,
+		    (unsigned long long)g->ak.changes, (unsigned long long)g->ak.windows);
 	free(line);
 	if (in && in != stdin)
 		fclose(in);
