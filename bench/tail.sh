@@ -13,7 +13,7 @@
 # trained per wall second and per CPU second, the broker's early stops and
 # stale drops.  Then a summary line: auto-es against the best fixed K and
 # against sync.  The machine may be shared: CPU seconds are the steadier
-# figure.
+# figure.  Environment: HIDDEN (64) and LAYERS (2), the model's size.
 set -eu
 steps=${1:-12}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,9 +21,9 @@ B=${RL_BUILD:-build}
 PATH="$root/$B/bin:$PATH"; export PATH
 d=$(mktemp -d)
 trap 'rm -rf "$d"' EXIT
-cat > "$d/cfg.json" <<'JSON'
-{"model_type":"qwen2","vocab_size":261,"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,
- "num_key_value_heads":2,"intermediate_size":128,"max_position_embeddings":256,"torch_dtype":"float32"}
+cat > "$d/cfg.json" <<JSON
+{"model_type":"qwen2","vocab_size":261,"hidden_size":${HIDDEN:-64},"num_hidden_layers":${LAYERS:-2},"num_attention_heads":4,
+ "num_key_value_heads":2,"intermediate_size":$((2 * ${HIDDEN:-64})),"max_position_embeddings":256,"torch_dtype":"float32"}
 JSON
 rl-train -q --init "$d/cfg.json" --tokenizer bytes --out "$d/m0" --seed 1 2>/dev/null
 n=$((steps * 2 * 2))   # twice the prompts the steps take: room for over-sampling
