@@ -39,6 +39,13 @@ static const char usage_text[] =
 	"  -b, --train-batch B      groups per trainer step, for the gate: rl-rollout's\n"
 	"                           --train-batch, rl-train's --batch (default 8; 0: no gate)\n"
 	"      --stale drop|regen   what happens to a stale group (default drop)\n"
+	"      --oversample F       over-sampling with early stop: admit F x the gate's\n"
+	"                           groups (F > 1, at most 16); once (K+1) x batch groups\n"
+	"                           are complete, abort the prompts still generating\n"
+	"      --stragglers requeue|drop|continue  what early stop does with a prompt\n"
+	"                           still generating: aborted and put back at the head of\n"
+	"                           the prompts (default), aborted and dropped, or left to\n"
+	"                           its generator (rl-rollout --partial: new weights)\n"
 	"  -t, --lease-timeout S    seconds a lease lasts unless renewed (default 60)\n"
 	"  -m, --max-bytes SIZE     memory bound on stored records; producers are\n"
 	"                           told busy above it (k/M/G suffixes; default 1G)\n"
@@ -85,7 +92,7 @@ stats_cb(void *arg, char **json)
 
 enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER,
        OPT_LISTEN_PUBLIC, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_AUTH_KEY, OPT_AUTO_HOLD, OPT_AUTO_BUBBLE,
-       OPT_AUTO_DRIFT };
+       OPT_AUTO_DRIFT, OPT_OVERSAMPLE, OPT_STRAGGLERS };
 
 /* --max-staleness K or auto[:MAX] */
 static int
@@ -136,6 +143,8 @@ rlq_serve_main(int argc, char **argv)
 		{ "auto-hold", required_argument, NULL, OPT_AUTO_HOLD },
 		{ "auto-bubble", required_argument, NULL, OPT_AUTO_BUBBLE },
 		{ "auto-drift", required_argument, NULL, OPT_AUTO_DRIFT },
+		{ "oversample", required_argument, NULL, OPT_OVERSAMPLE },
+		{ "stragglers", required_argument, NULL, OPT_STRAGGLERS },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
@@ -145,7 +154,7 @@ rlq_serve_main(int argc, char **argv)
 	const char *http = NULL, *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL, *auth_key = NULL;
 	rl_qserve *s = NULL;
 	rl_qhttp *hs = NULL;
-	int c, rv, http_public = 0, listen_public = 0, verbosity = RL_LOG_NORMAL, auto_opts = 0;
+	int c, rv, http_public = 0, listen_public = 0, verbosity = RL_LOG_NORMAL, auto_opts = 0, straggler_opt = 0;
 	long long v;
 	uint64_t sz;
 	double d;
@@ -202,6 +211,21 @@ rlq_serve_main(int argc, char **argv)
 				return rl_cli_usage("--stale: bad value '%s' (drop or regen)", optarg);
 			}
 			break;
+		case OPT_OVERSAMPLE:
+			if ((rv = rl_cli_double(c, optarg, 1, 16, &cfg.queue.oversample)) != 0)
+				return rv;
+			break;
+		case OPT_STRAGGLERS:
+			if (strcmp(optarg, "requeue") == 0)
+				cfg.queue.stragglers = RL_QSTRAG_REQUEUE;
+			else if (strcmp(optarg, "drop") == 0)
+				cfg.queue.stragglers = RL_QSTRAG_DROP;
+			else if (strcmp(optarg, "continue") == 0)
+				cfg.queue.stragglers = RL_QSTRAG_CONTINUE;
+			else
+				return rl_cli_usage("--stragglers: bad value '%s' (requeue, drop or continue)", optarg);
+			straggler_opt = 1;
+			break;
 		case 't':
 			if ((rv = rl_cli_double(c, optarg, 0.001, 86400 * 7, &d)) != 0)
 				return rv;
@@ -243,7 +267,16 @@ rlq_serve_main(int argc, char **argv)
 		return rl_cli_usage("serve: unexpected argument '%s'", argv[optind]);
 	if (auto_opts && !cfg.queue.auto_k)
 		return rl_cli_usage("--auto-hold, --auto-bubble and --auto-drift need --max-staleness auto[:MAX]");
+	if (straggler_opt && !(cfg.queue.oversample > 1))
+		return rl_cli_usage("--stragglers needs --oversample F with F > 1");
+	if (cfg.queue.oversample > 1 && cfg.queue.train_batch == 0)
+		return rl_cli_usage("--oversample needs the gate: --train-batch above 0");
 	rl_log_set_level(verbosity);
+	if (cfg.queue.oversample > 1 && cfg.queue.stragglers == RL_QSTRAG_CONTINUE && cfg.queue.max_staleness == 0 &&
+	    !cfg.queue.auto_k)
+		rl_warn("serve: --stragglers continue with --max-staleness 0: a straggler that finishes after its "
+		    "step is older than the next version, and %s", cfg.queue.stale == RL_QSTALE_DROP ? "dropped" :
+		    "generated again");
 	if (cfg.queue.train_batch == 0)
 		rl_warn("serve: --train-batch 0: no admission gate; groups generated more than %u versions "
 		    "before the trainer's are %s", cfg.queue.max_staleness,

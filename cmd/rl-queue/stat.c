@@ -140,6 +140,12 @@ print_text(const cJSON *o)
 	    num(o, "total.expired_records"), num(o, "total.released"), num(o, "total.late_acks"));
 	printf("stale: dropped %.0f  regenerated %.0f  unversioned %.0f\n", num(o, "total.stale_dropped"),
 	    num(o, "total.stale_regenerated"), num(o, "total.unversioned"));
+	if (cJSON_GetObjectItemCaseSensitive(o, "oversample"))
+		printf("early stop: oversample %.2f  complete groups %.0f  stops %.0f  aborted %.0f (requeued %.0f, "
+		    "dropped %.0f with %.0f samples)  late samples refused %.0f\n", num(o, "oversample"),
+		    num(o, "complete_groups"), num(o, "total.early_stops"), num(o, "total.aborted"),
+		    num(o, "total.abort_requeued"), num(o, "total.abort_dropped"), num(o, "total.abort_dropped_samples"),
+		    num(o, "total.abort_late"));
 	printf("staleness (v - version of samples trained):");
 	cJSON_ArrayForEach(e, h) {
 		printf(" %d%s:%.0f", i, i == 8 ? "+" : "", e->valuedouble);

@@ -58,6 +58,9 @@ static const char usage_text[] =
     "      --weights-from DIR  load new weight versions from DIR/latest as they appear (a LoRA\n"
     "                          run's adapter checkpoints: each merged into -m's weights)\n"
     "      --max-staleness K   wait for version >= batches emitted - K (with --weights-from)\n"
+    "      --max-staleness auto[:MAX]  K between 0 and MAX (default 4) from this process's\n"
+    "                          idle time and the trainer's, and its drift (needs --trainer-metrics)\n"
+    "      --trainer-metrics F rl-train's --metrics file, read as it grows (auto K)\n"
     "      --resume DIR        continue the run rl-train --out DIR checkpointed: start from its newest\n"
     "                          full checkpoint's weights, skip the prompts of the groups done there\n"
     "      --train-batch G     groups per trainer step, for --max-staleness (default 8)\n"
@@ -98,7 +101,7 @@ enum {
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
 	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY, O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE,
 	O_WGBACK, O_DSTEPS, O_RESUME, O_NOTHINK, O_BTIMEOUT, O_ENV, O_ENVPROCS, O_ENVTIMEOUT, O_ENVFRAME, O_MAXTURNS,
-	O_MAXEP, O_ADAPTER
+	O_MAXEP, O_ADAPTER, O_TMETRICS
 };
 
 static const struct option longopts[] = {
@@ -115,6 +118,7 @@ static const struct option longopts[] = {
 	{ "adapter", required_argument, 0, O_ADAPTER },
 	{ "resume", required_argument, 0, O_RESUME },
 	{ "max-staleness", required_argument, 0, O_STALE }, { "train-batch", required_argument, 0, O_TBATCH },
+	{ "trainer-metrics", required_argument, 0, O_TMETRICS },
 	{ "partial", no_argument, 0, O_PARTIAL }, { "skip-bad", no_argument, 0, O_SKIPBAD },
 	{ "score", required_argument, 0, O_SCORE }, { "queue", required_argument, 0, O_QUEUE },
 	{ "tls-cert", required_argument, 0, O_TLS_CERT }, { "tls-key", required_argument, 0, O_TLS_KEY },
@@ -146,6 +150,13 @@ check_opts(const rl_rollout_opts *o)
 {
 	if (o->max_staleness >= 0 && !o->weights_from && !o->sync_url && !o->wgo.addr)
 		return rl_cli_usage("--max-staleness needs --weights-from DIR, --sync URL or --weights-group");
+	if (o->auto_k && o->queue_url)
+		return rl_cli_usage("--max-staleness auto is the pipe wiring's: with --queue the broker chooses K "
+		    "(rl-queue serve --max-staleness auto)");
+	if (o->auto_k && !o->trainer_metrics)
+		return rl_cli_usage("--max-staleness auto needs --trainer-metrics FILE (rl-train's --metrics file)");
+	if (o->trainer_metrics && !o->auto_k)
+		return rl_cli_usage("--trainer-metrics is read for --max-staleness auto[:MAX] only");
 	if (o->wgo.addr && (!o->wgo.rank || !o->wgo.world || o->wgo.rank >= o->wgo.world))
 		return rl_cli_usage("--weights-group needs --weights-group-rank R and --weights-group-size N, "
 		    "1 <= R < N");
@@ -230,7 +241,19 @@ parse_opt(rl_rollout_opts *o, int c, const char *a, int *verbosity)
 	case O_WFROM: o->weights_from = a; break;
 	case O_ADAPTER: o->adapter_dir = a; break;
 	case O_RESUME: o->resume_dir = a; break;
-	case O_STALE: rv = rl_cli_int32(c, a, 0, 1000000000, &o->max_staleness); break;
+	case O_STALE:
+		o->auto_k = 0;
+		if (strncmp(a, "auto", 4) == 0 && (a[4] == 0 || a[4] == ':')) {
+			o->auto_k = 1;
+			o->auto_kmax = 4;
+			o->max_staleness = 0;
+			if (a[4] == ':' && (rv = rl_cli_int32(c, a + 5, 0, 1000000, &o->auto_kmax)) != 0)
+				return rl_cli_usage("--max-staleness: bad value '%s' (K, auto or auto:MAX)", a);
+			break;
+		}
+		rv = rl_cli_int32(c, a, 0, 1000000000, &o->max_staleness);
+		break;
+	case O_TMETRICS: o->trainer_metrics = a; break;
 	case O_TBATCH: rv = rl_cli_int32(c, a, 1, 1000000000, &o->train_batch); break;
 	case O_PARTIAL: o->partial = 1; break;
 	case O_SKIPBAD: o->skip_bad = 1; break;

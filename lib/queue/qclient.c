@@ -587,6 +587,7 @@ rl_qclient_lease(rl_qclient *c, const rl_qlease_req *req, rl_qlease *l)
 	l->id = info.lease_id;
 	l->deadline_ms = info.deadline_ms;
 	l->version = info.version;
+	l->aborts = info.aborts;
 	if (info.n == 0)
 		goto out;
 	if (rh.flags & RL_QF_ZSTD) {

@@ -92,6 +92,7 @@ typedef struct rl_qlease {
 	int stage;
 	rl_traj_batch *batch; /* owned; NULL until the first lease */
 	uint32_t dropped;     /* redelivered records dropped by dedup */
+	uint32_t aborts;      /* the broker's early stops so far (rl_qlease_info.aborts) */
 } rl_qlease;
 void rl_qlease_init(rl_qlease *l);
 void rl_qlease_fini(rl_qlease *l);   /* accepts an initialised, unused lease */

@@ -78,7 +78,7 @@ rl_qlease_info_encode(uint8_t out[RL_QLEASE_INFO_LEN], const rl_qlease_info *r)
 	rl_le64_put(out + 8, r->deadline_ms);
 	rl_le64_put(out + 16, r->version);
 	rl_le32_put(out + 24, r->n);
-	rl_le32_put(out + 28, r->reserved);
+	rl_le32_put(out + 28, r->aborts);
 }
 
 void
@@ -88,7 +88,7 @@ rl_qlease_info_decode(rl_qlease_info *r, const uint8_t in[RL_QLEASE_INFO_LEN])
 	r->deadline_ms = rl_le64_get(in + 8);
 	r->version = rl_le64_get(in + 16);
 	r->n = rl_le32_get(in + 24);
-	r->reserved = rl_le32_get(in + 28);
+	r->aborts = rl_le32_get(in + 28);
 }
 
 void

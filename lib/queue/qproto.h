@@ -81,7 +81,8 @@ enum rl_qflag {
  * GENERATED (reward), put SCORED / lease SCORED (train: whole groups). */
 enum rl_qstage { RL_QSTAGE_PROMPT = 0, RL_QSTAGE_GENERATED = 1, RL_QSTAGE_SCORED = 2, RL_QSTAGE_COUNT };
 
-/* Ack kinds (ACK fixed part). */
+/* Ack kinds (ACK fixed part).  EXTEND with ids counts in `late` those the
+ * lease no longer holds (expired, or aborted by early stop). */
 /* TRAINED: the trainer trained these records but holds their lease until a
  * full checkpoint covers them (docs/queue.md, "Exactly once"): they no
  * longer count as in flight for the staleness gate; the lease is renewed. */
@@ -110,7 +111,9 @@ typedef struct rl_qlease_info {
 	uint64_t deadline_ms;  /* wall clock, ms since the epoch */
 	uint64_t version;      /* trainer version in force */
 	uint32_t n;            /* records in the batch */
-	uint32_t reserved;
+	uint32_t aborts;       /* the broker's early stops so far (low 32 bits; 0 from brokers
+	                        * without --oversample): a rollout worker that sees it change asks
+	                        * which of its prompts are still leased (EXTEND with their ids) */
 } rl_qlease_info;
 #define RL_QLEASE_INFO_LEN 32
 

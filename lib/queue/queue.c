@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -175,6 +176,8 @@ typedef struct qent {
 	uint32_t grp;
 	uint8_t state, is_prompt, used;
 	uint8_t trained;        /* RL_QACK_TRAINED: leased to a trainer that trained it; not in flight */
+	uint8_t aborted;        /* prompt: aborted by early stop and re-queued (1), then leased
+	                         * again (2, version = the broker's version at that lease) */
 } qent;
 
 typedef struct qgrp {
@@ -492,7 +495,7 @@ lease_detach(rl_queue *q, uint32_t ei)
 
 /* ---- journal ops -------------------------------------------------------------------------- */
 enum { J_HEAD = 1, J_PUT, J_LEASE, J_ACK, J_EXPIRE, J_VERSION, J_STALE, J_DEDUP, J_SNAPENT, J_SNAPLEASE,
-       J_SNAPGROUP, J_MAXSTALE };
+       J_SNAPGROUP, J_MAXSTALE, J_ABORT };
 #define J_SKIP_MAGIC 0x184D2A5Eu
 #define J_FIXED 32u   /* type, stage, pad, n, a, b, c */
 
@@ -866,6 +869,25 @@ new_group_bytes(rl_queue *q, size_t nrec, int stage)
 	return sum;
 }
 
+/* A sample of an attempt early stop aborted, put by a generator that had
+ * not heard: its prompt waits re-queued (1), or was leased again at a newer
+ * version than the sample's (2).  Such a group would complete behind the
+ * (K+1) x B groups that closed the step, so older than K when trained, and
+ * dropped as stale with its prompt; refused, the prompt is generated anew. */
+static int
+aborted_attempt(const rl_queue *q, const struct recmeta *m)
+{
+	uint32_t gi = map_get(&q->bygroup, m->group);
+	const qent *p;
+
+	if (gi == NIL || q->grp[gi].prompt == NIL)
+		return 0;
+	p = &q->ent[q->grp[gi].prompt];
+	if (p->aborted == 1 && p->state == RL_QS_PROMPT)
+		return 1;
+	return p->aborted == 2 && p->state == RL_QS_LEASED && m->version >= 0 && m->version < p->version;
+}
+
 /* ---- apply functions (live and replay) --------------------------------------------------------- */
 static int
 apply_put(rl_queue *q, int stage, const uint8_t *batch, size_t n, const void *frame, size_t fn,
@@ -924,6 +946,11 @@ apply_put(rl_queue *q, int stage, const uint8_t *batch, size_t n, const void *fr
 			if (win_has(&q->done_ids, m->id) ||
 			    (stage != RL_QSTAGE_PROMPT && win_has(&q->done_groups, m->group))) {
 				res->duplicates++;
+				continue;
+			}
+			if (stage != RL_QSTAGE_PROMPT && aborted_attempt(q, m)) {
+				res->rejected++;
+				q->st.abort_late++;
 				continue;
 			}
 			rv = ent_create(q, m, batch + m->off,
@@ -1021,6 +1048,11 @@ apply_lease(rl_queue *q, uint64_t lid, int stage, uint64_t deadline, uint32_t hi
 		e = &q->ent[ei];
 		g = &q->grp[e->grp];
 		if (stage == RL_QSTAGE_PROMPT && e->state == RL_QS_PROMPT) {
+			/* a prompt's version: the broker's at its lease (early stop
+			 * aborts a lease older than K versions) */
+			if (e->aborted)
+				e->aborted = 2;
+			e->version = (int64_t)q->version;
 			e->hint = RL_MAX(RL_MAX(e->gsize, hint), 1u);
 			q->gate_gsize = e->hint;
 			ent_set_state(q, ei, RL_QS_LEASED, 0);
@@ -1062,7 +1094,16 @@ apply_ack(rl_queue *q, uint64_t lid, int kind, uint64_t deadline, const uint64_t
 	if (kind == RL_QACK_EXTEND) {
 		l->deadline = deadline;
 		res->deadline_ms = deadline;
-		res->done = n ? n : l->nlive;
+		res->done = n ? 0 : l->nlive;
+		/* ids the lease lost (early stop aborted them) are late: a rollout
+		 * worker learns so which prompts to stop generating */
+		for (uint32_t i = 0; i < n; i++) {
+			uint32_t ei = map_get(&q->byid, ids[i]);
+			if (ei == NIL || q->ent[ei].lease != lid)
+				res->late++;
+			else
+				res->done++;
+		}
 		return RL_OK;
 	}
 	if (kind == RL_QACK_TRAINED) {
@@ -1205,13 +1246,124 @@ apply_stale(rl_queue *q, uint64_t gid, int mode)
 	return RL_OK;
 }
 
+/* Early stop: the leased prompts ids (stragglers) are aborted: back to the
+ * head of the prompts, or finished with their group (what had arrived of it
+ * is dropped, and a late put of the rest is a duplicate). */
+static int
+apply_abort(rl_queue *q, int mode, const uint64_t *ids, uint32_t n)
+{
+	int rv;
+
+	if ((rv = jop(q, J_ABORT, mode, 0, 0, 0, ids, n)) != 0)
+		return rv;
+	q->st.early_stops++;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t ei = map_get(&q->byid, ids[i]);
+		if (ei == NIL || !q->ent[ei].is_prompt || q->ent[ei].state != RL_QS_LEASED)
+			continue;
+		q->st.aborted++;
+		if (mode == RL_QSTRAG_DROP) {
+			uint32_t gi = q->ent[ei].grp;
+			q->st.abort_dropped++;
+			q->st.abort_dropped_samples += q->grp[gi].nsamples;
+			group_finish(q, gi);
+		} else {
+			q->st.abort_requeued++;
+			q->ent[ei].aborted = 1;
+			return_to_pool(q, ei);
+		}
+	}
+	return RL_OK;
+}
+
+static int early_stop(rl_queue *q);
+
 /* ---- public: put, lease, ack, version, tick ------------------------------------------------------ */
 int
 rl_queue_put(rl_queue *q, int stage, const void *batch, size_t n, const void *frame, size_t fn,
              uint64_t now_ms, rl_qput_result *res)
 {
+	int rv;
+
 	(void)now_ms;
-	return apply_put(q, stage, batch, n, frame, fn, res);
+	if ((rv = apply_put(q, stage, batch, n, frame, fn, res)) != 0)
+		return rv;
+	return stage != RL_QSTAGE_PROMPT && res->accepted > 0 ? early_stop(q) : RL_OK;
+}
+
+static int
+oversampling(const rl_queue *q)
+{
+	return q->cfg.oversample > 1.0 && q->cfg.train_batch > 0;
+}
+
+/* A group every sample of which is here (the prompt's samples arrived, or
+ * a group put without a prompt is full) and not all trained yet: what a
+ * trainer can take without waiting for generation. */
+static int
+group_complete(const rl_queue *q, const qgrp *g)
+{
+	if (g->gsize == 0 || g->nsamples + g->ndone < g->gsize)
+		return 0;
+	if (g->prompt != NIL && q->ent[g->prompt].state != RL_QS_EXPANDED)
+		return 0;
+	for (uint32_t i = 0; i < g->gsize; i++) {
+		uint32_t ei = g->slot[i];
+		if (ei != NIL && !q->ent[ei].trained)
+			return 1;
+	}
+	return 0;
+}
+
+uint64_t
+rl_queue_complete_groups(const rl_queue *q)
+{
+	uint64_t n = 0;
+
+	for (size_t gi = 1; gi < q->ngrp; gi++)
+		if (q->grp[gi].used && group_complete(q, &q->grp[gi]))
+			n++;
+	return n;
+}
+
+/* The step is closed: (K+1) x B complete groups are buffered, as many as
+ * the trainer may take before the version moves past them. */
+static int
+step_closed(const rl_queue *q)
+{
+	return oversampling(q) &&
+	    rl_queue_complete_groups(q) >= ((uint64_t)q->cfg.max_staleness + 1) * q->cfg.train_batch;
+}
+
+/* After a put or a new version: the stragglers are aborted (journaled):
+ * when the step closed, every leased prompt whose group is not complete
+ * (not with --stragglers continue);
+ * always, a prompt leased more than K versions ago, whose group could only
+ * be dropped as stale (a generator may run newer weights than the broker's
+ * version at the lease; the lease's version is what the broker knows). */
+static int
+early_stop(rl_queue *q)
+{
+	uint64_t *ids, K = q->cfg.max_staleness;
+	uint32_t n = 0;
+	int rv, closed;
+
+	if (!oversampling(q) || q->st.depth[RL_QS_LEASED] == 0)
+		return RL_OK;
+	closed = q->cfg.stragglers != RL_QSTRAG_CONTINUE && step_closed(q);
+	if (!closed && q->version <= K)
+		return RL_OK;
+	if ((ids = rl_try_malloc(q->st.depth[RL_QS_LEASED] * 8, "early stop")) == NULL)
+		return RL_ENOMEM;
+	for (size_t ei = 1; ei < q->nent && n < q->st.depth[RL_QS_LEASED]; ei++) {
+		const qent *e = &q->ent[ei];
+		if (e->used && e->is_prompt && e->state == RL_QS_LEASED &&
+		    (closed || (e->version >= 0 && (uint64_t)e->version + K < q->version)))
+			ids[n++] = e->id;
+	}
+	rv = n ? apply_abort(q, q->cfg.stragglers == RL_QSTRAG_DROP ? RL_QSTRAG_DROP : RL_QSTRAG_REQUEUE, ids, n) : RL_OK;
+	free(ids);
+	return rv;
 }
 
 /* The gate's bound in samples for prompts of gsize samples each: (K+1)
@@ -1221,7 +1373,11 @@ rl_queue_put(rl_queue *q, int stage, const void *batch, size_t n, const void *fr
 static uint64_t
 gate_cap(const rl_queue *q, uint32_t gsize)
 {
-	return q->cfg.train_batch ? ((uint64_t)q->cfg.max_staleness + 1) * q->cfg.train_batch * RL_MAX(gsize, 1u) : 0;
+	uint64_t groups = ((uint64_t)q->cfg.max_staleness + 1) * q->cfg.train_batch;
+
+	if (oversampling(q))
+		groups = (uint64_t)ceil((double)groups * q->cfg.oversample);
+	return groups * RL_MAX(gsize, 1u);
 }
 
 static int
@@ -1259,7 +1415,11 @@ choose(rl_queue *q, int stage, uint32_t hint, uint32_t max, uint64_t **ids_out, 
 		return RL_OK;
 	if (apply && (ids = rl_try_malloc((size_t)max * 8 + 8, "lease")) == NULL)
 		return RL_ENOMEM;
-	if (stage == RL_QSTAGE_PROMPT) {
+	if (stage == RL_QSTAGE_PROMPT && q->prompts.head != NIL && step_closed(q)) {
+		/* early stop: nothing more for this step; the trainer's take opens it */
+		if (apply)
+			q->st.gate_blocked++;
+	} else if (stage == RL_QSTAGE_PROMPT) {
 		for (uint32_t ei = q->prompts.head; ei != NIL && n < max; ei = q->ent[ei].next) {
 			qent *e = &q->ent[ei];
 			uint32_t want = RL_MAX(RL_MAX(e->gsize, hint), 1u), have = q->grp[e->grp].nsamples;
@@ -1348,6 +1508,7 @@ rl_queue_lease(rl_queue *q, const rl_qlease_req *req, uint64_t now_ms, rl_qlease
 
 	memset(info, 0, sizeof *info);
 	info->version = q->version;
+	info->aborts = (uint32_t)q->st.early_stops;
 	if (req->stage >= RL_QSTAGE_COUNT)
 		return RL_EINVAL;
 	if ((rv = choose(q, (int)req->stage, req->group_hint, req->max_records, &ids, &n, 1)) != 0)
@@ -1394,6 +1555,8 @@ int
 rl_queue_set_version(rl_queue *q, uint64_t v, uint64_t *now)
 {
 	int rv = v > RL_QUEUE_MAX_VERSION ? RL_EINVAL : apply_version(q, v);
+	if (rv == RL_OK)
+		rv = early_stop(q);
 	if (now)
 		*now = q->version;
 	return rv;
@@ -1521,6 +1684,16 @@ rl_queue_stats_json(rl_queue *q, uint64_t now_ms, rl_buf *out)
 		cJSON_AddNumberToObject(t, "stale_dropped", (double)s.stale_dropped);
 		cJSON_AddNumberToObject(t, "stale_regenerated", (double)s.stale_regen);
 		cJSON_AddNumberToObject(t, "unversioned", (double)s.unversioned);
+		cJSON_AddNumberToObject(t, "early_stops", (double)s.early_stops);
+		cJSON_AddNumberToObject(t, "aborted", (double)s.aborted);
+		cJSON_AddNumberToObject(t, "abort_requeued", (double)s.abort_requeued);
+		cJSON_AddNumberToObject(t, "abort_dropped", (double)s.abort_dropped);
+		cJSON_AddNumberToObject(t, "abort_dropped_samples", (double)s.abort_dropped_samples);
+		cJSON_AddNumberToObject(t, "abort_late", (double)s.abort_late);
+	}
+	if (oversampling(q)) {
+		cJSON_AddNumberToObject(o, "oversample", q->cfg.oversample);
+		cJSON_AddNumberToObject(o, "complete_groups", (double)rl_queue_complete_groups(q));
 	}
 	r = cJSON_AddObjectToObject(o, "rate");
 	if (r && q->nrate > 0) {
@@ -1970,6 +2143,7 @@ replay_plain_op(rl_queue *q, uint32_t type, uint32_t stage, uint64_t a, uint64_t
 		break;
 	case J_STALE: rv = apply_stale(q, a, (int)stage); break;
 	case J_MAXSTALE: rv = apply_max_staleness(q, a); break;
+	case J_ABORT: rv = apply_abort(q, (int)stage, ids, cnt); break;
 	case J_DEDUP:
 		for (uint32_t i = 0; i < cnt && rv == 0; i++)
 			rv = win_add(stage ? &q->done_groups : &q->done_ids, ids[i]);

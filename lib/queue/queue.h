@@ -47,6 +47,10 @@ enum rl_qstate {
 const char *rl_qstate_name(int s);
 
 enum rl_qstale { RL_QSTALE_DROP = 0, RL_QSTALE_REGEN = 1 };
+/* What early stop does with a straggler's prompt (--stragglers): re-queue
+ * it, drop it, or leave it to its generator (continue: only the admission
+ * stops; with rl-rollout --partial it goes on with the new weights). */
+enum rl_qstrag { RL_QSTRAG_REQUEUE = 0, RL_QSTRAG_DROP = 1, RL_QSTRAG_CONTINUE = 2 };
 
 typedef struct rl_queue_config {
 	uint32_t max_staleness;   /* K (with auto_k: where it starts) */
@@ -58,6 +62,14 @@ typedef struct rl_queue_config {
 	uint32_t lease_ms;        /* default lease duration; 60000 */
 	uint64_t max_bytes;       /* bound on stored records (+ per-record overhead); 1 GiB */
 	int stale;                /* RL_QSTALE_DROP (default) or RL_QSTALE_REGEN */
+	double oversample;        /* F > 1: over-sampling with early stop (--oversample): the gate
+	                           * admits F x (K+1) x B groups; once (K+1) x B complete groups are
+	                           * buffered, no prompt is admitted and every leased prompt whose
+	                           * group is incomplete is aborted.  0 or 1: off */
+	int stragglers;           /* RL_QSTRAG_REQUEUE (default): an aborted prompt goes back to the
+	                           * head of the prompts; RL_QSTRAG_DROP: it is finished, not trained;
+	                           * RL_QSTRAG_CONTINUE: not aborted when the step closes (a lease
+	                           * older than K versions is still aborted, and re-queued) */
 	const char *data_dir;     /* borrowed; NULL: no journal */
 	uint64_t compact_bytes;   /* compact when the journal passes max(this, 2 x live bytes); 256 MiB */
 	uint32_t dedup_window;    /* finished record ids (and group ids) remembered; 1M */
@@ -129,6 +141,10 @@ int rl_queue_rewind_version(rl_queue *q, uint64_t v, uint64_t *now);
 int rl_queue_set_max_staleness(rl_queue *q, uint32_t k);
 uint32_t rl_queue_max_staleness(const rl_queue *q);
 
+/* Groups complete (every sample generated) and not yet trained: what early
+ * stop compares with (K+1) x B. */
+uint64_t rl_queue_complete_groups(const rl_queue *q);
+
 /* rl_queue_tick: expires leases whose deadline passed (their records return
  * to the pool) and samples throughput.  *expired (may be NULL) gets the count
  * of leases expired. */
@@ -148,6 +164,11 @@ typedef struct rl_queue_stats {
 	uint64_t done, duplicates, rejected, replaced;
 	uint64_t expired_leases, expired_records, released, late_acks;
 	uint64_t busy, gate_blocked, stale_dropped, stale_regen, unversioned;
+	uint64_t early_stops;            /* steps closed by early stop with stragglers aborted */
+	uint64_t aborted, abort_requeued, abort_dropped; /* straggler prompts: aborted = the other two */
+	uint64_t abort_dropped_samples;  /* samples of dropped stragglers' groups that had arrived */
+	uint64_t abort_late;             /* samples of an aborted attempt put late: refused (also
+	                                  * counted in rejected) */
 	uint64_t staleness[9];           /* samples trained (acked done), by the version when
 	                                  * leased less theirs: 0..7, 8+; each once */
 	uint64_t staleness_sum;          /* the sum of those differences */

@@ -1218,6 +1218,18 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	}
 	if (B == 0)
 		return RL_OK;
+	/* what bounded the batch (bench/slots measures whether --slots should follow the cache) */
+	e->st.occ_steps++;
+	e->st.occ_active += (uint64_t)B;
+	e->st.occ_used += (uint64_t)(e->kv->nblk - e->kv->nfree);
+	e->st.occ_committed += (uint64_t)e->committed;
+	e->st.nblk = (uint64_t)e->kv->nblk;
+	if (e->head && !e->hold) {
+		if (e->head->n + e->head->greedy > free_slots(e))
+			e->st.held_slots++;
+		else if (e->committed + e->head->reserve > e->kv->nblk)
+			e->st.held_kv++;
+	}
 	/* the token fed is the last one appended; a dropped stop token never gets here */
 	int32_t *feed = rl_xmalloc((size_t)B * 4);
 	memcpy(feed, e->h_tok, (size_t)B * 4);

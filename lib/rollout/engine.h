@@ -226,6 +226,12 @@ typedef struct rl_engine_stats {
 	uint64_t kept_evicted;                 /* kept caches dropped for room or the budget */
 	double t_prefill, t_decode, t_sample;  /* seconds; decode steps sample inside t_decode
 	                                        * (t_sample: after prefills, and RL_DECODE_LEGACY=1) */
+	/* occupancy, summed over decode steps (divide by occ_steps): sequences
+	 * decoded, cache blocks in use, blocks committed (admission reserves a
+	 * request's worst case); and the steps at which a waiting request was
+	 * held back by the slots or by the cache budget */
+	uint64_t occ_steps, occ_active, occ_used, occ_committed, nblk;
+	uint64_t held_slots, held_kv;
 } rl_engine_stats;
 const rl_engine_stats *rl_engine_stats_get(const rl_engine *e);
 

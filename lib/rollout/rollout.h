@@ -37,6 +37,9 @@ typedef struct rl_rollout_opts {
 	double weights_timeout;    /* seconds to wait for a version (0: never give up) */
 	int max_staleness;         /* wait for version >= batches emitted - K (-1: off) */
 	int train_batch;           /* groups per trainer step, for max_staleness */
+	int auto_k, auto_kmax;     /* --max-staleness auto[:MAX] (pipe wiring): max_staleness moved
+	                            * between 0 and auto_kmax by queue/autok.h's rule */
+	const char *trainer_metrics; /* with auto_k: rl-train's --metrics file (its steps' drift and wait) */
 	int partial;               /* new weights apply to sequences already running */
 	/* queue mode */
 	double idle_exit;          /* exit after this many seconds without work (0: never) */

@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include <cjson/cJSON.h>
 
@@ -16,6 +17,7 @@
 #include "compute/ops.h"
 #include "model/ckpt.h"
 #include "model/model.h"
+#include "queue/autok.h"
 #include "queue/qclient.h"
 #include "queue/wstat.h"
 #include "rollout/engine.h"
@@ -35,6 +37,12 @@ typedef struct gen {
 	rl_wstat *wst;         /* queue mode: stats reported to the broker */
 	rl_progress prog;
 	uint64_t q_bad, q_put;
+	/* queue mode: prompts being generated, so that those the broker's early
+	 * stop aborted (rl_qlease_info.aborts moved) are found and cancelled */
+	struct prompt **qlive;
+	size_t nqlive, capqlive;
+	uint32_t q_aborts;     /* the broker's early-stop count last seen */
+	uint64_t q_aborted;    /* prompts cancelled so */
 	/* state */
 	rl_ops *ops;
 	rl_model *m;
@@ -70,6 +78,13 @@ typedef struct gen {
 	char left_warned[4096];
 	int eos_more[24];      /* ids ending a sequence as EOS besides go.eos_id (rli_eos_set) */
 	struct rli_env *env;   /* --env: the environment pool and its episodes (env.c) */
+	/* --max-staleness auto in the pipe wiring (autok_pipe.c) */
+	rl_autok ak;
+	rl_autok_totals akt;
+	off_t ak_off;          /* bytes of --trainer-metrics read */
+	uint64_t ak_line;
+	double ak_last;        /* when it was last read */
+	int ak_warned;
 } gen;
 
 /* One prompt in flight: what its records need besides the tokens. */
@@ -84,9 +99,14 @@ typedef struct prompt {
 	int remaining;
 	int gsize;       /* samples in its group */
 	rl_traj_batch *out; /* queue mode: the group's records, put when complete */
+	uint64_t qlease, qid; /* queue mode: the prompt record's lease and id */
 } prompt;
 
 void rli_prompt_free(prompt *p); /* accepts NULL; not p->out */
+
+/* autok_pipe.c: --max-staleness auto in the pipe wiring */
+void rli_autok_init(gen *g);
+int rli_autok_poll(gen *g);   /* at most every 0.1 s; moves g->o.max_staleness */
 
 /* weights.c: weight versions and the rewind policy */
 int rli_latest_version(const char *dir, int *ver, char *path, size_t len);

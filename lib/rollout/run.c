@@ -23,6 +23,18 @@
 #include "base/rng.h"
 #include "rollout/rollout_int.h"
 
+/* Queue mode: p is no longer being generated. */
+static void
+qlive_remove(gen *g, const prompt *p)
+{
+	for (size_t i = 0; i < g->nqlive; i++) {
+		if (g->qlive[i] == p) {
+			g->qlive[i] = g->qlive[--g->nqlive];
+			return;
+		}
+	}
+}
+
 /* The engine's done callback: the sample's record goes out (queue mode:
  * into its group's batch, put when the group is complete). */
 int
@@ -67,6 +79,7 @@ rli_sample_done_cb(void *ctx, const rl_gen_sample *s)
 				rl_error("cannot put the samples of group %llu: %s", (unsigned long long)p->group,
 				    rl_strerror(rv));
 			rl_traj_batch_destroy(p->out);
+			qlive_remove(g, p);
 		} else {
 			double tw = rl_now();
 			rv = rl_traj_writer_flush(g->w);
@@ -186,6 +199,8 @@ rli_run_generate(gen *g)
 
 	if ((rv = rl_io_fopen(&in, g->o.input, "r")) != 0)
 		return rv;
+	if (g->o.auto_k)
+		rli_autok_init(g);
 	g->t0 = rl_now();
 	rl_progress_init(&g->prog, g->o.quiet);
 	for (;;) {
@@ -210,7 +225,10 @@ rli_run_generate(gen *g)
 			int done = g->o.resume_dir && rl_gset_has(&g->done, g->nonce | (g->groups & 0xffffffffULL));
 			if (!done && (g->o.weights_from || g->ws || g->wg) && g->o.max_staleness >= 0) {
 				/* the staleness gate: group k belongs to trainer batch k / train_batch
-				 * (groups skipped by --resume count as emitted) */
+				 * (groups skipped by --resume count as emitted); auto: K as the
+				 * rule has it now */
+				if ((rv = rli_autok_poll(g)) != 0)
+					goto out;
 				int need = (int)(g->groups / (uint64_t)g->o.train_batch) - g->o.max_staleness;
 				if (g->version < need) {
 					if (rl_engine_active(g->e) > 0 || rl_engine_waiting(g->e) > 0 || rli_env_pending(g) > 0)
@@ -298,6 +316,9 @@ rli_run_generate(gen *g)
 		rv = rli_env_finish(g);
 out:
 	progress(g, 1);
+	if (g->o.auto_k && !g->o.quiet)
+		rl_info("max-staleness auto: K %u at the end, %llu changes over %llu windows", g->ak.k,
+		    (unsigned long long)g->ak.changes, (unsigned long long)g->ak.windows);
 	free(line);
 	if (in && in != stdin)
 		fclose(in);
@@ -367,6 +388,91 @@ queue_submit(gen *g, const rl_traj *t, prompt *p)
 	return rv;
 }
 
+/* The done callback of a cancelled group: its samples are thrown away. */
+static int
+aborted_done_cb(void *ctx, const rl_gen_sample *s)
+{
+	prompt *p = s->user;
+
+	(void)ctx;
+	if (--p->remaining == 0) {
+		rl_traj_batch_destroy(p->out);
+		rli_prompt_free(p);
+	}
+	return RL_OK;
+}
+
+static int
+queue_cancel(gen *g, prompt *p)
+{
+	int rv;
+
+	qlive_remove(g, p);
+	g->q_aborted++;
+	rl_verbose("prompt %llu: aborted by the broker's early stop", (unsigned long long)p->qid);
+	if ((rv = rl_engine_cancel(g->e, p, aborted_done_cb, g)) == 1) {
+		/* still queued: no sample of it ran */
+		rl_traj_batch_destroy(p->out);
+		rli_prompt_free(p);
+		rv = RL_OK;
+	}
+	return rv;
+}
+
+/* The broker's early stop aborted prompts (its count moved): asks, lease by
+ * lease, which of the prompts generated here it still holds (EXTEND with
+ * their ids: those it lost come back late) and cancels the others.  Their
+ * work is lost; the broker re-queued or dropped them.  A broker that does not
+ * answer changes nothing: a put of an aborted group is harmless (it
+ * completes a re-queued prompt not leased again, or is refused). */
+static int
+queue_check_aborts(gen *g)
+{
+	uint64_t *ids = g->nqlive ? rl_try_malloc(g->nqlive * sizeof *ids, "prompt ids") : NULL;
+	uint64_t *lids = g->nqlive ? rl_try_malloc(g->nqlive * sizeof *lids, "lease ids") : NULL;
+	size_t nl = 0;
+	int rv = RL_OK;
+
+	if (ids == NULL || lids == NULL) {
+		free(ids);
+		free(lids);
+		return g->nqlive ? RL_ENOMEM : RL_OK;
+	}
+	for (size_t i = 0; i < g->nqlive; i++) {
+		size_t k = 0;
+		while (k < nl && lids[k] != g->qlive[i]->qlease)
+			k++;
+		if (k == nl)
+			lids[nl++] = g->qlive[i]->qlease;
+	}
+	for (size_t k = 0; k < nl && rv == RL_OK; k++) {
+		rl_qack_result res;
+		uint32_t n = 0;
+		int arv;
+		for (size_t i = 0; i < g->nqlive; i++)
+			if (g->qlive[i]->qlease == lids[k])
+				ids[n++] = g->qlive[i]->qid;
+		arv = rl_qclient_ack_ids(g->qc, lids[k], RL_QACK_EXTEND, ids, n, &res);
+		if (arv != RL_OK && arv != RL_ENOENT)
+			continue;
+		if (arv == RL_OK && res.late == 0)
+			continue;
+		/* some or all lost: one id at a time when only some */
+		for (size_t i = g->nqlive; i-- > 0 && rv == RL_OK;) {
+			prompt *p = g->qlive[i];
+			if (p->qlease != lids[k])
+				continue;
+			if (arv == RL_OK && res.late < n &&
+			    (rl_qclient_ack_ids(g->qc, lids[k], RL_QACK_EXTEND, &p->qid, 1, &res) != RL_OK || res.late == 0))
+				continue;
+			rv = queue_cancel(g, p);
+		}
+	}
+	free(ids);
+	free(lids);
+	return rv;
+}
+
 int
 rli_run_queue(gen *g)
 {
@@ -415,6 +521,12 @@ rli_run_queue(gen *g)
 			if (rl_qlease_count(&lease) && (int)lease.version > g->version && (g->ws || g->o.weights_from || g->wg) &&
 			    (rv = rli_poll_weights(g, 1)) != 0)
 				goto out;
+			/* the broker closed a step early: stop what it took back */
+			if (lease.aborts != g->q_aborts) {
+				g->q_aborts = lease.aborts;
+				if (!g->env && (rv = queue_check_aborts(g)) != 0)
+					goto out;
+			}
 			for (size_t i = 0; i < rl_qlease_count(&lease); i++) {
 				prompt *p;
 				rl_qack_result ares;
@@ -434,6 +546,8 @@ rli_run_queue(gen *g)
 					continue;
 				}
 				p->remaining = p->gsize = G;
+				p->qlease = lease.id;
+				rl_traj_get_u64(t, RL_TAG_ID, &p->qid);
 				rl_traj_batch_create(&p->out);
 				if ((prv = queue_submit(g, t, p)) == RL_ENOMEM) {
 					/* episodes queued before it hold p: the run ends, they are dropped with it */
@@ -454,6 +568,19 @@ rli_run_queue(gen *g)
 					continue;
 				}
 				g->groups++;
+				if (!g->env) {
+					if (g->nqlive == g->capqlive) {
+						size_t nc = g->capqlive ? 2 * g->capqlive : 64;
+						prompt **np = realloc(g->qlive, nc * sizeof *np);
+						if (np == NULL) {
+							rv = RL_ENOMEM;
+							goto out;
+						}
+						g->qlive = np;
+						g->capqlive = nc;
+					}
+					g->qlive[g->nqlive++] = p;
+				}
 			}
 		}
 		if (g->env) {
@@ -484,6 +611,11 @@ out:
 	if (g->q_bad)
 		rl_warn("%llu leased prompts could not be used (acknowledged and dropped)",
 		    (unsigned long long)g->q_bad);
+	if (g->q_aborted && !g->o.quiet)
+		rl_info("%llu prompts aborted by the broker's early stop (not put)", (unsigned long long)g->q_aborted);
+	free(g->qlive);
+	g->qlive = NULL;
+	g->nqlive = g->capqlive = 0;
 	rl_traj_destroy(t);
 	rl_qlease_fini(&lease);
 	rl_wstat_close(g->wst);
