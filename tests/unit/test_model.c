@@ -519,11 +519,14 @@ main(void)
 	test_fixture(o, "llama", 5, 0);
 	test_fixture(o, "llama3", 5, 0);
 	test_fixture(o, "mistral", 5, 0);
+	test_fixture(o, "mistral_win", 5, 0);
+	test_fixture(o, "gemma3", 5, 0);
 	/* activation recomputation: the same checks against the fixtures */
 	test_fixture(o, "qwen2", 5, 1);
 	test_fixture(o, "llama3", 0, 1);
 	test_fixture(o, "qwen3", 0, 1);
 	test_fixture(o, "gpt2", 5, 1);
+	test_fixture(o, "gemma3", 0, 1);
 	test_recompute(o, "qwen3");
 	test_recompute(o, "gpt2");
 	test_no_alloc(o, "qwen3", 0);
