@@ -501,6 +501,35 @@ test_open_nomem(rl_ops *o)
 	    "message: %s", msg);
 }
 
+/* A backend other than the CPU (the CPU table under another name: no rl_cpu_*_ex ops may
+ * be called): Gemma 3 refused, naming what its kernels lack; Mistral's context capped at
+ * its window, within which the table's plain causal attention is the windowed one. */
+static void
+test_other_backend(rl_ops *o)
+{
+	rl_ops other = *o;
+	rl_model *m = NULL;
+	char msg[1024];
+	int rv;
+
+	other.name = "other";
+	rl_log_init("test_model", RL_LOG_NORMAL);
+	T_CAPTURE(rl_model_open(&m, "tests/fixtures/gemma3", &other), &rv, msg);
+	T_EQ_INT(rv, RL_ENOTSUP);
+	T_OK(m == NULL, "no model");
+	T_OK(strstr(msg, "Gemma 3 is not supported on the 'other' backend: its kernels lack the (1 + w) RMSNorm, "
+	    "the GELU-gated MLP, the query_pre_attn_scalar scale and sliding-window attention") != NULL &&
+	    strstr(msg, "--device cpu") != NULL, "message: %s", msg);
+	T_CAPTURE(rl_model_open(&m, "tests/fixtures/mistral_win", &other), &rv, msg);
+	T_EQ_INT(rv, 0);
+	T_OK(strstr(msg, "no sliding-window attention: the context is capped at sliding_window (3 positions, "
+	    "not 64)") != NULL, "message: %s", msg);
+	if (m != NULL)
+		T_EQ_INT(m->cfg.max_pos, 3);
+	rl_model_close(m);
+	rl_log_init("test_model", RL_LOG_QUIET);
+}
+
 int
 main(void)
 {
@@ -532,6 +561,7 @@ main(void)
 	test_no_alloc(o, "qwen3", 0);
 	test_no_alloc(o, "gpt2", 1);
 	test_open_nomem(o);
+	test_other_backend(o);
 	rl_ops_close(o);
 	T_END();
 }
