@@ -1,7 +1,7 @@
 /*
- * config.c — config.json <-> rl_config for Llama/Qwen2/Qwen3/Mistral and GPT-2.
+ * config.c — config.json <-> rl_config for Llama/Qwen2/Qwen3/Mistral, Gemma 3 and GPT-2.
  * Defaults are transformers' (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig,
- * GPT2Config).
+ * Gemma3TextConfig, GPT2Config).
  */
 #include "model/config.h"
 

@@ -1,6 +1,7 @@
 /*
  * config.h — a model's hyper-parameters from a Hugging Face config.json, for
- * the Llama family (model_type "llama", "qwen2", "qwen3", "mistral") and GPT-2 ("gpt2"),
+ * the Llama family (model_type "llama", "qwen2", "qwen3", "mistral"), Gemma 3
+ * ("gemma3_text", "gemma3") and GPT-2 ("gpt2"),
  * and back to a config.json that transformers loads.
  *
  * Keys read (HF names): Llama family: vocab_size, hidden_size, num_hidden_layers,
@@ -22,8 +23,8 @@
  * tie_word_embeddings, bos/eos.  rope_type "default" and "llama3" (Llama 3.1 /
  * 3.2: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
  * are read.  What we cannot compute the same way as transformers (another
- * rope_type: linear, dynamic, yarn, longrope, ...; sliding windows, mlp_bias,
- * other activations) is refused with RL_ENOTSUP rather than computed
+ * rope_type: linear outside Gemma 3, dynamic, yarn, longrope, ...; mlp_bias,
+ * other activations, soft-capping) is refused with RL_ENOTSUP rather than computed
  * differently.
  *
  * Leaves out: tokenizer settings, generation_config.json.

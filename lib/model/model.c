@@ -1,5 +1,6 @@
 /*
- * model.c — Llama-family and GPT-2 decoders over ops.h: the tensor table,
+ * model.c — Llama-family (Gemma 3's layer in model_gemma.c) and GPT-2 decoders over
+ * ops.h: the tensor table, the check of what the backend can compute,
  * loading a Hugging Face directory, random init, host access to the weights,
  * the value head, freeing, and the layer pieces (norms, MLP up-projection) that
  * training and inference both run.
