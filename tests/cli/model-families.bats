@@ -85,7 +85,7 @@ for x in os.listdir(d):
         os.remove(os.path.join(d, x))
 g.mf.write_safetensors(d + "/model.safetensors", out)
 PY
-	run -0 rl-rollout --device cpu -v -m "$TD/mm" --temperature 0 --max-tokens 16 -o "$TD/mm.jsonl" --jsonl "$TD/p.jsonl"
+	run -0 rl-rollout --device cpu -m "$TD/mm" --temperature 0 --max-tokens 16 -o "$TD/mm.jsonl" --jsonl "$TD/p.jsonl"
 	[[ "$output" == *"the 2 tensors of its vision tower and projector are left out"* ]] || { echo "$output"; false; }
 	[[ "$output" != *"ignored"* ]] || { echo "$output"; false; }
 	run -0 rl-rollout -q --device cpu -m "$TD/gemma" --temperature 0 --max-tokens 16 -o "$TD/g.jsonl" --jsonl "$TD/p.jsonl"

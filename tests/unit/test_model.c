@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "model/model.h"
+#include "model/lora.h"
 #include "compute/ops.h"
 #include "model/safetensors.h"
 #include "t.h"
@@ -520,6 +521,16 @@ test_other_backend(rl_ops *o)
 	T_OK(strstr(msg, "Gemma 3 is not supported on the 'other' backend: its kernels lack the (1 + w) RMSNorm, "
 	    "the GELU-gated MLP, the query_pre_attn_scalar scale and sliding-window attention") != NULL &&
 	    strstr(msg, "--device cpu") != NULL, "message: %s", msg);
+	/* LoRA has no adapters for Gemma's layer */
+	T_EQ_INT(rl_model_open(&m, "tests/fixtures/gemma3", o), 0);
+	if (m != NULL) {
+		rl_lora_opts lo = { .r = 2, .alpha = 4 };
+		T_CAPTURE(rl_model_add_lora(m, &lo), &rv, msg);
+		T_EQ_INT(rv, RL_ENOTSUP);
+		T_OK(strstr(msg, "LoRA: Gemma 3's layer") != NULL, "message: %s", msg);
+		rl_model_close(m);
+		m = NULL;
+	}
 	T_CAPTURE(rl_model_open(&m, "tests/fixtures/mistral_win", &other), &rv, msg);
 	T_EQ_INT(rv, 0);
 	T_OK(strstr(msg, "no sliding-window attention: the context is capped at sliding_window (3 positions, "
