@@ -327,51 +327,96 @@ get_layer_types(pctx *c, rl_config *cfg)
 		cfg->local[i] = (i + 1) % pat != 0;
 }
 
-/* Gemma 3's RoPE: rope_theta (default 1e6) for the full-attention layers, with
- * rope_scaling null, "default" or "linear" (inv_freq / factor, as transformers'
- * _compute_linear_scaling_rope_parameters); rope_local_base_freq (default 1e4) and no
- * scaling for the sliding ones. */
+/* One RoPE object of Gemma 3 (rope_scaling, or a layer type's in rope_parameters), key
+ * obj: rope_type (or legacy type) absent, null or "default", or, where linear is 1,
+ * "linear" with a factor >= 1 (*factor; transformers' _compute_linear_scaling_rope_parameters:
+ * inv_freq / factor); *theta from its rope_theta when it has one; partial_rotary_factor 1. */
 static void
-get_gemma_rope(pctx *c, rl_config *cfg)
+gemma_rope_obj(pctx *c, const cJSON *o, const char *obj, int linear, float *theta, float *factor)
 {
-	const cJSON *o = cJSON_GetObjectItemCaseSensitive(c->root, "rope_scaling"), *ty, *f;
+	const cJSON *ty, *v;
 
-	cfg->rope_theta = (float)get_num(c, "rope_theta", 1000000.0);
-	cfg->rope_local_theta = (float)get_num(c, "rope_local_base_freq", 10000.0);
-	if (cJSON_GetObjectItemCaseSensitive(c->root, "rope_parameters") != NULL &&
-	    !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(c->root, "rope_parameters")) && c->rv == 0) {
-		rl_error("%s: key \"rope_parameters\" (transformers 5's per-layer-type RoPE) is not supported "
-		    "for gemma3", c->what);
-		rl_hint("write rope_theta, rope_local_base_freq and rope_scaling as transformers 4 does");
-		c->rv = RL_ENOTSUP;
-		return;
-	}
-	if (o == NULL || cJSON_IsNull(o) || c->rv != 0)
-		return;
 	if (!cJSON_IsObject(o)) {
-		rl_error("%s: key \"rope_scaling\" is not an object", c->what);
+		rl_error("%s: key \"%s\" is not an object", c->what, obj);
 		c->rv = RL_EFORMAT;
 		return;
 	}
 	if ((ty = cJSON_GetObjectItemCaseSensitive(o, "rope_type")) == NULL)
 		ty = cJSON_GetObjectItemCaseSensitive(o, "type");
-	if (cJSON_IsString(ty) && strcmp(ty->valuestring, "default") == 0)
-		return;
-	if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "linear") != 0) {
-		rl_error("%s: rope_scaling with rope_type '%s' is not supported for gemma3", c->what,
-		    cJSON_IsString(ty) ? ty->valuestring : "?");
-		rl_hint("implemented for Gemma 3: none, \"default\" and \"linear\" (its full-attention layers)");
+	v = cJSON_GetObjectItemCaseSensitive(o, "partial_rotary_factor");
+	if (v != NULL && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 1.0)) {
+		rl_error("%s: key \"%s\": partial_rotary_factor other than 1 is not supported", c->what, obj);
 		c->rv = RL_ENOTSUP;
 		return;
 	}
-	f = cJSON_GetObjectItemCaseSensitive(o, "factor");
-	if (!cJSON_IsNumber(f) || !(f->valuedouble >= 1.0) || !(f->valuedouble <= FLT_MAX)) {
-		rl_error("%s: key \"rope_scaling\": \"factor\" of rope_type 'linear' must be a number >= 1",
-		    c->what);
+	v = cJSON_GetObjectItemCaseSensitive(o, "rope_theta");
+	if (v != NULL && !cJSON_IsNull(v)) {
+		if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !(v->valuedouble <= FLT_MAX)) {
+			rl_error("%s: key \"%s\": \"rope_theta\" is not a positive number", c->what, obj);
+			c->rv = RL_EFORMAT;
+			return;
+		}
+		*theta = (float)v->valuedouble;
+	}
+	if (ty == NULL || cJSON_IsNull(ty) || (cJSON_IsString(ty) && strcmp(ty->valuestring, "default") == 0))
+		return;
+	if (!linear || !cJSON_IsString(ty) || strcmp(ty->valuestring, "linear") != 0) {
+		rl_error("%s: key \"%s\": rope_type '%s' is not supported for gemma3", c->what, obj,
+		    cJSON_IsString(ty) ? ty->valuestring : "?");
+		rl_hint("implemented for Gemma 3: \"default\", and \"linear\" on its full-attention layers");
+		c->rv = RL_ENOTSUP;
+		return;
+	}
+	v = cJSON_GetObjectItemCaseSensitive(o, "factor");
+	if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1.0) || !(v->valuedouble <= FLT_MAX)) {
+		rl_error("%s: key \"%s\": \"factor\" of rope_type 'linear' must be a number >= 1", c->what, obj);
 		c->rv = RL_EFORMAT;
 		return;
 	}
-	cfg->rope_linear = (float)f->valuedouble;
+	*factor = (float)v->valuedouble;
+}
+
+/* Gemma 3's RoPE: rope_theta (default 1e6) for the full-attention layers, with
+ * rope_scaling null, "default" or "linear"; rope_local_base_freq (default 1e4) and no
+ * scaling for the sliding ones.  transformers 5 writes instead one "rope_parameters"
+ * object per layer type ("full_attention", "sliding_attention"), each with its
+ * rope_type and rope_theta: read the same way. */
+static void
+get_gemma_rope(pctx *c, rl_config *cfg)
+{
+	const cJSON *o = cJSON_GetObjectItemCaseSensitive(c->root, "rope_scaling");
+	const cJSON *rp = cJSON_GetObjectItemCaseSensitive(c->root, "rope_parameters"), *v;
+	float unused = 0;
+
+	cfg->rope_theta = (float)get_num(c, "rope_theta", 1000000.0);
+	cfg->rope_local_theta = (float)get_num(c, "rope_local_base_freq", 10000.0);
+	if (rp != NULL && !cJSON_IsNull(rp) && c->rv == 0) {
+		if (!cJSON_IsObject(rp)) {
+			rl_error("%s: key \"rope_parameters\" is not an object", c->what);
+			c->rv = RL_EFORMAT;
+			return;
+		}
+		cJSON_ArrayForEach(v, rp) {
+			if (c->rv != 0)
+				return;
+			if (strcmp(v->string, "full_attention") == 0) {
+				gemma_rope_obj(c, v, "rope_parameters.full_attention", 1, &cfg->rope_theta,
+				    &cfg->rope_linear);
+			} else if (strcmp(v->string, "sliding_attention") == 0) {
+				gemma_rope_obj(c, v, "rope_parameters.sliding_attention", 0, &cfg->rope_local_theta,
+				    &unused);
+			} else {
+				rl_error("%s: key \"rope_parameters\": '%s' is not a layer type (full_attention, "
+				    "sliding_attention)", c->what, v->string);
+				rl_hint("Gemma 3's rope_parameters holds one object per layer type");
+				c->rv = RL_ENOTSUP;
+			}
+		}
+		return;
+	}
+	if (o == NULL || cJSON_IsNull(o) || c->rv != 0)
+		return;
+	gemma_rope_obj(c, o, "rope_scaling", 1, &unused, &cfg->rope_linear);
 }
 
 /* Gemma 3's text model (Gemma3TextConfig's defaults). */

@@ -565,8 +565,18 @@ test_gemma3(void)
 	T_EQ_INT(parse_rv(edit(gemma1b, "\"sliding_window_pattern\": 6", "\"sliding_window_pattern\": 0")),
 	    RL_EFORMAT);
 	T_EQ_INT(parse_rv(edit(gemma4b, "\"text_config\": {", "\"text_configs\": {")), RL_EFORMAT);
+	/* transformers 5: one RoPE object per layer type */
+	T_EQ_INT(parse(&c, edit(gemma1b, "\"rope_scaling\": null", "\"rope_parameters\": {\"full_attention\": "
+	    "{\"rope_type\": \"linear\", \"factor\": 8.0, \"rope_theta\": 500000.0}, \"sliding_attention\": "
+	    "{\"rope_type\": \"default\", \"rope_theta\": 20000.0}}")), 0);
+	T_OK(c.rope_theta == 5e5f && c.rope_linear == 8.0f && c.rope_local_theta == 2e4f, "gemma3 rope_parameters");
+	rl_config_fini(&c);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"rope_scaling\": null", "\"rope_parameters\": {\"sliding_attention\": "
+	    "{\"rope_type\": \"linear\", \"factor\": 8.0}}")), RL_ENOTSUP);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"rope_scaling\": null", "\"rope_parameters\": {\"rope_type\": "
+	    "\"default\", \"rope_theta\": 1000000}")), RL_ENOTSUP);
 	T_EQ_INT(parse_rv(edit(gemma1b, "\"rope_scaling\": null", "\"rope_parameters\": {\"full_attention\": "
-	    "{\"rope_theta\": 1000000}}")), RL_ENOTSUP);
+	    "{\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25}}")), RL_ENOTSUP);
 }
 
 int
