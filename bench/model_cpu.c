@@ -1,15 +1,21 @@
 /*
  * model_cpu.c — CPU model throughput: training forward+backward tokens/s
  * (and the AdamW step's time), prefill and decode tokens/s over the paged KV
- * cache, for a ~10M-parameter Qwen2-style config; then runs
- * bench/model_cpu_torch.py (Debian's PyTorch, /usr/bin/python3) on the same
- * config and shapes in the same run.  JSON lines on stdout, one per figure.
+ * cache, for a ~10M-parameter Qwen2-style config (--arch: Llama, Mistral or
+ * Gemma 3 of the same sizes; --window W their sliding window, default 64: Gemma 3
+ * with five local layers in six); then, for qwen2, runs bench/model_cpu_torch.py
+ * (Debian's PyTorch, /usr/bin/python3) on the same config and shapes in the same
+ * run.  The training figure is forward + backward; "forward" is the forward alone
+ * (log-probs and entropy, as rl-train's old and reference log-probs).  JSON lines
+ * on stdout, one per figure.
  *
- * Usage: model_cpu [--layers L] [--hidden C] [--heads NH] [--kv-heads NKV]
- *          [--ffn H] [--vocab V] [--batch B] [--seq T] [--steps N]
- *          [--decode-batch B] [--prompt P] [--decode-tokens D] [--no-torch]
+ * Usage: model_cpu [--arch qwen2|llama|mistral|gemma3] [--window W] [--layers L]
+ *          [--hidden C] [--heads NH] [--kv-heads NKV] [--ffn H] [--vocab V]
+ *          [--batch B] [--seq T] [--steps N] [--decode-batch B] [--prompt P]
+ *          [--decode-tokens D] [--no-torch]
  */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,14 +25,16 @@
 #include "compute/ops.h"
 
 static int L = 10, C = 256, NH = 8, NKV = 4, H = 768, V = 8192, B = 4, T = 256, STEPS = 3;
-static int DB = 16, P = 32, D = 32, torch = 1;
+static int DB = 16, P = 32, D = 32, torch = 1, WIN = 64;
+static const char *arch = "qwen2";
 
 static void
 usage(FILE *fp)
 {
-	fprintf(fp, "usage: model_cpu [--layers L] [--hidden C] [--heads NH] [--kv-heads NKV] [--ffn H]\n"
-	    "         [--vocab V] [--batch B] [--seq T] [--steps N] [--decode-batch B]\n"
-	    "         [--prompt P] [--decode-tokens D] [--no-torch]\n");
+	fprintf(fp, "usage: model_cpu [--arch qwen2|llama|mistral|gemma3] [--window W] [--layers L]\n"
+	    "         [--hidden C] [--heads NH] [--kv-heads NKV] [--ffn H] [--vocab V] [--batch B]\n"
+	    "         [--seq T] [--steps N] [--decode-batch B] [--prompt P] [--decode-tokens D]\n"
+	    "         [--no-torch]\n");
 }
 
 int
@@ -37,7 +45,8 @@ main(int argc, char **argv)
 		{ "kv-heads", 1, 0, 'k' }, { "ffn", 1, 0, 'f' }, { "vocab", 1, 0, 'v' },
 		{ "batch", 1, 0, 'b' }, { "seq", 1, 0, 't' }, { "steps", 1, 0, 's' },
 		{ "decode-batch", 1, 0, 'B' }, { "prompt", 1, 0, 'p' }, { "decode-tokens", 1, 0, 'd' },
-		{ "no-torch", 0, 0, 'n' }, { "help", 0, 0, 'h' }, { 0, 0, 0, 0 }
+		{ "no-torch", 0, 0, 'n' }, { "help", 0, 0, 'h' }, { "arch", 1, 0, 'A' },
+		{ "window", 1, 0, 'w' }, { 0, 0, 0, 0 }
 	};
 	rl_config cfg = { 0 };
 	rl_ops *o = NULL;
@@ -61,6 +70,8 @@ main(int argc, char **argv)
 		case 'p': P = atoi(optarg); break;
 		case 'd': D = atoi(optarg); break;
 		case 'n': torch = 0; break;
+		case 'A': arch = optarg; break;
+		case 'w': WIN = atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -81,6 +92,27 @@ main(int argc, char **argv)
 	cfg.tie_embeddings = 1;
 	cfg.bos_id = cfg.eos_id = -1;
 	cfg.dtype = RL_F32;
+	if (strcmp(arch, "qwen2") != 0) {
+		/* the same sizes without biases; Mistral's window on every layer, Gemma 3's on
+		 * five in six, with its norms, scale (query_pre_attn_scalar = head_dim) and GELU */
+		snprintf(cfg.model_type, sizeof cfg.model_type, "%s",
+		    strcmp(arch, "gemma3") == 0 ? "gemma3_text" : arch);
+		cfg.qkv_bias = 0;
+		torch = 0;
+		if (strcmp(arch, "mistral") == 0) {
+			cfg.sliding_window = WIN;
+		} else if (strcmp(arch, "gemma3") == 0) {
+			cfg.gemma = cfg.qk_norm = 1;
+			cfg.sliding_window = WIN;
+			cfg.attn_scale = 1.0f / sqrtf((float)cfg.head_dim);
+			cfg.rope_local_theta = 10000;
+			for (int l = 0; l < L && l < RL_CONFIG_MAX_LOCAL; l++)
+				cfg.local[l] = (l + 1) % 6 != 0;
+		} else if (strcmp(arch, "llama") != 0) {
+			fprintf(stderr, "model_cpu: --arch %s: not qwen2, llama, mistral or gemma3\n", arch);
+			return 2;
+		}
+	}
 	if ((rv = rl_ops_cpu_open(&o)) != 0 || (rv = rl_model_init_random(&m, &cfg, o, 1)) != 0 ||
 	    (rv = rl_model_train_reserve(m, B * T)) != 0)
 		goto out;
@@ -91,7 +123,7 @@ main(int argc, char **argv)
 		int32_t *tok = rl_xmalloc((size_t)N * 4), *tgt = rl_xmalloc((size_t)N * 4);
 		float *dlp = rl_xmalloc((size_t)N * 4), *dent = rl_xmalloc((size_t)N * 4);
 		rl_adamw hp = { 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 0.0f };
-		double tfb = 0, tst = 0, t0;
+		double tfb = 0, tst = 0, tfw = 0, t0;
 		for (int i = 0; i < N; i++) {
 			tok[i] = (int32_t)((i * 7919u) % (unsigned)V);
 			tgt[i] = (int32_t)(((i + 1) * 7919u) % (unsigned)V);
@@ -99,6 +131,11 @@ main(int argc, char **argv)
 			dent[i] = -0.01f / N;
 		}
 		for (int s = 0; s <= STEPS; s++) { /* step 0 warms up */
+			t0 = rl_now();
+			if ((rv = rl_model_forward(m, NULL, NULL, tok, tgt, NULL, NULL, B, T, 1.0f)) != 0)
+				goto out;
+			if (s > 0)
+				tfw += rl_now() - t0;
 			t0 = rl_now();
 			if ((rv = rl_model_forward(m, NULL, NULL, tok, tgt, NULL, NULL, B, T, 1.0f)) != 0 ||
 			    (rv = rl_model_backward(m, dlp, dent)) != 0)
@@ -111,9 +148,12 @@ main(int argc, char **argv)
 				tst += rl_now() - t1;
 			}
 		}
-		printf("{\"bench\":\"model_cpu\",\"impl\":\"rlpipe\",\"what\":\"train_fwd_bwd\",\"params\":%zu,"
-		    "\"B\":%d,\"T\":%d,\"steps\":%d,\"tokens_per_s\":%.1f,\"adamw_ms\":%.2f}\n",
-		    rl_model_nparams(m), B, T, STEPS, (double)N * STEPS / tfb, 1e3 * tst / STEPS);
+		printf("{\"bench\":\"model_cpu\",\"impl\":\"rlpipe\",\"arch\":\"%s\",\"window\":%d,"
+		    "\"what\":\"forward\",\"params\":%zu,\"B\":%d,\"T\":%d,\"steps\":%d,\"tokens_per_s\":%.1f}\n",
+		    arch, cfg.sliding_window, rl_model_nparams(m), B, T, STEPS, (double)N * STEPS / tfw);
+		printf("{\"bench\":\"model_cpu\",\"impl\":\"rlpipe\",\"arch\":\"%s\",\"what\":\"train_fwd_bwd\","
+		    "\"params\":%zu,\"B\":%d,\"T\":%d,\"steps\":%d,\"tokens_per_s\":%.1f,\"adamw_ms\":%.2f}\n",
+		    arch, rl_model_nparams(m), B, T, STEPS, (double)N * STEPS / tfb, 1e3 * tst / STEPS);
 		fflush(stdout);
 		free(tok);
 		free(tgt);
@@ -151,10 +191,11 @@ main(int argc, char **argv)
 			if ((rv = rl_model_decode(m, kv, sp, dtok, DB, NULL)) != 0)
 				goto out;
 		td = rl_now() - t0;
-		printf("{\"bench\":\"model_cpu\",\"impl\":\"rlpipe\",\"what\":\"prefill\",\"batch\":%d,"
-		    "\"prompt\":%d,\"tokens_per_s\":%.1f}\n", DB, P, (double)DB * P / tp);
-		printf("{\"bench\":\"model_cpu\",\"impl\":\"rlpipe\",\"what\":\"decode\",\"batch\":%d,"
-		    "\"prompt\":%d,\"steps\":%d,\"tokens_per_s\":%.1f}\n", DB, P, D, (double)DB * D / td);
+		printf("{\"bench\":\"model_cpu\",\"impl\":\"rlpipe\",\"arch\":\"%s\",\"what\":\"prefill\","
+		    "\"batch\":%d,\"prompt\":%d,\"tokens_per_s\":%.1f}\n", arch, DB, P, (double)DB * P / tp);
+		printf("{\"bench\":\"model_cpu\",\"impl\":\"rlpipe\",\"arch\":\"%s\",\"what\":\"decode\","
+		    "\"batch\":%d,\"prompt\":%d,\"steps\":%d,\"tokens_per_s\":%.1f}\n", arch, DB, P, D,
+		    (double)DB * D / td);
 		fflush(stdout);
 		for (int i = 0; i < DB; i++)
 			rl_kvcache_release(kv, &seq[i]);

@@ -880,21 +880,41 @@ att_pad(int n, long ld, const int32_t *sg)
 	return sg != NULL || np > ld ? n : np;
 }
 
+/* The first key of query t that a window of win keys leaves visible, relative to kmin:
+ * query t sees keys s with t - win < s <= t (win 0: all of them). */
+static inline int
+att_lo(int t, int kmin, int win)
+{
+	return win > 0 && t - win + 1 > kmin ? t - win + 1 - kmin : 0;
+}
+
+/* The first key any query of [t0, t0 + qb) sees: kmin (att_kmin), or the window's
+ * start for the block's first query when that is later. */
+static inline int
+att_kwin(int kmin, int t0, int win)
+{
+	return win > 0 && t0 - win + 1 > kmin ? t0 - win + 1 : kmin;
+}
+
 /* P (qb, kmax - kmin) <- softmax rows of scale * S for queries t0.., keys from
  * kmin, in place; returns per row the lse (0 for padding).  sg: the row's segment
  * ids or NULL (then kmin is 0). */
 static void
-softmax_block(float *P, long ldp, float *lse_out, const int32_t *sg, int t0, int qb, int kmin, float scale)
+softmax_block(float *P, long ldp, float *lse_out, const int32_t *sg, int t0, int qb, int kmin, float scale,
+    int win)
 {
 	for (int i = 0; i < qb; i++) {
-		int t = t0 + i, n = t + 1 - kmin;
+		int t = t0 + i, n = t + 1 - kmin, lo = att_lo(t, kmin, win);
 		float *p = P + (long)i * ldp;
 		if (sg != NULL && sg[t] < 0) {
 			memset(p, 0, (size_t)n * sizeof(float));
 			lse_out[i] = 0;
 			continue;
 		}
-		lse_out[i] = softmax_row(p, n, att_pad(n, ldp, sg), sg ? sg + kmin : NULL, sg ? sg[t] : 0, scale);
+		/* keys left of the window are 0, the rest a softmax of its own */
+		memset(p, 0, (size_t)lo * sizeof(float));
+		lse_out[i] = softmax_row(p + lo, n - lo, att_pad(n - lo, ldp - lo, sg), sg ? sg + kmin + lo : NULL,
+		    sg ? sg[t] : 0, scale);
 	}
 }
 
@@ -923,13 +943,19 @@ dsoftmax_row(float *p, float *dp, int n, int npad, const int32_t *sg, int32_t st
 }
 
 void
-rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32_t *seg,
+rl_cpu_attn_fwd(rl_ops *o, void *out, float *lse, const void *qkv, const int32_t *seg,
     int B, int T, int NH, int NKV, int HD)
+{
+	rl_cpu_attn_fwd_ex(o, out, lse, qkv, seg, B, T, NH, NKV, HD, 1.0f / sqrtf((float)HD), 0);
+}
+
+void
+rl_cpu_attn_fwd_ex(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32_t *seg,
+    int B, int T, int NH, int NKV, int HD, float scale, int win)
 {
 	float *out = out_;
 	const float *qkv = qkv_;
 	int W = (NH + 2 * NKV) * HD;
-	float scale = 1.0f / sqrtf((float)HD);
 	int bad = 0;
 	if (NKV <= 0 || NH % NKV != 0) {
 		rl_error("attention: %d query heads are not a multiple of %d kv heads", NH, NKV);
@@ -955,11 +981,12 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 				const int32_t *sg = seg ? seg + (size_t)b * T : NULL;
 				int mono = att_monotone(sg, T);
 				for (int t0 = 0; t0 < T; t0 += ATT_QB) {
-					int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb, k0 = att_kmin(sg, mono, t0, qb);
+					int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb;
+					int k0 = att_kwin(att_kmin(sg, mono, t0, qb), t0, win);
 					const float *Q = base + (size_t)t0 * W + (size_t)h * HD;
 					/* S = Q K^T over keys k0..kmax-1 (the part right of the diagonal is ignored) */
 					gemm_serial(g, P, TP, Q, W, 1, K + (size_t)k0 * W, W, 1, qb, kmax - k0, HD, 0, bbuf);
-					softmax_block(P, TP, lb, sg, t0, qb, k0, scale);
+					softmax_block(P, TP, lb, sg, t0, qb, k0, scale, win);
 					/* zero the masked upper triangle so O = P V can run over kmax - k0 keys */
 					for (int i = 0; i < qb; i++)
 						memset(P + (size_t)i * TP + t0 + i + 1 - k0, 0, (size_t)(qb - i - 1) * sizeof(float));
@@ -980,13 +1007,19 @@ rl_cpu_attn_fwd(rl_ops *o, void *out_, float *lse, const void *qkv_, const int32
 }
 
 void
-rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, const float *lse,
-    const void *qkv_, const int32_t *seg, int B, int T, int NH, int NKV, int HD)
+rl_cpu_attn_bwd(rl_ops *o, void *dqkv, const void *dout, const void *out, const float *lse,
+    const void *qkv, const int32_t *seg, int B, int T, int NH, int NKV, int HD)
+{
+	rl_cpu_attn_bwd_ex(o, dqkv, dout, out, lse, qkv, seg, B, T, NH, NKV, HD, 1.0f / sqrtf((float)HD), 0);
+}
+
+void
+rl_cpu_attn_bwd_ex(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, const float *lse,
+    const void *qkv_, const int32_t *seg, int B, int T, int NH, int NKV, int HD, float scale, int win)
 {
 	float *dqkv = dqkv_;
 	const float *dout = dout_, *out = out_, *qkv = qkv_;
 	int W = (NH + 2 * NKV) * HD, OW = NH * HD;
-	float scale = 1.0f / sqrtf((float)HD);
 	int bad = 0;
 	if (NKV <= 0 || NH % NKV != 0) {
 		rl_error("attention: %d query heads are not a multiple of %d kv heads", NH, NKV);
@@ -1017,7 +1050,8 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 				memset(dK, 0, (size_t)2 * T * HD * sizeof(float));
 				for (int h = kvh * G; h < (kvh + 1) * G; h++) {
 					for (int t0 = 0; t0 < T; t0 += ATT_QB) {
-						int qb = RL_MIN(ATT_QB, T - t0), k0 = att_kmin(sg, mono, t0, qb), kmax = t0 + qb;
+						int qb = RL_MIN(ATT_QB, T - t0), kmax = t0 + qb;
+						int k0 = att_kwin(att_kmin(sg, mono, t0, qb), t0, win);
 						int nk = kmax - k0;
 						const float *Kk = K + (size_t)k0 * W, *Vk = Vv + (size_t)k0 * W;
 						const float *Q = base + (size_t)t0 * W + (size_t)h * HD;
@@ -1029,14 +1063,17 @@ rl_cpu_attn_bwd(rl_ops *o, void *dqkv_, const void *dout_, const void *out_, con
 						/* P = exp(scale S - lse) on visible keys, 0 elsewhere;
 						 * dS = P (dP - D) scale with D = dO . O, written over dP */
 						for (int i = 0; i < qb; i++) {
-							int t = t0 + i, n = t + 1 - k0;
+							int t = t0 + i, n = t + 1 - k0, lo = att_lo(t, k0, win);
 							float *p = P + (size_t)i * TP, *dp = dP + (size_t)i * TP;
 							if (sg != NULL && sg[t] < 0) {
 								n = 0;  /* padding query: no gradient */
 							} else {
 								float D = dotf(dO + (size_t)i * OW, Ob + (size_t)i * OW, HD);
-								dsoftmax_row(p, dp, n, att_pad(n, TP, sg), sg ? sg + k0 : NULL,
-								    sg ? sg[t] : 0, scale, L[i], D);
+								/* keys left of the window */
+								memset(p, 0, (size_t)lo * sizeof(float));
+								memset(dp, 0, (size_t)lo * sizeof(float));
+								dsoftmax_row(p + lo, dp + lo, n - lo, att_pad(n - lo, TP - lo, sg),
+								    sg ? sg + k0 + lo : NULL, sg ? sg[t] : 0, scale, L[i], D);
 							}
 							/* keys after the query (and all of a padding row) */
 							memset(p + n, 0, (size_t)(nk - n) * sizeof(float));
@@ -1138,6 +1175,58 @@ rl_cpu_gelu_bwd(rl_ops *o, void *dx_, const void *dout_, const void *x_, size_t 
 		float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
 		dx[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du);
 	}
+}
+
+/* Gemma's GELU gate, gelu_tanh(g) = 0.5 g (1 + tanh(u)) with u = sqrt(2/pi) (g + 0.044715 g^3),
+ * computed as g sigmoid(2u) (the same function: 1 + tanh u = 2 sigmoid(2u)) with
+ * rl_cpu_expf, so that the rows vectorise (libm's tanhf does not) and neither tail cancels.
+ * Cloned per instruction set (RL_CLONES). */
+RL_CLONES static void
+geglu_row(float *y, const float *gu, int H)
+{
+	const float *g = gu, *u = gu + H;
+	for (int i = 0; i < H; i++) {
+		float v = g[i];
+		y[i] = v / (1.0f + rl_cpu_expf(-2.0f * GELU_K * (v + 0.044715f * v * v * v))) * u[i];
+	}
+}
+
+/* Its backward for one row: d gelu_tanh / dg = s + 2 g s (1 - s) du/dg with s = sigmoid(2u);
+ * dgu may alias gu (each element is read before written). */
+RL_CLONES static void
+dgeglu_row(float *dgu, const float *dy, const float *gu, int H)
+{
+	const float *g = gu, *u = gu + H;
+	float *dg = dgu, *du = dgu + H;
+	for (int i = 0; i < H; i++) {
+		float v = g[i], ui = u[i], d = dy[i];
+		float sg = 1.0f / (1.0f + rl_cpu_expf(-2.0f * GELU_K * (v + 0.044715f * v * v * v)));
+		float dudv = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+		dg[i] = d * ui * (sg + 2.0f * v * sg * (1.0f - sg) * dudv);
+		du[i] = d * v * sg;
+	}
+}
+
+void
+rl_cpu_geglu_fwd(rl_ops *o, void *out_, const void *gu_, int N, int H)
+{
+	float *out = out_;
+	const float *gu = gu_;
+	(void)o;
+#pragma omp parallel for schedule(static) if ((size_t)N * H > RL_PAR_MIN)
+	for (int n = 0; n < N; n++)
+		geglu_row(out + (size_t)n * H, gu + (size_t)n * 2 * H, H);
+}
+
+void
+rl_cpu_geglu_bwd(rl_ops *o, void *dgu_, const void *dout_, const void *gu_, int N, int H)
+{
+	float *dgu = dgu_;
+	const float *dout = dout_, *gu = gu_;
+	(void)o;
+#pragma omp parallel for schedule(static) if ((size_t)N * H > RL_PAR_MIN)
+	for (int n = 0; n < N; n++)
+		dgeglu_row(dgu + (size_t)n * 2 * H, dout + (size_t)n * H, gu + (size_t)n * 2 * H, H);
 }
 
 void
@@ -1428,13 +1517,14 @@ rl_cpu_kv_write(rl_ops *o, void *kc_, void *vc_, const void *qkv_, const int32_t
  * (HD) are scratch.  Cloned per instruction set (RL_CLONES). */
 RL_CLONES static void
 decode_head(float *y, const float *q, const float *k, const float *v, size_t KW, const int32_t *bt,
-    int L, int HD, int BS, float scale, float *sc, float *acc)
+    int L, int HD, int BS, float scale, float *sc, float *acc, int first)
 {
 	float mx = -INFINITY;
-	/* the keys block by block: token s is row s % BS of block bt[s / BS] */
-	for (int s0 = 0; s0 < L; s0 += BS) {
+	/* the keys block by block from the first the window leaves: token s is row s % BS of
+	 * block bt[s / BS] */
+	for (int s0 = first - first % BS; s0 < L; s0 += BS) {
 		const float *kb = k + (size_t)bt[s0 / BS] * BS * KW;
-		for (int s = s0; s < L && s < s0 + BS; s++) {
+		for (int s = RL_MAX(s0, first); s < L && s < s0 + BS; s++) {
 			const float *kr = kb + (size_t)(s - s0) * KW;
 			float d = 0;
 #pragma omp simd reduction(+:d)
@@ -1446,9 +1536,9 @@ decode_head(float *y, const float *q, const float *k, const float *v, size_t KW,
 	}
 	memset(acc, 0, (size_t)HD * sizeof(float));
 	double sum = 0;
-	for (int s0 = 0; s0 < L; s0 += BS) {
+	for (int s0 = first - first % BS; s0 < L; s0 += BS) {
 		const float *vb = v + (size_t)bt[s0 / BS] * BS * KW;
-		for (int s = s0; s < L && s < s0 + BS; s++) {
+		for (int s = RL_MAX(s0, first); s < L && s < s0 + BS; s++) {
 			const float *vr = vb + (size_t)(s - s0) * KW;
 			float p = rl_cpu_expf(sc[s] - mx);
 			sum += p;
@@ -1463,15 +1553,23 @@ decode_head(float *y, const float *q, const float *k, const float *v, size_t KW,
 }
 
 void
-rl_cpu_attn_decode(rl_ops *o, void *out_, const void *qkv_, const void *kc_, const void *vc_,
+rl_cpu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void *vc,
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
     int BS, int MAXBLK)
+{
+	rl_cpu_attn_decode_ex(o, out, qkv, kc, vc, block_table, ctx_len, B, NH, NKV, HD, BS, MAXBLK,
+	    1.0f / sqrtf((float)HD), 0);
+}
+
+void
+rl_cpu_attn_decode_ex(rl_ops *o, void *out_, const void *qkv_, const void *kc_, const void *vc_,
+    const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
+    int BS, int MAXBLK, float scale, int win)
 {
 	float *out = out_;
 	const float *qkv = qkv_, *kc = kc_, *vc = vc_;
 	size_t W = (size_t)(NH + 2 * NKV) * HD, KW = (size_t)NKV * HD;
 	int G = NKV > 0 ? NH / NKV : 0, cap = BS * MAXBLK, bad = 0;
-	float scale = 1.0f / sqrtf((float)HD);
 	if (NKV <= 0 || NH % NKV != 0) {
 		rl_error("attn_decode: %d query heads are not a multiple of %d kv heads", NH, NKV);
 		fail(o, RL_EINVAL);
@@ -1498,7 +1596,8 @@ rl_cpu_attn_decode(rl_ops *o, void *out_, const void *qkv_, const void *kc_, con
 					continue;
 				decode_head(out + (size_t)b * NH * HD + (size_t)h * HD, qkv + (size_t)b * W + (size_t)h * HD,
 				    kc + (size_t)(h / G) * HD, vc + (size_t)(h / G) * HD, KW,
-				    block_table + (size_t)b * MAXBLK, ctx_len[b], HD, BS, scale, sc, sc + cap);
+				    block_table + (size_t)b * MAXBLK, ctx_len[b], HD, BS, scale, sc, sc + cap,
+				    win > 0 && ctx_len[b] > win ? ctx_len[b] - win : 0);
 			}
 		}
 		free(sc);

@@ -105,12 +105,26 @@ void rl_cpu_attn_fwd(rl_ops *o, void *out, float *lse, const void *qkv, const in
     int B, int T, int NH, int NKV, int HD);
 void rl_cpu_attn_bwd(rl_ops *o, void *dqkv, const void *dout, const void *out, const float *lse,
     const void *qkv, const int32_t *seg, int B, int T, int NH, int NKV, int HD);
+/* attn_fwd / attn_bwd with the scores' scale (attn_fwd's is 1/sqrt(HD)) and a sliding
+ * window: with win > 0 query t sees keys s with t - win < s <= t only (Mistral's and
+ * Gemma 3's local layers); win 0 is plain causal attention.  Not in the rl_ops table:
+ * the CUDA kernels have neither, so a model that needs them runs on the CPU only
+ * (lib/model/model.c refuses it elsewhere). */
+void rl_cpu_attn_fwd_ex(rl_ops *o, void *out, float *lse, const void *qkv, const int32_t *seg,
+    int B, int T, int NH, int NKV, int HD, float scale, int win);
+void rl_cpu_attn_bwd_ex(rl_ops *o, void *dqkv, const void *dout, const void *out, const float *lse,
+    const void *qkv, const int32_t *seg, int B, int T, int NH, int NKV, int HD, float scale, int win);
 
 /* activations, residual */
 void rl_cpu_swiglu_fwd(rl_ops *o, void *out, const void *gu, int N, int H);
 void rl_cpu_swiglu_bwd(rl_ops *o, void *dgu, const void *dout, const void *gu, int N, int H);
 void rl_cpu_gelu_fwd(rl_ops *o, void *out, const void *x, size_t n);
 void rl_cpu_gelu_bwd(rl_ops *o, void *dx, const void *dout, const void *x, size_t n);
+/* Gemma's gated MLP: out (N,H) = gelu_tanh(gu[:, :H]) * gu[:, H:] (gelu_fwd's GELU,
+ * transformers' gelu_pytorch_tanh), and its backward as swiglu_bwd's (dgu may alias gu).
+ * Not in the rl_ops table (no CUDA kernel). */
+void rl_cpu_geglu_fwd(rl_ops *o, void *out, const void *gu, int N, int H);
+void rl_cpu_geglu_bwd(rl_ops *o, void *dgu, const void *dout, const void *gu, int N, int H);
 void rl_cpu_add(rl_ops *o, void *out, const void *a, const void *b, size_t n);
 
 /* output layer, losses */
@@ -133,6 +147,11 @@ void rl_cpu_kv_write(rl_ops *o, void *kc, void *vc, const void *qkv, const int32
 void rl_cpu_attn_decode(rl_ops *o, void *out, const void *qkv, const void *kc, const void *vc,
     const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
     int BS, int MAXBLK);
+/* attn_decode with scale and window as rl_cpu_attn_fwd_ex: the query (the sequence's
+ * last cached token, position ctx_len - 1) sees the last win cached tokens. */
+void rl_cpu_attn_decode_ex(rl_ops *o, void *out, const void *qkv, const void *kc, const void *vc,
+    const int32_t *block_table, const int32_t *ctx_len, int B, int NH, int NKV, int HD,
+    int BS, int MAXBLK, float scale, int win);
 void rl_cpu_sample(rl_ops *o, int32_t *tok, float *logp, const void *logits,
     const uint64_t *seed, const uint64_t *counter, int B, int V, const rl_sample_params *p);
 void rl_cpu_decode_advance(rl_ops *o, int32_t *tok, int32_t *pos, int32_t *ctx, int32_t *slot, uint64_t *ctr,

@@ -1,7 +1,7 @@
 /*
- * config.c — config.json <-> rl_config for Llama/Qwen2/Qwen3/Mistral and GPT-2.
+ * config.c — config.json <-> rl_config for Llama/Qwen2/Qwen3/Mistral, Gemma 3 and GPT-2.
  * Defaults are transformers' (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig,
- * GPT2Config).
+ * Gemma3TextConfig, GPT2Config).
  */
 #include "model/config.h"
 
@@ -258,16 +258,15 @@ get_rope(pctx *c, rl_config *cfg)
 	cfg->rope_theta = (float)theta;
 }
 
-/* Mistral's sliding_window W (MistralConfig's default 4096; null: none).  Query i attends
- * to keys j with i - j < W, which is plain causal attention as long as no sequence is longer
- * than W: the context is capped there (max_pos = min(max_position_embeddings, W)), so what
- * would need the window is refused or cut at the length limit, never computed differently.
- * The config's max_position_embeddings is kept for writing it back. */
+/* Mistral's sliding_window W (MistralConfig's default 4096; null: none): query i attends
+ * to keys j with i - W < j <= i.  Computed as such on the CPU (lib/compute/ops_cpu.h
+ * rl_cpu_attn_fwd_ex); the CUDA kernels have no window, so there rl_model caps the
+ * context at W, where the window does not bind yet. */
 static void
-get_window(pctx *c, rl_config *cfg)
+get_window(pctx *c, rl_config *cfg, int def)
 {
 	const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, "sliding_window");
-	int w = j == NULL ? 4096 : cJSON_IsNull(j) ? 0 : get_int(c, "sliding_window", 0, 0);
+	int w = j == NULL ? def : cJSON_IsNull(j) ? 0 : get_int(c, "sliding_window", 0, 0);
 
 	if (c->rv != 0)
 		return;
@@ -278,8 +277,218 @@ get_window(pctx *c, rl_config *cfg)
 	}
 	cfg->sliding_window = w;
 	cfg->max_pos_config = cfg->max_pos;
-	if (w > 0 && w < cfg->max_pos)
-		cfg->max_pos = w;
+}
+
+/* Gemma 3's layer types: "layer_types" (one "sliding_attention" or "full_attention" per
+ * layer), else Gemma3TextConfig's rule from "sliding_window_pattern" P (default 6):
+ * layer i is full attention when (i + 1) % P == 0. */
+static void
+get_layer_types(pctx *c, rl_config *cfg)
+{
+	const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c->root, "layer_types"), *it;
+	int pat, i = 0;
+
+	if (cfg->n_layer <= 0 || c->rv != 0)
+		return;
+	if (cfg->n_layer > RL_CONFIG_MAX_LOCAL) {
+		rl_error("%s: %d layers; Gemma 3 models of at most %d are supported", c->what, cfg->n_layer,
+		    RL_CONFIG_MAX_LOCAL);
+		c->rv = RL_ENOTSUP;
+		return;
+	}
+	if (lt != NULL && !cJSON_IsNull(lt)) {
+		if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != cfg->n_layer) {
+			rl_error("%s: key \"layer_types\" is not a list of %d layer types (num_hidden_layers)",
+			    c->what, cfg->n_layer);
+			c->rv = RL_EFORMAT;
+			return;
+		}
+		cJSON_ArrayForEach(it, lt) {
+			if (cJSON_IsString(it) && strcmp(it->valuestring, "sliding_attention") == 0) {
+				cfg->local[i] = 1;
+			} else if (!cJSON_IsString(it) || strcmp(it->valuestring, "full_attention") != 0) {
+				rl_error("%s: key \"layer_types\": item %d is %s%s%s, not \"sliding_attention\" or "
+				    "\"full_attention\"", c->what, i, cJSON_IsString(it) ? "'" : "",
+				    cJSON_IsString(it) ? it->valuestring : "not a string", cJSON_IsString(it) ? "'" : "");
+				c->rv = cJSON_IsString(it) ? RL_ENOTSUP : RL_EFORMAT;
+				return;
+			}
+			i++;
+		}
+		return;
+	}
+	pat = get_int(c, "sliding_window_pattern", 0, 6);
+	if (c->rv == 0 && pat <= 0) {
+		rl_error("%s: key \"sliding_window_pattern\" is %d, not a positive layer count", c->what, pat);
+		c->rv = RL_EFORMAT;
+		return;
+	}
+	for (i = 0; i < cfg->n_layer && c->rv == 0; i++)
+		cfg->local[i] = (i + 1) % pat != 0;
+}
+
+/* One RoPE object of Gemma 3 (rope_scaling, or a layer type's in rope_parameters), key
+ * obj: rope_type (or legacy type) absent, null or "default", or, where linear is 1,
+ * "linear" with a factor >= 1 (*factor; transformers' _compute_linear_scaling_rope_parameters:
+ * inv_freq / factor); *theta from its rope_theta when it has one; partial_rotary_factor 1. */
+static void
+gemma_rope_obj(pctx *c, const cJSON *o, const char *obj, int linear, float *theta, float *factor)
+{
+	const cJSON *ty, *v;
+
+	if (!cJSON_IsObject(o)) {
+		rl_error("%s: key \"%s\" is not an object", c->what, obj);
+		c->rv = RL_EFORMAT;
+		return;
+	}
+	if ((ty = cJSON_GetObjectItemCaseSensitive(o, "rope_type")) == NULL)
+		ty = cJSON_GetObjectItemCaseSensitive(o, "type");
+	v = cJSON_GetObjectItemCaseSensitive(o, "partial_rotary_factor");
+	if (v != NULL && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 1.0)) {
+		rl_error("%s: key \"%s\": partial_rotary_factor other than 1 is not supported", c->what, obj);
+		c->rv = RL_ENOTSUP;
+		return;
+	}
+	v = cJSON_GetObjectItemCaseSensitive(o, "rope_theta");
+	if (v != NULL && !cJSON_IsNull(v)) {
+		if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !(v->valuedouble <= FLT_MAX)) {
+			rl_error("%s: key \"%s\": \"rope_theta\" is not a positive number", c->what, obj);
+			c->rv = RL_EFORMAT;
+			return;
+		}
+		*theta = (float)v->valuedouble;
+	}
+	if (ty == NULL || cJSON_IsNull(ty) || (cJSON_IsString(ty) && strcmp(ty->valuestring, "default") == 0))
+		return;
+	if (!linear || !cJSON_IsString(ty) || strcmp(ty->valuestring, "linear") != 0) {
+		rl_error("%s: key \"%s\": rope_type '%s' is not supported for gemma3", c->what, obj,
+		    cJSON_IsString(ty) ? ty->valuestring : "?");
+		rl_hint("implemented for Gemma 3: \"default\", and \"linear\" on its full-attention layers");
+		c->rv = RL_ENOTSUP;
+		return;
+	}
+	v = cJSON_GetObjectItemCaseSensitive(o, "factor");
+	if (!cJSON_IsNumber(v) || !(v->valuedouble >= 1.0) || !(v->valuedouble <= FLT_MAX)) {
+		rl_error("%s: key \"%s\": \"factor\" of rope_type 'linear' must be a number >= 1", c->what, obj);
+		c->rv = RL_EFORMAT;
+		return;
+	}
+	*factor = (float)v->valuedouble;
+}
+
+/* Gemma 3's RoPE: rope_theta (default 1e6) for the full-attention layers, with
+ * rope_scaling null, "default" or "linear"; rope_local_base_freq (default 1e4) and no
+ * scaling for the sliding ones.  transformers 5 writes instead one "rope_parameters"
+ * object per layer type ("full_attention", "sliding_attention"), each with its
+ * rope_type and rope_theta: read the same way. */
+static void
+get_gemma_rope(pctx *c, rl_config *cfg)
+{
+	const cJSON *o = cJSON_GetObjectItemCaseSensitive(c->root, "rope_scaling");
+	const cJSON *rp = cJSON_GetObjectItemCaseSensitive(c->root, "rope_parameters"), *v;
+	float unused = 0;
+
+	cfg->rope_theta = (float)get_num(c, "rope_theta", 1000000.0);
+	cfg->rope_local_theta = (float)get_num(c, "rope_local_base_freq", 10000.0);
+	if (rp != NULL && !cJSON_IsNull(rp) && c->rv == 0) {
+		if (!cJSON_IsObject(rp)) {
+			rl_error("%s: key \"rope_parameters\" is not an object", c->what);
+			c->rv = RL_EFORMAT;
+			return;
+		}
+		cJSON_ArrayForEach(v, rp) {
+			if (c->rv != 0)
+				return;
+			if (strcmp(v->string, "full_attention") == 0) {
+				gemma_rope_obj(c, v, "rope_parameters.full_attention", 1, &cfg->rope_theta,
+				    &cfg->rope_linear);
+			} else if (strcmp(v->string, "sliding_attention") == 0) {
+				gemma_rope_obj(c, v, "rope_parameters.sliding_attention", 0, &cfg->rope_local_theta,
+				    &unused);
+			} else {
+				rl_error("%s: key \"rope_parameters\": '%s' is not a layer type (full_attention, "
+				    "sliding_attention)", c->what, v->string);
+				rl_hint("Gemma 3's rope_parameters holds one object per layer type");
+				c->rv = RL_ENOTSUP;
+			}
+		}
+		return;
+	}
+	if (o == NULL || cJSON_IsNull(o) || c->rv != 0)
+		return;
+	gemma_rope_obj(c, o, "rope_scaling", 1, &unused, &cfg->rope_linear);
+}
+
+/* Gemma 3's text model (Gemma3TextConfig's defaults). */
+static void
+get_gemma3(pctx *c, rl_config *cfg)
+{
+	static const char *const caps[2] = { "attn_logit_softcapping", "final_logit_softcapping" };
+	const char *s;
+	double q;
+
+	cfg->arch = RL_ARCH_LLAMA;
+	cfg->gemma = 1;
+	cfg->vocab_size = get_int(c, "vocab_size", 0, 262208);
+	cfg->hidden_size = get_int(c, "hidden_size", 0, 2304);
+	cfg->n_layer = get_int(c, "num_hidden_layers", 0, 26);
+	cfg->n_head = get_int(c, "num_attention_heads", 0, 8);
+	cfg->intermediate_size = get_int(c, "intermediate_size", 0, 9216);
+	cfg->n_kv_head = get_int(c, "num_key_value_heads", 0, 4);
+	cfg->head_dim = get_int(c, "head_dim", 0, 256);
+	cfg->max_pos = get_int(c, "max_position_embeddings", 0, 131072);
+	cfg->norm_eps = (float)get_num(c, "rms_norm_eps", 1e-6);
+	cfg->tie_embeddings = get_bool(c, "tie_word_embeddings", 1);
+	cfg->bos_id = get_int(c, "bos_token_id", 0, 2);
+	if (cJSON_GetObjectItemCaseSensitive(c->root, "eos_token_id") == NULL)
+		cfg->eos_id = 1;
+	else
+		get_eos(c, cfg);
+	cfg->qk_norm = 1;
+	get_window(c, cfg, 4096);
+	get_layer_types(c, cfg);
+	get_gemma_rope(c, cfg);
+	q = get_num(c, "query_pre_attn_scalar", 256);
+	if (c->rv == 0 && !(q > 0 && q <= FLT_MAX)) {
+		rl_error("%s: key \"query_pre_attn_scalar\" is %g, not a positive number", c->what, q);
+		c->rv = RL_EFORMAT;
+	}
+	cfg->attn_scale = (float)(1.0 / sqrt(q));
+	if (get_bool(c, "attention_bias", 0))
+		unsupported(c, "attention_bias");
+	if (get_bool(c, "use_bidirectional_attention", 0))
+		unsupported(c, "use_bidirectional_attention");
+	s = get_str(c, "hidden_activation");
+	if (s == NULL)
+		s = get_str(c, "hidden_act");
+	if (s != NULL && strcmp(s, "gelu_pytorch_tanh") != 0)
+		unsupported(c, "hidden_activation other than gelu_pytorch_tanh");
+	for (int k = 0; k < 2; k++) {
+		const cJSON *j = cJSON_GetObjectItemCaseSensitive(c->root, caps[k]);
+		if (j != NULL && !cJSON_IsNull(j) && c->rv == 0) {
+			rl_error("%s: key \"%s\" is set; tanh soft-capping (Gemma 2) is not implemented", c->what,
+			    caps[k]);
+			rl_hint("Gemma 3 configs have null there");
+			c->rv = RL_ENOTSUP;
+		}
+	}
+}
+
+/* "gemma3" (Gemma3ForConditionalGeneration): its text_config, as the gemma3_text config
+ * rlpipe reads and saves (vision_config and the image tokens are left out, as are the
+ * vision tower's tensors when the model is loaded).  *text: the text config (borrowed
+ * from root), NULL after an error. */
+static const cJSON *
+gemma3_text_config(pctx *c, cJSON *root)
+{
+	cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+
+	if (!cJSON_IsObject(t)) {
+		rl_error("%s: model_type 'gemma3' without a \"text_config\" object", c->what);
+		c->rv = RL_EFORMAT;
+		return NULL;
+	}
+	return t;
 }
 
 void
@@ -299,14 +508,14 @@ rl_config_copy(rl_config *dst, const rl_config *src)
 }
 
 int
-rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
+rl_config_parse(rl_config *cfg, const char *text_in, size_t len, const char *what)
 {
 	pctx c = { 0 };
-	cJSON *root;
+	cJSON *root, *text = NULL;
 	const char *mt, *s;
 
 	memset(cfg, 0, sizeof *cfg);
-	root = rl_json_parse_all(text, len);
+	root = rl_json_parse_all(text_in, len);
 	c.root = root;
 	c.what = what;
 	if (!cJSON_IsObject(root)) {
@@ -357,7 +566,7 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 		cfg->max_pos = get_int(&c, "max_position_embeddings", 0,
 		    qwen2 || qwen3 ? 32768 : mistral ? 4096 * 32 : 2048);
 		if (mistral)
-			get_window(&c, cfg);
+			get_window(&c, cfg, 4096);
 		get_rope(&c, cfg);
 		cfg->norm_eps = (float)get_num(&c, "rms_norm_eps", 1e-6);
 		cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", 0);
@@ -379,15 +588,41 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 			unsupported(&c, "hidden_act other than silu");
 		if (get_bool(&c, "use_sliding_window", 0))
 			unsupported(&c, "use_sliding_window");
+	} else if (strcmp(mt, "gemma3_text") == 0 || strcmp(mt, "gemma3") == 0) {
+		if (strcmp(mt, "gemma3") == 0) {
+			if ((c.root = gemma3_text_config(&c, root)) == NULL)
+				goto out;
+			if ((text = cJSON_Duplicate(c.root, 1)) == NULL) {
+				c.rv = RL_ENOMEM;
+				goto out;
+			}
+		}
+		mt = "gemma3_text";
+		get_gemma3(&c, cfg);
+		if (text != NULL && cJSON_GetObjectItemCaseSensitive(text, "eos_token_id") == NULL &&
+		    cJSON_GetObjectItemCaseSensitive(root, "eos_token_id") != NULL) {
+			/* Gemma 3 4B and up: the list (<eos>, <end_of_turn>) is at the top */
+			c.root = root;
+			get_eos(&c, cfg);
+			cJSON_AddItemToObject(text, "eos_token_id",
+			    cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), 1));
+		}
 	} else {
 		rl_error("%s: model_type '%s' is not supported", what, mt);
-		rl_hint("supported: llama, qwen2, qwen3, mistral, gpt2");
+		rl_hint("supported: llama, qwen2, qwen3, mistral, gemma3_text, gemma3 (its text model), gpt2");
 		c.rv = RL_ENOTSUP;
 		goto out;
 	}
 	cfg->dtype = RL_F32;
-	/* transformers >= 4.56 writes "dtype", older versions "torch_dtype" */
-	if ((s = get_str(&c, "torch_dtype")) != NULL || (s = get_str(&c, "dtype")) != NULL) {
+	/* transformers >= 4.56 writes "dtype", older versions "torch_dtype"; a gemma3 config
+	 * may have it at the top only */
+	s = get_str(&c, "torch_dtype");
+	if (s == NULL)
+		s = get_str(&c, "dtype");
+	c.root = root;
+	if (s == NULL && text != NULL && (s = get_str(&c, "torch_dtype")) == NULL)
+		s = get_str(&c, "dtype");
+	if (s != NULL) {
 		if (strcmp(s, "bfloat16") == 0) {
 			cfg->dtype = RL_BF16;
 		} else if (strcmp(s, "float16") == 0 || strcmp(s, "half") == 0) {
@@ -402,11 +637,19 @@ rl_config_parse(rl_config *cfg, const char *text, size_t len, const char *what)
 	if (c.rv == 0)
 		c.rv = rl_config_check(cfg, what);
 out:
-	if (c.rv == 0) {
+	if (c.rv == 0 && text != NULL) {
+		/* what is kept (and saved) is the text model's config, as gemma3_text */
+		cJSON_DeleteItemFromObjectCaseSensitive(text, "model_type");
+		cJSON_AddStringToObject(text, "model_type", "gemma3_text");
+		cJSON_DeleteItemFromObjectCaseSensitive(text, "architectures");
+		if ((cfg->raw = cJSON_Print(text)) == NULL)
+			c.rv = RL_ENOMEM;
+	} else if (c.rv == 0) {
 		cfg->raw = rl_xmalloc(len + 1);
-		memcpy(cfg->raw, text, len);
+		memcpy(cfg->raw, text_in, len);
 		cfg->raw[len] = 0;
 	}
+	cJSON_Delete(text);
 	cJSON_Delete(root);
 	return c.rv;
 }
@@ -462,12 +705,22 @@ rl_config_check(const rl_config *c, const char *what)
 	else if (c->arch == RL_ARCH_LLAMA && strcmp(c->model_type, "mistral") == 0 &&
 	    (c->qk_norm || c->qkv_bias || c->o_bias))
 		bad = "Mistral has no q/k norm and no attention biases";
+	else if (c->arch == RL_ARCH_LLAMA && strcmp(c->model_type, "gemma3_text") == 0 &&
+	    (!c->gemma || !c->qk_norm || c->qkv_bias || c->o_bias))
+		bad = "Gemma 3 has q/k norm and no attention biases";
+	else if (c->gemma && strcmp(c->model_type, "gemma3_text") != 0)
+		bad = "Gemma's layer is model_type gemma3_text's only";
 	else if (c->arch == RL_ARCH_LLAMA && c->model_type[0] != 0 && strcmp(c->model_type, "llama") != 0 &&
 	    strcmp(c->model_type, "qwen2") != 0 && strcmp(c->model_type, "qwen3") != 0 &&
-	    strcmp(c->model_type, "mistral") != 0)
-		bad = "model_type must be llama, qwen2, qwen3 or mistral";
-	else if (c->sliding_window < 0 || (c->sliding_window > 0 && c->max_pos > c->sliding_window))
-		bad = "the context (max positions) must not exceed sliding_window";
+	    strcmp(c->model_type, "mistral") != 0 && strcmp(c->model_type, "gemma3_text") != 0)
+		bad = "model_type must be llama, qwen2, qwen3, mistral or gemma3_text";
+	else if (c->gemma && (c->n_layer > RL_CONFIG_MAX_LOCAL || !(c->rope_local_theta > 0) ||
+	    c->rope_factor != 0 || (c->rope_linear != 0 && !(c->rope_linear >= 1))))
+		bad = "Gemma 3 needs at most 256 layers, rope_local_base_freq > 0 and no scaling but linear";
+	else if (c->attn_scale < 0 || c->rope_linear < 0)
+		bad = "attention scale and linear RoPE factor must not be negative";
+	else if (c->sliding_window < 0)
+		bad = "sliding_window must not be negative";
 	if (bad != NULL) {
 		rl_error("%s: %s", what ? what : "config", bad);
 		return RL_EFORMAT;
@@ -489,7 +742,8 @@ arch_class(const rl_config *c)
 		return "GPT2LMHeadModel";
 	return strcmp(c->model_type, "qwen2") == 0 ? "Qwen2ForCausalLM" :
 	    strcmp(c->model_type, "qwen3") == 0 ? "Qwen3ForCausalLM" :
-	    strcmp(c->model_type, "mistral") == 0 ? "MistralForCausalLM" : "LlamaForCausalLM";
+	    strcmp(c->model_type, "mistral") == 0 ? "MistralForCausalLM" :
+	    strcmp(c->model_type, "gemma3_text") == 0 ? "Gemma3ForCausalLM" : "LlamaForCausalLM";
 }
 
 char *
@@ -543,7 +797,23 @@ rl_config_to_json(const rl_config *c)
 		cJSON_AddNumberToObject(root, "intermediate_size", c->intermediate_size);
 		cJSON_AddNumberToObject(root, "max_position_embeddings",
 		    c->max_pos_config > 0 ? c->max_pos_config : c->max_pos);
-		if (strcmp(c->model_type, "mistral") == 0) {
+		if (c->gemma) {
+			cJSON *lt = cJSON_AddArrayToObject(root, "layer_types");
+			for (int l = 0; l < c->n_layer; l++)
+				cJSON_AddItemToArray(lt, cJSON_CreateString(c->local[l] ? "sliding_attention" :
+				    "full_attention"));
+			cJSON_AddNumberToObject(root, "query_pre_attn_scalar",
+			    c->attn_scale > 0 ? 1.0 / ((double)c->attn_scale * c->attn_scale) : c->head_dim);
+			cJSON_AddNumberToObject(root, "rope_local_base_freq", c->rope_local_theta);
+			if (c->rope_linear > 0) {
+				cJSON *r = cJSON_AddObjectToObject(root, "rope_scaling");
+				cJSON_AddStringToObject(r, "rope_type", "linear");
+				cJSON_AddNumberToObject(r, "factor", c->rope_linear);
+			}
+			cJSON_AddNullToObject(root, "attn_logit_softcapping");
+			cJSON_AddNullToObject(root, "final_logit_softcapping");
+		}
+		if (strcmp(c->model_type, "mistral") == 0 || c->gemma) {
 			if (c->sliding_window > 0)
 				cJSON_AddNumberToObject(root, "sliding_window", c->sliding_window);
 			else
@@ -559,7 +829,8 @@ rl_config_to_json(const rl_config *c)
 			cJSON_AddNumberToObject(r, "original_max_position_embeddings", c->rope_orig_max_pos);
 		}
 		cJSON_AddNumberToObject(root, "rms_norm_eps", c->norm_eps);
-		cJSON_AddStringToObject(root, "hidden_act", "silu");
+		cJSON_AddStringToObject(root, c->gemma ? "hidden_activation" : "hidden_act",
+		    c->gemma ? "gelu_pytorch_tanh" : "silu");
 		if (strcmp(c->model_type, "qwen2") != 0 && strcmp(c->model_type, "mistral") != 0)
 			cJSON_AddBoolToObject(root, "attention_bias", c->qkv_bias);
 	}

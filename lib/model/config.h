@@ -1,6 +1,7 @@
 /*
  * config.h — a model's hyper-parameters from a Hugging Face config.json, for
- * the Llama family (model_type "llama", "qwen2", "qwen3", "mistral") and GPT-2 ("gpt2"),
+ * the Llama family (model_type "llama", "qwen2", "qwen3", "mistral"), Gemma 3
+ * ("gemma3_text", "gemma3") and GPT-2 ("gpt2"),
  * and back to a config.json that transformers loads.
  *
  * Keys read (HF names): Llama family: vocab_size, hidden_size, num_hidden_layers,
@@ -11,15 +12,19 @@
  * use_sliding_window, bos_token_id, eos_token_id, torch_dtype (optional, HF's
  * defaults).  Qwen2 always has q/k/v biases and no o_proj bias; Qwen3 always
  * has q/k RMSNorm.  Mistral has no attention biases and a sliding_window W
- * (default 4096, null for none): the context is capped at W, where the window
- * does not bind yet, so longer sequences are refused rather than computed
- * without the window.  GPT-2: vocab_size, n_embd, n_layer, n_head, n_positions
+ * (default 4096, null for none): query i sees keys (i - W, i].  Gemma 3
+ * ("gemma3_text", or "gemma3" whose text_config is read and nothing else):
+ * query_pre_attn_scalar, sliding_window, layer_types or sliding_window_pattern
+ * (every Nth layer full attention, default 6), rope_local_base_freq, rope_scaling
+ * "linear" (full-attention layers only), hidden_activation gelu_pytorch_tanh;
+ * attn_logit_softcapping and final_logit_softcapping must be null (Gemma 3's;
+ * Gemma 2's tanh soft-capping is not implemented).  GPT-2: vocab_size, n_embd, n_layer, n_head, n_positions
  * (required); n_inner, layer_norm_epsilon, activation_function,
  * tie_word_embeddings, bos/eos.  rope_type "default" and "llama3" (Llama 3.1 /
  * 3.2: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
  * are read.  What we cannot compute the same way as transformers (another
- * rope_type: linear, dynamic, yarn, longrope, ...; sliding windows, mlp_bias,
- * other activations) is refused with RL_ENOTSUP rather than computed
+ * rope_type: linear outside Gemma 3, dynamic, yarn, longrope, ...; mlp_bias,
+ * other activations, soft-capping) is refused with RL_ENOTSUP rather than computed
  * differently.
  *
  * Leaves out: tokenizer settings, generation_config.json.
@@ -29,11 +34,14 @@
 
 #include "base/core.h"
 
+/* Gemma 3: the most layers whose attention type is recorded (the 27B has 62). */
+#define RL_CONFIG_MAX_LOCAL 256
+
 typedef enum rl_arch { RL_ARCH_LLAMA = 0, RL_ARCH_GPT2 = 1 } rl_arch;
 
 typedef struct rl_config {
 	int arch;               /* rl_arch */
-	char model_type[16];    /* "llama", "qwen2", "qwen3", "mistral", "gpt2" */
+	char model_type[16];    /* "llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gpt2" */
 	int vocab_size;         /* V */
 	int hidden_size;        /* C */
 	int n_layer;            /* L */
@@ -41,10 +49,18 @@ typedef struct rl_config {
 	int n_kv_head;          /* NKV (GPT-2: NH) */
 	int head_dim;           /* HD */
 	int intermediate_size;  /* H (GPT-2: n_inner or 4C) */
-	int max_pos;            /* the longest context computed: max_position_embeddings / n_positions,
-				 * Mistral: at most sliding_window */
+	int max_pos;            /* the longest context computed: max_position_embeddings / n_positions
+				 * (rl_model caps it at sliding_window on a backend without windows) */
 	int max_pos_config;     /* Mistral: the config's max_position_embeddings (0: max_pos) */
-	int sliding_window;     /* Mistral: W, each query sees the last W positions (0: no window) */
+	int sliding_window;     /* W: a query of a windowed layer sees the last W positions (0: no window);
+				 * Mistral: every layer, Gemma 3: its sliding_attention layers */
+	int gemma;              /* Gemma 3: RMSNorms scale by (1 + w); four per layer (input,
+				 * post_attention, pre_feedforward, post_feedforward); embeddings times
+				 * sqrt(hidden_size); GELU (tanh) gated MLP */
+	float attn_scale;       /* the scores' scale: Gemma 3 query_pre_attn_scalar^-0.5; 0: 1/sqrt(head_dim) */
+	float rope_local_theta; /* Gemma 3: rope_local_base_freq, the base of the sliding layers (unscaled) */
+	float rope_linear;      /* Gemma 3: rope_scaling "linear" factor of the full-attention layers (0: none) */
+	unsigned char local[RL_CONFIG_MAX_LOCAL]; /* Gemma 3: 1 for a sliding_attention layer */
 	float rope_theta;
 	float rope_factor;      /* rope_type "llama3": factor; 0 for no scaling (then the next three 0) */
 	float rope_low_freq;    /* low_freq_factor */

@@ -137,6 +137,11 @@ rl_model_add_lora(rl_model *m, const rl_lora_opts *lo)
 		rl_error("LoRA: only Llama-family models (Llama, Qwen2/3, Mistral); GPT-2's Conv1D layers are not supported");
 		return RL_ENOTSUP;
 	}
+	if (m->cfg.gemma) {
+		rl_error("LoRA: Gemma 3's layer (its sandwich norms and GELU-gated MLP) has no adapters yet; "
+		    "train all of its weights instead");
+		return RL_ENOTSUP;
+	}
 	if (m->ops->device >= 0 || m->ops->act_dtype != RL_F32) {
 		rl_error("LoRA runs on the CPU backend only (--device cpu); backend '%s' is not supported",
 		    m->ops->name);

@@ -1,5 +1,6 @@
 /*
- * model.c — Llama-family and GPT-2 decoders over ops.h: the tensor table,
+ * model.c — Llama-family (Gemma 3's layer in model_gemma.c) and GPT-2 decoders over
+ * ops.h: the tensor table, the check of what the backend can compute,
  * loading a Hugging Face directory, random init, host access to the weights,
  * the value head, freeing, and the layer pieces (norms, MLP up-projection) that
  * training and inference both run.
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "base/rng.h"
+#include "compute/ops_cpu.h"
 #include "model/model_int.h"
 #include "model/safetensors.h"
 
@@ -43,6 +45,7 @@ build_table(rl_model *m)
 		for (int l = 0; l < c->n_layer; l++) {
 			rl_layer_idx *y = &m->layer[l];
 			const char *p = "transformer.h";
+			y->pa_w = y->pf_w = -1;
 			y->ln1_w = ADD(0, C, 0, "%s.%d.ln_1.weight", p, l);
 			y->ln1_b = ADD(0, C, 0, "%s.%d.ln_1.bias", p, l);
 			y->qkv_w = ADD(DT, 3 * C, C, "%s.%d.attn.c_attn.weight", p, l);
@@ -64,6 +67,7 @@ build_table(rl_model *m)
 		for (int l = 0; l < c->n_layer; l++) {
 			rl_layer_idx *y = &m->layer[l];
 			const char *p = "model.layers";
+			y->pa_w = y->pf_w = -1;
 			y->ln1_w = ADD(0, C, 0, "%s.%d.input_layernorm.weight", p, l);
 			y->ln1_b = -1;
 			y->qkv_w = ADD(D, QD, C, "%s.%d.self_attn.q_proj.weight", p, l);
@@ -82,13 +86,21 @@ build_table(rl_model *m)
 			}
 			y->o_w = ADD(D, C, QD, "%s.%d.self_attn.o_proj.weight", p, l);
 			y->o_b = c->o_bias ? ADD(0, C, 0, "%s.%d.self_attn.o_proj.bias", p, l) : -1;
-			y->ln2_w = ADD(0, C, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+			/* Gemma 3's sandwich: a norm after attention, then one before and one after the MLP */
+			if (c->gemma) {
+				y->pa_w = ADD(0, C, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+				y->ln2_w = ADD(0, C, 0, "%s.%d.pre_feedforward_layernorm.weight", p, l);
+			} else {
+				y->ln2_w = ADD(0, C, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+			}
 			y->ln2_b = -1;
 			y->fc_w = ADD(D, H, C, "%s.%d.mlp.gate_proj.weight", p, l);
 			ADD(D | RL_T_FOLLOWS, H, C, "%s.%d.mlp.up_proj.weight", p, l);
 			y->fc_b = -1;
 			y->proj_w = ADD(D, C, H, "%s.%d.mlp.down_proj.weight", p, l);
 			y->proj_b = -1;
+			if (c->gemma)
+				y->pf_w = ADD(0, C, 0, "%s.%d.post_feedforward_layernorm.weight", p, l);
 		}
 		m->lnf_w = ADD(0, C, 0, "model.norm.weight");
 	}
@@ -122,6 +134,38 @@ rl_model_param_count(const rl_config *c, int value_head, size_t *n, size_t *slot
 	free(m.layer);
 }
 
+/* Tensor name of m's table in set: as named, or without GPT-2's "transformer.", or as
+ * Gemma 3's multimodal checkpoints name the language model's "model.X": "model.language_model.X"
+ * (transformers >= 4.52) or "language_model.model.X" (earlier). */
+static const rl_st_tensor *
+find_tensor(const rl_st_set *set, const char *name, const char **file)
+{
+	const rl_st_tensor *st = rl_st_set_find(set, name, file);
+	char alt[RL_TT_NAME + 32];
+
+	if (st == NULL && strncmp(name, "transformer.", 12) == 0)
+		st = rl_st_set_find(set, name + 12, file);
+	if (st == NULL && strncmp(name, "model.", 6) == 0) {
+		snprintf(alt, sizeof alt, "model.language_model.%s", name + 6);
+		if ((st = rl_st_set_find(set, alt, file)) == NULL) {
+			snprintf(alt, sizeof alt, "language_model.%s", name);
+			st = rl_st_set_find(set, alt, file);
+		}
+	}
+	if (st == NULL && strcmp(name, "lm_head.weight") == 0)
+		st = rl_st_set_find(set, "language_model.lm_head.weight", file);
+	return st;
+}
+
+/* A tensor of a Gemma 3 multimodal checkpoint that the text model leaves out: the vision
+ * tower and the projector into the text embeddings. */
+static int
+vision_tensor(const char *name)
+{
+	return strncmp(name, "vision_tower.", 13) == 0 || strncmp(name, "multi_modal_projector.", 22) == 0 ||
+	    strncmp(name, "model.vision_tower.", 19) == 0 || strncmp(name, "model.multi_modal_projector.", 28) == 0;
+}
+
 /* Every tensor of m's table is in set with the shape config.json implies and a float
  * dtype.  Run before anything is allocated from the config: a config.json that does not
  * belong to the weights is then a shape error, whatever sizes it names, and what is
@@ -132,12 +176,10 @@ check_files(const rl_model *m, const rl_st_set *set, const char *dir)
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
 		const char *file = NULL, *name = t->name;
-		const rl_st_tensor *st = rl_st_set_find(set, name, &file);
+		const rl_st_tensor *st = find_tensor(set, name, &file);
 		int64_t shp[2];
 		int nd = rl_tensor_file_shape(t, shp);
 
-		if (st == NULL && strncmp(name, "transformer.", 12) == 0)
-			st = rl_st_set_find(set, name + 12, &file);
 		if (st == NULL) {
 			rl_error("'%s': no tensor '%s' in %s", dir, name,
 			    set->nfiles > 1 ? "its shards" : "model.safetensors");
@@ -183,6 +225,36 @@ check_layers(const rl_config *cfg, const rl_st_set *set, const char *dir)
 	return RL_ESHAPE;
 }
 
+/* What the backend's ops cannot compute.  Gemma 3 needs ops the CUDA kernels lack: refused
+ * there, naming them.  Mistral's window is computed on the CPU only; elsewhere the context
+ * is capped at the window, where it does not bind yet, as the CUDA kernels compute it. */
+static int
+check_backend(rl_model *m, const char *dir)
+{
+	rl_config *c = &m->cfg;
+
+	m->cpu = strcmp(m->ops->name, "cpu") == 0;
+	if (m->cpu && c->gemma && (m->gw1 = rl_try_malloc(((size_t)c->hidden_size + 2 * (size_t)c->head_dim) *
+	    sizeof(float), "Gemma norm scratch")) == NULL)
+		return RL_ENOMEM;
+	if (m->cpu)
+		return RL_OK;
+	if (c->gemma) {
+		rl_error("%s: Gemma 3 is not supported on the '%s' backend: its kernels lack the (1 + w) "
+		    "RMSNorm, the GELU-gated MLP, the query_pre_attn_scalar scale and sliding-window attention",
+		    dir ? dir : "model", m->ops->name);
+		rl_hint("run it with --device cpu");
+		return RL_ENOTSUP;
+	}
+	if (c->sliding_window > 0 && c->max_pos > c->sliding_window) {
+		rl_warn("%s: the '%s' backend has no sliding-window attention: the context is capped at "
+		    "sliding_window (%d positions, not %d)", dir ? dir : "model", m->ops->name, c->sliding_window,
+		    c->max_pos);
+		c->max_pos = c->sliding_window;
+	}
+	return RL_OK;
+}
+
 /* A model of cfg with zeroed weights; with set (loading dir), its tensors are checked
  * against the files' headers first (check_files). */
 static int
@@ -199,6 +271,8 @@ model_new(rl_model **out, const rl_config *cfg, rl_ops *ops, const rl_st_set *se
 	rl_config_copy(&m->cfg, cfg);
 	m->ops = ops;
 	build_table(m);
+	if ((rv = check_backend(m, dir)) != 0)
+		goto fail;
 	if (set != NULL && (rv = check_files(m, set, dir)) != 0)
 		goto fail;
 	if ((rv = rl_mul_size(&bytes, m->tt.total, sizeof(float))) != 0 ||
@@ -292,6 +366,7 @@ rl_model_close(rl_model *m)
 	m->ops->free(m->ops, m->v);
 	rl_ttable_fini(&m->tt);
 	free(m->layer);
+	free(m->gw1);
 	free(m->src_dir);
 	rl_config_fini(&m->cfg);
 	free(m);
@@ -404,7 +479,8 @@ rl_model_init_random(rl_model **out, const rl_config *cfg, rl_ops *ops, uint64_t
 #pragma omp parallel for schedule(static) if (t->n > ((size_t)1 << 16))
 		for (size_t j = 0; j < t->n; j++) {
 			if (t->ndim == 1) {
-				buf[j] = is_bias ? 0.0f : 1.0f;
+				/* Gemma's norms scale by 1 + w: w = 0 is the identity */
+				buf[j] = is_bias || cfg->gemma ? 0.0f : 1.0f;
 			} else {
 				/* Box-Muller on counters keyed by the element's offset: the same
 				 * values for a given seed whatever the backend. */
@@ -642,7 +718,7 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 	float *buf = NULL;
 	char *path = NULL;
 	size_t maxn = 0, plen = strlen(dir) + 32;
-	int rv, used = 0, total = 0, big = 0;
+	int rv, used = 0, total = 0, big = 0, vision = 0;
 	const char *unknown = NULL;
 
 	*out = NULL;
@@ -671,10 +747,8 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
 		const char *file = NULL, *name = t->name;
-		const rl_st_tensor *st = rl_st_set_find(set, name, &file);
+		const rl_st_tensor *st = find_tensor(set, name, &file);
 
-		if (st == NULL && strncmp(name, "transformer.", 12) == 0)
-			st = rl_st_set_find(set, name + 12, &file);
 		/* found, with the shape and dtype config.json implies: check_files */
 		if ((rv = rl_st_to_f32(buf, st, 0, st->nelem)) != 0) {
 			rl_error("'%s': tensor '%s' has dtype %s, not a float type", file, st->name,
@@ -694,11 +768,19 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 			const char *nm = set->files[f]->t[j].name;
 			char full[RL_TT_NAME + 16];
 			total++;
+			if (m->cfg.gemma && vision_tensor(nm)) {
+				vision++;
+				continue;
+			}
 			snprintf(full, sizeof full, "transformer.%s", nm);
 			if (rl_ttable_find(&m->tt, nm) < 0 && rl_ttable_find(&m->tt, full) < 0 &&
-			    !known_extra(nm) && strcmp(nm, "lm_head.weight") != 0 && unknown == NULL)
+			    !known_extra(nm) && strcmp(nm, "lm_head.weight") != 0 && unknown == NULL &&
+			    strncmp(nm, "model.language_model.", 21) != 0 && strncmp(nm, "language_model.", 15) != 0)
 				unknown = nm;
 		}
+	if (vision > 0)
+		rl_info("'%s': the text model of Gemma 3 is loaded; the %d tensors of its vision tower and "
+		    "projector are left out", dir, vision);
 	if (unknown != NULL)
 		rl_warn("'%s': tensor '%s' (and maybe others) is not part of a %s model; ignored", dir,
 		    unknown, m->cfg.model_type);
@@ -722,7 +804,9 @@ void
 rli_model_norm_fwd(rl_model *m, void *out, float *mean, float *rstd, const void *x, int wi, int bi, int N)
 {
 	rl_ops *o = m->ops;
-	if (m->cfg.arch == RL_ARCH_GPT2)
+	if (m->cfg.gemma)
+		rli_gemma_norm_fwd(m, out, rstd, x, wi, N);
+	else if (m->cfg.arch == RL_ARCH_GPT2)
 		o->layernorm_fwd(o, out, mean, rstd, x, W(m, wi), W(m, bi), N, m->cfg.hidden_size,
 		    m->cfg.norm_eps);
 	else
@@ -735,7 +819,7 @@ rli_model_add_norm_fwd(rl_model *m, void *x, void *out, float *mean, float *rstd
     int N)
 {
 	rl_ops *o = m->ops;
-	if (o->add_norm_fwd) {
+	if (o->add_norm_fwd && !m->cfg.gemma) {
 		o->add_norm_fwd(o, x, out, mean, rstd, t, W(m, wi), W(m, bi), N, m->cfg.hidden_size,
 		    m->cfg.norm_eps, m->cfg.arch == RL_ARCH_GPT2);
 		return;
@@ -767,4 +851,43 @@ rli_model_mlp_up_fwd(rl_model *m, void *h, void *fc, const void *xn, const rl_la
 	}
 	o->matmul_fwd(o, fc, xn, W(m, y->fc_w), W(m, y->fc_b), N, c->hidden_size, fc_dim(c));
 	mlp_act_fwd(m, h, fc, N);
+}
+
+/* ---- attention of layer l: the ops table's, or the CPU's with window and scale ---------- */
+
+void
+rli_model_attn_fwd(rl_model *m, int l, void *out, float *lse, const void *qkv, const int32_t *seg, int B,
+    int T)
+{
+	const rl_config *c = &m->cfg;
+	if (attn_plain(c, l) || !m->cpu)
+		m->ops->attn_fwd(m->ops, out, lse, qkv, seg, B, T, c->n_head, c->n_kv_head, c->head_dim);
+	else
+		rl_cpu_attn_fwd_ex(m->ops, out, lse, qkv, seg, B, T, c->n_head, c->n_kv_head, c->head_dim,
+		    attn_scale(c), layer_window(c, l));
+}
+
+void
+rli_model_attn_bwd(rl_model *m, int l, void *dqkv, const void *dout, const void *out, const float *lse,
+    const void *qkv, const int32_t *seg, int B, int T)
+{
+	const rl_config *c = &m->cfg;
+	if (attn_plain(c, l) || !m->cpu)
+		m->ops->attn_bwd(m->ops, dqkv, dout, out, lse, qkv, seg, B, T, c->n_head, c->n_kv_head, c->head_dim);
+	else
+		rl_cpu_attn_bwd_ex(m->ops, dqkv, dout, out, lse, qkv, seg, B, T, c->n_head, c->n_kv_head,
+		    c->head_dim, attn_scale(c), layer_window(c, l));
+}
+
+void
+rli_model_attn_decode(rl_model *m, int l, void *out, const void *qkv, const void *kc, const void *vc,
+    const int32_t *bt, const int32_t *ctx, int B, int BS, int btcols)
+{
+	const rl_config *c = &m->cfg;
+	if (attn_plain(c, l) || !m->cpu)
+		m->ops->attn_decode(m->ops, out, qkv, kc, vc, bt, ctx, B, c->n_head, c->n_kv_head, c->head_dim, BS,
+		    btcols);
+	else
+		rl_cpu_attn_decode_ex(m->ops, out, qkv, kc, vc, bt, ctx, B, c->n_head, c->n_kv_head, c->head_dim,
+		    BS, btcols, attn_scale(c), layer_window(c, l));
 }

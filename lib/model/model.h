@@ -41,6 +41,8 @@ typedef struct rl_layer_idx {
 	int ln2_w, ln2_b;       /* post_attention_layernorm / ln_2 */
 	int fc_w, fc_b;         /* gate_proj (then up_proj adjacent): (2H, C) / c_fc (H, C) */
 	int proj_w, proj_b;     /* down_proj / mlp.c_proj (C, H) */
+	int pa_w, pf_w;         /* Gemma 3: post_attention_layernorm, post_feedforward_layernorm
+	                         * (then ln2_w is pre_feedforward_layernorm) */
 } rl_layer_idx;
 
 typedef struct rl_model rl_model;
@@ -94,6 +96,8 @@ struct rl_model {
 	                           * 256 MiB forward only; set before rl_model_train_reserve */
 	rl_model_act *act;
 	rl_model_inf *inf;
+	float *gw1;             /* Gemma (CPU only): (C + 2 HD) scratch for the (1 + w) of a norm */
+	int cpu;                /* ops is the CPU backend: lib/compute/ops_cpu.h's extra ops may be called */
 	rl_lora *lora;          /* adapters (rl_model_add_lora), NULL when none */
 	/* Optional (data parallel: overlap of the gradient all-reduce): called by
 	 * rl_model_backward each time the gradients at element offsets

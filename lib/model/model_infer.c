@@ -122,6 +122,10 @@ infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int
 	const int gpt2 = c->arch == RL_ARCH_GPT2, nk = gpt2 ? RL_NORM_LN : RL_NORM_RMS;
 	const int fuse = o->matmul_fused_fwd != NULL && N <= RL_FUSE_ROWS;
 
+	if (c->gemma) {
+		rli_gemma_infer_blocks(m, kv, N, decode, B, pos, slot, bt, ctx, btcols);
+		return;
+	}
 	for (int l = 0; l < c->n_layer; l++) {
 		const rl_layer_idx *y = &m->layer[l];
 		void *qkv = f->qkv;
@@ -155,10 +159,9 @@ infer_blocks_in(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int
 			}
 		}
 		if (decode)
-			o->attn_decode(o, f->att, qkv, kv->kc[l], kv->vc[l], bt, ctx, B, NH, NKV, HD,
-			    kv->BS, btcols);
+			rli_model_attn_decode(m, l, f->att, qkv, kv->kc[l], kv->vc[l], bt, ctx, B, kv->BS, btcols);
 		else
-			o->attn_fwd(o, f->att, f->lse, qkv, f->seg, B, N / B, NH, NKV, HD);
+			rli_model_attn_fwd(m, l, f->att, f->lse, qkv, f->seg, B, N / B);
 		if (fuse) {
 			o->matmul_fused_fwd(o, f->x, f->t, NULL, f->att, NULL, NULL, 0.0f, RL_NORM_NONE, W(m, y->o_w),
 			    W(m, y->o_b), N, AD, C, RL_EP_ADD);

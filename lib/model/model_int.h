@@ -9,6 +9,8 @@
 #ifndef RL_MODEL_INT_H
 #define RL_MODEL_INT_H
 
+#include <math.h>
+
 #include "model/model.h"
 #include "model/lora.h"
 
@@ -35,6 +37,9 @@ struct rl_model_act {
 	void *dh;               /* (N, H) */
 	float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;      /* (L, N) */
 	float *qk_rstd;         /* (L, N, NH+NKV) */
+	void *ao, *mo;          /* Gemma: (L, N, C) the attention's and the MLP's outputs before
+	                         * their post norms */
+	float *pa_rstd, *pf_rstd; /* Gemma: (L, N) those norms' rstd */
 	float *lse;             /* (L, N*NH) attention lse, (B,NH,T) per layer */
 	float *lnf_mean, *lnf_rstd, *lp, *ent, *lse_out;       /* (N) */
 	float *val;             /* (N) f32 values (value head only) */
@@ -130,6 +135,46 @@ cfg_rope(const rl_config *c)
 	r.orig = (float)c->rope_orig_max_pos;
 	return r;
 }
+/* Layer l's RoPE: cfg_rope, except in Gemma 3, whose sliding layers rotate by
+ * rope_local_base_freq unscaled and whose full layers may divide every frequency by a
+ * linear factor.  rl_rope has no linear type: Llama 3's rule with orig / lo = 1, below
+ * every wavelength (>= 2 pi), divides all of them by factor, as linear scaling does
+ * (rl_cpu_rope_inv: inv / factor, the same fp32 division as transformers'). */
+static inline rl_rope
+layer_rope(const rl_config *c, int l)
+{
+	rl_rope r = cfg_rope(c);
+
+	if (!c->gemma)
+		return r;
+	if (c->local[l]) {
+		r.theta = c->rope_local_theta;
+	} else if (c->rope_linear > 0) {
+		r.factor = c->rope_linear;
+		r.lo = 1.0f;
+		r.hi = 2.0f;
+		r.orig = 1.0f;
+	}
+	return r;
+}
+/* Layer l's attention window (0: none): Mistral's every layer, Gemma 3's sliding ones. */
+static inline int
+layer_window(const rl_config *c, int l)
+{
+	return c->gemma && !c->local[l] ? 0 : c->sliding_window;
+}
+/* The scores' scale, and whether layer l's attention is the ops table's (1/sqrt(HD), no
+ * window) or needs the CPU's rl_cpu_attn_*_ex. */
+static inline float
+attn_scale(const rl_config *c)
+{
+	return c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim);
+}
+static inline int
+attn_plain(const rl_config *c, int l)
+{
+	return layer_window(c, l) == 0 && c->attn_scale == 0;
+}
 static inline int qkv_dim(const rl_config *c) { return (c->n_head + 2 * c->n_kv_head) * c->head_dim; }
 static inline int fc_dim(const rl_config *c)
 {
@@ -191,6 +236,17 @@ void rli_model_add_norm_fwd(rl_model *m, void *x, void *out, float *mean, float 
 /* fc = up projection of xn, h = activation of fc. */
 void rli_model_mlp_up_fwd(rl_model *m, void *h, void *fc, const void *xn, const rl_layer_idx *y, int N);
 
+/* Layer l's attention (ops.h attn_fwd, attn_bwd, attn_decode over the config's heads):
+ * the ops table's, or on the CPU rl_cpu_attn_*_ex with the layer's window and the
+ * config's scale (lib/compute/ops_cpu.h).  On another backend a window never binds
+ * (check_backend caps the context) and the scale is the table's. */
+void rli_model_attn_fwd(rl_model *m, int l, void *out, float *lse, const void *qkv, const int32_t *seg, int B,
+    int T);
+void rli_model_attn_bwd(rl_model *m, int l, void *dqkv, const void *dout, const void *out, const float *lse,
+    const void *qkv, const int32_t *seg, int B, int T);
+void rli_model_attn_decode(rl_model *m, int l, void *out, const void *qkv, const void *kc, const void *vc,
+    const int32_t *bt, const int32_t *ctx, int B, int BS, int btcols);
+
 /* Buffers of m's buffers grown from old_n to new_n elements of esz bytes, zeroed past
  * old_n (m->params and the compute copy after tensors were appended to the table). */
 int rli_model_grow_params(rl_model *m, size_t old_n);
@@ -205,6 +261,23 @@ void rli_lora_fwd(rl_model *m, int l, int site, const void *x, void *out, int N)
 /* Backward of rli_lora_fwd: dout (N, ld) the gradient of out; dA, dB accumulated,
  * dx (N, in) += the adapters' input gradient. */
 void rli_lora_bwd(rl_model *m, int l, int site, const void *x, const void *dout, void *dx, int N);
+
+/* ---- in model_gemma.c --------------------------------------------------------------- */
+
+/* The embeddings' scale, x (N, C) *= sqrt(hidden_size) rounded to the act dtype (CPU: f32). */
+void rli_gemma_embed_scale(rl_model *m, void *x, int N);
+/* Gemma's RMSNorm, x * rstd * (1 + w): forward, and backward with dx overwritten (acc 0)
+ * or added to (acc 1); dw accumulated. */
+void rli_gemma_norm_fwd(rl_model *m, void *out, float *rstd, const void *x, int wi, int N);
+void rli_gemma_norm_bwd(rl_model *m, void *dx, const void *dout, const void *x, const float *rstd, int wi,
+    int N, int acc);
+/* Block l of the training forward (res[l] -> res[l+1]) and its backward (a->dres: the
+ * gradient of res[l+1] in, of res[l] out), as model_train.c's layer_fwd / backward loop. */
+void rli_gemma_layer_fwd(rl_model *m, int l);
+void rli_gemma_layer_bwd(rl_model *m, int l);
+/* model_infer.c's blocks for Gemma 3 (same arguments as its infer_blocks_in). */
+void rli_gemma_infer_blocks(rl_model *m, rl_kvcache *kv, int N, int decode, int B, const int32_t *pos,
+    const int32_t *slot, const int32_t *bt, const int32_t *ctx, int btcols);
 
 /* ---- in model_train.c --------------------------------------------------------------- */
 

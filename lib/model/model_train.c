@@ -106,6 +106,10 @@ carve_act(const rl_config *c, int value_head, size_t s, rl_model_act *a, carve *
 	a->ln2_mean = take(cf, L * N, 4);
 	a->ln2_rstd = take(cf, L * N, 4);
 	a->qk_rstd = take(cf, L * N * (size_t)(c->n_head + c->n_kv_head), 4);
+	a->ao = c->gemma ? take(ca, L * N * C, s) : NULL;
+	a->mo = c->gemma ? take(ca, L * N * C, s) : NULL;
+	a->pa_rstd = c->gemma ? take(cf, L * N, 4) : NULL;
+	a->pf_rstd = c->gemma ? take(cf, L * N, 4) : NULL;
 	a->lse = take(cf, L * N * (size_t)c->n_head, 4);
 	a->lnf_mean = take(cf, N, 4);
 	a->lnf_rstd = take(cf, N, 4);
@@ -259,7 +263,9 @@ norm_bwd(rl_model *m, void *dx, const void *dout, const void *x, const float *me
     const float *rstd, int wi, int bi, int N)
 {
 	rl_ops *o = m->ops;
-	if (m->cfg.arch == RL_ARCH_GPT2)
+	if (m->cfg.gemma)
+		rli_gemma_norm_bwd(m, dx, dout, x, rstd, wi, N, 0);
+	else if (m->cfg.arch == RL_ARCH_GPT2)
 		o->layernorm_bwd(o, dx, G(m, wi), G(m, bi), dout, x, W(m, wi), mean, rstd, N,
 		    m->cfg.hidden_size);
 	else
@@ -274,6 +280,10 @@ norm_bwd_add(rl_model *m, void *dres, void *tmp, const void *dout, const void *x
 {
 	rl_ops *o = m->ops;
 	const int C = m->cfg.hidden_size;
+	if (m->cfg.gemma) {
+		rli_gemma_norm_bwd(m, dres, dout, x, rstd, wi, N, 1);
+		return;
+	}
 	if (m->cfg.arch == RL_ARCH_GPT2 && o->layernorm_bwd_add) {
 		o->layernorm_bwd_add(o, dres, G(m, wi), G(m, bi), dout, x, W(m, wi), mean, rstd, N, C);
 		return;
@@ -331,6 +341,10 @@ layer_fwd(rl_model *m, int l)
 	void *h = at(a->h, k * sN * H, s);
 	float *lse = a->lse + k * sN * NH;
 
+	if (c->gemma) {
+		rli_gemma_layer_fwd(m, l);
+		return;
+	}
 	rli_model_norm_fwd(m, ln1, a->ln1_mean + k * sN, a->ln1_rstd + k * sN, res, y->ln1_w, y->ln1_b, N);
 	if (c->qk_norm) {
 		void *raw = at(a->qkv_raw, k * sN * QKV, s);
@@ -346,7 +360,7 @@ layer_fwd(rl_model *m, int l)
 	}
 	if (c->arch == RL_ARCH_LLAMA)
 		o->rope_fwd(o, qkv, a->pos, N, NH, NKV, HD, cfg_rope(c));
-	o->attn_fwd(o, att, lse, qkv, dseg, B, T, NH, NKV, HD);
+	rli_model_attn_fwd(m, l, att, lse, qkv, dseg, B, T);
 	if (o->matmul_add_fwd) {
 		o->matmul_add_fwd(o, mid, att, W(m, y->o_w), W(m, y->o_b), res, N, AD, C);
 	} else {
@@ -419,6 +433,8 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	}
 
 	o->embed_fwd(o, a->res, a->tok, a->pos, W(m, m->wte), W(m, m->wpe), N, C);
+	if (c->gemma)
+		rli_gemma_embed_scale(m, a->res, N);
 	for (int l = 0; l < c->n_layer; l++)
 		layer_fwd(m, l);
 	rli_model_norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, at(a->res, (size_t)c->n_layer * sN * C, s),
@@ -538,6 +554,12 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		 * (slot 0 holds the last layer's from the forward) */
 		if (a->recompute && l != c->n_layer - 1)
 			layer_fwd(m, l);
+		if (c->gemma) {
+			rli_gemma_layer_bwd(m, l);
+			if ((rv = grads_final(m, y->ln1_w)) != 0)
+				return rv;
+			continue;
+		}
 
 		/* res_out = mid + proj(act(fc(norm2(mid)))) */
 		if (c->arch == RL_ARCH_GPT2 && o->matmul_dgelu_bwd) {
@@ -562,7 +584,7 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		o->matmul_bwd(o, a->datt, GT(m, y->o_w), GT(m, y->o_b), a->dres, att, W(m, y->o_w), N, AD, C);
 		if (m->lora)
 			rli_lora_bwd(m, l, RLI_LORA_O, att, a->dres, a->datt, N);
-		o->attn_bwd(o, a->dqkv, a->datt, att, lse, qkv, dseg, B, T, NH, NKV, HD);
+		rli_model_attn_bwd(m, l, a->dqkv, a->datt, att, lse, qkv, dseg, B, T);
 		if (c->arch == RL_ARCH_LLAMA)
 			o->rope_bwd(o, a->dqkv, a->pos, N, NH, NKV, HD, cfg_rope(c));
 		dq = a->dqkv;
@@ -580,6 +602,8 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		if ((rv = grads_final(m, y->ln1_w)) != 0)
 			return rv;
 	}
+	if (c->gemma)
+		rli_gemma_embed_scale(m, a->dres, N);
 	if (!frozen(m, m->wte))
 		o->embed_bwd(o, G(m, m->wte), G(m, m->wpe), a->dres, a->tok, a->pos, N, C);
 	if ((rv = check_ops(m, "model backward")) != 0 || (rv = grads_final(m, -1)) != 0)

@@ -112,7 +112,7 @@ gen() { run bash -c 'ulimit -v 4000000; exec timeout 20 rl-rollout -q -m "$1" --
 	done
 }
 
-@test "Mistral: generation and prompts capped at sliding_window; config.json written back as read" {
+@test "Mistral: generation and prompts past sliding_window on the CPU; config.json written back as read" {
 	cat > "$TD/mcfg.json" <<'JSON'
 {"model_type":"mistral","vocab_size":261,"hidden_size":32,"num_hidden_layers":1,"num_attention_heads":2,
  "num_key_value_heads":1,"intermediate_size":64,"max_position_embeddings":64,"sliding_window":16,"torch_dtype":"float32"}
@@ -122,11 +122,12 @@ JSON
 	assert_output '["mistral",64,16,"MistralForCausalLM"]'
 	printf '%s\n' '{"prompt":"12+34="}' > "$TD/short.jsonl"
 	printf '%s\n' '{"prompt":"0123456789abcdefghij"}' > "$TD/long.jsonl"
-	# 6 prompt tokens: at most 10 generated, where the window would start to bind
-	run rl-rollout -m "$TD/mi" --max-tokens 40 -o "$TD/mi.out" "$TD/short.jsonl"
+	# 6 prompt tokens and up to 40 generated: past the window of 16 (this model's EOS comes
+	# at 27), within the 64 positions
+	run rl-rollout --device cpu -m "$TD/mi" --max-tokens 40 -o "$TD/mi.out" "$TD/short.jsonl"
 	[ "$status" -eq 0 ]
-	[[ "$output" == *"1 samples, 10 tokens"* ]] || { echo "$output"; false; }
-	run rl-rollout -q -m "$TD/mi" --max-tokens 4 -o "$TD/mi.out" "$TD/long.jsonl"
-	[ "$status" -ne 0 ]
-	[[ "$output" == *"line 1: the prompt has 20 tokens, the model's context is 16"* ]] || { echo "$output"; false; }
+	n=$(sed -n 's/.*1 samples, \([0-9]*\) tokens.*/\1/p' <<<"$output")
+	[ "${n:-0}" -gt 10 ] || { echo "$output"; false; }
+	run rl-rollout -q --device cpu -m "$TD/mi" --max-tokens 4 -o "$TD/mi.out" "$TD/long.jsonl"
+	[ "$status" -eq 0 ]
 }

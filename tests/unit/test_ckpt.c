@@ -349,6 +349,7 @@ main(void)
 	round_trip(o, "llama", "ll"); /* two f16 shards in, one f16 file out */
 	round_trip(o, "llama3", "l3"); /* rope_scaling "llama3": the saved config keeps it */
 	round_trip(o, "mistral", "mi"); /* sliding_window and max_position_embeddings kept */
+	round_trip(o, "gemma3", "ge"); /* the sandwich norms, layer_types, Gemma3ForCausalLM */
 	/* What HF would load: the PyTorch reference, reading parameters by their HF
 	 * names and layouts only, reproduces the fixtures' logits from what we saved. */
 	if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {

@@ -412,8 +412,8 @@ static const char mistral01[] =
 	" \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"sliding_window\": 4096,"
 	" \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"vocab_size\": 32000}";
 
-/* Mistral: Llama's layout without biases; the context capped at sliding_window (where
- * the window starts to bind), the config's max_position_embeddings written back. */
+/* Mistral: Llama's layout without biases; the sliding window kept beside the whole
+ * context (computed on the CPU), the config's max_position_embeddings written back. */
 static void
 test_mistral(void)
 {
@@ -427,7 +427,7 @@ test_mistral(void)
 	T_EQ_INT(c.n_kv_head, 8);
 	T_EQ_INT(c.qkv_bias + c.o_bias + c.qk_norm, 0);
 	T_EQ_INT(c.sliding_window, 4096);
-	T_EQ_INT(c.max_pos, 4096);
+	T_EQ_INT(c.max_pos, 32768);
 	T_EQ_INT(c.max_pos_config, 32768);
 	T_OK(c.rope_theta == 10000.0f, "mistral");
 	free(c.raw);
@@ -448,7 +448,7 @@ test_mistral(void)
 	T_EQ_INT(parse(&c, edit(edit(mistral01, "\"sliding_window\": 4096, ", ""),
 	    "\"max_position_embeddings\": 32768, ", "")), 0);
 	T_EQ_INT(c.sliding_window, 4096);
-	T_EQ_INT(c.max_pos, 4096);
+	T_EQ_INT(c.max_pos, 131072);
 	T_EQ_INT(c.max_pos_config, 131072);
 	rl_config_fini(&c);
 	/* a window wider than the context never binds */
@@ -462,12 +462,130 @@ test_mistral(void)
 	    RL_ENOTSUP);
 }
 
+/* gemma-3-1b-it's published config.json (gemma3_text) */
+static const char gemma1b[] =
+	"{\"architectures\": [\"Gemma3ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+	" \"attn_logit_softcapping\": null, \"bos_token_id\": 2, \"cache_implementation\": \"hybrid\","
+	" \"eos_token_id\": [1, 106], \"final_logit_softcapping\": null, \"head_dim\": 256,"
+	" \"hidden_activation\": \"gelu_pytorch_tanh\", \"hidden_size\": 1152, \"initializer_range\": 0.02,"
+	" \"intermediate_size\": 6912, \"max_position_embeddings\": 32768, \"model_type\": \"gemma3_text\","
+	" \"num_attention_heads\": 4, \"num_hidden_layers\": 26, \"num_key_value_heads\": 1,"
+	" \"pad_token_id\": 0, \"query_pre_attn_scalar\": 256, \"rms_norm_eps\": 1e-06,"
+	" \"rope_local_base_freq\": 10000, \"rope_scaling\": null, \"rope_theta\": 1000000,"
+	" \"sliding_window\": 512, \"sliding_window_pattern\": 6, \"torch_dtype\": \"bfloat16\","
+	" \"use_cache\": true, \"vocab_size\": 262144}";
+
+/* gemma-3-4b-it's (gemma3: the text model nested, Gemma3TextConfig's defaults for the rest) */
+static const char gemma4b[] =
+	"{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"boi_token_index\": 255999,"
+	" \"eoi_token_index\": 256000, \"eos_token_id\": [1, 106], \"image_token_index\": 262144,"
+	" \"mm_tokens_per_image\": 256, \"model_type\": \"gemma3\","
+	" \"text_config\": {\"hidden_size\": 2560, \"intermediate_size\": 10240, \"model_type\": \"gemma3_text\","
+	" \"num_hidden_layers\": 34, \"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"linear\"},"
+	" \"sliding_window\": 1024}, \"torch_dtype\": \"bfloat16\","
+	" \"vision_config\": {\"hidden_size\": 1152, \"model_type\": \"siglip_vision_model\"}}";
+
+/* Gemma 3: Gemma3TextConfig's defaults, the layer types from sliding_window_pattern or
+ * layer_types, the scale, the two RoPE bases; gemma3's text_config kept as a gemma3_text
+ * config; what is refused. */
+static void
+test_gemma3(void)
+{
+	rl_config c;
+	char *js;
+
+	T_EQ_INT(parse(&c, gemma1b), 0);
+	T_EQ_INT(c.arch, RL_ARCH_LLAMA);
+	T_EQ_STR(c.model_type, "gemma3_text");
+	T_EQ_INT(c.gemma, 1);
+	T_EQ_INT(c.qk_norm, 1);
+	T_EQ_INT(c.head_dim, 256);
+	T_EQ_INT(c.n_kv_head, 1);
+	T_EQ_INT(c.tie_embeddings, 1);
+	T_EQ_INT(c.sliding_window, 512);
+	T_EQ_INT(c.max_pos, 32768);
+	T_EQ_INT(c.eos_id, 1);
+	T_EQ_INT(c.n_eos_more, 1);
+	T_EQ_INT(c.eos_more[0], 106);
+	T_OK(c.attn_scale == 0.0625f, "gemma3 scale %g", c.attn_scale);
+	T_OK(c.rope_theta == 1e6f && c.rope_local_theta == 1e4f && c.rope_linear == 0, "gemma3 rope");
+	/* every 6th layer (5, 11, ...) full attention */
+	for (int l = 0; l < 26; l++)
+		T_EQ_INT(c.local[l], (l + 1) % 6 != 0);
+	T_EQ_INT(c.dtype, RL_BF16);
+	free(c.raw);
+	c.raw = NULL;
+	js = rl_config_to_json(&c);
+	T_OK(strstr(js, "Gemma3ForCausalLM") != NULL && strstr(js, "\"query_pre_attn_scalar\":\t256") != NULL &&
+	    strstr(js, "\"sliding_window\":\t512") != NULL && strstr(js, "gelu_pytorch_tanh") != NULL, "%s", js);
+	T_OK(strstr(js, "\"full_attention\"") != NULL && strstr(js, "\"sliding_attention\"") != NULL, "gemma3 layers");
+	free(js);
+	rl_config_fini(&c);
+
+	/* gemma3: the text model; linear scaling; eos from the top */
+	T_EQ_INT(parse(&c, gemma4b), 0);
+	T_EQ_STR(c.model_type, "gemma3_text");
+	T_EQ_INT(c.hidden_size, 2560);
+	T_EQ_INT(c.n_layer, 34);
+	T_EQ_INT(c.n_head, 8);
+	T_EQ_INT(c.n_kv_head, 4);
+	T_EQ_INT(c.vocab_size, 262208);
+	T_OK(c.rope_linear == 8.0f, "gemma3 linear %g", c.rope_linear);
+	T_EQ_INT(c.sliding_window, 1024);
+	T_EQ_INT(c.eos_id, 1);
+	T_EQ_INT(c.eos_more[0], 106);
+	T_EQ_INT(c.dtype, RL_BF16);
+	js = rl_config_to_json(&c);
+	T_OK(strstr(js, "\"model_type\":\t\"gemma3_text\"") != NULL && strstr(js, "Gemma3ForCausalLM") != NULL &&
+	    strstr(js, "vision_config") == NULL && strstr(js, "106") != NULL, "%s", js);
+	free(js);
+	rl_config_fini(&c);
+
+	/* layer_types instead of the pattern */
+	T_EQ_INT(parse(&c, edit(gemma1b, "\"num_hidden_layers\": 26", "\"num_hidden_layers\": 3, \"layer_types\": "
+	    "[\"full_attention\", \"sliding_attention\", \"full_attention\"]")), 0);
+	T_EQ_INT(c.local[0] + 2 * c.local[1] + 4 * c.local[2], 2);
+	rl_config_fini(&c);
+	/* refused, by name */
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"num_hidden_layers\": 26", "\"num_hidden_layers\": 2, \"layer_types\": "
+	    "[\"full_attention\", \"chunked_attention\"]")), RL_ENOTSUP);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"num_hidden_layers\": 26", "\"num_hidden_layers\": 2, \"layer_types\": "
+	    "[\"full_attention\"]")), RL_EFORMAT);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\", "
+	    "\"factor\": 8}")), RL_ENOTSUP);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"linear\"}")),
+	    RL_EFORMAT);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"attn_logit_softcapping\": null", "\"attn_logit_softcapping\": 50.0")),
+	    RL_ENOTSUP);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"final_logit_softcapping\": null", "\"final_logit_softcapping\": 30.0")),
+	    RL_ENOTSUP);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"gelu_pytorch_tanh\"", "\"silu\"")), RL_ENOTSUP);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"query_pre_attn_scalar\": 256", "\"query_pre_attn_scalar\": 0")),
+	    RL_EFORMAT);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"sliding_window_pattern\": 6", "\"sliding_window_pattern\": 0")),
+	    RL_EFORMAT);
+	T_EQ_INT(parse_rv(edit(gemma4b, "\"text_config\": {", "\"text_configs\": {")), RL_EFORMAT);
+	/* transformers 5: one RoPE object per layer type */
+	T_EQ_INT(parse(&c, edit(gemma1b, "\"rope_scaling\": null", "\"rope_parameters\": {\"full_attention\": "
+	    "{\"rope_type\": \"linear\", \"factor\": 8.0, \"rope_theta\": 500000.0}, \"sliding_attention\": "
+	    "{\"rope_type\": \"default\", \"rope_theta\": 20000.0}}")), 0);
+	T_OK(c.rope_theta == 5e5f && c.rope_linear == 8.0f && c.rope_local_theta == 2e4f, "gemma3 rope_parameters");
+	rl_config_fini(&c);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"rope_scaling\": null", "\"rope_parameters\": {\"sliding_attention\": "
+	    "{\"rope_type\": \"linear\", \"factor\": 8.0}}")), RL_ENOTSUP);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"rope_scaling\": null", "\"rope_parameters\": {\"rope_type\": "
+	    "\"default\", \"rope_theta\": 1000000}")), RL_ENOTSUP);
+	T_EQ_INT(parse_rv(edit(gemma1b, "\"rope_scaling\": null", "\"rope_parameters\": {\"full_attention\": "
+	    "{\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25}}")), RL_ENOTSUP);
+}
+
 int
 main(void)
 {
 	T_BEGIN("test_config");
 	rl_log_init("test_config", RL_LOG_QUIET);
 	test_llama();
+	test_gemma3();
 	test_qwen();
 	test_gpt2();
 	test_rope();

@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "model/model.h"
+#include "model/lora.h"
 #include "compute/ops.h"
 #include "model/safetensors.h"
 #include "t.h"
@@ -501,6 +502,45 @@ test_open_nomem(rl_ops *o)
 	    "message: %s", msg);
 }
 
+/* A backend other than the CPU (the CPU table under another name: no rl_cpu_*_ex ops may
+ * be called): Gemma 3 refused, naming what its kernels lack; Mistral's context capped at
+ * its window, within which the table's plain causal attention is the windowed one. */
+static void
+test_other_backend(rl_ops *o)
+{
+	rl_ops other = *o;
+	rl_model *m = NULL;
+	char msg[1024];
+	int rv;
+
+	other.name = "other";
+	rl_log_init("test_model", RL_LOG_NORMAL);
+	T_CAPTURE(rl_model_open(&m, "tests/fixtures/gemma3", &other), &rv, msg);
+	T_EQ_INT(rv, RL_ENOTSUP);
+	T_OK(m == NULL, "no model");
+	T_OK(strstr(msg, "Gemma 3 is not supported on the 'other' backend: its kernels lack the (1 + w) RMSNorm, "
+	    "the GELU-gated MLP, the query_pre_attn_scalar scale and sliding-window attention") != NULL &&
+	    strstr(msg, "--device cpu") != NULL, "message: %s", msg);
+	/* LoRA has no adapters for Gemma's layer */
+	T_EQ_INT(rl_model_open(&m, "tests/fixtures/gemma3", o), 0);
+	if (m != NULL) {
+		rl_lora_opts lo = { .r = 2, .alpha = 4 };
+		T_CAPTURE(rl_model_add_lora(m, &lo), &rv, msg);
+		T_EQ_INT(rv, RL_ENOTSUP);
+		T_OK(strstr(msg, "LoRA: Gemma 3's layer") != NULL, "message: %s", msg);
+		rl_model_close(m);
+		m = NULL;
+	}
+	T_CAPTURE(rl_model_open(&m, "tests/fixtures/mistral_win", &other), &rv, msg);
+	T_EQ_INT(rv, 0);
+	T_OK(strstr(msg, "no sliding-window attention: the context is capped at sliding_window (3 positions, "
+	    "not 64)") != NULL, "message: %s", msg);
+	if (m != NULL)
+		T_EQ_INT(m->cfg.max_pos, 3);
+	rl_model_close(m);
+	rl_log_init("test_model", RL_LOG_QUIET);
+}
+
 int
 main(void)
 {
@@ -519,16 +559,20 @@ main(void)
 	test_fixture(o, "llama", 5, 0);
 	test_fixture(o, "llama3", 5, 0);
 	test_fixture(o, "mistral", 5, 0);
+	test_fixture(o, "mistral_win", 5, 0);
+	test_fixture(o, "gemma3", 5, 0);
 	/* activation recomputation: the same checks against the fixtures */
 	test_fixture(o, "qwen2", 5, 1);
 	test_fixture(o, "llama3", 0, 1);
 	test_fixture(o, "qwen3", 0, 1);
 	test_fixture(o, "gpt2", 5, 1);
+	test_fixture(o, "gemma3", 0, 1);
 	test_recompute(o, "qwen3");
 	test_recompute(o, "gpt2");
 	test_no_alloc(o, "qwen3", 0);
 	test_no_alloc(o, "gpt2", 1);
 	test_open_nomem(o);
+	test_other_backend(o);
 	rl_ops_close(o);
 	T_END();
 }

@@ -767,9 +767,12 @@ typedef struct at_ctx {
 	double *qkv, *R;
 	const int32_t *seg;
 	int B, T, NH, NKV, HD;
+	double scale;   /* 0: 1/sqrt(HD) */
+	int win;        /* > 0: query t sees keys s > t - win only */
 } at_ctx;
 
-/* softmax(q k^T / sqrt(HD)) v over the visible keys, written out per query */
+/* softmax(scale q k^T) v over the visible keys (same sequence, s <= t, within the
+ * window), written out per query */
 static void
 naive_attn(double *out, double *lse, const at_ctx *c)
 {
@@ -788,10 +791,10 @@ naive_attn(double *out, double *lse, const at_ctx *c)
 				double sc[320], mx = -INFINITY, sum = 0;
 				for (int s = 0; s <= t; s++) {
 					sc[s] = -INFINITY;
-					if (sg && sg[s] != sg[t])
+					if ((sg && sg[s] != sg[t]) || (c->win > 0 && s <= t - c->win))
 						continue;
 					const double *k = c->qkv + ((size_t)b * c->T + s) * W + (size_t)(c->NH + h / G) * c->HD;
-					sc[s] = ddot(q, k, c->HD) / sqrt((double)c->HD);
+					sc[s] = c->scale > 0 ? ddot(q, k, c->HD) * c->scale : ddot(q, k, c->HD) / sqrt((double)c->HD);
 					mx = fmax(mx, sc[s]);
 				}
 				for (int s = 0; s <= t; s++)
@@ -822,26 +825,38 @@ L_attn(void *ctx)
 	return s;
 }
 
+/* attn_case with a scale (0: the table's 1/sqrt(HD)) and a window (0: none): through
+ * rl_cpu_attn_{fwd,bwd}_ex when either is set */
 static void
-attn_case(int B, int T, int NH, int NKV, int HD, const int32_t *seg)
+attn_case_ex(int B, int T, int NH, int NKV, int HD, const int32_t *seg, float scale, int win)
 {
 	int W = (NH + 2 * NKV) * HD;
 	size_t nq = (size_t)B * T * W, no = (size_t)B * T * NH * HD, nl = (size_t)B * NH * T;
 	float *qkv = frand(nq, 1.5), *R = frand(no, 1), *out = malloc(no * sizeof(float));
 	float *lse = malloc(nl * sizeof(float)), *dqkv = malloc(nq * sizeof(float));
-	at_ctx c = { todbl(qkv, nq), todbl(R, no), seg, B, T, NH, NKV, HD };
+	at_ctx c = { todbl(qkv, nq), todbl(R, no), seg, B, T, NH, NKV, HD, scale, win };
 	double *yr = malloc(no * sizeof(double)), *lr = malloc(nl * sizeof(double));
+	int ex = scale > 0 || win > 0;
 	naive_attn(yr, lr, &c);
-	rl_cpu_attn_fwd(NULL, out, lse, qkv, seg, B, T, NH, NKV, HD);
-	char what[96];
+	if (ex)
+		rl_cpu_attn_fwd_ex(NULL, out, lse, qkv, seg, B, T, NH, NKV, HD, scale > 0 ? scale : 1.0f / sqrtf((float)HD),
+		    win);
+	else
+		rl_cpu_attn_fwd(NULL, out, lse, qkv, seg, B, T, NH, NKV, HD);
+	char what[128];
 	/* softmax-weighted averages of |v| <= 1.5: fp32 exp and sums, ~1e-6 */
-	snprintf(what, sizeof what, "attn fwd B=%d T=%d NH=%d NKV=%d HD=%d seg=%d", B, T, NH, NKV, HD, seg != NULL);
+	snprintf(what, sizeof what, "attn fwd B=%d T=%d NH=%d NKV=%d HD=%d seg=%d scale=%g win=%d", B, T, NH, NKV,
+	    HD, seg != NULL, scale, win);
 	CMP(what, out, yr, no, 2e-6, 2e-6, 1e-11);
 	snprintf(what, sizeof what, "attn fwd lse T=%d", T);
 	CMP(what, lse, lr, nl, 2e-6, 2e-6, 1e-12);
 	for (size_t i = 0; i < nq; i++)
 		dqkv[i] = NAN;  /* every element must be overwritten */
-	rl_cpu_attn_bwd(NULL, dqkv, R, out, lse, qkv, seg, B, T, NH, NKV, HD);
+	if (ex)
+		rl_cpu_attn_bwd_ex(NULL, dqkv, R, out, lse, qkv, seg, B, T, NH, NKV, HD,
+		    scale > 0 ? scale : 1.0f / sqrtf((float)HD), win);
+	else
+		rl_cpu_attn_bwd(NULL, dqkv, R, out, lse, qkv, seg, B, T, NH, NKV, HD);
 	/* vs central differences of the double forward; fp32 scores, exps and
 	 * products of |.| <= 1.5 over <= T keys.  Long rows: a strided subset of
 	 * the elements (every one would take too long), q, k and v all hit. */
@@ -859,7 +874,8 @@ attn_case(int B, int T, int NH, int NKV, int HD, const int32_t *seg)
 		g[j] = (lp - lm) / 2e-6;
 		sub[j] = dqkv[i];
 	}
-	snprintf(what, sizeof what, "attn bwd B=%d T=%d NH=%d NKV=%d HD=%d seg=%d", B, T, NH, NKV, HD, seg != NULL);
+	snprintf(what, sizeof what, "attn bwd B=%d T=%d NH=%d NKV=%d HD=%d seg=%d scale=%g win=%d", B, T, NH, NKV,
+	    HD, seg != NULL, scale, win);
 	CMP(what, sub, g, nsub, 1e-5, 1e-4, 1e-10);
 	int allset = 1;
 	for (size_t i = 0; i < nq; i++)
@@ -876,6 +892,12 @@ attn_case(int B, int T, int NH, int NKV, int HD, const int32_t *seg)
 	free(out);
 	free(lse);
 	free(dqkv);
+}
+
+static void
+attn_case(int B, int T, int NH, int NKV, int HD, const int32_t *seg)
+{
+	attn_case_ex(B, T, NH, NKV, HD, seg, 0, 0);
 }
 
 static void
@@ -897,6 +919,17 @@ test_attn(void)
 	}
 	attn_case(2, 150, 2, 1, 4, seg2);
 	attn_case(1, 300, 2, 2, 3, NULL);
+	/* sliding windows and another scale (Mistral, Gemma 3): a window of one key, windows
+	 * inside a 64-query block and across blocks, packed and padded rows, a window longer
+	 * than the rows (no key left out).  Their draws do not move the later tests' inputs. */
+	rl_rng keep = R;
+	attn_case_ex(2, 7, 4, 2, 6, seg, 0, 1);
+	attn_case_ex(2, 7, 4, 2, 6, seg, 0.3f, 3);
+	attn_case_ex(2, 150, 2, 1, 4, seg2, 0, 5);
+	attn_case_ex(2, 150, 2, 1, 4, seg2, 0.2f, 70);
+	attn_case_ex(1, 300, 2, 2, 3, NULL, 0, 90);
+	attn_case_ex(1, 150, 2, 1, 4, NULL, 0.4f, 400);
+	R = keep;
 	/* a padded query's output is exactly 0, and its gradient too */
 	int W = (4 + 4) * 6;
 	float *qkv = frand((size_t)2 * 7 * W, 1), out[2 * 7 * 24], lse[2 * 4 * 7];
@@ -917,7 +950,7 @@ test_attn(void)
 
 typedef struct act_ctx {
 	double *x, *R;
-	int N, H, kind;  /* 0 swiglu (x is (N, 2H)), 1 gelu (x is (N*H)) */
+	int N, H, kind;  /* 0 swiglu (x is (N, 2H)), 1 gelu (x is (N*H)), 2 geglu (as swiglu) */
 } act_ctx;
 
 static void
@@ -928,6 +961,10 @@ naive_act(double *y, const act_ctx *c)
 			if (c->kind == 0) {
 				double g = c->x[(size_t)n * 2 * c->H + i], u = c->x[(size_t)n * 2 * c->H + c->H + i];
 				y[(size_t)n * c->H + i] = g / (1 + exp(-g)) * u;
+			} else if (c->kind == 2) {
+				/* transformers' gelu_pytorch_tanh of the gate times the up projection */
+				double g = c->x[(size_t)n * 2 * c->H + i], u = c->x[(size_t)n * 2 * c->H + c->H + i];
+				y[(size_t)n * c->H + i] = 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * u;
 			} else {
 				double v = c->x[(size_t)n * c->H + i];
 				y[(size_t)n * c->H + i] = 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
@@ -952,8 +989,11 @@ test_act(void)
 {
 	int N = 3, H = 11;
 	size_t n = (size_t)N * H;
-	for (int kind = 0; kind < 2; kind++) {
-		size_t nx = kind == 0 ? 2 * n : n;
+	rl_rng keep = R;
+	for (int kind = 0; kind < 3; kind++) {
+		size_t nx = kind != 1 ? 2 * n : n;
+		if (kind == 2)
+			keep = R;  /* the GeGLU case's draws do not move the later tests' inputs */
 		float *x = frand(nx, 4), *R = frand(n, 1), *y = malloc(n * sizeof(float)), *dx = malloc(nx * sizeof(float));
 		act_ctx c = { todbl(x, nx), todbl(R, n), N, H, kind };
 		double *yr = malloc(n * sizeof(double));
@@ -961,14 +1001,19 @@ test_act(void)
 		if (kind == 0) {
 			rl_cpu_swiglu_fwd(NULL, y, x, N, H);
 			rl_cpu_swiglu_bwd(NULL, dx, R, x, N, H);
+		} else if (kind == 2) {
+			rl_cpu_geglu_fwd(NULL, y, x, N, H);
+			rl_cpu_geglu_bwd(NULL, dx, R, x, N, H);
 		} else {
 			rl_cpu_gelu_fwd(NULL, y, x, n);
 			rl_cpu_gelu_bwd(NULL, dx, R, x, n);
 		}
 		double *g = fd_grad(L_act, &c, c.x, nx, 1e-6);
 		/* elementwise fp32 with expf/tanhf (~2 ulps) on |x| <= 4 */
-		CMP(kind ? "gelu fwd" : "swiglu fwd", y, yr, n, 2e-6, 2e-6, 1e-12);
-		CMP(kind ? "gelu bwd" : "swiglu bwd", dx, g, nx, 1e-5, 1e-5, 1e-10);
+		static const char *const nm[3][2] = { { "swiglu fwd", "swiglu bwd" }, { "gelu fwd", "gelu bwd" },
+			{ "geglu fwd", "geglu bwd" } };
+		CMP(nm[kind][0], y, yr, n, 2e-6, 2e-6, 1e-12);
+		CMP(nm[kind][1], dx, g, nx, 1e-5, 1e-5, 1e-10);
 		free(g);
 		free(yr);
 		free(c.x);
@@ -978,6 +1023,7 @@ test_act(void)
 		free(y);
 		free(dx);
 	}
+	R = keep;
 	/* hand-computed: silu(1) * 2 = 2 / (1 + e^-1); gelu(1) = 0.5 (1 + tanh(0.79788456 * 1.044715)) */
 	float gu[2] = { 1, 2 }, y1, x1 = 1, g1;
 	rl_cpu_swiglu_fwd(NULL, &y1, gu, 1, 1);
@@ -1365,6 +1411,18 @@ test_decode(void)
 		rd[i] = ref[i];
 	/* the same fp32 arithmetic in the same key order: a few ulps at most */
 	CMP("attn_decode == attn_fwd last row (paged, shuffled, shared block)", out, rd, NS * NH * HD, 1e-6, 1e-6, 1e-12);
+	/* with a window of 6 and another scale: the last row of the windowed forward (the
+	 * window starts inside a block, past the shared one, or covers a short sequence) */
+	for (int b = 0; b < NS; b++) {
+		float *o2 = malloc((size_t)L[b] * NH * HD * sizeof(float)), *l2 = malloc((size_t)NH * L[b] * sizeof(float));
+		rl_cpu_attn_fwd_ex(NULL, o2, l2, seq[b], NULL, 1, L[b], NH, NKV, HD, 0.3f, 6);
+		for (int i = 0; i < NH * HD; i++)
+			rd[b * NH * HD + i] = o2[(size_t)(L[b] - 1) * NH * HD + i];
+		free(o2);
+		free(l2);
+	}
+	rl_cpu_attn_decode_ex(NULL, out, q, kc, vc, &bt[0][0], ctx, NS, NH, NKV, HD, BS, MAXBLK, 0.3f, 6);
+	CMP("attn_decode_ex == attn_fwd_ex last row (window 6, scale 0.3)", out, rd, NS * NH * HD, 1e-6, 1e-6, 1e-12);
 	rl_ops *o;
 	rl_ops_cpu_open(&o);
 	ctx[1] = MAXBLK * BS + 1;
