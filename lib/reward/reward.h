@@ -15,7 +15,8 @@
  * the summary in score.c (what they share: reward_int.h).
  *
  * Leaves out: the stream format itself (traj.h), the coprocess protocol
- * (reward_exec.h), learned reward models.
+ * (reward_exec.h), the reward model's forward (a callback of the scorer,
+ * lib/rollout/rmscore.h: models are on this floor's neighbour).
  */
 #ifndef RL_REWARD_H
 #define RL_REWARD_H
@@ -217,8 +218,9 @@ typedef struct rl_reward_stats {
 	size_t out_of_range;    /* ... of which: the weighted sum is beyond the f32 range */
 	size_t exec_failed[RL_EXEC_STATUS_COUNT]; /* --exec results by status */
 	double reward_sum;      /* over records that did not fail */
-	double comp_sum[RL_REWARD_MAX_TASKS + 1]; /* per task, then exec */
-	size_t comp_n[RL_REWARD_MAX_TASKS + 1];
+	double comp_sum[RL_REWARD_MAX_TASKS + 2]; /* per task, then exec, then model */
+	size_t comp_n[RL_REWARD_MAX_TASKS + 2];
+	size_t model_failed;    /* ... records the --model component could not score */
 	size_t overlong_failed; /* ... records without a length budget for the overlong penalty */
 	size_t overlong_n;      /* records the overlong penalty lowered */
 	double overlong_sum;    /* the sum of their penalties */
@@ -230,6 +232,15 @@ typedef struct rl_reward_scorer {
 	rl_reward_opts opts;
 	rl_reward_exec *exec;     /* NULL: no --exec component */
 	double exec_weight;
+	/* A learned component, meta.scores.model (rl-reward --model: the reward
+	 * model scorer of lib/rollout/rmscore.h, which this floor cannot
+	 * include): scores recs[0..n) into score[i], or sets why[i] (a string
+	 * valid until the next call) for a record it cannot score, which then
+	 * fails as one without ground truth does; non-zero for a failure of the
+	 * process.  NULL: no such component. */
+	int (*model_fn)(void *ctx, double *score, const char **why, rl_traj *const *recs, size_t n);
+	void *model_ctx;
+	double model_weight;
 	rl_reward_stats st;
 } rl_reward_scorer;
 

@@ -61,6 +61,19 @@ overlong_of(const rl_reward_scorer *s, const rl_traj *t, long ntokens, double *p
 	return NULL;
 }
 
+/* The components after the tasks: exec, then model, each when present. */
+static size_t
+ncomp(const rl_reward_scorer *s)
+{
+	return s->ntasks + (s->exec != NULL) + (s->model_fn != NULL);
+}
+
+static const char *
+comp_name(const rl_reward_scorer *s, size_t i)
+{
+	return i < s->ntasks ? s->tasks[i].name : i == s->ntasks && s->exec ? "exec" : "model";
+}
+
 /* Sets obj[name] = v (v owned by obj after, freed on failure). */
 static int
 put_item(cJSON *obj, const char *name, cJSON *v)
@@ -83,7 +96,6 @@ static int
 write_scores(rl_reward_scorer *s, rl_traj *t, cJSON *meta, const double *sc, const int *ok, const double *pen,
     const char *err)
 {
-	size_t nc = s->ntasks;
 	cJSON *scores = cJSON_GetObjectItemCaseSensitive(meta, "scores");
 	char *text;
 	int rv;
@@ -92,8 +104,8 @@ write_scores(rl_reward_scorer *s, rl_traj *t, cJSON *meta, const double *sc, con
 		cJSON_DeleteItemFromObjectCaseSensitive(meta, "scores");
 		scores = cJSON_AddObjectToObject(meta, "scores");
 	}
-	for (size_t i = 0; i < nc + (s->exec != NULL); i++) {
-		const char *name = i < nc ? s->tasks[i].name : "exec";
+	for (size_t i = 0; i < ncomp(s); i++) {
+		const char *name = comp_name(s, i);
 		if ((rv = put_item(scores, name, ok[i] ? cJSON_CreateNumber(sc[i]) : cJSON_CreateNull())) != 0)
 			return rv;
 	}
@@ -110,9 +122,10 @@ write_scores(rl_reward_scorer *s, rl_traj *t, cJSON *meta, const double *sc, con
 	return rv;
 }
 
-/* Scores one record; er is its --exec result or NULL. */
+/* Scores one record; er is its --exec result or NULL, msc and mwhy its
+ * --model score or why there is none. */
 static int
-score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
+score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er, double msc, const char *mwhy)
 {
 	const char *resp = NULL, *mtext = NULL, *why;
 	size_t rn = 0, mn = 0, ntok = 0, nc = s->ntasks;
@@ -120,8 +133,8 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 	long ntokens = -1;
 	cJSON *meta = NULL;
 	char err[1024] = "";
-	double total = 0, sc[RL_REWARD_MAX_TASKS + 1], pen = 0;
-	int ok[RL_REWARD_MAX_TASKS + 1] = { 0 }, failed = 0, bad_truth = 0, rv = 0, has_pen = 0;
+	double total = 0, sc[RL_REWARD_MAX_TASKS + 2], pen = 0;
+	int ok[RL_REWARD_MAX_TASKS + 2] = { 0 }, failed = 0, bad_truth = 0, rv = 0, has_pen = 0;
 
 	if (rl_traj_get_str(t, RL_TAG_RESPONSE_TEXT, &resp, &rn) != 0)
 		resp = NULL;
@@ -176,6 +189,18 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 		}
 		s->st.exec_failed[er->status]++;
 	}
+	if (s->model_fn) {
+		size_t k = nc + (s->exec != NULL);
+		if (mwhy == NULL) {
+			sc[k] = msc;
+			ok[k] = 1;
+			total += s->model_weight * msc;
+		} else {
+			add_reason(err, sizeof err, "model", mwhy);
+			failed = 1;
+			s->st.model_failed++;
+		}
+	}
 	if (s->opts.overlong_buffer > 0) {
 		if ((why = overlong_of(s, t, ntokens, &pen)) != NULL) {
 			add_reason(err, sizeof err, "overlong", why);
@@ -217,7 +242,7 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 	} else {
 		s->st.reward_sum += total;
 	}
-	for (size_t i = 0; i < nc + (s->exec != NULL); i++) {
+	for (size_t i = 0; i < ncomp(s); i++) {
 		if (ok[i]) {
 			s->st.comp_sum[i] += sc[i];
 			s->st.comp_n[i]++;
@@ -232,6 +257,8 @@ int
 rl_reward_score_records(rl_reward_scorer *s, rl_traj *const *recs, size_t n)
 {
 	rl_reward_exec_result *res = NULL;
+	double *msc = NULL;
+	const char **mwhy = NULL;
 	const char **lines = NULL;
 	size_t *lens = NULL, *off = NULL;
 	rl_buf buf;
@@ -264,11 +291,23 @@ rl_reward_score_records(rl_reward_scorer *s, rl_traj *const *recs, size_t n)
 		if ((rv = rl_reward_exec_run(s->exec, res, lines, lens, n)) != 0)
 			goto out;
 	}
+	if (s->model_fn && n > 0) {
+		msc = rl_try_calloc(n, sizeof *msc, "model scores");
+		mwhy = rl_try_calloc(n, sizeof *mwhy, "model scores");
+		if (!msc || !mwhy) {
+			rv = RL_ENOMEM;
+			goto out;
+		}
+		if ((rv = s->model_fn(s->model_ctx, msc, mwhy, recs, n)) != 0)
+			goto out;
+	}
 	for (size_t i = 0; i < n; i++)
-		if ((rv = score_one(s, recs[i], res ? &res[i] : NULL)) != 0)
+		if ((rv = score_one(s, recs[i], res ? &res[i] : NULL, msc ? msc[i] : 0, mwhy ? mwhy[i] : NULL)) != 0)
 			goto out;
 out:
 	rl_buf_fini(&buf);
+	free(msc);
+	free(mwhy);
 	free(res);
 	free(lines);
 	free(lens);
@@ -290,9 +329,11 @@ rl_reward_stream(rl_reward_scorer *s, rl_traj_reader *r, rl_traj_writer *w, size
 		return RL_ENOMEM;
 	for (;;) {
 		rl_traj *t = NULL;
-		if (rl_traj_reader_drained(r)) {
+		if (s->model_fn ? rl_traj_reader_would_wait(r) : rl_traj_reader_drained(r)) {
 			/* about to wait on the input: what is pending goes downstream first
-			 * (in a pipe the next stage may be waiting for exactly these) */
+			 * (in a pipe the next stage may be waiting for exactly these); a
+			 * reward model's forward wants full batches, so it flushes only
+			 * when a live input has nothing more yet */
 			if (np > 0) {
 				if ((rv = rl_reward_score_records(s, pend, np)) != 0)
 					goto out;
@@ -447,6 +488,9 @@ rl_reward_stats_print(const rl_reward_scorer *s, double seconds)
 		if (st->out_of_range && k < sizeof line)
 			k += (size_t)snprintf(line + k, sizeof line - k, " %zu with a weighted sum outside the f32 range,",
 					      st->out_of_range);
+		if (st->model_failed && k < sizeof line)
+			k += (size_t)snprintf(line + k, sizeof line - k, " %zu the reward model could not score,",
+					      st->model_failed);
 		if (st->overlong_failed && k < sizeof line)
 			k += (size_t)snprintf(line + k, sizeof line - k, " %zu without a length budget for the overlong penalty,",
 					      st->overlong_failed);
@@ -464,8 +508,8 @@ rl_reward_stats_print(const rl_reward_scorer *s, double seconds)
 		rl_info("reward mean n/a (no record scored cleanly)");
 	k = 0;
 	line[0] = 0;
-	for (size_t i = 0; i < s->ntasks + (s->exec != NULL) && k < sizeof line; i++) {
-		const char *name = i < s->ntasks ? s->tasks[i].name : "exec";
+	for (size_t i = 0; i < ncomp(s) && k < sizeof line; i++) {
+		const char *name = comp_name(s, i);
 		if (st->comp_n[i])
 			k += (size_t)snprintf(line + k, sizeof line - k, "%s%s %.4f (%zu)", k ? ", " : "", name,
 					      st->comp_sum[i] / (double)st->comp_n[i], st->comp_n[i]);
