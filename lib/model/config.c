@@ -535,13 +535,13 @@ arch_class(const rl_config *c)
 /* A reward model's keys as transformers writes them: the class, one label
  * (id2label / label2id; num_labels is not saved, it is their size) and
  * pad_token_id, without which ...ForSequenceClassification cannot find the
- * last token of a batch of more than one row (the eos id when the config has
- * no pad: the convention of TRL's reward scripts). */
+ * last token of a batch of more than one row (rl_model_open_rm makes it the
+ * EOS id when a causal LM has none: the convention of TRL's reward scripts). */
 static void
 put_seq_cls(cJSON *root, const rl_config *c)
 {
 	cJSON *a, *o;
-	int pad = c->pad_id >= 0 ? c->pad_id : c->eos_id;
+	int pad = c->pad_id;
 
 	cJSON_DeleteItemFromObjectCaseSensitive(root, "architectures");
 	a = cJSON_AddArrayToObject(root, "architectures");

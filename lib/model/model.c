@@ -378,6 +378,8 @@ rl_model_params_changed(rl_model *m)
 
 /* ---- random init ------------------------------------------------------------------- */
 
+static int init_score(rl_model *m, uint64_t seed);
+
 int
 rl_model_init_random(rl_model **out, const rl_config *cfg, rl_ops *ops, uint64_t seed)
 {
@@ -418,6 +420,8 @@ rl_model_init_random(rl_model **out, const rl_config *cfg, rl_ops *ops, uint64_t
 		if ((rv = rl_model_set(m, i, buf)) != 0)
 			goto out;
 	}
+	if (cfg->seq_cls && (rv = init_score(m, seed)) != 0)
+		goto out;
 	*out = m;
 	m = NULL;
 out:
@@ -679,7 +683,7 @@ load_score(rl_model *m, const rl_st_set *set, const char *dir, float *buf)
 int
 rl_model_score_index(const rl_config *c, const int32_t *tok, int n)
 {
-	int pad = c->pad_id >= 0 ? c->pad_id : c->eos_id;
+	int pad = c->pad_id;
 
 	if (pad < 0)
 		return n - 1;
@@ -703,28 +707,18 @@ rl_model_open_rm(rl_model **out, const char *dir, rl_ops *ops, uint64_t seed)
 	return open_dir(out, dir, ops, 1, seed);
 }
 
-/* A new score head from a causal LM: as transformers' _init_weights does for
- * a ...ForSequenceClassification whose checkpoint has no score.weight,
- * normal(0, initializer_range), deterministic in seed; PPO's value head file
- * in dir is taken instead where there is one. */
+/* A new score head, as transformers' _init_weights makes score when a
+ * checkpoint has none: normal(0, initializer_range), deterministic in seed. */
 static int
-new_score(rl_model *m, const char *dir, uint64_t seed)
+init_score(rl_model *m, uint64_t seed)
 {
 	const int C = m->cfg.hidden_size;
 	double std = m->cfg.init_std > 0 ? m->cfg.init_std : 0.02;
-	char *path = NULL;
-	float *buf = NULL;
-	size_t n = strlen(dir) + sizeof RL_VALUE_HEAD_FILE + 2;
+	float *buf;
 	int rv;
 
-	path = rl_xmalloc(n);
-	snprintf(path, n, "%s/%s", dir, RL_VALUE_HEAD_FILE);
-	if (access(path, F_OK) == 0) {
-		rv = rl_model_add_value_head(m, dir, seed);
-		goto out;
-	}
 	if ((rv = rl_model_add_value_head(m, NULL, seed)) != 0)
-		goto out;
+		return rv;
 	buf = rl_xcalloc((size_t)C, sizeof *buf);
 	for (int j = 0; j < C; j++) {
 		uint64_t k = 2 * (uint64_t)(m->tt.t[m->vh_w].off + (size_t)j);
@@ -732,10 +726,23 @@ new_score(rl_model *m, const char *dir, uint64_t seed)
 		buf[j] = (float)(std * sqrt(-2.0 * log1p(-u1)) * cos(2.0 * M_PI * u2));
 	}
 	rv = rl_model_set(m, m->vh_w, buf);
-	rl_verbose("score head initialised: normal(0, %g), seed %llu", std, (unsigned long long)seed);
-out:
-	free(path);
 	free(buf);
+	rl_verbose("score head initialised: normal(0, %g), seed %llu", std, (unsigned long long)seed);
+	return rv;
+}
+
+/* A causal LM opened as a reward model: the new head (init_score), or PPO's
+ * value head file in dir where there is one. */
+static int
+new_score(rl_model *m, const char *dir, uint64_t seed)
+{
+	size_t n = strlen(dir) + sizeof RL_VALUE_HEAD_FILE + 2;
+	char *path = rl_xmalloc(n);
+	int rv;
+
+	snprintf(path, n, "%s/%s", dir, RL_VALUE_HEAD_FILE);
+	rv = access(path, F_OK) == 0 ? rl_model_add_value_head(m, dir, seed) : init_score(m, seed);
+	free(path);
 	return rv;
 }
 
@@ -761,8 +768,11 @@ open_dir(rl_model **out, const char *dir, rl_ops *ops, int as_rm, uint64_t seed)
 	if ((rv = rl_st_set_open(&set, dir)) != 0)
 		goto out;
 	if (as_rm && !cfg.seq_cls) {
-		/* a causal LM becomes a reward model: its lm_head is dropped */
+		/* a causal LM becomes a reward model: its lm_head is dropped; without a
+		 * pad id its EOS pads (TRL's reward scripts), the one saved and read by */
 		cfg.seq_cls = 1;
+		if (cfg.pad_id < 0)
+			cfg.pad_id = cfg.eos_id;
 		was_lm = 1;
 	}
 	if ((rv = model_new(&m, &cfg, ops, set, dir)) != 0)

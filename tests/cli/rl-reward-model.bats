@@ -73,6 +73,12 @@ setup() {
 	"$REF" check "$TD/lrm/latest" "$TD/recs.jsonl" "$TD/l.jsonl"
 	rl-reward -q --model "$TD/lrm/latest" --rm-max-tokens 64 "$TD/recs.jsonl" | rl-queue cat --jsonl > "$TD/l1.jsonl"
 	"$REF" check "$TD/lrm/latest" "$TD/recs.jsonl" "$TD/l1.jsonl"
+	# a random reward model from a config as the Hub has them (num_labels 1, no id2label)
+	jq '.architectures = ["LlamaForSequenceClassification"] | .num_labels = 1' "$TD/llama.json" > "$TD/hub.json"
+	rl-train -q --init "$TD/hub.json" --tokenizer bytes --out "$TD/hub" --seed 3
+	"$REF" layout "$TD/hub"
+	rl-reward -q --model "$TD/hub" --jsonl "$TD/recs.jsonl" > "$TD/h.jsonl"
+	"$REF" check "$TD/hub" "$TD/recs.jsonl" "$TD/h.jsonl"
 	# the failures are named
 	run -0 jq -r 'select(.id == 6 or .id == 7) | .meta.reward_error' "$TD/s.jsonl"
 	[ "${lines[0]}" = "model: 76 tokens, longer than the reward model's context (64)" ]
