@@ -1,7 +1,8 @@
 #!/bin/sh
-# pipelines/rlhf/rlhf.sh — InstructGPT-style RLHF with rlpipe's programs, small
-# enough for a CPU: an SFT model, a reward model trained on preference pairs,
-# then PPO (a critic on the policy's trunk) against that reward model.
+# pipelines/rlhf/rlhf.sh — preference learning with rlpipe's programs, small
+# enough for a CPU (make demo-prefs): an SFT model, a reward model trained on
+# preference pairs, then PPO (a critic on the policy's trunk) against that
+# reward model (InstructGPT-style RLHF), and DPO on the same pairs.
 #
 # The task hides a rule: a response is 8 letters of 'a' and 'b', and a
 # response with more 'a's is the better one.  The programs never see the
@@ -16,10 +17,13 @@
 #        rl-rollout -m SFT -n SAMPLES | rl-reward --model RM | rl-train --algo ppo
 #      the policy's new weights go back to rl-rollout by checkpoint
 #      directory (--weights-from, on-policy: --max-staleness 0).
+#   4. DPO (rl-train --algo dpo -m SFT, --beta 0.1) on the same pair lines,
+#      one pass; the reference is the SFT model.
 # Prints the hidden rule's score (the mean share of 'a' in greedy responses
-# to held-out prompts) after SFT and after PPO, writes summary.json, and with
-# GOAL=1 exits 1 unless PPO raised it by GOAL_GAIN.  Settings from the
-# environment (defaults below); every stage's log is under RUN/logs.
+# to held-out prompts) after SFT, PPO and DPO, writes summary.json and (with
+# gnuplot) prefs.png, and with GOAL=1 exits 1 unless PPO and DPO each raised
+# it by GOAL_GAIN.  Settings from the environment (defaults below); every
+# stage's log is under RUN/logs.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -35,9 +39,13 @@ RL_STEPS=${RL_STEPS:-40}
 PROMPTS=${PROMPTS:-16}
 SAMPLES=${SAMPLES:-4}
 RL_LR=${RL_LR:-5e-4}
+DPO_BATCH=${DPO_BATCH:-32}
+DPO_LR=${DPO_LR:-1e-3}
+DPO_BETA=${DPO_BETA:-0.1}
+PLOT=${PLOT:-1}
 TEST_N=${TEST_N:-64}
-GOAL=${GOAL:-0}
-GOAL_GAIN=${GOAL_GAIN:-0.1}
+GOAL=${GOAL:-1}
+GOAL_GAIN=${GOAL_GAIN:-0.2}
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export OMP_NUM_THREADS
 
@@ -136,10 +144,56 @@ rl-rollout -m "$SFT" --seed "$SEED" -n "$SAMPLES" --max-tokens 9 --stop "
 FINAL=$CK/$(readlink "$CK/latest")
 s1=$(rule_score "$FINAL")
 echo "rlhf:    hidden rule after PPO: $s1 ($(wc -l < "$RUN/ppo-metrics.jsonl") steps)"
-printf '{"seed":%s,"rm_heldout_accuracy":%s,"rule_sft":%s,"rule_ppo":%s,"ppo_steps":%s}\n' \
-    "$SEED" "$acc" "$s0" "$s1" "$(wc -l < "$RUN/ppo-metrics.jsonl")" > "$RUN/summary.json"
-if [ "$GOAL" = 1 ] && ! python3 -c 'import sys; sys.exit(float(sys.argv[2]) - float(sys.argv[1]) < float(sys.argv[3]))' \
-    "$s0" "$s1" "$GOAL_GAIN"; then
-	echo "rlhf: the hidden rule's score did not rise by $GOAL_GAIN ($s0 -> $s1)" >&2
-	exit 1
+
+echo "rlhf: 4. DPO on the same pairs: batches of $DPO_BATCH, beta $DPO_BETA, lr $DPO_LR, one pass"
+rl-train -q -m "$SFT" --out "$RUN/dpo" --algo dpo --beta "$DPO_BETA" --seed "$SEED" --batch "$DPO_BATCH" \
+    --lr "$DPO_LR" --keep 1 --metrics "$RUN/dpo-metrics.jsonl" "$D/pairs.jsonl" 2>"$L/dpo.log" || fail DPO "$L/dpo.log"
+s2=$(rule_score "$RUN/dpo/$(readlink "$RUN/dpo/latest")")
+echo "rlhf:    hidden rule after DPO: $s2 ($(wc -l < "$RUN/dpo-metrics.jsonl") steps)"
+echo ""
+echo "  hidden rule (share of 'a', greedy, $TEST_N held-out prompts)"
+echo "    after SFT   $s0"
+echo "    after PPO   $s1   (reward model: held-out pair accuracy $acc)"
+echo "    after DPO   $s2"
+printf '{"seed":%s,"rm_heldout_accuracy":%s,"rule_sft":%s,"rule_ppo":%s,"rule_dpo":%s,"ppo_steps":%s,"dpo_steps":%s}\n' \
+    "$SEED" "$acc" "$s0" "$s1" "$s2" "$(wc -l < "$RUN/ppo-metrics.jsonl")" "$(wc -l < "$RUN/dpo-metrics.jsonl")" \
+    > "$RUN/summary.json"
+
+if [ "$PLOT" = 1 ] && command -v gnuplot >/dev/null 2>&1; then
+	metric() { python3 -c 'import json, sys
+for i, l in enumerate(open(sys.argv[1])):
+    print(i + 1, json.loads(l).get(sys.argv[2], "NaN"))' "$@"; }
+	metric "$RUN/ppo-metrics.jsonl" critic/score/mean > "$RUN/ppo-score.tsv"
+	metric "$RUN/dpo-metrics.jsonl" rewards/margins > "$RUN/dpo-margins.tsv"
+	printf '0 SFT %s\n1 PPO %s\n2 DPO %s\n' "$s0" "$s1" "$s2" > "$RUN/rule.tsv"
+	gnuplot <<EOF 2>"$L/gnuplot.log" || echo "rlhf: gnuplot failed; see $L/gnuplot.log" >&2
+set terminal pngcairo size 1200,420 noenhanced
+set output '$RUN/prefs.png'
+set multiplot layout 1,3 title 'rlpipe preference demo (seed $SEED): hidden rule = share of a'
+set grid
+set title 'hidden rule, greedy held-out'
+set yrange [0:1]
+set boxwidth 0.6
+set style fill solid 0.7
+plot '$RUN/rule.tsv' using 1:3:xtic(2) with boxes lc rgb '#1f5fa8' notitle
+set autoscale y
+set title 'PPO: reward-model score per step'
+set xlabel 'PPO step'
+plot '$RUN/ppo-score.tsv' using 1:2 with linespoints pt 7 ps 0.5 lc rgb '#c0392b' title 'critic/score/mean'
+set title 'DPO: rewards/margins per step'
+set xlabel 'DPO step'
+plot '$RUN/dpo-margins.tsv' using 1:2 with linespoints pt 7 ps 0.5 lc rgb '#27ae60' title 'rewards/margins'
+unset multiplot
+EOF
+	[ -f "$RUN/prefs.png" ] && echo "rlhf: wrote $RUN/prefs.png"
 fi
+
+if [ "$GOAL" = 1 ]; then
+	if awk -v a="$s0" -v p="$s1" -v d="$s2" -v g="$GOAL_GAIN" 'BEGIN { exit !(p >= a + g && d >= a + g) }'; then
+		echo "rlhf: promise met: hidden rule $s0 -> PPO $s1, DPO $s2"
+	else
+		echo "rlhf: promise NOT met: hidden rule $s0 -> PPO $s1, DPO $s2 (wanted +$GOAL_GAIN each)" >&2
+		exit 1
+	fi
+fi
+exit 0
