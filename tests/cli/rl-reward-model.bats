@@ -4,7 +4,7 @@
 # (tests/fixtures/train/rm_score_ref.py layout), scoring records as the
 # class's forward does (the same script's float64 PyTorch restatement: the
 # last non-pad token, EOS padding); weighted with a rule task; --rm-norm;
-# records it cannot score; models it refuses.
+# records it cannot score; models it refuses; the queue wiring.
 #
 # Tolerance: 1e-5 + 1e-4 |want| (rm_score_ref.py: fp32 against float64 over
 # 2 layers, seen ~1e-7); a score read at the wrong position differs by ~0.1.
@@ -12,6 +12,7 @@
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
+load port_helper
 
 REF=tests/fixtures/train/rm_score_ref.py
 
@@ -56,9 +57,15 @@ PY
 }
 
 setup() {
+	PIDS=""
 	if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
 		skip "no PyTorch for /usr/bin/python3 (Debian python3-torch)"
 	fi
+}
+
+teardown() {
+	for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
+	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
 }
 
 @test "rm directories are transformers' ...ForSequenceClassification; their scores match PyTorch's last non-pad token" {
@@ -153,4 +160,17 @@ PY
 	[[ "$stderr" == *"--rm-norm: bad value 'group' (none, batch or running)"* ]]
 	run -2 --separate-stderr rl-reward --task exact --rm-norm batch --jsonl "$TD/recs.jsonl"
 	[[ "$stderr" == *"are options of --model DIR"* ]]
+}
+
+@test "the queue wiring: rl-reward --queue URL --model scores leased records as the pipe does" {
+	# the groups whose records all score (6 and 7 do not: group 3)
+	jq -c 'select(.group != 3)' "$TD/recs.jsonl" > "$TD/q.jsonl"
+	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' \
+	    rl-queue serve -q -l tcp://127.0.0.1:@PORT@ -d "$BATS_TEST_TMPDIR/q" -t 30
+	URL="tcp://127.0.0.1:$DPORT"
+	rl-queue put -q --stage generated "$URL" "$TD/q.jsonl"
+	run -0 --separate-stderr timeout 60 rl-reward --queue "$URL" --model "$TD/rm/latest" --idle-exit 1
+	rl-queue get -q --stage train -n 12 -w 10 "$URL" > "$TD/qs.jsonl"
+	[ "$(wc -l < "$TD/qs.jsonl")" -eq 12 ]
+	"$REF" check "$TD/rm/latest" "$TD/q.jsonl" "$TD/qs.jsonl"
 }
