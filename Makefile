@@ -93,7 +93,7 @@ BENCHES  := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 MANS     := $(wildcard man/*.[1-9])
 DEPS     := $(LIB_OBJ:.o=.d) $(wildcard $(B)/cmd/*/*.d $(B)/tests/unit/*.d $(B)/bench/*.d)
 
-.PHONY: all features deps demo-deps vocab check unit cli mancheck gpucheck bench bench-gpu fuzz demo demo-agent install uninstall clean
+.PHONY: all features deps demo-deps vocab check unit cli mancheck gpucheck bench bench-gpu fuzz demo demo-agent demo-prefs install uninstall clean
 all: features $(LIB) $(BINS)
 
 features:
@@ -193,6 +193,11 @@ demo: demo-deps
 demo-agent:
 	@$(MAKE) --no-print-directory all
 	@PATH="$(abspath $(B))/bin:$$PATH" sh pipelines/agent/demo.sh
+
+# preferences: SFT, a reward model, PPO against it and DPO (pipelines/rlhf)
+demo-prefs:
+	@$(MAKE) --no-print-directory all
+	@PATH="$(abspath $(B))/bin:$$PATH" sh pipelines/rlhf/rlhf.sh
 
 # ---- install ---------------------------------------------------------------------
 install: all

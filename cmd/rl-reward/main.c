@@ -19,6 +19,7 @@
 #include "reward/reward.h"
 #include "reward/reward_exec.h"
 #include "reward/synth.h"
+#include "rollout/rmscore.h"
 #include "stream/traj.h"
 
 #include <float.h>
@@ -36,7 +37,8 @@
 static const char usage_text[] =
 	"usage: rl-reward [options] --task NAME[:WEIGHT] ... [FILE|-]...\n"
 	"       rl-reward [options] --exec 'CMD ARGS' [FILE|-]...\n"
-	"       rl-reward [options] --queue URL (--task ... | --exec ...)\n"
+	"       rl-reward [options] --model RM_DIR [--task ...] [FILE|-]...\n"
+	"       rl-reward [options] --queue URL (--task ... | --exec ... | --model ...)\n"
 	"       rl-reward gen-arith [--n N] [--seed S] [--digits D] [--ops OPS] [--split all|train|test]\n"
 	"                           [--reverse] [-o FILE]\n"
 	"Scores trajectory records (binary stream or JSONL, detected) and writes them with\n"
@@ -62,9 +64,18 @@ static const char usage_text[] =
 	"      --judge-jobs N       requests in flight (default 8)\n"
 	"      --judge-max-tokens N the judge's reply at most (default 512)\n"
 	"      --judge-key-file F   an API key sent as Authorization: Bearer (a file of mode 600)\n"
+	"  -m, --model DIR          a reward model (...ForSequenceClassification): its score of the\n"
+	"                           record's prompt + response ids, meta.scores.model\n"
+	"      --model-weight W     weight of the --model component (default 1)\n"
+	"      --rm-norm MODE       none (default), batch (standardised over each round) or running\n"
+	"                           (over every score so far)\n"
+	"      --device DEV         where --model runs: cpu (default) or cuda\n"
+	"      --rm-max-tokens N    --model: padded tokens per forward (default 8192, at least the\n"
+	"                           model's context)\n"
 	"  -j, --jobs N             --exec workers (default 1)\n"
 	"      --timeout SEC        per-record --exec timeout (default 30)\n"
-	"      --batch N            records per scoring round with --exec (default 64 x jobs)\n"
+	"      --batch N            records per scoring round with --exec (default 64 x jobs) or\n"
+	"                           --model (default 256)\n"
 	"                           or per lease with --queue (default 256)\n"
 	"      --auth-key-file F   the broker's shared key (a file of mode 600)\n"
 	"      --tls-cert F, --tls-key F, --tls-ca F  for a tls+tcp:// --queue URL: this client's\n"
@@ -218,7 +229,8 @@ main(int argc, char **argv)
 	enum { O_EXEC_WEIGHT = 256, O_TIMEOUT, O_BATCH, O_GSM8K_MODE, O_MAX_LENGTH, O_LENGTH_UNIT, O_JSONL,
 	       O_QUEUE, O_IDLE_EXIT, O_BROKER_TIMEOUT, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY,
 	       O_OVERLONG_BUFFER, O_OVERLONG_PENALTY, O_MAX_RESPONSE_LEN, O_JUDGE, O_JTMPL, O_JMODEL, O_JPAT,
-	       O_JWEIGHT, O_JTIMEOUT, O_JJOBS, O_JMAXTOK, O_JKEY };
+	       O_JWEIGHT, O_JTIMEOUT, O_JJOBS, O_JMAXTOK, O_JKEY, O_MODEL_WEIGHT, O_RM_NORM, O_DEVICE,
+	       O_RM_MAX_TOKENS };
 	static const struct option lo[] = {
 		{ "task", required_argument, 0, 't' },
 		{ "exec", required_argument, 0, 'e' },
@@ -228,6 +240,11 @@ main(int argc, char **argv)
 		{ "judge-weight", required_argument, 0, O_JWEIGHT }, { "judge-timeout", required_argument, 0, O_JTIMEOUT },
 		{ "judge-jobs", required_argument, 0, O_JJOBS }, { "judge-max-tokens", required_argument, 0, O_JMAXTOK },
 		{ "judge-key-file", required_argument, 0, O_JKEY },
+		{ "model", required_argument, 0, 'm' },
+		{ "model-weight", required_argument, 0, O_MODEL_WEIGHT },
+		{ "rm-norm", required_argument, 0, O_RM_NORM },
+		{ "device", required_argument, 0, O_DEVICE },
+		{ "rm-max-tokens", required_argument, 0, O_RM_MAX_TOKENS },
 		{ "jobs", required_argument, 0, 'j' },
 		{ "timeout", required_argument, 0, O_TIMEOUT },
 		{ "batch", required_argument, 0, O_BATCH },
@@ -259,6 +276,8 @@ main(int argc, char **argv)
 	char *jtext = NULL, *jkeytext = NULL;
 	rl_traj_writer_opts wo = { 0 };
 	rl_traj_writer *w = NULL;
+	rl_rmscore_opts rmo = { 0 };
+	rl_rmscore *rm = NULL;
 	const char *exec_cmd = NULL, *out = NULL, *queue_url = NULL;
 	double idle_exit = 0, broker_timeout = RL_QCLIENT_BROKER_TIMEOUT_S;
 	FILE *of = NULL;
@@ -280,13 +299,14 @@ main(int argc, char **argv)
 
 	memset(&sc, 0, sizeof sc);
 	sc.exec_weight = 1.0;
+	sc.model_weight = 1.0;
 	sc.opts.gsm8k_mode = RL_GSM8K_STRICT;
 	sc.opts.overlong_penalty = 1.0;
 	rl_reward_exec_opts_default(&xo);
 	rl_reward_judge_opts_default(&jo);
 	sc.judge_weight = 1.0;
 	wo.format = RL_TRAJ_BINARY;
-	while ((c = rl_cli_getopt(argc, argv, "t:e:j:o:qvh", NULL)) != -1) {
+	while ((c = rl_cli_getopt(argc, argv, "t:e:m:j:o:qvh", NULL)) != -1) {
 		switch (c) {
 		case 't':
 			if (ntasks == RL_REWARD_MAX_TASKS) {
@@ -315,6 +335,16 @@ main(int argc, char **argv)
 		case O_JJOBS: rv = rl_cli_int32(c, optarg, 1, 1024, &jo.jobs); break;
 		case O_JMAXTOK: rv = rl_cli_int32(c, optarg, 1, 1 << 20, &jo.max_tokens); break;
 		case O_JKEY: jkey = optarg; break;
+		case 'm': rmo.model_dir = optarg; break;
+		case O_MODEL_WEIGHT: rv = rl_cli_double(c, optarg, -1e300, DBL_MAX, &sc.model_weight); break;
+		case O_DEVICE: rmo.device = optarg; break;
+		case O_RM_MAX_TOKENS: rv = rl_cli_int32(c, optarg, 1, 1 << 24, &rmo.max_tokens); break;
+		case O_RM_NORM:
+			rmo.norm = strcmp(optarg, "none") == 0 ? RL_RM_NORM_NONE : strcmp(optarg, "batch") == 0 ?
+			    RL_RM_NORM_BATCH : strcmp(optarg, "running") == 0 ? RL_RM_NORM_RUNNING : -1;
+			if (rmo.norm < 0)
+				rv = rl_cli_usage("--rm-norm: bad value '%s' (none, batch or running)", optarg);
+			break;
 		case 'j': rv = rl_cli_int32(c, optarg, 1, 1024, &xo.workers); break;
 		case O_TIMEOUT:
 			if ((rv = rl_cli_double(c, optarg, 0, DBL_MAX, &xo.timeout_s)) == 0 && xo.timeout_s <= 0)
@@ -372,8 +402,10 @@ main(int argc, char **argv)
 			goto usage;
 	}
 	rl_log_set_level(verbosity);
-	if (ntasks == 0 && !exec_cmd && !jo.url)
-		rv = rl_cli_usage("nothing to score with: give --task NAME, --exec 'CMD' or --judge URL");
+	if (ntasks == 0 && !exec_cmd && !jo.url && !rmo.model_dir)
+		rv = rl_cli_usage("nothing to score with: give --task NAME, --exec 'CMD', --judge URL or --model DIR");
+	else if (!rmo.model_dir && (rmo.norm || rmo.device || rmo.max_tokens))
+		rv = rl_cli_usage("--rm-norm, --rm-max-tokens and --device are options of --model DIR");
 	else if ((rv = judge_opts_check(&jo, jtmpl, jkey)) != 0)
 		;
 	else if (has_length && sc.opts.max_length <= 0)
@@ -423,9 +455,20 @@ main(int argc, char **argv)
 		}
 		if (batch == 0)
 			batch = 64L * xo.workers;
-	} else if (!queue_url && !jo.url) {
+	}
+	if (rmo.model_dir) {
+		if ((rv = rl_rmscore_open(&rm, &rmo)) != 0) {
+			status = 1;
+			goto out;
+		}
+		sc.model_fn = rl_rmscore_fn;
+		sc.model_ctx = rm;
+		if (batch == 0)
+			batch = 256;
+	} else if (!exec_cmd && !queue_url && !jo.url) {
 		if (batch != 0)
-			rl_warn("--batch applies to --exec and --queue only: ignored (built-in tasks score record by record)");
+			rl_warn("--batch applies to --exec, --judge, --model and --queue only: ignored (built-in "
+			    "tasks score record by record)");
 		batch = 1;
 	}
 	if (queue_url) {
@@ -506,6 +549,14 @@ out:
 	rl_reward_judge_destroy(sc.judge);
 	free(jtext);
 	free(jkeytext);
+	if (rm != NULL) {
+		size_t nr, nt;
+		double sec;
+		rl_rmscore_stats(rm, &nr, &nt, &sec);
+		rl_verbose("model: %zu records, %zu tokens in %.3f s of forwards (%.0f tokens/s)", nr, nt, sec,
+		    sec > 0 ? (double)nt / sec : 0.0);
+		rl_rmscore_close(rm);
+	}
 	if (of && rl_io_fclose(of, out) != 0)
 		status = 1;
 	if (!of && !queue_url) {

@@ -143,6 +143,27 @@ static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.jso
 
 /* model.safetensors.index.json (cJSON_free) mapping the first nhf tensors of
  * m's table to model.safetensors, total_size their bytes in dtype. */
+/* A tensor's name in model.safetensors: a reward model's value head is
+ * transformers' score.weight. */
+static const char *
+hf_name(const rl_model *m, int i)
+{
+	return m->cfg.seq_cls && i == m->vh_w ? "score.weight" : m->tt.t[i].name;
+}
+
+/* The tensors model.safetensors holds: the table's first ones up to the
+ * RL_T_AUX and LoRA ones, and a reward model's score.weight (the value
+ * head's weight, which follows them; its bias stays 0, transformers' score
+ * has none). */
+static int
+hf_count(const rl_model *m)
+{
+	int n = 0;
+	while (n < m->tt.n && !(m->tt.t[n].flags & (RL_T_AUX | RL_T_LORA)))
+		n++;
+	return m->cfg.seq_cls && m->vh_w == n ? n + 1 : n;
+}
+
 static char *
 index_json(const rl_model *m, int nhf, int dtype)
 {
@@ -153,7 +174,7 @@ index_json(const rl_model *m, int nhf, int dtype)
 
 	for (int i = 0; i < nhf; i++) {
 		total += m->tt.t[i].n * rl_dtype_size(dtype);
-		cJSON_AddStringToObject(wm, m->tt.t[i].name, "model.safetensors");
+		cJSON_AddStringToObject(wm, hf_name(m, i), "model.safetensors");
 	}
 	cJSON_AddNumberToObject(md, "total_size", (double)total);
 	js = cJSON_Print(root);
@@ -338,10 +359,9 @@ write_dir(rl_model *m, const char *tmp, int with_optimizer, const rl_ckpt_shards
 	if ((rv = write_text(p, js)) != 0)
 		goto out;
 	/* the Hugging Face tensors; RL_T_AUX ones (the value head) follow them */
-	while (nhf < n && !(m->tt.t[nhf].flags & (RL_T_AUX | RL_T_LORA)))
-		nhf++;
+	nhf = hf_count(m);
 	for (int i = 0; i < n; i++) {
-		e[i].name = m->tt.t[i].name;
+		e[i].name = hf_name(m, i);
 		e[i].dtype = fc.dtype;
 		e[i].ndim = rl_tensor_file_shape(&m->tt.t[i], e[i].shape);
 	}
@@ -352,7 +372,7 @@ write_dir(rl_model *m, const char *tmp, int with_optimizer, const rl_ckpt_shards
 		if ((rv = rl_st_write(p, e, nhf, meta, 1, fill, &fc)) != 0)
 			goto out;
 	}
-	if (m->vh_w >= 0) {
+	if (m->vh_w >= 0 && !m->cfg.seq_cls) {
 		/* in f32 whatever cfg.dtype: tiny, and exact for --resume (the value
 		 * head's tensors only: a merged model's spent adapters may follow) */
 		int iv[2] = { m->vh_w, m->vh_b };
@@ -834,7 +854,7 @@ rl_ckpt_weight_files(rl_ckpt_file **out, int *nout, rl_model *m)
 	f = rl_xcalloc(3 + RL_ARRAY_LEN(tok_files), sizeof *f);
 	e = rl_xcalloc((size_t)n + 1, sizeof *e);
 	for (int i = 0; i < n; i++) {
-		e[i].name = m->tt.t[i].name;
+		e[i].name = hf_name(m, i);
 		e[i].dtype = fc.dtype;
 		e[i].ndim = rl_tensor_file_shape(&m->tt.t[i], e[i].shape);
 	}
@@ -875,9 +895,7 @@ rl_ckpt_weight_files(rl_ckpt_file **out, int *nout, rl_model *m)
 	f[nf++] = (rl_ckpt_file){ "config.json", (uint8_t *)cfg, njs + 1 };
 	/* the Hugging Face tensors only, as in model.safetensors of a directory:
 	 * RL_T_AUX ones (the value head) stay with the trainer */
-	int nhf = 0;
-	while (nhf < n && !(m->tt.t[nhf].flags & (RL_T_AUX | RL_T_LORA)))
-		nhf++;
+	int nhf = hf_count(m);
 	if ((rv = rl_st_write_mem(&img, &nimg, e, nhf, meta, 1, fill, &fc)) != 0)
 		goto out;
 	/* the image (250 MB for GPT-2) is handed on, not copied again */

@@ -12,7 +12,9 @@
  *                         is bf16/f16; metadata "step"),
  *                         trainer_state.json {"global_step": N}
  *                         value_head.safetensors (f32) when the model has a
- *                         value head (PPO; RL_T_AUX tensors, model.h)
+ *                         value head (PPO; RL_T_AUX tensors, model.h); a
+ *                         reward model (cfg.seq_cls) has its head in
+ *                         model.safetensors as score.weight instead
  *                         model.safetensors.index.json naming model.safetensors
  *                         for every model tensor (vLLM and SGLang would load
  *                         the other .safetensors files as weights without it)

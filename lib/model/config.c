@@ -507,6 +507,37 @@ rl_config_copy(rl_config *dst, const rl_config *src)
 	dst->raw = src->raw ? rl_xstrdup(src->raw) : NULL;
 }
 
+/* "architectures" naming a ...ForSequenceClassification: a reward model, of
+ * one label.  transformers counts the labels as id2label's entries, else
+ * num_labels, else 2 (PretrainedConfig's default). */
+static void
+get_seq_cls(pctx *c, rl_config *cfg)
+{
+	const cJSON *a = cJSON_GetObjectItemCaseSensitive(c->root, "architectures"), *it;
+	const cJSON *ids = cJSON_GetObjectItemCaseSensitive(c->root, "id2label");
+	const char *sfx = "ForSequenceClassification", *cls = NULL;
+	int n;
+
+	if (!cJSON_IsArray(a))
+		return;
+	cJSON_ArrayForEach(it, a) {
+		size_t l = cJSON_IsString(it) ? strlen(it->valuestring) : 0;
+		if (l > strlen(sfx) && strcmp(it->valuestring + l - strlen(sfx), sfx) == 0)
+			cls = it->valuestring;
+	}
+	if (cls == NULL)
+		return;
+	cfg->seq_cls = 1;
+	n = cJSON_IsObject(ids) ? cJSON_GetArraySize(ids) : get_int(c, "num_labels", 0, 2);
+	if (n != 1 && c->rv == 0) {
+		rl_error("%s: %s with %d labels (%s); a reward model has one (num_labels 1)", c->what, cls, n,
+		    cJSON_IsObject(ids) ? "id2label" : cJSON_GetObjectItemCaseSensitive(c->root, "num_labels") ?
+		    "num_labels" : "no id2label or num_labels: transformers' default");
+		rl_hint("rlpipe scores with reward models: a classifier of several labels is not one");
+		c->rv = RL_ENOTSUP;
+	}
+}
+
 int
 rl_config_parse(rl_config *cfg, const char *text_in, size_t len, const char *what)
 {
@@ -613,6 +644,9 @@ rl_config_parse(rl_config *cfg, const char *text_in, size_t len, const char *wha
 		c.rv = RL_ENOTSUP;
 		goto out;
 	}
+	cfg->pad_id = get_int(&c, "pad_token_id", 0, -1);
+	cfg->init_std = (float)get_num(&c, "initializer_range", 0.02);
+	get_seq_cls(&c, cfg);
 	cfg->dtype = RL_F32;
 	/* transformers >= 4.56 writes "dtype", older versions "torch_dtype"; a gemma3 config
 	 * may have it at the top only */
@@ -738,12 +772,44 @@ dtype_torch(int dt)
 static const char *
 arch_class(const rl_config *c)
 {
+	if (c->seq_cls)
+		return c->arch == RL_ARCH_GPT2 ? "GPT2ForSequenceClassification" :
+		    strcmp(c->model_type, "qwen2") == 0 ? "Qwen2ForSequenceClassification" :
+		    strcmp(c->model_type, "qwen3") == 0 ? "Qwen3ForSequenceClassification" :
+		    strcmp(c->model_type, "mistral") == 0 ? "MistralForSequenceClassification" :
+		    "LlamaForSequenceClassification";
 	if (c->arch == RL_ARCH_GPT2)
 		return "GPT2LMHeadModel";
 	return strcmp(c->model_type, "qwen2") == 0 ? "Qwen2ForCausalLM" :
 	    strcmp(c->model_type, "qwen3") == 0 ? "Qwen3ForCausalLM" :
 	    strcmp(c->model_type, "mistral") == 0 ? "MistralForCausalLM" :
 	    strcmp(c->model_type, "gemma3_text") == 0 ? "Gemma3ForCausalLM" : "LlamaForCausalLM";
+}
+
+/* A reward model's keys as transformers writes them: the class, one label
+ * (id2label / label2id; num_labels is not saved, it is their size) and
+ * pad_token_id, without which ...ForSequenceClassification cannot find the
+ * last token of a batch of more than one row (rl_model_open_rm makes it the
+ * EOS id when a causal LM has none: the convention of TRL's reward scripts). */
+static void
+put_seq_cls(cJSON *root, const rl_config *c)
+{
+	cJSON *a, *o;
+	int pad = c->pad_id;
+
+	cJSON_DeleteItemFromObjectCaseSensitive(root, "architectures");
+	a = cJSON_AddArrayToObject(root, "architectures");
+	cJSON_AddItemToArray(a, cJSON_CreateString(arch_class(c)));
+	cJSON_DeleteItemFromObjectCaseSensitive(root, "num_labels");
+	cJSON_DeleteItemFromObjectCaseSensitive(root, "id2label");
+	cJSON_DeleteItemFromObjectCaseSensitive(root, "label2id");
+	o = cJSON_AddObjectToObject(root, "id2label");
+	cJSON_AddStringToObject(o, "0", "LABEL_0");
+	o = cJSON_AddObjectToObject(root, "label2id");
+	cJSON_AddNumberToObject(o, "LABEL_0", 0);
+	cJSON_DeleteItemFromObjectCaseSensitive(root, "pad_token_id");
+	if (pad >= 0)
+		cJSON_AddNumberToObject(root, "pad_token_id", pad);
 }
 
 char *
@@ -762,6 +828,8 @@ rl_config_to_json(const rl_config *c)
 			a = cJSON_AddArrayToObject(root, "architectures");
 			cJSON_AddItemToArray(a, cJSON_CreateString(arch_class(c)));
 		}
+		if (c->seq_cls)
+			put_seq_cls(root, c);
 		cJSON_DeleteItemFromObjectCaseSensitive(root, "torch_dtype");
 		cJSON_AddStringToObject(root, "torch_dtype", dtype_torch(c->dtype));
 		if (cJSON_GetObjectItemCaseSensitive(root, "dtype") != NULL) {
@@ -845,6 +913,8 @@ rl_config_to_json(const rl_config *c)
 	} else if (c->eos_id >= 0) {
 		cJSON_AddNumberToObject(root, "eos_token_id", c->eos_id);
 	}
+	if (c->seq_cls)
+		put_seq_cls(root, c);
 	cJSON_AddStringToObject(root, "torch_dtype", dtype_torch(c->dtype));
 	s = cJSON_Print(root);
 	cJSON_Delete(root);

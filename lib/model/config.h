@@ -9,8 +9,11 @@
  * head_dim, rope_theta, rms_norm_eps, max_position_embeddings,
  * tie_word_embeddings, attention_bias, mlp_bias, hidden_act, rope_scaling,
  * rope_parameters (transformers 5: rope_type and rope_theta in one object),
- * use_sliding_window, bos_token_id, eos_token_id, torch_dtype (optional, HF's
- * defaults).  Qwen2 always has q/k/v biases and no o_proj bias; Qwen3 always
+ * use_sliding_window, bos_token_id, eos_token_id, pad_token_id,
+ * initializer_range, torch_dtype (optional, HF's defaults).  A config whose
+ * "architectures" names a ...ForSequenceClassification class is a reward
+ * model (seq_cls): its labels (id2label's size, else num_labels, else
+ * transformers' default 2) must be 1, anything else is RL_ENOTSUP.  Qwen2 always has q/k/v biases and no o_proj bias; Qwen3 always
  * has q/k RMSNorm.  Mistral has no attention biases and a sliding_window W
  * (default 4096, null for none): query i sees keys (i - W, i].  Gemma 3
  * ("gemma3_text", or "gemma3" whose text_config is read and nothing else):
@@ -75,6 +78,10 @@ typedef struct rl_config {
 	int eos_more[7];        /* the list's other ids (Llama-3.1-Instruct: <|eom_id|>, <|eot_id|>): */
 	int n_eos_more;         /* each ends a generated sequence as EOS does */
 	int dtype;              /* torch_dtype: RL_F32, RL_BF16 or RL_F16; the dtype checkpoints are saved in */
+	int seq_cls;            /* a reward model: "architectures" names ...ForSequenceClassification
+	                         * (num_labels 1, score.weight is the head, no lm_head) */
+	int pad_id;             /* pad_token_id, -1 when absent */
+	float init_std;         /* initializer_range (default 0.02): a new score head's std */
 	char *raw;              /* the config.json text it was parsed from (owned; NULL when built in code) */
 } rl_config;
 

@@ -104,7 +104,9 @@ build_table(rl_model *m)
 		}
 		m->lnf_w = ADD(0, C, 0, "model.norm.weight");
 	}
-	m->lm_w = c->tie_embeddings ? m->wte : ADD(D, V, C, "lm_head.weight");
+	/* a reward model has no lm_head: the embedding stands in for it, so the
+	 * passes run unchanged (their log-probs unused) */
+	m->lm_w = c->tie_embeddings || c->seq_cls ? m->wte : ADD(D, V, C, "lm_head.weight");
 #undef ADD
 }
 
@@ -451,6 +453,8 @@ rl_model_params_changed(rl_model *m)
 
 /* ---- random init ------------------------------------------------------------------- */
 
+static int init_score(rl_model *m, uint64_t seed);
+
 int
 rl_model_init_random(rl_model **out, const rl_config *cfg, rl_ops *ops, uint64_t seed)
 {
@@ -492,6 +496,8 @@ rl_model_init_random(rl_model **out, const rl_config *cfg, rl_ops *ops, uint64_t
 		if ((rv = rl_model_set(m, i, buf)) != 0)
 			goto out;
 	}
+	if (cfg->seq_cls && (rv = init_score(m, seed)) != 0)
+		goto out;
 	*out = m;
 	m = NULL;
 out:
@@ -709,8 +715,115 @@ check_hub_id(const char *dir)
 	return RL_ENOENT;
 }
 
+/* A reward model's head: score.weight [1, C] (and score.bias [1] where an
+ * exporter wrote one; transformers' classes have none) into the value head. */
+static int
+load_score(rl_model *m, const rl_st_set *set, const char *dir, float *buf)
+{
+	const int64_t C = m->cfg.hidden_size;
+	const char *file = NULL;
+	const rl_st_tensor *w = rl_st_set_find(set, "score.weight", &file);
+	const rl_st_tensor *b;
+	int rv;
+
+	if (w == NULL) {
+		rl_error("'%s': no tensor 'score.weight': config.json names a ...ForSequenceClassification", dir);
+		return RL_ENOENT;
+	}
+	if (w->ndim != 2 || w->shape[0] != 1 || w->shape[1] != C) {
+		char got[64] = "";
+		for (int d = 0; d < w->ndim && strlen(got) < 40; d++)
+			snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
+			    (long long)w->shape[d]);
+		rl_error("'%s': tensor 'score.weight' has shape [%s]; a reward model's head is [1, %lld] "
+		    "(one label, hidden_size %lld)", file, got, (long long)C, (long long)C);
+		return RL_ESHAPE;
+	}
+	if ((rv = rl_model_add_value_head(m, NULL, 0)) != 0)
+		return rv;
+	buf[C] = 0;
+	if ((rv = rl_st_to_f32(buf, w, 0, w->nelem)) != 0 ||
+	    (rv = rl_check_finite(buf, (size_t)C, file, "score.weight")) != 0)
+		return rv;
+	if ((b = rl_st_set_find(set, "score.bias", &file)) != NULL) {
+		if (b->nelem != 1 || rl_st_to_f32(buf + C, b, 0, 1) != 0) {
+			rl_error("'%s': tensor 'score.bias' is not one float", file);
+			return RL_ESHAPE;
+		}
+	}
+	if ((rv = rl_model_set(m, m->vh_w, buf)) != 0 || (rv = rl_model_set(m, m->vh_b, buf + C)) != 0)
+		return rv;
+	return RL_OK;
+}
+
+int
+rl_model_score_index(const rl_config *c, const int32_t *tok, int n)
+{
+	int pad = c->pad_id;
+
+	if (pad < 0)
+		return n - 1;
+	for (int t = n - 1; t >= 0; t--)
+		if (tok[t] != pad)
+			return t;
+	return 0;
+}
+
+static int open_dir(rl_model **out, const char *dir, rl_ops *ops, int as_rm, uint64_t seed);
+
 int
 rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
+{
+	return open_dir(out, dir, ops, 0, 0);
+}
+
+int
+rl_model_open_rm(rl_model **out, const char *dir, rl_ops *ops, uint64_t seed)
+{
+	return open_dir(out, dir, ops, 1, seed);
+}
+
+/* A new score head, as transformers' _init_weights makes score when a
+ * checkpoint has none: normal(0, initializer_range), deterministic in seed. */
+static int
+init_score(rl_model *m, uint64_t seed)
+{
+	const int C = m->cfg.hidden_size;
+	double std = m->cfg.init_std > 0 ? m->cfg.init_std : 0.02;
+	float *buf;
+	int rv;
+
+	if ((rv = rl_model_add_value_head(m, NULL, seed)) != 0)
+		return rv;
+	buf = rl_xcalloc((size_t)C, sizeof *buf);
+	for (int j = 0; j < C; j++) {
+		uint64_t k = 2 * (uint64_t)(m->tt.t[m->vh_w].off + (size_t)j);
+		double u1 = rl_rng_uniform(seed, k), u2 = rl_rng_uniform(seed, k + 1);
+		buf[j] = (float)(std * sqrt(-2.0 * log1p(-u1)) * cos(2.0 * M_PI * u2));
+	}
+	rv = rl_model_set(m, m->vh_w, buf);
+	free(buf);
+	rl_verbose("score head initialised: normal(0, %g), seed %llu", std, (unsigned long long)seed);
+	return rv;
+}
+
+/* A causal LM opened as a reward model: the new head (init_score), or PPO's
+ * value head file in dir where there is one. */
+static int
+new_score(rl_model *m, const char *dir, uint64_t seed)
+{
+	size_t n = strlen(dir) + sizeof RL_VALUE_HEAD_FILE + 2;
+	char *path = rl_xmalloc(n);
+	int rv;
+
+	snprintf(path, n, "%s/%s", dir, RL_VALUE_HEAD_FILE);
+	rv = access(path, F_OK) == 0 ? rl_model_add_value_head(m, dir, seed) : init_score(m, seed);
+	free(path);
+	return rv;
+}
+
+static int
+open_dir(rl_model **out, const char *dir, rl_ops *ops, int as_rm, uint64_t seed)
 {
 	rl_config cfg = { 0 };
 	rl_model *m = NULL;
@@ -718,7 +831,7 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 	float *buf = NULL;
 	char *path = NULL;
 	size_t maxn = 0, plen = strlen(dir) + 32;
-	int rv, used = 0, total = 0, big = 0, vision = 0;
+	int rv, used = 0, total = 0, big = 0, vision = 0, was_lm = 0;
 	const char *unknown = NULL;
 
 	*out = NULL;
@@ -730,6 +843,14 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 		goto out;
 	if ((rv = rl_st_set_open(&set, dir)) != 0)
 		goto out;
+	if (as_rm && !cfg.seq_cls) {
+		/* a causal LM becomes a reward model: its lm_head is dropped; without a
+		 * pad id its EOS pads (TRL's reward scripts), the one saved and read by */
+		cfg.seq_cls = 1;
+		if (cfg.pad_id < 0)
+			cfg.pad_id = cfg.eos_id;
+		was_lm = 1;
+	}
 	if ((rv = model_new(&m, &cfg, ops, set, dir)) != 0)
 		goto out;
 	m->src_dir = rl_xstrdup(dir);
@@ -738,7 +859,8 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 			maxn = m->tt.t[i].n;
 			big = i;
 		}
-	if ((buf = rl_try_malloc(maxn * sizeof(float), "the load buffer")) == NULL) {
+	/* + 1: the score head's weight and bias (load_score) */
+	if ((buf = rl_try_malloc((maxn + 1) * sizeof(float), "the load buffer")) == NULL) {
 		rl_error("'%s': cannot allocate the %zu bytes of tensor '%s'", dir, maxn * sizeof(float),
 		    m->tt.t[big].name);
 		rv = RL_ENOMEM;
@@ -763,6 +885,10 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 	}
 	if (m->cfg.tie_embeddings && (rv = check_tied_head(m, set, buf)) != 0)
 		goto out;
+	if (m->cfg.seq_cls && !was_lm && (rv = load_score(m, set, dir, buf)) != 0)
+		goto out;
+	if (was_lm && (rv = new_score(m, dir, seed)) != 0)
+		goto out;
 	for (int f = 0; f < set->nfiles; f++)
 		for (int j = 0; j < set->files[f]->n; j++) {
 			const char *nm = set->files[f]->t[j].name;
@@ -775,7 +901,8 @@ rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 			snprintf(full, sizeof full, "transformer.%s", nm);
 			if (rl_ttable_find(&m->tt, nm) < 0 && rl_ttable_find(&m->tt, full) < 0 &&
 			    !known_extra(nm) && strcmp(nm, "lm_head.weight") != 0 && unknown == NULL &&
-			    strncmp(nm, "model.language_model.", 21) != 0 && strncmp(nm, "language_model.", 15) != 0)
+			    strncmp(nm, "model.language_model.", 21) != 0 && strncmp(nm, "language_model.", 15) != 0 &&
+			    !(m->cfg.seq_cls && strncmp(nm, "score.", 6) == 0))
 				unknown = nm;
 		}
 	if (vision > 0)

@@ -138,10 +138,28 @@ struct rl_model {
  * hold NaN or inf generate garbage with log-probs "nan"; better to stop. */
 int rl_check_finite(const float *x, size_t n, const char *file, const char *name);
 int rl_model_open(rl_model **out, const char *dir, rl_ops *ops);
+/* rl_model_open for a reward model (cfg.seq_cls, docs/reward.md).  Any
+ * directory rl_model_open reads with a ...ForSequenceClassification config
+ * is one already: the trunk, and score.weight [1, C] (RL_ESHAPE otherwise)
+ * as the value head (bias 0), no lm_head.  rl_model_open_rm also takes a
+ * causal LM: its lm_head is dropped and the score head is new, normal(0,
+ * initializer_range) from seed as transformers initialises it, or PPO's
+ * DIR/value_head.safetensors where there is one.  Either way m->val of a
+ * forward is the score of each position. */
+int rl_model_open_rm(rl_model **out, const char *dir, rl_ops *ops, uint64_t seed);
+/* The position a reward model reads the score of a sequence tok[0..n) at, as
+ * transformers' ...ForSequenceClassification does: the last token that is
+ * not c->pad_id (pad_token_id; rl_model_open_rm sets it to the EOS id for a
+ * causal LM without one, which is then saved), so trailing pads (and an EOS
+ * when it pads) do not count; 0 when every token is one; n - 1 when there is
+ * no pad id (transformers: a batch of one row). */
+int rl_model_score_index(const rl_config *c, const int32_t *tok, int n);
 /* rl_model_init_random builds a model from cfg with Hugging Face's init:
  * normal(0, 0.02) for embeddings and projections, GPT-2's residual
  * projections (attn.c_proj, mlp.c_proj) normal(0, 0.02/sqrt(2L)), norm
- * weights 1, biases 0.  Deterministic in seed (counter-based, rng.h). */
+ * weights 1, biases 0.  Deterministic in seed (counter-based, rng.h).  A
+ * reward model's config (cfg->seq_cls) gets its score head, normal(0,
+ * initializer_range). */
 int rl_model_init_random(rl_model **out, const rl_config *cfg, rl_ops *ops, uint64_t seed);
 void rl_model_close(rl_model *m);
 /* Number of parameters (without padding). */

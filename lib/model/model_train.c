@@ -439,7 +439,14 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 		layer_fwd(m, l);
 	rli_model_norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, at(a->res, (size_t)c->n_layer * sN * C, s),
 	    m->lnf_w, m->lnf_b, N);
-	for (int r0 = 0; r0 < N; r0 += a->chunk) {
+	/* a reward model scoring (no gradients): the scores are all it needs, the
+	 * (N, V) head is skipped and the log-probs are 0 */
+	const int score_only = c->seq_cls && m->grads == NULL && m->vh_w >= 0;
+	if (score_only) {
+		o->zero(o, a->lp, (size_t)N * 4);
+		o->zero(o, a->ent, (size_t)N * 4);
+	}
+	for (int r0 = 0; r0 < N && !score_only; r0 += a->chunk) {
 		int n = RL_MIN(a->chunk, N - r0);
 		const void *x = at(a->lnf, (size_t)r0 * C, s);
 		if (a->ld != V) {
@@ -453,7 +460,7 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 		o->logprob_fwd(o, a->lp + r0, a->ent + r0, a->lse_out + r0, a->logits, a->tgt + r0, n, V,
 		    a->inv_temp);
 	}
-	a->logits_kept = N <= a->chunk;
+	a->logits_kept = N <= a->chunk && !score_only;
 	if (m->vh_w >= 0) {
 		o->matmul_fwd(o, a->vout, a->lnf, W(m, m->vh_w), W(m, m->vh_b), N, C, 1);
 		o->cast(o, a->val, RL_F32, a->vout, o->act_dtype, (size_t)N);

@@ -219,8 +219,9 @@ typedef struct rl_reward_stats {
 	size_t exec_failed[RL_EXEC_STATUS_COUNT]; /* --exec results by status */
 	double reward_sum;      /* over records that did not fail */
 	size_t judge_failed[RL_EXEC_STATUS_COUNT]; /* --judge results by status */
-	double comp_sum[RL_REWARD_MAX_TASKS + 2]; /* per task, then exec, then judge */
-	size_t comp_n[RL_REWARD_MAX_TASKS + 2];
+	double comp_sum[RL_REWARD_MAX_TASKS + 3]; /* per task, then exec, judge, model */
+	size_t comp_n[RL_REWARD_MAX_TASKS + 3];
+	size_t model_failed;    /* ... records the --model component could not score */
 	size_t overlong_failed; /* ... records without a length budget for the overlong penalty */
 	size_t overlong_n;      /* records the overlong penalty lowered */
 	double overlong_sum;    /* the sum of their penalties */
@@ -234,6 +235,15 @@ typedef struct rl_reward_scorer {
 	double exec_weight;
 	rl_reward_judge *judge;   /* NULL: no --judge component */
 	double judge_weight;
+	/* A learned component, meta.scores.model (rl-reward --model: the reward
+	 * model scorer of lib/rollout/rmscore.h, which this floor cannot
+	 * include): scores recs[0..n) into score[i], or sets why[i] (a string
+	 * valid until the next call) for a record it cannot score, which then
+	 * fails as one without ground truth does; non-zero for a failure of the
+	 * process.  NULL: no such component. */
+	int (*model_fn)(void *ctx, double *score, const char **why, rl_traj *const *recs, size_t n);
+	void *model_ctx;
+	double model_weight;
 	rl_reward_stats st;
 } rl_reward_scorer;
 

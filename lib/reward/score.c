@@ -22,11 +22,12 @@
 
 /* ---- scoring records --------------------------------------------------------------- */
 
-/* The components in order: the tasks, then --exec, then --judge. */
+/* The components in order: the tasks, then --exec, --judge and --model,
+ * each when present. */
 static size_t
 ncomp(const rl_reward_scorer *s)
 {
-	return s->ntasks + (s->exec != NULL) + (s->judge != NULL);
+	return s->ntasks + (s->exec != NULL) + (s->judge != NULL) + (s->model_fn != NULL);
 }
 
 static const char *
@@ -34,7 +35,12 @@ comp_name(const rl_reward_scorer *s, size_t i)
 {
 	if (i < s->ntasks)
 		return s->tasks[i].name;
-	return s->exec && i == s->ntasks ? "exec" : "judge";
+	i -= s->ntasks;
+	if (s->exec && i-- == 0)
+		return "exec";
+	if (s->judge && i-- == 0)
+		return "judge";
+	return "model";
 }
 
 static void
@@ -142,9 +148,11 @@ ext_component(const char *name, const rl_reward_exec_result *r, double w, double
 	counts[r->status]++;
 }
 
-/* Scores one record; er and jr are its --exec and --judge results or NULL. */
+/* Scores one record; er and jr are its --exec and --judge results or NULL,
+ * msc and mwhy its --model score or why there is none. */
 static int
-score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er, const rl_reward_exec_result *jr)
+score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er, const rl_reward_exec_result *jr,
+    double msc, const char *mwhy)
 {
 	const char *resp = NULL, *mtext = NULL, *why;
 	size_t rn = 0, mn = 0, ntok = 0, nc = s->ntasks;
@@ -152,8 +160,8 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er, cons
 	long ntokens = -1;
 	cJSON *meta = NULL;
 	char err[1024] = "";
-	double total = 0, sc[RL_REWARD_MAX_TASKS + 2], pen = 0;
-	int ok[RL_REWARD_MAX_TASKS + 2] = { 0 }, failed = 0, bad_truth = 0, rv = 0, has_pen = 0;
+	double total = 0, sc[RL_REWARD_MAX_TASKS + 3], pen = 0;
+	int ok[RL_REWARD_MAX_TASKS + 3] = { 0 }, failed = 0, bad_truth = 0, rv = 0, has_pen = 0;
 
 	if (rl_traj_get_str(t, RL_TAG_RESPONSE_TEXT, &resp, &rn) != 0)
 		resp = NULL;
@@ -200,9 +208,22 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er, cons
 		    s->st.exec_failed);
 		nc++;
 	}
-	if (s->judge)
+	if (s->judge) {
 		ext_component("judge", jr, s->judge_weight, &sc[nc], &ok[nc], &total, err, sizeof err, &failed,
 		    s->st.judge_failed);
+		nc++;
+	}
+	if (s->model_fn) {
+		if (mwhy == NULL) {
+			sc[nc] = msc;
+			ok[nc] = 1;
+			total += s->model_weight * msc;
+		} else {
+			add_reason(err, sizeof err, "model", mwhy);
+			failed = 1;
+			s->st.model_failed++;
+		}
+	}
 	if (s->opts.overlong_buffer > 0) {
 		if ((why = overlong_of(s, t, ntokens, &pen)) != NULL) {
 			add_reason(err, sizeof err, "overlong", why);
@@ -259,6 +280,8 @@ int
 rl_reward_score_records(rl_reward_scorer *s, rl_traj *const *recs, size_t n)
 {
 	rl_reward_exec_result *res = NULL, *jres = NULL;
+	double *msc = NULL;
+	const char **mwhy = NULL;
 	const char **lines = NULL;
 	size_t *lens = NULL, *off = NULL;
 	rl_buf buf;
@@ -299,11 +322,24 @@ rl_reward_score_records(rl_reward_scorer *s, rl_traj *const *recs, size_t n)
 		if ((rv = rl_reward_judge_run(s->judge, jres, recs, n)) != 0)
 			goto out;
 	}
+	if (s->model_fn && n > 0) {
+		msc = rl_try_calloc(n, sizeof *msc, "model scores");
+		mwhy = rl_try_calloc(n, sizeof *mwhy, "model scores");
+		if (!msc || !mwhy) {
+			rv = RL_ENOMEM;
+			goto out;
+		}
+		if ((rv = s->model_fn(s->model_ctx, msc, mwhy, recs, n)) != 0)
+			goto out;
+	}
 	for (size_t i = 0; i < n; i++)
-		if ((rv = score_one(s, recs[i], res ? &res[i] : NULL, jres ? &jres[i] : NULL)) != 0)
+		if ((rv = score_one(s, recs[i], res ? &res[i] : NULL, jres ? &jres[i] : NULL, msc ? msc[i] : 0,
+		    mwhy ? mwhy[i] : NULL)) != 0)
 			goto out;
 out:
 	rl_buf_fini(&buf);
+	free(msc);
+	free(mwhy);
 	free(res);
 	free(jres);
 	free(lines);
@@ -326,9 +362,11 @@ rl_reward_stream(rl_reward_scorer *s, rl_traj_reader *r, rl_traj_writer *w, size
 		return RL_ENOMEM;
 	for (;;) {
 		rl_traj *t = NULL;
-		if (rl_traj_reader_drained(r)) {
+		if (s->model_fn ? rl_traj_reader_would_wait(r) : rl_traj_reader_drained(r)) {
 			/* about to wait on the input: what is pending goes downstream first
-			 * (in a pipe the next stage may be waiting for exactly these) */
+			 * (in a pipe the next stage may be waiting for exactly these); a
+			 * reward model's forward wants full batches, so it flushes only
+			 * when a live input has nothing more yet */
 			if (np > 0) {
 				if ((rv = rl_reward_score_records(s, pend, np)) != 0)
 					goto out;
@@ -483,6 +521,9 @@ rl_reward_stats_print(const rl_reward_scorer *s, double seconds)
 		if (st->out_of_range && k < sizeof line)
 			k += (size_t)snprintf(line + k, sizeof line - k, " %zu with a weighted sum outside the f32 range,",
 					      st->out_of_range);
+		if (st->model_failed && k < sizeof line)
+			k += (size_t)snprintf(line + k, sizeof line - k, " %zu the reward model could not score,",
+					      st->model_failed);
 		if (st->overlong_failed && k < sizeof line)
 			k += (size_t)snprintf(line + k, sizeof line - k, " %zu without a length budget for the overlong penalty,",
 					      st->overlong_failed);

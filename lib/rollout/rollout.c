@@ -49,6 +49,12 @@ open_model(gen *g)
 	    (o->adapter_dir && (rv = rl_model_apply_adapter(g->m, o->adapter_dir)) != 0) ||
 	    (rv = rl_tokenizer_open(&g->tok, o->model_dir)) != 0)
 		return rv;
+	if (g->m->cfg.seq_cls) {
+		rl_error("'%s' is a reward model (...ForSequenceClassification): it has no language-model head "
+		    "to generate or score log-probs with", o->model_dir);
+		rl_hint("score records with it: rl-reward --model '%s'", o->model_dir);
+		return RL_EINVAL;
+	}
 	if (o->no_think && (o->tmpl != RL_CHAT_AUTO || !rl_tokenizer_chat_thinking(g->tok))) {
 		rl_error("--no-thinking: the %s chat template has no enable_thinking switch",
 		    o->tmpl != RL_CHAT_AUTO ? rl_chat_template_name(o->tmpl) : "model's");

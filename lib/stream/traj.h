@@ -315,6 +315,11 @@ uint64_t rl_traj_reader_offset(const rl_traj_reader *r);
  * a filter in a pipe flushes its output then, or it may wait on its input
  * while holding records its reader downstream waits for. */
 int rl_traj_reader_drained(const rl_traj_reader *r);
+/* 1 when drained and reading more would wait (a pipe with nothing to read
+ * now, rl_io_would_wait); 0 for regular files: a filter that batches its
+ * work (rl-reward --model) fills its batches from a file and flushes only
+ * when a live producer has nothing more yet. */
+int rl_traj_reader_would_wait(rl_traj_reader *r);
 
 /* Writer to a FILE (borrowed; flushed, not closed), a file descriptor
  * (borrowed) or a growable buffer (borrowed).  Binary writers collect records

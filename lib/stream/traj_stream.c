@@ -534,6 +534,14 @@ jsonl_would_wait(rl_traj_reader *r)
 }
 
 int
+rl_traj_reader_would_wait(rl_traj_reader *r)
+{
+	if (r->src == SRC_MEM || r->eof || r->live == 2 || !rl_traj_reader_drained(r))
+		return 0;
+	return r->src == SRC_FD ? rl_io_would_wait(NULL, r->fd, &r->live) : rl_io_would_wait(r->f, -1, &r->live);
+}
+
+int
 rl_traj_reader_next_batch(rl_traj_reader *r, rl_traj_batch **b)
 {
 	int rv;

@@ -1031,7 +1031,8 @@ out:
 /* ---- rm: a Bradley-Terry reward model (docs/train.md, "Reward models") ----
  * The score of a sequence is the score head (the value head's linear layer,
  * rl_model_add_value_head) on the final hidden state of its last token, as
- * transformers' ...ForSequenceClassification reads the last non-pad token;
+ * transformers' ...ForSequenceClassification reads the last non-pad token
+ * (rl_model_score_index: a trailing EOS that pads is not read);
  * a pair's loss is -log sigmoid(s_chosen - s_rejected), the mean over the
  * update's P pairs.  Rows hold every token (no next-token targets). */
 static int
@@ -1062,8 +1063,10 @@ rm_micro(trainer *tr, const seqref *sq, int B, int P, mstat *ms)
 	memset(tr->h_dv, 0, sizeof(float) * (size_t)N);
 	memset(tr->h_adv, 0, sizeof(float) * (size_t)N);
 	for (int r = 0; r < B; r += 2) {
-		int kc = r * T + sq[r].s->plen + sq[r].s->rlen - 1;
-		int kr = (r + 1) * T + sq[r + 1].s->plen + sq[r + 1].s->rlen - 1;
+		const rl_config *c = &tr->m->cfg;
+		int kc = r * T + rl_model_score_index(c, tr->h_tok + r * T, sq[r].s->plen + sq[r].s->rlen);
+		int kr = (r + 1) * T + rl_model_score_index(c, tr->h_tok + (r + 1) * T,
+		    sq[r + 1].s->plen + sq[r + 1].s->rlen);
 		double sc = tr->h_v[kc], sr = tr->h_v[kr], m = sc - sr;
 		/* -log sigmoid(m) = log1p(exp(-m)), stable on both sides */
 		double loss = m > 0 ? log1p(exp(-m)) : -m + log1p(exp(m));

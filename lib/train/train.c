@@ -220,6 +220,30 @@ open_lora(trainer *tr, const char *dir)
 	return rv;
 }
 
+/* The model trained, from dir: a reward model (--algo rm) opens as one (a
+ * causal LM gets a new score head, model.h), any other algorithm needs a
+ * language model. */
+static int
+open_policy(trainer *tr, const char *dir, int resumed)
+{
+	const rl_train_opts *o = tr->o;
+	int rv;
+
+	if (o->lora_rank > 0)
+		return open_lora(tr, resumed ? dir : NULL);
+	if (o->algo == RL_ALGO_RM)
+		return rl_model_open_rm(&tr->m, dir, tr->ops, o->seed);
+	if ((rv = rl_model_open(&tr->m, dir, tr->ops)) != 0)
+		return rv;
+	if (tr->m->cfg.seq_cls) {
+		rl_error("'%s' is a reward model (%s has no language-model head): --algo %s trains a policy",
+		    dir, "...ForSequenceClassification", rl_algo_name(o->algo));
+		rl_hint("give it to rl-reward --model, or train it further with --algo rm");
+		return RL_EINVAL;
+	}
+	return RL_OK;
+}
+
 /* --resume auto (the default): resume when --out holds a full checkpoint,
  * start fresh when it is absent or holds no step directory; step
  * directories without any full checkpoint (a run killed before its first)
@@ -306,7 +330,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 		    (tr->rank == 0 && (rv = rli_runfile_check(o)) != 0) ||
 		    (tr->rank == 0 && (rv = rli_save_prepare_out(o, rstep)) != 0) ||
 		    (tr->rank == 0 && (rv = rli_runfile_write(o)) != 0) ||
-		    (rv = o->lora_rank > 0 ? open_lora(tr, dir) : rl_model_open(&tr->m, dir, tr->ops)) != 0)
+		    (rv = open_policy(tr, dir, 1)) != 0)
 			return rv;
 	} else {
 		if (!o->model_dir) {
@@ -316,7 +340,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 		}
 		if ((tr->rank == 0 && (rv = rli_save_prepare_out(o, -1)) != 0) ||
 		    (tr->rank == 0 && (rv = rli_runfile_write(o)) != 0) ||
-		    (rv = o->lora_rank > 0 ? open_lora(tr, NULL) : rl_model_open(&tr->m, o->model_dir, tr->ops)) != 0)
+		    (rv = open_policy(tr, o->model_dir, 0)) != 0)
 			return rv;
 	}
 	if (tr->resumed && (o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM)) {

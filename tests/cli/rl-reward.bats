@@ -88,7 +88,7 @@ setup() {
 @test "--batch without --exec or --queue is said to be ignored, not silently dropped" {
 	run --separate-stderr rl-reward --task gsm8k --batch 8 --jsonl "$FIX/gsm8k.jsonl"
 	assert_success
-	[[ "$stderr" == *"warning: --batch applies to --exec and --queue only: ignored"* ]]
+	[[ "$stderr" == *"warning: --batch applies to --exec, --judge, --model and --queue only: ignored"* ]]
 	run --separate-stderr rl-reward --task gsm8k --jsonl "$FIX/gsm8k.jsonl"
 	[[ "$stderr" != *"--batch"* ]]
 }

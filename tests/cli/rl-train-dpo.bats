@@ -175,16 +175,21 @@ check() {
 	M=m0rm check
 	args=(--algo rm --batch 4 --lr 1e-2)
 	rl-train -q -m "$TD/m0rm" --out "$TD/rm" --metrics "$TD/rm.json" "${args[@]}" "$TD/pairs.jsonl"
-	[ -s "$TD/rm/step-00000004/value_head.safetensors" ]
+	# transformers' LlamaForSequenceClassification: score.weight in model.safetensors
+	[ ! -e "$TD/rm/step-00000004/value_head.safetensors" ]
+	run -0 jq -c '[.architectures, .id2label, .label2id]' "$TD/rm/step-00000004/config.json"
+	[ "$output" = '[["Qwen2ForSequenceClassification"],{"0":"LABEL_0"},{"LABEL_0":0}]' ]
 	run -0 jq -s '.[3]["actor/rm_loss"] < .[0]["actor/rm_loss"]' "$TD/rm.json"
 	[ "$output" = true ]
 	rl-train -q -m "$TD/m0rm" --out "$TD/rr" --max-steps 2 "${args[@]}" "$TD/pairs.jsonl"
 	rl-train -q -m "$TD/m0rm" --out "$TD/rr" --resume "${args[@]}" "$TD/pairs.jsonl"
 	cmp "$TD/rr/step-00000004/model.safetensors" "$TD/rm/step-00000004/model.safetensors"
-	cmp "$TD/rr/step-00000004/value_head.safetensors" "$TD/rm/step-00000004/value_head.safetensors"
 	# from a causal LM (no score head): a new head, trained
 	rl-train -q -m "$TD/m0" --out "$TD/rn" --max-steps 1 "${args[@]}" "$TD/pairs.jsonl"
-	[ -s "$TD/rn/step-00000001/value_head.safetensors" ]
+	jq -e '.weight_map["score.weight"]' "$TD/rn/step-00000001/model.safetensors.index.json"
+	# a reward model is no policy
+	run -1 --separate-stderr rl-train -q -m "$TD/rn/step-00000001" --out "$TD/rp" --algo grpo "$TD/recs.jsonl"
+	[[ "$stderr" == *"is a reward model"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/rk" --algo rm --ref "$TD/m1" "$TD/pairs.jsonl"
 	[[ "$stderr" == *"--algo rm: a reward model has no reference policy"* ]]
 }
