@@ -331,7 +331,7 @@ rli_ws_auth_sign(uint8_t *msg, size_t len)
 	rli_auth_stamp(&t, &nonce);
 	put64(msg + WS_HDR, t);
 	put64(msg + WS_HDR + 8, nonce);
-	rli_auth_mac(msg + WS_HDR + 16, msg, WS_HDR + 16, msg + WS_AUTH_HDR, len - WS_AUTH_HDR);
+	rli_auth_seal(msg + WS_HDR + 16, msg, WS_HDR + 16, msg + WS_AUTH_HDR, len - WS_AUTH_HDR);
 }
 
 int
@@ -346,9 +346,9 @@ rli_ws_auth_check(const uint8_t *msg, size_t len, const char **why)
 		    "as the server's; clients older than the key do not have the option)";
 		return RL_EINVAL;
 	}
-	rli_auth_mac(mac, msg, WS_HDR + 16, msg + WS_AUTH_HDR, len - WS_AUTH_HDR);
+	rli_auth_seal(mac, msg, WS_HDR + 16, msg + WS_AUTH_HDR, len - WS_AUTH_HDR);
 	if (!rli_auth_equal(mac, msg + WS_HDR + 16, sizeof mac)) {
-		*why = "wrong shared key: the request's HMAC does not match this rl-sync server's --auth-key-file";
+		*why = "wrong shared key: the request's MAC does not match this rl-sync server's --auth-key-file";
 		return RL_EINVAL;
 	}
 	return rli_auth_fresh(get64(msg + WS_HDR), get64(msg + WS_HDR + 8), why);

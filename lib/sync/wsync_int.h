@@ -26,8 +26,9 @@
 #define WS_PROTO 1
 #define WS_HDR 40
 /* A request made with a shared key (--auth-key-file) has header length 88:
- * bytes 40..47 u64 time (Unix ns), 48..55 u64 nonce, 56..87 HMAC-SHA256
- * with the key over bytes 0..55 then everything from byte 88.  A keyed
+ * bytes 40..47 u64 time (Unix ns), 48..55 u64 nonce, 56..87 the MAC of
+ * rli_auth_seal (base/auth.h) with a = bytes 0..55 and b = everything from
+ * byte 88.  A keyed
  * server refuses a request with a shorter header, a wrong HMAC, a stale time
  * or a seen (time, nonce) (base/auth.h); the protocol version stays 1, as a
  * server without a key skips the longer header. */
