@@ -7,12 +7,17 @@
 # samples all done and none trained staler than --max-staleness.
 #
 #   bench/soak.sh [--seed S] [--kills K] [--prompts N] [--timeout S] [--keep]
+#                 [--stale drop|regen] [--stages broker,gen,rew,train]
+#
+# --stale is the broker's (default regen); --stages the stages that may be
+# killed (default all four).  With --stale drop no group may be dropped as
+# stale: the gate keeps live groups fresh, so a drop is one a kill caused.
 #
 # Prints one JSON line (kills survived, groups checked); exit 1 with the seed
 # on any failure.  Needs the rl-* programs on PATH.  tests/cli/soak.bats runs
 # it CI-sized; longer runs are the benchmark (bench/RESULTS.md).
 set -u
-SEED=$RANDOM KILLS=6 N=40 TMO=120 KEEP=0
+SEED=$RANDOM KILLS=6 N=40 TMO=120 KEEP=0 STALE=regen STAGES=broker,gen,rew,train
 while [ $# -gt 0 ]; do
 	case $1 in
 	--seed) SEED=$2; shift ;;
@@ -20,11 +25,19 @@ while [ $# -gt 0 ]; do
 	--prompts) N=$2; shift ;;
 	--timeout) TMO=$2; shift ;;
 	--keep) KEEP=1 ;;
-	*) echo "usage: bench/soak.sh [--seed S] [--kills K] [--prompts N] [--timeout S] [--keep]" >&2; exit 2 ;;
+	--stale) STALE=$2; shift ;;
+	--stages) STAGES=$2; shift ;;
+	*) echo "usage: bench/soak.sh [--seed S] [--kills K] [--prompts N] [--timeout S] [--keep]" \
+	        "[--stale drop|regen] [--stages broker,gen,rew,train]" >&2; exit 2 ;;
 	esac
 	shift
 done
 RANDOM=$SEED
+case $STALE in drop|regen) ;; *) echo "soak: --stale: bad value '$STALE' (drop or regen)" >&2; exit 2 ;; esac
+IFS=, read -r -a KILLABLE <<< "$STAGES"
+for s in "${KILLABLE[@]}"; do
+	case $s in broker|gen|rew|train) ;; *) echo "soak: --stages: bad stage '$s' (broker, gen, rew, train)" >&2; exit 2 ;; esac
+done
 BATCH=2 SAMPLES=2 K=2
 [ $((N % BATCH)) -eq 0 ] || { echo "soak: --prompts must be a multiple of $BATCH" >&2; exit 2; }
 STEPS=$((N / BATCH))
@@ -63,7 +76,7 @@ URL="tcp://127.0.0.1:$PORT"
 # each stage by its own pid (exec), its log appended across restarts
 start() {
 	case $1 in
-	broker) (exec rl-queue serve -q -l "$URL" --data-dir "$W/q" -k $K -b $BATCH --stale regen -t 1) \
+	broker) (exec rl-queue serve ${SOAK_BROKER_V:--q} -l "$URL" --data-dir "$W/q" -k $K -b $BATCH --stale $STALE -t 1) \
 	            2>>"$W/broker.log" & ;;
 	gen) (exec rl-rollout -q -m "$W/m0" --queue "$URL" --weights-from "$W/ck" -n $SAMPLES --max-tokens 2 \
 	            --seed 1 --broker-timeout 60) 2>>"$W/gen.log" & ;;
@@ -99,11 +112,10 @@ start train
 
 kills=0
 while [ "$kills" -lt "$KILLS" ]; do
-	# 0.2 to 1.2 s, then one of the four stages
+	# 0.2 to 1.2 s, then one of the stages that may be killed
 	sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", 0.2 + r / 32768 }')"
 	kill -0 "${PID[train]}" 2>/dev/null || break   # the run is over
-	s=(broker gen rew train)
-	s=${s[$((RANDOM % 4))]}
+	s=${KILLABLE[$((RANDOM % ${#KILLABLE[@]}))]}
 	kill -KILL "${PID[$s]}" 2>/dev/null
 	wait "${PID[$s]}" 2>/dev/null
 	if [ "$s" = train ] && grep -q "holds .* step directories .* but no full checkpoint" "$W/train.log"; then
@@ -143,8 +155,9 @@ q = json.load(open(stat))
 t = q["total"]
 assert t["done"] == n * samples, "the broker counts %d samples done, not %d" % (t["done"], n * samples)
 assert sum(q["staleness"][k + 1:]) == 0, "samples trained staler than K=%d: %s" % (k, q["staleness"])
+assert t["stale_dropped"] == 0, "%d samples dropped as stale" % t["stale_dropped"]
 PY
-printf '{"bench":"soak","seed":%s,"kills":%d,"broker":%d,"generator":%d,"reward":%d,"trainer":%d,"groups_checked":%d,"samples_checked":%d,"steps":%d,"wall_s":%.1f}\n' \
-	"$SEED" "$kills" "$KILLED_BROKER" "$KILLED_GEN" "$KILLED_REW" "$KILLED_TRAIN" "$N" $((N * SAMPLES)) "$STEPS" \
+printf '{"bench":"soak","seed":%s,"stale":"%s","kills":%d,"broker":%d,"generator":%d,"reward":%d,"trainer":%d,"groups_checked":%d,"samples_checked":%d,"steps":%d,"wall_s":%.1f}\n' \
+	"$SEED" "$STALE" "$kills" "$KILLED_BROKER" "$KILLED_GEN" "$KILLED_REW" "$KILLED_TRAIN" "$N" $((N * SAMPLES)) "$STEPS" \
 	"$(echo "$t1 - $t0" | bc)"
 [ "$KEEP" = 1 ] || rm -rf "$W"

@@ -49,7 +49,11 @@ static const char usage_text[] =
 	"  -t, --lease-timeout S    seconds a lease lasts unless renewed (default 60)\n"
 	"  -m, --max-bytes SIZE     memory bound on stored records; producers are\n"
 	"                           told busy above it (k/M/G suffixes; default 1G)\n"
-	"      --max-msg SIZE       largest request accepted (default 64M)\n"
+	"      --max-msg SIZE       largest request accepted (default --max-bytes/64,\n"
+	"                           1M to 64M)\n"
+	"      --max-conns N        connections at once; bodies being received are\n"
+	"                           bounded by N x --max-msg (default --max-bytes /\n"
+	"                           --max-msg, at least 64)\n"
 	"      --compact-bytes SIZE compact the journal past this size (default 256M)\n"
 	"      --recover-journal    start from a journal damaged before its end with the\n"
 	"                           changes before the damage (the file is copied first)\n"
@@ -62,7 +66,7 @@ static const char usage_text[] =
 	"      --tls-cert FILE      tls+tcp://: this server's certificate (PEM)\n"
 	"      --tls-key FILE       its private key (PEM)\n"
 	"      --tls-ca FILE        require client certificates signed by this CA\n"
-	"      --auth-key-file FILE every request must carry an HMAC of this shared key\n"
+	"      --auth-key-file FILE every request must carry a MAC made with this shared key\n"
 	"                           (mode 600; allows a non-loopback --listen)\n"
 	"  -q, --quiet              print errors only\n"
 	"  -v, --verbose            print more\n"
@@ -90,7 +94,7 @@ stats_cb(void *arg, char **json)
 	return rl_qserve_stats_json(arg, json);
 }
 
-enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER,
+enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_MAX_CONNS, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER,
        OPT_LISTEN_PUBLIC, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_AUTH_KEY, OPT_AUTO_HOLD, OPT_AUTO_BUBBLE,
        OPT_AUTO_DRIFT, OPT_OVERSAMPLE, OPT_STRAGGLERS };
 
@@ -130,6 +134,7 @@ rlq_serve_main(int argc, char **argv)
 		{ "lease-timeout", required_argument, NULL, 't' },
 		{ "max-bytes", required_argument, NULL, 'm' },
 		{ "max-msg", required_argument, NULL, OPT_MAX_MSG },
+		{ "max-conns", required_argument, NULL, OPT_MAX_CONNS },
 		{ "compact-bytes", required_argument, NULL, OPT_COMPACT },
 		{ "contexts", required_argument, NULL, OPT_CONTEXTS },
 		{ "http", required_argument, NULL, OPT_HTTP },
@@ -242,6 +247,11 @@ rlq_serve_main(int argc, char **argv)
 				cfg.max_msg = (size_t)RL_MIN(sz, (uint64_t)UINT32_MAX);
 			else
 				cfg.queue.compact_bytes = sz;
+			break;
+		case OPT_MAX_CONNS:
+			if ((rv = rl_cli_int(c, optarg, 1, 65536, &v)) != 0)
+				return rv;
+			cfg.max_conns = (int)v;
 			break;
 		case OPT_CONTEXTS:
 			if ((rv = rl_cli_int(c, optarg, 8, 4096, &v)) != 0)

@@ -6,9 +6,11 @@
  * by the table.  A pair evicted by a collision before its window ends could
  * be replayed once; with 64 random bits per nonce that takes more than 2^16
  * requests inside the window, and TLS (tls+tcp://) closes that gap.
- * The HMAC is OpenSSL's (libcrypto): it uses the CPU's SHA instructions,
- * about ten times mbedTLS 2.28's SHA-256 here (1.3 GB/s against 0.13), and
- * a put's body passes through it on both ends.
+ * A request's proof (rli_auth_seal) runs its body through Poly1305, not
+ * HMAC-SHA256: the body passes through it on both ends, and OpenSSL's
+ * Poly1305 is ~6x its HMAC-SHA256 here (5.5 GB/s against 0.85 on 290 KB).
+ * Both are OpenSSL's (libcrypto); mbedTLS 2.28's SHA-256 was ten times
+ * slower still.
  * Leaves out: key rotation and per-client keys.
  */
 #include "base/auth.h"
@@ -34,6 +36,7 @@
 
 static uint8_t g_key[KEY_MAX];
 static size_t g_key_len;
+static unsigned g_key_gen = 1; /* bumped when the key changes: threads rekey their HMAC */
 static int g_env_tried;
 static pthread_mutex_t g_mtx = PTHREAD_MUTEX_INITIALIZER;
 static struct seen {
@@ -91,6 +94,7 @@ rli_auth_set_file(const char *path)
 	pthread_mutex_lock(&g_mtx);
 	memcpy(g_key, buf, len);
 	g_key_len = len;
+	g_key_gen++;
 	g_env_tried = 1;
 	pthread_mutex_unlock(&g_mtx);
 out:
@@ -122,35 +126,125 @@ rli_auth_clear(void)
 	pthread_mutex_lock(&g_mtx);
 	memset(g_key, 0, sizeof g_key);
 	g_key_len = 0;
+	g_key_gen++;
 	g_env_tried = 1;
 	memset(g_seen, 0, sizeof g_seen);
 	pthread_mutex_unlock(&g_mtx);
 }
 
+/* this thread's MAC contexts: the HMAC one keyed once per key (a fresh
+ * context costs more than hashing a small request), the Poly1305 one rekeyed
+ * per request */
+typedef struct macs {
+	EVP_MAC_CTX *hmac, *poly;
+	unsigned gen;
+} macs;
+
+static pthread_key_t g_macs_key;
+static pthread_once_t g_macs_once = PTHREAD_ONCE_INIT;
+
+static void
+macs_free(void *p)
+{
+	macs *m = p;
+
+	EVP_MAC_CTX_free(m->hmac);
+	EVP_MAC_CTX_free(m->poly);
+	free(m);
+}
+
+static void
+macs_once(void)
+{
+	(void)pthread_key_create(&g_macs_key, macs_free);
+}
+
+/* this thread's contexts with the HMAC one keyed with the current key, or NULL */
+static macs *
+macs_get(void)
+{
+	OSSL_PARAM par[2];
+	macs *m;
+	unsigned gen;
+
+	pthread_once(&g_macs_once, macs_once);
+	if ((m = pthread_getspecific(g_macs_key)) == NULL) {
+		EVP_MAC *h = EVP_MAC_fetch(NULL, "HMAC", NULL), *p = EVP_MAC_fetch(NULL, "POLY1305", NULL);
+		if ((m = calloc(1, sizeof *m)) != NULL && h && p) {
+			m->hmac = EVP_MAC_CTX_new(h);
+			m->poly = EVP_MAC_CTX_new(p);
+		}
+		EVP_MAC_free(h);
+		EVP_MAC_free(p);
+		if (!m || !m->hmac || !m->poly || pthread_setspecific(g_macs_key, m) != 0) {
+			if (m)
+				macs_free(m);
+			return NULL;
+		}
+	}
+	pthread_mutex_lock(&g_mtx);
+	gen = g_key_gen;
+	if (m->gen != gen) {
+		par[0] = OSSL_PARAM_construct_utf8_string("digest", (char *)"SHA256", 0);
+		par[1] = OSSL_PARAM_construct_end();
+		m->gen = EVP_MAC_init(m->hmac, g_key, g_key_len, par) == 1 ? gen : 0;
+	}
+	pthread_mutex_unlock(&g_mtx);
+	return m->gen ? m : NULL;
+}
+
+/* HMAC-SHA256 with the process's key over up to three parts; 0 on success */
+static int
+hmac3(macs *m, uint8_t mac[RLI_AUTH_MAC_LEN], const void *a, size_t alen, const void *b, size_t blen,
+      const void *c, size_t clen)
+{
+	size_t outl = 0;
+
+	/* a NULL key restarts the context with the key it holds */
+	return EVP_MAC_init(m->hmac, NULL, 0, NULL) == 1 && (!alen || EVP_MAC_update(m->hmac, a, alen) == 1) &&
+			(!blen || EVP_MAC_update(m->hmac, b, blen) == 1) &&
+			(!clen || EVP_MAC_update(m->hmac, c, clen) == 1) &&
+			EVP_MAC_final(m->hmac, mac, &outl, RLI_AUTH_MAC_LEN) == 1 && outl == RLI_AUTH_MAC_LEN
+		? 0
+		: -1;
+}
+
+/* a MAC nobody can match: the request is refused, never let through */
+static void
+mac_fail(uint8_t mac[RLI_AUTH_MAC_LEN])
+{
+	if (getrandom(mac, RLI_AUTH_MAC_LEN, 0) != RLI_AUTH_MAC_LEN)
+		memset(mac, 0xa5, RLI_AUTH_MAC_LEN);
+}
+
 void
 rli_auth_mac(uint8_t mac[RLI_AUTH_MAC_LEN], const void *a, size_t alen, const void *b, size_t blen)
 {
-	/* one MAC object per thread: fetching "HMAC" costs more than a small request */
-	static __thread EVP_MAC *m;
-	EVP_MAC_CTX *ctx = NULL;
-	OSSL_PARAM par[2];
-	size_t outl = 0;
-	int ok = 0;
+	macs *m = macs_get();
 
-	if (!m)
-		m = EVP_MAC_fetch(NULL, "HMAC", NULL);
-	par[0] = OSSL_PARAM_construct_utf8_string("digest", (char *)"SHA256", 0);
-	par[1] = OSSL_PARAM_construct_end();
-	if (m && (ctx = EVP_MAC_CTX_new(m)) != NULL && EVP_MAC_init(ctx, g_key, g_key_len, par) == 1 &&
-	    (!alen || EVP_MAC_update(ctx, a, alen) == 1) && (!blen || EVP_MAC_update(ctx, b, blen) == 1) &&
-	    EVP_MAC_final(ctx, mac, &outl, RLI_AUTH_MAC_LEN) == 1 && outl == RLI_AUTH_MAC_LEN)
-		ok = 1;
-	EVP_MAC_CTX_free(ctx);
-	if (!ok) {
-		/* a MAC nobody can match: the request is refused, never let through */
-		if (getrandom(mac, RLI_AUTH_MAC_LEN, 0) != RLI_AUTH_MAC_LEN)
-			memset(mac, 0xa5, RLI_AUTH_MAC_LEN);
-	}
+	if (!m || hmac3(m, mac, a, alen, b, blen, NULL, 0) != 0)
+		mac_fail(mac);
+}
+
+void
+rli_auth_seal(uint8_t mac[RLI_AUTH_MAC_LEN], const void *a, size_t alen, const void *b, size_t blen)
+{
+	static const char label[] = RLI_AUTH_BODY_LABEL;
+	uint8_t km[RLI_AUTH_MAC_LEN], tag[16];
+	macs *m = macs_get();
+	size_t outl = 0;
+	int ok;
+
+	/* Poly1305 takes a key used for one message only: the request's own
+	 * (time, nonce) in a make it so, as ChaCha20-Poly1305 derives its key
+	 * from the nonce.  The outer HMAC keeps the tag itself off the wire. */
+	ok = m && hmac3(m, km, label, sizeof label, a, alen, NULL, 0) == 0 &&
+	     EVP_MAC_init(m->poly, km, sizeof km, NULL) == 1 && (!blen || EVP_MAC_update(m->poly, b, blen) == 1) &&
+	     EVP_MAC_final(m->poly, tag, &outl, sizeof tag) == 1 && outl == sizeof tag &&
+	     hmac3(m, mac, a, alen, tag, sizeof tag, NULL, 0) == 0;
+	memset(km, 0, sizeof km);
+	if (!ok)
+		mac_fail(mac);
 }
 
 int

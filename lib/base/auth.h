@@ -32,6 +32,16 @@ void rli_auth_clear(void);
 
 /* HMAC-SHA256 with the process's key over a then b (either may be empty). */
 void rli_auth_mac(uint8_t mac[RLI_AUTH_MAC_LEN], const void *a, size_t alen, const void *b, size_t blen);
+/* The proof a request carries (qproto.h, wsync_int.h): with a the request's
+ * header (which holds its time and nonce) and b its body,
+ *   HMAC-SHA256(K, a || Poly1305(Km, b)),  Km = HMAC-SHA256(K, label || a)
+ * where label is RLI_AUTH_BODY_LABEL with its terminating zero (18 bytes).
+ * The body is hashed once, by Poly1305 (~6x HMAC-SHA256's speed) under a key
+ * that belongs to this request only and never crosses the wire: changing a
+ * changes Km, changing b needs a Poly1305 collision under an unknown key
+ * (chance about len(b)/2^100 per try). */
+#define RLI_AUTH_BODY_LABEL "rlpipe body key 1"
+void rli_auth_seal(uint8_t mac[RLI_AUTH_MAC_LEN], const void *a, size_t alen, const void *b, size_t blen);
 /* 1 when x and y (n bytes) are equal; time does not depend on where they differ */
 int rli_auth_equal(const void *x, const void *y, size_t n);
 /* A fresh (time, nonce) pair for a request: the Unix time in ns and 64

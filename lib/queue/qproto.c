@@ -256,7 +256,7 @@ rl_qauth_sign(uint8_t *msg, size_t len)
 	rli_auth_stamp(&t, &nonce);
 	rl_le64_put(msg + RL_QP_HDR_LEN, t);
 	rl_le64_put(msg + RL_QP_HDR_LEN + 8, nonce);
-	rli_auth_mac(msg + RL_QP_HDR_LEN + 16, msg, RL_QP_HDR_LEN + 16, msg + RL_QP_AUTH_HDR_LEN,
+	rli_auth_seal(msg + RL_QP_HDR_LEN + 16, msg, RL_QP_HDR_LEN + 16, msg + RL_QP_AUTH_HDR_LEN,
 	    len - RL_QP_AUTH_HDR_LEN);
 }
 
@@ -272,9 +272,9 @@ rl_qauth_check(const uint8_t *msg, size_t len, const rl_qhdr *h, const char **wh
 		    "broker's; clients older than the key do not have the option)";
 		return RL_EINVAL;
 	}
-	rli_auth_mac(mac, msg, RL_QP_HDR_LEN + 16, msg + RL_QP_AUTH_HDR_LEN, len - RL_QP_AUTH_HDR_LEN);
+	rli_auth_seal(mac, msg, RL_QP_HDR_LEN + 16, msg + RL_QP_AUTH_HDR_LEN, len - RL_QP_AUTH_HDR_LEN);
 	if (!rli_auth_equal(mac, msg + RL_QP_HDR_LEN + 16, sizeof mac)) {
-		*why = "wrong shared key: the request's HMAC does not match this broker's --auth-key-file";
+		*why = "wrong shared key: the request's MAC does not match this broker's --auth-key-file";
 		return RL_EINVAL;
 	}
 	return rli_auth_fresh(rl_le64_get(msg + RL_QP_HDR_LEN), rl_le64_get(msg + RL_QP_HDR_LEN + 8), why);

@@ -29,8 +29,8 @@
  *
  * Shared key (--auth-key-file): a request sets RL_QF_AUTH and header length
  * 80; header bytes 32..79 are u64 time (Unix ns), u64 nonce (random), u8[32]
- * HMAC-SHA256 with the key over bytes 0..47 then everything from byte 80 (the
- * fixed part and the body).  A broker with a key refuses a request without
+ * the MAC of rli_auth_seal (auth.h) with a = bytes 0..47 and b = everything
+ * from byte 80 (the fixed part and the body).  A broker with a key refuses a request without
  * the flag, with a wrong HMAC, a time more than 300 s from its clock or a
  * (time, nonce) pair it has seen (auth.h), before the op is looked at.  The
  * version stays 1: a broker without a key skips the longer header.

@@ -50,6 +50,11 @@ struct rl_qserve {
 	pthread_mutex_t mtx, jmtx;
 	qctx *ctx;
 	int nctx, nwait, failed, has_journal, closing;
+	/* connections admitted (pipe_cb), the bound, those refused */
+	pthread_mutex_t cmtx;
+	uint32_t *conn_ids;    /* the admitted pipes' ids (nconns of them) */
+	int nconns, nrefused;
+	double refused_logged;
 	qctx *whead, *wtail;
 	uint64_t durable;      /* journal seq known durable (atomic) */
 	nng_socket probe;      /* ipc:// only: pings the broker itself (see probe_listener) */
@@ -319,6 +324,14 @@ rl_qserve_stats_json(rl_qserve *s, char **out)
 		cJSON_AddNumberToObject(sv, "bad_requests", (double)__atomic_load_n(&s->nbad, __ATOMIC_RELAXED));
 		cJSON_AddNumberToObject(sv, "waiting", nwait);
 		cJSON_AddNumberToObject(sv, "contexts", s->nctx);
+		pthread_mutex_lock(&s->cmtx);
+		cJSON_AddNumberToObject(sv, "connections", s->nconns);
+		cJSON_AddNumberToObject(sv, "max_connections", s->cfg.max_conns);
+		cJSON_AddNumberToObject(sv, "connections_refused", s->nrefused);
+		pthread_mutex_unlock(&s->cmtx);
+		cJSON_AddNumberToObject(sv, "max_msg", (double)s->cfg.max_msg);
+		/* what bodies being received can hold at most: counted against --max-bytes */
+		cJSON_AddNumberToObject(sv, "receive_bound_bytes", (double)s->cfg.max_conns * (double)s->cfg.max_msg);
 		cJSON_AddNumberToObject(sv, "decompress_s", __atomic_load_n(&s->t_decomp, __ATOMIC_RELAXED) / 1e9);
 		cJSON_AddNumberToObject(sv, "compress_s", __atomic_load_n(&s->t_comp, __ATOMIC_RELAXED) / 1e9);
 		cJSON_AddNumberToObject(sv, "state_s", __atomic_load_n(&s->t_state, __ATOMIC_RELAXED) / 1e9);
@@ -738,6 +751,63 @@ ctx_cb(void *arg)
 	}
 }
 
+size_t
+rl_qserve_auto_msg(uint64_t max_bytes)
+{
+	uint64_t m = max_bytes / 64;
+
+	return (size_t)RL_MIN((uint64_t)RL_QP_MAX_MSG, RL_MAX(m, (uint64_t)1 << 20));
+}
+
+int
+rl_qserve_auto_conns(uint64_t max_bytes, size_t max_msg)
+{
+	uint64_t n = max_msg ? max_bytes / max_msg : 0;
+
+	return (int)RL_MIN(RL_MAX(n, 64), 4096);
+}
+
+/* Admits a connection while fewer than max_conns are open; one over that is
+ * closed before the socket sees it (a client gets no answer and retries,
+ * as when the broker is away).  Runs on nng's threads. */
+static void
+pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+	rl_qserve *s = arg;
+	int refuse = 0, log_it = 0, n;
+
+	pthread_mutex_lock(&s->cmtx);
+	if (ev == NNG_PIPE_EV_ADD_PRE) {
+		if (s->nconns >= s->cfg.max_conns) {
+			refuse = 1;
+			s->nrefused++;
+			if (rl_now() >= s->refused_logged + 10.0) {
+				s->refused_logged = rl_now();
+				log_it = 1;
+			}
+		} else {
+			s->conn_ids[s->nconns++] = (uint32_t)nng_pipe_id(p);
+		}
+	} else if (ev == NNG_PIPE_EV_REM_POST) {
+		/* nng 1.5 reports the removal of a pipe closed at ADD_PRE too:
+		 * only an admitted one is uncounted */
+		for (int i = 0; i < s->nconns; i++)
+			if (s->conn_ids[i] == (uint32_t)nng_pipe_id(p)) {
+				s->conn_ids[i] = s->conn_ids[--s->nconns];
+				break;
+			}
+	}
+	n = s->nrefused;
+	pthread_mutex_unlock(&s->cmtx);
+	if (refuse) {
+		if (log_it)
+			rl_warn("refused a connection: %d are open, the most --max-conns allows (bodies being received "
+			    "are bounded by connections x --max-msg = %.0f MiB); %d refused so far", s->cfg.max_conns,
+			    (double)s->cfg.max_conns * (double)s->cfg.max_msg / 1048576.0, n);
+		nng_pipe_close(p);
+	}
+}
+
 int
 rl_qserve_open(rl_qserve **out, const rl_qserve_config *cfg)
 {
@@ -749,12 +819,23 @@ rl_qserve_open(rl_qserve **out, const rl_qserve_config *cfg)
 		return RL_ENOMEM;
 	s->cfg = *cfg;
 	if (s->cfg.max_msg == 0)
-		s->cfg.max_msg = RL_QP_MAX_MSG;
+		s->cfg.max_msg = rl_qserve_auto_msg(s->cfg.queue.max_bytes);
+	if (s->cfg.max_conns <= 0)
+		s->cfg.max_conns = rl_qserve_auto_conns(s->cfg.queue.max_bytes, s->cfg.max_msg);
+	if ((double)s->cfg.max_conns * (double)s->cfg.max_msg > (double)s->cfg.queue.max_bytes)
+		rl_warn("bodies being received may hold up to %d connections x %.1f MiB (--max-conns x --max-msg), "
+		    "more than --max-bytes %.1f MiB", s->cfg.max_conns, (double)s->cfg.max_msg / 1048576.0,
+		    (double)s->cfg.queue.max_bytes / 1048576.0);
 	if (s->cfg.level == 0)
 		s->cfg.level = 1;
 	s->nctx = cfg->nctx > 0 ? cfg->nctx : 64;
 	pthread_mutex_init(&s->mtx, NULL);
 	pthread_mutex_init(&s->jmtx, NULL);
+	pthread_mutex_init(&s->cmtx, NULL);
+	if ((s->conn_ids = rl_try_calloc((size_t)s->cfg.max_conns, sizeof *s->conn_ids, "connection table")) == NULL) {
+		rv = RL_ENOMEM;
+		goto fail;
+	}
 	if ((rv = rli_workers_create(&s->wk)) != 0)
 		goto fail;
 	if ((rv = rl_queue_open(&s->q, &cfg->queue, wall_ms())) != 0)
@@ -770,7 +851,9 @@ rl_qserve_open(rl_qserve **out, const rl_qserve_config *cfg)
 		rl_info("max-staleness auto: K starts at %u (0 to %u)", s->ak.k, cfg->autok.kmax);
 	}
 	if ((nrv = nng_rep0_open(&s->sock)) != 0 ||
-	    (nrv = nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, s->cfg.max_msg + 4096)) != 0) {
+	    (nrv = nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, s->cfg.max_msg + 4096)) != 0 ||
+	    (nrv = nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, pipe_cb, s)) != 0 ||
+	    (nrv = nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, pipe_cb, s)) != 0) {
 		rl_error("cannot open the broker socket: %s", nng_strerror(nrv));
 		rv = RL_ENET;
 		goto fail;
@@ -921,5 +1004,7 @@ rl_qserve_close(rl_qserve *s)
 	rli_workers_destroy(s->wk);
 	pthread_mutex_destroy(&s->mtx);
 	pthread_mutex_destroy(&s->jmtx);
+	pthread_mutex_destroy(&s->cmtx);
+	free(s->conn_ids);
 	free(s);
 }

@@ -13,6 +13,7 @@
 
 #include <signal.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/core.h"
 #include "queue/autok.h"
@@ -21,7 +22,8 @@
 typedef struct rl_qserve_config {
 	const char *listen;      /* nng URL; borrowed */
 	rl_queue_config queue;
-	size_t max_msg;          /* NNG_OPT_RECVMAXSZ and decompressed-body bound; 0: RL_QP_MAX_MSG */
+	size_t max_msg;          /* NNG_OPT_RECVMAXSZ and decompressed-body bound; 0: rl_qserve_auto_msg() */
+	int max_conns;           /* connections at once; 0: rl_qserve_auto_conns() */
 	int nctx;                /* concurrent requests (contexts); 0: 64 */
 	int level;               /* zstd level of reply bodies for clients that accept zstd; 0: 1 */
 	rl_autok_config autok;   /* with queue.auto_k: the rule that moves K (autok.h), evaluated
@@ -29,6 +31,16 @@ typedef struct rl_qserve_config {
 } rl_qserve_config;
 
 typedef struct rl_qserve rl_qserve;
+
+/* Bodies being received count against --max-bytes.  nng reads a request
+ * whole before the broker sees it, into a message of the size its frame
+ * declares (up to max_msg), so each connection may hold max_msg bytes the
+ * broker cannot yet count record by record; the broker bounds them as
+ * connections x max_msg instead.  Defaults that keep that product within
+ * max_bytes: max_msg = max_bytes / 64 clamped to [1 MiB, RL_QP_MAX_MSG],
+ * and connections = max_bytes / max_msg, at least 64. */
+size_t rl_qserve_auto_msg(uint64_t max_bytes);
+int rl_qserve_auto_conns(uint64_t max_bytes, size_t max_msg);
 
 /* rl_qserve_open: opens (and replays) the queue and listens.  Errors:
  * RL_ENET (cannot listen: logged with the URL), and rl_queue_open's. */

@@ -178,6 +178,10 @@ typedef struct qent {
 	uint8_t trained;        /* RL_QACK_TRAINED: leased to a trainer that trained it; not in flight */
 	uint8_t aborted;        /* prompt: aborted by early stop and re-queued (1), then leased
 	                         * again (2, version = the broker's version at that lease) */
+	uint8_t held;           /* a training lease of it ended untrained (expired, or a resumed
+	                         * trainer's rewind): while the version is at most held_at it is
+	                         * judged stale or not at hint, the version it was leased at */
+	uint32_t held_at;       /* the version when it came back */
 } qent;
 
 typedef struct qgrp {
@@ -306,13 +310,13 @@ is_sample_state(int s)
 }
 
 static void
-group_update_ready(rl_queue *q, uint32_t gi)
+group_update_ready(rl_queue *q, uint32_t gi, int at_head)
 {
 	qgrp *g = &q->grp[gi];
 	int want = g->gsize > 0 && g->nscored > 0 && g->nscored + g->ndone == g->gsize;
 
 	if (want && !g->ready) {
-		LIST_INSERT(q->grp, q->ready, gi, 0);
+		LIST_INSERT(q->grp, q->ready, gi, at_head);
 		g->ready = 1;
 		g->ready_n = g->nscored;
 		q->st.ready_samples += g->ready_n;
@@ -359,7 +363,7 @@ ent_set_state(rl_queue *q, uint32_t i, int s, int at_head)
 			q->inflight++;
 	}
 	if (old == RL_QS_SCORED || s == RL_QS_SCORED)
-		group_update_ready(q, e->grp);
+		group_update_ready(q, e->grp, at_head);
 }
 
 static int
@@ -390,7 +394,7 @@ group_free(rl_queue *q, uint32_t gi, int finished)
 
 	if (g->ready) {
 		g->nscored = 0;
-		group_update_ready(q, gi);
+		group_update_ready(q, gi, 0);
 	}
 	if (finished)
 		win_add(&q->done_groups, g->gid);
@@ -797,7 +801,7 @@ sample_done(rl_queue *q, uint32_t ei)
 	if (g->ndone >= g->gsize)
 		group_finish(q, gi);
 	else
-		group_update_ready(q, gi);
+		group_update_ready(q, gi, 0);
 }
 
 /* Leased record back to the pool (expiry or release). */
@@ -818,7 +822,10 @@ return_to_pool(rl_queue *q, uint32_t ei)
 		ent_set_state(q, ei, RL_QS_GENERATED, 1);
 		break;
 	case RL_QS_TRAINING:
-		ent_set_state(q, ei, RL_QS_SCORED, 0);
+		/* back at the head of the ready groups, as prompts and generated
+		 * records go back to the head of theirs: behind the groups that
+		 * came since, a trainer would step past it and it would turn stale */
+		ent_set_state(q, ei, RL_QS_SCORED, 1);
 		break;
 	default:
 		break;
@@ -1062,7 +1069,9 @@ apply_lease(rl_queue *q, uint64_t lid, int stage, uint64_t deadline, uint32_t hi
 			ent_set_state(q, ei, RL_QS_SCORING, 0);
 		} else if (stage == RL_QSTAGE_SCORED && e->state == RL_QS_SCORED) {
 			ent_set_state(q, ei, RL_QS_TRAINING, 0);
-			e->hint = (uint32_t)q->version;
+			e->hint = e->held && q->version <= e->held_at && e->hint < q->version ? e->hint
+												   : (uint32_t)q->version;
+			e->held = 0;
 		} else {
 			continue;
 		}
@@ -1160,8 +1169,10 @@ apply_ack(rl_queue *q, uint64_t lid, int kind, uint64_t deadline, const uint64_t
 	return RL_OK;
 }
 
+/* A lease ends untrained: by time, or because a resumed trainer rewound
+ * (rl_queue_rewind_version, mode 1 in the journal: the same change). */
 static int
-apply_expire(rl_queue *q, uint64_t lid)
+apply_expire(rl_queue *q, uint64_t lid, int mode)
 {
 	qlease *l = lease_find(q, lid);
 	uint64_t *ids;
@@ -1170,7 +1181,7 @@ apply_expire(rl_queue *q, uint64_t lid)
 
 	if (l == NULL)
 		return RL_OK;
-	if ((rv = jop(q, J_EXPIRE, 0, lid, 0, 0, NULL, 0)) != 0)
+	if ((rv = jop(q, J_EXPIRE, mode, lid, 0, 0, NULL, 0)) != 0)
 		return rv;
 	q->st.expired_leases++;
 	ids = l->ids;
@@ -1180,6 +1191,10 @@ apply_expire(rl_queue *q, uint64_t lid)
 	for (uint32_t i = n; i-- > 0;) {   /* reverse: they go back to the head in order */
 		uint32_t ei = map_get(&q->byid, ids[i]);
 		if (ei != NIL && q->ent[ei].lease == lid) {
+			if (q->ent[ei].state == RL_QS_TRAINING) {
+				q->ent[ei].held = 1;
+				q->ent[ei].held_at = (uint32_t)q->version;
+			}
 			return_to_pool(q, ei);
 			q->st.expired_records++;
 		}
@@ -1242,6 +1257,8 @@ apply_stale(rl_queue *q, uint64_t gid, int mode)
 		return RL_OK;
 	}
 	q->st.stale_dropped += g->nsamples;
+	rl_verbose("group %llu (%u samples) dropped as stale at version %llu (--max-staleness %u)",
+	    (unsigned long long)gid, g->nsamples, (unsigned long long)q->version, q->cfg.max_staleness);
 	group_finish(q, gi);
 	return RL_OK;
 }
@@ -1385,11 +1402,20 @@ group_is_stale(const rl_queue *q, const qgrp *g)
 {
 	uint64_t K = q->cfg.max_staleness;
 
-	if (q->version <= K)
-		return 0;
 	for (uint32_t i = 0; i < g->gsize; i++) {
 		uint32_t ei = g->slot[i];
-		if (ei != NIL && q->ent[ei].version >= 0 && (uint64_t)q->ent[ei].version < q->version - K)
+		const qent *e;
+		uint64_t v = q->version;
+		if (ei == NIL)
+			continue;
+		e = &q->ent[ei];
+		/* a sample a dead trainer held passed the test when it was leased:
+		 * a resumed trainer replaying the versions the dead one reached takes
+		 * it in the dead one's place (it came back at the head of the ready
+		 * groups); past them, or a live trainer's next step, ends that */
+		if (e->held && v <= e->held_at && e->hint < v)
+			v = e->hint;
+		if (v > K && e->version >= 0 && (uint64_t)e->version < v - K)
 			return 1;
 	}
 	return 0;
@@ -1581,12 +1607,29 @@ rl_queue_max_staleness(const rl_queue *q)
 int
 rl_queue_rewind_version(rl_queue *q, uint64_t v, uint64_t *now)
 {
-	int rv = RL_OK;
+	int rv = RL_OK, ended = 0;
 
-	if (v > RL_QUEUE_MAX_VERSION)
+	if (v > RL_QUEUE_MAX_VERSION) {
 		rv = RL_EINVAL;
-	else if (v != q->version && (rv = jop(q, J_VERSION, 1, v, 0, 0, NULL, 0)) == 0)
+		goto out;
+	}
+	/* A rewind is a trainer resumed from its checkpoint: the trainer that
+	 * held the training leases is gone.  Their records go back to the head
+	 * now, not when the leases time out, held at the version the dead
+	 * trainer reached, so the resumed one takes them as it would have;
+	 * waiting would let it step past them and drop them as stale (--stale
+	 * drop), although they were fresh for the checkpoint. */
+	for (size_t i = 1; rv == RL_OK && i < q->nlease_slots; i++)
+		if (q->lease[i].used && q->lease[i].stage == RL_QSTAGE_SCORED) {
+			rv = apply_expire(q, q->lease[i].lid, 1);
+			ended++;
+		}
+	if (rv == RL_OK && v != q->version && (rv = jop(q, J_VERSION, 1, v, 0, 0, NULL, 0)) == 0)
 		q->version = v;
+	if (rv == RL_OK)
+		rl_verbose("a resumed trainer: version %llu, %d training lease%s ended", (unsigned long long)q->version,
+		    ended, ended == 1 ? "" : "s");
+out:
 	if (now)
 		*now = q->version;
 	return rv;
@@ -1611,7 +1654,7 @@ rl_queue_tick(rl_queue *q, uint64_t now_ms, uint32_t *expired)
 
 	for (size_t i = 1; i < q->nlease_slots; i++) {
 		if (q->lease[i].used && q->lease[i].deadline <= now_ms) {
-			if ((rv = apply_expire(q, q->lease[i].lid)) != 0)
+			if ((rv = apply_expire(q, q->lease[i].lid, 0)) != 0)
 				return rv;
 			cnt++;
 		}
@@ -2129,7 +2172,7 @@ replay_plain_op(rl_queue *q, uint32_t type, uint32_t stage, uint64_t a, uint64_t
 		break;
 	case J_LEASE: rv = apply_lease(q, a, (int)stage, b, (uint32_t)c, ids, cnt); break;
 	case J_ACK: rv = apply_ack(q, a, (int)stage, b, ids, cnt, &ar); if (rv == RL_ENOENT) rv = 0; break;
-	case J_EXPIRE: rv = apply_expire(q, a); break;
+	case J_EXPIRE: rv = apply_expire(q, a, (int)stage); break;
 	case J_VERSION:
 		/* a journal written before versions were bounded may hold one past
 		 * the bound: it would make every group stale for ever */

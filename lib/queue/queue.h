@@ -128,7 +128,9 @@ int rl_queue_ack(rl_queue *q, const rl_qack_req *req, const uint64_t *ids, uint6
 int rl_queue_set_version(rl_queue *q, uint64_t v, uint64_t *now);
 /* rl_queue_rewind_version: the version is v, also below the one in force (a
  * trainer resumed from a checkpoint older than its last step: the records
- * generated for the versions it lost are not stale); journaled. */
+ * generated for the versions it lost are not stale), and every training
+ * lease ends as if it had expired (the trainer that held them is gone; the
+ * records go back to the head); journaled. */
 int rl_queue_rewind_version(rl_queue *q, uint64_t v, uint64_t *now);
 
 /* rl_queue_set_max_staleness: K from now on (journaled).  The bound holds at

@@ -603,7 +603,8 @@ xfer_claim(xfer *x, size_t want, size_t *first)
 static int
 bulk_ask(xfer *x, bstream *b, size_t first, size_t count)
 {
-	uint8_t r[WB_HDR] = { 0 };
+	uint8_t r[WB_HDR + WS_AUTH_EXTRA] = { 0 };
+	size_t n = rli_auth_key(NULL) ? WB_HDR + WS_AUTH_EXTRA : WB_HDR;
 
 	put32(r, WB_MAGIC);
 	put16(r + 4, WB_PROTO);
@@ -612,8 +613,10 @@ bulk_ask(xfer *x, bstream *b, size_t first, size_t count)
 	put64(r + 16, x->v->version);
 	put64(r + 24, first);
 	put64(r + 32, count);
-	x->c->bytes_sent += WB_HDR;
-	return bstream_io(b, 1, r, WB_HDR);
+	if (n > WB_HDR)
+		rli_ws_auth_sign_at(r, WB_HDR, n);
+	x->c->bytes_sent += n;
+	return bstream_io(b, 1, r, n);
 }
 
 /* chunk i, the next one the stream sends, straight into its place: RL_OK;

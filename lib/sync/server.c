@@ -1063,9 +1063,10 @@ bulk_refuse(int fd, int status, uint64_t version, const char *fmt, ...)
 
 /* one request (it is hostile): 0 to read the next, -1 to close */
 static int
-bulk_serve_one(rl_wsync_server *s, int fd, const uint8_t *r)
+bulk_serve_one(rl_wsync_server *s, int fd, const uint8_t *r, size_t rn)
 {
 	uint64_t version = get64(r + 16), first = get64(r + 24), count = get64(r + 32);
+	const char *no;
 	sver *x;
 	int rv = 0;
 
@@ -1077,8 +1078,17 @@ bulk_serve_one(rl_wsync_server *s, int fd, const uint8_t *r)
 		bulk_refuse(fd, RL_EVERSION, 0, "unsupported rl-sync bulk protocol version");
 		return -1;
 	}
-	if (get16(r + 6) != WB_GET || get32(r + 8) != WB_HDR) {
+	if (get16(r + 6) != WB_GET || get32(r + 8) != rn) {
 		bulk_refuse(fd, RL_EFORMAT, 0, "bad bulk request (operation or header length)");
+		return -1;
+	}
+	if (rli_ws_auth_check_at(r, WB_HDR, rn, &no) != 0) {
+		/* a keyed server's chunks go to keyed clients only, as its REQ/REP ones do */
+		pthread_mutex_lock(&s->mu);
+		s->n_bad_req++;
+		pthread_mutex_unlock(&s->mu);
+		rl_warn("refused a bulk request: %s", no);
+		bulk_refuse(fd, RL_EINVAL, 0, "%s", no);
 		return -1;
 	}
 	if (version == 0 || (x = sver_get(s, version)) == NULL) {
@@ -1124,7 +1134,8 @@ static void *
 bconn_main(void *arg)
 {
 	bconn *b = arg;
-	uint8_t req[WB_HDR];
+	uint8_t req[WB_HDR + WS_AUTH_EXTRA];
+	size_t rn;
 
 	/* requests may be far apart (an idle worker keeps its connection);
 	 * a reply that cannot be written for WB_IO_MS ends the connection */
@@ -1134,7 +1145,11 @@ bconn_main(void *arg)
 		setsockopt(b->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 		setsockopt(b->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 	}
-	while (rli_ws_sock_recv(b->fd, req, WB_HDR) == 0 && bulk_serve_one(b->s, b->fd, req) == 0)
+	/* a keyed request's header is longer by its proof (wsync_int.h) */
+	while (rli_ws_sock_recv(b->fd, req, WB_HDR) == 0 &&
+	       ((rn = get32(req + 8)) != WB_HDR + WS_AUTH_EXTRA ||
+		       rli_ws_sock_recv(b->fd, req + WB_HDR, WS_AUTH_EXTRA) == 0) &&
+	       bulk_serve_one(b->s, b->fd, req, rn == WB_HDR + WS_AUTH_EXTRA ? rn : WB_HDR) == 0)
 		;
 	shutdown(b->fd, SHUT_RDWR);
 	atomic_store(&b->done, 1);

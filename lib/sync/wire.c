@@ -323,33 +323,45 @@ rli_ws_nng_err(int r, const char *what, const char *url)
 }
 
 void
-rli_ws_auth_sign(uint8_t *msg, size_t len)
+rli_ws_auth_sign_at(uint8_t *msg, size_t base, size_t len)
 {
 	uint64_t t, nonce;
 
-	put32(msg + 8, WS_AUTH_HDR);
+	put32(msg + 8, (uint32_t)(base + WS_AUTH_EXTRA));
 	rli_auth_stamp(&t, &nonce);
-	put64(msg + WS_HDR, t);
-	put64(msg + WS_HDR + 8, nonce);
-	rli_auth_mac(msg + WS_HDR + 16, msg, WS_HDR + 16, msg + WS_AUTH_HDR, len - WS_AUTH_HDR);
+	put64(msg + base, t);
+	put64(msg + base + 8, nonce);
+	rli_auth_seal(msg + base + 16, msg, base + 16, msg + base + WS_AUTH_EXTRA, len - base - WS_AUTH_EXTRA);
 }
 
 int
-rli_ws_auth_check(const uint8_t *msg, size_t len, const char **why)
+rli_ws_auth_check_at(const uint8_t *msg, size_t base, size_t len, const char **why)
 {
 	uint8_t mac[RLI_AUTH_MAC_LEN];
 
 	if (!rli_auth_key(NULL))
 		return RL_OK;
-	if (len < WS_AUTH_HDR || get32(msg + 8) < WS_AUTH_HDR) {
+	if (len < base + WS_AUTH_EXTRA || get32(msg + 8) < base + WS_AUTH_EXTRA) {
 		*why = "this rl-sync server requires a shared key: start the client with --auth-key-file (the same key "
 		    "as the server's; clients older than the key do not have the option)";
 		return RL_EINVAL;
 	}
-	rli_auth_mac(mac, msg, WS_HDR + 16, msg + WS_AUTH_HDR, len - WS_AUTH_HDR);
-	if (!rli_auth_equal(mac, msg + WS_HDR + 16, sizeof mac)) {
-		*why = "wrong shared key: the request's HMAC does not match this rl-sync server's --auth-key-file";
+	rli_auth_seal(mac, msg, base + 16, msg + base + WS_AUTH_EXTRA, len - base - WS_AUTH_EXTRA);
+	if (!rli_auth_equal(mac, msg + base + 16, sizeof mac)) {
+		*why = "wrong shared key: the request's MAC does not match this rl-sync server's --auth-key-file";
 		return RL_EINVAL;
 	}
-	return rli_auth_fresh(get64(msg + WS_HDR), get64(msg + WS_HDR + 8), why);
+	return rli_auth_fresh(get64(msg + base), get64(msg + base + 8), why);
+}
+
+void
+rli_ws_auth_sign(uint8_t *msg, size_t len)
+{
+	rli_ws_auth_sign_at(msg, WS_HDR, len);
+}
+
+int
+rli_ws_auth_check(const uint8_t *msg, size_t len, const char **why)
+{
+	return rli_ws_auth_check_at(msg, WS_HDR, len, why);
 }

@@ -4,7 +4,9 @@
  * docs/sync.md).  Leaves out: anything but Linux.
  *
  * Socket protocol (SOCK_STREAM, one request per connection):
- *   request 24 bytes: u32 "RLSM", u16 1, u16 op, u32 24, u32 0, u64 version
+ *   request 24 bytes: u32 "RLSM", u16 1, u16 op, u32 24, u32 0, u64 version;
+ *                     with a shared key 72 (u32 72 at byte 8, then time,
+ *                     nonce and MAC: wsync_int.h), refused without one
  *     op 1 GET:  the server's object of that version (0: latest)
  *     op 2 PUT:  the client's sealed object of that version rides along
  *                (SCM_RIGHTS) for the server to take (a trainer's push)
@@ -17,7 +19,9 @@
 #endif
 #include "sync/wshm.h"
 #include "base/core.h"
+#include "base/auth.h"
 #include "base/hash.h"
+#include "sync/wsync_int.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -37,12 +41,6 @@
 #define SM_REP 32
 enum { SM_GET = 1, SM_PUT = 2 };
 
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
-static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
 
 static size_t
 read_small(const char *path, char *buf, size_t n)
@@ -317,18 +315,35 @@ fail:
 static void
 serve_conn(rl_wshm_srv *s, int c)
 {
-	uint8_t q[SM_REQ];
+	uint8_t q[SM_REQ + WS_AUTH_EXTRA];
 	struct timeval tv = { 1, 0 };
 	uint64_t ver = 0, size = 0;
-	int fd = -1, st, op;
+	size_t qn = SM_REQ;
+	const char *no;
+	int fd = -1, st, op, fd2;
 
 	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-	if (recv_msg(c, q, sizeof q, &fd) != 0)
+	if (recv_msg(c, q, SM_REQ, &fd) != 0)
 		goto out;
+	if (get32(q + 8) == SM_REQ + WS_AUTH_EXTRA) {
+		qn += WS_AUTH_EXTRA;
+		if (recv_msg(c, q + SM_REQ, WS_AUTH_EXTRA, &fd2) != 0)
+			goto out;
+		if (fd2 >= 0)
+			close(fd2);
+	}
 	op = get16(q + 6);
-	if (get32(q) != SM_MAGIC || get16(q + 4) != 1 || (op != SM_GET && op != SM_PUT) || get32(q + 8) != SM_REQ) {
+	if (get32(q) != SM_MAGIC || get16(q + 4) != 1 || (op != SM_GET && op != SM_PUT) || get32(q + 8) != qn) {
 		send_reply(c, SM_GET, RL_EFORMAT, 0, 0, -1);
+		goto out;
+	}
+	/* the socket's name is no secret (any local user can connect to an
+	 * abstract one): a keyed server hands out and takes objects for keyed
+	 * clients only */
+	if (rli_ws_auth_check_at(q, SM_REQ, qn, &no) != 0) {
+		rl_warn("shared memory service: refused a %s request: %s", op == SM_PUT ? "push" : "get", no);
+		send_reply(c, op, RL_EINVAL, 0, 0, -1);
 		goto out;
 	}
 	if (op == SM_PUT) {
@@ -472,7 +487,8 @@ exchange(int op, int sendfd, int *fd, uint64_t *got, uint64_t *size, const char 
 	 int timeout_ms)
 {
 	struct sockaddr_un a;
-	uint8_t q[SM_REQ], p[SM_REP];
+	uint8_t q[SM_REQ + WS_AUTH_EXTRA], p[SM_REP];
+	size_t qn = rli_auth_key(NULL) ? SM_REQ + WS_AUTH_EXTRA : SM_REQ;
 	struct timeval tv = { timeout_ms / 1000, (timeout_ms % 1000) * 1000 };
 	int c, rv = RL_ENET, st;
 
@@ -493,7 +509,9 @@ exchange(int op, int sendfd, int *fd, uint64_t *got, uint64_t *size, const char 
 	put16(q + 6, (uint16_t)op);
 	put32(q + 8, SM_REQ);
 	put64(q + 16, version);
-	if (send_msg(c, q, sizeof q, sendfd) != 0)
+	if (qn > SM_REQ)
+		rli_ws_auth_sign_at(q, SM_REQ, qn);
+	if (send_msg(c, q, qn, sendfd) != 0)
 		goto out;
 	if (recv_msg(c, p, sizeof p, fd) != 0) {
 		rl_verbose("shared memory service '@%s': short or malformed reply", name);

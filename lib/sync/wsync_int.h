@@ -26,14 +26,23 @@
 #define WS_PROTO 1
 #define WS_HDR 40
 /* A request made with a shared key (--auth-key-file) has header length 88:
- * bytes 40..47 u64 time (Unix ns), 48..55 u64 nonce, 56..87 HMAC-SHA256
- * with the key over bytes 0..55 then everything from byte 88.  A keyed
+ * bytes 40..47 u64 time (Unix ns), 48..55 u64 nonce, 56..87 the MAC of
+ * rli_auth_seal (base/auth.h) with a = bytes 0..55 and b = everything from
+ * byte 88.  A keyed
  * server refuses a request with a shorter header, a wrong HMAC, a stale time
  * or a seen (time, nonce) (base/auth.h); the protocol version stays 1, as a
  * server without a key skips the longer header. */
 #define WS_AUTH_HDR 88
 void rli_ws_auth_sign(uint8_t *msg, size_t len);
 int rli_ws_auth_check(const uint8_t *msg, size_t len, const char **why);
+/* The same proof on the other sockets' requests (the bulk stream's, the
+ * shared memory service's): every one has its header length at bytes 8..11;
+ * with a key that field says base + 48, and bytes base..base+47 hold the
+ * time, the nonce and the MAC with a = bytes 0..base+15, b = the rest (these
+ * requests have none).  A keyed server refuses the request otherwise. */
+#define WS_AUTH_EXTRA 48
+void rli_ws_auth_sign_at(uint8_t *msg, size_t base, size_t len);
+int rli_ws_auth_check_at(const uint8_t *msg, size_t base, size_t len, const char **why);
 #define WM_MAGIC 0x4d574c52u /* "RLWM": manifest */
 #define WS_WAIT_MAX_MS 30000 /* a parked long-poll is answered at least this often */
 enum { OP_STATUS = 1, OP_WAIT, OP_MANIFEST, OP_CHUNK, OP_PUSH_BEGIN, OP_PUSH_CHUNK, OP_PUSH_COMMIT, OP_DATA,

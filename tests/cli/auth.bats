@@ -3,7 +3,7 @@
 # one without a key, with another key, a replayed or a stale request is
 # refused with a clear error on both sides and nothing is leased; a key file
 # group or others can read is refused; a key allows a public listen.
-# Requests are also signed by rlq_auth.py with Python's hmac, so the format
+# Requests are also signed by rlq_auth.py with Python's hmac and Poly1305, so the format
 # is checked against an implementation other than lib/base/auth.c.
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
@@ -60,7 +60,7 @@ start_auth_broker() {
 	[ "$(printf '%s\n' "$output" | grep -c '"group"')" -eq 4 ]
 }
 
-@test "rl-queue --auth-key-file: a request signed by Python's hmac is accepted; its replay, a stale one and one with another key are refused" {
+@test "rl-queue --auth-key-file: a request signed by Python (hmac, cryptography's Poly1305) is accepted; its replay, a stale one and one with another key are refused" {
 	start_auth_broker
 	run -0 python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/key" replay
 	[[ ${lines[0]} == "0 "*" bytes" ]]
@@ -204,4 +204,42 @@ for i in range(4):
 	run -0 --separate-stderr timeout 120 rl-train -m "$D/m0" --out "$D/ck" --batch 2 --queue "$URL" --idle-exit 1 \
 	    --no-skip-zero-adv --metrics "$D/m.jsonl" --auth-key-file "$D/key"
 	[ "$(wc -l < "$D/m.jsonl")" -ge 1 ]
+}
+
+@test "rl-sync --auth-key-file: the bulk stream and the shared memory service refuse requests without the key; nothing is served or published" {
+	mkdir -p "$D/ck"
+	head -c 300000 /dev/urandom > "$D/ck/model.safetensors"
+	echo '{"model_type":"gpt2"}' > "$D/ck/config.json"
+	K=(--auth-key-file "$D/key")
+	for _ in 1 2 3; do
+		U="tcp://127.0.0.1:$(free_port)"
+		rl-sync serve --listen "$U" "${K[@]}" 3>&- 2>"$D/serve.err" &
+		PIDS="$PIDS $!"
+		for _ in $(seq 50); do rl-sync status "${K[@]}" --timeout 300 "$U" >/dev/null 2>&1 && break 2; sleep 0.1; done
+	done
+	rl-sync push -q "${K[@]}" --transport stream "$U" "$D/ck" --version 8
+	rl-sync status -j "${K[@]}" "$U" > "$D/st.json"
+	bulk=$(jq -r .bulk "$D/st.json")
+	shm=$(jq -r .shm "$D/st.json")
+	[[ $bulk == tcp://* ]]
+	[ -n "$shm" ]
+	# the bulk stream: no chunk bytes for a request without the key
+	run -0 python3 "$BATS_TEST_DIRNAME/rls_raw.py" bulk "$bulk" 8
+	[[ $output == "1 "*"requires a shared key"* ]]
+	grep -q "refused a bulk request: this rl-sync server requires a shared key" "$D/serve.err"
+	# the shared memory service: a push of version 9 without the key is refused
+	run -0 python3 "$BATS_TEST_DIRNAME/rls_raw.py" shm-put "$shm" 9
+	[ "$output" = 1 ]
+	grep -q "shared memory service: refused a push request: this rl-sync server requires a shared key" "$D/serve.err"
+	rl-sync status -j "${K[@]}" "$U" > "$D/st.json"
+	[ "$(jq .latest "$D/st.json")" = 8 ]
+	[ "$(jq '[.bulk_chunks_served, .shm_pushes, .shm_served] | add' "$D/st.json")" = 0 ]
+	# keyed clients sign their requests on both sockets
+	rl-sync pull -q "${K[@]}" --transport stream "$U" --out "$D/o1"
+	cmp "$D/o1/v000008/model.safetensors" "$D/ck/model.safetensors"
+	rl-sync pull -q "${K[@]}" --transport shm "$U" --out "$D/o2"
+	cmp "$D/o2/v000008/model.safetensors" "$D/ck/model.safetensors"
+	rl-sync status -j "${K[@]}" "$U" > "$D/st.json"
+	[ "$(jq .bulk_chunks_served "$D/st.json")" -gt 0 ]
+	[ "$(jq .shm_served "$D/st.json")" -ge 1 ]
 }

@@ -36,9 +36,12 @@ teardown() {
 }
 
 # broker DIR: rl-queue serve on its journal (leases of 1 s, so a killed
-# trainer's come back soon), no staleness gate to hide a count
+# trainer's come back soon), no staleness gate to hide a count; with
+# STALE=1 the default --stale drop under a real bound (K 2, batch 2)
 broker() {
-	rl-queue serve -q -l "$URL" --data-dir "$1" -k 1000 -t 1 3>&- &
+	local k=(-k 1000)
+	[ "${STALE:-0}" = 1 ] && k=(-k 2 -b 2)
+	rl-queue serve ${RLQ_V:--q} -l "$URL" --data-dir "$1" "${k[@]}" -t 1 3>&- 2>>"$1.log" &
 	QPID=$!
 	PIDS="$PIDS $QPID"
 	for i in $(seq 100); do rl-queue stat --timeout 0.2 "$URL" >/dev/null 2>&1 && return 0; sleep 0.05; done
@@ -46,11 +49,20 @@ broker() {
 }
 
 # feed: the scored groups, one every 0.1 s, each put until the broker (maybe
-# restarted) takes it (a put again is dropped as duplicates); then a mark
+# restarted) takes it (a put again is dropped as duplicates); then a mark.
+# With STALE=1 each group carries the broker's version when it is put, and
+# group g (trained in step ceil(g/2)) waits for version ceil(g/2) - 1 - K,
+# as rl-rollout under the broker's gate would
 feed() {
+	local v
 	rm -f "$TD/fed"
 	for g in $(seq 1 30); do
 		sed -n "$((2 * g - 1)),$((2 * g))p" "$TD/scored.jsonl" > "$TD/one.jsonl"
+		if [ "${STALE:-0}" = 1 ]; then
+			until v=$(rl-queue stat --json "$URL" 2>/dev/null | jq -e .version) &&
+			    [ "$v" -ge $(((g + 1) / 2 - 3)) ]; do sleep 0.05; done
+			sed -i "s/\"version\":\[0,0\]/\"version\":[$v,$v]/" "$TD/one.jsonl"
+		fi
 		until rl-queue put -q -s scored "$URL" "$TD/one.jsonl" 2>/dev/null; do sleep 0.1; done
 		sleep 0.1
 	done
@@ -116,11 +128,13 @@ run_case() {
 	feed &
 	PIDS="$PIDS $!"
 	kill_at "$O" "$2" || return 1
-	wait_fed || return 1
+	# a gated feed (STALE=1) waits for the trainer's versions: it goes on meanwhile
+	[ "${STALE:-0}" = 1 ] || wait_fed || return 1
 	run --separate-stderr bash -c "$(declare -f trainer); URL=$URL TD=$TD trainer $O"
+	wait_fed || return 1
 	[ "$status" -eq 0 ] || { echo "status $status: $stderr" >&3; cat "$O.seed" >&3; return 1; }
 	[[ "$stderr" == *"'$O' holds a run: resuming it from step"* ]] || { echo "$stderr" >&3; cat "$O.seed" >&3; return 1; }
-	check_once "$O" || { cat "$O.seed" >&3; return 1; }
+	check_once "$O" || { cat "$O.seed" >&3; grep -v "leased\|acked\|put " "$O.q.log" >&3; grep -h "version" "$O.err1" >&3; return 1; }
 }
 
 @test "kill -9 of rl-train between full checkpoints, restarted with the same options: every group trained exactly once" {
@@ -129,4 +143,12 @@ run_case() {
 
 @test "kill -9 of rl-train and of the broker, both restarted (the broker on its journal): every group trained exactly once" {
 	run_case tb 1
+}
+
+@test "kill -9 of rl-train with the default --stale drop under a staleness bound: the groups it held are not dropped as stale; every group trained exactly once" {
+	STALE=1 run_case td 0
+}
+
+@test "kill -9 of rl-train and of the broker with the default --stale drop under a staleness bound: every group trained exactly once" {
+	STALE=1 run_case tdb 1
 }

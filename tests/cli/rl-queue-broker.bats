@@ -600,3 +600,40 @@ b = bytearray(open(p, "rb").read()); b[at] ^= 0x55; open(p, "wb").write(b)' "$D/
 	[[ "$output" == "0 "* ]]
 	[ "$(rl-queue stat --json "$URL" | jget depth generated)" = 1 ]
 }
+
+# peak resident size of process $1 in MiB
+hwm_mib() { awk '/^VmHWM/ { print int($2 / 1024) }' "/proc/$1/status"; }
+
+@test "--max-bytes bounds request bodies being received: large ones are refused at their header, slow ones hold at most --max-conns x --max-msg" {
+	start_broker --max-bytes 64M
+	rl-queue stat --json "$URL" > "$D/st.json"
+	[ "$(jget server max_msg < "$D/st.json")" = 1048576 ]
+	[ "$(jget server max_connections < "$D/st.json")" = 64 ]
+	[ "$(jget server receive_bound_bytes < "$D/st.json")" = 67108864 ]
+	# 40 puts declaring 24 MiB each, 8 MiB of each sent: closed at the header
+	run -0 python3 "$BATS_TEST_DIRNAME/rlq_slow.py" "$URL" 40 24576 8192 1
+	[ "$output" = "open 0" ]
+	# 100 connections, each 960 KiB into a 1 MiB body and then silent: 64 are
+	# admitted, the rest closed; the broker's peak stays near 64 MiB of bodies
+	python3 "$BATS_TEST_DIRNAME/rlq_slow.py" "$URL" 100 1024 960 2 > "$D/slow.out" &
+	SLOW=$!
+	PIDS="$PIDS $SLOW"
+	wait $SLOW
+	[ "$(cat "$D/slow.out")" = "open 64" ]
+	hwm=$(hwm_mib "$BROKER")
+	echo "broker peak: $hwm MiB" >&2
+	[ "$hwm" -lt 160 ]
+	# the slots are free again once the hostile client is gone
+	run -0 --separate-stderr rl-queue put -q -s scored --timeout 5 "$URL" "$D/scored.jsonl"
+	rl-queue stat --json "$URL" > "$D/st.json"
+	[ "$(jget server connections_refused < "$D/st.json")" -ge 36 ]
+	[ "$(jget depth scored < "$D/st.json")" = 4 ]
+}
+
+@test "serve --max-conns: a bad value is a usage error; a product over --max-bytes is warned about" {
+	run -2 --separate-stderr rl-queue serve --max-conns 0
+	[[ "$stderr" == *"--max-conns: bad value '0'"* ]]
+	p=$(free_port)
+	run --separate-stderr timeout 2 rl-queue serve --listen "tcp://127.0.0.1:$p" --max-bytes 64M --max-msg 8M --max-conns 16
+	[[ "$stderr" == *"bodies being received may hold up to 16 connections x 8.0 MiB"*"more than --max-bytes 64.0 MiB"* ]]
+}

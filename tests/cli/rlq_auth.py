@@ -1,5 +1,6 @@
-"""rlq_auth.py — signs rl-queue requests with Python's hmac/hashlib (an
-implementation independent of lib/base/auth.c) for tests of --auth-key-file.
+"""rlq_auth.py — signs rl-queue requests with Python's hmac/hashlib and
+python3-cryptography's Poly1305 (implementations independent of
+lib/base/auth.c) for tests of --auth-key-file.
 
   python3 rlq_auth.py tcp://127.0.0.1:PORT KEYFILE stat
       one STAT request signed with the key; prints "STATUS MESSAGE-or-size"
@@ -16,6 +17,8 @@ import struct
 import sys
 import time
 
+from cryptography.hazmat.primitives.poly1305 import Poly1305
+
 OP_STAT = 6
 FLAG_AUTH = 8
 
@@ -30,11 +33,18 @@ def _recvn(s, n):
     return b
 
 
+def seal(key, a, b):
+    """docs/queue.md, "Shared key": HMAC(K, a || Poly1305(Km, b)), Km = HMAC(K, label || a)"""
+    km = hmac.new(key, b"rlpipe body key 1\0" + a, hashlib.sha256).digest()
+    tag = Poly1305.generate_tag(km, b)
+    return hmac.new(key, a + tag, hashlib.sha256).digest()
+
+
 def signed(key, op, body=b"", t_ns=None):
     t_ns = time.time_ns() if t_ns is None else t_ns
     hdr = b"RLQP" + bytes([1, op]) + struct.pack("<HHHI", FLAG_AUTH, 80, 0, len(body))
     hdr += struct.pack("<QQ", 7, 0) + struct.pack("<QQ", t_ns, int.from_bytes(os.urandom(8), "little"))
-    mac = hmac.new(key, hdr + body, hashlib.sha256).digest()
+    mac = seal(key, hdr, body)
     return hdr + mac + body
 
 

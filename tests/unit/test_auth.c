@@ -1,6 +1,8 @@
 /*
  * test_auth.c — lib/base/auth.c: the HMAC against RFC 4231's published
- * HMAC-SHA256 vectors, the key file's checks, the replay guard.
+ * HMAC-SHA256 vectors, a request's seal against values made with Python's
+ * hmac and python3-cryptography's Poly1305 (tests/cli/rlq_auth.py's seal()),
+ * the key file's checks, the replay guard.
  */
 #include <fcntl.h>
 #include <math.h>
@@ -64,6 +66,30 @@ main(void)
 		rli_auth_mac(mac, d6, strlen(d6), NULL, 0);
 		hex(hx, mac, sizeof mac);
 		T_EQ_STR(hx, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+	}
+
+	/* the seal, after the key changed back (each thread rekeys its HMAC) */
+	write_key(path, key1, sizeof key1, 0600);
+	T_EQ_INT(rli_auth_set_file(path), RL_OK);
+	rli_auth_seal(mac, "Hi ", 3, "There", 5);
+	hex(hx, mac, sizeof mac);
+	T_EQ_STR(hx, "5b88f0b13eddc685a03565e227e444d38eaaf3ea17c2d6b053d61e7af39063e7");
+	rli_auth_seal(mac, "header only", 11, NULL, 0);
+	hex(hx, mac, sizeof mac);
+	T_EQ_STR(hx, "98ee8b72e1dcabb7eafebb0f649ae66885cdc6964db2c1948dd133c411bc1b02");
+	{
+		uint8_t a[48], *b = malloc(256000);
+		memset(a, 'a', sizeof a);
+		for (int i = 0; i < 256000; i++)
+			b[i] = (uint8_t)i;
+		rli_auth_seal(mac, a, sizeof a, b, 256000);
+		hex(hx, mac, sizeof mac);
+		T_EQ_STR(hx, "966c0cbda414f63c9df8dc4721ec4d17e1149a945ca0ba1e6de3e966c33469d3");
+		b[128000] ^= 1;   /* one flipped bit of the body */
+		rli_auth_seal(mac, a, sizeof a, b, 256000);
+		hex(hx, mac, sizeof mac);
+		T_OK(strcmp(hx, "966c0cbda414f63c9df8dc4721ec4d17e1149a945ca0ba1e6de3e966c33469d3") != 0, "tampered body");
+		free(b);
 	}
 
 	/* the file's mode, as ssh checks a private key */
