@@ -143,7 +143,7 @@ $(B)/bench/%: $(B)/bench/%.o $(LIB)
 BUILD_PKGS := build-essential pkg-config libnng-dev libcjson-dev libzstd-dev libpcre2-dev libutf8proc-dev libyaml-dev libssl-dev
 DEMO_PKGS := $(BUILD_PKGS) gnuplot-nox
 DEB_PKGS := $(BUILD_PKGS) zstd bats bats-assert bats-support mandoc gnuplot-nox python3 python3-torch \
-	python3-numpy python3-jinja2 libjs-chart.js npm chromium jq
+	python3-numpy python3-jinja2 python3-cryptography libjs-chart.js npm chromium jq
 # $(call need_pkgs,PACKAGES): install the missing ones as root, else name them and fail
 need_pkgs = missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || \
 		{ [ $$p = npm ] && command -v npm >/dev/null; } || echo $$p; done); \
