@@ -1735,6 +1735,23 @@ rl_comm_reducer_ready(rl_comm_reducer *r, size_t from)
 	return r->err;
 }
 
+/* Without a thread: reduces buckets [r->done, upto) here, in order. */
+static int
+reducer_sync_upto(rl_comm_reducer *r, int upto)
+{
+	int rv = RL_OK;
+
+	for (; rv == 0 && r->done < upto; r->done++) {
+		size_t lo, hi;
+		bucket_range(r, r->done, &lo, &hi);
+		rv = r->scatter ? rl_comm_reduce_scatter_range(r->c, r->buf, r->n, lo, hi) :
+		    rl_comm_allreduce(r->c, r->buf + lo, hi - lo);
+		if (rv == 0 && r->done_fn)
+			r->done_fn(r->done_ctx, lo, hi);
+	}
+	return rv;
+}
+
 int
 rl_comm_reducer_wait(rl_comm_reducer *r)
 {
@@ -1764,17 +1781,27 @@ rl_comm_reducer_wait(rl_comm_reducer *r)
 		return rv;
 	}
 #endif
-	rv = r->err;
-	for (int k = 0; rv == 0 && k < r->nb; k++) {
-		size_t lo, hi;
-		bucket_range(r, k, &lo, &hi);
-		rv = r->scatter ? rl_comm_reduce_scatter_range(r->c, r->buf, r->n, lo, hi) :
-		    rl_comm_allreduce(r->c, r->buf + lo, hi - lo);
-		if (rv == 0 && r->done_fn)
-			r->done_fn(r->done_ctx, lo, hi);
-	}
+	rv = r->err ? r->err : reducer_sync_upto(r, r->nb);
 	r->queued = r->done = r->err = 0;
 	return rv;
+}
+
+int
+rl_comm_reducer_drain(rl_comm_reducer *r, int keep)
+{
+	int rv;
+
+	if (r->mode == R_THREAD) {
+		pthread_mutex_lock(&r->mu);
+		while (!r->err && r->queued - r->done > keep)
+			pthread_cond_wait(&r->cv, &r->mu);
+		rv = r->err;
+		pthread_mutex_unlock(&r->mu);
+		return rv;
+	}
+	if (r->mode == R_SYNC && !r->err && (rv = reducer_sync_upto(r, r->queued - keep)) != 0)
+		r->err = rv;
+	return r->err; /* a stream's buckets are on the device already */
 }
 
 void

@@ -129,6 +129,11 @@ int rl_comm_reducer_create(rl_comm_reducer **out, rl_comm *c, float *buf, size_t
  * Returns the first error of the round so far (the round must still be
  * ended with rl_comm_reducer_wait). */
 int rl_comm_reducer_ready(rl_comm_reducer *r, size_t from);
+/* Waits until at most `keep` of the buckets declared final are not reduced
+ * yet (without a thread: reduces the others here, in order), so that a
+ * caller that frees reduced buckets (ZeRO-2) bounds what it holds.  The
+ * first error of the round. */
+int rl_comm_reducer_drain(rl_comm_reducer *r, int keep);
 /* Ends the round: reduces what is left, waits for every bucket; buf then
  * holds the sums.  The first error of the round, else RL_OK. */
 int rl_comm_reducer_wait(rl_comm_reducer *r);
