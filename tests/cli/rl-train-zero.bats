@@ -1,7 +1,8 @@
 #!/usr/bin/env bats
 # rl-train --zero 2 on the CPU backend (several processes on 127.0.0.1):
 # - 2 and 4 ranks give the losses and weights of 1 rank without ZeRO, for
-#   GRPO and PPO (value head), with micro-batches, mini-batches and epochs;
+#   GRPO, PPO (value head) and DPO, with micro-batches, mini-batches and
+#   epochs, and ranks with fewer micro-batches than others;
 #   with one micro-batch per rank, bitwise ZeRO-1's weights;
 # - each rank's gradient memory, measured from its resident pages, is about
 #   its shard plus the layers in flight, against the whole buffer for ZeRO-1;
@@ -96,6 +97,29 @@ PY
 		run -0 same_losses "$TD/p1.m" "$TD/p$w.metrics.0"
 	done
 	grep -q '"critic/vf_loss"' "$TD/p4.metrics.0"
+}
+
+@test "ZeRO-2, DPO: 2 ranks with uneven micro-batch counts (1 and 2 pairs) and 4 ranks = 1 rank" {
+	python3 - > "$TD/pairs.jsonl" <<'PY'
+import json, random
+random.seed(3)
+w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
+for i in range(12):
+    print(json.dumps({"prompt": " ".join(random.choice(w) for _ in range(3)) + ":",
+                      "chosen": " " + " ".join(random.choice(w) for _ in range(2)),
+                      "rejected": " " + " ".join(random.choice(w) for _ in range(3))}))
+PY
+	# 3 pairs a step, one pair per micro-batch: on 2 ranks one rank has a round
+	# without a micro-batch, and hands over zeros
+	args=(--algo dpo --batch 3 --lr 1e-2 --max-tokens-per-micro 64 --bucket-mb 0.01)
+	rl-train -q -m "$TD/m0" --out "$TD/d1" --metrics /dev/null "${args[@]}" "$TD/pairs.jsonl"
+	[ "$(readlink "$TD/d1/latest")" = step-00000004 ]
+	TRAIN_WORLD_DATA="$TD/pairs.jsonl" train_world 2 "$TD/d2" --zero 2 "${args[@]}"
+	PORT=$(free_port)
+	TRAIN_WORLD_DATA="$TD/pairs.jsonl" train_world 4 "$TD/d4" --zero 2 "${args[@]}"
+	run -0 close "$TD/d2/latest/model.safetensors" "$TD/d1/latest/model.safetensors"
+	run -0 close "$TD/d4/latest/model.safetensors" "$TD/d1/latest/model.safetensors"
+	run -1 close "$TD/d4/step-00000003/model.safetensors" "$TD/d1/latest/model.safetensors"
 }
 
 @test "ZeRO-2: each rank's resident gradient memory is about its shard, measured" {
