@@ -3,14 +3,15 @@
 # same batch: plain data parallelism (--zero 0), ZeRO-1 and ZeRO-2, each REPEAT
 # times in turn (the machine is shared: interleaving spreads its load over all).
 # Per run, rank 0's means over the steps after the first (warm-up):
-#   {"bench":"zero","zero":Z,"world":W,"run":i,"steps":S,"micro_per_rank":k,
+#   {"bench":"zero","zero":Z,"world":W,"run":i,"steps":S,"micro_per_rank":k (8 sequences
+#    of 64 tokens over W ranks, 2 a micro-batch),
 #    "step_s":timing_s/update_actor,"comm_wait_s":timing_s/allreduce,
 #    "grads_resident_mb":memory/grads_resident_mb (measured, peak of the step),
 #    "grads_mb":the full gradient buffer,"optimizer_state_mb","max_rss_mb"}
 # Model: bench/parallel-train.sh's ~11M-parameter Qwen2 (44 MB of f32
 # gradients, tied embeddings); a step is 2 groups of 4 sequences of 16 + 48
 # tokens, micro-batches of 128 tokens, so each of 2 ranks runs 2 micro-batches
-# an update (ZeRO-2 reduce-scatters after each); buckets of BUCKET_MB (4) MiB,
+# an update (each of 4 ranks 1) (ZeRO-2 reduce-scatters after each); buckets of BUCKET_MB (4) MiB,
 # small next to the 44 MB, as 25 MiB ones are next to a real model's gradients.
 # One OpenMP thread per rank.
 set -eu
@@ -63,7 +64,7 @@ def mean(k):
     v = [m[k] for m in ms if m.get(k) is not None]
     return round(sum(v) / len(v), 4) if v else None
 print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "world": int(sys.argv[2]), "run": int(sys.argv[4]),
-    "steps": len(ms), "micro_per_rank": 2, "step_s": mean("timing_s/update_actor"),
+    "steps": len(ms), "micro_per_rank": max(1, 8 // int(sys.argv[2]) // 2), "step_s": mean("timing_s/update_actor"),
     "comm_wait_s": mean("timing_s/allreduce"), "grads_resident_mb": round(max(m["memory/grads_resident_mb"] for m in ms), 1),
     "grads_mb": round(ms[-1]["memory/grads_mb"], 1), "optimizer_state_mb": round(ms[-1]["memory/optimizer_state_mb"], 1),
     "max_rss_mb": round(ms[-1]["memory/max_rss_mb"], 1)}))
