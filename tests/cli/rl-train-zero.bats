@@ -1,7 +1,7 @@
 #!/usr/bin/env bats
 # rl-train --zero 2 on the CPU backend (several processes on 127.0.0.1):
 # - 2 and 4 ranks give the losses and weights of 1 rank without ZeRO, for
-#   GRPO, PPO (value head) and DPO, with micro-batches, mini-batches and
+#   GRPO, PPO (value head, --recompute) and DPO, with micro-batches, mini-batches and
 #   epochs, and ranks with fewer micro-batches than others;
 #   with one micro-batch per rank, bitwise ZeRO-1's weights;
 # - each rank's gradient memory, measured from its resident pages, is about
@@ -86,8 +86,8 @@ PY
 	cmp "$TD/b2/latest/model.safetensors" "$TD/b3/latest/model.safetensors"
 }
 
-@test "ZeRO-2, PPO (value head): 2 and 4 ranks = 1 rank" {
-	args=(--algo ppo --batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.01 --dp-check-every 1)
+@test "ZeRO-2, PPO (value head) with --recompute: 2 and 4 ranks = 1 rank" {
+	args=(--algo ppo --batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.01 --dp-check-every 1 --recompute)
 	rl-train -q -m "$TD/m0" --out "$TD/p1" --metrics "$TD/p1.m" "${args[@]}" "$TD/s.jsonl"
 	train_world 2 "$TD/p2" --zero 2 "${args[@]}"
 	PORT=$(free_port)
