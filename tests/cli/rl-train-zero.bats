@@ -168,10 +168,10 @@ PY
 }
 
 @test "--zero 3 and --zero 2 with LoRA are refused clearly" {
-	run -2 rl-train -m "$TD/m0" --out "$TD/x3" --zero 3 "$TD/s.jsonl"
-	assert_output --partial "ZeRO-3 does not train yet"
-	run -2 rl-train -m "$TD/m0" --out "$TD/x4" --zero 4 "$TD/s.jsonl"
-	assert_output --partial "--zero takes 0, 1 or 2"
-	run -1 rl-train -m "$TD/m0" --out "$TD/xl" --zero 2 --lora-rank 2 "$TD/s.jsonl"
-	assert_output --partial "--lora-rank with --zero 2"
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x3" --zero 3 "$TD/s.jsonl"
+	[[ "$stderr" == *"ZeRO-3 does not train yet"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x4" --zero 4 "$TD/s.jsonl"
+	[[ "$stderr" == *"--zero takes 0, 1 or 2"* ]]
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/xl" --zero 2 --lora-rank 2 "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank with --zero 2"* ]]
 }
