@@ -6,7 +6,8 @@
 #   with one micro-batch per rank, bitwise ZeRO-1's weights;
 # - each rank's gradient memory, measured from its resident pages, is about
 #   its shard plus the layers in flight, against the whole buffer for ZeRO-1;
-# - a ZeRO-2 checkpoint resumes on 1 rank without ZeRO;
+# - a ZeRO-2 checkpoint resumes on 1 rank without ZeRO; queue mode (rank 0
+#   leasing for both) trains the steps of the file;
 # - --zero 3 and --zero 2 with LoRA are refused with a clear message.
 
 bats_require_minimum_version 1.5.0
@@ -165,6 +166,24 @@ PY
 	[ "$(readlink "$TD/r2/latest")" = step-00000003 ]
 	run -0 close "$TD/r2/latest/model.safetensors" "$TD/r1/latest/model.safetensors"
 	run -0 close "$TD/r2/latest/optimizer.safetensors" "$TD/r1/latest/optimizer.safetensors" 1e-7 1e-2
+}
+
+@test "ZeRO-2 in queue mode: 2 ranks, rank 0 leasing, train the steps of 1 rank on the file" {
+	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' rl-queue serve -q -l tcp://127.0.0.1:@PORT@ -k 100
+	QURL="tcp://127.0.0.1:$DPORT"
+	rl-queue put -q -s scored "$QURL" "$TD/s.jsonl"
+	args=(--batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.01 --dp-check-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/u1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/u2" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" --zero 2 \
+	    --queue "$QURL" "${args[@]}" 3>&- 2>"$TD/u2.err.1" &
+	r1=$!
+	PIDS="$PIDS $r1"
+	run -0 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/u2" --rank 0 --world 2 --rendezvous \
+	    "127.0.0.1:$PORT" --zero 2 --queue "$QURL" --idle-exit 1 --metrics "$TD/u2.metrics" "${args[@]}"
+	wait "$r1"
+	[ "$(readlink "$TD/u2/latest")" = step-00000003 ]
+	run -0 close "$TD/u2/latest/model.safetensors" "$TD/u1/latest/model.safetensors"
+	rl-queue stat "$QURL" | grep -q '^done 48 '
 }
 
 @test "--zero 3 and --zero 2 with LoRA are refused clearly" {
