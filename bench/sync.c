@@ -8,7 +8,7 @@
  * Prints one JSON object per case on stdout.
  *   build/bench/sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N]
  *                    [--stored|--compress] [--reps N] [--transport auto|shm|stream|nng]
- *                    [--push-only]
+ *                    [--push-only] [--push-parts 1,2,4]
  * Each figure is the median of --reps (5) interleaved runs; "cpu" figures are
  * the process's user + system seconds over the same interval (less sensitive
  * to other load on a shared machine than wall-clock seconds), and
@@ -37,6 +37,12 @@
  * version directory (rl_wdir_publish_ver, with fsync) under $TMPDIR.  The
  * other passes push with the stream transport (chunks), as they did before
  * the shared memory push existed, so their delta rows stay comparable.
+ *
+ * --push-parts P1,P2,..: seconds to push a version as P parts by P threads
+ * at once, each with its own connection (the ranks of rl-train
+ * --push-parts), until the last part's push returned (the server then has
+ * assembled, re-hashed and published it): whole (uncompressed chunks), then
+ * as deltas (each part against the previous version's part).
  *
  * The delta case: fp32 master weights w ~ N(0, 0.02) (layer-norm gains ~ 1),
  * one Adam-like step w -= lr * g with |g| ~ 1 (Adam normalises the update),
@@ -309,6 +315,105 @@ push_only(const char *url, const char *how, rl_wver *a, rl_wver *b, int reps, ui
 	}
 	return 0;
 }
+/* --push-parts: one version pushed as P parts by P threads at once, each
+ * with its own client (as P trainer ranks): the model file cut into P byte
+ * ranges, blobs model-0000k-of-0000P.safetensors (config.json with part 0),
+ * borrowed from a or b.  "seconds": from the start until every part's push
+ * returned (the last one returns when the server has published).  how:
+ * "whole" (uncompressed chunks) or "delta" (each part against its previous
+ * one). */
+typedef struct partjob {
+	const char *url;
+	rl_wver *v, *base;
+	int index, count, rv;
+} partjob;
+
+static void *
+part_main(void *arg)
+{
+	partjob *j = arg;
+	rl_wsync_client_opts po = { .timeout_ms = 60000, .transport = RL_WSYNC_T_STREAM };
+	rl_wsync_client *pc = NULL;
+
+	if ((j->rv = rl_wsync_client_open(&pc, j->url, &po)) == 0)
+		j->rv = rl_wsync_push_part(pc, j->v, j->base, j->index, j->count, NULL);
+	rl_wsync_client_close(pc);
+	return NULL;
+}
+
+/* part k of P of the version whose model file is f (n bytes) */
+static rl_wver *
+part_ver(const uint8_t *f, uint64_t n, int k, int P)
+{
+	rl_wver *v;
+	char name[64];
+	uint64_t lo = n * (uint64_t)k / (uint64_t)P, hi = n * (uint64_t)(k + 1) / (uint64_t)P;
+
+	rl_wver_create(&v, 0);
+	snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k + 1, P);
+	rl_wver_add_blob(v, name, f + lo, hi - lo, 2, 0);
+	if (k == 0)
+		rl_wver_add_blob(v, "config.json", "{\"model_type\":\"gpt2\"}", 21, 1, 0);
+	return v;
+}
+
+static int
+push_parts(const char *url, const char *how, const uint8_t *fa, const uint8_t *fb, uint64_t n, int P, int reps,
+    uint64_t *ver, size_t nparam)
+{
+	rl_wver *pa[8], *pb[8];
+	double ts[16], cs[16], la[2][3];
+	int delta = strcmp(how, "delta") == 0;
+
+	for (int k = 0; k < P; k++) {
+		pa[k] = part_ver(fa, n, k, P);
+		pb[k] = part_ver(fb, n, k, P);
+	}
+	getloadavg(la[0], 3);
+	for (int r = -1; r < reps; r++) { /* r = -1: the first version, not timed */
+		pthread_t th[8];
+		partjob jb[8];
+		double t, c;
+		int rv = 0;
+		++*ver;
+		for (int k = 0; k < P; k++) {
+			rl_wver *v = (r & 1) ? pa[k] : pb[k];
+			v->version = *ver;
+			rl_wver_hash(v); /* outside the timer, as in push_only */
+			jb[k] = (partjob){ url, v, delta && r >= 0 ? ((r & 1) ? pb[k] : pa[k]) : NULL, k, P, 0 };
+		}
+		c = cpu_now();
+		t = rl_now();
+		for (int k = 0; k < P; k++)
+			pthread_create(&th[k], NULL, part_main, &jb[k]);
+		for (int k = 0; k < P; k++) {
+			pthread_join(th[k], NULL);
+			rv = rv ? rv : jb[k].rv;
+		}
+		t = rl_now() - t;
+		c = cpu_now() - c;
+		if (rv != 0) {
+			fprintf(stderr, "sync: push in %d parts (%s) failed: %s\n", P, how, rl_strerror(rv));
+			return 1;
+		}
+		if (r >= 0) {
+			ts[r] = t;
+			cs[r] = c;
+		}
+	}
+	getloadavg(la[1], 3);
+	printf("{\"bench\":\"sync\",\"case\":\"push_parts\",\"how\":\"%s\",\"parts\":%d,\"params\":%zu,"
+	       "\"bytes\":%llu,\"reps\":%d,\"push_seconds\":%.3f,\"push_cpu_seconds\":%.3f,"
+	       "\"load_avg\":[%.2f,%.2f]}\n",
+	       how, P, nparam, (unsigned long long)n + 21, reps, median(ts, reps), median(cs, reps), la[0][0], la[1][0]);
+	fflush(stdout);
+	for (int k = 0; k < P; k++) {
+		rl_wver_destroy(pa[k]);
+		rl_wver_destroy(pb[k]);
+	}
+	return 0;
+}
+
 static uint64_t bulk_chunks, all_chunks, shm_versions; /* of the last deliver() */
 
 static double
@@ -407,7 +512,7 @@ main(int argc, char **argv)
 	/* chunks, as before the shared memory push: the delta rows stay comparable */
 	rl_wsync_client_opts po = { .timeout_ms = 60000, .transport = RL_WSYNC_T_STREAM };
 	rl_wsync_stats st;
-	int only_push = 0;
+	int only_push = 0, nparts = 0, parts[4];
 	char url[64];
 	uint64_t changed = 0;
 
@@ -429,6 +534,11 @@ main(int argc, char **argv)
 			stored = 1;
 		else if (strcmp(argv[i], "--push-only") == 0)
 			only_push = 1;
+		else if (strcmp(argv[i], "--push-parts") == 0 && i + 1 < argc) {
+			char *s = argv[++i];
+			for (char *tok = strtok(s, ","); tok && nparts < 4; tok = strtok(NULL, ","))
+				parts[nparts++] = RL_MAX(1, RL_MIN(8, atoi(tok)));
+		}
 		else if (strcmp(argv[i], "--compress") == 0)
 			stored = -1;
 		else if (strcmp(argv[i], "--transport") == 0 && i + 1 < argc) {
@@ -445,7 +555,7 @@ main(int argc, char **argv)
 				subs[nsubs++] = RL_MAX(1, RL_MIN(8, atoi(tok)));
 		} else {
 			fprintf(stderr, "usage: sync [--mb N] [--lr X] [--subs 1,4] [--level L] [--parallel N] "
-				"[--stored|--compress] [--reps N] [--transport T] [--push-only]\n");
+				"[--stored|--compress] [--reps N] [--transport T] [--push-only] [--push-parts 1,2,4]\n");
 			return 2;
 		}
 	}
@@ -493,6 +603,20 @@ main(int argc, char **argv)
 	if (rl_wsync_server_open(&srv, &so) != 0 || rl_wsync_client_open(&pc, url, &po) != 0) {
 		fprintf(stderr, "sync: cannot start a server on %s\n", url);
 		return 1;
+	}
+	if (nparts > 0) {
+		uint64_t ver = 0;
+		int rc = 0;
+		rl_wsync_client_close(pc);
+		for (int h = 0; h < 2 && rc == 0; h++)
+			for (int i = 0; i < nparts && rc == 0; i++)
+				rc = push_parts(url, h ? "delta" : "whole", f1, f2, fsize, parts[i], reps, &ver, nparam);
+		rl_wsync_server_close(srv);
+		rl_wver_destroy(v1);
+		rl_wver_destroy(v2);
+		free(f1);
+		free(f2);
+		return rc;
 	}
 	if (only_push) {
 		uint64_t ver = 0;

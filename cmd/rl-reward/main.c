@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <math.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,18 @@ static const char usage_text[] =
 	"  -e, --exec 'CMD ARGS'    user reward program (coprocess, argv without a shell): one JSONL\n"
 	"                           record in per line, one reply out: a number or {\"reward\": x}\n"
 	"      --exec-weight W      weight of the --exec component (default 1)\n"
+	"      --judge URL          an LLM judge: an OpenAI-compatible API (http://HOST:PORT/v1), asked\n"
+	"                           per record with --judge-template; its verdict is the score\n"
+	"      --judge-template F   Jinja template of the judge's prompt (prompt, response,\n"
+	"                           ground_truth, meta)\n"
+	"      --judge-model NAME   the request's model (default: the first of URL/models)\n"
+	"      --judge-pattern RE   the verdict: RE's first group, as a number (default: the last\n"
+	"                           number of the reply)\n"
+	"      --judge-weight W     weight of the --judge component (default 1)\n"
+	"      --judge-timeout SEC  per request (default 60)\n"
+	"      --judge-jobs N       requests in flight (default 8)\n"
+	"      --judge-max-tokens N the judge's reply at most (default 512)\n"
+	"      --judge-key-file F   an API key sent as Authorization: Bearer (a file of mode 600)\n"
 	"  -j, --jobs N             --exec workers (default 1)\n"
 	"      --timeout SEC        per-record --exec timeout (default 30)\n"
 	"      --batch N            records per scoring round with --exec (default 64 x jobs)\n"
@@ -153,6 +166,43 @@ gen_arith(int argc, char **argv)
 
 /* ---- scoring ---------------------------------------------------------------------- */
 
+/* --judge's options together: a usage error (2) or 0. */
+static int
+judge_opts_check(const rl_reward_judge_opts *jo, const char *tmpl, const char *key)
+{
+	struct stat st;
+
+	if (!jo->url)
+		return jo->model || jo->pattern || tmpl || key ? rl_cli_usage("--judge-* options need --judge URL") : 0;
+	if (!tmpl)
+		return rl_cli_usage("--judge needs --judge-template FILE (the judge's prompt)");
+	if (strncmp(jo->url, "https://", 8) == 0)
+		return rl_cli_usage("--judge '%s': https is not supported; reach the server over http (a local "
+		    "proxy or an SSH tunnel)", jo->url);
+	if (strncmp(jo->url, "http://", 7) != 0 && stat(jo->url, &st) == 0 && S_ISDIR(st.st_mode))
+		return rl_cli_usage("--judge '%s' is a model directory: rl-reward asks a judge over HTTP; serve it "
+		    "with rl-rollout serve -m %s and give its URL (http://127.0.0.1:PORT/v1)", jo->url, jo->url);
+	if (strncmp(jo->url, "http://", 7) != 0)
+		return rl_cli_usage("--judge '%s': want the http:// URL of an OpenAI-compatible API", jo->url);
+	return 0;
+}
+
+/* The key in file path (its first line) into *out. */
+static int
+read_key(const char *path, char **out)
+{
+	size_t n;
+
+	if (rl_io_read_file(path, 4096, out, &n) != 0)
+		return -1;
+	(*out)[strcspn(*out, "\r\n")] = 0;
+	if ((*out)[0] == 0) {
+		rl_error("--judge-key-file '%s': empty", path);
+		return -1;
+	}
+	return 0;
+}
+
 static volatile sig_atomic_t stop_flag;
 
 static void
@@ -167,11 +217,17 @@ main(int argc, char **argv)
 {
 	enum { O_EXEC_WEIGHT = 256, O_TIMEOUT, O_BATCH, O_GSM8K_MODE, O_MAX_LENGTH, O_LENGTH_UNIT, O_JSONL,
 	       O_QUEUE, O_IDLE_EXIT, O_BROKER_TIMEOUT, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY,
-	       O_OVERLONG_BUFFER, O_OVERLONG_PENALTY, O_MAX_RESPONSE_LEN };
+	       O_OVERLONG_BUFFER, O_OVERLONG_PENALTY, O_MAX_RESPONSE_LEN, O_JUDGE, O_JTMPL, O_JMODEL, O_JPAT,
+	       O_JWEIGHT, O_JTIMEOUT, O_JJOBS, O_JMAXTOK, O_JKEY };
 	static const struct option lo[] = {
 		{ "task", required_argument, 0, 't' },
 		{ "exec", required_argument, 0, 'e' },
 		{ "exec-weight", required_argument, 0, O_EXEC_WEIGHT },
+		{ "judge", required_argument, 0, O_JUDGE }, { "judge-template", required_argument, 0, O_JTMPL },
+		{ "judge-model", required_argument, 0, O_JMODEL }, { "judge-pattern", required_argument, 0, O_JPAT },
+		{ "judge-weight", required_argument, 0, O_JWEIGHT }, { "judge-timeout", required_argument, 0, O_JTIMEOUT },
+		{ "judge-jobs", required_argument, 0, O_JJOBS }, { "judge-max-tokens", required_argument, 0, O_JMAXTOK },
+		{ "judge-key-file", required_argument, 0, O_JKEY },
 		{ "jobs", required_argument, 0, 'j' },
 		{ "timeout", required_argument, 0, O_TIMEOUT },
 		{ "batch", required_argument, 0, O_BATCH },
@@ -198,6 +254,9 @@ main(int argc, char **argv)
 	rl_reward_task tasks[RL_REWARD_MAX_TASKS];
 	rl_reward_scorer sc;
 	rl_reward_exec_opts xo;
+	rl_reward_judge_opts jo;
+	const char *jtmpl = NULL, *jkey = NULL;
+	char *jtext = NULL, *jkeytext = NULL;
 	rl_traj_writer_opts wo = { 0 };
 	rl_traj_writer *w = NULL;
 	const char *exec_cmd = NULL, *out = NULL, *queue_url = NULL;
@@ -224,6 +283,8 @@ main(int argc, char **argv)
 	sc.opts.gsm8k_mode = RL_GSM8K_STRICT;
 	sc.opts.overlong_penalty = 1.0;
 	rl_reward_exec_opts_default(&xo);
+	rl_reward_judge_opts_default(&jo);
+	sc.judge_weight = 1.0;
 	wo.format = RL_TRAJ_BINARY;
 	while ((c = rl_cli_getopt(argc, argv, "t:e:j:o:qvh", NULL)) != -1) {
 		switch (c) {
@@ -242,6 +303,18 @@ main(int argc, char **argv)
 			break;
 		case 'e': exec_cmd = optarg; break;
 		case O_EXEC_WEIGHT: rv = rl_cli_double(c, optarg, -1e300, DBL_MAX, &sc.exec_weight); break;
+		case O_JUDGE: jo.url = optarg; break;
+		case O_JTMPL: jtmpl = optarg; break;
+		case O_JMODEL: jo.model = optarg; break;
+		case O_JPAT: jo.pattern = optarg; break;
+		case O_JWEIGHT: rv = rl_cli_double(c, optarg, -1e300, DBL_MAX, &sc.judge_weight); break;
+		case O_JTIMEOUT:
+			if ((rv = rl_cli_double(c, optarg, 0, 1e6, &jo.timeout_s)) == 0 && jo.timeout_s <= 0)
+				rv = rl_cli_usage("--judge-timeout: bad value '%s' (a number above 0)", optarg);
+			break;
+		case O_JJOBS: rv = rl_cli_int32(c, optarg, 1, 1024, &jo.jobs); break;
+		case O_JMAXTOK: rv = rl_cli_int32(c, optarg, 1, 1 << 20, &jo.max_tokens); break;
+		case O_JKEY: jkey = optarg; break;
 		case 'j': rv = rl_cli_int32(c, optarg, 1, 1024, &xo.workers); break;
 		case O_TIMEOUT:
 			if ((rv = rl_cli_double(c, optarg, 0, DBL_MAX, &xo.timeout_s)) == 0 && xo.timeout_s <= 0)
@@ -299,8 +372,10 @@ main(int argc, char **argv)
 			goto usage;
 	}
 	rl_log_set_level(verbosity);
-	if (ntasks == 0 && !exec_cmd)
-		rv = rl_cli_usage("nothing to score with: give --task NAME or --exec 'CMD'");
+	if (ntasks == 0 && !exec_cmd && !jo.url)
+		rv = rl_cli_usage("nothing to score with: give --task NAME, --exec 'CMD' or --judge URL");
+	else if ((rv = judge_opts_check(&jo, jtmpl, jkey)) != 0)
+		;
 	else if (has_length && sc.opts.max_length <= 0)
 		rv = rl_cli_usage("the length task needs --max-length N");
 	else if (has_overlong_opt && sc.opts.overlong_buffer <= 0)
@@ -322,6 +397,25 @@ main(int argc, char **argv)
 	sc.tasks = tasks;
 	sc.ntasks = ntasks;
 
+	if (jo.url) {
+		size_t n;
+		if (rl_io_read_file(jtmpl, 1 << 20, &jtext, &n) != 0 || (jkey && read_key(jkey, &jkeytext) != 0)) {
+			status = 1;
+			goto out;
+		}
+		jo.tmpl = jtext;
+		jo.tmpl_name = jtmpl;
+		jo.api_key = jkeytext;
+		if ((rv = rl_reward_judge_create(&sc.judge, &jo)) != 0) {
+			/* a bad template or pattern is the command line's; a judge that
+			 * cannot be asked for its model is not */
+			status = rv == RL_EINVAL || rv == RL_EFORMAT ? 2 : 1;
+			goto out;
+		}
+		if (batch == 0)
+			batch = 8L * jo.jobs;
+	}
+
 	if (exec_cmd) {
 		if ((rv = rl_reward_exec_create(&sc.exec, exec_cmd, &xo)) != 0) {
 			status = rv == RL_EINVAL ? 2 : 1;   /* an empty --exec, an unclosed quote: usage */
@@ -329,7 +423,7 @@ main(int argc, char **argv)
 		}
 		if (batch == 0)
 			batch = 64L * xo.workers;
-	} else if (!queue_url) {
+	} else if (!queue_url && !jo.url) {
 		if (batch != 0)
 			rl_warn("--batch applies to --exec and --queue only: ignored (built-in tasks score record by record)");
 		batch = 1;
@@ -409,6 +503,9 @@ main(int argc, char **argv)
 out:
 	rl_traj_writer_close(w);
 	rl_reward_exec_destroy(sc.exec);
+	rl_reward_judge_destroy(sc.judge);
+	free(jtext);
+	free(jkeytext);
 	if (of && rl_io_fclose(of, out) != 0)
 		status = 1;
 	if (!of && !queue_url) {

@@ -51,13 +51,17 @@ static const char usage_text[] =
     "      --no-thinking       enable_thinking=false for Qwen3 chats that do not say\n"
     "      --slots N           sequences decoded together (default 64)\n"
     "      --kv-mem BYTES      KV cache budget, suffixes K M G (default 256M)\n"
+    "      --kv-reuse-mem BYTES  of --kv-mem, what episodes' caches may keep between calls\n"
+    "                          (default half of --kv-mem; evicted when requests need it)\n"
+    "      --no-kv-reuse       prefill every call of an episode whole (--kv-reuse-mem 0)\n"
     "      --device D          cpu, cuda, cuda:N or auto (default auto)\n"
     "      --config FILE       options from a YAML file (keys: long options; the command line wins)\n"
     "  -q, --quiet, -v, --verbose, -h, --help\n";
 
 enum {
 	O_LISTEN = 256, O_PUBLIC, O_KEY, O_KEYFILE, O_NAME, O_MAXREQ, O_MAXBODY, O_MAXTOK, O_STOP, O_TMPL,
-	O_NOTHINK, O_SLOTS, O_KVMEM, O_DEVICE, O_JSONL, O_EPTIMEOUT, O_WFROM, O_SYNC, O_PARTIAL, O_STALE, O_TBATCH, O_BODYTO
+	O_NOTHINK, O_SLOTS, O_KVMEM, O_DEVICE, O_JSONL, O_EPTIMEOUT, O_WFROM, O_SYNC, O_PARTIAL, O_STALE, O_TBATCH, O_BODYTO,
+	O_REUSEMEM, O_NOREUSE
 };
 
 static const struct option longopts[] = {
@@ -73,6 +77,7 @@ static const struct option longopts[] = {
 	{ "weights-from", required_argument, 0, O_WFROM }, { "sync", required_argument, 0, O_SYNC },
 	{ "partial", no_argument, 0, O_PARTIAL }, { "max-staleness", required_argument, 0, O_STALE },
 	{ "train-batch", required_argument, 0, O_TBATCH }, { "body-timeout", required_argument, 0, O_BODYTO },
+	{ "kv-reuse-mem", required_argument, 0, O_REUSEMEM }, { "no-kv-reuse", no_argument, 0, O_NOREUSE },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -159,6 +164,11 @@ parse_opt(rl_rollout_opts *o, int c, const char *a, int *verbosity)
 		if ((rv = rl_cli_bytes(c, a, 0, 1ULL << 40, &v)) == 0)
 			o->go.kv_mem = (size_t)v;
 		break;
+	case O_REUSEMEM:
+		if ((rv = rl_cli_bytes(c, a, 0, 1ULL << 40, &v)) == 0)
+			o->kv_reuse_mem = (long long)v;
+		break;
+	case O_NOREUSE: o->kv_reuse_mem = 0; break;
 	case O_DEVICE:
 		if (!rl_ops_device_ok(a))
 			return rl_cli_usage("--device: want cpu, cuda, cuda:N or auto, not '%s'", a);

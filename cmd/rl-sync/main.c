@@ -31,7 +31,9 @@
 
 static const char usage_text[] =
 	"usage: rl-sync serve --listen URL [--data-dir DIR] [--keep-previous] [--threads N] [--no-shm]\n"
+	"                    [--part-timeout S]\n"
 	"       rl-sync push URL CKPT_DIR [--version N] [--delta BASE_DIR] [--rewind] [--level L] [--chunk MIB]\n"
+	"                    [--part I/N]\n"
 	"                    [--stored|--compress] [--transport auto|shm|stream|nng]\n"
 	"       rl-sync pull URL --out DIR [--wait] [--follow] [--keep K] [--version N] [--stored|--compress]\n"
 	"                    [--transport auto|shm|stream|nng]\n"
@@ -54,6 +56,8 @@ static const char help_text[] =
 	"  -p, --keep-previous    serve: also hold and serve the previous version\n"
 	"  -t, --threads N        serve: worker threads (default 4)\n"
 	"  -M, --no-shm           serve: no shared memory for workers on this host\n"
+	"      --part-timeout S   serve: a version pushed in parts is dropped when a part is still\n"
+	"                         missing S seconds after its first began (default 60)\n"
 	"      --listen-public    serve: allow a non-loopback --listen without TLS client\n"
 	"                         certificates\n"
 	"      --tls-cert FILE    tls+tcp://: this end's certificate (PEM)\n"
@@ -68,6 +72,9 @@ static const char help_text[] =
 	"                         (not to a server on this host with --transport auto: see there)\n"
 	"  -R, --rewind           push: the version of a resumed trainer: the server drops the versions\n"
 	"                         from its number up and its workers move to it (needs --version N)\n"
+	"      --part I/N         push: CKPT_DIR's files are part I (0..N-1) of N parts of version\n"
+	"                         --version N, pushed by N processes at once; the server publishes\n"
+	"                         the version when all are in (--delta: this part's previous one)\n"
 	"  -L, --level L          push: zstd level (default 1)\n"
 	"  -c, --chunk MIB        push: chunk size in MiB (default 4)\n"
 	"  -o, --out DIR          pull: versioned output directory\n"
@@ -92,7 +99,7 @@ static const char help_text[] =
 	"      --version          print the program version and exit (alone, before a command)\n"
 	"  -h, --help             this text\n";
 
-enum { OPT_LISTEN_PUBLIC = 256, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_AUTH_KEY };
+enum { OPT_LISTEN_PUBLIC = 256, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_AUTH_KEY, OPT_PART, OPT_PART_TIMEOUT };
 
 static const struct option longopts[] = {
 	{ "listen", required_argument, NULL, 'l' },
@@ -123,6 +130,8 @@ static const struct option longopts[] = {
 	{ "tls-key", required_argument, NULL, OPT_TLS_KEY },
 	{ "tls-ca", required_argument, NULL, OPT_TLS_CA },
 	{ "auth-key-file", required_argument, NULL, OPT_AUTH_KEY },
+	{ "part", required_argument, NULL, OPT_PART },
+	{ "part-timeout", required_argument, NULL, OPT_PART_TIMEOUT },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -130,6 +139,8 @@ typedef struct cfg {
 	const char *cmd, *url, *dir, *ckpt, *listen, *data_dir, *out, *delta;
 	int keep_previous, threads, level, wait, follow, keep, json, stored, timeout, parallel, verbosity;
 	int transport, no_shm, rewind, listen_public;
+	int part, parts;          /* push --part I/N: part I of N (parts 0: a whole version) */
+	double part_timeout;
 	unsigned long long version;
 	size_t chunk;
 } cfg;
@@ -165,6 +176,7 @@ cmd_serve(const cfg *c)
 	o.keep_previous = c->keep_previous;
 	o.threads = c->threads;
 	o.shm = c->no_shm ? -1 : 0;
+	o.part_timeout_s = c->part_timeout;
 	if (c->listen && rli_listen_policy("serve", c->listen,
 					   rli_auth_key(NULL) || (strncmp(c->listen, "tls+", 4) == 0 && rli_nng_tls_authenticates()),
 					   c->listen_public) != 0)
@@ -259,6 +271,17 @@ cmd_push(const cfg *c)
 		if ((rv = server_latest(cl, &l)) != 0)
 			goto out;
 		v->version = l + 1;
+	}
+	if (c->parts) {
+		int pub = 0;
+		if ((rv = rl_wver_hash(v)) != 0 || (rv = rl_wsync_push_part(cl, v, base, c->part, c->parts, &pub)) != 0)
+			goto out;
+		rl_wsync_client_stats(cl, &st, 0);
+		rl_info("pushed part %d of %d of version %llu: %llu bytes as %llu on the wire in %.2f s%s", c->part,
+			c->parts, (unsigned long long)v->version, (unsigned long long)rl_wver_total(v),
+			(unsigned long long)st.bytes_sent, rl_now() - t0, pub ? "; the version is published" :
+			"; the version waits for its other parts");
+		goto out;
 	}
 	if ((rv = rl_wver_hash(v)) != 0 ||
 	    (rv = c->rewind ? rl_wsync_push_rewind(cl, v) : rl_wsync_push(cl, v, base)) != 0)
@@ -442,6 +465,22 @@ main(int argc, char **argv)
 		case OPT_TLS_KEY: tls_key = optarg; break;
 		case OPT_TLS_CA: tls_ca = optarg; break;
 		case OPT_AUTH_KEY: auth_key = optarg; break;
+		case OPT_PART: {
+			char *e1, *e2;
+			long i = strtol(optarg, &e1, 10), n = *e1 == '/' ? strtol(e1 + 1, &e2, 10) : 0;
+			if (*e1 != '/' || e1 == optarg || *e2 || e2 == e1 + 1 || n < 1 || n > 4096 || i < 0 || i >= n)
+				return rl_cli_usage("--part: bad value '%s' (I/N: part I of N, 0 <= I < N <= 4096)", optarg);
+			c.part = (int)i;
+			c.parts = (int)n;
+			break;
+		}
+		case OPT_PART_TIMEOUT: {
+			char *e;
+			c.part_timeout = strtod(optarg, &e);
+			if (e == optarg || *e || !(c.part_timeout > 0 && c.part_timeout <= 86400))
+				return rl_cli_usage("--part-timeout: bad value '%s' (seconds, above 0, at most 86400)", optarg);
+			break;
+		}
 		case 'S': c.stored = 1; break;
 		case 'Z': c.stored = -1; break;
 		case 'T':
@@ -473,6 +512,10 @@ main(int argc, char **argv)
 	nargs = argc - optind;
 	if (c.rewind && strcmp(c.cmd, "push") != 0)
 		return rl_cli_usage("--rewind is an option of push, not of %s", c.cmd);
+	if (c.parts && strcmp(c.cmd, "push") != 0)
+		return rl_cli_usage("--part is an option of push, not of %s", c.cmd);
+	if (c.part_timeout > 0 && strcmp(c.cmd, "serve") != 0)
+		return rl_cli_usage("--part-timeout is an option of serve, not of %s", c.cmd);
 	if (strcmp(c.cmd, "serve") == 0) {
 		if (nargs != 0)
 			return rl_cli_usage("serve: unexpected argument '%s'", argv[optind]);
@@ -486,6 +529,9 @@ main(int argc, char **argv)
 			return rl_cli_usage("push: want URL CKPT_DIR");
 		if (c.rewind && c.delta)
 			return rl_cli_usage("push: --rewind sends the version whole: drop --delta");
+		if (c.parts && (c.rewind || !c.version))
+			return rl_cli_usage("push --part: %s", c.rewind ? "a rewind goes whole, not in parts" :
+					    "give the version the parts belong to: --version N");
 		c.url = argv[optind];
 		c.ckpt = argv[optind + 1];
 		return cmd_push(&c);

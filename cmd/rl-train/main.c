@@ -65,6 +65,8 @@ static const char usage_text[] =
     "      --dpo-loss L          dpo: sigmoid, ipo or hinge (default sigmoid)\n"
     "      --label-smoothing E   dpo: sigmoid's label smoothing, 0 to 0.5 excluded (default 0)\n"
     "      --rpo-alpha A         dpo: add A times the NLL of the chosen completions (RPO; off)\n"
+    "      --online              dpo, rm: each scored group of n >= 2 gives one pair, its highest\n"
+    "                            reward chosen and its lowest rejected; equal rewards: no pair\n"
     "      --ent-coef C          entropy bonus (off)\n"
     "      --gamma G             discount for reinforce++ and ppo's GAE (default 1)\n"
     "      --lambda L            ppo: GAE lambda (default 1)\n"
@@ -117,6 +119,7 @@ static const char usage_text[] =
     "      --sync URL            also push each version to rl-sync (tcp://, ipc://) or a directory\n"
     "      --sync-transport T    auto (shared memory to a server on this host, else deltas), shm,\n"
     "                            stream or nng (deltas over the socket), file (default auto)\n"
+    "      --push-parts          every rank pushes its part of each version to --sync (a server)\n"
     "      --weights-group HOST:PORT  broadcast each version to rollout workers joined there\n"
     "      --weights-group-size N     this trainer and the N-1 workers of the group\n"
     "      --weights-group-backend B  auto, cpu, nccl or ipc (default auto: on a loopback address with\n"
@@ -162,12 +165,12 @@ enum {
 	O_INIT = 256, O_TOKENIZER, O_SEED, O_DEVICE, O_ALGO, O_BATCH, O_AGG, O_NORMLEN, O_NOSTD,
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_PACK, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
-	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC,
+	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC, O_PUSHPARTS,
 	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO,
 	O_PLAN, O_LORAR, O_LORAT, O_LORAA, O_LORAD, O_MERGE, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
 	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH, O_OVERLONG,
-	O_DPOBETA, O_DPOLOSS, O_LSMOOTH, O_RPO, O_SAVEMIN, O_FRESH,
+	O_DPOBETA, O_DPOLOSS, O_LSMOOTH, O_RPO, O_ONLINE, O_SAVEMIN, O_FRESH,
 	O_EVALP, O_EVALT, O_EVALE, O_EVALM, O_EVALN
 };
 
@@ -201,7 +204,7 @@ static const struct option longopts[] = {
 	{ "tls-ca", required_argument, 0, O_TLS_CA },
 	{ "auth-key-file", required_argument, 0, O_AUTH_KEY },
 	{ "broker-timeout", required_argument, 0, O_BTIMEOUT },
-	{ "sync", required_argument, 0, O_SYNC }, { "ckpt-every", required_argument, 0, O_CKEVERY },
+	{ "sync", required_argument, 0, O_SYNC }, { "push-parts", no_argument, 0, O_PUSHPARTS }, { "ckpt-every", required_argument, 0, O_CKEVERY },
 	{ "sync-transport", required_argument, 0, O_STRANS },
 	{ "rank", required_argument, 0, O_RANK }, { "world", required_argument, 0, O_WORLD },
 	{ "rendezvous", required_argument, 0, O_RDV }, { "comm-backend", required_argument, 0, O_CBACK },
@@ -225,6 +228,7 @@ static const struct option longopts[] = {
 	{ "skip-zero-adv", no_argument, 0, O_SKIPZ }, { "no-skip-zero-adv", no_argument, 0, O_NOSKIPZ },
 	{ "beta", required_argument, 0, O_DPOBETA }, { "dpo-loss", required_argument, 0, O_DPOLOSS },
 	{ "label-smoothing", required_argument, 0, O_LSMOOTH }, { "rpo-alpha", required_argument, 0, O_RPO },
+	{ "online", no_argument, 0, O_ONLINE },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -332,6 +336,7 @@ main(int argc, char **argv)
 			dpo_set = "--label-smoothing";
 			break;
 		case O_RPO: NUM(0, 1e6); o.rpo_alpha = (float)v; dpo_set = "--rpo-alpha"; break;
+		case O_ONLINE: o.online = 1; break;
 		case O_ENT: NUM(-1e9, 1e9); o.ent_coef = (float)v; break;
 		case O_GAMMA: NUM(0, 1); o.gamma = (float)v; break;
 		case O_LAMBDA: NUM(0, 1); o.lambda = (float)v; break;
@@ -392,6 +397,7 @@ main(int argc, char **argv)
 		case O_TLS_CA: rli_nng_tls_opt('a', a); break;
 		case O_AUTH_KEY: if (rli_auth_set_file(a) != 0) return 2; break;
 		case O_SYNC: o.sync_url = a; break;
+		case O_PUSHPARTS: o.push_parts = 1; break;
 		case O_STRANS:
 			if (rl_wsync_transport_parse(a, &o.sync_transport) != 0)
 				return rl_cli_usage("--sync-transport: want auto, shm, stream, nng or file, not '%s'", a);
@@ -508,6 +514,10 @@ main(int argc, char **argv)
 		return rl_cli_usage("no model: -m MODEL_DIR (or --resume)");
 	if (strans_set && !o.sync_url)
 		return rl_cli_usage("--sync-transport needs --sync URL");
+	if (o.push_parts && (!o.sync_url || !strstr(o.sync_url, "://")))
+		return rl_cli_usage("--push-parts needs --sync URL of an rl-sync server (tcp://, ipc://)");
+	if (o.push_parts && o.lora_rank > 0)
+		return rl_cli_usage("--push-parts with --lora-rank: an adapter version is small; push it whole");
 	if (o.ckpt_every > 1 && !o.sync_url && !o.wgroup_addr)
 		return rl_cli_usage("--ckpt-every needs --sync URL or --weights-group (where the versions between go)");
 	if (!o.wgroup_addr != !o.wgroup_size)
@@ -526,6 +536,8 @@ main(int argc, char **argv)
 	}
 	if (dpo_set && o.algo != RL_ALGO_DPO)
 		return rl_cli_usage("%s is an option of --algo dpo", dpo_set);
+	if (o.online && o.algo != RL_ALGO_DPO && o.algo != RL_ALGO_RM)
+		return rl_cli_usage("--online is an option of --algo dpo and rm (pairs formed from scored groups)");
 	/* dpo and rm read a pair as two padded rows (step.c); packing lays rows out
 	 * otherwise */
 	if (o.micro_tokens > 0 && (o.algo == RL_ALGO_DPO || o.algo == RL_ALGO_RM))

@@ -27,6 +27,7 @@ typedef struct fill_ctx {
 	float *buf;             /* host f32 (largest tensor) */
 	int dtype;              /* file dtype */
 	int opt;                /* optimizer file: opt entries per tensor: m, v (, f32 master) */
+	int kind0;              /* the first of those kinds (2: the master weights alone) */
 	int base;               /* tensor index of entry 0 (the value head file) */
 	const int *idx;         /* when non-NULL: the tensor index of each entry (after base) */
 } fill_ctx;
@@ -37,7 +38,7 @@ fill(void *vctx, int e, void *out, size_t nbytes)
 	fill_ctx *c = vctx;
 	static const int kinds[3] = { RL_MODEL_ADAM_M, RL_MODEL_ADAM_V, RL_MODEL_PARAM };
 	int j = c->opt ? e / c->opt : e, i = c->idx ? c->idx[j] : c->base + j, rv;
-	int kind = c->opt ? kinds[e % c->opt] : RL_MODEL_PARAM;
+	int kind = c->opt ? kinds[e % c->opt + c->kind0] : RL_MODEL_PARAM;
 	size_t n = c->m->tt.t[i].n;
 
 	if ((rv = rl_model_get(c->m, i, kind, c->buf)) != 0)
@@ -71,8 +72,8 @@ join(const char *a, const char *b)
 	return p;
 }
 
-static int
-fsync_path(const char *path)
+int
+rli_ckpt_fsync_path(const char *path)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC), rv = 0;
 	if (fd < 0)
@@ -201,7 +202,7 @@ finish_dir(const rl_model *m, const char *tmp)
 		}
 		free(src);
 	}
-	if (rv == RL_OK && fsync_path(tmp) != 0) {
+	if (rv == RL_OK && rli_ckpt_fsync_path(tmp) != 0) {
 		rl_error("cannot sync '%s': %s", tmp, strerror(errno));
 		rv = RL_EIO;
 	}
@@ -267,8 +268,51 @@ out:
 	return rv;
 }
 
+static int write_dir(rl_model *m, const char *tmp, int with_optimizer, const rl_ckpt_shards *sh);
+
 int
 rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
+{
+	return write_dir(m, tmp, with_optimizer, NULL);
+}
+
+/* The index of a sharded optimizer state: the f32 master weights when
+ * model.safetensors rounds them, the shards' identity in the metadata. */
+static int
+write_opt_index(rl_model *m, const char *path, const rl_ckpt_shards *sh, rl_st_entry *e, fill_ctx *fc)
+{
+	char step[32], ver[32], id[32], world[16], tot[32], *lay = rli_ckpt_layout_json(m);
+	const char *meta[] = { "format", "pt", "step", step, "version", ver, "checkpoint_id", id, "zero_shards", world,
+		"flat_numel", tot, "flat_layout", lay };
+	int per = fc->dtype == RL_F32 ? 0 : 1, rv;
+	char (*names)[RL_TT_NAME + 16] = rl_xcalloc((size_t)m->tt.n + 1, sizeof *names);
+
+	if (!lay) {
+		free(names);
+		return RL_ENOMEM;
+	}
+	snprintf(step, sizeof step, "%d", m->step);
+	snprintf(ver, sizeof ver, "%d", m->version);
+	snprintf(id, sizeof id, "%016llx", (unsigned long long)sh->id);
+	snprintf(world, sizeof world, "%d", sh->world);
+	snprintf(tot, sizeof tot, "%zu", m->tt.total);
+	for (int i = 0; i < per * m->tt.n; i++) {
+		snprintf(names[i], sizeof names[i], "%s.master", m->tt.t[i].name);
+		e[i].name = names[i];
+		e[i].dtype = RL_F32;
+		e[i].ndim = rl_tensor_file_shape(&m->tt.t[i], e[i].shape);
+	}
+	fc->opt = 1;
+	fc->kind0 = 2;
+	fc->dtype = RL_F32;
+	rv = rl_st_write(path, e, per * m->tt.n, meta, 7, fill, fc);
+	free(names);
+	cJSON_free(lay);
+	return rv;
+}
+
+static int
+write_dir(rl_model *m, const char *tmp, int with_optimizer, const rl_ckpt_shards *sh)
 {
 	rl_st_entry *e = NULL;
 	fill_ctx fc = { .m = m, .dtype = m->cfg.dtype };
@@ -318,7 +362,17 @@ rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 		if ((rv = write_sel(m, p, iv, 2, 0, e, nm, fc.buf, NULL)) != 0)
 			goto out;
 	}
-	if (with_optimizer && m->m != NULL) {
+	if (sh != NULL) {
+		free(p);
+		p = join(tmp, "optimizer.safetensors");
+		if ((rv = write_opt_index(m, p, sh, e, &fc)) != 0)
+			goto out;
+		free(p);
+		p = join(tmp, "trainer_state.json");
+		snprintf(stepbuf, sizeof stepbuf, "{\"global_step\": %d}", m->version);
+		if ((rv = write_text(p, stepbuf)) != 0)
+			goto out;
+	} else if (with_optimizer && m->m != NULL) {
 		/* the f32 master weights too when model.safetensors rounds them (bf16/f16),
 		 * so a resumed run continues from the same weights */
 		static const char *const sfx[3] = { "exp_avg", "exp_avg_sq", "master" };
@@ -373,7 +427,7 @@ out:
 
 /* Writes dir atomically through tmp (a sibling), then syncs the parent. */
 static int
-save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer)
+save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer, const rl_ckpt_shards *sh)
 {
 	struct stat st;
 	char *parent;
@@ -388,7 +442,7 @@ save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer)
 		rl_error("cannot create '%s': %s", tmp, strerror(errno));
 		return RL_EIO;
 	}
-	if ((rv = rli_ckpt_write_dir(m, tmp, with_optimizer)) != 0)
+	if ((rv = write_dir(m, tmp, with_optimizer, sh)) != 0)
 		goto fail;
 	if (rename(tmp, dir) != 0) {
 		rl_error("cannot rename '%s' to '%s': %s", tmp, dir, strerror(errno));
@@ -396,7 +450,7 @@ save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer)
 		goto fail;
 	}
 	parent = rl_xstrdup(dir);
-	fsync_path(dirname(parent));
+	rli_ckpt_fsync_path(dirname(parent));
 	free(parent);
 	return RL_OK;
 fail:
@@ -415,14 +469,33 @@ rl_model_save(rl_model *m, const char *dir)
 	while (strlen(d) > 1 && d[strlen(d) - 1] == '/')
 		d[strlen(d) - 1] = 0;
 	snprintf(tmp, n, "%s.tmp.%ld", d, (long)getpid());
-	rv = save_atomic(m, d, tmp, 0);
+	rv = save_atomic(m, d, tmp, 0, NULL);
 	free(tmp);
 	free(d);
 	return rv;
 }
 
+static int ckpt_save(rl_model *m, const char *root, int with_optimizer, const rl_ckpt_shards *sh, char *path,
+    size_t len);
+
 int
 rl_ckpt_save(rl_model *m, const char *root, int with_optimizer, char *path, size_t len)
+{
+	return ckpt_save(m, root, with_optimizer, NULL, path, len);
+}
+
+int
+rl_ckpt_save_sharded(rl_model *m, const char *root, const rl_ckpt_shards *sh, char *path, size_t len)
+{
+	if (m->lora != NULL) {
+		rl_error("sharded optimizer state with LoRA adapters: not supported");
+		return RL_ENOTSUP;
+	}
+	return ckpt_save(m, root, 1, sh, path, len);
+}
+
+static int
+ckpt_save(rl_model *m, const char *root, int with_optimizer, const rl_ckpt_shards *sh, char *path, size_t len)
 {
 	char name[32], *dir, *tmp, *lnk, *ltmp;
 	size_t n = strlen(root) + 64;
@@ -439,7 +512,7 @@ rl_ckpt_save(rl_model *m, const char *root, int with_optimizer, char *path, size
 	lnk = join(root, "latest");
 	ltmp = rl_xmalloc(n);
 	snprintf(ltmp, n, "%s/.latest.tmp.%ld", root, (long)getpid());
-	if ((rv = save_atomic(m, dir, tmp, with_optimizer)) != 0)
+	if ((rv = save_atomic(m, dir, tmp, with_optimizer, sh)) != 0)
 		goto out;
 	unlink(ltmp);
 	if (symlink(name, ltmp) != 0 || rename(ltmp, lnk) != 0) {
@@ -448,7 +521,7 @@ rl_ckpt_save(rl_model *m, const char *root, int with_optimizer, char *path, size
 		rv = RL_EIO;
 		goto out;
 	}
-	fsync_path(root);
+	rli_ckpt_fsync_path(root);
 	if (path != NULL)
 		snprintf(path, len, "%s", dir);
 out:
@@ -647,33 +720,35 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 	rl_st_file *f = NULL;
 	float *buf = NULL;
 	size_t maxn = 0;
-	int rv, step = -1;
+	int rv, step = -1, sharded;
 
-	if (m->m == NULL) {
-		rl_error("load optimizer: call rl_model_train_reserve first");
-		free(p);
-		return RL_EINVAL;
-	}
 	if ((rv = rl_st_open(&f, p)) != 0)
 		goto out;
+	{
+		/* a sharded state's index: the moments are the shards' (rl_ckpt_read_opt_range) */
+		char *w = rli_ckpt_meta(f, "zero_shards");
+		sharded = 0;
+		if (w != NULL) {
+			sharded = 1;
+			free(w);
+		}
+	}
+	if (m->m == NULL && !sharded) {
+		rl_error("load optimizer: call rl_model_train_reserve first");
+		rv = RL_EINVAL;
+		goto out;
+	}
 	for (int i = 0; i < m->tt.n; i++)
 		maxn = RL_MAX(maxn, m->tt.t[i].n);
 	if ((buf = rl_try_malloc(maxn * sizeof(float), "optimizer buffer")) == NULL) {
 		rv = RL_ENOMEM;
 		goto out;
 	}
-	/* the step is in the header metadata: re-read it */
 	{
-		const uint8_t *hp = f->map;
-		uint64_t hl = 0;
-		for (int i = 7; i >= 0; i--)
-			hl = hl << 8 | hp[i];
-		cJSON *root = cJSON_ParseWithLength((const char *)hp + 8, (size_t)hl);
-		cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
-		cJSON *s = cJSON_GetObjectItemCaseSensitive(md, "step");
-		if (cJSON_IsString(s))
-			step = atoi(s->valuestring);
-		cJSON_Delete(root);
+		char *sv = rli_ckpt_meta(f, "step");
+		if (sv != NULL)
+			step = atoi(sv);
+		free(sv);
 	}
 	if (step < 0) {
 		rl_error("'%s': no \"step\" in __metadata__", p);
@@ -687,6 +762,8 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 		for (int k = 0; k < 3; k++) {
 			static const char *const sfx[3] = { "exp_avg", "exp_avg_sq", "master" };
 			snprintf(key, sizeof key, "%s.%s", t->name, sfx[k]);
+			if (sharded && k < 2)
+				continue;
 			const rl_st_tensor *st = rl_st_find(f, key);
 			if (k == 2 && st == NULL)
 				break; /* f32 checkpoints carry no separate master copy */
@@ -876,4 +953,114 @@ rl_ckpt_run_live(const char *root)
 	live = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
 	close(fd); /* releases a shared lock taken here */
 	return live;
+}
+
+/* The part a tensor goes to: by where its first byte falls in the Hugging
+ * Face tensors' bytes, so each part carries about 1/nparts of them, whole
+ * tensors only, in table order. */
+static int
+part_of(size_t before, size_t total, int nparts)
+{
+	return total ? (int)((unsigned __int128)before * (unsigned)nparts / total) : 0;
+}
+
+int
+rl_ckpt_part_files(rl_ckpt_file **out, int *nout, rl_model *m, int part, int nparts)
+{
+	rl_ckpt_file *all = NULL, *f = NULL;
+	rl_st_entry *e = NULL;
+	uint8_t *img = NULL;
+	size_t nimg = 0, total = 0, before = 0, maxn = 0;
+	int rv, n = m->tt.n, nall = 0, nf = 0, nhf = 0, ne = 0, *idx = NULL, dtype = m->cfg.dtype;
+	char fname[64];
+	const char *meta[] = { "format", "pt" };
+	cJSON *root = NULL, *wm;
+
+	*out = NULL;
+	*nout = 0;
+	if (m->lora != NULL || part < 0 || part >= nparts) {
+		rl_error("%s", m->lora ? "a version in parts of LoRA adapters: not supported (they are small)" :
+		    "bad part");
+		return RL_EINVAL;
+	}
+	if (dtype != RL_F32 && dtype != RL_BF16 && dtype != RL_F16)
+		dtype = RL_F32;
+	while (nhf < n && !(m->tt.t[nhf].flags & (RL_T_AUX | RL_T_LORA)))
+		nhf++;
+	for (int i = 0; i < nhf; i++) {
+		total += m->tt.t[i].n * rl_dtype_size(dtype);
+		maxn = RL_MAX(maxn, m->tt.t[i].n);
+	}
+	e = rl_xcalloc((size_t)nhf + 1, sizeof *e);
+	idx = rl_xcalloc((size_t)nhf + 1, sizeof *idx);
+	root = cJSON_CreateObject();
+	cJSON_AddNumberToObject(cJSON_AddObjectToObject(root, "metadata"), "total_size", (double)total);
+	wm = cJSON_AddObjectToObject(root, "weight_map");
+	for (int i = 0; i < nhf; i++) {
+		int p = part_of(before, total, nparts);
+		before += m->tt.t[i].n * rl_dtype_size(dtype);
+		snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", p + 1, nparts);
+		cJSON_AddStringToObject(wm, m->tt.t[i].name, fname);
+		if (p != part)
+			continue;
+		idx[ne] = i;
+		e[ne].name = m->tt.t[i].name;
+		e[ne].dtype = dtype;
+		e[ne].ndim = rl_tensor_file_shape(&m->tt.t[i], e[ne].shape);
+		ne++;
+	}
+	/* the part's file name lives behind the entries: freed with them */
+	f = rl_xcalloc(1, 16 * sizeof *f + 64);
+	{
+		fill_ctx fc = { .m = m, .dtype = dtype, .idx = idx };
+		if ((fc.buf = rl_try_malloc((maxn ? maxn : 1) * sizeof(float), "checkpoint buffer")) == NULL) {
+			rv = RL_ENOMEM;
+			goto out;
+		}
+		rv = rl_st_write_mem(&img, &nimg, e, ne, meta, 1, fill, &fc);
+		free(fc.buf);
+		if (rv != 0)
+			goto out;
+	}
+	snprintf((char *)(f + 16), 64, "model-%05d-of-%05d.safetensors", part + 1, nparts);
+	f[nf].name = (const char *)(f + 16);
+	f[nf].data = img;
+	f[nf++].size = nimg;
+	img = NULL;
+	if (part == 0) {
+		/* the rest of the directory: config, the index naming every
+		 * tensor's file, the tokenizer (those of the whole version's files) */
+		char *ix = cJSON_Print(root);
+		size_t nix = strlen(ix);
+		char *ixn = rl_xmalloc(nix + 2);
+		memcpy(ixn, ix, nix);
+		ixn[nix] = '\n';
+		cJSON_free(ix);
+		f[nf].name = "model.safetensors.index.json";
+		f[nf].data = (uint8_t *)ixn;
+		f[nf++].size = nix + 1;
+		if ((rv = rl_ckpt_weight_files(&all, &nall, m)) != 0)
+			goto out;
+		for (int k = 0; k < nall && nf < 16; k++) {
+			if (strcmp(all[k].name, "model.safetensors") == 0 ||
+			    strcmp(all[k].name, "model.safetensors.index.json") == 0)
+				continue;
+			f[nf].name = all[k].name;
+			f[nf].data = all[k].data;
+			f[nf++].size = all[k].size;
+			all[k].data = NULL;
+		}
+	}
+	*out = f;
+	*nout = nf;
+	f = NULL;
+	rv = RL_OK;
+out:
+	rl_ckpt_files_free(all, nall);
+	rl_ckpt_files_free(f, nf);
+	free(img);
+	free(e);
+	free(idx);
+	cJSON_Delete(root);
+	return rv;
 }

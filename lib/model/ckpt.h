@@ -16,13 +16,21 @@
  *                         model.safetensors.index.json naming model.safetensors
  *                         for every model tensor (vLLM and SGLang would load
  *                         the other .safetensors files as weights without it)
+ *   with sharded AdamW state (rl-train --zero 1 on several ranks) the
+ *   moments are not in optimizer.safetensors, which then holds only the
+ *   master weights (bf16/f16 models) and the index in its metadata
+ *   (zero_shards, checkpoint_id, flat_numel, flat_layout); each rank writes
+ *                         optimizer-RRRRR-of-WWWWW.safetensors: "exp_avg",
+ *                         "exp_avg_sq" of its flat range [offset, end) of
+ *                         the parameter space (metadata step, version,
+ *                         checkpoint_id, world, rank, offset, end, flat_numel)
  *   ROOT/latest           symbolic link "step-00000100" to the newest complete one
  * A directory is complete once it has its name: it is written as
  * ROOT/.step-00000100.tmp.PID, fsync'd, then renamed; `latest` is replaced by
  * rename of a new link, so a crash at any point leaves the previous
  * checkpoint and a valid `latest`.
  *
- * Leaves out: retention (deleting old checkpoints), sharded writing.
+ * Leaves out: retention (deleting old checkpoints), sharded model weights.
  */
 #ifndef RL_CKPT_H
 #define RL_CKPT_H
@@ -105,9 +113,47 @@ typedef struct rl_ckpt_file {
 } rl_ckpt_file;
 int rl_ckpt_weight_files(rl_ckpt_file **out, int *n, rl_model *m);
 void rl_ckpt_files_free(rl_ckpt_file *f, int n); /* NULL ok */
+/* rl_ckpt_part_files: part `part` of `nparts` of those files, as a sharded
+ * Hugging Face directory: model-PPPPP-of-NNNNN.safetensors (1-based) with
+ * the tensors whose first byte falls in the part's 1/nparts of the model's
+ * bytes (whole tensors, table order); part 0 also config.json,
+ * model.safetensors.index.json (every tensor's file) and the tokenizer
+ * files.  Together the parts are a directory transformers and rl_model_open
+ * load.  Not with LoRA adapters. */
+int rl_ckpt_part_files(rl_ckpt_file **out, int *n, rl_model *m, int part, int nparts);
+
+/* Sharded AdamW state (ckpt_shard.c).  A save's id is in every file of
+ * it, so that pieces of another run or step are refused. */
+#define RL_CKPT_OPT_SHARD_FMT "optimizer-%05d-of-%05d.safetensors"
+typedef struct rl_ckpt_shards {
+	int world;        /* the ranks that save, one shard file each */
+	uint64_t id;      /* this save's checkpoint id */
+} rl_ckpt_shards;
+/* rl_ckpt_save with optimizer.safetensors as the index of sh->world shard
+ * files (the master weights of a bf16/f16 model in it; m->m unused), which
+ * the ranks then add with rl_ckpt_write_opt_shard. */
+int rl_ckpt_save_sharded(rl_model *m, const char *root, const rl_ckpt_shards *sh, char *path, size_t len);
+/* Writes DIR/optimizer-RANK-of-WORLD.safetensors (atomically: a temp file
+ * renamed) from dm, dv: backend memory of (hi - lo) f32 moments of the flat
+ * elements [lo, hi). */
+int rl_ckpt_write_opt_shard(rl_model *m, const char *dir, const rl_ckpt_shards *sh, int rank, size_t lo, size_t hi,
+    const float *dm, const float *dv);
+/* *world: the shard count of DIR's optimizer.safetensors, 0 when it holds
+ * the whole state.  RL_ENOENT (logged) without the file. */
+int rl_ckpt_opt_sharded(const char *dir, int *world);
+/* Reads the moments of the flat elements [lo, hi) into dm, dv (backend
+ * memory, hi - lo each) from DIR's shards, whatever world size wrote them;
+ * every shard is checked first: present, of the same checkpoint id and step,
+ * the ranges tiling [0, tt.total), the index's tensor layout equal to m's.
+ * Errors name the file and what differs. */
+int rl_ckpt_read_opt_range(rl_model *m, const char *dir, size_t lo, size_t hi, float *dm, float *dv);
 
 /* lib-private: write the model (and optionally optimizer) files into an
  * existing directory tmp. */
 int rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer);
+int rli_ckpt_fsync_path(const char *path);
+char *rli_ckpt_layout_json(const rl_model *m);     /* cJSON_free */
+struct rl_st_file;
+char *rli_ckpt_meta(const struct rl_st_file *f, const char *key); /* __metadata__[key], malloc'd, or NULL */
 
 #endif

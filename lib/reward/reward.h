@@ -26,6 +26,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "reward/judge.h"
 #include "reward/reward_exec.h"
 #include "stream/traj.h"
 
@@ -195,8 +196,8 @@ int rl_reward_task_score(double *score, const char **why, const rl_reward_task *
 			 const cJSON *meta, long ntokens);
 
 /* ---- scoring records -------------------------------------------------------------
- * A scorer combines the tasks (and optionally an --exec worker pool) into one
- * reward per trajectory record:
+ * A scorer combines the tasks (and optionally an --exec worker pool and an
+ * LLM judge) into one reward per trajectory record:
  *   reward = sum of weight * score over the components, or NaN when any
  *            component failed (no ground truth, no response_text, an --exec
  *            failure); meta.scores.NAME gets each component's score (null when
@@ -217,8 +218,9 @@ typedef struct rl_reward_stats {
 	size_t out_of_range;    /* ... of which: the weighted sum is beyond the f32 range */
 	size_t exec_failed[RL_EXEC_STATUS_COUNT]; /* --exec results by status */
 	double reward_sum;      /* over records that did not fail */
-	double comp_sum[RL_REWARD_MAX_TASKS + 1]; /* per task, then exec */
-	size_t comp_n[RL_REWARD_MAX_TASKS + 1];
+	size_t judge_failed[RL_EXEC_STATUS_COUNT]; /* --judge results by status */
+	double comp_sum[RL_REWARD_MAX_TASKS + 2]; /* per task, then exec, then judge */
+	size_t comp_n[RL_REWARD_MAX_TASKS + 2];
 	size_t overlong_failed; /* ... records without a length budget for the overlong penalty */
 	size_t overlong_n;      /* records the overlong penalty lowered */
 	double overlong_sum;    /* the sum of their penalties */
@@ -230,11 +232,13 @@ typedef struct rl_reward_scorer {
 	rl_reward_opts opts;
 	rl_reward_exec *exec;     /* NULL: no --exec component */
 	double exec_weight;
+	rl_reward_judge *judge;   /* NULL: no --judge component */
+	double judge_weight;
 	rl_reward_stats st;
 } rl_reward_scorer;
 
 /* Scores recs[0..n) in place (see above), sending each record's JSONL form to
- * the exec pool when there is one.  Returns 0, or RL_ENOMEM / RL_EIO for a
+ * the exec pool when there is one and each to the judge when there is one.  Returns 0, or RL_ENOMEM / RL_EIO for a
  * failure of this process (not of a record). */
 int rl_reward_score_records(rl_reward_scorer *s, rl_traj *const *recs, size_t n);
 

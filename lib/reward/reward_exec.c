@@ -72,7 +72,7 @@ struct rl_reward_exec {
 };
 
 static const char *const status_names[RL_EXEC_STATUS_COUNT] = {
-	"ok", "timeout", "crash", "junk", "spawn",
+	"ok", "timeout", "crash", "junk", "spawn", "http",
 };
 
 const char *

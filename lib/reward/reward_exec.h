@@ -28,10 +28,11 @@ typedef enum rl_exec_status {
 	RL_EXEC_CRASH,     /* exited or killed by a signal before replying */
 	RL_EXEC_JUNK,      /* replied with something that is not a reward */
 	RL_EXEC_SPAWN,     /* could not (re)start the worker */
+	RL_EXEC_HTTP,      /* --judge: no connection, or an HTTP error status */
 	RL_EXEC_STATUS_COUNT
 } rl_exec_status;
 
-/* "ok", "timeout", "crash", "junk", "spawn" */
+/* "ok", "timeout", "crash", "junk", "spawn", "http" */
 const char *rl_reward_exec_status_name(int status);
 
 typedef struct rl_reward_exec_result {

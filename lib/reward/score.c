@@ -1,5 +1,5 @@
 /*
- * score.c — the scorer: each record's reward from the tasks and the --exec pool
+ * score.c — the scorer: each record's reward from the tasks, the --exec pool and the judge
  * (meta.scores, meta.reward_error, ts_scored), a stream scored in rounds, the
  * queue loop (lease generated records, score, put them back as scored), and the
  * summary.
@@ -21,6 +21,21 @@
 #include "queue/wstat.h"
 
 /* ---- scoring records --------------------------------------------------------------- */
+
+/* The components in order: the tasks, then --exec, then --judge. */
+static size_t
+ncomp(const rl_reward_scorer *s)
+{
+	return s->ntasks + (s->exec != NULL) + (s->judge != NULL);
+}
+
+static const char *
+comp_name(const rl_reward_scorer *s, size_t i)
+{
+	if (i < s->ntasks)
+		return s->tasks[i].name;
+	return s->exec && i == s->ntasks ? "exec" : "judge";
+}
 
 static void
 add_reason(char *err, size_t cap, const char *name, const char *why)
@@ -83,7 +98,6 @@ static int
 write_scores(rl_reward_scorer *s, rl_traj *t, cJSON *meta, const double *sc, const int *ok, const double *pen,
     const char *err)
 {
-	size_t nc = s->ntasks;
 	cJSON *scores = cJSON_GetObjectItemCaseSensitive(meta, "scores");
 	char *text;
 	int rv;
@@ -92,9 +106,8 @@ write_scores(rl_reward_scorer *s, rl_traj *t, cJSON *meta, const double *sc, con
 		cJSON_DeleteItemFromObjectCaseSensitive(meta, "scores");
 		scores = cJSON_AddObjectToObject(meta, "scores");
 	}
-	for (size_t i = 0; i < nc + (s->exec != NULL); i++) {
-		const char *name = i < nc ? s->tasks[i].name : "exec";
-		if ((rv = put_item(scores, name, ok[i] ? cJSON_CreateNumber(sc[i]) : cJSON_CreateNull())) != 0)
+	for (size_t i = 0; i < ncomp(s); i++) {
+		if ((rv = put_item(scores, comp_name(s, i), ok[i] ? cJSON_CreateNumber(sc[i]) : cJSON_CreateNull())) != 0)
 			return rv;
 	}
 	if (pen && (rv = put_item(scores, "overlong", cJSON_CreateNumber(*pen))) != 0)
@@ -110,9 +123,28 @@ write_scores(rl_reward_scorer *s, rl_traj *t, cJSON *meta, const double *sc, con
 	return rv;
 }
 
-/* Scores one record; er is its --exec result or NULL. */
+/* Component i, an --exec or --judge result r of weight w, into the record's
+ * sums; counts[status] counts it. */
+static void
+ext_component(const char *name, const rl_reward_exec_result *r, double w, double *sc, int *ok, double *total,
+    char *err, size_t errcap, int *failed, size_t *counts)
+{
+	if (r->status == RL_EXEC_OK) {
+		*sc = r->reward;
+		*ok = 1;
+		*total += w * r->reward;
+	} else {
+		char why[256];
+		snprintf(why, sizeof why, "%s: %s", rl_reward_exec_status_name(r->status), r->reason);
+		add_reason(err, errcap, name, why);
+		*failed = 1;
+	}
+	counts[r->status]++;
+}
+
+/* Scores one record; er and jr are its --exec and --judge results or NULL. */
 static int
-score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
+score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er, const rl_reward_exec_result *jr)
 {
 	const char *resp = NULL, *mtext = NULL, *why;
 	size_t rn = 0, mn = 0, ntok = 0, nc = s->ntasks;
@@ -120,8 +152,8 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 	long ntokens = -1;
 	cJSON *meta = NULL;
 	char err[1024] = "";
-	double total = 0, sc[RL_REWARD_MAX_TASKS + 1], pen = 0;
-	int ok[RL_REWARD_MAX_TASKS + 1] = { 0 }, failed = 0, bad_truth = 0, rv = 0, has_pen = 0;
+	double total = 0, sc[RL_REWARD_MAX_TASKS + 2], pen = 0;
+	int ok[RL_REWARD_MAX_TASKS + 2] = { 0 }, failed = 0, bad_truth = 0, rv = 0, has_pen = 0;
 
 	if (rl_traj_get_str(t, RL_TAG_RESPONSE_TEXT, &resp, &rn) != 0)
 		resp = NULL;
@@ -164,18 +196,13 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 		}
 	}
 	if (s->exec) {
-		if (er->status == RL_EXEC_OK) {
-			sc[nc] = er->reward;
-			ok[nc] = 1;
-			total += s->exec_weight * er->reward;
-		} else {
-			char r[256];
-			snprintf(r, sizeof r, "%s: %s", rl_reward_exec_status_name(er->status), er->reason);
-			add_reason(err, sizeof err, "exec", r);
-			failed = 1;
-		}
-		s->st.exec_failed[er->status]++;
+		ext_component("exec", er, s->exec_weight, &sc[nc], &ok[nc], &total, err, sizeof err, &failed,
+		    s->st.exec_failed);
+		nc++;
 	}
+	if (s->judge)
+		ext_component("judge", jr, s->judge_weight, &sc[nc], &ok[nc], &total, err, sizeof err, &failed,
+		    s->st.judge_failed);
 	if (s->opts.overlong_buffer > 0) {
 		if ((why = overlong_of(s, t, ntokens, &pen)) != NULL) {
 			add_reason(err, sizeof err, "overlong", why);
@@ -217,7 +244,7 @@ score_one(rl_reward_scorer *s, rl_traj *t, const rl_reward_exec_result *er)
 	} else {
 		s->st.reward_sum += total;
 	}
-	for (size_t i = 0; i < nc + (s->exec != NULL); i++) {
+	for (size_t i = 0; i < ncomp(s); i++) {
 		if (ok[i]) {
 			s->st.comp_sum[i] += sc[i];
 			s->st.comp_n[i]++;
@@ -231,7 +258,7 @@ out:
 int
 rl_reward_score_records(rl_reward_scorer *s, rl_traj *const *recs, size_t n)
 {
-	rl_reward_exec_result *res = NULL;
+	rl_reward_exec_result *res = NULL, *jres = NULL;
 	const char **lines = NULL;
 	size_t *lens = NULL, *off = NULL;
 	rl_buf buf;
@@ -264,12 +291,21 @@ rl_reward_score_records(rl_reward_scorer *s, rl_traj *const *recs, size_t n)
 		if ((rv = rl_reward_exec_run(s->exec, res, lines, lens, n)) != 0)
 			goto out;
 	}
+	if (s->judge && n > 0) {
+		if (!(jres = rl_try_calloc(n, sizeof *jres, "judge results"))) {
+			rv = RL_ENOMEM;
+			goto out;
+		}
+		if ((rv = rl_reward_judge_run(s->judge, jres, recs, n)) != 0)
+			goto out;
+	}
 	for (size_t i = 0; i < n; i++)
-		if ((rv = score_one(s, recs[i], res ? &res[i] : NULL)) != 0)
+		if ((rv = score_one(s, recs[i], res ? &res[i] : NULL, jres ? &jres[i] : NULL)) != 0)
 			goto out;
 out:
 	rl_buf_fini(&buf);
 	free(res);
+	free(jres);
 	free(lines);
 	free(lens);
 	free(off);
@@ -450,10 +486,14 @@ rl_reward_stats_print(const rl_reward_scorer *s, double seconds)
 		if (st->overlong_failed && k < sizeof line)
 			k += (size_t)snprintf(line + k, sizeof line - k, " %zu without a length budget for the overlong penalty,",
 					      st->overlong_failed);
-		for (int e = 1; e < RL_EXEC_STATUS_COUNT; e++)
+		for (int e = 1; e < RL_EXEC_STATUS_COUNT; e++) {
 			if (st->exec_failed[e] && k < sizeof line)
 				k += (size_t)snprintf(line + k, sizeof line - k, " %zu %s,", st->exec_failed[e],
 						      rl_reward_exec_status_name(e));
+			if (st->judge_failed[e] && k < sizeof line)
+				k += (size_t)snprintf(line + k, sizeof line - k, " %zu judge %s,", st->judge_failed[e],
+						      rl_reward_exec_status_name(e));
+		}
 		if (k > 0 && k < sizeof line)
 			line[k - 1] = 0;
 		rl_info("failures:%s", line);
@@ -464,8 +504,8 @@ rl_reward_stats_print(const rl_reward_scorer *s, double seconds)
 		rl_info("reward mean n/a (no record scored cleanly)");
 	k = 0;
 	line[0] = 0;
-	for (size_t i = 0; i < s->ntasks + (s->exec != NULL) && k < sizeof line; i++) {
-		const char *name = i < s->ntasks ? s->tasks[i].name : "exec";
+	for (size_t i = 0; i < ncomp(s) && k < sizeof line; i++) {
+		const char *name = comp_name(s, i);
 		if (st->comp_n[i])
 			k += (size_t)snprintf(line + k, sizeof line - k, "%s%s %.4f (%zu)", k ? ", " : "", name,
 					      st->comp_sum[i] / (double)st->comp_n[i], st->comp_n[i]);
@@ -480,4 +520,8 @@ rl_reward_stats_print(const rl_reward_scorer *s, double seconds)
 		rl_info("exec: %zu timeouts, %zu crashes, %zu junk replies, %zu worker restarts",
 			st->exec_failed[RL_EXEC_TIMEOUT], st->exec_failed[RL_EXEC_CRASH], st->exec_failed[RL_EXEC_JUNK],
 			rl_reward_exec_restarts(s->exec));
+	if (s->judge)
+		rl_info("judge (%s): %zu timeouts, %zu HTTP or connection errors, %zu replies without a verdict",
+			rl_reward_judge_model(s->judge), st->judge_failed[RL_EXEC_TIMEOUT], st->judge_failed[RL_EXEC_HTTP],
+			st->judge_failed[RL_EXEC_JUNK]);
 }

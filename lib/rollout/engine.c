@@ -7,6 +7,7 @@
  */
 #include "rollout/engine.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,8 +26,20 @@ typedef struct req {
 	uint64_t seed;
 	void *user;
 	rl_sample_params sp;  /* its sampling parameters (the engine's unless submitted with its own) */
+	int top;          /* top log-probs asked for (rl_gen_req.top) */
+	uint64_t key;     /* rl_gen_req.keep_key (0: none) */
 	struct req *next;
 } req;
+
+/* A finished sample's cache kept for the next call of its conversation. */
+typedef struct kept {
+	uint64_t key;
+	rl_kvseq kv;
+	int32_t *tok;     /* (n) the tokens in kv */
+	int n;
+	uint64_t tick;    /* when kept: the oldest goes first */
+	struct kept *next;
+} kept;
 
 typedef struct seq {
 	int used, done;
@@ -38,6 +51,8 @@ typedef struct seq {
 	uint8_t *mask;    /* (cap) multi-turn: 1 sampled, 0 inserted */
 	int n, max_n;
 	int base;         /* tokens in the cache before tok[0] */
+	int skip;         /* tok[0 .. skip): the prompt's tail after a reused cache, not reported */
+	int cap;          /* tok, logp, mask hold cap tokens */
 	int fed;          /* tok[0 .. fed) are in the cache; fed < n - 1: inserted tokens still to feed */
 	int waiting;      /* multi-turn: the turn ended, waiting for rl_engine_feed / rl_engine_end */
 	int turn_start, turn_ver;
@@ -84,6 +99,17 @@ struct rl_engine {
 	int own_sp;             /* a request with its own sampling parameters was submitted */
 	int sp_turn;            /* the slot whose parameter set the last step decoded */
 	int cap;                /* response tokens a slot holds: max(max_new, max_episode) */
+	rl_gen_top_fn topfn;    /* top log-probs (rl_engine_set_top) */
+	void *top_ctx;
+	float *d_topf, *h_topf; /* (slots, V) f32: logits of the rows that want top log-probs */
+	int top_ready;          /* h_topf holds this step's rows */
+	int32_t top_id[RL_GEN_MAX_TOP]; /* the token being appended: its top list */
+	float top_lp[RL_GEN_MAX_TOP];
+	int top_n;
+	kept *kept;             /* kept caches (rl_gen_req.keep_key), newest first */
+	int kept_blk;           /* blocks they hold */
+	int keep_blocks;        /* at most (o.keep_mem in blocks) */
+	uint64_t tick;
 };
 
 static const char *const finish_names[] = { "", "eos", "stop", "length", "abort" };
@@ -138,12 +164,15 @@ rl_engine_create(rl_engine **out, rl_model *m, rl_tokenizer *tok, const rl_gen_o
 	if ((rv = rl_model_infer_reserve(m, RL_MAX(o->max_prefill_tokens, 1), S)) != 0)
 		goto fail;
 	e->prefill_cap = RL_MAX(o->max_prefill_tokens, 1);
+	if (o->keep_mem > 0 && o->kv_mem > 0)
+		e->keep_blocks = (int)RL_MIN((double)e->kv->nblk, (double)e->kv->nblk * ((double)o->keep_mem / (double)o->kv_mem));
 	e->cap = RL_MAX(RL_MAX(o->max_new, o->max_episode), 1);
 	e->s = rl_xcalloc((size_t)S, sizeof *e->s);
 	for (int i = 0; i < S; i++) {
 		e->s[i].tok = rl_try_malloc(sizeof(int32_t) * (size_t)e->cap, "response tokens");
 		e->s[i].logp = rl_try_malloc(sizeof(float) * (size_t)e->cap, "response log-probs");
 		e->s[i].mask = o->max_episode > 0 ? rl_try_malloc((size_t)e->cap, "loss mask") : NULL;
+		e->s[i].cap = e->cap;
 		if (!e->s[i].tok || !e->s[i].logp || (o->max_episode > 0 && !e->s[i].mask)) {
 			rv = RL_ENOMEM;
 			goto fail;
@@ -180,11 +209,65 @@ free_req(req *r)
 	free(r);
 }
 
+static void
+drop_kept(rl_engine *e, kept *k)
+{
+	for (kept **pp = &e->kept; *pp; pp = &(*pp)->next)
+		if (*pp == k) {
+			*pp = k->next;
+			break;
+		}
+	e->kept_blk -= k->kv.nblk;
+	rl_kvcache_release(e->kv, &k->kv);
+	free(k->tok);
+	free(k);
+}
+
+/* Drops the oldest kept caches but `except` until blocks `extra` more fit under `limit`
+ * (1 when they do). */
+static int
+evict_kept(rl_engine *e, int extra, int limit, const kept *except)
+{
+	while (e->kept_blk + extra > limit) {
+		kept *old = NULL;
+		for (kept *k = e->kept; k; k = k->next)
+			if (k != except && (!old || k->tick < old->tick))
+				old = k;
+		if (!old)
+			return 0;
+		drop_kept(e, old);
+		e->st.kept_evicted++;
+	}
+	return 1;
+}
+
+void
+rl_engine_forget(rl_engine *e, uint64_t key)
+{
+	for (kept *k = e->kept, *nx; k; k = nx) {
+		nx = k->next;
+		if (k->key == key)
+			drop_kept(e, k);
+	}
+}
+
+void
+rl_engine_kept(const rl_engine *e, int *caches, int *blocks)
+{
+	int n = 0;
+	for (const kept *k = e->kept; k; k = k->next)
+		n++;
+	*caches = n;
+	*blocks = e->kept_blk;
+}
+
 void
 rl_engine_destroy(rl_engine *e)
 {
 	if (!e)
 		return;
+	while (e->kept)
+		drop_kept(e, e->kept);
 	if (e->s) {
 		for (int i = 0; i < e->slots; i++) {
 			if (e->s[i].used)
@@ -211,7 +294,9 @@ rl_engine_destroy(rl_engine *e)
 		e->ops->free(e->ops, e->d_logp);
 		e->ops->free(e->ops, e->d_seed);
 		e->ops->free(e->ops, e->d_ctr);
+		e->ops->free(e->ops, e->d_topf);
 	}
+	free(e->h_topf);
 	rl_kvcache_close(e->kv);
 	free(e->h_tok);
 	free(e->h_logp);
@@ -404,6 +489,19 @@ rl_engine_submit_req(rl_engine *e, const rl_gen_req *q)
 	}
 	r->xstop = q->stop;
 	r->nxstop = q->nstop;
+	r->top = RL_MAX(0, RL_MIN(q->top, RL_MIN(RL_GEN_MAX_TOP, e->V)));
+	r->key = q->n == 1 && !q->greedy_extra && e->keep_blocks > 0 ? q->keep_key : 0;
+	if (r->top > 0 && !e->h_topf) {
+		/* the logits of a whole batch as f32, on the backend and on the host */
+		size_t bytes = (size_t)e->slots * e->V * 4;
+		if ((e->h_topf = rl_try_malloc(bytes, "top log-probs")) == NULL ||
+		    (rv = e->ops->alloc(e->ops, (void **)&e->d_topf, bytes)) != 0) {
+			free(e->h_topf);
+			e->h_topf = NULL;
+			free_req(r);
+			return rv ? rv : RL_ENOMEM;
+		}
+	}
 	enqueue(e, r);
 	return RL_OK;
 }
@@ -413,6 +511,63 @@ rl_engine_set_token(rl_engine *e, rl_gen_token_fn fn, void *ctx)
 {
 	e->tokfn = fn;
 	e->tok_ctx = ctx;
+}
+
+void
+rl_engine_set_top(rl_engine *e, rl_gen_top_fn fn, void *ctx)
+{
+	e->topfn = fn;
+	e->top_ctx = ctx;
+}
+
+/* The logits of batch rows [0, B) down to the host as f32 when a row's request asks for
+ * top log-probs (the rows are few and V long: one cast and one copy, not a kernel). */
+static int
+fetch_top(rl_engine *e, const void *logits, int B)
+{
+	rl_ops *o = e->ops;
+	int want = 0;
+
+	e->top_ready = 0;
+	for (int b = 0; b < B && !want; b++)
+		want = e->s[e->bidx[b]].r->top > 0;
+	if (!want || !e->h_topf)
+		return RL_OK;
+	o->cast(o, e->d_topf, RL_F32, logits, o->act_dtype, (size_t)B * e->V);
+	o->download(o, e->h_topf, e->d_topf, (size_t)B * e->V * 4);
+	e->top_ready = 1;
+	return o->status(o);
+}
+
+/* The k likeliest tokens of row `row` of h_topf under log_softmax(z / temp), into
+ * e->top_id / top_lp (likeliest first, ties to the lower id). */
+static void
+top_of(rl_engine *e, int row, int k, float temp)
+{
+	const float *z = e->h_topf + (size_t)row * e->V;
+	const double inv = temp > 0.0f ? 1.0 / temp : 1.0;
+	double mx = -1e300, sum = 0.0;
+	int n = 0;
+
+	for (int v = 0; v < e->V; v++)
+		mx = RL_MAX(mx, (double)z[v] * inv);
+	for (int v = 0; v < e->V; v++)
+		sum += exp((double)z[v] * inv - mx);
+	for (int v = 0; v < e->V; v++) {
+		float x = z[v];
+		int j;
+		if (n == k && !(x > z[e->top_id[k - 1]]))
+			continue;
+		/* insertion into the sorted list; equal values keep the earlier (lower) id first */
+		for (j = n < k ? n : k - 1; j > 0 && x > z[e->top_id[j - 1]]; j--)
+			e->top_id[j] = e->top_id[j - 1];
+		e->top_id[j] = v;
+		if (n < k)
+			n++;
+	}
+	for (int j = 0; j < n; j++)
+		e->top_lp[j] = (float)((double)z[e->top_id[j]] * inv - mx - log(sum));
+	e->top_n = n;
 }
 
 int
@@ -446,7 +601,14 @@ int rl_engine_active(const rl_engine *e)
 	return n;
 }
 int rl_engine_waiting(const rl_engine *e) { return e->nwaiting; }
-void rl_engine_set_version(rl_engine *e, int v) { e->version = v; }
+void
+rl_engine_set_version(rl_engine *e, int v)
+{
+	if (v != e->version)
+		while (e->kept)
+			drop_kept(e, e->kept);
+	e->version = v;
+}
 void rl_engine_hold(rl_engine *e, int hold) { e->hold = hold; }
 const rl_engine_stats *rl_engine_stats_get(const rl_engine *e) { return &e->st; }
 
@@ -474,10 +636,10 @@ sample_of(const rl_engine *e, const seq *q, int why, rl_gen_sample *gs)
 	gs->user = q->r->user;
 	gs->index = q->index;
 	gs->greedy = q->greedy;
-	gs->tok = q->tok;
-	gs->logp = q->logp;
+	gs->tok = q->tok + q->skip;
+	gs->logp = q->logp + q->skip;
 	gs->mask = q->r->episode ? q->mask : NULL;
-	gs->n = q->n;
+	gs->n = q->n - q->skip;
 	gs->finish = why;
 	gs->ver_first = q->ver_first;
 	gs->ver_last = q->ver_last;
@@ -487,6 +649,39 @@ sample_of(const rl_engine *e, const seq *q, int why, rl_gen_sample *gs)
 	gs->slot = (int)(q - e->s);
 	gs->turn_start = q->turn_start;
 	gs->turn_ver_first = q->turn_ver;
+}
+
+/* Keeps q's cache under its request's key: the tokens in it are the prompt's before
+ * q->base and tok[0 .. fed) (a multi-step decode may have written more: cut off).
+ * 1 when kept (q->kv is the kept cache's now), 0 when the budget or memory says no. */
+static int
+keep(rl_engine *e, seq *q)
+{
+	const req *r = q->r;
+	int n = q->base + q->fed;
+	kept *k;
+
+	if (n < 1 || n > q->kv.len)
+		return 0;
+	rl_kvcache_truncate(e->kv, &q->kv, n);
+	rl_engine_forget(e, r->key);
+	if (!evict_kept(e, q->kv.nblk, e->keep_blocks, NULL))
+		return 0;
+	if (!(k = calloc(1, sizeof *k)) || !(k->tok = malloc(sizeof(int32_t) * (size_t)n))) {
+		free(k);
+		return 0;
+	}
+	memcpy(k->tok, r->prompt, sizeof(int32_t) * (size_t)q->base);
+	memcpy(k->tok + q->base, q->tok, sizeof(int32_t) * (size_t)q->fed);
+	k->n = n;
+	k->key = r->key;
+	k->kv = q->kv;
+	memset(&q->kv, 0, sizeof q->kv);
+	k->tick = ++e->tick;
+	k->next = e->kept;
+	e->kept = k;
+	e->kept_blk += k->kv.nblk;
+	return 1;
 }
 
 /* Releases a finished sequence and reports it. */
@@ -502,7 +697,8 @@ finish(rl_engine *e, seq *q, int why, rl_gen_done_fn done, void *ctx)
 	gs.last_of_request = r->running == 1;
 	e->st.samples++;
 	rv = done ? done(ctx, &gs) : RL_OK;
-	rl_kvcache_release(e->kv, &q->kv);
+	if (!r->key || why == RL_FINISH_ABORT || q->ver_first != e->version || !keep(e, q))
+		rl_kvcache_release(e->kv, &q->kv);
 	q->used = 0;
 	q->waiting = 0;
 	q->r = NULL;
@@ -534,6 +730,8 @@ append(rl_engine *e, seq *q, int32_t t, float lp)
 		if (q->mask)
 			q->mask[q->n] = 1;
 		q->n++;
+		if (e->topfn && e->top_n > 0)
+			e->topfn(e->top_ctx, q->r->user, q->index, e->top_id, e->top_lp, e->top_n);
 		if (e->tokfn)
 			e->tokfn(e->tok_ctx, q->r->user, q->index, t, lp);
 	}
@@ -666,7 +864,7 @@ sample_rows(rl_engine *e, const void *logits, int B, int g)
 	for (int b = 0; b < B; b++) {
 		seq *q = &e->s[e->bidx[b]];
 		e->h_seed[b] = q->seed;
-		e->h_ctr[b] = (uint64_t)q->n;
+		e->h_ctr[b] = (uint64_t)(q->n - q->skip);
 	}
 	o->upload(o, e->d_seed, e->h_seed, (size_t)B * 8);
 	o->upload(o, e->d_ctr, e->h_ctr, (size_t)B * 8);
@@ -687,6 +885,14 @@ sample_rows(rl_engine *e, const void *logits, int B, int g)
 	return o->status(o);
 }
 
+/* A sequence decoded as a greedy row: the greedy baseline, or a request at temperature 0
+ * (the same draw: the first maximum, its log-prob at temperature 1). */
+static int
+is_greedy(const seq *q)
+{
+	return q->greedy || q->r->sp.temperature == 0.0f;
+}
+
 /* Appends the sampled token of each batch row to its sequence; reports the
  * ones that finished. */
 static int
@@ -701,7 +907,11 @@ take_tokens(rl_engine *e, int B, rl_gen_done_fn done, void *ctx)
 			e->st.fed_tokens++;
 			continue;
 		}
+		e->top_n = 0;
+		if (e->top_ready && q->r->top > 0)
+			top_of(e, b, q->r->top, is_greedy(q) ? 1.0f : q->r->sp.temperature);
 		int why = append(e, q, e->h_tok[b], e->h_logp[b]);
+		e->top_n = 0;
 		e->st.gen_tokens++;
 		if (why && (rv = ended(e, q, why, done, ctx)) != 0)
 			return rv;
@@ -713,6 +923,91 @@ static uint64_t
 sample_seed(uint64_t rseed, int index)
 {
 	return rl_rng_mix(rseed ^ rl_rng_mix((uint64_t)index + 0x51ed2701ULL));
+}
+
+/* The kept cache of r's key and how many of r's prompt tokens it holds (at most plen - 1:
+ * the last is decoded for the first token's logits), or NULL. */
+static kept *
+find_kept(rl_engine *e, const req *r, int *match)
+{
+	*match = 0;
+	if (!r->key)
+		return NULL;
+	for (kept *k = e->kept; k; k = k->next) {
+		if (k->key != r->key)
+			continue;
+		int m = 0, lim = RL_MIN(k->n, r->plen - 1);
+		while (m < lim && k->tok[m] == r->prompt[m])
+			m++;
+		*match = m;
+		return m > 0 ? k : NULL;
+	}
+	return NULL;
+}
+
+/* r (one sample) takes the kept cache k over, cut to its first `match` tokens: the rest of
+ * its prompt goes into tok[0 .. skip) to be fed (feed_observations, then the decode step
+ * feeds the last and samples after it).  RL_ENOMEM (nothing changed) when the slot's
+ * buffers cannot grow to the prompt's tail and the response. */
+static int
+admit_reused(rl_engine *e, req *r, kept *k, int match)
+{
+	int slot = take_slot(e), skip = r->plen - match;
+	int maxnew = RL_MAX(1, RL_MIN(r->max_new, e->m->cfg.max_pos - r->plen));
+	seq *q = &e->s[slot];
+
+	if (skip + maxnew > q->cap) {
+		int nc = skip + maxnew;
+		int32_t *nt = realloc(q->tok, sizeof *nt * (size_t)nc);
+		if (nt)
+			q->tok = nt;
+		float *nl = nt ? realloc(q->logp, sizeof *nl * (size_t)nc) : NULL;
+		if (nl)
+			q->logp = nl;
+		uint8_t *nm = nl && q->mask ? realloc(q->mask, (size_t)nc) : NULL;
+		if (nm)
+			q->mask = nm;
+		if (!nl || (q->mask && !nm))
+			return RL_ENOMEM;
+		q->cap = nc;
+	}
+	/* the cache moves from k to the slot */
+	for (kept **pp = &e->kept; *pp; pp = &(*pp)->next)
+		if (*pp == k) {
+			*pp = k->next;
+			break;
+		}
+	e->kept_blk -= k->kv.nblk;
+	q->kv = k->kv;
+	free(k->tok);
+	free(k);
+	rl_kvcache_truncate(e->kv, &q->kv, match);
+	q->used = 1;
+	q->done = 0;
+	q->r = r;
+	q->index = r->first_index;
+	q->greedy = 0;
+	q->base = match;
+	q->skip = skip;
+	q->n = skip;
+	memcpy(q->tok, r->prompt + match, sizeof(int32_t) * (size_t)skip);
+	for (int t = 0; t < skip; t++) {
+		q->logp[t] = 0.0f;
+		if (q->mask)
+			q->mask[t] = 0;
+	}
+	q->fed = 0;
+	q->waiting = 0;
+	q->turn_start = q->n;
+	q->tlen = 0;
+	q->max_n = q->n + maxnew;
+	q->seed = sample_seed(r->seed, r->first_index);
+	q->ver_first = q->ver_last = q->turn_ver = e->version;
+	q->t_start = rl_wall();
+	r->running++;
+	e->st.reused_tokens += (uint64_t)match;
+	e->st.reused_seqs++;
+	return RL_OK;
 }
 
 /* Admits waiting requests: one packed prefill, forks, first tokens. */
@@ -727,11 +1022,21 @@ admit(rl_engine *e, rl_gen_done_fn done, void *ctx)
 
 	while (e->head && !e->hold && nb < 256) {
 		req *r = e->head;
-		int nseq = r->n + r->greedy;
-		/* prompts are packed up to the budget; a longer one goes alone */
+		int nseq = r->n + r->greedy, match = 0;
+		kept *k = find_kept(e, r, &match);
+		/* kept caches give way to requests: only blocks no running request reserved */
 		if (nseq > slots_left || e->committed + r->reserve > e->kv->nblk ||
-		    (nb > 0 && ntok + r->plen > e->o.max_prefill_tokens))
+		    !evict_kept(e, 0, e->kv->nblk - e->committed - r->reserve + (k ? k->kv.nblk : 0), k))
 			break;
+		/* prompts are packed up to the budget; a longer one goes alone */
+		if (!k && nb > 0 && ntok + r->plen > e->o.max_prefill_tokens)
+			break;
+		if (k && (rv = admit_reused(e, r, k, match)) != 0) {
+			if (rv != RL_ENOMEM)
+				return rv;
+			drop_kept(e, k);  /* no room for the longer response: prefilled instead */
+			k = NULL;
+		}
 		e->head = r->next;
 		if (!e->head)
 			e->tail = NULL;
@@ -739,6 +1044,8 @@ admit(rl_engine *e, rl_gen_done_fn done, void *ctx)
 		r->next = NULL;
 		e->committed += r->reserve;
 		slots_left -= nseq;
+		if (k)
+			continue;
 		ntok += r->plen;
 		batch[nb++] = r;
 	}
@@ -791,6 +1098,7 @@ admit(rl_engine *e, rl_gen_done_fn done, void *ctx)
 				q->index = j + r->first_index;
 				q->greedy = pass == 1;
 				q->base = r->resp_from;
+				q->skip = 0;
 				q->n = r->plen - r->resp_from;
 				memcpy(q->tok, r->prompt + r->resp_from, sizeof(int32_t) * (size_t)q->n);
 				for (int t = 0; t < q->n; t++) {
@@ -815,18 +1123,11 @@ admit(rl_engine *e, rl_gen_done_fn done, void *ctx)
 		if (pass == 0)
 			g = B;
 	}
-	if ((rv = sample_rows(e, e->d_rows, B, g)) != 0)
+	if ((rv = sample_rows(e, e->d_rows, B, g)) != 0 || (rv = fetch_top(e, e->d_rows, B)) != 0)
 		return rv;
 	return take_tokens(e, B, done, ctx);
 }
 
-/* A sequence decoded as a greedy row: the greedy baseline, or a request at temperature 0
- * (the same draw: the first maximum, its log-prob at temperature 1). */
-static int
-is_greedy(const seq *q)
-{
-	return q->greedy || q->r->sp.temperature == 0.0f;
-}
 
 /* The parameter set this step decodes: the engine's, or with requests of their own, that
  * of the first sampled runnable sequence after the one the last step took. */
@@ -896,7 +1197,7 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	}
 	if ((rv = admit(e, done, ctx)) != 0)
 		return rv;
-	if (e->turn && (rv = feed_observations(e)) != 0)
+	if ((rv = feed_observations(e)) != 0)
 		return rv;
 	/* decode: sampled sequences first, greedy ones last; with requests of their own
 	 * parameters, the sampled ones of one set (the sets in turn, from sp_turn) */
@@ -923,7 +1224,11 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	/* multi-step decoding while no waiting request could take a slot: n steps, none past a
 	 * sequence's token limit */
 	int n = 1;
-	if (!e->legacy && e->o.decode_steps > 1 && !e->turn && (e->head == NULL || e->hold || free_slots(e) == 0)) {
+	int top = 0;
+	for (int b = 0; b < B && !top; b++)
+		top = e->s[e->bidx[b]].r->top > 0;
+	if (!e->legacy && e->o.decode_steps > 1 && !e->turn && !top &&
+	    (e->head == NULL || e->hold || free_slots(e) == 0)) {
 		n = e->o.decode_steps;
 		for (int b = 0; b < B; b++) {
 			seq *q = &e->s[e->bidx[b]];
@@ -938,7 +1243,7 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 		for (int b = 0; b < B; b++) {
 			seq *q = &e->s[e->bidx[b]];
 			e->h_seed[b] = q->seed;
-			e->h_ctr[b] = (uint64_t)q->n;
+			e->h_ctr[b] = (uint64_t)(q->n - q->skip);
 		}
 		if (n > 1)
 			rv = rl_model_decode_multi(e->m, e->kv, e->bseq, feed, e->h_seed, e->h_ctr, B, g, sp, n,
@@ -973,6 +1278,8 @@ rl_engine_step(rl_engine *e, rl_gen_done_fn done, void *ctx)
 	}
 	e->st.steps++;
 	if (e->legacy && (rv = sample_rows(e, e->m->logits, B, g)) != 0)
+		return rv;
+	if ((rv = fetch_top(e, e->m->logits, B)) != 0)
 		return rv;
 	return take_tokens(e, B, done, ctx);
 }

@@ -64,6 +64,8 @@ typedef struct rl_gen_opts {
 	                             * has its later tokens dropped.  Default 1: every step alone */
 	int max_episode;            /* multi-turn requests (rl_engine_submit_episode): tokens after the
 	                             * prompt at most, the inserted ones included (0: max_new) */
+	size_t keep_mem;            /* of kv_mem, the bytes finished requests' kept caches may hold
+	                             * (rl_gen_req.keep_key; 0: none kept) */
 } rl_gen_opts;
 #define RL_GEN_MAX_STEPS 64
 
@@ -118,13 +120,51 @@ typedef struct rl_gen_req {
 	const rl_sample_params *sp; /* NULL: the engine's (copied) */
 	const char *const *stop;    /* more stop strings (borrowed until its last sample finished) */
 	int nstop;
+	int top;                    /* 0..RL_GEN_MAX_TOP: the top callback gets the `top` likeliest
+	                             * tokens of each sampled position (rl_engine_set_top) */
+	uint64_t keep_key;          /* non-zero (n == 1, no greedy extra): the KV cache kept under this
+	                             * key is reused for the prompt's prefix, and this sample's cache is
+	                             * kept under it when it finishes (rl_gen_opts.keep_mem) */
 } rl_gen_req;
+#define RL_GEN_MAX_TOP 20
 int rl_engine_submit_req(rl_engine *e, const rl_gen_req *q);
 
 /* Called for every sampled token appended to a sequence (from
  * rl_engine_step), before the done or turn callback of the same token. */
 typedef void (*rl_gen_token_fn)(void *ctx, void *user, int index, int32_t tok, float logp);
 void rl_engine_set_token(rl_engine *e, rl_gen_token_fn fn, void *ctx);
+
+/* Called, for a request submitted with top > 0, just before the token
+ * callback of each sampled token: the n (= top, at most the vocabulary)
+ * likeliest tokens of that position, ids[k] with log-prob lp[k], likeliest
+ * first (ties: lower id first).  The distribution is the one the sampled
+ * token's log-prob comes from: log_softmax(logits / temperature) over the
+ * whole vocabulary (greedy rows: temperature 1), before top-k/top-p, so the
+ * sampled token, when among them, has the same log-prob (up to the rounding
+ * of the backend's sampler).  The logits go down to the host for those rows
+ * (one cast and one copy a step while such a request runs); multi-step
+ * decoding is off meanwhile. */
+typedef void (*rl_gen_top_fn)(void *ctx, void *user, int index, const int32_t *ids, const float *lp, int n);
+void rl_engine_set_top(rl_engine *e, rl_gen_top_fn fn, void *ctx);
+
+/* KV reuse between the calls of a conversation (the OpenAI server's episodes).
+ * A request submitted with keep_key leaves its finished sample's cache (its
+ * prompt and response tokens, the last sampled one excepted) in the engine
+ * under that key instead of freeing it.  A later request with the same key
+ * whose prompt starts with those tokens takes the cache over: only the
+ * prompt's remaining tokens are forwarded (rl_model_extend and the first
+ * decode step, as an environment's observation is), the same tokens and
+ * draws as a full prefill gives (the sampler's counter is the response's).
+ * A prompt that shares only a part of them reuses that part (the cache is
+ * truncated); one that shares none is prefilled.  Kept caches hold at most
+ * keep_mem bytes of the cache's blocks, least recently kept first out, and only blocks no
+ * running request has reserved: a request that needs them evicts them.  They
+ * are dropped when the weights' version changes (a cache of other weights is
+ * not what a prefill would compute) and are never kept for an aborted sample
+ * or one whose tokens span two versions.  Drops the kept cache of `key`: */
+void rl_engine_forget(rl_engine *e, uint64_t key);
+/* Kept caches and the blocks they hold. */
+void rl_engine_kept(const rl_engine *e, int *caches, int *blocks);
 
 /* Drops the request whose user pointer is `user`: queued, it is removed
  * (no callback); running, each of its sequences finishes with
@@ -177,8 +217,13 @@ void rl_engine_hold(rl_engine *e, int hold);
 
 typedef struct rl_engine_stats {
 	uint64_t prefill_tokens, gen_tokens, steps, samples;
-	uint64_t fed_tokens;                   /* inserted tokens fed (rl_engine_feed); t_prefill has
-	                                        * their forwards but for each one's last token */
+	uint64_t fed_tokens;                   /* inserted tokens fed (rl_engine_feed, and a reused
+	                                        * cache's new prompt tokens); t_prefill has their
+	                                        * forwards but for each one's last token */
+	uint64_t reused_tokens;                /* prompt tokens a kept cache held (not forwarded) */
+	uint64_t reused_seqs;                  /* requests that took a kept cache over (each one's
+	                                        * last prompt token is fed by its first decode step) */
+	uint64_t kept_evicted;                 /* kept caches dropped for room or the budget */
 	double t_prefill, t_decode, t_sample;  /* seconds; decode steps sample inside t_decode
 	                                        * (t_sample: after prefills, and RL_DECODE_LEGACY=1) */
 } rl_engine_stats;

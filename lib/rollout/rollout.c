@@ -34,6 +34,7 @@ rl_rollout_opts_default(rl_rollout_opts *o)
 	o->max_requests = 256;
 	o->max_body = (size_t)4 << 20;
 	o->episode_timeout = 600;
+	o->kv_reuse_mem = -1;
 	o->body_timeout = 30;
 }
 
@@ -246,6 +247,8 @@ rollout(const rl_rollout_opts *opts, int score)
 	 * context (32k for many models) would let few episodes run at once */
 	if (g->o.env_cmd && g->o.go.max_episode <= 0)
 		g->o.go.max_episode = RL_MIN(g->m->cfg.max_pos, 1024);
+	if (g->o.listen)
+		g->o.go.keep_mem = g->o.kv_reuse_mem < 0 ? g->o.go.kv_mem / 2 : (size_t)g->o.kv_reuse_mem;
 	if ((rv = rl_engine_create(&g->e, g->m, g->tok, &g->o.go)) != 0 || (rv = open_weights(g)) != 0)
 		goto out;
 	if (g->o.env_cmd && (rv = rli_env_open(g)) != 0)

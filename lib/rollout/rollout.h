@@ -70,6 +70,8 @@ typedef struct rl_rollout_opts {
 	size_t max_body;           /* request bodies at most (bytes); larger get 413 */
 	double body_timeout;       /* seconds a request body may take to arrive (slowloris); then 408 */
 	double episode_timeout;    /* seconds an episode may stay idle before it is written unrewarded */
+	long long kv_reuse_mem;    /* bytes of --kv-mem an episode's cache may be kept in between its
+	                            * calls (rl_gen_opts.keep_mem; -1: half of kv_mem, 0: none) */
 } rl_rollout_opts;
 
 /* How observations are framed: AUTO is CHATML when prompts go through a

@@ -155,6 +155,55 @@ stream_put(serve *s, sv_req *r, rl_buf *b)
 
 /* ---- the engine thread ------------------------------------------------------------------------------ */
 
+/* Room in c for one more token (and its top list when the request asks for one). */
+static int
+choice_room(sv_choice *c, int top)
+{
+	int nc;
+
+	if (c->n < c->cap)
+		return RL_OK;
+	nc = c->cap ? c->cap * 2 : 64;
+	int32_t *nt = realloc(c->tok, sizeof *nt * (size_t)nc);
+	if (nt)
+		c->tok = nt;
+	float *nl = nt ? realloc(c->logp, sizeof *nl * (size_t)nc) : NULL;
+	if (nl)
+		c->logp = nl;
+	if (nl && top > 0) {
+		int32_t *ti = realloc(c->top_id, sizeof *ti * (size_t)nc * top);
+		if (ti)
+			c->top_id = ti;
+		float *tl = ti ? realloc(c->top_lp, sizeof *tl * (size_t)nc * top) : NULL;
+		if (!tl)
+			return RL_ENOMEM;
+		c->top_lp = tl;
+	}
+	if (!nl)
+		return RL_ENOMEM;
+	c->cap = nc;
+	return RL_OK;
+}
+
+/* The top log-probs of the token about to come (on_token follows for it). */
+static void
+on_top(void *ctx, void *user, int index, const int32_t *ids, const float *lp, int n)
+{
+	sv_req *r = user;
+	sv_choice *c;
+
+	(void)ctx;
+	if (index < 0 || index >= r->n || r->top <= 0)
+		return;
+	c = &r->ch[index];
+	if (choice_room(c, r->top) != 0)
+		return;
+	for (int k = 0; k < r->top; k++) {
+		c->top_id[(size_t)c->n * r->top + k] = k < n ? ids[k] : -1;
+		c->top_lp[(size_t)c->n * r->top + k] = k < n ? lp[k] : 0.0f;
+	}
+}
+
 static void
 on_token(void *ctx, void *user, int index, int32_t t, float lp)
 {
@@ -167,17 +216,8 @@ on_token(void *ctx, void *user, int index, int32_t t, float lp)
 	if (index < 0 || index >= r->n)
 		return;
 	c = &r->ch[index];
-	if (c->n == c->cap) {
-		int nc = c->cap ? c->cap * 2 : 64;
-		int32_t *nt = realloc(c->tok, sizeof *nt * (size_t)nc);
-		float *nl = nt ? realloc(c->logp, sizeof *nl * (size_t)nc) : NULL;
-		if (nt)
-			c->tok = nt;
-		if (!nl)
-			return;
-		c->logp = nl;
-		c->cap = nc;
-	}
+	if (choice_room(c, r->top) != 0)
+		return;
 	c->tok[c->n] = t;
 	c->logp[c->n] = lp;
 	c->n++;
@@ -391,6 +431,8 @@ start(serve *s, sv_req *r)
 	q.sp = &r->sp;
 	q.stop = r->stop;
 	q.nstop = r->nstop;
+	q.top = r->top;
+	q.keep_key = r->ep ? sv_ep_key(r->episode) : 0;
 	if ((rv = rl_engine_submit_req(s->g->e, &q)) != 0) {
 		if (rv == RL_ETOOBIG)
 			snprintf(msg, sizeof msg, "the prompt of %d tokens and n=%d do not fit: the model's context is "
@@ -421,6 +463,8 @@ req_free(serve *s, sv_req *r)
 	for (int i = 0; r->ch && i < r->n; i++) {
 		free(r->ch[i].tok);
 		free(r->ch[i].logp);
+		free(r->ch[i].top_id);
+		free(r->ch[i].top_lp);
 		rl_buf_fini(&r->ch[i].raw);
 	}
 	free(r->ch);
@@ -485,6 +529,11 @@ tend(serve *s)
 	s->queued = rl_engine_waiting(s->g->e);
 	s->gen_tokens = rl_engine_stats_get(s->g->e)->gen_tokens;
 	s->steps = rl_engine_stats_get(s->g->e)->steps;
+	s->prefilled = rl_engine_stats_get(s->g->e)->prefill_tokens + rl_engine_stats_get(s->g->e)->fed_tokens +
+	    rl_engine_stats_get(s->g->e)->reused_seqs;
+	s->reused = rl_engine_stats_get(s->g->e)->reused_tokens;
+	s->evicted = rl_engine_stats_get(s->g->e)->kept_evicted;
+	rl_engine_kept(s->g->e, &s->kept, &s->kept_blk);
 	s->neps_seen = s->neps;
 	nng_mtx_unlock(s->mu);
 	return s->running > 0 || s->queued > 0;
@@ -524,11 +573,23 @@ metrics(serve *s, nng_aio *aio)
 	    "# HELP rlserve_running_sequences Sequences holding an engine slot.\n"
 	    "# TYPE rlserve_running_sequences gauge\nrlserve_running_sequences %d\n"
 	    "# HELP rlserve_queued_requests Requests waiting for a slot.\n"
-	    "# TYPE rlserve_queued_requests gauge\nrlserve_queued_requests %d\n",
+	    "# TYPE rlserve_queued_requests gauge\nrlserve_queued_requests %d\n"
+	    "# HELP rlserve_prompt_tokens_forwarded_total Prompt tokens run through the model (prefills, and the new "
+	    "tokens after a kept cache).\n"
+	    "# TYPE rlserve_prompt_tokens_forwarded_total counter\nrlserve_prompt_tokens_forwarded_total %llu\n"
+	    "# HELP rlserve_prompt_tokens_reused_total Prompt tokens an episode's kept KV cache already held.\n"
+	    "# TYPE rlserve_prompt_tokens_reused_total counter\nrlserve_prompt_tokens_reused_total %llu\n"
+	    "# HELP rlserve_kv_kept_evicted_total Kept episode caches dropped for room.\n"
+	    "# TYPE rlserve_kv_kept_evicted_total counter\nrlserve_kv_kept_evicted_total %llu\n"
+	    "# HELP rlserve_kv_kept_caches Episode KV caches kept between calls.\n"
+	    "# TYPE rlserve_kv_kept_caches gauge\nrlserve_kv_kept_caches %d\n"
+	    "# HELP rlserve_kv_kept_blocks KV cache blocks they hold.\n"
+	    "# TYPE rlserve_kv_kept_blocks gauge\nrlserve_kv_kept_blocks %d\n",
 	    (unsigned long long)s->n_requests, (unsigned long long)s->n_errors, (unsigned long long)s->n_cancelled,
 	    (unsigned long long)s->gen_tokens, (unsigned long long)s->steps, s->neps_seen,
 	    (unsigned long long)s->n_ep_mismatch, (unsigned long long)s->n_ep_written, s->version,
-	    (unsigned long long)s->n_stale, s->nreq, s->running, s->queued);
+	    (unsigned long long)s->n_stale, s->nreq, s->running, s->queued, (unsigned long long)s->prefilled,
+	    (unsigned long long)s->reused, (unsigned long long)s->evicted, s->kept, s->kept_blk);
 	nng_mtx_unlock(s->mu);
 	if (b.len == 0 || nng_http_res_alloc(&res) != 0) {
 		rl_buf_fini(&b);
@@ -905,6 +966,7 @@ rli_serve_run(gen *g)
 		goto out;
 	}
 	rl_engine_set_token(g->e, on_token, s);
+	rl_engine_set_top(g->e, on_top, s);
 	if ((rv = listen_http(s)) != 0)
 		goto out;
 	rl_info("serving '%s' at %s/v1", s->name, s->url);

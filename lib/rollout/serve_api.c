@@ -8,8 +8,12 @@
  * "auto" (the default) the answer's Hermes <tool_call> blocks come back as
  * tool_calls (serve_tools.c); "none" renders the tools and parses nothing.
  *
- * Leaves out: tool_choice "required" or a named function, top log-probs
- * (top_logprobs > 0, or completions' logprobs > 0), penalties, logit_bias, echo, best_of, suffix,
+ * Log-probs: each sampled token's, and with top_logprobs N (chat) or logprobs N
+ * (completions; up to 20 as vLLM allows, where OpenAI stops at 5) the N likeliest
+ * tokens of each position, from the distribution the sampled token's log-prob
+ * comes from (the engine's: logits / temperature, before top-p; rl-rollout(1)).
+ *
+ * Leaves out: tool_choice "required" or a named function, penalties, logit_bias, echo, best_of, suffix,
  * a list of prompts: each is refused with 400 naming the field rather than
  * ignored.
  */
@@ -332,7 +336,7 @@ parse_tools(sv_req *r, const cJSON *b, char *msg, size_t ml, char *param, size_t
 	return 0;
 }
 
-/* logprobs / top_logprobs: chat takes a boolean and 0..20, completions an integer 0..5. */
+/* logprobs / top_logprobs: chat takes a boolean and 0..20, completions an integer 0..20. */
 static int
 parse_logprobs(sv_req *r, const cJSON *b, char *msg, size_t ml, char *param, size_t pl)
 {
@@ -348,17 +352,13 @@ parse_logprobs(sv_req *r, const cJSON *b, char *msg, size_t ml, char *param, siz
 			return st;
 		if (top > 0 && !r->logprobs)
 			FAIL(400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
-		if (top > 0)
-			FAIL(400, "top_logprobs", "'top_logprobs' above 0 is not supported by this server: the "
-			    "log-prob of each sampled token is ('logprobs': true)");
+		r->top = (int)top;
 		return 0;
 	}
-	if ((st = get_int(b, "logprobs", 0, 5, &top, msg, ml, param, pl)) != 0)
+	if ((st = get_int(b, "logprobs", 0, RL_GEN_MAX_TOP, &top, msg, ml, param, pl)) != 0)
 		return st;
 	r->logprobs = is_set(v);
-	if (top > 0)
-		FAIL(400, "logprobs", "'logprobs' above 0 (top log-probs) is not supported by this server: "
-		    "'logprobs': 0 gives the log-prob of each sampled token");
+	r->top = (int)top;
 	return 0;
 }
 
@@ -454,11 +454,57 @@ head(serve *s, sv_req *r, const char *object)
 	return o;
 }
 
+/* The text of token t as the log-probs show it ("token_id:N" with return_tokens_as_token_ids);
+ * malloc'd, its bytes in *bytes, *bl. */
+static char *
+token_text(serve *s, sv_req *r, int32_t t, const char **bytes, size_t *bl)
+{
+	char idt[32];
+
+	*bl = 0;
+	*bytes = rl_tokenizer_token(s->g->tok, t, bl);
+	/* vLLM's return_tokens_as_token_ids: "token_id:N", what a client needs to
+	 * rebuild the exact tokens */
+	snprintf(idt, sizeof idt, "token_id:%d", (int)t);
+	return r->token_ids ? strdup(idt) : utf8_clean((const uint8_t *)(*bytes ? *bytes : ""), *bytes ? *bl : 0);
+}
+
+/* Token i's top list: chat's [{token, logprob, bytes}] into arr, or completions'
+ * {token: logprob} appended to list (a token text seen twice keeps the likelier). */
+static void
+top_json(serve *s, sv_req *r, const sv_choice *c, int i, cJSON *arr, cJSON *list)
+{
+	cJSON *d = list ? cJSON_CreateObject() : NULL;
+
+	for (int k = 0; c->top_id && k < r->top; k++) {
+		int32_t t = c->top_id[(size_t)i * r->top + k];
+		const char *bytes;
+		size_t bl;
+		char *txt;
+		if (t < 0 || !(txt = token_text(s, r, t, &bytes, &bl)))
+			continue;
+		if (arr) {
+			cJSON *e = cJSON_CreateObject(), *ba;
+			cJSON_AddStringToObject(e, "token", txt);
+			cJSON_AddNumberToObject(e, "logprob", c->top_lp[(size_t)i * r->top + k]);
+			ba = cJSON_AddArrayToObject(e, "bytes");
+			for (size_t b = 0; bytes && b < bl; b++)
+				cJSON_AddItemToArray(ba, cJSON_CreateNumber((uint8_t)bytes[b]));
+			cJSON_AddItemToArray(arr, e);
+		} else if (!cJSON_GetObjectItemCaseSensitive(d, txt)) {
+			cJSON_AddNumberToObject(d, txt, c->top_lp[(size_t)i * r->top + k]);
+		}
+		free(txt);
+	}
+	if (list)
+		cJSON_AddItemToArray(list, d);
+}
+
 /* The log-probs of tokens [from, to) of c, in the request kind's shape. */
 static cJSON *
 logprobs_json(serve *s, sv_req *r, const sv_choice *c, int from, int to)
 {
-	cJSON *o = cJSON_CreateObject(), *content = NULL, *toks = NULL, *lps = NULL, *offs = NULL;
+	cJSON *o = cJSON_CreateObject(), *content = NULL, *toks = NULL, *lps = NULL, *offs = NULL, *tops = NULL;
 	size_t off = 0;
 
 	if (r->kind == SV_CHAT) {
@@ -466,7 +512,10 @@ logprobs_json(serve *s, sv_req *r, const sv_choice *c, int from, int to)
 	} else {
 		toks = cJSON_AddArrayToObject(o, "tokens");
 		lps = cJSON_AddArrayToObject(o, "token_logprobs");
-		cJSON_AddNullToObject(o, "top_logprobs");
+		if (r->top > 0)
+			tops = cJSON_AddArrayToObject(o, "top_logprobs");
+		else
+			cJSON_AddNullToObject(o, "top_logprobs");
 		offs = cJSON_AddArrayToObject(o, "text_offset");
 	}
 	for (int i = from; i < to; i++) {
@@ -485,9 +534,11 @@ logprobs_json(serve *s, sv_req *r, const sv_choice *c, int from, int to)
 			cJSON_AddNumberToObject(e, "logprob", c->logp[i]);
 			for (size_t k = 0; k < bl; k++)
 				cJSON_AddItemToArray(ba, cJSON_CreateNumber((uint8_t)bytes[k]));
-			cJSON_AddArrayToObject(e, "top_logprobs");
+			top_json(s, r, c, i, cJSON_AddArrayToObject(e, "top_logprobs"), NULL);
 			cJSON_AddItemToArray(content, e);
 		} else {
+			if (tops)
+				top_json(s, r, c, i, NULL, tops);
 			cJSON_AddItemToArray(toks, cJSON_CreateString(txt));
 			cJSON_AddItemToArray(lps, cJSON_CreateNumber(c->logp[i]));
 			cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));

@@ -96,9 +96,17 @@ push(sv_episode *e, int32_t t, float lp, uint8_t m)
 	return RL_OK;
 }
 
+uint64_t
+sv_ep_key(const char *id)
+{
+	return rl_hash64(id, strlen(id), 0x6b76) | 1;
+}
+
+/* The episode leaves the list; its kept KV cache, if any, goes too. */
 static void
 unlink_ep(serve *s, sv_episode *e)
 {
+	rl_engine_forget(s->g->e, sv_ep_key(e->id));
 	for (sv_episode **pp = &s->eps; *pp; pp = &(*pp)->next)
 		if (*pp == e) {
 			*pp = e->next;

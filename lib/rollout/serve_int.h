@@ -27,6 +27,8 @@ typedef struct sv_episode sv_episode;
 typedef struct sv_choice {
 	int32_t *tok;
 	float *logp;
+	int32_t *top_id;    /* (cap, top) the top log-probs of each token (top > 0) */
+	float *top_lp;
 	int n, cap;
 	rl_buf raw;         /* the response's bytes (special tokens left out) */
 	size_t sent;        /* stream: bytes of raw already sent */
@@ -44,6 +46,7 @@ typedef struct sv_req {
 	/* the request's fields (serve_api.c) */
 	cJSON *body;               /* owned */
 	int n, max_tokens, stream, logprobs, include_usage, has_seed;
+	int top;                   /* top_logprobs (chat) or logprobs: N (completions), 0..20 */
 	int token_ids;              /* return_tokens_as_token_ids (vLLM's) */
 	const cJSON *tools;        /* chat "tools" (borrowed from body), or NULL */
 	int tool_parse;            /* parse <tool_call> blocks of the answer (tools, tool_choice "auto") */
@@ -98,6 +101,8 @@ typedef struct serve {
 	uint64_t n_requests, n_errors, n_cancelled; /* written by the engine thread under mu */
 	int running, queued;       /* the engine's, as of the engine thread's last pass */
 	uint64_t gen_tokens, steps;
+	uint64_t prefilled, reused, evicted; /* the engine's prompt tokens forwarded / reused, kept caches evicted */
+	int kept, kept_blk;        /* kept episode caches and their blocks */
 	sv_episode *eps;           /* open episodes (engine thread) */
 	int neps, neps_seen;       /* open episodes; as of the last pass, for /metrics */
 	uint64_t n_ep_mismatch, n_ep_written, n_stale;
@@ -135,6 +140,8 @@ void sv_ep_end(serve *s, sv_req *r, const rl_gen_sample *gs, const char *text, s
 int sv_ep_reward(serve *s, const char *id, double reward, char *msg, size_t ml, int *tokens, int *turns);
 int sv_ep_expire(serve *s, double timeout, int all);
 int sv_ep_open(serve *s, const char *id);  /* 1 when the episode is open */
+/* The engine's keep_key of an episode's calls (non-zero). */
+uint64_t sv_ep_key(const char *id);
 
 /* 1 when the Authorization header carries the key (constant time). */
 int sv_auth_ok(const serve *s, const char *authz);

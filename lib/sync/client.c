@@ -88,6 +88,8 @@ rl_wsync_client_open(rl_wsync_client **out, const char *url, const rl_wsync_clie
 		c->o.chunk = RL_WSYNC_CHUNK_DEFAULT;
 	if (c->o.retries <= 0)
 		c->o.retries = 3;
+	if (getenv("RL_WSYNC_TEST_CORRUPT_PUSH")) /* test hook: this pusher's next n chunks go corrupted */
+		rl_wsync_test_corrupt(atoi(getenv("RL_WSYNC_TEST_CORRUPT_PUSH")));
 	if (c->o.max_msg == 0)
 		c->o.max_msg = RL_WSYNC_CHUNK_MAX + 65536;
 	if (c->o.max_bytes == 0)
@@ -483,6 +485,7 @@ typedef struct xfer {
 	atomic_size_t next;
 	atomic_int err;
 	int push;
+	uint64_t part_tag;        /* push: 0, or a part's index + 1 (PUSH_PART) */
 	int stored;               /* fetch: whole chunks uncompressed */
 	const char *bulk;         /* fetch: the bulk stream's URL, or NULL */
 	size_t batch;             /* chunks per bulk request */
@@ -751,13 +754,14 @@ push_one(xfer *x, nng_ctx ctx, nng_aio *aio, size_t i)
 			if (bad) {
 				memcpy(bad, pay, en);
 				bad[en / 2] ^= 0x5a;
-				rv = rpc(c, ctx, aio, OP_PUSH_CHUNK, x->v->version, i, 0, cb, hn, bad, en, c->o.timeout_ms,
+				rv = rpc(c, ctx, aio, OP_PUSH_CHUNK, x->v->version, i, x->part_tag, cb, hn, bad, en, c->o.timeout_ms,
 					 &m, &h);
 				free(bad);
 				goto sent;
 			}
 		}
-		rv = rpc(c, ctx, aio, OP_PUSH_CHUNK, x->v->version, i, 0, cb, hn, pay, en, c->o.timeout_ms, &m, &h);
+		rv = rpc(c, ctx, aio, OP_PUSH_CHUNK, x->v->version, i, x->part_tag, cb, hn, pay, en, c->o.timeout_ms, &m,
+			 &h);
 sent:
 		if (rv == RL_OK) {
 			c->chunks++;
@@ -1084,8 +1088,8 @@ push_shm(rl_wsync_client *c, rl_wver *v, const char *name)
 	return rv;
 }
 
-static int push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last, uint64_t flags);
-static int push_retry(rl_wsync_client *c, rl_wver *v, const rl_wver *base, uint64_t flags);
+static int push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last, uint64_t flags, int *published);
+static int push_retry(rl_wsync_client *c, rl_wver *v, const rl_wver *base, uint64_t flags, int *published);
 
 /* A server restarted during a push has forgotten it (its chunks and commit are
  * answered "no push of version N in progress", RL_ENOENT): the whole push is
@@ -1094,13 +1098,29 @@ static int push_retry(rl_wsync_client *c, rl_wver *v, const rl_wver *base, uint6
 int
 rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base)
 {
-	return push_retry(c, v, base, 0);
+	return push_retry(c, v, base, 0, NULL);
+}
+
+int
+rl_wsync_push_part(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int index, int count, int *published)
+{
+	int pub = 0, rv;
+
+	if (count < 1 || count > PUSH_PART_MAX || index < 0 || index >= count) {
+		rl_error("push: part %d of %d: the count must be 1..%d and the index below it", index, count,
+			 PUSH_PART_MAX);
+		return RL_EINVAL;
+	}
+	rv = push_retry(c, v, base, PUSH_PART_A(index, count), &pub);
+	if (published)
+		*published = pub;
+	return rv;
 }
 
 int
 rl_wsync_push_rewind(rl_wsync_client *c, rl_wver *v)
 {
-	int rv = push_retry(c, v, NULL, PUSH_REWIND);
+	int rv = push_retry(c, v, NULL, PUSH_REWIND, NULL);
 
 	if (rv == RL_OK)
 		rl_verbose("push: the server's line is version %llu's now (line %llu)", (unsigned long long)v->version,
@@ -1109,12 +1129,12 @@ rl_wsync_push_rewind(rl_wsync_client *c, rl_wver *v)
 }
 
 static int
-push_retry(rl_wsync_client *c, rl_wver *v, const rl_wver *base, uint64_t flags)
+push_retry(rl_wsync_client *c, rl_wver *v, const rl_wver *base, uint64_t flags, int *published)
 {
 	int rv;
 
 	for (int attempt = 0;; attempt++) {
-		rv = push_once(c, v, attempt ? NULL : base, attempt == 2, flags);
+		rv = push_once(c, v, attempt ? NULL : base, attempt == 2, flags, published);
 		if (rv != RL_ENOENT || attempt == 2)
 			return rv;
 		rl_warn("push: the server lost version %llu while it was sent (restarted?): sending it again",
@@ -1123,8 +1143,11 @@ push_retry(rl_wsync_client *c, rl_wver *v, const rl_wver *base, uint64_t flags)
 }
 
 static int
-push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last, uint64_t flags)
+push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last, uint64_t flags, int *published)
 {
+	/* a part's chunks and commit name it; parts go as chunks (no memfd:
+	 * the server assembles them) */
+	uint64_t tag = (flags & PUSH_PART) ? ((flags >> 16) & 0xffff) + 1 : 0;
 	uint8_t *man = NULL;
 	size_t mn;
 	nng_msg *m = NULL;
@@ -1142,7 +1165,7 @@ push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last, uint64_
 		return rv;
 	/* a server on this host takes the version as shared memory: one copy
 	 * into a memfd, no codec, no delta (which would only cost CPU here) */
-	if (c->o.transport == RL_WSYNC_T_AUTO || c->o.transport == RL_WSYNC_T_SHM) {
+	if (!tag && (c->o.transport == RL_WSYNC_T_AUTO || c->o.transport == RL_WSYNC_T_SHM)) {
 		if ((rv = shm_where(c, shm, sizeof shm)) == RL_OK) {
 			use_shm = 1;
 			base = NULL;
@@ -1211,13 +1234,14 @@ push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last, uint64_
 		x.v = v;
 		x.base = base;
 		x.push = 1;
+		x.part_tag = tag;
 		x.stored = c->o.stored > 0 || (c->o.stored == 0 && c->local);
 		if ((rv = rli_ws_chunk_table(&x.ch, &x.nchunks, v, c->o.chunk)) != 0)
 			goto out;
 		if ((rv = xfer_run(&x)) != 0)
 			goto out;
 	}
-	rv = rpc(c, c->ctx, c->aio, OP_PUSH_COMMIT, v->version, 0, 0, NULL, 0, NULL, 0, c->o.timeout_ms * 6, &m, &h);
+	rv = rpc(c, c->ctx, c->aio, OP_PUSH_COMMIT, v->version, 0, tag, NULL, 0, NULL, 0, c->o.timeout_ms * 6, &m, &h);
 	if (rv != 0) {
 		if (m) {
 			(rv == RL_ENOENT && !last ? rl_verbose : rl_error)("push: server refused to publish version %llu: %s",
@@ -1229,6 +1253,8 @@ push_once(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int last, uint64_
 		goto out;
 	}
 	v->lineage = h.a;
+	if (published)
+		*published = !tag || h.b == PART_PUBLISHED;
 	nng_msg_free(m);
 	c->last_push_shm = use_shm;
 out:

@@ -66,6 +66,16 @@ typedef struct sver {
 	int rewind;               /* staging: a resumed trainer's push (PUSH_REWIND) */
 } sver;
 
+/* a version pushed in parts (docs/sync.md): each part staged on its own,
+ * the version assembled and published when the last one is committed */
+typedef struct pstage {
+	uint64_t version;
+	int count, ndone, rewind;
+	sver **part;              /* (count) a part's staging; NULL until its PUSH_BEGIN */
+	uint8_t *done;            /* (count) committed: every chunk in and verified */
+	double deadline;          /* aborted if a part is still missing then */
+} pstage;
+
 enum { SC_RECV, SC_WORK, SC_SEND, SC_PARKED };
 typedef struct sctx {
 	struct rl_wsync_server *s;
@@ -88,6 +98,8 @@ struct rl_wsync_server {
 	pthread_cond_t cv;        /* work queue */
 	pthread_cond_t tcv;       /* timer: new version or close */
 	sver *latest, *prev, *stage;
+	pstage *parts;            /* a version coming in parts, or NULL */
+	uint64_t n_parts_aborted, n_parts_refused, n_parted;
 	uint64_t lineage;         /* the line the versions held belong to (rewinds so far) */
 	uint64_t warned_lin;      /* 1 + the lineage an older client was warned about */
 	uint64_t committing;      /* a PUSH_COMMIT of this version is saving/installing it */
@@ -134,6 +146,18 @@ sver_unref(rl_wsync_server *s, sver *x)
 	pthread_mutex_lock(&s->mu);
 	sver_unref_locked(x);
 	pthread_mutex_unlock(&s->mu);
+}
+
+static void
+pstage_free_locked(pstage *p)
+{
+	if (p == NULL)
+		return;
+	for (int i = 0; i < p->count; i++)
+		sver_unref_locked(p->part[i]);
+	free(p->part);
+	free(p->done);
+	free(p);
 }
 
 /* sver_make takes v (hashed) on success */
@@ -232,6 +256,18 @@ do_status(rl_wsync_server *s)
 		cJSON_AddNumberToObject(j, "pushing", (double)s->stage->v->version);
 	else
 		cJSON_AddNullToObject(j, "pushing");
+	if (s->parts) {
+		cJSON *o = cJSON_AddObjectToObject(j, "parts");
+		cJSON_AddNumberToObject(o, "version", (double)s->parts->version);
+		cJSON_AddNumberToObject(o, "count", s->parts->count);
+		cJSON_AddNumberToObject(o, "in", s->parts->ndone);
+		cJSON_AddNumberToObject(o, "abort_in_s", s->parts->deadline - rl_now());
+	} else {
+		cJSON_AddNullToObject(j, "parts");
+	}
+	cJSON_AddNumberToObject(j, "versions_from_parts", (double)s->n_parted);
+	cJSON_AddNumberToObject(j, "parts_refused", (double)s->n_parts_refused);
+	cJSON_AddNumberToObject(j, "part_versions_aborted", (double)s->n_parts_aborted);
 	cJSON_AddStringToObject(j, "data_dir", s->data_dir ? s->data_dir : "");
 	cJSON_AddNumberToObject(j, "requests", (double)s->n_req);
 	cJSON_AddNumberToObject(j, "chunks_served", (double)s->n_chunks);
@@ -414,6 +450,102 @@ out:
 	return m;
 }
 
+/* The delta base of a part: the latest version's blobs of the part's names
+ * (borrowed: the ref held on the latest keeps them), numbered like the
+ * latest; the pusher's base (its previous part) must hash the same. */
+static int
+part_base_locked(rl_wsync_server *s, const rl_wver *v, uint64_t base, uint64_t hash, sver **out)
+{
+	rl_wver *bv = NULL;
+	sver *bx = NULL;
+	int rv;
+
+	if (s->latest == NULL || s->latest->v->version != base)
+		return RL_ENOENT;
+	if ((rv = rl_wver_create(&bv, base)) != 0)
+		return rv;
+	for (int i = 0; i < v->nblobs; i++) {
+		const rl_wblob *lb = rl_wver_find(s->latest->v, v->blobs[i].name);
+		size_t np;
+		rl_wblob *nb;
+		if (lb == NULL || lb->size != v->blobs[i].size) {
+			rv = RL_ENOENT;
+			goto fail;
+		}
+		if ((rv = rl_wver_add_blob(bv, lb->name, lb->data, lb->size, lb->elem, 0)) != 0)
+			goto fail;
+		nb = &bv->blobs[bv->nblobs - 1];
+		np = rli_wver_npieces(lb->size);
+		if ((nb->pieces = rl_try_malloc((np ? np : 1) * sizeof(uint64_t), "piece hashes")) == NULL) {
+			rv = RL_ENOMEM;
+			goto fail;
+		}
+		memcpy(nb->pieces, lb->pieces, np * sizeof(uint64_t));
+		nb->hash = lb->hash;
+	}
+	bv->hash = rli_wver_version_hash(bv);
+	if (bv->hash != hash) {
+		rv = RL_ENOENT;
+		goto fail;
+	}
+	if ((rv = sver_make(&bx, bv, s->latest->chunk)) != 0)
+		goto fail;
+	bx->base = s->latest;
+	s->latest->refs++;
+	*out = bx;
+	return RL_OK;
+fail:
+	rl_wver_destroy(bv);
+	return rv;
+}
+
+/* PUSH_BEGIN of a part: x (staged, its delta base already looked up) joins
+ * the version in parts, which it starts when none is coming in.  NULL: taken;
+ * else the refusal (x not taken). */
+static nng_msg *
+part_begin_locked(rl_wsync_server *s, const whdr *h, sver *x, int idx, int cnt)
+{
+	pstage *p = s->parts;
+	sver *old;
+
+	if (p && p->version != h->version) {
+		s->n_parts_refused++;
+		return reply_err(OP_PUSH_BEGIN, RL_EBUSY, h->version, "part %d of version %llu refused: version %llu is "
+				 "being assembled from parts (%d of %d in) until it is published or aborted (in %.0f s)",
+				 idx, (unsigned long long)h->version, (unsigned long long)p->version, p->ndone, p->count,
+				 p->deadline - rl_now());
+	}
+	if (p && p->count != cnt) {
+		s->n_parts_refused++;
+		return reply_err(OP_PUSH_BEGIN, RL_EINVAL, h->version, "part %d of %d refused: version %llu comes in %d "
+				 "parts", idx, cnt, (unsigned long long)h->version, p->count);
+	}
+	if (p && p->done[idx]) {
+		s->n_parts_refused++;
+		return reply_err(OP_PUSH_BEGIN, RL_EEXIST, h->version, "part %d of version %llu is in already (a "
+				 "duplicate)", idx, (unsigned long long)h->version);
+	}
+	if (p == NULL) {
+		if ((p = rl_try_calloc(1, sizeof *p, "parts")) == NULL ||
+		    (p->part = rl_try_calloc((size_t)cnt, sizeof *p->part, "parts")) == NULL ||
+		    (p->done = rl_try_calloc((size_t)cnt, 1, "parts")) == NULL) {
+			if (p)
+				free(p->part);
+			free(p);
+			return reply_err(OP_PUSH_BEGIN, RL_ENOMEM, h->version, "out of memory");
+		}
+		p->version = h->version;
+		p->count = cnt;
+		p->rewind = x->rewind;
+		p->deadline = rl_now() + (s->o.part_timeout_s > 0 ? s->o.part_timeout_s : 60.0);
+		s->parts = p;
+	}
+	old = p->part[idx]; /* a part begun again (a client's retry) starts over */
+	p->part[idx] = x;
+	sver_unref_locked(old);
+	return NULL;
+}
+
 static nng_msg *
 do_push_begin(rl_wsync_server *s, const whdr *h)
 {
@@ -450,6 +582,11 @@ do_push_begin(rl_wsync_server *s, const whdr *h)
 		return reply_err(OP_PUSH_BEGIN, RL_ENOMEM, h->version, "out of memory");
 	}
 	x->rewind = (h->a & PUSH_REWIND) != 0;
+	int idx = (int)((h->a >> 16) & 0xffff), cnt = (int)((h->a >> 32) & 0xffff);
+	if ((h->a & PUSH_PART) && (cnt < 1 || cnt > PUSH_PART_MAX || idx >= cnt)) {
+		sver_unref(s, x);
+		return reply_err(OP_PUSH_BEGIN, RL_EINVAL, h->version, "bad part %d of %d", idx, cnt);
+	}
 	pthread_mutex_lock(&s->mu);
 	/* only a resumed trainer goes back (PUSH_REWIND): a second trainer's
 	 * older version is refused */
@@ -460,7 +597,17 @@ do_push_begin(rl_wsync_server *s, const whdr *h)
 		return reply_err(OP_PUSH_BEGIN, RL_ESTALE, h->version, "version %llu is not newer than the latest, %llu",
 				 (unsigned long long)h->version, (unsigned long long)l);
 	}
-	if (base) {
+	if (base && (h->a & PUSH_PART)) {
+		/* a part's base: the same names in the latest version */
+		if (part_base_locked(s, v, base, h->b, &x->base) != 0) {
+			sver_unref_locked(x);
+			pthread_mutex_unlock(&s->mu);
+			return reply_err(OP_PUSH_BEGIN, RL_ENOENT, h->version,
+					 "delta base %llu does not hold this part's blobs with the same content",
+					 (unsigned long long)base);
+		}
+		x->delta_base = base;
+	} else if (base) {
 		if (s->latest == NULL || s->latest->v->version != base || s->latest->v->hash != h->b ||
 		    !rli_ws_same_layout(s->latest->v, v)) {
 			sver_unref_locked(x);
@@ -472,6 +619,18 @@ do_push_begin(rl_wsync_server *s, const whdr *h)
 		x->base = s->latest;
 		x->base->refs++;
 		x->delta_base = base;
+	}
+	if (h->a & PUSH_PART) {
+		nng_msg *m = part_begin_locked(s, h, x, idx, cnt);
+		if (m != NULL) {
+			sver_unref_locked(x);
+			pthread_mutex_unlock(&s->mu);
+			return m;
+		}
+		pthread_mutex_unlock(&s->mu);
+		rl_verbose("receiving part %d of %d of version %llu (%zu chunks%s)", idx, cnt,
+			   (unsigned long long)h->version, x->nchunks, base ? ", delta" : "");
+		return reply_new(OP_PUSH_BEGIN, RL_OK, h->version, 0, 0, NULL, 0);
 	}
 	old = s->stage;
 	s->stage = x;
@@ -498,7 +657,12 @@ do_push_chunk(rl_wsync_server *s, const whdr *h)
 	sver *bx = NULL;
 
 	pthread_mutex_lock(&s->mu);
-	if ((x = s->stage) != NULL && x->v->version == h->version && !x->taken) {
+	if (h->b != 0) /* a part's chunk: that part's staging, until committed */
+		x = s->parts && s->parts->version == h->version && h->b <= (uint64_t)s->parts->count &&
+		    !s->parts->done[h->b - 1] ? s->parts->part[h->b - 1] : NULL;
+	else
+		x = s->stage;
+	if (x != NULL && x->v->version == h->version && !x->taken) {
 		x->refs++;
 		x->writers++;
 		if ((bx = x->base) != NULL)
@@ -656,36 +820,14 @@ persist(rl_wsync_server *s, const rl_wver *v, int rewind)
 	return rv;
 }
 
+/* Installs the staged x (the caller's reference, taken out of staging; mu
+ * held, released here) as the new latest version; b: the reply's b. */
 static nng_msg *
-do_push_commit(rl_wsync_server *s, const whdr *h)
+publish_locked(rl_wsync_server *s, sver *x, const whdr *h, uint64_t b)
 {
-	sver *x;
 	uint64_t from, lin;
 	int rv, rewind;
 
-	pthread_mutex_lock(&s->mu);
-	/* the same commit again while the first one saves the version (nng's
-	 * REQ re-sends a request after a reconnect) waits for the first's
-	 * outcome: answered now, it would find no push in progress (RL_ENOENT),
-	 * and the client's second push would be refused as not newer than itself */
-	while (s->committing == h->version && !s->closing)
-		pthread_cond_wait(&s->tcv, &s->mu);
-	x = s->stage;
-	if (x == NULL || x->v->version != h->version) {
-		uint64_t l = ver_of(s->latest), lin = s->lineage;
-		pthread_mutex_unlock(&s->mu);
-		if (l == h->version) /* a re-sent commit */
-			return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, lin, 0, NULL, 0);
-		return reply_err(OP_PUSH_COMMIT, RL_ENOENT, h->version, "no push of version %llu in progress",
-				 (unsigned long long)h->version);
-	}
-	if (x->ngot != x->nchunks) {
-		size_t got = x->ngot;
-		pthread_mutex_unlock(&s->mu);
-		return reply_err(OP_PUSH_COMMIT, RL_EINVAL, h->version, "version %llu incomplete: %zu of %zu chunks",
-				 (unsigned long long)h->version, got, x->nchunks);
-	}
-	s->stage = NULL; /* our reference now */
 	/* a rewind drops what is held from its number up; the same version
 	 * again (the trainer resumed from the latest) changes nothing, and one
 	 * above the latest is an ordinary push */
@@ -694,7 +836,7 @@ do_push_commit(rl_wsync_server *s, const whdr *h)
 		sver_unref_locked(x);
 		pthread_mutex_unlock(&s->mu);
 		rl_info("rewind to version %llu: held already", (unsigned long long)h->version);
-		return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, lin, 0, NULL, 0);
+		return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, lin, b, NULL, 0);
 	}
 	rewind = x->rewind && s->latest && s->latest->v->version >= x->v->version;
 	from = ver_of(s->latest);
@@ -729,7 +871,143 @@ do_push_commit(rl_wsync_server *s, const whdr *h)
 	else
 		rl_info("published version %llu (%llu bytes, %d blobs)", (unsigned long long)h->version,
 			(unsigned long long)rl_wver_total(x->v), x->v->nblobs);
-	return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, lin, 0, NULL, 0);
+	return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, lin, b, NULL, 0);
+}
+
+/* The version of every part of p (which is the caller's, out of the
+ * server): the parts' blobs moved into one version, in part order, every
+ * piece hashed again and each blob's hash compared with its part's
+ * manifest.  Blob names in two parts are refused. */
+static int
+assemble(pstage *p, sver **out, char *why, size_t whyn)
+{
+	rl_wver *mv = NULL;
+	int rv;
+
+	if ((rv = rl_wver_create(&mv, p->version)) != 0)
+		return rv;
+	for (int i = 0; i < p->count; i++) {
+		rl_wver *pv = p->part[i]->v;
+		for (int j = 0; j < pv->nblobs; j++) {
+			rl_wblob *b = &pv->blobs[j];
+			uint8_t *d = b->data;
+			if (rl_wver_find(mv, b->name) != NULL) {
+				snprintf(why, whyn, "blob '%s' of part %d is in an earlier part too", b->name, i);
+				rv = RL_EEXIST;
+				goto out;
+			}
+			b->data = NULL; /* moved: freed with mv */
+			if ((rv = rl_wver_add_blob_owned(mv, b->name, d, b->size, b->elem)) != 0) {
+				snprintf(why, whyn, "cannot assemble blob '%s': %s", b->name, rl_strerror(rv));
+				goto out;
+			}
+		}
+	}
+	if ((rv = rl_wver_hash(mv)) != 0)
+		goto out;
+	for (int i = 0, k = 0; i < p->count; i++)
+		for (int j = 0; j < p->part[i]->v->nblobs; j++, k++)
+			if (mv->blobs[k].hash != p->part[i]->v->blobs[j].hash) {
+				snprintf(why, whyn, "blob '%s' of part %d does not match its checksum", mv->blobs[k].name, i);
+				rv = RL_ECHECKSUM;
+				goto out;
+			}
+	if ((rv = sver_make(out, mv, p->part[0]->chunk)) != 0)
+		goto out;
+	(*out)->rewind = p->rewind;
+	return RL_OK;
+out:
+	rl_wver_destroy(mv);
+	return rv;
+}
+
+/* PUSH_COMMIT of part h->b - 1 (mu held, released here): staged, or the
+ * last one in, the version assembled and published. */
+static nng_msg *
+part_commit_locked(rl_wsync_server *s, const whdr *h)
+{
+	pstage *p = s->parts;
+	int i = (int)(h->b - 1), rv;
+	char why[400];
+	sver *x;
+
+	if (p == NULL || p->version != h->version || h->b > (uint64_t)p->count || p->part[i] == NULL) {
+		uint64_t l = ver_of(s->latest), lin = s->lineage;
+		pthread_mutex_unlock(&s->mu);
+		if (l == h->version) /* a re-sent commit of the last part */
+			return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, lin, PART_PUBLISHED, NULL, 0);
+		return reply_err(OP_PUSH_COMMIT, RL_ENOENT, h->version, "no part %llu of version %llu in progress "
+				 "(never begun, or the version was aborted)", (unsigned long long)h->b - 1,
+				 (unsigned long long)h->version);
+	}
+	x = p->part[i];
+	if (!p->done[i] && x->ngot != x->nchunks) {
+		size_t got = x->ngot;
+		pthread_mutex_unlock(&s->mu);
+		return reply_err(OP_PUSH_COMMIT, RL_EINVAL, h->version, "part %d of version %llu incomplete: %zu of %zu "
+				 "chunks", i, (unsigned long long)h->version, got, x->nchunks);
+	}
+	if (!p->done[i]) {
+		p->done[i] = 1;
+		p->ndone++;
+	}
+	if (p->ndone < p->count) {
+		uint64_t lin = s->lineage;
+		int n = p->ndone;
+		pthread_mutex_unlock(&s->mu);
+		rl_verbose("version %llu: part %d in (%d of %d)", (unsigned long long)h->version, i, n, p->count);
+		return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, lin, PART_STAGED, NULL, 0);
+	}
+	s->parts = NULL; /* ours now */
+	pthread_mutex_unlock(&s->mu);
+	int cnt = p->count;
+	why[0] = 0;
+	rv = assemble(p, &x, why, sizeof why);
+	pthread_mutex_lock(&s->mu);
+	pstage_free_locked(p);
+	if (rv != 0) {
+		s->n_parts_refused++;
+		pthread_mutex_unlock(&s->mu);
+		rl_warn("version %llu in %d parts not published: %s", (unsigned long long)h->version, cnt,
+			why[0] ? why : rl_strerror(rv));
+		return reply_err(OP_PUSH_COMMIT, rv, h->version, "version %llu not published: %s",
+				 (unsigned long long)h->version, why[0] ? why : rl_strerror(rv));
+	}
+	s->n_parted++;
+	return publish_locked(s, x, h, PART_PUBLISHED);
+}
+
+static nng_msg *
+do_push_commit(rl_wsync_server *s, const whdr *h)
+{
+	sver *x;
+
+	pthread_mutex_lock(&s->mu);
+	/* the same commit again while the first one saves the version (nng's
+	 * REQ re-sends a request after a reconnect) waits for the first's
+	 * outcome: answered now, it would find no push in progress (RL_ENOENT),
+	 * and the client's second push would be refused as not newer than itself */
+	while (s->committing == h->version && !s->closing)
+		pthread_cond_wait(&s->tcv, &s->mu);
+	if (h->b != 0)
+		return part_commit_locked(s, h);
+	x = s->stage;
+	if (x == NULL || x->v->version != h->version) {
+		uint64_t l = ver_of(s->latest), lin = s->lineage;
+		pthread_mutex_unlock(&s->mu);
+		if (l == h->version) /* a re-sent commit */
+			return reply_new(OP_PUSH_COMMIT, RL_OK, h->version, lin, 0, NULL, 0);
+		return reply_err(OP_PUSH_COMMIT, RL_ENOENT, h->version, "no push of version %llu in progress",
+				 (unsigned long long)h->version);
+	}
+	if (x->ngot != x->nchunks) {
+		size_t got = x->ngot;
+		pthread_mutex_unlock(&s->mu);
+		return reply_err(OP_PUSH_COMMIT, RL_EINVAL, h->version, "version %llu incomplete: %zu of %zu chunks",
+				 (unsigned long long)h->version, got, x->nchunks);
+	}
+	s->stage = NULL; /* our reference now */
+	return publish_locked(s, x, h, 0);
 }
 
 /* ---- server: bulk stream ------------------------------------------------------------
@@ -1338,6 +1616,22 @@ timer_main(void *arg)
 		double now = rl_now();
 		uint64_t l = ver_of(s->latest), lin = s->lineage;
 
+		if (s->parts && now >= s->parts->deadline) {
+			/* a part never came (its pusher died or hangs): nothing of the
+			 * version is published, and the next version's parts may begin */
+			pstage *p = s->parts;
+			char miss[256] = "";
+			size_t o = 0;
+			for (int i = 0; i < p->count && o + 16 < sizeof miss; i++)
+				if (!p->done[i])
+					o += (size_t)snprintf(miss + o, sizeof miss - o, "%s%d", o ? ", " : "", i);
+			rl_warn("version %llu aborted: part(s) %s of %d not in %.0f s after its first part began; "
+				"nothing of it published", (unsigned long long)p->version, miss, p->count,
+				s->o.part_timeout_s > 0 ? s->o.part_timeout_s : 60.0);
+			s->parts = NULL;
+			s->n_parts_aborted++;
+			pstage_free_locked(p);
+		}
 		while (*pp) {
 			sctx *c = *pp;
 			if (l > c->wait_have || wait_moved(s, c->wait_lin) || now >= c->deadline) {
@@ -1529,6 +1823,7 @@ rl_wsync_server_close(rl_wsync_server *s)
 			nng_msg_free(s->ctxs[i].req);
 	}
 	sver_unref_locked(s->stage);
+	pstage_free_locked(s->parts);
 	sver_unref_locked(s->prev);
 	sver_unref_locked(s->latest);
 	free(s->ctxs);

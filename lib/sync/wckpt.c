@@ -1,6 +1,7 @@
 /*
  * wckpt.c — rl_wver_from_ckpt: a model's weights-only checkpoint files
- * (rl_ckpt_weight_files) as a hashed in-memory version.
+ * (rl_ckpt_weight_files) as a hashed in-memory version; a part of one for
+ * pushes in parts (rl_ckpt_part_files).
  *
  * Leaves out: how the files are made (model/ckpt.c).
  */
@@ -10,15 +11,16 @@
 
 #include <stdlib.h>
 
-int
-rl_wver_from_ckpt(rl_wver **out, rl_model *m, uint64_t version)
+static int
+from_files(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts)
 {
 	rl_ckpt_file *f = NULL;
 	rl_wver *v = NULL;
 	int rv, n = 0;
 
 	*out = NULL;
-	if ((rv = rl_ckpt_weight_files(&f, &n, m)) != 0 || (rv = rl_wver_create(&v, version)) != 0)
+	if ((rv = nparts ? rl_ckpt_part_files(&f, &n, m, part, nparts) : rl_ckpt_weight_files(&f, &n, m)) != 0 ||
+	    (rv = rl_wver_create(&v, version)) != 0)
 		goto out;
 	/* the blobs take the files' buffers (the image is 250 MB for GPT-2);
 	 * elem 0 is the default by name: 2 for model.safetensors, else 1 */
@@ -36,4 +38,16 @@ out:
 	rl_wver_destroy(v);
 	rl_ckpt_files_free(f, n);
 	return rv;
+}
+
+int
+rl_wver_from_ckpt(rl_wver **out, rl_model *m, uint64_t version)
+{
+	return from_files(out, m, version, 0, 0);
+}
+
+int
+rl_wver_from_ckpt_part(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts)
+{
+	return from_files(out, m, version, part, nparts);
 }

@@ -1,5 +1,5 @@
 /*
- * wckpt.h — a model's weights as an rl-sync version, built in memory from
+ * wckpt.h — a model's weights as an rl-sync version (or a part of one), built in memory from
  * the files a weights-only checkpoint directory would hold (model/ckpt.h).
  *
  * Leaves out: writing the directory (rl_ckpt_save), moving the version
@@ -18,5 +18,9 @@
  * model), built in memory as version `version` for rl-sync, hashed; nothing
  * is written to disk.  *out is the caller's (rl_wver_destroy). */
 int rl_wver_from_ckpt(rl_wver **out, rl_model *m, uint64_t version);
+/* rl_wver_from_ckpt_part: part `part` of `nparts` of version `version` as
+ * a sharded directory's files (rl_ckpt_part_files), for
+ * rl_wsync_push_part. */
+int rl_wver_from_ckpt_part(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts);
 
 #endif

@@ -72,6 +72,8 @@ typedef struct rl_wsync_server_opts {
 	                        * (tcp: same host, an ephemeral port the clients are told) */
 	int shm;               /* -1: no shared memory service; else every version is kept
 	                        * in a sealed memfd that clients on this host map (wshm.h) */
+	double part_timeout_s; /* a version pushed in parts is aborted when a part is not in
+	                        * this long after its first part began; 0 -> 60 */
 } rl_wsync_server_opts;
 
 /* rl_wsync_server_open starts serving in background threads.  With data_dir
@@ -170,6 +172,14 @@ int rl_wsync_fetch_into(rl_wsync_client *c, rl_wver *dst, uint64_t version, cons
  * server is elsewhere); STREAM and NNG always send chunks (deltas against
  * base, whole chunks uncompressed to a loopback server unless stored < 0). */
 int rl_wsync_push(rl_wsync_client *c, rl_wver *v, const rl_wver *base);
+/* rl_wsync_push_part: push v as part `index` of `count` parts of version
+ * v->version (docs/sync.md, "A version pushed in parts"): v holds only this
+ * part's blobs (the parts' blob names disjoint), base this part's previous
+ * version for a delta (or NULL).  Several processes push the parts of one
+ * version at once; the server publishes it when the last part is in, and
+ * *published (may be NULL) says whether this call's part was that one.
+ * Parts go as chunks, never over shared memory. */
+int rl_wsync_push_part(rl_wsync_client *c, rl_wver *v, const rl_wver *base, int index, int count, int *published);
 /* rl_wsync_push_rewind: push v (whole) for a trainer resumed from version
  * v->version: the server drops the versions it holds (and keeps in its
  * data directory) from that number up, serves v as the latest, on a new line

@@ -78,6 +78,14 @@ typedef struct cref {
 #define CB_HDR 16
 #define WAIT_LINEAGE ((uint64_t)1 << 63) /* WAIT: version = this | the client's lineage */
 #define PUSH_REWIND 1                     /* PUSH_BEGIN a: drop the versions from this one up */
+/* PUSH_BEGIN a: this push is part (a >> 16) & 0xffff of (a >> 32) & 0xffff
+ * parts of the version; its PUSH_CHUNKs and PUSH_COMMIT carry b = part + 1
+ * (docs/sync.md, "A version pushed in parts") */
+#define PUSH_PART 2
+#define PUSH_PART_A(index, count) (PUSH_PART | (uint64_t)(index) << 16 | (uint64_t)(count) << 32)
+#define PUSH_PART_MAX 4096
+/* PUSH_COMMIT reply b of a part: the part is staged, or the version published */
+enum { PART_STAGED = 1, PART_PUBLISHED = 2 };
 
 /* an encoded chunk's segment header (codec.c) */
 #define SEG_HDR 8

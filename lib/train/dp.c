@@ -2,11 +2,11 @@
  * dp.c — what data parallelism adds to the trainer (trainer.h,
  * docs/parallel.md): one starting point for every rank, the bucketed
  * gradient all-reduce overlapped with the backward pass, ZeRO-1 (each rank
- * keeps the AdamW state of its shard), ZeRO-2 (and its gradients: each
- * micro-batch's reduce-scattered bucket by bucket during the backward pass,
- * summed into the shard, the full buffer's pages given back), and the checks
- * that the ranks stay in step (the same groups per step, bitwise equal
- * weights).
+ * keeps the AdamW state of its shard and saves it as its own file), ZeRO-2
+ * (and its gradients: each micro-batch's reduce-scattered bucket by bucket
+ * during the backward pass, summed into the shard, the full buffer's pages
+ * given back), and the checks that the ranks stay in step (the same groups
+ * per step, bitwise equal weights).
  * Leaves out: the communicator itself (compute/comm.h), the passing of queue
  * leases from rank 0 (feed.c), ZeRO-3 (parameters sharded), ZeRO-2 on device
  * memory (the pages given back are host pages).
@@ -19,6 +19,7 @@
 
 #include "base/core.h"
 #include "base/hash.h"
+#include "model/ckpt.h"
 #include "train/trainer.h"
 
 /* Sums the gradients of every rank, in buckets of byte ranges of m->grads
@@ -184,8 +185,9 @@ rli_zero_full_alloc(trainer *tr)
 
 /* Every rank keeps the AdamW moments of its shard [zlo, zhi) of the flat
  * parameter space (rl_comm_shard), never the full ones (m->no_adam_state):
- * the shard of the state loaded on --resume (the same file on every rank,
- * whatever world size wrote it; then dropped), zeros otherwise. */
+ * on --resume its range of the saved state (read from the shards, or cut
+ * from the whole state of an unsharded checkpoint, then dropped), whatever
+ * world size wrote it; zeros otherwise. */
 static int
 zero_open(trainer *tr)
 {
@@ -199,7 +201,11 @@ zero_open(trainer *tr)
 	bytes = (n ? n : 1) * sizeof(float);
 	if ((rv = o->alloc(o, (void **)&tr->zm, bytes)) != 0 || (rv = o->alloc(o, (void **)&tr->zv, bytes)) != 0)
 		return rv;
-	if (m->m) {
+	if (tr->opt_dir) {
+		/* saved per shard: this rank's range, from whichever shards hold it */
+		if ((rv = rl_ckpt_read_opt_range(m, tr->opt_dir, tr->zlo, tr->zhi, tr->zm, tr->zv)) != 0)
+			return rv;
+	} else if (m->m) {
 		o->copy(o, tr->zm, m->m + tr->zlo, n * sizeof(float));
 		o->copy(o, tr->zv, m->v + tr->zlo, n * sizeof(float));
 	} else {
@@ -287,58 +293,51 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 	return rl_model_params_changed(m);
 }
 
-/* Before a full checkpoint (every rank): rank 0 collects the shards of the
- * AdamW state into full m->m, m->v (the layout rl_ckpt_save writes), in
- * pieces of 4 MiB broadcast from each shard's owner. */
 int
-rli_zero_gather_opt(trainer *tr)
+rli_zero_ckpt_id(trainer *tr)
 {
-	rl_ops *o = tr->ops;
-	rl_model *m = tr->m;
-	size_t total = m->tt.total, piece = (size_t)1 << 20;
-	float *h = rl_try_malloc(piece * sizeof(float), "optimizer state piece");
-	int rv = RL_OK;
-
-	if (!h)
-		return RL_ENOMEM;
-	if (tr->rank == 0 && (rv = rli_zero_full_alloc(tr)) != 0)
-		goto out;
-	for (int k = 0; k < 2 && rv == 0; k++) {
-		const float *mine = k ? tr->zv : tr->zm;
-		float *full = k ? m->v : m->m;
-		for (int r = 0; r < tr->world && rv == 0; r++) {
-			size_t lo, hi;
-			rl_comm_shard(tr->comm, total, r, &lo, &hi);
-			for (size_t off = lo; off < hi && rv == 0; off += piece) {
-				size_t len = RL_MIN(piece, hi - off);
-				if (tr->rank == r) {
-					o->download(o, h, mine + (off - lo), len * sizeof(float));
-					if ((rv = o->status(o)) != 0)
-						break;
-				}
-				if (r != 0 && (rv = rl_comm_host_broadcast(tr->comm, h, len * sizeof(float), r)) != 0)
-					break;
-				if (tr->rank == 0) {
-					o->upload(o, full + off, h, len * sizeof(float));
-					rv = o->status(o);
-				}
-			}
-		}
+	if (tr->rank == 0) {
+		/* unique enough to tell one save from another: time, process, step */
+		double t = rl_now();
+		long pid = (long)getpid();
+		uint64_t x = rl_fnv1a(RL_FNV1A_INIT, &t, sizeof t);
+		x = rl_fnv1a(x, &pid, sizeof pid);
+		tr->ckpt_id = rl_fnv1a(x, &tr->m->version, sizeof tr->m->version);
 	}
-out:
-	free(h);
-	return rv;
+	return rl_comm_host_broadcast(tr->comm, &tr->ckpt_id, sizeof tr->ckpt_id, 0);
 }
 
-/* After the checkpoint: rank 0 drops the full state again. */
-void
-rli_zero_release_opt(trainer *tr)
+int
+rli_zero_save_shards(trainer *tr, int ok)
 {
-	if (!tr->zero)
-		return;
-	tr->ops->free(tr->ops, tr->m->m);
-	tr->ops->free(tr->ops, tr->m->v);
-	tr->m->m = tr->m->v = NULL;
+	rl_ckpt_shards sh = { tr->world, tr->ckpt_id };
+	char dir[4200];
+	int rv, mine, *all;
+
+	tr->shard_pending = 0;
+	if ((rv = rl_comm_host_broadcast(tr->comm, &ok, sizeof ok, 0)) != 0)
+		return rv;
+	if (!ok) {
+		if (tr->rank != 0)
+			rl_error("rank 0 could not write step %d's checkpoint; no optimizer shard written", tr->m->version);
+		return RL_EIO;
+	}
+	snprintf(dir, sizeof dir, "%s/step-%08d", tr->o->out_dir, tr->m->version);
+	mine = rl_ckpt_write_opt_shard(tr->m, dir, &sh, tr->rank, tr->zlo, tr->zhi, tr->zm, tr->zv);
+	if (!(all = rl_try_malloc(sizeof *all * (size_t)tr->world, "shard statuses")))
+		return RL_ENOMEM;
+	/* trainer_state.json, which makes the directory a full checkpoint, only
+	 * after every shard is in */
+	if ((rv = rl_comm_host_allgather(tr->comm, all, &mine, sizeof mine)) == 0)
+		for (int r = 0; r < tr->world; r++)
+			if (all[r] != 0) {
+				rl_error("rank %d could not write its optimizer shard in '%s'; step %d is not a full "
+				    "checkpoint", r, dir, tr->m->version);
+				rv = RL_EIO;
+				break;
+			}
+	free(all);
+	return rv;
 }
 
 /* The fingerprints below are FNV-1a started from FP_INIT, not from FNV's
@@ -454,7 +453,7 @@ rli_dp_start(trainer *tr)
 
 	/* one starting point: rank 0's weights (and optimizer state on --resume) */
 	if ((rv = rl_comm_broadcast(tr->comm, tr->m->params, nb, 0)) != 0 ||
-	    (tr->resumed && ((rv = rl_comm_broadcast(tr->comm, tr->m->m, nob, 0)) != 0 ||
+	    (tr->resumed && tr->m->m && ((rv = rl_comm_broadcast(tr->comm, tr->m->m, nob, 0)) != 0 ||
 	    (rv = rl_comm_broadcast(tr->comm, tr->m->v, nob, 0)) != 0)))
 		return rv;
 	if ((rv = rl_model_params_changed(tr->m)) != 0)

@@ -375,6 +375,33 @@ rli_feed_free_groups(trainer *tr)
 	tr->nseq = 0;
 }
 
+/* --online (docs/train.md, "Online DPO"): the group's pair is its first
+ * sample of the highest reward (chosen) and its first of the lowest
+ * (rejected), as OpenRLHF's iterative DPO picks best and worst of n; the
+ * other samples are freed.  *keep 0: every reward equal, no pair. */
+static void
+online_pair(rl_group *g, int *keep)
+{
+	int hi = 0, lo = 0;
+
+	for (int i = 1; i < g->size; i++) {
+		if (g->s[i].reward > g->s[hi].reward)
+			hi = i;
+		if (g->s[i].reward < g->s[lo].reward)
+			lo = i;
+	}
+	*keep = g->s[hi].reward > g->s[lo].reward;
+	if (!*keep || g->size == 2)
+		return;
+	rl_sample c = g->s[hi], r = g->s[lo];
+	for (int i = 0; i < g->size; i++)
+		if (i != hi && i != lo)
+			rl_sample_fini(&g->s[i]);
+	g->s[0] = c;
+	g->s[1] = r;
+	g->size = g->n = 2;
+}
+
 int
 rli_feed_collect(trainer *tr)
 {
@@ -386,7 +413,7 @@ rli_feed_collect(trainer *tr)
 		if ((rv = next_group(tr, &g)) != RL_OK)
 			return rv;
 		tr->groups_used++;
-		if (o->algo == RL_ALGO_DAPO) {
+		if (o->online || o->algo == RL_ALGO_DAPO) {
 			int keep;
 			float *r = rl_try_malloc(sizeof(float) * (size_t)g.size, "group rewards");
 			int goff[2] = { 0, g.size };
@@ -396,7 +423,10 @@ rli_feed_collect(trainer *tr)
 			}
 			for (int i = 0; i < g.size; i++)
 				r[i] = g.s[i].reward;
-			rl_groups_with_signal(&keep, r, goff, 1);
+			if (o->online)
+				online_pair(&g, &keep);
+			else
+				rl_groups_with_signal(&keep, r, goff, 1);
 			free(r);
 			if (!keep) {
 				tr->dropped_nosignal++;

@@ -35,6 +35,7 @@ typedef struct rl_train_opts {
 	const char *prom_path;     /* --prom-file FILE: the last step as Prometheus text, or NULL */
 	const char *sync_url;      /* --sync URL: also push each version to rl-sync (or a directory) */
 	int sync_transport;        /* --sync-transport: RL_WSYNC_T_* (0: auto) */
+	int push_parts;            /* --push-parts: every rank pushes its part of each version */
 	const char *wgroup_addr;   /* --weights-group HOST:PORT: broadcast each version (wgroup.h) */
 	int wgroup_size;           /* its size: this trainer + the rollout workers */
 	const char *wgroup_backend; /* auto, cpu, nccl */
@@ -65,6 +66,8 @@ typedef struct rl_train_opts {
 	int dpo_loss;              /* --dpo-loss: RL_DPO_* */
 	float label_smoothing;     /* --label-smoothing (sigmoid only) */
 	float rpo_alpha;           /* --rpo-alpha: weight of the NLL of the chosen completions (0 off) */
+	int online;                /* --online (dpo, rm): a scored group of any size gives the pair
+	                            * (highest reward, lowest); a group of equal rewards none */
 	/* PPO */
 	float vf_coef;             /* weight of the value loss in the total loss (0.1) */
 	float value_clip;          /* value clip range around V_old (0.5; <= 0 off) */

@@ -77,6 +77,8 @@ entries(entry *e, int cap, const rl_train_opts *o)
 		F("label-smoothing", o->label_smoothing);
 		F("rpo-alpha", o->rpo_alpha);
 	}
+	if (o->online)   /* absent from run files written before the option */
+		B("online", 1);
 	F("ent-coef", o->ent_coef);
 	F("gamma", o->gamma);
 	F("lambda", o->lambda);

@@ -4,7 +4,7 @@
  * trainer_state.json in the full ones (the data position --resume reads
  * back) at a new run's first step, every --save-minutes and --save-every
  * and at the end, the newest --keep kept, each version also pushed to --sync
- * and the weights group.
+ * and the weights group; with ZeRO the AdamW state as one file per rank.
  * Leaves out: the checkpoint format itself (model/ckpt.c).
  */
 #include <dirent.h>
@@ -213,7 +213,7 @@ rli_save_publish(trainer *tr, int full, int push)
 	if (push && (tr->ws || tr->wg) && every > 1 && !full && tr->m->version % every != 0) {
 		/* --ckpt-every: rl-sync or the group carries this version; no directory, no fsync */
 		rl_wver *v = NULL;
-		if (!tr->ws)
+		if (!tr->ws || tr->o->push_parts)
 			return RL_OK;
 		if ((rv = rl_wver_from_ckpt(&v, tr->m, (uint64_t)tr->m->version)) == 0)
 			rv = rl_wsync_publish(tr->ws, v, 1);
@@ -222,12 +222,22 @@ rli_save_publish(trainer *tr, int full, int push)
 			rl_error("cannot publish version %d to '%s'", tr->m->version, tr->o->sync_url);
 		return rv;
 	}
-	if ((rv = rl_ckpt_save(tr->m, tr->o->out_dir, full, dir, sizeof dir)) != 0)
+	if (tr->shard_pending && full) {
+		/* ZeRO: the index here, every rank's shard beside it, then the
+		 * state that makes the directory a full checkpoint */
+		rl_ckpt_shards sh = { tr->world, tr->ckpt_id };
+		rv = rl_ckpt_save_sharded(tr->m, tr->o->out_dir, &sh, dir, sizeof dir);
+		int r2 = rli_zero_save_shards(tr, rv == 0);
+		if ((rv = rv ? rv : r2) != 0)
+			return rv;
+	} else if ((rv = rl_ckpt_save(tr->m, tr->o->out_dir, full, dir, sizeof dir)) != 0) {
 		return rv;
+	}
 	if (full && (rv = write_state(tr, dir)) != 0)
 		return rv;
 	/* rl-sync: the new version goes out as a delta against the last one */
-	if (push && tr->ws && (rv = rl_wsync_publish_dir(tr->ws, dir, (uint64_t)tr->m->version, 1)) != 0) {
+	if (push && tr->ws && !tr->o->push_parts &&
+	    (rv = rl_wsync_publish_dir(tr->ws, dir, (uint64_t)tr->m->version, 1)) != 0) {
 		rl_error("cannot publish version %d to '%s'", tr->m->version, tr->o->sync_url);
 		return rv;
 	}
@@ -367,6 +377,13 @@ rli_save_open(trainer *tr, const char *dir)
 		rl_error("cannot rewind '%s' to version %d, the checkpoint resumed from", o->sync_url, tr->m->version);
 		return rv;
 	}
+	if (o->push_parts) {
+		/* every rank its own connection: the parts go at once */
+		rl_wsync_client_opts co = { 0 };
+		co.transport = RL_WSYNC_T_STREAM;
+		if ((rv = rl_wsync_client_open(&tr->wpc, o->sync_url, &co)) != 0)
+			return rv;
+	}
 	if (tr->rank == 0 && o->wgroup_addr) {
 		/* the rollout workers start from this trainer's weights (a resumed run's too) */
 		rl_wgroup_opts wo = { o->wgroup_addr, 0, o->wgroup_size, o->wgroup_backend, 0 };
@@ -395,6 +412,30 @@ full_due(trainer *tr, int *full)
 	return tr->world > 1 ? rl_comm_host_broadcast(tr->comm, full, sizeof *full, 0) : RL_OK;
 }
 
+/* --push-parts: this rank's part of the version (its 1/world of the
+ * model's files, rl_ckpt_part_files) to rl-sync, a delta against its last
+ * one; the server publishes the version when every rank's part is in. */
+static int
+push_part(trainer *tr)
+{
+	rl_wver *v = NULL;
+	double t0 = rl_now();
+	int rv, pub = 0;
+
+	if ((rv = rl_wver_from_ckpt_part(&v, tr->m, (uint64_t)tr->m->version, tr->rank, tr->world)) != 0 ||
+	    (rv = rl_wsync_push_part(tr->wpc, v, tr->wpart, tr->rank, tr->world, &pub)) != 0) {
+		rl_error("cannot push part %d of %d of version %d to '%s'", tr->rank, tr->world, tr->m->version,
+		    tr->o->sync_url);
+		rl_wver_destroy(v);
+		return rv;
+	}
+	rl_verbose("pushed part %d of %d of version %d (%llu bytes) in %.2f s%s", tr->rank, tr->world,
+	    tr->m->version, (unsigned long long)rl_wver_total(v), rl_now() - t0, pub ? ": published" : "");
+	rl_wver_destroy(tr->wpart);
+	tr->wpart = v;
+	return RL_OK;
+}
+
 int
 rli_save_step(trainer *tr)
 {
@@ -403,11 +444,19 @@ rli_save_step(trainer *tr)
 
 	if ((rv = full_due(tr, &full)) != 0)
 		return rv;
-	if (tr->zero && full && (rv = rli_zero_gather_opt(tr)) != 0)
+	if (tr->zero && full && (rv = rli_zero_ckpt_id(tr)) != 0)
 		return rv;
-	if (tr->rank == 0 && (rv = rli_save_publish(tr, full, 1)) != 0)
+	tr->shard_pending = tr->zero && full;
+	if (tr->rank == 0)
+		rv = rli_save_publish(tr, full, 1);
+	/* the other ranks write their shards when rank 0 has the directory
+	 * (or learn that it failed) */
+	if (tr->shard_pending) {
+		int r2 = rli_zero_save_shards(tr, tr->rank != 0 || rv == 0);
+		rv = rv ? rv : r2;
+	}
+	if (rv != 0 || (tr->wpc && (rv = push_part(tr)) != 0))
 		return rv;
-	rli_zero_release_opt(tr);
 	if (full) {
 		tr->t_full = rl_now();
 		tr->have_full = 1;
@@ -429,19 +478,25 @@ rli_save_final(trainer *tr, int start_step)
 		snprintf(opt, sizeof opt, "%s/step-%08d/optimizer.safetensors", o->out_dir, tr->m->version);
 		need = access(opt, R_OK) != 0;
 	}
-	/* ZeRO: every rank sends its share of the optimizer state */
+	/* ZeRO: every rank writes its shard of the optimizer state */
 	if (tr->zero && ((rv = rl_comm_host_broadcast(tr->comm, &need, sizeof need, 0)) != 0 ||
-	    (need && (rv = rli_zero_gather_opt(tr)) != 0)))
+	    (need && (rv = rli_zero_ckpt_id(tr)) != 0)))
 		return rv;
-	if (need && tr->rank == 0) {
+	if (!need)
+		return RL_OK;
+	tr->shard_pending = tr->zero;
+	rv = RL_OK;
+	if (tr->rank == 0) {
 		snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr->m->version);
 		rl_io_remove_tree(dir);
 		tr->groups_pending = 1;
-		if ((rv = rli_save_publish(tr, 1, 0)) != 0)
-			return rv;
+		rv = rli_save_publish(tr, 1, 0);
 	}
-	rli_zero_release_opt(tr);
-	return RL_OK;
+	if (tr->shard_pending) {
+		int r2 = rli_zero_save_shards(tr, tr->rank != 0 || rv == 0);
+		rv = rv ? rv : r2;
+	}
+	return rv;
 }
 
 int

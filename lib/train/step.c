@@ -45,12 +45,14 @@ dpo_pair_order(trainer *tr, const rl_group *g, int *swap)
 	if (g->size != 2) {
 		rl_error("group %llu has %d samples: --algo %s trains pairs (groups of 2)",
 		    (unsigned long long)g->group, g->size, rl_algo_name(tr->o->algo));
-		rl_hint("pair lines {\"prompt\", \"chosen\", \"rejected\"}, or records generated with rl-rollout -n 2");
+		rl_hint("pair lines {\"prompt\", \"chosen\", \"rejected\"}, records generated with rl-rollout -n 2, "
+		    "or --online to take the best and worst of each scored group");
 		return RL_EFORMAT;
 	}
 	if (g->s[0].reward == g->s[1].reward) {
 		rl_error("group %llu: both samples have reward %g, so neither is the chosen one (--algo %s)",
 		    (unsigned long long)g->group, (double)g->s[0].reward, rl_algo_name(tr->o->algo));
+		rl_hint("--online skips such groups (counted in train/groups_dropped_no_signal)");
 		return RL_EFORMAT;
 	}
 	*swap = g->s[1].reward > g->s[0].reward;

@@ -271,7 +271,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 	const rl_train_opts *o = tr->o;
 	char dev[32];
 	const char *d = o->device;
-	int rv, rstep = 0;
+	int rv, rstep = 0, shards;
 
 	/* several ranks on "cuda": each on the GPU of its LOCAL_RANK */
 	if (tr->world > 1 && (strcmp(d, "cuda") == 0 || strcmp(d, "auto") == 0)) {
@@ -346,11 +346,27 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 		return rv;
 	if (!tr->resumed)
 		return RL_OK;
-	if (tr->m->no_adam_state && (rv = rli_zero_full_alloc(tr)) != 0)
-		return rv;
 	/* the version is the directory's step-N; the AdamW count is the file's */
 	tr->m->version = rstep;
-	return rl_ckpt_load_optimizer(tr->m, dir);
+	if ((rv = rl_ckpt_opt_sharded(dir, &shards)) != 0)
+		return rv;
+	if (shards == 0) {
+		/* the whole state in one file: loaded whole, ZeRO keeps its shard */
+		if (tr->m->no_adam_state && (rv = rli_zero_full_alloc(tr)) != 0)
+			return rv;
+		return rl_ckpt_load_optimizer(tr->m, dir);
+	}
+	/* saved per shard: the step and master weights here; with ZeRO each
+	 * rank reads its own range (dp.c), else rank 0 reads all of it (the
+	 * others get it from rank 0 in rli_dp_start) */
+	if ((rv = rl_ckpt_load_optimizer(tr->m, dir)) != 0)
+		return rv;
+	rl_verbose("resuming the AdamW state saved in %d shards", shards);
+	if (tr->m->no_adam_state) {
+		tr->opt_dir = rl_xstrdup(dir);
+		return RL_OK;
+	}
+	return tr->rank == 0 ? rl_ckpt_read_opt_range(tr->m, dir, 0, tr->m->tt.total, tr->m->m, tr->m->v) : RL_OK;
 }
 
 static void
@@ -461,6 +477,7 @@ rli_train_fini(trainer *tr, int rv)
 
 	rli_feed_free_groups(tr);
 	free(tr->pend);
+	free(tr->opt_dir);
 	rl_gset_fini(&tr->done);
 	rl_gset_fini(&tr->skip);
 	rl_gset_fini(&tr->pend_groups);
@@ -494,6 +511,8 @@ rli_train_fini(trainer *tr, int rv)
 	rl_progress_done(&tr->prog);
 	rli_metrics_close(tr);
 	rl_wsync_close(tr->ws);
+	rl_wsync_client_close(tr->wpc);
+	rl_wver_destroy(tr->wpart);
 	/* the group's end: the workers go on with the last version */
 	r2 = rl_wgroup_close(tr->wg, rv == 0);
 	if (rv == 0)

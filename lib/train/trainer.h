@@ -118,6 +118,8 @@ typedef struct trainer {
 	double t_model;  /* seconds in model forward/backward/AdamW this step */
 	double t_pub;    /* seconds publishing the step's checkpoint */
 	rl_wsync *ws;    /* --sync */
+	rl_wsync_client *wpc;    /* --push-parts: this rank's client */
+	rl_wver *wpart;          /* --push-parts: the part pushed last, the next one's delta base */
 	/* queue mode */
 	rl_qclient *qc;
 	rl_qlease lease;
@@ -150,6 +152,9 @@ typedef struct trainer {
 	float *zg;               /* ZeRO-2: (zhi - zlo) gradients of the shard, summed over ranks and
 	                          * micro-batches (host memory) */
 	double gres_peak;        /* bytes of gradients resident at most this step (rli_dp_grads_resident) */
+	char *opt_dir;           /* --resume from sharded AdamW state: the directory each shard reads */
+	uint64_t ckpt_id;        /* ZeRO: the id of the full checkpoint being written (every shard's) */
+	int shard_pending;       /* ZeRO: this full checkpoint's shards are still to write */
 	double t_comm;           /* seconds in the gradient all-reduce this step */
 	/* DPO: a pair line gives two records; the rejected one waits here */
 	rl_traj *pair_rej;
@@ -279,7 +284,11 @@ int rli_zero2_grad_ready(void *ctx, size_t from);
 void rli_dp_grads_resident(trainer *tr);
 int rli_zero_full_alloc(trainer *tr);
 int rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm);
-int rli_zero_gather_opt(trainer *tr);
-void rli_zero_release_opt(trainer *tr);
+/* ZeRO, a full checkpoint: rank 0 draws its id, every rank learns it. */
+int rli_zero_ckpt_id(trainer *tr);
+/* Every rank writes its shard of the AdamW state into the step directory
+ * rank 0 just saved (ok: whether it did; rank 0's word counts), and all
+ * learn whether every shard was written. */
+int rli_zero_save_shards(trainer *tr, int ok);
 
 #endif

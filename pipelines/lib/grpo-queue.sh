@@ -1,6 +1,7 @@
 #!/bin/sh
-# pipelines/lib/grpo-queue.sh — one GRPO run of a recipe (pipelines/gsm8k,
-# pipelines/countdown) in the queue wiring, resumable and safe from cron.
+# pipelines/lib/grpo-queue.sh — one run of a recipe (pipelines/gsm8k,
+# pipelines/countdown: GRPO; pipelines/online-dpo: DPO on pairs formed from
+# scored groups) in the queue wiring, resumable and safe from cron.
 #
 #   - one run at a time per OUT: flock on OUT/.lock; a second start while one
 #     runs says so and exits 0 (cron);
@@ -29,7 +30,9 @@
 #     so the samples generated meanwhile are not stale).
 #
 # Environment (the recipe Makefiles set these): MODEL (Hugging Face directory),
-# PROMPTS (JSONL prompt lines), OUT, TASK (rl-reward --task spec), STEPS,
+# PROMPTS (JSONL prompt lines), OUT, TASK (rl-reward --task spec) or REWARD
+# (rl-reward's scoring options, shell-quoted: --exec 'CMD', --judge URL ...),
+# ALGO (rl-train --algo, default grpo), STEPS,
 # BATCH (prompts per step), SAMPLES, LR, TEMP, MAX_TOKENS, DEVICE,
 # GEN_DEVICE, STALENESS, SAVE_EVERY (unset: rl-train's default, a full
 # checkpoint every 10 minutes), SAVE_MINUTES, CHAT (1: chat template), EXTRA_TRAIN,
@@ -38,7 +41,11 @@ set -eu
 : "${MODEL:?set MODEL to a Hugging Face model directory}"
 : "${PROMPTS:?set PROMPTS to a JSONL file of prompt lines}"
 : "${OUT:?set OUT to the run directory}"
-: "${TASK:?set TASK to an rl-reward task}"
+TASK=${TASK:-}
+REWARD=${REWARD:-}
+[ -n "$TASK$REWARD" ] || { echo "recipe: set TASK to an rl-reward task, or REWARD to rl-reward's scoring options" >&2; exit 2; }
+[ -n "$REWARD" ] || REWARD="--task $TASK"
+ALGO=${ALGO:-grpo}
 STEPS=${STEPS:-200}
 BATCH=${BATCH:-32}
 SAMPLES=${SAMPLES:-8}
@@ -188,12 +195,14 @@ gen_model=$MODEL
 rl-rollout -m "$gen_model" --queue "$URL" --weights-from "$CK" --device "$GEN_DEVICE" \
 	-n "$SAMPLES" --temperature "$TEMP" --max-tokens "$MAX_TOKENS" $chat $EXTRA_GEN 2>>"$L/rollout.log" 9>&- &
 PIDS="$PIDS $!"; GEN=$!
-rl-reward --queue "$URL" --task "$TASK" 2>>"$L/reward.log" 9>&- &
+# REWARD is shell-quoted options (a --exec command keeps its quotes)
+eval "set -- $REWARD"
+rl-reward --queue "$URL" "$@" 2>>"$L/reward.log" 9>&- &
 PIDS="$PIDS $!"; REW=$!
 echo "$GEN $REW" >> "$OUT/pids"
 echo "recipe: $(date -u +%FT%TZ) run in $OUT from step $done_steps to $STEPS; logs in $L"
 rc=0
-rl-train -m "$MODEL" --out "$CK" --queue "$URL" --algo grpo --device "$DEVICE" \
+rl-train -m "$MODEL" --out "$CK" --queue "$URL" --algo "$ALGO" --device "$DEVICE" \
 	--batch "$BATCH" --lr "$LR" --max-steps "$STEPS" ${SAVE_EVERY:+--save-every "$SAVE_EVERY"} \
 	${SAVE_MINUTES:+--save-minutes "$SAVE_MINUTES"} --idle-exit "$IDLE_EXIT" \
 	--metrics "$L/metrics.jsonl" $EXTRA_TRAIN 2>>"$L/train.log" 9>&- &

@@ -27,6 +27,12 @@ STALENESS  ?= 1
 SAVE_EVERY ?=
 SAVE_MINUTES ?=
 CHAT       ?= 1
+ALGO       ?= grpo
+REWARD     ?=
+EXTRA_TRAIN ?=
+# rl-reward's scoring options, quotes and all (REWARD="--exec 'python3 r.py'"):
+# through the environment, so that no quoting here breaks them
+export REWARD
 
 .PHONY: all train eval status clean
 all: train
@@ -35,6 +41,7 @@ train:
 	@MODEL='$(MODEL)' PROMPTS='$(DATA)' OUT='$(OUT)' TASK='$(TASK)' STEPS='$(STEPS)' \
 	 BATCH='$(BATCH)' SAMPLES='$(SAMPLES)' LR='$(LR)' TEMP='$(TEMP)' MAX_TOKENS='$(MAX_TOKENS)' \
 	 DEVICE='$(DEVICE)' STALENESS='$(STALENESS)' SAVE_EVERY='$(SAVE_EVERY)' SAVE_MINUTES='$(SAVE_MINUTES)' CHAT='$(CHAT)' \
+	 ALGO='$(ALGO)' EXTRA_TRAIN='$(EXTRA_TRAIN)' \
 	 sh $(TOP)/pipelines/lib/grpo-queue.sh
 
 eval:

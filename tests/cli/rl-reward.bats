@@ -6,6 +6,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load port_helper
+load json_helper
 
 setup() {
 	PIDS=""
@@ -14,16 +15,6 @@ setup() {
 	W="sh $FIX/worker.sh"
 }
 
-# field FILE ID EXPR: evaluates a Python expression on record ID of a JSONL file (r = the record)
-field() {
-	python3 -c '
-import json, sys
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    if r.get("id") == int(sys.argv[2]):
-        v = eval(sys.argv[3])
-        print(*v) if isinstance(v, tuple) else print(v)' "$@"
-}
 
 @test "--help prints usage to stdout and exits 0" {
 	run --separate-stderr rl-reward --help

@@ -230,6 +230,80 @@ assert n > 0
 PY
 }
 
+@test "top log-probs: the N likeliest tokens of each position, equal to rl-rollout --score over the whole vocabulary" {
+	start_serve -m "$TD/m0"
+	# completions' logprobs N at temperature 0.7: every position's top 5 against the training
+	# forward's log-probs of all 261 tokens there, divided by the temperature and renormalised
+	[ "$(post /v1/completions '{"model":"m0","prompt":[97,98,99,100],"max_tokens":6,"seed":4,"temperature":0.7,"logprobs":5,"return_tokens_as_token_ids":true}')" = 200 ]
+	cp "$TD/body" "$TD/cmpl.json"
+	# chat's top_logprobs 20 (greedy: temperature 1), the same check at its positions
+	[ "$(post /v1/chat/completions '{"model":"m0","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"logprobs":true,"top_logprobs":20,"return_tokens_as_token_ids":true}')" = 200 ]
+	cp "$TD/body" "$TD/chat.json"
+	run -0 rl-rollout tokenize -m "$TD/m0" --chat <<<'[{"role":"user","content":"hi"}]'
+	jq -c .ids <<<"$output" > "$TD/chat_prompt.json"
+	python3 - "$TD" <<'PY'
+import json, sys
+td = sys.argv[1]
+tid = lambda s: int(s[len("token_id:"):])
+c = json.load(open(td + "/cmpl.json"))["choices"][0]["logprobs"]
+ch = json.load(open(td + "/chat.json"))["choices"][0]["logprobs"]["content"]
+cases = [([97, 98, 99, 100], [tid(t) for t in c["tokens"]], c["token_logprobs"],
+          [{tid(k): v for k, v in d.items()} for d in c["top_logprobs"]], 0.7, 5),
+         (json.load(open(td + "/chat_prompt.json")), [tid(e["token"]) for e in ch], [e["logprob"] for e in ch],
+          [{tid(t["token"]): t["logprob"] for t in e["top_logprobs"]} for e in ch], 1.0, 20)]
+with open(td + "/alts.jsonl", "w") as f:
+    k = 0
+    for ci, (prompt, resp, _, _, _, _) in enumerate(cases):
+        for i in range(len(resp)):
+            for v in range(261):
+                k += 1
+                f.write(json.dumps({"id": k, "prompt": prompt, "response": resp[:i] + [v],
+                                    "meta": {"case": ci, "pos": i, "v": v}}) + "\n")
+json.dump([[p, r, l, [list(d.items()) for d in t], T, n] for p, r, l, t, T, n in cases], open(td + "/cases.json", "w"))
+PY
+	rl-rollout -q --score ref_logprobs -m "$TD/m0" --jsonl "$TD/alts.jsonl" > "$TD/alts_scored.jsonl"
+	python3 - "$TD" <<'PY'
+import json, math, sys
+td = sys.argv[1]
+cases = json.load(open(td + "/cases.json"))
+ref = {}
+for line in open(td + "/alts_scored.jsonl"):
+    r = json.loads(line)
+    m = r["meta"]
+    ref.setdefault((m["case"], m["pos"]), [0.0] * 261)[m["v"]] = r["ref_logprobs"][-1]
+checked = 0
+for ci, (prompt, resp, lps, tops, T, n) in enumerate(cases):
+    assert len(resp) == len(tops) == len(lps) > 0
+    for i, top in enumerate(tops):
+        z = [x / T for x in ref[(ci, i)]]
+        mx = max(z)
+        lse = mx + math.log(sum(math.exp(x - mx) for x in z))
+        want = sorted(((x - lse, v) for v, x in enumerate(z)), key=lambda p: (-p[0], p[1]))[:n]
+        assert len(top) == n, (ci, i, len(top))
+        got = sorted(((lp, int(v)) for v, lp in top), key=lambda p: (-p[0], p[1]))
+        for (a, va), (b, vb) in zip(got, want):
+            assert abs(a - b) < 1e-4, (ci, i, a, b)
+            # a different id only where two log-probs tie within rounding
+            assert va == vb or abs(a - b) < 1e-4 and any(abs(a - w) < 1e-4 for w, u in want if u == va), (ci, i, va, vb)
+        # the sampled token: its log-prob is the same distribution's
+        assert abs(lps[i] - (z[resp[i]] - lse)) < 1e-4, (ci, i, lps[i], z[resp[i]] - lse)
+        checked += 1
+assert checked >= 6, checked
+print("checked", checked)
+PY
+	# more than 20 is refused, naming the field
+	[ "$(post /v1/chat/completions '{"model":"m0","messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21}')" = 400 ]
+	[ "$(jq -r .error.param "$TD/body")" = top_logprobs ]
+	[ "$(post /v1/completions '{"model":"m0","prompt":"abc","logprobs":21}')" = 400 ]
+	[ "$(jq -r .error.param "$TD/body")" = logprobs ]
+	# streamed: each chunk's tokens carry their top lists
+	curl -sN -X POST -H 'Content-Type: application/json' --data-binary \
+	    '{"model":"m0","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"logprobs":true,"top_logprobs":3,"stream":true}' \
+	    "$SURL/v1/chat/completions" > "$TD/sse"
+	run -0 bash -c "grep '^data: {' '$TD/sse' | sed 's/^data: //' | jq -s '[.[].choices[0].logprobs.content // [] | .[] | .top_logprobs | length] | (length > 0) and all(. == 3)'"
+	[ "$output" = true ]
+}
+
 @test "errors are OpenAI's JSON with the right status: 400, 401, 404, 405, 413" {
 	echo 'the-key' > "$TD/key"
 	start_serve -m "$TD/m0" --api-key-file "$TD/key" --max-body 2K
@@ -343,8 +417,11 @@ PY
 	[[ "$output" == *"no key"* ]]
 	run -2 rl-rollout serve --listen 127.0.0.1:1
 	[[ "$output" == *"no model"* ]]
+	run -2 rl-rollout serve -m "$TD/m0" --kv-reuse-mem lots
+	[[ "$output" == *"--kv-reuse-mem"* ]]
 	run -0 rl-rollout serve --help
 	[[ "$output" == *"--api-key-file"* ]]
+	[[ "$output" == *"--no-kv-reuse"* ]]
 }
 
 @test "SIGTERM stops the server cleanly, answering what is in flight" {
@@ -424,13 +501,84 @@ PY
 	[ "$(curl -s -o "$TD/body" -w '%{http_code}' --data-binary '{"reward": 1}' "$SURL/rl/episodes/ep-1/reward")" = 404 ]
 }
 
+# episode_run TAG ARGS...: two episodes (ep-a, ep-b) of 4 calls each, interleaved, seeded,
+# against a server started with ARGS; each call's ids and log-probs in $TD/TAG.calls, the
+# records in $TD/TAG.jsonl, the prompt-token counters in $TD/TAG.metrics
+episode_run() {
+	local tag=$1 call ep c
+	shift
+	start_serve -m "$TD/m0" --jsonl -o "$TD/$tag.jsonl" "$@"
+	declare -A hist=([ep-a]="" [ep-b]="")
+	: > "$TD/$tag.calls"
+	for call in 1 2 3 4; do
+		for ep in ep-a ep-b; do
+			local -a contents=()
+			[ -n "${hist[$ep]}" ] && mapfile -t contents <<<"${hist[$ep]}"
+			[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H "X-Episode-Id: $ep" --data-binary \
+			    "{\"model\":\"m0\",\"max_tokens\":8,\"logprobs\":true,\"return_tokens_as_token_ids\":true,\"temperature\":1,\"seed\":$call,\"messages\":$(chat "${contents[@]}")}" \
+			    "$SURL/v1/chat/completions")" = 200 ]
+			jq -c '[$ep, [.choices[0].logprobs.content[].token | ltrimstr("token_id:") | tonumber],
+			    [.choices[0].logprobs.content[].logprob]]' --arg ep "$ep" "$TD/body" >> "$TD/$tag.calls"
+			c=$(jq -c '.choices[0].message.content' "$TD/body")
+			hist[$ep]="${hist[$ep]:+${hist[$ep]}$'\n'}$c"
+		done
+	done
+	for ep in ep-a ep-b; do
+		[ "$(curl -s -o /dev/null -w '%{http_code}' --data-binary '{"reward": 1}' "$SURL/rl/episodes/$ep/reward")" = 200 ]
+	done
+	[ "$(metric rlserve_episode_mismatch_total)" = 0 ]
+	# the gauges are updated between engine steps, just after the answers
+	for _ in $(seq 40); do [ "$(metric rlserve_kv_kept_caches)" = 0 ] && break; sleep 0.05; done
+	echo "$(metric rlserve_prompt_tokens_forwarded_total) $(metric rlserve_prompt_tokens_reused_total) $(metric rlserve_kv_kept_evicted_total) $(metric rlserve_kv_kept_caches)" > "$TD/$tag.metrics"
+	kill "$SPID"
+	wait "$SPID" || true
+}
+
+@test "episodes: a follow-up call extends the episode's kept KV cache instead of prefilling its history; the same tokens and log-probs as --no-kv-reuse" {
+	episode_run on
+	episode_run off --no-kv-reuse
+	# a budget that holds one episode's cache but not both: kept caches are evicted
+	episode_run small --kv-reuse-mem 24K
+	cat "$TD"/{on,off,small}.metrics
+	python3 - "$TD" <<'PY'
+import json, sys
+td = sys.argv[1]
+calls = {t: [json.loads(l) for l in open(f"{td}/{t}.calls")] for t in ("on", "off", "small")}
+recs = {t: [json.loads(l) for l in open(f"{td}/{t}.jsonl")] for t in ("on", "off", "small")}
+met = {t: [int(x) for x in open(f"{td}/{t}.metrics").read().split()] for t in ("on", "off", "small")}
+assert len(calls["off"]) == 8
+for t in ("on", "small"):
+    for a, b in zip(calls[t], calls["off"]):
+        assert a[0] == b[0] and a[1] == b[1], (t, a, b)          # the same tokens
+        assert all(abs(x - y) < 1e-4 for x, y in zip(a[2], b[2])), (t, a[2], b[2])
+    for a, b in zip(recs[t], recs["off"]):
+        assert a["prompt"] == b["prompt"] and a["response"] == b["response"] and a["loss_mask"] == b["loss_mask"]
+fwd_on, reused_on, _, kept_on = met["on"]
+fwd_off, reused_off, _, _ = met["off"]
+fwd_small, reused_small, evicted_small, _ = met["small"]
+# every prompt token is either forwarded or was in a kept cache
+assert fwd_on + reused_on == fwd_off and fwd_small + reused_small == fwd_off, met
+assert reused_off == 0 and reused_on > fwd_on, met      # most of each follow-up call's prompt is reused
+assert kept_on == 0, met                                # the rewards ended both episodes: nothing kept
+assert evicted_small > 0 and reused_small < reused_on, met
+print("forwarded prompt tokens: reuse", fwd_on, "of", fwd_off, "; small budget", fwd_small)
+PY
+}
+
 @test "episodes: a history that differs is counted and starts the episode again; bad rewards; timeout and shutdown write unrewarded records" {
 	start_serve -m "$TD/m0" --jsonl -o "$TD/ep2.jsonl" --episode-timeout 3
 	req='"model":"m0","max_tokens":4'
 	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: a' --data-binary "{$req,\"messages\":$(chat)}" "$SURL/v1/chat/completions")" = 200 ]
+	# (the gauges are updated between engine steps, just after the answer)
+	for _ in $(seq 40); do [ "$(metric rlserve_kv_kept_caches)" = 1 ] && break; sleep 0.05; done
+	[ "$(metric rlserve_kv_kept_caches)" = 1 ]
+	fwd=$(metric rlserve_prompt_tokens_forwarded_total)
 	# the client edits the answer: not what was generated
 	[ "$(curl -s -o "$TD/body" -w '%{http_code}' -H 'X-Episode-Id: a' --data-binary "{$req,\"messages\":$(chat '"edited"')}" "$SURL/v1/chat/completions")" = 200 ]
 	[ "$(metric rlserve_episode_mismatch_total)" = 1 ]
+	# its kept cache was dropped with the history: the call was prefilled whole
+	[ "$(metric rlserve_prompt_tokens_reused_total)" = 0 ]
+	[ "$(metric rlserve_prompt_tokens_forwarded_total)" = $((fwd + $(jq .usage.prompt_tokens "$TD/body"))) ]
 	grep -q "episode 'a': the prompt does not continue" "$TD/serve.err"
 	[ "$(curl -s -o "$TD/body" -w '%{http_code}' --data-binary '{"reward": "high"}' "$SURL/rl/episodes/a/reward")" = 400 ]
 	jq -e '.error.param == "reward"' "$TD/body"

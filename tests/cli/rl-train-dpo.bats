@@ -142,6 +142,34 @@ check() {
 	[[ "$stderr" == *"--micro-tokens (packed rows) is not available with --algo rm"* ]]
 }
 
+@test "dpo --online: each scored group gives its best and worst as the pair; equal rewards give none" {
+	# groups of 4 from the pairs of recs.jsonl: the pair's chosen side with the
+	# highest reward, its rejected side with the lowest, and in between copies
+	# of each with the sides' roles reversed, so that any other choice than
+	# OpenRLHF's best and worst of n trains other pairs; first a group whose
+	# rewards are all equal
+	jq -sc 'group_by(.group)[] | max_by(.reward) as $c | min_by(.reward) as $r |
+	    [$c + {index: 2, reward: 5}, $r + {id: ($r.id + 100000), index: 0, reward: 4},
+	     $r + {index: 1, reward: -2}, $c + {id: ($c.id + 100000), index: 3, reward: -1}]
+	    | map(.group_size = 4)[]' "$TD/recs.jsonl" > "$TD/on4.jsonl"
+	head -n 3 "$TD/recs.jsonl" | jq -sc 'to_entries[] | .value + {group: 7777, group_size: 3,
+	    id: (.value.id + 200000), index: .key, reward: 1}' > "$TD/tie.jsonl"
+	cat "$TD/tie.jsonl" "$TD/on4.jsonl" > "$TD/on.jsonl"
+	args=(--algo dpo --batch 2 --max-steps 2 --lr 1e-2)
+	rl-train -q -m "$TD/m0" --out "$TD/off" "${args[@]}" "$TD/recs.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/on" --metrics "$TD/on.json" --online "${args[@]}" "$TD/on.jsonl"
+	# the same pairs in the same order: bitwise the same weights
+	cmp "$TD/on/step-00000002/model.safetensors" "$TD/off/step-00000002/model.safetensors"
+	run -0 jq -s '.[0]["train/groups_dropped_no_signal"]' "$TD/on.json"
+	[ "$output" = 1 ]
+	grep -qx 'online: true' "$TD/on/run.yaml"
+	# without --online a group of 4 is refused, pointing at --online
+	run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/on2" "${args[@]}" "$TD/on4.jsonl"
+	[[ "$stderr" == *"has 4 samples: --algo dpo trains pairs"* && "$stderr" == *--online* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/on3" --online "$TD/on4.jsonl"
+	[[ "$stderr" == *"--online is an option of --algo dpo and rm"* ]]
+}
+
 @test "rm: the Bradley-Terry loss on the last token's score, metrics and gradient match PyTorch; --resume; a causal LM starts one" {
 	M=m0rm run_case "$TD/recs.jsonl" "--algo rm"
 	M=m0rm check

@@ -6,7 +6,8 @@
 #   with one micro-batch per rank, bitwise ZeRO-1's weights;
 # - each rank's gradient memory, measured from its resident pages, is about
 #   its shard plus the layers in flight, against the whole buffer for ZeRO-1;
-# - a ZeRO-2 checkpoint resumes on 1 rank without ZeRO; queue mode (rank 0
+# - ZeRO-2 saves the AdamW state per shard (ZeRO-1's format): resumed on 1
+#   rank without ZeRO and from 4 ranks on 2 with --zero 1; queue mode (rank 0
 #   leasing for both) trains the steps of the file;
 # - --zero 3 and --zero 2 with LoRA are refused with a clear message.
 
@@ -68,7 +69,9 @@ PY
 	for w in 2 4; do
 		[ "$(readlink "$TD/g$w/latest")" = step-00000003 ]
 		run -0 close "$TD/g$w/latest/model.safetensors" "$TD/g1/latest/model.safetensors"
-		run -0 close "$TD/g$w/latest/optimizer.safetensors" "$TD/g1/latest/optimizer.safetensors" 1e-7 1e-2
+		# the shards' moments put together (opt_gather.py reads the documented format)
+		python3 tests/fixtures/parallel/opt_gather.py "$TD/g$w/latest" "$TD/g$w.opt"
+		run -0 close "$TD/g$w.opt" "$TD/g1/latest/optimizer.safetensors" 1e-7 1e-2
 		run -0 same_losses "$TD/g1.m" "$TD/g$w.metrics.0"
 	done
 	# not blind: one step fewer is far off
@@ -80,7 +83,11 @@ PY
 	PORT=$(free_port)
 	train_world 2 "$TD/b2" --zero 2 "${args[@]}"
 	cmp "$TD/b1/latest/model.safetensors" "$TD/b2/latest/model.safetensors"
-	cmp "$TD/b1/latest/optimizer.safetensors" "$TD/b2/latest/optimizer.safetensors"
+	# the moments, bitwise (the shard files differ in their checkpoint ids)
+	python3 tests/fixtures/parallel/opt_gather.py "$TD/b1/latest" "$TD/b1.opt"
+	python3 tests/fixtures/parallel/opt_gather.py "$TD/b2/latest" "$TD/b2.opt"
+	run -0 python3 tests/fixtures/parallel/st_close.py "$TD/b2.opt" "$TD/b1.opt" 0 0
+	[[ "$output" == *"max |diff| 0 over"* ]]
 	# without the overlap (every bucket reduced after the backward pass): the same sums
 	PORT=$(free_port)
 	train_world 2 "$TD/b3" --zero 2 --no-dp-overlap "${args[@]}"
@@ -157,15 +164,31 @@ for ms, n, most in ((two, 2, 0.85), (four, 4, 0.62)):
 PY
 }
 
-@test "ZeRO-2: 2 steps on 2 ranks, step 3 on 1 rank without ZeRO = 3 steps of 1 rank" {
+@test "ZeRO-2 checkpoints per shard: 2 ranks -> 1 rank without ZeRO, 4 ranks -> 2 ranks --zero 1, = 1 rank" {
 	args=(--batch 4 --lr 1e-2 --dp-check-every 1)
 	rl-train -q -m "$TD/m0" --out "$TD/r1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
 	train_world 2 "$TD/r2" --zero 2 --max-steps 2 "${args[@]}"
 	[ "$(readlink "$TD/r2/latest")" = step-00000002 ]
+	# the AdamW state as ZeRO-1 saves it: one file per rank, optimizer.safetensors their index
+	[ -s "$TD/r2/step-00000002/optimizer-00000-of-00002.safetensors" ]
+	[ -s "$TD/r2/step-00000002/optimizer-00001-of-00002.safetensors" ]
 	rl-train -q --out "$TD/r2" --resume --max-steps 3 --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
 	[ "$(readlink "$TD/r2/latest")" = step-00000003 ]
 	run -0 close "$TD/r2/latest/model.safetensors" "$TD/r1/latest/model.safetensors"
 	run -0 close "$TD/r2/latest/optimizer.safetensors" "$TD/r1/latest/optimizer.safetensors" 1e-7 1e-2
+	# 4 ranks of ZeRO-2 for 2 steps, step 3 on 2 ranks of ZeRO-1 (each reads its new range)
+	PORT=$(free_port)
+	train_world 4 "$TD/r4" --zero 2 --max-steps 2 "${args[@]}"
+	[ -s "$TD/r4/step-00000002/optimizer-00003-of-00004.safetensors" ]
+	PORT=$(free_port)
+	train_world 2 "$TD/r4" --zero 1 --max-steps 3 --resume "${args[@]}"
+	[ "$(readlink "$TD/r4/latest")" = step-00000003 ]
+	run -0 close "$TD/r4/latest/model.safetensors" "$TD/r1/latest/model.safetensors"
+	# and a shard missing is refused, naming it
+	rm "$TD/r4/step-00000003/optimizer-00001-of-00002.safetensors"
+	run -1 --separate-stderr rl-train -q --out "$TD/r4" --resume --max-steps 4 --metrics /dev/null "${args[@]}" \
+	    "$TD/s.jsonl"
+	[[ "$stderr" == *"optimizer-00001-of-00002.safetensors' is missing"* ]]
 }
 
 @test "ZeRO-2 in queue mode: 2 ranks, rank 0 leasing, train the steps of 1 rank on the file" {

@@ -59,6 +59,21 @@ async function main() {
   assert.strictEqual(cmpl.usage.prompt_tokens, 3);
   console.log('ok completions greedy logprobs');
 
+  // top log-probs: N entries a position, likeliest first, the greedy token the first of them
+  const top = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'hi' }], max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 3,
+  });
+  for (const t of top.choices[0].logprobs.content) {
+    assert.strictEqual(t.top_logprobs.length, 3);
+    for (let k = 1; k < 3; k++) assert.ok(t.top_logprobs[k].logprob <= t.top_logprobs[k - 1].logprob);
+    assert.ok(Math.abs(t.top_logprobs[0].logprob - t.logprob) < 1e-4);
+    assert.ok(Array.isArray(t.top_logprobs[0].bytes));
+  }
+  const ctop = await client.completions.create({ model, prompt: 'abc', max_tokens: 3, temperature: 0, logprobs: 2 });
+  assert.strictEqual(ctop.choices[0].logprobs.top_logprobs.length, ctop.usage.completion_tokens);
+  for (const d of ctop.choices[0].logprobs.top_logprobs) assert.ok(Object.keys(d).length >= 1 && Object.keys(d).length <= 2);
+  console.log('ok top_logprobs');
+
   // streaming: the deltas put together are the greedy answer given whole
   const stream = await client.completions.create({ model, prompt: 'abc', max_tokens: 5, temperature: 0, stream: true });
   let text = '', fin = null;

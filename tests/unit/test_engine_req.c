@@ -120,7 +120,7 @@ main(void)
 	T_EQ_INT(rl_engine_create(&e, m, NULL, &go), RL_OK);
 	rl_engine_set_token(e, on_token, &mixed);
 	for (int i = 0; i < 3; i++) {
-		rl_gen_req q = { p[i], 4, 2, 0, 0, 100 + (uint64_t)i, (void *)(intptr_t)i, &sp[i], NULL, 0 };
+		rl_gen_req q = { p[i], 4, 2, 0, 0, 100 + (uint64_t)i, (void *)(intptr_t)i, &sp[i], NULL, 0, 0, 0 };
 		T_EQ_INT(rl_engine_submit_req(e, &q), RL_OK);
 	}
 	run(e, &mixed);
@@ -155,8 +155,8 @@ main(void)
 	go.slots = 2;
 	T_EQ_INT(rl_engine_create(&e, m, NULL, &go), RL_OK);
 	{
-		rl_gen_req q0 = { p[0], 4, 2, 0, 0, 1, (void *)0, &sp[1], NULL, 0 };
-		rl_gen_req q1 = { p[1], 4, 1, 0, 0, 2, (void *)1, NULL, NULL, 0 };
+		rl_gen_req q0 = { p[0], 4, 2, 0, 0, 1, (void *)0, &sp[1], NULL, 0, 0, 0 };
+		rl_gen_req q1 = { p[1], 4, 1, 0, 0, 2, (void *)1, NULL, NULL, 0, 0, 0 };
 		T_EQ_INT(rl_engine_submit_req(e, &q0), RL_OK);
 		T_EQ_INT(rl_engine_submit_req(e, &q1), RL_OK);
 		for (int s = 0; s < 3; s++)

@@ -1,0 +1,90 @@
+#!/usr/bin/env bats
+# rl-train --push-parts: every rank pushes its part of each version to
+# rl-sync (model-0000R-of-0000N.safetensors with its 1/N of the tensors;
+# rank 0 also config.json, the index and the tokenizer), the server publishes
+# the version when all are in (docs/sync.md, "A version pushed in parts"):
+# the version a worker pulls holds the tensors of the checkpoint's
+# model.safetensors byte for byte, and rl-rollout generates from it what it
+# generates from the checkpoint.
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+load model_helper
+load sync_helper
+
+setup_file() {
+	export TD="$BATS_FILE_TMPDIR"
+	train_model "$TD"
+	python3 tests/fixtures/train/mkscored.py 8 4 0 > "$TD/s.jsonl"
+	for i in $(seq 4); do echo "{\"prompt\":\"$i+$i=\"}"; done > "$TD/prompts.jsonl"
+}
+
+setup() {
+	export RL_COMM_TIMEOUT=60
+	T=$BATS_TEST_TMPDIR
+	PIDS=""
+	PORT=$(free_port)
+	URL=tcp://127.0.0.1:$PORT
+}
+
+teardown() {
+	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
+	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+}
+
+# same_tensors DIR FILE: every tensor of the sharded directory DIR (through
+# its index) has the name, dtype, shape and bytes it has in FILE, and no
+# tensor is missing
+same_tensors() {
+	python3 - "$1" "$2" <<'EOS'
+import json, struct, sys
+def read(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]) for k, v in h.items()}
+d, ref = sys.argv[1], read(sys.argv[2])
+wm = json.load(open(d + "/model.safetensors.index.json"))["weight_map"]
+got = {}
+for f in sorted(set(wm.values())):
+    t = read(d + "/" + f)
+    assert all(wm[k] == f for k in t), f
+    got.update(t)
+assert sorted(got) == sorted(ref) == sorted(wm), (sorted(got), sorted(ref))
+for k in ref:
+    assert got[k] == ref[k], k
+print(len(got), "tensors in", len(set(wm.values())), "files")
+EOS
+}
+
+@test "--push-parts on 2 ranks: each version in 2 parts, pulled equal to the checkpoint's weights; rl-rollout generates the same" {
+	serve
+	PORT=$(free_port)
+	train_world 2 "$TD/pp" --zero 1 --push-parts --sync "$URL" --batch 4 --lr 1e-2 --max-steps 2 --save-every 1
+	rl-sync status "$URL" --json | jq -e '.latest == 2 and .versions_from_parts == 2 and .parts_refused == 0'
+	rl-sync pull "$URL" --out "$T/w" -q
+	w="$T/w/latest"
+	[ "$(readlink "$w")" = v000002 ]
+	[ -f "$w/model-00001-of-00002.safetensors" ] && [ -f "$w/model-00002-of-00002.safetensors" ]
+	[ ! -e "$w/model.safetensors" ]
+	run -0 same_tensors "$w" "$TD/pp/step-00000002/model.safetensors"
+	cmp "$w/config.json" "$TD/pp/step-00000002/config.json"
+	cmp "$w/tokenizer.json" "$TD/pp/step-00000002/tokenizer.json"
+	# the parts split the bytes: neither holds nearly everything
+	a=$(stat -c %s "$w/model-00001-of-00002.safetensors")
+	b=$(stat -c %s "$w/model-00002-of-00002.safetensors")
+	[ "$a" -lt $(( 3 * b )) ] && [ "$b" -lt $(( 3 * a )) ]
+	# a worker loads it: greedy tokens as from the checkpoint directory
+	rl-rollout -q -m "$w" -n 1 --max-tokens 4 --temperature 0 --seed 1 "$TD/prompts.jsonl" > "$T/a.out"
+	rl-rollout -q -m "$TD/pp/step-00000002" -n 1 --max-tokens 4 --temperature 0 --seed 1 "$TD/prompts.jsonl" > "$T/b.out"
+	[ -s "$T/a.out" ]
+	cmp <(jq -c '[.response, .logprobs]' "$T/a.out") <(jq -c '[.response, .logprobs]' "$T/b.out")
+}
+
+@test "--push-parts: usage errors" {
+	run -2 rl-train -m "$TD/m0" --out "$T/x" --push-parts "$TD/s.jsonl"
+	assert_output --partial "--push-parts needs --sync URL of an rl-sync server"
+	run -2 rl-train -m "$TD/m0" --out "$T/x" --push-parts --sync "$T/dir" "$TD/s.jsonl"
+	assert_output --partial "--push-parts needs --sync URL of an rl-sync server"
+}
