@@ -92,7 +92,7 @@ print_plan(const rl_train_opts *o, rl_plan_opts *po, int world, int zero, const 
 		    gib(p.weights), u, gib(p.grads), u, gib(p.optim), u, gib(p.acts), u, gib(p.kv), u, gib(p.total), u);
 		if (po->gpu_bytes > 0)
 			printf(" of %.2f %s: %s", gib(po->gpu_bytes), u, p.fits ? "fits" : "does not fit");
-		printf("\n%s", p.runs ? "" : "  (ZeRO-2/3 and LoRA are planned, not trained yet)\n");
+		printf("\n%s", p.runs ? "" : "  (planned, not trained yet: ZeRO-3, ZeRO-2 and LoRA on CUDA, LoRA with ZeRO)\n");
 	}
 	return rl_io_close_stdout() ? 1 : 0;
 }

@@ -488,18 +488,29 @@ chunk_lo(size_t n, int i, int N)
 	return (size_t)((unsigned __int128)n * (unsigned)i / (unsigned)N);
 }
 
-/* N-1 ring steps over the N chunks of buf: at step s rank r sends chunk
- * r - s + shift and receives chunk r - s + shift - 1 (mod N), added to its
- * own (reduce) or copied over it.  The building block of the three below. */
+/* Chunk i of the elements [lo, hi) of a buffer of n: rank i's shard of n
+ * (chunk_lo) clipped to [lo, hi), so possibly empty. */
+static size_t
+chunk_at(size_t n, size_t lo, size_t hi, int i, int N)
+{
+	return RL_MIN(RL_MAX(chunk_lo(n, i, N), lo), hi);
+}
+
+/* N-1 ring steps over the N chunks of [lo, hi) of buf (n elements): at step
+ * s rank r sends chunk r - s + shift and receives chunk r - s + shift - 1
+ * (mod N), added to its own (reduce) or copied over it.  The building block
+ * of the collectives below; chunks are the shards of n clipped to [lo, hi),
+ * so a range's reduce-scatter leaves each element's sum with the rank that
+ * owns it in the whole buffer (ZeRO-2's buckets). */
 static int
-ring_pass(rl_comm *c, float *buf, size_t n, int op, int shift, int reduce)
+ring_pass(rl_comm *c, float *buf, size_t n, size_t lo, size_t hi, int op, int shift, int reduce)
 {
 	int N = c->world, r = c->rank, rv;
 
 	for (int s = 0; s < N - 1; s++) {
 		int sc = ((r - s + shift) % N + N) % N, rc = (sc + N - 1) % N;
-		size_t slo = chunk_lo(n, sc, N), shi = chunk_lo(n, sc + 1, N);
-		size_t rlo = chunk_lo(n, rc, N), rhi = chunk_lo(n, rc + 1, N);
+		size_t slo = chunk_at(n, lo, hi, sc, N), shi = chunk_at(n, lo, hi, sc + 1, N);
+		size_t rlo = chunk_at(n, lo, hi, rc, N), rhi = chunk_at(n, lo, hi, rc + 1, N);
 		if ((rv = ring_step(c, op, (const uint8_t *)(buf + slo), (shi - slo) * sizeof(float),
 		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), reduce)) != 0)
 			return rv;
@@ -515,18 +526,18 @@ ring_allreduce(rl_comm *c, float *buf, size_t n)
 	c->seq++;
 	/* reduce-scatter: after N-1 steps rank r holds the full sum of chunk r+1;
 	 * then the all-gather of the reduced chunks */
-	if ((rv = ring_pass(c, buf, n, OP_ALLREDUCE, 0, 1)) != 0)
+	if ((rv = ring_pass(c, buf, n, 0, n, OP_ALLREDUCE, 0, 1)) != 0)
 		return rv;
-	return ring_pass(c, buf, n, OP_ALLGATHER, 1, 0);
+	return ring_pass(c, buf, n, 0, n, OP_ALLGATHER, 1, 0);
 }
 
 /* Reduce-scatter whose last step lands on the own chunk: rank r ends with
  * the full sum of chunk r (ring_allreduce's first half, shifted by one). */
 static int
-ring_reduce_scatter(rl_comm *c, float *buf, size_t n)
+ring_reduce_scatter(rl_comm *c, float *buf, size_t n, size_t lo, size_t hi)
 {
 	c->seq++;
-	return ring_pass(c, buf, n, OP_ALLREDUCE, -1, 1);
+	return ring_pass(c, buf, n, lo, hi, OP_ALLREDUCE, -1, 1);
 }
 
 /* All-gather of chunks: rank r starts with chunk r. */
@@ -534,7 +545,7 @@ static int
 ring_allgather_chunks(rl_comm *c, float *buf, size_t n)
 {
 	c->seq++;
-	return ring_pass(c, buf, n, OP_ALLGATHER, 0, 0);
+	return ring_pass(c, buf, n, 0, n, OP_ALLGATHER, 0, 0);
 }
 
 static int
@@ -1414,14 +1425,14 @@ shard_collective(rl_comm *c, float *buf, size_t n, int kind)
 	}
 #endif
 	if (!on_device(c))
-		return kind == 0 ? ring_reduce_scatter(c, buf, n) : ring_allgather_chunks(c, buf, n);
+		return kind == 0 ? ring_reduce_scatter(c, buf, n, 0, n) : ring_allgather_chunks(c, buf, n);
 	/* device memory: the whole buffer through the host */
 	if ((rv = stage_reserve(c, n ? n : 1)) != 0)
 		return rv;
 	c->ops->download(c->ops, c->stage, buf, n * sizeof(float));
 	if ((rv = c->ops->status(c->ops)) != 0)
 		return rv;
-	rv = kind == 0 ? ring_reduce_scatter(c, c->stage, n) : ring_allgather_chunks(c, c->stage, n);
+	rv = kind == 0 ? ring_reduce_scatter(c, c->stage, n, 0, n) : ring_allgather_chunks(c, c->stage, n);
 	if (rv != 0)
 		return rv;
 	c->ops->upload(c->ops, buf, c->stage, n * sizeof(float));
@@ -1432,6 +1443,26 @@ int
 rl_comm_reduce_scatter(rl_comm *c, float *buf, size_t n)
 {
 	return shard_collective(c, buf, n, 0);
+}
+
+int
+rl_comm_reduce_scatter_range(rl_comm *c, float *buf, size_t n, size_t lo, size_t hi)
+{
+	int rv;
+
+	if (lo > hi || hi > n) {
+		rl_error("reduce-scatter of elements [%zu, %zu) of a buffer of %zu", lo, hi, n);
+		return RL_EINVAL;
+	}
+	if (c->backend == B_SINGLE)
+		return RL_OK;
+	if (c->backend != B_CPU || on_device(c)) {
+		rl_error("the reduce-scatter of a part of a buffer runs on the CPU ring over host memory only");
+		return RL_ENOTSUP;
+	}
+	if ((rv = ring_check(c)) != 0)
+		return rv;
+	return ring_reduce_scatter(c, buf, n, lo, hi);
 }
 
 int
@@ -1523,6 +1554,9 @@ struct rl_comm_reducer {
 	int pre;                /* buckets declared final while part of buf was not (from > 0) */
 	int early;              /* pre of the last round */
 	int quit, have_thread;
+	int scatter;            /* reduce-scatter to the shards of buf (rl_comm_reducer_scatter) */
+	void (*done_fn)(void *ctx, size_t lo, size_t hi);
+	void *done_ctx;
 	pthread_t th;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -1553,7 +1587,10 @@ reducer_main(void *arg)
 		if (rv == 0) {
 			size_t lo, hi;
 			bucket_range(r, k, &lo, &hi);
-			rv = r->c->failed ? ring_check(r->c) : ring_allreduce(r->c, r->buf + lo, hi - lo);
+			rv = r->c->failed ? ring_check(r->c) : r->scatter ? ring_reduce_scatter(r->c, r->buf, r->n, lo,
+			    hi) : ring_allreduce(r->c, r->buf + lo, hi - lo);
+			if (rv == 0 && r->done_fn)
+				r->done_fn(r->done_ctx, lo, hi);
 		}
 		pthread_mutex_lock(&r->mu);
 		if (rv && !r->err)
@@ -1601,6 +1638,19 @@ rl_comm_reducer_create(rl_comm_reducer **out, rl_comm *c, float *buf, size_t n, 
 		}
 	}
 	*out = r;
+	return RL_OK;
+}
+
+int
+rl_comm_reducer_scatter(rl_comm_reducer *r, void (*done)(void *ctx, size_t lo, size_t hi), void *ctx)
+{
+	if (r->mode == R_STREAM || (r->c->backend != B_SINGLE && (r->c->backend != B_CPU || on_device(r->c)))) {
+		rl_error("the bucketed reduce-scatter runs on the CPU ring over host memory only");
+		return RL_ENOTSUP;
+	}
+	r->scatter = 1;
+	r->done_fn = done;
+	r->done_ctx = ctx;
 	return RL_OK;
 }
 
@@ -1685,6 +1735,23 @@ rl_comm_reducer_ready(rl_comm_reducer *r, size_t from)
 	return r->err;
 }
 
+/* Without a thread: reduces buckets [r->done, upto) here, in order. */
+static int
+reducer_sync_upto(rl_comm_reducer *r, int upto)
+{
+	int rv = RL_OK;
+
+	for (; rv == 0 && r->done < upto; r->done++) {
+		size_t lo, hi;
+		bucket_range(r, r->done, &lo, &hi);
+		rv = r->scatter ? rl_comm_reduce_scatter_range(r->c, r->buf, r->n, lo, hi) :
+		    rl_comm_allreduce(r->c, r->buf + lo, hi - lo);
+		if (rv == 0 && r->done_fn)
+			r->done_fn(r->done_ctx, lo, hi);
+	}
+	return rv;
+}
+
 int
 rl_comm_reducer_wait(rl_comm_reducer *r)
 {
@@ -1714,14 +1781,27 @@ rl_comm_reducer_wait(rl_comm_reducer *r)
 		return rv;
 	}
 #endif
-	rv = r->err;
-	for (int k = 0; rv == 0 && k < r->nb; k++) {
-		size_t lo, hi;
-		bucket_range(r, k, &lo, &hi);
-		rv = rl_comm_allreduce(r->c, r->buf + lo, hi - lo);
-	}
+	rv = r->err ? r->err : reducer_sync_upto(r, r->nb);
 	r->queued = r->done = r->err = 0;
 	return rv;
+}
+
+int
+rl_comm_reducer_drain(rl_comm_reducer *r, int keep)
+{
+	int rv;
+
+	if (r->mode == R_THREAD) {
+		pthread_mutex_lock(&r->mu);
+		while (!r->err && r->queued - r->done > keep)
+			pthread_cond_wait(&r->cv, &r->mu);
+		rv = r->err;
+		pthread_mutex_unlock(&r->mu);
+		return rv;
+	}
+	if (r->mode == R_SYNC && !r->err && (rv = reducer_sync_upto(r, r->queued - keep)) != 0)
+		r->err = rv;
+	return r->err; /* a stream's buckets are on the device already */
 }
 
 void

@@ -24,7 +24,8 @@
  * naming the rank that went away.  A communicator that failed stays failed.
  *
  * Leaves out: IPv6 rendezvous, ranks joining late, reductions other than
- * sum.  Overlap with compute: only the bucketed all-reduce (rl_comm_reducer).
+ * sum.  Overlap with compute: only the bucketed all-reduce and reduce-scatter
+ * (rl_comm_reducer).
  *
  * Thread-safety: one thread uses a communicator at a time (a reducer's
  * thread counts as using it from its first ready to its wait).
@@ -96,6 +97,12 @@ void rl_comm_shard(const rl_comm *c, size_t n, int rank, size_t *lo, size_t *hi)
  * rest of buf holds partial sums).  NCCL needs n divisible by the world size
  * (RL_ENOTSUP otherwise). */
 int rl_comm_reduce_scatter(rl_comm *c, float *buf, size_t n);
+/* Sum reduce-scatter of the elements [lo, hi) of buf (n) f32, host memory
+ * and the CPU ring only (RL_ENOTSUP otherwise): afterwards the elements of
+ * [lo, hi) in this rank's shard of n (rl_comm_shard) hold the sum over the
+ * ranks; the rest of [lo, hi) holds partial sums.  With lo = 0, hi = n it is
+ * rl_comm_reduce_scatter.  ZeRO-2 reduces gradient buckets with it. */
+int rl_comm_reduce_scatter_range(rl_comm *c, float *buf, size_t n, size_t lo, size_t hi);
 /* All-gather in place: every rank's shard of buf (n) f32 goes to all ranks. */
 int rl_comm_allgather_shards(rl_comm *c, float *buf, size_t n);
 
@@ -122,9 +129,21 @@ int rl_comm_reducer_create(rl_comm_reducer **out, rl_comm *c, float *buf, size_t
  * Returns the first error of the round so far (the round must still be
  * ended with rl_comm_reducer_wait). */
 int rl_comm_reducer_ready(rl_comm_reducer *r, size_t from);
+/* Waits until at most `keep` of the buckets declared final are not reduced
+ * yet (without a thread: reduces the others here, in order), so that a
+ * caller that frees reduced buckets (ZeRO-2) bounds what it holds.  The
+ * first error of the round. */
+int rl_comm_reducer_drain(rl_comm_reducer *r, int keep);
 /* Ends the round: reduces what is left, waits for every bucket; buf then
  * holds the sums.  The first error of the round, else RL_OK. */
 int rl_comm_reducer_wait(rl_comm_reducer *r);
+/* Turns r into a bucketed reduce-scatter: each bucket [lo, hi) goes through
+ * rl_comm_reduce_scatter_range(buf, n, lo, hi), leaving this rank's shard of
+ * n summed; then done(ctx, lo, hi) runs (on the communication thread when
+ * overlapped, else in wait), e.g. to take the shard's part and clear the
+ * bucket.  Before the first round.  RL_ENOTSUP unless the CPU ring and host
+ * memory (or world 1). */
+int rl_comm_reducer_scatter(rl_comm_reducer *r, void (*done)(void *ctx, size_t lo, size_t hi), void *ctx);
 /* Buckets of the last round declared final while some of buf was not yet
  * (a ready with from > 0): those that could overlap (*total: all of them). */
 int rl_comm_reducer_early(const rl_comm_reducer *r, int *total);

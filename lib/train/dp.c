@@ -2,14 +2,19 @@
  * dp.c — what data parallelism adds to the trainer (trainer.h,
  * docs/parallel.md): one starting point for every rank, the bucketed
  * gradient all-reduce overlapped with the backward pass, ZeRO-1 (each rank
- * keeps the AdamW state of its shard and saves it as its own file), and the checks that the ranks stay
- * in step (the same groups per step, bitwise equal weights).
+ * keeps the AdamW state of its shard and saves it as its own file), ZeRO-2
+ * (and its gradients: each micro-batch's reduce-scattered bucket by bucket
+ * during the backward pass, summed into the shard, the full buffer's pages
+ * given back), and the checks that the ranks stay in step (the same groups
+ * per step, bitwise equal weights).
  * Leaves out: the communicator itself (compute/comm.h), the passing of queue
- * leases from rank 0 (feed.c).
+ * leases from rank 0 (feed.c), ZeRO-3 (parameters sharded), ZeRO-2 on device
+ * memory (the pages given back are host pages).
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "base/core.h"
@@ -40,6 +45,100 @@ rli_dp_grad_ready(void *ctx, size_t from)
 	return rl_comm_reducer_ready(ctx, from);
 }
 
+/* ---- ZeRO-2: gradients sharded ---------------------------------------------------------- */
+
+/* Zeroes p[0, n) of host memory, giving the whole pages inside back to the
+ * kernel (MADV_DONTNEED: they read as zeros and take no memory until the
+ * next backward writes them).  The pages at the ends may hold neighbours'
+ * elements, which another thread may be writing: those are only memset. */
+static void
+release_host(float *p, size_t n)
+{
+	uintptr_t a = (uintptr_t)p, e = (uintptr_t)(p + n), pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t ia = (a + pg - 1) / pg * pg, ie = e / pg * pg;
+
+	if (ie <= ia || madvise((void *)ia, ie - ia, MADV_DONTNEED) != 0) {
+		memset(p, 0, n * sizeof(float));
+		return;
+	}
+	memset(p, 0, ia - a);
+	memset((void *)ie, 0, e - ie);
+}
+
+/* The bytes of [p, p + bytes) in resident pages (mincore), the pages at
+ * the ends counted whole; 0 when it cannot tell. */
+static double
+resident_bytes(const void *p, size_t bytes)
+{
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p / pg * pg;
+	size_t np = ((uintptr_t)p + bytes - a + pg - 1) / pg, k = 0;
+	unsigned char *v;
+
+	if (!p || !bytes || !(v = malloc(np)))
+		return 0;
+	if (mincore((void *)a, np * pg, v) == 0)
+		for (size_t i = 0; i < np; i++)
+			k += v[i] & 1;
+	free(v);
+	return (double)k * (double)pg;
+}
+
+/* Measured, not computed: the gradient memory resident now (the full
+ * buffer's pages, ZeRO-2's shard); its peak this step in tr->gres_peak. */
+void
+rli_dp_grads_resident(trainer *tr)
+{
+	double b = 0;
+
+	if (tr->m->grads && tr->ops->device < 0) {
+		b = resident_bytes(tr->m->grads, (tr->m->tt.total - tr->m->goff) * sizeof(float));
+		if (tr->zg)
+			b += resident_bytes(tr->zg, (tr->zhi - tr->zlo) * sizeof(float));
+	}
+	tr->gres_peak = RL_MAX(tr->gres_peak, b);
+}
+
+/* A bucket of m->grads reduce-scattered (the reducer's thread, or its wait):
+ * the own shard's sums join the shard's gradients, the bucket is cleared for
+ * the next micro-batch.  Host memory (zero_open checks). */
+static void
+zero2_bucket_done(void *ctx, size_t lo, size_t hi)
+{
+	trainer *tr = ctx;
+	float *g = tr->m->grads;
+	size_t a = RL_MAX(lo, tr->zlo), b = RL_MIN(hi, tr->zhi);
+
+	for (size_t i = a; i < b; i++)
+		tr->zg[i - tr->zlo] += g[i];
+	release_host(g + lo, hi - lo);
+}
+
+/* Buckets of ZeRO-2 handed over and not yet reduced (so still resident)
+ * before the backward pass waits for the communication: a bound on the
+ * gradient memory, whatever the link's speed. */
+#define ZERO2_INFLIGHT 2
+
+/* m->grad_ready of every backward with ZeRO-2 (ctx: the trainer): samples
+ * the resident gradient memory at the layer boundaries (its peak is during
+ * the backward pass), hands the final buckets over, and waits while more
+ * than ZERO2_INFLIGHT of them are in flight. */
+int
+rli_zero2_grad_ready(void *ctx, size_t from)
+{
+	trainer *tr = ctx;
+	int rv;
+
+	rli_dp_grads_resident(tr);
+	if ((rv = rl_comm_reducer_ready(tr->red, from)) != 0)
+		return rv;
+	double t0 = rl_now();
+	rv = rl_comm_reducer_drain(tr->red, ZERO2_INFLIGHT);
+	t0 = rl_now() - t0; /* a wait inside the backward: communication, not model time */
+	tr->t_comm += t0;
+	tr->t_model -= t0;
+	return rv;
+}
+
 int
 rli_dp_reducer_open(trainer *tr)
 {
@@ -49,6 +148,13 @@ rli_dp_reducer_open(trainer *tr)
 
 	if ((rv = rl_comm_reducer_create(&tr->red, tr->comm, tr->m->grads, total, bucket ? bucket : total,
 	    tr->o->dp_overlap)) != 0)
+		return rv;
+	if (tr->o->zero == 2 && tr->ops->device >= 0) {
+		rl_error("--zero 2 runs on the CPU backend only (it gives the gradient buffer's host pages back)");
+		rl_hint("use --zero 1 on --device cuda");
+		return RL_ENOTSUP;
+	}
+	if (tr->o->zero == 2 && (rv = rl_comm_reducer_scatter(tr->red, zero2_bucket_done, tr)) != 0)
 		return rv;
 	rl_verbose("gradient all-reduce: %zu buckets of %g MiB, %s", (total + bucket - 1) / (bucket ? bucket : total),
 	    tr->o->dp_bucket_mb, rl_comm_reducer_overlaps(tr->red) ? "overlapped with the backward pass" :
@@ -106,18 +212,36 @@ zero_open(trainer *tr)
 		o->zero(o, tr->zm, n * sizeof(float));
 		o->zero(o, tr->zv, n * sizeof(float));
 	}
+	if (tr->o->zero == 2) {
+		/* the shard's gradients; the full buffer only as the backward's scratch */
+		if ((rv = o->alloc(o, (void **)&tr->zg, bytes)) != 0)
+			return rv;
+		o->zero(o, tr->zg, bytes);
+		release_host(m->grads, m->tt.total - m->goff);
+	}
 	if ((rv = o->sync(o)) != 0)
 		return rv;
 	o->free(o, m->m);
 	o->free(o, m->v);
 	m->m = m->v = NULL;
-	tr->zero = 1;
-	rl_verbose("ZeRO-1: AdamW state of elements [%zu, %zu) of %zu here (%.1f MiB instead of %.1f)", tr->zlo,
+	tr->zero = tr->o->zero;
+	rl_verbose("ZeRO-%d: AdamW state of elements [%zu, %zu) of %zu here (%.1f MiB instead of %.1f)", tr->zero, tr->zlo,
 	    tr->zhi, m->tt.total, 2.0 * n * sizeof(float) / (1 << 20), 2.0 * m->tt.total * sizeof(float) / (1 << 20));
 	return RL_OK;
 }
 
-/* One AdamW update, ZeRO-1: reduce-scatter the gradients, the global norm
+/* After an update: ZeRO-1 zeroes the full gradients; ZeRO-2's full buffer
+ * is clear already (each bucket once reduced), its shard is zeroed. */
+static void
+zero_clear_grads(trainer *tr)
+{
+	if (tr->zero == 2)
+		tr->ops->zero(tr->ops, tr->zg, (tr->zhi - tr->zlo) * sizeof(float));
+	else
+		rl_model_zero_grad(tr->m);
+}
+
+/* One AdamW update, ZeRO-1 (ZeRO-2: the shard's gradients summed already): reduce-scatter the gradients, the global norm
  * from every shard's sum of squares, AdamW on the own shard (tensor by
  * tensor, for the weight-decay flags), all-gather the parameters.  The same
  * arithmetic as rl_model_step on the same sums. */
@@ -131,18 +255,20 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 	float scale = 1.0f;
 	int rv;
 
-	/* the caller counts this call as model time: the communication is t_comm's */
-	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_reduce_scatter(tr->comm, m->grads, total)) != 0)
+	/* the caller counts this call as model time: the communication is t_comm's;
+	 * ZeRO-2's gradients are reduced already, in the shard's own buffer */
+	if ((rv = o->sync(o)) != 0 || (tr->zero == 1 && (rv = rl_comm_reduce_scatter(tr->comm, m->grads, total)) != 0))
 		return rv;
 	tc = rl_now() - t0;
-	ss = hi > lo ? o->sumsq(o, m->grads + lo, hi - lo) : 0.0;
+	float *g = tr->zero == 2 ? tr->zg - lo : m->grads; /* g[e]: element e's gradient, e in [lo, hi) */
+	ss = hi > lo ? o->sumsq(o, g + lo, hi - lo) : 0.0;
 	if ((rv = rl_comm_host_allreduce_f64(tr->comm, &ss, 1)) != 0)
 		return rv;
 	double norm = sqrt(ss);
 	*grad_norm = (float)norm;
 	if (!isfinite(norm)) {
 		rl_warn("gradient norm is %g; step skipped", norm);
-		rl_model_zero_grad(m);
+		zero_clear_grads(tr);
 		return o->status(o);
 	}
 	if (p->max_grad_norm > 0)
@@ -153,11 +279,11 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 		size_t a = RL_MAX(t->off, lo), b = RL_MIN(t->off + t->n, hi);
 		if (a >= b)
 			continue;
-		o->adamw(o, m->params + a, NULL, m->grads + a, tr->zm + (a - lo), tr->zv + (a - lo), b - a,
+		o->adamw(o, m->params + a, NULL, g + a, tr->zm + (a - lo), tr->zv + (a - lo), b - a,
 		    rl_adamw_lr(p, t), p->beta1, p->beta2, p->eps,
 		    (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
 	}
-	rl_model_zero_grad(m);
+	zero_clear_grads(tr);
 	t0 = rl_now();
 	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_allgather_shards(tr->comm, m->params, total)) != 0)
 		return rv;

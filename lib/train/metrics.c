@@ -185,6 +185,12 @@ memory_metrics(cJSON *j, trainer *tr, int step)
 	metric(j, tr, step, "memory/weights_mb", wb / (1 << 20));
 	metric(j, tr, step, "memory/grads_mb", tr->m->grads ? 4.0 * (double)(slots - tr->m->goff) / (1 << 20) : 0);
 	metric(j, tr, step, "memory/activations_mb", (double)rl_model_act_bytes(tr->m) / (1 << 20));
+	/* measured: the gradients' resident pages at their peak this step (ZeRO-2 samples
+	 * during the backward pass; otherwise the buffer as it stands, all of it touched) */
+	rli_dp_grads_resident(tr);
+	if (tr->gres_peak > 0)
+		metric(j, tr, step, "memory/grads_resident_mb", tr->gres_peak / (1 << 20));
+	tr->gres_peak = 0;
 	long pages = 0;
 	FILE *f = fopen("/proc/self/statm", "r");
 	if (f && fscanf(f, "%*s %ld", &pages) == 1)

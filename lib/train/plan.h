@@ -8,9 +8,12 @@
  * rl_model_act_bytes_for), so the plan is the program's accounting, not a
  * formula beside it: for what runs (ZeRO 0 and 1, no LoRA) it equals what
  * rl-train then allocates (the memory/... metrics; tests/cli/rl-train-plan.bats),
- * and for LoRA on the CPU too (tests/cli/rl-train-lora.bats).  ZeRO 2 and 3 and
- * LoRA on CUDA are planned as they are specified (issue 32) but do not run yet;
- * the plan says so.
+ * and for LoRA on the CPU too (tests/cli/rl-train-lora.bats).  ZeRO-2 runs on
+ * the CPU backend, where its gradients are the shard (1/N) the plan counts plus
+ * a working set the plan leaves out (the layer being differentiated, a tied
+ * embedding, two buckets: docs/parallel.md).  ZeRO-3, ZeRO-2 and LoRA on CUDA
+ * are planned as they are specified (issue 32) but do not run yet; the plan
+ * says so.
  *
  * Leaves out: allocator slack and fragmentation, cuBLAS workspaces and CUDA
  * graphs (tens of MiB), the CUDA context (~500 MiB), NCCL buffers, and a

@@ -858,6 +858,56 @@ rli_step_old(trainer *tr, int *recomputed)
 	return RL_OK;
 }
 
+/* ---- ZeRO-2: every micro-batch's gradients reduce-scattered (dp.c) ----
+ * The gradient buffer is the backward's scratch: each backward hands its
+ * buckets to the reduce-scatter as layers finish, and the shards sum the
+ * rounds.  Every rank must run the same rounds, so a mini-batch has as many
+ * as the rank with the most micro-batches; a rank out of them reduces zeros. */
+
+/* The rounds of a mini-batch: the most micro-batches any rank has (nb here). */
+static int
+zero2_rounds(trainer *tr, int nb, int *rounds)
+{
+	int *all, rv;
+
+	*rounds = nb;
+	if (tr->zero != 2)
+		return RL_OK;
+	if (!(all = rl_try_malloc(sizeof *all * (size_t)tr->world, "micro-batch counts")))
+		return RL_ENOMEM;
+	if ((rv = rl_comm_host_allgather(tr->comm, all, &nb, sizeof nb)) == 0)
+		for (int r = 0; r < tr->world; r++)
+			*rounds = RL_MAX(*rounds, all[r]);
+	free(all);
+	return rv;
+}
+
+/* Sets the backward's hook for micro-batch k of nb: with the bucketed
+ * all-reduce, on the last one only (the gradients are final then); with
+ * ZeRO-2, on every one. */
+static void
+hook_on(trainer *tr, int k, int nb)
+{
+	if (tr->zero == 2) {
+		tr->m->grad_ready = rli_zero2_grad_ready;
+		tr->m->grad_ready_ctx = tr;
+	} else if (tr->red && k == nb - 1) {
+		tr->m->grad_ready = rli_dp_grad_ready;
+		tr->m->grad_ready_ctx = tr->red;
+	}
+}
+
+/* After micro-batch round k: ZeRO-2 ends the round's reduce-scatter; a rank
+ * without a micro-batch in it (k >= nb) hands its zero buffer over whole. */
+static int
+round_end(trainer *tr)
+{
+	if (tr->zero != 2)
+		return RL_OK;
+	rli_dp_grads_resident(tr);
+	return rli_dp_allreduce_grads(tr);
+}
+
 /* The update of one mini-batch from its gradients: AdamW at the step's
  * learning rate (ZeRO-1's sharded one with several ranks). */
 static int
@@ -1110,16 +1160,18 @@ dpo_update(trainer *tr, mstat *ms, float *gnorm, double *lr, int *nupd)
 				nchosen += tr->seq[i].ntrain;
 			if (ep == 0 && o->algo == RL_ALGO_DPO && (rv = dpo_ref(tr, sq, rb - ra)) != 0)
 				return rv;
-			for (int s = 0; s < rb - ra;) {
-				int e = dpo_micro_end(tr, sq, s, rb - ra);
-				if (tr->red && e == rb - ra) {
-					tr->m->grad_ready = rli_dp_grad_ready;
-					tr->m->grad_ready_ctx = tr->red;
-				}
-				rv = o->algo == RL_ALGO_RM ? rm_micro(tr, sq + s, e - s, P, ms) :
+			int nbd = 0, rounds;
+			for (int s = 0; s < rb - ra; nbd++)
+				s = dpo_micro_end(tr, sq, s, rb - ra);
+			if ((rv = zero2_rounds(tr, nbd, &rounds)) != 0)
+				return rv;
+			for (int s = 0, k = 0; k < rounds; k++) {
+				int e = k < nbd ? dpo_micro_end(tr, sq, s, rb - ra) : s;
+				hook_on(tr, k, nbd);
+				rv = e == s ? RL_OK : o->algo == RL_ALGO_RM ? rm_micro(tr, sq + s, e - s, P, ms) :
 				    dpo_micro(tr, sq + s, e - s, P, RL_MAX(nchosen, 1), ms);
 				tr->m->grad_ready = NULL;
-				if (rv != 0)
+				if (rv != 0 || (rv = round_end(tr)) != 0)
 					return rv;
 				s = e;
 			}
@@ -1137,7 +1189,7 @@ int
 rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double *lr, int *nupd)
 {
 	const rl_train_opts *o = tr->o;
-	int E = RL_MAX(o->ppo_epochs, 1), M = RL_MIN(RL_MAX(o->mini_batches, 1), tr->nseq), rv, n, ra, rb, nb;
+	int E = RL_MAX(o->ppo_epochs, 1), M = RL_MIN(RL_MAX(o->mini_batches, 1), tr->nseq), rv, n, ra, rb, nb, rounds;
 	seqref *sq;
 
 	*nupd = 0;
@@ -1154,17 +1206,15 @@ rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double *lr
 			rank_share(tr, a, b, &ra, &rb);
 			if ((rv = trained_seqs(tr, ra, rb, &sq, &n)) != 0)
 				return rv;
-			if ((rv = micro_plan(tr, sq, n, &sq, &nb)) != 0)
+			if ((rv = micro_plan(tr, sq, n, &sq, &nb)) != 0 || (rv = zero2_rounds(tr, nb, &rounds)) != 0)
 				return rv;
-			for (int k = 0; k < nb; k++) {
-				/* the last backward completes the gradients: buckets go out as layers finish */
-				if (tr->red && k == nb - 1) {
-					tr->m->grad_ready = rli_dp_grad_ready;
-					tr->m->grad_ready_ctx = tr->red;
-				}
-				rv = micro(tr, sq + tr->pbin[k], tr->pbin[k + 1] - tr->pbin[k], recomputed, ms);
+			for (int k = 0; k < rounds; k++) {
+				/* buckets go out as layers finish (hook_on says after which backward) */
+				hook_on(tr, k, nb);
+				rv = k < nb ? micro(tr, sq + tr->pbin[k], tr->pbin[k + 1] - tr->pbin[k], recomputed, ms) :
+				    RL_OK;
 				tr->m->grad_ready = NULL;
-				if (rv != 0)
+				if (rv != 0 || (rv = round_end(tr)) != 0)
 					return rv;
 			}
 			if (tr->world > 1 && !tr->zero && (rv = rli_dp_allreduce_grads(tr)) != 0)

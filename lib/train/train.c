@@ -189,7 +189,8 @@ open_lora(trainer *tr, const char *dir)
 	int rv;
 
 	if (o->zero) {
-		rl_error("--lora-rank with --zero 1: the adapters' AdamW state is not sharded (it is small)");
+		rl_error("--lora-rank with --zero %d: the adapters' gradients and AdamW state are not sharded (they are "
+		    "small)", o->zero);
 		return RL_ENOTSUP;
 	}
 	if (o->wgroup_addr) {
@@ -365,7 +366,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 	tr->m->recompute = o->recompute;
 	if ((rv = rli_step_reserve(tr)) != 0)
 		return rv;
-	if (tr->world > 1 && !o->zero && (rv = rli_dp_reducer_open(tr)) != 0)
+	if (tr->world > 1 && o->zero != 1 && (rv = rli_dp_reducer_open(tr)) != 0)
 		return rv;
 	if (!tr->resumed)
 		return RL_OK;
@@ -528,6 +529,7 @@ rli_train_fini(trainer *tr, int rv)
 	if (tr->ops) {
 		tr->ops->free(tr->ops, tr->zm);
 		tr->ops->free(tr->ops, tr->zv);
+		tr->ops->free(tr->ops, tr->zg);
 	}
 	rli_feed_close(tr);
 	rl_progress_done(&tr->prog);

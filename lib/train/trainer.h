@@ -146,9 +146,12 @@ typedef struct trainer {
 	int rank, world;
 	int qfollow;             /* queue mode, rank > 0: records come from rank 0's leases */
 	rl_comm_reducer *red;    /* the bucketed gradient all-reduce */
-	int zero;                /* ZeRO-1: this rank keeps the AdamW state of [zlo, zhi) only */
+	int zero;                /* ZeRO stage 1 or 2: this rank keeps the AdamW state of [zlo, zhi) only */
 	size_t zlo, zhi;
 	float *zm, *zv;          /* (zhi - zlo) AdamW moments of the shard, backend memory */
+	float *zg;               /* ZeRO-2: (zhi - zlo) gradients of the shard, summed over ranks and
+	                          * micro-batches (host memory) */
+	double gres_peak;        /* bytes of gradients resident at most this step (rli_dp_grads_resident) */
 	char *opt_dir;           /* --resume from sharded AdamW state: the directory each shard reads */
 	uint64_t ckpt_id;        /* ZeRO: the id of the full checkpoint being written (every shard's) */
 	int shard_pending;       /* ZeRO: this full checkpoint's shards are still to write */
@@ -274,6 +277,11 @@ int rli_dp_start(trainer *tr);
 int rli_dp_check_weights(trainer *tr);
 /* Every rank is about to train the same step, or all stop (*go = 0). */
 int rli_dp_agree_step(trainer *tr, int have, int *go);
+/* ZeRO-2: m->grad_ready of every backward (ctx: the trainer). */
+int rli_zero2_grad_ready(void *ctx, size_t from);
+/* Samples the gradient memory resident now into tr->gres_peak (mincore of
+ * the host buffers; 0 on a device). */
+void rli_dp_grads_resident(trainer *tr);
 int rli_zero_full_alloc(trainer *tr);
 int rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm);
 /* ZeRO, a full checkpoint: rank 0 draws its id, every rank learns it. */

@@ -12,6 +12,9 @@
  *    exact sums, bitwise equal on every rank and to the same buckets reduced
  *    without overlap; host broadcast; a rank killed while the thread reduces;
  *  - ZeRO's reduce-scatter to the own shard and all-gather of the shards;
+ *    ZeRO-2's reduce-scatter of parts of a buffer to the shards of the whole,
+ *    alone and as the buckets of a reducer (overlapped or not, two rounds
+ *    accumulated by its callback): the own shard's sums, equal to a naive sum;
  *  - launch configuration: WORLD_SIZE=0, RANK >= WORLD_SIZE, a non-number,
  *    no MASTER_ADDR, SLURM variables, an unreachable and an unresolvable master. */
 #include <arpa/inet.h>
@@ -152,6 +155,28 @@ reducer_round(rl_comm_reducer *rd, float *b, size_t n, size_t step, int rank, in
 	return rl_comm_reducer_wait(rd);
 }
 
+/* ZeRO-2's use of a reduce-scatter bucket: add the own shard's part into
+ * acc, clear the bucket (as the trainer does before the next micro-batch). */
+typedef struct zcb {
+	float *buf, *acc;
+	size_t n, lo, hi;
+	int rank, world, calls, bad;
+} zcb;
+
+static void
+zero2_done(void *ctx, size_t lo, size_t hi)
+{
+	zcb *z = ctx;
+	size_t a = RL_MAX(lo, z->lo), b = RL_MIN(hi, z->hi);
+
+	z->calls++;
+	if (lo >= hi || hi > z->n)
+		z->bad = 1;
+	for (size_t i = a; i < b; i++)
+		z->acc[i] += z->buf[i];
+	memset(z->buf + lo, 0, (hi - lo) * sizeof(float));
+}
+
 static int
 worker_reducer(int rank, int world)
 {
@@ -237,6 +262,70 @@ worker_reducer(int rank, int world)
 			if (memcmp(b, ref, k * sizeof *b))
 				bad |= 64;
 		}
+	}
+	/* ZeRO-2: a part [lo, hi) of a buffer reduce-scattered to the shards of
+	 * the whole, on ranges that start and end inside shards, cover one shard's
+	 * middle only, or are empty */
+	{
+		size_t k = 100003, rg[][2] = { { 0, 100003 }, { 17, 99001 }, { 40000, 40001 }, { 5, 5 },
+		    { 33330, 33339 }, { 60000, 100003 } };
+		size_t lo, hi;
+		rl_comm_shard(c, k, rank, &lo, &hi);
+		for (size_t q = 0; q < RL_ARRAY_LEN(rg); q++) {
+			size_t a = rg[q][0], e = rg[q][1];
+			for (size_t i = 0; i < k; i++)
+				b[i] = val(rank + (int)q, i);
+			if (rl_comm_reduce_scatter_range(c, b, k, a, e) != 0)
+				return 19;
+			for (size_t i = 0; i < k; i++) {
+				float sum = 0;
+				for (int r = 0; r < world; r++)
+					sum += val(r + (int)q, i);
+				if (i >= a && i < e && i >= lo && i < hi && b[i] != sum)
+					bad |= 256;
+				if ((i < a || i >= e) && b[i] != val(rank + (int)q, i))
+					bad |= 256; /* outside the range: untouched */
+			}
+		}
+		if (rl_comm_reduce_scatter_range(c, b, k, 10, 5) != RL_EINVAL)
+			bad |= 256;
+	}
+	/* ZeRO-2's bucketed reduce-scatter, overlapped and not: each bucket's
+	 * callback sees the own shard's sums of it, then clears the bucket */
+	for (int overlap = 0; overlap <= 1; overlap++) {
+		rl_comm_reducer *t;
+		zcb z = { .buf = b, .acc = ref, .rank = rank, .world = world, .n = n };
+		rl_comm_shard(c, n, rank, &z.lo, &z.hi);
+		memset(ref, 0, n * sizeof *ref);
+		if (rl_comm_reducer_create(&t, c, b, n, bucket, overlap) || rl_comm_reducer_scatter(t, zero2_done, &z))
+			return 20;
+		for (int round = 0; round < 2; round++)
+			if (reducer_round(t, b, n, 1000 + 3000 * (size_t)round, rank, round) != 0)
+				return 21;
+		/* drain(1): after each piece, all but one of the final buckets are reduced
+		 * (their callbacks ran); a third round, to zeros */
+		for (size_t from = n, c0 = (size_t)z.calls; from > 0;) {
+			from = from > 7000 ? from - 7000 : 0;
+			if (rl_comm_reducer_ready(t, from) != 0 || rl_comm_reducer_drain(t, 1) != 0)
+				return 22;
+			size_t final = RL_MIN((n - from) / bucket + (from == 0), (size_t)25);
+			if ((size_t)z.calls - c0 + 1 < final)
+				bad |= 2048;
+		}
+		if (rl_comm_reducer_wait(t) != 0)
+			return 23;
+		rl_comm_reducer_destroy(t);
+		for (size_t i = 0; i < n; i++) {
+			float s0 = 0, s1 = 0;
+			for (int r = 0; r < world; r++) {
+				s0 += val(r, i);
+				s1 += val(r + 1, i);
+			}
+			if (b[i] != 0 || (i >= z.lo && i < z.hi ? ref[i] != s0 + s1 : ref[i] != 0))
+				bad |= 512;
+		}
+		if (z.calls != 3 * 25 || z.bad)
+			bad |= 1024;
 	}
 	snprintf(msg, sizeof msg, "%s", rank == 1 ? "from rank 1" : "xxxxxxxxxxx");
 	if (rl_comm_host_broadcast(c, msg, 12, 1) != 0)

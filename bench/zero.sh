@@ -1,0 +1,77 @@
+#!/bin/sh
+# bench/zero.sh [STEPS] [WORLD] [REPEAT] — rl-train's ZeRO stages on CPU ranks at the
+# same batch: plain data parallelism (--zero 0), ZeRO-1 and ZeRO-2, each REPEAT
+# times in turn (the machine is shared: interleaving spreads its load over all).
+# Per run, rank 0's means over the steps after the first (warm-up):
+#   {"bench":"zero","zero":Z,"world":W,"run":i,"steps":S,"micro_per_rank":k (8 sequences
+#    of 64 tokens over W ranks, 2 a micro-batch),
+#    "step_s":timing_s/update_actor,"comm_wait_s":timing_s/allreduce,
+#    "grads_resident_mb":memory/grads_resident_mb (measured, peak of the step),
+#    "grads_mb":the full gradient buffer,"optimizer_state_mb","max_rss_mb"}
+# Model: bench/parallel-train.sh's ~11M-parameter Qwen2 (44 MB of f32
+# gradients, tied embeddings); a step is 2 groups of 4 sequences of 16 + 48
+# tokens, micro-batches of 128 tokens, so each of 2 ranks runs 2 micro-batches
+# an update (each of 4 ranks 1) (ZeRO-2 reduce-scatters after each); buckets of BUCKET_MB (4) MiB,
+# small next to the 44 MB, as 25 MiB ones are next to a real model's gradients.
+# One OpenMP thread per rank.
+set -eu
+steps=${1:-6}
+world=${2:-2}
+repeat=${3:-3}
+root=$(cd "$(dirname "$0")/.." && pwd)
+B=${RL_BUILD:-build}
+PATH="$root/$B/bin:$PATH"
+d=$(mktemp -d)
+pids=""
+trap 'for p in $pids; do kill "$p" 2>/dev/null || true; done; rm -rf "$d"' EXIT
+cat > "$d/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":4096,"hidden_size":384,"num_hidden_layers":6,"num_attention_heads":6,
+ "num_key_value_heads":2,"intermediate_size":1024,"max_position_embeddings":512,"rope_theta":10000,
+ "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
+JSON
+rl-train --init "$d/cfg.json" --tokenizer bytes --out "$d/m0" 2>/dev/null
+python3 - "$d/scored.jsonl" "$steps" <<'PY'
+import json, random, sys
+random.seed(1)
+out, steps = sys.argv[1], int(sys.argv[2])
+rid = 0
+with open(out, "w") as f:
+    for g in range(2 * steps):
+        p = [random.randrange(4096) for _ in range(16)]
+        for i in range(4):
+            rid += 1
+            r = [random.randrange(4096) for _ in range(48)]
+            f.write(json.dumps({"id": rid, "group": g, "index": i, "group_size": 4, "prompt": p,
+                "response": r, "logprobs": [-8.3] * 48, "reward": float(i % 2)}) + "\n")
+PY
+port=$((21000 + $$ % 5000))
+args="--batch 2 --lr 1e-4 --keep 1 --max-tokens-per-micro 128 --bucket-mb ${BUCKET_MB:-4}"
+run() {   # run ZERO RUN
+	port=$((port + 1))
+	rm -rf "$d/ck"
+	for r in $(seq 1 $((world - 1))); do
+		OMP_NUM_THREADS=1 rl-train -q -m "$d/m0" --out "$d/ck" --rank "$r" --world "$world" \
+		    --rendezvous "127.0.0.1:$port" --zero "$1" $args "$d/scored.jsonl" &
+		pids="$pids $!"
+	done
+	OMP_NUM_THREADS=1 rl-train -q -m "$d/m0" --out "$d/ck" --rank 0 --world "$world" \
+	    --rendezvous "127.0.0.1:$port" --zero "$1" $args --metrics "$d/m.jsonl" "$d/scored.jsonl"
+	wait
+	python3 - "$d/m.jsonl" "$world" "$1" "$2" <<'PY'
+import json, sys
+ms = [json.loads(l) for l in open(sys.argv[1])][1:]
+def mean(k):
+    v = [m[k] for m in ms if m.get(k) is not None]
+    return round(sum(v) / len(v), 4) if v else None
+print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "world": int(sys.argv[2]), "run": int(sys.argv[4]),
+    "steps": len(ms), "micro_per_rank": max(1, 8 // int(sys.argv[2]) // 2), "step_s": mean("timing_s/update_actor"),
+    "comm_wait_s": mean("timing_s/allreduce"), "grads_resident_mb": round(max(m["memory/grads_resident_mb"] for m in ms), 1),
+    "grads_mb": round(ms[-1]["memory/grads_mb"], 1), "optimizer_state_mb": round(ms[-1]["memory/optimizer_state_mb"], 1),
+    "max_rss_mb": round(ms[-1]["memory/max_rss_mb"], 1)}))
+PY
+}
+for i in $(seq 1 "$repeat"); do
+	for z in 0 1 2; do
+		run "$z" "$i"
+	done
+done
