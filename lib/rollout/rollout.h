@@ -70,6 +70,9 @@ typedef struct rl_rollout_opts {
 	size_t max_body;           /* request bodies at most (bytes); larger get 413 */
 	double body_timeout;       /* seconds a request body may take to arrive (slowloris); then 408 */
 	double episode_timeout;    /* seconds an episode may stay idle before it is written unrewarded */
+	const char *agent_cmd;     /* --agent CMD (sh -c): run per prompt line, -n runs a line (NULL: none) */
+	int agents;                /* agent processes at once */
+	double agent_timeout;      /* seconds an agent may run (0: no limit) */
 } rl_rollout_opts;
 
 /* How observations are framed: AUTO is CHATML when prompts go through a
