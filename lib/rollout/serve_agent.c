@@ -3,7 +3,7 @@
  * agent program that talks to this server through the OpenAI API.  Each
  * prompt line (from the input file or stdin, or leased from rl-queue with
  * --queue) becomes a group of -n runs; a run is one process (sh -c CMD, in
- * its own process group) with the server's URL, the API key, its episode id
+ * its own process group, by posix_spawn) with the server's URL, the API key, its episode id
  * and the prompt line in its environment, the line also on its stdin.  Its
  * calls carry X-Episode-Id; the episode ends when the agent posts the reward
  * (POST /rl/episodes/ID/reward) or, when it exits with status 0 without
@@ -29,6 +29,7 @@
 #include <stdarg.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,8 +234,7 @@ env_put(char **slot, const char *name, const char *value)
 static const char *const env_names[] = { "OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL", "RL_EPISODE_ID",
 	"RL_EPISODE_INDEX", "RL_PROMPT", NULL };
 
-/* The agent's environment: the server's own, less the names it sets.  Made
- * before fork (the child of a threaded process must not allocate). */
+/* The agent's environment: the server's own, less the names it sets. */
 static char **
 env_build(serve *s, sv_run *r, size_t *ownp)
 {
@@ -292,34 +292,37 @@ env_free(char **e, size_t own)
 static int
 run_start(serve *s, sv_run *r)
 {
-	int in[2] = { -1, -1 }, out[2] = { -1, -1 };
+	int in[2] = { -1, -1 }, out[2] = { -1, -1 }, err = 0;
 	size_t own = 0;
 	char **envp;
+	char *argv[] = { "sh", "-c", (char *)s->g->o.agent_cmd, NULL };
+	posix_spawn_file_actions_t fa;
+	posix_spawnattr_t at;
+	sigset_t def;
 	pid_t pid;
 
 	if (!(envp = env_build(s, r, &own)))
 		return RL_ENOMEM;
-	if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
-		rl_error("--agent: cannot start '%s': %s", s->g->o.agent_cmd, strerror(errno));
-		for (int i = 0; i < 2; i++) {
-			if (in[i] >= 0)
-				close(in[i]);
-			if (out[i] >= 0)
-				close(out[i]);
-		}
-		env_free(envp, own);
-		return RL_EIO;
+	if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0) {
+		err = errno;
+		goto fail;
 	}
-	if (pid == 0) {
-		/* its own process group: a hung agent is killed with its children */
-		setpgid(0, 0);
-		signal(SIGPIPE, SIG_DFL);
-		if (dup2(in[0], 0) < 0 || dup2(out[1], 1) < 0)
-			_exit(127);
-		execle("/bin/sh", "sh", "-c", s->g->o.agent_cmd, (char *)NULL, envp);
-		_exit(127);
-	}
-	setpgid(pid, pid);
+	/* posix_spawn (vfork-like): no copy of the server's address space per agent;
+	 * its own process group, so a hung agent is killed with its children */
+	posix_spawn_file_actions_init(&fa);
+	posix_spawnattr_init(&at);
+	sigemptyset(&def);
+	sigaddset(&def, SIGPIPE);
+	posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+	posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+	posix_spawnattr_setpgroup(&at, 0);
+	posix_spawnattr_setsigdefault(&at, &def);
+	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF);
+	err = posix_spawn(&pid, "/bin/sh", &fa, &at, argv, envp);
+	posix_spawn_file_actions_destroy(&fa);
+	posix_spawnattr_destroy(&at);
+	if (err)
+		goto fail;
 	env_free(envp, own);
 	close(in[0]);
 	close(out[1]);
@@ -335,6 +338,16 @@ run_start(serve *s, sv_run *r)
 	s->ag->n_runs++;
 	rl_verbose("--agent: episode %s started (pid %d)", r->id, (int)pid);
 	return RL_OK;
+fail:
+	rl_error("--agent: cannot start '%s': %s", s->g->o.agent_cmd, strerror(err));
+	for (int i = 0; i < 2; i++) {
+		if (in[i] >= 0)
+			close(in[i]);
+		if (out[i] >= 0)
+			close(out[i]);
+	}
+	env_free(envp, own);
+	return RL_EIO;
 }
 
 /* stdin written as the pipe takes it, stdout's tail kept. */
