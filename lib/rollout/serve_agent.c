@@ -16,7 +16,7 @@
  * call), so its group keeps its size, as a failed --env episode does.  A
  * group's records go to the output as they end; with --queue a complete
  * group is put as scored (its lease completed), an incomplete one at
- * shutdown is not put (its lease expires and the broker hands it out again).
+ * shutdown is not put but handed back (released: the broker leases it again).
  * Episodes of other clients go to the output as without --agent.
  *
  * Everything here runs on the engine thread.  Leaves out: reading prompt
@@ -59,6 +59,7 @@ typedef struct sv_run {
 	char out[RUN_OUT_MAX];
 	size_t on;
 	double deadline;
+	uint64_t lease, rid;   /* --queue: the lease and the prompt record of its group */
 	int state;             /* RUN_* */
 	int status;            /* waitpid's, once it ended */
 	char *error;           /* why it failed (NULL: it did not) */
@@ -120,6 +121,22 @@ group_done(serve *s, prompt *p)
 	return rv;
 }
 
+/* A group that will not be complete (the server stops): with --queue its
+ * prompt goes back to the broker now, to be leased again, not at the
+ * lease's expiry. */
+static void
+group_drop(serve *s, sv_run *r)
+{
+	prompt *p = r->p;
+	rl_qack_result res;
+
+	if (s->g->qc && rl_qclient_ack_ids(s->g->qc, r->lease, RL_QACK_RELEASE, &r->rid, 1, &res) != 0)
+		rl_warn("--queue: the prompt of group %016llx could not be handed back; its lease expires on the broker",
+		    (unsigned long long)p->group);
+	rl_traj_batch_destroy(p->out);
+	rli_prompt_free(p);
+}
+
 /* A run's record: its group's fields, the line's fields in meta, the failure. */
 static int
 run_fields(serve *s, sv_run *r, rl_traj *t)
@@ -168,12 +185,10 @@ sv_agent_emit(serve *s, const char *id, rl_traj *t)
 	}
 	p = r->p;
 	if (s->ag->stopping && s->g->qc) {
-		/* shutting down: the group is not put, its lease expires on the broker */
+		/* shutting down: the group is not put but handed back */
+		if (--p->remaining == 0)
+			group_drop(s, r);
 		r->p = NULL;
-		if (--p->remaining == 0) {
-			rl_traj_batch_destroy(p->out);
-			rli_prompt_free(p);
-		}
 		return RL_OK;
 	}
 	if ((rv = run_fields(s, r, t)) != 0)
@@ -657,6 +672,14 @@ take_leased(serve *s)
 		free(line);
 		if (rv)
 			return rv;
+		/* the group's runs are the list's last */
+		uint64_t rid = 0;
+		rl_traj_get_u64(a->t, RL_TAG_ID, &rid);
+		for (sv_run *r = a->runs; r; r = r->next)
+			if (r->p == p) {
+				r->lease = a->lease.id;
+				r->rid = rid;
+			}
 	}
 	return RL_OK;
 }
@@ -739,7 +762,8 @@ sv_agent_close(serve *s)
 	if (a->n_runs)
 		rl_info("--agent: %llu runs, %llu with a reward, %llu failed", (unsigned long long)a->n_runs,
 		    (unsigned long long)a->n_ok, (unsigned long long)a->n_failed);
-	if (!rv && a->n_runs > 0 && a->n_ok == 0) {
+	/* a broken command fails fast (not after a signal, which ends runs midway) */
+	if (!rv && a->n_runs > 0 && a->n_ok == 0 && !rli_stop_requested()) {
 		rl_error("--agent: no run of '%s' ended with a reward", s->g->o.agent_cmd);
 		rl_hint("run it by hand with OPENAI_BASE_URL, RL_EPISODE_ID and a prompt line on its stdin");
 		rv = RL_EIO;
@@ -747,11 +771,9 @@ sv_agent_close(serve *s)
 	for (sv_run *r = a->runs, *nx; r; r = nx) {
 		nx = r->next;
 		run_kill(r);
-		/* a group left incomplete is not put: its lease expires on the broker */
-		if (r->p && --r->p->remaining == 0) {
-			rl_traj_batch_destroy(r->p->out);
-			rli_prompt_free(r->p);
-		}
+		/* a group left incomplete is not put: handed back to the broker */
+		if (r->p && --r->p->remaining == 0)
+			group_drop(s, r);
 		free(r->line);
 		free(r->error);
 		free(r);

@@ -2,7 +2,8 @@
 """A scripted agent for rl-rollout-serve-agent.bats (stdlib only).
 
 Writes what it was given (its environment and its stdin) to
-$AGENT_LOG/<episode id>.json, then acts as the prompt line's "mode" says:
+$AGENT_LOG/<episode id>.json, then acts as $AGENT_MODE or the prompt line's
+"mode" says:
   post     one call, then POST the reward (the line's "reward" + index / 10)
   twice    two calls (the second continues the first, stop string written
            back), then POST the reward
@@ -57,7 +58,7 @@ def call(prompt):
     return out["choices"][0]["text"]
 
 
-mode = line.get("mode", "post")
+mode = os.environ.get("AGENT_MODE") or line.get("mode", "post")
 reward = float(line.get("reward", 0)) + int(os.environ["RL_EPISODE_INDEX"]) / 10
 save()
 if mode == "nocall":

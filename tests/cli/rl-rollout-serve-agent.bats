@@ -147,6 +147,44 @@ print("ok")
 PY
 }
 
+@test "--agent --queue: a server stopped mid-group hands the group back; the next one delivers it, each group once" {
+	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' rl-queue serve -q -l tcp://127.0.0.1:@PORT@ -t 600
+	url="tcp://127.0.0.1:$DPORT"
+	printf '%s\n' '{"prompt":"ab","reward":1}' '{"prompt":"cd","reward":2,"mode":"hang"}' > "$TD/h.jsonl"
+	rl-queue put -q "$url" "$TD/h.jsonl"
+	rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 --agent "$AGENT" -n 2 --queue "$url" --jsonl \
+	    > "$BATS_TEST_TMPDIR/s1.out" 2> "$BATS_TEST_TMPDIR/s1.err" &
+	spid=$!
+	PIDS="$PIDS $spid"
+	# both runs of "cd" hang; "ab"'s group is put
+	for _ in $(seq 300); do
+		[ "$(ls "$AGENT_LOG"/*.pid 2>/dev/null | wc -l)" = 2 ] && [ "$(grep -l '"reward_status": 200' "$AGENT_LOG"/*.json 2>/dev/null | wc -l)" = 2 ] && break
+		sleep 0.1
+	done
+	kill -TERM "$spid"
+	wait "$spid" || true
+	for f in "$AGENT_LOG"/*.pid; do ! kill -0 "$(cat "$f")" 2>/dev/null; done
+	# "cd" is leased again at once (its lease would last 600 s), and completed this time
+	AGENT_MODE=post run -0 --separate-stderr timeout 60 rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 \
+	    --agent "$AGENT" -n 2 --queue "$url" --idle-exit 1 --jsonl
+	[[ "$stderr" == *"2 runs, 2 with a reward"* ]]
+	rl-queue get "$url" -s train -n 100 --release > "$BATS_TEST_TMPDIR/g.jsonl"
+	python3 - "$BATS_TEST_TMPDIR/g.jsonl" <<'PY'
+import collections, json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(recs) == 4, [(r["prompt_text"], r.get("reward")) for r in recs]
+by = collections.defaultdict(list)
+for r in recs:
+    by[r["prompt_text"][:2]].append(r)
+assert sorted(by) == ["ab", "cd"] and all(len(v) == 2 for v in by.values()), by.keys()
+for k, want in (("ab", 1), ("cd", 2)):
+    assert sorted(r["index"] for r in by[k]) == [0, 1]
+    for r in by[k]:
+        assert abs(r["reward"] - (want + r["index"] / 10)) < 1e-6 and "env_error" not in r, r
+print("ok")
+PY
+}
+
 @test "serve --agent: bad options are usage errors" {
 	run -2 rl-rollout serve -m "$TD/m0" --queue tcp://127.0.0.1:1
 	assert_output --partial "--queue needs --agent CMD"
