@@ -13,6 +13,9 @@ $AGENT_LOG/<episode id>.json, then acts as $AGENT_MODE or the prompt line's
   none     one call, exit 0 without a reward
   nocall   exit 5 before any call
   after    one call, POST the reward, call again and log that call's status
+  stopback a greedy probe outside the episode picks a stop string the greedy
+           answer reaches; the episode's first call stops on it, the second
+           writes it back followed by "xy"; the calls' token ids are logged
 """
 import json
 import os
@@ -59,6 +62,28 @@ def call(prompt):
 
 
 mode = os.environ.get("AGENT_MODE") or line.get("mode", "post")
+
+
+def ids(out):
+    return [int(t.split(":")[1]) for t in out["choices"][0]["logprobs"]["tokens"]]
+
+
+if mode == "stopback":
+    body = {"model": os.environ["OPENAI_MODEL"], "prompt": line["prompt"], "temperature": 0, "logprobs": 0,
+            "return_tokens_as_token_ids": True}
+    req = urllib.request.Request(base + "/completions", data=json.dumps(dict(body, max_tokens=16)).encode(),
+                                 headers={"Content-Type": "application/json"})
+    probe = ids(json.load(urllib.request.urlopen(req, timeout=60)))
+    k = next(i for i in range(1, len(probe)) if 33 <= probe[i] <= 126)
+    stop = chr(probe[k])
+    st, a = post(base + "/completions", dict(body, max_tokens=16, stop=[stop]))
+    st2, b = post(base + "/completions", dict(body, max_tokens=3, prompt=line["prompt"] + a["choices"][0]["text"] + stop + "xy"))
+    assert st == st2 == 200, (a, b)
+    log.update(probe=probe, k=k, a=a, b=b, ids_b=ids(b))
+    st, out = post(root + "/rl/episodes/%s/reward" % ep, {"reward": 1.0})
+    log["reward_status"] = st
+    save()
+    sys.exit(0)
 reward = float(line.get("reward", 0)) + int(os.environ["RL_EPISODE_INDEX"]) / 10
 save()
 if mode == "nocall":

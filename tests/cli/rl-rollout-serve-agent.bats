@@ -74,6 +74,33 @@ print("ok")
 PY
 }
 
+@test "--agent: a stop string written back continues the episode's tokens (not twice); log-probs equal the training forward" {
+	printf '%s\n' '{"prompt":"hello","mode":"stopback"}' > "$TD/s.jsonl"
+	run -0 --separate-stderr rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 --agent "$AGENT" --jsonl "$TD/s.jsonl"
+	printf '%s\n' "$output" > "$BATS_TEST_TMPDIR/ep.jsonl"
+	rl-rollout -q --score ref_logprobs -m "$TD/m0" --jsonl "$BATS_TEST_TMPDIR/ep.jsonl" > "$BATS_TEST_TMPDIR/scored.jsonl"
+	python3 - "$BATS_TEST_TMPDIR/scored.jsonl" "$AGENT_LOG" <<'PY'
+import glob, json, sys
+r = json.loads(open(sys.argv[1]).read())
+log = json.load(open(glob.glob(sys.argv[2] + "/*.json")[0]))
+probe, k = log["probe"], log["k"]
+assert log["a"]["choices"][0]["finish_reason"] == "stop", log["a"]
+resp, turns, mask = r["response"], r["turns"], r["loss_mask"]
+# turn 1: the greedy tokens up to the stop string, which was sampled; then "xy"
+# (the written-back stop string is not tokenized again); then turn 2's tokens
+assert turns[:2] == [0, k + 1] and resp[:k + 1] == probe[:k + 1], (turns, resp, probe, k)
+assert resp[k + 1:k + 3] == [ord("x"), ord("y")] and mask[k + 1:k + 3] == [0, 0], (resp, mask)
+assert turns[2:] == [k + 3, len(resp)] and resp[k + 3:] == log["ids_b"], (turns, resp, log["ids_b"])
+n = 0
+for lp, ref, m in zip(r["logprobs"], r["ref_logprobs"], mask):
+    if m:
+        assert abs(lp - ref) < 1e-4, (lp, ref)
+        n += 1
+assert n == sum(mask) == k + 1 + len(log["ids_b"]), n
+print("ok")
+PY
+}
+
 @test "--agent: a reward on stdout; agents that fail, hang, exit without a reward: records with env_error, groups whole" {
 	printf '%s\n' '{"prompt":"ab","mode":"stdout"}' '{"prompt":"cd","mode":"fail"}' '{"prompt":"ef","mode":"hang"}' \
 	    '{"prompt":"gh","mode":"none"}' '{"prompt":"ij","mode":"nocall"}' > "$TD/f.jsonl"
