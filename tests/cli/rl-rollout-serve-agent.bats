@@ -131,11 +131,19 @@ print("ok")
 PY
 }
 
-@test "--agent: a call after the episode's reward is refused (409); a command that never rewards fails the run" {
+@test "--agent: a call after the reward is refused (409); stdin; a command that never rewards, a bad line, no input, no broker: exit 1" {
 	printf '%s\n' '{"prompt":"ab","mode":"after"}' > "$TD/a.jsonl"
 	run -0 --separate-stderr rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 --agent "$AGENT" --jsonl "$TD/a.jsonl"
 	[ "$(jq -s length <<<"$output")" = 1 ]
 	[ "$(jq .after_status "$AGENT_LOG"/*.json)" = 409 ]
+	# prompt lines from stdin, as generation reads them
+	run -0 --separate-stderr sh -c "rl-rollout serve -m '$TD/m0' --listen 127.0.0.1:0 --agent '$AGENT' --jsonl < '$TD/a.jsonl'"
+	[ "$(jq -s length <<<"$output")" = 1 ]
+	run -1 --separate-stderr rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 --agent "$AGENT" --jsonl "$TD/none.jsonl"
+	[[ "$stderr" == *"cannot open '$TD/none.jsonl'"* ]]
+	run -1 --separate-stderr timeout 30 rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 --agent "$AGENT" \
+	    --queue tcp://127.0.0.1:1 --broker-timeout 1 --jsonl
+	[[ "$stderr" == *"no reply from the broker"* ]]
 	run -1 --separate-stderr rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 --agent "exit 0" --jsonl "$TD/a.jsonl"
 	[[ "$stderr" == *"no run of 'exit 0' ended with a reward"* ]]
 	# a bad prompt line: what runs finishes, then the run fails naming the line
