@@ -176,6 +176,7 @@ sv_agent_emit(serve *s, const char *id, rl_traj *t)
 {
 	sv_run *r = run_find(s, id);
 	prompt *p;
+	float rw;
 	int rv;
 
 	if (!r || !r->p) {
@@ -193,7 +194,6 @@ sv_agent_emit(serve *s, const char *id, rl_traj *t)
 	}
 	if ((rv = run_fields(s, r, t)) != 0)
 		return rv;
-	float rw;
 	if (!r->error && rl_traj_get_f32(t, RL_TAG_REWARD, &rw) == RL_OK)
 		s->ag->n_ok++;
 	if (s->g->qc)
