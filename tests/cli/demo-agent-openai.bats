@@ -35,6 +35,23 @@ no_leftovers() {
 	grep -q 'rl-train: 2 steps; 16 records' "$TD/py/logs/train.log"
 	grep -q ', 0 bad records' "$TD/py/logs/train.log"
 	no_leftovers "$TD/py"
+	# greedy, the agent's records are the --env harness's token for token (calculator turns included)
+	base="$TD/py/sft/$(readlink "$TD/py/sft/latest")"
+	rl-rollout -q -m "$base" --temperature 0 --env "python3 pipelines/agent/calc_env.py" --env-framing plain \
+	    --max-turns 3 --max-tokens 24 --max-episode-tokens 72 --stop "</calc>" --stop "
+" --jsonl "$TD/py/data/test.jsonl" > "$TD/env.jsonl"
+	AGENT_TEMPERATURE=0 rl-rollout serve -q -m "$base" --listen 127.0.0.1:0 \
+	    --agent "python3 pipelines/agent-openai/calc_agent.py" --max-tokens 24 --jsonl "$TD/py/data/test.jsonl" > "$TD/agent.jsonl"
+	python3 - "$TD/env.jsonl" "$TD/agent.jsonl" <<'PY'
+import json, sys
+e, a = ({json.loads(l)["prompt_text"]: json.loads(l) for l in open(f)} for f in sys.argv[1:3])
+assert e.keys() == a.keys() and len(e) == 8, (len(e), len(a))
+for k in e:
+    for f in ("prompt", "response", "loss_mask", "turns", "reward"):
+        assert e[k][f] == a[k][f], (k, f, e[k]["response_text"], a[k]["response_text"])
+    assert max(abs(p - q) for p, q in zip(e[k]["logprobs"], a[k]["logprobs"])) < 1e-4
+print("tool episodes:", sum(len(r["turns"]) > 2 for r in e.values()))
+PY
 }
 
 @test "agent-openai demo (JavaScript agent, the openai npm client), shortened: the reward printed on stdout" {
