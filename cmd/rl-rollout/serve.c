@@ -1,7 +1,7 @@
 /*
  * serve.c — `rl-rollout serve -m MODEL [--listen ADDR]`: the options into
  * rl_rollout_opts, then lib/rollout's rl_rollout_serve (the OpenAI-compatible
- * server).  SIGINT and SIGTERM stop it cleanly.
+ * server, with --agent the agents of prompt lines).  SIGINT and SIGTERM stop it cleanly.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -19,6 +19,8 @@
 
 static const char usage_text[] =
     "usage: rl-rollout serve -m MODEL_DIR [--listen ADDR] [options]\n"
+    "       rl-rollout serve -m MODEL_DIR --agent CMD [-n G] [options] [PROMPTS.jsonl|-]\n"
+    "       rl-rollout serve -m MODEL_DIR --agent CMD --queue URL [-n G] [options]\n"
     "\n"
     "Serves the model behind an OpenAI-compatible HTTP API: GET /v1/models,\n"
     "POST /v1/completions and /v1/chat/completions (streaming with \"stream\": true).\n"
@@ -55,13 +57,25 @@ static const char usage_text[] =
     "                          (default half of --kv-mem; evicted when requests need it)\n"
     "      --no-kv-reuse       prefill every call of an episode whole (--kv-reuse-mem 0)\n"
     "      --device D          cpu, cuda, cuda:N or auto (default auto)\n"
+    "      --agent CMD         run CMD (sh -c) for each prompt line of PROMPTS (default stdin)\n"
+    "                          with OPENAI_BASE_URL, OPENAI_API_KEY, RL_EPISODE_ID and RL_PROMPT\n"
+    "                          set and the line on its stdin; it posts the reward (or prints\n"
+    "                          it last on stdout); the server exits when all are done\n"
+    "  -n, --samples G         agent runs (episodes, one group) per prompt line (default 1)\n"
+    "      --agents N          agent processes at once (default 8)\n"
+    "      --agent-timeout S   an agent running longer is killed, its episode failed (default\n"
+    "                          300; 0 never)\n"
+    "      --queue URL         --agent: lease prompt lines from rl-queue and put each complete\n"
+    "                          group back as scored\n"
+    "      --idle-exit S       --queue: exit after S seconds without work (default: until signalled)\n"
+    "      --broker-timeout S  --queue: exit 1 after S seconds without a reply from the broker\n"
     "      --config FILE       options from a YAML file (keys: long options; the command line wins)\n"
     "  -q, --quiet, -v, --verbose, -h, --help\n";
 
 enum {
 	O_LISTEN = 256, O_PUBLIC, O_KEY, O_KEYFILE, O_NAME, O_MAXREQ, O_MAXBODY, O_MAXTOK, O_STOP, O_TMPL,
 	O_NOTHINK, O_SLOTS, O_KVMEM, O_DEVICE, O_JSONL, O_EPTIMEOUT, O_WFROM, O_SYNC, O_PARTIAL, O_STALE, O_TBATCH, O_BODYTO,
-	O_REUSEMEM, O_NOREUSE
+	O_REUSEMEM, O_NOREUSE, O_AGENT, O_AGENTS, O_AGENTTO, O_QUEUE, O_IDLE, O_BTIMEOUT
 };
 
 static const struct option longopts[] = {
@@ -78,6 +92,10 @@ static const struct option longopts[] = {
 	{ "partial", no_argument, 0, O_PARTIAL }, { "max-staleness", required_argument, 0, O_STALE },
 	{ "train-batch", required_argument, 0, O_TBATCH }, { "body-timeout", required_argument, 0, O_BODYTO },
 	{ "kv-reuse-mem", required_argument, 0, O_REUSEMEM }, { "no-kv-reuse", no_argument, 0, O_NOREUSE },
+	{ "agent", required_argument, 0, O_AGENT }, { "agents", required_argument, 0, O_AGENTS },
+	{ "agent-timeout", required_argument, 0, O_AGENTTO }, { "queue", required_argument, 0, O_QUEUE },
+	{ "samples", required_argument, 0, 'n' }, { "idle-exit", required_argument, 0, O_IDLE },
+	{ "broker-timeout", required_argument, 0, O_BTIMEOUT },
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -129,6 +147,17 @@ parse_opt(rl_rollout_opts *o, int c, const char *a, int *verbosity)
 	case O_BODYTO: rv = rl_cli_double(c, a, 0.01, 3600, &o->body_timeout); break;
 	case O_EPTIMEOUT: rv = rl_cli_double(c, a, 0, 1e9, &o->episode_timeout); break;
 	case O_PUBLIC: o->listen_public = 1; break;
+	case O_AGENT:
+		if (!*a)
+			return rl_cli_usage("--agent: an empty command");
+		o->agent_cmd = a;
+		break;
+	case O_AGENTS: rv = rl_cli_int32(c, a, 1, 4096, &o->agents); break;
+	case O_AGENTTO: rv = rl_cli_double(c, a, 0, 1e9, &o->agent_timeout); break;
+	case O_QUEUE: o->queue_url = a; break;
+	case 'n': rv = rl_cli_int32(c, a, 1, 65536, &o->n); break;
+	case O_IDLE: rv = rl_cli_double(c, a, 0, 1e9, &o->idle_exit); break;
+	case O_BTIMEOUT: rv = rl_cli_double(c, a, 0, 1e9, &o->broker_timeout); break;
 	case O_KEY:
 		if (o->api_key)
 			return rl_cli_usage("--api-key and --api-key-file: give the key once");
@@ -200,14 +229,25 @@ rl_cmd_serve(int argc, char **argv)
 	if ((rv = rl_cli_config(&argc, &argv)) != 0)
 		return rv;
 	optind = 1;
-	while ((c = rl_cli_getopt(argc, argv, "m:o:qvh", NULL)) != -1)
+	while ((c = rl_cli_getopt(argc, argv, "m:o:n:qvh", NULL)) != -1)
 		if ((rv = parse_opt(&o, c, optarg, &verbosity)) != 0)
 			return rv == 1 ? (rl_io_close_stdout() ? 1 : 0) : rv;
 	rl_log_set_level(verbosity);
 	if (!o.model_dir)
 		return rl_cli_usage("no model: -m MODEL_DIR");
+	if (optind < argc && (!o.agent_cmd || o.queue_url))
+		return rl_cli_usage("unexpected argument '%s'%s", argv[optind],
+		    o.agent_cmd ? " (--queue leases the prompt lines)" : " (prompt lines are for --agent CMD)");
+	if (optind + 1 < argc)
+		return rl_cli_usage("more than one input ('%s')", argv[optind + 1]);
 	if (optind < argc)
-		return rl_cli_usage("unexpected argument '%s'", argv[optind]);
+		o.input = argv[optind];
+	if (o.queue_url && !o.agent_cmd)
+		return rl_cli_usage("--queue needs --agent CMD: the leased prompt lines are handed to agents");
+	if (!o.agent_cmd && (o.n != 1 || o.idle_exit > 0))
+		return rl_cli_usage("%s is for --agent CMD", o.n != 1 ? "-n" : "--idle-exit");
+	if (o.idle_exit > 0 && !o.queue_url)
+		return rl_cli_usage("--idle-exit is for --queue (with prompt lines the server exits when they are done)");
 	if (o.weights_from && o.sync_url)
 		return rl_cli_usage("--weights-from and --sync are two ways to get weights: choose one");
 	if (o.max_staleness >= 0 && !o.weights_from && !o.sync_url)

@@ -36,6 +36,8 @@ rl_rollout_opts_default(rl_rollout_opts *o)
 	o->episode_timeout = 600;
 	o->kv_reuse_mem = -1;
 	o->body_timeout = 30;
+	o->agents = 8;
+	o->agent_timeout = 300;
 }
 
 /* The model, its tokenizer, the stop and EOS ids.  RL_OK or an error (logged). */

@@ -75,6 +75,9 @@ typedef struct rl_rollout_opts {
 	double episode_timeout;    /* seconds an episode may stay idle before it is written unrewarded */
 	long long kv_reuse_mem;    /* bytes of --kv-mem an episode's cache may be kept in between its
 	                            * calls (rl_gen_opts.keep_mem; -1: half of kv_mem, 0: none) */
+	const char *agent_cmd;     /* --agent CMD (sh -c): run per prompt line, -n runs a line (NULL: none) */
+	int agents;                /* agent processes at once */
+	double agent_timeout;      /* seconds an agent may run (0: no limit) */
 } rl_rollout_opts;
 
 /* How observations are framed: AUTO is CHATML when prompts go through a

@@ -129,6 +129,9 @@ void rli_eos_set(gen *g);
 int rli_run_generate(gen *g);
 int rli_run_queue(gen *g);
 int rli_resume_open(gen *g);
+/* run.c: a leased prompt record as its prompt line was (meta's fields and
+ * "prompt"), malloc'd into *out.  0 or RL_ENOMEM. */
+int rli_queue_line(const rl_traj *t, char **out);
 
 /* run.c: the engine's done callback (ctx: the gen) */
 int rli_sample_done_cb(void *ctx, const rl_gen_sample *s);

@@ -340,12 +340,12 @@ rli_stop_requested(void)
 }
 
 
-/* --env in queue mode: the reset's "line" for a leased prompt record, as the
+/* --env and serve --agent in queue mode: the reset's (the agent's) "line" for a leased prompt record, as the
  * prompt line looked in pipe mode: its meta's fields and "prompt" (its text).
  * rl-queue put keeps a line's other fields as meta, so an environment reads
  * them where it would read them from the file. */
-static int
-queue_env_line(const rl_traj *t, char **out)
+int
+rli_queue_line(const rl_traj *t, char **out)
 {
 	const char *metas = NULL, *ptext = NULL;
 	cJSON *j = NULL;
@@ -382,7 +382,7 @@ queue_submit(gen *g, const rl_traj *t, prompt *p)
 	if (!g->env)
 		return rl_engine_submit(g->e, p->ids, p->nids, g->o.n, g->o.greedy, p->max_new,
 		    rl_rng_u64(g->o.seed, p->group), p);
-	if ((rv = queue_env_line(t, &line)) == RL_OK)
+	if ((rv = rli_queue_line(t, &line)) == RL_OK)
 		rv = rli_env_start(g, p, line, strlen(line));
 	free(line);
 	return rv;

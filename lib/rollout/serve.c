@@ -10,7 +10,9 @@
  * that fails (the client is gone) drops the request from the engine.
  *
  * New weights (--weights-from, --sync, --weights-group) are polled between
- * steps and loaded as in generation.  Leaves out: TLS.
+ * steps and loaded as in generation.  With --agent CMD (serve_agent.c) the
+ * loop also runs the agents of the prompt lines and stops when the input is
+ * done.  Leaves out: TLS.
  */
 #include "rollout/serve_int.h"
 
@@ -381,7 +383,8 @@ stale(serve *s, sv_req *r, char *msg, size_t ml)
 	uint64_t started = s->n_ep_written + (uint64_t)s->neps;
 	int batches;
 
-	if (o->max_staleness < 0 || sv_ep_open(s, r->episode))
+	/* --agent runs are held back before they start, by prompt line (serve_agent.c) */
+	if (o->max_staleness < 0 || sv_ep_open(s, r->episode) || sv_agent_owns(s, r->episode))
 		return 0;
 	batches = (int)(started / (uint64_t)RL_MAX(o->train_batch, 1));
 	if (batches <= s->g->version + o->max_staleness)
@@ -407,6 +410,11 @@ start(serve *s, sv_req *r)
 	}
 	if ((st = tokenize(s, r, msg, sizeof msg)) != 0) {
 		req_error(s, r, st, msg, r->kind == SV_CHAT ? "messages" : "prompt");
+		return;
+	}
+	if (r->episode[0] && sv_agent_refuse(s, r->episode)) {
+		snprintf(msg, sizeof msg, "episode '%s' has ended (its record is written)", r->episode);
+		req_error(s, r, 409, msg, NULL);
 		return;
 	}
 	if (r->episode[0] && stale(s, r, msg, sizeof msg)) {
@@ -970,7 +978,10 @@ rli_serve_run(gen *g)
 	if ((rv = listen_http(s)) != 0)
 		goto out;
 	rl_info("serving '%s' at %s/v1", s->name, s->url);
+	if (g->o.agent_cmd && (rv = sv_agent_open(s)) != 0)
+		goto out;
 	while (!rli_stop_requested()) {
+		int finished = 0;
 		/* new weights: loaded between steps once the running sequences are done
 		 * (rl_engine_hold drains them), or at once with --partial */
 		if ((g->o.weights_from || g->o.sync_url || g->wg) && (rv = rli_poll_weights(g, 0)) != 0) {
@@ -981,10 +992,13 @@ rli_serve_run(gen *g)
 		nng_mtx_lock(s->mu);
 		s->version = g->version;
 		nng_mtx_unlock(s->mu);
+		if (s->ag && ((rv = sv_agent_pump(s, &finished)) != 0 || finished))
+			break;
 		if (!tend(s)) {
 			nng_mtx_lock(s->mu);
+			/* agents' exits do not wake the thread: they are polled often */
 			if (!s->inbox)
-				nng_cv_until(s->cv, nng_clock() + 100);
+				nng_cv_until(s->cv, nng_clock() + (s->ag ? 10 : 100));
 			nng_mtx_unlock(s->mu);
 			continue;
 		}
@@ -997,8 +1011,14 @@ rli_serve_run(gen *g)
 	rl_info("served %llu requests (%llu errors, %llu dropped by their clients)",
 	    (unsigned long long)s->n_requests, (unsigned long long)s->n_errors, (unsigned long long)s->n_cancelled);
 out:
+	sv_agent_stop(s);
 	if (s->mu)
 		shut(s);
+	{
+		int r2 = sv_agent_close(s);
+		if (!rv)
+			rv = r2;
+	}
 	if (s->cv)
 		nng_cv_free(s->cv);
 	if (s->mu)

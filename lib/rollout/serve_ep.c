@@ -3,14 +3,17 @@
  * X-Episode-Id become one multi-turn record (rl-trajectory(5): loss_mask,
  * turns, turn_versions).  An episode keeps every token of its calls; a call
  * whose rendered prompt starts with the text the episode's previous call
- * showed its client (that prompt, the answer, and the special tokens
- * sampled after it) continues from those exact tokens, only the new text
+ * showed its client (that prompt, the answer, and the stop string and
+ * special tokens sampled after it) continues from those exact tokens, only the new text
  * after it being tokenized (no re-tokenization drift).  A call that does not
  * start so is a mismatch: counted, logged, and the episode starts again
  * from that call (the turns before it are dropped from the record).
  * POST /rl/episodes/ID/reward writes the record with its reward; an episode
  * idle past --episode-timeout, or open when the server stops, is written
- * without a reward (meta.end "timeout" / "shutdown").
+ * without a reward (meta.end "timeout" / "shutdown"); an --agent run that
+ * fails ends its episode so too (meta.end "agent_error", sv_ep_close).
+ * Records go out through serve_agent.c, which routes an agent run's into
+ * its group.
  *
  * Everything here runs on the engine thread.  Leaves out: several samples
  * per call (n > 1 is refused with an episode), token-id prompts.
@@ -154,7 +157,7 @@ write_record(serve *s, sv_episode *e, int has_reward, double reward, const char 
 		goto out;
 	if (has_reward && (rv = rl_traj_set_f32(t, RL_TAG_REWARD, (float)reward)) != 0)
 		goto out;
-	if ((rv = rl_traj_writer_put(s->g->w, t)) != 0 || (rv = rl_traj_writer_flush(s->g->w)) != 0) {
+	if ((rv = sv_agent_emit(s, e->id, t)) != 0) {
 		rl_error("cannot write the record of episode '%s': %s", e->id, rl_strerror(rv));
 		goto out;
 	}
@@ -292,6 +295,11 @@ sv_ep_end(serve *s, sv_req *r, const rl_gen_sample *gs, const char *text, size_t
 	e->tail.len = 0;
 	if (rl_buf_append(&e->view, r->ptext, r->ptlen) != 0 || rl_buf_append(&e->view, text, tlen) != 0)
 		goto oom;
+	/* a stop string is cut from the answer but was sampled: a client that writes
+	 * it back (a tool call's closing tag) continues the tokens, not repeats them */
+	size_t te = sv_text_end(r, c);
+	if (te < c->raw.len && rl_buf_append(&e->tail, c->raw.p + te, c->raw.len - te) != 0)
+		goto oom;
 	for (k = c->n; k > 0 && rl_tokenizer_is_special(s->g->tok, c->tok[k - 1]); k--)
 		;
 	for (; k < c->n; k++) {
@@ -331,6 +339,24 @@ sv_ep_reward(serve *s, const char *id, double reward, char *msg, size_t ml, int 
 		snprintf(msg, ml, "the record of episode '%s' could not be written: %s", id, rl_strerror(rv));
 		return 500;
 	}
+	return 0;
+}
+
+int
+sv_ep_close(serve *s, const char *id, const char *end)
+{
+	sv_episode *e = find(s, id);
+	int rv = RL_OK;
+
+	if (!e)
+		return 0;
+	if (e->busy)
+		return 1;
+	if (e->calls > 0)
+		rv = write_record(s, e, 0, 0, end);
+	unlink_ep(s, e);
+	ep_free(e);
+	(void)rv; /* logged by write_record */
 	return 0;
 }
 

@@ -22,6 +22,7 @@
 #define SV_EPISODE_ID_MAX 128
 
 typedef struct sv_episode sv_episode;
+typedef struct sv_agents sv_agents;
 
 /* One sample of a request: its tokens and the bytes they decode to. */
 typedef struct sv_choice {
@@ -107,6 +108,7 @@ typedef struct serve {
 	int neps, neps_seen;       /* open episodes; as of the last pass, for /metrics */
 	uint64_t n_ep_mismatch, n_ep_written, n_stale;
 	int version;               /* the weights' version, for /metrics */
+	sv_agents *ag;             /* --agent (serve_agent.c), or NULL */
 } serve;
 
 /* serve_api.c */
@@ -142,6 +144,22 @@ int sv_ep_expire(serve *s, double timeout, int all);
 int sv_ep_open(serve *s, const char *id);  /* 1 when the episode is open */
 /* The engine's keep_key of an episode's calls (non-zero). */
 uint64_t sv_ep_key(const char *id);
+/* Ends episode id without a reward (meta.end END): 0 (also when it is not
+ * open), or 1 while a call of it is in flight. */
+int sv_ep_close(serve *s, const char *id, const char *end);
+
+/* serve_agent.c (engine thread): --agent CMD, the prompt lines' agent runs */
+int sv_agent_open(serve *s);
+/* Runs started, polled and ended; new prompt lines taken.  *finished: the
+ * input is done and every run ended (pipe wiring), or --idle-exit passed. */
+int sv_agent_pump(serve *s, int *finished);
+void sv_agent_stop(serve *s);        /* kills the live runs (their episodes are written by the server's shutdown) */
+int sv_agent_close(serve *s);        /* frees; the run's result (a bad line, no run ever rewarded) */
+/* An episode's record goes out: an agent run's into its group (-o, or
+ * rl-queue with --queue), any other to -o. */
+int sv_agent_emit(serve *s, const char *id, rl_traj *t);
+int sv_agent_owns(serve *s, const char *id);   /* 1: an agent run's episode */
+int sv_agent_refuse(serve *s, const char *id); /* 1: an agent run's episode whose record went out */
 
 /* 1 when the Authorization header carries the key (constant time). */
 int sv_auth_ok(const serve *s, const char *authz);
