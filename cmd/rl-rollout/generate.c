@@ -99,8 +99,8 @@ static const char usage_text[] =
 enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
-	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY, O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS, O_WGROUP, O_WGRANK, O_WGSIZE,
-	O_WGBACK, O_DSTEPS, O_RESUME, O_NOTHINK, O_BTIMEOUT, O_ENV, O_ENVPROCS, O_ENVTIMEOUT, O_ENVFRAME, O_MAXTURNS,
+	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY, O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS,
+	O_DSTEPS, O_RESUME, O_NOTHINK, O_BTIMEOUT, O_ENV, O_ENVPROCS, O_ENVTIMEOUT, O_ENVFRAME, O_MAXTURNS,
 	O_MAXEP, O_ADAPTER, O_TMETRICS
 };
 
@@ -127,9 +127,7 @@ static const struct option longopts[] = {
 	{ "idle-exit", required_argument, 0, O_IDLE }, { "broker-timeout", required_argument, 0, O_BTIMEOUT },
 	{ "weights-timeout", required_argument, 0, O_WTIMEOUT }, { "sync", required_argument, 0, O_SYNC },
 	{ "sync-transport", required_argument, 0, O_STRANS },
-	{ "weights-group", required_argument, 0, O_WGROUP }, { "weights-group-rank", required_argument, 0, O_WGRANK },
-	{ "weights-group-size", required_argument, 0, O_WGSIZE },
-	{ "weights-group-backend", required_argument, 0, O_WGBACK },
+	RLO_WGROUP_LONGOPTS,
 	{ "env", required_argument, 0, O_ENV }, { "env-procs", required_argument, 0, O_ENVPROCS },
 	{ "env-timeout", required_argument, 0, O_ENVTIMEOUT }, { "env-framing", required_argument, 0, O_ENVFRAME },
 	{ "max-turns", required_argument, 0, O_MAXTURNS }, { "max-episode-tokens", required_argument, 0, O_MAXEP },
@@ -148,8 +146,10 @@ on_signal(int sig)
 static int
 check_opts(const rl_rollout_opts *o)
 {
-	if (o->max_staleness >= 0 && !o->weights_from && !o->sync_url && !o->wgo.addr)
-		return rl_cli_usage("--max-staleness needs --weights-from DIR, --sync URL or --weights-group");
+	int rv;
+
+	if ((rv = rl_cmd_wgroup_check(o)) != 0)
+		return rv;
 	if (o->auto_k && o->queue_url)
 		return rl_cli_usage("--max-staleness auto is the pipe wiring's: with --queue the broker chooses K "
 		    "(rl-queue serve --max-staleness auto)");
@@ -157,14 +157,6 @@ check_opts(const rl_rollout_opts *o)
 		return rl_cli_usage("--max-staleness auto needs --trainer-metrics FILE (rl-train's --metrics file)");
 	if (o->trainer_metrics && !o->auto_k)
 		return rl_cli_usage("--trainer-metrics is read for --max-staleness auto[:MAX] only");
-	if (o->wgo.addr && (!o->wgo.rank || !o->wgo.world || o->wgo.rank >= o->wgo.world))
-		return rl_cli_usage("--weights-group needs --weights-group-rank R and --weights-group-size N, "
-		    "1 <= R < N");
-	if (!o->wgo.addr && (o->wgo.rank || o->wgo.world || o->wgo.backend))
-		return rl_cli_usage("--weights-group-rank/-size/-backend need --weights-group HOST:PORT");
-	if (o->wgo.addr && (o->weights_from || o->sync_url))
-		return rl_cli_usage("--weights-group is a third way to get weights: choose one of it, "
-		    "--weights-from and --sync");
 	if (!o->env_cmd && (o->env_procs || o->max_turns || o->go.max_episode || o->env_framing))
 		return rl_cli_usage("--env-procs, --env-framing, --max-turns and --max-episode-tokens need --env CMD");
 	if (o->env_cmd && (o->score_field || o->greedy))
@@ -172,8 +164,6 @@ check_opts(const rl_rollout_opts *o)
 		    o->score_field ? "--score" : "--greedy-baseline");
 	if (o->sync_transport && !o->sync_url)
 		return rl_cli_usage("--sync-transport needs --sync URL");
-	if (o->weights_from && o->sync_url)
-		return rl_cli_usage("--weights-from and --sync are two ways to get weights: choose one");
 	return 0;
 }
 
@@ -267,14 +257,7 @@ parse_opt(rl_rollout_opts *o, int c, const char *a, int *verbosity)
 	case O_BTIMEOUT: rv = rl_cli_double(c, a, 0, 1e9, &o->broker_timeout); break;
 	case O_WTIMEOUT: rv = rl_cli_double(c, a, 0, 1e9, &o->weights_timeout); break;
 	case O_SYNC: o->sync_url = a; break;
-	case O_WGROUP: o->wgo.addr = a; break;
-	case O_WGRANK: rv = rl_cli_int32(c, a, 1, 65535, &o->wgo.rank); break;
-	case O_WGSIZE: rv = rl_cli_int32(c, a, 2, 65536, &o->wgo.world); break;
-	case O_WGBACK:
-		if (strcmp(a, "auto") && strcmp(a, "cpu") && strcmp(a, "nccl") && strcmp(a, "ipc"))
-			return rl_cli_usage("--weights-group-backend takes auto, cpu, nccl or ipc, not '%s'", a);
-		o->wgo.backend = a;
-		break;
+	case RLO_WGROUP: case RLO_WGRANK: case RLO_WGSIZE: case RLO_WGBACK: rv = rl_cmd_wgroup_opt(o, c, a); break;
 	case O_STRANS:
 		if (rl_wsync_transport_parse(a, &o->sync_transport) != 0)
 			return rl_cli_usage("--sync-transport: want auto, shm, stream, nng or file, not '%s'", a);

@@ -40,6 +40,9 @@ static const char usage_text[] =
     "                          (default 600; 0 never)\n"
     "      --weights-from DIR  load new weight versions from DIR/latest as they appear\n"
     "      --sync URL          new weight versions from rl-sync (tcp://, ipc://) or a directory\n"
+    "      --weights-group HOST:PORT, --weights-group-rank R, --weights-group-size N,\n"
+    "      --weights-group-backend B  new versions broadcast by the trainer of that group\n"
+    "                          (rl-rollout(1): as in generation)\n"
     "      --partial           new weights apply to sequences already running\n"
     "      --max-staleness K   refuse new episodes (429) while the episodes started make more\n"
     "                          batches of --train-batch than weights version + K\n"
@@ -95,7 +98,7 @@ static const struct option longopts[] = {
 	{ "agent", required_argument, 0, O_AGENT }, { "agents", required_argument, 0, O_AGENTS },
 	{ "agent-timeout", required_argument, 0, O_AGENTTO }, { "queue", required_argument, 0, O_QUEUE },
 	{ "samples", required_argument, 0, 'n' }, { "idle-exit", required_argument, 0, O_IDLE },
-	{ "broker-timeout", required_argument, 0, O_BTIMEOUT },
+	{ "broker-timeout", required_argument, 0, O_BTIMEOUT }, RLO_WGROUP_LONGOPTS,
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -141,6 +144,7 @@ parse_opt(rl_rollout_opts *o, int c, const char *a, int *verbosity)
 	case O_JSONL: o->jsonl = 1; break;
 	case O_WFROM: o->weights_from = a; break;
 	case O_SYNC: o->sync_url = a; break;
+	case RLO_WGROUP: case RLO_WGRANK: case RLO_WGSIZE: case RLO_WGBACK: rv = rl_cmd_wgroup_opt(o, c, a); break;
 	case O_PARTIAL: o->partial = 1; break;
 	case O_STALE: rv = rl_cli_int32(c, a, 0, 1000000000, &o->max_staleness); break;
 	case O_TBATCH: rv = rl_cli_int32(c, a, 1, 1000000000, &o->train_batch); break;
@@ -248,10 +252,8 @@ rl_cmd_serve(int argc, char **argv)
 		return rl_cli_usage("%s is for --agent CMD", o.n != 1 ? "-n" : "--idle-exit");
 	if (o.idle_exit > 0 && !o.queue_url)
 		return rl_cli_usage("--idle-exit is for --queue (with prompt lines the server exits when they are done)");
-	if (o.weights_from && o.sync_url)
-		return rl_cli_usage("--weights-from and --sync are two ways to get weights: choose one");
-	if (o.max_staleness >= 0 && !o.weights_from && !o.sync_url)
-		return rl_cli_usage("--max-staleness needs --weights-from DIR or --sync URL");
+	if ((rv = rl_cmd_wgroup_check(&o)) != 0)
+		return rv;
 	if (!o.jsonl && (!o.out_path || strcmp(o.out_path, "-") == 0) && isatty(STDOUT_FILENO)) {
 		rl_error("refusing to write episode records (a binary stream) to a terminal");
 		rl_hint("add --jsonl, -o FILE, or pipe into rl-reward / rl-train");
