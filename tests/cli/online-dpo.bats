@@ -58,3 +58,18 @@ check_run() {
 	[ "$(wc -l < "$TD/q/metrics.jsonl")" -eq 3 ]
 	[ -z "$(ps -eo args= | grep -F -- "$(cat "$TD/q/queue.url")" | grep -v grep || true)" ]
 }
+
+@test "rlhf Makefile: PPO against a reward model in the queue wiring (rl-reward --model)" {
+	jq '.architectures = ["Qwen2ForSequenceClassification"] | .num_labels = 1' "$TD/cfg.json" > "$TD/rm.json"
+	rl-train -q --init "$TD/rm.json" --tokenizer bytes --out "$TD/rm" --seed 2
+	run -2 --separate-stderr make --no-print-directory -C pipelines/rlhf MODEL="$TD/m0" DATA="$TD/train.jsonl" OUT="$TD/h0"
+	[[ "$stderr" == *"set RM to a reward model directory"* ]]
+	timeout 120 make --no-print-directory -C pipelines/rlhf MODEL="$TD/m0" RM="$TD/rm" DATA="$TD/train.jsonl" \
+	    OUT="$TD/h" DEVICE=cpu STEPS=2 BATCH=2 SAMPLES=2 MAX_TOKENS=6 CHAT=0 SAVE_EVERY=1 LR=1e-3
+	[ "$(wc -l < "$TD/h/metrics.jsonl")" -eq 2 ]
+	run -0 jq -s -r 'all(.[]; has("critic/vf_loss") and has("critic/score/mean"))' "$TD/h/metrics.jsonl"
+	[ "$output" = true ]
+	grep -qx 'algo: ppo' "$TD/h/ckpt/run.yaml"
+	grep -q 'mean per component: model ' "$TD"/h/logs/*/reward.log
+	[ -z "$(ps -eo args= | grep -F -- "$(cat "$TD/h/queue.url")" | grep -v grep || true)" ]
+}
