@@ -140,8 +140,9 @@ static const char usage_text[] =
     "      --dp-check-every N    compare a weight checksum across ranks every N steps (default 10; 0 never)\n"
     "      --dp-bucket-mb M      gradient all-reduce bucket size in MiB (default 25; also --bucket-mb)\n"
     "      --no-dp-overlap       all-reduce after the backward pass instead of during it\n"
-    "      --zero 0|1|2          1: ZeRO-1, each rank keeps 1/N of the AdamW state; 2: ZeRO-2, and of the\n"
-    "                            gradients, reduce-scattered during the backward pass (CPU) (default 0)\n"
+    "      --zero 0|1|2|3        1: ZeRO-1, each rank keeps 1/N of the AdamW state; 2: ZeRO-2, and of the\n"
+    "                            gradients, reduce-scattered during the backward pass; 3: ZeRO-3, and of the\n"
+    "                            parameters, gathered layer by layer (2, 3: CPU) (default 0)\n"
     "LoRA (docs/lora.md; --device cpu; checkpoints in PEFT's layout):\n"
     "      --lora-rank R         train rank-R adapters on the frozen policy (default 0: full fine-tuning)\n"
     "      --lora-alpha A        scaling A/R (default 16)\n"
@@ -429,10 +430,10 @@ main(int argc, char **argv)
 		case O_DPNOOVL: o.dp_overlap = 0; break;
 		case O_ZERO:
 			if (strcmp(a, "0") && strcmp(a, "1") && strcmp(a, "2") && strcmp(a, "3"))
-				return rl_cli_usage("--zero takes 0, 1 or 2 (1: optimizer state sharded, 2: gradients too; "
-				    "3 in --plan only), not '%s'", a);
+				return rl_cli_usage("--zero takes 0, 1, 2 or 3 (1: optimizer state sharded, 2: gradients too, "
+				    "3: parameters too), not '%s'", a);
 			zero = a[0] - '0';
-			o.zero = zero <= 2 ? zero : 0;
+			o.zero = zero;
 			break;
 		case O_PLAN:
 			if (a && strcmp(a, "json") != 0)
@@ -478,8 +479,8 @@ main(int argc, char **argv)
 	rl_log_set_level(verbosity);
 	if (plan)
 		return print_plan(&o, &po, co.world, zero, init, plan == 2);
-	if (zero > 2 || po.kv_tokens || po.gpu_bytes > 0)
-		return rl_cli_usage("--zero %d, --kv-tokens and --gpu-mem are for --plan: ZeRO-3 does not train yet", zero);
+	if (po.kv_tokens || po.gpu_bytes > 0)
+		return rl_cli_usage("--kv-tokens and --gpu-mem are for --plan");
 	if (merge) {
 		if (!o.out_dir)
 			return rl_cli_usage("--merge-adapter needs --out DIR (the merged model directory)");

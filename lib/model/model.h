@@ -106,6 +106,15 @@ struct rl_model {
 	 * queued on the backend, not necessarily done.  Non-zero fails the pass. */
 	int (*grad_ready)(void *ctx, size_t from);
 	void *grad_ready_ctx;
+	/* Optional (ZeRO-3: parameters sharded): called before the weights of a
+	 * unit are read, unit 0 the embedding, 1 + l layer l, n_layer + 1 the head
+	 * (final norm, lm_head, value head): in rl_model_forward before each, in
+	 * the backward before the head and at the start of each layer (before
+	 * --recompute's forward of it).  The embedding's backward reads no
+	 * weights.  The caller makes the unit's m->params valid (f32 backend:
+	 * m->w == m->params).  Non-zero fails the pass. */
+	int (*param_need)(void *ctx, int unit);
+	void *param_need_ctx;
 	/* rl_model_decode_sample: 1 runs every step op by op (no backend graphs) */
 	int no_graph;
 	/* rl_model_decode_sample: a step's key (batch rows, greedy split, sampling, cache,

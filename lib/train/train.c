@@ -530,6 +530,7 @@ rli_train_fini(trainer *tr, int rv)
 		tr->ops->free(tr->ops, tr->zm);
 		tr->ops->free(tr->ops, tr->zv);
 		tr->ops->free(tr->ops, tr->zg);
+		tr->ops->free(tr->ops, tr->zp);
 	}
 	rli_feed_close(tr);
 	rl_progress_done(&tr->prog);
