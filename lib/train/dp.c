@@ -9,12 +9,14 @@
  * per step, bitwise equal weights).
  * Leaves out: the communicator itself (compute/comm.h), the passing of queue
  * leases from rank 0 (feed.c), ZeRO-2 and ZeRO-3 on device memory (the
- * pages given back are host pages), ZeRO-3's prefetch of the next unit (its
- * gathers run on the main thread, its reduce-scatter without overlap).
+ * pages given back are host pages), ZeRO-3's reduce-scatter overlapped with
+ * the backward pass (it runs at the layer boundaries, after the prefetch).
  * ZeRO-3: the parameters sharded too, each unit (embedding, layer, head)
- * gathered before it is computed and given back after.
+ * gathered before it is computed (the next one on a thread meanwhile) and
+ * given back after.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -35,7 +37,7 @@ rli_dp_allreduce_grads(trainer *tr)
 	double t0 = rl_now();
 	int rv;
 
-	if ((rv = tr->ops->sync(tr->ops)) != 0)
+	if ((rv = tr->ops->sync(tr->ops)) != 0 || (rv = rli_zero3_join(tr)) != 0)
 		return rv;
 	rv = rl_comm_reducer_wait(tr->red);
 	tr->t_comm += rl_now() - t0;
@@ -132,7 +134,8 @@ rli_zero2_grad_ready(void *ctx, size_t from)
 	int rv;
 
 	rli_dp_grads_resident(tr);
-	if ((rv = rl_comm_reducer_ready(tr->red, from)) != 0)
+	/* ZeRO-3: the ring is the prefetch's until it is done */
+	if ((rv = rli_zero3_join(tr)) != 0 || (rv = rl_comm_reducer_ready(tr->red, from)) != 0)
 		return rv;
 	double t0 = rl_now();
 	rv = rl_comm_reducer_drain(tr->red, ZERO2_INFLIGHT);
@@ -235,41 +238,114 @@ rli_dp_params_resident(trainer *tr)
 	tr->pres_peak = RL_MAX(tr->pres_peak, b);
 }
 
-void
-rli_zero3_release(trainer *tr)
+/* The unit's ranges of m->params from the shards. */
+static int
+gather_unit(trainer *tr, int u)
+{
+	size_t r[2][2];
+	int rv = RL_OK;
+
+	for (int k = 0, n = unit_ranges(tr->m, u, r); rv == 0 && k < n; k++)
+		rv = gather_range(tr, r[k][0], r[k][1]);
+	return rv;
+}
+
+static void
+release_unit(trainer *tr, int u)
 {
 	size_t r[2][2];
 
-	if (!tr->zp)
-		return;
-	if (tr->z3_unit == -2) {
+	if (u == -2)
 		release_host(tr->m->params, tr->m->tt.total);
-	} else if (tr->z3_unit >= 0) {
-		for (int k = 0, n = unit_ranges(tr->m, tr->z3_unit, r); k < n; k++)
+	else if (u >= 0)
+		for (int k = 0, n = unit_ranges(tr->m, u, r); k < n; k++)
 			release_host(tr->m->params + r[k][0], r[k][1] - r[k][0]);
+}
+
+static void *
+prefetch_main(void *arg)
+{
+	trainer *tr = arg;
+
+	tr->z3_pfrv = gather_unit(tr, tr->z3_pf);
+	return NULL;
+}
+
+/* Waits for the prefetch in flight: the communicator is the caller's
+ * again, and the prefetched unit is in m->params (or its error returned).
+ * Every release and every other collective comes after one of these, so
+ * the thread never shares the ring or a page being given back. */
+static int
+prefetch_join(trainer *tr)
+{
+	if (tr->z3_busy) {
+		double t0 = rl_now();
+		pthread_join(tr->z3_th, NULL);
+		tr->z3_busy = 0;
+		t0 = rl_now() - t0; /* the part of the gather the compute did not hide */
+		tr->t_comm += t0;
+		tr->t_model -= t0;
 	}
-	tr->z3_unit = -1;
+	return tr->z3_pfrv;
 }
 
 int
-rli_zero3_param_need(void *ctx, int unit)
+rli_zero3_join(trainer *tr)
+{
+	return tr->zp ? prefetch_join(tr) : RL_OK;
+}
+
+void
+rli_zero3_release(trainer *tr)
+{
+	if (!tr->zp)
+		return;
+	prefetch_join(tr);
+	if (tr->z3_pf != tr->z3_unit)
+		release_unit(tr, tr->z3_pf);
+	release_unit(tr, tr->z3_unit);
+	tr->z3_unit = tr->z3_pf = -1;
+}
+
+/* A unit is resident as the current one (z3_unit) or the prefetched one
+ * (z3_pf); the ranks all call this with the same (unit, next), so they
+ * start the same gathers in the same order.  The only units sharing
+ * elements are the embedding and a tied head, never current and prefetched
+ * at once (the head is prefetched from the last layer). */
+int
+rli_zero3_param_need(void *ctx, int unit, int next)
 {
 	trainer *tr = ctx;
-	size_t r[2][2];
-	double t0 = rl_now();
-	int rv = RL_OK;
+	double t0;
+	int rv;
 
-	rli_zero3_release(tr);
-	for (int k = 0, n = unit_ranges(tr->m, unit, r); rv == 0 && k < n; k++)
-		rv = gather_range(tr, r[k][0], r[k][1]);
-	if (rv != 0)
+	if ((rv = prefetch_join(tr)) != 0)
 		return rv;
+	rli_dp_params_resident(tr); /* the peak: the current and the prefetched unit beside the shard */
+	if (unit != tr->z3_unit)
+		release_unit(tr, tr->z3_unit);
+	if (tr->z3_pf >= 0 && tr->z3_pf != unit)
+		release_unit(tr, tr->z3_pf); /* not what came: given back */
+	if (unit != tr->z3_unit && unit != tr->z3_pf) {
+		t0 = rl_now();
+		if ((rv = gather_unit(tr, unit)) != 0)
+			return rv;
+		t0 = rl_now() - t0; /* inside a pass: communication, not model time */
+		tr->t_comm += t0;
+		tr->t_model -= t0;
+	}
 	tr->z3_unit = unit;
-	rli_dp_params_resident(tr); /* the peak: a unit gathered beside the shard */
-	t0 = rl_now() - t0; /* inside a pass: communication, not model time */
-	tr->t_comm += t0;
-	tr->t_model -= t0;
-	return RL_OK;
+	tr->z3_pf = -1;
+	rli_dp_params_resident(tr);
+	if (next < 0 || next == unit || tr->o->zero3_no_prefetch)
+		return RL_OK;
+	tr->z3_pf = next;
+	tr->z3_pfrv = RL_OK;
+	if (pthread_create(&tr->z3_th, NULL, prefetch_main, tr) == 0) {
+		tr->z3_busy = 1;
+		return RL_OK;
+	}
+	return gather_unit(tr, next); /* no thread: gathered now */
 }
 
 int
@@ -297,15 +373,15 @@ rli_zero3_idle_pass(trainer *tr, int backward)
 	int rv = RL_OK;
 
 	for (int u = 0; rv == 0 && u <= L + 1; u++)
-		rv = rli_zero3_param_need(tr, u);
+		rv = rli_zero3_param_need(tr, u, u <= L ? u + 1 : -1);
 	if (rv != 0 || !backward)
 		goto out;
-	if ((rv = rli_zero3_param_need(tr, L + 1)) != 0)
+	if ((rv = rli_zero3_param_need(tr, L + 1, L)) != 0)
 		goto out;
 	if (m->grad_ready && (rv = m->grad_ready(m->grad_ready_ctx, m->tt.t[m->lnf_w].off)) != 0)
 		goto out;
 	for (int l = L - 1; rv == 0 && l >= 0; l--)
-		if ((rv = rli_zero3_param_need(tr, 1 + l)) == 0 && m->grad_ready)
+		if ((rv = rli_zero3_param_need(tr, 1 + l, l > 0 ? l : -1)) == 0 && m->grad_ready)
 			rv = m->grad_ready(m->grad_ready_ctx, m->tt.t[m->layer[l].ln1_w].off);
 	if (rv == 0 && m->grad_ready)
 		rv = m->grad_ready(m->grad_ready_ctx, 0);
@@ -376,7 +452,7 @@ zero_open(trainer *tr)
 			return rv;
 		o->copy(o, tr->zp, m->params + tr->zlo, n * sizeof(float));
 		release_host(m->params, m->tt.total);
-		tr->z3_unit = -1;
+		tr->z3_unit = tr->z3_pf = -1;
 		m->param_need = rli_zero3_param_need;
 		m->param_need_ctx = tr;
 	}
@@ -418,7 +494,8 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 
 	/* the caller counts this call as model time: the communication is t_comm's;
 	 * ZeRO-2's gradients are reduced already, in the shard's own buffer */
-	if ((rv = o->sync(o)) != 0 || (tr->zero == 1 && (rv = rl_comm_reduce_scatter(tr->comm, m->grads, total)) != 0))
+	if ((rv = o->sync(o)) != 0 || (rv = rli_zero3_join(tr)) != 0 ||
+	    (tr->zero == 1 && (rv = rl_comm_reduce_scatter(tr->comm, m->grads, total)) != 0))
 		return rv;
 	tc = rl_now() - t0;
 	float *g = tr->zero >= 2 ? tr->zg - lo : m->grads; /* g[e]: element e's gradient, e in [lo, hi) */

@@ -12,6 +12,7 @@
 #ifndef RL_TRAINER_H
 #define RL_TRAINER_H
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -154,6 +155,9 @@ typedef struct trainer {
 	float *zp;               /* ZeRO-3: (zhi - zlo) f32 master weights of the shard; m->params is
 	                          * scratch holding the unit being computed (z3_unit, -1 none) */
 	int z3_unit;
+	int z3_pf, z3_busy, z3_pfrv; /* ZeRO-3's prefetch: the unit gathered (or being gathered) on
+	                          * z3_th for the next param_need (-1 none), its result */
+	pthread_t z3_th;
 	double pres_peak;        /* bytes of parameters resident at most this step (ZeRO-3) */
 	double gres_peak;        /* bytes of gradients resident at most this step (rli_dp_grads_resident) */
 	char *opt_dir;           /* --resume from sharded AdamW state: the directory each shard reads */
@@ -287,10 +291,11 @@ int rli_zero2_grad_ready(void *ctx, size_t from);
  * the host buffers; 0 on a device). */
 void rli_dp_grads_resident(trainer *tr);
 int rli_zero_full_alloc(trainer *tr);
-/* ZeRO-3 (dp.c): m->param_need of every pass (ctx: the trainer): gathers
- * the unit's parameters from the shards, gives the previous unit's pages
- * back. */
-int rli_zero3_param_need(void *ctx, int unit);
+/* ZeRO-3 (dp.c): m->param_need of every pass (ctx: the trainer): the
+ * unit's parameters from the shards (prefetched when the last call named
+ * it), the previous unit's pages given back, the gather of `next` started
+ * on a thread. */
+int rli_zero3_param_need(void *ctx, int unit, int next);
 /* ZeRO-3: the gathers (and, with backward, the gradient hand-overs) of a
  * forward or forward + backward pass, without computing: a rank out of
  * micro-batches in a round takes part in the others' collectives. */
@@ -299,6 +304,8 @@ int rli_zero3_idle_pass(trainer *tr, int backward);
  * publishing), and given back again. */
 int rli_zero3_gather_all(trainer *tr);
 void rli_zero3_release(trainer *tr);
+/* ZeRO-3: waits for the prefetch in flight (before any other collective). */
+int rli_zero3_join(trainer *tr);
 /* The parameter memory resident now (mincore of m->params and the shard)
  * into tr->pres_peak. */
 void rli_dp_params_resident(trainer *tr);
