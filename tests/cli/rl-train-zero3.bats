@@ -10,7 +10,9 @@
 #   the whole table for --zero 2;
 # - the checkpoint is one gathered model directory plus the optimizer shards:
 #   resumed on 1 rank without ZeRO, the same as 3 steps of 1 rank;
-# - --zero 3 with LoRA and on --device cuda is refused.
+# - a rank killed mid-run stops the other at once (exit 1);
+# - --zero 3 with LoRA is refused.  (--device cuda is refused by the check
+#   --zero 2 shares, in rli_dp_reducer_open; not run here: it needs a GPU.)
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
@@ -160,6 +162,27 @@ PY
 	[ "$(readlink "$TD/r2/latest")" = step-00000003 ]
 	run -0 close "$TD/r2/latest/model.safetensors" "$TD/r1/latest/model.safetensors"
 	run -0 close "$TD/r2/latest/optimizer.safetensors" "$TD/r1/latest/optimizer.safetensors" 1e-7 1e-2
+}
+
+@test "ZeRO-3: a rank killed while training stops the other at once, exit 1, no crash" {
+	# 100 steps on the 8-layer model: the kill lands inside the passes, where
+	# gathers (and prefetches on their thread) are in flight
+	python3 tests/fixtures/train/mkscored.py 400 4 0 > "$TD/long.jsonl"
+	for r in 1 0; do
+		rl-train -q -m "$TD/big/m0" --out "$TD/kz" --rank $r --world 2 --rendezvous "127.0.0.1:$PORT" --zero 3 \
+		    --batch 4 --max-tokens-per-micro 40 --metrics /dev/null "$TD/long.jsonl" 3>&- 2>"$TD/kz.err.$r" &
+		eval "r$r=\$!"
+		PIDS="$PIDS $!"
+	done
+	sleep 3
+	kill -0 "$r0"   # still training
+	kill -9 "$r1"
+	start=$SECONDS
+	rc0=0; wait "$r0" || rc0=$?
+	cat "$TD/kz.err.0"
+	[ $rc0 = 1 ]
+	[ $((SECONDS - start)) -lt 15 ]   # RL_COMM_TIMEOUT is 60 s: this is the dropped connection
+	grep -q "rank 1" "$TD/kz.err.0"
 }
 
 @test "--zero 3 with LoRA is refused clearly" {
