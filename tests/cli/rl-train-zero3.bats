@@ -10,6 +10,7 @@
 #   the whole table for --zero 2;
 # - the checkpoint is one gathered model directory plus the optimizer shards:
 #   resumed on 1 rank without ZeRO, the same as 3 steps of 1 rank;
+# - queue mode (rank 0 leasing) trains the steps of the file;
 # - a rank killed mid-run stops the other at once (exit 1);
 # - --zero 3 with LoRA is refused.  (--device cuda is refused by the check
 #   --zero 2 shares, in rli_dp_reducer_open; not run here: it needs a GPU.)
@@ -162,6 +163,24 @@ PY
 	[ "$(readlink "$TD/r2/latest")" = step-00000003 ]
 	run -0 close "$TD/r2/latest/model.safetensors" "$TD/r1/latest/model.safetensors"
 	run -0 close "$TD/r2/latest/optimizer.safetensors" "$TD/r1/latest/optimizer.safetensors" 1e-7 1e-2
+}
+
+@test "ZeRO-3 in queue mode: 2 ranks, rank 0 leasing, train the steps of 1 rank on the file" {
+	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' rl-queue serve -q -l tcp://127.0.0.1:@PORT@ -k 100
+	QURL="tcp://127.0.0.1:$DPORT"
+	rl-queue put -q -s scored "$QURL" "$TD/s.jsonl"
+	args=(--batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.01)
+	rl-train -q -m "$TD/m0" --out "$TD/u1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/u2" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" --zero 3 \
+	    --queue "$QURL" "${args[@]}" 3>&- 2>"$TD/u2.err.1" &
+	r1=$!
+	PIDS="$PIDS $r1"
+	run -0 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/u2" --rank 0 --world 2 --rendezvous \
+	    "127.0.0.1:$PORT" --zero 3 --queue "$QURL" --idle-exit 1 --metrics "$TD/u2.metrics" "${args[@]}"
+	wait "$r1"
+	[ "$(readlink "$TD/u2/latest")" = step-00000003 ]
+	run -0 close "$TD/u2/latest/model.safetensors" "$TD/u1/latest/model.safetensors"
+	rl-queue stat "$QURL" | grep -q '^done 48 '
 }
 
 @test "ZeRO-3: a rank killed while training stops the other at once, exit 1, no crash" {
