@@ -152,6 +152,18 @@ for f, n in zip(sys.argv[2:], (2, 4)):
         print(f, n, round(r, 3))
         assert 1.0 / n < r < 1.0 / n + 0.3, (f, n, r)
 PY
+	# rl-train --plan's ZeRO-3 weights (the shard plus two layers) are what
+	# was measured, within the partial pages at the units' ends (2.5% here)
+	for w in 2 4; do
+		p=$(rl-train --plan=json -m "$TD/big/m0" --world $w --zero 3 | jq .weights_bytes)
+		python3 - "$TD/q${w}3.metrics.0" "$p" <<'PY'
+import json, sys
+plan = float(sys.argv[2])
+for l in open(sys.argv[1]):
+    got = json.loads(l)["memory/params_resident_mb"] * (1 << 20)
+    assert abs(got - plan) <= 0.1 * plan, (got, plan)
+PY
+	done
 }
 
 @test "ZeRO-3 checkpoint: 2 ranks -> 1 rank without ZeRO = 3 steps of 1 rank" {
