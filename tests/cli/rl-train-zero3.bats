@@ -2,8 +2,8 @@
 # rl-train --zero 3 on the CPU backend (several processes on 127.0.0.1):
 # - 2 and 4 ranks give the losses and weights of 1 rank without ZeRO, for
 #   GRPO (micro-batches, mini-batches, epochs: π_old recomputed per share),
-#   PPO (value head, --recompute) and DPO with a rank a micro-batch short
-#   (its rounds only gather);
+#   PPO (value head, --recompute) and DPO with a rank a micro-batch short (its
+#   rounds only gather; 2 ranks);
 # - with and without the prefetch of the next unit, bitwise ZeRO-2's weights;
 # - each rank's parameter memory, measured from its resident pages, is about
 #   its shard plus the unit being computed and the one prefetched, against
@@ -96,15 +96,19 @@ PY
 	run -1 close "$TD/g4/step-00000002/model.safetensors" "$TD/g1/latest/model.safetensors"
 }
 
-@test "ZeRO-3, PPO (value head) with --recompute: 2 ranks = 1 rank, = ZeRO-2 bitwise" {
+@test "ZeRO-3, PPO (value head) with --recompute: 2 and 4 ranks = 1 rank, = ZeRO-2 bitwise" {
 	args=(--algo ppo --batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.01 --dp-check-every 1 --recompute)
 	rl-train -q -m "$TD/m0" --out "$TD/p1" --metrics "$TD/p1.m" "${args[@]}" "$TD/s.jsonl"
 	train_world 2 "$TD/p2" --zero 3 "${args[@]}"
 	PORT=$(free_port)
 	train_world 2 "$TD/p3" --zero 2 "${args[@]}"
+	PORT=$(free_port)
+	train_world 4 "$TD/p4" --zero 3 "${args[@]}"
 	cmp "$TD/p2/latest/model.safetensors" "$TD/p3/latest/model.safetensors"
-	run -0 close "$TD/p2/latest/model.safetensors" "$TD/p1/latest/model.safetensors"
-	run -0 same_losses "$TD/p1.m" "$TD/p2.metrics.0"
+	for w in 2 4; do
+		run -0 close "$TD/p$w/latest/model.safetensors" "$TD/p1/latest/model.safetensors"
+		run -0 same_losses "$TD/p1.m" "$TD/p$w.metrics.0"
+	done
 	grep -q '"critic/vf_loss"' "$TD/p2.metrics.0"
 }
 
