@@ -1,13 +1,16 @@
 #!/bin/sh
 # bench/zero.sh [STEPS] [WORLD] [REPEAT] — rl-train's ZeRO stages on CPU ranks at the
-# same batch: plain data parallelism (--zero 0), ZeRO-1 and ZeRO-2, each REPEAT
+# same batch: plain data parallelism (--zero 0), ZeRO-1, ZeRO-2 and ZeRO-3 (the
+# stages in ZEROS, default "0 1 2 3"; "3n": ZeRO-3 with --no-prefetch), each REPEAT
 # times in turn (the machine is shared: interleaving spreads its load over all).
 # Per run, rank 0's means over the steps after the first (warm-up):
-#   {"bench":"zero","zero":Z,"world":W,"run":i,"steps":S,"micro_per_rank":k (8 sequences
+#   {"bench":"zero","zero":Z,"prefetch":P (ZeRO-3),"world":W,"run":i,"steps":S,"micro_per_rank":k (8 sequences
 #    of 64 tokens over W ranks, 2 a micro-batch),
 #    "step_s":timing_s/update_actor,"comm_wait_s":timing_s/allreduce,
 #    "grads_resident_mb":memory/grads_resident_mb (measured, peak of the step),
-#    "grads_mb":the full gradient buffer,"optimizer_state_mb","max_rss_mb"}
+#    "grads_mb":the full gradient buffer,"optimizer_state_mb","max_rss_mb",
+#    "params_resident_mb":memory/params_resident_mb (measured, peak of the step; ZeRO-3's
+#    shard plus the unit gathered),"weights_mb":the full parameter table}
 # Model: bench/parallel-train.sh's ~11M-parameter Qwen2 (44 MB of f32
 # gradients, tied embeddings); a step is 2 groups of 4 sequences of 16 + 48
 # tokens, micro-batches of 128 tokens, so each of 2 ranks runs 2 micro-batches
@@ -48,30 +51,36 @@ port=$((21000 + $$ % 5000))
 args="--batch 2 --lr 1e-4 --keep 1 --max-tokens-per-micro 128 --bucket-mb ${BUCKET_MB:-4}"
 run() {   # run ZERO RUN
 	port=$((port + 1))
+	z=${1%n}
+	extra=""
+	[ "$z" = "$1" ] || extra="--no-prefetch"
 	rm -rf "$d/ck"
 	for r in $(seq 1 $((world - 1))); do
 		OMP_NUM_THREADS=1 rl-train -q -m "$d/m0" --out "$d/ck" --rank "$r" --world "$world" \
-		    --rendezvous "127.0.0.1:$port" --zero "$1" $args "$d/scored.jsonl" &
+		    --rendezvous "127.0.0.1:$port" --zero "$z" $extra $args "$d/scored.jsonl" &
 		pids="$pids $!"
 	done
 	OMP_NUM_THREADS=1 rl-train -q -m "$d/m0" --out "$d/ck" --rank 0 --world "$world" \
-	    --rendezvous "127.0.0.1:$port" --zero "$1" $args --metrics "$d/m.jsonl" "$d/scored.jsonl"
+	    --rendezvous "127.0.0.1:$port" --zero "$z" $extra $args --metrics "$d/m.jsonl" "$d/scored.jsonl"
 	wait
-	python3 - "$d/m.jsonl" "$world" "$1" "$2" <<'PY'
+	python3 - "$d/m.jsonl" "$world" "$z" "$2" "$extra" <<'PY'
 import json, sys
 ms = [json.loads(l) for l in open(sys.argv[1])][1:]
 def mean(k):
     v = [m[k] for m in ms if m.get(k) is not None]
     return round(sum(v) / len(v), 4) if v else None
-print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "world": int(sys.argv[2]), "run": int(sys.argv[4]),
+print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys.argv[3]) == 3 and not sys.argv[5],
+    "world": int(sys.argv[2]), "run": int(sys.argv[4]),
     "steps": len(ms), "micro_per_rank": max(1, 8 // int(sys.argv[2]) // 2), "step_s": mean("timing_s/update_actor"),
     "comm_wait_s": mean("timing_s/allreduce"), "grads_resident_mb": round(max(m["memory/grads_resident_mb"] for m in ms), 1),
     "grads_mb": round(ms[-1]["memory/grads_mb"], 1), "optimizer_state_mb": round(ms[-1]["memory/optimizer_state_mb"], 1),
-    "max_rss_mb": round(ms[-1]["memory/max_rss_mb"], 1)}))
+    "max_rss_mb": round(ms[-1]["memory/max_rss_mb"], 1),
+    "params_resident_mb": round(max(m.get("memory/params_resident_mb", 0) for m in ms), 1),
+    "weights_mb": round(ms[-1]["memory/weights_mb"], 1)}))
 PY
 }
 for i in $(seq 1 "$repeat"); do
-	for z in 0 1 2; do
+	for z in ${ZEROS:-0 1 2 3}; do
 		run "$z" "$i"
 	done
 done

@@ -106,6 +106,17 @@ struct rl_model {
 	 * queued on the backend, not necessarily done.  Non-zero fails the pass. */
 	int (*grad_ready)(void *ctx, size_t from);
 	void *grad_ready_ctx;
+	/* Optional (ZeRO-3: parameters sharded): called before the weights of a
+	 * unit are read, unit 0 the embedding, 1 + l layer l, n_layer + 1 the head
+	 * (final norm, lm_head, value head): in rl_model_forward before each, in
+	 * the backward before the head and at the start of each layer (before
+	 * --recompute's forward of it).  The embedding's backward reads no
+	 * weights.  next: the unit this pass reads after this one (-1: none, or
+	 * not known: the forward's head may be followed by a backward or not).
+	 * The caller makes the unit's m->params valid (f32 backend: m->w ==
+	 * m->params).  Non-zero fails the pass. */
+	int (*param_need)(void *ctx, int unit, int next);
+	void *param_need_ctx;
 	/* rl_model_decode_sample: 1 runs every step op by op (no backend graphs) */
 	int no_graph;
 	/* rl_model_decode_sample: a step's key (batch rows, greedy split, sampling, cache,

@@ -389,6 +389,13 @@ layer_fwd(rl_model *m, int l)
 		rli_lora_fwd(m, l, RLI_LORA_DOWN, h, res_out, N);
 }
 
+/* m->param_need: the weights of unit u are about to be read. */
+static int
+need(rl_model *m, int u, int next)
+{
+	return m->param_need ? m->param_need(m->param_need_ctx, u, next) : RL_OK;
+}
+
 int
 rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const int32_t *tgt,
     const int32_t *seg, const int32_t *pos, int B, int T, float temperature)
@@ -432,11 +439,18 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 		m->lora->pass += m->lora->drop;
 	}
 
+	if ((rv = need(m, 0, 1)) != 0)
+		return rv;
 	o->embed_fwd(o, a->res, a->tok, a->pos, W(m, m->wte), W(m, m->wpe), N, C);
 	if (c->gemma)
 		rli_gemma_embed_scale(m, a->res, N);
-	for (int l = 0; l < c->n_layer; l++)
+	for (int l = 0; l < c->n_layer; l++) {
+		if ((rv = need(m, 1 + l, 2 + l)) != 0)
+			return rv;
 		layer_fwd(m, l);
+	}
+	if ((rv = need(m, c->n_layer + 1, -1)) != 0)
+		return rv;
 	rli_model_norm_fwd(m, a->lnf, a->lnf_mean, a->lnf_rstd, at(a->res, (size_t)c->n_layer * sN * C, s),
 	    m->lnf_w, m->lnf_b, N);
 	/* a reward model scoring (no gradients): the scores are all it needs, the
@@ -512,6 +526,8 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 	const size_t s = asz(m), NC = (size_t)N * C, sN = (size_t)a->maxN;
 	const int32_t *dseg = a->has_seg ? a->seg : NULL;
 
+	if ((rv = need(m, c->n_layer + 1, c->n_layer)) != 0)
+		return rv;
 	/* lm_head + log-prob, recomputed chunk by chunk: dlnf (in dx) and dW_lm */
 	for (int r0 = 0; r0 < N; r0 += a->chunk) {
 		int n = RL_MIN(a->chunk, N - r0);
@@ -557,6 +573,8 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		const float *lse = a->lse + k * sN * NH;
 		void *dq;
 
+		if ((rv = need(m, 1 + l, l > 0 ? l : -1)) != 0)
+			return rv;
 		/* recompute: this layer's activations again, from its saved input res[l]
 		 * (slot 0 holds the last layer's from the forward) */
 		if (a->recompute && l != c->n_layer - 1)

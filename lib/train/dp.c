@@ -8,10 +8,15 @@
  * given back), and the checks that the ranks stay in step (the same groups
  * per step, bitwise equal weights).
  * Leaves out: the communicator itself (compute/comm.h), the passing of queue
- * leases from rank 0 (feed.c), ZeRO-3 (parameters sharded), ZeRO-2 on device
- * memory (the pages given back are host pages).
+ * leases from rank 0 (feed.c), ZeRO-2 and ZeRO-3 on device memory (the
+ * pages given back are host pages), ZeRO-3's reduce-scatter overlapped with
+ * the backward pass (it runs at the layer boundaries, after the prefetch).
+ * ZeRO-3: the parameters sharded too, each unit (embedding, layer, head)
+ * gathered before it is computed (the next one on a thread meanwhile) and
+ * given back after.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -32,7 +37,7 @@ rli_dp_allreduce_grads(trainer *tr)
 	double t0 = rl_now();
 	int rv;
 
-	if ((rv = tr->ops->sync(tr->ops)) != 0)
+	if ((rv = tr->ops->sync(tr->ops)) != 0 || (rv = rli_zero3_join(tr)) != 0)
 		return rv;
 	rv = rl_comm_reducer_wait(tr->red);
 	tr->t_comm += rl_now() - t0;
@@ -129,7 +134,8 @@ rli_zero2_grad_ready(void *ctx, size_t from)
 	int rv;
 
 	rli_dp_grads_resident(tr);
-	if ((rv = rl_comm_reducer_ready(tr->red, from)) != 0)
+	/* ZeRO-3: the ring is the prefetch's until it is done */
+	if ((rv = rli_zero3_join(tr)) != 0 || (rv = rl_comm_reducer_ready(tr->red, from)) != 0)
 		return rv;
 	double t0 = rl_now();
 	rv = rl_comm_reducer_drain(tr->red, ZERO2_INFLIGHT);
@@ -146,20 +152,241 @@ rli_dp_reducer_open(trainer *tr)
 	size_t bucket = (size_t)(tr->o->dp_bucket_mb * (1 << 20)) / sizeof(float);
 	int rv;
 
+	/* ZeRO-3's gathers run on the main thread between the buckets: one thread
+	 * for every collective keeps one order on every rank */
 	if ((rv = rl_comm_reducer_create(&tr->red, tr->comm, tr->m->grads, total, bucket ? bucket : total,
-	    tr->o->dp_overlap)) != 0)
+	    tr->o->dp_overlap && tr->o->zero != 3)) != 0)
 		return rv;
-	if (tr->o->zero == 2 && tr->ops->device >= 0) {
-		rl_error("--zero 2 runs on the CPU backend only (it gives the gradient buffer's host pages back)");
+	if (tr->o->zero >= 2 && tr->ops->device >= 0) {
+		rl_error("--zero %d runs on the CPU backend only (it gives host pages back)", tr->o->zero);
 		rl_hint("use --zero 1 on --device cuda");
 		return RL_ENOTSUP;
 	}
-	if (tr->o->zero == 2 && (rv = rl_comm_reducer_scatter(tr->red, zero2_bucket_done, tr)) != 0)
+	if (tr->o->zero >= 2 && (rv = rl_comm_reducer_scatter(tr->red, zero2_bucket_done, tr)) != 0)
 		return rv;
 	rl_verbose("gradient all-reduce: %zu buckets of %g MiB, %s", (total + bucket - 1) / (bucket ? bucket : total),
 	    tr->o->dp_bucket_mb, rl_comm_reducer_overlaps(tr->red) ? "overlapped with the backward pass" :
 	    "after the backward pass");
 	return RL_OK;
+}
+
+/* ---- ZeRO-3: parameters sharded ------------------------------------------------------- */
+
+/* The element ranges of unit u (model.h, param_need): the embedding, layer
+ * l from its first tensor (ln1_w) to the next layer's, the head from the
+ * final norm to the end of the table, with a tied lm_head the embedding's
+ * wte too.  The table is in that order (model.c). */
+static int
+unit_ranges(const rl_model *m, int u, size_t r[2][2])
+{
+	const int L = m->cfg.n_layer;
+	const rl_tensor *t = m->tt.t;
+	size_t head = t[m->lnf_w].off;
+
+	if (u == 0) {
+		r[0][0] = 0;
+		r[0][1] = t[m->layer[0].ln1_w].off;
+		return 1;
+	}
+	if (u <= L) {
+		r[0][0] = t[m->layer[u - 1].ln1_w].off;
+		r[0][1] = u < L ? t[m->layer[u].ln1_w].off : head;
+		return 1;
+	}
+	r[0][0] = head;
+	r[0][1] = m->tt.total;
+	if (m->lm_w != m->wte)
+		return 1;
+	r[1][0] = t[m->wte].off;
+	r[1][1] = t[m->wte].off + t[m->wte].n;
+	return 2;
+}
+
+/* m->params[lo, hi) from the shards that hold it: each owner copies its
+ * part from its master shard and broadcasts it, in rank order (every rank
+ * computes the same owners). */
+static int
+gather_range(trainer *tr, size_t lo, size_t hi)
+{
+	float *p = tr->m->params;
+	int rv;
+
+	for (int r = 0; r < tr->world; r++) {
+		size_t slo, shi;
+		rl_comm_shard(tr->comm, tr->m->tt.total, r, &slo, &shi);
+		size_t a = RL_MAX(lo, slo), b = RL_MIN(hi, shi);
+		if (a >= b)
+			continue;
+		if (r == tr->rank)
+			memcpy(p + a, tr->zp + (a - tr->zlo), (b - a) * sizeof(float));
+		if ((rv = rl_comm_broadcast(tr->comm, p + a, (b - a) * sizeof(float), r)) != 0)
+			return rv;
+	}
+	return RL_OK;
+}
+
+void
+rli_dp_params_resident(trainer *tr)
+{
+	double b = 0;
+
+	if (tr->ops->device < 0) {
+		b = resident_bytes(tr->m->params, tr->m->tt.total * sizeof(float));
+		if (tr->zp)
+			b += resident_bytes(tr->zp, (tr->zhi - tr->zlo) * sizeof(float));
+	}
+	tr->pres_peak = RL_MAX(tr->pres_peak, b);
+}
+
+/* The unit's ranges of m->params from the shards. */
+static int
+gather_unit(trainer *tr, int u)
+{
+	size_t r[2][2];
+	int rv = RL_OK;
+
+	for (int k = 0, n = unit_ranges(tr->m, u, r); rv == 0 && k < n; k++)
+		rv = gather_range(tr, r[k][0], r[k][1]);
+	return rv;
+}
+
+static void
+release_unit(trainer *tr, int u)
+{
+	size_t r[2][2];
+
+	if (u == -2)
+		release_host(tr->m->params, tr->m->tt.total);
+	else if (u >= 0)
+		for (int k = 0, n = unit_ranges(tr->m, u, r); k < n; k++)
+			release_host(tr->m->params + r[k][0], r[k][1] - r[k][0]);
+}
+
+static void *
+prefetch_main(void *arg)
+{
+	trainer *tr = arg;
+
+	tr->z3_pfrv = gather_unit(tr, tr->z3_pf);
+	return NULL;
+}
+
+/* Waits for the prefetch in flight: the communicator is the caller's
+ * again, and the prefetched unit is in m->params (or its error returned).
+ * Every release and every other collective comes after one of these, so
+ * the thread never shares the ring or a page being given back. */
+static int
+prefetch_join(trainer *tr)
+{
+	if (tr->z3_busy) {
+		double t0 = rl_now();
+		pthread_join(tr->z3_th, NULL);
+		tr->z3_busy = 0;
+		t0 = rl_now() - t0; /* the part of the gather the compute did not hide */
+		tr->t_comm += t0;
+		tr->t_model -= t0;
+	}
+	return tr->z3_pfrv;
+}
+
+int
+rli_zero3_join(trainer *tr)
+{
+	return tr->zp ? prefetch_join(tr) : RL_OK;
+}
+
+void
+rli_zero3_release(trainer *tr)
+{
+	if (!tr->zp)
+		return;
+	prefetch_join(tr);
+	if (tr->z3_pf != tr->z3_unit)
+		release_unit(tr, tr->z3_pf);
+	release_unit(tr, tr->z3_unit);
+	tr->z3_unit = tr->z3_pf = -1;
+}
+
+/* A unit is resident as the current one (z3_unit) or the prefetched one
+ * (z3_pf); the ranks all call this with the same (unit, next), so they
+ * start the same gathers in the same order.  The only units sharing
+ * elements are the embedding and a tied head, never current and prefetched
+ * at once (the head is prefetched from the last layer). */
+int
+rli_zero3_param_need(void *ctx, int unit, int next)
+{
+	trainer *tr = ctx;
+	double t0;
+	int rv;
+
+	if ((rv = prefetch_join(tr)) != 0)
+		return rv;
+	rli_dp_params_resident(tr); /* the peak: the current and the prefetched unit beside the shard */
+	if (unit != tr->z3_unit)
+		release_unit(tr, tr->z3_unit);
+	if (tr->z3_pf >= 0 && tr->z3_pf != unit)
+		release_unit(tr, tr->z3_pf); /* not what came: given back */
+	if (unit != tr->z3_unit && unit != tr->z3_pf) {
+		t0 = rl_now();
+		if ((rv = gather_unit(tr, unit)) != 0)
+			return rv;
+		t0 = rl_now() - t0; /* inside a pass: communication, not model time */
+		tr->t_comm += t0;
+		tr->t_model -= t0;
+	}
+	tr->z3_unit = unit;
+	tr->z3_pf = -1;
+	rli_dp_params_resident(tr);
+	if (next < 0 || next == unit || tr->o->zero3_no_prefetch)
+		return RL_OK;
+	tr->z3_pf = next;
+	tr->z3_pfrv = RL_OK;
+	if (pthread_create(&tr->z3_th, NULL, prefetch_main, tr) == 0) {
+		tr->z3_busy = 1;
+		return RL_OK;
+	}
+	return gather_unit(tr, next); /* no thread: gathered now */
+}
+
+int
+rli_zero3_gather_all(trainer *tr)
+{
+	int rv;
+
+	if (!tr->zp)
+		return RL_OK;
+	rli_zero3_release(tr);
+	if ((rv = gather_range(tr, 0, tr->m->tt.total)) != 0)
+		return rv;
+	tr->z3_unit = -2; /* everything */
+	return RL_OK;
+}
+
+/* The hooks a pass calls, in its order, with nothing computed: the gathers
+ * of rl_model_forward, then those of the backward and its gradient
+ * hand-overs (grads_final's offsets; the idle rank's buffer is zeros). */
+int
+rli_zero3_idle_pass(trainer *tr, int backward)
+{
+	rl_model *m = tr->m;
+	const int L = m->cfg.n_layer;
+	int rv = RL_OK;
+
+	for (int u = 0; rv == 0 && u <= L + 1; u++)
+		rv = rli_zero3_param_need(tr, u, u <= L ? u + 1 : -1);
+	if (rv != 0 || !backward)
+		goto out;
+	if ((rv = rli_zero3_param_need(tr, L + 1, L)) != 0)
+		goto out;
+	if (m->grad_ready && (rv = m->grad_ready(m->grad_ready_ctx, m->tt.t[m->lnf_w].off)) != 0)
+		goto out;
+	for (int l = L - 1; rv == 0 && l >= 0; l--)
+		if ((rv = rli_zero3_param_need(tr, 1 + l, l > 0 ? l : -1)) == 0 && m->grad_ready)
+			rv = m->grad_ready(m->grad_ready_ctx, m->tt.t[m->layer[l].ln1_w].off);
+	if (rv == 0 && m->grad_ready)
+		rv = m->grad_ready(m->grad_ready_ctx, 0);
+out:
+	return rv;
 }
 
 /* ---- ZeRO-1 ----------------------------------------------------------------------------- */
@@ -212,12 +439,22 @@ zero_open(trainer *tr)
 		o->zero(o, tr->zm, n * sizeof(float));
 		o->zero(o, tr->zv, n * sizeof(float));
 	}
-	if (tr->o->zero == 2) {
+	if (tr->o->zero >= 2) {
 		/* the shard's gradients; the full buffer only as the backward's scratch */
 		if ((rv = o->alloc(o, (void **)&tr->zg, bytes)) != 0)
 			return rv;
 		o->zero(o, tr->zg, bytes);
 		release_host(m->grads, m->tt.total - m->goff);
+	}
+	if (tr->o->zero == 3) {
+		/* the shard's master weights; m->params only as the passes' scratch */
+		if ((rv = o->alloc(o, (void **)&tr->zp, bytes)) != 0)
+			return rv;
+		o->copy(o, tr->zp, m->params + tr->zlo, n * sizeof(float));
+		release_host(m->params, m->tt.total);
+		tr->z3_unit = tr->z3_pf = -1;
+		m->param_need = rli_zero3_param_need;
+		m->param_need_ctx = tr;
 	}
 	if ((rv = o->sync(o)) != 0)
 		return rv;
@@ -235,7 +472,7 @@ zero_open(trainer *tr)
 static void
 zero_clear_grads(trainer *tr)
 {
-	if (tr->zero == 2)
+	if (tr->zero >= 2)
 		tr->ops->zero(tr->ops, tr->zg, (tr->zhi - tr->zlo) * sizeof(float));
 	else
 		rl_model_zero_grad(tr->m);
@@ -257,10 +494,11 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 
 	/* the caller counts this call as model time: the communication is t_comm's;
 	 * ZeRO-2's gradients are reduced already, in the shard's own buffer */
-	if ((rv = o->sync(o)) != 0 || (tr->zero == 1 && (rv = rl_comm_reduce_scatter(tr->comm, m->grads, total)) != 0))
+	if ((rv = o->sync(o)) != 0 || (rv = rli_zero3_join(tr)) != 0 ||
+	    (tr->zero == 1 && (rv = rl_comm_reduce_scatter(tr->comm, m->grads, total)) != 0))
 		return rv;
 	tc = rl_now() - t0;
-	float *g = tr->zero == 2 ? tr->zg - lo : m->grads; /* g[e]: element e's gradient, e in [lo, hi) */
+	float *g = tr->zero >= 2 ? tr->zg - lo : m->grads; /* g[e]: element e's gradient, e in [lo, hi) */
 	ss = hi > lo ? o->sumsq(o, g + lo, hi - lo) : 0.0;
 	if ((rv = rl_comm_host_allreduce_f64(tr->comm, &ss, 1)) != 0)
 		return rv;
@@ -274,16 +512,19 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 	if (p->max_grad_norm > 0)
 		scale = (float)RL_MIN(1.0, p->max_grad_norm / (norm + 1e-6));
 	m->step++;
+	rli_zero3_release(tr); /* what m->params holds is about to be stale */
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
 		size_t a = RL_MAX(t->off, lo), b = RL_MIN(t->off + t->n, hi);
 		if (a >= b)
 			continue;
-		o->adamw(o, m->params + a, NULL, g + a, tr->zm + (a - lo), tr->zv + (a - lo), b - a,
+		o->adamw(o, tr->zp ? tr->zp + (a - lo) : m->params + a, NULL, g + a, tr->zm + (a - lo), tr->zv + (a - lo), b - a,
 		    rl_adamw_lr(p, t), p->beta1, p->beta2, p->eps,
 		    (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
 	}
 	zero_clear_grads(tr);
+	if (tr->zp) /* no all-gather: the next passes gather unit by unit */
+		return o->status(o);
 	t0 = rl_now();
 	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_allgather_shards(tr->comm, m->params, total)) != 0)
 		return rv;
@@ -376,6 +617,8 @@ rli_dp_check_weights(trainer *tr)
 	uint64_t mine, *all;
 	int rv;
 
+	if (tr->zp)
+		return RL_OK; /* ZeRO-3: each rank holds other weights; the gathers give all the same */
 	if ((rv = weights_hash(tr, &mine)) != 0)
 		return rv;
 	if (!(all = rl_try_malloc(sizeof *all * (size_t)tr->world, "checksums")))

@@ -191,6 +191,12 @@ memory_metrics(cJSON *j, trainer *tr, int step)
 	if (tr->gres_peak > 0)
 		metric(j, tr, step, "memory/grads_resident_mb", tr->gres_peak / (1 << 20));
 	tr->gres_peak = 0;
+	/* measured: the parameters' resident pages at their peak this step (ZeRO-3
+	 * samples at each gather; otherwise the whole table as it stands) */
+	rli_dp_params_resident(tr);
+	if (tr->pres_peak > 0)
+		metric(j, tr, step, "memory/params_resident_mb", tr->pres_peak / (1 << 20));
+	tr->pres_peak = 0;
 	long pages = 0;
 	FILE *f = fopen("/proc/self/statm", "r");
 	if (f && fscanf(f, "%*s %ld", &pages) == 1)

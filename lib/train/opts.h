@@ -99,7 +99,9 @@ typedef struct rl_train_opts {
 	int dp_check_every;        /* compare a parameter checksum across ranks every N steps (0: at the end only) */
 	double dp_bucket_mb;       /* gradient all-reduce bucket (MiB; default 25) */
 	int dp_overlap;            /* all-reduce buckets while the backward pass goes on (1) */
-	int zero;                  /* ZeRO stage: 1 AdamW state sharded across the ranks, 2 gradients too (0 off) */
+	int zero;                  /* ZeRO stage: 1 AdamW state sharded across the ranks, 2 gradients too,
+	                            * 3 parameters too (0 off) */
+	int zero3_no_prefetch;     /* ZeRO-3: each unit gathered when needed, none ahead */
 	/* LoRA (model/lora.h, docs/lora.md): adapters trained on the frozen policy */
 	int lora_rank;             /* 0: full fine-tuning */
 	float lora_alpha;          /* scaling alpha / rank (PEFT's default 8) */

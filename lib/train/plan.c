@@ -85,9 +85,9 @@ rl_train_plan(rl_plan *p, const rl_config *c, const rl_plan_opts *o)
 	    o->max_tokens, o->recompute, o->value_head);
 	p->kv = (double)o->kv_tokens * c->n_layer * 2.0 * c->n_kv_head * c->head_dim * act;
 	p->total = p->weights + p->grads + p->optim + p->acts + p->kv;
-	/* LoRA trains on the CPU backend, without ZeRO (docs/lora.md); ZeRO-2 on the
+	/* LoRA trains on the CPU backend, without ZeRO (docs/lora.md); ZeRO-2 and 3 on the
 	 * CPU backend (docs/parallel.md) */
-	p->runs = o->lora_rank == 0 ? o->zero <= 1 || (o->zero == 2 && !o->cuda) : o->zero == 0 && !o->cuda;
+	p->runs = o->lora_rank == 0 ? o->zero <= 1 || (o->zero >= 2 && !o->cuda) : o->zero == 0 && !o->cuda;
 	p->fits = o->gpu_bytes > 0 && p->total <= o->gpu_bytes;
 	return RL_OK;
 }

@@ -436,8 +436,23 @@ push_part(trainer *tr)
 	return RL_OK;
 }
 
+static int save_step(trainer *tr);
+
+/* ZeRO-3: the whole model gathered for the save and the publishing, given
+ * back after */
 int
 rli_save_step(trainer *tr)
+{
+	int rv = rli_zero3_gather_all(tr);
+
+	if (rv == 0)
+		rv = save_step(tr);
+	rli_zero3_release(tr);
+	return rv;
+}
+
+static int
+save_step(trainer *tr)
 {
 	int rv, full;
 	double t_pub = rl_now();
@@ -485,7 +500,8 @@ rli_save_final(trainer *tr, int start_step)
 	if (!need)
 		return RL_OK;
 	tr->shard_pending = tr->zero;
-	rv = RL_OK;
+	if ((rv = rli_zero3_gather_all(tr)) != 0)
+		return rv;
 	if (tr->rank == 0) {
 		snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr->m->version);
 		rl_io_remove_tree(dir);
@@ -496,6 +512,7 @@ rli_save_final(trainer *tr, int start_step)
 		int r2 = rli_zero_save_shards(tr, tr->rank != 0 || rv == 0);
 		rv = rv ? rv : r2;
 	}
+	rli_zero3_release(tr);
 	return rv;
 }
 

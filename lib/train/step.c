@@ -33,6 +33,7 @@ kl_est(int type, float lp, float ref)
 }
 
 static int recompute_old(trainer *tr, const seqref *sq, int a0, int b0);
+static int zero2_rounds(trainer *tr, int nb, int *rounds);
 
 /* DPO: a group is a pair, the higher reward the chosen side, which the
  * step lays out first (*swap: the group's sample 1 is it); both sides must
@@ -553,11 +554,18 @@ micro_plan(trainer *tr, const seqref *sq, int n, seqref **out, int *nbin)
 static int
 recompute_old(trainer *tr, const seqref *sq, int a0, int b0)
 {
-	int rv, nb;
+	int rv, nb, rounds;
 	seqref *ps;
 
 	if ((rv = micro_plan(tr, sq + a0, b0 - a0, &ps, &nb)) != 0)
 		return rv;
+	/* ZeRO-3: as many forward passes as the rank with the most (their gathers
+	 * are collectives) */
+	if (tr->zero == 3 && (rv = zero2_rounds(tr, nb, &rounds)) != 0)
+		return rv;
+	for (int k = nb; tr->zero == 3 && k < rounds; k++)
+		if ((rv = rli_zero3_idle_pass(tr, 0)) != 0)
+			return rv;
 	for (int k = 0; k < nb; k++) {
 		const seqref *mq = ps + tr->pbin[k];
 		int B = tr->pbin[k + 1] - tr->pbin[k], T = fill_rows(tr, mq, B), R = tr->pack ? 1 : B;
@@ -871,7 +879,7 @@ zero2_rounds(trainer *tr, int nb, int *rounds)
 	int *all, rv;
 
 	*rounds = nb;
-	if (tr->zero != 2)
+	if (tr->zero < 2)
 		return RL_OK;
 	if (!(all = rl_try_malloc(sizeof *all * (size_t)tr->world, "micro-batch counts")))
 		return RL_ENOMEM;
@@ -888,7 +896,7 @@ zero2_rounds(trainer *tr, int nb, int *rounds)
 static void
 hook_on(trainer *tr, int k, int nb)
 {
-	if (tr->zero == 2) {
+	if (tr->zero >= 2) {
 		tr->m->grad_ready = rli_zero2_grad_ready;
 		tr->m->grad_ready_ctx = tr;
 	} else if (tr->red && k == nb - 1) {
@@ -902,7 +910,7 @@ hook_on(trainer *tr, int k, int nb)
 static int
 round_end(trainer *tr)
 {
-	if (tr->zero != 2)
+	if (tr->zero < 2)
 		return RL_OK;
 	rli_dp_grads_resident(tr);
 	return rli_dp_allreduce_grads(tr);
@@ -1168,7 +1176,7 @@ dpo_update(trainer *tr, mstat *ms, float *gnorm, double *lr, int *nupd)
 			for (int s = 0, k = 0; k < rounds; k++) {
 				int e = k < nbd ? dpo_micro_end(tr, sq, s, rb - ra) : s;
 				hook_on(tr, k, nbd);
-				rv = e == s ? RL_OK : o->algo == RL_ALGO_RM ? rm_micro(tr, sq + s, e - s, P, ms) :
+				rv = e == s ? (tr->zero == 3 ? rli_zero3_idle_pass(tr, 1) : RL_OK) : o->algo == RL_ALGO_RM ? rm_micro(tr, sq + s, e - s, P, ms) :
 				    dpo_micro(tr, sq + s, e - s, P, RL_MAX(nchosen, 1), ms);
 				tr->m->grad_ready = NULL;
 				if (rv != 0 || (rv = round_end(tr)) != 0)
@@ -1212,7 +1220,7 @@ rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double *lr
 				/* buckets go out as layers finish (hook_on says after which backward) */
 				hook_on(tr, k, nb);
 				rv = k < nb ? micro(tr, sq + tr->pbin[k], tr->pbin[k + 1] - tr->pbin[k], recomputed, ms) :
-				    RL_OK;
+				    tr->zero == 3 ? rli_zero3_idle_pass(tr, 1) : RL_OK;
 				tr->m->grad_ready = NULL;
 				if (rv != 0 || (rv = round_end(tr)) != 0)
 					return rv;

@@ -527,9 +527,11 @@ rli_train_fini(trainer *tr, int rv)
 	if (tr->ops && tr->d_mem)
 		tr->ops->free(tr->ops, tr->d_mem);
 	if (tr->ops) {
+		rli_zero3_join(tr); /* a prefetch in flight writes m->params */
 		tr->ops->free(tr->ops, tr->zm);
 		tr->ops->free(tr->ops, tr->zv);
 		tr->ops->free(tr->ops, tr->zg);
+		tr->ops->free(tr->ops, tr->zp);
 	}
 	rli_feed_close(tr);
 	rl_progress_done(&tr->prog);

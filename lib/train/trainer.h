@@ -12,6 +12,7 @@
 #ifndef RL_TRAINER_H
 #define RL_TRAINER_H
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -146,11 +147,18 @@ typedef struct trainer {
 	int rank, world;
 	int qfollow;             /* queue mode, rank > 0: records come from rank 0's leases */
 	rl_comm_reducer *red;    /* the bucketed gradient all-reduce */
-	int zero;                /* ZeRO stage 1 or 2: this rank keeps the AdamW state of [zlo, zhi) only */
+	int zero;                /* ZeRO stage 1, 2 or 3: this rank keeps the AdamW state of [zlo, zhi) only */
 	size_t zlo, zhi;
 	float *zm, *zv;          /* (zhi - zlo) AdamW moments of the shard, backend memory */
 	float *zg;               /* ZeRO-2: (zhi - zlo) gradients of the shard, summed over ranks and
 	                          * micro-batches (host memory) */
+	float *zp;               /* ZeRO-3: (zhi - zlo) f32 master weights of the shard; m->params is
+	                          * scratch holding the unit being computed (z3_unit, -1 none) */
+	int z3_unit;
+	int z3_pf, z3_busy, z3_pfrv; /* ZeRO-3's prefetch: the unit gathered (or being gathered) on
+	                          * z3_th for the next param_need (-1 none), its result */
+	pthread_t z3_th;
+	double pres_peak;        /* bytes of parameters resident at most this step (ZeRO-3) */
 	double gres_peak;        /* bytes of gradients resident at most this step (rli_dp_grads_resident) */
 	char *opt_dir;           /* --resume from sharded AdamW state: the directory each shard reads */
 	uint64_t ckpt_id;        /* ZeRO: the id of the full checkpoint being written (every shard's) */
@@ -283,6 +291,24 @@ int rli_zero2_grad_ready(void *ctx, size_t from);
  * the host buffers; 0 on a device). */
 void rli_dp_grads_resident(trainer *tr);
 int rli_zero_full_alloc(trainer *tr);
+/* ZeRO-3 (dp.c): m->param_need of every pass (ctx: the trainer): the
+ * unit's parameters from the shards (prefetched when the last call named
+ * it), the previous unit's pages given back, the gather of `next` started
+ * on a thread. */
+int rli_zero3_param_need(void *ctx, int unit, int next);
+/* ZeRO-3: the gathers (and, with backward, the gradient hand-overs) of a
+ * forward or forward + backward pass, without computing: a rank out of
+ * micro-batches in a round takes part in the others' collectives. */
+int rli_zero3_idle_pass(trainer *tr, int backward);
+/* ZeRO-3: the whole model gathered into m->params (checkpoints and
+ * publishing), and given back again. */
+int rli_zero3_gather_all(trainer *tr);
+void rli_zero3_release(trainer *tr);
+/* ZeRO-3: waits for the prefetch in flight (before any other collective). */
+int rli_zero3_join(trainer *tr);
+/* The parameter memory resident now (mincore of m->params and the shard)
+ * into tr->pres_peak. */
+void rli_dp_params_resident(trainer *tr);
 int rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm);
 /* ZeRO, a full checkpoint: rank 0 draws its id, every rank learns it. */
 int rli_zero_ckpt_id(trainer *tr);

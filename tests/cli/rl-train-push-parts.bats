@@ -5,7 +5,8 @@
 # the version when all are in (docs/sync.md, "A version pushed in parts"):
 # the version a worker pulls holds the tensors of the checkpoint's
 # model.safetensors byte for byte, and rl-rollout generates from it what it
-# generates from the checkpoint.
+# generates from the checkpoint; with --zero 3 (parameters sharded,
+# gathered for the save) the parts are the checkpoint's tensors too.
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
@@ -80,6 +81,22 @@ EOS
 	rl-rollout -q -m "$TD/pp/step-00000002" -n 1 --max-tokens 4 --temperature 0 --seed 1 "$TD/prompts.jsonl" > "$T/b.out"
 	[ -s "$T/a.out" ]
 	cmp <(jq -c '[.response, .logprobs]' "$T/a.out") <(jq -c '[.response, .logprobs]' "$T/b.out")
+}
+
+@test "--push-parts on 2 ranks with --zero 3: the parts are the checkpoint's weights" {
+	# ZeRO-3 gathers the model for a save; each rank then pushes its part
+	serve
+	PORT=$(free_port)
+	train_world 2 "$TD/p3" --zero 3 --push-parts --sync "$URL" --batch 4 --lr 1e-2 --max-steps 2 --save-every 1
+	rl-sync status "$URL" --json | jq -e '.latest == 2 and .versions_from_parts == 2 and .parts_refused == 0'
+	rl-sync pull "$URL" --out "$T/w" -q
+	run -0 same_tensors "$T/w/latest" "$TD/p3/step-00000002/model.safetensors"
+	# and the checkpoint is --zero 1's on the same run (ZeRO-3 changes where
+	# the parameters live, not the sums)
+	PORT=$(free_port)
+	train_world 2 "$TD/p1" --zero 1 --batch 4 --lr 1e-2 --max-steps 2 --save-every 1
+	run -0 python3 tests/fixtures/parallel/st_close.py "$TD/p3/step-00000002/model.safetensors" \
+	    "$TD/p1/step-00000002/model.safetensors" 2e-5 1e-4
 }
 
 @test "--push-parts: usage errors" {

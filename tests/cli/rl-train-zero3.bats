@@ -1,0 +1,228 @@
+#!/usr/bin/env bats
+# rl-train --zero 3 on the CPU backend (several processes on 127.0.0.1):
+# - 2 and 4 ranks give the losses and weights of 1 rank without ZeRO, for
+#   GRPO (micro-batches, mini-batches, epochs: π_old recomputed per share),
+#   PPO (value head, --recompute) and DPO with a rank a micro-batch short (its
+#   rounds only gather; 2 ranks);
+# - with and without the prefetch of the next unit, bitwise ZeRO-2's weights;
+# - each rank's parameter memory, measured from its resident pages, is about
+#   its shard plus the unit being computed and the one prefetched, against
+#   the whole table for --zero 2;
+# - the checkpoint is one gathered model directory plus the optimizer shards:
+#   resumed on 1 rank without ZeRO, the same as 3 steps of 1 rank;
+# - queue mode (rank 0 leasing) trains the steps of the file;
+# - a rank killed mid-run stops the other at once (exit 1);
+# - --zero 3 with LoRA is refused.  (--device cuda is refused by the check
+#   --zero 2 shares, in rli_dp_reducer_open; not run here: it needs a GPU.)
+
+bats_require_minimum_version 1.5.0
+load '/usr/lib/bats/bats-support/load'
+load '/usr/lib/bats/bats-assert/load'
+load model_helper
+load port_helper
+
+setup_file() {
+	export TD="$BATS_FILE_TMPDIR"
+	# the 2-layer model of the other rl-train files (the tolerance below was
+	# measured on it), and an 8-layer one for the memory, where a layer is
+	# small next to the shard
+	train_model "$TD"
+	mkdir -p "$TD/big"
+	cat > "$TD/big/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":264,"hidden_size":64,"num_hidden_layers":8,"num_attention_heads":4,
+ "num_key_value_heads":2,"intermediate_size":256,"max_position_embeddings":64,"rope_theta":10000,
+ "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
+JSON
+	rl-train -q --init "$TD/big/cfg.json" --tokenizer bytes --out "$TD/big/m0" --seed 1
+	# 12 groups of 4, responses of 1 to 10 tokens: 3 steps of 4 groups
+	python3 tests/fixtures/train/mkscored.py 12 4 0 > "$TD/s.jsonl"
+}
+
+setup() {
+	export RL_COMM_TIMEOUT=60
+	PIDS=""
+	PORT=$(free_port)
+}
+
+teardown() {
+	for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
+}
+
+# Tolerance: rl-train-zero.bats's for ZeRO-2 (the same sums in the same
+# order: ZeRO-3 changes where the parameters live, not the arithmetic), i.e.
+# the ranks' gradient sums in another order than one rank's, ~1e-7 relative
+# per sum, which AdamW turns into up to lr-sized steps for gradients that
+# are rounding noise (k_proj.bias).  A unit gathered from the wrong shard,
+# or stale after an update, is far larger (the not-blind check below).
+close() { python3 tests/fixtures/parallel/st_close.py "$1" "$2" "${3:-2e-5}" "${4:-1e-4}" k_proj.bias:1e-4; }
+
+same_losses() {
+	python3 - "$1" "$2" "${3:-3}" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == int(sys.argv[3]), (len(a), len(b))
+for x, y in zip(a, b):
+    for k in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/vf_loss"):
+        if k in x:
+            assert abs(x[k] - y[k]) <= 1e-5 + 1e-4 * abs(x[k]), (k, x[k], y[k])
+    assert y["dp/zero_stage"] == 3, y["dp/zero_stage"]
+PY
+}
+
+@test "ZeRO-3, GRPO: 2 and 4 ranks = 1 rank (losses, weights, optimizer state), = ZeRO-2 bitwise" {
+	args=(--batch 4 --lr 1e-2 --loss-agg seq-mean-token-mean --mini-batches 2 --ppo-epochs 2
+	    --max-tokens-per-micro 40 --bucket-mb 0.01 --dp-check-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/g1" --metrics "$TD/g1.m" "${args[@]}" "$TD/s.jsonl"
+	train_world 2 "$TD/g2" --zero 3 "${args[@]}"
+	PORT=$(free_port)
+	train_world 4 "$TD/g4" --zero 3 "${args[@]}"
+	PORT=$(free_port)
+	train_world 2 "$TD/z2" --zero 2 "${args[@]}"
+	for w in 2 4; do
+		[ "$(readlink "$TD/g$w/latest")" = step-00000003 ]
+		run -0 close "$TD/g$w/latest/model.safetensors" "$TD/g1/latest/model.safetensors"
+		python3 tests/fixtures/parallel/opt_gather.py "$TD/g$w/latest" "$TD/g$w.opt"
+		run -0 close "$TD/g$w.opt" "$TD/g1/latest/optimizer.safetensors" 1e-7 1e-2
+		run -0 same_losses "$TD/g1.m" "$TD/g$w.metrics.0"
+	done
+	# the same arithmetic as ZeRO-2 (only the parameters' home differs): bitwise,
+	# with or without the prefetch
+	cmp "$TD/g2/latest/model.safetensors" "$TD/z2/latest/model.safetensors"
+	PORT=$(free_port)
+	train_world 2 "$TD/n2" --zero 3 --no-prefetch "${args[@]}"
+	cmp "$TD/n2/latest/model.safetensors" "$TD/z2/latest/model.safetensors"
+	# not blind: one step fewer is far off
+	run -1 close "$TD/g4/step-00000002/model.safetensors" "$TD/g1/latest/model.safetensors"
+}
+
+@test "ZeRO-3, PPO (value head) with --recompute: 2 and 4 ranks = 1 rank, = ZeRO-2 bitwise" {
+	args=(--algo ppo --batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.01 --dp-check-every 1 --recompute)
+	rl-train -q -m "$TD/m0" --out "$TD/p1" --metrics "$TD/p1.m" "${args[@]}" "$TD/s.jsonl"
+	train_world 2 "$TD/p2" --zero 3 "${args[@]}"
+	PORT=$(free_port)
+	train_world 2 "$TD/p3" --zero 2 "${args[@]}"
+	PORT=$(free_port)
+	train_world 4 "$TD/p4" --zero 3 "${args[@]}"
+	cmp "$TD/p2/latest/model.safetensors" "$TD/p3/latest/model.safetensors"
+	for w in 2 4; do
+		run -0 close "$TD/p$w/latest/model.safetensors" "$TD/p1/latest/model.safetensors"
+		run -0 same_losses "$TD/p1.m" "$TD/p$w.metrics.0"
+	done
+	grep -q '"critic/vf_loss"' "$TD/p2.metrics.0"
+}
+
+@test "ZeRO-3, DPO: 2 ranks with uneven micro-batch counts (1 and 2 pairs) = 1 rank" {
+	python3 - > "$TD/pairs.jsonl" <<'PY'
+import json, random
+random.seed(3)
+w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
+for i in range(12):
+    print(json.dumps({"prompt": " ".join(random.choice(w) for _ in range(3)) + ":",
+                      "chosen": " " + " ".join(random.choice(w) for _ in range(2)),
+                      "rejected": " " + " ".join(random.choice(w) for _ in range(3))}))
+PY
+	# 3 pairs a step, one pair per micro-batch: one rank has a round without a
+	# micro-batch, in which it only gathers and hands over zeros
+	args=(--algo dpo --batch 3 --lr 1e-2 --max-tokens-per-micro 64 --bucket-mb 0.01)
+	rl-train -q -m "$TD/m0" --out "$TD/d1" --metrics /dev/null "${args[@]}" "$TD/pairs.jsonl"
+	TRAIN_WORLD_DATA="$TD/pairs.jsonl" train_world 2 "$TD/d2" --zero 3 "${args[@]}"
+	[ "$(readlink "$TD/d2/latest")" = step-00000004 ]
+	run -0 close "$TD/d2/latest/model.safetensors" "$TD/d1/latest/model.safetensors"
+}
+
+@test "ZeRO-3: each rank's resident parameter memory is about its shard, measured" {
+	args=(--batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.05 --max-steps 2)
+	S="$TD/s.jsonl"
+	TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 2 "$TD/q22" --zero 2 "${args[@]}"
+	PORT=$(free_port)
+	TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 2 "$TD/q23" --zero 3 "${args[@]}"
+	PORT=$(free_port)
+	TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 4 "$TD/q43" --zero 3 "${args[@]}"
+	cmp "$TD/q22/latest/model.safetensors" "$TD/q23/latest/model.safetensors"
+	# measured parameter memory (rank 0 writes the metrics): the shard (1/N of
+	# the table) plus the unit being computed and the one prefetched (a layer:
+	# 1/8 of the trunk, 0.126 of the table; the head with the tied embedding)
+	# plus partial pages; ZeRO-2 keeps the whole table resident
+	python3 - "$TD/q22.metrics.0" "$TD/q23.metrics.0" "$TD/q43.metrics.0" <<'PY'
+import json, sys
+z2 = [json.loads(l) for l in open(sys.argv[1])]
+full = z2[0]["memory/weights_mb"]
+for m in z2:
+    assert m["memory/params_resident_mb"] >= 0.98 * full, (m["memory/params_resident_mb"], full)
+for f, n in zip(sys.argv[2:], (2, 4)):
+    for l in open(f):
+        r = json.loads(l)["memory/params_resident_mb"] / full
+        print(f, n, round(r, 3))
+        assert 1.0 / n < r < 1.0 / n + 0.3, (f, n, r)
+PY
+	# rl-train --plan's ZeRO-3 weights (the shard plus two layers) are what
+	# was measured, within the partial pages at the units' ends (2.5% here)
+	for w in 2 4; do
+		p=$(rl-train --plan=json -m "$TD/big/m0" --world $w --zero 3 | jq .weights_bytes)
+		python3 - "$TD/q${w}3.metrics.0" "$p" <<'PY'
+import json, sys
+plan = float(sys.argv[2])
+for l in open(sys.argv[1]):
+    got = json.loads(l)["memory/params_resident_mb"] * (1 << 20)
+    assert abs(got - plan) <= 0.1 * plan, (got, plan)
+PY
+	done
+}
+
+@test "ZeRO-3 checkpoint: 2 ranks -> 1 rank without ZeRO = 3 steps of 1 rank" {
+	args=(--batch 4 --lr 1e-2 --dp-check-every 1)
+	rl-train -q -m "$TD/m0" --out "$TD/r1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	train_world 2 "$TD/r2" --zero 3 --max-steps 2 "${args[@]}"
+	[ -s "$TD/r2/step-00000002/optimizer-00001-of-00002.safetensors" ]
+	rl-train -q --out "$TD/r2" --resume --max-steps 3 --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	[ "$(readlink "$TD/r2/latest")" = step-00000003 ]
+	run -0 close "$TD/r2/latest/model.safetensors" "$TD/r1/latest/model.safetensors"
+	run -0 close "$TD/r2/latest/optimizer.safetensors" "$TD/r1/latest/optimizer.safetensors" 1e-7 1e-2
+}
+
+@test "ZeRO-3 in queue mode: 2 ranks, rank 0 leasing, train the steps of 1 rank on the file" {
+	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' rl-queue serve -q -l tcp://127.0.0.1:@PORT@ -k 100
+	QURL="tcp://127.0.0.1:$DPORT"
+	rl-queue put -q -s scored "$QURL" "$TD/s.jsonl"
+	args=(--batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.01)
+	rl-train -q -m "$TD/m0" --out "$TD/u1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/u2" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" --zero 3 \
+	    --queue "$QURL" "${args[@]}" 3>&- 2>"$TD/u2.err.1" &
+	r1=$!
+	PIDS="$PIDS $r1"
+	run -0 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/u2" --rank 0 --world 2 --rendezvous \
+	    "127.0.0.1:$PORT" --zero 3 --queue "$QURL" --idle-exit 1 --metrics "$TD/u2.metrics" "${args[@]}"
+	wait "$r1"
+	[ "$(readlink "$TD/u2/latest")" = step-00000003 ]
+	run -0 close "$TD/u2/latest/model.safetensors" "$TD/u1/latest/model.safetensors"
+	rl-queue stat "$QURL" | grep -q '^done 48 '
+}
+
+@test "ZeRO-3: a rank killed while training stops the other at once, exit 1, no crash" {
+	# 100 steps on the 8-layer model: the kill lands inside the passes, where
+	# gathers (and prefetches on their thread) are in flight
+	python3 tests/fixtures/train/mkscored.py 400 4 0 > "$TD/long.jsonl"
+	for r in 1 0; do
+		rl-train -q -m "$TD/big/m0" --out "$TD/kz" --rank $r --world 2 --rendezvous "127.0.0.1:$PORT" --zero 3 \
+		    --batch 4 --max-tokens-per-micro 40 --metrics /dev/null "$TD/long.jsonl" 3>&- 2>"$TD/kz.err.$r" &
+		eval "r$r=\$!"
+		PIDS="$PIDS $!"
+	done
+	sleep 3
+	kill -0 "$r0"   # still training
+	kill -9 "$r1"
+	start=$SECONDS
+	rc0=0; wait "$r0" || rc0=$?
+	cat "$TD/kz.err.0"
+	[ $rc0 = 1 ]
+	[ $((SECONDS - start)) -lt 15 ]   # RL_COMM_TIMEOUT is 60 s: this is the dropped connection
+	grep -q "rank 1" "$TD/kz.err.0"
+}
+
+@test "--zero 3 with LoRA is refused clearly" {
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/xl" --zero 3 --lora-rank 2 "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank with --zero 3"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x4" --zero 4 "$TD/s.jsonl"
+	[[ "$stderr" == *"--zero takes 0, 1, 2 or 3"* ]]
+}
