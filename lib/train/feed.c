@@ -479,12 +479,13 @@ rli_feed_open(trainer *tr)
 			return rv;
 		rl_qclient_set_stop(tr->qc, &rli_train_stop);
 		/* the broker's staleness gate starts from our version; a resumed
-		 * run's records generated for the versions it lost are not stale */
-		if (tr->resumed) {
-			rl_qclient_rewind_version(tr->qc, (uint64_t)tr->m->version, NULL);
+		 * run's records generated for the versions it lost are not stale.
+		 * A new run rewinds too: it may follow a trainer killed before its
+		 * first checkpoint, whose leases would otherwise hold their groups
+		 * until they time out, stale by then */
+		rl_qclient_rewind_version(tr->qc, (uint64_t)tr->m->version, NULL);
+		if (tr->resumed)
 			ack_resumed_groups(tr);
-		} else
-			rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
 		if (rl_wstat_open(&tr->wst, o->queue_url, "train", strcmp(tr->ops->name, "cpu") == 0 ? "cpu" :
 		    o->device) != 0)
 			rl_warn("no stats reports to the broker");

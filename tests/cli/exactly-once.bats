@@ -41,7 +41,7 @@ teardown() {
 broker() {
 	local k=(-k 1000)
 	[ "${STALE:-0}" = 1 ] && k=(-k 2 -b 2)
-	rl-queue serve ${RLQ_V:--q} -l "$URL" --data-dir "$1" "${k[@]}" -t 1 3>&- 2>>"$1.log" &
+	rl-queue serve ${RLQ_V:--q} -l "$URL" --data-dir "$1" "${k[@]}" -t "${LEASE:-1}" 3>&- 2>>"$1.log" &
 	QPID=$!
 	PIDS="$PIDS $QPID"
 	for i in $(seq 100); do rl-queue stat --timeout 0.2 "$URL" >/dev/null 2>&1 && return 0; sleep 0.05; done
@@ -197,4 +197,30 @@ t, d = s["total"], s["depth"]
 assert t["done"] == 48, "the broker counts %d samples done, not 48" % t["done"]
 assert d["scored"] == 12 and d["training"] == 0 and t["stale_dropped"] == 0, s
 PY
+}
+
+@test "rl-train killed before its first checkpoint and started again (a new run): the group its lease held is trained, not held until the lease times out (--stale drop, K 2)" {
+	local O="$TD/nf"
+	URL="tcp://127.0.0.1:$(free_port)"
+	# leases of 60 s: only the new run's rewind ends the dead trainer's
+	STALE=1 LEASE=60 broker "$O.q"
+	sed -n 1,2p "$TD/scored.jsonl" > "$TD/g1.jsonl"
+	rl-queue put -q -s scored "$URL" "$TD/g1.jsonl"
+	(trainer "$O") 2> "$O.err1" &
+	T=$!
+	PIDS="$PIDS $T"
+	for i in $(seq 200); do
+		[ "$(rl-queue stat --json "$URL" 2>/dev/null | jq .depth.training)" = 2 ] && break
+		sleep 0.05
+	done
+	[ "$(rl-queue stat --json "$URL" | jq .depth.training)" = 2 ]
+	kill -KILL "$T"
+	wait "$T" 2>/dev/null || true
+	[ ! -e "$O/latest" ]
+	STALE=1 feed &
+	PIDS="$PIDS $!"
+	run --separate-stderr bash -c "$(declare -f trainer); URL=$URL TD=$TD trainer $O"
+	wait_fed
+	[ "$status" -eq 0 ] || { echo "status $status: $stderr" >&3; return 1; }
+	check_once "$O" || { grep -v "leased\|acked\|put " "$O.q.log" >&3; return 1; }
 }
