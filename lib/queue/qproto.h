@@ -86,7 +86,11 @@ enum rl_qstage { RL_QSTAGE_PROMPT = 0, RL_QSTAGE_GENERATED = 1, RL_QSTAGE_SCORED
 /* TRAINED: the trainer trained these records but holds their lease until a
  * full checkpoint covers them (docs/queue.md, "Exactly once"): they no
  * longer count as in flight for the staleness gate; the lease is renewed. */
-enum rl_qack { RL_QACK_DONE = 0, RL_QACK_RELEASE = 1, RL_QACK_EXTEND = 2, RL_QACK_TRAINED = 3 };
+/* GROUPS: lease id 0, the ids are n / 2 ranges [lo, hi] (ascending,
+ * disjoint) of group ids a resumed trainer's full checkpoint holds: the
+ * broker finishes (done) the samples of those groups it still has scored;
+ * `done` counts them.  Brokers older than this answer RL_EINVAL. */
+enum rl_qack { RL_QACK_DONE = 0, RL_QACK_RELEASE = 1, RL_QACK_EXTEND = 2, RL_QACK_TRAINED = 3, RL_QACK_GROUPS = 4 };
 
 typedef struct rl_qhdr {
 	uint8_t op, version;

@@ -1069,8 +1069,11 @@ apply_lease(rl_queue *q, uint64_t lid, int stage, uint64_t deadline, uint32_t hi
 			ent_set_state(q, ei, RL_QS_SCORING, 0);
 		} else if (stage == RL_QSTAGE_SCORED && e->state == RL_QS_SCORED) {
 			ent_set_state(q, ei, RL_QS_TRAINING, 0);
-			e->hint = e->held && q->version <= e->held_at && e->hint < q->version ? e->hint
-												   : (uint32_t)q->version;
+			/* hint 1: a group a resumed trainer's checkpoint holds
+			 * (finish_groups), trained at the version of its last lease */
+			if (!hint)
+				e->hint = e->held && q->version <= e->held_at && e->hint < q->version ? e->hint
+													   : (uint32_t)q->version;
 			e->held = 0;
 		} else {
 			continue;
@@ -1170,9 +1173,12 @@ apply_ack(rl_queue *q, uint64_t lid, int kind, uint64_t deadline, const uint64_t
 }
 
 /* A lease ends untrained: by time, or because a resumed trainer rewound
- * (rl_queue_rewind_version, mode 1 in the journal: the same change). */
+ * (rl_queue_rewind_version, mode 1 in the journal: the same change).  Its
+ * training records are held up to max(held_at, the version now): a trainer
+ * killed between its checkpoint and the VERSION that announces it resumes
+ * from a version past the broker's, and replays the versions up to it. */
 static int
-apply_expire(rl_queue *q, uint64_t lid, int mode)
+apply_expire(rl_queue *q, uint64_t lid, int mode, uint64_t held_at)
 {
 	qlease *l = lease_find(q, lid);
 	uint64_t *ids;
@@ -1181,8 +1187,10 @@ apply_expire(rl_queue *q, uint64_t lid, int mode)
 
 	if (l == NULL)
 		return RL_OK;
-	if ((rv = jop(q, J_EXPIRE, mode, lid, 0, 0, NULL, 0)) != 0)
+	if ((rv = jop(q, J_EXPIRE, mode, lid, held_at, 0, NULL, 0)) != 0)
 		return rv;
+	if (held_at < q->version || held_at > RL_QUEUE_MAX_VERSION)
+		held_at = q->version;
 	q->st.expired_leases++;
 	ids = l->ids;
 	n = l->n;
@@ -1193,7 +1201,7 @@ apply_expire(rl_queue *q, uint64_t lid, int mode)
 		if (ei != NIL && q->ent[ei].lease == lid) {
 			if (q->ent[ei].state == RL_QS_TRAINING) {
 				q->ent[ei].held = 1;
-				q->ent[ei].held_at = (uint32_t)q->version;
+				q->ent[ei].held_at = (uint32_t)held_at;
 			}
 			return_to_pool(q, ei);
 			q->st.expired_records++;
@@ -1544,7 +1552,9 @@ rl_queue_lease(rl_queue *q, const rl_qlease_req *req, uint64_t now_ms, rl_qlease
 	lease_ms = req->lease_ms ? req->lease_ms : q->cfg.lease_ms;
 	lid = q->next_lid;
 	deadline = now_ms + lease_ms;
-	if ((rv = apply_lease(q, lid, (int)req->stage, deadline, req->group_hint, ids, n)) != 0)
+	/* a trainer's group hint means nothing here; 1 is finish_groups' mark */
+	if ((rv = apply_lease(q, lid, (int)req->stage, deadline, req->stage == RL_QSTAGE_SCORED ? 0 : req->group_hint,
+	    ids, n)) != 0)
 		goto out;
 	if ((l = lease_find(q, lid)) == NULL)
 		goto out;
@@ -1563,11 +1573,78 @@ out:
 	return rv;
 }
 
+static int
+ranges_have(const uint64_t *r, uint32_t nr, uint64_t id)
+{
+	uint32_t lo = 0, hi = nr;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (id < r[2 * mid])
+			hi = mid;
+		else if (id > r[2 * mid + 1])
+			lo = mid + 1;
+		else
+			return 1;
+	}
+	return 0;
+}
+
+/* RL_QACK_GROUPS: a resumed trainer's full checkpoint holds these groups (r:
+ * n / 2 ranges [lo, hi], ascending, disjoint).  The samples of theirs that
+ * the broker still has scored were trained by a trainer killed before it
+ * acknowledged them: leased and acknowledged done here at once (a lease and
+ * an ack in the journal, replayed as such), counted in the staleness
+ * histogram at the version of their last training lease.  Samples in other
+ * states are left alone. */
+static int
+finish_groups(rl_queue *q, const uint64_t *r, uint32_t n, uint64_t now_ms, rl_qack_result *res)
+{
+	uint64_t *ids = NULL, lid;
+	uint32_t nr = n / 2, k = 0;
+	int rv = RL_OK;
+
+	memset(res, 0, sizeof *res);
+	if (n % 2)
+		return RL_EINVAL;
+	for (uint32_t i = 0; i < nr; i++)
+		if (r[2 * i] > r[2 * i + 1] || (i > 0 && r[2 * i] <= r[2 * i - 1]))
+			return RL_EINVAL;
+	if (nr == 0 || q->nent == 0)
+		return RL_OK;
+	if ((ids = rl_try_malloc(q->nent * sizeof *ids, "finished samples")) == NULL)
+		return RL_ENOMEM;
+	for (size_t gi = 0; gi < q->ngrp; gi++) {
+		const qgrp *g = &q->grp[gi];
+		if (!g->used || !ranges_have(r, nr, g->gid))
+			continue;
+		for (uint32_t i = 0; i < g->gsize; i++) {
+			uint32_t ei = g->slot[i];
+			if (ei != NIL && q->ent[ei].state == RL_QS_SCORED && k < q->nent)
+				ids[k++] = q->ent[ei].id;
+		}
+	}
+	if (k == 0)
+		goto out;
+	lid = q->next_lid;
+	if ((rv = apply_lease(q, lid, RL_QSTAGE_SCORED, now_ms, 1, ids, k)) != 0)
+		goto out;
+	if ((rv = apply_ack(q, lid, RL_QACK_DONE, 0, ids, k, res)) == RL_ENOENT)
+		rv = RL_OK;
+	rl_verbose("a resumed trainer's checkpoint holds %u scored sample%s not acknowledged: done", k,
+	    k == 1 ? "" : "s");
+out:
+	free(ids);
+	return rv;
+}
+
 int
 rl_queue_ack(rl_queue *q, const rl_qack_req *req, const uint64_t *ids, uint64_t now_ms, rl_qack_result *res)
 {
 	uint64_t deadline = 0;
 
+	if (req->kind == RL_QACK_GROUPS)
+		return finish_groups(q, ids, req->n, now_ms, res);
 	if (req->kind > RL_QACK_TRAINED)
 		return RL_EINVAL;
 	if (req->kind == RL_QACK_EXTEND || req->kind == RL_QACK_TRAINED) {
@@ -1621,7 +1698,7 @@ rl_queue_rewind_version(rl_queue *q, uint64_t v, uint64_t *now)
 	 * drop), although they were fresh for the checkpoint. */
 	for (size_t i = 1; rv == RL_OK && i < q->nlease_slots; i++)
 		if (q->lease[i].used && q->lease[i].stage == RL_QSTAGE_SCORED) {
-			rv = apply_expire(q, q->lease[i].lid, 1);
+			rv = apply_expire(q, q->lease[i].lid, 1, v);
 			ended++;
 		}
 	if (rv == RL_OK && v != q->version && (rv = jop(q, J_VERSION, 1, v, 0, 0, NULL, 0)) == 0)
@@ -1654,7 +1731,7 @@ rl_queue_tick(rl_queue *q, uint64_t now_ms, uint32_t *expired)
 
 	for (size_t i = 1; i < q->nlease_slots; i++) {
 		if (q->lease[i].used && q->lease[i].deadline <= now_ms) {
-			if ((rv = apply_expire(q, q->lease[i].lid, 0)) != 0)
+			if ((rv = apply_expire(q, q->lease[i].lid, 0, 0)) != 0)
 				return rv;
 			cnt++;
 		}
@@ -2172,7 +2249,7 @@ replay_plain_op(rl_queue *q, uint32_t type, uint32_t stage, uint64_t a, uint64_t
 		break;
 	case J_LEASE: rv = apply_lease(q, a, (int)stage, b, (uint32_t)c, ids, cnt); break;
 	case J_ACK: rv = apply_ack(q, a, (int)stage, b, ids, cnt, &ar); if (rv == RL_ENOENT) rv = 0; break;
-	case J_EXPIRE: rv = apply_expire(q, a, (int)stage); break;
+	case J_EXPIRE: rv = apply_expire(q, a, (int)stage, b); break;
 	case J_VERSION:
 		/* a journal written before versions were bounded may hold one past
 		 * the bound: it would make every group stale for ever */

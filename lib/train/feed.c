@@ -21,6 +21,7 @@ static int dp_send_lease(trainer *tr, int end);
 static int dp_end_lease(trainer *tr);
 static int dp_follow_lease(trainer *tr);
 static int group_done(trainer *tr, const rl_traj *t);
+static void ack_resumed_groups(trainer *tr);
 
 int
 rli_feed_tok(trainer *tr)
@@ -478,11 +479,13 @@ rli_feed_open(trainer *tr)
 			return rv;
 		rl_qclient_set_stop(tr->qc, &rli_train_stop);
 		/* the broker's staleness gate starts from our version; a resumed
-		 * run's records generated for the versions it lost are not stale */
+		 * run's records generated for the versions it lost are not stale.
+		 * A new run rewinds too: it may follow a trainer killed before its
+		 * first checkpoint, whose leases would otherwise hold their groups
+		 * until they time out, stale by then */
+		rl_qclient_rewind_version(tr->qc, (uint64_t)tr->m->version, NULL);
 		if (tr->resumed)
-			rl_qclient_rewind_version(tr->qc, (uint64_t)tr->m->version, NULL);
-		else
-			rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
+			ack_resumed_groups(tr);
 		if (rl_wstat_open(&tr->wst, o->queue_url, "train", strcmp(tr->ops->name, "cpu") == 0 ? "cpu" :
 		    o->device) != 0)
 			rl_warn("no stats reports to the broker");
@@ -501,6 +504,34 @@ rli_feed_open(trainer *tr)
 			rl_traj_reader_set_line_fn(tr->rd, rli_dpo_line, tr);
 	}
 	return RL_OK;
+}
+
+/* The groups of the checkpoint resumed from, told to the broker after the
+ * rewind (which ended the dead trainer's leases): a trainer killed after its
+ * checkpoint but before it acknowledged the checkpoint's groups left their
+ * samples scored there, and nothing else would finish them (a trainer
+ * resumed at --max-steps leases nothing).  The broker finishes those it
+ * still has (RL_QACK_GROUPS).  A broker older than this refuses the kind:
+ * such samples are then acknowledged when leased again (group_done). */
+static void
+ack_resumed_groups(trainer *tr)
+{
+	const size_t chunk = (size_t)1 << 20;   /* ranges per request: 16 MiB */
+	uint64_t total = 0;
+
+	for (size_t i = 0; i < tr->done.n; i += chunk) {
+		size_t m = RL_MIN(chunk, tr->done.n - i);
+		rl_qack_result res;
+		if (rl_qclient_ack_ids(tr->qc, 0, RL_QACK_GROUPS, &tr->done.r[i][0], (uint32_t)(2 * m), &res) != RL_OK) {
+			rl_verbose("the broker did not take the checkpoint's groups: their samples are "
+			    "acknowledged when leased again");
+			return;
+		}
+		total += res.done;
+	}
+	if (total)
+		rl_info("%llu scored samples of the checkpoint's groups acknowledged to the broker (trained before "
+		    "the restart)", (unsigned long long)total);
 }
 
 /* Records leased but not trained go back to the broker at once: one request

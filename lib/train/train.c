@@ -104,6 +104,24 @@ rl_train_stopped_by(void)
 
 /* One step: the update of the groups collected, its checkpoint, the
  * acknowledgement of its records, its metrics line. */
+
+/* Test hook (tests/cli/exactly-once.bats): RL_TRAIN_TEST_DIE=N:saved dies
+ * as kill -9 would right after step N's checkpoint is written, before the
+ * broker hears of version N; N:versioned after that, before the step's
+ * groups are acknowledged: the two moments a crash splits. */
+static void
+test_die(const trainer *tr, const char *where)
+{
+	const char *e = getenv("RL_TRAIN_TEST_DIE");
+	char *end;
+	long n;
+
+	if (e == NULL)
+		return;
+	n = strtol(e, &end, 10);
+	if (*end == ':' && n == tr->m->version && strcmp(end + 1, where) == 0)
+		raise(SIGKILL);
+}
 static int
 train_step(trainer *tr)
 {
@@ -138,12 +156,14 @@ train_step(trainer *tr)
 	tr->m->version++;
 	if ((rv = rli_save_step(tr)) != 0)
 		return rv;
+	test_die(tr, "saved");
 	if (tr->world > 1 && o->dp_check_every > 0 && tr->m->version % o->dp_check_every == 0 &&
 	    (rv = rli_dp_check_weights(tr)) != 0)
 		return rv;
 	if (tr->qc) {
 		/* the new version first, so the broker's gate judges later groups by it */
 		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
+		test_die(tr, "versioned");
 		if ((rv = rli_feed_ack(tr, 1, tr->last_full)) != 0)
 			return rv;
 	}

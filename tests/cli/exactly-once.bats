@@ -41,7 +41,7 @@ teardown() {
 broker() {
 	local k=(-k 1000)
 	[ "${STALE:-0}" = 1 ] && k=(-k 2 -b 2)
-	rl-queue serve ${RLQ_V:--q} -l "$URL" --data-dir "$1" "${k[@]}" -t 1 3>&- 2>>"$1.log" &
+	rl-queue serve ${RLQ_V:--q} -l "$URL" --data-dir "$1" "${k[@]}" -t "${LEASE:-1}" 3>&- 2>>"$1.log" &
 	QPID=$!
 	PIDS="$PIDS $QPID"
 	for i in $(seq 100); do rl-queue stat --timeout 0.2 "$URL" >/dev/null 2>&1 && return 0; sleep 0.05; done
@@ -76,7 +76,7 @@ wait_fed() {
 
 trainer() {
 	exec rl-train -m "$TD/m0" --out "$1" --queue "$URL" --batch 2 --save-every 4 --lr 1e-2 --idle-exit 3 \
-	    --metrics "$1.m" 3>&-
+	    --metrics "$1.m" ${MAXSTEPS:+--max-steps $MAXSTEPS} 3>&-
 }
 
 # kill_at O BROKER_TOO: kill -9 the trainer (and the broker) at a seeded step
@@ -151,4 +151,76 @@ run_case() {
 
 @test "kill -9 of rl-train and of the broker with the default --stale drop under a staleness bound: every group trained exactly once" {
 	STALE=1 run_case tdb 1
+}
+
+# die_case NAME AT: the trainer dies as by kill -9 at a set moment of a step
+# whose full checkpoint is written (RL_TRAIN_TEST_DIE=AT, lib/train/train.c),
+# then the same command line again
+die_case() {
+	local O="$TD/$1" rc=0
+	URL="tcp://127.0.0.1:$(free_port)"
+	broker "$O.q" || return 1
+	feed &
+	PIDS="$PIDS $!"
+	RL_TRAIN_TEST_DIE=$2 bash -c "$(declare -f trainer); URL=$URL TD=$TD MAXSTEPS=${MAXSTEPS:-} trainer $O" \
+	    2> "$O.err1" || rc=$?
+	[ "$rc" -eq 137 ] || { echo "the trainer did not die at $2: status $rc" >&3; cat "$O.err1" >&3; return 1; }
+	[ "${STALE:-0}" = 1 ] || wait_fed || return 1
+	run --separate-stderr bash -c "$(declare -f trainer); URL=$URL TD=$TD MAXSTEPS=${MAXSTEPS:-} trainer $O"
+	wait_fed || return 1
+	[ "$status" -eq 0 ] || { echo "status $status: $stderr" >&3; return 1; }
+	[[ "$stderr" == *"'$O' holds a run: resuming it from step"* ]] || { echo "$stderr" >&3; return 1; }
+}
+
+@test "rl-train dies after a full checkpoint, before the broker learnt its version (--stale drop, K 2): none of the checkpoint's groups is dropped as stale; every group trained exactly once" {
+	STALE=1 die_case ds 8:saved
+	check_once "$TD/ds" || { grep -v "leased\|acked\|put " "$TD/ds.q.log" >&3; return 1; }
+}
+
+@test "rl-train dies after its last full checkpoint, before acknowledging it, and is restarted at --max-steps: the broker counts the checkpoint's groups done" {
+	MAXSTEPS=12 die_case dm 12:versioned
+	python3 - "$TD/dm/latest/trainer_state.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+n = 0
+for r in s["groups_done"]:
+    lo, _, hi = r.partition("-")
+    n += int(hi or lo) - int(lo) + 1
+assert n == 24 and s["global_step"] == 12, s
+PY
+	rl-queue stat --json "$URL" > "$TD/dm.stat"
+	python3 - "$TD/dm.stat" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+t, d = s["total"], s["depth"]
+# 24 groups trained (48 samples), the 6 groups past --max-steps still scored
+assert t["done"] == 48, "the broker counts %d samples done, not 48" % t["done"]
+assert d["scored"] == 12 and d["training"] == 0 and t["stale_dropped"] == 0, s
+PY
+}
+
+@test "rl-train killed before its first checkpoint and started again (a new run): the group its lease held is trained, not held until the lease times out (--stale drop, K 2)" {
+	local O="$TD/nf"
+	URL="tcp://127.0.0.1:$(free_port)"
+	# leases of 60 s: only the new run's rewind ends the dead trainer's
+	STALE=1 LEASE=60 broker "$O.q"
+	sed -n 1,2p "$TD/scored.jsonl" > "$TD/g1.jsonl"
+	rl-queue put -q -s scored "$URL" "$TD/g1.jsonl"
+	(trainer "$O") 2> "$O.err1" &
+	T=$!
+	PIDS="$PIDS $T"
+	for i in $(seq 200); do
+		[ "$(rl-queue stat --json "$URL" 2>/dev/null | jq .depth.training)" = 2 ] && break
+		sleep 0.05
+	done
+	[ "$(rl-queue stat --json "$URL" | jq .depth.training)" = 2 ]
+	kill -KILL "$T"
+	wait "$T" 2>/dev/null || true
+	[ ! -e "$O/latest" ]
+	STALE=1 feed &
+	PIDS="$PIDS $!"
+	run --separate-stderr bash -c "$(declare -f trainer); URL=$URL TD=$TD trainer $O"
+	wait_fed
+	[ "$status" -eq 0 ] || { echo "status $status: $stderr" >&3; return 1; }
+	check_once "$O" || { grep -v "leased\|acked\|put " "$O.q.log" >&3; return 1; }
 }
