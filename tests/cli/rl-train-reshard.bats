@@ -16,22 +16,13 @@ load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
 load port_helper
+load zero_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
 	train_model "$TD"
 	# 16 groups of 4: 4 steps of 4 groups
 	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$TD/s.jsonl"
-}
-
-setup() {
-	export RL_COMM_TIMEOUT=60
-	PIDS=""
-	PORT=$(free_port)
-}
-
-teardown() {
-	for p in $PIDS; do kill -9 "$p" 2>/dev/null || true; done
 }
 
 # Tolerance of the single-rank comparison: see rl-train-dp.bats (reduction
