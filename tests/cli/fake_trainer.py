@@ -5,7 +5,9 @@ model directory) and moves OUT/latest to it, then appends the step's line
 to the metrics file as rl-train writes it: "step", "actor/ppo_kl",
 "timing_s/gen" (the time it waited for the step's records, measured) and
 "timing_s/step".  The step's time and ppo_kl come from a plan: lines
-"FIRST_STEP TRAIN_SECONDS PPO_KL" (the last one whose FIRST_STEP <= step).
+"FIRST_STEP TRAIN_SECONDS PPO_KL" (the last one whose FIRST_STEP <= step);
+TRAIN_SECONDS "xF" is F times the step's measured wait for its records, so
+that a trainer slower than the generator stays so on a machine of any speed.
 Each record's group, version and the step it went into are written to
 OUT/seen.jsonl for the test's checks.
 
@@ -18,7 +20,7 @@ import time
 
 model, out, metrics, batch, plan_path = sys.argv[1:6]
 batch = int(batch)
-plan = [tuple(float(x) for x in l.split()) for l in open(plan_path) if l.strip()]
+plan = [l.split() for l in open(plan_path) if l.strip()]
 os.makedirs(out, exist_ok=True)
 seen = open(os.path.join(out, "seen.jsonl"), "w")
 groups = {}
@@ -38,8 +40,9 @@ for line in sys.stdin:
     waited = time.monotonic() - t_wait0
     train_s, kl = 0.0, 0.0
     for first, t, k in plan:
-        if step + 1 >= first:
-            train_s, kl = t, k
+        if step + 1 >= int(first):
+            train_s = waited * float(t[1:]) if t.startswith("x") else float(t)
+            kl = float(k)
     time.sleep(train_s)
     step += 1
     name = "step-%08d" % step
