@@ -16,6 +16,7 @@
 #include "base/io.h"
 #include "queue/queue.h"
 #include "stream/traj.h"
+#include "qbatch.h"
 #include "t.h"
 
 static uint64_t now_ms = 1700000000000ULL;
@@ -25,38 +26,6 @@ static uint64_t now_ms = 1700000000000ULL;
 #define NG 240        /* prompts */
 #define SLOTS 8       /* the watching rollout process */
 #define PID0 1000000u /* prompt record ids: PID0 + group */
-
-static rl_buf
-mk(uint64_t id0, size_t n, uint64_t g, int gs, int v)
-{
-	rl_traj_batch *b;
-	rl_traj *t;
-	rl_buf out;
-	const void *p;
-	size_t len;
-	int32_t tok[4] = { 1, 2, 3, 4 };
-
-	rl_buf_init(&out);
-	rl_traj_batch_create(&b);
-	rl_traj_create(&t);
-	for (size_t i = 0; i < n; i++) {
-		rl_traj_clear(t);
-		rl_traj_set_u64(t, RL_TAG_ID, id0 + i);
-		rl_traj_set_u64(t, RL_TAG_GROUP, g);
-		rl_traj_set_i32(t, RL_TAG_INDEX, (int)i);
-		rl_traj_set_i32(t, RL_TAG_GROUP_SIZE, gs);
-		if (v >= 0) {
-			rl_traj_set_version(t, v, v);
-			rl_traj_set_i32s(t, RL_TAG_RESPONSE, tok, 4);
-		}
-		rl_traj_batch_add(b, t);
-	}
-	rl_traj_batch_payload(b, &p, &len);
-	rl_buf_append(&out, p, len);
-	rl_traj_destroy(t);
-	rl_traj_batch_destroy(b);
-	return out;
-}
 
 static int
 put(rl_queue *q, int stage, rl_buf b, rl_qput_result *r)
