@@ -91,8 +91,10 @@ last_number(const char *text, size_t len, double *v)
 	return e == buf ? -1 : 0;
 }
 
-int
-rl_reward_judge_verdict(const rl_reward_judge *j, const char *text, size_t len, double *score, const char **why)
+/* The verdict of reply text (len bytes) under j's rule into *score: 0, or -1
+ * with *why set. */
+static int
+verdict(const rl_reward_judge *j, const char *text, size_t len, double *score, const char **why)
 {
 	if (!j->re) {
 		if (last_number(text, len, score) != 0) {
@@ -321,7 +323,7 @@ slot_finish(rl_reward_judge *j, slot *s, rl_reward_exec_result *res)
 	} else {
 		nng_http_res_get_data(s->res, &data, &n);
 		if ((why = reply_text(data, n, &root, &text, &len)) == NULL &&
-		    rl_reward_judge_verdict(j, text, len, &r->reward, &why) == 0) {
+		    verdict(j, text, len, &r->reward, &why) == 0) {
 			r->status = RL_EXEC_OK;
 			r->reason[0] = 0;
 		} else {

@@ -57,9 +57,4 @@ const char *rl_reward_judge_model(const rl_reward_judge *j);
 
 void rl_reward_judge_destroy(rl_reward_judge *j);   /* NULL ok */
 
-/* The verdict of reply text (len bytes) under j's rule into *score: 0, or -1
- * with *why set.  Exposed for the unit test. */
-int rl_reward_judge_verdict(const rl_reward_judge *j, const char *text, size_t len, double *score,
-			    const char **why);
-
 #endif
