@@ -55,7 +55,7 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 RL_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -Ilib -I. $(PKG_CFLAGS) \
 	-DHAVE_CUDA=$(HAVE_CUDA) -DHAVE_NCCL=$(HAVE_NCCL)
-RL_LIBS   := -lnng -lcrypto $(PKG_LIBS) -lpcre2-8 -lutf8proc -lm -lpthread -fopenmp
+RL_LIBS   := -lnng -lssl -lcrypto $(PKG_LIBS) -lpcre2-8 -lutf8proc -lm -lpthread -fopenmp
 ifeq ($(HAVE_CUDA),1)
 RL_CFLAGS += -I$(CUDA_HOME)/include
 RL_LIBS   += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++

@@ -13,6 +13,7 @@
 
 #include "base/core.h"
 #include "base/io.h"
+#include "base/tls_ossl.h"
 
 struct closer {
 	nng_socket sock;
@@ -285,6 +286,8 @@ tls_config(nng_tls_config **out, int server, const char *url)
 	} else if ((tls_cert && (rv = rl_io_read_file(tls_cert, 1 << 20, &cert, &n)) != 0) ||
 		   (tls_key && (rv = rl_io_read_file(tls_key, 1 << 20, &key, &n)) != 0)) {
 		rl_error("TLS: cannot read '%s': %s", cert ? tls_key : tls_cert, rl_strerror(rv));
+	} else if ((rv = rl_tls_use_openssl()) != 0) {
+		/* the message is out */
 	} else if ((e = nng_tls_config_alloc(&c, server ? NNG_TLS_MODE_SERVER : NNG_TLS_MODE_CLIENT)) != 0) {
 		rl_error("TLS: %s", nng_strerror(e));
 		rv = RL_ENET;
@@ -360,7 +363,11 @@ rli_nng_dial(nng_socket s, const char *url, nng_dialer *dp, int flags)
 		e = nng_dialer_start(d, 0);
 		if (e == NNG_ECRYPTO || e == NNG_EPEERAUTH || e == NNG_ECLOSED || e == NNG_ECONNRESET ||
 		    e == NNG_ECONNSHUT) {
-			rl_error("'%s': TLS handshake failed: %s", url, nng_strerror(e));
+			char why[256];
+			if (rli_tls_last_error(why, sizeof why))
+				rl_error("'%s': TLS handshake failed: %s (%s)", url, nng_strerror(e), why);
+			else
+				rl_error("'%s': TLS handshake failed: %s", url, nng_strerror(e));
 			rl_hint("both ends need certificates signed by the CA the other end was given (--tls-ca), "
 				"and the server's must name the host dialled");
 			nng_dialer_close(d);

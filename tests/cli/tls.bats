@@ -138,3 +138,62 @@ start_tls_broker() {
 	with_cert rl-queue stat "$URL" > "$D/st"
 	grep -q 'scored 2 ' "$D/st"
 }
+
+# the TLS version a server negotiates with openssl s_client (the independent
+# peer): TLSv1.3 from the OpenSSL engine, TLSv1.2 from nng's mbedTLS 2.28
+negotiated() {
+	openssl s_client -connect "127.0.0.1:$1" -CAfile "$C/ca.pem" -cert "$C/cli.pem" -key "$C/cli.key" \
+		-verify_return_error -brief "${@:2}" </dev/null 2>&1 | sed -n 's/^Protocol version: //p'
+}
+
+start_tls_sync() {
+	for _ in 1 2 3; do
+		P=$(free_port)
+		U="tls+tcp://127.0.0.1:$P"
+		"$@" rl-sync serve --listen "$U" "${SRV[@]}" --no-shm 3>&- 2>"$D/serve.err" &
+		PIDS="$PIDS $!"
+		for _ in $(seq 50); do rl-sync status "${CLI[@]}" --timeout 300 "$U" >/dev/null 2>&1 && return 0; sleep 0.1; done
+	done
+	return 1
+}
+
+@test "the OpenSSL engine: TLS 1.3 (and 1.2 on request) with openssl s_client; a 12 MB checkpoint crosses it byte for byte, to and from nng's mbedTLS engine; RL_TLS_ENGINE=mbedtls serves TLS 1.2" {
+	mkdir -p "$D/ck"
+	head -c 12000000 /dev/urandom > "$D/ck/model.safetensors"
+	echo '{"model_type":"gpt2"}' > "$D/ck/config.json"
+	CLI=(--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.key")
+	start_tls_sync
+	[ "$(negotiated "$P")" = TLSv1.3 ]
+	[ "$(negotiated "$P" -tls1_2)" = TLSv1.2 ]
+	# s_client left right after its handshake, twice: the listener still
+	# accepts (a peer's close must not reach nng's accept as NNG_ECLOSED,
+	# which stops the listener for good)
+	# OpenSSL to OpenSSL, then an mbedTLS client pulls it and pushes the next
+	run -0 --separate-stderr rl-sync push "${CLI[@]}" --stored --transport stream "$U" "$D/ck" --version 1
+	run -0 --separate-stderr rl-sync pull "${CLI[@]}" --transport stream "$U" --out "$D/o1"
+	cmp "$D/o1/v000001/model.safetensors" "$D/ck/model.safetensors"
+	run -0 --separate-stderr env RL_TLS_ENGINE=mbedtls rl-sync pull "${CLI[@]}" --transport stream "$U" --out "$D/o2"
+	cmp "$D/o2/v000001/model.safetensors" "$D/ck/model.safetensors"
+	head -c 9000000 /dev/urandom > "$D/ck/model.safetensors"
+	run -0 --separate-stderr env RL_TLS_ENGINE=mbedtls rl-sync push "${CLI[@]}" --stored --transport stream "$U" "$D/ck" --version 2
+	run -0 --separate-stderr rl-sync pull "${CLI[@]}" --transport stream "$U" --out "$D/o3"
+	cmp "$D/o3/v000002/model.safetensors" "$D/ck/model.safetensors"
+	# the way back to nng's engine: an mbedTLS server, an OpenSSL client
+	start_tls_sync env RL_TLS_ENGINE=mbedtls
+	[ "$(negotiated "$P")" = TLSv1.2 ]
+	run -0 --separate-stderr rl-sync push "${CLI[@]}" --stored --transport stream "$U" "$D/ck" --version 3
+	run -0 --separate-stderr rl-sync pull "${CLI[@]}" --transport stream "$U" --out "$D/o4"
+	cmp "$D/o4/v000003/model.safetensors" "$D/ck/model.safetensors"
+	# an engine that is neither is refused by name
+	run -1 --separate-stderr env RL_TLS_ENGINE=gnutls rl-sync status "${CLI[@]}" "$U"
+	[[ $stderr == *"RL_TLS_ENGINE='gnutls': expected openssl or mbedtls"* ]]
+}
+
+@test "the OpenSSL engine: a key that does not match the certificate is refused before any connection, naming the file" {
+	run -1 --separate-stderr env RL_TLS_CA="$C/ca.pem" RL_TLS_CERT="$C/cli.pem" RL_TLS_KEY="$C/evil.key" \
+		rl-queue stat --timeout 1 "tls+tcp://127.0.0.1:$(free_port)"
+	[[ $stderr == *"cannot use the certificate and key '$C/cli.pem'"* ]]
+	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
+		--tls-cert "$C/srv.pem" --tls-key "$C/evil.key" --tls-ca "$C/ca.pem"
+	[[ $stderr == *"cannot use the certificate and key '$C/srv.pem'"* ]]
+}

@@ -1,0 +1,526 @@
+/*
+ * tls_ossl.c — an nng TLS engine on OpenSSL 3 (see tls_ossl.h).
+ *
+ * nng 1.5 keeps the TLS record layer out of the engine: the engine reads and
+ * writes ciphertext through nng_tls_engine_recv/send, which copy to and from
+ * nng's own 16 KiB buffers in front of the TCP stream and answer NNG_EAGAIN
+ * when those are empty or full.  Here a BIO of our own maps that onto
+ * OpenSSL's retry flags, so SSL_do_handshake/SSL_read/SSL_write return
+ * SSL_ERROR_WANT_* exactly where nng's mbedTLS engine returns WANT_READ/WRITE,
+ * and nng calls the operation again when the stream has moved.
+ *
+ * The behaviour follows nng's mbedTLS engine: a client verifies the server
+ * by default, a server asks for no certificate unless told to; the server
+ * name, when set, is sent as SNI and checked against the certificate's DNS
+ * names.  Unlike that engine this one offers TLS 1.3 (1.2 to 1.3 by default).
+ * Left out: keys in hardware, session resumption (servers issue no tickets),
+ * FIPS mode.
+ */
+#include "base/tls_ossl.h"
+
+#include <nng/nng.h>
+#include <nng/supplemental/tls/engine.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+
+struct nng_tls_engine_config {
+	SSL_CTX *ctx;
+	int server;
+	char *server_name;
+};
+
+struct nng_tls_engine_conn {
+	void *tls; /* nng's side of the connection, for nng_tls_engine_send/recv */
+	SSL *ssl;
+	int io_err; /* the lower stream's nng error, when it failed */
+	int server;
+};
+
+static BIO_METHOD *bio_meth;
+
+/* the last failed handshake's reason, for the message of a refused dial */
+static pthread_mutex_t last_mu = PTHREAD_MUTEX_INITIALIZER;
+static char last_err[256];
+
+static int
+bio_write(BIO *b, const char *data, size_t len, size_t *done)
+{
+	struct nng_tls_engine_conn *c = BIO_get_data(b);
+	size_t n = len;
+	int e;
+
+	BIO_clear_retry_flags(b);
+	*done = 0;
+	if ((e = nng_tls_engine_send(c->tls, (const uint8_t *)data, &n)) == 0) {
+		*done = n;
+		return 1;
+	}
+	if (e == NNG_EAGAIN)
+		BIO_set_retry_write(b);
+	else
+		c->io_err = e;
+	return 0;
+}
+
+static int
+bio_read(BIO *b, char *data, size_t len, size_t *done)
+{
+	struct nng_tls_engine_conn *c = BIO_get_data(b);
+	size_t n = len;
+	int e;
+
+	BIO_clear_retry_flags(b);
+	*done = 0;
+	if ((e = nng_tls_engine_recv(c->tls, (uint8_t *)data, &n)) == 0) {
+		*done = n;
+		return 1;
+	}
+	if (e == NNG_EAGAIN)
+		BIO_set_retry_read(b);
+	else
+		c->io_err = e;
+	return 0;
+}
+
+static long
+bio_ctrl(BIO *b, int cmd, long num, void *ptr)
+{
+	/* nng sends what it is given as soon as it can: nothing to flush */
+	return cmd == BIO_CTRL_FLUSH ? 1 : 0;
+}
+
+static int
+bio_create(BIO *b)
+{
+	BIO_set_init(b, 1);
+	return 1;
+}
+
+/* an nng error for a failed SSL call; the OpenSSL reason is kept for
+ * rli_tls_last_error and logged at verbose level.
+ *
+ * The codes matter to nng's listener: an accept that fails with NNG_ECLOSED
+ * stops it for good, one with an unknown code pauses it 100 ms, one with
+ * NNG_EPEERAUTH or NNG_ECONNRESET lets it accept the next at once.  So what
+ * a peer causes (its close-notify, a dropped connection, a handshake it
+ * fails) is never NNG_ECLOSED, and a server's failed handshake is
+ * NNG_EPEERAUTH. */
+static int
+ssl_fail(struct nng_tls_engine_conn *c, int r, const char *op)
+{
+	int err = SSL_get_error(c->ssl, r), rv;
+	unsigned long e;
+	char why[200] = "";
+	long vr;
+
+	if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+		ERR_clear_error();
+		return NNG_EAGAIN;
+	}
+	if ((e = ERR_peek_last_error()) != 0)
+		ERR_error_string_n(e, why, sizeof why);
+	ERR_clear_error();
+	vr = SSL_get_verify_result(c->ssl);
+	if (c->io_err != 0)
+		rv = c->io_err;
+	else if (err == SSL_ERROR_ZERO_RETURN || err == SSL_ERROR_SYSCALL)
+		rv = NNG_ECONNRESET;
+	else if (vr != X509_V_OK || (c->server && !SSL_is_init_finished(c->ssl)))
+		rv = NNG_EPEERAUTH;
+	else
+		rv = NNG_ECRYPTO;
+	if (vr != X509_V_OK)
+		snprintf(why, sizeof why, "%s", X509_verify_cert_error_string(vr));
+	if (why[0]) {
+		rl_verbose("TLS %s: %s", op, why);
+		pthread_mutex_lock(&last_mu);
+		snprintf(last_err, sizeof last_err, "%s", why);
+		pthread_mutex_unlock(&last_mu);
+	}
+	return rv;
+}
+
+static int
+conn_init(nng_tls_engine_conn *c, void *tls, nng_tls_engine_config *cfg)
+{
+	BIO *b;
+
+	c->tls = tls;
+	c->server = cfg->server;
+	if ((c->ssl = SSL_new(cfg->ctx)) == NULL)
+		return NNG_ENOMEM;
+	if ((b = BIO_new(bio_meth)) == NULL) {
+		SSL_free(c->ssl);
+		c->ssl = NULL;
+		return NNG_ENOMEM;
+	}
+	BIO_set_data(b, c);
+	SSL_set_bio(c->ssl, b, b);
+	/* nng may take part of a record and call again with the same buffer */
+	SSL_set_mode(c->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	if (cfg->server) {
+		SSL_set_accept_state(c->ssl);
+	} else {
+		SSL_set_connect_state(c->ssl);
+		if (cfg->server_name &&
+		    (!SSL_set_tlsext_host_name(c->ssl, cfg->server_name) || !SSL_set1_host(c->ssl, cfg->server_name))) {
+			ERR_clear_error();
+			SSL_free(c->ssl);
+			c->ssl = NULL;
+			return NNG_EINVAL;
+		}
+	}
+	return 0;
+}
+
+static void
+conn_fini(nng_tls_engine_conn *c)
+{
+	SSL_free(c->ssl);
+	c->ssl = NULL;
+}
+
+static void
+conn_close(nng_tls_engine_conn *c)
+{
+	if (c->ssl && SSL_is_init_finished(c->ssl))
+		(void)SSL_shutdown(c->ssl); /* a close-notify, best effort */
+	ERR_clear_error();
+}
+
+static int
+conn_handshake(nng_tls_engine_conn *c)
+{
+	int r;
+
+	ERR_clear_error();
+	if ((r = SSL_do_handshake(c->ssl)) == 1)
+		return 0;
+	return ssl_fail(c, r, "handshake");
+}
+
+static int
+conn_recv(nng_tls_engine_conn *c, uint8_t *buf, size_t *szp)
+{
+	size_t n = 0;
+	int r;
+
+	ERR_clear_error();
+	if ((r = SSL_read_ex(c->ssl, buf, *szp, &n)) == 1) {
+		*szp = n;
+		return 0;
+	}
+	return ssl_fail(c, r, "read");
+}
+
+static int
+conn_send(nng_tls_engine_conn *c, const uint8_t *buf, size_t *szp)
+{
+	size_t n = 0;
+	int r;
+
+	ERR_clear_error();
+	if ((r = SSL_write_ex(c->ssl, buf, *szp, &n)) == 1) {
+		*szp = n;
+		return 0;
+	}
+	return ssl_fail(c, r, "write");
+}
+
+static bool
+conn_verified(nng_tls_engine_conn *c)
+{
+	return SSL_get0_peer_certificate(c->ssl) != NULL && SSL_get_verify_result(c->ssl) == X509_V_OK;
+}
+
+static int
+cfg_init(nng_tls_engine_config *cfg, nng_tls_mode mode)
+{
+	cfg->server = mode == NNG_TLS_MODE_SERVER;
+	if ((cfg->ctx = SSL_CTX_new(cfg->server ? TLS_server_method() : TLS_client_method())) == NULL) {
+		ERR_clear_error();
+		return NNG_ENOMEM;
+	}
+	SSL_CTX_set_min_proto_version(cfg->ctx, TLS1_2_VERSION);
+	SSL_CTX_set_max_proto_version(cfg->ctx, TLS1_3_VERSION);
+	SSL_CTX_set_verify(cfg->ctx, cfg->server ? SSL_VERIFY_NONE : SSL_VERIFY_PEER, NULL);
+	if (cfg->server) {
+		/* every connection is a fresh handshake: no tickets to send */
+		SSL_CTX_set_num_tickets(cfg->ctx, 0);
+		SSL_CTX_set_session_cache_mode(cfg->ctx, SSL_SESS_CACHE_OFF);
+	}
+	return 0;
+}
+
+static void
+cfg_fini(nng_tls_engine_config *cfg)
+{
+	SSL_CTX_free(cfg->ctx);
+	free(cfg->server_name);
+}
+
+static int
+cfg_server(nng_tls_engine_config *cfg, const char *name)
+{
+	char *d = strdup(name);
+
+	if (d == NULL)
+		return NNG_ENOMEM;
+	free(cfg->server_name);
+	cfg->server_name = d;
+	return 0;
+}
+
+/* NNG_TLS_AUTH_MODE_OPTIONAL: a certificate that fails is still let in, and
+ * the connection reports itself not verified */
+static int
+verify_optional(int ok, X509_STORE_CTX *x)
+{
+	return 1;
+}
+
+static int
+cfg_auth(nng_tls_engine_config *cfg, nng_tls_auth_mode mode)
+{
+	switch (mode) {
+	case NNG_TLS_AUTH_MODE_NONE:
+		SSL_CTX_set_verify(cfg->ctx, SSL_VERIFY_NONE, NULL);
+		return 0;
+	case NNG_TLS_AUTH_MODE_OPTIONAL:
+		SSL_CTX_set_verify(cfg->ctx, SSL_VERIFY_PEER, verify_optional);
+		return 0;
+	case NNG_TLS_AUTH_MODE_REQUIRED:
+		SSL_CTX_set_verify(cfg->ctx, SSL_VERIFY_PEER | (cfg->server ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0), NULL);
+		return 0;
+	}
+	return NNG_EINVAL;
+}
+
+/* reading PEM objects from a string: the end is "no start line" */
+static int
+pem_end(void)
+{
+	unsigned long e = ERR_peek_last_error();
+	int end = ERR_GET_LIB(e) == ERR_LIB_PEM && ERR_GET_REASON(e) == PEM_R_NO_START_LINE;
+
+	ERR_clear_error();
+	return end;
+}
+
+static int
+cfg_ca_chain(nng_tls_engine_config *cfg, const char *certs, const char *crl)
+{
+	X509_STORE *st = SSL_CTX_get_cert_store(cfg->ctx);
+	BIO *b;
+	X509 *x;
+	X509_CRL *r;
+	int n = 0, rv = 0;
+
+	ERR_clear_error();
+	if ((b = BIO_new_mem_buf(certs, -1)) == NULL)
+		return NNG_ENOMEM;
+	while (rv == 0 && (x = PEM_read_bio_X509(b, NULL, NULL, NULL)) != NULL) {
+		if (!X509_STORE_add_cert(st, x))
+			rv = NNG_ECRYPTO;
+		X509_free(x);
+		n++;
+	}
+	BIO_free(b);
+	if (rv == 0 && (!pem_end() || n == 0))
+		rv = NNG_ECRYPTO;
+	if (rv == 0 && crl != NULL) {
+		if ((b = BIO_new_mem_buf(crl, -1)) == NULL)
+			return NNG_ENOMEM;
+		n = 0;
+		while (rv == 0 && (r = PEM_read_bio_X509_CRL(b, NULL, NULL, NULL)) != NULL) {
+			if (!X509_STORE_add_crl(st, r))
+				rv = NNG_ECRYPTO;
+			X509_CRL_free(r);
+			n++;
+		}
+		BIO_free(b);
+		if (rv == 0 && !pem_end())
+			rv = NNG_ECRYPTO;
+		if (rv == 0 && n > 0)
+			X509_STORE_set_flags(st, X509_V_FLAG_CRL_CHECK | X509_V_FLAG_CRL_CHECK_ALL);
+	}
+	ERR_clear_error();
+	return rv;
+}
+
+/* the key's password, never a prompt on the terminal */
+static int
+pass_cb(char *buf, int size, int rwflag, void *u)
+{
+	const char *p = u;
+	size_t n = p ? strlen(p) : 0;
+
+	if (n > (size_t)size)
+		return -1;
+	memcpy(buf, p ? p : "", n);
+	return (int)n;
+}
+
+static int
+cfg_own_cert(nng_tls_engine_config *cfg, const char *cert, const char *key, const char *pass)
+{
+	BIO *b = NULL;
+	X509 *x = NULL;
+	EVP_PKEY *k = NULL;
+	int rv = NNG_ECRYPTO, n = 0;
+
+	ERR_clear_error();
+	if ((b = BIO_new_mem_buf(cert, -1)) == NULL) {
+		rv = NNG_ENOMEM;
+		goto out;
+	}
+	/* the first certificate is ours, the rest its chain */
+	while ((x = PEM_read_bio_X509(b, NULL, NULL, NULL)) != NULL) {
+		int ok = n++ == 0 ? SSL_CTX_use_certificate(cfg->ctx, x) : SSL_CTX_add1_chain_cert(cfg->ctx, x);
+		X509_free(x);
+		if (!ok)
+			goto out;
+	}
+	if (!pem_end() || n == 0)
+		goto out;
+	BIO_free(b);
+	if ((b = BIO_new_mem_buf(key, -1)) == NULL) {
+		rv = NNG_ENOMEM;
+		goto out;
+	}
+	if ((k = PEM_read_bio_PrivateKey(b, NULL, pass_cb, (void *)pass)) == NULL)
+		goto out;
+	/* a key that does not match the certificate fails here, not in a
+	 * handshake later */
+	if (!SSL_CTX_use_PrivateKey(cfg->ctx, k) || !SSL_CTX_check_private_key(cfg->ctx))
+		goto out;
+	rv = 0;
+out:
+	ERR_clear_error();
+	EVP_PKEY_free(k);
+	BIO_free(b);
+	return rv;
+}
+
+static int
+tls_ver(nng_tls_version v)
+{
+	switch (v) {
+	case NNG_TLS_1_0: return TLS1_VERSION;
+	case NNG_TLS_1_1: return TLS1_1_VERSION;
+	case NNG_TLS_1_2: return TLS1_2_VERSION;
+	case NNG_TLS_1_3: return TLS1_3_VERSION;
+	}
+	return -1;
+}
+
+static int
+cfg_version(nng_tls_engine_config *cfg, nng_tls_version lo, nng_tls_version hi)
+{
+	int a = tls_ver(lo), b = tls_ver(hi);
+
+	if (a < 0 || b < 0 || a > b)
+		return NNG_ENOTSUP;
+	if (!SSL_CTX_set_min_proto_version(cfg->ctx, a) || !SSL_CTX_set_max_proto_version(cfg->ctx, b)) {
+		ERR_clear_error();
+		return NNG_ENOTSUP;
+	}
+	return 0;
+}
+
+static nng_tls_engine_conn_ops conn_ops = {
+	.size = sizeof(nng_tls_engine_conn),
+	.init = conn_init,
+	.fini = conn_fini,
+	.close = conn_close,
+	.handshake = conn_handshake,
+	.recv = conn_recv,
+	.send = conn_send,
+	.verified = conn_verified,
+};
+
+static nng_tls_engine_config_ops config_ops = {
+	.size = sizeof(nng_tls_engine_config),
+	.init = cfg_init,
+	.fini = cfg_fini,
+	.server = cfg_server,
+	.auth = cfg_auth,
+	.ca_chain = cfg_ca_chain,
+	.own_cert = cfg_own_cert,
+	.version = cfg_version,
+};
+
+static nng_tls_engine engine = {
+	.version = NNG_TLS_ENGINE_VERSION,
+	.config_ops = &config_ops,
+	.conn_ops = &conn_ops,
+	.name = "openssl",
+	.description = "OpenSSL 3",
+	.fips_mode = false,
+};
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static int once_rv;
+
+static void
+register_once(void)
+{
+	const char *want = getenv("RL_TLS_ENGINE");
+	int e;
+
+	if (want && *want && strcmp(want, "openssl") != 0) {
+		if (strcmp(want, "mbedtls") != 0) {
+			rl_error("RL_TLS_ENGINE='%s': expected openssl or mbedtls", want);
+			once_rv = RL_EINVAL;
+		}
+		return;
+	}
+	if ((bio_meth = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "nng stream")) == NULL ||
+	    !BIO_meth_set_write_ex(bio_meth, bio_write) || !BIO_meth_set_read_ex(bio_meth, bio_read) ||
+	    !BIO_meth_set_ctrl(bio_meth, bio_ctrl) || !BIO_meth_set_create(bio_meth, bio_create)) {
+		ERR_clear_error();
+		once_rv = RL_ENOMEM;
+		return;
+	}
+	/* nng's first initialisation registers its built-in engine and would
+	 * replace one registered before it: initialise nng first */
+	(void)nng_tls_engine_name();
+	if ((e = nng_tls_engine_register(&engine)) != 0) {
+		rl_error("TLS: nng refused the OpenSSL engine: %s", nng_strerror(e));
+		once_rv = RL_ENET;
+	}
+}
+
+int
+rl_tls_use_openssl(void)
+{
+	pthread_once(&once, register_once);
+	return once_rv;
+}
+
+const char *
+rl_tls_engine_name(void)
+{
+	return nng_tls_engine_name();
+}
+
+int
+rli_tls_last_error(char *buf, size_t n)
+{
+	int have;
+
+	pthread_mutex_lock(&last_mu);
+	have = last_err[0] != 0;
+	snprintf(buf, n, "%s", last_err);
+	last_err[0] = 0;
+	pthread_mutex_unlock(&last_mu);
+	return have;
+}
