@@ -10,6 +10,13 @@
  * RLQ_BENCH_AUTH=KEYFILE: the plain run, then the same with --auth-key-file
  * on the broker and the clients (what the HMAC of every request costs).
  *
+ * RLQ_BENCH_TLS=DIR: the plain run, then tls+tcp:// with client
+ * certificates from DIR, on the engine RL_TLS_ENGINE selects (openssl by
+ * default, or mbedtls) for the broker and the clients alike.
+ *
+ * Each line also gives the CPU seconds of broker and clients per record
+ * trained (cpu_us_per_record) and the workers that stopped on an error.
+ *
  * usage: queue [SECONDS] [BIN]   (default 4 s, build/bin/rl-queue)
  */
 #include <pthread.h>
@@ -23,6 +30,7 @@
 
 #include "base/auth.h"
 #include "base/nngx.h"
+#include "base/tls_ossl.h"
 #include "queue/qclient.h"
 #include "stream/traj.h"
 
@@ -298,19 +306,20 @@ run(const char *bin, const char *dir)
 		for (size_t k = 0; k < w[i].nlat; k++)
 			all[nall++] = w[i].lat[k];
 	qsort(all, nall, sizeof *all, cmp);
-	printf("{\"bench\":\"queue\",\"auth\":%s,\"tls\":%s,\"data_dir\":%s,\"wire_zstd\":%s,\"seconds\":%.2f,\"record_bytes\":%d,\"batch\":%d,"
+	printf("{\"bench\":\"queue\",\"auth\":%s,\"tls\":%s,\"tls_engine\":\"%s\",\"data_dir\":%s,\"wire_zstd\":%s,\"seconds\":%.2f,\"record_bytes\":%d,\"batch\":%d,"
 	    "\"put_records\":%llu,\"trained_records\":%llu,\"records_per_s\":%.0f,\"mb_per_s\":%.1f,"
 	    "\"lease_p50_ms\":%.3f,\"lease_p99_ms\":%.3f,\"leases\":%zu,"
 	    "\"broker_cpu_cores\":%.2f,\"broker_cpu_share\":%.2f,\"clients_cpu_cores\":%.2f,"
 	    "\"broker_time_s\":{\"state\":%.3f,\"decompress\":%.3f,\"compress\":%.3f,\"journal\":%.3f,\"lock_wait\":%.3f},"
-	    "\"journal_syncs\":%.0f}\n",
-	    auth_file ? "true" : "false", tls_dir ? "true" : "false", dir ? "true" : "false", compress > 0 ? "true" : "false", t1 - t0, (int)rec_bytes, BATCH, (unsigned long long)put, (unsigned long long)got,
+	    "\"journal_syncs\":%.0f,\"cpu_us_per_record\":%.2f,\"failed_workers\":%d}\n",
+	    auth_file ? "true" : "false", tls_dir ? "true" : "false", tls_dir ? rl_tls_engine_name() : "", dir ? "true" : "false", compress > 0 ? "true" : "false", t1 - t0, (int)rec_bytes, BATCH, (unsigned long long)put, (unsigned long long)got,
 	    (double)got / (t1 - t0), (double)got * (double)rec_bytes / 1e6 / (t1 - t0),
 	    nall ? all[nall / 2] * 1e3 : 0, nall ? all[(size_t)(nall * 0.99)] * 1e3 : 0, nall,
 	    (c1 - c0) / (t1 - t0), (c1 - c0) / ((c1 - c0) + (s1 - s0) + 1e-9), (s1 - s0) / (t1 - t0),
 	    json ? jnum(json, "state_s") : -1, json ? jnum(json, "decompress_s") : -1,
 	    json ? jnum(json, "compress_s") : -1, json ? jnum(json, "journal_s") : -1,
-	    json ? jnum(json, "lock_wait_s") : -1, json ? jnum(json, "syncs") : 0);
+	    json ? jnum(json, "lock_wait_s") : -1, json ? jnum(json, "syncs") : 0,
+	    got ? ((c1 - c0) + (s1 - s0)) / (double)got * 1e6 : 0, w[0].failed + w[1].failed + w[2].failed + w[3].failed);
 	fflush(stdout);
 	free(json);
 	free(all);

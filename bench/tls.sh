@@ -2,7 +2,9 @@
 # bench/tls.sh — what tls+tcp:// with client certificates costs against plain
 # tcp:// on loopback: the broker's throughput (bench/queue.c, RLQ_BENCH_TLS)
 # and rl-sync's push and pull bandwidth of a checkpoint (the CLI, stored
-# chunks, no shared memory).  JSON lines on stdout.
+# chunks, no shared memory).  TLS runs twice, on each engine: OpenSSL (the
+# default) and nng's mbedTLS (RL_TLS_ENGINE=mbedtls), each queue run with its
+# own plain tcp:// run just before it.  JSON lines on stdout.
 # usage: sh bench/tls.sh [SECONDS_PER_QUEUE_RUN] [CHECKPOINT_MB]   (from the repository root)
 set -eu
 SECS=${1:-4}
@@ -22,15 +24,22 @@ trap 'for p in $PIDS; do kill "$p" 2>/dev/null || true; done; rm -rf "$T"' EXIT
 	openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out cli.pem -days 2
 ) >/dev/null 2>&1
 
-RLQ_BENCH_TLS=$T "$B/bench/queue" "$SECS" "$B/bin/rl-queue"
+for e in openssl mbedtls; do
+	RL_TLS_ENGINE=$e RLQ_BENCH_TLS=$T "$B/bench/queue" "$SECS" "$B/bin/rl-queue"
+done
 
 mkdir -p "$T/ck"
 head -c $((MB * 1048576)) /dev/urandom > "$T/ck/model.safetensors"
 echo '{"model_type":"gpt2"}' > "$T/ck/config.json"
 port=$((30000 + $$ % 20000))
-for mode in tcp tls; do
+# CPU seconds: a process's from /proc, the shell's reaped children's from times
+proc_cpu() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$1/stat"; }
+kids_cpu() { times | awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); n += a[1] * 60 + a[2] } printf "%.2f", n }'; }
+for mode in tcp openssl mbedtls; do
 	port=$((port + 1))
-	if [ $mode = tls ]; then
+	export RL_TLS_ENGINE=openssl
+	if [ $mode != tcp ]; then
+		RL_TLS_ENGINE=$mode
 		U=tls+tcp://127.0.0.1:$port
 		set -- --tls-cert "$T/srv.pem" --tls-key "$T/srv.key" --tls-ca "$T/ca.pem"
 		C="--tls-cert $T/cli.pem --tls-key $T/cli.key --tls-ca $T/ca.pem"
@@ -40,13 +49,15 @@ for mode in tcp tls; do
 		C=""
 	fi
 	"$B/bin/rl-sync" serve -q --no-shm --listen "$U" "$@" 3>&- &
-	PIDS="$PIDS $!"
+	SP=$!
+	PIDS="$PIDS $SP"
 	i=0
 	until "$B/bin/rl-sync" status $C --timeout 300 "$U" >/dev/null 2>&1; do
 		i=$((i + 1)); [ $i -lt 100 ] || { echo "tls bench: rl-sync serve did not start" >&2; exit 1; }
 		sleep 0.1
 	done
 	best_push=0 best_pull=0
+	c0=$(proc_cpu $SP) k0=$(kids_cpu)
 	for v in 1 2 3; do
 		t0=$(date +%s.%N)
 		"$B/bin/rl-sync" push -q $C --stored --transport stream "$U" "$T/ck" --version $v
@@ -58,5 +69,7 @@ for mode in tcp tls; do
 		best_push=$(echo "$t0 $t1 $best_push" | awk '{d=$2-$1; print ($3==0||d<$3)?d:$3}')
 		best_pull=$(echo "$t1 $t2 $best_pull" | awk '{d=$2-$1; print ($3==0||d<$3)?d:$3}')
 	done
-	echo "$mode $MB $best_push $best_pull" | awk '{printf "{\"bench\":\"sync-tls\",\"mode\":\"%s\",\"mb\":%d,\"push_s\":%.3f,\"pull_s\":%.3f,\"push_mb_per_s\":%.0f,\"pull_mb_per_s\":%.0f}\n", $1, $2, $3, $4, $2/$3, $2/$4}'
+	# server and clients, 3 pushes and 3 pulls (the cmp included)
+	cpu=$(echo "$(proc_cpu $SP) $c0 $(kids_cpu) $k0" | awk '{print $1 - $2 + $3 - $4}')
+	echo "$mode $MB $best_push $best_pull $cpu" | awk '{printf "{\"bench\":\"sync-tls\",\"mode\":\"%s\",\"mb\":%d,\"push_s\":%.3f,\"pull_s\":%.3f,\"push_mb_per_s\":%.0f,\"pull_mb_per_s\":%.0f,\"cpu_s_per_gb_moved\":%.2f}\n", $1, $2, $3, $4, $2/$3, $2/$4, $5 / (6 * $2 / 1024)}'
 done

@@ -104,7 +104,9 @@ bio_create(BIO *b)
 	return 1;
 }
 
-/* an nng error for a failed SSL call; the OpenSSL reason is kept for
+/* an nng error for a failed SSL call, which leaves OpenSSL's error queue of
+ * this thread empty (the SSL calls on nng's threads do not clear it first:
+ * it costs a lookup of the thread's state per call); the OpenSSL reason is kept for
  * rli_tls_last_error and logged at verbose level.
  *
  * The codes matter to nng's listener: an accept that fails with NNG_ECLOSED
@@ -121,10 +123,8 @@ ssl_fail(struct nng_tls_engine_conn *c, int r, const char *op)
 	char why[200] = "";
 	long vr;
 
-	if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
-		ERR_clear_error();
-		return NNG_EAGAIN;
-	}
+	if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE)
+		return NNG_EAGAIN; /* nothing was queued */
 	if ((e = ERR_peek_last_error()) != 0)
 		ERR_error_string_n(e, why, sizeof why);
 	ERR_clear_error();
@@ -201,7 +201,6 @@ conn_handshake(nng_tls_engine_conn *c)
 {
 	int r;
 
-	ERR_clear_error();
 	if ((r = SSL_do_handshake(c->ssl)) == 1)
 		return 0;
 	return ssl_fail(c, r, "handshake");
@@ -213,7 +212,6 @@ conn_recv(nng_tls_engine_conn *c, uint8_t *buf, size_t *szp)
 	size_t n = 0;
 	int r;
 
-	ERR_clear_error();
 	if ((r = SSL_read_ex(c->ssl, buf, *szp, &n)) == 1) {
 		*szp = n;
 		return 0;
@@ -227,7 +225,6 @@ conn_send(nng_tls_engine_conn *c, const uint8_t *buf, size_t *szp)
 	size_t n = 0;
 	int r;
 
-	ERR_clear_error();
 	if ((r = SSL_write_ex(c->ssl, buf, *szp, &n)) == 1) {
 		*szp = n;
 		return 0;
