@@ -34,14 +34,16 @@ int rli_url_is_local(const char *url);
  * (prog names the command). */
 int rli_listen_policy(const char *prog, const char *url, int secured, int allow_public);
 
-/* TLS for tls+tcp:// URLs (nng's TLS, mbedTLS in Debian's build).
+/* TLS for tls+tcp:// URLs (nng's TLS transport on the OpenSSL engine of
+ * base/tls_ossl.h, registered at the first tls+ URL; RL_TLS_ENGINE=mbedtls
+ * keeps nng's built-in mbedTLS engine).
  * rli_nng_tls_files sets the process's files: cert and key (PEM; together)
  * are this end's certificate, ca (PEM) the CA the other end's must be signed
  * by.  A listener needs cert and key; with ca it also requires and checks a
  * client certificate (the clients are authenticated).  A dialer needs ca
  * (the server is checked, its name against the URL's host when that is a
- * name; for an IP address only the chain, as mbedTLS 2.28 matches DNS names
- * only) and presents
+ * name; for an IP address only the chain, as nng's mbedTLS 2.28 engine
+ * matches DNS names only) and presents
  * cert and key when given.  Not called: RL_TLS_CERT, RL_TLS_KEY, RL_TLS_CA
  * from the environment are used at the first tls+ URL.  RL_EINVAL (logged)
  * for a cert without a key or the other way round. */
