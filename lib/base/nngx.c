@@ -360,10 +360,11 @@ rli_nng_dial(nng_socket s, const char *url, nng_dialer *dp, int flags)
 		/* one connection first, so a refused handshake is an error that
 		 * names itself; a server not up yet is dialled again in the
 		 * background as for tcp:// */
+		char why[256];
+		rli_tls_last_error(why, sizeof why); /* an older failure's reason is not this one's */
 		e = nng_dialer_start(d, 0);
 		if (e == NNG_ECRYPTO || e == NNG_EPEERAUTH || e == NNG_ECLOSED || e == NNG_ECONNRESET ||
 		    e == NNG_ECONNSHUT) {
-			char why[256];
 			if (rli_tls_last_error(why, sizeof why))
 				rl_error("'%s': TLS handshake failed: %s (%s)", url, nng_strerror(e), why);
 			else
