@@ -60,7 +60,7 @@ start_auth_broker() {
 	[ "$(printf '%s\n' "$output" | grep -c '"group"')" -eq 4 ]
 }
 
-@test "rl-queue --auth-key-file: a request signed by Python (hmac, cryptography's Poly1305) is accepted; its replay, a stale one and one with another key are refused" {
+@test "rl-queue --auth-key-file: a request signed by Python (hmac, cryptography's Poly1305) is accepted; its replay, a stale one, one with another key and one with an altered body are refused" {
 	start_auth_broker
 	run -0 python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/key" replay
 	[[ ${lines[0]} == "0 "*" bytes" ]]
@@ -69,6 +69,12 @@ start_auth_broker() {
 	[[ $output == "1 the request's time is more than 300 s away"* ]]
 	run -0 python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/other" stat
 	[[ $output == "1 wrong shared key"* ]]
+	# a body Python signed passes the MAC (the broker then judges the ack
+	# itself); the same body with one byte flipped does not
+	run -0 python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/key" ack
+	[[ ${lines[0]} != *"shared key"* && ${lines[0]} != *"replay"* ]]
+	[[ ${lines[1]} == "1 wrong shared key"* ]]
+	grep -q 'refused a ack request: wrong shared key' "$D/broker.err"
 }
 
 @test "rl-queue --auth-key-file: a key file group or others can read is refused, naming the file and the mode" {

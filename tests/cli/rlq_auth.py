@@ -8,6 +8,9 @@ lib/base/auth.c) for tests of --auth-key-file.
       the same signed STAT request sent twice, byte for byte; prints both
   python3 rlq_auth.py tcp://127.0.0.1:PORT KEYFILE stale
       a STAT request signed with a time 10 minutes ago
+  python3 rlq_auth.py tcp://127.0.0.1:PORT KEYFILE ack
+      a signed ACK (a body of 24 bytes: lease 12345, release id 1), then the
+      same request signed anew with one byte of its body flipped after signing
 """
 import hashlib
 import hmac
@@ -19,6 +22,7 @@ import time
 
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
+OP_ACK = 4
 OP_STAT = 6
 FLAG_AUTH = 8
 
@@ -66,6 +70,14 @@ def main():
     s = socket.create_connection((host, int(port)), timeout=10)
     s.sendall(b"\x00SP\x00" + struct.pack(">H", 0x30) + b"\x00\x00")
     _recvn(s, 8)
+    if what == "ack":
+        body = struct.pack("<QII", 12345, 1, 1) + struct.pack("<Q", 1)
+        print(*send(s, signed(key, OP_ACK, body), 1))
+        msg = bytearray(signed(key, OP_ACK, body))
+        msg[-3] ^= 1
+        print(*send(s, bytes(msg), 2))
+        s.close()
+        return
     if what == "stale":
         msg = signed(key, OP_STAT, t_ns=time.time_ns() - 600 * 10**9)
     else:
