@@ -146,6 +146,24 @@ PY
 	[[ $output == "200 #"* ]]
 	run -0 http_code "$HTTP" /
 	[[ $output == "200 "* ]]
+	# HEAD and a request with a body get no data without the key either
+	run -0 python3 - "$HTTP" "$key" <<'EOF'
+import http.client, sys
+def ask(method, path, headers={}, body=None):
+    c = http.client.HTTPConnection(sys.argv[1], timeout=5)
+    c.request(method, path, body=body, headers=headers)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, data
+print(*ask("HEAD", "/api/stats"))
+print(*ask("HEAD", "/metrics", {"Authorization": "Bearer " + sys.argv[2]}))
+status, data = ask("POST", "/api/stats", body=b"x" * 100000)
+print(status, b"rlqueue" in data or b"{" in data)
+EOF
+	[ "${lines[0]}" = "401 b''" ]
+	[ "${lines[1]}" = "200 b''" ]
+	[ "${lines[2]}" = "413 False" ]
 }
 
 @test "rl-reward --auth-key-file: scores a keyed broker's records; without the key it exits 1 and nothing is leased" {
