@@ -2,11 +2,14 @@
 # bench/auth.sh — what --auth-key-file costs against no key on loopback: the
 # broker's throughput (bench/queue.c, RLQ_BENCH_AUTH) and rl-sync's push and
 # pull bandwidth of a checkpoint (the CLI, stored chunks, no shared memory,
-# best of 3).  JSON lines on stdout.
-# usage: sh bench/auth.sh [SECONDS_PER_QUEUE_RUN] [CHECKPOINT_MB]   (from the repository root)
+# best of 3).  JSON lines on stdout.  With TLS_DIR (ca.pem, srv.pem/key,
+# cli.pem/key, as bench/tls.sh makes them) both sides of every pair run over
+# tls+tcp://, where a request's MAC covers its header only.
+# usage: sh bench/auth.sh [SECONDS_PER_QUEUE_RUN] [CHECKPOINT_MB] [TLS_DIR]   (from the repository root)
 set -eu
 SECS=${1:-4}
 MB=${2:-256}
+TLS=${3:-}
 B=${RL_BUILD:-build}
 T=$(mktemp -d /tmp/rl-auth-bench.XXXXXX)
 PIDS=""
@@ -14,7 +17,17 @@ trap 'for p in $PIDS; do kill "$p" 2>/dev/null || true; done; rm -rf "$T"' EXIT
 
 head -c 32 /dev/urandom | base64 > "$T/key"
 chmod 600 "$T/key"
-RLQ_BENCH_AUTH=$T/key "$B/bench/queue" "$SECS" "$B/bin/rl-queue"
+if [ -n "$TLS" ]; then
+	RLQ_BENCH_TLS=$TLS RLQ_BENCH_AUTH=$T/key "$B/bench/queue" "$SECS" "$B/bin/rl-queue"
+else
+	RLQ_BENCH_AUTH=$T/key "$B/bench/queue" "$SECS" "$B/bin/rl-queue"
+fi
+SCHEME=tcp S="" CL=""
+if [ -n "$TLS" ]; then
+	SCHEME=tls+tcp
+	S="--tls-cert $TLS/srv.pem --tls-key $TLS/srv.key --tls-ca $TLS/ca.pem"
+	CL="--tls-cert $TLS/cli.pem --tls-key $TLS/cli.key --tls-ca $TLS/ca.pem"
+fi
 
 mkdir -p "$T/ck"
 head -c $((MB * 1048576)) /dev/urandom > "$T/ck/model.safetensors"
@@ -22,10 +35,10 @@ echo '{"model_type":"gpt2"}' > "$T/ck/config.json"
 port=$((30000 + $$ % 20000))
 for mode in none key; do
 	port=$((port + 1))
-	U=tcp://127.0.0.1:$port
-	C=""
-	[ $mode = key ] && C="--auth-key-file $T/key"
-	"$B/bin/rl-sync" serve -q --no-shm --listen "$U" $C 3>&- &
+	U=$SCHEME://127.0.0.1:$port
+	C="$CL"
+	[ $mode = key ] && C="$C --auth-key-file $T/key"
+	"$B/bin/rl-sync" serve -q --no-shm --listen "$U" $S $([ $mode = key ] && echo "--auth-key-file $T/key") 3>&- &
 	PIDS="$PIDS $!"
 	i=0
 	until "$B/bin/rl-sync" status $C --timeout 300 "$U" >/dev/null 2>&1; do
@@ -44,5 +57,5 @@ for mode in none key; do
 		best_push=$(echo "$t0 $t1 $best_push" | awk '{d=$2-$1; print ($3==0||d<$3)?d:$3}')
 		best_pull=$(echo "$t1 $t2 $best_pull" | awk '{d=$2-$1; print ($3==0||d<$3)?d:$3}')
 	done
-	echo "$mode $MB $best_push $best_pull" | awk '{printf "{\"bench\":\"sync-auth\",\"key\":%s,\"mb\":%d,\"push_s\":%.3f,\"pull_s\":%.3f,\"push_mb_per_s\":%.0f,\"pull_mb_per_s\":%.0f}\n", ($1=="key")?"true":"false", $2, $3, $4, $2/$3, $2/$4}'
+	echo "$mode $MB $best_push $best_pull" | awk '{printf "{\"bench\":\"sync-auth\",\"scheme\":\"'$SCHEME'\",\"key\":%s,\"mb\":%d,\"push_s\":%.3f,\"pull_s\":%.3f,\"push_mb_per_s\":%.0f,\"pull_mb_per_s\":%.0f}\n", ($1=="key")?"true":"false", $2, $3, $4, $2/$3, $2/$4}'
 done

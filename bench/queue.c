@@ -8,7 +8,8 @@
  * used), and where the broker's time goes (its stats).
  *
  * RLQ_BENCH_AUTH=KEYFILE: the plain run, then the same with --auth-key-file
- * on the broker and the clients (what the HMAC of every request costs).
+ * on the broker and the clients (what the HMAC of every request costs); with
+ * RLQ_BENCH_TLS=DIR too, both runs over tls+tcp://.
  *
  * RLQ_BENCH_TLS=DIR: the plain run, then tls+tcp:// with client
  * certificates from DIR, on the engine RL_TLS_ENGINE selects (openssl by
@@ -256,16 +257,21 @@ run(const char *bin, const char *dir)
 	snprintf(url, sizeof url, "%s://127.0.0.1:%d", tls_dir ? "tls+tcp" : "tcp",
 		 port + (dir ? 1 : 0) + (compress > 0 ? 2 : 0) + (tls_dir ? 4 : 0) + (auth_file ? 5 : 0));
 	if ((pid = fork()) == 0) {
-		if (tls_dir)
-			execl(bin, bin, "serve", "-q", "--listen", url, "--max-bytes", "2G", "--tls-cert", tls_file("srv.pem"),
-			      "--tls-key", tls_file("srv.key"), "--tls-ca", tls_file("ca.pem"), (char *)NULL);
-		else if (auth_file)
-			execl(bin, bin, "serve", "-q", "--listen", url, "--max-bytes", "2G", "--auth-key-file", auth_file,
-			      (char *)NULL);
-		else if (dir)
-			execl(bin, bin, "serve", "-q", "--listen", url, "--data-dir", dir, "--max-bytes", "2G", (char *)NULL);
-		else
-			execl(bin, bin, "serve", "-q", "--listen", url, "--max-bytes", "2G", (char *)NULL);
+		const char *av[16];
+		int n = 0;
+		av[n++] = bin, av[n++] = "serve", av[n++] = "-q", av[n++] = "--listen", av[n++] = url;
+		av[n++] = "--max-bytes", av[n++] = "2G";
+		if (tls_dir) {
+			av[n++] = "--tls-cert", av[n++] = tls_file("srv.pem");
+			av[n++] = "--tls-key", av[n++] = tls_file("srv.key");
+			av[n++] = "--tls-ca", av[n++] = tls_file("ca.pem");
+		}
+		if (auth_file)
+			av[n++] = "--auth-key-file", av[n++] = auth_file;
+		if (dir)
+			av[n++] = "--data-dir", av[n++] = dir;
+		av[n] = NULL;
+		execv(bin, (char *const *)av);
 		_exit(127);
 	}
 	if (rl_qclient_open(&c, url, NULL) != 0 || rl_qclient_ping(c) != 0) {
@@ -357,7 +363,13 @@ main(int argc, char **argv)
 	}
 	compress = -1;
 	if (getenv("RLQ_BENCH_AUTH")) {
-		/* the shared key against none: the same run twice */
+		/* the shared key against none: the same run twice, over TLS when
+		 * RLQ_BENCH_TLS is set too */
+		if (getenv("RLQ_BENCH_TLS")) {
+			tls_dir = getenv("RLQ_BENCH_TLS");
+			if (rli_nng_tls_files(tls_file("cli.pem"), tls_file("cli.key"), tls_file("ca.pem")) != 0)
+				return 1;
+		}
 		rv = run(bin, NULL);
 		auth_file = getenv("RLQ_BENCH_AUTH");
 		if (rli_auth_set_file(auth_file) != 0)

@@ -11,6 +11,9 @@
  * Poly1305 is ~6x its HMAC-SHA256 here (5.5 GB/s against 0.85 on 290 KB).
  * Both are OpenSSL's (libcrypto); mbedTLS 2.28's SHA-256 was ten times
  * slower still.
+ * Over TLS a request's proof covers its header only (rli_auth_seal_head):
+ * the channel protects the body, and hashing it again cost ~10% of the
+ * broker's CPU at 4.5 KB records.
  * Leaves out: key rotation and per-client keys.
  */
 #include "base/auth.h"
@@ -244,6 +247,16 @@ rli_auth_seal(uint8_t mac[RLI_AUTH_MAC_LEN], const void *a, size_t alen, const v
 	     hmac3(m, mac, a, alen, tag, sizeof tag, NULL, 0) == 0;
 	memset(km, 0, sizeof km);
 	if (!ok)
+		mac_fail(mac);
+}
+
+void
+rli_auth_seal_head(uint8_t mac[RLI_AUTH_MAC_LEN], const void *a, size_t alen)
+{
+	static const char label[] = RLI_AUTH_HEAD_LABEL;
+	macs *m = macs_get();
+
+	if (!m || hmac3(m, mac, label, sizeof label, a, alen, NULL, 0) != 0)
 		mac_fail(mac);
 }
 

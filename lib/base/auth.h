@@ -42,6 +42,14 @@ void rli_auth_mac(uint8_t mac[RLI_AUTH_MAC_LEN], const void *a, size_t alen, con
  * (chance about len(b)/2^100 per try). */
 #define RLI_AUTH_BODY_LABEL "rlpipe body key 1"
 void rli_auth_seal(uint8_t mac[RLI_AUTH_MAC_LEN], const void *a, size_t alen, const void *b, size_t blen);
+/* The proof of a request sent over TLS (tls+tcp://), whose channel already
+ * keeps its body from being read or changed: HMAC-SHA256(K, label || a) with
+ * label RLI_AUTH_HEAD_LABEL and its terminating zero (21 bytes) and a the
+ * request's header (time and nonce included).  The label keeps it apart from
+ * rli_auth_seal's Km, so neither can stand for the other; a server on plain
+ * tcp:// refuses it (qproto.h, wsync_int.h). */
+#define RLI_AUTH_HEAD_LABEL "rlpipe header only 1"
+void rli_auth_seal_head(uint8_t mac[RLI_AUTH_MAC_LEN], const void *a, size_t alen);
 /* 1 when x and y (n bytes) are equal; time does not depend on where they differ */
 int rli_auth_equal(const void *x, const void *y, size_t n);
 /* A fresh (time, nonce) pair for a request: the Unix time in ns and 64

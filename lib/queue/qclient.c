@@ -295,7 +295,7 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 		nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO,
 		    (nng_duration)RL_MAX(1.0, RL_MIN(c->o.timeout_ms, left * 1000.0)));
 		if (authed)
-			rl_qauth_sign(nng_msg_body(m), nng_msg_len(m));
+			rl_qauth_sign(nng_msg_body(m), nng_msg_len(m), strncmp(c->url, "tls+", 4) == 0);
 		if ((nrv = nng_msg_dup(&send, m)) != 0) {
 			rv = RL_ENOMEM;
 			break;

@@ -4,6 +4,13 @@
  * nng's HTTP server parses requests (and answers malformed ones with 400
  * and a closed connection); handlers here run on nng's threads and only
  * call the stats callback, which takes the broker's lock briefly.
+ * No route takes a request body: nng is told not to collect any (it would
+ * otherwise hold up to 1 MiB per connection, and connections are not
+ * counted), and a request announcing one is answered 413 and its connection
+ * closed, so the unread bytes are never taken for a request.  Every route
+ * takes GET and HEAD only (405 otherwise), checked here after the body.
+ * Leaves out: a bound on connections and on header lines (nng reads a
+ * request's head through an 8 KiB buffer but keeps every header line).
  */
 #include "queue/qhttp.h"
 #include "base/auth.h"
@@ -397,6 +404,8 @@ respond(nng_aio *aio, uint16_t status, const char *type, const void *body, size_
 	if ((rv = nng_http_res_set_status(res, status)) != 0 ||
 	    (rv = nng_http_res_set_header(res, "Content-Type", type)) != 0 ||
 	    (rv = nng_http_res_set_header(res, "Cache-Control", "no-store")) != 0 ||
+	    (status == NNG_HTTP_STATUS_PAYLOAD_TOO_LARGE && (rv = nng_http_res_set_header(res, "Connection", "close")) != 0) ||
+	    (status == NNG_HTTP_STATUS_METHOD_NOT_ALLOWED && (rv = nng_http_res_set_header(res, "Allow", "GET, HEAD")) != 0) ||
 	    (rv = nng_http_res_copy_data(res, body, len)) != 0) {
 		nng_http_res_free(res);
 		nng_aio_finish(aio, rv);
@@ -404,6 +413,30 @@ respond(nng_aio *aio, uint16_t status, const char *type, const void *body, size_
 	}
 	nng_aio_set_output(aio, 0, res);
 	nng_aio_finish(aio, 0);
+}
+
+/* Answers a request these routes cannot take (a body: 413 and the
+ * connection closed; a method other than GET or HEAD: 405) and returns 1;
+ * 0 for one to serve. */
+static int
+refused(nng_aio *aio, nng_http_req *req)
+{
+	static const char big[] = "this listener's routes take no request body\n";
+	static const char meth[] = "only GET and HEAD are served here\n";
+	const char *cl = req ? nng_http_req_get_header(req, "Content-Length") : NULL;
+	const char *m = req ? nng_http_req_get_method(req) : "GET";
+
+	/* any length but a plain 0, or a chunked body, counts as a body */
+	if ((cl && strspn(cl, "0") != strlen(cl)) || (cl && !*cl) ||
+	    (req && nng_http_req_get_header(req, "Transfer-Encoding") != NULL)) {
+		respond(aio, NNG_HTTP_STATUS_PAYLOAD_TOO_LARGE, "text/plain; charset=utf-8", big, sizeof big - 1);
+		return 1;
+	}
+	if (strcmp(m, "GET") != 0 && strcmp(m, "HEAD") != 0) {
+		respond(aio, NNG_HTTP_STATUS_METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", meth, sizeof meth - 1);
+		return 1;
+	}
+	return 0;
 }
 
 /* With a shared key, the data routes (/api/stats, /metrics) need
@@ -442,6 +475,8 @@ serve_stats(nng_aio *aio, int prom)
 	rl_buf b;
 	int rv;
 
+	if (refused(aio, nng_aio_get_input(aio, 0)))
+		return;
 	if (!authorized(nng_aio_get_input(aio, 0))) {
 		static const char msg[] = "this broker has a shared key: send 'Authorization: Bearer KEY' "
 		    "(the contents of its --auth-key-file)\n";
@@ -473,6 +508,16 @@ serve_stats(nng_aio *aio, int prom)
 static void on_metrics(nng_aio *aio) { serve_stats(aio, 1); }
 static void on_api_stats(nng_aio *aio) { serve_stats(aio, 0); }
 
+/* the dashboard page: no data in it, so no key */
+static void
+on_page(nng_aio *aio)
+{
+	rl_qhttp *h = nng_http_handler_get_data(nng_aio_get_input(aio, 1));
+
+	if (!refused(aio, nng_aio_get_input(aio, 0)))
+		respond(aio, NNG_HTTP_STATUS_OK, "text/html; charset=utf-8", h->page.p, h->page.len);
+}
+
 /* ---- listener --------------------------------------------------------------------------------------- */
 
 static int
@@ -483,7 +528,11 @@ add(rl_qhttp *h, const char *path, void (*cb)(nng_aio *))
 
 	if ((rv = nng_http_handler_alloc(&hd, path, cb)) != 0)
 		return rv;
-	if ((rv = nng_http_handler_set_data(hd, h, NULL)) != 0 ||
+	/* every method reaches refused(), which answers 413 before 405; nng
+	 * collects no body */
+	if ((rv = nng_http_handler_set_method(hd, NULL)) != 0 ||
+	    (rv = nng_http_handler_collect_body(hd, false, 0)) != 0 ||
+	    (rv = nng_http_handler_set_data(hd, h, NULL)) != 0 ||
 	    (rv = nng_http_server_add_handler(h->srv, hd)) != 0)
 		nng_http_handler_free(hd);
 	return rv;
@@ -494,7 +543,6 @@ rl_qhttp_open(rl_qhttp **out, const rl_qhttp_config *cfg)
 {
 	rl_qhttp *h;
 	nng_url *u = NULL;
-	nng_http_handler *page = NULL;
 	nng_sockaddr sa;
 	int rv = RL_OK, nrv, loop;
 
@@ -523,13 +571,8 @@ rl_qhttp_open(rl_qhttp **out, const rl_qhttp_config *cfg)
 	if ((rv = rl_qhttp_page_build(&h->page, NULL)) != 0)
 		goto fail;
 	rv = RL_ENET;
-	if ((nrv = nng_http_handler_alloc_static(&page, "/", h->page.p, h->page.len,
-	    "text/html; charset=utf-8")) != 0)
+	if ((nrv = add(h, "/", on_page)) != 0)
 		goto nfail;
-	if ((nrv = nng_http_server_add_handler(h->srv, page)) != 0) {
-		nng_http_handler_free(page);
-		goto nfail;
-	}
 	if ((nrv = nng_http_server_start(h->srv)) != 0)
 		goto nfail;
 	h->started = 1;

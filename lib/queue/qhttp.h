@@ -6,8 +6,10 @@
  * in the page).  Every figure comes from one stats callback, so the three
  * views and `rl-queue stat` agree.
  *
- * Binds to loopback addresses only unless allow_public is set: the
- * listener has no authentication.
+ * Binds to loopback addresses only unless allow_public is set (the
+ * listener has no TLS).  With the process's shared key (base/auth.h) the
+ * data routes need it as a bearer token.  Every route takes GET and HEAD
+ * and no request body (413, the connection closed, nothing read).
  */
 #ifndef RL_QHTTP_H
 #define RL_QHTTP_H

@@ -249,21 +249,26 @@ rl_qop_name(int op)
 }
 
 void
-rl_qauth_sign(uint8_t *msg, size_t len)
+rl_qauth_sign(uint8_t *msg, size_t len, int tls)
 {
 	uint64_t t, nonce;
 
 	rli_auth_stamp(&t, &nonce);
 	rl_le64_put(msg + RL_QP_HDR_LEN, t);
 	rl_le64_put(msg + RL_QP_HDR_LEN + 8, nonce);
-	rli_auth_seal(msg + RL_QP_HDR_LEN + 16, msg, RL_QP_HDR_LEN + 16, msg + RL_QP_AUTH_HDR_LEN,
-	    len - RL_QP_AUTH_HDR_LEN);
+	if (tls)
+		rli_auth_seal_head(msg + RL_QP_HDR_LEN + 16, msg, RL_QP_HDR_LEN + 16);
+	else
+		rli_auth_seal(msg + RL_QP_HDR_LEN + 16, msg, RL_QP_HDR_LEN + 16, msg + RL_QP_AUTH_HDR_LEN,
+		    len - RL_QP_AUTH_HDR_LEN);
 }
 
 int
-rl_qauth_check(const uint8_t *msg, size_t len, const rl_qhdr *h, const char **why)
+rl_qauth_check(const uint8_t *msg, size_t len, const rl_qhdr *h, int tls, const char **why)
 {
 	uint8_t mac[RLI_AUTH_MAC_LEN];
+	const uint8_t *got = msg + RL_QP_HDR_LEN + 16;
+	int ok = 0;
 
 	if (!rli_auth_key(NULL))
 		return RL_OK;
@@ -272,9 +277,24 @@ rl_qauth_check(const uint8_t *msg, size_t len, const rl_qhdr *h, const char **wh
 		    "broker's; clients older than the key do not have the option)";
 		return RL_EINVAL;
 	}
-	rli_auth_seal(mac, msg, RL_QP_HDR_LEN + 16, msg + RL_QP_AUTH_HDR_LEN, len - RL_QP_AUTH_HDR_LEN);
-	if (!rli_auth_equal(mac, msg + RL_QP_HDR_LEN + 16, sizeof mac)) {
+	/* over TLS the header-only proof is the one expected: tried first */
+	if (tls) {
+		rli_auth_seal_head(mac, msg, RL_QP_HDR_LEN + 16);
+		ok = rli_auth_equal(mac, got, sizeof mac);
+	}
+	if (!ok) {
+		rli_auth_seal(mac, msg, RL_QP_HDR_LEN + 16, msg + RL_QP_AUTH_HDR_LEN, len - RL_QP_AUTH_HDR_LEN);
+		ok = rli_auth_equal(mac, got, sizeof mac);
+	}
+	if (!ok) {
 		*why = "wrong shared key: the request's MAC does not match this broker's --auth-key-file";
+		if (!tls) {
+			rli_auth_seal_head(mac, msg, RL_QP_HDR_LEN + 16);
+			if (rli_auth_equal(mac, got, sizeof mac))
+				*why = "the request's MAC covers its header only, as over tls+tcp:// where TLS protects the "
+				    "body, but this broker listens on plain tcp:// and requires the body covered (a TLS "
+				    "proxy in between? dial the broker's own URL)";
+		}
 		return RL_EINVAL;
 	}
 	return rli_auth_fresh(rl_le64_get(msg + RL_QP_HDR_LEN), rl_le64_get(msg + RL_QP_HDR_LEN + 8), why);

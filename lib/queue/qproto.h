@@ -34,6 +34,8 @@
  * the flag, with a wrong HMAC, a time more than 300 s from its clock or a
  * (time, nonce) pair it has seen (auth.h), before the op is looked at.  The
  * version stays 1: a broker without a key skips the longer header.
+ * Over tls+tcp:// the MAC is rli_auth_seal_head's over bytes 0..47 alone
+ * (TLS protects the rest); a broker on plain tcp:// refuses that proof.
  *
  * Leaves out: sockets (qclient.c, qserve.c) and what records mean (queue.c).
  * Everything here is pure and thread-safe.
@@ -187,10 +189,12 @@ const char *rl_qop_name(int op);
 
 /* rl_qauth_sign fills in the proof of a request built with header length
  * RL_QP_AUTH_HDR_LEN (a fresh time and nonce each call: a retry is signed
- * anew).  rl_qauth_check: RL_OK when this process has no key or the request's
- * proof is good and fresh, else RL_EINVAL with why set (a message for the
- * client). */
-void rl_qauth_sign(uint8_t *msg, size_t len);
-int rl_qauth_check(const uint8_t *msg, size_t len, const rl_qhdr *h, const char **why);
+ * anew): with tls (the client dialled tls+tcp://) rli_auth_seal_head's,
+ * else rli_auth_seal's.  rl_qauth_check: RL_OK when this process has no key
+ * or the request's proof is good and fresh, else RL_EINVAL with why set (a
+ * message for the client).  A broker with tls (listening on tls+tcp://)
+ * takes either proof; one without refuses a header-only proof, saying so. */
+void rl_qauth_sign(uint8_t *msg, size_t len, int tls);
+int rl_qauth_check(const uint8_t *msg, size_t len, const rl_qhdr *h, int tls, const char **why);
 
 #endif

@@ -684,7 +684,7 @@ handle(rl_qserve *s, qctx *c, nng_msg *m)
 	}
 	{
 		const char *no;
-		if (rl_qauth_check(p, len, &c->h, &no) != 0) {
+		if (rl_qauth_check(p, len, &c->h, strncmp(s->cfg.listen, "tls+", 4) == 0, &no) != 0) {
 			/* refused before the op: nothing is put, leased or acked */
 			__atomic_add_fetch(&s->nbad, 1, __ATOMIC_RELAXED);
 			rl_warn("refused a %s request: %s", rl_qop_name(c->h.op), no);
@@ -926,7 +926,7 @@ probe_listener(rl_qserve *s)
 	rl_qhdr_encode(hb, &h);
 	memcpy(ahb, hb, sizeof hb);
 	if (h.hdr_len)
-		rl_qauth_sign(ahb, sizeof ahb);
+		rl_qauth_sign(ahb, sizeof ahb, 0);   /* the full proof: taken on either listener */
 	rv = nng_send(s->probe, ahb, h.hdr_len ? sizeof ahb : sizeof hb, 0);
 	if (rv == 0)
 		rv = nng_recvmsg(s->probe, &m, 0);

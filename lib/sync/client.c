@@ -200,7 +200,7 @@ rpc(rl_wsync_client *c, nng_ctx ctx, nng_aio *aio, uint16_t op, uint64_t version
 		return RL_ENOMEM;
 	}
 	if (authed)
-		rli_ws_auth_sign(nng_msg_body(m), nng_msg_len(m));
+		rli_ws_auth_sign(nng_msg_body(m), nng_msg_len(m), strncmp(c->url, "tls+", 4) == 0);
 	nng_aio_set_timeout(aio, timeout_ms < 0 ? NNG_DURATION_INFINITE : timeout_ms);
 	nng_aio_set_msg(aio, m);
 	nng_ctx_send(ctx, aio);

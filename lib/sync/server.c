@@ -1492,7 +1492,7 @@ handle(rl_wsync_server *s, sctx *c, nng_msg *req, int *parked)
 		pthread_mutex_unlock(&s->mu);
 		return reply_err(0, rv, 0, "%s", why);
 	}
-	if ((rv = rli_ws_auth_check(nng_msg_body(req), nng_msg_len(req), &why)) != 0) {
+	if ((rv = rli_ws_auth_check(nng_msg_body(req), nng_msg_len(req), strncmp(s->url, "tls+", 4) == 0, &why)) != 0) {
 		/* refused before the op: nothing is pushed or served */
 		pthread_mutex_lock(&s->mu);
 		s->n_bad_req++;

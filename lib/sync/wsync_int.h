@@ -31,10 +31,14 @@
  * byte 88.  A keyed
  * server refuses a request with a shorter header, a wrong HMAC, a stale time
  * or a seen (time, nonce) (base/auth.h); the protocol version stays 1, as a
- * server without a key skips the longer header. */
+ * server without a key skips the longer header.
+ * tls: the client dialled tls+tcp:// (sign) or the server listens there
+ * (check).  Over TLS the MAC is rli_auth_seal_head's over bytes 0..55 alone,
+ * TLS protecting the rest; a server there takes either proof, one on plain
+ * tcp:// refuses the header-only one, saying so. */
 #define WS_AUTH_HDR 88
-void rli_ws_auth_sign(uint8_t *msg, size_t len);
-int rli_ws_auth_check(const uint8_t *msg, size_t len, const char **why);
+void rli_ws_auth_sign(uint8_t *msg, size_t len, int tls);
+int rli_ws_auth_check(const uint8_t *msg, size_t len, int tls, const char **why);
 /* The same proof on the other sockets' requests (the bulk stream's, the
  * shared memory service's): every one has its header length at bytes 8..11;
  * with a key that field says base + 48, and bytes base..base+47 hold the

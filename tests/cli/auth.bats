@@ -60,7 +60,7 @@ start_auth_broker() {
 	[ "$(printf '%s\n' "$output" | grep -c '"group"')" -eq 4 ]
 }
 
-@test "rl-queue --auth-key-file: a request signed by Python (hmac, cryptography's Poly1305) is accepted; its replay, a stale one and one with another key are refused" {
+@test "rl-queue --auth-key-file: a request signed by Python (hmac, cryptography's Poly1305) is accepted; its replay, a stale one, one with another key and one with an altered body are refused" {
 	start_auth_broker
 	run -0 python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/key" replay
 	[[ ${lines[0]} == "0 "*" bytes" ]]
@@ -69,6 +69,12 @@ start_auth_broker() {
 	[[ $output == "1 the request's time is more than 300 s away"* ]]
 	run -0 python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/other" stat
 	[[ $output == "1 wrong shared key"* ]]
+	# a body Python signed passes the MAC (the broker then judges the ack
+	# itself); the same body with one byte flipped does not
+	run -0 python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/key" ack
+	[[ ${lines[0]} != *"shared key"* && ${lines[0]} != *"replay"* ]]
+	[[ ${lines[1]} == "1 wrong shared key"* ]]
+	grep -q 'refused a ack request: wrong shared key' "$D/broker.err"
 }
 
 @test "rl-queue --auth-key-file: a key file group or others can read is refused, naming the file and the mode" {
@@ -140,6 +146,24 @@ PY
 	[[ $output == "200 #"* ]]
 	run -0 http_code "$HTTP" /
 	[[ $output == "200 "* ]]
+	# HEAD and a request with a body get no data without the key either
+	run -0 python3 - "$HTTP" "$key" <<'EOF'
+import http.client, sys
+def ask(method, path, headers={}, body=None):
+    c = http.client.HTTPConnection(sys.argv[1], timeout=5)
+    c.request(method, path, body=body, headers=headers)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, data
+print(*ask("HEAD", "/api/stats"))
+print(*ask("HEAD", "/metrics", {"Authorization": "Bearer " + sys.argv[2]}))
+status, data = ask("POST", "/api/stats", body=b"x" * 100000)
+print(status, b"rlqueue" in data or b"{" in data)
+EOF
+	[ "${lines[0]}" = "401 b''" ]
+	[ "${lines[1]}" = "200 b''" ]
+	[ "${lines[2]}" = "413 False" ]
 }
 
 @test "rl-reward --auth-key-file: scores a keyed broker's records; without the key it exits 1 and nothing is leased" {

@@ -83,6 +83,67 @@ start_tls_broker() {
 	[ "$(printf '%s\n' "$output" | grep -c '"group"')" -eq 4 ]
 }
 
+@test "rl-queue over tls+tcp:// with a shared key: the header-only proof (TLS guards the body) is taken, from rl-queue and from Python; no key or another key leases nothing; over plain tcp:// that proof is refused" {
+	head -c 32 /dev/urandom | base64 > "$D/key"
+	head -c 32 /dev/urandom | base64 > "$D/other"
+	chmod 600 "$D/key" "$D/other"
+	export RL_AUTH_KEY_FILE=$D/key
+	start_tls_broker --auth-key-file "$D/key" 2> "$D/broker.err"
+	run -0 --separate-stderr with_cert rl-queue put -q -s scored "$URL" "$D/scored.jsonl"
+	run -1 --separate-stderr env RL_AUTH_KEY_FILE= RL_TLS_CA=$C/ca.pem RL_TLS_CERT=$C/cli.pem RL_TLS_KEY=$C/cli.key \
+		rl-queue get "$URL" -s train -n 10
+	[[ $stderr == *"requires a shared key"* ]]
+	run -1 --separate-stderr env RL_AUTH_KEY_FILE="$D/other" RL_TLS_CA=$C/ca.pem RL_TLS_CERT=$C/cli.pem RL_TLS_KEY=$C/cli.key \
+		rl-queue get "$URL" -s train -n 10
+	[[ $stderr == *"wrong shared key"* ]]
+	# Python's hmac over the header alone, sent through Python's ssl
+	run -0 with_cert python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/key" head
+	[[ ${lines[0]} == "0 "*" bytes" ]]
+	[[ ${lines[1]} != *"shared key"* && ${lines[1]} != *"header only"* ]]
+	run -0 with_cert python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/other" head
+	[[ ${lines[0]} == "1 wrong shared key"* ]]
+	# the full proof (body included) is taken over TLS too
+	run -0 with_cert python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$URL" "$D/key" stat
+	[[ $output == "0 "*" bytes" ]]
+	with_cert rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 4 training 0' "$D/st"
+	run -0 --separate-stderr with_cert rl-queue get "$URL" -s train -n 10
+	[ "$(printf '%s\n' "$output" | grep -c '"group"')" -eq 4 ]
+	# a keyed broker on plain tcp:// refuses the header-only proof, saying why
+	P="tcp://127.0.0.1:$(free_port)"
+	rl-queue serve --listen "$P" -q --auth-key-file "$D/key" 2> "$D/plain.err" 3>&- &
+	PIDS="$PIDS $!"
+	for _ in $(seq 100); do rl-queue stat --timeout 0.5 "$P" >/dev/null 2>&1 && break; sleep 0.05; done
+	run -0 python3 "$BATS_TEST_DIRNAME/rlq_auth.py" "$P" "$D/key" head
+	[[ ${lines[0]} == "1 the request's MAC covers its header only"*"plain tcp://"* ]]
+	[[ ${lines[1]} == "1 the request's MAC covers its header only"* ]]
+}
+
+@test "rl-sync over tls+tcp:// with a shared key: push and pull; a push without the key or with another is refused and nothing is published" {
+	mkdir -p "$D/ck"
+	head -c 300000 /dev/urandom > "$D/ck/model.safetensors"
+	echo '{"model_type":"gpt2"}' > "$D/ck/config.json"
+	head -c 32 /dev/urandom | base64 > "$D/key"
+	head -c 32 /dev/urandom | base64 > "$D/other"
+	chmod 600 "$D/key" "$D/other"
+	CLI=(--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.key")
+	for _ in 1 2 3; do
+		U="tls+tcp://127.0.0.1:$(free_port)"
+		rl-sync serve --listen "$U" "${SRV[@]}" --no-shm --auth-key-file "$D/key" 3>&- 2>"$D/serve.err" &
+		PIDS="$PIDS $!"
+		for _ in $(seq 50); do rl-sync status "${CLI[@]}" --auth-key-file "$D/key" --timeout 300 "$U" >/dev/null 2>&1 && break 2; sleep 0.1; done
+	done
+	run -1 --separate-stderr rl-sync push "${CLI[@]}" "$U" "$D/ck" --version 5
+	[[ $stderr == *"requires a shared key"* ]]
+	run -1 --separate-stderr rl-sync push "${CLI[@]}" --auth-key-file "$D/other" "$U" "$D/ck" --version 6
+	[[ $stderr == *"wrong shared key"* ]]
+	run -0 rl-sync status "${CLI[@]}" --auth-key-file "$D/key" "$U"
+	assert_output --partial 'latest: 0'
+	run -0 --separate-stderr rl-sync push "${CLI[@]}" --auth-key-file "$D/key" "$U" "$D/ck" --version 8
+	run -0 --separate-stderr rl-sync pull "${CLI[@]}" --auth-key-file "$D/key" --transport stream "$U" --out "$D/out"
+	cmp "$D/out/v000008/model.safetensors" "$D/ck/model.safetensors"
+}
+
 @test "rl-queue serve: a public TLS listen that checks client certificates needs no --listen-public; without --tls-ca it does" {
 	p=$(free_port)
 	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://0.0.0.0:$p" --tls-cert "$C/srv.pem" --tls-key "$C/srv.key"

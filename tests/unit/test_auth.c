@@ -77,6 +77,10 @@ main(void)
 	rli_auth_seal(mac, "header only", 11, NULL, 0);
 	hex(hx, mac, sizeof mac);
 	T_EQ_STR(hx, "98ee8b72e1dcabb7eafebb0f649ae66885cdc6964db2c1948dd133c411bc1b02");
+	/* the proof over TLS: HMAC(K, "rlpipe header only 1\0" || a), by Python's hmac */
+	rli_auth_seal_head(mac, "header only", 11);
+	hex(hx, mac, sizeof mac);
+	T_EQ_STR(hx, "f649339601606f4f427611f7eb713bee8e22ea78f278ba21d372f5037464dd09");
 	{
 		uint8_t a[48], *b = malloc(256000);
 		memset(a, 'a', sizeof a);
