@@ -12,7 +12,8 @@
  * New weights (--weights-from, --sync, --weights-group) are polled between
  * steps and loaded as in generation.  With --agent CMD (serve_agent.c) the
  * loop also runs the agents of the prompt lines and stops when the input is
- * done.  Leaves out: TLS.
+ * done; with --queue alone, clients lease episodes of the queue's prompt
+ * lines through POST /rl/episodes.  Leaves out: TLS.
  */
 #include "rollout/serve_int.h"
 
@@ -373,6 +374,23 @@ reward(serve *s, sv_req *r)
 	r->done = 1;
 }
 
+/* POST /rl/episodes: an episode of a leased prompt line, or the error. */
+static void
+hand(serve *s, sv_req *r)
+{
+	char msg[600], *j = NULL;
+	int st;
+
+	if ((st = sv_agent_hand(s, &j, msg, sizeof msg)) != 0) {
+		req_error(s, r, st, st == 500 ? "out of memory" : msg, NULL);
+		return;
+	}
+	respond(r->aio, 200, j, 0);
+	free(j);
+	r->aio = NULL;
+	r->done = 1;
+}
+
 /* --max-staleness K (AReaL's rule, as in generation): a new episode is refused
  * while the episodes started (written and open) make more batches of
  * --train-batch than the trainer's version + K would take. */
@@ -406,6 +424,10 @@ start(serve *s, sv_req *r)
 
 	if (r->kind == SV_REWARD) {
 		reward(s, r);
+		return;
+	}
+	if (r->kind == SV_LEASE) {
+		hand(s, r);
 		return;
 	}
 	if ((st = tokenize(s, r, msg, sizeof msg)) != 0) {
@@ -642,7 +664,9 @@ on_body(void *arg)
 		r->done = 1;
 		goto queue;
 	}
-	r->body = cJSON_ParseWithLengthOpts(r->bodybuf, r->bodylen, &end, 0);
+	/* POST /rl/episodes takes no fields: an empty body is one */
+	r->body = r->kind == SV_LEASE && r->bodylen == 0 ? cJSON_CreateObject() :
+	    cJSON_ParseWithLengthOpts(r->bodybuf, r->bodylen, &end, 0);
 	if (!r->body) {
 		snprintf(msg, sizeof msg, "the request body is not valid JSON (at byte %ld)",
 		    end ? (long)(end - r->bodybuf) : 0L);
@@ -656,6 +680,11 @@ on_body(void *arg)
 			goto queue;
 		}
 		r->reward = v->valuedouble;
+	} else if (r->kind == SV_LEASE) {
+		if (!cJSON_IsObject(r->body)) {
+			req_error(s, r, 400, "the body must be a JSON object (or empty)", NULL);
+			goto queue;
+		}
 	} else if ((st = sv_parse(s, r, msg, sizeof msg, param, sizeof param)) != 0) {
 		req_error(s, r, st, msg, param);
 		goto queue;
@@ -695,6 +724,9 @@ start_post(serve *s, nng_aio *aio, nng_http_req *req, nng_http_conn *conn, int k
 	sv_req *r;
 	nng_iov iov;
 
+	/* a request without Content-Length has no body (RFC 9112), which only POST /rl/episodes allows */
+	if (!cl && kind == SV_LEASE)
+		cl = "0", len = 0, end = (char *)cl + 1;
 	if (!cl || !end || *end || end == cl) {
 		respond_error(aio, 400, "a JSON body with a Content-Length header is required", NULL, 1);
 		return;
@@ -733,7 +765,8 @@ start_post(serve *s, nng_aio *aio, nng_http_req *req, nng_http_conn *conn, int k
 	r->bodylen = (size_t)len;
 	r->created = (long)time(NULL);
 	nng_mtx_lock(s->mu);
-	snprintf(r->id, sizeof r->id, "%s-%016llx", kind == SV_CHAT ? "chatcmpl" : kind == SV_REWARD ? "reward" : "cmpl",
+	snprintf(r->id, sizeof r->id, "%s-%016llx", kind == SV_CHAT ? "chatcmpl" : kind == SV_REWARD ? "reward" :
+	    kind == SV_LEASE ? "episode" : "cmpl",
 	    (unsigned long long)rl_rng_mix(++s->next_id ^ (uint64_t)r->created << 20));
 	nng_mtx_unlock(s->mu);
 	if (len == 0) {
@@ -798,6 +831,8 @@ on_http(nng_aio *aio)
 		}
 		return start_post(s, aio, req, conn, strcmp(path, "/v1/chat/completions") == 0 ? SV_CHAT : SV_COMPLETIONS, ep);
 	}
+	if (strcmp(path, "/rl/episodes") == 0 && post)
+		return start_post(s, aio, req, conn, SV_LEASE, NULL);
 	if (strncmp(path, "/rl/episodes/", 13) == 0 && post) {
 		char id[SV_EPISODE_ID_MAX + 2];
 		size_t il = strcspn(path + 13, "/");
@@ -978,7 +1013,7 @@ rli_serve_run(gen *g)
 	if ((rv = listen_http(s)) != 0)
 		goto out;
 	rl_info("serving '%s' at %s/v1", s->name, s->url);
-	if (g->o.agent_cmd && (rv = sv_agent_open(s)) != 0)
+	if ((g->o.agent_cmd || g->o.queue_url) && (rv = sv_agent_open(s)) != 0)
 		goto out;
 	while (!rli_stop_requested()) {
 		int finished = 0;
