@@ -853,6 +853,12 @@ sv_agent_hand(serve *s, char **json, char *msg, size_t ml)
 	return 0;
 }
 
+uint64_t
+sv_agent_handed(const serve *s)
+{
+	return s->ag && !s->g->o.agent_cmd ? s->ag->n_runs : 0;
+}
+
 int
 sv_agent_open(serve *s)
 {

@@ -116,6 +116,10 @@ call() {
 	[ "$(post /rl/episodes/own-1/reward '{"reward": 7}')" = 200 ]
 	# a body that is not an object
 	[ "$(post /rl/episodes '[1]')" = 400 ]
+	curl -s -H "Authorization: Bearer sekrit" "$SURL/metrics" > "$BATS_TEST_TMPDIR/metrics"
+	grep -qx "rlserve_episodes_handed_out_total 4" "$BATS_TEST_TMPDIR/metrics"
+	grep -qx "rlserve_queue_records_put_total 5" "$BATS_TEST_TMPDIR/metrics"
+	grep -qx 'rlserve_http_requests_total{route="/rl/episodes",code="503"} 1' "$BATS_TEST_TMPDIR/metrics"
 	stop_serve
 	[[ "$(cat "$BATS_TEST_TMPDIR/s.err")" == *"--queue: 4 runs, 4 with a reward, 0 failed"* ]]
 	[ ! -s "$BATS_TEST_TMPDIR/s.out" ]
@@ -233,6 +237,76 @@ assert by == {"ab": 2, "cd": 1}, by
 for r in recs:
     want = 1 + r["index"] / 10 if r["prompt_text"] == "ab" else 5
     assert abs(r["reward"] - want) < 1e-6, r
+print("ok")
+PY
+}
+
+@test "serve: GET /metrics behind the key: answers by route and status, tokens, episodes idle-ended, KV reuse hits, the Prometheus text format" {
+	start_serve m -m "$TD/m0" --served-model-name toy --api-key k-1 --episode-timeout 1 --jsonl
+	python3 - "$SURL" <<'PY'
+import collections, json, re, sys, time, urllib.error, urllib.request
+url = sys.argv[1]
+seen = collections.Counter()   # (route, code) as this client saw them
+usage = collections.Counter()
+def req(path, body=None, key="k-1", ep=None, route=None, raw=None):
+    h = {"Content-Type": "application/json"}
+    if key:
+        h["Authorization"] = "Bearer " + key
+    if ep:
+        h["X-Episode-Id"] = ep
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    r = urllib.request.Request(url + path, data=data, headers=h, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(r, timeout=60) as f:
+            code, out = f.status, f.read()
+    except urllib.error.HTTPError as e:
+        code, out = e.code, e.read()
+    seen[(route or path, str(code))] += 1
+    return code, out
+def metrics(key="k-1"):
+    code, out = req("/metrics", key=key)
+    return code, out.decode()
+assert metrics(key=None)[0] == 401 and metrics(key="wrong")[0] == 401
+c, out = req("/v1/completions", {"model": "toy", "prompt": "ab", "max_tokens": 4}, ep="e1")
+a = json.loads(out)
+usage.update(a["usage"])
+# the episode's next call repeats its history: the kept KV cache is taken over
+c, out = req("/v1/completions", {"model": "toy", "prompt": "ab" + a["choices"][0]["text"] + "cd", "max_tokens": 3}, ep="e1")
+assert c == 200, out
+usage.update(json.loads(out)["usage"])
+assert req("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]})[0] == 404
+assert req("/v1/completions", raw=b"{not json")[0] == 400
+assert req("/v1/completions", {"model": "toy", "prompt": "ab"}, key="bad")[0] == 401
+assert req("/v1/models")[0] == 200
+assert req("/rl/episodes", {})[0] == 404
+assert req("/nowhere", route="other")[0] == 404
+time.sleep(2.5)   # e1 idles past --episode-timeout 1
+code, text = metrics()
+assert code == 200
+# the text format: HELP and TYPE before each family's samples, one sample a line
+fam, typed, vals = None, set(), {}
+for line in text.splitlines():
+    m = re.fullmatch(r"# (HELP|TYPE) ([a-zA-Z_:][a-zA-Z0-9_:]*) (.+)", line)
+    if m:
+        if m[1] == "TYPE":
+            assert m[3] in ("counter", "gauge"), line
+            typed.add(m[2])
+        continue
+    m = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*",?)*\})? (\S+)', line)
+    assert m and m[1] in typed, line
+    vals[m[1] + (m[2] or "")] = float(m[3])
+# every answer this client saw, by route and code (the last /metrics counts itself)
+for (route, code), n in seen.items():
+    assert vals.get('rlserve_http_requests_total{route="%s",code="%s"}' % (route, code)) == n, (route, code, n, text)
+# (and start_serve's polls of /health)
+http = {k: v for k, v in vals.items() if k.startswith("rlserve_http_requests_total") and "/health" not in k}
+assert sum(http.values()) == sum(seen.values()), (http, seen)
+assert vals["rlserve_prompt_tokens_total"] == usage["prompt_tokens"], (vals, usage)
+assert vals["rlserve_generated_tokens_total"] == usage["completion_tokens"], (vals, usage)
+assert vals["rlserve_prompt_tokens_total"] == vals["rlserve_prompt_tokens_forwarded_total"] + vals["rlserve_prompt_tokens_reused_total"]
+assert vals["rlserve_kv_reuse_hits_total"] == 1 and vals["rlserve_prompt_tokens_reused_total"] > 0, vals
+assert vals["rlserve_episodes_idle_ended_total"] == 1 and vals["rlserve_episodes_written_total"] == 1, vals
+assert vals["rlserve_episodes_open"] == 0 and vals["rlserve_episode_mismatch_total"] == 0, vals
 print("ok")
 PY
 }
