@@ -17,7 +17,8 @@
  * group's records go to the output as they end; with --queue a complete
  * group is put as scored (its lease completed), an incomplete one at
  * shutdown is not put but handed back (released: the broker leases it again).
- * Episodes of other clients go to the output as without --agent.
+ * Episodes of other clients go to the output as without --agent (with
+ * --queue, rewarded ones to the broker as below).
  *
  * --queue without --agent: the runs are handed to clients instead of
  * processes.  POST /rl/episodes takes the next run of a leased group (leasing
@@ -25,7 +26,8 @@
  * client's calls and reward make the episode as an agent's do, and the group
  * goes to the broker as above.  A run handed out whose client makes no call
  * within --episode-timeout, or whose episode idles past it, fails as an
- * agent run does.  Episodes no run owns go to rl-queue as groups of one.
+ * agent run does.  Episodes no run owns go to rl-queue, once rewarded, as
+ * groups of one.
  *
  * With --queue, the leases of the groups not yet put are renewed while their
  * runs go on (a third of the broker's lease time apart), so a slow agent or
@@ -893,8 +895,11 @@ sv_agent_pump(serve *s, int *finished)
 	if ((rv = runs_poll(s)) != 0)
 		return rv;
 	renew(s);
-	if (!g->o.agent_cmd)
-		return RL_OK; /* clients lease through POST /rl/episodes */
+	if (!g->o.agent_cmd) {
+		/* clients lease through POST /rl/episodes; a broker silent for
+		 * --broker-timeout (logged by the client) ends the server, as it ends --agent's */
+		return g->qc && rl_qclient_gone(g->qc) ? RL_ETIMEDOUT : RL_OK;
+	}
 	if (g->qc && !a->waiting && a->live < g->o.agents && rl_now() - a->last_lease >= 0.1 &&
 	    (rv = take_leased(s, (uint32_t)RL_MAX((g->o.agents - a->live) / g->o.n, 1))) != 0)
 		return rv;

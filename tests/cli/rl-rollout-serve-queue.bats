@@ -321,4 +321,15 @@ PY
 	start_serve s -m "$TD/m0" --served-model-name toy --jsonl
 	[ "$(post /rl/episodes '{}')" = 404 ]
 	[[ "$(jq -r .error.message "$BATS_TEST_TMPDIR/body")" == *"not started with --queue URL"* ]]
+	stop_serve
+	# no broker: the hand-out is a 503 naming it, and the server exits 1 after --broker-timeout
+	start_serve nb -m "$TD/m0" --served-model-name toy --queue tcp://127.0.0.1:1 --broker-timeout 1 --jsonl
+	[ "$(post /rl/episodes '{}')" = 503 ]
+	[[ "$(jq -r .error.message "$BATS_TEST_TMPDIR/body")" == *"cannot lease a prompt line from rl-queue at tcp://127.0.0.1:1"* ]]
+	rc=0
+	timeout 30 tail --pid="$SPID" -f /dev/null || rc=$?
+	[ "$rc" = 0 ]
+	wait "$SPID" || rc=$?
+	[ "$rc" = 1 ]
+	grep -q "no reply from the broker" "$BATS_TEST_TMPDIR/nb.err"
 }
