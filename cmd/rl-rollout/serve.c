@@ -71,7 +71,8 @@ static const char usage_text[] =
     "                          300; 0 never)\n"
     "      --queue URL         lease prompt lines from rl-queue (for --agent, or for clients:\n"
     "                          POST /rl/episodes) and put each complete group back as scored\n"
-    "      --idle-exit S       --queue: exit after S seconds without work (default: until signalled)\n"
+    "      --idle-exit S       --agent --queue: exit after S seconds without work (default: until\n"
+    "                          signalled)\n"
     "      --broker-timeout S  --queue: exit 1 after S seconds without a reply from the broker\n"
     "      --config FILE       options from a YAML file (keys: long options; the command line wins)\n"
     "  -q, --quiet, -v, --verbose, -h, --help\n";
