@@ -21,6 +21,7 @@ static const char usage_text[] =
     "usage: rl-rollout serve -m MODEL_DIR [--listen ADDR] [options]\n"
     "       rl-rollout serve -m MODEL_DIR --agent CMD [-n G] [options] [PROMPTS.jsonl|-]\n"
     "       rl-rollout serve -m MODEL_DIR --agent CMD --queue URL [-n G] [options]\n"
+    "       rl-rollout serve -m MODEL_DIR --queue URL [-n G] [options]\n"
     "\n"
     "Serves the model behind an OpenAI-compatible HTTP API: GET /v1/models,\n"
     "POST /v1/completions and /v1/chat/completions (streaming with \"stream\": true).\n"
@@ -64,13 +65,14 @@ static const char usage_text[] =
     "                          with OPENAI_BASE_URL, OPENAI_API_KEY, RL_EPISODE_ID and RL_PROMPT\n"
     "                          set and the line on its stdin; it posts the reward (or prints\n"
     "                          it last on stdout); the server exits when all are done\n"
-    "  -n, --samples G         agent runs (episodes, one group) per prompt line (default 1)\n"
+    "  -n, --samples G         episodes (one group) per prompt line (default 1)\n"
     "      --agents N          agent processes at once (default 8)\n"
     "      --agent-timeout S   an agent running longer is killed, its episode failed (default\n"
     "                          300; 0 never)\n"
-    "      --queue URL         --agent: lease prompt lines from rl-queue and put each complete\n"
-    "                          group back as scored\n"
-    "      --idle-exit S       --queue: exit after S seconds without work (default: until signalled)\n"
+    "      --queue URL         lease prompt lines from rl-queue (for --agent, or for clients:\n"
+    "                          POST /rl/episodes) and put each complete group back as scored\n"
+    "      --idle-exit S       --agent --queue: exit after S seconds without work (default: until\n"
+    "                          signalled)\n"
     "      --broker-timeout S  --queue: exit 1 after S seconds without a reply from the broker\n"
     "      --config FILE       options from a YAML file (keys: long options; the command line wins)\n"
     "  -q, --quiet, -v, --verbose, -h, --help\n";
@@ -246,10 +248,10 @@ rl_cmd_serve(int argc, char **argv)
 		return rl_cli_usage("more than one input ('%s')", argv[optind + 1]);
 	if (optind < argc)
 		o.input = argv[optind];
-	if (o.queue_url && !o.agent_cmd)
-		return rl_cli_usage("--queue needs --agent CMD: the leased prompt lines are handed to agents");
-	if (!o.agent_cmd && (o.n != 1 || o.idle_exit > 0))
-		return rl_cli_usage("%s is for --agent CMD", o.n != 1 ? "-n" : "--idle-exit");
+	if (!o.agent_cmd && o.n != 1 && !o.queue_url)
+		return rl_cli_usage("-n is for --agent CMD or --queue URL");
+	if (!o.agent_cmd && o.idle_exit > 0)
+		return rl_cli_usage("--idle-exit is for --agent CMD");
 	if (o.idle_exit > 0 && !o.queue_url)
 		return rl_cli_usage("--idle-exit is for --queue (with prompt lines the server exits when they are done)");
 	if ((rv = rl_cmd_wgroup_check(&o)) != 0)

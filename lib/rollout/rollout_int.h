@@ -6,6 +6,7 @@
 #ifndef RL_ROLLOUT_INT_H
 #define RL_ROLLOUT_INT_H
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
@@ -162,8 +163,9 @@ int rli_env_step_msg(char **msg, const char *id, int turn, const char *text, int
  * 0 or RL_ENOMEM; the caller frees both. */
 int sv_tools_parse(const char *text, const char *rid, char **content, cJSON **calls);
 
-/* run.c: rl_rollout_stop was called */
+/* run.c: rl_rollout_stop was called; the flag itself (rl_qclient_set_stop) */
 int rli_stop_requested(void);
+const volatile sig_atomic_t *rli_stop_flag(void);
 
 /* serve.c: rl-rollout serve, until rl_rollout_stop */
 int rli_serve_run(gen *g);

@@ -339,6 +339,12 @@ rli_stop_requested(void)
 	return stop_requested != 0;
 }
 
+const volatile sig_atomic_t *
+rli_stop_flag(void)
+{
+	return &stop_requested;
+}
+
 
 /* --env and serve --agent in queue mode: the reset's (the agent's) "line" for a leased prompt record, as the
  * prompt line looked in pipe mode: its meta's fields and "prompt" (its text).

@@ -12,7 +12,8 @@
  * New weights (--weights-from, --sync, --weights-group) are polled between
  * steps and loaded as in generation.  With --agent CMD (serve_agent.c) the
  * loop also runs the agents of the prompt lines and stops when the input is
- * done.  Leaves out: TLS.
+ * done; with --queue alone, clients lease episodes of the queue's prompt
+ * lines through POST /rl/episodes.  Leaves out: TLS.
  */
 #include "rollout/serve_int.h"
 
@@ -55,12 +56,44 @@ reason(int status)
 	}
 }
 
+/* ---- answers counted by route and status (/metrics) --------------------------------------------------- */
+
+static const char *const route_name[SV_NROUTE] = { "/v1/chat/completions", "/v1/completions", "/v1/models",
+	"/rl/episodes", "/rl/episodes/{id}/reward", "/metrics", "/health", "other" };
+static const int code_list[SV_NCODE - 1] = { 200, 400, 401, 404, 405, 409, 413, 429, 500, 503 };
+
+static int
+route_of(const char *path)
+{
+	for (int i = 0; i < SV_NROUTE - 1; i++)
+		if (strcmp(path, route_name[i]) == 0)
+			return i;
+	if (strncmp(path, "/v1/models/", 11) == 0)
+		return SV_RT_MODELS;
+	if (strncmp(path, "/rl/episodes/", 13) == 0)
+		return SV_RT_REWARD;
+	return SV_RT_OTHER;
+}
+
 static void
-respond(nng_aio *aio, int status, const char *json, int close)
+tally(serve *s, int rt, int status)
+{
+	int k = 0;
+
+	while (k < SV_NCODE - 1 && code_list[k] != status)
+		k++;
+	nng_mtx_lock(s->mu);
+	s->http[rt][k]++;
+	nng_mtx_unlock(s->mu);
+}
+
+static void
+respond(serve *s, int rt, nng_aio *aio, int status, const char *json, int close)
 {
 	nng_http_res *res;
 	int rv;
 
+	tally(s, rt, status);
 	if ((rv = nng_http_res_alloc(&res)) != 0) {
 		nng_aio_finish(aio, rv);
 		return;
@@ -79,7 +112,7 @@ respond(nng_aio *aio, int status, const char *json, int close)
 }
 
 static void
-respond_error(nng_aio *aio, int status, const char *msg, const char *param, int close)
+respond_error(serve *s, int rt, nng_aio *aio, int status, const char *msg, const char *param, int close)
 {
 	char *j = sv_error_json(status, msg, param);
 
@@ -87,7 +120,7 @@ respond_error(nng_aio *aio, int status, const char *msg, const char *param, int 
 		nng_aio_finish(aio, NNG_ENOMEM);
 		return;
 	}
-	respond(aio, status, j, close);
+	respond(s, rt, aio, status, j, close);
 	free(j);
 }
 
@@ -98,7 +131,7 @@ req_error(serve *s, sv_req *r, int status, const char *msg, const char *param)
 {
 	count(s, &s->n_errors);
 	if (r->aio) {
-		respond_error(r->aio, status, msg, param, 0);
+		respond_error(s, r->route, r->aio, status, msg, param, 0);
 		r->aio = NULL;
 	}
 	r->done = 1;
@@ -269,7 +302,7 @@ on_done(void *ctx, const rl_gen_sample *gs)
 		stream_put(s, r, &out);
 		r->done = 1;
 	} else if ((j = sv_answer_json(s, r)) != NULL) {
-		respond(r->aio, 200, j, 0);
+		respond(s, r->route, r->aio, 200, j, 0);
 		r->aio = NULL;
 		r->done = 1;
 		free(j);
@@ -368,7 +401,24 @@ reward(serve *s, sv_req *r)
 	}
 	snprintf(ok, sizeof ok, "{\"episode_id\":\"%s\",\"reward\":%.17g,\"tokens\":%d,\"turns\":%d}", r->episode,
 	    r->reward, tokens, turns);
-	respond(r->aio, 200, ok, 0);
+	respond(s, r->route, r->aio, 200, ok, 0);
+	r->aio = NULL;
+	r->done = 1;
+}
+
+/* POST /rl/episodes: an episode of a leased prompt line, or the error. */
+static void
+hand(serve *s, sv_req *r)
+{
+	char msg[600], *j = NULL;
+	int st;
+
+	if ((st = sv_agent_hand(s, &j, msg, sizeof msg)) != 0) {
+		req_error(s, r, st, st == 500 ? "out of memory" : msg, NULL);
+		return;
+	}
+	respond(s, r->route, r->aio, 200, j, 0);
+	free(j);
 	r->aio = NULL;
 	r->done = 1;
 }
@@ -406,6 +456,10 @@ start(serve *s, sv_req *r)
 
 	if (r->kind == SV_REWARD) {
 		reward(s, r);
+		return;
+	}
+	if (r->kind == SV_LEASE) {
+		hand(s, r);
 		return;
 	}
 	if ((st = tokenize(s, r, msg, sizeof msg)) != 0) {
@@ -454,7 +508,10 @@ start(serve *s, sv_req *r)
 	}
 	r->remaining = r->n;
 	r->in_engine = 1;
-	count(s, &s->n_requests);
+	nng_mtx_lock(s->mu);
+	s->n_requests++;
+	s->prompt_tokens += (uint64_t)r->plen;
+	nng_mtx_unlock(s->mu);
 }
 
 static void
@@ -540,6 +597,9 @@ tend(serve *s)
 	s->prefilled = rl_engine_stats_get(s->g->e)->prefill_tokens + rl_engine_stats_get(s->g->e)->fed_tokens +
 	    rl_engine_stats_get(s->g->e)->reused_seqs;
 	s->reused = rl_engine_stats_get(s->g->e)->reused_tokens;
+	s->kv_hits = rl_engine_stats_get(s->g->e)->reused_seqs;
+	s->n_handed = sv_agent_handed(s);
+	s->q_put = s->g->q_put;
 	s->evicted = rl_engine_stats_get(s->g->e)->kept_evicted;
 	rl_engine_kept(s->g->e, &s->kept, &s->kept_blk);
 	s->neps_seen = s->neps;
@@ -598,6 +658,32 @@ metrics(serve *s, nng_aio *aio)
 	    (unsigned long long)s->n_ep_mismatch, (unsigned long long)s->n_ep_written, s->version,
 	    (unsigned long long)s->n_stale, s->nreq, s->running, s->queued, (unsigned long long)s->prefilled,
 	    (unsigned long long)s->reused, (unsigned long long)s->evicted, s->kept, s->kept_blk);
+	rl_buf_printf(&b, "# HELP rlserve_prompt_tokens_total Prompt tokens of the requests submitted (usage.prompt_tokens).\n"
+	    "# TYPE rlserve_prompt_tokens_total counter\nrlserve_prompt_tokens_total %llu\n"
+	    "# HELP rlserve_kv_reuse_hits_total Episode calls that took their episode's kept KV cache over.\n"
+	    "# TYPE rlserve_kv_reuse_hits_total counter\nrlserve_kv_reuse_hits_total %llu\n"
+	    "# HELP rlserve_episodes_idle_ended_total Episodes ended by --episode-timeout (written without a reward).\n"
+	    "# TYPE rlserve_episodes_idle_ended_total counter\nrlserve_episodes_idle_ended_total %llu\n"
+	    "# HELP rlserve_episodes_handed_out_total Episodes of leased prompt lines handed out (POST /rl/episodes).\n"
+	    "# TYPE rlserve_episodes_handed_out_total counter\nrlserve_episodes_handed_out_total %llu\n"
+	    "# HELP rlserve_queue_records_put_total Records put to rl-queue (--queue) and accepted.\n"
+	    "# TYPE rlserve_queue_records_put_total counter\nrlserve_queue_records_put_total %llu\n"
+	    "# HELP rlserve_http_requests_total HTTP answers by route and status code (code \"other\": any not listed).\n"
+	    "# TYPE rlserve_http_requests_total counter\n",
+	    (unsigned long long)s->prompt_tokens, (unsigned long long)s->kv_hits, (unsigned long long)s->n_ep_idle,
+	    (unsigned long long)s->n_handed, (unsigned long long)s->q_put);
+	for (int rt = 0; rt < SV_NROUTE; rt++)
+		for (int k = 0; k < SV_NCODE; k++) {
+			char code[8];
+			if (!s->http[rt][k])
+				continue;
+			if (k < SV_NCODE - 1)
+				snprintf(code, sizeof code, "%d", code_list[k]);
+			else
+				snprintf(code, sizeof code, "other");
+			rl_buf_printf(&b, "rlserve_http_requests_total{route=\"%s\",code=\"%s\"} %llu\n", route_name[rt], code,
+			    (unsigned long long)s->http[rt][k]);
+		}
 	nng_mtx_unlock(s->mu);
 	if (b.len == 0 || nng_http_res_alloc(&res) != 0) {
 		rl_buf_fini(&b);
@@ -642,7 +728,9 @@ on_body(void *arg)
 		r->done = 1;
 		goto queue;
 	}
-	r->body = cJSON_ParseWithLengthOpts(r->bodybuf, r->bodylen, &end, 0);
+	/* POST /rl/episodes takes no fields: an empty body is one */
+	r->body = r->kind == SV_LEASE && r->bodylen == 0 ? cJSON_CreateObject() :
+	    cJSON_ParseWithLengthOpts(r->bodybuf, r->bodylen, &end, 0);
 	if (!r->body) {
 		snprintf(msg, sizeof msg, "the request body is not valid JSON (at byte %ld)",
 		    end ? (long)(end - r->bodybuf) : 0L);
@@ -656,6 +744,11 @@ on_body(void *arg)
 			goto queue;
 		}
 		r->reward = v->valuedouble;
+	} else if (r->kind == SV_LEASE) {
+		if (!cJSON_IsObject(r->body)) {
+			req_error(s, r, 400, "the body must be a JSON object (or empty)", NULL);
+			goto queue;
+		}
 	} else if ((st = sv_parse(s, r, msg, sizeof msg, param, sizeof param)) != 0) {
 		req_error(s, r, st, msg, param);
 		goto queue;
@@ -672,6 +765,7 @@ on_body(void *arg)
 			goto queue;
 		}
 		r->hreq = nng_aio_get_input(r->aio, 0);
+		tally(s, r->route, 200);
 		nng_http_hijack(r->conn);
 		nng_aio_finish(r->aio, 0);
 		r->aio = NULL;
@@ -694,22 +788,27 @@ start_post(serve *s, nng_aio *aio, nng_http_req *req, nng_http_conn *conn, int k
 	unsigned long long len = cl ? strtoull(cl, &end, 10) : 0;
 	sv_req *r;
 	nng_iov iov;
+	int rt = kind == SV_CHAT ? SV_RT_CHAT : kind == SV_COMPLETIONS ? SV_RT_COMPL : kind == SV_LEASE ? SV_RT_EPISODES :
+	    SV_RT_REWARD;
 
+	/* a request without Content-Length has no body (RFC 9112), which only POST /rl/episodes allows */
+	if (!cl && kind == SV_LEASE)
+		cl = "0", len = 0, end = (char *)cl + 1;
 	if (!cl || !end || *end || end == cl) {
-		respond_error(aio, 400, "a JSON body with a Content-Length header is required", NULL, 1);
+		respond_error(s, rt, aio, 400, "a JSON body with a Content-Length header is required", NULL, 1);
 		return;
 	}
 	if (len > s->max_body) {
 		char msg[200];
 		snprintf(msg, sizeof msg, "the request body of %llu bytes is larger than the server's limit of %zu "
 		    "(--max-body)", len, s->max_body);
-		respond_error(aio, 413, msg, NULL, 1);
+		respond_error(s, rt, aio, 413, msg, NULL, 1);
 		return;
 	}
 	nng_mtx_lock(s->mu);
 	if (s->nreq >= s->max_requests) {
 		nng_mtx_unlock(s->mu);
-		respond_error(aio, 429, "too many requests in flight; retry later", NULL, 0);
+		respond_error(s, rt, aio, 429, "too many requests in flight; retry later", NULL, 0);
 		return;
 	}
 	s->nreq++;
@@ -722,18 +821,20 @@ start_post(serve *s, nng_aio *aio, nng_http_req *req, nng_http_conn *conn, int k
 		nng_mtx_lock(s->mu);
 		s->nreq--;
 		nng_mtx_unlock(s->mu);
-		respond_error(aio, 500, "out of memory", NULL, 1);
+		respond_error(s, rt, aio, 500, "out of memory", NULL, 1);
 		return;
 	}
 	r->sv = s;
 	r->kind = kind;
+	r->route = rt;
 	snprintf(r->episode, sizeof r->episode, "%s", episode ? episode : "");
 	r->aio = aio;
 	r->conn = conn;
 	r->bodylen = (size_t)len;
 	r->created = (long)time(NULL);
 	nng_mtx_lock(s->mu);
-	snprintf(r->id, sizeof r->id, "%s-%016llx", kind == SV_CHAT ? "chatcmpl" : kind == SV_REWARD ? "reward" : "cmpl",
+	snprintf(r->id, sizeof r->id, "%s-%016llx", kind == SV_CHAT ? "chatcmpl" : kind == SV_REWARD ? "reward" :
+	    kind == SV_LEASE ? "episode" : "cmpl",
 	    (unsigned long long)rl_rng_mix(++s->next_id ^ (uint64_t)r->created << 20));
 	nng_mtx_unlock(s->mu);
 	if (len == 0) {
@@ -773,31 +874,37 @@ on_http(nng_aio *aio)
 	const char *method = nng_http_req_get_method(req);
 	char path[256], msg[400];
 	int post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+	int rt;
 	char *j;
 
 	snprintf(path, sizeof path, "%s", nng_http_req_get_uri(req));
 	path[strcspn(path, "?#")] = 0;
-	if (strcmp(path, "/metrics") == 0 && get) {
-		metrics(s, aio);
-		return;
-	}
+	rt = route_of(path);
 	if (strcmp(path, "/health") == 0 && get) {
-		respond(aio, s->failed ? 503 : 200, "{}", 0);
+		respond(s, rt, aio, s->failed ? 503 : 200, "{}", 0);
 		return;
 	}
-	if ((strncmp(path, "/v1/", 4) == 0 || strncmp(path, "/rl/", 4) == 0) &&
+	/* the counters say who uses the server and how: behind the key too */
+	if ((strncmp(path, "/v1/", 4) == 0 || strncmp(path, "/rl/", 4) == 0 || strcmp(path, "/metrics") == 0) &&
 	    !sv_auth_ok(s, nng_http_req_get_header(req, "Authorization"))) {
-		respond_error(aio, 401, "Incorrect API key provided (Authorization: Bearer KEY)", NULL, 0);
+		respond_error(s, rt, aio, 401, "Incorrect API key provided (Authorization: Bearer KEY)", NULL, 0);
+		return;
+	}
+	if (strcmp(path, "/metrics") == 0 && get) {
+		tally(s, rt, 200);
+		metrics(s, aio);
 		return;
 	}
 	if ((strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0) && post) {
 		const char *ep = nng_http_req_get_header(req, "X-Episode-Id");
 		if (ep && !episode_id_ok(ep)) {
-			respond_error(aio, 400, "X-Episode-Id: want 1 to 128 characters of A-Z a-z 0-9 . _ : -", NULL, 1);
+			respond_error(s, rt, aio, 400, "X-Episode-Id: want 1 to 128 characters of A-Z a-z 0-9 . _ : -", NULL, 1);
 			return;
 		}
 		return start_post(s, aio, req, conn, strcmp(path, "/v1/chat/completions") == 0 ? SV_CHAT : SV_COMPLETIONS, ep);
 	}
+	if (strcmp(path, "/rl/episodes") == 0 && post)
+		return start_post(s, aio, req, conn, SV_LEASE, NULL);
 	if (strncmp(path, "/rl/episodes/", 13) == 0 && post) {
 		char id[SV_EPISODE_ID_MAX + 2];
 		size_t il = strcspn(path + 13, "/");
@@ -812,25 +919,25 @@ on_http(nng_aio *aio)
 		int one = path[10] == '/';
 		if (one && strcmp(path + 11, s->name) != 0) {
 			snprintf(msg, sizeof msg, "The model '%.200s' does not exist", path + 11);
-			respond_error(aio, 404, msg, "model", 0);
+			respond_error(s, rt, aio, 404, msg, "model", 0);
 			return;
 		}
 		if (!(j = sv_models_json(s, one))) {
 			nng_aio_finish(aio, NNG_ENOMEM);
 			return;
 		}
-		respond(aio, 200, j, 0);
+		respond(s, rt, aio, 200, j, 0);
 		free(j);
 		return;
 	}
 	if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0 ||
 	    strcmp(path, "/v1/models") == 0) {
 		snprintf(msg, sizeof msg, "Method %s is not allowed on %s", method, path);
-		respond_error(aio, 405, msg, NULL, 1);
+		respond_error(s, rt, aio, 405, msg, NULL, 1);
 		return;
 	}
 	snprintf(msg, sizeof msg, "Invalid URL (%s %s)", method, path);
-	respond_error(aio, 404, msg, NULL, 1);
+	respond_error(s, rt, aio, 404, msg, NULL, 1);
 }
 
 /* Listens on o.listen (loopback unless --listen-public or a key protects it). */
@@ -920,7 +1027,7 @@ shut(serve *s)
 			sv_ep_end(s, r, NULL, NULL, 0, 0);
 		r->in_engine = 0;
 		if (r->aio) {
-			respond_error(r->aio, 503, "the server is stopping", NULL, 1);
+			respond_error(s, r->route, r->aio, 503, "the server is stopping", NULL, 1);
 			r->aio = NULL;
 		}
 		nng_mtx_lock(s->mu);
@@ -978,7 +1085,7 @@ rli_serve_run(gen *g)
 	if ((rv = listen_http(s)) != 0)
 		goto out;
 	rl_info("serving '%s' at %s/v1", s->name, s->url);
-	if (g->o.agent_cmd && (rv = sv_agent_open(s)) != 0)
+	if ((g->o.agent_cmd || g->o.queue_url) && (rv = sv_agent_open(s)) != 0)
 		goto out;
 	while (!rli_stop_requested()) {
 		int finished = 0;

@@ -17,11 +17,26 @@
  * group's records go to the output as they end; with --queue a complete
  * group is put as scored (its lease completed), an incomplete one at
  * shutdown is not put but handed back (released: the broker leases it again).
- * Episodes of other clients go to the output as without --agent.
+ * Episodes of other clients go to the output as without --agent (with
+ * --queue, rewarded ones to the broker as below).
+ *
+ * --queue without --agent: the runs are handed to clients instead of
+ * processes.  POST /rl/episodes takes the next run of a leased group (leasing
+ * a line when none waits) and answers its episode id and prompt line; the
+ * client's calls and reward make the episode as an agent's do, and the group
+ * goes to the broker as above.  A run handed out whose client makes no call
+ * within --episode-timeout, or whose episode idles past it, fails as an
+ * agent run does.  Episodes no run owns go to rl-queue, once rewarded, as
+ * groups of one.
+ *
+ * With --queue, the leases of the groups not yet put are renewed while their
+ * runs go on (a third of the broker's lease time apart), so a slow agent or
+ * client does not lose its line to another server.
  *
  * Everything here runs on the engine thread.  Leaves out: reading prompt
  * lines without blocking (a slow stdin holds the server while a line is
- * incomplete), agents on other machines (they are children of the server).
+ * incomplete), agents on other machines (they are children of the server;
+ * clients of POST /rl/episodes may be anywhere).
  */
 #include "rollout/serve_int.h"
 
@@ -34,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/core.h"
@@ -43,7 +59,7 @@
 
 extern char **environ;
 
-enum { RUN_WAIT, RUN_LIVE, RUN_ENDING };
+enum { RUN_WAIT, RUN_LIVE, RUN_ENDING, RUN_CLIENT };
 
 #define RUN_OUT_MAX 8192     /* the tail of an agent's stdout kept for its reward line */
 #define RUN_PROMPT_ENV_MAX 65536 /* RL_PROMPT is left out for longer lines (stdin has them) */
@@ -58,9 +74,11 @@ typedef struct sv_run {
 	int wfd, rfd;
 	char out[RUN_OUT_MAX];
 	size_t on;
-	double deadline;
+	double deadline;       /* --agent-timeout; a client's first call (--episode-timeout) */
+	double ended;          /* a client's run: when its record went out */
 	uint64_t lease, rid;   /* --queue: the lease and the prompt record of its group */
 	int state;             /* RUN_* */
+	int client;            /* handed to a client (POST /rl/episodes), not a process */
 	int status;            /* waitpid's, once it ended */
 	char *error;           /* why it failed (NULL: it did not) */
 	struct sv_run *next;
@@ -76,7 +94,8 @@ struct sv_agents {
 	rl_qlease lease;
 	rl_traj *t;
 	double last_lease, idle_since;
-	uint64_t groups, n_runs, n_ok, n_failed;
+	double renew_s, t_renew;   /* --queue: the leases' renewal period, the last renewal */
+	uint64_t groups, n_runs, n_ok, n_failed, n_renew_lost;
 };
 
 static sv_run *
@@ -180,6 +199,19 @@ sv_agent_emit(serve *s, const char *id, rl_traj *t)
 	int rv;
 
 	if (!r || !r->p) {
+		if (s->g->qc && rl_traj_get_f32(t, RL_TAG_REWARD, &rw) == RL_OK) {
+			/* a client's own rewarded episode: a scored group of one for the trainers
+			 * (one without a reward goes to -o: there is no score to train on) */
+			rl_traj_batch *b = NULL;
+			rl_qput_result res;
+			if ((rv = rl_traj_batch_create(&b)) == 0 && (rv = rl_traj_batch_add(b, t)) == 0 &&
+			    (rv = rl_qclient_put_scored(s->g->qc, b, &res)) == 0)
+				s->g->q_put += res.accepted;
+			else
+				rl_error("--queue: cannot put the record of episode '%s': %s", id, rl_strerror(rv));
+			rl_traj_batch_destroy(b);
+			return rv;
+		}
 		if ((rv = rl_traj_writer_put(s->g->w, t)) == 0)
 			rv = rl_traj_writer_flush(s->g->w);
 		return rv;
@@ -192,6 +224,12 @@ sv_agent_emit(serve *s, const char *id, rl_traj *t)
 		r->p = NULL;
 		return RL_OK;
 	}
+	if (r->client && !r->error && rl_traj_get_f32(t, RL_TAG_REWARD, &rw) != RL_OK) {
+		/* its episode idled past --episode-timeout: the client is taken for gone */
+		if (!(r->error = strdup("no reward: its episode was idle past --episode-timeout")))
+			return RL_ENOMEM;
+		s->ag->n_failed++;
+	}
 	if ((rv = run_fields(s, r, t)) != 0)
 		return rv;
 	if (!r->error && rl_traj_get_f32(t, RL_TAG_REWARD, &rw) == RL_OK)
@@ -202,6 +240,7 @@ sv_agent_emit(serve *s, const char *id, rl_traj *t)
 		rv = rl_traj_writer_flush(s->g->w);
 	/* written or not, the run is over for its group: it is not written twice */
 	r->p = NULL;
+	r->ended = rl_now();
 	if (--p->remaining == 0) {
 		int r2 = group_done(s, p);
 		if (!rv)
@@ -446,8 +485,8 @@ run_fail(serve *s, sv_run *r, const char *fmt, ...)
 	va_end(ap);
 	if (!r->error && !(r->error = strdup(msg)))
 		return RL_ENOMEM;
-	rl_warn("--agent: episode %s (prompt line %llu, run %d) failed: %s", r->id, (unsigned long long)r->p->line,
-	    r->index, msg);
+	rl_warn("%s: episode %s (prompt line %llu, run %d) failed: %s", r->client ? "--queue" : "--agent", r->id,
+	    (unsigned long long)r->p->line, r->index, msg);
 	s->ag->n_failed++;
 	return RL_OK;
 }
@@ -508,6 +547,25 @@ run_end(serve *s, sv_run *r, int *rv)
 	return 1;
 }
 
+/* A client's run: failed when no call came within --episode-timeout of its
+ * hand-out; kept 10 minutes (or --episode-timeout if longer) after its
+ * record went out, so that a late call under its id is refused (409), not
+ * taken for a new episode.  1: free it. */
+static int
+client_poll(serve *s, sv_run *r, double now, int *rv)
+{
+	double keep = RL_MAX(s->g->o.episode_timeout, 600);
+
+	*rv = RL_OK;
+	if (!r->p)
+		return now - r->ended > keep;
+	if (r->deadline > 0 && now > r->deadline && !sv_ep_open(s, r->id)) {
+		*rv = run_fail(s, r, "its client made no call within --episode-timeout %g s", s->g->o.episode_timeout);
+		r->state = RUN_ENDING;
+	}
+	return 0;
+}
+
 /* Polls the live runs: stdin and stdout, exits, timeouts. */
 static int
 runs_poll(serve *s)
@@ -518,6 +576,18 @@ runs_poll(serve *s)
 
 	for (sv_run **pp = &a->runs; *pp;) {
 		sv_run *r = *pp;
+		if (r->state == RUN_CLIENT) {
+			int gone = client_poll(s, r, now, &rv);
+			if (rv)
+				return rv;
+			if (gone) {
+				*pp = r->next;
+				free(r->line);
+				free(r->error);
+				free(r);
+				continue;
+			}
+		}
 		if (r->state == RUN_LIVE) {
 			run_io(r);
 			pid_t w = waitpid(r->pid, &r->status, WNOHANG);
@@ -542,7 +612,10 @@ runs_poll(serve *s)
 			fin = run_end(s, r, &r2);
 			if (r2)
 				return r2;
-			if (fin) {
+			if (fin && r->client) {
+				r->state = RUN_CLIENT;
+				r->ended = now;
+			} else if (fin) {
 				*pp = r->next;
 				free(r->line);
 				free(r->error);
@@ -626,24 +699,31 @@ take_line(serve *s)
 	return group_add(s, p, a->buf, (size_t)len);
 }
 
-/* Queue wiring: prompts leased for the free agents (no wait: the engine
+/* Queue wiring: want prompts leased as groups of runs (no wait: the engine
  * thread serves while it leases). */
 static int
-take_leased(serve *s)
+take_leased(serve *s, uint32_t want)
 {
 	sv_agents *a = s->ag;
 	gen *g = s->g;
-	uint32_t want = (uint32_t)RL_MAX((g->o.agents - a->live) / g->o.n, 1);
 	int rv;
 
-	if (rl_now() - a->last_lease < 0.1)
-		return RL_OK;
 	a->last_lease = rl_now();
 	rv = rl_qclient_lease_prompts(g->qc, want, (uint32_t)g->o.n, 0, &a->lease);
 	if (rv != RL_OK && (rv != RL_ETIMEDOUT || rl_qclient_gone(g->qc)) && rv != RL_EBUSY)
 		return rv;
 	if (rv != RL_OK || rl_qlease_count(&a->lease) == 0)
 		return RL_OK;
+	{
+		/* renewed at a third of what the broker gave, as rl-train renews */
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		double left = a->lease.deadline_ms / 1000.0 - ((double)ts.tv_sec + ts.tv_nsec / 1e9);
+		if (left > 0)
+			a->renew_s = RL_MAX(left / 3, 0.05);
+		if (!a->t_renew)
+			a->t_renew = rl_now();
+	}
 	if ((int)a->lease.version > g->version && (g->ws || g->o.weights_from || g->wg) && (rv = rli_poll_weights(g, 1)) != 0)
 		return rv;
 	for (size_t i = 0; i < rl_qlease_count(&a->lease); i++) {
@@ -684,6 +764,103 @@ take_leased(serve *s)
 	return RL_OK;
 }
 
+/* --queue: the leases of the groups not yet put, renewed (once per group:
+ * its runs share the prompt record).  A renewal the broker refuses (the
+ * lease expired before it came) is logged: the line may be leased again
+ * elsewhere, and the group put here is then a second one. */
+static void
+renew(serve *s)
+{
+	sv_agents *a = s->ag;
+
+	if (!s->g->qc || !a->runs || a->renew_s <= 0 || rl_now() - a->t_renew < a->renew_s)
+		return;
+	a->t_renew = rl_now();
+	for (sv_run *r = a->runs; r; r = r->next) {
+		rl_qack_result res;
+		int first = r->p != NULL, rv;
+		for (sv_run *q = a->runs; q != r && first; q = q->next)
+			if (q->p == r->p)
+				first = 0;
+		if (!first)
+			continue;
+		memset(&res, 0, sizeof res);
+		rv = rl_qclient_ack_ids(s->g->qc, r->lease, RL_QACK_EXTEND, &r->rid, 1, &res);
+		if (rv == RL_ENOENT || (rv == RL_OK && res.late > 0)) {
+			a->n_renew_lost++;
+			rl_warn("--queue: the lease of group %016llx had expired on the broker before its renewal; "
+			    "its prompt line may be leased again", (unsigned long long)r->p->group);
+		} else if (rv != RL_OK) {
+			rl_verbose("--queue: the lease of group %016llx was not renewed: %s", (unsigned long long)r->p->group,
+			    rl_strerror(rv));
+		}
+	}
+}
+
+int
+sv_agent_hand(serve *s, char **json, char *msg, size_t ml)
+{
+	sv_agents *a = s->ag;
+	sv_run *r = NULL;
+	cJSON *o = NULL, *line;
+	char grp[20];
+	int rv;
+
+	*json = NULL;
+	if (!a || s->g->o.agent_cmd) {
+		snprintf(msg, ml, "POST /rl/episodes hands out prompt lines leased from rl-queue: %s",
+		    a ? "this server gives them to its --agent runs" : "the server was not started with --queue URL");
+		return a ? 409 : 404;
+	}
+	for (int pass = 0; pass < 2 && !r; pass++) {
+		for (sv_run *q = a->runs; q && !r; q = q->next)
+			if (q->state == RUN_WAIT)
+				r = q;
+		if (r || pass)
+			break;
+		if ((rv = take_leased(s, 1)) != 0) {
+			snprintf(msg, ml, "cannot lease a prompt line from rl-queue at %s: %s", s->g->o.queue_url,
+			    rl_strerror(rv));
+			return rv == RL_ENOMEM ? 500 : 503;
+		}
+	}
+	if (!r) {
+		snprintf(msg, ml, "no prompt line to lease: rl-queue at %s has none waiting (or its staleness gate holds "
+		    "them); retry later", s->g->o.queue_url);
+		return 503;
+	}
+	if (!(o = cJSON_CreateObject()))
+		return 500;
+	snprintf(grp, sizeof grp, "%016llx", (unsigned long long)r->p->group);
+	r->line[r->len - 1] = 0;
+	line = cJSON_Parse(r->line);
+	r->line[r->len - 1] = '\n';
+	cJSON_AddStringToObject(o, "episode_id", r->id);
+	cJSON_AddStringToObject(o, "group", grp);
+	cJSON_AddNumberToObject(o, "index", r->index);
+	cJSON_AddNumberToObject(o, "group_size", r->p->gsize);
+	if (line)
+		cJSON_AddItemToObject(o, "prompt", line);
+	if (!line || !(*json = rl_json_print(o))) {
+		cJSON_Delete(o);
+		return 500;
+	}
+	cJSON_Delete(o);
+	r->state = RUN_CLIENT;
+	r->client = 1;
+	r->deadline = s->g->o.episode_timeout > 0 ? rl_now() + s->g->o.episode_timeout : 0;
+	a->waiting--;
+	a->n_runs++;
+	rl_verbose("--queue: episode %s handed out", r->id);
+	return 0;
+}
+
+uint64_t
+sv_agent_handed(const serve *s)
+{
+	return s->ag && !s->g->o.agent_cmd ? s->ag->n_runs : 0;
+}
+
 int
 sv_agent_open(serve *s)
 {
@@ -702,6 +879,8 @@ sv_agent_open(serve *s)
 	rl_qclient_opts_stage(&qo, g->o.broker_timeout);
 	if ((rv = rl_qclient_open(&g->qc, g->o.queue_url, &qo)) != 0 || (rv = rl_traj_create(&s->ag->t)) != 0)
 		return rv;
+	/* stopping, a broker gone is not waited for: what was leased expires there */
+	rl_qclient_set_stop(g->qc, rli_stop_flag());
 	return RL_OK;
 }
 
@@ -715,7 +894,14 @@ sv_agent_pump(serve *s, int *finished)
 	*finished = 0;
 	if ((rv = runs_poll(s)) != 0)
 		return rv;
-	if (g->qc && !a->waiting && a->live < g->o.agents && (rv = take_leased(s)) != 0)
+	renew(s);
+	if (!g->o.agent_cmd) {
+		/* clients lease through POST /rl/episodes; a broker silent for
+		 * --broker-timeout (logged by the client) ends the server, as it ends --agent's */
+		return g->qc && rl_qclient_gone(g->qc) ? RL_ETIMEDOUT : RL_OK;
+	}
+	if (g->qc && !a->waiting && a->live < g->o.agents && rl_now() - a->last_lease >= 0.1 &&
+	    (rv = take_leased(s, (uint32_t)RL_MAX((g->o.agents - a->live) / g->o.n, 1))) != 0)
 		return rv;
 	while (!g->qc && !a->eof && !a->waiting && a->live < g->o.agents) {
 		uint64_t before = a->groups;
@@ -760,10 +946,12 @@ sv_agent_close(serve *s)
 		return RL_OK;
 	rv = a->fail;
 	if (a->n_runs)
-		rl_info("--agent: %llu runs, %llu with a reward, %llu failed", (unsigned long long)a->n_runs,
-		    (unsigned long long)a->n_ok, (unsigned long long)a->n_failed);
+		rl_info("%s: %llu runs, %llu with a reward, %llu failed", s->g->o.agent_cmd ? "--agent" : "--queue",
+		    (unsigned long long)a->n_runs, (unsigned long long)a->n_ok, (unsigned long long)a->n_failed);
+	if (a->n_renew_lost)
+		rl_warn("--queue: %llu leases expired on the broker before their renewal", (unsigned long long)a->n_renew_lost);
 	/* a broken command fails fast (not after a signal, which ends runs midway) */
-	if (!rv && a->n_runs > 0 && a->n_ok == 0 && !rli_stop_requested()) {
+	if (!rv && s->g->o.agent_cmd && a->n_runs > 0 && a->n_ok == 0 && !rli_stop_requested()) {
 		rl_error("--agent: no run of '%s' ended with a reward", s->g->o.agent_cmd);
 		rl_hint("run it by hand with OPENAI_BASE_URL, RL_EPISODE_ID and a prompt line on its stdin");
 		rv = RL_EIO;

@@ -377,6 +377,11 @@ sv_ep_expire(serve *s, double timeout, int all)
 			if (!rv)
 				rv = r2;
 		}
+		if (!all) {
+			nng_mtx_lock(s->mu);
+			s->n_ep_idle++;
+			nng_mtx_unlock(s->mu);
+		}
 		unlink_ep(s, e);
 		ep_free(e);
 	}

@@ -38,12 +38,19 @@ typedef struct sv_choice {
 	int started;        /* stream: the first chunk (the role) went out */
 } sv_choice;
 
-enum { SV_COMPLETIONS = 1, SV_CHAT, SV_REWARD };
+enum { SV_COMPLETIONS = 1, SV_CHAT, SV_REWARD, SV_LEASE };
+
+/* The routes and statuses /metrics counts answers by (serve.c: route_name,
+ * code_list; the last code is any other). */
+enum { SV_RT_CHAT, SV_RT_COMPL, SV_RT_MODELS, SV_RT_EPISODES, SV_RT_REWARD, SV_RT_METRICS, SV_RT_HEALTH, SV_RT_OTHER,
+	SV_NROUTE };
+#define SV_NCODE 11
 
 /* One HTTP request to a generation route, from its body to its answer. */
 typedef struct sv_req {
 	struct serve *sv;
 	int kind;                  /* SV_* */
+	int route;                 /* SV_RT_* */
 	/* the request's fields (serve_api.c) */
 	cJSON *body;               /* owned */
 	int n, max_tokens, stream, logprobs, include_usage, has_seed;
@@ -107,8 +114,13 @@ typedef struct serve {
 	sv_episode *eps;           /* open episodes (engine thread) */
 	int neps, neps_seen;       /* open episodes; as of the last pass, for /metrics */
 	uint64_t n_ep_mismatch, n_ep_written, n_stale;
+	uint64_t http[SV_NROUTE][SV_NCODE]; /* answers by route and status (under mu) */
+	uint64_t prompt_tokens;    /* of the requests submitted (under mu) */
+	uint64_t n_ep_idle;        /* episodes ended by --episode-timeout (under mu) */
+	uint64_t kv_hits;          /* calls that took a kept KV cache over (tend) */
+	uint64_t n_handed, q_put;  /* --queue: episodes handed out, records put (tend, from serve_agent.c) */
 	int version;               /* the weights' version, for /metrics */
-	sv_agents *ag;             /* --agent (serve_agent.c), or NULL */
+	sv_agents *ag;             /* --agent or --queue (serve_agent.c), or NULL */
 } serve;
 
 /* serve_api.c */
@@ -148,15 +160,21 @@ uint64_t sv_ep_key(const char *id);
  * open), or 1 while a call of it is in flight. */
 int sv_ep_close(serve *s, const char *id, const char *end);
 
-/* serve_agent.c (engine thread): --agent CMD, the prompt lines' agent runs */
+/* serve_agent.c (engine thread): --agent CMD, the prompt lines' agent runs;
+ * --queue without --agent, the leased lines' episodes handed to clients */
 int sv_agent_open(serve *s);
+/* POST /rl/episodes: an episode of a leased prompt line for a client; *json
+ * (malloc'd) the answer.  0, or an HTTP status with msg. */
+int sv_agent_hand(serve *s, char **json, char *msg, size_t ml);
+/* --queue: episodes handed out so far. */
+uint64_t sv_agent_handed(const serve *s);
 /* Runs started, polled and ended; new prompt lines taken.  *finished: the
  * input is done and every run ended (pipe wiring), or --idle-exit passed. */
 int sv_agent_pump(serve *s, int *finished);
 void sv_agent_stop(serve *s);        /* kills the live runs (their episodes are written by the server's shutdown) */
 int sv_agent_close(serve *s);        /* frees; the run's result (a bad line, no run ever rewarded) */
-/* An episode's record goes out: an agent run's into its group (-o, or
- * rl-queue with --queue), any other to -o. */
+/* An episode's record goes out: a run's into its group (-o, or rl-queue
+ * with --queue), any other to -o, or to rl-queue as a group of one. */
 int sv_agent_emit(serve *s, const char *id, rl_traj *t);
 int sv_agent_owns(serve *s, const char *id);   /* 1: an agent run's episode */
 int sv_agent_refuse(serve *s, const char *id); /* 1: an agent run's episode whose record went out */

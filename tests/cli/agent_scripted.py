@@ -5,6 +5,7 @@ Writes what it was given (its environment and its stdin) to
 $AGENT_LOG/<episode id>.json, then acts as $AGENT_MODE or the prompt line's
 "mode" says:
   post     one call, then POST the reward (the line's "reward" + index / 10)
+  slow     one call, sleep the line's "sleep" seconds, then POST the reward
   twice    two calls (the second continues the first, stop string written
            back), then POST the reward
   stdout   one call, then print {"reward": 0.25} as its last stdout line
@@ -91,7 +92,9 @@ if mode == "nocall":
 text = call(line["prompt"])
 if mode == "twice":
     call(line["prompt"] + text + "</t>more")
-if mode in ("post", "twice", "after"):
+if mode == "slow":
+    time.sleep(float(line.get("sleep", 3)))
+if mode in ("post", "twice", "after", "slow"):
     st, out = post(root + "/rl/episodes/%s/reward" % ep, {"reward": reward})
     log["reward_status"] = st
     log["reward_answer"] = out

@@ -221,8 +221,6 @@ PY
 }
 
 @test "serve --agent: bad options are usage errors" {
-	run -2 rl-rollout serve -m "$TD/m0" --queue tcp://127.0.0.1:1
-	assert_output --partial "--queue needs --agent CMD"
 	run -2 rl-rollout serve -m "$TD/m0" "$TD/p.jsonl"
 	assert_output --partial "prompt lines are for --agent CMD"
 	run -2 rl-rollout serve -m "$TD/m0" -n 2
@@ -231,6 +229,8 @@ PY
 	assert_output --partial "--agents"
 	run -2 rl-rollout serve -m "$TD/m0" --agent "$AGENT" --idle-exit 1
 	assert_output --partial "--idle-exit is for --queue"
+	run -2 rl-rollout serve -m "$TD/m0" --idle-exit 1
+	assert_output --partial "--idle-exit is for --agent CMD"
 	run -2 rl-rollout serve -m "$TD/m0" --agent ""
 	assert_output --partial "--agent: an empty command"
 	run -2 rl-rollout serve -m "$TD/m0" --agent "$AGENT" --queue tcp://127.0.0.1:1 "$TD/p.jsonl"

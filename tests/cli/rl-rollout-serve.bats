@@ -68,7 +68,7 @@ post() {
 }
 
 metric() {
-	curl -s "$SURL/metrics" | awk -v m="$1" '$1 == m { print $2 }'
+	curl -s ${KEY:+-H "Authorization: Bearer $KEY"} "$SURL/metrics" | awk -v m="$1" '$1 == m { print $2 }'
 }
 
 @test "GET /v1/models, POST /v1/completions and /v1/chat/completions: OpenAI's JSON, usage counts" {
