@@ -3,19 +3,33 @@
 # sync against async (issue 33): seven prompts in eight may answer in 16
 # tokens and one in 160 (the prompt line's max_tokens; the tiny random model
 # rarely stops earlier), GRPO with groups of 4, 2 groups a step, STEPS
-# trainer steps (default 12).  Runs, back to back, each from the same
+# trainer steps (default 48).  Runs, back to back, each from the same
 # initial model:
 #   sync       rl-rollout | rl-reward | rl-train, --max-staleness 0 (a pipe)
 #   k1, k2     the queue wiring, rl-queue serve -k 1 / -k 2
-#   auto-es    the queue wiring, -k auto:4 --oversample 1.5 (early stop)
+#   auto       the queue wiring, -k auto:4 (the rule alone)
+#   auto-es    the queue wiring, -k auto:4 --oversample $OVERSAMPLE
+#              --stragglers $STRAGGLERS (early stop)
 # One JSON line per run: wall seconds from the workers' start to the
 # trainer's exit, CPU seconds of every process (user + system), samples
-# trained per wall second and per CPU second, the broker's early stops and
-# stale drops.  Then a summary line: auto-es against the best fixed K and
-# against sync.  The machine may be shared: CPU seconds are the steadier
-# figure.  Environment: HIDDEN (64) and LAYERS (2), the model's size.
+# trained per wall second and per CPU second, the mean response length
+# trained and response tokens trained per wall and CPU second (early stop
+# with requeue trains fewer long answers within the same steps: the
+# samples figures flatter it), the broker's early stops and
+# stale drops, the auto rule's changes of K (version:K) and its last
+# reason, the load average before and after.  Then a summary line: auto
+# and auto-es against the best fixed K and against sync (samples/s, per
+# CPU second, and response tokens/s).  The machine may
+# be shared: CPU seconds are the steadier figure.
+# Environment: HIDDEN (64) and LAYERS (2), the model's size; OVERSAMPLE
+# (1.5) and STRAGGLERS (requeue) of auto-es; RUNS (all five, in this order); PIN (1 where there are 2 cores or
+# more): equal resources as bench/e2e.sh has them, generation, scoring and
+# the broker on core GEN_CPU (0), training on TRAIN_CPU (1), in every run,
+# so sync leaves each core idle while the other stage works and async may
+# overlap them (PIN=0: every process on every core, where each stage of
+# sync already takes the whole machine in turn and overlap gains little).
 set -eu
-steps=${1:-12}
+steps=${1:-48}
 root=$(cd "$(dirname "$0")/.." && pwd)
 B=${RL_BUILD:-build}
 PATH="$root/$B/bin:$PATH"; export PATH
@@ -33,6 +47,18 @@ for i in $(seq 1 $n); do
 done > "$d/prompts.jsonl"
 TR="--algo grpo --batch 2 --lr 1e-4 --no-skip-zero-adv --max-steps $steps"
 GEN="-n 4 --max-tokens 160 --train-batch 2 --slots 32"
+OVERSAMPLE=${OVERSAMPLE:-1.5} STRAGGLERS=${STRAGGLERS:-requeue}
+# the auto rule decides on the workers' stats reports (every 2 s by
+# default): with steps of a few tenths of a second, a window of 3 steps
+# would wait for reports, and K could move once in 4 s (a window, then the
+# settling step), a few times in a whole run; reports every 0.25 s let it
+# decide at its own pace (the same setting for every run)
+RL_STATS_INTERVAL=${RL_STATS_INTERVAL:-0.25}; export RL_STATS_INTERVAL
+PIN=${PIN:-$([ "$(nproc)" -ge 2 ] && echo 1 || echo 0)}
+PG="" PT=""
+if [ "$PIN" = 1 ]; then
+	PG="taskset -c ${GEN_CPU:-0}" PT="taskset -c ${TRAIN_CPU:-1}"
+fi
 
 cpu_of() { awk '{ print $1 + $2 }' "$1"; }
 
@@ -40,8 +66,8 @@ run_sync() {
 	local o=$d/sync
 	mkdir -p "$o"
 	/usr/bin/time -f "%U %S" -o "$o.cpu" bash -c "
-		rl-rollout -q -m '$d/m0' $GEN --weights-from '$o' --max-staleness 0 '$d/prompts.jsonl' |
-		rl-reward -q -t arith | rl-train -q -m '$d/m0' --out '$o' $TR --metrics '$o.m' - 2>/dev/null || true"
+		$PG rl-rollout -q -m '$d/m0' $GEN --weights-from '$o' --max-staleness 0 '$d/prompts.jsonl' |
+		$PG rl-reward -q -t arith | $PT rl-train -q -m '$d/m0' --out '$o' $TR --metrics '$o.m' - 2>/dev/null || true"
 }
 
 # run_queue NAME SERVE_ARGS...
@@ -51,52 +77,76 @@ run_queue() {
 	mkdir -p "$o"
 	port=$(( 20000 + RANDOM % 10000 ))
 	/usr/bin/time -f "%U %S" -o "$o.cpu" bash -c "
-		rl-queue serve -q -l tcp://127.0.0.1:$port -b 2 $* -t 60 & Q=\$!
+		$PG rl-queue serve -q -l tcp://127.0.0.1:$port -b 2 $* -t 60 & Q=\$!
 		for i in \$(seq 100); do rl-queue stat --timeout 0.2 tcp://127.0.0.1:$port >/dev/null 2>&1 && break; sleep 0.05; done
 		rl-queue put -q tcp://127.0.0.1:$port '$d/prompts.jsonl'
-		rl-rollout -q -m '$d/m0' $GEN --queue tcp://127.0.0.1:$port --weights-from '$o' & G=\$!
-		rl-reward -q --queue tcp://127.0.0.1:$port -t arith & R=\$!
-		rl-train -q -m '$d/m0' --out '$o' $TR --queue tcp://127.0.0.1:$port --metrics '$o.m' 2>/dev/null || true
+		$PG rl-rollout -q -m '$d/m0' $GEN --queue tcp://127.0.0.1:$port --weights-from '$o' & G=\$!
+		$PG rl-reward -q --queue tcp://127.0.0.1:$port -t arith & R=\$!
+		$PT rl-train -q -m '$d/m0' --out '$o' $TR --queue tcp://127.0.0.1:$port --metrics '$o.m' 2>/dev/null || true
 		rl-queue stat --json tcp://127.0.0.1:$port > '$o.stat' 2>/dev/null || true
 		kill \$G \$R; wait \$G \$R 2>/dev/null; kill \$Q; wait \$Q 2>/dev/null; true"
 }
 
 line() {
 	local name=$1 wall=$2 o=$d/$1
-	python3 - "$name" "$wall" "$(cpu_of "$o.cpu")" "$o.m" "$o.stat" "$steps" <<'PY'
+	python3 - "$name" "$wall" "$(cpu_of "$o.cpu")" "$o.m" "$o.stat" "$steps" "$3" "$PIN" <<'PY'
 import json, os, sys
 name, wall, cpu, mpath, spath, steps = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6])
+load0, pin = sys.argv[7], sys.argv[8] == "1"
 ms = [json.loads(l) for l in open(mpath)] if os.path.exists(mpath) else []
 samples = 8 * len(ms)   # 2 groups of 4 a step
+# the trained mix: early stop may train fewer long answers in the run's steps
+# (their prompts re-queued past its end), which makes a sample cheaper
+tok = [m.get("response_length/mean") for m in ms]
+tok = [x for x in tok if isinstance(x, (int, float))]
 st = json.load(open(spath)) if os.path.exists(spath) else {}
 t = st.get("total", {})
 print(json.dumps({"bench": "tail", "run": name, "steps": len(ms), "samples": samples, "wall_s": round(wall, 2),
     "cpu_s": round(cpu, 2), "samples_per_s": round(samples / wall, 2), "samples_per_cpu_s": round(samples / cpu, 2),
+    "response_tokens_mean": round(sum(tok) / len(tok), 1) if tok else None,
+    # response tokens trained (each step's mean x its 8 samples), per second and per CPU second
+    "tokens_per_s": round(8 * sum(tok) / wall, 1), "tokens_per_cpu_s": round(8 * sum(tok) / cpu, 1),
     "early_stops": t.get("early_stops", 0), "aborted": t.get("aborted", 0),
-    "stale_dropped": t.get("stale_dropped", 0), "max_staleness": st.get("max_staleness")}))
+    "stale_dropped": t.get("stale_dropped", 0), "max_staleness": st.get("max_staleness"),
+    **({"k_changes": ["%d:%d" % (v, k) for v, k in zip(st["autok"]["history"]["version"], st["autok"]["history"]["k"])],
+        "autok_last": st["autok"]["last"],
+        # each window: version, trainer idle, rollout idle, drift, K after it
+        "windows": [[w["version"][i]] + [None if w[f][i] is None else round(w[f][i], 3) for f in
+                    ("train_idle_frac", "rollout_idle_frac", "drift")] + [w["k"][i]]
+                    for w in [st["autok"]["windows_history"]] for i in range(len(w["version"]))]}
+       if "autok" in st else {}),
+    "pinned": pin, "load_before": float(load0), "load_after": float(open("/proc/loadavg").read().split()[0])}))
 PY
 }
 
-for run in sync k1 k2 auto-es; do
+for run in ${RUNS:-sync k1 k2 auto auto-es}; do
+	l0=$(cut -d' ' -f1 /proc/loadavg)
 	t0=$(date +%s.%N)
 	case $run in
 	sync) run_sync ;;
 	k1) run_queue k1 -k 1 ;;
 	k2) run_queue k2 -k 2 ;;
-	auto-es) run_queue auto-es -k auto:4 --oversample 1.5 ;;
+	auto) run_queue auto -k auto:4 ;;
+	auto-es) run_queue auto-es -k auto:4 --oversample "$OVERSAMPLE" --stragglers "$STRAGGLERS" ;;
+	*) echo "bench/tail.sh: unknown run '$run' (sync, k1, k2, auto, auto-es)" >&2; exit 2 ;;
 	esac
 	t1=$(date +%s.%N)
-	line "$run" "$(echo "$t1 - $t0" | bc)" | tee -a "$d/lines"
+	line "$run" "$(echo "$t1 - $t0" | bc)" "$l0" | tee -a "$d/lines"
 done
 python3 - "$d/lines" <<'PY'
 import json, sys
 r = {j["run"]: j for j in map(json.loads, open(sys.argv[1]))}
-best = max(("k1", "k2"), key=lambda k: r[k]["samples_per_s"])
-a, s, b = r["auto-es"], r["sync"], r[best]
-print(json.dumps({"bench": "tail", "summary": True, "best_fixed": best,
-    "auto_vs_best": round(a["samples_per_s"] / b["samples_per_s"], 3),
-    "auto_vs_sync": round(a["samples_per_s"] / s["samples_per_s"], 3),
-    "auto_vs_best_cpu": round(a["samples_per_cpu_s"] / b["samples_per_cpu_s"], 3),
-    "auto_vs_sync_cpu": round(a["samples_per_cpu_s"] / s["samples_per_cpu_s"], 3),
-    "load": open("/proc/loadavg").read().split()[:3]}))
+fixed = [k for k in ("k1", "k2") if k in r]
+best = max(fixed, key=lambda k: r[k]["samples_per_s"]) if fixed else None
+out = {"bench": "tail", "summary": True, "best_fixed": best}
+for a in ("auto", "auto-es"):
+    for ref, b in (("best", r.get(best)), ("sync", r.get("sync"))):
+        if a in r and b:
+            out["%s_vs_%s" % (a.replace("-", "_"), ref)] = round(r[a]["samples_per_s"] / b["samples_per_s"], 3)
+            out["%s_vs_%s_cpu" % (a.replace("-", "_"), ref)] = round(r[a]["samples_per_cpu_s"] / b["samples_per_cpu_s"], 3)
+            out["%s_vs_%s_tokens" % (a.replace("-", "_"), ref)] = round(r[a]["tokens_per_s"] / b["tokens_per_s"], 3)
+if best and "sync" in r:
+    out["best_vs_sync"] = round(r[best]["samples_per_s"] / r["sync"]["samples_per_s"], 3)
+out["load"] = open("/proc/loadavg").read().split()[:3]
+print(json.dumps(out))
 PY

@@ -42,6 +42,21 @@ typedef struct qctx {
 	uint64_t seq;
 } qctx;
 
+/* --max-staleness auto's history for /api/stats and the dashboard: K from
+ * each trainer version on (the start, then each change, with the rule's
+ * reason; past AK_CHANGES the oldest changes after the start are dropped)
+ * and the measurements of the last AK_WINDOWS windows. */
+#define AK_CHANGES 256
+#define AK_WINDOWS 512
+enum { AKW_VERSION, AKW_TRAIN_IDLE, AKW_GEN_IDLE, AKW_BUBBLE, AKW_DRIFT, AKW_K, AKW_N };
+typedef struct akhist {
+	double k[AK_CHANGES][2];      /* version, K */
+	char why[AK_CHANGES][192];    /* the rule's reason (rl_autok.why) */
+	int nk;
+	double w[AK_WINDOWS][AKW_N];  /* NaN: the window had no such measurement */
+	int nw;
+} akhist;
+
 struct rl_qserve {
 	rl_qserve_config cfg;
 	nng_socket sock;
@@ -64,9 +79,7 @@ struct rl_qserve {
 	uint64_t t_decomp, t_comp, t_state, t_journal, t_lockwait, nreq, nbad, nreports;
 	rli_workers *wk;       /* stage workers' reports (own lock) */
 	rl_autok ak;           /* --max-staleness auto (under mtx) */
-	double khist[256][2];  /* its K from each trainer version on: the start, then each change
-	                        * (past 256, the oldest changes after the start are dropped) */
-	int nkhist;
+	akhist *ak_hist;       /* the rule's history for the dashboard (under mtx) */
 };
 
 static uint64_t
@@ -301,6 +314,74 @@ send_list(qctx *c)
 	}
 }
 
+/* A number, or null for NaN (JSON has none). */
+static cJSON *
+num_or_null(double v)
+{
+	return isnan(v) ? cJSON_CreateNull() : cJSON_CreateNumber(v);
+}
+
+/* /api/stats "autok": the rule's state, its changes of K with their
+ * reasons (history) and its windows' measurements (windows_history). */
+static int
+autok_json(rl_qserve *s, cJSON *o)
+{
+	static const char *const wname[AKW_N] = { "version", "train_idle_frac", "rollout_idle_frac", "bubble",
+		"drift", "k" };
+	akhist *h = rl_try_malloc(sizeof *h, "auto K history");
+	cJSON *sv, *ch, *wh, *a[AKW_N], *hv, *hk, *hw;
+	rl_autok ak;
+	int rv = RL_ENOMEM;
+
+	if (!h)
+		return RL_ENOMEM;
+	lock(s);
+	ak = s->ak;
+	memcpy(h, s->ak_hist, sizeof *h);
+	unlock(s);
+	if (!(sv = cJSON_AddObjectToObject(o, "autok")))
+		goto out;
+	cJSON_AddNumberToObject(sv, "k", ak.k);
+	cJSON_AddNumberToObject(sv, "max", ak.cfg.kmax);
+	cJSON_AddNumberToObject(sv, "changes", (double)ak.changes);
+	cJSON_AddNumberToObject(sv, "windows", (double)ak.windows);
+	cJSON_AddNumberToObject(sv, "hold_steps", ak.cfg.hold);
+	cJSON_AddNumberToObject(sv, "bubble_threshold", ak.cfg.bubble);
+	cJSON_AddNumberToObject(sv, "drift_low", ak.cfg.drift_low);
+	cJSON_AddNumberToObject(sv, "drift_high", ak.cfg.drift_high);
+	/* NaN until a window had the measurement: left out */
+	if (!isnan(ak.train_idle))
+		cJSON_AddNumberToObject(sv, "train_idle_frac", ak.train_idle);
+	if (!isnan(ak.gen_idle))
+		cJSON_AddNumberToObject(sv, "rollout_idle_frac", ak.gen_idle);
+	if (!isnan(ak.bubble))
+		cJSON_AddNumberToObject(sv, "bubble", ak.bubble);
+	if (!isnan(ak.drift))
+		cJSON_AddNumberToObject(sv, "drift", ak.drift);
+	cJSON_AddNumberToObject(sv, "stale_waste_frac", ak.waste);
+	cJSON_AddStringToObject(sv, "last", ak.why);
+	if (!(ch = cJSON_AddObjectToObject(sv, "history")) || !(hv = cJSON_AddArrayToObject(ch, "version")) ||
+	    !(hk = cJSON_AddArrayToObject(ch, "k")) || !(hw = cJSON_AddArrayToObject(ch, "why")))
+		goto out;
+	for (int i = 0; i < h->nk; i++) {
+		cJSON_AddItemToArray(hv, cJSON_CreateNumber(h->k[i][0]));
+		cJSON_AddItemToArray(hk, cJSON_CreateNumber(h->k[i][1]));
+		cJSON_AddItemToArray(hw, cJSON_CreateString(h->why[i]));
+	}
+	if (!(wh = cJSON_AddObjectToObject(sv, "windows_history")))
+		goto out;
+	for (int j = 0; j < AKW_N; j++)
+		if (!(a[j] = cJSON_AddArrayToObject(wh, wname[j])))
+			goto out;
+	for (int i = 0; i < h->nw; i++)
+		for (int j = 0; j < AKW_N; j++)
+			cJSON_AddItemToArray(a[j], num_or_null(h->w[i][j]));
+	rv = RL_OK;
+out:
+	free(h);
+	return rv;
+}
+
 int
 rl_qserve_stats_json(rl_qserve *s, char **out)
 {
@@ -339,40 +420,9 @@ rl_qserve_stats_json(rl_qserve *s, char **out)
 		cJSON_AddNumberToObject(sv, "lock_wait_s", __atomic_load_n(&s->t_lockwait, __ATOMIC_RELAXED) / 1e9);
 		cJSON_AddNumberToObject(sv, "reports", (double)__atomic_load_n(&s->nreports, __ATOMIC_RELAXED));
 	}
-	if (s->cfg.queue.auto_k && (sv = cJSON_AddObjectToObject(o, "autok")) != NULL) {
-		cJSON *h, *hv, *hk;
-		lock(s);
-		rl_autok ak = s->ak;
-		int nh = s->nkhist;
-		double kh[256][2];
-		memcpy(kh, s->khist, sizeof kh[0] * (size_t)nh);
-		unlock(s);
-		cJSON_AddNumberToObject(sv, "k", ak.k);
-		cJSON_AddNumberToObject(sv, "max", ak.cfg.kmax);
-		cJSON_AddNumberToObject(sv, "changes", (double)ak.changes);
-		cJSON_AddNumberToObject(sv, "windows", (double)ak.windows);
-		cJSON_AddNumberToObject(sv, "hold_steps", ak.cfg.hold);
-		cJSON_AddNumberToObject(sv, "bubble_threshold", ak.cfg.bubble);
-		cJSON_AddNumberToObject(sv, "drift_low", ak.cfg.drift_low);
-		cJSON_AddNumberToObject(sv, "drift_high", ak.cfg.drift_high);
-		/* NaN until a window had the measurement: left out (JSON has no NaN) */
-		if (!isnan(ak.train_idle))
-			cJSON_AddNumberToObject(sv, "train_idle_frac", ak.train_idle);
-		if (!isnan(ak.gen_idle))
-			cJSON_AddNumberToObject(sv, "rollout_idle_frac", ak.gen_idle);
-		if (!isnan(ak.bubble))
-			cJSON_AddNumberToObject(sv, "bubble", ak.bubble);
-		if (!isnan(ak.drift))
-			cJSON_AddNumberToObject(sv, "drift", ak.drift);
-		cJSON_AddNumberToObject(sv, "stale_waste_frac", ak.waste);
-		cJSON_AddStringToObject(sv, "last", ak.why);
-		if ((h = cJSON_AddObjectToObject(sv, "history")) != NULL && (hv = cJSON_AddArrayToObject(h, "version")) != NULL &&
-		    (hk = cJSON_AddArrayToObject(h, "k")) != NULL) {
-			for (int i = 0; i < nh; i++) {
-				cJSON_AddItemToArray(hv, cJSON_CreateNumber(kh[i][0]));
-				cJSON_AddItemToArray(hk, cJSON_CreateNumber(kh[i][1]));
-			}
-		}
+	if (s->cfg.queue.auto_k && autok_json(s, o) != 0) {
+		cJSON_Delete(o);
+		return RL_ENOMEM;
 	}
 	if (rli_workers_json(s->wk, o, rl_now()) != 0) {
 		cJSON_Delete(o);
@@ -590,16 +640,39 @@ op_version(rl_qserve *s, qctx *c, qctx **ready)
 	c->arg = now;
 }
 
-/* the K of --max-staleness auto from a trainer version on, for the dashboard */
+/* the K of --max-staleness auto from a trainer version on, and why */
 static void
-khist_add(rl_qserve *s, double version, uint32_t k)
+khist_add(rl_qserve *s, double version, uint32_t k, const char *why)
 {
-	if (s->nkhist == 256) {
-		memmove(s->khist[1], s->khist[2], sizeof s->khist[0] * 254);
-		s->nkhist--;
+	akhist *h = s->ak_hist;
+
+	if (h->nk == AK_CHANGES) {
+		memmove(h->k[1], h->k[2], sizeof h->k[0] * (AK_CHANGES - 2));
+		memmove(h->why[1], h->why[2], sizeof h->why[0] * (AK_CHANGES - 2));
+		h->nk--;
 	}
-	s->khist[s->nkhist][0] = version;
-	s->khist[s->nkhist++][1] = k;
+	h->k[h->nk][0] = version;
+	h->k[h->nk][1] = k;
+	snprintf(h->why[h->nk++], sizeof h->why[0], "%s", why);
+}
+
+/* a window the rule closed: its measurements, and the K after it */
+static void
+kwin_add(rl_qserve *s, double version)
+{
+	akhist *h = s->ak_hist;
+	const rl_autok *a = &s->ak;
+
+	if (h->nw == AK_WINDOWS) {
+		memmove(h->w[0], h->w[1], sizeof h->w[0] * (AK_WINDOWS - 1));
+		h->nw--;
+	}
+	h->w[h->nw][AKW_VERSION] = version;
+	h->w[h->nw][AKW_TRAIN_IDLE] = a->train_idle;
+	h->w[h->nw][AKW_GEN_IDLE] = a->gen_idle;
+	h->w[h->nw][AKW_BUBBLE] = a->bubble;
+	h->w[h->nw][AKW_DRIFT] = a->drift;
+	h->w[h->nw++][AKW_K] = a->k;
 }
 
 /* --max-staleness auto: the rule on the totals after a report; a new K is
@@ -610,6 +683,7 @@ autok_step(rl_qserve *s, qctx *c)
 	rl_autok_totals t;
 	rl_queue_stats qs;
 	uint32_t k0;
+	uint64_t w0;
 	int changed, rv = RL_OK;
 	char why[sizeof s->ak.why];
 
@@ -623,11 +697,14 @@ autok_step(rl_qserve *s, qctx *c)
 		t.trained += (double)qs.staleness[i];
 	t.dropped = (double)(qs.stale_dropped + qs.stale_regen);
 	k0 = s->ak.k;
+	w0 = s->ak.windows;
 	changed = rl_autok_update(&s->ak, &t);
 	if (changed && (rv = rl_queue_set_max_staleness(s->q, s->ak.k)) != 0)
 		s->ak.k = k0;   /* not journaled: K stays as in force */
 	else if (changed)
-		khist_add(s, t.version, s->ak.k);
+		khist_add(s, t.version, s->ak.k, s->ak.why);
+	if (s->ak.windows != w0)
+		kwin_add(s, t.version);
 	c->seq = rl_queue_journal_seq(s->q);
 	memcpy(why, s->ak.why, sizeof why);
 	unlock(s);
@@ -845,10 +922,16 @@ rl_qserve_open(rl_qserve **out, const rl_qserve_config *cfg)
 	if (cfg->queue.auto_k) {
 		/* a journal replayed: the K it reached, not the starting one */
 		rl_queue_stats qs;
+		char why[64];
+		if (!(s->ak_hist = rl_try_calloc(1, sizeof *s->ak_hist, "auto K history"))) {
+			rv = RL_ENOMEM;
+			goto fail;
+		}
 		rl_autok_init(&s->ak, &cfg->autok, rl_queue_max_staleness(s->q));
 		rl_queue_get_stats(s->q, &qs);
-		khist_add(s, (double)qs.version, s->ak.k);
-		rl_info("max-staleness auto: K starts at %u (0 to %u)", s->ak.k, cfg->autok.kmax);
+		snprintf(why, sizeof why, "K starts at %u (0 to %u)", s->ak.k, cfg->autok.kmax);
+		khist_add(s, (double)qs.version, s->ak.k, why);
+		rl_info("max-staleness auto: %s", why);
 	}
 	if ((nrv = nng_rep0_open(&s->sock)) != 0 ||
 	    (nrv = nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, s->cfg.max_msg + 4096)) != 0 ||
@@ -1006,5 +1089,6 @@ rl_qserve_close(rl_qserve *s)
 	pthread_mutex_destroy(&s->jmtx);
 	pthread_mutex_destroy(&s->cmtx);
 	free(s->conn_ids);
+	free(s->ak_hist);
 	free(s);
 }

@@ -19,6 +19,11 @@
  *
  * Queue mode (run.c): a leased prompt's episodes start the same way; the
  * reset's "line" is rebuilt from the record (its meta's fields and "prompt").
+ * When the broker's early stop aborts the prompt, rli_env_cancel ends its
+ * episodes wherever they are: queued, resetting, decoding or waiting on a
+ * step; a process in the middle of a request is killed (only that stops a
+ * tool call in progress) and started again for the next episode, an idle one
+ * takes the next reset as after any episode rl-rollout ends.
  *
  * Chat framing: a step carries the turn's Hermes <tool_call> blocks as
  * "tool_calls" (serve_tools.c's parser), and an answer may give its turns as
@@ -62,7 +67,8 @@ struct rli_episode {
 	char *error;          /* why the episode failed (NULL: it did not) */
 	char *stop[RLI_ENV_MAX_STOPS]; /* the reset answer's stop strings */
 	int nstop;
-	struct rli_episode *next;
+	struct rli_episode *next;   /* waiting for a process */
+	struct rli_episode *anext, *aprev; /* every episode not yet freed (rli_env_cancel finds them) */
 };
 
 typedef struct eproc {
@@ -83,6 +89,8 @@ struct rli_env {
 	int pending;          /* episodes not in the engine: queued or resetting */
 	int fails;            /* episodes failed since the last valid answer */
 	uint64_t answers, episodes; /* valid answers, episodes started */
+	uint64_t cancelled, killed; /* episodes cancelled, processes killed for it */
+	rli_episode *all;     /* every live episode (anext/aprev) */
 	int32_t im_end;       /* ChatML framing: the end-of-turn token (-1: plain text) */
 	struct pollfd *pfd;
 	int *pidx;
@@ -90,10 +98,16 @@ struct rli_env {
 };
 
 static void
-ep_free(rli_episode *ep)
+ep_free(rli_env *v, rli_episode *ep)
 {
 	if (!ep)
 		return;
+	if (ep->aprev)
+		ep->aprev->anext = ep->anext;
+	else if (v->all == ep)
+		v->all = ep->anext;
+	if (ep->anext)
+		ep->anext->aprev = ep->aprev;
 	free(ep->line);
 	free(ep->turns);
 	free(ep->tver);
@@ -107,11 +121,13 @@ ep_free(rli_episode *ep)
 /* An episode that never reaches the engine (a run that stopped early): its
  * prompt goes with its last such episode. */
 static void
-ep_drop(rli_episode *ep)
+ep_drop(rli_env *v, rli_episode *ep)
 {
-	if (--ep->p->remaining == 0)
+	if (--ep->p->remaining == 0) {
+		rl_traj_batch_destroy(ep->p->out);
 		rli_prompt_free(ep->p);
-	ep_free(ep);
+	}
+	ep_free(v, ep);
 }
 
 prompt *
@@ -296,6 +312,9 @@ rli_env_start(gen *g, prompt *p, const char *line, size_t len)
 		ep->proc = ep->slot = -1;
 		snprintf(ep->id, sizeof ep->id, "%llu",
 		    (unsigned long long)rl_rng_mix(p->group * 0x100000001b3ULL + (uint64_t)i + 1));
+		if ((ep->anext = g->env->all))
+			ep->anext->aprev = ep;
+		g->env->all = ep;
 		if (g->env->qtail)
 			g->env->qtail->next = ep;
 		else
@@ -305,6 +324,85 @@ rli_env_start(gen *g, prompt *p, const char *line, size_t len)
 		g->env->episodes++;
 	}
 	return RL_OK;
+}
+
+/* The engine's done callback of a cancelled episode: its sample is thrown away. */
+static int
+cancelled_cb(void *ctx, const rl_gen_sample *s)
+{
+	gen *g = ctx;
+
+	ep_drop(g->env, s->user);
+	return RL_OK;
+}
+
+/* Ends ep without a record: out of the queue, off its process (killed when
+ * it is answering a request: a reset or a step, whose tool call may run for
+ * long), out of the engine. */
+static int
+ep_cancel(gen *g, rli_episode *ep)
+{
+	rli_env *v = g->env;
+	eproc *pr = ep->proc >= 0 ? &v->pr[ep->proc] : NULL;
+	int rv;
+
+	v->cancelled++;
+	if (pr) {
+		if (pr->deadline > 0 || pr->wn > pr->woff) {
+			proc_stop(pr, NULL, 0);
+			v->killed++;
+		}
+		pr->ep = NULL;
+		pr->deadline = 0;
+		ep->proc = -1;
+	}
+	switch (ep->state) {
+	case EP_QUEUED:
+		for (rli_episode **pp = &v->qhead, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
+			if (*pp != ep)
+				continue;
+			*pp = ep->next;
+			if (v->qtail == ep)
+				v->qtail = prev;
+			break;
+		}
+		/* fall through */
+	case EP_RESET:
+		v->pending--;
+		ep_drop(v, ep);
+		return RL_OK;
+	default:
+		/* in the engine: waiting for a slot (1: nothing ran), decoding, or waiting on its step */
+		if ((rv = rl_engine_cancel(g->e, ep, cancelled_cb, g)) == 1) {
+			ep_drop(v, ep);
+			rv = RL_OK;
+		}
+		return rv;
+	}
+}
+
+int
+rli_env_cancel(gen *g, prompt *p)
+{
+	rli_env *v = g->env;
+	int rv = RL_OK, left = p->remaining;
+
+	/* p is freed with its last episode: count them rather than read it after */
+	for (rli_episode *ep = v->all, *nx; ep && left > 0 && rv == RL_OK; ep = nx) {
+		nx = ep->anext;
+		if (ep->p == p) {
+			left--;
+			rv = ep_cancel(g, ep);
+		}
+	}
+	return rv;
+}
+
+void
+rli_env_counts(const gen *g, uint64_t *cancelled, uint64_t *killed)
+{
+	*cancelled = g->env ? g->env->cancelled : 0;
+	*killed = g->env ? g->env->killed : 0;
 }
 
 int
@@ -890,14 +988,14 @@ rli_env_close(gen *g)
 	for (int i = 0; v->pr && i < v->np; i++) {
 		/* a run that stopped early: an episode being reset is in no engine request */
 		if (v->pr[i].ep && v->pr[i].ep->state == EP_RESET)
-			ep_drop(v->pr[i].ep);
+			ep_drop(v, v->pr[i].ep);
 		proc_stop(&v->pr[i], NULL, 0);
 		free(v->pr[i].rb);
 		free(v->pr[i].wb);
 	}
 	for (rli_episode *ep = v->qhead, *nx; ep; ep = nx) {
 		nx = ep->next;
-		ep_drop(ep);
+		ep_drop(v, ep);
 	}
 	free(v->pr);
 	free(v->pfd);
@@ -928,7 +1026,6 @@ rli_env_record(rl_traj *t, gen *g, void *user, const rl_gen_sample *s)
 	if (ep->error && (rv = rl_traj_set_str(t, RL_TAG_ENV_ERROR, ep->error)) != 0)
 		goto out;
 out:
-	(void)g;
-	ep_free(ep);
+	ep_free(g->env, ep);
 	return rv;
 }

@@ -147,6 +147,10 @@ int rli_env_start(gen *g, prompt *p, const char *line, size_t len);  /* o.n epis
 int rli_env_pending(const gen *g);
 int rli_env_finish(gen *g);          /* at the end: RL_EIO when no environment ever answered */     /* episodes not in the engine yet */
 int rli_env_poll(gen *g, int timeout_ms);
+/* The broker aborted p: its episodes end without records (p is freed with
+ * the last; a process answering one of them is killed and restarted). */
+int rli_env_cancel(gen *g, prompt *p);
+void rli_env_counts(const gen *g, uint64_t *cancelled, uint64_t *killed); /* episodes cancelled, processes killed */
 int rli_env_turn(void *ctx, const rl_gen_sample *s);
 prompt *rli_env_prompt(void *user);
 int rli_env_record(rl_traj *t, gen *g, void *user, const rl_gen_sample *s);

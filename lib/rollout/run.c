@@ -416,6 +416,8 @@ queue_cancel(gen *g, prompt *p)
 	qlive_remove(g, p);
 	g->q_aborted++;
 	rl_verbose("prompt %llu: aborted by the broker's early stop", (unsigned long long)p->qid);
+	if (g->env)
+		return rli_env_cancel(g, p);
 	if ((rv = rl_engine_cancel(g->e, p, aborted_done_cb, g)) == 1) {
 		/* still queued: no sample of it ran */
 		rl_traj_batch_destroy(p->out);
@@ -530,7 +532,7 @@ rli_run_queue(gen *g)
 			/* the broker closed a step early: stop what it took back */
 			if (lease.aborts != g->q_aborts) {
 				g->q_aborts = lease.aborts;
-				if (!g->env && (rv = queue_check_aborts(g)) != 0)
+				if ((rv = queue_check_aborts(g)) != 0)
 					goto out;
 			}
 			for (size_t i = 0; i < rl_qlease_count(&lease); i++) {
@@ -574,19 +576,17 @@ rli_run_queue(gen *g)
 					continue;
 				}
 				g->groups++;
-				if (!g->env) {
-					if (g->nqlive == g->capqlive) {
-						size_t nc = g->capqlive ? 2 * g->capqlive : 64;
-						prompt **np = realloc(g->qlive, nc * sizeof *np);
-						if (np == NULL) {
-							rv = RL_ENOMEM;
-							goto out;
-						}
-						g->qlive = np;
-						g->capqlive = nc;
+				if (g->nqlive == g->capqlive) {
+					size_t nc = g->capqlive ? 2 * g->capqlive : 64;
+					prompt **np = realloc(g->qlive, nc * sizeof *np);
+					if (np == NULL) {
+						rv = RL_ENOMEM;
+						goto out;
 					}
-					g->qlive[g->nqlive++] = p;
+					g->qlive = np;
+					g->capqlive = nc;
 				}
+				g->qlive[g->nqlive++] = p;
 			}
 		}
 		if (g->env) {
@@ -617,8 +617,16 @@ out:
 	if (g->q_bad)
 		rl_warn("%llu leased prompts could not be used (acknowledged and dropped)",
 		    (unsigned long long)g->q_bad);
-	if (g->q_aborted && !g->o.quiet)
-		rl_info("%llu prompts aborted by the broker's early stop (not put)", (unsigned long long)g->q_aborted);
+	if (g->q_aborted && !g->o.quiet) {
+		uint64_t nc, nk;
+		rli_env_counts(g, &nc, &nk);
+		if (g->env)
+			rl_info("%llu prompts aborted by the broker's early stop (not put): %llu episodes cancelled, "
+			    "%llu environment processes stopped in a request", (unsigned long long)g->q_aborted,
+			    (unsigned long long)nc, (unsigned long long)nk);
+		else
+			rl_info("%llu prompts aborted by the broker's early stop (not put)", (unsigned long long)g->q_aborted);
+	}
 	free(g->qlive);
 	g->qlive = NULL;
 	g->nqlive = g->capqlive = 0;

@@ -66,7 +66,10 @@ def png_colours(path):
 
 fed_html, fed, body = canvases(sys.argv[1])
 _, empty, _ = canvases(sys.argv[2])
-assert len(fed) == 13, sorted(fed)
+assert len(fed) == 14, sorted(fed)
+# a fixed K: the --max-staleness auto card is hidden, its chart empty
+assert re.search(r'<div class="card" id="card_autok" style="display: none;">', fed_html), "the auto K card shows"
+assert fed["c_autok"][0] == 0 and empty["c_autok"][0] == 0, (fed["c_autok"], empty["c_autok"])
 curves = ("c_reward", "c_len", "c_kl", "c_entropy", "c_step_s")
 for c in curves + ("c_stage", "c_heat", "c_util", "c_rate", "c_ver", "c_stale"):
     assert fed[c][0] > 0, (c, "no data drawn", fed[c])

@@ -14,7 +14,8 @@
 #             replaced by k (reward k / 10, done after "turns" steps)
 #   raw:      answers the first step with the line's "answer", as it is
 #   rawreset: answers the reset with the line's "answer", as it is
-# A line's "stop" is passed on in the reset's answer.
+# A line's "stop" is passed on in the reset's answer; its "sleep" (seconds) is slept before each step's
+# answer (a slow tool call).
 # With RL_ENV_PIDS set, appends its pid to that file when it starts; with
 # RL_ENV_LOG set, appends each line it reads to that file.
 import json, os, sys, time
@@ -53,6 +54,7 @@ for line in sys.stdin:
         continue
     ep = eps[m["id"]]
     ep[1] += 1
+    time.sleep(ep_line[m["id"]].get("sleep", 0))
     mode = ep[0]
     if mode == "crash":
         sys.exit(3)

@@ -125,6 +125,63 @@ PY
 	assert_failure 1
 }
 
+# autok_reports UPTIME TRAIN_BUSY TRAIN_IDLE GEN_BUSY GEN_IDLE VERSION PPO_KL: a
+# rollout and a trainer stats report with these totals (as rl-queue-autok.bats)
+autok_reports() {
+	python3 "$BATS_TEST_DIRNAME/rlq_raw.py" "$AURL" version "$6" > /dev/null
+	printf '{"role":"rollout","worker":"gen:1","uptime_s":%s,"busy_s":%s,"idle_s":%s,"records":1,"tokens":1}' \
+	    "$1" "$4" "$5" > "$D/r.json"
+	python3 "$BATS_TEST_DIRNAME/rlq_raw.py" "$AURL" report "$D/r.json" > /dev/null
+	printf '{"role":"train","worker":"learn:1","uptime_s":%s,"busy_s":%s,"idle_s":%s,"records":1,"tokens":1,"steps":[{"version":%s,"ppo_kl":%s}]}' \
+	    "$1" "$2" "$3" "$6" "$7" > "$D/t.json"
+	python3 "$BATS_TEST_DIRNAME/rlq_raw.py" "$AURL" report "$D/t.json" > /dev/null
+}
+
+@test "--max-staleness auto: the rule's card draws each window's inputs and marks each change of K with its reason" {
+	start_broker A --max-staleness auto:2 --auto-hold 1 --auto-bubble 0.1 --auto-drift 0.01:0.03
+	# a window closes on the rollout's report, with the trainer's totals of
+	# the version before: a bubble with low drift (K 0 -> 1 at version 2), the
+	# settling step, two windows with no bubble (K stays), then the drift of
+	# 0.05 the trainer reported at version 5 (K 1 -> 0 at version 6)
+	autok_reports 10 5 5 5 5 1 0.001
+	autok_reports 20 10 10 10 10 2 0.001
+	autok_reports 30 15 15 15 15 3 0.001
+	autok_reports 40 25 15 25 15 4 0.001
+	autok_reports 50 35 15 35 15 5 0.05
+	autok_reports 60 45 15 45 15 6 0.05
+	http_get "$AHTTP" /api/stats > "$D/a.json"
+	python3 - "$D/a.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))["autok"]
+w, h = a["windows_history"], a["history"]
+assert h["k"] == [0, 1, 0] and h["version"] == [0, 2, 6], (h, w, a["last"])
+assert h["why"][0] == "K starts at 0 (0 to 2)" and "K 0 -> 1" in h["why"][1] and "drift 0.05 above 0.03: K 1 -> 0" in h["why"][2], h
+# a window at versions 2, 4, 5 and 6 (3 settled after the change), K after each
+assert w["version"] == [2, 4, 5, 6] and w["k"] == [1, 1, 1, 0], w
+assert w["train_idle_frac"] == [0.5, 0.5, 0, 0] and w["rollout_idle_frac"] == [0.5, 0, 0, 0], w
+assert w["bubble"] == [0.5, 0, 0, 0] and w["drift"] == [0.001, 0.001, 0.001, 0.05], w
+PY
+	browse "http://$AHTTP/" auto
+	python3 - "$D/auto.html" <<'PY'
+import re, sys
+html = open(sys.argv[1]).read()
+tag = re.search(r'<canvas id="c_autok"[^>]*>', html).group(0)
+a = dict(re.findall(r'([a-z-]+)="([^"]*)"', tag))
+# 4 windows x 4 curves (bubble's, the idle fractions', drift's) + 2 change markers
+assert int(a["data-points"]) == 4 * 4 + 2 and a["data-changes"] == "2", a
+assert int(a["data-ink"]) > 50, a
+assert a["data-axes"].startswith("x:trainer version (window end):") and "y2:drift (mean |ppo_kl|):" in a["data-axes"], a
+card = re.search(r'<div class="card" id="card_autok"[^>]*>', html).group(0)
+assert "display: none" not in card, card
+# the changes in words, newest first
+rows = re.findall(r"<tr>(.*?)</tr>", re.search(r'<table id="autok_changes">(.*?)</table>', html).group(1))
+cells = [re.findall(r"<td[^>]*>([^<]*)</td>", r) for r in rows]
+assert cells[0] == ["version", "K", "why"] and [c[:2] for c in cells[1:]] == [["6", "0"], ["2", "1"], ["0", "0"]], cells
+assert "drift 0.05 above 0.03: K 1 -&gt; 0" in cells[1][2] and "K 0 -&gt; 1" in cells[2][2], cells
+print("ok", a)
+PY
+}
+
 @test "without Chart.js the page says why and keeps its tables; the broker warns once" {
 	RL_CHARTJS=$D/none.js start_http_broker F
 	fetch "$FHTTP" / > "$D/page.html"

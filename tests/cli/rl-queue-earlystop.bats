@@ -118,3 +118,62 @@ assert t["put_scored"] == t["done"] + 2 * left, t
 assert st["depth"]["prompt"] == 0 and st["depth"]["leased"] == 0, st
 PY
 }
+
+# --env episodes are cancelled like plain samples: one prompt in four sleeps
+# 1 s in each of its two steps (a slow tool call), the others answer at once
+# after one step.  The step closes on the fast groups; the slow episodes are
+# cancelled in their environment call (the process is killed) and re-queued.
+# Without the cancel, every aborted slow group would be put late.
+@test "early stop with --env: aborted episodes are cancelled mid tool call, nothing still running is put late, every prompt trained once" {
+	O="$TD/env"
+	mkdir -p "$O/ck"
+	for i in $(seq 1 12); do
+		if [ $((i % 4)) -eq 0 ]; then
+			echo "{\"prompt\":\"$i+\",\"turns\":2,\"sleep\":1}"
+		else
+			echo "{\"prompt\":\"$i=\",\"turns\":1}"
+		fi
+	done > "$O/p.jsonl"
+	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' rl-queue serve -q -l tcp://127.0.0.1:@PORT@ \
+	    -k 0 -b 2 --oversample 2 --stragglers requeue --stale regen -t 60
+	URL="tcp://127.0.0.1:$DPORT"
+	rl-queue put -q "$URL" "$O/p.jsonl"
+	timeout 120 rl-train -q -m "$TD/m0" --out "$O/ck" --batch 2 --queue "$URL" --idle-exit 4 --no-skip-zero-adv \
+	    2> "$O/train.err" 3>&- &
+	local T=$!
+	PIDS="$PIDS $T"
+	RL_ENV_PIDS="$O/pids" timeout 120 rl-rollout -m "$TD/m0" -n 2 --max-tokens 3 --slots 16 --queue "$URL" \
+	    --env "/usr/bin/python3 $BATS_TEST_DIRNAME/env_scripted.py" --env-procs 8 --weights-from "$O/ck" \
+	    --idle-exit 3 2> "$O/rollout.err" 3>&- || { cat "$O/rollout.err"; return 1; }
+	wait "$T" || { cat "$O/train.err"; return 1; }
+	rl-queue stat --json "$URL" > "$O/stat.json"
+	grep 'aborted by the broker' "$O/rollout.err" >&3
+	# "N prompts aborted by the broker's early stop (not put): E episodes cancelled, K environment processes ..."
+	line=$(grep -o '[0-9]* prompts aborted by.*' "$O/rollout.err")
+	python3 - "$O/ck/latest/trainer_state.json" "$O/stat.json" "$line" "$(wc -l < "$O/pids")" <<'PY'
+import json, re, sys
+s = json.load(open(sys.argv[1]))
+done = set()
+for r in s["groups_done"]:
+    lo, _, hi = str(r).partition("-")
+    done.update(range(int(lo), int(hi or lo) + 1))
+st = json.load(open(sys.argv[2]))
+t = st["total"]
+m = re.match(r"(\d+) prompts aborted .*: (\d+) episodes cancelled, (\d+) environment processes stopped", sys.argv[3])
+na, ne, nk = map(int, m.groups())
+started = int(sys.argv[4])
+print("groups done %d, steps %d; rollout %d aborted, %d episodes cancelled, %d processes killed, %d started; "
+      "broker: %s" % (len(done), s["global_step"], na, ne, nk, started, t), file=sys.stderr)
+assert s["global_step"] * 2 == 12 and len(done) == 12, (s["global_step"], sorted(done))
+assert t["done"] == 24, t
+assert t["early_stops"] > 0 and t["aborted"] > 0 and t["aborted"] == t["abort_requeued"], t
+# every prompt the broker aborted was cancelled here, except a group that was
+# complete and put before this generator heard (the broker refused it late):
+# nothing that was still running when it heard was put
+assert na + t["abort_late"] // 2 == t["aborted"] and t["abort_late"] % 2 == 0, (na, t)
+assert t["rejected"] == t["abort_late"], t
+# a slow episode is cancelled in its sleep: its process was killed
+assert 0 < ne <= 2 * na and 0 < nk <= ne, (ne, nk, na)
+assert st["depth"]["prompt"] == 0 and st["depth"]["leased"] == 0 and st["groups"] == 0, st
+PY
+}

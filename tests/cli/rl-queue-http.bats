@@ -381,6 +381,8 @@ function done() {
 		staleLabels: charts.c_stale.data.labels,
 		staleT: charts.c_stale_t.data.datasets.map((d) => [d.label, d.data.length]),
 		totals: text(el("totals")),
+		autokCard: el("card_autok").style.display,
+		autok: npts("c_autok"),
 	};
 	console.log(JSON.stringify(out));
 }
@@ -392,7 +394,8 @@ JS
 o = json.loads(sys.stdin.read())
 assert o["urls"] and all(u == "api/stats" for u in o["urls"]), o["urls"]
 assert o["status"].startswith("updated"), o["status"]
-assert o["charts"] == 13, o["charts"]
+assert o["charts"] == 14, o["charts"]
+assert o["autokCard"] == "none" and o["autok"] == 0, o   # a fixed K: the auto card is hidden
 assert o["rate"] > 0 and o["depth"] > 0, o
 b = o["stale"]   # buckets 0..7, 8+
 assert len(b) == 9 and b[0] > 0 and sum(b[1:]) == 0 and o["staleLabels"][-1] == "8+", o
