@@ -11,6 +11,7 @@ load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
 load port_helper
+load serve_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -38,27 +39,12 @@ broker() {
 	QURL="tcp://127.0.0.1:$DPORT"
 }
 
-# start_serve TAG ARGS...: rl-rollout serve ARGS on a free loopback port; sets
-# SURL and SPID once /health answers; stderr in $BATS_TEST_TMPDIR/TAG.err
+# start_serve TAG ARGS...: serve_at with stdout and stderr in
+# $BATS_TEST_TMPDIR/TAG.out and TAG.err
 start_serve() {
-	local tag=$1 port
+	local tag=$1
 	shift
-	for _ in $(seq 5); do
-		port=$(free_port)
-		rl-rollout serve --listen "127.0.0.1:$port" "$@" > "$BATS_TEST_TMPDIR/$tag.out" 2> "$BATS_TEST_TMPDIR/$tag.err" &
-		SPID=$!
-		PIDS="$PIDS $SPID"
-		for _ in $(seq 200); do
-			kill -0 "$SPID" 2>/dev/null || break
-			if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
-				SURL="http://127.0.0.1:$port"
-				return 0
-			fi
-			sleep 0.05
-		done
-	done
-	cat "$BATS_TEST_TMPDIR/$tag.err" >&2
-	return 1
+	serve_at "$BATS_TEST_TMPDIR/$tag.out" "$BATS_TEST_TMPDIR/$tag.err" "$@"
 }
 
 stop_serve() {

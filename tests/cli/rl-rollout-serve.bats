@@ -12,6 +12,7 @@ load '/usr/lib/bats/bats-assert/load'
 
 load model_helper
 load port_helper
+load serve_helper
 
 setup_file() {
 	export TD=$(mktemp -d /tmp/rl-serve-bats.XXXXXX)
@@ -39,26 +40,9 @@ teardown() {
 	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
 }
 
-# start_serve ARGS...: rl-rollout serve ARGS on a free loopback port; sets
-# SURL (http://127.0.0.1:P) and SPID once /health answers; stderr in $TD/serve.err
+# start_serve ARGS...: serve_at with stderr in $TD/serve.err
 start_serve() {
-	local port
-	for _ in $(seq 5); do
-		port=$(free_port)
-		rl-rollout serve --listen "127.0.0.1:$port" "$@" 2> "$TD/serve.err" &
-		SPID=$!
-		PIDS="$PIDS $SPID"
-		for _ in $(seq 100); do
-			kill -0 "$SPID" 2>/dev/null || break
-			if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
-				SURL="http://127.0.0.1:$port"
-				return 0
-			fi
-			sleep 0.05
-		done
-	done
-	cat "$TD/serve.err" >&2
-	return 1
+	serve_at - "$TD/serve.err" "$@"
 }
 
 # post PATH JSON: the status line's code, then the body (curl -s -w)
