@@ -39,7 +39,9 @@ rli_dp_allreduce_grads(trainer *tr)
 
 	if ((rv = tr->ops->sync(tr->ops)) != 0 || (rv = rli_zero3_join(tr)) != 0)
 		return rv;
+	double t1 = rl_now();
 	rv = rl_comm_reducer_wait(tr->red);
+	tr->t_rs += rl_now() - t1;
 	tr->t_comm += rl_now() - t0;
 	return rv;
 }
@@ -141,6 +143,7 @@ rli_zero2_grad_ready(void *ctx, size_t from)
 	rv = rl_comm_reducer_drain(tr->red, ZERO2_INFLIGHT);
 	t0 = rl_now() - t0; /* a wait inside the backward: communication, not model time */
 	tr->t_comm += t0;
+	tr->t_rs += t0;
 	tr->t_model -= t0;
 	return rv;
 }
@@ -284,6 +287,7 @@ prefetch_join(trainer *tr)
 		tr->z3_busy = 0;
 		t0 = rl_now() - t0; /* the part of the gather the compute did not hide */
 		tr->t_comm += t0;
+		tr->t_gather += t0;
 		tr->t_model -= t0;
 	}
 	return tr->z3_pfrv;
@@ -332,6 +336,7 @@ rli_zero3_param_need(void *ctx, int unit, int next)
 			return rv;
 		t0 = rl_now() - t0; /* inside a pass: communication, not model time */
 		tr->t_comm += t0;
+		tr->t_gather += t0;
 		tr->t_model -= t0;
 	}
 	tr->z3_unit = unit;
@@ -370,6 +375,7 @@ rli_zero3_idle_pass(trainer *tr, int backward)
 {
 	rl_model *m = tr->m;
 	const int L = m->cfg.n_layer;
+	double t0 = rl_now();
 	int rv = RL_OK;
 
 	for (int u = 0; rv == 0 && u <= L + 1; u++)
@@ -386,6 +392,9 @@ rli_zero3_idle_pass(trainer *tr, int backward)
 	if (rv == 0 && m->grad_ready)
 		rv = m->grad_ready(m->grad_ready_ctx, 0);
 out:
+	/* a pass like the others: its waits, taken out of the model's time
+	 * by the hooks, are inside it */
+	tr->t_model += rl_now() - t0;
 	return rv;
 }
 
@@ -498,6 +507,8 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 	    (tr->zero == 1 && (rv = rl_comm_reduce_scatter(tr->comm, m->grads, total)) != 0))
 		return rv;
 	tc = rl_now() - t0;
+	if (tr->zero == 1)
+		tr->t_rs += tc;
 	float *g = tr->zero >= 2 ? tr->zg - lo : m->grads; /* g[e]: element e's gradient, e in [lo, hi) */
 	ss = hi > lo ? o->sumsq(o, g + lo, hi - lo) : 0.0;
 	if ((rv = rl_comm_host_allreduce_f64(tr->comm, &ss, 1)) != 0)
@@ -528,6 +539,7 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 	t0 = rl_now();
 	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_allgather_shards(tr->comm, m->params, total)) != 0)
 		return rv;
+	tr->t_gather += rl_now() - t0;
 	tc += rl_now() - t0;
 	tr->t_comm += tc;
 	tr->t_model -= tc;

@@ -323,6 +323,12 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	if (tr->world > 1) {
 		int nb, early = rl_comm_reducer_early(tr->red, &nb);
 		metric(j, tr, step, "timing_s/allreduce", tr->t_comm);
+		/* the update's phases: what the main thread waited for (gathers,
+		 * gradient reductions) and the optimizer; the rest of timing_s/model
+		 * is the passes' compute */
+		metric(j, tr, step, "timing_s/param_gather", tr->t_gather);
+		metric(j, tr, step, "timing_s/grad_reduce", tr->t_rs);
+		metric(j, tr, step, "timing_s/optimizer", tr->t_opt);
 		metric(j, tr, step, "dp/world_size", tr->world);
 		/* the share of the last update's gradient buckets sent during its backward pass */
 		metric(j, tr, step, "dp/buckets_overlapped_frac", nb ? (double)early / nb : NAN);

@@ -133,6 +133,7 @@ train_step(trainer *tr)
 
 	tr->t_wait = 0;
 	tr->t_model = 0;
+	tr->t_gather = tr->t_rs = tr->t_opt = 0;
 	if ((rv = rli_step_prepare(tr)) != 0)
 		return rv;
 	if (tr->nseq == 0)

@@ -164,6 +164,9 @@ typedef struct trainer {
 	uint64_t ckpt_id;        /* ZeRO: the id of the full checkpoint being written (every shard's) */
 	int shard_pending;       /* ZeRO: this full checkpoint's shards are still to write */
 	double t_comm;           /* seconds in the gradient all-reduce this step */
+	double t_gather, t_rs, t_opt; /* this step's waits for parameter gathers (ZeRO-3's units, ZeRO-1's
+	                          * all-gather) and for gradient reductions, and AdamW's own time
+	                          * (its collectives not counted): the phases of the update */
 	/* DPO: a pair line gives two records; the rejected one waits here */
 	rl_traj *pair_rej;
 	int pair_ready;

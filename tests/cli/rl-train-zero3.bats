@@ -59,6 +59,18 @@ JSON
 	# the same arithmetic as ZeRO-2 (only the parameters' home differs): bitwise,
 	# with or without the prefetch
 	cmp "$TD/g2/latest/model.safetensors" "$TD/z2/latest/model.safetensors"
+	# the update's phases: gathers waited for (ZeRO-3 gathers every unit of
+	# every pass), reductions, AdamW; each inside the update, AdamW inside
+	# the model's time
+	python3 - "$TD/g2.metrics.0" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    m = json.loads(l)
+    g, r, o = m["timing_s/param_gather"], m["timing_s/grad_reduce"], m["timing_s/optimizer"]
+    assert g > 0 and r > 0 and o > 0, (g, r, o)
+    assert g + r + o <= m["timing_s/update_actor"], m
+    assert 0 <= o <= m["timing_s/model"], m
+PY
 	PORT=$(free_port)
 	train_world 2 "$TD/n2" --zero 3 --no-prefetch "${args[@]}"
 	cmp "$TD/n2/latest/model.safetensors" "$TD/z2/latest/model.safetensors"
