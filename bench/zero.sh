@@ -15,7 +15,8 @@
 #    gathers), "reduce_s":timing_s/grad_reduce (waits for gradient reductions),
 #    "optimizer_s":timing_s/optimizer, "compute_s":timing_s/model less the optimizer,
 #    "cpu_s": user + system CPU seconds of all ranks over the whole run (load, warm-up and
-#    save included), "micro_tokens":MICRO}
+#    save included), "step_cpu_s": perf/cpu_s (rank 0's CPU seconds a step, every thread),
+#    "micro_tokens":MICRO}
 # BATCH (2) groups a step, MICRO (128) --max-tokens-per-micro: BATCH=8 MICRO=512 keeps 2
 # micro-batches per rank on 2 ranks with 4x the tokens in each (the gathers stay the same).
 # Model: bench/parallel-train.sh's ~11M-parameter Qwen2 (44 MB of f32
@@ -91,7 +92,8 @@ print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys
     "weights_mb": round(ms[-1]["memory/weights_mb"], 1),
     "gather_s": mean("timing_s/param_gather"), "reduce_s": mean("timing_s/grad_reduce"),
     "optimizer_s": mean("timing_s/optimizer"),
-    "compute_s": round(mean("timing_s/model") - mean("timing_s/optimizer"), 4), "cpu_s": round(cpu, 2)}))
+    "compute_s": round(mean("timing_s/model") - mean("timing_s/optimizer"), 4), "cpu_s": round(cpu, 2),
+    "step_cpu_s": mean("perf/cpu_s")}))
 PY
 }
 for i in $(seq 1 "$repeat"); do

@@ -72,6 +72,22 @@ release_host(float *p, size_t n)
 	memset((void *)ie, 0, e - ie);
 }
 
+/* Asks for transparent huge pages over the whole 2 MiB pages of p[0, n):
+ * ZeRO-2/3 give a buffer's pages back and fault them in again many times a
+ * step, and one 2 MiB fault costs about what one 4 KiB fault does.  Advice
+ * only: where the kernel has none to give, 4 KiB pages as before. */
+static void
+huge_pages(float *p, size_t n)
+{
+	uintptr_t a = (uintptr_t)p, e = (uintptr_t)(p + n), hp = (uintptr_t)2 << 20;
+	uintptr_t ia = (a + hp - 1) / hp * hp, ie = e / hp * hp;
+
+	if (getenv("RL_NO_THP"))
+		return;
+	if (ie > ia)
+		(void)madvise((void *)ia, ie - ia, MADV_HUGEPAGE);
+}
+
 /* The bytes of [p, p + bytes) in resident pages (mincore), the pages at
  * the ends counted whole; 0 when it cannot tell. */
 static double
@@ -253,18 +269,6 @@ gather_unit(trainer *tr, int u)
 	return rv;
 }
 
-static void
-release_unit(trainer *tr, int u)
-{
-	size_t r[2][2];
-
-	if (u == -2)
-		release_host(tr->m->params, tr->m->tt.total);
-	else if (u >= 0)
-		for (int k = 0, n = unit_ranges(tr->m, u, r); k < n; k++)
-			release_host(tr->m->params + r[k][0], r[k][1] - r[k][0]);
-}
-
 static void *
 prefetch_main(void *arg)
 {
@@ -299,38 +303,130 @@ rli_zero3_join(trainer *tr)
 	return tr->zp ? prefetch_join(tr) : RL_OK;
 }
 
+/* Unit u is in m->params: the current one, the prefetched one or one kept
+ * (z3_kept); the embedding also while a tied head is, when the embedding
+ * unit is wte alone (z3_emb_in_head). */
+static int
+unit_in(const trainer *tr, int u)
+{
+	const int head = tr->m->cfg.n_layer + 1;
+
+	if (u < 0)
+		return 0;
+	if (u == tr->z3_unit || u == tr->z3_pf)
+		return 1;
+	for (int k = 0; k < tr->z3_nkept; k++)
+		if (tr->z3_kept[k] == u)
+			return 1;
+	return u == 0 && tr->z3_emb_in_head && unit_in(tr, head);
+}
+
+/* Gives unit u's pages back, but not the elements a resident unit shares
+ * with it (the embedding's wte in a tied head); u is no longer listed. */
+static void
+drop_unit(trainer *tr, int u)
+{
+	const int head = tr->m->cfg.n_layer + 1;
+	size_t r[2][2];
+	int n;
+
+	if (u < 0 || unit_in(tr, u))
+		return;
+	n = unit_ranges(tr->m, u, r);
+	if (u == 0 && tr->m->lm_w == tr->m->wte && unit_in(tr, head))
+		return; /* its wte is the head's too (and an embedding unit is wte alone) */
+	if (u == head && n == 2 && unit_in(tr, 0))
+		n = 1;  /* the tied wte stays for the embedding */
+	for (int k = 0; k < n; k++)
+		release_host(tr->m->params + r[k][0], r[k][1] - r[k][0]);
+}
+
+static size_t
+unit_elems(const trainer *tr, int u)
+{
+	size_t r[2][2], e = 0;
+
+	for (int k = 0, n = unit_ranges(tr->m, u, r); k < n; k++)
+		e += r[k][1] - r[k][0];
+	return e;
+}
+
+/* Unit u, just used, joins the kept ones (the most recent first); the least
+ * recent ones over --zero3-keep's budget of elements are given back. */
+static void
+keep_unit(trainer *tr, int u)
+{
+	size_t sum = 0;
+	int k, n;
+
+	if (u < 0 || unit_in(tr, u))
+		return;
+	memmove(tr->z3_kept + 1, tr->z3_kept, sizeof *tr->z3_kept * (size_t)tr->z3_nkept);
+	tr->z3_kept[0] = u;
+	tr->z3_nkept++;
+	for (k = 0; k < tr->z3_nkept; k++) {
+		sum += unit_elems(tr, tr->z3_kept[k]);
+		if (sum > tr->o->zero3_keep)
+			break;
+	}
+	for (n = tr->z3_nkept; n > k; n--) {
+		int v = tr->z3_kept[n - 1];
+		tr->z3_nkept = n - 1;
+		drop_unit(tr, v);
+	}
+}
+
+/* Takes u off the kept list (it becomes the current or prefetched one). */
+static void
+unkeep_unit(trainer *tr, int u)
+{
+	for (int k = 0; k < tr->z3_nkept; k++)
+		if (tr->z3_kept[k] == u) {
+			memmove(tr->z3_kept + k, tr->z3_kept + k + 1, sizeof *tr->z3_kept * (size_t)(tr->z3_nkept - k - 1));
+			tr->z3_nkept--;
+			return;
+		}
+}
+
 void
 rli_zero3_release(trainer *tr)
 {
 	if (!tr->zp)
 		return;
 	prefetch_join(tr);
-	if (tr->z3_pf != tr->z3_unit)
-		release_unit(tr, tr->z3_pf);
-	release_unit(tr, tr->z3_unit);
+	release_host(tr->m->params, tr->m->tt.total);
 	tr->z3_unit = tr->z3_pf = -1;
+	tr->z3_nkept = 0;
 }
 
-/* A unit is resident as the current one (z3_unit) or the prefetched one
- * (z3_pf); the ranks all call this with the same (unit, next), so they
- * start the same gathers in the same order.  The only units sharing
- * elements are the embedding and a tied head, never current and prefetched
- * at once (the head is prefetched from the last layer). */
+/* A unit is resident as the current one (z3_unit), the prefetched one
+ * (z3_pf) or a kept one (z3_kept, --zero3-keep); the ranks all call this
+ * with the same (unit, next), so they decide the same gathers and start
+ * them in the same order.  The only units sharing elements are the
+ * embedding and a tied head (drop_unit keeps what one still needs); the
+ * head is never prefetched while the embedding is computed. */
 int
 rli_zero3_param_need(void *ctx, int unit, int next)
 {
 	trainer *tr = ctx;
 	double t0;
-	int rv;
+	int rv, prev, pf;
 
 	if ((rv = prefetch_join(tr)) != 0)
 		return rv;
 	rli_dp_params_resident(tr); /* the peak: the current and the prefetched unit beside the shard */
-	if (unit != tr->z3_unit)
-		release_unit(tr, tr->z3_unit);
-	if (tr->z3_pf >= 0 && tr->z3_pf != unit)
-		release_unit(tr, tr->z3_pf); /* not what came: given back */
-	if (unit != tr->z3_unit && unit != tr->z3_pf) {
+	prev = tr->z3_unit;
+	pf = tr->z3_pf;
+	int have = unit_in(tr, unit);
+	unkeep_unit(tr, unit);
+	tr->z3_unit = unit;
+	tr->z3_pf = -1;
+	if (prev != unit)
+		keep_unit(tr, prev);    /* --zero3-keep 0: given back */
+	if (pf != unit)
+		keep_unit(tr, pf);      /* not what came */
+	if (!have) {
+		tr->z3_ngather++;
 		t0 = rl_now();
 		if ((rv = gather_unit(tr, unit)) != 0)
 			return rv;
@@ -339,13 +435,17 @@ rli_zero3_param_need(void *ctx, int unit, int next)
 		tr->t_gather += t0;
 		tr->t_model -= t0;
 	}
-	tr->z3_unit = unit;
-	tr->z3_pf = -1;
 	rli_dp_params_resident(tr);
 	if (next < 0 || next == unit || tr->o->zero3_no_prefetch)
 		return RL_OK;
+	if (unit_in(tr, next)) {
+		unkeep_unit(tr, next);  /* kept: nothing to gather */
+		tr->z3_pf = next;
+		return RL_OK;
+	}
 	tr->z3_pf = next;
 	tr->z3_pfrv = RL_OK;
+	tr->z3_ngather++;
 	if (pthread_create(&tr->z3_th, NULL, prefetch_main, tr) == 0) {
 		tr->z3_busy = 1;
 		return RL_OK;
@@ -453,6 +553,7 @@ zero_open(trainer *tr)
 		if ((rv = o->alloc(o, (void **)&tr->zg, bytes)) != 0)
 			return rv;
 		o->zero(o, tr->zg, bytes);
+		huge_pages(m->grads, m->tt.total - m->goff);
 		release_host(m->grads, m->tt.total - m->goff);
 	}
 	if (tr->o->zero == 3) {
@@ -460,8 +561,15 @@ zero_open(trainer *tr)
 		if ((rv = o->alloc(o, (void **)&tr->zp, bytes)) != 0)
 			return rv;
 		o->copy(o, tr->zp, m->params + tr->zlo, n * sizeof(float));
+		huge_pages(m->params, m->tt.total);
 		release_host(m->params, m->tt.total);
 		tr->z3_unit = tr->z3_pf = -1;
+		if (!(tr->z3_kept = rl_try_calloc((size_t)m->cfg.n_layer + 2, sizeof *tr->z3_kept, "kept units")))
+			return RL_ENOMEM;
+		tr->z3_emb_in_head = m->lm_w == m->wte;
+		for (int i = 0; i < m->tt.n; i++)
+			if (m->tt.t[i].off < m->tt.t[m->layer[0].ln1_w].off && i != m->wte)
+				tr->z3_emb_in_head = 0;
 		m->param_need = rli_zero3_param_need;
 		m->param_need_ctx = tr;
 	}

@@ -203,8 +203,16 @@ memory_metrics(cJSON *j, trainer *tr, int step)
 		metric(j, tr, step, "memory/rss_mb", (double)pages * (double)sysconf(_SC_PAGESIZE) / (1 << 20));
 	if (f)
 		fclose(f);
-	if (getrusage(RUSAGE_SELF, &ru) == 0)
+	if (getrusage(RUSAGE_SELF, &ru) == 0) {
 		metric(j, tr, step, "memory/max_rss_mb", ru.ru_maxrss / 1024.0);
+		/* CPU seconds of every thread since the previous line (the first:
+		 * since the start): on a shared machine the cost of a step that
+		 * wall time hides behind other jobs' load */
+		double cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+		    ru.ru_stime.tv_usec * 1e-6;
+		metric(j, tr, step, "perf/cpu_s", cpu - tr->cpu_last);
+		tr->cpu_last = cpu;
+	}
 }
 
 /* The loss terms of the step, under the names of verl (policy gradient, PPO's
@@ -333,6 +341,8 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 		/* the share of the last update's gradient buckets sent during its backward pass */
 		metric(j, tr, step, "dp/buckets_overlapped_frac", nb ? (double)early / nb : NAN);
 		metric(j, tr, step, "dp/zero_stage", tr->zero);
+		if (tr->zp) /* ZeRO-3: unit gathers of the step's passes (not a save's whole-model one) */
+			metric(j, tr, step, "dp/units_gathered", tr->z3_ngather);
 	}
 	memory_metrics(j, tr, step);
 	/* the share of the step (update + publish) spent outside the model's compute */
