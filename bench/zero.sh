@@ -16,7 +16,10 @@
 #    "optimizer_s":timing_s/optimizer, "compute_s":timing_s/model less the optimizer,
 #    "cpu_s": user + system CPU seconds of all ranks over the whole run (load, warm-up and
 #    save included), "step_cpu_s": perf/cpu_s (rank 0's CPU seconds a step, every thread),
-#    "micro_tokens":MICRO}
+#    "micro_tokens":MICRO, "keep":--zero3-keep, "huge_pages":0 when RL_NO_THP was set,
+#    "units_gathered":dp/units_gathered}
+# ZEROS stages: a digit, then n (--no-prefetch), k (--zero3-keep KEEP, default 3.2e6:
+# two of the model's units), t (RL_NO_THP=1: 4 KiB pages), e.g. "1 3 3t 3k".
 # BATCH (2) groups a step, MICRO (128) --max-tokens-per-micro: BATCH=8 MICRO=512 keeps 2
 # micro-batches per rank on 2 ranks with 4x the tokens in each (the gathers stay the same).
 # Model: bench/parallel-train.sh's ~11M-parameter Qwen2 (44 MB of f32
@@ -61,9 +64,12 @@ port=$((21000 + $$ % 5000))
 args="--batch $batch --lr 1e-4 --keep 1 --max-tokens-per-micro $micro --bucket-mb ${BUCKET_MB:-4}"
 run() {   # run ZERO RUN
 	port=$((port + 1))
-	z=${1%n}
-	extra=""
-	[ "$z" = "$1" ] || extra="--no-prefetch"
+	z=$(echo "$1" | cut -c1)
+	extra="" thp=1
+	case $1 in *n*) extra="--no-prefetch" ;; esac
+	case $1 in *k*) extra="$extra --zero3-keep ${KEEP:-3.2e6}" ;; esac
+	case $1 in *t*) thp=0 ;; esac
+	if [ $thp = 0 ]; then RL_NO_THP=1; export RL_NO_THP; else unset RL_NO_THP; fi
 	rm -rf "$d/ck"
 	for r in $(seq 1 $((world - 1))); do
 		OMP_NUM_THREADS=1 /usr/bin/time -f "%U %S" -o "$d/cpu.$r" rl-train -q -m "$d/m0" --out "$d/ck" --rank "$r" --world "$world" \
@@ -81,7 +87,9 @@ cpu = sum(sum(float(x) for x in open(f"{d}/cpu.{r}").read().split()[-2:]) for r 
 def mean(k):
     v = [m[k] for m in ms if m.get(k) is not None]
     return round(sum(v) / len(v), 4) if v else None
-print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys.argv[3]) == 3 and not sys.argv[5],
+print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys.argv[3]) == 3 and "--no-prefetch" not in sys.argv[5],
+    "keep": float(sys.argv[5].split("--zero3-keep ")[1]) if "--zero3-keep" in sys.argv[5] else 0,
+    "huge_pages": "RL_NO_THP" not in __import__("os").environ,
     "world": int(sys.argv[2]), "run": int(sys.argv[4]),
     "steps": len(ms), "micro_tokens": micro,
     "micro_per_rank": max(1, batch * 4 * 64 // int(sys.argv[2]) // micro), "step_s": mean("timing_s/update_actor"),
@@ -93,7 +101,7 @@ print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys
     "gather_s": mean("timing_s/param_gather"), "reduce_s": mean("timing_s/grad_reduce"),
     "optimizer_s": mean("timing_s/optimizer"),
     "compute_s": round(mean("timing_s/model") - mean("timing_s/optimizer"), 4), "cpu_s": round(cpu, 2),
-    "step_cpu_s": mean("perf/cpu_s")}))
+    "step_cpu_s": mean("perf/cpu_s"), "units_gathered": mean("dp/units_gathered")}))
 PY
 }
 for i in $(seq 1 "$repeat"); do

@@ -10,10 +10,11 @@
  * Leaves out: the communicator itself (compute/comm.h), the passing of queue
  * leases from rank 0 (feed.c), ZeRO-2 and ZeRO-3 on device memory (the
  * pages given back are host pages), ZeRO-3's reduce-scatter overlapped with
- * the backward pass (it runs at the layer boundaries, after the prefetch).
+ * the backward pass (it runs at the layer boundaries, after the prefetch),
+ * more than one unit in flight.
  * ZeRO-3: the parameters sharded too, each unit (embedding, layer, head)
  * gathered before it is computed (the next one on a thread meanwhile) and
- * given back after.
+ * given back after, or kept for the next pass (--zero3-keep).
  */
 #include <math.h>
 #include <pthread.h>
