@@ -9,12 +9,11 @@
  * per step, bitwise equal weights).
  * Leaves out: the communicator itself (compute/comm.h), the passing of queue
  * leases from rank 0 (feed.c), ZeRO-2 and ZeRO-3 on device memory (the
- * pages given back are host pages), ZeRO-3's reduce-scatter overlapped with
- * the backward pass (it runs at the layer boundaries, after the prefetch),
- * more than one unit in flight.
+ * pages given back are host pages), ZeRO-3's prefetch of more than one unit.
  * ZeRO-3: the parameters sharded too, each unit (embedding, layer, head)
- * gathered before it is computed (the next one on a thread meanwhile) and
- * given back after, or kept for the next pass (--zero3-keep).
+ * gathered before it is computed (the next one on a thread meanwhile, after
+ * the gradient buckets the last layer handed over) and given back after, or
+ * kept for the next pass (--zero3-keep).
  */
 #include <math.h>
 #include <pthread.h>
@@ -41,6 +40,7 @@ rli_dp_allreduce_grads(trainer *tr)
 	if ((rv = tr->ops->sync(tr->ops)) != 0 || (rv = rli_zero3_join(tr)) != 0)
 		return rv;
 	double t1 = rl_now();
+	tr->z3_rs = 0; /* the wait reduces every bucket left */
 	rv = rl_comm_reducer_wait(tr->red);
 	tr->t_rs += rl_now() - t1;
 	tr->t_comm += rl_now() - t0;
@@ -156,6 +156,10 @@ rli_zero2_grad_ready(void *ctx, size_t from)
 	/* ZeRO-3: the ring is the prefetch's until it is done */
 	if ((rv = rli_zero3_join(tr)) != 0 || (rv = rl_comm_reducer_ready(tr->red, from)) != 0)
 		return rv;
+	if (tr->zp && !tr->o->zero3_no_prefetch) {
+		tr->z3_rs = 1; /* reduced by the next param_need: on its prefetch thread, else there */
+		return RL_OK;
+	}
 	double t0 = rl_now();
 	rv = rl_comm_reducer_drain(tr->red, ZERO2_INFLIGHT);
 	t0 = rl_now() - t0; /* a wait inside the backward: communication, not model time */
@@ -275,7 +279,12 @@ prefetch_main(void *arg)
 {
 	trainer *tr = arg;
 
-	tr->z3_pfrv = gather_unit(tr, tr->z3_pf);
+	/* the backward's final buckets first, then the gather: one thread issues
+	 * both, in the order every rank computes */
+	tr->z3_pfrv = tr->z3_rs ? rl_comm_reducer_drain(tr->red, 0) : RL_OK;
+	tr->z3_rs = 0;
+	if (tr->z3_pfrv == 0)
+		tr->z3_pfrv = gather_unit(tr, tr->z3_pf);
 	return NULL;
 }
 
@@ -400,6 +409,23 @@ rli_zero3_release(trainer *tr)
 	tr->z3_nkept = 0;
 }
 
+/* The buckets the backward handed over since the last param_need, reduced
+ * here when no prefetch thread takes them (ZeRO-3). */
+static int
+rs_pending(trainer *tr)
+{
+	if (!tr->z3_rs)
+		return RL_OK;
+	double t0 = rl_now();
+	int rv = rl_comm_reducer_drain(tr->red, 0);
+	t0 = rl_now() - t0; /* inside a pass: communication, not model time */
+	tr->z3_rs = 0;
+	tr->t_comm += t0;
+	tr->t_rs += t0;
+	tr->t_model -= t0;
+	return rv;
+}
+
 /* A unit is resident as the current one (z3_unit), the prefetched one
  * (z3_pf) or a kept one (z3_kept, --zero3-keep); the ranks all call this
  * with the same (unit, next), so they decide the same gathers and start
@@ -438,11 +464,11 @@ rli_zero3_param_need(void *ctx, int unit, int next)
 	}
 	rli_dp_params_resident(tr);
 	if (next < 0 || next == unit || tr->o->zero3_no_prefetch)
-		return RL_OK;
+		return rs_pending(tr);
 	if (unit_in(tr, next)) {
 		unkeep_unit(tr, next);  /* kept: nothing to gather */
 		tr->z3_pf = next;
-		return RL_OK;
+		return rs_pending(tr);
 	}
 	tr->z3_pf = next;
 	tr->z3_pfrv = RL_OK;
@@ -451,6 +477,8 @@ rli_zero3_param_need(void *ctx, int unit, int next)
 		tr->z3_busy = 1;
 		return RL_OK;
 	}
+	if ((rv = rs_pending(tr)) != 0)
+		return rv;
 	return gather_unit(tr, next); /* no thread: gathered now */
 }
 

@@ -159,6 +159,7 @@ typedef struct trainer {
 	                          * z3_th for the next param_need (-1 none), its result */
 	pthread_t z3_th;
 	int *z3_kept, z3_nkept;  /* units used and kept gathered (--zero3-keep), the most recent first */
+	int z3_rs;               /* buckets handed over for the prefetch thread to reduce-scatter */
 	int z3_ngather;          /* units gathered this step (dp/units_gathered) */
 	int z3_emb_in_head;      /* the embedding unit is wte alone, and the head's (tied) */
 	double pres_peak;        /* bytes of parameters resident at most this step (ZeRO-3) */
