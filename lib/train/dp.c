@@ -442,6 +442,8 @@ rli_zero3_param_need(void *ctx, int unit, int next)
 	if ((rv = prefetch_join(tr)) != 0)
 		return rv;
 	rli_dp_params_resident(tr); /* the peak: the current and the prefetched unit beside the shard */
+	if (tr->z3_unit == -2)
+		rli_zero3_release(tr); /* the whole model (a save) not given back yet */
 	prev = tr->z3_unit;
 	pf = tr->z3_pf;
 	int have = unit_in(tr, unit);
