@@ -10,10 +10,21 @@
 #    "grads_resident_mb":memory/grads_resident_mb (measured, peak of the step),
 #    "grads_mb":the full gradient buffer,"optimizer_state_mb","max_rss_mb",
 #    "params_resident_mb":memory/params_resident_mb (measured, peak of the step; ZeRO-3's
-#    shard plus the unit gathered),"weights_mb":the full parameter table}
+#    shard plus the unit gathered),"weights_mb":the full parameter table,
+#    the update's phases on rank 0: "gather_s":timing_s/param_gather (waits for parameter
+#    gathers), "reduce_s":timing_s/grad_reduce (waits for gradient reductions),
+#    "optimizer_s":timing_s/optimizer, "compute_s":timing_s/model less the optimizer,
+#    "cpu_s": user + system CPU seconds of all ranks over the whole run (load, warm-up and
+#    save included), "step_cpu_s": perf/cpu_s (rank 0's CPU seconds a step, every thread),
+#    "micro_tokens":MICRO, "keep":--zero3-keep, "huge_pages":0 when RL_NO_THP was set,
+#    "units_gathered":dp/units_gathered}
+# ZEROS stages: a digit, then n (--no-prefetch), k (--zero3-keep KEEP, default 3.2e6:
+# two of the model's units), t (RL_NO_THP=1: 4 KiB pages), e.g. "1 3 3t 3k".
+# BATCH (2) groups a step, MICRO (128) --max-tokens-per-micro: BATCH=8 MICRO=512 keeps 2
+# micro-batches per rank on 2 ranks with 4x the tokens in each (the gathers stay the same).
 # Model: bench/parallel-train.sh's ~11M-parameter Qwen2 (44 MB of f32
 # gradients, tied embeddings); a step is 2 groups of 4 sequences of 16 + 48
-# tokens, micro-batches of 128 tokens, so each of 2 ranks runs 2 micro-batches
+# tokens (BATCH groups), micro-batches of MICRO tokens, so each of 2 ranks runs 2 micro-batches
 # an update (each of 4 ranks 1) (ZeRO-2 reduce-scatters after each); buckets of BUCKET_MB (4) MiB,
 # small next to the 44 MB, as 25 MiB ones are next to a real model's gradients.
 # One OpenMP thread per rank.
@@ -33,13 +44,15 @@ cat > "$d/cfg.json" <<'JSON'
  "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
 JSON
 rl-train --init "$d/cfg.json" --tokenizer bytes --out "$d/m0" 2>/dev/null
-python3 - "$d/scored.jsonl" "$steps" <<'PY'
+batch=${BATCH:-2}
+micro=${MICRO:-128}
+python3 - "$d/scored.jsonl" "$steps" "$batch" <<'PY'
 import json, random, sys
 random.seed(1)
 out, steps = sys.argv[1], int(sys.argv[2])
 rid = 0
 with open(out, "w") as f:
-    for g in range(2 * steps):
+    for g in range(int(sys.argv[3]) * steps):
         p = [random.randrange(4096) for _ in range(16)]
         for i in range(4):
             rid += 1
@@ -48,35 +61,47 @@ with open(out, "w") as f:
                 "response": r, "logprobs": [-8.3] * 48, "reward": float(i % 2)}) + "\n")
 PY
 port=$((21000 + $$ % 5000))
-args="--batch 2 --lr 1e-4 --keep 1 --max-tokens-per-micro 128 --bucket-mb ${BUCKET_MB:-4}"
+args="--batch $batch --lr 1e-4 --keep 1 --max-tokens-per-micro $micro --bucket-mb ${BUCKET_MB:-4}"
 run() {   # run ZERO RUN
 	port=$((port + 1))
-	z=${1%n}
-	extra=""
-	[ "$z" = "$1" ] || extra="--no-prefetch"
+	z=$(echo "$1" | cut -c1)
+	extra="" thp=1
+	case $1 in *n*) extra="--no-prefetch" ;; esac
+	case $1 in *k*) extra="$extra --zero3-keep ${KEEP:-3.2e6}" ;; esac
+	case $1 in *t*) thp=0 ;; esac
+	if [ $thp = 0 ]; then RL_NO_THP=1; export RL_NO_THP; else unset RL_NO_THP; fi
 	rm -rf "$d/ck"
 	for r in $(seq 1 $((world - 1))); do
-		OMP_NUM_THREADS=1 rl-train -q -m "$d/m0" --out "$d/ck" --rank "$r" --world "$world" \
+		OMP_NUM_THREADS=1 /usr/bin/time -f "%U %S" -o "$d/cpu.$r" rl-train -q -m "$d/m0" --out "$d/ck" --rank "$r" --world "$world" \
 		    --rendezvous "127.0.0.1:$port" --zero "$z" $extra $args "$d/scored.jsonl" &
 		pids="$pids $!"
 	done
-	OMP_NUM_THREADS=1 rl-train -q -m "$d/m0" --out "$d/ck" --rank 0 --world "$world" \
+	OMP_NUM_THREADS=1 /usr/bin/time -f "%U %S" -o "$d/cpu.0" rl-train -q -m "$d/m0" --out "$d/ck" --rank 0 --world "$world" \
 	    --rendezvous "127.0.0.1:$port" --zero "$z" $extra $args --metrics "$d/m.jsonl" "$d/scored.jsonl"
 	wait
-	python3 - "$d/m.jsonl" "$world" "$z" "$2" "$extra" <<'PY'
+	python3 - "$d/m.jsonl" "$world" "$z" "$2" "$extra" "$batch" "$micro" "$d" <<'PY'
 import json, sys
 ms = [json.loads(l) for l in open(sys.argv[1])][1:]
+batch, micro, d = int(sys.argv[6]), int(sys.argv[7]), sys.argv[8]
+cpu = sum(sum(float(x) for x in open(f"{d}/cpu.{r}").read().split()[-2:]) for r in range(int(sys.argv[2])))
 def mean(k):
     v = [m[k] for m in ms if m.get(k) is not None]
     return round(sum(v) / len(v), 4) if v else None
-print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys.argv[3]) == 3 and not sys.argv[5],
+print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys.argv[3]) == 3 and "--no-prefetch" not in sys.argv[5],
+    "keep": float(sys.argv[5].split("--zero3-keep ")[1]) if "--zero3-keep" in sys.argv[5] else 0,
+    "huge_pages": "RL_NO_THP" not in __import__("os").environ,
     "world": int(sys.argv[2]), "run": int(sys.argv[4]),
-    "steps": len(ms), "micro_per_rank": max(1, 8 // int(sys.argv[2]) // 2), "step_s": mean("timing_s/update_actor"),
+    "steps": len(ms), "micro_tokens": micro,
+    "micro_per_rank": max(1, batch * 4 * 64 // int(sys.argv[2]) // micro), "step_s": mean("timing_s/update_actor"),
     "comm_wait_s": mean("timing_s/allreduce"), "grads_resident_mb": round(max(m["memory/grads_resident_mb"] for m in ms), 1),
     "grads_mb": round(ms[-1]["memory/grads_mb"], 1), "optimizer_state_mb": round(ms[-1]["memory/optimizer_state_mb"], 1),
     "max_rss_mb": round(ms[-1]["memory/max_rss_mb"], 1),
     "params_resident_mb": round(max(m.get("memory/params_resident_mb", 0) for m in ms), 1),
-    "weights_mb": round(ms[-1]["memory/weights_mb"], 1)}))
+    "weights_mb": round(ms[-1]["memory/weights_mb"], 1),
+    "gather_s": mean("timing_s/param_gather"), "reduce_s": mean("timing_s/grad_reduce"),
+    "optimizer_s": mean("timing_s/optimizer"),
+    "compute_s": round(mean("timing_s/model") - mean("timing_s/optimizer"), 4), "cpu_s": round(cpu, 2),
+    "step_cpu_s": mean("perf/cpu_s"), "units_gathered": mean("dp/units_gathered")}))
 PY
 }
 for i in $(seq 1 "$repeat"); do

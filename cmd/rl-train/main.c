@@ -144,6 +144,8 @@ static const char usage_text[] =
     "                            gradients, reduce-scattered during the backward pass; 3: ZeRO-3, and of the\n"
     "                            parameters, gathered layer by layer (2, 3: CPU) (default 0)\n"
     "      --no-prefetch         --zero 3: gather each layer when it is needed, not the next one meanwhile\n"
+    "      --zero3-keep N        --zero 3: keep up to N parameters of the units last used gathered, so\n"
+    "                            that the next pass (run in the other direction) starts on them (default 0)\n"
     "LoRA (docs/lora.md; --device cpu; checkpoints in PEFT's layout):\n"
     "      --lora-rank R         train rank-R adapters on the frozen policy (default 0: full fine-tuning)\n"
     "      --lora-alpha A        scaling A/R (default 16)\n"
@@ -169,7 +171,7 @@ enum {
 	O_EPOCHS, O_MINI, O_MICRO, O_PACK, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC, O_PUSHPARTS,
 	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY,
-	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO, O_NOPREFETCH,
+	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO, O_NOPREFETCH, O_Z3KEEP,
 	O_PLAN, O_LORAR, O_LORAT, O_LORAA, O_LORAD, O_MERGE, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
 	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH, O_OVERLONG,
 	O_DPOBETA, O_DPOLOSS, O_LSMOOTH, O_RPO, O_ONLINE, O_SAVEMIN, O_FRESH,
@@ -213,7 +215,7 @@ static const struct option longopts[] = {
 	{ "comm-timeout", required_argument, 0, O_CTIME }, { "dp-check-every", required_argument, 0, O_DPCHECK },
 	{ "dp-bucket-mb", required_argument, 0, O_DPBUCKET }, { "bucket-mb", required_argument, 0, O_DPBUCKET },
 	{ "no-dp-overlap", no_argument, 0, O_DPNOOVL }, { "zero", required_argument, 0, O_ZERO },
-	{ "no-prefetch", no_argument, 0, O_NOPREFETCH },
+	{ "no-prefetch", no_argument, 0, O_NOPREFETCH }, { "zero3-keep", required_argument, 0, O_Z3KEEP },
 	{ "plan", optional_argument, 0, O_PLAN }, { "lora-rank", required_argument, 0, O_LORAR },
 	{ "lora-targets", required_argument, 0, O_LORAT }, { "kv-tokens", required_argument, 0, O_KVTOK },
 	{ "lora-alpha", required_argument, 0, O_LORAA }, { "lora-dropout", required_argument, 0, O_LORAD },
@@ -431,6 +433,7 @@ main(int argc, char **argv)
 		case O_DPBUCKET: NUM(0.001, 1e6); o.dp_bucket_mb = v; break;
 		case O_DPNOOVL: o.dp_overlap = 0; break;
 		case O_NOPREFETCH: o.zero3_no_prefetch = 1; break;
+		case O_Z3KEEP: NUM(0, 1e15); o.zero3_keep = (size_t)v; break;
 		case O_ZERO:
 			if (strcmp(a, "0") && strcmp(a, "1") && strcmp(a, "2") && strcmp(a, "3"))
 				return rl_cli_usage("--zero takes 0, 1, 2 or 3 (1: optimizer state sharded, 2: gradients too, "

@@ -9,11 +9,11 @@
  * per step, bitwise equal weights).
  * Leaves out: the communicator itself (compute/comm.h), the passing of queue
  * leases from rank 0 (feed.c), ZeRO-2 and ZeRO-3 on device memory (the
- * pages given back are host pages), ZeRO-3's reduce-scatter overlapped with
- * the backward pass (it runs at the layer boundaries, after the prefetch).
+ * pages given back are host pages), ZeRO-3's prefetch of more than one unit.
  * ZeRO-3: the parameters sharded too, each unit (embedding, layer, head)
- * gathered before it is computed (the next one on a thread meanwhile) and
- * given back after.
+ * gathered before it is computed (the next one on a thread meanwhile, after
+ * the gradient buckets the last layer handed over) and given back after, or
+ * kept for the next pass (--zero3-keep).
  */
 #include <math.h>
 #include <pthread.h>
@@ -39,7 +39,10 @@ rli_dp_allreduce_grads(trainer *tr)
 
 	if ((rv = tr->ops->sync(tr->ops)) != 0 || (rv = rli_zero3_join(tr)) != 0)
 		return rv;
+	double t1 = rl_now();
+	tr->z3_rs = 0; /* the wait reduces every bucket left */
 	rv = rl_comm_reducer_wait(tr->red);
+	tr->t_rs += rl_now() - t1;
 	tr->t_comm += rl_now() - t0;
 	return rv;
 }
@@ -68,6 +71,22 @@ release_host(float *p, size_t n)
 	}
 	memset(p, 0, ia - a);
 	memset((void *)ie, 0, e - ie);
+}
+
+/* Asks for transparent huge pages over the whole 2 MiB pages of p[0, n):
+ * ZeRO-2/3 give a buffer's pages back and fault them in again many times a
+ * step, and one 2 MiB fault costs about what one 4 KiB fault does.  Advice
+ * only: where the kernel has none to give, 4 KiB pages as before. */
+static void
+huge_pages(float *p, size_t n)
+{
+	uintptr_t a = (uintptr_t)p, e = (uintptr_t)(p + n), hp = (uintptr_t)2 << 20;
+	uintptr_t ia = (a + hp - 1) / hp * hp, ie = e / hp * hp;
+
+	if (getenv("RL_NO_THP"))
+		return;
+	if (ie > ia)
+		(void)madvise((void *)ia, ie - ia, MADV_HUGEPAGE);
 }
 
 /* The bytes of [p, p + bytes) in resident pages (mincore), the pages at
@@ -137,10 +156,15 @@ rli_zero2_grad_ready(void *ctx, size_t from)
 	/* ZeRO-3: the ring is the prefetch's until it is done */
 	if ((rv = rli_zero3_join(tr)) != 0 || (rv = rl_comm_reducer_ready(tr->red, from)) != 0)
 		return rv;
+	if (tr->zp && !tr->o->zero3_no_prefetch) {
+		tr->z3_rs = 1; /* reduced by the next param_need: on its prefetch thread, else there */
+		return RL_OK;
+	}
 	double t0 = rl_now();
 	rv = rl_comm_reducer_drain(tr->red, ZERO2_INFLIGHT);
 	t0 = rl_now() - t0; /* a wait inside the backward: communication, not model time */
 	tr->t_comm += t0;
+	tr->t_rs += t0;
 	tr->t_model -= t0;
 	return rv;
 }
@@ -250,24 +274,17 @@ gather_unit(trainer *tr, int u)
 	return rv;
 }
 
-static void
-release_unit(trainer *tr, int u)
-{
-	size_t r[2][2];
-
-	if (u == -2)
-		release_host(tr->m->params, tr->m->tt.total);
-	else if (u >= 0)
-		for (int k = 0, n = unit_ranges(tr->m, u, r); k < n; k++)
-			release_host(tr->m->params + r[k][0], r[k][1] - r[k][0]);
-}
-
 static void *
 prefetch_main(void *arg)
 {
 	trainer *tr = arg;
 
-	tr->z3_pfrv = gather_unit(tr, tr->z3_pf);
+	/* the backward's final buckets first, then the gather: one thread issues
+	 * both, in the order every rank computes */
+	tr->z3_pfrv = tr->z3_rs ? rl_comm_reducer_drain(tr->red, 0) : RL_OK;
+	tr->z3_rs = 0;
+	if (tr->z3_pfrv == 0)
+		tr->z3_pfrv = gather_unit(tr, tr->z3_pf);
 	return NULL;
 }
 
@@ -284,6 +301,7 @@ prefetch_join(trainer *tr)
 		tr->z3_busy = 0;
 		t0 = rl_now() - t0; /* the part of the gather the compute did not hide */
 		tr->t_comm += t0;
+		tr->t_gather += t0;
 		tr->t_model -= t0;
 	}
 	return tr->z3_pfrv;
@@ -295,56 +313,174 @@ rli_zero3_join(trainer *tr)
 	return tr->zp ? prefetch_join(tr) : RL_OK;
 }
 
+/* Unit u is in m->params: the current one, the prefetched one or one kept
+ * (z3_kept); the embedding also while a tied head is, when the embedding
+ * unit is wte alone (z3_emb_in_head). */
+static int
+unit_in(const trainer *tr, int u)
+{
+	const int head = tr->m->cfg.n_layer + 1;
+
+	if (u < 0)
+		return 0;
+	if (u == tr->z3_unit || u == tr->z3_pf)
+		return 1;
+	for (int k = 0; k < tr->z3_nkept; k++)
+		if (tr->z3_kept[k] == u)
+			return 1;
+	return u == 0 && tr->z3_emb_in_head && unit_in(tr, head);
+}
+
+/* Gives unit u's pages back, but not the elements a resident unit shares
+ * with it (the embedding's wte in a tied head); u is no longer listed. */
+static void
+drop_unit(trainer *tr, int u)
+{
+	const int head = tr->m->cfg.n_layer + 1;
+	size_t r[2][2];
+	int n;
+
+	if (u < 0 || unit_in(tr, u))
+		return;
+	n = unit_ranges(tr->m, u, r);
+	if (u == 0 && tr->m->lm_w == tr->m->wte && unit_in(tr, head))
+		return; /* its wte is the head's too (and an embedding unit is wte alone) */
+	if (u == head && n == 2 && unit_in(tr, 0))
+		n = 1;  /* the tied wte stays for the embedding */
+	for (int k = 0; k < n; k++)
+		release_host(tr->m->params + r[k][0], r[k][1] - r[k][0]);
+}
+
+static size_t
+unit_elems(const trainer *tr, int u)
+{
+	size_t r[2][2], e = 0;
+
+	for (int k = 0, n = unit_ranges(tr->m, u, r); k < n; k++)
+		e += r[k][1] - r[k][0];
+	return e;
+}
+
+/* Unit u, just used, joins the kept ones (the most recent first); the least
+ * recent ones over --zero3-keep's budget of elements are given back. */
+static void
+keep_unit(trainer *tr, int u)
+{
+	size_t sum = 0;
+	int k, n;
+
+	if (u < 0 || unit_in(tr, u))
+		return;
+	memmove(tr->z3_kept + 1, tr->z3_kept, sizeof *tr->z3_kept * (size_t)tr->z3_nkept);
+	tr->z3_kept[0] = u;
+	tr->z3_nkept++;
+	for (k = 0; k < tr->z3_nkept; k++) {
+		sum += unit_elems(tr, tr->z3_kept[k]);
+		if (sum > tr->o->zero3_keep)
+			break;
+	}
+	for (n = tr->z3_nkept; n > k; n--) {
+		int v = tr->z3_kept[n - 1];
+		tr->z3_nkept = n - 1;
+		drop_unit(tr, v);
+	}
+}
+
+/* Takes u off the kept list (it becomes the current or prefetched one). */
+static void
+unkeep_unit(trainer *tr, int u)
+{
+	for (int k = 0; k < tr->z3_nkept; k++)
+		if (tr->z3_kept[k] == u) {
+			memmove(tr->z3_kept + k, tr->z3_kept + k + 1, sizeof *tr->z3_kept * (size_t)(tr->z3_nkept - k - 1));
+			tr->z3_nkept--;
+			return;
+		}
+}
+
 void
 rli_zero3_release(trainer *tr)
 {
 	if (!tr->zp)
 		return;
 	prefetch_join(tr);
-	if (tr->z3_pf != tr->z3_unit)
-		release_unit(tr, tr->z3_pf);
-	release_unit(tr, tr->z3_unit);
+	release_host(tr->m->params, tr->m->tt.total);
 	tr->z3_unit = tr->z3_pf = -1;
+	tr->z3_nkept = 0;
 }
 
-/* A unit is resident as the current one (z3_unit) or the prefetched one
- * (z3_pf); the ranks all call this with the same (unit, next), so they
- * start the same gathers in the same order.  The only units sharing
- * elements are the embedding and a tied head, never current and prefetched
- * at once (the head is prefetched from the last layer). */
+/* The buckets the backward handed over since the last param_need, reduced
+ * here when no prefetch thread takes them (ZeRO-3). */
+static int
+rs_pending(trainer *tr)
+{
+	if (!tr->z3_rs)
+		return RL_OK;
+	double t0 = rl_now();
+	int rv = rl_comm_reducer_drain(tr->red, 0);
+	t0 = rl_now() - t0; /* inside a pass: communication, not model time */
+	tr->z3_rs = 0;
+	tr->t_comm += t0;
+	tr->t_rs += t0;
+	tr->t_model -= t0;
+	return rv;
+}
+
+/* A unit is resident as the current one (z3_unit), the prefetched one
+ * (z3_pf) or a kept one (z3_kept, --zero3-keep); the ranks all call this
+ * with the same (unit, next), so they decide the same gathers and start
+ * them in the same order.  The only units sharing elements are the
+ * embedding and a tied head (drop_unit keeps what one still needs); the
+ * head is never prefetched while the embedding is computed. */
 int
 rli_zero3_param_need(void *ctx, int unit, int next)
 {
 	trainer *tr = ctx;
 	double t0;
-	int rv;
+	int rv, prev, pf;
 
 	if ((rv = prefetch_join(tr)) != 0)
 		return rv;
 	rli_dp_params_resident(tr); /* the peak: the current and the prefetched unit beside the shard */
-	if (unit != tr->z3_unit)
-		release_unit(tr, tr->z3_unit);
-	if (tr->z3_pf >= 0 && tr->z3_pf != unit)
-		release_unit(tr, tr->z3_pf); /* not what came: given back */
-	if (unit != tr->z3_unit && unit != tr->z3_pf) {
+	if (tr->z3_unit == -2)
+		rli_zero3_release(tr); /* the whole model (a save) not given back yet */
+	prev = tr->z3_unit;
+	pf = tr->z3_pf;
+	int have = unit_in(tr, unit);
+	unkeep_unit(tr, unit);
+	tr->z3_unit = unit;
+	tr->z3_pf = -1;
+	if (prev != unit)
+		keep_unit(tr, prev);    /* --zero3-keep 0: given back */
+	if (pf != unit)
+		keep_unit(tr, pf);      /* not what came */
+	if (!have) {
+		tr->z3_ngather++;
 		t0 = rl_now();
 		if ((rv = gather_unit(tr, unit)) != 0)
 			return rv;
 		t0 = rl_now() - t0; /* inside a pass: communication, not model time */
 		tr->t_comm += t0;
+		tr->t_gather += t0;
 		tr->t_model -= t0;
 	}
-	tr->z3_unit = unit;
-	tr->z3_pf = -1;
 	rli_dp_params_resident(tr);
 	if (next < 0 || next == unit || tr->o->zero3_no_prefetch)
-		return RL_OK;
+		return rs_pending(tr);
+	if (unit_in(tr, next)) {
+		unkeep_unit(tr, next);  /* kept: nothing to gather */
+		tr->z3_pf = next;
+		return rs_pending(tr);
+	}
 	tr->z3_pf = next;
 	tr->z3_pfrv = RL_OK;
+	tr->z3_ngather++;
 	if (pthread_create(&tr->z3_th, NULL, prefetch_main, tr) == 0) {
 		tr->z3_busy = 1;
 		return RL_OK;
 	}
+	if ((rv = rs_pending(tr)) != 0)
+		return rv;
 	return gather_unit(tr, next); /* no thread: gathered now */
 }
 
@@ -370,6 +506,7 @@ rli_zero3_idle_pass(trainer *tr, int backward)
 {
 	rl_model *m = tr->m;
 	const int L = m->cfg.n_layer;
+	double t0 = rl_now();
 	int rv = RL_OK;
 
 	for (int u = 0; rv == 0 && u <= L + 1; u++)
@@ -386,6 +523,9 @@ rli_zero3_idle_pass(trainer *tr, int backward)
 	if (rv == 0 && m->grad_ready)
 		rv = m->grad_ready(m->grad_ready_ctx, 0);
 out:
+	/* a pass like the others: its waits, taken out of the model's time
+	 * by the hooks, are inside it */
+	tr->t_model += rl_now() - t0;
 	return rv;
 }
 
@@ -444,6 +584,7 @@ zero_open(trainer *tr)
 		if ((rv = o->alloc(o, (void **)&tr->zg, bytes)) != 0)
 			return rv;
 		o->zero(o, tr->zg, bytes);
+		huge_pages(m->grads, m->tt.total - m->goff);
 		release_host(m->grads, m->tt.total - m->goff);
 	}
 	if (tr->o->zero == 3) {
@@ -451,8 +592,15 @@ zero_open(trainer *tr)
 		if ((rv = o->alloc(o, (void **)&tr->zp, bytes)) != 0)
 			return rv;
 		o->copy(o, tr->zp, m->params + tr->zlo, n * sizeof(float));
+		huge_pages(m->params, m->tt.total);
 		release_host(m->params, m->tt.total);
 		tr->z3_unit = tr->z3_pf = -1;
+		if (!(tr->z3_kept = rl_try_calloc((size_t)m->cfg.n_layer + 2, sizeof *tr->z3_kept, "kept units")))
+			return RL_ENOMEM;
+		tr->z3_emb_in_head = m->lm_w == m->wte;
+		for (int i = 0; i < m->tt.n; i++)
+			if (m->tt.t[i].off < m->tt.t[m->layer[0].ln1_w].off && i != m->wte)
+				tr->z3_emb_in_head = 0;
 		m->param_need = rli_zero3_param_need;
 		m->param_need_ctx = tr;
 	}
@@ -498,6 +646,8 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 	    (tr->zero == 1 && (rv = rl_comm_reduce_scatter(tr->comm, m->grads, total)) != 0))
 		return rv;
 	tc = rl_now() - t0;
+	if (tr->zero == 1)
+		tr->t_rs += tc;
 	float *g = tr->zero >= 2 ? tr->zg - lo : m->grads; /* g[e]: element e's gradient, e in [lo, hi) */
 	ss = hi > lo ? o->sumsq(o, g + lo, hi - lo) : 0.0;
 	if ((rv = rl_comm_host_allreduce_f64(tr->comm, &ss, 1)) != 0)
@@ -528,6 +678,7 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 	t0 = rl_now();
 	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_allgather_shards(tr->comm, m->params, total)) != 0)
 		return rv;
+	tr->t_gather += rl_now() - t0;
 	tc += rl_now() - t0;
 	tr->t_comm += tc;
 	tr->t_model -= tc;

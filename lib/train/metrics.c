@@ -203,8 +203,16 @@ memory_metrics(cJSON *j, trainer *tr, int step)
 		metric(j, tr, step, "memory/rss_mb", (double)pages * (double)sysconf(_SC_PAGESIZE) / (1 << 20));
 	if (f)
 		fclose(f);
-	if (getrusage(RUSAGE_SELF, &ru) == 0)
+	if (getrusage(RUSAGE_SELF, &ru) == 0) {
 		metric(j, tr, step, "memory/max_rss_mb", ru.ru_maxrss / 1024.0);
+		/* CPU seconds of every thread since the previous line (the first:
+		 * since the start): on a shared machine the cost of a step that
+		 * wall time hides behind other jobs' load */
+		double cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+		    ru.ru_stime.tv_usec * 1e-6;
+		metric(j, tr, step, "perf/cpu_s", cpu - tr->cpu_last);
+		tr->cpu_last = cpu;
+	}
 }
 
 /* The loss terms of the step, under the names of verl (policy gradient, PPO's
@@ -323,10 +331,18 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	if (tr->world > 1) {
 		int nb, early = rl_comm_reducer_early(tr->red, &nb);
 		metric(j, tr, step, "timing_s/allreduce", tr->t_comm);
+		/* the update's phases: what the main thread waited for (gathers,
+		 * gradient reductions) and the optimizer; the rest of timing_s/model
+		 * is the passes' compute */
+		metric(j, tr, step, "timing_s/param_gather", tr->t_gather);
+		metric(j, tr, step, "timing_s/grad_reduce", tr->t_rs);
+		metric(j, tr, step, "timing_s/optimizer", tr->t_opt);
 		metric(j, tr, step, "dp/world_size", tr->world);
 		/* the share of the last update's gradient buckets sent during its backward pass */
 		metric(j, tr, step, "dp/buckets_overlapped_frac", nb ? (double)early / nb : NAN);
 		metric(j, tr, step, "dp/zero_stage", tr->zero);
+		if (tr->zp) /* ZeRO-3: unit gathers of the step's passes (not a save's whole-model one) */
+			metric(j, tr, step, "dp/units_gathered", tr->z3_ngather);
 	}
 	memory_metrics(j, tr, step);
 	/* the share of the step (update + publish) spent outside the model's compute */

@@ -102,6 +102,7 @@ typedef struct rl_train_opts {
 	int zero;                  /* ZeRO stage: 1 AdamW state sharded across the ranks, 2 gradients too,
 	                            * 3 parameters too (0 off) */
 	int zero3_no_prefetch;     /* ZeRO-3: each unit gathered when needed, none ahead */
+	size_t zero3_keep;         /* ZeRO-3: parameters of used units kept gathered (0: none) */
 	/* LoRA (model/lora.h, docs/lora.md): adapters trained on the frozen policy */
 	int lora_rank;             /* 0: full fine-tuning */
 	float lora_alpha;          /* scaling alpha / rank (PEFT's default 8) */

@@ -935,9 +935,11 @@ adamw(trainer *tr, float *gnorm, double *lr)
 	if (o->critic_lr > 0)
 		ad.aux_lr = (float)rl_lr_at(tr->m->version + 1, o->critic_lr, o->warmup, o->total_steps, o->sched,
 		    o->min_lr_ratio);
-	double t1 = rl_now();
+	double t1 = rl_now(), c1 = tr->t_gather + tr->t_rs;
 	rv = tr->zero ? rli_zero_step(tr, &ad, gnorm) : rl_model_step(tr->m, &ad, gnorm);
-	tr->t_model += rl_now() - t1;
+	t1 = rl_now() - t1;
+	tr->t_model += t1;
+	tr->t_opt += t1 - (tr->t_gather + tr->t_rs - c1);
 	return rv;
 }
 

@@ -133,6 +133,8 @@ train_step(trainer *tr)
 
 	tr->t_wait = 0;
 	tr->t_model = 0;
+	tr->t_gather = tr->t_rs = tr->t_opt = 0;
+	tr->z3_ngather = 0;
 	if ((rv = rli_step_prepare(tr)) != 0)
 		return rv;
 	if (tr->nseq == 0)
@@ -552,6 +554,7 @@ rli_train_fini(trainer *tr, int rv)
 		tr->ops->free(tr->ops, tr->zv);
 		tr->ops->free(tr->ops, tr->zg);
 		tr->ops->free(tr->ops, tr->zp);
+		free(tr->z3_kept);
 	}
 	rli_feed_close(tr);
 	rl_progress_done(&tr->prog);

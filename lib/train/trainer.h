@@ -158,12 +158,20 @@ typedef struct trainer {
 	int z3_pf, z3_busy, z3_pfrv; /* ZeRO-3's prefetch: the unit gathered (or being gathered) on
 	                          * z3_th for the next param_need (-1 none), its result */
 	pthread_t z3_th;
+	int *z3_kept, z3_nkept;  /* units used and kept gathered (--zero3-keep), the most recent first */
+	int z3_rs;               /* buckets handed over for the prefetch thread to reduce-scatter */
+	int z3_ngather;          /* units gathered this step (dp/units_gathered) */
+	int z3_emb_in_head;      /* the embedding unit is wte alone, and the head's (tied) */
 	double pres_peak;        /* bytes of parameters resident at most this step (ZeRO-3) */
 	double gres_peak;        /* bytes of gradients resident at most this step (rli_dp_grads_resident) */
 	char *opt_dir;           /* --resume from sharded AdamW state: the directory each shard reads */
 	uint64_t ckpt_id;        /* ZeRO: the id of the full checkpoint being written (every shard's) */
 	int shard_pending;       /* ZeRO: this full checkpoint's shards are still to write */
 	double t_comm;           /* seconds in the gradient all-reduce this step */
+	double t_gather, t_rs, t_opt; /* this step's waits for parameter gathers (ZeRO-3's units, ZeRO-1's
+	                          * all-gather) and for gradient reductions, and AdamW's own time
+	                          * (its collectives not counted): the phases of the update */
+	double cpu_last;         /* the process's CPU seconds at the last metrics line (perf/cpu_s) */
 	/* DPO: a pair line gives two records; the rejected one waits here */
 	rl_traj *pair_rej;
 	int pair_ready;

@@ -59,9 +59,36 @@ JSON
 	# the same arithmetic as ZeRO-2 (only the parameters' home differs): bitwise,
 	# with or without the prefetch
 	cmp "$TD/g2/latest/model.safetensors" "$TD/z2/latest/model.safetensors"
+	# the update's phases: gathers waited for (ZeRO-3 gathers every unit of
+	# every pass), reductions, AdamW; each inside the update, AdamW inside
+	# the model's time
+	python3 - "$TD/g2.metrics.0" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    m = json.loads(l)
+    g, r, o = m["timing_s/param_gather"], m["timing_s/grad_reduce"], m["timing_s/optimizer"]
+    assert g > 0 and r > 0 and o > 0, (g, r, o)
+    assert g + r + o <= m["timing_s/update_actor"], m
+    assert 0 <= o <= m["timing_s/model"], m
+PY
 	PORT=$(free_port)
 	train_world 2 "$TD/n2" --zero 3 --no-prefetch "${args[@]}"
 	cmp "$TD/n2/latest/model.safetensors" "$TD/z2/latest/model.safetensors"
+	# units kept gathered between passes (all of them; about two of the four on
+	# 4 ranks): the same weights from fewer gathers
+	PORT=$(free_port)
+	train_world 2 "$TD/k2" --zero 3 --zero3-keep 1e9 "${args[@]}"
+	cmp "$TD/k2/latest/model.safetensors" "$TD/z2/latest/model.safetensors"
+	PORT=$(free_port)
+	train_world 4 "$TD/k4" --zero 3 --zero3-keep 20000 "${args[@]}"
+	cmp "$TD/k4/latest/model.safetensors" "$TD/g4/latest/model.safetensors"
+	python3 - "$TD/g2.metrics.0" "$TD/k2.metrics.0" "$TD/g4.metrics.0" "$TD/k4.metrics.0" <<'PY'
+import json, sys
+n = [[json.loads(l)["dp/units_gathered"] for l in open(f)] for f in sys.argv[1:]]
+print(n)
+for a, b in ((n[0], n[1]), (n[2], n[3])):
+    assert all(y < x for x, y in zip(a, b)), (a, b)
+PY
 	# not blind: one step fewer is far off
 	run -1 close "$TD/g4/step-00000002/model.safetensors" "$TD/g1/latest/model.safetensors"
 }
@@ -99,6 +126,10 @@ PY
 	TRAIN_WORLD_DATA="$TD/pairs.jsonl" train_world 2 "$TD/d2" --zero 3 "${args[@]}"
 	[ "$(readlink "$TD/d2/latest")" = step-00000004 ]
 	run -0 close "$TD/d2/latest/model.safetensors" "$TD/d1/latest/model.safetensors"
+	# the gather-only passes keep units as the computing ones do
+	PORT=$(free_port)
+	TRAIN_WORLD_DATA="$TD/pairs.jsonl" train_world 2 "$TD/dk" --zero 3 --zero3-keep 1e9 "${args[@]}"
+	cmp "$TD/dk/latest/model.safetensors" "$TD/d2/latest/model.safetensors"
 }
 
 @test "ZeRO-3: each rank's resident parameter memory is about its shard, measured" {
@@ -138,6 +169,17 @@ for l in open(sys.argv[1]):
     assert abs(got - plan) <= 0.1 * plan, (got, plan)
 PY
 	done
+	# --zero3-keep holds the units used: with room for all, the whole table
+	# beside the shard at the peak
+	PORT=$(free_port)
+	TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 2 "$TD/q2k" --zero 3 --zero3-keep 1e9 "${args[@]}"
+	python3 - "$TD/q2k.metrics.0" "$TD/q22.metrics.0" <<'PY'
+import json, sys
+full = json.loads(open(sys.argv[2]).readline())["memory/weights_mb"]
+for l in open(sys.argv[1]):
+    r = json.loads(l)["memory/params_resident_mb"] / full
+    assert 1.4 < r < 1.6, r
+PY
 }
 
 @test "ZeRO-3 checkpoint: 2 ranks -> 1 rank without ZeRO = 3 steps of 1 rank" {
@@ -195,4 +237,6 @@ PY
 	[[ "$stderr" == *"--lora-rank with --zero 3"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x4" --zero 4 "$TD/s.jsonl"
 	[[ "$stderr" == *"--zero takes 0, 1, 2 or 3"* ]]
+	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/xk" --zero 3 --zero3-keep -5 "$TD/s.jsonl"
+	[[ "$stderr" == *"--zero3-keep: bad value '-5'"* ]]
 }
