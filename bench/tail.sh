@@ -6,7 +6,8 @@
 # trainer steps (default 48).  Runs, back to back, each from the same
 # initial model:
 #   sync       rl-rollout | rl-reward | rl-train, --max-staleness 0 (a pipe)
-#   k1, k2     the queue wiring, rl-queue serve -k 1 / -k 2
+#   kN         the queue wiring, rl-queue serve -k N (k1, k2 by default;
+#              k3 and k4 on request: auto's range is 0..4)
 #   auto       the queue wiring, -k auto:4 (the rule alone)
 #   auto-es    the queue wiring, -k auto:4 --oversample $OVERSAMPLE
 #              --stragglers $STRAGGLERS (early stop)
@@ -22,7 +23,7 @@
 # CPU second, and response tokens/s).  The machine may
 # be shared: CPU seconds are the steadier figure.
 # Environment: HIDDEN (64) and LAYERS (2), the model's size; OVERSAMPLE
-# (1.5) and STRAGGLERS (requeue) of auto-es; RUNS (all five, in this order); PIN (1 where there are 2 cores or
+# (1.5) and STRAGGLERS (requeue) of auto-es; RUNS (default "sync k1 k2 auto auto-es", run in the order given); PIN (1 where there are 2 cores or
 # more): equal resources as bench/e2e.sh has them, generation, scoring and
 # the broker on core GEN_CPU (0), training on TRAIN_CPU (1), in every run,
 # so sync leaves each core idle while the other stage works and async may
@@ -124,11 +125,10 @@ for run in ${RUNS:-sync k1 k2 auto auto-es}; do
 	t0=$(date +%s.%N)
 	case $run in
 	sync) run_sync ;;
-	k1) run_queue k1 -k 1 ;;
-	k2) run_queue k2 -k 2 ;;
+	k[0-9]) run_queue "$run" -k "${run#k}" ;;
 	auto) run_queue auto -k auto:4 ;;
 	auto-es) run_queue auto-es -k auto:4 --oversample "$OVERSAMPLE" --stragglers "$STRAGGLERS" ;;
-	*) echo "bench/tail.sh: unknown run '$run' (sync, k1, k2, auto, auto-es)" >&2; exit 2 ;;
+	*) echo "bench/tail.sh: unknown run '$run' (sync, k0 to k9, auto, auto-es)" >&2; exit 2 ;;
 	esac
 	t1=$(date +%s.%N)
 	line "$run" "$(echo "$t1 - $t0" | bc)" "$l0" | tee -a "$d/lines"
@@ -136,7 +136,7 @@ done
 python3 - "$d/lines" <<'PY'
 import json, sys
 r = {j["run"]: j for j in map(json.loads, open(sys.argv[1]))}
-fixed = [k for k in ("k1", "k2") if k in r]
+fixed = sorted(k for k in r if len(k) == 2 and k[0] == "k" and k[1].isdigit())
 best = max(fixed, key=lambda k: r[k]["samples_per_s"]) if fixed else None
 out = {"bench": "tail", "summary": True, "best_fixed": best}
 for a in ("auto", "auto-es"):
