@@ -481,6 +481,22 @@ queue_check_aborts(gen *g)
 	return rv;
 }
 
+/* The prompts in generation, for the broker's aborts to find them. */
+static int
+qlive_add(gen *g, prompt *p)
+{
+	if (g->nqlive == g->capqlive) {
+		size_t nc = g->capqlive ? 2 * g->capqlive : 64;
+		prompt **np = realloc(g->qlive, nc * sizeof *np);
+		if (np == NULL)
+			return RL_ENOMEM;
+		g->qlive = np;
+		g->capqlive = nc;
+	}
+	g->qlive[g->nqlive++] = p;
+	return RL_OK;
+}
+
 int
 rli_run_queue(gen *g)
 {
@@ -576,17 +592,8 @@ rli_run_queue(gen *g)
 					continue;
 				}
 				g->groups++;
-				if (g->nqlive == g->capqlive) {
-					size_t nc = g->capqlive ? 2 * g->capqlive : 64;
-					prompt **np = realloc(g->qlive, nc * sizeof *np);
-					if (np == NULL) {
-						rv = RL_ENOMEM;
-						goto out;
-					}
-					g->qlive = np;
-					g->capqlive = nc;
-				}
-				g->qlive[g->nqlive++] = p;
+				if ((rv = qlive_add(g, p)) != 0)
+					goto out;
 			}
 		}
 		if (g->env) {
