@@ -6,7 +6,10 @@
 # the version a worker pulls holds the tensors of the checkpoint's
 # model.safetensors byte for byte, and rl-rollout generates from it what it
 # generates from the checkpoint; with --zero 3 (parameters sharded,
-# gathered for the save) the parts are the checkpoint's tensors too.
+# gathered for the save) the parts are the checkpoint's tensors too, and a
+# version only published (--ckpt-every) is built unit by unit: byte for byte
+# the gathered path's version, with the shard and one unit resident (rank
+# 0's memory/publish_params_resident_mb), not the whole model.
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
