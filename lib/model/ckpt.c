@@ -30,6 +30,8 @@ typedef struct fill_ctx {
 	int kind0;              /* the first of those kinds (2: the master weights alone) */
 	int base;               /* tensor index of entry 0 (the value head file) */
 	const int *idx;         /* when non-NULL: the tensor index of each entry (after base) */
+	rl_ckpt_need_fn need;   /* when non-NULL: called before tensor i is read */
+	void *need_ctx;
 } fill_ctx;
 
 static int
@@ -41,6 +43,8 @@ fill(void *vctx, int e, void *out, size_t nbytes)
 	int kind = c->opt ? kinds[e % c->opt + c->kind0] : RL_MODEL_PARAM;
 	size_t n = c->m->tt.t[i].n;
 
+	if (c->need && (rv = c->need(c->need_ctx, i)) != 0)
+		return rv;
 	if ((rv = rl_model_get(c->m, i, kind, c->buf)) != 0)
 		return rv;
 	if (nbytes != n * rl_dtype_size(c->dtype))
@@ -831,8 +835,10 @@ rl_ckpt_files_free(rl_ckpt_file *f, int n)
 	free(f);
 }
 
-int
-rl_ckpt_weight_files(rl_ckpt_file **out, int *nout, rl_model *m)
+/* weights 0: config.json and the tokenizer files only (what a part 0 adds
+ * to its tensors), no image of the whole model built for nothing */
+static int
+weight_files(rl_ckpt_file **out, int *nout, rl_model *m, int weights)
 {
 	rl_st_entry *e = NULL;
 	fill_ctx fc = { .m = m, .dtype = m->cfg.dtype };
@@ -893,6 +899,8 @@ rl_ckpt_weight_files(rl_ckpt_file **out, int *nout, rl_model *m)
 	memcpy(cfg, js, njs);
 	cfg[njs] = '\n';
 	f[nf++] = (rl_ckpt_file){ "config.json", (uint8_t *)cfg, njs + 1 };
+	if (!weights)
+		goto tokenizer;
 	/* the Hugging Face tensors only, as in model.safetensors of a directory:
 	 * RL_T_AUX ones (the value head) stay with the trainer */
 	int nhf = hf_count(m);
@@ -937,6 +945,12 @@ out:
 	free(e);
 	free(fc.buf);
 	return rv;
+}
+
+int
+rl_ckpt_weight_files(rl_ckpt_file **out, int *nout, rl_model *m)
+{
+	return weight_files(out, nout, m, 1);
 }
 
 int
@@ -985,6 +999,13 @@ part_of(size_t before, size_t total, int nparts)
 int
 rl_ckpt_part_files(rl_ckpt_file **out, int *nout, rl_model *m, int part, int nparts)
 {
+	return rl_ckpt_part_files_need(out, nout, m, part, nparts, NULL, NULL);
+}
+
+int
+rl_ckpt_part_files_need(rl_ckpt_file **out, int *nout, rl_model *m, int part, int nparts, rl_ckpt_need_fn need,
+    void *ctx)
+{
 	rl_ckpt_file *all = NULL, *f = NULL;
 	rl_st_entry *e = NULL;
 	uint8_t *img = NULL;
@@ -1030,7 +1051,7 @@ rl_ckpt_part_files(rl_ckpt_file **out, int *nout, rl_model *m, int part, int npa
 	/* the part's file name lives behind the entries: freed with them */
 	f = rl_xcalloc(1, 16 * sizeof *f + 64);
 	{
-		fill_ctx fc = { .m = m, .dtype = dtype, .idx = idx };
+		fill_ctx fc = { .m = m, .dtype = dtype, .idx = idx, .need = need, .need_ctx = ctx };
 		if ((fc.buf = rl_try_malloc((maxn ? maxn : 1) * sizeof(float), "checkpoint buffer")) == NULL) {
 			rv = RL_ENOMEM;
 			goto out;
@@ -1057,7 +1078,7 @@ rl_ckpt_part_files(rl_ckpt_file **out, int *nout, rl_model *m, int part, int npa
 		f[nf].name = "model.safetensors.index.json";
 		f[nf].data = (uint8_t *)ixn;
 		f[nf++].size = nix + 1;
-		if ((rv = rl_ckpt_weight_files(&all, &nall, m)) != 0)
+		if ((rv = weight_files(&all, &nall, m, 0)) != 0)
 			goto out;
 		for (int k = 0; k < nall && nf < 16; k++) {
 			if (strcmp(all[k].name, "model.safetensors") == 0 ||

@@ -123,6 +123,13 @@ void rl_ckpt_files_free(rl_ckpt_file *f, int n); /* NULL ok */
  * files.  Together the parts are a directory transformers and rl_model_open
  * load.  Not with LoRA adapters. */
 int rl_ckpt_part_files(rl_ckpt_file **out, int *n, rl_model *m, int part, int nparts);
+/* rl_ckpt_part_files_need: the same, with need(ctx, i) called before
+ * tensor i (table index) is read from the parameters, in increasing i; an
+ * error from it ends the build.  For parameters that are in memory only a
+ * piece at a time (rl-train --zero 3). */
+typedef int (*rl_ckpt_need_fn)(void *ctx, int tensor);
+int rl_ckpt_part_files_need(rl_ckpt_file **out, int *n, rl_model *m, int part, int nparts, rl_ckpt_need_fn need,
+    void *ctx);
 
 /* Sharded AdamW state (ckpt_shard.c).  A save's id is in every file of
  * it, so that pieces of another run or step are refused. */

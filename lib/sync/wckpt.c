@@ -12,14 +12,14 @@
 #include <stdlib.h>
 
 static int
-from_files(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts)
+from_files(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts, rl_ckpt_need_fn need, void *ctx)
 {
 	rl_ckpt_file *f = NULL;
 	rl_wver *v = NULL;
 	int rv, n = 0;
 
 	*out = NULL;
-	if ((rv = nparts ? rl_ckpt_part_files(&f, &n, m, part, nparts) : rl_ckpt_weight_files(&f, &n, m)) != 0 ||
+	if ((rv = nparts ? rl_ckpt_part_files_need(&f, &n, m, part, nparts, need, ctx) : rl_ckpt_weight_files(&f, &n, m)) != 0 ||
 	    (rv = rl_wver_create(&v, version)) != 0)
 		goto out;
 	/* the blobs take the files' buffers (the image is 250 MB for GPT-2);
@@ -43,11 +43,18 @@ out:
 int
 rl_wver_from_ckpt(rl_wver **out, rl_model *m, uint64_t version)
 {
-	return from_files(out, m, version, 0, 0);
+	return from_files(out, m, version, 0, 0, NULL, NULL);
 }
 
 int
 rl_wver_from_ckpt_part(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts)
 {
-	return from_files(out, m, version, part, nparts);
+	return from_files(out, m, version, part, nparts, NULL, NULL);
+}
+
+int
+rl_wver_from_ckpt_part_need(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts,
+    rl_ckpt_need_fn need, void *ctx)
+{
+	return from_files(out, m, version, part, nparts, need, ctx);
 }

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "model/ckpt.h"
 #include "model/model.h"
 #include "sync/wver.h"
 
@@ -22,5 +23,9 @@ int rl_wver_from_ckpt(rl_wver **out, rl_model *m, uint64_t version);
  * a sharded directory's files (rl_ckpt_part_files), for
  * rl_wsync_push_part. */
 int rl_wver_from_ckpt_part(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts);
+/* rl_wver_from_ckpt_part_need: the same with rl_ckpt_part_files_need's
+ * hook (need may be NULL). */
+int rl_wver_from_ckpt_part_need(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts,
+    rl_ckpt_need_fn need, void *ctx);
 
 #endif

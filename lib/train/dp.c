@@ -498,6 +498,27 @@ rli_zero3_gather_all(trainer *tr)
 	return RL_OK;
 }
 
+/* Unit u alone in m->params, whatever was there given back first; u < 0:
+ * nothing.  A walk over the units outside a pass (a version built part by
+ * part, save.c); every rank calls it with the same u, in the same order. */
+int
+rli_zero3_unit_only(trainer *tr, int u)
+{
+	int rv;
+
+	if (!tr->zp)
+		return RL_OK;
+	rli_zero3_release(tr);
+	if (u < 0)
+		return RL_OK;
+	if ((rv = gather_unit(tr, u)) != 0)
+		return rv;
+	tr->z3_unit = u;
+	tr->z3_ngather++;
+	rli_dp_params_resident(tr);
+	return RL_OK;
+}
+
 /* The hooks a pass calls, in its order, with nothing computed: the gathers
  * of rl_model_forward, then those of the backward and its gradient
  * hand-overs (grads_final's offsets; the idle rank's buffer is zeros). */

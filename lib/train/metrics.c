@@ -197,6 +197,10 @@ memory_metrics(cJSON *j, trainer *tr, int step)
 	if (tr->pres_peak > 0)
 		metric(j, tr, step, "memory/params_resident_mb", tr->pres_peak / (1 << 20));
 	tr->pres_peak = 0;
+	/* the same while a version was built in parts unit by unit (save.c) */
+	if (tr->pub_pres_peak > 0)
+		metric(j, tr, step, "memory/publish_params_resident_mb", tr->pub_pres_peak / (1 << 20));
+	tr->pub_pres_peak = 0;
 	long pages = 0;
 	FILE *f = fopen("/proc/self/statm", "r");
 	if (f && fscanf(f, "%*s %ld", &pages) == 1)

@@ -4,7 +4,9 @@
  * trainer_state.json in the full ones (the data position --resume reads
  * back) at a new run's first step, every --save-minutes and --save-every
  * and at the end, the newest --keep kept, each version also pushed to --sync
- * and the weights group; with ZeRO the AdamW state as one file per rank.
+ * and the weights group; with ZeRO the AdamW state as one file per rank;
+ * with ZeRO-3 and --push-parts a version only published is built unit by
+ * unit, each rank its part, the whole model never gathered.
  * Leaves out: the checkpoint format itself (model/ckpt.c).
  */
 #include <dirent.h>
@@ -436,29 +438,141 @@ push_part(trainer *tr)
 	return RL_OK;
 }
 
-static int save_step(trainer *tr);
+/* The unit a tensor's parameters are in (dp.c's units: the embedding, the
+ * layers from their first tensor, the head from the final norm on). */
+static int
+unit_of(const rl_model *m, int i)
+{
+	const rl_tensor *t = m->tt.t;
+	const int L = m->cfg.n_layer;
+	size_t off = t[i].off;
+	int l = 0;
+
+	if (off < t[m->layer[0].ln1_w].off)
+		return 0;
+	if (off >= t[m->lnf_w].off)
+		return L + 1;
+	while (l + 1 < L && off >= t[m->layer[l + 1].ln1_w].off)
+		l++;
+	return 1 + l;
+}
+
+typedef struct unit_walk {
+	trainer *tr;
+	int next;               /* the next unit to gather */
+} unit_walk;
+
+/* rl_ckpt_part_files_need's hook: every unit up to tensor i's gathered in
+ * turn (the ones before it only so the other ranks get theirs), the last
+ * stays for the copy into the part. */
+static int
+walk_to(void *ctx, int i)
+{
+	unit_walk *w = ctx;
+	int u = unit_of(w->tr->m, i), rv;
+
+	for (; w->next <= u; w->next++)
+		if ((rv = rli_zero3_unit_only(w->tr, w->next)) != 0)
+			return rv;
+	return RL_OK;
+}
+
+/* Finite weights on every rank's shard, agreed by all: a version is
+ * published by all of them or by none (a part left out would hold the
+ * others' at the server until --part-timeout). */
+static int
+shards_finite(trainer *tr)
+{
+	double ss = 0;
+	int rv;
+
+	for (size_t k = 0; k < tr->zhi - tr->zlo; k++)
+		ss += (double)tr->zp[k] * tr->zp[k];
+	if ((rv = rl_comm_host_allreduce_f64(tr->comm, &ss, 1)) != 0)
+		return rv;
+	if (isfinite(ss))
+		return RL_OK;
+	if (tr->rank == 0) {
+		rl_error("step %d: the weights are not finite (NaN or infinite); version %d not published",
+		    tr->m->version, tr->m->version);
+		rl_hint("the update diverged: lower --lr, or check --beta1, --beta2 and --adam-eps");
+	}
+	return RL_EINVAL;
+}
+
+/* ZeRO-3 --push-parts, a version published only: this rank's part built
+ * unit by unit, never the whole model.  Every rank gathers every unit in
+ * table order; the tensors of this rank's part are encoded while their unit
+ * is in, and the unit is given back before the next comes.  The units after
+ * the part's last tensor are still gathered, also after a failure here, so
+ * the collectives stay matched across ranks. */
+static int
+push_part_units(trainer *tr)
+{
+	unit_walk w = { tr, 0 };
+	rl_wver *v = NULL;
+	double t0 = rl_now(), peak = tr->pres_peak;
+	int rv, r2 = RL_OK, pub = 0;
+
+	if ((rv = shards_finite(tr)) != 0)
+		return rv;
+	tr->pres_peak = 0;
+	rv = rl_wver_from_ckpt_part_need(&v, tr->m, (uint64_t)tr->m->version, tr->rank, tr->world, walk_to, &w);
+	for (; w.next <= tr->m->cfg.n_layer + 1 && r2 == 0; w.next++)
+		r2 = rli_zero3_unit_only(tr, w.next);
+	rli_zero3_release(tr);
+	tr->pub_pres_peak = RL_MAX(tr->pub_pres_peak, tr->pres_peak);
+	tr->pres_peak = RL_MAX(peak, tr->pres_peak);
+	if ((rv = rv ? rv : r2) == 0)
+		rv = rl_wsync_push_part(tr->wpc, v, tr->wpart, tr->rank, tr->world, &pub);
+	if (rv != 0) {
+		rl_error("cannot push part %d of %d of version %d to '%s'", tr->rank, tr->world, tr->m->version,
+		    tr->o->sync_url);
+		rl_wver_destroy(v);
+		return rv;
+	}
+	rl_verbose("pushed part %d of %d of version %d (%llu bytes, built unit by unit) in %.2f s%s", tr->rank,
+	    tr->world, tr->m->version, (unsigned long long)rl_wver_total(v), rl_now() - t0,
+	    pub ? ": published" : "");
+	rl_wver_destroy(tr->wpart);
+	tr->wpart = v;
+	return RL_OK;
+}
+
+static int save_step(trainer *tr, int full);
 
 /* ZeRO-3: the whole model gathered for the save and the publishing, given
- * back after */
+ * back after; a version only published in parts (--push-parts, a step
+ * --ckpt-every writes no directory for) is built unit by unit instead. */
 int
 rli_save_step(trainer *tr)
 {
-	int rv = rli_zero3_gather_all(tr);
+	const rl_train_opts *o = tr->o;
+	double t_pub = rl_now();
+	int rv, full;
 
-	if (rv == 0)
-		rv = save_step(tr);
+	if ((rv = full_due(tr, &full)) != 0)
+		return rv;
+	/* o->, not tr->wg: every rank takes the same path, rank 0 alone holds the group */
+	if (tr->zp && tr->wpc && !o->wgroup_addr && !full && o->ckpt_every > 1 && tr->m->version % o->ckpt_every != 0) {
+		if ((rv = push_part_units(tr)) != 0)
+			return rv;
+		tr->last_full = 0;
+		tr->t_pub = rl_now() - t_pub;
+		return RL_OK;
+	}
+	if ((rv = rli_zero3_gather_all(tr)) == 0)
+		rv = save_step(tr, full);
 	rli_zero3_release(tr);
+	tr->t_pub = rl_now() - t_pub;
 	return rv;
 }
 
 static int
-save_step(trainer *tr)
+save_step(trainer *tr, int full)
 {
-	int rv, full;
-	double t_pub = rl_now();
+	int rv;
 
-	if ((rv = full_due(tr, &full)) != 0)
-		return rv;
 	if (tr->zero && full && (rv = rli_zero_ckpt_id(tr)) != 0)
 		return rv;
 	tr->shard_pending = tr->zero && full;
@@ -477,7 +591,6 @@ save_step(trainer *tr)
 		tr->have_full = 1;
 	}
 	tr->last_full = full;
-	tr->t_pub = rl_now() - t_pub;
 	return RL_OK;
 }
 

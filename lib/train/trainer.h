@@ -163,6 +163,7 @@ typedef struct trainer {
 	int z3_ngather;          /* units gathered this step (dp/units_gathered) */
 	int z3_emb_in_head;      /* the embedding unit is wte alone, and the head's (tied) */
 	double pres_peak;        /* bytes of parameters resident at most this step (ZeRO-3) */
+	double pub_pres_peak;    /* the same while this step's part was built unit by unit (save.c) */
 	double gres_peak;        /* bytes of gradients resident at most this step (rli_dp_grads_resident) */
 	char *opt_dir;           /* --resume from sharded AdamW state: the directory each shard reads */
 	uint64_t ckpt_id;        /* ZeRO: the id of the full checkpoint being written (every shard's) */
@@ -311,6 +312,9 @@ int rli_zero3_idle_pass(trainer *tr, int backward);
 /* ZeRO-3: the whole model gathered into m->params (checkpoints and
  * publishing), and given back again. */
 int rli_zero3_gather_all(trainer *tr);
+/* ZeRO-3: unit u alone gathered (the rest given back; u < 0 none), for a
+ * walk over the units outside a pass; every rank the same u in turn. */
+int rli_zero3_unit_only(trainer *tr, int u);
 void rli_zero3_release(trainer *tr);
 /* ZeRO-3: waits for the prefetch in flight (before any other collective). */
 int rli_zero3_join(trainer *tr);

@@ -6,7 +6,10 @@
 # the version a worker pulls holds the tensors of the checkpoint's
 # model.safetensors byte for byte, and rl-rollout generates from it what it
 # generates from the checkpoint; with --zero 3 (parameters sharded,
-# gathered for the save) the parts are the checkpoint's tensors too.
+# gathered for the save) the parts are the checkpoint's tensors too, and a
+# version only published (--ckpt-every) is built unit by unit: byte for byte
+# the gathered path's version, with the shard and one unit resident (rank
+# 0's memory/publish_params_resident_mb), not the whole model.
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
@@ -97,6 +100,55 @@ EOS
 	train_world 2 "$TD/p1" --zero 1 --batch 4 --lr 1e-2 --max-steps 2 --save-every 1
 	run -0 python3 tests/fixtures/parallel/st_close.py "$TD/p3/step-00000002/model.safetensors" \
 	    "$TD/p1/step-00000002/model.safetensors" 2e-5 1e-4
+}
+
+@test "--push-parts with --zero 3: a version only published is built unit by unit, the same bytes, below the whole model" {
+	# --ckpt-every 2 over 4 steps: step 3 writes no directory, each rank
+	# builds its part of version 3 one gathered unit at a time; the reference
+	# is the same run with --ckpt-every 1, where every step is gathered whole
+	# the model: 8 layers, each small next to a rank's shard (as in
+	# rl-train-zero3.bats's memory test)
+	args=(--zero 3 --push-parts --batch 4 --lr 1e-2 --max-steps 4 --save-every 100 --keep 10)
+	mkdir -p "$T/big"
+	cat > "$T/big/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":264,"hidden_size":64,"num_hidden_layers":8,"num_attention_heads":4,
+ "num_key_value_heads":2,"intermediate_size":256,"max_position_embeddings":64,"rope_theta":10000,
+ "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
+JSON
+	rl-train -q --init "$T/big/cfg.json" --tokenizer bytes --out "$T/big/m0" --seed 1
+	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$T/s16.jsonl"
+	export TRAIN_WORLD_DATA="$T/s16.jsonl"
+	serve --keep-previous
+	TD="$T/big" train_world 2 "$TD/u1" "${args[@]}" --sync "$URL" --ckpt-every 1
+	rl-sync pull "$URL" --out "$T/ref" --version 3 -q
+	kill "$SPID"; wait "$SPID" 2>/dev/null || true
+	PORT=$(free_port); URL=tcp://127.0.0.1:$PORT
+	serve --keep-previous
+	PORT=$(free_port)
+	TD="$T/big" train_world 2 "$TD/u2" "${args[@]}" --sync "$URL" --ckpt-every 2
+	rl-sync status "$URL" --json | jq -e '.latest == 4 and .versions_from_parts == 4 and .parts_refused == 0'
+	rl-sync pull "$URL" --out "$T/got" --version 3 -q
+	# the version pulled is the reference's, file for file, byte for byte
+	[ -f "$T/got/v000003/model-00002-of-00002.safetensors" ]
+	diff -r "$T/got/v000003" "$T/ref/v000003"
+	run -0 same_tensors "$T/got/v000003" "$TD/u1/step-00000003/model.safetensors"
+	# the steps with a directory are still written whole, as before
+	[ ! -e "$TD/u2/step-00000003" ]
+	for s in 2 4; do cmp "$TD/u2/step-0000000$s/model.safetensors" "$TD/u1/step-0000000$s/model.safetensors"; done
+	[ -s "$TD/u2/step-00000004/optimizer-00001-of-00002.safetensors" ]
+	# parameter memory while version 3 was built (mincore; rank 0 writes the
+	# metrics; only step 3 was built unit by unit): its shard (1/2) and one unit (a layer
+	# is 0.12 of the table), below the whole model that a gathered publish
+	# holds beside the shard (1.5)
+	python3 - "$TD/u2.metrics.0" <<'PY'
+import json, sys
+ms = [json.loads(l) for l in open(sys.argv[1])]
+full = ms[0]["memory/weights_mb"]
+got = {m["step"]: m["memory/publish_params_resident_mb"] / full for m in ms if "memory/publish_params_resident_mb" in m}
+print(got)
+assert list(got) == [3], got
+assert 0.5 < got[3] < 0.75, got
+PY
 }
 
 @test "--push-parts: usage errors" {
