@@ -100,13 +100,10 @@ kill_at() {
 }
 
 check_once() {
-	python3 - "$1/latest/trainer_state.json" <<'PY'
+	PYTHONPATH="$BATS_TEST_DIRNAME" python3 - "$1/latest/trainer_state.json" <<'PY'
 import json, sys
-s = json.load(open(sys.argv[1]))
-done = set()
-for r in s["groups_done"]:
-    lo, _, hi = r.partition("-")
-    done.update(range(int(lo), int(hi or lo) + 1))
+from trainstate import groups_done
+s, done = groups_done(sys.argv[1])
 assert done == set(range(1, 31)), sorted(done)
 assert s["global_step"] * 2 == 30, s["global_step"]
 PY

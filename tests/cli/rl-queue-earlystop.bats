@@ -74,13 +74,10 @@ pipeline() {
 	cat "$O/stat.txt" >&3
 	grep -q '^early stop: oversample 2.00 ' "$O/stat.txt"
 	grep 'prompts aborted by the broker' "$O/rollout.err" >&3 || true
-	python3 - "$O/ck/latest/trainer_state.json" "$O/stat.json" <<'PY'
+	PYTHONPATH="$BATS_TEST_DIRNAME" python3 - "$O/ck/latest/trainer_state.json" "$O/stat.json" <<'PY'
 import json, sys
-s = json.load(open(sys.argv[1]))
-done = set()
-for r in s["groups_done"]:
-    lo, _, hi = str(r).partition("-")
-    done.update(range(int(lo), int(hi or lo) + 1))
+from trainstate import groups_done
+s, done = groups_done(sys.argv[1])
 st = json.load(open(sys.argv[2]))
 t = st["total"]
 print("groups done %d, steps %d; broker: %s" % (len(done), s["global_step"], t), file=sys.stderr)
@@ -96,13 +93,10 @@ PY
 @test "early stop, stragglers dropped: every prompt trained once or counted dropped, none trained twice" {
 	pipeline dr drop
 	O="$TD/dr"
-	python3 - "$O/ck/latest/trainer_state.json" "$O/stat.json" "$O/m.jsonl" <<'PY'
+	PYTHONPATH="$BATS_TEST_DIRNAME" python3 - "$O/ck/latest/trainer_state.json" "$O/stat.json" "$O/m.jsonl" <<'PY'
 import json, sys
-s = json.load(open(sys.argv[1]))
-done = set()
-for r in s["groups_done"]:
-    lo, _, hi = str(r).partition("-")
-    done.update(range(int(lo), int(hi or lo) + 1))
+from trainstate import groups_done
+s, done = groups_done(sys.argv[1])
 st = json.load(open(sys.argv[2]))
 t = st["total"]
 steps = [json.loads(l) for l in open(sys.argv[3])]
@@ -150,13 +144,10 @@ PY
 	grep 'aborted by the broker' "$O/rollout.err" >&3
 	# "N prompts aborted by the broker's early stop (not put): E episodes cancelled, K environment processes ..."
 	line=$(grep -o '[0-9]* prompts aborted by.*' "$O/rollout.err")
-	python3 - "$O/ck/latest/trainer_state.json" "$O/stat.json" "$line" "$(wc -l < "$O/pids")" <<'PY'
+	PYTHONPATH="$BATS_TEST_DIRNAME" python3 - "$O/ck/latest/trainer_state.json" "$O/stat.json" "$line" "$(wc -l < "$O/pids")" <<'PY'
 import json, re, sys
-s = json.load(open(sys.argv[1]))
-done = set()
-for r in s["groups_done"]:
-    lo, _, hi = str(r).partition("-")
-    done.update(range(int(lo), int(hi or lo) + 1))
+from trainstate import groups_done
+s, done = groups_done(sys.argv[1])
 st = json.load(open(sys.argv[2]))
 t = st["total"]
 m = re.match(r"(\d+) prompts aborted .*: (\d+) episodes cancelled, (\d+) environment processes stopped", sys.argv[3])
