@@ -64,7 +64,7 @@ rm -rf "$RUN"
 mkdir -p "$RUN/logs" "$RUN/data"
 RUN=$(cd "$RUN" && pwd)
 L=$RUN/logs
-python3 "$here/make_data.py" "$RUN/data" "$SEED" "$SFT_STEPS" "$SFT_BATCH" "$RL_STEPS" "$PROMPTS" "$TEST_N"
+python3 "$here/../agent/make_data.py" "$RUN/data" "$SEED" "$SFT_STEPS" "$SFT_BATCH" "$RL_STEPS" "$PROMPTS" "$TEST_N"
 
 # held-out success and tool-call rate of model directory $1: greedy episodes
 # through rl-rollout --env and calc_env.py, pipelines/agent's harness

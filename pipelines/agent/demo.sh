@@ -58,38 +58,7 @@ ENV_CMD="python3 $here/calc_env.py"
 EP_ARGS="--env-framing plain --env-procs 4 --max-turns 3 --max-tokens 24 --max-episode-tokens 72"
 
 # ---- data: train and held-out problems are disjoint (a+b pairs drawn apart) --------
-python3 - "$RUN/data" "$SEED" "$SFT_STEPS" "$SFT_BATCH" "$RL_STEPS" "$PROMPTS" "$TEST_N" <<'PY'
-import json, random, sys
-out, seed, sft_steps, sft_batch, rl_steps, prompts, test_n = sys.argv[1], *map(int, sys.argv[2:])
-rng = random.Random(seed)
-def pair():
-    return rng.randint(100, 999), rng.randint(100, 999)
-test, seen = [], set()
-while len(test) < test_n:
-    a, b = pair()
-    if (a, b) not in seen:
-        seen.add((a, b)); test.append((a, b))
-def train_pair():
-    while True:
-        a, b = pair()
-        if (a, b) not in seen:
-            return a, b
-line = lambda a, b: json.dumps({"prompt": "%d+%d=" % (a, b), "a": a, "b": b})
-with open(out + "/test.jsonl", "w") as f:
-    for a, b in test:
-        f.write(line(a, b) + "\n")
-with open(out + "/prompts.jsonl", "w") as f:
-    for _ in range(rl_steps * prompts):
-        f.write(line(*train_pair()) + "\n")
-with open(out + "/sft.jsonl", "w") as f:
-    for i in range(sft_steps * sft_batch):
-        a, b = train_pair()
-        if i % 2:
-            resp = "<calc>%d+%d</calc>%d" % (a, b, a + b) + "ANSWER: %d\n" % (a + b)
-        else:
-            resp = "ANSWER: %d\n" % (a + b)
-        f.write(json.dumps({"id": i + 1, "prompt_text": "%d+%d=" % (a, b), "response_text": resp}) + "\n")
-PY
+python3 "$here/make_data.py" "$RUN/data" "$SEED" "$SFT_STEPS" "$SFT_BATCH" "$RL_STEPS" "$PROMPTS" "$TEST_N"
 
 # held-out success and tool-call rate of model directory $1 (greedy episodes)
 evaluate() {

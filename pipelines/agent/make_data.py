@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The data of pipelines/agent-openai/demo.sh, by pipelines/agent/demo.sh's
-rules: 3-digit sums "a+b=", held-out problems disjoint from the others.
+"""The data of pipelines/agent/demo.sh and pipelines/agent-openai/demo.sh:
+3-digit sums "a+b=", held-out problems disjoint from the others.
 
 usage: make_data.py OUT_DIR SEED SFT_STEPS SFT_BATCH RL_STEPS PROMPTS TEST_N
 Writes OUT_DIR/test.jsonl and OUT_DIR/prompts.jsonl (prompt lines
