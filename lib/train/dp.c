@@ -226,6 +226,21 @@ unit_ranges(const rl_model *m, int u, size_t r[2][2])
 	return 2;
 }
 
+/* The unit whose own range (unit_ranges' first) holds element off of the
+ * table: what a tensor starting there belongs to. */
+int
+rli_zero3_unit_of(const rl_model *m, size_t off)
+{
+	size_t r[2][2];
+
+	for (int u = 0; u <= m->cfg.n_layer; u++) {
+		unit_ranges(m, u, r);
+		if (off < r[0][1])
+			return u;
+	}
+	return m->cfg.n_layer + 1;
+}
+
 /* m->params[lo, hi) from the shards that hold it: each owner copies its
  * part from its master shard and broadcasts it, in rank order (every rank
  * computes the same owners). */

@@ -199,20 +199,30 @@ check_finite(trainer *tr)
 	return RL_EINVAL;
 }
 
+/* A step --ckpt-every writes no directory for: the version only goes out
+ * (rl-sync, the weights group). */
+static int
+publish_only(const trainer *tr, int full)
+{
+	int every = tr->o->ckpt_every;
+
+	return every > 1 && !full && tr->m->version % every != 0;
+}
+
 /* push: not when the same version is only rewritten with its optimizer
  * state. */
 int
 rli_save_publish(trainer *tr, int full, int push)
 {
 	char dir[4096];
-	int rv, every = tr->o->ckpt_every;
+	int rv;
 
 	if ((rv = check_finite(tr)) != 0)
 		return rv;
 	/* the weights group: straight from the parameters, before any file */
 	if (push && tr->wg && (rv = rl_wgroup_send(tr->wg, tr->m->version)) != 0)
 		return rv;
-	if (push && (tr->ws || tr->wg) && every > 1 && !full && tr->m->version % every != 0) {
+	if (push && (tr->ws || tr->wg) && publish_only(tr, full)) {
 		/* --ckpt-every: rl-sync or the group carries this version; no directory, no fsync */
 		rl_wver *v = NULL;
 		if (!tr->ws || tr->o->push_parts)
@@ -438,25 +448,6 @@ push_part(trainer *tr)
 	return RL_OK;
 }
 
-/* The unit a tensor's parameters are in (dp.c's units: the embedding, the
- * layers from their first tensor, the head from the final norm on). */
-static int
-unit_of(const rl_model *m, int i)
-{
-	const rl_tensor *t = m->tt.t;
-	const int L = m->cfg.n_layer;
-	size_t off = t[i].off;
-	int l = 0;
-
-	if (off < t[m->layer[0].ln1_w].off)
-		return 0;
-	if (off >= t[m->lnf_w].off)
-		return L + 1;
-	while (l + 1 < L && off >= t[m->layer[l + 1].ln1_w].off)
-		l++;
-	return 1 + l;
-}
-
 typedef struct unit_walk {
 	trainer *tr;
 	int next;               /* the next unit to gather */
@@ -469,7 +460,7 @@ static int
 walk_to(void *ctx, int i)
 {
 	unit_walk *w = ctx;
-	int u = unit_of(w->tr->m, i), rv;
+	int u = rli_zero3_unit_of(w->tr->m, w->tr->m->tt.t[i].off), rv;
 
 	for (; w->next <= u; w->next++)
 		if ((rv = rli_zero3_unit_only(w->tr, w->next)) != 0)
@@ -554,7 +545,7 @@ rli_save_step(trainer *tr)
 	if ((rv = full_due(tr, &full)) != 0)
 		return rv;
 	/* o->, not tr->wg: every rank takes the same path, rank 0 alone holds the group */
-	if (tr->zp && tr->wpc && !o->wgroup_addr && !full && o->ckpt_every > 1 && tr->m->version % o->ckpt_every != 0) {
+	if (tr->zp && tr->wpc && !o->wgroup_addr && publish_only(tr, full)) {
 		if ((rv = push_part_units(tr)) != 0)
 			return rv;
 		tr->last_full = 0;

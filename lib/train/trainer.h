@@ -314,6 +314,7 @@ int rli_zero3_idle_pass(trainer *tr, int backward);
 int rli_zero3_gather_all(trainer *tr);
 /* ZeRO-3: unit u alone gathered (the rest given back; u < 0 none), for a
  * walk over the units outside a pass; every rank the same u in turn. */
+int rli_zero3_unit_of(const rl_model *m, size_t off);
 int rli_zero3_unit_only(trainer *tr, int u);
 void rli_zero3_release(trainer *tr);
 /* ZeRO-3: waits for the prefetch in flight (before any other collective). */
