@@ -66,6 +66,9 @@ static const char usage_text[] =
 	"      --tls-cert FILE      tls+tcp://: this server's certificate (PEM)\n"
 	"      --tls-key FILE       its private key (PEM)\n"
 	"      --tls-ca FILE        require client certificates signed by this CA\n"
+	"      --tls-key-pass-file FILE  the first line is the password of an encrypted\n"
+	"                           --tls-key (mode 600)\n"
+	"      --tls-crl FILE       refuse client certificates this CRL (PEM) revokes\n"
 	"      --auth-key-file FILE every request must carry a MAC made with this shared key\n"
 	"                           (mode 600; allows a non-loopback --listen)\n"
 	"  -q, --quiet              print errors only\n"
@@ -95,7 +98,7 @@ stats_cb(void *arg, char **json)
 }
 
 enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_MAX_CONNS, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER,
-       OPT_LISTEN_PUBLIC, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_AUTH_KEY, OPT_AUTO_HOLD, OPT_AUTO_BUBBLE,
+       OPT_LISTEN_PUBLIC, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_TLS_PASS, OPT_TLS_CRL, OPT_AUTH_KEY, OPT_AUTO_HOLD, OPT_AUTO_BUBBLE,
        OPT_AUTO_DRIFT, OPT_OVERSAMPLE, OPT_STRAGGLERS };
 
 /* --max-staleness K or auto[:MAX] */
@@ -143,6 +146,8 @@ rlq_serve_main(int argc, char **argv)
 		{ "tls-cert", required_argument, NULL, OPT_TLS_CERT },
 		{ "tls-key", required_argument, NULL, OPT_TLS_KEY },
 		{ "tls-ca", required_argument, NULL, OPT_TLS_CA },
+		{ "tls-key-pass-file", required_argument, NULL, OPT_TLS_PASS },
+		{ "tls-crl", required_argument, NULL, OPT_TLS_CRL },
 		{ "auth-key-file", required_argument, NULL, OPT_AUTH_KEY },
 		{ "recover-journal", no_argument, NULL, OPT_RECOVER },
 		{ "auto-hold", required_argument, NULL, OPT_AUTO_HOLD },
@@ -157,6 +162,7 @@ rlq_serve_main(int argc, char **argv)
 	};
 	rl_qserve_config cfg = { .listen = "tcp://127.0.0.1:7400" };
 	const char *http = NULL, *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL, *auth_key = NULL;
+	const char *tls_pass = NULL, *tls_crl = NULL;
 	rl_qserve *s = NULL;
 	rl_qhttp *hs = NULL;
 	int c, rv, http_public = 0, listen_public = 0, verbosity = RL_LOG_NORMAL, auto_opts = 0, straggler_opt = 0;
@@ -264,6 +270,8 @@ rlq_serve_main(int argc, char **argv)
 		case OPT_TLS_CERT: tls_cert = optarg; break;
 		case OPT_TLS_KEY: tls_key = optarg; break;
 		case OPT_TLS_CA: tls_ca = optarg; break;
+		case OPT_TLS_PASS: tls_pass = optarg; break;
+		case OPT_TLS_CRL: tls_crl = optarg; break;
 		case OPT_AUTH_KEY: auth_key = optarg; break;
 		case OPT_RECOVER: cfg.queue.recover = 1; break;
 		case 'q': verbosity = RL_LOG_QUIET; break;
@@ -291,7 +299,9 @@ rlq_serve_main(int argc, char **argv)
 		rl_warn("serve: --train-batch 0: no admission gate; groups generated more than %u versions "
 		    "before the trainer's are %s", cfg.queue.max_staleness,
 		    cfg.queue.stale == RL_QSTALE_DROP ? "dropped" : "generated again");
-	if ((tls_cert || tls_key || tls_ca) && rli_nng_tls_files(tls_cert, tls_key, tls_ca) != 0)
+	if ((tls_cert || tls_key || tls_ca || tls_pass || tls_crl) &&
+	    (rli_nng_tls_files(tls_cert, tls_key, tls_ca) != 0 || (tls_pass && rli_nng_tls_opt('p', tls_pass) != 0) ||
+	     (tls_crl && rli_nng_tls_opt('r', tls_crl) != 0)))
 		return 2;
 	if (auth_key && rli_auth_set_file(auth_key) != 0)
 		return 2;

@@ -80,6 +80,8 @@ static const char usage_text[] =
 	"      --auth-key-file F   the broker's shared key (a file of mode 600)\n"
 	"      --tls-cert F, --tls-key F, --tls-ca F  for a tls+tcp:// --queue URL: this client's\n"
 	"                           certificate and key, the CA of the broker's (PEM)\n"
+	"      --tls-key-pass-file F  the password of an encrypted --tls-key (first line; mode 600)\n"
+	"      --tls-crl F          refuse a broker certificate this CRL (PEM) revokes\n"
 	"      --queue URL          lease generated records from rl-queue at URL, put them back\n"
 	"                           scored; runs until SIGINT/SIGTERM\n"
 	"      --idle-exit SEC      with --queue: exit after SEC seconds with nothing to score\n"
@@ -227,7 +229,7 @@ int
 main(int argc, char **argv)
 {
 	enum { O_EXEC_WEIGHT = 256, O_TIMEOUT, O_BATCH, O_GSM8K_MODE, O_MAX_LENGTH, O_LENGTH_UNIT, O_JSONL,
-	       O_QUEUE, O_IDLE_EXIT, O_BROKER_TIMEOUT, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY,
+	       O_QUEUE, O_IDLE_EXIT, O_BROKER_TIMEOUT, O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_TLS_PASS, O_TLS_CRL, O_AUTH_KEY,
 	       O_OVERLONG_BUFFER, O_OVERLONG_PENALTY, O_MAX_RESPONSE_LEN, O_JUDGE, O_JTMPL, O_JMODEL, O_JPAT,
 	       O_JWEIGHT, O_JTIMEOUT, O_JJOBS, O_JMAXTOK, O_JKEY, O_MODEL_WEIGHT, O_RM_NORM, O_DEVICE,
 	       O_RM_MAX_TOKENS };
@@ -260,6 +262,8 @@ main(int argc, char **argv)
 		{ "tls-cert", required_argument, 0, O_TLS_CERT },
 		{ "tls-key", required_argument, 0, O_TLS_KEY },
 		{ "tls-ca", required_argument, 0, O_TLS_CA },
+		{ "tls-key-pass-file", required_argument, 0, O_TLS_PASS },
+		{ "tls-crl", required_argument, 0, O_TLS_CRL },
 	{ "auth-key-file", required_argument, 0, O_AUTH_KEY },
 		{ "idle-exit", required_argument, 0, O_IDLE_EXIT },
 		{ "broker-timeout", required_argument, 0, O_BROKER_TIMEOUT },
@@ -390,6 +394,8 @@ main(int argc, char **argv)
 		case O_TLS_CERT: rli_nng_tls_opt('c', optarg); break;
 		case O_TLS_KEY: rli_nng_tls_opt('k', optarg); break;
 		case O_TLS_CA: rli_nng_tls_opt('a', optarg); break;
+		case O_TLS_PASS: rli_nng_tls_opt('p', optarg); break;
+		case O_TLS_CRL: rli_nng_tls_opt('r', optarg); break;
 		case O_AUTH_KEY: rv = rli_auth_set_file(optarg) != 0 ? 2 : 0; break;
 		case O_IDLE_EXIT: rv = rl_cli_double(c, optarg, 0, DBL_MAX, &idle_exit); break;
 		case O_BROKER_TIMEOUT: rv = rl_cli_double(c, optarg, 0, DBL_MAX, &broker_timeout); break;

@@ -79,6 +79,8 @@ static const char usage_text[] =
     "      --auth-key-file F   the shared key (mode 600) of the broker and rl-sync\n"
     "      --tls-cert F, --tls-key F, --tls-ca F  for tls+tcp:// --queue and --sync URLs: this\n"
     "                          client's certificate and key, the CA of the server's (PEM)\n"
+    "      --tls-key-pass-file F  the password of an encrypted --tls-key (first line; mode 600)\n"
+    "      --tls-crl F         refuse a server certificate this CRL (PEM) revokes\n"
     "      --idle-exit S       queue mode: exit after S seconds without work (default: run until signalled)\n"
     "      --broker-timeout S  queue mode: exit 1 after S seconds without a reply from the broker\n"
     "                          (default 300; 0 never)\n"
@@ -99,7 +101,7 @@ static const char usage_text[] =
 enum {
 	O_JSONL = 256, O_TEMP, O_TOPP, O_TOPK, O_MAXTOK, O_STOP, O_STOPID, O_SEED, O_CHAT, O_TMPL,
 	O_GREEDY, O_SLOTS, O_KVMEM, O_DEVICE, O_WFROM, O_STALE, O_TBATCH, O_PARTIAL, O_SKIPBAD, O_SCORE,
-	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY, O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS,
+	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_TLS_PASS, O_TLS_CRL, O_AUTH_KEY, O_QUEUE, O_IDLE, O_WTIMEOUT, O_SYNC, O_STRANS,
 	O_DSTEPS, O_RESUME, O_NOTHINK, O_BTIMEOUT, O_ENV, O_ENVPROCS, O_ENVTIMEOUT, O_ENVFRAME, O_MAXTURNS,
 	O_MAXEP, O_ADAPTER, O_TMETRICS
 };
@@ -122,7 +124,8 @@ static const struct option longopts[] = {
 	{ "partial", no_argument, 0, O_PARTIAL }, { "skip-bad", no_argument, 0, O_SKIPBAD },
 	{ "score", required_argument, 0, O_SCORE }, { "queue", required_argument, 0, O_QUEUE },
 	{ "tls-cert", required_argument, 0, O_TLS_CERT }, { "tls-key", required_argument, 0, O_TLS_KEY },
-	{ "tls-ca", required_argument, 0, O_TLS_CA },
+	{ "tls-ca", required_argument, 0, O_TLS_CA }, { "tls-key-pass-file", required_argument, 0, O_TLS_PASS },
+	{ "tls-crl", required_argument, 0, O_TLS_CRL },
 	{ "auth-key-file", required_argument, 0, O_AUTH_KEY },
 	{ "idle-exit", required_argument, 0, O_IDLE }, { "broker-timeout", required_argument, 0, O_BTIMEOUT },
 	{ "weights-timeout", required_argument, 0, O_WTIMEOUT }, { "sync", required_argument, 0, O_SYNC },
@@ -252,6 +255,8 @@ parse_opt(rl_rollout_opts *o, int c, const char *a, int *verbosity)
 	case O_TLS_CERT: rli_nng_tls_opt('c', a); break;
 	case O_TLS_KEY: rli_nng_tls_opt('k', a); break;
 	case O_TLS_CA: rli_nng_tls_opt('a', a); break;
+	case O_TLS_PASS: rli_nng_tls_opt('p', a); break;
+	case O_TLS_CRL: rli_nng_tls_opt('r', a); break;
 	case O_AUTH_KEY: rv = rli_auth_set_file(a) != 0 ? 2 : 0; break;
 	case O_IDLE: rv = rl_cli_double(c, a, 0, 1e9, &o->idle_exit); break;
 	case O_BTIMEOUT: rv = rl_cli_double(c, a, 0, 1e9, &o->broker_timeout); break;

@@ -64,6 +64,10 @@ static const char help_text[] =
 	"      --tls-key FILE     its private key (PEM)\n"
 	"      --tls-ca FILE      the CA the other end's certificate must be signed by\n"
 	"                         (serve: clients must present one)\n"
+	"      --tls-key-pass-file F  the first line is the password of an encrypted\n"
+	"                         --tls-key (mode 600)\n"
+	"      --tls-crl FILE     refuse the other end's certificate when this CRL (PEM)\n"
+	"                         revokes it\n"
 	"      --auth-key-file F  a shared key (mode 600): serve refuses requests without\n"
 	"                         its HMAC; clients sign theirs (allows a public --listen)\n"
 	"  -n, --version N        push/publish: version number (push default: server's latest + 1);\n"
@@ -99,7 +103,7 @@ static const char help_text[] =
 	"      --version          print the program version and exit (alone, before a command)\n"
 	"  -h, --help             this text\n";
 
-enum { OPT_LISTEN_PUBLIC = 256, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_AUTH_KEY, OPT_PART, OPT_PART_TIMEOUT };
+enum { OPT_LISTEN_PUBLIC = 256, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_TLS_PASS, OPT_TLS_CRL, OPT_AUTH_KEY, OPT_PART, OPT_PART_TIMEOUT };
 
 static const struct option longopts[] = {
 	{ "listen", required_argument, NULL, 'l' },
@@ -129,6 +133,8 @@ static const struct option longopts[] = {
 	{ "tls-cert", required_argument, NULL, OPT_TLS_CERT },
 	{ "tls-key", required_argument, NULL, OPT_TLS_KEY },
 	{ "tls-ca", required_argument, NULL, OPT_TLS_CA },
+	{ "tls-key-pass-file", required_argument, NULL, OPT_TLS_PASS },
+	{ "tls-crl", required_argument, NULL, OPT_TLS_CRL },
 	{ "auth-key-file", required_argument, NULL, OPT_AUTH_KEY },
 	{ "part", required_argument, NULL, OPT_PART },
 	{ "part-timeout", required_argument, NULL, OPT_PART_TIMEOUT },
@@ -405,6 +411,7 @@ main(int argc, char **argv)
 	int opt, nargs, rv;
 	long long v;
 	const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL, *auth_key = NULL;
+	const char *tls_pass = NULL, *tls_crl = NULL;
 
 	c.verbosity = RL_LOG_NORMAL;
 	rl_log_init("rl-sync", RL_LOG_NORMAL);
@@ -464,6 +471,8 @@ main(int argc, char **argv)
 		case OPT_TLS_CERT: tls_cert = optarg; break;
 		case OPT_TLS_KEY: tls_key = optarg; break;
 		case OPT_TLS_CA: tls_ca = optarg; break;
+		case OPT_TLS_PASS: tls_pass = optarg; break;
+		case OPT_TLS_CRL: tls_crl = optarg; break;
 		case OPT_AUTH_KEY: auth_key = optarg; break;
 		case OPT_PART: {
 			char *e1, *e2;
@@ -502,7 +511,9 @@ main(int argc, char **argv)
 		}
 	}
 	rl_log_set_level(c.verbosity);
-	if ((tls_cert || tls_key || tls_ca) && rli_nng_tls_files(tls_cert, tls_key, tls_ca) != 0)
+	if ((tls_cert || tls_key || tls_ca || tls_pass || tls_crl) &&
+	    (rli_nng_tls_files(tls_cert, tls_key, tls_ca) != 0 || (tls_pass && rli_nng_tls_opt('p', tls_pass) != 0) ||
+	     (tls_crl && rli_nng_tls_opt('r', tls_crl) != 0)))
 		return 2;
 	if (auth_key && rli_auth_set_file(auth_key) != 0)
 		return 2;

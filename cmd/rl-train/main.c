@@ -128,6 +128,8 @@ static const char usage_text[] =
     "      --auth-key-file F   the shared key (mode 600) of the broker and rl-sync\n"
     "      --tls-cert F, --tls-key F, --tls-ca F  for tls+tcp:// --queue and --sync URLs: this\n"
     "                            client's certificate and key, the CA of the server's (PEM)\n"
+    "      --tls-key-pass-file F  the password of an encrypted --tls-key (first line; mode 600)\n"
+    "      --tls-crl F           refuse a server certificate this CRL (PEM) revokes\n"
     "      --idle-exit S         queue mode: stop after S seconds without records\n"
     "      --broker-timeout S    queue mode: exit 1 after S seconds without a reply from the broker,\n"
     "                            after a last full checkpoint (default 300; 0 never)\n"
@@ -170,7 +172,7 @@ enum {
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_PACK, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
 	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC, O_PUSHPARTS,
-	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_AUTH_KEY,
+	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_TLS_PASS, O_TLS_CRL, O_AUTH_KEY,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO, O_NOPREFETCH, O_Z3KEEP,
 	O_PLAN, O_LORAR, O_LORAT, O_LORAA, O_LORAD, O_MERGE, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
 	O_WGROUP, O_WGSIZE, O_WGBACK, O_STRANS, O_SKIPZ, O_NOSKIPZ, O_ALLOWCH, O_OVERLONG,
@@ -205,7 +207,8 @@ static const struct option longopts[] = {
 	{ "prom-file", required_argument, 0, O_PROM },
 	{ "queue", required_argument, 0, O_QUEUE }, { "idle-exit", required_argument, 0, O_IDLE },
 	{ "tls-cert", required_argument, 0, O_TLS_CERT }, { "tls-key", required_argument, 0, O_TLS_KEY },
-	{ "tls-ca", required_argument, 0, O_TLS_CA },
+	{ "tls-ca", required_argument, 0, O_TLS_CA }, { "tls-key-pass-file", required_argument, 0, O_TLS_PASS },
+	{ "tls-crl", required_argument, 0, O_TLS_CRL },
 	{ "auth-key-file", required_argument, 0, O_AUTH_KEY },
 	{ "broker-timeout", required_argument, 0, O_BTIMEOUT },
 	{ "sync", required_argument, 0, O_SYNC }, { "push-parts", no_argument, 0, O_PUSHPARTS }, { "ckpt-every", required_argument, 0, O_CKEVERY },
@@ -400,6 +403,8 @@ main(int argc, char **argv)
 		case O_TLS_CERT: rli_nng_tls_opt('c', a); break;
 		case O_TLS_KEY: rli_nng_tls_opt('k', a); break;
 		case O_TLS_CA: rli_nng_tls_opt('a', a); break;
+		case O_TLS_PASS: rli_nng_tls_opt('p', a); break;
+		case O_TLS_CRL: rli_nng_tls_opt('r', a); break;
 		case O_AUTH_KEY: if (rli_auth_set_file(a) != 0) return 2; break;
 		case O_SYNC: o.sync_url = a; break;
 		case O_PUSHPARTS: o.push_parts = 1; break;

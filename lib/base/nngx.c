@@ -4,12 +4,19 @@
 #include "base/nngx.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <nng/supplemental/tls/tls.h>
 #include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/core.h"
 #include "base/io.h"
@@ -187,10 +194,13 @@ rli_listen_policy(const char *prog, const char *url, int secured, int allow_publ
 /* ---- TLS ---------------------------------------------------------------------------------- */
 
 /* The process's TLS files: set once by a command (--tls-*), else read from
- * RL_TLS_CERT, RL_TLS_KEY and RL_TLS_CA at the first tls+ URL. */
+ * RL_TLS_CERT, RL_TLS_KEY, RL_TLS_CA, RL_TLS_KEY_PASS_FILE and RL_TLS_CRL at
+ * the first tls+ URL. */
 static pthread_mutex_t tls_mu = PTHREAD_MUTEX_INITIALIZER;
-static char *tls_cert, *tls_key, *tls_ca;
+static char *tls_cert, *tls_key, *tls_ca, *tls_pass, *tls_crl;
 static int tls_set;
+
+#define PASS_MAX 1024
 
 int
 rli_nng_tls_files(const char *cert, const char *key, const char *ca)
@@ -205,9 +215,12 @@ rli_nng_tls_files(const char *cert, const char *key, const char *ca)
 	free(tls_cert);
 	free(tls_key);
 	free(tls_ca);
+	free(tls_pass);
+	free(tls_crl);
 	tls_cert = cert ? strdup(cert) : NULL;
 	tls_key = key ? strdup(key) : NULL;
 	tls_ca = ca ? strdup(ca) : NULL;
+	tls_pass = tls_crl = NULL;
 	if ((cert && !tls_cert) || (key && !tls_key) || (ca && !tls_ca))
 		rv = RL_ENOMEM;
 	tls_set = 1;
@@ -218,7 +231,8 @@ rli_nng_tls_files(const char *cert, const char *key, const char *ca)
 int
 rli_nng_tls_opt(int which, const char *path)
 {
-	char **slot = which == 'c' ? &tls_cert : which == 'k' ? &tls_key : &tls_ca;
+	char **slot = which == 'c' ? &tls_cert : which == 'k' ? &tls_key : which == 'p' ? &tls_pass
+		    : which == 'r' ? &tls_crl : &tls_ca;
 	char *p = strdup(path);
 
 	if (p == NULL)
@@ -249,10 +263,175 @@ is_tls(const char *url)
 }
 
 static int
+is_ip(const char *host)
+{
+	struct in6_addr a;
+
+	return inet_pton(AF_INET, host, &a) == 1 || inet_pton(AF_INET6, host, &a) == 1;
+}
+
+static int
 tls_err(const char *what, const char *file, int e)
 {
 	rl_error("TLS: cannot use %s '%s': %s", what, file, nng_strerror(e));
 	return RL_EINVAL;
+}
+
+/* the first line of the password file into pass (PASS_MAX bytes); the file
+ * is a secret, so it is refused when group or others may read or write it,
+ * as --auth-key-file is */
+static int
+read_pass(const char *path, char *pass)
+{
+	struct stat st;
+	ssize_t n;
+	size_t len = 0;
+	int fd, rv = RL_OK;
+
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+		rl_error("--tls-key-pass-file '%s': %s", path, strerror(errno));
+		return errno == ENOENT ? RL_ENOENT : RL_EIO;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		rl_error("--tls-key-pass-file '%s': not a regular file", path);
+		rv = RL_EINVAL;
+	} else if (st.st_mode & 077) {
+		rl_error("--tls-key-pass-file '%s': permissions %04o are too open: the password must not be readable "
+			 "or writable by group or others (chmod 600 '%s')", path, (unsigned)(st.st_mode & 07777), path);
+		rv = RL_EINVAL;
+	}
+	while (rv == RL_OK && len < PASS_MAX && (n = read(fd, pass + len, PASS_MAX - len)) != 0) {
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			rl_error("--tls-key-pass-file '%s': %s", path, strerror(errno));
+			rv = RL_EIO;
+		} else {
+			len += (size_t)n;
+		}
+	}
+	close(fd);
+	if (rv != RL_OK)
+		return rv;
+	/* the first line, as openssl's -passin file: takes it */
+	pass[len < PASS_MAX ? len : PASS_MAX - 1] = 0;
+	pass[strcspn(pass, "\r\n")] = 0;
+	if (len >= PASS_MAX && strcspn(pass, "\r\n") >= PASS_MAX - 1) {
+		rl_error("--tls-key-pass-file '%s': the password is longer than %d bytes", path, PASS_MAX - 2);
+		return RL_ETOOBIG;
+	}
+	if (pass[0] == 0) {
+		rl_error("--tls-key-pass-file '%s': the first line is empty (the key's password goes there)", path);
+		return RL_EFORMAT;
+	}
+	return RL_OK;
+}
+
+static int
+pass_cb(char *buf, int size, int rwflag, void *u)
+{
+	size_t n = strlen(u);
+
+	(void)rwflag;
+	if (n > (size_t)size)
+		return -1;
+	memcpy(buf, u, n);
+	return (int)n;
+}
+
+/* An encrypted key needs its password, and a wrong one is named here rather
+ * than as "cannot use the certificate and key": the key is decrypted once
+ * with libcrypto to tell.  Never a prompt on the terminal. */
+static int
+key_check(const char *keyfile, const char *key, const char *passfile, const char *pass)
+{
+	BIO *b;
+	EVP_PKEY *k;
+
+	if (strstr(key, "-----BEGIN ENCRYPTED PRIVATE KEY-----") == NULL && strstr(key, "Proc-Type: 4,ENCRYPTED") == NULL)
+		return RL_OK;
+	if (passfile == NULL) {
+		rl_error("TLS: the private key '%s' is encrypted and no password was given", keyfile);
+		rl_hint("give its password in a file (mode 600, the first line) with --tls-key-pass-file FILE "
+			"(RL_TLS_KEY_PASS_FILE for rl-queue's clients)");
+		return RL_EINVAL;
+	}
+	if ((b = BIO_new_mem_buf(key, -1)) == NULL)
+		return RL_ENOMEM;
+	k = PEM_read_bio_PrivateKey(b, NULL, pass_cb, (void *)pass);
+	BIO_free(b);
+	ERR_clear_error();
+	if (k == NULL) {
+		rl_error("TLS: cannot decrypt the private key '%s' with the password in '%s' (--tls-key-pass-file): "
+			 "wrong password, or not a key", keyfile, passfile);
+		return RL_EINVAL;
+	}
+	EVP_PKEY_free(k);
+	return RL_OK;
+}
+
+/* the CA, and the CRLs of --tls-crl, into c */
+static int
+ca_load(nng_tls_config *c)
+{
+	char *ca = NULL, *crl = NULL;
+	size_t n;
+	int e, rv = RL_OK;
+
+	if (tls_crl == NULL) {
+		if ((e = nng_tls_config_ca_file(c, tls_ca)) != 0)
+			rv = tls_err("the CA file", tls_ca, e);
+		return rv;
+	}
+	if ((rv = rl_io_read_file(tls_ca, 16 << 20, &ca, &n)) != 0) {
+		rl_error("TLS: cannot read the CA file '%s': %s", tls_ca, rl_strerror(rv));
+	} else if ((rv = rl_io_read_file(tls_crl, 256 << 20, &crl, &n)) != 0) {
+		rl_error("TLS: cannot read --tls-crl '%s': %s", tls_crl, rl_strerror(rv));
+	} else if (strstr(crl, "-----BEGIN X509 CRL-----") == NULL) {
+		rl_error("TLS: --tls-crl '%s' holds no PEM CRL (-----BEGIN X509 CRL-----)", tls_crl);
+		rl_hint("a DER CRL converts with: openssl crl -inform DER -in FILE -out FILE.pem");
+		rv = RL_EFORMAT;
+	} else if ((e = nng_tls_config_ca_chain(c, ca, crl)) != 0) {
+		rl_error("TLS: cannot use the CA file '%s' with --tls-crl '%s': %s", tls_ca, tls_crl, nng_strerror(e));
+		rv = RL_EINVAL;
+	}
+	free(ca);
+	free(crl);
+	return rv;
+}
+
+static char *
+env_dup(const char *name)
+{
+	const char *v = getenv(name);
+
+	return v && *v ? strdup(v) : NULL;
+}
+
+/* the server name a client checks: the URL's host, a DNS name or an address
+ * (the OpenSSL engine matches an address against the certificate's IP
+ * subjectAltNames; nng's mbedTLS engine cannot, so it is refused there) */
+static int
+tls_server_name(nng_tls_config *c, const char *url)
+{
+	char host[256];
+	int e;
+
+	url_host(url, host, sizeof host);
+	if (host[0] == 0)
+		return RL_OK;
+	if (is_ip(host) && strcmp(rl_tls_engine_name(), "openssl") != 0) {
+		rl_error("'%s': RL_TLS_ENGINE=mbedtls cannot check the address %s against the server's certificate "
+			 "(nng's mbedTLS engine matches DNS names only)", url, host);
+		rl_hint("dial a DNS name the certificate names (e.g. tls+tcp://localhost:PORT), or use the OpenSSL "
+			"engine (RL_TLS_ENGINE unset), which checks IP subjectAltNames");
+		return RL_EINVAL;
+	}
+	if ((e = nng_tls_config_server_name(c, host)) != 0) {
+		rl_error("TLS: server name '%s': %s", host, nng_strerror(e));
+		return RL_EINVAL;
+	}
+	return RL_OK;
 }
 
 /* a configuration for a server or a client of url, from the files; the
@@ -260,7 +439,7 @@ tls_err(const char *what, const char *file, int e)
 static int
 tls_config(nng_tls_config **out, int server, const char *url)
 {
-	char *cert = NULL, *key = NULL, host[256];
+	char *cert = NULL, *key = NULL, *pass = NULL;
 	size_t n;
 	nng_tls_config *c = NULL;
 	int e, rv = RL_OK;
@@ -268,10 +447,11 @@ tls_config(nng_tls_config **out, int server, const char *url)
 	*out = NULL;
 	pthread_mutex_lock(&tls_mu);
 	if (!tls_set) {
-		const char *ec = getenv("RL_TLS_CERT"), *ek = getenv("RL_TLS_KEY"), *ea = getenv("RL_TLS_CA");
-		tls_cert = ec && *ec ? strdup(ec) : NULL;
-		tls_key = ek && *ek ? strdup(ek) : NULL;
-		tls_ca = ea && *ea ? strdup(ea) : NULL;
+		tls_cert = env_dup("RL_TLS_CERT");
+		tls_key = env_dup("RL_TLS_KEY");
+		tls_ca = env_dup("RL_TLS_CA");
+		tls_pass = env_dup("RL_TLS_KEY_PASS_FILE");
+		tls_crl = env_dup("RL_TLS_CRL");
 		tls_set = 1;
 	}
 	if ((tls_cert == NULL) != (tls_key == NULL)) {
@@ -283,35 +463,44 @@ tls_config(nng_tls_config **out, int server, const char *url)
 	} else if (!server && tls_ca == NULL) {
 		rl_error("'%s': a TLS connection needs --tls-ca, the CA that signed the server's certificate", url);
 		rv = RL_EINVAL;
+	} else if (tls_crl && tls_ca == NULL) {
+		rl_error("'%s': --tls-crl '%s' needs --tls-ca (the CRL is checked with the peer's chain to the CA)", url,
+			 tls_crl);
+		rv = RL_EINVAL;
+	} else if (tls_pass && tls_key == NULL) {
+		rl_error("'%s': --tls-key-pass-file '%s' without --tls-key", url, tls_pass);
+		rv = RL_EINVAL;
 	} else if ((tls_cert && (rv = rl_io_read_file(tls_cert, 1 << 20, &cert, &n)) != 0) ||
 		   (tls_key && (rv = rl_io_read_file(tls_key, 1 << 20, &key, &n)) != 0)) {
 		rl_error("TLS: cannot read '%s': %s", cert ? tls_key : tls_cert, rl_strerror(rv));
+	} else if (tls_pass && (pass = rl_try_calloc(1, PASS_MAX, "the TLS key password")) == NULL) {
+		rv = RL_ENOMEM;
+	} else if ((tls_pass && (rv = read_pass(tls_pass, pass)) != 0) ||
+		   (key && (rv = key_check(tls_key, key, tls_pass, pass)) != 0)) {
+		/* the message is out */
 	} else if ((rv = rl_tls_use_openssl()) != 0) {
 		/* the message is out */
 	} else if ((e = nng_tls_config_alloc(&c, server ? NNG_TLS_MODE_SERVER : NNG_TLS_MODE_CLIENT)) != 0) {
 		rl_error("TLS: %s", nng_strerror(e));
 		rv = RL_ENET;
-	} else if (cert && (e = nng_tls_config_own_cert(c, cert, key, NULL)) != 0) {
+	} else if (cert && (e = nng_tls_config_own_cert(c, cert, key, pass)) != 0) {
 		rv = tls_err("the certificate and key", tls_cert, e);
-	} else if (tls_ca && (e = nng_tls_config_ca_file(c, tls_ca)) != 0) {
-		rv = tls_err("the CA file", tls_ca, e);
+	} else if (tls_ca && (rv = ca_load(c)) != 0) {
+		/* the message is out */
 	} else if ((e = nng_tls_config_auth_mode(c, tls_ca ? NNG_TLS_AUTH_MODE_REQUIRED : NNG_TLS_AUTH_MODE_NONE)) != 0) {
 		rl_error("TLS: %s", nng_strerror(e));
 		rv = RL_ENET;
 	} else if (!server) {
-		struct in6_addr a6;
-		url_host(url, host, sizeof host);
-		/* mbedTLS 2.28 matches DNS names only: for an address the chain
-		 * to the CA is checked, not the name */
-		if (host[0] && inet_pton(AF_INET, host, &a6) != 1 && inet_pton(AF_INET6, host, &a6) != 1 &&
-		    (e = nng_tls_config_server_name(c, host)) != 0) {
-			rl_error("TLS: server name '%s': %s", host, nng_strerror(e));
-			rv = RL_EINVAL;
-		}
+		rv = tls_server_name(c, url);
 	}
 	pthread_mutex_unlock(&tls_mu);
 	free(cert);
+	if (key)
+		OPENSSL_cleanse(key, strlen(key));
 	free(key);
+	if (pass)
+		OPENSSL_cleanse(pass, PASS_MAX);
+	free(pass);
 	if (rv != 0) {
 		if (c)
 			nng_tls_config_free(c);
@@ -365,12 +554,26 @@ rli_nng_dial(nng_socket s, const char *url, nng_dialer *dp, int flags)
 		e = nng_dialer_start(d, 0);
 		if (e == NNG_ECRYPTO || e == NNG_EPEERAUTH || e == NNG_ECLOSED || e == NNG_ECONNRESET ||
 		    e == NNG_ECONNSHUT) {
-			if (rli_tls_last_error(why, sizeof why))
+			char host[256];
+			int named = rli_tls_last_error(why, sizeof why);
+			if (named)
 				rl_error("'%s': TLS handshake failed: %s (%s)", url, nng_strerror(e), why);
 			else
 				rl_error("'%s': TLS handshake failed: %s", url, nng_strerror(e));
-			rl_hint("both ends need certificates signed by the CA the other end was given (--tls-ca), "
-				"and the server's must name the host dialled");
+			url_host(url, host, sizeof host);
+			if (named && strstr(why, "mismatch") != NULL && is_ip(host))
+				rl_hint("the server's certificate must name the address dialled as an IP subjectAltName: "
+					"make it with -addext subjectAltName=IP:%s (openssl req), or subjectAltName=IP:%s "
+					"in the -extfile of openssl x509 -req; or dial a DNS name it names", host, host);
+			else if (named && strstr(why, "mismatch") != NULL)
+				rl_hint("the server's certificate must name the host dialled: make it with "
+					"-addext subjectAltName=DNS:%s (openssl req), or dial a name or address it names",
+					host);
+			else if (named && strstr(why, "revoked") != NULL)
+				rl_hint("a CRL (--tls-crl) of one end revokes the other end's certificate: it needs a new one");
+			else
+				rl_hint("both ends need certificates signed by the CA the other end was given (--tls-ca), "
+					"and the server's must name the host or address dialled");
 			nng_dialer_close(d);
 		} else if (e != 0 && (flags & NNG_FLAG_NONBLOCK)) {
 			e = nng_dialer_start(d, NNG_FLAG_NONBLOCK);

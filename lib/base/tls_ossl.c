@@ -12,7 +12,14 @@
  * The behaviour follows nng's mbedTLS engine: a client verifies the server
  * by default, a server asks for no certificate unless told to; the server
  * name, when set, is sent as SNI and checked against the certificate's DNS
- * names.  Unlike that engine this one offers TLS 1.3 (1.2 to 1.3 by default).
+ * names.  Unlike that engine a server name that is an IP address (IPv4 or
+ * IPv6 text) is checked against the certificate's IP subjectAltNames
+ * (RFC 6125: never its DNS names or common name) and is not sent as SNI
+ * (RFC 6066 allows host names only); and this one offers TLS 1.3 (1.2 to
+ * 1.3 by default).  A name that does not match is reported with what the
+ * certificate names.  CRLs given after the CA are checked for every
+ * certificate of the chain (a CRL of each CA is then needed, as nginx's
+ * ssl_crl does).
  * Left out: keys in hardware, session resumption (servers issue no tickets),
  * FIPS mode.
  */
@@ -24,6 +31,7 @@
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +50,8 @@ struct nng_tls_engine_conn {
 	SSL *ssl;
 	int io_err; /* the lower stream's nng error, when it failed */
 	int server;
+	const char *want;  /* the name or address dialled (the config's, which outlives us) */
+	char names[160];   /* what a certificate that did not match names, for the message */
 };
 
 static BIO_METHOD *bio_meth;
@@ -137,7 +147,10 @@ ssl_fail(struct nng_tls_engine_conn *c, int r, const char *op)
 		rv = NNG_EPEERAUTH;
 	else
 		rv = NNG_ECRYPTO;
-	if (vr != X509_V_OK)
+	if ((vr == X509_V_ERR_IP_ADDRESS_MISMATCH || vr == X509_V_ERR_HOSTNAME_MISMATCH) && c->names[0])
+		snprintf(why, sizeof why, "%s: the certificate names %s, not %s", X509_verify_cert_error_string(vr),
+			 c->names, c->want ? c->want : "?");
+	else if (vr != X509_V_OK)
 		snprintf(why, sizeof why, "%s", X509_verify_cert_error_string(vr));
 	if (why[0]) {
 		rl_verbose("TLS %s: %s", op, why);
@@ -146,6 +159,65 @@ ssl_fail(struct nng_tls_engine_conn *c, int r, const char *op)
 		pthread_mutex_unlock(&last_mu);
 	}
 	return rv;
+}
+
+static int
+is_ip(const char *name)
+{
+	unsigned char a[16];
+
+	return inet_pton(AF_INET, name, a) == 1 || inet_pton(AF_INET6, name, a) == 1;
+}
+
+/* the certificate's DNS and IP subjectAltNames ("DNS:a, IP:b"), or its
+ * common name when it has none */
+static void
+cert_names(X509 *x, char *buf, size_t n)
+{
+	GENERAL_NAMES *g = X509_get_ext_d2i(x, NID_subject_alt_name, NULL, NULL);
+	size_t k = 0;
+	char cn[64];
+
+	buf[0] = 0;
+	for (int i = 0; g && i < sk_GENERAL_NAME_num(g) && k < n; i++) {
+		const GENERAL_NAME *e = sk_GENERAL_NAME_value(g, i);
+		char one[INET6_ADDRSTRLEN + 8] = "";
+		if (e->type == GEN_DNS) {
+			snprintf(one, sizeof one, "DNS:%.*s", ASN1_STRING_length(e->d.dNSName),
+				 (const char *)ASN1_STRING_get0_data(e->d.dNSName));
+		} else if (e->type == GEN_IPADD) {
+			int len = ASN1_STRING_length(e->d.iPAddress);
+			char a[INET6_ADDRSTRLEN];
+			if ((len == 4 || len == 16) &&
+			    inet_ntop(len == 4 ? AF_INET : AF_INET6, ASN1_STRING_get0_data(e->d.iPAddress), a, sizeof a))
+				snprintf(one, sizeof one, "IP:%s", a);
+		}
+		if (one[0])
+			k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? ", " : "", one);
+	}
+	GENERAL_NAMES_free(g);
+	if (buf[0] == 0) {
+		if (X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, cn, sizeof cn) < 0)
+			snprintf(cn, sizeof cn, "none");
+		snprintf(buf, n, "no DNS or IP subjectAltName (CN=%s)", cn);
+	}
+	ERR_clear_error();
+}
+
+/* every verification passes here: a peer name that does not match keeps
+ * what the certificate names for ssl_fail's message */
+static int
+verify_note(int ok, X509_STORE_CTX *x)
+{
+	int e = X509_STORE_CTX_get_error(x);
+	SSL *s;
+	nng_tls_engine_conn *c;
+
+	if (!ok && (e == X509_V_ERR_IP_ADDRESS_MISMATCH || e == X509_V_ERR_HOSTNAME_MISMATCH) &&
+	    (s = X509_STORE_CTX_get_ex_data(x, SSL_get_ex_data_X509_STORE_CTX_idx())) != NULL &&
+	    (c = SSL_get_app_data(s)) != NULL && X509_STORE_CTX_get0_cert(x) != NULL)
+		cert_names(X509_STORE_CTX_get0_cert(x), c->names, sizeof c->names);
+	return ok;
 }
 
 static int
@@ -164,13 +236,22 @@ conn_init(nng_tls_engine_conn *c, void *tls, nng_tls_engine_config *cfg)
 	}
 	BIO_set_data(b, c);
 	SSL_set_bio(c->ssl, b, b);
+	SSL_set_app_data(c->ssl, c);
 	/* nng may take part of a record and call again with the same buffer */
 	SSL_set_mode(c->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 	if (cfg->server) {
 		SSL_set_accept_state(c->ssl);
 	} else {
 		SSL_set_connect_state(c->ssl);
-		if (cfg->server_name &&
+		c->want = cfg->server_name;
+		if (cfg->server_name && is_ip(cfg->server_name) &&
+		    !X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), cfg->server_name)) {
+			ERR_clear_error();
+			SSL_free(c->ssl);
+			c->ssl = NULL;
+			return NNG_EINVAL;
+		}
+		if (cfg->server_name && !is_ip(cfg->server_name) &&
 		    (!SSL_set_tlsext_host_name(c->ssl, cfg->server_name) || !SSL_set1_host(c->ssl, cfg->server_name))) {
 			ERR_clear_error();
 			SSL_free(c->ssl);
@@ -248,7 +329,7 @@ cfg_init(nng_tls_engine_config *cfg, nng_tls_mode mode)
 	}
 	SSL_CTX_set_min_proto_version(cfg->ctx, TLS1_2_VERSION);
 	SSL_CTX_set_max_proto_version(cfg->ctx, TLS1_3_VERSION);
-	SSL_CTX_set_verify(cfg->ctx, cfg->server ? SSL_VERIFY_NONE : SSL_VERIFY_PEER, NULL);
+	SSL_CTX_set_verify(cfg->ctx, cfg->server ? SSL_VERIFY_NONE : SSL_VERIFY_PEER, verify_note);
 	if (cfg->server) {
 		/* every connection is a fresh handshake: no tickets to send */
 		SSL_CTX_set_num_tickets(cfg->ctx, 0);
@@ -281,6 +362,7 @@ cfg_server(nng_tls_engine_config *cfg, const char *name)
 static int
 verify_optional(int ok, X509_STORE_CTX *x)
 {
+	(void)verify_note(ok, x);
 	return 1;
 }
 
@@ -295,7 +377,8 @@ cfg_auth(nng_tls_engine_config *cfg, nng_tls_auth_mode mode)
 		SSL_CTX_set_verify(cfg->ctx, SSL_VERIFY_PEER, verify_optional);
 		return 0;
 	case NNG_TLS_AUTH_MODE_REQUIRED:
-		SSL_CTX_set_verify(cfg->ctx, SSL_VERIFY_PEER | (cfg->server ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0), NULL);
+		SSL_CTX_set_verify(cfg->ctx, SSL_VERIFY_PEER | (cfg->server ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
+				   verify_note);
 		return 0;
 	}
 	return NNG_EINVAL;

@@ -3,7 +3,9 @@
 # certificate made here with openssl: clients with the certificates work; a
 # client without the CA, with a certificate of another CA or with none is
 # refused with a clear error and nothing is leased or pushed; a public TLS
-# listen that checks client certificates needs no --listen-public.
+# listen that checks client certificates needs no --listen-public.  The
+# address dialled is checked against the server's IP subjectAltNames;
+# encrypted keys take --tls-key-pass-file; --tls-crl refuses revoked peers.
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
@@ -24,6 +26,23 @@ setup_file() {
 		openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out cli.pem -days 2
 		# another CA and a client certificate it signed
 		openssl req -x509 -newkey rsa:2048 -nodes -keyout evil.key -out evil.pem -days 2 -subj /CN=someone-else
+		# encrypted keys of the server (PKCS#8, AES) and the client (traditional, 3DES)
+		echo 'right horse battery' > pw
+		echo 'wrong horse' > badpw
+		chmod 600 pw badpw
+		openssl pkey -in srv.key -aes256 -passout file:pw -out srv.enc.key
+		openssl rsa -in cli.key -des3 -traditional -passout file:pw -out cli.enc.key
+		# a client and a server certificate of the CA, then revoked in its CRL
+		openssl req -newkey rsa:2048 -nodes -keyout rev.key -out rev.csr -subj /CN=revoked-trainer
+		openssl x509 -req -in rev.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out rev.pem -days 2
+		openssl req -newkey rsa:2048 -nodes -keyout srvrev.key -out srvrev.csr -subj /CN=localhost
+		openssl x509 -req -in srvrev.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srvrev.pem -days 2 -extfile srv.ext
+		: > index.txt
+		echo 01 > crlnumber
+		printf '[ca]\ndefault_ca=d\n[d]\ndatabase=index.txt\ncrlnumber=crlnumber\ndefault_md=sha256\ndefault_crl_days=2\n' > ca.cnf
+		openssl ca -config ca.cnf -keyfile ca.key -cert ca.pem -revoke rev.pem
+		openssl ca -config ca.cnf -keyfile ca.key -cert ca.pem -revoke srvrev.pem
+		openssl ca -config ca.cnf -keyfile ca.key -cert ca.pem -gencrl -out crl.pem
 	) >/dev/null 2>&1
 }
 
@@ -233,10 +252,13 @@ start_tls_sync() {
 	run -0 --separate-stderr rl-sync push "${CLI[@]}" --stored --transport stream "$U" "$D/ck" --version 1
 	run -0 --separate-stderr rl-sync pull "${CLI[@]}" --transport stream "$U" --out "$D/o1"
 	cmp "$D/o1/v000001/model.safetensors" "$D/ck/model.safetensors"
-	run -0 --separate-stderr env RL_TLS_ENGINE=mbedtls rl-sync pull "${CLI[@]}" --transport stream "$U" --out "$D/o2"
+	# nng's mbedTLS engine cannot check an address: it dials the name
+	run -1 --separate-stderr env RL_TLS_ENGINE=mbedtls rl-sync pull "${CLI[@]}" --transport stream "$U" --out "$D/o2"
+	[[ $stderr == *"RL_TLS_ENGINE=mbedtls cannot check the address 127.0.0.1"* ]]
+	run -0 --separate-stderr env RL_TLS_ENGINE=mbedtls rl-sync pull "${CLI[@]}" --transport stream "${U/127.0.0.1/localhost}" --out "$D/o2"
 	cmp "$D/o2/v000001/model.safetensors" "$D/ck/model.safetensors"
 	head -c 9000000 /dev/urandom > "$D/ck/model.safetensors"
-	run -0 --separate-stderr env RL_TLS_ENGINE=mbedtls rl-sync push "${CLI[@]}" --stored --transport stream "$U" "$D/ck" --version 2
+	run -0 --separate-stderr env RL_TLS_ENGINE=mbedtls rl-sync push "${CLI[@]}" --stored --transport stream "${U/127.0.0.1/localhost}" "$D/ck" --version 2
 	run -0 --separate-stderr rl-sync pull "${CLI[@]}" --transport stream "$U" --out "$D/o3"
 	cmp "$D/o3/v000002/model.safetensors" "$D/ck/model.safetensors"
 	# the way back to nng's engine: an mbedTLS server, an OpenSSL client
@@ -257,4 +279,124 @@ start_tls_sync() {
 	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
 		--tls-cert "$C/srv.pem" --tls-key "$C/evil.key" --tls-ca "$C/ca.pem"
 	[[ $stderr == *"cannot use the certificate and key '$C/srv.pem'"* ]]
+}
+
+@test "the address dialled must be an IP subjectAltName of the server's certificate: 127.0.0.1 (named) works, 127.0.0.2 (not named) is refused naming both, and nothing is leased or pushed" {
+	# a public listener (TLS with client certificates) answers on every loopback address
+	p=$(free_port)
+	rl-queue serve --listen "tls+tcp://0.0.0.0:$p" -q "${SRV[@]}" 3>&- &
+	PIDS="$PIDS $!"
+	URL="tls+tcp://127.0.0.1:$p"
+	for _ in $(seq 100); do with_cert rl-queue stat --timeout 0.5 "$URL" >/dev/null 2>&1 && break; sleep 0.05; done
+	run -0 --separate-stderr with_cert rl-queue put -q -s scored "$URL" "$D/scored.jsonl"
+	run -1 --separate-stderr with_cert rl-queue get "tls+tcp://127.0.0.2:$p" -s train -n 10
+	[[ $stderr == *"TLS handshake failed"*"IP address mismatch: the certificate names DNS:localhost, IP:127.0.0.1, not 127.0.0.2"* ]]
+	[[ $stderr == *"-addext subjectAltName=IP:127.0.0.2"* ]]
+	[ -z "$output" ]
+	with_cert rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 4 training 0' "$D/st"
+	# rl-sync: a push to the unnamed address publishes nothing
+	mkdir -p "$D/ck"
+	head -c 1000 /dev/urandom > "$D/ck/model.safetensors"
+	echo '{"model_type":"gpt2"}' > "$D/ck/config.json"
+	CLI=(--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.key")
+	q=$(free_port)
+	rl-sync serve --listen "tls+tcp://0.0.0.0:$q" "${SRV[@]}" --no-shm 3>&- 2>"$D/serve.err" &
+	PIDS="$PIDS $!"
+	for _ in $(seq 50); do rl-sync status "${CLI[@]}" --timeout 300 "tls+tcp://127.0.0.1:$q" >/dev/null 2>&1 && break; sleep 0.1; done
+	run -1 --separate-stderr rl-sync push "${CLI[@]}" "tls+tcp://127.0.0.2:$q" "$D/ck" --version 3
+	[[ $stderr == *"IP address mismatch: the certificate names DNS:localhost, IP:127.0.0.1, not 127.0.0.2"* ]]
+	run -0 rl-sync status "${CLI[@]}" "tls+tcp://127.0.0.1:$q"
+	assert_output --partial 'latest: 0'
+}
+
+@test "encrypted private keys: --tls-key-pass-file (RL_TLS_KEY_PASS_FILE) opens them for rl-queue serve, its clients and rl-sync; no password, a wrong one or a readable password file is refused at start naming the files" {
+	# the broker refuses to start without the password, with a wrong one, with a file others can read
+	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
+		--tls-cert "$C/srv.pem" --tls-key "$C/srv.enc.key" --tls-ca "$C/ca.pem"
+	[[ $stderr == *"the private key '$C/srv.enc.key' is encrypted and no password was given"* ]]
+	[[ $stderr == *"--tls-key-pass-file FILE"* ]]
+	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
+		--tls-cert "$C/srv.pem" --tls-key "$C/srv.enc.key" --tls-ca "$C/ca.pem" --tls-key-pass-file "$C/badpw"
+	[[ $stderr == *"cannot decrypt the private key '$C/srv.enc.key' with the password in '$C/badpw'"* ]]
+	cp "$C/pw" "$D/pw644"
+	chmod 644 "$D/pw644"
+	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
+		--tls-cert "$C/srv.pem" --tls-key "$C/srv.enc.key" --tls-ca "$C/ca.pem" --tls-key-pass-file "$D/pw644"
+	[[ $stderr == *"--tls-key-pass-file '$D/pw644': permissions 0644 are too open"* ]]
+	# with the password it serves; a client's encrypted key likewise
+	SRV=(--tls-cert "$C/srv.pem" --tls-key "$C/srv.enc.key" --tls-ca "$C/ca.pem" --tls-key-pass-file "$C/pw")
+	start_tls_broker
+	run -0 --separate-stderr env RL_TLS_CA="$C/ca.pem" RL_TLS_CERT="$C/cli.pem" RL_TLS_KEY="$C/cli.enc.key" \
+		RL_TLS_KEY_PASS_FILE="$C/pw" rl-queue put -q -s scored "$URL" "$D/scored.jsonl"
+	run -1 --separate-stderr env RL_TLS_CA="$C/ca.pem" RL_TLS_CERT="$C/cli.pem" RL_TLS_KEY="$C/cli.enc.key" \
+		rl-queue get "$URL" -s train -n 10
+	[[ $stderr == *"the private key '$C/cli.enc.key' is encrypted and no password was given"* ]]
+	run -1 --separate-stderr env RL_TLS_CA="$C/ca.pem" RL_TLS_CERT="$C/cli.pem" RL_TLS_KEY="$C/cli.enc.key" \
+		RL_TLS_KEY_PASS_FILE="$C/badpw" rl-queue get "$URL" -s train -n 10
+	[[ $stderr == *"cannot decrypt the private key '$C/cli.enc.key' with the password in '$C/badpw'"* ]]
+	with_cert rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 4 training 0' "$D/st"
+	run -0 --separate-stderr env RL_TLS_CA="$C/ca.pem" RL_TLS_CERT="$C/cli.pem" RL_TLS_KEY="$C/cli.enc.key" \
+		RL_TLS_KEY_PASS_FILE="$C/pw" rl-queue get "$URL" -s train -n 10
+	[ "$(printf '%s\n' "$output" | grep -c '"group"')" -eq 4 ]
+	# rl-sync takes the option on both ends
+	mkdir -p "$D/ck"
+	head -c 1000 /dev/urandom > "$D/ck/model.safetensors"
+	echo '{"model_type":"gpt2"}' > "$D/ck/config.json"
+	CLI=(--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.enc.key" --tls-key-pass-file "$C/pw")
+	start_tls_sync
+	run -1 --separate-stderr rl-sync push --tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.enc.key" "$U" "$D/ck" --version 4
+	[[ $stderr == *"is encrypted and no password was given"* ]]
+	run -0 --separate-stderr rl-sync push "${CLI[@]}" "$U" "$D/ck" --version 5
+	run -0 rl-sync status "${CLI[@]}" "$U"
+	assert_output --partial 'latest: 5'
+}
+
+@test "--tls-crl (RL_TLS_CRL): the broker and rl-sync refuse a client certificate their CRL revokes, and nothing is leased or pushed; a client refuses a revoked server; a CRL that is not PEM is refused" {
+	start_tls_broker --tls-crl "$C/crl.pem"
+	run -0 --separate-stderr with_cert rl-queue put -q -s scored "$URL" "$D/scored.jsonl"
+	run -1 --separate-stderr env RL_TLS_CA="$C/ca.pem" RL_TLS_CERT="$C/rev.pem" RL_TLS_KEY="$C/rev.key" \
+		rl-queue get "$URL" -s train -n 10
+	[[ $stderr == *"TLS handshake failed"*"certificate revoked"* ]]
+	[ -z "$output" ]
+	with_cert rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 4 training 0' "$D/st"
+	# a broker without the CRL takes that certificate: the CRL is what refuses it
+	CRLURL=$URL
+	start_tls_broker
+	run -0 --separate-stderr env RL_TLS_CA="$C/ca.pem" RL_TLS_CERT="$C/rev.pem" RL_TLS_KEY="$C/rev.key" \
+		rl-queue stat --timeout 1 "$URL"
+	run -0 --separate-stderr with_cert rl-queue get "$CRLURL" -s train -n 10
+	[ "$(printf '%s\n' "$output" | grep -c '"group"')" -eq 4 ]
+	mkdir -p "$D/ck"
+	head -c 1000 /dev/urandom > "$D/ck/model.safetensors"
+	echo '{"model_type":"gpt2"}' > "$D/ck/config.json"
+	CLI=(--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.key")
+	SRV+=(--tls-crl "$C/crl.pem")
+	start_tls_sync
+	run -1 --separate-stderr rl-sync push --tls-ca "$C/ca.pem" --tls-cert "$C/rev.pem" --tls-key "$C/rev.key" "$U" "$D/ck" --version 5
+	[[ $stderr == *"TLS handshake failed"*"certificate revoked"* ]]
+	run -0 rl-sync status "${CLI[@]}" "$U"
+	assert_output --partial 'latest: 0'
+	# a client with the CRL refuses a server whose certificate it revokes
+	SRV=(--tls-cert "$C/srvrev.pem" --tls-key "$C/srvrev.key" --tls-ca "$C/ca.pem")
+	start_tls_sync
+	run -1 --separate-stderr rl-sync push "${CLI[@]}" --tls-crl "$C/crl.pem" "$U" "$D/ck" --version 6
+	[[ $stderr == *"TLS handshake failed: Peer could not be authenticated (certificate revoked)"* ]]
+	run -0 rl-sync status "${CLI[@]}" "$U"
+	assert_output --partial 'latest: 0'
+	start_tls_broker
+	run -1 --separate-stderr env RL_TLS_CA="$C/ca.pem" RL_TLS_CERT="$C/cli.pem" RL_TLS_KEY="$C/cli.key" \
+		RL_TLS_CRL="$C/crl.pem" rl-queue put -q -s scored "$URL" "$D/scored.jsonl"
+	[[ $stderr == *"TLS handshake failed: Peer could not be authenticated (certificate revoked)"* ]]
+	with_cert rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 0 training 0' "$D/st"
+	# a CRL file that holds no PEM CRL, and one without --tls-ca
+	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
+		--tls-cert "$C/srv.pem" --tls-key "$C/srv.key" --tls-ca "$C/ca.pem" --tls-crl "$C/ca.pem"
+	[[ $stderr == *"--tls-crl '$C/ca.pem' holds no PEM CRL"* ]]
+	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
+		--tls-cert "$C/srv.pem" --tls-key "$C/srv.key" --tls-crl "$C/crl.pem"
+	[[ $stderr == *"--tls-crl '$C/crl.pem' needs --tls-ca"* ]]
 }

@@ -4,8 +4,9 @@
  * PAIR connection with mutual authentication to "localhost", messages whose
  * sizes straddle TLS's 16 KiB records and nng's 16 KiB buffers, up to 6 MB,
  * both ways at once, checked byte for byte; a client without a certificate
- * or with a key not its certificate's is refused, and the listener still
- * takes the next client.  RL_TLS_ENGINE=mbedtls runs the same on nng's
+ * or with a key not its certificate's is refused, a dial of the server's
+ * address, which its certificate does not name, is refused, and the
+ * listener still takes the next client.  RL_TLS_ENGINE=mbedtls runs the same on nng's
  * engine.
  */
 #include <nng/nng.h>
@@ -109,7 +110,7 @@ main(void)
 	const char *want = getenv("RL_TLS_ENGINE");
 	nng_socket srv, cli, bad;
 	nng_listener l;
-	char url[64], msg[2048];
+	char url[64], ipurl[64], msg[2048];
 	int port = 0, rv;
 	static const size_t sizes[] = { 1, 16383, 16384, 16385, 16406, 32768, 100003, 6000000 };
 
@@ -142,6 +143,21 @@ main(void)
 		T_OK(rv != 0 && strstr(msg, "TLS handshake failed") != NULL, "%d: %s", rv, msg);
 	else
 		T_OK(rv != 0 && strstr(msg, "cannot use the certificate and key") != NULL, "%d: %s", rv, msg);
+	nng_close(bad);
+
+	/* the server's certificate names DNS:localhost only: its address is
+	 * not a name it has (the OpenSSL engine checks IP subjectAltNames;
+	 * nng's mbedTLS engine cannot, so an address is refused there) */
+	bad = open_pair();
+	snprintf(ipurl, sizeof ipurl, "tls+tcp://127.0.0.1:%d", port);
+	T_EQ_INT(rli_nng_tls_files(f("cli.pem"), f("cli.key"), f("ca.pem")), 0);
+	T_CAPTURE(rli_nng_dial(bad, ipurl, NULL, 0), &rv, msg);
+	if (want && strcmp(want, "mbedtls") == 0)
+		T_OK(rv != 0 && strstr(msg, "cannot check the address 127.0.0.1") != NULL, "%d: %s", rv, msg);
+	else
+		T_OK(rv != 0 && strstr(msg, "IP address mismatch: the certificate names DNS:localhost, not 127.0.0.1") &&
+			     strstr(msg, "-addext subjectAltName=IP:127.0.0.1"),
+		     "%d: %s", rv, msg);
 	nng_close(bad);
 
 	/* the client with its certificate: the listener still accepts */
