@@ -254,7 +254,10 @@ run(const char *bin, const char *dir)
 	rl_qclient *c;
 	char *json = NULL;
 
-	snprintf(url, sizeof url, "%s://127.0.0.1:%d", tls_dir ? "tls+tcp" : "tcp",
+	/* nng's mbedTLS engine checks DNS names only, so it is refused an address */
+	const char *eng = getenv("RL_TLS_ENGINE");
+	snprintf(url, sizeof url, "%s://%s:%d", tls_dir ? "tls+tcp" : "tcp",
+		 tls_dir && eng && strcmp(eng, "mbedtls") == 0 ? "localhost" : "127.0.0.1",
 		 port + (dir ? 1 : 0) + (compress > 0 ? 2 : 0) + (tls_dir ? 4 : 0) + (auth_file ? 5 : 0));
 	if ((pid = fork()) == 0) {
 		const char *av[16];

@@ -39,17 +39,23 @@ int rli_listen_policy(const char *prog, const char *url, int secured, int allow_
  * keeps nng's built-in mbedTLS engine).
  * rli_nng_tls_files sets the process's files: cert and key (PEM; together)
  * are this end's certificate, ca (PEM) the CA the other end's must be signed
- * by.  A listener needs cert and key; with ca it also requires and checks a
- * client certificate (the clients are authenticated).  A dialer needs ca
- * (the server is checked, its name against the URL's host when that is a
- * name; for an IP address only the chain, as nng's mbedTLS 2.28 engine
- * matches DNS names only) and presents
- * cert and key when given.  Not called: RL_TLS_CERT, RL_TLS_KEY, RL_TLS_CA
- * from the environment are used at the first tls+ URL.  RL_EINVAL (logged)
- * for a cert without a key or the other way round. */
+ * by; it clears the key's password file and the CRL file (set them after it
+ * with rli_nng_tls_opt).  A listener needs cert and key; with ca it also
+ * requires and checks a client certificate (the clients are authenticated).
+ * A dialer needs ca and checks the server's certificate against the URL's
+ * host: a name against its DNS names, an IP address against its IP
+ * subjectAltNames (refused outright on nng's mbedTLS engine, which cannot
+ * check addresses); it presents cert and key when given.  An encrypted key
+ * needs the password file (first line; mode 600 or stricter): without it or
+ * with a wrong password the configuration is refused, naming the key file.
+ * CRLs (PEM) make a revoked peer certificate fail the handshake.
+ * Not called: RL_TLS_CERT, RL_TLS_KEY, RL_TLS_CA, RL_TLS_KEY_PASS_FILE and
+ * RL_TLS_CRL from the environment are used at the first tls+ URL.  RL_EINVAL
+ * (logged) for a cert without a key or the other way round. */
 int rli_nng_tls_files(const char *cert, const char *key, const char *ca);
-/* one of them (which: 'c' cert, 'k' key, 'a' CA), for a client's option
- * parser; the pairing of cert and key is checked at the first tls+ URL */
+/* one of them (which: 'c' cert, 'k' key, 'a' CA, 'p' the key's password
+ * file, 'r' the CRL file), for a command's option parser; the pairing of
+ * cert and key is checked at the first tls+ URL */
 int rli_nng_tls_opt(int which, const char *path);
 /* 1 when a TLS listener of this process would require client certificates */
 int rli_nng_tls_authenticates(void);

@@ -202,7 +202,7 @@ start_tls_broker() {
 	cmp "$D/out/v000008/model.safetensors" "$D/ck/model.safetensors"
 }
 
-@test "rl-reward --queue takes --tls-cert/--tls-key/--tls-ca: scores over TLS; without its certificate it is refused and leases nothing" {
+@test "rl-reward --queue takes --tls-cert/--tls-key/--tls-ca (and --tls-key-pass-file, --tls-crl): scores over TLS; without its certificate or its key's password it is refused and leases nothing" {
 	start_tls_broker
 	for i in 1 2; do
 		printf '{"id":%d,"group":%d,"index":0,"group_size":1,"version":[0,0],"prompt_text":"1+1","response_text":"#### 2","meta":{"answer":"2"}}\n' $i $i
@@ -212,8 +212,12 @@ start_tls_broker() {
 	[[ $stderr == *"TLS handshake failed"* ]]
 	run -1 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 --tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem"
 	[[ $stderr == *"--tls-cert and --tls-key go together"* ]]
+	run -1 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 \
+		--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.enc.key"
+	[[ $stderr == *"the private key '$C/cli.enc.key' is encrypted and no password was given"* ]]
 	run -0 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 \
-		--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.key"
+		--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.enc.key" --tls-key-pass-file "$C/pw" \
+		--tls-crl "$C/crl.pem"
 	[[ $stderr == *"2 records"* ]]
 	with_cert rl-queue stat "$URL" > "$D/st"
 	grep -q 'scored 2 ' "$D/st"
