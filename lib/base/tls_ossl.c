@@ -152,8 +152,12 @@ ssl_fail(struct nng_tls_engine_conn *c, int r, const char *op)
 			 c->names, c->want ? c->want : "?");
 	else if (vr != X509_V_OK)
 		snprintf(why, sizeof why, "%s", X509_verify_cert_error_string(vr));
-	if (why[0]) {
+	if (why[0])
 		rl_verbose("TLS %s: %s", op, why);
+	/* a dial's message is this client's reason: a server in the same
+	 * process (the broker's self-check, the tests) must not replace it
+	 * with what it saw of the same handshake ("alert bad certificate") */
+	if (why[0] && !c->server) {
 		pthread_mutex_lock(&last_mu);
 		snprintf(last_err, sizeof last_err, "%s", why);
 		pthread_mutex_unlock(&last_mu);
