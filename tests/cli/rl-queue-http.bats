@@ -3,6 +3,7 @@
 # parser after records flowed through the broker, its numbers against
 # `rl-queue stat --json`; /api/stats; the dashboard page; loopback-only
 # binds; malformed requests; request bodies (413) and methods (405);
+# long request heads and idle connections;
 # `rl-queue stat --watch`.  Everything on
 # 127.0.0.1; brokers are killed by pid in teardown.
 
@@ -265,6 +266,68 @@ EOF
 	run fetch /api/stats
 	assert_success
 	run rl-queue stat --json "$URL"
+	assert_success
+}
+
+@test "request heads are bounded: a head past nng's 8 KiB buffer closes its connection (20 at once, memory flat), one under it is answered; 500 idle connections cost a few KiB each" {
+	start_broker
+	run python3 - "$HTTP" "$BROKER" <<'EOF'
+import socket, sys, threading, time
+host, port = sys.argv[1].rsplit(":", 1)
+pid = sys.argv[2]
+
+def status(key):
+    for line in open("/proc/%s/status" % pid):
+        if line.startswith(key):
+            return int(line.split()[1]) / 1024.0
+
+def head(nbytes, end):
+    s = socket.create_connection((host, int(port)), timeout=5)
+    s.sendall(b"GET /api/stats HTTP/1.1\r\nHost: x\r\n")
+    sent, i = 0, 0
+    try:
+        while sent < nbytes:
+            line = b"X-Pad-%d: %s\r\n" % (i, b"a" * 200)
+            s.sendall(line)
+            sent += len(line)
+            i += 1
+        if end:
+            s.sendall(b"\r\n")
+        r = s.recv(64)
+    except socket.timeout:
+        r = b"still open after 5 s"
+    except OSError:
+        r = b""   # reset: closed
+    s.close()
+    return r
+
+out = []
+h0 = status("VmHWM:")
+th = [threading.Thread(target=lambda: out.append(head(64 << 10, False))) for _ in range(20)]
+for t in th:
+    t.start()
+for t in th:
+    t.join()
+grew = status("VmHWM:") - h0
+# closed by the server (nothing sent back) long before the client's 5 s timeout
+assert out == [b""] * 20, out
+print("20 heads of 64 KiB: closed, peak RSS grew %.1f MiB" % grew)
+assert grew < 8, grew
+r = head(6000, True)
+assert r.startswith(b"HTTP/1.1 200"), r
+
+r0 = status("VmRSS:")
+conns = [socket.create_connection((host, int(port)), timeout=5) for _ in range(500)]
+time.sleep(0.5)
+per = (status("VmRSS:") - r0) * 1024 / len(conns)
+print("500 idle connections: %.1f KiB each" % per)
+assert per < 32, per
+for c in conns:
+    c.close()
+EOF
+	assert_success
+	assert_output --partial "20 heads of 64 KiB: closed"
+	run fetch /api/stats
 	assert_success
 }
 
