@@ -11,6 +11,7 @@ load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
 load port_helper
+load sync_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -115,7 +116,8 @@ JSON
 	# rank 0's parameter memory while version 3 went out (mincore): its shard
 	# (1/2 of the model) and one unit (a layer is 0.12), below the whole model
 	# a gathered send holds beside the shard (1.5); only step 3 went so
-	python3 - "$T/units.metrics.0" <<'PY'
+	below_whole() {
+		python3 - "$1" <<'PY'
 import json, sys
 ms = [json.loads(l) for l in open(sys.argv[1])]
 full = ms[0]["memory/weights_mb"]
@@ -124,6 +126,18 @@ print(got)
 assert list(got) == [3], got
 assert 0.5 < got[3] < 0.75, got
 PY
+	}
+	below_whole "$T/units.metrics.0"
+	# with --push-parts as well: one walk over the units builds each rank's
+	# part for rl-sync and sends the group its ranges
+	URL=tcp://127.0.0.1:$(free_port)
+	serve
+	PORT=$(free_port)
+	z3_run both --ckpt-every 2 --push-parts --sync "$URL"
+	rl-sync status "$URL" --json | jq -e '.latest == 4 and .versions_from_parts == 4 and .parts_refused == 0'
+	received both > "$T/both.v"
+	cmp "$T/units.v" "$T/both.v"
+	below_whole "$T/both.metrics.0"
 }
 
 @test "a third rank: a second worker gets the versions too and leaves when the trainer ends the group" {
