@@ -2,9 +2,11 @@
 # The weights broadcast group (lib/sync/wgroup.c; rl-train --weights-group,
 # rl-rollout --weights-group): on-policy through pipes, each version
 # broadcast from the trainer's parameters over the CPU ring, gives bit for bit
-# the weights of the same run through a checkpoint directory; a third rank;
-# a killed trainer, a model of another shape and a rank that never joins
-# fail fast with the cause named; usage errors.  Loopback only.
+# the weights of the same run through a checkpoint directory; with --zero 3
+# on 2 ranks a version only published goes out unit by unit, the worker
+# holding the bytes the gathered path sends, rank 0 below the whole model; a
+# third rank; a killed trainer, a model of another shape and a rank that
+# never joins fail fast with the cause named; usage errors.  Loopback only.
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
