@@ -543,13 +543,13 @@ publish_units(trainer *tr)
 		w.srv = rl_wgroup_send_end(tr->wg);
 	tr->pub_pres_peak = RL_MAX(tr->pub_pres_peak, tr->pres_peak);
 	tr->pres_peak = RL_MAX(peak, tr->pres_peak);
-	if ((rv = rv ? rv : r2 ? r2 : w.srv) != 0 && w.srv == 0 && tr->wpc)
+	if ((rv = rv ? rv : r2) == 0 && tr->wpc)
+		rv = rl_wsync_push_part(tr->wpc, v, tr->wpart, tr->rank, tr->world, &pub);
+	if (rv != 0 && tr->wpc)
 		rl_error("cannot push part %d of %d of version %d to '%s'", tr->rank, tr->world, tr->m->version,
 		    tr->o->sync_url);
-	if (rv == 0 && tr->wpc && (rv = rl_wsync_push_part(tr->wpc, v, tr->wpart, tr->rank, tr->world, &pub)) != 0)
-		rl_error("cannot push part %d of %d of version %d to '%s'", tr->rank, tr->world, tr->m->version,
-		    tr->o->sync_url);
-	if (rv != 0) {
+	/* the group's failure, said by wgroup.c, after the part: that one is whole */
+	if ((rv = rv ? rv : w.srv) != 0) {
 		rl_wver_destroy(v);
 		return rv;
 	}
