@@ -140,6 +140,7 @@ PY
 	received both > "$T/both.v"
 	cmp "$T/units.v" "$T/both.v"
 	below_whole "$T/both.metrics.0"
+	kill "$SPID"; wait "$SPID" 2>/dev/null || true
 }
 
 @test "a third rank: a second worker gets the versions too and leaves when the trainer ends the group" {
