@@ -1,7 +1,10 @@
 /*
- * wgroup.c — the weights broadcast group (see wgroup.h): the root's send, the
- * members' receiving thread with two staging buffers, the hand-over to the
- * model between engine steps.
+ * wgroup.c — the weights broadcast group (see wgroup.h): the root's send,
+ * whole or in element ranges, the members' receiving thread with two
+ * staging buffers and the checks of a version sent in ranges, the hand-over
+ * to the model between engine steps.
+ * Leaves out: ranges on the nccl and ipc backends (a ZeRO-3 trainer, the
+ * one sender of ranges, keeps its parameters in host memory).
  */
 #include "sync/wgroup.h"
 
@@ -13,17 +16,25 @@
 
 #include "compute/comm.h"
 #include "base/core.h"
+#include "base/hash.h"
 #include "sync/wcuda.h"
 
-#define WG_MAGIC 0x31574c52u /* "RLW1" little-endian */
+#define WG_MAGIC 0x32574c52u /* "RLW2" little-endian: a version's header */
+#define WG_PIECE 0x50574c52u /* "RLWP": a range's header */
 #define WG_END (-1)
 
-/* the header of one version, by host broadcast */
+/* The header of one version, and of each of its ranges, by host broadcast
+ * (64 bytes).  A version's: pieces 0 when the whole table follows in one
+ * broadcast, else the number of ranges that follow, each a range header
+ * (piece its index, [lo, hi) its elements, sum the XXH64 of their bytes)
+ * and then its elements. */
 typedef struct {
-	uint32_t magic, mode;  /* WG_* of the trainer */
+	uint32_t magic, mode;  /* WG_MAGIC or WG_PIECE; WG_* of the trainer */
 	int64_t version;
-	uint64_t n;          /* f32 elements */
-	uint64_t table;      /* hash of the tensor table */
+	uint64_t n;            /* f32 elements of the version */
+	uint64_t table;        /* hash of the tensor table */
+	uint32_t pieces, piece;
+	uint64_t lo, hi, sum;
 } wg_hdr;
 
 enum { WG_RING, WG_NCCL, WG_IPC };
@@ -44,6 +55,10 @@ struct rl_wgroup {
 	int ready_ver, last_ver;
 	int ended, err;       /* the root said the end / the thread's error */
 	double timeout;       /* the group's timeout (resolved), for the end */
+	/* root: the version being sent in ranges (rl_wgroup_send_begin) */
+	int sending, s_ver;
+	uint32_t s_pieces, s_sent;
+	size_t s_hi;          /* where the next range starts */
 };
 
 /* FNV-1a over the names, offsets and sizes of the tensor table: two models
@@ -68,6 +83,57 @@ static int
 loopback(const char *addr)
 {
 	return strncmp(addr, "127.", 4) == 0 || strncmp(addr, "localhost:", 10) == 0 || strncmp(addr, "[::1]", 5) == 0;
+}
+
+/* Member: the ranges of the version h announces, into buf.  They must come
+ * in table order, each starting where the one before ended, the last at
+ * the table's end, each with the bytes its checksum says; anything else
+ * refuses the version: its buffer is never marked ready, so the version
+ * taken before (and one complete and not yet taken) stays, and the group
+ * ends with the error, the stream being out of step past it. */
+static int
+recv_ranges(rl_wgroup *g, const wg_hdr *h, float *buf)
+{
+	long long v = (long long)h->version;
+	uint64_t next = 0;
+	int rv;
+
+	if (g->mode != WG_RING) {
+		rl_error("weights group: version %lld comes in ranges, which only the cpu backend carries", v);
+		return RL_EFORMAT;
+	}
+	for (uint32_t i = 0; i < h->pieces; i++) {
+		wg_hdr p;
+		if ((rv = rl_comm_host_broadcast(g->c, &p, sizeof p, 0)) != 0)
+			return rv;
+		if (p.magic != WG_PIECE || p.version != h->version) {
+			rl_error("weights group: version %lld refused: range %u of %u missing (%s came instead)", v, i + 1,
+			    h->pieces, p.magic != WG_MAGIC ? "a malformed header" : p.version == WG_END ?
+			    "the end of the group" : "the next version");
+			return RL_EFORMAT;
+		}
+		if (p.piece != i || p.lo != next || p.hi <= p.lo || p.hi > g->n) {
+			rl_error("weights group: version %lld refused: range %u of %u has elements [%llu, %llu) where "
+			    "range %u of %u starting at element %llu was due (ranges in table order, none missing, "
+			    "within the %zu elements)", v, p.piece + 1, h->pieces, (unsigned long long)p.lo,
+			    (unsigned long long)p.hi, i + 1, h->pieces, (unsigned long long)next, g->n);
+			return RL_EFORMAT;
+		}
+		if ((rv = rl_comm_broadcast(g->c, buf + p.lo, (p.hi - p.lo) * sizeof(float), 0)) != 0)
+			return rv;
+		if (rl_hash64(buf + p.lo, (p.hi - p.lo) * sizeof(float), 0) != p.sum) {
+			rl_error("weights group: version %lld refused: range %u of %u (elements [%llu, %llu)) does not "
+			    "match its checksum", v, i + 1, h->pieces, (unsigned long long)p.lo, (unsigned long long)p.hi);
+			return RL_EFORMAT;
+		}
+		next = p.hi;
+	}
+	if (next != g->n) {
+		rl_error("weights group: version %lld refused: its %u ranges end at element %llu of %zu", v, h->pieces,
+		    (unsigned long long)next, g->n);
+		return RL_EFORMAT;
+	}
+	return RL_OK;
 }
 
 static void *
@@ -137,9 +203,18 @@ recv_thread(void *arg)
 			    (rv = rl_wcuda_import_copy(g->buf[k], g->n * sizeof(float), &wh, g->m->ops->device)) != 0 ||
 			    (rv = rl_comm_barrier(g->c)) != 0)
 				break;
+		} else if (h.pieces > 0) {
+			if ((rv = recv_ranges(g, &h, g->buf[k])) != 0)
+				break;
 		} else if ((rv = rl_comm_broadcast(g->c, g->buf[k], g->n * sizeof(float), 0)) != 0) {
 			break;
 		}
+		/* what the member holds, comparable across runs and ways of sending
+		 * (a pass over the version: only when asked for) */
+		if (rl_log_level() >= 2 && !g->on_device)
+			rl_verbose("weights group: version %lld received, %zu elements in %u range%s, xxh64 %016llx",
+			    (long long)h.version, g->n, h.pieces ? h.pieces : 1, h.pieces > 1 ? "s" : "",
+			    (unsigned long long)rl_hash64(g->buf[k], g->n * sizeof(float), 0));
 		pthread_mutex_lock(&g->mu);
 		g->ready = k;
 		g->ready_ver = (int)h.version;
@@ -255,10 +330,10 @@ fail:
 int
 rl_wgroup_send(rl_wgroup *g, int version)
 {
-	wg_hdr h = { WG_MAGIC, (uint32_t)g->mode, version, g->n, g->table };
+	wg_hdr h = { WG_MAGIC, (uint32_t)g->mode, version, g->n, g->table, 0, 0, 0, 0, 0 };
 	int rv;
 
-	if (g->rank != 0 || version < 0)
+	if (g->rank != 0 || version < 0 || g->sending)
 		return RL_EINVAL;
 	if ((rv = g->m->ops->sync(g->m->ops)) != 0)
 		return rv;
@@ -280,6 +355,73 @@ rl_wgroup_send(rl_wgroup *g, int version)
 		return rv;
 	}
 	g->last_ver = version;
+	return RL_OK;
+}
+
+int
+rl_wgroup_send_begin(rl_wgroup *g, int version, int pieces)
+{
+	wg_hdr h = { WG_MAGIC, (uint32_t)g->mode, version, g->n, g->table, (uint32_t)pieces, 0, 0, 0, 0 };
+	int rv;
+
+	if (g->rank != 0 || version < 0 || pieces < 1 || g->sending)
+		return RL_EINVAL;
+	if (g->mode != WG_RING || g->m->ops->device >= 0) {
+		rl_error("weights group: version %d in ranges needs the cpu backend and the parameters in host memory",
+		    version);
+		return RL_ENOTSUP;
+	}
+	if ((rv = rl_comm_host_broadcast(g->c, &h, sizeof h, 0)) != 0) {
+		rl_error("weights group: version %d did not reach every member", version);
+		return rv;
+	}
+	g->sending = 1;
+	g->s_ver = version;
+	g->s_pieces = (uint32_t)pieces;
+	g->s_sent = 0;
+	g->s_hi = 0;
+	return RL_OK;
+}
+
+int
+rl_wgroup_send_range(rl_wgroup *g, size_t lo, size_t hi)
+{
+	float *p = g->m->params;
+	wg_hdr h = { WG_PIECE, (uint32_t)g->mode, g->s_ver, g->n, g->table, g->s_pieces, g->s_sent, lo, hi, 0 };
+	int rv;
+
+	if (g->rank != 0 || !g->sending)
+		return RL_EINVAL;
+	/* what the members would refuse is not sent */
+	if (lo != g->s_hi || hi <= lo || hi > g->n || g->s_sent >= g->s_pieces) {
+		rl_error("weights group: version %d: range %u of %u as elements [%zu, %zu): the ranges go in table "
+		    "order, from element %zu, within %zu", g->s_ver, g->s_sent + 1, g->s_pieces, lo, hi, g->s_hi, g->n);
+		return RL_EINVAL;
+	}
+	h.sum = rl_hash64(p + lo, (hi - lo) * sizeof(float), 0);
+	if ((rv = rl_comm_host_broadcast(g->c, &h, sizeof h, 0)) != 0 ||
+	    (rv = rl_comm_broadcast(g->c, p + lo, (hi - lo) * sizeof(float), 0)) != 0) {
+		rl_error("weights group: range %u of %u of version %d did not reach every member", g->s_sent + 1,
+		    g->s_pieces, g->s_ver);
+		return rv;
+	}
+	g->s_sent++;
+	g->s_hi = hi;
+	return RL_OK;
+}
+
+int
+rl_wgroup_send_end(rl_wgroup *g)
+{
+	if (g->rank != 0 || !g->sending)
+		return RL_EINVAL;
+	if (g->s_sent != g->s_pieces || g->s_hi != g->n) {
+		rl_error("weights group: version %d ends after %u of its %u ranges, at element %zu of %zu", g->s_ver,
+		    g->s_sent, g->s_pieces, g->s_hi, g->n);
+		return RL_EINVAL;
+	}
+	g->sending = 0;
+	g->last_ver = g->s_ver;
 	return RL_OK;
 }
 
@@ -367,8 +509,11 @@ rl_wgroup_close(rl_wgroup *g, int ok)
 
 	if (g == NULL)
 		return RL_OK;
+	/* the end in the middle of a version's ranges would read as a range
+	 * missing: the members are told this rank failed instead */
+	ok = ok && !g->sending;
 	if (g->rank == 0 && g->c && ok) {
-		wg_hdr h = { WG_MAGIC, (uint32_t)g->mode, WG_END, g->n, g->table };
+		wg_hdr h = { WG_MAGIC, (uint32_t)g->mode, WG_END, g->n, g->table, 0, 0, 0, 0, 0 };
 		rv = rl_comm_host_broadcast(g->c, &h, sizeof h, 0);
 	}
 	if (g->started) {

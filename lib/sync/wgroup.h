@@ -12,8 +12,17 @@
  * arrives in the other (an older version not taken yet is dropped).  The
  * member takes it between its engine steps (rl_wgroup_take).
  *
- * Wire, per version: a 32-byte header by host broadcast (magic, version,
- * element count, a hash of the model's tensor table), then the elements.
+ * Wire, per version: a 64-byte header by host broadcast (magic, version,
+ * element count, a hash of the model's tensor table, the number of ranges),
+ * then the elements: in one broadcast (rl_wgroup_send), or as that many
+ * element ranges in table order, each a header (its index, first and end
+ * element, the XXH64 of its bytes) and its elements (rl_wgroup_send_begin,
+ * _range, _end: a root that has only part of its parameters at a time, a
+ * ZeRO-3 trainer, sends each part while it has it; cpu backend only).
+ * Members receive the whole version either way.  A member refuses a version
+ * whose ranges come out of order, overlap, leave a gap, stop short or do
+ * not match their checksums: the error names the range, the version is
+ * never handed to the model (the one before stays), and the group ends.
  * A member whose model has another tensor table fails at the first version,
  * naming both.  Version -1 ends the group (rl_wgroup_close on the root).
  *
@@ -57,6 +66,19 @@ int rl_wgroup_open(rl_wgroup **out, const rl_wgroup_opts *o, rl_model *m);
 /* Root: sends m's parameters as version (>= 0) to every member; returns when
  * every member has them in a staging buffer. */
 int rl_wgroup_send(rl_wgroup *g, int version);
+/* Root: version (>= 0) in pieces (>= 1) element ranges of m's parameters:
+ * begin announces it, each range sends m->params[lo, hi) as it is now
+ * (the first from 0, each next from where the one before ended), end checks
+ * that pieces ranges covered the table.  Between begin and end the caller
+ * may change the parameters outside the ranges not yet sent (a ZeRO-3
+ * trainer gathers the next unit there).  RL_ENOTSUP unless the group is on
+ * the cpu backend and the parameters in host memory; RL_EINVAL for a range
+ * out of order, nothing of it sent.  After any failure the group is left
+ * with rl_wgroup_close(g, 0) (members would read the end as a range
+ * missing). */
+int rl_wgroup_send_begin(rl_wgroup *g, int version, int pieces);
+int rl_wgroup_send_range(rl_wgroup *g, size_t lo, size_t hi);
+int rl_wgroup_send_end(rl_wgroup *g);
 /* Member: the newest version received and not taken yet, or -1 (*version);
  * the group's error once it failed (the first one, then every call). */
 int rl_wgroup_poll(rl_wgroup *g, int *version);

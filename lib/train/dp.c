@@ -241,6 +241,16 @@ rli_zero3_unit_of(const rl_model *m, size_t off)
 	return m->cfg.n_layer + 1;
 }
 
+void
+rli_zero3_unit_span(const rl_model *m, int u, size_t *lo, size_t *hi)
+{
+	size_t r[2][2];
+
+	unit_ranges(m, u, r);
+	*lo = r[0][0];
+	*hi = r[0][1];
+}
+
 /* m->params[lo, hi) from the shards that hold it: each owner copies its
  * part from its master shard and broadcasts it, in rank order (every rank
  * computes the same owners). */

@@ -5,8 +5,9 @@
  * back) at a new run's first step, every --save-minutes and --save-every
  * and at the end, the newest --keep kept, each version also pushed to --sync
  * and the weights group; with ZeRO the AdamW state as one file per rank;
- * with ZeRO-3 and --push-parts a version only published is built unit by
- * unit, each rank its part, the whole model never gathered.
+ * with ZeRO-3 a version only published in parts (--push-parts) or to the
+ * weights group is built unit by unit, each rank its part, rank 0 sending
+ * each unit to the group, the whole model never gathered.
  * Leaves out: the checkpoint format itself (model/ckpt.c).
  */
 #include <dirent.h>
@@ -451,7 +452,28 @@ push_part(trainer *tr)
 typedef struct unit_walk {
 	trainer *tr;
 	int next;               /* the next unit to gather */
+	int send;               /* rank 0: each unit's range to the weights group */
+	int srv;                /* the group's first failure (the walk goes on) */
 } unit_walk;
+
+/* The next unit gathered, the one before given back; on rank 0 with a
+ * weights group, the unit's own range forwarded to the group while it is
+ * in.  A failed send stops the sending, not the walk. */
+static int
+unit_next(unit_walk *w)
+{
+	size_t lo, hi;
+	int rv;
+
+	if ((rv = rli_zero3_unit_only(w->tr, w->next)) != 0)
+		return rv;
+	if (w->send && w->srv == 0) {
+		rli_zero3_unit_span(w->tr->m, w->next, &lo, &hi);
+		w->srv = rl_wgroup_send_range(w->tr->wg, lo, hi);
+	}
+	w->next++;
+	return RL_OK;
+}
 
 /* rl_ckpt_part_files_need's hook: every unit up to tensor i's gathered in
  * turn (the ones before it only so the other ranks get theirs), the last
@@ -462,8 +484,8 @@ walk_to(void *ctx, int i)
 	unit_walk *w = ctx;
 	int u = rli_zero3_unit_of(w->tr->m, w->tr->m->tt.t[i].off), rv;
 
-	for (; w->next <= u; w->next++)
-		if ((rv = rli_zero3_unit_only(w->tr, w->next)) != 0)
+	while (w->next <= u)
+		if ((rv = unit_next(w)) != 0)
 			return rv;
 	return RL_OK;
 }
@@ -491,50 +513,66 @@ shards_finite(trainer *tr)
 	return RL_EINVAL;
 }
 
-/* ZeRO-3 --push-parts, a version published only: this rank's part built
- * unit by unit, never the whole model.  Every rank gathers every unit in
- * table order; the tensors of this rank's part are encoded while their unit
- * is in, and the unit is given back before the next comes.  The units after
- * the part's last tensor are still gathered, also after a failure here, so
- * the collectives stay matched across ranks. */
+/* ZeRO-3, a version published only, to --push-parts and/or the weights
+ * group: built unit by unit, never the whole model.  Every rank gathers
+ * every unit in table order; the tensors of this rank's part are encoded
+ * while their unit is in, rank 0 forwards the unit's range to the group,
+ * and the unit is given back before the next comes.  The units after the
+ * part's last tensor are still gathered, also after a failure here, so the
+ * collectives stay matched across ranks. */
 static int
-push_part_units(trainer *tr)
+publish_units(trainer *tr)
 {
-	unit_walk w = { tr, 0 };
+	const int units = tr->m->cfg.n_layer + 2;
+	unit_walk w = { tr, 0, tr->wg != NULL, RL_OK };
 	rl_wver *v = NULL;
 	double t0 = rl_now(), peak = tr->pres_peak;
-	int rv, r2 = RL_OK, pub = 0;
+	int rv = RL_OK, r2 = RL_OK, pub = 0;
 
 	if ((rv = shards_finite(tr)) != 0)
 		return rv;
 	tr->pres_peak = 0;
-	rv = rl_wver_from_ckpt_part_need(&v, tr->m, (uint64_t)tr->m->version, tr->rank, tr->world, walk_to, &w);
-	for (; w.next <= tr->m->cfg.n_layer + 1 && r2 == 0; w.next++)
-		r2 = rli_zero3_unit_only(tr, w.next);
+	if (w.send && (w.srv = rl_wgroup_send_begin(tr->wg, tr->m->version, units)) != 0)
+		w.send = 0;
+	if (tr->wpc)
+		rv = rl_wver_from_ckpt_part_need(&v, tr->m, (uint64_t)tr->m->version, tr->rank, tr->world, walk_to, &w);
+	while (w.next < units && r2 == 0)
+		r2 = unit_next(&w);
 	rli_zero3_release(tr);
+	if (w.send && w.srv == 0 && r2 == 0)
+		w.srv = rl_wgroup_send_end(tr->wg);
 	tr->pub_pres_peak = RL_MAX(tr->pub_pres_peak, tr->pres_peak);
 	tr->pres_peak = RL_MAX(peak, tr->pres_peak);
-	if ((rv = rv ? rv : r2) == 0)
+	if ((rv = rv ? rv : r2) == 0 && tr->wpc)
 		rv = rl_wsync_push_part(tr->wpc, v, tr->wpart, tr->rank, tr->world, &pub);
-	if (rv != 0) {
+	if (rv != 0 && tr->wpc)
 		rl_error("cannot push part %d of %d of version %d to '%s'", tr->rank, tr->world, tr->m->version,
 		    tr->o->sync_url);
+	/* the group's failure, said by wgroup.c, after the part: that one is whole */
+	if ((rv = rv ? rv : w.srv) != 0) {
 		rl_wver_destroy(v);
 		return rv;
 	}
-	rl_verbose("pushed part %d of %d of version %d (%llu bytes, built unit by unit) in %.2f s%s", tr->rank,
-	    tr->world, tr->m->version, (unsigned long long)rl_wver_total(v), rl_now() - t0,
-	    pub ? ": published" : "");
-	rl_wver_destroy(tr->wpart);
-	tr->wpart = v;
+	if (w.send)
+		rl_verbose("sent version %d to the weights group unit by unit (%d ranges) in %.2f s", tr->m->version,
+		    units, rl_now() - t0);
+	if (tr->wpc) {
+		rl_verbose("pushed part %d of %d of version %d (%llu bytes, built unit by unit) in %.2f s%s", tr->rank,
+		    tr->world, tr->m->version, (unsigned long long)rl_wver_total(v), rl_now() - t0,
+		    pub ? ": published" : "");
+		rl_wver_destroy(tr->wpart);
+		tr->wpart = v;
+	}
 	return RL_OK;
 }
 
 static int save_step(trainer *tr, int full);
 
 /* ZeRO-3: the whole model gathered for the save and the publishing, given
- * back after; a version only published in parts (--push-parts, a step
- * --ckpt-every writes no directory for) is built unit by unit instead. */
+ * back after; a version only published (a step --ckpt-every writes no
+ * directory for) in parts (--push-parts) or to the weights group is built
+ * unit by unit instead (not to rl-sync whole: its version is cut from the
+ * whole model). */
 int
 rli_save_step(trainer *tr)
 {
@@ -545,8 +583,8 @@ rli_save_step(trainer *tr)
 	if ((rv = full_due(tr, &full)) != 0)
 		return rv;
 	/* o->, not tr->wg: every rank takes the same path, rank 0 alone holds the group */
-	if (tr->zp && tr->wpc && !o->wgroup_addr && publish_only(tr, full)) {
-		if ((rv = push_part_units(tr)) != 0)
+	if (tr->zp && publish_only(tr, full) && (o->push_parts || (o->wgroup_addr && !o->sync_url))) {
+		if ((rv = publish_units(tr)) != 0)
 			return rv;
 		tr->last_full = 0;
 		tr->t_pub = rl_now() - t_pub;

@@ -316,6 +316,9 @@ int rli_zero3_gather_all(trainer *tr);
  * walk over the units outside a pass; every rank the same u in turn. */
 int rli_zero3_unit_of(const rl_model *m, size_t off);
 int rli_zero3_unit_only(trainer *tr, int u);
+/* Unit u's own elements [*lo, *hi) of the table (a tied head's embedding is
+ * the embedding unit's): units 0..n_layer+1 in turn cover it in order. */
+void rli_zero3_unit_span(const rl_model *m, int u, size_t *lo, size_t *hi);
 void rli_zero3_release(trainer *tr);
 /* ZeRO-3: waits for the prefetch in flight (before any other collective). */
 int rli_zero3_join(trainer *tr);

@@ -2,15 +2,18 @@
 # The weights broadcast group (lib/sync/wgroup.c; rl-train --weights-group,
 # rl-rollout --weights-group): on-policy through pipes, each version
 # broadcast from the trainer's parameters over the CPU ring, gives bit for bit
-# the weights of the same run through a checkpoint directory; a third rank;
-# a killed trainer, a model of another shape and a rank that never joins
-# fail fast with the cause named; usage errors.  Loopback only.
+# the weights of the same run through a checkpoint directory; with --zero 3
+# on 2 ranks a version only published goes out unit by unit, the worker
+# holding the bytes the gathered path sends, rank 0 below the whole model; a
+# third rank; a killed trainer, a model of another shape and a rank that
+# never joins fail fast with the cause named; usage errors.  Loopback only.
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
 load port_helper
+load sync_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -54,6 +57,90 @@ gen() {
 	python3 -c '
 import json, sys
 assert [json.loads(l)["staleness/max"] for l in open(sys.argv[1])] == [0] * 6' "$TD/m.jsonl"
+}
+
+# z3_run NAME ARGS...: rl-train --zero 3 on 2 ranks (the 8-layer model in
+# $T/big; -v -v: verbose after train_world's -q) with the group, a worker
+# of the group taking its versions beside it; the worker's log in
+# $T/NAME.gen, the trainer's in $T/NAME.err.R, its metrics in
+# $T/NAME.metrics.R
+z3_run() {
+	local name=$1; shift
+	ADDR="127.0.0.1:$(free_port)"
+	rl-rollout -v -m "$T/big/m0" -n 1 --max-tokens 2 --weights-group "$ADDR" --weights-group-rank 1 \
+	    --weights-group-size 2 --weights-timeout 60 -o /dev/null "$TD/p2.jsonl" 2> "$T/$name.gen" 3>&- &
+	local g=$!; PIDS="$PIDS $g"
+	TD="$T/big" train_world 2 "$T/$name" --zero 3 --batch 4 --lr 1e-2 --max-steps 4 --save-every 100 \
+	    --keep 10 -v -v --weights-group "$ADDR" --weights-group-size 2 "$@"
+	wait "$g"
+}
+
+# received NAME: "version xxh64 ranges" of each version the worker received
+received() {
+	sed -n 's/.*weights group: version \([0-9]*\) received, [0-9]* elements in \([0-9]*\) ranges\{0,1\}, xxh64 \([0-9a-f]*\)$/\1 \3 \2/p' \
+	    "$T/$1.gen"
+}
+
+@test "--zero 3 on 2 ranks: a version only published goes to the group unit by unit, the same bytes, below the whole model" {
+	# --ckpt-every 2 over 4 steps: step 3 writes no directory; rank 0 sends
+	# version 3 to the group as one range per unit (embedding, 8 layers, head)
+	# while each is gathered.  The reference is the same run with --ckpt-every
+	# 1, where every version is gathered whole and sent in one broadcast
+	T=$BATS_TEST_TMPDIR
+	export RL_COMM_TIMEOUT=60
+	mkdir -p "$T/big"
+	cat > "$T/big/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":264,"hidden_size":64,"num_hidden_layers":8,"num_attention_heads":4,
+ "num_key_value_heads":2,"intermediate_size":256,"max_position_embeddings":64,"rope_theta":10000,
+ "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
+JSON
+	rl-train -q --init "$T/big/cfg.json" --tokenizer bytes --out "$T/big/m0" --seed 1
+	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$T/s16.jsonl"
+	export TRAIN_WORLD_DATA="$T/s16.jsonl"
+	head -n 2 "$TD/p.jsonl" > "$TD/p2.jsonl"
+	PORT=$(free_port)
+	z3_run whole --ckpt-every 1
+	PORT=$(free_port)
+	z3_run units --ckpt-every 2
+	received whole > "$T/whole.v"
+	received units > "$T/units.v"
+	cat "$T/units.v"
+	# versions 0 to 4, each whole but 3, which came in 10 ranges
+	[ "$(cut -d' ' -f1,3 "$T/units.v" | tr '\n' ,)" = "0 1,1 1,2 1,3 10,4 1," ]
+	[ "$(cut -d' ' -f3 "$T/whole.v" | tr '\n' ,)" = "1,1,1,1,1," ]
+	# what the worker holds of each version: byte for byte (XXH64 of the
+	# staging buffer) what the gathered path sent
+	cmp <(cut -d' ' -f1,2 "$T/whole.v") <(cut -d' ' -f1,2 "$T/units.v")
+	grep -q "sent version 3 to the weights group unit by unit (10 ranges)" "$T/units.err.0"
+	# the checkpoints of the steps with a directory are the same
+	for s in 2 4; do cmp "$T/units/step-0000000$s/model.safetensors" "$T/whole/step-0000000$s/model.safetensors"; done
+	[ ! -e "$T/units/step-00000003" ]
+	# rank 0's parameter memory while version 3 went out (mincore): its shard
+	# (1/2 of the model) and one unit (a layer is 0.12), below the whole model
+	# a gathered send holds beside the shard (1.5); only step 3 went so
+	below_whole() {
+		python3 - "$1" <<'PY'
+import json, sys
+ms = [json.loads(l) for l in open(sys.argv[1])]
+full = ms[0]["memory/weights_mb"]
+got = {m["step"]: m["memory/publish_params_resident_mb"] / full for m in ms if "memory/publish_params_resident_mb" in m}
+print(got)
+assert list(got) == [3], got
+assert 0.5 < got[3] < 0.75, got
+PY
+	}
+	below_whole "$T/units.metrics.0"
+	# with --push-parts as well: one walk over the units builds each rank's
+	# part for rl-sync and sends the group its ranges
+	URL=tcp://127.0.0.1:$(free_port)
+	serve
+	PORT=$(free_port)
+	z3_run both --ckpt-every 2 --push-parts --sync "$URL"
+	rl-sync status "$URL" --json | jq -e '.latest == 4 and .versions_from_parts == 4 and .parts_refused == 0'
+	received both > "$T/both.v"
+	cmp "$T/units.v" "$T/both.v"
+	below_whole "$T/both.metrics.0"
+	kill "$SPID"; wait "$SPID" 2>/dev/null || true
 }
 
 @test "a third rank: a second worker gets the versions too and leaves when the trainer ends the group" {
