@@ -797,6 +797,13 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 				rv = st == NULL ? RL_ENOENT : RL_ESHAPE;
 				goto out;
 			}
+			if (k == 2 && m->part_set != NULL) {
+				/* rl_model_open_part: the master weights are read a range at a
+				 * time by rl_model_load_range, from here */
+				if (m->part_master == NULL)
+					m->part_master = rl_xstrdup(p);
+				continue;
+			}
 			rl_st_to_f32(buf, st, 0, t->n);
 			if (t->flags & RL_T_TRANSPOSE) { /* file layout (in, out) -> ours */
 				float *tr = rl_try_malloc(t->n * sizeof(float), "optimizer transpose");

@@ -98,8 +98,9 @@ int rl_ckpt_leftovers_has(const rl_ckpt_leftovers *l, const char *dir);
 void rl_ckpt_leftovers_fini(rl_ckpt_leftovers *l);  /* NULL ok */
 
 /* Loads optimizer.safetensors from DIR into m (m->m, m->v, m->step and the
- * f32 master weights when present), after rl_model_train_reserve.  RL_ENOENT
- * when DIR has none. */
+ * f32 master weights when present; a model of rl_model_open_part keeps the
+ * file's path for rl_model_load_range instead), after rl_model_train_reserve.
+ * RL_ENOENT when DIR has none. */
 int rl_ckpt_load_optimizer(rl_model *m, const char *dir);
 
 /* rl_ckpt_weight_files: the files a weights-only ROOT/step-N directory would

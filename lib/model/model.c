@@ -257,10 +257,10 @@ check_backend(rl_model *m, const char *dir)
 	return RL_OK;
 }
 
-/* A model of cfg with zeroed weights; with set (loading dir), its tensors are checked
- * against the files' headers first (check_files). */
+/* A model of cfg with zeroed weights (part: not written, rl_model_open_part); with set
+ * (loading dir), its tensors are checked against the files' headers first (check_files). */
 static int
-model_new(rl_model **out, const rl_config *cfg, rl_ops *ops, const rl_st_set *set, const char *dir)
+model_new(rl_model **out, const rl_config *cfg, rl_ops *ops, const rl_st_set *set, const char *dir, int part)
 {
 	rl_model *m;
 	size_t bytes = 0;
@@ -280,7 +280,9 @@ model_new(rl_model **out, const rl_config *cfg, rl_ops *ops, const rl_st_set *se
 	if ((rv = rl_mul_size(&bytes, m->tt.total, sizeof(float))) != 0 ||
 	    (rv = ops->alloc(ops, (void **)&m->params, bytes)) != 0)
 		goto fail;
-	ops->zero(ops, m->params, bytes);
+	/* part: each rank writes its own range later; the rest stays untouched */
+	if (!part || ops->act_dtype != RL_F32)
+		ops->zero(ops, m->params, bytes);
 	if (ops->act_dtype == RL_F32) {
 		m->w = m->params;
 	} else {
@@ -370,6 +372,8 @@ rl_model_close(rl_model *m)
 	free(m->layer);
 	free(m->gw1);
 	free(m->src_dir);
+	rl_st_set_close(m->part_set);
+	free(m->part_master);
 	rl_config_fini(&m->cfg);
 	free(m);
 }
@@ -464,7 +468,7 @@ rl_model_init_random(rl_model **out, const rl_config *cfg, rl_ops *ops, uint64_t
 	int rv;
 
 	*out = NULL;
-	if ((rv = rl_config_check(cfg, "config")) != 0 || (rv = model_new(&m, cfg, ops, NULL, NULL)) != 0)
+	if ((rv = rl_config_check(cfg, "config")) != 0 || (rv = model_new(&m, cfg, ops, NULL, NULL, 0)) != 0)
 		return rv;
 	for (int i = 0; i < m->tt.n; i++)
 		maxn = RL_MAX(maxn, m->tt.t[i].n);
@@ -508,7 +512,9 @@ out:
 
 /* ---- value head ---------------------------------------------------------------------- */
 
-/* Moves buffer *p of old_n elements of esz bytes into a new zeroed one of new_n. */
+/* Moves buffer *p of old_n elements of esz bytes into a new zeroed one of new_n (a
+ * model still to be read by rl_model_load_range: only the new elements zeroed, its
+ * pages untouched). */
 static int
 grow_buf(rl_model *m, void **p, size_t old_n, size_t new_n, size_t esz)
 {
@@ -518,8 +524,13 @@ grow_buf(rl_model *m, void **p, size_t old_n, size_t new_n, size_t esz)
 
 	if ((rv = o->alloc(o, &np, new_n * esz)) != 0)
 		return rv;
-	o->zero(o, np, new_n * esz);
-	o->copy(o, np, *p, old_n * esz);
+	if (m->part_set != NULL) {
+		/* nothing read yet (rl_model_open_part): only the new elements are defined */
+		o->zero(o, (char *)np + old_n * esz, (new_n - old_n) * esz);
+	} else {
+		o->zero(o, np, new_n * esz);
+		o->copy(o, np, *p, old_n * esz);
+	}
 	o->free(o, *p);
 	*p = np;
 	return check_ops(m, "value head");
@@ -769,18 +780,24 @@ rl_model_score_index(const rl_config *c, const int32_t *tok, int n)
 	return 0;
 }
 
-static int open_dir(rl_model **out, const char *dir, rl_ops *ops, int as_rm, uint64_t seed);
+static int open_dir(rl_model **out, const char *dir, rl_ops *ops, int as_rm, uint64_t seed, int part);
 
 int
 rl_model_open(rl_model **out, const char *dir, rl_ops *ops)
 {
-	return open_dir(out, dir, ops, 0, 0);
+	return open_dir(out, dir, ops, 0, 0, 0);
 }
 
 int
 rl_model_open_rm(rl_model **out, const char *dir, rl_ops *ops, uint64_t seed)
 {
-	return open_dir(out, dir, ops, 1, seed);
+	return open_dir(out, dir, ops, 1, seed, 0);
+}
+
+int
+rl_model_open_part(rl_model **out, const char *dir, rl_ops *ops, int as_rm, uint64_t seed)
+{
+	return open_dir(out, dir, ops, as_rm, seed, 1);
 }
 
 /* A new score head, as transformers' _init_weights makes score when a
@@ -823,7 +840,7 @@ new_score(rl_model *m, const char *dir, uint64_t seed)
 }
 
 static int
-open_dir(rl_model **out, const char *dir, rl_ops *ops, int as_rm, uint64_t seed)
+open_dir(rl_model **out, const char *dir, rl_ops *ops, int as_rm, uint64_t seed, int part)
 {
 	rl_config cfg = { 0 };
 	rl_model *m = NULL;
@@ -851,9 +868,19 @@ open_dir(rl_model **out, const char *dir, rl_ops *ops, int as_rm, uint64_t seed)
 			cfg.pad_id = cfg.eos_id;
 		was_lm = 1;
 	}
-	if ((rv = model_new(&m, &cfg, ops, set, dir)) != 0)
+	if ((rv = model_new(&m, &cfg, ops, set, dir, part)) != 0)
 		goto out;
 	m->src_dir = rl_xstrdup(dir);
+	if (part) {
+		/* checked, not read: rl_model_load_range reads a range of it */
+		m->part_set = set;
+		used = m->tt.n;
+		if ((buf = rl_try_malloc(((size_t)m->cfg.hidden_size + 1) * sizeof(float), "the score head")) == NULL) {
+			rv = RL_ENOMEM;
+			goto out;
+		}
+		goto heads;
+	}
 	for (int i = 0; i < m->tt.n; i++)
 		if (m->tt.t[i].n > maxn) {
 			maxn = m->tt.t[i].n;
@@ -885,6 +912,7 @@ open_dir(rl_model **out, const char *dir, rl_ops *ops, int as_rm, uint64_t seed)
 	}
 	if (m->cfg.tie_embeddings && (rv = check_tied_head(m, set, buf)) != 0)
 		goto out;
+heads:
 	if (m->cfg.seq_cls && !was_lm && (rv = load_score(m, set, dir, buf)) != 0)
 		goto out;
 	if (was_lm && (rv = new_score(m, dir, seed)) != 0)
@@ -911,16 +939,172 @@ open_dir(rl_model **out, const char *dir, rl_ops *ops, int as_rm, uint64_t seed)
 	if (unknown != NULL)
 		rl_warn("'%s': tensor '%s' (and maybe others) is not part of a %s model; ignored", dir,
 		    unknown, m->cfg.model_type);
-	rl_verbose("loaded '%s': %s, %zu parameters from %d tensors", dir, m->cfg.model_type,
-	    rl_model_nparams(m), used);
+	rl_verbose("%s '%s': %s, %zu parameters from %d tensors", part ? "checked" : "loaded", dir,
+	    m->cfg.model_type, rl_model_nparams(m), used);
 	*out = m;
 	m = NULL;
+	if (part)
+		set = NULL; /* the model's now */
 out:
+	if (m != NULL && m->part_set == set)
+		m->part_set = NULL;
 	free(buf);
 	free(path);
 	rl_st_set_close(set);
 	rl_config_fini(&cfg);
 	rl_model_close(m);
+	return rv;
+}
+
+/* ---- a range of the table (rl_model_open_part, rl_model_load_range) ------------------- */
+
+/* Where table tensor i is read from: the f32 master weights of a checkpoint's
+ * optimizer state when rl_ckpt_load_optimizer found them there (the files'
+ * layout, as model.safetensors), else the model's files (present, with the
+ * shape and dtype config.json implies: check_files at the open). */
+static int
+part_source(const rl_model *m, const rl_st_file *mf, int i, const rl_st_tensor **st, const char **file)
+{
+	const rl_tensor *t = &m->tt.t[i];
+	char key[RL_TT_NAME + 16];
+
+	if (mf != NULL) {
+		snprintf(key, sizeof key, "%s.master", t->name);
+		if ((*st = rl_st_find(mf, key)) != NULL) {
+			*file = m->part_master;
+			if ((*st)->nelem == t->n && (*st)->dtype == RL_F32)
+				return RL_OK;
+			rl_error("'%s': tensor '%s' has the wrong shape or dtype", *file, key);
+			return RL_ESHAPE;
+		}
+	}
+	*st = find_tensor(m->part_set, t->name, file);
+	return RL_OK;
+}
+
+/* Elements [a, b) of tensor i (the table's layout) from st into dst.  A
+ * transposed tensor (GPT-2's Conv1D, stored [in, out]) is converted whole
+ * into a buffer of its own first: only m->params' range is written. */
+static int
+part_read(const rl_model *m, int i, const rl_st_tensor *st, size_t a, size_t b, float *dst)
+{
+	const rl_tensor *t = &m->tt.t[i];
+	size_t S0 = (size_t)t->shape[0], S1 = (size_t)t->shape[1];
+	float *w;
+	int rv;
+
+	if (!(t->flags & RL_T_TRANSPOSE))
+		return rl_st_to_f32(dst, st, a, b - a);
+	if ((w = rl_try_malloc(t->n * sizeof *w, t->name)) == NULL)
+		return RL_ENOMEM;
+	/* table element k = (c, r) of [S0, S1] is the file's (r, c) of [S1, S0] */
+	if ((rv = rl_st_to_f32(w, st, 0, t->n)) == 0)
+		for (size_t k = a; k < b; k++)
+			dst[k - a] = w[(k % S1) * S0 + k / S1];
+	free(w);
+	return rv;
+}
+
+/* rl_check_finite over elements [first, first + n) of a tensor. */
+static int
+part_finite(const float *x, size_t n, size_t first, const char *file, const char *name)
+{
+	size_t bad = 0, at = 0;
+
+	for (size_t k = 0; k < n; k++)
+		if (!isfinite(x[k]) && bad++ == 0)
+			at = k;
+	if (bad == 0)
+		return RL_OK;
+	rl_error("'%s': tensor '%s' has %zu non-finite values among its elements [%zu, %zu) (the first, element "
+	    "%zu, is %g)", file, name, bad, first, first + n, first + at, (double)x[at]);
+	rl_hint("a diverged or damaged checkpoint; generate from an earlier step");
+	return RL_EFORMAT;
+}
+
+/* check_tied_head over the embedding's elements in [lo, hi): the files'
+ * lm_head.weight against the files' embedding, converted alike, a chunk at
+ * a time. */
+static int
+part_tied(rl_model *m, size_t lo, size_t hi)
+{
+	enum { CH = 1 << 14 };
+	const char *file, *wfile;
+	const rl_st_tensor *st = rl_st_set_find(m->part_set, "lm_head.weight", &file), *wt;
+	const rl_tensor *t = &m->tt.t[m->wte];
+	size_t a = RL_MAX(lo, t->off), b = RL_MIN(hi, t->off + t->n);
+	float *x;
+	int rv = RL_OK;
+
+	if (st == NULL)
+		return RL_OK;
+	wt = find_tensor(m->part_set, t->name, &wfile);
+	if ((x = rl_try_malloc(2 * CH * sizeof *x, "tied head check")) == NULL)
+		return RL_ENOMEM;
+	if (st->nelem != t->n)
+		rv = RL_EFORMAT;
+	for (size_t k = a; rv == 0 && k < b; k += CH) {
+		size_t c = RL_MIN((size_t)CH, b - k);
+		if (rl_st_to_f32(x, st, k - t->off, c) != 0 || rl_st_to_f32(x + CH, wt, k - t->off, c) != 0 ||
+		    memcmp(x, x + CH, c * sizeof *x) != 0)
+			rv = RL_EFORMAT;
+	}
+	free(x);
+	if (rv == 0)
+		return RL_OK;
+	rl_error("'%s': tensor 'lm_head.weight' differs from the embedding but "
+	    "tie_word_embeddings is true", file);
+	rl_hint("set \"tie_word_embeddings\": false in config.json to load a separate head");
+	return rv;
+}
+
+int
+rl_model_load_range(rl_model *m, size_t lo, size_t hi)
+{
+	size_t end = m->vh_w >= 0 ? m->tt.t[m->vh_w].off : m->tt.total;
+	rl_st_file *mf = NULL;
+	int rv = RL_OK;
+
+	if (m->part_set == NULL) {
+		rl_error("load range: the model was not opened with rl_model_open_part, or was read already");
+		return RL_EINVAL;
+	}
+	hi = RL_MIN(hi, m->tt.total);
+	lo = RL_MIN(lo, hi);
+	if (m->part_master != NULL && (rv = rl_st_open(&mf, m->part_master)) != 0)
+		goto out;
+	/* the padding between tensors too; the value head was set at the open */
+	if (lo < RL_MIN(hi, end))
+		m->ops->zero(m->ops, m->params + lo, (RL_MIN(hi, end) - lo) * sizeof(float));
+	for (int i = 0; rv == 0 && i < m->tt.n; i++) {
+		const rl_tensor *t = &m->tt.t[i];
+		const rl_st_tensor *st = NULL;
+		const char *file = NULL;
+		size_t a = RL_MAX(lo, t->off), b = RL_MIN(hi, t->off + t->n);
+		if (i == m->vh_w || i == m->vh_b || a >= b)
+			continue;
+		if ((rv = part_source(m, mf, i, &st, &file)) != 0)
+			break;
+		if ((rv = part_read(m, i, st, a - t->off, b - t->off, m->params + a)) != 0) {
+			if (rv != RL_ENOMEM)
+				rl_error("'%s': tensor '%s' has dtype %s, not a float type", file, st->name,
+				    rl_dtype_name(st->dtype));
+			break;
+		}
+		rv = part_finite(m->params + a, b - a, a - t->off, file, st->name);
+	}
+	if (rv == 0 && m->cfg.tie_embeddings)
+		rv = part_tied(m, lo, hi);
+	if (rv == 0 && m->w != m->params && hi > lo)
+		m->ops->cast(m->ops, (char *)m->w + lo * asz(m), m->ops->act_dtype, m->params + lo, RL_F32, hi - lo);
+	if (rv == 0)
+		rv = check_ops(m, "upload");
+out:
+	rl_st_close(mf);
+	rl_st_set_close(m->part_set);
+	m->part_set = NULL;
+	free(m->part_master);
+	m->part_master = NULL;
 	return rv;
 }
 

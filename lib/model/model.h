@@ -135,6 +135,12 @@ struct rl_model {
 	 * inputs), about a third more compute, and the per-layer activations
 	 * shrink from L x ~(6C + QKV + FC + H) to ~C + one layer's worth per token. */
 	int recompute;
+	/* rl_model_open_part: the files whose tensors rl_model_load_range has
+	 * still to read (NULL once read, and for every other open), and the
+	 * f32 master weights a checkpoint's optimizer.safetensors holds in their
+	 * place (rl_ckpt_load_optimizer sets it; NULL: the model files). */
+	struct rl_st_set *part_set;
+	char *part_master;
 };
 
 /* ---- life cycle ------------------------------------------------------------ */
@@ -158,6 +164,21 @@ int rl_model_open(rl_model **out, const char *dir, rl_ops *ops);
  * DIR/value_head.safetensors where there is one.  Either way m->val of a
  * forward is the score of each position. */
 int rl_model_open_rm(rl_model **out, const char *dir, rl_ops *ops, uint64_t seed);
+/* rl_model_open (as_rm: rl_model_open_rm with seed) with every check of the
+ * files' headers against config.json made, the parameters allocated but no
+ * tensor read and no page of m->params written (the value or score head
+ * excepted): a ZeRO-3 rank then reads only its shard with
+ * rl_model_load_range.  Until then m->params holds nothing defined. */
+int rl_model_open_part(rl_model **out, const char *dir, rl_ops *ops, int as_rm, uint64_t seed);
+/* The elements [lo, hi) of the flat table (m->tt) from the files
+ * rl_model_open_part checked (or the master weights rl_ckpt_load_optimizer
+ * found), converted to f32 as rl_model_open converts them, the padding
+ * between tensors zeroed; only m->params[lo, hi) is written.  Each element
+ * read is checked finite, and a tied lm_head.weight in the files against
+ * the embedding's elements in the range.  The files are closed after, on
+ * success or not.  Errors as rl_model_open's, naming file and tensor
+ * (RL_EFORMAT for non-finite values).  CPU backend (host m->params). */
+int rl_model_load_range(rl_model *m, size_t lo, size_t hi);
 /* The position a reward model reads the score of a sequence tok[0..n) at, as
  * transformers' ...ForSequenceClassification does: the last token that is
  * not c->pad_id (pad_token_id; rl_model_open_rm sets it to the EOS id for a

@@ -274,8 +274,9 @@ gather_range(trainer *tr, size_t lo, size_t hi)
 	return RL_OK;
 }
 
-void
-rli_dp_params_resident(trainer *tr)
+/* The bytes of m->params and of the master shard resident now. */
+static double
+params_resident(trainer *tr)
 {
 	double b = 0;
 
@@ -284,7 +285,13 @@ rli_dp_params_resident(trainer *tr)
 		if (tr->zp)
 			b += resident_bytes(tr->zp, (tr->zhi - tr->zlo) * sizeof(float));
 	}
-	tr->pres_peak = RL_MAX(tr->pres_peak, b);
+	return b;
+}
+
+void
+rli_dp_params_resident(trainer *tr)
+{
+	tr->pres_peak = RL_MAX(tr->pres_peak, params_resident(tr));
 }
 
 /* The unit's ranges of m->params from the shards. */
@@ -596,6 +603,33 @@ rli_zero_full_alloc(trainer *tr)
 	return o->status(o);
 }
 
+/* ZeRO-3: the shard's master weights moved from m->params into zp a chunk
+ * at a time, each chunk's pages of m->params given back once copied (chunk
+ * ends on page boundaries, so no page still to copy is cleared), so that the
+ * shard is not held twice; the resident parameters sampled for
+ * memory/load_params_resident_mb after the load (rli_dp_start) and here,
+ * after the first chunk (the peak: the rest of the shard in m->params and
+ * the chunk in zp) and after the last. */
+static int
+adopt_shard(trainer *tr)
+{
+	const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), chunk = (uintptr_t)256 << 10;
+	float *src = tr->m->params + tr->zlo;
+	size_t n = tr->zhi - tr->zlo, k = 0;
+
+	while (k < n) {
+		uintptr_t e = ((uintptr_t)(src + k) + chunk) / pg * pg;
+		size_t c = RL_MIN(n - k, (size_t)(e - (uintptr_t)(src + k)) / sizeof(float));
+		tr->ops->copy(tr->ops, tr->zp + k, src + k, c * sizeof(float));
+		if (k == 0)
+			tr->load_pres = RL_MAX(tr->load_pres, params_resident(tr));
+		release_host(src + k, c);
+		k += c;
+	}
+	tr->load_pres = RL_MAX(tr->load_pres, params_resident(tr));
+	return tr->ops->status(tr->ops);
+}
+
 /* Every rank keeps the AdamW moments of its shard [zlo, zhi) of the flat
  * parameter space (rl_comm_shard), never the full ones (m->no_adam_state):
  * on --resume its range of the saved state (read from the shards, or cut
@@ -635,9 +669,8 @@ zero_open(trainer *tr)
 	}
 	if (tr->o->zero == 3) {
 		/* the shard's master weights; m->params only as the passes' scratch */
-		if ((rv = o->alloc(o, (void **)&tr->zp, bytes)) != 0)
+		if ((rv = o->alloc(o, (void **)&tr->zp, bytes)) != 0 || (rv = adopt_shard(tr)) != 0)
 			return rv;
-		o->copy(o, tr->zp, m->params + tr->zlo, n * sizeof(float));
 		huge_pages(m->params, m->tt.total);
 		release_host(m->params, m->tt.total);
 		tr->z3_unit = tr->z3_pf = -1;
@@ -885,14 +918,47 @@ out:
 	return rv;
 }
 
+/* ZeRO-3 (rl_model_open_part): this rank's shard of the table read from the
+ * files, no other page of m->params written; the outcome agreed by every
+ * rank (a sum of failures), so that a rank whose range holds a bad tensor
+ * stops all of them, each with an error, none left waiting in a
+ * collective. */
+static int
+load_shard(trainer *tr)
+{
+	size_t lo, hi;
+	double bad;
+	int rv, r2;
+
+	rl_comm_shard(tr->comm, tr->m->tt.total, tr->rank, &lo, &hi);
+	rv = rl_model_load_range(tr->m, lo, hi);
+	bad = rv != 0;
+	if ((r2 = rl_comm_host_allreduce_f64(tr->comm, &bad, 1)) != 0)
+		return r2;
+	if (bad == 0) {
+		tr->load_pres = params_resident(tr);
+		rl_verbose("read elements [%zu, %zu) of %zu of the model (this rank's shard)", lo, hi, tr->m->tt.total);
+		return RL_OK;
+	}
+	if (rv == 0)
+		rl_error("rank %d: %.0f other rank%s could not read %s shard of the model (said above)", tr->rank, bad,
+		    bad > 1 ? "s" : "", bad > 1 ? "their" : "its");
+	return rv ? rv : RL_EFORMAT;
+}
+
 int
 rli_dp_start(trainer *tr)
 {
 	size_t nb = tr->m->tt.total * sizeof(float), nob = (tr->m->tt.total - tr->m->goff) * sizeof(float);
 	int rv, st = tr->m->step, *steps;
 
-	/* one starting point: rank 0's weights (and optimizer state on --resume) */
-	if ((rv = rl_comm_broadcast(tr->comm, tr->m->params, nb, 0)) != 0 ||
+	/* one starting point: rank 0's weights (and optimizer state on --resume);
+	 * ZeRO-3: each rank's shard read from the files by itself */
+	if (tr->m->part_set != NULL)
+		rv = load_shard(tr);
+	else
+		rv = rl_comm_broadcast(tr->comm, tr->m->params, nb, 0);
+	if (rv != 0 ||
 	    (tr->resumed && tr->m->m && ((rv = rl_comm_broadcast(tr->comm, tr->m->m, nob, 0)) != 0 ||
 	    (rv = rl_comm_broadcast(tr->comm, tr->m->v, nob, 0)) != 0)))
 		return rv;

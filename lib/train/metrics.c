@@ -197,6 +197,10 @@ memory_metrics(cJSON *j, trainer *tr, int step)
 	if (tr->pres_peak > 0)
 		metric(j, tr, step, "memory/params_resident_mb", tr->pres_peak / (1 << 20));
 	tr->pres_peak = 0;
+	/* the same at the load, ZeRO-3 (dp.c): on the first step's line */
+	if (tr->load_pres > 0)
+		metric(j, tr, step, "memory/load_params_resident_mb", tr->load_pres / (1 << 20));
+	tr->load_pres = 0;
 	/* the same while a version was built in parts unit by unit (save.c) */
 	if (tr->pub_pres_peak > 0)
 		metric(j, tr, step, "memory/publish_params_resident_mb", tr->pub_pres_peak / (1 << 20));

@@ -254,9 +254,14 @@ open_policy(trainer *tr, const char *dir, int resumed)
 
 	if (o->lora_rank > 0)
 		return open_lora(tr, resumed ? dir : NULL);
-	if (o->algo == RL_ALGO_RM)
+	if (tr->world > 1 && o->zero == 3)
+		/* ZeRO-3: checked here, each rank reads its shard in rli_dp_start */
+		rv = rl_model_open_part(&tr->m, dir, tr->ops, o->algo == RL_ALGO_RM, o->seed);
+	else if (o->algo == RL_ALGO_RM)
 		return rl_model_open_rm(&tr->m, dir, tr->ops, o->seed);
-	if ((rv = rl_model_open(&tr->m, dir, tr->ops)) != 0)
+	else
+		rv = rl_model_open(&tr->m, dir, tr->ops);
+	if (rv != 0 || o->algo == RL_ALGO_RM)
 		return rv;
 	if (tr->m->cfg.seq_cls) {
 		rl_error("'%s' is a reward model (%s has no language-model head): --algo %s trains a policy",

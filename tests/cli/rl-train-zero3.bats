@@ -156,6 +156,16 @@ for f, n in zip(sys.argv[2:], (2, 4)):
         r = json.loads(l)["memory/params_resident_mb"] / full
         print(f, n, round(r, 3))
         assert 1.0 / n < r < 1.0 / n + 0.3, (f, n, r)
+# the load: each rank read its shard only, then moved it into its master
+# shard 256 KiB at a time (0.13 of this table); reading the whole model
+# and keeping the shard held 1 + 1/N of it (1.50 and 1.25 measured)
+assert "memory/load_params_resident_mb" not in z2[0], z2[0]
+for f, n in zip(sys.argv[2:], (2, 4)):
+    ms = [json.loads(l) for l in open(f)]
+    r = ms[0]["memory/load_params_resident_mb"] / full
+    print(f, n, "load", round(r, 3))
+    assert 1.0 / n <= r < 1.0 / n + 0.2, (f, n, r)
+    assert all("memory/load_params_resident_mb" not in m for m in ms[1:]), ms[1]
 PY
 	# rl-train --plan's ZeRO-3 weights (the shard plus two layers) are what
 	# was measured, within the partial pages at the units' ends (2.5% here)
@@ -180,6 +190,52 @@ for l in open(sys.argv[1]):
     r = json.loads(l)["memory/params_resident_mb"] / full
     assert 1.4 < r < 1.6, r
 PY
+}
+
+@test "ZeRO-3 load: a non-finite weight in rank 1's shard stops both ranks, each saying why" {
+	mkdir -p "$TD/nan"
+	cp -r "$TD/big/m0" "$TD/nan/m0"
+	# element 5 of the last layer's down_proj (rank 1's half of the table) NaN
+	python3 - "$TD/nan/m0/model.safetensors" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+t = json.loads(b[8:8 + n])["model.layers.7.mlp.down_proj.weight"]
+assert t["dtype"] == "F32", t
+at = 8 + n + t["data_offsets"][0] + 5 * 4
+b[at:at + 4] = struct.pack("<f", float("nan"))
+open(sys.argv[1], "wb").write(b)
+PY
+	SECONDS=0
+	TRAIN_WORLD_DATA="$TD/s.jsonl" TD="$TD/nan" run -1 train_world 2 "$TD/nz" --zero 3 --batch 4 --max-steps 1
+	[ "$SECONDS" -lt 30 ]
+	grep -q "model.layers.7.mlp.down_proj.weight' has 1 non-finite values among its elements .* (the first, element 5, is nan)" "$TD/nz.err.1"
+	grep -q "rank 0: 1 other rank could not read its shard of the model" "$TD/nz.err.0"
+	[ ! -e "$TD/nz/latest" ]
+}
+
+@test "ZeRO-3 load from a bf16 checkpoint: the f32 master weights, read per shard; resumed = ZeRO-2 resumed, bitwise" {
+	mkdir -p "$TD/bf"
+	sed 's/"float32"/"bfloat16"/' "$TD/cfg.json" > "$TD/bf/cfg.json"
+	rl-train -q --init "$TD/bf/cfg.json" --tokenizer bytes --out "$TD/bf/m0" --seed 1
+	args=(--batch 4 --lr 1e-2)
+	for z in 2 3; do
+		PORT=$(free_port)
+		TRAIN_WORLD_DATA="$TD/s.jsonl" TD="$TD/bf" train_world 2 "$TD/bz$z" --zero $z --max-steps 2 "${args[@]}"
+		PORT=$(free_port)
+		TRAIN_WORLD_DATA="$TD/s.jsonl" TD="$TD/bf" train_world 2 "$TD/bz$z" --zero $z --max-steps 3 --resume "${args[@]}"
+		[ "$(readlink "$TD/bz$z/latest")" = step-00000003 ]
+	done
+	python3 - "$TD/bz3/step-00000002/optimizer.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+assert [k for k in h if k.endswith(".master")], sorted(h)
+PY
+	cmp "$TD/bz3/step-00000003/model.safetensors" "$TD/bz2/step-00000003/model.safetensors"
+	python3 tests/fixtures/parallel/opt_gather.py "$TD/bz3/step-00000003" "$TD/bz3.opt"
+	python3 tests/fixtures/parallel/opt_gather.py "$TD/bz2/step-00000003" "$TD/bz2.opt"
+	cmp "$TD/bz3.opt" "$TD/bz2.opt"
 }
 
 @test "ZeRO-3 checkpoint: 2 ranks -> 1 rank without ZeRO = 3 steps of 1 rank" {
