@@ -187,14 +187,20 @@ index_json(const rl_model *m, int nhf, int dtype)
 }
 
 /* Writes the tensors idx[0..n) (file names e[], dtypes set here to f32) as path;
- * with opt, their AdamW moments ("<name>.exp_avg", ".exp_avg_sq") instead. */
+ * with opt, their AdamW moments ("<name>.exp_avg", ".exp_avg_sq") instead; from
+ * (optional): the need hook to call. */
 static int
 write_sel(rl_model *m, const char *path, const int *idx, int n, int opt, rl_st_entry *e,
-    char (*names)[RL_TT_NAME + 16], float *buf, const char *step)
+    char (*names)[RL_TT_NAME + 16], float *buf, const char *step, const fill_ctx *from)
 {
 	static const char *const sfx[2] = { "exp_avg", "exp_avg_sq" };
 	const char *meta[] = { "format", "pt", "step", step };
 	fill_ctx fc = { .m = m, .buf = buf, .dtype = RL_F32, .opt = opt ? 2 : 0, .idx = idx };
+
+	if (from != NULL) {
+		fc.need = from->need;
+		fc.need_ctx = from->need_ctx;
+	}
 	int ne = opt ? 2 * n : n;
 
 	for (int k = 0; k < ne; k++) {
@@ -263,17 +269,17 @@ write_lora_dir(rl_model *m, const char *tmp, int with_optimizer, float *buf)
 		goto out;
 	free(p);
 	p = join(tmp, RL_LORA_WEIGHTS_FILE);
-	if ((rv = write_sel(m, p, ia, na, 0, e, names, buf, NULL)) != 0)
+	if ((rv = write_sel(m, p, ia, na, 0, e, names, buf, NULL, NULL)) != 0)
 		goto out;
 	free(p);
 	p = join(tmp, RL_VALUE_HEAD_FILE);
-	if (nv > 0 && (rv = write_sel(m, p, iv, nv, 0, e, names, buf, NULL)) != 0)
+	if (nv > 0 && (rv = write_sel(m, p, iv, nv, 0, e, names, buf, NULL, NULL)) != 0)
 		goto out;
 	if (with_optimizer && m->m != NULL) {
 		char st[64];
 		free(p);
 		p = join(tmp, "optimizer.safetensors");
-		if ((rv = write_sel(m, p, it, na + nv, 1, e, names, buf, stepbuf)) != 0)
+		if ((rv = write_sel(m, p, it, na + nv, 1, e, names, buf, stepbuf, NULL)) != 0)
 			goto out;
 		free(p);
 		p = join(tmp, "trainer_state.json");
@@ -293,12 +299,22 @@ out:
 	return rv;
 }
 
-static int write_dir(rl_model *m, const char *tmp, int with_optimizer, const rl_ckpt_shards *sh);
+/* How a directory is written: with sh, optimizer.safetensors as the index of
+ * per-shard files; need (optional) called before each tensor is read from
+ * the parameters (rl_ckpt_save_need). */
+typedef struct save_how {
+	const rl_ckpt_shards *sh;
+	rl_ckpt_need_fn need;
+	void *need_ctx;
+} save_how;
+
+static int write_dir(rl_model *m, const char *tmp, int with_optimizer, const save_how *how);
 
 int
 rli_ckpt_write_dir(rl_model *m, const char *tmp, int with_optimizer)
 {
-	return write_dir(m, tmp, with_optimizer, NULL);
+	save_how how = { 0 };
+	return write_dir(m, tmp, with_optimizer, &how);
 }
 
 /* The index of a sharded optimizer state: the f32 master weights when
@@ -337,10 +353,11 @@ write_opt_index(rl_model *m, const char *path, const rl_ckpt_shards *sh, rl_st_e
 }
 
 static int
-write_dir(rl_model *m, const char *tmp, int with_optimizer, const rl_ckpt_shards *sh)
+write_dir(rl_model *m, const char *tmp, int with_optimizer, const save_how *how)
 {
+	const rl_ckpt_shards *sh = how->sh;
 	rl_st_entry *e = NULL;
-	fill_ctx fc = { .m = m, .dtype = m->cfg.dtype };
+	fill_ctx fc = { .m = m, .dtype = m->cfg.dtype, .need = how->need, .need_ctx = how->need_ctx };
 	char *p = NULL, *js = NULL, stepbuf[32];
 	size_t maxn = 0;
 	int rv, n = m->tt.n, nhf = 0, wdtype;
@@ -383,7 +400,7 @@ write_dir(rl_model *m, const char *tmp, int with_optimizer, const rl_ckpt_shards
 		char (*nm)[RL_TT_NAME + 16] = NULL;
 		free(p);
 		p = join(tmp, RL_VALUE_HEAD_FILE);
-		if ((rv = write_sel(m, p, iv, 2, 0, e, nm, fc.buf, NULL)) != 0)
+		if ((rv = write_sel(m, p, iv, 2, 0, e, nm, fc.buf, NULL, &fc)) != 0)
 			goto out;
 	}
 	if (sh != NULL) {
@@ -451,7 +468,7 @@ out:
 
 /* Writes dir atomically through tmp (a sibling), then syncs the parent. */
 static int
-save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer, const rl_ckpt_shards *sh)
+save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer, const save_how *how)
 {
 	struct stat st;
 	char *parent;
@@ -466,7 +483,7 @@ save_atomic(rl_model *m, const char *dir, const char *tmp, int with_optimizer, c
 		rl_error("cannot create '%s': %s", tmp, strerror(errno));
 		return RL_EIO;
 	}
-	if ((rv = write_dir(m, tmp, with_optimizer, sh)) != 0)
+	if ((rv = write_dir(m, tmp, with_optimizer, how)) != 0)
 		goto fail;
 	if (rename(tmp, dir) != 0) {
 		rl_error("cannot rename '%s' to '%s': %s", tmp, dir, strerror(errno));
@@ -493,33 +510,44 @@ rl_model_save(rl_model *m, const char *dir)
 	while (strlen(d) > 1 && d[strlen(d) - 1] == '/')
 		d[strlen(d) - 1] = 0;
 	snprintf(tmp, n, "%s.tmp.%ld", d, (long)getpid());
-	rv = save_atomic(m, d, tmp, 0, NULL);
+	save_how how = { 0 };
+	rv = save_atomic(m, d, tmp, 0, &how);
 	free(tmp);
 	free(d);
 	return rv;
 }
 
-static int ckpt_save(rl_model *m, const char *root, int with_optimizer, const rl_ckpt_shards *sh, char *path,
+static int ckpt_save(rl_model *m, const char *root, int with_optimizer, const save_how *how, char *path,
     size_t len);
 
 int
 rl_ckpt_save(rl_model *m, const char *root, int with_optimizer, char *path, size_t len)
 {
-	return ckpt_save(m, root, with_optimizer, NULL, path, len);
+	save_how how = { 0 };
+	return ckpt_save(m, root, with_optimizer, &how, path, len);
 }
 
 int
 rl_ckpt_save_sharded(rl_model *m, const char *root, const rl_ckpt_shards *sh, char *path, size_t len)
 {
-	if (m->lora != NULL) {
+	return rl_ckpt_save_need(m, root, 1, sh, NULL, NULL, path, len);
+}
+
+int
+rl_ckpt_save_need(rl_model *m, const char *root, int with_optimizer, const rl_ckpt_shards *sh, rl_ckpt_need_fn need,
+    void *ctx, char *path, size_t len)
+{
+	save_how how = { sh, need, ctx };
+
+	if (sh != NULL && m->lora != NULL) {
 		rl_error("sharded optimizer state with LoRA adapters: not supported");
 		return RL_ENOTSUP;
 	}
-	return ckpt_save(m, root, 1, sh, path, len);
+	return ckpt_save(m, root, sh != NULL || with_optimizer, &how, path, len);
 }
 
 static int
-ckpt_save(rl_model *m, const char *root, int with_optimizer, const rl_ckpt_shards *sh, char *path, size_t len)
+ckpt_save(rl_model *m, const char *root, int with_optimizer, const save_how *how, char *path, size_t len)
 {
 	char name[32], *dir, *tmp, *lnk, *ltmp;
 	size_t n = strlen(root) + 64;
@@ -536,7 +564,7 @@ ckpt_save(rl_model *m, const char *root, int with_optimizer, const rl_ckpt_shard
 	lnk = join(root, "latest");
 	ltmp = rl_xmalloc(n);
 	snprintf(ltmp, n, "%s/.latest.tmp.%ld", root, (long)getpid());
-	if ((rv = save_atomic(m, dir, tmp, with_optimizer, sh)) != 0)
+	if ((rv = save_atomic(m, dir, tmp, with_optimizer, how)) != 0)
 		goto out;
 	unlink(ltmp);
 	if (symlink(name, ltmp) != 0 || rename(ltmp, lnk) != 0) {

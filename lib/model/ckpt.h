@@ -143,6 +143,16 @@ typedef struct rl_ckpt_shards {
  * files (the master weights of a bf16/f16 model in it; m->m unused), which
  * the ranks then add with rl_ckpt_write_opt_shard. */
 int rl_ckpt_save_sharded(rl_model *m, const char *root, const rl_ckpt_shards *sh, char *path, size_t len);
+/* rl_ckpt_save (sh NULL) or rl_ckpt_save_sharded (sh given) with need
+ * (optional, as rl_ckpt_part_files_need's) called before each tensor is
+ * read from the parameters: in the order the files are written
+ * (model.safetensors in table order, the value head, then the master weights
+ * of a sharded state's index from the first tensor again).  The same files,
+ * byte for byte, for parameters that are in memory a piece at a time
+ * (rl-train --zero 3); an error from need fails the save (nothing renamed
+ * into place). */
+int rl_ckpt_save_need(rl_model *m, const char *root, int with_optimizer, const rl_ckpt_shards *sh,
+    rl_ckpt_need_fn need, void *ctx, char *path, size_t len);
 /* Writes DIR/optimizer-RANK-of-WORLD.safetensors (atomically: a temp file
  * renamed) from dm, dv: backend memory of (hi - lo) f32 moments of the flat
  * elements [lo, hi). */

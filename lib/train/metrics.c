@@ -201,6 +201,10 @@ memory_metrics(cJSON *j, trainer *tr, int step)
 	if (tr->load_pres > 0)
 		metric(j, tr, step, "memory/load_params_resident_mb", tr->load_pres / (1 << 20));
 	tr->load_pres = 0;
+	/* the same while this step's directory was written (ZeRO-3, save.c) */
+	if (tr->save_pres_peak > 0)
+		metric(j, tr, step, "memory/save_params_resident_mb", tr->save_pres_peak / (1 << 20));
+	tr->save_pres_peak = 0;
 	/* the same while a version was built in parts unit by unit (save.c) */
 	if (tr->pub_pres_peak > 0)
 		metric(j, tr, step, "memory/publish_params_resident_mb", tr->pub_pres_peak / (1 << 20));

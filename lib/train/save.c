@@ -7,7 +7,9 @@
  * and the weights group; with ZeRO the AdamW state as one file per rank;
  * with ZeRO-3 a version only published in parts (--push-parts) or to the
  * weights group is built unit by unit, each rank its part, rank 0 sending
- * each unit to the group, the whole model never gathered.
+ * each unit to the group, and a directory is written unit by unit by rank
+ * 0 while every rank gathers the units it names (the whole model gathered
+ * only for a directory step that also sends to the group or in parts).
  * Leaves out: the checkpoint format itself (model/ckpt.c).
  */
 #include <dirent.h>
@@ -210,15 +212,65 @@ publish_only(const trainer *tr, int full)
 	return every > 1 && !full && tr->m->version % every != 0;
 }
 
+/* ZeRO-3, a directory written unit by unit (tr->z3_save): rl_ckpt_save_need's
+ * hook on rank 0.  The unit holding tensor i is gathered unless it is the
+ * one in (the one before given back), the other ranks told which first
+ * (save_follow). */
+static int
+save_need(void *ctx, int i)
+{
+	trainer *tr = ctx;
+	int u = rli_zero3_unit_of(tr->m, tr->m->tt.t[i].off), rv;
+
+	if (u == tr->z3_unit)
+		return RL_OK;
+	if ((rv = rl_comm_host_broadcast(tr->comm, &u, sizeof u, 0)) != 0)
+		return rv;
+	return rli_zero3_unit_only(tr, u);
+}
+
+/* Rank 0 done with the units (written or failed): the other ranks leave
+ * save_follow.  Once per save, before any other collective. */
+static int
+save_stop(trainer *tr)
+{
+	int u = -1;
+
+	if (!tr->z3_save)
+		return RL_OK;
+	tr->z3_save = 0;
+	return rl_comm_host_broadcast(tr->comm, &u, sizeof u, 0);
+}
+
+/* The other ranks while rank 0 writes: the units it names gathered with it,
+ * in its order, until it says it is done. */
+static int
+save_follow(trainer *tr)
+{
+	int u, rv;
+
+	tr->z3_save = 0;
+	for (;;) {
+		if ((rv = rl_comm_host_broadcast(tr->comm, &u, sizeof u, 0)) != 0)
+			return rv;
+		if (u < 0)
+			return RL_OK;
+		if ((rv = rli_zero3_unit_only(tr, u)) != 0)
+			return rv;
+	}
+}
+
 /* push: not when the same version is only rewritten with its optimizer
  * state. */
 int
 rli_save_publish(trainer *tr, int full, int push)
 {
+	rl_ckpt_need_fn need = tr->z3_save ? save_need : NULL;
 	char dir[4096];
 	int rv;
 
-	if ((rv = check_finite(tr)) != 0)
+	/* unit by unit: the shards were checked by every rank (shards_finite) */
+	if (!tr->z3_save && (rv = check_finite(tr)) != 0)
 		return rv;
 	/* the weights group: straight from the parameters, before any file */
 	if (push && tr->wg && (rv = rl_wgroup_send(tr->wg, tr->m->version)) != 0)
@@ -239,12 +291,17 @@ rli_save_publish(trainer *tr, int full, int push)
 		/* ZeRO: the index here, every rank's shard beside it, then the
 		 * state that makes the directory a full checkpoint */
 		rl_ckpt_shards sh = { tr->world, tr->ckpt_id };
-		rv = rl_ckpt_save_sharded(tr->m, tr->o->out_dir, &sh, dir, sizeof dir);
-		int r2 = rli_zero_save_shards(tr, rv == 0);
+		rv = rl_ckpt_save_need(tr->m, tr->o->out_dir, 1, &sh, need, tr, dir, sizeof dir);
+		int r2 = save_stop(tr);
+		rv = rv ? rv : r2;
+		r2 = rli_zero_save_shards(tr, rv == 0);
 		if ((rv = rv ? rv : r2) != 0)
 			return rv;
-	} else if ((rv = rl_ckpt_save(tr->m, tr->o->out_dir, full, dir, sizeof dir)) != 0) {
-		return rv;
+	} else {
+		rv = rl_ckpt_save_need(tr->m, tr->o->out_dir, full, NULL, need, tr, dir, sizeof dir);
+		int r2 = save_stop(tr);
+		if ((rv = rv ? rv : r2) != 0)
+			return rv;
 	}
 	if (full && (rv = write_state(tr, dir)) != 0)
 		return rv;
@@ -568,16 +625,50 @@ publish_units(trainer *tr)
 
 static int save_step(trainer *tr, int full);
 
-/* ZeRO-3: the whole model gathered for the save and the publishing, given
- * back after; a version only published (a step --ckpt-every writes no
- * directory for) in parts (--push-parts) or to the weights group is built
- * unit by unit instead (not to rl-sync whole: its version is cut from the
- * whole model). */
+/* ZeRO-3: a directory written unit by unit (no weights group, no
+ * --push-parts: those send from the whole model; rl-sync's whole version is
+ * read from the directory), the finite check on the shards, agreed by all.
+ * Every rank calls this with the same answer (options and full_due). */
+static int
+save_units_begin(trainer *tr, int full)
+{
+	const rl_train_opts *o = tr->o;
+	int rv;
+
+	if (!tr->zp || (full >= 0 && publish_only(tr, full)) || (full >= 0 && (o->push_parts || o->wgroup_addr)))
+		return rli_zero3_gather_all(tr);
+	if ((rv = shards_finite(tr)) != 0)
+		return rv;
+	rli_zero3_release(tr);
+	tr->z3_save = 1;
+	return RL_OK;
+}
+
+/* The parameters' resident peak while the save ran (ZeRO-3) into
+ * save_pres_peak; the step's own peak kept. */
+static void
+save_units_end(trainer *tr, double peak)
+{
+	if (!tr->zp)
+		return;
+	rli_dp_params_resident(tr); /* a gathered save: the whole model beside the shard */
+	rli_zero3_release(tr);
+	tr->z3_save = 0;
+	tr->save_pres_peak = RL_MAX(tr->save_pres_peak, tr->pres_peak);
+	tr->pres_peak = RL_MAX(peak, tr->pres_peak);
+}
+
+/* ZeRO-3: a step that writes a directory writes it unit by unit
+ * (save_units_begin), or with the whole model gathered for a weights group
+ * and --push-parts, given back after; a version only published (a step
+ * --ckpt-every writes no directory for) in parts (--push-parts) or to the
+ * weights group is built unit by unit too (publish_units; not to rl-sync
+ * whole: its version is cut from the whole model). */
 int
 rli_save_step(trainer *tr)
 {
 	const rl_train_opts *o = tr->o;
-	double t_pub = rl_now();
+	double t_pub = rl_now(), peak = tr->pres_peak;
 	int rv, full;
 
 	if ((rv = full_due(tr, &full)) != 0)
@@ -590,9 +681,10 @@ rli_save_step(trainer *tr)
 		tr->t_pub = rl_now() - t_pub;
 		return RL_OK;
 	}
-	if ((rv = rli_zero3_gather_all(tr)) == 0)
+	tr->pres_peak = 0;
+	if ((rv = save_units_begin(tr, full)) == 0)
 		rv = save_step(tr, full);
-	rli_zero3_release(tr);
+	save_units_end(tr, peak);
 	tr->t_pub = rl_now() - t_pub;
 	return rv;
 }
@@ -605,8 +697,13 @@ save_step(trainer *tr, int full)
 	if (tr->zero && full && (rv = rli_zero_ckpt_id(tr)) != 0)
 		return rv;
 	tr->shard_pending = tr->zero && full;
-	if (tr->rank == 0)
+	if (tr->rank == 0) {
 		rv = rli_save_publish(tr, full, 1);
+		int r2 = save_stop(tr); /* where it returned before the files */
+		rv = rv ? rv : r2;
+	} else if (tr->z3_save) {
+		rv = save_follow(tr);
+	}
 	/* the other ranks write their shards when rank 0 has the directory
 	 * (or learn that it failed) */
 	if (tr->shard_pending) {
@@ -642,19 +739,26 @@ rli_save_final(trainer *tr, int start_step)
 	if (!need)
 		return RL_OK;
 	tr->shard_pending = tr->zero;
-	if ((rv = rli_zero3_gather_all(tr)) != 0)
+	/* nothing is pushed here: unit by unit whatever the options (-1) */
+	if ((rv = save_units_begin(tr, -1)) != 0) {
+		rli_zero3_release(tr);
 		return rv;
+	}
 	if (tr->rank == 0) {
 		snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, tr->m->version);
 		rl_io_remove_tree(dir);
 		tr->groups_pending = 1;
 		rv = rli_save_publish(tr, 1, 0);
+		int r2 = save_stop(tr);
+		rv = rv ? rv : r2;
+	} else if (tr->z3_save) {
+		rv = save_follow(tr);
 	}
 	if (tr->shard_pending) {
 		int r2 = rli_zero_save_shards(tr, tr->rank != 0 || rv == 0);
 		rv = rv ? rv : r2;
 	}
-	rli_zero3_release(tr);
+	save_units_end(tr, tr->pres_peak);
 	return rv;
 }
 

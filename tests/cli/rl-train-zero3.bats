@@ -8,8 +8,13 @@
 # - each rank's parameter memory, measured from its resident pages, is about
 #   its shard plus the unit being computed and the one prefetched, against
 #   the whole table for --zero 2;
-# - the checkpoint is one gathered model directory plus the optimizer shards:
-#   resumed on 1 rank without ZeRO, the same as 3 steps of 1 rank;
+# - the load reads each rank's shard only (its measured parameter memory
+#   about the shard); a NaN in one rank's shard stops every rank; a bf16
+#   checkpoint's f32 master weights are read per shard (resumed = ZeRO-2);
+# - the checkpoint is one model directory, written unit by unit (rank 0's
+#   memory about its shard plus a unit; the files ZeRO-2's, byte for byte),
+#   plus the optimizer shards: resumed on 1 rank without ZeRO, the same as
+#   3 steps of 1 rank;
 # - queue mode (rank 0 leasing) trains the steps of the file;
 # - a rank killed mid-run stops the other at once (exit 1);
 # - --zero 3 with LoRA is refused.  (--device cuda is refused by the check
@@ -133,14 +138,28 @@ PY
 }
 
 @test "ZeRO-3: each rank's resident parameter memory is about its shard, measured" {
-	args=(--batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.05 --max-steps 2)
+	# step 1 a full checkpoint (the first), step 2 a directory without the
+	# optimizer state, step 3 full again (--max-steps)
+	args=(--batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.05 --max-steps 3 --save-every 3)
 	S="$TD/s.jsonl"
 	TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 2 "$TD/q22" --zero 2 "${args[@]}"
 	PORT=$(free_port)
 	TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 2 "$TD/q23" --zero 3 "${args[@]}"
 	PORT=$(free_port)
 	TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 4 "$TD/q43" --zero 3 "${args[@]}"
-	cmp "$TD/q22/latest/model.safetensors" "$TD/q23/latest/model.safetensors"
+	# ZeRO-3 writes its directories unit by unit, ZeRO-2 from the whole model
+	# (the same weights, bitwise): the same files, byte for byte, but for the
+	# optimizer state's shards and index (the save's id; compared gathered)
+	[ -e "$TD/q23/step-00000002/model.safetensors" ] && [ ! -e "$TD/q23/step-00000002/optimizer.safetensors" ]
+	for d in step-00000001 step-00000002 step-00000003; do
+		[ "$(ls "$TD/q22/$d")" = "$(ls "$TD/q23/$d")" ]
+		for f in "$TD/q22/$d"/*; do
+			case $f in */optimizer*) continue ;; esac
+			cmp "$f" "$TD/q23/$d/${f##*/}"
+		done
+	done
+	for w in 22 23; do python3 tests/fixtures/parallel/opt_gather.py "$TD/q$w/step-00000003" "$TD/q$w.opt"; done
+	cmp "$TD/q22.opt" "$TD/q23.opt"
 	# measured parameter memory (rank 0 writes the metrics): the shard (1/N of
 	# the table) plus the unit being computed and the one prefetched (a layer:
 	# 1/8 of the trunk, 0.126 of the table; the head with the tied embedding)
@@ -166,6 +185,17 @@ for f, n in zip(sys.argv[2:], (2, 4)):
     print(f, n, "load", round(r, 3))
     assert 1.0 / n <= r < 1.0 / n + 0.2, (f, n, r)
     assert all("memory/load_params_resident_mb" not in m for m in ms[1:]), ms[1]
+# the saves (every step writes a directory): written unit by unit, the
+# shard and one unit at a time, where the whole model gathered beside the
+# shard held 1 + 1/N (1.50 measured on 2 ranks)
+assert all("memory/save_params_resident_mb" not in m for m in z2), z2[0]
+for f, n in zip(sys.argv[2:], (2, 4)):
+    ms = [json.loads(l) for l in open(f)]
+    assert len(ms) == 3, len(ms)
+    for m in ms:
+        r = m["memory/save_params_resident_mb"] / full
+        print(f, n, "save", m["step"], round(r, 3))
+        assert 1.0 / n < r < 1.0 / n + 0.3, (f, n, r)
 PY
 	# rl-train --plan's ZeRO-3 weights (the shard plus two layers) are what
 	# was measured, within the partial pages at the units' ends (2.5% here)
