@@ -11,6 +11,7 @@
 # - the load reads each rank's shard only (its measured parameter memory
 #   about the shard); a NaN in one rank's shard stops every rank; a bf16
 #   checkpoint's f32 master weights are read per shard (resumed = ZeRO-2);
+#   a reward model's score head, new and resumed, = ZeRO-2;
 # - the checkpoint is one model directory, written unit by unit (rank 0's
 #   memory about its shard plus a unit; the files ZeRO-2's, byte for byte),
 #   plus the optimizer shards: resumed on 1 rank without ZeRO, the same as
@@ -266,6 +267,30 @@ PY
 	python3 tests/fixtures/parallel/opt_gather.py "$TD/bz3/step-00000003" "$TD/bz3.opt"
 	python3 tests/fixtures/parallel/opt_gather.py "$TD/bz2/step-00000003" "$TD/bz2.opt"
 	cmp "$TD/bz3.opt" "$TD/bz2.opt"
+}
+
+@test "ZeRO-3, reward model (--algo rm): the new score head, then score.weight read at a resume; = ZeRO-2 bitwise" {
+	python3 - > "$TD/rmpairs.jsonl" <<'PY'
+import json, random
+random.seed(5)
+w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
+for i in range(12):
+    print(json.dumps({"prompt": " ".join(random.choice(w) for _ in range(3)) + ":",
+                      "chosen": " " + " ".join(random.choice(w) for _ in range(2)),
+                      "rejected": " " + " ".join(random.choice(w) for _ in range(3))}))
+PY
+	args=(--algo rm --batch 4 --lr 1e-2)
+	for z in 2 3; do
+		PORT=$(free_port)
+		TRAIN_WORLD_DATA="$TD/rmpairs.jsonl" train_world 2 "$TD/rm$z" --zero $z --max-steps 2 "${args[@]}"
+		PORT=$(free_port)
+		TRAIN_WORLD_DATA="$TD/rmpairs.jsonl" train_world 2 "$TD/rm$z" --zero $z --max-steps 3 --resume "${args[@]}"
+		[ "$(readlink "$TD/rm$z/latest")" = step-00000003 ]
+	done
+	for d in step-00000002 step-00000003; do
+		cmp "$TD/rm3/$d/model.safetensors" "$TD/rm2/$d/model.safetensors"
+	done
+	grep -q '"score.weight"' "$TD/rm3/step-00000003/model.safetensors"
 }
 
 @test "ZeRO-3 checkpoint: 2 ranks -> 1 rank without ZeRO = 3 steps of 1 rank" {
