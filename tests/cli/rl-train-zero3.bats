@@ -293,6 +293,23 @@ PY
 	grep -q '"score.weight"' "$TD/rm3/step-00000003/model.safetensors"
 }
 
+@test "ZeRO-3 resharded: PPO on 4 ranks -> 2 ranks, each reading its shard and the value head; = ZeRO-2 bitwise" {
+	args=(--algo ppo --batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.01)
+	for z in 2 3; do
+		PORT=$(free_port)
+		train_world 4 "$TD/v$z" --zero $z --max-steps 2 "${args[@]}"
+		PORT=$(free_port)
+		train_world 2 "$TD/v$z" --zero $z --max-steps 3 --resume "${args[@]}"
+		[ "$(readlink "$TD/v$z/latest")" = step-00000003 ]
+	done
+	for f in model.safetensors value_head.safetensors; do
+		cmp "$TD/v3/step-00000003/$f" "$TD/v2/step-00000003/$f"
+	done
+	python3 tests/fixtures/parallel/opt_gather.py "$TD/v3/step-00000003" "$TD/v3.opt"
+	python3 tests/fixtures/parallel/opt_gather.py "$TD/v2/step-00000003" "$TD/v2.opt"
+	cmp "$TD/v3.opt" "$TD/v2.opt"
+}
+
 @test "ZeRO-3 checkpoint: 2 ranks -> 1 rank without ZeRO = 3 steps of 1 rank" {
 	args=(--batch 4 --lr 1e-2 --dp-check-every 1)
 	rl-train -q -m "$TD/m0" --out "$TD/r1" --metrics /dev/null "${args[@]}" "$TD/s.jsonl"
