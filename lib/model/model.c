@@ -1,9 +1,10 @@
 /*
  * model.c — Llama-family (Gemma 3's layer in model_gemma.c) and GPT-2 decoders over
  * ops.h: the tensor table, the check of what the backend can compute,
- * loading a Hugging Face directory, random init, host access to the weights,
- * the value head, freeing, and the layer pieces (norms, MLP up-projection) that
- * training and inference both run.
+ * loading a Hugging Face directory (whole, or checked first and then one
+ * range of the flat table read: a ZeRO-3 rank's shard), random init, host
+ * access to the weights, the value head, freeing, and the layer pieces
+ * (norms, MLP up-projection) that training and inference both run.
  *
  * Leaves out: the training passes (model_train.c), the inference passes
  * (model_infer.c), saving (ckpt.c), the block allocator (kvcache.c).

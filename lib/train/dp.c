@@ -1,6 +1,7 @@
 /*
  * dp.c — what data parallelism adds to the trainer (trainer.h,
- * docs/parallel.md): one starting point for every rank, the bucketed
+ * docs/parallel.md): one starting point for every rank (rank 0's weights
+ * broadcast; with ZeRO-3 each rank's shard read from the files), the bucketed
  * gradient all-reduce overlapped with the backward pass, ZeRO-1 (each rank
  * keeps the AdamW state of its shard and saves it as its own file), ZeRO-2
  * (and its gradients: each micro-batch's reduce-scattered bucket by bucket
