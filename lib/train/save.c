@@ -432,6 +432,8 @@ rli_save_load_state(trainer *tr, const cJSON *state, const char *dir)
 	return RL_OK;
 }
 
+static int group_units(trainer *tr);
+
 int
 rli_save_open(trainer *tr, const char *dir)
 {
@@ -457,9 +459,15 @@ rli_save_open(trainer *tr, const char *dir)
 	if (tr->rank == 0 && o->wgroup_addr) {
 		/* the rollout workers start from this trainer's weights (a resumed run's too) */
 		rl_wgroup_opts wo = { o->wgroup_addr, 0, o->wgroup_size, o->wgroup_backend, 0 };
-		if ((rv = rl_wgroup_open(&tr->wg, &wo, tr->m)) != 0 || (rv = rl_wgroup_send(tr->wg, tr->m->version)) != 0)
+		if ((rv = rl_wgroup_open(&tr->wg, &wo, tr->m)) != 0)
 			return rv;
 	}
+	/* ZeRO-3 keeps only the shards by now (dp.c gave the rest of m->params
+	 * back): every rank takes part in sending them unit by unit */
+	if (o->wgroup_addr && tr->zp)
+		return group_units(tr);
+	if (tr->wg && (rv = rl_wgroup_send(tr->wg, tr->m->version)) != 0)
+		return rv;
 	return RL_OK;
 }
 
@@ -545,6 +553,28 @@ walk_to(void *ctx, int i)
 		if ((rv = unit_next(w)) != 0)
 			return rv;
 	return RL_OK;
+}
+
+/* ZeRO-3: the version the weights group opens with, unit by unit from the
+ * shards (every rank walks the units; rank 0 sends).  Not a publish: the
+ * publish metrics are left alone. */
+static int
+group_units(trainer *tr)
+{
+	const int units = tr->m->cfg.n_layer + 2;
+	unit_walk w = { tr, 0, tr->wg != NULL, RL_OK };
+	double peak = tr->pres_peak;
+	int rv = RL_OK;
+
+	if (w.send && (w.srv = rl_wgroup_send_begin(tr->wg, tr->m->version, units)) != 0)
+		w.send = 0;
+	while (w.next < units && rv == 0)
+		rv = unit_next(&w);
+	rli_zero3_release(tr);
+	tr->pres_peak = peak;
+	if (w.send && w.srv == 0 && rv == 0)
+		w.srv = rl_wgroup_send_end(tr->wg);
+	return rv ? rv : w.srv;
 }
 
 /* Finite weights on every rank's shard, agreed by all: a version is

@@ -105,13 +105,20 @@ JSON
 	received whole > "$T/whole.v"
 	received units > "$T/units.v"
 	cat "$T/units.v"
-	# versions 0 to 4, each whole but 3, which came in 10 ranges
-	[ "$(cut -d' ' -f1,3 "$T/units.v" | tr '\n' ,)" = "0 1,1 1,2 1,3 10,4 1," ]
-	[ "$(cut -d' ' -f3 "$T/whole.v" | tr '\n' ,)" = "1,1,1,1,1," ]
+	# versions 0 to 4, each whole but 3, which came in 10 ranges, and 0,
+	# sent from the shards when the group opens
+	[ "$(cut -d' ' -f1,3 "$T/units.v" | tr '\n' ,)" = "0 10,1 1,2 1,3 10,4 1," ]
+	[ "$(cut -d' ' -f3 "$T/whole.v" | tr '\n' ,)" = "10,1,1,1,1," ]
 	# what the worker holds of each version: byte for byte (XXH64 of the
 	# staging buffer) what the gathered path sent
 	cmp <(cut -d' ' -f1,2 "$T/whole.v") <(cut -d' ' -f1,2 "$T/units.v")
 	grep -q "sent version 3 to the weights group unit by unit (10 ranges)" "$T/units.err.0"
+	# version 0, sent when the group opens, is the model the run starts from:
+	# the same as a --zero 1 run's (every rank holds the whole model there)
+	PORT=$(free_port)
+	z3_run z1 --ckpt-every 1 --max-steps 1 --zero 1
+	received z1 | head -n 1 > "$T/z1.v"
+	cmp <(cut -d' ' -f1,2 "$T/z1.v") <(head -n 1 "$T/units.v" | cut -d' ' -f1,2)
 	# the checkpoints of the steps with a directory are the same
 	for s in 2 4; do cmp "$T/units/step-0000000$s/model.safetensors" "$T/whole/step-0000000$s/model.safetensors"; done
 	[ ! -e "$T/units/step-00000003" ]
