@@ -151,7 +151,11 @@ rli_shm_chan_attach(rli_shm_chan **out, const rli_shm_offer *offer, size_t slot_
 
 	*out = NULL;
 	rli_shm_offer_local(&here);
-	if (strncmp(here.host, offer->host, sizeof here.host) != 0 || !here.boot_id[0] ||
+	if (!here.boot_id[0]) {
+		snprintf(why, 160, "cannot read /proc/sys/kernel/random/boot_id");
+		return RL_ENOTSUP;
+	}
+	if (strncmp(here.host, offer->host, sizeof here.host) != 0 ||
 	    strncmp(here.boot_id, offer->boot_id, sizeof here.boot_id) != 0) {
 		snprintf(why, 160, "another host (%.40s)", offer->host);
 		return RL_ENOTSUP;
