@@ -420,6 +420,41 @@ check_hdr(rl_comm *c, const uint8_t *h, size_t len, int kind, int op, uint32_t a
 	return RL_OK;
 }
 
+/* A message (header h) came by the other transport than the one this rank
+ * waits on: one rank runs a host collective where the other runs a bulk
+ * one (their op codes may even agree), so the ranks are out of step.  any
+ * = 0: only a message of this very collective proves it (shared memory seen
+ * while waiting on the socket: a later collective's segment may overtake
+ * the socket's last message of this one). */
+static int
+cross_check(rl_comm *c, const uint8_t *h, int op, const char *came, const char *want, int any)
+{
+	uint32_t seq;
+	uint16_t from;
+
+	memcpy(&seq, h + 8, 4);
+	if (!any && seq != c->seq)
+		return RL_OK;
+	memcpy(&from, h + 6, 2);
+	rl_error("ranks out of step: rank %d sent %s #%u %s while this rank expects %s #%u %s", from,
+	    h[4] == K_BYE ? "its goodbye after" : op_name(h[5]), seq, came, op_name(op), c->seq, want);
+	rl_hint("every rank must run the same command on the same input");
+	return fail(c, RL_EFORMAT, -1);
+}
+
+/* While waiting on the socket: a segment of this collective waiting in the
+ * shared memory from the previous rank means the ranks are out of step. */
+static int
+shm_cross(rl_comm *c, int op)
+{
+	const uint8_t *h, *d;
+	size_t len;
+
+	if (rli_shm_chan_peek(c->shm_in, 0, &h, &d, &len) != RL_OK)
+		return RL_OK;
+	return cross_check(c, h, op, "through shared memory", "on its socket", 0);
+}
+
 /* Receives the next ring message from the previous rank; checks it is
  * (kind, op, seq, aux) with n payload bytes.  *out is the caller's. */
 static int
@@ -440,6 +475,8 @@ recv_seg(rl_comm *c, nng_msg **out, int kind, int op, uint32_t aux, size_t n)
 				return fail(c, RL_ENET, prev_of(c));
 			}
 			if ((rv = lost_check(c, op_name(op), 1)) != 0)
+				return rv;
+			if (c->shm_in && (rv = shm_cross(c, op)) != 0)
 				return rv;
 			if (rl_now() - t0 > c->timeout) {
 				rl_error("no data from rank %d for %g s during %s #%u (timeout; it may be hung, or "
@@ -514,12 +551,26 @@ shm_recv_seg(rl_comm *c, const uint8_t **src, int op, uint32_t aux, size_t n)
 		}
 		if (!c->pending && nng_recvmsg(c->prev, &m, NNG_FLAG_NONBLOCK) == 0) {
 			const uint8_t *mh = nng_msg_body(m);
-			if (nng_msg_len(m) >= HDR && mh[4] == K_ABORT) {
+			if (nng_msg_len(m) < HDR) {
+				rl_error("a malformed message from rank %d's connection (%zu bytes)", prev_of(c),
+				    nng_msg_len(m));
+				nng_msg_free(m);
+				return fail(c, RL_EFORMAT, prev_of(c));
+			}
+			if (mh[4] == K_ABORT) {
 				rv = check_hdr(c, mh, nng_msg_len(m) - HDR, K_DATA, op, aux, n);
 				nng_msg_free(m);
 				return rv;
 			}
 			c->pending = m;
+		}
+		/* the previous rank posts all its segments of a collective before it
+		 * sends anything of a later one, so with a socket message in hand
+		 * the segment must be there by now, or the ranks are out of step */
+		if (c->pending) {
+			if (rli_shm_chan_peek(c->shm_in, 0, &h, src, &len) == RL_OK)
+				break;
+			return cross_check(c, nng_msg_body(c->pending), op, "on its socket", "through shared memory", 1);
 		}
 		if ((rv = lost_check(c, op_name(op), 1)) != 0)
 			return rv;

@@ -12,7 +12,9 @@
  *    back, the results stay the same; RL_COMM_SHM=x is refused;
  *  - a rank killed with SIGKILL in the middle of large all-reduces, and a
  *    rank that leaves without finishing: the survivors fail with RL_ECLOSED
- *    within seconds (timeout 30 s), no hang. */
+ *    within seconds (timeout 30 s), no hang;
+ *  - ranks out of step across the transports (a bulk collective against a
+ *    host one): "out of step" within seconds, not after the timeout. */
 #include <signal.h>
 #include <stdint.h>
 #include <sys/wait.h>
@@ -295,6 +297,39 @@ compare_transports(int world, size_t seg, int shm_off)
 		}
 }
 
+/* Ranks out of step across the transports: a bulk collective (shared
+ * memory) on one rank against a host one (socket) on the other, even of
+ * the same kind (broadcast), or one more bulk collective on one rank; each
+ * rank reports out of step (RL_EFORMAT: 4) or, when the other found it
+ * first, the other's departure (5). */
+static int cross_mode;
+
+static int
+worker_cross(int rank, int world)
+{
+	rl_comm *c;
+	float b[1000] = { 0 };
+	int rv, bulk = (rank == 0) == (cross_mode != 1);
+
+	alarm(60);
+	if (join(&c, rank, world, 30) != 0)
+		return 10;
+	if (strcmp(rl_comm_transport(c, 0), "shm") || strcmp(rl_comm_transport(c, 1), "shm"))
+		return 11;
+	if (cross_mode < 2)
+		rv = bulk ? rl_comm_broadcast(c, b, sizeof b, 0) : rl_comm_host_broadcast(c, b, sizeof b, 0);
+	else if (cross_mode == 2)
+		rv = bulk ? rl_comm_allreduce(c, b, 1000) : rl_comm_host_allgather(c, b, b, 100);
+	else if (rank == 1 && (rv = rl_comm_broadcast(c, b, sizeof b, 1)) == 0)
+		rv = rl_comm_allreduce(c, b, 1000); /* one bulk collective more than rank 0: the numbers differ too */
+	else
+		rv = 0;
+	if (rv == 0)
+		rv = rl_comm_barrier(c);
+	rl_comm_close(c);
+	return rv == RL_EFORMAT ? 4 : rv == RL_ECLOSED ? 5 : 6;
+}
+
 /* RL_COMM_SHM neither 0 nor 1: refused before any connection. */
 static int
 worker_badenv(int rank, int world)
@@ -348,6 +383,13 @@ main(void)
 		T_EQ_INT(codes[1], fault_leave ? 3 : 128 + SIGKILL);
 		T_EQ_INT(codes[2], 4);
 		T_OK(secs < 10, "rank 1 %s: %.1f s", fault_leave ? "left" : "killed", secs);
+	}
+	/* out of step across transports: found at once, not after the 30 s timeout */
+	for (cross_mode = 0; cross_mode <= 3; cross_mode++) {
+		run_world(2, worker_cross, codes, &secs, -1);
+		T_OK((codes[0] == 4 || codes[1] == 4) && codes[0] >= 4 && codes[0] <= 5 && codes[1] >= 4 &&
+		    codes[1] <= 5, "cross mode %d: exit codes %d %d", cross_mode, codes[0], codes[1]);
+		T_OK(secs < 10, "cross mode %d: %.1f s", cross_mode, secs);
 	}
 	rl_io_remove_tree(tmpl);
 	T_END();
