@@ -1,8 +1,9 @@
 /*
- * bench/parallel — the CPU communicator's all-reduce (nng ring over TCP on
- * 127.0.0.1): W processes on this machine, sum all-reduce of f32 buffers of
- * growing size.  One JSON line per (world, bytes):
- *   {"bench":"allreduce","backend":"cpu","world":W,"bytes":B,"reps":R,
+ * bench/parallel — the CPU communicator's all-reduce (the ring on
+ * 127.0.0.1: shared memory between these same-host ranks, TCP with
+ * RL_COMM_SHM=0): W processes on this machine, sum all-reduce of f32 buffers
+ * of growing size.  One JSON line per (world, bytes):
+ *   {"bench":"allreduce","backend":"cpu","transport":"shm"|"tcp","world":W,"bytes":B,"reps":R,
  *    "seconds":per-call,"algbw_GBps":B/t,"busbw_GBps":B/t*2(W-1)/W}
  * (busbw as nccl-tests defines it: the per-link traffic of a ring).
  * Also the broadcast of the largest size.
@@ -79,9 +80,9 @@ worker(int rank, int world, const char *master, size_t max_bytes, size_t seg, do
 		}
 		dt = (rl_now() - t0) / reps;
 		if (rank == 0)
-			printf("{\"bench\":\"allreduce\",\"backend\":\"cpu\",\"world\":%d,\"bytes\":%zu,\"reps\":%d,"
+			printf("{\"bench\":\"allreduce\",\"backend\":\"cpu\",\"transport\":\"%s\",\"world\":%d,\"bytes\":%zu,\"reps\":%d,"
 			    "\"seconds\":%.6g,\"algbw_GBps\":%.4g,\"busbw_GBps\":%.4g,\"seg_bytes\":%zu}\n",
-			    world, bytes, reps, dt, bytes / dt / 1e9, bytes / dt / 1e9 * 2 * (world - 1) / world, seg);
+			    rl_comm_transport(c, 1), world, bytes, reps, dt, bytes / dt / 1e9, bytes / dt / 1e9 * 2 * (world - 1) / world, seg);
 		fflush(stdout);
 	}
 	{
@@ -93,8 +94,8 @@ worker(int rank, int world, const char *master, size_t max_bytes, size_t seg, do
 		rl_comm_barrier(c);
 		double dt = (rl_now() - t0) / reps;
 		if (rank == 0)
-			printf("{\"bench\":\"broadcast\",\"backend\":\"cpu\",\"world\":%d,\"bytes\":%zu,\"reps\":%d,"
-			    "\"seconds\":%.6g,\"algbw_GBps\":%.4g}\n", world, max_bytes, reps, dt, max_bytes / dt / 1e9);
+			printf("{\"bench\":\"broadcast\",\"backend\":\"cpu\",\"transport\":\"%s\",\"world\":%d,\"bytes\":%zu,\"reps\":%d,"
+			    "\"seconds\":%.6g,\"algbw_GBps\":%.4g}\n", rl_comm_transport(c, 1), world, max_bytes, reps, dt, max_bytes / dt / 1e9);
 		fflush(stdout);
 	}
 	if (rl_comm_finish(c) != 0)

@@ -17,7 +17,8 @@
 #    "cpu_s": user + system CPU seconds of all ranks over the whole run (load, warm-up and
 #    save included), "step_cpu_s": perf/cpu_s (rank 0's CPU seconds a step, every thread),
 #    "micro_tokens":MICRO, "keep":--zero3-keep, "huge_pages":0 when RL_NO_THP was set,
-#    "units_gathered":dp/units_gathered}
+#    "units_gathered":dp/units_gathered,
+#    "comm_shm":false when RL_COMM_SHM=0 kept the ring on TCP (else the ranks' shared memory)}
 # ZEROS stages: a digit, then n (--no-prefetch), k (--zero3-keep KEEP, default 3.2e6:
 # two of the model's units), t (RL_NO_THP=1: 4 KiB pages), e.g. "1 3 3t 3k".
 # BATCH (2) groups a step, MICRO (128) --max-tokens-per-micro: BATCH=8 MICRO=512 keeps 2
@@ -90,6 +91,7 @@ def mean(k):
 print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys.argv[3]) == 3 and "--no-prefetch" not in sys.argv[5],
     "keep": float(sys.argv[5].split("--zero3-keep ")[1]) if "--zero3-keep" in sys.argv[5] else 0,
     "huge_pages": "RL_NO_THP" not in __import__("os").environ,
+    "comm_shm": __import__("os").environ.get("RL_COMM_SHM", "1") != "0",
     "world": int(sys.argv[2]), "run": int(sys.argv[4]),
     "steps": len(ms), "micro_tokens": micro,
     "micro_per_rank": max(1, batch * 4 * 64 // int(sys.argv[2]) // micro), "step_s": mean("timing_s/update_actor"),

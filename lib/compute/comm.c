@@ -14,6 +14,13 @@
  * "send segment k, receive segment k", so the cycle never deadlocks and
  * memory stays at a few segments per connection.
  *
+ * Same host: when both ends of a ring edge are on one host (the producer's
+ * memfd, offered in the ring hello, opens and holds the offer's nonce:
+ * comm_shm.h), the bulk collectives' segments go through a shared-memory
+ * channel instead (same headers, same order, so the same results); the
+ * sockets keep the control plane: hello, host collectives, aborts, goodbye
+ * and the lost-peer events.  RL_COMM_SHM=0 keeps every edge on TCP.
+ *
  * Overlap: rl_comm_reducer runs the all-reduce of gradient buckets on its
  * own thread (ring) or on the NCCL stream while the caller computes.
  *
@@ -39,6 +46,7 @@
 
 #include "base/core.h"
 #include "base/nngx.h"
+#include "compute/comm_shm.h"
 
 #if HAVE_NCCL
 #include <cuda_runtime.h>
@@ -48,7 +56,8 @@
 #define MAGIC 0x31434c52u /* "RLC1" little-endian */
 #define HDR 16
 #define SLICE_MS 100
-#define RDV_VERSION 1
+#define RDV_VERSION 2 /* 2: the ring hello may carry a shared-memory offer */
+#define SHM_SLOTS 4
 #define RDV_REFUSED 0xffffffffu /* in a rendezvous answer's version: a refusal, its text follows */
 
 enum { K_DATA = 1, K_HELLO, K_ABORT, K_BYE };
@@ -70,6 +79,9 @@ struct rl_comm {
 	_Atomic uint32_t prev_pipe, next_pipe;   /* pipe ids in use (0: none yet) */
 	_Atomic int prev_lost, next_lost;
 	_Atomic int interrupted;                 /* rl_comm_interrupt */
+	int shm_on;                 /* RL_COMM_SHM: offer and accept shared-memory edges */
+	rli_shm_chan *shm_out, *shm_in;  /* the edges to rank+1 and from rank-1 in shared memory (NULL: TCP) */
+	nng_msg *pending;           /* a message from rank-1 read while waiting on shm_in */
 	float *stage;               /* host staging for a device rl_ops on the cpu backend */
 	size_t stage_n;
 #if HAVE_NCCL
@@ -373,6 +385,76 @@ send_seg(rl_comm *c, int kind, int op, uint32_t aux, const void *p, size_t n)
 	return send_msg(c, m, op);
 }
 
+/* Checks a ring header from the previous rank (len: payload bytes): an
+ * abort fails the communicator naming the rank that failed; else it must be
+ * (kind, op, seq, aux) with n payload bytes. */
+static int
+check_hdr(rl_comm *c, const uint8_t *h, size_t len, int kind, int op, uint32_t aux, size_t n)
+{
+	uint32_t magic, seq, a;
+	uint16_t from;
+
+	memcpy(&magic, h, 4);
+	if (magic != MAGIC) {
+		rl_error("a malformed message from rank %d (%zu bytes)", prev_of(c), len + HDR);
+		return fail(c, RL_EFORMAT, prev_of(c));
+	}
+	memcpy(&from, h + 6, 2);
+	memcpy(&seq, h + 8, 4);
+	memcpy(&a, h + 12, 4);
+	if (h[4] == K_ABORT) {
+		if ((int)a == c->rank)
+			rl_error("rank %d reports this rank as failed", from);
+		else
+			rl_error("rank %d failed or went away (reported by rank %d during %s #%u)", (int)a, from,
+			    op_name(op), c->seq);
+		return fail(c, RL_ECLOSED, (int)a);
+	}
+	if (h[4] != kind || h[5] != op || seq != c->seq || a != aux || len != n || from != prev_of(c)) {
+		rl_error("ranks out of step: rank %d sent %s #%u part %u (%zu bytes) while this rank expects "
+		    "%s #%u part %u (%zu bytes)", from, h[4] == K_BYE ? "its goodbye" : op_name(h[5]), seq, a,
+		    len, op_name(op), c->seq, aux, n);
+		rl_hint("every rank must run the same command on the same input");
+		return fail(c, RL_EFORMAT, -1);
+	}
+	return RL_OK;
+}
+
+/* A message (header h) came by the other transport than the one this rank
+ * waits on: one rank runs a host collective where the other runs a bulk
+ * one (their op codes may even agree), so the ranks are out of step.  any
+ * = 0: only a message of this very collective proves it (shared memory seen
+ * while waiting on the socket: a later collective's segment may overtake
+ * the socket's last message of this one). */
+static int
+cross_check(rl_comm *c, const uint8_t *h, int op, const char *came, const char *want, int any)
+{
+	uint32_t seq;
+	uint16_t from;
+
+	memcpy(&seq, h + 8, 4);
+	if (!any && seq != c->seq)
+		return RL_OK;
+	memcpy(&from, h + 6, 2);
+	rl_error("ranks out of step: rank %d sent %s #%u %s while this rank expects %s #%u %s", from,
+	    h[4] == K_BYE ? "its goodbye after" : op_name(h[5]), seq, came, op_name(op), c->seq, want);
+	rl_hint("every rank must run the same command on the same input");
+	return fail(c, RL_EFORMAT, -1);
+}
+
+/* While waiting on the socket: a segment of this collective waiting in the
+ * shared memory from the previous rank means the ranks are out of step. */
+static int
+shm_cross(rl_comm *c, int op)
+{
+	const uint8_t *h, *d;
+	size_t len;
+
+	if (rli_shm_chan_peek(c->shm_in, 0, &h, &d, &len) != RL_OK)
+		return RL_OK;
+	return cross_check(c, h, op, "through shared memory", "on its socket", 0);
+}
+
 /* Receives the next ring message from the previous rank; checks it is
  * (kind, op, seq, aux) with n payload bytes.  *out is the caller's. */
 static int
@@ -382,12 +464,113 @@ recv_seg(rl_comm *c, nng_msg **out, int kind, int op, uint32_t aux, size_t n)
 	nng_msg *m;
 	int e, rv;
 
+	if ((m = c->pending) != NULL) {
+		c->pending = NULL;
+	} else {
+		for (;;) {
+			if ((e = nng_recvmsg(c->prev, &m, 0)) == 0)
+				break;
+			if (e != NNG_ETIMEDOUT) {
+				rl_error("cannot receive from rank %d: %s", prev_of(c), nng_strerror(e));
+				return fail(c, RL_ENET, prev_of(c));
+			}
+			if ((rv = lost_check(c, op_name(op), 1)) != 0)
+				return rv;
+			if (c->shm_in && (rv = shm_cross(c, op)) != 0)
+				return rv;
+			if (rl_now() - t0 > c->timeout) {
+				rl_error("no data from rank %d for %g s during %s #%u (timeout; it may be hung, or "
+				    "waiting on another rank)", prev_of(c), c->timeout, op_name(op), c->seq);
+				rl_hint("%s sets how long a rank may lag", c->timeout_opts);
+				return fail(c, RL_ETIMEDOUT, prev_of(c));
+			}
+		}
+	}
+	if (nng_msg_len(m) < HDR) {
+		rl_error("a malformed message from rank %d's connection (%zu bytes)", prev_of(c), nng_msg_len(m));
+		nng_msg_free(m);
+		return fail(c, RL_EFORMAT, prev_of(c));
+	}
+	if ((rv = check_hdr(c, nng_msg_body(m), nng_msg_len(m) - HDR, kind, op, aux, n)) != 0) {
+		nng_msg_free(m);
+		return rv;
+	}
+	*out = m;
+	return RL_OK;
+}
+
+/* ---- the shared-memory edges ----------------------------------------------------------- */
+
+/* Sends one segment to the next rank through its shared-memory channel:
+ * waits for a free slot in slices, with send_msg's checks. */
+static int
+shm_send_seg(rl_comm *c, int op, uint32_t aux, const void *p, size_t n)
+{
+	double t0 = rl_now();
+	uint8_t *h, *d;
+	int rv;
+
+	if ((rv = lost_check(c, op_name(op), 2)) != 0)
+		return rv;
+	while (rli_shm_chan_reserve(c->shm_out, SLICE_MS, &h, &d) != 0) {
+		if ((rv = lost_check(c, op_name(op), 2)) != 0)
+			return rv;
+		if (rl_now() - t0 > c->timeout) {
+			rl_error("rank %d took nothing for %g s during %s #%u (timeout; it may be hung, or waiting "
+			    "on another rank)", next_of(c), c->timeout, op_name(op), c->seq);
+			return fail(c, RL_ETIMEDOUT, next_of(c));
+		}
+	}
+	put_hdr(h, K_DATA, op, c->rank, c->seq, aux);
+	if (n)
+		memcpy(d, p, n);
+	rli_shm_chan_post(c->shm_out, n);
+	return RL_OK;
+}
+
+/* Waits for the next segment from the previous rank's shared-memory
+ * channel; *src (n bytes) stays valid until rli_shm_chan_release.  Between
+ * slices it reads the socket too, where an abort arrives; any other message
+ * there belongs to a later collective and is kept for recv_seg. */
+static int
+shm_recv_seg(rl_comm *c, const uint8_t **src, int op, uint32_t aux, size_t n)
+{
+	double t0 = rl_now();
+	const uint8_t *h;
+	size_t len;
+	nng_msg *m;
+	int rv;
+
 	for (;;) {
-		if ((e = nng_recvmsg(c->prev, &m, 0)) == 0)
+		rv = rli_shm_chan_peek(c->shm_in, SLICE_MS, &h, src, &len);
+		if (rv == RL_OK)
 			break;
-		if (e != NNG_ETIMEDOUT) {
-			rl_error("cannot receive from rank %d: %s", prev_of(c), nng_strerror(e));
-			return fail(c, RL_ENET, prev_of(c));
+		if (rv != RL_ETIMEDOUT) {
+			rl_error("a malformed segment in the shared memory of rank %d", prev_of(c));
+			return fail(c, rv, prev_of(c));
+		}
+		if (!c->pending && nng_recvmsg(c->prev, &m, NNG_FLAG_NONBLOCK) == 0) {
+			const uint8_t *mh = nng_msg_body(m);
+			if (nng_msg_len(m) < HDR) {
+				rl_error("a malformed message from rank %d's connection (%zu bytes)", prev_of(c),
+				    nng_msg_len(m));
+				nng_msg_free(m);
+				return fail(c, RL_EFORMAT, prev_of(c));
+			}
+			if (mh[4] == K_ABORT) {
+				rv = check_hdr(c, mh, nng_msg_len(m) - HDR, K_DATA, op, aux, n);
+				nng_msg_free(m);
+				return rv;
+			}
+			c->pending = m;
+		}
+		/* the previous rank posts all its segments of a collective before it
+		 * sends anything of a later one, so with a socket message in hand
+		 * the segment must be there by now, or the ranks are out of step */
+		if (c->pending) {
+			if (rli_shm_chan_peek(c->shm_in, 0, &h, src, &len) == RL_OK)
+				break;
+			return cross_check(c, nng_msg_body(c->pending), op, "on its socket", "through shared memory", 1);
 		}
 		if ((rv = lost_check(c, op_name(op), 1)) != 0)
 			return rv;
@@ -398,36 +581,10 @@ recv_seg(rl_comm *c, nng_msg **out, int kind, int op, uint32_t aux, size_t n)
 			return fail(c, RL_ETIMEDOUT, prev_of(c));
 		}
 	}
-	const uint8_t *h = nng_msg_body(m);
-	size_t len = nng_msg_len(m);
-	uint32_t magic, seq, a;
-	uint16_t from;
-	if (len < HDR || (memcpy(&magic, h, 4), magic != MAGIC)) {
-		nng_msg_free(m);
-		rl_error("a malformed message from rank %d's connection (%zu bytes)", prev_of(c), len);
-		return fail(c, RL_EFORMAT, prev_of(c));
+	if ((rv = check_hdr(c, h, len, K_DATA, op, aux, n)) != 0) {
+		rli_shm_chan_release(c->shm_in);
+		return rv;
 	}
-	memcpy(&from, h + 6, 2);
-	memcpy(&seq, h + 8, 4);
-	memcpy(&a, h + 12, 4);
-	if (h[4] == K_ABORT) {
-		nng_msg_free(m);
-		if ((int)a == c->rank)
-			rl_error("rank %d reports this rank as failed", from);
-		else
-			rl_error("rank %d failed or went away (reported by rank %d during %s #%u)", (int)a, from,
-			    op_name(op), c->seq);
-		return fail(c, RL_ECLOSED, (int)a);
-	}
-	if (h[4] != kind || h[5] != op || seq != c->seq || a != aux || len - HDR != n || from != prev_of(c)) {
-		rl_error("ranks out of step: rank %d sent %s #%u part %u (%zu bytes) while this rank expects "
-		    "%s #%u part %u (%zu bytes)", from, h[4] == K_BYE ? "its goodbye" : op_name(h[5]), seq, a,
-		    len - HDR, op_name(op), c->seq, aux, n);
-		rl_hint("every rank must run the same command on the same input");
-		nng_msg_free(m);
-		return fail(c, RL_EFORMAT, -1);
-	}
-	*out = m;
 	return RL_OK;
 }
 
@@ -443,11 +600,71 @@ ring_check(rl_comm *c)
 
 /* ---- ring collectives on host memory -------------------------------------------------- */
 
+/* dst[i] += src's f32 i.  In blocks of a fixed 16, which -O2 turns into
+ * vector adds (one f32 add per element all the same: the sums do not
+ * change); src may be unaligned (an nng message body). */
+static void
+add_f32(float *restrict dst, const uint8_t *restrict src, size_t nf)
+{
+	size_t i = 0;
+
+	for (; i + 16 <= nf; i += 16) {
+		float v[16];
+		memcpy(v, src + i * sizeof(float), sizeof v);
+		for (int j = 0; j < 16; j++)
+			dst[i + j] += v[j];
+	}
+	for (; i < nf; i++) {
+		float v;
+		memcpy(&v, src + i * sizeof(float), sizeof v);
+		dst[i] += v;
+	}
+}
+
+/* Sends segment k (len bytes at p) of a bulk collective (shm: through the
+ * shared-memory edge when there is one) or a control one. */
+static int
+send_data(rl_comm *c, int shm, int op, uint32_t k, const void *p, size_t len)
+{
+	if (shm && c->shm_out)
+		return shm_send_seg(c, op, k, p, len);
+	return send_seg(c, K_DATA, op, k, p, len);
+}
+
+/* Receives segment k (len bytes) into dst (add = 1: f32 sum into dst; 0:
+ * copy); from a shared-memory slot the sum reads the peer's slot directly. */
+static int
+recv_data(rl_comm *c, int shm, int op, uint32_t k, uint8_t *dst, size_t len, int add)
+{
+	nng_msg *m = NULL;
+	const uint8_t *src;
+	int rv;
+
+	if (shm && c->shm_in) {
+		if ((rv = shm_recv_seg(c, &src, op, k, len)) != 0)
+			return rv;
+	} else {
+		if ((rv = recv_seg(c, &m, K_DATA, op, k, len)) != 0)
+			return rv;
+		src = (const uint8_t *)nng_msg_body(m) + HDR;
+	}
+	if (add)
+		add_f32((float *)dst, src, len / sizeof(float));
+	else if (len)
+		memcpy(dst, src, len);
+	if (m)
+		nng_msg_free(m);
+	else
+		rli_shm_chan_release(c->shm_in);
+	return RL_OK;
+}
+
 /* One ring step: send bytes [sp, sp+sn) to the next rank and receive rn
  * bytes from the previous one, segment by segment; each received segment goes
- * to rp (add = 1: f32 sum into rp; 0: copy). */
+ * to rp (add = 1: f32 sum into rp; 0: copy).  shm: a bulk collective, which
+ * may use the shared-memory edges. */
 static int
-ring_step(rl_comm *c, int op, const uint8_t *sp, size_t sn, uint8_t *rp, size_t rn, int add)
+ring_step(rl_comm *c, int op, const uint8_t *sp, size_t sn, uint8_t *rp, size_t rn, int add, int shm)
 {
 	size_t seg = c->seg;
 	size_t ns = sn ? (sn + seg - 1) / seg : 1, nr = rn ? (rn + seg - 1) / seg : 1;
@@ -456,27 +673,13 @@ ring_step(rl_comm *c, int op, const uint8_t *sp, size_t sn, uint8_t *rp, size_t 
 	for (size_t k = 0; k < RL_MAX(ns, nr); k++) {
 		if (k < ns) {
 			size_t off = k * seg, len = sn ? RL_MIN(seg, sn - off) : 0;
-			if ((rv = send_seg(c, K_DATA, op, (uint32_t)k, sp + off, len)) != 0)
+			if ((rv = send_data(c, shm, op, (uint32_t)k, sp + off, len)) != 0)
 				return rv;
 		}
 		if (k < nr) {
 			size_t off = k * seg, len = rn ? RL_MIN(seg, rn - off) : 0;
-			nng_msg *m;
-			if ((rv = recv_seg(c, &m, K_DATA, op, (uint32_t)k, len)) != 0)
+			if ((rv = recv_data(c, shm, op, (uint32_t)k, rp + off, len, add)) != 0)
 				return rv;
-			const uint8_t *src = (const uint8_t *)nng_msg_body(m) + HDR;
-			if (add) {
-				float *dst = (float *)(rp + off);
-				size_t nf = len / sizeof(float);
-				for (size_t i = 0; i < nf; i++) {
-					float v;
-					memcpy(&v, src + i * sizeof(float), sizeof v);
-					dst[i] += v;
-				}
-			} else if (len) {
-				memcpy(rp + off, src, len);
-			}
-			nng_msg_free(m);
 		}
 	}
 	return RL_OK;
@@ -512,7 +715,7 @@ ring_pass(rl_comm *c, float *buf, size_t n, size_t lo, size_t hi, int op, int sh
 		size_t slo = chunk_at(n, lo, hi, sc, N), shi = chunk_at(n, lo, hi, sc + 1, N);
 		size_t rlo = chunk_at(n, lo, hi, rc, N), rhi = chunk_at(n, lo, hi, rc + 1, N);
 		if ((rv = ring_step(c, op, (const uint8_t *)(buf + slo), (shi - slo) * sizeof(float),
-		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), reduce)) != 0)
+		    (uint8_t *)(buf + rlo), (rhi - rlo) * sizeof(float), reduce, 1)) != 0)
 			return rv;
 	}
 	return RL_OK;
@@ -558,15 +761,16 @@ ring_allgather(rl_comm *c, uint8_t *out, const void *in, size_t bytes)
 	for (int s = 0; s < N - 1; s++) {
 		int sb = ((r - s) % N + N) % N, rb = ((r - s - 1) % N + N) % N;
 		if ((rv = ring_step(c, OP_ALLGATHER, out + (size_t)sb * bytes, bytes, out + (size_t)rb * bytes,
-		    bytes, 0)) != 0)
+		    bytes, 0, 0)) != 0)
 			return rv;
 	}
 	return RL_OK;
 }
 
-/* Chain broadcast root -> root+1 -> ... -> root-1, pipelined by segment. */
+/* Chain broadcast root -> root+1 -> ... -> root-1, pipelined by segment;
+ * shm as in ring_step. */
 static int
-ring_broadcast(rl_comm *c, uint8_t *buf, size_t bytes, int root)
+ring_broadcast(rl_comm *c, uint8_t *buf, size_t bytes, int root, int shm)
 {
 	size_t seg = c->seg, ns = bytes ? (bytes + seg - 1) / seg : 1;
 	int forward = next_of(c) != root, rv;
@@ -574,15 +778,9 @@ ring_broadcast(rl_comm *c, uint8_t *buf, size_t bytes, int root)
 	c->seq++;
 	for (size_t k = 0; k < ns; k++) {
 		size_t off = k * seg, len = bytes ? RL_MIN(seg, bytes - off) : 0;
-		if (c->rank != root) {
-			nng_msg *m;
-			if ((rv = recv_seg(c, &m, K_DATA, OP_BCAST, (uint32_t)k, len)) != 0)
-				return rv;
-			if (len)
-				memcpy(buf + off, (uint8_t *)nng_msg_body(m) + HDR, len);
-			nng_msg_free(m);
-		}
-		if (forward && (rv = send_seg(c, K_DATA, OP_BCAST, (uint32_t)k, buf + off, len)) != 0)
+		if (c->rank != root && (rv = recv_data(c, shm, OP_BCAST, (uint32_t)k, buf + off, len, 0)) != 0)
+			return rv;
+		if (forward && (rv = send_data(c, shm, OP_BCAST, (uint32_t)k, buf + off, len)) != 0)
 			return rv;
 	}
 	return RL_OK;
@@ -1019,6 +1217,22 @@ pick_backend(rl_comm *c, const rl_comm_opts *o)
 	return RL_OK;
 }
 
+/* RL_COMM_SHM: unset or 1, same-host edges of the CPU ring through shared
+ * memory; 0, every edge on TCP. */
+static int
+shm_setting(rl_comm *c)
+{
+	const char *e = getenv("RL_COMM_SHM");
+
+	if (e && *e && strcmp(e, "0") != 0 && strcmp(e, "1") != 0) {
+		rl_error("RL_COMM_SHM='%s' is not 0 or 1", e);
+		rl_hint("RL_COMM_SHM=0 keeps the ring on TCP; 1 (the default) uses shared memory between ranks on one host");
+		return RL_EINVAL;
+	}
+	c->shm_on = !(e && strcmp(e, "0") == 0);
+	return RL_OK;
+}
+
 /* The ring's sockets and this rank's listener (on an ephemeral port, set in
  * *port, so that the port can go into the rendezvous hello). */
 static int
@@ -1056,12 +1270,31 @@ ring_listen(rl_comm *c, const char *ip, int *port)
 	return RL_OK;
 }
 
-/* The ring: dial the next rank, say hello, hear the previous one's hello
- * (its pipe is the one to watch for a lost neighbour). */
+/* Accepts the previous rank's shared-memory offer (len bytes of hello
+ * payload) when this rank takes them; a refusal is no error (TCP stays). */
+static void
+shm_accept(rl_comm *c, const uint8_t *p, size_t len)
+{
+	rli_shm_offer of;
+	char why[160];
+
+	if (!c->shm_on || len != sizeof of)
+		return;
+	memcpy(&of, p, sizeof of);
+	of.host[sizeof of.host - 1] = 0;
+	of.boot_id[sizeof of.boot_id - 1] = 0;
+	if (rli_shm_chan_attach(&c->shm_in, &of, c->seg, why) != 0)
+		rl_verbose("ring edge from rank %d stays on TCP: %s", prev_of(c), why);
+}
+
+/* The ring: dial the next rank, say hello (with a shared-memory offer when
+ * RL_COMM_SHM allows), hear the previous one's hello (its pipe is the one to
+ * watch for a lost neighbour). */
 static int
 ring_connect(rl_comm *c, const rdv_entry *tab)
 {
 	int nx = next_of(c), e, rv;
+	rli_shm_offer of;
 	nng_msg *m;
 	double t0;
 
@@ -1069,7 +1302,10 @@ ring_connect(rl_comm *c, const rdv_entry *tab)
 		rl_error("cannot connect to rank %d at %s: %s", nx, tab[nx].addr, nng_strerror(e));
 		return fail(c, RL_ENET, nx);
 	}
-	if ((rv = send_seg(c, K_HELLO, OP_NONE, 0, NULL, 0)) != 0)
+	memset(&of, 0, sizeof of);
+	if (c->shm_on && c->backend == B_CPU && rli_shm_chan_create(&c->shm_out, c->seg, SHM_SLOTS, &of) != 0)
+		rl_verbose("ring edge to rank %d stays on TCP: no shared memory", nx);
+	if ((rv = send_seg(c, K_HELLO, OP_NONE, 0, &of, c->shm_out ? sizeof of : 0)) != 0)
 		return rv;
 	t0 = rl_now();
 	for (;;) {
@@ -1084,15 +1320,40 @@ ring_connect(rl_comm *c, const rdv_entry *tab)
 	}
 	atomic_store(&c->prev_pipe, (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)));
 	uint8_t *h = nng_msg_body(m);
-	uint16_t from;
-	memcpy(&from, h + 6, 2);
-	if (nng_msg_len(m) != HDR || h[4] != K_HELLO || from != prev_of(c)) {
+	size_t len = nng_msg_len(m);
+	uint16_t from = 0xffff;
+	if (len >= HDR)
+		memcpy(&from, h + 6, 2);
+	if ((len != HDR && len != HDR + sizeof of) || h[4] != K_HELLO || from != prev_of(c)) {
 		nng_msg_free(m);
 		rl_error("a stranger connected to this rank's ring port (expected rank %d's hello)", prev_of(c));
 		return fail(c, RL_EFORMAT, -1);
 	}
+	shm_accept(c, h + HDR, len - HDR);
 	nng_msg_free(m);
 	return RL_OK;
+}
+
+/* Ends the set-up with a barrier that also settles each edge's transport:
+ * every rank says whether it mapped its previous rank's channel, and an
+ * edge uses shared memory only when both of its ends do. */
+static int
+ring_settle(rl_comm *c)
+{
+	uint8_t mine = (uint8_t)(1 | (c->shm_in ? 2 : 0)), *all;
+	int rv;
+
+	if (!(all = malloc((size_t)c->world)))
+		return RL_ENOMEM;
+	if ((rv = rl_comm_host_allgather(c, all, &mine, 1)) == 0) {
+		if (c->shm_out && !(all[next_of(c)] & 2)) {
+			rli_shm_chan_close(c->shm_out);
+			c->shm_out = NULL;
+		}
+		rli_shm_chan_drop_fd(c->shm_out);
+	}
+	free(all);
+	return rv;
 }
 
 int
@@ -1136,7 +1397,7 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 		return RL_OK;
 	}
 
-	if ((rv = pick_backend(c, o)) != 0)
+	if ((rv = pick_backend(c, o)) != 0 || (rv = shm_setting(c)) != 0)
 		goto out;
 	if (!o->master) {
 		rl_error("world size %d but no rendezvous address", c->world);
@@ -1185,10 +1446,11 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 		goto out;
 #endif
 	/* everyone has the table once this passes: rank 0 may close the rendezvous */
-	if ((rv = rl_comm_barrier(c)) != 0)
+	if ((rv = ring_settle(c)) != 0)
 		goto out;
-	rl_verbose("rank %d of %d (%s backend) ring: %s -> %s", c->rank, c->world,
-	    c->backend == B_NCCL ? "nccl" : "cpu", tab[c->rank].addr, tab[next_of(c)].addr);
+	rl_verbose("rank %d of %d (%s backend) ring: %s -> %s; edge from rank %d over %s, to rank %d over %s",
+	    c->rank, c->world, c->backend == B_NCCL ? "nccl" : "cpu", tab[c->rank].addr, tab[next_of(c)].addr,
+	    prev_of(c), rl_comm_transport(c, 0), next_of(c), rl_comm_transport(c, 1));
 out:
 	if (nng_socket_id(rdv) > 0)
 		rli_nng_close_timed(rdv, "rendezvous socket");
@@ -1260,6 +1522,10 @@ rl_comm_close(rl_comm *c)
 		rli_nng_close_timed(c->next, "ring socket");
 	if (c->have_prev)
 		rli_nng_close_timed(c->prev, "ring socket");
+	if (c->pending)
+		nng_msg_free(c->pending);
+	rli_shm_chan_close(c->shm_out);
+	rli_shm_chan_close(c->shm_in);
 	free(c->stage);
 	free(c);
 }
@@ -1274,6 +1540,16 @@ rl_comm_backend(const rl_comm *c)
 	if (!c || c->backend == B_SINGLE)
 		return "single";
 	return c->backend == B_NCCL ? "nccl" : "cpu";
+}
+
+const char *
+rl_comm_transport(const rl_comm *c, int to_next)
+{
+	if (!c || c->backend == B_SINGLE)
+		return "none";
+	if (c->backend == B_NCCL)
+		return "nccl";
+	return (to_next ? c->shm_out : c->shm_in) ? "shm" : "tcp";
 }
 
 /* ---- collectives ----------------------------------------------------------------------- */
@@ -1365,7 +1641,7 @@ rl_comm_broadcast(rl_comm *c, void *buf, size_t bytes, int root)
 	}
 #endif
 	if (!on_device(c))
-		return ring_broadcast(c, buf, bytes, root);
+		return ring_broadcast(c, buf, bytes, root, 1);
 	size_t piece = RL_MIN(bytes, (size_t)64 << 20);
 	if ((rv = stage_reserve(c, piece / sizeof(float) + 1)) != 0)
 		return rv;
@@ -1376,7 +1652,7 @@ rl_comm_broadcast(rl_comm *c, void *buf, size_t bytes, int root)
 			if ((rv = c->ops->status(c->ops)) != 0)
 				return rv;
 		}
-		if ((rv = ring_broadcast(c, (uint8_t *)c->stage, k, root)) != 0)
+		if ((rv = ring_broadcast(c, (uint8_t *)c->stage, k, root, 1)) != 0)
 			return rv;
 		if (c->rank != root) {
 			c->ops->upload(c->ops, (uint8_t *)buf + off, c->stage, k);
@@ -1498,7 +1774,7 @@ rl_comm_host_broadcast(rl_comm *c, void *buf, size_t bytes, int root)
 		return RL_OK;
 	if ((rv = ring_check(c)) != 0)
 		return rv;
-	return ring_broadcast(c, buf, bytes, root);
+	return ring_broadcast(c, buf, bytes, root, 0);
 }
 
 int

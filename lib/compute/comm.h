@@ -5,7 +5,8 @@
  *
  * Backends:
  * - "cpu": a ring over nng pair0 TCP connections (rank r sends to r+1 and
- *   receives from r-1).  All-reduce is reduce-scatter + all-gather in
+ *   receives from r-1); between two ranks on one host the bulk collectives'
+ *   bytes go through shared memory instead (RL_COMM_SHM=0: TCP only).  All-reduce is reduce-scatter + all-gather in
  *   segments, so every rank ends with bitwise the same sums.  Buffers in host
  *   memory; with a CUDA rl_ops they are staged through the host.
  * - "nccl" (HAVE_NCCL builds): NCCL on device buffers from the CUDA rl_ops,
@@ -85,6 +86,10 @@ int rl_comm_rank(const rl_comm *c);
 int rl_comm_world(const rl_comm *c);
 int rl_comm_local_rank(const rl_comm *c);
 const char *rl_comm_backend(const rl_comm *c);   /* "cpu", "nccl", or "single" for world 1 */
+/* How the bulk collectives travel on this rank's edge to the next rank
+ * (to_next = 1) or from the previous one (0): "shm" (shared memory, both on
+ * one host), "tcp", "nccl", or "none" for world 1. */
+const char *rl_comm_transport(const rl_comm *c, int to_next);
 
 /* Sum all-reduce in place: buf (n) f32 in the memory of the rl_ops given to
  * rl_comm_open.  Every rank gets bitwise the same result. */
