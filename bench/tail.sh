@@ -105,10 +105,17 @@ t = st.get("total", {})
 print(json.dumps({"bench": "tail", "run": name, "steps": len(ms), "samples": samples, "wall_s": round(wall, 2),
     "cpu_s": round(cpu, 2), "samples_per_s": round(samples / wall, 2), "samples_per_cpu_s": round(samples / cpu, 2),
     "response_tokens_mean": round(sum(tok) / len(tok), 1) if tok else None,
+    # each step's longest answer, averaged: a micro-batch is padded to its
+    # longest row, so this is the trained width the trainer pays for
+    "response_max_mean": (lambda x: round(sum(x) / len(x), 1) if x else None)(
+        [m["response_length/max"] for m in ms if isinstance(m.get("response_length/max"), (int, float))]),
     # response tokens trained (each step's mean x its 8 samples), per second and per CPU second
     "tokens_per_s": round(8 * sum(tok) / wall, 1), "tokens_per_cpu_s": round(8 * sum(tok) / cpu, 1),
     "early_stops": t.get("early_stops", 0), "aborted": t.get("aborted", 0),
     "stale_dropped": t.get("stale_dropped", 0), "max_staleness": st.get("max_staleness"),
+    # over the whole run, each side's share of time waiting (the bubble K may remove)
+    **{"%s_idle_frac" % r: round(sum(w["idle_s"] for w in ws) / max(1e-9, sum(w["busy_s"] + w["idle_s"] for w in ws)), 3)
+       for r in ("train", "rollout") for ws in [[w for w in st.get("workers", []) if w.get("role") == r]] if ws},
     **({"k_changes": ["%d:%d" % (v, k) for v, k in zip(st["autok"]["history"]["version"], st["autok"]["history"]["k"])],
         "autok_last": st["autok"]["last"],
         # each window: version, trainer idle, rollout idle, drift, K after it
