@@ -22,7 +22,8 @@
 # and auto-es against the best fixed K and against sync (samples/s, per
 # CPU second, and response tokens/s).  The machine may
 # be shared: CPU seconds are the steadier figure.
-# Environment: HIDDEN (64) and LAYERS (2), the model's size; OVERSAMPLE
+# Environment: HIDDEN (64) and LAYERS (2), the model's size; MICRO_TOKENS
+# (unset) packed training in every run (rl-train --micro-tokens); OVERSAMPLE
 # (1.5) and STRAGGLERS (requeue) of auto-es; RUNS (default "sync k1 k2 auto auto-es", run in the order given); PIN (1 where there are 2 cores or
 # more): equal resources as bench/e2e.sh has them, generation, scoring and
 # the broker on core GEN_CPU (0), training on TRAIN_CPU (1), in every run,
@@ -47,6 +48,11 @@ for i in $(seq 1 $n); do
 	echo "{\"prompt\":\"$i+$i=\",\"answer\":\"$((i + i))\",\"max_tokens\":$mt}"
 done > "$d/prompts.jsonl"
 TR="--algo grpo --batch 2 --lr 1e-4 --no-skip-zero-adv --max-steps $steps"
+# MICRO_TOKENS=N: packed training (rl-train --micro-tokens N, verl's dynamic
+# batch size) in every run: the trainer no longer pads the step to its
+# longest answer, which brings its time near the generators' (see
+# bench/RESULTS.md: the workload where the two stages weigh about the same)
+[ -n "${MICRO_TOKENS:-}" ] && TR="$TR --micro-tokens $MICRO_TOKENS"
 GEN="-n 4 --max-tokens 160 --train-batch 2 --slots 32"
 OVERSAMPLE=${OVERSAMPLE:-1.5} STRAGGLERS=${STRAGGLERS:-requeue}
 # the auto rule decides on the workers' stats reports (every 2 s by
@@ -68,7 +74,7 @@ run_sync() {
 	mkdir -p "$o"
 	/usr/bin/time -f "%U %S" -o "$o.cpu" bash -c "
 		$PG rl-rollout -q -m '$d/m0' $GEN --weights-from '$o' --max-staleness 0 '$d/prompts.jsonl' |
-		$PG rl-reward -q -t arith | $PT rl-train -q -m '$d/m0' --out '$o' $TR --metrics '$o.m' - 2>/dev/null || true"
+		$PG rl-reward -q -t arith | /usr/bin/time -f '%U %S' -o '$o.tcpu' $PT rl-train -q -m '$d/m0' --out '$o' $TR --metrics '$o.m' - 2>/dev/null || true"
 }
 
 # run_queue NAME SERVE_ARGS...
@@ -83,7 +89,7 @@ run_queue() {
 		rl-queue put -q tcp://127.0.0.1:$port '$d/prompts.jsonl'
 		$PG rl-rollout -q -m '$d/m0' $GEN --queue tcp://127.0.0.1:$port --weights-from '$o' & G=\$!
 		$PG rl-reward -q --queue tcp://127.0.0.1:$port -t arith & R=\$!
-		$PT rl-train -q -m '$d/m0' --out '$o' $TR --queue tcp://127.0.0.1:$port --metrics '$o.m' 2>/dev/null || true
+		/usr/bin/time -f '%U %S' -o '$o.tcpu' $PT rl-train -q -m '$d/m0' --out '$o' $TR --queue tcp://127.0.0.1:$port --metrics '$o.m' 2>/dev/null || true
 		rl-queue stat --json tcp://127.0.0.1:$port > '$o.stat' 2>/dev/null || true
 		kill \$G \$R; wait \$G \$R 2>/dev/null; kill \$Q; wait \$Q 2>/dev/null; true"
 }
@@ -123,6 +129,15 @@ print(json.dumps({"bench": "tail", "run": name, "steps": len(ms), "samples": sam
                     ("train_idle_frac", "rollout_idle_frac", "drift")] + [w["k"][i]]
                     for w in [st["autok"]["windows_history"]] for i in range(len(w["version"]))]}
        if "autok" in st else {}),
+    # the trainer alone: its CPU seconds (user + system) and, per step, its
+    # wall seconds less the wait for records (busy), and the model passes
+    "train_cpu_s": (lambda p: round(sum(map(float, open(p).read().split()[-2:])), 2) if os.path.exists(p) else None)(
+        mpath[:-2] + ".tcpu"),
+    **{"train_%s_per_step_s" % n: (lambda x: round(sum(x) / len(x), 4) if x else None)(
+        [f(m) for m in ms if all(isinstance(m.get(k), (int, float)) for k in ks)])
+       for n, ks, f in (("busy", ("timing_s/step", "timing_s/gen"), lambda m: m["timing_s/step"] - m["timing_s/gen"]),
+                        ("model", ("timing_s/model",), lambda m: m["timing_s/model"]))},
+    "micro_tokens": os.environ.get("MICRO_TOKENS") or None,
     "pinned": pin, "load_before": float(load0), "load_after": float(open("/proc/loadavg").read().split()[0])}))
 PY
 }
