@@ -18,7 +18,11 @@
 # with requeue trains fewer long answers within the same steps: the
 # samples figures flatter it), the broker's early stops and
 # stale drops, the auto rule's changes of K (version:K) and its last
-# reason, the load average before and after.  Then a summary line: auto
+# reason, each side's idle share over the run (queue wiring), the mean of
+# each step's longest answer, the trainer's own CPU seconds and its busy
+# and model seconds per step (on a shared machine its wall time per step
+# moves with the load; its CPU time much less), the load average before
+# and after.  Then a summary line: auto
 # and auto-es against the best fixed K and against sync (samples/s, per
 # CPU second, and response tokens/s).  The machine may
 # be shared: CPU seconds are the steadier figure.
@@ -50,8 +54,9 @@ done > "$d/prompts.jsonl"
 TR="--algo grpo --batch 2 --lr 1e-4 --no-skip-zero-adv --max-steps $steps"
 # MICRO_TOKENS=N: packed training (rl-train --micro-tokens N, verl's dynamic
 # batch size) in every run: the trainer no longer pads the step to its
-# longest answer, which brings its time near the generators' (see
-# bench/RESULTS.md: the workload where the two stages weigh about the same)
+# longest answer, and generation becomes the larger stage, as in the
+# papers async RL follows (bench/RESULTS.md: by CPU seconds the default is
+# balanced, training about half; packed, training about 40 %)
 [ -n "${MICRO_TOKENS:-}" ] && TR="$TR --micro-tokens $MICRO_TOKENS"
 GEN="-n 4 --max-tokens 160 --train-batch 2 --slots 32"
 OVERSAMPLE=${OVERSAMPLE:-1.5} STRAGGLERS=${STRAGGLERS:-requeue}
