@@ -18,11 +18,16 @@
 # with requeue trains fewer long answers within the same steps: the
 # samples figures flatter it), the broker's early stops and
 # stale drops, the auto rule's changes of K (version:K) and its last
-# reason, the load average before and after.  Then a summary line: auto
+# reason, each side's idle share over the run (queue wiring), the mean of
+# each step's longest answer, the trainer's own CPU seconds and its busy
+# and model seconds per step (on a shared machine its wall time per step
+# moves with the load; its CPU time much less), the load average before
+# and after.  Then a summary line: auto
 # and auto-es against the best fixed K and against sync (samples/s, per
 # CPU second, and response tokens/s).  The machine may
 # be shared: CPU seconds are the steadier figure.
-# Environment: HIDDEN (64) and LAYERS (2), the model's size; OVERSAMPLE
+# Environment: HIDDEN (64) and LAYERS (2), the model's size; MICRO_TOKENS
+# (unset) packed training in every run (rl-train --micro-tokens); OVERSAMPLE
 # (1.5) and STRAGGLERS (requeue) of auto-es; RUNS (default "sync k1 k2 auto auto-es", run in the order given); PIN (1 where there are 2 cores or
 # more): equal resources as bench/e2e.sh has them, generation, scoring and
 # the broker on core GEN_CPU (0), training on TRAIN_CPU (1), in every run,
@@ -47,6 +52,12 @@ for i in $(seq 1 $n); do
 	echo "{\"prompt\":\"$i+$i=\",\"answer\":\"$((i + i))\",\"max_tokens\":$mt}"
 done > "$d/prompts.jsonl"
 TR="--algo grpo --batch 2 --lr 1e-4 --no-skip-zero-adv --max-steps $steps"
+# MICRO_TOKENS=N: packed training (rl-train --micro-tokens N, verl's dynamic
+# batch size) in every run: the trainer no longer pads the step to its
+# longest answer, and generation becomes the larger stage, as in the
+# papers async RL follows (bench/RESULTS.md: by CPU seconds the default is
+# balanced, training about half; packed, training about 40 %)
+[ -n "${MICRO_TOKENS:-}" ] && TR="$TR --micro-tokens $MICRO_TOKENS"
 GEN="-n 4 --max-tokens 160 --train-batch 2 --slots 32"
 OVERSAMPLE=${OVERSAMPLE:-1.5} STRAGGLERS=${STRAGGLERS:-requeue}
 # the auto rule decides on the workers' stats reports (every 2 s by
@@ -68,7 +79,7 @@ run_sync() {
 	mkdir -p "$o"
 	/usr/bin/time -f "%U %S" -o "$o.cpu" bash -c "
 		$PG rl-rollout -q -m '$d/m0' $GEN --weights-from '$o' --max-staleness 0 '$d/prompts.jsonl' |
-		$PG rl-reward -q -t arith | $PT rl-train -q -m '$d/m0' --out '$o' $TR --metrics '$o.m' - 2>/dev/null || true"
+		$PG rl-reward -q -t arith | /usr/bin/time -f '%U %S' -o '$o.tcpu' $PT rl-train -q -m '$d/m0' --out '$o' $TR --metrics '$o.m' - 2>/dev/null || true"
 }
 
 # run_queue NAME SERVE_ARGS...
@@ -83,7 +94,7 @@ run_queue() {
 		rl-queue put -q tcp://127.0.0.1:$port '$d/prompts.jsonl'
 		$PG rl-rollout -q -m '$d/m0' $GEN --queue tcp://127.0.0.1:$port --weights-from '$o' & G=\$!
 		$PG rl-reward -q --queue tcp://127.0.0.1:$port -t arith & R=\$!
-		$PT rl-train -q -m '$d/m0' --out '$o' $TR --queue tcp://127.0.0.1:$port --metrics '$o.m' 2>/dev/null || true
+		/usr/bin/time -f '%U %S' -o '$o.tcpu' $PT rl-train -q -m '$d/m0' --out '$o' $TR --queue tcp://127.0.0.1:$port --metrics '$o.m' 2>/dev/null || true
 		rl-queue stat --json tcp://127.0.0.1:$port > '$o.stat' 2>/dev/null || true
 		kill \$G \$R; wait \$G \$R 2>/dev/null; kill \$Q; wait \$Q 2>/dev/null; true"
 }
@@ -105,10 +116,17 @@ t = st.get("total", {})
 print(json.dumps({"bench": "tail", "run": name, "steps": len(ms), "samples": samples, "wall_s": round(wall, 2),
     "cpu_s": round(cpu, 2), "samples_per_s": round(samples / wall, 2), "samples_per_cpu_s": round(samples / cpu, 2),
     "response_tokens_mean": round(sum(tok) / len(tok), 1) if tok else None,
+    # each step's longest answer, averaged: a micro-batch is padded to its
+    # longest row, so this is the trained width the trainer pays for
+    "response_max_mean": (lambda x: round(sum(x) / len(x), 1) if x else None)(
+        [m["response_length/max"] for m in ms if isinstance(m.get("response_length/max"), (int, float))]),
     # response tokens trained (each step's mean x its 8 samples), per second and per CPU second
     "tokens_per_s": round(8 * sum(tok) / wall, 1), "tokens_per_cpu_s": round(8 * sum(tok) / cpu, 1),
     "early_stops": t.get("early_stops", 0), "aborted": t.get("aborted", 0),
     "stale_dropped": t.get("stale_dropped", 0), "max_staleness": st.get("max_staleness"),
+    # over the whole run, each side's share of time waiting (the bubble K may remove)
+    **{"%s_idle_frac" % r: round(sum(w["idle_s"] for w in ws) / max(1e-9, sum(w["busy_s"] + w["idle_s"] for w in ws)), 3)
+       for r in ("train", "rollout") for ws in [[w for w in st.get("workers", []) if w.get("role") == r]] if ws},
     **({"k_changes": ["%d:%d" % (v, k) for v, k in zip(st["autok"]["history"]["version"], st["autok"]["history"]["k"])],
         "autok_last": st["autok"]["last"],
         # each window: version, trainer idle, rollout idle, drift, K after it
@@ -116,6 +134,15 @@ print(json.dumps({"bench": "tail", "run": name, "steps": len(ms), "samples": sam
                     ("train_idle_frac", "rollout_idle_frac", "drift")] + [w["k"][i]]
                     for w in [st["autok"]["windows_history"]] for i in range(len(w["version"]))]}
        if "autok" in st else {}),
+    # the trainer alone: its CPU seconds (user + system) and, per step, its
+    # wall seconds less the wait for records (busy), and the model passes
+    "train_cpu_s": (lambda p: round(sum(map(float, open(p).read().split()[-2:])), 2) if os.path.exists(p) else None)(
+        mpath[:-2] + ".tcpu"),
+    **{"train_%s_per_step_s" % n: (lambda x: round(sum(x) / len(x), 4) if x else None)(
+        [f(m) for m in ms if all(isinstance(m.get(k), (int, float)) for k in ks)])
+       for n, ks, f in (("busy", ("timing_s/step", "timing_s/gen"), lambda m: m["timing_s/step"] - m["timing_s/gen"]),
+                        ("model", ("timing_s/model",), lambda m: m["timing_s/model"]))},
+    "micro_tokens": os.environ.get("MICRO_TOKENS") or None,
     "pinned": pin, "load_before": float(load0), "load_after": float(open("/proc/loadavg").read().split()[0])}))
 PY
 }

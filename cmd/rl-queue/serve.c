@@ -33,7 +33,7 @@ static const char usage_text[] =
 	"                           trainer's and generators' idle time and the drift\n"
 	"      --auto-hold N        auto: trainer steps between decisions (default 3)\n"
 	"      --auto-bubble F      auto: raise K above this idle fraction of the\n"
-	"                           bottleneck stage (default 0.1)\n"
+	"                           bottleneck stage (default 0.05)\n"
 	"      --auto-drift LO:HI   auto: raise only below LO, lower above HI, the mean\n"
 	"                           |actor/ppo_kl| of the window (default 0.01:0.03)\n"
 	"  -b, --train-batch B      groups per trainer step, for the gate: rl-rollout's\n"

@@ -7,17 +7,31 @@
  * of the rollout workers (their stats reports, wstat.h), and the sum and count
  * of the |actor/ppo_kl| of the trainer's steps (the policy drift).
  *
- * The rule, once per window of at least `hold` trainer steps:
+ * The rule, once per window of at least `hold` trainer steps (or of one
+ * step when it is clear, below):
  *   bubble = min(trainer idle fraction, rollout idle fraction), where the
  *            rollout workers' time spent on samples the bound then dropped
  *            (dropped / (dropped + trained) of their busy time) counts as
  *            idle: generation the bound threw away
  *   drift  = mean |ppo_kl| of the window's steps
  *   drift > drift_high and K > 0                 -> K - 1
- *   drift < drift_low, bubble > bubble, K < MAX  -> K + 1 (after a lowering
- *                                                   only on a second such window
- *                                                   in a row)
+ *   drift < drift_low, bubble > bubble, K < MAX  -> K + n (after a lowering
+ *                                                   n = 1, and only on a second
+ *                                                   such window in a row)
  *   otherwise                                    -> K stays
+ *   n: 1 on the first raise; later, the line through the last raise's two
+ *      windows (K0, b0) -> (K, b) extrapolated to the threshold:
+ *      ceil((b - bubble) / ((b0 - b) / (K - K0))), at least 1, at most
+ *      MAX - K (1 when the raise bought under 0.01 a step of K)
+ *   clear: a window closes after one step when its bubble is over twice the
+ *      threshold and its drift under half drift_low (not after a lowering)
+ * Why n: the first raise measures what a step of K buys on this workload;
+ * going on one step a window took MAX windows of `hold` steps (plus the
+ * settling step each) on a workload that needs MAX, each step at a K that
+ * leaves the bottleneck waiting.  Why the clear window: a bubble of twice the
+ * threshold over a whole step is no measurement noise; the full hold is for
+ * the windows near a threshold.  Neither touches the lowering, which stays
+ * one step per full window.
  * Why the smaller of the two idle fractions: K lets the generators run ahead
  * of the trainer, which removes the time each side waits for the other; the
  * slower side (the bottleneck, busy nearly all the time) sets the throughput,
@@ -29,6 +43,9 @@
  * after a change (the pipeline filling or draining to the new K) is left
  * out of every window.  A window without the
  * measurements (no trainer or rollout reports, no ppo_kl) changes nothing.
+ * The bubble threshold (0.05 by default) is what the rule leaves on the
+ * table: a bubble under it costs at most that share of the bottleneck's
+ * time, and 5 % is the margin auto K is held to against the best fixed K.
  *
  * Leaves out: the broker's gate itself (queue.c enforces whatever K is in
  * force), where the totals come from (qserve_workers.c), logging (qserve.c).
@@ -42,7 +59,7 @@
 typedef struct rl_autok_config {
 	uint32_t kmax;        /* MAX */
 	uint32_t hold;        /* trainer steps per window (default 3) */
-	double bubble;        /* raise above this bottleneck idle fraction (default 0.1) */
+	double bubble;        /* raise above this bottleneck idle fraction (default 0.05) */
 	double drift_low;     /* raise only below this mean |ppo_kl| (default 0.01) */
 	double drift_high;    /* lower above this (default 0.03) */
 } rl_autok_config;
@@ -64,6 +81,9 @@ typedef struct rl_autok {
 	uint64_t changes, windows;
 	/* the last window's measurements (NaN when it had none) */
 	double train_idle, gen_idle, bubble, drift, waste;
+	double need;     /* the last raise's extrapolated steps of K to the threshold (NaN: none) */
+	uint32_t from_k;      /* the last raise: from this K ... */
+	double from_bubble;   /* ... on this bubble (NaN: none since the start or a lowering) */
 	char why[192];   /* the last decision, for the log and the stats */
 } rl_autok;
 

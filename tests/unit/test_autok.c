@@ -52,15 +52,18 @@ test_rule(void)
 	rl_autok_init(&a, &c, 0);
 	T_EQ_INT(a.k, 0);
 	T_EQ_INT(rl_autok_update(&a, &t), 0);           /* the first call only sets the base */
-	/* two steps: no window yet (hold 3) */
-	window(&t, 2, 1, 3, 1, 3, 0.001);
+	/* two steps: no window yet (hold 3; a drift of 0.007 is below LO but
+	 * not under half of it, so the window is not clear enough to close early) */
+	window(&t, 2, 1, 3, 1, 3, 0.007);
 	T_EQ_INT(rl_autok_update(&a, &t), 0);
 	T_EQ_INT(a.windows, 0);
-	/* the third step closes it: bubble min(6/8, 6/8), drift low: K 0 -> 1 */
-	window(&t, 1, 1, 3, 1, 3, 0.001);
+	/* the third step closes it: bubble min(6/8, 6/8), drift low: K 0 -> 1
+	 * (the first raise is by one: nothing measured yet says what K buys) */
+	window(&t, 1, 1, 3, 1, 3, 0.007);
 	T_EQ_INT(rl_autok_update(&a, &t), 1);
 	T_EQ_INT(a.k, 1);
 	T_CLOSE(a.bubble, 0.75, 1e-12, 0);
+	T_OK(isnan(a.need));
 	T_OK(strstr(a.why, "K 0 -> 1") != NULL);
 	settle(&a, &t);
 	/* one side busy all the time: no bubble K could remove, K stays */
@@ -82,14 +85,17 @@ test_rule(void)
 	T_CLOSE(a.waste, 1.0 / 3, 1e-12, 0);
 	T_CLOSE(a.gen_idle, 1.0 / 3, 1e-12, 0);
 	T_CLOSE(a.bubble, 1.0 / 3, 1e-12, 0);
-	/* a bubble under the threshold: K stays */
+	/* a bubble at the threshold (0.05), not above it: K stays */
 	window(&t, 3, 19, 1, 5, 5, 0.001);
 	T_EQ_INT(rl_autok_update(&a, &t), 0);
 	T_EQ_INT(a.k, 1);
-	/* a large bubble and low drift again: up to MAX and no further */
+	/* a large bubble and low drift again: the raise 0 -> 1 took the bubble
+	 * from 0.75 to 0.5, 0.25 a step; 0.45 to go is 1.8 steps: K + 2, which
+	 * MAX cuts to K + 1 */
 	window(&t, 3, 5, 5, 5, 5, 0.001);
 	T_EQ_INT(rl_autok_update(&a, &t), 1);
 	T_EQ_INT(a.k, 2);
+	T_CLOSE(a.need, 1.8, 1e-9, 0);
 	settle(&a, &t);
 	window(&t, 3, 5, 5, 5, 5, 0.001);
 	T_EQ_INT(rl_autok_update(&a, &t), 0);
@@ -134,6 +140,82 @@ test_rule(void)
 	rl_autok_config_default(&c, 1);
 	rl_autok_init(&a, &c, 7);
 	T_EQ_INT(a.k, 1);
+}
+
+/* The moves that reach the K a workload needs sooner: a bubble above the
+ * threshold but under the old 0.1, a window closed after one clear step,
+ * a raise sized from what the last one bought; and what they leave alone:
+ * the lowering, the hold after it, the bound MAX. */
+static void
+test_fast(void)
+{
+	rl_autok_config c;
+	rl_autok a;
+	rl_autok_totals t = { 0 };
+
+	rl_autok_config_default(&c, 4);
+	T_CLOSE(c.bubble, 0.05, 0, 0);
+	rl_autok_init(&a, &c, 0);
+	rl_autok_update(&a, &t);
+	/* a bubble of 0.08: one step is not clear (not over twice the threshold),
+	 * the full window raises */
+	window(&t, 1, 11.5, 1, 5, 5, 0.001);
+	T_EQ_INT(rl_autok_update(&a, &t), 0);
+	T_EQ_INT(a.windows, 0);
+	window(&t, 2, 23, 2, 10, 10, 0.001);
+	T_EQ_INT(rl_autok_update(&a, &t), 1);
+	T_CLOSE(a.bubble, 0.08, 1e-12, 0);
+	T_EQ_INT(a.k, 1);
+	settle(&a, &t);
+	/* a clear bubble (0.5 over one step, drift under LO/2): the window closes
+	 * after that step; the raise 0 -> 1 bought nothing (0.08 then, 0.5 now):
+	 * by one */
+	window(&t, 1, 1, 1, 1, 1, 0.001);
+	T_EQ_INT(rl_autok_update(&a, &t), 1);
+	T_EQ_INT(a.windows, 2);
+	T_EQ_INT(a.k, 2);
+	T_OK(isnan(a.need));
+	settle(&a, &t);
+	/* the raise 1 -> 2 took it from 0.5 to 0.4: 0.1 a step; to the
+	 * threshold is 3.5 steps: K + 4, cut to MAX */
+	window(&t, 1, 3, 2, 3, 2, 0.001);
+	T_EQ_INT(rl_autok_update(&a, &t), 1);
+	T_CLOSE(a.bubble, 0.4, 1e-12, 0);
+	T_CLOSE(a.need, 3.5, 1e-9, 0);
+	T_EQ_INT(a.k, 4);
+	T_OK(strstr(a.why, "K 2 -> 4 (3.5 steps to the threshold)") != NULL, "%s", a.why);
+	settle(&a, &t);
+	/* the lowering: one step a full window, a clear-looking step does not
+	 * end a window early */
+	window(&t, 1, 1, 1, 1, 1, 0.05);
+	T_EQ_INT(rl_autok_update(&a, &t), 0);
+	window(&t, 2, 1, 1, 1, 1, 0.05);
+	T_EQ_INT(rl_autok_update(&a, &t), 1);
+	T_EQ_INT(a.k, 3);
+	settle(&a, &t);
+	/* after it, no early window, two calm windows, and up by one whatever
+	 * the bubble (the line through the raise before the lowering is gone) */
+	window(&t, 1, 1, 1, 1, 1, 0.001);
+	T_EQ_INT(rl_autok_update(&a, &t), 0);
+	window(&t, 2, 1, 1, 1, 1, 0.001);
+	T_EQ_INT(rl_autok_update(&a, &t), 0);
+	T_EQ_INT(a.k, 3);
+	window(&t, 3, 1, 1, 1, 1, 0.001);
+	T_EQ_INT(rl_autok_update(&a, &t), 1);
+	T_EQ_INT(a.k, 4);
+	T_OK(isnan(a.need));
+	T_EQ_INT(a.changes, 5);
+	/* a slope under 0.01 a step is noise: by one (from K 1 at 0.3 to K 2 at 0.295) */
+	rl_autok_init(&a, &c, 0);
+	memset(&t, 0, sizeof t);
+	rl_autok_update(&a, &t);
+	window(&t, 3, 7, 3, 5, 5, 0.001);
+	T_EQ_INT(rl_autok_update(&a, &t), 1);
+	settle(&a, &t);
+	window(&t, 3, 14.1, 5.9, 5, 5, 0.001);
+	T_EQ_INT(rl_autok_update(&a, &t), 1);
+	T_EQ_INT(a.k, 2);
+	T_OK(isnan(a.need));
 }
 
 /* ---- a simulated run through the broker ---------------------------------------- */
@@ -336,11 +418,14 @@ test_simulated(void)
 	rl_autok_update(&s.ak, &s.tot);
 
 	/* 1. a slow trainer (6 s a step, 1 s a group): on-policy, the two sides
-	 * take turns, the trainer waits 2 s of every 8 (25 %): K rises to 1, then
-	 * the trainer is busy all the time, no bubble is left, K stays at 1 */
-	phase(&s, 4, 1.0, 6.0, 0.002, 0);
+	 * take turns, the trainer waits 2 s of every 8 (25 %, clear): K rises to
+	 * 1 on the first step, then the trainer is busy all the time, no bubble
+	 * is left, K stays at 1 */
+	phase(&s, 1, 1.0, 6.0, 0.002, 0);
 	T_EQ_INT(s.ak.k, 1);
-	T_OK(s.ak.windows >= 1);
+	T_EQ_INT(s.ak.windows, 1);
+	phase(&s, 3, 1.0, 6.0, 0.002, 0);
+	T_EQ_INT(s.ak.k, 1);
 	phase(&s, 24, 1.0, 6.0, 0.002, 0);
 	T_EQ_INT(s.ak.k, 1);
 	T_EQ_INT(s.maxk_seen, 1);
@@ -427,6 +512,7 @@ main(void)
 	T_BEGIN("test_autok");
 	rl_log_init("test_autok", RL_LOG_QUIET);
 	test_rule();
+	test_fast();
 	test_simulated();
 	test_journal();
 	T_END();
