@@ -457,6 +457,19 @@ shm_cross(rl_comm *c, int op)
 
 /* Receives the next ring message from the previous rank; checks it is
  * (kind, op, seq, aux) with n payload bytes.  *out is the caller's. */
+/* The wait for the previous rank since t0 past the timeout: said, and the
+ * ring failed */
+static int
+lag_check(rl_comm *c, int op, double t0)
+{
+	if (rl_now() - t0 <= c->timeout)
+		return RL_OK;
+	rl_error("no data from rank %d for %g s during %s #%u (timeout; it may be hung, or "
+	    "waiting on another rank)", prev_of(c), c->timeout, op_name(op), c->seq);
+	rl_hint("%s sets how long a rank may lag", c->timeout_opts);
+	return fail(c, RL_ETIMEDOUT, prev_of(c));
+}
+
 static int
 recv_seg(rl_comm *c, nng_msg **out, int kind, int op, uint32_t aux, size_t n)
 {
@@ -478,12 +491,8 @@ recv_seg(rl_comm *c, nng_msg **out, int kind, int op, uint32_t aux, size_t n)
 				return rv;
 			if (c->shm_in && (rv = shm_cross(c, op)) != 0)
 				return rv;
-			if (rl_now() - t0 > c->timeout) {
-				rl_error("no data from rank %d for %g s during %s #%u (timeout; it may be hung, or "
-				    "waiting on another rank)", prev_of(c), c->timeout, op_name(op), c->seq);
-				rl_hint("%s sets how long a rank may lag", c->timeout_opts);
-				return fail(c, RL_ETIMEDOUT, prev_of(c));
-			}
+			if ((rv = lag_check(c, op, t0)) != 0)
+				return rv;
 		}
 	}
 	if (nng_msg_len(m) < HDR) {
@@ -574,12 +583,8 @@ shm_recv_seg(rl_comm *c, const uint8_t **src, int op, uint32_t aux, size_t n)
 		}
 		if ((rv = lost_check(c, op_name(op), 1)) != 0)
 			return rv;
-		if (rl_now() - t0 > c->timeout) {
-			rl_error("no data from rank %d for %g s during %s #%u (timeout; it may be hung, or "
-			    "waiting on another rank)", prev_of(c), c->timeout, op_name(op), c->seq);
-			rl_hint("%s sets how long a rank may lag", c->timeout_opts);
-			return fail(c, RL_ETIMEDOUT, prev_of(c));
-		}
+		if ((rv = lag_check(c, op, t0)) != 0)
+			return rv;
 	}
 	if ((rv = check_hdr(c, h, len, K_DATA, op, aux, n)) != 0) {
 		rli_shm_chan_release(c->shm_in);
