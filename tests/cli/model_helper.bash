@@ -23,6 +23,19 @@ JSON
 	rl-train -q --init "$1/cfg.json" --tokenizer bytes --out "$1/m0" --seed 1
 }
 
+# deep_model DIR: DIR/m0, a tied Qwen2 of 8 layers (hidden 64, about 2 MB)
+# from seed 1, each layer small next to a rank's shard (the ZeRO-2/3 memory
+# and unit-by-unit tests); its config in DIR/cfg.json
+deep_model() {
+	mkdir -p "$1"
+	cat > "$1/cfg.json" <<'JSON'
+{"model_type":"qwen2","vocab_size":264,"hidden_size":64,"num_hidden_layers":8,"num_attention_heads":4,
+ "num_key_value_heads":2,"intermediate_size":256,"max_position_embeddings":64,"rope_theta":10000,
+ "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
+JSON
+	rl-train -q --init "$1/cfg.json" --tokenizer bytes --out "$1/m0" --seed 1
+}
+
 # train_world N OUT ARGS...: N ranks of rl-train -m $TD/m0 on $TRAIN_WORLD_DATA
 # (default $TD/s.jsonl), rendezvous at 127.0.0.1:$PORT, rank r's metrics in
 # OUT.metrics.r; waits for all; fails if any fails.  A rank 0 that cannot

@@ -100,13 +100,7 @@ PY
 
 @test "ZeRO-2: each rank's resident gradient memory is about its shard, measured" {
 	# 8 layers, so that the shard dominates the layer being differentiated
-	mkdir -p "$TD/big"
-	cat > "$TD/big/cfg.json" <<'JSON'
-{"model_type":"qwen2","vocab_size":264,"hidden_size":64,"num_hidden_layers":8,"num_attention_heads":4,
- "num_key_value_heads":2,"intermediate_size":256,"max_position_embeddings":64,"rope_theta":10000,
- "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
-JSON
-	rl-train -q --init "$TD/big/cfg.json" --tokenizer bytes --out "$TD/big/m0" --seed 1
+	deep_model "$TD/big"
 	args=(--batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.05 --max-steps 2)
 	# train_world runs $TD/m0 on $TRAIN_WORLD_DATA
 	S="$TD/s.jsonl"

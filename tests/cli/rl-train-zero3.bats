@@ -34,13 +34,7 @@ setup_file() {
 	# measured on it), and an 8-layer one for the memory, where a layer is
 	# small next to the shard
 	train_model "$TD"
-	mkdir -p "$TD/big"
-	cat > "$TD/big/cfg.json" <<'JSON'
-{"model_type":"qwen2","vocab_size":264,"hidden_size":64,"num_hidden_layers":8,"num_attention_heads":4,
- "num_key_value_heads":2,"intermediate_size":256,"max_position_embeddings":64,"rope_theta":10000,
- "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
-JSON
-	rl-train -q --init "$TD/big/cfg.json" --tokenizer bytes --out "$TD/big/m0" --seed 1
+	deep_model "$TD/big"
 	# 12 groups of 4, responses of 1 to 10 tokens: 3 steps of 4 groups
 	python3 tests/fixtures/train/mkscored.py 12 4 0 > "$TD/s.jsonl"
 }

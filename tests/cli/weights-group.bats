@@ -88,13 +88,7 @@ received() {
 	# 1, where every version is gathered whole and sent in one broadcast
 	T=$BATS_TEST_TMPDIR
 	export RL_COMM_TIMEOUT=60
-	mkdir -p "$T/big"
-	cat > "$T/big/cfg.json" <<'JSON'
-{"model_type":"qwen2","vocab_size":264,"hidden_size":64,"num_hidden_layers":8,"num_attention_heads":4,
- "num_key_value_heads":2,"intermediate_size":256,"max_position_embeddings":64,"rope_theta":10000,
- "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
-JSON
-	rl-train -q --init "$T/big/cfg.json" --tokenizer bytes --out "$T/big/m0" --seed 1
+	deep_model "$T/big"
 	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$T/s16.jsonl"
 	export TRAIN_WORLD_DATA="$T/s16.jsonl"
 	head -n 2 "$TD/p.jsonl" > "$TD/p2.jsonl"
