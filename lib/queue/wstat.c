@@ -50,6 +50,7 @@ struct rl_wstat {
 	rl_nvml *nv;
 	double interval, t0, since, acc[2];
 	int phase;
+	double part;           /* busy share of an open busy interval (see rl_wstat_phase_part) */
 	uint64_t records, tokens;
 	step steps[MAX_STEPS];
 	int nsteps;
@@ -204,17 +205,39 @@ rl_nvml_close(rl_nvml *n)
 
 /* ---- counters ------------------------------------------------------------------------------------ */
 
+/* Closes the open interval, part of it busy and the rest idle (under mtx). */
+static void
+close_interval(rl_wstat *w, double now, double part)
+{
+	double dt = now - w->since;
+
+	w->acc[1] += part * dt;
+	w->acc[0] += (1 - part) * dt;
+	w->since = now;
+}
+
 void
 rl_wstat_phase(rl_wstat *w, int phase)
 {
-	double now;
-
 	if (w == NULL)
 		return;
-	now = rl_now();
 	pthread_mutex_lock(&w->mtx);
-	w->acc[w->phase] += now - w->since;
-	w->since = now;
+	close_interval(w, rl_now(), w->phase ? w->part : 0);
+	w->phase = phase == RL_WSTAT_BUSY;
+	pthread_mutex_unlock(&w->mtx);
+}
+
+void
+rl_wstat_phase_part(rl_wstat *w, int phase, double part)
+{
+	if (w == NULL)
+		return;
+	/* NaN or out of range (a caller's 0/0): the whole interval's phase decides */
+	if (!(part >= 0 && part <= 1))
+		part = w->phase ? 1 : 0;
+	pthread_mutex_lock(&w->mtx);
+	close_interval(w, rl_now(), part);
+	w->part = part;
 	w->phase = phase == RL_WSTAT_BUSY;
 	pthread_mutex_unlock(&w->mtx);
 }
@@ -279,8 +302,10 @@ build(rl_wstat *w, int final, const rl_gpu_sample *gpu, char **out, int *nsteps)
 	if (o == NULL)
 		return RL_ENOMEM;
 	pthread_mutex_lock(&w->mtx);
-	busy = w->acc[1] + (w->phase == 1 ? now - w->since : 0);
-	idle = w->acc[0] + (w->phase == 0 ? now - w->since : 0);
+	/* an open busy interval counts at the last part known (1 unless the
+	 * worker gives parts) */
+	busy = w->acc[1] + (w->phase == 1 ? w->part * (now - w->since) : 0);
+	idle = w->acc[0] + (w->phase == 0 ? now - w->since : (1 - w->part) * (now - w->since));
 	cJSON_AddStringToObject(o, "role", w->role);
 	cJSON_AddStringToObject(o, "worker", w->worker);
 	cJSON_AddStringToObject(o, "device", w->device);
@@ -443,6 +468,7 @@ rl_wstat_open(rl_wstat **out, const char *url, const char *role, const char *dev
 	w->interval = interval;
 	w->t0 = w->since = rl_now();
 	w->phase = RL_WSTAT_IDLE;
+	w->part = 1;
 	rl_nvml_open(&w->nv, w->device);
 	rl_qclient_opts_default(&qo);
 	qo.timeout_ms = 1500;

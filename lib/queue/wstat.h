@@ -15,6 +15,9 @@
  *   {"role": "rollout"|"reward"|"train", "worker": ID, "device": "cpu"|"cuda:N",
  *    "uptime_s", "busy_s", "idle_s", "records", "tokens": totals since start,
  *    "final": bool,
+ *    (busy_s of a rollout worker is slot-weighted: the integral over time of
+ *    slots decoding / slots, idle_s the rest of its uptime; see
+ *    rl_wstat_phase_part)
  *    "gpu": {"index", "name", "util", "mem_util", "mem_used", "mem_total"}  (only from NVML),
  *    "steps": [{"version", "reward_mean", "response_length", "ppo_kl", "kl_ref",
  *               "entropy", "step_s", "staleness_mean", "staleness_max"}, ...]
@@ -54,6 +57,13 @@ void rl_wstat_close(rl_wstat *w);
 /* The worker is now busy (computing) or idle (waiting on the queue or
  * weights): the time since the last change goes to the previous phase. */
 void rl_wstat_phase(rl_wstat *w, int phase);
+/* For a worker of several slots that learns after the fact how much of its
+ * capacity an interval used (rl-rollout: the share of its slots an engine
+ * step decoded): the time since the last change goes `part` (0..1) to busy
+ * and the rest to idle, whatever the phase was; then the phase is entered.
+ * Until the next part is known, an open busy interval counts at this part
+ * (in reports sent meanwhile).  NaN or out of range: the phase decides. */
+void rl_wstat_phase_part(rl_wstat *w, int phase, double part);
 /* Counts work done: records (samples generated, scored or trained) and tokens. */
 void rl_wstat_add(rl_wstat *w, uint64_t records, uint64_t tokens);
 /* rl-train: one step's metrics line (the JSON object rl-train writes, as

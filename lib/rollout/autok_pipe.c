@@ -1,7 +1,8 @@
 /*
  * autok_pipe.c — rl-rollout --max-staleness auto[:MAX] in the pipe wiring:
  * the broker's rule (queue/autok.h) fed from what rl-rollout sees.  Its own
- * side: decoding time is busy; the time it waited for a weights version (the
+ * side: decoding time weighted by the share of the slots each step decoded
+ * is busy, the rest of it (empty slots) idle; the time it waited for a weights version (the
  * staleness gate) or for the trainer to read its output (a full pipe) is
  * idle.  The trainer's side: the lines rl-train appends to its --metrics file
  * (--trainer-metrics FILE), one per step: "step" (the version), the
@@ -123,8 +124,9 @@ rli_autok_poll(gen *g)
 	g->ak_last = rl_now();
 	if ((rv = read_new(g)) != 0)
 		return rv;
-	g->akt.gen_busy = g->t_engine;
-	g->akt.gen_idle = g->t_wait + g->t_write;
+	/* busy by slot occupancy: the empty slots of a step are idle capacity */
+	g->akt.gen_busy = g->t_engine_occ;
+	g->akt.gen_idle = g->t_wait + g->t_write + (g->t_engine - g->t_engine_occ);
 	g->akt.trained = (double)g->samples;
 	uint64_t w0 = g->ak.windows;
 	if (rl_autok_update(&g->ak, &g->akt)) {

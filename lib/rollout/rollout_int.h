@@ -62,6 +62,10 @@ typedef struct gen {
 	 * load), waiting for a weights version (the staleness gate, pipe mode),
 	 * the broker (leases and puts), writing the output */
 	double t_engine, t_weights, t_wait, t_lease, t_put, t_write;
+	/* decoding time weighted by the share of the slots each step decoded
+	 * (the busy time of --max-staleness auto and of the stats reports), and
+	 * the last step's share */
+	double t_engine_occ, step_share;
 	double last_poll;      /* when rl-sync was last asked for a new version */
 	double poll_backoff;   /* rl-sync did not answer: seconds until it is asked again (0: it answers) */
 	int nloads;

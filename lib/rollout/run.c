@@ -145,13 +145,29 @@ rli_eos_set(gen *g)
 	cJSON_Delete(j);
 }
 /* One engine step; its time, less the puts and writes of the groups it
- * completed, is decoding time. */
+ * completed, is decoding time.  Its share of the slots (the sequences it
+ * decoded over --slots) weighs that time for the busy/idle measure: one long
+ * answer decoding alone in 8 slots is 1/8 busy, the empty slots are the idle
+ * capacity a larger staleness bound would fill.  A step that decoded nothing
+ * (admission or environment feeds only) counts at the slots in use. */
 static int
 engine_step(gen *g)
 {
-	double t = rl_now(), io = g->t_put + g->t_write;
+	const rl_engine_stats *st = rl_engine_stats_get(g->e);
+	uint64_t n0 = st->occ_steps, a0 = st->occ_active;
+	double t = rl_now(), io = g->t_put + g->t_write, dt, share;
 	int rv = rl_engine_step(g->e, rli_sample_done_cb, g);
-	g->t_engine += rl_now() - t - (g->t_put + g->t_write - io);
+	int slots = RL_MAX(g->o.go.slots, 1);
+
+	dt = rl_now() - t - (g->t_put + g->t_write - io);
+	if (st->occ_steps > n0)
+		share = (double)(st->occ_active - a0) / (double)(st->occ_steps - n0) / slots;
+	else
+		share = (double)rl_engine_active(g->e) / slots;
+	share = RL_MIN(RL_MAX(share, 0.0), 1.0);
+	g->t_engine += dt;
+	g->t_engine_occ += dt * share;
+	g->step_share = share;
 	return rv;
 }
 
@@ -613,6 +629,8 @@ rli_run_queue(gen *g)
 		rl_wstat_phase(g->wst, RL_WSTAT_BUSY);
 		if ((rv = engine_step(g)) != 0)
 			goto out;
+		/* the step was busy on the share of the slots it decoded */
+		rl_wstat_phase_part(g->wst, RL_WSTAT_IDLE, g->step_share);
 		rl_wstat_add(g->wst, g->samples - s0, g->tokens - k0);
 		if (rl_now() - last_prog > 0.5) {
 			progress(g, 0);

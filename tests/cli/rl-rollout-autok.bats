@@ -5,7 +5,7 @@
 # step, publishes each version as rl-train would and appends rl-train's
 # metrics lines (its measured wait for records, the planned ppo_kl).  A slow
 # trainer with low drift raises K to MAX; a growing drift lowers it again; a
-# slow generator leaves it at 0.  The bound holds for every group: its
+# slow generator whose slots stay full leaves it at 0.  The bound holds for every group: its
 # records' version >= its trainer batch - the largest K in force.
 
 bats_require_minimum_version 1.5.0
@@ -33,15 +33,15 @@ setup_file() {
 	[[ "$stderr" == *"--trainer-metrics is read for --max-staleness auto"* ]] || { echo "$stderr"; return 1; }
 }
 
-# wire NAME PLAN MAX PROMPTS [N]: rl-rollout (-v) | fake trainer, batches of
-# 2 groups of N (8) samples of up to 150 tokens, the first PROMPTS prompts;
-# stderr in $TD/NAME.err
+# wire NAME PLAN MAX PROMPTS [N [OPTION...]]: rl-rollout (-v, the OPTIONs) |
+# fake trainer, batches of 2 groups of N (8) samples of up to 150 tokens, the
+# first PROMPTS prompts; stderr in $TD/NAME.err
 wire() {
 	local O="$TD/$1"
 	printf '%s\n' "$2" > "$O.plan"
 	rm -rf "$O" "$O.m"
 	head -"$4" "$TD/prompts.jsonl" > "$O.prompts"
-	timeout 150 rl-rollout -v -m "$TD/m0" -n "${5:-8}" --max-tokens 150 --train-batch 2 --weights-from "$O" \
+	timeout 150 rl-rollout -v -m "$TD/m0" -n "${5:-8}" "${@:6}" --max-tokens 150 --train-batch 2 --weights-from "$O" \
 	    --max-staleness "auto:$3" --trainer-metrics "$O.m" --jsonl "$O.prompts" 2> "$O.err" |
 	    python3 "$BATS_TEST_DIRNAME/fake_trainer.py" "$TD/m0" "$O" "$O.m" 2 "$O.plan"
 }
@@ -76,8 +76,12 @@ PY
 
 @test "a slow generator (the trainer never waits on weights): K stays 0" {
 	# 32 samples a group: a batch takes long next to taking a new version
-	# (a poll and a load), so the generator waits on weights only briefly
-	wire slowgen '1 0 0.002' 3 16 32
+	# (a poll and a load), so the generator waits on weights only briefly.
+	# Greedy: the toy model's answers all run to --max-tokens, so a batch's
+	# 64 sequences fill the 64 slots to its end (sampled ones end at random
+	# lengths, and the slots they leave empty while the gate holds the next
+	# batch are idle capacity K would fill: that raises K, rightly)
+	wire slowgen '1 0 0.002' 3 16 32 --temperature 0
 	grep 'max-staleness auto' "$TD/slowgen.err" >&3 || true
 	! grep -q 'K 0 -> 1' "$TD/slowgen.err"
 	grep -q 'max-staleness auto: K 0 at the end, 0 changes over [1-9][0-9]* windows' "$TD/slowgen.err"

@@ -4,6 +4,8 @@
  * broker's state machine (queue.h, fake clock): a slow trainer, then a slow
  * generator, then a growing drift.  K moves as autok.h documents, and at every
  * lease the trainer gets no sample older than v - K for the K in force then.
+ * Then an engine of 8 slots on a long tail: with the rollout side's busy time
+ * counted by slot occupancy K rises past 1, counted whole it stays at 1.
  * Last, a K change is journaled: replayed under auto, ignored under a fixed K. */
 #include <math.h>
 #include <stdlib.h>
@@ -284,8 +286,17 @@ typedef struct sim {
 	uint64_t plid, pg;        /* prompt lease and its group; 0: idle */
 	double gleft;
 	int gver;
+	/* an engine of `lanes` slots (0: the one-group generator above), a group
+	 * in 4 `tail` times as long; `whole`: busy while any slot decodes (the
+	 * accounting that hides empty slots), else by the share of slots decoding */
+	int lanes, whole;
+	double tail;
+	uint64_t lpg[16];
+	double lleft[16];
+	int lver[16];
 	/* trainer */
-	uint64_t tlid[8];
+	int batch;                /* groups per step */
+	uint64_t tlid[64];
 	int ntl, ngot, training;
 	double tleft;
 	uint64_t version;
@@ -316,6 +327,41 @@ gen_tick(sim *s, double gen_s)
 		s->tot.gen_busy += DT;
 	} else {
 		s->tot.gen_idle += DT;
+	}
+	return 0;
+}
+
+/* the engine of s->lanes slots: each free slot leases a prompt when the gate
+ * lets it; busy time by the share of slots decoding (or whole, s->whole) */
+static int
+lanes_tick(sim *s, double gen_s)
+{
+	uint64_t ids[4], lid;
+	int n = 0;
+
+	for (int l = 0; l < s->lanes; l++) {
+		if (s->lpg[l] != 0 && s->lleft[l] <= 0) {
+			if (put(s->q, RL_QSTAGE_SCORED, mk(s->lpg[l] * 16, GS, s->lpg[l], GS, s->lver[l])) != 0)
+				return -1;
+			s->ver[s->lpg[l]] = s->lver[l];
+			s->lpg[l] = 0;
+		}
+		if (s->lpg[l] == 0 && lease(s->q, RL_QSTAGE_PROMPT, 1, &lid, ids, 4) == 1) {
+			s->lpg[l] = ids[0] - 1000000;
+			s->lver[l] = (int)s->version;
+			s->lleft[l] = s->lpg[l] % 4 == 0 ? gen_s * s->tail : gen_s;
+		}
+		if (s->lpg[l] != 0) {
+			s->lleft[l] -= DT;
+			n++;
+		}
+	}
+	if (s->whole) {
+		s->tot.gen_busy += n > 0 ? DT : 0;
+		s->tot.gen_idle += n > 0 ? 0 : DT;
+	} else {
+		s->tot.gen_busy += DT * n / s->lanes;
+		s->tot.gen_idle += DT * (s->lanes - n) / s->lanes;
 	}
 	return 0;
 }
@@ -351,7 +397,7 @@ train_tick(sim *s, double train_s, double drift)
 	s->tot.train_idle += DT;
 	if (rl_queue_available(s->q, RL_QSTAGE_SCORED, 0, 0) == 0)
 		return 0;
-	n = lease(s->q, RL_QSTAGE_SCORED, (uint32_t)((B - s->ngot) * GS), &lid, ids, 64);
+	n = lease(s->q, RL_QSTAGE_SCORED, (uint32_t)((s->batch - s->ngot) * GS), &lid, ids, 64);
 	if (n == 0)
 		return 0;
 	/* the bound, at this lease, for the K in force now */
@@ -366,7 +412,7 @@ train_tick(sim *s, double train_s, double drift)
 	}
 	s->tlid[s->ntl++] = lid;
 	s->ngot += (int)n / GS;
-	if (s->ngot >= B) {
+	if (s->ngot >= s->batch) {
 		s->training = 1;
 		s->tleft = train_s;
 	}
@@ -382,7 +428,7 @@ phase(sim *s, int steps, double gen_s, double train_s, double d0, double dd)
 
 	while (s->version < until && guard++ < 2000000) {
 		double drift = d0 + dd * (double)(s->version + steps - until);
-		if (gen_tick(s, gen_s) != 0 || train_tick(s, train_s, drift) != 0) {
+		if ((s->lanes ? lanes_tick(s, gen_s) : gen_tick(s, gen_s)) != 0 || train_tick(s, train_s, drift) != 0) {
 			T_OK(0, "simulation step failed at version %llu", (unsigned long long)s->version);
 			return;
 		}
@@ -402,6 +448,7 @@ test_simulated(void)
 	sim s;
 
 	memset(&s, 0, sizeof s);
+	s.batch = B;
 	rl_queue_config_default(&cfg);
 	cfg.train_batch = B;
 	cfg.auto_k = 1;
@@ -460,6 +507,67 @@ test_simulated(void)
 	free(s.ver);
 }
 
+/* An engine of 8 slots on a long tail: a group in 4 takes 12 times as long
+ * as the others, a trainer step 4 times a short group, 8 groups a step.
+ * On-policy, the step's long groups decode alone in mostly empty slots while
+ * the trainer waits.  Counted by slot occupancy, the rollout side is idle
+ * most of the time too and K rises past 1; counted busy whenever any slot
+ * decodes (whole != 0), the rollout side looks busy, the bubble is near 0
+ * and K stays at 1.  Returns the largest K seen; *tidle: the trainer's idle
+ * share over the last 20 steps. */
+static int
+lanes_run(int whole, double *tidle)
+{
+	rl_queue_config cfg;
+	rl_autok_config ac;
+	sim s;
+	double i0, b0;
+
+	memset(&s, 0, sizeof s);
+	s.lanes = 8;
+	s.whole = whole;
+	s.tail = 12;
+	s.batch = 8;
+	rl_queue_config_default(&cfg);
+	cfg.train_batch = (uint32_t)s.batch;
+	cfg.auto_k = 1;
+	cfg.auto_kmax = 4;
+	cfg.max_staleness = 0;
+	T_EQ_INT(rl_queue_open(&s.q, &cfg, now_ms), 0);
+	rl_autok_config_default(&ac, 4);
+	rl_autok_init(&s.ak, &ac, 0);
+	s.ver = malloc(sizeof(int) * (NGROUPS + 1));
+	for (int g = 0; g <= NGROUPS; g++)
+		s.ver[g] = -1;
+	for (uint64_t g = 1; g <= NGROUPS; g++)
+		T_EQ_INT(put(s.q, RL_QSTAGE_PROMPT, mk(1000000 + g, 1, g, GS, -1)), 0);
+	rl_autok_update(&s.ak, &s.tot);
+	phase(&s, 40, 1.0, 4.0, 0.002, 0);
+	i0 = s.tot.train_idle;
+	b0 = s.tot.train_busy;
+	phase(&s, 20, 1.0, 4.0, 0.002, 0);
+	*tidle = (s.tot.train_idle - i0) / (s.tot.train_idle - i0 + s.tot.train_busy - b0);
+	T_EQ_INT(s.violations, 0);
+	rl_queue_close(s.q);
+	free(s.ver);
+	return s.maxk_seen;
+}
+
+static void
+test_lanes(void)
+{
+	double idle_occ, idle_whole;
+	int k_occ = lanes_run(0, &idle_occ), k_whole = lanes_run(1, &idle_whole);
+
+	if (getenv("AUTOK_TRACE"))
+		fprintf(stderr, "lanes: by occupancy K %d, trainer idle %.3f; whole K %d, idle %.3f\n", k_occ,
+		    idle_occ, k_whole, idle_whole);
+	T_OK(k_occ > 1, "K by slot occupancy: %d", k_occ);
+	T_OK(idle_occ < idle_whole, "trainer idle %.3f by occupancy, %.3f whole", idle_occ, idle_whole);
+	/* the accounting this replaced: the bubble hidden, K kept at 1 */
+	T_EQ_INT(k_whole, 1);
+}
+
 /* ---- journal ------------------------------------------------------------------------ */
 
 static void
@@ -514,6 +622,7 @@ main(void)
 	test_rule();
 	test_fast();
 	test_simulated();
+	test_lanes();
 	test_journal();
 	T_END();
 }
