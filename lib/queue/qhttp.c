@@ -9,8 +9,9 @@
  * counted), and a request announcing one is answered 413 and its connection
  * closed, so the unread bytes are never taken for a request.  Every route
  * takes GET and HEAD only (405 otherwise), checked here after the body.
- * A request's head must fit nng's 8 KiB read buffer (a longer one closes
- * the connection).  Leaves out: a bound on the number of connections.
+ * nng reads a request's head through an 8 KiB buffer and collects none
+ * past it (it closes most such connections, leaves some unread).  Leaves
+ * out: a bound on the number of connections and on how long they stay.
  */
 #include "queue/qhttp.h"
 #include "base/auth.h"
