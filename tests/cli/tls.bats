@@ -5,7 +5,8 @@
 # refused with a clear error and nothing is leased or pushed; a public TLS
 # listen that checks client certificates needs no --listen-public.  The
 # address dialled is checked against the server's IP subjectAltNames;
-# encrypted keys take --tls-key-pass-file; --tls-crl refuses revoked peers.
+# encrypted keys take --tls-key-pass-file; --tls-crl refuses revoked peers;
+# rl-rollout, rl-reward and rl-train train a step of the queue wiring over TLS.
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
@@ -221,6 +222,35 @@ start_tls_broker() {
 	[[ $stderr == *"2 records"* ]]
 	with_cert rl-queue stat "$URL" > "$D/st"
 	grep -q 'scored 2 ' "$D/st"
+}
+
+@test "the queue wiring over tls+tcp://: rl-rollout, rl-reward and rl-train with an encrypted client key (--tls-key-pass-file) and --tls-crl train a step; rl-rollout without the password, rl-train without a certificate and a revoked rl-rollout are refused and lease nothing" {
+	start_tls_broker --tls-crl "$C/crl.pem"
+	write_model "$D"
+	head -4 "$D/prompts.jsonl" > "$D/p.jsonl"
+	with_cert rl-queue put -q "$URL" "$D/p.jsonl"
+	CLI=(--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.enc.key" --tls-key-pass-file "$C/pw" --tls-crl "$C/crl.pem")
+	run -1 --separate-stderr timeout 60 rl-rollout -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1 \
+		--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.enc.key"
+	[[ $stderr == *"the private key '$C/cli.enc.key' is encrypted and no password was given"* ]]
+	run -1 --separate-stderr timeout 60 rl-rollout -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1 \
+		--tls-ca "$C/ca.pem" --tls-cert "$C/rev.pem" --tls-key "$C/rev.key"
+	[[ $stderr == *"TLS handshake failed"* ]]
+	with_cert rl-queue stat "$URL" > "$D/st"
+	grep -q 'prompt 4 ' "$D/st"
+	timeout 60 rl-rollout -q -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1 "${CLI[@]}"
+	timeout 60 rl-reward -q --queue "$URL" -t arith --idle-exit 1 "${CLI[@]}"
+	with_cert rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 8 ' "$D/st"
+	run -1 --separate-stderr timeout 60 rl-train -m "$D/m0" --out "$D/ck0" --batch 2 --queue "$URL" --idle-exit 1 \
+		--tls-ca "$C/ca.pem"
+	[[ $stderr == *"TLS handshake failed"* ]]
+	with_cert rl-queue stat "$URL" > "$D/st"
+	grep -q 'scored 8 ' "$D/st"
+	run -0 --separate-stderr timeout 120 rl-train -m "$D/m0" --out "$D/ck" --batch 2 --queue "$URL" --idle-exit 1 \
+		--no-skip-zero-adv --metrics "$D/m.jsonl" "${CLI[@]}"
+	[ "$(wc -l < "$D/m.jsonl")" -ge 1 ]
+	ls "$D"/ck/*/model.safetensors
 }
 
 # the TLS version a server negotiates with openssl s_client (the independent
