@@ -458,11 +458,11 @@ for t in th:
 for k, (t, r) in sorted(res.items()):
     print("%s: closed after %.2f s: %r" % (k, t, r[:40]))
 t, r = res["idle"]
-assert 0.9 <= t < 1.8 and r == b"", res["idle"]
+assert 0.9 <= t < 2.5 and r == b"", res["idle"]
 t, r = res["loris"]   # 35 bytes at 4 a second would take ~9 s
-assert 0.9 <= t < 1.8 and r.startswith(b"HTTP/1.1 408 "), res["loris"]
+assert 0.9 <= t < 2.5 and r.startswith(b"HTTP/1.1 408 "), res["loris"]
 t, r = res["kept"]    # its response, then closed a second after it
-assert 0.9 <= t < 1.8 and r.startswith(b"HTTP/1.1 200 ") and r.count(b"HTTP/1.1") == 1, res["kept"]
+assert 0.9 <= t < 2.5 and r.startswith(b"HTTP/1.1 200 ") and r.count(b"HTTP/1.1") == 1, res["kept"]
 print("ok")
 EOF
 	echo "$output"
@@ -560,7 +560,7 @@ EOF
 }
 
 @test "a client that asks for the page many times and never reads does not stop others being served; its deadline closes it" {
-	start_broker --http-timeout 2
+	start_broker --http-timeout 4
 	run python3 - "$HTTP" <<'EOF'
 import socket, sys, time, urllib.request
 host, port = sys.argv[1].rsplit(":", 1)
@@ -579,8 +579,8 @@ for i in range(20):
     assert r.status == 200 and b"rlqueue_trainer_version" in r.read()
 served = time.time() - t0
 print("page %d bytes; 20 scrapes while stuck: %.2f s" % (page, served))
-assert served < 2, served
-time.sleep(2.5)   # past its deadline: closed with most of its responses unsent
+assert served < 3, served   # and within its deadline: it was stuck all along
+time.sleep(t0 + 4.5 - time.time())   # past its deadline: closed with most of its responses unsent
 got = 0
 try:
     while True:
