@@ -61,6 +61,11 @@ static const char usage_text[] =
 	"      --http ADDR          serve /metrics (Prometheus), /api/stats (JSON) and\n"
 	"                           a live dashboard at / on ADDR (HOST:PORT, :PORT)\n"
 	"      --http-public        allow --http on a non-loopback address\n"
+	"      --http-max-conns N   --http connections at once; more are answered 503\n"
+	"                           and closed (default 64)\n"
+	"      --http-timeout S     seconds an --http connection has to send a request\n"
+	"                           head, from its start or the last response, and to\n"
+	"                           take a response; idle ones close then (default 10)\n"
 	"      --listen-public      allow --listen on a non-loopback address without\n"
 	"                           TLS client certificates\n"
 	"      --tls-cert FILE      tls+tcp://: this server's certificate (PEM)\n"
@@ -97,7 +102,7 @@ stats_cb(void *arg, char **json)
 	return rl_qserve_stats_json(arg, json);
 }
 
-enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_MAX_CONNS, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_RECOVER,
+enum { OPT_STALE = 256, OPT_MAX_MSG, OPT_MAX_CONNS, OPT_COMPACT, OPT_CONTEXTS, OPT_HTTP, OPT_HTTP_PUBLIC, OPT_HTTP_MAX_CONNS, OPT_HTTP_TIMEOUT, OPT_RECOVER,
        OPT_LISTEN_PUBLIC, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_TLS_PASS, OPT_TLS_CRL, OPT_AUTH_KEY, OPT_AUTO_HOLD, OPT_AUTO_BUBBLE,
        OPT_AUTO_DRIFT, OPT_OVERSAMPLE, OPT_STRAGGLERS };
 
@@ -142,6 +147,8 @@ rlq_serve_main(int argc, char **argv)
 		{ "contexts", required_argument, NULL, OPT_CONTEXTS },
 		{ "http", required_argument, NULL, OPT_HTTP },
 		{ "http-public", no_argument, NULL, OPT_HTTP_PUBLIC },
+		{ "http-max-conns", required_argument, NULL, OPT_HTTP_MAX_CONNS },
+		{ "http-timeout", required_argument, NULL, OPT_HTTP_TIMEOUT },
 		{ "listen-public", no_argument, NULL, OPT_LISTEN_PUBLIC },
 		{ "tls-cert", required_argument, NULL, OPT_TLS_CERT },
 		{ "tls-key", required_argument, NULL, OPT_TLS_KEY },
@@ -165,6 +172,8 @@ rlq_serve_main(int argc, char **argv)
 	const char *tls_pass = NULL, *tls_crl = NULL;
 	rl_qserve *s = NULL;
 	rl_qhttp *hs = NULL;
+	int http_max_conns = 64;
+	double http_timeout = 10;
 	int c, rv, http_public = 0, listen_public = 0, verbosity = RL_LOG_NORMAL, auto_opts = 0, straggler_opt = 0;
 	long long v;
 	uint64_t sz;
@@ -266,6 +275,14 @@ rlq_serve_main(int argc, char **argv)
 			break;
 		case OPT_HTTP: http = optarg; break;
 		case OPT_HTTP_PUBLIC: http_public = 1; break;
+		case OPT_HTTP_MAX_CONNS:
+			if ((rv = rl_cli_int32(c, optarg, 1, 10000, &http_max_conns)) != 0)
+				return rv;
+			break;
+		case OPT_HTTP_TIMEOUT:
+			if ((rv = rl_cli_double(c, optarg, 0.05, 86400, &http_timeout)) != 0)
+				return rv;
+			break;
 		case OPT_LISTEN_PUBLIC: listen_public = 1; break;
 		case OPT_TLS_CERT: tls_cert = optarg; break;
 		case OPT_TLS_KEY: tls_key = optarg; break;
@@ -334,6 +351,7 @@ rlq_serve_main(int argc, char **argv)
 		rl_qhttp_config hc = {
 			.addr = http, .allow_public = http_public,
 			.stats = stats_cb, .arg = s,
+			.max_conns = http_max_conns, .timeout_s = http_timeout,
 		};
 		if ((rv = rl_qhttp_open(&hs, &hc)) != 0) {
 			rl_qserve_close(s);

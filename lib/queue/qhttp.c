@@ -1,26 +1,21 @@
 /*
- * qhttp.c — rl-queue's HTTP listener (see qhttp.h).
+ * qhttp.c — rl-queue's HTTP listener (see qhttp.h): the address check, the
+ * Prometheus rendering of the stats JSON, the routes and the page.
  *
- * nng's HTTP server parses requests (and answers malformed ones with 400
- * and a closed connection); handlers here run on nng's threads and only
- * call the stats callback, which takes the broker's lock briefly.
- * No route takes a request body: nng is told not to collect any (it would
- * otherwise hold up to 1 MiB per connection, and connections are not
- * counted), and a request announcing one is answered 413 and its connection
- * closed, so the unread bytes are never taken for a request.  Every route
- * takes GET and HEAD only (405 otherwise), checked here after the body.
- * nng reads a request's head through an 8 KiB buffer and collects none
- * past it (it closes most such connections, leaves some unread).  Leaves
- * out: a bound on the number of connections and on how long they stay.
+ * The HTTP itself is qhttpd.c's: it bounds connections, their deadlines and
+ * the request head, refuses bodies (413) and malformed requests, and calls
+ * route() on its one thread for a parsed request.  The routes take GET and
+ * HEAD only (405 otherwise, 404 for other paths); the data routes check the
+ * shared key.  The stats callback takes the broker's lock briefly.
+ * Leaves out: TLS (http:// only), routes that take a body.
  */
 #include "queue/qhttp.h"
+#include "queue/qhttpd.h"
 #include "base/auth.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <cjson/cJSON.h>
-#include <nng/nng.h>
-#include <nng/supplemental/http/http.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +24,7 @@
 
 struct rl_qhttp {
 	rl_qhttp_config cfg;
-	nng_http_server *srv;
-	int started;
+	rli_httpd *srv;
 	char url[300];
 	rl_buf page;
 };
@@ -390,69 +384,29 @@ rl_qhttp_prometheus(rl_buf *out, const char *json)
 	return rv;
 }
 
-/* ---- handlers --------------------------------------------------------------------------------------- */
+/* ---- routes ----------------------------------------------------------------------------------------- */
 
 static void
-respond(nng_aio *aio, uint16_t status, const char *type, const void *body, size_t len)
+text(rli_httpd_reply *rep, int status, const char *msg)
 {
-	nng_http_res *res;
-	int rv;
-
-	if ((rv = nng_http_res_alloc(&res)) != 0) {
-		nng_aio_finish(aio, rv);
-		return;
-	}
-	if ((rv = nng_http_res_set_status(res, status)) != 0 ||
-	    (rv = nng_http_res_set_header(res, "Content-Type", type)) != 0 ||
-	    (rv = nng_http_res_set_header(res, "Cache-Control", "no-store")) != 0 ||
-	    (status == NNG_HTTP_STATUS_PAYLOAD_TOO_LARGE && (rv = nng_http_res_set_header(res, "Connection", "close")) != 0) ||
-	    (status == NNG_HTTP_STATUS_METHOD_NOT_ALLOWED && (rv = nng_http_res_set_header(res, "Allow", "GET, HEAD")) != 0) ||
-	    (rv = nng_http_res_copy_data(res, body, len)) != 0) {
-		nng_http_res_free(res);
-		nng_aio_finish(aio, rv);
-		return;
-	}
-	nng_aio_set_output(aio, 0, res);
-	nng_aio_finish(aio, 0);
-}
-
-/* Answers a request these routes cannot take (a body: 413 and the
- * connection closed; a method other than GET or HEAD: 405) and returns 1;
- * 0 for one to serve. */
-static int
-refused(nng_aio *aio, nng_http_req *req)
-{
-	static const char big[] = "this listener's routes take no request body\n";
-	static const char meth[] = "only GET and HEAD are served here\n";
-	const char *cl = req ? nng_http_req_get_header(req, "Content-Length") : NULL;
-	const char *m = req ? nng_http_req_get_method(req) : "GET";
-
-	/* any length but a plain 0, or a chunked body, counts as a body */
-	if ((cl && strspn(cl, "0") != strlen(cl)) || (cl && !*cl) ||
-	    (req && nng_http_req_get_header(req, "Transfer-Encoding") != NULL)) {
-		respond(aio, NNG_HTTP_STATUS_PAYLOAD_TOO_LARGE, "text/plain; charset=utf-8", big, sizeof big - 1);
-		return 1;
-	}
-	if (strcmp(m, "GET") != 0 && strcmp(m, "HEAD") != 0) {
-		respond(aio, NNG_HTTP_STATUS_METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", meth, sizeof meth - 1);
-		return 1;
-	}
-	return 0;
+	rep->status = status;
+	rep->type = "text/plain; charset=utf-8";
+	rep->body = msg;
+	rep->len = strlen(msg);
 }
 
 /* With a shared key, the data routes (/api/stats, /metrics) need
  * "Authorization: Bearer KEY"; the page itself holds no data. */
 static int
-authorized(nng_http_req *req)
+authorized(const char *v)
 {
 	size_t klen, n;
 	const uint8_t *key = rli_auth_key(&klen);
-	const char *v;
 	uint8_t want[RLI_AUTH_MAC_LEN], got[RLI_AUTH_MAC_LEN];
 
 	if (!key)
 		return 1;
-	if (!req || (v = nng_http_req_get_header(req, "Authorization")) == NULL || strncasecmp(v, "Bearer ", 7) != 0)
+	if (v == NULL || strncasecmp(v, "Bearer ", 7) != 0)
 		return 0;
 	v += 7;
 	while (*v == ' ')
@@ -468,84 +422,93 @@ authorized(nng_http_req *req)
 }
 
 static void
-serve_stats(nng_aio *aio, int prom)
+serve_stats(rl_qhttp *h, rli_httpd_reply *rep, int prom)
 {
-	nng_http_handler *hd = nng_aio_get_input(aio, 1);
-	rl_qhttp *h = nng_http_handler_get_data(hd);
 	char *json = NULL;
 	rl_buf b;
 	int rv;
 
-	if (refused(aio, nng_aio_get_input(aio, 0)))
-		return;
-	if (!authorized(nng_aio_get_input(aio, 0))) {
-		static const char msg[] = "this broker has a shared key: send 'Authorization: Bearer KEY' "
-		    "(the contents of its --auth-key-file)\n";
-		respond(aio, NNG_HTTP_STATUS_UNAUTHORIZED, "text/plain; charset=utf-8", msg, sizeof msg - 1);
-		return;
-	}
 	if ((rv = h->cfg.stats(h->cfg.arg, &json)) != 0) {
-		const char *msg = rl_strerror(rv);
-		respond(aio, NNG_HTTP_STATUS_INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8", msg, strlen(msg));
+		text(rep, 500, rl_strerror(rv));
 		return;
 	}
 	if (!prom) {
-		respond(aio, NNG_HTTP_STATUS_OK, "application/json", json, strlen(json));
-		free(json);
+		rep->status = 200;
+		rep->type = "application/json";
+		rep->owned = json;
+		rep->len = strlen(json);
 		return;
 	}
 	rl_buf_init(&b);
 	rv = rl_qhttp_prometheus(&b, json);
 	free(json);
 	if (rv != 0) {
-		const char *msg = rl_strerror(rv);
-		respond(aio, NNG_HTTP_STATUS_INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8", msg, strlen(msg));
-	} else {
-		respond(aio, NNG_HTTP_STATUS_OK, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
+		rl_buf_fini(&b);
+		text(rep, 500, rl_strerror(rv));
+		return;
 	}
-	rl_buf_fini(&b);
+	rep->status = 200;
+	rep->type = "text/plain; version=0.0.4; charset=utf-8";
+	rep->len = b.len;
+	rep->owned = (char *)rl_buf_steal(&b, NULL);
 }
 
-static void on_metrics(nng_aio *aio) { serve_stats(aio, 1); }
-static void on_api_stats(nng_aio *aio) { serve_stats(aio, 0); }
-
-/* the dashboard page: no data in it, so no key */
+/* Every route takes GET and HEAD only; the server has refused bodies. */
 static void
-on_page(nng_aio *aio)
+route(void *arg, const rli_httpd_req *rq, rli_httpd_reply *rep)
 {
-	rl_qhttp *h = nng_http_handler_get_data(nng_aio_get_input(aio, 1));
+	static const char unauth[] = "this broker has a shared key: send 'Authorization: Bearer KEY' "
+	    "(the contents of its --auth-key-file)\n";
+	rl_qhttp *h = arg;
+	int page = strcmp(rq->path, "/") == 0, prom = strcmp(rq->path, "/metrics") == 0;
 
-	if (!refused(aio, nng_aio_get_input(aio, 0)))
-		respond(aio, NNG_HTTP_STATUS_OK, "text/html; charset=utf-8", h->page.p, h->page.len);
+	if (!page && !prom && strcmp(rq->path, "/api/stats") != 0) {
+		text(rep, 404, "no such page: this listener serves /, /metrics and /api/stats\n");
+		return;
+	}
+	if (strcmp(rq->method, "GET") != 0 && strcmp(rq->method, "HEAD") != 0) {
+		text(rep, 405, "only GET and HEAD are served here\n");
+		rep->extra = "Allow: GET, HEAD\r\n";
+		return;
+	}
+	if (page) {   /* no data in it, so no key */
+		rep->status = 200;
+		rep->type = "text/html; charset=utf-8";
+		rep->body = h->page.p;
+		rep->len = h->page.len;
+		return;
+	}
+	if (!authorized(rq->authorization)) {
+		text(rep, 401, unauth);
+		rep->extra = "WWW-Authenticate: Bearer realm=\"rl-queue\"\r\n";
+		return;
+	}
+	serve_stats(h, rep, prom);
 }
 
 /* ---- listener --------------------------------------------------------------------------------------- */
 
-static int
-add(rl_qhttp *h, const char *path, void (*cb)(nng_aio *))
+/* HOST and PORT of a URL rl_qhttp_parse_addr made ("http://H:P", "http://[V6]:P") */
+static void
+split_url(char *host, size_t hn, char *port, size_t pn, const char *url)
 {
-	nng_http_handler *hd;
-	int rv;
+	const char *p = url + 7, *colon = strrchr(p, ':');
+	size_t l;
 
-	if ((rv = nng_http_handler_alloc(&hd, path, cb)) != 0)
-		return rv;
-	/* every method reaches refused(), which answers 413 before 405; nng
-	 * collects no body */
-	if ((rv = nng_http_handler_set_method(hd, NULL)) != 0 ||
-	    (rv = nng_http_handler_collect_body(hd, false, 0)) != 0 ||
-	    (rv = nng_http_handler_set_data(hd, h, NULL)) != 0 ||
-	    (rv = nng_http_server_add_handler(h->srv, hd)) != 0)
-		nng_http_handler_free(hd);
-	return rv;
+	if (*p == '[')
+		p++;
+	l = (size_t)(colon - p) - (colon[-1] == ']');
+	snprintf(host, hn, "%.*s", (int)l, p);
+	snprintf(port, pn, "%s", colon + 1);
 }
 
 int
 rl_qhttp_open(rl_qhttp **out, const rl_qhttp_config *cfg)
 {
 	rl_qhttp *h;
-	nng_url *u = NULL;
-	nng_sockaddr sa;
-	int rv = RL_OK, nrv, loop;
+	rli_httpd_config sc = { 0 };
+	char host[256], port[16];
+	int rv = RL_OK, loop;
 
 	*out = NULL;
 	if ((h = rl_try_calloc(1, sizeof *h, "http listener")) == NULL)
@@ -564,36 +527,24 @@ rl_qhttp_open(rl_qhttp **out, const rl_qhttp_config *cfg)
 	}
 	if (!loop)
 		rl_warn("--http: serving stats without authentication on '%s'", h->url);
-	rv = RL_ENET;
-	if ((nrv = nng_url_parse(&u, h->url)) != 0 || (nrv = nng_http_server_hold(&h->srv, u)) != 0)
-		goto nfail;
-	if ((nrv = add(h, "/metrics", on_metrics)) != 0 || (nrv = add(h, "/api/stats", on_api_stats)) != 0)
-		goto nfail;
 	if ((rv = rl_qhttp_page_build(&h->page, NULL)) != 0)
 		goto fail;
-	rv = RL_ENET;
-	if ((nrv = add(h, "/", on_page)) != 0)
-		goto nfail;
-	if ((nrv = nng_http_server_start(h->srv)) != 0)
-		goto nfail;
-	h->started = 1;
-	if (nng_http_server_get_addr(h->srv, &sa) == 0 && u->u_port && strcmp(u->u_port, "0") == 0) {
-		int port = sa.s_family == NNG_AF_INET6 ? ntohs(sa.s_in6.sa_port) : ntohs(sa.s_in.sa_port);
+	split_url(host, sizeof host, port, sizeof port, h->url);
+	sc.host = host;
+	sc.port = port;
+	sc.max_conns = cfg->max_conns;
+	sc.timeout_s = cfg->timeout_s;
+	sc.fn = route;
+	sc.arg = h;
+	if ((rv = rli_httpd_open(&h->srv, &sc, h->url)) != 0)
+		goto fail;
+	if (strcmp(port, "0") == 0) {
 		char *colon = strrchr(h->url, ':');
-		snprintf(colon + 1, sizeof h->url - (size_t)(colon + 1 - h->url), "%d", port);
+		snprintf(colon + 1, sizeof h->url - (size_t)(colon + 1 - h->url), "%d", rli_httpd_port(h->srv));
 	}
-	nng_url_free(u);
 	*out = h;
 	return RL_OK;
-nfail:
-	rl_error("--http: cannot listen on '%s': %s", h->url, nng_strerror(nrv));
-	if (nrv == NNG_EADDRINUSE)
-		rl_hint("another process listens there; pick another port");
-	if (nrv == NNG_ENOMEM)
-		rv = RL_ENOMEM;
 fail:
-	if (u)
-		nng_url_free(u);
 	rl_qhttp_close(h);
 	return rv;
 }
@@ -654,11 +605,7 @@ rl_qhttp_close(rl_qhttp *h)
 {
 	if (h == NULL)
 		return;
-	if (h->srv) {
-		if (h->started)
-			nng_http_server_stop(h->srv);
-		nng_http_server_release(h->srv);
-	}
+	rli_httpd_close(h->srv);   /* joins the thread before the page it sends is freed */
 	rl_buf_fini(&h->page);
 	free(h);
 }

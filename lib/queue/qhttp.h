@@ -1,5 +1,5 @@
 /*
- * qhttp.h — rl-queue's HTTP listener (nng's HTTP server): /metrics
+ * qhttp.h — rl-queue's HTTP listener (on qhttpd.h's server): /metrics
  * (Prometheus text exposition format 0.0.4), /api/stats (the JSON of
  * `rl-queue stat --json`) and / (a self-contained dashboard page that polls
  * /api/stats, drawn with Chart.js from Debian's libjs-chart.js, put inline
@@ -10,6 +10,8 @@
  * listener has no TLS).  With the process's shared key (base/auth.h) the
  * data routes need it as a bearer token.  Every route takes GET and HEAD
  * and no request body (413, the connection closed, nothing read).
+ * Connections are bounded in number and time (max_conns, timeout_s; see
+ * qhttpd.h for what a client over a bound gets).
  */
 #ifndef RL_QHTTP_H
 #define RL_QHTTP_H
@@ -20,7 +22,7 @@
 #include "base/io.h"
 
 /* Stats source: puts a malloc'd NUL-terminated JSON object in *json (the
- * caller frees it); returns 0 or an rl_err.  Called from nng's threads. */
+ * caller frees it); returns 0 or an rl_err.  Called from the listener's thread. */
 typedef int (*rl_qhttp_stats_fn)(void *arg, char **json);
 
 typedef struct rl_qhttp_config {
@@ -28,11 +30,14 @@ typedef struct rl_qhttp_config {
 	int allow_public;        /* bind to non-loopback addresses too */
 	rl_qhttp_stats_fn stats;
 	void *arg;               /* passed to stats; borrowed, must outlive the listener */
+	int max_conns;           /* connections at once (0: 64) */
+	double timeout_s;        /* a request head within this of the connection's start
+	                          * or of the last response; an idle one closed then (0: 10) */
 } rl_qhttp_config;
 
 typedef struct rl_qhttp rl_qhttp;
 
-/* rl_qhttp_parse_addr: turns addr into an nng URL ("http://HOST:PORT") in
+/* rl_qhttp_parse_addr: turns addr into a URL ("http://HOST:PORT") in
  * url (n bytes) and sets *loopback when HOST is localhost, 127.0.0.0/8 or
  * ::1 (literals only: other names count as public).  ":PORT" means
  * 127.0.0.1.  Errors: RL_EINVAL (bad form or port), RL_ETOOBIG (url too

@@ -1,0 +1,233 @@
+/*
+ * test_qhttpd.c — the HTTP server under rl-queue's listener (qhttpd.c)
+ * through real sockets: a request reaches the handler parsed (path without
+ * query, Authorization), owned and borrowed bodies, HEAD, the connection
+ * bound (503), a deadline, 3,000 heads made of random pieces of HTTP each
+ * answered with a status and a whole response (run under ASan for the
+ * parser's memory safety), and a close that joins the thread while
+ * connections are open, one of them stuck on a response it does not read.
+ */
+#include "queue/qhttpd.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/rng.h"
+#include "t.h"
+
+static char big[300000];
+static int calls;
+
+static void
+handler(void *arg, const rli_httpd_req *rq, rli_httpd_reply *rep)
+{
+	char tmp[256];
+	int n;
+
+	(void)arg;
+	calls++;
+	if (strcmp(rq->path, "/big") == 0) {
+		rep->status = 200;
+		rep->body = big;
+		rep->len = sizeof big;
+		return;
+	}
+	n = snprintf(tmp, sizeof tmp, "%s %s %s", rq->method, rq->path, rq->authorization ? rq->authorization : "-");
+	rep->status = strcmp(rq->path, "/missing") == 0 ? 404 : 200;
+	rep->owned = strdup(tmp);
+	rep->len = (size_t)n;
+}
+
+static int
+dial(int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+		perror("connect");
+		exit(1);
+	}
+	return fd;
+}
+
+/* Reads one whole response (head and Content-Length bytes) or until the
+ * close, waiting at most 3 s; returns its length in out (NUL-terminated). */
+static size_t
+read_response(int fd, char *out, size_t cap, int head_only)
+{
+	size_t n = 0;
+
+	for (;;) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		char *e = memmem(out, n, "\r\n\r\n", 4), *cl;
+		ssize_t r;
+
+		out[n] = 0;
+		if (e && (cl = strcasestr(out, "\r\nContent-Length: ")) != NULL && cl < e) {
+			size_t want = (size_t)(e + 4 - out) + (head_only ? 0 : strtoul(cl + 18, NULL, 10));
+			if (n >= want)
+				return n;
+		}
+		if (n + 1 >= cap || poll(&p, 1, 3000) != 1)
+			return n;
+		if ((r = recv(fd, out + n, cap - 1 - n, 0)) <= 0)
+			return n;
+		n += (size_t)r;
+	}
+}
+
+static size_t
+ask(int port, const char *req, size_t len, char *out, size_t cap)
+{
+	int fd = dial(port);
+	size_t n;
+
+	T_OK(send(fd, req, len, MSG_NOSIGNAL) == (ssize_t)len);
+	n = read_response(fd, out, cap, strncmp(req, "HEAD ", 5) == 0);
+	close(fd);
+	return n;
+}
+
+static void
+test_requests(int port)
+{
+	static char out[400000];
+	const char *r1 = "GET /x?q=1 HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer k k \r\n\r\n";
+	const char *r2 = "HEAD /big HTTP/1.1\r\nHost: a\r\n\r\n";
+	const char *r3 = "GET /big HTTP/1.0\r\n\r\n";
+	size_t n;
+
+	n = ask(port, r1, strlen(r1), out, sizeof out);
+	T_OK(n > 0 && strncmp(out, "HTTP/1.1 200 OK\r\n", 17) == 0, "%.40s", out);
+	T_OK(strstr(out, "\r\n\r\nGET /x Bearer k k") != NULL, "%s", out);
+	T_OK(strstr(out, "\r\nCache-Control: no-store\r\n") != NULL && strstr(out, "\r\nDate: ") != NULL);
+	n = ask(port, r2, strlen(r2), out, sizeof out);
+	T_OK(strstr(out, "\r\nContent-Length: 300000\r\n") != NULL && n == (size_t)(strstr(out, "\r\n\r\n") + 4 - out),
+	    "HEAD: %zu bytes", n);
+	n = ask(port, r3, strlen(r3), out, sizeof out);
+	T_OK(n > sizeof big && memcmp(out + n - sizeof big, big, sizeof big) == 0, "%zu bytes", n);
+	T_OK(strstr(out, "\r\nConnection: close\r\n") != NULL);
+}
+
+/* heads of random pieces, each ending with the empty line: every one gets
+ * one well-formed answer; the handler sees only those that parse */
+static void
+test_random_heads(int port)
+{
+	static const char *pieces[] = {
+		"GET", "HEAD", " ", "  ", "/", "/a?b", "http://h/p", "HTTP/1.1", "HTTP/1.0", "HTTP/2.0", "HTTP/1.",
+		"\r\n", "\r\n", "\r\n", "\n", "\r", ":", "Host", "Host: h", "Connection: close",
+		"Content-Length: 0", "Content-Length: 5", "Transfer-Encoding: x", "Authorization: Bearer z",
+		"\t", "\x01", "\x7f", "\xff", "a", "x-y", "(", ",", "Connection: keep-alive",
+	};
+	static const int known[] = { 200, 400, 404, 413, 505 };
+	char req[512], out[4096];
+	rl_rng rng = { 42, 0 };
+	int ok = 0;
+
+	for (int i = 0; i < 3000; i++) {
+		size_t n = 0;
+		int k = 1 + (int)((uint32_t)rl_rng_next(&rng) % 14), st = 0;
+		/* a third start as a good request line, so headers get parsed too */
+		if (i % 3 == 0)
+			n = (size_t)snprintf(req, sizeof req, "GET /r HTTP/1.1\r\n");
+		for (int j = 0; j < k; j++) {
+			const char *p = pieces[(uint32_t)rl_rng_next(&rng) % RL_ARRAY_LEN(pieces)];
+			memcpy(req + n, p, strlen(p));
+			n += strlen(p);
+		}
+		/* empty lines alone are skipped as before a request line: the
+		 * server would wait for one until the deadline */
+		req[n] = 0;
+		if (strspn(req, "\r\n") >= n)
+			req[0] = 'X';
+		memcpy(req + n, "\r\n\r\n", 4);
+		n += 4;
+		ask(port, req, n, out, sizeof out);
+		if (sscanf(out, "HTTP/1.1 %d ", &st) == 1) {
+			int was = ok;
+			for (size_t q = 0; q < RL_ARRAY_LEN(known); q++)
+				ok += st == known[q];
+			T_OK(ok > was, "status %d for %d: %.*s", st, i, (int)n, req);
+		} else
+			T_OK(0, "no answer to %d: %.*s", i, (int)n, req);
+	}
+	T_EQ_INT(ok, 3000);
+}
+
+static void
+test_bounds_and_close(rli_httpd *s, int port)
+{
+	char out[4096];
+	int fds[3], stuck;
+	double t0;
+	size_t n;
+
+	for (int i = 0; i < 3; i++)
+		fds[i] = dial(port);
+	usleep(100000);
+	stuck = dial(port);   /* the 4th of max_conns 3 */
+	n = read_response(stuck, out, sizeof out, 0);
+	T_OK(n > 0 && strncmp(out, "HTTP/1.1 503 ", 13) == 0, "%.40s", out);
+	close(stuck);
+	/* the deadline (0.5 s) frees the three idle ones */
+	t0 = rl_now();
+	n = read_response(fds[0], out, sizeof out, 0);
+	T_OK(n == 0 && rl_now() - t0 > 0.3 && rl_now() - t0 < 2, "closed after %.2f s", rl_now() - t0);
+	for (int i = 0; i < 3; i++)
+		close(fds[i]);
+	usleep(100000);
+	/* one connection stuck on responses it does not read, one idle: close
+	 * still joins at once */
+	stuck = dial(port);
+	for (int i = 0; i < 20; i++)
+		T_OK(send(stuck, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n", 30, MSG_NOSIGNAL) == 30);
+	fds[0] = dial(port);
+	usleep(100000);
+	t0 = rl_now();
+	rli_httpd_close(s);
+	T_OK(rl_now() - t0 < 0.3, "close took %.2f s", rl_now() - t0);
+	T_OK(recv(fds[0], out, sizeof out, 0) == 0);   /* closed by the server */
+	close(stuck);
+	close(fds[0]);
+}
+
+int
+main(void)
+{
+	rli_httpd_config cfg = { .host = "127.0.0.1", .port = "0", .max_conns = 3, .timeout_s = 0.5, .fn = handler };
+	rli_httpd *s = NULL;
+	int rv, port;
+	char err[512];
+
+	T_BEGIN("qhttpd");
+	for (size_t i = 0; i < sizeof big; i++)
+		big[i] = (char)('a' + i % 26);
+	T_EQ_INT(rli_httpd_open(&s, &cfg, "http://127.0.0.1:0"), 0);
+	if (s == NULL)
+		T_END();
+	port = rli_httpd_port(s);
+	T_OK(port > 0);
+	test_requests(port);
+	test_random_heads(port);
+	/* a port taken: RL_ENET, the address and the reason named */
+	{
+		char url[64], p[16];
+		rli_httpd *s2 = NULL;
+		rli_httpd_config c2 = cfg;
+		snprintf(p, sizeof p, "%d", port);
+		snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+		c2.port = p;
+		T_CAPTURE(rli_httpd_open(&s2, &c2, url), &rv, err);
+		T_EQ_INT(rv, RL_ENET);
+		T_OK(strstr(err, "cannot listen on 'http://127.0.0.1:") != NULL && strstr(err, "in use") != NULL, "%s", err);
+		T_OK(s2 == NULL);
+	}
+	test_bounds_and_close(s, port);
+	T_END();
+}
