@@ -5,11 +5,14 @@
 # the version when all are in (docs/sync.md, "A version pushed in parts"):
 # the version a worker pulls holds the tensors of the checkpoint's
 # model.safetensors byte for byte, and rl-rollout generates from it what it
-# generates from the checkpoint; with --zero 3 (parameters sharded,
-# gathered for the save) the parts are the checkpoint's tensors too, and a
-# version only published (--ckpt-every) is built unit by unit: byte for byte
-# the gathered path's version, with the shard and one unit resident (rank
-# 0's memory/publish_params_resident_mb), not the whole model.
+# generates from the checkpoint; with --zero 3 (parameters sharded) the
+# parts are the checkpoint's tensors too, and every version is built unit
+# by unit (in the walk that writes the step's directory, or alone for a
+# version only published): byte for byte --zero 2's versions and
+# directories, with the shard and one unit resident (rank 0's
+# memory/save_params_resident_mb and memory/publish_params_resident_mb),
+# not the whole model; rank 0 failing to write a directory stops both ranks
+# with the cause named and no part pushed.
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
@@ -180,6 +183,49 @@ PY
 	run -0 check "$(params_mb "$T/every.metrics.0" memory/publish_params_resident_mb)" 1,2,3,4
 	run -0 check "$(params_mb "$T/half.metrics.0" memory/save_params_resident_mb)" 1,2,4
 	run -0 check "$(params_mb "$T/half.metrics.0" memory/publish_params_resident_mb)" 1,2,3,4
+}
+
+@test "--push-parts with --zero 3: rank 0 cannot write a step's directory: both ranks exit 1 saying why, no part pushed" {
+	# rank 0 may write files of 512 KiB at most (SIGXFSZ ignored: write(2)
+	# fails with EFBIG), the model's safetensors file is 2 MB: the step's
+	# directory fails in the middle of the walk over the units, which rank
+	# 0 still finishes (the other rank gathers with it), then tells rank 1
+	T=$BATS_TEST_TMPDIR
+	deep_model "$T/big"
+	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$T/s16.jsonl"
+	serve
+	# fail2 STEPS ARGS...: rank 1 as is, rank 0 limited; both must exit 1
+	fail2() {
+		local steps=$1; shift
+		PORT=$(free_port)
+		local args=(-q -m "$T/big/m0" --out "$T/o" --world 2 --rendezvous "127.0.0.1:$PORT" --zero 3 --push-parts
+		    --sync "$URL" --batch 4 --lr 1e-2 --max-steps "$steps" --save-every 100 "$@" "$T/s16.jsonl")
+		rl-train --rank 1 "${args[@]}" 3>&- 2> "$T/err.1" &
+		local p=$! rc=0
+		PIDS="$PIDS $p"
+		run -1 --separate-stderr bash -c 'trap "" XFSZ; ulimit -f 512; exec "$@"' sh rl-train --rank 0 "${args[@]}"
+		echo "$stderr"
+		[[ "$stderr" == *"File too large"* ]]
+		wait "$p" || rc=$?
+		cat "$T/err.1"
+		[ "$rc" = 1 ]
+	}
+	# step 1, a full checkpoint: the optimizer shards' agreement says it
+	fail2 1
+	grep -q "rank 0 could not write step 1's checkpoint; no optimizer shard written" "$T/err.1"
+	[ ! -e "$T/o/step-00000001" ]
+	rl-sync status "$URL" --json | jq -e '.parts == null and .versions_from_parts == 0 and .latest == 0'
+	# step 2 of a resumed run, a directory without optimizer state: rank 1
+	# learns it from rank 0's end of the walk and pushes nothing
+	rm -rf "$T/o"
+	PORT=$(free_port)
+	TD="$T/big" TRAIN_WORLD_DATA="$T/s16.jsonl" train_world 2 "$T/o" --zero 3 --push-parts --sync "$URL" --batch 4 \
+	    --lr 1e-2 --max-steps 1 --save-every 100
+	rl-sync status "$URL" --json | jq -e '.latest == 1 and .versions_from_parts == 1'
+	fail2 3 --resume
+	grep -q "rank 0 could not write step 2's checkpoint; version 2 not published by this rank" "$T/err.1"
+	[ ! -e "$T/o/step-00000002" ]
+	rl-sync status "$URL" --json | jq -e '.parts == null and .versions_from_parts == 1 and .latest == 1'
 }
 
 @test "--push-parts: usage errors" {
