@@ -185,6 +185,43 @@ PY
 	run -0 check "$(params_mb "$T/half.metrics.0" memory/publish_params_resident_mb)" 1,2,3,4
 }
 
+@test "--push-parts with --zero 3, a bf16 model with PPO's value head: the walk and the full saves' second pass; = ZeRO-2's bytes" {
+	# bf16: a full save (--save-every 2) writes the f32 master weights into
+	# optimizer.safetensors after the model, a second pass over the units
+	# after the walk; PPO: the value head's file after the model's
+	T=$BATS_TEST_TMPDIR
+	mkdir -p "$T/big"
+	deep_model "$T/f32"
+	sed 's/"torch_dtype":"float32"/"torch_dtype":"bfloat16"/' "$T/f32/cfg.json" > "$T/big/cfg.json"
+	rl-train -q --init "$T/big/cfg.json" --tokenizer bytes --out "$T/big/m0" --seed 1
+	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$T/s16.jsonl"
+	export TRAIN_WORLD_DATA="$T/s16.jsonl"
+	args=(--ckpt-every 1 --algo ppo --save-every 2)
+	z3_units z2 --zero 2 "${args[@]}"
+	z3_units z3 --zero 3 "${args[@]}" -v -v
+	diff -r "$T/z3.v" "$T/z2.v"
+	head -c 400 "$T/z3.v/v000004/model-00001-of-00002.safetensors" | grep -q '"dtype":"BF16"'
+	for s in 1 2 3 4; do same_dir "$T/z3/step-0000000$s" "$T/z2/step-0000000$s"; done
+	# the full saves: the master weights' index (second pass) and the value head
+	for s in 2 4; do [ -s "$T/z3/step-0000000$s/optimizer.safetensors" ]; done
+	# the master weights in the index: ZeRO-2's tensors byte for byte (the
+	# files differ in their save id only)
+	python3 - "$T/z3/step-00000004/optimizer.safetensors" "$T/z2/step-00000004/optimizer.safetensors" <<'PY'
+import json, struct, sys
+def read(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]) for k, v in h.items()}
+a, b = read(sys.argv[1]), read(sys.argv[2])
+assert len(a) > 50 and a == b, (len(a), sorted(set(a) ^ set(b))[:4])
+print(len(a), "master weight tensors")
+PY
+	[ ! -e "$T/z3/step-00000003/optimizer.safetensors" ]
+	[ -s "$T/z3/step-00000004/value_head.safetensors" ]
+	grep -q "pushed part 1 of 2 of version 4 (.*built unit by unit" "$T/z3.err.1"
+}
+
 @test "--push-parts with --zero 3: rank 0 cannot write a step's directory: both ranks exit 1 saying why, no part pushed" {
 	# rank 0 may write files of 512 KiB at most (SIGXFSZ ignored: write(2)
 	# fails with EFBIG), the model's safetensors file is 2 MB: the step's
