@@ -323,8 +323,8 @@ save_follow(trainer *tr)
 		if (u < 0) {
 			/* with the optimizer shards, their agreement says it */
 			if (!tr->shard_pending)
-				rl_error("rank 0 could not write step %d's checkpoint; version %d not published by "
-				    "this rank", tr->m->version, tr->m->version);
+				rl_error("rank 0 could not write step %d's checkpoint%s", tr->m->version,
+				    tr->wpc ? "; this rank's part of the version not pushed" : "");
 			return RL_EIO;
 		}
 		if (tr->z3_walk && u == tr->z3_walk->next)

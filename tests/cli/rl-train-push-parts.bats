@@ -260,7 +260,7 @@ PY
 	    --lr 1e-2 --max-steps 1 --save-every 100
 	rl-sync status "$URL" --json | jq -e '.latest == 1 and .versions_from_parts == 1'
 	fail2 3 --resume
-	grep -q "rank 0 could not write step 2's checkpoint; version 2 not published by this rank" "$T/err.1"
+	grep -q "rank 0 could not write step 2's checkpoint; this rank's part of the version not pushed" "$T/err.1"
 	[ ! -e "$T/o/step-00000002" ]
 	rl-sync status "$URL" --json | jq -e '.parts == null and .versions_from_parts == 1 and .latest == 1'
 }
