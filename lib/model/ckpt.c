@@ -1031,27 +1031,63 @@ part_of(size_t before, size_t total, int nparts)
 	return total ? (int)((unsigned __int128)before * (unsigned)nparts / total) : 0;
 }
 
-int
-rl_ckpt_part_files(rl_ckpt_file **out, int *nout, rl_model *m, int part, int nparts)
+/* A part built a tensor at a time: the image is laid out (header, every
+ * tensor's place) at the open, each tensor encoded into its place when put. */
+struct rl_ckpt_part {
+	rl_model *m;
+	int part, nparts;
+	int ne, nput;           /* the part's tensors; those encoded */
+	int *idx;               /* (ne) table index of each entry */
+	int *entry;             /* (table n) entry of each tensor, -1 outside the part */
+	uint8_t **slot;         /* (ne) each entry's place in img */
+	size_t *slot_n;         /* (ne) its bytes */
+	char *put;              /* (ne) encoded yet */
+	uint8_t *img;           /* the part's safetensors image */
+	size_t nimg;
+	char *index;            /* model.safetensors.index.json (part 0) */
+	fill_ctx fc;            /* the encoder, its f32 buffer the largest tensor */
+};
+
+/* rl_st_write_mem's fill at the open: nothing encoded, each entry's place
+ * noted (the bytes there are written by rl_ckpt_part_put). */
+static int
+locate(void *vctx, int e, void *out, size_t nbytes)
 {
-	return rl_ckpt_part_files_need(out, nout, m, part, nparts, NULL, NULL);
+	rl_ckpt_part *p = vctx;
+
+	p->slot[e] = out;
+	p->slot_n[e] = nbytes;
+	return RL_OK;
+}
+
+void
+rl_ckpt_part_close(rl_ckpt_part *p)
+{
+	if (!p)
+		return;
+	free(p->idx);
+	free(p->entry);
+	free(p->slot);
+	free(p->slot_n);
+	free(p->put);
+	free(p->img);
+	free(p->index);
+	free(p->fc.buf);
+	free(p);
 }
 
 int
-rl_ckpt_part_files_need(rl_ckpt_file **out, int *nout, rl_model *m, int part, int nparts, rl_ckpt_need_fn need,
-    void *ctx)
+rl_ckpt_part_open(rl_ckpt_part **out, rl_model *m, int part, int nparts)
 {
-	rl_ckpt_file *all = NULL, *f = NULL;
+	rl_ckpt_part *p = NULL;
 	rl_st_entry *e = NULL;
-	uint8_t *img = NULL;
-	size_t nimg = 0, total = 0, before = 0, maxn = 0;
-	int rv, n = m->tt.n, nall = 0, nf = 0, nhf = 0, ne = 0, *idx = NULL, dtype = m->cfg.dtype;
+	size_t total = 0, before = 0, maxn = 0;
+	int rv, n = m->tt.n, nhf = 0, dtype = m->cfg.dtype;
 	char fname[64];
 	const char *meta[] = { "format", "pt" };
 	cJSON *root = NULL, *wm;
 
 	*out = NULL;
-	*nout = 0;
 	if (m->lora != NULL || part < 0 || part >= nparts) {
 		rl_error("%s", m->lora ? "a version in parts of LoRA adapters: not supported (they are small)" :
 		    "bad part");
@@ -1065,55 +1101,107 @@ rl_ckpt_part_files_need(rl_ckpt_file **out, int *nout, rl_model *m, int part, in
 		total += m->tt.t[i].n * rl_dtype_size(dtype);
 		maxn = RL_MAX(maxn, m->tt.t[i].n);
 	}
+	p = rl_xcalloc(1, sizeof *p);
+	p->m = m;
+	p->part = part;
+	p->nparts = nparts;
 	e = rl_xcalloc((size_t)nhf + 1, sizeof *e);
-	idx = rl_xcalloc((size_t)nhf + 1, sizeof *idx);
+	p->idx = rl_xcalloc((size_t)nhf + 1, sizeof *p->idx);
+	p->entry = rl_xcalloc((size_t)n + 1, sizeof *p->entry);
+	p->slot = rl_xcalloc((size_t)nhf + 1, sizeof *p->slot);
+	p->slot_n = rl_xcalloc((size_t)nhf + 1, sizeof *p->slot_n);
+	p->put = rl_xcalloc((size_t)nhf + 1, 1);
+	for (int i = 0; i < n; i++)
+		p->entry[i] = -1;
 	root = cJSON_CreateObject();
 	cJSON_AddNumberToObject(cJSON_AddObjectToObject(root, "metadata"), "total_size", (double)total);
 	wm = cJSON_AddObjectToObject(root, "weight_map");
 	for (int i = 0; i < nhf; i++) {
-		int p = part_of(before, total, nparts);
+		int q = part_of(before, total, nparts);
 		before += m->tt.t[i].n * rl_dtype_size(dtype);
-		snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", p + 1, nparts);
+		snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", q + 1, nparts);
 		cJSON_AddStringToObject(wm, m->tt.t[i].name, fname);
-		if (p != part)
+		if (q != part)
 			continue;
-		idx[ne] = i;
-		e[ne].name = m->tt.t[i].name;
-		e[ne].dtype = dtype;
-		e[ne].ndim = rl_tensor_file_shape(&m->tt.t[i], e[ne].shape);
-		ne++;
+		p->entry[i] = p->ne;
+		p->idx[p->ne] = i;
+		e[p->ne].name = m->tt.t[i].name;
+		e[p->ne].dtype = dtype;
+		e[p->ne].ndim = rl_tensor_file_shape(&m->tt.t[i], e[p->ne].shape);
+		p->ne++;
+	}
+	p->fc = (fill_ctx){ .m = m, .dtype = dtype, .idx = p->idx };
+	if ((p->fc.buf = rl_try_malloc((maxn ? maxn : 1) * sizeof(float), "checkpoint buffer")) == NULL) {
+		rv = RL_ENOMEM;
+		goto out;
+	}
+	if ((rv = rl_st_write_mem(&p->img, &p->nimg, e, p->ne, meta, 1, locate, p)) != 0)
+		goto out;
+	if (part == 0) {
+		char *ix = cJSON_Print(root);
+		size_t nix = strlen(ix);
+		p->index = rl_xmalloc(nix + 2);
+		memcpy(p->index, ix, nix);
+		p->index[nix] = '\n';
+		p->index[nix + 1] = '\0';
+		cJSON_free(ix);
+	}
+	*out = p;
+	p = NULL;
+	rv = RL_OK;
+out:
+	rl_ckpt_part_close(p);
+	free(e);
+	cJSON_Delete(root);
+	return rv;
+}
+
+int
+rl_ckpt_part_put(rl_ckpt_part *p, int tensor)
+{
+	int k = tensor >= 0 && tensor < p->m->tt.n ? p->entry[tensor] : -1, rv;
+
+	if (k < 0 || p->put[k])
+		return RL_OK;
+	if ((rv = fill(&p->fc, k, p->slot[k], p->slot_n[k])) != 0)
+		return rv;
+	p->put[k] = 1;
+	p->nput++;
+	return RL_OK;
+}
+
+int
+rl_ckpt_part_finish(rl_ckpt_part *p, rl_ckpt_file **out, int *nout)
+{
+	rl_ckpt_file *all = NULL, *f = NULL;
+	int rv, nall = 0, nf = 0;
+
+	*out = NULL;
+	*nout = 0;
+	if (p->nput != p->ne) {
+		for (int k = 0; k < p->ne; k++)
+			if (!p->put[k]) {
+				rl_error("part %d of %d: tensor '%s' was never encoded", p->part, p->nparts,
+				    p->m->tt.t[p->idx[k]].name);
+				break;
+			}
+		return RL_EINVAL;
 	}
 	/* the part's file name lives behind the entries: freed with them */
 	f = rl_xcalloc(1, 16 * sizeof *f + 64);
-	{
-		fill_ctx fc = { .m = m, .dtype = dtype, .idx = idx, .need = need, .need_ctx = ctx };
-		if ((fc.buf = rl_try_malloc((maxn ? maxn : 1) * sizeof(float), "checkpoint buffer")) == NULL) {
-			rv = RL_ENOMEM;
-			goto out;
-		}
-		rv = rl_st_write_mem(&img, &nimg, e, ne, meta, 1, fill, &fc);
-		free(fc.buf);
-		if (rv != 0)
-			goto out;
-	}
-	snprintf((char *)(f + 16), 64, "model-%05d-of-%05d.safetensors", part + 1, nparts);
+	snprintf((char *)(f + 16), 64, "model-%05d-of-%05d.safetensors", p->part + 1, p->nparts);
 	f[nf].name = (const char *)(f + 16);
-	f[nf].data = img;
-	f[nf++].size = nimg;
-	img = NULL;
-	if (part == 0) {
+	f[nf].data = p->img;
+	f[nf++].size = p->nimg;
+	p->img = NULL;
+	if (p->part == 0) {
 		/* the rest of the directory: config, the index naming every
 		 * tensor's file, the tokenizer (those of the whole version's files) */
-		char *ix = cJSON_Print(root);
-		size_t nix = strlen(ix);
-		char *ixn = rl_xmalloc(nix + 2);
-		memcpy(ixn, ix, nix);
-		ixn[nix] = '\n';
-		cJSON_free(ix);
 		f[nf].name = "model.safetensors.index.json";
-		f[nf].data = (uint8_t *)ixn;
-		f[nf++].size = nix + 1;
-		if ((rv = weight_files(&all, &nall, m, 0)) != 0)
+		f[nf].size = strlen(p->index);
+		f[nf++].data = (uint8_t *)p->index;
+		p->index = NULL;
+		if ((rv = weight_files(&all, &nall, p->m, 0)) != 0)
 			goto out;
 		for (int k = 0; k < nall && nf < 16; k++) {
 			if (strcmp(all[k].name, "model.safetensors") == 0 ||
@@ -1132,9 +1220,31 @@ rl_ckpt_part_files_need(rl_ckpt_file **out, int *nout, rl_model *m, int part, in
 out:
 	rl_ckpt_files_free(all, nall);
 	rl_ckpt_files_free(f, nf);
-	free(img);
-	free(e);
-	free(idx);
-	cJSON_Delete(root);
+	return rv;
+}
+
+int
+rl_ckpt_part_files(rl_ckpt_file **out, int *nout, rl_model *m, int part, int nparts)
+{
+	return rl_ckpt_part_files_need(out, nout, m, part, nparts, NULL, NULL);
+}
+
+int
+rl_ckpt_part_files_need(rl_ckpt_file **out, int *nout, rl_model *m, int part, int nparts, rl_ckpt_need_fn need,
+    void *ctx)
+{
+	rl_ckpt_part *p = NULL;
+	int rv;
+
+	*out = NULL;
+	*nout = 0;
+	if ((rv = rl_ckpt_part_open(&p, m, part, nparts)) != 0)
+		return rv;
+	for (int k = 0; rv == 0 && k < p->ne; k++)
+		if ((!need || (rv = need(ctx, p->idx[k])) == 0))
+			rv = rl_ckpt_part_put(p, p->idx[k]);
+	if (rv == 0)
+		rv = rl_ckpt_part_finish(p, out, nout);
+	rl_ckpt_part_close(p);
 	return rv;
 }

@@ -131,6 +131,22 @@ int rl_ckpt_part_files(rl_ckpt_file **out, int *n, rl_model *m, int part, int np
 typedef int (*rl_ckpt_need_fn)(void *ctx, int tensor);
 int rl_ckpt_part_files_need(rl_ckpt_file **out, int *n, rl_model *m, int part, int nparts, rl_ckpt_need_fn need,
     void *ctx);
+/* rl_ckpt_part: the same part built a tensor at a time, in any order, for
+ * parameters in memory a piece at a time whose order someone else sets
+ * (rl-train --zero 3 writing a directory while it builds its part).
+ * rl_ckpt_part_open lays out the part's image (RL_ENOMEM, RL_EINVAL as
+ * above); rl_ckpt_part_put encodes tensor `tensor` (table index) from the
+ * parameters as they are now, nothing for a tensor of another part or one
+ * put already; rl_ckpt_part_finish hands over the files as
+ * rl_ckpt_part_files does (RL_EINVAL, naming it, when a tensor of the part
+ * was never put; the handle then holds nothing more of use);
+ * rl_ckpt_part_close frees the handle (NULL ok).  The files are byte for
+ * byte rl_ckpt_part_files'.  Not thread-safe. */
+typedef struct rl_ckpt_part rl_ckpt_part;
+int rl_ckpt_part_open(rl_ckpt_part **out, rl_model *m, int part, int nparts);
+int rl_ckpt_part_put(rl_ckpt_part *p, int tensor);
+int rl_ckpt_part_finish(rl_ckpt_part *p, rl_ckpt_file **out, int *n);
+void rl_ckpt_part_close(rl_ckpt_part *p);
 
 /* Sharded AdamW state (ckpt_shard.c).  A save's id is in every file of
  * it, so that pieces of another run or step are refused. */

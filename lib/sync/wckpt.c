@@ -11,16 +11,14 @@
 
 #include <stdlib.h>
 
-static int
-from_files(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts, rl_ckpt_need_fn need, void *ctx)
+int
+rl_wver_from_files(rl_wver **out, uint64_t version, rl_ckpt_file *f, int n)
 {
-	rl_ckpt_file *f = NULL;
 	rl_wver *v = NULL;
-	int rv, n = 0;
+	int rv;
 
 	*out = NULL;
-	if ((rv = nparts ? rl_ckpt_part_files_need(&f, &n, m, part, nparts, need, ctx) : rl_ckpt_weight_files(&f, &n, m)) != 0 ||
-	    (rv = rl_wver_create(&v, version)) != 0)
+	if ((rv = rl_wver_create(&v, version)) != 0)
 		goto out;
 	/* the blobs take the files' buffers (the image is 250 MB for GPT-2);
 	 * elem 0 is the default by name: 2 for model.safetensors, else 1 */
@@ -36,6 +34,22 @@ from_files(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts, r
 	v = NULL;
 out:
 	rl_wver_destroy(v);
+	for (int i = 0; i < n; i++) {
+		free(f[i].data);
+		f[i].data = NULL;
+	}
+	return rv;
+}
+
+static int
+from_files(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts, rl_ckpt_need_fn need, void *ctx)
+{
+	rl_ckpt_file *f = NULL;
+	int rv, n = 0;
+
+	*out = NULL;
+	if ((rv = nparts ? rl_ckpt_part_files_need(&f, &n, m, part, nparts, need, ctx) : rl_ckpt_weight_files(&f, &n, m)) == 0)
+		rv = rl_wver_from_files(out, version, f, n);
 	rl_ckpt_files_free(f, n);
 	return rv;
 }

@@ -27,5 +27,9 @@ int rl_wver_from_ckpt_part(rl_wver **out, rl_model *m, uint64_t version, int par
  * hook (need may be NULL). */
 int rl_wver_from_ckpt_part_need(rl_wver **out, rl_model *m, uint64_t version, int part, int nparts,
     rl_ckpt_need_fn need, void *ctx);
+/* rl_wver_from_files: version `version` of the n files f (hashed), which
+ * give it their data buffers: on return every f[i].data is NULL (taken or
+ * freed, success or not); the array stays the caller's. */
+int rl_wver_from_files(rl_wver **out, uint64_t version, rl_ckpt_file *f, int n);
 
 #endif

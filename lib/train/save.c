@@ -8,8 +8,9 @@
  * with ZeRO-3 a version only published in parts (--push-parts) or to the
  * weights group is built unit by unit, each rank its part, rank 0 sending
  * each unit to the group, and a directory is written unit by unit by rank
- * 0 while every rank gathers the units it names (the whole model gathered
- * only for a directory step that also sends to the group or in parts).
+ * 0 while every rank gathers the units it names; a directory step that also
+ * sends to the group or in parts does all of it in the directory's walk
+ * (never the whole model gathered for a save).
  * Leaves out: the checkpoint format itself (model/ckpt.c).
  */
 #include <dirent.h>
@@ -212,34 +213,98 @@ publish_only(const trainer *tr, int full)
 	return every > 1 && !full && tr->m->version % every != 0;
 }
 
+typedef struct unit_walk {
+	trainer *tr;
+	int next;               /* the next unit to gather */
+	int send;               /* rank 0: each unit's range to the weights group */
+	int srv;                /* the group's first failure (the walk goes on) */
+	rl_ckpt_part *part;     /* a directory step's walk with --push-parts: this rank's part */
+	int prv;                /* the part's first failure (the walk goes on) */
+} unit_walk;
+
+/* The next unit gathered, the one before given back; on rank 0 with a
+ * weights group, the unit's own range forwarded to the group while it is
+ * in; with a part built as the units come (rl_ckpt_part), the part's
+ * tensors of this unit encoded.  A failed send or encoding stops that, not
+ * the walk. */
+static int
+unit_next(unit_walk *w)
+{
+	rl_model *m = w->tr->m;
+	size_t lo, hi;
+	int rv;
+
+	if ((rv = rli_zero3_unit_only(w->tr, w->next)) != 0)
+		return rv;
+	if (w->send && w->srv == 0) {
+		rli_zero3_unit_span(m, w->next, &lo, &hi);
+		w->srv = rl_wgroup_send_range(w->tr->wg, lo, hi);
+	}
+	for (int i = 0; w->part && w->prv == 0 && i < m->tt.n; i++)
+		if (rli_zero3_unit_of(m, m->tt.t[i].off) == w->next)
+			w->prv = rl_ckpt_part_put(w->part, i);
+	w->next++;
+	return RL_OK;
+}
+
 /* ZeRO-3, a directory written unit by unit (tr->z3_save): rl_ckpt_save_need's
  * hook on rank 0.  The unit holding tensor i is gathered unless it is the
  * one in (the one before given back), the other ranks told which first
- * (save_follow). */
+ * (save_follow).  In a step that also publishes (tr->z3_walk) the files'
+ * first pass over the table is the walk: every unit up to tensor i's in
+ * turn, none skipped, each sent and put in the parts while in; a later pass
+ * (a bf16 model's master weights) gathers only. */
 static int
 save_need(void *ctx, int i)
 {
 	trainer *tr = ctx;
+	unit_walk *w = tr->z3_walk;
 	int u = rli_zero3_unit_of(tr->m, tr->m->tt.t[i].off), rv;
 
 	if (u == tr->z3_unit)
 		return RL_OK;
+	if (w && u >= w->next) {
+		while (w->next <= u) {
+			int k = w->next;
+			if ((rv = rl_comm_host_broadcast(tr->comm, &k, sizeof k, 0)) != 0 || (rv = unit_next(w)) != 0)
+				return rv;
+		}
+		return RL_OK;
+	}
 	if ((rv = rl_comm_host_broadcast(tr->comm, &u, sizeof u, 0)) != 0)
 		return rv;
 	return rli_zero3_unit_only(tr, u);
 }
 
-/* Rank 0 done with the units (written or failed): the other ranks leave
- * save_follow.  Once per save, before any other collective. */
+/* Rank 0 done with the units (written, or failed: `failed`): the other
+ * ranks leave save_follow, told -1 (written) or -2.  Once per save, before
+ * any other collective.  A walk (tr->z3_walk) is finished first, also
+ * after a failure of the files, so every part is whole and the group gets
+ * the version, as it did before the files when the model was gathered. */
 static int
-save_stop(trainer *tr)
+save_stop(trainer *tr, int failed)
 {
-	int u = -1;
+	const int units = tr->m->cfg.n_layer + 2;
+	unit_walk *w = tr->z3_walk;
+	int u, rv = RL_OK, r2;
 
 	if (!tr->z3_save)
 		return RL_OK;
 	tr->z3_save = 0;
-	return rl_comm_host_broadcast(tr->comm, &u, sizeof u, 0);
+	while (w && rv == 0 && w->next < units) {
+		u = w->next;
+		if ((rv = rl_comm_host_broadcast(tr->comm, &u, sizeof u, 0)) == 0)
+			rv = unit_next(w);
+	}
+	if (w && w->send && w->srv == 0 && rv == 0) {
+		w->srv = rl_wgroup_send_end(tr->wg);
+		if (w->srv == 0)
+			rl_verbose("sent version %d to the weights group unit by unit (%d ranges) with its directory",
+			    tr->m->version, units);
+	}
+	u = failed || rv ? -2 : -1;
+	r2 = rl_comm_host_broadcast(tr->comm, &u, sizeof u, 0);
+	return rv ? rv : r2;
 }
 
 /* The other ranks while rank 0 writes: the units it names gathered with it,
@@ -253,9 +318,20 @@ save_follow(trainer *tr)
 	for (;;) {
 		if ((rv = rl_comm_host_broadcast(tr->comm, &u, sizeof u, 0)) != 0)
 			return rv;
-		if (u < 0)
+		if (u == -1)
 			return RL_OK;
-		if ((rv = rli_zero3_unit_only(tr, u)) != 0)
+		if (u < 0) {
+			/* with the optimizer shards, their agreement says it */
+			if (!tr->shard_pending)
+				rl_error("rank 0 could not write step %d's checkpoint%s", tr->m->version,
+				    tr->wpc ? "; this rank's part of the version not pushed" : "");
+			return RL_EIO;
+		}
+		if (tr->z3_walk && u == tr->z3_walk->next)
+			rv = unit_next(tr->z3_walk);
+		else
+			rv = rli_zero3_unit_only(tr, u);
+		if (rv != 0)
 			return rv;
 	}
 }
@@ -272,8 +348,9 @@ rli_save_publish(trainer *tr, int full, int push)
 	/* unit by unit: the shards were checked by every rank (shards_finite) */
 	if (!tr->z3_save && (rv = check_finite(tr)) != 0)
 		return rv;
-	/* the weights group: straight from the parameters, before any file */
-	if (push && tr->wg && (rv = rl_wgroup_send(tr->wg, tr->m->version)) != 0)
+	/* the weights group: straight from the parameters, before any file
+	 * (unit by unit in the files' walk: save_need, save_stop) */
+	if (push && tr->wg && !tr->z3_walk && (rv = rl_wgroup_send(tr->wg, tr->m->version)) != 0)
 		return rv;
 	if (push && (tr->ws || tr->wg) && publish_only(tr, full)) {
 		/* --ckpt-every: rl-sync or the group carries this version; no directory, no fsync */
@@ -292,14 +369,14 @@ rli_save_publish(trainer *tr, int full, int push)
 		 * state that makes the directory a full checkpoint */
 		rl_ckpt_shards sh = { tr->world, tr->ckpt_id };
 		rv = rl_ckpt_save_need(tr->m, tr->o->out_dir, 1, &sh, need, tr, dir, sizeof dir);
-		int r2 = save_stop(tr);
+		int r2 = save_stop(tr, rv != 0);
 		rv = rv ? rv : r2;
 		r2 = rli_zero_save_shards(tr, rv == 0);
 		if ((rv = rv ? rv : r2) != 0)
 			return rv;
 	} else {
 		rv = rl_ckpt_save_need(tr->m, tr->o->out_dir, full, NULL, need, tr, dir, sizeof dir);
-		int r2 = save_stop(tr);
+		int r2 = save_stop(tr, rv != 0);
 		if ((rv = rv ? rv : r2) != 0)
 			return rv;
 	}
@@ -492,51 +569,33 @@ full_due(trainer *tr, int *full)
 
 /* --push-parts: this rank's part of the version (its 1/world of the
  * model's files, rl_ckpt_part_files) to rl-sync, a delta against its last
- * one; the server publishes the version when every rank's part is in. */
+ * one; the server publishes the version when every rank's part is in.  The
+ * part is the walk's (w: built as the units came) or cut from the
+ * parameters (the whole model in memory). */
 static int
-push_part(trainer *tr)
+push_part(trainer *tr, unit_walk *w)
 {
+	rl_ckpt_file *f = NULL;
 	rl_wver *v = NULL;
 	double t0 = rl_now();
-	int rv, pub = 0;
+	int rv, pub = 0, nf = 0;
 
-	if ((rv = rl_wver_from_ckpt_part(&v, tr->m, (uint64_t)tr->m->version, tr->rank, tr->world)) != 0 ||
-	    (rv = rl_wsync_push_part(tr->wpc, v, tr->wpart, tr->rank, tr->world, &pub)) != 0) {
+	if (w && (rv = w->prv) == 0 && (rv = rl_ckpt_part_finish(w->part, &f, &nf)) == 0)
+		rv = rl_wver_from_files(&v, (uint64_t)tr->m->version, f, nf);
+	else if (!w)
+		rv = rl_wver_from_ckpt_part(&v, tr->m, (uint64_t)tr->m->version, tr->rank, tr->world);
+	rl_ckpt_files_free(f, nf);
+	if (rv != 0 || (rv = rl_wsync_push_part(tr->wpc, v, tr->wpart, tr->rank, tr->world, &pub)) != 0) {
 		rl_error("cannot push part %d of %d of version %d to '%s'", tr->rank, tr->world, tr->m->version,
 		    tr->o->sync_url);
 		rl_wver_destroy(v);
 		return rv;
 	}
-	rl_verbose("pushed part %d of %d of version %d (%llu bytes) in %.2f s%s", tr->rank, tr->world,
-	    tr->m->version, (unsigned long long)rl_wver_total(v), rl_now() - t0, pub ? ": published" : "");
+	rl_verbose("pushed part %d of %d of version %d (%llu bytes%s) in %.2f s%s", tr->rank, tr->world,
+	    tr->m->version, (unsigned long long)rl_wver_total(v), w ? ", built unit by unit" : "", rl_now() - t0,
+	    pub ? ": published" : "");
 	rl_wver_destroy(tr->wpart);
 	tr->wpart = v;
-	return RL_OK;
-}
-
-typedef struct unit_walk {
-	trainer *tr;
-	int next;               /* the next unit to gather */
-	int send;               /* rank 0: each unit's range to the weights group */
-	int srv;                /* the group's first failure (the walk goes on) */
-} unit_walk;
-
-/* The next unit gathered, the one before given back; on rank 0 with a
- * weights group, the unit's own range forwarded to the group while it is
- * in.  A failed send stops the sending, not the walk. */
-static int
-unit_next(unit_walk *w)
-{
-	size_t lo, hi;
-	int rv;
-
-	if ((rv = rli_zero3_unit_only(w->tr, w->next)) != 0)
-		return rv;
-	if (w->send && w->srv == 0) {
-		rli_zero3_unit_span(w->tr->m, w->next, &lo, &hi);
-		w->srv = rl_wgroup_send_range(w->tr->wg, lo, hi);
-	}
-	w->next++;
 	return RL_OK;
 }
 
@@ -562,7 +621,7 @@ static int
 group_units(trainer *tr)
 {
 	const int units = tr->m->cfg.n_layer + 2;
-	unit_walk w = { tr, 0, tr->wg != NULL, RL_OK };
+	unit_walk w = { tr, 0, tr->wg != NULL, RL_OK, NULL, RL_OK };
 	double peak = tr->pres_peak;
 	int rv = RL_OK;
 
@@ -611,7 +670,7 @@ static int
 publish_units(trainer *tr)
 {
 	const int units = tr->m->cfg.n_layer + 2;
-	unit_walk w = { tr, 0, tr->wg != NULL, RL_OK };
+	unit_walk w = { tr, 0, tr->wg != NULL, RL_OK, NULL, RL_OK };
 	rl_wver *v = NULL;
 	double t0 = rl_now(), peak = tr->pres_peak;
 	int rv = RL_OK, r2 = RL_OK, pub = 0;
@@ -655,22 +714,36 @@ publish_units(trainer *tr)
 
 static int save_step(trainer *tr, int full);
 
-/* ZeRO-3: a directory written unit by unit (no weights group, no
- * --push-parts: those send from the whole model; rl-sync's whole version is
- * read from the directory), the finite check on the shards, agreed by all.
- * Every rank calls this with the same answer (options and full_due). */
+/* ZeRO-3: a directory written unit by unit (rl-sync's whole version is
+ * read from the directory), the finite check on the shards, agreed by all;
+ * with a weights group or --push-parts (full >= 0: a step that publishes)
+ * the directory's walk also sends each unit to the group and builds this
+ * rank's part (tr->z3_walk).  Every rank calls this with the same answer
+ * (options and full_due). */
 static int
 save_units_begin(trainer *tr, int full)
 {
 	const rl_train_opts *o = tr->o;
+	unit_walk *w;
 	int rv;
 
-	if (!tr->zp || (full >= 0 && publish_only(tr, full)) || (full >= 0 && (o->push_parts || o->wgroup_addr)))
+	if (!tr->zp || (full >= 0 && publish_only(tr, full)))
 		return rli_zero3_gather_all(tr);
 	if ((rv = shards_finite(tr)) != 0)
 		return rv;
 	rli_zero3_release(tr);
 	tr->z3_save = 1;
+	if (full < 0 || !(o->push_parts || o->wgroup_addr))
+		return RL_OK;
+	w = rl_xcalloc(1, sizeof *w);
+	w->tr = tr;
+	w->send = tr->wg != NULL;
+	if (w->send && (w->srv = rl_wgroup_send_begin(tr->wg, tr->m->version, tr->m->cfg.n_layer + 2)) != 0)
+		w->send = 0;
+	/* a failure here is this rank's at the push; the walk is everyone's */
+	if (tr->wpc)
+		w->prv = rl_ckpt_part_open(&w->part, tr->m, tr->rank, tr->world);
+	tr->z3_walk = w;
 	return RL_OK;
 }
 
@@ -684,16 +757,23 @@ save_units_end(trainer *tr, double peak)
 	rli_dp_params_resident(tr); /* a gathered save: the whole model beside the shard */
 	rli_zero3_release(tr);
 	tr->z3_save = 0;
+	if (tr->z3_walk) {
+		/* the version went out in the same walk: its peak is the save's */
+		tr->pub_pres_peak = RL_MAX(tr->pub_pres_peak, tr->pres_peak);
+		rl_ckpt_part_close(tr->z3_walk->part);
+		free(tr->z3_walk);
+		tr->z3_walk = NULL;
+	}
 	tr->save_pres_peak = RL_MAX(tr->save_pres_peak, tr->pres_peak);
 	tr->pres_peak = RL_MAX(peak, tr->pres_peak);
 }
 
 /* ZeRO-3: a step that writes a directory writes it unit by unit
- * (save_units_begin), or with the whole model gathered for a weights group
- * and --push-parts, given back after; a version only published (a step
- * --ckpt-every writes no directory for) in parts (--push-parts) or to the
- * weights group is built unit by unit too (publish_units; not to rl-sync
- * whole: its version is cut from the whole model). */
+ * (save_units_begin), sending to a weights group and building the parts in
+ * the same walk; a version only published (a step --ckpt-every writes no
+ * directory for) in parts (--push-parts) or to the weights group is built
+ * unit by unit too (publish_units; not to rl-sync whole: its version is cut
+ * from the whole model). */
 int
 rli_save_step(trainer *tr)
 {
@@ -729,7 +809,7 @@ save_step(trainer *tr, int full)
 	tr->shard_pending = tr->zero && full;
 	if (tr->rank == 0) {
 		rv = rli_save_publish(tr, full, 1);
-		int r2 = save_stop(tr); /* where it returned before the files */
+		int r2 = save_stop(tr, rv != 0); /* where it returned before the files */
 		rv = rv ? rv : r2;
 	} else if (tr->z3_save) {
 		rv = save_follow(tr);
@@ -740,7 +820,10 @@ save_step(trainer *tr, int full)
 		int r2 = rli_zero_save_shards(tr, tr->rank != 0 || rv == 0);
 		rv = rv ? rv : r2;
 	}
-	if (rv != 0 || (tr->wpc && (rv = push_part(tr)) != 0))
+	if (rv != 0 || (tr->wpc && (rv = push_part(tr, tr->z3_walk)) != 0))
+		return rv;
+	/* the group's failure, said by wgroup.c, after the part: that one is whole */
+	if (tr->z3_walk && (rv = tr->z3_walk->srv) != 0)
 		return rv;
 	if (full) {
 		tr->t_full = rl_now();
@@ -779,7 +862,7 @@ rli_save_final(trainer *tr, int start_step)
 		rl_io_remove_tree(dir);
 		tr->groups_pending = 1;
 		rv = rli_save_publish(tr, 1, 0);
-		int r2 = save_stop(tr);
+		int r2 = save_stop(tr, rv != 0);
 		rv = rv ? rv : r2;
 	} else if (tr->z3_save) {
 		rv = save_follow(tr);

@@ -166,6 +166,8 @@ typedef struct trainer {
 	double pub_pres_peak;    /* the same while this step's part was built unit by unit (save.c) */
 	double save_pres_peak;   /* the same while a directory was written this step (ZeRO-3, save.c) */
 	int z3_save;             /* ZeRO-3: this rank writes (rank 0) or follows a save unit by unit (save.c) */
+	struct unit_walk *z3_walk; /* ZeRO-3: a directory step that also publishes, its one walk over
+	                          * the units (save.c), else NULL */
 	double load_pres;        /* the same at the load (ZeRO-3: the shard read, dp.c), until the first metrics */
 	double gres_peak;        /* bytes of gradients resident at most this step (rli_dp_grads_resident) */
 	char *opt_dir;           /* --resume from sharded AdamW state: the directory each shard reads */

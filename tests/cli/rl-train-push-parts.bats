@@ -5,11 +5,14 @@
 # the version when all are in (docs/sync.md, "A version pushed in parts"):
 # the version a worker pulls holds the tensors of the checkpoint's
 # model.safetensors byte for byte, and rl-rollout generates from it what it
-# generates from the checkpoint; with --zero 3 (parameters sharded,
-# gathered for the save) the parts are the checkpoint's tensors too, and a
-# version only published (--ckpt-every) is built unit by unit: byte for byte
-# the gathered path's version, with the shard and one unit resident (rank
-# 0's memory/publish_params_resident_mb), not the whole model.
+# generates from the checkpoint; with --zero 3 (parameters sharded) the
+# parts are the checkpoint's tensors too, and every version is built unit
+# by unit (in the walk that writes the step's directory, or alone for a
+# version only published): byte for byte --zero 2's versions and
+# directories, with the shard and one unit resident (rank 0's
+# memory/save_params_resident_mb and memory/publish_params_resident_mb),
+# not the whole model; rank 0 failing to write a directory stops both ranks
+# with the cause named and no part pushed.
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
@@ -102,47 +105,164 @@ EOS
 	    "$TD/p1/step-00000002/model.safetensors" 2e-5 1e-4
 }
 
-@test "--push-parts with --zero 3: a version only published is built unit by unit, the same bytes, below the whole model" {
-	# --ckpt-every 2 over 4 steps: step 3 writes no directory, each rank
-	# builds its part of version 3 one gathered unit at a time; the reference
-	# is the same run with --ckpt-every 1, where every step is gathered whole
-	# the model: 8 layers, each small next to a rank's shard (as in
-	# rl-train-zero3.bats's memory test)
-	args=(--zero 3 --push-parts --batch 4 --lr 1e-2 --max-steps 4 --save-every 100 --keep 10)
-	deep_model "$T/big"
-	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$T/s16.jsonl"
-	export TRAIN_WORLD_DATA="$T/s16.jsonl"
-	serve --keep-previous
-	TD="$T/big" train_world 2 "$TD/u1" "${args[@]}" --sync "$URL" --ckpt-every 1
-	rl-sync pull "$URL" --out "$T/ref" --version 3 -q
-	kill "$SPID"; wait "$SPID" 2>/dev/null || true
-	PORT=$(free_port); URL=tcp://127.0.0.1:$PORT
+# same_dir A B: the step directories A and B hold the same files, byte for
+# byte, but for what names the save itself (the optimizer shards carry their
+# save's id; trainer_state.json the wall-clock times)
+same_dir() {
+	diff -r -x 'optimizer*' -x trainer_state.json "$1" "$2"
+}
+
+# z3_units OUT ARGS...: 2 ranks on the 8-layer model with --push-parts to a
+# fresh rl-sync server (--keep-previous: versions 3 and 4 pulled after) into
+# $T/OUT.v/
+z3_units() {
+	local out=$1; shift
+	URL=tcp://127.0.0.1:$(free_port)
 	serve --keep-previous
 	PORT=$(free_port)
-	TD="$T/big" train_world 2 "$TD/u2" "${args[@]}" --sync "$URL" --ckpt-every 2
+	TD="$T/big" train_world 2 "$T/$out" --push-parts --batch 4 --lr 1e-2 --max-steps 4 --save-every 100 \
+	    --keep 10 --sync "$URL" "$@"
 	rl-sync status "$URL" --json | jq -e '.latest == 4 and .versions_from_parts == 4 and .parts_refused == 0'
-	rl-sync pull "$URL" --out "$T/got" --version 3 -q
-	# the version pulled is the reference's, file for file, byte for byte
-	[ -f "$T/got/v000003/model-00002-of-00002.safetensors" ]
-	diff -r "$T/got/v000003" "$T/ref/v000003"
-	run -0 same_tensors "$T/got/v000003" "$TD/u1/step-00000003/model.safetensors"
-	# the steps with a directory are still written whole, as before
-	[ ! -e "$TD/u2/step-00000003" ]
-	for s in 2 4; do cmp "$TD/u2/step-0000000$s/model.safetensors" "$TD/u1/step-0000000$s/model.safetensors"; done
-	[ -s "$TD/u2/step-00000004/optimizer-00001-of-00002.safetensors" ]
-	# parameter memory while version 3 was built (mincore; rank 0 writes the
-	# metrics; only step 3 was built unit by unit): its shard (1/2) and one unit (a layer
-	# is 0.12 of the table), below the whole model that a gathered publish
-	# holds beside the shard (1.5)
-	python3 - "$TD/u2.metrics.0" <<'PY'
+	rl-sync pull "$URL" --out "$T/$out.v" --version 3 -q
+	rl-sync pull "$URL" --out "$T/$out.v" --version 4 -q
+	kill "$SPID"; wait "$SPID" 2>/dev/null || true
+}
+
+# params_mb METRICS NAME: {step: NAME / the whole model} of rank 0's metrics
+params_mb() {
+	python3 - "$1" "$2" <<'PY'
 import json, sys
 ms = [json.loads(l) for l in open(sys.argv[1])]
 full = ms[0]["memory/weights_mb"]
-got = {m["step"]: m["memory/publish_params_resident_mb"] / full for m in ms if "memory/publish_params_resident_mb" in m}
-print(got)
-assert list(got) == [3], got
-assert 0.5 < got[3] < 0.75, got
+print(json.dumps({m["step"]: round(m[sys.argv[2]] / full, 3) for m in ms if sys.argv[2] in m}))
 PY
+}
+
+@test "--push-parts with --zero 3: every version built unit by unit, with or without a directory; = ZeRO-2's bytes, below the whole model" {
+	# the reference: --zero 2 (every rank holds the whole model; the parts
+	# cut from it, the directories written from it).  --zero 3 with
+	# --ckpt-every 1: every step writes a directory and pushes its part in
+	# one walk over the units; --ckpt-every 2: step 3 writes no directory
+	# (publish_units), steps 1, 2 and 4 do (the walk).  The model: 8 layers,
+	# each small next to a rank's shard (as in rl-train-zero3.bats's memory
+	# test)
+	T=$BATS_TEST_TMPDIR
+	deep_model "$T/big"
+	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$T/s16.jsonl"
+	export TRAIN_WORLD_DATA="$T/s16.jsonl"
+	z3_units z2 --zero 2 --ckpt-every 1
+	z3_units every --zero 3 --ckpt-every 1 -v -v
+	z3_units half --zero 3 --ckpt-every 2 -v -v
+	# the versions pulled: the reference's, file for file, byte for byte,
+	# and the weights of ZeRO-2's checkpoint (read by Python)
+	[ -f "$T/every.v/v000004/model-00002-of-00002.safetensors" ]
+	for r in every half; do diff -r "$T/$r.v" "$T/z2.v"; done
+	run -0 same_tensors "$T/half.v/v000003" "$T/z2/step-00000003/model.safetensors"
+	run -0 same_tensors "$T/every.v/v000004" "$T/z2/step-00000004/model.safetensors"
+	grep -q "pushed part 0 of 2 of version 4 (.*built unit by unit" "$T/every.err.0"
+	grep -q "pushed part 1 of 2 of version 2 (.*built unit by unit" "$T/every.err.1"
+	# the directories: ZeRO-2's, byte for byte
+	for s in 1 2 3 4; do same_dir "$T/every/step-0000000$s" "$T/z2/step-0000000$s"; done
+	for s in 1 2 4; do same_dir "$T/half/step-0000000$s" "$T/z2/step-0000000$s"; done
+	[ ! -e "$T/half/step-00000003" ]
+	[ -s "$T/every/step-00000004/optimizer-00001-of-00002.safetensors" ]
+	# rank 0's parameter memory (mincore) while each directory was written
+	# and each version built: its shard (1/2) and one unit (a layer is 0.12
+	# of the table), never the whole model, which a gathered save or publish
+	# holds beside the shard (1.5)
+	check() {
+		python3 - "$@" <<'PY'
+import json, sys
+got, steps = json.loads(sys.argv[1]), [int(s) for s in sys.argv[2].split(",")]
+print(got)
+assert sorted(int(s) for s in got) == steps, got
+assert all(0.5 < x < 0.75 for x in got.values()), got
+PY
+	}
+	run -0 check "$(params_mb "$T/every.metrics.0" memory/save_params_resident_mb)" 1,2,3,4
+	run -0 check "$(params_mb "$T/every.metrics.0" memory/publish_params_resident_mb)" 1,2,3,4
+	run -0 check "$(params_mb "$T/half.metrics.0" memory/save_params_resident_mb)" 1,2,4
+	run -0 check "$(params_mb "$T/half.metrics.0" memory/publish_params_resident_mb)" 1,2,3,4
+}
+
+@test "--push-parts with --zero 3, a bf16 model with PPO's value head: the walk and the full saves' second pass; = ZeRO-2's bytes" {
+	# bf16: a full save (--save-every 2) writes the f32 master weights into
+	# optimizer.safetensors after the model, a second pass over the units
+	# after the walk; PPO: the value head's file after the model's
+	T=$BATS_TEST_TMPDIR
+	mkdir -p "$T/big"
+	deep_model "$T/f32"
+	sed 's/"torch_dtype":"float32"/"torch_dtype":"bfloat16"/' "$T/f32/cfg.json" > "$T/big/cfg.json"
+	rl-train -q --init "$T/big/cfg.json" --tokenizer bytes --out "$T/big/m0" --seed 1
+	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$T/s16.jsonl"
+	export TRAIN_WORLD_DATA="$T/s16.jsonl"
+	args=(--ckpt-every 1 --algo ppo --save-every 2)
+	z3_units z2 --zero 2 "${args[@]}"
+	z3_units z3 --zero 3 "${args[@]}" -v -v
+	diff -r "$T/z3.v" "$T/z2.v"
+	head -c 400 "$T/z3.v/v000004/model-00001-of-00002.safetensors" | grep -q '"dtype":"BF16"'
+	for s in 1 2 3 4; do same_dir "$T/z3/step-0000000$s" "$T/z2/step-0000000$s"; done
+	# the full saves: the master weights' index (second pass) and the value head
+	for s in 2 4; do [ -s "$T/z3/step-0000000$s/optimizer.safetensors" ]; done
+	# the master weights in the index: ZeRO-2's tensors byte for byte (the
+	# files differ in their save id only)
+	python3 - "$T/z3/step-00000004/optimizer.safetensors" "$T/z2/step-00000004/optimizer.safetensors" <<'PY'
+import json, struct, sys
+def read(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]) for k, v in h.items()}
+a, b = read(sys.argv[1]), read(sys.argv[2])
+assert len(a) > 50 and a == b, (len(a), sorted(set(a) ^ set(b))[:4])
+print(len(a), "master weight tensors")
+PY
+	[ ! -e "$T/z3/step-00000003/optimizer.safetensors" ]
+	[ -s "$T/z3/step-00000004/value_head.safetensors" ]
+	grep -q "pushed part 1 of 2 of version 4 (.*built unit by unit" "$T/z3.err.1"
+}
+
+@test "--push-parts with --zero 3: rank 0 cannot write a step's directory: both ranks exit 1 saying why, no part pushed" {
+	# rank 0 may write files of 512 KiB at most (SIGXFSZ ignored: write(2)
+	# fails with EFBIG), the model's safetensors file is 2 MB: the step's
+	# directory fails in the middle of the walk over the units, which rank
+	# 0 still finishes (the other rank gathers with it), then tells rank 1
+	T=$BATS_TEST_TMPDIR
+	deep_model "$T/big"
+	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$T/s16.jsonl"
+	serve
+	# fail2 STEPS ARGS...: rank 1 as is, rank 0 limited; both must exit 1
+	fail2() {
+		local steps=$1; shift
+		PORT=$(free_port)
+		local args=(-q -m "$T/big/m0" --out "$T/o" --world 2 --rendezvous "127.0.0.1:$PORT" --zero 3 --push-parts
+		    --sync "$URL" --batch 4 --lr 1e-2 --max-steps "$steps" --save-every 100 "$@" "$T/s16.jsonl")
+		rl-train --rank 1 "${args[@]}" 3>&- 2> "$T/err.1" &
+		local p=$! rc=0
+		PIDS="$PIDS $p"
+		run -1 --separate-stderr bash -c 'trap "" XFSZ; ulimit -f 512; exec "$@"' sh rl-train --rank 0 "${args[@]}"
+		echo "$stderr"
+		[[ "$stderr" == *"File too large"* ]]
+		wait "$p" || rc=$?
+		cat "$T/err.1"
+		[ "$rc" = 1 ]
+	}
+	# step 1, a full checkpoint: the optimizer shards' agreement says it
+	fail2 1
+	grep -q "rank 0 could not write step 1's checkpoint; no optimizer shard written" "$T/err.1"
+	[ ! -e "$T/o/step-00000001" ]
+	rl-sync status "$URL" --json | jq -e '.parts == null and .versions_from_parts == 0 and .latest == 0'
+	# step 2 of a resumed run, a directory without optimizer state: rank 1
+	# learns it from rank 0's end of the walk and pushes nothing
+	rm -rf "$T/o"
+	PORT=$(free_port)
+	TD="$T/big" TRAIN_WORLD_DATA="$T/s16.jsonl" train_world 2 "$T/o" --zero 3 --push-parts --sync "$URL" --batch 4 \
+	    --lr 1e-2 --max-steps 1 --save-every 100
+	rl-sync status "$URL" --json | jq -e '.latest == 1 and .versions_from_parts == 1'
+	fail2 3 --resume
+	grep -q "rank 0 could not write step 2's checkpoint; this rank's part of the version not pushed" "$T/err.1"
+	[ ! -e "$T/o/step-00000002" ]
+	rl-sync status "$URL" --json | jq -e '.parts == null and .versions_from_parts == 1 and .latest == 1'
 }
 
 @test "--push-parts: usage errors" {

@@ -3,8 +3,9 @@
 # rl-rollout --weights-group): on-policy through pipes, each version
 # broadcast from the trainer's parameters over the CPU ring, gives bit for bit
 # the weights of the same run through a checkpoint directory; with --zero 3
-# on 2 ranks a version only published goes out unit by unit, the worker
-# holding the bytes the gathered path sends, rank 0 below the whole model; a
+# on 2 ranks every version goes out unit by unit (in the walk that writes
+# its directory, or alone), the worker holding the bytes --zero 2 sends,
+# rank 0 below the whole model; a
 # third rank; a killed trainer, a model of another shape and a rank that
 # never joins fail fast with the cause named; usage errors.  Loopback only.
 
@@ -81,11 +82,13 @@ received() {
 	    "$T/$1.gen"
 }
 
-@test "--zero 3 on 2 ranks: a version only published goes to the group unit by unit, the same bytes, below the whole model" {
-	# --ckpt-every 2 over 4 steps: step 3 writes no directory; rank 0 sends
-	# version 3 to the group as one range per unit (embedding, 8 layers, head)
-	# while each is gathered.  The reference is the same run with --ckpt-every
-	# 1, where every version is gathered whole and sent in one broadcast
+@test "--zero 3 on 2 ranks: every version goes to the group unit by unit, with or without a directory; = ZeRO-2's bytes, below the whole model" {
+	# the reference: --zero 2, where every rank holds the whole model and
+	# each version goes in one broadcast of the table.  --zero 3 with
+	# --ckpt-every 1: every step writes its directory and sends the version
+	# in the same walk over the units, one range per unit (embedding, 8
+	# layers, head); --ckpt-every 2: step 3 writes no directory
+	# (publish_units), steps 1, 2 and 4 do (the walk)
 	T=$BATS_TEST_TMPDIR
 	export RL_COMM_TIMEOUT=60
 	deep_model "$T/big"
@@ -93,46 +96,49 @@ received() {
 	export TRAIN_WORLD_DATA="$T/s16.jsonl"
 	head -n 2 "$TD/p.jsonl" > "$TD/p2.jsonl"
 	PORT=$(free_port)
-	z3_run whole --ckpt-every 1
+	z3_run z2 --ckpt-every 1 --zero 2
+	PORT=$(free_port)
+	z3_run every --ckpt-every 1
 	PORT=$(free_port)
 	z3_run units --ckpt-every 2
-	received whole > "$T/whole.v"
-	received units > "$T/units.v"
+	for r in z2 every units; do received $r > "$T/$r.v"; done
 	cat "$T/units.v"
-	# versions 0 to 4, each whole but 3, which came in 10 ranges, and 0,
+	# versions 0 to 4: whole from ZeRO-2; in 10 ranges from ZeRO-3, version 0
 	# sent from the shards when the group opens
-	[ "$(cut -d' ' -f1,3 "$T/units.v" | tr '\n' ,)" = "0 10,1 1,2 1,3 10,4 1," ]
-	[ "$(cut -d' ' -f3 "$T/whole.v" | tr '\n' ,)" = "10,1,1,1,1," ]
+	[ "$(cut -d' ' -f1,3 "$T/z2.v" | tr '\n' ,)" = "0 1,1 1,2 1,3 1,4 1," ]
+	for r in every units; do [ "$(cut -d' ' -f1,3 "$T/$r.v" | tr '\n' ,)" = "0 10,1 10,2 10,3 10,4 10," ]; done
 	# what the worker holds of each version: byte for byte (XXH64 of the
-	# staging buffer) what the gathered path sent
-	cmp <(cut -d' ' -f1,2 "$T/whole.v") <(cut -d' ' -f1,2 "$T/units.v")
-	grep -q "sent version 3 to the weights group unit by unit (10 ranges)" "$T/units.err.0"
-	# version 0, sent when the group opens, is the model the run starts from:
-	# the same as a --zero 1 run's (every rank holds the whole model there)
-	PORT=$(free_port)
-	z3_run z1 --ckpt-every 1 --max-steps 1 --zero 1
-	received z1 | head -n 1 > "$T/z1.v"
-	cmp <(cut -d' ' -f1,2 "$T/z1.v") <(head -n 1 "$T/units.v" | cut -d' ' -f1,2)
-	# the checkpoints of the steps with a directory are the same
-	for s in 2 4; do cmp "$T/units/step-0000000$s/model.safetensors" "$T/whole/step-0000000$s/model.safetensors"; done
+	# staging buffer) what ZeRO-2 sent
+	for r in every units; do cmp <(cut -d' ' -f1,2 "$T/z2.v") <(cut -d' ' -f1,2 "$T/$r.v"); done
+	grep -q "sent version 3 to the weights group unit by unit (10 ranges) in " "$T/units.err.0"
+	grep -q "sent version 4 to the weights group unit by unit (10 ranges) with its directory" "$T/units.err.0"
+	grep -q "sent version 3 to the weights group unit by unit (10 ranges) with its directory" "$T/every.err.0"
+	# the checkpoints: ZeRO-2's, byte for byte (but for what names the save:
+	# the optimizer shards' id, trainer_state.json's times)
+	for s in 1 2 3 4; do diff -r -x 'optimizer*' -x trainer_state.json "$T/every/step-0000000$s" "$T/z2/step-0000000$s"; done
+	for s in 1 2 4; do diff -r -x 'optimizer*' -x trainer_state.json "$T/units/step-0000000$s" "$T/z2/step-0000000$s"; done
 	[ ! -e "$T/units/step-00000003" ]
-	# rank 0's parameter memory while version 3 went out (mincore): its shard
-	# (1/2 of the model) and one unit (a layer is 0.12), below the whole model
-	# a gathered send holds beside the shard (1.5); only step 3 went so
+	# rank 0's parameter memory (mincore) while each version went out and each
+	# directory was written: its shard (1/2 of the model) and one unit (a
+	# layer is 0.12), never the whole model a gathered send or save holds
+	# beside the shard (1.5)
 	below_whole() {
-		python3 - "$1" <<'PY'
+		python3 - "$@" <<'PY'
 import json, sys
 ms = [json.loads(l) for l in open(sys.argv[1])]
 full = ms[0]["memory/weights_mb"]
-got = {m["step"]: m["memory/publish_params_resident_mb"] / full for m in ms if "memory/publish_params_resident_mb" in m}
-print(got)
-assert list(got) == [3], got
-assert 0.5 < got[3] < 0.75, got
+got = {m["step"]: round(m[sys.argv[2]] / full, 3) for m in ms if sys.argv[2] in m}
+print(sys.argv[2], got)
+assert sorted(got) == [int(s) for s in sys.argv[3].split(",")], got
+assert all(0.5 < x < 0.75 for x in got.values()), got
 PY
 	}
-	below_whole "$T/units.metrics.0"
-	# with --push-parts as well: one walk over the units builds each rank's
-	# part for rl-sync and sends the group its ranges
+	run -0 below_whole "$T/every.metrics.0" memory/publish_params_resident_mb 1,2,3,4
+	run -0 below_whole "$T/every.metrics.0" memory/save_params_resident_mb 1,2,3,4
+	run -0 below_whole "$T/units.metrics.0" memory/publish_params_resident_mb 1,2,3,4
+	run -0 below_whole "$T/units.metrics.0" memory/save_params_resident_mb 1,2,4
+	# with --push-parts as well: the one walk builds each rank's part for
+	# rl-sync and sends the group its ranges, with and without a directory
 	URL=tcp://127.0.0.1:$(free_port)
 	serve
 	PORT=$(free_port)
@@ -140,7 +146,8 @@ PY
 	rl-sync status "$URL" --json | jq -e '.latest == 4 and .versions_from_parts == 4 and .parts_refused == 0'
 	received both > "$T/both.v"
 	cmp "$T/units.v" "$T/both.v"
-	below_whole "$T/both.metrics.0"
+	run -0 below_whole "$T/both.metrics.0" memory/publish_params_resident_mb 1,2,3,4
+	run -0 below_whole "$T/both.metrics.0" memory/save_params_resident_mb 1,2,4
 	kill "$SPID"; wait "$SPID" 2>/dev/null || true
 }
 

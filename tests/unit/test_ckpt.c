@@ -3,8 +3,10 @@
  * loaded without the "transformer." prefix and saved with it, Conv1D kept
  * [in, out] in the file, f16 Llama read from two shards), HF conventions in what is written (names, shapes,
  * dtype, "format": "pt", no lm_head when tied, torch_dtype), atomicity
- * (existing directory refused, no temp left), `latest`, optimizer state, and
- * random init (deterministic by seed, HF's std, GPT-2's scaled projections).
+ * (existing directory refused, no temp left), `latest`, optimizer state,
+ * random init (deterministic by seed, HF's std, GPT-2's scaled projections),
+ * and a version's part built a tensor at a time in any order (rl_ckpt_part:
+ * the files of rl_ckpt_part_files, a tensor never put refused by name).
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -330,6 +332,79 @@ test_random_and_optimizer(rl_ops *o)
 	rl_model_close(b);
 }
 
+/* rl_ckpt_part with the tensors put last to first, each twice, the other
+ * parts' tensors too (nothing for them): the files rl_ckpt_part_files
+ * builds in table order, byte for byte; one tensor left out: refused, named. */
+static void
+test_part_any_order(rl_ops *o, const char *fixture)
+{
+	char src[256], err[512];
+	rl_model *m = NULL;
+
+	snprintf(src, sizeof src, "tests/fixtures/%s", fixture);
+	T_EQ_INT(rl_model_open(&m, src, o), 0);
+	if (m == NULL)
+		return;
+	for (int part = 0; part < 3; part++) {
+		rl_ckpt_file *ref = NULL, *got = NULL;
+		rl_ckpt_part *p = NULL;
+		int nref = 0, ngot = 0, rv;
+
+		T_EQ_INT(rl_ckpt_part_files(&ref, &nref, m, part, 3), 0);
+		T_EQ_INT(rl_ckpt_part_open(&p, m, part, 3), 0);
+		if (p == NULL || ref == NULL)
+			break;
+		for (int i = m->tt.n - 1; i >= 0; i--) {
+			T_EQ_INT(rl_ckpt_part_put(p, i), 0);
+			T_EQ_INT(rl_ckpt_part_put(p, i), 0);
+		}
+		T_EQ_INT(rl_ckpt_part_finish(p, &got, &ngot), 0);
+		T_EQ_INT(ngot, nref);
+		T_OK(nref >= (part == 0 ? 3 : 1), "%s part %d: %d files", fixture, part, nref);
+		for (int k = 0; k < nref && k < ngot; k++) {
+			T_EQ_STR(got[k].name, ref[k].name);
+			T_OK(got[k].size == ref[k].size && memcmp(got[k].data, ref[k].data, ref[k].size) == 0,
+			    "%s part %d: %s differs from rl_ckpt_part_files'", fixture, part, ref[k].name);
+		}
+		rl_ckpt_files_free(got, ngot);
+		rl_ckpt_part_close(p);
+		/* the part's first tensor (the one before it in the table is another
+		 * part's, or none) left out */
+		p = NULL;
+		T_EQ_INT(rl_ckpt_part_open(&p, m, part, 3), 0);
+		if (p == NULL) {
+			rl_ckpt_files_free(ref, nref);
+			break;
+		}
+		/* the part's first tensor in the table: the first whose name is in
+		 * the header of the reference's part file */
+		int first = -1;
+		uint64_t hl = 0;
+		for (int b = 7; b >= 0; b--)
+			hl = hl << 8 | ref[0].data[b];
+		for (int i = 0; i < m->tt.n && first < 0 && 8 + hl <= ref[0].size; i++) {
+			char key[300];
+			snprintf(key, sizeof key, "\"%s\"", m->tt.t[i].name);
+			if (memmem(ref[0].data + 8, hl, key, strlen(key)) != NULL)
+				first = i;
+		}
+		T_OK(first >= 0, "%s part %d: no tensor of the part found", fixture, part);
+		for (int i = 0; i < m->tt.n; i++)
+			if (i != first)
+				T_EQ_INT(rl_ckpt_part_put(p, i), 0);
+		got = NULL;
+		ngot = 0;
+		T_CAPTURE(rl_ckpt_part_finish(p, &got, &ngot), &rv, err);
+		T_EQ_INT(rv, RL_EINVAL);
+		T_OK(got == NULL && ngot == 0, "a part left incomplete handed over files");
+		T_OK(first >= 0 && strstr(err, m->tt.t[first].name) != NULL && strstr(err, "never encoded") != NULL,
+		    "the error does not name the tensor: %s", err);
+		rl_ckpt_part_close(p);
+		rl_ckpt_files_free(ref, nref);
+	}
+	rl_model_close(m);
+}
+
 int
 main(void)
 {
@@ -363,6 +438,8 @@ main(void)
 	}
 	test_side_files(o);
 	test_random_and_optimizer(o);
+	test_part_any_order(o, "qwen2_tied"); /* bf16 */
+	test_part_any_order(o, "llama");      /* f16 */
 	rl_ops_close(o);
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpd);
 	if (system(cmd) != 0)
