@@ -1035,7 +1035,7 @@ part_of(size_t before, size_t total, int nparts)
  * tensor's place) at the open, each tensor encoded into its place when put. */
 struct rl_ckpt_part {
 	rl_model *m;
-	int part, nparts;
+	int part, nparts;       /* nparts 0: the whole weights-only version */
 	int ne, nput;           /* the part's tensors; those encoded */
 	int *idx;               /* (ne) table index of each entry */
 	int *entry;             /* (table n) entry of each tensor, -1 outside the part */
@@ -1088,15 +1088,18 @@ rl_ckpt_part_open(rl_ckpt_part **out, rl_model *m, int part, int nparts)
 	cJSON *root = NULL, *wm;
 
 	*out = NULL;
-	if (m->lora != NULL || part < 0 || part >= nparts) {
-		rl_error("%s", m->lora ? "a version in parts of LoRA adapters: not supported (they are small)" :
+	if (m->lora != NULL || part < 0 || (nparts > 0 ? part >= nparts : part != 0)) {
+		rl_error("%s", m->lora ? "a version of LoRA adapters built a tensor at a time: not supported (they are small)" :
 		    "bad part");
 		return RL_EINVAL;
 	}
 	if (dtype != RL_F32 && dtype != RL_BF16 && dtype != RL_F16)
 		dtype = RL_F32;
-	while (nhf < n && !(m->tt.t[nhf].flags & (RL_T_AUX | RL_T_LORA)))
-		nhf++;
+	if (nparts == 0)
+		nhf = hf_count(m); /* with a reward model's score.weight, as weight_files */
+	else
+		while (nhf < n && !(m->tt.t[nhf].flags & (RL_T_AUX | RL_T_LORA)))
+			nhf++;
 	for (int i = 0; i < nhf; i++) {
 		total += m->tt.t[i].n * rl_dtype_size(dtype);
 		maxn = RL_MAX(maxn, m->tt.t[i].n);
@@ -1117,7 +1120,7 @@ rl_ckpt_part_open(rl_ckpt_part **out, rl_model *m, int part, int nparts)
 	cJSON_AddNumberToObject(cJSON_AddObjectToObject(root, "metadata"), "total_size", (double)total);
 	wm = cJSON_AddObjectToObject(root, "weight_map");
 	for (int i = 0; i < nhf; i++) {
-		int q = part_of(before, total, nparts);
+		int q = nparts ? part_of(before, total, nparts) : 0;
 		before += m->tt.t[i].n * rl_dtype_size(dtype);
 		snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", q + 1, nparts);
 		cJSON_AddStringToObject(wm, m->tt.t[i].name, fname);
@@ -1125,7 +1128,7 @@ rl_ckpt_part_open(rl_ckpt_part **out, rl_model *m, int part, int nparts)
 			continue;
 		p->entry[i] = p->ne;
 		p->idx[p->ne] = i;
-		e[p->ne].name = m->tt.t[i].name;
+		e[p->ne].name = nparts ? m->tt.t[i].name : hf_name(m, i);
 		e[p->ne].dtype = dtype;
 		e[p->ne].ndim = rl_tensor_file_shape(&m->tt.t[i], e[p->ne].shape);
 		p->ne++;
@@ -1138,7 +1141,8 @@ rl_ckpt_part_open(rl_ckpt_part **out, rl_model *m, int part, int nparts)
 	if ((rv = rl_st_write_mem(&p->img, &p->nimg, e, p->ne, meta, 1, locate, p)) != 0)
 		goto out;
 	if (part == 0) {
-		char *ix = cJSON_Print(root);
+		/* the whole version's index names model.safetensors, as a directory's */
+		char *ix = nparts ? cJSON_Print(root) : index_json(m, nhf, dtype);
 		size_t nix = strlen(ix);
 		p->index = rl_xmalloc(nix + 2);
 		memcpy(p->index, ix, nix);
@@ -1181,8 +1185,12 @@ rl_ckpt_part_finish(rl_ckpt_part *p, rl_ckpt_file **out, int *nout)
 	if (p->nput != p->ne) {
 		for (int k = 0; k < p->ne; k++)
 			if (!p->put[k]) {
-				rl_error("part %d of %d: tensor '%s' was never encoded", p->part, p->nparts,
-				    p->m->tt.t[p->idx[k]].name);
+				if (p->nparts)
+					rl_error("part %d of %d: tensor '%s' was never encoded", p->part, p->nparts,
+					    p->m->tt.t[p->idx[k]].name);
+				else
+					rl_error("the whole version: tensor '%s' was never encoded",
+					    p->m->tt.t[p->idx[k]].name);
 				break;
 			}
 		return RL_EINVAL;
@@ -1190,7 +1198,14 @@ rl_ckpt_part_finish(rl_ckpt_part *p, rl_ckpt_file **out, int *nout)
 	/* the part's file name lives behind the entries: freed with them */
 	f = rl_xcalloc(1, 16 * sizeof *f + 64);
 	snprintf((char *)(f + 16), 64, "model-%05d-of-%05d.safetensors", p->part + 1, p->nparts);
-	f[nf].name = (const char *)(f + 16);
+	if (p->part == 0 && (rv = weight_files(&all, &nall, p->m, 0)) != 0)
+		goto out;
+	if (p->nparts == 0 && nall > 0) {
+		/* the whole version: weight_files' order, config.json first */
+		f[nf++] = all[0];
+		all[0].data = NULL;
+	}
+	f[nf].name = p->nparts ? (const char *)(f + 16) : "model.safetensors";
 	f[nf].data = p->img;
 	f[nf++].size = p->nimg;
 	p->img = NULL;
@@ -1201,9 +1216,9 @@ rl_ckpt_part_finish(rl_ckpt_part *p, rl_ckpt_file **out, int *nout)
 		f[nf].size = strlen(p->index);
 		f[nf++].data = (uint8_t *)p->index;
 		p->index = NULL;
-		if ((rv = weight_files(&all, &nall, p->m, 0)) != 0)
-			goto out;
 		for (int k = 0; k < nall && nf < 16; k++) {
+			if (!all[k].data)
+				continue;
 			if (strcmp(all[k].name, "model.safetensors") == 0 ||
 			    strcmp(all[k].name, "model.safetensors.index.json") == 0)
 				continue;

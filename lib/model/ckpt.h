@@ -141,7 +141,10 @@ int rl_ckpt_part_files_need(rl_ckpt_file **out, int *n, rl_model *m, int part, i
  * rl_ckpt_part_files does (RL_EINVAL, naming it, when a tensor of the part
  * was never put; the handle then holds nothing more of use);
  * rl_ckpt_part_close frees the handle (NULL ok).  The files are byte for
- * byte rl_ckpt_part_files'.  Not thread-safe. */
+ * byte rl_ckpt_part_files'.  part 0 of nparts 0: the whole weights-only
+ * version instead, rl_ckpt_weight_files' files byte for byte, in its order
+ * (rl-train --zero 3 publishing a whole version without the whole model in
+ * memory).  Not thread-safe. */
 typedef struct rl_ckpt_part rl_ckpt_part;
 int rl_ckpt_part_open(rl_ckpt_part **out, rl_model *m, int part, int nparts);
 int rl_ckpt_part_put(rl_ckpt_part *p, int tensor);

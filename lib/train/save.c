@@ -5,9 +5,10 @@
  * back) at a new run's first step, every --save-minutes and --save-every
  * and at the end, the newest --keep kept, each version also pushed to --sync
  * and the weights group; with ZeRO the AdamW state as one file per rank;
- * with ZeRO-3 a version only published in parts (--push-parts) or to the
- * weights group is built unit by unit, each rank its part, rank 0 sending
- * each unit to the group, and a directory is written unit by unit by rank
+ * with ZeRO-3 a version only published (in parts with --push-parts, whole
+ * to rl-sync, to the weights group) is built unit by unit, each rank its
+ * part, rank 0 the whole version and sending each unit to the group, and a
+ * directory is written unit by unit by rank
  * 0 while every rank gathers the units it names; a directory step that also
  * sends to the group or in parts does all of it in the directory's walk
  * (never the whole model gathered for a save).
@@ -220,6 +221,8 @@ typedef struct unit_walk {
 	int srv;                /* the group's first failure (the walk goes on) */
 	rl_ckpt_part *part;     /* a directory step's walk with --push-parts: this rank's part */
 	int prv;                /* the part's first failure (the walk goes on) */
+	rl_ckpt_part *whole;    /* rank 0, a version only published whole to rl-sync */
+	int wrv;                /* the whole version's first failure (the walk goes on) */
 } unit_walk;
 
 /* The next unit gathered, the one before given back; on rank 0 with a
@@ -240,9 +243,14 @@ unit_next(unit_walk *w)
 		rli_zero3_unit_span(m, w->next, &lo, &hi);
 		w->srv = rl_wgroup_send_range(w->tr->wg, lo, hi);
 	}
-	for (int i = 0; w->part && w->prv == 0 && i < m->tt.n; i++)
-		if (rli_zero3_unit_of(m, m->tt.t[i].off) == w->next)
+	for (int i = 0; (w->part || w->whole) && i < m->tt.n; i++) {
+		if (rli_zero3_unit_of(m, m->tt.t[i].off) != w->next)
+			continue;
+		if (w->part && w->prv == 0)
 			w->prv = rl_ckpt_part_put(w->part, i);
+		if (w->whole && w->wrv == 0)
+			w->wrv = rl_ckpt_part_put(w->whole, i);
+	}
 	w->next++;
 	return RL_OK;
 }
@@ -621,7 +629,7 @@ static int
 group_units(trainer *tr)
 {
 	const int units = tr->m->cfg.n_layer + 2;
-	unit_walk w = { tr, 0, tr->wg != NULL, RL_OK, NULL, RL_OK };
+	unit_walk w = { tr, 0, tr->wg != NULL, RL_OK, NULL, RL_OK, NULL, RL_OK };
 	double peak = tr->pres_peak;
 	int rv = RL_OK;
 
@@ -659,18 +667,63 @@ shards_finite(trainer *tr)
 	return RL_EINVAL;
 }
 
-/* ZeRO-3, a version published only, to --push-parts and/or the weights
- * group: built unit by unit, never the whole model.  Every rank gathers
- * every unit in table order; the tensors of this rank's part are encoded
- * while their unit is in, rank 0 forwards the unit's range to the group,
- * and the unit is given back before the next comes.  The units after the
- * part's last tensor are still gathered, also after a failure here, so the
- * collectives stay matched across ranks. */
+/* Rank 0, a version only published whole to rl-sync: the files the walk
+ * encoded (w->whole: rl_ckpt_weight_files' bytes) pushed as the gathered
+ * path pushed rl_wver_from_ckpt's, a delta against the last version. */
+static int
+push_whole(trainer *tr, unit_walk *w, double t0)
+{
+	rl_ckpt_file *f = NULL;
+	rl_wver *v = NULL;
+	int rv, nf = 0;
+
+	if ((rv = w->wrv) == 0 && (rv = rl_ckpt_part_finish(w->whole, &f, &nf)) == 0 &&
+	    (rv = rl_wver_from_files(&v, (uint64_t)tr->m->version, f, nf)) == 0)
+		rv = rl_wsync_publish(tr->ws, v, 1);
+	rl_ckpt_files_free(f, nf);
+	if (rv != 0)
+		rl_error("cannot publish version %d to '%s'", tr->m->version, tr->o->sync_url);
+	else
+		rl_verbose("published version %d to '%s' (%llu bytes, built unit by unit) in %.2f s", tr->m->version,
+		    tr->o->sync_url, (unsigned long long)rl_wver_total(v), rl_now() - t0);
+	rl_wver_destroy(v);
+	return rv;
+}
+
+/* After a whole version's walk: rank 0's outcome to the others (0; 1: the
+ * version not published to rl-sync; 2: the weights group failed), so that
+ * all of them stop at this step, each saying why, instead of the others
+ * waiting for rank 0 in the next step's collectives.  Every rank calls it. */
+static int
+whole_outcome(trainer *tr, int rv, int srv)
+{
+	int how = rv ? 1 : srv ? 2 : 0, r2;
+
+	if ((r2 = rl_comm_host_broadcast(tr->comm, &how, sizeof how, 0)) != 0 || tr->rank == 0 || how == 0)
+		return r2;
+	if (how == 1)
+		rl_error("rank 0 could not publish version %d to '%s'", tr->m->version, tr->o->sync_url);
+	else
+		rl_error("rank 0 could not send version %d to the weights group", tr->m->version);
+	return RL_EIO;
+}
+
+/* ZeRO-3, a version published only, to --push-parts, whole to rl-sync
+ * (--sync without --push-parts) and/or to the weights group: built unit by
+ * unit, never the whole model.  Every rank gathers every unit in table
+ * order; the tensors of this rank's part are encoded while their unit is
+ * in, rank 0 encodes them into the whole version and forwards the unit's
+ * range to the group, and the unit is given back before the next comes.
+ * The units after the part's last tensor are still gathered, also after a
+ * failure here, so the collectives stay matched across ranks; with a whole
+ * version rank 0 then tells the others whether it went out
+ * (whole_outcome). */
 static int
 publish_units(trainer *tr)
 {
 	const int units = tr->m->cfg.n_layer + 2;
-	unit_walk w = { tr, 0, tr->wg != NULL, RL_OK, NULL, RL_OK };
+	const int whole = tr->o->sync_url && !tr->o->push_parts; /* the same on every rank */
+	unit_walk w = { tr, 0, tr->wg != NULL, RL_OK, NULL, RL_OK, NULL, RL_OK };
 	rl_wver *v = NULL;
 	double t0 = rl_now(), peak = tr->pres_peak;
 	int rv = RL_OK, r2 = RL_OK, pub = 0;
@@ -680,6 +733,9 @@ publish_units(trainer *tr)
 	tr->pres_peak = 0;
 	if (w.send && (w.srv = rl_wgroup_send_begin(tr->wg, tr->m->version, units)) != 0)
 		w.send = 0;
+	/* a failure to lay it out is the push's, after the walk */
+	if (whole && tr->ws)
+		w.wrv = rl_ckpt_part_open(&w.whole, tr->m, 0, 0);
 	if (tr->wpc)
 		rv = rl_wver_from_ckpt_part_need(&v, tr->m, (uint64_t)tr->m->version, tr->rank, tr->world, walk_to, &w);
 	while (w.next < units && r2 == 0)
@@ -689,7 +745,14 @@ publish_units(trainer *tr)
 		w.srv = rl_wgroup_send_end(tr->wg);
 	tr->pub_pres_peak = RL_MAX(tr->pub_pres_peak, tr->pres_peak);
 	tr->pres_peak = RL_MAX(peak, tr->pres_peak);
-	if ((rv = rv ? rv : r2) == 0 && tr->wpc)
+	if ((rv = rv ? rv : r2) == 0 && tr->ws && whole)
+		rv = push_whole(tr, &w, t0);
+	rl_ckpt_part_close(w.whole);
+	if (whole) {
+		int r3 = whole_outcome(tr, rv, w.srv);
+		rv = rv ? rv : r3;
+	}
+	if (rv == 0 && tr->wpc)
 		rv = rl_wsync_push_part(tr->wpc, v, tr->wpart, tr->rank, tr->world, &pub);
 	if (rv != 0 && tr->wpc)
 		rl_error("cannot push part %d of %d of version %d to '%s'", tr->rank, tr->world, tr->m->version,
@@ -727,8 +790,8 @@ save_units_begin(trainer *tr, int full)
 	unit_walk *w;
 	int rv;
 
-	if (!tr->zp || (full >= 0 && publish_only(tr, full)))
-		return rli_zero3_gather_all(tr);
+	if (!tr->zp)
+		return RL_OK;
 	if ((rv = shards_finite(tr)) != 0)
 		return rv;
 	rli_zero3_release(tr);
@@ -771,20 +834,19 @@ save_units_end(trainer *tr, double peak)
 /* ZeRO-3: a step that writes a directory writes it unit by unit
  * (save_units_begin), sending to a weights group and building the parts in
  * the same walk; a version only published (a step --ckpt-every writes no
- * directory for) in parts (--push-parts) or to the weights group is built
- * unit by unit too (publish_units; not to rl-sync whole: its version is cut
- * from the whole model). */
+ * directory for: in parts, whole to rl-sync, to the weights group) is built
+ * unit by unit too (publish_units). */
 int
 rli_save_step(trainer *tr)
 {
-	const rl_train_opts *o = tr->o;
 	double t_pub = rl_now(), peak = tr->pres_peak;
 	int rv, full;
 
 	if ((rv = full_due(tr, &full)) != 0)
 		return rv;
-	/* o->, not tr->wg: every rank takes the same path, rank 0 alone holds the group */
-	if (tr->zp && publish_only(tr, full) && (o->push_parts || (o->wgroup_addr && !o->sync_url))) {
+	/* every rank takes the same path (publish_only: options and full_due);
+	 * --ckpt-every > 1 comes with --sync or a weights group */
+	if (tr->zp && publish_only(tr, full)) {
 		if ((rv = publish_units(tr)) != 0)
 			return rv;
 		tr->last_full = 0;

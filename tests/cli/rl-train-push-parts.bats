@@ -12,7 +12,10 @@
 # directories, with the shard and one unit resident (rank 0's
 # memory/save_params_resident_mb and memory/publish_params_resident_mb),
 # not the whole model; rank 0 failing to write a directory stops both ranks
-# with the cause named and no part pushed.
+# with the cause named and no part pushed.  Without --push-parts, a version
+# only published goes to rl-sync whole, built unit by unit by rank 0:
+# --zero 2's bytes, hashes and deltas, the shard and one unit resident; its
+# push failing stops both ranks, each saying why.
 
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
@@ -183,6 +186,88 @@ PY
 	run -0 check "$(params_mb "$T/every.metrics.0" memory/publish_params_resident_mb)" 1,2,3,4
 	run -0 check "$(params_mb "$T/half.metrics.0" memory/save_params_resident_mb)" 1,2,4
 	run -0 check "$(params_mb "$T/half.metrics.0" memory/publish_params_resident_mb)" 1,2,3,4
+}
+
+# z3_whole OUT ARGS...: z3_units without --push-parts: every version goes
+# to rl-sync whole (from the step's directory, or built unit by unit by
+# rank 0 on a step --ckpt-every writes none for), over the stream transport
+# (deltas; shared memory sends none); versions 3 and 4 pulled, the
+# server's status in $T/OUT.status
+z3_whole() {
+	local out=$1; shift
+	URL=tcp://127.0.0.1:$(free_port)
+	serve --keep-previous
+	PORT=$(free_port)
+	TD="$T/big" train_world 2 "$T/$out" --batch 4 --lr 1e-2 --max-steps 4 --save-every 100 --keep 10 \
+	    --sync "$URL" --sync-transport stream "$@"
+	rl-sync status "$URL" --json > "$T/$out.status"
+	jq -e '.latest == 4 and .versions_from_parts == 0' "$T/$out.status"
+	rl-sync pull "$URL" --out "$T/$out.v" --version 3 -q
+	rl-sync pull "$URL" --out "$T/$out.v" --version 4 -q
+	kill "$SPID"; wait "$SPID" 2>/dev/null || true
+}
+
+@test "--sync without --push-parts, --zero 3: a version only published goes whole, built unit by unit; = ZeRO-2's bytes, below the whole model" {
+	# --ckpt-every 2 on 4 steps: step 3 writes no directory, rank 0 builds
+	# the whole version from the units as they pass (publish_units) and
+	# pushes it as a delta against version 2; version 4 is read from its
+	# directory and goes as a delta against that one.  The reference:
+	# --zero 2, where the version is cut from the whole model in memory
+	T=$BATS_TEST_TMPDIR
+	deep_model "$T/big"
+	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$T/s16.jsonl"
+	export TRAIN_WORLD_DATA="$T/s16.jsonl"
+	z3_whole z2 --zero 2 --ckpt-every 2
+	z3_whole z3 --zero 3 --ckpt-every 2 -v -v
+	# both versions the server holds: ZeRO-2's, file for file, byte for byte
+	[ -f "$T/z3.v/v000003/model.safetensors" ] && [ -f "$T/z3.v/v000004/model.safetensors" ]
+	diff -r "$T/z3.v" "$T/z2.v"
+	cmp "$T/z3.v/v000004/model.safetensors" "$T/z3/step-00000004/model.safetensors"
+	# each pushed as a delta against the one before, with the same hashes
+	jq -e '[.versions[] | [.version, .delta_base]] == [[4, 3], [3, 2]] or
+	    [.versions[] | [.version, .delta_base]] == [[3, 2], [4, 3]]' "$T/z3.status"
+	[ "$(jq -c '[.versions[] | .hash] | sort' "$T/z3.status")" = "$(jq -c '[.versions[] | .hash] | sort' "$T/z2.status")" ]
+	[ ! -e "$T/z3/step-00000003" ]
+	# rank 0's parameter memory while version 3 was built: its shard (1/2)
+	# and one unit (a layer is 0.12 of the table), where gathering the
+	# model for it held the whole table beside the shard (1.5); no measure
+	# of the parameters' pages on step 3 reaches the whole model (the
+	# step's own peak, two units beside the shard, is 0.76)
+	python3 - "$T/z3.metrics.0" <<'PY'
+import json, sys
+ms = [json.loads(l) for l in open(sys.argv[1])]
+full = ms[0]["memory/weights_mb"]
+m3 = {k: round(v / full, 3) for m in ms if m["step"] == 3 for k, v in m.items() if "params_resident" in k}
+print(m3)
+assert 0.5 < m3.get("memory/publish_params_resident_mb", 0) < 0.75, m3
+assert all(x < 0.8 for x in m3.values()), m3
+PY
+	grep -q "published version 3 to .*built unit by unit" "$T/z3.err.0"
+}
+
+@test "--sync without --push-parts, --zero 3: rank 0 cannot publish a version built unit by unit: both ranks exit 1 saying why" {
+	# --sync to a directory where a file already takes version 3's name:
+	# versions 1 and 2 go in, version 3 (no step directory) cannot
+	T=$BATS_TEST_TMPDIR
+	deep_model "$T/big"
+	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$T/s16.jsonl"
+	mkdir "$T/sync"
+	echo taken > "$T/sync/v000003"
+	PORT=$(free_port)
+	local args=(-q -m "$T/big/m0" --out "$T/o" --world 2 --rendezvous "127.0.0.1:$PORT" --zero 3 --sync "$T/sync"
+	    --ckpt-every 2 --batch 4 --lr 1e-2 --max-steps 4 --save-every 100 "$T/s16.jsonl")
+	rl-train --rank 1 "${args[@]}" 3>&- 2> "$T/err.1" &
+	local p=$! rc=0
+	PIDS="$PIDS $p"
+	run -1 --separate-stderr rl-train --rank 0 "${args[@]}"
+	echo "$stderr"
+	[[ "$stderr" == *"cannot publish version 3 to '$T/sync'"* ]]
+	wait "$p" || rc=$?
+	cat "$T/err.1"
+	[ "$rc" = 1 ]
+	grep -q "rank 0 could not publish version 3 to '$T/sync'" "$T/err.1"
+	[ -d "$T/sync/v000002" ] && [ "$(cat "$T/sync/v000003")" = taken ]
+	[ ! -e "$T/o/step-00000003" ] && [ ! -e "$T/o/step-00000004" ]
 }
 
 @test "--push-parts with --zero 3, a bf16 model with PPO's value head: the walk and the full saves' second pass; = ZeRO-2's bytes" {

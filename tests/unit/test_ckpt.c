@@ -6,7 +6,8 @@
  * (existing directory refused, no temp left), `latest`, optimizer state,
  * random init (deterministic by seed, HF's std, GPT-2's scaled projections),
  * and a version's part built a tensor at a time in any order (rl_ckpt_part:
- * the files of rl_ckpt_part_files, a tensor never put refused by name).
+ * the files of rl_ckpt_part_files, a tensor never put refused by name; the
+ * whole version so: rl_ckpt_weight_files').
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -405,6 +406,63 @@ test_part_any_order(rl_ops *o, const char *fixture)
 	rl_model_close(m);
 }
 
+/* rl_ckpt_part's whole version (part 0 of 0), tensors put last to first:
+ * rl_ckpt_weight_files' files, names, order and bytes; a tensor left out
+ * refused by name; a part past 0 of 0 refused. */
+static void
+test_whole_any_order(rl_ops *o, const char *fixture)
+{
+	char src[256], err[512];
+	rl_model *m = NULL;
+	rl_ckpt_file *ref = NULL, *got = NULL;
+	rl_ckpt_part *p = NULL;
+	int nref = 0, ngot = 0, rv;
+
+	snprintf(src, sizeof src, "tests/fixtures/%s", fixture);
+	T_EQ_INT(rl_model_open(&m, src, o), 0);
+	if (m == NULL)
+		return;
+	T_EQ_INT(rl_ckpt_weight_files(&ref, &nref, m), 0);
+	T_EQ_INT(rl_ckpt_part_open(&p, m, 0, 0), 0);
+	if (p == NULL || ref == NULL)
+		goto out;
+	for (int i = m->tt.n - 1; i >= 0; i--)
+		T_EQ_INT(rl_ckpt_part_put(p, i), 0);
+	T_EQ_INT(rl_ckpt_part_finish(p, &got, &ngot), 0);
+	T_EQ_INT(ngot, nref);
+	T_OK(nref >= 3, "%s: %d files in the whole version", fixture, nref);
+	for (int k = 0; k < nref && k < ngot; k++) {
+		T_EQ_STR(got[k].name, ref[k].name);
+		T_OK(got[k].size == ref[k].size && memcmp(got[k].data, ref[k].data, ref[k].size) == 0,
+		    "%s: %s differs from rl_ckpt_weight_files'", fixture, ref[k].name);
+	}
+	rl_ckpt_files_free(got, ngot);
+	got = NULL;
+	ngot = 0;
+	rl_ckpt_part_close(p);
+	p = NULL;
+	/* the last tensor of model.safetensors never put */
+	T_EQ_INT(rl_ckpt_part_open(&p, m, 0, 0), 0);
+	if (p == NULL)
+		goto out;
+	for (int i = 0; i < m->tt.n - 1; i++)
+		T_EQ_INT(rl_ckpt_part_put(p, i), 0);
+	T_CAPTURE(rl_ckpt_part_finish(p, &got, &ngot), &rv, err);
+	T_EQ_INT(rv, RL_EINVAL);
+	T_OK(got == NULL && ngot == 0, "a whole version left incomplete handed over files");
+	T_OK(strstr(err, m->tt.t[m->tt.n - 1].name) != NULL && strstr(err, "never encoded") != NULL,
+	    "the error does not name the tensor: %s", err);
+	rl_ckpt_part_close(p);
+	p = NULL;
+	T_CAPTURE(rl_ckpt_part_open(&p, m, 1, 0), &rv, err);
+	T_EQ_INT(rv, RL_EINVAL);
+	T_OK(p == NULL, "part 1 of 0 opened");
+out:
+	rl_ckpt_part_close(p);
+	rl_ckpt_files_free(ref, nref);
+	rl_model_close(m);
+}
+
 int
 main(void)
 {
@@ -440,6 +498,9 @@ main(void)
 	test_random_and_optimizer(o);
 	test_part_any_order(o, "qwen2_tied"); /* bf16 */
 	test_part_any_order(o, "llama");      /* f16 */
+	test_whole_any_order(o, "qwen2_tied"); /* bf16 */
+	test_whole_any_order(o, "llama");      /* f16 */
+	test_whole_any_order(o, "gpt2");       /* f32, Conv1D transposed in the file */
 	rl_ops_close(o);
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpd);
 	if (system(cmd) != 0)
