@@ -82,7 +82,7 @@ received() {
 	    "$T/$1.gen"
 }
 
-@test "--zero 3 on 2 ranks: every version goes to the group unit by unit, with or without a directory; = ZeRO-2's bytes, below the whole model" {
+@test "--zero 3 on 2 ranks: every version goes to the group unit by unit, with or without a directory (and --push-parts or a whole --sync); = ZeRO-2's bytes, below the whole model" {
 	# the reference: --zero 2, where every rank holds the whole model and
 	# each version goes in one broadcast of the table.  --zero 3 with
 	# --ckpt-every 1: every step writes its directory and sends the version
@@ -148,6 +148,21 @@ PY
 	cmp "$T/units.v" "$T/both.v"
 	run -0 below_whole "$T/both.metrics.0" memory/publish_params_resident_mb 1,2,3,4
 	run -0 below_whole "$T/both.metrics.0" memory/save_params_resident_mb 1,2,4
+	kill "$SPID"; wait "$SPID" 2>/dev/null || true
+	# with --sync without --push-parts: the walk of step 3 (no directory)
+	# also builds rank 0's whole version for rl-sync, the same bytes as
+	# ZeRO-2's directory of that step
+	URL=tcp://127.0.0.1:$(free_port)
+	serve --keep-previous
+	PORT=$(free_port)
+	z3_run whole --ckpt-every 2 --sync "$URL"
+	received whole > "$T/whole.v"
+	cmp "$T/units.v" "$T/whole.v"
+	rl-sync pull "$URL" --out "$T/whole.w" --version 3 -q
+	cmp "$T/whole.w/v000003/model.safetensors" "$T/z2/step-00000003/model.safetensors"
+	grep -q "published version 3 to .*built unit by unit" "$T/whole.err.0"
+	run -0 below_whole "$T/whole.metrics.0" memory/publish_params_resident_mb 1,2,3,4
+	run -0 below_whole "$T/whole.metrics.0" memory/save_params_resident_mb 1,2,4
 	kill "$SPID"; wait "$SPID" 2>/dev/null || true
 }
 
