@@ -14,7 +14,8 @@
  * ZeRO-3: the parameters sharded too, each unit (embedding, layer, head)
  * gathered before it is computed (the next one on a thread meanwhile, after
  * the gradient buckets the last layer handed over) and given back after, or
- * kept for the next pass (--zero3-keep).
+ * kept for the next pass (--zero3-keep); the reference model (--ref, DPO's)
+ * sharded the same way, forward only (rli_z3: the model a gather serves).
  */
 #include <math.h>
 #include <pthread.h>
