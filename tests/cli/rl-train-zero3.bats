@@ -248,6 +248,16 @@ for x, y, z in zip(a, b, c):
     assert abs(x["actor/kl_loss"] - z["actor/kl_loss"]) <= 1e-6 + 1e-4 * abs(x["actor/kl_loss"])
 assert all(m["actor/kl_loss"] > 1e-4 for m in a), [m["actor/kl_loss"] for m in a]
 PY
+	# PPO (value head) with --recompute and units kept between passes
+	# (--zero3-keep): the policy's kept units beside the reference's gathers
+	pargs=(--algo ppo --batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.01 --recompute
+	    --kl k1 --kl-coef 0.05 --ref "$TD/m1" --max-steps 2)
+	for z in 2 3; do
+		PORT=$(free_port)
+		train_world 2 "$TD/kp$z" --zero $z --zero3-keep 20000 "${pargs[@]}"
+	done
+	cmp "$TD/kp3/latest/model.safetensors" "$TD/kp2/latest/model.safetensors"
+	cmp "$TD/kp3/latest/value_head.safetensors" "$TD/kp2/latest/value_head.safetensors"
 	# DPO against --ref, 3 pairs a step on 2 ranks (one micro-batch short: its
 	# reference round only gathers)
 	dargs=(--algo dpo --batch 3 --lr 1e-2 --max-tokens-per-micro 64 --bucket-mb 0.01 --ref "$TD/m1")
