@@ -1045,7 +1045,10 @@ dpo_ref(trainer *tr, seqref *sq, int n)
 		}
 		if ((rv = zero2_rounds(tr, npass, &rounds)) != 0)
 			return rv;
-		if (rounds > 0 && !tr->ref && (rv = dpo_ref_open(tr, n ? sq[0].s : NULL)) != 0)
+		const rl_sample *lack = NULL; /* a record of this rank's that needs it, for the error */
+		for (int i = 0; i < n && !lack; i++)
+			lack = sq[i].s->ref_logprobs ? NULL : sq[i].s;
+		if (rounds > 0 && !tr->ref && (rv = dpo_ref_open(tr, lack)) != 0)
 			return rv;
 	}
 	for (int a = 0; a < n;) {
