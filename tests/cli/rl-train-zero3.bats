@@ -317,6 +317,9 @@ PY
 	for r in 0 1; do
 		grep -q "ref '$TD/rv/m0': vocab_size 300 in its config.json, the policy's is 264" "$TD/bv.err.$r"
 	done
+	# the same check for a whole reference (one rank)
+	run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/bv1" --batch 4 --max-steps 1 --kl k3 --ref "$TD/rv/m0" "$TD/s.jsonl"
+	[[ "$stderr" == *"vocab_size 300 in its config.json, the policy's is 264"* ]]
 	# tensors whose shapes are not its config's (intermediate_size changed)
 	cp -r "$TD/m1" "$TD/rs"
 	sed -i 's/"intermediate_size":[[:space:]]*64/"intermediate_size": 96/' "$TD/rs/config.json"
