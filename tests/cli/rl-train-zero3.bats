@@ -135,6 +135,17 @@ PY
 	TRAIN_WORLD_DATA="$TD/pairs.jsonl" train_world 2 "$TD/d2" --zero 3 "${args[@]}"
 	[ "$(readlink "$TD/d2/latest")" = step-00000004 ]
 	run -0 close "$TD/d2/latest/model.safetensors" "$TD/d1/latest/model.safetensors"
+	# the pairs have no ref_logprobs: the reference is the initial policy, opened
+	# by both ranks at the first step and read per shard (its load measured
+	# there, once), its memory measured every step (this 100 KB model is a few
+	# pages: the memory is checked on the 8-layer one below)
+	python3 - "$TD/d2.metrics.0" <<'PY'
+import json, sys
+ms = [json.loads(l) for l in open(sys.argv[1])]
+assert "memory/ref_load_params_resident_mb" in ms[0], ms[0]
+assert all("memory/ref_load_params_resident_mb" not in m for m in ms[1:])
+assert all(m["memory/ref_params_resident_mb"] > 0 for m in ms), ms
+PY
 	# the gather-only passes keep units as the computing ones do
 	PORT=$(free_port)
 	TRAIN_WORLD_DATA="$TD/pairs.jsonl" train_world 2 "$TD/dk" --zero 3 --zero3-keep 1e9 "${args[@]}"
