@@ -18,7 +18,10 @@
 #    save included), "step_cpu_s": perf/cpu_s (rank 0's CPU seconds a step, every thread),
 #    "micro_tokens":MICRO, "keep":--zero3-keep, "huge_pages":0 when RL_NO_THP was set,
 #    "units_gathered":dp/units_gathered,
-#    "comm_shm":false when RL_COMM_SHM=0 kept the ring on TCP (else the ranks' shared memory)}
+#    "comm_shm":false when RL_COMM_SHM=0 kept the ring on TCP (else the ranks' shared memory),
+#    "ref":true with REF=1 (a KL term, --kl k3 --kl-coef 0.05, against --ref: another
+#    model of the same shape, sharded with ZeRO-3), "ref_params_resident_mb":
+#    memory/ref_params_resident_mb (measured, the reference's peak of the step)}
 # ZEROS stages: a digit, then n (--no-prefetch), k (--zero3-keep KEEP, default 3.2e6:
 # two of the model's units), t (RL_NO_THP=1: 4 KiB pages), e.g. "1 3 3t 3k".
 # BATCH (2) groups a step, MICRO (128) --max-tokens-per-micro: BATCH=8 MICRO=512 keeps 2
@@ -45,6 +48,11 @@ cat > "$d/cfg.json" <<'JSON'
  "rms_norm_eps":1e-6,"tie_word_embeddings":true,"torch_dtype":"float32"}
 JSON
 rl-train --init "$d/cfg.json" --tokenizer bytes --out "$d/m0" 2>/dev/null
+refargs=""
+if [ "${REF:-0}" = 1 ]; then
+	rl-train --init "$d/cfg.json" --tokenizer bytes --out "$d/m1" --seed 2 2>/dev/null
+	refargs="--kl k3 --kl-coef 0.05 --ref $d/m1"
+fi
 batch=${BATCH:-2}
 micro=${MICRO:-128}
 python3 - "$d/scored.jsonl" "$steps" "$batch" <<'PY'
@@ -62,7 +70,7 @@ with open(out, "w") as f:
                 "response": r, "logprobs": [-8.3] * 48, "reward": float(i % 2)}) + "\n")
 PY
 port=$((21000 + $$ % 5000))
-args="--batch $batch --lr 1e-4 --keep 1 --max-tokens-per-micro $micro --bucket-mb ${BUCKET_MB:-4}"
+args="--batch $batch --lr 1e-4 --keep 1 --max-tokens-per-micro $micro --bucket-mb ${BUCKET_MB:-4} $refargs"
 run() {   # run ZERO RUN
 	port=$((port + 1))
 	z=$(echo "$1" | cut -c1)
@@ -103,7 +111,9 @@ print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys
     "gather_s": mean("timing_s/param_gather"), "reduce_s": mean("timing_s/grad_reduce"),
     "optimizer_s": mean("timing_s/optimizer"),
     "compute_s": round(mean("timing_s/model") - mean("timing_s/optimizer"), 4), "cpu_s": round(cpu, 2),
-    "step_cpu_s": mean("perf/cpu_s"), "units_gathered": mean("dp/units_gathered")}))
+    "step_cpu_s": mean("perf/cpu_s"), "units_gathered": mean("dp/units_gathered"),
+    "ref": "memory/ref_params_resident_mb" in ms[-1],
+    "ref_params_resident_mb": round(max(m.get("memory/ref_params_resident_mb", 0) for m in ms), 1)}))
 PY
 }
 for i in $(seq 1 "$repeat"); do

@@ -14,7 +14,8 @@
  * ZeRO-3: the parameters sharded too, each unit (embedding, layer, head)
  * gathered before it is computed (the next one on a thread meanwhile, after
  * the gradient buckets the last layer handed over) and given back after, or
- * kept for the next pass (--zero3-keep).
+ * kept for the next pass (--zero3-keep); the reference model (--ref, DPO's)
+ * sharded the same way, forward only (rli_z3: the model a gather serves).
  */
 #include <math.h>
 #include <pthread.h>
@@ -157,7 +158,7 @@ rli_zero2_grad_ready(void *ctx, size_t from)
 	/* ZeRO-3: the ring is the prefetch's until it is done */
 	if ((rv = rli_zero3_join(tr)) != 0 || (rv = rl_comm_reducer_ready(tr->red, from)) != 0)
 		return rv;
-	if (tr->zp && !tr->o->zero3_no_prefetch) {
+	if (tr->z3p.zp && !tr->o->zero3_no_prefetch) {
 		tr->z3_rs = 1; /* reduced by the next param_need: on its prefetch thread, else there */
 		return RL_OK;
 	}
@@ -252,41 +253,49 @@ rli_zero3_unit_span(const rl_model *m, int u, size_t *lo, size_t *hi)
 	*hi = r[0][1];
 }
 
-/* m->params[lo, hi) from the shards that hold it: each owner copies its
+/* z->m->params[lo, hi) from the shards that hold it: each owner copies its
  * part from its master shard and broadcasts it, in rank order (every rank
  * computes the same owners). */
 static int
-gather_range(trainer *tr, size_t lo, size_t hi)
+gather_range(rli_z3 *z, size_t lo, size_t hi)
 {
-	float *p = tr->m->params;
+	trainer *tr = z->tr;
+	float *p = z->m->params;
 	int rv;
 
 	for (int r = 0; r < tr->world; r++) {
 		size_t slo, shi;
-		rl_comm_shard(tr->comm, tr->m->tt.total, r, &slo, &shi);
+		rl_comm_shard(tr->comm, z->m->tt.total, r, &slo, &shi);
 		size_t a = RL_MAX(lo, slo), b = RL_MIN(hi, shi);
 		if (a >= b)
 			continue;
 		if (r == tr->rank)
-			memcpy(p + a, tr->zp + (a - tr->zlo), (b - a) * sizeof(float));
+			memcpy(p + a, z->zp + (a - z->zlo), (b - a) * sizeof(float));
 		if ((rv = rl_comm_broadcast(tr->comm, p + a, (b - a) * sizeof(float), r)) != 0)
 			return rv;
 	}
 	return RL_OK;
 }
 
-/* The bytes of m->params and of the master shard resident now. */
+/* The bytes of m->params and of its master shard resident now (the whole
+ * table when m is not sharded). */
 static double
-params_resident(trainer *tr)
+model_resident(trainer *tr, const rl_model *m, const float *zp, size_t n)
 {
 	double b = 0;
 
-	if (tr->ops->device < 0) {
-		b = resident_bytes(tr->m->params, tr->m->tt.total * sizeof(float));
-		if (tr->zp)
-			b += resident_bytes(tr->zp, (tr->zhi - tr->zlo) * sizeof(float));
+	if (m && tr->ops->device < 0) {
+		b = resident_bytes(m->params, m->tt.total * sizeof(float));
+		if (zp)
+			b += resident_bytes(zp, n * sizeof(float));
 	}
 	return b;
+}
+
+static double
+params_resident(trainer *tr)
+{
+	return model_resident(tr, tr->m, tr->z3p.zp, tr->zhi - tr->zlo);
 }
 
 void
@@ -295,15 +304,30 @@ rli_dp_params_resident(trainer *tr)
 	tr->pres_peak = RL_MAX(tr->pres_peak, params_resident(tr));
 }
 
+void
+rli_dp_ref_resident(trainer *tr)
+{
+	tr->ref_pres_peak = RL_MAX(tr->ref_pres_peak, model_resident(tr, tr->ref, tr->z3r.zp, tr->z3r.zhi - tr->z3r.zlo));
+}
+
+/* The resident parameters of z's model into its peak. */
+static void
+z3_resident(rli_z3 *z)
+{
+	double b = model_resident(z->tr, z->m, z->zp, z->zhi - z->zlo);
+
+	*z->pres_peak = RL_MAX(*z->pres_peak, b);
+}
+
 /* The unit's ranges of m->params from the shards. */
 static int
-gather_unit(trainer *tr, int u)
+gather_unit(rli_z3 *z, int u)
 {
 	size_t r[2][2];
 	int rv = RL_OK;
 
-	for (int k = 0, n = unit_ranges(tr->m, u, r); rv == 0 && k < n; k++)
-		rv = gather_range(tr, r[k][0], r[k][1]);
+	for (int k = 0, n = unit_ranges(z->m, u, r); rv == 0 && k < n; k++)
+		rv = gather_range(z, r[k][0], r[k][1]);
 	return rv;
 }
 
@@ -317,14 +341,15 @@ prefetch_main(void *arg)
 	tr->z3_pfrv = tr->z3_rs ? rl_comm_reducer_drain(tr->red, 0) : RL_OK;
 	tr->z3_rs = 0;
 	if (tr->z3_pfrv == 0)
-		tr->z3_pfrv = gather_unit(tr, tr->z3_pf);
+		tr->z3_pfrv = gather_unit(tr->z3_pfz, tr->z3_pfz->pf);
 	return NULL;
 }
 
-/* Waits for the prefetch in flight: the communicator is the caller's
- * again, and the prefetched unit is in m->params (or its error returned).
- * Every release and every other collective comes after one of these, so
- * the thread never shares the ring or a page being given back. */
+/* Waits for the prefetch in flight (of whichever model): the communicator
+ * is the caller's again, and the prefetched unit is in its m->params (or
+ * its error returned).  Every release and every other collective comes
+ * after one of these, so the thread never shares the ring or a page being
+ * given back. */
 static int
 prefetch_join(trainer *tr)
 {
@@ -343,103 +368,114 @@ prefetch_join(trainer *tr)
 int
 rli_zero3_join(trainer *tr)
 {
-	return tr->zp ? prefetch_join(tr) : RL_OK;
+	return tr->z3p.zp ? prefetch_join(tr) : RL_OK;
 }
 
 /* Unit u is in m->params: the current one, the prefetched one or one kept
- * (z3_kept); the embedding also while a tied head is, when the embedding
- * unit is wte alone (z3_emb_in_head). */
+ * (z->kept); the embedding also while a tied head is, when the embedding
+ * unit is wte alone (z->emb_in_head). */
 static int
-unit_in(const trainer *tr, int u)
+unit_in(const rli_z3 *z, int u)
 {
-	const int head = tr->m->cfg.n_layer + 1;
+	const int head = z->m->cfg.n_layer + 1;
 
 	if (u < 0)
 		return 0;
-	if (u == tr->z3_unit || u == tr->z3_pf)
+	if (u == z->unit || u == z->pf)
 		return 1;
-	for (int k = 0; k < tr->z3_nkept; k++)
-		if (tr->z3_kept[k] == u)
+	for (int k = 0; k < z->nkept; k++)
+		if (z->kept[k] == u)
 			return 1;
-	return u == 0 && tr->z3_emb_in_head && unit_in(tr, head);
+	return u == 0 && z->emb_in_head && unit_in(z, head);
 }
 
 /* Gives unit u's pages back, but not the elements a resident unit shares
  * with it (the embedding's wte in a tied head); u is no longer listed. */
 static void
-drop_unit(trainer *tr, int u)
+drop_unit(rli_z3 *z, int u)
 {
-	const int head = tr->m->cfg.n_layer + 1;
+	const int head = z->m->cfg.n_layer + 1;
 	size_t r[2][2];
 	int n;
 
-	if (u < 0 || unit_in(tr, u))
+	if (u < 0 || unit_in(z, u))
 		return;
-	n = unit_ranges(tr->m, u, r);
-	if (u == 0 && tr->m->lm_w == tr->m->wte && unit_in(tr, head))
+	n = unit_ranges(z->m, u, r);
+	if (u == 0 && z->m->lm_w == z->m->wte && unit_in(z, head))
 		return; /* its wte is the head's too (and an embedding unit is wte alone) */
-	if (u == head && n == 2 && unit_in(tr, 0))
+	if (u == head && n == 2 && unit_in(z, 0))
 		n = 1;  /* the tied wte stays for the embedding */
 	for (int k = 0; k < n; k++)
-		release_host(tr->m->params + r[k][0], r[k][1] - r[k][0]);
+		release_host(z->m->params + r[k][0], r[k][1] - r[k][0]);
 }
 
 static size_t
-unit_elems(const trainer *tr, int u)
+unit_elems(const rli_z3 *z, int u)
 {
 	size_t r[2][2], e = 0;
 
-	for (int k = 0, n = unit_ranges(tr->m, u, r); k < n; k++)
+	for (int k = 0, n = unit_ranges(z->m, u, r); k < n; k++)
 		e += r[k][1] - r[k][0];
 	return e;
 }
 
 /* Unit u, just used, joins the kept ones (the most recent first); the least
- * recent ones over --zero3-keep's budget of elements are given back. */
+ * recent ones over z->keep elements are given back. */
 static void
-keep_unit(trainer *tr, int u)
+keep_unit(rli_z3 *z, int u)
 {
 	size_t sum = 0;
 	int k, n;
 
-	if (u < 0 || unit_in(tr, u))
+	if (u < 0 || unit_in(z, u))
 		return;
-	memmove(tr->z3_kept + 1, tr->z3_kept, sizeof *tr->z3_kept * (size_t)tr->z3_nkept);
-	tr->z3_kept[0] = u;
-	tr->z3_nkept++;
-	for (k = 0; k < tr->z3_nkept; k++) {
-		sum += unit_elems(tr, tr->z3_kept[k]);
-		if (sum > tr->o->zero3_keep)
+	if (!z->kept) { /* nothing kept: given back */
+		drop_unit(z, u);
+		return;
+	}
+	memmove(z->kept + 1, z->kept, sizeof *z->kept * (size_t)z->nkept);
+	z->kept[0] = u;
+	z->nkept++;
+	for (k = 0; k < z->nkept; k++) {
+		sum += unit_elems(z, z->kept[k]);
+		if (sum > z->keep)
 			break;
 	}
-	for (n = tr->z3_nkept; n > k; n--) {
-		int v = tr->z3_kept[n - 1];
-		tr->z3_nkept = n - 1;
-		drop_unit(tr, v);
+	for (n = z->nkept; n > k; n--) {
+		int v = z->kept[n - 1];
+		z->nkept = n - 1;
+		drop_unit(z, v);
 	}
 }
 
 /* Takes u off the kept list (it becomes the current or prefetched one). */
 static void
-unkeep_unit(trainer *tr, int u)
+unkeep_unit(rli_z3 *z, int u)
 {
-	for (int k = 0; k < tr->z3_nkept; k++)
-		if (tr->z3_kept[k] == u) {
-			memmove(tr->z3_kept + k, tr->z3_kept + k + 1, sizeof *tr->z3_kept * (size_t)(tr->z3_nkept - k - 1));
-			tr->z3_nkept--;
+	for (int k = 0; k < z->nkept; k++)
+		if (z->kept[k] == u) {
+			memmove(z->kept + k, z->kept + k + 1, sizeof *z->kept * (size_t)(z->nkept - k - 1));
+			z->nkept--;
 			return;
 		}
+}
+
+/* Every page of z's m->params given back, no unit listed. */
+static void
+z3_release(rli_z3 *z)
+{
+	if (!z->zp)
+		return;
+	prefetch_join(z->tr);
+	release_host(z->m->params, z->m->tt.total);
+	z->unit = z->pf = -1;
+	z->nkept = 0;
 }
 
 void
 rli_zero3_release(trainer *tr)
 {
-	if (!tr->zp)
-		return;
-	prefetch_join(tr);
-	release_host(tr->m->params, tr->m->tt.total);
-	tr->z3_unit = tr->z3_pf = -1;
-	tr->z3_nkept = 0;
+	z3_release(&tr->z3p);
 }
 
 /* The buckets the backward handed over since the last param_need, reduced
@@ -459,62 +495,65 @@ rs_pending(trainer *tr)
 	return rv;
 }
 
-/* A unit is resident as the current one (z3_unit), the prefetched one
- * (z3_pf) or a kept one (z3_kept, --zero3-keep); the ranks all call this
- * with the same (unit, next), so they decide the same gathers and start
- * them in the same order.  The only units sharing elements are the
+/* A unit is resident as the current one (z->unit), the prefetched one
+ * (z->pf) or a kept one (z->kept, --zero3-keep); the ranks all call this
+ * with the same model and (unit, next), so they decide the same gathers and
+ * start them in the same order.  The only units sharing elements are the
  * embedding and a tied head (drop_unit keeps what one still needs); the
- * head is never prefetched while the embedding is computed. */
+ * head is never prefetched while the embedding is computed.  One prefetch
+ * thread serves both models: a pass of one joins the other's first. */
 int
 rli_zero3_param_need(void *ctx, int unit, int next)
 {
-	trainer *tr = ctx;
+	rli_z3 *z = ctx;
+	trainer *tr = z->tr;
 	double t0;
 	int rv, prev, pf;
 
 	if ((rv = prefetch_join(tr)) != 0)
 		return rv;
-	rli_dp_params_resident(tr); /* the peak: the current and the prefetched unit beside the shard */
-	if (tr->z3_unit == -2)
-		rli_zero3_release(tr); /* the whole model (a save) not given back yet */
-	prev = tr->z3_unit;
-	pf = tr->z3_pf;
-	int have = unit_in(tr, unit);
-	unkeep_unit(tr, unit);
-	tr->z3_unit = unit;
-	tr->z3_pf = -1;
+	z3_resident(z); /* the peak: the current and the prefetched unit beside the shard */
+	if (z->unit == -2)
+		z3_release(z); /* the whole model (a save) not given back yet */
+	prev = z->unit;
+	pf = z->pf;
+	int have = unit_in(z, unit);
+	unkeep_unit(z, unit);
+	z->unit = unit;
+	z->pf = -1;
 	if (prev != unit)
-		keep_unit(tr, prev);    /* --zero3-keep 0: given back */
+		keep_unit(z, prev);    /* --zero3-keep 0: given back */
 	if (pf != unit)
-		keep_unit(tr, pf);      /* not what came */
+		keep_unit(z, pf);      /* not what came */
 	if (!have) {
-		tr->z3_ngather++;
+		z->ngather++;
 		t0 = rl_now();
-		if ((rv = gather_unit(tr, unit)) != 0)
+		if ((rv = gather_unit(z, unit)) != 0)
 			return rv;
 		t0 = rl_now() - t0; /* inside a pass: communication, not model time */
 		tr->t_comm += t0;
 		tr->t_gather += t0;
 		tr->t_model -= t0;
 	}
-	rli_dp_params_resident(tr);
+	z3_resident(z);
 	if (next < 0 || next == unit || tr->o->zero3_no_prefetch)
 		return rs_pending(tr);
-	if (unit_in(tr, next)) {
-		unkeep_unit(tr, next);  /* kept: nothing to gather */
-		tr->z3_pf = next;
+	if (unit_in(z, next)) {
+		unkeep_unit(z, next);  /* kept: nothing to gather */
+		z->pf = next;
 		return rs_pending(tr);
 	}
-	tr->z3_pf = next;
+	z->pf = next;
+	tr->z3_pfz = z;
 	tr->z3_pfrv = RL_OK;
-	tr->z3_ngather++;
+	z->ngather++;
 	if (pthread_create(&tr->z3_th, NULL, prefetch_main, tr) == 0) {
 		tr->z3_busy = 1;
 		return RL_OK;
 	}
 	if ((rv = rs_pending(tr)) != 0)
 		return rv;
-	return gather_unit(tr, next); /* no thread: gathered now */
+	return gather_unit(z, next); /* no thread: gathered now */
 }
 
 int
@@ -522,12 +561,12 @@ rli_zero3_gather_all(trainer *tr)
 {
 	int rv;
 
-	if (!tr->zp)
+	if (!tr->z3p.zp)
 		return RL_OK;
 	rli_zero3_release(tr);
-	if ((rv = gather_range(tr, 0, tr->m->tt.total)) != 0)
+	if ((rv = gather_range(&tr->z3p, 0, tr->m->tt.total)) != 0)
 		return rv;
-	tr->z3_unit = -2; /* everything */
+	tr->z3p.unit = -2; /* everything */
 	return RL_OK;
 }
 
@@ -539,40 +578,75 @@ rli_zero3_unit_only(trainer *tr, int u)
 {
 	int rv;
 
-	if (!tr->zp)
+	if (!tr->z3p.zp)
 		return RL_OK;
 	rli_zero3_release(tr);
 	if (u < 0)
 		return RL_OK;
-	if ((rv = gather_unit(tr, u)) != 0)
+	if ((rv = gather_unit(&tr->z3p, u)) != 0)
 		return rv;
-	tr->z3_unit = u;
-	tr->z3_ngather++;
+	tr->z3p.unit = u;
+	tr->z3p.ngather++;
 	rli_dp_params_resident(tr);
 	return RL_OK;
 }
 
-/* The hooks a pass calls, in its order, with nothing computed: the gathers
- * of rl_model_forward, then those of the backward and its gradient
- * hand-overs (grads_final's offsets; the idle rank's buffer is zeros). */
+/* The gathers of one rl_model_forward of z's model, computing nothing. */
+static int
+idle_forward(rli_z3 *z)
+{
+	const int L = z->m->cfg.n_layer;
+	int rv = RL_OK;
+
+	for (int u = 0; rv == 0 && u <= L + 1; u++)
+		rv = rli_zero3_param_need(z, u, u <= L ? u + 1 : -1);
+	return rv;
+}
+
 int
-rli_zero3_idle_pass(trainer *tr, int backward)
+rli_zero3_ref_done(trainer *tr)
+{
+	int rv;
+
+	if (!tr->z3r.zp)
+		return RL_OK;
+	rv = prefetch_join(tr);
+	z3_resident(&tr->z3r);
+	z3_release(&tr->z3r);
+	return rv;
+}
+
+int
+rli_zero3_ref_idle(trainer *tr)
+{
+	int rv;
+
+	if (!tr->z3r.zp)
+		return RL_OK; /* a whole reference: its forward takes no collective */
+	rv = idle_forward(&tr->z3r);
+	return rv != 0 ? rv : rli_zero3_ref_done(tr);
+}
+
+/* The hooks a pass calls, in its order, with nothing computed: the gathers
+ * of rl_model_forward, with ref those of the reference's forward after it,
+ * then those of the backward and its gradient hand-overs (grads_final's
+ * offsets; the idle rank's buffer is zeros). */
+int
+rli_zero3_idle_pass(trainer *tr, int backward, int ref)
 {
 	rl_model *m = tr->m;
 	const int L = m->cfg.n_layer;
 	double t0 = rl_now();
-	int rv = RL_OK;
+	int rv = idle_forward(&tr->z3p);
 
-	for (int u = 0; rv == 0 && u <= L + 1; u++)
-		rv = rli_zero3_param_need(tr, u, u <= L ? u + 1 : -1);
-	if (rv != 0 || !backward)
+	if (rv != 0 || (ref && (rv = rli_zero3_ref_idle(tr)) != 0) || !backward)
 		goto out;
-	if ((rv = rli_zero3_param_need(tr, L + 1, L)) != 0)
+	if ((rv = rli_zero3_param_need(&tr->z3p, L + 1, L)) != 0)
 		goto out;
 	if (m->grad_ready && (rv = m->grad_ready(m->grad_ready_ctx, m->tt.t[m->lnf_w].off)) != 0)
 		goto out;
 	for (int l = L - 1; rv == 0 && l >= 0; l--)
-		if ((rv = rli_zero3_param_need(tr, 1 + l, l > 0 ? l : -1)) == 0 && m->grad_ready)
+		if ((rv = rli_zero3_param_need(&tr->z3p, 1 + l, l > 0 ? l : -1)) == 0 && m->grad_ready)
 			rv = m->grad_ready(m->grad_ready_ctx, m->tt.t[m->layer[l].ln1_w].off);
 	if (rv == 0 && m->grad_ready)
 		rv = m->grad_ready(m->grad_ready_ctx, 0);
@@ -604,31 +678,58 @@ rli_zero_full_alloc(trainer *tr)
 	return o->status(o);
 }
 
-/* ZeRO-3: the shard's master weights moved from m->params into zp a chunk
- * at a time, each chunk's pages of m->params given back once copied (chunk
- * ends on page boundaries, so no page still to copy is cleared), so that the
- * shard is not held twice; the resident parameters sampled for
- * memory/load_params_resident_mb after the load (rli_dp_start) and here,
- * after the first chunk (the peak: the rest of the shard in m->params and
- * the chunk in zp) and after the last. */
+/* ZeRO-3: the shard's master weights moved from m->params into z->zp a
+ * chunk at a time, each chunk's pages of m->params given back once copied
+ * (chunk ends on page boundaries, so no page still to copy is cleared), so
+ * that the shard is not held twice; the resident parameters sampled into
+ * *pres after the first chunk (the peak: the rest of the shard in m->params
+ * and the chunk in zp) and after the last. */
 static int
-adopt_shard(trainer *tr)
+adopt_shard(rli_z3 *z, double *pres)
 {
 	const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), chunk = (uintptr_t)256 << 10;
-	float *src = tr->m->params + tr->zlo;
-	size_t n = tr->zhi - tr->zlo, k = 0;
+	rl_ops *o = z->tr->ops;
+	float *src = z->m->params + z->zlo;
+	size_t n = z->zhi - z->zlo, k = 0;
 
 	while (k < n) {
 		uintptr_t e = ((uintptr_t)(src + k) + chunk) / pg * pg;
 		size_t c = RL_MIN(n - k, (size_t)(e - (uintptr_t)(src + k)) / sizeof(float));
-		tr->ops->copy(tr->ops, tr->zp + k, src + k, c * sizeof(float));
+		o->copy(o, z->zp + k, src + k, c * sizeof(float));
 		if (k == 0)
-			tr->load_pres = RL_MAX(tr->load_pres, params_resident(tr));
+			*pres = RL_MAX(*pres, model_resident(z->tr, z->m, z->zp, n));
 		release_host(src + k, c);
 		k += c;
 	}
-	tr->load_pres = RL_MAX(tr->load_pres, params_resident(tr));
-	return tr->ops->status(tr->ops);
+	*pres = RL_MAX(*pres, model_resident(z->tr, z->m, z->zp, n));
+	return o->status(o);
+}
+
+/* ZeRO-3: model m, whose shard [lo, hi) of the table m->params holds (read
+ * there by load_shard), becomes z: the shard moved into z->zp, m->params
+ * only the passes' scratch, gathered unit by unit through m->param_need;
+ * keep > 0: units used are kept gathered up to keep elements. */
+static int
+z3_open(trainer *tr, rli_z3 *z, rl_model *m, size_t lo, size_t hi, size_t keep, double *load_pres, double *peak)
+{
+	rl_ops *o = tr->ops;
+	int rv;
+
+	*z = (rli_z3){ .tr = tr, .m = m, .zlo = lo, .zhi = hi, .unit = -1, .pf = -1, .keep = keep, .pres_peak = peak };
+	if ((rv = o->alloc(o, (void **)&z->zp, (hi > lo ? hi - lo : 1) * sizeof(float))) != 0 ||
+	    (rv = adopt_shard(z, load_pres)) != 0)
+		return rv;
+	huge_pages(m->params, m->tt.total);
+	release_host(m->params, m->tt.total);
+	if (keep && !(z->kept = rl_try_calloc((size_t)m->cfg.n_layer + 2, sizeof *z->kept, "kept units")))
+		return RL_ENOMEM;
+	z->emb_in_head = m->lm_w == m->wte;
+	for (int i = 0; i < m->tt.n; i++)
+		if (m->tt.t[i].off < m->tt.t[m->layer[0].ln1_w].off && i != m->wte)
+			z->emb_in_head = 0;
+	m->param_need = rli_zero3_param_need;
+	m->param_need_ctx = z;
+	return RL_OK;
 }
 
 /* Every rank keeps the AdamW moments of its shard [zlo, zhi) of the flat
@@ -670,19 +771,9 @@ zero_open(trainer *tr)
 	}
 	if (tr->o->zero == 3) {
 		/* the shard's master weights; m->params only as the passes' scratch */
-		if ((rv = o->alloc(o, (void **)&tr->zp, bytes)) != 0 || (rv = adopt_shard(tr)) != 0)
+		if ((rv = z3_open(tr, &tr->z3p, m, tr->zlo, tr->zhi, tr->o->zero3_keep, &tr->load_pres,
+		    &tr->pres_peak)) != 0)
 			return rv;
-		huge_pages(m->params, m->tt.total);
-		release_host(m->params, m->tt.total);
-		tr->z3_unit = tr->z3_pf = -1;
-		if (!(tr->z3_kept = rl_try_calloc((size_t)m->cfg.n_layer + 2, sizeof *tr->z3_kept, "kept units")))
-			return RL_ENOMEM;
-		tr->z3_emb_in_head = m->lm_w == m->wte;
-		for (int i = 0; i < m->tt.n; i++)
-			if (m->tt.t[i].off < m->tt.t[m->layer[0].ln1_w].off && i != m->wte)
-				tr->z3_emb_in_head = 0;
-		m->param_need = rli_zero3_param_need;
-		m->param_need_ctx = tr;
 	}
 	if ((rv = o->sync(o)) != 0)
 		return rv;
@@ -748,12 +839,12 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 		size_t a = RL_MAX(t->off, lo), b = RL_MIN(t->off + t->n, hi);
 		if (a >= b)
 			continue;
-		o->adamw(o, tr->zp ? tr->zp + (a - lo) : m->params + a, NULL, g + a, tr->zm + (a - lo), tr->zv + (a - lo), b - a,
+		o->adamw(o, tr->z3p.zp ? tr->z3p.zp + (a - lo) : m->params + a, NULL, g + a, tr->zm + (a - lo), tr->zv + (a - lo), b - a,
 		    rl_adamw_lr(p, t), p->beta1, p->beta2, p->eps,
 		    (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
 	}
 	zero_clear_grads(tr);
-	if (tr->zp) /* no all-gather: the next passes gather unit by unit */
+	if (tr->z3p.zp) /* no all-gather: the next passes gather unit by unit */
 		return o->status(o);
 	t0 = rl_now();
 	if ((rv = o->sync(o)) != 0 || (rv = rl_comm_allgather_shards(tr->comm, m->params, total)) != 0)
@@ -848,7 +939,7 @@ rli_dp_check_weights(trainer *tr)
 	uint64_t mine, *all;
 	int rv;
 
-	if (tr->zp)
+	if (tr->z3p.zp)
 		return RL_OK; /* ZeRO-3: each rank holds other weights; the gathers give all the same */
 	if ((rv = weights_hash(tr, &mine)) != 0)
 		return rv;
@@ -919,32 +1010,47 @@ out:
 	return rv;
 }
 
-/* ZeRO-3 (rl_model_open_part): this rank's shard of the table read from the
- * files, no other page of m->params written; the outcome agreed by every
- * rank (a sum of failures), so that a rank whose range holds a bad tensor
- * stops all of them, each with an error, none left waiting in a
- * collective. */
+/* ZeRO-3 (rl_model_open_part): this rank's shard of m's table read from
+ * the files, no other page of m->params written (its resident bytes into
+ * *pres); the outcome agreed by every rank (a sum of failures), so that a
+ * rank whose range holds a bad tensor stops all of them, each with an
+ * error, none left waiting in a collective.  what: the model, for them. */
 static int
-load_shard(trainer *tr)
+load_shard(trainer *tr, rl_model *m, const char *what, double *pres)
 {
 	size_t lo, hi;
 	double bad;
 	int rv, r2;
 
-	rl_comm_shard(tr->comm, tr->m->tt.total, tr->rank, &lo, &hi);
-	rv = rl_model_load_range(tr->m, lo, hi);
+	rl_comm_shard(tr->comm, m->tt.total, tr->rank, &lo, &hi);
+	rv = rl_model_load_range(m, lo, hi);
 	bad = rv != 0;
 	if ((r2 = rl_comm_host_allreduce_f64(tr->comm, &bad, 1)) != 0)
 		return r2;
 	if (bad == 0) {
-		tr->load_pres = params_resident(tr);
-		rl_verbose("read elements [%zu, %zu) of %zu of the model (this rank's shard)", lo, hi, tr->m->tt.total);
+		*pres = model_resident(tr, m, NULL, 0);
+		rl_verbose("read elements [%zu, %zu) of %zu of the %s (this rank's shard)", lo, hi, m->tt.total, what);
 		return RL_OK;
 	}
 	if (rv == 0)
-		rl_error("rank %d: %.0f other rank%s could not read %s shard of the model (said above)", tr->rank, bad,
-		    bad > 1 ? "s" : "", bad > 1 ? "their" : "its");
+		rl_error("rank %d: %.0f other rank%s could not read %s shard of the %s (said above)", tr->rank, bad,
+		    bad > 1 ? "s" : "", bad > 1 ? "their" : "its", what);
 	return rv ? rv : RL_EFORMAT;
+}
+
+int
+rli_zero3_ref_load(trainer *tr)
+{
+	rl_model *ref = tr->ref;
+	size_t lo, hi;
+	int rv;
+
+	if ((rv = load_shard(tr, ref, "reference model", &tr->ref_load_pres)) != 0 ||
+	    (rv = rl_model_params_changed(ref)) != 0)
+		return rv;
+	rl_comm_shard(tr->comm, ref->tt.total, tr->rank, &lo, &hi);
+	/* forward only, always in the same direction: nothing kept gathered */
+	return z3_open(tr, &tr->z3r, ref, lo, hi, 0, &tr->ref_load_pres, &tr->ref_pres_peak);
 }
 
 int
@@ -956,7 +1062,7 @@ rli_dp_start(trainer *tr)
 	/* one starting point: rank 0's weights (and optimizer state on --resume);
 	 * ZeRO-3: each rank's shard read from the files by itself */
 	if (tr->m->part_set != NULL)
-		rv = load_shard(tr);
+		rv = load_shard(tr, tr->m, "model", &tr->load_pres);
 	else
 		rv = rl_comm_broadcast(tr->comm, tr->m->params, nb, 0);
 	if (rv != 0 ||
@@ -975,7 +1081,8 @@ rli_dp_start(trainer *tr)
 			rv = RL_EINVAL;
 		}
 	free(steps);
-	if (rv != 0)
+	if (rv != 0 || (tr->o->zero && (rv = zero_open(tr)) != 0))
 		return rv;
-	return tr->o->zero ? zero_open(tr) : RL_OK;
+	/* the reference (--ref) opened for ZeRO-3 (train.c): its shard, as the policy's */
+	return tr->ref && tr->ref->part_set ? rli_zero3_ref_load(tr) : RL_OK;
 }

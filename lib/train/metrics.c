@@ -198,6 +198,15 @@ memory_metrics(cJSON *j, trainer *tr, int step)
 		metric(j, tr, step, "memory/params_resident_mb", tr->pres_peak / (1 << 20));
 	tr->pres_peak = 0;
 	/* the same at the load, ZeRO-3 (dp.c): on the first step's line */
+	/* measured: the reference model's (--ref, DPO's) resident pages at their peak
+	 * (ZeRO-3 samples each unit of its forwards; else the whole table) */
+	rli_dp_ref_resident(tr);
+	if (tr->ref_pres_peak > 0)
+		metric(j, tr, step, "memory/ref_params_resident_mb", tr->ref_pres_peak / (1 << 20));
+	tr->ref_pres_peak = 0;
+	if (tr->ref_load_pres > 0)
+		metric(j, tr, step, "memory/ref_load_params_resident_mb", tr->ref_load_pres / (1 << 20));
+	tr->ref_load_pres = 0;
 	if (tr->load_pres > 0)
 		metric(j, tr, step, "memory/load_params_resident_mb", tr->load_pres / (1 << 20));
 	tr->load_pres = 0;
@@ -353,8 +362,8 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 		/* the share of the last update's gradient buckets sent during its backward pass */
 		metric(j, tr, step, "dp/buckets_overlapped_frac", nb ? (double)early / nb : NAN);
 		metric(j, tr, step, "dp/zero_stage", tr->zero);
-		if (tr->zp) /* ZeRO-3: unit gathers of the step's passes (not a save's whole-model one) */
-			metric(j, tr, step, "dp/units_gathered", tr->z3_ngather);
+		if (tr->z3p.zp) /* ZeRO-3: unit gathers of the step's passes (not a save's whole-model one) */
+			metric(j, tr, step, "dp/units_gathered", tr->z3p.ngather);
 	}
 	memory_metrics(j, tr, step);
 	/* the share of the step (update + publish) spent outside the model's compute */

@@ -269,7 +269,7 @@ save_need(void *ctx, int i)
 	unit_walk *w = tr->z3_walk;
 	int u = rli_zero3_unit_of(tr->m, tr->m->tt.t[i].off), rv;
 
-	if (u == tr->z3_unit)
+	if (u == tr->z3p.unit)
 		return RL_OK;
 	if (w && u >= w->next) {
 		while (w->next <= u) {
@@ -549,7 +549,7 @@ rli_save_open(trainer *tr, const char *dir)
 	}
 	/* ZeRO-3 keeps only the shards by now (dp.c gave the rest of m->params
 	 * back): every rank takes part in sending them unit by unit */
-	if (o->wgroup_addr && tr->zp)
+	if (o->wgroup_addr && tr->z3p.zp)
 		return group_units(tr);
 	if (tr->wg && (rv = rl_wgroup_send(tr->wg, tr->m->version)) != 0)
 		return rv;
@@ -654,7 +654,7 @@ shards_finite(trainer *tr)
 	int rv;
 
 	for (size_t k = 0; k < tr->zhi - tr->zlo; k++)
-		ss += (double)tr->zp[k] * tr->zp[k];
+		ss += (double)tr->z3p.zp[k] * tr->z3p.zp[k];
 	if ((rv = rl_comm_host_allreduce_f64(tr->comm, &ss, 1)) != 0)
 		return rv;
 	if (isfinite(ss))
@@ -790,7 +790,7 @@ save_units_begin(trainer *tr, int full)
 	unit_walk *w;
 	int rv;
 
-	if (!tr->zp)
+	if (!tr->z3p.zp)
 		return RL_OK;
 	if ((rv = shards_finite(tr)) != 0)
 		return rv;
@@ -815,7 +815,7 @@ save_units_begin(trainer *tr, int full)
 static void
 save_units_end(trainer *tr, double peak)
 {
-	if (!tr->zp)
+	if (!tr->z3p.zp)
 		return;
 	rli_dp_params_resident(tr); /* a gathered save: the whole model beside the shard */
 	rli_zero3_release(tr);
@@ -846,7 +846,7 @@ rli_save_step(trainer *tr)
 		return rv;
 	/* every rank takes the same path (publish_only: options and full_due);
 	 * --ckpt-every > 1 comes with --sync or a weights group */
-	if (tr->zp && publish_only(tr, full)) {
+	if (tr->z3p.zp && publish_only(tr, full)) {
 		if ((rv = publish_units(tr)) != 0)
 			return rv;
 		tr->last_full = 0;

@@ -564,7 +564,7 @@ recompute_old(trainer *tr, const seqref *sq, int a0, int b0)
 	if (tr->zero == 3 && (rv = zero2_rounds(tr, nb, &rounds)) != 0)
 		return rv;
 	for (int k = nb; tr->zero == 3 && k < rounds; k++)
-		if ((rv = rli_zero3_idle_pass(tr, 0)) != 0)
+		if ((rv = rli_zero3_idle_pass(tr, 0, 0)) != 0)
 			return rv;
 	for (int k = 0; k < nb; k++) {
 		const seqref *mq = ps + tr->pbin[k];
@@ -664,6 +664,14 @@ gspo_old(trainer *tr, const seqref *sq, int B, int N, const float *old_h)
 	return ops->status(ops);
 }
 
+/* A micro-batch of the policy gradient runs the reference's forward
+ * (between the policy's forward and backward): the same on every rank. */
+static int
+ref_in_micro(const trainer *tr)
+{
+	return tr->ref && tr->o->kl_type && !tr->o->kl_in_reward;
+}
+
 /* One micro-batch, the B sequences sq: forward, loss, backward (gradients
  * accumulated), statistics into ms. */
 static int
@@ -714,8 +722,13 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 		beh = tr->d_beh;
 	}
 	if (o->kl_type && !o->kl_in_reward) {
-		if (tr->ref) {
-			if ((rv = rl_model_forward(tr->ref, NULL, NULL, tr->h_tok, tr->h_tgt, seg, pos, R, T, temp)) != 0)
+		if (ref_in_micro(tr)) {
+			t0 = rl_now();
+			rv = rl_model_forward(tr->ref, NULL, NULL, tr->h_tok, tr->h_tgt, seg, pos, R, T, temp);
+			if (rv == 0)
+				rv = rli_zero3_ref_done(tr); /* ZeRO-3: its units given back */
+			tr->t_model += rl_now() - t0;
+			if (rv != 0)
 				return rv;
 			ref = tr->ref->lp;
 		} else {
@@ -979,47 +992,96 @@ row_sum(const trainer *tr, const seqref *q, const float *lp, int r, int T)
 	return sum;
 }
 
-/* The reference's log-prob of each sequence of sq[0, n): the records'
- * ref_logprobs, or (with --ref, or where a record has none) the reference
- * model's, computed once per step: the initial policy (-m) unless --ref. */
+/* The reference model where DPO needs it and no --ref gave one: the initial
+ * policy (-m), opened now (with ZeRO-3 sharded, by every rank at once). */
 static int
-dpo_ref(trainer *tr, seqref *sq, int n)
+dpo_ref_open(trainer *tr, const rl_sample *s)
 {
 	const rl_train_opts *o = tr->o;
 	int rv;
 
+	if (!o->model_dir) {
+		if (s)
+			rl_error("record %llu has no 'ref_logprobs' and there is no reference model",
+			    (unsigned long long)s->id);
+		else
+			rl_error("a record of another rank has no 'ref_logprobs' and there is no reference model");
+		rl_hint("give --ref DIR, or -m with the initial policy (the reference by default)");
+		return RL_EINVAL;
+	}
+	if (tr->zero == 3)
+		rv = rl_model_open_part(&tr->ref, o->model_dir, tr->ops, 0, o->seed);
+	else
+		rv = rl_model_open(&tr->ref, o->model_dir, tr->ops);
+	if (rv != 0 || (rv = rl_model_eval_reserve(tr->ref, tr->maxtok)) != 0)
+		return rv;
+	return tr->zero == 3 ? rli_zero3_ref_load(tr) : RL_OK;
+}
+
+/* Whether the pairs' micro-batch sq[a, e) needs the reference model. */
+static int
+dpo_ref_need(const trainer *tr, const seqref *sq, int a, int e)
+{
+	for (int i = a; i < e; i++)
+		if (tr->o->ref_dir || !sq[i].s->ref_logprobs)
+			return 1;
+	return 0;
+}
+
+/* The reference's log-prob of each sequence of sq[0, n): the records'
+ * ref_logprobs, or (with --ref, or where a record has none) the reference
+ * model's, computed once per step: the initial policy (-m) unless --ref.
+ * ZeRO-3: the reference's forwards gather, so every rank runs as many as
+ * the rank with the most (the others only gather). */
+static int
+dpo_ref(trainer *tr, seqref *sq, int n)
+{
+	int rv, npass = 0, rounds = 0;
+
+	if (tr->zero == 3) {
+		for (int a = 0, e; a < n; a = e) {
+			e = dpo_micro_end(tr, sq, a, n);
+			npass += dpo_ref_need(tr, sq, a, e);
+		}
+		if ((rv = zero2_rounds(tr, npass, &rounds)) != 0)
+			return rv;
+		const rl_sample *lack = NULL; /* a record of this rank's that needs it, for the error */
+		for (int i = 0; i < n && !lack; i++)
+			lack = sq[i].s->ref_logprobs ? NULL : sq[i].s;
+		if (rounds > 0 && !tr->ref && (rv = dpo_ref_open(tr, lack)) != 0)
+			return rv;
+	}
 	for (int a = 0; a < n;) {
-		int e = dpo_micro_end(tr, sq, a, n), need = 0;
+		int e = dpo_micro_end(tr, sq, a, n), need = dpo_ref_need(tr, sq, a, e);
 		for (int i = a; i < e; i++) {
 			const rl_sample *s = sq[i].s;
-			need |= o->ref_dir || !s->ref_logprobs;
 			sq[i].ref_lp = 0;
 			for (int j = 0; s->ref_logprobs && j < s->rlen; j++)
 				sq[i].ref_lp += tr->mask_tok[sq[i].toff + j] ? s->ref_logprobs[j] : 0.0;
 		}
-		if (need && !tr->ref) {
-			if (!o->model_dir) {
-				rl_error("record %llu has no 'ref_logprobs' and there is no reference model",
-				    (unsigned long long)sq[a].s->id);
-				rl_hint("give --ref DIR, or -m with the initial policy (the reference by default)");
-				return RL_EINVAL;
-			}
-			if ((rv = rl_model_open(&tr->ref, o->model_dir, tr->ops)) != 0 ||
-			    (rv = rl_model_eval_reserve(tr->ref, tr->maxtok)) != 0)
-				return rv;
-		}
+		if (need && !tr->ref && (rv = dpo_ref_open(tr, sq[a].s)) != 0)
+			return rv;
 		if (need) {
 			int B = e - a, T = fill_rows(tr, sq + a, B);
 			double t0 = rl_now();
 			rv = rl_model_forward(tr->ref, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, 1.0f);
+			if (rv == 0)
+				rv = rli_zero3_ref_done(tr);
 			tr->t_model += rl_now() - t0;
 			if (rv != 0)
 				return rv;
 			for (int r = 0; r < B; r++)
-				if (o->ref_dir || !sq[a + r].s->ref_logprobs)
+				if (tr->o->ref_dir || !sq[a + r].s->ref_logprobs)
 					sq[a + r].ref_lp = row_sum(tr, &sq[a + r], tr->h_lp, r, T);
 		}
 		a = e;
+	}
+	for (int k = npass; k < rounds; k++) {
+		double t0 = rl_now();
+		rv = rli_zero3_ref_idle(tr);
+		tr->t_model += rl_now() - t0;
+		if (rv != 0)
+			return rv;
 	}
 	return RL_OK;
 }
@@ -1178,7 +1240,7 @@ dpo_update(trainer *tr, mstat *ms, float *gnorm, double *lr, int *nupd)
 			for (int s = 0, k = 0; k < rounds; k++) {
 				int e = k < nbd ? dpo_micro_end(tr, sq, s, rb - ra) : s;
 				hook_on(tr, k, nbd);
-				rv = e == s ? (tr->zero == 3 ? rli_zero3_idle_pass(tr, 1) : RL_OK) : o->algo == RL_ALGO_RM ? rm_micro(tr, sq + s, e - s, P, ms) :
+				rv = e == s ? (tr->zero == 3 ? rli_zero3_idle_pass(tr, 1, 0) : RL_OK) : o->algo == RL_ALGO_RM ? rm_micro(tr, sq + s, e - s, P, ms) :
 				    dpo_micro(tr, sq + s, e - s, P, RL_MAX(nchosen, 1), ms);
 				tr->m->grad_ready = NULL;
 				if (rv != 0 || (rv = round_end(tr)) != 0)
@@ -1222,7 +1284,7 @@ rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double *lr
 				/* buckets go out as layers finish (hook_on says after which backward) */
 				hook_on(tr, k, nb);
 				rv = k < nb ? micro(tr, sq + tr->pbin[k], tr->pbin[k + 1] - tr->pbin[k], recomputed, ms) :
-				    tr->zero == 3 ? rli_zero3_idle_pass(tr, 1) : RL_OK;
+				    tr->zero == 3 ? rli_zero3_idle_pass(tr, 1, ref_in_micro(tr)) : RL_OK;
 				tr->m->grad_ready = NULL;
 				if (rv != 0 || (rv = round_end(tr)) != 0)
 					return rv;

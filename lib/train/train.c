@@ -134,7 +134,7 @@ train_step(trainer *tr)
 	tr->t_wait = 0;
 	tr->t_model = 0;
 	tr->t_gather = tr->t_rs = tr->t_opt = 0;
-	tr->z3_ngather = 0;
+	tr->z3p.ngather = 0;
 	if ((rv = rli_step_prepare(tr)) != 0)
 		return rv;
 	if (tr->nseq == 0)
@@ -272,6 +272,35 @@ open_policy(trainer *tr, const char *dir, int resumed)
 	return RL_OK;
 }
 
+/* --ref DIR: whole, or with ZeRO-3 checked here and each rank's shard read
+ * in rli_dp_start.  Its log-probs are of the policy's tokens: the same
+ * vocabulary (a smaller one would be read past its embedding). */
+static int
+open_ref(trainer *tr)
+{
+	const rl_train_opts *o = tr->o;
+	int rv;
+
+	if (tr->world > 1 && o->zero == 3)
+		rv = rl_model_open_part(&tr->ref, o->ref_dir, tr->ops, 0, o->seed);
+	else
+		rv = rl_model_open(&tr->ref, o->ref_dir, tr->ops);
+	if (rv != 0)
+		return rv;
+	if (tr->ref->cfg.seq_cls) {
+		rl_error("--ref '%s' is a reward model (%s has no language-model head)", o->ref_dir,
+		    "...ForSequenceClassification");
+		return RL_EINVAL;
+	}
+	if (tr->ref->cfg.vocab_size != tr->m->cfg.vocab_size) {
+		rl_error("--ref '%s': vocab_size %d in its config.json, the policy's is %d", o->ref_dir,
+		    tr->ref->cfg.vocab_size, tr->m->cfg.vocab_size);
+		rl_hint("the reference scores the policy's tokens: give a model with the policy's vocabulary");
+		return RL_ESHAPE;
+	}
+	return RL_OK;
+}
+
 /* --resume auto (the default): resume when --out holds a full checkpoint,
  * start fresh when it is absent or holds no step directory; step
  * directories without any full checkpoint (a run killed before its first)
@@ -387,7 +416,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 	if ((o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM) &&
 	    (rv = rl_model_add_value_head(tr->m, tr->resumed ? dir : o->model_dir, o->seed)) != 0)
 		return rv;
-	if (o->ref_dir && (rv = rl_model_open(&tr->ref, o->ref_dir, tr->ops)) != 0)
+	if (o->ref_dir && (rv = open_ref(tr)) != 0)
 		return rv;
 	tr->m->no_adam_state = tr->world > 1 && o->zero; /* ZeRO: only a shard, from dp.c's zero_open */
 	tr->m->recompute = o->recompute;
@@ -558,8 +587,9 @@ rli_train_fini(trainer *tr, int rv)
 		tr->ops->free(tr->ops, tr->zm);
 		tr->ops->free(tr->ops, tr->zv);
 		tr->ops->free(tr->ops, tr->zg);
-		tr->ops->free(tr->ops, tr->zp);
-		free(tr->z3_kept);
+		tr->ops->free(tr->ops, tr->z3p.zp);
+		tr->ops->free(tr->ops, tr->z3r.zp);
+		free(tr->z3p.kept);
 	}
 	rli_feed_close(tr);
 	rl_progress_done(&tr->prog);

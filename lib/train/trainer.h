@@ -46,6 +46,25 @@ typedef struct seqref {
 	int ntrain;     /* DPO: its trained tokens (loss_mask 1) */
 } seqref;
 
+/* ZeRO-3: one model whose parameters are sharded over the ranks (the
+ * policy's, the reference's).  This rank holds the f32 master weights of
+ * elements [zlo, zhi) of its flat table in zp; m->params is scratch holding
+ * the unit being computed (unit, -1 none, -2 the whole model), the one
+ * prefetched (pf) and those kept (kept, the most recent first, up to keep
+ * elements: --zero3-keep). */
+typedef struct rli_z3 {
+	struct trainer *tr;
+	rl_model *m;
+	float *zp;
+	size_t zlo, zhi;
+	int unit, pf;
+	int *kept, nkept;
+	size_t keep;
+	int emb_in_head;         /* the embedding unit is wte alone, and the head's (tied) */
+	int ngather;             /* units gathered this step (the policy's: dp/units_gathered) */
+	double *pres_peak;       /* where the resident bytes' peak is kept (mincore, at each unit) */
+} rli_z3;
+
 typedef struct trainer {
 	const rl_train_opts *o;
 	rl_ops *ops;
@@ -152,22 +171,21 @@ typedef struct trainer {
 	float *zm, *zv;          /* (zhi - zlo) AdamW moments of the shard, backend memory */
 	float *zg;               /* ZeRO-2: (zhi - zlo) gradients of the shard, summed over ranks and
 	                          * micro-batches (host memory) */
-	float *zp;               /* ZeRO-3: (zhi - zlo) f32 master weights of the shard; m->params is
-	                          * scratch holding the unit being computed (z3_unit, -1 none) */
-	int z3_unit;
-	int z3_pf, z3_busy, z3_pfrv; /* ZeRO-3's prefetch: the unit gathered (or being gathered) on
-	                          * z3_th for the next param_need (-1 none), its result */
+	rli_z3 z3p;              /* ZeRO-3: the policy's parameters sharded (z3p.zp NULL: not sharded) */
+	rli_z3 z3r;              /* ZeRO-3: the reference model's (--ref, DPO's reference), forward only */
+	int z3_busy, z3_pfrv;    /* ZeRO-3's prefetch: a gather in flight on z3_th into z3_pfz->pf's
+	                          * unit for the next param_need, its result */
+	rli_z3 *z3_pfz;
 	pthread_t z3_th;
-	int *z3_kept, z3_nkept;  /* units used and kept gathered (--zero3-keep), the most recent first */
 	int z3_rs;               /* buckets handed over for the prefetch thread to reduce-scatter */
-	int z3_ngather;          /* units gathered this step (dp/units_gathered) */
-	int z3_emb_in_head;      /* the embedding unit is wte alone, and the head's (tied) */
 	double pres_peak;        /* bytes of parameters resident at most this step (ZeRO-3) */
+	double ref_pres_peak;    /* the same of the reference model's (m->params and z3r's shard) */
 	double pub_pres_peak;    /* the same while this step's part was built unit by unit (save.c) */
 	double save_pres_peak;   /* the same while a directory was written this step (ZeRO-3, save.c) */
 	int z3_save;             /* ZeRO-3: this rank writes (rank 0) or follows a save unit by unit (save.c) */
 	struct unit_walk *z3_walk; /* ZeRO-3: a directory step that also publishes, its one walk over
 	                          * the units (save.c), else NULL */
+	double ref_load_pres;    /* the reference's at its load (ZeRO-3), until the next metrics */
 	double load_pres;        /* the same at the load (ZeRO-3: the shard read, dp.c), until the first metrics */
 	double gres_peak;        /* bytes of gradients resident at most this step (rli_dp_grads_resident) */
 	char *opt_dir;           /* --resume from sharded AdamW state: the directory each shard reads */
@@ -313,7 +331,18 @@ int rli_zero3_param_need(void *ctx, int unit, int next);
 /* ZeRO-3: the gathers (and, with backward, the gradient hand-overs) of a
  * forward or forward + backward pass, without computing: a rank out of
  * micro-batches in a round takes part in the others' collectives. */
-int rli_zero3_idle_pass(trainer *tr, int backward);
+int rli_zero3_idle_pass(trainer *tr, int backward, int ref);
+/* ZeRO-3: the reference model (tr->ref, opened with rl_model_open_part)
+ * sharded as the policy is: each rank's shard read from its files (the
+ * ranks agreeing on failures), forwards gathering unit by unit (tr->z3r). */
+int rli_zero3_ref_load(trainer *tr);
+/* ZeRO-3: after a forward of the reference, its units given back. */
+int rli_zero3_ref_done(trainer *tr);
+/* ZeRO-3: the gathers of one forward of the reference, computing nothing
+ * (a rank with fewer reference passes than another). */
+int rli_zero3_ref_idle(trainer *tr);
+/* The reference's parameter memory resident now into tr->ref_pres_peak. */
+void rli_dp_ref_resident(trainer *tr);
 /* ZeRO-3: the whole model gathered into m->params (checkpoints and
  * publishing), and given back again. */
 int rli_zero3_gather_all(trainer *tr);

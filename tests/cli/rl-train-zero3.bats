@@ -12,6 +12,11 @@
 #   about the shard); a NaN in one rank's shard stops every rank; a bf16
 #   checkpoint's f32 master weights are read per shard (resumed = ZeRO-2);
 #   a reward model's score head, new and resumed, = ZeRO-2;
+# - the reference model (--ref: GRPO's KL term, DPO) sharded too: the
+#   losses, KL and weights of ZeRO-2 bitwise (and of 1 rank within the
+#   tolerance), its measured memory about its shard plus a unit; a reference
+#   of another vocabulary, one whose tensors do not fit its config and a NaN
+#   in rank 1's shard of it are refused on every rank;
 # - the checkpoint is one model directory, written unit by unit (rank 0's
 #   memory about its shard plus a unit; the files ZeRO-2's, byte for byte),
 #   plus the optimizer shards: resumed on 1 rank without ZeRO, the same as
@@ -37,6 +42,19 @@ setup_file() {
 	deep_model "$TD/big"
 	# 12 groups of 4, responses of 1 to 10 tokens: 3 steps of 4 groups
 	python3 tests/fixtures/train/mkscored.py 12 4 0 > "$TD/s.jsonl"
+	# 12 preference pairs (DPO)
+	python3 - > "$TD/pairs.jsonl" <<'PY'
+import json, random
+random.seed(3)
+w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
+for i in range(12):
+    print(json.dumps({"prompt": " ".join(random.choice(w) for _ in range(3)) + ":",
+                      "chosen": " " + " ".join(random.choice(w) for _ in range(2)),
+                      "rejected": " " + " ".join(random.choice(w) for _ in range(3))}))
+PY
+	# reference models other than the policy (seed 2): the 2-layer one and the 8-layer one
+	rl-train -q --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m1" --seed 2
+	rl-train -q --init "$TD/big/cfg.json" --tokenizer bytes --out "$TD/big/m1" --seed 2
 }
 
 
@@ -110,15 +128,6 @@ PY
 }
 
 @test "ZeRO-3, DPO: 2 ranks with uneven micro-batch counts (1 and 2 pairs) = 1 rank" {
-	python3 - > "$TD/pairs.jsonl" <<'PY'
-import json, random
-random.seed(3)
-w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
-for i in range(12):
-    print(json.dumps({"prompt": " ".join(random.choice(w) for _ in range(3)) + ":",
-                      "chosen": " " + " ".join(random.choice(w) for _ in range(2)),
-                      "rejected": " " + " ".join(random.choice(w) for _ in range(3))}))
-PY
 	# 3 pairs a step, one pair per micro-batch: one rank has a round without a
 	# micro-batch, in which it only gathers and hands over zeros
 	args=(--algo dpo --batch 3 --lr 1e-2 --max-tokens-per-micro 64 --bucket-mb 0.01)
@@ -126,6 +135,17 @@ PY
 	TRAIN_WORLD_DATA="$TD/pairs.jsonl" train_world 2 "$TD/d2" --zero 3 "${args[@]}"
 	[ "$(readlink "$TD/d2/latest")" = step-00000004 ]
 	run -0 close "$TD/d2/latest/model.safetensors" "$TD/d1/latest/model.safetensors"
+	# the pairs have no ref_logprobs: the reference is the initial policy, opened
+	# by both ranks at the first step and read per shard (its load measured
+	# there, once), its memory measured every step (this 100 KB model is a few
+	# pages: the memory is checked on the 8-layer one below)
+	python3 - "$TD/d2.metrics.0" <<'PY'
+import json, sys
+ms = [json.loads(l) for l in open(sys.argv[1])]
+assert "memory/ref_load_params_resident_mb" in ms[0], ms[0]
+assert all("memory/ref_load_params_resident_mb" not in m for m in ms[1:])
+assert all(m["memory/ref_params_resident_mb"] > 0 for m in ms), ms
+PY
 	# the gather-only passes keep units as the computing ones do
 	PORT=$(free_port)
 	TRAIN_WORLD_DATA="$TD/pairs.jsonl" train_world 2 "$TD/dk" --zero 3 --zero3-keep 1e9 "${args[@]}"
@@ -215,6 +235,129 @@ for l in open(sys.argv[1]):
     r = json.loads(l)["memory/params_resident_mb"] / full
     assert 1.4 < r < 1.6, r
 PY
+}
+
+@test "ZeRO-3 with a reference model: GRPO's KL term and DPO on 2 ranks = ZeRO-2 bitwise, = 1 rank; the reference's memory about its shard" {
+	# GRPO with a KL term against another model (--ref), 2 mini-batches and
+	# micro-batches of 40 tokens: the reference's forward in every micro-batch,
+	# gather-only on a rank without one
+	args=(--batch 4 --lr 1e-2 --mini-batches 2 --max-tokens-per-micro 40 --bucket-mb 0.01
+	    --kl k3 --kl-coef 0.1 --ref "$TD/m1")
+	rl-train -q -m "$TD/m0" --out "$TD/kr1" --metrics "$TD/kr1.m" "${args[@]}" "$TD/s.jsonl"
+	train_world 2 "$TD/kr3" --zero 3 "${args[@]}"
+	PORT=$(free_port)
+	train_world 2 "$TD/kr2" --zero 2 "${args[@]}"
+	cmp "$TD/kr3/latest/model.safetensors" "$TD/kr2/latest/model.safetensors"
+	run -0 close "$TD/kr3/latest/model.safetensors" "$TD/kr1/latest/model.safetensors"
+	run -0 same_losses "$TD/kr1.m" "$TD/kr3.metrics.0" 3
+	python3 - "$TD/kr1.m" "$TD/kr2.metrics.0" "$TD/kr3.metrics.0" <<'PY'
+import json, sys
+a, b, c = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
+assert len(a) == len(b) == len(c) == 3
+for x, y, z in zip(a, b, c):
+    assert y["actor/kl_loss"] == z["actor/kl_loss"], (y["actor/kl_loss"], z["actor/kl_loss"])
+    assert abs(x["actor/kl_loss"] - z["actor/kl_loss"]) <= 1e-6 + 1e-4 * abs(x["actor/kl_loss"])
+assert all(m["actor/kl_loss"] > 1e-4 for m in a), [m["actor/kl_loss"] for m in a]
+PY
+	# PPO (value head) with --recompute and units kept between passes
+	# (--zero3-keep): the policy's kept units beside the reference's gathers
+	pargs=(--algo ppo --batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.01 --recompute
+	    --kl k1 --kl-coef 0.05 --ref "$TD/m1" --max-steps 2)
+	for z in 2 3; do
+		PORT=$(free_port)
+		train_world 2 "$TD/kp$z" --zero $z --zero3-keep 20000 "${pargs[@]}"
+	done
+	cmp "$TD/kp3/latest/model.safetensors" "$TD/kp2/latest/model.safetensors"
+	cmp "$TD/kp3/latest/value_head.safetensors" "$TD/kp2/latest/value_head.safetensors"
+	# DPO against --ref, 3 pairs a step on 2 ranks (one micro-batch short: its
+	# reference round only gathers)
+	dargs=(--algo dpo --batch 3 --lr 1e-2 --max-tokens-per-micro 64 --bucket-mb 0.01 --ref "$TD/m1")
+	rl-train -q -m "$TD/m0" --out "$TD/ke1" --metrics "$TD/ke1.m" "${dargs[@]}" "$TD/pairs.jsonl"
+	PORT=$(free_port)
+	TRAIN_WORLD_DATA="$TD/pairs.jsonl" train_world 2 "$TD/ke3" --zero 3 "${dargs[@]}"
+	PORT=$(free_port)
+	TRAIN_WORLD_DATA="$TD/pairs.jsonl" train_world 2 "$TD/ke2" --zero 2 "${dargs[@]}"
+	cmp "$TD/ke3/latest/model.safetensors" "$TD/ke2/latest/model.safetensors"
+	run -0 close "$TD/ke3/latest/model.safetensors" "$TD/ke1/latest/model.safetensors"
+	python3 - "$TD/ke1.m" "$TD/ke2.metrics.0" "$TD/ke3.metrics.0" <<'PY'
+import json, sys
+a, b, c = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
+assert len(a) == len(b) == len(c) == 4
+for x, y, z in zip(a, b, c):
+    for k in ("actor/dpo_loss", "rewards/chosen", "rewards/rejected", "rewards/margins"):
+        assert y[k] == z[k], (k, y[k], z[k])
+        assert abs(x[k] - z[k]) <= 1e-5 + 1e-4 * abs(x[k]), (k, x[k], z[k])
+PY
+	# memory: on the 8-layer model, the reference's resident parameters on rank
+	# 0 at their peak over each step: the shard (1/2) plus the unit computed and
+	# the one prefetched (a layer: 0.126 of the table) plus partial pages (0.76
+	# measured), where ZeRO-2 holds the whole reference (1.0, as ZeRO-3 would
+	# with the reference loaded whole); at the load the shard plus a 256 KiB
+	# piece
+	margs=(--batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.05 --max-steps 2 --kl k3 --kl-coef 0.1
+	    --ref "$TD/big/m1")
+	for z in 2 3; do
+		PORT=$(free_port)
+		TRAIN_WORLD_DATA="$TD/s.jsonl" TD="$TD/big" train_world 2 "$TD/krm$z" --zero $z "${margs[@]}"
+	done
+	python3 - "$TD/krm2.metrics.0" "$TD/krm3.metrics.0" <<'PY'
+import json, sys
+z2, z3 = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
+full = z2[0]["memory/weights_mb"]
+for m in z2:
+    assert m["memory/ref_params_resident_mb"] >= 0.98 * full, (m["memory/ref_params_resident_mb"], full)
+    assert "memory/ref_load_params_resident_mb" not in m
+for m in z3:
+    r = m["memory/ref_params_resident_mb"] / full
+    print("ref", m["step"], round(r, 3))
+    assert 0.5 < r < 0.8, r
+r = z3[0]["memory/ref_load_params_resident_mb"] / full
+print("ref load", round(r, 3))
+assert 0.5 <= r < 0.7, r
+assert "memory/ref_load_params_resident_mb" not in z3[1]
+PY
+}
+
+@test "ZeRO-3: a reference model that does not fit is refused on every rank, each saying why" {
+	# another vocabulary than the policy's
+	mkdir -p "$TD/rv"
+	sed 's/"vocab_size":264/"vocab_size":300/' "$TD/cfg.json" > "$TD/rv/cfg.json"
+	rl-train -q --init "$TD/rv/cfg.json" --tokenizer bytes --out "$TD/rv/m0" --seed 1
+	SECONDS=0
+	run -1 train_world 2 "$TD/bv" --zero 3 --batch 4 --max-steps 1 --kl k3 --ref "$TD/rv/m0"
+	for r in 0 1; do
+		grep -q "ref '$TD/rv/m0': vocab_size 300 in its config.json, the policy's is 264" "$TD/bv.err.$r"
+	done
+	# the same check for a whole reference (one rank)
+	run -1 --separate-stderr rl-train -q -m "$TD/m0" --out "$TD/bv1" --batch 4 --max-steps 1 --kl k3 --ref "$TD/rv/m0" "$TD/s.jsonl"
+	[[ "$stderr" == *"vocab_size 300 in its config.json, the policy's is 264"* ]]
+	# tensors whose shapes are not its config's (intermediate_size changed)
+	cp -r "$TD/m1" "$TD/rs"
+	sed -i 's/"intermediate_size":[[:space:]]*64/"intermediate_size": 96/' "$TD/rs/config.json"
+	grep -q '"intermediate_size": 96' "$TD/rs/config.json"
+	PORT=$(free_port)
+	run -1 train_world 2 "$TD/bs" --zero 3 --batch 4 --max-steps 1 --kl k3 --ref "$TD/rs"
+	for r in 0 1; do
+		grep -q "rs/model.safetensors': tensor 'model.layers.0.mlp.gate_proj.weight' has shape \[64, 32\], config.json implies \[96, 32\]" "$TD/bs.err.$r"
+	done
+	# a NaN in rank 1's shard of the reference (layer 1, the upper half): rank
+	# 1 names it, rank 0 says a rank could not read its shard
+	cp -r "$TD/m1" "$TD/rn"
+	python3 - "$TD/rn/model.safetensors" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+t = json.loads(b[8:8 + n])["model.layers.1.mlp.down_proj.weight"]
+at = 8 + n + t["data_offsets"][0] + 5 * 4
+b[at:at + 4] = struct.pack("<f", float("nan"))
+open(sys.argv[1], "wb").write(b)
+PY
+	PORT=$(free_port)
+	run -1 train_world 2 "$TD/bn" --zero 3 --batch 4 --max-steps 1 --kl k3 --ref "$TD/rn"
+	grep -q "model.layers.1.mlp.down_proj.weight' has 1 non-finite values" "$TD/bn.err.1"
+	grep -q "rank 0: 1 other rank could not read its shard of the reference model" "$TD/bn.err.0"
+	[ "$SECONDS" -lt 60 ]
+	[ ! -e "$TD/bv/latest" ] && [ ! -e "$TD/bs/latest" ] && [ ! -e "$TD/bn/latest" ]
 }
 
 @test "ZeRO-3 load: a non-finite weight in rank 1's shard stops both ranks, each saying why" {
