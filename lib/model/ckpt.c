@@ -825,9 +825,10 @@ rl_ckpt_load_optimizer(rl_model *m, const char *dir)
 				rv = st == NULL ? RL_ENOENT : RL_ESHAPE;
 				goto out;
 			}
-			if (k == 2 && m->part_set != NULL) {
+			if (k == 2 && m->part_set != NULL && !(t->flags & (RL_T_LORA | RL_T_AUX))) {
 				/* rl_model_open_part: the master weights are read a range at a
-				 * time by rl_model_load_range, from here */
+				 * time by rl_model_load_range, from here (not the adapters and
+				 * heads, which are whole on every rank and not in its range) */
 				if (m->part_master == NULL)
 					m->part_master = rl_xstrdup(p);
 				continue;

@@ -514,19 +514,25 @@ out:
 /* ---- value head ---------------------------------------------------------------------- */
 
 /* Moves buffer *p of old_n elements of esz bytes into a new zeroed one of new_n (a
- * model still to be read by rl_model_load_range: only the new elements zeroed, its
- * pages untouched). */
+ * model still to be read by rl_model_load_range: only the new elements zeroed and
+ * LoRA adapters set already copied, the base's pages untouched). */
 static int
 grow_buf(rl_model *m, void **p, size_t old_n, size_t new_n, size_t esz)
 {
 	rl_ops *o = m->ops;
 	void *np = NULL;
+	size_t set = old_n;
 	int rv;
 
 	if ((rv = o->alloc(o, &np, new_n * esz)) != 0)
 		return rv;
 	if (m->part_set != NULL) {
-		/* nothing read yet (rl_model_open_part): only the new elements are defined */
+		/* nothing of the base read yet (rl_model_open_part); the adapters
+		 * (after it, never in a range read) are */
+		for (int i = 0; i < m->tt.n; i++)
+			if ((m->tt.t[i].flags & RL_T_LORA) && m->tt.t[i].off < set)
+				set = m->tt.t[i].off;
+		o->copy(o, (char *)np + set * esz, (char *)*p + set * esz, (old_n - set) * esz);
 		o->zero(o, (char *)np + old_n * esz, (new_n - old_n) * esz);
 	} else {
 		o->zero(o, np, new_n * esz);

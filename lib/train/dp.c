@@ -16,6 +16,10 @@
  * the gradient buckets the last layer handed over) and given back after, or
  * kept for the next pass (--zero3-keep); the reference model (--ref, DPO's)
  * sharded the same way, forward only (rli_z3: the model a gather serves).
+ * With LoRA (--lora-rank) ZeRO-3 shards the frozen base only, table
+ * elements [0, goff): the adapters after it stay whole on every rank with
+ * their gradients all-reduced and their AdamW state, as without ZeRO (they
+ * are small; tr->zero stays 0).
  */
 #include <math.h>
 #include <pthread.h>
@@ -188,7 +192,8 @@ rli_dp_reducer_open(trainer *tr)
 		rl_hint("use --zero 1 on --device cuda");
 		return RL_ENOTSUP;
 	}
-	if (tr->o->zero >= 2 && (rv = rl_comm_reducer_scatter(tr->red, zero2_bucket_done, tr)) != 0)
+	/* LoRA: the adapters' gradients are all-reduced whatever --zero (ZeRO-3 shards the base only) */
+	if (tr->o->zero >= 2 && !tr->m->lora && (rv = rl_comm_reducer_scatter(tr->red, zero2_bucket_done, tr)) != 0)
 		return rv;
 	rl_verbose("gradient all-reduce: %zu buckets of %g MiB, %s", (total + bucket - 1) / (bucket ? bucket : total),
 	    tr->o->dp_bucket_mb, rl_comm_reducer_overlaps(tr->red) ? "overlapped with the backward pass" :
@@ -198,9 +203,18 @@ rli_dp_reducer_open(trainer *tr)
 
 /* ---- ZeRO-3: parameters sharded ------------------------------------------------------- */
 
+/* The end of the part of m's table ZeRO-3 shards: the whole table, or with
+ * LoRA the frozen base before the adapters (goff, set by the training
+ * buffers' reserve). */
+static size_t
+z3_end(const rl_model *m)
+{
+	return m->lora ? m->goff : m->tt.total;
+}
+
 /* The element ranges of unit u (model.h, param_need): the embedding, layer
  * l from its first tensor (ln1_w) to the next layer's, the head from the
- * final norm to the end of the table, with a tied lm_head the embedding's
+ * final norm to the end of the sharded part (z3_end), with a tied lm_head the embedding's
  * wte too.  The table is in that order (model.c). */
 static int
 unit_ranges(const rl_model *m, int u, size_t r[2][2])
@@ -220,7 +234,7 @@ unit_ranges(const rl_model *m, int u, size_t r[2][2])
 		return 1;
 	}
 	r[0][0] = head;
-	r[0][1] = m->tt.total;
+	r[0][1] = z3_end(m);
 	if (m->lm_w != m->wte)
 		return 1;
 	r[1][0] = t[m->wte].off;
@@ -265,7 +279,7 @@ gather_range(rli_z3 *z, size_t lo, size_t hi)
 
 	for (int r = 0; r < tr->world; r++) {
 		size_t slo, shi;
-		rl_comm_shard(tr->comm, z->m->tt.total, r, &slo, &shi);
+		rl_comm_shard(tr->comm, z3_end(z->m), r, &slo, &shi);
 		size_t a = RL_MAX(lo, slo), b = RL_MIN(hi, shi);
 		if (a >= b)
 			continue;
@@ -295,7 +309,7 @@ model_resident(trainer *tr, const rl_model *m, const float *zp, size_t n)
 static double
 params_resident(trainer *tr)
 {
-	return model_resident(tr, tr->m, tr->z3p.zp, tr->zhi - tr->zlo);
+	return model_resident(tr, tr->m, tr->z3p.zp, tr->z3p.zhi - tr->z3p.zlo);
 }
 
 void
@@ -467,7 +481,7 @@ z3_release(rli_z3 *z)
 	if (!z->zp)
 		return;
 	prefetch_join(z->tr);
-	release_host(z->m->params, z->m->tt.total);
+	release_host(z->m->params, z3_end(z->m));
 	z->unit = z->pf = -1;
 	z->nkept = 0;
 }
@@ -564,7 +578,7 @@ rli_zero3_gather_all(trainer *tr)
 	if (!tr->z3p.zp)
 		return RL_OK;
 	rli_zero3_release(tr);
-	if ((rv = gather_range(&tr->z3p, 0, tr->m->tt.total)) != 0)
+	if ((rv = gather_range(&tr->z3p, 0, z3_end(tr->m))) != 0)
 		return rv;
 	tr->z3p.unit = -2; /* everything */
 	return RL_OK;
@@ -719,8 +733,8 @@ z3_open(trainer *tr, rli_z3 *z, rl_model *m, size_t lo, size_t hi, size_t keep, 
 	if ((rv = o->alloc(o, (void **)&z->zp, (hi > lo ? hi - lo : 1) * sizeof(float))) != 0 ||
 	    (rv = adopt_shard(z, load_pres)) != 0)
 		return rv;
-	huge_pages(m->params, m->tt.total);
-	release_host(m->params, m->tt.total);
+	huge_pages(m->params, z3_end(m));
+	release_host(m->params, z3_end(m));
 	if (keep && !(z->kept = rl_try_calloc((size_t)m->cfg.n_layer + 2, sizeof *z->kept, "kept units")))
 		return RL_ENOMEM;
 	z->emb_in_head = m->lm_w == m->wte;
@@ -908,11 +922,12 @@ rli_zero_save_shards(trainer *tr, int ok)
  * printed (-v) and compared between ranks, and keeps the values it has. */
 #define FP_INIT 1469598103934665603ull
 
-/* FNV-1a over the bytes of the master weights (downloaded in pieces). */
+/* FNV-1a over the bytes of the master weights from table element from on
+ * (downloaded in pieces). */
 static int
-weights_hash(trainer *tr, uint64_t *out)
+weights_hash(trainer *tr, size_t from, uint64_t *out)
 {
-	size_t total = tr->m->tt.total * sizeof(float), piece = (size_t)4 << 20;
+	size_t total = (tr->m->tt.total - from) * sizeof(float), piece = (size_t)4 << 20;
 	uint8_t *h = rl_try_malloc(RL_MIN(piece, total) + 1, "checksum buffer");
 	uint64_t x = FP_INIT;
 	int rv = RL_OK;
@@ -921,7 +936,7 @@ weights_hash(trainer *tr, uint64_t *out)
 		return RL_ENOMEM;
 	for (size_t off = 0; off < total; off += piece) {
 		size_t k = RL_MIN(piece, total - off);
-		tr->ops->download(tr->ops, h, (const uint8_t *)tr->m->params + off, k);
+		tr->ops->download(tr->ops, h, (const uint8_t *)(tr->m->params + from) + off, k);
 		if ((rv = tr->ops->status(tr->ops)) != 0)
 			break;
 		x = rl_fnv1a(x, h, k);
@@ -932,16 +947,17 @@ weights_hash(trainer *tr, uint64_t *out)
 }
 
 /* Every rank's weights must be bitwise rank 0's: the optimizer steps are
- * identical only if the gradients, options and starting points are. */
+ * identical only if the gradients, options and starting points are.  With
+ * LoRA and ZeRO-3 the adapters (whole on every rank) are compared. */
 int
 rli_dp_check_weights(trainer *tr)
 {
 	uint64_t mine, *all;
 	int rv;
 
-	if (tr->z3p.zp)
+	if (tr->z3p.zp && !tr->m->lora)
 		return RL_OK; /* ZeRO-3: each rank holds other weights; the gathers give all the same */
-	if ((rv = weights_hash(tr, &mine)) != 0)
+	if ((rv = weights_hash(tr, tr->z3p.zp ? tr->m->goff : 0, &mine)) != 0)
 		return rv;
 	if (!(all = rl_try_malloc(sizeof *all * (size_t)tr->world, "checksums")))
 		return RL_ENOMEM;
@@ -1022,7 +1038,7 @@ load_shard(trainer *tr, rl_model *m, const char *what, double *pres)
 	double bad;
 	int rv, r2;
 
-	rl_comm_shard(tr->comm, m->tt.total, tr->rank, &lo, &hi);
+	rl_comm_shard(tr->comm, z3_end(m), tr->rank, &lo, &hi);
 	rv = rl_model_load_range(m, lo, hi);
 	bad = rv != 0;
 	if ((r2 = rl_comm_host_allreduce_f64(tr->comm, &bad, 1)) != 0)
@@ -1053,6 +1069,24 @@ rli_zero3_ref_load(trainer *tr)
 	return z3_open(tr, &tr->z3r, ref, lo, hi, 0, &tr->ref_load_pres, &tr->ref_pres_peak);
 }
 
+/* LoRA with ZeRO-3: the frozen base [0, goff) sharded as ZeRO-3 shards a
+ * whole table (its shard read by load_shard), the adapters and their AdamW
+ * state whole here as without ZeRO (tr->zero 0: rl_model_step updates them
+ * after the all-reduce). */
+static int
+lora_z3_open(trainer *tr)
+{
+	size_t lo, hi;
+	int rv;
+
+	rl_comm_shard(tr->comm, tr->m->goff, tr->rank, &lo, &hi);
+	if ((rv = z3_open(tr, &tr->z3p, tr->m, lo, hi, tr->o->zero3_keep, &tr->load_pres, &tr->pres_peak)) != 0)
+		return rv;
+	rl_verbose("ZeRO-3 with LoRA: elements [%zu, %zu) of the frozen base's %zu here, the %zu of the adapters "
+	    "whole", lo, hi, tr->m->goff, tr->m->tt.total - tr->m->goff);
+	return tr->ops->status(tr->ops);
+}
+
 int
 rli_dp_start(trainer *tr)
 {
@@ -1060,10 +1094,13 @@ rli_dp_start(trainer *tr)
 	int rv, st = tr->m->step, *steps;
 
 	/* one starting point: rank 0's weights (and optimizer state on --resume);
-	 * ZeRO-3: each rank's shard read from the files by itself */
-	if (tr->m->part_set != NULL)
+	 * ZeRO-3: each rank's shard read from the files by itself (with LoRA
+	 * rank 0's adapters beside it) */
+	if (tr->m->part_set != NULL) {
 		rv = load_shard(tr, tr->m, "model", &tr->load_pres);
-	else
+		if (rv == 0 && tr->m->lora)
+			rv = rl_comm_broadcast(tr->comm, tr->m->params + tr->m->goff, nob, 0);
+	} else
 		rv = rl_comm_broadcast(tr->comm, tr->m->params, nb, 0);
 	if (rv != 0 ||
 	    (tr->resumed && tr->m->m && ((rv = rl_comm_broadcast(tr->comm, tr->m->m, nob, 0)) != 0 ||
@@ -1081,7 +1118,7 @@ rli_dp_start(trainer *tr)
 			rv = RL_EINVAL;
 		}
 	free(steps);
-	if (rv != 0 || (tr->o->zero && (rv = zero_open(tr)) != 0))
+	if (rv != 0 || (tr->o->zero && (rv = tr->m->lora ? lora_z3_open(tr) : zero_open(tr)) != 0))
 		return rv;
 	/* the reference (--ref) opened for ZeRO-3 (train.c): its shard, as the policy's */
 	return tr->ref && tr->ref->part_set ? rli_zero3_ref_load(tr) : RL_OK;

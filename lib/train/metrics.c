@@ -361,7 +361,8 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 		metric(j, tr, step, "dp/world_size", tr->world);
 		/* the share of the last update's gradient buckets sent during its backward pass */
 		metric(j, tr, step, "dp/buckets_overlapped_frac", nb ? (double)early / nb : NAN);
-		metric(j, tr, step, "dp/zero_stage", tr->zero);
+		/* with LoRA ZeRO-3 shards the base alone: tr->zero 0, z3p set */
+		metric(j, tr, step, "dp/zero_stage", tr->zero ? tr->zero : tr->z3p.zp ? 3 : 0);
 		if (tr->z3p.zp) /* ZeRO-3: unit gathers of the step's passes (not a save's whole-model one) */
 			metric(j, tr, step, "dp/units_gathered", tr->z3p.ngather);
 	}

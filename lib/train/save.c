@@ -11,7 +11,8 @@
  * directory is written unit by unit by rank
  * 0 while every rank gathers the units it names; a directory step that also
  * sends to the group or in parts does all of it in the directory's walk
- * (never the whole model gathered for a save).
+ * (never the whole model gathered for a save); with LoRA the files are the
+ * adapters', whole on every rank, written by rank 0 as without ZeRO.
  * Leaves out: the checkpoint format itself (model/ckpt.c).
  */
 #include <dirent.h>
@@ -191,7 +192,9 @@ prune(trainer *tr)
 static int
 check_finite(trainer *tr)
 {
-	double ss = tr->ops->sumsq(tr->ops, tr->m->params, tr->m->tt.total);
+	/* LoRA: the trained tensors (the frozen base was checked at its load) */
+	size_t from = tr->m->lora ? tr->m->goff : 0;
+	double ss = tr->ops->sumsq(tr->ops, tr->m->params + from, tr->m->tt.total - from);
 	int rv;
 
 	if ((rv = tr->ops->status(tr->ops)) != 0)
@@ -202,6 +205,14 @@ check_finite(trainer *tr)
 	    tr->m->version, tr->m->version);
 	rl_hint("the update diverged: lower --lr, or check --beta1, --beta2 and --adam-eps");
 	return RL_EINVAL;
+}
+
+/* ZeRO-3 builds directories and versions unit by unit; with LoRA its files
+ * are the adapters', whole on every rank: written as without ZeRO. */
+static int
+z3_units(const trainer *tr)
+{
+	return tr->z3p.zp && !tr->m->lora;
 }
 
 /* A step --ckpt-every writes no directory for: the version only goes out
@@ -790,7 +801,7 @@ save_units_begin(trainer *tr, int full)
 	unit_walk *w;
 	int rv;
 
-	if (!tr->z3p.zp)
+	if (!z3_units(tr))
 		return RL_OK;
 	if ((rv = shards_finite(tr)) != 0)
 		return rv;
@@ -815,7 +826,7 @@ save_units_begin(trainer *tr, int full)
 static void
 save_units_end(trainer *tr, double peak)
 {
-	if (!tr->z3p.zp)
+	if (!z3_units(tr))
 		return;
 	rli_dp_params_resident(tr); /* a gathered save: the whole model beside the shard */
 	rli_zero3_release(tr);
@@ -846,7 +857,7 @@ rli_save_step(trainer *tr)
 		return rv;
 	/* every rank takes the same path (publish_only: options and full_due);
 	 * --ckpt-every > 1 comes with --sync or a weights group */
-	if (tr->z3p.zp && publish_only(tr, full)) {
+	if (z3_units(tr) && publish_only(tr, full)) {
 		if ((rv = publish_units(tr)) != 0)
 			return rv;
 		tr->last_full = 0;

@@ -561,9 +561,9 @@ recompute_old(trainer *tr, const seqref *sq, int a0, int b0)
 		return rv;
 	/* ZeRO-3: as many forward passes as the rank with the most (their gathers
 	 * are collectives) */
-	if (tr->zero == 3 && (rv = zero2_rounds(tr, nb, &rounds)) != 0)
+	if (tr->z3p.zp && (rv = zero2_rounds(tr, nb, &rounds)) != 0)
 		return rv;
-	for (int k = nb; tr->zero == 3 && k < rounds; k++)
+	for (int k = nb; tr->z3p.zp && k < rounds; k++)
 		if ((rv = rli_zero3_idle_pass(tr, 0, 0)) != 0)
 			return rv;
 	for (int k = 0; k < nb; k++) {
@@ -892,7 +892,7 @@ zero2_rounds(trainer *tr, int nb, int *rounds)
 	int *all, rv;
 
 	*rounds = nb;
-	if (tr->zero < 2)
+	if (tr->zero < 2 && !tr->z3p.zp) /* ZeRO-3 with LoRA: tr->zero 0, the base's gathers collectives */
 		return RL_OK;
 	if (!(all = rl_try_malloc(sizeof *all * (size_t)tr->world, "micro-batch counts")))
 		return RL_ENOMEM;
@@ -1009,13 +1009,13 @@ dpo_ref_open(trainer *tr, const rl_sample *s)
 		rl_hint("give --ref DIR, or -m with the initial policy (the reference by default)");
 		return RL_EINVAL;
 	}
-	if (tr->zero == 3)
+	if (tr->z3p.zp)
 		rv = rl_model_open_part(&tr->ref, o->model_dir, tr->ops, 0, o->seed);
 	else
 		rv = rl_model_open(&tr->ref, o->model_dir, tr->ops);
 	if (rv != 0 || (rv = rl_model_eval_reserve(tr->ref, tr->maxtok)) != 0)
 		return rv;
-	return tr->zero == 3 ? rli_zero3_ref_load(tr) : RL_OK;
+	return tr->z3p.zp ? rli_zero3_ref_load(tr) : RL_OK;
 }
 
 /* Whether the pairs' micro-batch sq[a, e) needs the reference model. */
@@ -1038,7 +1038,7 @@ dpo_ref(trainer *tr, seqref *sq, int n)
 {
 	int rv, npass = 0, rounds = 0;
 
-	if (tr->zero == 3) {
+	if (tr->z3p.zp) {
 		for (int a = 0, e; a < n; a = e) {
 			e = dpo_micro_end(tr, sq, a, n);
 			npass += dpo_ref_need(tr, sq, a, e);
@@ -1240,7 +1240,7 @@ dpo_update(trainer *tr, mstat *ms, float *gnorm, double *lr, int *nupd)
 			for (int s = 0, k = 0; k < rounds; k++) {
 				int e = k < nbd ? dpo_micro_end(tr, sq, s, rb - ra) : s;
 				hook_on(tr, k, nbd);
-				rv = e == s ? (tr->zero == 3 ? rli_zero3_idle_pass(tr, 1, 0) : RL_OK) : o->algo == RL_ALGO_RM ? rm_micro(tr, sq + s, e - s, P, ms) :
+				rv = e == s ? (tr->z3p.zp ? rli_zero3_idle_pass(tr, 1, 0) : RL_OK) : o->algo == RL_ALGO_RM ? rm_micro(tr, sq + s, e - s, P, ms) :
 				    dpo_micro(tr, sq + s, e - s, P, RL_MAX(nchosen, 1), ms);
 				tr->m->grad_ready = NULL;
 				if (rv != 0 || (rv = round_end(tr)) != 0)
@@ -1284,7 +1284,7 @@ rli_step_update(trainer *tr, int recomputed, mstat *ms, float *gnorm, double *lr
 				/* buckets go out as layers finish (hook_on says after which backward) */
 				hook_on(tr, k, nb);
 				rv = k < nb ? micro(tr, sq + tr->pbin[k], tr->pbin[k + 1] - tr->pbin[k], recomputed, ms) :
-				    tr->zero == 3 ? rli_zero3_idle_pass(tr, 1, ref_in_micro(tr)) : RL_OK;
+				    tr->z3p.zp ? rli_zero3_idle_pass(tr, 1, ref_in_micro(tr)) : RL_OK;
 				tr->m->grad_ready = NULL;
 				if (rv != 0 || (rv = round_end(tr)) != 0)
 					return rv;

@@ -201,7 +201,9 @@ setup(trainer *tr, const rl_train_opts *o)
 }
 
 /* LoRA: the frozen base and the adapters on it, new (dir NULL) or from the
- * adapter checkpoint dir, whose adapter_config.json names the base (else -m). */
+ * adapter checkpoint dir, whose adapter_config.json names the base (else -m).
+ * ZeRO-3 shards the base only: checked here, each rank's shard read in
+ * rli_dp_start; the adapters are whole on every rank as without ZeRO. */
 static int
 open_lora(trainer *tr, const char *dir)
 {
@@ -210,9 +212,10 @@ open_lora(trainer *tr, const char *dir)
 	char *base = NULL;
 	int rv;
 
-	if (o->zero) {
+	if (o->zero == 1 || o->zero == 2) {
 		rl_error("--lora-rank with --zero %d: the adapters' gradients and AdamW state are not sharded (they are "
 		    "small)", o->zero);
+		rl_hint("--zero 3 shards the frozen base; without --zero the adapters' gradients are all-reduced");
 		return RL_ENOTSUP;
 	}
 	if (o->wgroup_addr) {
@@ -231,7 +234,10 @@ open_lora(trainer *tr, const char *dir)
 			return RL_EINVAL;
 		}
 	}
-	rv = rl_model_open(&tr->m, base ? base : o->model_dir, tr->ops);
+	if (tr->world > 1 && o->zero == 3)
+		rv = rl_model_open_part(&tr->m, base ? base : o->model_dir, tr->ops, 0, o->seed);
+	else
+		rv = rl_model_open(&tr->m, base ? base : o->model_dir, tr->ops);
 	if (rv == 0)
 		rv = rl_model_add_lora(tr->m, &lo);
 	if (rv == 0 && dir != NULL)
@@ -418,7 +424,8 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 		return rv;
 	if (o->ref_dir && (rv = open_ref(tr)) != 0)
 		return rv;
-	tr->m->no_adam_state = tr->world > 1 && o->zero; /* ZeRO: only a shard, from dp.c's zero_open */
+	/* ZeRO: only a shard, from dp.c's zero_open; with LoRA the adapters' whole */
+	tr->m->no_adam_state = tr->world > 1 && o->zero && !tr->m->lora;
 	tr->m->recompute = o->recompute;
 	if ((rv = rli_step_reserve(tr)) != 0)
 		return rv;
