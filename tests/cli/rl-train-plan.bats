@@ -90,7 +90,7 @@ PY
 	assert_output --partial "  activations        1.61 MiB"
 }
 
-@test "ZeRO-1 on 2 ranks: the plan's AdamW share per rank is rank 0's; the reference whole on each" {
+@test "ZeRO-1 on 2 ranks: the plan's AdamW share per rank is rank 0's; the reference whole on it" {
 	rl-train --plan=json -m "$TD/m0" --world 2 --zero 1 --kl k3 --ref "$TD/big/m0" > "$TD/p.json"
 	TRAIN_WORLD_DATA="$TD/s.jsonl" train_world 2 "$TD/z1" --batch 4 --max-steps 1 --zero 1 --kl k3 \
 	    --ref "$TD/big/m0"
@@ -138,6 +138,17 @@ PY
 	[ "$(jq -r .ref "$TD/pd.json")" = "the initial policy" ]
 	[ "$(jq .ref_bytes "$TD/pd.json")" = "$(jq .ref_bytes "$TD/pdr.json")" ]
 	[ "$(jq .ref_weights_bytes "$TD/pd.json")" = "$(jq .weights_bytes "$TD/pd.json")" ]
+	# and what a DPO run on pair lines without ref_logprobs opens
+	python3 - > "$TD/pairs.jsonl" <<'PY'
+import json
+w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
+for i in range(4):
+    print(json.dumps({"prompt": w[i] + " " + w[i + 1] + ":", "chosen": " " + w[i + 2], "rejected": " " + w[i + 3]}))
+PY
+	rl-train --plan=json -m "$TD/m0" --algo dpo --max-tokens-per-micro 64 > "$TD/pd.json"
+	rl-train -q -m "$TD/m0" --out "$TD/rd" --algo dpo --batch 2 --max-steps 2 --max-tokens-per-micro 64 \
+	    --metrics "$TD/rd.m" "$TD/pairs.jsonl"
+	run -0 ref_agree "$TD/pd.json" "$TD/rd.m" 0
 	# on CUDA the reference's f32 table and its bf16 compute copy, as rl_model_open allocates
 	mkdir -p "$TD/q7"
 	cp tests/fixtures/plan/qwen2.5-7b.json "$TD/q7/config.json"
