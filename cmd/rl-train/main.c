@@ -160,6 +160,7 @@ static const char usage_text[] =
     "      --plan[=json]         bytes per rank of weights, gradients, AdamW state, activations and\n"
     "                            KV cache for --world, --zero (0-3), --device, --max-tokens-per-micro,\n"
     "                            --recompute, --algo ppo's value head and --lora-rank; ZeRO 2/3 do not run yet\n"
+    "                            (on CUDA); a reference model: --ref DIR, or dpo's initial policy\n"
     "      --kv-tokens N         plan a colocated generator's KV cache of N tokens\n"
     "      --gpu-mem SIZE        say whether the plan fits SIZE (e.g. 80G)\n"
     "      --config FILE         options from a YAML file (keys: long options; the command line wins)\n"
@@ -240,6 +241,27 @@ static const struct option longopts[] = {
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
+
+/* The KL term's and the reference's options against the algorithm: a usage
+ * error's exit status, or 0. */
+static int
+kl_ref_usage(const rl_train_opts *o, int kl_coef_set)
+{
+	if (o->algo == RL_ALGO_DPO && (o->kl_type || o->kl_in_reward || kl_coef_set))
+		return rl_cli_usage("%s", "--kl with --algo dpo: DPO's beta (--beta) is its KL weight; the "
+		    "reference is --ref, the records' ref_logprobs or the initial policy");
+	if (o->algo == RL_ALGO_RM && (o->kl_type || o->kl_in_reward || kl_coef_set || o->ref_dir))
+		return rl_cli_usage("%s", "--kl and --ref with --algo rm: a reward model has no reference policy");
+	/* the KL term exists only with an estimator: without one these options
+	 * were ignored, and the run trained with no KL at all */
+	if (!o->kl_type && o->algo != RL_ALGO_DPO && (o->kl_in_reward || kl_coef_set || o->ref_dir))
+		return rl_cli_usage("%s needs --kl k1|k2|k3 (the KL estimator; verl's default is k1)",
+		    o->kl_in_reward ? "--kl-in-reward" : kl_coef_set ? "--kl-coef" : "--ref");
+	if (o->kl_in_reward && o->ref_dir)
+		return rl_cli_usage("%s", "--ref with --kl-in-reward: the reward's KL comes from the records' "
+		    "ref_logprobs (rl-rollout --score ref_logprobs), not from a model");
+	return 0;
+}
 
 int
 main(int argc, char **argv)
@@ -488,6 +510,9 @@ main(int argc, char **argv)
 #undef BETA
 	}
 	rl_log_set_level(verbosity);
+	/* before the plan too: whether there is a reference model to plan */
+	if ((rc = kl_ref_usage(&o, kl_coef_set)) != 0)
+		return rc;
 	if (plan)
 		return print_plan(&o, &po, co.world, zero, init, plan == 2);
 	if (po.kv_tokens || po.gpu_bytes > 0)
@@ -555,22 +580,9 @@ main(int argc, char **argv)
 	if (o.micro_tokens > 0 && (o.algo == RL_ALGO_DPO || o.algo == RL_ALGO_RM))
 		return rl_cli_usage("--micro-tokens (packed rows) is not available with --algo %s; use --max-tokens-per-micro",
 		    o.algo == RL_ALGO_DPO ? "dpo" : "rm");
-	if (o.algo == RL_ALGO_DPO && (o.kl_type || o.kl_in_reward || kl_coef_set))
-		return rl_cli_usage("%s", "--kl with --algo dpo: DPO's beta (--beta) is its KL weight; the "
-		    "reference is --ref, the records' ref_logprobs or the initial policy");
-	if (o.algo == RL_ALGO_RM && (o.kl_type || o.kl_in_reward || kl_coef_set || o.ref_dir))
-		return rl_cli_usage("%s", "--kl and --ref with --algo rm: a reward model has no reference policy");
 	if (o.algo == RL_ALGO_DPO && o.label_smoothing > 0 && o.dpo_loss != RL_DPO_SIGMOID)
 		return rl_cli_usage("--label-smoothing with --dpo-loss %s: only sigmoid has it (TRL's cDPO)",
 		    rl_dpo_loss_name(o.dpo_loss));
-	/* the KL term exists only with an estimator: without one these options
-	 * were ignored, and the run trained with no KL at all */
-	if (!o.kl_type && o.algo != RL_ALGO_DPO && (o.kl_in_reward || kl_coef_set || o.ref_dir))
-		return rl_cli_usage("%s needs --kl k1|k2|k3 (the KL estimator; verl's default is k1)",
-		    o.kl_in_reward ? "--kl-in-reward" : kl_coef_set ? "--kl-coef" : "--ref");
-	if (o.kl_in_reward && o.ref_dir)
-		return rl_cli_usage("%s", "--ref with --kl-in-reward: the reward's KL comes from the records' "
-		    "ref_logprobs (rl-rollout --score ref_logprobs), not from a model");
 	if (o.kl_type && !kl_coef_set)
 		o.kl_coef = 0.001f;
 	if (o.skip_zero_adv > 0 && rl_train_skip_inexact(&o))

@@ -203,6 +203,8 @@ memory_metrics(cJSON *j, trainer *tr, int step)
 	rli_dp_ref_resident(tr);
 	if (tr->ref_pres_peak > 0)
 		metric(j, tr, step, "memory/ref_params_resident_mb", tr->ref_pres_peak / (1 << 20));
+	if (tr->ref)
+		metric(j, tr, step, "memory/ref_activations_mb", (double)rl_model_act_bytes(tr->ref) / (1 << 20));
 	tr->ref_pres_peak = 0;
 	if (tr->ref_load_pres > 0)
 		metric(j, tr, step, "memory/ref_load_params_resident_mb", tr->ref_load_pres / (1 << 20));
@@ -365,6 +367,8 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 		metric(j, tr, step, "dp/zero_stage", tr->zero ? tr->zero : tr->z3p.zp ? 3 : 0);
 		if (tr->z3p.zp) /* ZeRO-3: unit gathers of the step's passes (not a save's whole-model one) */
 			metric(j, tr, step, "dp/units_gathered", tr->z3p.ngather);
+		if (tr->z3r.zp) /* the same of the reference's forwards (present once it is open) */
+			metric(j, tr, step, "dp/ref_units_gathered", tr->z3r.ngather);
 	}
 	memory_metrics(j, tr, step);
 	/* the share of the step (update + publish) spent outside the model's compute */

@@ -36,6 +36,45 @@ target_dims(const rl_config *c, int k, size_t *in, size_t *out)
 	}
 }
 
+/* The reference model's parts: weights and activations as the trainer
+ * allocates them (train.c's open_ref, step.c's rli_step_reserve), which
+ * shards it only with ZeRO-3 on more than one rank. */
+static void
+plan_ref(rl_plan *p, const rl_config *r, const rl_plan_opts *o, double act)
+{
+	size_t n, slots, emb, layer_slots;
+	int ld = o->cuda ? (r->vocab_size + 63) / 64 * 64 : r->vocab_size;
+	double wb = 4 + (o->cuda ? act : 0);   /* the f32 table, and the compute copy beside it */
+
+	rl_model_param_count(r, 0, &n, &slots);
+	emb = RL_MIN(slots, (size_t)r->vocab_size * r->hidden_size * (r->tie_embeddings ? 1 : 2));
+	layer_slots = r->n_layer > 0 ? (slots - emb) / (size_t)r->n_layer : 0;
+	if (o->zero >= 3 && o->world > 1)
+		p->ref_weights = wb * (double)slots / o->world + 2 * act * (double)layer_slots;
+	else
+		p->ref_weights = wb * (double)slots;
+	p->ref_acts = (double)rl_model_act_bytes_for(r, (size_t)act, ld, rl_model_logit_chunk_bytes(!o->cuda, 0),
+	    o->max_tokens, 1, 0);
+	p->ref = p->ref_weights + p->ref_acts;
+}
+
+int
+rl_train_ref_check(const rl_config *policy, const char *policy_dir, const rl_config *ref, const char *ref_dir)
+{
+	if (ref->seq_cls) {
+		rl_error("--ref '%s' is a reward model (%s has no language-model head)", ref_dir,
+		    "...ForSequenceClassification");
+		return RL_EINVAL;
+	}
+	if (ref->vocab_size != policy->vocab_size) {
+		rl_error("--ref '%s': vocab_size %d in its config.json, the policy's is %d%s%s%s", ref_dir, ref->vocab_size,
+		    policy->vocab_size, policy_dir ? " ('" : "", policy_dir ? policy_dir : "", policy_dir ? "')" : "");
+		rl_hint("the reference scores the policy's tokens: give a model with the policy's vocabulary");
+		return RL_ESHAPE;
+	}
+	return RL_OK;
+}
+
 int
 rl_train_plan(rl_plan *p, const rl_config *c, const rl_plan_opts *o)
 {
@@ -84,7 +123,9 @@ rl_train_plan(rl_plan *p, const rl_config *c, const rl_plan_opts *o)
 	p->acts = (double)rl_model_act_bytes_for(c, (size_t)act, ld, rl_model_logit_chunk_bytes(!o->cuda, 1),
 	    o->max_tokens, o->recompute, o->value_head);
 	p->kv = (double)o->kv_tokens * c->n_layer * 2.0 * c->n_kv_head * c->head_dim * act;
-	p->total = p->weights + p->grads + p->optim + p->acts + p->kv;
+	if (o->ref)
+		plan_ref(p, o->ref, o, act);
+	p->total = p->weights + p->grads + p->optim + p->acts + p->kv + p->ref;
 	/* LoRA trains on the CPU backend, without ZeRO (docs/lora.md); ZeRO-2 and 3 on the
 	 * CPU backend (docs/parallel.md) */
 	p->runs = o->lora_rank == 0 ? o->zero <= 1 || (o->zero >= 2 && !o->cuda) : o->zero == 0 && !o->cuda;

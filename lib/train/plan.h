@@ -15,9 +15,14 @@
  * are planned as they are specified (issue 32) but do not run yet; the plan
  * says so.
  *
+ * A reference model (--ref for the KL term, DPO's reference) is planned from
+ * its own config: its weights as rl_model_open allocates them (the f32
+ * table, plus the compute copy on CUDA), or with ZeRO-3 on several ranks
+ * its shard plus two of its layers gathered; and the one layer's
+ * activations its forward-only reserve takes (rl_model_eval_reserve).
+ *
  * Leaves out: allocator slack and fragmentation, cuBLAS workspaces and CUDA
- * graphs (tens of MiB), the CUDA context (~500 MiB), NCCL buffers, and a
- * reference model (--ref: its weights and one layer's activations again).
+ * graphs (tens of MiB), the CUDA context (~500 MiB), NCCL buffers.
  */
 #ifndef RL_PLAN_H
 #define RL_PLAN_H
@@ -37,6 +42,7 @@ typedef struct rl_plan_opts {
 	int value_head;        /* PPO's value head */
 	long long kv_tokens;   /* a colocated generator's KV cache, tokens */
 	double gpu_bytes;      /* > 0: say whether the total fits */
+	const rl_config *ref;  /* the reference model's config; NULL: none */
 } rl_plan_opts;
 
 enum { RL_PLAN_Q = 1, RL_PLAN_K = 2, RL_PLAN_V = 4, RL_PLAN_O = 8, RL_PLAN_GATE = 16, RL_PLAN_UP = 32,
@@ -47,11 +53,20 @@ typedef struct rl_plan {
 	size_t trainable;      /* those trained (the adapters' with LoRA) */
 	double weights;        /* bytes per rank: master weights (+ the bf16 copy on CUDA) */
 	double grads, optim, acts, kv, total;
+	double ref_weights;    /* the reference's parameters (0 without one) */
+	double ref_acts;       /* its forward's activations */
+	double ref;            /* ref_weights + ref_acts, in total */
 	int runs;              /* 1 when rl-train runs this configuration today */
 	int fits;              /* with gpu_bytes: total <= gpu_bytes */
 } rl_plan;
 
 /* RL_EINVAL (logged) for an option out of range. */
 int rl_train_plan(rl_plan *out, const rl_config *c, const rl_plan_opts *o);
+/* A reference model of config ref (from ref_dir) for a policy of config
+ * policy (from policy_dir, NULL: unnamed): RL_EINVAL for a reward model,
+ * RL_ESHAPE for another vocabulary (its log-probs are of the policy's
+ * tokens); logged, naming both.  What rl-train checks at the open and
+ * rl-train --plan before it plans. */
+int rl_train_ref_check(const rl_config *policy, const char *policy_dir, const rl_config *ref, const char *ref_dir);
 
 #endif

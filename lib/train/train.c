@@ -30,6 +30,7 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "tok/tokenizer.h"
+#include "train/plan.h"
 #include "train/trainer.h"
 
 void
@@ -134,7 +135,7 @@ train_step(trainer *tr)
 	tr->t_wait = 0;
 	tr->t_model = 0;
 	tr->t_gather = tr->t_rs = tr->t_opt = 0;
-	tr->z3p.ngather = 0;
+	tr->z3p.ngather = tr->z3r.ngather = 0;
 	if ((rv = rli_step_prepare(tr)) != 0)
 		return rv;
 	if (tr->nseq == 0)
@@ -282,7 +283,7 @@ open_policy(trainer *tr, const char *dir, int resumed)
  * in rli_dp_start.  Its log-probs are of the policy's tokens: the same
  * vocabulary (a smaller one would be read past its embedding). */
 static int
-open_ref(trainer *tr)
+open_ref(trainer *tr, const char *policy_dir)
 {
 	const rl_train_opts *o = tr->o;
 	int rv;
@@ -293,18 +294,7 @@ open_ref(trainer *tr)
 		rv = rl_model_open(&tr->ref, o->ref_dir, tr->ops);
 	if (rv != 0)
 		return rv;
-	if (tr->ref->cfg.seq_cls) {
-		rl_error("--ref '%s' is a reward model (%s has no language-model head)", o->ref_dir,
-		    "...ForSequenceClassification");
-		return RL_EINVAL;
-	}
-	if (tr->ref->cfg.vocab_size != tr->m->cfg.vocab_size) {
-		rl_error("--ref '%s': vocab_size %d in its config.json, the policy's is %d", o->ref_dir,
-		    tr->ref->cfg.vocab_size, tr->m->cfg.vocab_size);
-		rl_hint("the reference scores the policy's tokens: give a model with the policy's vocabulary");
-		return RL_ESHAPE;
-	}
-	return RL_OK;
+	return rl_train_ref_check(&tr->m->cfg, policy_dir, &tr->ref->cfg, o->ref_dir);
 }
 
 /* --resume auto (the default): resume when --out holds a full checkpoint,
@@ -422,7 +412,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 	if ((o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM) &&
 	    (rv = rl_model_add_value_head(tr->m, tr->resumed ? dir : o->model_dir, o->seed)) != 0)
 		return rv;
-	if (o->ref_dir && (rv = open_ref(tr)) != 0)
+	if (o->ref_dir && (rv = open_ref(tr, tr->resumed ? dir : o->model_dir)) != 0)
 		return rv;
 	/* ZeRO: only a shard, from dp.c's zero_open; with LoRA the adapters' whole */
 	tr->m->no_adam_state = tr->world > 1 && o->zero && !tr->m->lora;

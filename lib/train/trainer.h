@@ -61,7 +61,7 @@ typedef struct rli_z3 {
 	int *kept, nkept;
 	size_t keep;
 	int emb_in_head;         /* the embedding unit is wte alone, and the head's (tied) */
-	int ngather;             /* units gathered this step (the policy's: dp/units_gathered) */
+	int ngather;             /* units gathered this step (dp/units_gathered, dp/ref_units_gathered) */
 	double *pres_peak;       /* where the resident bytes' peak is kept (mincore, at each unit) */
 } rli_z3;
 
