@@ -10,8 +10,8 @@
  *   activations  what rl_model_train_reserve takes for the micro-batch
  *   KV cache     tokens x layers x 2 x kv heads x head size, in the act dtype
  * With LoRA the base weights are frozen (bf16 on CUDA, f32 on the CPU;
- * ZeRO-3 shards them too) and only the adapters (rank r: r (in + out) per target matrix and layer) have
- * master weights, gradients and AdamW state: on the CPU what rl-train allocates
+ * ZeRO-3 shards them, and only them) and only the adapters (rank r: r (in + out) per target matrix and
+ * layer) have master weights, gradients and AdamW state, whole on every rank: on the CPU what rl-train allocates
  * (model.h's goff), each adapter tensor rounded up to RL_TT_ALIGN elements.
  */
 #include "train/plan.h"
@@ -107,17 +107,19 @@ rl_train_plan(rl_plan *p, const rl_config *c, const rl_plan_opts *o)
 	layer_slots = c->n_layer > 0 ? (slots - RL_MIN(slots, (size_t)c->vocab_size * c->hidden_size *
 	    (c->tie_embeddings ? 1 : 2))) / (size_t)c->n_layer : 0;
 	if (o->lora_rank > 0) {
-		/* the frozen base in the compute dtype (ZeRO-3 shards it too, and
-		 * gathers two layers), the adapters like full weights */
-		p->weights = o->zero >= 3 ? act * ((double)slots / N + 2.0 * (double)layer_slots) : act * (double)slots;
-		p->weights += (4 + (o->cuda ? 2 : 0)) * (double)trainable / (o->zero >= 3 ? N : 1);
+		/* the frozen base in the compute dtype (ZeRO-3 on several ranks shards
+		 * it, and gathers two layers), the adapters like full weights, whole
+		 * on every rank with their gradients and AdamW state (dp.c) */
+		p->weights = o->zero >= 3 && o->world > 1 ? act * ((double)slots / N + 2.0 * (double)layer_slots) :
+		    act * (double)slots;
+		p->weights += (4 + (o->cuda ? 2 : 0)) * (double)trainable;
 	} else if (o->zero >= 3) {
 		p->weights = (4 + (o->cuda ? 2 : 0)) * (double)slots / N + 2 * act * (double)layer_slots;
 	} else {
 		p->weights = (4 + (o->cuda ? 2 : 0)) * (double)slots;
 	}
-	p->grads = 4 * (double)trainable / (o->zero >= 2 ? N : 1);
-	p->optim = 8 * (double)trainable / (o->zero >= 1 ? N : 1);
+	p->grads = 4 * (double)trainable / (o->zero >= 2 && o->lora_rank == 0 ? N : 1);
+	p->optim = 8 * (double)trainable / (o->zero >= 1 && o->lora_rank == 0 ? N : 1);
 	if (o->cuda)
 		ld = (c->vocab_size + 63) / 64 * 64;   /* the strided LM head's row stride */
 	p->acts = (double)rl_model_act_bytes_for(c, (size_t)act, ld, rl_model_logit_chunk_bytes(!o->cuda, 1),
@@ -126,9 +128,10 @@ rl_train_plan(rl_plan *p, const rl_config *c, const rl_plan_opts *o)
 	if (o->ref)
 		plan_ref(p, o->ref, o, act);
 	p->total = p->weights + p->grads + p->optim + p->acts + p->kv + p->ref;
-	/* LoRA trains on the CPU backend, without ZeRO (docs/lora.md); ZeRO-2 and 3 on the
-	 * CPU backend (docs/parallel.md) */
-	p->runs = o->lora_rank == 0 ? o->zero <= 1 || (o->zero >= 2 && !o->cuda) : o->zero == 0 && !o->cuda;
+	/* LoRA trains on the CPU backend, without ZeRO or with ZeRO-3 sharding the
+	 * base (docs/lora.md); ZeRO-2 and 3 on the CPU backend (docs/parallel.md) */
+	p->runs = o->lora_rank == 0 ? o->zero <= 1 || (o->zero >= 2 && !o->cuda) :
+	    (o->zero == 0 || o->zero == 3) && !o->cuda;
 	p->fits = o->gpu_bytes > 0 && p->total <= o->gpu_bytes;
 	return RL_OK;
 }

@@ -864,7 +864,8 @@ rli_save_step(trainer *tr)
 		tr->t_pub = rl_now() - t_pub;
 		return RL_OK;
 	}
-	tr->pres_peak = 0;
+	if (z3_units(tr))
+		tr->pres_peak = 0; /* the save's own peak (save_units_end) */
 	if ((rv = save_units_begin(tr, full)) == 0)
 		rv = save_step(tr, full);
 	save_units_end(tr, peak);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bats
 # rl-train --lora-rank: adapters trained on the frozen policy (docs/lora.md),
-# checkpoints in PEFT's layout, --resume, --merge-adapter, and bad options.
+# checkpoints in PEFT's layout, --resume, --merge-adapter, --zero 3 (the base sharded), and bad options.
 # PEFT's layout as its get_peft_model_state_dict and LoraConfig write it:
 # "base_model.model.<module path>.lora_A.weight" (r, in) and lora_B (out, r),
 # adapter_config.json with peft_type LORA, r, lora_alpha, target_modules ...
@@ -236,6 +236,73 @@ assert p["grads_bytes"] == 4 * p["trainable"], p
 PY
 }
 
+@test "LoRA with --zero 3: the frozen base sharded; = 2 ranks without ZeRO bitwise, = 1 rank; memory about the shard; resumed on 1 rank" {
+	export RL_COMM_TIMEOUT=60
+	PIDS=""
+	# the 8-layer model, where a layer is small next to a rank's shard; 4 steps
+	# of data, micro-batches of at most 30 tokens so that the ranks' counts
+	# differ (a rank short of one only gathers in that round)
+	deep_model "$TD/big"
+	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$TD/s16.jsonl"
+	export TRAIN_WORLD_DATA="$TD/s16.jsonl"
+	args=(--batch 4 --lr 1e-2 --lora-rank 4 --max-tokens-per-micro 30 --mini-batches 2)
+	PORT=$(free_port)
+	TD="$TD/big" train_world 2 "$TD/zd" "${args[@]}" --max-steps 3
+	PORT=$(free_port)
+	TD="$TD/big" train_world 2 "$TD/z3" "${args[@]}" --max-steps 3 --zero 3
+	rl-train -q -m "$TD/big/m0" --out "$TD/z1" --metrics "$TD/z1.m" "${args[@]}" --max-steps 3 "$TD/s16.jsonl"
+	# the adapters' arithmetic is that of plain data parallelism (the same
+	# GEMMs on the same gathered base, the same all-reduce of their
+	# gradients): adapters, AdamW state and losses bitwise
+	for s in 1 2 3; do
+		cmp "$TD/zd/step-0000000$s/adapter_model.safetensors" "$TD/z3/step-0000000$s/adapter_model.safetensors"
+	done
+	cmp "$TD/zd/step-00000003/optimizer.safetensors" "$TD/z3/step-00000003/optimizer.safetensors"
+	[ ! -e "$TD/z3/step-00000003/model.safetensors" ]
+	[ "$(jq -c '[.step, .["actor/pg_loss"]]' "$TD/zd.metrics.0")" = "$(jq -c '[.step, .["actor/pg_loss"]]' "$TD/z3.metrics.0")" ]
+	# 1 rank: the fp32 reduction order only (the tolerance of the 2-rank test above)
+	run -0 python3 tests/fixtures/parallel/st_close.py "$TD/z3/step-00000003/adapter_model.safetensors" \
+	    "$TD/z1/step-00000003/adapter_model.safetensors" 2e-5 1e-4
+	# measured parameter memory of rank 0: its half of the base plus the unit
+	# computed and the one prefetched plus the adapters; the base whole (as
+	# without ZeRO, >= 0.98 of the table) fails this; the load read the shard only
+	rl-train --plan=json -m "$TD/big/m0" --world 2 --zero 3 --lora-rank 4 > "$TD/z3.plan"
+	python3 - "$TD/zd.metrics.0" "$TD/z3.metrics.0" "$TD/z3.plan" <<'PY'
+import json, sys
+zd = [json.loads(l) for l in open(sys.argv[1])]
+z3 = [json.loads(l) for l in open(sys.argv[2])]
+plan = json.load(open(sys.argv[3]))
+full = zd[0]["memory/weights_mb"]
+assert all(m["memory/params_resident_mb"] >= 0.98 * full for m in zd), zd[0]
+assert len(z3) == 3
+for m in z3:
+    r = m["memory/params_resident_mb"] / full
+    print("resident", m["step"], round(r, 3))
+    assert 0.5 < r < 0.8, r
+    assert m["dp/zero_stage"] == 3, m["dp/zero_stage"]
+    # the plan's weights (the shard, two layers, the adapters) are what ran
+    got = m["memory/params_resident_mb"] * (1 << 20)
+    assert abs(got - plan["weights_bytes"]) <= 0.1 * plan["weights_bytes"], (got, plan["weights_bytes"])
+    # the adapters' gradients and AdamW state whole, as the plan says
+    assert abs(m["memory/grads_mb"] * (1 << 20) - plan["grads_bytes"]) < 1, (m["memory/grads_mb"], plan)
+    assert abs(m["memory/optimizer_state_mb"] * (1 << 20) - plan["optim_bytes"]) < 1, (m, plan)
+r = z3[0]["memory/load_params_resident_mb"] / full
+print("load", round(r, 3))
+assert 0.5 <= r < 0.7, r
+assert plan["runs"] is True, plan
+PY
+	# both runs resumed on 1 rank without ZeRO: step 4 from the same files is the same
+	for d in zd z3; do
+		rl-train -q --out "$TD/$d" --metrics "$TD/$d.r" "${args[@]}" --max-steps 4 --resume "$TD/s16.jsonl"
+	done
+	cmp "$TD/zd/step-00000004/adapter_model.safetensors" "$TD/z3/step-00000004/adapter_model.safetensors"
+	[ "$(jq -r .step "$TD/z3.r")" = 4 ]
+	# --device cuda with it: refused before anything runs (no CUDA path for the adapters)
+	run -2 --separate-stderr rl-train -m "$TD/big/m0" --out "$TD/zc" --lora-rank 4 --zero 3 --world 2 --rank 0 \
+	    --rendezvous 127.0.0.1:1 --device cuda "$TD/s16.jsonl"
+	[[ "$stderr" == *"--lora-rank trains on --device cpu only"* ]]
+}
+
 @test "LoRA: bad options and adapters are refused, named" {
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-targets q_proj "$TD/s.jsonl"
 	[[ "$stderr" == *"need --lora-rank"* ]]
@@ -251,6 +318,8 @@ PY
 	[[ "$stderr" == *"--lora-rank with --weights-group"* ]]
 	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --zero 1 "$TD/s.jsonl"
 	[[ "$stderr" == *"--lora-rank with --zero 1"* ]]
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-rank 4 --zero 2 "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank with --zero 2"* ]]
 	# GPT-2 has no LoRA here
 	cat > "$TD/g.json" <<'JSON'
 {"model_type":"gpt2","vocab_size":261,"n_embd":32,"n_layer":1,"n_head":2,"n_positions":64}

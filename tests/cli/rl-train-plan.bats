@@ -198,6 +198,19 @@ assert abs(s / p["params"] - 16) < 0.01, s / p["params"]' "$output"
 	run -0 rl-train --plan=json --init tests/fixtures/plan/qwen2.5-7b.json --device cuda --lora-rank 16 \
 	    --lora-targets q_proj,v_proj
 	[ "$(jq .trainable <<< "$output")" = $((28 * 16 * (3584 + 3584 + 3584 + 512))) ]
+	# LoRA with ZeRO-3 shards the base only: the adapters' gradients and AdamW
+	# state whole on every rank (16 bytes each of the 40,370,176); runs on the CPU
+	run -0 rl-train --plan=json --init tests/fixtures/plan/qwen2.5-7b.json --device cuda --lora-rank 16 \
+	    --world 8 --zero 3
+	[ "$(jq .grads_bytes <<< "$output")" = $((4 * 40370176)) ]
+	[ "$(jq .optim_bytes <<< "$output")" = $((8 * 40370176)) ]
+	[ "$(jq .runs <<< "$output")" = false ]
+	run -0 rl-train --plan=json --init tests/fixtures/plan/qwen2.5-7b.json --device cpu --lora-rank 16 \
+	    --world 8 --zero 3
+	[ "$(jq .runs <<< "$output")" = true ]
+	run -0 rl-train --plan=json --init tests/fixtures/plan/qwen2.5-7b.json --device cpu --lora-rank 16 \
+	    --world 8 --zero 2
+	[ "$(jq .runs <<< "$output")" = false ]
 }
 
 @test "plan-only options are refused for training; bad plan options are usage errors" {

@@ -23,7 +23,7 @@
 #   3 steps of 1 rank;
 # - queue mode (rank 0 leasing) trains the steps of the file;
 # - a rank killed mid-run stops the other at once (exit 1);
-# - --zero 3 with LoRA is refused.  (--device cuda is refused by the check
+# - --zero 2 with LoRA is refused (--zero 3 with LoRA: rl-train-lora.bats).  (--device cuda is refused by the check
 #   --zero 2 shares, in rli_dp_reducer_open; not run here: it needs a GPU.)
 
 bats_require_minimum_version 1.5.0
@@ -497,9 +497,10 @@ PY
 	grep -q "rank 1" "$TD/kz.err.0"
 }
 
-@test "--zero 3 with LoRA is refused clearly" {
-	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/xl" --zero 3 --lora-rank 2 "$TD/s.jsonl"
-	[[ "$stderr" == *"--lora-rank with --zero 3"* ]]
+@test "--zero 2 with LoRA is refused clearly; bad --zero values" {
+	# (--zero 3 with LoRA shards the frozen base: rl-train-lora.bats)
+	run -1 --separate-stderr rl-train -m "$TD/m0" --out "$TD/xl" --zero 2 --lora-rank 2 "$TD/s.jsonl"
+	[[ "$stderr" == *"--lora-rank with --zero 2"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x4" --zero 4 "$TD/s.jsonl"
 	[[ "$stderr" == *"--zero takes 0, 1, 2 or 3"* ]]
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/xk" --zero 3 --zero3-keep -5 "$TD/s.jsonl"
