@@ -236,6 +236,89 @@ assert p["grads_bytes"] == 4 * p["trainable"], p
 PY
 }
 
+# same_run A B: metrics lines A and B equal but for timings and memory (the
+# losses, KL, entropy, gradient norm, rewards: every number bit for bit)
+same_run() {
+	local f='[.[] | with_entries(select(.key | test("^(timing_s|timing_per_token_ms|perf|memory)/") | not))]'
+	[ "$(jq -cs "$f" "$1")" = "$(jq -cs "$f" "$2")" ]
+}
+
+@test "LoRA: the base with the adapters off is the reference, as the base opened as a second model, bit for bit" {
+	# a copy of the base is another directory: still opened as a second model
+	cp -r "$TD/m0" "$TD/m0copy"
+	args=(--batch 2 --lr 1e-2 --lora-rank 4 --lora-dropout 0.1 --kl k3 --kl-coef 0.1 --max-steps 3)
+	rl-train -q -m "$TD/m0" --out "$TD/kb" "${args[@]}" --ref "$TD/m0" --metrics "$TD/kb.m" "$TD/s.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/kc" "${args[@]}" --ref "$TD/m0copy" --metrics "$TD/kc.m" "$TD/s.jsonl"
+	same_run "$TD/kb.m" "$TD/kc.m"
+	cmp "$TD/kb/step-00000003/adapter_model.safetensors" "$TD/kc/step-00000003/adapter_model.safetensors"
+	# the KL moved off 0 once the adapters trained (the reference is not the policy)
+	run -0 jq -s '.[0]["actor/kl_loss"] == 0 and .[1]["actor/kl_loss"] > 0 and .[2]["actor/kl_loss"] > 0' "$TD/kb.m"
+	[ "$output" = true ]
+	# no second model: no reference memory at all (the copy's is the model's weights)
+	run -1 grep -q 'memory/ref_' "$TD/kb.m"
+	run -0 jq -s '.[0]["memory/ref_params_resident_mb"] >= .[0]["memory/weights_mb"] * 0.9' "$TD/kc.m"
+	[ "$output" = true ]
+	# DPO without ref_logprobs: the initial policy, which is the base, by default
+	python3 -c '
+import json
+w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
+for i in range(8):
+    print(json.dumps({"prompt": "%s %s:" % (w[i], w[7 - i]), "chosen": " " + w[(i + 1) % 8],
+                      "rejected": " " + w[(i + 3) % 8] + " " + w[i]}))' > "$TD/pairs.jsonl"
+	args=(--algo dpo --batch 4 --lr 1e-2 --lora-rank 4 --max-steps 2)
+	rl-train -q -m "$TD/m0" --out "$TD/db" "${args[@]}" --metrics "$TD/db.m" "$TD/pairs.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/dc" "${args[@]}" --ref "$TD/m0copy" --metrics "$TD/dc.m" "$TD/pairs.jsonl"
+	same_run "$TD/db.m" "$TD/dc.m"
+	cmp "$TD/db/step-00000002/adapter_model.safetensors" "$TD/dc/step-00000002/adapter_model.safetensors"
+	run -0 jq -s '(.[0]["actor/dpo_loss"] - (2 | log) | fabs) < 1e-9 and .[1]["actor/dpo_loss"] != (2 | log)' "$TD/db.m"
+	[ "$output" = true ]
+	run -1 grep -q 'memory/ref_' "$TD/db.m"
+	grep -q 'memory/ref_params_resident_mb' "$TD/dc.m"
+}
+
+@test "LoRA: with the base as the reference the process holds no second model; --plan counts none" {
+	# a 9.3 MB model: its weights stand out of the process's peak RSS
+	mkdir -p "$TD/big"
+	jq -c '.hidden_size = 256 | .num_hidden_layers = 4 | .intermediate_size = 512' "$TD/cfg.json" > "$TD/big/cfg.json"
+	rl-train -q --init "$TD/big/cfg.json" --tokenizer bytes --out "$TD/big/m0" --seed 1
+	cp -r "$TD/big/m0" "$TD/big/copy"
+	ln -s m0 "$TD/big/link"
+	args=(-m "$TD/big/m0" --batch 2 --lr 1e-2 --lora-rank 4 --kl k3 --kl-coef 0.1 --max-steps 1)
+	rl-train -q "${args[@]}" --out "$TD/big/b" --ref "$TD/big/link" --metrics "$TD/big/b.m" "$TD/s.jsonl"
+	rl-train -q "${args[@]}" --out "$TD/big/c" --ref "$TD/big/copy" --metrics "$TD/big/c.m" "$TD/s.jsonl"
+	same_run "$TD/big/b.m" "$TD/big/c.m"
+	python3 - "$TD/big/b.m" "$TD/big/c.m" <<'PY'
+import json, sys
+b, c = (json.loads(open(f).readline()) for f in sys.argv[1:])
+model = c["memory/ref_params_resident_mb"]
+assert abs(model - b["memory/weights_mb"]) < 0.5, (model, b["memory/weights_mb"])
+assert not any(k.startswith("memory/ref_") for k in b), b
+saved = c["memory/max_rss_mb"] - b["memory/max_rss_mb"]
+# the second model's weights (and the pages its forward touched): about the model's size
+assert 0.8 * model <= saved <= 3 * model, (saved, model)
+print(saved, model)
+PY
+	# the plan: the base (by another spelling of its path) counts nothing, a copy a whole model
+	plan=(--plan=json -m "$TD/big/m0" --lora-rank 4 --kl k3)
+	run -0 rl-train "${plan[@]}" --ref "$TD/big/link/"
+	pb=$output
+	run -0 rl-train "${plan[@]}" --ref "$TD/big/copy"
+	pc=$output
+	run -0 rl-train --plan=json -m "$TD/big/m0" --lora-rank 4 --algo dpo
+	pd=$output
+	python3 - "$pb" "$pc" "$pd" <<'PY'
+import json, sys
+b, c, d = map(json.loads, sys.argv[1:])
+for p in (b, d):
+    assert p["ref"] == "the LoRA base, adapters off", p
+    assert p["ref_bytes"] == p["ref_weights_bytes"] == p["ref_acts_bytes"] == 0, p
+assert c["ref_weights_bytes"] >= 4 * c["params"], c
+assert c["total_bytes"] - b["total_bytes"] == c["ref_bytes"], (b, c)
+PY
+	run -0 rl-train --plan -m "$TD/big/m0" --lora-rank 4 --algo dpo
+	assert_line --partial "reference          0.00 MiB (the LoRA base, adapters off"
+}
+
 @test "LoRA: bad options and adapters are refused, named" {
 	run -2 --separate-stderr rl-train -m "$TD/m0" --out "$TD/x" --lora-targets q_proj "$TD/s.jsonl"
 	[[ "$stderr" == *"need --lora-rank"* ]]
