@@ -296,7 +296,7 @@ assert not any(k.startswith("memory/ref_") for k in b), b
 saved = c["memory/max_rss_mb"] - b["memory/max_rss_mb"]
 # the second model's weights (and the pages its forward touched): about the model's size
 assert 0.8 * model <= saved <= 3 * model, (saved, model)
-print(saved, model)
+print("peak RSS %.1f MB lower; the model's weights %.1f MB" % (saved, model))
 PY
 	# the plan: the base (by another spelling of its path) counts nothing, a copy a whole model
 	plan=(--plan=json -m "$TD/big/m0" --lora-rank 4 --kl k3)
