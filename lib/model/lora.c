@@ -3,7 +3,8 @@
  * tensor table with PEFT's names and initialisation, their share of the
  * training forward and backward at the four places a layer's GEMMs write
  * (fused q|k|v, o_proj, fused gate|up, down_proj), dropout on their input,
- * and merging them into the base weights.
+ * switching them off for a forward of the base alone (a reference), and
+ * merging them into the base weights.
  *
  * Leaves out: the base GEMMs (model_train.c), the frozen base's missing
  * gradients (GT in model_int.h), checkpoints (ckpt.c), the CUDA backend: the

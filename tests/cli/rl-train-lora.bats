@@ -246,9 +246,10 @@ same_run() {
 @test "LoRA: the base with the adapters off is the reference, as the base opened as a second model, bit for bit" {
 	# a copy of the base is another directory: still opened as a second model
 	cp -r "$TD/m0" "$TD/m0copy"
-	args=(--batch 2 --lr 1e-2 --lora-rank 4 --lora-dropout 0.1 --kl k3 --kl-coef 0.1 --max-steps 3)
-	rl-train -q -m "$TD/m0" --out "$TD/kb" "${args[@]}" --ref "$TD/m0" --metrics "$TD/kb.m" "$TD/s.jsonl"
-	rl-train -q -m "$TD/m0" --out "$TD/kc" "${args[@]}" --ref "$TD/m0copy" --metrics "$TD/kc.m" "$TD/s.jsonl"
+	args=(--batch 2 --lr 1e-2 --lora-rank 4 --lora-dropout 0.1 --kl k3 --kl-coef 0.1)
+	rl-train -q -m "$TD/m0" --out "$TD/kb" "${args[@]}" --max-steps 3 --ref "$TD/m0" --metrics "$TD/kb.m" "$TD/s.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/kc" "${args[@]}" --max-steps 3 --ref "$TD/m0copy" --metrics "$TD/kc.m" \
+	    "$TD/s.jsonl"
 	same_run "$TD/kb.m" "$TD/kc.m"
 	cmp "$TD/kb/step-00000003/adapter_model.safetensors" "$TD/kc/step-00000003/adapter_model.safetensors"
 	# the KL moved off 0 once the adapters trained (the reference is not the policy)
@@ -258,6 +259,12 @@ same_run() {
 	run -1 grep -q 'memory/ref_' "$TD/kb.m"
 	run -0 jq -s '.[0]["memory/ref_params_resident_mb"] >= .[0]["memory/weights_mb"] * 0.9' "$TD/kc.m"
 	[ "$output" = true ]
+	# --resume (no -m: the base from adapter_config.json) keeps the base as the reference
+	rl-train -q -m "$TD/m0" --out "$TD/kr" "${args[@]}" --max-steps 2 --ref "$TD/m0" --metrics /dev/null "$TD/s.jsonl"
+	run -0 --separate-stderr rl-train -v --out "$TD/kr" "${args[@]}" --max-steps 3 --ref "$TD/m0" --resume \
+	    --metrics /dev/null "$TD/s.jsonl"
+	[[ "$stderr" == *"reference: the base '$TD/m0' with the adapters off"* ]]
+	cmp "$TD/kb/step-00000003/adapter_model.safetensors" "$TD/kr/step-00000003/adapter_model.safetensors"
 	# DPO without ref_logprobs: the initial policy, which is the base, by default
 	python3 -c '
 import json
