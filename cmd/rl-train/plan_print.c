@@ -46,13 +46,23 @@ static double unit = 1024.0 * 1024 * 1024;
 static double gib(double b) { return b / unit; }
 
 /* The reference's config into *rc when rl-train would open one (checked
- * against the policy's as rl-train checks it); 0 when none, 1 on an error. */
+ * against the policy's as rl-train checks it; *ref names it); with LoRA
+ * and the base as the reference, *ref names it and *rc is not loaded (no
+ * second model: the policy's forward with the adapters off).  0 when none,
+ * 1 on an error. */
 static int
-plan_ref_config(const rl_train_opts *o, const rl_config *cfg, const char *path, rl_config *rc, const char **ref)
+plan_ref_config(const rl_train_opts *o, const rl_config *cfg, const char *path, rl_config *rc, const char **ref,
+    int *loaded)
 {
 	char rpath[4096];
 
 	*ref = NULL;
+	*loaded = 0;
+	if (rl_train_ref_is_base(o->lora_rank, o->algo == RL_ALGO_DPO, o->ref_dir, o->model_dir)) {
+		*ref = "the LoRA base, adapters off";
+		return 0;
+	}
+	*loaded = 1;
 	if (o->ref_dir) {
 		snprintf(rpath, sizeof rpath, "%s/config.json", o->ref_dir);
 		if (rl_config_load(rc, rpath) != 0)
@@ -66,6 +76,8 @@ plan_ref_config(const rl_train_opts *o, const rl_config *cfg, const char *path, 
 		if (rl_config_load(rc, path) != 0)
 			return 1;
 		*ref = "the initial policy";
+	} else {
+		*loaded = 0;
 	}
 	return 0;
 }
@@ -77,7 +89,7 @@ print_plan(const rl_train_opts *o, rl_plan_opts *po, int world, int zero, const 
 	rl_config cfg, rcfg;
 	const char *ref;
 	rl_plan p;
-	int rv;
+	int rv, loaded;
 
 	if (!init && !o->model_dir)
 		return rl_cli_usage("--plan needs a model: -m MODEL_DIR or --init CONFIG");
@@ -87,7 +99,7 @@ print_plan(const rl_train_opts *o, rl_plan_opts *po, int world, int zero, const 
 		snprintf(path, sizeof path, "%s/config.json", o->model_dir);
 	if (rl_config_load(&cfg, path) != 0)
 		return 1;
-	if (plan_ref_config(o, &cfg, path, &rcfg, &ref) != 0) {
+	if (plan_ref_config(o, &cfg, path, &rcfg, &ref, &loaded) != 0) {
 		rl_config_fini(&cfg);
 		return 1;
 	}
@@ -97,10 +109,10 @@ print_plan(const rl_train_opts *o, rl_plan_opts *po, int world, int zero, const 
 	po->max_tokens = o->micro_tokens > 0 ? o->micro_tokens : o->max_tokens_micro;
 	po->recompute = o->recompute;
 	po->value_head = o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM;
-	po->ref = ref ? &rcfg : NULL;
+	po->ref = loaded ? &rcfg : NULL;
 	rv = rl_train_plan(&p, &cfg, po);
 	rl_config_fini(&cfg);
-	if (ref)
+	if (loaded)
 		rl_config_fini(&rcfg);
 	if (rv != 0)
 		return 1;

@@ -3,7 +3,8 @@
  * tensor table with PEFT's names and initialisation, their share of the
  * training forward and backward at the four places a layer's GEMMs write
  * (fused q|k|v, o_proj, fused gate|up, down_proj), dropout on their input,
- * and merging them into the base weights.
+ * switching them off for a forward of the base alone (a reference), and
+ * merging them into the base weights.
  *
  * Leaves out: the base GEMMs (model_train.c), the frozen base's missing
  * gradients (GT in model_int.h), checkpoints (ckpt.c), the CUDA backend: the
@@ -209,6 +210,17 @@ rl_model_lora(const rl_model *m)
 }
 
 int
+rl_model_lora_off(rl_model *m, int off)
+{
+	if (m->lora == NULL) {
+		rl_error("model: no LoRA adapters to switch %s", off ? "off" : "on");
+		return RL_EINVAL;
+	}
+	m->lora->off = off != 0;
+	return RL_OK;
+}
+
+int
 rl_model_lora_tensor(const rl_model *m, int l, int k, int b)
 {
 	if (m->lora == NULL || l < 0 || l >= m->cfg.n_layer || k < 0 || k >= RL_LORA_NMOD)
@@ -280,6 +292,8 @@ rli_lora_fwd(rl_model *m, int l, int site, const void *x, void *out, int N)
 	rl_ops *o = m->ops;
 	int k0, k1;
 
+	if (lr->off)
+		return;
 	site_mods(site, &k0, &k1);
 	for (int k = k0; k < k1; k++) {
 		int ia = lr->ix[l][k][0], ib = lr->ix[l][k][1], in, od, col, ld;

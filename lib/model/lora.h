@@ -48,6 +48,15 @@ int rl_lora_targets_parse(const char *list, unsigned *mask);
 int rl_model_add_lora(rl_model *m, const rl_lora_opts *lo);
 /* The adapters' options (NULL when m has none). */
 const rl_lora_opts *rl_model_lora(const rl_model *m);
+/* off != 0: the forwards that follow compute the frozen base alone, the
+ * adapters skipped (a reference that is the initial policy: B is zero at the
+ * start); no dropout masks are drawn and the dropout's pass count is left as
+ * it was, so the policy's own forwards draw the masks they would without it.
+ * Such a forward uses the model's activation buffers like any other: it
+ * overwrites what a backward needs, and rl_model_backward refuses to
+ * differentiate it.  off 0 switches the adapters back on.  RL_EINVAL when m
+ * has no adapters. */
+int rl_model_lora_off(rl_model *m, int off);
 /* Index in m->tt of layer l's module k's A (b = 0) or B (b = 1), or -1. */
 int rl_model_lora_tensor(const rl_model *m, int l, int k, int b);
 /* Folds every adapter into its base weight, W += (alpha/r) B A (the sum in

@@ -111,6 +111,8 @@ struct rl_lora {
 	                         * dropout masks' key (so that --resume draws the same ones) */
 	int pass_step;
 	int drop;               /* the last forward applied dropout */
+	int off;                /* rl_model_lora_off: the forwards compute the base alone */
+	int fwd_off;            /* the last forward ran with the adapters off: no backward of it */
 };
 
 /* Where in a layer an adapter adds to a base GEMM's output. */

@@ -429,7 +429,9 @@ rl_model_forward(rl_model *m, float *lp, float *ent, const int32_t *tok, const i
 	a->has_seg = seg != NULL;
 	a->inv_temp = 1.0f / temperature;
 	const size_t sN = (size_t)a->maxN;
-	if (m->lora) {
+	if (m->lora)
+		m->lora->fwd_off = m->lora->off;
+	if (m->lora && !m->lora->off) {
 		/* dropout in the passes of the model being trained (train mode), each its own masks */
 		m->lora->drop = m->lora->o.dropout > 0 && m->grads != NULL;
 		if (m->lora->pass_step != m->step) {
@@ -518,6 +520,10 @@ rl_model_backward_value(rl_model *m, const float *dlp, const float *dent, const 
 		rl_error("model backward: %s", m->grads == NULL ? "no gradients (rl_model_train_reserve)" :
 		    dval != NULL && m->vh_w < 0 ? "value gradient without a value head" :
 		    "no forward to differentiate");
+		return RL_EINVAL;
+	}
+	if (m->lora != NULL && m->lora->fwd_off) {
+		rl_error("model backward: the last forward ran with the adapters off (a reference's forward)");
 		return RL_EINVAL;
 	}
 	const int B = a->B, T = a->T, N = B * T, C = c->hidden_size, NH = c->n_head, NKV = c->n_kv_head;

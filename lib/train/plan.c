@@ -13,8 +13,14 @@
  * ZeRO-3 shards them, and only them) and only the adapters (rank r: r (in + out) per target matrix and
  * layer) have master weights, gradients and AdamW state, whole on every rank: on the CPU what rl-train allocates
  * (model.h's goff), each adapter tensor rounded up to RL_TT_ALIGN elements.
+ * A reference that is LoRA's base (rl_train_ref_is_base) is no part: its
+ * forward is the policy's, in the policy's buffers.
  */
 #include "train/plan.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "base/core.h"
 #include "model/model.h"
@@ -56,6 +62,20 @@ plan_ref(rl_plan *p, const rl_config *r, const rl_plan_opts *o, double act)
 	p->ref_acts = (double)rl_model_act_bytes_for(r, (size_t)act, ld, rl_model_logit_chunk_bytes(!o->cuda, 0),
 	    o->max_tokens, 1, 0);
 	p->ref = p->ref_weights + p->ref_acts;
+}
+
+int
+rl_train_ref_is_base(int lora_rank, int dpo_default, const char *ref_dir, const char *base_dir)
+{
+	char a[PATH_MAX], b[PATH_MAX];
+
+	if (lora_rank <= 0)
+		return 0;
+	if (ref_dir == NULL)
+		return dpo_default;
+	if (base_dir == NULL || realpath(ref_dir, a) == NULL || realpath(base_dir, b) == NULL)
+		return 0;
+	return strcmp(a, b) == 0;
 }
 
 int

@@ -68,5 +68,12 @@ int rl_train_plan(rl_plan *out, const rl_config *c, const rl_plan_opts *o);
  * tokens); logged, naming both.  What rl-train checks at the open and
  * rl-train --plan before it plans. */
 int rl_train_ref_check(const rl_config *policy, const char *policy_dir, const rl_config *ref, const char *ref_dir);
+/* With LoRA (lora_rank > 0), whether the reference is the frozen base itself,
+ * computed as the policy's forward with the adapters off and no second model
+ * (docs/lora.md): DPO's default reference (dpo_default: no --ref; the initial
+ * policy, whose adapters B are zero), or ref_dir naming base_dir, the same
+ * directory once realpath(3) has resolved both.  0 otherwise, and where
+ * either path does not resolve (the open then says why). */
+int rl_train_ref_is_base(int lora_rank, int dpo_default, const char *ref_dir, const char *base_dir);
 
 #endif

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "base/core.h"
+#include "model/lora.h"
 #include "train/trainer.h"
 
 /* KL estimator per token on the host (k1, k2, k3 as in ops.h). */
@@ -665,11 +666,30 @@ gspo_old(trainer *tr, const seqref *sq, int B, int N, const float *old_h)
 }
 
 /* A micro-batch of the policy gradient runs the reference's forward
- * (between the policy's forward and backward): the same on every rank. */
+ * (between the policy's forward and backward; LoRA's base before the
+ * policy's forward): the same on every rank. */
 static int
 ref_in_micro(const trainer *tr)
 {
-	return tr->ref && tr->o->kl_type && !tr->o->kl_in_reward;
+	return (tr->ref || tr->ref_base) && tr->o->kl_type && !tr->o->kl_in_reward;
+}
+
+/* The reference's forward when it is LoRA's base (tr->ref_base): the
+ * policy's own forward with the adapters off (no dropout masks drawn), its
+ * log-probs into lp (host).  It overwrites the policy's activations, so it
+ * runs before the policy's forward that a backward follows, never between. */
+static int
+base_ref_forward(trainer *tr, float *lp, const int32_t *seg, const int32_t *pos, int B, int T, float temp)
+{
+	double t0 = rl_now();
+	int rv, r2;
+
+	if ((rv = rl_model_lora_off(tr->m, 1)) != 0)
+		return rv;
+	rv = rl_model_forward(tr->m, lp, NULL, tr->h_tok, tr->h_tgt, seg, pos, B, T, temp);
+	r2 = rl_model_lora_off(tr->m, 0);
+	tr->t_model += rl_now() - t0;
+	return rv != 0 ? rv : r2;
 }
 
 /* One micro-batch, the B sequences sq: forward, loss, backward (gradients
@@ -691,6 +711,8 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 	const float *ref = NULL, *beh = NULL, *old;
 	int want_ent = o->ent_coef != 0;
 
+	if (ref_in_micro(tr) && tr->ref_base && (rv = base_ref_forward(tr, tr->h_ref, seg, pos, R, T, temp)) != 0)
+		return rv;
 	double t0 = rl_now();
 	rv = rl_model_forward(tr->m, NULL, NULL, tr->h_tok, tr->h_tgt, seg, pos, R, T, temp);
 	tr->t_model += rl_now() - t0;
@@ -722,7 +744,10 @@ micro(trainer *tr, const seqref *sq, int B, int recomputed, mstat *ms)
 		beh = tr->d_beh;
 	}
 	if (o->kl_type && !o->kl_in_reward) {
-		if (ref_in_micro(tr)) {
+		if (ref_in_micro(tr) && tr->ref_base) {
+			ops->upload(ops, tr->d_ref, tr->h_ref, nb); /* base_ref_forward's, above */
+			ref = tr->d_ref;
+		} else if (ref_in_micro(tr)) {
 			t0 = rl_now();
 			rv = rl_model_forward(tr->ref, NULL, NULL, tr->h_tok, tr->h_tgt, seg, pos, R, T, temp);
 			if (rv == 0)
@@ -1048,7 +1073,7 @@ dpo_ref(trainer *tr, seqref *sq, int n)
 		const rl_sample *lack = NULL; /* a record of this rank's that needs it, for the error */
 		for (int i = 0; i < n && !lack; i++)
 			lack = sq[i].s->ref_logprobs ? NULL : sq[i].s;
-		if (rounds > 0 && !tr->ref && (rv = dpo_ref_open(tr, lack)) != 0)
+		if (rounds > 0 && !tr->ref && !tr->ref_base && (rv = dpo_ref_open(tr, lack)) != 0)
 			return rv;
 	}
 	for (int a = 0; a < n;) {
@@ -1059,9 +1084,17 @@ dpo_ref(trainer *tr, seqref *sq, int n)
 			for (int j = 0; s->ref_logprobs && j < s->rlen; j++)
 				sq[i].ref_lp += tr->mask_tok[sq[i].toff + j] ? s->ref_logprobs[j] : 0.0;
 		}
-		if (need && !tr->ref && (rv = dpo_ref_open(tr, sq[a].s)) != 0)
+		if (need && !tr->ref && !tr->ref_base && (rv = dpo_ref_open(tr, sq[a].s)) != 0)
 			return rv;
-		if (need) {
+		if (need && tr->ref_base) {
+			/* LoRA's base: before this mini-batch's policy forwards */
+			int B = e - a, T = fill_rows(tr, sq + a, B);
+			if ((rv = base_ref_forward(tr, tr->h_lp, NULL, NULL, B, T, 1.0f)) != 0)
+				return rv;
+			for (int r = 0; r < B; r++)
+				if (tr->o->ref_dir || !sq[a + r].s->ref_logprobs)
+					sq[a + r].ref_lp = row_sum(tr, &sq[a + r], tr->h_lp, r, T);
+		} else if (need) {
 			int B = e - a, T = fill_rows(tr, sq + a, B);
 			double t0 = rl_now();
 			rv = rl_model_forward(tr->ref, tr->h_lp, NULL, tr->h_tok, tr->h_tgt, NULL, NULL, B, T, 1.0f);

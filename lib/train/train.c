@@ -246,6 +246,17 @@ open_lora(trainer *tr, const char *dir)
 	if (rv == 0)
 		rl_verbose("LoRA: rank %d, alpha %g, dropout %g on '%s'", lo.r, lo.alpha, lo.dropout,
 		    base ? base : o->model_dir);
+	tr->ref_base = rl_train_ref_is_base(o->lora_rank, o->algo == RL_ALGO_DPO, o->ref_dir,
+	    base ? base : o->model_dir);
+	if (rv == 0 && tr->ref_base && o->zero == 3) {
+		/* ZeRO-3 gathers each forward on every rank: the base's would have to as well */
+		rl_error("--lora-rank with --zero 3: the reference as the base with the adapters off is not built");
+		rl_hint("give --ref a copy of the base directory (opened as a second model)");
+		rv = RL_ENOTSUP;
+	}
+	if (rv == 0 && tr->ref_base)
+		rl_verbose("reference: the base '%s' with the adapters off (no second model)",
+		    base ? base : o->model_dir);
 	free(base);
 	return rv;
 }
@@ -412,7 +423,7 @@ open_model(trainer *tr, char *dir, size_t dirsz, cJSON **state)
 	if ((o->algo == RL_ALGO_PPO || o->algo == RL_ALGO_RM) &&
 	    (rv = rl_model_add_value_head(tr->m, tr->resumed ? dir : o->model_dir, o->seed)) != 0)
 		return rv;
-	if (o->ref_dir && (rv = open_ref(tr, tr->resumed ? dir : o->model_dir)) != 0)
+	if (o->ref_dir && !tr->ref_base && (rv = open_ref(tr, tr->resumed ? dir : o->model_dir)) != 0)
 		return rv;
 	/* ZeRO: only a shard, from dp.c's zero_open; with LoRA the adapters' whole */
 	tr->m->no_adam_state = tr->world > 1 && o->zero && !tr->m->lora;

@@ -69,6 +69,8 @@ typedef struct trainer {
 	const rl_train_opts *o;
 	rl_ops *ops;
 	rl_model *m, *ref;
+	int ref_base;            /* LoRA: the reference is m's base, its forward m's with the adapters
+	                          * off (rl_train_ref_is_base); ref stays NULL */
 	rl_tokenizer *tok;
 	rl_grouper *gr;
 	rl_traj_reader *rd;

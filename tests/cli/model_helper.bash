@@ -103,3 +103,17 @@ PY
 	VERL_CASES=$n
 	[ "$fail" -eq 0 ]
 }
+
+# word_pairs N: N preference pairs of random words (seed 3), TRL's
+# prompt/chosen/rejected text lines, on stdout
+word_pairs() {
+	python3 - "$1" <<'PY'
+import json, random, sys
+random.seed(3)
+w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
+for i in range(int(sys.argv[1])):
+    print(json.dumps({"prompt": " ".join(random.choice(w) for _ in range(3)) + ":",
+                      "chosen": " " + " ".join(random.choice(w) for _ in range(2)),
+                      "rejected": " " + " ".join(random.choice(w) for _ in range(3))}))
+PY
+}

@@ -13,6 +13,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load port_helper
+load model_helper
 
 REF=tests/fixtures/train/rm_score_ref.py
 
@@ -27,15 +28,7 @@ JSON
 	    "$TD/cfg.json" > "$TD/llama.json"
 	rl-train -q --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m0" --seed 1
 	rl-train -q --init "$TD/llama.json" --tokenizer bytes --out "$TD/l0" --seed 2
-	python3 - > "$TD/pairs.jsonl" <<'PY'
-import json, random
-random.seed(3)
-w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
-for i in range(16):
-    print(json.dumps({"prompt": " ".join(random.choice(w) for _ in range(3)) + ":",
-                      "chosen": " " + " ".join(random.choice(w) for _ in range(2)),
-                      "rejected": " " + " ".join(random.choice(w) for _ in range(3))}))
-PY
+	word_pairs 16 > "$TD/pairs.jsonl"
 	rl-train -q -m "$TD/m0" --out "$TD/rm" --algo rm --batch 4 --lr 1e-2 --metrics "$TD/rm.json" "$TD/pairs.jsonl"
 	rl-train -q -m "$TD/l0" --out "$TD/lrm" --algo rm --batch 8 --lr 1e-2 --metrics "$TD/lrm.json" "$TD/pairs.jsonl"
 	# records: prompt + response ids; 3 and 4 end with EOS (the pad id), 5 is all

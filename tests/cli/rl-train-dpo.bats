@@ -30,15 +30,7 @@ setup_file() {
 	cp -r "$TD/m0" "$TD/m0rm"
 	cp tests/fixtures/train/verl_value_head.safetensors "$TD/m0rm/value_head.safetensors"
 	# 16 pair lines of text (TRL's standard form)
-	python3 - > "$TD/pairs.jsonl" <<'PY'
-import json, random
-random.seed(3)
-w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
-for i in range(16):
-    print(json.dumps({"prompt": " ".join(random.choice(w) for _ in range(3)) + ":",
-                      "chosen": " " + " ".join(random.choice(w) for _ in range(2)),
-                      "rejected": " " + " ".join(random.choice(w) for _ in range(3))}))
-PY
+	word_pairs 16 > "$TD/pairs.jsonl"
 }
 
 setup() {

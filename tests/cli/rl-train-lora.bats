@@ -242,15 +242,15 @@ PY
 	# the 8-layer model, where a layer is small next to a rank's shard; 4 steps
 	# of data, micro-batches of at most 30 tokens so that the ranks' counts
 	# differ (a rank short of one only gathers in that round)
-	deep_model "$TD/big"
+	deep_model "$TD/deep"
 	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$TD/s16.jsonl"
 	export TRAIN_WORLD_DATA="$TD/s16.jsonl"
 	args=(--batch 4 --lr 1e-2 --lora-rank 4 --max-tokens-per-micro 30 --mini-batches 2)
 	PORT=$(free_port)
-	TD="$TD/big" train_world 2 "$TD/zd" "${args[@]}" --max-steps 3
+	TD="$TD/deep" train_world 2 "$TD/zd" "${args[@]}" --max-steps 3
 	PORT=$(free_port)
-	TD="$TD/big" train_world 2 "$TD/z3" "${args[@]}" --max-steps 3 --zero 3
-	rl-train -q -m "$TD/big/m0" --out "$TD/z1" --metrics "$TD/z1.m" "${args[@]}" --max-steps 3 "$TD/s16.jsonl"
+	TD="$TD/deep" train_world 2 "$TD/z3" "${args[@]}" --max-steps 3 --zero 3
+	rl-train -q -m "$TD/deep/m0" --out "$TD/z1" --metrics "$TD/z1.m" "${args[@]}" --max-steps 3 "$TD/s16.jsonl"
 	# the adapters' arithmetic is that of plain data parallelism (the same
 	# GEMMs on the same gathered base, the same all-reduce of their
 	# gradients): adapters, AdamW state and losses bitwise
@@ -266,7 +266,7 @@ PY
 	# measured parameter memory of rank 0: its half of the base plus the unit
 	# computed and the one prefetched plus the adapters; the base whole (as
 	# without ZeRO, >= 0.98 of the table) fails this; the load read the shard only
-	rl-train --plan=json -m "$TD/big/m0" --world 2 --zero 3 --lora-rank 4 > "$TD/z3.plan"
+	rl-train --plan=json -m "$TD/deep/m0" --world 2 --zero 3 --lora-rank 4 > "$TD/z3.plan"
 	python3 - "$TD/zd.metrics.0" "$TD/z3.metrics.0" "$TD/z3.plan" <<'PY'
 import json, sys
 zd = [json.loads(l) for l in open(sys.argv[1])]
@@ -298,9 +298,99 @@ PY
 	cmp "$TD/zd/step-00000004/adapter_model.safetensors" "$TD/z3/step-00000004/adapter_model.safetensors"
 	[ "$(jq -r .step "$TD/z3.r")" = 4 ]
 	# --device cuda with it: refused before anything runs (no CUDA path for the adapters)
-	run -2 --separate-stderr rl-train -m "$TD/big/m0" --out "$TD/zc" --lora-rank 4 --zero 3 --world 2 --rank 0 \
+	run -2 --separate-stderr rl-train -m "$TD/deep/m0" --out "$TD/zc" --lora-rank 4 --zero 3 --world 2 --rank 0 \
 	    --rendezvous 127.0.0.1:1 --device cuda "$TD/s16.jsonl"
 	[[ "$stderr" == *"--lora-rank trains on --device cpu only"* ]]
+}
+
+# same_run A B: metrics lines A and B equal but for timings and memory (the
+# losses, KL, entropy, gradient norm, rewards: every number bit for bit)
+same_run() {
+	local f='[.[] | with_entries(select(.key | test("^(timing_s|timing_per_token_ms|perf|memory)/") | not))]'
+	[ "$(jq -cs "$f" "$1")" = "$(jq -cs "$f" "$2")" ]
+}
+
+@test "LoRA: the base with the adapters off is the reference, as the base opened as a second model, bit for bit" {
+	# a copy of the base is another directory: still opened as a second model
+	cp -r "$TD/m0" "$TD/m0copy"
+	args=(--batch 2 --lr 1e-2 --lora-rank 4 --lora-dropout 0.1 --kl k3 --kl-coef 0.1)
+	rl-train -q -m "$TD/m0" --out "$TD/kb" "${args[@]}" --max-steps 3 --ref "$TD/m0" --metrics "$TD/kb.m" "$TD/s.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/kc" "${args[@]}" --max-steps 3 --ref "$TD/m0copy" --metrics "$TD/kc.m" \
+	    "$TD/s.jsonl"
+	same_run "$TD/kb.m" "$TD/kc.m"
+	cmp "$TD/kb/step-00000003/adapter_model.safetensors" "$TD/kc/step-00000003/adapter_model.safetensors"
+	# the KL moved off 0 once the adapters trained (the reference is not the policy)
+	run -0 jq -s '.[0]["actor/kl_loss"] == 0 and .[1]["actor/kl_loss"] > 0 and .[2]["actor/kl_loss"] > 0' "$TD/kb.m"
+	[ "$output" = true ]
+	# no second model: no reference memory at all (the copy's is the model's weights)
+	run -1 grep -q 'memory/ref_' "$TD/kb.m"
+	run -0 jq -s '.[0]["memory/ref_params_resident_mb"] >= .[0]["memory/weights_mb"] * 0.9' "$TD/kc.m"
+	[ "$output" = true ]
+	# --resume (no -m: the base from adapter_config.json) keeps the base as the reference
+	rl-train -q -m "$TD/m0" --out "$TD/kr" "${args[@]}" --max-steps 2 --ref "$TD/m0" --metrics /dev/null "$TD/s.jsonl"
+	run -0 --separate-stderr rl-train -v --out "$TD/kr" "${args[@]}" --max-steps 3 --ref "$TD/m0" --resume \
+	    --metrics /dev/null "$TD/s.jsonl"
+	[[ "$stderr" == *"reference: the base '$TD/m0' with the adapters off"* ]]
+	cmp "$TD/kb/step-00000003/adapter_model.safetensors" "$TD/kr/step-00000003/adapter_model.safetensors"
+	# DPO without ref_logprobs: the initial policy, which is the base, by default
+	python3 -c '
+import json
+w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
+for i in range(8):
+    print(json.dumps({"prompt": "%s %s:" % (w[i], w[7 - i]), "chosen": " " + w[(i + 1) % 8],
+                      "rejected": " " + w[(i + 3) % 8] + " " + w[i]}))' > "$TD/pairs.jsonl"
+	args=(--algo dpo --batch 4 --lr 1e-2 --lora-rank 4 --max-steps 2)
+	rl-train -q -m "$TD/m0" --out "$TD/db" "${args[@]}" --metrics "$TD/db.m" "$TD/pairs.jsonl"
+	rl-train -q -m "$TD/m0" --out "$TD/dc" "${args[@]}" --ref "$TD/m0copy" --metrics "$TD/dc.m" "$TD/pairs.jsonl"
+	same_run "$TD/db.m" "$TD/dc.m"
+	cmp "$TD/db/step-00000002/adapter_model.safetensors" "$TD/dc/step-00000002/adapter_model.safetensors"
+	run -0 jq -s '(.[0]["actor/dpo_loss"] - (2 | log) | fabs) < 1e-9 and .[1]["actor/dpo_loss"] != (2 | log)' "$TD/db.m"
+	[ "$output" = true ]
+	run -1 grep -q 'memory/ref_' "$TD/db.m"
+	grep -q 'memory/ref_params_resident_mb' "$TD/dc.m"
+}
+
+@test "LoRA: with the base as the reference the process holds no second model; --plan counts none" {
+	# a 9.3 MB model: its weights stand out of the process's peak RSS
+	mkdir -p "$TD/big"
+	jq -c '.hidden_size = 256 | .num_hidden_layers = 4 | .intermediate_size = 512' "$TD/cfg.json" > "$TD/big/cfg.json"
+	rl-train -q --init "$TD/big/cfg.json" --tokenizer bytes --out "$TD/big/m0" --seed 1
+	cp -r "$TD/big/m0" "$TD/big/copy"
+	ln -s m0 "$TD/big/link"
+	args=(-m "$TD/big/m0" --batch 2 --lr 1e-2 --lora-rank 4 --kl k3 --kl-coef 0.1 --max-steps 1)
+	rl-train -q "${args[@]}" --out "$TD/big/b" --ref "$TD/big/link" --metrics "$TD/big/b.m" "$TD/s.jsonl"
+	rl-train -q "${args[@]}" --out "$TD/big/c" --ref "$TD/big/copy" --metrics "$TD/big/c.m" "$TD/s.jsonl"
+	same_run "$TD/big/b.m" "$TD/big/c.m"
+	python3 - "$TD/big/b.m" "$TD/big/c.m" <<'PY'
+import json, sys
+b, c = (json.loads(open(f).readline()) for f in sys.argv[1:])
+model = c["memory/ref_params_resident_mb"]
+assert abs(model - b["memory/weights_mb"]) < 0.5, (model, b["memory/weights_mb"])
+assert not any(k.startswith("memory/ref_") for k in b), b
+saved = c["memory/max_rss_mb"] - b["memory/max_rss_mb"]
+# the second model's weights (and the pages its forward touched): about the model's size
+assert 0.8 * model <= saved <= 3 * model, (saved, model)
+print("peak RSS %.1f MB lower; the model's weights %.1f MB" % (saved, model))
+PY
+	# the plan: the base (by another spelling of its path) counts nothing, a copy a whole model
+	plan=(--plan=json -m "$TD/big/m0" --lora-rank 4 --kl k3)
+	run -0 rl-train "${plan[@]}" --ref "$TD/big/link/"
+	pb=$output
+	run -0 rl-train "${plan[@]}" --ref "$TD/big/copy"
+	pc=$output
+	run -0 rl-train --plan=json -m "$TD/big/m0" --lora-rank 4 --algo dpo
+	pd=$output
+	python3 - "$pb" "$pc" "$pd" <<'PY'
+import json, sys
+b, c, d = map(json.loads, sys.argv[1:])
+for p in (b, d):
+    assert p["ref"] == "the LoRA base, adapters off", p
+    assert p["ref_bytes"] == p["ref_weights_bytes"] == p["ref_acts_bytes"] == 0, p
+assert c["ref_weights_bytes"] >= 4 * c["params"], c
+assert c["total_bytes"] - b["total_bytes"] == c["ref_bytes"], (b, c)
+PY
+	run -0 rl-train --plan -m "$TD/big/m0" --lora-rank 4 --algo dpo
+	assert_line --partial "reference          0.00 MiB (the LoRA base, adapters off"
 }
 
 @test "LoRA: bad options and adapters are refused, named" {

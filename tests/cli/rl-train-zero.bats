@@ -76,15 +76,7 @@ setup_file() {
 }
 
 @test "ZeRO-2, DPO: 2 ranks with uneven micro-batch counts (1 and 2 pairs) and 4 ranks = 1 rank" {
-	python3 - > "$TD/pairs.jsonl" <<'PY'
-import json, random
-random.seed(3)
-w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
-for i in range(12):
-    print(json.dumps({"prompt": " ".join(random.choice(w) for _ in range(3)) + ":",
-                      "chosen": " " + " ".join(random.choice(w) for _ in range(2)),
-                      "rejected": " " + " ".join(random.choice(w) for _ in range(3))}))
-PY
+	word_pairs 12 > "$TD/pairs.jsonl"
 	# 3 pairs a step, one pair per micro-batch: on 2 ranks one rank has a round
 	# without a micro-batch, and hands over zeros
 	args=(--algo dpo --batch 3 --lr 1e-2 --max-tokens-per-micro 64 --bucket-mb 0.01)

@@ -43,15 +43,7 @@ setup_file() {
 	# 12 groups of 4, responses of 1 to 10 tokens: 3 steps of 4 groups
 	python3 tests/fixtures/train/mkscored.py 12 4 0 > "$TD/s.jsonl"
 	# 12 preference pairs (DPO)
-	python3 - > "$TD/pairs.jsonl" <<'PY'
-import json, random
-random.seed(3)
-w = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree"]
-for i in range(12):
-    print(json.dumps({"prompt": " ".join(random.choice(w) for _ in range(3)) + ":",
-                      "chosen": " " + " ".join(random.choice(w) for _ in range(2)),
-                      "rejected": " " + " ".join(random.choice(w) for _ in range(3))}))
-PY
+	word_pairs 12 > "$TD/pairs.jsonl"
 	# reference models other than the policy (seed 2): the 2-layer one and the 8-layer one
 	rl-train -q --init "$TD/cfg.json" --tokenizer bytes --out "$TD/m1" --seed 2
 	rl-train -q --init "$TD/big/cfg.json" --tokenizer bytes --out "$TD/big/m1" --seed 2

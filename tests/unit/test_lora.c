@@ -10,6 +10,10 @@
  *   - merging gives the adapted model's log-probs;
  *   - dropout: on in a training model's forwards, off without gradients, and
  *     the same masks in a recomputed backward;
+ *   - the adapters off (rl_model_lora_off, a reference that is the base): the
+ *     base's log-probs bit for bit with B random and dropout on, no masks
+ *     drawn (the next forwards and gradients as if it had not run), no
+ *     backward of it;
  *   - bad options: unknown target, rank 0, GPT-2, adapters after the buffers.
  *
  * Tolerance: the model runs in f32, the reference in float64.  Log-probs are
@@ -297,6 +301,58 @@ case_dropout(rl_ops *o, const char *dir)
 }
 
 static void
+case_off(rl_ops *o, const char *dir)
+{
+	rl_lora_opts lo = { .r = 4, .alpha = 8, .dropout = 0.5f, .targets = RL_LORA_ALL, .seed = 5 };
+	rl_model *a = open_model(o, dir, &lo, 0), *a2 = open_model(o, dir, &lo, 0), *base = open_model(o, dir, NULL, 0);
+	float lpoff[N], lpb[N], lpa[N], lpa2[N], *ga, *gb;
+	char err[1024];
+	int rv, bad = 0;
+
+	T_OK(a && a2 && base, "adapters-off models");
+	if (!a || !a2 || !base)
+		return;
+	ga = malloc(a->tt.total * sizeof *ga);
+	gb = malloc(a->tt.total * sizeof *gb);
+	for (rl_model **mp = (rl_model *[]){ a, a2, NULL }; *mp; mp++)
+		for (int i = 0; i < (*mp)->tt.n; i++)
+			if (strstr((*mp)->tt.t[i].name, "lora_B")) {
+				for (size_t k = 0; k < (*mp)->tt.t[i].n; k++)
+					ga[k] = (float)(0.2 * (rl_rng_uniform(7 + i, k) - 0.5));
+				rl_model_set(*mp, i, ga);
+			}
+	T_EQ_INT(rl_model_lora_off(a, 1), 0);
+	T_EQ_INT(pass(a, lpoff, 0), 0);
+	T_EQ_INT(pass(base, lpb, 0), 0);
+	T_OK(memcmp(lpoff, lpb, sizeof lpb) == 0, "adapters off: not the base's log-probs");
+	T_CAPTURE(rl_model_backward(a, coef, NULL), &rv, err);
+	T_EQ_INT(rv, RL_EINVAL);
+	T_OK(strstr(err, "adapters off") != NULL, "message: %s", err);
+	/* back on: the same forward and gradients as a model that never switched them off */
+	T_EQ_INT(rl_model_lora_off(a, 0), 0);
+	T_EQ_INT(pass(a, lpa, 1), 0);
+	T_EQ_INT(pass(a2, lpa2, 1), 0);
+	T_OK(memcmp(lpa, lpa2, sizeof lpa) == 0, "adapters on again: other log-probs (dropout masks drawn?)");
+	T_OK(memcmp(lpa, lpb, sizeof lpa) != 0, "adapters on: the base's log-probs");
+	for (int i = 0; i < a->tt.n; i++) {
+		if (!(a->tt.t[i].flags & RL_T_LORA))
+			continue;
+		rl_model_get(a, i, RL_MODEL_GRAD, ga);
+		rl_model_get(a2, i, RL_MODEL_GRAD, gb);
+		bad += memcmp(ga, gb, a->tt.t[i].n * sizeof *ga) != 0;
+	}
+	T_EQ_INT(bad, 0);
+	T_CAPTURE(rl_model_lora_off(base, 1), &rv, err);
+	T_EQ_INT(rv, RL_EINVAL);
+	T_OK(strstr(err, "no LoRA adapters") != NULL, "message: %s", err);
+	free(ga);
+	free(gb);
+	rl_model_close(a);
+	rl_model_close(a2);
+	rl_model_close(base);
+}
+
+static void
 case_bad(rl_ops *o)
 {
 	char err[1024];
@@ -353,6 +409,7 @@ main(void)
 	case_model(o, "tests/fixtures/qwen3", 0);
 	case_model(o, "tests/fixtures/qwen3", 1);
 	case_dropout(o, "tests/fixtures/qwen2");
+	case_off(o, "tests/fixtures/qwen2");
 	case_bad(o);
 	T_END();
 }
