@@ -635,6 +635,10 @@ rli_zero3_ref_idle(trainer *tr)
 {
 	int rv;
 
+	/* LoRA's base as the reference: its forward is the policy's, adapters off
+	 * (the same gathers as the policy's forward, before or after it alike) */
+	if (tr->ref_base && tr->z3p.zp)
+		return idle_forward(&tr->z3p);
 	if (!tr->z3r.zp)
 		return RL_OK; /* a whole reference: its forward takes no collective */
 	rv = idle_forward(&tr->z3r);

@@ -248,12 +248,8 @@ open_lora(trainer *tr, const char *dir)
 		    base ? base : o->model_dir);
 	tr->ref_base = rl_train_ref_is_base(o->lora_rank, o->algo == RL_ALGO_DPO, o->ref_dir,
 	    base ? base : o->model_dir);
-	if (rv == 0 && tr->ref_base && o->zero == 3) {
-		/* ZeRO-3 gathers each forward on every rank: the base's would have to as well */
-		rl_error("--lora-rank with --zero 3: the reference as the base with the adapters off is not built");
-		rl_hint("give --ref a copy of the base directory (opened as a second model)");
-		rv = RL_ENOTSUP;
-	}
+	/* ZeRO-3: the base's forwards gather the policy's units (a rank without
+	 * one runs its gathers: rli_zero3_ref_idle) */
 	if (rv == 0 && tr->ref_base)
 		rl_verbose("reference: the base '%s' with the adapters off (no second model)",
 		    base ? base : o->model_dir);

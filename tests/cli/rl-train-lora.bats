@@ -244,6 +244,7 @@ PY
 	# differ (a rank short of one only gathers in that round)
 	deep_model "$TD/deep"
 	python3 tests/fixtures/train/mkscored.py 16 4 0 > "$TD/s16.jsonl"
+	word_pairs 12 > "$TD/zpairs.jsonl"
 	export TRAIN_WORLD_DATA="$TD/s16.jsonl"
 	args=(--batch 4 --lr 1e-2 --lora-rank 4 --max-tokens-per-micro 30 --mini-batches 2)
 	PORT=$(free_port)
@@ -297,6 +298,24 @@ PY
 	done
 	cmp "$TD/zd/step-00000004/adapter_model.safetensors" "$TD/z3/step-00000004/adapter_model.safetensors"
 	[ "$(jq -r .step "$TD/z3.r")" = 4 ]
+	# the base with the adapters off as the reference (GRPO's KL term, DPO's
+	# initial policy): its forwards gather the base's units on every rank (a
+	# rank without a pass runs its gathers); = 2 ranks without ZeRO bitwise
+	for z in 0 3; do
+		PORT=$(free_port)
+		TD="$TD/deep" train_world 2 "$TD/zk$z" "${args[@]}" --max-steps 2 --zero $z --kl k3 --kl-coef 0.1 \
+		    --ref "$TD/deep/m0"
+		PORT=$(free_port)
+		TRAIN_WORLD_DATA="$TD/zpairs.jsonl" TD="$TD/deep" train_world 2 "$TD/zp$z" --algo dpo --batch 6 \
+		    --lr 1e-2 --lora-rank 4 --max-steps 2 --max-tokens-per-micro 64 --zero $z
+	done
+	cmp "$TD/zk0/step-00000002/adapter_model.safetensors" "$TD/zk3/step-00000002/adapter_model.safetensors"
+	cmp "$TD/zp0/step-00000002/adapter_model.safetensors" "$TD/zp3/step-00000002/adapter_model.safetensors"
+	run -0 jq -s '.[1]["actor/kl_loss"] > 0' "$TD/zk3.metrics.0"
+	[ "$output" = true ]
+	[ "$(jq -c '[.["actor/kl_loss"], .["actor/dpo_loss"]]' "$TD/zk0.metrics.0" "$TD/zp0.metrics.0")" = \
+	  "$(jq -c '[.["actor/kl_loss"], .["actor/dpo_loss"]]' "$TD/zk3.metrics.0" "$TD/zp3.metrics.0")" ]
+	run -1 grep -q 'memory/ref_' "$TD/zk3.metrics.0" "$TD/zp3.metrics.0"
 	# --device cuda with it: refused before anything runs (no CUDA path for the adapters)
 	run -2 --separate-stderr rl-train -m "$TD/deep/m0" --out "$TD/zc" --lora-rank 4 --zero 3 --world 2 --rank 0 \
 	    --rendezvous 127.0.0.1:1 --device cuda "$TD/s16.jsonl"
