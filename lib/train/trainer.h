@@ -341,7 +341,8 @@ int rli_zero3_ref_load(trainer *tr);
 /* ZeRO-3: after a forward of the reference, its units given back. */
 int rli_zero3_ref_done(trainer *tr);
 /* ZeRO-3: the gathers of one forward of the reference, computing nothing
- * (a rank with fewer reference passes than another). */
+ * (a rank with fewer reference passes than another); LoRA's base as the
+ * reference (tr->ref_base): those of the policy's forward. */
 int rli_zero3_ref_idle(trainer *tr);
 /* The reference's parameter memory resident now into tr->ref_pres_peak. */
 void rli_dp_ref_resident(trainer *tr);
