@@ -1,6 +1,7 @@
 #!/usr/bin/env bats
 # rl-train --lora-rank: adapters trained on the frozen policy (docs/lora.md),
-# checkpoints in PEFT's layout, --resume, --merge-adapter, --zero 3 (the base sharded), and bad options.
+# checkpoints in PEFT's layout, --resume, --merge-adapter, --zero 3 (the base sharded; with --sync
+# and PPO too), and bad options.
 # PEFT's layout as its get_peft_model_state_dict and LoraConfig write it:
 # "base_model.model.<module path>.lora_A.weight" (r, in) and lora_B (out, r),
 # adapter_config.json with peft_type LORA, r, lora_alpha, target_modules ...
@@ -320,6 +321,92 @@ PY
 	run -2 --separate-stderr rl-train -m "$TD/deep/m0" --out "$TD/zc" --lora-rank 4 --zero 3 --world 2 --rank 0 \
 	    --rendezvous 127.0.0.1:1 --device cuda "$TD/s16.jsonl"
 	[[ "$stderr" == *"--lora-rank trains on --device cpu only"* ]]
+}
+
+# z3_setup: the 8-layer model and 16 rows of the ZeRO-3 test above (made here
+# when that test did not run first); sets args as that test does
+z3_setup() {
+	export RL_COMM_TIMEOUT=60
+	PIDS=""
+	[ -f "$TD/deep/m0/config.json" ] || deep_model "$TD/deep"
+	[ -f "$TD/s16.jsonl" ] || python3 tests/fixtures/train/mkscored.py 16 4 0 > "$TD/s16.jsonl"
+	export TRAIN_WORLD_DATA="$TD/s16.jsonl"
+	args=(--batch 4 --lr 1e-2 --lora-rank 4 --max-tokens-per-micro 30 --mini-batches 2 --max-steps 3)
+}
+
+teardown() {
+	local p
+	for p in ${SPIDS:-}; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+}
+
+@test "LoRA with --zero 3 and --sync: rl-sync holds adapter versions, byte for byte those of 2 ranks without ZeRO" {
+	z3_setup
+	SPIDS=""
+	for z in 0 3; do
+		on_free_port 'rl-sync status tcp://127.0.0.1:@PORT@ --timeout 200' \
+		    rl-sync serve -q --listen tcp://127.0.0.1:@PORT@ --keep-previous --no-shm
+		SPIDS="$SPIDS $DPID"
+		eval "URL$z=tcp://127.0.0.1:$DPORT"
+	done
+	PORT=$(free_port)
+	TD="$TD/deep" train_world 2 "$TD/ys0" "${args[@]}" --sync "$URL0"
+	PORT=$(free_port)
+	TD="$TD/deep" train_world 2 "$TD/ys3" "${args[@]}" --sync "$URL3" --zero 3
+	# each server holds versions 3 and 2 (--keep-previous): the same hashes
+	rl-sync status --json "$URL0" > "$TD/ys0.st"
+	rl-sync status --json "$URL3" > "$TD/ys3.st"
+	[ "$(jq -c '[.latest, .previous]' "$TD/ys3.st")" = "[3,2]" ]
+	[ "$(jq -c '[.versions[] | [.version, .hash, .bytes]]' "$TD/ys0.st")" = \
+	  "$(jq -c '[.versions[] | [.version, .hash, .bytes]]' "$TD/ys3.st")" ]
+	full=$(stat -c %s "$TD/deep/m0/model.safetensors")
+	for v in 2 3; do
+		for z in 0 3; do
+			eval "u=\$URL$z"
+			rl-sync pull -q --transport stream "$u" --version "$v" --out "$TD/ysp$z.$v"
+		done
+		d0="$TD/ysp0.$v/v00000$v" d3="$TD/ysp3.$v/v00000$v"
+		# an adapter version: PEFT's two files, no base
+		[ -f "$d3/adapter_config.json" ] && [ ! -e "$d3/model.safetensors" ]
+		cmp "$d3/adapter_model.safetensors" "$d0/adapter_model.safetensors"
+		cmp "$d3/adapter_model.safetensors" "$TD/ys3/step-0000000$v/adapter_model.safetensors"
+		ad=$(stat -c %s "$d3/adapter_model.safetensors")
+		bytes=$(jq ".versions[] | select(.version == $v) | .bytes" "$TD/ys3.st")
+		echo "# version $v: adapter $ad bytes, the version $bytes, the model $full" >&3
+		# the version is the adapter plus its config and the tokenizer (~1 kB)
+		[ "$bytes" -ge "$ad" ] && [ "$bytes" -lt $((ad + 4096)) ] && [ $((bytes * 4)) -lt "$full" ]
+	done
+	# rank 0's parameters: its half of the base, as in the ZeRO-3 test above
+	python3 - "$TD/ys0.metrics.0" "$TD/ys3.metrics.0" <<'PY'
+import json, sys
+z0 = [json.loads(l) for l in open(sys.argv[1])]
+z3 = [json.loads(l) for l in open(sys.argv[2])]
+full = z0[0]["memory/weights_mb"]
+assert [m.get("dp/zero_stage") for m in z3] == [3, 3, 3], [m.get("dp/zero_stage") for m in z3]
+for m in z3:
+    r = m["memory/params_resident_mb"] / full
+    print("resident", m["step"], round(r, 3))
+    assert 0.5 < r < 0.8, r
+PY
+}
+
+@test "LoRA with --zero 3: PPO's adapters, value head and losses = 2 ranks without ZeRO bitwise" {
+	z3_setup
+	for z in 0 3; do
+		PORT=$(free_port)
+		TD="$TD/deep" train_world 2 "$TD/yp$z" "${args[@]}" --algo ppo --zero $z
+	done
+	for f in adapter_model value_head optimizer; do
+		cmp "$TD/yp0/step-00000003/$f.safetensors" "$TD/yp3/step-00000003/$f.safetensors"
+	done
+	# the value head trained (it moved between steps 1 and 3)
+	run -1 cmp -s "$TD/yp3/step-00000001/value_head.safetensors" "$TD/yp3/step-00000003/value_head.safetensors"
+	# every number of rank 0's metrics but timings, memory and dp/ (ZeRO's own
+	# counts): the policy and value losses among them
+	local f='[.[] | with_entries(select(.key | test("^(timing_s|timing_per_token_ms|perf|memory|dp)/") | not))]'
+	[ "$(jq -cs "$f" "$TD/yp0.metrics.0")" = "$(jq -cs "$f" "$TD/yp3.metrics.0")" ]
+	run -0 jq -s '[.[] | .["dp/zero_stage"] == 3 and .["dp/units_gathered"] > 0 and .["critic/vf_loss"] > 0] | all' \
+	    "$TD/yp3.metrics.0"
+	[ "$output" = true ]
 }
 
 # same_run A B: metrics lines A and B equal but for timings and memory (the
