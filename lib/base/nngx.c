@@ -434,18 +434,33 @@ tls_server_name(nng_tls_config *c, const char *url)
 	return RL_OK;
 }
 
-/* a configuration for a server or a client of url, from the files; the
- * caller frees it */
-static int
-tls_config(nng_tls_config **out, int server, const char *url)
-{
-	char *cert = NULL, *key = NULL, *pass = NULL;
-	size_t n;
-	nng_tls_config *c = NULL;
-	int e, rv = RL_OK;
+/* the process's files for a server or a client of url, checked, with the
+ * certificate, the key and its password read (tls_mu held; the caller
+ * frees them with mat_free, also on failure) */
+typedef struct tls_mat {
+	char *cert, *key, *pass;
+} tls_mat;
 
-	*out = NULL;
-	pthread_mutex_lock(&tls_mu);
+static void
+mat_free(tls_mat *m)
+{
+	free(m->cert);
+	if (m->key)
+		OPENSSL_cleanse(m->key, strlen(m->key));
+	free(m->key);
+	if (m->pass)
+		OPENSSL_cleanse(m->pass, PASS_MAX);
+	free(m->pass);
+	*m = (tls_mat){ 0 };
+}
+
+static int
+mat_load(tls_mat *m, int server, const char *url)
+{
+	size_t n;
+	int rv = RL_OK;
+
+	*m = (tls_mat){ 0 };
 	if (!tls_set) {
 		tls_cert = env_dup("RL_TLS_CERT");
 		tls_key = env_dup("RL_TLS_KEY");
@@ -470,20 +485,37 @@ tls_config(nng_tls_config **out, int server, const char *url)
 	} else if (tls_pass && tls_key == NULL) {
 		rl_error("'%s': --tls-key-pass-file '%s' without --tls-key", url, tls_pass);
 		rv = RL_EINVAL;
-	} else if ((tls_cert && (rv = rl_io_read_file(tls_cert, 1 << 20, &cert, &n)) != 0) ||
-		   (tls_key && (rv = rl_io_read_file(tls_key, 1 << 20, &key, &n)) != 0)) {
-		rl_error("TLS: cannot read '%s': %s", cert ? tls_key : tls_cert, rl_strerror(rv));
-	} else if (tls_pass && (pass = rl_try_calloc(1, PASS_MAX, "the TLS key password")) == NULL) {
+	} else if ((tls_cert && (rv = rl_io_read_file(tls_cert, 1 << 20, &m->cert, &n)) != 0) ||
+		   (tls_key && (rv = rl_io_read_file(tls_key, 1 << 20, &m->key, &n)) != 0)) {
+		rl_error("TLS: cannot read '%s': %s", m->cert ? tls_key : tls_cert, rl_strerror(rv));
+	} else if (tls_pass && (m->pass = rl_try_calloc(1, PASS_MAX, "the TLS key password")) == NULL) {
 		rv = RL_ENOMEM;
-	} else if ((tls_pass && (rv = read_pass(tls_pass, pass)) != 0) ||
-		   (key && (rv = key_check(tls_key, key, tls_pass, pass)) != 0)) {
+	} else if ((tls_pass && (rv = read_pass(tls_pass, m->pass)) != 0) ||
+		   (m->key && (rv = key_check(tls_key, m->key, tls_pass, m->pass)) != 0)) {
+		/* the message is out */
+	}
+	return rv;
+}
+
+/* a configuration for a server or a client of url, from the files; the
+ * caller frees it */
+static int
+tls_config(nng_tls_config **out, int server, const char *url)
+{
+	tls_mat m;
+	nng_tls_config *c = NULL;
+	int e, rv;
+
+	*out = NULL;
+	pthread_mutex_lock(&tls_mu);
+	if ((rv = mat_load(&m, server, url)) != 0) {
 		/* the message is out */
 	} else if ((rv = rl_tls_use_openssl()) != 0) {
 		/* the message is out */
 	} else if ((e = nng_tls_config_alloc(&c, server ? NNG_TLS_MODE_SERVER : NNG_TLS_MODE_CLIENT)) != 0) {
 		rl_error("TLS: %s", nng_strerror(e));
 		rv = RL_ENET;
-	} else if (cert && (e = nng_tls_config_own_cert(c, cert, key, pass)) != 0) {
+	} else if (m.cert && (e = nng_tls_config_own_cert(c, m.cert, m.key, m.pass)) != 0) {
 		rv = tls_err("the certificate and key", tls_cert, e);
 	} else if (tls_ca && (rv = ca_load(c)) != 0) {
 		/* the message is out */
@@ -494,13 +526,7 @@ tls_config(nng_tls_config **out, int server, const char *url)
 		rv = tls_server_name(c, url);
 	}
 	pthread_mutex_unlock(&tls_mu);
-	free(cert);
-	if (key)
-		OPENSSL_cleanse(key, strlen(key));
-	free(key);
-	if (pass)
-		OPENSSL_cleanse(pass, PASS_MAX);
-	free(pass);
+	mat_free(&m);
 	if (rv != 0) {
 		if (c)
 			nng_tls_config_free(c);
@@ -508,6 +534,35 @@ tls_config(nng_tls_config **out, int server, const char *url)
 	}
 	*out = c;
 	return RL_OK;
+}
+
+int
+rli_nng_tls_ctx(rli_tls_ctx **out, int server, const char *url)
+{
+	tls_mat m;
+	char *ca = NULL, *crl = NULL, host[256];
+	const char *what;
+	size_t n;
+	int rv;
+
+	*out = NULL;
+	url_host(url, host, sizeof host);
+	pthread_mutex_lock(&tls_mu);
+	if ((rv = mat_load(&m, server, url)) != 0) {
+		/* the message is out */
+	} else if (tls_ca && (rv = rl_io_read_file(tls_ca, 16 << 20, &ca, &n)) != 0) {
+		rl_error("TLS: cannot read the CA file '%s': %s", tls_ca, rl_strerror(rv));
+	} else if (tls_crl && (rv = rl_io_read_file(tls_crl, 256 << 20, &crl, &n)) != 0) {
+		rl_error("TLS: cannot read --tls-crl '%s': %s", tls_crl, rl_strerror(rv));
+	} else if ((rv = rli_tls_ctx_new(out, server, m.cert, m.key, m.pass, ca, crl, host, &what)) != 0) {
+		rl_error("TLS: cannot use %s (%s%s%s): %s", what, strstr(what, "certificate") ? tls_cert : tls_ca,
+			 crl && strstr(what, "CRL") ? ", " : "", crl && strstr(what, "CRL") ? tls_crl : "", rl_strerror(rv));
+	}
+	pthread_mutex_unlock(&tls_mu);
+	mat_free(&m);
+	free(ca);
+	free(crl);
+	return rv;
 }
 
 int

@@ -6,6 +6,8 @@
 
 #include <nng/nng.h>
 
+#include "base/tls_ossl.h"
+
 /* rli_nng_close_timed closes sock on a helper thread and waits for it at most
  * a second: nng 1.5's nng_close can hang (nng bug #1543, e.g. on a REQ socket
  * with a request that just timed out).  When it does, the thread and the
@@ -65,6 +67,12 @@ int rli_nng_tls_authenticates(void);
  * background; with NNG_FLAG_NONBLOCK a server not up yet is dialled again in
  * the background.  Missing or unreadable files: logged, NNG_EINVAL. */
 int rli_nng_listen(nng_socket s, const char *url, nng_listener *l);
+/* the same files as an OpenSSL context of base/tls_ossl.h, for a socket of
+ * the caller's next to a tls+ URL (rl-sync's bulk stream): a server's
+ * requires client certificates when a CA is given, a client's checks the
+ * URL's host.  RL_OK, or an error logged naming the file; the caller frees
+ * *out with rli_tls_ctx_free.  Thread-safe. */
+int rli_nng_tls_ctx(rli_tls_ctx **out, int server, const char *url);
 int rli_nng_dial(nng_socket s, const char *url, nng_dialer *d, int flags);
 
 #endif

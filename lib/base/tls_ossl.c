@@ -20,6 +20,9 @@
  * certificate names.  CRLs given after the CA are checked for every
  * certificate of the chain (a CRL of each CA is then needed, as nginx's
  * ssl_crl does).
+ * The same configuration and connection code also runs TLS on a blocking
+ * socket of the caller's, outside nng (rli_tls_sock_*: rl-sync's bulk
+ * stream).
  * Left out: keys in hardware, session resumption (servers issue no tickets),
  * FIPS mode.
  */
@@ -32,7 +35,9 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <arpa/inet.h>
+#include <errno.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +57,8 @@ struct nng_tls_engine_conn {
 	int server;
 	const char *want;  /* the name or address dialled (the config's, which outlives us) */
 	char names[160];   /* what a certificate that did not match names, for the message */
+	char peer[200];    /* the subject and issuer of a peer certificate that failed */
+	char why[256];     /* the last failure's reason (rli_tls_sock_open reports it) */
 };
 
 static BIO_METHOD *bio_meth;
@@ -152,6 +159,12 @@ ssl_fail(struct nng_tls_engine_conn *c, int r, const char *op)
 			 c->names, c->want ? c->want : "?");
 	else if (vr != X509_V_OK)
 		snprintf(why, sizeof why, "%s", X509_verify_cert_error_string(vr));
+	/* a server's log names whose certificate it refused; a client's
+	 * message stays the reason alone (it knows whom it dialled) */
+	if (c->server && vr != X509_V_OK && c->peer[0] && strlen(why) + strlen(c->peer) + 3 < sizeof why)
+		snprintf(why + strlen(why), sizeof why - strlen(why), " (%s)", c->peer);
+	snprintf(c->why, sizeof c->why, "%s", why[0] ? why : err == SSL_ERROR_SYSCALL || err == SSL_ERROR_ZERO_RETURN
+									 ? "the peer closed the connection" : "failed");
 	if (why[0])
 		rl_verbose("TLS %s: %s", op, why);
 	/* a dial's message is this client's reason: a server in the same
@@ -209,36 +222,41 @@ cert_names(X509 *x, char *buf, size_t n)
 }
 
 /* every verification passes here: a peer name that does not match keeps
- * what the certificate names for ssl_fail's message */
+ * what the certificate names for ssl_fail's message, a certificate that
+ * fails otherwise its subject and issuer (a server's log then says whose
+ * certificate of which CA it refused) */
 static int
 verify_note(int ok, X509_STORE_CTX *x)
 {
 	int e = X509_STORE_CTX_get_error(x);
 	SSL *s;
 	nng_tls_engine_conn *c;
+	X509 *bad;
 
-	if (!ok && (e == X509_V_ERR_IP_ADDRESS_MISMATCH || e == X509_V_ERR_HOSTNAME_MISMATCH) &&
-	    (s = X509_STORE_CTX_get_ex_data(x, SSL_get_ex_data_X509_STORE_CTX_idx())) != NULL &&
-	    (c = SSL_get_app_data(s)) != NULL && X509_STORE_CTX_get0_cert(x) != NULL)
+	if (ok || (s = X509_STORE_CTX_get_ex_data(x, SSL_get_ex_data_X509_STORE_CTX_idx())) == NULL ||
+	    (c = SSL_get_app_data(s)) == NULL)
+		return ok;
+	if ((e == X509_V_ERR_IP_ADDRESS_MISMATCH || e == X509_V_ERR_HOSTNAME_MISMATCH) && X509_STORE_CTX_get0_cert(x))
 		cert_names(X509_STORE_CTX_get0_cert(x), c->names, sizeof c->names);
+	else if ((bad = X509_STORE_CTX_get_current_cert(x)) != NULL && c->peer[0] == 0) {
+		char sub[80], iss[80];
+		X509_NAME_oneline(X509_get_subject_name(bad), sub, sizeof sub);
+		X509_NAME_oneline(X509_get_issuer_name(bad), iss, sizeof iss);
+		snprintf(c->peer, sizeof c->peer, "certificate %s issued by %s", sub, iss);
+	}
 	return ok;
 }
 
+/* c's SSL over the BIO b (taken, also on failure) */
 static int
-conn_init(nng_tls_engine_conn *c, void *tls, nng_tls_engine_config *cfg)
+conn_setup(nng_tls_engine_conn *c, nng_tls_engine_config *cfg, BIO *b)
 {
-	BIO *b;
-
-	c->tls = tls;
 	c->server = cfg->server;
-	if ((c->ssl = SSL_new(cfg->ctx)) == NULL)
-		return NNG_ENOMEM;
-	if ((b = BIO_new(bio_meth)) == NULL) {
-		SSL_free(c->ssl);
-		c->ssl = NULL;
+	if (b == NULL || (c->ssl = SSL_new(cfg->ctx)) == NULL) {
+		BIO_free(b);
+		ERR_clear_error();
 		return NNG_ENOMEM;
 	}
-	BIO_set_data(b, c);
 	SSL_set_bio(c->ssl, b, b);
 	SSL_set_app_data(c->ssl, c);
 	/* nng may take part of a record and call again with the same buffer */
@@ -264,6 +282,17 @@ conn_init(nng_tls_engine_conn *c, void *tls, nng_tls_engine_config *cfg)
 		}
 	}
 	return 0;
+}
+
+static int
+conn_init(nng_tls_engine_conn *c, void *tls, nng_tls_engine_config *cfg)
+{
+	BIO *b = BIO_new(bio_meth);
+
+	c->tls = tls;
+	if (b)
+		BIO_set_data(b, c);
+	return conn_setup(c, cfg, b);
 }
 
 static void
@@ -607,4 +636,183 @@ rli_tls_last_error(char *buf, size_t n)
 	last_err[0] = 0;
 	pthread_mutex_unlock(&last_mu);
 	return have;
+}
+
+/* ---- TLS on a socket of our own ----------------------------------------------------
+ * The same configuration and checks as the nng engine above (cfg_* and
+ * conn_setup), with OpenSSL's socket BIO on a blocking descriptor in place
+ * of nng's buffers: one SSL_write moves a whole buffer as records straight
+ * to the kernel, with no per-record hand-off. */
+struct rli_tls_ctx {
+	nng_tls_engine_config cfg;
+};
+
+struct rli_tls_sock {
+	nng_tls_engine_conn c; /* first: verify_note finds it as the SSL's app data */
+	int fd;
+};
+
+/* OpenSSL's own socket BIO writes with write(2): a peer gone would raise
+ * SIGPIPE in a program that does not ignore it (rl-train's --sync), so this
+ * one sends with MSG_NOSIGNAL.  A timeout (SO_RCVTIMEO/SO_SNDTIMEO) is a
+ * retry, which ssl_fail reports as NNG_EAGAIN. */
+static BIO_METHOD *sock_meth;
+static pthread_once_t sock_once = PTHREAD_ONCE_INIT;
+
+static int
+sock_bio_io(BIO *b, char *data, size_t len, size_t *done, int wr)
+{
+	rli_tls_sock *t = BIO_get_data(b);
+	ssize_t r;
+
+	BIO_clear_retry_flags(b);
+	*done = 0;
+	do
+		r = wr ? send(t->fd, data, len, MSG_NOSIGNAL) : recv(t->fd, data, len, 0);
+	while (r < 0 && errno == EINTR);
+	if (r > 0) {
+		*done = (size_t)r;
+		return 1;
+	}
+	if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+		if (wr)
+			BIO_set_retry_write(b);
+		else
+			BIO_set_retry_read(b);
+	}
+	return 0;
+}
+
+static int sock_bio_write(BIO *b, const char *d, size_t n, size_t *done) { return sock_bio_io(b, (char *)d, n, done, 1); }
+static int sock_bio_read(BIO *b, char *d, size_t n, size_t *done) { return sock_bio_io(b, d, n, done, 0); }
+
+static void
+sock_meth_once(void)
+{
+	if ((sock_meth = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "rl socket")) == NULL ||
+	    !BIO_meth_set_write_ex(sock_meth, sock_bio_write) || !BIO_meth_set_read_ex(sock_meth, sock_bio_read) ||
+	    !BIO_meth_set_ctrl(sock_meth, bio_ctrl) || !BIO_meth_set_create(sock_meth, bio_create)) {
+		BIO_meth_free(sock_meth);
+		sock_meth = NULL;
+	}
+	ERR_clear_error();
+}
+
+int
+rli_tls_ctx_new(rli_tls_ctx **out, int server, const char *cert, const char *key, const char *pass, const char *ca,
+		const char *crl, const char *peer_name, const char **what)
+{
+	rli_tls_ctx *x;
+	int e = 0;
+
+	*out = NULL;
+	*what = "the TLS context";
+	if ((x = rl_try_calloc(1, sizeof *x, "a TLS context")) == NULL)
+		return RL_ENOMEM;
+	if ((e = cfg_init(&x->cfg, server ? NNG_TLS_MODE_SERVER : NNG_TLS_MODE_CLIENT)) != 0) {
+		free(x);
+		return RL_ENOMEM;
+	}
+	if (cert && (e = cfg_own_cert(&x->cfg, cert, key, pass)) != 0)
+		*what = "the certificate and key";
+	else if (ca && (e = cfg_ca_chain(&x->cfg, ca, crl)) != 0)
+		*what = crl ? "the CA and CRLs" : "the CA";
+	else if ((e = cfg_auth(&x->cfg, ca ? NNG_TLS_AUTH_MODE_REQUIRED : NNG_TLS_AUTH_MODE_NONE)) != 0)
+		*what = "the verification mode";
+	else if (!server && peer_name && peer_name[0] && (e = cfg_server(&x->cfg, peer_name)) != 0)
+		*what = "the server name";
+	if (e != 0) {
+		rli_tls_ctx_free(x);
+		return e == NNG_ENOMEM ? RL_ENOMEM : RL_EINVAL;
+	}
+	*out = x;
+	return RL_OK;
+}
+
+void
+rli_tls_ctx_free(rli_tls_ctx *x)
+{
+	if (x == NULL)
+		return;
+	cfg_fini(&x->cfg);
+	free(x);
+}
+
+int
+rli_tls_sock_open(rli_tls_sock **out, rli_tls_ctx *x, int fd, char *why, size_t whyn)
+{
+	rli_tls_sock *t;
+	BIO *b;
+	int e, r;
+
+	*out = NULL;
+	snprintf(why, whyn, "out of memory");
+	pthread_once(&sock_once, sock_meth_once);
+	if (sock_meth == NULL || (t = rl_try_calloc(1, sizeof *t, "a TLS connection")) == NULL)
+		return RL_ENOMEM;
+	t->fd = fd;
+	if ((b = BIO_new(sock_meth)) != NULL)
+		BIO_set_data(b, t);
+	if ((e = conn_setup(&t->c, &x->cfg, b)) != 0) {
+		snprintf(why, whyn, "%s", e == NNG_EINVAL ? "cannot check the server name" : "out of memory");
+		free(t);
+		return e == NNG_EINVAL ? RL_EINVAL : RL_ENOMEM;
+	}
+	/* a blocking socket: every SSL_write finishes whole or fails */
+	SSL_clear_mode(t->c.ssl, SSL_MODE_ENABLE_PARTIAL_WRITE);
+	ERR_clear_error();
+	if ((r = SSL_do_handshake(t->c.ssl)) == 1) {
+		*out = t;
+		return RL_OK;
+	}
+	e = ssl_fail(&t->c, r, "handshake");
+	snprintf(why, whyn, "%s", e == NNG_EAGAIN ? "timed out" : t->c.why);
+	rli_tls_sock_close(t);
+	return e == NNG_EAGAIN ? RL_ETIMEDOUT : e == NNG_EPEERAUTH || e == NNG_ECRYPTO ? RL_EINVAL : RL_ENET;
+}
+
+/* an SSL call's failure as an rl_err: a socket timeout surfaces as WANT_* */
+static int
+sock_fail(rli_tls_sock *t, int r, const char *op)
+{
+	int e;
+
+	if ((e = ssl_fail(&t->c, r, op)) == NNG_EAGAIN)
+		return RL_ETIMEDOUT;
+	return e == NNG_ECONNRESET ? RL_ECLOSED : RL_ENET;
+}
+
+int
+rli_tls_sock_write(rli_tls_sock *t, const void *p, size_t n)
+{
+	size_t done = 0, k;
+	int r;
+
+	while (done < n) {
+		if ((r = SSL_write_ex(t->c.ssl, (const char *)p + done, n - done, &k)) != 1)
+			return sock_fail(t, r, "write");
+		done += k;
+	}
+	return RL_OK;
+}
+
+int
+rli_tls_sock_read(rli_tls_sock *t, void *p, size_t n, size_t *got)
+{
+	int r;
+
+	*got = 0;
+	if ((r = SSL_read_ex(t->c.ssl, p, n, got)) != 1)
+		return sock_fail(t, r, "read");
+	return RL_OK;
+}
+
+void
+rli_tls_sock_close(rli_tls_sock *t)
+{
+	if (t == NULL)
+		return;
+	conn_close(&t->c);
+	conn_fini(&t->c);
+	free(t);
 }

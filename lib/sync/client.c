@@ -46,6 +46,7 @@ struct rl_wsync_client {
 	_Atomic uint64_t bytes_sent, bytes_recv, chunks, retries, raw_bytes, bulk_chunks, shm_versions;
 	char hostid[24];          /* ours, "" if unknown */
 	int last_push_shm;        /* the last push went over shared memory (no delta base needed) */
+	rli_tls_ctx *btls;        /* tls+tcp://: the bulk stream's TLS context, made at its first use */
 };
 
 int rli_wsync_client_last_push_shm(const rl_wsync_client *c) { return c->last_push_shm; }
@@ -146,6 +147,7 @@ rl_wsync_client_close(rl_wsync_client *c)
 	rli_nng_close_timed(c->sock, "rl-sync client");
 	if (c->aio)
 		nng_aio_free(c->aio);
+	rli_tls_ctx_free(c->btls);
 	free(c->url);
 	free(c);
 }
@@ -351,11 +353,14 @@ poll_line(rl_wsync_client *c, uint64_t have, uint64_t wlin, int timeout_ms, uint
 #define BULK_BACKOFF_MS 60000  /* after a failed connect, REQ/REP only for this long */
 typedef struct bstream {
 	int fd;
+	wbio io;
 } bstream;
 
 static void
 bstream_close(bstream *b)
 {
+	rli_tls_sock_close(b->io.tls);
+	b->io.tls = NULL;
 	if (b->fd >= 0)
 		close(b->fd);
 	b->fd = -1;
@@ -371,6 +376,7 @@ bstream_open(bstream *b, const char *url, int ms, int io_ms)
 	int rv = RL_ENET;
 
 	b->fd = -1;
+	b->io = (wbio){ .fd = -1, .tls = NULL };
 	if (strncmp(url, "ipc://", 6) == 0) {
 		struct sockaddr_un sa = { .sun_family = AF_UNIX };
 		if (snprintf(sa.sun_path, sizeof sa.sun_path, "%s", url + 6) >= (int)sizeof sa.sun_path ||
@@ -404,6 +410,7 @@ bstream_open(bstream *b, const char *url, int ms, int io_ms)
 out:
 	if (rv != RL_OK)
 		bstream_close(b);
+	b->io.fd = b->fd;
 	if (ai)
 		freeaddrinfo(ai);
 	nng_url_free(u);
@@ -421,12 +428,11 @@ bstream_recv_hash(bstream *b, uint8_t *d, size_t n, uint64_t *hash)
 
 	rl_hash64_init(&s, 0);
 	while (got < n) {
-		ssize_t r = recv(b->fd, d + got, RL_MIN(n - got, BSTREAM_PART), 0);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? RL_ETIMEDOUT : RL_ENET;
-		got += (size_t)r;
+		size_t r;
+		int rv = rli_wb_recv_some(&b->io, d + got, RL_MIN(n - got, BSTREAM_PART), &r);
+		if (rv != RL_OK)
+			return rv == RL_ETIMEDOUT ? rv : RL_ENET;
+		got += r;
 		if ((got & ~(size_t)31) > done) {
 			rl_hash64_stripes(&s, d + done, (got & ~(size_t)31) - done);
 			done = got & ~(size_t)31;
@@ -440,10 +446,25 @@ bstream_recv_hash(bstream *b, uint8_t *d, size_t n, uint64_t *hash)
 static int
 bstream_io(bstream *b, int send, void *p, size_t n)
 {
-	errno = 0;
-	if ((send ? rli_ws_sock_send2(b->fd, p, n, NULL, 0) : rli_ws_sock_recv(b->fd, p, n)) == 0)
+	int rv = send ? rli_wb_send2(&b->io, p, n, NULL, 0) : rli_wb_recv(&b->io, p, n);
+
+	return rv == RL_OK || rv == RL_ETIMEDOUT ? rv : RL_ENET;
+}
+
+/* over tls+tcp:// the bulk connection is TLS with this client's
+ * certificate, the server's checked against the host dialled as on the
+ * REQ/REP socket (c->btls, made before the transfer's threads start) */
+static int
+bstream_tls(rl_wsync_client *c, bstream *b, const char *url)
+{
+	char why[320];
+	int rv;
+
+	if (c->btls == NULL)
 		return RL_OK;
-	return errno == EAGAIN || errno == EWOULDBLOCK ? RL_ETIMEDOUT : RL_ENET;
+	if ((rv = rli_tls_sock_open(&b->io.tls, c->btls, b->fd, why, sizeof why)) != RL_OK)
+		rl_verbose("bulk stream at '%s': TLS handshake failed: %s", url, why);
+	return rv;
 }
 
 /* where the server's bulk stream is, as this client reaches it */
@@ -682,8 +703,10 @@ xfer_bulk(xfer *x, nng_ctx ctx, nng_aio *aio)
 	size_t a0 = 0, an, b0 = 0, bn;
 	int rv = RL_OK, up;
 
-	if (bstream_open(&b, x->bulk, RL_MIN(x->c->o.timeout_ms, BULK_CONNECT_MS), x->c->o.timeout_ms) != RL_OK) {
-		/* a firewall, say: do not try again for a while */
+	if (bstream_open(&b, x->bulk, RL_MIN(x->c->o.timeout_ms, BULK_CONNECT_MS), x->c->o.timeout_ms) != RL_OK ||
+	    bstream_tls(x->c, &b, x->bulk) != RL_OK) {
+		/* a firewall, or a TLS handshake refused: do not try again for a while */
+		bstream_close(&b);
 		rl_verbose("cannot reach the bulk stream at '%s'; using REQ/REP", x->bulk);
 		atomic_store(&x->c->bulk_off_until_ms, (uint64_t)(rl_now() * 1e3) + BULK_BACKOFF_MS);
 		return RL_OK;
@@ -1018,6 +1041,10 @@ fetch(rl_wsync_client *c, rl_wver **out, rl_wver *dst, uint64_t version, const r
 	if (x.stored && x.base == NULL && c->o.bulk >= 0 && (uint64_t)(rl_now() * 1e3) >= c->bulk_off_until_ms &&
 	    bulk_where(c, burl, sizeof burl) == RL_OK)
 		x.bulk = burl;
+	if (x.bulk && strncmp(c->url, "tls+", 4) == 0 && c->btls == NULL && rli_nng_tls_ctx(&c->btls, 0, c->url) != RL_OK) {
+		rl_verbose("no TLS context for the bulk stream; using REQ/REP");
+		x.bulk = NULL;
+	}
 	rl_verbose("fetching version %llu: %zu chunks%s%s", (unsigned long long)v->version, x.nchunks,
 		   x.base ? " as a delta" : x.stored ? ", uncompressed" : "", x.bulk ? " over the bulk stream" : "");
 	if ((rv = xfer_run(&x)) != 0)

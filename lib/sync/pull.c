@@ -10,6 +10,7 @@
 #include "sync/wdir.h"
 #include "base/core.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -129,10 +130,16 @@ rl_wsync_pull(int *empty, const rl_wsync_pull_opts *c)
 		if (st.shm_versions)
 			rl_info("pulled version %llu: %llu bytes over shared memory in %.2f s", (unsigned long long)v->version,
 				(unsigned long long)rl_wver_total(v), rl_now() - t0);
-		else
-			rl_info("pulled version %llu: %llu bytes (%llu on the wire%s) in %.2f s",
+		else {
+			char bulk[96] = "";
+			if (st.bulk_chunks)
+				snprintf(bulk, sizeof bulk, ", %llu of %llu chunks over the bulk stream",
+					 (unsigned long long)st.bulk_chunks, (unsigned long long)st.chunks);
+			rl_info("pulled version %llu: %llu bytes (%llu on the wire%s%s) in %.2f s",
 				(unsigned long long)v->version, (unsigned long long)rl_wver_total(v),
-				(unsigned long long)st.bytes_recv, st.retries ? ", with re-sent chunks" : "", rl_now() - t0);
+				(unsigned long long)st.bytes_recv, bulk, st.retries ? ", with re-sent chunks" : "",
+				rl_now() - t0);
+		}
 		last = v->version;
 		lin = v->lineage;
 		rl_wver_destroy(have);

@@ -1,7 +1,8 @@
 /*
  * server.c — the rl-sync service: versions held in memory (and persisted
  * to a version directory), answered over nng REQ/REP with contexts and
- * long-polls, a bulk stream of raw chunks on a second socket, and memfds
+ * long-polls, a bulk stream of raw chunks on a second socket (plain, or
+ * TLS on OpenSSL next to a tls+tcp:// URL), and memfds
  * for clients on the same host (wshm.c).
  *
  * Leaves out: the client (client.c), the chunk codec (codec.c), the wire
@@ -114,6 +115,7 @@ struct rl_wsync_server {
 	int bfd;
 	pthread_t bth;
 	char bulk_url[320];
+	rli_tls_ctx *btls;        /* tls+tcp://: each bulk connection is TLS with this, else NULL */
 	struct bconn *bconns;     /* connections, finished ones until reaped */
 	int nbconn;
 	rl_wshm_srv *shm;         /* hands out the versions' memfds on this host; NULL none */
@@ -1018,8 +1020,14 @@ do_push_commit(rl_wsync_server *s, const whdr *h)
  * nng's message layer copies every reply, and its non-blocking streams cost
  * a poller wake-up and a task hand-off per socket buffer), then read the
  * next request.  The version is referenced while its range is sent.  A
- * malformed request gets an error header and the connection is closed. */
+ * malformed request gets an error header and the connection is closed.
+ * Next to tls+tcp:// the connection's thread first runs a TLS handshake
+ * with the REP listener's certificate, CA and CRLs (a client certificate
+ * required when a CA is given), then writes each chunk with one blocking
+ * SSL_write: records go straight to the kernel, not one async hop each as
+ * through nng's TLS transport. */
 #define WB_IO_MS 60000 /* a stalled peer loses its connection after this long */
+#define WB_HANDSHAKE_MS 10000 /* a TLS peer silent this long in its handshake is dropped */
 
 typedef struct bconn {
 	rl_wsync_server *s;
@@ -1045,9 +1053,9 @@ bulk_hdr(uint8_t *p, int32_t status, uint64_t version, uint64_t index, uint64_t 
 
 /* an error reply: header and text; the caller then closes */
 static void
-bulk_refuse(int fd, int status, uint64_t version, const char *fmt, ...) RL_PRINTF(4, 5);
+bulk_refuse(const wbio *io, int status, uint64_t version, const char *fmt, ...) RL_PRINTF(4, 5);
 static void
-bulk_refuse(int fd, int status, uint64_t version, const char *fmt, ...)
+bulk_refuse(const wbio *io, int status, uint64_t version, const char *fmt, ...)
 {
 	char msg[256];
 	uint8_t h[WB_HDR];
@@ -1058,12 +1066,12 @@ bulk_refuse(int fd, int status, uint64_t version, const char *fmt, ...)
 	va_end(ap);
 	rl_verbose("bulk request refused: %s", msg);
 	bulk_hdr(h, status, version, 0, strlen(msg));
-	rli_ws_sock_send2(fd, h, WB_HDR, msg, strlen(msg));
+	(void)rli_wb_send2(io, h, WB_HDR, msg, strlen(msg));
 }
 
 /* one request (it is hostile): 0 to read the next, -1 to close */
 static int
-bulk_serve_one(rl_wsync_server *s, int fd, const uint8_t *r, size_t rn)
+bulk_serve_one(rl_wsync_server *s, const wbio *io, const uint8_t *r, size_t rn)
 {
 	uint64_t version = get64(r + 16), first = get64(r + 24), count = get64(r + 32);
 	const char *no;
@@ -1071,15 +1079,15 @@ bulk_serve_one(rl_wsync_server *s, int fd, const uint8_t *r, size_t rn)
 	int rv = 0;
 
 	if (get32(r) != WB_MAGIC) {
-		bulk_refuse(fd, RL_EFORMAT, 0, "bad magic (not an rl-sync bulk request)");
+		bulk_refuse(io, RL_EFORMAT, 0, "bad magic (not an rl-sync bulk request)");
 		return -1;
 	}
 	if (get16(r + 4) != WB_PROTO) {
-		bulk_refuse(fd, RL_EVERSION, 0, "unsupported rl-sync bulk protocol version");
+		bulk_refuse(io, RL_EVERSION, 0, "unsupported rl-sync bulk protocol version");
 		return -1;
 	}
 	if (get16(r + 6) != WB_GET || get32(r + 8) != rn) {
-		bulk_refuse(fd, RL_EFORMAT, 0, "bad bulk request (operation or header length)");
+		bulk_refuse(io, RL_EFORMAT, 0, "bad bulk request (operation or header length)");
 		return -1;
 	}
 	if (rli_ws_auth_check_at(r, WB_HDR, rn, &no) != 0) {
@@ -1088,16 +1096,16 @@ bulk_serve_one(rl_wsync_server *s, int fd, const uint8_t *r, size_t rn)
 		s->n_bad_req++;
 		pthread_mutex_unlock(&s->mu);
 		rl_warn("refused a bulk request: %s", no);
-		bulk_refuse(fd, RL_EINVAL, 0, "%s", no);
+		bulk_refuse(io, RL_EINVAL, 0, "%s", no);
 		return -1;
 	}
 	if (version == 0 || (x = sver_get(s, version)) == NULL) {
-		bulk_refuse(fd, RL_ENOENT, version, "version %llu is not held (latest is %llu)",
+		bulk_refuse(io, RL_ENOENT, version, "version %llu is not held (latest is %llu)",
 			    (unsigned long long)version, (unsigned long long)rl_wsync_server_latest(s));
 		return -1;
 	}
 	if (count == 0 || first >= x->nchunks || count > x->nchunks - first) {
-		bulk_refuse(fd, RL_EINVAL, version, "chunks %llu+%llu out of range (version has %zu)",
+		bulk_refuse(io, RL_EINVAL, version, "chunks %llu+%llu out of range (version has %zu)",
 			    (unsigned long long)first, (unsigned long long)count, x->nchunks);
 		sver_unref(s, x);
 		return -1;
@@ -1118,7 +1126,7 @@ bulk_serve_one(rl_wsync_server *s, int fd, const uint8_t *r, size_t rn)
 		}
 		if ((ms = atomic_load(&test_slow_ms)) > 0)
 			usleep((useconds_t)ms * 1000);
-		rv = rli_ws_sock_send2(fd, h, WB_HDR, p, c->len);
+		rv = rli_wb_send2(io, h, WB_HDR, p, c->len);
 		free(bad);
 		pthread_mutex_lock(&s->mu);
 		s->n_chunks++;
@@ -1130,12 +1138,40 @@ bulk_serve_one(rl_wsync_server *s, int fd, const uint8_t *r, size_t rn)
 	return rv;
 }
 
+/* the TLS handshake of a bulk connection, each read of it bounded by
+ * WB_HANDSHAKE_MS; a refused one is logged with the peer's address and the
+ * certificate that failed */
+static int
+bconn_tls(bconn *b, wbio *io)
+{
+	struct timeval hs = { .tv_sec = WB_HANDSHAKE_MS / 1000 }, none = { 0 };
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	char why[320], peer[INET6_ADDRSTRLEN + 8] = "?";
+	int rv;
+
+	setsockopt(b->fd, SOL_SOCKET, SO_RCVTIMEO, &hs, sizeof hs);
+	if ((rv = rli_tls_sock_open(&io->tls, b->s->btls, b->fd, why, sizeof why)) != RL_OK) {
+		if (getpeername(b->fd, (struct sockaddr *)&ss, &sl) == 0 && (ss.ss_family == AF_INET || ss.ss_family == AF_INET6))
+			inet_ntop(ss.ss_family, ss.ss_family == AF_INET ? (void *)&((struct sockaddr_in *)&ss)->sin_addr
+								 : (void *)&((struct sockaddr_in6 *)&ss)->sin6_addr, peer, sizeof peer);
+		pthread_mutex_lock(&b->s->mu);
+		b->s->n_bad_req++;
+		pthread_mutex_unlock(&b->s->mu);
+		rl_warn("bulk stream: refused a TLS connection from %s: %s", peer, why);
+		return rv;
+	}
+	setsockopt(b->fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+	return RL_OK;
+}
+
 static void *
 bconn_main(void *arg)
 {
 	bconn *b = arg;
 	uint8_t req[WB_HDR + WS_AUTH_EXTRA];
 	size_t rn;
+	wbio io = { .fd = b->fd, .tls = NULL };
 
 	/* requests may be far apart (an idle worker keeps its connection);
 	 * a reply that cannot be written for WB_IO_MS ends the connection */
@@ -1146,11 +1182,12 @@ bconn_main(void *arg)
 		setsockopt(b->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 	}
 	/* a keyed request's header is longer by its proof (wsync_int.h) */
-	while (rli_ws_sock_recv(b->fd, req, WB_HDR) == 0 &&
-	       ((rn = get32(req + 8)) != WB_HDR + WS_AUTH_EXTRA ||
-		       rli_ws_sock_recv(b->fd, req + WB_HDR, WS_AUTH_EXTRA) == 0) &&
-	       bulk_serve_one(b->s, b->fd, req, rn == WB_HDR + WS_AUTH_EXTRA ? rn : WB_HDR) == 0)
-		;
+	if (b->s->btls == NULL || bconn_tls(b, &io) == RL_OK)
+		while (rli_wb_recv(&io, req, WB_HDR) == 0 &&
+		       ((rn = get32(req + 8)) != WB_HDR + WS_AUTH_EXTRA || rli_wb_recv(&io, req + WB_HDR, WS_AUTH_EXTRA) == 0) &&
+		       bulk_serve_one(b->s, &io, req, rn == WB_HDR + WS_AUTH_EXTRA ? rn : WB_HDR) == 0)
+			;
+	rli_tls_sock_close(io.tls);
 	shutdown(b->fd, SHUT_RDWR);
 	atomic_store(&b->done, 1);
 	return NULL;
@@ -1255,13 +1292,15 @@ bulk_listen(char *url, size_t n, const char *rep_url)
 	}
 	if (nng_url_parse(&u, rep_url) != 0)
 		return -1;
-	if (strcmp(u->u_scheme, "tcp") == 0 || strcmp(u->u_scheme, "tcp4") == 0 || strcmp(u->u_scheme, "tcp6") == 0) {
+	if (strcmp(u->u_scheme, "tcp") == 0 || strcmp(u->u_scheme, "tcp4") == 0 || strcmp(u->u_scheme, "tcp6") == 0 ||
+	    strcmp(u->u_scheme, "tls+tcp") == 0 || strcmp(u->u_scheme, "tls+tcp4") == 0 ||
+	    strcmp(u->u_scheme, "tls+tcp6") == 0) {
 		struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE }, *ai = NULL;
 		struct sockaddr_storage ss;
 		socklen_t sl = sizeof ss;
 		int one = 1, port;
-		hints.ai_family = strcmp(u->u_scheme, "tcp4") == 0 ? AF_INET : strcmp(u->u_scheme, "tcp6") == 0 ? AF_INET6
-														: AF_UNSPEC;
+		const char *sch = strncmp(u->u_scheme, "tls+", 4) == 0 ? u->u_scheme + 4 : u->u_scheme;
+		hints.ai_family = strcmp(sch, "tcp4") == 0 ? AF_INET : strcmp(sch, "tcp6") == 0 ? AF_INET6 : AF_UNSPEC;
 		const char *host = u->u_hostname[0] && strcmp(u->u_hostname, "*") != 0 ? u->u_hostname : NULL;
 		if (getaddrinfo(host, "0", &hints, &ai) != 0)
 			goto fail;
@@ -1294,14 +1333,23 @@ bulk_open(rl_wsync_server *s, const char *url)
 	s->bfd = -1;
 	if (s->o.bulk < 0)
 		return;
+	/* the same certificate, key, CA and CRLs as the REP listener's */
+	if (strncmp(url, "tls+", 4) == 0 && rli_nng_tls_ctx(&s->btls, 1, url) != RL_OK) {
+		rl_warn("no bulk stream next to '%s' (whole chunks go over REQ/REP)", url);
+		return;
+	}
 	if ((s->bfd = bulk_listen(s->bulk_url, sizeof s->bulk_url, url)) < 0) {
-		if (strncmp(url, "tcp", 3) == 0 || strncmp(url, "ipc://", 6) == 0)
+		if (strncmp(url, "tcp", 3) == 0 || strncmp(url, "tls+tcp", 7) == 0 || strncmp(url, "ipc://", 6) == 0)
 			rl_warn("no bulk stream next to '%s': %s (whole chunks go over REQ/REP)", url, strerror(errno));
+		rli_tls_ctx_free(s->btls);
+		s->btls = NULL;
 		return;
 	}
 	if (pthread_create(&s->bth, NULL, bulk_accept_main, s) != 0) {
 		close(s->bfd);
 		s->bfd = -1;
+		rli_tls_ctx_free(s->btls);
+		s->btls = NULL;
 		return;
 	}
 	rl_verbose("bulk stream on %s", s->bulk_url);
@@ -1317,6 +1365,8 @@ bulk_close(rl_wsync_server *s)
 	close(s->bfd);
 	s->bfd = -1;
 	bulk_reap(s, 1);
+	rli_tls_ctx_free(s->btls);
+	s->btls = NULL;
 	if (strncmp(s->bulk_url, "ipc://", 6) == 0)
 		unlink(s->bulk_url + 6);
 }

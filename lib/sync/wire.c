@@ -9,6 +9,7 @@
 #include "sync/wsync.h"
 #include "sync/wsync_int.h"
 #include "base/auth.h"
+#include "base/tls_ossl.h"
 #include "base/core.h"
 
 #include <errno.h>
@@ -291,6 +292,58 @@ rli_ws_sock_recv(int fd, void *p, size_t n)
 		got += (size_t)r;
 	}
 	return 0;
+}
+
+static int
+sock_err(void)
+{
+	return errno == EAGAIN || errno == EWOULDBLOCK ? RL_ETIMEDOUT : errno == 0 ? RL_ECLOSED : RL_ENET;
+}
+
+int
+rli_wb_send2(const wbio *io, const void *a, size_t an, const void *b, size_t bn)
+{
+	int rv;
+
+	if (io->tls == NULL) {
+		errno = 0;
+		return rli_ws_sock_send2(io->fd, a, an, b, bn) == 0 ? RL_OK : sock_err();
+	}
+	if ((rv = rli_tls_sock_write(io->tls, a, an)) == RL_OK && bn > 0)
+		rv = rli_tls_sock_write(io->tls, b, bn);
+	return rv;
+}
+
+int
+rli_wb_recv_some(const wbio *io, void *p, size_t n, size_t *got)
+{
+	ssize_t r;
+
+	if (io->tls != NULL)
+		return rli_tls_sock_read(io->tls, p, n, got);
+	*got = 0;
+	do {
+		errno = 0;
+		r = recv(io->fd, p, n, 0);
+	} while (r < 0 && errno == EINTR);
+	if (r <= 0)
+		return sock_err();
+	*got = (size_t)r;
+	return RL_OK;
+}
+
+int
+rli_wb_recv(const wbio *io, void *p, size_t n)
+{
+	size_t got = 0, k;
+	int rv;
+
+	while (got < n) {
+		if ((rv = rli_wb_recv_some(io, (uint8_t *)p + got, n - got, &k)) != RL_OK)
+			return rv;
+		got += k;
+	}
+	return RL_OK;
 }
 
 void

@@ -15,7 +15,8 @@
  *   3. The nng service (rl_wsync_server_*) and its client (rl_wsync_client_*):
  *      REQ/REP with contexts, chunked, zstd-compressed, byte-plane shuffled,
  *      optionally XOR-delta against the previous version; long-poll for new
- *      versions.  Beside it a bulk stream (plain TCP or Unix socket) that
+ *      versions.  Beside it a bulk stream (TCP, TLS next to tls+tcp://,
+ *      or a Unix socket) that
  *      writes whole uncompressed chunks straight from memory into the
  *      client's buffer, used by default with a server on the same host.
  *      The wire format is in docs/sync.md.
@@ -67,9 +68,11 @@ typedef struct rl_wsync_server_opts {
 	size_t max_msg;        /* NNG_OPT_RECVMAXSZ; 0 -> RL_WSYNC_CHUNK_MAX + 64 KiB */
 	int level;             /* zstd level for encodings the server makes; 0 -> 1 */
 	uint64_t max_bytes;    /* largest version accepted; 0 -> half the physical memory */
-	int bulk;              /* -1: no bulk stream; else (tcp:// and ipc:// URLs) a second
-	                        * listener streams whole raw chunks straight from memory
-	                        * (tcp: same host, an ephemeral port the clients are told) */
+	int bulk;              /* -1: no bulk stream; else (tcp://, tls+tcp:// and ipc:// URLs)
+	                        * a second listener streams whole raw chunks straight from
+	                        * memory (tcp: same host, an ephemeral port the clients are
+	                        * told; tls+tcp: the same under TLS with the REP listener's
+	                        * files, base/nngx.h) */
 	int shm;               /* -1: no shared memory service; else every version is kept
 	                        * in a sealed memfd that clients on this host map (wshm.h) */
 	double part_timeout_s; /* a version pushed in parts is aborted when a part is not in

@@ -9,7 +9,7 @@
  *     i32 status (rl_err, replies), u64 version, u64 a, u64 b
  *   a reply has op | 0x8000.  Chunk bodies start with u32 flags, u32 elem,
  *   u64 raw length, then the encoded bytes.
- *   bulk stream (a second, plain socket): 48-byte request "RLSB" for a range
+ *   bulk stream (a second socket, under TLS next to tls+tcp://): 48-byte request "RLSB" for a range
  *   of chunks, each answered by a 48-byte header and the raw chunk bytes.
  * Not installed; nothing outside lib/sync includes it.
  */
@@ -134,6 +134,21 @@ int rli_ws_sock_send2(int fd, const void *a, size_t an, const void *b, size_t bn
 /* exactly n bytes; 0, or -1 (error, timeout or the peer closed) */
 int rli_ws_sock_recv(int fd, void *p, size_t n);
 void rli_ws_sock_timeouts(int fd, int ms);
+/* one end of a bulk stream connection: the socket, and over tls+tcp:// its
+ * TLS (base/tls_ossl.h) or NULL.  The rli_wb_ calls return RL_OK,
+ * RL_ETIMEDOUT (the socket's timeout), RL_ECLOSED or RL_ENET. */
+struct rli_tls_sock;
+typedef struct wbio {
+	int fd;
+	struct rli_tls_sock *tls;
+} wbio;
+/* all of (a, an) then (b, bn): one sendmsg on a plain socket, two TLS
+ * writes (records of up to 16 KiB) over TLS */
+int rli_wb_send2(const wbio *io, const void *a, size_t an, const void *b, size_t bn);
+/* exactly n bytes */
+int rli_wb_recv(const wbio *io, void *p, size_t n);
+/* 1 to n bytes, *got of them */
+int rli_wb_recv_some(const wbio *io, void *p, size_t n, size_t *got);
 /* half the machine's memory: what one version may claim in a manifest */
 uint64_t rli_ws_default_max_bytes(void);
 /* an nng error while opening `what` at url: logged, mapped to an rl_err */

@@ -203,6 +203,55 @@ start_tls_broker() {
 	cmp "$D/out/v000008/model.safetensors" "$D/ck/model.safetensors"
 }
 
+# a bulk stream request (docs/sync.md) for chunk 0 of version $1
+bulk_req() {
+	printf 'RLSB\x01\x00\x01\x000\x00\x00\x00\x00\x00\x00\x00'
+	printf "\\x$(printf %02x "$1")\\x00\\x00\\x00\\x00\\x00\\x00\\x00"
+	printf '\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
+}
+
+@test "rl-sync over tls+tcp://: whole chunks come over the bulk stream under TLS, byte for byte; another CA's client pulls nothing; the bulk port refuses openssl s_client without a certificate or with another CA's, and the server's log names it" {
+	mkdir -p "$D/ck"
+	head -c 9000000 /dev/urandom > "$D/ck/model.safetensors"
+	echo '{"model_type":"gpt2"}' > "$D/ck/config.json"
+	CLI=(--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.key")
+	start_tls_sync
+	run -0 --separate-stderr rl-sync push "${CLI[@]}" --stored "$U" "$D/ck" --version 4
+	run -0 --separate-stderr rl-sync pull -v "${CLI[@]}" --transport stream "$U" --out "$D/out"
+	[[ $stderr == *"uncompressed over the bulk stream"* ]]
+	[[ $stderr =~ \ ([0-9]+)\ of\ ([0-9]+)\ chunks\ over\ the\ bulk\ stream ]]
+	[ "${BASH_REMATCH[1]}" -gt 0 ] && [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ]
+	cmp "$D/out/v000004/model.safetensors" "$D/ck/model.safetensors"
+	cmp "$D/out/v000004/config.json" "$D/ck/config.json"
+	rl-sync status "${CLI[@]}" --json "$U" > "$D/st.json"
+	B=$(jq -r .bulk "$D/st.json")
+	[[ $B == tls+tcp://127.0.0.1:* ]]
+	[ "$(jq .bulk_chunks_served "$D/st.json")" = "${BASH_REMATCH[1]}" ]
+	# a client certificate of another CA: refused before any chunk, nothing written
+	run -1 --separate-stderr rl-sync pull "${CLI[@]:0:2}" --tls-cert "$C/evil.pem" --tls-key "$C/evil.key" \
+		--transport stream "$U" --out "$D/evil"
+	[[ $stderr == *"TLS handshake failed"* ]]
+	[ ! -e "$D/evil/v000004" ]
+	# the bulk port itself, from openssl s_client: with the client's
+	# certificate a request is answered (version 99 is not held) ...
+	bulk_req 99 > "$D/req"
+	[ "$(wc -c < "$D/req")" -eq 48 ]
+	run timeout 20 openssl s_client -connect "127.0.0.1:${B##*:}" -CAfile "$C/ca.pem" -cert "$C/cli.pem" \
+		-key "$C/cli.key" -quiet < "$D/req"
+	[[ $output == *"RLSB"*"version 99 is not held"* ]]
+	# ... without one, or with another CA's, the handshake is refused and nothing is answered
+	run timeout 20 openssl s_client -connect "127.0.0.1:${B##*:}" -CAfile "$C/ca.pem" -quiet < "$D/req"
+	[[ $output != *"RLSB"* && $output != *"not held"* ]]
+	run timeout 20 openssl s_client -connect "127.0.0.1:${B##*:}" -CAfile "$C/ca.pem" -cert "$C/evil.pem" \
+		-key "$C/evil.key" -quiet < "$D/req"
+	[[ $output != *"RLSB"* && $output != *"not held"* ]]
+	grep -q 'bulk stream: refused a TLS connection from 127.0.0.1: .*peer did not return a certificate' "$D/serve.err"
+	grep -q 'bulk stream: refused a TLS connection from 127.0.0.1: .*CN=someone-else issued by /CN=someone-else' "$D/serve.err"
+	# plain TCP to the bulk port is not served either
+	run timeout 20 python3 -c 'import socket,sys; s=socket.create_connection(("127.0.0.1",int(sys.argv[1]))); s.sendall(open(sys.argv[2],"rb").read()); s.settimeout(10); print(s.recv(100))' "${B##*:}" "$D/req"
+	[[ $output != *"RLSB"* ]]
+}
+
 @test "rl-reward --queue takes --tls-cert/--tls-key/--tls-ca (and --tls-key-pass-file, --tls-crl): scores over TLS; without its certificate or its key's password it is refused and leases nothing" {
 	start_tls_broker
 	for i in 1 2; do
