@@ -5,10 +5,13 @@
 # chunks, no shared memory).  TLS runs twice, on each engine: OpenSSL (the
 # default) and nng's mbedTLS (RL_TLS_ENGINE=mbedtls), each queue run with its
 # own plain tcp:// run just before it.  JSON lines on stdout.
-# usage: sh bench/tls.sh [SECONDS_PER_QUEUE_RUN] [CHECKPOINT_MB]   (from the repository root)
+# rl-sync pulls whole chunks over the bulk stream on both (under TLS next to
+# tls+tcp://).  PARTS (default "queue sync") picks the halves to run.
+# usage: sh bench/tls.sh [SECONDS_PER_QUEUE_RUN] [CHECKPOINT_MB] [PARTS]   (from the repository root)
 set -eu
 SECS=${1:-4}
 MB=${2:-256}
+PARTS=${3:-queue sync}
 B=${RL_BUILD:-build}
 T=$(mktemp -d /tmp/rl-tls-bench.XXXXXX)
 PIDS=""
@@ -24,9 +27,12 @@ trap 'for p in $PIDS; do kill "$p" 2>/dev/null || true; done; rm -rf "$T"' EXIT
 	openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out cli.pem -days 2
 ) >/dev/null 2>&1
 
-for e in openssl mbedtls; do
-	RL_TLS_ENGINE=$e RLQ_BENCH_TLS=$T "$B/bench/queue" "$SECS" "$B/bin/rl-queue"
-done
+case " $PARTS " in *" queue "*)
+	for e in openssl mbedtls; do
+		RL_TLS_ENGINE=$e RLQ_BENCH_TLS=$T "$B/bench/queue" "$SECS" "$B/bin/rl-queue"
+	done
+esac
+case " $PARTS " in *" sync "*) ;; *) exit 0 ;; esac
 
 mkdir -p "$T/ck"
 head -c $((MB * 1048576)) /dev/urandom > "$T/ck/model.safetensors"
@@ -73,5 +79,7 @@ for mode in tcp openssl mbedtls; do
 	done
 	# server and clients, 3 pushes and 3 pulls (the cmp included)
 	cpu=$(echo "$(proc_cpu $SP) $c0 $(kids_cpu) $k0" | awk '{print $1 - $2 + $3 - $4}')
-	echo "$mode $MB $best_push $best_pull $cpu" | awk '{printf "{\"bench\":\"sync-tls\",\"mode\":\"%s\",\"mb\":%d,\"push_s\":%.3f,\"pull_s\":%.3f,\"push_mb_per_s\":%.0f,\"pull_mb_per_s\":%.0f,\"cpu_s_per_gb_moved\":%.2f}\n", $1, $2, $3, $4, $2/$3, $2/$4, $5 / (6 * $2 / 1024)}'
+	bulk=$("$B/bin/rl-sync" status $C --json "$U" | sed -n 's/.*"bulk_chunks_served":\([0-9]*\).*/\1/p')
+	load=$(cut -d' ' -f1 /proc/loadavg)
+	echo "$mode $MB $best_push $best_pull $cpu $bulk $load" | awk '{printf "{\"bench\":\"sync-tls\",\"mode\":\"%s\",\"mb\":%d,\"push_s\":%.3f,\"pull_s\":%.3f,\"push_mb_per_s\":%.0f,\"pull_mb_per_s\":%.0f,\"cpu_s_per_gb_moved\":%.2f,\"bulk_chunks_served\":%d,\"load1\":%s}\n", $1, $2, $3, $4, $2/$3, $2/$4, $5 / (6 * $2 / 1024), $6, $7}'
 done

@@ -647,6 +647,8 @@ struct rli_tls_ctx {
 	nng_tls_engine_config cfg;
 };
 
+#define SOCK_READ_BUF ((size_t)256 << 10)
+
 struct rli_tls_sock {
 	nng_tls_engine_conn c; /* first: verify_note finds it as the SSL's app data */
 	int fd;
@@ -713,7 +715,13 @@ rli_tls_ctx_new(rli_tls_ctx **out, int server, const char *cert, const char *key
 		free(x);
 		return RL_ENOMEM;
 	}
-	if (cert && (e = cfg_own_cert(&x->cfg, cert, key, pass)) != 0)
+	/* bulk data: AES-128-GCM first (TLS 1.3's default order puts
+	 * AES-256-GCM first, 12% slower here with AES-NI); both ends are ours */
+	if (!SSL_CTX_set_ciphersuites(x->cfg.ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"))
+		e = NNG_EINVAL;
+	if (e != 0)
+		*what = "the TLS 1.3 cipher suites";
+	else if (cert && (e = cfg_own_cert(&x->cfg, cert, key, pass)) != 0)
 		*what = "the certificate and key";
 	else if (ca && (e = cfg_ca_chain(&x->cfg, ca, crl)) != 0)
 		*what = crl ? "the CA and CRLs" : "the CA";
@@ -758,8 +766,12 @@ rli_tls_sock_open(rli_tls_sock **out, rli_tls_ctx *x, int fd, char *why, size_t 
 		free(t);
 		return e == NNG_EINVAL ? RL_EINVAL : RL_ENOMEM;
 	}
-	/* a blocking socket: every SSL_write finishes whole or fails */
+	/* a blocking socket: every SSL_write finishes whole or fails; reads
+	 * take what the kernel has (many records) in one recv, not a record's
+	 * header and then its body */
 	SSL_clear_mode(t->c.ssl, SSL_MODE_ENABLE_PARTIAL_WRITE);
+	SSL_set_read_ahead(t->c.ssl, 1);
+	SSL_set_default_read_buffer_len(t->c.ssl, SOCK_READ_BUF);
 	ERR_clear_error();
 	if ((r = SSL_do_handshake(t->c.ssl)) == 1) {
 		*out = t;

@@ -210,7 +210,7 @@ bulk_req() {
 	printf '\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
 }
 
-@test "rl-sync over tls+tcp://: whole chunks come over the bulk stream under TLS, byte for byte; another CA's client pulls nothing; the bulk port refuses openssl s_client without a certificate or with another CA's, and the server's log names it" {
+@test "rl-sync over tls+tcp://: whole chunks come over the bulk stream under TLS, byte for byte; a failed bulk handshake falls back to REQ/REP; another CA's client pulls nothing; the bulk port refuses openssl s_client without a certificate or with another CA's, and the server's log names it" {
 	mkdir -p "$D/ck"
 	head -c 9000000 /dev/urandom > "$D/ck/model.safetensors"
 	echo '{"model_type":"gpt2"}' > "$D/ck/config.json"
@@ -227,6 +227,14 @@ bulk_req() {
 	B=$(jq -r .bulk "$D/st.json")
 	[[ $B == tls+tcp://127.0.0.1:* ]]
 	[ "$(jq .bulk_chunks_served "$D/st.json")" = "${BASH_REMATCH[1]}" ]
+	[ "$(jq .bad_requests "$D/st.json")" = 0 ]
+	# a bulk handshake that fails (the test hook makes the client check the
+	# server against another name): a verbose note, the chunks over REQ/REP
+	run -0 --separate-stderr env RL_SYNC_TEST_BULK_TLS_NAME=wrong.example rl-sync pull -v "${CLI[@]}" \
+		--transport stream "$U" --out "$D/fb"
+	[[ $stderr == *"bulk stream at 'tls+tcp://127.0.0.1:"*"TLS handshake failed: "*"wrong.example"* ]]
+	[[ $stderr == *"cannot reach the bulk stream"*"using REQ/REP"* && $stderr != *"chunks over the bulk stream"* ]]
+	cmp "$D/fb/v000004/model.safetensors" "$D/ck/model.safetensors"
 	# a client certificate of another CA: refused before any chunk, nothing written
 	run -1 --separate-stderr rl-sync pull "${CLI[@]:0:2}" --tls-cert "$C/evil.pem" --tls-key "$C/evil.key" \
 		--transport stream "$U" --out "$D/evil"
