@@ -367,6 +367,8 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 		metric(j, tr, step, "dp/zero_stage", tr->zero ? tr->zero : tr->z3p.zp ? 3 : 0);
 		if (tr->z3p.zp) /* ZeRO-3: unit gathers of the step's passes (not a save's whole-model one) */
 			metric(j, tr, step, "dp/units_gathered", tr->z3p.ngather);
+		if (tr->z3p.zp) /* the gathered ranges whose pages came from the unit pool (dp.c) */
+			metric(j, tr, step, "dp/units_pooled", tr->z3p.npooled);
 		if (tr->z3r.zp) /* the same of the reference's forwards (present once it is open) */
 			metric(j, tr, step, "dp/ref_units_gathered", tr->z3r.ngather);
 	}
