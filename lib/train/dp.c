@@ -696,6 +696,29 @@ rs_pending(trainer *tr)
 	return rv;
 }
 
+/* The backward pass is about to write unit u's gradients into m->grads,
+ * whose pages ZeRO-2's reduce-scatter gave back: they are faulted in here
+ * in one call per range (MADV_POPULATE_WRITE) rather than one read fault
+ * (the zero page, as the backward's accumulating stores read first) and one
+ * write fault per page.  The same pages the backward writes next, no more;
+ * where the kernel lacks the advice, the faults as before.  The backward's
+ * calls are (u, u - 1) and, for the first layer, (1, -1); the forward's
+ * (u, u + 1) and (head, -1). */
+static void
+prefault_grads(rli_z3 *z, int unit, int next)
+{
+	trainer *tr = z->tr;
+	size_t r[2][2];
+	uintptr_t ia, ie;
+
+	if (z != &tr->z3p || tr->m->lora || !tr->m->grads || getenv("RL_ZERO3_NO_PREFAULT") ||
+	    (next >= 0 ? next >= unit : unit != 1))
+		return;
+	for (int k = 0, n = unit_ranges(z->m, unit, r); k < n; k++)
+		if (inner_pages(tr->m->grads, r[k][0], r[k][1], &ia, &ie))
+			(void)madvise((void *)ia, ie - ia, MADV_POPULATE_WRITE);
+}
+
 /* A unit is resident as the current one (z->unit), the prefetched one
  * (z->pf) or a kept one (z->kept, --zero3-keep); the ranks all call this
  * with the same model and (unit, next), so they decide the same gathers and
@@ -737,6 +760,7 @@ rli_zero3_param_need(void *ctx, int unit, int next)
 		tr->t_model -= t0;
 	}
 	z3_resident(z);
+	prefault_grads(z, unit, next);
 	if (next < 0 || next == unit || tr->o->zero3_no_prefetch)
 		return rs_pending(tr);
 	if (unit_in(z, next)) {

@@ -235,6 +235,10 @@ memory_metrics(cJSON *j, trainer *tr, int step)
 		    ru.ru_stime.tv_usec * 1e-6;
 		metric(j, tr, step, "perf/cpu_s", cpu - tr->cpu_last);
 		tr->cpu_last = cpu;
+		/* page faults since the previous line: the pages given back and
+		 * touched again (ZeRO-2/3), each one a trip into the kernel */
+		metric(j, tr, step, "perf/minor_faults", (double)ru.ru_minflt - tr->minflt_last);
+		tr->minflt_last = (double)ru.ru_minflt;
 	}
 }
 

@@ -213,6 +213,7 @@ typedef struct trainer {
 	                          * all-gather) and for gradient reductions, and AdamW's own time
 	                          * (its collectives not counted): the phases of the update */
 	double cpu_last;         /* the process's CPU seconds at the last metrics line (perf/cpu_s) */
+	double minflt_last;      /* its minor page faults then (perf/minor_faults) */
 	/* DPO: a pair line gives two records; the rejected one waits here */
 	rl_traj *pair_rej;
 	int pair_ready;
