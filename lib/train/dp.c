@@ -274,7 +274,8 @@ rli_zero3_unit_span(const rl_model *m, int u, size_t *lo, size_t *hi)
  * A unit's pages of m->params given back with MADV_DONTNEED come back at its
  * next gather as page faults the kernel answers with zeroed pages (2 MiB
  * ones with huge pages): zeroing and faulting a unit each time it is
- * gathered, 4-6 times a micro-batch, on the cores the passes compute on.
+ * gathered (its forward and its backward, each micro-batch), on the cores
+ * the passes compute on.
  * Instead the whole pages of a unit's range are mapped from a slot of a
  * small memfd (MAP_SHARED | MAP_FIXED | MAP_POPULATE: the pages the slot's
  * previous unit wrote enter the page table in one call, nothing zeroed; the
