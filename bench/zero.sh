@@ -16,14 +16,19 @@
 #    "optimizer_s":timing_s/optimizer, "compute_s":timing_s/model less the optimizer,
 #    "cpu_s": user + system CPU seconds of all ranks over the whole run (load, warm-up and
 #    save included), "step_cpu_s": perf/cpu_s (rank 0's CPU seconds a step, every thread),
+#    "minor_faults": perf/minor_faults (rank 0's page faults a step),
 #    "micro_tokens":MICRO, "keep":--zero3-keep, "huge_pages":0 when RL_NO_THP was set,
-#    "units_gathered":dp/units_gathered,
+#    "units_gathered":dp/units_gathered, "units_pooled":dp/units_pooled,
 #    "comm_shm":false when RL_COMM_SHM=0 kept the ring on TCP (else the ranks' shared memory),
 #    "ref":true with REF=1 (a KL term, --kl k3 --kl-coef 0.05, against --ref: another
 #    model of the same shape, sharded with ZeRO-3), "ref_params_resident_mb":
 #    memory/ref_params_resident_mb (measured, the reference's peak of the step)}
 # ZEROS stages: a digit, then n (--no-prefetch), k (--zero3-keep KEEP, default 3.2e6:
-# two of the model's units), t (RL_NO_THP=1: 4 KiB pages), e.g. "1 3 3t 3k".
+# two of the model's units), t (RL_NO_THP=1: 4 KiB pages), p (RL_ZERO3_NO_POOL=1: the
+# gathered units in pages faulted in afresh, not the unit pool), f (RL_ZERO3_NO_PREFAULT=1:
+# the backward's gradient pages faulted in one by one), e.g. "1 3 3t 3k 3p 3f".
+# "unit_pool", "grad_prefault": ZeRO-3 with its unit pool, with its gradient pages
+# populated per unit before the backward writes them (docs/parallel.md).
 # BATCH (2) groups a step, MICRO (128) --max-tokens-per-micro: BATCH=8 MICRO=512 keeps 2
 # micro-batches per rank on 2 ranks with 4x the tokens in each (the gathers stay the same).
 # Model: bench/parallel-train.sh's ~11M-parameter Qwen2 (44 MB of f32
@@ -78,7 +83,10 @@ run() {   # run ZERO RUN
 	case $1 in *n*) extra="--no-prefetch" ;; esac
 	case $1 in *k*) extra="$extra --zero3-keep ${KEEP:-3.2e6}" ;; esac
 	case $1 in *t*) thp=0 ;; esac
+	case $1 in *p*) pool=0 ;; *) pool=1 ;; esac
+	case $1 in *f*) RL_ZERO3_NO_PREFAULT=1; export RL_ZERO3_NO_PREFAULT ;; *) unset RL_ZERO3_NO_PREFAULT ;; esac
 	if [ $thp = 0 ]; then RL_NO_THP=1; export RL_NO_THP; else unset RL_NO_THP; fi
+	if [ $pool = 0 ]; then RL_ZERO3_NO_POOL=1; export RL_ZERO3_NO_POOL; else unset RL_ZERO3_NO_POOL; fi
 	rm -rf "$d/ck"
 	for r in $(seq 1 $((world - 1))); do
 		OMP_NUM_THREADS=1 /usr/bin/time -f "%U %S" -o "$d/cpu.$r" rl-train -q -m "$d/m0" --out "$d/ck" --rank "$r" --world "$world" \
@@ -99,6 +107,8 @@ def mean(k):
 print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys.argv[3]) == 3 and "--no-prefetch" not in sys.argv[5],
     "keep": float(sys.argv[5].split("--zero3-keep ")[1]) if "--zero3-keep" in sys.argv[5] else 0,
     "huge_pages": "RL_NO_THP" not in __import__("os").environ,
+    "unit_pool": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_POOL" not in __import__("os").environ,
+    "grad_prefault": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_PREFAULT" not in __import__("os").environ,
     "comm_shm": __import__("os").environ.get("RL_COMM_SHM", "1") != "0",
     "world": int(sys.argv[2]), "run": int(sys.argv[4]),
     "steps": len(ms), "micro_tokens": micro,
@@ -111,7 +121,8 @@ print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys
     "gather_s": mean("timing_s/param_gather"), "reduce_s": mean("timing_s/grad_reduce"),
     "optimizer_s": mean("timing_s/optimizer"),
     "compute_s": round(mean("timing_s/model") - mean("timing_s/optimizer"), 4), "cpu_s": round(cpu, 2),
-    "step_cpu_s": mean("perf/cpu_s"), "units_gathered": mean("dp/units_gathered"),
+    "step_cpu_s": mean("perf/cpu_s"), "minor_faults": mean("perf/minor_faults"),
+    "units_gathered": mean("dp/units_gathered"), "units_pooled": mean("dp/units_pooled"),
     "ref": "memory/ref_params_resident_mb" in ms[-1],
     "ref_params_resident_mb": round(max(m.get("memory/ref_params_resident_mb", 0) for m in ms), 1)}))
 PY

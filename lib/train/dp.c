@@ -13,14 +13,17 @@
  * pages given back are host pages), ZeRO-3's prefetch of more than one unit.
  * ZeRO-3: the parameters sharded too, each unit (embedding, layer, head)
  * gathered before it is computed (the next one on a thread meanwhile, after
- * the gradient buckets the last layer handed over) and given back after, or
- * kept for the next pass (--zero3-keep); the reference model (--ref, DPO's)
+ * the gradient buckets the last layer handed over) into pages of the unit
+ * pool and given back after, or kept for the next pass (--zero3-keep); the
+ * reference model (--ref, DPO's)
  * sharded the same way, forward only (rli_z3: the model a gather serves).
  * With LoRA (--lora-rank) ZeRO-3 shards the frozen base only, table
  * elements [0, goff): the adapters after it stay whole on every rank with
  * their gradients all-reduced and their AdamW state, as without ZeRO (they
  * are small; tr->zero stays 0).
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -267,6 +270,171 @@ rli_zero3_unit_span(const rl_model *m, int u, size_t *lo, size_t *hi)
 	*hi = r[0][1];
 }
 
+/* ---- ZeRO-3's unit pool ----------------------------------------------------------------
+ * A unit's pages of m->params given back with MADV_DONTNEED come back at its
+ * next gather as page faults the kernel answers with zeroed pages (2 MiB
+ * ones with huge pages): zeroing and faulting a unit each time it is
+ * gathered (its forward and its backward, each micro-batch), on the cores
+ * the passes compute on.
+ * Instead the whole pages of a unit's range are mapped from a slot of a
+ * small memfd (MAP_SHARED | MAP_FIXED | MAP_POPULATE: the pages the slot's
+ * previous unit wrote enter the page table in one call, nothing zeroed; the
+ * gather then overwrites every element) and given back by mapping fresh
+ * anonymous memory over them (reads as zeros, holds no pages, as after
+ * MADV_DONTNEED).  The memory stays bounded: RLI_Z3_SLOTS slots of the
+ * largest unit, the free slots' pages counted among the resident parameters
+ * (pool_idle_bytes), and all of them given back with the whole model
+ * (z3_release: a hole punched in the memfd).  A range that finds no free
+ * slot of its size (the whole model of a save, a kept unit too many) is
+ * written into anonymous memory as without the pool.  The prefetch thread
+ * maps slots; the main thread unmaps them only after joining it, so the
+ * slots need no lock.  RL_ZERO3_NO_POOL=1 turns the pool off (bench/zero.sh
+ * compares). */
+
+/* The whole pages inside p[lo, hi), [*ia, *ie); 0 when there are none. */
+static int
+inner_pages(const float *p, size_t lo, size_t hi, uintptr_t *ia, uintptr_t *ie)
+{
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+
+	*ia = ((uintptr_t)(p + lo) + pg - 1) / pg * pg;
+	*ie = (uintptr_t)(p + hi) / pg * pg;
+	return *ie > *ia;
+}
+
+/* The pool of z (sized from its model's units), or none: a failure here
+ * only costs the faults the pool avoids. */
+static void
+pool_open(rli_z3 *z)
+{
+	size_t r[2][2], most = 0;
+	uintptr_t ia, ie;
+	int fd;
+
+	z->pool_fd = -1;
+	if (getenv("RL_ZERO3_NO_POOL") && strcmp(getenv("RL_ZERO3_NO_POOL"), "0") != 0)
+		return;
+	for (int u = 0; u <= z->m->cfg.n_layer + 1; u++)
+		for (int k = 0, n = unit_ranges(z->m, u, r); k < n; k++)
+			if (inner_pages(z->m->params, r[k][0], r[k][1], &ia, &ie))
+				most = RL_MAX(most, (size_t)(ie - ia));
+	if (!most)
+		return;
+	if ((fd = memfd_create("rl-zero3-units", MFD_CLOEXEC)) < 0 ||
+	    ftruncate(fd, (off_t)(most * RLI_Z3_SLOTS)) != 0) {
+		rl_verbose("ZeRO-3: no pool of unit pages (%s): each gather faults fresh pages in", strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	z->pool_fd = fd;
+	z->slot_bytes = most;
+}
+
+/* [at, at + bytes) fresh anonymous memory again (with the huge-page advice
+ * the rest of m->params has); 0, or the error that leaves a hole there. */
+static int
+anon_over(rli_z3 *z, char *at, size_t bytes)
+{
+	if (mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+		rl_error("ZeRO-3: cannot map %zu bytes of the parameter table back: %s", bytes, strerror(errno));
+		z->pool_err = RL_ENOMEM;
+		return RL_ENOMEM;
+	}
+	if (!getenv("RL_NO_THP"))
+		(void)madvise(at, bytes, MADV_HUGEPAGE);
+	return RL_OK;
+}
+
+/* A free slot mapped over the whole pages of m->params[lo, hi), about to be
+ * gathered into; nothing when there is no pool, no free slot big enough, or
+ * the range is one already mapped (a tied head's embedding). */
+static void
+pool_map(rli_z3 *z, size_t lo, size_t hi)
+{
+	uintptr_t ia, ie;
+	int k = -1;
+
+	if (!z->slot_bytes || !inner_pages(z->m->params, lo, hi, &ia, &ie) || ie - ia > z->slot_bytes)
+		return;
+	for (int i = 0; i < RLI_Z3_SLOTS; i++) {
+		struct rli_z3_slot *s = &z->slot[i];
+		if (s->at) {
+			if ((uintptr_t)s->at < ie && (uintptr_t)s->at + s->bytes > ia)
+				return; /* mapped there already */
+			continue;
+		}
+		if (k < 0 || s->held > z->slot[k].held)
+			k = i; /* the free one with the most pages written already */
+	}
+	if (k < 0)
+		return;
+	if (mmap((void *)ia, ie - ia, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, z->pool_fd,
+	    (off_t)((size_t)k * z->slot_bytes)) == MAP_FAILED) {
+		(void)anon_over(z, (char *)ia, ie - ia); /* a failed MAP_FIXED may have unmapped the range */
+		return;
+	}
+	z->slot[k].at = (char *)ia;
+	z->slot[k].bytes = ie - ia;
+	z->slot[k].held = RL_MAX(z->slot[k].held, ie - ia);
+	z->npooled++;
+}
+
+/* The slots mapped inside m->params[lo, hi) given back to the pool, their
+ * ranges anonymous memory again. */
+static void
+pool_unmap(rli_z3 *z, size_t lo, size_t hi)
+{
+	uintptr_t a = (uintptr_t)(z->m->params + lo), e = (uintptr_t)(z->m->params + hi);
+
+	for (int i = 0; i < RLI_Z3_SLOTS; i++) {
+		struct rli_z3_slot *s = &z->slot[i];
+		if (s->at && (uintptr_t)s->at >= a && (uintptr_t)s->at + s->bytes <= e) {
+			(void)anon_over(z, s->at, s->bytes);
+			s->at = NULL;
+		}
+	}
+}
+
+/* Every slot given back and its pages to the kernel (nothing is mapped). */
+static void
+pool_purge(rli_z3 *z)
+{
+	int held = 0;
+
+	if (!z->slot_bytes)
+		return;
+	pool_unmap(z, 0, z3_end(z->m));
+	for (int i = 0; i < RLI_Z3_SLOTS; i++)
+		held |= z->slot[i].held != 0;
+	if (held && fallocate(z->pool_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+	    (off_t)(z->slot_bytes * RLI_Z3_SLOTS)) == 0)
+		for (int i = 0; i < RLI_Z3_SLOTS; i++)
+			z->slot[i].held = 0;
+}
+
+/* The pool's pages not mapped in m->params (mincore there counts the rest). */
+static double
+pool_idle_bytes(const rli_z3 *z)
+{
+	double b = 0;
+
+	for (int i = 0; i < RLI_Z3_SLOTS; i++)
+		b += (double)z->slot[i].held - (z->slot[i].at ? (double)z->slot[i].bytes : 0);
+	return b;
+}
+
+static void
+pool_close(rli_z3 *z)
+{
+	if (!z->slot_bytes)
+		return;
+	pool_unmap(z, 0, z3_end(z->m));
+	close(z->pool_fd);
+	z->pool_fd = -1;
+	z->slot_bytes = 0;
+}
+
 /* z->m->params[lo, hi) from the shards that hold it: each owner copies its
  * part from its master shard and broadcasts it, in rank order (every rank
  * computes the same owners). */
@@ -277,6 +445,9 @@ gather_range(rli_z3 *z, size_t lo, size_t hi)
 	float *p = z->m->params;
 	int rv;
 
+	if (z->pool_err)
+		return z->pool_err;
+	pool_map(z, lo, hi);
 	for (int r = 0; r < tr->world; r++) {
 		size_t slo, shi;
 		rl_comm_shard(tr->comm, z3_end(z->m), r, &slo, &shi);
@@ -309,7 +480,7 @@ model_resident(trainer *tr, const rl_model *m, const float *zp, size_t n)
 static double
 params_resident(trainer *tr)
 {
-	return model_resident(tr, tr->m, tr->z3p.zp, tr->z3p.zhi - tr->z3p.zlo);
+	return model_resident(tr, tr->m, tr->z3p.zp, tr->z3p.zhi - tr->z3p.zlo) + pool_idle_bytes(&tr->z3p);
 }
 
 void
@@ -321,14 +492,15 @@ rli_dp_params_resident(trainer *tr)
 void
 rli_dp_ref_resident(trainer *tr)
 {
-	tr->ref_pres_peak = RL_MAX(tr->ref_pres_peak, model_resident(tr, tr->ref, tr->z3r.zp, tr->z3r.zhi - tr->z3r.zlo));
+	tr->ref_pres_peak = RL_MAX(tr->ref_pres_peak, model_resident(tr, tr->ref, tr->z3r.zp, tr->z3r.zhi - tr->z3r.zlo) +
+	    pool_idle_bytes(&tr->z3r));
 }
 
 /* The resident parameters of z's model into its peak. */
 static void
 z3_resident(rli_z3 *z)
 {
-	double b = model_resident(z->tr, z->m, z->zp, z->zhi - z->zlo);
+	double b = model_resident(z->tr, z->m, z->zp, z->zhi - z->zlo) + pool_idle_bytes(z);
 
 	*z->pres_peak = RL_MAX(*z->pres_peak, b);
 }
@@ -419,8 +591,10 @@ drop_unit(rli_z3 *z, int u)
 		return; /* its wte is the head's too (and an embedding unit is wte alone) */
 	if (u == head && n == 2 && unit_in(z, 0))
 		n = 1;  /* the tied wte stays for the embedding */
-	for (int k = 0; k < n; k++)
+	for (int k = 0; k < n; k++) {
+		pool_unmap(z, r[k][0], r[k][1]);
 		release_host(z->m->params + r[k][0], r[k][1] - r[k][0]);
+	}
 }
 
 static size_t
@@ -474,13 +648,18 @@ unkeep_unit(rli_z3 *z, int u)
 		}
 }
 
-/* Every page of z's m->params given back, no unit listed. */
+/* Every page of z's m->params given back, no unit listed; with purge the
+ * pool's pages too (else kept for the next unit: a walk over the units). */
 static void
-z3_release(rli_z3 *z)
+z3_release(rli_z3 *z, int purge)
 {
 	if (!z->zp)
 		return;
 	prefetch_join(z->tr);
+	if (purge)
+		pool_purge(z);
+	else
+		pool_unmap(z, 0, z3_end(z->m));
 	release_host(z->m->params, z3_end(z->m));
 	z->unit = z->pf = -1;
 	z->nkept = 0;
@@ -489,7 +668,16 @@ z3_release(rli_z3 *z)
 void
 rli_zero3_release(trainer *tr)
 {
-	z3_release(&tr->z3p);
+	z3_release(&tr->z3p, 1);
+}
+
+void
+rli_zero3_close(trainer *tr)
+{
+	if (tr->z3p.zp)
+		pool_close(&tr->z3p);
+	if (tr->z3r.zp)
+		pool_close(&tr->z3r);
 }
 
 /* The buckets the backward handed over since the last param_need, reduced
@@ -509,6 +697,29 @@ rs_pending(trainer *tr)
 	return rv;
 }
 
+/* The backward pass is about to write unit u's gradients into m->grads,
+ * whose pages ZeRO-2's reduce-scatter gave back: they are faulted in here
+ * in one call per range (MADV_POPULATE_WRITE) rather than one read fault
+ * (the zero page, as the backward's accumulating stores read first) and one
+ * write fault per page.  The same pages the backward writes next, no more;
+ * where the kernel lacks the advice, the faults as before.  The backward's
+ * calls are (u, u - 1) and, for the first layer, (1, -1); the forward's
+ * (u, u + 1) and (head, -1). */
+static void
+prefault_grads(rli_z3 *z, int unit, int next)
+{
+	trainer *tr = z->tr;
+	size_t r[2][2];
+	uintptr_t ia, ie;
+
+	if (z != &tr->z3p || tr->m->lora || !tr->m->grads || getenv("RL_ZERO3_NO_PREFAULT") ||
+	    (next >= 0 ? next >= unit : unit != 1))
+		return;
+	for (int k = 0, n = unit_ranges(z->m, unit, r); k < n; k++)
+		if (inner_pages(tr->m->grads, r[k][0], r[k][1], &ia, &ie))
+			(void)madvise((void *)ia, ie - ia, MADV_POPULATE_WRITE);
+}
+
 /* A unit is resident as the current one (z->unit), the prefetched one
  * (z->pf) or a kept one (z->kept, --zero3-keep); the ranks all call this
  * with the same model and (unit, next), so they decide the same gathers and
@@ -524,11 +735,11 @@ rli_zero3_param_need(void *ctx, int unit, int next)
 	double t0;
 	int rv, prev, pf;
 
-	if ((rv = prefetch_join(tr)) != 0)
+	if ((rv = prefetch_join(tr)) != 0 || (rv = z->pool_err) != 0)
 		return rv;
 	z3_resident(z); /* the peak: the current and the prefetched unit beside the shard */
 	if (z->unit == -2)
-		z3_release(z); /* the whole model (a save) not given back yet */
+		z3_release(z, 1); /* the whole model (a save) not given back yet */
 	prev = z->unit;
 	pf = z->pf;
 	int have = unit_in(z, unit);
@@ -550,6 +761,7 @@ rli_zero3_param_need(void *ctx, int unit, int next)
 		tr->t_model -= t0;
 	}
 	z3_resident(z);
+	prefault_grads(z, unit, next);
 	if (next < 0 || next == unit || tr->o->zero3_no_prefetch)
 		return rs_pending(tr);
 	if (unit_in(z, next)) {
@@ -594,7 +806,7 @@ rli_zero3_unit_only(trainer *tr, int u)
 
 	if (!tr->z3p.zp)
 		return RL_OK;
-	rli_zero3_release(tr);
+	z3_release(&tr->z3p, u < 0); /* the walk's units one after another in the same slot */
 	if (u < 0)
 		return RL_OK;
 	if ((rv = gather_unit(&tr->z3p, u)) != 0)
@@ -626,7 +838,7 @@ rli_zero3_ref_done(trainer *tr)
 		return RL_OK;
 	rv = prefetch_join(tr);
 	z3_resident(&tr->z3r);
-	z3_release(&tr->z3r);
+	z3_release(&tr->z3r, 1);
 	return rv;
 }
 
@@ -739,6 +951,7 @@ z3_open(trainer *tr, rli_z3 *z, rl_model *m, size_t lo, size_t hi, size_t keep, 
 		return rv;
 	huge_pages(m->params, z3_end(m));
 	release_host(m->params, z3_end(m));
+	pool_open(z);
 	if (keep && !(z->kept = rl_try_calloc((size_t)m->cfg.n_layer + 2, sizeof *z->kept, "kept units")))
 		return RL_ENOMEM;
 	z->emb_in_head = m->lm_w == m->wte;

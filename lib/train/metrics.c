@@ -235,6 +235,10 @@ memory_metrics(cJSON *j, trainer *tr, int step)
 		    ru.ru_stime.tv_usec * 1e-6;
 		metric(j, tr, step, "perf/cpu_s", cpu - tr->cpu_last);
 		tr->cpu_last = cpu;
+		/* page faults since the previous line: the pages given back and
+		 * touched again (ZeRO-2/3), each one a trip into the kernel */
+		metric(j, tr, step, "perf/minor_faults", (double)ru.ru_minflt - tr->minflt_last);
+		tr->minflt_last = (double)ru.ru_minflt;
 	}
 }
 
@@ -367,6 +371,8 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 		metric(j, tr, step, "dp/zero_stage", tr->zero ? tr->zero : tr->z3p.zp ? 3 : 0);
 		if (tr->z3p.zp) /* ZeRO-3: unit gathers of the step's passes (not a save's whole-model one) */
 			metric(j, tr, step, "dp/units_gathered", tr->z3p.ngather);
+		if (tr->z3p.zp) /* the gathered ranges whose pages came from the unit pool (dp.c) */
+			metric(j, tr, step, "dp/units_pooled", tr->z3p.npooled);
 		if (tr->z3r.zp) /* the same of the reference's forwards (present once it is open) */
 			metric(j, tr, step, "dp/ref_units_gathered", tr->z3r.ngather);
 	}

@@ -136,6 +136,7 @@ train_step(trainer *tr)
 	tr->t_model = 0;
 	tr->t_gather = tr->t_rs = tr->t_opt = 0;
 	tr->z3p.ngather = tr->z3r.ngather = 0;
+	tr->z3p.npooled = tr->z3r.npooled = 0;
 	if ((rv = rli_step_prepare(tr)) != 0)
 		return rv;
 	if (tr->nseq == 0)
@@ -588,6 +589,7 @@ rli_train_fini(trainer *tr, int rv)
 		tr->ops->free(tr->ops, tr->d_mem);
 	if (tr->ops) {
 		rli_zero3_join(tr); /* a prefetch in flight writes m->params */
+		rli_zero3_close(tr);
 		tr->ops->free(tr->ops, tr->zm);
 		tr->ops->free(tr->ops, tr->zv);
 		tr->ops->free(tr->ops, tr->zg);

@@ -52,6 +52,10 @@ typedef struct seqref {
  * the unit being computed (unit, -1 none, -2 the whole model), the one
  * prefetched (pf) and those kept (kept, the most recent first, up to keep
  * elements: --zero3-keep). */
+/* Slots of ZeRO-3's unit pool: the unit computed, the one prefetched, one spare
+ * (a kept unit, or a tied head's embedding beside them) */
+#define RLI_Z3_SLOTS 3
+
 typedef struct rli_z3 {
 	struct trainer *tr;
 	rl_model *m;
@@ -62,7 +66,18 @@ typedef struct rli_z3 {
 	size_t keep;
 	int emb_in_head;         /* the embedding unit is wte alone, and the head's (tied) */
 	int ngather;             /* units gathered this step (dp/units_gathered, dp/ref_units_gathered) */
+	int npooled;             /* ranges of them gathered into pool slots (dp/units_pooled) */
 	double *pres_peak;       /* where the resident bytes' peak is kept (mincore, at each unit) */
+	/* the pool of pages gathered units are mapped from (dp.c, "the unit pool"): a memfd of
+	 * RLI_Z3_SLOTS slots of slot_bytes (0: no pool, every gather faults in fresh pages) */
+	int pool_fd;
+	size_t slot_bytes;
+	struct rli_z3_slot {
+		char *at;        /* where in m->params the slot is mapped now, NULL: not mapped */
+		size_t bytes;    /* the length of that mapping */
+		size_t held;     /* the slot's pages the memfd holds (the most ever mapped since a purge) */
+	} slot[RLI_Z3_SLOTS];
+	int pool_err;            /* a failed remap (m->params may have a hole): every later need fails */
 } rli_z3;
 
 typedef struct trainer {
@@ -198,6 +213,7 @@ typedef struct trainer {
 	                          * all-gather) and for gradient reductions, and AdamW's own time
 	                          * (its collectives not counted): the phases of the update */
 	double cpu_last;         /* the process's CPU seconds at the last metrics line (perf/cpu_s) */
+	double minflt_last;      /* its minor page faults then (perf/minor_faults) */
 	/* DPO: a pair line gives two records; the rejected one waits here */
 	rl_traj *pair_rej;
 	int pair_ready;
@@ -357,6 +373,9 @@ int rli_zero3_unit_only(trainer *tr, int u);
  * the embedding unit's): units 0..n_layer+1 in turn cover it in order. */
 void rli_zero3_unit_span(const rl_model *m, int u, size_t *lo, size_t *hi);
 void rli_zero3_release(trainer *tr);
+/* ZeRO-3: the unit pools closed (their slots' ranges of m->params anonymous
+ * memory again), before the models are; a no-op without ZeRO-3. */
+void rli_zero3_close(trainer *tr);
 /* ZeRO-3: waits for the prefetch in flight (before any other collective). */
 int rli_zero3_join(trainer *tr);
 /* The parameter memory resident now (mincore of m->params and the shard)
