@@ -163,12 +163,15 @@ train_step(trainer *tr)
 	if (tr->world > 1 && o->dp_check_every > 0 && tr->m->version % o->dp_check_every == 0 &&
 	    (rv = rli_dp_check_weights(tr)) != 0)
 		return rv;
+	tr->t_ack = 0;
 	if (tr->qc) {
+		double t_ack = rl_now();
 		/* the new version first, so the broker's gate judges later groups by it */
 		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
 		test_die(tr, "versioned");
 		if ((rv = rli_feed_ack(tr, 1, tr->last_full)) != 0)
 			return rv;
+		tr->t_ack = rl_now() - t_ack;
 	}
 	if (tr->rank != 0)
 		return RL_OK;
@@ -624,6 +627,7 @@ rl_train_run(const rl_train_opts *o)
 	cJSON *state = NULL;
 	int rv, start_step;
 
+	tr.t_begin = rl_now();
 	if ((rv = setup(&tr, o)) != 0)
 		return rv;
 	if ((rv = open_model(&tr, dir, sizeof dir, &state)) != 0 ||

@@ -139,6 +139,8 @@ typedef struct trainer {
 	double t_wait;
 	double t_model;  /* seconds in model forward/backward/AdamW this step */
 	double t_pub;    /* seconds publishing the step's checkpoint */
+	double t_ack;    /* seconds telling the broker the version and acknowledging */
+	double t_begin;  /* when rl_train_run started: timing_s/elapsed counts from it */
 	rl_wsync *ws;    /* --sync */
 	rl_wsync_client *wpc;    /* --push-parts: this rank's client */
 	rl_wver *wpart;          /* --push-parts: the part pushed last, the next one's delta base */
