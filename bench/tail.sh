@@ -59,6 +59,9 @@ TR="--algo grpo --batch 2 --lr 1e-4 --no-skip-zero-adv --max-steps $steps"
 # papers async RL follows (bench/RESULTS.md: by CPU seconds the default is
 # balanced, training about half; packed, training about 40 %)
 [ -n "${MICRO_TOKENS:-}" ] && TR="$TR --micro-tokens $MICRO_TOKENS"
+# PUBLISH_INLINE=1: rl-train --publish-inline in every run (each version
+# written before the next step, as before background publishing)
+[ "${PUBLISH_INLINE:-0}" = 1 ] && TR="$TR --publish-inline"
 GEN="-n 4 --max-tokens 160 --train-batch 2 --slots 32"
 OVERSAMPLE=${OVERSAMPLE:-1.5} STRAGGLERS=${STRAGGLERS:-requeue}
 # the auto rule decides on the workers' stats reports (every 2 s by
@@ -171,7 +174,7 @@ print(json.dumps({"bench": "tail", "run": name, "steps": len(ms), "samples": sam
         [f(m) for m in ms if all(isinstance(m.get(k), (int, float)) for k in ks)])
        for n, ks, f in (("busy", ("timing_s/step", "timing_s/gen"), lambda m: m["timing_s/step"] - m["timing_s/gen"]),
                         ("model", ("timing_s/model",), lambda m: m["timing_s/model"]))},
-    "micro_tokens": os.environ.get("MICRO_TOKENS") or None,
+    "micro_tokens": os.environ.get("MICRO_TOKENS") or None, "publish_inline": os.environ.get("PUBLISH_INLINE") == "1",
     "pinned": pin, "load_before": float(load0), "load_after": float(open("/proc/loadavg").read().split()[0])}))
 PY
 }

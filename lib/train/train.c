@@ -562,6 +562,12 @@ rli_train_fini(trainer *tr, int rv)
 {
 	int r2;
 
+	/* a version still being written: finished (its failure, logged, fails
+	 * a run that had not) before the model and the rl-sync client go */
+	r2 = rli_save_wait(tr);
+	if (rv == 0)
+		rv = r2;
+	rl_ckpt_snap_free(tr->snap);
 	rli_feed_free_groups(tr);
 	free(tr->pend);
 	free(tr->opt_dir);
