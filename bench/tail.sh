@@ -28,7 +28,8 @@
 # CPU second, and response tokens/s).  The machine may
 # be shared: CPU seconds are the steadier figure.
 # Environment: HIDDEN (64) and LAYERS (2), the model's size; MICRO_TOKENS
-# (unset) packed training in every run (rl-train --micro-tokens); OVERSAMPLE
+# (unset) packed training in every run (rl-train --micro-tokens);
+# PUBLISH_INLINE=1 rl-train --publish-inline in every run; OVERSAMPLE
 # (1.5) and STRAGGLERS (requeue) of auto-es; RUNS (default "sync k1 k2 auto auto-es", run in the order given); PIN (1 where there are 2 cores or
 # more): equal resources as bench/e2e.sh has them, generation, scoring and
 # the broker on core GEN_CPU (0), training on TRAIN_CPU (1), in every run,

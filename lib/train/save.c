@@ -12,8 +12,12 @@
  * 0 while every rank gathers the units it names; a directory step that also
  * sends to the group or in parts does all of it in the directory's walk
  * (never the whole model gathered for a save); with LoRA the files are the
- * adapters', whole on every rank, written by rank 0 as without ZeRO.
- * Leaves out: the checkpoint format itself (model/ckpt.c).
+ * adapters', whole on every rank, written by rank 0 as without ZeRO.  One
+ * rank on the CPU backend: a step without a full checkpoint is written (and
+ * pushed) from a copy of the weights by a thread while the next step
+ * computes (bg_start, rli_save_wait).
+ * Leaves out: the checkpoint format itself (model/ckpt.c); background
+ * publishing of GPU weights, with ZeRO, LoRA, a weights group or parts.
  */
 #include <dirent.h>
 #include <errno.h>
