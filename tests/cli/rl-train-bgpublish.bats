@@ -10,6 +10,7 @@ bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
 load model_helper
+load port_helper
 
 setup_file() {
 	export TD="$BATS_FILE_TMPDIR"
@@ -23,6 +24,15 @@ setup_file() {
 }
 
 TR="--batch 2 --lr 1e-3 --keep 0 --no-skip-zero-adv"
+
+setup() {
+	PIDS=""
+}
+
+teardown() {
+	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
+	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+}
 
 @test "background and --publish-inline write the same versions, in order, to OUT and to --sync" {
 	run -0 --separate-stderr rl-train -v -m "$TD/m0" --out "$TD/bg" --sync "$TD/bgw" $TR --max-steps 6 \
@@ -99,4 +109,27 @@ TR="--batch 2 --lr 1e-3 --keep 0 --no-skip-zero-adv"
 	grep -q "cannot save to '$O/step-00000003'" "$TD/failin.err"
 	! grep -q "background" "$TD/failin.err"
 	[ "$(jq -s -c 'map(.step)' "$TD/failin.jsonl")" = "[1,2]" ]
+}
+
+@test "queue wiring at K 0 with background publishing: the generator waits for each version the broker counts; nothing is stale" {
+	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' \
+	    rl-queue serve -q -l tcp://127.0.0.1:@PORT@ --max-staleness 0 -b 2 -t 30
+	local URL="tcp://127.0.0.1:$DPORT" O="$TD/qk0"
+	head -n 24 "$TD/prompts.jsonl" | rl-queue put -q "$URL"
+	mkdir -p "$O"
+	rl-rollout -v -m "$TD/m0" -n 2 --max-tokens 3 --train-batch 2 --queue "$URL" --weights-from "$O" \
+	    --weights-timeout 60 2> "$TD/qk0-rollout.log" &
+	PIDS="$PIDS $!"
+	rl-reward -q --task 'format:^[0-9]' --queue "$URL" &
+	PIDS="$PIDS $!"
+	run -0 --separate-stderr timeout 60 rl-train -v -m "$TD/m0" --out "$O" $TR --max-steps 8 --queue "$URL" \
+	    --metrics "$TD/qk0.jsonl"
+	# versions 2..7 were written in the background
+	[ "$(grep -c "in the background" <<< "$stderr")" = 6 ] || { echo "$stderr"; return 1; }
+	[ "$(jq -s -c 'map(.step)' "$TD/qk0.jsonl")" = "[1,2,3,4,5,6,7,8]" ]
+	[ "$(jq -s -c 'map(."staleness/max") | max' "$TD/qk0.jsonl")" = 0 ]
+	[ "$(jq -s -c 'map(has("timing_s/ack")) | all' "$TD/qk0.jsonl")" = true ]
+	rl-queue stat --json "$URL" > "$TD/qk0.stat"
+	jq -e '.total.stale_dropped == 0 and .version == 8' "$TD/qk0.stat"
+	for v in 1 2 3 4 5 6 7; do grep -q "weights version $v loaded" "$TD/qk0-rollout.log"; done
 }
