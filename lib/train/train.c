@@ -107,9 +107,11 @@ rl_train_stopped_by(void)
  * acknowledgement of its records, its metrics line. */
 
 /* Test hook (tests/cli/exactly-once.bats): RL_TRAIN_TEST_DIE=N:saved dies
- * as kill -9 would right after step N's checkpoint is written, before the
- * broker hears of version N; N:versioned after that, before the step's
- * groups are acknowledged: the two moments a crash splits. */
+ * as kill -9 would right after step N's checkpoint is written (a step
+ * written in the background: handed to its thread), before the broker hears
+ * of version N; N:versioned after that, before the step's groups are
+ * acknowledged: the two moments a crash splits (acknowledgements follow
+ * full checkpoints, which are written in place). */
 static void
 test_die(const trainer *tr, const char *where)
 {
