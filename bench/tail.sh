@@ -21,13 +21,15 @@
 # reason, each side's idle share over the run (queue wiring), the mean of
 # each step's longest answer, the trainer's own CPU seconds and its busy
 # and model seconds per step (on a shared machine its wall time per step
-# moves with the load; its CPU time much less), the load average before
-# and after.  Then a summary line: auto
+# moves with the load; its CPU time much less), where its wall time goes
+# (train_*_s: start-up, waits, updates, publishing, acknowledgements, the
+# exit; they add up to train_wall_s), the load average before and after.  Then a summary line: auto
 # and auto-es against the best fixed K and against sync (samples/s, per
 # CPU second, and response tokens/s).  The machine may
 # be shared: CPU seconds are the steadier figure.
 # Environment: HIDDEN (64) and LAYERS (2), the model's size; MICRO_TOKENS
-# (unset) packed training in every run (rl-train --micro-tokens); OVERSAMPLE
+# (unset) packed training in every run (rl-train --micro-tokens);
+# PUBLISH_INLINE=1 rl-train --publish-inline in every run; OVERSAMPLE
 # (1.5) and STRAGGLERS (requeue) of auto-es; RUNS (default "sync k1 k2 auto auto-es", run in the order given); PIN (1 where there are 2 cores or
 # more): equal resources as bench/e2e.sh has them, generation, scoring and
 # the broker on core GEN_CPU (0), training on TRAIN_CPU (1), in every run,
@@ -58,6 +60,9 @@ TR="--algo grpo --batch 2 --lr 1e-4 --no-skip-zero-adv --max-steps $steps"
 # papers async RL follows (bench/RESULTS.md: by CPU seconds the default is
 # balanced, training about half; packed, training about 40 %)
 [ -n "${MICRO_TOKENS:-}" ] && TR="$TR --micro-tokens $MICRO_TOKENS"
+# PUBLISH_INLINE=1: rl-train --publish-inline in every run (each version
+# written before the next step, as before background publishing)
+[ "${PUBLISH_INLINE:-0}" = 1 ] && TR="$TR --publish-inline"
 GEN="-n 4 --max-tokens 160 --train-batch 2 --slots 32"
 OVERSAMPLE=${OVERSAMPLE:-1.5} STRAGGLERS=${STRAGGLERS:-requeue}
 # the auto rule decides on the workers' stats reports (every 2 s by
@@ -79,7 +84,7 @@ run_sync() {
 	mkdir -p "$o"
 	/usr/bin/time -f "%U %S" -o "$o.cpu" bash -c "
 		$PG rl-rollout -q -m '$d/m0' $GEN --weights-from '$o' --max-staleness 0 '$d/prompts.jsonl' |
-		$PG rl-reward -q -t arith | /usr/bin/time -f '%U %S' -o '$o.tcpu' $PT rl-train -q -m '$d/m0' --out '$o' $TR --metrics '$o.m' - 2>/dev/null || true"
+		$PG rl-reward -q -t arith | /usr/bin/time -f '%U %S %e' -o '$o.tcpu' $PT rl-train -q -m '$d/m0' --out '$o' $TR --metrics '$o.m' - 2>/dev/null || true"
 }
 
 # run_queue NAME SERVE_ARGS...
@@ -94,7 +99,7 @@ run_queue() {
 		rl-queue put -q tcp://127.0.0.1:$port '$d/prompts.jsonl'
 		$PG rl-rollout -q -m '$d/m0' $GEN --queue tcp://127.0.0.1:$port --weights-from '$o' & G=\$!
 		$PG rl-reward -q --queue tcp://127.0.0.1:$port -t arith & R=\$!
-		/usr/bin/time -f '%U %S' -o '$o.tcpu' $PT rl-train -q -m '$d/m0' --out '$o' $TR --queue tcp://127.0.0.1:$port --metrics '$o.m' 2>/dev/null || true
+		/usr/bin/time -f '%U %S %e' -o '$o.tcpu' $PT rl-train -q -m '$d/m0' --out '$o' $TR --queue tcp://127.0.0.1:$port --metrics '$o.m' 2>/dev/null || true
 		rl-queue stat --json tcp://127.0.0.1:$port > '$o.stat' 2>/dev/null || true
 		kill \$G \$R; wait \$G \$R 2>/dev/null; kill \$Q; wait \$Q 2>/dev/null; true"
 }
@@ -106,6 +111,26 @@ import json, os, sys
 name, wall, cpu, mpath, spath, steps = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6])
 load0, pin = sys.argv[7], sys.argv[8] == "1"
 ms = [json.loads(l) for l in open(mpath)] if os.path.exists(mpath) else []
+tp = mpath[:-2] + ".tcpu"
+tcpu = [float(x) for x in open(tp).read().split()[-3:]] if os.path.exists(tp) else None
+def breakdown(ms, wall):
+    if not ms or wall is None or not all(isinstance(m.get("timing_s/elapsed"), (int, float)) for m in ms):
+        return {"train_wall_s": wall}
+    g = lambda m, k: m.get(k) if isinstance(m.get(k), (int, float)) else 0.0
+    step = [g(m, "timing_s/step") for m in ms]
+    el = [g(m, "timing_s/elapsed") for m in ms]
+    parts = {"wait": sum(g(m, "timing_s/gen") for m in ms[1:]),
+             "update": sum(g(m, "timing_s/update_actor") for m in ms),
+             "model": sum(g(m, "timing_s/model") for m in ms),
+             "publish": sum(g(m, "timing_s/publish") for m in ms),
+             "ack": sum(g(m, "timing_s/ack") for m in ms)}
+    out = {"train_wall_s": wall, "train_startup_s": el[0] - step[0], "train_first_wait_s": g(ms[0], "timing_s/gen")}
+    out.update({"train_%s_s" % k: v for k, v in parts.items()})
+    out["train_step_other_s"] = sum(step) - out["train_first_wait_s"] - parts["wait"] - parts["update"] - \
+        parts["publish"] - parts["ack"]
+    out["train_between_s"] = sum(el[i] - el[i - 1] - step[i] for i in range(1, len(ms)))
+    out["train_exit_s"] = wall - el[-1]
+    return {k: round(v, 3) for k, v in out.items()}
 samples = 8 * len(ms)   # 2 groups of 4 a step
 # the trained mix: early stop may train fewer long answers in the run's steps
 # (their prompts re-queued past its end), which makes a sample cheaper
@@ -136,13 +161,21 @@ print(json.dumps({"bench": "tail", "run": name, "steps": len(ms), "samples": sam
        if "autok" in st else {}),
     # the trainer alone: its CPU seconds (user + system) and, per step, its
     # wall seconds less the wait for records (busy), and the model passes
-    "train_cpu_s": (lambda p: round(sum(map(float, open(p).read().split()[-2:])), 2) if os.path.exists(p) else None)(
-        mpath[:-2] + ".tcpu"),
+    "train_cpu_s": round(tcpu[0] + tcpu[1], 2) if tcpu else None,
+    # where the trainer's wall time goes (rl-train's timing_s/* keys, summed
+    # over the run): start-up until its first wait for records, the wait for
+    # the first groups, the later waits (leases), the updates (of which the
+    # model's passes), writing and publishing each version, the version told
+    # to the broker and the acknowledgements, the rest of the steps, between
+    # the steps (metrics line, renewals), and the exit (process start before
+    # rl_train_run, the final checkpoint and acknowledgements); they add up
+    # to train_wall_s
+    **breakdown(ms, tcpu[2] if tcpu else None),
     **{"train_%s_per_step_s" % n: (lambda x: round(sum(x) / len(x), 4) if x else None)(
         [f(m) for m in ms if all(isinstance(m.get(k), (int, float)) for k in ks)])
        for n, ks, f in (("busy", ("timing_s/step", "timing_s/gen"), lambda m: m["timing_s/step"] - m["timing_s/gen"]),
                         ("model", ("timing_s/model",), lambda m: m["timing_s/model"]))},
-    "micro_tokens": os.environ.get("MICRO_TOKENS") or None,
+    "micro_tokens": os.environ.get("MICRO_TOKENS") or None, "publish_inline": os.environ.get("PUBLISH_INLINE") == "1",
     "pinned": pin, "load_before": float(load0), "load_after": float(open("/proc/loadavg").read().split()[0])}))
 PY
 }

@@ -120,6 +120,8 @@ static const char usage_text[] =
     "      --sync-transport T    auto (shared memory to a server on this host, else deltas), shm,\n"
     "                            stream or nng (deltas over the socket), file (default auto)\n"
     "      --push-parts          every rank pushes its part of each version to --sync (a server)\n"
+    "      --publish-inline      write (and push) each version before the next step, not from a\n"
+    "                            background thread while it computes (see rl-train(1))\n"
     "      --weights-group HOST:PORT  broadcast each version to rollout workers joined there\n"
     "      --weights-group-size N     this trainer and the N-1 workers of the group\n"
     "      --weights-group-backend B  auto, cpu, nccl or ipc (default auto: on a loopback address with\n"
@@ -172,7 +174,7 @@ enum {
 	O_INIT = 256, O_TOKENIZER, O_SEED, O_DEVICE, O_ALGO, O_BATCH, O_AGG, O_NORMLEN, O_NOSTD,
 	O_CLIPLO, O_CLIPHI, O_DUAL, O_TIS, O_OLDBEH, O_KL, O_KLCOEF, O_KLREW, O_REF, O_ENT, O_GAMMA,
 	O_EPOCHS, O_MINI, O_MICRO, O_PACK, O_LR, O_WARMUP, O_SCHED, O_TOTAL, O_MINLR, O_WD, O_B1, O_B2, O_AEPS,
-	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC, O_PUSHPARTS,
+	O_CLIP, O_MAXSTEPS, O_SAVE, O_KEEP, O_RESUME, O_ONBAD, O_METRICS, O_TFEV, O_PROM, O_QUEUE, O_IDLE, O_BTIMEOUT, O_SYNC, O_PUSHPARTS, O_PUBINL,
 	O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_TLS_PASS, O_TLS_CRL, O_AUTH_KEY,
 	O_CKEVERY, O_RANK, O_WORLD, O_RDV, O_CBACK, O_CTIME, O_DPCHECK, O_DPBUCKET, O_DPNOOVL, O_ZERO, O_NOPREFETCH, O_Z3KEEP,
 	O_PLAN, O_LORAR, O_LORAT, O_LORAA, O_LORAD, O_MERGE, O_KVTOK, O_GPUMEM, O_LAMBDA, O_VFCOEF, O_VCLIP, O_CRITLR, O_NOWHITEN, O_RECOMP,
@@ -212,7 +214,7 @@ static const struct option longopts[] = {
 	{ "tls-crl", required_argument, 0, O_TLS_CRL },
 	{ "auth-key-file", required_argument, 0, O_AUTH_KEY },
 	{ "broker-timeout", required_argument, 0, O_BTIMEOUT },
-	{ "sync", required_argument, 0, O_SYNC }, { "push-parts", no_argument, 0, O_PUSHPARTS }, { "ckpt-every", required_argument, 0, O_CKEVERY },
+	{ "sync", required_argument, 0, O_SYNC }, { "push-parts", no_argument, 0, O_PUSHPARTS }, { "publish-inline", no_argument, 0, O_PUBINL }, { "ckpt-every", required_argument, 0, O_CKEVERY },
 	{ "sync-transport", required_argument, 0, O_STRANS },
 	{ "rank", required_argument, 0, O_RANK }, { "world", required_argument, 0, O_WORLD },
 	{ "rendezvous", required_argument, 0, O_RDV }, { "comm-backend", required_argument, 0, O_CBACK },
@@ -430,6 +432,7 @@ main(int argc, char **argv)
 		case O_AUTH_KEY: if (rli_auth_set_file(a) != 0) return 2; break;
 		case O_SYNC: o.sync_url = a; break;
 		case O_PUSHPARTS: o.push_parts = 1; break;
+		case O_PUBINL: o.publish_inline = 1; break;
 		case O_STRANS:
 			if (rl_wsync_transport_parse(a, &o.sync_transport) != 0)
 				return rl_cli_usage("--sync-transport: want auto, shm, stream, nng or file, not '%s'", a);

@@ -50,6 +50,18 @@
  * the AdamW update count, in its metadata).  path (optional, size len) receives the
  * directory written.  RL_EEXIST when that step was already saved. */
 int rl_ckpt_save(rl_model *m, const char *root, int with_optimizer, char *path, size_t len);
+/* A copy of the weights taken between steps and written from another thread
+ * (ckpt_snap.c): rl_ckpt_snap_take copies m's weights into *s (created when
+ * NULL, reused after); RL_ENOTSUP where rl_ckpt_snap_ok says no (not the CPU
+ * backend, LoRA, ZeRO-3).  rl_ckpt_snap_save is rl_ckpt_save of the copy
+ * without the optimizer; rl_ckpt_snap_model the copy as a model to read
+ * (never to train).  The model must outlive the copy's use. */
+typedef struct rl_ckpt_snap rl_ckpt_snap;
+int rl_ckpt_snap_ok(const rl_model *m);
+int rl_ckpt_snap_take(rl_ckpt_snap **s, rl_model *m);
+int rl_ckpt_snap_save(rl_ckpt_snap *s, const char *root, char *path, size_t len);
+rl_model *rl_ckpt_snap_model(rl_ckpt_snap *s);
+void rl_ckpt_snap_free(rl_ckpt_snap *s);
 /* Resolves ROOT/latest to the directory path (size len); RL_ENOENT when there
  * is none. */
 int rl_ckpt_latest(const char *root, char *path, size_t len);

@@ -52,6 +52,11 @@ typedef struct gen {
 	rl_traj_writer *w;
 	FILE *out;
 	int version, pending_version;
+	/* the queue wiring: the version the broker leased prompts at, not yet on
+	 * the weights source (a trainer publishing in the background); new
+	 * sequences are held until it is loaded (0: none), since want_since */
+	int want_version;
+	double want_since;
 	int pending_rewind;     /* pending_version is a rewound rl-sync's or --weights-from's: load it,
 	                         * though not newer */
 	char pending_path[4096];

@@ -253,6 +253,19 @@ poll_weights_(gen *g, int force)
 			snprintf(g->pending_path, sizeof g->pending_path, "%s", path);
 		}
 	}
+	if (g->want_version > RL_MAX(g->version, g->pending_version) && !g->pending_rewind) {
+		/* the broker's version is not on the source yet: what runs goes on,
+		 * nothing new starts (at most --weights-timeout) */
+		if (g->o.weights_timeout > 0 && rl_now() - g->want_since > g->o.weights_timeout) {
+			rl_error("no weights version %d (the broker's) in '%s' after %.0f s (have %d)", g->want_version,
+			    g->o.weights_from ? g->o.weights_from : g->o.sync_url ? g->o.sync_url : g->o.wgo.addr,
+			    g->o.weights_timeout, g->version);
+			rl_hint("is the trainer publishing where this worker reads (--weights-from, --sync)?");
+			return RL_ETIMEDOUT;
+		}
+		rl_engine_hold(g->e, 1);
+		return RL_OK;
+	}
 	if (g->pending_version > g->version || g->pending_rewind) {
 		if (g->o.partial || rl_engine_active(g->e) == 0) {
 			if (g->wg) {

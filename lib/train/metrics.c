@@ -355,6 +355,11 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 	metric(j, tr, step, "timing_s/update_actor", t_upd);
 	metric(j, tr, step, "timing_s/model", tr->t_model);
 	metric(j, tr, step, "timing_s/publish", tr->t_pub);
+	if (tr->qc) /* the queue wiring: the version told to the broker and the acknowledgements */
+		metric(j, tr, step, "timing_s/ack", tr->t_ack);
+	/* since rl_train_run started: the first step's less its timing_s/step is
+	 * the start-up, the run's wall time less the last one the exit */
+	metric(j, tr, step, "timing_s/elapsed", rl_now() - tr->t_begin);
 	if (tr->world > 1) {
 		int nb, early = rl_comm_reducer_early(tr->red, &nb);
 		metric(j, tr, step, "timing_s/allreduce", tr->t_comm);

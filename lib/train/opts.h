@@ -36,6 +36,7 @@ typedef struct rl_train_opts {
 	const char *sync_url;      /* --sync URL: also push each version to rl-sync (or a directory) */
 	int sync_transport;        /* --sync-transport: RL_WSYNC_T_* (0: auto) */
 	int push_parts;            /* --push-parts: every rank pushes its part of each version */
+	int publish_inline;        /* --publish-inline: write each version before the next step */
 	const char *wgroup_addr;   /* --weights-group HOST:PORT: broadcast each version (wgroup.h) */
 	int wgroup_size;           /* its size: this trainer + the rollout workers */
 	const char *wgroup_backend; /* auto, cpu, nccl */

@@ -12,8 +12,12 @@
  * 0 while every rank gathers the units it names; a directory step that also
  * sends to the group or in parts does all of it in the directory's walk
  * (never the whole model gathered for a save); with LoRA the files are the
- * adapters', whole on every rank, written by rank 0 as without ZeRO.
- * Leaves out: the checkpoint format itself (model/ckpt.c).
+ * adapters', whole on every rank, written by rank 0 as without ZeRO.  One
+ * rank on the CPU backend: a step without a full checkpoint is written (and
+ * pushed) from a copy of the weights by a thread while the next step
+ * computes (bg_start, rli_save_wait).
+ * Leaves out: the checkpoint format itself (model/ckpt.c); background
+ * publishing of GPU weights, with ZeRO, LoRA, a weights group or parts.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -849,14 +853,107 @@ save_units_end(trainer *tr, double peak)
  * the same walk; a version only published (a step --ckpt-every writes no
  * directory for: in parts, whole to rl-sync, to the weights group) is built
  * unit by unit too (publish_units). */
+/* Background publishing: a step that writes no full checkpoint copies the
+ * weights (rl_ckpt_snap) and a thread writes OUT/step-N, moves `latest`
+ * and pushes to --sync while the next step leases and computes; the
+ * trainer waits for it before the next save of any kind, and before it
+ * exits.  One rank, no ZeRO, no weights group, no --push-parts, host
+ * weights without LoRA (rl_ckpt_snap_ok); full checkpoints stay in place:
+ * they hold the data position and the acknowledgements follow them. */
+static int
+bg_ok(const trainer *tr, int full)
+{
+	return !full && !tr->o->publish_inline && tr->world == 1 && !tr->zero && !tr->z3p.zp && !tr->wg &&
+	    !tr->o->push_parts && rl_ckpt_snap_ok(tr->m);
+}
+
+/* The thread's work, on the copy (m): what rli_save_publish does for a
+ * step without optimizer state. */
+static int
+bg_write(trainer *tr, rl_model *m)
+{
+	char dir[4096];
+	int rv;
+
+	if (tr->bg_only) {
+		/* --ckpt-every: only rl-sync carries this version */
+		rl_wver *v = NULL;
+		if ((rv = rl_wver_from_ckpt(&v, m, (uint64_t)m->version)) == 0)
+			rv = rl_wsync_publish(tr->ws, v, 1);
+		rl_wver_destroy(v);
+		if (rv != 0)
+			rl_error("cannot publish version %d to '%s'", m->version, tr->o->sync_url);
+		return rv;
+	}
+	if ((rv = rl_ckpt_save(m, tr->o->out_dir, 0, dir, sizeof dir)) != 0)
+		return rv;
+	if (tr->ws && (rv = rl_wsync_publish_dir(tr->ws, dir, (uint64_t)m->version, 1)) != 0) {
+		rl_error("cannot publish version %d to '%s'", m->version, tr->o->sync_url);
+		return rv;
+	}
+	prune(tr);
+	rl_verbose("published version %d in '%s' (in the background)", m->version, dir);
+	return RL_OK;
+}
+
+static void *
+bg_main(void *arg)
+{
+	trainer *tr = arg;
+	double t0 = rl_now();
+
+	tr->bg_rv = bg_write(tr, rl_ckpt_snap_model(tr->snap));
+	tr->bg_s = rl_now() - t0;
+	return NULL;
+}
+
+int
+rli_save_wait(trainer *tr)
+{
+	if (!tr->bg_running)
+		return RL_OK;
+	pthread_join(tr->bg_th, NULL);
+	tr->bg_running = 0;
+	if (tr->bg_rv != 0)
+		rl_error("version %d was not published (written in the background): the run stops", tr->bg_version);
+	return tr->bg_rv;
+}
+
+static int
+bg_start(trainer *tr)
+{
+	int rv;
+
+	if ((rv = check_finite(tr)) != 0 || (rv = rl_ckpt_snap_take(&tr->snap, tr->m)) != 0)
+		return rv;
+	tr->bg_only = publish_only(tr, 0);
+	tr->bg_version = tr->m->version;
+	tr->bg_rv = RL_OK;
+	tr->last_full = 0;
+	if (pthread_create(&tr->bg_th, NULL, bg_main, tr) != 0) {
+		/* no thread to spare: written here, as with --publish-inline */
+		bg_main(tr);
+		return tr->bg_rv;
+	}
+	tr->bg_running = 1;
+	return RL_OK;
+}
+
 int
 rli_save_step(trainer *tr)
 {
 	double t_pub = rl_now(), peak = tr->pres_peak;
 	int rv, full;
 
-	if ((rv = full_due(tr, &full)) != 0)
+	/* the version before is out first: versions leave in order, and a
+	 * failed one stops the run here */
+	if ((rv = rli_save_wait(tr)) != 0 || (rv = full_due(tr, &full)) != 0)
 		return rv;
+	if (bg_ok(tr, full)) {
+		rv = bg_start(tr);
+		tr->t_pub = rl_now() - t_pub;
+		return rv;
+	}
 	/* every rank takes the same path (publish_only: options and full_due);
 	 * --ckpt-every > 1 comes with --sync or a weights group */
 	if (z3_units(tr) && publish_only(tr, full)) {
@@ -916,6 +1013,9 @@ rli_save_final(trainer *tr, int start_step)
 	char dir[4096];
 	int need = 0, rv;
 
+	/* the last version is published before the run ends */
+	if ((rv = rli_save_wait(tr)) != 0)
+		return rv;
 	if (tr->m->version > start_step && tr->rank == 0) {
 		char opt[4096];
 		snprintf(opt, sizeof opt, "%s/step-%08d/optimizer.safetensors", o->out_dir, tr->m->version);

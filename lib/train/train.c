@@ -107,9 +107,11 @@ rl_train_stopped_by(void)
  * acknowledgement of its records, its metrics line. */
 
 /* Test hook (tests/cli/exactly-once.bats): RL_TRAIN_TEST_DIE=N:saved dies
- * as kill -9 would right after step N's checkpoint is written, before the
- * broker hears of version N; N:versioned after that, before the step's
- * groups are acknowledged: the two moments a crash splits. */
+ * as kill -9 would right after step N's checkpoint is written (a step
+ * written in the background: handed to its thread), before the broker hears
+ * of version N; N:versioned after that, before the step's groups are
+ * acknowledged: the two moments a crash splits (acknowledgements follow
+ * full checkpoints, which are written in place). */
 static void
 test_die(const trainer *tr, const char *where)
 {
@@ -164,12 +166,15 @@ train_step(trainer *tr)
 	if (tr->world > 1 && o->dp_check_every > 0 && tr->m->version % o->dp_check_every == 0 &&
 	    (rv = rli_dp_check_weights(tr)) != 0)
 		return rv;
+	tr->t_ack = 0;
 	if (tr->qc) {
+		double t_ack = rl_now();
 		/* the new version first, so the broker's gate judges later groups by it */
 		rl_qclient_set_version(tr->qc, (uint64_t)tr->m->version, NULL);
 		test_die(tr, "versioned");
 		if ((rv = rli_feed_ack(tr, 1, tr->last_full)) != 0)
 			return rv;
+		tr->t_ack = rl_now() - t_ack;
 	}
 	if (tr->rank != 0)
 		return RL_OK;
@@ -560,6 +565,12 @@ rli_train_fini(trainer *tr, int rv)
 {
 	int r2;
 
+	/* a version still being written: finished (its failure, logged, fails
+	 * a run that had not) before the model and the rl-sync client go */
+	r2 = rli_save_wait(tr);
+	if (rv == 0)
+		rv = r2;
+	rl_ckpt_snap_free(tr->snap);
 	rli_feed_free_groups(tr);
 	free(tr->pend);
 	free(tr->opt_dir);
@@ -626,6 +637,7 @@ rl_train_run(const rl_train_opts *o)
 	cJSON *state = NULL;
 	int rv, start_step;
 
+	tr.t_begin = rl_now();
 	if ((rv = setup(&tr, o)) != 0)
 		return rv;
 	if ((rv = open_model(&tr, dir, sizeof dir, &state)) != 0 ||

@@ -154,6 +154,14 @@ typedef struct trainer {
 	double t_wait;
 	double t_model;  /* seconds in model forward/backward/AdamW this step */
 	double t_pub;    /* seconds publishing the step's checkpoint */
+	double t_ack;    /* seconds telling the broker the version and acknowledging */
+	double t_begin;  /* when rl_train_run started: timing_s/elapsed counts from it */
+	/* background publishing (save.c): the copy of the weights, the thread
+	 * writing it, its version, outcome and seconds */
+	struct rl_ckpt_snap *snap;
+	pthread_t bg_th;
+	int bg_running, bg_only, bg_version, bg_rv;
+	double bg_s;
 	rl_wsync *ws;    /* --sync */
 	rl_wsync_client *wpc;    /* --push-parts: this rank's client */
 	rl_wver *wpart;          /* --push-parts: the part pushed last, the next one's delta base */
@@ -309,6 +317,9 @@ int rli_save_open(trainer *tr, const char *dir);
 int rli_save_publish(trainer *tr, int full, int push);
 /* After a step's updates: its checkpoint (every rank takes part). */
 int rli_save_step(trainer *tr);
+/* Waits for the version being published in the background (if any): its
+ * outcome; then none is. */
+int rli_save_wait(trainer *tr);
 /* The last full checkpoint, so that the run can be resumed. */
 int rli_save_final(trainer *tr, int start_step);
 

@@ -42,6 +42,47 @@ same_params(rl_model *a, rl_model *b, int kind)
 	return ok;
 }
 
+/* rl_ckpt_snap: the copy is the weights when it was taken, whatever the
+ * model does after; written as rl_ckpt_save writes (the PyTorch check in
+ * main reads the first one back against the fixture's logits). */
+static void
+test_snap(rl_ops *o)
+{
+	rl_model *m = NULL, *b = NULL, *fresh = NULL;
+	rl_ckpt_snap *s = NULL;
+	char root[512], path[600];
+
+	snprintf(root, sizeof root, "%s/snap", tmpd);
+	T_EQ_INT(rl_model_open(&m, "tests/fixtures/qwen2", o), 0);
+	T_EQ_INT(rl_model_open(&fresh, "tests/fixtures/qwen2", o), 0);
+	if (m == NULL || fresh == NULL)
+		return;
+	T_OK(rl_ckpt_snap_ok(m), "a CPU model without LoRA can be copied");
+	m->version = 1;
+	T_EQ_INT(rl_ckpt_snap_take(&s, m), 0);
+	for (size_t i = 0; i < m->tt.total; i++)
+		m->params[i] += 1.0f; /* the next step trains on */
+	m->version = 2;
+	T_EQ_INT(rl_ckpt_snap_save(s, root, path, sizeof path), 0);
+	T_OK(strstr(path, "step-00000001") != NULL, "the copy's version names the directory: %s", path);
+	T_EQ_INT(rl_model_open(&b, path, o), 0);
+	if (b != NULL)
+		T_OK(same_params(b, fresh, RL_MODEL_PARAM), "the copy holds the weights when taken");
+	rl_model_close(b);
+	b = NULL;
+	/* taken again: the same buffer, the new weights */
+	T_EQ_INT(rl_ckpt_snap_take(&s, m), 0);
+	T_EQ_INT(rl_ckpt_snap_save(s, root, path, sizeof path), 0);
+	T_EQ_INT(rl_model_open(&b, path, o), 0);
+	if (b != NULL)
+		T_OK(same_params(b, m, RL_MODEL_PARAM) && !same_params(b, fresh, RL_MODEL_PARAM),
+		    "the second copy holds the trained weights");
+	rl_model_close(b);
+	rl_ckpt_snap_free(s);
+	rl_model_close(fresh);
+	rl_model_close(m);
+}
+
 static void
 round_trip(rl_ops *o, const char *fixture, const char *out)
 {
@@ -483,13 +524,14 @@ main(void)
 	round_trip(o, "llama3", "l3"); /* rope_scaling "llama3": the saved config keeps it */
 	round_trip(o, "mistral", "mi"); /* sliding_window and max_position_embeddings kept */
 	round_trip(o, "gemma3", "ge"); /* the sandwich norms, layer_types, Gemma3ForCausalLM */
+	test_snap(o);
 	/* What HF would load: the PyTorch reference, reading parameters by their HF
 	 * names and layouts only, reproduces the fixtures' logits from what we saved. */
 	if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {
 		char py[1024];
 		snprintf(py, sizeof py, "/usr/bin/python3 tests/fixtures/check_saved.py qwen2_tied=%s/q2t "
-		    "qwen2=%s/q2 qwen3=%s/q3 gpt2=%s/g2 llama=%s/ll llama3=%s/l3 mistral=%s/mi", tmpd, tmpd, tmpd, tmpd,
-		    tmpd, tmpd, tmpd);
+		    "qwen2=%s/q2 qwen3=%s/q3 gpt2=%s/g2 llama=%s/ll llama3=%s/l3 mistral=%s/mi "
+		    "qwen2=%s/snap/step-00000001", tmpd, tmpd, tmpd, tmpd, tmpd, tmpd, tmpd, tmpd);
 		T_EQ_INT(system(py), 0);
 	} else {
 		printf("test_ckpt: no PyTorch at /usr/bin/python3; HF layout check by the reference skipped\n");
