@@ -5,7 +5,7 @@
 # after rl_comm_close has returned.  They must read no freed memory (they
 # did: "Invalid read of size 4 at on_prev_pipe" under frames of
 # libnng.so.1.5.2).  Skipped without valgrind, without the test binary, or
-# with a sanitizer build (valgrind cannot run those).  About 15 s on an idle
+# with a sanitizer build (valgrind cannot run those).  About 7 s on an idle
 # 2-core machine.
 
 bats_require_minimum_version 1.5.0
