@@ -64,6 +64,8 @@ rli_nng_close_timed(nng_socket sock, const char *what)
 	struct closer *k = calloc(1, sizeof *k);
 	struct timespec ts;
 	pthread_t th;
+	const char *env;
+	long wait_ms;
 	int done;
 
 	if (k == NULL) {
@@ -82,7 +84,17 @@ rli_nng_close_timed(nng_socket sock, const char *what)
 	}
 	pthread_detach(th);
 	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += 1;
+	wait_ms = 1000;
+	/* the tests make every close "hang" (0) to check that callers keep
+	 * what the socket's callbacks use (tests/unit/test_comm_close.c) */
+	if ((env = getenv("RL_NNG_TEST_CLOSE_WAIT_MS")) && *env)
+		wait_ms = atol(env) < 0 ? 0 : atol(env);
+	ts.tv_sec += wait_ms / 1000;
+	ts.tv_nsec += (wait_ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
 	pthread_mutex_lock(&k->mtx);
 	while (!k->done && pthread_cond_timedwait(&k->cv, &k->mtx, &ts) == 0)
 		;

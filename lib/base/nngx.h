@@ -14,7 +14,8 @@
  * socket are leaked (logged at verbose level, naming `what`), which beats a
  * program that never exits.  Returns 1 when the close finished, 0 when it was
  * left hanging (then nothing the socket's callbacks may touch can be freed).
- * Thread-safe. */
+ * RL_NNG_TEST_CLOSE_WAIT_MS (tests only) sets the wait; 0 leaves every close
+ * that has not finished at once.  Thread-safe. */
 int rli_nng_close_timed(nng_socket sock, const char *what);
 
 /* A tcp:// (or tls+tcp://) URL to dial must end in a port 1..65535: nng takes

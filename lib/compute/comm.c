@@ -65,6 +65,16 @@ enum { OP_NONE = 0, OP_ALLREDUCE, OP_BCAST, OP_ALLGATHER };
 
 enum { B_SINGLE = 0, B_CPU, B_NCCL };
 
+/* The ring sockets' pipe events, in a block of its own rather than in
+ * rl_comm: nng runs the callbacks on its reaper thread, and a close that
+ * rli_nng_close_timed leaves hanging may still run them after rl_comm_close;
+ * the block is then left allocated (rl_comm_close) so that they never write
+ * freed memory. */
+struct pipe_watch {
+	_Atomic uint32_t prev_pipe, next_pipe;   /* pipe ids in use (0: none yet) */
+	_Atomic int prev_lost, next_lost;
+};
+
 struct rl_comm {
 	int rank, world, local_rank, backend;
 	double timeout;
@@ -76,8 +86,8 @@ struct rl_comm {
 	nng_socket prev, next;      /* ring: receive from rank-1, send to rank+1 */
 	int have_prev, have_next;
 	nng_listener lst;
-	_Atomic uint32_t prev_pipe, next_pipe;   /* pipe ids in use (0: none yet) */
-	_Atomic int prev_lost, next_lost;
+	struct pipe_watch *pw;      /* what the ring sockets' pipe callbacks write */
+	int close_left;             /* a ring socket's close was left hanging (nng #1543) */
 	_Atomic int interrupted;                 /* rl_comm_interrupt */
 	int shm_on;                 /* RL_COMM_SHM: offer and accept shared-memory edges */
 	rli_shm_chan *shm_out, *shm_in;  /* the edges to rank+1 and from rank-1 in shared memory (NULL: TCP) */
@@ -261,20 +271,20 @@ resolve(const char *master, const char *addr_opts, char ip[64], int *port)
 static void
 on_prev_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
-	rl_comm *c = arg;
-	if (ev == NNG_PIPE_EV_REM_POST && atomic_load(&c->prev_pipe) == (uint32_t)nng_pipe_id(p))
-		atomic_store(&c->prev_lost, 1);
+	struct pipe_watch *w = arg;
+	if (ev == NNG_PIPE_EV_REM_POST && atomic_load(&w->prev_pipe) == (uint32_t)nng_pipe_id(p))
+		atomic_store(&w->prev_lost, 1);
 }
 
 static void
 on_next_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
-	rl_comm *c = arg;
+	struct pipe_watch *w = arg;
 	if (ev == NNG_PIPE_EV_ADD_POST) {
 		uint32_t zero = 0;
-		atomic_compare_exchange_strong(&c->next_pipe, &zero, (uint32_t)nng_pipe_id(p));
-	} else if (ev == NNG_PIPE_EV_REM_POST && atomic_load(&c->next_pipe) == (uint32_t)nng_pipe_id(p)) {
-		atomic_store(&c->next_lost, 1);
+		atomic_compare_exchange_strong(&w->next_pipe, &zero, (uint32_t)nng_pipe_id(p));
+	} else if (ev == NNG_PIPE_EV_REM_POST && atomic_load(&w->next_pipe) == (uint32_t)nng_pipe_id(p)) {
+		atomic_store(&w->next_lost, 1);
 	}
 }
 
@@ -297,7 +307,7 @@ static void
 send_abort(rl_comm *c, int culprit)
 {
 	nng_msg *m;
-	if (!c->have_next || atomic_load(&c->next_lost) || nng_msg_alloc(&m, HDR) != 0)
+	if (!c->have_next || atomic_load(&c->pw->next_lost) || nng_msg_alloc(&m, HDR) != 0)
 		return;
 	put_hdr(nng_msg_body(m), K_ABORT, OP_NONE, c->rank, c->seq, (uint32_t)culprit);
 	if (nng_sendmsg(c->next, m, NNG_FLAG_NONBLOCK) != 0)
@@ -326,12 +336,12 @@ lost_check(rl_comm *c, const char *what, int which)
 		rl_verbose("%s #%u interrupted", what, c->seq);
 		return fail(c, RL_ECLOSED, -1);
 	}
-	if ((which & 1) && atomic_load(&c->prev_lost)) {
+	if ((which & 1) && atomic_load(&c->pw->prev_lost)) {
 		rl_error("lost the connection to rank %d during %s #%u (its process exited or its host is "
 		    "unreachable)", prev_of(c), what, c->seq);
 		return fail(c, RL_ECLOSED, prev_of(c));
 	}
-	if ((which & 2) && atomic_load(&c->next_lost)) {
+	if ((which & 2) && atomic_load(&c->pw->next_lost)) {
 		rl_error("lost the connection to rank %d during %s #%u (its process exited or its host is "
 		    "unreachable)", next_of(c), what, c->seq);
 		return fail(c, RL_ECLOSED, next_of(c));
@@ -1252,9 +1262,9 @@ ring_listen(rl_comm *c, const char *ip, int *port)
 		return RL_ENET;
 	}
 	c->have_prev = c->have_next = 1;
-	nng_pipe_notify(c->prev, NNG_PIPE_EV_REM_POST, on_prev_pipe, c);
-	nng_pipe_notify(c->next, NNG_PIPE_EV_ADD_POST, on_next_pipe, c);
-	nng_pipe_notify(c->next, NNG_PIPE_EV_REM_POST, on_next_pipe, c);
+	nng_pipe_notify(c->prev, NNG_PIPE_EV_REM_POST, on_prev_pipe, c->pw);
+	nng_pipe_notify(c->next, NNG_PIPE_EV_ADD_POST, on_next_pipe, c->pw);
+	nng_pipe_notify(c->next, NNG_PIPE_EV_REM_POST, on_next_pipe, c->pw);
 	nng_socket_set_ms(c->prev, NNG_OPT_RECVTIMEO, SLICE_MS);
 	nng_socket_set_ms(c->next, NNG_OPT_SENDTIMEO, SLICE_MS);
 	nng_socket_set_size(c->prev, NNG_OPT_RECVMAXSZ, c->seg + HDR + 64);
@@ -1323,7 +1333,7 @@ ring_connect(rl_comm *c, const rdv_entry *tab)
 		if ((rv = lost_check(c, "set-up", 3)) != 0)
 			return rv;
 	}
-	atomic_store(&c->prev_pipe, (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)));
+	atomic_store(&c->pw->prev_pipe, (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)));
 	uint8_t *h = nng_msg_body(m);
 	size_t len = nng_msg_len(m);
 	uint16_t from = 0xffff;
@@ -1378,6 +1388,10 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 	}
 	if (!(c = calloc(1, sizeof *c)))
 		return RL_ENOMEM;
+	if (!(c->pw = calloc(1, sizeof *c->pw))) {
+		free(c);
+		return RL_ENOMEM;
+	}
 	c->rank = o->rank;
 	c->world = o->world;
 	c->local_rank = o->local_rank < 0 ? 0 : o->local_rank;
@@ -1392,10 +1406,12 @@ rl_comm_open(rl_comm **out, const rl_comm_opts *o, rl_ops *ops)
 	c->ops = ops;
 	if (c->world == 1) {
 		if ((rv = open_single(c, o)) != 0) {
-			if (c->backend == B_NCCL)
+			if (c->backend == B_NCCL) {
 				rl_comm_close(c);
-			else
+			} else {
+				free(c->pw);
 				free(c);
+			}
 			return rv;
 		}
 		*out = c;
@@ -1491,9 +1507,10 @@ rl_comm_finish(rl_comm *c)
 		return rv;
 	nng_msg_free(m);
 	c->finished = 1;
-	rli_nng_close_timed(c->prev, "ring socket");
+	if (!rli_nng_close_timed(c->prev, "ring socket"))
+		c->close_left = 1;
 	c->have_prev = 0;
-	for (double t0 = rl_now(); !atomic_load(&c->next_lost) && rl_now() - t0 < c->timeout;)
+	for (double t0 = rl_now(); !atomic_load(&c->pw->next_lost) && rl_now() - t0 < c->timeout;)
 		usleep(2000);
 	return RL_OK;
 }
@@ -1523,14 +1540,18 @@ rl_comm_close(rl_comm *c)
 	if (c->stream)
 		cudaStreamDestroy(c->stream);
 #endif
-	if (c->have_next)
-		rli_nng_close_timed(c->next, "ring socket");
-	if (c->have_prev)
-		rli_nng_close_timed(c->prev, "ring socket");
+	if (c->have_next && !rli_nng_close_timed(c->next, "ring socket"))
+		c->close_left = 1;
+	if (c->have_prev && !rli_nng_close_timed(c->prev, "ring socket"))
+		c->close_left = 1;
 	if (c->pending)
 		nng_msg_free(c->pending);
 	rli_shm_chan_close(c->shm_out);
 	rli_shm_chan_close(c->shm_in);
+	/* a close still under way in nng may yet call on_prev_pipe/on_next_pipe
+	 * with c->pw: leave those 16 bytes to it */
+	if (!c->close_left)
+		free(c->pw);
 	free(c->stage);
 	free(c);
 }
