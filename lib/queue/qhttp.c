@@ -2,7 +2,7 @@
  * qhttp.c — rl-queue's HTTP listener (see qhttp.h): the address check, the
  * Prometheus rendering of the stats JSON, the routes and the page.
  *
- * The HTTP itself is qhttpd.c's: it bounds connections, their deadlines and
+ * The HTTP itself is base/httpd.c's: it bounds connections, their deadlines and
  * the request head, refuses bodies (413) and malformed requests, and calls
  * route() on its one thread for a parsed request.  The routes take GET and
  * HEAD only (405 otherwise, 404 for other paths); the data routes check the
@@ -10,7 +10,7 @@
  * Leaves out: TLS (http:// only), routes that take a body.
  */
 #include "queue/qhttp.h"
-#include "queue/qhttpd.h"
+#include "base/httpd.h"
 #include "base/auth.h"
 
 #include <arpa/inet.h>
