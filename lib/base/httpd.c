@@ -580,6 +580,8 @@ advance(rli_httpd *s, conn *c)
 			return;
 		}
 		rl_buf_reset(&c->out);
+		c->outoff = c->boff = c->blen = 0;
+		c->body = NULL;
 		if (c->close_after) {
 			to_linger(s, c);
 			return;

@@ -43,6 +43,9 @@ typedef struct rl_qhttp rl_qhttp;
  * 127.0.0.1.  Errors: RL_EINVAL (bad form or port), RL_ETOOBIG (url too
  * small). */
 int rl_qhttp_parse_addr(char *url, size_t n, int *loopback, const char *addr);
+/* HOST and PORT of a URL rl_qhttp_parse_addr made ("http://H:P",
+ * "http://[V6]:P"), for rli_httpd_config. */
+void rl_qhttp_split_url(char *host, size_t hn, char *port, size_t pn, const char *url);
 
 /* rl_qhttp_open: parses cfg->addr, refuses a public address unless
  * cfg->allow_public (RL_EINVAL, logged with a hint), then listens and
