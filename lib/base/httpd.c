@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -72,7 +73,7 @@ struct rli_httpd {
 	rli_httpd_config cfg;
 	int lfd, wake[2], port;
 	pthread_t th;
-	int running, stop;
+	int running, stop, woken;
 	pthread_mutex_t mu;
 	int mu_ok;
 	conn **conns;                 /* max_conns slots; NULL where free */
@@ -323,12 +324,17 @@ conn_drop(conn *c)
 	c->state = C_DEAD;
 }
 
+/* (under mu) */
 static void
 wake(rli_httpd *s)
 {
 	ssize_t w;
 
-	/* a full pipe (EAGAIN) wakes the thread as well */
+	/* one byte until the thread has looked: many streams' tokens of one
+	 * engine step cost one wake-up; a full pipe (EAGAIN) wakes it as well */
+	if (s->woken)
+		return;
+	s->woken = 1;
 	do
 		w = write(s->wake[1], "x", 1);
 	while (w < 0 && errno == EINTR);
@@ -671,7 +677,7 @@ static void
 accept_some(rli_httpd *s)
 {
 	for (int k = 0; k < 64; k++) {
-		int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC), slot;
+		int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC), slot, one = 1;
 		conn *c;
 
 		if (fd < 0) {
@@ -692,6 +698,9 @@ accept_some(rli_httpd *s)
 			refuse(fd);
 			continue;
 		}
+		/* a stream's events are small writes: Nagle's wait for the previous
+		 * one's ACK (delayed by the client) would hold each back */
+		(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 		c->fd = fd;
 		c->state = C_READ;
 		c->deadline = rl_now() + s->cfg.timeout_s;
@@ -786,6 +795,7 @@ serve_once(rli_httpd *s)
 	if (s->pfd[0].revents)
 		while (read(s->wake[0], drain, sizeof drain) > 0)
 			;
+	s->woken = 0;
 	if (s->stop)
 		return 1;
 	for (int i = 2; i < np; i++) {
@@ -1046,8 +1056,8 @@ rli_httpd_close(rli_httpd *s)
 	if (s->running) {
 		pthread_mutex_lock(&s->mu);
 		s->stop = 1;
-		pthread_mutex_unlock(&s->mu);
 		wake(s);
+		pthread_mutex_unlock(&s->mu);
 		pthread_join(s->th, NULL);
 	}
 	for (int i = 0; s->conns && i < s->cfg.max_conns; i++)

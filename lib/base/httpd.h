@@ -31,7 +31,8 @@
  * not lost to a reset.
  *
  * A handler may answer later, from any thread: it sets rep->later and
- * keeps req->id, then calls rli_httpd_answer once.  Or it streams
+ * keeps req->id, then calls rli_httpd_answer once (the connection waits
+ * without a deadline meanwhile: a long generation is not cut).  Or it streams
  * (server-sent events): rep->stream sends the head at once (no
  * Content-Length, Connection: close) and rli_httpd_stream_write adds
  * bytes until rli_httpd_stream_end; both copy what they are given into
@@ -114,7 +115,8 @@ int rli_httpd_port(const rli_httpd *s);
 /* The first header field called name (any case), or NULL. */
 const char *rli_httpd_field(const rli_httpd_req *req, const char *name);
 /* The answer of a request whose handler set rep->later (any thread, once;
- * rep's bodies are copied).  RL_ENET: its connection is gone; RL_ENOMEM. */
+ * rep's body is copied, rep->owned stays the caller's).  RL_ENET: its
+ * connection is gone; RL_ENOMEM. */
 int rli_httpd_answer(rli_httpd *s, uint64_t id, const rli_httpd_reply *rep);
 /* Queues n bytes on a stream (any thread).  RL_ENET: the connection is
  * gone, or would hold more than out_max bytes its client has not taken (it
@@ -122,9 +124,9 @@ int rli_httpd_answer(rli_httpd *s, uint64_t id, const rli_httpd_reply *rep);
 int rli_httpd_stream_write(rli_httpd *s, uint64_t id, const void *p, size_t n);
 /* The stream is whole: the connection closes once its bytes are out. */
 void rli_httpd_stream_end(rli_httpd *s, uint64_t id);
-/* Stops taking connections and requests, sends what the answers and
- * streams already queued for up to wait_s, then returns (the thread goes
- * on until rli_httpd_close).  For a shutdown's last answers. */
+/* Waits until the answers and streams already queued are out, wait_s at
+ * most (the thread serves on meanwhile): a shutdown's last answers reach
+ * their clients before rli_httpd_close drops every connection. */
 void rli_httpd_drain(rli_httpd *s, double wait_s);
 /* Wakes the thread, joins it, closes every connection and frees.  Accepts NULL. */
 void rli_httpd_close(rli_httpd *s);

@@ -270,10 +270,12 @@ test_bodies(int port)
 	T_OK(sends(fd, "456"));
 	usleep(50000);
 	T_OK(sends(fd, "789GET /g HTTP/1.1\r\nHost: a\r\n\r\n"));
+	/* both answers, in one read or two */
 	n = read_response(fd, out, sizeof out, 0);
-	T_OK(n > 0 && strstr(out, "\r\n\r\nyes|10|0123456789") != NULL, "%s", out);
-	n = read_response(fd, out, sizeof out, 0);
-	T_OK(n > 0 && strstr(out, "\r\n\r\n-|0|") != NULL, "%s", out);
+	if (strstr(out, "-|0|") == NULL)
+		n += read_response(fd, out + n, sizeof out - n, 0);
+	T_OK(n > 0 && strstr(out, "\r\n\r\nyes|10|0123456789HTTP/1.1 200 OK\r\n") != NULL, "%s", out);
+	T_OK(strstr(out, "\r\n\r\n-|0|") != NULL, "%s", out);
 	close(fd);
 	/* over max_body (100): the handler answers unread, the connection closes */
 	fd = dial(port);
