@@ -218,19 +218,19 @@ handler2(void *arg, const rli_httpd_req *rq, rli_httpd_reply *rep)
 	(void)arg;
 	rep->status = 200;
 	if (rq->too_large) {
-		too_large_seen++;
+		__atomic_add_fetch(&too_large_seen, 1, __ATOMIC_SEQ_CST);
 		rep->status = 413;
 		rep->owned = strdup("{\"error\":\"big\"}");
 		rep->len = strlen(rep->owned);
 		return;
 	}
 	if (strcmp(rq->path, "/later") == 0) {
-		later_id = rq->id;
+		__atomic_store_n(&later_id, rq->id, __ATOMIC_SEQ_CST);
 		rep->later = 1;
 		return;
 	}
 	if (strcmp(rq->path, "/stream") == 0) {
-		stream_id = rq->id;
+		__atomic_store_n(&stream_id, rq->id, __ATOMIC_SEQ_CST);
 		rep->stream = 1;
 		rep->type = "text/event-stream";
 		return;
@@ -251,7 +251,8 @@ sends(int fd, const char *p)
 static void
 wait_id(uint64_t *id)
 {
-	for (int i = 0; i < 300 && *(volatile uint64_t *)id == 0; i++)
+	/* set on the server's thread */
+	for (int i = 0; i < 300 && __atomic_load_n(id, __ATOMIC_SEQ_CST) == 0; i++)
 		usleep(10000);
 }
 
@@ -281,11 +282,13 @@ test_bodies(int port)
 	fd = dial(port);
 	T_OK(sends(fd, "POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 101\r\n\r\nab"));
 	n = read_response(fd, out, sizeof out, 0);
-	T_OK(strncmp(out, "HTTP/1.1 413 ", 13) == 0 && strstr(out, "Connection: close") && too_large_seen == 1, "%s", out);
+	T_OK(strncmp(out, "HTTP/1.1 413 ", 13) == 0 && strstr(out, "Connection: close") &&
+	    __atomic_load_n(&too_large_seen, __ATOMIC_SEQ_CST) == 1, "%s", out);
 	T_OK(recv(fd, out, sizeof out, 0) == 0);
 	close(fd);
 	n = ask(port, "POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999999\r\n\r\n", strlen("POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999999\r\n\r\n"), out, sizeof out);
-	T_OK(strncmp(out, "HTTP/1.1 413 ", 13) == 0 && too_large_seen == 2, "%s", out);
+	T_OK(strncmp(out, "HTTP/1.1 413 ", 13) == 0 && __atomic_load_n(&too_large_seen, __ATOMIC_SEQ_CST) == 2,
+	    "%s", out);
 	n = ask(port, "POST /e HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n", strlen("POST /e HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"), out, sizeof out);
 	T_OK(strncmp(out, "HTTP/1.1 411 ", 13) == 0, "%s", out);
 	n = ask(port, "POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 1x\r\n\r\n", strlen("POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 1x\r\n\r\n"), out, sizeof out);
@@ -340,7 +343,7 @@ test_later_and_stream(rli_httpd *s, int port)
 
 	/* a client that reads nothing: refused once the queue passes out_max
 	 * (the socket's own buffers take some first), never buffered without end */
-	stream_id = 0;
+	__atomic_store_n(&stream_id, 0, __ATOMIC_SEQ_CST);
 	fd = dial(port);
 	T_OK(sends(fd, "GET /stream HTTP/1.1\r\nHost: a\r\n\r\n"));
 	wait_id(&stream_id);
