@@ -50,6 +50,11 @@ static const char usage_text[] =
     "      --train-batch G     episodes per trainer step, for --max-staleness (default 8)\n"
     "      --body-timeout S    a request body must arrive within S seconds, else the connection\n"
     "                          is closed (default 30)\n"
+    "      --http-max-conns N  connections at once; more are answered 503 and closed\n"
+    "                          (default --max-requests + 64)\n"
+    "      --http-timeout S    seconds a connection has to send a request head, from its start\n"
+    "                          or the last response, and to take a response or a stream's\n"
+    "                          next events; idle ones close then (default 10)\n"
     "      --max-tokens N      response tokens at most per request (default 256); a larger\n"
     "                          max_tokens is cut to it\n"
     "      --stop STR          a stop string for every request (repeatable)\n"
@@ -80,7 +85,7 @@ static const char usage_text[] =
 enum {
 	O_LISTEN = 256, O_PUBLIC, O_KEY, O_KEYFILE, O_NAME, O_MAXREQ, O_MAXBODY, O_MAXTOK, O_STOP, O_TMPL,
 	O_NOTHINK, O_SLOTS, O_KVMEM, O_DEVICE, O_JSONL, O_EPTIMEOUT, O_WFROM, O_SYNC, O_PARTIAL, O_STALE, O_TBATCH, O_BODYTO,
-	O_REUSEMEM, O_NOREUSE, O_AGENT, O_AGENTS, O_AGENTTO, O_QUEUE, O_IDLE, O_BTIMEOUT
+	O_REUSEMEM, O_NOREUSE, O_AGENT, O_AGENTS, O_AGENTTO, O_QUEUE, O_IDLE, O_BTIMEOUT, O_HTTPCONNS, O_HTTPTO
 };
 
 static const struct option longopts[] = {
@@ -100,7 +105,8 @@ static const struct option longopts[] = {
 	{ "agent", required_argument, 0, O_AGENT }, { "agents", required_argument, 0, O_AGENTS },
 	{ "agent-timeout", required_argument, 0, O_AGENTTO }, { "queue", required_argument, 0, O_QUEUE },
 	{ "samples", required_argument, 0, 'n' }, { "idle-exit", required_argument, 0, O_IDLE },
-	{ "broker-timeout", required_argument, 0, O_BTIMEOUT }, RLO_WGROUP_LONGOPTS,
+	{ "broker-timeout", required_argument, 0, O_BTIMEOUT }, { "http-max-conns", required_argument, 0, O_HTTPCONNS },
+	{ "http-timeout", required_argument, 0, O_HTTPTO }, RLO_WGROUP_LONGOPTS,
 	{ "quiet", no_argument, 0, 'q' }, { "verbose", no_argument, 0, 'v' }, { "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 }
 };
@@ -151,6 +157,8 @@ parse_opt(rl_rollout_opts *o, int c, const char *a, int *verbosity)
 	case O_STALE: rv = rl_cli_int32(c, a, 0, 1000000000, &o->max_staleness); break;
 	case O_TBATCH: rv = rl_cli_int32(c, a, 1, 1000000000, &o->train_batch); break;
 	case O_BODYTO: rv = rl_cli_double(c, a, 0.01, 3600, &o->body_timeout); break;
+	case O_HTTPCONNS: rv = rl_cli_int32(c, a, 1, 100000, &o->http_max_conns); break;
+	case O_HTTPTO: rv = rl_cli_double(c, a, 0.05, 86400, &o->http_timeout); break;
 	case O_EPTIMEOUT: rv = rl_cli_double(c, a, 0, 1e9, &o->episode_timeout); break;
 	case O_PUBLIC: o->listen_public = 1; break;
 	case O_AGENT:

@@ -2,7 +2,7 @@
  * qhttp.c — rl-queue's HTTP listener (see qhttp.h): the address check, the
  * Prometheus rendering of the stats JSON, the routes and the page.
  *
- * The HTTP itself is qhttpd.c's: it bounds connections, their deadlines and
+ * The HTTP itself is base/httpd.c's: it bounds connections, their deadlines and
  * the request head, refuses bodies (413) and malformed requests, and calls
  * route() on its one thread for a parsed request.  The routes take GET and
  * HEAD only (405 otherwise, 404 for other paths); the data routes check the
@@ -10,7 +10,7 @@
  * Leaves out: TLS (http:// only), routes that take a body.
  */
 #include "queue/qhttp.h"
-#include "queue/qhttpd.h"
+#include "base/httpd.h"
 #include "base/auth.h"
 
 #include <arpa/inet.h>
@@ -488,9 +488,8 @@ route(void *arg, const rli_httpd_req *rq, rli_httpd_reply *rep)
 
 /* ---- listener --------------------------------------------------------------------------------------- */
 
-/* HOST and PORT of a URL rl_qhttp_parse_addr made ("http://H:P", "http://[V6]:P") */
-static void
-split_url(char *host, size_t hn, char *port, size_t pn, const char *url)
+void
+rl_qhttp_split_url(char *host, size_t hn, char *port, size_t pn, const char *url)
 {
 	const char *p = url + 7, *colon = strrchr(p, ':');
 	size_t l;
@@ -529,7 +528,7 @@ rl_qhttp_open(rl_qhttp **out, const rl_qhttp_config *cfg)
 		rl_warn("--http: serving stats without authentication on '%s'", h->url);
 	if ((rv = rl_qhttp_page_build(&h->page, NULL)) != 0)
 		goto fail;
-	split_url(host, sizeof host, port, sizeof port, h->url);
+	rl_qhttp_split_url(host, sizeof host, port, sizeof port, h->url);
 	sc.host = host;
 	sc.port = port;
 	sc.max_conns = cfg->max_conns;

@@ -1,5 +1,5 @@
 /*
- * qhttp.h — rl-queue's HTTP listener (on qhttpd.h's server): /metrics
+ * qhttp.h — rl-queue's HTTP listener (on base/httpd.h's server): /metrics
  * (Prometheus text exposition format 0.0.4), /api/stats (the JSON of
  * `rl-queue stat --json`) and / (a self-contained dashboard page that polls
  * /api/stats, drawn with Chart.js from Debian's libjs-chart.js, put inline
@@ -11,7 +11,7 @@
  * data routes need it as a bearer token.  Every route takes GET and HEAD
  * and no request body (413, the connection closed, nothing read).
  * Connections are bounded in number and time (max_conns, timeout_s; see
- * qhttpd.h for what a client over a bound gets).
+ * base/httpd.h for what a client over a bound gets).
  */
 #ifndef RL_QHTTP_H
 #define RL_QHTTP_H
@@ -43,6 +43,9 @@ typedef struct rl_qhttp rl_qhttp;
  * 127.0.0.1.  Errors: RL_EINVAL (bad form or port), RL_ETOOBIG (url too
  * small). */
 int rl_qhttp_parse_addr(char *url, size_t n, int *loopback, const char *addr);
+/* HOST and PORT of a URL rl_qhttp_parse_addr made ("http://H:P",
+ * "http://[V6]:P"), for rli_httpd_config. */
+void rl_qhttp_split_url(char *host, size_t hn, char *port, size_t pn, const char *url);
 
 /* rl_qhttp_open: parses cfg->addr, refuses a public address unless
  * cfg->allow_public (RL_EINVAL, logged with a hint), then listens and

@@ -36,6 +36,7 @@ rl_rollout_opts_default(rl_rollout_opts *o)
 	o->episode_timeout = 600;
 	o->kv_reuse_mem = -1;
 	o->body_timeout = 30;
+	o->http_timeout = 10;
 	o->agents = 8;
 	o->agent_timeout = 300;
 }

@@ -71,7 +71,9 @@ typedef struct rl_rollout_opts {
 	const char *served_name;   /* the model's id in the API (NULL: the model directory's name) */
 	int max_requests;          /* requests in flight at most; more get 429 */
 	size_t max_body;           /* request bodies at most (bytes); larger get 413 */
-	double body_timeout;       /* seconds a request body may take to arrive (slowloris); then 408 */
+	double body_timeout;       /* seconds a request body may take to arrive (slowloris); then closed */
+	int http_max_conns;        /* connections at once; more are answered 503 (0: max_requests + 64) */
+	double http_timeout;       /* seconds for a request head, an idle keep-alive, a response taken */
 	double episode_timeout;    /* seconds an episode may stay idle before it is written unrewarded */
 	long long kv_reuse_mem;    /* bytes of --kv-mem an episode's cache may be kept in between its
 	                            * calls (rl_gen_opts.keep_mem; -1: half of kv_mem, 0: none) */

@@ -1,13 +1,16 @@
 /*
  * serve.c — `rl-rollout serve`: the policy behind an OpenAI-compatible HTTP
- * API (rl-rollout(1)).  nng's HTTP server runs the handlers on its threads;
- * they check the key, route, read the body and parse the fields
- * (serve_api.c), and put the request in an inbox.  One engine thread (the
- * caller's) owns the engine: it tokenizes what comes in, submits it, steps
- * the engine, and answers as samples finish, so concurrent requests share
- * its continuous batching.  A stream (`"stream": true`) takes the connection
- * over (nng_http_hijack) and gets server-sent events as tokens come; a write
- * that fails (the client is gone) drops the request from the engine.
+ * API (rl-rollout(1)).  The project's HTTP server (base/httpd.h: bounded
+ * connections, deadlines, bodies up to --max-body) calls the handler on its
+ * thread with the body read; the handler checks the key, routes, parses the
+ * fields (serve_api.c) and puts the request in an inbox.  One engine thread
+ * (the caller's) owns the engine: it tokenizes what comes in, submits it,
+ * steps the engine, and answers as samples finish (rli_httpd_answer), so
+ * concurrent requests share its continuous batching.  A stream
+ * (`"stream": true`) gets its head at once and server-sent events as tokens
+ * come (rli_httpd_stream_write); a connection gone (the client left, or
+ * stopped reading past the server's bound) drops the request from the
+ * engine at its next event.
  *
  * New weights (--weights-from, --sync, --weights-group) are polled between
  * steps and loaded as in generation.  With --agent CMD (serve_agent.c) the
@@ -38,23 +41,6 @@ count(serve *s, uint64_t *c)
 }
 
 /* ---- answers ---------------------------------------------------------------------------------------- */
-
-static const char *
-reason(int status)
-{
-	switch (status) {
-	case 200: return "OK";
-	case 400: return "Bad Request";
-	case 401: return "Unauthorized";
-	case 404: return "Not Found";
-	case 405: return "Method Not Allowed";
-	case 408: return "Request Timeout";
-	case 413: return "Payload Too Large";
-	case 429: return "Too Many Requests";
-	case 503: return "Service Unavailable";
-	default: return status >= 500 ? "Internal Server Error" : "Error";
-	}
-}
 
 /* ---- answers counted by route and status (/metrics) --------------------------------------------------- */
 
@@ -87,104 +73,68 @@ tally(serve *s, int rt, int status)
 	nng_mtx_unlock(s->mu);
 }
 
+/* A JSON answer: into rep on the server's thread, or, with rep NULL, to
+ * the connection of r, whose answer is due (any thread).  A connection
+ * gone by then is nothing more to answer. */
 static void
-respond(serve *s, int rt, nng_aio *aio, int status, const char *json, int close)
+respond(serve *s, int rt, rli_httpd_reply *rep, sv_req *r, int status, const char *json, int close)
 {
-	nng_http_res *res;
-	int rv;
+	static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+	    "\"code\":null}}";
+	rli_httpd_reply a = { .status = status, .type = "application/json", .close = close };
 
 	tally(s, rt, status);
-	if ((rv = nng_http_res_alloc(&res)) != 0) {
-		nng_aio_finish(aio, rv);
+	if (rep) {
+		if ((a.owned = strdup(json)) != NULL) {
+			a.len = strlen(json);
+		} else {
+			a.status = 500;
+			a.body = oom;
+			a.len = sizeof oom - 1;
+		}
+		*rep = a;
 		return;
 	}
-	if ((rv = nng_http_res_set_status(res, (uint16_t)status)) != 0 ||
-	    (rv = nng_http_res_set_reason(res, reason(status))) != 0 ||
-	    (rv = nng_http_res_set_header(res, "Content-Type", "application/json")) != 0 ||
-	    (close && (rv = nng_http_res_set_header(res, "Connection", "close")) != 0) ||
-	    (rv = nng_http_res_copy_data(res, json, strlen(json))) != 0) {
-		nng_http_res_free(res);
-		nng_aio_finish(aio, rv);
-		return;
-	}
-	nng_aio_set_output(aio, 0, res);
-	nng_aio_finish(aio, 0);
+	a.body = json;
+	a.len = strlen(json);
+	if (r->waiting && s->srv)
+		(void)rli_httpd_answer(s->srv, r->hid, &a);
+	r->waiting = 0;
 }
 
 static void
-respond_error(serve *s, int rt, nng_aio *aio, int status, const char *msg, const char *param, int close)
+respond_error(serve *s, int rt, rli_httpd_reply *rep, sv_req *r, int status, const char *msg, const char *param,
+    int close)
 {
 	char *j = sv_error_json(status, msg, param);
 
-	if (!j) {
-		nng_aio_finish(aio, NNG_ENOMEM);
-		return;
-	}
-	respond(s, rt, aio, status, j, close);
+	respond(s, rt, rep, r, j ? status : 500, j ? j : "{}", close);
 	free(j);
 }
 
-/* A request's error, before or after the engine: as JSON on its handler's aio,
- * or (a stream whose headers went out) as an error event. */
+/* A request's error after the handler: as JSON on its connection, or (a
+ * stream whose head went out) by ending the stream. */
 static void
 req_error(serve *s, sv_req *r, int status, const char *msg, const char *param)
 {
 	count(s, &s->n_errors);
-	if (r->aio) {
-		respond_error(s, r->route, r->aio, status, msg, param, 0);
-		r->aio = NULL;
-	}
+	if (r->waiting)
+		respond_error(s, r->route, NULL, r, status, msg, param, 0);
 	r->done = 1;
 }
 
 /* ---- streams ---------------------------------------------------------------------------------------- */
 
-/* Starts the next write of a stream (under mu). */
-static void
-kick(sv_req *r)
-{
-	nng_iov iov;
-	rl_buf t;
-
-	if (r->writing || r->dead || r->pend.len == 0)
-		return;
-	t = r->cur;
-	r->cur = r->pend;
-	r->pend = t;
-	r->pend.len = 0;
-	iov.iov_buf = r->cur.p;
-	iov.iov_len = r->cur.len;
-	nng_aio_set_iov(r->waio, 1, &iov);
-	r->writing = 1;
-	nng_http_conn_write_all(r->conn, r->waio);
-}
-
-static void
-on_write(void *arg)
-{
-	sv_req *r = arg;
-	serve *s = r->sv;
-
-	nng_mtx_lock(s->mu);
-	r->writing = 0;
-	if (nng_aio_result(r->waio) != 0) {
-		r->dead = 1;
-		r->cancel = 1;
-	} else {
-		kick(r);
-	}
-	nng_cv_wake(s->cv);
-	nng_mtx_unlock(s->mu);
-}
-
-/* Queues bytes on a stream (engine thread). */
+/* Queues bytes on a stream (engine thread); a connection gone cancels the request. */
 static void
 stream_put(serve *s, sv_req *r, rl_buf *b)
 {
-	nng_mtx_lock(s->mu);
-	if (!r->dead && rl_buf_append(&r->pend, b->p, b->len) == 0)
-		kick(r);
-	nng_mtx_unlock(s->mu);
+	if (!r->dead && b->len && rli_httpd_stream_write(s->srv, r->hid, b->p, b->len) != 0) {
+		r->dead = 1;
+		nng_mtx_lock(s->mu);
+		r->cancel = 1;
+		nng_mtx_unlock(s->mu);
+	}
 	b->len = 0;
 }
 
@@ -302,8 +252,7 @@ on_done(void *ctx, const rl_gen_sample *gs)
 		stream_put(s, r, &out);
 		r->done = 1;
 	} else if ((j = sv_answer_json(s, r)) != NULL) {
-		respond(s, r->route, r->aio, 200, j, 0);
-		r->aio = NULL;
+		respond(s, r->route, NULL, r, 200, j, 0);
 		r->done = 1;
 		free(j);
 	} else {
@@ -401,8 +350,7 @@ reward(serve *s, sv_req *r)
 	}
 	snprintf(ok, sizeof ok, "{\"episode_id\":\"%s\",\"reward\":%.17g,\"tokens\":%d,\"turns\":%d}", r->episode,
 	    r->reward, tokens, turns);
-	respond(s, r->route, r->aio, 200, ok, 0);
-	r->aio = NULL;
+	respond(s, r->route, NULL, r, 200, ok, 0);
 	r->done = 1;
 }
 
@@ -417,9 +365,8 @@ hand(serve *s, sv_req *r)
 		req_error(s, r, st, st == 500 ? "out of memory" : msg, NULL);
 		return;
 	}
-	respond(s, r->route, r->aio, 200, j, 0);
+	respond(s, r->route, NULL, r, 200, j, 0);
 	free(j);
-	r->aio = NULL;
 	r->done = 1;
 }
 
@@ -517,14 +464,9 @@ start(serve *s, sv_req *r)
 static void
 req_free(serve *s, sv_req *r)
 {
-	if (r->raio)
-		nng_aio_free(r->raio);
-	if (r->waio)
-		nng_aio_free(r->waio);
-	if (r->conn && r->stream)
-		nng_http_conn_close(r->conn);
-	if (r->hreq)
-		nng_http_req_free(r->hreq);
+	/* a stream ends with its connection, once its events are out */
+	if (r->stream && !r->dead && s->srv)
+		rli_httpd_stream_end(s->srv, r->hid);
 	for (int i = 0; r->ch && i < r->n; i++) {
 		free(r->ch[i].tok);
 		free(r->ch[i].logp);
@@ -535,9 +477,6 @@ req_free(serve *s, sv_req *r)
 	free(r->ch);
 	free(r->prompt);
 	free(r->ptext);
-	free(r->bodybuf);
-	rl_buf_fini(&r->pend);
-	rl_buf_fini(&r->cur);
 	cJSON_Delete(r->body);
 	free(r);
 	nng_mtx_lock(s->mu);
@@ -566,10 +505,9 @@ tend(serve *s)
 	}
 	for (pp = &s->live; *pp;) {
 		sv_req *r = *pp;
-		int cancel, busy;
+		int cancel;
 		nng_mtx_lock(s->mu);
 		cancel = r->cancel;
-		busy = r->writing || (r->stream && r->pend.len > 0 && !r->dead);
 		nng_mtx_unlock(s->mu);
 		if (cancel && r->in_engine) {
 			if (rl_engine_cancel(s->g->e, r, on_done, s) == 1) {
@@ -580,7 +518,7 @@ tend(serve *s)
 				count(s, &s->n_cancelled);
 			}
 		}
-		if (r->done && !busy) {
+		if (r->done) {
 			*pp = r->next;
 			req_free(s, r);
 			continue;
@@ -609,10 +547,9 @@ tend(serve *s)
 
 /* Prometheus text of the server's counters (GET /metrics). */
 static void
-metrics(serve *s, nng_aio *aio)
+metrics(serve *s, rli_httpd_reply *rep)
 {
 	rl_buf b;
-	nng_http_res *res;
 
 	rl_buf_init(&b);
 	nng_mtx_lock(s->mu);
@@ -685,168 +622,141 @@ metrics(serve *s, nng_aio *aio)
 			    (unsigned long long)s->http[rt][k]);
 		}
 	nng_mtx_unlock(s->mu);
-	if (b.len == 0 || nng_http_res_alloc(&res) != 0) {
+	if (b.len == 0) {
 		rl_buf_fini(&b);
-		nng_aio_finish(aio, NNG_ENOMEM);
+		respond_error(s, SV_RT_METRICS, rep, NULL, 500, "out of memory", NULL, 0);
 		return;
 	}
-	if (nng_http_res_set_header(res, "Content-Type", "text/plain; version=0.0.4; charset=utf-8") != 0 ||
-	    nng_http_res_copy_data(res, b.p, b.len) != 0) {
-		nng_http_res_free(res);
-		rl_buf_fini(&b);
-		nng_aio_finish(aio, NNG_ENOMEM);
-		return;
-	}
-	rl_buf_fini(&b);
-	nng_aio_set_output(aio, 0, res);
-	nng_aio_finish(aio, 0);
+	rep->status = 200;
+	rep->type = "text/plain; version=0.0.4; charset=utf-8";
+	rep->owned = (char *)b.p;   /* the server frees it */
+	rep->len = b.len;
 }
 
 /* ---- HTTP ------------------------------------------------------------------------------------------- */
 
-static const char sse_head[] =
-    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-    "Connection: close\r\nX-Accel-Buffering: no\r\n\r\n";
-
-/* The body has been read: parse it, answer errors, hand the request to the engine thread. */
-static void
-on_body(void *arg)
+/* The body of a request read: parsed into r.  0, or the status of the error
+ * with msg and param filled in. */
+static int
+read_body(serve *s, sv_req *r, const rli_httpd_req *rq, char *msg, size_t ml, char *param, size_t pl)
 {
-	sv_req *r = arg;
-	serve *s = r->sv;
-	char msg[512], param[64];
 	const char *end = NULL;
-	int st, rv;
+	int st;
 
-	if ((rv = nng_aio_result(r->raio)) != 0) {
-		/* a body that did not come in time (or a client gone): nng's connection is
-		 * closed by the failed read, so there is no one to answer */
-		if (rv == NNG_ETIMEDOUT)
-			rl_verbose("a request body did not arrive within --body-timeout: connection closed");
-		nng_aio_finish(r->aio, rv);
-		r->aio = NULL;
-		r->done = 1;
-		goto queue;
-	}
+	param[0] = 0;
 	/* POST /rl/episodes takes no fields: an empty body is one */
-	r->body = r->kind == SV_LEASE && r->bodylen == 0 ? cJSON_CreateObject() :
-	    cJSON_ParseWithLengthOpts(r->bodybuf, r->bodylen, &end, 0);
+	r->body = r->kind == SV_LEASE && rq->body_len == 0 ? cJSON_CreateObject() :
+	    cJSON_ParseWithLengthOpts(rq->body ? rq->body : "", rq->body_len, &end, 0);
 	if (!r->body) {
-		snprintf(msg, sizeof msg, "the request body is not valid JSON (at byte %ld)",
-		    end ? (long)(end - r->bodybuf) : 0L);
-		req_error(s, r, 400, msg, NULL);
-		goto queue;
+		snprintf(msg, ml, "the request body is not valid JSON (at byte %ld)",
+		    end && rq->body ? (long)(end - rq->body) : 0L);
+		return 400;
 	}
 	if (r->kind == SV_REWARD) {
 		const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->body, "reward");
 		if (!cJSON_IsNumber(v) || v->valuedouble != v->valuedouble) {
-			req_error(s, r, 400, "the body must be {\"reward\": NUMBER}", "reward");
-			goto queue;
+			snprintf(msg, ml, "the body must be {\"reward\": NUMBER}");
+			snprintf(param, pl, "reward");
+			return 400;
 		}
 		r->reward = v->valuedouble;
 	} else if (r->kind == SV_LEASE) {
 		if (!cJSON_IsObject(r->body)) {
-			req_error(s, r, 400, "the body must be a JSON object (or empty)", NULL);
-			goto queue;
+			snprintf(msg, ml, "the body must be a JSON object (or empty)");
+			return 400;
 		}
-	} else if ((st = sv_parse(s, r, msg, sizeof msg, param, sizeof param)) != 0) {
-		req_error(s, r, st, msg, param);
-		goto queue;
+	} else if ((st = sv_parse(s, r, msg, ml, param, pl)) != 0) {
+		return st;
 	}
 	if (s->failed || s->stop) {
-		req_error(s, r, 503, "the server is stopping or its engine failed", NULL);
-		goto queue;
+		snprintf(msg, ml, "the server is stopping or its engine failed");
+		return 503;
 	}
-	if (r->stream) {
-		/* the connection is ours from here: the events go out as they come */
-		if ((rv = nng_aio_alloc(&r->waio, on_write, r)) != 0 ||
-		    (rv = rl_buf_append(&r->pend, sse_head, sizeof sse_head - 1)) != 0) {
-			req_error(s, r, 500, "out of memory", NULL);
-			goto queue;
-		}
-		r->hreq = nng_aio_get_input(r->aio, 0);
-		tally(s, r->route, 200);
-		nng_http_hijack(r->conn);
-		nng_aio_finish(r->aio, 0);
-		r->aio = NULL;
-	}
-queue:
-	nng_mtx_lock(s->mu);
-	r->next = s->inbox;
-	s->inbox = r;
-	nng_cv_wake(s->cv);
-	nng_mtx_unlock(s->mu);
+	return 0;
 }
 
-/* POST to a generation route: the body is read without nng's collector, whose
- * refusal of a large body is a 400 HTML page. */
-static void
-start_post(serve *s, nng_aio *aio, nng_http_req *req, nng_http_conn *conn, int kind, const char *episode)
+/* The checks of a POST's head: 0, or the error answered in rep. */
+static int
+post_head(serve *s, const rli_httpd_req *rq, rli_httpd_reply *rep, int rt, int kind)
 {
-	const char *cl = nng_http_req_get_header(req, "Content-Length");
-	char *end = NULL;
-	unsigned long long len = cl ? strtoull(cl, &end, 10) : 0;
-	sv_req *r;
-	nng_iov iov;
-	int rt = kind == SV_CHAT ? SV_RT_CHAT : kind == SV_COMPLETIONS ? SV_RT_COMPL : kind == SV_LEASE ? SV_RT_EPISODES :
-	    SV_RT_REWARD;
+	char msg[200];
 
 	/* a request without Content-Length has no body (RFC 9112), which only POST /rl/episodes allows */
-	if (!cl && kind == SV_LEASE)
-		cl = "0", len = 0, end = (char *)cl + 1;
-	if (!cl || !end || *end || end == cl) {
-		respond_error(s, rt, aio, 400, "a JSON body with a Content-Length header is required", NULL, 1);
-		return;
+	if (!rq->has_length && kind != SV_LEASE) {
+		respond_error(s, rt, rep, NULL, 400, "a JSON body with a Content-Length header is required", NULL, 1);
+		return 1;
 	}
-	if (len > s->max_body) {
-		char msg[200];
+	if (rq->too_large) {
 		snprintf(msg, sizeof msg, "the request body of %llu bytes is larger than the server's limit of %zu "
-		    "(--max-body)", len, s->max_body);
-		respond_error(s, rt, aio, 413, msg, NULL, 1);
-		return;
+		    "(--max-body)", rq->length, s->max_body);
+		respond_error(s, rt, rep, NULL, 413, msg, NULL, 1);
+		return 1;
 	}
 	nng_mtx_lock(s->mu);
 	if (s->nreq >= s->max_requests) {
 		nng_mtx_unlock(s->mu);
-		respond_error(s, rt, aio, 429, "too many requests in flight; retry later", NULL, 0);
-		return;
+		respond_error(s, rt, rep, NULL, 429, "too many requests in flight; retry later", NULL, 0);
+		return 1;
 	}
 	s->nreq++;
 	nng_mtx_unlock(s->mu);
-	if (!(r = calloc(1, sizeof *r)) || !(r->bodybuf = malloc(len + 1)) ||
-	    nng_aio_alloc(&r->raio, on_body, r) != 0) {
-		if (r)
-			free(r->bodybuf);
-		free(r);
+	return 0;
+}
+
+/* POST to a generation or episode route (the server's thread, the body
+ * read): an error now, or the request to the engine thread, which answers
+ * it later or streams it. */
+static void
+start_post(serve *s, const rli_httpd_req *rq, rli_httpd_reply *rep, int kind, const char *episode)
+{
+	int rt = kind == SV_CHAT ? SV_RT_CHAT : kind == SV_COMPLETIONS ? SV_RT_COMPL : kind == SV_LEASE ? SV_RT_EPISODES :
+	    SV_RT_REWARD;
+	char msg[512], param[64];
+	sv_req *r;
+	int st;
+
+	if (post_head(s, rq, rep, rt, kind) != 0)
+		return;
+	if (!(r = calloc(1, sizeof *r))) {
 		nng_mtx_lock(s->mu);
 		s->nreq--;
 		nng_mtx_unlock(s->mu);
-		respond_error(s, rt, aio, 500, "out of memory", NULL, 1);
+		respond_error(s, rt, rep, NULL, 500, "out of memory", NULL, 1);
 		return;
 	}
 	r->sv = s;
 	r->kind = kind;
 	r->route = rt;
+	r->hid = rq->id;
 	snprintf(r->episode, sizeof r->episode, "%s", episode ? episode : "");
-	r->aio = aio;
-	r->conn = conn;
-	r->bodylen = (size_t)len;
 	r->created = (long)time(NULL);
 	nng_mtx_lock(s->mu);
 	snprintf(r->id, sizeof r->id, "%s-%016llx", kind == SV_CHAT ? "chatcmpl" : kind == SV_REWARD ? "reward" :
 	    kind == SV_LEASE ? "episode" : "cmpl",
 	    (unsigned long long)rl_rng_mix(++s->next_id ^ (uint64_t)r->created << 20));
 	nng_mtx_unlock(s->mu);
-	if (len == 0) {
-		nng_aio_finish(r->raio, 0);
+	if ((st = read_body(s, r, rq, msg, sizeof msg, param, sizeof param)) != 0) {
+		count(s, &s->n_errors);
+		respond_error(s, rt, rep, NULL, st, msg, param[0] ? param : NULL, 0);
+		req_free(s, r);
 		return;
 	}
-	iov.iov_buf = r->bodybuf;
-	iov.iov_len = (size_t)len;
-	nng_aio_set_iov(r->raio, 1, &iov);
-	/* a body that trickles in (slowloris) does not hold its request for ever */
-	nng_aio_set_timeout(r->raio, (nng_duration)(s->g->o.body_timeout * 1000));
-	nng_http_conn_read_all(conn, r->raio);
+	if (r->stream) {
+		/* the head now; the events as they come, the connection closed after them */
+		tally(s, rt, 200);
+		rep->status = 200;
+		rep->type = "text/event-stream";
+		rep->extra = "X-Accel-Buffering: no\r\n";
+		rep->stream = 1;
+	} else {
+		rep->later = 1;
+		r->waiting = 1;
+	}
+	nng_mtx_lock(s->mu);
+	r->next = s->inbox;
+	s->inbox = r;
+	nng_cv_wake(s->cv);
+	nng_mtx_unlock(s->mu);
 }
 
 /* Episode ids go into records and logs: a short, plain alphabet. */
@@ -864,47 +774,45 @@ episode_id_ok(const char *id)
 	return 1;
 }
 
+/* The server's handler (its thread): every route. */
 static void
-on_http(nng_aio *aio)
+on_http(void *arg, const rli_httpd_req *rq, rli_httpd_reply *rep)
 {
-	nng_http_req *req = nng_aio_get_input(aio, 0);
-	nng_http_handler *h = nng_aio_get_input(aio, 1);
-	nng_http_conn *conn = nng_aio_get_input(aio, 2);
-	serve *s = nng_http_handler_get_data(h);
-	const char *method = nng_http_req_get_method(req);
+	serve *s = arg;
+	const char *method = rq->method;
 	char path[256], msg[400];
 	int post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
 	int rt;
 	char *j;
 
-	snprintf(path, sizeof path, "%s", nng_http_req_get_uri(req));
-	path[strcspn(path, "?#")] = 0;
+	snprintf(path, sizeof path, "%s", rq->path);
+	path[strcspn(path, "#")] = 0;
 	rt = route_of(path);
 	if (strcmp(path, "/health") == 0 && get) {
-		respond(s, rt, aio, s->failed ? 503 : 200, "{}", 0);
+		respond(s, rt, rep, NULL, s->failed ? 503 : 200, "{}", 0);
 		return;
 	}
 	/* the counters say who uses the server and how: behind the key too */
 	if ((strncmp(path, "/v1/", 4) == 0 || strncmp(path, "/rl/", 4) == 0 || strcmp(path, "/metrics") == 0) &&
-	    !sv_auth_ok(s, nng_http_req_get_header(req, "Authorization"))) {
-		respond_error(s, rt, aio, 401, "Incorrect API key provided (Authorization: Bearer KEY)", NULL, 0);
+	    !sv_auth_ok(s, rq->authorization)) {
+		respond_error(s, rt, rep, NULL, 401, "Incorrect API key provided (Authorization: Bearer KEY)", NULL, 0);
 		return;
 	}
 	if (strcmp(path, "/metrics") == 0 && get) {
 		tally(s, rt, 200);
-		metrics(s, aio);
+		metrics(s, rep);
 		return;
 	}
 	if ((strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0) && post) {
-		const char *ep = nng_http_req_get_header(req, "X-Episode-Id");
+		const char *ep = rli_httpd_field(rq, "X-Episode-Id");
 		if (ep && !episode_id_ok(ep)) {
-			respond_error(s, rt, aio, 400, "X-Episode-Id: want 1 to 128 characters of A-Z a-z 0-9 . _ : -", NULL, 1);
+			respond_error(s, rt, rep, NULL, 400, "X-Episode-Id: want 1 to 128 characters of A-Z a-z 0-9 . _ : -", NULL, 1);
 			return;
 		}
-		return start_post(s, aio, req, conn, strcmp(path, "/v1/chat/completions") == 0 ? SV_CHAT : SV_COMPLETIONS, ep);
+		return start_post(s, rq, rep, strcmp(path, "/v1/chat/completions") == 0 ? SV_CHAT : SV_COMPLETIONS, ep);
 	}
 	if (strcmp(path, "/rl/episodes") == 0 && post)
-		return start_post(s, aio, req, conn, SV_LEASE, NULL);
+		return start_post(s, rq, rep, SV_LEASE, NULL);
 	if (strncmp(path, "/rl/episodes/", 13) == 0 && post) {
 		char id[SV_EPISODE_ID_MAX + 2];
 		size_t il = strcspn(path + 13, "/");
@@ -912,84 +820,73 @@ on_http(nng_aio *aio)
 			memcpy(id, path + 13, il);
 			id[il] = 0;
 			if (episode_id_ok(id))
-				return start_post(s, aio, req, conn, SV_REWARD, id);
+				return start_post(s, rq, rep, SV_REWARD, id);
 		}
 	}
 	if ((strcmp(path, "/v1/models") == 0 || (strncmp(path, "/v1/models/", 11) == 0)) && get) {
 		int one = path[10] == '/';
 		if (one && strcmp(path + 11, s->name) != 0) {
 			snprintf(msg, sizeof msg, "The model '%.200s' does not exist", path + 11);
-			respond_error(s, rt, aio, 404, msg, "model", 0);
+			respond_error(s, rt, rep, NULL, 404, msg, "model", 0);
 			return;
 		}
 		if (!(j = sv_models_json(s, one))) {
-			nng_aio_finish(aio, NNG_ENOMEM);
+			respond_error(s, rt, rep, NULL, 500, "out of memory", NULL, 0);
 			return;
 		}
-		respond(s, rt, aio, 200, j, 0);
+		respond(s, rt, rep, NULL, 200, j, 0);
 		free(j);
 		return;
 	}
 	if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0 ||
 	    strcmp(path, "/v1/models") == 0) {
 		snprintf(msg, sizeof msg, "Method %s is not allowed on %s", method, path);
-		respond_error(s, rt, aio, 405, msg, NULL, 1);
+		respond_error(s, rt, rep, NULL, 405, msg, NULL, 1);
 		return;
 	}
 	snprintf(msg, sizeof msg, "Invalid URL (%s %s)", method, path);
-	respond_error(s, rt, aio, 404, msg, NULL, 1);
+	respond_error(s, rt, rep, NULL, 404, msg, NULL, 1);
 }
 
 /* Listens on o.listen (loopback unless --listen-public or a key protects it). */
 static int
 listen_http(serve *s)
 {
-	nng_url *u = NULL;
-	nng_http_handler *h = NULL;
-	nng_sockaddr sa;
-	int loop, nrv, rv;
+	const rl_rollout_opts *o = &s->g->o;
+	rli_httpd_config sc = { 0 };
+	char host[256], port[16];
+	int loop, rv;
 
-	if (rl_qhttp_parse_addr(s->url, sizeof s->url, &loop, s->g->o.listen) != 0) {
-		rl_error("--listen: '%s' is not HOST:PORT, [IPV6]:PORT or :PORT", s->g->o.listen);
+	if (rl_qhttp_parse_addr(s->url, sizeof s->url, &loop, o->listen) != 0) {
+		rl_error("--listen: '%s' is not HOST:PORT, [IPV6]:PORT or :PORT", o->listen);
 		return RL_EINVAL;
 	}
-	if (!loop && !s->g->o.listen_public) {
-		rl_error("--listen: refusing to serve on '%s': not a loopback address", s->g->o.listen);
+	if (!loop && !o->listen_public) {
+		rl_error("--listen: refusing to serve on '%s': not a loopback address", o->listen);
 		rl_hint("add --listen-public to serve beyond this machine (with --api-key, or anyone can use it)");
 		return RL_EINVAL;
 	}
 	if (!loop && !s->key[0])
 		rl_warn("--listen: serving the model without an API key on '%s'", s->url);
-	if ((nrv = nng_url_parse(&u, s->url)) != 0 || (nrv = nng_http_server_hold(&s->srv, u)) != 0 ||
-	    (nrv = nng_http_handler_alloc(&h, "/", on_http)) != 0)
-		goto fail;
-	if ((nrv = nng_http_handler_set_method(h, NULL)) != 0 || (nrv = nng_http_handler_set_tree(h)) != 0 ||
-	    (nrv = nng_http_handler_collect_body(h, false, 0)) != 0 ||
-	    (nrv = nng_http_handler_set_data(h, s, NULL)) != 0 || (nrv = nng_http_server_add_handler(s->srv, h)) != 0) {
-		nng_http_handler_free(h);
-		goto fail;
-	}
-	if ((nrv = nng_http_server_start(s->srv)) != 0)
-		goto fail;
-	if (nng_http_server_get_addr(s->srv, &sa) == 0 && u->u_port && strcmp(u->u_port, "0") == 0) {
-		int port = sa.s_family == NNG_AF_INET6 ? ntohs(sa.s_in6.sa_port) : ntohs(sa.s_in.sa_port);
+	rl_qhttp_split_url(host, sizeof host, port, sizeof port, s->url);
+	sc.host = host;
+	sc.port = port;
+	sc.opt = "--listen";
+	/* every request in flight keeps its connection; 64 more for idle
+	 * keep-alive clients, /health and /metrics */
+	sc.max_conns = o->http_max_conns > 0 ? o->http_max_conns : o->max_requests + 64;
+	sc.timeout_s = o->http_timeout;
+	sc.max_body = s->max_body;
+	sc.body_timeout_s = o->body_timeout;
+	sc.fn = on_http;
+	sc.arg = s;
+	if ((rv = rli_httpd_open(&s->srv, &sc, s->url)) != 0)
+		return rv;
+	if (strcmp(port, "0") == 0) {
 		char *colon = strrchr(s->url, ':');
-		snprintf(colon + 1, sizeof s->url - (size_t)(colon + 1 - s->url), "%d", port);
+		snprintf(colon + 1, sizeof s->url - (size_t)(colon + 1 - s->url), "%d", rli_httpd_port(s->srv));
 	}
-	nng_url_free(u);
 	return RL_OK;
-fail:
-	rl_error("--listen: cannot listen on '%s': %s", s->url, nng_strerror(nrv));
-	if (nrv == NNG_EADDRINUSE)
-		rl_hint("another process listens there; pick another port");
-	rv = nrv == NNG_ENOMEM ? RL_ENOMEM : RL_ENET;
-	if (u)
-		nng_url_free(u);
-	if (s->srv) {
-		nng_http_server_release(s->srv);
-		s->srv = NULL;
-	}
-	return rv;
 }
 
 static int
@@ -1011,14 +908,16 @@ read_key(serve *s)
 	return RL_OK;
 }
 
-/* Stops the listener and answers, closes and frees every request left. */
+/* Answers and closes every request left, lets the last answers go out,
+ * then stops the listener and frees the requests. */
 static void
 shut(serve *s)
 {
+	sv_req *in;
+
 	nng_mtx_lock(s->mu);
 	s->stop = 1;
 	nng_mtx_unlock(s->mu);
-	/* handler aios held by requests are answered first: the server's stop waits for them */
 	tend(s);
 	for (sv_req *r = s->live; r; r = r->next) {
 		if (r->in_engine)
@@ -1026,26 +925,33 @@ shut(serve *s)
 		if (r->ep)
 			sv_ep_end(s, r, NULL, NULL, 0, 0);
 		r->in_engine = 0;
-		if (r->aio) {
-			respond_error(s, r->route, r->aio, 503, "the server is stopping", NULL, 1);
-			r->aio = NULL;
-		}
-		nng_mtx_lock(s->mu);
+		if (r->waiting)
+			respond_error(s, r->route, NULL, r, 503, "the server is stopping", NULL, 1);
+		if (r->stream && !r->dead && s->srv)
+			rli_httpd_stream_end(s->srv, r->hid);
 		r->dead = 1;
-		nng_mtx_unlock(s->mu);
-		if (r->stream && r->conn)
-			nng_http_conn_close(r->conn);
-		r->conn = NULL;
 		r->done = 1;
 	}
 	/* open episodes are written, unrewarded: nothing generated is lost */
 	sv_ep_expire(s, 0, 1);
-	/* the server's stop closes every connection at once: the 503s just queued get
-	 * a moment to go out first */
-	nng_msleep(200);
 	if (s->srv) {
-		nng_http_server_stop(s->srv);
-		nng_http_server_release(s->srv);
+		rli_httpd_drain(s->srv, 0.5);
+		rli_httpd_close(s->srv);
+		s->srv = NULL;
+	}
+	/* requests the handler queued meanwhile have no connection left */
+	nng_mtx_lock(s->mu);
+	in = s->inbox;
+	s->inbox = NULL;
+	nng_mtx_unlock(s->mu);
+	while (in) {
+		sv_req *r = in;
+		in = in->next;
+		r->waiting = 0;
+		r->dead = 1;
+		r->done = 1;
+		r->next = s->live;
+		s->live = r;
 	}
 	while (s->live || s->inbox) {
 		tend(s);

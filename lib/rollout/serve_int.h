@@ -1,6 +1,6 @@
 /*
  * serve_int.h — what the files of `rl-rollout serve` share: serve.c (the
- * HTTP listener, the engine thread, server-sent events) and serve_api.c
+ * HTTP handler on base/httpd.h's server, the engine thread, server-sent events) and serve_api.c
  * (the OpenAI request fields and the JSON of answers and errors).  Not
  * installed; lib/rollout only.
  */
@@ -11,9 +11,9 @@
 
 #include <cjson/cJSON.h>
 #include <nng/nng.h>
-#include <nng/supplemental/http/http.h>
 #include <nng/supplemental/util/platform.h>
 
+#include "base/httpd.h"
 #include "base/io.h"
 #include "rollout/rollout_int.h"
 
@@ -72,16 +72,10 @@ typedef struct sv_req {
 	char *ptext;               /* an episode call's prompt, rendered */
 	size_t ptlen;
 	double reward;
-	/* HTTP */
-	nng_aio *aio;              /* the handler's; finished with the answer (not a stream) */
-	nng_aio *raio;             /* reads the body */
-	nng_http_conn *conn;       /* the connection; hijacked for a stream */
-	nng_http_req *hreq;        /* a stream's hijacked request (freed with it) */
-	char *bodybuf;
-	size_t bodylen;
-	nng_aio *waio;             /* a stream's writes */
-	rl_buf pend, cur;          /* a stream's bytes waiting, and in flight */
-	int writing, dead, ended;  /* stream: a write in flight, the client gone, all queued */
+	/* HTTP (base/httpd.h) */
+	uint64_t hid;              /* the request's connection */
+	int waiting;               /* its answer is due (not a stream) */
+	int dead;                  /* stream: its connection is gone (engine thread) */
 	/* state (under serve.mu where both threads look) */
 	sv_choice *ch;
 	int remaining;             /* samples not finished */
@@ -97,7 +91,7 @@ typedef struct serve {
 	char key[512];             /* --api-key (empty: none) */
 	size_t max_body;
 	int max_requests;
-	nng_http_server *srv;
+	rli_httpd *srv;            /* the listener */
 	char url[300];
 	nng_mtx *mu;
 	nng_cv *cv;

@@ -1,17 +1,24 @@
 /*
- * test_qhttpd.c — the HTTP server under rl-queue's listener (qhttpd.c)
+ * test_httpd.c — the HTTP server of rl-queue and rl-rollout serve (httpd.c)
  * through real sockets: a request reaches the handler parsed (path without
  * query, Authorization), owned and borrowed bodies, HEAD, the connection
  * bound (503), a deadline, 3,000 heads made of random pieces of HTTP each
  * answered with a status and a whole response (run under ASan for the
  * parser's memory safety), and a close that joins the thread while
  * connections are open, one of them stuck on a response it does not read.
+ * With bodies: a body sent in pieces reaches the handler whole, a request
+ * pipelined after it is answered, one over max_body reaches the handler
+ * unread (too_large) and its connection closes, chunked is 411, a body that
+ * stops coming is closed without an answer after body_timeout_s; answers
+ * from another thread (later), a stream written after the handler returned
+ * and ended, and a stream whose client does not read refused past out_max.
  */
-#include "queue/qhttpd.h"
+#include "base/httpd.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -197,6 +204,161 @@ test_bounds_and_close(rli_httpd *s, int port)
 	close(fds[0]);
 }
 
+
+/* ---- bodies, later answers and streams ---- */
+
+static uint64_t later_id, stream_id;
+static int too_large_seen;
+
+static void
+handler2(void *arg, const rli_httpd_req *rq, rli_httpd_reply *rep)
+{
+	const char *x = rli_httpd_field(rq, "x-test");
+
+	(void)arg;
+	rep->status = 200;
+	if (rq->too_large) {
+		__atomic_add_fetch(&too_large_seen, 1, __ATOMIC_SEQ_CST);
+		rep->status = 413;
+		rep->owned = strdup("{\"error\":\"big\"}");
+		rep->len = strlen(rep->owned);
+		return;
+	}
+	if (strcmp(rq->path, "/later") == 0) {
+		__atomic_store_n(&later_id, rq->id, __ATOMIC_SEQ_CST);
+		rep->later = 1;
+		return;
+	}
+	if (strcmp(rq->path, "/stream") == 0) {
+		__atomic_store_n(&stream_id, rq->id, __ATOMIC_SEQ_CST);
+		rep->stream = 1;
+		rep->type = "text/event-stream";
+		return;
+	}
+	/* the body as sent, and the X-Test field */
+	rep->owned = malloc(rq->body_len + 64);
+	rep->len = (size_t)sprintf(rep->owned, "%s|%zu|", x ? x : "-", rq->body_len);
+	if (rq->body)
+		memcpy(rep->owned + rep->len, rq->body, rq->body_len), rep->len += rq->body_len;
+}
+
+static int
+sends(int fd, const char *p)
+{
+	return send(fd, p, strlen(p), MSG_NOSIGNAL) == (ssize_t)strlen(p);
+}
+
+static void
+wait_id(uint64_t *id)
+{
+	/* set on the server's thread */
+	for (int i = 0; i < 300 && __atomic_load_n(id, __ATOMIC_SEQ_CST) == 0; i++)
+		usleep(10000);
+}
+
+static void
+test_bodies(int port)
+{
+	char out[8192];
+	int fd;
+	size_t n;
+	double t0;
+
+	/* in three pieces, then a pipelined GET behind it */
+	fd = dial(port);
+	T_OK(sends(fd, "POST /e HTTP/1.1\r\nHost: a\r\nX-Test: yes\r\nContent-Length: 10\r\n\r\n0123"));
+	usleep(50000);
+	T_OK(sends(fd, "456"));
+	usleep(50000);
+	T_OK(sends(fd, "789GET /g HTTP/1.1\r\nHost: a\r\n\r\n"));
+	/* both answers, in one read or two */
+	n = read_response(fd, out, sizeof out, 0);
+	if (strstr(out, "-|0|") == NULL)
+		n += read_response(fd, out + n, sizeof out - n, 0);
+	T_OK(n > 0 && strstr(out, "\r\n\r\nyes|10|0123456789HTTP/1.1 200 OK\r\n") != NULL, "%s", out);
+	T_OK(strstr(out, "\r\n\r\n-|0|") != NULL, "%s", out);
+	close(fd);
+	/* over max_body (100): the handler answers unread, the connection closes */
+	fd = dial(port);
+	T_OK(sends(fd, "POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 101\r\n\r\nab"));
+	n = read_response(fd, out, sizeof out, 0);
+	T_OK(strncmp(out, "HTTP/1.1 413 ", 13) == 0 && strstr(out, "Connection: close") &&
+	    __atomic_load_n(&too_large_seen, __ATOMIC_SEQ_CST) == 1, "%s", out);
+	T_OK(recv(fd, out, sizeof out, 0) == 0);
+	close(fd);
+	n = ask(port, "POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999999\r\n\r\n", strlen("POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999999\r\n\r\n"), out, sizeof out);
+	T_OK(strncmp(out, "HTTP/1.1 413 ", 13) == 0 && __atomic_load_n(&too_large_seen, __ATOMIC_SEQ_CST) == 2,
+	    "%s", out);
+	n = ask(port, "POST /e HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n", strlen("POST /e HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"), out, sizeof out);
+	T_OK(strncmp(out, "HTTP/1.1 411 ", 13) == 0, "%s", out);
+	n = ask(port, "POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 1x\r\n\r\n", strlen("POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 1x\r\n\r\n"), out, sizeof out);
+	T_OK(strncmp(out, "HTTP/1.1 400 ", 13) == 0, "%s", out);
+	/* a body that stops: closed without an answer after body_timeout_s (0.5) */
+	fd = dial(port);
+	T_OK(sends(fd, "POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 50\r\n\r\nab"));
+	t0 = rl_now();
+	n = read_response(fd, out, sizeof out, 0);
+	T_OK(n == 0 && rl_now() - t0 > 0.3 && rl_now() - t0 < 2, "%zu bytes, %.2f s", n, rl_now() - t0);
+	close(fd);
+}
+
+static void
+test_later_and_stream(rli_httpd *s, int port)
+{
+	char out[8192], chunk[1000];
+	rli_httpd_reply rep = { .status = 201, .body = "done", .len = 4 };
+	size_t n = 0;
+	ssize_t r;
+	int fd, rv = 0, k;
+
+	fd = dial(port);
+	T_OK(sends(fd, "GET /later HTTP/1.1\r\nHost: a\r\n\r\n"));
+	wait_id(&later_id);
+	usleep(50000);
+	T_EQ_INT(rli_httpd_answer(s, later_id, &rep), 0);
+	T_EQ_INT(rli_httpd_answer(s, later_id, &rep), RL_ENET);   /* once */
+	n = read_response(fd, out, sizeof out, 0);
+	T_OK(strncmp(out, "HTTP/1.1 201 ", 13) == 0 && strstr(out, "\r\n\r\ndone"), "%s", out);
+	/* the connection stays open for the next request */
+	T_OK(sends(fd, "GET /g HTTP/1.1\r\nHost: a\r\n\r\n"));
+	n = read_response(fd, out, sizeof out, 0);
+	T_OK(strncmp(out, "HTTP/1.1 200 ", 13) == 0, "%s", out);
+
+	/* a stream on the same connection, after the keep-alive answers */
+	T_OK(sends(fd, "GET /stream HTTP/1.1\r\nHost: a\r\n\r\n"));
+	wait_id(&stream_id);
+	for (int i = 0; i < 5; i++) {
+		k = snprintf(chunk, sizeof chunk, "data: %d\n\n", i);
+		T_EQ_INT(rli_httpd_stream_write(s, stream_id, chunk, (size_t)k), 0);
+	}
+	rli_httpd_stream_end(s, stream_id);
+	n = 0;
+	while (n + 1 < sizeof out && (r = recv(fd, out + n, sizeof out - 1 - n, 0)) > 0)
+		n += (size_t)r;
+	out[n] = 0;
+	T_OK(strstr(out, "Content-Length") == NULL && strstr(out, "Content-Type: text/event-stream\r\n") &&
+	    strstr(out, "\r\n\r\ndata: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n") && r == 0, "%s", out);
+	T_EQ_INT(rli_httpd_stream_write(s, stream_id, "x", 1), RL_ENET);
+	close(fd);
+
+	/* a client that reads nothing: refused once the queue passes out_max
+	 * (the socket's own buffers take some first), never buffered without end */
+	__atomic_store_n(&stream_id, 0, __ATOMIC_SEQ_CST);
+	fd = dial(port);
+	T_OK(sends(fd, "GET /stream HTTP/1.1\r\nHost: a\r\n\r\n"));
+	wait_id(&stream_id);
+	memset(chunk, 'z', sizeof chunk);
+	for (k = 0; k < 100000; k++) {
+		if ((rv = rli_httpd_stream_write(s, stream_id, chunk, sizeof chunk)) != 0)
+			break;
+		if (k % 50 == 0)
+			usleep(2000);   /* the server's thread fills the socket meanwhile */
+	}
+	T_EQ_INT(rv, RL_ENET);
+	T_OK(k < 20000, "%d KB taken before the bound", k);
+	close(fd);
+}
+
 int
 main(void)
 {
@@ -205,7 +367,7 @@ main(void)
 	int rv, port;
 	char err[512];
 
-	T_BEGIN("qhttpd");
+	T_BEGIN("httpd");
 	for (size_t i = 0; i < sizeof big; i++)
 		big[i] = (char)('a' + i % 26);
 	T_EQ_INT(rli_httpd_open(&s, &cfg, "http://127.0.0.1:0"), 0);
@@ -229,5 +391,16 @@ main(void)
 		T_OK(s2 == NULL);
 	}
 	test_bounds_and_close(s, port);
+	{
+		rli_httpd_config c3 = { .host = "127.0.0.1", .port = "0", .timeout_s = 5, .body_timeout_s = 0.5,
+			.max_body = 100, .out_max = 4096, .fn = handler2 };
+		T_EQ_INT(rli_httpd_open(&s, &c3, "http://127.0.0.1:0"), 0);
+		if (s == NULL)
+			T_END();
+		port = rli_httpd_port(s);
+		test_bodies(port);
+		test_later_and_stream(s, port);
+		rli_httpd_close(s);
+	}
 	T_END();
 }
