@@ -484,6 +484,19 @@ req_free(serve *s, sv_req *r)
 	nng_mtx_unlock(s->mu);
 }
 
+/* The requests the HTTP handler queued since the last call, taken at once. */
+static sv_req *
+inbox_take(serve *s)
+{
+	sv_req *in;
+
+	nng_mtx_lock(s->mu);
+	in = s->inbox;
+	s->inbox = NULL;
+	nng_mtx_unlock(s->mu);
+	return in;
+}
+
 /* One pass of the engine thread: new requests in, cancelled ones out, the
  * answered ones freed.  Returns 1 when the engine has work. */
 static int
@@ -491,10 +504,7 @@ tend(serve *s)
 {
 	sv_req *in, **pp;
 
-	nng_mtx_lock(s->mu);
-	in = s->inbox;
-	s->inbox = NULL;
-	nng_mtx_unlock(s->mu);
+	in = inbox_take(s);
 	while (in) {
 		sv_req *r = in;
 		in = in->next;
@@ -940,10 +950,7 @@ shut(serve *s)
 		s->srv = NULL;
 	}
 	/* requests the handler queued meanwhile have no connection left */
-	nng_mtx_lock(s->mu);
-	in = s->inbox;
-	s->inbox = NULL;
-	nng_mtx_unlock(s->mu);
+	in = inbox_take(s);
 	while (in) {
 		sv_req *r = in;
 		in = in->next;
