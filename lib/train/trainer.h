@@ -170,7 +170,8 @@ typedef struct trainer {
 	rl_qlease lease;
 	rl_traj *qt;
 	/* leased records not yet acknowledged; trained: in a group done, waiting
-	 * for the full checkpoint that covers it (docs/queue.md, exactly once) */
+	 * for the full checkpoint that covers it (docs/queue.md, exactly once),
+	 * 2 while the broker has not been sent its TRAINED mark yet */
 	struct { uint64_t id, lease; int trained; } *held;
 	double t_renew;          /* rl_now() of the last renewal of the leases held */
 	double renew_s;          /* renew them this often: a third of the broker's lease (0: not known yet) */
