@@ -222,7 +222,7 @@ PY
 	check_once "$O" || { grep -v "leased\|acked\|put " "$O.q.log" >&3; return 1; }
 }
 
-@test "leases held across steps without a full checkpoint, the run longer than a lease: after a step only its own leases are marked, the others renewed before the next step; none expires, every group trained exactly once" {
+@test "leases held across steps without a full checkpoint, the run longer than a lease: after a step only its own leases are marked, the others renewed when a tenth of the lease time old; none expires, every group trained exactly once" {
 	local O="$TD/hold"
 	URL="tcp://127.0.0.1:$(free_port)"
 	# leases of 2 s; the feed takes 3 s or more, and --save-every 0 makes
