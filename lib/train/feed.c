@@ -22,6 +22,7 @@ static int dp_end_lease(trainer *tr);
 static int dp_follow_lease(trainer *tr);
 static int group_done(trainer *tr, const rl_traj *t);
 static void ack_resumed_groups(trainer *tr);
+static void mark_new(trainer *tr);
 
 int
 rli_feed_tok(trainer *tr)
@@ -154,7 +155,8 @@ lease_more(trainer *tr)
 		}
 		tr->held[tr->nheld].id = id;
 		tr->held[tr->nheld].lease = tr->lease.id;
-		tr->held[tr->nheld].trained = group_done(tr, tr->qt);
+		tr->held[tr->nheld].trained = group_done(tr, tr->qt) ? 2 : 0;
+		tr->held[tr->nheld].renewed = rl_now();
 		tr->nheld++;
 		tr->records++;
 		if (tr->held[tr->nheld - 1].trained) {
@@ -196,14 +198,14 @@ rli_feed_ack(trainer *tr, int mark, int covered)
 		for (int gi = 0; gi < tr->ngroups && !tr->held[i].trained; gi++)
 			for (int k = 0; k < tr->groups[gi].size; k++)
 				if (tr->groups[gi].s[k].id == tr->held[i].id)
-					tr->held[i].trained = 1;
+					tr->held[i].trained = 2;
 	/* exactly once: only a full checkpoint makes a trained group survive a
 	 * crash; until then its lease is renewed, and a trainer killed before
 	 * gets it back through the lease's expiry */
 	if (!covered) {
 		/* the broker's staleness gate counts them out of flight */
 		if (mark)
-			rli_feed_renew(tr);
+			mark_new(tr);
 		return RL_OK;
 	}
 	if (!tr->nheld)
@@ -242,11 +244,50 @@ out:
 	return rv;
 }
 
-void
-rli_feed_renew(trainer *tr)
+/* The records trained since the last marks (trained 2), marked TRAINED
+ * for the staleness gate: one request per lease that holds some, which
+ * renews that lease too.  The other leases wait for rli_feed_renew (before
+ * every step, and every third of the lease time while waiting for records):
+ * renewing every lease held after every step too cost a round trip per
+ * lease, and leases pile up until a full checkpoint.  A failed mark is not
+ * retried here: the next renewal marks every trained record again. */
+static void
+mark_new(trainer *tr)
+{
+	size_t i = 0;
+	uint64_t *ids = tr->nheld ? rl_try_malloc(tr->nheld * sizeof *ids, "trained ids") : NULL;
+
+	if (!ids) {
+		if (tr->nheld)
+			rli_feed_renew(tr);
+		return;
+	}
+	while (tr->qc && i < tr->nheld) {
+		size_t j = i, n = 0;
+		rl_qack_result res;
+		for (; j < tr->nheld && tr->held[j].lease == tr->held[i].lease; j++)
+			if (tr->held[j].trained == 2) {
+				ids[n++] = tr->held[j].id;
+				tr->held[j].trained = 1;
+			}
+		if (n) {
+			double now = rl_now();
+			rl_qclient_ack_ids(tr->qc, tr->held[i].lease, RL_QACK_TRAINED, ids, (uint32_t)n, &res);
+			for (size_t k = i; k < j; k++)
+				tr->held[k].renewed = now;
+		}
+		i = j;
+	}
+	free(ids);
+}
+
+/* Renews the leases last renewed before `older` (rl_now() clock); all of
+ * them with older > every renewal. */
+static void
+renew_before(trainer *tr, double older)
 {
 	/* a step can outlast a lease, and trained records wait for the next
-	 * full checkpoint: every lease renewed, its trained records marked
+	 * full checkpoint: the leases renewed, their trained records marked
 	 * (again: a broker restarted from a snapshot has forgotten the marks);
 	 * one lease's records are next to each other */
 	size_t i = 0;
@@ -255,16 +296,47 @@ rli_feed_renew(trainer *tr)
 	while (tr->qc && i < tr->nheld) {
 		size_t j = i, n = 0;
 		rl_qack_result res;
+		double now = rl_now();
+		int due = tr->held[i].renewed < older;
 		for (; j < tr->nheld && tr->held[j].lease == tr->held[i].lease; j++)
-			if (tr->held[j].trained && ids)
+			if (due && tr->held[j].trained && ids) {
 				ids[n++] = tr->held[j].id;
+				tr->held[j].trained = 1;
+			}
 		/* without memory for the ids: a plain renewal, the gate counts them a while longer */
-		rl_qclient_ack_ids(tr->qc, tr->held[i].lease, n ? RL_QACK_TRAINED : RL_QACK_EXTEND, n ? ids : NULL,
-		    (uint32_t)n, &res);
+		if (due) {
+			rl_qclient_ack_ids(tr->qc, tr->held[i].lease, n ? RL_QACK_TRAINED : RL_QACK_EXTEND,
+			    n ? ids : NULL, (uint32_t)n, &res);
+			for (size_t k = i; k < j; k++)
+				tr->held[k].renewed = now;
+		}
 		i = j;
 	}
 	free(ids);
-	tr->t_renew = rl_now();
+}
+
+void
+rli_feed_renew(trainer *tr)
+{
+	double now = rl_now();
+
+	renew_before(tr, now + 1);
+	tr->t_renew = now;
+}
+
+void
+rli_feed_renew_old(trainer *tr)
+{
+	/* a tenth of the lease time (renew_s is a third of it): a step starts
+	 * with nine tenths of it left or more, as good as renewing every lease
+	 * before every step for any step much shorter than a lease, without a
+	 * round trip per lease held per step (they pile up until a full
+	 * checkpoint); not known yet: all of them */
+	if (tr->renew_s <= 0) {
+		rli_feed_renew(tr);
+		return;
+	}
+	renew_before(tr, rl_now() - 0.3 * tr->renew_s);
 }
 
 /* Reads records until a complete group pops out: RL_OK, RL_ENOENT at the end. */

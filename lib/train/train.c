@@ -498,7 +498,7 @@ run_steps(trainer *tr, int start_step)
 				    tr->ngroups, o->batch);
 			return RL_OK;
 		}
-		rli_feed_renew(tr);
+		rli_feed_renew_old(tr);
 		for (int gi = 0; gi < tr->ngroups; gi++)
 			if ((rv = rli_feed_mark_done(tr, tr->groups[gi].group)) != 0)
 				return rv;

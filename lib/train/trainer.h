@@ -170,8 +170,10 @@ typedef struct trainer {
 	rl_qlease lease;
 	rl_traj *qt;
 	/* leased records not yet acknowledged; trained: in a group done, waiting
-	 * for the full checkpoint that covers it (docs/queue.md, exactly once) */
-	struct { uint64_t id, lease; int trained; } *held;
+	 * for the full checkpoint that covers it (docs/queue.md, exactly once),
+	 * 2 while the broker has not been sent its TRAINED mark yet; renewed:
+	 * rl_now() when its lease was last renewed (leased, marked or renewed) */
+	struct { uint64_t id, lease; int trained; double renewed; } *held;
 	double t_renew;          /* rl_now() of the last renewal of the leases held */
 	double renew_s;          /* renew them this often: a third of the broker's lease (0: not known yet) */
 	int last_full;           /* the last step's checkpoint was a full one */
@@ -257,6 +259,9 @@ int rli_feed_collect(trainer *tr);
 int rli_feed_mark_done(trainer *tr, uint64_t group);
 /* Queue mode, before a step: renew every lease still held. */
 void rli_feed_renew(trainer *tr);
+/* Renews (and marks again) only the leases last renewed more than a tenth
+ * of the lease time ago: before a step (docs/queue.md, "Exactly once"). */
+void rli_feed_renew_old(trainer *tr);
 /* Queue mode, after a step: the step's records are trained (mark); when covered
  * (the step's checkpoint was a full one) every trained record held is
  * acknowledged, one request per lease; the others stay held.  RL_ENOMEM,

@@ -221,3 +221,20 @@ PY
 	[ "$status" -eq 0 ] || { echo "status $status: $stderr" >&3; return 1; }
 	check_once "$O" || { grep -v "leased\|acked\|put " "$O.q.log" >&3; return 1; }
 }
+
+@test "leases held across steps without a full checkpoint, the run longer than a lease: after a step only its own leases are marked, the others renewed when a tenth of the lease time old; none expires, every group trained exactly once" {
+	local O="$TD/hold"
+	URL="tcp://127.0.0.1:$(free_port)"
+	# leases of 2 s; the feed takes 3 s or more, and --save-every 0 makes
+	# full checkpoints at steps 1 and 15 only: the leases of steps 2-14 are
+	# held (and must be renewed) until the end
+	LEASE=2 broker "$O.q"
+	feed &
+	PIDS="$PIDS $!"
+	run --separate-stderr rl-train -m "$TD/m0" --out "$O" --queue "$URL" --batch 2 --save-every 0 --lr 1e-2 \
+	    --idle-exit 5 --max-steps 15 --metrics "$O.m"
+	wait_fed
+	[ "$status" -eq 0 ] || { echo "status $status: $stderr" >&3; return 1; }
+	check_once "$O" || { grep -v "leased\|acked\|put " "$O.q.log" >&3; return 1; }
+	[ "$(jq .total.expired_leases "$O.stat")" = 0 ] || { cat "$O.stat" >&3; return 1; }
+}
