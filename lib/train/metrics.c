@@ -406,7 +406,9 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 		char dir[4096];
 		struct eval_put ep = { j, tr, step };
 		snprintf(dir, sizeof dir, "%s/step-%08d", o->out_dir, step);
-		if ((err = o->eval_fn(o->eval_ctx, step, dir, eval_put, &ep)) != 0) {
+		/* the validation reads the step's directory: a version written in
+		 * the background must be there first */
+		if ((err = rli_save_wait(tr)) != 0 || (err = o->eval_fn(o->eval_ctx, step, dir, eval_put, &ep)) != 0) {
 			cJSON_Delete(j);
 			return err;
 		}
