@@ -43,6 +43,9 @@ fi
 # that never returns: nng #1543) fails after RL_BATS_TIMEOUT seconds (default
 # 1200; the slowest file takes about 20 s) instead of holding up the run
 bats="timeout -k 10 ${RL_BATS_TIMEOUT:-1200} bats --tap"
+# and a test that hangs fails after BATS_TEST_TIMEOUT seconds (default 600),
+# named in the log, while the rest of its file still runs
+export BATS_TEST_TIMEOUT=${BATS_TEST_TIMEOUT:-600}
 if [ $gpu = 0 ] && ls "$root"/tests/cli/*.bats >/dev/null 2>&1; then
 	( cd "$root" && prove -v --exec "$bats" tests/cli/*.bats ) >"$log/bats" 2>&1
 	b_ok=$(grep -c '^ok ' "$log/bats"); b_skip=$(grep -c '^ok .* # skip' "$log/bats")

@@ -638,9 +638,17 @@ rli_nng_dial(nng_socket s, const char *url, nng_dialer *dp, int flags)
 					host);
 			else if (named && strstr(why, "revoked") != NULL)
 				rl_hint("a CRL (--tls-crl) of one end revokes the other end's certificate: it needs a new one");
-			else
+			else if (named)
 				rl_hint("both ends need certificates signed by the CA the other end was given (--tls-ca), "
 					"and the server's must name the host or address dialled");
+			else
+				/* TLS 1.3: the server checks the client's certificate after
+				 * the client is done, and its alert can be lost in the close */
+				rl_hint("the server closed the connection without a reason this end could read: it may "
+					"refuse this end's certificate (signed by a CA it was not given with --tls-ca, or "
+					"revoked by its --tls-crl), which its log (-v) names; both ends need certificates "
+					"signed by the CA the other end was given, and the server's must name the host "
+					"or address dialled");
 			nng_dialer_close(d);
 		} else if (e != 0 && (flags & NNG_FLAG_NONBLOCK)) {
 			e = nng_dialer_start(d, NNG_FLAG_NONBLOCK);

@@ -147,7 +147,12 @@ ssl_fail(struct nng_tls_engine_conn *c, int r, const char *op)
 	ERR_clear_error();
 	vr = SSL_get_verify_result(c->ssl);
 	if (c->io_err != 0)
-		rv = c->io_err;
+		/* a server's connection closed under its handshake (the peer
+		 * gone, nng's negotiation timed out) must not read as the
+		 * listener's own close: that would stop its accepts for good
+		 * while the port still takes TCP connections, and every later
+		 * client would wait for a handshake nobody answers */
+		rv = c->server && (c->io_err == NNG_ECLOSED || c->io_err == NNG_ECANCELED) ? NNG_ECONNRESET : c->io_err;
 	else if (err == SSL_ERROR_ZERO_RETURN || err == SSL_ERROR_SYSCALL)
 		rv = NNG_ECONNRESET;
 	else if (vr != X509_V_OK || (c->server && !SSL_is_init_finished(c->ssl)))
