@@ -38,6 +38,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -657,6 +658,8 @@ struct rli_tls_ctx {
 struct rli_tls_sock {
 	nng_tls_engine_conn c; /* first: verify_note finds it as the SSL's app data */
 	int fd;
+	double deadline;       /* rl_now() past which the handshake's reads fail; 0: none */
+	struct timeval rcvto;  /* the socket's SO_RCVTIMEO before the handshake */
 };
 
 /* OpenSSL's own socket BIO writes with write(2): a peer gone would raise
@@ -674,6 +677,17 @@ sock_bio_io(BIO *b, char *data, size_t len, size_t *done, int wr)
 
 	BIO_clear_retry_flags(b);
 	*done = 0;
+	if (!wr && t->deadline > 0) {
+		/* the handshake's reads share one deadline: a peer sending a byte
+		 * now and then cannot keep it going past the whole limit */
+		double left = t->deadline - rl_now();
+		struct timeval tv = { .tv_sec = (time_t)left, .tv_usec = (suseconds_t)((left - (time_t)left) * 1e6) };
+		if (left <= 0 || (tv.tv_sec == 0 && tv.tv_usec == 0)) {
+			BIO_set_retry_read(b);
+			return 0;
+		}
+		setsockopt(t->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	}
 	do
 		r = wr ? send(t->fd, data, len, MSG_NOSIGNAL) : recv(t->fd, data, len, 0);
 	while (r < 0 && errno == EINTR);
@@ -778,7 +792,18 @@ rli_tls_sock_open(rli_tls_sock **out, rli_tls_ctx *x, int fd, char *why, size_t 
 	SSL_set_read_ahead(t->c.ssl, 1);
 	SSL_set_default_read_buffer_len(t->c.ssl, SOCK_READ_BUF);
 	ERR_clear_error();
-	if ((r = SSL_do_handshake(t->c.ssl)) == 1) {
+	{
+		socklen_t tl = sizeof t->rcvto;
+		if (getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t->rcvto, &tl) == 0 &&
+		    (t->rcvto.tv_sec > 0 || t->rcvto.tv_usec > 0))
+			t->deadline = rl_now() + (double)t->rcvto.tv_sec + (double)t->rcvto.tv_usec / 1e6;
+	}
+	r = SSL_do_handshake(t->c.ssl);
+	if (t->deadline > 0) {
+		t->deadline = 0;
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t->rcvto, sizeof t->rcvto);
+	}
+	if (r == 1) {
 		*out = t;
 		return RL_OK;
 	}

@@ -40,9 +40,9 @@ typedef struct rli_tls_ctx rli_tls_ctx;
 int rli_tls_ctx_new(rli_tls_ctx **out, int server, const char *cert, const char *key, const char *pass, const char *ca,
 		    const char *crl, const char *peer_name, const char **what);
 void rli_tls_ctx_free(rli_tls_ctx *x);
-/* rli_tls_sock_open: the handshake on fd (blocking; its SO_RCVTIMEO and
- * SO_SNDTIMEO bound each read and write, so they bound the wait for a
- * silent peer).  RL_OK; RL_EINVAL when the peer's certificate or ours was
+/* rli_tls_sock_open: the handshake on fd (blocking; its SO_RCVTIMEO, when
+ * set, bounds the whole handshake, however the peer spreads its bytes, and
+ * is the socket's again after it; SO_SNDTIMEO bounds each write).  RL_OK; RL_EINVAL when the peer's certificate or ours was
  * refused, RL_ETIMEDOUT, RL_ENET; why gets the reason (the certificate
  * that failed, by subject and issuer).  fd stays the caller's (closed by
  * the caller after rli_tls_sock_close).  A context serves any number of

@@ -1027,7 +1027,7 @@ do_push_commit(rl_wsync_server *s, const whdr *h)
  * SSL_write: records go straight to the kernel, not one async hop each as
  * through nng's TLS transport. */
 #define WB_IO_MS 60000 /* a stalled peer loses its connection after this long */
-#define WB_HANDSHAKE_MS 10000 /* a TLS peer silent this long in its handshake is dropped */
+#define WB_HANDSHAKE_MS 10000 /* a TLS peer whose handshake takes this long in all is dropped */
 
 typedef struct bconn {
 	rl_wsync_server *s;
@@ -1138,8 +1138,9 @@ bulk_serve_one(rl_wsync_server *s, const wbio *io, const uint8_t *r, size_t rn)
 	return rv;
 }
 
-/* the TLS handshake of a bulk connection, each read of it bounded by
- * WB_HANDSHAKE_MS; a refused one is logged with the peer's address and the
+/* the TLS handshake of a bulk connection, bounded by WB_HANDSHAKE_MS in
+ * all (SO_RCVTIMEO, which rli_tls_sock_open applies to the whole
+ * handshake); a refused one is logged with the peer's address and the
  * certificate that failed */
 static int
 bconn_tls(bconn *b, wbio *io)

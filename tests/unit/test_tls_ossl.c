@@ -7,14 +7,21 @@
  * or with a key not its certificate's is refused, a dial of the server's
  * address, which its certificate does not name, is refused, and the
  * listener still takes the next client.  RL_TLS_ENGINE=mbedtls runs the same on nng's
- * engine.
+ * engine.  On a socket of our own (rli_tls_sock_open, rl-sync's bulk stream)
+ * a peer that sends its handshake a byte at a time, each within the
+ * socket's SO_RCVTIMEO, is still dropped when the whole handshake has taken
+ * that long.
  */
 #include <nng/nng.h>
 #include <nng/protocol/pair1/pair.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/core.h"
@@ -104,6 +111,50 @@ exchange(nng_socket a, nng_socket b, size_t n, size_t m, uint32_t seed)
 	free(y);
 }
 
+/* a peer that dribbles a TLS record a byte every 100 ms: each byte comes
+ * within the 400 ms SO_RCVTIMEO, the record would take 51 s */
+static void
+slow_handshake(void)
+{
+	rli_tls_ctx *x = NULL;
+	rli_tls_sock *t = NULL;
+	struct timeval to = { .tv_usec = 400000 }, back = { 0 };
+	socklen_t bl = sizeof back;
+	char why[320];
+	int sv[2], rv;
+	pid_t pid;
+	double t0, dt;
+
+	T_EQ_INT(rli_nng_tls_files(f("srv.pem"), f("srv.key"), f("ca.pem")), 0);
+	T_EQ_INT(rli_nng_tls_ctx(&x, 1, "tls+tcp://127.0.0.1:1"), RL_OK);
+	T_EQ_INT(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	if ((pid = fork()) == 0) {
+		static const unsigned char hdr[5] = { 0x16, 0x03, 0x01, 0x02, 0x00 }; /* handshake, 512 bytes */
+		close(sv[0]);
+		for (int i = 0; i < 5 + 512; i++) {
+			unsigned char b = i < 5 ? hdr[i] : 0;
+			if (write(sv[1], &b, 1) != 1)
+				_exit(0);
+			usleep(100000);
+		}
+		_exit(0);
+	}
+	close(sv[1]);
+	setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &to, sizeof to);
+	t0 = rl_now();
+	rv = rli_tls_sock_open(&t, x, sv[0], why, sizeof why);
+	dt = rl_now() - t0;
+	T_OK(rv == RL_ETIMEDOUT && t == NULL, "a dribbled handshake: %d (%s)", rv, why);
+	T_OK(dt >= 0.35 && dt < 2.0, "dropped after %.2f s (the limit: 0.4 s)", dt);
+	T_OK(getsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &back, &bl) == 0 && back.tv_sec == 0 &&
+		     back.tv_usec >= 390000 && back.tv_usec <= 410000,
+	     "SO_RCVTIMEO is the caller's again: %ld.%06ld", (long)back.tv_sec, (long)back.tv_usec);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	close(sv[0]);
+	rli_tls_ctx_free(x);
+}
+
 int
 main(void)
 {
@@ -172,6 +223,7 @@ main(void)
 
 	nng_close(cli);
 	nng_close(srv);
+	slow_handshake();
 	snprintf(msg, sizeof msg, "rm -rf '%s'", dir);
 	if (system(msg) != 0)
 		t_fail++;
