@@ -1421,12 +1421,15 @@ gate_cap(const rl_queue *q, uint32_t gsize)
 {
 	uint64_t groups = ((uint64_t)q->cfg.max_staleness + 1) * q->cfg.train_batch;
 
-	/* over-sampling adds (F - 1) x B groups: the spare prompts of the step
-	 * being generated, whatever K.  (F - 1) x (K+1) x B would let more
-	 * groups complete than the trainer can take within K versions: at
-	 * K = 4, B = 2, F = 1.5 five more groups than the 10 it may take,
-	 * each one aborted at the close or trained stale. */
-	if (oversampling(q))
+	/* over-sampling adds (F - 1) x B spare groups for the step the trainer
+	 * waits on: only while fewer than B groups are complete (its next step
+	 * is not covered), whatever K.  Spares admitted while the next steps
+	 * are covered only overtake the long groups in flight, which then
+	 * cannot be trained within K and are aborted; (F - 1) x (K+1) x B
+	 * spares would let more groups complete than the trainer can take
+	 * within K versions (at K = 4, B = 2, F = 1.5 five more than the ten
+	 * it may take, each aborted at the close or trained stale). */
+	if (oversampling(q) && rl_queue_complete_groups(q) < q->cfg.train_batch)
 		groups += (uint64_t)ceil((q->cfg.oversample - 1.0) * q->cfg.train_batch);
 	return groups * RL_MAX(gsize, 1u);
 }
@@ -1480,11 +1483,14 @@ choose(rl_queue *q, int stage, uint32_t hint, uint32_t max, uint64_t **ids_out, 
 		if (apply)
 			q->st.gate_blocked++;
 	} else if (stage == RL_QSTAGE_PROMPT) {
+		uint32_t last = 0;
+		cap = 0;
 		for (uint32_t ei = q->prompts.head; ei != NIL && n < max; ei = q->ent[ei].next) {
 			qent *e = &q->ent[ei];
 			uint32_t want = RL_MAX(RL_MAX(e->gsize, hint), 1u), have = q->grp[e->grp].nsamples;
 			uint64_t need = want > have ? want - have : 0;
-			cap = gate_cap(q, want);
+			if (want != last)   /* gate_cap counts the complete groups: once per size */
+				cap = gate_cap(q, want), last = want;
 			if (cap && inflight + need > cap && !(inflight == 0 && n == 0)) {
 				blocked = 1;
 				break;

@@ -290,7 +290,10 @@ test_run(int K, int mode, double F, rl_queue_stats *out)
 	}
 	T_OK(st.early_stops > 0);
 	T_OK(r->cancelled > 0, "the watching process cancelled nothing");
-	T_OK(r->late_puts > 0, "the deaf process put no straggler late");
+	/* the late path is exercised at K <= 1; above, spares are admitted
+	 * only while the next step is short and the deaf process may hold none */
+	if (K <= 1)
+		T_OK(r->late_puts > 0, "K %d: the deaf process put no straggler late", K);
 	/* a straggler that could no longer be trained within K is aborted
 	 * before it completes: nothing is thrown away as stale, whatever K */
 	T_EQ_INT(st.stale_dropped + st.stale_regen, 0);
