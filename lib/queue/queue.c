@@ -1324,7 +1324,12 @@ oversampling(const rl_queue *q)
 
 /* A group every sample of which is here (the prompt's samples arrived, or
  * a group put without a prompt is full) and not all trained yet: what a
- * trainer can take without waiting for generation. */
+ * trainer can take without waiting for generation, or is training for the
+ * next version.  A sample a trainer leased at an older version than the
+ * broker's counts as trained: the trainer tells the broker its new version
+ * before it marks the step's records TRAINED, and between the two the
+ * groups it has just trained must not count as waiting (early stop would
+ * take the step for closed and abort every straggler at each version). */
 static int
 group_complete(const rl_queue *q, const qgrp *g)
 {
@@ -1334,7 +1339,8 @@ group_complete(const rl_queue *q, const qgrp *g)
 		return 0;
 	for (uint32_t i = 0; i < g->gsize; i++) {
 		uint32_t ei = g->slot[i];
-		if (ei != NIL && !q->ent[ei].trained)
+		const qent *e = ei != NIL ? &q->ent[ei] : NULL;
+		if (e && !e->trained && !(e->state == RL_QS_TRAINING && e->hint < q->version))
 			return 1;
 	}
 	return 0;
@@ -1360,30 +1366,45 @@ step_closed(const rl_queue *q)
 	    rl_queue_complete_groups(q) >= ((uint64_t)q->cfg.max_staleness + 1) * q->cfg.train_batch;
 }
 
+/* A leased prompt whose group, were it complete now, would be trained more
+ * than K versions after its lease: the C complete groups before it go to the
+ * trainer B a step, so it would be taken at version v + C / B at the earliest
+ * (its samples are of the lease's version or newer, and only the lease's is
+ * known here).  With C = 0 that is a lease older than K versions; at the
+ * step's close (C >= (K+1) x B) every leased prompt.  Its group could only
+ * complete to be dropped as stale: early stop aborts it first. */
+static int
+hopeless(const rl_queue *q, const qent *e, uint64_t complete)
+{
+	uint64_t K = q->cfg.max_staleness, at = q->version + complete / q->cfg.train_batch;
+
+	return e->version >= 0 && (uint64_t)e->version + K < at;
+}
+
 /* After a put or a new version: the stragglers are aborted (journaled):
- * when the step closed, every leased prompt whose group is not complete
- * (not with --stragglers continue);
- * always, a prompt leased more than K versions ago, whose group could only
- * be dropped as stale (a generator may run newer weights than the broker's
- * version at the lease; the lease's version is what the broker knows). */
+ * every leased prompt that can no longer be trained within K versions
+ * (hopeless; with --stragglers continue, only one leased more than K
+ * versions ago: a straggler continued with new weights keeps its first
+ * version, and the versions are all that is known of it).  With requeue it
+ * is leased again at a newer version; nothing is left to complete behind
+ * the groups that closed a step and be dropped as stale. */
 static int
 early_stop(rl_queue *q)
 {
-	uint64_t *ids, K = q->cfg.max_staleness;
+	uint64_t *ids, C;
 	uint32_t n = 0;
-	int rv, closed;
+	int rv;
 
 	if (!oversampling(q) || q->st.depth[RL_QS_LEASED] == 0)
 		return RL_OK;
-	closed = q->cfg.stragglers != RL_QSTRAG_CONTINUE && step_closed(q);
-	if (!closed && q->version <= K)
+	C = q->cfg.stragglers == RL_QSTRAG_CONTINUE ? 0 : rl_queue_complete_groups(q);
+	if (q->version + C / q->cfg.train_batch <= q->cfg.max_staleness)
 		return RL_OK;
 	if ((ids = rl_try_malloc(q->st.depth[RL_QS_LEASED] * 8, "early stop")) == NULL)
 		return RL_ENOMEM;
 	for (size_t ei = 1; ei < q->nent && n < q->st.depth[RL_QS_LEASED]; ei++) {
 		const qent *e = &q->ent[ei];
-		if (e->used && e->is_prompt && e->state == RL_QS_LEASED &&
-		    (closed || (e->version >= 0 && (uint64_t)e->version + K < q->version)))
+		if (e->used && e->is_prompt && e->state == RL_QS_LEASED && hopeless(q, e, C))
 			ids[n++] = e->id;
 	}
 	rv = n ? apply_abort(q, q->cfg.stragglers == RL_QSTRAG_DROP ? RL_QSTRAG_DROP : RL_QSTRAG_REQUEUE, ids, n) : RL_OK;
@@ -1400,8 +1421,16 @@ gate_cap(const rl_queue *q, uint32_t gsize)
 {
 	uint64_t groups = ((uint64_t)q->cfg.max_staleness + 1) * q->cfg.train_batch;
 
-	if (oversampling(q))
-		groups = (uint64_t)ceil((double)groups * q->cfg.oversample);
+	/* over-sampling adds (F - 1) x B spare groups for the step the trainer
+	 * waits on: only while fewer than B groups are complete (its next step
+	 * is not covered), whatever K.  Spares admitted while the next steps
+	 * are covered only overtake the long groups in flight, which then
+	 * cannot be trained within K and are aborted; (F - 1) x (K+1) x B
+	 * spares would let more groups complete than the trainer can take
+	 * within K versions (at K = 4, B = 2, F = 1.5 five more than the ten
+	 * it may take, each aborted at the close or trained stale). */
+	if (oversampling(q) && rl_queue_complete_groups(q) < q->cfg.train_batch)
+		groups += (uint64_t)ceil((q->cfg.oversample - 1.0) * q->cfg.train_batch);
 	return groups * RL_MAX(gsize, 1u);
 }
 
@@ -1454,11 +1483,14 @@ choose(rl_queue *q, int stage, uint32_t hint, uint32_t max, uint64_t **ids_out, 
 		if (apply)
 			q->st.gate_blocked++;
 	} else if (stage == RL_QSTAGE_PROMPT) {
+		uint32_t last = 0;
+		cap = 0;
 		for (uint32_t ei = q->prompts.head; ei != NIL && n < max; ei = q->ent[ei].next) {
 			qent *e = &q->ent[ei];
 			uint32_t want = RL_MAX(RL_MAX(e->gsize, hint), 1u), have = q->grp[e->grp].nsamples;
 			uint64_t need = want > have ? want - have : 0;
-			cap = gate_cap(q, want);
+			if (want != last)   /* gate_cap counts the complete groups: once per size */
+				cap = gate_cap(q, want), last = want;
 			if (cap && inflight + need > cap && !(inflight == 0 && n == 0)) {
 				blocked = 1;
 				break;

@@ -45,12 +45,13 @@ teardown() {
 	[[ "$stderr" == *"--oversample needs the gate"* ]] || { echo "$stderr"; return 1; }
 }
 
-# pipeline NAME STRAGGLERS: the wiring on a fresh broker; outputs under $TD/NAME
+# pipeline NAME STRAGGLERS [K [STALE]]: the wiring on a fresh broker (K 0,
+# --stale regen by default); outputs under $TD/NAME
 pipeline() {
 	local O="$TD/$1"
 	mkdir -p "$O/ck"
 	on_free_port 'rl-queue stat --timeout 0.2 tcp://127.0.0.1:@PORT@' rl-queue serve -q -l tcp://127.0.0.1:@PORT@ \
-	    -k 0 -b 2 --oversample 2 --stragglers "$2" --stale regen -t 60 --http 127.0.0.1:0
+	    -k "${3:-0}" -b 2 --oversample 2 --stragglers "$2" --stale "${4:-regen}" -t 60 --http 127.0.0.1:0
 	URL="tcp://127.0.0.1:$DPORT"
 	rl-queue put -q "$URL" "$TD/prompts.jsonl"
 	timeout 120 rl-train -q -m "$TD/m0" --out "$O/ck" --batch 2 --queue "$URL" --idle-exit 4 --no-skip-zero-adv \
@@ -83,6 +84,30 @@ t = st["total"]
 print("groups done %d, steps %d; broker: %s" % (len(done), s["global_step"], t), file=sys.stderr)
 assert s["global_step"] * 2 == 24, s["global_step"]
 assert len(done) == 24, sorted(done)
+assert t["done"] == 48, t
+assert t["early_stops"] > 0 and t["aborted"] > 0, t
+assert t["aborted"] == t["abort_requeued"] and t["abort_dropped"] == 0, t
+assert st["depth"]["prompt"] == 0 and st["depth"]["leased"] == 0 and st["groups"] == 0, st
+PY
+}
+
+@test "early stop at K = 2, stragglers re-queued: nothing dropped as stale, every prompt trained once, the aborted ones counted" {
+	# K > 0: the broker may buffer (K+1) x B complete groups; a straggler
+	# that would complete behind them could only be trained more than K
+	# versions after its lease.  It is aborted and re-queued before that,
+	# so with --stale drop no group is lost as stale.
+	pipeline k2 requeue 2 drop
+	O="$TD/k2"
+	cat "$O/stat.txt" >&3
+	PYTHONPATH="$BATS_TEST_DIRNAME" python3 - "$O/ck/latest/trainer_state.json" "$O/stat.json" <<'PY'
+import json, sys
+from trainstate import groups_done
+s, done = groups_done(sys.argv[1])
+st = json.load(open(sys.argv[2]))
+t = st["total"]
+print("groups done %d, steps %d; broker: %s" % (len(done), s["global_step"], t), file=sys.stderr)
+assert t["stale_dropped"] == 0 and t["stale_regenerated"] == 0, t
+assert len(done) == 24 and s["global_step"] * 2 == 24, (sorted(done), s["global_step"])
 assert t["done"] == 48, t
 assert t["early_stops"] > 0 and t["aborted"] > 0, t
 assert t["aborted"] == t["abort_requeued"] and t["abort_dropped"] == 0, t

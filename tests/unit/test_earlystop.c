@@ -290,9 +290,13 @@ test_run(int K, int mode, double F, rl_queue_stats *out)
 	}
 	T_OK(st.early_stops > 0);
 	T_OK(r->cancelled > 0, "the watching process cancelled nothing");
-	T_OK(r->late_puts > 0, "the deaf process put no straggler late");
-	if (K == 0)
-		T_EQ_INT(st.stale_dropped + st.stale_regen, 0);
+	/* the late path is exercised at K <= 1; above, spares are admitted
+	 * only while the next step is short and the deaf process may hold none */
+	if (K <= 1)
+		T_OK(r->late_puts > 0, "K %d: the deaf process put no straggler late", K);
+	/* a straggler that could no longer be trained within K is aborted
+	 * before it completes: nothing is thrown away as stale, whatever K */
+	T_EQ_INT(st.stale_dropped + st.stale_regen, 0);
 	if (mode == RL_QSTRAG_REQUEUE) {
 		/* every prompt trained once, the aborted ones after their requeue */
 		T_EQ_INT(r->trained_groups, NG);
@@ -425,12 +429,14 @@ main(void)
 		    (unsigned long long)a.stale_regen);
 	/* K = 1: the tail ages past K; without early stop more generation is
 	 * thrown away as stale and generated again */
+	test_run(4, RL_QSTRAG_REQUEUE, 1.5, &a);
+	test_run(2, RL_QSTRAG_DROP, 2, &a);
 	test_run(1, RL_QSTRAG_REQUEUE, 1.5, &a);
 	test_run(1, RL_QSTRAG_REQUEUE, 1, &b);
 	if (getenv("ESTOP_VERBOSE"))
 		fprintf(stderr, "K 1: stale regenerated %llu with early stop (%llu aborted), %llu without\n",
 		    (unsigned long long)a.stale_regen, (unsigned long long)a.aborted, (unsigned long long)b.stale_regen);
-	T_OK(a.stale_regen < b.stale_regen, "stale samples regenerated: %llu with early stop, %llu without",
+	T_OK(a.stale_regen == 0 && b.stale_regen > 0, "stale samples regenerated: %llu with early stop, %llu without",
 	    (unsigned long long)a.stale_regen, (unsigned long long)b.stale_regen);
 	test_journal();
 	T_END();
