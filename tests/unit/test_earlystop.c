@@ -411,6 +411,47 @@ test_extend_late(void)
 	rl_queue_close(q);
 }
 
+/* prompts leasable at once: with auto K the spare groups are admitted only
+ * while the broker's K is 0 or 1; a K the user fixed keeps them */
+static uint32_t
+leasable(int auto_k, uint32_t k)
+{
+	rl_queue_config cfg;
+	rl_queue *q;
+	rl_qput_result pr;
+	uint64_t ids[64], lid;
+	uint32_t n;
+
+	rl_queue_config_default(&cfg);
+	cfg.train_batch = 2;
+	cfg.oversample = 2;
+	cfg.max_staleness = auto_k ? 0 : k;
+	cfg.auto_k = auto_k;
+	cfg.auto_kmax = 4;
+	T_EQ_INT(rl_queue_open(&q, &cfg, now_ms), 0);
+	if (auto_k)
+		T_EQ_INT(rl_queue_set_max_staleness(q, k), 0);
+	for (uint64_t g = 1; g <= 40; g++)
+		T_EQ_INT(put(q, RL_QSTAGE_PROMPT, mk(PID0 + g, 1, g, GS, -1), &pr), 0);
+	n = lease(q, RL_QSTAGE_PROMPT, 40, &lid, ids, 64, NULL);
+	rl_queue_close(q);
+	return n;
+}
+
+static void
+test_auto_spares(void)
+{
+	/* (K+1) x B groups, plus (F - 1) x B = 2 spares where they are admitted */
+	T_EQ_INT(leasable(0, 0), 4);
+	T_EQ_INT(leasable(0, 1), 6);
+	T_EQ_INT(leasable(0, 2), 8);
+	T_EQ_INT(leasable(0, 4), 12);
+	T_EQ_INT(leasable(1, 0), 4);
+	T_EQ_INT(leasable(1, 1), 6);
+	T_EQ_INT(leasable(1, 2), 6);
+	T_EQ_INT(leasable(1, 4), 10);
+}
+
 int
 main(void)
 {
@@ -419,6 +460,7 @@ main(void)
 	rl_queue_stats a, b;
 
 	test_extend_late();
+	test_auto_spares();
 	test_run(0, RL_QSTRAG_REQUEUE, 1.5, &a);
 	test_run(0, RL_QSTRAG_DROP, 1.5, &a);
 	test_run(1, RL_QSTRAG_DROP, 1.5, &a);
