@@ -26,9 +26,12 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/core.h"
@@ -435,6 +438,192 @@ pool_close(rli_z3 *z)
 	z->slot_bytes = 0;
 }
 
+/* ---- ZeRO-3's shards read in place ---------------------------------------------------
+ * With every rank on one host, a gather need not pass through the ring: each
+ * rank's master shard (zp) is the shared mapping of a memfd, every other rank
+ * maps it read-only (/proc/PID/fd/FD, as the ring's shared-memory edges do),
+ * and a gather copies each owner's part straight from its shard into
+ * m->params: one copy of the unit per rank instead of the owner's copy, the
+ * ring's copy into a slot and the receiver's copy out of it, and no
+ * collective at all per unit.  A shard changes only in AdamW (rli_zero_step):
+ * before it every rank has left its passes (the gradient norm's all-reduce
+ * comes after the last gather of the step), and after it a barrier keeps
+ * every rank from gathering until every shard is written.  Used only when
+ * every rank mapped every other rank's shard (host memory, one host; agreed
+ * by an all-reduce), else the ring as before.  RL_ZERO3_NO_DIRECT=1 turns it
+ * off (bench/zero.sh compares). */
+
+typedef struct shard_offer {
+	char boot[40], host[64], name[48];
+	int32_t pid, fd;
+	uint64_t bytes;
+} shard_offer;
+
+static int
+direct_wanted(const trainer *tr)
+{
+	const char *e = getenv("RL_ZERO3_NO_DIRECT");
+
+	return tr->world > 1 && tr->ops->device < 0 && !(e && strcmp(e, "0") != 0);
+}
+
+static void
+shard_name(const rli_z3 *z, char *out, size_t len)
+{
+	snprintf(out, len, "rl-zero3-shard-%d-%s", z->tr->rank, z == &z->tr->z3r ? "ref" : "policy");
+}
+
+/* z->zp for n elements: a memfd's shared mapping when the shards may be read
+ * in place (z->zfd), else the ops' memory. */
+static int
+shard_alloc(rli_z3 *z, size_t n)
+{
+	rl_ops *o = z->tr->ops;
+	size_t bytes = (n ? n : 1) * sizeof(float);
+	char name[48];
+	void *p;
+	int fd;
+
+	z->zfd = -1;
+	if (!direct_wanted(z->tr))
+		return o->alloc(o, (void **)&z->zp, bytes);
+	shard_name(z, name, sizeof name);
+	if ((fd = memfd_create(name, MFD_CLOEXEC)) < 0 || ftruncate(fd, (off_t)bytes) != 0 ||
+	    (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		rl_verbose("ZeRO-3: the shard in ordinary memory (%s): gathers through the ring", strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return o->alloc(o, (void **)&z->zp, bytes);
+	}
+	z->zp = p;
+	z->zfd = fd;
+	return RL_OK;
+}
+
+static void
+offer_local(rli_z3 *z, shard_offer *me)
+{
+	FILE *f;
+
+	memset(me, 0, sizeof *me);
+	gethostname(me->host, sizeof me->host - 1);
+	if ((f = fopen("/proc/sys/kernel/random/boot_id", "r")) != NULL) {
+		if (!fgets(me->boot, sizeof me->boot, f))
+			me->boot[0] = 0;
+		me->boot[strcspn(me->boot, "\n")] = 0;
+		fclose(f);
+	}
+	if (z->zfd < 0 || !me->boot[0])
+		return;
+	shard_name(z, me->name, sizeof me->name);
+	me->pid = (int32_t)getpid();
+	me->fd = z->zfd;
+	me->bytes = (uint64_t)((z->zhi > z->zlo ? z->zhi - z->zlo : 1) * sizeof(float));
+}
+
+/* Rank r's shard (its offer o) mapped read-only into z->peer[r]; 0, or 1
+ * when it cannot be (another host, another file behind the descriptor, a
+ * size that is not its shard's). */
+static int
+peer_map(rli_z3 *z, const shard_offer *o, const shard_offer *me, int r)
+{
+	char path[64], link[160];
+	size_t lo, hi, want;
+	struct stat st;
+	ssize_t k;
+	void *p;
+	int fd;
+
+	if (o->pid <= 0 || !o->name[0] || strcmp(o->boot, me->boot) != 0 || strcmp(o->host, me->host) != 0)
+		return 1;
+	rl_comm_shard(z->tr->comm, z3_end(z->m), r, &lo, &hi);
+	want = (hi > lo ? hi - lo : 1) * sizeof(float);
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)o->pid, (int)o->fd);
+	if ((k = readlink(path, link, sizeof link - 1)) < 0)
+		return 1;
+	link[k] = 0;
+	size_t nl = strlen(o->name);
+	if (strncmp(link, "/memfd:", 7) != 0 || strncmp(link + 7, o->name, nl) != 0 || (link[7 + nl] && link[7 + nl] != ' '))
+		return 1;
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return 1;
+	if (fstat(fd, &st) != 0 || o->bytes != want || (uint64_t)st.st_size != want ||
+	    (p = mmap(NULL, want, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		close(fd);
+		return 1;
+	}
+	close(fd);
+	z->peer[r] = p;
+	z->peer_bytes[r] = want;
+	return 0;
+}
+
+static void
+peers_close(rli_z3 *z)
+{
+	if (!z->peer)
+		return;
+	for (int r = 0; r < z->tr->world; r++)
+		if (z->peer[r] && r != z->tr->rank)
+			munmap((void *)z->peer[r], z->peer_bytes[r]);
+	free(z->peer);
+	free(z->peer_bytes);
+	z->peer = NULL;
+	z->peer_bytes = NULL;
+}
+
+/* Every rank's shard mapped here, or none (collective: every rank calls it
+ * once its shard is written, with the same model). */
+static int
+peers_open(rli_z3 *z)
+{
+	trainer *tr = z->tr;
+	const int N = tr->world;
+	shard_offer me, *all;
+	double bad = 0;
+	int rv;
+
+	if (N < 2)
+		return RL_OK;
+	offer_local(z, &me);
+	if (!(all = rl_try_calloc((size_t)N, sizeof *all, "shard offers")))
+		return RL_ENOMEM;
+	if ((rv = rl_comm_host_allgather(tr->comm, all, &me, sizeof me)) != 0) {
+		free(all);
+		return rv;
+	}
+	z->peer = rl_try_calloc((size_t)N, sizeof *z->peer, "shard maps");
+	z->peer_bytes = rl_try_calloc((size_t)N, sizeof *z->peer_bytes, "shard maps");
+	bad = !z->peer || !z->peer_bytes || !me.name[0];
+	for (int r = 0; !bad && r < N; r++)
+		if (r != tr->rank)
+			bad = peer_map(z, &all[r], &me, r);
+	free(all);
+	if ((rv = rl_comm_host_allreduce_f64(tr->comm, &bad, 1)) != 0 || bad > 0) {
+		peers_close(z);
+		if (rv == 0)
+			rl_verbose("ZeRO-3: %g rank(s) cannot read the other shards in place: gathers through the ring", bad);
+		return rv;
+	}
+	z->peer[tr->rank] = z->zp;
+	z->peer_bytes[tr->rank] = me.bytes;
+	rl_verbose("ZeRO-3: every rank's shard read in place (one host): gathers without the ring");
+	return RL_OK;
+}
+
+/* The shard and the maps of z given back (the trainer's end). */
+static void
+shard_close(rli_z3 *z)
+{
+	peers_close(z);
+	if (z->zfd < 0)
+		return;
+	munmap(z->zp, (z->zhi > z->zlo ? z->zhi - z->zlo : 1) * sizeof(float));
+	close(z->zfd);
+	z->zfd = -1;
+	z->zp = NULL;
+}
+
 /* z->m->params[lo, hi) from the shards that hold it: each owner copies its
  * part from its master shard and broadcasts it, in rank order (every rank
  * computes the same owners). */
@@ -454,6 +643,10 @@ gather_range(rli_z3 *z, size_t lo, size_t hi)
 		size_t a = RL_MAX(lo, slo), b = RL_MIN(hi, shi);
 		if (a >= b)
 			continue;
+		if (z->peer) { /* read in place */
+			memcpy(p + a, z->peer[r] + (a - slo), (b - a) * sizeof(float));
+			continue;
+		}
 		if (r == tr->rank)
 			memcpy(p + a, z->zp + (a - z->zlo), (b - a) * sizeof(float));
 		if ((rv = rl_comm_broadcast(tr->comm, p + a, (b - a) * sizeof(float), r)) != 0)
@@ -674,10 +867,14 @@ rli_zero3_release(trainer *tr)
 void
 rli_zero3_close(trainer *tr)
 {
-	if (tr->z3p.zp)
+	if (tr->z3p.zp) {
 		pool_close(&tr->z3p);
-	if (tr->z3r.zp)
+		shard_close(&tr->z3p);
+	}
+	if (tr->z3r.zp) {
 		pool_close(&tr->z3r);
+		shard_close(&tr->z3r);
+	}
 }
 
 /* The buckets the backward handed over since the last param_need, reduced
@@ -945,9 +1142,10 @@ z3_open(trainer *tr, rli_z3 *z, rl_model *m, size_t lo, size_t hi, size_t keep, 
 	rl_ops *o = tr->ops;
 	int rv;
 
-	*z = (rli_z3){ .tr = tr, .m = m, .zlo = lo, .zhi = hi, .unit = -1, .pf = -1, .keep = keep, .pres_peak = peak };
-	if ((rv = o->alloc(o, (void **)&z->zp, (hi > lo ? hi - lo : 1) * sizeof(float))) != 0 ||
-	    (rv = adopt_shard(z, load_pres)) != 0)
+	*z = (rli_z3){ .tr = tr, .m = m, .zlo = lo, .zhi = hi, .unit = -1, .pf = -1, .keep = keep, .pres_peak = peak,
+	    .zfd = -1 };
+	if ((rv = shard_alloc(z, hi - lo)) != 0 || (rv = adopt_shard(z, load_pres)) != 0 ||
+	    (rv = o->sync(o)) != 0 || (rv = peers_open(z)) != 0)
 		return rv;
 	huge_pages(m->params, z3_end(m));
 	release_host(m->params, z3_end(m));
@@ -1028,6 +1226,19 @@ zero_clear_grads(trainer *tr)
 		rl_model_zero_grad(tr->m);
 }
 
+/* Test hook (rl-train-zero3.bats, the shards read in place):
+ * RL_TRAIN_TEST_SLOW_ADAMW=R makes rank R sleep 0.3 s before writing its
+ * shard, so that a rank reading it before it is written would read the old
+ * weights. */
+static void
+slow_adamw_hook(const trainer *tr)
+{
+	const char *e = getenv("RL_TRAIN_TEST_SLOW_ADAMW");
+
+	if (e && *e && atoi(e) == tr->rank)
+		usleep(300000);
+}
+
 /* One AdamW update, ZeRO-1 (ZeRO-2: the shard's gradients summed already): reduce-scatter the gradients, the global norm
  * from every shard's sum of squares, AdamW on the own shard (tensor by
  * tensor, for the weight-decay flags), all-gather the parameters.  The same
@@ -1065,6 +1276,7 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 		scale = (float)RL_MIN(1.0, p->max_grad_norm / (norm + 1e-6));
 	m->step++;
 	rli_zero3_release(tr); /* what m->params holds is about to be stale */
+	slow_adamw_hook(tr);
 	for (int i = 0; i < m->tt.n; i++) {
 		const rl_tensor *t = &m->tt.t[i];
 		size_t a = RL_MAX(t->off, lo), b = RL_MIN(t->off + t->n, hi);
@@ -1075,6 +1287,17 @@ rli_zero_step(trainer *tr, const rl_adamw *p, float *grad_norm)
 		    (t->flags & RL_T_DECAY) ? p->weight_decay : 0.0f, m->step, scale);
 	}
 	zero_clear_grads(tr);
+	if (tr->z3p.zp && tr->z3p.peer) {
+		/* the shards read in place: none is read before every rank wrote its
+		 * own (a wait of the gathers) */
+		t0 = rl_now();
+		if ((rv = o->sync(o)) != 0 || (rv = rl_comm_barrier(tr->comm)) != 0)
+			return rv;
+		t0 = rl_now() - t0;
+		tr->t_gather += t0;
+		tr->t_comm += t0;
+		tr->t_model -= t0;
+	}
 	if (tr->z3p.zp) /* no all-gather: the next passes gather unit by unit */
 		return o->status(o);
 	t0 = rl_now();

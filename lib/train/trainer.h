@@ -78,6 +78,12 @@ typedef struct rli_z3 {
 		size_t held;     /* the slot's pages the memfd holds (the most ever mapped since a purge) */
 	} slot[RLI_Z3_SLOTS];
 	int pool_err;            /* a failed remap (m->params may have a hole): every later need fails */
+	/* the shards read in place (dp.c): zp a memfd's shared mapping (zfd, -1: ops memory), and
+	 * when every rank mapped every other's, peer[r] rank r's shard (peer[rank] = zp) and a
+	 * gather copies from those, no collective; NULL: gathers through the ring */
+	int zfd;
+	const float **peer;
+	size_t *peer_bytes;      /* the length of each peer's mapping */
 } rli_z3;
 
 typedef struct trainer {

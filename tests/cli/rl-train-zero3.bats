@@ -11,6 +11,11 @@
 #   with the gradient pages populated before each layer's backward, fewer
 #   page faults than with neither (RL_ZERO3_NO_PREFAULT=1), the same
 #   gradient memory;
+# - the shards read in place (each rank's shard a memfd the others map; a
+#   gather copies from it, no collective): on 2 and 3 ranks, with one rank's
+#   AdamW late, the weights and losses of gathers through the ring
+#   (RL_ZERO3_NO_DIRECT=1) bitwise, the same measured memory; one rank
+#   refusing sends every rank through the ring;
 # - each rank's parameter memory, measured from its resident pages, is about
 #   its shard plus the unit being computed and the one prefetched, against
 #   the whole table for --zero 2;
@@ -271,6 +276,53 @@ for a, b, c in zip(p, n, k):
     # (the same units resident), less the partial huge pages at their ends
     assert a["memory/params_resident_mb"] <= 1.01 * b["memory/params_resident_mb"], (a, b)
     assert a["memory/params_resident_mb"] < 0.8 * a["memory/weights_mb"], a
+PY
+}
+
+@test "ZeRO-3's shards read in place: 2 and 3 ranks map each other's shards, the weights, losses and memory of gathers through the ring bitwise; one rank refusing sends every rank through the ring" {
+	args=(--batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.05 --max-steps 3 --save-every 3)
+	S="$TD/s.jsonl"
+	# rank 1 writes its shard 0.3 s after rank 0 (RL_TRAIN_TEST_SLOW_ADAMW):
+	# a gather of the next step that read it before the barrier after AdamW
+	# would take step 1's weights and differ from the ring's
+	RL_TRAIN_TEST_SLOW_ADAMW=1 TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 2 "$TD/ipd2" --zero 3 "${args[@]}"
+	PORT=$(free_port)
+	RL_ZERO3_NO_DIRECT=1 TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 2 "$TD/ipr2" --zero 3 "${args[@]}"
+	# 3 ranks: shards of unequal ends, each read from two others
+	PORT=$(free_port)
+	RL_TRAIN_TEST_SLOW_ADAMW=2 TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 3 "$TD/ipd3" --zero 3 "${args[@]}"
+	PORT=$(free_port)
+	RL_ZERO3_NO_DIRECT=1 TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 3 "$TD/ipr3" --zero 3 "${args[@]}"
+	# rank 1 alone refuses (RL_ZERO3_NO_DIRECT=1): rank 0, which could map
+	# it, must gather through the ring too, or the ranks' collectives differ
+	PORT=$(free_port)
+	RL_ZERO3_NO_DIRECT=1 rl-train -q -m "$TD/big/m0" --out "$TD/ipx2" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" \
+	    --zero 3 "${args[@]}" "$S" 3>&- 2>"$TD/ipx2.err.1" &
+	PIDS="$PIDS $!"
+	rl-train -q -m "$TD/big/m0" --out "$TD/ipx2" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" \
+	    --metrics "$TD/ipx2.metrics.0" --zero 3 "${args[@]}" "$S"
+	wait
+	for w in 2 3; do cmp "$TD/ipr$w/step-00000003/model.safetensors" "$TD/ipd$w/step-00000003/model.safetensors"; done
+	cmp "$TD/ipr2/step-00000003/model.safetensors" "$TD/ipx2/step-00000003/model.safetensors"
+	# and the ring's weights are the 1-rank ones (within the tolerance)
+	rl-train -q -m "$TD/big/m0" --out "$TD/ip1" --metrics "$TD/ip1.m" "${args[@]}" "$S"
+	run -0 close "$TD/ip1/step-00000003/model.safetensors" "$TD/ipd2/step-00000003/model.safetensors"
+	python3 - "$TD/ipd2.metrics.0" "$TD/ipr2.metrics.0" "$TD/ipd3.metrics.0" "$TD/ipr3.metrics.0" "$TD/ipx2.metrics.0" <<'PY'
+import json, sys
+d2, r2, d3, r3, x0 = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
+assert len(d2) == len(r2) == len(d3) == len(r3) == len(x0) == 3
+for d, r in ((d2, r2), (d3, r3)):
+    for a, b in zip(d, r):
+        assert a["dp/shards_in_place"] == 1 and b["dp/shards_in_place"] == 0, (a["dp/shards_in_place"], b["dp/shards_in_place"])
+        for k in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
+            assert a[k] == b[k], (k, a[k], b[k])
+        assert a["dp/units_gathered"] == b["dp/units_gathered"] > 0, (a, b)
+        # the other shards are mapped, not copied: the measured parameter
+        # memory is the ring's (the shard plus the units in use)
+        assert a["memory/params_resident_mb"] <= 1.01 * b["memory/params_resident_mb"], (a, b)
+        assert a["memory/params_resident_mb"] < 0.8 * a["memory/weights_mb"], a
+# rank 0 (the metrics' writer) did not refuse, rank 1 did
+assert all(m["dp/shards_in_place"] == 0 for m in x0), [m["dp/shards_in_place"] for m in x0]
 PY
 }
 
