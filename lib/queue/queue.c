@@ -221,6 +221,11 @@ struct rl_queue {
 	struct recmeta { uint64_t id, group; int64_t version; uint32_t index, gsize, off, len; uint8_t has_group; } *meta;
 	size_t capmeta;
 
+	/* the broker's version when a group last went stale (stale_seen: one
+	 * has), which keeps early stop on under auto K (estop_active) */
+	uint64_t stale_at;
+	int stale_seen;
+
 	/* journal */
 	int jfd, replaying;
 	int lockfd;             /* DIR/lock, flock'ed for the queue's life */
@@ -1256,6 +1261,8 @@ apply_stale(rl_queue *q, uint64_t gid, int mode)
 	if ((rv = jop(q, J_STALE, mode, gid, 0, 0, NULL, 0)) != 0)
 		return rv;
 	g = &q->grp[gi];
+	q->stale_seen = 1;
+	q->stale_at = q->version;
 	if (mode == RL_QSTALE_REGEN && g->prompt != NIL && g->ndone == 0) {
 		q->st.stale_regen += g->nsamples;
 		for (uint32_t i = 0; i < g->gsize; i++)
@@ -1322,6 +1329,26 @@ oversampling(const rl_queue *q)
 	return q->cfg.oversample > 1.0 && q->cfg.train_batch > 0;
 }
 
+/* Whether over-sampling and early stop act now: always at a K the user
+ * fixed.  With auto K, while the broker's K is 0 or 1, or while groups go
+ * stale: within 4 x (K+1) versions of the last group dropped or
+ * regenerated as stale.  From K = 2 the staleness window often hides the
+ * tail by itself (the trainer takes later steps' short groups while a long
+ * one finishes); spares then only overtake the long groups, and aborts
+ * throw away generation that would have been trained in time
+ * (bench/tail.sh at K = 4: early stop at every K aborted 33-45 prompts a
+ * run, at 0.80x-0.90x the best fixed K, while auto without it dropped
+ * nothing as stale).  A tail longer than the window shows as stale groups,
+ * and early stop comes back to abort them before they complete. */
+static int
+estop_active(const rl_queue *q)
+{
+	uint64_t K = q->cfg.max_staleness;
+
+	return oversampling(q) && (!q->cfg.auto_k || K <= 1 ||
+				   (q->stale_seen && q->version <= q->stale_at + 4 * (K + 1)));
+}
+
 /* A group every sample of which is here (the prompt's samples arrived, or
  * a group put without a prompt is full) and not all trained yet: what a
  * trainer can take without waiting for generation, or is training for the
@@ -1362,7 +1389,7 @@ rl_queue_complete_groups(const rl_queue *q)
 static int
 step_closed(const rl_queue *q)
 {
-	return oversampling(q) &&
+	return estop_active(q) &&
 	    rl_queue_complete_groups(q) >= ((uint64_t)q->cfg.max_staleness + 1) * q->cfg.train_batch;
 }
 
@@ -1395,7 +1422,7 @@ early_stop(rl_queue *q)
 	uint32_t n = 0;
 	int rv;
 
-	if (!oversampling(q) || q->st.depth[RL_QS_LEASED] == 0)
+	if (!estop_active(q) || q->st.depth[RL_QS_LEASED] == 0)
 		return RL_OK;
 	C = q->cfg.stragglers == RL_QSTRAG_CONTINUE ? 0 : rl_queue_complete_groups(q);
 	if (q->version + C / q->cfg.train_batch <= q->cfg.max_staleness)
@@ -1410,19 +1437,6 @@ early_stop(rl_queue *q)
 	rv = n ? apply_abort(q, q->cfg.stragglers == RL_QSTRAG_DROP ? RL_QSTRAG_DROP : RL_QSTRAG_REQUEUE, ids, n) : RL_OK;
 	free(ids);
 	return rv;
-}
-
-/* Whether spare groups may be admitted: always at a K the user fixed; with
- * auto K only while the broker's K is 0 or 1.  From K = 2 the staleness
- * window already lets the trainer take the short groups of later steps
- * while a long one finishes, and spares only overtake the long groups,
- * which are then aborted as hopeless and generated again (bench/tail.sh:
- * with spares at K = 4, half the runs aborted 39-45 prompts and ran at
- * 0.89x-0.90x the best fixed K).  Stragglers are still aborted at any K. */
-static int
-spares_pay(const rl_queue *q)
-{
-	return !q->cfg.auto_k || q->cfg.max_staleness <= 1;
 }
 
 /* The gate's bound in samples for prompts of gsize samples each: (K+1)
@@ -1442,7 +1456,7 @@ gate_cap(const rl_queue *q, uint32_t gsize)
 	 * spares would let more groups complete than the trainer can take
 	 * within K versions (at K = 4, B = 2, F = 1.5 five more than the ten
 	 * it may take, each aborted at the close or trained stale). */
-	if (oversampling(q) && spares_pay(q) && rl_queue_complete_groups(q) < q->cfg.train_batch)
+	if (estop_active(q) && rl_queue_complete_groups(q) < q->cfg.train_batch)
 		groups += (uint64_t)ceil((q->cfg.oversample - 1.0) * q->cfg.train_batch);
 	return groups * RL_MAX(gsize, 1u);
 }

@@ -438,6 +438,39 @@ leasable(int auto_k, uint32_t k)
 	return n;
 }
 
+/* auto K at K: over-sampling and early stop act while K <= 1, and above
+ * only while groups go stale (this tail, one group in eight ten times
+ * longer, outlasts the window at every K here); every group is still
+ * trained exactly once */
+static void
+test_auto_run(int K, rl_queue_stats *out)
+{
+	rl_queue_config cfg;
+	run *r = calloc(1, sizeof *r);
+
+	rl_queue_config_default(&cfg);
+	cfg.train_batch = B;
+	cfg.auto_k = 1;
+	cfg.auto_kmax = 4;
+	cfg.oversample = 1.5;
+	cfg.stragglers = RL_QSTRAG_REQUEUE;
+	cfg.stale = RL_QSTALE_REGEN;
+	setup(r, &cfg);
+	T_EQ_INT(rl_queue_set_max_staleness(r->q, (uint32_t)K), 0);
+	r->K = K;
+	simulate(r, 20000);
+	rl_queue_get_stats(r->q, out);
+	T_EQ_INT(r->twice, 0);
+	T_EQ_INT(r->violations, 0);
+	T_EQ_INT(r->trained_groups, NG);
+	T_EQ_INT(out->done, (uint64_t)NG * GS);
+	T_OK(out->early_stops > 0 && out->aborted > 0, "auto K %d: early stop did not act", K);
+	if (K <= 1)
+		T_EQ_INT(out->stale_dropped + out->stale_regen, 0);
+	rl_queue_close(r->q);
+	free(r);
+}
+
 static void
 test_auto_spares(void)
 {
@@ -450,6 +483,20 @@ test_auto_spares(void)
 	T_EQ_INT(leasable(1, 1), 6);
 	T_EQ_INT(leasable(1, 2), 6);
 	T_EQ_INT(leasable(1, 4), 10);
+	/* above K = 1 early stop comes back with the first stale group: fewer
+	 * samples are generated again as stale than without it */
+	for (int k = 0; k <= 4; k++) {
+		rl_queue_stats st, off;
+		test_auto_run(k, &st);
+		test_run(k, RL_QSTRAG_REQUEUE, 1, &off);
+		if (getenv("ESTOP_VERBOSE"))
+			fprintf(stderr, "auto K %d: %llu aborted, %llu stale regenerated; %llu without early stop\n", k,
+			    (unsigned long long)st.aborted, (unsigned long long)st.stale_regen,
+			    (unsigned long long)off.stale_regen);
+		if (k >= 2)
+			T_OK(st.stale_regen < off.stale_regen, "auto K %d: %llu stale regenerated, %llu without early stop",
+			     k, (unsigned long long)st.stale_regen, (unsigned long long)off.stale_regen);
+	}
 }
 
 int
