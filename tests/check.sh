@@ -44,7 +44,9 @@ fi
 # 1200; the slowest file takes about 20 s) instead of holding up the run
 bats="timeout -k 10 ${RL_BATS_TIMEOUT:-1200} bats --tap"
 # and a test that hangs fails after BATS_TEST_TIMEOUT seconds (default 600),
-# named in the log, while the rest of its file still runs
+# named in the log, while the rest of its file still runs.  bats' watchdog is
+# a background job of the test's shell: a test waits for its own jobs by pid,
+# never with a bare `wait`
 export BATS_TEST_TIMEOUT=${BATS_TEST_TIMEOUT:-600}
 if [ $gpu = 0 ] && ls "$root"/tests/cli/*.bats >/dev/null 2>&1; then
 	( cd "$root" && prove -v --exec "$bats" tests/cli/*.bats ) >"$log/bats" 2>&1

@@ -55,3 +55,14 @@ bad_copy() {
 	assert_output --partial "'lib/stray.c' is not in a subsystem folder"
 	assert_output --partial "'core.h' is not in lib/model"
 }
+
+@test "no Bats test waits with a bare wait (it would also wait for bats' BATS_TEST_TIMEOUT watchdog, which tests/check.sh sets)" {
+	cd "$BATS_TEST_DIRNAME"
+	# a line whose command is wait with no pid, alone or after ; or &&
+	run grep -n -E '(^|[;&|]|then|do)[[:space:]]*wait[[:space:]]*($|;|&|\|)' ./*.bats ./*.bash
+	assert_failure
+	assert_output ''
+	# the pattern finds one
+	run grep -c -E '(^|[;&|]|then|do)[[:space:]]*wait[[:space:]]*($|;|&|\|)' <<< $'\tsleep 1 &\n\twait\n\twait "$p"'
+	assert_output 1
+}

@@ -298,10 +298,13 @@ PY
 	PORT=$(free_port)
 	RL_ZERO3_NO_DIRECT=1 rl-train -q -m "$TD/big/m0" --out "$TD/ipx2" --rank 1 --world 2 --rendezvous "127.0.0.1:$PORT" \
 	    --zero 3 "${args[@]}" "$S" 3>&- 2>"$TD/ipx2.err.1" &
-	PIDS="$PIDS $!"
+	rank1=$!
+	PIDS="$PIDS $rank1"
 	rl-train -q -m "$TD/big/m0" --out "$TD/ipx2" --rank 0 --world 2 --rendezvous "127.0.0.1:$PORT" \
 	    --metrics "$TD/ipx2.metrics.0" --zero 3 "${args[@]}" "$S"
-	wait
+	# rank 1 by its pid: a bare wait would also wait for bats' own
+	# BATS_TEST_TIMEOUT watchdog, a background job of this shell
+	wait "$rank1"
 	for w in 2 3; do cmp "$TD/ipr$w/step-00000003/model.safetensors" "$TD/ipd$w/step-00000003/model.safetensors"; done
 	cmp "$TD/ipr2/step-00000003/model.safetensors" "$TD/ipx2/step-00000003/model.safetensors"
 	# and the ring's weights are the 1-rank ones (within the tolerance)
