@@ -36,6 +36,7 @@
 
 #include "base/core.h"
 #include "base/hash.h"
+#include "compute/comm_shm.h"
 #include "model/ckpt.h"
 #include "train/trainer.h"
 
@@ -503,16 +504,12 @@ shard_alloc(rli_z3 *z, size_t n)
 static void
 offer_local(rli_z3 *z, shard_offer *me)
 {
-	FILE *f;
+	rli_shm_offer here; /* this machine's host and boot id, as the ring's shared-memory edges check them */
 
 	memset(me, 0, sizeof *me);
-	gethostname(me->host, sizeof me->host - 1);
-	if ((f = fopen("/proc/sys/kernel/random/boot_id", "r")) != NULL) {
-		if (!fgets(me->boot, sizeof me->boot, f))
-			me->boot[0] = 0;
-		me->boot[strcspn(me->boot, "\n")] = 0;
-		fclose(f);
-	}
+	rli_shm_offer_local(&here);
+	memcpy(me->host, here.host, sizeof me->host);
+	memcpy(me->boot, here.boot_id, sizeof me->boot);
 	if (z->zfd < 0 || !me->boot[0])
 		return;
 	shard_name(z, me->name, sizeof me->name);
