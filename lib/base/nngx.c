@@ -601,24 +601,132 @@ rli_nng_listen(nng_socket s, const char *url, nng_listener *lp)
 	return e;
 }
 
+/* The first connection of a TLS dialer, bounded in time.  nng 1.5's TLS
+ * layer can leave a connection's negotiation waiting for ever: when its
+ * 10 s timeout fires while the handshake waits for the peer, the cancel
+ * aborts a TCP send or receive that is not in flight, and nothing finishes
+ * it (about 1 in 200 refused clients here).  A blocking nng_dialer_start
+ * then never returns, whatever the caller's own timeouts.  So the start
+ * runs on a helper thread; after wait_ms the dialer is closed, which closes
+ * the stalled negotiation and ends the start with NNG_ECLOSED. */
+struct dialwait {
+	nng_dialer d;
+	pthread_mutex_t mtx;
+	pthread_cond_t cv;
+	int done, rv, refs;
+};
+
+static void
+dialwait_unref(struct dialwait *w)
+{
+	int last;
+
+	pthread_mutex_lock(&w->mtx);
+	last = --w->refs == 0;
+	pthread_mutex_unlock(&w->mtx);
+	if (last) {
+		pthread_mutex_destroy(&w->mtx);
+		pthread_cond_destroy(&w->cv);
+		free(w);
+	}
+}
+
+static void *
+dialwait_main(void *arg)
+{
+	struct dialwait *w = arg;
+	int rv = nng_dialer_start(w->d, 0);
+
+	pthread_mutex_lock(&w->mtx);
+	w->rv = rv;
+	w->done = 1;
+	pthread_cond_signal(&w->cv);
+	pthread_mutex_unlock(&w->mtx);
+	dialwait_unref(w);
+	return NULL;
+}
+
+/* nng_dialer_start(d, 0) within wait_ms: its result, or NNG_ETIMEDOUT with
+ * the dialer closed (the start may still be running then; it owns nothing
+ * of the caller's) */
+static int
+dial_start_timed(nng_dialer d, long wait_ms)
+{
+	struct dialwait *w = calloc(1, sizeof *w);
+	struct timespec ts;
+	pthread_t th;
+	int rv;
+
+	if (w == NULL)
+		return nng_dialer_start(d, 0);
+	w->d = d;
+	w->refs = 2;
+	pthread_mutex_init(&w->mtx, NULL);
+	pthread_cond_init(&w->cv, NULL);
+	if (pthread_create(&th, NULL, dialwait_main, w) != 0) {
+		w->refs = 1;
+		dialwait_unref(w);
+		return nng_dialer_start(d, 0);
+	}
+	pthread_detach(th);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += wait_ms / 1000;
+	ts.tv_nsec += (wait_ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&w->mtx);
+	while (!w->done && pthread_cond_timedwait(&w->cv, &w->mtx, &ts) == 0)
+		;
+	rv = w->done ? w->rv : NNG_ETIMEDOUT;
+	pthread_mutex_unlock(&w->mtx);
+	if (rv == NNG_ETIMEDOUT)
+		nng_dialer_close(d);
+	dialwait_unref(w);
+	return rv;
+}
+
 int
 rli_nng_dial(nng_socket s, const char *url, nng_dialer *dp, int flags)
 {
 	nng_dialer d;
 	nng_tls_config *c = NULL;
-	int e, rv;
+	const char *env;
+	long wait_ms = 5000;
+	int e, rv, tries = 0;
 
 	if (!is_tls(url))
 		return nng_dial(s, url, dp, flags);
 	if ((rv = tls_config(&c, 0, url)) != 0)
 		return NNG_EINVAL;
+	/* RL_TLS_DIAL_WAIT_MS (tests): the bound on each first connection */
+	if ((env = getenv("RL_TLS_DIAL_WAIT_MS")) && atol(env) > 0)
+		wait_ms = atol(env);
+again:
 	if ((e = nng_dialer_create(&d, s, url)) == 0 && (e = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, c)) == 0) {
 		/* one connection first, so a refused handshake is an error that
 		 * names itself; a server not up yet is dialled again in the
-		 * background as for tcp:// */
+		 * background as for tcp://.  A first connection that stalls is
+		 * tried once more, then left to the background dials */
 		char why[256];
 		rli_tls_last_error(why, sizeof why); /* an older failure's reason is not this one's */
-		e = nng_dialer_start(d, 0);
+		e = dial_start_timed(d, wait_ms);
+		if (e == NNG_ETIMEDOUT) {
+			if (++tries < 2) {
+				rl_verbose("'%s': no TLS connection within %.1f s; dialling again", url, wait_ms / 1000.0);
+				goto again;
+			}
+			rl_warn("'%s': no TLS handshake within %.1f s, twice: is a TLS server (tls+tcp://) listening "
+				"there, and answering?", url, wait_ms / 1000.0);
+			if (!(flags & NNG_FLAG_NONBLOCK))
+				goto out;
+			if ((e = nng_dialer_create(&d, s, url)) == 0 &&
+			    (e = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, c)) == 0 &&
+			    (e = nng_dialer_start(d, NNG_FLAG_NONBLOCK)) == 0 && dp)
+				*dp = d;
+			goto out;
+		}
 		if (e == NNG_ECRYPTO || e == NNG_EPEERAUTH || e == NNG_ECLOSED || e == NNG_ECONNRESET ||
 		    e == NNG_ECONNSHUT) {
 			char host[256];
@@ -656,6 +764,7 @@ rli_nng_dial(nng_socket s, const char *url, nng_dialer *dp, int flags)
 		if (e == 0 && dp)
 			*dp = d;
 	}
+out:
 	nng_tls_config_free(c);
 	return e;
 }

@@ -66,7 +66,11 @@ int rli_nng_tls_authenticates(void);
  * The dial of a tls+ URL connects once first: a failed handshake is logged
  * and returned (NNG_ECRYPTO, NNG_EPEERAUTH, ...) rather than retried in the
  * background; with NNG_FLAG_NONBLOCK a server not up yet is dialled again in
- * the background.  Missing or unreadable files: logged, NNG_EINVAL. */
+ * the background.  That first connection is bounded: one whose handshake has
+ * not ended within 5 s (RL_TLS_DIAL_WAIT_MS) is closed and made again once,
+ * then (logged) NNG_ETIMEDOUT, or with NNG_FLAG_NONBLOCK left to the
+ * background dials; nng 1.5 alone can wait for it for ever.  Missing or
+ * unreadable files: logged, NNG_EINVAL. */
 int rli_nng_listen(nng_socket s, const char *url, nng_listener *l);
 /* the same files as an OpenSSL context of base/tls_ossl.h, for a socket of
  * the caller's next to a tls+ URL (rl-sync's bulk stream): a server's

@@ -22,7 +22,7 @@ setup_file() {
 	export BATS_TEST_TIMEOUT=300
 	(
 		cd "$C"
-		o() { timeout 60 openssl "$@" < /dev/null; }
+		o() { timeout -k 10 60 openssl "$@" < /dev/null; }
 		o req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=rlpipe-test-ca
 		o req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=localhost
 		printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > srv.ext
@@ -180,16 +180,16 @@ start_tls_broker() {
 
 @test "rl-queue serve: a public TLS listen that checks client certificates needs no --listen-public; without --tls-ca it does" {
 	p=$(free_port)
-	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://0.0.0.0:$p" --tls-cert "$C/srv.pem" --tls-key "$C/srv.key"
+	run -2 --separate-stderr timeout -k 10 5 rl-queue serve --listen "tls+tcp://0.0.0.0:$p" --tls-cert "$C/srv.pem" --tls-key "$C/srv.key"
 	[[ $stderr == *"not a loopback address"* ]]
-	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$p" --tls-cert "$C/srv.pem"
+	run -2 --separate-stderr timeout -k 10 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$p" --tls-cert "$C/srv.pem"
 	[[ $stderr == *"--tls-cert and --tls-key go together"* ]]
 	rl-queue serve --listen "tls+tcp://0.0.0.0:$p" -q "${SRV[@]}" 3>&- &
 	PIDS="$PIDS $!"
 	for _ in $(seq 100); do with_cert rl-queue stat --timeout 0.5 "tls+tcp://127.0.0.1:$p" >/dev/null 2>&1 && break; sleep 0.05; done
 	run -0 with_cert rl-queue stat --timeout 1 "tls+tcp://localhost:$p"
 	# a listener without a certificate is refused before it listens
-	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)"
+	run -3 --separate-stderr timeout -k 10 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)"
 	[[ $stderr == *"a TLS listener needs --tls-cert and --tls-key"* ]]
 }
 
@@ -258,19 +258,19 @@ bulk_req() {
 	# certificate a request is answered (version 99 is not held) ...
 	bulk_req 99 > "$D/req"
 	[ "$(wc -c < "$D/req")" -eq 48 ]
-	run timeout 20 openssl s_client -connect "127.0.0.1:${B##*:}" -CAfile "$C/ca.pem" -cert "$C/cli.pem" \
+	run timeout -k 10 20 openssl s_client -connect "127.0.0.1:${B##*:}" -CAfile "$C/ca.pem" -cert "$C/cli.pem" \
 		-key "$C/cli.key" -quiet < "$D/req"
 	[[ $output == *"RLSB"*"version 99 is not held"* ]]
 	# ... without one, or with another CA's, the handshake is refused and nothing is answered
-	run timeout 20 openssl s_client -connect "127.0.0.1:${B##*:}" -CAfile "$C/ca.pem" -quiet < "$D/req"
+	run timeout -k 10 20 openssl s_client -connect "127.0.0.1:${B##*:}" -CAfile "$C/ca.pem" -quiet < "$D/req"
 	[[ $output != *"RLSB"* && $output != *"not held"* ]]
-	run timeout 20 openssl s_client -connect "127.0.0.1:${B##*:}" -CAfile "$C/ca.pem" -cert "$C/evil.pem" \
+	run timeout -k 10 20 openssl s_client -connect "127.0.0.1:${B##*:}" -CAfile "$C/ca.pem" -cert "$C/evil.pem" \
 		-key "$C/evil.key" -quiet < "$D/req"
 	[[ $output != *"RLSB"* && $output != *"not held"* ]]
 	grep -q 'bulk stream: refused a TLS connection from 127.0.0.1: .*peer did not return a certificate' "$D/serve.err"
 	grep -q 'bulk stream: refused a TLS connection from 127.0.0.1: .*CN=someone-else issued by /CN=someone-else' "$D/serve.err"
 	# plain TCP to the bulk port is not served either
-	run timeout 20 python3 -c 'import socket,sys; s=socket.create_connection(("127.0.0.1",int(sys.argv[1]))); s.sendall(open(sys.argv[2],"rb").read()); s.settimeout(10); print(s.recv(100))' "${B##*:}" "$D/req"
+	run timeout -k 10 20 python3 -c 'import socket,sys; s=socket.create_connection(("127.0.0.1",int(sys.argv[1]))); s.sendall(open(sys.argv[2],"rb").read()); s.settimeout(10); print(s.recv(100))' "${B##*:}" "$D/req"
 	[[ $output != *"RLSB"* ]]
 }
 
@@ -280,14 +280,14 @@ bulk_req() {
 		printf '{"id":%d,"group":%d,"index":0,"group_size":1,"version":[0,0],"prompt_text":"1+1","response_text":"#### 2","meta":{"answer":"2"}}\n' $i $i
 	done > "$D/gen.jsonl"
 	run -0 --separate-stderr with_cert rl-queue put -q -s generated "$URL" "$D/gen.jsonl"
-	run -1 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 --tls-ca "$C/ca.pem"
+	run -1 --separate-stderr timeout -k 10 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 --tls-ca "$C/ca.pem"
 	[[ $stderr == *"TLS handshake failed"* ]]
-	run -1 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 --tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem"
+	run -1 --separate-stderr timeout -k 10 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 --tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem"
 	[[ $stderr == *"--tls-cert and --tls-key go together"* ]]
-	run -1 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 \
+	run -1 --separate-stderr timeout -k 10 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 \
 		--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.enc.key"
 	[[ $stderr == *"the private key '$C/cli.enc.key' is encrypted and no password was given"* ]]
-	run -0 --separate-stderr timeout 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 \
+	run -0 --separate-stderr timeout -k 10 30 rl-reward --queue "$URL" -t gsm8k --idle-exit 1 \
 		--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.enc.key" --tls-key-pass-file "$C/pw" \
 		--tls-crl "$C/crl.pem"
 	[[ $stderr == *"2 records"* ]]
@@ -301,24 +301,24 @@ bulk_req() {
 	head -4 "$D/prompts.jsonl" > "$D/p.jsonl"
 	with_cert rl-queue put -q "$URL" "$D/p.jsonl"
 	CLI=(--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.enc.key" --tls-key-pass-file "$C/pw" --tls-crl "$C/crl.pem")
-	run -1 --separate-stderr timeout 60 rl-rollout -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1 \
+	run -1 --separate-stderr timeout -k 10 60 rl-rollout -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1 \
 		--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.enc.key"
 	[[ $stderr == *"the private key '$C/cli.enc.key' is encrypted and no password was given"* ]]
-	run -1 --separate-stderr timeout 60 rl-rollout -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1 \
+	run -1 --separate-stderr timeout -k 10 60 rl-rollout -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1 \
 		--tls-ca "$C/ca.pem" --tls-cert "$C/rev.pem" --tls-key "$C/rev.key"
 	[[ $stderr == *"TLS handshake failed"* ]]
 	with_cert rl-queue stat "$URL" > "$D/st"
 	grep -q 'prompt 4 ' "$D/st"
-	timeout 60 rl-rollout -q -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1 "${CLI[@]}"
-	timeout 60 rl-reward -q --queue "$URL" -t arith --idle-exit 1 "${CLI[@]}"
+	timeout -k 10 60 rl-rollout -q -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1 "${CLI[@]}"
+	timeout -k 10 60 rl-reward -q --queue "$URL" -t arith --idle-exit 1 "${CLI[@]}"
 	with_cert rl-queue stat "$URL" > "$D/st"
 	grep -q 'scored 8 ' "$D/st"
-	run -1 --separate-stderr timeout 60 rl-train -m "$D/m0" --out "$D/ck0" --batch 2 --queue "$URL" --idle-exit 1 \
+	run -1 --separate-stderr timeout -k 10 60 rl-train -m "$D/m0" --out "$D/ck0" --batch 2 --queue "$URL" --idle-exit 1 \
 		--tls-ca "$C/ca.pem"
 	[[ $stderr == *"TLS handshake failed"* ]]
 	with_cert rl-queue stat "$URL" > "$D/st"
 	grep -q 'scored 8 ' "$D/st"
-	run -0 --separate-stderr timeout 120 rl-train -m "$D/m0" --out "$D/ck" --batch 2 --queue "$URL" --idle-exit 1 \
+	run -0 --separate-stderr timeout -k 10 120 rl-train -m "$D/m0" --out "$D/ck" --batch 2 --queue "$URL" --idle-exit 1 \
 		--no-skip-zero-adv --metrics "$D/m.jsonl" "${CLI[@]}"
 	[ "$(wc -l < "$D/m.jsonl")" -ge 1 ]
 	ls "$D"/ck/*/model.safetensors
@@ -381,7 +381,7 @@ start_tls_sync() {
 	run -1 --separate-stderr env RL_TLS_CA="$C/ca.pem" RL_TLS_CERT="$C/cli.pem" RL_TLS_KEY="$C/evil.key" \
 		rl-queue stat --timeout 1 "tls+tcp://127.0.0.1:$(free_port)"
 	[[ $stderr == *"cannot use the certificate and key '$C/cli.pem'"* ]]
-	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
+	run -3 --separate-stderr timeout -k 10 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
 		--tls-cert "$C/srv.pem" --tls-key "$C/evil.key" --tls-ca "$C/ca.pem"
 	[[ $stderr == *"cannot use the certificate and key '$C/srv.pem'"* ]]
 }
@@ -417,16 +417,16 @@ start_tls_sync() {
 
 @test "encrypted private keys: --tls-key-pass-file (RL_TLS_KEY_PASS_FILE) opens them for rl-queue serve, its clients and rl-sync; no password, a wrong one or a readable password file is refused at start naming the files" {
 	# the broker refuses to start without the password, with a wrong one, with a file others can read
-	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
+	run -3 --separate-stderr timeout -k 10 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
 		--tls-cert "$C/srv.pem" --tls-key "$C/srv.enc.key" --tls-ca "$C/ca.pem"
 	[[ $stderr == *"the private key '$C/srv.enc.key' is encrypted and no password was given"* ]]
 	[[ $stderr == *"--tls-key-pass-file FILE"* ]]
-	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
+	run -3 --separate-stderr timeout -k 10 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
 		--tls-cert "$C/srv.pem" --tls-key "$C/srv.enc.key" --tls-ca "$C/ca.pem" --tls-key-pass-file "$C/badpw"
 	[[ $stderr == *"cannot decrypt the private key '$C/srv.enc.key' with the password in '$C/badpw'"* ]]
 	cp "$C/pw" "$D/pw644"
 	chmod 644 "$D/pw644"
-	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
+	run -3 --separate-stderr timeout -k 10 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
 		--tls-cert "$C/srv.pem" --tls-key "$C/srv.enc.key" --tls-ca "$C/ca.pem" --tls-key-pass-file "$D/pw644"
 	[[ $stderr == *"--tls-key-pass-file '$D/pw644': permissions 0644 are too open"* ]]
 	# with the password it serves; a client's encrypted key likewise
@@ -498,10 +498,34 @@ start_tls_sync() {
 	with_cert rl-queue stat "$URL" > "$D/st"
 	grep -q 'scored 0 training 0' "$D/st"
 	# a CRL file that holds no PEM CRL, and one without --tls-ca
-	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
+	run -3 --separate-stderr timeout -k 10 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
 		--tls-cert "$C/srv.pem" --tls-key "$C/srv.key" --tls-ca "$C/ca.pem" --tls-crl "$C/ca.pem"
 	[[ $stderr == *"--tls-crl '$C/ca.pem' holds no PEM CRL"* ]]
-	run -3 --separate-stderr timeout 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
+	run -3 --separate-stderr timeout -k 10 5 rl-queue serve --listen "tls+tcp://127.0.0.1:$(free_port)" \
 		--tls-cert "$C/srv.pem" --tls-key "$C/srv.key" --tls-crl "$C/crl.pem"
 	[[ $stderr == *"--tls-crl '$C/crl.pem' needs --tls-ca"* ]]
+}
+
+@test "a server that takes the TCP connection and never answers the TLS handshake: the client's first connection is bounded (nng 1.5 alone waits for ever), tried twice, named" {
+	python3 -c '
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
+print(s.getsockname()[1], flush=True)
+held = []
+while True:
+    held.append(s.accept()[0])
+' > "$D/port" 3>&- &
+	PIDS="$PIDS $!"
+	for _ in $(seq 100); do [ -s "$D/port" ] && break; sleep 0.05; done
+	U="tls+tcp://127.0.0.1:$(cat "$D/port")"
+	SECONDS=0
+	run -3 --separate-stderr env RL_TLS_DIAL_WAIT_MS=1000 timeout -k 10 60 \
+		env RL_TLS_CA="$C/ca.pem" RL_TLS_CERT="$C/cli.pem" RL_TLS_KEY="$C/cli.key" rl-queue stat --timeout 1 "$U"
+	[[ $stderr == *"'$U': no TLS handshake within 1.0 s, twice: is a TLS server"* ]]
+	[[ $stderr == *"no reply from the broker at '$U'"* ]]
+	run -1 --separate-stderr env RL_TLS_DIAL_WAIT_MS=1000 timeout -k 10 60 \
+		rl-sync status --tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.key" --timeout 1 "$U"
+	[[ $stderr == *"no TLS handshake within 1.0 s, twice"* ]]
+	# 2 x 1 s per client, plus its own timeout: far from the 60 s limit
+	[ "$SECONDS" -lt 30 ]
 }
