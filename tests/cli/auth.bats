@@ -79,25 +79,25 @@ start_auth_broker() {
 
 @test "rl-queue --auth-key-file: a key file group or others can read is refused, naming the file and the mode" {
 	chmod 644 "$D/key"
-	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tcp://127.0.0.1:$(free_port)" --auth-key-file "$D/key"
+	run -2 --separate-stderr timeout -k 20 5 rl-queue serve --listen "tcp://127.0.0.1:$(free_port)" --auth-key-file "$D/key"
 	[[ $stderr == *"'$D/key': permissions 0644 are too open"* ]]
 	chmod 640 "$D/key"
 	for c in rl-reward rl-train rl-rollout; do
-		run -2 --separate-stderr timeout 5 $c --queue "tcp://127.0.0.1:1" --auth-key-file "$D/key"
+		run -2 --separate-stderr timeout -k 20 5 $c --queue "tcp://127.0.0.1:1" --auth-key-file "$D/key"
 		[[ $stderr == *"'$D/key': permissions 0640 are too open"* ]]
 	done
 	chmod 600 "$D/key"
 	printf 'short\n' > "$D/short"
 	chmod 600 "$D/short"
-	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tcp://127.0.0.1:$(free_port)" --auth-key-file "$D/short"
+	run -2 --separate-stderr timeout -k 20 5 rl-queue serve --listen "tcp://127.0.0.1:$(free_port)" --auth-key-file "$D/short"
 	[[ $stderr == *"'$D/short': the key has 5 bytes; at least 16"* ]]
-	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tcp://127.0.0.1:$(free_port)" --auth-key-file "$D/none"
+	run -2 --separate-stderr timeout -k 20 5 rl-queue serve --listen "tcp://127.0.0.1:$(free_port)" --auth-key-file "$D/none"
 	[[ $stderr == *"'$D/none': No such file"* ]]
 }
 
 @test "rl-queue serve: a key is enough for a public listen; without one it is refused" {
 	p=$(free_port)
-	run -2 --separate-stderr timeout 5 rl-queue serve --listen "tcp://0.0.0.0:$p"
+	run -2 --separate-stderr timeout -k 20 5 rl-queue serve --listen "tcp://0.0.0.0:$p"
 	[[ $stderr == *"not a loopback address"* ]]
 	rl-queue serve --listen "tcp://0.0.0.0:$p" -q --auth-key-file "$D/key" 3>&- &
 	PIDS="$PIDS $!"
@@ -174,11 +174,11 @@ for i in range(4):
     print(json.dumps({"id": 100 + i, "group": 7, "index": i, "group_size": 4,
                       "response_text": "%d" % i, "meta": {"answer": "2", "task": "arith"}}))' > "$D/g4.jsonl"
 	with_key rl-queue put -q --stage generated "$URL" "$D/g4.jsonl"
-	run -1 --separate-stderr timeout 30 rl-reward --queue "$URL" -t arith --idle-exit 2
+	run -1 --separate-stderr timeout -k 20 30 rl-reward --queue "$URL" -t arith --idle-exit 2
 	[[ $stderr == *"requires a shared key"* ]]
 	with_key rl-queue stat "$URL" > "$D/st"
 	grep -q 'generated 4 ' "$D/st"
-	run -0 --separate-stderr timeout 30 rl-reward --queue "$URL" -t arith --idle-exit 2 --auth-key-file "$D/key"
+	run -0 --separate-stderr timeout -k 20 30 rl-reward --queue "$URL" -t arith --idle-exit 2 --auth-key-file "$D/key"
 	with_key rl-queue stat "$URL" > "$D/st"
 	grep -q 'scored 4 ' "$D/st"
 }
@@ -215,17 +215,17 @@ for i in range(4):
 	write_model "$D"
 	head -4 "$D/prompts.jsonl" > "$D/p.jsonl"
 	with_key rl-queue put -q "$URL" "$D/p.jsonl"
-	run -1 --separate-stderr timeout 60 rl-rollout -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1
+	run -1 --separate-stderr timeout -k 20 60 rl-rollout -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1
 	[[ $stderr == *"requires a shared key"* ]]
 	with_key rl-queue stat "$URL" > "$D/st"
 	grep -q 'prompt 4 ' "$D/st"
-	timeout 60 rl-rollout -q -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1 --auth-key-file "$D/key"
-	timeout 60 rl-reward -q --queue "$URL" -t arith --idle-exit 1 --auth-key-file "$D/key"
-	run -1 --separate-stderr timeout 60 rl-train -m "$D/m0" --out "$D/ck0" --batch 2 --queue "$URL" --idle-exit 1
+	timeout -k 20 60 rl-rollout -q -m "$D/m0" -n 2 --max-tokens 4 --queue "$URL" --idle-exit 1 --auth-key-file "$D/key"
+	timeout -k 20 60 rl-reward -q --queue "$URL" -t arith --idle-exit 1 --auth-key-file "$D/key"
+	run -1 --separate-stderr timeout -k 20 60 rl-train -m "$D/m0" --out "$D/ck0" --batch 2 --queue "$URL" --idle-exit 1
 	[[ $stderr == *"requires a shared key"* ]]
 	with_key rl-queue stat "$URL" > "$D/st"
 	grep -q 'scored 8 ' "$D/st"
-	run -0 --separate-stderr timeout 120 rl-train -m "$D/m0" --out "$D/ck" --batch 2 --queue "$URL" --idle-exit 1 \
+	run -0 --separate-stderr timeout -k 20 120 rl-train -m "$D/m0" --out "$D/ck" --batch 2 --queue "$URL" --idle-exit 1 \
 	    --no-skip-zero-adv --metrics "$D/m.jsonl" --auth-key-file "$D/key"
 	[ "$(wc -l < "$D/m.jsonl")" -ge 1 ]
 }

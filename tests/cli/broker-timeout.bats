@@ -107,10 +107,10 @@ for i in range(4):
 
 @test "waiting for work is --idle-exit's, not --broker-timeout's: an empty broker is not a dead one" {
 	SECONDS=0
-	run -0 --separate-stderr timeout 60 rl-reward --queue "$URL" -t arith --broker-timeout 1 --idle-exit 4
+	run -0 --separate-stderr timeout -k 20 60 rl-reward --queue "$URL" -t arith --broker-timeout 1 --idle-exit 4
 	[ "$SECONDS" -ge 3 ]
-	run -0 --separate-stderr timeout 60 rl-rollout -m "$TD/m0" --queue "$URL" --broker-timeout 1 --idle-exit 4
-	run -0 --separate-stderr timeout 60 rl-train -m "$TD/m0" --out "$TD/ck0" --queue "$URL" --broker-timeout 1 \
+	run -0 --separate-stderr timeout -k 20 60 rl-rollout -m "$TD/m0" --queue "$URL" --broker-timeout 1 --idle-exit 4
+	run -0 --separate-stderr timeout -k 20 60 rl-train -m "$TD/m0" --out "$TD/ck0" --queue "$URL" --broker-timeout 1 \
 	    --idle-exit 4 --metrics /dev/null
 }
 

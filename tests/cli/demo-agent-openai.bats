@@ -23,7 +23,7 @@ no_leftovers() {
 }
 
 @test "agent-openai demo (Python agent), shortened: episodes flow from serve --agent to rl-train; the promise is checked" {
-	run -1 --separate-stderr timeout 120 env RL_STEPS=2 PROMPTS=4 SAMPLES=2 GOAL=1 GOAL_MIN=1.01 \
+	run -1 --separate-stderr timeout -k 20 120 env RL_STEPS=2 PROMPTS=4 SAMPLES=2 GOAL=1 GOAL_MIN=1.01 \
 	    RUN="$TD/py" sh pipelines/agent-openai/demo.sh
 	[[ "$stderr" == *"agent-openai demo: promise NOT met: held-out success"* ]]
 	assert_output --partial "after GRPO"
@@ -57,7 +57,7 @@ PY
 @test "agent-openai demo (JavaScript agent, the openai npm client), shortened: the reward printed on stdout" {
 	nm=$(sh tests/cli/serve_fetch.sh) || skip "the openai npm package cannot be installed (offline?)"
 	command -v node >/dev/null || skip "node is not installed"
-	run -0 --separate-stderr timeout 120 env NODE_PATH="$nm" AGENT=js RL_STEPS=1 PROMPTS=2 SAMPLES=2 GOAL=0 \
+	run -0 --separate-stderr timeout -k 20 120 env NODE_PATH="$nm" AGENT=js RL_STEPS=1 PROMPTS=2 SAMPLES=2 GOAL=0 \
 	    RUN="$TD/js" sh pipelines/agent-openai/demo.sh
 	assert_output --partial "--agent: 4 runs, 4 with a reward, 0 failed"
 	[ "$(readlink "$TD/js/ckpt/latest")" = step-00000001 ]

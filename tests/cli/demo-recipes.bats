@@ -21,7 +21,7 @@ JSON
 }
 
 recipe() {
-	timeout 60 make --no-print-directory -C pipelines/gsm8k "$@" MODEL="$TD/m0" DATA="$TD/train.jsonl" \
+	timeout -k 20 60 make --no-print-directory -C pipelines/gsm8k "$@" MODEL="$TD/m0" DATA="$TD/train.jsonl" \
 		TEST="$TD/test.jsonl" OUT="$TD/out" TASK=arith DEVICE=cpu BATCH=2 SAMPLES=2 MAX_TOKENS=4 \
 		CHAT=0 SAVE_EVERY=1 LR=1e-3
 }
@@ -66,17 +66,17 @@ no_leftovers() {
 }
 
 @test "recipe: a missing model or prompt file is a usage error" {
-	run -2 --separate-stderr timeout 20 env MODEL="$TD/none" PROMPTS="$TD/train.jsonl" OUT="$TD/x" TASK=arith \
+	run -2 --separate-stderr timeout -k 20 20 env MODEL="$TD/none" PROMPTS="$TD/train.jsonl" OUT="$TD/x" TASK=arith \
 		sh pipelines/lib/grpo-queue.sh
 	[[ "$stderr" == *"is not a directory"* ]]
-	run -2 --separate-stderr timeout 20 env MODEL="$TD/m0" PROMPTS="$TD/none.jsonl" OUT="$TD/x" TASK=arith \
+	run -2 --separate-stderr timeout -k 20 20 env MODEL="$TD/m0" PROMPTS="$TD/none.jsonl" OUT="$TD/x" TASK=arith \
 		sh pipelines/lib/grpo-queue.sh
 	[[ "$stderr" == *"not found"* ]]
 }
 
 recipe_in() { # recipe_in OUT ARGS...: the recipe in another run directory
 	local out=$1; shift
-	timeout 120 make --no-print-directory -C pipelines/gsm8k "$@" MODEL="$TD/m0" DATA="$TD/train.jsonl" \
+	timeout -k 20 120 make --no-print-directory -C pipelines/gsm8k "$@" MODEL="$TD/m0" DATA="$TD/train.jsonl" \
 		TEST="$TD/test.jsonl" OUT="$out" TASK=arith DEVICE=cpu BATCH=2 SAMPLES=2 MAX_TOKENS=4 \
 		CHAT=0 LR=1e-3
 }
@@ -90,7 +90,7 @@ recipe_in() { # recipe_in OUT ARGS...: the recipe in another run directory
 
 @test "recipe: eval fails when rl-rollout fails on a test line, instead of scoring the lines before it" {
 	{ head -n 3 "$TD/test.jsonl"; echo '{"prompt": 12}'; tail -n 6 "$TD/test.jsonl"; } > "$TD/badtest.jsonl"
-	run --separate-stderr timeout 60 make --no-print-directory -C pipelines/gsm8k eval MODEL="$TD/m0" \
+	run --separate-stderr timeout -k 20 60 make --no-print-directory -C pipelines/gsm8k eval MODEL="$TD/m0" \
 		OUT="$TD/ev" TASK=arith DEVICE=cpu MAX_TOKENS=4 CHAT=0 TEST="$TD/badtest.jsonl"
 	[ "$status" -ne 0 ]
 	[[ "$stderr" == *"eval: rl-rollout failed"* ]]
@@ -100,7 +100,7 @@ recipe_in() { # recipe_in OUT ARGS...: the recipe in another run directory
 @test "recipe: a driver killed with -9 leaves no lock behind; the next run stops the workers it left" {
 	# 400 prompts and 150 steps: several seconds, so the kill lands mid-run
 	rl-reward gen-arith --n 400 --seed 3 --split train > "$TD/train400.jsonl"
-	timeout 120 make --no-print-directory -C pipelines/gsm8k MODEL="$TD/m0" DATA="$TD/train400.jsonl" \
+	timeout -k 20 120 make --no-print-directory -C pipelines/gsm8k MODEL="$TD/m0" DATA="$TD/train400.jsonl" \
 		OUT="$TD/k9" TASK=arith DEVICE=cpu BATCH=2 SAMPLES=2 MAX_TOKENS=4 CHAT=0 LR=1e-3 STEPS=150 \
 		> "$TD/k9.out" 2>&1 &
 	M=$!
@@ -118,7 +118,7 @@ recipe_in() { # recipe_in OUT ARGS...: the recipe in another run directory
 	[ "$(readlink "$TD/k9/ckpt/latest")" != step-00000150 ]
 	# its broker, generator and scorer live on (they never stop by themselves) but hold
 	# no lock: the next run starts, stops them first, and finishes
-	run -0 --separate-stderr timeout 120 make --no-print-directory -C pipelines/gsm8k MODEL="$TD/m0" \
+	run -0 --separate-stderr timeout -k 20 120 make --no-print-directory -C pipelines/gsm8k MODEL="$TD/m0" \
 		DATA="$TD/train400.jsonl" OUT="$TD/k9" TASK=arith DEVICE=cpu BATCH=2 SAMPLES=2 MAX_TOKENS=4 \
 		CHAT=0 LR=1e-3 STEPS=150
 	assert_output --partial "stopped processes left by an earlier run"

@@ -43,7 +43,7 @@ check_run() {
 }
 
 @test "demo, sync wiring: rl-rollout | rl-reward | rl-train, on-policy" {
-	run -0 timeout 60 env WIRING=sync RUN="$TD/sync" sh pipelines/demo/demo.sh
+	run -0 timeout -k 20 60 env WIRING=sync RUN="$TD/sync" sh pipelines/demo/demo.sh
 	assert_line --regexp '^step +4  reward [0-9.]+  held-out acc [0-9.]+'
 	assert_output --partial "after GRPO"
 	check_run "$TD/sync"
@@ -53,7 +53,7 @@ check_run() {
 }
 
 @test "demo, async wiring: rl-queue, rl-sync and three workers, staleness <= 1" {
-	run -0 timeout 60 env WIRING=async RUN="$TD/async" STALENESS=1 sh pipelines/demo/demo.sh
+	run -0 timeout -k 20 60 env WIRING=async RUN="$TD/async" STALENESS=1 sh pipelines/demo/demo.sh
 	assert_line --regexp '^step +4  reward [0-9.]+'
 	check_run "$TD/async"
 	grep -q 'serving on tcp://127.0.0.1:' "$TD/async/logs/queue.log"
@@ -64,13 +64,13 @@ check_run() {
 }
 
 @test "demo, async wiring with weights through the checkpoint directory" {
-	run -0 timeout 60 env WIRING=async WEIGHTS=file RUN="$TD/afile" sh pipelines/demo/demo.sh
+	run -0 timeout -k 20 60 env WIRING=async WEIGHTS=file RUN="$TD/afile" sh pipelines/demo/demo.sh
 	check_run "$TD/afile"
 	[ ! -e "$TD/afile/logs/sync.log" ]
 }
 
 @test "demo: the promise is checked (an unreachable goal exits 1)" {
-	run -1 --separate-stderr timeout 60 env WIRING=sync RUN="$TD/goal" GOAL=1 GOAL_ACC=1.01 QUIET=1 sh pipelines/demo/demo.sh
+	run -1 --separate-stderr timeout -k 20 60 env WIRING=sync RUN="$TD/goal" GOAL=1 GOAL_ACC=1.01 QUIET=1 sh pipelines/demo/demo.sh
 	[[ "$stderr" == *"promise NOT met"* ]]
 	no_leftovers "$TD/goal"
 }
@@ -84,7 +84,7 @@ check_run() {
 	d="$BATS_TEST_TMPDIR/ex"; mkdir -p "$d"
 	sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' man/rlpipe.7 | sed -n 's/^\$ //p' > "$d/ex.sh"
 	[ "$(wc -l < "$d/ex.sh")" -ge 6 ]
-	run -0 --separate-stderr timeout 60 sh -ec "cd '$d' && . ./ex.sh"
+	run -0 --separate-stderr timeout -k 20 60 sh -ec "cd '$d' && . ./ex.sh"
 	assert_output step-00000002
 	[ "$(wc -l < "$d/metrics.jsonl")" -eq 2 ]
 	[[ "$stderr" == *"rl-reward: 20 records"* ]]
@@ -100,14 +100,14 @@ check_run() {
 		awk '/^\.Bd/ { b = ""; next } /^\.Ed/ { if (b ~ /rl-queue serve/) printf "%s", b; next } { b = b $0 "\n" }' |
 		sed "s/\\\\e\$/\\\\/; s/7400/$qp/g; s/7401/$sp/g; s/--max-steps 100/--max-steps 3/" > "$d/async.sh"
 	grep -q '^kill %1 %2 %3 %4$' "$d/async.sh"
-	run -0 --separate-stderr timeout 60 bash -ec "cd '$d' && . ./ex.sh > /dev/null 2>&1 && . ./async.sh && wait"
+	run -0 --separate-stderr timeout -k 20 60 bash -ec "cd '$d' && . ./ex.sh > /dev/null 2>&1 && . ./async.sh && wait"
 	[ "$(readlink "$d/ck-async/latest")" = step-00000003 ]
 	left=$(ps -eo args= | grep -E -- "127.0.0.1:($qp|$sp)" | grep -v grep || true)
 	[ -z "$left" ] || { echo "left running: $left"; false; }
 }
 
 @test "demo: TASK=arith-cot (worked answers, gsm8k verifier) and WARM (GRPO from a given model)" {
-	run -0 timeout 60 env WIRING=sync TASK=arith-cot RUN="$TD/cot" QUIET=1 sh pipelines/demo/demo.sh
+	run -0 timeout -k 20 60 env WIRING=sync TASK=arith-cot RUN="$TD/cot" QUIET=1 sh pipelines/demo/demo.sh
 	grep -Eq '"response_text":"[0-9]\+[0-9]=[0-9]+ [0-9]\+[0-9]\+[01]=[0-9]+ #### [0-9]+"' "$TD/cot/data/sft.jsonl"
 	grep -q 'gsm8k' "$TD/cot/logs/reward.log"
 	grep -q '"task":"arith-cot"' "$TD/cot/summary.json"
@@ -118,7 +118,7 @@ check_run() {
 	assert_output --partial '"answer":"7+8=15 5+3+1=9 #### 95"'
 	# WARM: GRPO starts from the given model, no init and no SFT of its own
 	base="$TD/cot/sft/$(readlink "$TD/cot/sft/latest")"
-	run -0 timeout 60 env WIRING=async TASK=arith-cot WARM="$base" RUN="$TD/warm" QUIET=1 sh pipelines/demo/demo.sh
+	run -0 timeout -k 20 60 env WIRING=async TASK=arith-cot WARM="$base" RUN="$TD/warm" QUIET=1 sh pipelines/demo/demo.sh
 	[ ! -e "$TD/warm/sft" ] && [ ! -e "$TD/warm/init" ]
 	check_run "$TD/warm"
 	grep -q '"acc_init":null' "$TD/warm/summary.json"
@@ -126,14 +126,14 @@ check_run() {
 
 @test "demo: a step that fails says which and where its log is (WARM that is not a model)" {
 	mkdir -p "$BATS_TEST_TMPDIR/notamodel"
-	run -1 timeout 60 env WIRING=sync WARM="$BATS_TEST_TMPDIR/notamodel" RUN="$BATS_TEST_TMPDIR/r" QUIET=1 \
+	run -1 timeout -k 20 60 env WIRING=sync WARM="$BATS_TEST_TMPDIR/notamodel" RUN="$BATS_TEST_TMPDIR/r" QUIET=1 \
 	    sh pipelines/demo/demo.sh
 	assert_output --partial "demo: evaluating $BATS_TEST_TMPDIR/notamodel failed; see $BATS_TEST_TMPDIR/r/logs/eval.log"
 }
 
 @test "agent demo (pipelines/agent), shortened: episodes flow from SFT through GRPO; the promise is checked" {
 	# 3 GRPO steps learn nothing much: an unreachable goal must exit 1 and say so
-	run -1 --separate-stderr timeout 90 env SFT_STEPS=60 RL_STEPS=3 PROMPTS=4 SAMPLES=4 TEST_N=16 PLOT=0 \
+	run -1 --separate-stderr timeout -k 20 90 env SFT_STEPS=60 RL_STEPS=3 PROMPTS=4 SAMPLES=4 TEST_N=16 PLOT=0 \
 	    GOAL=1 GOAL_MIN=1.01 RUN="$TD/agent" sh pipelines/agent/demo.sh
 	[[ "$stderr" == *"agent demo: promise NOT met: held-out success"* ]]
 	[ "$(wc -l < "$TD/agent/metrics.jsonl")" -eq 3 ]

@@ -118,7 +118,7 @@ json.dump({"metadata": {}, "weight_map": m}, open(sys.argv[2], "w"))' "$TD/m0/mo
 	for i in $(seq 3000); do echo '{"prompt":"x"}'; done > "$TD/p3k.jsonl"
 	serve
 	rl-sync push -q "$URL" "$TD/m0" --version 1
-	timeout 60 rl-rollout -v -m "$TD/m0" --sync "$URL" -n 8 --max-tokens 20 "$TD/p3k.jsonl" \
+	timeout -k 20 60 rl-rollout -v -m "$TD/m0" --sync "$URL" -n 8 --max-tokens 20 "$TD/p3k.jsonl" \
 	    > /dev/null 2> "$TD/dead.log" 3>&- &
 	r=$!
 	for _ in $(seq 100); do grep -q "weights version 1 loaded" "$TD/dead.log" && break; sleep 0.05; done

@@ -66,3 +66,13 @@ bad_copy() {
 	run grep -c -E '(^|[;&|]|then|do)[[:space:]]*wait[[:space:]]*($|;|&|\|)' <<< $'\tsleep 1 &\n\twait\n\twait "$p"'
 	assert_output 1
 }
+
+@test "every timeout of a Bats test also kills (-k): a program stuck after timeout's SIGTERM would hold the test, and bats' own per-test limit only sends SIGTERM too" {
+	cd "$BATS_TEST_DIRNAME"
+	run grep -n -E '(^|[^-A-Za-z_])timeout [0-9.]+ ' ./*.bats ./*.bash
+	assert_failure
+	assert_output ''
+	# the pattern finds one
+	run grep -c -E '(^|[^-A-Za-z_])timeout [0-9.]+ ' <<< $'\ttimeout 5 rl-sync pull\n\ttimeout -k 20 5 rl-sync pull\n\trl-queue stat --timeout 5 U'
+	assert_output 1
+}

@@ -22,11 +22,11 @@ edited() {
 }
 
 # rl-rollout on model dir $1, bounded in time and memory (4 GB of address space)
-gen() { run bash -c 'ulimit -v 4000000; exec timeout 20 rl-rollout -q -m "$1" --max-tokens 2 "$2"' _ "$1" "$TD/p.jsonl"; }
+gen() { run bash -c 'ulimit -v 4000000; exec timeout -k 20 20 rl-rollout -q -m "$1" --max-tokens 2 "$2"' _ "$1" "$TD/p.jsonl"; }
 
 @test "hidden_size far larger than the file's tensors: a shape error from the header, no allocation" {
 	edited big 'c["hidden_size"]=8192'
-	run /usr/bin/time -f "maxrss %M" timeout 20 rl-rollout -q -m "$TD/big" --max-tokens 2 "$TD/p.jsonl"
+	run /usr/bin/time -f "maxrss %M" timeout -k 20 20 rl-rollout -q -m "$TD/big" --max-tokens 2 "$TD/p.jsonl"
 	[ "$status" -ne 0 ] && [ "$status" -ne 124 ]
 	# rl-rollout's own ~220 MB, not the ~1 GB of weights its config.json describes
 	rss=$(sed -n 's/^maxrss //p' <<<"$output")
@@ -74,7 +74,7 @@ gen() { run bash -c 'ulimit -v 4000000; exec timeout 20 rl-rollout -q -m "$1" --
 	[[ "$output" == *"'$TD/ff/tokenizer_config.json'"*"not a regular file"* ]] || { echo "$output"; false; }
 	# generation_config.json is optional: a warning, and generation goes on
 	rm "$TD/ff/tokenizer_config.json"; mkfifo "$TD/ff/generation_config.json"
-	run timeout 20 rl-rollout -m "$TD/ff" --max-tokens 2 -o /dev/null "$TD/p.jsonl"
+	run timeout -k 20 20 rl-rollout -m "$TD/ff" --max-tokens 2 -o /dev/null "$TD/p.jsonl"
 	[ "$status" -eq 0 ]
 	[[ "$output" == *"'$TD/ff/generation_config.json' is not a regular file"* ]] || { echo "$output"; false; }
 }

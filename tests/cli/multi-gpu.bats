@@ -22,7 +22,7 @@ mg() {
 	shift
 	env MODEL="$TD/m0" PROMPTS="$TD/p.jsonl" TASK='format:^[a-z]' DEVICE=cpu TRAIN_GPUS="0 1" ROLLOUT_GPUS=0 \
 	    BATCH=4 SAMPLES=2 STEPS=2 MAX_TOKENS=2 MASTER_PORT="$(free_port)" RUN="$TD/$run" "$@" \
-	    timeout 60 sh pipelines/multi-gpu/run.sh 3>&-
+	    timeout -k 20 60 sh pipelines/multi-gpu/run.sh 3>&-
 }
 
 @test "DEVICE=cpu: 2 trainer ranks and a generator run the steps" {

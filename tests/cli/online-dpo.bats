@@ -38,7 +38,7 @@ check_run() {
 
 @test "online-dpo pipe.sh: rl-rollout -n 3 | rl-reward --exec | rl-train --algo dpo --online" {
 	run -0 env MODEL="$TD/m0" PROMPTS="$TD/train.jsonl" OUT="$TD/pipe" REWARD="--exec 'python3 -u $TD/r.py'" \
-	    STEPS=3 BATCH=2 SAMPLES=3 MAX_TOKENS=8 CHAT=0 LR=1e-3 timeout 120 sh pipelines/online-dpo/pipe.sh
+	    STEPS=3 BATCH=2 SAMPLES=3 MAX_TOKENS=8 CHAT=0 LR=1e-3 timeout -k 20 120 sh pipelines/online-dpo/pipe.sh
 	[[ "$output" == *"3 steps"* ]]
 	check_run "$TD/pipe/metrics.jsonl" 3
 	[ -d "$TD/pipe/ckpt/step-00000003" ]
@@ -46,14 +46,14 @@ check_run() {
 }
 
 @test "online-dpo Makefile: the queue wiring trains, resumes and leaves nothing running" {
-	timeout 120 make --no-print-directory -C pipelines/online-dpo MODEL="$TD/m0" DATA="$TD/train.jsonl" \
+	timeout -k 20 120 make --no-print-directory -C pipelines/online-dpo MODEL="$TD/m0" DATA="$TD/train.jsonl" \
 	    OUT="$TD/q" REWARD="--exec 'python3 -u $TD/r.py'" DEVICE=cpu STEPS=3 BATCH=2 SAMPLES=3 MAX_TOKENS=8 \
 	    CHAT=0 SAVE_EVERY=1 LR=1e-3
 	check_run "$TD/q/metrics.jsonl" 3
 	grep -qx 'online: true' "$TD/q/ckpt/run.yaml"
 	grep -qx 'algo: dpo' "$TD/q/ckpt/run.yaml"
 	# finished: a second start does nothing
-	run -0 timeout 60 make --no-print-directory -C pipelines/online-dpo MODEL="$TD/m0" DATA="$TD/train.jsonl" \
+	run -0 timeout -k 20 60 make --no-print-directory -C pipelines/online-dpo MODEL="$TD/m0" DATA="$TD/train.jsonl" \
 	    OUT="$TD/q" REWARD="--exec 'python3 -u $TD/r.py'" DEVICE=cpu STEPS=3 BATCH=2 SAMPLES=3 MAX_TOKENS=8 CHAT=0
 	[ "$(wc -l < "$TD/q/metrics.jsonl")" -eq 3 ]
 	[ -z "$(ps -eo args= | grep -F -- "$(cat "$TD/q/queue.url")" | grep -v grep || true)" ]
@@ -64,7 +64,7 @@ check_run() {
 	rl-train -q --init "$TD/rm.json" --tokenizer bytes --out "$TD/rm" --seed 2
 	run -2 --separate-stderr make --no-print-directory -C pipelines/rlhf MODEL="$TD/m0" DATA="$TD/train.jsonl" OUT="$TD/h0"
 	[[ "$stderr" == *"set RM to a reward model directory"* ]]
-	timeout 120 make --no-print-directory -C pipelines/rlhf MODEL="$TD/m0" RM="$TD/rm" DATA="$TD/train.jsonl" \
+	timeout -k 20 120 make --no-print-directory -C pipelines/rlhf MODEL="$TD/m0" RM="$TD/rm" DATA="$TD/train.jsonl" \
 	    OUT="$TD/h" DEVICE=cpu STEPS=2 BATCH=2 SAMPLES=2 MAX_TOKENS=6 CHAT=0 SAVE_EVERY=1 LR=1e-3
 	[ "$(wc -l < "$TD/h/metrics.jsonl")" -eq 2 ]
 	run -0 jq -s -r 'all(.[]; has("critic/vf_loss") and has("critic/score/mean"))' "$TD/h/metrics.jsonl"

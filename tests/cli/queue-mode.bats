@@ -93,7 +93,7 @@ assert s["version"] == 1, s["version"]
 	kill -TERM $T
 	# it took a minute per held record (12 here) before; now one lease request and one
 	# release, each bounded: well under the 100 s this waits
-	st=0; timeout 100 tail --pid=$T -f /dev/null || st=$?
+	st=0; timeout -k 20 100 tail --pid=$T -f /dev/null || st=$?
 	[ "$st" -eq 0 ]
 	grep -q "12 of 12 leased records not trained could not be handed back" "$TD/tr3.log"
 }
@@ -104,7 +104,7 @@ assert s["version"] == 1, s["version"]
 	# the first record scored gets NaN (junk: the worker is restarted), every other one 1
 	rm -f "$TD/nan-once"
 	printf '%s\n' "while read l; do if [ -e '$TD/nan-once' ]; then echo 1; else touch '$TD/nan-once'; echo nan; fi; done" > "$TD/w.sh"
-	run -0 --separate-stderr timeout 60 rl-reward --queue "$URL" --exec "sh $TD/w.sh" --idle-exit 1
+	run -0 --separate-stderr timeout -k 20 60 rl-reward --queue "$URL" --exec "sh $TD/w.sh" --idle-exit 1
 	run -0 --separate-stderr rl-train -m "$TD/m0" --out "$TD/ckbad" --batch 5 --queue "$URL" --idle-exit 1 --metrics "$TD/mbad.jsonl"
 	[ "$(wc -l < "$TD/mbad.jsonl")" -eq 1 ]
 	[[ "$stderr" == *"warning: "*"its group is dropped (1 bad records so far)"* ]]

@@ -49,7 +49,7 @@ print(d)' "$@"
 @test "serve: a non-loopback --listen is refused (exit 2, nothing listens) unless --listen-public" {
 	p=$(free_port)
 	for u in tcp://0.0.0.0:$p "tcp://*:$p" tcp://:$p "tcp://[::]:$p" tcp://192.0.2.1:$p tcp://example.org:$p; do
-		run -2 --separate-stderr timeout 5 rl-queue serve --listen "$u"
+		run -2 --separate-stderr timeout -k 20 5 rl-queue serve --listen "$u"
 		[[ $stderr == *"refusing to listen on '$u': not a loopback address"* ]]
 		[[ $stderr == *"--listen-public"* ]]
 		run -3 --separate-stderr rl-queue stat --timeout 0.2 "tcp://127.0.0.1:$p"
@@ -86,7 +86,7 @@ print(d)' "$@"
 	run -2 --separate-stderr rl-queue serve --max-bytes 12
 	run -2 --separate-stderr rl-queue serve extra-argument
 	# sizes that would wrap (17179869185G << 30 was 1 GiB); the message names the option
-	run -2 --separate-stderr timeout 5 rl-queue serve -l "ipc://$D/w.sock" -m 17179869185G 3>&-
+	run -2 --separate-stderr timeout -k 20 5 rl-queue serve -l "ipc://$D/w.sock" -m 17179869185G 3>&-
 	[[ "$stderr" == *"--max-bytes: bad value '17179869185G'"* ]]
 	run -2 --separate-stderr rl-queue serve --max-msg 12
 	[[ "$stderr" == *"--max-msg: bad value '12' (a size from 1024"* ]]
@@ -484,7 +484,7 @@ for i in range(a, a + 40):
 @test "a second broker on the same --data-dir is refused (exit 1 naming it)" {
 	start_broker --data-dir "$D/data" --compact-bytes 1k
 	first=$URL
-	run --separate-stderr timeout 5 rl-queue serve --listen "ipc://$D/second.sock" --data-dir "$D/data" 3>&-
+	run --separate-stderr timeout -k 20 5 rl-queue serve --listen "ipc://$D/second.sock" --data-dir "$D/data" 3>&-
 	assert_failure 1
 	[[ "$stderr" == *"'$D/data' is in use by another broker"* ]]
 	# the first keeps its journal to itself; once it is gone the directory is free
@@ -507,7 +507,7 @@ for i in range(a, a + 40):
 	python3 -c 'import sys
 p, at = sys.argv[1], int(sys.argv[2])
 b = bytearray(open(p, "rb").read()); b[at] ^= 0x55; open(p, "wb").write(b)' "$D/data/journal" $((len * 3 / 4))
-	run --separate-stderr timeout 10 rl-queue serve --listen "ipc://$D/r.sock" --data-dir "$D/data" 3>&-
+	run --separate-stderr timeout -k 20 10 rl-queue serve --listen "ipc://$D/r.sock" --data-dir "$D/data" 3>&-
 	assert_failure 1
 	[[ "$stderr" == *"damaged journal at byte"*"intact data follows"* ]]
 	[[ "$stderr" == *"--recover-journal"* ]]
@@ -634,6 +634,6 @@ hwm_mib() { awk '/^VmHWM/ { print int($2 / 1024) }' "/proc/$1/status"; }
 	run -2 --separate-stderr rl-queue serve --max-conns 0
 	[[ "$stderr" == *"--max-conns: bad value '0'"* ]]
 	p=$(free_port)
-	run --separate-stderr timeout 2 rl-queue serve --listen "tcp://127.0.0.1:$p" --max-bytes 64M --max-msg 8M --max-conns 16
+	run --separate-stderr timeout -k 20 2 rl-queue serve --listen "tcp://127.0.0.1:$p" --max-bytes 64M --max-msg 8M --max-conns 16
 	[[ "$stderr" == *"bodies being received may hold up to 16 connections x 8.0 MiB"*"more than --max-bytes 64.0 MiB"* ]]
 }

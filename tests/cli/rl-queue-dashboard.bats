@@ -43,7 +43,7 @@ start_broker() { start_http_broker "$@"; }
 # URL for 3 s of virtual time; the DOM goes to $D/NAME.html, the net log to
 # $D/NAME.net.json
 browse() {
-	timeout 60 "$CHROMIUM" --headless --no-sandbox --disable-gpu --no-first-run --no-default-browser-check \
+	timeout -k 20 60 "$CHROMIUM" --headless --no-sandbox --disable-gpu --no-first-run --no-default-browser-check \
 		--window-size=1400,2200 "${@:3}" \
 		--user-data-dir="$D/profile-$2" --disable-background-networking --disable-component-update \
 		--disable-sync --disable-default-apps --disable-extensions --disable-domain-reliability \
@@ -88,7 +88,7 @@ EOF
 	W=$!
 	PIDS="$PIDS $R $W $B"
 	# every sequence trained (equal rewards would skip them all: no token means to draw)
-	RL_WORKER_ID=learn-1 timeout 60 rl-train -q -m "$TD/m0" --out "$D/ck" --batch 2 --no-skip-zero-adv --queue "$FURL" \
+	RL_WORKER_ID=learn-1 timeout -k 20 60 rl-train -q -m "$TD/m0" --out "$D/ck" --batch 2 --no-skip-zero-adv --queue "$FURL" \
 		--idle-exit 1.5 --metrics "$D/m.jsonl"
 	wait "$R"
 	wait "$W"
@@ -194,7 +194,7 @@ PY
 	grep -q 'id="nochart" style="display: block;">Charts are off: cannot read Chart.js' "$D/nochart.html"
 	grep -q '>trainer version<' "$D/nochart.html"
 	# the broker says it once, on stderr, and goes on
-	RL_CHARTJS=$D/none.js timeout 2 rl-queue serve --listen tcp://127.0.0.1:0 --http 127.0.0.1:0 2> "$D/err" || true
+	RL_CHARTJS=$D/none.js timeout -k 20 2 rl-queue serve --listen tcp://127.0.0.1:0 --http 127.0.0.1:0 2> "$D/err" || true
 	run grep -c "warning: --http: the dashboard has no charts: cannot read Chart.js from '$D/none.js'" "$D/err"
 	assert_output 1
 	run grep -c "cannot open" "$D/err"

@@ -54,14 +54,14 @@ pipeline() {
 	    -k "${3:-0}" -b 2 --oversample 2 --stragglers "$2" --stale "${4:-regen}" -t 60 --http 127.0.0.1:0
 	URL="tcp://127.0.0.1:$DPORT"
 	rl-queue put -q "$URL" "$TD/prompts.jsonl"
-	timeout 120 rl-train -q -m "$TD/m0" --out "$O/ck" --batch 2 --queue "$URL" --idle-exit 4 --no-skip-zero-adv \
+	timeout -k 20 120 rl-train -q -m "$TD/m0" --out "$O/ck" --batch 2 --queue "$URL" --idle-exit 4 --no-skip-zero-adv \
 	    --metrics "$O/m.jsonl" 2> "$O/train.err" 3>&- &
 	local T=$!
 	PIDS="$PIDS $T"
-	timeout 120 rl-reward -q --queue "$URL" -t arith --idle-exit 4 2> "$O/reward.err" 3>&- &
+	timeout -k 20 120 rl-reward -q --queue "$URL" -t arith --idle-exit 4 2> "$O/reward.err" 3>&- &
 	local R=$!
 	PIDS="$PIDS $R"
-	timeout 120 rl-rollout -m "$TD/m0" -n 2 --max-tokens 120 --slots 16 --queue "$URL" --weights-from "$O/ck" \
+	timeout -k 20 120 rl-rollout -m "$TD/m0" -n 2 --max-tokens 120 --slots 16 --queue "$URL" --weights-from "$O/ck" \
 	    --idle-exit 3 2> "$O/rollout.err" 3>&- || { cat "$O/rollout.err"; return 1; }
 	wait "$T" || { cat "$O/train.err"; return 1; }
 	wait "$R" || { cat "$O/reward.err"; return 1; }
@@ -157,11 +157,11 @@ PY
 	    -k 0 -b 2 --oversample 2 --stragglers requeue --stale regen -t 60
 	URL="tcp://127.0.0.1:$DPORT"
 	rl-queue put -q "$URL" "$O/p.jsonl"
-	timeout 120 rl-train -q -m "$TD/m0" --out "$O/ck" --batch 2 --queue "$URL" --idle-exit 4 --no-skip-zero-adv \
+	timeout -k 20 120 rl-train -q -m "$TD/m0" --out "$O/ck" --batch 2 --queue "$URL" --idle-exit 4 --no-skip-zero-adv \
 	    2> "$O/train.err" 3>&- &
 	local T=$!
 	PIDS="$PIDS $T"
-	RL_ENV_PIDS="$O/pids" timeout 120 rl-rollout -m "$TD/m0" -n 2 --max-tokens 3 --slots 16 --queue "$URL" \
+	RL_ENV_PIDS="$O/pids" timeout -k 20 120 rl-rollout -m "$TD/m0" -n 2 --max-tokens 3 --slots 16 --queue "$URL" \
 	    --env "/usr/bin/python3 $BATS_TEST_DIRNAME/env_scripted.py" --env-procs 8 --weights-from "$O/ck" \
 	    --idle-exit 3 2> "$O/rollout.err" 3>&- || { cat "$O/rollout.err"; return 1; }
 	wait "$T" || { cat "$O/train.err"; return 1; }

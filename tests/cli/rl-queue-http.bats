@@ -158,7 +158,7 @@ except urllib.error.HTTPError as e:
 	# --listen port if that one was taken between free_port and the listen)
 	start_broker
 	for try in 1 2 3; do
-		run --separate-stderr timeout 10 rl-queue serve --listen "tcp://127.0.0.1:$(free_port)" --http "$HTTP" 3>&-
+		run --separate-stderr timeout -k 20 10 rl-queue serve --listen "tcp://127.0.0.1:$(free_port)" --http "$HTTP" 3>&-
 		[[ "$stderr" == *"cannot listen on 'tcp://"* ]] || break
 	done
 	assert_failure 3
@@ -635,12 +635,12 @@ EOF
 @test "rl-queue stat --watch refreshes the numbers until --count or a signal" {
 	start_broker
 	rl-queue put -q "$URL" "$D/prompts.jsonl"
-	run --separate-stderr timeout 20 rl-queue stat "$URL" --watch 0.1 --count 3
+	run --separate-stderr timeout -k 20 20 rl-queue stat "$URL" --watch 0.1 --count 3
 	assert_success
 	[ "$(grep -c '^depth: prompt 3' <<< "$output")" = 3 ]
 	# JSON: one object per refresh; a change shows in the next one
 	( sleep 0.5; rl-queue get -q --stage rollout -n 1 "$URL" > /dev/null ) &
-	run --separate-stderr timeout 20 rl-queue stat --json --watch=0.2 --count 8 "$URL"
+	run --separate-stderr timeout -k 20 20 rl-queue stat --json --watch=0.2 --count 8 "$URL"
 	assert_success
 	[ "${#lines[@]}" = 8 ]
 	run python3 -c 'import json, sys
@@ -666,7 +666,7 @@ print("ok")' <<< "$output"
 	start_broker
 	kill -9 "$BROKER"
 	wait "$BROKER" 2>/dev/null || true
-	run --separate-stderr timeout 20 rl-queue stat --timeout 0.2 --watch 0.1 --count 2 "$URL"
+	run --separate-stderr timeout -k 20 20 rl-queue stat --timeout 0.2 --watch 0.1 --count 2 "$URL"
 	assert_failure 1
 	[ "$(grep -c 'no stats from the broker' <<< "$stderr")" = 2 ]
 	# interrupted while the broker is away: exit 0 all the same, as

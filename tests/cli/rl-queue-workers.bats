@@ -54,7 +54,7 @@ report() {
 	W=$!
 	PIDS="$PIDS $R $W"
 	# --no-skip-zero-adv: equal rewards would skip every sequence, leaving the token means null
-	RL_WORKER_ID=learn-1 run -0 --separate-stderr timeout 60 rl-train -q -m "$TD/m0" --out "$D/ck" --batch 2 --no-skip-zero-adv \
+	RL_WORKER_ID=learn-1 run -0 --separate-stderr timeout -k 20 60 rl-train -q -m "$TD/m0" --out "$D/ck" --batch 2 --no-skip-zero-adv \
 		--queue "$URL" --idle-exit 2.5 --metrics "$D/m.jsonl"
 	wait "$R"
 	wait "$W"
@@ -138,7 +138,7 @@ EOF
 	assert_line --regexp '^train +learner:13 +live +80% +25\.6 '
 	assert_line --partial 'stages: rollout 1 live 50.0 records/s; reward 1 live 48.0 records/s; train 1 live 25.6 records/s;'
 	assert_line --partial 'train: version 7  reward 0.625  length 118  ppo_kl 0.002  entropy 1.5  step 1.25s'
-	run -0 --separate-stderr timeout 20 rl-queue stat "$URL" --watch 0.1 --count 2
+	run -0 --separate-stderr timeout -k 20 20 rl-queue stat "$URL" --watch 0.1 --count 2
 	[ "$(grep -c '^rollout  *gpu-node:11 ' <<< "$output")" = 2 ]
 	[ "$(grep -c '^train  *learner:13 ' <<< "$output")" = 2 ]
 	# the GPU, as reported, on /metrics

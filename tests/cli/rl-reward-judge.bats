@@ -49,7 +49,7 @@ start_fake() {
 	start_fake
 	printf 'sk-test-123\n' > "$TMP/key"
 	chmod 600 "$TMP/key"
-	run --separate-stderr timeout 60 rl-reward --judge "$JURL" --judge-template "$TMP/judge.j2" \
+	run --separate-stderr timeout -k 20 60 rl-reward --judge "$JURL" --judge-template "$TMP/judge.j2" \
 	    --judge-timeout 1.5 --judge-weight 0.5 --judge-jobs 3 --judge-key-file "$TMP/key" --jsonl "$TMP/in.jsonl"
 	assert_success
 	echo "$output" > "$TMP/out.jsonl"

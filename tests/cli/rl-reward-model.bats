@@ -162,7 +162,7 @@ PY
 	    rl-queue serve -q -l tcp://127.0.0.1:@PORT@ -d "$BATS_TEST_TMPDIR/q" -t 30
 	URL="tcp://127.0.0.1:$DPORT"
 	rl-queue put -q --stage generated "$URL" "$TD/q.jsonl"
-	run -0 --separate-stderr timeout 60 rl-reward --queue "$URL" --model "$TD/rm/latest" --idle-exit 1
+	run -0 --separate-stderr timeout -k 20 60 rl-reward --queue "$URL" --model "$TD/rm/latest" --idle-exit 1
 	rl-queue get -q --stage train -n 12 -w 10 "$URL" > "$TD/qs.jsonl"
 	[ "$(wc -l < "$TD/qs.jsonl")" -eq 12 ]
 	"$REF" check "$TD/rm/latest" "$TD/q.jsonl" "$TD/qs.jsonl"

@@ -143,7 +143,7 @@ import json
 words = ["", "NUMBER", "CRASH", "", "HANG", "", "JUNK", "", "SILENT", "EXIT3", ""]
 for i, w in enumerate(words):
     print(json.dumps({"id": i, "response_text": w, "meta": {"answer": "x"}}))' > "$TMP/in.jsonl"
-	run --separate-stderr timeout 60 rl-reward --exec "$W" --timeout 1.5 --jsonl "$TMP/in.jsonl"
+	run --separate-stderr timeout -k 20 60 rl-reward --exec "$W" --timeout 1.5 --jsonl "$TMP/in.jsonl"
 	assert_success
 	echo "$output" > "$TMP/out.jsonl"
 	[ "$(python3 -c 'import json,sys; print(*[json.loads(l)["id"] for l in open(sys.argv[1])])' "$TMP/out.jsonl")" = "0 1 2 3 4 5 6 7 8 9 10" ]
@@ -178,21 +178,21 @@ print(ok)' "$TMP/out.jsonl")" = "True" ]
 	head -n 4 "$FIX/gsm8k.jsonl" > "$TMP/in.jsonl"
 	# "0.5abc", "1 0" and an object followed by text are junk (they were read as 0.5, 1, 1)
 	for reply in '0.5abc' '1 0' '{"reward": 1} x'; do
-		run --separate-stderr timeout 30 rl-reward --exec "sh -c 'while read -r l; do echo \"$reply\"; done'" --jsonl "$TMP/in.jsonl"
+		run --separate-stderr timeout -k 20 30 rl-reward --exec "sh -c 'while read -r l; do echo \"$reply\"; done'" --jsonl "$TMP/in.jsonl"
 		assert_success
 		[ "$(echo "$output" | python3 -c 'import json,sys; print(*[json.loads(l)["meta"].get("reward_error", "-")[:24] for l in sys.stdin])')" = "exec: junk: reply is not exec: junk: reply is not exec: junk: reply is not exec: junk: reply is not" ]
 	done
 	# a finite reward beyond f32 (or a weight that takes it there) fails the record instead of reading inf
-	run --separate-stderr timeout 30 rl-reward --exec "sh -c 'while read -r l; do echo 1e300; done'" --jsonl "$TMP/in.jsonl"
+	run --separate-stderr timeout -k 20 30 rl-reward --exec "sh -c 'while read -r l; do echo 1e300; done'" --jsonl "$TMP/in.jsonl"
 	assert_success
 	[ "$(echo "$output" | head -n 1 | python3 -c 'import json,sys; r = json.load(sys.stdin); print(r["reward"], r["meta"]["reward_error"])')" = "nan reward: weighted sum 1e+300 is outside the f32 range" ]
 	[[ "$stderr" == *"4 records"*"4 failed"*"failures: 4 with a weighted sum outside the f32 range"$'\n'* ]]
-	run --separate-stderr timeout 30 rl-reward --exec "$W" --exec-weight 1e39 --jsonl "$TMP/in.jsonl"
+	run --separate-stderr timeout -k 20 30 rl-reward --exec "$W" --exec-weight 1e39 --jsonl "$TMP/in.jsonl"
 	assert_success
 	[ "$(echo "$output" | head -n 1 | python3 -c 'import json,sys; r = json.load(sys.stdin); print(r["reward"], r["meta"]["reward_error"])')" = "nan reward: weighted sum 1e+39 is outside the f32 range" ]
 	# a worker that reads one record, closes its stdin and keeps printing: its lines are not
 	# replies to the records it never got
-	run --separate-stderr timeout 30 rl-reward --timeout 2 --exec "sh -c 'read -r l; exec 0<&-; while :; do echo 1; sleep 0.1; done'" --jsonl "$TMP/in.jsonl"
+	run --separate-stderr timeout -k 20 30 rl-reward --timeout 2 --exec "sh -c 'read -r l; exec 0<&-; while :; do echo 1; sleep 0.1; done'" --jsonl "$TMP/in.jsonl"
 	assert_success
 	[ "$(echo "$output" | python3 -c 'import json,sys; print(*[json.loads(l)["meta"].get("reward_error", "ok")[:10] for l in sys.stdin])')" = "ok exec: junk ok exec: junk" ]
 	# one that never reads, given records larger than a pipe holds
@@ -200,7 +200,7 @@ print(ok)' "$TMP/out.jsonl")" = "True" ]
 import json
 for i in range(2):
     print(json.dumps({"id": i, "response_text": "x" * 300000, "meta": {"answer": "1"}}))' > "$TMP/big.jsonl"
-	run --separate-stderr timeout 30 rl-reward --exec "sh -c 'while :; do echo 1; sleep 0.05; done'" --jsonl "$TMP/big.jsonl"
+	run --separate-stderr timeout -k 20 30 rl-reward --exec "sh -c 'while :; do echo 1; sleep 0.05; done'" --jsonl "$TMP/big.jsonl"
 	assert_success
 	[[ "$(echo "$output" | head -n 1 | python3 -c 'import json,sys; r = json.load(sys.stdin); print(r["reward"], r["meta"]["reward_error"])')" == "nan exec: junk: replied after reading "*" of the record's 300050 bytes" ]]
 	[[ "$stderr" == *"2 records"*"2 failed"* ]]
@@ -333,7 +333,7 @@ for i in range(12):
                       "response_text": "#### %d" % (i % 3), "meta": {"answer": "1"}}))' > "$TMP/gen.jsonl"
 	run --separate-stderr rl-queue put -q --stage generated -t 10 "$url" "$TMP/gen.jsonl"
 	assert_success
-	run --separate-stderr timeout 30 rl-reward --queue "$url" -t gsm8k --exec "$W" --idle-exit 1
+	run --separate-stderr timeout -k 20 30 rl-reward --queue "$url" -t gsm8k --exec "$W" --idle-exit 1
 	assert_success
 	[[ "$stderr" == *"12 records"*"0 failed"* ]]
 	[[ "$stderr" == *"reward mean 1.3333 over 12 records"* ]]
@@ -361,7 +361,7 @@ for i in range(32):
                       "response_text": "#### 1", "meta": {"answer": "1"}}))' > "$TMP/gen.jsonl"
 	rl-queue put -q --stage generated -t 10 "$url" "$TMP/gen.jsonl"
 	# 32 records at 0.1 s each: 3.2 s in one lease of 2 s
-	run --separate-stderr timeout 60 rl-reward -v --queue "$url" --idle-exit 1 \
+	run --separate-stderr timeout -k 20 60 rl-reward -v --queue "$url" --idle-exit 1 \
 		--exec "sh -c 'while read -r l; do sleep 0.1; echo 1; done'"
 	assert_success
 	[[ "$stderr" == *"extended"* ]]

@@ -41,7 +41,7 @@ wire() {
 	printf '%s\n' "$2" > "$O.plan"
 	rm -rf "$O" "$O.m"
 	head -"$4" "$TD/prompts.jsonl" > "$O.prompts"
-	timeout 150 rl-rollout -v -m "$TD/m0" -n "${5:-8}" "${@:6}" --max-tokens 150 --train-batch 2 --weights-from "$O" \
+	timeout -k 20 150 rl-rollout -v -m "$TD/m0" -n "${5:-8}" "${@:6}" --max-tokens 150 --train-batch 2 --weights-from "$O" \
 	    --max-staleness "auto:$3" --trainer-metrics "$O.m" --jsonl "$O.prompts" 2> "$O.err" |
 	    python3 "$BATS_TEST_DIRNAME/fake_trainer.py" "$TD/m0" "$O" "$O.m" 2 "$O.plan"
 }

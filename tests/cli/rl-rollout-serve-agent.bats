@@ -141,7 +141,7 @@ PY
 	[ "$(jq -s length <<<"$output")" = 1 ]
 	run -1 --separate-stderr rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 --agent "$AGENT" --jsonl "$TD/none.jsonl"
 	[[ "$stderr" == *"cannot open '$TD/none.jsonl'"* ]]
-	run -1 --separate-stderr timeout 30 rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 --agent "$AGENT" \
+	run -1 --separate-stderr timeout -k 20 30 rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 --agent "$AGENT" \
 	    --queue tcp://127.0.0.1:1 --broker-timeout 1 --jsonl
 	[[ "$stderr" == *"no reply from the broker"* ]]
 	run -1 --separate-stderr rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 --agent "exit 0" --jsonl "$TD/a.jsonl"
@@ -200,7 +200,7 @@ PY
 	wait "$spid" || true
 	for f in "$AGENT_LOG"/*.pid; do ! kill -0 "$(cat "$f")" 2>/dev/null; done
 	# "cd" is leased again at once (its lease would last 600 s), and completed this time
-	AGENT_MODE=post run -0 --separate-stderr timeout 60 rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 \
+	AGENT_MODE=post run -0 --separate-stderr timeout -k 20 60 rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 \
 	    --agent "$AGENT" -n 2 --queue "$url" --idle-exit 1 --jsonl
 	[[ "$stderr" == *"2 runs, 2 with a reward"* ]]
 	rl-queue get "$url" -s train -n 100 --release > "$BATS_TEST_TMPDIR/g.jsonl"

@@ -52,7 +52,7 @@ metric() {
 
 @test "--http-max-conns N: N idle connections held, the next answered 503 and closed; served again once they go" {
 	start_serve -m "$TD/m0" --http-max-conns 3 --http-timeout 30
-	run -0 timeout 20 python3 - "${SURL##*:}" <<'PY'
+	run -0 timeout -k 20 20 python3 - "${SURL##*:}" <<'PY'
 import socket, sys, time
 port = int(sys.argv[1])
 held = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
@@ -86,7 +86,7 @@ PY
 
 @test "--http-timeout: an idle keep-alive connection is closed; a head sent a byte at a time past it gets 408 and is closed" {
 	start_serve -m "$TD/m0" --http-timeout 1
-	run -0 timeout 20 python3 - "${SURL##*:}" <<'PY'
+	run -0 timeout -k 20 20 python3 - "${SURL##*:}" <<'PY'
 import socket, sys, time
 port = int(sys.argv[1])
 # idle after one answer
@@ -147,7 +147,7 @@ PY
 
 @test "a body over --max-body is answered 413 in OpenAI's JSON before it is read, and the connection closed" {
 	start_serve -m "$TD/m0" --max-body 4K
-	run -0 timeout 20 python3 - "${SURL##*:}" <<'PY'
+	run -0 timeout -k 20 20 python3 - "${SURL##*:}" <<'PY'
 import json, socket, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 # announces 1 GB, sends none of it
@@ -173,7 +173,7 @@ PY
 @test "a streaming client that stops reading is dropped and its request cancelled; the server's memory does not grow with it" {
 	start_serve -m "$TD/slow/m0" --max-tokens 8000 --slots 2 --http-timeout 2
 	rss0=$(awk '/^VmRSS/ { print $2 }' "/proc/$SPID/status")
-	timeout 60 python3 - "${SURL##*:}" <<'PY' &
+	timeout -k 20 60 python3 - "${SURL##*:}" <<'PY' &
 import socket, sys, time
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

@@ -198,7 +198,7 @@ PY
 	printf '%s\n' '{"prompt":"ab","mode":"slow","sleep":3,"reward":1}' > "$BATS_TEST_TMPDIR/p.jsonl"
 	rl-queue put -q "$QURL" "$BATS_TEST_TMPDIR/p.jsonl"
 	# agents that take 3 s on a line leased for 1 s: renewed, the group put once
-	run -0 --separate-stderr timeout 60 rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 --agent "$AGENT" -n 2 \
+	run -0 --separate-stderr timeout -k 20 60 rl-rollout serve -m "$TD/m0" --listen 127.0.0.1:0 --agent "$AGENT" -n 2 \
 	    --queue "$QURL" --idle-exit 1.5 --jsonl
 	[[ "$stderr" == *"2 runs, 2 with a reward, 0 failed"* ]]
 	[[ "$stderr" != *"expired"* ]]
@@ -313,7 +313,7 @@ PY
 	[ "$(post /rl/episodes '{}')" = 503 ]
 	[[ "$(jq -r .error.message "$BATS_TEST_TMPDIR/body")" == *"cannot lease a prompt line from rl-queue at tcp://127.0.0.1:1"* ]]
 	rc=0
-	timeout 30 tail --pid="$SPID" -f /dev/null || rc=$?
+	timeout -k 20 30 tail --pid="$SPID" -f /dev/null || rc=$?
 	[ "$rc" = 0 ]
 	wait "$SPID" || rc=$?
 	[ "$rc" = 1 ]

@@ -370,7 +370,7 @@ PY
 @test "a body that does not arrive (slowloris) has its connection closed after --body-timeout; the server goes on" {
 	start_serve -m "$TD/m0" --body-timeout 1
 	port=${SURL##*:}
-	run -0 timeout 20 python3 - "$port" <<'PY'
+	run -0 timeout -k 20 20 python3 - "$port" <<'PY'
 import socket, sys, time
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":")

@@ -38,7 +38,7 @@ teardown() {
 gen() {
 	start_http_broker "" --max-staleness 4
 	rl-queue put -q "$URL" "$TD/one.jsonl"
-	RL_STATS_INTERVAL=0.2 RL_WORKER_ID=gen-1 timeout 60 rl-rollout -v -m "$TD/m0" -n 1 --slots "$1" \
+	RL_STATS_INTERVAL=0.2 RL_WORKER_ID=gen-1 timeout -k 20 60 rl-rollout -v -m "$TD/m0" -n 1 --slots "$1" \
 		--max-tokens 300 --queue "$URL" --idle-exit 0.5 3>&- 2> "$D/gen$1.err"
 	rl-queue stat --json "$URL" > "$D/stat$1.json"
 	kill -9 "$BROKER"

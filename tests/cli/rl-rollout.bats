@@ -451,7 +451,7 @@ PY
 	rl-reward gen-arith --n 200 --seed 1 --split train > "$TD/arith.jsonl"
 	# rl-train stops after 2 steps: rl-reward (blocked reading) and rl-rollout (waiting for
 	# version 3) must end at once, not after the weights timeout, 600 s
-	run --separate-stderr timeout 120 bash -c 'rl-rollout -q -m "$1/m0" --weights-from "$1/ckw" --max-staleness 0 --train-batch 2 -n 2 --max-tokens 4 "$1/arith.jsonl" | rl-reward -q --task arith | rl-train -q -m "$1/m0" --out "$1/ckw" --algo grpo --batch 2 --lr 1e-3 --max-steps 2 --metrics /dev/null; echo ${PIPESTATUS[*]}' _ "$TD"
+	run --separate-stderr timeout -k 20 120 bash -c 'rl-rollout -q -m "$1/m0" --weights-from "$1/ckw" --max-staleness 0 --train-batch 2 -n 2 --max-tokens 4 "$1/arith.jsonl" | rl-reward -q --task arith | rl-train -q -m "$1/m0" --out "$1/ckw" --algo grpo --batch 2 --lr 1e-3 --max-steps 2 --metrics /dev/null; echo ${PIPESTATUS[*]}' _ "$TD"
 	assert_success
 	# each stage before rl-train stops: its watcher's exit 1 when it waits, or
 	# SIGPIPE (141) when it was writing as rl-train left (1 run in 12 under load)

@@ -57,9 +57,9 @@ bump() {
 @test "serve: a tcp:// URL without a port is refused, port 0 is named as the port taken, inproc:// is refused" {
 	# nng took tcp://127.0.0.1 for port 0 and the server said it listened on
 	# 'tcp://127.0.0.1' (and on 'tcp://127.0.0.1:0'): no worker could find it
-	run -1 --separate-stderr timeout 5 rl-sync serve --listen tcp://127.0.0.1
+	run -1 --separate-stderr timeout -k 20 5 rl-sync serve --listen tcp://127.0.0.1
 	[[ $stderr == *"'tcp://127.0.0.1': not HOST:PORT with a TCP port from 0 to 65535"* ]]
-	run -2 --separate-stderr timeout 5 rl-sync serve --listen inproc://x
+	run -2 --separate-stderr timeout -k 20 5 rl-sync serve --listen inproc://x
 	[[ $stderr == *"inproc:// reaches only the same process"* ]]
 	rl-sync serve --listen tcp://127.0.0.1:0 3>&- 2>"$T/serve0.err" &
 	PIDS="$PIDS $!"
@@ -73,7 +73,7 @@ bump() {
 
 @test "serve: a non-loopback --listen is refused (exit 2, nothing listens) unless --listen-public" {
 	for u in tcp://0.0.0.0:$PORT "tcp://*:$PORT" tcp://:$PORT "tcp://[::]:$PORT" tcp://192.0.2.1:$PORT tcp://example.org:$PORT; do
-		run -2 --separate-stderr timeout 5 rl-sync serve --listen "$u"
+		run -2 --separate-stderr timeout -k 20 5 rl-sync serve --listen "$u"
 		[[ $stderr == *"refusing to listen on '$u': not a loopback address"* ]]
 		[[ $stderr == *"--listen-public"* ]]
 	done
@@ -110,7 +110,7 @@ bump() {
 
 @test "a tcp:// URL without a port from 1 to 65535 is an error at once, not a timeout" {
 	for u in tcp://127.0.0.1:99999 tcp://127.0.0.1 tcp://127.0.0.1:0 'tcp://[::1]:70000'; do
-		run --separate-stderr -1 timeout 5 rl-sync pull "$u" -o "$BATS_TEST_TMPDIR/p"
+		run --separate-stderr -1 timeout -k 20 5 rl-sync pull "$u" -o "$BATS_TEST_TMPDIR/p"
 		[[ $stderr == *"'$u': not HOST:PORT with a TCP port from 1 to 65535"* ]]
 	done
 }
@@ -251,7 +251,7 @@ bump() {
 	run -1 --separate-stderr rl-sync pull "$URL" --out "$T/out"
 	[[ $stderr == *"has version 2, older than version 5 in '$T/out'"* ]]
 	[[ $stderr != *"already holds"* ]]
-	run -124 --separate-stderr timeout 1.5 rl-sync pull "$URL" --out "$T/out" --follow
+	run -124 --separate-stderr timeout -k 20 1.5 rl-sync pull "$URL" --out "$T/out" --follow
 	[ "$(grep -c "has version 2, older than version 5 in '$T/out': waiting for a version newer than 5" <<<"$stderr")" = 1 ]
 	[ "$(readlink "$T/out/latest")" = v000005 ]
 }
@@ -294,7 +294,7 @@ bump() {
 	rl-sync push -q "$URL" "$T/ck2" --version 2 --transport stream
 	kill "$SPID"; wait "$SPID" || true
 	KEEP_URL=1 serve --data-dir "$T/data" --keep-previous
-	run -124 --separate-stderr timeout 2 rl-sync pull -v "$URL" --out "$T/out" --follow --transport stream
+	run -124 --separate-stderr timeout -k 20 2 rl-sync pull -v "$URL" --out "$T/out" --follow --transport stream
 	echo "$stderr"
 	[[ $stderr == *'fetching version 2: '*' as a delta'* ]]
 	cmp "$T/ck2/model.safetensors" "$T/out/v000002/model.safetensors"
@@ -312,7 +312,7 @@ bump() {
 	rl-sync push "$URL" "$T/ck" --version 1
 	cp -r "$T/ck" "$T/big"
 	head -c 5000000 /dev/urandom >"$T/big/model.safetensors"
-	run -1 --separate-stderr timeout 20 rl-sync push "$URL" "$T/big" --version 2
+	run -1 --separate-stderr timeout -k 20 20 rl-sync push "$URL" "$T/big" --version 2
 	[[ $stderr == *"cannot save version 2"* ]]
 	kill -0 "$SPID"
 	run --separate-stderr rl-sync status "$URL" --json
@@ -463,7 +463,7 @@ bump() {
 		printf 'set -e\ntrap '"'"'kill $(jobs -p) 2>/dev/null; wait'"'"' EXIT\n' >run.sh
 		sed 's/^#END$/sleep 0.5/' examples >>run.sh
 		rm -rf sync weights shared
-		run --separate-stderr timeout 60 bash run.sh 3>&-
+		run --separate-stderr timeout -k 20 60 bash run.sh 3>&-
 		[ "$status" -eq 0 ] && break
 		echo "try $try on port $PORT: $stderr" >&2
 		[[ "$stderr" == *"cannot listen on"* ]] || break

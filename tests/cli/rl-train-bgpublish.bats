@@ -122,7 +122,7 @@ teardown() {
 	PIDS="$PIDS $!"
 	rl-reward -q --task 'format:^[0-9]' --queue "$URL" &
 	PIDS="$PIDS $!"
-	run -0 --separate-stderr timeout 60 rl-train -v -m "$TD/m0" --out "$O" $TR --max-steps 8 --queue "$URL" \
+	run -0 --separate-stderr timeout -k 20 60 rl-train -v -m "$TD/m0" --out "$O" $TR --max-steps 8 --queue "$URL" \
 	    --metrics "$TD/qk0.jsonl"
 	# versions 2..7 were written in the background
 	[ "$(grep -c "in the background" <<< "$stderr")" = 6 ] || { echo "$stderr"; return 1; }

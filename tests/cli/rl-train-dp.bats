@@ -382,8 +382,8 @@ depth() { rl-queue stat "$QURL" | sed -n "s/.* $1 \([0-9]*\) .*/\1/p"; }
 	for i in $(seq 300); do [ -s "$TD/qb.metrics" ] && break; sleep 0.1; done
 	[ -s "$TD/qb.metrics" ]
 	kill -9 "$QPID"
-	timeout 60 tail --pid="$r0" -f /dev/null
-	timeout 60 tail --pid="$r1" -f /dev/null
+	timeout -k 20 60 tail --pid="$r0" -f /dev/null
+	timeout -k 20 60 tail --pid="$r1" -f /dev/null
 	rc=0; wait "$r0" || rc=$?
 	[ $rc = 1 ]
 	rc=0; wait "$r1" || rc=$?

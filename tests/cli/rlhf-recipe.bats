@@ -14,7 +14,7 @@ load '/usr/lib/bats/bats-assert/load'
 @test "rlhf recipe: SFT -> reward model -> PPO against it in the pipe" {
 	R="$BATS_TEST_TMPDIR/run"
 	run -0 env SFT_STEPS=8 PAIRS=32 RL_STEPS=2 PROMPTS=4 SAMPLES=2 TEST_N=8 DPO_BATCH=16 GOAL=0 RUN="$R" \
-	    timeout 120 sh pipelines/rlhf/rlhf.sh
+	    timeout -k 20 120 sh pipelines/rlhf/rlhf.sh
 	assert_output --partial "held-out pair accuracy: "
 	assert_output --partial "hidden rule after PPO: "
 	assert_output --partial "hidden rule after DPO: "

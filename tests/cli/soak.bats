@@ -14,7 +14,7 @@ load '/usr/lib/bats/bats-assert/load'
 @test "soak: kill -9 of random stages of the async wiring, restarted: every group trained exactly once" {
 	local seed=${RL_TEST_SEED:-$RANDOM}
 	echo "soak seed $seed" >&3
-	run --separate-stderr timeout 120 bench/soak.sh --seed "$seed" --kills 8 --prompts 200 --timeout 60
+	run --separate-stderr timeout -k 20 120 bench/soak.sh --seed "$seed" --kills 8 --prompts 200 --timeout 60
 	[ "$status" -eq 0 ] || { echo "$stderr" >&3; echo "soak FAILED with seed $seed (RL_TEST_SEED=$seed reruns it)" >&3; return 1; }
 	echo "$output" >&3
 	[ "$(jq -r .groups_checked <<< "$output")" -eq 200 ]

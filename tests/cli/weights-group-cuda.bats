@@ -30,11 +30,11 @@ setup() {
 # run_group BACKEND: the on-policy pipe wiring, both on cuda, through the group
 run_group() {
 	rm -rf "$TD/ck-$1"
-	timeout 300 sh -c "exec rl-rollout -v -m '$TD/m0' --device cuda --max-staleness 0 --train-batch 4 -n 4 \
+	timeout -k 20 300 sh -c "exec rl-rollout -v -m '$TD/m0' --device cuda --max-staleness 0 --train-batch 4 -n 4 \
 	    --max-tokens 2 --seed 1 --weights-timeout 60 --weights-group '$ADDR' --weights-group-rank 1 \
 	    --weights-group-size 2 --weights-group-backend $1 '$TD/p.jsonl' 2> '$TD/gen-$1.err'" |
 		rl-reward -q --task 'format:^[a-z]' |
-		timeout 300 rl-train -v -m "$TD/m0" --out "$TD/ck-$1" --device cuda --batch 4 --lr 3e-2 \
+		timeout -k 20 300 rl-train -v -m "$TD/m0" --out "$TD/ck-$1" --device cuda --batch 4 --lr 3e-2 \
 		    --metrics "$TD/m-$1.jsonl" --weights-group "$ADDR" --weights-group-size 2 \
 		    --weights-group-backend $1 2> "$TD/train-$1.err"
 	[ "$(readlink "$TD/ck-$1/latest")" = step-00000006 ]
