@@ -768,3 +768,105 @@ out:
 	nng_tls_config_free(c);
 	return e;
 }
+
+/* ---- re-dialling a stalled TLS reconnection (nngx.h) ---- */
+struct rli_redial {
+	nng_socket sock;
+	char *url;
+	int tls;
+	pthread_mutex_t mu;
+	nng_dialer d;
+	int have_d, pipes;
+	double since;   /* when the socket last had no connection: opened, lost its last, dialled again */
+	double wait_s;  /* RL_TLS_REDIAL_S */
+};
+
+static void
+redial_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+	rli_redial *r = arg;
+
+	pthread_mutex_lock(&r->mu);
+	if (ev == NNG_PIPE_EV_ADD_POST)
+		r->pipes++;
+	else if (r->pipes > 0 && --r->pipes == 0)
+		r->since = rl_now();
+	pthread_mutex_unlock(&r->mu);
+}
+
+int
+rli_redial_open(rli_redial **out, nng_socket s, const char *url, int flags)
+{
+	rli_redial *r = calloc(1, sizeof *r);
+	const char *env;
+	int e;
+
+	*out = NULL;
+	if (r == NULL || (r->url = strdup(url)) == NULL) {
+		free(r);
+		return NNG_ENOMEM;
+	}
+	r->sock = s;
+	r->tls = is_tls(url);
+	r->since = rl_now();
+	r->wait_s = 12;
+	if ((env = getenv("RL_TLS_REDIAL_S")) && atof(env) > 0)
+		r->wait_s = atof(env);
+	pthread_mutex_init(&r->mu, NULL);
+	if (r->tls && ((e = nng_pipe_notify(s, NNG_PIPE_EV_ADD_POST, redial_pipe_cb, r)) != 0 ||
+		       (e = nng_pipe_notify(s, NNG_PIPE_EV_REM_POST, redial_pipe_cb, r)) != 0)) {
+		rli_redial_free(r);
+		return e;
+	}
+	if ((e = rli_nng_dial(s, url, &r->d, flags)) != 0) {
+		/* the socket may still hold the callbacks: the caller closes it,
+		 * and the struct is left (a few bytes, once, on a failed start) */
+		return e;
+	}
+	r->have_d = 1;
+	*out = r;
+	return 0;
+}
+
+int
+rli_redial_check(rli_redial *r)
+{
+	nng_dialer old, d;
+	int e, had;
+
+	if (r == NULL || !r->tls)
+		return 0;
+	pthread_mutex_lock(&r->mu);
+	if (r->pipes > 0 || rl_now() - r->since < r->wait_s) {
+		pthread_mutex_unlock(&r->mu);
+		return 0;
+	}
+	rl_verbose("'%s': no connection for %.0f s; dialling again", r->url, rl_now() - r->since);
+	/* taken: another thread's check now waits its own wait_s */
+	r->since = rl_now();
+	old = r->d;
+	had = r->have_d;
+	r->have_d = 0;
+	pthread_mutex_unlock(&r->mu);
+	if (had)
+		nng_dialer_close(old);
+	e = rli_nng_dial(r->sock, r->url, &d, NNG_FLAG_NONBLOCK);
+	pthread_mutex_lock(&r->mu);
+	if (e == 0) {
+		r->d = d;
+		r->have_d = 1;
+	}
+	r->since = rl_now();
+	pthread_mutex_unlock(&r->mu);
+	return 1;
+}
+
+void
+rli_redial_free(rli_redial *r)
+{
+	if (r == NULL)
+		return;
+	pthread_mutex_destroy(&r->mu);
+	free(r->url);
+	free(r);
+}

@@ -80,4 +80,24 @@ int rli_nng_listen(nng_socket s, const char *url, nng_listener *l);
 int rli_nng_tls_ctx(rli_tls_ctx **out, int server, const char *url);
 int rli_nng_dial(nng_socket s, const char *url, nng_dialer *d, int flags);
 
+/* A client's dial that recovers from a stalled reconnection.  nng 1.5 can
+ * leave a TLS reconnection's negotiation waiting for ever (see
+ * rli_nng_dial), and its dialer then never dials again: a client whose
+ * server restarted at the wrong moment would never reach it.
+ * rli_redial_open dials url on sock as rli_nng_dial does (flags the same)
+ * and counts the socket's connections (it takes the socket's pipe
+ * notifications, ADD_POST and REM_POST).  rli_redial_check, called by a
+ * client whose request failed or timed out, closes the dialer and dials
+ * again when url is tls+ and the socket has had no connection for
+ * RL_TLS_REDIAL_S seconds (default 12, past nng's 10 s negotiation
+ * timeout) since it opened, lost its last or dialled again; it returns 1
+ * then (logged at verbose level), else 0.  Thread-safe.
+ * rli_redial_free after the socket is closed; when its close was left
+ * hanging (rli_nng_close_timed returned 0) the callbacks may still run:
+ * leave it.  *out is NULL on failure (the dial's nng error returned). */
+typedef struct rli_redial rli_redial;
+int rli_redial_open(rli_redial **out, nng_socket s, const char *url, int flags);
+int rli_redial_check(rli_redial *r);
+void rli_redial_free(rli_redial *r);
+
 #endif

@@ -36,6 +36,7 @@ struct rl_qclient {
 	int gone;              /* a request went unanswered for broker_timeout_ms */
 	const volatile sig_atomic_t *stop; /* set: no retries */
 	char *url;
+	rli_redial *rd;        /* the dialer, dialled again when a TLS reconnection stalls */
 };
 
 void
@@ -203,7 +204,7 @@ rl_qclient_open(rl_qclient **out, const char *url, const rl_qclient_opts *o)
 	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 500);
 	nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO, c->o.timeout_ms);
 	nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, c->o.max_msg + 4096);
-	if ((nrv = rli_nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+	if ((nrv = rli_redial_open(&c->rd, c->sock, url, NNG_FLAG_NONBLOCK)) != 0) {
 		rl_error("cannot connect to '%s': %s", url, nng_strerror(nrv));
 		if (nrv == NNG_EADDRINVAL || nrv == NNG_ENOTSUP)
 			rl_hint("a broker URL looks like tcp://127.0.0.1:7400 or ipc:///tmp/q.sock");
@@ -219,7 +220,8 @@ rl_qclient_close(rl_qclient *c)
 {
 	if (c == NULL)
 		return;
-	rli_nng_close_timed(c->sock, "broker connection");
+	if (rli_nng_close_timed(c->sock, "broker connection"))
+		rli_redial_free(c->rd);   /* else its callbacks may still run: left */
 	rl_traj_destroy(c->tmp);
 	rl_buf_fini(&c->buf);
 	free(c->seen.ring);
@@ -292,8 +294,11 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 		 * that comes back within the time gets the request again from nng.
 		 * The send too: with no connection, it waits for one */
 		nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, (nng_duration)RL_MAX(1.0, RL_MIN(tmo, left * 1000.0)));
+		/* with no connection the send waits for one: a retried request
+		 * looks again every 5 s whether a TLS dialer stalled */
 		nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO,
-		    (nng_duration)RL_MAX(1.0, RL_MIN(c->o.timeout_ms, left * 1000.0)));
+		    (nng_duration)RL_MAX(1.0, RL_MIN(retry ? RL_MIN(c->o.timeout_ms, 5000) : c->o.timeout_ms,
+						     left * 1000.0)));
 		if (authed)
 			rl_qauth_sign(nng_msg_body(m), nng_msg_len(m), strncmp(c->url, "tls+", 4) == 0);
 		if ((nrv = nng_msg_dup(&send, m)) != 0) {
@@ -342,6 +347,7 @@ call(rl_qclient *c, int op, uint16_t flags, uint64_t arg, const void *fixed, siz
 			/* timed out, connection reset or refused: the broker may be
 			 * restarting; requests are idempotent, so send it again */
 			rl_verbose("%s request: %s; retrying", rl_qop_name(op), nng_strerror(nrv));
+			rli_redial_check(c->rd);
 			if (nrv != NNG_ETIMEDOUT) {
 				nng_msleep((nng_duration)(backoff + rnd(&st) % (backoff + 1)));
 				backoff = backoff < 128 ? backoff * 2 : 250;

@@ -47,6 +47,7 @@ struct rl_wsync_client {
 	char hostid[24];          /* ours, "" if unknown */
 	int last_push_shm;        /* the last push went over shared memory (no delta base needed) */
 	rli_tls_ctx *btls;        /* tls+tcp://: the bulk stream's TLS context, made at its first use */
+	rli_redial *rd;           /* the dialer, dialled again when a TLS reconnection stalls */
 };
 
 int rli_wsync_client_last_push_shm(const rl_wsync_client *c) { return c->last_push_shm; }
@@ -124,7 +125,7 @@ rl_wsync_client_open(rl_wsync_client **out, const char *url, const rl_wsync_clie
 	nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, 600000);
 	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 20);
 	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 500);
-	if ((r = rli_nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+	if ((r = rli_redial_open(&c->rd, c->sock, url, NNG_FLAG_NONBLOCK)) != 0) {
 		rv = rli_ws_nng_err(r, "cannot dial", url);
 		goto fail;
 	}
@@ -144,7 +145,8 @@ rl_wsync_client_close(rl_wsync_client *c)
 {
 	if (c == NULL)
 		return;
-	rli_nng_close_timed(c->sock, "rl-sync client");
+	if (rli_nng_close_timed(c->sock, "rl-sync client"))
+		rli_redial_free(c->rd);   /* else its callbacks may still run: left */
 	if (c->aio)
 		nng_aio_free(c->aio);
 	rli_tls_ctx_free(c->btls);
@@ -209,6 +211,8 @@ rpc(rl_wsync_client *c, nng_ctx ctx, nng_aio *aio, uint16_t op, uint64_t version
 	nng_aio_wait(aio);
 	if ((r = nng_aio_result(aio)) != 0) {
 		nng_msg_free(m);
+		if (r == NNG_ETIMEDOUT)
+			rli_redial_check(c->rd);   /* no connection: a stalled TLS dialer? */
 		return r == NNG_ETIMEDOUT ? RL_ETIMEDOUT : r == NNG_ECLOSED ? RL_ECLOSED : RL_ENET;
 	}
 	c->bytes_sent += WS_HDR + n1 + n2;

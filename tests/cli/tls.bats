@@ -529,3 +529,20 @@ while True:
 	# 2 x 1 s per client, plus its own timeout: far from the 60 s limit
 	[ "$SECONDS" -lt 30 ]
 }
+
+@test "a TLS dialer whose reconnection stalled dials again: through a path that stalls every handshake for 8 s, the client reaches the broker once it answers (nng 1.5 alone would never dial again)" {
+	start_tls_broker
+	python3 "$BATS_TEST_DIRNAME/stall_proxy.py" "${URL##*:}" 8 > "$D/pport" 3>&- &
+	PIDS="$PIDS $!"
+	for _ in $(seq 100); do [ -s "$D/pport" ] && break; sleep 0.05; done
+	PU="tls+tcp://127.0.0.1:$(cat "$D/pport")"
+	SECONDS=0
+	# the first connection stalls twice (1 s each), the background dial
+	# stalls for good; 3 s without a connection, the next retry dials again
+	run -0 --separate-stderr env RL_TLS_DIAL_WAIT_MS=1000 RL_TLS_REDIAL_S=3 timeout -k 10 60 \
+		env RL_TLS_CA="$C/ca.pem" RL_TLS_CERT="$C/cli.pem" RL_TLS_KEY="$C/cli.key" rl-queue stat -v --timeout 40 "$PU"
+	[[ $stderr == *"no TLS handshake within 1.0 s, twice"* ]]
+	[[ $stderr == *"'$PU': no connection for "*" s; dialling again"* ]]
+	[[ $output == *"prompt "* ]]
+	[ "$SECONDS" -lt 35 ]
+}
