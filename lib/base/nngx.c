@@ -22,15 +22,21 @@
 #include "base/io.h"
 #include "base/tls_ossl.h"
 
-struct closer {
+/* An nng call that may hang (nng 1.5: a close, a TLS dialer's first
+ * connection), made on a helper thread that the caller waits for until a
+ * deadline.  The call's state is shared and freed by whichever of the two
+ * lets go last, so a caller that gave up leaves nothing the thread uses. */
+struct bgcall {
+	int dial;          /* 0: nng_close(sock); 1: nng_dialer_start(d, 0) */
 	nng_socket sock;
+	nng_dialer d;
 	pthread_mutex_t mtx;
 	pthread_cond_t cv;
-	int done, refs;
+	int done, rv, refs;
 };
 
 static void
-closer_unref(struct closer *k)
+bgcall_unref(struct bgcall *k)
 {
 	int last;
 
@@ -45,50 +51,45 @@ closer_unref(struct closer *k)
 }
 
 static void *
-closer_main(void *arg)
+bgcall_main(void *arg)
 {
-	struct closer *k = arg;
+	struct bgcall *k = arg;
+	int rv = 0;
 
-	nng_close(k->sock);
+	if (k->dial)
+		rv = nng_dialer_start(k->d, 0);
+	else
+		nng_close(k->sock);
 	pthread_mutex_lock(&k->mtx);
+	k->rv = rv;
 	k->done = 1;
 	pthread_cond_signal(&k->cv);
 	pthread_mutex_unlock(&k->mtx);
-	closer_unref(k);
+	bgcall_unref(k);
 	return NULL;
 }
 
-int
-rli_nng_close_timed(nng_socket sock, const char *what)
+/* the call k describes (allocated by the caller, taken here), waited for at
+ * most wait_ms: 1 and its result in *rv when it finished, else 0 (it goes
+ * on alone).  When no thread can be made the call is made here. */
+static int
+bgcall_run(struct bgcall *k, long wait_ms, int *rv)
 {
-	struct closer *k = calloc(1, sizeof *k);
 	struct timespec ts;
 	pthread_t th;
-	const char *env;
-	long wait_ms;
 	int done;
 
-	if (k == NULL) {
-		nng_close(sock);
-		return 1;
-	}
-	k->sock = sock;
 	k->refs = 2;
 	pthread_mutex_init(&k->mtx, NULL);
 	pthread_cond_init(&k->cv, NULL);
-	if (pthread_create(&th, NULL, closer_main, k) != 0) {
-		nng_close(sock);
-		k->refs = 1;
-		closer_unref(k);
+	if (pthread_create(&th, NULL, bgcall_main, k) != 0) {
+		bgcall_main(k);   /* the call, made here */
+		*rv = k->rv;
+		bgcall_unref(k);
 		return 1;
 	}
 	pthread_detach(th);
 	clock_gettime(CLOCK_REALTIME, &ts);
-	wait_ms = 1000;
-	/* the tests make every close "hang" (0) to check that callers keep
-	 * what the socket's callbacks use (tests/unit/test_comm_close.c) */
-	if ((env = getenv("RL_NNG_TEST_CLOSE_WAIT_MS")) && *env)
-		wait_ms = atol(env) < 0 ? 0 : atol(env);
 	ts.tv_sec += wait_ms / 1000;
 	ts.tv_nsec += (wait_ms % 1000) * 1000000L;
 	if (ts.tv_nsec >= 1000000000L) {
@@ -98,10 +99,32 @@ rli_nng_close_timed(nng_socket sock, const char *what)
 	pthread_mutex_lock(&k->mtx);
 	while (!k->done && pthread_cond_timedwait(&k->cv, &k->mtx, &ts) == 0)
 		;
-	if (!(done = k->done))
-		rl_verbose("closing the %s hangs (nng bug #1543); leaving it", what);
+	done = k->done;
+	*rv = k->rv;
 	pthread_mutex_unlock(&k->mtx);
-	closer_unref(k);
+	bgcall_unref(k);
+	return done;
+}
+
+int
+rli_nng_close_timed(nng_socket sock, const char *what)
+{
+	struct bgcall *k = calloc(1, sizeof *k);
+	const char *env;
+	long wait_ms = 1000;
+	int done, rv;
+
+	if (k == NULL) {
+		nng_close(sock);
+		return 1;
+	}
+	k->sock = sock;
+	/* the tests make every close "hang" (0) to check that callers keep
+	 * what the socket's callbacks use (tests/unit/test_comm_close.c) */
+	if ((env = getenv("RL_NNG_TEST_CLOSE_WAIT_MS")) && *env)
+		wait_ms = atol(env) < 0 ? 0 : atol(env);
+	if (!(done = bgcall_run(k, wait_ms, &rv)))
+		rl_verbose("closing the %s hangs (nng bug #1543); leaving it", what);
 	return done;
 }
 
@@ -608,82 +631,22 @@ rli_nng_listen(nng_socket s, const char *url, nng_listener *lp)
  * it (about 1 in 200 refused clients here).  A blocking nng_dialer_start
  * then never returns, whatever the caller's own timeouts.  So the start
  * runs on a helper thread; after wait_ms the dialer is closed, which closes
- * the stalled negotiation and ends the start with NNG_ECLOSED. */
-struct dialwait {
-	nng_dialer d;
-	pthread_mutex_t mtx;
-	pthread_cond_t cv;
-	int done, rv, refs;
-};
-
-static void
-dialwait_unref(struct dialwait *w)
-{
-	int last;
-
-	pthread_mutex_lock(&w->mtx);
-	last = --w->refs == 0;
-	pthread_mutex_unlock(&w->mtx);
-	if (last) {
-		pthread_mutex_destroy(&w->mtx);
-		pthread_cond_destroy(&w->cv);
-		free(w);
-	}
-}
-
-static void *
-dialwait_main(void *arg)
-{
-	struct dialwait *w = arg;
-	int rv = nng_dialer_start(w->d, 0);
-
-	pthread_mutex_lock(&w->mtx);
-	w->rv = rv;
-	w->done = 1;
-	pthread_cond_signal(&w->cv);
-	pthread_mutex_unlock(&w->mtx);
-	dialwait_unref(w);
-	return NULL;
-}
-
-/* nng_dialer_start(d, 0) within wait_ms: its result, or NNG_ETIMEDOUT with
- * the dialer closed (the start may still be running then; it owns nothing
- * of the caller's) */
+ * the stalled negotiation and ends the start with NNG_ECLOSED.
+ * nng_dialer_start(d, 0)'s result, or NNG_ETIMEDOUT with the dialer closed */
 static int
 dial_start_timed(nng_dialer d, long wait_ms)
 {
-	struct dialwait *w = calloc(1, sizeof *w);
-	struct timespec ts;
-	pthread_t th;
+	struct bgcall *k = calloc(1, sizeof *k);
 	int rv;
 
-	if (w == NULL)
+	if (k == NULL)
 		return nng_dialer_start(d, 0);
-	w->d = d;
-	w->refs = 2;
-	pthread_mutex_init(&w->mtx, NULL);
-	pthread_cond_init(&w->cv, NULL);
-	if (pthread_create(&th, NULL, dialwait_main, w) != 0) {
-		w->refs = 1;
-		dialwait_unref(w);
-		return nng_dialer_start(d, 0);
-	}
-	pthread_detach(th);
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += wait_ms / 1000;
-	ts.tv_nsec += (wait_ms % 1000) * 1000000L;
-	if (ts.tv_nsec >= 1000000000L) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000L;
-	}
-	pthread_mutex_lock(&w->mtx);
-	while (!w->done && pthread_cond_timedwait(&w->cv, &w->mtx, &ts) == 0)
-		;
-	rv = w->done ? w->rv : NNG_ETIMEDOUT;
-	pthread_mutex_unlock(&w->mtx);
-	if (rv == NNG_ETIMEDOUT)
+	k->dial = 1;
+	k->d = d;
+	if (!bgcall_run(k, wait_ms, &rv)) {
 		nng_dialer_close(d);
-	dialwait_unref(w);
+		return NNG_ETIMEDOUT;
+	}
 	return rv;
 }
 

@@ -6,7 +6,9 @@
 # listen that checks client certificates needs no --listen-public.  The
 # address dialled is checked against the server's IP subjectAltNames;
 # encrypted keys take --tls-key-pass-file; --tls-crl refuses revoked peers;
-# rl-rollout, rl-reward and rl-train train a step of the queue wiring over TLS.
+# rl-rollout, rl-reward and rl-train train a step of the queue wiring over TLS;
+# a handshake that stalls (a silent server, a stalling path) ends in bounded
+# time and is dialled again.
 bats_require_minimum_version 1.5.0
 load '/usr/lib/bats/bats-support/load'
 load '/usr/lib/bats/bats-assert/load'
