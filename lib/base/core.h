@@ -113,7 +113,11 @@ int rl_add_size(size_t *out, size_t a, size_t b);
  * with sigaction flags sa_flags (an empty mask).  SIGINT stays ignored when
  * the process started with it ignored, as a shell starts the background jobs
  * of a script: a Ctrl-C is then the script's to act on (the recipes stop
- * their workers first and the broker last), not every process's at once. */
+ * their workers first and the broker last), not every process's at once.
+ * A second stop signal ends the process at once (exit status 128 + the
+ * signal, a line on stderr): a stage stuck where its flag is not looked at
+ * (inside nng, a stalled connection) still stops when told twice, as
+ * Ctrl-C twice.  SA_RESETHAND in sa_flags is taken as this rule. */
 void rl_stop_signals(void (*h)(int), int sa_flags);
 
 /* Monotonic time in seconds / wall time in seconds since the epoch. */

@@ -508,7 +508,7 @@ start_tls_sync() {
 	[[ $stderr == *"--tls-crl '$C/crl.pem' needs --tls-ca"* ]]
 }
 
-@test "a server that takes the TCP connection and never answers the TLS handshake: the client's first connection is bounded (nng 1.5 alone waits for ever), tried twice, named" {
+@test "a server that takes the TCP connection and never answers the TLS handshake: the client's first connection is bounded (nng 1.5 alone waits for ever), tried twice, named; a stage stuck there ends when told twice" {
 	python3 -c '
 import socket, sys, time
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
@@ -530,6 +530,25 @@ while True:
 	[[ $stderr == *"no TLS handshake within 1.0 s, twice"* ]]
 	# 2 x 1 s per client, plus its own timeout: far from the 60 s limit
 	[ "$SECONDS" -lt 30 ]
+	# a stage stuck in that handshake (the bound lifted) does not look at
+	# its stop flag; told twice, it ends at once
+	write_model "$D"
+	RL_TLS_DIAL_WAIT_MS=600000 rl-rollout -m "$D/m0" -n 2 --max-tokens 4 --queue "$U" --idle-exit 1 \
+		--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.key" 2> "$D/ro.err" 3>&- &
+	p=$!
+	PIDS="$PIDS $p"
+	sleep 1
+	kill -TERM "$p"
+	sleep 1
+	kill -0 "$p"
+	kill -TERM "$p"
+	for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+	run kill -0 "$p"
+	[ "$status" -ne 0 ]
+	rc=0
+	wait "$p" || rc=$?
+	[ "$rc" -eq 143 ]
+	grep -q '^rl-rollout: a second stop signal: exiting at once$' "$D/ro.err"
 }
 
 @test "a TLS dialer whose reconnection stalled dials again: through a path that stalls every handshake for 8 s, the client reaches the broker once it answers (nng 1.5 alone would never dial again)" {
