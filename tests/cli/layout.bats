@@ -56,23 +56,23 @@ bad_copy() {
 	assert_output --partial "'core.h' is not in lib/model"
 }
 
-@test "no Bats test waits with a bare wait (it would also wait for bats' BATS_TEST_TIMEOUT watchdog, which tests/check.sh sets)" {
+# no line of the Bats files and helpers matches the extended regex $1, and
+# it matches exactly one line of the sample $2 (the pattern finds what it is for)
+no_line_matches() {
 	cd "$BATS_TEST_DIRNAME"
-	# a line whose command is wait with no pid, alone or after ; or &&
-	run grep -n -E '(^|[;&|]|then|do)[[:space:]]*wait[[:space:]]*($|;|&|\|)' ./*.bats ./*.bash
+	run grep -n -E "$1" ./*.bats ./*.bash
 	assert_failure
 	assert_output ''
-	# the pattern finds one
-	run grep -c -E '(^|[;&|]|then|do)[[:space:]]*wait[[:space:]]*($|;|&|\|)' <<< $'\tsleep 1 &\n\twait\n\twait "$p"'
+	run grep -c -E "$1" <<< "$2"
 	assert_output 1
 }
 
+@test "no Bats test waits with a bare wait (it would also wait for bats' BATS_TEST_TIMEOUT watchdog, which tests/check.sh sets)" {
+	# a line whose command is wait with no pid, alone or after ; or &&
+	no_line_matches '(^|[;&|]|then|do)[[:space:]]*wait[[:space:]]*($|;|&|\|)' $'\tsleep 1 &\n\twait\n\twait "$p"'
+}
+
 @test "every timeout of a Bats test also kills (-k): a program stuck after timeout's SIGTERM would hold the test, and bats' own per-test limit only sends SIGTERM too" {
-	cd "$BATS_TEST_DIRNAME"
-	run grep -n -E '(^|[^-A-Za-z_])timeout [0-9.]+ ' ./*.bats ./*.bash
-	assert_failure
-	assert_output ''
-	# the pattern finds one
-	run grep -c -E '(^|[^-A-Za-z_])timeout [0-9.]+ ' <<< $'\ttimeout 5 rl-sync pull\n\ttimeout -k 20 5 rl-sync pull\n\trl-queue stat --timeout 5 U'
-	assert_output 1
+	no_line_matches '(^|[^-A-Za-z_])timeout [0-9.]+ ' \
+		$'\ttimeout 5 rl-sync pull\n\ttimeout -k 20 5 rl-sync pull\n\trl-queue stat --timeout 5 U'
 }
