@@ -27,11 +27,13 @@
 # two of the model's units), t (RL_NO_THP=1: 4 KiB pages), p (RL_ZERO3_NO_POOL=1: the
 # gathered units in pages faulted in afresh, not the unit pool), f (RL_ZERO3_NO_PREFAULT=1:
 # the backward's gradient pages faulted in one by one), d (RL_ZERO3_NO_DIRECT=1: the
-# gathers through the ring, not the other ranks' shards read in place), e.g.
+# gathers through the ring, not the other ranks' shards read in place), a (RL_ZERO2_NO_ALIGN=1:
+# the gradient buffer where malloc put it, its buckets' edges not on 2 MiB pages), e.g.
 # "1 3 3t 3k 3p 3f 3d".
 # "unit_pool", "grad_prefault": ZeRO-3 with its unit pool, with its gradient pages
 # populated per unit before the backward writes them, "direct": ZeRO-3 reading the
-# other ranks' shards in place (docs/parallel.md).
+# other ranks' shards in place (docs/parallel.md), "grads_aligned": ZeRO-2/3's gradient buffer
+# moved so that its buckets are whole huge pages.
 # BATCH (2) groups a step, MICRO (128) --max-tokens-per-micro: BATCH=8 MICRO=512 keeps 2
 # micro-batches per rank on 2 ranks with 4x the tokens in each (the gathers stay the same).
 # Model: bench/parallel-train.sh's ~11M-parameter Qwen2 (44 MB of f32
@@ -89,6 +91,7 @@ run() {   # run ZERO RUN
 	case $1 in *p*) pool=0 ;; *) pool=1 ;; esac
 	case $1 in *f*) RL_ZERO3_NO_PREFAULT=1; export RL_ZERO3_NO_PREFAULT ;; *) unset RL_ZERO3_NO_PREFAULT ;; esac
 	case $1 in *d*) RL_ZERO3_NO_DIRECT=1; export RL_ZERO3_NO_DIRECT ;; *) unset RL_ZERO3_NO_DIRECT ;; esac
+	case $1 in *a*) RL_ZERO2_NO_ALIGN=1; export RL_ZERO2_NO_ALIGN ;; *) unset RL_ZERO2_NO_ALIGN ;; esac
 	if [ $thp = 0 ]; then RL_NO_THP=1; export RL_NO_THP; else unset RL_NO_THP; fi
 	if [ $pool = 0 ]; then RL_ZERO3_NO_POOL=1; export RL_ZERO3_NO_POOL; else unset RL_ZERO3_NO_POOL; fi
 	rm -rf "$d/ck"
@@ -114,6 +117,7 @@ print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys
     "unit_pool": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_POOL" not in __import__("os").environ,
     "grad_prefault": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_PREFAULT" not in __import__("os").environ,
     "direct": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_DIRECT" not in __import__("os").environ,
+    "grads_aligned": int(sys.argv[3]) >= 2 and "RL_ZERO2_NO_ALIGN" not in __import__("os").environ,
     "comm_shm": __import__("os").environ.get("RL_COMM_SHM", "1") != "0",
     "world": int(sys.argv[2]), "run": int(sys.argv[4]),
     "steps": len(ms), "micro_tokens": micro,

@@ -620,6 +620,8 @@ rli_train_fini(trainer *tr, int rv)
 		rv = r2;
 	rl_model_close(tr->ref);
 	rl_comm_reducer_destroy(tr->red);
+	if (tr->m)
+		rli_dp_grads_unmap(tr);
 	rl_model_close(tr->m);
 	rl_comm_close(tr->comm);
 	rl_ops_close(tr->ops);

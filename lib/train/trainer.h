@@ -202,6 +202,8 @@ typedef struct trainer {
 	int zero;                /* ZeRO stage 1, 2 or 3: this rank keeps the AdamW state of [zlo, zhi) only */
 	size_t zlo, zhi;
 	float *zm, *zv;          /* (zhi - zlo) AdamW moments of the shard, backend memory */
+	void *gmap;              /* ZeRO-2/3 on the host: the mapping m->grads lies in (rli_dp_reducer_open) */
+	size_t gmap_len;
 	float *zg;               /* ZeRO-2: (zhi - zlo) gradients of the shard, summed over ranks and
 	                          * micro-batches (host memory) */
 	rli_z3 z3p;              /* ZeRO-3: the policy's parameters sharded (z3p.zp NULL: not sharded) */
@@ -347,6 +349,9 @@ void rli_metrics_close(trainer *tr);
 
 /* ---- dp.c: data parallelism ---- */
 int rli_dp_reducer_open(trainer *tr);
+/* The mapping rli_dp_reducer_open moved m->grads into, unmapped (m->grads
+ * then NULL); before the model is closed.  Accepts a trainer without one. */
+void rli_dp_grads_unmap(trainer *tr);
 /* m->grad_ready for the last backward of an update (ctx: tr->red). */
 int rli_dp_grad_ready(void *ctx, size_t from);
 int rli_dp_allreduce_grads(trainer *tr);
