@@ -537,7 +537,13 @@ while True:
 		--tls-ca "$C/ca.pem" --tls-cert "$C/cli.pem" --tls-key "$C/cli.key" 2> "$D/ro.err" 3>&- &
 	p=$!
 	PIDS="$PIDS $p"
-	sleep 1
+	# its stop handler installed (SIGTERM, bit 15, in SigCgt), then a moment in the dial
+	for _ in $(seq 100); do
+		cgt=$(awk '/^SigCgt/ { print $2 }' "/proc/$p/status" 2>/dev/null || echo 0)
+		(( 0x${cgt:-0} & 0x4000 )) && break
+		sleep 0.05
+	done
+	sleep 0.5
 	kill -TERM "$p"
 	sleep 1
 	kill -0 "$p"
