@@ -65,6 +65,7 @@ struct rl_qserve {
 	pthread_mutex_t mtx, jmtx;
 	qctx *ctx;
 	int nctx, nwait, failed, has_journal, closing;
+	int busy;              /* requests taken and not yet answered (atomic; waiters included) */
 	/* connections admitted (pipe_cb), the bound, those refused */
 	pthread_mutex_t cmtx;
 	uint32_t *conn_ids;    /* the admitted pipes' ids (nconns of them) */
@@ -207,6 +208,7 @@ send_reply(qctx *c)
 		if (m)
 			nng_msg_free(m);
 		rl_buf_fini(&z);
+		__atomic_sub_fetch(&s->busy, 1, __ATOMIC_ACQ_REL);
 		c->state = C_RECV;
 		nng_ctx_recv(c->ctx, c->aio);
 		return;
@@ -808,10 +810,12 @@ ctx_cb(void *arg)
 			nng_ctx_recv(c->ctx, c->aio);
 			return;
 		}
+		__atomic_add_fetch(&s->busy, 1, __ATOMIC_ACQ_REL);
 		if (handle(s, c, nng_aio_get_msg(c->aio)))
 			send_reply(c);
 		return;
 	case C_SEND:
+		__atomic_sub_fetch(&s->busy, 1, __ATOMIC_ACQ_REL);
 		if (rv != 0) {
 			/* the reply was not sent (its client left): drop it */
 			nng_msg *m = nng_aio_get_msg(c->aio);
@@ -1055,6 +1059,19 @@ rl_qserve_run(rl_qserve *s, volatile sig_atomic_t *stop)
 	}
 	if (s->probing)
 		nng_close(s->probe);
+	/* a failed journal write: the requests it failed are answered with
+	 * the reason (send_reply) before the socket closes, so that their
+	 * clients read it rather than a broker gone silent; 2 s at most, and
+	 * waiting leases are not waited for */
+	for (int i = 0; s->failed && i < 200; i++) {
+		int waiting;
+		lock(s);
+		waiting = s->nwait;
+		unlock(s);
+		if (__atomic_load_n(&s->busy, __ATOMIC_ACQUIRE) <= waiting)
+			break;
+		nng_msleep(10);
+	}
 	return s->failed ? RL_EIO : RL_OK;
 }
 
