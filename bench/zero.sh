@@ -18,7 +18,7 @@
 #    save included), "step_cpu_s": perf/cpu_s (rank 0's CPU seconds a step, every thread),
 #    "minor_faults": perf/minor_faults (rank 0's page faults a step),
 #    "micro_tokens":MICRO, "keep":--zero3-keep, "huge_pages":0 when RL_NO_THP was set,
-#    "units_gathered":dp/units_gathered, "units_pooled":dp/units_pooled,
+#    "units_gathered":dp/units_gathered, "units_pooled":dp/units_pooled, "units_mapped":dp/units_mapped,
 #    "comm_shm":false when RL_COMM_SHM=0 kept the ring on TCP (else the ranks' shared memory),
 #    "ref":true with REF=1 (a KL term, --kl k3 --kl-coef 0.05, against --ref: another
 #    model of the same shape, sharded with ZeRO-3), "ref_params_resident_mb":
@@ -28,11 +28,13 @@
 # gathered units in pages faulted in afresh, not the unit pool), f (RL_ZERO3_NO_PREFAULT=1:
 # the backward's gradient pages faulted in one by one), d (RL_ZERO3_NO_DIRECT=1: the
 # gathers through the ring, not the other ranks' shards read in place), a (RL_ZERO2_NO_ALIGN=1:
-# the gradient buffer where malloc put it, its buckets' edges not on 2 MiB pages), e.g.
-# "1 3 3t 3k 3p 3f 3d".
+# the gradient buffer where malloc put it, its buckets' edges not on 2 MiB pages), m
+# (RL_ZERO3_NO_MAP=1: the shards read in place copied into m->params, not their whole
+# pages mapped there), e.g. "1 3 3t 3k 3p 3f 3d 3m".
 # "unit_pool", "grad_prefault": ZeRO-3 with its unit pool, with its gradient pages
 # populated per unit before the backward writes them, "direct": ZeRO-3 reading the
-# other ranks' shards in place (docs/parallel.md), "grads_aligned": ZeRO-2/3's gradient buffer
+# other ranks' shards in place (docs/parallel.md), "mapped": ZeRO-3 mapping their whole pages
+# into the parameter table (units_mapped: the gathered ranges mapped so), "grads_aligned": ZeRO-2/3's gradient buffer
 # moved so that its buckets are whole huge pages.
 # BATCH (2) groups a step, MICRO (128) --max-tokens-per-micro: BATCH=8 MICRO=512 keeps 2
 # micro-batches per rank on 2 ranks with 4x the tokens in each (the gathers stay the same).
@@ -92,6 +94,7 @@ run() {   # run ZERO RUN
 	case $1 in *f*) RL_ZERO3_NO_PREFAULT=1; export RL_ZERO3_NO_PREFAULT ;; *) unset RL_ZERO3_NO_PREFAULT ;; esac
 	case $1 in *d*) RL_ZERO3_NO_DIRECT=1; export RL_ZERO3_NO_DIRECT ;; *) unset RL_ZERO3_NO_DIRECT ;; esac
 	case $1 in *a*) RL_ZERO2_NO_ALIGN=1; export RL_ZERO2_NO_ALIGN ;; *) unset RL_ZERO2_NO_ALIGN ;; esac
+	case $1 in *m*) RL_ZERO3_NO_MAP=1; export RL_ZERO3_NO_MAP ;; *) unset RL_ZERO3_NO_MAP ;; esac
 	if [ $thp = 0 ]; then RL_NO_THP=1; export RL_NO_THP; else unset RL_NO_THP; fi
 	if [ $pool = 0 ]; then RL_ZERO3_NO_POOL=1; export RL_ZERO3_NO_POOL; else unset RL_ZERO3_NO_POOL; fi
 	rm -rf "$d/ck"
@@ -117,6 +120,8 @@ print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys
     "unit_pool": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_POOL" not in __import__("os").environ,
     "grad_prefault": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_PREFAULT" not in __import__("os").environ,
     "direct": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_DIRECT" not in __import__("os").environ,
+    "mapped": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_MAP" not in __import__("os").environ
+        and "RL_ZERO3_NO_DIRECT" not in __import__("os").environ,
     "grads_aligned": int(sys.argv[3]) >= 2 and "RL_ZERO2_NO_ALIGN" not in __import__("os").environ,
     "comm_shm": __import__("os").environ.get("RL_COMM_SHM", "1") != "0",
     "world": int(sys.argv[2]), "run": int(sys.argv[4]),
@@ -132,6 +137,7 @@ print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys
     "compute_s": round(mean("timing_s/model") - mean("timing_s/optimizer"), 4), "cpu_s": round(cpu, 2),
     "step_cpu_s": mean("perf/cpu_s"), "minor_faults": mean("perf/minor_faults"),
     "units_gathered": mean("dp/units_gathered"), "units_pooled": mean("dp/units_pooled"),
+    "units_mapped": mean("dp/units_mapped"),
     "ref": "memory/ref_params_resident_mb" in ms[-1],
     "ref_params_resident_mb": round(max(m.get("memory/ref_params_resident_mb", 0) for m in ms), 1)}))
 PY

@@ -495,12 +495,17 @@ pool_close(rli_z3 *z)
  * every rank from gathering until every shard is written.  Used only when
  * every rank mapped every other rank's shard (host memory, one host; agreed
  * by an all-reduce), else the ring as before.  RL_ZERO3_NO_DIRECT=1 turns it
- * off (bench/zero.sh compares). */
+ * off (bench/zero.sh compares).
+ * Where the pads agree (map_wanted), a gather copies even less: the whole
+ * pages of each owner's part are mapped read-only from the owner's memfd
+ * into m->params (map_part), the partial pages at the ends copied, and a
+ * unit given back is fresh anonymous memory mapped over them (give_back);
+ * no pool then.  RL_ZERO3_NO_MAP=1: the copies (bench/zero.sh compares). */
 
 typedef struct shard_offer {
 	char boot[40], host[64], name[48];
 	int32_t pid, fd;
-	uint64_t bytes;
+	uint64_t bytes, pad;     /* the memfd's length, and its bytes before the shard (zpad) */
 } shard_offer;
 
 static int
@@ -518,7 +523,10 @@ shard_name(const rli_z3 *z, char *out, size_t len)
 }
 
 /* z->zp for n elements: a memfd's shared mapping when the shards may be read
- * in place (z->zfd), else the ops' memory. */
+ * in place (z->zfd), else the ops' memory.  The memfd starts z->zpad bytes
+ * before the shard, so that each element has there the offset within its
+ * page that it has in m->params: whole pages of the shard can be mapped
+ * into m->params (map_part). */
 static int
 shard_alloc(rli_z3 *z, size_t n)
 {
@@ -529,17 +537,21 @@ shard_alloc(rli_z3 *z, size_t n)
 	int fd;
 
 	z->zfd = -1;
+	z->zpad = 0;
 	if (!direct_wanted(z->tr))
 		return o->alloc(o, (void **)&z->zp, bytes);
+	z->zpad = (uintptr_t)(z->m->params + z->zlo) % (uintptr_t)sysconf(_SC_PAGESIZE);
+	bytes += z->zpad;
 	shard_name(z, name, sizeof name);
 	if ((fd = memfd_create(name, MFD_CLOEXEC)) < 0 || ftruncate(fd, (off_t)bytes) != 0 ||
 	    (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
 		rl_verbose("ZeRO-3: the shard in ordinary memory (%s): gathers through the ring", strerror(errno));
 		if (fd >= 0)
 			close(fd);
-		return o->alloc(o, (void **)&z->zp, bytes);
+		z->zpad = 0;
+		return o->alloc(o, (void **)&z->zp, (n ? n : 1) * sizeof(float));
 	}
-	z->zp = p;
+	z->zp = (float *)((char *)p + z->zpad);
 	z->zfd = fd;
 	return RL_OK;
 }
@@ -558,12 +570,13 @@ offer_local(rli_z3 *z, shard_offer *me)
 	shard_name(z, me->name, sizeof me->name);
 	me->pid = (int32_t)getpid();
 	me->fd = z->zfd;
-	me->bytes = (uint64_t)((z->zhi > z->zlo ? z->zhi - z->zlo : 1) * sizeof(float));
+	me->pad = z->zpad;
+	me->bytes = (uint64_t)((z->zhi > z->zlo ? z->zhi - z->zlo : 1) * sizeof(float) + z->zpad);
 }
 
-/* Rank r's shard (its offer o) mapped read-only into z->peer[r]; 0, or 1
- * when it cannot be (another host, another file behind the descriptor, a
- * size that is not its shard's). */
+/* Rank r's shard (its offer o) mapped read-only into z->peer[r], its memfd
+ * kept open (z->peer_fd[r]); 0, or 1 when it cannot be (another host,
+ * another file behind the descriptor, a size that is not its shard's). */
 static int
 peer_map(rli_z3 *z, const shard_offer *o, const shard_offer *me, int r)
 {
@@ -577,7 +590,9 @@ peer_map(rli_z3 *z, const shard_offer *o, const shard_offer *me, int r)
 	if (o->pid <= 0 || !o->name[0] || strcmp(o->boot, me->boot) != 0 || strcmp(o->host, me->host) != 0)
 		return 1;
 	rl_comm_shard(z->tr->comm, z3_end(z->m), r, &lo, &hi);
-	want = (hi > lo ? hi - lo : 1) * sizeof(float);
+	if (o->pad >= (uint64_t)sysconf(_SC_PAGESIZE) || o->pad % sizeof(float))
+		return 1;
+	want = (hi > lo ? hi - lo : 1) * sizeof(float) + (size_t)o->pad;
 	snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)o->pid, (int)o->fd);
 	if ((k = readlink(path, link, sizeof link - 1)) < 0)
 		return 1;
@@ -592,9 +607,10 @@ peer_map(rli_z3 *z, const shard_offer *o, const shard_offer *me, int r)
 		close(fd);
 		return 1;
 	}
-	close(fd);
-	z->peer[r] = p;
+	z->peer[r] = (const float *)((const char *)p + o->pad);
 	z->peer_bytes[r] = want;
+	z->peer_pad[r] = (size_t)o->pad;
+	z->peer_fd[r] = fd;
 	return 0;
 }
 
@@ -604,12 +620,39 @@ peers_close(rli_z3 *z)
 	if (!z->peer)
 		return;
 	for (int r = 0; r < z->tr->world; r++)
-		if (z->peer[r] && r != z->tr->rank)
-			munmap((void *)z->peer[r], z->peer_bytes[r]);
+		if (z->peer[r] && r != z->tr->rank) {
+			munmap((char *)z->peer[r] - z->peer_pad[r], z->peer_bytes[r]);
+			close(z->peer_fd[r]);
+		}
 	free(z->peer);
 	free(z->peer_bytes);
+	free(z->peer_pad);
+	free(z->peer_fd);
 	z->peer = NULL;
-	z->peer_bytes = NULL;
+	z->peer_bytes = z->peer_pad = NULL;
+	z->peer_fd = NULL;
+	z->map = 0;
+}
+
+/* Whether gathers may map the shards' whole pages (map_part): every shard's
+ * pad gives its elements the in-page offsets they have in this rank's
+ * m->params (each rank allocates m->params alike, so they normally agree;
+ * where not, the copies).  RL_ZERO3_NO_MAP=1: the copies (for measuring). */
+static int
+map_wanted(const rli_z3 *z)
+{
+	const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	const char *e = getenv("RL_ZERO3_NO_MAP");
+
+	if (e && strcmp(e, "0") != 0)
+		return 0;
+	for (int r = 0; r < z->tr->world; r++) {
+		size_t lo, hi;
+		rl_comm_shard(z->tr->comm, z3_end(z->m), r, &lo, &hi);
+		if (z->peer_pad[r] != (uintptr_t)(z->m->params + lo) % pg)
+			return 0;
+	}
+	return 1;
 }
 
 /* Every rank's shard mapped here, or none (collective: every rank calls it
@@ -634,7 +677,9 @@ peers_open(rli_z3 *z)
 	}
 	z->peer = rl_try_calloc((size_t)N, sizeof *z->peer, "shard maps");
 	z->peer_bytes = rl_try_calloc((size_t)N, sizeof *z->peer_bytes, "shard maps");
-	bad = !z->peer || !z->peer_bytes || !me.name[0];
+	z->peer_pad = rl_try_calloc((size_t)N, sizeof *z->peer_pad, "shard maps");
+	z->peer_fd = rl_try_calloc((size_t)N, sizeof *z->peer_fd, "shard maps");
+	bad = !z->peer || !z->peer_bytes || !z->peer_pad || !z->peer_fd || !me.name[0];
 	for (int r = 0; !bad && r < N; r++)
 		if (r != tr->rank)
 			bad = peer_map(z, &all[r], &me, r);
@@ -647,7 +692,11 @@ peers_open(rli_z3 *z)
 	}
 	z->peer[tr->rank] = z->zp;
 	z->peer_bytes[tr->rank] = me.bytes;
-	rl_verbose("ZeRO-3: every rank's shard read in place (one host): gathers without the ring");
+	z->peer_pad[tr->rank] = z->zpad;
+	z->peer_fd[tr->rank] = z->zfd;
+	z->map = map_wanted(z);
+	rl_verbose("ZeRO-3: every rank's shard read in place (one host): gathers without the ring, %s",
+	    z->map ? "their whole pages mapped" : "copied");
 	return RL_OK;
 }
 
@@ -658,15 +707,43 @@ shard_close(rli_z3 *z)
 	peers_close(z);
 	if (z->zfd < 0)
 		return;
-	munmap(z->zp, (z->zhi > z->zlo ? z->zhi - z->zlo : 1) * sizeof(float));
+	munmap((char *)z->zp - z->zpad, (z->zhi > z->zlo ? z->zhi - z->zlo : 1) * sizeof(float) + z->zpad);
 	close(z->zfd);
 	z->zfd = -1;
 	z->zp = NULL;
 }
 
+/* Rank r's part p[a, b) of a gather (its shard starting at element slo)
+ * with the whole pages inside mapped from its memfd, read-only, rather than
+ * copied: the page-table entries of pages that exist, no copy and no page
+ * of this rank's; the partial pages at the ends are copied.  0, -1 when it
+ * cannot be mapped (no whole page; copy it), or the error of a failed remap
+ * (m->params has a hole there). */
+static int
+map_part(rli_z3 *z, int r, size_t a, size_t b, size_t slo)
+{
+	const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	float *p = z->m->params;
+	uintptr_t ia, ie, off;
+
+	if (!inner_pages(p, a, b, &ia, &ie))
+		return -1;
+	off = z->peer_pad[r] + (ia - (uintptr_t)(p + slo)); /* the memfd's byte of element (ia - p) / 4 */
+	if (off % pg)
+		return -1;
+	if (mmap((void *)ia, ie - ia, PROT_READ, MAP_SHARED | MAP_FIXED | MAP_POPULATE, z->peer_fd[r],
+	    (off_t)off) == MAP_FAILED)
+		return anon_over(z, (char *)ia, ie - ia) != 0 ? z->pool_err : -1; /* MAP_FIXED may have unmapped it */
+	memcpy(p + a, z->peer[r] + (a - slo), ia - (uintptr_t)(p + a));
+	memcpy((void *)ie, z->peer[r] + ((const float *)ie - p - slo), (uintptr_t)(p + b) - ie);
+	z->nmapped++;
+	return 0;
+}
+
 /* z->m->params[lo, hi) from the shards that hold it: each owner copies its
  * part from its master shard and broadcasts it, in rank order (every rank
- * computes the same owners). */
+ * computes the same owners); with the shards read in place, each part read
+ * from its owner's shard (mapped or copied). */
 static int
 gather_range(rli_z3 *z, size_t lo, size_t hi)
 {
@@ -676,7 +753,8 @@ gather_range(rli_z3 *z, size_t lo, size_t hi)
 
 	if (z->pool_err)
 		return z->pool_err;
-	pool_map(z, lo, hi);
+	if (!z->map)
+		pool_map(z, lo, hi);
 	for (int r = 0; r < tr->world; r++) {
 		size_t slo, shi;
 		rl_comm_shard(tr->comm, z3_end(z->m), r, &slo, &shi);
@@ -684,6 +762,11 @@ gather_range(rli_z3 *z, size_t lo, size_t hi)
 		if (a >= b)
 			continue;
 		if (z->peer) { /* read in place */
+			if (z->map && (rv = map_part(z, r, a, b, slo)) >= 0) {
+				if (rv > 0)
+					return rv;
+				continue;
+			}
 			memcpy(p + a, z->peer[r] + (a - slo), (b - a) * sizeof(float));
 			continue;
 		}
@@ -808,6 +891,28 @@ unit_in(const rli_z3 *z, int u)
 	return u == 0 && z->emb_in_head && unit_in(z, head);
 }
 
+/* m->params[lo, hi) given back: its pool slots to the pool, then its whole
+ * pages to the kernel (MADV_DONTNEED), or, where gathers map the shards'
+ * pages (map_part), fresh anonymous memory over them: a shard's pages
+ * given back with MADV_DONTNEED would stay mapped there, read as the shard
+ * and counted as resident by mincore. */
+static void
+give_back(rli_z3 *z, size_t lo, size_t hi)
+{
+	float *p = z->m->params;
+	uintptr_t ia, ie;
+
+	pool_unmap(z, lo, hi);
+	if (!z->map || !inner_pages(p, lo, hi, &ia, &ie)) {
+		release_host(p + lo, hi - lo);
+		return;
+	}
+	if (anon_over(z, (char *)ia, ie - ia) != 0)
+		return; /* a hole: every later need fails (pool_err) */
+	memset(p + lo, 0, ia - (uintptr_t)(p + lo));
+	memset((void *)ie, 0, (uintptr_t)(p + hi) - ie);
+}
+
 /* Gives unit u's pages back, but not the elements a resident unit shares
  * with it (the embedding's wte in a tied head); u is no longer listed. */
 static void
@@ -824,10 +929,8 @@ drop_unit(rli_z3 *z, int u)
 		return; /* its wte is the head's too (and an embedding unit is wte alone) */
 	if (u == head && n == 2 && unit_in(z, 0))
 		n = 1;  /* the tied wte stays for the embedding */
-	for (int k = 0; k < n; k++) {
-		pool_unmap(z, r[k][0], r[k][1]);
-		release_host(z->m->params + r[k][0], r[k][1] - r[k][0]);
-	}
+	for (int k = 0; k < n; k++)
+		give_back(z, r[k][0], r[k][1]);
 }
 
 static size_t
@@ -891,9 +994,7 @@ z3_release(rli_z3 *z, int purge)
 	prefetch_join(z->tr);
 	if (purge)
 		pool_purge(z);
-	else
-		pool_unmap(z, 0, z3_end(z->m));
-	release_host(z->m->params, z3_end(z->m));
+	give_back(z, 0, z3_end(z->m));
 	z->unit = z->pf = -1;
 	z->nkept = 0;
 }
@@ -1183,13 +1284,14 @@ z3_open(trainer *tr, rli_z3 *z, rl_model *m, size_t lo, size_t hi, size_t keep, 
 	int rv;
 
 	*z = (rli_z3){ .tr = tr, .m = m, .zlo = lo, .zhi = hi, .unit = -1, .pf = -1, .keep = keep, .pres_peak = peak,
-	    .zfd = -1 };
+	    .zfd = -1, .pool_fd = -1 };
 	if ((rv = shard_alloc(z, hi - lo)) != 0 || (rv = adopt_shard(z, load_pres)) != 0 ||
 	    (rv = o->sync(o)) != 0 || (rv = peers_open(z)) != 0)
 		return rv;
 	huge_pages(m->params, z3_end(m));
 	release_host(m->params, z3_end(m));
-	pool_open(z);
+	if (!z->map)
+		pool_open(z); /* mapped gathers write no pages of their own */
 	if (keep && !(z->kept = rl_try_calloc((size_t)m->cfg.n_layer + 2, sizeof *z->kept, "kept units")))
 		return RL_ENOMEM;
 	z->emb_in_head = m->lm_w == m->wte;

@@ -378,6 +378,8 @@ rli_metrics_write(trainer *tr, const mstat *ms, float gnorm, double lr, double t
 			metric(j, tr, step, "dp/units_gathered", tr->z3p.ngather);
 		if (tr->z3p.zp) /* the gathered ranges whose pages came from the unit pool (dp.c) */
 			metric(j, tr, step, "dp/units_pooled", tr->z3p.npooled);
+		if (tr->z3p.zp) /* the gathered ranges whose whole pages were mapped from their owners' shards (dp.c) */
+			metric(j, tr, step, "dp/units_mapped", tr->z3p.nmapped);
 		if (tr->z3p.zp) /* 1: the gathers read the other ranks' shards in place (dp.c), 0: through the ring */
 			metric(j, tr, step, "dp/shards_in_place", tr->z3p.peer != NULL);
 		if (tr->z3r.zp) /* the same of the reference's forwards (present once it is open) */

@@ -139,6 +139,7 @@ train_step(trainer *tr)
 	tr->t_gather = tr->t_rs = tr->t_opt = 0;
 	tr->z3p.ngather = tr->z3r.ngather = 0;
 	tr->z3p.npooled = tr->z3r.npooled = 0;
+	tr->z3p.nmapped = tr->z3r.nmapped = 0;
 	if ((rv = rli_step_prepare(tr)) != 0)
 		return rv;
 	if (tr->nseq == 0)

@@ -82,8 +82,13 @@ typedef struct rli_z3 {
 	 * when every rank mapped every other's, peer[r] rank r's shard (peer[rank] = zp) and a
 	 * gather copies from those, no collective; NULL: gathers through the ring */
 	int zfd;
+	size_t zpad;             /* bytes of the memfd before zp: element e at the in-page offset it has in m->params */
 	const float **peer;
-	size_t *peer_bytes;      /* the length of each peer's mapping */
+	size_t *peer_bytes;      /* the length of each peer's mapping (its pad included) */
+	size_t *peer_pad;        /* each shard's pad (zpad) */
+	int *peer_fd;            /* each shard's memfd, open (mapped gathers; peer_fd[rank] = zfd) */
+	int map;                 /* gathers map the owners' whole pages into m->params rather than copy them */
+	int nmapped;             /* ranges of the step's gathers mapped so (dp/units_mapped) */
 } rli_z3;
 
 typedef struct trainer {

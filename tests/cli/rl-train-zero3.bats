@@ -243,6 +243,10 @@ PY
 @test "ZeRO-3's unit pool and gradient prefault: gathers mapped from the pool, fewer page faults, the weights and memory of fresh pages, kept units past its slots" {
 	args=(--batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.05 --max-steps 3 --save-every 3)
 	S="$TD/s.jsonl"
+	# the pool serves gathers that write pages of their own: the shards read
+	# in place and copied (as here), or the ring; the mapped gathers of the
+	# next test write none
+	export RL_ZERO3_NO_MAP=1
 	TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 2 "$TD/up" --zero 3 "${args[@]}"
 	PORT=$(free_port)
 	RL_ZERO3_NO_POOL=1 TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 2 "$TD/un" --zero 3 "${args[@]}"
@@ -279,7 +283,7 @@ for a, b, c in zip(p, n, k):
 PY
 }
 
-@test "ZeRO-3's shards read in place: 2 and 3 ranks map each other's shards, the weights, losses and memory of gathers through the ring bitwise; one rank refusing sends every rank through the ring" {
+@test "ZeRO-3's shards read in place: 2 and 3 ranks map each other's shards, their pages mapped or copied, the weights, losses and memory of gathers through the ring bitwise; one rank refusing sends every rank through the ring" {
 	args=(--batch 4 --lr 1e-2 --max-tokens-per-micro 40 --bucket-mb 0.05 --max-steps 3 --save-every 3)
 	S="$TD/s.jsonl"
 	# rank 1 writes its shard 0.3 s after rank 0 (RL_TRAIN_TEST_SLOW_ADAMW):
@@ -288,7 +292,11 @@ PY
 	RL_TRAIN_TEST_SLOW_ADAMW=1 TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 2 "$TD/ipd2" --zero 3 "${args[@]}"
 	PORT=$(free_port)
 	RL_ZERO3_NO_DIRECT=1 TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 2 "$TD/ipr2" --zero 3 "${args[@]}"
-	# 3 ranks: shards of unequal ends, each read from two others
+	# the shards read in place but copied, not mapped
+	PORT=$(free_port)
+	RL_ZERO3_NO_MAP=1 RL_TRAIN_TEST_SLOW_ADAMW=1 TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 2 "$TD/ipc2" --zero 3 "${args[@]}"
+	# 3 ranks: shards of unequal ends (the second and third not starting on
+	# a page: their memfds' pads), each read from two others
 	PORT=$(free_port)
 	RL_TRAIN_TEST_SLOW_ADAMW=2 TRAIN_WORLD_DATA="$S" TD="$TD/big" train_world 3 "$TD/ipd3" --zero 3 "${args[@]}"
 	PORT=$(free_port)
@@ -306,15 +314,17 @@ PY
 	# BATS_TEST_TIMEOUT watchdog, a background job of this shell
 	wait "$rank1"
 	for w in 2 3; do cmp "$TD/ipr$w/step-00000003/model.safetensors" "$TD/ipd$w/step-00000003/model.safetensors"; done
+	cmp "$TD/ipr2/step-00000003/model.safetensors" "$TD/ipc2/step-00000003/model.safetensors"
 	cmp "$TD/ipr2/step-00000003/model.safetensors" "$TD/ipx2/step-00000003/model.safetensors"
 	# and the ring's weights are the 1-rank ones (within the tolerance)
 	rl-train -q -m "$TD/big/m0" --out "$TD/ip1" --metrics "$TD/ip1.m" "${args[@]}" "$S"
 	run -0 close "$TD/ip1/step-00000003/model.safetensors" "$TD/ipd2/step-00000003/model.safetensors"
-	python3 - "$TD/ipd2.metrics.0" "$TD/ipr2.metrics.0" "$TD/ipd3.metrics.0" "$TD/ipr3.metrics.0" "$TD/ipx2.metrics.0" <<'PY'
+	python3 - "$TD/ipd2.metrics.0" "$TD/ipr2.metrics.0" "$TD/ipd3.metrics.0" "$TD/ipr3.metrics.0" "$TD/ipx2.metrics.0" \
+	    "$TD/ipc2.metrics.0" <<'PY'
 import json, sys
-d2, r2, d3, r3, x0 = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
-assert len(d2) == len(r2) == len(d3) == len(r3) == len(x0) == 3
-for d, r in ((d2, r2), (d3, r3)):
+d2, r2, d3, r3, x0, c2 = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
+assert len(d2) == len(r2) == len(d3) == len(r3) == len(x0) == len(c2) == 3
+for d, r in ((d2, r2), (d3, r3), (c2, r2)):
     for a, b in zip(d, r):
         assert a["dp/shards_in_place"] == 1 and b["dp/shards_in_place"] == 0, (a["dp/shards_in_place"], b["dp/shards_in_place"])
         for k in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
@@ -324,6 +334,14 @@ for d, r in ((d2, r2), (d3, r3)):
         # memory is the ring's (the shard plus the units in use)
         assert a["memory/params_resident_mb"] <= 1.01 * b["memory/params_resident_mb"], (a, b)
         assert a["memory/params_resident_mb"] < 0.8 * a["memory/weights_mb"], a
+for d in (d2, d3):
+    for a in d:
+        # every unit of this model has whole pages in each owner's part: at
+        # least one mapped range per unit gathered (a unit split between two
+        # shards is two), none from the pool
+        assert a["dp/units_mapped"] >= a["dp/units_gathered"] and a["dp/units_pooled"] == 0, a
+for a, b in zip(c2, r2):
+    assert a["dp/units_mapped"] == 0 and b["dp/units_mapped"] == 0, (a, b)
 # rank 0 (the metrics' writer) did not refuse, rank 1 did
 assert all(m["dp/shards_in_place"] == 0 for m in x0), [m["dp/shards_in_place"] for m in x0]
 PY
