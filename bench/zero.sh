@@ -117,7 +117,8 @@ def mean(k):
 print(json.dumps({"bench": "zero", "zero": int(sys.argv[3]), "prefetch": int(sys.argv[3]) == 3 and "--no-prefetch" not in sys.argv[5],
     "keep": float(sys.argv[5].split("--zero3-keep ")[1]) if "--zero3-keep" in sys.argv[5] else 0,
     "huge_pages": "RL_NO_THP" not in __import__("os").environ,
-    "unit_pool": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_POOL" not in __import__("os").environ,
+    "unit_pool": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_POOL" not in __import__("os").environ
+        and not (mean("dp/units_mapped") or 0),
     "grad_prefault": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_PREFAULT" not in __import__("os").environ,
     "direct": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_DIRECT" not in __import__("os").environ,
     "mapped": int(sys.argv[3]) == 3 and "RL_ZERO3_NO_MAP" not in __import__("os").environ
